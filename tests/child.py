@@ -1,0 +1,95 @@
+"""A lock client run as its own process by the tests: ``python -m tests.child ACTION ...``.
+
+It prints one line per event (``ACQUIRED <fence>``, ``LOST``, ...) and takes commands on stdin,
+so tests can pause, kill and question a real holder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import django
+from django.conf import settings
+
+
+def setup(url: str, backend: str) -> None:
+    from tests.conftest import redlock_settings
+
+    config = redlock_settings(url)
+    aliases = config["DJANGO_REDLOCK"]
+    assert isinstance(aliases, dict)
+    settings.configure(
+        INSTALLED_APPS=["django_redlock"],
+        DJANGO_REDLOCK={"default": aliases[backend]},
+        CACHES=config["CACHES"],
+        USE_TZ=True,
+    )
+    django.setup()
+
+
+def say(*words: object) -> None:
+    print(*words, flush=True)
+
+
+def sell(args: argparse.Namespace) -> None:
+    """The classic ticket sale: a non-atomic read-modify-write, made safe by the lock."""
+    from django_redlock import lock, locks
+
+    client = locks["default"].client  # type: ignore[attr-defined]
+    sold = 0
+    while True:
+        with lock(args.name, ttl=5):
+            left = int(client.get(args.stock))
+            if left <= 0:
+                break
+            time.sleep(0.0005)  # widen the race window the lock must close
+            client.set(args.stock, left - 1)
+            client.rpush(args.ledger, left)
+            sold += 1
+    say("SOLD", sold)
+
+
+def hold(args: argparse.Namespace) -> None:
+    from django_redlock import LockError, lock
+    from django_redlock.signals import lock_lost
+
+    lock_lost.connect(lambda **kw: say("LOST", kw["reason"]), weak=False)
+    held = lock(args.name, ttl=args.ttl, auto_renew=not args.no_renew)
+    held.acquire()
+    say("ACQUIRED", held.fence)
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "release":
+            try:
+                held.release()
+                say("RELEASED")
+            except LockError as exc:
+                say("NOT_OWNED", type(exc).__name__)
+        elif command == "owned":
+            say("OWNED", held.owned())
+        elif command == "exit":
+            return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--backend", default="redis")
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("sell")
+    p.add_argument("--name", required=True)
+    p.add_argument("--stock", required=True)
+    p.add_argument("--ledger", required=True)
+    p = sub.add_parser("hold")
+    p.add_argument("--name", required=True)
+    p.add_argument("--ttl", type=float, default=30.0)
+    p.add_argument("--no-renew", action="store_true")
+    args = parser.parse_args()
+    setup(args.url, args.backend)
+    {"sell": sell, "hold": hold}[args.action](args)
+
+
+if __name__ == "__main__":
+    main()

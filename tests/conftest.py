@@ -1,0 +1,154 @@
+"""Fixtures: real redis-server processes on free loopback ports, and the backends on them."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.test import override_settings
+
+from django_redlock import locks
+from django_redlock.testing import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+BACKEND_ALIASES = ("redis", "cache", "local")
+REDIS_ALIASES = ("redis", "cache")
+
+
+def redlock_settings(url: str) -> dict[str, object]:
+    return {
+        "DJANGO_REDLOCK": {
+            "default": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url},
+            "redis": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url},
+            "cache": {
+                "BACKEND": "django_redlock.backends.django_redis.DjangoRedisBackend",
+                "CACHE": "default",
+            },
+            "local": {"BACKEND": "django_redlock.backends.locmem.LocMemBackend"},
+        },
+        "CACHES": {
+            "default": {
+                "BACKEND": "django_redis.cache.RedisCache",
+                "LOCATION": url,
+                "OPTIONS": {"SOCKET_TIMEOUT": 2, "SOCKET_CONNECT_TIMEOUT": 2},
+            }
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The suite's main redis-server; tests that break servers start their own."""
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _redlock_backends(redis_server: RedisServer) -> Iterator[None]:
+    override = override_settings(**redlock_settings(redis_server.url))
+    override.enable()
+    yield
+    override.disable()
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(redis_server: RedisServer) -> Iterator[None]:
+    redis_server.client().flushall()
+    yield
+    for backend in locks.all(initialized_only=True):
+        clear = getattr(backend, "clear", None)
+        if clear is not None:
+            clear()
+
+
+@pytest.fixture
+def redis_factory() -> Iterator[Callable[..., RedisServer]]:
+    """Start extra servers (``redis_factory(persist=True)``); all stopped after the test."""
+    started: list[RedisServer] = []
+
+    def start(**kwargs: object) -> RedisServer:
+        server = RedisServer(**kwargs).start()  # type: ignore[arg-type]
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(params=BACKEND_ALIASES)
+def alias(request: pytest.FixtureRequest) -> str:
+    """Each behavioural test runs against every backend."""
+    return str(request.param)
+
+
+@pytest.fixture(params=REDIS_ALIASES)
+def redis_alias(request: pytest.FixtureRequest) -> str:
+    """Tests that need processes sharing one Redis."""
+    return str(request.param)
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    return f"{request.node.name}:{next(_names)}"
+
+
+class Child:
+    """A lock client in another process (``tests/child.py``), driven line by line."""
+
+    def __init__(self, *args: str) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.child", *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    def expect(self, prefix: str) -> str:
+        assert self.process.stdout is not None
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                raise AssertionError(f"child exited ({self.process.wait()}) before {prefix!r}")
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def signal(self, sig: int) -> None:
+        self.process.send_signal(sig)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def child(redis_server: RedisServer) -> Iterator[Callable[..., Child]]:
+    children: list[Child] = []
+
+    def spawn(*args: str, url: str | None = None, backend: str = "redis") -> Child:
+        proc = Child("--url", url or redis_server.url, "--backend", backend, *args)
+        children.append(proc)
+        return proc
+
+    yield spawn
+    for proc in children:
+        proc.close()
