@@ -1,0 +1,182 @@
+"""Bad input gets a clear TypeError/ValueError before any Redis call, even with Redis down."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_redlock import BackendUnavailable, lock, locks
+from django_redlock.handler import LockHandler
+from django_redlock.testing import free_port
+
+from .conftest import ROOT
+
+
+@pytest.fixture(params=["down-redis", "local"])
+def down(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A Redis alias whose server is not running, and locmem for the same checks."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    aliases = {
+        **settings.DJANGO_REDLOCK,
+        "down-redis": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url},
+    }
+    with override_settings(DJANGO_REDLOCK=aliases):
+        yield str(request.param)
+
+
+BAD_LOCKS: list[tuple[dict[str, Any], type[Exception], str]] = [
+    ({"name": ""}, ValueError, "empty"),
+    ({"name": 42}, TypeError, "str"),
+    ({"name": None}, TypeError, "str"),
+    ({"name": b"bytes"}, TypeError, "str"),
+    ({"name": "é" * 513}, ValueError, "1024 bytes"),
+    ({"ttl": 0}, ValueError, "ttl must be > 0"),
+    ({"ttl": -1}, ValueError, "ttl must be > 0"),
+    ({"ttl": math.nan}, ValueError, "finite"),
+    ({"ttl": math.inf}, ValueError, "finite"),
+    ({"ttl": "30"}, TypeError, "number"),
+    ({"ttl": True}, TypeError, "number"),
+    ({"timeout": -1}, ValueError, "timeout must be >= 0"),
+    ({"timeout": math.nan}, ValueError, "finite"),
+    ({"max_hold": 0}, ValueError, "max_hold"),
+    ({"blocking": "yes"}, TypeError, "blocking"),
+    ({"auto_renew": 1}, TypeError, "auto_renew"),
+    ({"using": "nope"}, ValueError, "unknown lock backend 'nope'"),
+    ({"using": None}, TypeError, "alias"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), BAD_LOCKS)
+def test_bad_lock_arguments(
+    down: str, kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    arguments = {"name": "ok", "using": down, **kwargs}
+    with pytest.raises(error, match=message):
+        lock(arguments.pop("name"), **arguments)
+
+
+def test_a_unknown_alias_is_also_improperly_configured() -> None:
+    with pytest.raises(ImproperlyConfigured, match="nope"):
+        locks["nope"]
+
+
+BAD_CALLS: list[tuple[Callable[[Any], Any], type[Exception], str]] = [
+    (lambda lk: lk.acquire(timeout=-0.5), ValueError, "timeout"),
+    (lambda lk: lk.acquire(timeout=math.inf), ValueError, "finite"),
+    (lambda lk: lk.acquire(blocking=None), TypeError, "blocking"),
+    (lambda lk: lk.acquire(blocking=False, timeout=3), ValueError, "blocking=False"),
+    (lambda lk: lk.extend(ttl=0), ValueError, "ttl"),
+    (lambda lk: lk.extend(ttl="10"), TypeError, "ttl"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), BAD_CALLS)
+def test_bad_call_arguments(
+    down: str, call: Callable[[Any], Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        call(lock("ok", using=down))
+
+
+def test_the_down_backend_really_is_down() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    aliases = {"d": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url}}
+    with override_settings(DJANGO_REDLOCK=aliases), pytest.raises(BackendUnavailable):
+        lock("ok", using="d").acquire()
+
+
+def test_bad_templates(down: str) -> None:
+    with pytest.raises(ValueError, match="argument names"):
+        lock("report:{}", using=down)(lambda user_id: None)
+    templated = lock("report:{user.pk}", using=down)(lambda user: None)
+    with pytest.raises(ValueError, match="template"):
+        templated(user=object())
+
+
+REDIS = "django_redlock.backends.redis.RedisBackend"
+BAD_SETTINGS: list[tuple[Any, str]] = [
+    (
+        {"default": {"BACKEND": "no.such.Backend"}},
+        r"\['default'\]\['BACKEND'\].*could not be imported",
+    ),
+    (
+        {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
+        "not a lock backend",
+    ),
+    ({"default": {"LOCATION": "redis://x"}}, r"\['BACKEND'\] is missing"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "http://x:6379"}}, r"\['q'\]\['LOCATION'\].*scheme"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://:6379"}}, r"\['LOCATION'\].*no host"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h:99999"}}, r"\['LOCATION'\].*port"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": []}}, r"\['LOCATION'\].*URL string"),
+    ({"q": {"BACKEND": REDIS}}, r"\['LOCATION'\].*URL string"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": 0}}, r"\['q'\]\['TTL'\].*> 0"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": math.nan}}, r"\['TTL'\].*finite"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": "5"}}, r"\['TTL'\].*number"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": 1}}, r"\['KEY_PREFIX'\]"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": []}}, r"\['OPTIONS'\]"),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TIMEOUT": 3}},
+        r"\['q'\].*unknown key.*TIMEOUT",
+    ),
+    (
+        {"q": {"BACKEND": "django_redlock.backends.django_redis.DjangoRedisBackend", "CACHE": "x"}},
+        r"\['q'\]\['CACHE'\].*not in CACHES",
+    ),
+    ({"q": "redis://h"}, r"\['q'\] must be a dict"),
+    (["redis://h"], "DJANGO_REDLOCK must be a dict"),
+]
+
+
+@pytest.mark.parametrize(("config", "message"), BAD_SETTINGS)
+def test_bad_settings_are_improperly_configured(config: Any, message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message):
+        LockHandler(config).settings  # noqa: B018
+
+
+def test_default_settings_without_django_redlock() -> None:
+    handler = LockHandler()
+    with override_settings():
+        del settings.DJANGO_REDLOCK
+        assert handler.settings["default"]["LOCATION"] == "redis://127.0.0.1:6379/0"
+
+
+def test_bad_settings_fail_at_startup() -> None:
+    """The app refuses to start (django.setup) on a bad setting, naming alias and key."""
+    code = (
+        "import django; from django.conf import settings;"
+        "settings.configure(INSTALLED_APPS=['django_redlock'],"
+        " DJANGO_REDLOCK={'jobs': {'BACKEND': 'django_redlock.backends.redis.RedisBackend',"
+        " 'LOCATION': 'redis://h', 'TTL': -5}});"
+        "django.setup()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert "DJANGO_REDLOCK['jobs']['TTL']" in result.stderr
+
+
+def test_startup_with_redis_down_only_warns() -> None:
+    """`migrate` and friends must not need Redis: a down server is a warning at startup."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    code = (
+        "import django, logging; logging.basicConfig(); from django.conf import settings;"
+        "settings.configure(INSTALLED_APPS=['django_redlock'],"
+        f" DJANGO_REDLOCK={{'default': {{'BACKEND': '{REDIS}', 'LOCATION': '{url}'}}}});"
+        "django.setup(); print('started')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "started" in result.stdout
+    assert "could not load the Lua scripts" in result.stderr

@@ -1,0 +1,229 @@
+"""Faults with real processes: paused and killed holders, flushed scripts, restarted servers."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from django_redlock import BackendUnavailable, LockNotOwned, lock, locks
+from django_redlock.backends.base import Renewal
+from django_redlock.testing import RedisServer
+
+from .conftest import Child
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+@pytest.mark.parametrize("run", range(3))
+def test_ticket_sale_never_oversells(
+    redis_alias: str, redis_server: RedisServer, child: Callable[..., Child], run: int
+) -> None:
+    client = redis_server.client()
+    client.set("stock", 200)
+    sellers = [
+        child(
+            "sell", "--name", "tickets", "--stock", "stock", "--ledger", "sold", backend=redis_alias
+        )
+        for _ in range(6)
+    ]
+    sold = [int(seller.expect("SOLD")) for seller in sellers]
+    ledger = [int(ticket) for ticket in client.lrange("sold", 0, -1)]
+    assert sum(sold) == 200
+    assert sorted(ledger) == list(range(1, 201))  # every ticket exactly once
+    assert int(client.get("stock")) == 0
+    assert sum(1 for n in sold if n) >= 2  # the processes really competed
+
+
+def test_paused_holder_loses_the_lock_safely(
+    redis_alias: str, child: Callable[..., Child], name: str
+) -> None:
+    holder = child("hold", "--name", name, "--ttl", "0.6", backend=redis_alias)
+    old_fence = int(holder.expect("ACQUIRED"))
+    holder.signal(signal.SIGSTOP)  # a GC pause, a VM migration: longer than the TTL
+    try:
+        time.sleep(1.0)
+        new = lock(name, using=redis_alias, ttl=30)
+        assert new.acquire(blocking=False)
+        assert new.fence is not None and new.fence > old_fence
+    finally:
+        holder.signal(signal.SIGCONT)
+    assert "released by someone else" in holder.expect("LOST")  # the watchdog noticed
+    holder.send("release")
+    assert holder.expect("NOT_OWNED") in ("LockNotOwned", "LockLost")
+    assert new.owned()  # the stale release left the new hold intact
+    new.release()
+
+
+def test_paused_holder_without_watchdog_cannot_release_the_new_hold(
+    redis_alias: str, child: Callable[..., Child], name: str
+) -> None:
+    holder = child("hold", "--name", name, "--ttl", "0.5", "--no-renew", backend=redis_alias)
+    old_fence = int(holder.expect("ACQUIRED"))
+    holder.signal(signal.SIGSTOP)
+    time.sleep(0.7)
+    new = lock(name, using=redis_alias)
+    assert new.acquire(blocking=False) and new.fence is not None and new.fence > old_fence
+    holder.signal(signal.SIGCONT)
+    holder.send("release")
+    assert holder.expect("NOT_OWNED") == "LockLost"
+    assert new.owned()
+    new.release()
+
+
+def test_killed_holder_frees_the_lock_after_its_ttl(
+    redis_alias: str, child: Callable[..., Child], name: str
+) -> None:
+    holder = child("hold", "--name", name, "--ttl", "1.0", backend=redis_alias)
+    holder.expect("ACQUIRED")
+    time.sleep(0.5)  # let the watchdog renew once
+    holder.signal(signal.SIGKILL)
+    killed = time.monotonic()
+    waiter = lock(name, using=redis_alias)
+    assert waiter.acquire(timeout=5)
+    assert time.monotonic() - killed < 1.0 + 0.3
+    waiter.release()
+
+
+# What the measuring client itself sends (connection handshake, INFO, stats reset).
+OBSERVER_COMMANDS = {"cmdstat_info", "cmdstat_hello", "cmdstat_client", "cmdstat_config"}
+
+
+def _command_calls(server: RedisServer) -> dict[str, int]:
+    stats = server.client().info("commandstats")
+    return {
+        k[len("cmdstat_") :]: v["calls"] for k, v in stats.items() if k not in OBSERVER_COMMANDS
+    }
+
+
+def _commands(server: RedisServer) -> int:
+    return sum(_command_calls(server).values())
+
+
+@pytest.mark.parametrize("wait", [0.5, 2.0])
+def test_waiting_sends_no_commands_and_hands_off_in_milliseconds(
+    redis_alias: str, redis_server: RedisServer, name: str, wait: float
+) -> None:
+    holder, waiter = lock(name, using=redis_alias), lock(name, using=redis_alias)
+    holder.acquire()
+    redis_server.client().config_resetstat()
+    got: list[float] = []
+
+    def wait_for_it() -> None:
+        assert waiter.acquire(timeout=30)
+        got.append(time.monotonic())
+
+    thread = threading.Thread(target=wait_for_it)
+    thread.start()
+    time.sleep(0.2)
+    calls = _command_calls(redis_server)
+    before = sum(calls.values())
+    time.sleep(wait)
+    during = _commands(redis_server) - before
+    released = time.monotonic()
+    holder.release()
+    thread.join(5)
+    assert during == 0  # no polling, however long the wait
+    # Try, subscribe, try again; then silence. (Commands inside scripts count too.)
+    assert calls["evalsha"] == 2 and calls["subscribe"] == 1
+    assert got and got[0] - released < 0.05
+    waiter.release()
+
+
+def test_script_flush_mid_hold(redis_alias: str, redis_server: RedisServer, name: str) -> None:
+    held = lock(name, using=redis_alias, ttl=5)
+    held.acquire()
+    redis_server.client().script_flush()
+    held.extend(10)
+    ttl = held.ttl()
+    assert ttl is not None and ttl > 9
+    redis_server.client().script_flush()
+    # The watchdog's pipelined path reloads too.
+    assert locks[redis_alias].renew_many([Renewal(name, held._token or "", 5000)]) == [True]
+    redis_server.client().script_flush()
+    held.release()
+    assert not held.locked()
+
+
+def test_restart_with_data_mid_hold(redis_factory: Callable[..., RedisServer], name: str) -> None:
+    server = redis_factory(persist=True)
+    backend_settings = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+    }
+    with _alias("restarted", backend_settings):
+        held = lock(name, using="restarted", ttl=30)
+        held.acquire()
+        server.restart()  # the key survives (AOF); the script cache does not
+        held.extend(20)
+        held.release()
+        assert not held.locked()
+
+
+def test_restart_empty_mid_hold_reports_the_loss(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    backend_settings = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+    }
+    with _alias("restarted", backend_settings):
+        held = lock(name, using="restarted", ttl=30)
+        held.acquire()
+        server.restart()
+        with pytest.raises(LockNotOwned):
+            held.extend()
+        again = lock(name, using="restarted")
+        assert again.acquire(blocking=False)
+        again.release()
+
+
+def test_paused_server_gives_backend_unavailable_within_the_socket_timeout(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    backend_settings = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 0.5},
+    }
+    with _alias("paused", backend_settings):
+        held = lock(name, using="paused")
+        held.acquire()
+        server.pause()
+        try:
+            for call in (lock(name + "2", using="paused").acquire, held.release, held.locked):
+                started = time.monotonic()
+                with pytest.raises(BackendUnavailable, match="paused"):
+                    call()
+                assert time.monotonic() - started < 0.5 + 0.3
+        finally:
+            server.resume()
+
+
+def test_down_server_gives_backend_unavailable_at_once(name: str) -> None:
+    from django_redlock.testing import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    with _alias("down", {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url}):
+        held = lock(name, using="down")
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable, match=r"'down'"):
+            held.acquire()
+        assert time.monotonic() - started < 1.0
+        assert held.fence is None and not held.owned()  # never reported held
+
+
+def _alias(alias: str, config: dict[str, object]):  # type: ignore[no-untyped-def]
+    from django.conf import settings
+    from django.test import override_settings
+
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config})
+
+
+def test_temporary_aliases_are_gone_after_the_override() -> None:
+    assert "paused" not in locks.settings

@@ -1,0 +1,42 @@
+"""The shared watchdog renews many holds in batched round trips."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from django_redlock import lock, locks
+from django_redlock.renewer import renewer
+
+
+def test_one_renewer_thread_for_many_locks(alias: str, name: str) -> None:
+    held = [lock(f"{name}:{i}", using=alias, ttl=3) for i in range(50)]
+    for each in held:
+        each.acquire()
+    renewers = [t for t in threading.enumerate() if t.name == "redlock-renewer"]
+    assert len(renewers) == 1 and renewers[0].daemon
+    for each in held:
+        each.release()
+
+
+def test_a_thousand_held_locks_renew_in_batched_round_trips(alias: str, name: str) -> None:
+    backend = locks[alias]
+    held = [lock(f"{name}:{i}", using=alias, ttl=1.5) for i in range(1000)]
+    for each in held:
+        each.acquire()
+    acquired_at = time.monotonic()
+    before = backend.round_trips
+    time.sleep(3.0)  # two TTLs: every hold needs several renewals to survive
+    trips = backend.round_trips - before
+    periods = 3.0 / (1.5 / 3)
+    # 1,000 holds, about 6 renewal periods: a few round trips each, not 6,000.
+    assert trips <= periods * 3, trips
+    assert all(each.fence is not None for each in held)
+    sample = held[::100]
+    assert all(each.owned() for each in sample)
+    ttls = [each.ttl() for each in sample]
+    assert all(t is not None and t > 0.5 for t in ttls), ttls
+    assert time.monotonic() - acquired_at > 2 * 1.5  # they outlived their TTL twice
+    for each in held:
+        each.release()
+    assert len(renewer) == 0
