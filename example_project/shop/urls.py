@@ -1,0 +1,12 @@
+from django.contrib import admin
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("buy/", views.buy, name="buy"),
+    path("experiment/", views.experiment, name="experiment"),
+    path("restock/", views.restock, name="restock"),
+    path("admin/", admin.site.urls),
+]
