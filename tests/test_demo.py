@@ -58,9 +58,13 @@ def test_demo_starts_serves_and_stops(tmp_path: object) -> None:
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
         assert token is not None
         body = urllib.parse.urlencode({"csrfmiddlewaretoken": token.group(1)}).encode()
-        request = urllib.request.Request(f"{base}/experiment/", data=body, headers={"Referer": base})
+        request = urllib.request.Request(
+            f"{base}/experiment/", data=body, headers={"Referer": base}
+        )
         result = opener.open(request, timeout=60).read().decode()
-        locked = re.search(r"with django-redlock</th><td>50</td><td>(\d+)</td><td>(\d+)</td>", result)
+        locked = re.search(
+            r"with django-redlock</th><td>50</td><td>(\d+)</td><td>(\d+)</td>", result
+        )
         assert locked is not None, result
         assert locked.groups() == ("50", "0")  # exactly the stock sold, nothing oversold
     finally:
