@@ -1,13 +1,17 @@
-"""Who holds a lock: the random hold token, and the holder metadata shown to operators."""
+"""Who holds a lock: hold tokens, reentrant owner ids, and the metadata shown to operators."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import os
 import secrets
 import socket
 import threading
+import weakref
 from contextvars import ContextVar
+from typing import Any
 
 HOST = socket.gethostname()
 
@@ -20,13 +24,61 @@ def new_token() -> str:
     return secrets.token_urlsafe(16)
 
 
-def holder_meta() -> str:
+# -- reentrant owners --------------------------------------------------------------------------
+# An owner is one thread or one asyncio task of one process, on any host. The id lives in a
+# ContextVar, not a threading.local, so two tasks on one loop are two owners. A ContextVar is
+# copied into child tasks (and into threads started by asgiref's sync_to_async), so each id
+# remembers which task or thread it was made for; anyone else gets an id of its own.
+
+_process = {"id": secrets.token_urlsafe(12)}
+_serial = itertools.count(1)
+_owner: ContextVar[tuple[str, weakref.ref[Any]] | None] = ContextVar("redlock_owner", default=None)
+
+
+def _current_actor() -> Any:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread
+        task = None
+    return task if task is not None else threading.current_thread()
+
+
+def owner_id() -> str:
+    """The reentrant owner id of the current thread or asyncio task."""
+    actor = _current_actor()
+    slot = _owner.get()
+    prefix = f"{_process['id']}:"
+    if slot is None or slot[1]() is not actor or not slot[0].startswith(prefix):
+        slot = (f"{prefix}{next(_serial)}", weakref.ref(actor))
+        _owner.set(slot)
+    return slot[0]
+
+
+def _new_process_id() -> None:
+    _process["id"] = secrets.token_urlsafe(12)
+
+
+if hasattr(os, "register_at_fork"):
+    # A forked child is another owner, even for the thread that forked it.
+    os.register_at_fork(after_in_child=_new_process_id)
+
+
+def holder_meta(*, fair: bool = False) -> str:
     meta: dict[str, object] = {
         "h": HOST,
         "p": os.getpid(),
-        "t": threading.current_thread().name,
+        "t": _actor_name(),
     }
     task = current_task.get()
     if task is not None:
         meta["k"], meta["n"] = task
+    if fair:
+        meta["q"] = 1
     return json.dumps(meta, separators=(",", ":"))
+
+
+def _actor_name() -> str:
+    actor = _current_actor()
+    if isinstance(actor, asyncio.Task):
+        return f"{threading.current_thread().name}/{actor.get_name()}"
+    return str(actor.name)

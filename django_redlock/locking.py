@@ -1,28 +1,64 @@
-"""The Lock: what users hold. All lock logic lives here once; backends only do the I/O."""
+"""The Lock: what users hold. All lock logic lives here once; backends only do the I/O.
+
+Each operation (acquire, release, ...) is written once, as a generator that yields the steps
+it needs: a backend :class:`~.backends.base.Op` (one round trip), or watching a channel and
+sleeping on it. Two drivers run the steps, one for threads and one for asyncio, so
+``lk.acquire()`` and ``await lk.acquire()`` share every line of the algorithm.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import inspect
 import logging
 import string
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
-from .backends.base import Attempt, BaseLockBackend, Renewal
+from .backends.base import Attempt, BaseLockBackend, Kind, Op, Renewal
 from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .identity import holder_meta, new_token
-from .renewer import renewer
+from .identity import holder_meta, new_token, owner_id
+from .renewer import Renewer, loop_renewer, thread_renewer
 from .signals import lock_acquired, lock_lost, lock_released
 from .validation import check_name, check_optional_seconds, to_ms
 
 logger = logging.getLogger("django_redlock")
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+Steps = Generator[Any, Any, T]
+
+#: How long a fair waiter's place in the queue lasts before it must renew it (by trying
+#: again). A waiter that dies blocks the queue for at most this long, or its own timeout.
+WAITER_LEASE = 5.0
+
+
+class _Watch(NamedTuple):
+    channel: str
+
+
+class _Sleep(NamedTuple):
+    waiter: Any
+    seconds: float
+
+
+class _Unwatch(NamedTuple):
+    handle: Any
+
+
+@dataclass
+class _Hold:
+    token: str
+    fence: int | None
+    depth: int = 0  # acquisitions through this Lock object by this owner
+    renewer: Renewer | None = None
 
 
 def _check_bool(value: Any, what: str) -> bool:
@@ -31,12 +67,24 @@ def _check_bool(value: Any, what: str) -> bool:
     return value
 
 
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class Lock:
     """A named lock on one backend; not acquired until :meth:`acquire` or ``with``.
 
     A plain Lock object is the holder: whoever has the object may release it, so it can be
-    handed to another thread. Every acquisition gets a fresh random token and a fencing
-    token that is strictly greater than any earlier one for the same name.
+    handed to another thread. A reentrant lock is held by an owner, the current thread or
+    asyncio task, which may take it again and must release it as often. Every new hold gets a
+    fencing token strictly greater than any earlier one for the same name.
+
+    In a running event loop, ``acquire``, ``release``, ``extend``, ``locked``, ``owned``,
+    ``ttl`` and ``hold_count`` return awaitables (or call the ``a``-prefixed twins).
     """
 
     def __init__(
@@ -58,158 +106,313 @@ class Lock:
         self.blocking = _check_bool(blocking, "blocking")
         self.auto_renew = _check_bool(auto_renew, "auto_renew")
         self.max_hold = check_optional_seconds(max_hold, "max_hold")
-        if _check_bool(reentrant, "reentrant") or _check_bool(fair, "fair"):
-            raise NotImplementedError("reentrant and fair locks are not available yet")
+        self.kind = Kind(_check_bool(reentrant, "reentrant"), _check_bool(fair, "fair"))
         if not isinstance(using, str):
             raise TypeError(f"using must be a backend alias (str), not {using!r}")
         self.using = using
         self.backend: BaseLockBackend = locks[using]  # unknown alias: error, still no I/O
         self.lock_ttl = ttl if ttl is not None else self.backend.default_ttl
-        self._token: str | None = None
-        self._fence: int | None = None
+        self._holds: dict[str, _Hold] = {}  # owner ("" for plain locks) -> hold
         self._lost: str | None = None  # why the last hold was lost, if it was
         self._mutex = threading.Lock()
 
     def __repr__(self) -> str:
-        state = f"held, fence {self._fence}" if self._token else "lost" if self._lost else "free"
-        return f"<Lock {self.name!r} on {self.using!r}: {state}>"
+        hold = self._holds.get(self._owner())
+        state = f"held, fence {hold.fence}" if hold else "lost" if self._lost else "free"
+        return f"<Lock {self.name!r} ({self.kind.label}) on {self.using!r}: {state}>"
 
     def _describe(self) -> str:
         return f"lock {self.name!r} on backend {self.using!r}"
 
+    def _owner(self) -> str:
+        return owner_id() if self.kind.reentrant else ""
+
+    # -- drivers -----------------------------------------------------------------------------
+
+    def _drive(self, steps: Steps[T]) -> T:
+        backend, reply, error = self.backend, None, None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return cast(T, done.value)
+            reply = error = None
+            try:
+                if isinstance(step, Op):
+                    reply = backend.execute(step)
+                elif isinstance(step, _Sleep):
+                    reply = step.waiter.wait(step.seconds)
+                elif isinstance(step, _Watch):
+                    watching = backend.hub.watch(step.channel)
+                    reply = (watching, watching.__enter__())
+                else:
+                    step.handle[0].__exit__(None, None, None)
+            except BaseException as exc:
+                error = exc
+
+    async def _adrive(self, steps: Steps[T]) -> T:
+        backend, reply, error = self.backend, None, None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return cast(T, done.value)
+            reply = error = None
+            try:
+                if isinstance(step, Op):
+                    reply = await backend.aexecute(step)
+                elif isinstance(step, _Sleep):
+                    reply = await step.waiter.wait(step.seconds)
+                elif isinstance(step, _Watch):
+                    watching = backend.hub.awatch(step.channel)
+                    reply = (watching, await watching.__aenter__())
+                else:
+                    await step.handle[0].__aexit__(None, None, None)
+            except BaseException as exc:
+                error = exc
+
+    def _run(self, steps: Steps[T]) -> Any:
+        """Run now in a thread; in a running event loop, return an awaitable."""
+        return self._adrive(steps) if _in_event_loop() else self._drive(steps)
+
     # -- acquire -----------------------------------------------------------------------------
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        """Take the lock; wait up to ``timeout`` seconds (None: forever) when ``blocking``."""
+    def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         _check_bool(blocking, "blocking")
         timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
         if not blocking and timeout:
             raise ValueError("a timeout makes no sense with blocking=False")
-        if self._token is not None:
+        owner, kind, name, backend = self._owner(), self.kind, self.name, self.backend
+        if not kind.reentrant and owner in self._holds:
             raise LockError(
                 f"{self._describe()} is already held by this Lock object;"
                 " use reentrant=True to take it again"
             )
         started = time.monotonic()
-        token, meta, ttl_ms = new_token(), holder_meta(), to_ms(self.lock_ttl)
-        attempt = self.backend.try_acquire(self.name, token, ttl_ms, meta)
-        if not attempt.acquired and blocking and timeout != 0:
-            deadline = None if timeout is None else started + timeout
-            attempt = self._wait(token, ttl_ms, meta, deadline)
+        token = owner if kind.reentrant else new_token()
+        ttl_ms, meta = to_ms(self.lock_ttl), holder_meta(fair=kind.fair)
+        waiter = new_token() if kind.fair else None
+        attempt = Attempt(False)
+        try:
+            # One try that never queues; only a waiter joins a fair lock's queue.
+            attempt = yield backend.op_acquire(name, token, ttl_ms, meta, kind, waiter)
+            if not attempt.acquired and blocking and timeout != 0:
+                deadline = None if timeout is None else started + timeout
+                attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline)
+        except Exception:
+            raise
+        except BaseException:
+            # Cancelled or interrupted while a reply was on its way: the server may have
+            # granted the hold, so hand it back (the token is ours alone).
+            if not kind.reentrant:
+                with contextlib.suppress(Exception):
+                    yield backend.op_release(name, token, kind)
+            raise
         if not attempt.acquired:
             return False
-        with self._mutex:
-            self._token, self._fence, self._lost = token, attempt.fence, None
-        if self.auto_renew:
-            renewer.add(self, Renewal(self.name, token, ttl_ms), self.max_hold)
-        logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
-        lock_acquired.send_robust(sender=Lock, lock=self, fence=attempt.fence)
+        self._record(owner, token, ttl_ms, attempt)
         return True
 
-    def _wait(self, token: str, ttl_ms: int, meta: str, deadline: float | None) -> Attempt:
-        """Sleep until the holder releases (pub/sub) or its TTL runs out; never poll blindly."""
-        with self.backend.watch(self.name) as waiter:
+    def _wait(
+        self, token: str, ttl_ms: int, meta: str, waiter: str | None, deadline: float | None
+    ) -> Steps[Attempt]:
+        """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly."""
+        backend, name, kind = self.backend, self.name, self.kind
+        fair = waiter is not None
+        channel = backend.wake_channel(name, waiter) if waiter else backend.channel(name)
+        handle = yield _Watch(channel)
+        attempt = Attempt(False)
+        try:
             while True:
                 # Registered before this try, so a release right after it still wakes us.
-                attempt = self.backend.try_acquire(self.name, token, ttl_ms, meta)
+                remaining = float("inf") if deadline is None else deadline - time.monotonic()
+                wait_ms = to_ms(min(max(remaining, 0.0), WAITER_LEASE)) if fair else -1
+                attempt = yield backend.op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms)
                 if attempt.acquired:
                     return attempt
                 remaining = float("inf") if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     return attempt
-                if attempt.pttl_ms >= 0:  # woken at the holder's expiry at the latest
-                    pause = max(attempt.pttl_ms / 1000, 0.001)
-                elif attempt.pttl_ms == -2:  # freed between the two reads
-                    pause = 0.0
-                else:  # a key without expiry (not ours): wait for its release message
-                    pause = self.lock_ttl
-                waiter.wait(min(pause, remaining))
+                hint = attempt.count_or_wait  # ms until the hold expires or the queue moves
+                pause = max(hint / 1000, 0.001) if hint >= 0 else self.lock_ttl
+                if fair:  # come back before our place in the queue lapses
+                    pause = min(pause, WAITER_LEASE / 2)
+                yield _Sleep(handle[1], min(pause, remaining))
+        finally:
+            if fair and not attempt.acquired:
+                with contextlib.suppress(Exception):
+                    yield backend.op_leave(name, waiter or "")
+            yield _Unwatch(handle)
+
+    def _record(self, owner: str, token: str, ttl_ms: int, attempt: Attempt) -> None:
+        with self._mutex:
+            hold = self._holds.get(owner)
+            if hold is None:
+                hold = self._holds[owner] = _Hold(token, attempt.fence)
+            hold.depth += 1
+            self._lost = None
+        if self.auto_renew and hold.renewer is None:
+            hold.renewer = loop_renewer() if _in_event_loop() else thread_renewer
+            hold.renewer.add(self, Renewal(self.name, token, ttl_ms), self.max_hold)
+        if attempt.count_or_wait == 1:  # a new hold, not a re-entry
+            logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
+            lock_acquired.send_robust(sender=Lock, lock=self, fence=attempt.fence)
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Any:
+        """Take the lock; wait up to ``timeout`` seconds (None: forever) when ``blocking``.
+
+        Returns True or False (in a running event loop: an awaitable of it).
+        """
+        return self._run(self._acquire(blocking, timeout))
+
+    async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        return await self._adrive(self._acquire(blocking, timeout))
 
     # -- release, extend ---------------------------------------------------------------------
 
-    def _held_token(self) -> str:
-        token = self._token
-        if token is None:
+    def _held(self) -> tuple[str, _Hold]:
+        owner = self._owner()
+        hold = self._holds.get(owner)
+        if hold is None:
             if self._lost is not None:
                 raise LockLost(f"{self._describe()} was lost: {self._lost}")
-            raise LockNotOwned(f"{self._describe()} is not held by this Lock object")
-        return token
+            raise LockNotOwned(f"{self._describe()} is not held by this owner")
+        return owner, hold
 
-    def release(self) -> None:
-        """Free the lock; LockNotOwned (or its subclass LockLost) if it is not ours any more."""
-        token = self._held_token()
-        renewer.remove(self)
-        released = self.backend.release(self.name, token)
+    def _stop_renewing(self, hold: _Hold) -> None:
+        if hold.renewer is not None:
+            hold.renewer.remove(self, hold.token)
+            hold.renewer = None
+
+    def _release(self) -> Steps[None]:
+        owner, hold = self._held()
+        left = yield self.backend.op_release(self.name, hold.token, self.kind)
         with self._mutex:
-            if self._token == token:
-                self._token = self._fence = None
-        if not released:
-            self._mark_lost("it expired or was released by someone else", signal=False)
+            if self._holds.get(owner) is hold:
+                hold.depth -= 1
+                if left <= 0 or hold.depth <= 0:
+                    del self._holds[owner]
+                    self._stop_renewing(hold)
+        if left < 0:
+            self._lost = "it expired or was released by someone else"
+            logger.warning("redlock: %s lost before release: %s", self._describe(), self._lost)
             raise LockLost(f"{self._describe()} was lost before release: {self._lost}")
-        logger.debug("redlock: released %s", self._describe())
-        lock_released.send_robust(sender=Lock, lock=self)
+        if left == 0:
+            logger.debug("redlock: released %s", self._describe())
+            lock_released.send_robust(sender=Lock, lock=self)
 
-    def extend(self, ttl: float | None = None) -> None:
-        """Reset the hold's TTL to ``ttl`` (default: the lock's) from now on."""
+    def release(self) -> Any:
+        """Release one hold; LockNotOwned (or its subclass LockLost) if it is not ours."""
+        return self._run(self._release())
+
+    async def arelease(self) -> None:
+        await self._adrive(self._release())
+
+    def _extend(self, ttl: float | None) -> Steps[None]:
         seconds = check_optional_seconds(ttl, "ttl")
-        token = self._held_token()
+        _, hold = self._held()
         if seconds is not None:
             self.lock_ttl = seconds
         ttl_ms = to_ms(self.lock_ttl)
-        if not self.backend.extend(self.name, token, ttl_ms):
-            self._mark_lost("it expired or was released by someone else")
+        if not (yield self.backend.op_extend(self.name, hold.token, ttl_ms)):
+            self._mark_lost(hold.token, "it expired or was released by someone else")
             raise LockLost(f"{self._describe()} could not be extended: {self._lost}")
-        if self.auto_renew:
-            renewer.add(self, Renewal(self.name, token, ttl_ms), self.max_hold)
+        if hold.renewer is not None:
+            hold.renewer.add(self, Renewal(self.name, hold.token, ttl_ms), self.max_hold)
 
-    def _mark_lost(self, reason: str, *, signal: bool = True) -> None:
+    def extend(self, ttl: float | None = None) -> Any:
+        """Reset the hold's TTL to ``ttl`` seconds (default: the lock's) from now on."""
+        return self._run(self._extend(ttl))
+
+    async def aextend(self, ttl: float | None = None) -> None:
+        await self._adrive(self._extend(ttl))
+
+    def _mark_lost(self, token: str, reason: str) -> None:
         with self._mutex:
-            if self._token is None and self._lost is not None:
+            owner = next((o for o, h in self._holds.items() if h.token == token), None)
+            if owner is None:
                 return
-            self._token, self._fence, self._lost = None, None, reason
-        renewer.remove(self)
+            hold = self._holds.pop(owner)
+            self._lost = reason
+            self._stop_renewing(hold)
         logger.warning("redlock: %s lost: %s", self._describe(), reason)
-        if signal:
-            lock_lost.send_robust(sender=Lock, lock=self, reason=reason)
+        lock_lost.send_robust(sender=Lock, lock=self, reason=reason)
 
     # -- queries -----------------------------------------------------------------------------
 
-    def locked(self) -> bool:
-        """Whether anyone holds the lock."""
-        return self.backend.is_locked(self.name)
-
-    def owned(self) -> bool:
-        """Whether this Lock object holds it, as Redis says now."""
-        token = self._token
-        if token is None:
+    def _owned(self) -> Steps[bool]:
+        hold = self._holds.get(self._owner())
+        if hold is None:
             return False
-        if self.backend.holds(self.name, token):
+        if (yield self.backend.op_hold_count(self.name, hold.token)) > 0:
             return True
-        if self._token == token:
-            self._mark_lost("it expired or was released by someone else")
+        self._mark_lost(hold.token, "it expired or was released by someone else")
         return False
 
-    def ttl(self) -> float | None:
-        """Seconds left on the current hold of this name (whoever holds it); None if free."""
-        pttl = self.backend.pttl(self.name)
+    def owned(self) -> Any:
+        """Whether this owner holds the lock, as Redis says now."""
+        return self._run(self._owned())
+
+    async def aowned(self) -> bool:
+        return await self._adrive(self._owned())
+
+    def _hold_count(self) -> Steps[int]:
+        hold = self._holds.get(self._owner())
+        if hold is None:
+            return 0
+        return cast(int, (yield self.backend.op_hold_count(self.name, hold.token)))
+
+    def hold_count(self) -> Any:
+        """How many times this owner holds the lock now (0: not at all)."""
+        return self._run(self._hold_count())
+
+    async def ahold_count(self) -> int:
+        return await self._adrive(self._hold_count())
+
+    def _locked(self) -> Steps[bool]:
+        return cast(bool, (yield self.backend.op_locked(self.name)))
+
+    def locked(self) -> Any:
+        """Whether anyone holds the lock."""
+        return self._run(self._locked())
+
+    async def alocked(self) -> bool:
+        return await self._adrive(self._locked())
+
+    def _ttl(self) -> Steps[float | None]:
+        pttl = yield self.backend.op_pttl(self.name)
         return None if pttl is None else pttl / 1000
+
+    def ttl(self) -> Any:
+        """Seconds left on the current hold of this name (whoever holds it); None if free."""
+        return self._run(self._ttl())
+
+    async def attl(self) -> float | None:
+        return await self._adrive(self._ttl())
 
     @property
     def fence(self) -> int | None:
-        """The fencing token of this object's current hold; None when not held."""
-        return self._fence
+        """The fencing token of this owner's current hold; None when not held."""
+        hold = self._holds.get(self._owner())
+        return None if hold is None else hold.fence
 
     @property
     def lost(self) -> str | None:
         """Why the last hold was lost, or None."""
         return self._lost
 
-    # -- with, decorator ---------------------------------------------------------------------
+    # -- with, async with, decorator ---------------------------------------------------------
+
+    def _not_acquired(self) -> LockNotAcquired:
+        waited = "" if self.timeout is None else f" within {self.timeout:g} s"
+        return LockNotAcquired(f"{self._describe()} could not be acquired{waited}")
+
+    def _timeout(self) -> float | None:
+        return self.timeout if self.blocking else None
 
     def __enter__(self) -> Lock:
-        if not self.acquire(self.blocking, self.timeout if self.blocking else None):
-            waited = "" if self.timeout is None else f" within {self.timeout:g} s"
-            raise LockNotAcquired(f"{self._describe()} could not be acquired{waited}")
+        if not self._drive(self._acquire(self.blocking, self._timeout())):
+            raise self._not_acquired()
         return self
 
     def __exit__(
@@ -219,11 +422,28 @@ class Lock:
         tb: TracebackType | None,
     ) -> None:
         try:
-            self.release()
+            self._drive(self._release())
         except LockNotOwned:
             if exc_type is None:
                 raise
-            # The body's own exception says more; the loss is logged by _mark_lost.
+            # The body's own exception says more; the loss is logged.
+
+    async def __aenter__(self) -> Lock:
+        if not await self._adrive(self._acquire(self.blocking, self._timeout())):
+            raise self._not_acquired()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._adrive(self._release())
+        except LockNotOwned:
+            if exc_type is None:
+                raise
 
     def _with_name(self, name: str) -> Lock:
         return Lock(
@@ -234,11 +454,21 @@ class Lock:
             blocking=self.blocking,
             auto_renew=self.auto_renew,
             max_hold=self.max_hold,
+            reentrant=self.kind.reentrant,
+            fair=self.kind.fair,
         )
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: the name is a ``str.format`` template over the arguments."""
         name_for = name_template(self.name, func)
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def locked_acall(*args: Any, **kwargs: Any) -> Any:
+                async with self._with_name(name_for(args, kwargs)):
+                    return await func(*args, **kwargs)
+
+            return cast(F, locked_acall)
 
         @functools.wraps(func)
         def locked_call(*args: Any, **kwargs: Any) -> Any:
@@ -287,7 +517,8 @@ def lock(
     reentrant: bool = False,
     fair: bool = False,
 ) -> Lock:
-    """A :class:`Lock` on backend ``using``; use with ``with``, as a decorator, or by hand."""
+    """A :class:`Lock` on backend ``using``; use with ``with``, ``async with``, as a
+    decorator, or by hand."""
     return Lock(
         name,
         ttl=ttl,

@@ -1,19 +1,23 @@
-"""The watchdog: one daemon thread per process renews every held lock that asked for it.
+"""The watchdog: renews every held lock that asked for it, at about a third of its TTL.
 
-Each hold is renewed at about a third of its TTL. Holds that fall due close together are
-renewed together, one pipelined round trip per backend per batch, so 1,000 held locks cost a
-few round trips per period rather than 1,000.
+Sync holds are renewed by one daemon thread per process; asyncio holds by one task per event
+loop. Holds that fall due close together are renewed together in one pipelined round trip
+per backend (up to :data:`BATCH` holds), so 1,000 held locks cost a few round trips per
+period, not 1,000. A hold whose renewal finds it gone, or that cannot be renewed before its
+TTL runs out, is reported lost to every Lock object that holds it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .backends.base import BaseLockBackend, Renewal
@@ -22,44 +26,133 @@ if TYPE_CHECKING:
     from .locking import Lock
 
 logger = logging.getLogger("django_redlock")
+BATCH = 500
+
+HoldKey = tuple[int, str, str]  # (id of the backend, lock name, token)
 
 
 @dataclass
 class _Entry:
-    ref: weakref.ref[Lock]
     backend: BaseLockBackend
     renewal: Renewal
     interval: float  # seconds between renewals
     due: float  # monotonic time of the next renewal
     confirmed_until: float  # the hold is certainly ours until then
     stop_at: float | None  # the cap on renewing, if any
+    locks: weakref.WeakSet[Lock] = field(default_factory=weakref.WeakSet)
 
 
 class Renewer:
+    """The schedule of held locks; subclasses run it on a thread or an event loop."""
+
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._entries: dict[int, _Entry] = {}
-        self._thread: threading.Thread | None = None
+        self._entries: dict[HoldKey, _Entry] = {}
+        self._mutex = threading.RLock()
 
     def add(self, lock: Lock, renewal: Renewal, max_hold: float | None) -> None:
         now = time.monotonic()
         ttl = renewal.ttl_ms / 1000
-        key = id(lock)
+        key = (id(lock.backend), renewal.name, renewal.token)
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is None or entry.renewal.ttl_ms != renewal.ttl_ms:
+                previous = entry
+                entry = self._entries[key] = _Entry(
+                    backend=lock.backend,
+                    renewal=renewal,
+                    interval=ttl / 3,
+                    due=now + ttl / 3,
+                    confirmed_until=now + ttl,
+                    stop_at=None if max_hold is None else now + max_hold,
+                )
+                if previous is not None:
+                    entry.locks.update(previous.locks)
+            entry.locks.add(lock)
+        self._wake()
 
-        def forget(_: object, key: int = key) -> None:
-            self._drop(key)
+    def remove(self, lock: Lock, token: str) -> None:
+        key = (id(lock.backend), lock.name, token)
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is not None:
+                entry.locks.discard(lock)
+                if not entry.locks:
+                    del self._entries[key]
 
-        entry = _Entry(
-            ref=weakref.ref(lock, forget),
-            backend=lock.backend,
-            renewal=renewal,
-            interval=ttl / 3,
-            due=now + ttl / 3,
-            confirmed_until=now + ttl,
-            stop_at=None if max_hold is None else now + max_hold,
-        )
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _wake(self) -> None:
+        """Make the runner look at the schedule again."""
+
+    def _next(self) -> list[list[tuple[HoldKey, _Entry]]] | float:
+        """Groups of due holds (one per backend), or how long to sleep until one is due."""
+        now = time.monotonic()
+        with self._mutex:
+            for key in [k for k, e in self._entries.items() if not e.locks]:
+                del self._entries[key]  # every Lock object holding it was garbage-collected
+            if not self._entries:
+                return 3600.0
+            first = min(entry.due for entry in self._entries.values())
+            if first > now:
+                return first - now
+            groups: dict[int, list[tuple[HoldKey, _Entry]]] = defaultdict(list)
+            for key, entry in list(self._entries.items()):
+                if entry.stop_at is not None and entry.stop_at <= now:
+                    del self._entries[key]  # capped: the hold now runs out at its TTL
+                # Take the holds due within half an interval as well, so they line up.
+                elif entry.due <= now + entry.interval / 2:
+                    groups[id(entry.backend)].append((key, entry))
+        return [
+            group[i : i + BATCH] for group in groups.values() for i in range(0, len(group), BATCH)
+        ]
+
+    def _settle(
+        self, group: list[tuple[HoldKey, _Entry]], results: list[bool] | Exception, started: float
+    ) -> None:
+        """Apply one batch's outcome; report lost holds."""
+        lost: list[tuple[list[Lock], str, str]] = []
+        now = time.monotonic()
+        with self._mutex:
+            for i, (key, entry) in enumerate(group):
+                if self._entries.get(key) is not entry:
+                    continue  # released meanwhile
+                result = results if isinstance(results, Exception) else results[i]
+                if result is True:
+                    entry.due = started + entry.interval
+                    entry.confirmed_until = started + entry.renewal.ttl_ms / 1000
+                    continue
+                if result is False:
+                    reason = "it expired or was released by someone else"
+                elif now >= entry.confirmed_until:
+                    reason = f"renewals failed until the TTL ran out ({result})"
+                else:  # try again soon; the hold is still ours for a while
+                    entry.due = now + min(entry.interval / 4, 1.0)
+                    continue
+                del self._entries[key]
+                lost.append((list(entry.locks), entry.renewal.token, reason))
+        for locks, token, reason in lost:
+            for lock in locks:
+                lock._mark_lost(token, reason)
+
+    def _failed(self, group: list[tuple[HoldKey, _Entry]], exc: Exception) -> Exception:
+        from .exceptions import BackendUnavailable
+
+        if not isinstance(exc, BackendUnavailable):  # a bug must not kill the watchdog
+            logger.exception("redlock: renewing on %s failed", group[0][1].backend.describe())
+        return exc
+
+
+class ThreadRenewer(Renewer):
+    """Renews sync holds from one daemon thread (it never keeps the interpreter alive)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition(self._mutex)
+        self._thread: threading.Thread | None = None
+
+    def _wake(self) -> None:
         with self._cond:
-            self._entries[key] = entry
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="redlock-renewer", daemon=True
@@ -67,86 +160,78 @@ class Renewer:
                 self._thread.start()
             self._cond.notify()
 
-    def remove(self, lock: Lock) -> None:
-        self._drop(id(lock))
-
-    def _drop(self, key: int) -> None:
-        with self._cond:
-            self._entries.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def _run(self) -> None:
         while True:
-            batch = self._next_batch()
-            by_backend: dict[int, list[tuple[int, _Entry]]] = defaultdict(list)
-            for key, entry in batch:
-                by_backend[id(entry.backend)].append((key, entry))
-            for group in by_backend.values():
-                self._renew(group)
-
-    def _next_batch(self) -> list[tuple[int, _Entry]]:
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                if not self._entries:
-                    self._cond.wait()
-                    continue
-                first = min(entry.due for entry in self._entries.values())
-                if first > now:
-                    self._cond.wait(first - now)
-                    continue
-                # Take the holds due within half an interval as well, so they line up.
-                batch = [
-                    (key, entry)
-                    for key, entry in self._entries.items()
-                    if entry.due <= now + entry.interval / 2
-                ]
-                capped = [k for k, e in batch if e.stop_at is not None and e.stop_at <= now]
-                for key in capped:
-                    del self._entries[key]  # the hold now runs out at its TTL
-                return [(k, e) for k, e in batch if k not in capped]
-
-    def _renew(self, group: list[tuple[int, _Entry]]) -> None:
-        backend = group[0][1].backend
-        started = time.monotonic()
-        try:
-            results = backend.renew_many([entry.renewal for _, entry in group])
-        except Exception as exc:  # a backend bug must not kill the watchdog
-            logger.exception("redlock: renewing on %s failed", backend.describe())
-            results = [exc] * len(group)
-        lost: list[tuple[Lock, str]] = []
-        with self._cond:
-            for (key, entry), result in zip(group, results, strict=True):
-                if self._entries.get(key) is not entry:
-                    continue  # released (or re-acquired) meanwhile
-                if result is True:
-                    entry.due = started + entry.interval
-                    entry.confirmed_until = started + entry.renewal.ttl_ms / 1000
-                    continue
-                now = time.monotonic()
-                if result is False:
-                    reason = "the lock expired or was released by someone else"
-                elif now >= entry.confirmed_until:
-                    reason = f"renewals failed until the TTL ran out ({result})"
-                else:  # try again soon; the hold is still ours for a while
-                    entry.due = now + min(entry.interval / 4, 1.0)
-                    continue
-                del self._entries[key]
-                lock = entry.ref()
-                if lock is not None:
-                    lost.append((lock, reason))
-        for lock, reason in lost:
-            lock._mark_lost(reason)
+            batches = self._next()
+            if isinstance(batches, float):
+                with self._cond:
+                    self._cond.wait(batches)
+                continue
+            for group in batches:
+                started = time.monotonic()
+                try:
+                    results: list[bool] | Exception = group[0][1].backend.renew_many(
+                        [entry.renewal for _, entry in group]
+                    )
+                except Exception as exc:
+                    results = self._failed(group, exc)
+                self._settle(group, results, started)
 
     def _forget_after_fork(self) -> None:
-        self._cond = threading.Condition()
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._entries = {}
         self._thread = None
 
 
-renewer = Renewer()
+class LoopRenewer(Renewer):
+    """Renews asyncio holds from one task in their event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._loop = loop
+        self._event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def _wake(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._run(), name="redlock-renewer")
+        self._event.set()
+
+    async def _run(self) -> None:
+        while True:
+            batches = self._next()
+            if isinstance(batches, float):
+                self._event.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._event.wait(), batches)
+                continue
+            for group in batches:
+                started = time.monotonic()
+                backend = group[0][1].backend
+                try:
+                    results: list[bool] | Exception = await backend.aexecute(
+                        backend.op_renew([entry.renewal for _, entry in group])
+                    )
+                except Exception as exc:
+                    results = self._failed(group, exc)
+                self._settle(group, results, started)
+
+
+thread_renewer = ThreadRenewer()
+_loop_renewers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopRenewer] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def loop_renewer() -> LoopRenewer:
+    """The renewer of the running event loop."""
+    loop = asyncio.get_running_loop()
+    renewer = _loop_renewers.get(loop)
+    if renewer is None:
+        renewer = _loop_renewers[loop] = LoopRenewer(loop)
+    return renewer
+
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=renewer._forget_after_fork)
+    os.register_at_fork(after_in_child=thread_renewer._forget_after_fork)

@@ -1,8 +1,9 @@
-"""The one script layer every Redis backend shares.
+"""The one script layer every Redis backend shares, sync and asyncio.
 
-The Lua lives in ``lua/<operation>.lua``. Scripts run by ``EVALSHA``; a server that answers
-``NOSCRIPT`` (after ``SCRIPT FLUSH``, a restart or a failover) gets the script loaded and the
-call repeated, so callers never see it.
+The Lua lives in ``lua/<operation>.lua``; helpers shared by several scripts live in
+``lua/_<helper>.lua`` and are spliced in where a script says ``--! include _<helper>``.
+Scripts run by ``EVALSHA``; a server that answers ``NOSCRIPT`` (after ``SCRIPT FLUSH``, a
+restart or a failover) gets the script loaded and the call repeated, so callers never see it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
+INCLUDE = "--! include "
+
 
 @dataclass(frozen=True)
 class Script:
@@ -24,11 +27,17 @@ class Script:
     sha: str
 
 
+def _read(name: str) -> str:
+    return resources.files("django_redlock").joinpath("lua").joinpath(f"{name}.lua").read_text()
+
+
 @cache
 def script(name: str) -> Script:
-    source = (
-        resources.files("django_redlock").joinpath("lua").joinpath(f"{name}.lua").read_text("utf-8")
-    )
+    lines = [
+        _read(line[len(INCLUDE) :].strip()) if line.startswith(INCLUDE) else line
+        for line in _read(name).splitlines()
+    ]
+    source = "\n".join(lines)
     return Script(name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
@@ -36,7 +45,7 @@ def all_scripts() -> list[Script]:
     names = sorted(
         entry.name[: -len(".lua")]
         for entry in resources.files("django_redlock").joinpath("lua").iterdir()
-        if entry.name.endswith(".lua")
+        if entry.name.endswith(".lua") and not entry.name.startswith("_")
     )
     return [script(name) for name in names]
 
@@ -49,6 +58,9 @@ class Call:
     keys: Sequence[str]
     args: Sequence[Any]
 
+    def evalsha(self, client: Any) -> Any:
+        return client.evalsha(self.script.sha, len(self.keys), *self.keys, *self.args)
+
 
 def _is_noscript(result: object) -> bool:
     return isinstance(result, NoScriptError) or (
@@ -59,29 +71,53 @@ def _is_noscript(result: object) -> bool:
 def run(client: Any, call: Call) -> Any:
     """Run one script: one round trip, two when the server has to be taught it first."""
     try:
-        return client.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        return call.evalsha(client)
     except NoScriptError:
         client.script_load(call.script.source)
-        return client.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+        return call.evalsha(client)
+
+
+async def arun(client: Any, call: Call) -> Any:
+    """:func:`run` on a ``redis.asyncio`` client."""
+    try:
+        return await call.evalsha(client)
+    except NoScriptError:
+        await client.script_load(call.script.source)
+        return await call.evalsha(client)
+
+
+def _pipeline(client: Any, calls: Sequence[Call]) -> Any:
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        call.evalsha(pipe)
+    return pipe
 
 
 def run_many(client: Any, calls: Sequence[Call]) -> list[Any]:
     """Run many scripts in one pipelined round trip; errors come back as values."""
-    results = _pipelined(client, calls)
+    results = list(_pipeline(client, calls).execute(raise_on_error=False))
     missing = [i for i, result in enumerate(results) if _is_noscript(result)]
     if missing:
         for needed in {calls[i].script for i in missing}:
             client.script_load(needed.source)
-        for i, result in zip(missing, _pipelined(client, [calls[i] for i in missing]), strict=True):
+        retried = _pipeline(client, [calls[i] for i in missing]).execute(raise_on_error=False)
+        for i, result in zip(missing, retried, strict=True):
             results[i] = result
     return results
 
 
-def _pipelined(client: Any, calls: Sequence[Call]) -> list[Any]:
-    pipe = client.pipeline(transaction=False)
-    for call in calls:
-        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-    return list(pipe.execute(raise_on_error=False))
+async def arun_many(client: Any, calls: Sequence[Call]) -> list[Any]:
+    """:func:`run_many` on a ``redis.asyncio`` client."""
+    results = list(await _pipeline(client, calls).execute(raise_on_error=False))
+    missing = [i for i, result in enumerate(results) if _is_noscript(result)]
+    if missing:
+        for needed in {calls[i].script for i in missing}:
+            await client.script_load(needed.source)
+        pipe = _pipeline(client, [calls[i] for i in missing])
+        retried = await pipe.execute(raise_on_error=False)
+        for i, result in zip(missing, retried, strict=True):
+            results[i] = result
+    return results
 
 
 def register(client: Any) -> None:

@@ -1,25 +1,31 @@
 """Waking waiters the moment a lock is freed, without polling.
 
-A waiter registers on the lock's release channel, re-tries once, then sleeps until a release
-message or the holder's remaining TTL, whichever comes first. All waiters of a backend in one
-process share one :class:`ReleaseHub` (for Redis: one pub/sub connection and one reader thread).
+A waiter registers on the lock's channel, re-tries once, then sleeps until a message on the
+channel or the holder's remaining TTL, whichever comes first. All waiters of a backend in one
+process, threads and asyncio tasks alike, share one :class:`ReleaseHub` (for Redis: one pub/sub
+connection read by one daemon thread; asyncio waiters are woken thread-safely on their loop).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, Protocol
 
 logger = logging.getLogger("django_redlock")
 
 
+class AnyWaiter(Protocol):
+    def wake(self) -> None: ...
+
+
 class Waiter:
-    """One waiting call; woken by a release on its channel."""
+    """A waiting thread; woken by a message on its channel."""
 
     __slots__ = ("_event",)
 
@@ -35,35 +41,111 @@ class Waiter:
         return woken
 
 
+class AsyncWaiter:
+    """A waiting asyncio task; may be woken from any thread."""
+
+    __slots__ = ("_event", "_loop")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._event.wait(), max(0.0, timeout))
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._event.clear()
+
+
+class Confirmation:
+    """Set when the server confirmed a subscription; awaitable from threads and tasks."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._mutex = threading.Lock()
+
+    def set(self) -> None:
+        with self._mutex:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def wait(self, timeout: float) -> None:
+        self._event.wait(timeout)
+
+    async def async_wait(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def settle() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle)
+
+        with self._mutex:
+            if self._event.is_set():
+                return
+            self._callbacks.append(wake)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(done, timeout)
+
+
 class ReleaseHub:
     """In-process waiter registry; a release calls :meth:`notify`."""
 
+    confirm_timeout = 0.0
+
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._waiters: dict[str, set[Waiter]] = {}
+        self._waiters: dict[str, set[AnyWaiter]] = {}
 
-    @contextmanager
+    @contextlib.contextmanager
     def watch(self, channel: str) -> Iterator[Waiter]:
         waiter = Waiter()
+        confirmed = self._join(channel, waiter)
+        try:
+            if confirmed is not None:
+                confirmed.wait(self.confirm_timeout)
+            yield waiter
+        finally:
+            self._leave(channel, waiter)
+
+    @contextlib.asynccontextmanager
+    async def awatch(self, channel: str) -> AsyncIterator[AsyncWaiter]:
+        waiter = AsyncWaiter()
+        confirmed = self._join(channel, waiter)
+        try:
+            if confirmed is not None:
+                await confirmed.async_wait(self.confirm_timeout)
+            yield waiter
+        finally:
+            self._leave(channel, waiter)
+
+    def _join(self, channel: str, waiter: AnyWaiter) -> Confirmation | None:
         with self._mutex:
             first = channel not in self._waiters
             self._waiters.setdefault(channel, set()).add(waiter)
-        try:
-            if first:
-                self._subscribe(channel)
-            yield waiter
-        finally:
-            with self._mutex:
-                group = self._waiters.get(channel)
-                if group is not None:
-                    group.discard(waiter)
-                    last = not group
-                    if last:
-                        del self._waiters[channel]
-                else:
-                    last = False
-            if last:
-                self._unsubscribe(channel)
+        return self._subscribe(channel, first)
+
+    def _leave(self, channel: str, waiter: AnyWaiter) -> None:
+        with self._mutex:
+            group = self._waiters.get(channel, set())
+            group.discard(waiter)
+            last = not group and self._waiters.pop(channel, None) is not None
+        if last:
+            self._unsubscribe(channel)
 
     def notify(self, channel: str) -> None:
         with self._mutex:
@@ -77,8 +159,9 @@ class ReleaseHub:
         for waiter in waiters:
             waiter.wake()
 
-    def _subscribe(self, channel: str) -> None:
-        """Called for the first waiter of a channel."""
+    def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
+        """Called for every waiter; returns what to wait on before re-trying, if anything."""
+        return None
 
     def _unsubscribe(self, channel: str) -> None:
         """Called when the last waiter of a channel leaves."""
@@ -96,25 +179,26 @@ class PubSubHub(ReleaseHub):
     def __init__(self, make_pubsub: Callable[[], Any], confirm_timeout: float) -> None:
         super().__init__()
         self._make_pubsub = make_pubsub
-        self._confirm_timeout = confirm_timeout
+        self.confirm_timeout = confirm_timeout
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
-        self._confirmed: dict[str, threading.Event] = {}
+        self._confirmed: dict[str, Confirmation] = {}
         self._closed = False
         _pubsub_hubs.add(self)
 
-    def _subscribe(self, channel: str) -> None:
-        confirmed = threading.Event()
+    def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
         with self._mutex:
-            self._confirmed[channel] = confirmed
+            if not first:
+                return self._confirmed.get(channel)
+            confirmed = self._confirmed[channel] = Confirmation()
             pubsub = self._ensure_started()
         try:
             pubsub.subscribe(channel)
         except Exception as exc:  # the reader thread reconnects; waiters fall back to TTL waits
             logger.debug("redlock: subscribe to %s failed: %s", channel, exc)
-            return
-        # Only after the server confirmed can a re-try not miss the release message.
-        confirmed.wait(self._confirm_timeout)
+            return None
+        # Only once the server confirmed can a re-try not miss the release message.
+        return confirmed
 
     def _unsubscribe(self, channel: str) -> None:
         with self._mutex:
@@ -166,7 +250,7 @@ class PubSubHub(ReleaseHub):
         self._closed = True
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
-            with suppress(Exception):
+            with contextlib.suppress(Exception):
                 pubsub.close()
         super().close()
 

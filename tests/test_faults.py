@@ -142,7 +142,7 @@ def test_script_flush_mid_hold(redis_alias: str, redis_server: RedisServer, name
     assert ttl is not None and ttl > 9
     redis_server.client().script_flush()
     # The watchdog's pipelined path reloads too.
-    assert locks[redis_alias].renew_many([Renewal(name, held._token or "", 5000)]) == [True]
+    assert locks[redis_alias].renew_many([Renewal(name, held._holds[""].token, 5000)]) == [True]
     redis_server.client().script_flush()
     held.release()
     assert not held.locked()

@@ -6,7 +6,7 @@ import threading
 import time
 
 from django_redlock import lock, locks
-from django_redlock.renewer import renewer
+from django_redlock.renewer import thread_renewer
 
 
 def test_one_renewer_thread_for_many_locks(alias: str, name: str) -> None:
@@ -39,4 +39,4 @@ def test_a_thousand_held_locks_renew_in_batched_round_trips(alias: str, name: st
     assert time.monotonic() - acquired_at > 2 * 1.5  # they outlived their TTL twice
     for each in held:
         each.release()
-    assert len(renewer) == 0
+    assert len(thread_renewer) == 0

@@ -1,21 +1,49 @@
-"""What every lock backend shares: settings, key layout, and the operations a Lock calls."""
+"""What every lock backend shares: settings, key layout, and the operations a Lock runs.
+
+An operation is an :class:`Op`: what to send for one round trip and how to read the reply.
+Backends build ops (``op_*``) and execute them, synchronously (:meth:`execute`) or on the
+running event loop (:meth:`aexecute`), so the sync and asyncio APIs share every operation.
+"""
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..waiting import Waiter
+from ..waiting import ReleaseHub
 
 DEFAULT_TTL = 30.0
 DEFAULT_KEY_PREFIX = "redlock"
+T = TypeVar("T")
+
+
+def _same(reply: Any) -> Any:
+    return reply
+
+
+@dataclass(frozen=True)
+class Op(Generic[T]):
+    """One round trip: ``request`` is backend-specific, ``parse`` turns the reply into T."""
+
+    name: str  # the lock concerned, for error messages
+    request: Any
+    parse: Callable[[Any], T] = _same
+
+
+class Kind(NamedTuple):
+    reentrant: bool = False
+    fair: bool = False
+
+    @property
+    def label(self) -> str:
+        words = [w for w, on in (("fair", self.fair), ("reentrant", self.reentrant)) if on]
+        return " ".join(words) or "plain"
 
 
 class Attempt(NamedTuple):
@@ -23,7 +51,8 @@ class Attempt(NamedTuple):
 
     acquired: bool
     fence: int | None = None
-    pttl_ms: int = -2  # when not acquired: what is left of the blocking hold (-2: none)
+    # Held: the hold count. Not held: ms until something may change (-1: wait for a message).
+    count_or_wait: int = -1
 
 
 class Renewal(NamedTuple):
@@ -47,23 +76,39 @@ class LockInfo:
     waiters: int = 0
 
 
-def parse_plain_value(name: str, alias: str, value: str, pttl_ms: int) -> LockInfo:
-    """Read the ``token|fence|acquired-ms|holder-json`` value the acquire script writes."""
-    parts = value.split("|", 3)
-    fence = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
-    acquired_at = None
-    if len(parts) > 2 and parts[2].isdigit():
-        acquired_at = datetime.fromtimestamp(int(parts[2]) / 1000, tz=timezone.utc)
-    holder: dict[str, Any] = {}
-    if len(parts) > 3:
-        try:
-            loaded = json.loads(parts[3])
-        except ValueError:
-            loaded = None
-        if isinstance(loaded, dict):
-            holder = loaded
+def _when(ms: Any) -> datetime | None:
+    text = ms.decode() if isinstance(ms, bytes) else str(ms)
+    return datetime.fromtimestamp(int(text) / 1000, tz=timezone.utc) if text.isdigit() else None
+
+
+def _holder(meta: str) -> dict[str, Any]:
+    try:
+        loaded = json.loads(meta)
+    except ValueError:
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def lock_info(
+    name: str, alias: str, value: str | dict[str, str], pttl_ms: int, waiters: int
+) -> LockInfo:
+    """Read a hold as the scripts write it: a plain string or a reentrant hash."""
     ttl = pttl_ms / 1000 if pttl_ms >= 0 else None
-    return LockInfo(name, alias, "plain", fence, ttl, acquired_at, holder)
+    if isinstance(value, str):  # token|fence|acquired-ms|holder-json
+        parts = [*value.split("|", 3), "", "", ""]
+        fence = int(parts[1]) if parts[1].isdigit() else None
+        holder = _holder(parts[3])
+        count = 1
+        reentrant = False
+    else:
+        fence = int(value[":fence"]) if value.get(":fence", "").isdigit() else None
+        holder = _holder(value.get(":meta", ""))
+        counts = [int(v) for k, v in value.items() if not k.startswith(":") and v.isdigit()]
+        count = sum(counts)
+        parts = ["", "", value.get(":at", "")]
+        reentrant = True
+    kind = Kind(reentrant=reentrant, fair=bool(holder.pop("q", False)))
+    return LockInfo(name, alias, kind.label, fence, ttl, _when(parts[2]), holder, count, waiters)
 
 
 class BaseLockBackend:
@@ -138,8 +183,22 @@ class BaseLockBackend:
     def fence_key(self, name: str) -> str:
         return f"{self.key(name)}:fence"
 
+    def queue_key(self, name: str) -> str:
+        return f"{self.key(name)}:queue"
+
+    def deadlines_key(self, name: str) -> str:
+        return f"{self.key(name)}:deadlines"
+
     def channel(self, name: str) -> str:
+        """Where a release is announced to every waiter of a lock."""
         return f"{self.key(name)}:released"
+
+    def wake_prefix(self, name: str) -> str:
+        return f"{self.key(name)}:wake:"
+
+    def wake_channel(self, name: str, waiter: str) -> str:
+        """Where one waiter of a fair lock is told that it is its turn."""
+        return f"{self.wake_prefix(name)}{waiter}"
 
     def name_from_key(self, key: str) -> str | None:
         head = f"{self.key_prefix}{{"
@@ -147,41 +206,77 @@ class BaseLockBackend:
             return key[len(head) : -1]
         return None
 
-    # -- operations: each is one round trip unless it says otherwise -----------------------
+    # -- operations: each op is one round trip -----------------------------------------------
 
-    def try_acquire(self, name: str, token: str, ttl_ms: int, meta: str) -> Attempt:
+    def op_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        kind: Kind,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+    ) -> Op[Attempt]:
+        """Take the lock, or (fair, ``wait_ms >= 0``) queue for it until ``wait_ms``."""
         raise NotImplementedError
 
-    def release(self, name: str, token: str) -> bool:
+    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+        """Holds left after releasing one (0: freed); -1 when the token holds none."""
         raise NotImplementedError
 
-    def extend(self, name: str, token: str, ttl_ms: int) -> bool:
+    def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
 
-    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | Exception]:
-        """Extend many holds in as few round trips as possible."""
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
+        """Extend many holds in one round trip (the watchdog's batch)."""
         raise NotImplementedError
 
-    def is_locked(self, name: str) -> bool:
+    def op_leave(self, name: str, waiter: str) -> Op[None]:
+        """Leave a fair lock's queue (gave up, cancelled)."""
         raise NotImplementedError
 
-    def holds(self, name: str, token: str) -> bool:
+    def op_hold_count(self, name: str, token: str) -> Op[int]:
         raise NotImplementedError
 
-    def pttl(self, name: str) -> int | None:
+    def op_locked(self, name: str) -> Op[bool]:
         raise NotImplementedError
+
+    def op_pttl(self, name: str) -> Op[int | None]:
+        raise NotImplementedError
+
+    def op_inspect(self, name: str) -> Op[LockInfo | None]:
+        raise NotImplementedError
+
+    def op_force_release(self, name: str) -> Op[bool]:
+        raise NotImplementedError
+
+    def execute(self, op: Op[T]) -> T:
+        raise NotImplementedError
+
+    async def aexecute(self, op: Op[T]) -> T:
+        raise NotImplementedError
+
+    @property
+    def hub(self) -> ReleaseHub:
+        """Where waiters of this backend in this process are woken."""
+        raise NotImplementedError
+
+    # -- conveniences for operators and tests ------------------------------------------------
 
     def inspect(self, name: str) -> LockInfo | None:
-        raise NotImplementedError
+        return self.execute(self.op_inspect(name))
 
     def force_release(self, name: str) -> bool:
-        raise NotImplementedError
+        return self.execute(self.op_force_release(name))
+
+    def is_locked(self, name: str) -> bool:
+        return self.execute(self.op_locked(name))
+
+    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool]:
+        return self.execute(self.op_renew(renewals))
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
-        raise NotImplementedError
-
-    def watch(self, name: str) -> AbstractContextManager[Waiter]:
-        """Register a waiter for the release of ``name``; see :mod:`django_redlock.waiting`."""
         raise NotImplementedError
 
     # -- lifecycle ---------------------------------------------------------------------------

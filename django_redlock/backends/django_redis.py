@@ -5,9 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import redis
+import redis.asyncio
 from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
 
 from .redis import RedisBackend
+
+# What an asyncio connection can take over from the cache's synchronous pool.
+SHARED_KWARGS = {
+    "host", "port", "path", "db", "username", "password", "client_name",
+    "socket_timeout", "socket_connect_timeout", "credential_provider",
+}  # fmt: skip
 
 
 class DjangoRedisBackend(RedisBackend):
@@ -38,9 +47,24 @@ class DjangoRedisBackend(RedisBackend):
 
         return get_redis_connection(self.params.get("CACHE", "default"))
 
+    def make_async_client(self) -> Any:
+        # django-redis has no asyncio client: connect to the same server the same way.
+        pool = self.client.connection_pool
+        kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in SHARED_KWARGS}
+        kwargs.update((k, v) for k, v in pool.connection_kwargs.items() if k.startswith("ssl"))
+        if issubclass(pool.connection_class, redis.UnixDomainSocketConnection):
+            connection_class: type = redis.asyncio.UnixDomainSocketConnection
+        elif issubclass(pool.connection_class, redis.SSLConnection):
+            connection_class = redis.asyncio.SSLConnection
+        else:
+            connection_class = redis.asyncio.Connection
+        async_pool = redis.asyncio.ConnectionPool(
+            connection_class=connection_class,
+            retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+            **kwargs,
+        )
+        return redis.asyncio.Redis(connection_pool=async_pool)
+
     def close(self) -> None:
-        # The pool is the cache's; only our pub/sub hub is ours to close.
-        if self._hub is not None:
-            self._hub.close()
-            self._hub = None
-        self._client = None
+        self._client = None  # the pool is the cache's, not ours to close
+        super().close()

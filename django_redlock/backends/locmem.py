@@ -1,4 +1,5 @@
-"""Locks inside one process: the same semantics (TTL, fencing, waking waiters) without Redis.
+"""Locks inside one process, with the semantics of the Redis scripts (``lua/``) in Python:
+TTL expiry, fencing, reentrant holds, fair queues with waiter deadlines, waking waiters.
 
 For users' unit tests and single-process development. Stores are shared per LOCATION, like
 Django's locmem cache, so two aliases with one LOCATION see the same locks.
@@ -9,21 +10,35 @@ from __future__ import annotations
 import fnmatch
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from ..waiting import ReleaseHub, Waiter
-from .base import Attempt, BaseLockBackend, LockInfo, Renewal, parse_plain_value
+from ..waiting import ReleaseHub
+from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Renewal, lock_info
+
+T = TypeVar("T")
 
 
 @dataclass
 class _Hold:
-    token: str
-    value: str  # the same token|fence|acquired-ms|holder layout the Redis scripts write
+    owners: dict[str, int]  # token -> hold count (plain: one token, count 1)
+    reentrant: bool
     fence: int
+    at_ms: int
+    meta: str
     expires: float  # monotonic
+
+    def ms_left(self, now: float) -> int:
+        return max(0, round((self.expires - now) * 1000))
+
+    def value(self) -> str | dict[str, str]:
+        """The hold as the Redis scripts store it (for LockInfo)."""
+        if not self.reentrant:
+            (token,) = self.owners
+            return f"{token}|{self.fence}|{self.at_ms}|{self.meta}"
+        fields = {owner: str(count) for owner, count in self.owners.items()}
+        return {**fields, ":fence": str(self.fence), ":at": str(self.at_ms), ":meta": self.meta}
 
 
 @dataclass
@@ -31,6 +46,8 @@ class _Store:
     mutex: threading.Lock = field(default_factory=threading.Lock)
     holds: dict[str, _Hold] = field(default_factory=dict)
     fences: dict[str, int] = field(default_factory=dict)
+    queues: dict[str, list[str]] = field(default_factory=dict)
+    deadlines: dict[str, dict[str, float]] = field(default_factory=dict)
     hub: ReleaseHub = field(default_factory=ReleaseHub)
 
     def live(self, name: str, now: float) -> _Hold | None:
@@ -39,6 +56,22 @@ class _Store:
             del self.holds[name]
             return None
         return hold
+
+    def take(self, name: str, token: str, ttl_ms: int, meta: str, reentrant: bool) -> int:
+        fence = self.fences[name] = self.fences.get(name, 0) + 1
+        expires = time.monotonic() + ttl_ms / 1000
+        at_ms = int(time.time() * 1000)
+        self.holds[name] = _Hold({token: 1}, reentrant, fence, at_ms, meta, expires)
+        return fence
+
+    def prune(self, name: str, now: float) -> tuple[list[str], dict[str, float]]:
+        """Drop waiters whose deadline passed (they gave up or died)."""
+        queue = self.queues.setdefault(name, [])
+        deadlines = self.deadlines.setdefault(name, {})
+        for waiter in [w for w, deadline in deadlines.items() if deadline <= now]:
+            del deadlines[waiter]
+            queue.remove(waiter)
+        return queue, deadlines
 
 
 _stores: dict[str, _Store] = {}
@@ -53,78 +86,157 @@ class LocMemBackend(BaseLockBackend):
         with _stores_mutex:
             self._store = _stores.setdefault(str(self.location or ""), _Store())
 
-    def try_acquire(self, name: str, token: str, ttl_ms: int, meta: str) -> Attempt:
+    @property
+    def hub(self) -> ReleaseHub:
+        return self._store.hub
+
+    def execute(self, op: Op[T]) -> T:
         self.round_trips += 1
-        store, now = self._store, time.monotonic()
-        with store.mutex:
+        return op.parse(op.request())
+
+    async def aexecute(self, op: Op[T]) -> T:
+        return self.execute(op)
+
+    def _op(self, name: str, work: Callable[[_Store, float], Any]) -> Op[Any]:
+        """An op that runs ``work`` under the store's mutex, then wakes whom it names."""
+
+        def run() -> Any:
+            with self._store.mutex:
+                result, wake = work(self._store, time.monotonic())
+            for channel in wake:
+                self._store.hub.notify(channel)
+            return result
+
+        return Op(name, run)
+
+    def _freed(self, store: _Store, name: str, now: float) -> list[str]:
+        """Channels to wake when ``name`` is freed: everyone's, and the queue head's."""
+        queue, _ = store.prune(name, now)
+        heads = [self.wake_channel(name, queue[0])] if queue else []
+        return [self.channel(name), *heads]
+
+    # -- ops ---------------------------------------------------------------------------------
+
+    def op_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        kind: Kind,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+    ) -> Op[Attempt]:
+        waiter = waiter or token
+
+        def work(store: _Store, now: float) -> tuple[Attempt, list[str]]:
             hold = store.live(name, now)
-            if hold is None:
-                fence = store.fences.get(name, 0) + 1
-                store.fences[name] = fence
-                at = int(time.time() * 1000)
-                value = f"{token}|{fence}|{at}|{meta}"
-                store.holds[name] = _Hold(token, value, fence, now + ttl_ms / 1000)
-                return Attempt(True, fence)
-            if hold.token == token:
+            if hold is not None and token in hold.owners:  # re-entry, or a retried try
+                if kind.reentrant:
+                    hold.owners[token] += 1
                 hold.expires = now + ttl_ms / 1000
-                return Attempt(True, hold.fence)
-            return Attempt(False, None, max(0, round((hold.expires - now) * 1000)))
+                return Attempt(True, hold.fence, hold.owners[token]), []
+            if not kind.fair:
+                if hold is None:
+                    return Attempt(
+                        True, store.take(name, token, ttl_ms, meta, kind.reentrant), 1
+                    ), []
+                return Attempt(False, None, hold.ms_left(now)), []
+            queue, deadlines = store.prune(name, now)
+            head = queue[0] if queue else None
+            if hold is None and head in (None, waiter):
+                if head is not None:
+                    queue.pop(0)
+                    del deadlines[waiter]
+                return Attempt(True, store.take(name, token, ttl_ms, meta, kind.reentrant), 1), []
+            if wait_ms >= 0:
+                if waiter not in deadlines:
+                    queue.append(waiter)
+                deadlines[waiter] = now + wait_ms / 1000
+            hint = hold.ms_left(now) if hold is not None else -1
+            if deadlines:
+                first = max(0, round((min(deadlines.values()) - now) * 1000))
+                hint = first if hint < 0 or first < hint else hint
+            return Attempt(False, None, hint), []
 
-    def release(self, name: str, token: str) -> bool:
-        return self._delete(name, token)
+        return self._op(name, work)
 
-    def force_release(self, name: str) -> bool:
-        return self._delete(name, None)
-
-    def _delete(self, name: str, token: str | None) -> bool:
-        self.round_trips += 1
-        store = self._store
-        with store.mutex:
-            hold = store.live(name, time.monotonic())
-            if hold is None or (token is not None and hold.token != token):
-                return False
+    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+        def work(store: _Store, now: float) -> tuple[int, list[str]]:
+            hold = store.live(name, now)
+            if hold is None or token not in hold.owners:
+                return -1, []
+            if hold.owners[token] > 1:
+                hold.owners[token] -= 1
+                return hold.owners[token], []
             del store.holds[name]
-        store.hub.notify(name)
-        return True
+            return 0, self._freed(store, name, now)
 
-    def extend(self, name: str, token: str, ttl_ms: int) -> bool:
-        return self.renew_many([Renewal(name, token, ttl_ms)])[0] is True
+        return self._op(name, work)
 
-    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | Exception]:
-        self.round_trips += 1
-        store, now = self._store, time.monotonic()
-        results: list[bool | Exception] = []
-        with store.mutex:
+    def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
+        return Op(name, lambda: self.op_renew([Renewal(name, token, ttl_ms)]).request()[0])
+
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
+        def work(store: _Store, now: float) -> tuple[list[bool], list[str]]:
+            results = []
             for renewal in renewals:
                 hold = store.live(renewal.name, now)
-                ours = hold is not None and hold.token == renewal.token
-                if ours and hold is not None:
+                ours = hold is not None and renewal.token in hold.owners
+                if hold is not None and ours:
                     hold.expires = now + renewal.ttl_ms / 1000
                 results.append(ours)
-        return results
+            return results, []
 
-    def is_locked(self, name: str) -> bool:
-        return self._get(name) is not None
+        return self._op(renewals[0].name if renewals else "", work)
 
-    def holds(self, name: str, token: str) -> bool:
-        hold = self._get(name)
-        return hold is not None and hold.token == token
+    def op_leave(self, name: str, waiter: str) -> Op[None]:
+        def work(store: _Store, now: float) -> tuple[None, list[str]]:
+            queue, deadlines = store.prune(name, now)
+            if waiter in deadlines:
+                del deadlines[waiter]
+                queue.remove(waiter)
+            if store.live(name, now) is None and queue:
+                return None, [self.wake_channel(name, queue[0])]
+            return None, []
 
-    def pttl(self, name: str) -> int | None:
-        hold = self._get(name)
-        return None if hold is None else max(0, round((hold.expires - time.monotonic()) * 1000))
+        return self._op(name, work)
 
-    def _get(self, name: str) -> _Hold | None:
-        self.round_trips += 1
-        with self._store.mutex:
-            return self._store.live(name, time.monotonic())
+    def op_hold_count(self, name: str, token: str) -> Op[int]:
+        def work(store: _Store, now: float) -> tuple[int, list[str]]:
+            hold = store.live(name, now)
+            return (0 if hold is None else hold.owners.get(token, 0)), []
 
-    def inspect(self, name: str) -> LockInfo | None:
-        hold = self._get(name)
-        if hold is None:
-            return None
-        pttl = max(0, round((hold.expires - time.monotonic()) * 1000))
-        return parse_plain_value(name, self.alias, hold.value, pttl)
+        return self._op(name, work)
+
+    def op_locked(self, name: str) -> Op[bool]:
+        return self._op(name, lambda store, now: (store.live(name, now) is not None, []))
+
+    def op_pttl(self, name: str) -> Op[int | None]:
+        def work(store: _Store, now: float) -> tuple[int | None, list[str]]:
+            hold = store.live(name, now)
+            return (None if hold is None else hold.ms_left(now)), []
+
+        return self._op(name, work)
+
+    def op_inspect(self, name: str) -> Op[LockInfo | None]:
+        def work(store: _Store, now: float) -> tuple[LockInfo | None, list[str]]:
+            hold = store.live(name, now)
+            if hold is None:
+                return None, []
+            waiters = len(store.prune(name, now)[0])
+            return lock_info(name, self.alias, hold.value(), hold.ms_left(now), waiters), []
+
+        return self._op(name, work)
+
+    def op_force_release(self, name: str) -> Op[bool]:
+        def work(store: _Store, now: float) -> tuple[bool, list[str]]:
+            if store.live(name, now) is None:
+                return False, []
+            del store.holds[name]
+            return True, self._freed(store, name, now)
+
+        return self._op(name, work)
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
         with self._store.mutex:
@@ -134,13 +246,12 @@ class LocMemBackend(BaseLockBackend):
             if info is not None:
                 yield info
 
-    def watch(self, name: str) -> AbstractContextManager[Waiter]:
-        return self._store.hub.watch(name)
-
     def clear(self) -> None:
-        """Forget every lock of this store (fences stay, they never go backwards)."""
+        """Forget every lock and queue of this store (fences stay: they never go backwards)."""
         with self._store.mutex:
             names = list(self._store.holds)
             self._store.holds.clear()
+            self._store.queues.clear()
+            self._store.deadlines.clear()
         for name in names:
-            self._store.hub.notify(name)
+            self._store.hub.notify(self.channel(name))

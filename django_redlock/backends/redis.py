@@ -2,34 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError, ResponseError
+from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from .. import scripts
 from ..exceptions import BackendUnavailable
 from ..scripts import Call, script
-from ..waiting import PubSubHub, Waiter
-from .base import Attempt, BaseLockBackend, LockInfo, Renewal, parse_plain_value
+from ..waiting import PubSubHub
+from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Renewal, lock_info
 
 logger = logging.getLogger("django_redlock")
+T = TypeVar("T")
 
 #: Errors that mean "Redis did not answer", as opposed to "Redis said no".
-UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError)
-RENEW_BATCH = 500
+UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 
 def text(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _flag(on: bool) -> str:
+    return "1" if on else "0"
 
 
 class RedisBackend(BaseLockBackend):
@@ -43,17 +49,28 @@ class RedisBackend(BaseLockBackend):
     def __init__(self, alias: str, params: Any) -> None:
         super().__init__(alias, params)
         self._client: Any = None
+        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
+            weakref.WeakKeyDictionary()
+        )
         self._hub: PubSubHub | None = None
         self._setup = threading.Lock()
 
     # -- connections -------------------------------------------------------------------------
 
-    def make_client(self) -> Any:
+    def client_options(self, retry: Any) -> dict[str, Any]:
         options = {**self.default_options, **self.options}
         # redis-py retries failed commands by default; a retried acquire could outlive the
         # socket timeout several times over, so one try it is (acquire is idempotent anyway).
-        options.setdefault("retry", Retry(NoBackoff(), 0))
+        options.setdefault("retry", retry)
+        return options
+
+    def make_client(self) -> Any:
+        options = self.client_options(redis.retry.Retry(NoBackoff(), 0))
         return redis.Redis.from_url(str(self.location), **options)
+
+    def make_async_client(self) -> Any:
+        options = self.client_options(redis.asyncio.retry.Retry(NoBackoff(), 0))
+        return redis.asyncio.Redis.from_url(str(self.location), **options)
 
     @property
     def client(self) -> Any:
@@ -64,20 +81,28 @@ class RedisBackend(BaseLockBackend):
         return self._client
 
     @property
+    def aclient(self) -> Any:
+        """A ``redis.asyncio`` client for the running event loop (connections are per loop)."""
+        loop = asyncio.get_running_loop()
+        client = self._aclients.get(loop)
+        if client is None:
+            client = self._aclients[loop] = self.make_async_client()
+        return client
+
+    @property
     def socket_timeout(self) -> float:
         kwargs = self.client.connection_pool.connection_kwargs
         return float(kwargs.get("socket_timeout") or 2.0)
-
-    def _make_hub(self) -> PubSubHub:
-        return PubSubHub(lambda: self.client.pubsub(), confirm_timeout=self.socket_timeout)
 
     @property
     def hub(self) -> PubSubHub:
         if self._hub is None:
             with self._setup:
                 if self._hub is None:
-                    self._hub = self._make_hub()
+                    self._hub = PubSubHub(self.client.pubsub, self.socket_timeout)
         return self._hub
+
+    # -- executing ops -----------------------------------------------------------------------
 
     @contextmanager
     def _io(self, name: str) -> Iterator[None]:
@@ -89,67 +114,91 @@ class RedisBackend(BaseLockBackend):
                 f"lock {name!r}: backend {self.describe()} is unavailable: {exc}"
             ) from exc
 
-    def _run(self, name: str, call: Call) -> Any:
-        with self._io(name):
-            return scripts.run(self.client, call)
+    def execute(self, op: Op[T]) -> T:
+        request, client = op.request, self.client
+        with self._io(op.name):
+            if isinstance(request, Call):
+                reply = scripts.run(client, request)
+            elif isinstance(request, list):
+                reply = scripts.run_many(client, request)
+            else:
+                reply = client.execute_command(*request)
+        return op.parse(reply)
 
-    # -- operations --------------------------------------------------------------------------
+    async def aexecute(self, op: Op[T]) -> T:
+        request, client = op.request, self.aclient
+        with self._io(op.name):
+            if isinstance(request, Call):
+                reply = await scripts.arun(client, request)
+            elif isinstance(request, list):
+                reply = await scripts.arun_many(client, request)
+            else:
+                reply = await client.execute_command(*request)
+        return op.parse(reply)
 
-    def try_acquire(self, name: str, token: str, ttl_ms: int, meta: str) -> Attempt:
-        keys = (self.key(name), self.fence_key(name))
-        acquired, value = self._run(name, Call(script("acquire"), keys, (token, ttl_ms, meta)))
-        if acquired:
-            return Attempt(True, int(value))
-        return Attempt(False, None, int(value))
+    # -- ops ---------------------------------------------------------------------------------
 
-    def release(self, name: str, token: str) -> bool:
-        keys = (self.key(name), self.channel(name))
-        return bool(self._run(name, Call(script("release"), keys, (token,))))
+    def op_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        kind: Kind,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+    ) -> Op[Attempt]:
+        keys = [self.key(name), self.fence_key(name)]
+        args: list[Any] = [token, ttl_ms, meta, _flag(kind.reentrant)]
+        if kind.fair:
+            keys += [self.queue_key(name), self.deadlines_key(name)]
+            args += [waiter or token, wait_ms, self.wake_prefix(name)]
+        return Op(name, Call(script("acquire"), keys, args), _attempt)
 
-    def extend(self, name: str, token: str, ttl_ms: int) -> bool:
-        return bool(self._run(name, Call(script("extend"), (self.key(name),), (token, ttl_ms))))
+    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+        keys = [self.key(name), self.channel(name)]
+        args = [token]
+        if kind.fair:
+            keys += [self.queue_key(name), self.deadlines_key(name)]
+            args.append(self.wake_prefix(name))
+        return Op(name, Call(script("release"), keys, args), int)
 
-    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | Exception]:
-        results: list[bool | Exception] = []
+    def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
+        return Op(name, Call(script("extend"), [self.key(name)], [token, ttl_ms]), bool)
+
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
         extend = script("extend")
-        for start in range(0, len(renewals), RENEW_BATCH):
-            batch = renewals[start : start + RENEW_BATCH]
-            calls = [Call(extend, (self.key(r.name),), (r.token, r.ttl_ms)) for r in batch]
-            try:
-                with self._io(batch[0].name):
-                    replies = scripts.run_many(self.client, calls)
-            except BackendUnavailable as exc:
-                results.extend(exc for _ in batch)
-                continue
-            results.extend(r if isinstance(r, Exception) else bool(r) for r in replies)
-        return results
+        calls = [Call(extend, [self.key(r.name)], [r.token, r.ttl_ms]) for r in renewals]
+        return Op(renewals[0].name if renewals else "", calls, _renewed)
 
-    def is_locked(self, name: str) -> bool:
-        with self._io(name):
-            return bool(self.client.exists(self.key(name)))
+    def op_leave(self, name: str, waiter: str) -> Op[None]:
+        keys = [self.key(name), self.queue_key(name), self.deadlines_key(name)]
+        return Op(name, Call(script("leave"), keys, [waiter, self.wake_prefix(name)]), _none)
 
-    def holds(self, name: str, token: str) -> bool:
-        with self._io(name):
-            try:
-                value = text(self.client.get(self.key(name)))
-            except ResponseError:  # another kind of lock holds the name
-                return False
-        return isinstance(value, str) and value.startswith(f"{token}|")
+    def op_hold_count(self, name: str, token: str) -> Op[int]:
+        return Op(name, Call(script("inspect"), [self.key(name), self.queue_key(name)], []),
+                  lambda reply: _count_of(reply, token))  # fmt: skip
 
-    def pttl(self, name: str) -> int | None:
-        with self._io(name):
-            pttl = int(self.client.pttl(self.key(name)))
-        return pttl if pttl >= 0 else None
+    def op_locked(self, name: str) -> Op[bool]:
+        return Op(name, ("EXISTS", self.key(name)), bool)
 
-    def inspect(self, name: str) -> LockInfo | None:
-        kind, pttl, value = self._run(name, Call(script("inspect"), (self.key(name),), ()))
-        if text(kind) != "string" or value is None:
+    def op_pttl(self, name: str) -> Op[int | None]:
+        return Op(name, ("PTTL", self.key(name)), _pttl)
+
+    def op_inspect(self, name: str) -> Op[LockInfo | None]:
+        keys = [self.key(name), self.queue_key(name)]
+        return Op(name, Call(script("inspect"), keys, []), lambda r: self._info(name, r))
+
+    def op_force_release(self, name: str) -> Op[bool]:
+        keys = [self.key(name), self.channel(name), self.queue_key(name), self.deadlines_key(name)]
+        return Op(name, Call(script("force_release"), keys, [self.wake_prefix(name)]), bool)
+
+    def _info(self, name: str, reply: Any) -> LockInfo | None:
+        kind, pttl, value, waiters = reply
+        value = _value(text(kind), value)
+        if value is None:
             return None
-        return parse_plain_value(name, self.alias, text(value), int(pttl))
-
-    def force_release(self, name: str) -> bool:
-        keys = (self.key(name), self.channel(name))
-        return bool(self._run(name, Call(script("force_release"), keys, ())))
+        return lock_info(name, self.alias, value, int(pttl), int(waiters))
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
         pattern = f"{self.key_prefix}{{{match}}}"
@@ -160,9 +209,6 @@ class RedisBackend(BaseLockBackend):
             info = self.inspect(name) if name is not None else None
             if info is not None:
                 yield info
-
-    def watch(self, name: str) -> AbstractContextManager[Waiter]:
-        return self.hub.watch(self.channel(name))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -180,3 +226,45 @@ class RedisBackend(BaseLockBackend):
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._aclients = weakref.WeakKeyDictionary()
+
+
+def _attempt(reply: Any) -> Attempt:
+    if int(reply[0]):
+        return Attempt(True, int(reply[1]), int(reply[2]))
+    return Attempt(False, None, int(reply[1]))
+
+
+def _renewed(replies: list[Any]) -> list[bool]:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return [bool(reply) for reply in replies]
+
+
+def _none(reply: Any) -> None:
+    return None
+
+
+def _pttl(reply: Any) -> int | None:
+    pttl = int(reply)
+    return pttl if pttl >= 0 else None
+
+
+def _value(kind: str, value: Any) -> str | dict[str, str] | None:
+    if kind == "string":
+        return str(text(value))
+    if kind == "hash":
+        items = [text(v) for v in value]
+        return dict(zip(items[::2], items[1::2], strict=True))
+    return None
+
+
+def _count_of(reply: Any, token: str) -> int:
+    value = _value(text(reply[0]), reply[2])
+    if isinstance(value, str):
+        return 1 if value.startswith(f"{token}|") else 0
+    if isinstance(value, dict):
+        count = value.get(token, "0")
+        return int(count) if count.isdigit() else 0
+    return 0

@@ -1,21 +1,73 @@
--- Acquire a plain lock: SET NX PX of our token, with the next fence from a counter that
--- never expires, and the holder's metadata, all in one atomic step.
--- KEYS: lock, fence counter.  ARGV: token, ttl ms, holder metadata.
--- Returns {1, fence} when held by us, {0, pttl} when held by someone else.
-local lock, counter = KEYS[1], KEYS[2]
-local token, ttl, meta = ARGV[1], ARGV[2], ARGV[3]
-local mine = token .. '|'
-local fence = (tonumber(redis.call('GET', counter)) or 0) + 1
-local now = redis.call('TIME')
-local at = string.format('%d', now[1] * 1000 + math.floor(now[2] / 1000))
-if redis.call('SET', lock, mine .. fence .. '|' .. at .. '|' .. meta, 'NX', 'PX', ttl) then
-  redis.call('INCR', counter)
-  return {1, fence}
+-- Acquire a lock of any kind in one atomic step.
+-- KEYS: lock, fence counter [, queue, deadlines when fair].
+-- ARGV: token, ttl ms, holder metadata, reentrant ('1'/'0')
+--       [, waiter id, wait ms (-1: a one-off try that never queues), wake channel prefix].
+-- Returns {1, fence, hold count} when held by the caller, else {0, ms until something may
+-- change (-1: unknown, wait for a message)}.
+--! include _hold
+--! include _queue
+local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local token, ttl, meta, reentrant = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
+local now = now_ms()
+
+-- Plain and not fair: the classic SET NX PX, tried first.
+if not reentrant and not queue then
+  local fence = hold_take(lock, counter, token, ttl, meta, false, now)
+  if fence then
+    return {1, fence, 1}
+  end
 end
--- Our token is already there: the reply to an earlier try was lost, the hold is ours.
-local held = redis.pcall('GET', lock)
-if type(held) == 'string' and string.sub(held, 1, #mine) == mine then
+
+-- Ours already: a re-entry, or the reply to an earlier try was lost.
+local count, fence = hold_mine(lock, token)
+if count > 0 then
+  if reentrant then
+    count = redis.call('HINCRBY', lock, token, 1)
+  end
   redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(string.match(held, '^[^|]*|(%d+)'))}
+  return {1, fence, count}
 end
-return {0, redis.call('PTTL', lock)}
+
+if not queue then
+  fence = hold_take(lock, counter, token, ttl, meta, reentrant, now)
+  if fence then
+    return {1, fence, 1}
+  end
+  return {0, redis.call('PTTL', lock)}
+end
+
+-- Fair: the lock goes to the head of the queue, or to anyone when nobody queues.
+local waiter, wait, wake = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+queue_prune(queue, deadlines, now)
+local head = redis.call('LINDEX', queue, 0)
+if (not head or head == waiter) and redis.call('EXISTS', lock) == 0 then
+  fence = hold_take(lock, counter, token, ttl, meta, reentrant, now)
+  if head then
+    redis.call('LPOP', queue)
+    redis.call('ZREM', deadlines, waiter)
+  end
+  return {1, fence, 1}
+end
+if wait >= 0 then
+  if not redis.call('ZSCORE', deadlines, waiter) then
+    redis.call('RPUSH', queue, waiter)
+  end
+  redis.call('ZADD', deadlines, now + wait, waiter)
+  local last = redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')
+  local keep = math.max(1, tonumber(last[2]) - now + 1000)
+  redis.call('PEXPIRE', queue, keep)
+  redis.call('PEXPIRE', deadlines, keep)
+end
+-- Sleep at most until the lock expires, or until the first waiter's deadline (it may have died).
+local hint = redis.call('PTTL', lock)
+local first = redis.call('ZRANGE', deadlines, 0, 0, 'WITHSCORES')
+if first[2] then
+  local until_first = math.max(0, tonumber(first[2]) - now)
+  if hint < 0 or until_first < hint then
+    hint = until_first
+  end
+end
+if hint == -2 then
+  hint = 0
+end
+return {0, hint}

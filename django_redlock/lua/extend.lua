@@ -1,8 +1,8 @@
--- Reset the TTL of a plain lock only if it still holds our token.
+-- Reset the TTL of a lock only if the caller holds it (compare-and-PEXPIRE), so a renewal
+-- can never extend someone else's hold.
 -- KEYS: lock.  ARGV: token, ttl ms.  Returns 1 if extended, 0 if not ours.
-local held = redis.pcall('GET', KEYS[1])
-local mine = ARGV[1] .. '|'
-if type(held) == 'string' and string.sub(held, 1, #mine) == mine then
+--! include _hold
+if hold_mine(KEYS[1], ARGV[1]) > 0 then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0

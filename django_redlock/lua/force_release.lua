@@ -1,8 +1,13 @@
 -- Delete a lock whoever holds it (operators only) and wake its waiters. The holder finds
 -- the hold gone at its next renewal, extend or release.
--- KEYS: lock, release channel.  Returns 1 if a lock was deleted.
-if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', KEYS[2], 'released')
-  return 1
+-- KEYS: lock, release channel, queue, deadlines.  ARGV: wake channel prefix.
+-- Returns 1 if a lock was deleted.
+--! include _hold
+--! include _queue
+if redis.call('DEL', KEYS[1]) == 0 then
+  return 0
 end
-return 0
+redis.call('PUBLISH', KEYS[2], 'released')
+queue_prune(KEYS[3], KEYS[4], now_ms())
+queue_wake_head(KEYS[3], ARGV[1])
+return 1

@@ -1,13 +1,10 @@
 -- Everything an operator needs about one lock in one round trip.
--- KEYS: lock.  Returns {type, pttl, value or flattened hash}.
+-- KEYS: lock, queue.  Returns {type, pttl, value or flattened hash, waiters queued}.
 local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' then
-  return {kind, -2, false}
-end
 local value = false
 if kind == 'string' then
   value = redis.call('GET', KEYS[1])
 elseif kind == 'hash' then
   value = redis.call('HGETALL', KEYS[1])
 end
-return {kind, redis.call('PTTL', KEYS[1]), value}
+return {kind, redis.call('PTTL', KEYS[1]), value, redis.call('LLEN', KEYS[2])}
