@@ -10,7 +10,6 @@ TTL runs out, is reported lost to every Lock object that holds it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .backends.base import BaseLockBackend, Renewal
+from .waiting import AsyncWaiter
 
 if TYPE_CHECKING:
     from .locking import Lock
@@ -190,21 +190,23 @@ class LoopRenewer(Renewer):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self._loop = loop
-        self._event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._waiter: AsyncWaiter | None = None
 
     def _wake(self) -> None:
         if self._task is None or self._task.done():
             self._task = self._loop.create_task(self._run(), name="redlock-renewer")
-        self._event.set()
+        elif self._waiter is not None:
+            self._waiter.wake()
 
     async def _run(self) -> None:
+        self._waiter = AsyncWaiter()
         while True:
             batches = self._next()
             if isinstance(batches, float):
-                self._event.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._event.wait(), batches)
+                if not self._entries:
+                    return  # idle: nothing keeps the loop busy; add() starts a new task
+                await self._waiter.wait(batches)
                 continue
             for group in batches:
                 started = time.monotonic()

@@ -41,27 +41,53 @@ class Waiter:
         return woken
 
 
+async def sleep_on(future: asyncio.Future[None], timeout: float) -> None:
+    """Wait until ``future`` is done or ``timeout`` passes.
+
+    Not asyncio.wait_for, which can swallow a cancellation racing a result (Python < 3.12):
+    a cancelled waiter must stop waiting.
+    """
+    loop = asyncio.get_running_loop()
+    alarm = loop.call_later(max(0.0, timeout), _settle, future)
+    try:
+        await future
+    finally:
+        alarm.cancel()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class AsyncWaiter:
     """A waiting asyncio task; may be woken from any thread."""
 
-    __slots__ = ("_event", "_loop")
+    __slots__ = ("_future", "_loop", "_woken")
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._event = asyncio.Event()
+        self._woken = False
+        self._future: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            self._loop.call_soon_threadsafe(self._event.set)
+            self._loop.call_soon_threadsafe(self._set)
+
+    def _set(self) -> None:
+        self._woken = True
+        if self._future is not None:
+            _settle(self._future)
 
     async def wait(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._event.wait(), max(0.0, timeout))
-            return True
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            self._event.clear()
+        if not self._woken:
+            self._future = self._loop.create_future()
+            try:
+                await sleep_on(self._future, timeout)
+            finally:
+                self._future = None
+        woken, self._woken = self._woken, False
+        return woken
 
 
 class Confirmation:
@@ -84,22 +110,17 @@ class Confirmation:
 
     async def async_wait(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
-
-        def settle() -> None:
-            if not done.done():
-                done.set_result(None)
+        done: asyncio.Future[None] = loop.create_future()
 
         def wake() -> None:
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle)
+                loop.call_soon_threadsafe(_settle, done)
 
         with self._mutex:
             if self._event.is_set():
                 return
             self._callbacks.append(wake)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(done, timeout)
+        await sleep_on(done, timeout)
 
 
 class ReleaseHub:

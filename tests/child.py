@@ -73,6 +73,38 @@ def hold(args: argparse.Namespace) -> None:
             return
 
 
+def queue(args: argparse.Namespace) -> None:
+    """Wait in a lock's queue; on our turn, note our tag in Redis, hold briefly, release."""
+    from django_redlock import lock, locks
+
+    client = locks["default"].client  # type: ignore[attr-defined]
+    held = lock(args.name, ttl=5, fair=args.fair)
+    say("WAITING")
+    if held.acquire(timeout=args.timeout):
+        client.rpush(args.order, args.tag)
+        time.sleep(args.hold)
+        held.release()
+        say("DONE")
+    else:
+        say("TIMEOUT")
+
+
+def contend(args: argparse.Namespace) -> None:
+    """Take the lock ``rounds`` times as fast as possible; report the longest wait."""
+    from django_redlock import lock, locks
+
+    client = locks["default"].client  # type: ignore[attr-defined]
+    while not client.exists(args.start):  # all contenders start together
+        time.sleep(0.005)
+    worst = 0.0
+    for _ in range(args.rounds):
+        started = time.monotonic()
+        with lock(args.name, ttl=5, fair=args.fair):
+            worst = max(worst, time.monotonic() - started)
+            time.sleep(args.hold)
+    say("WORST", worst)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -86,9 +118,22 @@ def main() -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--ttl", type=float, default=30.0)
     p.add_argument("--no-renew", action="store_true")
+    p = sub.add_parser("queue")
+    p.add_argument("--name", required=True)
+    p.add_argument("--order", required=True)
+    p.add_argument("--tag", required=True)
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--hold", type=float, default=0.02)
+    p.add_argument("--fair", action="store_true")
+    p = sub.add_parser("contend")
+    p.add_argument("--name", required=True)
+    p.add_argument("--start", required=True)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--hold", type=float, default=0.01)
+    p.add_argument("--fair", action="store_true")
     args = parser.parse_args()
     setup(args.url, args.backend)
-    {"sell": sell, "hold": hold}[args.action](args)
+    {"sell": sell, "hold": hold, "queue": queue, "contend": contend}[args.action](args)
 
 
 if __name__ == "__main__":

@@ -58,9 +58,11 @@ class DjangoRedisBackend(RedisBackend):
             connection_class = redis.asyncio.SSLConnection
         else:
             connection_class = redis.asyncio.Connection
-        async_pool = redis.asyncio.ConnectionPool(
+        async_pool = redis.asyncio.BlockingConnectionPool(
             connection_class=connection_class,
             retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
+            max_connections=pool.max_connections,
+            timeout=kwargs.get("socket_timeout") or 20,
             **kwargs,
         )
         return redis.asyncio.Redis(connection_pool=async_pool)

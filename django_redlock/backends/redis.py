@@ -53,7 +53,7 @@ class RedisBackend(BaseLockBackend):
             weakref.WeakKeyDictionary()
         )
         self._hub: PubSubHub | None = None
-        self._setup = threading.Lock()
+        self._setup = threading.RLock()
 
     # -- connections -------------------------------------------------------------------------
 
@@ -62,15 +62,21 @@ class RedisBackend(BaseLockBackend):
         # redis-py retries failed commands by default; a retried acquire could outlive the
         # socket timeout several times over, so one try it is (acquire is idempotent anyway).
         options.setdefault("retry", retry)
+        # A burst of callers beyond max_connections waits for a connection (as long as the
+        # socket timeout) instead of failing at once.
+        options.setdefault("max_connections", 100)
+        options.setdefault("timeout", options["socket_timeout"])
         return options
 
     def make_client(self) -> Any:
         options = self.client_options(redis.retry.Retry(NoBackoff(), 0))
-        return redis.Redis.from_url(str(self.location), **options)
+        pool = redis.BlockingConnectionPool.from_url(str(self.location), **options)
+        return redis.Redis(connection_pool=pool)
 
     def make_async_client(self) -> Any:
         options = self.client_options(redis.asyncio.retry.Retry(NoBackoff(), 0))
-        return redis.asyncio.Redis.from_url(str(self.location), **options)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(str(self.location), **options)
+        return redis.asyncio.Redis(connection_pool=pool)
 
     @property
     def client(self) -> Any:

@@ -1,0 +1,164 @@
+"""The asyncio API: the same Lock, awaited; waiting by pub/sub; a renewer task per loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from django.test import AsyncClient, Client
+
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, locks
+from django_redlock.testing import RedisServer
+
+
+def test_await_acquire_release_and_queries(alias: str, name: str) -> None:
+    async def scenario() -> None:
+        held = lock(name, using=alias, ttl=10)
+        assert await held.acquire()
+        assert await held.owned() and await held.locked()
+        ttl = await held.ttl()
+        assert ttl is not None and 9 < ttl <= 10
+        assert not await lock(name, using=alias).acquire(blocking=False)
+        await held.extend(20)
+        await held.release()
+        assert not await held.locked()
+        with pytest.raises(LockNotOwned):
+            await held.release()
+
+    asyncio.run(scenario())
+
+
+def test_async_with_and_fencing(alias: str, name: str) -> None:
+    async def scenario() -> list[int | None]:
+        fences = []
+        for _ in range(3):
+            async with lock(name, using=alias) as held:
+                fences.append(held.fence)
+        async with lock(name, using=alias):
+            with pytest.raises(LockNotAcquired):
+                async with lock(name, using=alias, timeout=0.1):
+                    pass
+        return fences
+
+    fences = asyncio.run(scenario())
+    assert fences == sorted(set(fences)) and len(fences) == 3
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_two_hundred_tasks_never_overlap(alias: str, name: str, fair: bool) -> None:
+    async def scenario() -> tuple[int, int]:
+        inside = peak = done = 0
+
+        async def worker() -> None:
+            nonlocal inside, peak, done
+            async with lock(name, using=alias, ttl=10, fair=fair):
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0)
+                inside -= 1
+                done += 1
+
+        await asyncio.gather(*(worker() for _ in range(200)))
+        return peak, done
+
+    assert asyncio.run(scenario()) == (1, 200)
+
+
+def _keys(server: RedisServer) -> set[bytes]:
+    return set(server.client().keys("*"))
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_cancelling_a_waiting_task_leaves_nothing_behind(
+    redis_alias: str, redis_server: RedisServer, name: str, fair: bool
+) -> None:
+    async def scenario() -> None:
+        holder = lock(name, using=redis_alias, fair=fair)
+        await holder.acquire()
+        before = _keys(redis_server)
+        waiter = asyncio.create_task(lock(name, using=redis_alias, fair=fair).acquire())
+        await asyncio.sleep(0.2)
+        if fair:
+            assert (locks[redis_alias].inspect(name) or pytest.fail()).waiters == 1
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert _keys(redis_server) == before  # no queue entry, no stray hold
+        info = locks[redis_alias].inspect(name)
+        assert info is not None and info.waiters == 0
+        await holder.release()
+
+    asyncio.run(scenario())
+
+
+def test_cancelling_a_holding_task_releases_the_lock(alias: str, name: str) -> None:
+    async def scenario() -> bool:
+        started = asyncio.Event()
+
+        async def body() -> None:
+            async with lock(name, using=alias):
+                started.set()
+                await asyncio.sleep(30)
+
+        task = asyncio.create_task(body())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return bool(await lock(name, using=alias).locked())
+
+    assert asyncio.run(scenario()) is False
+
+
+def test_async_waiter_wakes_on_release(alias: str, name: str) -> None:
+    async def scenario() -> float:
+        holder = lock(name, using=alias)
+        await holder.acquire()
+        woke: list[float] = []
+
+        async def wait() -> None:
+            assert await lock(name, using=alias).acquire(timeout=10)
+            woke.append(time.monotonic())
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0.3)
+        released = time.monotonic()
+        await holder.release()
+        await task
+        return woke[0] - released
+
+    assert asyncio.run(scenario()) < 0.1
+
+
+def test_async_watchdog_renews_and_reports_loss(alias: str, name: str) -> None:
+    async def scenario() -> None:
+        held = lock(name, using=alias, ttl=0.3)
+        await held.acquire()
+        await asyncio.sleep(1.0)
+        assert await held.owned()
+        assert locks[alias].force_release(name)
+        deadline = time.monotonic() + 2
+        while held.lost is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert held.lost is not None
+        with pytest.raises(LockLost):
+            await held.release()
+
+    asyncio.run(scenario())
+
+
+def test_async_decorator(alias: str, name: str) -> None:
+    @lock(name + ":{user_id}", using=alias, timeout=0)
+    async def report(user_id: int) -> bool:
+        return bool(await lock(f"{name}:{user_id}", using=alias).locked())
+
+    assert asyncio.run(report(3)) is True
+    assert not locks[alias].is_locked(f"{name}:3")
+
+
+@pytest.mark.django_db
+def test_inside_django_views_sync_and_async() -> None:
+    assert Client().get("/locked-sync/").content == b"held 1"
+    response = asyncio.run(AsyncClient().get("/locked-async/"))
+    assert response.content == b"held 1"
