@@ -10,8 +10,19 @@ from .exceptions import (
 )
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .locking import Lock, lock
+from .views import lock_view
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # Celery is an optional extra: import it only when asked for.
+    if name == "single_instance":
+        from .contrib.celery import single_instance
+
+        return single_instance
+    raise AttributeError(f"module 'django_redlock' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_LOCK_ALIAS",
@@ -23,5 +34,7 @@ __all__ = [
     "LockNotOwned",
     "QuorumNotReached",
     "lock",
+    "lock_view",
     "locks",
+    "single_instance",
 ]

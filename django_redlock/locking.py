@@ -67,6 +67,14 @@ def _check_bool(value: Any, what: str) -> bool:
     return value
 
 
+def _check_token_prefix(prefix: Any) -> str | None:
+    if prefix is None:
+        return None
+    if not isinstance(prefix, str) or "|" in prefix or len(prefix) > 200:
+        raise ValueError(f"token_prefix must be a str of <= 200 chars without '|', not {prefix!r}")
+    return prefix
+
+
 def _in_event_loop() -> bool:
     try:
         asyncio.get_running_loop()
@@ -99,8 +107,10 @@ class Lock:
         max_hold: float | None = None,
         reentrant: bool = False,
         fair: bool = False,
+        token_prefix: str | None = None,
     ) -> None:
         self.name = check_name(name)
+        self.token_prefix = _check_token_prefix(token_prefix)
         ttl = check_optional_seconds(ttl, "ttl")
         self.timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
         self.blocking = _check_bool(blocking, "blocking")
@@ -189,7 +199,7 @@ class Lock:
                 " use reentrant=True to take it again"
             )
         started = time.monotonic()
-        token = owner if kind.reentrant else new_token()
+        token = owner if kind.reentrant else f"{self.token_prefix or ''}{new_token()}"
         ttl_ms, meta = to_ms(self.lock_ttl), holder_meta(fair=kind.fair)
         waiter = new_token() if kind.fair else None
         attempt = Attempt(False)
@@ -286,6 +296,10 @@ class Lock:
 
     def _release(self) -> Steps[None]:
         owner, hold = self._held()
+        if hold.depth <= 1:
+            # Whatever the release's fate (Redis may not answer), stop renewing: at worst
+            # the hold runs out at its TTL, and release() can be called again meanwhile.
+            self._stop_renewing(hold)
         left = yield self.backend.op_release(self.name, hold.token, self.kind)
         with self._mutex:
             if self._holds.get(owner) is hold:
@@ -456,11 +470,12 @@ class Lock:
             max_hold=self.max_hold,
             reentrant=self.kind.reentrant,
             fair=self.kind.fair,
+            token_prefix=self.token_prefix,
         )
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: the name is a ``str.format`` template over the arguments."""
-        name_for = name_template(self.name, func)
+        name_for = name_template(self.name, inspect.signature(func), func.__qualname__)
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
@@ -478,9 +493,10 @@ class Lock:
         return cast(F, locked_call)
 
 
-def name_template(template: str, func: Callable[..., Any]) -> Callable[[tuple, dict], str]:
-    """Check a ``{arg}`` template against ``func``'s signature; return the name builder."""
-    signature = inspect.signature(func)
+def name_template(
+    template: str, signature: inspect.Signature, where: str
+) -> Callable[[tuple, dict], str]:
+    """Check a ``{arg}`` template against a signature; return the name builder."""
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
     for _, field, _, _ in string.Formatter().parse(template):
         if field is None:
@@ -491,7 +507,7 @@ def name_template(template: str, func: Callable[..., Any]) -> Callable[[tuple, d
         if root not in signature.parameters and not takes_kwargs:
             raise ValueError(
                 f"lock name template {template!r} uses {root!r}, which is not an argument"
-                f" of {func.__qualname__}{signature}"
+                f" of {where}{signature}"
             )
 
     def build(args: tuple, kwargs: dict) -> str:
@@ -516,9 +532,11 @@ def lock(
     max_hold: float | None = None,
     reentrant: bool = False,
     fair: bool = False,
+    token_prefix: str | None = None,
 ) -> Lock:
     """A :class:`Lock` on backend ``using``; use with ``with``, ``async with``, as a
-    decorator, or by hand."""
+    decorator, or by hand. ``token_prefix`` starts every hold token (the rest is random), so
+    another process that knows it can find and release the hold (Celery does, on revoke)."""
     return Lock(
         name,
         ttl=ttl,
@@ -529,4 +547,5 @@ def lock(
         max_hold=max_hold,
         reentrant=reentrant,
         fair=fair,
+        token_prefix=token_prefix,
     )

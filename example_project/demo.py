@@ -67,6 +67,28 @@ def main() -> int:
         manage(env, "shell", "-c", "from shop.stock import restock; restock(100)")
         children.append(
             subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "shop",
+                    "worker",
+                    "-P",
+                    "threads",
+                    "-c",
+                    "4",
+                    "-l",
+                    "info",
+                    "--without-gossip",
+                    "--without-mingle",
+                ],
+                cwd=HERE,
+                env=env,
+            )
+        )
+        children.append(
+            subprocess.Popen(
                 [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
                 cwd=HERE,
                 env=env,
@@ -75,7 +97,7 @@ def main() -> int:
         print(
             f"demo: the shop is at http://127.0.0.1:{port}/ and the admin at"
             f" http://127.0.0.1:{port}/admin/ (user {DEMO_USER!r}, password {DEMO_PASSWORD!r})."
-            " Ctrl-C stops everything.",
+            " A Celery worker runs the shop's tasks. Ctrl-C stops everything.",
             flush=True,
         )
         while all(child.poll() is None for child in children):

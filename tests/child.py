@@ -15,7 +15,7 @@ from django.conf import settings
 
 
 def setup(url: str, backend: str) -> None:
-    from tests.conftest import redlock_settings
+    from tests.settings import redlock_settings
 
     config = redlock_settings(url)
     aliases = config["DJANGO_REDLOCK"]

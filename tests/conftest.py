@@ -15,30 +15,11 @@ from django.test import override_settings
 from django_redlock import locks
 from django_redlock.testing import RedisServer
 
+from .settings import redlock_settings
+
 ROOT = Path(__file__).resolve().parent.parent
 BACKEND_ALIASES = ("redis", "cache", "local")
 REDIS_ALIASES = ("redis", "cache")
-
-
-def redlock_settings(url: str) -> dict[str, object]:
-    return {
-        "DJANGO_REDLOCK": {
-            "default": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url},
-            "redis": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url},
-            "cache": {
-                "BACKEND": "django_redlock.backends.django_redis.DjangoRedisBackend",
-                "CACHE": "default",
-            },
-            "local": {"BACKEND": "django_redlock.backends.locmem.LocMemBackend"},
-        },
-        "CACHES": {
-            "default": {
-                "BACKEND": "django_redis.cache.RedisCache",
-                "LOCATION": url,
-                "OPTIONS": {"SOCKET_TIMEOUT": 2, "SOCKET_CONNECT_TIMEOUT": 2},
-            }
-        },
-    }
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +40,7 @@ def _redlock_backends(redis_server: RedisServer) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _clean_redis(redis_server: RedisServer) -> Iterator[None]:
-    redis_server.client().flushall()
+    redis_server.client().flushdb()  # db 0 only: the Celery broker lives in db 1
     yield
     for backend in locks.all(initialized_only=True):
         clear = getattr(backend, "clear", None)

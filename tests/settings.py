@@ -40,3 +40,29 @@ DJANGO_REDLOCK = {
     "default": {"BACKEND": "django_redlock.backends.locmem.LocMemBackend"},
 }
 LOGGING_CONFIG = None
+
+
+def redlock_settings(url: str) -> dict[str, object]:
+    return {
+        "DJANGO_REDLOCK": {
+            "default": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url},
+            "redis": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": url},
+            "cache": {
+                "BACKEND": "django_redlock.backends.django_redis.DjangoRedisBackend",
+                "CACHE": "default",
+            },
+            "local": {"BACKEND": "django_redlock.backends.locmem.LocMemBackend"},
+            "down": {  # nobody listens there
+                "BACKEND": "django_redlock.backends.redis.RedisBackend",
+                "LOCATION": "redis://127.0.0.1:9/0",
+                "OPTIONS": {"socket_connect_timeout": 0.5},
+            },
+        },
+        "CACHES": {
+            "default": {
+                "BACKEND": "django_redis.cache.RedisCache",
+                "LOCATION": url,
+                "OPTIONS": {"SOCKET_TIMEOUT": 2, "SOCKET_CONNECT_TIMEOUT": 2},
+            }
+        },
+    }

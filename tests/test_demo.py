@@ -67,6 +67,18 @@ def test_demo_starts_serves_and_stops(tmp_path: object) -> None:
         )
         assert locked is not None, result
         assert locked.groups() == ("50", "0")  # exactly the stock sold, nothing oversold
+        # The worker: two nightly syncs sent at once, one runs.
+        request = urllib.request.Request(f"{base}/sync/", data=body, headers={"Referer": base})
+        assert "only one of them runs" in opener.open(request, timeout=30).read().decode()
+        import redis as redis_py
+
+        shop_redis = redis_py.Redis.from_url(redis_url.group(0))
+        deadline = time.monotonic() + 30
+        while not shop_redis.llen("shop:sync:runs"):
+            assert time.monotonic() < deadline, "the demo's Celery worker ran no sync"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert shop_redis.llen("shop:sync:runs") == 1
     finally:
         demo.send_signal(signal.SIGINT)
         output, _ = demo.communicate(timeout=30)

@@ -1,8 +1,10 @@
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
+from django.utils.decorators import method_decorator
+from django.views import View
 
-from django_redlock import lock
+from django_redlock import lock, lock_view
 
 
 def locked_sync(request: HttpRequest) -> HttpResponse:
@@ -15,8 +17,33 @@ async def locked_async(request: HttpRequest) -> HttpResponse:
         return HttpResponse(f"held {await held.hold_count()}")
 
 
+@lock_view("checkout:{user_id}", ttl=20)
+def checkout(request: HttpRequest, user_id: int) -> HttpResponse:
+    return HttpResponse(f"checked out {user_id}")
+
+
+@lock_view("checkout:{user_id}", ttl=20, status=423)
+async def checkout_async(request: HttpRequest, user_id: int) -> HttpResponse:
+    return HttpResponse(f"checked out {user_id} (async)")
+
+
+@lock_view("checkout:{request.GET[cart]}", using="down")
+def checkout_down(request: HttpRequest) -> HttpResponse:
+    return HttpResponse("ran")
+
+
+@method_decorator(lock_view("report:{request.method}"), name="dispatch")
+class ReportView(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse("report")
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("locked-sync/", locked_sync),
     path("locked-async/", locked_async),
+    path("checkout/<int:user_id>/", checkout),
+    path("checkout-async/<int:user_id>/", checkout_async),
+    path("checkout-down/", checkout_down),
+    path("report/", ReportView.as_view()),
 ]

@@ -74,6 +74,7 @@ class LockInfo:
     holder: dict[str, Any] = field(default_factory=dict)
     hold_count: int = 1
     waiters: int = 0
+    token: str | None = None  # a plain hold's token: what an operator's release compares
 
 
 def _when(ms: Any) -> datetime | None:
@@ -100,6 +101,7 @@ def lock_info(
         holder = _holder(parts[3])
         count = 1
         reentrant = False
+        token = parts[0]
     else:
         fence = int(value[":fence"]) if value.get(":fence", "").isdigit() else None
         holder = _holder(value.get(":meta", ""))
@@ -107,8 +109,11 @@ def lock_info(
         count = sum(counts)
         parts = ["", "", value.get(":at", "")]
         reentrant = True
+        token = None
     kind = Kind(reentrant=reentrant, fair=bool(holder.pop("q", False)))
-    return LockInfo(name, alias, kind.label, fence, ttl, _when(parts[2]), holder, count, waiters)
+    return LockInfo(
+        name, alias, kind.label, fence, ttl, _when(parts[2]), holder, count, waiters, token
+    )
 
 
 class BaseLockBackend:

@@ -58,6 +58,10 @@ CACHES = {
         "LOCATION": REDIS_URL,
     }
 }
+CELERY_BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/1"
+CELERY_RESULT_BACKEND = REDIS_URL.rsplit("/", 1)[0] + "/2"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
 DJANGO_REDLOCK = {
     "default": {
         "BACKEND": "django_redlock.backends.redis.RedisBackend",

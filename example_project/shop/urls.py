@@ -8,5 +8,6 @@ urlpatterns = [
     path("buy/", views.buy, name="buy"),
     path("experiment/", views.experiment, name="experiment"),
     path("restock/", views.restock, name="restock"),
+    path("sync/", views.sync, name="sync"),
     path("admin/", admin.site.urls),
 ]

@@ -2,9 +2,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from django_redlock import LockNotAcquired, lock
+from django_redlock import LockNotAcquired, lock, lock_view
 
-from . import stock
+from . import stock, tasks
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -12,6 +12,7 @@ def home(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
+@lock_view("buyer:{request.META[REMOTE_ADDR]}", timeout=0)  # a double click answers 409
 def buy(request: HttpRequest) -> HttpResponse:
     try:
         with lock("tickets", timeout=2) as held:
@@ -38,3 +39,12 @@ def experiment(request: HttpRequest) -> HttpResponse:
 def restock(request: HttpRequest) -> HttpResponse:
     stock.restock(100)
     return redirect("home")
+
+
+@require_POST
+def sync(request: HttpRequest) -> HttpResponse:
+    """Start the nightly sync twice at once: the second one is skipped, not run twice."""
+    first = tasks.nightly_sync.delay(3.0)
+    second = tasks.nightly_sync.delay(3.0)
+    message = f"Sync tasks {first.id} and {second.id} sent; only one of them runs."
+    return render(request, "shop/home.html", {"left": stock.left(), "message": message})

@@ -1,0 +1,94 @@
+"""Tasks the worker runs; they note what happened in Redis for the tests to read."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import shared_task
+from celery.exceptions import Ignore, Reject
+
+from django_redlock import locks, single_instance
+from django_redlock.contrib.celery import SingleInstanceTask
+
+# Count bodies running at once, and the peak, atomically.
+ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+def redis() -> Any:
+    return locks["default"].client  # type: ignore[attr-defined]
+
+
+def body(group: str, tag: str, seconds: float) -> str:
+    redis().eval(ENTER, 2, f"{group}:inside", f"{group}:peak")
+    try:
+        redis().rpush(f"{group}:ran", tag)
+        time.sleep(seconds)
+    finally:
+        redis().decr(f"{group}:inside")
+    return "ran"
+
+
+@shared_task(bind=True)
+@single_instance(key="overlap:skip", ttl=5, on_duplicate="skip")
+def overlap_skip(self: Any, tag: str, seconds: float = 0.5) -> str:
+    return body("skip", tag, seconds)
+
+
+@shared_task
+@single_instance(key="overlap:raise", ttl=5, on_duplicate="raise")
+def overlap_raise(tag: str, seconds: float = 0.5) -> str:
+    return body("raise", tag, seconds)
+
+
+@shared_task(bind=True, max_retries=None)
+@single_instance(key="overlap:retry", ttl=5, on_duplicate="retry", countdown=0.1)
+def overlap_retry(self: Any, tag: str, seconds: float = 0.2) -> str:
+    return body("retry", tag, seconds)
+
+
+@shared_task
+@single_instance(ttl=5)
+def keyed(a: int, b: int = 2, seconds: float = 0.5) -> str:
+    return body("keyed", f"{a}-{b}", seconds)
+
+
+@shared_task(bind=True)
+@single_instance(key="long:{name}", ttl=1)
+def long_task(self: Any, name: str, seconds: float) -> str:
+    return body(f"long:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True, max_retries=1)
+@single_instance(key="outcome:{mode}", ttl=30)
+def outcome(self: Any, mode: str) -> str:
+    redis().rpush("outcome", f"{mode}:{self.request.retries}")
+    if mode == "fail":
+        raise ValueError("the task failed")
+    if mode == "retry" and self.request.retries == 0:
+        raise self.retry(countdown=0.1)
+    if mode == "ignore":
+        raise Ignore()
+    if mode == "reject":
+        raise Reject("rejected", requeue=False)
+    if mode in ("soft", "revoke", "hard"):
+        time.sleep(30)
+    return "ok"
+
+
+@shared_task(bind=True, max_retries=None)
+@single_instance(key="crash:{name}", ttl=2, on_duplicate="retry", countdown=0.1)
+def crash(self: Any, name: str, seconds: float) -> str:
+    redis().rpush(f"crash:{name}", self.request.id)
+    time.sleep(seconds)
+    return "ran"
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="dedupe:{name}", ttl=5, dedupe_queued=True)
+def deduped(self: Any, name: str, seconds: float = 1.0) -> str:
+    return body(f"dedupe:{name}", self.request.id, seconds)

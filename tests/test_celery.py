@@ -1,0 +1,261 @@
+"""@single_instance with real Celery workers (subprocesses on the suite's Redis, no eager mode)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+from django_redlock import LockNotAcquired, locks
+from django_redlock.testing import RedisServer
+from tests import celery_app, celery_tasks
+
+from .conftest import ROOT
+
+_queues = itertools.count()
+
+
+class Worker:
+    """``celery worker`` in its own session, so a test can SIGKILL the whole pool."""
+
+    def __init__(self, url: str, pool: str, concurrency: int, queue: str, log: Path) -> None:
+        self.queue, self.log = queue, log
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+            "REDLOCK_TEST_REDIS": url,
+            "PYTHONPATH": str(ROOT),
+        }
+        command = [
+            sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
+            "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{queue}@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info",
+        ]  # fmt: skip
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while b" ready." not in log.read_bytes():
+            assert self.process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+
+    def send(self, task: Any, *args: Any, **options: Any) -> AsyncResult:
+        kwargs = options.pop("kwargs", {})
+        return task.apply_async(args, kwargs, queue=self.queue, **options)
+
+    def kill(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="session")
+def start_worker(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., Worker]]:
+    celery_app.configure(redis_server.url)
+    started: list[Worker] = []
+
+    def start(pool: str = "prefork", concurrency: int = 4) -> Worker:
+        queue = f"q{next(_queues)}"
+        log = tmp_path_factory.mktemp("celery") / f"{queue}.log"
+        worker = Worker(redis_server.url, pool, concurrency, queue, log)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture(scope="module", params=["prefork", "threads"])
+def worker(request: pytest.FixtureRequest, start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool=request.param, concurrency=4)
+
+
+@pytest.fixture
+def prefork(start_worker: Callable[..., Worker], _prefork: list[Worker]) -> Worker:
+    return _prefork[0]
+
+
+@pytest.fixture(scope="module")
+def _prefork(start_worker: Callable[..., Worker]) -> list[Worker]:
+    return [start_worker(pool="prefork", concurrency=4)]
+
+
+def redis(server: RedisServer) -> Any:
+    return server.client(decode_responses=True)
+
+
+def settle(results: list[AsyncResult]) -> list[Any]:
+    return [r.get(timeout=60, propagate=False) for r in results]
+
+
+def test_six_concurrent_duplicates_skip(worker: Worker, redis_server: RedisServer) -> None:
+    results = settle([worker.send(celery_tasks.overlap_skip, str(i)) for i in range(6)])
+    r = redis(redis_server)
+    ran = r.lrange("skip:ran", 0, -1)
+    assert int(r.get("skip:peak")) == 1  # never two bodies at once
+    assert results.count("ran") == len(ran) >= 1
+    assert results.count(None) == 6 - len(ran)  # the others were skipped, not lost
+    assert not locks["default"].is_locked("overlap:skip")
+
+
+def test_six_concurrent_duplicates_raise(worker: Worker, redis_server: RedisServer) -> None:
+    sent = [worker.send(celery_tasks.overlap_raise, str(i)) for i in range(6)]
+    results = settle(sent)
+    r = redis(redis_server)
+    assert int(r.get("raise:peak")) == 1
+    failed = [res for res in results if isinstance(res, Exception)]
+    assert failed and all(isinstance(exc, LockNotAcquired) for exc in failed)
+    assert "held by task" in str(failed[0])
+    assert results.count("ran") == 6 - len(failed) == len(r.lrange("raise:ran", 0, -1))
+
+
+def test_six_concurrent_duplicates_retry_until_all_ran(
+    worker: Worker, redis_server: RedisServer
+) -> None:
+    results = settle([worker.send(celery_tasks.overlap_retry, str(i)) for i in range(6)])
+    r = redis(redis_server)
+    assert results == ["ran"] * 6  # each duplicate waited its turn by retrying
+    assert int(r.get("retry:peak")) == 1
+    assert sorted(r.lrange("retry:ran", 0, -1)) == [str(i) for i in range(6)]
+
+
+def test_equal_arguments_are_one_key(worker: Worker, redis_server: RedisServer) -> None:
+    calls = [((1,), {}), ((), {"a": 1}), ((1, 2), {}), ((), {"a": 1, "b": 2})]
+    results = settle([worker.send(celery_tasks.keyed, *a, kwargs=k) for a, k in calls])
+    assert int(redis(redis_server).get("keyed:peak")) == 1
+    assert results.count("ran") == len(redis(redis_server).lrange("keyed:ran", 0, -1))
+    assert results.count(None) >= 1  # f(1), f(a=1), f(1, 2): one key, so duplicates
+    other = worker.send(celery_tasks.keyed, 2).get(timeout=30)  # another key runs freely
+    assert other == "ran"
+
+
+def test_a_task_running_five_ttls_keeps_its_lock(worker: Worker, redis_server: RedisServer) -> None:
+    first = worker.send(celery_tasks.long_task, "a", 5.0)  # TTL 1 s
+    r = redis(redis_server)
+    deadline = time.monotonic() + 30
+    while not r.lrange("long:a:ran", 0, -1):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(2.5)  # 2.5 TTLs in: the watchdog has renewed it
+    info = locks["default"].inspect("long:a")
+    assert info is not None and info.holder["k"] == first.id
+    assert info.holder["n"] == "tests.celery_tasks.long_task"
+    duplicate = worker.send(celery_tasks.long_task, "a", 0.1).get(timeout=30)
+    assert duplicate is None  # skipped: the lock was still held
+    assert first.get(timeout=30) == "ran"
+    assert r.lrange("long:a:ran", 0, -1) == [first.id]
+
+
+@pytest.mark.parametrize(
+    ("mode", "options", "expected"),
+    [
+        ("ok", {}, ["ok:0"]),
+        ("fail", {}, ["fail:0"]),
+        ("retry", {}, ["retry:0", "retry:1"]),  # the retry ran: it could take the lock
+        ("ignore", {}, ["ignore:0"]),
+        ("reject", {}, ["reject:0"]),
+        ("soft", {"soft_time_limit": 1}, ["soft:0"]),
+        ("hard", {"time_limit": 1}, ["hard:0"]),
+    ],
+)
+def test_released_on_every_outcome(
+    prefork: Worker, redis_server: RedisServer, mode: str, options: dict[str, Any],
+    expected: list[str],
+) -> None:  # fmt: skip
+    result = prefork.send(celery_tasks.outcome, mode, **options)
+    key = f"outcome:{mode}"
+    deadline = time.monotonic() + 30
+    # Done when the body ran as often as expected and the lock is free again (its TTL is
+    # 30 s: a lock freed within seconds was released, not expired).
+    while redis(redis_server).lrange("outcome", 0, -1) != expected or locks["default"].is_locked(
+        key
+    ):
+        assert time.monotonic() < deadline, (redis(redis_server).lrange("outcome", 0, -1), key)
+        time.sleep(0.05)
+    if mode in ("ok",):
+        assert result.get(timeout=10) == "ok"
+
+
+def test_revoke_with_terminate_releases(prefork: Worker, redis_server: RedisServer) -> None:
+    result = prefork.send(celery_tasks.outcome, "revoke")
+    deadline = time.monotonic() + 30
+    while not locks["default"].is_locked("outcome:revoke"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    result.revoke(terminate=True)
+    terminated = time.monotonic()
+    while locks["default"].is_locked("outcome:revoke"):
+        assert time.monotonic() - terminated < 10  # the TTL is 30 s: this is a release
+        time.sleep(0.05)
+
+
+def test_a_killed_worker_frees_the_key_within_its_ttl(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    victim = start_worker(pool="prefork", concurrency=1)
+    first = victim.send(celery_tasks.crash, "k", 60.0)
+    r = redis(redis_server)
+    deadline = time.monotonic() + 30
+    while not r.lrange("crash:k", 0, -1):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    victim.kill()  # SIGKILL, parent and pool child together: nothing gets to clean up
+    killed = time.monotonic()
+    assert locks["default"].is_locked("crash:k")
+    rescuer = start_worker(pool="solo", concurrency=1)
+    second = rescuer.send(celery_tasks.crash, "k", 0.1)
+    assert second.get(timeout=30) == "ran"
+    ran_at = time.monotonic()
+    assert r.lrange("crash:k", 0, -1) == [first.id, second.id]
+    assert ran_at - killed < 2 + 5  # TTL 2 s, plus the rescuer's start-up
+
+
+def test_dedupe_queued_returns_the_queued_task(prefork: Worker, redis_server: RedisServer) -> None:
+    first = prefork.send(celery_tasks.deduped, "d", 1.0, countdown=0.5)
+    second = prefork.send(celery_tasks.deduped, "d", 1.0)
+    assert second.id == first.id  # queued already: not enqueued again
+    deadline = time.monotonic() + 30
+    while not locks["default"].is_locked("dedupe:d"):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    third = prefork.send(celery_tasks.deduped, "d", 1.0)
+    assert third.id == first.id  # running: not enqueued either
+    assert first.get(timeout=30) == "ran"
+    fourth = prefork.send(celery_tasks.deduped, "d", 0.1)
+    assert fourth.id != first.id and fourth.get(timeout=30) == "ran"
+    assert redis(redis_server).lrange("dedupe:d:ran", 0, -1) == [first.id, fourth.id]
+
+
+def test_bad_single_instance_arguments_fail_at_decoration() -> None:
+    from django_redlock import single_instance
+
+    with pytest.raises(ValueError, match="on_duplicate"):
+        single_instance(on_duplicate="ignore")
+    with pytest.raises(ValueError, match="ttl"):
+        single_instance(ttl=0)
+    with pytest.raises(ValueError, match="not an argument"):
+
+        @single_instance(key="x:{missing}")
+        def task(self: Any, a: int) -> None: ...
