@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
+from django.conf import settings
+from django.test import override_settings
+
 from django_redlock import lock, locks
 from django_redlock.renewer import thread_renewer
 
@@ -20,6 +23,13 @@ def test_one_renewer_thread_for_many_locks(alias: str, name: str) -> None:
 
 
 def test_a_thousand_held_locks_renew_in_batched_round_trips(alias: str, name: str) -> None:
+    # A private alias of the same backend: its round-trip count is ours alone.
+    private = {**settings.DJANGO_REDLOCK, "counted": settings.DJANGO_REDLOCK[alias]}
+    with override_settings(DJANGO_REDLOCK=private):
+        _renew_a_thousand("counted", name)
+
+
+def _renew_a_thousand(alias: str, name: str) -> None:
     backend = locks[alias]
     held = [lock(f"{name}:{i}", using=alias, ttl=1.5) for i in range(1000)]
     for each in held:
@@ -29,8 +39,10 @@ def test_a_thousand_held_locks_renew_in_batched_round_trips(alias: str, name: st
     time.sleep(3.0)  # two TTLs: every hold needs several renewals to survive
     trips = backend.round_trips - before
     periods = 3.0 / (1.5 / 3)
-    # 1,000 holds, about 6 renewal periods: a few round trips each, not 6,000.
-    assert trips <= periods * 3, trips
+    # 1,000 holds, about 6 renewal periods: a few round trips each (batches of 500, and the
+    # first round split while the holds' due times line up), not 6,000.
+    print(f"1,000 holds, {periods:.0f} renewal periods: {trips} round trips")
+    assert trips <= periods * 5, trips
     assert all(each.fence is not None for each in held)
     sample = held[::100]
     assert all(each.owned() for each in sample)
