@@ -121,6 +121,7 @@ class Lock:
             raise TypeError(f"using must be a backend alias (str), not {using!r}")
         self.using = using
         self.backend: BaseLockBackend = locks[using]  # unknown alias: error, still no I/O
+        self.backend.check_kind(self.kind)
         self.lock_ttl = ttl if ttl is not None else self.backend.default_ttl
         self._holds: dict[str, _Hold] = {}  # owner ("" for plain locks) -> hold
         self._lost: str | None = None  # why the last hold was lost, if it was

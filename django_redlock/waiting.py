@@ -135,24 +135,32 @@ class ReleaseHub:
     @contextlib.contextmanager
     def watch(self, channel: str) -> Iterator[Waiter]:
         waiter = Waiter()
-        confirmed = self._join(channel, waiter)
+        confirmations = self.join(channel, waiter)
         try:
-            if confirmed is not None:
+            for confirmed in confirmations:
                 confirmed.wait(self.confirm_timeout)
             yield waiter
         finally:
-            self._leave(channel, waiter)
+            self.leave(channel, waiter)
 
     @contextlib.asynccontextmanager
     async def awatch(self, channel: str) -> AsyncIterator[AsyncWaiter]:
         waiter = AsyncWaiter()
-        confirmed = self._join(channel, waiter)
+        confirmations = self.join(channel, waiter)
         try:
-            if confirmed is not None:
+            for confirmed in confirmations:
                 await confirmed.async_wait(self.confirm_timeout)
             yield waiter
         finally:
-            self._leave(channel, waiter)
+            self.leave(channel, waiter)
+
+    def join(self, channel: str, waiter: AnyWaiter) -> list[Confirmation]:
+        """Register a waiter; returns the subscriptions to wait for before re-trying."""
+        confirmed = self._join(channel, waiter)
+        return [] if confirmed is None else [confirmed]
+
+    def leave(self, channel: str, waiter: AnyWaiter) -> None:
+        self._leave(channel, waiter)
 
     def _join(self, channel: str, waiter: AnyWaiter) -> Confirmation | None:
         with self._mutex:
@@ -189,6 +197,28 @@ class ReleaseHub:
 
     def close(self) -> None:
         self.notify_all()
+
+
+class CompositeHub(ReleaseHub):
+    """Waiters woken by a message from any of several hubs (Redlock's nodes)."""
+
+    def __init__(self, hubs: list[ReleaseHub], confirm_timeout: float) -> None:
+        super().__init__()
+        self.hubs = hubs
+        self.confirm_timeout = confirm_timeout
+
+    def join(self, channel: str, waiter: AnyWaiter) -> list[Confirmation]:
+        confirmations: list[Confirmation] = []
+        for hub in self.hubs:
+            try:
+                confirmations += hub.join(channel, waiter)
+            except Exception as exc:  # a node that is down wakes nobody; the others do
+                logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
+        return confirmations
+
+    def leave(self, channel: str, waiter: AnyWaiter) -> None:
+        for hub in self.hubs:
+            hub.leave(channel, waiter)
 
 
 _pubsub_hubs: weakref.WeakSet[PubSubHub] = weakref.WeakSet()

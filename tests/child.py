@@ -14,15 +14,21 @@ import django
 from django.conf import settings
 
 
-def setup(url: str, backend: str) -> None:
+def setup(url: str, backend: str, nodes: str | None = None) -> None:
     from tests.settings import redlock_settings
 
     config = redlock_settings(url)
     aliases = config["DJANGO_REDLOCK"]
     assert isinstance(aliases, dict)
+    chosen = aliases[backend]
+    if nodes:  # a Redlock quorum over these servers
+        chosen = {
+            "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+            "LOCATION": nodes.split(","),
+        }
     settings.configure(
         INSTALLED_APPS=["django_redlock"],
-        DJANGO_REDLOCK={"default": aliases[backend]},
+        DJANGO_REDLOCK={"default": chosen, "store": aliases["redis"]},
         CACHES=config["CACHES"],
         USE_TZ=True,
     )
@@ -34,21 +40,30 @@ def say(*words: object) -> None:
 
 
 def sell(args: argparse.Namespace) -> None:
-    """The classic ticket sale: a non-atomic read-modify-write, made safe by the lock."""
-    from django_redlock import lock, locks
+    """The classic ticket sale: a non-atomic read-modify-write, made safe by the lock.
 
-    client = locks["default"].client  # type: ignore[attr-defined]
-    sold = 0
+    An outage of the lock service (too few Redlock nodes) is waited out, as a real shop would.
+    """
+    from django_redlock import BackendUnavailable, QuorumNotReached, lock, locks
+
+    client = locks["store"].client  # type: ignore[attr-defined]
+    sold = outages = 0
     while True:
-        with lock(args.name, ttl=5):
-            left = int(client.get(args.stock))
-            if left <= 0:
-                break
-            time.sleep(0.0005)  # widen the race window the lock must close
-            client.set(args.stock, left - 1)
-            client.rpush(args.ledger, left)
-            sold += 1
-    say("SOLD", sold)
+        try:
+            with lock(args.name, ttl=5):
+                left = int(client.get(args.stock))
+                if left <= 0:
+                    break
+                time.sleep(0.0005)  # widen the race window the lock must close
+                client.set(args.stock, left - 1)
+                client.rpush(args.ledger, left)
+                sold += 1
+        except (QuorumNotReached, BackendUnavailable) as exc:
+            outages += 1
+            if outages % 50 == 1:
+                print(f"outage {outages}: {exc}", file=sys.stderr, flush=True)
+            time.sleep(0.05)
+    say("SOLD", sold, outages)
 
 
 def hold(args: argparse.Namespace) -> None:
@@ -109,6 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--backend", default="redis")
+    parser.add_argument("--nodes", help="comma-separated Redis URLs of a Redlock quorum")
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("sell")
     p.add_argument("--name", required=True)
@@ -132,7 +148,7 @@ def main() -> None:
     p.add_argument("--hold", type=float, default=0.01)
     p.add_argument("--fair", action="store_true")
     args = parser.parse_args()
-    setup(args.url, args.backend)
+    setup(args.url, args.backend, args.nodes)
     {"sell": sell, "hold": hold, "queue": queue, "contend": contend}[args.action](args)
 
 

@@ -125,8 +125,11 @@ class Child:
 def child(redis_server: RedisServer) -> Iterator[Callable[..., Child]]:
     children: list[Child] = []
 
-    def spawn(*args: str, url: str | None = None, backend: str = "redis") -> Child:
-        proc = Child("--url", url or redis_server.url, "--backend", backend, *args)
+    def spawn(
+        *args: str, url: str | None = None, backend: str = "redis", nodes: str | None = None
+    ) -> Child:
+        options = ["--nodes", nodes] if nodes else []
+        proc = Child("--url", url or redis_server.url, "--backend", backend, *options, *args)
         children.append(proc)
         return proc
 

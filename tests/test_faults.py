@@ -30,7 +30,7 @@ def test_ticket_sale_never_oversells(
         )
         for _ in range(6)
     ]
-    sold = [int(seller.expect("SOLD")) for seller in sellers]
+    sold = [int(seller.expect("SOLD").split()[0]) for seller in sellers]
     ledger = [int(ticket) for ticket in client.lrange("sold", 0, -1)]
     assert sum(sold) == 200
     assert sorted(ledger) == list(range(1, 201))  # every ticket exactly once

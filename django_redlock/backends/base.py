@@ -211,6 +211,9 @@ class BaseLockBackend:
             return key[len(head) : -1]
         return None
 
+    def check_kind(self, kind: Kind) -> None:
+        """Raise NotImplementedError (before any I/O) for a lock kind this backend lacks."""
+
     # -- operations: each op is one round trip -----------------------------------------------
 
     def op_acquire(

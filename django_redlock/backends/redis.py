@@ -154,11 +154,14 @@ class RedisBackend(BaseLockBackend):
         waiter: str | None = None,
         wait_ms: int = -1,
     ) -> Op[Attempt]:
-        keys = [self.key(name), self.fence_key(name)]
-        args: list[Any] = [token, ttl_ms, meta, _flag(kind.reentrant)]
-        if kind.fair:
-            keys += [self.queue_key(name), self.deadlines_key(name)]
-            args += [waiter or token, wait_ms, self.wake_prefix(name)]
+        keys = [
+            self.key(name),
+            self.fence_key(name),
+            self.queue_key(name),
+            self.deadlines_key(name),
+        ]
+        args: list[Any] = [token, ttl_ms, meta, _flag(kind.reentrant), _flag(kind.fair),
+                           waiter or token, wait_ms, self.wake_prefix(name)]  # fmt: skip
         return Op(name, Call(script("acquire"), keys, args), _attempt)
 
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
@@ -176,6 +179,9 @@ class RedisBackend(BaseLockBackend):
         extend = script("extend")
         calls = [Call(extend, [self.key(r.name)], [r.token, r.ttl_ms]) for r in renewals]
         return Op(renewals[0].name if renewals else "", calls, _renewed)
+
+    def op_raise_fence(self, name: str, fence: int) -> Op[bool]:
+        return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
 
     def op_leave(self, name: str, waiter: str) -> Op[None]:
         keys = [self.key(name), self.queue_key(name), self.deadlines_key(name)]

@@ -1,17 +1,34 @@
 -- Acquire a lock of any kind in one atomic step.
--- KEYS: lock, fence counter [, queue, deadlines when fair].
--- ARGV: token, ttl ms, holder metadata, reentrant ('1'/'0')
---       [, waiter id, wait ms (-1: a one-off try that never queues), wake channel prefix].
+-- KEYS: lock, fence counter, queue, deadlines [, node marker (Redlock's restart guard)].
+-- ARGV: token, ttl ms, holder metadata, reentrant ('1'/'0'), fair ('1'/'0'),
+--       waiter id, wait ms (-1: a one-off try that never queues), wake channel prefix,
+--       restart guard ms (0: off).
 -- Returns {1, fence, hold count} when held by the caller, else {0, ms until something may
 -- change (-1: unknown, wait for a message)}.
 --! include _hold
 --! include _queue
-local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token, ttl, meta, reentrant = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
+local lock, counter, queue, deadlines, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, ttl, meta = ARGV[1], ARGV[2], ARGV[3]
+local reentrant, fair = ARGV[4] == '1', ARGV[5] == '1'
 local now = now_ms()
 
+-- Restart guard: a node whose marker is gone has lost its data (restarted empty, flushed,
+-- failed over to an empty replica) and may have forgotten locks it granted. It votes no
+-- until locks granted before the loss have surely expired.
+local guard = tonumber(ARGV[9] or '0')
+if marker and guard > 0 then
+  local since = tonumber(redis.call('GET', marker))
+  if not since then
+    redis.call('SET', marker, string.format('%d', now))
+    since = now
+  end
+  if now - since < guard then
+    return {0, guard - (now - since)}
+  end
+end
+
 -- Plain and not fair: the classic SET NX PX, tried first.
-if not reentrant and not queue then
+if not reentrant and not fair then
   local fence = hold_take(lock, counter, token, ttl, meta, false, now)
   if fence then
     return {1, fence, 1}
@@ -28,7 +45,7 @@ if count > 0 then
   return {1, fence, count}
 end
 
-if not queue then
+if not fair then
   fence = hold_take(lock, counter, token, ttl, meta, reentrant, now)
   if fence then
     return {1, fence, 1}
@@ -37,7 +54,7 @@ if not queue then
 end
 
 -- Fair: the lock goes to the head of the queue, or to anyone when nobody queues.
-local waiter, wait, wake = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local waiter, wait, wake = ARGV[6], tonumber(ARGV[7]), ARGV[8]
 queue_prune(queue, deadlines, now)
 local head = redis.call('LINDEX', queue, 0)
 if (not head or head == waiter) and redis.call('EXISTS', lock) == 0 then

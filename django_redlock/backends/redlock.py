@@ -1,0 +1,508 @@
+"""The Redlock quorum over N independent Redis masters (LOCATION: a list of URLs).
+
+Every operation goes to all N nodes at once (the sync path writes every request, then reads
+every reply, so latency is the slowest node's, not the sum). A lock is acquired only when a
+majority (N//2 + 1) granted it and its validity, ``ttl - elapsed - drift``, is still positive.
+On failure it is released on all nodes, since a lost reply may have set the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any, TypeVar
+
+from redis.exceptions import NoScriptError
+
+from ..exceptions import BackendUnavailable, QuorumNotReached
+from ..scripts import Call
+from ..waiting import CompositeHub
+from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Renewal
+from .redis import UNAVAILABLE, RedisBackend
+
+T = TypeVar("T")
+Replies = list[Any]  # per node: the parsed reply, or the exception it raised
+Steps = Generator[list[Op[Any] | None], Replies, T]
+
+DRIFT_FACTOR = 0.01  # clock drift allowance: ttl x 1 % + 2 ms (the Redlock paper's)
+DRIFT_MS = 2
+#: A node that just failed is skipped (it answers "unavailable" at once) for this long, then
+#: tried again: a dead or paused node then costs nothing, not a timeout per operation. Its
+#: vote is simply missing, which is always safe; what it holds expires at its TTL.
+BREAKER_SECONDS = 1.0
+
+
+class _Skipped(BackendUnavailable):
+    """A node the breaker skipped: no I/O was done."""
+
+
+class _Quorum:
+    """A request for :meth:`RedlockBackend.execute`: steps that fan ops out to every node."""
+
+    def __init__(self, steps: Steps[Any]) -> None:
+        self.steps = steps
+
+
+class RedlockBackend(BaseLockBackend):
+    location_is_list = True
+    #: Node connections time out far below any TTL: a dead node costs this, not more.
+    node_options: dict[str, Any] = {"socket_timeout": 0.1, "socket_connect_timeout": 0.1}
+
+    def __init__(self, alias: str, params: Any) -> None:
+        super().__init__(alias, params)
+        options = {**self.node_options, **self.options}
+        self.restart_guard = float(options.pop("restart_guard", 0) or 0)
+        self.nodes = [
+            RedisBackend(
+                f"{alias}[{i}]",
+                {
+                    "LOCATION": url,
+                    "OPTIONS": options,
+                    "KEY_PREFIX": params.get("KEY_PREFIX", "redlock"),
+                },
+            )
+            for i, url in enumerate(self.location)  # type: ignore[arg-type]
+        ]
+        self.quorum = len(self.nodes) // 2 + 1
+        self._hub: CompositeHub | None = None
+        self._failed_at: dict[int, float] = {}  # node index -> when it last failed
+
+    @classmethod
+    def check_params(cls, alias: str, params: Any) -> None:
+        super().check_params(alias, params)
+        guard = (params.get("OPTIONS") or {}).get("restart_guard", 0)
+        if isinstance(guard, bool) or not isinstance(guard, (int, float)) or guard < 0:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(
+                f"DJANGO_REDLOCK[{alias!r}]['OPTIONS']['restart_guard'] must be seconds >= 0"
+            )
+
+    def check_kind(self, kind: Kind) -> None:
+        if kind.reentrant or kind.fair:
+            raise NotImplementedError(
+                f"backend {self.alias!r} (Redlock) offers plain locks only: a hold count or a"
+                " queue kept on N independent nodes drifts apart when a node misses an update,"
+                " and no majority can then say what the count or the order is"
+            )
+
+    @property
+    def hub(self) -> CompositeHub:
+        if self._hub is None:
+            self._hub = CompositeHub([node.hub for node in self.nodes], self.node_timeout)
+        return self._hub
+
+    @property
+    def node_timeout(self) -> float:
+        return float(self.nodes[0].client_options(None)["socket_timeout"])
+
+    def _drift_ms(self, ttl_ms: int) -> float:
+        return ttl_ms * DRIFT_FACTOR + DRIFT_MS
+
+    # -- fan-out -----------------------------------------------------------------------------
+
+    def execute(self, op: Op[T]) -> T:
+        self.round_trips += 1
+        steps = op.request.steps
+        replies: Replies | None = None
+        while True:
+            try:
+                ops = steps.send(replies)
+            except StopIteration as done:
+                return op.parse(done.value)
+            replies = self._note(self._fan_out(ops))
+
+    async def aexecute(self, op: Op[T]) -> T:
+        self.round_trips += 1
+        steps = op.request.steps
+        replies: Replies | None = None
+        while True:
+            try:
+                ops = steps.send(replies)
+            except StopIteration as done:
+                return op.parse(done.value)
+            replies = list(
+                await asyncio.gather(
+                    *(
+                        _aexecute(node, node_op)
+                        for node, node_op in zip(self.nodes, ops, strict=True)
+                    ),
+                    return_exceptions=True,
+                )
+            )
+
+    def _fan_out(self, ops: list[Op[Any] | None]) -> Replies:
+        """Send every node its op, then read every reply: one round trip, in parallel.
+
+        All reads share one deadline (a node timeout once the requests are out), and nodes that
+        need a new connection connect in parallel, so dead or paused nodes cost one connect
+        plus one read timeout at most, however many there are.
+        """
+        taken: list[Any] = []
+        for i, (node, node_op) in enumerate(zip(self.nodes, ops, strict=True)):
+            if node_op is None:
+                taken.append(None)
+                continue
+            skipped = self._skipped(i, node, node_op)
+            if skipped is not None:
+                taken.append(skipped)
+                continue
+            node.round_trips += 1
+            try:
+                taken.append(node.client.connection_pool.get_connection())
+            except UNAVAILABLE as exc:
+                taken.append(_unavailable(node, node_op, exc))
+        idle = [i for i, c in enumerate(taken) if _idle(c)]
+        for i, error in zip(idle, self._connect_all([taken[i] for i in idle]), strict=True):
+            if error is not None:  # do not let sending try (and wait) again
+                node, node_op = self.nodes[i], ops[i]
+                node.client.connection_pool.release(taken[i])
+                taken[i] = _unavailable(node, node_op, error)  # type: ignore[arg-type]
+        sent: list[Any] = []
+        for node, node_op, connection in zip(self.nodes, ops, taken, strict=True):
+            if node_op is None or isinstance(connection, BaseException):
+                sent.append(connection)
+                continue
+            commands = _commands(node_op.request)
+            try:
+                connection.send_packed_command(connection.pack_commands(commands))
+                sent.append((connection, len(commands)))
+            except UNAVAILABLE as exc:
+                self._drop(node, connection)
+                sent.append(_unavailable(node, node_op, exc))
+        # The replies' deadline starts once every request is out (connecting had its own).
+        deadline = time.monotonic() + self.node_timeout
+        replies: Replies = []
+        for node, node_op, outcome in zip(self.nodes, ops, sent, strict=True):
+            if node_op is None or isinstance(outcome, BaseException):
+                replies.append(outcome)
+                continue
+            connection, count = outcome
+            try:
+                if not connection.can_read(timeout=max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError(f"no answer within {self.node_timeout:g} s")
+                raw = [_read(connection) for _ in range(count)]
+            except (*UNAVAILABLE, TimeoutError) as exc:
+                self._drop(node, connection)
+                replies.append(_unavailable(node, node_op, exc))
+                continue
+            node.client.connection_pool.release(connection)
+            if any(isinstance(r, NoScriptError) for r in raw):
+                # This node forgot the scripts: teach it and ask again, on its own.
+                replies.append(_quietly(node, node_op))
+                continue
+            try:
+                single = not isinstance(node_op.request, list)
+                replies.append(node_op.parse(raw[0] if single else raw))
+            except Exception as exc:
+                replies.append(exc)
+        return replies
+
+    def _skipped(self, i: int, node: RedisBackend, op: Op[Any]) -> _Skipped | None:
+        failed = self._failed_at.get(i)
+        if failed is not None and time.monotonic() - failed < BREAKER_SECONDS:
+            return _Skipped(
+                f"lock {op.name!r}: node {node.alias!r} is skipped: it failed"
+                f" {time.monotonic() - failed:.2f} s ago"
+            )
+        return None
+
+    def _note(self, replies: Replies) -> Replies:
+        """Remember which nodes failed (the breaker), and which answered again."""
+        now = time.monotonic()
+        for i, reply in enumerate(replies):
+            if isinstance(reply, _Skipped):
+                continue  # probed again once the breaker's time is up
+            if isinstance(reply, BackendUnavailable):
+                self._failed_at[i] = now
+            elif reply is not None:
+                self._failed_at.pop(i, None)
+        return replies
+
+    def _connect_all(self, connections: list[Any]) -> list[BaseException | None]:
+        """(Re)connect several nodes at once: paused nodes cost one connect timeout in all."""
+        errors: list[BaseException | None] = [None] * len(connections)
+
+        def connect(i: int) -> None:
+            try:
+                connections[i].connect()
+            except UNAVAILABLE as exc:
+                errors[i] = exc
+
+        if len(connections) == 1:
+            connect(0)
+            return errors
+        threads = [threading.Thread(target=connect, args=(i,)) for i in range(len(connections))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return errors
+
+    def _drop(self, node: RedisBackend, connection: Any) -> None:
+        connection.disconnect()  # a reply may still be on its way: never reuse it
+        node.client.connection_pool.release(connection)
+
+    def _each(self, build: Any) -> list[Op[Any] | None]:
+        return [build(node) for node in self.nodes]
+
+    def _answered(self, replies: Replies) -> int:
+        return sum(1 for reply in replies if not isinstance(reply, BaseException))
+
+    def _unreachable(self, name: str, replies: Replies, doing: str) -> QuorumNotReached:
+        errors = "; ".join(str(r) for r in replies if isinstance(r, BaseException))
+        return QuorumNotReached(
+            f"lock {name!r}: backend {self.alias!r} could not {doing}: only"
+            f" {self._answered(replies)} of {len(self.nodes)} nodes answered, {self.quorum}"
+            f" needed ({errors})"
+        )
+
+    # -- ops ---------------------------------------------------------------------------------
+
+    def op_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        kind: Kind,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+    ) -> Op[Attempt]:
+        return Op(name, _Quorum(self._acquire(name, token, ttl_ms, meta)))
+
+    def _acquire(self, name: str, token: str, ttl_ms: int, meta: str) -> Steps[Attempt]:
+        started = time.monotonic()
+        replies = yield self._each(lambda n: self._node_acquire(n, name, token, ttl_ms, meta))
+        elapsed_ms = (time.monotonic() - started) * 1000
+        granted = [(i, r) for i, r in enumerate(replies) if isinstance(r, Attempt) and r.acquired]
+        validity = ttl_ms - elapsed_ms - self._drift_ms(ttl_ms)
+        if len(granted) >= self.quorum and validity > 0:
+            fence = max(r.fence or 0 for _, r in granted)
+            behind = {i for i, r in granted if (r.fence or 0) < fence}
+            if not behind:
+                return Attempt(True, fence, 1)
+            # Lift the lagging counters, so every later majority sees at least this fence.
+            lifted = yield [
+                n.op_raise_fence(name, fence) if i in behind else None
+                for i, n in enumerate(self.nodes)
+            ]
+            at_fence = len(granted) - len(behind) + sum(1 for i in behind if lifted[i] is True)
+            if at_fence >= self.quorum:
+                return Attempt(True, fence, 1)
+        # Not ours: undo everywhere, including nodes that did not answer (a lost reply may
+        # have set the key there).
+        yield self._each(lambda n: n.op_release(name, token, Kind()))
+        if self._answered(replies) < self.quorum:
+            raise self._unreachable(name, replies, "acquire")
+        return Attempt(False, None, self._wait_hint(replies, bool(granted)))
+
+    def _node_acquire(
+        self, node: RedisBackend, name: str, token: str, ttl_ms: int, meta: str
+    ) -> Op[Attempt]:
+        op = node.op_acquire(name, token, ttl_ms, meta, Kind())
+        if not self.restart_guard:
+            return op
+        call = op.request
+        keys = [*call.keys, f"{node.key_prefix}node"]
+        args = [*call.args, round(self.restart_guard * 1000)]
+        return Op(name, Call(call.script, keys, args), op.parse)
+
+    def _wait_hint(self, replies: Replies, split: bool) -> int:
+        """When a majority may be free: when enough holds run out; soon if votes split."""
+        if split:  # others raced us for the same nodes: back off a random moment
+            return random.randint(5, 50)
+        left = sorted(r.count_or_wait for r in replies if isinstance(r, Attempt) and not r.acquired)
+        free = len(self.nodes) - len(left)
+        needed = self.quorum - free
+        if needed <= 0:
+            return 0
+        hint = left[needed - 1] if needed <= len(left) else -1
+        return hint if hint >= 0 else -1
+
+    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+        def steps() -> Steps[int]:
+            # Deleted wherever our token still is; but the hold was ours only if a majority
+            # still had it (else it was lost, and someone else may hold the majority now).
+            replies = yield self._each(lambda n: n.op_release(name, token, kind))
+            if sum(1 for r in replies if isinstance(r, int) and r >= 0) >= self.quorum:
+                return 0
+            if self._answered(replies) < self.quorum:
+                raise self._unreachable(name, replies, "release")
+            return -1
+
+        return Op(name, _Quorum(steps()))
+
+    def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
+        def steps() -> Steps[bool]:
+            return (yield from self._renew([Renewal(name, token, ttl_ms)]))[0]
+
+        return Op(name, _Quorum(steps()))
+
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
+        return Op(renewals[0].name if renewals else "", _Quorum(self._renew(renewals)))
+
+    def _renew(self, renewals: Sequence[Renewal]) -> Steps[list[bool]]:
+        """Extended only where a majority extended it within the hold's new validity."""
+        started = time.monotonic()
+        replies = yield self._each(lambda n: n.op_renew(renewals))
+        elapsed_ms = (time.monotonic() - started) * 1000
+        if self._answered(replies) < self.quorum:
+            raise self._unreachable(renewals[0].name, replies, "extend")
+        results = []
+        for i, renewal in enumerate(renewals):
+            votes = sum(1 for r in replies if isinstance(r, list) and r[i])
+            valid = renewal.ttl_ms - elapsed_ms - self._drift_ms(renewal.ttl_ms) > 0
+            results.append(votes >= self.quorum and valid)
+        return results
+
+    def op_hold_count(self, name: str, token: str) -> Op[int]:
+        def steps() -> Steps[int]:
+            replies = yield self._each(lambda n: n.op_hold_count(name, token))
+            return 1 if sum(1 for r in replies if r == 1) >= self.quorum else 0
+
+        return Op(name, _Quorum(steps()))
+
+    def op_locked(self, name: str) -> Op[bool]:
+        def steps() -> Steps[bool]:
+            replies = yield self._each(lambda n: n.op_locked(name))
+            return sum(1 for r in replies if r is True) >= self.quorum
+
+        return Op(name, _Quorum(steps()))
+
+    def op_pttl(self, name: str) -> Op[int | None]:
+        return Op(name, _Quorum(self._validity(name)))
+
+    def _validity(self, name: str) -> Steps[int | None]:
+        """What is left of the majority's hold: the quorum-th longest PTTL, less drift."""
+        replies = yield self._each(lambda n: n.op_pttl(name))
+        pttls = sorted((r for r in replies if isinstance(r, int)), reverse=True)
+        if len(pttls) < self.quorum:
+            return None
+        left = pttls[self.quorum - 1]
+        return max(0, round(left - self._drift_ms(left)))
+
+    def op_inspect(self, name: str) -> Op[LockInfo | None]:
+        def steps() -> Steps[LockInfo | None]:
+            replies = yield self._each(lambda n: n.op_inspect(name))
+            infos = [r for r in replies if isinstance(r, LockInfo)]
+            by_token: dict[str | None, list[LockInfo]] = {}
+            for info in infos:
+                by_token.setdefault(info.token, []).append(info)
+            holders = max(by_token.values(), key=len, default=[])
+            if len(holders) < self.quorum:
+                return None
+            ttls = sorted((i.ttl for i in holders if i.ttl is not None), reverse=True)
+            info = holders[0]
+            info.backend = self.alias
+            info.ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else None
+            return info
+
+        return Op(name, _Quorum(steps()))
+
+    def op_force_release(self, name: str) -> Op[bool]:
+        def steps() -> Steps[bool]:
+            replies = yield self._each(lambda n: n.op_force_release(name))
+            return any(r is True for r in replies)
+
+        return Op(name, _Quorum(steps()))
+
+    def op_leave(self, name: str, waiter: str) -> Op[None]:
+        raise NotImplementedError("Redlock locks are never fair: nobody queues")
+
+    def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
+        names: set[str] = set()
+        for node in self.nodes:
+            try:
+                names.update(info.name for info in node.iter_locks(match))
+            except BackendUnavailable:
+                continue
+        for name in sorted(names):
+            info = self.inspect(name)
+            if info is not None:
+                yield info
+
+    def prepare(self) -> None:
+        for node in self.nodes:
+            node.prepare()
+        if self.restart_guard:
+            self.mark_nodes()
+
+    def mark_nodes(self) -> None:
+        """Set up the restart guard's markers (done when the app is ready).
+
+        No node marked: a new deployment, so every node is marked as trusted long since. Some
+        marked: the unmarked ones lost their data, and are distrusted from now on for
+        ``restart_guard`` seconds (their first acquire would start that anyway).
+        """
+        marks: list[Any] = []
+        for node in self.nodes:
+            try:
+                marks.append(node.client.get(f"{node.key_prefix}node"))
+            except UNAVAILABLE:
+                marks.append(None)
+        if any(mark is not None for mark in marks):
+            return
+        for node in self.nodes:
+            try:
+                node.client.set(f"{node.key_prefix}node", 0, nx=True)
+            except UNAVAILABLE:
+                continue
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+        self._hub = None
+
+
+def _commands(request: Any) -> list[tuple[Any, ...]]:
+    """The wire commands of a node op: one script call, a pipeline of them, or a command."""
+    calls = request if isinstance(request, list) else [request]
+    return [
+        ("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
+        if isinstance(c, Call)
+        else tuple(c)
+        for c in calls
+    ]
+
+
+def _idle(connection: Any) -> bool:
+    return (
+        connection is not None
+        and not isinstance(connection, BaseException)
+        and (getattr(connection, "_sock", None) is None)
+    )
+
+
+def _read(connection: Any) -> Any:
+    """One reply; an error reply comes back as a value, like a pipeline's."""
+    from redis.exceptions import ResponseError
+
+    try:
+        return connection.read_response()
+    except ResponseError as exc:
+        return exc
+
+
+async def _aexecute(node: RedisBackend, op: Op[Any] | None) -> Any:
+    return None if op is None else await node.aexecute(op)
+
+
+async def _settled(call: Any) -> Any:
+    if isinstance(call, BaseException):
+        return call
+    return await call
+
+
+def _unavailable(node: RedisBackend, op: Op[Any], exc: object) -> BackendUnavailable:
+    return BackendUnavailable(f"lock {op.name!r}: node {node.alias!r} is unavailable: {exc}")
+
+
+def _quietly(node: RedisBackend, op: Op[Any]) -> Any:
+    try:
+        return node.execute(op)
+    except Exception as exc:
+        return exc
