@@ -68,6 +68,11 @@ def _is_noscript(result: object) -> bool:
     )
 
 
+def _script_of(call: Call | tuple[Any, ...]) -> Script:
+    assert isinstance(call, Call)  # only script calls answer NOSCRIPT
+    return call.script
+
+
 def run(client: Any, call: Call) -> Any:
     """Run one script: one round trip, two when the server has to be taught it first."""
     try:
@@ -86,19 +91,25 @@ async def arun(client: Any, call: Call) -> Any:
         return await call.evalsha(client)
 
 
-def _pipeline(client: Any, calls: Sequence[Call]) -> Any:
+def _pipeline(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> Any:
+    """Script calls and plain commands (``("WAIT", 1, 100)``), on one connection."""
     pipe = client.pipeline(transaction=False)
     for call in calls:
-        call.evalsha(pipe)
+        if isinstance(call, Call):
+            # Not pipe.evalsha(): a cluster pipeline refuses that method, yet routes this
+            # command by its keys like any other.
+            pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+        else:
+            pipe.execute_command(*call)
     return pipe
 
 
-def run_many(client: Any, calls: Sequence[Call]) -> list[Any]:
+def run_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
     """Run many scripts in one pipelined round trip; errors come back as values."""
     results = list(_pipeline(client, calls).execute(raise_on_error=False))
     missing = [i for i, result in enumerate(results) if _is_noscript(result)]
     if missing:
-        for needed in {calls[i].script for i in missing}:
+        for needed in {_script_of(calls[i]) for i in missing}:
             client.script_load(needed.source)
         retried = _pipeline(client, [calls[i] for i in missing]).execute(raise_on_error=False)
         for i, result in zip(missing, retried, strict=True):
@@ -106,12 +117,12 @@ def run_many(client: Any, calls: Sequence[Call]) -> list[Any]:
     return results
 
 
-async def arun_many(client: Any, calls: Sequence[Call]) -> list[Any]:
+async def arun_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
     """:func:`run_many` on a ``redis.asyncio`` client."""
     results = list(await _pipeline(client, calls).execute(raise_on_error=False))
     missing = [i for i, result in enumerate(results) if _is_noscript(result)]
     if missing:
-        for needed in {calls[i].script for i in missing}:
+        for needed in {_script_of(calls[i]) for i in missing}:
             await client.script_load(needed.source)
         pipe = _pipeline(client, [calls[i] for i in missing])
         retried = await pipe.execute(raise_on_error=False)
@@ -121,8 +132,6 @@ async def arun_many(client: Any, calls: Sequence[Call]) -> list[Any]:
 
 
 def register(client: Any) -> None:
-    """Teach a server every script up front (when the app is ready)."""
-    pipe = client.pipeline(transaction=False)
+    """Teach a server (a cluster: every primary) every script, when the app is ready."""
     for each in all_scripts():
-        pipe.script_load(each.source)
-    pipe.execute()
+        client.script_load(each.source)

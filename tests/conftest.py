@@ -6,6 +6,7 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,12 +14,12 @@ import pytest
 from django.test import override_settings
 
 from django_redlock import locks
-from django_redlock.testing import RedisServer
+from django_redlock.testing import CLUSTER_ARGS, RedisServer, SentinelServer, create_cluster
 
 from .settings import redlock_settings
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKEND_ALIASES = ("redis", "cache", "local")
+BACKEND_ALIASES = ("redis", "cache", "local", "cluster", "sentinel")
 REDIS_ALIASES = ("redis", "cache")
 
 
@@ -63,9 +64,74 @@ def redis_factory() -> Iterator[Callable[..., RedisServer]]:
         server.stop()
 
 
+def _add_alias(alias: str, config: dict[str, object]) -> Iterator[None]:
+    from django.conf import settings
+
+    override = override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config})
+    override.enable()
+    yield
+    override.disable()
+
+
+@pytest.fixture(scope="session")
+def cluster_nodes() -> Iterator[list[RedisServer]]:
+    """A real 3-master Redis Cluster."""
+    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
+    create_cluster(nodes)
+    yield nodes
+    for node in nodes:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def _cluster_alias(cluster_nodes: list[RedisServer]) -> Iterator[None]:
+    yield from _add_alias(
+        "cluster",
+        {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+         "LOCATION": cluster_nodes[0].url},
+    )  # fmt: skip
+
+
+def start_sentinel_group(replicas: int = 1) -> list[RedisServer]:
+    """A master, its replicas and two sentinels that know them all: [master, *replicas, *s]."""
+    master = RedisServer().start()
+    followers = [
+        RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+        for _ in range(replicas)
+    ]
+    sentinels = [SentinelServer(master).start() for _ in range(2)]
+    deadline = time.monotonic() + 30
+    for sentinel in sentinels:
+        client = sentinel.client()
+        while len(client.execute_command("SENTINEL", "REPLICAS", "mymaster")) < replicas:
+            assert time.monotonic() < deadline, "the sentinels never saw the replicas"
+            time.sleep(0.1)
+    return [master, *followers, *sentinels]
+
+
+@pytest.fixture(scope="session")
+def sentinel_group() -> Iterator[list[RedisServer]]:
+    group = start_sentinel_group()
+    yield group
+    for server in group:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def _sentinel_alias(sentinel_group: list[RedisServer]) -> Iterator[None]:
+    yield from _add_alias(
+        "sentinel",
+        {"BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+         "LOCATION": [s.url for s in sentinel_group[2:]],
+         "OPTIONS": {"service_name": "mymaster"}},
+    )  # fmt: skip
+
+
 @pytest.fixture(params=BACKEND_ALIASES)
 def alias(request: pytest.FixtureRequest) -> str:
     """Each behavioural test runs against every backend."""
+    if request.param in ("cluster", "sentinel"):
+        request.getfixturevalue(f"_{request.param}_alias")
     return str(request.param)
 
 

@@ -183,7 +183,10 @@ class BaseLockBackend:
     # Every key of one lock shares the hash tag {name}, so a cluster keeps them in one slot.
 
     def key(self, name: str) -> str:
-        return f"{self.key_prefix}{{{name}}}"
+        # A name starting with "}" would make the tag empty (keys in different slots), so
+        # such names, and names starting with "~", get a "~" in front: one-to-one.
+        tag = f"~{name}" if name[:1] in ("}", "~") else name
+        return f"{self.key_prefix}{{{tag}}}"
 
     def fence_key(self, name: str) -> str:
         return f"{self.key(name)}:fence"
@@ -208,7 +211,8 @@ class BaseLockBackend:
     def name_from_key(self, key: str) -> str | None:
         head = f"{self.key_prefix}{{"
         if key.startswith(head) and key.endswith("}"):
-            return key[len(head) : -1]
+            tag = key[len(head) : -1]
+            return tag[1:] if tag.startswith("~") else tag
         return None
 
     def check_kind(self, kind: Kind) -> None:

@@ -43,10 +43,26 @@ def find_redis_server() -> str:
     )
 
 
-def free_port() -> int:
+def free_port(*, cluster: bool = False) -> int:
+    """A free loopback port; with ``cluster``, one whose bus port (+10000) is free too."""
+    for _ in range(1000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if not cluster:
+            return port
+        if port <= 55535 and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -66,7 +82,7 @@ class RedisServer:
         persist: bool = False,
     ) -> None:
         self.executable = executable or find_redis_server()
-        self.port = port or free_port()
+        self.port = port or free_port(cluster="--cluster-enabled" in args)
         self.extra_args = list(args)
         self.persist = persist
         self.dir = Path(tempfile.mkdtemp(prefix=f"redlock-redis-{self.port}-"))
@@ -170,3 +186,52 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class SentinelServer(RedisServer):
+    """A ``redis-server --sentinel`` watching ``service`` on a master, with a quorum of 1.
+
+    Use two or three of them for a realistic setup; ``SENTINEL FAILOVER`` on any one forces
+    a failover without waiting for agreement.
+    """
+
+    def __init__(self, master: RedisServer, service: str = "mymaster", quorum: int = 1) -> None:
+        super().__init__()
+        self.master_port, self.service, self.quorum = master.port, service, quorum
+
+    def command(self) -> list[str]:
+        config = self.dir / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {self.dir}\n"
+            f"logfile {self.dir / 'redis.log'}\n"
+            f"sentinel monitor {self.service} 127.0.0.1 {self.master_port} {self.quorum}\n"
+            f"sentinel down-after-milliseconds {self.service} 1000\n"
+            f"sentinel failover-timeout {self.service} 3000\n"
+        )
+        return [self.executable, str(config), "--sentinel"]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+
+CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
+
+
+def create_cluster(servers: Sequence[RedisServer], timeout: float = 30.0) -> None:
+    """Join servers started with ``args=CLUSTER_ARGS`` into one cluster, slots split evenly."""
+    count = len(servers)
+    for i, server in enumerate(servers):
+        slots = range(i * 16384 // count, (i + 1) * 16384 // count)
+        server.client().execute_command("CLUSTER", "ADDSLOTS", *slots)
+    for server in servers[1:]:
+        server.client().execute_command("CLUSTER", "MEET", "127.0.0.1", servers[0].port)
+    deadline = time.monotonic() + timeout
+    while not all(
+        b"cluster_state:ok" in s.client().execute_command("CLUSTER", "INFO") for s in servers
+    ):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the cluster did not come up")
+        time.sleep(0.1)

@@ -1,0 +1,170 @@
+"""Redis Sentinel: the master is found through the sentinels, and found again after a failover.
+
+LOCATION: the sentinels' URLs. OPTIONS: ``service_name`` (required), ``min_replicas`` and
+``min_replicas_timeout`` (seconds), ``sentinel_kwargs``, plus connection options.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any, NamedTuple, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
+from django.core.exceptions import ImproperlyConfigured
+from redis.backoff import NoBackoff
+
+from ..exceptions import BackendUnavailable, QuorumNotReached
+from .base import Attempt, Kind, Op
+from .redis import RedisBackend
+
+T = TypeVar("T")
+OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
+
+
+class _Replicated(NamedTuple):
+    attempt: Attempt
+    replicas: int
+    release: Op[int]
+
+
+class SentinelBackend(RedisBackend):
+    """Locks on the master of a Sentinel-monitored service.
+
+    With ``min_replicas``, an acquire also waits (``WAIT``, in the same round trip) until that
+    many replicas have the lock, and fails, releasing it, if they do not in time: a failover
+    then cannot promote a replica that never saw the lock.
+    """
+
+    location_is_list = True
+
+    @classmethod
+    def check_params(cls, alias: str, params: Mapping[str, Any]) -> None:
+        super().check_params(alias, params)
+        options = params.get("OPTIONS") or {}
+        if not isinstance(options.get("service_name"), str) or not options["service_name"]:
+            raise ImproperlyConfigured(
+                f"DJANGO_REDLOCK[{alias!r}]['OPTIONS']['service_name'] must name the service"
+            )
+        replicas = options.get("min_replicas", 0)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ImproperlyConfigured(
+                f"DJANGO_REDLOCK[{alias!r}]['OPTIONS']['min_replicas'] must be an int >= 0"
+            )
+
+    def __init__(self, alias: str, params: Any) -> None:
+        super().__init__(alias, params)
+        own = {key: self.options.pop(key) for key in OWN_OPTIONS if key in self.options}
+        # Sentinel pools refuse a caller past max_connections instead of making it wait, as
+        # the other backends' blocking pools do: these gates make it wait.
+        self._limit = int(self.options.pop("max_connections", 100))
+        self._gate = threading.BoundedSemaphore(self._limit)
+        self._agates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.service_name: str = own["service_name"]
+        self.min_replicas = int(own.get("min_replicas", 0))
+        self.min_replicas_timeout = float(own.get("min_replicas_timeout", 0.5))
+        self.sentinel_kwargs = dict(own.get("sentinel_kwargs") or {})
+
+    def _sentinels(self) -> list[tuple[str, int]]:
+        return [(urlsplit(u).hostname or "", urlsplit(u).port or 26379) for u in self.location]  # type: ignore[union-attr]
+
+    def _options(self, retry: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        options = {**self.default_options, **self.options}
+        options.setdefault("retry", retry)
+        sentinel_kwargs = {
+            "socket_timeout": options["socket_timeout"],
+            "socket_connect_timeout": options["socket_connect_timeout"],
+            **self.sentinel_kwargs,
+        }
+        return options, sentinel_kwargs
+
+    def make_client(self) -> Any:
+        options, sentinel_kwargs = self._options(redis.retry.Retry(NoBackoff(), 0))
+        sentinel = redis.sentinel.Sentinel(self._sentinels(), sentinel_kwargs=sentinel_kwargs)
+        return sentinel.master_for(self.service_name, **options)
+
+    def make_async_client(self) -> Any:
+        options, sentinel_kwargs = self._options(redis.asyncio.retry.Retry(NoBackoff(), 0))
+        sentinel = redis.asyncio.sentinel.Sentinel(
+            self._sentinels(), sentinel_kwargs=sentinel_kwargs
+        )
+        return sentinel.master_for(self.service_name, **options)
+
+    @property
+    def socket_timeout(self) -> float:
+        return float({**self.default_options, **self.options}["socket_timeout"])
+
+    def op_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        kind: Kind,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+    ) -> Op[Attempt]:
+        op = super().op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms)
+        if not self.min_replicas:
+            return op
+        wait = ("WAIT", self.min_replicas, round(self.min_replicas_timeout * 1000))
+        release = self.op_release(name, token, kind)
+
+        def parse(replies: list[Any]) -> Any:
+            return _Replicated(op.parse(replies[0]), int(replies[1]), release)
+
+        return Op(name, [op.request, wait], parse)
+
+    def execute(self, op: Op[T]) -> T:
+        if not self._gate.acquire(timeout=self.socket_timeout):
+            raise BackendUnavailable(
+                f"lock {op.name!r}: backend {self.alias!r}: all {self._limit} connections busy"
+            )
+        try:
+            return self._execute(op)
+        finally:
+            self._gate.release()
+
+    def _execute(self, op: Op[T]) -> T:
+        result = super().execute(op)
+        if isinstance(result, _Replicated):
+            if self._enough(result):
+                return result.attempt  # type: ignore[return-value]
+            super().execute(result.release)
+            raise self._too_few(op.name, result)
+        return result
+
+    async def aexecute(self, op: Op[T]) -> T:
+        loop = asyncio.get_running_loop()
+        gate = self._agates.get(loop)
+        if gate is None:
+            gate = self._agates[loop] = asyncio.Semaphore(self._limit)
+        async with gate:
+            return await self._aexecute(op)
+
+    async def _aexecute(self, op: Op[T]) -> T:
+        result = await super().aexecute(op)
+        if isinstance(result, _Replicated):
+            if self._enough(result):
+                return result.attempt  # type: ignore[return-value]
+            await super().aexecute(result.release)
+            raise self._too_few(op.name, result)
+        return result
+
+    def _enough(self, result: _Replicated) -> bool:
+        return not result.attempt.acquired or result.replicas >= self.min_replicas
+
+    def _too_few(self, name: str, result: _Replicated) -> QuorumNotReached:
+        return QuorumNotReached(
+            f"lock {name!r}: backend {self.alias!r}: only {result.replicas} of the"
+            f" {self.min_replicas} replicas required confirmed the lock within"
+            f" {self.min_replicas_timeout:g} s; it was released"
+        )

@@ -1,0 +1,117 @@
+"""Sentinel (failover, min_replicas) and Cluster (slots) with real servers the suite starts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+from redis.exceptions import ResponseError
+
+from django_redlock import BackendUnavailable, QuorumNotReached, lock, locks
+from django_redlock.testing import RedisServer
+
+from .conftest import start_sentinel_group
+
+
+@pytest.fixture
+def group() -> Iterator[list[RedisServer]]:
+    """A master, one replica, two sentinels: ours alone, so it may fail over."""
+    servers = start_sentinel_group()
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def sentinel_alias(servers: list[RedisServer], **options: Any) -> Any:
+    config = {
+        "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+        "LOCATION": [s.url for s in servers[2:]],
+        "OPTIONS": {"service_name": "mymaster", **options},
+    }
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "s": config})
+
+
+def master_port(sentinel: RedisServer) -> int:
+    _host, port = sentinel.client().execute_command(
+        "SENTINEL", "get-master-addr-by-name", "mymaster"
+    )
+    return int(port)
+
+
+def test_locks_survive_a_sentinel_failover(group: list[RedisServer]) -> None:
+    master, replica, sentinel = group[0], group[1], group[2]
+    with sentinel_alias(group):
+        with lock("before", using="s") as held:
+            assert held.fence == 1
+        deadline = time.monotonic() + 30
+        while True:  # refused (NOGOODSLAVE) until the sentinel has fresh news of the replica
+            try:
+                sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                break
+            except ResponseError:
+                assert time.monotonic() < deadline, "the sentinel never accepted the failover"
+                time.sleep(0.2)
+        while master_port(sentinel) != replica.port:
+            assert time.monotonic() < deadline, "no failover"
+            time.sleep(0.1)
+        # Until the old master is demoted it still takes writes on open connections: the
+        # window in which an asynchronous failover can lose a lock (see the docs).
+        while master.client().info("replication")["role"] != "slave":
+            assert time.monotonic() < deadline, "the old master was never demoted"
+            time.sleep(0.1)
+        while True:  # the client finds the new master by itself
+            try:
+                after = lock("after", using="s")
+                assert after.acquire(blocking=False)
+                break
+            except BackendUnavailable:
+                assert time.monotonic() < deadline, "the client never found the new master"
+                time.sleep(0.1)
+        assert replica.client().exists(locks["s"].key("after"))  # on the promoted replica
+        after.release()
+
+
+def test_min_replicas_waits_for_the_replica(group: list[RedisServer]) -> None:
+    master, replica = group[0], group[1]
+    with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.3):
+        with lock("r", using="s") as held:  # the replica confirms: held
+            assert held.fence is not None
+            assert replica.client().exists(locks["s"].key("r"))  # WAIT made sure of it
+        replica.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                lock("r", using="s").acquire(blocking=False)
+            assert time.monotonic() - started < 0.3 + 0.5
+            assert not master.client().exists(locks["s"].key("r"))  # released again
+        finally:
+            replica.resume()
+
+
+def test_cluster_keeps_each_lock_in_one_slot(
+    cluster_nodes: list[RedisServer], _cluster_alias: None
+) -> None:
+    backend = locks["cluster"]
+    for name in ("invoice:42", "}odd", "~tilde", "{braces}"):
+        keys = [backend.key(name), backend.fence_key(name), backend.queue_key(name),
+                backend.deadlines_key(name)]  # fmt: skip
+        slots = {cluster_nodes[0].client().execute_command("CLUSTER", "KEYSLOT", k) for k in keys}
+        assert len(slots) == 1, (name, keys)
+        with lock(name, using="cluster", fair=True) as held:
+            assert held.fence is not None and backend.name_from_key(backend.key(name)) == name
+
+
+def test_cluster_spreads_locks_over_the_masters(
+    cluster_nodes: list[RedisServer], _cluster_alias: None
+) -> None:
+    held = [lock(f"spread:{i}", using="cluster") for i in range(60)]
+    for each in held:
+        assert each.acquire(blocking=False)
+    per_node = [len(node.client().keys("redlock:{spread:*}")) for node in cluster_nodes]
+    assert sum(per_node) == 60 and all(count > 0 for count in per_node), per_node
+    for each in held:
+        each.release()
