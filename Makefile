@@ -4,7 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: install test lint format demo tox clean
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install browser test lint format demo tox clean
 
 install: $(STAMP)
 
@@ -24,7 +26,14 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: lint
+# The admin's browser test drives Debian's chromium (never a downloaded browser build).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		echo "installing Debian's chromium for the browser test"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+test: lint browser
 	$(BIN)/pytest
 
 demo: $(STAMP)

@@ -17,3 +17,6 @@ class DjangoRedlockConfig(AppConfig):
         # `migrate` and friends never need Redis.
         for alias in locks:
             locks[alias].prepare()
+        from . import incidents
+
+        incidents.connect()

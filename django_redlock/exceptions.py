@@ -31,3 +31,11 @@ class BackendUnavailable(LockError):
 
 class InvalidLockBackendError(ImproperlyConfigured, ValueError):
     """A ``DJANGO_REDLOCK`` alias that is unknown or wrongly configured."""
+
+
+def quorum_failure(alias: str, name: str, error: QuorumNotReached) -> QuorumNotReached:
+    """Announce a quorum failure (``quorum_not_reached`` signal), then hand the error back."""
+    from .signals import quorum_not_reached
+
+    quorum_not_reached.send_robust(sender=QuorumNotReached, backend=alias, name=name, error=error)
+    return error

@@ -26,7 +26,7 @@ from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .identity import holder_meta, new_token, owner_id
 from .renewer import Renewer, loop_renewer, thread_renewer
-from .signals import lock_acquired, lock_lost, lock_released
+from .signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from .validation import check_name, check_optional_seconds, to_ms
 
 logger = logging.getLogger("django_redlock")
@@ -220,6 +220,8 @@ class Lock:
                     yield backend.op_release(name, token, kind)
             raise
         if not attempt.acquired:
+            if blocking and timeout:
+                acquire_timed_out.send_robust(sender=Lock, lock=self, timeout=timeout)
             return False
         self._record(owner, token, ttl_ms, attempt)
         return True

@@ -10,8 +10,10 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_redlock",
 ]
+STATIC_URL = "/static/"
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -35,10 +37,6 @@ TEMPLATES = [
 ]
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# Until the suite's own servers run, point at a port nobody listens on.
-DJANGO_REDLOCK = {
-    "default": {"BACKEND": "django_redlock.backends.locmem.LocMemBackend"},
-}
 LOGGING_CONFIG = None
 
 
@@ -66,3 +64,7 @@ def redlock_settings(url: str) -> dict[str, object]:
             }
         },
     }
+
+
+# Until the suite's own servers run (conftest), every alias points at a port nobody uses.
+globals().update(redlock_settings("redis://127.0.0.1:9/0"))

@@ -7,6 +7,7 @@ running event loop (:meth:`aexecute`), so the sync and asyncio APIs share every 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -290,6 +291,14 @@ class BaseLockBackend:
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
         raise NotImplementedError
+
+    def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
+        """About ``size`` held locks whose names match the glob, from ``cursor`` on; and the
+        cursor of the next page (None at the end). This default walks ``iter_locks``."""
+        start = int(cursor or 0)
+        found = list(itertools.islice(self.iter_locks(match), start, start + size + 1))
+        more = len(found) > size
+        return found[:size], (str(start + size) if more else None)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -32,6 +32,10 @@ class RedisClusterBackend(RedisBackend):
     def socket_timeout(self) -> float:
         return float(self._cluster_options()["socket_timeout"])
 
+    def page(self, match: str, cursor: str | None, size: int) -> tuple[list[Any], str | None]:
+        # A cluster scans node by node: use the plain walk (BaseLockBackend's).
+        return super(RedisBackend, self).page(match, cursor, size)
+
     async def aexecute(self, op: Op[T]) -> T:
         # redis.asyncio's cluster client (redis-py 8.1) breaks when many tasks set up
         # connections at once ('NoneType' object has no attribute 'writelines', seen with

@@ -212,6 +212,29 @@ class RedisBackend(BaseLockBackend):
             return None
         return lock_info(name, self.alias, value, int(pttl), int(waiters))
 
+    def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
+        """A page by ``SCAN`` (never ``KEYS``): the scan's cursor is the page's cursor, and
+        the page's locks are inspected in one pipelined round trip."""
+        pattern = f"{self.key_prefix}{{{match}}}"
+        names: list[str] = []
+        position, count = int(cursor or 0), size
+        with self._io(match):
+            while True:
+                position, keys = self.client.scan(position, match=pattern, count=count)
+                names += [n for n in (self.name_from_key(text(k)) for k in keys) if n is not None]
+                if position == 0 or len(names) >= size:
+                    break
+                count = min(count * 2, 10_000)  # few matches: look further per round trip
+        if not names:
+            return [], None
+        replies = self.execute(Op(match, [self.op_inspect(n).request for n in names], list))
+        infos = [
+            self._info(n, r)
+            for n, r in zip(names, replies, strict=True)
+            if not isinstance(r, Exception)
+        ]
+        return [i for i in infos if i is not None], (str(position) if position else None)
+
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
         pattern = f"{self.key_prefix}{{{match}}}"
         with self._io(match):

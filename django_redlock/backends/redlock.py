@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import NoScriptError
 
-from ..exceptions import BackendUnavailable, QuorumNotReached
+from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..scripts import Call
 from ..waiting import CompositeHub
 from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Renewal
@@ -254,10 +254,14 @@ class RedlockBackend(BaseLockBackend):
 
     def _unreachable(self, name: str, replies: Replies, doing: str) -> QuorumNotReached:
         errors = "; ".join(str(r) for r in replies if isinstance(r, BaseException))
-        return QuorumNotReached(
-            f"lock {name!r}: backend {self.alias!r} could not {doing}: only"
-            f" {self._answered(replies)} of {len(self.nodes)} nodes answered, {self.quorum}"
-            f" needed ({errors})"
+        return quorum_failure(
+            self.alias,
+            name,
+            QuorumNotReached(
+                f"lock {name!r}: backend {self.alias!r} could not {doing}: only"
+                f" {self._answered(replies)} of {len(self.nodes)} nodes answered, {self.quorum}"
+                f" needed ({errors})"
+            ),
         )
 
     # -- ops ---------------------------------------------------------------------------------

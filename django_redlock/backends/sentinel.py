@@ -20,7 +20,7 @@ import redis.sentinel
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
-from ..exceptions import BackendUnavailable, QuorumNotReached
+from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from .base import Attempt, Kind, Op
 from .redis import RedisBackend
 
@@ -163,8 +163,12 @@ class SentinelBackend(RedisBackend):
         return not result.attempt.acquired or result.replicas >= self.min_replicas
 
     def _too_few(self, name: str, result: _Replicated) -> QuorumNotReached:
-        return QuorumNotReached(
-            f"lock {name!r}: backend {self.alias!r}: only {result.replicas} of the"
-            f" {self.min_replicas} replicas required confirmed the lock within"
-            f" {self.min_replicas_timeout:g} s; it was released"
+        return quorum_failure(
+            self.alias,
+            name,
+            QuorumNotReached(
+                f"lock {name!r}: backend {self.alias!r}: only {result.replicas} of the"
+                f" {self.min_replicas} replicas required confirmed the lock within"
+                f" {self.min_replicas_timeout:g} s; it was released"
+            ),
         )

@@ -1,0 +1,131 @@
+"""Lock incidents: recorded from signals, written by a background thread (never inside an
+acquire or release), kept as ``DJANGO_REDLOCK_INCIDENTS`` says.
+
+    DJANGO_REDLOCK_INCIDENTS = {
+        "KINDS": ["force_release", "lost", "duplicate_skipped", "acquire_timeout",
+                  "quorum_failure"],       # which kinds to keep (default: all)
+        "KEEP_DAYS": 30,                   # `redlock prune-incidents` deletes older ones
+        "MAX_ROWS": 100_000,               # ... and the oldest beyond this many
+    }
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections
+
+logger = logging.getLogger("django_redlock")
+
+ALL_KINDS = ("force_release", "lost", "duplicate_skipped", "acquire_timeout", "quorum_failure")
+DEFAULTS: dict[str, Any] = {"KINDS": ALL_KINDS, "KEEP_DAYS": 30, "MAX_ROWS": 100_000}
+
+
+def config() -> dict[str, Any]:
+    return {**DEFAULTS, **getattr(settings, "DJANGO_REDLOCK_INCIDENTS", {})}
+
+
+class Recorder:
+    """A queue and one daemon thread that writes what is queued to the database."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._mutex = threading.Lock()
+
+    def record(
+        self, kind: str, name: str, backend: str, detail: str = "", user: Any = None
+    ) -> None:
+        if kind not in config()["KINDS"]:
+            return
+        incident = {"kind": kind, "name": name[:1024], "backend": backend[:100],
+                    "detail": detail, "user": user}  # fmt: skip
+        self._queue.put(incident)
+        with self._mutex:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._write_forever, name="redlock-incidents", daemon=True
+                )
+                self._thread.start()
+
+    def _write_forever(self) -> None:
+        from .models import LockIncident
+
+        while True:
+            batch = [self._queue.get()]
+            while not self._queue.empty() and len(batch) < 500:
+                batch.append(self._queue.get_nowait())
+            try:
+                LockIncident.objects.bulk_create([LockIncident(**fields) for fields in batch])
+            except Exception:  # the database is down: the log keeps what happened
+                logger.exception("redlock: could not record %d lock incidents", len(batch))
+            finally:
+                close_old_connections()
+                for _ in batch:
+                    self._queue.task_done()
+
+    def flush(self) -> None:
+        """Wait until everything recorded so far is written (tests, shutdown)."""
+        self._queue.join()
+
+
+recorder = Recorder()
+
+
+def prune() -> int:
+    """Delete incidents older than KEEP_DAYS, and the oldest beyond MAX_ROWS."""
+    from django.utils import timezone
+
+    from .models import LockIncident
+
+    options = config()
+    cutoff = timezone.now() - timedelta(days=float(options["KEEP_DAYS"]))
+    deleted, _ = LockIncident.objects.filter(created_at__lt=cutoff).delete()
+    keep = int(options["MAX_ROWS"])
+    newest = LockIncident.objects.order_by("-created_at", "-id").values_list("id", flat=True)
+    boundary = list(newest[keep : keep + 1])
+    if boundary:
+        extra, _ = LockIncident.objects.filter(id__lte=boundary[0]).delete()
+        deleted += extra
+    return deleted
+
+
+# -- signal receivers ----------------------------------------------------------------------
+
+
+def _on_lost(sender: Any, lock: Any, reason: str = "", **_: Any) -> None:
+    recorder.record("lost", lock.name, lock.using, reason)
+
+
+def _on_timeout(sender: Any, lock: Any, timeout: float = 0, **_: Any) -> None:
+    recorder.record("acquire_timeout", lock.name, lock.using, f"gave up after {timeout:g} s")
+
+
+def _on_quorum(sender: Any, backend: str, name: str, error: Any = None, **_: Any) -> None:
+    recorder.record("quorum_failure", name, backend, str(error))
+
+
+def _on_duplicate(sender: Any, key: str, task_id: Any = None, holder_task_id: Any = None,
+                  using: str = "", **_: Any) -> None:  # fmt: skip
+    task = getattr(sender, "name", "")
+    recorder.record("duplicate_skipped", key, using,
+                    f"task {task} {task_id} skipped; held by task {holder_task_id}")  # fmt: skip
+
+
+def connect() -> None:
+    """Called when the app is ready."""
+    from .signals import acquire_timed_out, lock_lost, quorum_not_reached
+
+    lock_lost.connect(_on_lost, dispatch_uid="redlock-incidents-lost")
+    acquire_timed_out.connect(_on_timeout, dispatch_uid="redlock-incidents-timeout")
+    quorum_not_reached.connect(_on_quorum, dispatch_uid="redlock-incidents-quorum")
+    try:
+        from .contrib.celery import duplicate_skipped
+    except ImportError:  # Celery is an optional extra
+        return
+    duplicate_skipped.connect(_on_duplicate, dispatch_uid="redlock-incidents-duplicate")

@@ -1,0 +1,44 @@
+"""Models: ``HeldLock`` (no table: live locks are in Redis) and ``LockIncident`` (a table)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class HeldLock(models.Model):
+    """The admin's "Held locks" entry and its permissions; rows come from the backends."""
+
+    class Meta:
+        managed = False
+        verbose_name = "held lock"
+        verbose_name_plural = "held locks"
+        default_permissions = ("view",)
+        permissions = [("force_release", "Can force-release held locks")]
+
+
+class LockIncident(models.Model):
+    """Something operators want to look back at: a forced release, a lost hold, ..."""
+
+    class Kind(models.TextChoices):
+        FORCE_RELEASE = "force_release", "forced release"
+        LOST = "lost", "hold lost"
+        DUPLICATE_SKIPPED = "duplicate_skipped", "Celery duplicate skipped"
+        ACQUIRE_TIMEOUT = "acquire_timeout", "acquire timed out"
+        QUORUM_FAILURE = "quorum_failure", "quorum not reached"
+
+    kind = models.CharField(max_length=32, choices=Kind.choices, db_index=True)
+    name = models.CharField("lock", max_length=1024)
+    backend = models.CharField(max_length=100, db_index=True)
+    detail = models.TextField(blank=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "lock incident"
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()}: {self.name} ({self.backend})"

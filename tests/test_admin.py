@@ -1,0 +1,152 @@
+"""The "Held locks" admin page through Django's test client."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+import pytest
+from django.contrib.admin.models import DELETION, LogEntry
+from django.test import Client
+
+from django_redlock import lock, locks
+
+from .conftest import Child
+from .factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+URL = "/admin/django_redlock/heldlock/"
+RELEASE = "/admin/django_redlock/heldlock/release/"
+
+
+def client_for(*perms: str, superuser: bool = False) -> Client:
+    user = UserFactory(perms=list(perms), is_superuser=superuser)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def ident(alias: str, name: str) -> str:
+    return json.dumps([alias, name])
+
+
+def test_lists_locks_across_backends_with_their_details() -> None:
+    with lock("admin:r", using="redis"), lock("admin:l", using="local", reentrant=True) as inner:
+        inner.acquire()
+        page = client_for(superuser=True).get(URL).content.decode()
+    assert "admin:r" in page and "admin:l" in page
+    row = re.search(r"admin:l</td>\s*<td>local</td>\s*<td>reentrant</td>.*?</tr>", page, re.S)
+    assert row is not None and "<td>2</td>" in row.group(0)  # hold count
+    assert "MainThread" in page  # the holder
+
+
+def test_index_has_the_entry() -> None:
+    assert "Held locks" in client_for(superuser=True).get("/admin/").content.decode()
+
+
+def test_search_and_filters() -> None:
+    client = client_for(superuser=True)
+    with lock("report:1", using="redis"), lock("invoice:1", using="redis"), \
+            lock("invoice:2", using="local", fair=True):  # fmt: skip
+        page = client.get(URL, {"q": "invoice"}).content.decode()
+        assert "invoice:1" in page and "invoice:2" in page and "report:1" not in page
+        page = client.get(URL, {"q": "*:1"}).content.decode()
+        assert "invoice:1" in page and "report:1" in page and "invoice:2" not in page
+        page = client.get(URL, {"backend": "local"}).content.decode()
+        assert "invoice:2" in page and "invoice:1" not in page
+        page = client.get(URL, {"kind": "fair"}).content.decode()
+        assert "invoice:2" in page and "report:1" not in page
+
+
+def test_sorted_by_ttl() -> None:
+    with lock("short", using="redis", ttl=5), lock("long", using="redis", ttl=50):
+        page = client_for(superuser=True).get(URL, {"o": "-ttl"}).content.decode()
+    assert page.index(">long<") < page.index(">short<")
+
+
+def test_names_are_escaped() -> None:
+    evil = "<script>alert(1)</script>"
+    with lock(evil, using="redis"):
+        page = client_for(superuser=True).get(URL).content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert evil not in page
+
+
+def test_a_down_backend_is_a_banner_and_the_others_still_list() -> None:
+    with lock("still-here", using="redis"):
+        page = client_for(superuser=True).get(URL).content.decode()
+    assert "Backend “down” is unavailable" in page
+    assert "still-here" in page
+
+
+def test_pages_by_scan_cursor() -> None:
+    held = [lock(f"many:{i:03}", using="redis") for i in range(250)]
+    for each in held:
+        each.acquire()
+    client = client_for(superuser=True)
+    seen: set[str] = set()
+    url, pages = URL + "?backend=redis&q=many", 0
+    while url:
+        page = client.get(url).content.decode()
+        names = re.findall(r'<td class="name">(many:\d+)</td>', page)
+        assert len(names) < 250
+        seen.update(names)
+        pages += 1
+        found = re.search(r'href="([^"]+)" id="next-page"', page)
+        url = URL + found.group(1).replace("&amp;", "&") if found else ""
+    assert pages >= 2 and seen == {f"many:{i:03}" for i in range(250)}
+    for each in held:
+        each.release()
+
+
+def test_permissions() -> None:
+    anonymous = Client().get(URL)
+    assert anonymous.status_code == 302 and "/login/" in anonymous["Location"]
+    assert client_for().get(URL).status_code == 403  # staff without permission
+    with lock("perm", using="redis"):
+        viewer = client_for("view_heldlock")
+        page = viewer.get(URL)
+        assert page.status_code == 200 and b"perm" in page.content
+        assert b"Force-release" not in page.content
+        assert viewer.post(RELEASE, {"single": ident("redis", "perm")}).status_code == 403
+        releaser = client_for("view_heldlock", "force_release")
+        assert b"Force-release" in releaser.get(URL).content
+    assert client_for("force_release").get(URL).status_code == 403  # view is needed to see
+
+
+def test_force_release_of_another_process_s_lock(child: Callable[..., Child]) -> None:
+    holder = child("hold", "--name", "stuck:job", "--ttl", "0.9")
+    holder.expect("ACQUIRED")
+    client = client_for("view_heldlock", "force_release")
+    confirm = client.post(RELEASE, {"lock": [ident("redis", "stuck:job")]})
+    assert confirm.status_code == 200 and b"Force-release these locks?" in confirm.content
+    assert locks["redis"].is_locked("stuck:job")  # nothing happens before the confirmation
+    done = client.post(RELEASE, {"lock": [ident("redis", "stuck:job")], "confirm": "yes"})
+    assert done.status_code == 302
+    assert not locks["redis"].is_locked("stuck:job")
+    assert "released by someone else" in holder.expect("LOST")  # at its next renewal
+    entry = LogEntry.objects.get()
+    assert entry.action_flag == DELETION and entry.object_repr == "stuck:job (redis)"
+    page = client.get(URL).content.decode()
+    assert "stuck:job" not in page and "Force-released 1 of 1 locks." in page
+
+
+def test_release_needs_post_and_csrf() -> None:
+    with lock("csrf", using="redis"):
+        client = Client(enforce_csrf_checks=True)
+        client.force_login(UserFactory(is_superuser=True))
+        response = client.post(RELEASE, {"single": ident("redis", "csrf"), "confirm": "yes"})
+        assert response.status_code == 403
+        assert locks["redis"].is_locked("csrf")
+        assert client.get(RELEASE).status_code == 302  # GET does nothing
+
+
+def test_incident_admin_is_read_only() -> None:
+    from .factories import LockIncidentFactory
+
+    LockIncidentFactory(name="invoice:9", kind="lost")
+    client = client_for(superuser=True)
+    page = client.get("/admin/django_redlock/lockincident/").content.decode()
+    assert "invoice:9" in page and "hold lost" in page
+    assert client.get("/admin/django_redlock/lockincident/add/").status_code == 403

@@ -1,0 +1,101 @@
+"""Lock incidents: recorded off the hot path for each kind of event, kept, pruned."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from django_redlock import QuorumNotReached, lock, locks
+from django_redlock.incidents import prune, recorder
+from django_redlock.models import LockIncident
+
+from .factories import LockIncidentFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def incidents(kind: str) -> list[LockIncident]:
+    recorder.flush()
+    return list(LockIncident.objects.filter(kind=kind))
+
+
+def test_a_lost_hold_is_recorded(name: str) -> None:
+    held = lock(name, using="redis", ttl=0.3)
+    held.acquire()
+    locks["redis"].force_release(name)
+    deadline = time.monotonic() + 3
+    while not incidents("lost"):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    (incident,) = incidents("lost")
+    assert incident.name == name and incident.backend == "redis"
+    assert "released by someone else" in incident.detail
+
+
+def test_an_acquire_that_timed_out_is_recorded(name: str) -> None:
+    with lock(name, using="local"):
+        assert not lock(name, using="local").acquire(timeout=0.05)
+        assert not lock(name, using="local").acquire(blocking=False)  # a try is no timeout
+    (incident,) = incidents("acquire_timeout")
+    assert incident.name == name and "0.05" in incident.detail
+
+
+def test_a_quorum_failure_is_recorded(redis_factory: Any) -> None:
+    from django.conf import settings
+
+    servers = [redis_factory() for _ in range(3)]
+    for server in servers[:2]:
+        server.kill()
+    config = {"BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+              "LOCATION": [s.url for s in servers]}  # fmt: skip
+    aliases = {**settings.DJANGO_REDLOCK, "q": config}
+    with override_settings(DJANGO_REDLOCK=aliases), pytest.raises(QuorumNotReached):
+        lock("quorum:x", using="q").acquire()
+    (incident,) = incidents("quorum_failure")
+    assert incident.backend == "q" and "1 of 3 nodes answered" in incident.detail
+
+
+def test_a_skipped_duplicate_is_recorded() -> None:
+    from django_redlock.contrib.celery import duplicate_skipped
+
+    duplicate_skipped.send(sender=None, key="sync:1", task_id="t2", holder_task_id="t1",
+                           using="default")  # fmt: skip
+    (incident,) = incidents("duplicate_skipped")
+    assert incident.name == "sync:1" and "held by task t1" in incident.detail
+
+
+def test_kinds_can_be_switched_off(name: str) -> None:
+    with override_settings(DJANGO_REDLOCK_INCIDENTS={"KINDS": ["lost"]}), lock(name, using="local"):
+        assert not lock(name, using="local").acquire(timeout=0.01)
+    assert incidents("acquire_timeout") == []
+
+
+def test_recording_is_off_the_hot_path(name: str) -> None:
+    """Acquire and release never touch the database, even with every kind recorded."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(20):
+            with lock(name, using="redis"):
+                pass
+        with lock(name + ":busy", using="local"):  # an incident, recorded in the background
+            assert not lock(name + ":busy", using="local").acquire(timeout=0.01)
+    assert len(queries) == 0
+    assert len(incidents("acquire_timeout")) == 1
+
+
+def test_prune_keeps_recent_and_at_most_max_rows() -> None:
+    old = LockIncidentFactory.create_batch(3)
+    LockIncident.objects.filter(pk__in=[i.pk for i in old]).update(
+        created_at=timezone.now() - timedelta(days=40)
+    )
+    LockIncidentFactory.create_batch(5)
+    with override_settings(DJANGO_REDLOCK_INCIDENTS={"KEEP_DAYS": 30, "MAX_ROWS": 4}):
+        assert prune() == 3 + 1
+    assert LockIncident.objects.count() == 4
