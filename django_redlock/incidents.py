@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -54,24 +55,37 @@ class Recorder:
                 self._thread.start()
 
     def _write_forever(self) -> None:
-        from .models import LockIncident
-
-        while True:
+        while True:  # nothing may end this thread: flush() waits for it
             batch = [self._queue.get()]
             while not self._queue.empty() and len(batch) < 500:
                 batch.append(self._queue.get_nowait())
             try:
-                LockIncident.objects.bulk_create([LockIncident(**fields) for fields in batch])
-            except Exception:  # the database is down: the log keeps what happened
-                logger.exception("redlock: could not record %d lock incidents", len(batch))
+                self._write(batch)
             finally:
-                close_old_connections()
                 for _ in batch:
                     self._queue.task_done()
 
-    def flush(self) -> None:
-        """Wait until everything recorded so far is written (tests, shutdown)."""
-        self._queue.join()
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            from .models import LockIncident
+
+            LockIncident.objects.bulk_create([LockIncident(**fields) for fields in batch])
+        except Exception as exc:  # no database here, or it is down: the log keeps it
+            logger.warning("redlock: could not record %d lock incidents: %s", len(batch), exc)
+        try:
+            close_old_connections()
+        except Exception as exc:
+            logger.debug("redlock: closing the incident writer's connection: %s", exc)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait (up to ``timeout`` s) until everything recorded so far is written."""
+        deadline = time.monotonic() + timeout
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._queue.all_tasks_done.wait(remaining)
 
 
 recorder = Recorder()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -13,6 +13,7 @@ from django.utils import timezone
 from django_redlock import QuorumNotReached, lock, locks
 from django_redlock.incidents import prune, recorder
 from django_redlock.models import LockIncident
+from django_redlock.signals import lock_lost
 
 from .factories import LockIncidentFactory
 
@@ -25,13 +26,19 @@ def incidents(kind: str) -> list[LockIncident]:
 
 
 def test_a_lost_hold_is_recorded(name: str) -> None:
-    held = lock(name, using="redis", ttl=0.3)
-    held.acquire()
-    locks["redis"].force_release(name)
-    deadline = time.monotonic() + 3
-    while not incidents("lost"):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    signalled = threading.Event()
+
+    def noticed(**kwargs: Any) -> None:  # runs after the recorder's receiver queued it
+        signalled.set()
+
+    lock_lost.connect(noticed)
+    try:
+        held = lock(name, using="redis", ttl=0.3)
+        held.acquire()
+        locks["redis"].force_release(name)
+        assert signalled.wait(3)
+    finally:
+        lock_lost.disconnect(noticed)
     (incident,) = incidents("lost")
     assert incident.name == name and incident.backend == "redis"
     assert "released by someone else" in incident.detail
