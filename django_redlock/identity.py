@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
 import secrets
 import socket
@@ -63,18 +62,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_process_id)
 
 
+#: Separates the holder's fields: compact (a held plain lock stays near 200 bytes in Redis)
+#: and never part of a host, thread or task name.
+FIELD = "\x1f"
+HOLDER_FIELDS = ("h", "p", "t", "k", "n", "q")  # host, pid, thread, task id, task name, fair
+
+
 def holder_meta(*, fair: bool = False) -> str:
-    meta: dict[str, object] = {
-        "h": HOST,
-        "p": os.getpid(),
-        "t": _actor_name(),
-    }
-    task = current_task.get()
-    if task is not None:
-        meta["k"], meta["n"] = task
-    if fair:
-        meta["q"] = 1
-    return json.dumps(meta, separators=(",", ":"))
+    task = current_task.get() or ("", "")
+    fields = [HOST, str(os.getpid()), _actor_name(), *task, "1" if fair else ""]
+    return FIELD.join(fields).rstrip(FIELD)
+
+
+def parse_holder(meta: str) -> dict[str, str]:
+    """The fields :func:`holder_meta` wrote, by their one-letter names; empty ones left out."""
+    return {k: v for k, v in zip(HOLDER_FIELDS, meta.split(FIELD), strict=False) if v}
 
 
 def _actor_name() -> str:

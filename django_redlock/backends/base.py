@@ -8,7 +8,6 @@ running event loop (:meth:`aexecute`), so the sync and asyncio APIs share every 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,11 +83,12 @@ def _when(ms: Any) -> datetime | None:
 
 
 def _holder(meta: str) -> dict[str, Any]:
-    try:
-        loaded = json.loads(meta)
-    except ValueError:
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
+    from ..identity import parse_holder
+
+    holder: dict[str, Any] = parse_holder(meta)
+    if holder.get("p", "").isdigit():
+        holder["p"] = int(holder["p"])
+    return holder
 
 
 def lock_info(
@@ -96,7 +96,7 @@ def lock_info(
 ) -> LockInfo:
     """Read a hold as the scripts write it: a plain string or a reentrant hash."""
     ttl = pttl_ms / 1000 if pttl_ms >= 0 else None
-    if isinstance(value, str):  # token|fence|acquired-ms|holder-json
+    if isinstance(value, str):  # token|fence|acquired-ms|holder
         parts = [*value.split("|", 3), "", "", ""]
         fence = int(parts[1]) if parts[1].isdigit() else None
         holder = _holder(parts[3])
@@ -190,7 +190,7 @@ class BaseLockBackend:
         return f"{self.key_prefix}{{{tag}}}"
 
     def fence_key(self, name: str) -> str:
-        return f"{self.key(name)}:fence"
+        return f"{self.key(name)}:f"  # short: one per name ever locked, and it never expires
 
     def queue_key(self, name: str) -> str:
         return f"{self.key(name)}:queue"
