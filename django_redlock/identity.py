@@ -35,10 +35,8 @@ _owner: ContextVar[tuple[str, weakref.ref[Any]] | None] = ContextVar("redlock_ow
 
 
 def _current_actor() -> Any:
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running loop in this thread
-        task = None
+    loop = asyncio._get_running_loop()  # None outside a loop, without raising
+    task = asyncio.current_task(loop) if loop is not None else None
     return task if task is not None else threading.current_thread()
 
 
@@ -53,8 +51,12 @@ def owner_id() -> str:
     return slot[0]
 
 
+_PID = [str(os.getpid())]
+
+
 def _new_process_id() -> None:
     _process["id"] = secrets.token_urlsafe(12)
+    _PID[0] = str(os.getpid())
 
 
 if hasattr(os, "register_at_fork"):
@@ -70,7 +72,7 @@ HOLDER_FIELDS = ("h", "p", "t", "k", "n", "q")  # host, pid, thread, task id, ta
 
 def holder_meta(*, fair: bool = False) -> str:
     task = current_task.get() or ("", "")
-    fields = [HOST, str(os.getpid()), _actor_name(), *task, "1" if fair else ""]
+    fields = [HOST, _PID[0], _actor_name(), *task, "1" if fair else ""]
     return FIELD.join(fields).rstrip(FIELD)
 
 

@@ -76,11 +76,8 @@ def _check_token_prefix(prefix: Any) -> str | None:
 
 
 def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
+    # Not get_running_loop(): raising and catching on every sync call costs time.
+    return asyncio._get_running_loop() is not None
 
 
 class Lock:
@@ -241,6 +238,7 @@ class Lock:
                 remaining = float("inf") if deadline is None else deadline - time.monotonic()
                 wait_ms = to_ms(min(max(remaining, 0.0), WAITER_LEASE)) if fair else -1
                 attempt = yield backend.op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms)
+                handle[1].baton = False  # tried: a wake-up we were handed is used up
                 if attempt.acquired:
                     return attempt
                 remaining = float("inf") if deadline is None else deadline - time.monotonic()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_redlock")
 BATCH = 500
+IDLE_WAKE = 1.0
 
 HoldKey = tuple[int, str, str]  # (id of the backend, lock name, token)
 
@@ -68,7 +69,7 @@ class Renewer:
                 if previous is not None:
                     entry.locks.update(previous.locks)
             entry.locks.add(lock)
-        self._wake()
+        self._wake(entry.due)
 
     def remove(self, lock: Lock, token: str) -> None:
         key = (id(lock.backend), lock.name, token)
@@ -82,8 +83,8 @@ class Renewer:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _wake(self) -> None:
-        """Make the runner look at the schedule again."""
+    def _wake(self, due: float) -> None:
+        """A hold falls due at ``due``: make sure the runner looks at it in time."""
 
     def _next(self) -> list[list[tuple[HoldKey, _Entry]]] | float:
         """Groups of due holds (one per backend), or how long to sleep until one is due."""
@@ -92,7 +93,9 @@ class Renewer:
             for key in [k for k, e in self._entries.items() if not e.locks]:
                 del self._entries[key]  # every Lock object holding it was garbage-collected
             if not self._entries:
-                return 3600.0
+                # Idle: look again in a second, so that a new hold (due in TTL/3) rarely
+                # needs to wake the thread early (see ThreadRenewer._wake).
+                return IDLE_WAKE
             first = min(entry.due for entry in self._entries.values())
             if first > now:
                 return first - now
@@ -150,24 +153,33 @@ class ThreadRenewer(Renewer):
         super().__init__()
         self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
+        self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
 
-    def _wake(self) -> None:
+    def _wake(self, due: float) -> None:
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="redlock-renewer", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif due < self._wakes_at:
+                # Only then: waking the thread on every acquire would cost each one a
+                # thread switch (and the GIL) for nothing.
+                self._cond.notify()
+
+    def _batches(self) -> list[list[tuple[HoldKey, _Entry]]]:
+        with self._cond:  # deciding to sleep and sleeping are one step: no wake-up is lost
+            while True:
+                batches = self._next()
+                if not isinstance(batches, float):
+                    self._wakes_at = 0.0
+                    return batches
+                self._wakes_at = time.monotonic() + batches
+                self._cond.wait(batches)
 
     def _run(self) -> None:
         while True:
-            batches = self._next()
-            if isinstance(batches, float):
-                with self._cond:
-                    self._cond.wait(batches)
-                continue
-            for group in batches:
+            for group in self._batches():
                 started = time.monotonic()
                 try:
                     results: list[bool] | Exception = group[0][1].backend.renew_many(
@@ -182,6 +194,7 @@ class ThreadRenewer(Renewer):
         self._cond = threading.Condition(self._mutex)
         self._entries = {}
         self._thread = None
+        self._wakes_at = 0.0
 
 
 class LoopRenewer(Renewer):
@@ -193,7 +206,7 @@ class LoopRenewer(Renewer):
         self._task: asyncio.Task[None] | None = None
         self._waiter: AsyncWaiter | None = None
 
-    def _wake(self) -> None:
+    def _wake(self, due: float) -> None:
         if self._task is None or self._task.done():
             self._task = self._loop.create_task(self._run(), name="redlock-renewer")
         elif self._waiter is not None:

@@ -21,16 +21,19 @@ logger = logging.getLogger("django_redlock")
 
 
 class AnyWaiter(Protocol):
+    baton: bool
+
     def wake(self) -> None: ...
 
 
 class Waiter:
     """A waiting thread; woken by a message on its channel."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_event", "baton")
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self.baton = False  # woken for a release, and not yet tried since
 
     def wake(self) -> None:
         self._event.set()
@@ -63,12 +66,13 @@ def _settle(future: asyncio.Future[None]) -> None:
 class AsyncWaiter:
     """A waiting asyncio task; may be woken from any thread."""
 
-    __slots__ = ("_future", "_loop", "_woken")
+    __slots__ = ("_future", "_loop", "_woken", "baton")
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._woken = False
         self._future: asyncio.Future[None] | None = None
+        self.baton = False
 
     def wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
@@ -124,13 +128,19 @@ class Confirmation:
 
 
 class ReleaseHub:
-    """In-process waiter registry; a release calls :meth:`notify`."""
+    """In-process waiter registry; a release calls :meth:`notify`.
+
+    A release wakes one waiter of the process, the longest waiting, not all of them: only one
+    can win, and 200 tasks retrying at every release would cost 200 round trips each time.
+    The woken one holds the baton until it has tried again; if it leaves first (timed out,
+    cancelled), it passes the baton on, so a release is never lost.
+    """
 
     confirm_timeout = 0.0
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._waiters: dict[str, set[AnyWaiter]] = {}
+        self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
 
     @contextlib.contextmanager
     def watch(self, channel: str) -> Iterator[Waiter]:
@@ -165,27 +175,35 @@ class ReleaseHub:
     def _join(self, channel: str, waiter: AnyWaiter) -> Confirmation | None:
         with self._mutex:
             first = channel not in self._waiters
-            self._waiters.setdefault(channel, set()).add(waiter)
+            self._waiters.setdefault(channel, {})[waiter] = None
         return self._subscribe(channel, first)
 
     def _leave(self, channel: str, waiter: AnyWaiter) -> None:
         with self._mutex:
-            group = self._waiters.get(channel, set())
-            group.discard(waiter)
+            group = self._waiters.get(channel, {})
+            group.pop(waiter, None)
             last = not group and self._waiters.pop(channel, None) is not None
+        if waiter.baton:  # woken, but gone before trying: the next one tries instead
+            waiter.baton = False
+            self.notify(channel)
         if last:
             self._unsubscribe(channel)
 
     def notify(self, channel: str) -> None:
+        """A release: wake the longest-waiting waiter that is not already about to try."""
         with self._mutex:
-            waiters = list(self._waiters.get(channel, ()))
-        for waiter in waiters:
-            waiter.wake()
+            chosen = next((w for w in self._waiters.get(channel, ()) if not w.baton), None)
+            if chosen is not None:
+                chosen.baton = True
+        if chosen is not None:
+            chosen.wake()
 
     def notify_all(self) -> None:
+        """Something may have been missed (a lost connection): everyone looks again."""
         with self._mutex:
             waiters = [w for group in self._waiters.values() for w in group]
         for waiter in waiters:
+            waiter.baton = True
             waiter.wake()
 
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:

@@ -9,12 +9,14 @@ run the sync cluster client in a worker thread (see ``aexecute``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
 
-from .base import Op
-from .redis import RedisBackend
+from ..scripts import Call, script
+from .base import Op, Renewal
+from .redis import RedisBackend, _renewed
 
 T = TypeVar("T")
 
@@ -31,6 +33,12 @@ class RedisClusterBackend(RedisBackend):
     @property
     def socket_timeout(self) -> float:
         return float(self._cluster_options()["socket_timeout"])
+
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
+        # A batch spans slots: one extend per lock, pipelined (routed to each lock's node).
+        extend = script("extend")
+        calls = [Call(extend, [self.key(r.name)], [r.token, r.ttl_ms]) for r in renewals]
+        return Op(renewals[0].name if renewals else "", calls, _renewed)
 
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[Any], str | None]:
         # A cluster scans node by node: use the plain walk (BaseLockBackend's).

@@ -176,9 +176,11 @@ class RedisBackend(BaseLockBackend):
         return Op(name, Call(script("extend"), [self.key(name)], [token, ttl_ms]), bool)
 
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
-        extend = script("extend")
-        calls = [Call(extend, [self.key(r.name)], [r.token, r.ttl_ms]) for r in renewals]
-        return Op(renewals[0].name if renewals else "", calls, _renewed)
+        # One script call for the whole batch: the client packs one command, not hundreds.
+        keys = [self.key(r.name) for r in renewals]
+        args = [value for r in renewals for value in (r.token, r.ttl_ms)]
+        name = renewals[0].name if renewals else ""
+        return Op(name, Call(script("renew"), keys, args), _renewed)
 
     def op_raise_fence(self, name: str, fence: int) -> Op[bool]:
         return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
@@ -271,6 +273,7 @@ def _attempt(reply: Any) -> Attempt:
 
 
 def _renewed(replies: list[Any]) -> list[bool]:
+    """renew.lua's list of 0/1, or a pipeline's replies, one per lock."""
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply

@@ -1,0 +1,584 @@
+"""``make bench``: django-redlock against the Python anchors, side by side, on the same Redis.
+
+Starts its own redis-servers (1, and 5 for the quorum), runs every scenario for every library
+interleaved over rounds (A B C A B C ...), and writes medians, ratios and the targets met or
+missed to bench/README.md, with a plot in bench/results.png. Absolute figures on a shared
+machine are noise; the ratios measured in the same run are the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "1.0"))
+CONTENDERS = 8
+RELEASE_LUA = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+)
+
+
+def setup(single_url: str, node_urls: list[str]) -> None:
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        DEBUG=False,
+        SECRET_KEY="bench",
+        USE_TZ=True,
+        ALLOWED_HOSTS=["*"],
+        ROOT_URLCONF="bench.urls",
+        INSTALLED_APPS=[
+            "django.contrib.admin",
+            "django.contrib.auth",
+            "django.contrib.contenttypes",
+            "django.contrib.messages",
+            "django.contrib.sessions",
+            "django_redlock",
+        ],
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        TEMPLATES=[
+            {
+                "BACKEND": "django.template.backends.django.DjangoTemplates",
+                "APP_DIRS": True,
+                "OPTIONS": {
+                    "context_processors": [
+                        "django.template.context_processors.request",
+                        "django.contrib.auth.context_processors.auth",
+                        "django.contrib.messages.context_processors.messages",
+                    ]
+                },
+            }
+        ],
+        MESSAGE_STORAGE="django.contrib.messages.storage.cookie.CookieStorage",
+        DJANGO_REDLOCK={
+            "default": {
+                "BACKEND": "django_redlock.backends.redis.RedisBackend",
+                "LOCATION": single_url,
+            },
+            "quorum": {
+                "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+                "LOCATION": node_urls,
+            },
+        },
+        DJANGO_REDLOCK_INCIDENTS={"KINDS": []},
+    )
+    django.setup()
+
+
+def rate(work: Callable[[], Any], seconds: float) -> float:
+    """Calls of ``work`` per second, over about ``seconds``."""
+    count, started = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < seconds:
+        for _ in range(20):
+            work()
+        count += 20
+    return count / elapsed
+
+
+def interleaved(cases: dict[str, Callable[[], Any]], seconds: float = SECONDS) -> dict[str, float]:
+    """Median rate of each case over ROUNDS rounds, the cases taking turns."""
+    for work in cases.values():
+        work()  # warm up: connections, scripts
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(ROUNDS):
+        for name, work in cases.items():
+            rates[name].append(rate(work, seconds))
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+# -- scenarios ------------------------------------------------------------------------------
+
+
+def uncontended(results: dict[str, Any]) -> None:
+    import redis
+    import redis_lock
+
+    from django_redlock import lock, locks
+
+    backend = locks["default"]
+    client = backend.client  # type: ignore[attr-defined]
+    plain = redis.Redis.from_url(backend.location)  # type: ignore[arg-type]
+    sha = client.script_load(RELEASE_LUA)
+
+    def ours() -> None:
+        with lock("u:ours"):
+            pass
+
+    def raw() -> None:
+        token = secrets.token_urlsafe(16)
+        client.set("u:raw", token, nx=True, px=30000)
+        client.evalsha(sha, 1, "u:raw", token)
+
+    def redis_py() -> None:
+        held = plain.lock("u:redis-py", timeout=30)
+        held.acquire()
+        held.release()
+
+    def python_redis_lock() -> None:
+        held = redis_lock.Lock(plain, "u:prl", expire=30)
+        held.acquire()
+        held.release()
+
+    before = backend.round_trips
+    ours_trips_cycles = 200
+    for _ in range(ours_trips_cycles):
+        ours()
+    trips = (backend.round_trips - before) / ours_trips_cycles
+    rates = interleaved({"ours": ours, "raw SET NX PX + EVALSHA": raw, "redis-py Lock": redis_py,
+                         "python-redis-lock": python_redis_lock})  # fmt: skip
+    results["uncontended"] = {"rates": rates, "round_trips": trips}
+
+
+def quorum(results: dict[str, Any], node_urls: list[str]) -> None:
+    import redis
+    from pottery import Redlock
+
+    from django_redlock import lock
+
+    masters = {redis.Redis.from_url(url) for url in node_urls}
+
+    def ours() -> None:
+        with lock("q:ours", using="quorum"):
+            pass
+
+    def pottery() -> None:
+        held = Redlock(key="q:pottery", masters=masters, auto_release_time=30)
+        held.acquire()
+        held.release()
+
+    def ours_single() -> None:
+        with lock("q:single"):
+            pass
+
+    results["quorum"] = interleaved(
+        {"ours Redlock N=5": ours, "pottery Redlock N=5": pottery, "ours single node": ours_single}
+    )
+
+
+def contended(results: dict[str, Any], url: str, hold: float, libs: list[str], key: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    seconds = 2.5
+    runs: dict[str, list[dict[str, Any]]] = {lib: [] for lib in libs}
+    for round_ in range(2):
+        for lib in libs:
+            start = f"start:{key}:{lib}:{round_}"
+            procs = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(HERE / "contender.py"),
+                        "--lib",
+                        lib,
+                        "--url",
+                        url,
+                        "--name",
+                        f"c:{key}:{lib}:{round_}",
+                        "--start",
+                        start,
+                        "--seconds",
+                        str(seconds),
+                        "--hold",
+                        str(hold),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    cwd=ROOT,
+                )
+                for _ in range(CONTENDERS)
+            ]
+            time.sleep(1.5)  # every process imported and connected
+            client.set(start, 1)
+            outputs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+            runs[lib].append(summarise(outputs, seconds))
+    results[key] = {lib: median_summary(values) for lib, values in runs.items()}
+
+
+def summarise(outputs: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    spans = sorted(tuple(s) for out in outputs for s in out["spans"])
+    handoffs = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
+    waits = [w for out in outputs for w in out["waits"]]
+    acquisitions = len(spans)
+    return {
+        "per_second": acquisitions / seconds,
+        "handoff_p50_ms": percentile(handoffs, 0.5) * 1000,
+        "handoff_p99_ms": percentile(handoffs, 0.99) * 1000,
+        "worst_wait_ms": max(waits) * 1000 if waits else float("nan"),
+        "fifo_ideal_ms": (CONTENDERS - 1) * seconds / max(acquisitions, 1) * 1000,
+        "commands_per_acquisition": sum(out["sent"] for out in outputs) / max(acquisitions, 1),
+        "handoffs_ms": [h * 1000 for h in handoffs],
+    }
+
+
+def median_summary(values: list[dict[str, Any]]) -> dict[str, Any]:
+    merged = {k: statistics.median(v[k] for v in values) for k in values[0] if k != "handoffs_ms"}
+    merged["handoffs_ms"] = [h for v in values for h in v["handoffs_ms"]]
+    return merged
+
+
+def watchdog(results: dict[str, Any]) -> None:
+    from django_redlock import lock, locks
+    from django_redlock.backends.base import Op
+
+    backend = locks["default"]
+    held = [lock(f"w:{i}", ttl=3) for i in range(10_000)]
+    for each in held:
+        each.acquire()
+    renewer = next(t for t in threading.enumerate() if t.name == "redlock-renewer")
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        fields = Path(f"/proc/self/task/{renewer.native_id}/stat").read_text().rsplit(")", 1)[1]
+        utime, stime = fields.split()[11:13]
+        return (int(utime) + int(stime)) / ticks
+
+    time.sleep(1.5)  # let the first renewals line up
+    trips, used, started = backend.round_trips, cpu(), time.monotonic()
+    time.sleep(6.0)
+    elapsed = time.monotonic() - started
+    trips, used = backend.round_trips - trips, cpu() - used
+    alive = sum(1 for each in held[::500] if each.owned())
+    for each in held:
+        each.release()
+    period = 1.0  # ttl 3 s / 3
+    results["watchdog"] = {
+        "round_trips_per_second": trips / elapsed,
+        "round_trips_per_100_locks_per_period": trips / elapsed * period / 100,
+        "renewer_cpu_percent": used / elapsed * 100,
+        "sampled_still_held": f"{alive}/{len(held[::500])}",
+    }
+    del Op
+
+
+def asyncio_contention(results: dict[str, Any]) -> None:
+    import redis.asyncio
+
+    from django_redlock import lock, locks
+
+    url = str(locks["default"].location)
+
+    async def run(make: Callable[[], Any]) -> dict[str, float]:
+        waits: list[float] = []
+
+        async def task() -> None:
+            held = make()
+            asked = time.monotonic()
+            await held.acquire()
+            waits.append(time.monotonic() - asked)
+            await held.release()
+
+        started = time.monotonic()
+        await asyncio.gather(*(task() for _ in range(200)))
+        elapsed = time.monotonic() - started
+        return {"per_second": 200 / elapsed, "p99_wait_ms": percentile(waits, 0.99) * 1000}
+
+    async def redis_py() -> dict[str, float]:
+        client = redis.asyncio.Redis.from_url(url, max_connections=300)
+        try:
+            return await run(lambda: client.lock("a:redis-py", timeout=30))
+        finally:
+            await client.aclose()
+
+    rounds: dict[str, list[dict[str, float]]] = {"ours": [], "redis-py asyncio Lock": []}
+    for _ in range(3):
+        rounds["ours"].append(asyncio.run(run(lambda: lock("a:ours", ttl=30))))
+        rounds["redis-py asyncio Lock"].append(asyncio.run(redis_py()))
+    results["asyncio"] = {
+        lib: {k: statistics.median(r[k] for r in values) for k in values[0]}
+        for lib, values in rounds.items()
+    }
+
+
+def memory(results: dict[str, Any], url: str) -> None:
+    import redis
+
+    from django_redlock import lock, locks
+
+    client, backend = redis.Redis.from_url(url), locks["default"]
+
+    def usage(name: str) -> int:
+        keys = [backend.key(name), backend.fence_key(name), backend.queue_key(name),
+                backend.deadlines_key(name)]  # fmt: skip
+        return sum(client.memory_usage(k) or 0 for k in keys)
+
+    sizes = {}
+    for kind, options in (
+        ("plain", {}),
+        ("reentrant", {"reentrant": True}),
+        ("fair", {"fair": True}),
+    ):
+        name = f"m:{kind}:invoice:42"
+        held = lock(name, **options)
+        held.acquire()
+        waiter = None
+        if kind == "fair":  # a fair lock with one waiter queued
+            waiter = threading.Thread(target=lambda n=name: lock(n, fair=True).acquire(timeout=3))
+            waiter.start()
+            time.sleep(0.3)
+        sizes[kind] = usage(name)
+        held.release()
+        if waiter is not None:
+            waiter.join()
+    results["memory"] = sizes
+
+
+def admin_listing(results: dict[str, Any]) -> None:
+    from django.contrib import admin
+    from django.contrib.auth.models import User
+    from django.test import RequestFactory
+
+    from django_redlock import locks
+    from django_redlock.admin import HeldLockAdmin
+    from django_redlock.backends.base import Kind, Op
+    from django_redlock.models import HeldLock
+
+    backend = locks["default"]
+    for start in range(0, 100_000, 5000):  # 100k held locks, 5,000 per pipelined round trip
+        ops = [backend.op_acquire(f"admin:{i}", secrets.token_urlsafe(16), 300_000, "bench", Kind())
+               for i in range(start, start + 5000)]  # fmt: skip
+        backend.execute(Op("admin", [op.request for op in ops], list))
+    model_admin = HeldLockAdmin(HeldLock, admin.site)
+    user = User(username="bench", is_superuser=True, is_staff=True, is_active=True)
+    times = []
+    for _ in range(5):
+        request = RequestFactory().get("/admin/django_redlock/heldlock/", {"backend": "default"})
+        request.user = user
+        started = time.perf_counter()
+        response = model_admin.changelist_view(request)
+        response.render()
+        times.append(time.perf_counter() - started)
+    rows = response.content.count(b'class="redlock-row"')
+    backend.client.flushdb()  # type: ignore[attr-defined]
+    results["admin"] = {"page_seconds": statistics.median(times), "rows_on_page": rows}
+
+
+def celery_overhead(results: dict[str, Any]) -> None:
+    from celery import Celery
+
+    from django_redlock import locks, single_instance
+
+    app = Celery("bench", broker="memory://", backend="cache+memory://", set_as_current=True)
+
+    @app.task(bind=True)
+    def plain(self: Any, n: int) -> int:
+        return n
+
+    @app.task(bind=True)
+    @single_instance(key="celery:{n}", ttl=30)
+    def guarded(self: Any, n: int) -> int:
+        return n
+
+    backend = locks["default"]
+    before = backend.round_trips
+    for i in range(200):
+        guarded.apply(args=(i,))
+    trips = (backend.round_trips - before) / 200
+    rates = interleaved({"undecorated": lambda: plain.apply(args=(1,)),
+                         "@single_instance": lambda: guarded.apply(args=(1,))})  # fmt: skip
+    overhead_us = (1 / rates["@single_instance"] - 1 / rates["undecorated"]) * 1e6
+    results["celery"] = {"round_trips": trips, "overhead_us": overhead_us, "rates": rates}
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**missed**"
+
+
+def report(results: dict[str, Any], environment: dict[str, str], took: float) -> str:
+    u = results["uncontended"]
+    r = u["rates"]
+    ours = r["ours"]
+    q = results["quorum"]
+    z, h = results["contended_zero"], results["contended_10ms"]
+    w, a, m = results["watchdog"], results["asyncio"], results["memory"]
+    ad, c = results["admin"], results["celery"]
+    rows = [
+        ("uncontended acquire+release, single node", "cycles/s",
+         f"ours {ours:,.0f}; raw {r['raw SET NX PX + EVALSHA']:,.0f}; redis-py {r['redis-py Lock']:,.0f}; "
+         f"python-redis-lock {r['python-redis-lock']:,.0f}",
+         f"≥ 0.95 × raw: {ours / r['raw SET NX PX + EVALSHA']:.2f} × {verdict(ours >= 0.95 * r['raw SET NX PX + EVALSHA'])}; "
+         f"≥ 1.0 × redis-py: {ours / r['redis-py Lock']:.2f} × {verdict(ours >= r['redis-py Lock'])}; "
+         f"≥ 1.0 × python-redis-lock: {ours / r['python-redis-lock']:.2f} × {verdict(ours >= r['python-redis-lock'])}; "
+         f"2 round trips: {u['round_trips']:.2f} {verdict(abs(u['round_trips'] - 2) < 1e-9)}"),
+        ("uncontended, Redlock N=5", "cycles/s",
+         f"ours {q['ours Redlock N=5']:,.0f}; pottery {q['pottery Redlock N=5']:,.0f}; ours single {q['ours single node']:,.0f}",
+         f"≥ 5 × pottery: {q['ours Redlock N=5'] / q['pottery Redlock N=5']:.1f} × {verdict(q['ours Redlock N=5'] >= 5 * q['pottery Redlock N=5'])}; "
+         f"≥ 0.5 × single: {q['ours Redlock N=5'] / q['ours single node']:.2f} × {verdict(q['ours Redlock N=5'] >= 0.5 * q['ours single node'])}"),
+        ("contended, 8 processes, zero-length hold", "acq/s; hand-off p50/p99; worst wait; commands/acq",
+         "<br>".join(f"{lib}: {s['per_second']:,.0f}/s; {s['handoff_p50_ms']:.2f}/{s['handoff_p99_ms']:.2f} ms; "
+                     f"worst {s['worst_wait_ms']:.0f} ms; {s['commands_per_acquisition']:.1f} cmds" for lib, s in z.items()),
+         f"hand-off p50 < 1 ms: {z['ours']['handoff_p50_ms']:.2f} ms {verdict(z['ours']['handoff_p50_ms'] < 1)}; "
+         f"commands ≤ 5: {z['ours']['commands_per_acquisition']:.1f} {verdict(z['ours']['commands_per_acquisition'] <= 5)}; "
+         f"fair worst wait ≤ 2 × FIFO ideal ({z['ours-fair']['fifo_ideal_ms']:.0f} ms): {z['ours-fair']['worst_wait_ms']:.0f} ms "
+         f"{verdict(z['ours-fair']['worst_wait_ms'] <= 2 * z['ours-fair']['fifo_ideal_ms'])}"),
+        ("contended, 8 processes, 10 ms hold", "acq/s vs the 100/s ideal",
+         "<br>".join(f"{lib}: {s['per_second']:.1f}/s ({s['per_second'] / 100:.2f} × ideal), worst wait {s['worst_wait_ms']:.0f} ms"
+                     for lib, s in h.items()),
+         f"≥ 0.95 × ideal: {h['ours']['per_second'] / 100:.2f} × {verdict(h['ours']['per_second'] >= 95)}"),
+        ("watchdog, 10,000 held locks, ttl 3 s", "round trips; renewer CPU",
+         f"{w['round_trips_per_second']:.1f} round trips/s = {w['round_trips_per_100_locks_per_period']:.3f} per 100 locks per period; "
+         f"CPU {w['renewer_cpu_percent']:.1f} % of a core; still held {w['sampled_still_held']}",
+         f"≤ 1 per 100 locks per period {verdict(w['round_trips_per_100_locks_per_period'] <= 1)}; "
+         f"CPU < 5 % {verdict(w['renewer_cpu_percent'] < 5)}"),
+        ("asyncio, 200 tasks on one lock", "acq/s; p99 wait",
+         "<br>".join(f"{lib}: {s['per_second']:,.0f}/s; p99 {s['p99_wait_ms']:.0f} ms" for lib, s in a.items()),
+         f"report: ours {a['ours']['per_second'] / a['redis-py asyncio Lock']['per_second']:.1f} × redis-py's rate"),
+        ("memory per held lock in Redis", "MEMORY USAGE of all its keys",
+         f"plain {m['plain']} B; reentrant {m['reentrant']} B; fair (one waiter) {m['fair']} B",
+         f"plain ≤ 200 B {verdict(m['plain'] <= 200)}"),
+        ("admin listing, 100,000 held locks", "one changelist page",
+         f"{ad['page_seconds'] * 1000:.0f} ms for {ad['rows_on_page']} rows",
+         f"< 1 s {verdict(ad['page_seconds'] < 1)}"),
+        ("Celery `@single_instance` overhead", "extra round trips; µs per task",
+         f"{c['round_trips']:.1f} round trips; {c['overhead_us']:.0f} µs per task (`task.apply`)",
+         f"≤ 2 round trips {verdict(c['round_trips'] <= 2)}"),
+    ]  # fmt: skip
+    table = "\n".join(f"| {a} | {b} | {c_} | {d} |" for a, b, c_, d in rows)
+    env = "\n".join(f"- {k}: {v}" for k, v in environment.items())
+    return f"""# Benchmarks
+
+Generated by `make bench` ({took:.0f} s). Every library ran on the same redis-server(s) in the
+same run, the libraries taking turns ({ROUNDS} rounds of {SECONDS:g} s for the in-process
+scenarios, 2 rounds of 2.5 s with 8 processes for the contended ones); figures are medians.
+Absolute numbers on a shared 2-core machine are noise: read the ratios.
+
+| scenario | measure | result | target |
+|---|---|---|---|
+{table}
+
+![hand-off latency and worst waits](results.png)
+
+How each figure is taken (`bench/run.py`, `bench/contender.py`):
+
+- *raw* is the floor: `SET NX PX` + a compare-and-delete `EVALSHA`, on our backend's own client.
+- Round trips are counted by the backend; *commands per acquisition* are the commands each
+  contending process sent (counted in redis-py's connection), divided by its acquisitions.
+- Hand-off latency: from one holder's release call to the next holder's acquisition,
+  across processes (one monotonic clock). *FIFO ideal* worst wait: 7 hand-off cycles.
+- redis-py's `Lock` polls every 0.1 s while it waits, python-redis-lock waits on `BLPOP`,
+  pottery polls with random sleeps; we wait on pub/sub.
+- Memory: `MEMORY USAGE` of the lock's keys (the lock, its fence counter, and a fair lock's
+  queue and deadlines), with this machine's host name and thread name in the holder field
+  (about a byte per character of each).
+- Admin: one rendered changelist page (`SCAN` page + one pipelined inspect) with 100,000
+  held locks in the backend.
+
+## Machine and versions
+
+{env}
+"""
+
+
+def plot(results: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    zero = results["contended_zero"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for lib, summary in zero.items():
+        values = sorted(summary["handoffs_ms"])
+        if values:
+            left.plot(values, [i / len(values) for i in range(len(values))], label=lib)
+    left.set_xscale("log")
+    left.set_xlabel("hand-off latency, ms (log)")
+    left.set_ylabel("share of hand-offs")
+    left.set_title("8 processes, zero-length hold: hand-off latency (CDF)")
+    left.legend()
+    libs = list(zero)
+    right.bar(libs, [zero[lib]["worst_wait_ms"] for lib in libs])
+    right.axhline(zero["ours-fair"]["fifo_ideal_ms"], color="gray", linestyle="--",
+                  label="FIFO ideal")  # fmt: skip
+    right.set_ylabel("worst wait, ms")
+    right.set_title("worst wait of one acquisition (starvation)")
+    right.legend()
+    plt.setp(right.get_xticklabels(), rotation=20, ha="right")
+    fig.tight_layout()
+    fig.savefig(HERE / "results.png", dpi=110)
+
+
+def environment(server: Any) -> dict[str, str]:
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    info = server.client().info("server")
+    return {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "redis-server": f"{info['redis_version']} ({info.get('mem_allocator', '?')} allocator)",
+        **{p: version(p) for p in ("django-redlock", "redis", "hiredis", "Django", "celery",
+                                   "python-redis-lock", "pottery")},
+    }  # fmt: skip
+
+
+def main() -> None:
+    from django_redlock.testing import RedisServer
+
+    started = time.monotonic()
+    single = RedisServer().start()
+    nodes = [RedisServer().start() for _ in range(5)]
+    try:
+        setup(single.url, [n.url for n in nodes])
+        results: dict[str, Any] = {}
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("uncontended", lambda: uncontended(results)),
+            ("quorum", lambda: quorum(results, [n.url for n in nodes])),
+            ("contended, zero hold", lambda: contended(
+                results, single.url, 0.0,
+                ["ours", "ours-fair", "redis-py", "python-redis-lock", "pottery"], "contended_zero")),
+            ("contended, 10 ms hold", lambda: contended(
+                results, single.url, 0.01, ["ours", "ours-fair", "redis-py", "python-redis-lock"],
+                "contended_10ms")),
+            ("watchdog", lambda: watchdog(results)),
+            ("asyncio", lambda: asyncio_contention(results)),
+            ("memory", lambda: memory(results, single.url)),
+            ("admin listing", lambda: admin_listing(results)),
+            ("celery", lambda: celery_overhead(results)),
+        ]  # fmt: skip
+        for title, step in steps:
+            began = time.monotonic()
+            step()
+            print(f"bench: {title} done in {time.monotonic() - began:.0f} s", flush=True)
+        (HERE / "results.json").write_text(json.dumps(
+            {k: v for k, v in results.items()}, indent=2, default=str))  # fmt: skip
+        plot(results)
+        text = report(results, environment(single), time.monotonic() - started)
+        (HERE / "README.md").write_text(text)
+        print(text)
+    finally:
+        for server in [single, *nodes]:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
