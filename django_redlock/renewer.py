@@ -10,6 +10,8 @@ TTL runs out, is reported lost to every Lock object that holds it.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 import os
 import threading
@@ -49,6 +51,13 @@ class Renewer:
     def __init__(self) -> None:
         self._entries: dict[HoldKey, _Entry] = {}
         self._mutex = threading.RLock()
+        # (due, serial, key): the next renewals in order. An item whose entry is gone or has
+        # a new due time is stale and skipped, so rescheduling is just another push.
+        self._schedule: list[tuple[float, int, HoldKey]] = []
+        self._serial = itertools.count()
+
+    def _plan(self, key: HoldKey, entry: _Entry) -> None:
+        heapq.heappush(self._schedule, (entry.due, next(self._serial), key))
 
     def add(self, lock: Lock, renewal: Renewal, max_hold: float | None) -> None:
         now = time.monotonic()
@@ -68,6 +77,7 @@ class Renewer:
                 )
                 if previous is not None:
                     entry.locks.update(previous.locks)
+                self._plan(key, entry)
             entry.locks.add(lock)
         self._wake(entry.due)
 
@@ -87,28 +97,38 @@ class Renewer:
         """A hold falls due at ``due``: make sure the runner looks at it in time."""
 
     def _next(self) -> list[list[tuple[HoldKey, _Entry]]] | float:
-        """Groups of due holds (one per backend), or how long to sleep until one is due."""
+        """Groups of due holds (one per backend), or how long to sleep until one is due.
+
+        Only the holds that are due are looked at (a heap), so 10,000 held locks cost little
+        more than 10.
+        """
         now = time.monotonic()
+        groups: dict[int, list[tuple[HoldKey, _Entry]]] = defaultdict(list)
         with self._mutex:
-            for key in [k for k, e in self._entries.items() if not e.locks]:
-                del self._entries[key]  # every Lock object holding it was garbage-collected
-            if not self._entries:
+            schedule = self._schedule
+            while schedule:
+                due, _, key = schedule[0]
+                entry = self._entries.get(key)
+                if entry is None or entry.due != due:
+                    heapq.heappop(schedule)  # stale: released, or rescheduled since
+                    continue
+                if groups:  # taking more: those due within half an interval line up
+                    if due > now + entry.interval / 2:
+                        break
+                elif due > now:
+                    return due - now
+                heapq.heappop(schedule)
+                if not entry.locks:
+                    del self._entries[key]  # every Lock object holding it was collected
+                elif entry.stop_at is not None and entry.stop_at <= now:
+                    del self._entries[key]  # capped: the hold now runs out at its TTL
+                else:
+                    groups[id(entry.backend)].append((key, entry))
+            if not groups:
                 # Idle: look again in a second, so that a new hold (due in TTL/3) rarely
                 # needs to wake the thread early (see ThreadRenewer._wake).
                 return IDLE_WAKE
-            first = min(entry.due for entry in self._entries.values())
-            if first > now:
-                return first - now
-            groups: dict[int, list[tuple[HoldKey, _Entry]]] = defaultdict(list)
-            for key, entry in list(self._entries.items()):
-                if entry.stop_at is not None and entry.stop_at <= now:
-                    del self._entries[key]  # capped: the hold now runs out at its TTL
-                # Take the holds due within half an interval as well, so they line up.
-                elif entry.due <= now + entry.interval / 2:
-                    groups[id(entry.backend)].append((key, entry))
-        return [
-            group[i : i + BATCH] for group in groups.values() for i in range(0, len(group), BATCH)
-        ]
+        return [g[i : i + BATCH] for g in groups.values() for i in range(0, len(g), BATCH)]
 
     def _settle(
         self, group: list[tuple[HoldKey, _Entry]], results: list[bool] | Exception, started: float
@@ -124,6 +144,7 @@ class Renewer:
                 if result is True:
                     entry.due = started + entry.interval
                     entry.confirmed_until = started + entry.renewal.ttl_ms / 1000
+                    self._plan(key, entry)
                     continue
                 if result is False:
                     reason = "it expired or was released by someone else"
@@ -131,6 +152,7 @@ class Renewer:
                     reason = f"renewals failed until the TTL ran out ({result})"
                 else:  # try again soon; the hold is still ours for a while
                     entry.due = now + min(entry.interval / 4, 1.0)
+                    self._plan(key, entry)
                     continue
                 del self._entries[key]
                 lost.append((list(entry.locks), entry.renewal.token, reason))
@@ -193,6 +215,7 @@ class ThreadRenewer(Renewer):
         self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
         self._entries = {}
+        self._schedule = []
         self._thread = None
         self._wakes_at = 0.0
 
