@@ -495,6 +495,13 @@ How each figure is taken (`bench/run.py`, `bench/contender.py`):
 """
 
 
+def without_samples(results: dict[str, Any]) -> dict[str, Any]:
+    """The figures, without the raw hand-off samples (the plot has them)."""
+    if isinstance(results, dict):
+        return {k: without_samples(v) for k, v in results.items() if k != "handoffs_ms"}
+    return results
+
+
 def plot(results: dict[str, Any]) -> None:
     import matplotlib
 
@@ -569,8 +576,7 @@ def main() -> None:
             began = time.monotonic()
             step()
             print(f"bench: {title} done in {time.monotonic() - began:.0f} s", flush=True)
-        (HERE / "results.json").write_text(json.dumps(
-            {k: v for k, v in results.items()}, indent=2, default=str))  # fmt: skip
+        (HERE / "results.json").write_text(json.dumps(without_samples(results), indent=2))
         plot(results)
         text = report(results, environment(single), time.monotonic() - started)
         (HERE / "README.md").write_text(text)

@@ -190,13 +190,19 @@ class ReleaseHub:
             self._unsubscribe(channel)
 
     def notify(self, channel: str) -> None:
-        """A release: wake the longest-waiting waiter that is not already about to try."""
+        """A release: wake the longest-waiting waiter that is not already about to try.
+
+        If every waiter is about to try already, the release may have come after their try
+        read the lock: wake the first one again, so it tries once more instead of sleeping
+        on a stale TTL (its wake-up stays pending until it waits).
+        """
         with self._mutex:
-            chosen = next((w for w in self._waiters.get(channel, ()) if not w.baton), None)
-            if chosen is not None:
-                chosen.baton = True
-        if chosen is not None:
-            chosen.wake()
+            group = self._waiters.get(channel)
+            if not group:
+                return
+            chosen = next((w for w in group if not w.baton), None) or next(iter(group))
+            chosen.baton = True
+        chosen.wake()
 
     def notify_all(self) -> None:
         """Something may have been missed (a lost connection): everyone looks again."""
