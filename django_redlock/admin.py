@@ -67,9 +67,8 @@ def _selected(request: HttpRequest) -> list[tuple[str, str]]:
     return chosen
 
 
-@admin.register(HeldLock)
-class HeldLockAdmin(admin.ModelAdmin):
-    """Rows come from the backends (``SCAN``-paged), not from a table."""
+class ReadOnly:
+    """Nothing here is added, changed or deleted through the admin's forms."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -79,6 +78,11 @@ class HeldLockAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(HeldLock)
+class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
+    """Rows come from the backends (``SCAN``-paged), not from a table."""
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("django_redlock.force_release"))
@@ -202,17 +206,8 @@ class HeldLockAdmin(admin.ModelAdmin):
 
 
 @admin.register(LockIncident)
-class LockIncidentAdmin(admin.ModelAdmin):
+class LockIncidentAdmin(ReadOnly, admin.ModelAdmin):
     list_display = ("created_at", "kind", "name", "backend", "user", "detail")
     list_filter = ("kind", "backend", "created_at")
     search_fields = ("name", "detail")
     date_hierarchy = "created_at"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
