@@ -43,6 +43,8 @@ def test_class_based_view() -> None:
 def test_redis_down_answers_503() -> None:
     response = Client().get("/checkout-down/?cart=1")
     assert response.status_code == 503
+    response = asyncio.run(AsyncClient().get("/checkout-down-async/3/"))
+    assert response.status_code == 503 and response.content != b"ran"
 
 
 def test_bad_lock_view_arguments() -> None:

@@ -32,6 +32,11 @@ def checkout_down(request: HttpRequest) -> HttpResponse:
     return HttpResponse("ran")
 
 
+@lock_view("checkout:{user_id}", using="down")
+async def checkout_down_async(request: HttpRequest, user_id: int) -> HttpResponse:
+    return HttpResponse("ran")
+
+
 @method_decorator(lock_view("report:{request.method}"), name="dispatch")
 class ReportView(View):
     def get(self, request: HttpRequest) -> HttpResponse:
@@ -45,5 +50,6 @@ urlpatterns = [
     path("checkout/<int:user_id>/", checkout),
     path("checkout-async/<int:user_id>/", checkout_async),
     path("checkout-down/", checkout_down),
+    path("checkout-down-async/<int:user_id>/", checkout_down_async),
     path("report/", ReportView.as_view()),
 ]
