@@ -242,7 +242,6 @@ def median_summary(values: list[dict[str, Any]]) -> dict[str, Any]:
 
 def watchdog(results: dict[str, Any]) -> None:
     from django_redlock import lock, locks
-    from django_redlock.backends.base import Op
 
     backend = locks["default"]
     held = [lock(f"w:{i}", ttl=3) for i in range(10_000)]
@@ -271,7 +270,6 @@ def watchdog(results: dict[str, Any]) -> None:
         "renewer_cpu_percent": used / elapsed * 100,
         "sampled_still_held": f"{alive}/{len(held[::500])}",
     }
-    del Op
 
 
 def asyncio_contention(results: dict[str, Any]) -> None:
