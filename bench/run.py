@@ -618,10 +618,16 @@ def main() -> None:
             ("admin listing", lambda: admin_listing(results)),
             ("celery", lambda: celery_overhead(results)),
         ]  # fmt: skip
+        only = os.environ.get("BENCH_ONLY")  # e.g. BENCH_ONLY=watchdog: a quick side run
         for title, step in steps:
+            if only and only not in title:
+                continue
             began = time.monotonic()
             step()
             print(f"bench: {title} done in {time.monotonic() - began:.0f} s", flush=True)
+        if only:
+            print(json.dumps(without_samples(results), indent=2))
+            return
         (HERE / "results.json").write_text(json.dumps(without_samples(results), indent=2))
         plot(results)
         text = report(results, environment(single), time.monotonic() - started)

@@ -9,7 +9,8 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_redlock import lock, locks
-from django_redlock.renewer import thread_renewer
+from django_redlock.backends.base import Renewal
+from django_redlock.renewer import IDLE_WAKE, Renewer, thread_renewer
 
 
 def test_one_renewer_thread_for_many_locks(alias: str, name: str) -> None:
@@ -52,3 +53,44 @@ def _renew_a_thousand(alias: str, name: str) -> None:
     for each in held:
         each.release()
     assert len(thread_renewer) == 0
+
+
+def test_a_hold_joining_a_batch_emptied_meanwhile_is_still_renewed(name: str) -> None:
+    # The schedule works on batches ("buckets") of holds. A batch whose holds were all
+    # released loses its place in the schedule; one that is joined again must get it back.
+    renewer = Renewer()  # no runner thread: the test drives the schedule itself
+    first, second = (lock(f"{name}:{i}", using="redis", ttl=0.3, auto_renew=False) for i in "ab")
+    first.acquire()
+    token = first._holds[""].token
+    renewer.add(first, Renewal(first.name, token, 300), None)
+    renewer.remove(first, token)
+    assert renewer._next() == IDLE_WAKE  # the emptied batch is dropped from the schedule
+    second.acquire()
+    renewer.add(second, Renewal(second.name, second._holds[""].token, 300), None)
+    time.sleep(0.11)  # a third of the TTL
+    due = renewer._next()
+    assert not isinstance(due, float), due
+    [(bucket, entries, renewals)] = due
+    assert [r.name for r in renewals] == [second.name]
+    renewer._settle(bucket, entries, bucket.backend.renew_many(renewals), time.monotonic())
+    assert second.ttl() > 0.25
+    second.release()
+
+
+def test_a_batch_that_finds_holds_gone_reports_only_those(name: str) -> None:
+    renewer = Renewer()
+    held = [lock(f"{name}:{i}", using="redis", ttl=0.3, auto_renew=False) for i in range(5)]
+    for each in held:
+        each.acquire()
+        renewer.add(each, Renewal(each.name, each._holds[""].token, 300), None)
+    locks["redis"].force_release(held[2].name)
+    time.sleep(0.11)
+    due = renewer._next()
+    assert not isinstance(due, float), due
+    [(bucket, entries, renewals)] = due
+    renewer._settle(bucket, entries, bucket.backend.renew_many(renewals), time.monotonic())
+    assert [each.owned() for each in held] == [True, True, False, True, True]
+    assert "released by someone else" in str(held[2].lost)
+    assert len(renewer) == 4
+    for each in held[:2] + held[3:]:
+        each.release()

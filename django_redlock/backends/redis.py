@@ -176,9 +176,13 @@ class RedisBackend(BaseLockBackend):
         return Op(name, Call(script("extend"), [self.key(name)], [token, ttl_ms]), bool)
 
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
-        # One script call for the whole batch: the client packs one command, not hundreds.
+        # One script call for the whole batch, with the tokens (and the TTL, the same for a
+        # whole batch of the watchdog) in one argument each: packing arguments costs the client
+        # more than anything else in a renewal.
         keys = [self.key(r.name) for r in renewals]
-        args = [value for r in renewals for value in (r.token, r.ttl_ms)]
+        ttls = {r.ttl_ms for r in renewals}
+        ttl = str(ttls.pop()) if len(ttls) == 1 else "|".join(str(r.ttl_ms) for r in renewals)
+        args = ["|".join([r.token for r in renewals]), ttl]
         name = renewals[0].name if renewals else ""
         return Op(name, Call(script("renew"), keys, args), _renewed)
 
@@ -274,6 +278,8 @@ def _attempt(reply: Any) -> Attempt:
 
 def _renewed(replies: list[Any]) -> list[bool]:
     """renew.lua's list of 0/1, or a pipeline's replies, one per lock."""
+    if replies.count(1) == len(replies):  # the common case, in C: all extended (1 or True)
+        return [True] * len(replies)
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
