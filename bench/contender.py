@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--start", required=True, help="a key whose appearance starts the run")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--hold", type=float, default=0.0)
+    parser.add_argument("--contenders", type=int, default=8)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     new_lock = make_lock(args.lib, args.url, args.name)
@@ -93,7 +94,13 @@ def main() -> None:
         held.release()
         spans.append((got, released))
         waits.append(got - asked)
-    print(json.dumps({"spans": spans, "waits": waits, "sent": SENT[0]}), flush=True)
+    sent = SENT[0]
+    # Stay quiet until every contender is done: processes exiting (and printing) while the
+    # others still contend would take CPU from them and lengthen their last waits.
+    starter.incr(f"{args.start}:done")
+    while int(starter.get(f"{args.start}:done") or 0) < args.contenders:
+        time.sleep(0.01)
+    print(json.dumps({"spans": spans, "waits": waits, "sent": sent}), flush=True)
 
 
 if __name__ == "__main__":

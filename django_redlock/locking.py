@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 from .backends.base import Attempt, BaseLockBackend, Kind, Op, Renewal
 from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .identity import holder_meta, new_token, owner_id
+from .identity import holder_meta, new_token, new_waiter_id, owner_id
 from .renewer import Renewer, loop_renewer, thread_renewer
 from .signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from .validation import check_name, check_optional_seconds, to_ms
@@ -41,7 +41,8 @@ WAITER_LEASE = 5.0
 
 
 class _Watch(NamedTuple):
-    channel: str
+    channel: str  # the lock's release channel, or the waiter's id
+    by_id: bool
 
 
 class _Sleep(NamedTuple):
@@ -151,7 +152,7 @@ class Lock:
                 elif isinstance(step, _Sleep):
                     reply = step.waiter.wait(step.seconds)
                 elif isinstance(step, _Watch):
-                    watching = backend.hub.watch(step.channel)
+                    watching = backend.hub.watch(*step)
                     reply = (watching, watching.__enter__())
                 else:
                     step.handle[0].__exit__(None, None, None)
@@ -172,7 +173,7 @@ class Lock:
                 elif isinstance(step, _Sleep):
                     reply = await step.waiter.wait(step.seconds)
                 elif isinstance(step, _Watch):
-                    watching = backend.hub.awatch(step.channel)
+                    watching = backend.hub.awatch(*step)
                     reply = (watching, await watching.__aenter__())
                 else:
                     await step.handle[0].__aexit__(None, None, None)
@@ -199,13 +200,14 @@ class Lock:
         started = time.monotonic()
         token = owner if kind.reentrant else f"{self.token_prefix or ''}{new_token()}"
         ttl_ms, meta = to_ms(self.lock_ttl), holder_meta(fair=kind.fair)
-        waiter = new_token() if kind.fair else None
         attempt = Attempt(False)
         try:
-            # One try that never queues; only a waiter joins a fair lock's queue.
-            attempt = yield backend.op_acquire(name, token, ttl_ms, meta, kind, waiter)
+            # One try that never queues or registers: only a waiter does.
+            attempt = yield backend.op_acquire(name, token, ttl_ms, meta, kind)
             if not attempt.acquired and blocking and timeout != 0:
                 deadline = None if timeout is None else started + timeout
+                # A waiter with an id is woken by that id alone; else by the release channel.
+                waiter = new_waiter_id() if kind.fair or backend.wakes_one else None
                 attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline)
         except Exception:
             raise
@@ -228,15 +230,17 @@ class Lock:
     ) -> Steps[Attempt]:
         """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly."""
         backend, name, kind = self.backend, self.name, self.kind
-        fair = waiter is not None
-        channel = backend.wake_channel(name, waiter) if waiter else backend.channel(name)
-        handle = yield _Watch(channel)
+        fair = kind.fair
+        handle = yield _Watch(waiter, True) if waiter else _Watch(backend.channel(name), False)
         attempt = Attempt(False)
         try:
             while True:
                 # Registered before this try, so a release right after it still wakes us.
                 remaining = float("inf") if deadline is None else deadline - time.monotonic()
-                wait_ms = to_ms(min(max(remaining, 0.0), WAITER_LEASE)) if fair else -1
+                if fair:  # the queue keeps our place until then
+                    wait_ms = to_ms(min(max(remaining, 0.0), WAITER_LEASE))
+                else:  # registered (with an id) or not
+                    wait_ms = 0 if waiter else -1
                 attempt = yield backend.op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms)
                 handle[1].baton = False  # tried: a wake-up we were handed is used up
                 if attempt.acquired:
@@ -250,9 +254,9 @@ class Lock:
                     pause = min(pause, WAITER_LEASE / 2)
                 yield _Sleep(handle[1], min(pause, remaining))
         finally:
-            if fair and not attempt.acquired:
+            if waiter and not attempt.acquired:
                 with contextlib.suppress(Exception):
-                    yield backend.op_leave(name, waiter or "")
+                    yield backend.op_leave(name, waiter)
             yield _Unwatch(handle)
 
     def _record(self, owner: str, token: str, ttl_ms: int, attempt: Attempt) -> None:
@@ -264,7 +268,7 @@ class Lock:
             self._lost = None
         if self.auto_renew and hold.renewer is None:
             hold.renewer = loop_renewer() if _in_event_loop() else thread_renewer
-            hold.renewer.add(self, Renewal(self.name, token, ttl_ms), self.max_hold)
+            hold.renewer.soon(self, Renewal(self.name, token, ttl_ms), self.max_hold)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
             lock_acquired.send_robust(sender=Lock, lock=self, fence=attempt.fence)
@@ -291,9 +295,13 @@ class Lock:
         return owner, hold
 
     def _stop_renewing(self, hold: _Hold) -> None:
-        if hold.renewer is not None:
-            hold.renewer.remove(self, hold.token)
-            hold.renewer = None
+        renewer, hold.renewer = hold.renewer, None  # first: a hold still pending stays out
+        if renewer is not None:
+            renewer.remove(self, hold.token)
+
+    def _renewed_by(self, renewer: Renewer, token: str) -> bool:
+        """Whether a hold with this token is held and meant to be renewed by ``renewer``."""
+        return any(h.token == token and h.renewer is renewer for h in self._holds.values())
 
     def _release(self) -> Steps[None]:
         owner, hold = self._held()

@@ -19,6 +19,7 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -96,6 +97,7 @@ class Renewer:
         heapq.heappush(self._schedule, (bucket.due, next(self._serial), bucket))
 
     def _join(self, key: HoldKey, entry: _Entry, backend: BaseLockBackend, now: float) -> None:
+        """Put a hold taken at ``now`` into a batch: the open one, or a new one."""
         ttl_ms = entry.renewal.ttl_ms
         bucket = self._open.get((id(backend), ttl_ms))
         if bucket is None or now > bucket.closes or len(bucket.members) >= BATCH:
@@ -124,24 +126,31 @@ class Renewer:
         return entry
 
     def add(self, lock: Lock, renewal: Renewal, max_hold: float | None) -> None:
-        now = time.monotonic()
-        key = (id(lock.backend), renewal.name, renewal.token)
+        """Renew a hold from now on (a new TTL replaces the hold's old one)."""
         with self._mutex:
-            entry = self._entries.get(key)
-            if entry is None or entry.renewal.ttl_ms != renewal.ttl_ms:
-                previous = self._drop(key) if entry is not None else None
-                stop_at = None if max_hold is None else now + max_hold
-                entry = self._entries[key] = _Entry(renewal, stop_at)
-                if previous is not None:
-                    entry.locks.update(previous.locks)
-                self._join(key, entry, lock.backend, now)
-                if stop_at is not None:
-                    heapq.heappush(self._caps, (stop_at, next(self._serial), key))
-            if lock not in entry.locks:
-                entry.locks.add(lock)
-                entry.watches.append(weakref.ref(lock, self._on_collected))
-            due = entry.bucket.due if entry.bucket is not None else now
+            due = self._add(lock, renewal, max_hold, time.monotonic())
         self._wake(due)
+
+    def soon(self, lock: Lock, renewal: Renewal, max_hold: float | None) -> None:
+        """Renew a hold just taken, unless it is released before its first renewal."""
+        self.add(lock, renewal, max_hold)
+
+    def _add(self, lock: Lock, renewal: Renewal, max_hold: float | None, now: float) -> float:
+        key = (id(lock.backend), renewal.name, renewal.token)
+        entry = self._entries.get(key)
+        if entry is None or entry.renewal.ttl_ms != renewal.ttl_ms:
+            previous = self._drop(key) if entry is not None else None
+            stop_at = None if max_hold is None else now + max_hold
+            entry = self._entries[key] = _Entry(renewal, stop_at)
+            if previous is not None:
+                entry.locks.update(previous.locks)
+            self._join(key, entry, lock.backend, now)
+            if stop_at is not None:
+                heapq.heappush(self._caps, (stop_at, next(self._serial), key))
+        if lock not in entry.locks:
+            entry.locks.add(lock)
+            entry.watches.append(weakref.ref(lock, self._on_collected))
+        return entry.bucket.due if entry.bucket is not None else now
 
     def remove(self, lock: Lock, token: str) -> None:
         key = (id(lock.backend), lock.name, token)
@@ -158,10 +167,14 @@ class Renewer:
     def _wake(self, due: float) -> None:
         """A hold falls due at ``due``: make sure the runner looks at it in time."""
 
+    def _take_pending(self) -> None:
+        """Start renewing the holds of :meth:`soon` that are still held (called locked)."""
+
     def _next(self) -> list[tuple[_Bucket, list[_Entry], list[Renewal]]] | float:
         """The buckets due now, or how long to sleep until one is due."""
         now = time.monotonic()
         with self._mutex:
+            self._take_pending()
             while self._caps and self._caps[0][0] <= now:
                 stop_at, _, key = heapq.heappop(self._caps)
                 entry = self._entries.get(key)
@@ -181,7 +194,7 @@ class Renewer:
                 if at > now:
                     if due:
                         break
-                    return at - now
+                    return min(at - now, IDLE_WAKE)  # a second at most: see soon()
                 heapq.heappop(schedule)
                 bucket.due = math.inf  # in flight: any other item of it is stale
                 due.append((bucket, *bucket.snapshot()))
@@ -240,6 +253,28 @@ class ThreadRenewer(Renewer):
         self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
+        # Holds just taken, as (taken at, Lock, renewal, max_hold). Most holds are released
+        # long before their first renewal (TTL/3): those never cost more than this append.
+        self._pending: deque[tuple[float, weakref.ref[Lock], Renewal, float | None]] = deque()
+
+    def soon(self, lock: Lock, renewal: Renewal, max_hold: float | None) -> None:
+        taken = time.monotonic()
+        self._pending.append((taken, weakref.ref(lock), renewal, max_hold))
+        interval = renewal.ttl_ms / 3000
+        if interval < IDLE_WAKE or self._thread is None:
+            # The thread may sleep up to IDLE_WAKE before it looks at the pending holds:
+            # fine for TTLs of 3 s and more, a shorter one is due sooner.
+            self._wake(taken + interval)
+
+    def _take_pending(self) -> None:
+        pending = self._pending
+        while pending:
+            taken, ref, renewal, max_hold = pending.popleft()
+            lock = ref()
+            if lock is None or not lock._renewed_by(self, renewal.token):
+                continue  # released (or its Lock collected) before its first renewal
+            if (id(lock.backend), renewal.name, renewal.token) not in self._entries:
+                self._add(lock, renewal, max_hold, taken)  # (an extend may have added it)
 
     def _wake(self, due: float) -> None:
         with self._cond:
@@ -277,6 +312,7 @@ class ThreadRenewer(Renewer):
         self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
         self._entries = {}
+        self._pending = deque()
         self._open = {}
         self._schedule = []
         self._caps = []

@@ -59,7 +59,11 @@ class Call:
     args: Sequence[Any]
 
     def evalsha(self, client: Any) -> Any:
-        return client.evalsha(self.script.sha, len(self.keys), *self.keys, *self.args)
+        # execute_command, not client.evalsha(): that one checks for deprecated arguments on
+        # every call, a tenth of an uncontended acquire's client-side time.
+        return client.execute_command(
+            "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args
+        )
 
 
 def _is_noscript(result: object) -> bool:

@@ -1,9 +1,13 @@
 """Waking waiters the moment a lock is freed, without polling.
 
-A waiter registers on the lock's channel, re-tries once, then sleeps until a message on the
-channel or the holder's remaining TTL, whichever comes first. All waiters of a backend in one
-process, threads and asyncio tasks alike, share one :class:`ReleaseHub` (for Redis: one pub/sub
-connection read by one daemon thread; asyncio waiters are woken thread-safely on their loop).
+A waiter registers with the hub, re-tries once, then sleeps until it is woken or the holder's
+remaining TTL runs out, whichever comes first. It is woken either by its own id, which a
+release sends to its process's inbox channel (fair locks; plain locks on backends that wake
+one waiter), or by a message on the lock's release channel that every waiter of the lock
+hears. All waiters of a backend in one process, threads and asyncio tasks alike, share one
+:class:`ReleaseHub` (for Redis: one pub/sub connection read by one daemon thread, subscribed
+to the inbox once for the life of the process; asyncio waiters are woken thread-safely on
+their loop).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol
+
+from .identity import process_id
 
 logger = logging.getLogger("django_redlock")
 
@@ -143,9 +149,10 @@ class ReleaseHub:
         self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
 
     @contextlib.contextmanager
-    def watch(self, channel: str) -> Iterator[Waiter]:
+    def watch(self, channel: str, by_id: bool = False) -> Iterator[Waiter]:
+        """Wait on ``channel``: a lock's release channel, or (``by_id``) the waiter's own id."""
         waiter = Waiter()
-        confirmations = self.join(channel, waiter)
+        confirmations = self.join(channel, waiter, by_id)
         try:
             for confirmed in confirmations:
                 confirmed.wait(self.confirm_timeout)
@@ -154,9 +161,9 @@ class ReleaseHub:
             self.leave(channel, waiter)
 
     @contextlib.asynccontextmanager
-    async def awatch(self, channel: str) -> AsyncIterator[AsyncWaiter]:
+    async def awatch(self, channel: str, by_id: bool = False) -> AsyncIterator[AsyncWaiter]:
         waiter = AsyncWaiter()
-        confirmations = self.join(channel, waiter)
+        confirmations = self.join(channel, waiter, by_id)
         try:
             for confirmed in confirmations:
                 await confirmed.async_wait(self.confirm_timeout)
@@ -164,19 +171,19 @@ class ReleaseHub:
         finally:
             self.leave(channel, waiter)
 
-    def join(self, channel: str, waiter: AnyWaiter) -> list[Confirmation]:
+    def join(self, channel: str, waiter: AnyWaiter, by_id: bool = False) -> list[Confirmation]:
         """Register a waiter; returns the subscriptions to wait for before re-trying."""
-        confirmed = self._join(channel, waiter)
+        confirmed = self._join(channel, waiter, by_id)
         return [] if confirmed is None else [confirmed]
 
     def leave(self, channel: str, waiter: AnyWaiter) -> None:
         self._leave(channel, waiter)
 
-    def _join(self, channel: str, waiter: AnyWaiter) -> Confirmation | None:
+    def _join(self, channel: str, waiter: AnyWaiter, by_id: bool) -> Confirmation | None:
         with self._mutex:
             first = channel not in self._waiters
             self._waiters.setdefault(channel, {})[waiter] = None
-        return self._subscribe(channel, first)
+        return self._subscribe_inbox() if by_id else self._subscribe(channel, first)
 
     def _leave(self, channel: str, waiter: AnyWaiter) -> None:
         with self._mutex:
@@ -216,6 +223,10 @@ class ReleaseHub:
         """Called for every waiter; returns what to wait on before re-trying, if anything."""
         return None
 
+    def _subscribe_inbox(self) -> Confirmation | None:
+        """Called for every waiter woken by id (in-process hubs wake by id directly)."""
+        return None
+
     def _unsubscribe(self, channel: str) -> None:
         """Called when the last waiter of a channel leaves."""
 
@@ -231,11 +242,11 @@ class CompositeHub(ReleaseHub):
         self.hubs = hubs
         self.confirm_timeout = confirm_timeout
 
-    def join(self, channel: str, waiter: AnyWaiter) -> list[Confirmation]:
+    def join(self, channel: str, waiter: AnyWaiter, by_id: bool = False) -> list[Confirmation]:
         confirmations: list[Confirmation] = []
         for hub in self.hubs:
             try:
-                confirmations += hub.join(channel, waiter)
+                confirmations += hub.join(channel, waiter, by_id)
             except Exception as exc:  # a node that is down wakes nobody; the others do
                 logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
         return confirmations
@@ -251,10 +262,14 @@ _pubsub_hubs: weakref.WeakSet[PubSubHub] = weakref.WeakSet()
 class PubSubHub(ReleaseHub):
     """One pub/sub connection per backend per process, read by one daemon thread."""
 
-    def __init__(self, make_pubsub: Callable[[], Any], confirm_timeout: float) -> None:
+    def __init__(
+        self, make_pubsub: Callable[[], Any], confirm_timeout: float, inbox_prefix: str
+    ) -> None:
         super().__init__()
         self._make_pubsub = make_pubsub
         self.confirm_timeout = confirm_timeout
+        self._inbox_prefix = inbox_prefix
+        self._inbox: str | None = None  # subscribed once, for the life of the process
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
         self._confirmed: dict[str, Confirmation] = {}
@@ -275,9 +290,27 @@ class PubSubHub(ReleaseHub):
         # Only once the server confirmed can a re-try not miss the release message.
         return confirmed
 
+    def _subscribe_inbox(self) -> Confirmation | None:
+        with self._mutex:
+            if self._inbox is not None:
+                return self._confirmed.get(self._inbox)
+            inbox = self._inbox = f"{self._inbox_prefix}{process_id()}"
+            confirmed = self._confirmed[inbox] = Confirmation()
+            pubsub = self._ensure_started()
+        try:
+            pubsub.subscribe(inbox)
+        except Exception as exc:  # as in _subscribe; the next waiter subscribes again
+            logger.debug("redlock: subscribe to %s failed: %s", inbox, exc)
+            with self._mutex:
+                self._inbox = None
+                self._confirmed.pop(inbox, None)
+            return None
+        return confirmed
+
     def _unsubscribe(self, channel: str) -> None:
         with self._mutex:
-            self._confirmed.pop(channel, None)
+            if self._confirmed.pop(channel, None) is None:
+                return  # never subscribed: a waiter woken by id, through the inbox
             pubsub = self._pubsub
         if pubsub is not None:
             try:
@@ -314,7 +347,11 @@ class PubSubHub(ReleaseHub):
             if isinstance(channel, bytes):
                 channel = channel.decode()
             if message["type"] in ("message", "smessage"):
-                self.notify(channel)
+                if channel == self._inbox:  # addressed to one waiter, by its id
+                    data = message["data"]
+                    self.notify(data.decode() if isinstance(data, bytes) else data)
+                else:
+                    self.notify(channel)
             elif message["type"] in ("subscribe", "ssubscribe"):
                 with self._mutex:
                     confirmed = self._confirmed.get(channel)
@@ -334,6 +371,7 @@ class PubSubHub(ReleaseHub):
         # not be shared: start from nothing.
         self._pubsub = None
         self._thread = None
+        self._inbox = None  # the child has a process id of its own
         self._mutex = threading.Lock()
         self._waiters = {}
         self._confirmed = {}

@@ -127,8 +127,9 @@ def test_waiting_sends_no_commands_and_hands_off_in_milliseconds(
     holder.release()
     thread.join(5)
     assert during == 0  # no polling, however long the wait
-    # Try, subscribe, try again; then silence. (Commands inside scripts count too.)
-    assert calls["evalsha"] == 2 and calls["subscribe"] == 1
+    # Try, subscribe (only a process's first wait subscribes to its inbox), try again; then
+    # silence. (Commands inside scripts count too.)
+    assert calls["evalsha"] == 2 and calls.get("subscribe", 0) <= 1
     assert got and got[0] - released < 0.05
     waiter.release()
 

@@ -124,6 +124,11 @@ class BaseLockBackend:
     location_is_list: ClassVar[bool] = False
     #: Whether the backend needs a LOCATION at all.
     needs_location: ClassVar[bool] = True
+    #: Whether a release wakes only the earliest registered waiter of a plain lock (through
+    #: the waiter's process inbox), instead of every waiter on the lock's release channel.
+    #: It needs PUBLISH to count the receivers (to skip dead processes): not on a Cluster,
+    #: where the count covers one node, and not across Redlock's independent nodes.
+    wakes_one: ClassVar[bool] = False
 
     def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
         self.alias = alias
@@ -198,16 +203,20 @@ class BaseLockBackend:
     def deadlines_key(self, name: str) -> str:
         return f"{self.key(name)}:deadlines"
 
+    def waiting_key(self, name: str) -> str:
+        """The plain lock's registered waiters (backends that :attr:`wakes_one`)."""
+        return f"{self.key(name)}:waiting"
+
     def channel(self, name: str) -> str:
-        """Where a release is announced to every waiter of a lock."""
+        """Where a release is announced to every waiter of a lock (backends that do not
+        :attr:`wakes_one`)."""
         return f"{self.key(name)}:released"
 
-    def wake_prefix(self, name: str) -> str:
-        return f"{self.key(name)}:wake:"
-
-    def wake_channel(self, name: str, waiter: str) -> str:
-        """Where one waiter of a fair lock is told that it is its turn."""
-        return f"{self.wake_prefix(name)}{waiter}"
+    @property
+    def inbox_prefix(self) -> str:
+        """A process's inbox channel is this plus its process id: one channel per process
+        carries the wake-ups of all its waiters, addressed by waiter id."""
+        return f"{self.key_prefix}inbox:"
 
     def name_from_key(self, key: str) -> str | None:
         head = f"{self.key_prefix}{{"
@@ -231,7 +240,9 @@ class BaseLockBackend:
         waiter: str | None = None,
         wait_ms: int = -1,
     ) -> Op[Attempt]:
-        """Take the lock, or (fair, ``wait_ms >= 0``) queue for it until ``wait_ms``."""
+        """Take the lock. With ``wait_ms >= 0`` the caller is a waiter (``waiter`` is its id):
+        a fair lock queues it until ``wait_ms``; a plain lock on a backend that
+        :attr:`wakes_one` registers it to be woken by the next release."""
         raise NotImplementedError
 
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:

@@ -24,6 +24,8 @@ T = TypeVar("T")
 class RedisClusterBackend(RedisBackend):
     """LOCATION: the URL of any node of the cluster; the rest are discovered."""
 
+    wakes_one = False  # PUBLISH counts the receivers of one node only
+
     def _cluster_options(self) -> dict[str, Any]:
         return {**self.default_options, **self.options}
 

@@ -112,8 +112,7 @@ class LocMemBackend(BaseLockBackend):
     def _freed(self, store: _Store, name: str, now: float) -> list[str]:
         """Channels to wake when ``name`` is freed: everyone's, and the queue head's."""
         queue, _ = store.prune(name, now)
-        heads = [self.wake_channel(name, queue[0])] if queue else []
-        return [self.channel(name), *heads]
+        return [self.channel(name), *queue[:1]]  # a fair waiter is woken by its id
 
     # -- ops ---------------------------------------------------------------------------------
 
@@ -197,7 +196,7 @@ class LocMemBackend(BaseLockBackend):
                 del deadlines[waiter]
                 queue.remove(waiter)
             if store.live(name, now) is None and queue:
-                return None, [self.wake_channel(name, queue[0])]
+                return None, [queue[0]]
             return None, []
 
         return self._op(name, work)

@@ -41,6 +41,7 @@ def _flag(on: bool) -> str:
 class RedisBackend(BaseLockBackend):
     """Locks on one Redis through redis-py (with hiredis), on a connection pool of its own."""
 
+    wakes_one = True
     default_options: dict[str, Any] = {
         "socket_timeout": 2.0,
         "socket_connect_timeout": 2.0,
@@ -105,7 +106,9 @@ class RedisBackend(BaseLockBackend):
         if self._hub is None:
             with self._setup:
                 if self._hub is None:
-                    self._hub = PubSubHub(self.client.pubsub, self.socket_timeout)
+                    self._hub = PubSubHub(
+                        self.client.pubsub, self.socket_timeout, self.inbox_prefix
+                    )
         return self._hub
 
     # -- executing ops -----------------------------------------------------------------------
@@ -116,19 +119,23 @@ class RedisBackend(BaseLockBackend):
         try:
             yield
         except UNAVAILABLE as exc:
-            raise BackendUnavailable(
-                f"lock {name!r}: backend {self.describe()} is unavailable: {exc}"
-            ) from exc
+            raise self._unavailable(name, exc) from exc
+
+    def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
+        return BackendUnavailable(f"lock {name!r}: backend {self.describe()} is unavailable: {exc}")
 
     def execute(self, op: Op[T]) -> T:
         request, client = op.request, self.client
-        with self._io(op.name):
+        self.round_trips += 1
+        try:  # not `with self._io()`: this is every sync operation's path
             if isinstance(request, Call):
                 reply = scripts.run(client, request)
             elif isinstance(request, list):
                 reply = scripts.run_many(client, request)
             else:
                 reply = client.execute_command(*request)
+        except UNAVAILABLE as exc:
+            raise self._unavailable(op.name, exc) from exc
         return op.parse(reply)
 
     async def aexecute(self, op: Op[T]) -> T:
@@ -159,18 +166,17 @@ class RedisBackend(BaseLockBackend):
             self.fence_key(name),
             self.queue_key(name),
             self.deadlines_key(name),
+            self.waiting_key(name),
         ]
         args: list[Any] = [token, ttl_ms, meta, _flag(kind.reentrant), _flag(kind.fair),
-                           waiter or token, wait_ms, self.wake_prefix(name)]  # fmt: skip
+                           waiter or token, wait_ms, self.inbox_prefix]  # fmt: skip
         return Op(name, Call(script("acquire"), keys, args), _attempt)
 
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
-        keys = [self.key(name), self.channel(name)]
-        args = [token]
+        keys = [self.key(name), self.channel(name), self.waiting_key(name)]
         if kind.fair:
             keys += [self.queue_key(name), self.deadlines_key(name)]
-            args.append(self.wake_prefix(name))
-        return Op(name, Call(script("release"), keys, args), int)
+        return Op(name, Call(script("release"), keys, [token, self.inbox_prefix]), int)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         return Op(name, Call(script("extend"), [self.key(name)], [token, ttl_ms]), bool)
@@ -190,8 +196,9 @@ class RedisBackend(BaseLockBackend):
         return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
 
     def op_leave(self, name: str, waiter: str) -> Op[None]:
-        keys = [self.key(name), self.queue_key(name), self.deadlines_key(name)]
-        return Op(name, Call(script("leave"), keys, [waiter, self.wake_prefix(name)]), _none)
+        keys = [self.key(name), self.queue_key(name), self.deadlines_key(name),
+                self.waiting_key(name)]  # fmt: skip
+        return Op(name, Call(script("leave"), keys, [waiter, self.inbox_prefix]), _none)
 
     def op_hold_count(self, name: str, token: str) -> Op[int]:
         return Op(name, Call(script("inspect"), [self.key(name), self.queue_key(name)], []),
@@ -204,12 +211,13 @@ class RedisBackend(BaseLockBackend):
         return Op(name, ("PTTL", self.key(name)), _pttl)
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
-        keys = [self.key(name), self.queue_key(name)]
+        keys = [self.key(name), self.queue_key(name), self.waiting_key(name)]
         return Op(name, Call(script("inspect"), keys, []), lambda r: self._info(name, r))
 
     def op_force_release(self, name: str) -> Op[bool]:
-        keys = [self.key(name), self.channel(name), self.queue_key(name), self.deadlines_key(name)]
-        return Op(name, Call(script("force_release"), keys, [self.wake_prefix(name)]), bool)
+        keys = [self.key(name), self.channel(name), self.queue_key(name), self.deadlines_key(name),
+                self.waiting_key(name)]  # fmt: skip
+        return Op(name, Call(script("force_release"), keys, [self.inbox_prefix]), bool)
 
     def _info(self, name: str, reply: Any) -> LockInfo | None:
         kind, pttl, value, waiters = reply

@@ -1,4 +1,4 @@
--- Helpers for fair locks, spliced into scripts by `--! include _queue`.
+-- Helpers for fair locks, spliced into scripts by `--! include _queue` (after _wake).
 -- Waiters queue in arrival order in a list; each one's deadline (server ms) is in a sorted
 -- set. A waiter that gave up or died is dropped once its deadline passes, by every script
 -- that touches the queue, so it can never block the queue for longer than that.
@@ -13,11 +13,11 @@ local function queue_prune(queue, deadlines, now)
   end
 end
 
--- Wake only the waiter whose turn it is, on its own channel (no thundering herd).
-local function queue_wake_head(queue, wake)
+-- Wake only the waiter whose turn it is, in its process's inbox (no thundering herd).
+local function queue_wake_head(queue, inbox)
   local head = redis.call('LINDEX', queue, 0)
   if head then
-    redis.call('PUBLISH', wake .. head, 'turn')
+    redis.call('PUBLISH', inbox_of(inbox, head), head)
   end
   return head
 end

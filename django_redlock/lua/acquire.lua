@@ -1,15 +1,20 @@
 -- Acquire a lock of any kind in one atomic step.
--- KEYS: lock, fence counter, queue, deadlines [, node marker (Redlock's restart guard)].
+-- KEYS: lock, fence counter, queue, deadlines, plain waiters
+--       [, node marker (Redlock's restart guard)].
 -- ARGV: token, ttl ms, holder metadata, reentrant ('1'/'0'), fair ('1'/'0'),
---       waiter id, wait ms (-1: a one-off try that never queues), wake channel prefix,
---       restart guard ms (0: off).
+--       waiter id, wait ms (-1: a one-off try that never queues or registers),
+--       inbox channel prefix, restart guard ms (0: off).
 -- Returns {1, fence, hold count} when held by the caller, else {0, ms until something may
 -- change (-1: unknown, wait for a message)}.
 --! include _hold
+--! include _wake
 --! include _queue
-local lock, counter, queue, deadlines, marker = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local waiting, marker = KEYS[5], KEYS[6]
 local token, ttl, meta = ARGV[1], ARGV[2], ARGV[3]
 local reentrant, fair = ARGV[4] == '1', ARGV[5] == '1'
+local waiter, wait = ARGV[6], tonumber(ARGV[7])
+local registered = not fair and wait >= 0 -- a plain waiter: registered to be woken
 local now = now_ms()
 
 -- Restart guard: a node whose marker is gone has lost its data (restarted empty, flushed,
@@ -31,6 +36,9 @@ end
 if not reentrant and not fair then
   local fence = hold_take(lock, counter, token, ttl, meta, false, now)
   if fence then
+    if registered then
+      redis.call('ZREM', waiting, waiter)
+    end
     return {1, fence, 1}
   end
 end
@@ -42,19 +50,28 @@ if count > 0 then
     count = redis.call('HINCRBY', lock, token, 1)
   end
   redis.call('PEXPIRE', lock, ttl)
+  if registered then
+    redis.call('ZREM', waiting, waiter)
+  end
   return {1, fence, count}
 end
 
 if not fair then
   fence = hold_take(lock, counter, token, ttl, meta, reentrant, now)
   if fence then
+    if registered then
+      redis.call('ZREM', waiting, waiter)
+    end
     return {1, fence, 1}
   end
-  return {0, redis.call('PTTL', lock)}
+  local pttl = redis.call('PTTL', lock)
+  if registered then
+    wait_register(waiting, waiter, now, pttl)
+  end
+  return {0, pttl}
 end
 
 -- Fair: the lock goes to the head of the queue, or to anyone when nobody queues.
-local waiter, wait, wake = ARGV[6], tonumber(ARGV[7]), ARGV[8]
 queue_prune(queue, deadlines, now)
 local head = redis.call('LINDEX', queue, 0)
 if (not head or head == waiter) and redis.call('EXISTS', lock) == 0 then

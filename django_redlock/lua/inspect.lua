@@ -1,5 +1,6 @@
 -- Everything an operator needs about one lock in one round trip.
--- KEYS: lock, queue.  Returns {type, pttl, value or flattened hash, waiters queued}.
+-- KEYS: lock, queue, plain waiters.
+-- Returns {type, pttl, value or flattened hash, waiters queued or registered}.
 local kind = redis.call('TYPE', KEYS[1]).ok
 local value = false
 if kind == 'string' then
@@ -7,4 +8,8 @@ if kind == 'string' then
 elseif kind == 'hash' then
   value = redis.call('HGETALL', KEYS[1])
 end
-return {kind, redis.call('PTTL', KEYS[1]), value, redis.call('LLEN', KEYS[2])}
+local waiters = redis.call('LLEN', KEYS[2])
+if KEYS[3] then
+  waiters = waiters + redis.call('ZCARD', KEYS[3])
+end
+return {kind, redis.call('PTTL', KEYS[1]), value, waiters}

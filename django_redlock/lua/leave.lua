@@ -1,12 +1,17 @@
--- A waiter leaves a fair queue (timed out, cancelled). If the lock is free, the new head is
--- woken so the queue never stalls behind someone who left.
--- KEYS: lock, queue, deadlines.  ARGV: waiter id, wake channel prefix.
+-- A waiter leaves (timed out, cancelled): out of a fair queue or a plain lock's waiters. If
+-- the lock is free, the next waiter is woken: the one leaving may have been woken already,
+-- and nobody must stall behind someone who left.
+-- KEYS: lock, queue, deadlines, plain waiters.  ARGV: waiter id, inbox channel prefix.
 --! include _hold
+--! include _wake
 --! include _queue
-redis.call('LREM', KEYS[2], 0, ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-queue_prune(KEYS[2], KEYS[3], now_ms())
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  queue_wake_head(KEYS[2], ARGV[2])
+local lock, queue, deadlines, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+redis.call('LREM', queue, 0, ARGV[1])
+redis.call('ZREM', deadlines, ARGV[1])
+redis.call('ZREM', waiting, ARGV[1])
+queue_prune(queue, deadlines, now_ms())
+if redis.call('EXISTS', lock) == 0 then
+  queue_wake_head(queue, ARGV[2])
+  wake_first(waiting, ARGV[2])
 end
 return 1

@@ -1,11 +1,14 @@
 -- Release one hold of the caller; free the lock when none are left, and wake its waiters:
--- everyone on the release channel, and on a fair lock only the head of the queue.
--- KEYS: lock, release channel [, queue, deadlines].  ARGV: token [, wake channel prefix].
+-- those that wait on the release channel (Redis Cluster, Redlock), the earliest registered
+-- plain waiter, and on a fair lock the head of the queue. Publishing to nobody costs nothing.
+-- KEYS: lock, release channel, plain waiters [, queue, deadlines].
+-- ARGV: token, inbox channel prefix.
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
 --! include _hold
+--! include _wake
 --! include _queue
-local lock, channel, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local token = ARGV[1]
+local lock, channel, waiting, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local token, inbox = ARGV[1], ARGV[2]
 local count = hold_mine(lock, token)
 if count == 0 then
   return -1
@@ -15,8 +18,9 @@ if count > 1 then
 end
 redis.call('DEL', lock)
 redis.call('PUBLISH', channel, 'released')
+wake_first(waiting, inbox)
 if queue then
   queue_prune(queue, deadlines, now_ms())
-  queue_wake_head(queue, ARGV[2])
+  queue_wake_head(queue, inbox)
 end
 return 0

@@ -1,0 +1,33 @@
+-- Waking waiters, spliced into scripts by `--! include _wake`.
+-- A waiter id is '<process id>.<serial>'; each process reads one inbox channel,
+-- '<inbox prefix><process id>', for all its waiters, so waiting costs no SUBSCRIBE per wait.
+
+local function inbox_of(inbox, waiter)
+  return inbox .. string.match(waiter, '^[^.]*')
+end
+
+-- A plain lock's waiters register in a sorted set (by arrival) as they try. A release wakes
+-- only the earliest, not every process. A process that died has no subscriber left (PUBLISH
+-- counts 0): its waiter is dropped and the next one woken.
+local function wake_first(waiting, inbox)
+  while true do
+    local first = redis.call('ZRANGE', waiting, 0, 0)[1]
+    if not first then
+      return
+    end
+    if redis.call('PUBLISH', inbox_of(inbox, first), first) > 0 then
+      return
+    end
+    redis.call('ZREM', waiting, first)
+  end
+end
+
+-- A plain waiter that tried and failed keeps (or takes) its place. The set outlives every
+-- registered waiter's sleep: they sleep at most until the lock's expiry, then try again.
+local function wait_register(waiting, waiter, now, pttl)
+  redis.call('ZADD', waiting, 'NX', now, waiter)
+  local keep = math.max(pttl, 0) + 1000
+  if redis.call('PTTL', waiting) < keep then
+    redis.call('PEXPIRE', waiting, keep)
+  end
+end
