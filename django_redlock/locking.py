@@ -27,7 +27,7 @@ from .handler import DEFAULT_LOCK_ALIAS, locks
 from .identity import holder_meta, new_token, new_waiter_id, owner_id
 from .renewer import Renewer, loop_renewer, thread_renewer
 from .signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
-from .validation import check_name, check_optional_seconds, to_ms
+from .validation import check_name, check_optional_seconds, check_ttl, to_ms
 
 logger = logging.getLogger("django_redlock")
 
@@ -109,11 +109,13 @@ class Lock:
     ) -> None:
         self.name = check_name(name)
         self.token_prefix = _check_token_prefix(token_prefix)
-        ttl = check_optional_seconds(ttl, "ttl")
+        ttl = check_ttl(ttl)
         self.timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
         self.blocking = _check_bool(blocking, "blocking")
         self.auto_renew = _check_bool(auto_renew, "auto_renew")
         self.max_hold = check_optional_seconds(max_hold, "max_hold")
+        if not self.blocking and self.timeout:
+            raise ValueError("a timeout makes no sense with blocking=False")
         self.kind = Kind(_check_bool(reentrant, "reentrant"), _check_bool(fair, "fair"))
         if not isinstance(using, str):
             raise TypeError(f"using must be a backend alias (str), not {using!r}")
@@ -332,7 +334,7 @@ class Lock:
         await self._adrive(self._release())
 
     def _extend(self, ttl: float | None) -> Steps[None]:
-        seconds = check_optional_seconds(ttl, "ttl")
+        seconds = check_ttl(ttl)
         _, hold = self._held()
         if seconds is not None:
             self.lock_ttl = seconds
@@ -505,15 +507,20 @@ class Lock:
 def name_template(
     template: str, signature: inspect.Signature, where: str
 ) -> Callable[[tuple, dict], str]:
-    """Check a ``{arg}`` template against a signature; return the name builder."""
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    """Check a ``{arg}`` template against a signature; return the name builder.
+
+    Fields name parameters; a function with ``**kwargs`` also lends its keyword arguments by
+    name (``{user_id}`` over ``def f(**kwargs)``), so those are checked at call time.
+    """
+    params = signature.parameters
+    extra = next((p.name for p in params.values() if p.kind is p.VAR_KEYWORD), None)
     for _, field, _, _ in string.Formatter().parse(template):
         if field is None:
             continue
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise ValueError(f"lock name template {template!r}: use argument names, not {{}}")
-        if root not in signature.parameters and not takes_kwargs:
+        if root not in params and extra is None:
             raise ValueError(
                 f"lock name template {template!r} uses {root!r}, which is not an argument"
                 f" of {where}{signature}"
@@ -522,10 +529,15 @@ def name_template(
     def build(args: tuple, kwargs: dict) -> str:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
+        values = dict(bound.arguments)
+        if extra is not None:
+            values = {**values.pop(extra, {}), **values}
         try:
-            return check_name(template.format(**bound.arguments))
+            return check_name(template.format(**values))
         except (KeyError, AttributeError, IndexError) as exc:
-            raise ValueError(f"lock name template {template!r} failed: {exc!r}") from exc
+            raise ValueError(
+                f"lock name template {template!r} failed for this call of {where}: {exc!r}"
+            ) from exc
 
     return build
 

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
 MAX_NAME_BYTES = 1024
+#: The longest TTL (and ``max_hold``) accepted: 30 days. Longer is an immortal lock in all
+#: but name, and past about 292 million years its milliseconds overflow Redis.
+MAX_TTL = 30 * 24 * 3600.0
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: Redis would store mojibake
+        raise ValueError(f"{what} is not valid text: {exc.reason} at index {exc.start}") from None
 
 
 def check_name(name: Any) -> str:
@@ -13,14 +24,25 @@ def check_name(name: Any) -> str:
         raise TypeError(f"lock name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("lock name must not be empty")
-    size = len(name.encode("utf-8", "surrogatepass"))
+    size = len(_utf8(name, "lock name"))
     if size > MAX_NAME_BYTES:
         raise ValueError(f"lock name is {size} bytes long; the limit is {MAX_NAME_BYTES} bytes")
     return name
 
 
-def check_seconds(value: Any, what: str, *, allow_zero: bool = False) -> float:
-    """A finite number of seconds: > 0, or >= 0 with ``allow_zero``."""
+def fit_name(name: str, keep: int = 200) -> str:
+    """A name built from data (a URL, task arguments): kept if short, else its first
+    ``keep`` characters and a SHA-256 of the whole, so any input gives a valid, stable name."""
+    raw = _utf8(name, "lock name")
+    if len(raw) <= keep:
+        return check_name(name)
+    return check_name(f"{name[: keep // 4]}~sha256:{hashlib.sha256(raw).hexdigest()}")
+
+
+def check_seconds(
+    value: Any, what: str, *, allow_zero: bool = False, most: float | None = None
+) -> float:
+    """A finite number of seconds: > 0, or >= 0 with ``allow_zero``; at most ``most``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     value = float(value)
@@ -29,11 +51,20 @@ def check_seconds(value: Any, what: str, *, allow_zero: bool = False) -> float:
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{what} must be {bound} seconds, got {value}")
+    if most is not None and value > most:
+        raise ValueError(f"{what} must be at most {most:.0f} seconds (30 days), got {value:g}")
     return value
 
 
-def check_optional_seconds(value: Any, what: str, *, allow_zero: bool = False) -> float | None:
-    return None if value is None else check_seconds(value, what, allow_zero=allow_zero)
+def check_optional_seconds(
+    value: Any, what: str, *, allow_zero: bool = False, most: float | None = None
+) -> float | None:
+    return None if value is None else check_seconds(value, what, allow_zero=allow_zero, most=most)
+
+
+def check_ttl(value: Any, what: str = "ttl") -> float | None:
+    """A lock TTL: > 0 and at most :data:`MAX_TTL`; None for the backend's default."""
+    return check_optional_seconds(value, what, most=MAX_TTL)
 
 
 def to_ms(seconds: float) -> int:

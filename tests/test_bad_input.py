@@ -38,6 +38,10 @@ BAD_LOCKS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"name": None}, TypeError, "str"),
     ({"name": b"bytes"}, TypeError, "str"),
     ({"name": "é" * 513}, ValueError, "1024 bytes"),
+    ({"name": "bad\udc80surrogate"}, ValueError, "not valid text"),
+    ({"ttl": 30 * 24 * 3600 + 1}, ValueError, "at most 2592000"),
+    ({"ttl": 1e15}, ValueError, "at most"),  # ms would overflow Redis: never reaches it
+    ({"blocking": False, "timeout": 0.2}, ValueError, "blocking=False"),
     ({"ttl": 0}, ValueError, "ttl must be > 0"),
     ({"ttl": -1}, ValueError, "ttl must be > 0"),
     ({"ttl": math.nan}, ValueError, "finite"),
@@ -75,6 +79,7 @@ BAD_CALLS: list[tuple[Callable[[Any], Any], type[Exception], str]] = [
     (lambda lk: lk.acquire(blocking=False, timeout=3), ValueError, "blocking=False"),
     (lambda lk: lk.extend(ttl=0), ValueError, "ttl"),
     (lambda lk: lk.extend(ttl="10"), TypeError, "ttl"),
+    (lambda lk: lk.extend(ttl=1e15), ValueError, "at most"),
 ]
 
 
@@ -120,6 +125,7 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": 0}}, r"\['q'\]\['TTL'\].*> 0"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": math.nan}}, r"\['TTL'\].*finite"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": "5"}}, r"\['TTL'\].*number"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": 1e15}}, r"\['TTL'\].*<= 2592000"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": 1}}, r"\['KEY_PREFIX'\]"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": []}}, r"\['OPTIONS'\]"),
     (
@@ -180,3 +186,29 @@ def test_startup_with_redis_down_only_warns() -> None:
     assert result.returncode == 0, result.stderr
     assert "started" in result.stdout
     assert "could not load the Lua scripts" in result.stderr
+
+
+def test_templates_over_var_keyword_arguments(down: str) -> None:
+    """A template may name what arrives through **kwargs; a call without it says so."""
+    names: list[str] = []
+    deco = lock("report:{user_id}", using="local")
+
+    @deco
+    def build(**kwargs: Any) -> None:
+        names.append(kwargs["user_id"])
+
+    build(user_id=7)
+    assert names == [7]
+    with pytest.raises(ValueError, match=r"report:\{user_id\}.*failed.*user_id"):
+        build(other=1)
+
+
+def test_long_names_from_data_are_hashed_stably() -> None:
+    from django_redlock.validation import fit_name
+
+    long = "x" * 5000
+    assert fit_name(long) == fit_name(long) != fit_name(long + "y")
+    assert len(fit_name(long).encode()) <= 200
+    assert fit_name("short") == "short"
+    with pytest.raises(ValueError, match="not valid text"):
+        fit_name("\udc80" * 300)

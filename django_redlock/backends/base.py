@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ..validation import MAX_TTL
 from ..waiting import ReleaseHub
 
 DEFAULT_TTL = 30.0
@@ -152,8 +153,9 @@ class BaseLockBackend:
         ttl = params.get("TTL", DEFAULT_TTL)
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
             raise bad("TTL", f"must be a number of seconds, not {ttl!r}")
-        if not math.isfinite(ttl) or ttl <= 0:
-            raise bad("TTL", f"must be a finite number of seconds > 0, not {ttl!r}")
+        if not math.isfinite(ttl) or not 0 < ttl <= MAX_TTL:
+            raise bad("TTL", f"must be a finite number of seconds > 0 and <= {MAX_TTL:.0f},"
+                             f" not {ttl!r}")  # fmt: skip
         prefix = params.get("KEY_PREFIX", DEFAULT_KEY_PREFIX)
         if not isinstance(prefix, str):
             raise bad("KEY_PREFIX", f"must be a str, not {prefix!r}")
