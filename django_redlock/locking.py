@@ -3,7 +3,11 @@
 Each operation (acquire, release, ...) is written once, as a generator that yields the steps
 it needs: a backend :class:`~.backends.base.Op` (one round trip), or watching a channel and
 sleeping on it. Two drivers run the steps, one for threads and one for asyncio, so
-``lk.acquire()`` and ``await lk.acquire()`` share every line of the algorithm.
+``lk.acquire()`` and ``await lk.aacquire()`` share every line of the algorithm.
+
+Unknown is not lost: when a backend cannot answer, the operation raises
+(``BackendUnavailable``, ``QuorumNotReached``) and the hold stays as it was. A hold is declared
+lost only when the backend answered that its token no longer holds it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import os
 import string
 import threading
 import time
@@ -25,7 +30,7 @@ from .backends.base import Attempt, BaseLockBackend, Kind, Op, Renewal
 from .exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .identity import holder_meta, new_token, new_waiter_id, owner_id
-from .renewer import Renewer, loop_renewer, thread_renewer
+from .renewer import Renewer, thread_renewer
 from .signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from .validation import check_name, check_optional_seconds, check_ttl, to_ms
 
@@ -58,8 +63,44 @@ class _Unwatch(NamedTuple):
 class _Hold:
     token: str
     fence: int | None
+    actor: str  # the thread or asyncio task that took it (see _taken)
     depth: int = 0  # acquisitions through this Lock object by this owner
     renewer: Renewer | None = None
+    releasing: bool = False  # a release was sent whose outcome is unknown
+    taken: bool = False  # counted in _taken (until its release is sent)
+
+
+#: Plain holds of this process by (backend, name) -> the actors holding them: taking a name
+#: again that one's own thread or task holds would wait for itself.
+_taken: dict[tuple[int, str], dict[str, int]] = {}
+_taken_mutex = threading.Lock()
+
+
+def _note_taken(backend: BaseLockBackend, name: str, actor: str, delta: int) -> None:
+    key = (id(backend), name)
+    with _taken_mutex:
+        actors = _taken.setdefault(key, {})
+        count = actors.get(actor, 0) + delta
+        if count > 0:
+            actors[actor] = count
+        else:
+            actors.pop(actor, None)
+            if not actors:
+                del _taken[key]
+
+
+def _holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
+    return actor in _taken.get((id(backend), name), ())
+
+
+def _forget_taken_after_fork() -> None:
+    global _taken_mutex
+    _taken.clear()  # the child holds nothing: its parent's holds are the parent's
+    _taken_mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_taken_after_fork)
 
 
 def _check_bool(value: Any, what: str) -> bool:
@@ -89,8 +130,11 @@ class Lock:
     asyncio task, which may take it again and must release it as often. Every new hold gets a
     fencing token strictly greater than any earlier one for the same name.
 
-    In a running event loop, ``acquire``, ``release``, ``extend``, ``locked``, ``owned``,
-    ``ttl`` and ``hold_count`` return awaitables (or call the ``a``-prefixed twins).
+    The sync methods always act synchronously; asyncio code awaits the ``a``-prefixed twins
+    (``aacquire``, ``arelease``, ...). A blocking ``acquire`` in a running event loop raises
+    :class:`LockError`: it would block the loop, and with it whoever may hold the lock.
+
+    A hold belongs to the process that took it: a forked child does not hold its parent's.
     """
 
     def __init__(
@@ -123,9 +167,20 @@ class Lock:
         self.backend: BaseLockBackend = locks[using]  # unknown alias: error, still no I/O
         self.backend.check_kind(self.kind)
         self.lock_ttl = ttl if ttl is not None else self.backend.default_ttl
-        self._holds: dict[str, _Hold] = {}  # owner ("" for plain locks) -> hold
+        self._holds_by_owner: dict[str, _Hold] = {}  # owner ("" for plain locks) -> hold
+        self._pid = os.getpid()  # whose holds those are
         self._lost: str | None = None  # why the last hold was lost, if it was
+        # The token of an acquire whose outcome is unknown (its reply was lost): the next try
+        # uses it again, so that it finds the hold if the lost try took it.
+        self._unsure_token: str | None = None
         self._mutex = threading.Lock()
+
+    @property
+    def _holds(self) -> dict[str, _Hold]:
+        if self._pid != os.getpid():  # a forked child: the parent's holds are not ours
+            self._holds_by_owner, self._pid = {}, os.getpid()
+            self._unsure_token = None
+        return self._holds_by_owner
 
     def __repr__(self) -> str:
         hold = self._holds.get(self._owner())
@@ -182,25 +237,43 @@ class Lock:
             except BaseException as exc:
                 error = exc
 
-    def _run(self, steps: Steps[T]) -> Any:
-        """Run now in a thread; in a running event loop, return an awaitable."""
-        return self._adrive(steps) if _in_event_loop() else self._drive(steps)
-
     # -- acquire -----------------------------------------------------------------------------
 
-    def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
-        _check_bool(blocking, "blocking")
+    def _check_acquire(self, blocking: Any, timeout: Any) -> tuple[bool, float | None]:
+        blocking = _check_bool(blocking, "blocking")
         timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
         if not blocking and timeout:
             raise ValueError("a timeout makes no sense with blocking=False")
-        owner, kind, name, backend = self._owner(), self.kind, self.name, self.backend
-        if not kind.reentrant and owner in self._holds:
+        return blocking, timeout
+
+    def _check_sync_wait(self, blocking: bool, timeout: float | None) -> None:
+        if blocking and timeout != 0 and _in_event_loop():
             raise LockError(
-                f"{self._describe()} is already held by this Lock object;"
-                " use reentrant=True to take it again"
+                f"{self._describe()}: a blocking acquire() in a running event loop would block"
+                " the loop, and with it whoever may hold the lock; use `await lk.aacquire()`"
+                " or `async with`, or acquire(blocking=False)"
             )
+
+    def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
+        """Arguments checked by the caller (:meth:`_check_acquire`)."""
+        owner, kind, name, backend = self._owner(), self.kind, self.name, self.backend
+        actor = owner if kind.reentrant else owner_id()
+        if not kind.reentrant:
+            if owner in self._holds:
+                raise LockError(
+                    f"{self._describe()} is already held by this Lock object;"
+                    " use reentrant=True to take it again"
+                )
+            if blocking and timeout is None and _holds_it(backend, name, actor):
+                raise LockError(
+                    f"{self._describe()} is held by this thread or task already: waiting for"
+                    " it with no timeout would wait for itself forever; use reentrant=True"
+                )
         started = time.monotonic()
-        token = owner if kind.reentrant else f"{self.token_prefix or ''}{new_token()}"
+        if kind.reentrant:
+            token = owner
+        else:
+            token = self._unsure_token or f"{self.token_prefix or ''}{new_token()}"
         ttl_ms, meta = to_ms(self.lock_ttl), holder_meta(fair=kind.fair)
         attempt = Attempt(False)
         try:
@@ -211,20 +284,29 @@ class Lock:
                 # A waiter with an id is woken by that id alone; else by the release channel.
                 waiter = new_waiter_id() if kind.fair or backend.wakes_one else None
                 attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline)
+        except LockError:
+            # No answer (BackendUnavailable, QuorumNotReached): the try may have taken the
+            # lock. The next try uses the same token, and finds the hold if it did.
+            if not kind.reentrant:
+                self._unsure_token = token
+            raise
         except Exception:
             raise
         except BaseException:
             # Cancelled or interrupted while a reply was on its way: the server may have
             # granted the hold, so hand it back (the token is ours alone).
             if not kind.reentrant:
+                self._unsure_token = token  # kept should the hand-back fail
                 with contextlib.suppress(Exception):
                     yield backend.op_release(name, token, kind)
+                    self._unsure_token = None
             raise
+        self._unsure_token = None  # answered: the token holds what the answer says
         if not attempt.acquired:
             if blocking and timeout:
                 acquire_timed_out.send_robust(sender=Lock, lock=self, timeout=timeout)
             return False
-        self._record(owner, token, ttl_ms, attempt)
+        self._record(owner, actor, token, ttl_ms, attempt)
         return True
 
     def _wait(
@@ -261,28 +343,37 @@ class Lock:
                     yield backend.op_leave(name, waiter)
             yield _Unwatch(handle)
 
-    def _record(self, owner: str, token: str, ttl_ms: int, attempt: Attempt) -> None:
+    def _record(self, owner: str, actor: str, token: str, ttl_ms: int, attempt: Attempt) -> None:
         with self._mutex:
             hold = self._holds.get(owner)
             if hold is None:
-                hold = self._holds[owner] = _Hold(token, attempt.fence)
+                hold = self._holds[owner] = _Hold(token, attempt.fence, actor)
+                if not self.kind.reentrant and self.auto_renew and self.max_hold is None:
+                    hold.taken = True  # renewed for as long as it is held
+                    _note_taken(self.backend, self.name, actor, 1)
             hold.depth += 1
             self._lost = None
         if self.auto_renew and hold.renewer is None:
-            hold.renewer = loop_renewer() if _in_event_loop() else thread_renewer
+            # One watchdog thread renews sync and asyncio holds alike: it outlives any event
+            # loop, so a hold taken in a short-lived loop (asyncio.run) is still renewed.
+            hold.renewer = thread_renewer
             hold.renewer.soon(self, Renewal(self.name, token, ttl_ms), self.max_hold)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
             lock_acquired.send_robust(sender=Lock, lock=self, fence=attempt.fence)
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> Any:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take the lock; wait up to ``timeout`` seconds (None: forever) when ``blocking``.
 
-        Returns True or False (in a running event loop: an awaitable of it).
+        In a running event loop only a non-blocking try is allowed here: await
+        :meth:`aacquire` instead.
         """
-        return self._run(self._acquire(blocking, timeout))
+        blocking, timeout = self._check_acquire(blocking, timeout)
+        self._check_sync_wait(blocking, timeout)
+        return self._drive(self._acquire(blocking, timeout))
 
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        blocking, timeout = self._check_acquire(blocking, timeout)
         return await self._adrive(self._acquire(blocking, timeout))
 
     # -- release, extend ---------------------------------------------------------------------
@@ -301,6 +392,21 @@ class Lock:
         if renewer is not None:
             renewer.remove(self, hold.token)
 
+    def _untake(self, hold: _Hold) -> None:
+        """Not counted as taken any more: released, lost, or no longer renewed (it runs out)."""
+        if hold.taken:
+            hold.taken = False
+            _note_taken(self.backend, self.name, hold.actor, -1)
+
+    def _forget(self, owner: str, hold: _Hold) -> bool:
+        """Drop a hold from this Lock (called locked); False if it was gone already."""
+        if self._holds.get(owner) is not hold:
+            return False
+        del self._holds[owner]
+        self._stop_renewing(hold)
+        self._untake(hold)
+        return True
+
     def _renewed_by(self, renewer: Renewer, token: str) -> bool:
         """Whether a hold with this token is held and meant to be renewed by ``renewer``."""
         return any(h.token == token and h.renewer is renewer for h in self._holds.values())
@@ -311,24 +417,39 @@ class Lock:
             # Whatever the release's fate (Redis may not answer), stop renewing: at worst
             # the hold runs out at its TTL, and release() can be called again meanwhile.
             self._stop_renewing(hold)
-        left = yield self.backend.op_release(self.name, hold.token, self.kind)
+            with self._mutex:
+                self._untake(hold)
+        try:
+            left = yield self.backend.op_release(self.name, hold.token, self.kind)
+        except LockError:
+            if hold.depth > 1:
+                # A nested reentrant release: count it as done. Sent again, it could free
+                # the lock under the outer hold; not sent, the count is one too many at
+                # worst, and the lock runs out at its TTL after the last release.
+                with self._mutex:
+                    hold.depth -= 1
+            else:
+                hold.releasing = True  # a retry that finds the token gone is not a loss
+            raise
         with self._mutex:
             if self._holds.get(owner) is hold:
                 hold.depth -= 1
                 if left <= 0 or hold.depth <= 0:
-                    del self._holds[owner]
-                    self._stop_renewing(hold)
-        if left < 0:
-            self._lost = "it expired or was released by someone else"
-            logger.warning("redlock: %s lost before release: %s", self._describe(), self._lost)
+                    self._forget(owner, hold)
+        if left < 0 and not hold.releasing:
+            self._declare_lost(hold, "it expired or was released by someone else")
             raise LockLost(f"{self._describe()} was lost before release: {self._lost}")
-        if left == 0:
+        if left <= 0:
             logger.debug("redlock: released %s", self._describe())
             lock_released.send_robust(sender=Lock, lock=self)
 
-    def release(self) -> Any:
-        """Release one hold; LockNotOwned (or its subclass LockLost) if it is not ours."""
-        return self._run(self._release())
+    def release(self) -> None:
+        """Release one hold; LockNotOwned (or its subclass LockLost) if it is not ours.
+
+        If Redis does not answer, the error is raised and the hold is kept: call
+        ``release()`` again (a release that had in fact gone through is then no loss).
+        """
+        self._drive(self._release())
 
     async def arelease(self) -> None:
         await self._adrive(self._release())
@@ -336,32 +457,40 @@ class Lock:
     def _extend(self, ttl: float | None) -> Steps[None]:
         seconds = check_ttl(ttl)
         _, hold = self._held()
+        ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
+        extended = yield self.backend.op_extend(self.name, hold.token, ttl_ms)
+        if not extended:
+            self._mark_lost(hold.token, "it expired or was released by someone else")
+            if hold.releasing:
+                raise LockNotOwned(f"{self._describe()} was released")
+            raise LockLost(f"{self._describe()} could not be extended: {self._lost}")
         if seconds is not None:
             self.lock_ttl = seconds
-        ttl_ms = to_ms(self.lock_ttl)
-        if not (yield self.backend.op_extend(self.name, hold.token, ttl_ms)):
-            self._mark_lost(hold.token, "it expired or was released by someone else")
-            raise LockLost(f"{self._describe()} could not be extended: {self._lost}")
         if hold.renewer is not None:
             hold.renewer.add(self, Renewal(self.name, hold.token, ttl_ms), self.max_hold)
 
-    def extend(self, ttl: float | None = None) -> Any:
+    def extend(self, ttl: float | None = None) -> None:
         """Reset the hold's TTL to ``ttl`` seconds (default: the lock's) from now on."""
-        return self._run(self._extend(ttl))
+        self._drive(self._extend(ttl))
 
     async def aextend(self, ttl: float | None = None) -> None:
         await self._adrive(self._extend(ttl))
+
+    def _declare_lost(self, hold: _Hold, reason: str) -> None:
+        """The backend answered that ``hold``'s token holds nothing: tell everyone."""
+        self._lost = reason
+        logger.warning("redlock: %s lost: %s", self._describe(), reason)
+        lock_lost.send_robust(sender=Lock, lock=self, reason=reason)
 
     def _mark_lost(self, token: str, reason: str) -> None:
         with self._mutex:
             owner = next((o for o, h in self._holds.items() if h.token == token), None)
             if owner is None:
                 return
-            hold = self._holds.pop(owner)
-            self._lost = reason
-            self._stop_renewing(hold)
-        logger.warning("redlock: %s lost: %s", self._describe(), reason)
-        lock_lost.send_robust(sender=Lock, lock=self, reason=reason)
+            hold = self._holds[owner]
+            self._forget(owner, hold)
+        if not hold.releasing:  # else our own release, whose reply was lost, freed it
+            self._declare_lost(hold, reason)
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -369,14 +498,15 @@ class Lock:
         hold = self._holds.get(self._owner())
         if hold is None:
             return False
+        # An error (no answer) propagates: unknown is not lost.
         if (yield self.backend.op_hold_count(self.name, hold.token)) > 0:
             return True
         self._mark_lost(hold.token, "it expired or was released by someone else")
         return False
 
-    def owned(self) -> Any:
+    def owned(self) -> bool:
         """Whether this owner holds the lock, as Redis says now."""
-        return self._run(self._owned())
+        return self._drive(self._owned())
 
     async def aowned(self) -> bool:
         return await self._adrive(self._owned())
@@ -387,9 +517,9 @@ class Lock:
             return 0
         return cast(int, (yield self.backend.op_hold_count(self.name, hold.token)))
 
-    def hold_count(self) -> Any:
+    def hold_count(self) -> int:
         """How many times this owner holds the lock now (0: not at all)."""
-        return self._run(self._hold_count())
+        return self._drive(self._hold_count())
 
     async def ahold_count(self) -> int:
         return await self._adrive(self._hold_count())
@@ -397,9 +527,9 @@ class Lock:
     def _locked(self) -> Steps[bool]:
         return cast(bool, (yield self.backend.op_locked(self.name)))
 
-    def locked(self) -> Any:
+    def locked(self) -> bool:
         """Whether anyone holds the lock."""
-        return self._run(self._locked())
+        return self._drive(self._locked())
 
     async def alocked(self) -> bool:
         return await self._adrive(self._locked())
@@ -408,9 +538,9 @@ class Lock:
         pttl = yield self.backend.op_pttl(self.name)
         return None if pttl is None else pttl / 1000
 
-    def ttl(self) -> Any:
+    def ttl(self) -> float | None:
         """Seconds left on the current hold of this name (whoever holds it); None if free."""
-        return self._run(self._ttl())
+        return self._drive(self._ttl())
 
     async def attl(self) -> float | None:
         return await self._adrive(self._ttl())
@@ -420,6 +550,12 @@ class Lock:
         """The fencing token of this owner's current hold; None when not held."""
         hold = self._holds.get(self._owner())
         return None if hold is None else hold.fence
+
+    @property
+    def token(self) -> str | None:
+        """The token of this owner's current hold (None when not held)."""
+        hold = self._holds.get(self._owner())
+        return None if hold is None else hold.token
 
     @property
     def lost(self) -> str | None:
@@ -436,6 +572,7 @@ class Lock:
         return self.timeout if self.blocking else None
 
     def __enter__(self) -> Lock:
+        self._check_sync_wait(self.blocking, self._timeout())
         if not self._drive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
         return self

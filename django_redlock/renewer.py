@@ -1,7 +1,8 @@
 """The watchdog: renews every held lock that asked for it, at about a third of its TTL.
 
-Sync holds are renewed by one daemon thread per process; asyncio holds by one task per event
-loop. Holds of one backend and TTL taken close together form a batch (up to :data:`BATCH`
+Every hold, sync or asyncio, is renewed by one daemon thread per process: a thread outlives
+the event loops (``asyncio.run`` per request), which a task per loop would not. Holds of one
+backend and TTL taken close together form a batch (up to :data:`BATCH`
 holds) that is renewed in one round trip, so 1,000 held locks cost a few round trips per
 period, not 1,000; and the schedule is kept per batch, so its Python work does not grow with
 the holds. A hold whose renewal finds it gone, or that cannot be renewed before its TTL runs
@@ -10,7 +11,6 @@ out, is reported lost to every Lock object that holds it.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import logging
@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .backends.base import BaseLockBackend, Renewal
-from .waiting import AsyncWaiter
 
 if TYPE_CHECKING:
     from .locking import Lock
@@ -208,20 +207,28 @@ class Renewer:
         self,
         bucket: _Bucket,
         entries: list[_Entry],
-        results: list[bool] | Exception,
+        results: list[bool | None] | Exception,
         started: float,
     ) -> None:
         """Apply one batch's outcome; report lost holds."""
         lost: list[tuple[_Entry, str]] = []
         now = time.monotonic()
         with self._mutex:
-            if isinstance(results, Exception):
-                if now < bucket.confirmed_until:  # try again soon; still ours for a while
+            if isinstance(results, Exception) or None in results:
+                # No answer (for some): unknown is not lost. Try again soon while the holds
+                # are surely still ours; past their TTL they have run out.
+                if isinstance(results, Exception):
+                    results = [None] * len(entries)
+                why = "renewals got no answer until the TTL ran out"
+                if now < bucket.confirmed_until:
                     bucket.due = now + min(bucket.interval / 4, 1.0)
-                    self._plan(bucket)
-                    return
-                reason = f"renewals failed until the TTL ran out ({results})"
-                lost = [(entry, reason) for entry in entries]
+                else:  # the unanswered ran out (and are dropped); the others were renewed
+                    bucket.due = started + bucket.interval
+                    bucket.confirmed_until = started + bucket.ttl_ms / 1000
+                    lost = [(e, why) for e, ok in zip(entries, results, strict=True) if ok is None]
+                self._plan(bucket)
+                reason = "it expired or was released by someone else"
+                lost += [(e, reason) for e, ok in zip(entries, results, strict=True) if ok is False]
             else:
                 bucket.due = started + bucket.interval
                 bucket.confirmed_until = started + bucket.ttl_ms / 1000
@@ -303,7 +310,7 @@ class ThreadRenewer(Renewer):
             for bucket, entries, renewals in self._batches():
                 started = time.monotonic()
                 try:
-                    results: list[bool] | Exception = bucket.backend.renew_many(renewals)
+                    results: list[bool | None] | Exception = bucket.backend.renew_many(renewals)
                 except Exception as exc:
                     results = self._failed(bucket, exc)
                 self._settle(bucket, entries, results, started)
@@ -320,55 +327,7 @@ class ThreadRenewer(Renewer):
         self._wakes_at = 0.0
 
 
-class LoopRenewer(Renewer):
-    """Renews asyncio holds from one task in their event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__()
-        self._loop = loop
-        self._task: asyncio.Task[None] | None = None
-        self._waiter: AsyncWaiter | None = None
-
-    def _wake(self, due: float) -> None:
-        if self._task is None or self._task.done():
-            self._task = self._loop.create_task(self._run(), name="redlock-renewer")
-        elif self._waiter is not None:
-            self._waiter.wake()
-
-    async def _run(self) -> None:
-        self._waiter = AsyncWaiter()
-        while True:
-            batches = self._next()
-            if isinstance(batches, float):
-                if not self._entries:
-                    return  # idle: nothing keeps the loop busy; add() starts a new task
-                await self._waiter.wait(batches)
-                continue
-            for bucket, entries, renewals in batches:
-                started = time.monotonic()
-                backend = bucket.backend
-                try:
-                    results: list[bool] | Exception = await backend.aexecute(
-                        backend.op_renew(renewals)
-                    )
-                except Exception as exc:
-                    results = self._failed(bucket, exc)
-                self._settle(bucket, entries, results, started)
-
-
 thread_renewer = ThreadRenewer()
-_loop_renewers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopRenewer] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def loop_renewer() -> LoopRenewer:
-    """The renewer of the running event loop."""
-    loop = asyncio.get_running_loop()
-    renewer = _loop_renewers.get(loop)
-    if renewer is None:
-        renewer = _loop_renewers[loop] = LoopRenewer(loop)
-    return renewer
 
 
 if hasattr(os, "register_at_fork"):

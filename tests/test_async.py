@@ -1,4 +1,4 @@
-"""The asyncio API: the same Lock, awaited; waiting by pub/sub; a renewer task per loop."""
+"""The asyncio API: the same Lock, awaited through its a-methods; waiting by pub/sub."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ from django_redlock.testing import RedisServer
 def test_await_acquire_release_and_queries(alias: str, name: str) -> None:
     async def scenario() -> None:
         held = lock(name, using=alias, ttl=10)
-        assert await held.acquire()
-        assert await held.owned() and await held.locked()
-        ttl = await held.ttl()
+        assert await held.aacquire()
+        assert await held.aowned() and await held.alocked()
+        ttl = await held.attl()
         assert ttl is not None and 9 < ttl <= 10
-        assert not await lock(name, using=alias).acquire(blocking=False)
-        await held.extend(20)
-        await held.release()
-        assert not await held.locked()
+        assert not await lock(name, using=alias).aacquire(blocking=False)
+        await held.aextend(20)
+        await held.arelease()
+        assert not await held.alocked()
         with pytest.raises(LockNotOwned):
-            await held.release()
+            await held.arelease()
 
     asyncio.run(scenario())
 
@@ -75,9 +75,9 @@ def test_cancelling_a_waiting_task_leaves_nothing_behind(
 ) -> None:
     async def scenario() -> None:
         holder = lock(name, using=redis_alias, fair=fair)
-        await holder.acquire()
+        await holder.aacquire()
         before = _keys(redis_server)
-        waiter = asyncio.create_task(lock(name, using=redis_alias, fair=fair).acquire())
+        waiter = asyncio.create_task(lock(name, using=redis_alias, fair=fair).aacquire())
         await asyncio.sleep(0.2)
         if fair:
             assert (locks[redis_alias].inspect(name) or pytest.fail()).waiters == 1
@@ -87,7 +87,7 @@ def test_cancelling_a_waiting_task_leaves_nothing_behind(
         assert _keys(redis_server) == before  # no queue entry, no stray hold
         info = locks[redis_alias].inspect(name)
         assert info is not None and info.waiters == 0
-        await holder.release()
+        await holder.arelease()
 
     asyncio.run(scenario())
 
@@ -106,7 +106,7 @@ def test_cancelling_a_holding_task_releases_the_lock(alias: str, name: str) -> N
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return bool(await lock(name, using=alias).locked())
+        return bool(await lock(name, using=alias).alocked())
 
     assert asyncio.run(scenario()) is False
 
@@ -114,17 +114,17 @@ def test_cancelling_a_holding_task_releases_the_lock(alias: str, name: str) -> N
 def test_async_waiter_wakes_on_release(alias: str, name: str) -> None:
     async def scenario() -> float:
         holder = lock(name, using=alias)
-        await holder.acquire()
+        await holder.aacquire()
         woke: list[float] = []
 
         async def wait() -> None:
-            assert await lock(name, using=alias).acquire(timeout=10)
+            assert await lock(name, using=alias).aacquire(timeout=10)
             woke.append(time.monotonic())
 
         task = asyncio.create_task(wait())
         await asyncio.sleep(0.3)
         released = time.monotonic()
-        await holder.release()
+        await holder.arelease()
         await task
         return woke[0] - released
 
@@ -134,16 +134,16 @@ def test_async_waiter_wakes_on_release(alias: str, name: str) -> None:
 def test_async_watchdog_renews_and_reports_loss(alias: str, name: str) -> None:
     async def scenario() -> None:
         held = lock(name, using=alias, ttl=0.3)
-        await held.acquire()
+        await held.aacquire()
         await asyncio.sleep(1.0)
-        assert await held.owned()
+        assert await held.aowned()
         assert locks[alias].force_release(name)
         deadline = time.monotonic() + 2
         while held.lost is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert held.lost is not None
         with pytest.raises(LockLost):
-            await held.release()
+            await held.arelease()
 
     asyncio.run(scenario())
 
@@ -151,7 +151,7 @@ def test_async_watchdog_renews_and_reports_loss(alias: str, name: str) -> None:
 def test_async_decorator(alias: str, name: str) -> None:
     @lock(name + ":{user_id}", using=alias, timeout=0)
     async def report(user_id: int) -> bool:
-        return bool(await lock(f"{name}:{user_id}", using=alias).locked())
+        return bool(await lock(f"{name}:{user_id}", using=alias).alocked())
 
     assert asyncio.run(report(3)) is True
     assert not locks[alias].is_locked(f"{name}:3")

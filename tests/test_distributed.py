@@ -45,8 +45,9 @@ def master_port(sentinel: RedisServer) -> int:
 def test_locks_survive_a_sentinel_failover(group: list[RedisServer]) -> None:
     master, replica, sentinel = group[0], group[1], group[2]
     with sentinel_alias(group):
-        with lock("before", using="s") as held:
-            assert held.fence == 1
+        with lock("after", using="s") as held:
+            before = held.fence
+            assert before is not None
         deadline = time.monotonic() + 30
         while True:  # refused (NOGOODSLAVE) until the sentinel has fresh news of the replica
             try:
@@ -72,6 +73,7 @@ def test_locks_survive_a_sentinel_failover(group: list[RedisServer]) -> None:
                 assert time.monotonic() < deadline, "the client never found the new master"
                 time.sleep(0.1)
         assert replica.client().exists(locks["s"].key("after"))  # on the promoted replica
+        assert after.fence is not None and after.fence > before  # the fence went on growing
         after.release()
 
 

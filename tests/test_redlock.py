@@ -110,12 +110,13 @@ def test_only_plain_locks_on_redlock(quorum: RedlockBackend) -> None:
 def test_fence_grows_across_different_majorities(
     quorum: RedlockBackend, nodes: list[RedisServer]
 ) -> None:
-    nodes[0].client().set(quorum.fence_key("f"), 100)  # node 0 is ahead of the others
+    ahead = int(time.time() * 1000 + 3_600_000) * 1000  # an hour ahead of the clock fences
+    nodes[0].client().set(quorum.fence_key("f"), ahead)  # node 0 is ahead of the others
     with lock("f", using="quorum") as held:
-        assert held.fence == 101
+        assert held.fence == ahead + 1
     nodes[0].kill()  # the next majority does not include node 0
     with lock("f", using="quorum") as held:
-        assert held.fence is not None and held.fence > 101
+        assert held.fence is not None and held.fence > ahead + 1
 
 
 def test_one_paused_node_costs_about_one_node_timeout(

@@ -61,15 +61,15 @@ def test_another_thread_can_neither_acquire_nor_release(alias: str, name: str) -
 def test_another_asyncio_task_is_another_owner(alias: str, name: str) -> None:
     async def scenario() -> tuple[bool, bool, bool]:
         held = lock(name, using=alias, reentrant=True)
-        assert await held.acquire()
-        again = await held.acquire(blocking=False)  # same task: re-entry
+        assert await held.aacquire()
+        again = await held.aacquire(blocking=False)  # same task: re-entry
 
         async def other() -> bool:
-            return bool(await lock(name, using=alias, reentrant=True).acquire(blocking=False))
+            return bool(await lock(name, using=alias, reentrant=True).aacquire(blocking=False))
 
         others = await asyncio.gather(other(), other())
-        await held.release()
-        await held.release()
+        await held.arelease()
+        await held.arelease()
         return again, others[0], others[1]
 
     assert asyncio.run(scenario()) == (True, False, False)

@@ -14,7 +14,7 @@ def locked_sync(request: HttpRequest) -> HttpResponse:
 
 async def locked_async(request: HttpRequest) -> HttpResponse:
     async with lock("view:async", using="redis", reentrant=True) as held:
-        return HttpResponse(f"held {await held.hold_count()}")
+        return HttpResponse(f"held {await held.ahold_count()}")
 
 
 @lock_view("checkout:{user_id}", ttl=20)

@@ -22,6 +22,7 @@ from ..waiting import ReleaseHub
 DEFAULT_TTL = 30.0
 DEFAULT_KEY_PREFIX = "redlock"
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 def _same(reply: Any) -> Any:
@@ -29,12 +30,12 @@ def _same(reply: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class Op(Generic[T]):
+class Op(Generic[T_co]):
     """One round trip: ``request`` is backend-specific, ``parse`` turns the reply into T."""
 
     name: str  # the lock concerned, for error messages
     request: Any
-    parse: Callable[[Any], T] = _same
+    parse: Callable[[Any], T_co] = _same
 
 
 class Kind(NamedTuple):
@@ -254,8 +255,9 @@ class BaseLockBackend:
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
 
-    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
-        """Extend many holds in one round trip (the watchdog's batch)."""
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
+        """Extend many holds in one round trip (the watchdog's batch): True extended, False
+        not held any more, None unknown (too few Redlock nodes answered about it)."""
         raise NotImplementedError
 
     def op_leave(self, name: str, waiter: str) -> Op[None]:
@@ -299,7 +301,7 @@ class BaseLockBackend:
     def is_locked(self, name: str) -> bool:
         return self.execute(self.op_locked(name))
 
-    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool]:
+    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | None]:
         return self.execute(self.op_renew(renewals))
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:

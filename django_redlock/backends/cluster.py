@@ -36,7 +36,7 @@ class RedisClusterBackend(RedisBackend):
     def socket_timeout(self) -> float:
         return float(self._cluster_options()["socket_timeout"])
 
-    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         # A batch spans slots: one extend per lock, pipelined (routed to each lock's node).
         extend = script("extend")
         calls = [Call(extend, [self.key(r.name)], [r.token, r.ttl_ms]) for r in renewals]

@@ -58,19 +58,20 @@ class _Store:
         return hold
 
     def take(self, name: str, token: str, ttl_ms: int, meta: str, reentrant: bool) -> int:
-        fence = self.fences[name] = self.fences.get(name, 0) + 1
+        # As the scripts do: above the counter and at least the clock in ms x 1000.
+        fence = max(self.fences.get(name, 0) + 1, int(time.time() * 1000) * 1000)
+        self.fences[name] = fence
         expires = time.monotonic() + ttl_ms / 1000
         at_ms = int(time.time() * 1000)
         self.holds[name] = _Hold({token: 1}, reentrant, fence, at_ms, meta, expires)
         return fence
 
     def prune(self, name: str, now: float) -> tuple[list[str], dict[str, float]]:
-        """Drop waiters whose deadline passed (they gave up or died)."""
+        """Drop the waiters at the head whose deadline passed (they gave up or died)."""
         queue = self.queues.setdefault(name, [])
         deadlines = self.deadlines.setdefault(name, {})
-        for waiter in [w for w, deadline in deadlines.items() if deadline <= now]:
-            del deadlines[waiter]
-            queue.remove(waiter)
+        while queue and deadlines.get(queue[0], now) <= now:
+            deadlines.pop(queue.pop(0), None)
         return queue, deadlines
 
 
@@ -135,7 +136,8 @@ class LocMemBackend(BaseLockBackend):
                     hold.owners[token] += 1
                 hold.expires = now + ttl_ms / 1000
                 return Attempt(True, hold.fence, hold.owners[token]), []
-            if not kind.fair:
+            queued = bool(store.queues.get(name))  # a fair queue: every kind takes turns
+            if not kind.fair and not queued:
                 if hold is None:
                     return Attempt(
                         True, store.take(name, token, ttl_ms, meta, kind.reentrant), 1
@@ -143,20 +145,21 @@ class LocMemBackend(BaseLockBackend):
                 return Attempt(False, None, hold.ms_left(now)), []
             queue, deadlines = store.prune(name, now)
             head = queue[0] if queue else None
-            if hold is None and head in (None, waiter):
+            if hold is None and (head is None or (kind.fair and head == waiter)):
                 if head is not None:
                     queue.pop(0)
                     del deadlines[waiter]
                 return Attempt(True, store.take(name, token, ttl_ms, meta, kind.reentrant), 1), []
-            if wait_ms >= 0:
+            if kind.fair and wait_ms >= 0:
                 if waiter not in deadlines:
                     queue.append(waiter)
                 deadlines[waiter] = now + wait_ms / 1000
+                head = head or waiter
             hint = hold.ms_left(now) if hold is not None else -1
-            if deadlines:
-                first = max(0, round((min(deadlines.values()) - now) * 1000))
+            if head is not None and head != waiter:
+                first = max(0, round((deadlines.get(head, now) - now) * 1000))
                 hint = first if hint < 0 or first < hint else hint
-            return Attempt(False, None, hint), []
+            return Attempt(False, None, max(hint, 0)), []
 
         return self._op(name, work)
 
@@ -176,7 +179,7 @@ class LocMemBackend(BaseLockBackend):
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         return Op(name, lambda: self.op_renew([Renewal(name, token, ttl_ms)]).request()[0])
 
-    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         def work(store: _Store, now: float) -> tuple[list[bool], list[str]]:
             results = []
             for renewal in renewals:

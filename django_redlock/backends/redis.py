@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -50,9 +51,9 @@ class RedisBackend(BaseLockBackend):
     def __init__(self, alias: str, params: Any) -> None:
         super().__init__(alias, params)
         self._client: Any = None
-        self._aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._aclients: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None, None]]
+        ] = weakref.WeakKeyDictionary()
         self._hub: PubSubHub | None = None
         self._setup = threading.RLock()
 
@@ -89,12 +90,17 @@ class RedisBackend(BaseLockBackend):
 
     @property
     def aclient(self) -> Any:
-        """A ``redis.asyncio`` client for the running event loop (connections are per loop)."""
+        """A ``redis.asyncio`` client for the running event loop (connections are per loop),
+        closed with its loop: a loop per request (``asyncio.run``, an async view under WSGI)
+        must not leave a connection behind per request."""
         loop = asyncio.get_running_loop()
-        client = self._aclients.get(loop)
-        if client is None:
-            client = self._aclients[loop] = self.make_async_client()
-        return client
+        entry = self._aclients.get(loop)
+        if entry is None:
+            with self._setup:
+                for old in [old for old in self._aclients if old.is_closed()]:
+                    del self._aclients[old]  # closed without shutdown_asyncgens(): let go
+                entry = self._aclients[loop] = _closing_with_loop(self.make_async_client())
+        return entry[0]
 
     @property
     def socket_timeout(self) -> float:
@@ -173,15 +179,14 @@ class RedisBackend(BaseLockBackend):
         return Op(name, Call(script("acquire"), keys, args), _attempt)
 
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
-        keys = [self.key(name), self.channel(name), self.waiting_key(name)]
-        if kind.fair:
-            keys += [self.queue_key(name), self.deadlines_key(name)]
+        keys = [self.key(name), self.channel(name), self.waiting_key(name),
+                self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
         return Op(name, Call(script("release"), keys, [token, self.inbox_prefix]), int)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         return Op(name, Call(script("extend"), [self.key(name)], [token, ttl_ms]), bool)
 
-    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         # One script call for the whole batch, with the tokens (and the TTL, the same for a
         # whole batch of the watchdog) in one argument each: packing arguments costs the client
         # more than anything else in a renewal.
@@ -278,13 +283,34 @@ class RedisBackend(BaseLockBackend):
         self._aclients = weakref.WeakKeyDictionary()
 
 
+def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
+    """``client`` and an async generator that closes it when its loop shuts down.
+
+    The generator is started here, so the running loop tracks it (asyncgen hooks);
+    ``asyncio.run`` and asgiref close every tracked generator before closing the loop
+    (``shutdown_asyncgens``), which runs its ``finally``: the connections close on their loop.
+    """
+
+    async def closer() -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            await client.aclose(close_connection_pool=True)
+
+    generator = closer()
+    step = generator.__anext__()
+    with contextlib.suppress(StopIteration):
+        step.send(None)  # runs up to the yield: nothing in it awaits
+    return client, generator
+
+
 def _attempt(reply: Any) -> Attempt:
     if int(reply[0]):
         return Attempt(True, int(reply[1]), int(reply[2]))
     return Attempt(False, None, int(reply[1]))
 
 
-def _renewed(replies: list[Any]) -> list[bool]:
+def _renewed(replies: list[Any]) -> list[bool | None]:
     """renew.lua's list of 0/1, or a pipeline's replies, one per lock."""
     if replies.count(1) == len(replies):  # the common case, in C: all extended (1 or True)
         return [True] * len(replies)

@@ -31,8 +31,14 @@ DRIFT_FACTOR = 0.01  # clock drift allowance: ttl x 1 % + 2 ms (the Redlock pape
 DRIFT_MS = 2
 #: A node that just failed is skipped (it answers "unavailable" at once) for this long, then
 #: tried again: a dead or paused node then costs nothing, not a timeout per operation. Its
-#: vote is simply missing, which is always safe; what it holds expires at its TTL.
+#: vote is simply missing, which is always safe; what it holds expires at its TTL. Nodes are
+#: skipped only while the others can still make a quorum (else all are probed), and never
+#: for a release, which goes to every node.
 BREAKER_SECONDS = 1.0
+
+
+class _EveryNode(list):
+    """Ops for every node, which the breaker must not skip (releases)."""
 
 
 class _Skipped(BackendUnavailable):
@@ -142,11 +148,19 @@ class RedlockBackend(BaseLockBackend):
         plus one read timeout at most, however many there are.
         """
         taken: list[Any] = []
+        broken = self._broken()
+        if isinstance(ops, _EveryNode):
+            # A release goes to every node; a broken one is not waited for: its reply is
+            # taken if it is there at once, else it counts as unanswered.
+            skipping, hasty = set(), broken
+        else:  # skipped only while the others can still make a quorum
+            skipping = broken if len(self.nodes) - len(broken) >= self.quorum else set()
+            hasty = set()
         for i, (node, node_op) in enumerate(zip(self.nodes, ops, strict=True)):
             if node_op is None:
                 taken.append(None)
                 continue
-            skipped = self._skipped(i, node, node_op)
+            skipped = self._skipped(i, node, node_op) if i in skipping else None
             if skipped is not None:
                 taken.append(skipped)
                 continue
@@ -176,13 +190,14 @@ class RedlockBackend(BaseLockBackend):
         # The replies' deadline starts once every request is out (connecting had its own).
         deadline = time.monotonic() + self.node_timeout
         replies: Replies = []
-        for node, node_op, outcome in zip(self.nodes, ops, sent, strict=True):
+        for i, (node, node_op, outcome) in enumerate(zip(self.nodes, ops, sent, strict=True)):
             if node_op is None or isinstance(outcome, BaseException):
                 replies.append(outcome)
                 continue
             connection, count = outcome
             try:
-                if not connection.can_read(timeout=max(0.0, deadline - time.monotonic())):
+                wait = 0.0 if i in hasty else max(0.0, deadline - time.monotonic())
+                if not connection.can_read(timeout=wait):
                     raise TimeoutError(f"no answer within {self.node_timeout:g} s")
                 raw = [_read(connection) for _ in range(count)]
             except (*UNAVAILABLE, TimeoutError) as exc:
@@ -200,6 +215,11 @@ class RedlockBackend(BaseLockBackend):
             except Exception as exc:
                 replies.append(exc)
         return replies
+
+    def _broken(self) -> set[int]:
+        """The nodes whose breaker is on: they failed less than BREAKER_SECONDS ago."""
+        now = time.monotonic()
+        return {i for i, at in self._failed_at.items() if now - at < BREAKER_SECONDS}
 
     def _skipped(self, i: int, node: RedisBackend, op: Op[Any]) -> _Skipped | None:
         failed = self._failed_at.get(i)
@@ -248,6 +268,20 @@ class RedlockBackend(BaseLockBackend):
 
     def _each(self, build: Any) -> list[Op[Any] | None]:
         return [build(node) for node in self.nodes]
+
+    def _everywhere(self, build: Any) -> list[Op[Any] | None]:
+        """Like :meth:`_each`, never skipped by the breaker."""
+        return _EveryNode(build(node) for node in self.nodes)
+
+    def _decide(self, name: str, replies: Replies, yes: int, doing: str) -> bool:
+        """True when ``yes`` nodes make a quorum, False when even every unanswered node
+        could not make one; else nobody can tell: QuorumNotReached."""
+        unknown = len(self.nodes) - self._answered(replies)
+        if yes >= self.quorum:
+            return True
+        if yes + unknown < self.quorum:
+            return False
+        raise self._unreachable(name, replies, doing)
 
     def _answered(self, replies: Replies) -> int:
         return sum(1 for reply in replies if not isinstance(reply, BaseException))
@@ -299,7 +333,7 @@ class RedlockBackend(BaseLockBackend):
                 return Attempt(True, fence, 1)
         # Not ours: undo everywhere, including nodes that did not answer (a lost reply may
         # have set the key there).
-        yield self._each(lambda n: n.op_release(name, token, Kind()))
+        yield self._everywhere(lambda n: n.op_release(name, token, Kind()))
         if self._answered(replies) < self.quorum:
             raise self._unreachable(name, replies, "acquire")
         return Attempt(False, None, self._wait_hint(replies, bool(granted)))
@@ -331,49 +365,60 @@ class RedlockBackend(BaseLockBackend):
         def steps() -> Steps[int]:
             # Deleted wherever our token still is; but the hold was ours only if a majority
             # still had it (else it was lost, and someone else may hold the majority now).
-            replies = yield self._each(lambda n: n.op_release(name, token, kind))
-            if sum(1 for r in replies if isinstance(r, int) and r >= 0) >= self.quorum:
-                return 0
-            if self._answered(replies) < self.quorum:
-                raise self._unreachable(name, replies, "release")
-            return -1
+            replies = yield self._everywhere(lambda n: n.op_release(name, token, kind))
+            released = sum(1 for r in replies if isinstance(r, int) and r >= 0)
+            return 0 if self._decide(name, replies, released, "release") else -1
 
         return Op(name, _Quorum(steps()))
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         def steps() -> Steps[bool]:
-            return (yield from self._renew([Renewal(name, token, ttl_ms)]))[0]
+            (extended,), replies = yield from self._renew([Renewal(name, token, ttl_ms)])
+            if extended is None:
+                raise self._unreachable(name, replies, "extend")
+            return extended
 
         return Op(name, _Quorum(steps()))
 
-    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool]]:
-        return Op(renewals[0].name if renewals else "", _Quorum(self._renew(renewals)))
+    def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
+        def steps() -> Steps[list[bool | None]]:
+            return (yield from self._renew(renewals))[0]
 
-    def _renew(self, renewals: Sequence[Renewal]) -> Steps[list[bool]]:
-        """Extended only where a majority extended it within the hold's new validity."""
+        return Op(renewals[0].name if renewals else "", _Quorum(steps()))
+
+    def _renew(self, renewals: Sequence[Renewal]) -> Steps[tuple[list[bool | None], Replies]]:
+        """Per hold: True when a majority extended it within its new validity, False when
+        no majority can hold it any more, None when too few nodes answered to tell."""
         started = time.monotonic()
         replies = yield self._each(lambda n: n.op_renew(renewals))
         elapsed_ms = (time.monotonic() - started) * 1000
-        if self._answered(replies) < self.quorum:
-            raise self._unreachable(renewals[0].name, replies, "extend")
-        results = []
+        unknown = len(self.nodes) - self._answered(replies)
+        results: list[bool | None] = []
         for i, renewal in enumerate(renewals):
             votes = sum(1 for r in replies if isinstance(r, list) and r[i])
             valid = renewal.ttl_ms - elapsed_ms - self._drift_ms(renewal.ttl_ms) > 0
-            results.append(votes >= self.quorum and valid)
-        return results
+            if votes >= self.quorum and valid:
+                results.append(True)
+            elif votes + unknown < self.quorum:
+                results.append(False)
+            else:  # a majority may still have it (or had it, too slowly to count on it)
+                results.append(None)
+        return results, replies
 
     def op_hold_count(self, name: str, token: str) -> Op[int]:
         def steps() -> Steps[int]:
             replies = yield self._each(lambda n: n.op_hold_count(name, token))
-            return 1 if sum(1 for r in replies if r == 1) >= self.quorum else 0
+            return int(self._decide(name, replies, sum(1 for r in replies if r == 1), "check"))
 
         return Op(name, _Quorum(steps()))
 
     def op_locked(self, name: str) -> Op[bool]:
         def steps() -> Steps[bool]:
-            replies = yield self._each(lambda n: n.op_locked(name))
-            return sum(1 for r in replies if r is True) >= self.quorum
+            # Held when one token is on a majority (split votes hold nothing).
+            replies = yield self._each(lambda n: Op(name, ("GET", n.key(name)), _token_of))
+            tokens = [r for r in replies if isinstance(r, str)]
+            most = max((tokens.count(t) for t in set(tokens)), default=0)
+            return self._decide(name, replies, most, "check")
 
         return Op(name, _Quorum(steps()))
 
@@ -384,7 +429,7 @@ class RedlockBackend(BaseLockBackend):
         """What is left of the majority's hold: the quorum-th longest PTTL, less drift."""
         replies = yield self._each(lambda n: n.op_pttl(name))
         pttls = sorted((r for r in replies if isinstance(r, int)), reverse=True)
-        if len(pttls) < self.quorum:
+        if not self._decide(name, replies, len(pttls), "check"):
             return None
         left = pttls[self.quorum - 1]
         return max(0, round(left - self._drift_ms(left)))
@@ -409,7 +454,7 @@ class RedlockBackend(BaseLockBackend):
 
     def op_force_release(self, name: str) -> Op[bool]:
         def steps() -> Steps[bool]:
-            replies = yield self._each(lambda n: n.op_force_release(name))
+            replies = yield self._everywhere(lambda n: n.op_force_release(name))
             return any(r is True for r in replies)
 
         return Op(name, _Quorum(steps()))
@@ -471,6 +516,14 @@ def _commands(request: Any) -> list[tuple[Any, ...]]:
         else tuple(c)
         for c in calls
     ]
+
+
+def _token_of(value: Any) -> str | None:
+    """The token of a plain hold's value ('token|fence|...'), None when the key is gone."""
+    if value is None:
+        return None
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return text.split("|", 1)[0]
 
 
 def _idle(connection: Any) -> bool:

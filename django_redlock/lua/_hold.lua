@@ -24,21 +24,30 @@ local function hold_mine(lock, token)
   return 0, nil
 end
 
--- Take a free lock: the next fence from a counter that never expires or goes backwards.
--- Returns the fence, or nil when the lock is held.
+-- The next fence of a name: above its counter, and at least the server's clock in ms x 1000.
+-- So a counter lost with the data (restarted empty, flushed, failed over to a lagging replica)
+-- starts again above every fence handed out before the loss, unless the server's clock went
+-- back meanwhile, or one name was taken 1,000 times a millisecond. Always written and read
+-- as integer text: a Lua number turned into text directly would lose digits ('1.76e+15').
+local function fence_next(counter, now)
+  local fence = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, now * 1000)
+  return fence, string.format('%d', fence)
+end
+
+-- Take a free lock with the next fence. Returns the fence, or nil when the lock is held.
 local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
-  local fence = (tonumber(redis.call('GET', counter)) or 0) + 1
   local at = string.format('%d', now)
+  local fence, text = fence_next(counter, now)
   if reentrant then
     if redis.call('EXISTS', lock) == 1 then
       return nil
     end
-    redis.call('HSET', lock, token, 1, ':fence', fence, ':at', at, ':meta', meta)
+    redis.call('HSET', lock, token, 1, ':fence', text, ':at', at, ':meta', meta)
     redis.call('PEXPIRE', lock, ttl)
-  elseif not redis.call('SET', lock, token .. '|' .. fence .. '|' .. at .. '|' .. meta,
+  elseif not redis.call('SET', lock, token .. '|' .. text .. '|' .. at .. '|' .. meta,
                         'NX', 'PX', ttl) then
     return nil
   end
-  redis.call('INCR', counter)
+  redis.call('SET', counter, text)
   return fence
 end

@@ -1,15 +1,22 @@
 -- Helpers for fair locks, spliced into scripts by `--! include _queue` (after _wake).
 -- Waiters queue in arrival order in a list; each one's deadline (server ms) is in a sorted
--- set. A waiter that gave up or died is dropped once its deadline passes, by every script
--- that touches the queue, so it can never block the queue for longer than that.
+-- set. A waiter that gave up or died is dropped once its deadline passes and it stands at
+-- the head: only the head's turn matters, and the rest are dropped as they reach it. So no
+-- dead waiter blocks the queue past its deadline, and pruning costs O(1) per dead waiter.
+local PRUNE_MAX = 100 -- per call: a crowd of dead waiters never blocks Redis for long
 
 local function queue_prune(queue, deadlines, now)
-  local stale = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now)
-  for _, waiter in ipairs(stale) do
-    redis.call('LREM', queue, 0, waiter)
-  end
-  if #stale > 0 then
-    redis.call('ZREMRANGEBYSCORE', deadlines, '-inf', now)
+  for _ = 1, PRUNE_MAX do
+    local head = redis.call('LINDEX', queue, 0)
+    if not head then
+      return
+    end
+    local deadline = tonumber(redis.call('ZSCORE', deadlines, head))
+    if deadline and deadline > now then
+      return
+    end
+    redis.call('LPOP', queue)
+    redis.call('ZREM', deadlines, head)
   end
 end
 

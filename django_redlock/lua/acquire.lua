@@ -32,8 +32,11 @@ if marker and guard > 0 then
   end
 end
 
+-- A name whose fair queue has waiters is taken in queue order, whatever kind tries.
+local queued = redis.call('EXISTS', queue) == 1
+
 -- Plain and not fair: the classic SET NX PX, tried first.
-if not reentrant and not fair then
+if not reentrant and not fair and not queued then
   local fence = hold_take(lock, counter, token, ttl, meta, false, now)
   if fence then
     if registered then
@@ -56,7 +59,7 @@ if count > 0 then
   return {1, fence, count}
 end
 
-if not fair then
+if not fair and not queued then
   fence = hold_take(lock, counter, token, ttl, meta, reentrant, now)
   if fence then
     if registered then
@@ -71,18 +74,22 @@ if not fair then
   return {0, pttl}
 end
 
--- Fair: the lock goes to the head of the queue, or to anyone when nobody queues.
+-- Queue order: the lock goes to the head of the queue, or to anyone when nobody queues.
+-- A fair waiter queues; any other try only takes a lock that nobody queues for.
 queue_prune(queue, deadlines, now)
 local head = redis.call('LINDEX', queue, 0)
-if (not head or head == waiter) and redis.call('EXISTS', lock) == 0 then
+if (not head or (fair and head == waiter)) and redis.call('EXISTS', lock) == 0 then
   fence = hold_take(lock, counter, token, ttl, meta, reentrant, now)
   if head then
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, waiter)
   end
+  if registered then
+    redis.call('ZREM', waiting, waiter)
+  end
   return {1, fence, 1}
 end
-if wait >= 0 then
+if fair and wait >= 0 then
   if not redis.call('ZSCORE', deadlines, waiter) then
     redis.call('RPUSH', queue, waiter)
   end
@@ -91,17 +98,20 @@ if wait >= 0 then
   local keep = math.max(1, tonumber(last[2]) - now + 1000)
   redis.call('PEXPIRE', queue, keep)
   redis.call('PEXPIRE', deadlines, keep)
+  head = head or waiter
 end
--- Sleep at most until the lock expires, or until the first waiter's deadline (it may have died).
+-- Sleep at most until the lock expires, or until the head's deadline (it may have died).
 local hint = redis.call('PTTL', lock)
-local first = redis.call('ZRANGE', deadlines, 0, 0, 'WITHSCORES')
-if first[2] then
-  local until_first = math.max(0, tonumber(first[2]) - now)
-  if hint < 0 or until_first < hint then
-    hint = until_first
+if head and head ~= waiter then
+  local until_head = math.max(0, (tonumber(redis.call('ZSCORE', deadlines, head)) or now) - now)
+  if hint < 0 or until_head < hint then
+    hint = until_head
   end
 end
 if hint == -2 then
   hint = 0
+end
+if registered then
+  wait_register(waiting, waiter, now, hint)
 end
 return {0, hint}

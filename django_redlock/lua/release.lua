@@ -1,7 +1,9 @@
 -- Release one hold of the caller; free the lock when none are left, and wake its waiters:
 -- those that wait on the release channel (Redis Cluster, Redlock), the earliest registered
--- plain waiter, and on a fair lock the head of the queue. Publishing to nobody costs nothing.
--- KEYS: lock, release channel, plain waiters [, queue, deadlines].
+-- plain waiter, and the head of the fair queue if the name has one (whatever kind is
+-- released: a plain try may have taken a free lock before a fair waiter queued).
+-- Publishing to nobody costs nothing.
+-- KEYS: lock, release channel, plain waiters, queue, deadlines.
 -- ARGV: token, inbox channel prefix.
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
 --! include _hold
@@ -19,7 +21,7 @@ end
 redis.call('DEL', lock)
 redis.call('PUBLISH', channel, 'released')
 wake_first(waiting, inbox)
-if queue then
+if redis.call('EXISTS', queue) == 1 then
   queue_prune(queue, deadlines, now_ms())
   queue_wake_head(queue, inbox)
 end

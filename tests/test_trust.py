@@ -1,0 +1,342 @@
+"""Trust under faults and misuse: unknown is not lost, lost replies, fences across data loss,
+misuse caught at once. Each test here failed before its fix."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redlock import (
+    BackendUnavailable,
+    LockError,
+    LockLost,
+    LockNotOwned,
+    QuorumNotReached,
+    lock,
+    locks,
+)
+from django_redlock.signals import lock_lost
+from django_redlock.testing import RedisServer
+
+from .proxy import LossyProxy
+
+REDIS = "django_redlock.backends.redis.RedisBackend"
+REDLOCK = "django_redlock.backends.redlock.RedlockBackend"
+
+
+def _with_alias(alias: str, config: dict[str, Any]) -> Any:
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config})
+
+
+@pytest.fixture
+def losses() -> Iterator[list[str]]:
+    """Every lock_lost signal sent during the test, as the lock names."""
+    seen: list[str] = []
+
+    def note(sender: Any, lock: Any, **kwargs: Any) -> None:
+        seen.append(lock.name)
+
+    lock_lost.connect(note)
+    yield seen
+    lock_lost.disconnect(note)
+
+
+@pytest.fixture
+def proxied(redis_server: RedisServer) -> Iterator[LossyProxy]:
+    """An alias "lossy" on the suite's Redis, through a proxy that can lose replies."""
+    proxy = LossyProxy(redis_server.port)
+    with _with_alias("lossy", {"BACKEND": REDIS, "LOCATION": proxy.url}):
+        yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def five(redis_factory: Callable[..., RedisServer]) -> Iterator[list[RedisServer]]:
+    """Five independent masters and an alias "five" for the Redlock quorum over them."""
+    servers = [redis_factory() for _ in range(5)]
+    with _with_alias("five", {"BACKEND": REDLOCK, "LOCATION": [s.url for s in servers]}):
+        yield servers
+
+
+# -- lost replies ----------------------------------------------------------------------------
+
+
+def test_a_release_whose_reply_was_lost_is_no_loss(
+    proxied: LossyProxy, name: str, losses: list[str]
+) -> None:
+    held = lock(name, using="lossy", ttl=10)
+    assert held.acquire()
+    proxied.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        held.release()  # it went through; the reply did not
+    assert proxied.lost == 1
+    assert not locks["redis"].is_locked(name)
+    held.release()  # the retry finds the token gone: that is our own release
+    assert losses == [] and held.lost is None
+    assert held.fence is None
+    with pytest.raises(LockNotOwned):
+        held.release()
+
+
+def test_an_acquire_whose_reply_was_lost_can_be_retried_at_once(
+    proxied: LossyProxy, name: str
+) -> None:
+    held = lock(name, using="lossy", ttl=30)
+    assert not held.locked()  # connected: the next reply is the acquire's
+    proxied.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        held.acquire(blocking=False)
+    info = locks["redis"].inspect(name)
+    assert info is not None  # the server granted it
+    assert held.fence is None  # ... but nothing is reported held
+    started = time.monotonic()
+    assert held.acquire(timeout=5)  # the same token: finds its own hold
+    assert time.monotonic() - started < 1
+    assert held.fence == info.fence and held.token == info.token
+    held.release()
+    assert not locks["redis"].is_locked(name)
+
+
+def test_owned_and_extend_when_redis_does_not_answer_keep_the_hold(
+    redis_factory: Callable[..., RedisServer], name: str, losses: list[str]
+) -> None:
+    server = redis_factory()
+    config = {"BACKEND": REDIS, "LOCATION": server.url, "OPTIONS": {"socket_timeout": 0.3}}
+    with _with_alias("paused", config):
+        held = lock(name, using="paused", ttl=3)
+        held.acquire()
+        server.pause()
+        try:
+            for call in (held.owned, held.locked, held.ttl, held.extend):
+                with pytest.raises(BackendUnavailable):
+                    call()
+        finally:
+            server.resume()
+        assert held.owned() and held.fence is not None and held.lost is None
+        time.sleep(3.5)  # past the TTL: only the watchdog, still renewing, keeps it
+        assert held.owned()
+        held.release()
+    assert losses == []
+
+
+# -- Redlock ---------------------------------------------------------------------------------
+
+
+def test_redlock_unknown_is_not_lost(five: list[RedisServer], name: str, losses: list[str]) -> None:
+    held = lock(name, using="five", ttl=2)
+    with held:
+        for server in five[:3]:
+            server.pause()
+        try:
+            for call in (held.owned, held.locked, held.ttl, held.extend):
+                with pytest.raises(QuorumNotReached):
+                    call()
+            time.sleep(0.5)  # the watchdog's renewals meanwhile get no majority either
+        finally:
+            for server in five[:3]:
+                server.resume()
+        assert held.lost is None
+        time.sleep(2.2)  # past the TTL: renewal went on after the nodes came back
+        assert held.owned()
+    assert losses == []  # leaving the block released it, without LockLost
+    assert not lock(name, using="five").locked()
+
+
+def test_redlock_recovered_majority_is_used_at_once(five: list[RedisServer], name: str) -> None:
+    for server in five[:3]:
+        server.kill()
+    with pytest.raises(QuorumNotReached):
+        lock(name, using="five").acquire(blocking=False)
+    for server in five[:3]:
+        server.start()
+    held = lock(name, using="five")
+    assert held.acquire(blocking=False)  # within the breaker's second: probed, not skipped
+    held.release()
+
+
+def test_redlock_release_goes_to_every_node_despite_the_breaker(
+    five: list[RedisServer], name: str
+) -> None:
+    held = lock(name, using="five", ttl=30)
+    assert held.acquire()
+    for server in five[:3]:
+        server.pause()
+    with pytest.raises(QuorumNotReached):
+        held.owned()  # the three nodes now count as broken for a second
+    for server in five[:3]:
+        server.resume()
+    held.release()  # every node is asked, so a majority confirms
+    for server in five:
+        assert not server.client().exists(locks["five"].key(name))
+
+
+# -- loss found at release -------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_loss_found_at_release_is_signalled_and_recorded(name: str, losses: list[str]) -> None:
+    from django_redlock.incidents import recorder
+    from django_redlock.models import LockIncident
+
+    held = lock(name, using="redis", ttl=0.2, auto_renew=False)
+    held.acquire()
+    time.sleep(0.4)
+    with pytest.raises(LockLost):
+        held.release()
+    assert losses == [name]
+    recorder.flush()
+    assert LockIncident.objects.filter(kind="lost", name=name).exists()
+
+
+# -- fences ----------------------------------------------------------------------------------
+
+
+def test_fences_grow_across_a_redis_restarted_empty(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    with _with_alias("restarted", {"BACKEND": REDIS, "LOCATION": server.url}):
+        fences = []
+        for _ in range(3):
+            with lock(name, using="restarted") as held:
+                fences.append(held.fence)
+        server.restart()  # the counter is gone with the data
+        with lock(name, using="restarted") as held:
+            assert held.fence is not None and held.fence > max(fences)
+
+
+# -- misuse ----------------------------------------------------------------------------------
+
+
+def test_waiting_for_a_lock_one_holds_oneself_fails_at_once(alias: str, name: str) -> None:
+    with lock(name, using=alias):
+        started = time.monotonic()
+        with pytest.raises(LockError, match=r"wait for itself.*reentrant=True"):
+            lock(name, using=alias).acquire()
+        assert time.monotonic() - started < 1
+        assert not lock(name, using=alias).acquire(timeout=0.1)  # a timeout still just waits
+
+        got: list[bool] = []  # another thread waits as usual
+        other = lock(name, using=alias)
+        thread = threading.Thread(target=lambda: got.append(other.acquire(timeout=0)))
+        thread.start()
+        thread.join()
+        assert got == [False]
+
+
+def test_waiting_for_itself_in_asyncio(alias: str, name: str) -> None:
+    async def scenario() -> None:
+        async with lock(name, using=alias):
+            with pytest.raises(LockError, match="wait for itself"):
+                await lock(name, using=alias).aacquire()
+
+            async def other() -> bool:  # another task is another owner: it just waits
+                return await lock(name, using=alias).aacquire(timeout=0.1)
+
+            assert await asyncio.create_task(other()) is False
+
+    asyncio.run(scenario())
+
+
+def test_sync_methods_in_a_running_loop_are_sync(alias: str, name: str) -> None:
+    async def scenario() -> None:
+        held = lock(name, using=alias)
+        with pytest.raises(LockError, match="aacquire"):
+            held.acquire()
+        with pytest.raises(LockError, match="aacquire"), lock(name, using=alias):
+            pass
+        assert held.acquire(blocking=False) is True  # one try is allowed, and is a bool
+        assert held.owned() is True and held.locked() is True
+        assert isinstance(held.ttl(), float)
+        assert held.release() is None
+        assert held.locked() is False
+
+    asyncio.run(scenario())
+
+
+def test_a_plain_try_does_not_jump_a_fair_queue(redis_alias: str, name: str) -> None:
+    holder = lock(name, using=redis_alias, fair=True)
+    holder.acquire()
+    order: list[str] = []
+
+    def fair_waiter() -> None:
+        with lock(name, using=redis_alias, fair=True, timeout=10):
+            order.append("fair")
+
+    thread = threading.Thread(target=fair_waiter)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not locks[redis_alias].inspect(name).waiters:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # Release and try at once, before the fair waiter wakes: the queue goes first.
+    barging = lock(name, using=redis_alias)
+    holder.release()
+    assert not barging.acquire(blocking=False)
+    thread.join(10)
+    assert order == ["fair"]
+    assert barging.acquire(blocking=False)  # nobody queues now
+    barging.release()
+
+
+def test_pruning_dead_fair_waiters_is_bounded_per_call(
+    redis_server: RedisServer, name: str
+) -> None:
+    """10,000 waiters that died in the queue: no single script call prunes them all."""
+    backend = locks["redis"]
+    client = redis_server.client()
+    dead = [f"deadprocess.{i}" for i in range(10_000)]
+    client.rpush(backend.queue_key(name), *dead)
+    client.zadd(backend.deadlines_key(name), dict.fromkeys(dead, 1))  # long past
+    client.config_resetstat()
+    held = lock(name, using="redis", fair=True)
+    assert not held.acquire(blocking=False)  # one call: pruned the first 100 only
+    pops = client.info("commandstats").get("cmdstat_lpop", {}).get("calls", 0)
+    assert 0 < pops <= 100
+    assert held.acquire(timeout=10)  # it gets there, 100 a try, without help
+    held.release()
+    assert not client.exists(backend.queue_key(name))
+
+
+def test_a_forked_child_does_not_release_its_parents_lock(redis_alias: str, name: str) -> None:
+    held = lock(name, using=redis_alias)
+    with held:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child leaves the block: it must not free the parent's hold
+            code = 1
+            try:
+                held.__exit__(None, None, None)
+            except LockNotOwned:
+                code = 0
+            except BaseException:
+                code = 2
+            os.write(write, b"x")
+            os._exit(code)
+        os.read(read, 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert held.owned()  # still the parent's
+    assert not held.locked()
+
+
+@pytest.mark.django_db
+def test_async_views_under_wsgi_do_not_leak_connections(redis_server: RedisServer) -> None:
+    """A loop per request (async_to_sync): each loop's client closes with its loop."""
+    from django.test import Client
+
+    client = Client()
+    for _ in range(20):
+        assert client.get("/checkout-async/1/").status_code == 200
+    before = len(redis_server.client().client_list())
+    for _ in range(200):
+        assert client.get("/checkout-async/1/").status_code == 200
+    assert len(redis_server.client().client_list()) <= before + 3
