@@ -259,3 +259,19 @@ def test_bad_single_instance_arguments_fail_at_decoration() -> None:
 
         @single_instance(key="x:{missing}")
         def task(self: Any, a: int) -> None: ...
+
+
+def test_release_task_hold_matches_the_exact_task_id() -> None:
+    from django_redlock import lock
+    from django_redlock.contrib.celery import release_task_hold
+
+    # Task "abc.1" holds outcome:x (its token is "abc.1.<random>"); stopping task "abc" must
+    # not release it, though "abc." starts that token.
+    task = celery_tasks.outcome._get_current_object()
+    held = lock("outcome:x", ttl=30, token_prefix="abc.1.", auto_renew=False)
+    assert held.acquire(blocking=False)
+    assert not release_task_hold(task, "abc", ["x"], {})
+    assert not release_task_hold(task, "abc.", ["x"], {})
+    assert held.owned()
+    assert release_task_hold(task, "abc.1", ["x"], {})
+    assert not locks["default"].is_locked("outcome:x")

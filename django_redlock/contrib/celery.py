@@ -4,7 +4,7 @@ Placed directly under ``@shared_task`` / ``@app.task``. The lock is taken before
 renewed by the watchdog while it runs, and released on every outcome: success, exception,
 ``self.retry()`` (before the retry is scheduled), ``Ignore``, ``Reject``, soft time limit. A
 revoke with ``terminate=True`` or a hard time limit kills the body mid-run; the worker's main
-process then releases the hold by the task id its token starts with. A worker killed
+process then releases the hold whose token carries that task's id. A worker killed
 outright leaves a lock that frees itself after its TTL: seconds, not hours.
 """
 
@@ -193,7 +193,9 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     key = config.key_for(task.name, tuple(args or ()), dict(kwargs or {}))
     backend = locks[config.using]
     info = backend.inspect(key)
-    if info is None or info.token is None or not info.token.startswith(f"{task_id}."):
+    # A hold's token is "<task id>.<random>" and the random part has no ".": compare the
+    # whole id, or stopping task "abc" would release task "abc.1"'s hold.
+    if info is None or info.token is None or info.token.rpartition(".")[0] != task_id:
         return False
     released = backend.execute(backend.op_release(key, info.token, Kind())) >= 0
     logger.info("redlock: released %r, held by stopped task %s", key, task_id)
