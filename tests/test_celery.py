@@ -275,3 +275,18 @@ def test_release_task_hold_matches_the_exact_task_id() -> None:
     assert held.owned()
     assert release_task_hold(task, "abc.1", ["x"], {})
     assert not locks["default"].is_locked("outcome:x")
+
+
+def test_single_instance_above_the_task_decorator_fails_at_decoration() -> None:
+    from celery import shared_task
+
+    from django_redlock import single_instance
+
+    def body(a: int) -> None: ...
+
+    for make in (shared_task, celery_app.app.task, shared_task(bind=True)):
+        task = make(body)
+        with pytest.raises(TypeError, match="directly under"):
+            single_instance()(task)
+    with pytest.raises(TypeError, match="directly under"):
+        single_instance()(celery_tasks.keyed._get_current_object())

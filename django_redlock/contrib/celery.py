@@ -1,11 +1,12 @@
 """``@single_instance``: a Celery task that never runs twice at once for the same key.
 
-Placed directly under ``@shared_task`` / ``@app.task``. The lock is taken before the body runs,
-renewed by the watchdog while it runs, and released on every outcome: success, exception,
-``self.retry()`` (before the retry is scheduled), ``Ignore``, ``Reject``, soft time limit. A
-revoke with ``terminate=True`` or a hard time limit kills the body mid-run; the worker's main
-process then releases the hold whose token carries that task's id. A worker killed
-outright leaves a lock that frees itself after its TTL: seconds, not hours.
+Placed directly under ``@shared_task`` / ``@app.task`` (above them it raises TypeError: Celery
+would run the undecorated function). The lock is taken before the body runs, renewed by the
+watchdog while it runs, and released on every outcome: success, exception, ``self.retry()``
+(before the retry is scheduled), ``Ignore``, ``Reject``, soft time limit. A revoke with
+``terminate=True`` or a hard time limit kills the body mid-run; the worker's main process then
+releases the hold whose token carries that task's id. A worker killed outright leaves a lock
+that frees itself after its TTL: seconds, not hours.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any, TypeVar, cast
 
 from celery import Task, current_task
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.local import Proxy
 from celery.signals import task_failure, task_revoked
 from django.dispatch import Signal
 
@@ -118,6 +120,7 @@ def single_instance(
         raise TypeError(f"using must be a backend alias (str), not {using!r}")
 
     def decorate(func: F) -> F:
+        _check_decorated(func)
         config = SingleInstance(
             func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl
         )
@@ -130,6 +133,22 @@ def single_instance(
         return cast(F, run_once)
 
     return decorate
+
+
+def _check_decorated(func: Any) -> None:
+    """Refuse a Celery task: above ``@shared_task`` this decorator would wrap the task object,
+    while Celery runs the function it was built from, unprotected."""
+    # Proxy first (the tuple is tried in order): isinstance(proxy, Task) would evaluate a
+    # lazy task at import time.
+    if isinstance(func, (Proxy, Task)) or (inspect.isclass(func) and issubclass(func, Task)):
+        raise TypeError(
+            "@single_instance must be placed directly under @shared_task / @app.task (it"
+            " decorates the task's function): above them it would wrap the task object, which"
+            " Celery never calls, and the task would run unprotected. Write:\n"
+            "    @shared_task(bind=True)\n    @single_instance(...)\n    def my_task(self, ...):"
+        )
+    if not callable(func):
+        raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
 
 
 def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
