@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
 import itertools
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +19,7 @@ from typing import Any
 import pytest
 from celery.result import AsyncResult
 
-from django_redlock import LockNotAcquired, locks
+from django_redlock import LockNotAcquired, lock, locks
 from django_redlock.testing import RedisServer
 from tests import celery_app, celery_tasks
 
@@ -262,7 +266,6 @@ def test_bad_single_instance_arguments_fail_at_decoration() -> None:
 
 
 def test_release_task_hold_matches_the_exact_task_id() -> None:
-    from django_redlock import lock
     from django_redlock.contrib.celery import release_task_hold
 
     # Task "abc.1" holds outcome:x (its token is "abc.1.<random>"); stopping task "abc" must
@@ -290,3 +293,60 @@ def test_single_instance_above_the_task_decorator_fails_at_decoration() -> None:
             single_instance()(task)
     with pytest.raises(TypeError, match="directly under"):
         single_instance()(celery_tasks.keyed._get_current_object())
+
+
+BOUND_KEY = 'tests.celery_tasks.bound_other_name:{"customer_id":7,"seconds":1.0}'
+
+
+def test_bound_task_key_comes_from_celery_not_the_parameter_name(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The worker's key leaves the task object out (its repr, an address, differs per process).
+    result = prefork.send(celery_tasks.bound_other_name, 7, 1.0)
+    deadline = time.monotonic() + 30
+    while not redis(redis_server).lrange("bound:ran", 0, -1):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert locks["default"].is_locked(BOUND_KEY)
+    assert result.get(timeout=30) == "ran"
+
+
+def test_default_keys_follow_how_celery_built_the_task() -> None:
+    from django_redlock.contrib.celery import lock_key
+
+    assert lock_key(celery_tasks.bound_other_name, 7, 1.0) == BOUND_KEY
+    with lock(BOUND_KEY, ttl=30):  # in this process too: a duplicate, skipped
+        assert celery_tasks.bound_other_name(7, seconds=1.0) is None
+    # bind=False and a first parameter named `self`: an argument like any other
+    assert lock_key(celery_tasks.unbound_self, 1) != lock_key(celery_tasks.unbound_self, 3)
+    with lock('tests.celery_tasks.unbound_self:{"other":2,"self":1}', ttl=30):
+        assert celery_tasks.unbound_self(1) is None
+        assert celery_tasks.unbound_self(3) == "ran"
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+def test_default_key_arguments_are_canonical_or_refused() -> None:
+    from django_redlock.contrib.celery import lock_key
+
+    keyed = celery_tasks.keyed
+    some = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    # What a JSON message turns them into gives the same key (the worker may see either).
+    assert lock_key(keyed, some) == lock_key(keyed, str(some))
+    assert lock_key(keyed, decimal.Decimal("1.50")) == lock_key(keyed, "1.50")
+    moment = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    assert lock_key(keyed, moment) == lock_key(keyed, moment.isoformat())
+    assert lock_key(keyed, datetime.date(2026, 1, 2)) == lock_key(keyed, "2026-01-02")
+    assert lock_key(keyed, Colour.RED) == lock_key(keyed, "red")
+    assert lock_key(keyed, (1, [2])) == lock_key(keyed, [1, [2]])
+    assert lock_key(keyed, {"b": 1, "a": None}) == lock_key(keyed, {"a": None, "b": 1})
+    # Anything else would put a repr (often with an address) in the key: refused, named.
+    with pytest.raises(TypeError, match=r"argument 'a' .*object.*key="):
+        celery_tasks.keyed(object())
+    with pytest.raises(TypeError, match=r"argument b\[1\]\['x'\] .*set"):
+        lock_key(keyed, 1, b=[0, {"x": {1}}])
+    with pytest.raises(TypeError, match=r"argument 'a' .*dict key 1"):
+        lock_key(keyed, {1: "x"})
+    assert not locks["default"].is_locked("tests.celery_tasks.keyed:*")

@@ -12,14 +12,17 @@ that frees itself after its TTL: seconds, not hours.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import decimal
+import enum
 import functools
 import hashlib
 import inspect
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, TypeVar, cast
 
 from celery import Task, current_task
@@ -60,35 +63,83 @@ class SingleInstance:
     countdown: float
     dedupe_queued: bool
     dedupe_ttl: float
+    #: Every parameter: the arguments of a task Celery built with bind=False.
     signature: inspect.Signature = field(init=False)
+    #: Without the first parameter, where a bind=True task gets the task itself (whatever the
+    #: parameter's name). Which one applies is known only once Celery built the task.
+    bound_signature: inspect.Signature = field(init=False)
+    _templates: dict[bool, Callable[[tuple, dict], str]] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
-        params = list(inspect.signature(self.func).parameters.values())
-        if self.bound:  # Celery passes the task itself as `self`; it is no part of the key
-            params = params[1:]
-        signature = inspect.Signature(params)
+        signature = inspect.signature(self.func)
         object.__setattr__(self, "signature", signature)
+        params = list(signature.parameters.values())
+        if params and params[0].kind in (
+            params[0].POSITIONAL_ONLY,
+            params[0].POSITIONAL_OR_KEYWORD,
+        ):
+            params = params[1:]  # else (*args): the task is args[0], and no named argument
+        object.__setattr__(self, "bound_signature", signature.replace(parameters=params))
         if isinstance(self.key, str):
-            name_template(self.key, signature, self.func.__qualname__)  # checked now
+            # Checked now over every parameter; over a bound task's own at its first call.
+            name_template(self.key, signature, self.func.__qualname__)
 
-    @property
-    def bound(self) -> bool:
-        params = list(inspect.signature(self.func).parameters)
-        return bool(params) and params[0] == "self"
-
-    def key_for(self, task_name: str, args: tuple, kwargs: dict) -> str:
-        """The lock name for one call; ``args`` exclude a bound task's ``self``."""
+    def key_for(self, task_name: str, args: tuple, kwargs: dict, *, bound: bool) -> str:
+        """The lock name for one call; ``args`` exclude the task a ``bind=True`` task gets."""
         if callable(self.key):
             return check_name(self.key(*args, **kwargs))
         if isinstance(self.key, str):
-            return name_template(self.key, self.signature, task_name)(args, kwargs)
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()  # f(1), f(a=1) and f() with a=1 are one key
-        canonical = json.dumps(bound.arguments, sort_keys=True, separators=(",", ":"), default=repr)
+            build = self._templates.get(bound)
+            if build is None:
+                signature = self.bound_signature if bound else self.signature
+                build = self._templates[bound] = name_template(self.key, signature, task_name)
+            return build(args, kwargs)
+        call = (self.bound_signature if bound else self.signature).bind(*args, **kwargs)
+        call.apply_defaults()  # f(1), f(a=1) and f() with a=1 are one key
+        values = {
+            name: _canonical(value, name, task_name) for name, value in call.arguments.items()
+        }
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         key = f"{task_name}:{canonical}"
         if len(key) > MAX_KEY:
             key = f"{task_name}:sha256:{hashlib.sha256(canonical.encode()).hexdigest()}"
         return key
+
+
+#: What a default key accepts, besides str, int, float, bool, None, lists, tuples and dicts
+#: with str keys: types with one obvious text, the one a JSON message gives the worker.
+CANONICAL_TEXT = (uuid.UUID, decimal.Decimal, datetime.date)  # datetime is a date
+
+
+def _canonical(value: Any, where: str, task_name: str) -> Any:
+    """``value`` as JSON that every process computes alike, or TypeError: a repr would put an
+    address (different in every process) or unstable text into the key."""
+    if isinstance(value, enum.Enum):
+        return _canonical(value.value, where, task_name)
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):  # a JSON message makes a tuple a list
+        return [_canonical(v, f"{where}[{i}]", task_name) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, str):
+                raise _not_canonical(task_name, where, f"has dict key {k!r}, not a str")
+        return {k: _canonical(v, f"{where}[{k!r}]", task_name) for k, v in value.items()}
+    if isinstance(value, CANONICAL_TEXT):
+        return value.isoformat() if isinstance(value, datetime.date) else str(value)
+    raise _not_canonical(task_name, where, f"is a {type(value).__qualname__}")
+
+
+def _not_canonical(task_name: str, where: str, what: str) -> TypeError:
+    shown = repr(where) if where.isidentifier() else where
+    return TypeError(
+        f"{task_name}: argument {shown} {what}, which has no canonical form for the default lock"
+        " key (str, int, float, bool, None, list, tuple, dict with str keys, UUID, Decimal,"
+        " date, datetime, Enum); pass key= to @single_instance (a template or a callable over"
+        " the arguments) to name the lock"
+    )
 
 
 def single_instance(
@@ -106,8 +157,10 @@ def single_instance(
     ``key``: a ``str.format`` template over the task's arguments, or a callable taking them.
     ``on_duplicate``: ``"skip"`` (log, send ``duplicate_skipped``, return None), ``"raise"``
     (``LockNotAcquired``: the task fails visibly) or ``"retry"`` (``self.retry`` after
-    ``countdown`` seconds, honouring the task's ``max_retries``). A bound task's first
-    parameter must be named ``self``. ``dedupe_queued`` needs ``base=SingleInstanceTask``.
+    ``countdown`` seconds, honouring the task's ``max_retries``). The default key takes
+    arguments that have one canonical form (see :func:`_canonical`); for others pass ``key=``.
+    A ``bind=True`` task's first parameter (whatever its name) is the task, not part of the
+    key. ``dedupe_queued`` needs ``base=SingleInstanceTask``.
     """
     if on_duplicate not in ON_DUPLICATE:
         raise ValueError(f"on_duplicate must be one of {ON_DUPLICATE}, not {on_duplicate!r}")
@@ -151,13 +204,30 @@ def _check_decorated(func: Any) -> None:
         raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
 
 
-def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
+def _is_bound(task: Any) -> bool:
+    """Whether Celery built ``task`` with ``bind=True``: then ``run`` is a plain function that
+    Python binds to the task (a method); with ``bind=False`` it is a staticmethod."""
+    return inspect.ismethod(getattr(task, "run", None))
+
+
+def _task_of(config: SingleInstance, args: tuple) -> tuple[Any, bool]:
+    """The task running ``config``'s function, if any, and whether it is bound (then it is
+    ``args[0]``)."""
+    first = args[0] if args else None
+    if isinstance(first, Task) and _is_bound(first) and _config_of(first) is config:
+        return first, True
     task = current_task._get_current_object() if current_task else None
-    call_args = args[1:] if config.bound else args
+    # Another task's body calling this function directly is no run of this task.
+    return (task if task is not None and _config_of(task) is config else None), False
+
+
+def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
+    task, bound = _task_of(config, args)
+    call_args = args[1:] if bound else args
     func = config.func
     task_name = task.name if task is not None else f"{func.__module__}.{func.__qualname__}"
     task_id = task.request.id if task is not None else None
-    key = config.key_for(task_name, call_args, kwargs)
+    key = config.key_for(task_name, call_args, kwargs, bound=bound)
     if config.dedupe_queued and task_id:
         _clear_queued_marker(config, key, task_id)
     held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id))
@@ -209,7 +279,7 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     config = _config_of(task)
     if config is None or not task_id:
         return False
-    key = config.key_for(task.name, tuple(args or ()), dict(kwargs or {}))
+    key = config.key_for(task.name, tuple(args or ()), dict(kwargs or {}), bound=_is_bound(task))
     backend = locks[config.using]
     info = backend.inspect(key)
     # A hold's token is "<task id>.<random>" and the random part has no ".": compare the
@@ -261,7 +331,7 @@ class SingleInstanceTask(Task):
         config = _config_of(self)
         if config is None or not config.dedupe_queued:
             return super().apply_async(args, kwargs, **options)
-        key = config.key_for(self.name, tuple(args or ()), dict(kwargs or {}))
+        key = lock_key(self, *(args or ()), **(kwargs or {}))
         backend = locks[config.using]
         running = backend.inspect(key)
         if running is not None and running.holder.get("k"):
@@ -269,8 +339,9 @@ class SingleInstanceTask(Task):
         task_id = options.pop("task_id", None) or new_token()
         delay = float(options.get("countdown") or 0)
         eta = options.get("eta")
-        if isinstance(eta, datetime):
-            delay = max(delay, (eta - datetime.now(timezone.utc)).total_seconds())
+        if isinstance(eta, datetime.datetime):
+            now = datetime.datetime.now(datetime.timezone.utc)
+            delay = max(delay, (eta - now).total_seconds())
         # The marker outlives the wait in the queue (countdown/ETA included), then expires.
         marker = _marker(backend, key)
         client = backend.client  # type: ignore[attr-defined]
@@ -279,6 +350,19 @@ class SingleInstanceTask(Task):
             if queued is not None:
                 return self.AsyncResult(queued.decode() if isinstance(queued, bytes) else queued)
         return super().apply_async(args, kwargs, task_id=task_id, **options)
+
+    def lock_key(self, *args: Any, **kwargs: Any) -> str:
+        """The lock name a call with these arguments uses (see :func:`lock_key`)."""
+        return lock_key(self, *args, **kwargs)
+
+
+def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
+    """The lock name that ``task.delay(*args, **kwargs)`` runs under (any task decorated with
+    ``@single_instance``; ``args`` as given to ``delay``, without a bound task's ``self``)."""
+    config = _config_of(task)
+    if config is None:
+        raise TypeError(f"{task!r} is not a task decorated with @single_instance")
+    return config.key_for(task.name, args, kwargs, bound=_is_bound(task))
 
 
 def _marker(backend: BaseLockBackend, key: str) -> str:
@@ -291,4 +375,10 @@ def _clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None
     backend.execute(Op(key, Call(script("clear_marker"), [_marker(backend, key)], [task_id])))
 
 
-__all__ = ["SingleInstanceTask", "duplicate_skipped", "release_task_hold", "single_instance"]
+__all__ = [
+    "SingleInstanceTask",
+    "duplicate_skipped",
+    "lock_key",
+    "release_task_hold",
+    "single_instance",
+]
