@@ -23,22 +23,22 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from celery import Task, current_task
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.local import Proxy
 from celery.signals import task_failure, task_revoked
+from celery.utils import uuid as uuid_text
+from celery.utils.time import maybe_make_aware
 from django.dispatch import Signal
 
-from ..backends.base import BaseLockBackend, Kind, Op
+from ..backends.base import Kind
 from ..exceptions import LockError, LockNotAcquired
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import current_task as holder_task
-from ..identity import new_token
 from ..locking import Lock, name_template
-from ..scripts import Call, script
-from ..validation import check_name, check_optional_seconds, check_seconds
+from ..validation import MAX_TTL, check_name, check_optional_seconds, check_seconds, to_ms
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -61,7 +61,7 @@ class SingleInstance:
     on_duplicate: str
     using: str
     countdown: float
-    dedupe_queued: bool
+    dedupe_queued: bool | str  # False, True or "raise"
     dedupe_ttl: float
     #: Every parameter: the arguments of a task Celery built with bind=False.
     signature: inspect.Signature = field(init=False)
@@ -149,7 +149,7 @@ def single_instance(
     on_duplicate: str = "skip",
     using: str = DEFAULT_LOCK_ALIAS,
     countdown: float = 10.0,
-    dedupe_queued: bool = False,
+    dedupe_queued: bool | Literal["raise"] = False,
     dedupe_ttl: float = 3600.0,
 ) -> Callable[[F], F]:
     """Run the task body under a lock named by ``key`` (default: task name + arguments).
@@ -160,7 +160,12 @@ def single_instance(
     ``countdown`` seconds, honouring the task's ``max_retries``). The default key takes
     arguments that have one canonical form (see :func:`_canonical`); for others pass ``key=``.
     A ``bind=True`` task's first parameter (whatever its name) is the task, not part of the
-    key. ``dedupe_queued`` needs ``base=SingleInstanceTask``.
+    key.
+
+    ``dedupe_queued`` (the task needs ``base=SingleInstanceTask``): ``True`` makes a ``delay()``
+    of a key that is queued or running return that task's ``AsyncResult`` instead of enqueuing
+    again; ``"raise"`` raises :class:`AlreadyQueued` instead. ``dedupe_ttl``: how long a queue
+    marker lasts past the call's countdown/ETA if the task never starts.
     """
     if on_duplicate not in ON_DUPLICATE:
         raise ValueError(f"on_duplicate must be one of {ON_DUPLICATE}, not {on_duplicate!r}")
@@ -168,7 +173,9 @@ def single_instance(
         check_name(key)
     ttl = check_optional_seconds(ttl, "ttl")
     countdown = check_seconds(countdown, "countdown", allow_zero=True)
-    dedupe_ttl = check_seconds(dedupe_ttl, "dedupe_ttl")
+    dedupe_ttl = check_seconds(dedupe_ttl, "dedupe_ttl", most=MAX_TTL)  # Redis' PX bound
+    if dedupe_queued is not True and dedupe_queued is not False and dedupe_queued != "raise":
+        raise ValueError(f'dedupe_queued must be True, False or "raise", not {dedupe_queued!r}')
     if not isinstance(using, str):
         raise TypeError(f"using must be a backend alias (str), not {using!r}")
 
@@ -227,15 +234,23 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
     func = config.func
     task_name = task.name if task is not None else f"{func.__module__}.{func.__qualname__}"
     task_id = task.request.id if task is not None else None
+    if config.dedupe_queued and task is not None and not isinstance(task, SingleInstanceTask):
+        raise TypeError(
+            f"{task_name}: dedupe_queued needs the task built on SingleInstanceTask, whose"
+            " apply_async() does the deduplication: @shared_task(bind=True,"
+            " base=SingleInstanceTask) (without it every delay() is enqueued)"
+        )
     key = config.key_for(task_name, call_args, kwargs, bound=bound)
-    if config.dedupe_queued and task_id:
-        _clear_queued_marker(config, key, task_id)
     held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id))
     marker = holder_task.set((task_id, task_name) if task_id else None)
     try:
         acquired = held.acquire(blocking=False)
     finally:
         holder_task.reset(marker)
+    if config.dedupe_queued and task_id:
+        # Not queued any more. Cleared after the lock is taken: a delay() in between sees the
+        # marker or the hold, never neither (that would enqueue a duplicate).
+        _clear_queued_marker(config, key, task_id)
     if not acquired:
         return _duplicate(config, task, key, task_id)
     try:
@@ -318,11 +333,24 @@ def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
 # -- queue-time deduplication ---------------------------------------------------------------
 
 
+class AlreadyQueued(LockError):
+    """``dedupe_queued="raise"``: a call of a key that is queued or running already, as the
+    task ``task_id``."""
+
+    def __init__(self, message: str, task_id: str = "") -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its task id (a task may raise it)
+        return (type(self), (str(self), self.task_id))
+
+
 class SingleInstanceTask(Task):
     """A task base that does not enqueue a call whose key is queued or running already.
 
-    Needed only for ``dedupe_queued=True``: ``@shared_task(bind=True, base=SingleInstanceTask)``.
-    The second ``.delay()`` returns the ``AsyncResult`` of the queued or running task.
+    Needed for ``dedupe_queued``: ``@shared_task(bind=True, base=SingleInstanceTask)``. The
+    second ``.delay()`` returns the ``AsyncResult`` of the queued or running task (or raises
+    :class:`AlreadyQueued` with ``dedupe_queued="raise"``). Works on every backend.
     """
 
     abstract = True
@@ -333,23 +361,40 @@ class SingleInstanceTask(Task):
             return super().apply_async(args, kwargs, **options)
         key = lock_key(self, *(args or ()), **(kwargs or {}))
         backend = locks[config.using]
-        running = backend.inspect(key)
-        if running is not None and running.holder.get("k"):
-            return self.AsyncResult(running.holder["k"])
-        task_id = options.pop("task_id", None) or new_token()
-        delay = float(options.get("countdown") or 0)
+        task_id = options.pop("task_id", None)
+        # self.retry() sends the running task's own id again: that call was accepted already,
+        # so it is never deduplicated (to itself, or to the holder it waits for).
+        retrying = task_id is not None and task_id == self.request.id
+        if not retrying:
+            running = backend.inspect(key)
+            holder = running.holder.get("k") if running is not None else None
+            if holder:
+                return self._deduplicated(config, key, str(holder))
+        task_id = task_id or uuid_text()
+        # The marker outlives the wait in the queue (countdown/ETA included), then expires.
+        wait = self._queue_wait(options) + config.dedupe_ttl
+        queued = backend.execute(backend.op_mark_queued(key, task_id, to_ms(wait)))
+        if queued is not None and queued != task_id and not retrying:
+            return self._deduplicated(config, key, queued)
+        return super().apply_async(args, kwargs, task_id=task_id, **options)
+
+    def _queue_wait(self, options: dict[str, Any]) -> float:
+        """Seconds the call waits in the queue by its countdown or ETA."""
+        wait = float(options.get("countdown") or 0)
         eta = options.get("eta")
         if isinstance(eta, datetime.datetime):
-            now = datetime.datetime.now(datetime.timezone.utc)
-            delay = max(delay, (eta - now).total_seconds())
-        # The marker outlives the wait in the queue (countdown/ETA included), then expires.
-        marker = _marker(backend, key)
-        client = backend.client  # type: ignore[attr-defined]
-        if not client.set(marker, task_id, nx=True, ex=max(1, round(delay + config.dedupe_ttl))):
-            queued = client.get(marker)
-            if queued is not None:
-                return self.AsyncResult(queued.decode() if isinstance(queued, bytes) else queued)
-        return super().apply_async(args, kwargs, task_id=task_id, **options)
+            eta = maybe_make_aware(eta, self.app.timezone)  # Celery's reading of a naive ETA
+            wait = max(wait, (eta - self.app.now()).total_seconds())
+        return max(0.0, wait)
+
+    def _deduplicated(self, config: SingleInstance, key: str, task_id: str) -> Any:
+        if config.dedupe_queued == "raise":
+            raise AlreadyQueued(
+                f"{self.name} not queued: {key!r} is queued or running already as task"
+                f" {task_id} (backend {config.using!r})",
+                task_id,
+            )
+        return self.AsyncResult(task_id)
 
     def lock_key(self, *args: Any, **kwargs: Any) -> str:
         """The lock name a call with these arguments uses (see :func:`lock_key`)."""
@@ -365,17 +410,16 @@ def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
     return config.key_for(task.name, args, kwargs, bound=_is_bound(task))
 
 
-def _marker(backend: BaseLockBackend, key: str) -> str:
-    """Where a queued call of ``key`` is noted (beside the lock, in its hash slot)."""
-    return f"{backend.key(key)}:queued"
-
-
 def _clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
     backend = locks[config.using]
-    backend.execute(Op(key, Call(script("clear_marker"), [_marker(backend, key)], [task_id])))
+    try:
+        backend.execute(backend.op_clear_queued(key, task_id))
+    except LockError as exc:  # the marker then expires at its TTL; the run goes on
+        logger.warning("redlock: could not clear the queue marker of %r: %s", key, exc)
 
 
 __all__ = [
+    "AlreadyQueued",
     "SingleInstanceTask",
     "duplicate_skipped",
     "lock_key",
