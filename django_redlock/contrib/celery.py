@@ -248,8 +248,9 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
     finally:
         holder_task.reset(marker)
     if config.dedupe_queued and task_id:
-        # Not queued any more. Cleared after the lock is taken: a delay() in between sees the
-        # marker or the hold, never neither (that would enqueue a duplicate).
+        # Not queued any more. Cleared once the lock is taken, so a delay() meanwhile finds
+        # the marker or the hold. (One that looked for the hold before it was taken and marks
+        # after this still enqueues a duplicate: the lock then excludes it, nothing is lost.)
         _clear_queued_marker(config, key, task_id)
     if not acquired:
         return _duplicate(config, task, key, task_id)
