@@ -6,6 +6,7 @@ import functools
 import inspect
 import logging
 import math
+import string
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -14,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from .exceptions import BackendUnavailable, LockError
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import Lock
-from .validation import check_name, check_optional_seconds
+from .validation import check_name, check_optional_seconds, fit_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger("django_redlock")
@@ -31,18 +32,34 @@ def lock_view(
     """Run the view under a lock; when it is busy, answer ``status`` without running it.
 
     ``name`` is a ``str.format`` template over ``request`` and the view's URL kwargs, e.g.
-    ``"checkout:{request.user.pk}"``. Works on sync and async function views, and on
-    class-based views through ``method_decorator(lock_view(...), name="dispatch")``. A Redis
-    that does not answer gives 503.
+    ``"checkout:{request.user.pk}"``, checked against the view's parameters when it is
+    decorated (a view taking ``**kwargs``: per request). A name over 200 bytes (a long URL
+    value) is shortened to its start and a hash (:func:`~.validation.fit_name`), so any URL
+    works. Works on sync and async function views, and on class-based views through
+    ``method_decorator(lock_view(...), name="dispatch")``. A Redis that does not answer
+    gives 503.
     """
     check_name(name)
+    roots = _roots(name)
     timeout = check_optional_seconds(timeout, "timeout", allow_zero=True) or 0.0
     if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
         raise ValueError(f"status must be an HTTP error status (400-599), not {status!r}")
     Lock(name, ttl=ttl, using=using)  # the other arguments are checked now, not per request
 
-    def make(request: HttpRequest, kwargs: dict[str, Any]) -> Lock:
-        return Lock(name.format(request=request, **kwargs), ttl=ttl, using=using)
+    def make(view: Any, request: HttpRequest, kwargs: dict[str, Any]) -> Lock:
+        try:
+            text = name.format(request=request, **kwargs)
+        except (KeyError, AttributeError, IndexError) as exc:
+            missing = [root for root in roots if root != "request" and root not in kwargs]
+            if missing:
+                raise ValueError(
+                    f"lock_view template {name!r} uses {missing[0]!r}, which this request's URL"
+                    f" does not give to {_where(view)} (URL kwargs: {', '.join(kwargs) or 'none'})"
+                ) from None
+            raise ValueError(
+                f"lock_view template {name!r} failed for this request to {_where(view)}: {exc!r}"
+            ) from exc
+        return Lock(fit_name(text), ttl=ttl, using=using)
 
     def busy(seconds_left: float | None) -> HttpResponse:
         response = HttpResponse("This is being done already; try again shortly.", status=status)
@@ -53,11 +70,12 @@ def lock_view(
         return HttpResponse("The lock service is unavailable.", status=503)
 
     def decorate(view: F) -> F:
+        _check_roots(name, roots, view)
         if inspect.iscoroutinefunction(view):
 
             @functools.wraps(view)
             async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-                held = make(request, kwargs)
+                held = make(view, request, kwargs)
                 try:
                     if not await held.aacquire(timeout=timeout):
                         return busy(await held.attl())
@@ -76,7 +94,7 @@ def lock_view(
         @functools.wraps(view)
         def sync_view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
             # The thread driver explicitly: a sync view may run where a loop is running.
-            held = make(request, kwargs)
+            held = make(view, request, kwargs)
             try:
                 if not held._drive(held._acquire(True, timeout)):
                     return busy(held._drive(held._ttl()))
@@ -93,3 +111,46 @@ def lock_view(
         return cast(F, sync_view)
 
     return decorate
+
+
+def _roots(template: str) -> list[str]:
+    """The names a template's fields start from (``request`` of ``{request.user.pk}``)."""
+    roots = []
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if not root or root.isdigit():
+            raise ValueError(
+                f"lock_view template {template!r}: use names (request or URL kwargs), not {{}}"
+            )
+        roots.append(root)
+    return roots
+
+
+def _check_roots(template: str, roots: list[str], view: Any) -> None:
+    """Each root must be ``request`` or a parameter the URL can pass by name. A view taking
+    ``**kwargs`` (or with no signature to read) is checked per request instead."""
+    try:
+        signature = inspect.signature(view)
+    except (TypeError, ValueError):
+        return
+    params = list(signature.parameters.values())
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    # The first parameter gets the request positionally (after `self`, for a method), so only
+    # the name `request` reaches it in a template.
+    first = next((i for i, p in enumerate(params) if p.name != "self"), 0)
+    named = {
+        p.name for p in params[first + 1 :] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+    for root in roots:
+        if root != "request" and root not in named:
+            raise ValueError(
+                f"lock_view template {template!r} uses {root!r}, which is neither request nor a"
+                f" URL parameter of {_where(view)}{signature}"
+            )
+
+
+def _where(view: Any) -> str:
+    return str(getattr(view, "__qualname__", None) or type(view).__qualname__)

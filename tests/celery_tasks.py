@@ -92,3 +92,26 @@ def crash(self: Any, name: str, seconds: float) -> str:
 @single_instance(key="dedupe:{name}", ttl=5, dedupe_queued=True)
 def deduped(self: Any, name: str, seconds: float = 1.0) -> str:
     return body(f"dedupe:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True)
+@single_instance(ttl=5)
+def bound_other_name(task: Any, customer_id: int, seconds: float = 0.5) -> str:
+    # bind=True with the task parameter not named `self`: Celery passes the task all the same
+    return body("bound", task.request.id, seconds)
+
+
+@shared_task
+@single_instance(ttl=5)
+def unbound_self(self: int, other: int = 2) -> str:
+    # bind=False: `self` is an ordinary argument here, and part of the key
+    return "ran"
+
+
+@shared_task(bind=True, base=SingleInstanceTask, max_retries=1)
+@single_instance(key="dedupe-retry:{name}", ttl=5, dedupe_queued=True)
+def deduped_retry(self: Any, name: str) -> str:
+    redis().rpush(f"dedupe-retry:{name}", self.request.retries)
+    if self.request.retries == 0:
+        raise self.retry(countdown=0.1)  # its own id again: must be enqueued, not deduplicated
+    return "ran"

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
+import gc
 import itertools
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import shared_task
 from celery.result import AsyncResult
 
-from django_redlock import LockNotAcquired, locks
+from django_redlock import LockNotAcquired, lock, locks, single_instance
+from django_redlock.contrib.celery import AlreadyQueued, SingleInstanceTask
 from django_redlock.testing import RedisServer
 from tests import celery_app, celery_tasks
 
 from .conftest import ROOT
+from .test_redlock import quorum_alias
 
 _queues = itertools.count()
 
@@ -259,3 +268,205 @@ def test_bad_single_instance_arguments_fail_at_decoration() -> None:
 
         @single_instance(key="x:{missing}")
         def task(self: Any, a: int) -> None: ...
+
+
+def test_release_task_hold_matches_the_exact_task_id() -> None:
+    from django_redlock.contrib.celery import release_task_hold
+
+    # Task "abc.1" holds outcome:x (its token is "abc.1.<random>"); stopping task "abc" must
+    # not release it, though "abc." starts that token.
+    task = celery_tasks.outcome._get_current_object()
+    held = lock("outcome:x", ttl=30, token_prefix="abc.1.", auto_renew=False)
+    assert held.acquire(blocking=False)
+    assert not release_task_hold(task, "abc", ["x"], {})
+    assert not release_task_hold(task, "abc.", ["x"], {})
+    assert held.owned()
+    assert release_task_hold(task, "abc.1", ["x"], {})
+    assert not locks["default"].is_locked("outcome:x")
+
+
+def test_single_instance_above_the_task_decorator_fails_at_decoration() -> None:
+    from celery import shared_task
+
+    from django_redlock import single_instance
+
+    def body(a: int) -> None: ...
+
+    for make in (shared_task, celery_app.app.task, shared_task(bind=True)):
+        task = make(body)
+        with pytest.raises(TypeError, match="directly under"):
+            single_instance()(task)
+    with pytest.raises(TypeError, match="directly under"):
+        single_instance()(celery_tasks.keyed._get_current_object())
+
+
+BOUND_KEY = 'tests.celery_tasks.bound_other_name:{"customer_id":7,"seconds":1.0}'
+
+
+def test_bound_task_key_comes_from_celery_not_the_parameter_name(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The worker's key leaves the task object out (its repr, an address, differs per process).
+    result = prefork.send(celery_tasks.bound_other_name, 7, 1.0)
+    deadline = time.monotonic() + 30
+    while not redis(redis_server).lrange("bound:ran", 0, -1):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert locks["default"].is_locked(BOUND_KEY)
+    assert result.get(timeout=30) == "ran"
+
+
+def test_default_keys_follow_how_celery_built_the_task() -> None:
+    from django_redlock.contrib.celery import lock_key
+
+    assert lock_key(celery_tasks.bound_other_name, 7, 1.0) == BOUND_KEY
+    with lock(BOUND_KEY, ttl=30):  # in this process too: a duplicate, skipped
+        assert celery_tasks.bound_other_name(7, seconds=1.0) is None
+    # bind=False and a first parameter named `self`: an argument like any other
+    assert lock_key(celery_tasks.unbound_self, 1) != lock_key(celery_tasks.unbound_self, 3)
+    with lock('tests.celery_tasks.unbound_self:{"other":2,"self":1}', ttl=30):
+        assert celery_tasks.unbound_self(1) is None
+        assert celery_tasks.unbound_self(3) == "ran"
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+def test_default_key_arguments_are_canonical_or_refused() -> None:
+    from django_redlock.contrib.celery import lock_key
+
+    keyed = celery_tasks.keyed
+    some = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    # What a JSON message turns them into gives the same key (the worker may see either).
+    assert lock_key(keyed, some) == lock_key(keyed, str(some))
+    assert lock_key(keyed, decimal.Decimal("1.50")) == lock_key(keyed, "1.50")
+    moment = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    assert lock_key(keyed, moment) == lock_key(keyed, moment.isoformat())
+    assert lock_key(keyed, datetime.date(2026, 1, 2)) == lock_key(keyed, "2026-01-02")
+    assert lock_key(keyed, Colour.RED) == lock_key(keyed, "red")
+    assert lock_key(keyed, (1, [2])) == lock_key(keyed, [1, [2]])
+    assert lock_key(keyed, {"b": 1, "a": None}) == lock_key(keyed, {"a": None, "b": 1})
+    # Anything else would put a repr (often with an address) in the key: refused, named.
+    with pytest.raises(TypeError, match=r"argument 'a' .*object.*key="):
+        celery_tasks.keyed(object())
+    with pytest.raises(TypeError, match=r"argument b\[1\]\['x'\] .*set"):
+        lock_key(keyed, 1, b=[0, {"x": {1}}])
+    with pytest.raises(TypeError, match=r"argument 'a' .*dict key 1"):
+        lock_key(keyed, {1: "x"})
+    assert not locks["default"].is_locked("tests.celery_tasks.keyed:*")
+
+
+# -- dedupe_queued on every backend, in this process: apply_async() publishes to a queue that no
+# worker reads; the run is apply() in a thread, with the queued call's task id.
+
+NOBODY = "nobody-reads-this"
+RUNNING = threading.Event()
+FINISH = threading.Event()
+
+
+def _dedupe_task(alias: str, mode: Any) -> Any:
+    @shared_task(
+        bind=True, base=SingleInstanceTask, name=f"tests.test_celery.dedupe_{alias}_{mode}"
+    )
+    @single_instance(key="dedupe:{name}", ttl=5, using=alias, dedupe_queued=mode)
+    def dedupe(self: Any, name: str) -> str:
+        RUNNING.set()
+        assert FINISH.wait(30)
+        return str(self.request.id)
+
+    return dedupe
+
+
+DEDUPE_ALIASES = ("redis", "sentinel", "cluster", "quorum", "local")
+DEDUPE = {(a, m): _dedupe_task(a, m) for a in DEDUPE_ALIASES for m in (True, "raise")}
+
+
+@pytest.fixture
+def broker(redis_server: RedisServer) -> Iterator[None]:
+    celery_app.configure(redis_server.url)
+    yield
+    # AsyncResults live in reference cycles; collected later, they would unsubscribe from a
+    # result store that has stopped.
+    gc.collect()
+
+
+@pytest.fixture(params=DEDUPE_ALIASES)
+def dedupe_alias(
+    request: pytest.FixtureRequest, redis_factory: Callable[..., RedisServer]
+) -> Iterator[str]:
+    if request.param == "quorum":
+        nodes = [redis_factory() for _ in range(5)]
+        with quorum_alias("quorum", nodes):
+            yield "quorum"
+        return
+    if request.param in ("cluster", "sentinel"):
+        request.getfixturevalue(f"_{request.param}_alias")
+    yield request.param
+
+
+@pytest.mark.parametrize("mode", [True, "raise"])
+def test_dedupe_queued_on_every_backend(dedupe_alias: str, mode: Any, broker: None) -> None:
+    task = DEDUPE[(dedupe_alias, mode)]
+    name = f"{dedupe_alias}-{mode}"
+
+    def again() -> str:
+        if mode == "raise":
+            with pytest.raises(AlreadyQueued) as caught:
+                task.apply_async((name,), queue=NOBODY)
+            assert f"dedupe:{name}" in str(caught.value)
+            return caught.value.task_id
+        return str(task.apply_async((name,), queue=NOBODY).id)
+
+    first = task.apply_async((name,), queue=NOBODY, countdown=60)
+    assert again() == first.id  # queued: not enqueued again
+    RUNNING.clear()
+    FINISH.clear()
+    runner = threading.Thread(target=task.apply, args=((name,),), kwargs={"task_id": first.id})
+    runner.start()
+    try:
+        assert RUNNING.wait(30)
+        assert locks[dedupe_alias].is_locked(f"dedupe:{name}")
+        assert again() == first.id  # running: not enqueued either
+    finally:
+        FINISH.set()
+        runner.join(30)
+    fourth = task.apply_async((name,), queue=NOBODY)  # done: enqueued anew
+    assert fourth.id != first.id
+    assert again() == fourth.id
+
+
+def test_dedupe_queued_needs_single_instance_task(broker: None) -> None:
+    with pytest.raises(ValueError, match="dedupe_queued"):
+        single_instance(dedupe_queued="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dedupe_ttl"):
+        single_instance(dedupe_queued=True, dedupe_ttl=1e30)
+
+    @shared_task(bind=True)
+    @single_instance(dedupe_queued=True)
+    def no_base(self: Any, a: int) -> int:
+        return a
+
+    with pytest.raises(TypeError, match="base=SingleInstanceTask"):
+        no_base(1)
+
+
+def test_retry_of_a_deduplicated_task_is_enqueued(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    result = prefork.send(celery_tasks.deduped_retry, "r")
+    assert result.get(timeout=30) == "ran"
+    assert redis(redis_server).lrange("dedupe-retry:r", 0, -1) == ["0", "1"]
+
+
+def test_queue_marker_ops(alias: str) -> None:
+    backend = locks[alias]
+    mark, clear = backend.op_mark_queued, backend.op_clear_queued
+    assert backend.execute(mark("m", "t1", 300)) is None  # noted
+    assert backend.execute(mark("m", "t2", 300)) == "t1"  # t1 is queued already
+    assert backend.execute(clear("m", "t2")) is False  # not t2's to clear
+    assert backend.execute(clear("m", "t1")) is True
+    assert backend.execute(mark("m", "t2", 300)) is None
+    time.sleep(0.4)  # expired: the next call is noted
+    assert backend.execute(mark("m", "t3", 300)) is None
+    assert backend.execute(mark("m", "t4", 300)) == "t3"

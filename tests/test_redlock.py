@@ -236,3 +236,24 @@ def test_crash_restart_hazard_and_the_guard(redis_factory: Callable[..., RedisSe
         with pytest.raises(LockNotOwned):
             first.release()
         second.release()
+
+
+def test_queue_marker_needs_a_majority(quorum: RedlockBackend, nodes: list[RedisServer]) -> None:
+    marker = quorum.queued_key("q")
+    nodes[0].client().set(marker, "stale", px=30000)  # a minority's leftover: outvoted
+    assert quorum.execute(quorum.op_mark_queued("q", "t1", 30000)) is None
+    for node in nodes[:3]:  # a majority has another task queued: that one is the answer
+        node.client().set(marker, "other", px=30000)
+    assert quorum.execute(quorum.op_mark_queued("q", "t2", 30000)) == "other"
+    assert [n.client().get(marker) for n in nodes[3:]] == [b"t1", b"t1"]  # t2 taken back
+    for node in nodes[:2]:  # no majority either way: noted, enqueued (never dropped)
+        node.client().set(marker, "x", px=30000)
+    for node in nodes[2:4]:
+        node.client().set(marker, "y", px=30000)
+    nodes[4].client().delete(marker)
+    assert quorum.execute(quorum.op_mark_queued("q", "t3", 30000)) is None
+    assert quorum.execute(quorum.op_clear_queued("q", "t3")) is True
+    for node in nodes[:3]:
+        node.stop()
+    with pytest.raises(QuorumNotReached):
+        quorum.execute(quorum.op_mark_queued("q", "t4", 30000))

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 
 from django_redlock import lock, lock_view
+from django_redlock.validation import fit_name
 
 pytestmark = pytest.mark.django_db
 
@@ -54,3 +56,41 @@ def test_bad_lock_view_arguments() -> None:
         lock_view("x", timeout=-1)
     with pytest.raises(ValueError, match="unknown lock backend"):
         lock_view("x", using="nope")
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [("x" * 2000, "x" * 2000), ("é" * 1000, "é" * 1000), ("%F0%9F%94%92" * 300, "🔒" * 300)],
+)
+def test_any_url_value_makes_a_lock_name(path: str, value: str) -> None:
+    response = Client().get(f"/long/{path}/")
+    assert response.status_code == 200  # not a 500 for a name over 1024 bytes
+    assert response.content == str(len(value)).encode()
+    with lock(fit_name(f"long:{value}"), ttl=10):  # the view's lock: long names are hashed
+        assert Client().get(f"/long/{path}/").status_code == 409
+    assert Client().get("/long/short/").status_code == 200
+
+
+def test_template_is_checked_against_the_view_at_decoration() -> None:
+    def view(request: HttpRequest, user_id: int) -> HttpResponse:
+        return HttpResponse("ran")
+
+    lock_view("u:{user_id}:{request.user.pk}")(view)  # fine
+    with pytest.raises(ValueError, match=r"'order_id'.*view\(request.*user_id"):
+        lock_view("o:{order_id}")(view)
+    with pytest.raises(ValueError, match="names"):
+        lock_view("o:{0}")
+
+    def named_otherwise(req: HttpRequest) -> HttpResponse:
+        return HttpResponse("ran")
+
+    with pytest.raises(ValueError, match="'req'"):  # the request is `request` in a template
+        lock_view("o:{req.path}")(named_otherwise)
+
+
+def test_view_over_kwargs_is_checked_per_request() -> None:
+    assert Client().get("/order/3/").content == b"ran"
+    with lock("order:3"):
+        assert Client().get("/order/3/").status_code == 409
+    with pytest.raises(ValueError, match=r"'order_id'.*user_id"):
+        Client().get("/order-without-id/3/")

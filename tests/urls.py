@@ -37,6 +37,16 @@ async def checkout_down_async(request: HttpRequest, user_id: int) -> HttpRespons
     return HttpResponse("ran")
 
 
+@lock_view("long:{value}")
+def long_value(request: HttpRequest, value: str) -> HttpResponse:
+    return HttpResponse(f"{len(value)}")
+
+
+@lock_view("order:{order_id}")
+def any_kwargs(request: HttpRequest, **kwargs: object) -> HttpResponse:
+    return HttpResponse("ran")
+
+
 @method_decorator(lock_view("report:{request.method}"), name="dispatch")
 class ReportView(View):
     def get(self, request: HttpRequest) -> HttpResponse:
@@ -52,4 +62,7 @@ urlpatterns = [
     path("checkout-down/", checkout_down),
     path("checkout-down-async/<int:user_id>/", checkout_down_async),
     path("report/", ReportView.as_view()),
+    path("long/<str:value>/", long_value),
+    path("order/<int:order_id>/", any_kwargs),
+    path("order-without-id/<int:user_id>/", any_kwargs),
 ]

@@ -325,3 +325,19 @@ class BaseLockBackend:
 
     def describe(self) -> str:
         return f"{self.alias!r} ({type(self).__name__})"
+
+    # -- queue markers (Celery dedupe) -------------------------------------------------------
+    # A note that a task for a lock name is queued, so a second ``delay()`` is not enqueued.
+
+    def queued_key(self, name: str) -> str:
+        """The marker of ``name``'s queued task: beside the lock, in its hash slot."""
+        return f"{self.key(name)}:queued"
+
+    def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
+        """Note ``task_id`` as ``name``'s queued task for ``ttl_ms``, unless a task is noted
+        already: then return that task's id (None: ``task_id`` is noted now)."""
+        raise NotImplementedError
+
+    def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
+        """Remove the marker if it still names ``task_id`` (a newer one stays)."""
+        raise NotImplementedError

@@ -49,6 +49,7 @@ class _Store:
     queues: dict[str, list[str]] = field(default_factory=dict)
     deadlines: dict[str, dict[str, float]] = field(default_factory=dict)
     hub: ReleaseHub = field(default_factory=ReleaseHub)
+    queued: dict[str, tuple[str, float]] = field(default_factory=dict)  # task id, expires
 
     def live(self, name: str, now: float) -> _Hold | None:
         hold = self.holds.get(name)
@@ -255,5 +256,29 @@ class LocMemBackend(BaseLockBackend):
             self._store.holds.clear()
             self._store.queues.clear()
             self._store.deadlines.clear()
+            self._store.queued.clear()
         for name in names:
             self._store.hub.notify(self.channel(name))
+
+    # -- queue markers (Celery dedupe) -------------------------------------------------------
+    # The semantics of lua/mark_queued.lua and lua/clear_marker.lua, in this process.
+
+    def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
+        def work(store: _Store, now: float) -> tuple[str | None, list[str]]:
+            noted = store.queued.get(name)
+            if noted is not None and noted[1] > now:
+                return noted[0], []
+            store.queued[name] = (task_id, now + ttl_ms / 1000)
+            return None, []
+
+        return self._op(name, work)
+
+    def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
+        def work(store: _Store, now: float) -> tuple[bool, list[str]]:
+            noted = store.queued.get(name)
+            if noted is None or noted[0] != task_id:
+                return False, []
+            del store.queued[name]
+            return noted[1] > now, []  # an expired one was gone already
+
+        return self._op(name, work)

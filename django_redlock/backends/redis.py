@@ -282,6 +282,20 @@ class RedisBackend(BaseLockBackend):
             self._client = None
         self._aclients = weakref.WeakKeyDictionary()
 
+    # -- queue markers (Celery dedupe) -------------------------------------------------------
+    # One key in the lock's hash slot: Sentinel, Cluster and django-redis inherit these.
+
+    def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
+        call = Call(script("mark_queued"), [self.queued_key(name)], [task_id, ttl_ms])
+        return Op(name, call, _queued)
+
+    def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
+        return Op(name, Call(script("clear_marker"), [self.queued_key(name)], [task_id]), bool)
+
+
+def _queued(reply: Any) -> str | None:
+    return None if reply is None else str(text(reply))
+
 
 def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
     """``client`` and an async generator that closes it when its loop shuts down.

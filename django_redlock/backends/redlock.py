@@ -12,6 +12,7 @@ import asyncio
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Generator, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -505,6 +506,51 @@ class RedlockBackend(BaseLockBackend):
         for node in self.nodes:
             node.close()
         self._hub = None
+
+    # -- queue markers (Celery dedupe) -------------------------------------------------------
+
+    def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
+        """Note ``task_id`` on every node where no task is noted yet.
+
+        ``task_id`` is the queued one (None) when a majority noted it. Another task is (its id)
+        when a majority has it noted: ours is then taken back where it was noted. With no
+        majority either way (a race of three or more, or nodes down), None all the same: a
+        duplicate enqueued is excluded by the lock when it runs, while answering with another
+        id would drop this call if that task is never enqueued. Fewer than a quorum of
+        answers: QuorumNotReached, with ours taken back.
+        """
+
+        def steps() -> Steps[str | None]:
+            replies = yield self._each(lambda n: n.op_mark_queued(name, task_id, ttl_ms))
+            ours = [reply is None for reply in replies]  # errors come back as exceptions
+            if self._answered(replies) < self.quorum:
+                yield self._each(lambda n: n.op_clear_queued(name, task_id))
+                raise self._unreachable(name, replies, "note a queued task")
+            if sum(ours) >= self.quorum:
+                return None
+            votes = Counter(r for r in replies if isinstance(r, str) and r != task_id)
+            other, count = votes.most_common(1)[0] if votes else (None, 0)
+            if count < self.quorum:
+                return None
+            yield [
+                node.op_clear_queued(name, task_id) if mine else None
+                for node, mine in zip(self.nodes, ours, strict=True)
+            ]
+            return other
+
+        return Op(name, _Quorum(steps()))
+
+    def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
+        """Remove ``task_id``'s marker wherever it is; True if any node had it. Fewer than a
+        quorum of answers: QuorumNotReached (the markers left expire at their TTL)."""
+
+        def steps() -> Steps[bool]:
+            replies = yield self._each(lambda n: n.op_clear_queued(name, task_id))
+            if self._answered(replies) < self.quorum:
+                raise self._unreachable(name, replies, "clear a queued task's marker")
+            return any(reply is True for reply in replies)
+
+        return Op(name, _Quorum(steps()))
 
 
 def _commands(request: Any) -> list[tuple[Any, ...]]:

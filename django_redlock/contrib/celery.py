@@ -1,39 +1,44 @@
 """``@single_instance``: a Celery task that never runs twice at once for the same key.
 
-Placed directly under ``@shared_task`` / ``@app.task``. The lock is taken before the body runs,
-renewed by the watchdog while it runs, and released on every outcome: success, exception,
-``self.retry()`` (before the retry is scheduled), ``Ignore``, ``Reject``, soft time limit. A
-revoke with ``terminate=True`` or a hard time limit kills the body mid-run; the worker's main
-process then releases the hold by the task id its token starts with. A worker killed
-outright leaves a lock that frees itself after its TTL: seconds, not hours.
+Placed directly under ``@shared_task`` / ``@app.task`` (above them it raises TypeError: Celery
+would run the undecorated function). The lock is taken before the body runs, renewed by the
+watchdog while it runs, and released on every outcome: success, exception, ``self.retry()``
+(before the retry is scheduled), ``Ignore``, ``Reject``, soft time limit. A revoke with
+``terminate=True`` or a hard time limit kills the body mid-run; the worker's main process then
+releases the hold whose token carries that task's id. A worker killed outright leaves a lock
+that frees itself after its TTL: seconds, not hours.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import decimal
+import enum
 import functools
 import hashlib
 import inspect
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 from celery import Task, current_task
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.local import Proxy
 from celery.signals import task_failure, task_revoked
+from celery.utils import uuid as uuid_text
+from celery.utils.time import maybe_make_aware
 from django.dispatch import Signal
 
-from ..backends.base import BaseLockBackend, Kind, Op
+from ..backends.base import Kind
 from ..exceptions import LockError, LockNotAcquired
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import current_task as holder_task
-from ..identity import new_token
 from ..locking import Lock, name_template
-from ..scripts import Call, script
-from ..validation import check_name, check_optional_seconds, check_seconds
+from ..validation import MAX_TTL, check_name, check_optional_seconds, check_seconds, to_ms
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,37 +61,85 @@ class SingleInstance:
     on_duplicate: str
     using: str
     countdown: float
-    dedupe_queued: bool
+    dedupe_queued: bool | str  # False, True or "raise"
     dedupe_ttl: float
+    #: Every parameter: the arguments of a task Celery built with bind=False.
     signature: inspect.Signature = field(init=False)
+    #: Without the first parameter, where a bind=True task gets the task itself (whatever the
+    #: parameter's name). Which one applies is known only once Celery built the task.
+    bound_signature: inspect.Signature = field(init=False)
+    _templates: dict[bool, Callable[[tuple, dict], str]] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
-        params = list(inspect.signature(self.func).parameters.values())
-        if self.bound:  # Celery passes the task itself as `self`; it is no part of the key
-            params = params[1:]
-        signature = inspect.Signature(params)
+        signature = inspect.signature(self.func)
         object.__setattr__(self, "signature", signature)
+        params = list(signature.parameters.values())
+        if params and params[0].kind in (
+            params[0].POSITIONAL_ONLY,
+            params[0].POSITIONAL_OR_KEYWORD,
+        ):
+            params = params[1:]  # else (*args): the task is args[0], and no named argument
+        object.__setattr__(self, "bound_signature", signature.replace(parameters=params))
         if isinstance(self.key, str):
-            name_template(self.key, signature, self.func.__qualname__)  # checked now
+            # Checked now over every parameter; over a bound task's own at its first call.
+            name_template(self.key, signature, self.func.__qualname__)
 
-    @property
-    def bound(self) -> bool:
-        params = list(inspect.signature(self.func).parameters)
-        return bool(params) and params[0] == "self"
-
-    def key_for(self, task_name: str, args: tuple, kwargs: dict) -> str:
-        """The lock name for one call; ``args`` exclude a bound task's ``self``."""
+    def key_for(self, task_name: str, args: tuple, kwargs: dict, *, bound: bool) -> str:
+        """The lock name for one call; ``args`` exclude the task a ``bind=True`` task gets."""
         if callable(self.key):
             return check_name(self.key(*args, **kwargs))
         if isinstance(self.key, str):
-            return name_template(self.key, self.signature, task_name)(args, kwargs)
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()  # f(1), f(a=1) and f() with a=1 are one key
-        canonical = json.dumps(bound.arguments, sort_keys=True, separators=(",", ":"), default=repr)
+            build = self._templates.get(bound)
+            if build is None:
+                signature = self.bound_signature if bound else self.signature
+                build = self._templates[bound] = name_template(self.key, signature, task_name)
+            return build(args, kwargs)
+        call = (self.bound_signature if bound else self.signature).bind(*args, **kwargs)
+        call.apply_defaults()  # f(1), f(a=1) and f() with a=1 are one key
+        values = {
+            name: _canonical(value, name, task_name) for name, value in call.arguments.items()
+        }
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         key = f"{task_name}:{canonical}"
         if len(key) > MAX_KEY:
             key = f"{task_name}:sha256:{hashlib.sha256(canonical.encode()).hexdigest()}"
         return key
+
+
+#: What a default key accepts, besides str, int, float, bool, None, lists, tuples and dicts
+#: with str keys: types with one obvious text, the one a JSON message gives the worker.
+CANONICAL_TEXT = (uuid.UUID, decimal.Decimal, datetime.date)  # datetime is a date
+
+
+def _canonical(value: Any, where: str, task_name: str) -> Any:
+    """``value`` as JSON that every process computes alike, or TypeError: a repr would put an
+    address (different in every process) or unstable text into the key."""
+    if isinstance(value, enum.Enum):
+        return _canonical(value.value, where, task_name)
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):  # a JSON message makes a tuple a list
+        return [_canonical(v, f"{where}[{i}]", task_name) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, str):
+                raise _not_canonical(task_name, where, f"has dict key {k!r}, not a str")
+        return {k: _canonical(v, f"{where}[{k!r}]", task_name) for k, v in value.items()}
+    if isinstance(value, CANONICAL_TEXT):
+        return value.isoformat() if isinstance(value, datetime.date) else str(value)
+    raise _not_canonical(task_name, where, f"is a {type(value).__qualname__}")
+
+
+def _not_canonical(task_name: str, where: str, what: str) -> TypeError:
+    shown = repr(where) if where.isidentifier() else where
+    return TypeError(
+        f"{task_name}: argument {shown} {what}, which has no canonical form for the default lock"
+        " key (str, int, float, bool, None, list, tuple, dict with str keys, UUID, Decimal,"
+        " date, datetime, Enum); pass key= to @single_instance (a template or a callable over"
+        " the arguments) to name the lock"
+    )
 
 
 def single_instance(
@@ -96,7 +149,7 @@ def single_instance(
     on_duplicate: str = "skip",
     using: str = DEFAULT_LOCK_ALIAS,
     countdown: float = 10.0,
-    dedupe_queued: bool = False,
+    dedupe_queued: bool | Literal["raise"] = False,
     dedupe_ttl: float = 3600.0,
 ) -> Callable[[F], F]:
     """Run the task body under a lock named by ``key`` (default: task name + arguments).
@@ -104,8 +157,15 @@ def single_instance(
     ``key``: a ``str.format`` template over the task's arguments, or a callable taking them.
     ``on_duplicate``: ``"skip"`` (log, send ``duplicate_skipped``, return None), ``"raise"``
     (``LockNotAcquired``: the task fails visibly) or ``"retry"`` (``self.retry`` after
-    ``countdown`` seconds, honouring the task's ``max_retries``). A bound task's first
-    parameter must be named ``self``. ``dedupe_queued`` needs ``base=SingleInstanceTask``.
+    ``countdown`` seconds, honouring the task's ``max_retries``). The default key takes
+    arguments that have one canonical form (see :func:`_canonical`); for others pass ``key=``.
+    A ``bind=True`` task's first parameter (whatever its name) is the task, not part of the
+    key.
+
+    ``dedupe_queued`` (the task needs ``base=SingleInstanceTask``): ``True`` makes a ``delay()``
+    of a key that is queued or running return that task's ``AsyncResult`` instead of enqueuing
+    again; ``"raise"`` raises :class:`AlreadyQueued` instead. ``dedupe_ttl``: how long a queue
+    marker lasts past the call's countdown/ETA if the task never starts.
     """
     if on_duplicate not in ON_DUPLICATE:
         raise ValueError(f"on_duplicate must be one of {ON_DUPLICATE}, not {on_duplicate!r}")
@@ -113,11 +173,14 @@ def single_instance(
         check_name(key)
     ttl = check_optional_seconds(ttl, "ttl")
     countdown = check_seconds(countdown, "countdown", allow_zero=True)
-    dedupe_ttl = check_seconds(dedupe_ttl, "dedupe_ttl")
+    dedupe_ttl = check_seconds(dedupe_ttl, "dedupe_ttl", most=MAX_TTL)  # Redis' PX bound
+    if dedupe_queued is not True and dedupe_queued is not False and dedupe_queued != "raise":
+        raise ValueError(f'dedupe_queued must be True, False or "raise", not {dedupe_queued!r}')
     if not isinstance(using, str):
         raise TypeError(f"using must be a backend alias (str), not {using!r}")
 
     def decorate(func: F) -> F:
+        _check_decorated(func)
         config = SingleInstance(
             func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl
         )
@@ -132,21 +195,63 @@ def single_instance(
     return decorate
 
 
-def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
+def _check_decorated(func: Any) -> None:
+    """Refuse a Celery task: above ``@shared_task`` this decorator would wrap the task object,
+    while Celery runs the function it was built from, unprotected."""
+    # Proxy first (the tuple is tried in order): isinstance(proxy, Task) would evaluate a
+    # lazy task at import time.
+    if isinstance(func, (Proxy, Task)) or (inspect.isclass(func) and issubclass(func, Task)):
+        raise TypeError(
+            "@single_instance must be placed directly under @shared_task / @app.task (it"
+            " decorates the task's function): above them it would wrap the task object, which"
+            " Celery never calls, and the task would run unprotected. Write:\n"
+            "    @shared_task(bind=True)\n    @single_instance(...)\n    def my_task(self, ...):"
+        )
+    if not callable(func):
+        raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
+
+
+def _is_bound(task: Any) -> bool:
+    """Whether Celery built ``task`` with ``bind=True``: then ``run`` is a plain function that
+    Python binds to the task (a method); with ``bind=False`` it is a staticmethod."""
+    return inspect.ismethod(getattr(task, "run", None))
+
+
+def _task_of(config: SingleInstance, args: tuple) -> tuple[Any, bool]:
+    """The task running ``config``'s function, if any, and whether it is bound (then it is
+    ``args[0]``)."""
+    first = args[0] if args else None
+    if isinstance(first, Task) and _is_bound(first) and _config_of(first) is config:
+        return first, True
     task = current_task._get_current_object() if current_task else None
-    call_args = args[1:] if config.bound else args
+    # Another task's body calling this function directly is no run of this task.
+    return (task if task is not None and _config_of(task) is config else None), False
+
+
+def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
+    task, bound = _task_of(config, args)
+    call_args = args[1:] if bound else args
     func = config.func
     task_name = task.name if task is not None else f"{func.__module__}.{func.__qualname__}"
     task_id = task.request.id if task is not None else None
-    key = config.key_for(task_name, call_args, kwargs)
-    if config.dedupe_queued and task_id:
-        _clear_queued_marker(config, key, task_id)
+    if config.dedupe_queued and task is not None and not isinstance(task, SingleInstanceTask):
+        raise TypeError(
+            f"{task_name}: dedupe_queued needs the task built on SingleInstanceTask, whose"
+            " apply_async() does the deduplication: @shared_task(bind=True,"
+            " base=SingleInstanceTask) (without it every delay() is enqueued)"
+        )
+    key = config.key_for(task_name, call_args, kwargs, bound=bound)
     held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id))
     marker = holder_task.set((task_id, task_name) if task_id else None)
     try:
         acquired = held.acquire(blocking=False)
     finally:
         holder_task.reset(marker)
+    if config.dedupe_queued and task_id:
+        # Not queued any more. Cleared once the lock is taken, so a delay() meanwhile finds
+        # the marker or the hold. (One that looked for the hold before it was taken and marks
+        # after this still enqueues a duplicate: the lock then excludes it, nothing is lost.)
+        _clear_queued_marker(config, key, task_id)
     if not acquired:
         return _duplicate(config, task, key, task_id)
     try:
@@ -190,10 +295,12 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     config = _config_of(task)
     if config is None or not task_id:
         return False
-    key = config.key_for(task.name, tuple(args or ()), dict(kwargs or {}))
+    key = config.key_for(task.name, tuple(args or ()), dict(kwargs or {}), bound=_is_bound(task))
     backend = locks[config.using]
     info = backend.inspect(key)
-    if info is None or info.token is None or not info.token.startswith(f"{task_id}."):
+    # A hold's token is "<task id>.<random>" and the random part has no ".": compare the
+    # whole id, or stopping task "abc" would release task "abc.1"'s hold.
+    if info is None or info.token is None or info.token.rpartition(".")[0] != task_id:
         return False
     released = backend.execute(backend.op_release(key, info.token, Kind())) >= 0
     logger.info("redlock: released %r, held by stopped task %s", key, task_id)
@@ -227,11 +334,24 @@ def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
 # -- queue-time deduplication ---------------------------------------------------------------
 
 
+class AlreadyQueued(LockError):
+    """``dedupe_queued="raise"``: a call of a key that is queued or running already, as the
+    task ``task_id``."""
+
+    def __init__(self, message: str, task_id: str = "") -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its task id (a task may raise it)
+        return (type(self), (str(self), self.task_id))
+
+
 class SingleInstanceTask(Task):
     """A task base that does not enqueue a call whose key is queued or running already.
 
-    Needed only for ``dedupe_queued=True``: ``@shared_task(bind=True, base=SingleInstanceTask)``.
-    The second ``.delay()`` returns the ``AsyncResult`` of the queued or running task.
+    Needed for ``dedupe_queued``: ``@shared_task(bind=True, base=SingleInstanceTask)``. The
+    second ``.delay()`` returns the ``AsyncResult`` of the queued or running task (or raises
+    :class:`AlreadyQueued` with ``dedupe_queued="raise"``). Works on every backend.
     """
 
     abstract = True
@@ -240,34 +360,70 @@ class SingleInstanceTask(Task):
         config = _config_of(self)
         if config is None or not config.dedupe_queued:
             return super().apply_async(args, kwargs, **options)
-        key = config.key_for(self.name, tuple(args or ()), dict(kwargs or {}))
+        key = lock_key(self, *(args or ()), **(kwargs or {}))
         backend = locks[config.using]
-        running = backend.inspect(key)
-        if running is not None and running.holder.get("k"):
-            return self.AsyncResult(running.holder["k"])
-        task_id = options.pop("task_id", None) or new_token()
-        delay = float(options.get("countdown") or 0)
-        eta = options.get("eta")
-        if isinstance(eta, datetime):
-            delay = max(delay, (eta - datetime.now(timezone.utc)).total_seconds())
+        task_id = options.pop("task_id", None)
+        # self.retry() sends the running task's own id again: that call was accepted already,
+        # so it is never deduplicated (to itself, or to the holder it waits for).
+        retrying = task_id is not None and task_id == self.request.id
+        if not retrying:
+            running = backend.inspect(key)
+            holder = running.holder.get("k") if running is not None else None
+            if holder:
+                return self._deduplicated(config, key, str(holder))
+        task_id = task_id or uuid_text()
         # The marker outlives the wait in the queue (countdown/ETA included), then expires.
-        marker = _marker(backend, key)
-        client = backend.client  # type: ignore[attr-defined]
-        if not client.set(marker, task_id, nx=True, ex=max(1, round(delay + config.dedupe_ttl))):
-            queued = client.get(marker)
-            if queued is not None:
-                return self.AsyncResult(queued.decode() if isinstance(queued, bytes) else queued)
+        wait = self._queue_wait(options) + config.dedupe_ttl
+        queued = backend.execute(backend.op_mark_queued(key, task_id, to_ms(wait)))
+        if queued is not None and queued != task_id and not retrying:
+            return self._deduplicated(config, key, queued)
         return super().apply_async(args, kwargs, task_id=task_id, **options)
 
+    def _queue_wait(self, options: dict[str, Any]) -> float:
+        """Seconds the call waits in the queue by its countdown or ETA."""
+        wait = float(options.get("countdown") or 0)
+        eta = options.get("eta")
+        if isinstance(eta, datetime.datetime):
+            eta = maybe_make_aware(eta, self.app.timezone)  # Celery's reading of a naive ETA
+            wait = max(wait, (eta - self.app.now()).total_seconds())
+        return max(0.0, wait)
 
-def _marker(backend: BaseLockBackend, key: str) -> str:
-    """Where a queued call of ``key`` is noted (beside the lock, in its hash slot)."""
-    return f"{backend.key(key)}:queued"
+    def _deduplicated(self, config: SingleInstance, key: str, task_id: str) -> Any:
+        if config.dedupe_queued == "raise":
+            raise AlreadyQueued(
+                f"{self.name} not queued: {key!r} is queued or running already as task"
+                f" {task_id} (backend {config.using!r})",
+                task_id,
+            )
+        return self.AsyncResult(task_id)
+
+    def lock_key(self, *args: Any, **kwargs: Any) -> str:
+        """The lock name a call with these arguments uses (see :func:`lock_key`)."""
+        return lock_key(self, *args, **kwargs)
+
+
+def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
+    """The lock name that ``task.delay(*args, **kwargs)`` runs under (any task decorated with
+    ``@single_instance``; ``args`` as given to ``delay``, without a bound task's ``self``)."""
+    config = _config_of(task)
+    if config is None:
+        raise TypeError(f"{task!r} is not a task decorated with @single_instance")
+    return config.key_for(task.name, args, kwargs, bound=_is_bound(task))
 
 
 def _clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
     backend = locks[config.using]
-    backend.execute(Op(key, Call(script("clear_marker"), [_marker(backend, key)], [task_id])))
+    try:
+        backend.execute(backend.op_clear_queued(key, task_id))
+    except LockError as exc:  # the marker then expires at its TTL; the run goes on
+        logger.warning("redlock: could not clear the queue marker of %r: %s", key, exc)
 
 
-__all__ = ["SingleInstanceTask", "duplicate_skipped", "release_task_hold", "single_instance"]
+__all__ = [
+    "AlreadyQueued",
+    "SingleInstanceTask",
+    "duplicate_skipped",
+    "lock_key",
+    "release_task_hold",
+    "single_instance",
+]
