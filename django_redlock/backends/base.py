@@ -7,6 +7,7 @@ running event loop (:meth:`aexecute`), so the sync and asyncio APIs share every 
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -274,7 +275,11 @@ class BaseLockBackend:
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         raise NotImplementedError
 
-    def op_force_release(self, name: str) -> Op[bool]:
+    def op_force_release(
+        self, name: str, token: str | None = None, fence: int | None = None
+    ) -> Op[Released]:
+        """Delete the lock whoever holds it; with ``token`` (a plain hold's) or ``fence`` (a
+        reentrant hold's), only if it is still that hold: what an operator was shown."""
         raise NotImplementedError
 
     def execute(self, op: Op[T]) -> T:
@@ -293,8 +298,11 @@ class BaseLockBackend:
     def inspect(self, name: str) -> LockInfo | None:
         return self.execute(self.op_inspect(name))
 
-    def force_release(self, name: str) -> bool:
-        return self.execute(self.op_force_release(name))
+    def force_release(
+        self, name: str, token: str | None = None, fence: int | None = None
+    ) -> Released:
+        """Truthy only when the lock was released (see :class:`Released`)."""
+        return self.execute(self.op_force_release(name, token, fence))
 
     def is_locked(self, name: str) -> bool:
         return self.execute(self.op_locked(name))
@@ -308,7 +316,7 @@ class BaseLockBackend:
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """About ``size`` held locks whose names match the glob, from ``cursor`` on; and the
         cursor of the next page (None at the end). This default walks ``iter_locks``."""
-        start = int(cursor or 0)
+        start = parse_cursor(cursor)  # ValueError for a crafted one
         found = list(itertools.islice(self.iter_locks(match), start, start + size + 1))
         more = len(found) > size
         return found[:size], (str(start + size) if more else None)
@@ -323,3 +331,33 @@ class BaseLockBackend:
 
     def describe(self) -> str:
         return f"{self.alias!r} ({type(self).__name__})"
+
+
+class Released(enum.Enum):
+    """What a force-release did. Truthy only when it released the lock, so ``if
+    backend.force_release(name):`` reads as before."""
+
+    RELEASED = 1
+    NOT_HELD = 0
+    CHANGED = -1  # held, but by another hold than the one expected: left alone
+
+    def __bool__(self) -> bool:
+        return self is Released.RELEASED
+
+    @classmethod
+    def of(cls, reply: Any) -> Released:
+        """force_release.lua's reply: 1, 0 or -1."""
+        return cls(int(reply))
+
+
+def parse_cursor(cursor: Any, limit: int = 2**64) -> int:
+    """A number in a page cursor, as it comes from a URL: ``0 <= n < limit`` (a ``SCAN``
+    cursor is an unsigned 64-bit number), else ValueError: a crafted cursor is bad input."""
+    if cursor is None or cursor == "":
+        return 0
+    if not (isinstance(cursor, str) and cursor.isascii() and cursor.isdigit()) or len(cursor) > 20:
+        raise ValueError(f"bad page cursor {cursor!r}")
+    number = int(cursor)
+    if number >= limit:
+        raise ValueError(f"bad page cursor {cursor!r}: out of range")
+    return number

@@ -21,7 +21,17 @@ from .. import scripts
 from ..exceptions import BackendUnavailable
 from ..scripts import Call, script
 from ..waiting import PubSubHub
-from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Renewal, lock_info
+from .base import (
+    Attempt,
+    BaseLockBackend,
+    Kind,
+    LockInfo,
+    Op,
+    Released,
+    Renewal,
+    lock_info,
+    parse_cursor,
+)
 
 logger = logging.getLogger("django_redlock")
 T = TypeVar("T")
@@ -214,10 +224,14 @@ class RedisBackend(BaseLockBackend):
         keys = [self.key(name), self.queue_key(name), self.waiting_key(name)]
         return Op(name, Call(script("inspect"), keys, []), lambda r: self._info(name, r))
 
-    def op_force_release(self, name: str) -> Op[bool]:
+    def op_force_release(
+        self, name: str, token: str | None = None, fence: int | None = None
+    ) -> Op[Released]:
         keys = [self.key(name), self.channel(name), self.queue_key(name), self.deadlines_key(name),
                 self.waiting_key(name)]  # fmt: skip
-        return Op(name, Call(script("force_release"), keys, [self.inbox_prefix]), bool)
+        # The fence travels as the exact decimal string the scripts store, never a float.
+        args = [self.inbox_prefix, token or "", "" if fence is None else str(int(fence))]
+        return Op(name, Call(script("force_release"), keys, args), Released.of)
 
     def _info(self, name: str, reply: Any) -> LockInfo | None:
         kind, pttl, value, waiters = reply
@@ -231,7 +245,7 @@ class RedisBackend(BaseLockBackend):
         the page's locks are inspected in one pipelined round trip."""
         pattern = f"{self.key_prefix}{{{match}}}"
         names: list[str] = []
-        position, count = int(cursor or 0), size
+        position, count = parse_cursor(cursor), size  # ValueError for a crafted one
         with self._io(match):
             while True:
                 position, keys = self.client.scan(position, match=pattern, count=count)
