@@ -127,6 +127,22 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": "5"}}, r"\['TTL'\].*number"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": 1e15}}, r"\['TTL'\].*<= 2592000"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": 1}}, r"\['KEY_PREFIX'\]"),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": ""}},
+        r"\['q'\]\['KEY_PREFIX'\] must not be empty.*provably",
+    ),
+    (
+        {"q": {"BACKEND": "django_redlock.backends.locmem.LocMemBackend", "KEY_PREFIX": " "}},
+        r"\['q'\]\['KEY_PREFIX'\] must not be empty",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "app*"}},
+        r"\['q'\]\['KEY_PREFIX'\] 'app\*' must not contain",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "a[bc]"}},
+        r"\['KEY_PREFIX'\] 'a\[bc\]' must not contain",
+    ),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": []}}, r"\['OPTIONS'\]"),
     (
         {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TIMEOUT": 3}},

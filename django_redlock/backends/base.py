@@ -22,6 +22,7 @@ from ..waiting import ReleaseHub
 
 DEFAULT_TTL = 30.0
 DEFAULT_KEY_PREFIX = "redlock"
+PREFIX_FORBIDDEN = "*?[]\\"  # glob characters: keys are found by SCAN MATCH
 T = TypeVar("T")
 
 
@@ -160,6 +161,20 @@ class BaseLockBackend:
         prefix = params.get("KEY_PREFIX", DEFAULT_KEY_PREFIX)
         if not isinstance(prefix, str):
             raise bad("KEY_PREFIX", f"must be a str, not {prefix!r}")
+        if not prefix.strip():
+            # The prefix is what makes a key provably ours: without one, the admin, `redlock
+            # list` and `redlock purge` would take any key shaped like '{...}' for a lock.
+            raise bad(
+                "KEY_PREFIX",
+                "must not be empty: the prefix is what makes a key provably this app's (the"
+                " admin and `redlock purge` act only on keys under it); without one, other"
+                " applications' keys shaped like '{...}' would be listed and deleted as locks",
+            )
+        if any(c in prefix for c in PREFIX_FORBIDDEN):
+            # Keys are found by SCAN MATCH 'prefix{...}': a glob character in the prefix would
+            # match other applications' keys too.
+            raise bad("KEY_PREFIX", f"{prefix!r} must not contain any of"
+                                    f" {' '.join(PREFIX_FORBIDDEN)}")  # fmt: skip
         options = params.get("OPTIONS", {})
         if not isinstance(options, Mapping):
             raise bad("OPTIONS", f"must be a dict, not {type(options).__name__}")
