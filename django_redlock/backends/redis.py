@@ -6,9 +6,10 @@ import asyncio
 import logging
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -19,6 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import scripts
 from ..exceptions import BackendUnavailable
+from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub
 from .base import (
@@ -290,6 +292,14 @@ class RedisBackend(BaseLockBackend):
             self._client.close()
             self._client = None
         self._aclients = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
+        # Every key goes to BlockingConnectionPool.from_url, then to the connection class
+        # the URL's scheme picks: a key neither takes is a TypeError at the first connection.
+        scheme = urlsplit(str(params.get("LOCATION"))).scheme
+        where = f"redis-py's pool and {scheme}:// connection (BlockingConnectionPool.from_url)"
+        check_options(alias, params.get("OPTIONS") or {}, pool_options(scheme), where)
 
 
 def _attempt(reply: Any) -> Attempt:

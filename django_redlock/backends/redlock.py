@@ -12,12 +12,14 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from redis.exceptions import NoScriptError
 
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
+from ..options import check_options, pool_options
 from ..scripts import Call
 from ..waiting import CompositeHub
 from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Released, Renewal, parse_cursor
@@ -573,6 +575,14 @@ class RedlockBackend(BaseLockBackend):
         info.ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else None
         info.fence = max(fences) if fences else None
         return info, holders
+
+    @classmethod
+    def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
+        # Every node gets every option: each must suit every node's URL scheme.
+        schemes = {urlsplit(str(url)).scheme for url in params.get("LOCATION") or []}
+        allowed = set.intersection(*(set(pool_options(scheme)) for scheme in schemes))
+        where = "the Redlock backend (restart_guard) or redis-py's pool and connection"
+        check_options(alias, params.get("OPTIONS") or {}, allowed | {"restart_guard"}, where)
 
 
 def _commands(request: Any) -> list[tuple[Any, ...]]:
