@@ -354,3 +354,64 @@ def test_long_names_from_data_are_hashed_stably() -> None:
     assert fit_name("short") == "short"
     with pytest.raises(ValueError, match="not valid text"):
         fit_name("\udc80" * 300)
+
+
+def _shared_db_warnings(locks_config: dict[str, Any], caches: dict[str, Any]) -> list[str]:
+    from django.core import checks
+
+    with override_settings(DJANGO_REDLOCK=locks_config, CACHES=caches):
+        found = checks.run_checks(tags=[checks.Tags.caches])
+    return [str(m.obj) for m in found if m.id == "django_redlock.W001"]
+
+
+CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://10.0.0.5:6379/0"}
+
+
+def test_locks_in_a_django_redis_cache_s_database_are_a_warning() -> None:
+    """cache.clear() is FLUSHDB: it would free every lock and reset the fences."""
+    djr = "django_redlock.backends.django_redis.DjangoRedisBackend"
+    assert _shared_db_warnings({"c": {"BACKEND": djr, "CACHE": "default"}},
+                               {"default": CACHE}) == ["DJANGO_REDLOCK['c']"]  # fmt: skip
+    same = [
+        "redis://10.0.0.5:6379/0", "redis://10.0.0.5:6379", "rediss://10.0.0.5/0",
+        "redis://10.0.0.5:6379?db=0",
+    ]  # fmt: skip
+    for url in same:
+        config = {"r": {"BACKEND": REDIS, "LOCATION": url}}
+        assert _shared_db_warnings(config, {"default": CACHE}) == ["DJANGO_REDLOCK['r']"], url
+    other = ["redis://10.0.0.5:6379/1", "redis://10.0.0.6:6379/0", "redis://10.0.0.5:6380/0"]
+    for url in other:
+        config = {"r": {"BACKEND": REDIS, "LOCATION": url}}
+        assert _shared_db_warnings(config, {"default": CACHE}) == [], url
+    # A cache on /1 by django-redis's DB option, a replica list, localhost spelled two ways.
+    caches = {
+        "db1": {**CACHE, "LOCATION": "redis://10.0.0.5:6379", "OPTIONS": {"DB": 1}},
+        "replicas": {**CACHE, "LOCATION": ["redis://10.0.0.7:6379/2", "redis://10.0.0.8/2"]},
+        "local": {**CACHE, "LOCATION": "redis://localhost:6379/0"},
+        "plain": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    }
+    quorum = "django_redlock.backends.redlock.RedlockBackend"
+    config = {
+        "a": {"BACKEND": REDIS, "LOCATION": "redis://10.0.0.5:6379/1"},
+        "b": {"BACKEND": quorum, "LOCATION": ["redis://10.0.0.8:6379/2", "redis://x/0",
+                                               "redis://y/0"]},
+        "c": {"BACKEND": REDIS, "LOCATION": "redis://127.0.0.1:6379/0"},
+        "d": {"BACKEND": REDIS, "LOCATION": "redis://127.0.0.1:6379/3"},
+    }  # fmt: skip
+    assert sorted(_shared_db_warnings(config, caches)) == [
+        "DJANGO_REDLOCK['a']", "DJANGO_REDLOCK['b']", "DJANGO_REDLOCK['c']",
+    ]  # fmt: skip
+
+
+def test_manage_py_check_shows_the_shared_database_warning() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    config = {**settings.DJANGO_REDLOCK, "r": {"BACKEND": REDIS, "LOCATION": CACHE["LOCATION"]}}
+    err = StringIO()
+    with override_settings(DJANGO_REDLOCK=config, CACHES={"default": CACHE}):
+        call_command("check", stderr=err, stdout=StringIO())
+    text = err.getvalue()
+    assert "DJANGO_REDLOCK['r']: (django_redlock.W001)" in text
+    assert "FLUSHDB" in text and "redis://HOST:6379/1" in text
