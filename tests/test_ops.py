@@ -164,6 +164,14 @@ def test_redlock_pages_list_every_lock_once_with_a_node_down_and_stale_keys(
     nodes[3].client().set(quorum.key("minority"), "other|1|0|", px=30_000)
     assert sorted(_every_page(quorum)) == [f"d:{i:03}" for i in range(150)]
     assert sorted(_every_page(quorum, "d:00*")) == [f"d:00{i}" for i in range(10)]
+    # Node 0 skipped by the scan (it did not answer then) but back for the inspection:
+    # its locks are listed from the next node, not taken as listed already.
+    found: list[str] = []
+    cursor: str | None = "1:0:0"
+    while cursor is not None:
+        page, cursor = quorum.page("*", cursor, 100)
+        found += [info.name for info in page]
+    assert sorted(found) == [f"d:{i:03}" for i in range(150)]
     nodes[0].stop()
     assert sorted(_every_page(quorum)) == [f"d:{i:03}" for i in range(150)]
     assert sorted(info.name for info in quorum.iter_locks("d:*")) == [
@@ -172,7 +180,7 @@ def test_redlock_pages_list_every_lock_once_with_a_node_down_and_stale_keys(
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("cursor", ['{"quorum": "9:0:0"}', '{"quorum": "0:0:9"}',
+@pytest.mark.parametrize("cursor", ['{"quorum": "9:0:0"}', '{"quorum": "0:0:99"}',
                                     '{"quorum": "5:0:0"}', '{"quorum": "0"}',
                                     '{"quorum": "0:-1:0"}', '{"quorum": "a:b:c"}'])  # fmt: skip
 def test_a_crafted_redlock_cursor_gives_the_first_page(quorum: RedlockBackend, cursor: str) -> None:

@@ -476,12 +476,13 @@ class RedlockBackend(BaseLockBackend):
 
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """A page by ``SCAN``, node after node, like the single-node backends' (never a round
-        trip per held lock). The cursor is ``node index:scan cursor:nodes scanned``.
+        trip per held lock). The cursor is ``node index:scan cursor:nodes scanned`` (the
+        last a bitmask of the nodes scanned to the end).
 
         A majority hold is on a majority of nodes, so it is on one of any ``N - quorum + 1``
         nodes: scanning that many (skipping nodes that do not answer) finds every lock. The
         names found are inspected on every node in one fan-out (one pipelined request per
-        node), and a lock is listed from the first node that has its key: once in all.
+        node), and a lock is listed unless a node scanned before has it: once in all.
         """
         index, position, scanned = self._page_cursor(cursor)
         pattern = f"{self.key_prefix}{{{match}}}"
@@ -490,7 +491,7 @@ class RedlockBackend(BaseLockBackend):
         pending: list[tuple[int, str]] = []  # (node it was found on, name), to inspect
         seen: set[str] = set()
         count, scans = size, 0
-        while index < len(self.nodes) and scanned < needed:
+        while index < len(self.nodes) and scanned.bit_count() < needed:
             node = self.nodes[index]
             scans += 1
             try:
@@ -505,15 +506,16 @@ class RedlockBackend(BaseLockBackend):
                         seen.add(name)
                         pending.append((index, name))
                 if position == 0:
-                    index, scanned = index + 1, scanned + 1
-            done = index >= len(self.nodes) or scanned >= needed or scans >= PAGE_SCANS
+                    index, scanned = index + 1, scanned | 1 << index
+            done = (index >= len(self.nodes) or scanned.bit_count() >= needed
+                    or scans >= PAGE_SCANS)  # fmt: skip
             if pending and (done or len(pending) >= size - len(found)):
-                found += self._listed(match, pending)
+                found += self._listed(match, pending, scanned)
                 pending = []
             if done or len(found) >= size:
                 break
             count = min(count * 2, 10_000)  # few matches so far: look further per round trip
-        more = index < len(self.nodes) and scanned < needed
+        more = index < len(self.nodes) and scanned.bit_count() < needed
         return found, (f"{index}:{position}:{scanned}" if more else None)
 
     def _page_cursor(self, cursor: str | None) -> tuple[int, int, int]:
@@ -526,12 +528,12 @@ class RedlockBackend(BaseLockBackend):
         return (
             parse_cursor(parts[0], len(self.nodes)),
             parse_cursor(parts[1]),
-            parse_cursor(parts[2], len(self.nodes)),
+            parse_cursor(parts[2], 2 ** len(self.nodes)),
         )
 
-    def _listed(self, match: str, pending: list[tuple[int, str]]) -> list[LockInfo]:
-        """Inspect ``pending`` on every node in one fan-out; keep the majority holds found on
-        the first node that has them."""
+    def _listed(self, match: str, pending: list[tuple[int, str]], scanned: int) -> list[LockInfo]:
+        """Inspect ``pending`` on every node in one fan-out; keep the majority holds that no
+        node scanned before the one they were found on has (that node listed them)."""
 
         def steps() -> Steps[Replies]:
             requests = [[n.op_inspect(name).request for _, name in pending] for n in self.nodes]
@@ -548,9 +550,9 @@ class RedlockBackend(BaseLockBackend):
                     per_node.append(node._info(name, reply[j]))
                 else:
                     per_node.append(reply if isinstance(reply, BaseException) else None)
-            present = [i for i, info in enumerate(per_node) if isinstance(info, LockInfo)]
-            if not present or present[0] != at:
-                continue  # listed from an earlier node's scan, or gone since
+            earlier = [i for i in range(at) if scanned & 1 << i]  # skipped nodes did not list
+            if any(isinstance(per_node[i], LockInfo) for i in earlier):
+                continue  # listed from that node's scan
             info = self._agreed(per_node)[0]
             if info is not None:
                 listed.append(info)
