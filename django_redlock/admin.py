@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from .backends.base import LockInfo, Released
+from .backends.base import BadCursor, LockInfo, Released
 from .exceptions import LockError
 from .handler import locks
 from .incidents import recorder
@@ -161,7 +161,7 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
         cursors = _cursors(request.GET.get("cursor", ""))
         page = None
         if cursors is not None:
-            with contextlib.suppress(ValueError):  # a backend refused its cursor
+            with contextlib.suppress(BadCursor):  # a backend refused its cursor
                 page = self._page(search, only_backend, kind, cursors)
         if page is None:  # a crafted or stale link: the first page, never a 500
             messages.warning(request, "That page link is not valid: here is the first page.")
@@ -203,7 +203,7 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
     def _page(
         self, search: str, only_backend: str, kind: str, cursors: dict[str, str | None]
     ) -> tuple[list[Row], list[tuple[str, str]], dict[str, str | None]]:
-        """One page of every backend (ValueError: a cursor that backend did not make)."""
+        """One page of every backend (BadCursor: a cursor that backend did not make)."""
         rows: list[Row] = []
         banners: list[tuple[str, str]] = []
         following: dict[str, str | None] = {}

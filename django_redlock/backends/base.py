@@ -332,7 +332,7 @@ class BaseLockBackend:
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """About ``size`` held locks whose names match the glob, from ``cursor`` on; and the
         cursor of the next page (None at the end). This default walks ``iter_locks``."""
-        start = parse_cursor(cursor)  # ValueError for a crafted one
+        start = parse_cursor(cursor)  # BadCursor for a crafted one
         found = list(itertools.islice(self.iter_locks(match), start, start + size + 1))
         more = len(found) > size
         return found[:size], (str(start + size) if more else None)
@@ -371,14 +371,18 @@ class Released(enum.Enum):
         return cls(int(reply))
 
 
+class BadCursor(ValueError):
+    """A page cursor the backend did not make (page cursors travel in URLs)."""
+
+
 def parse_cursor(cursor: Any, limit: int = 2**64) -> int:
     """A number in a page cursor, as it comes from a URL: ``0 <= n < limit`` (a ``SCAN``
-    cursor is an unsigned 64-bit number), else ValueError: a crafted cursor is bad input."""
+    cursor is an unsigned 64-bit number), else BadCursor: a crafted cursor is bad input."""
     if cursor is None or cursor == "":
         return 0
     if not (isinstance(cursor, str) and cursor.isascii() and cursor.isdigit()) or len(cursor) > 20:
-        raise ValueError(f"bad page cursor {cursor!r}")
+        raise BadCursor(f"bad page cursor {cursor!r}")
     number = int(cursor)
     if number >= limit:
-        raise ValueError(f"bad page cursor {cursor!r}: out of range")
+        raise BadCursor(f"bad page cursor {cursor!r}: out of range")
     return number

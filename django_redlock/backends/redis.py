@@ -247,7 +247,7 @@ class RedisBackend(BaseLockBackend):
         the page's locks are inspected in one pipelined round trip."""
         pattern = f"{self.key_prefix}{{{match}}}"
         names: list[str] = []
-        position, count = parse_cursor(cursor), size  # ValueError for a crafted one
+        position, count = parse_cursor(cursor), size  # BadCursor for a crafted one
         with self._io(match):
             while True:
                 position, keys = self.client.scan(position, match=pattern, count=count)

@@ -22,7 +22,17 @@ from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..options import check_options, pool_options
 from ..scripts import Call
 from ..waiting import CompositeHub
-from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Released, Renewal, parse_cursor
+from .base import (
+    Attempt,
+    BadCursor,
+    BaseLockBackend,
+    Kind,
+    LockInfo,
+    Op,
+    Released,
+    Renewal,
+    parse_cursor,
+)
 from .redis import UNAVAILABLE, RedisBackend, text
 
 T = TypeVar("T")
@@ -519,12 +529,12 @@ class RedlockBackend(BaseLockBackend):
         return found, (f"{index}:{position}:{scanned}" if more else None)
 
     def _page_cursor(self, cursor: str | None) -> tuple[int, int, int]:
-        """``page``'s cursor; ValueError for one it did not make (a URL is anyone's)."""
+        """``page``'s cursor; BadCursor for one it did not make (a URL is anyone's)."""
         if not cursor:
             return 0, 0, 0
         parts = cursor.split(":") if isinstance(cursor, str) else []
         if len(parts) != 3:
-            raise ValueError(f"bad page cursor {cursor!r}")
+            raise BadCursor(f"bad page cursor {cursor!r}")
         return (
             parse_cursor(parts[0], len(self.nodes)),
             parse_cursor(parts[1]),
