@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from .backends.base import LockInfo
+from .backends.base import BadCursor, LockInfo, Released
 from .exceptions import LockError
 from .handler import locks
 from .incidents import recorder
@@ -33,10 +34,16 @@ ORDERS = {
 @dataclass
 class Row:
     info: LockInfo
+    note: str = ""  # on the confirmation page: why this row will not be released
 
     @property
     def ident(self) -> str:
-        return json.dumps([self.info.backend, self.info.name])
+        """The row as a form value: the lock, and the hold of it that was shown (a plain
+        hold's token, else its fence), so that a release leaves a lock that changed hands
+        since alone. The fence travels as a string: exact, however large."""
+        info = self.info
+        fence = None if info.token or info.fence is None else str(info.fence)
+        return json.dumps([info.backend, info.name, info.token or None, fence])
 
     @property
     def holder(self) -> str:
@@ -54,17 +61,66 @@ def _pattern(search: str) -> str:
     return search if any(c in search for c in "*?[") else f"{search}*"
 
 
-def _selected(request: HttpRequest) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class Choice:
+    """A lock picked for release, and what its hold was when it was shown (None, None: the
+    form did not say)."""
+
+    alias: str
+    name: str
+    token: str | None
+    fence: int | None
+
+    @property
+    def expected(self) -> bool:
+        return self.token is not None or self.fence is not None
+
+    def matches(self, info: LockInfo) -> bool:
+        if self.token is not None:
+            return info.token == self.token
+        return info.fence is not None and info.fence == self.fence
+
+
+def _choice(value: str) -> Choice | None:
+    """A row's form value (``Row.ident``); None for anything else."""
+    try:
+        loaded = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(loaded, list) or len(loaded) not in (2, 4):
+        return None
+    alias, name, token, fence = [*loaded, None, None][:4]
+    if not (isinstance(alias, str) and isinstance(name, str) and alias in locks.settings):
+        return None
+    if not (token is None or (isinstance(token, str) and token)):
+        return None
+    if not (
+        fence is None
+        or (isinstance(fence, str) and fence.isascii() and fence.isdigit() and len(fence) <= 20)
+    ):
+        return None
+    return Choice(alias, name, token, None if fence is None else int(fence))
+
+
+def _selected(request: HttpRequest) -> list[Choice]:
     values = [request.POST["single"]] if "single" in request.POST else request.POST.getlist("lock")
-    chosen = []
-    for value in values:
-        try:
-            alias, name = json.loads(value)
-        except (ValueError, TypeError):
-            continue
-        if isinstance(alias, str) and isinstance(name, str) and alias in locks.settings:
-            chosen.append((alias, name))
-    return chosen
+    return [choice for choice in map(_choice, values) if choice is not None]
+
+
+def _cursors(raw: str) -> dict[str, str | None] | None:
+    """The "next page" cursors, one per alias, as the page made them; None for anything else
+    (a URL is anyone's to edit)."""
+    if len(raw) > 10_000:
+        return None
+    try:
+        cursors = json.loads(raw or "{}")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(cursors, dict) or not all(
+        isinstance(value, str) or value is None for value in cursors.values()
+    ):
+        return None
+    return cursors
 
 
 class ReadOnly:
@@ -102,27 +158,16 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
         only_backend = request.GET.get("backend", "")
         kind = request.GET.get("kind", "")
         order = request.GET.get("o", "")
-        try:
-            cursors = json.loads(request.GET.get("cursor") or "{}")
-        except ValueError:
+        cursors = _cursors(request.GET.get("cursor", ""))
+        page = None
+        if cursors is not None:
+            with contextlib.suppress(BadCursor):  # a backend refused its cursor
+                page = self._page(search, only_backend, kind, cursors)
+        if page is None:  # a crafted or stale link: the first page, never a 500
+            messages.warning(request, "That page link is not valid: here is the first page.")
             cursors = {}
-        rows: list[Row] = []
-        banners: list[tuple[str, str]] = []
-        following: dict[str, str | None] = {}
-        for alias in locks:
-            if only_backend and alias != only_backend:
-                continue
-            if alias in cursors and cursors[alias] is None:
-                following[alias] = None  # this backend's pages are done
-                continue
-            try:
-                found, following[alias] = locks[alias].page(
-                    _pattern(search), cursors.get(alias), PAGE_SIZE
-                )
-            except LockError as exc:
-                banners.append((alias, str(exc)))
-                continue
-            rows += [Row(info) for info in found if not kind or kind in info.kind.split()]
+            page = self._page(search, only_backend, kind, cursors)
+        rows, banners, following = page
         if order.lstrip("-") in ORDERS:
             rows.sort(key=ORDERS[order.lstrip("-")], reverse=order.startswith("-"))
         query = {k: v for k, v in request.GET.items() if k != "cursor"}
@@ -155,6 +200,29 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/django_redlock/heldlock/change_list.html", context)
 
+    def _page(
+        self, search: str, only_backend: str, kind: str, cursors: dict[str, str | None]
+    ) -> tuple[list[Row], list[tuple[str, str]], dict[str, str | None]]:
+        """One page of every backend (BadCursor: a cursor that backend did not make)."""
+        rows: list[Row] = []
+        banners: list[tuple[str, str]] = []
+        following: dict[str, str | None] = {}
+        for alias in locks:
+            if only_backend and alias != only_backend:
+                continue
+            if alias in cursors and cursors[alias] is None:
+                following[alias] = None  # this backend's pages are done
+                continue
+            try:
+                found, following[alias] = locks[alias].page(
+                    _pattern(search), cursors.get(alias), PAGE_SIZE
+                )
+            except LockError as exc:
+                banners.append((alias, str(exc)))
+                continue
+            rows += [Row(info) for info in found if not kind or kind in info.kind.split()]
+        return rows, banners, following
+
     def release_view(self, request: HttpRequest) -> HttpResponse:
         changelist = reverse("admin:django_redlock_heldlock_changelist")
         if request.method != "POST":
@@ -166,23 +234,34 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             messages.warning(request, "No locks were selected.")
             return HttpResponseRedirect(changelist)
         if request.POST.get("confirm") != "yes":
+            rows = [self._confirming(choice) for choice in chosen]
             context = {
                 **self.admin_site.each_context(request),
                 "opts": self.opts,
                 "title": "Force-release these locks?",
-                "rows": [Row(self._info(alias, name)) for alias, name in chosen],
+                "rows": rows,
+                "releasable": [row for row in rows if not row.note],
             }
             return TemplateResponse(
                 request, "admin/django_redlock/heldlock/release_confirmation.html", context
             )
         released = 0
         content_type = ContentType.objects.get_for_model(HeldLock, for_concrete_model=False)
-        for alias, name in chosen:
+        for choice in chosen:
+            alias, name = choice.alias, choice.name
+            if not choice.expected:  # "yes" to a hold nobody was shown: not a confirmation
+                messages.warning(request, f"“{name}” on {alias} was not confirmed; not released.")
+                continue
             try:
-                if not locks[alias].force_release(name):
-                    continue
+                outcome = locks[alias].force_release(name, choice.token, choice.fence)
             except LockError as exc:
-                messages.error(request, f"{name} on {alias}: {exc}")
+                messages.error(request, f"“{name}” on {alias}: {exc}")
+                continue
+            if outcome is Released.CHANGED:
+                messages.warning(
+                    request, f"“{name}” on {alias} changed hands since you looked; not released."
+                )
+            if not outcome:
                 continue
             released += 1
             LogEntry.objects.create(
@@ -197,12 +276,18 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
         messages.success(request, f"Force-released {released} of {len(chosen)} locks.")
         return HttpResponseRedirect(changelist)
 
-    def _info(self, alias: str, name: str) -> LockInfo:
+    def _confirming(self, choice: Choice) -> Row:
+        """A row of the confirmation page: the hold as it is now, which is what "yes"
+        releases; noted (and not offered) when it is gone or is not the one listed."""
         try:
-            info = locks[alias].inspect(name)
-        except LockError:
-            info = None
-        return info or LockInfo(name, alias, "?", None, None)
+            info = locks[choice.alias].inspect(choice.name)
+        except LockError as exc:
+            return Row(LockInfo(choice.name, choice.alias, "?", None, None), f"unavailable: {exc}")
+        if info is None:
+            return Row(LockInfo(choice.name, choice.alias, "?", None, None), "no longer held")
+        if choice.expected and not choice.matches(info):
+            return Row(info, "changed hands since you looked; it will not be released")
+        return Row(info)
 
 
 @admin.register(LockIncident)

@@ -9,7 +9,12 @@ class DjangoRedlockConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core import checks
+
+        from .checks import check_shared_cache_db
         from .handler import locks
+
+        checks.register(check_shared_cache_db, checks.Tags.caches)
 
         # A wrong DJANGO_REDLOCK fails here, at startup, naming the alias and the key.
         locks.settings  # noqa: B018

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Callable
@@ -29,6 +30,11 @@ def client_for(*perms: str, superuser: bool = False) -> Client:
 
 def ident(alias: str, name: str) -> str:
     return json.dumps([alias, name])
+
+
+def form_values(page: str, field: str = "lock") -> list[str]:
+    """What a page's form posts as ``field`` (the rows' checkboxes, the hidden inputs)."""
+    return [html.unescape(v) for v in re.findall(rf'name="{field}" value="([^"]*)"', page)]
 
 
 def test_lists_locks_across_backends_with_their_details() -> None:
@@ -122,7 +128,7 @@ def test_force_release_of_another_process_s_lock(child: Callable[..., Child]) ->
     confirm = client.post(RELEASE, {"lock": [ident("redis", "stuck:job")]})
     assert confirm.status_code == 200 and b"Force-release these locks?" in confirm.content
     assert locks["redis"].is_locked("stuck:job")  # nothing happens before the confirmation
-    done = client.post(RELEASE, {"lock": [ident("redis", "stuck:job")], "confirm": "yes"})
+    done = client.post(RELEASE, {"lock": form_values(confirm.content.decode()), "confirm": "yes"})
     assert done.status_code == 302
     assert not locks["redis"].is_locked("stuck:job")
     assert "released by someone else" in holder.expect("LOST")  # at its next renewal
@@ -150,3 +156,73 @@ def test_incident_admin_is_read_only() -> None:
     page = client.get("/admin/django_redlock/lockincident/").content.decode()
     assert "invoice:9" in page and "hold lost" in page
     assert client.get("/admin/django_redlock/lockincident/add/").status_code == 403
+
+
+HANDOVERS = [("redis", {}), ("redis", {"reentrant": True}), ("local", {"reentrant": True}),
+             ("cache", {"fair": True}), ("local", {})]  # fmt: skip
+
+
+@pytest.mark.parametrize(("alias", "kind"), HANDOVERS)
+def test_a_lock_that_changed_hands_before_yes_is_not_released(
+    alias: str, kind: dict[str, bool]
+) -> None:
+    """ "Yes" releases the hold that the confirmation page showed, not its successor."""
+    client = client_for("view_heldlock", "force_release")
+    first = lock("moved:1", using=alias, auto_renew=False, **kind)
+    first.acquire()
+    listed = form_values(client.get(URL, {"backend": alias, "q": "moved:1"}).content.decode())
+    confirmed = form_values(client.post(RELEASE, {"lock": listed}).content.decode())
+    assert len(confirmed) == 1
+    first.release()
+    second = lock("moved:1", using=alias, auto_renew=False, **kind)
+    assert second.acquire(blocking=False)
+    done = client.post(RELEASE, {"lock": confirmed, "confirm": "yes"}, follow=True)
+    page = html.unescape(done.content.decode())
+    assert second.owned()
+    assert f"“moved:1” on {alias} changed hands since you looked; not released." in page
+    assert "Force-released 0 of 1 locks." in page
+    assert not LogEntry.objects.exists()
+    second.release()
+
+
+def test_the_confirmation_page_says_a_listed_lock_changed_hands() -> None:
+    client = client_for("view_heldlock", "force_release")
+    first = lock("moved:2", using="redis", auto_renew=False)
+    first.acquire()
+    listed = form_values(client.get(URL, {"backend": "redis", "q": "moved:2"}).content.decode())
+    first.release()
+    second = lock("moved:2", using="redis", auto_renew=False)
+    assert second.acquire(blocking=False)
+    confirm = client.post(RELEASE, {"lock": listed}).content.decode()
+    assert "changed hands since you looked; it will not be released" in confirm
+    assert form_values(confirm) == [] and 'id="confirm-release"' not in confirm
+    second.release()
+
+
+def test_yes_without_what_was_shown_releases_nothing() -> None:
+    """A crafted "yes" that names a lock but no hold of it is not a confirmation."""
+    with lock("crafted", using="redis") as held:
+        client = client_for("view_heldlock", "force_release")
+        done = client.post(RELEASE, {"lock": [ident("redis", "crafted")], "confirm": "yes"})
+        assert done.status_code == 302 and held.owned()
+        bad = json.dumps(["redis", "crafted", None, "1e3"])
+        client.post(RELEASE, {"lock": [bad], "confirm": "yes"})
+        assert held.owned()
+
+
+BAD_CURSORS = [
+    "not json", "[1, 2]", '"text"', "3", "null", '{"redis": 5}', '{"redis": {"a": 1}}',
+    '{"redis": ["1"]}', '{"redis": "-1"}', '{"redis": "abc"}', '{"redis": "1e3"}',
+    '{"redis": "18446744073709551616"}', '{"redis": "' + "9" * 5000 + '"}', '{"local": "-5"}',
+    '{"local": "x"}', "[" * 5000, '{"redis": "\u0661"}',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cursor", BAD_CURSORS)
+def test_a_crafted_cursor_gives_the_first_page(cursor: str) -> None:
+    with lock("paged:r", using="redis"), lock("paged:l", using="local"):
+        response = client_for(superuser=True).get(URL, {"cursor": cursor, "q": "paged"})
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "paged:r" in page and "paged:l" in page
+    assert "That page link is not valid: here is the first page." in page

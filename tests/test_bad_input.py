@@ -127,6 +127,22 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": "5"}}, r"\['TTL'\].*number"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": 1e15}}, r"\['TTL'\].*<= 2592000"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": 1}}, r"\['KEY_PREFIX'\]"),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": ""}},
+        r"\['q'\]\['KEY_PREFIX'\] must not be empty.*provably",
+    ),
+    (
+        {"q": {"BACKEND": "django_redlock.backends.locmem.LocMemBackend", "KEY_PREFIX": " "}},
+        r"\['q'\]\['KEY_PREFIX'\] must not be empty",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "app*"}},
+        r"\['q'\]\['KEY_PREFIX'\] 'app\*' must not contain",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "a[bc]"}},
+        r"\['KEY_PREFIX'\] 'a\[bc\]' must not contain",
+    ),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": []}}, r"\['OPTIONS'\]"),
     (
         {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TIMEOUT": 3}},
@@ -137,6 +153,90 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
         r"\['q'\]\['CACHE'\].*not in CACHES",
     ),
     ({"q": "redis://h"}, r"\['q'\] must be a dict"),
+    # OPTIONS: what redis-py would refuse deep inside (a TypeError) or silently drop.
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": {"CLIENT_CLASS": "x.Y"}}},
+        r"\['q'\]\['OPTIONS'\]\['CLIENT_CLASS'\] is not an option.*django-redis",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": {"SOCKET_TIMEOUT": 2}}},
+        r"\['OPTIONS'\]\['SOCKET_TIMEOUT'\].*did you mean 'socket_timeout'",
+    ),
+    (
+        {
+            "q": {
+                "BACKEND": REDIS,
+                "LOCATION": "redis://h",
+                "OPTIONS": {"CONNECTION_POOL_KWARGS": {"max_connections": 5}},
+            }
+        },
+        r"\['CONNECTION_POOL_KWARGS'\].*django-redis.*directly in OPTIONS",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": {"socket_timout": 2}}},
+        r"\['q'\]\['OPTIONS'\]\['socket_timout'\].*did you mean 'socket_timeout'",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": {"ssl_ca_certs": "/ca"}}},
+        r"\['ssl_ca_certs'\].*rediss://",
+    ),
+    (
+        {
+            "q": {
+                "BACKEND": REDIS,
+                "LOCATION": "unix:///tmp/r.sock",
+                "OPTIONS": {"socket_keepalive": True},
+            }
+        },
+        r"\['socket_keepalive'\] is not an option of redis-py's pool and unix://",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": {"socket_timeout": "2"}}},
+        r"\['socket_timeout'\] must be a number of seconds",
+    ),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": {"max_connections": 0}}},
+        r"\['max_connections'\] must be an int >= 1",
+    ),
+    (
+        {
+            "q": {
+                "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+                "LOCATION": ["redis://a", "redis://b", "redis://c"],
+                "OPTIONS": {"restart_guard": 5, "socket_timeot": 0.1},
+            }
+        },
+        r"\['q'\]\['OPTIONS'\]\['socket_timeot'\].*did you mean 'socket_timeout'",
+    ),
+    (
+        {
+            "q": {
+                "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+                "LOCATION": ["redis://s:26379"],
+                "OPTIONS": {"service_name": "m", "timeout": 3},
+            }
+        },
+        r"\['q'\]\['OPTIONS'\]\['timeout'\] is not an option of the Sentinel backend",
+    ),
+    (
+        {
+            "q": {
+                "BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                "LOCATION": "redis://c:7000",
+                "OPTIONS": {"read_from_replica": True},
+            }
+        },
+        r"\['read_from_replica'\].*did you mean 'read_from_replicas'",
+    ),
+    (
+        {
+            "q": {
+                "BACKEND": "django_redlock.backends.django_redis.DjangoRedisBackend",
+                "OPTIONS": {"socket_timeout": 1},
+            }
+        },
+        r"\['q'\]\['OPTIONS'\]\['socket_timeout'\] is ignored.*CACHES\['default'\]",
+    ),
     (["redis://h"], "DJANGO_REDLOCK must be a dict"),
 ]
 
@@ -169,6 +269,48 @@ def test_bad_settings_fail_at_startup() -> None:
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert "DJANGO_REDLOCK['jobs']['TTL']" in result.stderr
+
+
+def test_a_django_redis_option_fails_at_startup_not_inside_redis_py() -> None:
+    """A copied django-redis key broke every manage.py command (migrate too) with a raw
+    TypeError from redis-py; now startup names the alias and the key."""
+    code = (
+        "import django; from django.conf import settings;"
+        "settings.configure(INSTALLED_APPS=['django_redlock'],"
+        f" DJANGO_REDLOCK={{'jobs': {{'BACKEND': '{REDIS}', 'LOCATION': 'redis://127.0.0.1:9/0',"
+        " 'OPTIONS': {'CLIENT_CLASS': 'django_redis.client.DefaultClient'}}});"
+        "django.setup()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "TypeError" not in result.stderr
+    assert "DJANGO_REDLOCK['jobs']['OPTIONS']['CLIENT_CLASS']" in result.stderr
+
+
+GOOD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
+    ("redis", {"socket_timeout": 1, "socket_connect_timeout": 1, "max_connections": 5,
+               "health_check_interval": 30, "client_name": "locks", "socket_keepalive": True,
+               "retry_on_timeout": False, "timeout": 1}),
+    ("rediss", {"ssl_cert_reqs": "none", "ssl_check_hostname": False}),
+    ("unix", {"socket_timeout": 1, "max_connections": 3}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("scheme", "options"), GOOD_OPTIONS)
+def test_good_options_pass_the_check_and_redis_py_takes_them(
+    scheme: str, options: dict[str, Any]
+) -> None:
+    """What the check lets through, redis-py really takes (it builds the connection)."""
+    import redis
+
+    url = {"redis": "redis://127.0.0.1:9/0", "rediss": "rediss://127.0.0.1:9/0",
+           "unix": "unix:///tmp/nobody.sock"}[scheme]  # fmt: skip
+    config = {"q": {"BACKEND": REDIS, "LOCATION": url, "OPTIONS": options}}
+    LockHandler(config).settings  # noqa: B018
+    pool = redis.BlockingConnectionPool.from_url(url, **options)
+    pool.make_connection()  # a TypeError here is what the check must catch
 
 
 def test_startup_with_redis_down_only_warns() -> None:
@@ -212,3 +354,64 @@ def test_long_names_from_data_are_hashed_stably() -> None:
     assert fit_name("short") == "short"
     with pytest.raises(ValueError, match="not valid text"):
         fit_name("\udc80" * 300)
+
+
+def _shared_db_warnings(locks_config: dict[str, Any], caches: dict[str, Any]) -> list[str]:
+    from django.core import checks
+
+    with override_settings(DJANGO_REDLOCK=locks_config, CACHES=caches):
+        found = checks.run_checks(tags=[checks.Tags.caches])
+    return [str(m.obj) for m in found if m.id == "django_redlock.W001"]
+
+
+CACHE = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://10.0.0.5:6379/0"}
+
+
+def test_locks_in_a_django_redis_cache_s_database_are_a_warning() -> None:
+    """cache.clear() is FLUSHDB: it would free every lock and reset the fences."""
+    djr = "django_redlock.backends.django_redis.DjangoRedisBackend"
+    assert _shared_db_warnings({"c": {"BACKEND": djr, "CACHE": "default"}},
+                               {"default": CACHE}) == ["DJANGO_REDLOCK['c']"]  # fmt: skip
+    same = [
+        "redis://10.0.0.5:6379/0", "redis://10.0.0.5:6379", "rediss://10.0.0.5/0",
+        "redis://10.0.0.5:6379?db=0",
+    ]  # fmt: skip
+    for url in same:
+        config = {"r": {"BACKEND": REDIS, "LOCATION": url}}
+        assert _shared_db_warnings(config, {"default": CACHE}) == ["DJANGO_REDLOCK['r']"], url
+    other = ["redis://10.0.0.5:6379/1", "redis://10.0.0.6:6379/0", "redis://10.0.0.5:6380/0"]
+    for url in other:
+        config = {"r": {"BACKEND": REDIS, "LOCATION": url}}
+        assert _shared_db_warnings(config, {"default": CACHE}) == [], url
+    # A cache on /1 by django-redis's DB option, a replica list, localhost spelled two ways.
+    caches = {
+        "db1": {**CACHE, "LOCATION": "redis://10.0.0.5:6379", "OPTIONS": {"DB": 1}},
+        "replicas": {**CACHE, "LOCATION": ["redis://10.0.0.7:6379/2", "redis://10.0.0.8/2"]},
+        "local": {**CACHE, "LOCATION": "redis://localhost:6379/0"},
+        "plain": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    }
+    quorum = "django_redlock.backends.redlock.RedlockBackend"
+    config = {
+        "a": {"BACKEND": REDIS, "LOCATION": "redis://10.0.0.5:6379/1"},
+        "b": {"BACKEND": quorum, "LOCATION": ["redis://10.0.0.8:6379/2", "redis://x/0",
+                                               "redis://y/0"]},
+        "c": {"BACKEND": REDIS, "LOCATION": "redis://127.0.0.1:6379/0"},
+        "d": {"BACKEND": REDIS, "LOCATION": "redis://127.0.0.1:6379/3"},
+    }  # fmt: skip
+    assert sorted(_shared_db_warnings(config, caches)) == [
+        "DJANGO_REDLOCK['a']", "DJANGO_REDLOCK['b']", "DJANGO_REDLOCK['c']",
+    ]  # fmt: skip
+
+
+def test_manage_py_check_shows_the_shared_database_warning() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    config = {**settings.DJANGO_REDLOCK, "r": {"BACKEND": REDIS, "LOCATION": CACHE["LOCATION"]}}
+    err = StringIO()
+    with override_settings(DJANGO_REDLOCK=config, CACHES={"default": CACHE}):
+        call_command("check", stderr=err, stdout=StringIO())
+    text = err.getvalue()
+    assert "DJANGO_REDLOCK['r']: (django_redlock.W001)" in text
+    assert "FLUSHDB" in text and "redis://HOST:6379/1" in text

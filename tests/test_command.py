@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
+from collections.abc import Callable
 from io import StringIO
 
 import pytest
@@ -69,3 +72,82 @@ def test_purge_needs_yes() -> None:
 def test_prune_incidents() -> None:
     text, code = run("prune-incidents")
     assert code == 0 and "deleted 0 lock incidents" in text
+
+
+class Stdin(io.StringIO):
+    """A piped stdin (not a tty), that can do something when it is read."""
+
+    def __init__(self, text: str, on_read: Callable[[], None] | None = None) -> None:
+        super().__init__(text)
+        self.on_read = on_read
+
+    def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        if self.on_read is not None:
+            self.on_read()
+        return super().readline(size)
+
+
+def test_purge_takes_a_piped_y(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`echo y | manage.py redlock purge --match 'x*'` confirms; an empty stdin does not."""
+    for i in range(2):
+        lock(f"piped:{i}", using="redis").acquire()
+    monkeypatch.setattr("sys.stdin", Stdin(""))
+    text, code = run("purge", "--match", "piped:*", "--backend", "redis")
+    assert code == 1 and "not confirmed" in text and locks["redis"].is_locked("piped:0")
+    monkeypatch.setattr("sys.stdin", Stdin("n\n"))
+    text, code = run("purge", "--match", "piped:*", "--backend", "redis")
+    assert code == 1 and locks["redis"].is_locked("piped:0")
+    monkeypatch.setattr("sys.stdin", Stdin("y\n"))
+    text, code = run("purge", "--match", "piped:*", "--backend", "redis")
+    assert code == 0 and "released 2 locks" in text
+    assert not locks["redis"].is_locked("piped:0")
+
+
+def test_purge_leaves_a_lock_that_changed_hands_since_the_listing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first = lock("handed:1", using="redis", auto_renew=False)
+    first.acquire()
+    lock("handed:2", using="redis").acquire()
+    second = lock("handed:1", using="redis", auto_renew=False)
+
+    def hand_over() -> None:  # while the operator reads the list
+        first.release()
+        assert second.acquire(blocking=False)
+
+    monkeypatch.setattr("sys.stdin", Stdin("y\n", hand_over))
+    text, code = run("purge", "--match", "handed:*", "--backend", "redis")
+    assert code == 0 and "released 1 lock" in text
+    assert "'handed:1' on 'redis' changed hands since it was listed; not released" in text
+    assert second.owned() and not locks["redis"].is_locked("handed:2")
+    second.release()
+
+
+@pytest.mark.parametrize("alias", ["redis", "local"])
+def test_release_with_a_fence(alias: str) -> None:
+    held = lock("fenced", using=alias, reentrant=True, auto_renew=False)
+    held.acquire()
+    text, code = run("release", "fenced", "--backend", alias, "--fence", str(held.fence + 1))
+    assert code == 1 and "held by another hold" in text and held.owned()
+    text, code = run("release", "fenced", "--backend", alias, "--fence", "-3")
+    assert code != 0 and held.owned()
+    text, code = run("release", "fenced", "--backend", alias, "--fence", str(held.fence))
+    assert code == 0 and not held.locked()
+
+
+def test_list_of_a_down_backend_never_says_no_held_locks() -> None:
+    text, code = run("list", "--backend", "down")
+    assert code == 3 and "no held locks" not in text
+    assert "did not answer" in text
+
+
+def test_every_subcommand_documents_its_options_and_exit_codes() -> None:
+    from django_redlock.management.commands.redlock import Command
+
+    parser = Command().create_parser("manage.py", "redlock")
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == {"list", "release", "purge", "prune-incidents"}
+    for name, subparser in sub.choices.items():
+        assert "exit codes: 0" in subparser.format_help(), name
+        for action in subparser._actions:
+            assert action.help, (name, action.dest)

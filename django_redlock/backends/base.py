@@ -7,6 +7,7 @@ running event loop (:meth:`aexecute`), so the sync and asyncio APIs share every 
 
 from __future__ import annotations
 
+import enum
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,6 +22,7 @@ from ..waiting import ReleaseHub
 
 DEFAULT_TTL = 30.0
 DEFAULT_KEY_PREFIX = "redlock"
+PREFIX_FORBIDDEN = "*?[]\\"  # glob characters: keys are found by SCAN MATCH
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
@@ -160,11 +162,26 @@ class BaseLockBackend:
         prefix = params.get("KEY_PREFIX", DEFAULT_KEY_PREFIX)
         if not isinstance(prefix, str):
             raise bad("KEY_PREFIX", f"must be a str, not {prefix!r}")
+        if not prefix.strip():
+            # The prefix is what makes a key provably ours: without one, the admin, `redlock
+            # list` and `redlock purge` would take any key shaped like '{...}' for a lock.
+            raise bad(
+                "KEY_PREFIX",
+                "must not be empty: the prefix is what makes a key provably this app's (the"
+                " admin and `redlock purge` act only on keys under it); without one, other"
+                " applications' keys shaped like '{...}' would be listed and deleted as locks",
+            )
+        if any(c in prefix for c in PREFIX_FORBIDDEN):
+            # Keys are found by SCAN MATCH 'prefix{...}': a glob character in the prefix would
+            # match other applications' keys too.
+            raise bad("KEY_PREFIX", f"{prefix!r} must not contain any of"
+                                    f" {' '.join(PREFIX_FORBIDDEN)}")  # fmt: skip
         options = params.get("OPTIONS", {})
         if not isinstance(options, Mapping):
             raise bad("OPTIONS", f"must be a dict, not {type(options).__name__}")
         if cls.needs_location:
             cls._check_location(params.get("LOCATION"), bad)
+        cls.check_options(alias, params)
 
     @classmethod
     def _check_location(cls, location: Any, bad: Any) -> None:
@@ -276,7 +293,11 @@ class BaseLockBackend:
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         raise NotImplementedError
 
-    def op_force_release(self, name: str) -> Op[bool]:
+    def op_force_release(
+        self, name: str, token: str | None = None, fence: int | None = None
+    ) -> Op[Released]:
+        """Delete the lock whoever holds it; with ``token`` (a plain hold's) or ``fence`` (a
+        reentrant hold's), only if it is still that hold: what an operator was shown."""
         raise NotImplementedError
 
     def execute(self, op: Op[T]) -> T:
@@ -295,8 +316,11 @@ class BaseLockBackend:
     def inspect(self, name: str) -> LockInfo | None:
         return self.execute(self.op_inspect(name))
 
-    def force_release(self, name: str) -> bool:
-        return self.execute(self.op_force_release(name))
+    def force_release(
+        self, name: str, token: str | None = None, fence: int | None = None
+    ) -> Released:
+        """Truthy only when the lock was released (see :class:`Released`)."""
+        return self.execute(self.op_force_release(name, token, fence))
 
     def is_locked(self, name: str) -> bool:
         return self.execute(self.op_locked(name))
@@ -310,7 +334,7 @@ class BaseLockBackend:
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """About ``size`` held locks whose names match the glob, from ``cursor`` on; and the
         cursor of the next page (None at the end). This default walks ``iter_locks``."""
-        start = int(cursor or 0)
+        start = parse_cursor(cursor)  # BadCursor for a crafted one
         found = list(itertools.islice(self.iter_locks(match), start, start + size + 1))
         more = len(found) > size
         return found[:size], (str(start + size) if more else None)
@@ -341,3 +365,42 @@ class BaseLockBackend:
     def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
         """Remove the marker if it still names ``task_id`` (a newer one stays)."""
         raise NotImplementedError
+
+    @classmethod
+    def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
+        """Refuse OPTIONS the backend cannot use (after LOCATION was checked). This base
+        takes any: LocMem ignores them, so settings swapped to it for tests still start."""
+
+
+class Released(enum.Enum):
+    """What a force-release did. Truthy only when it released the lock, so ``if
+    backend.force_release(name):`` reads as before."""
+
+    RELEASED = 1
+    NOT_HELD = 0
+    CHANGED = -1  # held, but by another hold than the one expected: left alone
+
+    def __bool__(self) -> bool:
+        return self is Released.RELEASED
+
+    @classmethod
+    def of(cls, reply: Any) -> Released:
+        """force_release.lua's reply: 1, 0 or -1."""
+        return cls(int(reply))
+
+
+class BadCursor(ValueError):
+    """A page cursor the backend did not make (page cursors travel in URLs)."""
+
+
+def parse_cursor(cursor: Any, limit: int = 2**64) -> int:
+    """A number in a page cursor, as it comes from a URL: ``0 <= n < limit`` (a ``SCAN``
+    cursor is an unsigned 64-bit number), else BadCursor: a crafted cursor is bad input."""
+    if cursor is None or cursor == "":
+        return 0
+    if not (isinstance(cursor, str) and cursor.isascii() and cursor.isdigit()) or len(cursor) > 20:
+        raise BadCursor(f"bad page cursor {cursor!r}")
+    number = int(cursor)
+    if number >= limit:
+        raise BadCursor(f"bad page cursor {cursor!r}: out of range")
+    return number

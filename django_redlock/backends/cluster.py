@@ -9,11 +9,12 @@ run the sync cluster client in a worker thread (see ``aexecute``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
 
+from ..options import check_options, cluster_options
 from ..scripts import Call, script
 from .base import Op, Renewal
 from .redis import RedisBackend, _renewed
@@ -51,3 +52,9 @@ class RedisClusterBackend(RedisBackend):
         # connections at once ('NoneType' object has no attribute 'writelines', seen with
         # 50 contending tasks); the sync client, run in a worker thread, does not.
         return await asyncio.to_thread(self.execute, op)
+
+    @classmethod
+    def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
+        # RedisCluster silently drops what it does not know: a typo would just be ignored.
+        where = "redis-py's RedisCluster"
+        check_options(alias, params.get("OPTIONS") or {}, cluster_options(), where)

@@ -70,3 +70,15 @@ class DjangoRedisBackend(RedisBackend):
     def close(self) -> None:
         self._client = None  # the pool is the cache's, not ours to close
         super().close()
+
+    @classmethod
+    def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
+        # The cache's pool is used as it is: OPTIONS here would be silently ignored.
+        if params.get("OPTIONS"):
+            key = next(iter(params["OPTIONS"]))
+            raise ImproperlyConfigured(
+                f"DJANGO_REDLOCK[{alias!r}]['OPTIONS'][{key!r}] is ignored by"
+                " DjangoRedisBackend, which locks on the connection pool of"
+                f" CACHES[{params.get('CACHE', 'default')!r}]: set connection options in that"
+                " cache's OPTIONS, or use a RedisBackend with a LOCATION"
+            )

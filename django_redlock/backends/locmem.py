@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..waiting import ReleaseHub
-from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Renewal, lock_info
+from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Released, Renewal, lock_info
 
 T = TypeVar("T")
 
@@ -232,12 +232,20 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(name, work)
 
-    def op_force_release(self, name: str) -> Op[bool]:
-        def work(store: _Store, now: float) -> tuple[bool, list[str]]:
-            if store.live(name, now) is None:
-                return False, []
+    def op_force_release(
+        self, name: str, token: str | None = None, fence: int | None = None
+    ) -> Op[Released]:
+        def work(store: _Store, now: float) -> tuple[Released, list[str]]:
+            hold = store.live(name, now)
+            if hold is None:
+                return Released.NOT_HELD, []
+            # As force_release.lua: a token names a plain hold, a fence any hold.
+            if token is not None and (hold.reentrant or token not in hold.owners):
+                return Released.CHANGED, []
+            if fence is not None and hold.fence != fence:
+                return Released.CHANGED, []
             del store.holds[name]
-            return True, self._freed(store, name, now)
+            return Released.RELEASED, self._freed(store, name, now)
 
         return self._op(name, work)
 

@@ -7,9 +7,10 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
@@ -20,9 +21,20 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import scripts
 from ..exceptions import BackendUnavailable
+from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub
-from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Renewal, lock_info
+from .base import (
+    Attempt,
+    BaseLockBackend,
+    Kind,
+    LockInfo,
+    Op,
+    Released,
+    Renewal,
+    lock_info,
+    parse_cursor,
+)
 
 logger = logging.getLogger("django_redlock")
 T = TypeVar("T")
@@ -219,10 +231,14 @@ class RedisBackend(BaseLockBackend):
         keys = [self.key(name), self.queue_key(name), self.waiting_key(name)]
         return Op(name, Call(script("inspect"), keys, []), lambda r: self._info(name, r))
 
-    def op_force_release(self, name: str) -> Op[bool]:
+    def op_force_release(
+        self, name: str, token: str | None = None, fence: int | None = None
+    ) -> Op[Released]:
         keys = [self.key(name), self.channel(name), self.queue_key(name), self.deadlines_key(name),
                 self.waiting_key(name)]  # fmt: skip
-        return Op(name, Call(script("force_release"), keys, [self.inbox_prefix]), bool)
+        # The fence travels as the exact decimal string the scripts store, never a float.
+        args = [self.inbox_prefix, token or "", "" if fence is None else str(int(fence))]
+        return Op(name, Call(script("force_release"), keys, args), Released.of)
 
     def _info(self, name: str, reply: Any) -> LockInfo | None:
         kind, pttl, value, waiters = reply
@@ -236,7 +252,7 @@ class RedisBackend(BaseLockBackend):
         the page's locks are inspected in one pipelined round trip."""
         pattern = f"{self.key_prefix}{{{match}}}"
         names: list[str] = []
-        position, count = int(cursor or 0), size
+        position, count = parse_cursor(cursor), size  # BadCursor for a crafted one
         with self._io(match):
             while True:
                 position, keys = self.client.scan(position, match=pattern, count=count)
@@ -281,6 +297,14 @@ class RedisBackend(BaseLockBackend):
             self._client.close()
             self._client = None
         self._aclients = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
+        # Every key goes to BlockingConnectionPool.from_url, then to the connection class
+        # the URL's scheme picks: a key neither takes is a TypeError at the first connection.
+        scheme = urlsplit(str(params.get("LOCATION"))).scheme
+        where = f"redis-py's pool and {scheme}:// connection (BlockingConnectionPool.from_url)"
+        check_options(alias, params.get("OPTIONS") or {}, pool_options(scheme), where)
 
     # -- queue markers (Celery dedupe) -------------------------------------------------------
     # One key in the lock's hash slot: Sentinel, Cluster and django-redis inherit these.

@@ -13,16 +13,28 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from redis.exceptions import NoScriptError
 
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
+from ..options import check_options, pool_options
 from ..scripts import Call
 from ..waiting import CompositeHub
-from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Renewal
-from .redis import UNAVAILABLE, RedisBackend
+from .base import (
+    Attempt,
+    BadCursor,
+    BaseLockBackend,
+    Kind,
+    LockInfo,
+    Op,
+    Released,
+    Renewal,
+    parse_cursor,
+)
+from .redis import UNAVAILABLE, RedisBackend, text
 
 T = TypeVar("T")
 Replies = list[Any]  # per node: the parsed reply, or the exception it raised
@@ -36,6 +48,8 @@ DRIFT_MS = 2
 #: skipped only while the others can still make a quorum (else all are probed), and never
 #: for a release, which goes to every node.
 BREAKER_SECONDS = 1.0
+#: At most this many SCAN round trips per page of held locks (the admin's, ``redlock list``).
+PAGE_SCANS = 12
 
 
 class _EveryNode(list):
@@ -438,25 +452,35 @@ class RedlockBackend(BaseLockBackend):
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         def steps() -> Steps[LockInfo | None]:
             replies = yield self._each(lambda n: n.op_inspect(name))
-            infos = [r for r in replies if isinstance(r, LockInfo)]
-            by_token: dict[str | None, list[LockInfo]] = {}
-            for info in infos:
-                by_token.setdefault(info.token, []).append(info)
-            holders = max(by_token.values(), key=len, default=[])
-            if len(holders) < self.quorum:
-                return None
-            ttls = sorted((i.ttl for i in holders if i.ttl is not None), reverse=True)
-            info = holders[0]
-            info.backend = self.alias
-            info.ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else None
-            return info
+            return self._agreed(replies)[0]
 
         return Op(name, _Quorum(steps()))
 
-    def op_force_release(self, name: str) -> Op[bool]:
-        def steps() -> Steps[bool]:
-            replies = yield self._everywhere(lambda n: n.op_force_release(name))
-            return any(r is True for r in replies)
+    def op_force_release(
+        self, name: str, token: str | None = None, fence: int | None = None
+    ) -> Op[Released]:
+        def steps() -> Steps[Released]:
+            expected = token
+            if expected is None and fence is not None:
+                # Each node's hold carries that node's own fence: find the majority's hold,
+                # compare its fence, then release by its token (the same on every node).
+                inspected = yield self._each(lambda n: n.op_inspect(name))
+                if self._answered(inspected) < self.quorum:
+                    raise self._unreachable(name, inspected, "inspect")
+                info = self._agreed(inspected)[0]
+                if info is None:
+                    return Released.NOT_HELD
+                if info.fence != fence or info.token is None:
+                    return Released.CHANGED
+                expected = info.token
+            replies = yield self._everywhere(lambda n: n.op_force_release(name, expected))
+            if any(r is Released.RELEASED for r in replies):
+                return Released.RELEASED  # wherever the hold was left, it is gone now
+            if any(r is Released.CHANGED for r in replies):
+                return Released.CHANGED
+            if self._answered(replies) < self.quorum:
+                raise self._unreachable(name, replies, "force-release")
+            return Released.NOT_HELD
 
         return Op(name, _Quorum(steps()))
 
@@ -464,16 +488,13 @@ class RedlockBackend(BaseLockBackend):
         raise NotImplementedError("Redlock locks are never fair: nobody queues")
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
-        names: set[str] = set()
-        for node in self.nodes:
-            try:
-                names.update(info.name for info in node.iter_locks(match))
-            except BackendUnavailable:
-                continue
-        for name in sorted(names):
-            info = self.inspect(name)
-            if info is not None:
-                yield info
+        # Page by page: a SCAN per node and one fan-out per page, not a round trip per lock.
+        cursor: str | None = None
+        while True:
+            found, cursor = self.page(match, cursor, 500)
+            yield from found
+            if cursor is None:
+                return
 
     def prepare(self) -> None:
         for node in self.nodes:
@@ -551,6 +572,120 @@ class RedlockBackend(BaseLockBackend):
             return any(reply is True for reply in replies)
 
         return Op(name, _Quorum(steps()))
+
+    # -- operators' views: pages of held locks, the majority's hold --------------------------
+
+    def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
+        """A page by ``SCAN``, node after node, like the single-node backends' (never a round
+        trip per held lock). The cursor is ``node index:scan cursor:nodes scanned`` (the
+        last a bitmask of the nodes scanned to the end).
+
+        A majority hold is on a majority of nodes, so it is on one of any ``N - quorum + 1``
+        nodes: scanning that many (skipping nodes that do not answer) finds every lock. The
+        names found are inspected on every node in one fan-out (one pipelined request per
+        node), and a lock is listed unless a node scanned before has it: once in all.
+        """
+        index, position, scanned = self._page_cursor(cursor)
+        pattern = f"{self.key_prefix}{{{match}}}"
+        needed = len(self.nodes) - self.quorum + 1
+        found: list[LockInfo] = []
+        pending: list[tuple[int, str]] = []  # (node it was found on, name), to inspect
+        seen: set[str] = set()
+        count, scans = size, 0
+        while index < len(self.nodes) and scanned.bit_count() < needed:
+            node = self.nodes[index]
+            scans += 1
+            try:
+                with node._io(match):
+                    position, keys = node.client.scan(position, match=pattern, count=count)
+            except BackendUnavailable:
+                index, position = index + 1, 0  # its majority holds are on the other nodes
+            else:
+                for key in keys:
+                    name = self.name_from_key(text(key))
+                    if name is not None and name not in seen:
+                        seen.add(name)
+                        pending.append((index, name))
+                if position == 0:
+                    index, scanned = index + 1, scanned | 1 << index
+            done = (index >= len(self.nodes) or scanned.bit_count() >= needed
+                    or scans >= PAGE_SCANS)  # fmt: skip
+            if pending and (done or len(pending) >= size - len(found)):
+                found += self._listed(match, pending, scanned)
+                pending = []
+            if done or len(found) >= size:
+                break
+            count = min(count * 2, 10_000)  # few matches so far: look further per round trip
+        more = index < len(self.nodes) and scanned.bit_count() < needed
+        return found, (f"{index}:{position}:{scanned}" if more else None)
+
+    def _page_cursor(self, cursor: str | None) -> tuple[int, int, int]:
+        """``page``'s cursor; BadCursor for one it did not make (a URL is anyone's)."""
+        if not cursor:
+            return 0, 0, 0
+        parts = cursor.split(":") if isinstance(cursor, str) else []
+        if len(parts) != 3:
+            raise BadCursor(f"bad page cursor {cursor!r}")
+        return (
+            parse_cursor(parts[0], len(self.nodes)),
+            parse_cursor(parts[1]),
+            parse_cursor(parts[2], 2 ** len(self.nodes)),
+        )
+
+    def _listed(self, match: str, pending: list[tuple[int, str]], scanned: int) -> list[LockInfo]:
+        """Inspect ``pending`` on every node in one fan-out; keep the majority holds that no
+        node scanned before the one they were found on has (that node listed them)."""
+
+        def steps() -> Steps[Replies]:
+            requests = [[n.op_inspect(name).request for _, name in pending] for n in self.nodes]
+            return (yield [Op(match, request, list) for request in requests])
+
+        replies: Replies = self.execute(Op(match, _Quorum(steps())))
+        if self._answered(replies) < self.quorum:
+            raise self._unreachable(match, replies, "list the locks")
+        listed = []
+        for j, (at, name) in enumerate(pending):
+            per_node: Replies = []
+            for node, reply in zip(self.nodes, replies, strict=True):
+                if isinstance(reply, list) and not isinstance(reply[j], BaseException):
+                    per_node.append(node._info(name, reply[j]))
+                else:
+                    per_node.append(reply if isinstance(reply, BaseException) else None)
+            earlier = [i for i in range(at) if scanned & 1 << i]  # skipped nodes did not list
+            if any(isinstance(per_node[i], LockInfo) for i in earlier):
+                continue  # listed from that node's scan
+            info = self._agreed(per_node)[0]
+            if info is not None:
+                listed.append(info)
+        return listed
+
+    def _agreed(self, replies: Replies) -> tuple[LockInfo | None, list[int]]:
+        """The hold a majority of nodes agree on (one token), and the nodes that have it. Its
+        TTL is the majority's validity; its fence the largest of theirs (each node keeps its
+        own counter, and the acquirer got the largest)."""
+        by_token: dict[str | None, list[int]] = {}
+        for i, reply in enumerate(replies):
+            if isinstance(reply, LockInfo):
+                by_token.setdefault(reply.token, []).append(i)
+        holders = max(by_token.values(), key=len, default=[])
+        if len(holders) < self.quorum:
+            return None, []
+        infos: list[LockInfo] = [replies[i] for i in holders]
+        ttls = sorted((i.ttl for i in infos if i.ttl is not None), reverse=True)
+        fences = [i.fence for i in infos if i.fence is not None]
+        info = infos[0]
+        info.backend = self.alias
+        info.ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else None
+        info.fence = max(fences) if fences else None
+        return info, holders
+
+    @classmethod
+    def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
+        # Every node gets every option: each must suit every node's URL scheme.
+        schemes = {urlsplit(str(url)).scheme for url in params.get("LOCATION") or []}
+        allowed = set.intersection(*(set(pool_options(scheme)) for scheme in schemes))
+        where = "the Redlock backend (restart_guard) or redis-py's pool and connection"
+        check_options(alias, params.get("OPTIONS") or {}, allowed | {"restart_guard"}, where)
 
 
 def _commands(request: Any) -> list[tuple[Any, ...]]:

@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
+from ..options import check_options, sentinel_options
 from .base import Attempt, Kind, Op
 from .redis import RedisBackend
 
@@ -172,3 +173,20 @@ class SentinelBackend(RedisBackend):
                 f" {self.min_replicas_timeout:g} s; it was released"
             ),
         )
+
+    @classmethod
+    def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
+        options = params.get("OPTIONS") or {}
+        allowed = sentinel_options(bool(options.get("ssl"))) | set(OWN_OPTIONS)
+        where = f"the Sentinel backend ({', '.join(OWN_OPTIONS)}) or Sentinel.master_for"
+        check_options(alias, options, allowed, where)
+        if not isinstance(options.get("sentinel_kwargs") or {}, Mapping):
+            raise ImproperlyConfigured(
+                f"DJANGO_REDLOCK[{alias!r}]['OPTIONS']['sentinel_kwargs'] must be a dict"
+            )
+        wait = options.get("min_replicas_timeout", 0.5)
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 < wait < 1e6:
+            raise ImproperlyConfigured(
+                f"DJANGO_REDLOCK[{alias!r}]['OPTIONS']['min_replicas_timeout'] must be seconds"
+                f" > 0, not {wait!r}"
+            )

@@ -8,36 +8,79 @@ from __future__ import annotations
 
 import json
 import sys
-from argparse import ArgumentParser
+from argparse import ArgumentParser, ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...backends.base import LockInfo
+from ...backends.base import LockInfo, Released
 from ...exceptions import LockError
 from ...handler import locks
 from ...incidents import prune, recorder
 
 NOTHING, UNAVAILABLE = 1, 3
+EXIT_CODES = {
+    "list": "0 listed (every backend answered); 2 an unknown --backend; 3 a backend did not"
+    " answer (it is named, and the others are still listed)",
+    "release": "0 released; 1 not held, or held by another hold than --fence; 2 an unknown"
+    " --backend; 3 the backend did not answer",
+    "purge": "0 released what was listed (a lock that changed hands since is left alone, and"
+    " named); 1 nothing matched, or not confirmed; 2 an unknown --backend; 3 a backend did"
+    " not answer",
+    "prune-incidents": "0 done",
+}
 
 
 class Command(BaseCommand):
-    help = "List, release and purge held locks; prune lock incidents."
+    help = (
+        "List, release and purge held locks; prune lock incidents. Exit codes: 0 done, 1"
+        " nothing to do (no such lock, nothing matched, purge not confirmed), 2 bad usage,"
+        " 3 a backend did not answer. `manage.py redlock ACTION --help` for each action."
+    )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True)
-        listing = sub.add_parser("list", help="held locks across the backends")
-        listing.add_argument("--backend", help="only this DJANGO_REDLOCK alias")
-        listing.add_argument("--match", default="*", help="a glob over lock names")
-        listing.add_argument("--json", action="store_true", help="one JSON document")
-        release = sub.add_parser("release", help="force-release one lock")
-        release.add_argument("name")
-        release.add_argument("--backend", default="default")
-        purge = sub.add_parser("purge", help="force-release every lock matching a glob")
-        purge.add_argument("--match", required=True)
-        purge.add_argument("--backend", help="only this DJANGO_REDLOCK alias")
-        purge.add_argument("--yes", action="store_true", help="do not ask")
-        sub.add_parser("prune-incidents", help="delete old lock incidents")
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+        def action(name: str, summary: str) -> ArgumentParser:
+            return sub.add_parser(
+                name, help=summary, description=summary, epilog=f"exit codes: {EXIT_CODES[name]}"
+            )
+
+        listing = action("list", "List held locks across the backends (SCAN-paged).")
+        listing.add_argument(
+            "--backend", metavar="ALIAS", help="only this DJANGO_REDLOCK alias (default: all)"
+        )
+        listing.add_argument(
+            "--match", default="*", metavar="GLOB", help="a glob over lock names (default: *)"
+        )
+        listing.add_argument(
+            "--json", action="store_true", help="one JSON document: {locks, unavailable}"
+        )
+        release = action(
+            "release", "Force-release one lock, whoever holds it (or only the hold --fence names)."
+        )
+        release.add_argument("name", metavar="NAME", help="the lock's name")
+        release.add_argument(
+            "--backend", default="default", metavar="ALIAS",
+            help="the DJANGO_REDLOCK alias (default: default)",
+        )  # fmt: skip
+        release.add_argument(
+            "--fence", type=_fence, metavar="N",
+            help="release only if the current hold has this fencing token (as `list` shows it)",
+        )  # fmt: skip
+        purge = action(
+            "purge",
+            "Force-release every lock matching a glob, after a confirmation: `y` at the prompt,"
+            " `y` piped on stdin, or --yes. Only the holds listed are released.",
+        )
+        purge.add_argument(
+            "--match", required=True, metavar="GLOB", help="a glob over lock names (required)"
+        )
+        purge.add_argument(
+            "--backend", metavar="ALIAS", help="only this DJANGO_REDLOCK alias (default: all)"
+        )
+        purge.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
+        action("prune-incidents", "Delete lock incidents older than KEEP_DAYS, or beyond MAX_ROWS.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"].replace("-", "_")
@@ -70,47 +113,86 @@ class Command(BaseCommand):
                 for i in found
             ]  # fmt: skip
             self.stdout.write(json.dumps({"locks": rows, "unavailable": failed}, indent=2))
-        else:
+        elif found or not failed:
             self.stdout.write(_table(found))
+        if failed and not options["json"]:
+            # Never "no held locks" for a backend that did not say so.
+            down = ", ".join(map(repr, failed))
+            self.stdout.write(f"not listed: backend {down} did not answer")
         if failed:
             sys.exit(UNAVAILABLE)
 
     def do_release(self, options: dict[str, Any]) -> None:
         alias = self._aliases(options["backend"])[0]
+        name, fence = options["name"], options["fence"]
         try:
-            released = locks[alias].force_release(options["name"])
+            released = locks[alias].force_release(name, fence=fence)
         except LockError as exc:
             raise CommandError(str(exc), returncode=UNAVAILABLE) from exc
+        if released is Released.CHANGED:
+            raise CommandError(
+                f"{name!r} on {alias!r} is held by another hold than fence {fence}; not released",
+                returncode=NOTHING,
+            )
         if not released:
-            raise CommandError(f"{options['name']!r} is not held on {alias!r}", returncode=NOTHING)
-        recorder.record("force_release", options["name"], alias, "by manage.py redlock release")
+            raise CommandError(f"{name!r} is not held on {alias!r}", returncode=NOTHING)
+        recorder.record("force_release", name, alias, "by manage.py redlock release")
         recorder.flush()
-        self.stdout.write(f"released {options['name']!r} on {alias!r}")
+        self.stdout.write(f"released {name!r} on {alias!r}")
 
     def do_purge(self, options: dict[str, Any]) -> None:
         found, failed = self._collect(options["backend"], options["match"])
         if not found:
-            self.stdout.write("no held lock matches")
+            self.stdout.write(
+                "no held lock matches" + (" on the backends that answered" * bool(failed))
+            )
             sys.exit(UNAVAILABLE if failed else NOTHING)
         self.stdout.write(_table(found))
         if not options["yes"]:
-            if not sys.stdin.isatty():
-                raise CommandError("not confirmed: pass --yes", returncode=NOTHING)
-            if input(f"Force-release these {len(found)} locks? [y/N] ").strip().lower() != "y":
-                raise CommandError("not confirmed", returncode=NOTHING)
+            self._confirm(f"Force-release these {len(found)} locks? [y/N] ")
         released = 0
         for info in found:
+            # Release the hold that was listed, not whichever holds the name by now.
+            token = info.token
+            fence = info.fence if token is None else None
             try:
-                if locks[info.backend].force_release(info.name):
-                    released += 1
-                    recorder.record("force_release", info.name, info.backend, "by redlock purge")
+                outcome = locks[info.backend].force_release(info.name, token, fence)
             except LockError as exc:
                 failed.append(info.backend)
                 self.stderr.write(f"{info.name!r} on {info.backend!r}: {exc}")
+                continue
+            if outcome is Released.CHANGED:
+                self.stderr.write(
+                    f"{info.name!r} on {info.backend!r} changed hands since it was listed;"
+                    " not released"
+                )
+            elif outcome:
+                released += 1
+                recorder.record("force_release", info.name, info.backend, "by redlock purge")
         recorder.flush()
         self.stdout.write(f"released {released} lock{'s' if released != 1 else ''}")
         if failed:
             sys.exit(UNAVAILABLE)
+
+    def _confirm(self, prompt: str) -> None:
+        """A `y` typed at the prompt, or piped in (``echo y | manage.py redlock purge``);
+        an empty stdin (cron, CI) is no confirmation."""
+        stdin = sys.stdin
+        if stdin is not None and stdin.isatty():
+            answer = input(prompt)
+        else:
+            self.stdout.write(prompt, ending="")
+            try:
+                answer = stdin.readline() if stdin is not None else ""
+            except (OSError, ValueError):  # closed, or not readable (pytest's capture)
+                answer = ""
+            self.stdout.write("")
+            if not answer:
+                raise CommandError(
+                    "not confirmed: stdin is empty; pipe `y` or pass --yes", returncode=NOTHING
+                )
+        if answer.strip().lower() not in ("y", "yes"):
+            raise CommandError("not confirmed", returncode=NOTHING)
 
     def do_prune_incidents(self, options: dict[str, Any]) -> None:
         self.stdout.write(f"deleted {prune()} lock incidents")
@@ -128,6 +210,12 @@ def _table(found: list[LockInfo]) -> str:
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in [header, *rows])  # fmt: skip
+
+
+def _fence(value: str) -> int:
+    if not (value.isascii() and value.isdigit()) or len(value) > 20:
+        raise ArgumentTypeError(f"a fencing token is a number >= 0, not {value!r}")
+    return int(value)
 
 
 def _holder(info: LockInfo) -> str:

@@ -1,0 +1,105 @@
+"""System checks (``manage.py check``, and at the start of ``runserver``, ``migrate``, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Warning
+
+#: A Redis database: ("tcp", host, port, db) or ("unix", path, "", db).
+Endpoint = tuple[str, str, Any, int]
+
+SHARED_DB = "django_redlock.W001"
+
+
+def check_shared_cache_db(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when lock keys live in the database of a django-redis cache: the cache's
+    ``cache.clear()`` is a FLUSHDB, which frees every held lock at once and resets the
+    fencing counters (so a fence can be handed out twice)."""
+    from .backends.django_redis import DjangoRedisBackend
+    from .backends.redis import RedisBackend
+    from .backends.redlock import RedlockBackend
+    from .backends.sentinel import SentinelBackend
+    from .handler import backend_class, locks
+
+    caches = _django_redis_caches()
+    found: list[CheckMessage] = []
+    for alias, config in locks.settings.items():
+        cls = backend_class(alias, config)
+        if issubclass(cls, DjangoRedisBackend):
+            cache = str(config.get("CACHE", "default"))
+            found.append(_warning(alias, cache, "locks on that cache's own connection"))
+            continue
+        if issubclass(cls, SentinelBackend) or not issubclass(cls, (RedisBackend, RedlockBackend)):
+            continue  # Sentinel's LOCATION names sentinels, not the database
+        location = config.get("LOCATION")
+        urls = location if isinstance(location, (list, tuple)) else [location]
+        ours = {endpoint for endpoint in map(_endpoint, urls) if endpoint is not None}
+        for cache, theirs in caches.items():
+            if ours & theirs:
+                found.append(_warning(alias, cache, "has its LOCATION on the same database"))
+    return found
+
+
+def _warning(alias: str, cache: str, how: str) -> Warning:
+    return Warning(
+        f"DJANGO_REDLOCK[{alias!r}] keeps its locks in the Redis database of the django-redis"
+        f" cache {cache!r} ({how}): that cache's clear() (FLUSHDB) frees every held lock at"
+        " once, without their holders knowing until their next renewal, and resets the"
+        " fencing counters, so a fencing token can be handed out twice.",
+        hint="Give the locks a database of their own: a RedisBackend whose LOCATION names"
+        " another db, e.g. 'redis://HOST:6379/1' while the cache uses /0. If that cache is"
+        f" never cleared, silence this with SILENCED_SYSTEM_CHECKS = [{SHARED_DB!r}].",
+        obj=f"DJANGO_REDLOCK[{alias!r}]",
+        id=SHARED_DB,
+    )
+
+
+def _django_redis_caches() -> dict[str, set[Endpoint]]:
+    """The databases of each django-redis cache (LOCATION: a URL, a comma-separated string
+    of them, or a list: a primary and its replicas)."""
+    found: dict[str, set[Endpoint]] = {}
+    caches = getattr(settings, "CACHES", {})
+    for alias, config in caches.items() if isinstance(caches, Mapping) else ():
+        if not isinstance(config, Mapping):
+            continue
+        if not str(config.get("BACKEND", "")).startswith("django_redis."):
+            continue
+        location = config.get("LOCATION", "")
+        urls: Iterable[Any] = (
+            location if isinstance(location, (list, tuple)) else str(location).split(",")
+        )
+        options = config.get("OPTIONS")
+        db = options.get("DB") if isinstance(options, Mapping) else None
+        found[alias] = {e for e in (_endpoint(url, db) for url in urls) if e is not None}
+    return found
+
+
+def _endpoint(url: Any, db: Any = None) -> Endpoint | None:
+    """Where a Redis URL points: scheme-neutral (redis:// and rediss:// alike), localhost
+    as 127.0.0.1, the db from the path, ``?db=`` or ``db`` (django-redis's OPTIONS['DB'])."""
+    if not isinstance(url, str) or not url.strip():
+        return None
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    query = parse_qs(parts.query)
+    number: Any = query.get("db", [None])[0]
+    if parts.scheme == "unix":
+        where: tuple[str, str, Any] = ("unix", parts.path, "")
+    else:
+        host = (parts.hostname or "").lower()
+        where = ("tcp", "127.0.0.1" if host in ("localhost", "::1") else host, port or 6379)
+        path = parts.path.strip("/")
+        number = path if path else number
+    if number is None:
+        number = db if db is not None else 0
+    try:
+        return (*where, int(number))
+    except (TypeError, ValueError):
+        return None
