@@ -476,6 +476,28 @@ class Lock:
     async def aextend(self, ttl: float | None = None) -> None:
         await self._adrive(self._extend(ttl))
 
+    def _adopt(self, token: Any) -> Steps[None]:
+        if not isinstance(token, str) or not token:
+            raise TypeError(f"token must be a non-empty str, not {token!r}")
+        if self.kind.reentrant:
+            raise LockError(f"{self._describe()}: a reentrant hold belongs to its owner")
+        if "" in self._holds:
+            raise LockError(f"{self._describe()} is already held by this Lock object")
+        info = yield self.backend.op_inspect(self.name)
+        if info is None or info.token != token:
+            raise LockNotOwned(f"{self._describe()}: token {token!r} holds nothing")
+        ttl_ms = to_ms(self.lock_ttl)
+        self._record("", owner_id(), token, ttl_ms, Attempt(True, info.fence, 0))
+
+    def adopt(self, token: str) -> None:
+        """Become the holder of an existing plain hold by its token (e.g. taken by another
+        process, to extend or release it here); ``LockNotOwned`` if it holds nothing. The
+        adopting object renews it from now on (``auto_renew``), with its own TTL."""
+        self._drive(self._adopt(token))
+
+    async def aadopt(self, token: str) -> None:
+        await self._adrive(self._adopt(token))
+
     def _declare_lost(self, hold: _Hold, reason: str) -> None:
         """The backend answered that ``hold``'s token holds nothing: tell everyone."""
         self._lost = reason

@@ -3,6 +3,7 @@ Redlock backend's pages of held locks (SCAN, not a round trip per lock)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -99,16 +100,17 @@ def test_redlock_force_release_compares_the_majority_s_hold(
     quorum: RedlockBackend, nodes: list[RedisServer]
 ) -> None:
     # Node 2's counter is ahead: the hold's fence is the largest of the majority's.
-    nodes[2].client().set(quorum.fence_key("q"), 100)
+    ahead = int(time.time() * 1000 + 3_600_000) * 1000  # above any clock-based fence
+    nodes[2].client().set(quorum.fence_key("q"), ahead)
     held = lock("q", using="quorum", auto_renew=False)
     held.acquire()
-    assert held.fence == 101
+    assert held.fence == ahead + 1
     info = quorum.inspect("q")
-    assert info is not None and info.fence == 101 and info.token
+    assert info is not None and info.fence == ahead + 1 and info.token
     assert quorum.force_release("q", token="other") is Released.CHANGED
     assert quorum.force_release("q", fence=1) is Released.CHANGED
     assert held.owned()
-    assert quorum.force_release("q", fence=101) is Released.RELEASED
+    assert quorum.force_release("q", fence=ahead + 1) is Released.RELEASED
     assert not any(node.client().exists(quorum.key("q")) for node in nodes)
     again = lock("q", using="quorum", auto_renew=False)
     again.acquire()

@@ -340,3 +340,21 @@ def test_async_views_under_wsgi_do_not_leak_connections(redis_server: RedisServe
     for _ in range(200):
         assert client.get("/checkout-async/1/").status_code == 200
     assert len(redis_server.client().client_list()) <= before + 3
+
+
+def test_adopt_a_hold_by_its_token(alias: str, name: str) -> None:
+    first = lock(name, using=alias, ttl=10, auto_renew=False)
+    first.acquire()
+    assert first.token is not None
+    second = lock(name, using=alias, ttl=10)
+    with pytest.raises(LockNotOwned):
+        second.adopt(first.token + "x")
+    second.adopt(first.token)
+    assert second.fence == first.fence and second.owned()
+    second.extend(20)
+    ttl = second.ttl()
+    assert ttl is not None and ttl > 19
+    second.release()
+    assert not second.locked()
+    with pytest.raises(TypeError):
+        second.adopt(None)  # type: ignore[arg-type]
