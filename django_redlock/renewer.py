@@ -21,12 +21,21 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .backends.base import BaseLockBackend, Renewal
 
-if TYPE_CHECKING:
-    from .locking import Lock
+
+class Lock(Protocol):
+    """What the watchdog needs of a lock object (:class:`~.locks.base.BaseLock` is one)."""
+
+    backend: BaseLockBackend
+    name: str
+
+    def _renewed_by(self, renewer: Renewer, token: str) -> bool: ...
+
+    def _mark_lost(self, token: str, reason: str) -> None: ...
+
 
 logger = logging.getLogger("django_redlock")
 BATCH = 500

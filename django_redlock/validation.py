@@ -12,6 +12,12 @@ MAX_NAME_BYTES = 1024
 MAX_TTL = 30 * 24 * 3600.0
 
 
+def check_bool(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{what} must be True or False, not {value!r}")
+    return value
+
+
 def _utf8(text: str, what: str) -> bytes:
     try:
         return text.encode("utf-8")

@@ -1,0 +1,54 @@
+"""What a lock object knows of its holds, and which holds this process's actors have."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import BaseLockBackend
+
+
+@dataclass
+class Hold:
+    token: str
+    fence: int | None
+    actor: str  # the thread or asyncio task that took it
+    depth: int = 0  # acquisitions through this lock object by this owner
+    renewer: Any = None  # the Renewer renewing it, if any
+    releasing: bool = False  # a release was sent whose outcome is unknown
+    taken: bool = False  # counted in the registry below (until its release is sent)
+
+
+# Renewed exclusive holds of this process by (backend, name) -> the actors holding them:
+# taking a name again that one's own thread or task holds would wait for itself forever.
+_taken: dict[tuple[int, str], dict[str, int]] = {}
+_mutex = threading.Lock()
+
+
+def note_taken(backend: BaseLockBackend, name: str, actor: str, delta: int) -> None:
+    key = (id(backend), name)
+    with _mutex:
+        actors = _taken.setdefault(key, {})
+        count = actors.get(actor, 0) + delta
+        if count > 0:
+            actors[actor] = count
+        else:
+            actors.pop(actor, None)
+            if not actors:
+                del _taken[key]
+
+
+def holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
+    return actor in _taken.get((id(backend), name), ())
+
+
+def _forget_after_fork() -> None:
+    global _mutex
+    _taken.clear()  # the child holds nothing: its parent's holds are the parent's
+    _mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

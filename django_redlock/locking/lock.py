@@ -1,0 +1,109 @@
+"""The Lock: plain (one holder), reentrant (one owner, counted) or fair (first come, first
+served), on any backend. The hold mechanics are :class:`~.base.BaseLock`'s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..backends.base import Attempt, Kind, LockInfo, Op
+from ..handler import DEFAULT_LOCK_ALIAS
+from ..validation import check_bool
+from .base import BaseLock
+
+
+class Lock(BaseLock):
+    """A named lock on one backend; not acquired until :meth:`acquire` or ``with``.
+
+    A plain Lock object is the holder: whoever has the object may release it, so it can be
+    handed to another thread. A reentrant lock is held by an owner, the current thread or
+    asyncio task, which may take it again and must release it as often. A fair lock hands
+    itself to its waiters in arrival order. Every new hold gets a fencing token strictly
+    greater than any earlier one for the same name.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        using: str = DEFAULT_LOCK_ALIAS,
+        timeout: float | None = None,
+        blocking: bool = True,
+        auto_renew: bool = True,
+        max_hold: float | None = None,
+        reentrant: bool = False,
+        fair: bool = False,
+        token_prefix: str | None = None,
+    ) -> None:
+        self.kind = Kind(check_bool(reentrant, "reentrant"), check_bool(fair, "fair"))
+        self.reentrant, self.queued = self.kind
+        super().__init__(
+            name,
+            ttl=ttl,
+            using=using,
+            timeout=timeout,
+            blocking=blocking,
+            auto_renew=auto_renew,
+            max_hold=max_hold,
+            token_prefix=token_prefix,
+        )
+        self.backend.check_kind(self.kind)
+
+    def _label(self) -> str:
+        return self.kind.label
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        return {**super()._init_kwargs(), "reentrant": self.kind.reentrant, "fair": self.kind.fair}
+
+    def _op_acquire(
+        self, token: str, ttl_ms: int, meta: str, waiter: str | None, wait_ms: int
+    ) -> Op[Attempt]:
+        return self.backend.op_acquire(self.name, token, ttl_ms, meta, self.kind, waiter, wait_ms)
+
+    def _op_release(self, token: str) -> Op[int]:
+        return self.backend.op_release(self.name, token, self.kind)
+
+    def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
+        return self.backend.op_extend(self.name, token, ttl_ms)
+
+    def _op_hold_count(self, token: str) -> Op[int]:
+        return self.backend.op_hold_count(self.name, token)
+
+    def _op_locked(self) -> Op[bool]:
+        return self.backend.op_locked(self.name)
+
+    def _op_pttl(self) -> Op[int | None]:
+        return self.backend.op_pttl(self.name)
+
+    def _op_inspect(self) -> Op[LockInfo | None]:
+        return self.backend.op_inspect(self.name)
+
+
+def lock(
+    name: str,
+    *,
+    ttl: float | None = None,
+    using: str = DEFAULT_LOCK_ALIAS,
+    timeout: float | None = None,
+    blocking: bool = True,
+    auto_renew: bool = True,
+    max_hold: float | None = None,
+    reentrant: bool = False,
+    fair: bool = False,
+    token_prefix: str | None = None,
+) -> Lock:
+    """A :class:`Lock` on backend ``using``; use with ``with``, ``async with``, as a
+    decorator, or by hand. ``token_prefix`` starts every hold token (the rest is random), so
+    another process that knows it can find and release the hold (Celery does, on revoke)."""
+    return Lock(
+        name,
+        ttl=ttl,
+        using=using,
+        timeout=timeout,
+        blocking=blocking,
+        auto_renew=auto_renew,
+        max_hold=max_hold,
+        reentrant=reentrant,
+        fair=fair,
+        token_prefix=token_prefix,
+    )

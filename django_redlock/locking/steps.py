@@ -1,0 +1,87 @@
+"""Operations as generators of steps, and the two drivers that run them.
+
+Each lock operation (acquire, release, ...) is written once, as a generator that yields the
+steps it needs: a backend :class:`~..backends.base.Op` (one round trip), or watching a
+channel and sleeping on it. :func:`drive` runs the steps in a thread, :func:`adrive` on the
+running event loop, so ``lk.acquire()`` and ``await lk.aacquire()`` share every line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator
+from typing import Any, NamedTuple, TypeVar, cast
+
+from ..backends.base import BaseLockBackend, Op
+
+T = TypeVar("T")
+Steps = Generator[Any, Any, T]
+
+
+class Watch(NamedTuple):
+    """Start watching for wake-ups: the reply is ``(context, waiter)``."""
+
+    channel: str  # the lock's release channel, or the waiter's id
+    by_id: bool
+
+
+class Sleep(NamedTuple):
+    """Sleep until woken or ``seconds`` pass: the reply is whether it was woken."""
+
+    waiter: Any
+    seconds: float
+
+
+class Unwatch(NamedTuple):
+    handle: Any  # what Watch replied
+
+
+def in_event_loop() -> bool:
+    # Not get_running_loop(): raising and catching on every sync call costs time.
+    return asyncio._get_running_loop() is not None
+
+
+def drive(backend: BaseLockBackend, steps: Steps[T]) -> T:
+    """Run ``steps`` to the end in this thread; errors of a step are thrown into them."""
+    reply, error = None, None
+    while True:
+        try:
+            step = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return cast(T, done.value)
+        reply = error = None
+        try:
+            if isinstance(step, Op):
+                reply = backend.execute(step)
+            elif isinstance(step, Sleep):
+                reply = step.waiter.wait(step.seconds)
+            elif isinstance(step, Watch):
+                watching = backend.hub.watch(*step)
+                reply = (watching, watching.__enter__())
+            else:
+                step.handle[0].__exit__(None, None, None)
+        except BaseException as exc:
+            error = exc
+
+
+async def adrive(backend: BaseLockBackend, steps: Steps[T]) -> T:
+    """:func:`drive` on the running event loop."""
+    reply, error = None, None
+    while True:
+        try:
+            step = steps.send(reply) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return cast(T, done.value)
+        reply = error = None
+        try:
+            if isinstance(step, Op):
+                reply = await backend.aexecute(step)
+            elif isinstance(step, Sleep):
+                reply = await step.waiter.wait(step.seconds)
+            elif isinstance(step, Watch):
+                watching = backend.hub.awatch(*step)
+                reply = (watching, await watching.__aenter__())
+            else:
+                await step.handle[0].__aexit__(None, None, None)
+        except BaseException as exc:
+            error = exc
