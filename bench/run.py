@@ -285,15 +285,15 @@ def asyncio_contention(results: dict[str, Any]) -> None:
 
     url = str(locks["default"].location)
 
-    async def run(make: Callable[[], Any]) -> dict[str, float]:
+    async def run(make: Callable[[], Any], ours: bool = False) -> dict[str, float]:
         waits: list[float] = []
 
         async def task() -> None:
             held = make()
             asked = time.monotonic()
-            await held.acquire()
+            await (held.aacquire() if ours else held.acquire())
             waits.append(time.monotonic() - asked)
-            await held.release()
+            await (held.arelease() if ours else held.release())
 
         started = time.monotonic()
         await asyncio.gather(*(task() for _ in range(200)))
@@ -309,7 +309,7 @@ def asyncio_contention(results: dict[str, Any]) -> None:
 
     rounds: dict[str, list[dict[str, float]]] = {"ours": [], "redis-py asyncio Lock": []}
     for _ in range(3):
-        rounds["ours"].append(asyncio.run(run(lambda: lock("a:ours", ttl=30))))
+        rounds["ours"].append(asyncio.run(run(lambda: lock("a:ours", ttl=30), ours=True)))
         rounds["redis-py asyncio Lock"].append(asyncio.run(redis_py()))
     results["asyncio"] = {
         lib: {k: statistics.median(r[k] for r in values) for k in values[0]}
