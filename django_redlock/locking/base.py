@@ -92,7 +92,7 @@ class BaseLock:
         if not isinstance(using, str):
             raise TypeError(f"using must be a backend alias (str), not {using!r}")
         self.using = using
-        self.backend: BaseLockBackend = locks[using]  # unknown alias: error, still no I/O
+        self.backend: BaseLockBackend = self._backend_for(using)
         self.lock_ttl = ttl if ttl is not None else self.backend.default_ttl
         self._holds_by_owner: dict[str, Hold] = {}  # owner ("" for the object) -> hold
         self._pid = os.getpid()  # whose holds those are
@@ -103,6 +103,9 @@ class BaseLock:
         self._mutex = threading.Lock()
 
     # -- what a kind provides ----------------------------------------------------------------
+
+    def _backend_for(self, using: str) -> BaseLockBackend:
+        return locks[using]  # an unknown alias is an error, still without I/O
 
     def _op_acquire(
         self, token: str, ttl_ms: int, meta: str, waiter: str | None, wait_ms: int

@@ -1,0 +1,255 @@
+"""redis-py's ``Lock`` API over django-redlock's locks: a drop-in ``lock_class``.
+
+    client.lock("report", timeout=30, lock_class=RedisPyLock)
+
+or, for every ``client.lock(...)`` of a client (and so django-redis's ``cache.lock(...)``),
+the client class :class:`Redis` (django-redis: ``"REDIS_CLIENT_CLASS":
+"django_redlock.compat.Redis"`` in the cache's OPTIONS).
+
+redis-py's semantics are kept (``timeout``, ``blocking``, ``blocking_timeout``,
+``thread_local``, ``token=``, ``extend(additional_time, replace_ttl)``, ``reacquire()``,
+``raise_on_release_error``, and its ``LockError`` / ``LockNotOwnedError``), with our
+guarantees underneath: waiters are woken by the release instead of polling every ``sleep``,
+holds carry fencing tokens, and there are no immortal locks: ``timeout=None`` is a hold
+renewed by the watchdog for as long as this process holds it, freed at the backend's TTL
+after the process dies. The key is ``redlock:{name}``, not ``name``: during a migration,
+redis-py's own ``Lock`` and this one do not exclude each other on the same name.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from types import SimpleNamespace, TracebackType
+from typing import Any
+
+import redis
+from redis.exceptions import LockError as RedisLockError
+from redis.exceptions import LockNotOwnedError as RedisLockNotOwnedError
+
+from .backends.base import BaseLockBackend
+from .backends.redis import RedisBackend
+from .exceptions import LockError, LockNotOwned
+from .locking import Lock
+
+logger = logging.getLogger("django_redlock")
+
+_backends: weakref.WeakKeyDictionary[Any, RedisBackend] = weakref.WeakKeyDictionary()
+_backends_mutex = threading.Lock()
+
+
+class _ClientBackend(RedisBackend):
+    """A RedisBackend on a client the user made (its pool, its timeouts)."""
+
+    def __init__(self, client: Any) -> None:
+        kwargs = client.connection_pool.connection_kwargs
+        where = f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        super().__init__(f"redis-py client {where}", {"LOCATION": where})
+        self._client = client
+
+    def make_client(self) -> Any:
+        return self._client
+
+    def close(self) -> None:
+        self._client = None  # the user's client: not ours to close
+        super().close()
+
+
+def _backend(client: Any) -> RedisBackend:
+    with _backends_mutex:
+        backend = _backends.get(client)
+        if backend is None:
+            backend = _backends[client] = _ClientBackend(client)
+        return backend
+
+
+class _Local(threading.local):
+    """Per thread: every thread starts with no hold (redis-py's ``local.token``)."""
+
+    token: bytes | None = None
+    held: _Held | None = None
+
+
+class _Held(Lock):
+    """One hold of a RedisPyLock: our Lock on the client's backend."""
+
+    def __init__(self, client: Any, name: str, **kwargs: Any) -> None:
+        self._client = client
+        super().__init__(name, **kwargs)
+
+    def _backend_for(self, using: str) -> BaseLockBackend:
+        return _backend(self._client)
+
+
+class RedisPyLock:
+    """redis-py's ``redis.lock.Lock``, on django-redlock (see the module's docstring)."""
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str,
+        timeout: float | None = None,
+        sleep: float = 0.1,
+        blocking: bool = True,
+        blocking_timeout: float | None = None,
+        thread_local: bool = True,
+        raise_on_release_error: bool = True,
+    ) -> None:
+        self.redis = redis
+        self.name = name.decode() if isinstance(name, bytes) else str(name)
+        self.timeout = timeout
+        self.sleep = sleep  # accepted; waiters are woken by the release instead
+        self.blocking = blocking
+        self.blocking_timeout = blocking_timeout
+        self.thread_local = bool(thread_local)
+        self.raise_on_release_error = raise_on_release_error
+        self.local: Any = _Local() if self.thread_local else SimpleNamespace(token=None, held=None)
+        # Checks the arguments now, as redis-py would fail later: no Redis call yet.
+        self._new()
+
+    def _new(self) -> _Held:
+        if self.timeout:  # redis-py's timeout: the hold expires after it, unless extended
+            return _Held(self.redis, self.name, ttl=float(self.timeout), auto_renew=False)
+        return _Held(self.redis, self.name)  # no timeout: renewed while held
+
+    def _held(self) -> _Held | None:
+        return self.local.held
+
+    def __enter__(self) -> RedisPyLock:
+        if self.acquire():
+            return self
+        raise RedisLockError(
+            "Unable to acquire lock within the time specified", lock_name=self.name
+        )
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            self.release()
+        except RedisLockError:
+            if self.raise_on_release_error:
+                raise
+            logger.warning("Lock was unlocked or no longer owned when exiting context manager.")
+
+    def acquire(
+        self,
+        sleep: float | None = None,
+        blocking: bool | None = None,
+        blocking_timeout: float | None = None,
+        token: str | bytes | None = None,
+    ) -> bool:
+        """As redis-py's: True once acquired; False when not blocking, or after
+        ``blocking_timeout`` seconds. A ``token`` of your own is used as the hold's token."""
+        blocking = self.blocking if blocking is None else blocking
+        if blocking_timeout is None:
+            blocking_timeout = self.blocking_timeout
+        held = self._new()
+        if token is not None:  # used as it is: the try is then idempotent, like a retry
+            text = token.decode() if isinstance(token, bytes) else str(token)
+            if not text or "|" in text:
+                raise ValueError(f"token must be non-empty text without '|', not {token!r}")
+            held._unsure_token = text
+        timeout = None if blocking_timeout is None else max(0.0, float(blocking_timeout))
+        if not held.acquire(blocking=bool(blocking), timeout=timeout if blocking else None):
+            return False
+        self.local.held = held
+        self.local.token = held.token.encode() if held.token is not None else None
+        return True
+
+    def locked(self) -> bool:
+        """Whether anyone holds the lock."""
+        return self._new().locked()
+
+    def owned(self) -> bool:
+        """Whether this lock (in this thread, with ``thread_local``) holds it now."""
+        held = self._held()
+        return held is not None and held.owned()
+
+    def release(self) -> None:
+        held = self._held()
+        if held is None:
+            raise RedisLockError(
+                "Cannot release a lock that's not owned or is already unlocked.",
+                lock_name=self.name,
+            )
+        self.local.held = self.local.token = None
+        try:
+            held.release()
+        except LockNotOwned as exc:
+            raise RedisLockNotOwnedError(
+                "Cannot release a lock that's no longer owned", lock_name=self.name
+            ) from exc
+
+    def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
+        """Add ``additional_time`` seconds to the hold's TTL (or set it, ``replace_ttl``)."""
+        held = self._held()
+        if held is None:
+            raise RedisLockError("Cannot extend an unlocked lock", lock_name=self.name)
+        if self.timeout is None:
+            raise RedisLockError("Cannot extend a lock with no timeout", lock_name=self.name)
+        try:
+            ttl = float(additional_time)
+            if not replace_ttl:
+                ttl += held.ttl() or 0.0
+            held.extend(ttl)
+        except LockNotOwned as exc:
+            raise RedisLockNotOwnedError(
+                "Cannot extend a lock that's no longer owned", lock_name=self.name
+            ) from exc
+        return True
+
+    def reacquire(self) -> bool:
+        """Reset the hold's TTL to ``timeout``."""
+        held = self._held()
+        if held is None:
+            raise RedisLockError("Cannot reacquire an unlocked lock", lock_name=self.name)
+        if self.timeout is None:
+            raise RedisLockError("Cannot reacquire a lock with no timeout", lock_name=self.name)
+        try:
+            held.extend(float(self.timeout))
+        except LockNotOwned as exc:
+            raise RedisLockNotOwnedError(
+                "Cannot reacquire a lock that's no longer owned", lock_name=self.name
+            ) from exc
+        return True
+
+    @property
+    def fence(self) -> int | None:
+        """The fencing token of this lock's current hold (ours, not redis-py's)."""
+        held = self._held()
+        return None if held is None else held.fence
+
+
+class Redis(redis.Redis):
+    """A redis-py client whose ``lock()`` makes a :class:`RedisPyLock` unless told otherwise
+    (django-redis: ``"REDIS_CLIENT_CLASS": "django_redlock.compat.Redis"``)."""
+
+    def lock(
+        self,
+        name: Any,
+        timeout: float | None = None,
+        sleep: float = 0.1,
+        blocking: bool = True,
+        blocking_timeout: float | None = None,
+        lock_class: Any = None,
+        thread_local: bool = True,
+        raise_on_release_error: bool = True,
+    ) -> Any:
+        return (lock_class or RedisPyLock)(
+            self,
+            name,
+            timeout=timeout,
+            sleep=sleep,
+            blocking=blocking,
+            blocking_timeout=blocking_timeout,
+            thread_local=thread_local,
+            raise_on_release_error=raise_on_release_error,
+        )
+
+
+__all__ = ["LockError", "Redis", "RedisPyLock"]

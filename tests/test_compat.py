@@ -1,0 +1,173 @@
+"""django_redlock.compat.RedisPyLock behaves as redis-py documents its Lock (redis/lock.py),
+on real servers, with our locks underneath."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.core.cache import caches
+from django.test import override_settings
+from redis.exceptions import LockError, LockNotOwnedError
+
+from django_redlock.compat import Redis, RedisPyLock
+from django_redlock.testing import RedisServer
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[Any]:
+    made = redis.Redis(port=redis_server.port, socket_timeout=2)
+    yield made
+    made.close()
+
+
+def test_acquire_release_and_the_key(client: Any, name: str) -> None:
+    lk = client.lock(name, lock_class=RedisPyLock)
+    assert lk.acquire(blocking=False)
+    assert lk.locked() and lk.owned()
+    assert isinstance(lk.local.token, bytes)
+    assert lk.fence is not None  # ours: a fencing token too
+    assert client.exists(f"redlock:{{{name}}}")  # our key layout, not redis-py's
+    other = client.lock(name, lock_class=RedisPyLock)
+    assert not other.acquire(blocking=False)
+    assert not other.owned()
+    lk.release()
+    assert not lk.locked() and not lk.owned()
+    with pytest.raises(LockError, match="not owned or is already unlocked"):
+        lk.release()
+
+
+def test_timeout_expires_the_hold(client: Any, name: str) -> None:
+    lk = client.lock(name, timeout=0.3, lock_class=RedisPyLock)
+    assert lk.acquire()
+    time.sleep(0.5)  # no watchdog with a timeout: it expired
+    assert not lk.locked()
+    with pytest.raises(LockNotOwnedError):
+        lk.release()
+
+
+def test_no_timeout_is_renewed_while_held(client: Any, redis_server: RedisServer) -> None:
+    # redis-py's timeout=None is an immortal key; ours is a hold renewed while held.
+    lk = client.lock("renewed", lock_class=RedisPyLock)
+    lk.acquire()
+    ttl = client.pttl("redlock:{renewed}")
+    assert 0 < ttl <= 30_000
+    lk.release()
+
+
+def test_blocking_timeout_and_context_manager(client: Any, name: str) -> None:
+    holder = client.lock(name, lock_class=RedisPyLock)
+    holder.acquire()
+    waiter = client.lock(name, blocking_timeout=0.2, lock_class=RedisPyLock)
+    started = time.monotonic()
+    assert not waiter.acquire()
+    assert 0.15 < time.monotonic() - started < 1.5
+    with pytest.raises(LockError, match="Unable to acquire lock"), waiter:
+        pass
+    assert not client.lock(name, blocking=False, lock_class=RedisPyLock).acquire()
+    holder.release()
+    with client.lock(name, lock_class=RedisPyLock) as lk:
+        assert lk.owned()
+    assert not lk.locked()
+
+
+def test_a_waiter_is_woken_by_the_release_not_by_sleep(client: Any, name: str) -> None:
+    holder = client.lock(name, lock_class=RedisPyLock)
+    holder.acquire()
+    waiter = client.lock(name, sleep=10, lock_class=RedisPyLock)  # redis-py would nap 10 s
+    got: list[float] = []
+
+    def wait() -> None:
+        if waiter.acquire():
+            got.append(time.monotonic())
+            waiter.release()  # thread-local token: released by the thread that took it
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.2)
+    released = time.monotonic()
+    holder.release()
+    thread.join(5)
+    assert got and got[0] - released < 0.5
+
+
+def test_thread_local_tokens(client: Any, name: str) -> None:
+    lk = client.lock(name, lock_class=RedisPyLock)
+    lk.acquire()
+    seen: list[Any] = []
+    thread = threading.Thread(target=lambda: seen.append(lk.local.token))
+    thread.start()
+    thread.join()
+    assert seen == [None]  # another thread does not see this thread's token
+    shared = client.lock(name + ":shared", thread_local=False, lock_class=RedisPyLock)
+    shared.acquire()
+    thread = threading.Thread(target=shared.release)  # handed to another thread
+    thread.start()
+    thread.join()
+    assert not shared.locked()
+    lk.release()
+
+
+def test_token_of_ones_own(client: Any, name: str) -> None:
+    lk = client.lock(name, lock_class=RedisPyLock)
+    assert lk.acquire(token="my-token")
+    assert lk.local.token == b"my-token"
+    value = client.get(f"redlock:{{{name}}}")
+    assert value.startswith(b"my-token|")
+    lk.release()
+    with pytest.raises(ValueError, match="token"):
+        lk.acquire(token="a|b")
+
+
+def test_extend_and_reacquire(client: Any, name: str) -> None:
+    lk = client.lock(name, timeout=10, lock_class=RedisPyLock)
+    with pytest.raises(LockError, match="unlocked"):
+        lk.extend(5)
+    lk.acquire()
+    assert lk.extend(10)  # adds to the TTL
+    assert 19_000 < client.pttl(f"redlock:{{{name}}}") <= 20_000
+    assert lk.extend(5, replace_ttl=True)
+    assert 4_000 < client.pttl(f"redlock:{{{name}}}") <= 5_000
+    assert lk.reacquire()
+    assert 9_000 < client.pttl(f"redlock:{{{name}}}") <= 10_000
+    client.delete(f"redlock:{{{name}}}")  # someone else freed it
+    with pytest.raises(LockNotOwnedError):
+        lk.extend(5)
+    forever = client.lock(name + ":f", lock_class=RedisPyLock)
+    forever.acquire()
+    with pytest.raises(LockError, match="no timeout"):
+        forever.extend(5)
+    with pytest.raises(LockError, match="no timeout"):
+        forever.reacquire()
+    forever.release()
+
+
+def test_raise_on_release_error(client: Any, name: str) -> None:
+    quiet = client.lock(name, timeout=0.2, raise_on_release_error=False, lock_class=RedisPyLock)
+    with quiet:
+        time.sleep(0.4)  # expired inside the block: only a warning
+    loud = client.lock(name, timeout=0.2, lock_class=RedisPyLock)
+    with pytest.raises(LockNotOwnedError), loud:
+        time.sleep(0.4)
+
+
+def test_the_client_class_makes_every_lock_ours(redis_server: RedisServer, name: str) -> None:
+    client = Redis(port=redis_server.port)
+    assert isinstance(client.lock(name), RedisPyLock)
+    caches_setting = {
+        "locky": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": redis_server.url,
+            "OPTIONS": {"REDIS_CLIENT_CLASS": "django_redlock.compat.Redis"},
+        }
+    }
+    with override_settings(CACHES=caches_setting):
+        lk = caches["locky"].lock(name, timeout=5)
+        assert isinstance(lk, RedisPyLock)
+        with lk:
+            assert lk.owned() and lk.fence is not None
+        assert not lk.locked()
