@@ -358,3 +358,36 @@ def test_adopt_a_hold_by_its_token(alias: str, name: str) -> None:
     assert not second.locked()
     with pytest.raises(TypeError):
         second.adopt(None)  # type: ignore[arg-type]
+
+
+def test_reentrant_counts_stay_true_across_lost_replies(
+    proxied: LossyProxy, name: str, losses: list[str]
+) -> None:
+    """A lost reply may leave the server's count one off; the owner's next operation sets it
+    to the count this process knows, so nothing lingers and no hold is counted twice."""
+    held = lock(name, using="lossy", reentrant=True, ttl=10)
+    assert not held.locked()  # connected: the next reply is the acquire's
+    proxied.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        held.acquire()  # went through: the server counts 1, we count 0
+    assert held.acquire()  # the retry: settled first, so the count is 1, not 2
+    assert held.hold_count() == 1
+    nested = lock(name, using="lossy", reentrant=True, ttl=10)
+    proxied.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        nested.acquire()  # a nested acquire that went through, never retried
+    held.release()  # settles the count (1), then releases: freed, nothing lingers
+    assert not locks["redis"].is_locked(name)
+
+    first = lock(name, using="lossy", reentrant=True, ttl=10)
+    first.acquire()
+    fence = first.fence
+    proxied.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        first.release()  # the reply was lost; the release is not retried
+    again = lock(name, using="lossy", reentrant=True, ttl=10)
+    assert again.acquire(timeout=1)  # a fresh hold, not a re-entry of the old one
+    assert again.fence is not None and fence is not None and again.fence > fence
+    again.release()
+    assert not locks["redis"].is_locked(name)
+    assert losses == []

@@ -281,6 +281,10 @@ class BaseLockBackend:
         """Leave a fair lock's queue (gave up, cancelled)."""
         raise NotImplementedError
 
+    def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
+        """Set a reentrant owner's hold count (0: release all its holds), if it holds any."""
+        raise NotImplementedError
+
     def op_hold_count(self, name: str, token: str) -> Op[int]:
         raise NotImplementedError
 

@@ -193,6 +193,19 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(renewals[0].name if renewals else "", work)
 
+    def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
+        def work(store: _Store, now: float) -> tuple[int, list[str]]:
+            hold = store.live(name, now)
+            if hold is None or owner not in hold.owners:
+                return 0, []
+            if count > 0:
+                hold.owners[owner] = count
+                return count, []
+            del store.holds[name]
+            return 0, self._freed(store, name, now)
+
+        return self._op(name, work)
+
     def op_leave(self, name: str, waiter: str) -> Op[None]:
         def work(store: _Store, now: float) -> tuple[None, list[str]]:
             queue, deadlines = store.prune(name, now)

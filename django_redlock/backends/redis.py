@@ -212,6 +212,11 @@ class RedisBackend(BaseLockBackend):
     def op_raise_fence(self, name: str, fence: int) -> Op[bool]:
         return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
 
+    def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
+        keys = [self.key(name), self.channel(name), self.waiting_key(name),
+                self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
+        return Op(name, Call(script("settle"), keys, [owner, count, self.inbox_prefix]), int)
+
     def op_leave(self, name: str, waiter: str) -> Op[None]:
         keys = [self.key(name), self.queue_key(name), self.deadlines_key(name),
                 self.waiting_key(name)]  # fmt: skip

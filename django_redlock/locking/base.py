@@ -26,7 +26,7 @@ from ..identity import holder_meta, new_token, new_waiter_id, owner_id
 from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import check_bool, check_name, check_optional_seconds, check_ttl, to_ms
-from .holds import Hold, holds_it, note_taken
+from .holds import Hold, believe, holds_it, note_taken, settled, unsettled
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
 from .templates import name_template
 
@@ -134,6 +134,10 @@ class BaseLock:
     def _op_leave(self, waiter: str) -> Op[None]:
         return self.backend.op_leave(self.name, waiter)
 
+    def _op_settle(self, owner: str, count: int) -> Op[int]:
+        """Reentrant kinds: set ``owner``'s hold count on the server (see :meth:`_settle`)."""
+        return self.backend.op_settle(self.name, owner, count)
+
     def _renewal(self, token: str, ttl_ms: int) -> Renewal:
         return Renewal(self.name, token, ttl_ms)
 
@@ -182,6 +186,21 @@ class BaseLock:
     async def _adrive(self, steps: Steps[T]) -> T:
         return await adrive(self.backend, steps)
 
+    # -- reentrant counts after lost replies --------------------------------------------------
+
+    def _believe(self, owner: str, delta: int, unsure: bool = False) -> None:
+        if self.reentrant:
+            believe(self.backend, self.name, owner, delta, unsure)
+
+    def _settle(self, owner: str) -> Steps[None]:
+        """Before a reentrant owner's next operation: if a reply was lost, the server's count
+        may be one off (an acquire that went through although it raised, a release that did
+        not): set it to what this process knows, the truth, so a retry never counts twice."""
+        count = unsettled(self.backend, self.name, owner) if self.reentrant else None
+        if count is not None:
+            yield self._op_settle(owner, count)
+            settled(self.backend, self.name, owner, count)
+
     # -- acquire -----------------------------------------------------------------------------
 
     def _check_acquire(self, blocking: Any, timeout: Any) -> tuple[bool, float | None]:
@@ -221,6 +240,7 @@ class BaseLock:
             token = self._unsure_token or f"{self.token_prefix or ''}{new_token()}"
         ttl_ms, meta = to_ms(self.lock_ttl), self._meta()
         attempt = Attempt(False)
+        yield from self._settle(owner)
         try:
             # One try that never queues or registers: only a waiter does.
             attempt = yield self._op_acquire(token, ttl_ms, meta, None, -1)
@@ -232,7 +252,9 @@ class BaseLock:
         except LockError:
             # No answer (BackendUnavailable, QuorumNotReached): the try may have taken the
             # lock. The next try uses the same token, and finds the hold if it did.
-            if not self.reentrant:
+            if self.reentrant:
+                self._believe(owner, 0, unsure=True)  # maybe one too many now: settle
+            else:
                 self._unsure_token = token
             raise
         except Exception:
@@ -240,6 +262,7 @@ class BaseLock:
         except BaseException:
             # Cancelled or interrupted while a reply was on its way: the server may have
             # granted the hold, so hand it back (the token is ours alone).
+            self._believe(owner, 0, unsure=True)
             if not self.reentrant:
                 self._unsure_token = token  # kept should the hand-back fail
                 with contextlib.suppress(Exception):
@@ -300,6 +323,7 @@ class BaseLock:
                     hold.taken = True  # renewed for as long as it is held
                     note_taken(self.backend, self.name, actor, 1)
             hold.depth += 1
+            self._believe(owner, 1)
             self._lost = None
         if self.auto_renew and hold.renewer is None:
             # One watchdog thread renews sync and asyncio holds alike: it outlives any event
@@ -353,6 +377,8 @@ class BaseLock:
         del self._holds[owner]
         self._stop_renewing(hold)
         self._untake(hold)
+        self._believe(owner, -hold.depth)
+        hold.depth = 0
         return True
 
     def _renewed_by(self, renewer: Renewer, token: str) -> bool:
@@ -367,21 +393,30 @@ class BaseLock:
             self._stop_renewing(hold)
             with self._mutex:
                 self._untake(hold)
+        yield from self._settle(owner)
         try:
             left = yield self._op_release(hold.token)
         except LockError:
             if hold.depth > 1:
-                # A nested reentrant release: count it as done. Sent again, it could free
-                # the lock under the outer hold; not sent, the count is one too many at
-                # worst, and the lock runs out at its TTL after the last release.
+                # A nested reentrant release: count it as done; the server is told the
+                # count before the owner's next operation (sent again, the release could
+                # free the lock under the outer hold).
                 with self._mutex:
                     hold.depth -= 1
+                    self._believe(owner, -1, unsure=True)
             else:
-                hold.releasing = True  # a retry that finds the token gone is not a loss
+                # Kept for a retry, which is then no loss if it finds the token gone. Not
+                # counted any more: the owner's next operation releases it if need be.
+                hold.releasing = True
+                with self._mutex:
+                    hold.depth = 0
+                    self._believe(owner, -1, unsure=True)
             raise
         with self._mutex:
             if self._holds.get(owner) is hold:
-                hold.depth -= 1
+                if hold.depth > 0:
+                    hold.depth -= 1
+                    self._believe(owner, -1)
                 if left <= 0 or hold.depth <= 0:
                     self._forget(owner, hold)
         if left < 0 and not hold.releasing:
@@ -404,8 +439,9 @@ class BaseLock:
 
     def _extend(self, ttl: float | None) -> Steps[None]:
         seconds = check_ttl(ttl)
-        _, hold = self._held()
+        owner, hold = self._held()
         ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
+        yield from self._settle(owner)
         extended = yield self._op_extend(hold.token, ttl_ms)
         if not extended:
             self._mark_lost(hold.token, "it expired or was released by someone else")

@@ -44,9 +44,43 @@ def holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
     return actor in _taken.get((id(backend), name), ())
 
 
+# Reentrant owners' hold counts as this process knows them, by (backend, name, owner), and
+# whether the server may disagree (a reply was lost): then it is told before the owner's next
+# operation on that lock. An owner is a thread or task of this process, so only this
+# process changes its count, and its belief is the truth to restore.
+_believed: dict[tuple[int, str, str], list[Any]] = {}  # -> [count, unsure]
+
+
+def believe(backend: BaseLockBackend, name: str, owner: str, delta: int, unsure: bool) -> None:
+    key = (id(backend), name, owner)
+    with _mutex:
+        entry = _believed.setdefault(key, [0, False])
+        entry[0] = max(0, entry[0] + delta)
+        entry[1] = entry[1] or unsure
+        if entry == [0, False]:
+            del _believed[key]
+
+
+def unsettled(backend: BaseLockBackend, name: str, owner: str) -> int | None:
+    """The count to tell the server, when it may disagree; else None."""
+    entry = _believed.get((id(backend), name, owner))
+    return entry[0] if entry is not None and entry[1] else None
+
+
+def settled(backend: BaseLockBackend, name: str, owner: str, count: int) -> None:
+    key = (id(backend), name, owner)
+    with _mutex:
+        entry = _believed.get(key)
+        if entry is not None and entry[0] == count:  # nothing changed meanwhile
+            entry[1] = False
+            if entry[0] == 0:
+                del _believed[key]
+
+
 def _forget_after_fork() -> None:
     global _mutex
     _taken.clear()  # the child holds nothing: its parent's holds are the parent's
+    _believed.clear()
     _mutex = threading.Lock()
 
 

@@ -28,3 +28,16 @@ local function queue_wake_head(queue, inbox)
   end
   return head
 end
+
+-- A lock was just freed (deleted): wake whoever waits for it. Those that listen on the release
+-- channel (Redis Cluster, Redlock), the earliest registered plain waiter, and the head of the
+-- fair queue if the name has one (a plain try may have taken a free lock before a fair waiter
+-- queued, whatever kind is freed). Publishing to nobody costs nothing.
+local function lock_freed(channel, waiting, queue, deadlines, inbox)
+  redis.call('PUBLISH', channel, 'released')
+  wake_first(waiting, inbox)
+  if redis.call('EXISTS', queue) == 1 then
+    queue_prune(queue, deadlines, now_ms())
+    queue_wake_head(queue, inbox)
+  end
+end

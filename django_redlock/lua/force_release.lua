@@ -26,8 +26,5 @@ if token ~= '' or fence ~= '' then
   end
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[2], 'released')
-wake_first(KEYS[5], ARGV[1])
-queue_prune(KEYS[3], KEYS[4], now_ms())
-queue_wake_head(KEYS[3], ARGV[1])
+lock_freed(KEYS[2], KEYS[5], KEYS[3], KEYS[4], ARGV[1])
 return 1

@@ -1,8 +1,5 @@
--- Release one hold of the caller; free the lock when none are left, and wake its waiters:
--- those that wait on the release channel (Redis Cluster, Redlock), the earliest registered
--- plain waiter, and the head of the fair queue if the name has one (whatever kind is
--- released: a plain try may have taken a free lock before a fair waiter queued).
--- Publishing to nobody costs nothing.
+-- Release one hold of the caller; free the lock when none are left, and wake its waiters
+-- (lock_freed in _queue.lua).
 -- KEYS: lock, release channel, plain waiters, queue, deadlines.
 -- ARGV: token, inbox channel prefix.
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
@@ -19,10 +16,5 @@ if count > 1 then
   return redis.call('HINCRBY', lock, token, -1)
 end
 redis.call('DEL', lock)
-redis.call('PUBLISH', channel, 'released')
-wake_first(waiting, inbox)
-if redis.call('EXISTS', queue) == 1 then
-  queue_prune(queue, deadlines, now_ms())
-  queue_wake_head(queue, inbox)
-end
+lock_freed(channel, waiting, queue, deadlines, inbox)
 return 0
