@@ -391,3 +391,20 @@ def test_reentrant_counts_stay_true_across_lost_replies(
     again.release()
     assert not locks["redis"].is_locked(name)
     assert losses == []
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_acquiring_again_after_an_unanswered_release(
+    proxied: LossyProxy, name: str, reentrant: bool
+) -> None:
+    held = lock(name, using="lossy", reentrant=reentrant, ttl=10)
+    held.acquire()
+    fence = held.fence
+    proxied.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        held.release()
+    assert held.acquire(timeout=1)  # the old release is finished first: a new hold
+    assert held.fence is not None and fence is not None and held.fence > fence
+    assert held.hold_count() == 1
+    held.release()
+    assert not locks["redis"].is_locked(name)

@@ -222,6 +222,15 @@ class BaseLock:
         """Arguments checked by the caller (:meth:`_check_acquire`)."""
         owner, backend, name = self._owner(), self.backend, self.name
         actor = owner if self.reentrant else owner_id()
+        yield from self._settle(owner)
+        stale = self._holds.get(owner)
+        if stale is not None and stale.releasing:
+            # This object's release got no answer and was not retried: finish it first (a
+            # release is idempotent), so that what follows is a new hold, not the old one.
+            if not self.reentrant:
+                yield self._op_release(stale.token)
+            with self._mutex:
+                self._forget(owner, stale)
         if not self.reentrant:
             if owner in self._holds:
                 raise LockError(
@@ -240,7 +249,6 @@ class BaseLock:
             token = self._unsure_token or f"{self.token_prefix or ''}{new_token()}"
         ttl_ms, meta = to_ms(self.lock_ttl), self._meta()
         attempt = Attempt(False)
-        yield from self._settle(owner)
         try:
             # One try that never queues or registers: only a waiter does.
             attempt = yield self._op_acquire(token, ttl_ms, meta, None, -1)
@@ -393,8 +401,8 @@ class BaseLock:
             self._stop_renewing(hold)
             with self._mutex:
                 self._untake(hold)
-        yield from self._settle(owner)
         try:
+            yield from self._settle(owner)
             left = yield self._op_release(hold.token)
         except LockError:
             if hold.depth > 1:
