@@ -259,6 +259,10 @@ def check(
 
     # -- safety: what the servers say ------------------------------------------------------
     loss_times = sorted(f.started for f in applied if f.kind in data_loss)
+    paused: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for f in applied:
+        if f.kind == "client_pause" and f.client:
+            paused[f.client].append((f.started, f.healed or stopping))
     for ev in events:
         e = ev["e"]
         if e == "bad":
@@ -274,10 +278,14 @@ def check(
                 continue
             found, when = ev["found"], ev["when"]
             if when == "acquired" and found is False:
+                # Every key the acquire set lives for a TTL from when it was set: at most the
+                # node timeout plus proxy latency before acquire returned. Data loss, or this
+                # client paused in between, excuse a miss.
                 quick = ev["t1"] - (hold.end or ev["t0"]) <= ttl * 0.5
                 lo = bisect.bisect_left(loss_times, hold.start - 0.05)
                 lossy = lo < len(loss_times) and loss_times[lo] <= ev["t1"]
-                if quick and not lossy:
+                stopped = any(a < ev["t1"] and hold.start < b for a, b in paused[ev["c"]])
+                if quick and not lossy and not stopped:
                     violate(
                         "phantom-hold",
                         ev["t0"],

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,9 @@ class Run:
         self.client_ids: list[str] = []
         self.spawned = 0
         self.killed: set[int] = set()  # slots whose client the nemesis killed
+        self.procs: list[subprocess.Popen[bytes]] = []  # every client ever started
+        self.client_of: dict[int, str] = {}  # pid -> client id
+        self._slots = threading.RLock()  # the nemesis and the main loop both (re)spawn
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -70,7 +74,8 @@ class Run:
         return self._launcher.submit(start).result()
 
     def spawn(self, slot: int) -> None:
-        self.launch(lambda: self._spawn(slot))
+        with self._slots:
+            self.launch(lambda: self._spawn(slot))
 
     def _spawn(self, slot: int) -> None:
         self.spawned += 1
@@ -92,7 +97,7 @@ class Run:
         }
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with open(self.dir / f"{cid}.stderr", "wb") as err:
-            self.clients[slot] = subprocess.Popen(
+            self.clients[slot] = proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.campaign.client", json.dumps(config)],
                 cwd=ROOT,
                 env=env,
@@ -101,22 +106,23 @@ class Run:
                 stderr=err,
                 preexec_fn=_die_with_parent,
             )
+        self.procs.append(proc)
+        self.client_of[proc.pid] = cid
 
     def respawn_dead(self) -> None:
         """A client that crashed (its traceback is in the report) is replaced."""
-        for slot, proc in enumerate(self.clients):
-            if slot not in self.killed and proc is not None and proc.poll() is not None:
-                self.spawn(slot)
+        with self._slots:
+            for slot, proc in enumerate(self.clients):
+                if slot not in self.killed and proc is not None and proc.poll() is not None:
+                    self.spawn(slot)
 
     def stop_clients(self, grace: float) -> None:
-        for proc in self.clients:
-            if proc is not None and proc.poll() is None:
+        for proc in self.procs:
+            if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for proc in self.clients:
-            if proc is None:
-                continue
+        for proc in self.procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -128,17 +134,19 @@ class Run:
     def apply(self, fault: Fault) -> None:
         kind, target = fault.kind, fault.target
         if kind.startswith("client_"):
-            proc = self.clients[target]
-            if proc is None or proc.poll() is not None:
-                fault.note = "(client already gone)"
-                return
-            fault.note = f"pid={proc.pid}"
-            if kind == "client_kill":
-                self.killed.add(target)
-                proc.kill()
-                proc.wait()
-            else:
-                proc.send_signal(signal.SIGSTOP)
+            with self._slots:
+                proc = self.clients[target]
+                if proc is None or proc.poll() is not None:
+                    fault.note = "(client already gone)"
+                    return
+                fault.client = self.client_of[proc.pid]
+                fault.note = fault.client
+                if kind == "client_kill":
+                    self.killed.add(target)
+                    proc.kill()
+                    proc.wait()
+                else:
+                    proc.send_signal(signal.SIGSTOP)
             return
         for i in target:
             server, proxy = self.servers[i], self.proxies[i]
@@ -164,9 +172,10 @@ class Run:
     def heal(self, fault: Fault) -> None:
         kind, target = fault.kind, fault.target
         if kind == "client_kill":
-            if target in self.killed:
-                self.killed.discard(target)
-                self.spawn(target)
+            with self._slots:
+                if target in self.killed:
+                    self.killed.discard(target)
+                    self.spawn(target)
             return
         if kind == "client_pause":
             proc = self.clients[target]
@@ -205,8 +214,8 @@ class Run:
         return found
 
     def close(self) -> None:
-        for proc in self.clients:
-            if proc is not None and proc.poll() is None:
+        for proc in self.procs:
+            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
         for proxy in self.proxies:

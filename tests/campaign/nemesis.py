@@ -49,6 +49,7 @@ class Fault:
     # Filled in while it runs (wall clock):
     started: float | None = None
     healed: float | None = None
+    client: str = ""  # the client id a client fault hit
     note: str = ""
 
     def describe(self) -> str:
