@@ -240,7 +240,8 @@ class Run:
 def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
     run = Run(backend, kind, seed, seconds)
     nodes = len(run.servers)
-    plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD)
+    exclude = frozenset(filter(None, os.environ.get("CAMPAIGN_EXCLUDE", "").split(",")))
+    plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD, exclude)
     nemesis = Nemesis(plan, run)
     try:
         for slot in range(CLIENTS):

@@ -77,8 +77,15 @@ def storms(seconds: float) -> list[tuple[float, float]]:
 
 
 def make_plan(
-    seed: int, seconds: float, nodes: int, clients: int, ttl: float, guard: float
+    seed: int,
+    seconds: float,
+    nodes: int,
+    clients: int,
+    ttl: float,
+    guard: float,
+    exclude: frozenset[str] = frozenset(),
 ) -> Plan:
+    """The faults of one run. ``exclude`` leaves fault kinds out (to isolate a finding)."""
     rng = random.Random(seed)
     plan = Plan(seed, seconds, storms=storms(seconds))
     busy: dict[Any, float] = {}  # target -> busy until (run seconds)
@@ -90,7 +97,7 @@ def make_plan(
         return {i for i, spans in enumerate(node_busy) for a, b in spans if a < end and start < b}
 
     for number, (s_start, s_end) in enumerate(plan.storms):
-        if nodes > 1 and number % 3 == 0:  # a majority phase in every third storm
+        if nodes > 1 and number % 3 == 0 and "majority" not in exclude:  # every third storm
             at = s_start + rng.uniform(0.5, max(0.6, STORM - 3.0))
             length = rng.uniform(1.2, 2.0)
             chosen = tuple(sorted(rng.sample(range(nodes), nodes // 2 + 1)))
@@ -109,6 +116,8 @@ def make_plan(
             on_client = rng.random() < 0.3
             kinds = CLIENT_FAULTS if on_client else NODE_FAULTS
             kind = rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
+            if kind in exclude:
+                continue
             if kind == "client_kill":
                 duration = rng.uniform(0.05, 0.5)  # until its replacement starts
             elif kind == "client_pause":
