@@ -107,22 +107,20 @@ class Inspector:
         # Redlock nodes keep their own counters: only the token says it is this hold there.
         return len(self.nodes) > 1 or (len(parts) > 1 and parts[1] == str(fence))
 
-    def holds(self, prefix: str, fence: int | None, reentrant: bool) -> bool | None:
-        """True: a quorum of servers holds this hold; False: too few can; None: unknown."""
-        yes = no = 0
+    def holds(self, prefix: str, fence: int | None, reentrant: bool) -> tuple[bool | None, str]:
+        """True: a quorum of servers holds this hold; False: too few can; None: unknown.
+        And each server's answer: 1 (holds it), 0 (does not), ? (did not answer)."""
+        answers = ""
         for node in self.nodes:
             try:
-                if self._node_has(node, prefix, fence, reentrant):
-                    yes += 1
-                else:
-                    no += 1
+                answers += "1" if self._node_has(node, prefix, fence, reentrant) else "0"
             except Exception:
-                continue
-        if yes >= self.quorum:
-            return True
-        if no > len(self.nodes) - self.quorum:
-            return False
-        return None
+                answers += "?"
+        if answers.count("1") >= self.quorum:
+            return True, answers
+        if answers.count("0") > len(self.nodes) - self.quorum:
+            return False, answers
+        return None, answers
 
 
 def main() -> None:
@@ -149,8 +147,9 @@ def main() -> None:
 
     def check(hold: int, when: str, prefix: str, fence: int | None) -> None:
         t0 = time.time()
-        found = inspector.holds(prefix, fence, reentrant)
-        log("check", h=hold, when=when, found=found, t0=t0, t1=time.time(), fence=fence)
+        found, nodes = inspector.holds(prefix, fence, reentrant)
+        log("check", h=hold, when=when, found=found, t0=t0, t1=time.time(), fence=fence,
+            nodes=nodes)  # fmt: skip
 
     def on_lost(lock: Any, reason: str, **_: Any) -> None:
         hold, prefix, fence = holds.get(id(lock), (-1, "", None))
