@@ -93,6 +93,7 @@ class Report:
     violations: list[Violation]
     harness_errors: list[str]
     histories: list[str]
+    exclude: str = ""  # fault kinds left out (CAMPAIGN_EXCLUDE)
 
     @property
     def ok(self) -> bool:
@@ -123,7 +124,8 @@ class Report:
         return "\n\n".join(
             [self.summary(), *self.histories,
              f"reproduce: make soak SECONDS={self.seconds:g} SEED={self.seed}"
-             f" CAMPAIGN_BACKEND={self.backend} CAMPAIGN_KIND={self.kind}"]
+             f" CAMPAIGN_BACKEND={self.backend} CAMPAIGN_KIND={self.kind}"
+             + (f" CAMPAIGN_EXCLUDE={self.exclude}" if self.exclude else "")]
         )  # fmt: skip
 
 
@@ -361,15 +363,15 @@ def check(
         if not quiet(h.start, h.end):
             continue
         quiet_waits += 1
-        lo, hi = h.start + 0.05, h.end - 0.05
-        t, gap = lo, 0.0
-        for a, b in busy:
-            if b <= lo or a >= hi:
+        wait_from, wait_to = h.start + 0.05, h.end - 0.05
+        free_from, gap = wait_from, 0.0
+        for since, until in busy:
+            if until <= wait_from or since >= wait_to:
                 continue
-            if a > t:
-                gap = max(gap, a - t)
-            t = max(t, b)
-        gap = max(gap, hi - t)
+            if since > free_from:
+                gap = max(gap, since - free_from)
+            free_from = max(free_from, until)
+        gap = max(gap, wait_to - free_from)
         if gap > ttl + 0.5:
             violate(
                 "waiter-starved",
@@ -384,9 +386,9 @@ def check(
         key=lambda h: h.end or 0,
     )
     streak: list[Hold] = []
-    for h in [*errors, None]:
-        if h is not None and h.outcome == "err" and quiet(h.start, h.end or h.start):
-            streak.append(h)
+    for one in [*errors, None]:
+        if one is not None and one.outcome == "err" and quiet(one.start, one.end or one.start):
+            streak.append(one)
             continue
         if len(streak) >= 3 and (streak[-1].end or 0) - streak[0].start >= 2.5:
             violate(

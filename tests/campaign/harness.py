@@ -264,7 +264,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
                 break
             time.sleep(0.2)
             leftover = run.leftover_keys()
-        return check(
+        report = check(
             backend=backend,
             kind=kind,
             seed=seed,
@@ -282,6 +282,8 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
             waiter_lease=WAITER_LEASE if kind == "fair" else 0.0,
             lost_replies=sum(p.lost_replies for p in run.proxies),
         )
+        report.exclude = ",".join(sorted(exclude))
+        return report
     finally:
         if nemesis.started:
             nemesis.stop()
