@@ -16,6 +16,9 @@ Safety (every moment of the run, faults or not):
 * ``lost-but-held``: a hold was reported lost (``lock_lost``) while the servers still held it
   ("unknown is not lost");
 * ``released-but-held``: release() returned, yet the servers still held the hold;
+* ``release-reported-lost``: release() raised LockLost/LockNotOwned on its first try, though
+  the servers (read just before) held the hold for longer than the release took;
+* ``release-hid-loss``: release() returned normally for a hold the servers no longer had;
 * ``granted-without-majority``: a Redlock acquire succeeded while a majority was down;
 * ``reentry-fence``: a re-entry returned another fence than its hold's; ``bad``: acquire
   returned True with no fence;
@@ -311,6 +314,40 @@ def check(
                     f" servers still held it at {ev['t0']:.3f}..{ev['t1']:.3f}",
                     ev["c"],
                 )
+    # release-reported-lost / release-hid-loss: what release() said against what the servers
+    # held just before it (the "releasing" check, read straight from them).
+    releasing: dict[tuple[str, int], dict[str, Any]] = {}
+    for ev in events:
+        key = (ev["c"], ev.get("h", -1))
+        if ev["e"] == "check" and ev["when"] == "releasing":
+            releasing[key] = ev
+            continue
+        before = releasing.get(key)
+        if before is None or ev["e"] not in ("rel_ok", "rel_err") or ev.get("attempt"):
+            continue  # a second try may well find its own first try's work done
+        lo = bisect.bisect_left(loss_times, before["t0"] - 0.05)
+        if lo < len(loss_times) and loss_times[lo] <= ev["t"]:
+            continue
+        hold = holds[key]
+        if ev["e"] == "rel_err" and ev["err"] in ("LockLost", "LockNotOwned"):
+            alive_until = before["t0"] + before.get("left", -1) / 1000 - 0.05
+            if before["found"] is True and ev["t"] < alive_until:
+                violate(
+                    "release-reported-lost",
+                    ev["t"],
+                    f"{hold.label()}: release() raised {ev['err']} at {ev['t']:.3f}, but the"
+                    f" servers held it (nodes {before['nodes']}) at {before['t0']:.3f} for"
+                    f" {before.get('left')} ms more",
+                    ev["c"],
+                )
+        elif ev["e"] == "rel_ok" and before["found"] is False:
+            violate(
+                "release-hid-loss",
+                ev["t"],
+                f"{hold.label()}: release() returned at {ev['t']:.3f}, but the hold was already"
+                f" gone at {before['t0']:.3f} (nodes {before['nodes']}): a loss went unreported",
+                ev["c"],
+            )
     for f in applied:
         if not f.kind.startswith("majority_"):
             continue

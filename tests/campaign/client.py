@@ -91,36 +91,54 @@ class Inspector:
         self.quorum = QUORUM_OF[len(self.nodes)]
         self.pid = str(os.getpid())
 
-    def _node_has(self, node: Any, prefix: str, fence: int | None, reentrant: bool) -> bool:
+    def _node_has(self, node: Any, prefix: str, fence: int | None, reentrant: bool) -> int | None:
+        """The hold's PTTL in ms on this node, or None when the node does not hold it."""
+        pipe = node.pipeline(transaction=False)
         if reentrant:
-            found = node.hmget(self.key, ":fence", ":meta")
-            if found[0] is None or found[1] is None:
-                return False
-            meta = found[1].decode("utf-8", "replace").split("\x1f")
-            return int(found[0]) == fence and len(meta) > 1 and meta[1] == self.pid
-        value = node.get(self.key)
+            pipe.hmget(self.key, ":fence", ":meta")
+        else:
+            pipe.get(self.key)
+        pipe.pttl(self.key)
+        value, pttl = pipe.execute()
+        if reentrant:
+            if value[0] is None or value[1] is None:
+                return None
+            meta = value[1].decode("utf-8", "replace").split("\x1f")
+            ours = int(value[0]) == fence and len(meta) > 1 and meta[1] == self.pid
+            return int(pttl) if ours else None
         if value is None:
-            return False
+            return None
         parts = value.decode("utf-8", "replace").split("|")
         if not parts[0].startswith(prefix):
-            return False
+            return None
         # Redlock nodes keep their own counters: only the token says it is this hold there.
-        return len(self.nodes) > 1 or (len(parts) > 1 and parts[1] == str(fence))
+        if len(self.nodes) == 1 and (len(parts) < 2 or parts[1] != str(fence)):
+            return None
+        return int(pttl)
 
-    def holds(self, prefix: str, fence: int | None, reentrant: bool) -> tuple[bool | None, str]:
+    def holds(
+        self, prefix: str, fence: int | None, reentrant: bool
+    ) -> tuple[bool | None, str, int]:
         """True: a quorum of servers holds this hold; False: too few can; None: unknown.
-        And each server's answer: 1 (holds it), 0 (does not), ? (did not answer)."""
-        answers = ""
+        Each server's answer: 1 (holds it), 0 (does not), ? (did not answer). And how long
+        a quorum of them still holds it (ms; the quorum-th longest PTTL)."""
+        answers, pttls = "", []
         for node in self.nodes:
             try:
-                answers += "1" if self._node_has(node, prefix, fence, reentrant) else "0"
+                pttl = self._node_has(node, prefix, fence, reentrant)
             except Exception:
                 answers += "?"
+                continue
+            answers += "0" if pttl is None else "1"
+            if pttl is not None:
+                pttls.append(pttl)
+        pttls.sort(reverse=True)
+        left = pttls[self.quorum - 1] if len(pttls) >= self.quorum else -1
         if answers.count("1") >= self.quorum:
-            return True, answers
+            return True, answers, left
         if answers.count("0") > len(self.nodes) - self.quorum:
-            return False, answers
-        return None, answers
+            return False, answers, left
+        return None, answers, left
 
 
 def main() -> None:
@@ -147,9 +165,9 @@ def main() -> None:
 
     def check(hold: int, when: str, prefix: str, fence: int | None) -> None:
         t0 = time.time()
-        found, nodes = inspector.holds(prefix, fence, reentrant)
+        found, nodes, left = inspector.holds(prefix, fence, reentrant)
         log("check", h=hold, when=when, found=found, t0=t0, t1=time.time(), fence=fence,
-            nodes=nodes)  # fmt: skip
+            nodes=nodes, left=left)  # fmt: skip
 
     def on_lost(lock: Any, reason: str, **_: Any) -> None:
         hold, prefix, fence = holds.get(id(lock), (-1, "", None))
@@ -188,6 +206,7 @@ def main() -> None:
             hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant)
         except LockError as exc:
             log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+        check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
         released = release(lk, hold, rng, log, LockError, LockLost)
         if released:
             check(hold, "released", prefix, fence)

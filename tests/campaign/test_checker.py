@@ -134,3 +134,23 @@ def test_granted_while_a_majority_was_down() -> None:
     h.fault("majority_pause", (0, 1, 2), 1.0, 3.0)
     h.hold("c1", 1, 1.5, 1.6, 1, 1.7)
     assert "granted-without-majority" in h.judge(nodes=5)
+
+
+def test_release_that_called_a_live_hold_lost() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.1, "c1", "check", h=1, when="releasing", found=True, t0=T0 + 1.1, t1=T0 + 1.1,
+         nodes="11100", left=900)  # fmt: skip
+    h.ev(1.15, "c1", "rel_err", h=1, err="LockLost", attempt=0)
+    assert h.judge(nodes=5) == {"release-reported-lost"}
+
+
+def test_release_that_hid_a_loss() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.1, "c1", "check", h=1, when="releasing", found=False, t0=T0 + 1.1, t1=T0 + 1.1,
+         nodes="0", left=-1)  # fmt: skip
+    h.ev(1.15, "c1", "rel_ok", h=1, attempt=0)
+    assert h.judge() == {"release-hid-loss"}
