@@ -2,10 +2,11 @@
 
 The schedule alternates storms (faults) and calms (none): the calms are where liveness is
 judged, and the run always ends in one, with every fault healed. A fault has a start, a
-duration and a heal; at most one fault at a time per target (a client slot, a lock server
-and its proxy). On Redlock at most a minority of nodes is faulted at once (a restarted node
-counts as faulted until its restart guard has passed), except in the planned majority
-phase, where three nodes are paused or cut off and nobody may be granted the lock.
+duration and a heal; at most one fault at a time per target (a client slot, a lock server,
+the proxy in front of it). On Redlock at most a minority of nodes is down, paused, cut off
+or restarted at once (a restarted node counts until its restart guard has passed), except
+in the planned majority phase, where three nodes are paused or cut off and nobody may be
+granted the lock; lost, late and cut messages may hit any node at any time.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ NODE_FAULTS = [
 ]
 #: A node has two layers, each with one fault at a time: the server, and its proxy.
 NETWORK = {"latency", "black_hole", "lose_replies", "reset"}
+#: Lost, late or cut messages make a node's answers unknown, never its data wrong: Redlock
+#: must stay safe with them on every node, so they do not count towards the minority.
+MESSAGES = {"latency", "lose_replies", "reset"}
 #: Faults after which a node has lost its data (and its fence counters).
 DATA_LOSS = {"server_restart", "server_down"}
 
@@ -71,8 +75,8 @@ def storms(seconds: float) -> list[tuple[float, float]]:
     while t + STORM + CALM <= seconds + 1e-9:
         found.append((t, t + STORM))
         t += STORM + CALM
-    if not found and seconds > WARMUP + CALM + 1:  # short runs: one shorter storm
-        found.append((WARMUP, seconds - CALM))
+    if seconds - CALM - t >= 2.0:  # room for a shorter last storm
+        found.append((t, seconds - CALM))
     return found
 
 
@@ -151,9 +155,12 @@ def make_plan(
                     continue
                 if any(a < until and t < b for a, b in majority):
                     continue
-                if nodes > 1 and len(nodes_faulted(t, until) | {node}) > (nodes - 1) // 2:
+                minority = (nodes - 1) // 2
+                counted = kind not in MESSAGES
+                if nodes > 1 and counted and len(nodes_faulted(t, until) | {node}) > minority:
                     continue
-                node_busy[node].append((t, until))
+                if counted:
+                    node_busy[node].append((t, until))
                 layer.append((t, until))
                 target = (node,)
             arg = 0.0

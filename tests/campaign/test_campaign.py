@@ -2,8 +2,8 @@
 to a fenced resource while a seeded nemesis kills, pauses and restarts clients and servers
 and loses replies; the checker then judges the whole history.
 
-``make test`` runs each backend and kind once for a few seconds with a fixed seed;
-``make soak SECONDS=600 SEED=123`` runs them as long as asked with one seed (environment:
+``make test`` runs every backend and kind with a fixed seed, about 50 s of campaign in all;
+``make soak SECONDS=600 SEED=123`` shares SECONDS among them with one seed (environment:
 CAMPAIGN_SECONDS, CAMPAIGN_SEED, and optionally CAMPAIGN_BACKEND / CAMPAIGN_KIND).
 """
 
@@ -15,30 +15,33 @@ import pytest
 
 from .harness import run_campaign
 
-#: (backend, kind, seed): Redlock offers plain locks only.
-COMBINATIONS = [("redis", "plain", 11), ("redis", "reentrant", 12), ("redis", "fair", 13),
-                ("redlock", "plain", 14)]  # fmt: skip
+#: (backend, kind, seed, share of the time): Redlock offers plain locks only, and gets the
+#: most time: its faults need a hold to meet them on the right nodes.
+COMBINATIONS = [
+    ("redis", "plain", 11, 1.0),
+    ("redis", "reentrant", 12, 1.0),
+    ("redis", "fair", 13, 1.0),
+    ("redlock", "plain", 21, 2.0),
+]
+DEFAULT_SECONDS = 50.0
 SEED = os.environ.get("CAMPAIGN_SEED")
+ONLY_BACKEND = os.environ.get("CAMPAIGN_BACKEND")
+ONLY_KIND = os.environ.get("CAMPAIGN_KIND")
+CASES = [
+    (backend, kind, int(SEED) if SEED else seed, share)
+    for backend, kind, seed, share in COMBINATIONS
+    if backend == (ONLY_BACKEND or backend) and kind == (ONLY_KIND or kind)
+]
+TOTAL = float(os.environ.get("CAMPAIGN_SECONDS") or DEFAULT_SECONDS)
+SHARES = sum(share for *_, share in CASES) or 1.0
 
 
-def _cases() -> list[tuple[str, str, int]]:
-    only_backend = os.environ.get("CAMPAIGN_BACKEND")
-    only_kind = os.environ.get("CAMPAIGN_KIND")
-    return [
-        (backend, kind, int(SEED) if SEED else seed)
-        for backend, kind, seed in COMBINATIONS
-        if backend == (only_backend or backend) and kind == (only_kind or kind)
-    ]
-
-
-CASES = _cases()
-#: Seconds of campaign in all, shared by the cases: about 12 s each in ``make test``.
-SECONDS = float(os.environ.get("CAMPAIGN_SECONDS") or 12 * len(COMBINATIONS)) / max(1, len(CASES))
-
-
-@pytest.mark.timeout(SECONDS + 90)
-@pytest.mark.parametrize(("backend", "kind", "seed"), CASES)
-def test_campaign(backend: str, kind: str, seed: int) -> None:
-    report = run_campaign(backend, kind, seed, SECONDS)
+@pytest.mark.timeout(TOTAL + 120)
+@pytest.mark.parametrize(
+    ("backend", "kind", "seed", "seconds"),
+    [(backend, kind, seed, TOTAL * share / SHARES) for backend, kind, seed, share in CASES],
+)
+def test_campaign(backend: str, kind: str, seed: int, seconds: float) -> None:
+    report = run_campaign(backend, kind, seed, seconds)
     print("\n" + report.summary())
     assert report.ok, report.details()
