@@ -366,10 +366,16 @@ def check(
                     ev["c"])  # fmt: skip
 
     # -- liveness, in quiet time -----------------------------------------------------------
+    waits: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for h in holds.values():
+        if h.mode == "block":
+            waits[h.client].append((h.start, h.end if h.end is not None else float("inf")))
     disturbed = []
     for f in applied:
         settle = ttl + 0.5
-        if f.kind.startswith("client_"):
+        if f.kind.startswith("client_") and any(
+            a <= f.started <= b for a, b in waits.get(f.client, [])
+        ):  # a fair waiter that died or froze keeps its place in the queue for its lease
             settle += waiter_lease
         elif nodes > 1:
             settle += BREAKER + (2 * ttl if f.kind in data_loss else 0.0)
