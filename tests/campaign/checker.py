@@ -366,20 +366,23 @@ def check(
                     ev["c"])  # fmt: skip
 
     # -- liveness, in quiet time -----------------------------------------------------------
-    waits: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    # A fair waiter that died or froze keeps its place at the head of the queue until its
+    # deadline there: its acquire's deadline, or the waiter lease, whichever is first.
+    waits: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for h in holds.values():
         if h.mode == "block":
-            waits[h.client].append((h.start, h.end if h.end is not None else float("inf")))
+            end = h.end if h.end is not None else float("inf")
+            waits[h.client].append((h.start, end, h.start + (h.timeout or float("inf"))))
     disturbed = []
     for f in applied:
-        settle = ttl + 0.5
-        if f.kind.startswith("client_") and any(
-            a <= f.started <= b for a, b in waits.get(f.client, [])
-        ):  # a fair waiter that died or froze keeps its place in the queue for its lease
-            settle += waiter_lease
+        until = (f.healed or stopping) + ttl + 0.5
+        if f.kind.startswith("client_") and waiter_lease:
+            for since, until_end, deadline in waits.get(f.client, []):
+                if since <= f.started <= until_end:
+                    until = max(until, min(f.started + waiter_lease, deadline) + 0.5)
         elif nodes > 1:
-            settle += BREAKER + (2 * ttl if f.kind in data_loss else 0.0)
-        disturbed.append((f.started - 0.05, (f.healed or stopping) + settle))
+            until += BREAKER + (2 * ttl if f.kind in data_loss else 0.0)
+        disturbed.append((f.started - 0.05, until))
     disturbed.append((stopping - 0.05, float("inf")))
     disturbed = _merge(disturbed)
     quiet_seconds = max(0.0, stopping - started) - sum(

@@ -154,3 +154,13 @@ def test_release_that_hid_a_loss() -> None:
          nodes="0", left=-1)  # fmt: skip
     h.ev(1.15, "c1", "rel_ok", h=1, attempt=0)
     assert h.judge() == {"release-hid-loss"}
+
+
+def test_errors_for_seconds_with_every_server_up() -> None:
+    h = History()
+    for i in range(4):
+        h.ev(1.0 + i, "c1", "acq", h=i, mode="try", timeout=None)
+        h.ev(1.01 + i, "c1", "acq_err", h=i, err="QuorumNotReached", msg="")
+    assert h.judge(nodes=5) == {"quiet-outage"}
+    h.fault("majority_pause", (0, 1, 2), 0.5, 3.5)  # an outage with a cause
+    assert h.judge(nodes=5) == set()
