@@ -15,6 +15,8 @@ Safety (every moment of the run, faults or not):
   hold it, with no data loss in between;
 * ``lost-but-held``: a hold was reported lost (``lock_lost``) while the servers still held it
   ("unknown is not lost");
+* ``false-but-held``: owned() or locked(), asked while holding, answered False, yet the
+  servers still held the hold;
 * ``released-but-held``: release() returned, yet the servers still held the hold;
 * ``release-reported-lost``: release() raised LockLost/LockNotOwned on its first try, though
   the servers (read just before) held the hold for longer than the release took;
@@ -304,6 +306,15 @@ def check(
                     ev["t0"],
                     f"{hold.label()} was reported lost, yet the servers still held it at"
                     f" {ev['t0']:.3f}..{ev['t1']:.3f} (unknown is not lost)",
+                    ev["c"],
+                )
+            elif when in ("owned_false", "locked_false") and found is True:
+                violate(
+                    "false-but-held",
+                    ev["t0"],
+                    f"{hold.label()}: {when.split('_')[0]}() answered False while holding, yet"
+                    f" the servers still held it at {ev['t0']:.3f}..{ev['t1']:.3f} (nodes"
+                    f" {ev.get('nodes')}): an unknown answered as no",
                     ev["c"],
                 )
             elif when == "released" and found is True:

@@ -11,6 +11,7 @@ its own log file as one JSON line, written at once (a SIGKILL loses nothing alre
              after a release returned; found = true / false / null (could not tell)
     write    a write to the resource and its verdict
     nest     a reentrant re-entry inside the hold; rel_ok / rel_err: a release
+    ask      owned() or locked() asked while holding, and the answer
     lost     the lock_lost signal
 
 SIGTERM asks the client to finish its hold and exit.
@@ -18,6 +19,7 @@ SIGTERM asks the client to finish its hold and exit.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -175,6 +177,18 @@ def main() -> None:
         if hold >= 0:
             check(hold, "lost", prefix, fence)
 
+    def ask(lk: Any, hold: int, prefix: str, fence: int | None) -> None:
+        """Ask owned() or locked() while holding: False must mean not held."""
+        question = rng.choice(["owned", "locked"])
+        try:
+            answer = getattr(lk, question)()
+        except LockError as exc:
+            log("ask", h=hold, q=question, err=type(exc).__name__, msg=str(exc)[:300])
+            return
+        log("ask", h=hold, q=question, answer=answer)
+        if answer is False:
+            check(hold, f"{question}_false", prefix, fence)
+
     lock_lost.connect(on_lost, weak=False)
     log("start", pid=os.getpid())
     hold = 0
@@ -203,7 +217,8 @@ def main() -> None:
             log("bad", h=hold, what="acquired, but fence is None")
             fence = -1
         try:
-            hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant)
+            hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
+                      functools.partial(ask, lk, hold, prefix, fence))  # fmt: skip
         except LockError as exc:
             log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
         check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
@@ -224,6 +239,7 @@ def hold_body(
     cid: str,
     ttl: float,
     reentrant: bool,
+    ask: Any,
 ) -> None:
     def write(phase: str) -> None:
         ok, last = resource.write(cid, hold, fence, phase)
@@ -246,6 +262,8 @@ def hold_body(
                 lk.release()
                 log("unnest", h=hold)
         write("work")
+        if rng.random() < 0.2:
+            ask()
     write("end")
 
 

@@ -164,3 +164,11 @@ def test_errors_for_seconds_with_every_server_up() -> None:
     assert h.judge(nodes=5) == {"quiet-outage"}
     h.fault("majority_pause", (0, 1, 2), 0.5, 3.5)  # an outage with a cause
     assert h.judge(nodes=5) == set()
+
+
+def test_owned_answered_false_while_held() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 1, 1.5)
+    h.ev(1.2, "c1", "ask", h=1, q="owned", answer=False)
+    h.ev(1.21, "c1", "check", h=1, when="owned_false", found=True, t0=T0 + 1.2, t1=T0 + 1.21)
+    assert h.judge() == {"false-but-held"}
