@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install browser test lint format demo bench tox clean
+.PHONY: install browser test lint format demo bench tox soak clean
 
 install: $(STAMP)
 
@@ -38,6 +38,15 @@ test: lint browser
 
 demo: $(STAMP)
 	$(BIN)/python example_project/demo.py
+
+# The fault campaign for as long as asked (seconds in all, shared by the backends and kinds
+# selected: CAMPAIGN_BACKEND=redis|redlock, CAMPAIGN_KIND=plain|reentrant|fair), one seed.
+# `make test` runs it for about a minute with fixed seeds.
+SECONDS ?= 600
+SEED ?= 1
+soak: $(STAMP)
+	CAMPAIGN_SECONDS=$(SECONDS) CAMPAIGN_SEED=$(SEED) $(BIN)/pytest -p no:cacheprovider -s -q \
+		tests/campaign
 
 # Not part of `make test`: the anchors are installed into the same venv, then measured.
 bench: $(STAMP)

@@ -1,0 +1,547 @@
+"""The judge: properties proved over a campaign's whole history.
+
+Inputs: every client event (their own clocks, one host: comparable), the resource's log (its
+own total order, and the server clock), the nemesis' faults, and the keys left at the end.
+
+Safety (every moment of the run, faults or not):
+
+* ``fence-granted-twice``: two holds (acquire returned True) got the same fence;
+* ``fence-behind``: a hold's fence is not greater than the fence of a hold granted before
+  this acquire even started (fences must follow real time: after a restart too);
+* ``overlap-accepted``: the resource accepted writes of two holds interleaved (one's section
+  began before the other's ended), whatever their fences;
+* ``stale-fence-accepted``: the resource accepted a fence lower than one it had accepted;
+* ``phantom-hold``: right after acquire returned True, the servers (read directly) did not
+  hold it, with no data loss in between;
+* ``lost-but-held``: a hold was reported lost (``lock_lost``) while the servers still held it
+  ("unknown is not lost");
+* ``false-but-held``: owned() or locked(), asked while holding, answered False, yet the
+  servers still held the hold;
+* ``released-but-held``: release() returned, yet the servers still held the hold;
+* ``release-reported-lost``: release() raised LockLost/LockNotOwned on its first try, though
+  the servers (read just before) held the hold for longer than the release took;
+* ``release-hid-loss``: release() returned normally for a hold the servers no longer had;
+* ``granted-without-majority``: a Redlock acquire succeeded while a majority was down;
+* ``reentry-fence``: a re-entry returned another fence than its hold's; ``bad``: acquire
+  returned True with no fence;
+* ``client-crash``: an exception other than ``LockError`` escaped the public API.
+
+Liveness (only in quiet time, when no fault has been active for a while):
+
+* ``waiter-starved``: a blocking acquire timed out although the lock was free, by every
+  hold the clients know of, for longer than a TTL plus slack while it waited (waiters are
+  woken at the holder's expiry at the latest);
+* ``quiet-outage``: acquires kept failing with errors for seconds with every server up;
+* ``keys-leaked``: after the clients stopped, keys other than fence counters remained
+  beyond their TTLs (or had none).
+
+A paused holder whose write the resource *rejects* after its lock expired is fencing doing
+its job, and is counted, not reported.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .resource import Write
+
+UNKNOWN_ERRORS = ("BackendUnavailable", "QuorumNotReached")
+BREAKER = 1.0  # Redlock skips a failed node this long
+
+
+@dataclass
+class Hold:
+    """One acquire call of one client, and, if it succeeded, the hold it made."""
+
+    client: str
+    hold: int
+    mode: str = ""
+    timeout: float | None = None
+    start: float = 0.0
+    end: float | None = None  # when acquire returned or raised
+    outcome: str | None = None  # ok, no, err (None: never returned)
+    error: str = ""
+    fence: int | None = None
+    released: float | None = None  # release returned (rel_ok)
+    release_error: float | None = None
+    lost: float | None = None
+    last_seen: float = 0.0  # the client's last event about this hold
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.client, self.hold)
+
+    def label(self) -> str:
+        return f"{self.client}/h{self.hold} (fence {self.fence})"
+
+
+@dataclass
+class Violation:
+    prop: str
+    t: float
+    message: str
+    clients: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Report:
+    backend: str
+    kind: str
+    seed: int
+    seconds: float
+    stats: dict[str, Any]
+    faults: Counter[str]
+    violations: list[Violation]
+    harness_errors: list[str]
+    histories: list[str]
+    exclude: str = ""  # fault kinds left out (CAMPAIGN_EXCLUDE)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.harness_errors
+
+    def summary(self) -> str:
+        s = self.stats
+        faults = ", ".join(f"{k} {v}" for k, v in sorted(self.faults.items())) or "none"
+        verdict = "PASS" if self.ok else f"FAIL ({len(self.violations)} violations)"
+        by_prop = Counter(v.prop for v in self.violations)
+        lines = [
+            f"campaign {self.backend}/{self.kind} seed={self.seed} {self.seconds:g}s: {verdict}",
+            f"  operations: {s['acquires']} acquires ({s['acq_ok']} held, {s['acq_no']} not,"
+            f" {s['acq_err']} errors), {s['releases']} releases ({s['rel_err']} errors),"
+            f" {s['writes']} writes ({s['rejected']} rejected by fencing),"
+            f" {s['lost']} holds reported lost, {s['checks']} direct checks",
+            f"  faults: {faults}; {s['lost_replies']} replies lost;"
+            f" {s['clients']} client processes",
+            f"  liveness judged over {s['quiet_waits']} timed-out waits in quiet time"
+            f" ({s['quiet_seconds']:.1f} s quiet)",
+        ]
+        if by_prop:
+            lines.append("  violations: " + ", ".join(f"{k} x{v}" for k, v in by_prop.items()))
+        lines += [f"  HARNESS ERROR: {e}" for e in self.harness_errors]
+        return "\n".join(lines)
+
+    def details(self) -> str:
+        return "\n\n".join(
+            [self.summary(), *self.histories,
+             f"reproduce: make soak SECONDS={self.seconds:g} SEED={self.seed}"
+             f" CAMPAIGN_BACKEND={self.backend} CAMPAIGN_KIND={self.kind}"
+             + (f" CAMPAIGN_EXCLUDE={self.exclude}" if self.exclude else "")]
+        )  # fmt: skip
+
+
+def _holds(events: list[dict[str, Any]]) -> dict[tuple[str, int], Hold]:
+    holds: dict[tuple[str, int], Hold] = {}
+    for ev in events:
+        if "h" not in ev:
+            continue
+        key = (ev["c"], ev["h"])
+        hold = holds.get(key)
+        if hold is None:
+            hold = holds[key] = Hold(ev["c"], ev["h"], start=ev["t"])
+        hold.last_seen = max(hold.last_seen, ev["t"])
+        e = ev["e"]
+        if e == "acq":
+            hold.mode, hold.timeout, hold.start = ev["mode"], ev["timeout"], ev["t"]
+        elif e in ("acq_ok", "acq_no", "acq_err"):
+            hold.end, hold.outcome = ev["t"], e[4:]
+            if e == "acq_ok":
+                hold.fence = ev["fence"]
+            elif e == "acq_err":
+                hold.error = ev["err"]
+        elif e == "rel_ok":
+            hold.released = ev["t"]
+        elif e == "rel_err":
+            hold.release_error = ev["t"]
+        elif e == "lost":
+            hold.lost = ev["t"] if hold.lost is None else hold.lost
+    return holds
+
+
+def _merge(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def check(
+    *,
+    backend: str,
+    kind: str,
+    seed: int,
+    seconds: float,
+    ttl: float,
+    nodes: int,
+    started: float,
+    stopping: float,
+    events: list[dict[str, Any]],
+    writes: list[Write],
+    faults: list[Any],
+    data_loss: set[str],
+    leftover: dict[int, dict[str, int]],
+    harness_errors: list[str],
+    waiter_lease: float,
+    lost_replies: int = 0,
+) -> Report:
+    events = sorted(events, key=lambda e: e["t"])
+    holds = _holds(events)
+    granted = sorted((h for h in holds.values() if h.outcome == "ok"), key=lambda h: h.end or 0)
+    violations: list[Violation] = []
+
+    def violate(prop: str, t: float, message: str, *clients: str) -> None:
+        violations.append(Violation(prop, t, message, set(clients)))
+
+    applied = [f for f in faults if f.started is not None]
+
+    # -- safety: fences --------------------------------------------------------------------
+    by_fence: dict[int, list[Hold]] = defaultdict(list)
+    for h in granted:
+        if h.fence is not None:
+            by_fence[h.fence].append(h)
+    for fence, same in sorted(by_fence.items()):
+        if len(same) > 1:
+            violate(
+                "fence-granted-twice",
+                same[1].end or 0,
+                f"fence {fence} was granted to {len(same)} holds: "
+                + ", ".join(f"{h.label()} at {h.end:.3f}" for h in same),
+                *(h.client for h in same),
+            )
+    # fence-behind: for each hold B, the highest fence granted (acquire returned) before B's
+    # acquire began must be below B's fence.
+    by_start = sorted((h for h in granted if h.fence is not None), key=lambda h: h.start)
+    i, best = 0, None
+    for b in by_start:
+        while i < len(granted) and (granted[i].end or 0) < b.start - 0.001:
+            a = granted[i]
+            if a.fence is not None and (best is None or a.fence > (best.fence or 0)):
+                best = a
+            i += 1
+        if best is not None and b.fence is not None and b.fence <= (best.fence or 0):
+            violate(
+                "fence-behind",
+                b.end or b.start,
+                f"{b.label()} began acquiring at {b.start:.3f}, after {best.label()} had been"
+                f" granted at {best.end:.3f}, yet got a fence not above it",
+                b.client,
+                best.client,
+            )
+
+    # -- safety: the resource --------------------------------------------------------------
+    top = -1
+    spans: dict[tuple[str, int], list[int]] = {}
+    for w in writes:
+        if not w.accepted:
+            continue
+        if w.fence < top:
+            violate("stale-fence-accepted", w.t, f"resource write #{w.seq} fence {w.fence}"
+                    f" accepted after fence {top}", w.client)  # fmt: skip
+        top = max(top, w.fence)
+        span = spans.setdefault((w.client, w.hold), [w.seq, w.seq])
+        span[1] = w.seq
+    ordered = sorted(spans.items(), key=lambda kv: kv[1][0])
+    open_key, open_end = None, -1
+    for key, (first, last) in ordered:
+        if open_key is not None and first < open_end:
+            w1, w2 = writes[first], writes[open_end]
+            violate(
+                "overlap-accepted",
+                w1.t,
+                f"the resource accepted {key[0]}/h{key[1]} (fence {w1.fence}, write #{first})"
+                f" inside the section of {open_key[0]}/h{open_key[1]} (fence {w2.fence},"
+                f" writes #{spans[open_key][0]}..#{open_end})",
+                key[0],
+                open_key[0],
+            )
+        if last > open_end:
+            open_key, open_end = key, last
+
+    # -- safety: what the servers say ------------------------------------------------------
+    loss_times = sorted(f.started for f in applied if f.kind in data_loss)
+    paused: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for f in applied:
+        if f.kind == "client_pause" and f.client:
+            paused[f.client].append((f.started, f.healed or stopping))
+    for ev in events:
+        e = ev["e"]
+        if e == "bad":
+            violate("bad", ev["t"], f"{ev['c']}/h{ev['h']}: {ev['what']}", ev["c"])
+        elif e == "nest" and ev["ok"]:
+            hold = holds.get((ev["c"], ev["h"]))
+            if hold is not None and ev["fence"] != hold.fence:
+                violate("reentry-fence", ev["t"], f"{hold.label()} re-entered with fence"
+                        f" {ev['fence']}", ev["c"])  # fmt: skip
+        elif e == "check":
+            hold = holds.get((ev["c"], ev["h"]))
+            if hold is None:
+                continue
+            found, when = ev["found"], ev["when"]
+            if when == "acquired" and found is False:
+                # Every key the acquire set lives for a TTL from when it was set: at most the
+                # node timeout plus proxy latency before acquire returned. Data loss, or this
+                # client paused in between, excuse a miss.
+                quick = ev["t1"] - (hold.end or ev["t0"]) <= ttl * 0.5
+                lo = bisect.bisect_left(loss_times, hold.start - 0.05)
+                lossy = lo < len(loss_times) and loss_times[lo] <= ev["t1"]
+                stopped = any(a < ev["t1"] and hold.start < b for a, b in paused[ev["c"]])
+                if quick and not lossy and not stopped:
+                    violate(
+                        "phantom-hold",
+                        ev["t0"],
+                        f"{hold.label()}: acquire returned True at {hold.end:.3f}, but the"
+                        f" servers did not hold it at {ev['t0']:.3f}..{ev['t1']:.3f}",
+                        ev["c"],
+                    )
+            elif when == "lost" and found is True:
+                violate(
+                    "lost-but-held",
+                    ev["t0"],
+                    f"{hold.label()} was reported lost, yet the servers still held it at"
+                    f" {ev['t0']:.3f}..{ev['t1']:.3f} (unknown is not lost)",
+                    ev["c"],
+                )
+            elif when in ("owned_false", "locked_false") and found is True:
+                violate(
+                    "false-but-held",
+                    ev["t0"],
+                    f"{hold.label()}: {when.split('_')[0]}() answered False while holding, yet"
+                    f" the servers still held it at {ev['t0']:.3f}..{ev['t1']:.3f} (nodes"
+                    f" {ev.get('nodes')}): an unknown answered as no",
+                    ev["c"],
+                )
+            elif when == "released" and found is True:
+                violate(
+                    "released-but-held",
+                    ev["t0"],
+                    f"{hold.label()}: release() returned at {hold.released or 0:.3f}, yet the"
+                    f" servers still held it at {ev['t0']:.3f}..{ev['t1']:.3f}",
+                    ev["c"],
+                )
+    # release-reported-lost / release-hid-loss: what release() said against what the servers
+    # held just before it (the "releasing" check, read straight from them).
+    releasing: dict[tuple[str, int], dict[str, Any]] = {}
+    for ev in events:
+        key = (ev["c"], ev.get("h", -1))
+        if ev["e"] == "check" and ev["when"] == "releasing":
+            releasing[key] = ev
+            continue
+        before = releasing.get(key)
+        if before is None or ev["e"] not in ("rel_ok", "rel_err") or ev.get("attempt"):
+            continue  # a second try may well find its own first try's work done
+        lo = bisect.bisect_left(loss_times, before["t0"] - 0.05)
+        if lo < len(loss_times) and loss_times[lo] <= ev["t"]:
+            continue
+        hold = holds[key]
+        if ev["e"] == "rel_err" and ev["err"] in ("LockLost", "LockNotOwned"):
+            alive_until = before["t0"] + before.get("left", -1) / 1000 - 0.05
+            if before["found"] is True and ev["t"] < alive_until:
+                violate(
+                    "release-reported-lost",
+                    ev["t"],
+                    f"{hold.label()}: release() raised {ev['err']} at {ev['t']:.3f}, but the"
+                    f" servers held it (nodes {before['nodes']}) at {before['t0']:.3f} for"
+                    f" {before.get('left')} ms more",
+                    ev["c"],
+                )
+        elif ev["e"] == "rel_ok" and before["found"] is False:
+            violate(
+                "release-hid-loss",
+                ev["t"],
+                f"{hold.label()}: release() returned at {ev['t']:.3f}, but the hold was already"
+                f" gone at {before['t0']:.3f} (nodes {before['nodes']}): a loss went unreported",
+                ev["c"],
+            )
+    for f in applied:
+        if not f.kind.startswith("majority_"):
+            continue
+        for h in granted:
+            if h.start >= f.started + 0.05 and (h.end or 0) <= (f.healed or stopping):
+                violate(
+                    "granted-without-majority",
+                    h.end or 0,
+                    f"{h.label()} was granted at {h.end:.3f} while nodes {f.target} were"
+                    f" down ({f.kind} {f.started:.3f}..{f.healed:.3f})",
+                    h.client,
+                )
+    for ev in events:
+        if ev["e"] == "crash":
+            violate("client-crash", ev["t"], f"{ev['c']} died of an exception:\n{ev['tb']}",
+                    ev["c"])  # fmt: skip
+
+    # -- liveness, in quiet time -----------------------------------------------------------
+    # A fair waiter that died or froze keeps its place at the head of the queue until its
+    # deadline there: its acquire's deadline, or the waiter lease, whichever is first.
+    waits: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for h in holds.values():
+        if h.mode == "block":
+            end = h.end if h.end is not None else float("inf")
+            waits[h.client].append((h.start, end, h.start + (h.timeout or float("inf"))))
+    disturbed = []
+    for f in applied:
+        until = (f.healed or stopping) + ttl + 0.5
+        if f.kind.startswith("client_") and waiter_lease:
+            for since, until_end, deadline in waits.get(f.client, []):
+                if since <= f.started <= until_end:
+                    until = max(until, min(f.started + waiter_lease, deadline) + 0.5)
+        elif nodes > 1:
+            until += BREAKER + (2 * ttl if f.kind in data_loss else 0.0)
+        disturbed.append((f.started - 0.05, until))
+    disturbed.append((stopping - 0.05, float("inf")))
+    disturbed = _merge(disturbed)
+    quiet_seconds = max(0.0, stopping - started) - sum(
+        min(b, stopping) - max(a, started) for a, b in disturbed if a < stopping
+    )
+
+    def quiet(a: float, b: float) -> bool:
+        return a >= started and not any(s < b and a < e for s, e in disturbed)
+
+    busy = []
+    for h in holds.values():
+        if h.outcome == "ok":
+            ends = [t for t in (h.released, h.lost) if t is not None]
+            if not ends:
+                ends = [(h.release_error or h.last_seen) + ttl]
+            busy.append((h.start, min(ends)))
+        elif h.outcome == "err" or h.outcome is None:
+            busy.append((h.start, (h.end or h.last_seen) + ttl))  # may have left a hold
+    busy = _merge(busy)
+    quiet_waits = 0
+    for h in holds.values():
+        if h.outcome != "no" or h.mode != "block" or not h.timeout or h.end is None:
+            continue
+        if not quiet(h.start, h.end):
+            continue
+        quiet_waits += 1
+        wait_from, wait_to = h.start + 0.05, h.end - 0.05
+        free_from, gap = wait_from, 0.0
+        for since, until in busy:
+            if until <= wait_from or since >= wait_to:
+                continue
+            if since > free_from:
+                gap = max(gap, since - free_from)
+            free_from = max(free_from, until)
+        gap = max(gap, wait_to - free_from)
+        if gap > ttl + 0.5:
+            violate(
+                "waiter-starved",
+                h.end,
+                f"{h.client}/h{h.hold} waited {h.timeout:g} s ({h.start:.3f}..{h.end:.3f}) and"
+                f" timed out, though no known hold covered {gap:.2f} s of that wait, in quiet"
+                " time",
+                h.client,
+            )
+    errors = sorted(
+        (h for h in holds.values() if h.outcome in ("ok", "err") and h.end is not None),
+        key=lambda h: h.end or 0,
+    )
+    streak: list[Hold] = []
+    for one in [*errors, None]:
+        if one is not None and one.outcome == "err" and quiet(one.start, one.end or one.start):
+            streak.append(one)
+            continue
+        if len(streak) >= 3 and (streak[-1].end or 0) - streak[0].start >= 2.5:
+            violate(
+                "quiet-outage",
+                streak[0].start,
+                f"{len(streak)} acquires failed ({', '.join(sorted({s.error for s in streak}))})"
+                f" over {streak[0].start:.3f}..{streak[-1].end:.3f} with every server up and"
+                " no fault for a while",
+                *{s.client for s in streak},
+            )
+        streak = []
+    if leftover:
+        listing = "; ".join(
+            f"node{i}: " + ", ".join(f"{k} (pttl {v})" for k, v in sorted(keys.items()))
+            for i, keys in sorted(leftover.items())
+        )
+        violate("keys-leaked", stopping, f"keys left after every client stopped: {listing}")
+
+    # -- the report ------------------------------------------------------------------------
+    counts = Counter(ev["e"] for ev in events)
+    stats = {
+        "acquires": counts["acq"],
+        "acq_ok": counts["acq_ok"],
+        "acq_no": counts["acq_no"],
+        "acq_err": counts["acq_err"],
+        "releases": counts["rel_ok"] + counts["rel_err"],
+        "rel_err": counts["rel_err"],
+        "writes": len(writes),
+        "rejected": sum(1 for w in writes if not w.accepted),
+        "lost": counts["lost"],
+        "checks": counts["check"],
+        "lost_replies": lost_replies,
+        "clients": counts["start"],
+        "quiet_waits": quiet_waits,
+        "quiet_seconds": quiet_seconds,
+        "errors": Counter(h.error for h in holds.values() if h.error),
+    }
+    report = Report(
+        backend, kind, seed, seconds, stats, Counter(f.kind for f in applied), violations,
+        list(harness_errors), [],
+    )  # fmt: skip
+    shown: Counter[str] = Counter()
+    for v in sorted(violations, key=lambda v: v.t):
+        shown[v.prop] += 1
+        if shown[v.prop] <= 2:
+            report.histories.append(_history(v, started, events, writes, applied))
+    hidden = sum(n - 2 for n in shown.values() if n > 2)
+    if hidden:
+        report.histories.append(f"({hidden} more violations of the same properties not shown)")
+    return report
+
+
+def _history(
+    v: Violation,
+    origin: float,
+    events: list[dict[str, Any]],
+    writes: list[Write],
+    faults: list[Any],
+) -> str:
+    """The history around a violation (times in seconds from the run's start): the events of
+    the clients involved from 2.5 s before to 1 s after, other clients' holds and the
+    resource's writes from 1 s before, and every fault. An acquire is one line, at its end."""
+    lo, hi = v.t - 2.5, v.t + 1.0
+    starts = {(ev["c"], ev["h"]): ev for ev in events if ev["e"] == "acq"}
+    lines: list[tuple[float, str]] = []
+    for ev in events:
+        t, c, e = ev["t"], ev["c"], ev["e"]
+        if not lo <= t <= hi or e == "acq":
+            continue
+        if c not in v.clients and (t < v.t - 1.0 or e in ("acq_no", "acq_err", "check")):
+            continue
+        rest = " ".join(
+            f"{k}={ev[k]}" for k in ev if k not in ("t", "c", "e", "h", "msg", "t0", "t1", "tb")
+        )
+        if e.startswith("acq_"):
+            begun = starts.get((c, ev["h"]))
+            if begun is not None:
+                rest += (
+                    f" ({begun['mode']} {begun['timeout'] or ''} from {begun['t'] - origin:.3f})"
+                )
+            if e == "acq_err":
+                rest += " " + ev.get("msg", "")[:120]
+        lines.append((t, f"{c:>4} h{ev.get('h', ''):<4} {e:<8} {rest}"))
+    for w in writes:
+        if v.t - 1.0 <= w.t <= hi:
+            verdict = "accepted" if w.accepted else "REJECTED"
+            lines.append((w.t, f" res #{w.seq} {w.client}/h{w.hold} fence {w.fence} {w.phase}"
+                               f" {verdict} (last {w.last})"))  # fmt: skip
+    for f in faults:
+        if f.started is not None and lo - 3 <= f.started <= hi:
+            lines.append((f.started, f"  !! {f.describe()}"))
+        if f.healed is not None and lo <= f.healed <= hi and f.duration:
+            lines.append((f.healed, f"  !! healed {f.kind} target={f.target}"))
+    lines.sort(key=lambda x: x[0])
+    if len(lines) > 90:
+        near = sorted(lines, key=lambda x: abs(x[0] - v.t))[:90]
+        lines = sorted(near, key=lambda x: x[0])
+    body = "\n".join(f"  {t - origin:8.3f}  {text}" for t, text in lines)
+    return f"VIOLATION {v.prop} at {v.t - origin:.3f} s: {v.message}\n{body}"

@@ -1,0 +1,299 @@
+"""A campaign client: ``python -m tests.campaign.client CONFIG_JSON``.
+
+It takes one lock again and again through the public API only, and inside every hold writes
+to the fenced resource (begin, some work, end) with the hold's fence. Every event goes to
+its own log file as one JSON line, written at once (a SIGKILL loses nothing already logged):
+
+    acq      an acquire starts (mode "block" with a timeout, or "try")
+    acq_ok   it returned True (fence), acq_no: False, acq_err: raised (type, message)
+    check    what Redis itself says, read directly (not through the proxy): whether the hold
+             is there right after the acquire, right after a loss was reported, and right
+             after a release returned; found = true / false / null (could not tell)
+    write    a write to the resource and its verdict
+    nest     a reentrant re-entry inside the hold; rel_ok / rel_err: a release
+    ask      owned() or locked() asked while holding, and the answer
+    lost     the lock_lost signal
+
+SIGTERM asks the client to finish its hold and exit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import django
+from django.conf import settings
+
+QUORUM_OF = {1: 1, 3: 2, 5: 3}
+
+
+class Log:
+    def __init__(self, path: str, client_id: str) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.client_id = client_id
+        self.mutex = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        record = {"t": time.time(), "c": self.client_id, "e": event, **fields}
+        line = (json.dumps(record, default=str) + "\n").encode()
+        with self.mutex:
+            os.write(self.fd, line)
+
+
+def setup(config: dict[str, Any]) -> None:
+    options = {
+        "socket_timeout": config["socket_timeout"],
+        "socket_connect_timeout": config["socket_timeout"],
+    }
+    if config["backend"] == "redlock":
+        options["restart_guard"] = config["restart_guard"]
+        alias = {
+            "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+            "LOCATION": config["lock_urls"],
+            "OPTIONS": options,
+            "TTL": config["ttl"],
+        }
+    else:
+        alias = {
+            "BACKEND": "django_redlock.backends.redis.RedisBackend",
+            "LOCATION": config["lock_urls"][0],
+            "OPTIONS": options,
+            "TTL": config["ttl"],
+        }
+    settings.configure(
+        INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_redlock"],
+        DJANGO_REDLOCK_INCIDENTS={"KINDS": []},  # no database in these processes
+        DJANGO_REDLOCK_METRICS=False,
+        DJANGO_REDLOCK={"default": alias},
+        USE_TZ=True,
+    )
+    django.setup()
+
+
+class Inspector:
+    """Reads the lock's keys straight from the servers (the documented key layout)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        import redis
+
+        self.nodes = [
+            redis.Redis.from_url(url, socket_timeout=0.3, socket_connect_timeout=0.3)
+            for url in config["direct_urls"]
+        ]
+        self.key = f"redlock:{{{config['name']}}}"
+        self.quorum = QUORUM_OF[len(self.nodes)]
+        self.pid = str(os.getpid())
+
+    def _node_has(self, node: Any, prefix: str, fence: int | None, reentrant: bool) -> int | None:
+        """The hold's PTTL in ms on this node, or None when the node does not hold it."""
+        pipe = node.pipeline(transaction=False)
+        if reentrant:
+            pipe.hmget(self.key, ":fence", ":meta")
+        else:
+            pipe.get(self.key)
+        pipe.pttl(self.key)
+        value, pttl = pipe.execute()
+        if reentrant:
+            if value[0] is None or value[1] is None:
+                return None
+            meta = value[1].decode("utf-8", "replace").split("\x1f")
+            ours = int(value[0]) == fence and len(meta) > 1 and meta[1] == self.pid
+            return int(pttl) if ours else None
+        if value is None:
+            return None
+        parts = value.decode("utf-8", "replace").split("|")
+        if not parts[0].startswith(prefix):
+            return None
+        # Redlock nodes keep their own counters: only the token says it is this hold there.
+        if len(self.nodes) == 1 and (len(parts) < 2 or parts[1] != str(fence)):
+            return None
+        return int(pttl)
+
+    def holds(
+        self, prefix: str, fence: int | None, reentrant: bool
+    ) -> tuple[bool | None, str, int]:
+        """True: a quorum of servers holds this hold; False: too few can; None: unknown.
+        Each server's answer: 1 (holds it), 0 (does not), ? (did not answer). And how long
+        a quorum of them still holds it (ms; the quorum-th longest PTTL)."""
+        answers, pttls = "", []
+        for node in self.nodes:
+            try:
+                pttl = self._node_has(node, prefix, fence, reentrant)
+            except Exception:
+                answers += "?"
+                continue
+            answers += "0" if pttl is None else "1"
+            if pttl is not None:
+                pttls.append(pttl)
+        pttls.sort(reverse=True)
+        left = pttls[self.quorum - 1] if len(pttls) >= self.quorum else -1
+        if answers.count("1") >= self.quorum:
+            return True, answers, left
+        if answers.count("0") > len(self.nodes) - self.quorum:
+            return False, answers, left
+        return None, answers, left
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    setup(config)
+    from redis import Redis
+
+    from django_redlock import LockError, LockLost, lock
+    from django_redlock.signals import lock_lost
+
+    from .resource import Resource
+
+    cid = config["id"]
+    log = Log(config["log"], cid)
+    rng = random.Random(config["seed"])
+    resource = Resource(Redis.from_url(config["resource_url"], socket_timeout=10))
+    inspector = Inspector(config)
+    kind = config["kind"]
+    reentrant, fair = kind == "reentrant", kind == "fair"
+    ttl = float(config["ttl"])
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    holds: dict[int, tuple[int, str, int | None]] = {}  # id(Lock) -> (hold, prefix, fence)
+
+    def check(hold: int, when: str, prefix: str, fence: int | None) -> None:
+        t0 = time.time()
+        found, nodes, left = inspector.holds(prefix, fence, reentrant)
+        log("check", h=hold, when=when, found=found, t0=t0, t1=time.time(), fence=fence,
+            nodes=nodes, left=left)  # fmt: skip
+
+    def on_lost(lock: Any, reason: str, **_: Any) -> None:
+        hold, prefix, fence = holds.get(id(lock), (-1, "", None))
+        log("lost", h=hold, reason=reason, fence=fence)
+        if hold >= 0:
+            check(hold, "lost", prefix, fence)
+
+    def ask(lk: Any, hold: int, prefix: str, fence: int | None) -> None:
+        """Ask owned() or locked() while holding: False must mean not held."""
+        question = rng.choice(["owned", "locked"])
+        try:
+            answer = getattr(lk, question)()
+        except LockError as exc:
+            log("ask", h=hold, q=question, err=type(exc).__name__, msg=str(exc)[:300])
+            return
+        log("ask", h=hold, q=question, answer=answer)
+        if answer is False:
+            check(hold, f"{question}_false", prefix, fence)
+
+    lock_lost.connect(on_lost, weak=False)
+    log("start", pid=os.getpid())
+    hold = 0
+    while not stop.is_set():
+        hold += 1
+        prefix = f"{cid}h{hold}."
+        lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair, token_prefix=prefix)
+        blocking = rng.random() < 0.8
+        timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
+        log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout)
+        try:
+            got = lk.acquire(blocking=blocking, timeout=timeout)
+        except LockError as exc:
+            log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+            time.sleep(rng.uniform(0.01, 0.1))
+            continue
+        if not got:
+            log("acq_no", h=hold)
+            time.sleep(rng.uniform(0, 0.02))
+            continue
+        fence = lk.fence
+        holds[id(lk)] = (hold, prefix, fence)
+        log("acq_ok", h=hold, fence=fence)
+        check(hold, "acquired", prefix, fence)
+        if fence is None:
+            log("bad", h=hold, what="acquired, but fence is None")
+            fence = -1
+        try:
+            hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
+                      functools.partial(ask, lk, hold, prefix, fence))  # fmt: skip
+        except LockError as exc:
+            log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+        check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
+        released = release(lk, hold, rng, log, LockError, LockLost)
+        if released:
+            check(hold, "released", prefix, fence)
+        time.sleep(rng.uniform(0, 0.03))
+    log("stop")
+
+
+def hold_body(
+    lk: Any,
+    hold: int,
+    fence: int,
+    rng: random.Random,
+    resource: Any,
+    log: Log,
+    cid: str,
+    ttl: float,
+    reentrant: bool,
+    ask: Any,
+) -> None:
+    def write(phase: str) -> None:
+        ok, last = resource.write(cid, hold, fence, phase)
+        log("write", h=hold, phase=phase, fence=fence, ok=ok, last=last)
+
+    write("begin")
+    for _ in range(rng.randint(0, 3)):
+        roll = rng.random()
+        if roll < 0.04:
+            time.sleep(rng.uniform(0.8 * ttl, 1.8 * ttl))  # the watchdog must renew
+        elif roll < 0.2:
+            time.sleep(rng.uniform(0.02, 0.15))
+        else:
+            time.sleep(rng.uniform(0, 0.01))
+        if reentrant and rng.random() < 0.3:
+            again = lk.acquire(blocking=False)
+            log("nest", h=hold, ok=again, fence=lk.fence)
+            if again:
+                write("work")
+                lk.release()
+                log("unnest", h=hold)
+        write("work")
+        if rng.random() < 0.2:
+            ask()
+    write("end")
+
+
+def release(lk: Any, hold: int, rng: random.Random, log: Log, error: Any, lost: Any) -> bool:
+    """Release; after an unknown outcome, try once more half of the time."""
+    for attempt in range(2):
+        try:
+            lk.release()
+            log("rel_ok", h=hold, attempt=attempt)
+            return True
+        except lost as exc:
+            log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300], attempt=attempt)
+            return False
+        except error as exc:
+            log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300], attempt=attempt)
+            if rng.random() < 0.5:
+                return False
+            time.sleep(0.05)
+    return False
+
+
+def run() -> None:
+    try:
+        main()
+    except Exception:  # anything but a LockError escaping the public API: a finding
+        Log(json.loads(sys.argv[1])["log"], json.loads(sys.argv[1])["id"])(
+            "crash", tb=traceback.format_exc()[-3000:]
+        )
+        raise
+
+
+if __name__ == "__main__":
+    run()

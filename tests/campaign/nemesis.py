@@ -1,0 +1,228 @@
+"""The nemesis: a fault schedule drawn from a seeded random generator, and its execution.
+
+The schedule alternates storms (faults) and calms (none): the calms are where liveness is
+judged, and the run always ends in one, with every fault healed. A fault has a start, a
+duration and a heal; at most one fault at a time per target (a client slot, a lock server,
+the proxy in front of it). On Redlock at most a minority of nodes is down, paused, cut off
+or restarted at once (a restarted node counts until its restart guard has passed), except
+in the planned majority phase, where three nodes are paused or cut off and nobody may be
+granted the lock; lost, late and cut messages may hit any node at any time.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+WARMUP = 1.5
+STORM = 6.0
+CALM = 4.0
+
+#: (fault, weight); node faults target one lock server or the proxy in front of it.
+CLIENT_FAULTS = [("client_kill", 1.0), ("client_pause", 1.5)]
+NODE_FAULTS = [
+    ("server_pause", 1.0),
+    ("server_restart", 0.7),
+    ("server_down", 0.5),
+    ("script_flush", 1.0),
+    ("latency", 1.0),
+    ("black_hole", 1.5),
+    ("lose_replies", 3.0),
+    ("reset", 1.0),
+]
+#: A node has two layers, each with one fault at a time: the server, and its proxy.
+NETWORK = {"latency", "black_hole", "lose_replies", "reset"}
+#: Lost, late or cut messages make a node's answers unknown, never its data wrong: Redlock
+#: must stay safe with them on every node, so they do not count towards the minority.
+MESSAGES = {"latency", "lose_replies", "reset"}
+#: Faults after which a node has lost its data (and its fence counters).
+DATA_LOSS = {"server_restart", "server_down"}
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: Any  # a client slot (int) or a tuple of node indexes
+    at: float  # seconds from the start of the run
+    duration: float
+    arg: float = 0.0  # latency seconds, replies to lose
+    # Filled in while it runs (wall clock):
+    started: float | None = None
+    healed: float | None = None
+    client: str = ""  # the client id a client fault hit
+    note: str = ""
+
+    def describe(self) -> str:
+        arg = f" arg={self.arg:g}" if self.arg else ""
+        return f"{self.kind} target={self.target} for {self.duration:.2f}s{arg} {self.note}"
+
+
+@dataclass
+class Plan:
+    seed: int
+    seconds: float
+    faults: list[Fault] = field(default_factory=list)
+    storms: list[tuple[float, float]] = field(default_factory=list)
+
+
+def storms(seconds: float) -> list[tuple[float, float]]:
+    """The storm windows: the run ends in a calm at least CALM long."""
+    found, t = [], WARMUP
+    while t + STORM + CALM <= seconds + 1e-9:
+        found.append((t, t + STORM))
+        t += STORM + CALM
+    if seconds - CALM - t >= 2.0:  # room for a shorter last storm
+        found.append((t, seconds - CALM))
+    return found
+
+
+def make_plan(
+    seed: int,
+    seconds: float,
+    nodes: int,
+    clients: int,
+    ttl: float,
+    guard: float,
+    exclude: frozenset[str] = frozenset(),
+) -> Plan:
+    """The faults of one run. ``exclude`` leaves fault kinds out (to isolate a finding)."""
+    rng = random.Random(seed)
+    plan = Plan(seed, seconds, storms=storms(seconds))
+    busy: dict[Any, float] = {}  # target -> busy until (run seconds)
+    node_busy: list[list[tuple[float, float]]] = [[] for _ in range(nodes)]
+    layer_busy: dict[tuple[int, bool], list[tuple[float, float]]] = defaultdict(list)
+    majority: list[tuple[float, float]] = []
+
+    def nodes_faulted(start: float, end: float) -> set[int]:
+        return {i for i, spans in enumerate(node_busy) for a, b in spans if a < end and start < b}
+
+    for number, (s_start, s_end) in enumerate(plan.storms):
+        if nodes > 1 and number % 3 == 0 and "majority" not in exclude:  # every third storm
+            at = s_start + rng.uniform(0.5, max(0.6, STORM - 3.0))
+            length = rng.uniform(1.2, 2.0)
+            chosen = tuple(sorted(rng.sample(range(nodes), nodes // 2 + 1)))
+            kind = rng.choice(["majority_pause", "majority_black_hole"])
+            plan.faults.append(Fault(kind, chosen, at, length))
+            majority.append((at - 0.3, at + length + 0.3))
+            for i in chosen:
+                node_busy[i].append((at - 0.3, at + length + 0.3))
+                for network in (False, True):
+                    layer_busy[(i, network)].append((at - 0.3, at + length + 0.3))
+        t = s_start
+        while True:
+            t += rng.uniform(0.05, 0.4)
+            if t >= s_end - 0.2:
+                break
+            on_client = rng.random() < 0.3
+            kinds = CLIENT_FAULTS if on_client else NODE_FAULTS
+            kind = rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
+            if kind in exclude:
+                continue
+            if kind == "client_kill":
+                duration = rng.uniform(0.05, 0.5)  # until its replacement starts
+            elif kind == "client_pause":
+                duration = rng.uniform(1.2, 2.5) * ttl  # past its TTL
+            elif kind == "server_pause":
+                duration = rng.uniform(0.1, 1.2 * ttl)
+            elif kind == "server_down":
+                duration = rng.uniform(0.2, 1.0)
+            elif kind == "latency":
+                duration = rng.uniform(0.3, 1.5)
+            elif kind == "black_hole":
+                duration = rng.uniform(0.1, 0.8)
+            elif kind == "lose_replies":
+                duration = rng.uniform(0.5, 1.5)  # armed this long at most
+            else:
+                duration = 0.0
+            if t + duration > s_end:
+                continue
+            if on_client:
+                target: Any = rng.randrange(clients)
+                if busy.get(("client", target), -1.0) > t:
+                    continue
+                busy[("client", target)] = t + duration + 0.2
+            else:
+                node = rng.randrange(nodes)
+                until = t + duration + 0.2
+                if kind in DATA_LOSS:
+                    until += guard  # abstains (restart guard) until then
+                layer = layer_busy[(node, kind in NETWORK)]
+                if any(a < until and t < b for a, b in layer):
+                    continue
+                if any(a < until and t < b for a, b in majority):
+                    continue
+                minority = (nodes - 1) // 2
+                counted = kind not in MESSAGES
+                if nodes > 1 and counted and len(nodes_faulted(t, until) | {node}) > minority:
+                    continue
+                if counted:
+                    node_busy[node].append((t, until))
+                layer.append((t, until))
+                target = (node,)
+            arg = 0.0
+            if kind == "latency":
+                arg = rng.uniform(0.01, 0.15)
+            elif kind == "lose_replies":
+                arg = float(rng.randint(1, 3))
+            plan.faults.append(Fault(kind, target, t, duration, arg))
+    plan.faults.sort(key=lambda f: f.at)
+    return plan
+
+
+class Nemesis:
+    """Runs a plan against a harness (see ``harness.Run``) on its own thread."""
+
+    def __init__(self, plan: Plan, run: Any) -> None:
+        self.plan = plan
+        self.run = run
+        self.errors: list[str] = []
+        self._thread = threading.Thread(target=self._main, name="nemesis", daemon=True)
+        self._stop = threading.Event()
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    def start(self, origin: float) -> None:
+        self.origin = origin  # monotonic time of the run's start
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _main(self) -> None:
+        actions: list[tuple[float, int, Fault, bool]] = []
+        for i, fault in enumerate(self.plan.faults):
+            actions.append((fault.at, i, fault, True))
+            actions.append((fault.at + fault.duration, i, fault, False))
+        actions.sort(key=lambda a: (a[0], a[3]))
+        for when, _, fault, apply in actions:
+            delay = self.origin + when - time.monotonic()
+            if delay > 0 and self._stop.wait(delay):
+                break
+            try:
+                if apply:
+                    fault.started = time.time()
+                    self.run.apply(fault)
+                else:
+                    self.run.heal(fault)
+                    fault.healed = time.time()
+            except Exception as exc:  # a harness problem: reported, never hidden
+                self.errors.append(f"{fault.describe()}: {type(exc).__name__}: {exc}")
+                if not apply:
+                    fault.healed = time.time()
+        # Whatever happens, everything is healed at the end.
+        for fault in self.plan.faults:
+            if fault.started is not None and fault.healed is None:
+                try:
+                    self.run.heal(fault)
+                finally:
+                    fault.healed = time.time()

@@ -1,0 +1,174 @@
+"""The judge judged: small made-up histories, each with one known fault (or none)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checker import check
+from .nemesis import DATA_LOSS, Fault
+from .resource import Write
+
+T0 = 1_000_000.0
+
+
+class History:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.writes: list[Write] = []
+        self.faults: list[Fault] = []
+        self.last = -1
+
+    def ev(self, t: float, c: str, e: str, **fields: Any) -> None:
+        self.events.append({"t": T0 + t, "c": c, "e": e, **fields})
+
+    def hold(self, c: str, h: int, start: float, got: float, fence: int, end: float) -> None:
+        """A clean hold: acquire, begin and end writes, release, direct checks."""
+        self.ev(start, c, "acq", h=h, mode="block", timeout=2.0)
+        self.ev(got, c, "acq_ok", h=h, fence=fence)
+        self.ev(got, c, "check", h=h, when="acquired", found=True, t0=T0 + got, t1=T0 + got)
+        self.write(got, c, h, fence, "begin")
+        self.write(end, c, h, fence, "end")
+        self.ev(end, c, "rel_ok", h=h, attempt=0)
+        self.ev(end, c, "check", h=h, when="released", found=False, t0=T0 + end, t1=T0 + end)
+
+    def write(self, t: float, c: str, h: int, fence: int, phase: str) -> None:
+        ok = fence >= self.last
+        self.writes.append(Write(len(self.writes), c, h, fence, phase, ok, self.last, T0 + t))
+        self.last = max(self.last, fence) if ok else self.last
+        self.ev(t, c, "write", h=h, phase=phase, fence=fence, ok=ok, last=self.last)
+
+    def fault(self, kind: str, target: Any, start: float, end: float, client: str = "") -> None:
+        self.faults.append(
+            Fault(kind, target, start, end - start, started=T0 + start, healed=T0 + end,
+                  client=client)
+        )  # fmt: skip
+
+    def judge(self, nodes: int = 1, kind: str = "plain") -> set[str]:
+        report = check(
+            backend="redlock" if nodes > 1 else "redis", kind=kind, seed=0, seconds=30,
+            ttl=1.0, nodes=nodes, started=T0, stopping=T0 + 30,
+            events=sorted(self.events, key=lambda e: e["t"]), writes=self.writes,
+            faults=self.faults, data_loss=DATA_LOSS, leftover={}, harness_errors=[],
+            waiter_lease=0.0,
+        )  # fmt: skip
+        return {v.prop for v in report.violations}
+
+
+def test_a_clean_history_passes() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 1, 1.1)
+    h.hold("c2", 1, 1.05, 1.11, 2, 1.2)
+    assert h.judge() == set()
+
+
+def test_a_paused_holder_rejected_by_fencing_is_no_violation() -> None:
+    h = History()
+    h.fault("client_pause", 0, 1.05, 3.0, client="c1")
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.write(1.02, "c1", 1, 1, "begin")
+    h.hold("c2", 1, 2.2, 2.3, 2, 2.4)  # c1's TTL ran out while it was paused
+    h.ev(3.1, "c1", "lost", h=1, reason="expired", fence=1)
+    h.ev(3.1, "c1", "check", h=1, when="lost", found=False, t0=T0 + 3.1, t1=T0 + 3.1)
+    h.write(3.2, "c1", 1, 1, "end")  # rejected: fence 2 came first
+    assert not h.writes[-1].accepted
+    assert h.judge() == set()
+
+
+def test_one_fence_granted_twice() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 7, 1.1)
+    h.hold("c2", 1, 1.05, 1.11, 7, 1.2)
+    assert "fence-granted-twice" in h.judge()
+
+
+def test_a_fence_behind_one_granted_earlier() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 5, 1.1)
+    h.hold("c2", 1, 1.2, 1.21, 1, 1.3)  # e.g. the counter restarted at zero
+    assert h.judge() == {"fence-behind"}
+
+
+def test_interleaved_sections_accepted_by_the_resource() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=3)
+    h.ev(1.0, "c2", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c2", "acq_ok", h=1, fence=3)
+    h.write(1.02, "c1", 1, 3, "begin")
+    h.write(1.03, "c2", 1, 3, "begin")
+    h.write(1.04, "c1", 1, 3, "end")
+    assert {"overlap-accepted", "fence-granted-twice"} <= h.judge()
+
+
+def test_reported_lost_while_still_held() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 1, 1.5)
+    h.ev(1.2, "c1", "lost", h=1, reason="renewals failed", fence=1)
+    h.ev(1.21, "c1", "check", h=1, when="lost", found=True, t0=T0 + 1.2, t1=T0 + 1.21)
+    assert h.judge() == {"lost-but-held"}
+
+
+def test_held_without_the_servers_knowing_it() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.02, "c1", "check", h=1, when="acquired", found=False, t0=T0 + 1.01, t1=T0 + 1.02)
+    assert h.judge() == {"phantom-hold"}
+    h.fault("server_restart", (0,), 1.015, 1.015)  # data lost in between: excused
+    assert h.judge() == set()
+
+
+def test_a_waiter_that_slept_through_a_free_lock() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 1, 1.1)
+    h.ev(1.05, "c2", "acq", h=1, mode="block", timeout=3.0)
+    h.ev(4.05, "c2", "acq_no", h=1)  # free from 1.1 on, and it never got it
+    assert h.judge() == {"waiter-starved"}
+    h.fault("black_hole", (0,), 2.0, 2.5)  # not quiet time: not judged
+    assert h.judge() == set()
+
+
+def test_granted_while_a_majority_was_down() -> None:
+    h = History()
+    h.fault("majority_pause", (0, 1, 2), 1.0, 3.0)
+    h.hold("c1", 1, 1.5, 1.6, 1, 1.7)
+    assert "granted-without-majority" in h.judge(nodes=5)
+
+
+def test_release_that_called_a_live_hold_lost() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.1, "c1", "check", h=1, when="releasing", found=True, t0=T0 + 1.1, t1=T0 + 1.1,
+         nodes="11100", left=900)  # fmt: skip
+    h.ev(1.15, "c1", "rel_err", h=1, err="LockLost", attempt=0)
+    assert h.judge(nodes=5) == {"release-reported-lost"}
+
+
+def test_release_that_hid_a_loss() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.1, "c1", "check", h=1, when="releasing", found=False, t0=T0 + 1.1, t1=T0 + 1.1,
+         nodes="0", left=-1)  # fmt: skip
+    h.ev(1.15, "c1", "rel_ok", h=1, attempt=0)
+    assert h.judge() == {"release-hid-loss"}
+
+
+def test_errors_for_seconds_with_every_server_up() -> None:
+    h = History()
+    for i in range(4):
+        h.ev(1.0 + i, "c1", "acq", h=i, mode="try", timeout=None)
+        h.ev(1.01 + i, "c1", "acq_err", h=i, err="QuorumNotReached", msg="")
+    assert h.judge(nodes=5) == {"quiet-outage"}
+    h.fault("majority_pause", (0, 1, 2), 0.5, 3.5)  # an outage with a cause
+    assert h.judge(nodes=5) == set()
+
+
+def test_owned_answered_false_while_held() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 1, 1.5)
+    h.ev(1.2, "c1", "ask", h=1, q="owned", answer=False)
+    h.ev(1.21, "c1", "check", h=1, when="owned_false", found=True, t0=T0 + 1.2, t1=T0 + 1.21)
+    assert h.judge() == {"false-but-held"}
