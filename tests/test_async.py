@@ -128,7 +128,7 @@ def test_async_waiter_wakes_on_release(alias: str, name: str) -> None:
         await task
         return woke[0] - released
 
-    assert asyncio.run(scenario()) < 0.1
+    assert asyncio.run(scenario()) < 1.0  # woken by the release, not the TTL
 
 
 def test_async_watchdog_renews_and_reports_loss(alias: str, name: str) -> None:

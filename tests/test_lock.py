@@ -106,7 +106,7 @@ def test_released_waiter_wakes_at_once(alias: str, name: str) -> None:
     released = time.monotonic()
     holder.release()
     thread.join(5)
-    assert woke and woke[0] - released < 0.1
+    assert woke and woke[0] - released < 1.0  # woken by the release, not the TTL
     assert waiter.fence is not None and holder.fence is None
     waiter.release()
 

@@ -96,7 +96,7 @@ def test_release_at_zero_wakes_a_waiter(alias: str, name: str) -> None:
     released = time.monotonic()
     held.release()
     thread.join(5)
-    assert woke and woke[0] - released < 0.1
+    assert woke and woke[0] - released < 1.0  # woken by the release, not the TTL
 
 
 def test_watchdog_and_loss_work_for_reentrant_holds(alias: str, name: str) -> None:
