@@ -70,6 +70,7 @@ class _Bucket:
     closes: float  # new holds may join until then
     due: float  # monotonic time of the next renewal
     confirmed_until: float  # every member is certainly ours until then
+    overdue: bool = False  # past confirmed_until without an answer (warned once)
     members: dict[HoldKey, _Entry] = field(default_factory=dict)
     _snapshot: tuple[list[_Entry], list[Renewal]] | None = None
 
@@ -224,23 +225,27 @@ class Renewer:
         now = time.monotonic()
         with self._mutex:
             if isinstance(results, Exception) or None in results:
-                # No answer (for some): unknown is not lost. Try again soon while the holds
-                # are surely still ours; past their TTL they have run out.
+                # No answer (for some): unknown is not lost. Try again soon, for as long as
+                # it takes: only an answer that the token is gone makes a loss. Past the TTL
+                # the hold may have run out (fencing is what protects the work then): say so.
                 if isinstance(results, Exception):
                     results = [None] * len(entries)
-                why = "renewals got no answer until the TTL ran out"
-                if now < bucket.confirmed_until:
-                    bucket.due = now + min(bucket.interval / 4, 1.0)
-                else:  # the unanswered ran out (and are dropped); the others were renewed
-                    bucket.due = started + bucket.interval
-                    bucket.confirmed_until = started + bucket.ttl_ms / 1000
-                    lost = [(e, why) for e, ok in zip(entries, results, strict=True) if ok is None]
+                bucket.due = now + min(bucket.interval / 4, 1.0)
+                if now >= bucket.confirmed_until and not bucket.overdue:
+                    bucket.overdue = True
+                    logger.warning(
+                        "redlock: %d holds on %s could not be renewed before their TTL ran out"
+                        " (no answer); they may have expired: still trying",
+                        results.count(None),
+                        bucket.backend.describe(),
+                    )
                 self._plan(bucket)
                 reason = "it expired or was released by someone else"
-                lost += [(e, reason) for e, ok in zip(entries, results, strict=True) if ok is False]
+                lost = [(e, reason) for e, ok in zip(entries, results, strict=True) if ok is False]
             else:
                 bucket.due = started + bucket.interval
                 bucket.confirmed_until = started + bucket.ttl_ms / 1000
+                bucket.overdue = False
                 self._plan(bucket)
                 if not all(results):  # the common case costs no loop over the holds
                     reason = "it expired or was released by someone else"

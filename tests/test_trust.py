@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from django_redlock import (
 from django_redlock.signals import lock_lost
 from django_redlock.testing import RedisServer
 
+from .conftest import Child
 from .proxy import LossyProxy
 
 REDIS = "django_redlock.backends.redis.RedisBackend"
@@ -262,27 +264,30 @@ def test_sync_methods_in_a_running_loop_are_sync(alias: str, name: str) -> None:
     asyncio.run(scenario())
 
 
-def test_a_plain_try_does_not_jump_a_fair_queue(redis_alias: str, name: str) -> None:
+def test_a_plain_try_does_not_jump_a_fair_queue(
+    redis_alias: str, redis_server: RedisServer, name: str, child: Callable[..., Child]
+) -> None:
     holder = lock(name, using=redis_alias, fair=True)
     holder.acquire()
-    order: list[str] = []
-
-    def fair_waiter() -> None:
-        with lock(name, using=redis_alias, fair=True, timeout=10):
-            order.append("fair")
-
-    thread = threading.Thread(target=fair_waiter)
-    thread.start()
+    waiter = child(
+        "queue", "--name", name, "--order", f"{name}:order", "--tag", "fair", "--fair",
+        backend=redis_alias,
+    )  # fmt: skip
+    waiter.expect("WAITING")
     deadline = time.monotonic() + 5
     while not locks[redis_alias].inspect(name).waiters:  # type: ignore[union-attr]
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    # Release and try at once, before the fair waiter wakes: the queue goes first.
-    barging = lock(name, using=redis_alias)
-    holder.release()
-    assert not barging.acquire(blocking=False)
-    thread.join(10)
-    assert order == ["fair"]
+    waiter.signal(signal.SIGSTOP)  # queued, and too slow to take its turn at once
+    try:
+        holder.release()
+        barging = lock(name, using=redis_alias)
+        assert not barging.acquire(blocking=False)  # the queue goes first
+        assert not lock(name, using=redis_alias, reentrant=True).acquire(blocking=False)
+    finally:
+        waiter.signal(signal.SIGCONT)
+    waiter.expect("DONE")
+    assert redis_server.client().lrange(f"{name}:order", 0, -1) == [b"fair"]
     assert barging.acquire(blocking=False)  # nobody queues now
     barging.release()
 
@@ -408,3 +413,25 @@ def test_acquiring_again_after_an_unanswered_release(
     assert held.hold_count() == 1
     held.release()
     assert not locks["redis"].is_locked(name)
+
+
+def test_no_answer_past_the_ttl_is_not_a_loss_until_redis_says_so(
+    redis_factory: Callable[..., RedisServer], name: str, losses: list[str]
+) -> None:
+    server = redis_factory()
+    config = {"BACKEND": REDIS, "LOCATION": server.url, "OPTIONS": {"socket_timeout": 0.2}}
+    with _with_alias("paused", config):
+        held = lock(name, using="paused", ttl=0.6)
+        held.acquire()
+        server.pause()
+        try:
+            time.sleep(1.5)  # renewals get no answer, well past the TTL
+            assert held.lost is None and losses == []
+        finally:
+            server.resume()
+        deadline = time.monotonic() + 3  # Redis answers: the key expired (wall clock)
+        while held.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert held.lost is not None and losses == [name]
+        with pytest.raises(LockLost):
+            held.release()
