@@ -36,6 +36,8 @@ browser:
 test: lint browser
 	$(BIN)/pytest
 
+# The shop on http://127.0.0.1:$(DEMO_PORT)/ (default 8000): `make demo DEMO_PORT=8001` when 8000
+# is taken. REDIS_URL=redis://HOST:6379/0 uses that Redis instead of an embedded one.
 demo: $(STAMP)
 	$(BIN)/python example_project/demo.py
 
