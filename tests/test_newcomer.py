@@ -346,3 +346,12 @@ def _wait_for(url: str) -> None:
         except OSError:
             assert time.monotonic() < deadline, f"runserver never answered at {url}"
             time.sleep(0.2)
+
+
+def test_admin_names_break_only_after_separators_and_stay_escaped() -> None:
+    from django_redlock.admin import Row
+    from django_redlock.backends.base import LockInfo
+
+    info = LockInfo(name="report:<b>&x/2026-11.csv", backend="redis", kind="plain",
+                    fence=1, ttl=1.0)  # fmt: skip
+    assert Row(info).name_breaks == "report:<wbr>&lt;b&gt;&amp;x/<wbr>2026-<wbr>11.<wbr>csv"
