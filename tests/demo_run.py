@@ -22,7 +22,9 @@ class Demo:
     def __init__(self, port: int, state: Path, **env: str) -> None:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
-        environ = {**os.environ, "DEMO_PORT": str(port), "SHOP_DB": f"{state}/shop.sqlite3"}
+        # PYTHONPATH: this checkout's django_redlock, whatever the venv has installed.
+        environ = {**os.environ, "DEMO_PORT": str(port), "SHOP_DB": f"{state}/shop.sqlite3",
+                   "PYTHONPATH": str(ROOT)}  # fmt: skip
         environ.pop("REDIS_URL", None)  # the demo must bring its own Redis
         environ.pop("DJANGO_SETTINGS_MODULE", None)
         self.process = subprocess.Popen(
