@@ -115,3 +115,12 @@ def test_every_code_block_runs(section: str) -> None:
         exec(compile(block.source, str(block), "exec"), namespace)
         for name in re.findall(r'lock\("([^"{]+)"', block.source):  # none left held
             assert not lock(name).locked(), f"{block} left {name!r} held"
+
+
+def test_every_local_link_of_the_readme_exists() -> None:
+    from .conftest import ROOT
+    from .readme import README
+
+    links = re.findall(r"\]\(((?:docs|bench)/[^)#]+)\)", README.read_text())
+    assert "docs/demo-home.png" in links
+    assert [link for link in links if not (ROOT / link).exists()] == []
