@@ -13,7 +13,10 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,celery]"
+	@# setuptools warns on every editable install of a flat layout that folders in the working
+	@# directory may shadow the package; its import hook maps only django_redlock, so we know.
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+		$(BIN)/python -m pip install --quiet -e ".[test,celery]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
