@@ -153,6 +153,14 @@ def test_the_sdist_and_wheel_build_cleanly(dist: Dist) -> None:
     assert any(n.endswith("/django_redlock/lua/acquire.lua") for n in names)
 
 
+def test_the_readme_installs_the_wheel_that_is_built(dist: Dist) -> None:
+    """The Install section names the wheel file: it must be the one `python -m build` makes
+    (a version bump that forgets the README fails here)."""
+    install = (ROOT / "README.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert f"/dist/{dist.wheel.name}[celery]" in install
+    assert "pip install django-redlock" in install  # and says why that does not work yet
+
+
 NEWCOMER_APP = {
     "__init__.py": "",
     "tasks.py": """
