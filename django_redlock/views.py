@@ -10,6 +10,7 @@ import string
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 
 from .exceptions import BackendUnavailable, LockError
@@ -42,6 +43,7 @@ def lock_view(
     check_name(name)
     roots = _roots(name)
     per_visitor = _per_visitor_fields(name)
+    uses_user = any(field.startswith("request.user") for field in per_visitor)
     timeout = check_optional_seconds(timeout, "timeout", allow_zero=True) or 0.0
     if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
         raise ValueError(f"status must be an HTTP error status (400-599), not {status!r}")
@@ -78,6 +80,8 @@ def lock_view(
 
             @functools.wraps(view)
             async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                if uses_user:  # request.user is loaded lazily, by a query: not in a loop
+                    await _load_user(request)
                 held = make(view, request, kwargs)
                 try:
                     if not await held.aacquire(timeout=timeout):
@@ -129,6 +133,17 @@ def _roots(template: str) -> list[str]:
             )
         roots.append(root)
     return roots
+
+
+async def _load_user(request: Any) -> None:
+    """Load ``request.user`` the async way, so that the template can read it in the event
+    loop (a lazy user read there raises SynchronousOnlyOperation): ``request.auser()`` on
+    Django 5+, else the lazy object evaluated once in a thread."""
+    auser = getattr(request, "auser", None)
+    if auser is not None:
+        request.user = await auser()
+    elif hasattr(request, "user"):
+        await sync_to_async(lambda: getattr(request.user, "pk", None))()
 
 
 def _per_visitor_fields(template: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import html
 import os
 import re
@@ -363,3 +364,35 @@ def test_admin_names_break_only_after_separators_and_stay_escaped() -> None:
     info = LockInfo(name="report:<b>&x/2026-11.csv", backend="redis", kind="plain",
                     fence=1, ttl=1.0)  # fmt: skip
     assert Row(info).name_breaks == "report:<wbr>&lt;b&gt;&amp;x/<wbr>2026-<wbr>11.<wbr>csv"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lock_view_on_request_user_in_an_async_view() -> None:
+    """request.user is lazy (a session and a user query): read in the event loop it raised
+    SynchronousOnlyOperation. The async view loads it the async way first."""
+    from django.contrib.auth.middleware import AuthenticationMiddleware
+    from django.contrib.sessions.middleware import SessionMiddleware
+
+    from .factories import UserFactory
+
+    user = UserFactory(username="async-user")
+
+    @lock_view("checkout:{request.user.pk}", timeout=0)
+    async def checkout(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(f"checked out {request.user.pk}")
+
+    def request_of(logged_in: bool) -> HttpRequest:
+        request = RequestFactory().get("/checkout/")
+        SessionMiddleware(lambda r: HttpResponse()).process_request(request)
+        if logged_in:
+            request.session["_auth_user_id"] = str(user.pk)
+            request.session["_auth_user_backend"] = "django.contrib.auth.backends.ModelBackend"
+            request.session["_auth_user_hash"] = user.get_session_auth_hash()
+        AuthenticationMiddleware(lambda r: HttpResponse()).process_request(request)
+        return request
+
+    assert asyncio.run(checkout(request_of(True))).content == f"checked out {user.pk}".encode()
+    with lock(f"checkout:{user.pk}"):
+        assert asyncio.run(checkout(request_of(True))).status_code == 409
+    with pytest.raises(ValueError, match="anonymous"):
+        asyncio.run(checkout(request_of(False)))
