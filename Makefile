@@ -13,7 +13,10 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,celery]"
+	@# setuptools warns on every editable install of a flat layout that folders in the working
+	@# directory may shadow the package; its import hook maps only django_redlock, so we know.
+	PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+		$(BIN)/python -m pip install --quiet -e ".[test,celery]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -36,6 +39,8 @@ browser:
 test: lint browser
 	$(BIN)/pytest
 
+# The shop on http://127.0.0.1:$(DEMO_PORT)/ (default 8000): `make demo DEMO_PORT=8001` when 8000
+# is taken. REDIS_URL=redis://HOST:6379/0 uses that Redis instead of an embedded one.
 demo: $(STAMP)
 	$(BIN)/python example_project/demo.py
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -15,6 +16,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
 
 from .backends.base import BadCursor, LockInfo, Released
 from .exceptions import LockError
@@ -44,6 +47,13 @@ class Row:
         info = self.info
         fence = None if info.token or info.fence is None else str(info.fence)
         return json.dumps([info.backend, info.name, info.token or None, fence])
+
+    @property
+    def name_breaks(self) -> str:
+        """The name, escaped, with a line-break opportunity after each separator (``:``,
+        ``/``, ``.``, ...): a long name wraps between its parts, never inside one."""
+        parts = re.split(r"(?<=[:/._\-@|=,])", self.info.name)
+        return mark_safe("<wbr>".join(escape(part) for part in parts))
 
     @property
     def holder(self) -> str:

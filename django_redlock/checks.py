@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -13,6 +14,36 @@ from django.core.checks import CheckMessage, Warning
 Endpoint = tuple[str, str, Any, int]
 
 SHARED_DB = "django_redlock.W001"
+UNKNOWN_SETTING = "django_redlock.W002"
+
+#: Every setting this app reads. Anything else named DJANGO_REDLOCK... is a misspelling that
+#: Django would silently ignore.
+KNOWN_SETTINGS = (
+    "DJANGO_REDLOCK",
+    "DJANGO_REDLOCK_BEAT",
+    "DJANGO_REDLOCK_INCIDENTS",
+    "DJANGO_REDLOCK_METRICS",
+)
+
+
+def check_unknown_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn about settings named like ours that this app does not read (``DJANGO_REDLOCKS``,
+    ``DJANGO_REDLOCK_INCIDENT``, ...): Django ignores unknown settings without a word."""
+    found: list[CheckMessage] = []
+    for name in sorted(dir(settings)):
+        if not name.startswith("DJANGO_REDLOCK") or name in KNOWN_SETTINGS:
+            continue
+        close = difflib.get_close_matches(name, KNOWN_SETTINGS, n=1, cutoff=0.6)
+        found.append(
+            Warning(
+                f"The setting {name} is not one django-redlock reads, so it has no effect.",
+                hint=(f"Did you mean {close[0]}? " if close else "")
+                + f"django-redlock reads {', '.join(KNOWN_SETTINGS)}.",
+                obj=name,
+                id=UNKNOWN_SETTING,
+            )
+        )
+    return found
 
 
 def check_shared_cache_db(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:

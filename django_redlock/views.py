@@ -10,6 +10,7 @@ import string
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 
 from .exceptions import BackendUnavailable, LockError
@@ -41,6 +42,8 @@ def lock_view(
     """
     check_name(name)
     roots = _roots(name)
+    per_visitor = _per_visitor_fields(name)
+    uses_user = any(field.startswith("request.user") for field in per_visitor)
     timeout = check_optional_seconds(timeout, "timeout", allow_zero=True) or 0.0
     if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
         raise ValueError(f"status must be an HTTP error status (400-599), not {status!r}")
@@ -59,6 +62,8 @@ def lock_view(
             raise ValueError(
                 f"lock_view template {name!r} failed for this request to {_where(view)}: {exc!r}"
             ) from exc
+        if per_visitor:
+            _check_visitor(name, per_visitor, request, view, text)
         return Lock(fit_name(text), ttl=ttl, using=using)
 
     def busy(seconds_left: float | None) -> HttpResponse:
@@ -75,6 +80,8 @@ def lock_view(
 
             @functools.wraps(view)
             async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                if uses_user:  # request.user is loaded lazily, by a query: not in a loop
+                    await _load_user(request)
                 held = make(view, request, kwargs)
                 try:
                     if not await held.aacquire(timeout=timeout):
@@ -126,6 +133,48 @@ def _roots(template: str) -> list[str]:
             )
         roots.append(root)
     return roots
+
+
+async def _load_user(request: Any) -> None:
+    """Load ``request.user`` the async way, so that the template can read it in the event
+    loop (a lazy user read there raises SynchronousOnlyOperation): ``request.auser()`` on
+    Django 5+, else the lazy object evaluated once in a thread."""
+    auser = getattr(request, "auser", None)
+    if auser is not None:
+        request.user = await auser()
+    elif hasattr(request, "user"):
+        await sync_to_async(lambda: getattr(request.user, "pk", None))()
+
+
+def _per_visitor_fields(template: str) -> list[str]:
+    """The fields that tell one visitor from another: ``request.user...`` and
+    ``request.session.session_key``."""
+    fields = [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    return [f for f in fields if f.startswith("request.user") or f == "request.session.session_key"]
+
+
+def _check_visitor(template: str, fields: list[str], request: Any, view: Any, text: str) -> None:
+    """A per-visitor name must not be one lock shared by every anonymous visitor (or every
+    visitor without a session yet): ``checkout:{request.user.pk}`` is ``checkout:None`` for
+    all of them, so one anonymous checkout would turn all the others away."""
+    for field in fields:
+        if field.startswith("request.user"):
+            user = getattr(request, "user", None)
+            if user is not None and getattr(user, "is_anonymous", False):
+                raise ValueError(
+                    f"lock_view template {template!r} of {_where(view)} uses {{{field}}}, but"
+                    f" this request's user is anonymous: every anonymous visitor would share the"
+                    f" one lock {text!r}. Put @login_required above @lock_view, or key anonymous"
+                    " visitors by their session ({request.session.session_key}) or address"
+                    " ({request.META[REMOTE_ADDR]})."
+                )
+        elif getattr(getattr(request, "session", None), "session_key", None) is None:
+            raise ValueError(
+                f"lock_view template {template!r} of {_where(view)} uses {{{field}}}, but this"
+                f" request has no session yet: every visitor without one would share the one"
+                f" lock {text!r}. Save the session before this view (request.session.save()),"
+                " or key visitors by address ({request.META[REMOTE_ADDR]})."
+            )
 
 
 def _check_roots(template: str, roots: list[str], view: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,8 +24,31 @@ def manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "manage.py", *args], cwd=HERE, env=env, check=True)
 
 
+def port_taken(port: int) -> bool:
+    """Whether something already listens on 127.0.0.1:port (runserver would then fail)."""
+    with socket.socket() as probe:
+        # As runserver binds: connections of an earlier run in TIME_WAIT do not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 def main() -> int:
-    port = os.environ.get("DEMO_PORT", "8000")
+    text = os.environ.get("DEMO_PORT", "8000")
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        print(f"demo: DEMO_PORT must be a port number, not {text!r}", file=sys.stderr)
+        return 2
+    port = int(text)
+    if port_taken(port):
+        print(
+            f"demo: port {port} is taken (another program, or another demo, listens there)."
+            f" Choose another port: make demo DEMO_PORT={port + 1}",
+            file=sys.stderr,
+        )
+        return 2
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "shop.settings", "PYTHONUNBUFFERED": "1"}
     state = ROOT / ".demo"
     state.mkdir(exist_ok=True)
@@ -39,7 +63,7 @@ def main() -> int:
         print(f"demo: embedded redis-server at {redis_server.url}", flush=True)
     children: list[subprocess.Popen[bytes]] = []
 
-    def stop(signum: int = signal.SIGTERM, frame: FrameType | None = None) -> None:
+    def stop(signum: int = signal.SIGTERM, frame: FrameType | None = None, code: int = 0) -> None:
         for child in children:
             if child.poll() is None:
                 child.terminate()
@@ -51,7 +75,7 @@ def main() -> int:
         if redis_server is not None:
             redis_server.stop()
         print("demo: stopped", flush=True)
-        sys.exit(0)
+        sys.exit(code)
 
     signal.signal(signal.SIGTERM, stop)
     try:
@@ -64,7 +88,7 @@ def main() -> int:
         )  # fmt: skip
         if created.returncode and "already taken" not in created.stderr:
             print(created.stderr, file=sys.stderr)
-        manage(env, "shell", "-c", "from shop.stock import restock; restock(100)")
+        manage(env, "shell", "-v", "0", "-c", "from shop.stock import restock; restock(100)")
         children.append(
             subprocess.Popen(
                 [
@@ -97,13 +121,25 @@ def main() -> int:
         print(
             f"demo: the shop is at http://127.0.0.1:{port}/ and the admin at"
             f" http://127.0.0.1:{port}/admin/ (user {DEMO_USER!r}, password {DEMO_PASSWORD!r})."
+            " Another port: make demo DEMO_PORT=8001."
             " A Celery worker runs the shop's tasks. Ctrl-C stops everything.",
             flush=True,
         )
         while all(child.poll() is None for child in children):
             time.sleep(0.5)
-        print("demo: a process exited; stopping the rest", file=sys.stderr)
-        stop()
+        failed = next(child for child in children if child.poll() is not None)
+        print(
+            f"demo: {' '.join(map(str, failed.args[1:4]))} exited ({failed.returncode});"
+            " stopping the rest",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop(code=1)
+    except subprocess.CalledProcessError as exc:
+        print(
+            f"demo: {' '.join(map(str, exc.cmd[1:3]))} failed ({exc.returncode})", file=sys.stderr
+        )
+        stop(code=1)
     except KeyboardInterrupt:
         stop(signal.SIGINT)
     return 1

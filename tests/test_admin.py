@@ -40,7 +40,7 @@ def form_values(page: str, field: str = "lock") -> list[str]:
 def test_lists_locks_across_backends_with_their_details() -> None:
     with lock("admin:r", using="redis"), lock("admin:l", using="local", reentrant=True) as inner:
         inner.acquire()
-        page = client_for(superuser=True).get(URL).content.decode()
+        page = client_for(superuser=True).get(URL).content.decode().replace("<wbr>", "")
     assert "admin:r" in page and "admin:l" in page
     row = re.search(r"admin:l</td>\s*<td>local</td>\s*<td>reentrant</td>.*?</tr>", page, re.S)
     assert row is not None and "<td>2</td>" in row.group(0)  # hold count
@@ -94,7 +94,7 @@ def test_pages_by_scan_cursor() -> None:
     seen: set[str] = set()
     url, pages = URL + "?backend=redis&q=many", 0
     while url:
-        page = client.get(url).content.decode()
+        page = client.get(url).content.decode().replace("<wbr>", "")  # break opportunities
         names = re.findall(r'<td class="name">(many:\d+)</td>', page)
         assert len(names) < 250
         seen.update(names)

@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
-from django_redlock import locks
+from django_redlock import lock, locks
+from django_redlock.testing import free_port
 
 from .conftest import ROOT, Child
+from .demo_run import Demo
 from .factories import UserFactory
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -55,7 +58,7 @@ def test_force_release_through_the_admin_in_a_browser(
     holder = child("hold", "--name", "nightly:<export>", "--ttl", "1.5")
     holder.expect("ACQUIRED")
     ARTIFACTS.mkdir(exist_ok=True)
-    page = browser.new_page(viewport={"width": 1400, "height": 700})
+    page = browser.new_page(viewport={"width": 1280, "height": 700})
     # default, redis and cache share one server in these settings: look at one of them.
     page.goto(
         f"{live_server.url}/admin/login/?next=/admin/django_redlock/heldlock/%3Fbackend%3Dredis"
@@ -80,3 +83,94 @@ def test_force_release_through_the_admin_in_a_browser(
     assert "released by someone else" in holder.expect("LOST")  # the holder finds out
     page.screenshot(path=str(ARTIFACTS / "admin-after-release.png"))
     assert Path(ARTIFACTS / "admin-held-locks.png").stat().st_size > 10_000
+
+
+SEPARATORS = ":/._-@|=,"
+# Where the text of each element wraps: the character before and after each line break.
+WRAPS_JS = """cells => cells.map(cell => {
+  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT), wraps = [];
+  let top = null, before = null;
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange(); range.setStart(node, i); range.setEnd(node, i + 1);
+      const rect = range.getClientRects()[0];
+      if (!rect) continue;
+      if (top !== null && rect.top > top + 2) wraps.push(before + node.data[i]);
+      top = rect.top; before = node.data[i];
+    }
+  }
+  return [cell.textContent, wraps];
+})"""
+
+
+def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path) -> None:
+    """`make demo` in Chromium at 1280 px: the live panel shows locks at work, and the admin
+    lists them with names that wrap only between their parts. Screenshots for docs/."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    demo = Demo(free_port(), tmp_path)
+    try:
+        redis_url = demo.wait_ready()
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{demo.base}/experiment/")
+        page.click("button.primary")
+        page.wait_for_selector("#results")
+        page.goto(f"{demo.base}/")
+        page.click("#buy")
+        page.click("#desk")
+        page.click("#sync")
+        # The live panel, refreshed every second: the desk's fair lock held by a clerk task
+        # with the others waiting, and the nightly sync held by its one task.
+        page.wait_for_function(
+            """() => [...document.querySelectorAll("tr.lock-row")].some(
+                 row => row.innerText.startsWith("desk") && /\\s[12]\\s*$/.test(row.innerText))""",
+            timeout=20_000,
+        )
+        rows = page.locator("tr.lock-row")
+        text = rows.all_inner_texts()
+        assert any(t.startswith("desk") and "task desk_shift" in t for t in text), text
+        assert any(t.startswith("nightly-sync") and "task nightly_sync" in t for t in text), text
+        chart = page.inner_text("[data-panel=experiment]")
+        assert "with django-redlock" in chart and "50 sold, 0 oversold" in chart
+        assert "oversold" in chart.split("with django-redlock")[0]  # without a lock
+        handoffs = page.locator("[data-panel=handoffs] tr").all_inner_texts()
+        assert any(h.startswith("desk") for h in handoffs), handoffs
+        with page.expect_request(lambda r: r.url.endswith("/live.json"), timeout=2500):
+            pass  # the page polls on its own
+        page.wait_for_timeout(600)  # a second clerk has the desk: a hand-off in the list
+        page.screenshot(path=str(ARTIFACTS / "demo-home.png"), full_page=True)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+        home_names = page.locator("#live-locks td.name").all()
+        for name, wraps in page.evaluate(WRAPS_JS, [n.element_handle() for n in home_names]):
+            assert wraps == [], (name, wraps)
+
+        # The admin, with a long name held in the demo's Redis (next to the clerks' locks).
+        demo_locks = {
+            "BACKEND": "django_redlock.backends.redis.RedisBackend",
+            "LOCATION": redis_url.rsplit("/", 1)[0] + "/3",
+            "KEY_PREFIX": "shop",
+        }
+        long_name = "report:customer-4711:2026-11:monthly-invoice-export:eu-west-1.archive"
+        # Playwright's sync API runs an event loop here: a one-try acquire is the sync one
+        # that works in it.
+        with override_settings(DJANGO_REDLOCK={"default": demo_locks}):
+            held = lock(long_name, ttl=60)
+            assert held.acquire(blocking=False)
+            page.goto(f"{demo.base}/admin/login/?next=/admin/django_redlock/heldlock/")
+            page.fill("#id_username", "demo")
+            page.fill("#id_password", "demo-password")
+            page.click("input[type=submit]")
+            page.wait_for_selector("#result_list")
+            assert page.locator("tr.redlock-row", has_text=long_name).count() == 1
+            page.screenshot(path=str(ARTIFACTS / "demo-admin.png"), full_page=True)
+            # The table fits 1280 px: no sideways scrolling.
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+            cells = page.locator("#result_list td.name").all()
+            found = dict(page.evaluate(WRAPS_JS, [c.element_handle() for c in cells]))
+            held.release()
+        assert found[long_name], "the long name fits one line: it tests no wrapping"
+        for name, wraps in found.items():
+            for wrap in wraps:  # only after a separator, never inside a word
+                assert wrap[0] in SEPARATORS, (name, wraps)
+    finally:
+        demo.stop()

@@ -2,94 +2,109 @@
 
 from __future__ import annotations
 
-import http.cookiejar
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
+from pathlib import Path
+
+import redis
 
 from django_redlock.testing import free_port
 
 from .conftest import ROOT
+from .demo_run import Demo
 
 
-def test_demo_starts_serves_and_stops(tmp_path: object) -> None:
-    port = free_port()
-    env = {**os.environ, "DEMO_PORT": str(port), "SHOP_DB": f"{tmp_path}/shop.sqlite3"}
-    env.pop("REDIS_URL", None)  # the demo must bring its own Redis
-    demo = subprocess.Popen(
-        [sys.executable, "example_project/demo.py"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
+    demo = Demo(free_port(), tmp_path)
     try:
-        assert demo.stdout is not None
-        lines = []
-        for line in demo.stdout:
-            lines.append(line)
-            if "the shop is at" in line:
-                break
-        else:
-            raise AssertionError("".join(lines))
-        redis_url = next(re.search(r"redis://\S+", x) for x in lines if "embedded" in x)
-        assert redis_url is not None
-        base = f"http://127.0.0.1:{port}"
-        jar = http.cookiejar.CookieJar()
-        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                home = opener.open(f"{base}/", timeout=5).read().decode()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        assert "Tickets left: <strong>100</strong>" in home
-        assert "Log in" in opener.open(f"{base}/admin/login/", timeout=5).read().decode()
-        page = opener.open(f"{base}/experiment/", timeout=5).read().decode()
-        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
-        assert token is not None
-        body = urllib.parse.urlencode({"csrfmiddlewaretoken": token.group(1)}).encode()
-        request = urllib.request.Request(
-            f"{base}/experiment/", data=body, headers={"Referer": base}
-        )
-        result = opener.open(request, timeout=60).read().decode()
+        redis_url = demo.wait_ready()
+        home = demo.get("/")
+        assert 'data-live="left">100<' in home and 'id="live-locks"' in home
+        assert "Log in" in demo.get("/admin/login/")
+        # The experiment: a POST answers with a redirect, so a reload never runs it again.
+        redirect = demo.post("/experiment/", follow=False)
+        assert redirect.status == 302 and redirect.headers["Location"] == "/experiment/"
+        result = demo.get("/experiment/")
         locked = re.search(
             r"with django-redlock</th><td>50</td><td>(\d+)</td><td>(\d+)</td>", result
         )
         assert locked is not None, result
         assert locked.groups() == ("50", "0")  # exactly the stock sold, nothing oversold
-        # The worker: two nightly syncs sent at once, one runs.
-        request = urllib.request.Request(f"{base}/sync/", data=body, headers={"Referer": base})
-        assert "only one of them runs" in opener.open(request, timeout=30).read().decode()
-        import redis as redis_py
-
-        shop_redis = redis_py.Redis.from_url(redis_url.group(0))
+        # The worker: two nightly syncs sent at once, one runs. The POST redirects home,
+        # which says what was sent (a reload of home sends nothing).
+        redirect = demo.post("/sync/", follow=False)
+        assert redirect.status == 302 and redirect.headers["Location"] == "/"
+        assert "only one of them runs" in demo.get("/")
+        assert "only one of them runs" not in demo.get("/")  # said once, not re-sent
+        locks_db = redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + "/3")
         deadline = time.monotonic() + 30
-        while not shop_redis.llen("shop:sync:runs"):
+        while not locks_db.llen("demo:sync:runs"):
             assert time.monotonic() < deadline, "the demo's Celery worker ran no sync"
             time.sleep(0.2)
+        # The live panel's JSON: the sync holds its lock, held by the task, with a fence.
+        live = json.loads(demo.get("/live.json"))
+        (sync,) = [x for x in live["locks"] if x["name"] == "nightly-sync"]
+        assert sync["holder"].startswith("task nightly_sync ") and len(sync["fence"]) == 16
+        assert 0 < sync["ttl"] <= 30 and sync["waiters"] == 0
+        assert live["experiment"][1][1] == {"tickets": 50, "confirmed": 50, "oversold": 0}
+        assert any(h["name"] == "nightly-sync" for h in live["handoffs"])
         time.sleep(1.0)
-        assert shop_redis.llen("shop:sync:runs") == 1
+        assert locks_db.llen("demo:sync:runs") == 1
     finally:
-        demo.send_signal(signal.SIGINT)
-        output, _ = demo.communicate(timeout=30)
+        output = demo.stop()
     assert "demo: stopped" in output
-    assert demo.returncode == 0
-    import redis
-
-    port_of_redis = int(redis_url.group(0).rsplit(":", 1)[1].split("/")[0])
+    assert demo.process.returncode == 0
+    # Locks have a database of their own (no W001); no setting is misspelt (no W002).
+    assert "django_redlock.W00" not in output, output
+    # One line per log record: the worker's root handler does not print ours again.
+    skipped = [line for line in output.splitlines() if "skipped duplicate" in line]
+    assert len(skipped) == 1, skipped
+    port_of_redis = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     try:
         redis.Redis(port=port_of_redis, socket_connect_timeout=0.5).ping()
         still_up = True
     except redis.ConnectionError:
         still_up = False
     assert not still_up  # the embedded Redis went down with the demo
+
+
+def test_demo_on_a_taken_port_fails_loudly(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        demo = subprocess.run(
+            [sys.executable, "example_project/demo.py"],
+            cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env={"PATH": "/usr/bin:/bin", "DEMO_PORT": str(port),
+                 "SHOP_DB": f"{tmp_path}/shop.sqlite3"},
+        )  # fmt: skip
+    assert demo.returncode != 0
+    assert f"port {port} is taken" in demo.stderr
+    assert f"make demo DEMO_PORT={port + 1}" in demo.stderr
+    assert time.monotonic() - started < 10  # before starting Redis, a worker, migrations
+    assert not (tmp_path / "shop.sqlite3").exists()
+
+
+def test_demo_fails_loudly_when_a_process_dies(tmp_path: Path) -> None:
+    """A child that exits (here: the dev server, killed) stops the rest of the demo, which
+    says so and exits non-zero (it used to exit 0)."""
+    demo = Demo(free_port(), tmp_path)
+    try:
+        demo.wait_ready()
+        children = Path(f"/proc/{demo.process.pid}/task/{demo.process.pid}/children")
+        for pid in map(int, children.read_text().split()):
+            if "runserver" in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGKILL)
+        demo.process.wait(30)
+    finally:
+        output = demo.stop()
+    assert demo.process.returncode == 1, output
+    assert "manage.py runserver 127.0.0.1" in output and "stopping the rest" in output

@@ -2,9 +2,21 @@
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def redis_db(number: int) -> str:
+    """REDIS_URL's server, database ``number``: the cache, the broker, the results and the
+    locks each get a database of their own (locks in the cache's would show W001)."""
+    parts = urlsplit(REDIS_URL)
+    if parts.scheme == "unix":  # unix:///path/redis.sock?db=0
+        query = "&".join(q for q in parts.query.split("&") if q and not q.startswith("db="))
+        return parts._replace(query=f"{query}&db={number}".lstrip("&")).geturl()
+    return parts._replace(path=f"/{number}").geturl()
+
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "demo-only-not-secret")
 DEBUG = True
@@ -55,17 +67,18 @@ STATIC_URL = "static/"
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
+        "LOCATION": redis_db(0),
+        "OPTIONS": {"SOCKET_TIMEOUT": 2.0, "SOCKET_CONNECT_TIMEOUT": 2.0},
     }
 }
-CELERY_BROKER_URL = REDIS_URL.rsplit("/", 1)[0] + "/1"
-CELERY_RESULT_BACKEND = REDIS_URL.rsplit("/", 1)[0] + "/2"
+CELERY_BROKER_URL = redis_db(1)
+CELERY_RESULT_BACKEND = redis_db(2)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 DJANGO_REDLOCK = {
     "default": {
         "BACKEND": "django_redlock.backends.redis.RedisBackend",
-        "LOCATION": REDIS_URL,
+        "LOCATION": redis_db(3),  # not the cache's database: its clear() would free them
         "KEY_PREFIX": "shop",
         "TTL": 30.0,
     },
@@ -73,6 +86,8 @@ DJANGO_REDLOCK = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_redlock": {"handlers": ["console"], "level": "INFO"}},
+    "formatters": {"shop": {"format": "[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "shop"}},
+    # Not propagated: the Celery worker's root handler would print every line a second time.
+    "loggers": {"django_redlock": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }

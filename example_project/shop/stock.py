@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django_redlock import lock, locks
 
-STOCK_KEY = "shop:tickets:left"
-SOLD_KEY = "shop:tickets:sold"
+# The shop's own data, in the locks' Redis database but outside their KEY_PREFIX ("shop").
+STOCK_KEY = "demo:tickets:left"
+SOLD_KEY = "demo:tickets:sold"
+SYNC_RUNS_KEY = "demo:sync:runs"
+HANDOFFS_KEY = "demo:handoffs"
+EXPERIMENT_KEY = "demo:experiment"
 
 
 def redis() -> Any:
@@ -49,6 +54,15 @@ def run_experiment(tickets: int, buyers: int, attempts: int, locked: bool) -> di
     def buyer() -> int:
         return sum(sell() for _ in range(attempts))
 
-    with ThreadPoolExecutor(buyers) as pool:
+    with ThreadPoolExecutor(buyers, thread_name_prefix="buyer") as pool:
         confirmed = sum(pool.map(lambda _: buyer(), range(buyers)))
     return {"tickets": tickets, "confirmed": confirmed, "oversold": max(0, confirmed - tickets)}
+
+
+def save_experiment(results: list[tuple[str, dict[str, int]]]) -> None:
+    redis().set(EXPERIMENT_KEY, json.dumps(results))
+
+
+def last_experiment() -> list[tuple[str, dict[str, int]]] | None:
+    saved = redis().get(EXPERIMENT_KEY)
+    return [(label, result) for label, result in json.loads(saved)] if saved else None

@@ -1,14 +1,23 @@
-from django.http import HttpRequest, HttpResponse
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from django_redlock import LockNotAcquired, lock, lock_view
 
-from . import stock, tasks
+from . import live, stock, tasks
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "shop/home.html", {"left": stock.left()})
+    return render(request, "shop/home.html", {"live": live.snapshot()})
+
+
+def live_json(request: HttpRequest) -> JsonResponse:
+    """The live panel's data: held locks, the last hand-offs, the last experiment."""
+    return JsonResponse(live.snapshot())
+
+
+# Every POST answers with a redirect, so that reloading the page never sends it again.
 
 
 @require_POST
@@ -20,24 +29,26 @@ def buy(request: HttpRequest) -> HttpResponse:
             fence = held.fence
     except LockNotAcquired:
         return HttpResponse("The ticket desk is busy, try again.", status=409)
-    message = f"Ticket bought (fencing token {fence})." if sold else "Sold out."
-    return render(request, "shop/home.html", {"left": stock.left(), "message": message})
+    messages.info(request, f"Ticket bought (fencing token {fence})." if sold else "Sold out.")
+    return redirect("home")
 
 
 def experiment(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
-        return render(request, "shop/experiment.html", {})
+        return render(request, "shop/experiment.html", {"results": stock.last_experiment()})
     results = [
         ("without a lock", stock.run_experiment(50, 8, 10, locked=False)),
         ("with django-redlock", stock.run_experiment(50, 8, 10, locked=True)),
     ]
+    stock.save_experiment(results)
     stock.restock(100)
-    return render(request, "shop/experiment.html", {"results": results})
+    return redirect("experiment")
 
 
 @require_POST
 def restock(request: HttpRequest) -> HttpResponse:
     stock.restock(100)
+    messages.info(request, "Restocked: 100 tickets.")
     return redirect("home")
 
 
@@ -46,5 +57,18 @@ def sync(request: HttpRequest) -> HttpResponse:
     """Start the nightly sync twice at once: the second one is skipped, not run twice."""
     first = tasks.nightly_sync.delay(3.0)
     second = tasks.nightly_sync.delay(3.0)
-    message = f"Sync tasks {first.id} and {second.id} sent; only one of them runs."
-    return render(request, "shop/home.html", {"left": stock.left(), "message": message})
+    messages.info(
+        request, f"Sync tasks {first.id[:8]} and {second.id[:8]} sent; only one of them runs."
+    )
+    return redirect("home")
+
+
+@require_POST
+def desk(request: HttpRequest) -> HttpResponse:
+    """Three Celery tasks queue for one fair lock: watch them take turns."""
+    for clerk in range(1, 4):
+        tasks.desk_shift.delay(clerk)
+    messages.info(
+        request, "Three clerks sent to the desk; they take turns, first come first served."
+    )
+    return redirect("home")

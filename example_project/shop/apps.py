@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class ShopConfig(AppConfig):
+    name = "shop"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_redlock.signals import lock_acquired
+
+        from .live import record_handoff
+
+        lock_acquired.connect(record_handoff, dispatch_uid="shop.handoffs")

@@ -1,0 +1,99 @@
+"""Run ``example_project/demo.py`` (what ``make demo`` runs) for a test, and talk to it."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .conftest import ROOT
+
+
+class Demo:
+    def __init__(self, port: int, state: Path, **env: str) -> None:
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+        # PYTHONPATH: this checkout's django_redlock, whatever the venv has installed.
+        environ = {**os.environ, "DEMO_PORT": str(port), "SHOP_DB": f"{state}/shop.sqlite3",
+                   "PYTHONPATH": str(ROOT)}  # fmt: skip
+        environ.pop("REDIS_URL", None)  # the demo must bring its own Redis
+        environ.pop("DJANGO_SETTINGS_MODULE", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "example_project/demo.py"],
+            cwd=ROOT, env={**environ, **env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.output = ""
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
+
+    def wait_ready(self) -> str:
+        """Until the demo says where the shop is and the page answers; the Redis URL."""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if "the shop is at" in line:
+                break
+        else:
+            raise AssertionError("".join(self.lines))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.get("/")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "".join(self.lines)
+                time.sleep(0.2)
+        url = next(re.search(r"redis://\S+", x) for x in self.lines if "embedded" in x)
+        assert url is not None
+        return url.group(0)
+
+    def get(self, path: str) -> str:
+        return str(self.opener.open(f"{self.base}{path}", timeout=60).read().decode())
+
+    def post(self, path: str, follow: bool = True) -> Any:
+        """A form POST with the page's CSRF token; the response (after redirects if
+        ``follow``, else the redirect itself)."""
+        page = self.get("/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert token is not None
+        body = urllib.parse.urlencode({"csrfmiddlewaretoken": token.group(1)}).encode()
+        request = urllib.request.Request(
+            f"{self.base}{path}", data=body, headers={"Referer": self.base}
+        )
+        if follow:
+            return self.opener.open(request, timeout=60)
+        opener = urllib.request.build_opener(
+            *[
+                h
+                for h in self.opener.handlers
+                if not isinstance(h, urllib.request.HTTPRedirectHandler)
+            ],
+            _NoRedirect(),
+        )
+        try:
+            return opener.open(request, timeout=60)
+        except urllib.error.HTTPError as redirect:
+            return redirect
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+        rest, _ = self.process.communicate(timeout=30)
+        self.output = "".join(self.lines) + rest
+        return self.output
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
