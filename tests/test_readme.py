@@ -107,12 +107,13 @@ SECTIONS = list(dict.fromkeys(b.section for b in CODE))
 
 
 @pytest.mark.parametrize("section", SECTIONS)
-def test_every_code_block_runs(section: str) -> None:
+def test_every_code_block_runs(section: str, redis_server: RedisServer) -> None:
     """A section's blocks run in order in one namespace, as a reader reads them (the
-    reentrant lock's block uses the ``lock`` that "Using locks" imported)."""
+    reentrant lock's block uses the ``lock`` that "Using locks" imported); a Redis URL in a
+    block points at the suite's server."""
     namespace: dict[str, Any] = {"__name__": "readme", **PLACEHOLDERS}
     for block in (b for b in CODE if b.section == section):
-        exec(compile(block.source, str(block), "exec"), namespace)
+        exec(compile(_on(redis_server, block), str(block), "exec"), namespace)
         for name in re.findall(r'lock\("([^"{]+)"', block.source):  # none left held
             assert not lock(name).locked(), f"{block} left {name!r} held"
 
