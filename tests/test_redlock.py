@@ -163,11 +163,12 @@ def test_majority_paused_fails_within_about_a_node_timeout(
     assert not keys(nodes[3]) - {quorum.key("warm").encode()}
 
 
+@pytest.mark.timeout(300)  # 25 s on a quiet machine; a loaded 2-core one is far slower
 def test_ticket_sale_through_faults(
     nodes: list[RedisServer], redis_server: RedisServer, child: Callable[..., Child]
 ) -> None:
     store = redis_server.client()
-    store.set("stock", 300)
+    store.set("stock", 150)
     urls = ",".join(server.url for server in nodes)
     sellers = [
         child("sell", "--name", "q-tickets", "--stock", "stock", "--ledger", "sold", nodes=urls)
@@ -182,8 +183,8 @@ def test_ticket_sale_through_faults(
     sold = [int(seller.expect("SOLD").split()[0]) for seller in sellers]
     nodes[1].resume()
     ledger = [int(ticket) for ticket in store.lrange("sold", 0, -1)]
-    assert sum(sold) == 300 and int(store.get("stock")) == 0
-    assert sorted(ledger) == list(range(1, 301))  # none oversold, none lost
+    assert sum(sold) == 150 and int(store.get("stock")) == 0
+    assert sorted(ledger) == list(range(1, 151))  # none oversold, none lost
 
 
 def test_paused_client_past_ttl(
