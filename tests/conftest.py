@@ -43,6 +43,9 @@ def _redlock_backends(redis_server: RedisServer) -> Iterator[None]:
 def _clean_redis(redis_server: RedisServer) -> Iterator[None]:
     redis_server.client().flushdb()  # db 0 only: the Celery broker lives in db 1
     yield
+    from django_redlock.incidents import recorder
+
+    recorder.flush(5)  # this test's incidents land in its own database, not the next test's
     for backend in locks.all(initialized_only=True):
         clear = getattr(backend, "clear", None)
         if clear is not None:
