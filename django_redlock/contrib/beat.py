@@ -1,0 +1,401 @@
+"""Celery beat with standbys: several ``celery beat`` processes, exactly one of them sends.
+
+``CELERY_BEAT_SCHEDULER = "django_redlock.contrib.beat.LockedScheduler"`` (on Celery's
+``PersistentScheduler``) or ``"django_redlock.contrib.beat.LockedDatabaseScheduler"`` (on
+django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"using": "default",
+"ttl": 30}``.
+
+* The leader holds the lock ``DJANGO_REDLOCK_BEAT["name"]`` (default ``"celery-beat"``),
+  renewed by the watchdog. Standbys wait for it (woken by its release, or at its expiry): when
+  the leader dies, another leads within the TTL.
+* Every send is decided by one script that, atomically, checks that this process still holds
+  the lock and records the entry's new ``last_run_at`` (compare-and-set against the one the
+  decision was based on). So a leader that was paused or cut off and lost the lock sends
+  nothing when it wakes, and a new leader starts from the last recorded run of every entry:
+  no due entry is sent twice and none is skipped across a takeover (runs that fell due while
+  nobody led are sent once, late, as Celery does after a downtime).
+* One window remains, inherent to any broker: a leader that decided a send and is killed (or
+  paused past its TTL) before the message reaches the broker loses (or delays) that one run;
+  it is never sent twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from celery.beat import PersistentScheduler, Scheduler
+from celery.utils.time import maybe_make_aware
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from ..backends.base import BaseLockBackend, Op
+from ..backends.locmem import LocMemBackend
+from ..backends.redis import RedisBackend, text
+from ..exceptions import LockError
+from ..handler import DEFAULT_LOCK_ALIAS, locks
+from ..locking import Lock
+from ..scripts import Call, Script
+from ..validation import MAX_TTL, check_name, to_ms
+
+logger = logging.getLogger("django_redlock")
+
+SETTING = "DJANGO_REDLOCK_BEAT"
+DEFAULT_NAME = "celery-beat"
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+# Outcomes of a claim.
+NOT_LEADER, ALREADY_SENT, CLAIMED = 0, 1, 2
+
+# Atomic with the send decision: the leader check and the record of the entry's new run.
+# KEYS: the leader lock, the entry's record.  ARGV: token, the last run the decision is
+# based on ('' if none), the new run, the record's TTL in ms.
+# Returns {0} not the leader, {1, record} another run is recorded, {2} claimed.
+_CLAIM = """
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return {0} end
+local held = redis.call('GET', KEYS[1])
+if string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then return {0} end
+local record = redis.call('GET', KEYS[2])
+if record then
+  local at, by = string.match(record, '^([^|]*)|(.*)$')
+  if at == ARGV[3] and by == ARGV[1] then return {2} end
+  if at ~= ARGV[2] then return {1, record} end
+end
+redis.call('SET', KEYS[2], ARGV[3] .. '|' .. ARGV[1], 'PX', ARGV[4])
+return {2}
+"""
+CLAIM = Script("beat_claim", _CLAIM, hashlib.sha1(_CLAIM.encode()).hexdigest())
+
+
+@dataclass(frozen=True)
+class BeatSettings:
+    using: str
+    ttl: float
+    name: str
+
+
+def beat_settings() -> BeatSettings:
+    """``DJANGO_REDLOCK_BEAT``, checked (ImproperlyConfigured naming the key)."""
+    raw = getattr(settings, SETTING, None)
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(f"{SETTING} must be a dict, not {raw!r}")
+    unknown = set(raw) - {"using", "ttl", "name"}
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{SETTING} has unknown keys {sorted(unknown)}; it takes 'using', 'ttl', 'name'"
+        )
+    using = raw.get("using", DEFAULT_LOCK_ALIAS)
+    ttl = raw.get("ttl", 30.0)
+    name = raw.get("name", DEFAULT_NAME)
+    if not isinstance(using, str):
+        raise ImproperlyConfigured(f"{SETTING}['using'] must be a backend alias, not {using!r}")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl):
+        raise ImproperlyConfigured(f"{SETTING}['ttl'] must be a number of seconds, not {ttl!r}")
+    if not 0 < ttl <= MAX_TTL:
+        raise ImproperlyConfigured(f"{SETTING}['ttl'] must be > 0 and <= 30 days, not {ttl!r}")
+    try:
+        check_name(name)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"{SETTING}['name']: {exc}") from None
+    return BeatSettings(using, float(ttl), name)
+
+
+def _backend(config: BeatSettings) -> BaseLockBackend:
+    try:
+        backend = locks[config.using]
+    except Exception as exc:  # an unknown alias
+        raise ImproperlyConfigured(f"{SETTING}['using']: {exc}") from None
+    if not isinstance(backend, (RedisBackend, LocMemBackend)):
+        # A send decision must be atomic with the leader check, on one server.
+        raise ImproperlyConfigured(
+            f"{SETTING}['using'] = {config.using!r}: beat runs on a single-master backend"
+            f" (Redis, django-redis, Sentinel, Cluster, LocMem), not {type(backend).__name__}:"
+            " its send decisions are one atomic script beside the leader lock"
+        )
+    return backend
+
+
+# -- the record of each entry's last run, beside the leader lock --------------------------------
+
+
+def record_key(backend: BaseLockBackend, lock_name: str, entry: str) -> str:
+    return f"{backend.key(lock_name)}:sent:{entry}"  # the lock's hash slot (Cluster)
+
+
+#: LocMem's records, per store: (key) -> (value, expires at, monotonic).
+_local_records: dict[int, dict[str, tuple[str, float]]] = {}
+
+
+def _local(backend: LocMemBackend) -> tuple[Any, dict[str, tuple[str, float]]]:
+    store = backend._store
+    return store, _local_records.setdefault(id(store), {})
+
+
+def claim_op(
+    backend: BaseLockBackend, lock_name: str, token: str, entry: str, prev: int | None,
+    new: int, ttl_ms: int,
+) -> Op[tuple[int, int | None]]:  # fmt: skip
+    """Send ``entry`` (run ``new``, decided from run ``prev``) only if ``token`` leads."""
+    key = record_key(backend, lock_name, entry)
+    prev_text = "" if prev is None else str(prev)
+    if isinstance(backend, LocMemBackend):
+
+        def run() -> Any:
+            store, records = _local(backend)
+            with store.mutex:
+                now = time.monotonic()
+                hold = store.live(lock_name, now)
+                if hold is None or hold.reentrant or token not in hold.owners:
+                    return [NOT_LEADER]
+                record = records.get(key)
+                if record is not None and record[1] > now:
+                    at, _, by = record[0].partition("|")
+                    if at == str(new) and by == token:
+                        return [CLAIMED]
+                    if at != prev_text:
+                        return [ALREADY_SENT, record[0]]
+                records[key] = (f"{new}|{token}", now + ttl_ms / 1000)
+                return [CLAIMED]
+
+        return Op(lock_name, run, _claimed)
+    call = Call(CLAIM, [backend.key(lock_name), key], [token, prev_text, str(new), ttl_ms])
+    return Op(lock_name, call, _claimed)
+
+
+def read_op(backend: BaseLockBackend, lock_name: str, entry: str) -> Op[int | None]:
+    """The last recorded run of ``entry`` (microseconds since the epoch), if any."""
+    key = record_key(backend, lock_name, entry)
+    if isinstance(backend, LocMemBackend):
+
+        def run() -> Any:
+            store, records = _local(backend)
+            with store.mutex:
+                record = records.get(key)
+                return record[0] if record is not None and record[1] > time.monotonic() else None
+
+        return Op(lock_name, run, _run_of)
+    return Op(lock_name, ("GET", key), _run_of)
+
+
+def _run_of(record: Any) -> int | None:
+    if record is None:
+        return None
+    at = str(text(record)).partition("|")[0]
+    return int(at) if at.lstrip("-").isdigit() else None
+
+
+def _claimed(reply: Any) -> tuple[int, int | None]:
+    outcome = int(reply[0])
+    return outcome, (_run_of(reply[1]) if len(reply) > 1 else None)
+
+
+def to_micros(moment: datetime.datetime) -> int:
+    """Exact (no float) microseconds since the epoch: what every beat compares."""
+    return (maybe_make_aware(moment) - EPOCH) // datetime.timedelta(microseconds=1)
+
+
+# -- the schedulers ----------------------------------------------------------------------------
+
+
+class LeaderMixin(Scheduler):
+    """Lead or stand by, and claim every send (see the module's doc). Put it first:
+    ``class MyScheduler(LeaderMixin, SomeScheduler)``."""
+
+    #: How long a standby waits for the lock per tick at most (it is woken by a release,
+    #: and at the holder's expiry, earlier).
+    standby_wait = 5.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.redlock = beat_settings()  # at startup: a bad setting never reaches a tick
+        self._backend = _backend(self.redlock)
+        self._leader: Lock | None = None
+        self._claims: dict[str, bool] = {}  # entry name -> the reserved run may be sent
+        self._unsure: dict[str, int] = {}  # entry name -> a claimed run whose reply was lost
+        self._pause_until = 0.0
+        self._standing_by = False
+        super().__init__(*args, **kwargs)
+
+    # -- leading -------------------------------------------------------------------------------
+
+    @property
+    def leads(self) -> bool:
+        """Whether this scheduler holds the leader lock (as far as it knows)."""
+        return self._leader is not None and self._leader.token is not None
+
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
+        wait = self._pause_until - time.monotonic()
+        if wait > 0:
+            return wait
+        if not self.leads and not self._elect():
+            return 0.0  # waited for the lock already: try again at once
+        return super().tick(*args, **kwargs)
+
+    def _elect(self) -> bool:
+        if self._leader is not None:  # held once, lost since
+            self._step_down("the lock was lost")
+        config = self.redlock
+        lock = Lock(config.name, ttl=config.ttl, using=config.using)
+        if not self._standing_by:
+            logger.info("beat: standing by for the lock %r on %r", config.name, config.using)
+            self._standing_by = True
+        try:
+            if not lock.acquire(timeout=min(self.standby_wait, float(self.max_interval))):
+                return False
+            self._leader = lock
+            self._load_records()
+        except LockError as exc:
+            logger.warning("beat: could not take or start the lead: %s", exc)
+            self._step_down(str(exc))
+            self._pause_until = time.monotonic() + 1.0
+            return False
+        self._standing_by = False
+        self._heap = None  # due times from the recorded runs
+        logger.info(
+            "beat: leading (lock %r on %r, fence %s)", config.name, config.using, lock.fence
+        )
+        return True
+
+    def _step_down(self, why: str) -> None:
+        lock, self._leader = self._leader, None
+        self._claims.clear()
+        if lock is not None:
+            logger.warning("beat: not leading any more (%s): sending nothing", why)
+            with contextlib.suppress(LockError):
+                lock.release()
+
+    def _load_records(self) -> None:
+        """Start from the last run every entry has on record, whoever sent it."""
+        for name, entry in list(self.schedule.items()):
+            recorded = self._backend.execute(read_op(self._backend, self.redlock.name, name))
+            if recorded is not None:
+                self._set_last_run(entry, recorded)
+
+    def _set_last_run(self, entry: Any, micros: int) -> None:
+        moment = EPOCH + datetime.timedelta(microseconds=micros)
+        moment = moment.astimezone(self.app.timezone)
+        entry.last_run_at = moment
+        model = getattr(entry, "model", None)  # django-celery-beat's row
+        if model is not None:
+            model.last_run_at = moment
+
+    # -- claiming each send --------------------------------------------------------------------
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)
+        self._claims[entry.name] = self._claim(entry, new_entry)
+        return new_entry
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        if self._claims.pop(entry.name, False):
+            super().apply_entry(entry, producer=producer)
+
+    def _claim(self, entry: Any, new_entry: Any) -> bool:
+        lock = self._leader
+        token = lock.token if lock is not None else None
+        prev = to_micros(entry.last_run_at) if entry.last_run_at else None
+        if token is None:
+            self._undo(entry, new_entry, prev)
+            self._step_down("the lock was lost")
+            return False
+        # A claim whose reply was lost is tried again as it was (the script sees it is ours).
+        new = self._unsure.pop(entry.name, None)
+        if new is None:
+            new = to_micros(new_entry.last_run_at)
+        else:
+            self._set_last_run(new_entry, new)
+        op = claim_op(self._backend, self.redlock.name, token, entry.name, prev, new,
+                      self._record_ttl_ms(new_entry))  # fmt: skip
+        try:
+            outcome, recorded = self._backend.execute(op)
+        except LockError as exc:
+            # Unknown: not sent now, claimed again (the same run) after a pause.
+            logger.warning("beat: could not claim %r, trying again: %s", entry.name, exc)
+            self._unsure[entry.name] = new
+            self._undo(entry, new_entry, prev)
+            self._pause_until = time.monotonic() + 1.0
+            return False
+        if outcome == CLAIMED:
+            return True
+        if outcome == ALREADY_SENT:
+            logger.info("beat: %r was sent already by another beat: not sending", entry.name)
+            if recorded is not None:
+                self._set_last_run(new_entry, recorded)
+            self._heap = None  # its next due time follows the recorded run
+            return False
+        self._undo(entry, new_entry, prev)
+        self._step_down("another beat took the lock")
+        return False
+
+    def _undo(self, entry: Any, new_entry: Any, prev: int | None) -> None:
+        """Keep ``entry`` due: the run reserved was not sent, the next leader sends it."""
+        if prev is not None:
+            self._set_last_run(new_entry, prev)
+        self._heap = None
+
+    def _record_ttl_ms(self, new_entry: Any) -> int:
+        """A record lasts two periods of its entry (at least a minute, at most 30 days): long
+        enough for the next leader to find it, short enough to vanish with the entry."""
+        try:
+            due_in = float(new_entry.schedule.is_due(new_entry.last_run_at)[1])
+        except Exception:  # a schedule that cannot say: a day
+            due_in = 86400.0
+        return to_ms(min(MAX_TTL, max(60.0, 2 * due_in + 2 * self.redlock.ttl)))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            lock, self._leader = self._leader, None
+            if lock is not None and lock.token is not None:
+                with contextlib.suppress(LockError):
+                    lock.release()  # a standby takes over now, not at the TTL
+
+    @property
+    def info(self) -> str:
+        config = self.redlock
+        lead = f"    . leader lock -> {config.name!r} on {config.using!r}, ttl {config.ttl:g}s"
+        return "\n".join(x for x in (super().info, lead) if x)
+
+
+class LockedScheduler(LeaderMixin, PersistentScheduler):
+    """Celery's ``PersistentScheduler`` (a schedule file per process), one beat sending."""
+
+
+def leader(config: BeatSettings | None = None) -> dict[str, Any] | None:
+    """Who leads now: the holder's host, pid and fence (None when nobody does)."""
+    config = config or beat_settings()
+    info = locks[config.using].inspect(config.name)
+    if info is None:
+        return None
+    return {"host": info.holder.get("h"), "pid": info.holder.get("p"), "fence": info.fence,
+            "ttl": info.ttl}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    # django-celery-beat is optional (the `beat` extra): imported when this name is used.
+    if name == "LockedDatabaseScheduler":
+        try:
+            from django_celery_beat.schedulers import DatabaseScheduler
+        except ImportError as exc:
+            raise ImportError(
+                "LockedDatabaseScheduler needs django-celery-beat:"
+                ' pip install "django-redlock[beat]"'
+            ) from exc
+
+        class LockedDatabaseScheduler(LeaderMixin, DatabaseScheduler):
+            """django-celery-beat's ``DatabaseScheduler``, one beat sending."""
+
+        LockedDatabaseScheduler.__module__ = __name__
+        globals()[name] = LockedDatabaseScheduler
+        return LockedDatabaseScheduler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["LeaderMixin", "LockedScheduler", "beat_settings", "leader"]
