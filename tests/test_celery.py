@@ -615,3 +615,17 @@ def test_task_always_eager_with_locmem(broker: None) -> None:
         assert not locks["local"].is_locked("eager:e")
     finally:
         app.conf.task_always_eager = False
+
+
+def test_the_celery_extra_runs_a_worker_on_redis() -> None:
+    # Celery's Redis transport needs kombu[redis] (redis-py and `packaging`): without
+    # celery[redis] a worker on a Redis broker dies with ModuleNotFoundError at start.
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    extras = config["options.extras_require"]
+    for extra in ("celery", "beat", "test"):
+        assert "celery[redis]>=" in extras[extra], extra
+    assert "django-celery-beat>=" in extras["beat"]
+    assert "django-celery-beat>=" in extras["test"]
