@@ -22,3 +22,10 @@ def nightly_sync(self, seconds: float = 5.0) -> str:
 @single_instance(key="receipt:{order_id}", ttl=30, on_duplicate="retry", countdown=2)
 def send_receipt(self, order_id: int) -> str:
     return f"receipt {order_id} sent"
+
+
+@shared_task
+def heartbeat() -> str:
+    """Sent by whichever beat leads, every 10 s: once, however many beats run."""
+    stock.redis().rpush("shop:heartbeats", time.time())
+    return "beat"
