@@ -3,6 +3,7 @@ paused for real. Each message in the entry's queue (no worker reads it) is one s
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
@@ -298,3 +299,48 @@ def test_the_demo_runs_two_beats_and_shows_the_leader(tmp_path: Path) -> None:
         demo.send_signal(signal.SIGINT)
         output, _ = demo.communicate(timeout=30)
     assert "demo: stopped" in output
+
+
+class Recording(beat.LockedScheduler):
+    """A LockedScheduler that notes its sends instead of publishing them."""
+
+    standby_wait = 0.05
+    sent: list[tuple[str, datetime.datetime]]
+
+    @property
+    def producer(self) -> None:  # type: ignore[override]
+        return None
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        self.sent.append((entry.name, entry.last_run_at))
+
+
+def test_schedulers_in_one_process_on_locmem(tmp_path: Path) -> None:
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 0.2}}
+    config = {"using": "local", "ttl": 1, "name": "beat-local"}
+    with override_settings(DJANGO_REDLOCK_BEAT=config):
+        one, two = (Recording(app=app, schedule_filename=str(tmp_path / f"s{i}")) for i in (1, 2))
+        one.sent, two.sent = [], []
+        try:
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                for scheduler in (one, two):
+                    time.sleep(max(0.0, min(scheduler.tick(), 0.05)))
+            assert one.leads and not two.leads
+            assert 3 <= len(one.sent) <= 6 and two.sent == []
+            one.close()  # a clean shutdown hands over at once, not at the TTL
+            handed = time.monotonic()
+            backend = locks["local"]
+            recorded = backend.execute(beat.read_op(backend, "beat-local", "e"))
+            while not two.sent:
+                time.sleep(max(0.0, min(two.tick(), 0.05)))
+            assert time.monotonic() - handed < 0.5
+            assert two.leads
+            # The new leader went on from one's last run on record (its own file knew none).
+            assert beat.to_micros(two.sent[0][1]) == recorded
+        finally:
+            one.close()
+            two.close()

@@ -208,9 +208,11 @@ class LeaderMixin(Scheduler):
     """Lead or stand by, and claim every send (see the module's doc). Put it first:
     ``class MyScheduler(LeaderMixin, SomeScheduler)``."""
 
-    #: How long a standby waits for the lock per tick at most (it is woken by a release,
-    #: and at the holder's expiry, earlier).
-    standby_wait = 5.0
+    #: How long a standby waits for the lock per tick; None (the default): until it has it.
+    #: It is woken by the leader's release and at its expiry, never by polling; and a wait
+    #: that times out is an ``acquire_timeout`` lock incident, which a standby would record
+    #: every few seconds, forever. Signals (SIGTERM, Ctrl-C) end the wait as beat expects.
+    standby_wait: float | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.redlock = beat_settings()  # at startup: a bad setting never reaches a tick
@@ -246,7 +248,7 @@ class LeaderMixin(Scheduler):
             logger.info("beat: standing by for the lock %r on %r", config.name, config.using)
             self._standing_by = True
         try:
-            if not lock.acquire(timeout=min(self.standby_wait, float(self.max_interval))):
+            if not lock.acquire(timeout=self.standby_wait):
                 return False
             self._leader = lock
             self._load_records()
