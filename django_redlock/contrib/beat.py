@@ -15,8 +15,8 @@ django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"usin
   no due entry is sent twice and none is skipped across a takeover (runs that fell due while
   nobody led are sent once, late, as Celery does after a downtime).
 * One window remains, inherent to any broker: a leader that decided a send and is killed (or
-  paused past its TTL) before the message reaches the broker loses (or delays) that one run;
-  it is never sent twice.
+  paused past its TTL) before the message reaches the broker, or whose publish fails, loses
+  (or delays) that one run; it is never sent twice.
 """
 
 from __future__ import annotations
@@ -267,6 +267,7 @@ class LeaderMixin(Scheduler):
     def _step_down(self, why: str) -> None:
         lock, self._leader = self._leader, None
         self._claims.clear()
+        self._unsure.clear()  # claims of the old hold's token: the next leader decides anew
         if lock is not None:
             logger.warning("beat: not leading any more (%s): sending nothing", why)
             with contextlib.suppress(LockError):
