@@ -44,10 +44,14 @@ _queues = itertools.count()
 class Worker:
     """``celery worker`` in its own session, so a test can SIGKILL the whole pool."""
 
-    def __init__(self, url: str, pool: str, concurrency: int, queue: str, log: Path) -> None:
+    def __init__(
+        self, url: str, pool: str, concurrency: int, queue: str, log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.queue, self.log = queue, log
         env = {
             **os.environ,
+            **(env or {}),
             "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
             "REDLOCK_TEST_REDIS": url,
             "PYTHONPATH": str(ROOT),
@@ -92,10 +96,10 @@ def start_worker(
     celery_app.configure(redis_server.url)
     started: list[Worker] = []
 
-    def start(pool: str = "prefork", concurrency: int = 4) -> Worker:
+    def start(pool: str = "prefork", concurrency: int = 4, **env: str) -> Worker:
         queue = f"q{next(_queues)}"
         log = tmp_path_factory.mktemp("celery") / f"{queue}.log"
-        worker = Worker(redis_server.url, pool, concurrency, queue, log)
+        worker = Worker(redis_server.url, pool, concurrency, queue, log, env)
         started.append(worker)
         return worker
 
@@ -630,3 +634,16 @@ def test_the_celery_extra_runs_a_worker_on_redis() -> None:
         assert "celery[redis]>=" in extras[extra], extra
     assert "django-celery-beat>=" in extras["beat"]
     assert "django-celery-beat>=" in extras["test"]
+
+
+def test_acks_late_past_the_visibility_timeout_runs_the_body_once(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # The real thing: acks_late, a 2 s visibility timeout and a 6 s task. The broker delivers
+    # the message again while the task runs; the copies are skipped, the body runs once.
+    late = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_REDELIVER="1")
+    result = late.send(celery_tasks.redelivered, "late", 6.0)
+    assert result.get(timeout=60) == "ran"
+    assert "skipped a redelivered message" in late.log.read_text()
+    assert redis(redis_server).lrange("redeliver:late:ran", 0, -1) == [result.id]
+    late.stop()
