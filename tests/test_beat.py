@@ -344,3 +344,42 @@ def test_schedulers_in_one_process_on_locmem(tmp_path: Path) -> None:
         finally:
             one.close()
             two.close()
+
+
+class Failing(Recording):
+    """Its first publish fails (a broker down)."""
+
+    failures = 1
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the broker is down")
+        super().apply_async(entry, producer, advance)
+
+
+def test_a_run_whose_publish_failed_is_sent_later_not_skipped(tmp_path: Path) -> None:
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 30.0}}
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "local", "ttl": 5, "name": "beat-f"}):
+        one = Failing(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent = []
+        backend = locks["local"]
+        try:
+            entry = one.schedule["e"]
+            entry.last_run_at -= datetime.timedelta(seconds=31)  # due now
+            before = beat.to_micros(entry.last_run_at)
+            one.tick()  # leads
+            deadline = time.monotonic() + 5
+            while not one.sent:
+                assert time.monotonic() < deadline, "the failed run was never sent again"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            # Sent once, as the run due then (from the same last run), after one failure.
+            assert one.failures == 0 and len(one.sent) == 1
+            assert beat.to_micros(one.sent[0][1]) == before
+            recorded = backend.execute(beat.read_op(backend, "beat-f", "e"))
+            assert recorded is not None and recorded > before
+        finally:
+            one.close()

@@ -14,9 +14,10 @@ django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"usin
   nothing when it wakes, and a new leader starts from the last recorded run of every entry:
   no due entry is sent twice and none is skipped across a takeover (runs that fell due while
   nobody led are sent once, late, as Celery does after a downtime).
-* One window remains, inherent to any broker: a leader that decided a send and is killed (or
-  paused past its TTL) before the message reaches the broker, or whose publish fails, loses
-  (or delays) that one run; it is never sent twice.
+* A publish that fails takes its claim back: the run stays due and is sent once the broker
+  answers. One window remains, inherent to any broker: a leader that decided a send and is
+  killed (or paused past its TTL) before the message reaches the broker loses (or delays)
+  that one run; it is never sent twice.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery.beat import PersistentScheduler, Scheduler
+from celery.beat import logger as beat_logger
 from celery.utils.time import maybe_make_aware
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -71,6 +73,17 @@ redis.call('SET', KEYS[2], ARGV[3] .. '|' .. ARGV[1], 'PX', ARGV[4])
 return {2}
 """
 CLAIM = Script("beat_claim", _CLAIM, hashlib.sha1(_CLAIM.encode()).hexdigest())
+
+# A claimed run whose message could not be published: the record goes back to the run before
+# it (only if it is still this claim), so the run stays due and is sent when the broker is back.
+# KEYS: the record.  ARGV: token, the run before ('' if none), the claimed run, TTL in ms.
+_UNCLAIM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[3] .. '|' .. ARGV[1] then return 0 end
+if ARGV[2] == '' then return redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[1], ARGV[2] .. '|' .. ARGV[1], 'PX', ARGV[4])
+return 1
+"""
+UNCLAIM = Script("beat_unclaim", _UNCLAIM, hashlib.sha1(_UNCLAIM.encode()).hexdigest())
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,33 @@ def claim_op(
     return Op(lock_name, call, _claimed)
 
 
+def unclaim_op(
+    backend: BaseLockBackend, lock_name: str, token: str, entry: str, prev: int | None,
+    new: int, ttl_ms: int,
+) -> Op[bool]:  # fmt: skip
+    """Take back this token's claim of run ``new`` (its message was not published)."""
+    key = record_key(backend, lock_name, entry)
+    prev_text = "" if prev is None else str(prev)
+    if isinstance(backend, LocMemBackend):
+
+        def run() -> Any:
+            store, records = _local(backend)
+            with store.mutex:
+                now = time.monotonic()
+                record = records.get(key)
+                if record is None or record[1] <= now or record[0] != f"{new}|{token}":
+                    return 0
+                if prev is None:
+                    del records[key]
+                else:
+                    records[key] = (f"{prev_text}|{token}", now + ttl_ms / 1000)
+                return 1
+
+        return Op(lock_name, run, bool)
+    call = Call(UNCLAIM, [key], [token, prev_text, str(new), ttl_ms])
+    return Op(lock_name, call, bool)
+
+
 def read_op(backend: BaseLockBackend, lock_name: str, entry: str) -> Op[int | None]:
     """The last recorded run of ``entry`` (microseconds since the epoch), if any."""
     key = record_key(backend, lock_name, entry)
@@ -204,6 +244,17 @@ def to_micros(moment: datetime.datetime) -> int:
 # -- the schedulers ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Claimed:
+    """A run this beat may send: what taking the claim back needs."""
+
+    token: str
+    prev: int | None
+    new: int
+    ttl_ms: int
+    new_entry: Any
+
+
 class LeaderMixin(Scheduler):
     """Lead or stand by, and claim every send (see the module's doc). Put it first:
     ``class MyScheduler(LeaderMixin, SomeScheduler)``."""
@@ -218,7 +269,7 @@ class LeaderMixin(Scheduler):
         self.redlock = beat_settings()  # at startup: a bad setting never reaches a tick
         self._backend = _backend(self.redlock)
         self._leader: Lock | None = None
-        self._claims: dict[str, bool] = {}  # entry name -> the reserved run may be sent
+        self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
         self._unsure: dict[str, int] = {}  # entry name -> a claimed run whose reply was lost
         self._pause_until = 0.0
         self._standing_by = False
@@ -296,25 +347,49 @@ class LeaderMixin(Scheduler):
         return new_entry
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        if self._claims.pop(entry.name, False):
-            super().apply_entry(entry, producer=producer)
+        claimed = self._claims.pop(entry.name, None)
+        if claimed is None:
+            return
+        beat_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+        try:
+            # Not super().apply_entry(), which logs a failed publish and moves on: the run
+            # was claimed, and would be lost.
+            result = self.apply_async(entry, producer=producer, advance=False)
+        except Exception as exc:
+            beat_logger.error("Message Error: %s", exc, exc_info=True)
+            self._unclaim(entry, claimed)
+            return
+        beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
 
-    def _claim(self, entry: Any, new_entry: Any) -> bool:
+    def _unclaim(self, entry: Any, claimed: _Claimed) -> None:
+        """A claimed run not published: back on record as not sent, and due again here."""
+        if claimed.prev is not None:
+            self._set_last_run(claimed.new_entry, claimed.prev)
+        self._heap = None
+        self._pause_until = time.monotonic() + 1.0  # the broker may need a moment
+        op = unclaim_op(self._backend, self.redlock.name, claimed.token, entry.name,
+                        claimed.prev, claimed.new, claimed.ttl_ms)  # fmt: skip
+        try:
+            self._backend.execute(op)
+        except LockError as exc:  # the next leader may then take that run as sent
+            logger.warning("beat: could not take back the claim of %r: %s", entry.name, exc)
+
+    def _claim(self, entry: Any, new_entry: Any) -> _Claimed | None:
         lock = self._leader
         token = lock.token if lock is not None else None
         prev = to_micros(entry.last_run_at) if entry.last_run_at else None
         if token is None:
             self._undo(entry, new_entry, prev)
             self._step_down("the lock was lost")
-            return False
+            return None
         # A claim whose reply was lost is tried again as it was (the script sees it is ours).
         new = self._unsure.pop(entry.name, None)
         if new is None:
             new = to_micros(new_entry.last_run_at)
         else:
             self._set_last_run(new_entry, new)
-        op = claim_op(self._backend, self.redlock.name, token, entry.name, prev, new,
-                      self._record_ttl_ms(new_entry))  # fmt: skip
+        ttl_ms = self._record_ttl_ms(new_entry)
+        op = claim_op(self._backend, self.redlock.name, token, entry.name, prev, new, ttl_ms)
         try:
             outcome, recorded = self._backend.execute(op)
         except LockError as exc:
@@ -323,18 +398,18 @@ class LeaderMixin(Scheduler):
             self._unsure[entry.name] = new
             self._undo(entry, new_entry, prev)
             self._pause_until = time.monotonic() + 1.0
-            return False
+            return None
         if outcome == CLAIMED:
-            return True
+            return _Claimed(token, prev, new, ttl_ms, new_entry)
         if outcome == ALREADY_SENT:
             logger.info("beat: %r was sent already by another beat: not sending", entry.name)
             if recorded is not None:
                 self._set_last_run(new_entry, recorded)
             self._heap = None  # its next due time follows the recorded run
-            return False
+            return None
         self._undo(entry, new_entry, prev)
         self._step_down("another beat took the lock")
-        return False
+        return None
 
     def _undo(self, entry: Any, new_entry: Any, prev: int | None) -> None:
         """Keep ``entry`` due: the run reserved was not sent, the next leader sends it."""
