@@ -50,6 +50,9 @@ def main() -> int:
         )
         return 2
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "shop.settings", "PYTHONUNBUFFERED": "1"}
+    # This checkout's django_redlock, whatever the venv has installed (a shared venv may point
+    # at another checkout).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     state = ROOT / ".demo"
     state.mkdir(exist_ok=True)
     env.setdefault("SHOP_DB", str(state / "shop.sqlite3"))
@@ -110,6 +113,19 @@ def main() -> int:
                 cwd=HERE,
                 env=env,
             )
+        )
+        beat = [sys.executable, "-m", "celery", "-A", "shop", "beat", "-l", "info"]
+        beats = [
+            subprocess.Popen(
+                [*beat, "-s", str(state / f"beat-schedule-{i}"), "--pidfile="], cwd=HERE, env=env
+            )
+            for i in (1, 2)
+        ]
+        children.extend(beats)
+        print(
+            f"demo: two celery beats (pids {beats[0].pid}, {beats[1].pid}): one sends, the"
+            " other stands by; the home page shows which one leads",
+            flush=True,
         )
         children.append(
             subprocess.Popen(

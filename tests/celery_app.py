@@ -19,6 +19,17 @@ def configure(redis_url: str) -> None:
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )
+    if os.environ.get("REDLOCK_TEST_REDELIVER"):
+        # acks_late with a 2-second visibility timeout, swept every second: a task running
+        # longer has its message delivered again while it runs.
+        app.conf.update(
+            task_acks_late=True,
+            broker_transport_options={
+                "visibility_timeout": 2,
+                "unacked_restore_interval": 1,
+                "unacked_restore_throttle": 1,
+            },
+        )
 
 
 if "REDLOCK_TEST_REDIS" in os.environ:  # the worker process

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -115,3 +116,46 @@ def deduped_retry(self: Any, name: str) -> str:
     if self.request.retries == 0:
         raise self.retry(countdown=0.1)  # its own id again: must be enqueued, not deduplicated
     return "ran"
+
+
+@shared_task(bind=True, max_retries=1)
+@single_instance(key="retry-fast:{name}", ttl=30)
+def retry_fast(self: Any, name: str) -> str:
+    redis().rpush(f"retry-fast:{name}", self.request.retries)
+    if self.request.retries == 0:
+        # The retry (same task id) is queued while this attempt still holds the lock, as with
+        # any self.retry(): here for a whole second.
+        self.retry(countdown=0, throw=False)
+        time.sleep(1.0)
+    return "ran"
+
+
+@shared_task(bind=True)
+@single_instance(key="redeliver:{name}", ttl=30)
+def redelivered(self: Any, name: str, seconds: float = 2.0) -> str:
+    return body(f"redeliver:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(ttl=5)
+def key_of(self: Any, customer: dict, when: str, seconds: float = 0.2) -> list[Any]:
+    key = self.lock_key(customer, when, seconds)
+    return [key, locks["default"].is_locked(key)]
+
+
+@shared_task(bind=True)
+@single_instance(key="chain:{name}", ttl=30)
+def chain_head(self: Any, name: str) -> str:
+    return f"head:{name}"
+
+
+@shared_task(bind=True)
+@single_instance(key="chain:{name}", ttl=30, on_duplicate="raise")
+def chain_head_raise(self: Any, name: str) -> str:
+    return f"head:{name}"
+
+
+@shared_task
+def chain_tail(previous: Any, name: str) -> str:
+    redis().rpush(f"chain:{name}", json.dumps(previous))
+    return "tail"

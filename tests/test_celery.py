@@ -1,4 +1,5 @@
-"""@single_instance with real Celery workers (subprocesses on the suite's Redis, no eager mode)."""
+"""@single_instance with real Celery workers (subprocesses on the suite's Redis); eager mode
+with the LocMem backend at the end."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import decimal
 import enum
 import gc
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -23,7 +25,13 @@ from celery import shared_task
 from celery.result import AsyncResult
 
 from django_redlock import LockNotAcquired, lock, locks, single_instance
-from django_redlock.contrib.celery import AlreadyQueued, SingleInstanceTask
+from django_redlock.contrib.celery import (
+    AlreadyQueued,
+    SingleInstanceTask,
+    hold_of,
+    release_lock,
+    skipped,
+)
 from django_redlock.testing import RedisServer
 from tests import celery_app, celery_tasks
 
@@ -36,10 +44,14 @@ _queues = itertools.count()
 class Worker:
     """``celery worker`` in its own session, so a test can SIGKILL the whole pool."""
 
-    def __init__(self, url: str, pool: str, concurrency: int, queue: str, log: Path) -> None:
+    def __init__(
+        self, url: str, pool: str, concurrency: int, queue: str, log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.queue, self.log = queue, log
         env = {
             **os.environ,
+            **(env or {}),
             "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
             "REDLOCK_TEST_REDIS": url,
             "PYTHONPATH": str(ROOT),
@@ -84,10 +96,10 @@ def start_worker(
     celery_app.configure(redis_server.url)
     started: list[Worker] = []
 
-    def start(pool: str = "prefork", concurrency: int = 4) -> Worker:
+    def start(pool: str = "prefork", concurrency: int = 4, **env: str) -> Worker:
         queue = f"q{next(_queues)}"
         log = tmp_path_factory.mktemp("celery") / f"{queue}.log"
-        worker = Worker(redis_server.url, pool, concurrency, queue, log)
+        worker = Worker(redis_server.url, pool, concurrency, queue, log, env)
         started.append(worker)
         return worker
 
@@ -120,12 +132,22 @@ def settle(results: list[AsyncResult]) -> list[Any]:
 
 
 def test_six_concurrent_duplicates_skip(worker: Worker, redis_server: RedisServer) -> None:
-    results = settle([worker.send(celery_tasks.overlap_skip, str(i)) for i in range(6)])
+    sent = [worker.send(celery_tasks.overlap_skip, str(i)) for i in range(6)]
+    results = settle(sent)
     r = redis(redis_server)
     ran = r.lrange("skip:ran", 0, -1)
     assert int(r.get("skip:peak")) == 1  # never two bodies at once
     assert results.count("ran") == len(ran) >= 1
-    assert results.count(None) == 6 - len(ran)  # the others were skipped, not lost
+    # The others were skipped, not lost: .get() returned at once, naming the holder.
+    runners = {res.id for res, value in zip(sent, results, strict=True) if value == "ran"}
+    skips = [skipped(value) for value in results if value != "ran"]
+    assert len(skips) == 6 - len(ran)
+    for res, value in zip(sent, results, strict=True):
+        info = skipped(value)
+        if info is not None:
+            assert info["key"] == "overlap:skip" and info["task_id"] == res.id
+            assert info["holder_task_id"] in runners
+            assert res.state == "SUCCESS"
     assert not locks["default"].is_locked("overlap:skip")
 
 
@@ -155,7 +177,7 @@ def test_equal_arguments_are_one_key(worker: Worker, redis_server: RedisServer) 
     results = settle([worker.send(celery_tasks.keyed, *a, kwargs=k) for a, k in calls])
     assert int(redis(redis_server).get("keyed:peak")) == 1
     assert results.count("ran") == len(redis(redis_server).lrange("keyed:ran", 0, -1))
-    assert results.count(None) >= 1  # f(1), f(a=1), f(1, 2): one key, so duplicates
+    assert sum(map(bool, map(skipped, results))) >= 1  # f(1), f(a=1), f(1, 2): one key
     other = worker.send(celery_tasks.keyed, 2).get(timeout=30)  # another key runs freely
     assert other == "ran"
 
@@ -172,7 +194,7 @@ def test_a_task_running_five_ttls_keeps_its_lock(worker: Worker, redis_server: R
     assert info is not None and info.holder["k"] == first.id
     assert info.holder["n"] == "tests.celery_tasks.long_task"
     duplicate = worker.send(celery_tasks.long_task, "a", 0.1).get(timeout=30)
-    assert duplicate is None  # skipped: the lock was still held
+    assert skipped(duplicate)["holder_task_id"] == first.id  # skipped: still held
     assert first.get(timeout=30) == "ran"
     assert r.lrange("long:a:ran", 0, -1) == [first.id]
 
@@ -273,10 +295,10 @@ def test_bad_single_instance_arguments_fail_at_decoration() -> None:
 def test_release_task_hold_matches_the_exact_task_id() -> None:
     from django_redlock.contrib.celery import release_task_hold
 
-    # Task "abc.1" holds outcome:x (its token is "abc.1.<random>"); stopping task "abc" must
-    # not release it, though "abc." starts that token.
+    # Task "abc.1" holds outcome:x (its token is "abc.1.0.<random>": attempt 0); stopping
+    # task "abc" must not release it, though "abc." starts that token.
     task = celery_tasks.outcome._get_current_object()
-    held = lock("outcome:x", ttl=30, token_prefix="abc.1.", auto_renew=False)
+    held = lock("outcome:x", ttl=30, token_prefix="abc.1.0.", auto_renew=False)
     assert held.acquire(blocking=False)
     assert not release_task_hold(task, "abc", ["x"], {})
     assert not release_task_hold(task, "abc.", ["x"], {})
@@ -321,11 +343,11 @@ def test_default_keys_follow_how_celery_built_the_task() -> None:
 
     assert lock_key(celery_tasks.bound_other_name, 7, 1.0) == BOUND_KEY
     with lock(BOUND_KEY, ttl=30):  # in this process too: a duplicate, skipped
-        assert celery_tasks.bound_other_name(7, seconds=1.0) is None
+        assert skipped(celery_tasks.bound_other_name(7, seconds=1.0))
     # bind=False and a first parameter named `self`: an argument like any other
     assert lock_key(celery_tasks.unbound_self, 1) != lock_key(celery_tasks.unbound_self, 3)
     with lock('tests.celery_tasks.unbound_self:{"other":2,"self":1}', ttl=30):
-        assert celery_tasks.unbound_self(1) is None
+        assert skipped(celery_tasks.unbound_self(1))
         assert celery_tasks.unbound_self(3) == "ran"
 
 
@@ -470,3 +492,158 @@ def test_queue_marker_ops(alias: str) -> None:
     time.sleep(0.4)  # expired: the next call is noted
     assert backend.execute(mark("m", "t3", 300)) is None
     assert backend.execute(mark("m", "t4", 300)) == "t3"
+
+
+# -- retries, redelivery, helpers, chains, eager mode -----------------------------------------
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return value
+
+
+def test_hold_tokens_name_the_task_and_its_attempt() -> None:
+    assert hold_of("abc.0.Xy_z-12f") == ("abc", 0)
+    assert hold_of("abc.1.3.Xy12") == ("abc.1", 3)  # task ids may contain dots
+    for token in (None, "", "abc", "abc.Xy12", ".0.Xy12", "abc.x.Xy12"):
+        assert hold_of(token) is None
+
+
+def test_a_fast_retry_waits_for_its_own_earlier_attempt(
+    worker: Worker, redis_server: RedisServer
+) -> None:
+    # The retry (same task id, retries=1) arrives while attempt 0 still holds the lock: it is
+    # no duplicate of anything, so it waits for attempt 0's release and runs.
+    result = worker.send(celery_tasks.retry_fast, "r")
+    r = redis(redis_server)
+    wait_for(lambda: r.lrange("retry-fast:r", 0, -1) == ["0", "1"])
+    wait_for(lambda: not locks["default"].is_locked("retry-fast:r"))
+    assert result.get(timeout=30) == "ran"
+
+
+def test_a_redelivered_message_does_not_run_twice(
+    worker: Worker, redis_server: RedisServer
+) -> None:
+    # The same message (same task id) delivered again while its task runs, as acks_late does
+    # past the broker's visibility timeout: skipped, and the result stays the first run's.
+    task_id = str(uuid.uuid4())
+    first = worker.send(celery_tasks.redelivered, "m", 2.0, task_id=task_id)
+    r = redis(redis_server)
+    wait_for(lambda: r.lrange("redeliver:m:ran", 0, -1))
+    again = worker.send(celery_tasks.redelivered, "m", 2.0, task_id=task_id)
+    assert again.id == first.id
+    assert first.get(timeout=30) == "ran"  # not a skip's sentinel, stored by the copy
+    time.sleep(0.5)
+    assert r.lrange("redeliver:m:ran", 0, -1) == [task_id]  # the body ran once
+    assert "skipped a redelivered message" in worker.log.read_text()
+    # Another task id for the same key is a duplicate as before, not a redelivery.
+    assert worker.send(celery_tasks.redelivered, "m", 0.1).get(timeout=30) == "ran"
+
+
+def test_lock_key_is_the_same_in_every_process(
+    start_worker: Callable[..., Worker], _prefork: list[Worker]
+) -> None:
+    threads = start_worker(pool="threads", concurrency=2)
+    customer = {"id": uuid.UUID(int=7), "tags": ("a", "b"), "limit": decimal.Decimal("1.5")}
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    here = celery_tasks.key_of.lock_key(customer, when, 0.2)
+    for each in (_prefork[0], threads):
+        key, held = each.send(celery_tasks.key_of, customer, when, 0.2).get(timeout=30)
+        assert (key, held) == (here, True)  # and it is the key the run holds
+
+
+def test_release_lock_forces_the_key_free(caplog: pytest.LogCaptureFixture) -> None:
+    task = celery_tasks.deduped
+    key = task.lock_key("stuck")
+    with pytest.raises(TypeError, match="not a task decorated"):
+        release_lock(celery_tasks.chain_tail, "x", "y")
+    assert not task.release_lock("stuck")  # nothing held
+    held = lock(key, ttl=30, token_prefix="dead-task.0.", auto_renew=False)
+    assert held.acquire(blocking=False)
+    with caplog.at_level("WARNING", logger="django_redlock"):
+        assert task.release_lock("stuck")
+    assert not locks["default"].is_locked(key)
+    assert "force-released 'dedupe:stuck'" in caplog.text
+    assert "tests.celery_tasks.deduped.release_lock()" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def solo(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="solo", concurrency=1)
+
+
+def test_a_skipped_duplicate_in_a_chain(solo: Worker, redis_server: RedisServer) -> None:
+    r = redis(redis_server)
+    q = {"queue": solo.queue}
+    with lock("chain:skip", ttl=30):  # held elsewhere: the chain's head is a duplicate
+        # "skip": the chain goes on; the next task gets the sentinel as the head's result.
+        result = (
+            celery_tasks.chain_head.s("skip").set(**q) | celery_tasks.chain_tail.s("skip").set(**q)
+        ).apply_async()
+        assert result.get(timeout=30) == "tail"
+        (previous,) = r.lrange("chain:skip", 0, -1)
+        assert skipped(json.loads(previous))["key"] == "chain:skip"
+    with lock("chain:raise", ttl=30):
+        # "raise": the head fails with LockNotAcquired; Celery marks the rest of the chain
+        # failed with it (visible, not lost), and never runs it.
+        result = (
+            celery_tasks.chain_head_raise.s("raise").set(**q)
+            | celery_tasks.chain_tail.s("raise").set(**q)
+        ).apply_async()
+        with pytest.raises(LockNotAcquired):
+            result.get(timeout=30)
+        assert result.state == "FAILURE"
+        wait_for(lambda: result.parent.state == "FAILURE")  # Celery may store it second
+        time.sleep(0.5)
+        assert r.lrange("chain:raise", 0, -1) == []
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.test_celery.eager_local")
+@single_instance(key="eager:{name}", ttl=5, using="local", dedupe_queued=True)
+def eager_local(self: Any, name: str) -> str:
+    return f"ran {self.request.id}"
+
+
+def test_task_always_eager_with_locmem(broker: None) -> None:
+    app = celery_app.app
+    app.conf.task_always_eager = True
+    try:
+        first = eager_local.delay("e")
+        assert first.get() == f"ran {first.id}"
+        assert eager_local.delay("e").get().startswith("ran ")  # done: runs again
+        with lock("eager:e", ttl=5, using="local"):
+            value = eager_local.delay("e").get()
+        assert skipped(value)["key"] == "eager:e"
+        assert not locks["local"].is_locked("eager:e")
+    finally:
+        app.conf.task_always_eager = False
+
+
+def test_the_celery_extra_runs_a_worker_on_redis() -> None:
+    # Celery's Redis transport needs kombu[redis] (redis-py and `packaging`): without
+    # celery[redis] a worker on a Redis broker dies with ModuleNotFoundError at start.
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    extras = config["options.extras_require"]
+    for extra in ("celery", "beat", "test"):
+        assert "celery[redis]>=" in extras[extra], extra
+    assert "django-celery-beat>=" in extras["beat"]
+    assert "django-celery-beat>=" in extras["test"]
+
+
+def test_acks_late_past_the_visibility_timeout_runs_the_body_once(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # The real thing: acks_late, a 2 s visibility timeout and a 6 s task. The broker delivers
+    # the message again while the task runs; the copies are skipped, the body runs once.
+    late = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_REDELIVER="1")
+    result = late.send(celery_tasks.redelivered, "late", 6.0)
+    assert result.get(timeout=60) == "ran"
+    assert "skipped a redelivered message" in late.log.read_text()
+    assert redis(redis_server).lrange("redeliver:late:ran", 0, -1) == [result.id]
+    late.stop()

@@ -7,6 +7,11 @@ watchdog while it runs, and released on every outcome: success, exception, ``sel
 ``terminate=True`` or a hard time limit kills the body mid-run; the worker's main process then
 releases the hold whose token carries that task's id. A worker killed outright leaves a lock
 that frees itself after its TTL: seconds, not hours.
+
+A hold's token is ``<task id>.<attempt>.<random>`` (the attempt is ``request.retries``). So a
+run that finds its own task id holding the key can tell a retry that arrived before the
+earlier attempt released (it waits for it) from its own message delivered again while it runs
+(a duplicate: skipped, never a second run).
 """
 
 from __future__ import annotations
@@ -26,14 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
 from celery import Task, current_task
-from celery.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, TimeLimitExceeded, WorkerLostError
 from celery.local import Proxy
 from celery.signals import task_failure, task_revoked
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
 from django.dispatch import Signal
 
-from ..backends.base import Kind
+from ..backends.base import Kind, LockInfo, Released
 from ..exceptions import LockError, LockNotAcquired
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import current_task as holder_task
@@ -47,7 +52,8 @@ ON_DUPLICATE = ("skip", "raise", "retry")
 #: Keys longer than this are hashed (and say so): Redis keys stay short, names stay readable.
 MAX_KEY = 200
 
-#: Sent (sender = the task) when a duplicate was skipped: key, task_id, holder_task_id, using.
+#: Sent (sender = the task) when a duplicate was skipped: key, task_id, holder_task_id, using,
+#: redelivered (True: the task's own message delivered again while it runs).
 duplicate_skipped = Signal()
 
 
@@ -155,7 +161,8 @@ def single_instance(
     """Run the task body under a lock named by ``key`` (default: task name + arguments).
 
     ``key``: a ``str.format`` template over the task's arguments, or a callable taking them.
-    ``on_duplicate``: ``"skip"`` (log, send ``duplicate_skipped``, return None), ``"raise"``
+    ``on_duplicate``: ``"skip"`` (log, send ``duplicate_skipped``, return the :func:`skipped`
+    sentinel naming the holder: SUCCESS, so ``.get()`` returns at once), ``"raise"``
     (``LockNotAcquired``: the task fails visibly) or ``"retry"`` (``self.retry`` after
     ``countdown`` seconds, honouring the task's ``max_retries``). The default key takes
     arguments that have one canonical form (see :func:`_canonical`); for others pass ``key=``.
@@ -241,10 +248,11 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
             " base=SingleInstanceTask) (without it every delay() is enqueued)"
         )
     key = config.key_for(task_name, call_args, kwargs, bound=bound)
-    held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id))
+    attempt = int(getattr(task.request, "retries", 0) or 0) if task_id else 0
+    held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id, attempt))
     marker = holder_task.set((task_id, task_name) if task_id else None)
     try:
-        acquired = held.acquire(blocking=False)
+        acquired, info = _take(held, task_id, attempt)
     finally:
         holder_task.reset(marker)
     if config.dedupe_queued and task_id:
@@ -253,7 +261,10 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
         # after this still enqueues a duplicate: the lock then excludes it, nothing is lost.)
         _clear_queued_marker(config, key, task_id)
     if not acquired:
-        return _duplicate(config, task, key, task_id)
+        holder = hold_of(info.token if info is not None else None)
+        if task_id and holder is not None and holder[0] == task_id:
+            return _redelivered(config, task, key, task_id, holder[1])
+        return _duplicate(config, task, key, task_id, info)
     try:
         result = func(*args, **kwargs)
     except BaseException:  # Retry, Ignore, Reject, SoftTimeLimitExceeded, errors: all release
@@ -264,12 +275,64 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
     return result
 
 
-def _prefix(task_id: str | None) -> str | None:
-    return f"{task_id}." if task_id else None
+def _take(held: Lock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
+    """Take the task's lock; if not, who holds it.
+
+    An earlier attempt of this very task holds it only while its ``self.retry()`` propagates:
+    Celery publishes the retry (same task id, one more ``retries``) before the lock is
+    released on the way out. That attempt is about to release: wait for it (at most the
+    lock's TTL, should it have died right there). The same attempt holding it is a message
+    delivered again while its task runs: a duplicate, never a second run.
+    """
+    backend = held.backend
+    for _ in range(2):  # a second try if it was freed between the try and the look
+        if held.acquire(blocking=False):
+            return True, None
+        info = backend.inspect(held.name)
+        if info is None:
+            continue
+        holder = hold_of(info.token)
+        if task_id and holder is not None and holder[0] == task_id and holder[1] < attempt:
+            if held.acquire(timeout=held.lock_ttl):
+                return True, None
+            return False, backend.inspect(held.name)
+        return False, info
+    return False, None
 
 
-def _duplicate(config: SingleInstance, task: Any, key: str, task_id: str | None) -> Any:
-    info = locks[config.using].inspect(key)
+def _prefix(task_id: str | None, attempt: int = 0) -> str | None:
+    # "<task id>.<attempt>." then the random part, which never contains a ".".
+    return f"{task_id}.{attempt}." if task_id else None
+
+
+def hold_of(token: str | None) -> tuple[str, int] | None:
+    """The task id and attempt (``request.retries``) a task's hold token names:
+    ``<task id>.<attempt>.<random>`` (task ids may contain dots; the other parts do not)."""
+    if not token:
+        return None
+    head, dot, _ = token.rpartition(".")
+    task_id, dot2, attempt = head.rpartition(".")
+    if not dot or not dot2 or not task_id or not attempt.isdigit():
+        return None
+    return task_id, int(attempt)
+
+
+#: What a skipped duplicate returns (``on_duplicate="skip"``): a plain dict, so any result
+#: serializer keeps it, and ``.get()`` returns it at once. Tell it apart with :func:`skipped`.
+SKIPPED = "duplicate_skipped"
+
+
+def skipped(value: Any) -> dict[str, Any] | None:
+    """The details (``key``, ``task_id``, ``holder_task_id``) if ``value``, a task's result,
+    is a skipped duplicate's; else None."""
+    if isinstance(value, dict) and value.get("redlock") == SKIPPED:
+        return value
+    return None
+
+
+def _duplicate(
+    config: SingleInstance, task: Any, key: str, task_id: str | None, info: LockInfo | None
+) -> Any:
     holder = info.holder.get("k") if info is not None else None
     message = f"task {task_id} not run: {key!r} is held by task {holder}"
     if config.on_duplicate == "raise":
@@ -278,9 +341,25 @@ def _duplicate(config: SingleInstance, task: Any, key: str, task_id: str | None)
         raise task.retry(countdown=config.countdown, exc=LockNotAcquired(message))
     logger.info("redlock: skipped duplicate: %s", message)
     duplicate_skipped.send_robust(
-        sender=task, key=key, task_id=task_id, holder_task_id=holder, using=config.using
-    )
-    return None
+        sender=task, key=key, task_id=task_id, holder_task_id=holder, using=config.using,
+        redelivered=False,
+    )  # fmt: skip
+    return {"redlock": SKIPPED, "key": key, "task_id": task_id, "holder_task_id": holder}
+
+
+def _redelivered(config: SingleInstance, task: Any, key: str, task_id: str, attempt: int) -> Any:
+    """The message of a running task, delivered again (``acks_late`` past the broker's
+    visibility timeout): never run twice. ``Ignore`` stores nothing, so the task's result
+    stays the running attempt's."""
+    logger.warning(
+        "redlock: skipped a redelivered message: task %s runs already (attempt %s holds %r)",
+        task_id, attempt, key,
+    )  # fmt: skip
+    duplicate_skipped.send_robust(
+        sender=task, key=key, task_id=task_id, holder_task_id=task_id, using=config.using,
+        redelivered=True,
+    )  # fmt: skip
+    raise Ignore()
 
 
 # -- the worker's main process: release what a killed child held ----------------------------
@@ -298,9 +377,10 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     key = config.key_for(task.name, tuple(args or ()), dict(kwargs or {}), bound=_is_bound(task))
     backend = locks[config.using]
     info = backend.inspect(key)
-    # A hold's token is "<task id>.<random>" and the random part has no ".": compare the
-    # whole id, or stopping task "abc" would release task "abc.1"'s hold.
-    if info is None or info.token is None or info.token.rpartition(".")[0] != task_id:
+    # A hold's token is "<task id>.<attempt>.<random>": compare the whole id, or stopping
+    # task "abc" would release task "abc.1"'s hold.
+    holder = hold_of(info.token if info is not None else None)
+    if info is None or info.token is None or holder is None or holder[0] != task_id:
         return False
     released = backend.execute(backend.op_release(key, info.token, Kind())) >= 0
     logger.info("redlock: released %r, held by stopped task %s", key, task_id)
@@ -401,6 +481,10 @@ class SingleInstanceTask(Task):
         """The lock name a call with these arguments uses (see :func:`lock_key`)."""
         return lock_key(self, *args, **kwargs)
 
+    def release_lock(self, *args: Any, **kwargs: Any) -> Released:
+        """Force-release the lock of a call with these arguments (see :func:`release_lock`)."""
+        return release_lock(self, *args, **kwargs)
+
 
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
     """The lock name that ``task.delay(*args, **kwargs)`` runs under (any task decorated with
@@ -409,6 +493,31 @@ def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
     if config is None:
         raise TypeError(f"{task!r} is not a task decorated with @single_instance")
     return config.key_for(task.name, args, kwargs, bound=_is_bound(task))
+
+
+def release_lock(task: Any, *args: Any, **kwargs: Any) -> Released:
+    """Force-release the lock that ``task.delay(*args, **kwargs)`` runs under, whoever holds
+    it: an operator's action, as the admin's force-release (logged at WARNING and recorded as
+    a ``force_release`` lock incident). Only the hold found is released (a hold taken since is
+    left alone). Truthy only when it released one: ``Released.RELEASED``, else ``NOT_HELD``
+    or ``CHANGED``. The task still running keeps running: it only no longer excludes others.
+    """
+    from ..incidents import recorder
+
+    key = lock_key(task, *args, **kwargs)  # TypeError for a task without @single_instance
+    config = _config_of(task)
+    assert config is not None
+    backend = locks[config.using]
+    info = backend.inspect(key)
+    if info is None:
+        return Released.NOT_HELD
+    outcome = backend.force_release(key, info.token, None if info.token else info.fence)
+    if outcome:
+        holder = info.holder.get("k")
+        detail = f"by {task.name}.release_lock(); held by task {holder}"
+        logger.warning("redlock: force-released %r on %r %s", key, config.using, detail)
+        recorder.record("force_release", key, config.using, detail)
+    return outcome
 
 
 def _clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
@@ -423,7 +532,10 @@ __all__ = [
     "AlreadyQueued",
     "SingleInstanceTask",
     "duplicate_skipped",
+    "hold_of",
     "lock_key",
+    "release_lock",
     "release_task_hold",
     "single_instance",
+    "skipped",
 ]

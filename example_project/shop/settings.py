@@ -49,6 +49,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "shop.beat.beat_leader",
             ]
         },
     }
@@ -74,6 +75,12 @@ CACHES = {
 CELERY_BROKER_URL = redis_db(1)
 CELERY_RESULT_BACKEND = redis_db(2)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# `make demo` runs two beats: one sends, the other takes over within the TTL if it dies.
+CELERY_BEAT_SCHEDULER = "django_redlock.contrib.beat.LockedScheduler"
+CELERY_BEAT_SCHEDULE = {
+    "heartbeat": {"task": "shop.tasks.heartbeat", "schedule": 10.0},
+}
+DJANGO_REDLOCK_BEAT = {"using": "default", "ttl": 10}
 
 DJANGO_REDLOCK = {
     "default": {

@@ -30,3 +30,9 @@ def desk_shift(clerk: int, seconds: float = 2.5) -> int | None:
     with lock("desk", fair=True, ttl=10, timeout=30) as held:
         time.sleep(seconds)
         return held.fence
+
+
+def heartbeat() -> str:
+    """Sent by whichever beat leads, every 10 s: once, however many beats run."""
+    stock.redis().rpush("shop:heartbeats", time.time())
+    return "beat"

@@ -1,0 +1,479 @@
+"""Celery beat with standbys: several ``celery beat`` processes, exactly one of them sends.
+
+``CELERY_BEAT_SCHEDULER = "django_redlock.contrib.beat.LockedScheduler"`` (on Celery's
+``PersistentScheduler``) or ``"django_redlock.contrib.beat.LockedDatabaseScheduler"`` (on
+django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"using": "default",
+"ttl": 30}``.
+
+* The leader holds the lock ``DJANGO_REDLOCK_BEAT["name"]`` (default ``"celery-beat"``),
+  renewed by the watchdog. Standbys wait for it (woken by its release, or at its expiry): when
+  the leader dies, another leads within the TTL.
+* Every send is decided by one script that, atomically, checks that this process still holds
+  the lock and records the entry's new ``last_run_at`` (compare-and-set against the one the
+  decision was based on). So a leader that was paused or cut off and lost the lock sends
+  nothing when it wakes, and a new leader starts from the last recorded run of every entry:
+  no due entry is sent twice and none is skipped across a takeover (runs that fell due while
+  nobody led are sent once, late, as Celery does after a downtime).
+* A publish that fails takes its claim back: the run stays due and is sent once the broker
+  answers. One window remains, inherent to any broker: a leader that decided a send and is
+  killed (or paused past its TTL) before the message reaches the broker loses (or delays)
+  that one run; it is never sent twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from celery.beat import PersistentScheduler, Scheduler
+from celery.beat import logger as beat_logger
+from celery.utils.time import maybe_make_aware
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from ..backends.base import BaseLockBackend, Op
+from ..backends.locmem import LocMemBackend
+from ..backends.redis import RedisBackend, text
+from ..exceptions import LockError
+from ..handler import DEFAULT_LOCK_ALIAS, locks
+from ..locking import Lock
+from ..scripts import Call, Script
+from ..validation import MAX_TTL, check_name, to_ms
+
+logger = logging.getLogger("django_redlock")
+
+SETTING = "DJANGO_REDLOCK_BEAT"
+DEFAULT_NAME = "celery-beat"
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+# Outcomes of a claim.
+NOT_LEADER, ALREADY_SENT, CLAIMED = 0, 1, 2
+
+# Atomic with the send decision: the leader check and the record of the entry's new run.
+# KEYS: the leader lock, the entry's record.  ARGV: token, the last run the decision is
+# based on ('' if none), the new run, the record's TTL in ms.
+# Returns {0} not the leader, {1, record} another run is recorded, {2} claimed.
+_CLAIM = """
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return {0} end
+local held = redis.call('GET', KEYS[1])
+if string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then return {0} end
+local record = redis.call('GET', KEYS[2])
+if record then
+  local at, by = string.match(record, '^([^|]*)|(.*)$')
+  if at == ARGV[3] and by == ARGV[1] then return {2} end
+  if at ~= ARGV[2] then return {1, record} end
+end
+redis.call('SET', KEYS[2], ARGV[3] .. '|' .. ARGV[1], 'PX', ARGV[4])
+return {2}
+"""
+CLAIM = Script("beat_claim", _CLAIM, hashlib.sha1(_CLAIM.encode()).hexdigest())
+
+# A claimed run whose message could not be published: the record goes back to the run before
+# it (only if it is still this claim), so the run stays due and is sent when the broker is back.
+# KEYS: the record.  ARGV: token, the run before ('' if none), the claimed run, TTL in ms.
+_UNCLAIM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[3] .. '|' .. ARGV[1] then return 0 end
+if ARGV[2] == '' then return redis.call('DEL', KEYS[1]) end
+redis.call('SET', KEYS[1], ARGV[2] .. '|' .. ARGV[1], 'PX', ARGV[4])
+return 1
+"""
+UNCLAIM = Script("beat_unclaim", _UNCLAIM, hashlib.sha1(_UNCLAIM.encode()).hexdigest())
+
+
+@dataclass(frozen=True)
+class BeatSettings:
+    using: str
+    ttl: float
+    name: str
+
+
+def beat_settings() -> BeatSettings:
+    """``DJANGO_REDLOCK_BEAT``, checked (ImproperlyConfigured naming the key)."""
+    raw = getattr(settings, SETTING, None)
+    raw = {} if raw is None else raw
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(f"{SETTING} must be a dict, not {raw!r}")
+    unknown = set(raw) - {"using", "ttl", "name"}
+    if unknown:
+        raise ImproperlyConfigured(
+            f"{SETTING} has unknown keys {sorted(unknown)}; it takes 'using', 'ttl', 'name'"
+        )
+    using = raw.get("using", DEFAULT_LOCK_ALIAS)
+    ttl = raw.get("ttl", 30.0)
+    name = raw.get("name", DEFAULT_NAME)
+    if not isinstance(using, str):
+        raise ImproperlyConfigured(f"{SETTING}['using'] must be a backend alias, not {using!r}")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl):
+        raise ImproperlyConfigured(f"{SETTING}['ttl'] must be a number of seconds, not {ttl!r}")
+    if not 0 < ttl <= MAX_TTL:
+        raise ImproperlyConfigured(f"{SETTING}['ttl'] must be > 0 and <= 30 days, not {ttl!r}")
+    try:
+        check_name(name)
+    except (TypeError, ValueError) as exc:
+        raise ImproperlyConfigured(f"{SETTING}['name']: {exc}") from None
+    return BeatSettings(using, float(ttl), name)
+
+
+def _backend(config: BeatSettings) -> BaseLockBackend:
+    try:
+        backend = locks[config.using]
+    except Exception as exc:  # an unknown alias
+        raise ImproperlyConfigured(f"{SETTING}['using']: {exc}") from None
+    if not isinstance(backend, (RedisBackend, LocMemBackend)):
+        # A send decision must be atomic with the leader check, on one server.
+        raise ImproperlyConfigured(
+            f"{SETTING}['using'] = {config.using!r}: beat runs on a single-master backend"
+            f" (Redis, django-redis, Sentinel, Cluster, LocMem), not {type(backend).__name__}:"
+            " its send decisions are one atomic script beside the leader lock"
+        )
+    return backend
+
+
+# -- the record of each entry's last run, beside the leader lock --------------------------------
+
+
+def record_key(backend: BaseLockBackend, lock_name: str, entry: str) -> str:
+    return f"{backend.key(lock_name)}:sent:{entry}"  # the lock's hash slot (Cluster)
+
+
+#: LocMem's records, per store: (key) -> (value, expires at, monotonic).
+_local_records: dict[int, dict[str, tuple[str, float]]] = {}
+
+
+def _local(backend: LocMemBackend) -> tuple[Any, dict[str, tuple[str, float]]]:
+    store = backend._store
+    return store, _local_records.setdefault(id(store), {})
+
+
+def claim_op(
+    backend: BaseLockBackend, lock_name: str, token: str, entry: str, prev: int | None,
+    new: int, ttl_ms: int,
+) -> Op[tuple[int, int | None]]:  # fmt: skip
+    """Send ``entry`` (run ``new``, decided from run ``prev``) only if ``token`` leads."""
+    key = record_key(backend, lock_name, entry)
+    prev_text = "" if prev is None else str(prev)
+    if isinstance(backend, LocMemBackend):
+
+        def run() -> Any:
+            store, records = _local(backend)
+            with store.mutex:
+                now = time.monotonic()
+                hold = store.live(lock_name, now)
+                if hold is None or hold.reentrant or token not in hold.owners:
+                    return [NOT_LEADER]
+                record = records.get(key)
+                if record is not None and record[1] > now:
+                    at, _, by = record[0].partition("|")
+                    if at == str(new) and by == token:
+                        return [CLAIMED]
+                    if at != prev_text:
+                        return [ALREADY_SENT, record[0]]
+                records[key] = (f"{new}|{token}", now + ttl_ms / 1000)
+                return [CLAIMED]
+
+        return Op(lock_name, run, _claimed)
+    call = Call(CLAIM, [backend.key(lock_name), key], [token, prev_text, str(new), ttl_ms])
+    return Op(lock_name, call, _claimed)
+
+
+def unclaim_op(
+    backend: BaseLockBackend, lock_name: str, token: str, entry: str, prev: int | None,
+    new: int, ttl_ms: int,
+) -> Op[bool]:  # fmt: skip
+    """Take back this token's claim of run ``new`` (its message was not published)."""
+    key = record_key(backend, lock_name, entry)
+    prev_text = "" if prev is None else str(prev)
+    if isinstance(backend, LocMemBackend):
+
+        def run() -> Any:
+            store, records = _local(backend)
+            with store.mutex:
+                now = time.monotonic()
+                record = records.get(key)
+                if record is None or record[1] <= now or record[0] != f"{new}|{token}":
+                    return 0
+                if prev is None:
+                    del records[key]
+                else:
+                    records[key] = (f"{prev_text}|{token}", now + ttl_ms / 1000)
+                return 1
+
+        return Op(lock_name, run, bool)
+    call = Call(UNCLAIM, [key], [token, prev_text, str(new), ttl_ms])
+    return Op(lock_name, call, bool)
+
+
+def read_op(backend: BaseLockBackend, lock_name: str, entry: str) -> Op[int | None]:
+    """The last recorded run of ``entry`` (microseconds since the epoch), if any."""
+    key = record_key(backend, lock_name, entry)
+    if isinstance(backend, LocMemBackend):
+
+        def run() -> Any:
+            store, records = _local(backend)
+            with store.mutex:
+                record = records.get(key)
+                return record[0] if record is not None and record[1] > time.monotonic() else None
+
+        return Op(lock_name, run, _run_of)
+    return Op(lock_name, ("GET", key), _run_of)
+
+
+def _run_of(record: Any) -> int | None:
+    if record is None:
+        return None
+    at = str(text(record)).partition("|")[0]
+    return int(at) if at.lstrip("-").isdigit() else None
+
+
+def _claimed(reply: Any) -> tuple[int, int | None]:
+    outcome = int(reply[0])
+    return outcome, (_run_of(reply[1]) if len(reply) > 1 else None)
+
+
+def to_micros(moment: datetime.datetime) -> int:
+    """Exact (no float) microseconds since the epoch: what every beat compares."""
+    return (maybe_make_aware(moment) - EPOCH) // datetime.timedelta(microseconds=1)
+
+
+# -- the schedulers ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    """A run this beat may send: what taking the claim back needs."""
+
+    token: str
+    prev: int | None
+    new: int
+    ttl_ms: int
+    new_entry: Any
+
+
+class LeaderMixin(Scheduler):
+    """Lead or stand by, and claim every send (see the module's doc). Put it first:
+    ``class MyScheduler(LeaderMixin, SomeScheduler)``."""
+
+    #: How long a standby waits for the lock per tick; None (the default): until it has it.
+    #: It is woken by the leader's release and at its expiry, never by polling; and a wait
+    #: that times out is an ``acquire_timeout`` lock incident, which a standby would record
+    #: every few seconds, forever. Signals (SIGTERM, Ctrl-C) end the wait as beat expects.
+    standby_wait: float | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.redlock = beat_settings()  # at startup: a bad setting never reaches a tick
+        self._backend = _backend(self.redlock)
+        self._leader: Lock | None = None
+        self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
+        self._unsure: dict[str, int] = {}  # entry name -> a claimed run whose reply was lost
+        self._pause_until = 0.0
+        self._standing_by = False
+        super().__init__(*args, **kwargs)
+
+    # -- leading -------------------------------------------------------------------------------
+
+    @property
+    def leads(self) -> bool:
+        """Whether this scheduler holds the leader lock (as far as it knows)."""
+        return self._leader is not None and self._leader.token is not None
+
+    def tick(self, *args: Any, **kwargs: Any) -> Any:
+        wait = self._pause_until - time.monotonic()
+        if wait > 0:
+            return wait
+        if not self.leads and not self._elect():
+            return 0.0  # waited for the lock already: try again at once
+        return super().tick(*args, **kwargs)
+
+    def _elect(self) -> bool:
+        if self._leader is not None:  # held once, lost since
+            self._step_down("the lock was lost")
+        config = self.redlock
+        lock = Lock(config.name, ttl=config.ttl, using=config.using)
+        if not self._standing_by:
+            logger.info("beat: standing by for the lock %r on %r", config.name, config.using)
+            self._standing_by = True
+        try:
+            if not lock.acquire(timeout=self.standby_wait):
+                return False
+            self._leader = lock
+            self._load_records()
+        except LockError as exc:
+            logger.warning("beat: could not take or start the lead: %s", exc)
+            self._step_down(str(exc))
+            self._pause_until = time.monotonic() + 1.0
+            return False
+        self._standing_by = False
+        self._heap = None  # due times from the recorded runs
+        logger.info(
+            "beat: leading (lock %r on %r, fence %s)", config.name, config.using, lock.fence
+        )
+        return True
+
+    def _step_down(self, why: str) -> None:
+        lock, self._leader = self._leader, None
+        self._claims.clear()
+        self._unsure.clear()  # claims of the old hold's token: the next leader decides anew
+        if lock is not None:
+            logger.warning("beat: not leading any more (%s): sending nothing", why)
+            with contextlib.suppress(LockError):
+                lock.release()
+
+    def _load_records(self) -> None:
+        """Start from the last run every entry has on record, whoever sent it."""
+        for name, entry in list(self.schedule.items()):
+            recorded = self._backend.execute(read_op(self._backend, self.redlock.name, name))
+            if recorded is not None:
+                self._set_last_run(entry, recorded)
+
+    def _set_last_run(self, entry: Any, micros: int) -> None:
+        moment = EPOCH + datetime.timedelta(microseconds=micros)
+        moment = moment.astimezone(self.app.timezone)
+        entry.last_run_at = moment
+        model = getattr(entry, "model", None)  # django-celery-beat's row
+        if model is not None:
+            model.last_run_at = moment
+
+    # -- claiming each send --------------------------------------------------------------------
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)
+        self._claims[entry.name] = self._claim(entry, new_entry)
+        return new_entry
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        claimed = self._claims.pop(entry.name, None)
+        if claimed is None:
+            return
+        beat_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+        try:
+            # Not super().apply_entry(), which logs a failed publish and moves on: the run
+            # was claimed, and would be lost.
+            result = self.apply_async(entry, producer=producer, advance=False)
+        except Exception as exc:
+            beat_logger.error("Message Error: %s", exc, exc_info=True)
+            self._unclaim(entry, claimed)
+            return
+        beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
+
+    def _unclaim(self, entry: Any, claimed: _Claimed) -> None:
+        """A claimed run not published: back on record as not sent, and due again here."""
+        if claimed.prev is not None:
+            self._set_last_run(claimed.new_entry, claimed.prev)
+        self._heap = None
+        self._pause_until = time.monotonic() + 1.0  # the broker may need a moment
+        op = unclaim_op(self._backend, self.redlock.name, claimed.token, entry.name,
+                        claimed.prev, claimed.new, claimed.ttl_ms)  # fmt: skip
+        try:
+            self._backend.execute(op)
+        except LockError as exc:  # the next leader may then take that run as sent
+            logger.warning("beat: could not take back the claim of %r: %s", entry.name, exc)
+
+    def _claim(self, entry: Any, new_entry: Any) -> _Claimed | None:
+        lock = self._leader
+        token = lock.token if lock is not None else None
+        prev = to_micros(entry.last_run_at) if entry.last_run_at else None
+        if token is None:
+            self._undo(entry, new_entry, prev)
+            self._step_down("the lock was lost")
+            return None
+        # A claim whose reply was lost is tried again as it was (the script sees it is ours).
+        new = self._unsure.pop(entry.name, None)
+        if new is None:
+            new = to_micros(new_entry.last_run_at)
+        else:
+            self._set_last_run(new_entry, new)
+        ttl_ms = self._record_ttl_ms(new_entry)
+        op = claim_op(self._backend, self.redlock.name, token, entry.name, prev, new, ttl_ms)
+        try:
+            outcome, recorded = self._backend.execute(op)
+        except LockError as exc:
+            # Unknown: not sent now, claimed again (the same run) after a pause.
+            logger.warning("beat: could not claim %r, trying again: %s", entry.name, exc)
+            self._unsure[entry.name] = new
+            self._undo(entry, new_entry, prev)
+            self._pause_until = time.monotonic() + 1.0
+            return None
+        if outcome == CLAIMED:
+            return _Claimed(token, prev, new, ttl_ms, new_entry)
+        if outcome == ALREADY_SENT:
+            logger.info("beat: %r was sent already by another beat: not sending", entry.name)
+            if recorded is not None:
+                self._set_last_run(new_entry, recorded)
+            self._heap = None  # its next due time follows the recorded run
+            return None
+        self._undo(entry, new_entry, prev)
+        self._step_down("another beat took the lock")
+        return None
+
+    def _undo(self, entry: Any, new_entry: Any, prev: int | None) -> None:
+        """Keep ``entry`` due: the run reserved was not sent, the next leader sends it."""
+        if prev is not None:
+            self._set_last_run(new_entry, prev)
+        self._heap = None
+
+    def _record_ttl_ms(self, new_entry: Any) -> int:
+        """A record lasts two periods of its entry (at least a minute, at most 30 days): long
+        enough for the next leader to find it, short enough to vanish with the entry."""
+        try:
+            due_in = float(new_entry.schedule.is_due(new_entry.last_run_at)[1])
+        except Exception:  # a schedule that cannot say: a day
+            due_in = 86400.0
+        return to_ms(min(MAX_TTL, max(60.0, 2 * due_in + 2 * self.redlock.ttl)))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            lock, self._leader = self._leader, None
+            if lock is not None and lock.token is not None:
+                with contextlib.suppress(LockError):
+                    lock.release()  # a standby takes over now, not at the TTL
+
+    @property
+    def info(self) -> str:
+        config = self.redlock
+        lead = f"    . leader lock -> {config.name!r} on {config.using!r}, ttl {config.ttl:g}s"
+        return "\n".join(x for x in (super().info, lead) if x)
+
+
+class LockedScheduler(LeaderMixin, PersistentScheduler):
+    """Celery's ``PersistentScheduler`` (a schedule file per process), one beat sending."""
+
+
+def leader(config: BeatSettings | None = None) -> dict[str, Any] | None:
+    """Who leads now: the holder's host, pid and fence (None when nobody does)."""
+    config = config or beat_settings()
+    info = locks[config.using].inspect(config.name)
+    if info is None:
+        return None
+    return {"host": info.holder.get("h"), "pid": info.holder.get("p"), "fence": info.fence,
+            "ttl": info.ttl}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    # django-celery-beat is optional (the `beat` extra): imported when this name is used.
+    if name == "LockedDatabaseScheduler":
+        try:
+            from django_celery_beat.schedulers import DatabaseScheduler
+        except ImportError as exc:
+            raise ImportError(
+                "LockedDatabaseScheduler needs django-celery-beat:"
+                ' pip install "django-redlock[beat]"'
+            ) from exc
+
+        class LockedDatabaseScheduler(LeaderMixin, DatabaseScheduler):
+            """django-celery-beat's ``DatabaseScheduler``, one beat sending."""
+
+        LockedDatabaseScheduler.__module__ = __name__
+        globals()[name] = LockedDatabaseScheduler
+        return LockedDatabaseScheduler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["LeaderMixin", "LockedScheduler", "beat_settings", "leader"]
