@@ -424,7 +424,8 @@ class LocMemBackend(BaseLockBackend):
                 if head is not None and head == waiter:
                     queue.pop(0)
                     deadlines.pop(waiter, None)
-                wake = [] if mode == "w" else self._leases_wake(store, name, now)
+                chain = mode == "r" or head is not None  # as permit_acquire.lua says why
+                wake = self._leases_wake(store, name, now) if chain else []
                 return Attempt(True, fence, 1), wake
             if wait_ms >= 0 and mode == "w":
                 leased.writers[waiter] = now + wait_ms / 1000

@@ -70,7 +70,10 @@ if free then
   end
   redis.call('ZREM', waiting, waiter)
   leases_keep(leases, details, now)
-  if mode ~= 'w' then -- leases left: the next waiter's turn (one at a time, no herd)
+  -- A release woke one waiter per lease it freed; only waiters it could not name are woken
+  -- here, one at a time, while leases are left: the readers behind a writer, and the fair
+  -- queue's next head (a release woke the head, and the head stays the head until it takes).
+  if mode == 'r' or head then
     leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now)
   end
   return {1, fence, 1}
