@@ -115,3 +115,9 @@ def deduped_retry(self: Any, name: str) -> str:
     if self.request.retries == 0:
         raise self.retry(countdown=0.1)  # its own id again: must be enqueued, not deduplicated
     return "ran"
+
+
+@shared_task(bind=True, max_retries=None)
+@single_instance(key="limited", ttl=5, on_duplicate="retry", countdown=0.05, limit=2)
+def limited(self: Any, tag: str, seconds: float = 0.4) -> str:
+    return body("limited", tag, seconds)

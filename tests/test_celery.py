@@ -470,3 +470,12 @@ def test_queue_marker_ops(alias: str) -> None:
     time.sleep(0.4)  # expired: the next call is noted
     assert backend.execute(mark("m", "t3", 300)) is None
     assert backend.execute(mark("m", "t4", 300)) == "t3"
+
+
+def test_limit_two_runs_at_most_two_at_once(prefork: Worker, redis_server: RedisServer) -> None:
+    results = settle([prefork.send(celery_tasks.limited, str(i)) for i in range(6)])
+    r = redis(redis_server)
+    assert results == ["ran"] * 6  # the others retried until a permit was free
+    assert int(r.get("limited:peak")) == 2  # two at once, never three
+    assert sorted(r.lrange("limited:ran", 0, -1)) == [str(i) for i in range(6)]
+    assert locks["default"].inspect("limited") is None

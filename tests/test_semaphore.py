@@ -183,3 +183,36 @@ def test_kind_clash_is_an_error(alias: str, name: str) -> None:
 def test_release_not_held(alias: str, name: str) -> None:
     with pytest.raises(LockNotOwned):
         semaphore(name, 2, using=alias).release()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"limit": True}, TypeError, "limit"),
+        ({"limit": 2.0}, TypeError, "limit"),
+        ({"limit": "3"}, TypeError, "limit"),
+        ({"limit": 0}, ValueError, "limit"),
+        ({"limit": -1}, ValueError, "limit"),
+        ({"limit": 2, "ttl": 0}, ValueError, "ttl"),
+        ({"limit": 2, "timeout": -1}, ValueError, "timeout"),
+        ({"limit": 2, "fair": "yes"}, TypeError, "fair"),
+        ({"limit": 2, "using": "nope"}, Exception, "nope"),
+    ],
+)
+def test_bad_input_before_any_redis_call(kwargs: dict, error: type, match: str) -> None:
+    # "down" is a backend whose Redis does not answer: any call would be BackendUnavailable.
+    kwargs = {"using": "down", **kwargs}
+    with pytest.raises(error, match=match):
+        semaphore("exports", **kwargs)
+
+
+@pytest.mark.parametrize("bad", ["", 5, "x" * 2000])
+def test_bad_names(bad: object) -> None:
+    from django_redlock import read_write_lock
+
+    with pytest.raises((TypeError, ValueError)):
+        semaphore(bad, 2, using="down")  # type: ignore[arg-type]
+    with pytest.raises((TypeError, ValueError)):
+        read_write_lock(bad, using="down")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ttl"):
+        read_write_lock("x", using="down").write(ttl=-1)

@@ -37,8 +37,15 @@ from ..backends.base import Kind
 from ..exceptions import LockError, LockNotAcquired
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import current_task as holder_task
-from ..locking import Lock, name_template
-from ..validation import MAX_TTL, check_name, check_optional_seconds, check_seconds, to_ms
+from ..locking import BaseLock, Lock, Semaphore, name_template
+from ..validation import (
+    MAX_TTL,
+    check_limit,
+    check_name,
+    check_optional_seconds,
+    check_seconds,
+    to_ms,
+)
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -63,6 +70,7 @@ class SingleInstance:
     countdown: float
     dedupe_queued: bool | str  # False, True or "raise"
     dedupe_ttl: float
+    limit: int | None = None  # at most this many runs of a key at once (a semaphore)
     #: Every parameter: the arguments of a task Celery built with bind=False.
     signature: inspect.Signature = field(init=False)
     #: Without the first parameter, where a bind=True task gets the task itself (whatever the
@@ -151,6 +159,7 @@ def single_instance(
     countdown: float = 10.0,
     dedupe_queued: bool | Literal["raise"] = False,
     dedupe_ttl: float = 3600.0,
+    limit: int | None = None,
 ) -> Callable[[F], F]:
     """Run the task body under a lock named by ``key`` (default: task name + arguments).
 
@@ -166,6 +175,9 @@ def single_instance(
     of a key that is queued or running return that task's ``AsyncResult`` instead of enqueuing
     again; ``"raise"`` raises :class:`AlreadyQueued` instead. ``dedupe_ttl``: how long a queue
     marker lasts past the call's countdown/ETA if the task never starts.
+
+    ``limit=N``: at most N runs of a key at once (a semaphore of N permits instead of a
+    lock); ``on_duplicate`` applies when all N are taken.
     """
     if on_duplicate not in ON_DUPLICATE:
         raise ValueError(f"on_duplicate must be one of {ON_DUPLICATE}, not {on_duplicate!r}")
@@ -178,11 +190,13 @@ def single_instance(
         raise ValueError(f'dedupe_queued must be True, False or "raise", not {dedupe_queued!r}')
     if not isinstance(using, str):
         raise TypeError(f"using must be a backend alias (str), not {using!r}")
+    if limit is not None:
+        limit = check_limit(limit)
 
     def decorate(func: F) -> F:
         _check_decorated(func)
         config = SingleInstance(
-            func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl
+            func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl, limit
         )
 
         @functools.wraps(func)
@@ -241,7 +255,12 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
             " base=SingleInstanceTask) (without it every delay() is enqueued)"
         )
     key = config.key_for(task_name, call_args, kwargs, bound=bound)
-    held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id))
+    held: BaseLock
+    if config.limit is None:
+        held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id))
+    else:
+        held = Semaphore(key, config.limit, ttl=config.ttl, using=config.using,
+                         token_prefix=_prefix(task_id))  # fmt: skip
     marker = holder_task.set((task_id, task_name) if task_id else None)
     try:
         acquired = held.acquire(blocking=False)
@@ -271,6 +290,8 @@ def _prefix(task_id: str | None) -> str | None:
 def _duplicate(config: SingleInstance, task: Any, key: str, task_id: str | None) -> Any:
     info = locks[config.using].inspect(key)
     holder = info.holder.get("k") if info is not None else None
+    if info is not None and info.holders:  # a semaphore's: every holding task
+        holder = ", ".join(str(h.holder.get("k")) for h in info.holders)
     message = f"task {task_id} not run: {key!r} is held by task {holder}"
     if config.on_duplicate == "raise":
         raise LockNotAcquired(f"{message} (backend {config.using!r})")
@@ -300,6 +321,13 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     info = backend.inspect(key)
     # A hold's token is "<task id>.<random>" and the random part has no ".": compare the
     # whole id, or stopping task "abc" would release task "abc.1"'s hold.
+    if info is not None and info.holders:  # limit=N: the task's own permit
+        mine = [h.token for h in info.holders if (h.token or "").rpartition(".")[0] == task_id]
+        if not mine or mine[0] is None:
+            return False
+        released = backend.execute(backend.op_lease_release(key, mine[0])) >= 0
+        logger.info("redlock: released a permit of %r, held by stopped task %s", key, task_id)
+        return released
     if info is None or info.token is None or info.token.rpartition(".")[0] != task_id:
         return False
     released = backend.execute(backend.op_release(key, info.token, Kind())) >= 0
