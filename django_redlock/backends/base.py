@@ -11,7 +11,7 @@ import enum
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
@@ -83,6 +83,22 @@ class LockInfo:
     # A semaphore's or read-write lock's holds, one per lease (kind "permit", "read" or
     # "write"), each with its own token, fence and TTL.
     holders: list[LockInfo] = field(default_factory=list)
+
+    def rows(self) -> list[LockInfo]:
+        """What operators list, one row per hold: a lock's own, or each lease of a semaphore
+        ("semaphore permit 2/3": permits used/limit) or read-write lock ("read-write read")."""
+        if not self.holders:
+            return [self]
+        used = f" {len(self.holders)}/{self.limit}" if self.limit else ""
+        return [
+            replace(
+                lease,
+                kind=f"{self.kind} {lease.kind}{used}",
+                waiters=self.waiters,
+                limit=self.limit,
+            )
+            for lease in self.holders
+        ]
 
 
 def _when(ms: Any) -> datetime | None:

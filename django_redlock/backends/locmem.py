@@ -501,11 +501,15 @@ class LocMemBackend(BaseLockBackend):
     ) -> tuple[Released, list[str]]:
         leased = store.leased[name]
         leased.prune(now)
-        if token:
-            lease = leased.leases.get(token)
-            if lease is None or (fence is not None and lease.fence != fence):
+        if token or fence is not None:  # one lease: by its token, or by its fence
+            found = [
+                t
+                for t, lease in leased.leases.items()
+                if (not token or t == token) and (fence is None or lease.fence == fence)
+            ]
+            if not found:
                 return Released.CHANGED, []
-            gone = [token]
+            gone = found[:1]
         else:
             gone = list(leased.leases)
             if not gone:

@@ -6,8 +6,8 @@
 -- The expectation is the hold the operator was shown (a plain hold's token, a reentrant
 -- hold's fence): a lock that changed hands since is left alone. Fences are compared as the
 -- strings stored, never as Lua numbers, which print 2e15 as '2e+15'.
--- A semaphore or read-write lock (leases in a sorted set): with a token, only that lease
--- goes (one permit); without, every lease.
+-- A semaphore or read-write lock (leases in a sorted set): with a token or a fence, only
+-- that lease goes (one permit); with neither, every lease.
 -- Returns 1 if the lock was deleted, 0 if it was not held, -1 if another hold has it.
 --! include _hold
 --! include _wake
@@ -32,6 +32,16 @@ if kind == 'zset' then
       return -1
     end
     gone = {token}
+  elseif fence ~= '' then -- the lease with this fence (`redlock release NAME --fence F`)
+    for _, each in ipairs(redis.call('ZRANGE', leases, 0, -1)) do
+      local detail = redis.call('HGET', details, each) or ''
+      if string.match(detail, '^[^|]*') == fence and lease_mine(leases, details, each, now) > 0 then
+        gone = {each}
+      end
+    end
+    if #gone == 0 then
+      return -1
+    end
   else
     gone = redis.call('ZRANGE', leases, 0, -1)
     if #gone == 0 then
