@@ -9,6 +9,7 @@ machine are noise; the ratios measured in the same run are the result.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import os
 import platform
@@ -228,7 +229,19 @@ def summarise(outputs: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     # start-up (connections, script loading, subscriptions), not the lock's fairness.
     waits = [w for out in outputs for w in out["waits"][1:]]
     acquisitions = len(spans)
+    # Wake-up latency, for semaphores too: from the last release before an acquisition that
+    # had to wait (a release while it waited) to that acquisition.
+    releases = sorted(end for _, end in spans)
+    wakes = []
+    for out in outputs:
+        for (got, _), waited in zip(out["spans"], out["waits"], strict=False):
+            before = [r for r in releases[: bisect.bisect_right(releases, got)][-1:]
+                      if r >= got - waited]  # fmt: skip
+            if before:
+                wakes.append(got - before[0])
     return {
+        "wake_p50_ms": percentile(wakes, 0.5) * 1000,
+        "wake_p99_ms": percentile(wakes, 0.99) * 1000,
         "per_second": acquisitions / seconds,
         "handoff_p50_ms": percentile(handoffs, 0.5) * 1000,
         "handoff_p99_ms": percentile(handoffs, 0.99) * 1000,
@@ -452,6 +465,61 @@ REDLOCK_NOTE = """- **Redlock (its targets are met in most runs, by a few percen
 """
 
 
+def semaphores(results: dict[str, Any], url: str) -> None:
+    """A semaphore of 3 against the hand-rolled sorted-set recipe (bench/), same Redis."""
+    import redis
+
+    from django_redlock import locks, semaphore
+
+    sys.path.insert(0, str(HERE))
+    from sorted_set_semaphore import acquire, release
+
+    backend = locks["default"]
+    conn = redis.Redis.from_url(url)
+
+    def ours() -> None:
+        with semaphore("s:ours", 3):
+            pass
+
+    def recipe() -> None:
+        identifier = acquire(conn, "s:recipe", 3)
+        assert identifier is not None
+        release(conn, "s:recipe", identifier)
+
+    before, cycles = backend.round_trips, 200
+    for _ in range(cycles):
+        ours()
+    trips = (backend.round_trips - before) / cycles
+    rates = interleaved({"ours": ours, "sorted-set recipe": recipe})
+
+    def usage(keys: list[str]) -> int:
+        return sum(conn.memory_usage(k) or 0 for k in keys)
+
+    ours_keys = [
+        backend.key("exports"),
+        backend.details_key("exports"),
+        backend.fence_key("exports"),
+    ]
+    held = [semaphore("exports", 3) for _ in range(3)]
+    held[0].acquire()
+    one = usage(ours_keys)
+    for each in held[1:]:
+        each.acquire()
+    three = usage(ours_keys)
+    for each in held:
+        each.release()
+    ids = [acquire(conn, "exports-recipe", 3) for _ in range(3)]
+    recipe_three = usage(["exports-recipe"])
+    for identifier in ids:
+        release(conn, "exports-recipe", str(identifier))
+    results["semaphore"] = {
+        "rates": rates,
+        "round_trips": trips,
+        "memory": {"ours_one_permit": one, "ours_per_permit": (three - one) / 2,
+                   "recipe_three_permits": recipe_three},
+    }  # fmt: skip
+
+
 def verdict(ok: bool) -> str:
     return "**met**" if ok else "**missed**"
 
@@ -630,6 +698,10 @@ def main() -> None:
             ("memory", lambda: memory(results, single.url)),
             ("admin listing", lambda: admin_listing(results)),
             ("celery", lambda: celery_overhead(results)),
+            ("semaphore", lambda: semaphores(results, single.url)),
+            ("contended semaphore", lambda: contended(
+                results, single.url, 0.01, ["ours-semaphore", "sorted-set-semaphore"],
+                "semaphore_10ms")),
         ]  # fmt: skip
         only = os.environ.get("BENCH_ONLY")  # e.g. BENCH_ONLY=watchdog: a quick side run
         for title, step in steps:

@@ -324,7 +324,10 @@ class RedisBackend(BaseLockBackend):
     # lua/permit_*.lua; extend and renew are the lock's (extend.lua, renew.lua serve both).
 
     def _lease_keys(self, name: str) -> list[str]:
-        return [self.key(name), self.details_key(name), self.channel(name),
+        # The release channel only where waiters listen there (no inbox wake-ups): elsewhere
+        # '' spares every release a PUBLISH to nobody.
+        channel = "" if self.wakes_one else self.channel(name)
+        return [self.key(name), self.details_key(name), channel,
                 self.waiting_key(name), self.queue_key(name), self.deadlines_key(name),
                 self.writers_key(name)]  # fmt: skip
 

@@ -18,24 +18,35 @@ local function leases_prune(leases, details, now)
     redis.call('ZREM', leases, unpack(gone))
     redis.call('HDEL', details, unpack(gone))
   end
+  if #gone < LEASES_PRUNE_MAX then -- every expired one is gone: all the rest are live
+    return redis.call('ZCARD', leases)
+  end
   return redis.call('ZCOUNT', leases, '(' .. ms_text(now), '+inf')
 end
 
--- Both keys live as long as the last lease; gone with it.
-local function leases_keep(leases, details, now)
-  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')[2]
-  if last and tonumber(last) > now then
-    local ms = tonumber(last) - now
-    redis.call('PEXPIRE', leases, ms)
-    redis.call('PEXPIRE', details, ms)
-  else
-    redis.call('DEL', leases, details)
+-- Both keys live at least `ttl` ms more (they never outlive their last lease by more than
+-- the TTL it was last given; the details hash always expires with the leases).
+local function leases_grow(leases, details, ttl)
+  if redis.call('PTTL', leases) < tonumber(ttl) then
+    redis.call('PEXPIRE', leases, ttl)
+    redis.call('PEXPIRE', details, ttl)
   end
 end
 
--- `token`'s live lease: its count (0: none), fence and mode.
-local function lease_mine(leases, details, token, now)
-  local expiry = tonumber(redis.call('ZSCORE', leases, token))
+-- Gone with the last lease: no keys left but the fence counter.
+local function leases_drop_if_empty(leases, details)
+  if redis.call('ZCARD', leases) == 0 then
+    redis.call('DEL', details)
+  end
+end
+
+-- `token`'s live lease: its count (0: none), fence and mode. `expiry`: its ZSCORE, when the
+-- caller has it already.
+local function lease_mine(leases, details, token, now, expiry)
+  if expiry == nil then
+    expiry = redis.call('ZSCORE', leases, token)
+  end
+  expiry = tonumber(expiry)
   if not expiry or expiry <= now then
     return 0, nil, nil
   end
@@ -53,12 +64,15 @@ local function lease_recount(details, token, delta)
   return count
 end
 
--- Take a lease with the next fence of the name (the lock's fence helper and counter).
-local function lease_take(leases, details, counter, token, ttl, meta, mode, now)
+-- Take a lease with the next fence of the name (the lock's fence helper and counter);
+-- `...`: more fields of the details hash to set at once (':limit', ':writer').
+local function lease_take(leases, details, counter, token, ttl, meta, mode, now, ...)
   local fence, text = fence_next(counter, now)
   redis.call('ZADD', leases, ms_text(now + ttl), token)
-  redis.call('HSET', details, token, text .. '|' .. ms_text(now) .. '|1|' .. mode .. '|' .. meta)
+  redis.call('HSET', details, token, text .. '|' .. ms_text(now) .. '|1|' .. mode .. '|' .. meta,
+             ...)
   redis.call('SET', counter, text)
+  leases_grow(leases, details, ttl)
   return fence
 end
 
@@ -69,10 +83,7 @@ local function lease_extend(leases, details, token, ttl, now)
     return 0
   end
   redis.call('ZADD', leases, 'XX', ms_text(now + ttl), token)
-  if redis.call('PTTL', leases) < tonumber(ttl) then
-    redis.call('PEXPIRE', leases, ttl)
-    redis.call('PEXPIRE', details, ttl)
-  end
+  leases_grow(leases, details, ttl)
   return 1
 end
 
@@ -109,25 +120,33 @@ end
 -- plain waiters' set, so the next release wakes the next one), never a herd: a waiting
 -- writer when nobody holds, else none while a writer holds or waits; else (a permit free)
 -- the fair queue's head or the earliest plain waiter. Waiters on the release channel
--- (Redis Cluster) hear it there.
-local function leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now)
+-- (Redis Cluster; '' elsewhere: nobody listens there) hear it there. `mode`: 's' when a
+-- semaphore's permit was freed (no writers to look for), else nil.
+local function leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now,
+                           mode)
   local used = redis.call('ZCOUNT', leases, '(' .. ms_text(now), '+inf')
-  if writers_waiting(writers, now) > 0 then
-    if used == 0 then -- the first writer (by deadline) only; a dead one's lease runs out
-      redis.call('PUBLISH', channel, 'released')
-      local first = redis.call('ZRANGE', writers, 0, 0)[1]
-      redis.call('PUBLISH', inbox_of(inbox, first), first)
+  if mode ~= 's' then
+    if writers_waiting(writers, now) > 0 then
+      if used == 0 then -- the first writer (by deadline) only; a dead one's lease runs out
+        if channel ~= '' then
+          redis.call('PUBLISH', channel, 'released')
+        end
+        local first = redis.call('ZRANGE', writers, 0, 0)[1]
+        redis.call('PUBLISH', inbox_of(inbox, first), first)
+      end
+      return
     end
-    return
-  end
-  if writer_holds(leases, details, now) then
-    return
+    if writer_holds(leases, details, now) then
+      return
+    end
   end
   local limit = tonumber(redis.call('HGET', details, ':limit'))
   if limit and used >= limit then
     return
   end
-  redis.call('PUBLISH', channel, 'released')
+  if channel ~= '' then
+    redis.call('PUBLISH', channel, 'released')
+  end
   if redis.call('EXISTS', queue) == 1 then
     queue_prune(queue, deadlines, now)
     queue_wake_head(queue, inbox)

@@ -55,7 +55,7 @@ if kind == 'zset' then
     redis.call('HDEL', details, ':writer')
   end
   leases_wake(leases, details, KEYS[2], KEYS[5], KEYS[3], KEYS[4], writers, ARGV[1], now)
-  leases_keep(leases, details, now)
+  leases_drop_if_empty(leases, details)
   return 1
 end
 if token ~= '' or fence ~= '' then

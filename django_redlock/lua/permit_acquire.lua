@@ -20,23 +20,31 @@ local limit, fair, waiter, wait = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7], to
 local inbox, reader = ARGV[9], ARGV[10] or ''
 local now = now_ms()
 
-local kind = redis.call('TYPE', leases).ok
-if kind ~= 'none' and kind ~= 'zset' then
-  return {-2, kind}
+-- A lock of another kind has this name (a string or hash: WRONGTYPE).
+local expiry = redis.pcall('ZSCORE', leases, token)
+if type(expiry) == 'table' and expiry.err then
+  return {-2, redis.call('TYPE', leases).ok}
 end
 
 -- Ours already: a reentrant read, or the reply to an earlier try was lost.
-local count, fence = lease_mine(leases, details, token, now)
+local count, fence = lease_mine(leases, details, token, now, expiry)
 if count > 0 then
   if mode == 'r' then
     count = lease_recount(details, token, 1)
   end
   lease_extend(leases, details, token, ttl, now)
-  redis.call('ZREM', waiting, waiter)
+  if wait >= 0 then
+    redis.call('ZREM', waiting, waiter)
+  end
   return {1, fence, count}
 end
 
-local used = leases_prune(leases, details, now)
+-- Fewer leases than the limit, even counting expired ones: no need to look for those (they
+-- are dropped once they could stand in anyone's way).
+local used = mode == 's' and redis.call('ZCARD', leases) or limit
+if used >= limit then
+  used = leases_prune(leases, details, now)
+end
 if mode == 'w' and reader ~= '' and lease_mine(leases, details, reader, now) > 0 then
   return {-3}
 end
@@ -57,19 +65,21 @@ else
 end
 
 if free then
-  fence = lease_take(leases, details, counter, token, ttl, meta, mode, now)
-  if mode == 's' then
-    redis.call('HSET', details, ':limit', limit) -- new grants obey the latest limit
+  if mode == 's' then -- new grants obey the latest limit
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, ':limit', limit)
   elseif mode == 'w' then
-    redis.call('HSET', details, ':writer', token)
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, ':writer', token)
     redis.call('ZREM', writers, waiter)
+  else
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now)
   end
   if head and head == waiter then
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, waiter)
   end
-  redis.call('ZREM', waiting, waiter)
-  leases_keep(leases, details, now)
+  if wait >= 0 then
+    redis.call('ZREM', waiting, waiter)
+  end
   -- A release woke one waiter per lease it freed; only waiters it could not name are woken
   -- here, one at a time, while leases are left: the readers behind a writer, and the fair
   -- queue's next head (a release woke the head, and the head stays the head until it takes).
@@ -92,7 +102,7 @@ end
 local hint = -1
 local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')[2]
 if first then
-  hint = tonumber(first) - now
+  hint = math.max(0, tonumber(first) - now) -- expired ones left (pruning is bounded): now
 end
 local ahead = false
 if head and head ~= waiter then

@@ -22,6 +22,7 @@ redis.call('HDEL', details, token)
 if mode == 'w' then
   redis.call('HDEL', details, ':writer')
 end
-leases_wake(leases, details, channel, KEYS[4], KEYS[5], KEYS[6], KEYS[7], inbox, now)
-leases_keep(leases, details, now)
+leases_wake(leases, details, channel, KEYS[4], KEYS[5], KEYS[6], KEYS[7], inbox, now,
+            mode == 's' and 's' or nil)
+leases_drop_if_empty(leases, details)
 return 0
