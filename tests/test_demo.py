@@ -79,6 +79,14 @@ def test_demo_starts_serves_and_stops(tmp_path: object) -> None:
             time.sleep(0.2)
         time.sleep(1.0)
         assert shop_redis.llen("shop:sync:runs") == 1
+        # At most 2 exports at once: five sent, the first two run, the others retry.
+        request = urllib.request.Request(f"{base}/exports/", data=body, headers={"Referer": base})
+        assert "at most 2 run at once" in opener.open(request, timeout=30).read().decode()
+        while shop_redis.llen("shop:exports:runs") < 2:
+            assert time.monotonic() < deadline + 30, "the demo's Celery worker ran no export"
+            time.sleep(0.2)
+        runs = [r.decode() for r in shop_redis.lrange("shop:exports:runs", 0, -1)]
+        assert all(int(r.rsplit(" with ", 1)[1].split()[0]) <= 2 for r in runs), runs
     finally:
         demo.send_signal(signal.SIGINT)
         output, _ = demo.communicate(timeout=30)

@@ -22,3 +22,6 @@ def nightly_sync(self, seconds: float = 5.0) -> str:
 @single_instance(key="receipt:{order_id}", ttl=30, on_duplicate="retry", countdown=2)
 def send_receipt(self, order_id: int) -> str:
     return f"receipt {order_id} sent"
+
+
+from .exports import export_report  # noqa: E402, F401  (Celery finds the shop's tasks here)

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from . import views
+from . import views, views_exports
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -9,5 +9,6 @@ urlpatterns = [
     path("experiment/", views.experiment, name="experiment"),
     path("restock/", views.restock, name="restock"),
     path("sync/", views.sync, name="sync"),
+    path("exports/", views_exports.exports, name="exports"),
     path("admin/", admin.site.urls),
 ]
