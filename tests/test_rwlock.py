@@ -190,3 +190,33 @@ def test_kinds_refused_on_redlock() -> None:
             semaphore("x", 2, using="quorum")
         with pytest.raises(NotImplementedError, match="read-write locks"):
             read_write_lock("x", using="quorum")
+
+
+def test_reading_under_ones_own_write_is_refused(alias: str, name: str) -> None:
+    rw = read_write_lock(name, using=alias)
+    with rw.write():
+        with pytest.raises(LockError, match="holds the write lock"):
+            rw.read().acquire()
+        assert not rw.read().acquire(timeout=0.05)  # with a timeout: it just times out
+
+
+def test_no_keys_left_but_the_fence_counter(redis_alias: str, name: str) -> None:
+    rw = read_write_lock(name, using=redis_alias)
+    readers = [rw.read() for _ in range(2)]
+    readers[0].acquire()
+    waiting: list[bool] = []
+    writer = threading.Thread(target=lambda: waiting.append(rw.write().acquire(timeout=5)))
+    writer.start()
+    time.sleep(0.2)
+    readers[0].release()
+    writer.join(10)
+    assert waiting == [True]
+    backend = locks[redis_alias]
+    writer_held = rw.holders()
+    assert [h.kind for h in writer_held] == ["write"]
+    backend.force_release(name)
+    with rw.read():
+        pass
+    client = backend.client  # type: ignore[attr-defined]
+    keys = {k.decode() for k in client.scan_iter(count=1000) if f"{{{name}}}".encode() in k}
+    assert keys == {backend.fence_key(name)}

@@ -118,7 +118,10 @@ def test_fair_semaphore_in_order(alias: str, name: str) -> None:
     for tag in range(3):
         threads.append(threading.Thread(target=wait, args=(tag,)))
         threads[-1].start()
-        time.sleep(0.15)
+        deadline = time.monotonic() + 10
+        while (info := locks[alias].inspect(name)) is None or info.waiters < tag + 1:
+            assert time.monotonic() < deadline, "the waiter never queued"
+            time.sleep(0.005)  # queued in this order
     for h in holders:
         h.release()
     for t in threads:
@@ -216,3 +219,27 @@ def test_bad_names(bad: object) -> None:
         read_write_lock(bad, using="down")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="ttl"):
         read_write_lock("x", using="down").write(ttl=-1)
+
+
+def test_threads_never_exceed_the_limit(alias: str, name: str) -> None:
+    inside, peak, mutex = [0], [0], threading.Lock()
+    fences: list[int] = []
+
+    def work() -> None:
+        for _ in range(15):
+            with semaphore(name, 3, using=alias, timeout=20) as held:
+                with mutex:
+                    inside[0] += 1
+                    peak[0] = max(peak[0], inside[0])
+                    fences.append(held.fence or 0)
+                time.sleep(0.002)
+                with mutex:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert peak[0] == 3 and len(set(fences)) == len(fences) == 8 * 15
+    assert semaphore(name, 3, using=alias).available() == 3

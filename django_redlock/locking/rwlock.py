@@ -13,9 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..backends.base import Attempt, LockInfo, Op
+from ..exceptions import LockError
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import owner_id
+from .holds import holds_it
 from .leases import LeaseLock
+from .steps import Steps
 
 
 class ReadLock(LeaseLock):
@@ -30,6 +33,14 @@ class ReadLock(LeaseLock):
     def __init__(self, name: str, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self._check_backend()
+
+    def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
+        if blocking and timeout is None and holds_it(self.backend, self.name, owner_id()):
+            raise LockError(
+                f"{self._describe()}: this thread or task holds the write lock; reading now"
+                " with no timeout would wait for itself forever: release the write lock first"
+            )
+        return (yield from super()._acquire(blocking, timeout))
 
     def _busy(self, info: LockInfo | None) -> bool:
         return info is not None and any(h.kind == "write" for h in info.holders)
