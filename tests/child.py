@@ -21,7 +21,16 @@ def setup(url: str, backend: str, nodes: str | None = None) -> None:
     config = redlock_settings(url)
     aliases = config["DJANGO_REDLOCK"]
     assert isinstance(aliases, dict)
-    chosen = aliases[backend]
+    chosen = aliases.get(backend, aliases["redis"])
+    if backend == "cluster":  # --url: any node of a Redis Cluster
+        chosen = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend", "LOCATION": url}
+    elif backend == "sentinel":  # --nodes: the sentinels' URLs
+        chosen = {
+            "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+            "LOCATION": (nodes or "").split(","),
+            "OPTIONS": {"service_name": "mymaster"},
+        }
+        nodes = None
     if nodes:  # a Redlock quorum over these servers
         chosen = {
             "BACKEND": "django_redlock.backends.redlock.RedlockBackend",

@@ -7,6 +7,8 @@ import signal
 import time
 from collections.abc import Callable
 
+import pytest
+
 from django_redlock import locks, read_write_lock, semaphore
 from django_redlock.testing import RedisServer
 
@@ -60,10 +62,30 @@ def test_fences_increase_in_grant_order(redis_alias: str, name: str) -> None:
     assert fences == sorted(fences) and len(set(fences)) == 20
 
 
+@pytest.fixture(params=["redis", "cache", "sentinel", "cluster"])
+def remote(
+    request: pytest.FixtureRequest, child: Callable[..., Child]
+) -> tuple[str, Callable[..., Child]]:
+    """A single-master backend shared by this process and its children, and how to start a
+    child on it."""
+    alias = str(request.param)
+    if alias == "cluster":
+        nodes = request.getfixturevalue("cluster_nodes")
+        request.getfixturevalue("_cluster_alias")
+        return alias, lambda *args: child(*args, url=nodes[0].url, backend="cluster")
+    if alias == "sentinel":
+        group = request.getfixturevalue("sentinel_group")
+        request.getfixturevalue("_sentinel_alias")
+        sentinels = ",".join(s.url for s in group[2:])
+        return alias, lambda *args: child(*args, backend="sentinel", nodes=sentinels)
+    return alias, lambda *args: child(*args, backend=alias)
+
+
 def test_killed_holder_permit_returns_at_its_ttl(
-    child: Callable[..., Child], redis_alias: str, name: str
+    remote: tuple[str, Callable[..., Child]], name: str
 ) -> None:
-    holder = child("lease", "--name", name, "--limit", "1", "--ttl", "1", backend=redis_alias)
+    redis_alias, spawn = remote
+    holder = spawn("lease", "--name", name, "--limit", "1", "--ttl", "1")
     holder.expect("ACQUIRED")
     sem = semaphore(name, 1, using=redis_alias)
     assert not sem.acquire(blocking=False)
@@ -76,11 +98,12 @@ def test_killed_holder_permit_returns_at_its_ttl(
 
 
 def test_paused_holder_loses_its_permit_alone(
-    child: Callable[..., Child], redis_alias: str, name: str
+    remote: tuple[str, Callable[..., Child]], name: str
 ) -> None:
+    redis_alias, spawn = remote
     other = semaphore(name, 2, using=redis_alias, ttl=30)
     other.acquire()
-    paused = child("lease", "--name", name, "--limit", "2", "--ttl", "0.6", backend=redis_alias)
+    paused = spawn("lease", "--name", name, "--limit", "2", "--ttl", "0.6")
     paused.expect("ACQUIRED")
     paused.signal(signal.SIGSTOP)
     sem = semaphore(name, 2, using=redis_alias, ttl=30)
@@ -133,10 +156,9 @@ def test_release_wakes_one_waiter_per_permit_without_polling(
     assert info is not None and info.waiters == 3 and info.hold_count == 3
 
 
-def test_dead_reader_frees_at_its_ttl(
-    child: Callable[..., Child], redis_alias: str, name: str
-) -> None:
-    reader = child("lease", "--name", name, "--kind", "read", "--ttl", "1", backend=redis_alias)
+def test_dead_reader_frees_at_its_ttl(remote: tuple[str, Callable[..., Child]], name: str) -> None:
+    redis_alias, spawn = remote
+    reader = spawn("lease", "--name", name, "--kind", "read", "--ttl", "1")
     reader.expect("ACQUIRED")
     writer = read_write_lock(name, using=redis_alias).write()
     assert not writer.acquire(blocking=False)
