@@ -192,6 +192,10 @@ def single_instance(
         raise TypeError(f"using must be a backend alias (str), not {using!r}")
     if limit is not None:
         limit = check_limit(limit)
+        if dedupe_queued:
+            # One queue marker per key, while N may run: "already queued" would refuse the
+            # 2nd of N runs the limit allows.
+            raise ValueError("dedupe_queued does not combine with limit: a key may run N times")
 
     def decorate(func: F) -> F:
         _check_decorated(func)
