@@ -34,9 +34,12 @@ redis.connection.AbstractConnection.send_command = _counted_send  # type: ignore
 redis.connection.AbstractConnection.pack_commands = _counted_pack  # type: ignore[method-assign]
 
 
+SEMAPHORE_LIMIT = 3  # the semaphore scenarios: at most 3 holders
+
+
 def make_lock(lib: str, url: str, name: str) -> Any:
     """An object with acquire() and release() for each library, blocking, 30 s TTL."""
-    if lib in ("ours", "ours-fair"):
+    if lib in ("ours", "ours-fair", "ours-semaphore"):
         import django
         from django.conf import settings
 
@@ -48,10 +51,16 @@ def make_lock(lib: str, url: str, name: str) -> Any:
                 DJANGO_REDLOCK_INCIDENTS={"KINDS": []},
             )  # fmt: skip
             django.setup()
-        from django_redlock import lock
+        from django_redlock import lock, semaphore
 
+        if lib == "ours-semaphore":
+            return lambda: semaphore(name, SEMAPHORE_LIMIT, ttl=30)
         return lambda: lock(name, ttl=30, fair=lib == "ours-fair")
     client = redis.Redis.from_url(url)
+    if lib == "sorted-set-semaphore":  # the hand-rolled recipe: polls every 10 ms
+        from sorted_set_semaphore import SortedSetSemaphore
+
+        return lambda: SortedSetSemaphore(client, name, SEMAPHORE_LIMIT)
     if lib == "redis-py":
         return lambda: client.lock(name, timeout=30)  # polls every 0.1 s (its default)
     if lib == "python-redis-lock":
@@ -76,6 +85,7 @@ def main() -> None:
     parser.add_argument("--contenders", type=int, default=8)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     new_lock = make_lock(args.lib, args.url, args.name)
     starter = redis.Redis.from_url(args.url)
     while not starter.exists(args.start):

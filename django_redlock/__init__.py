@@ -9,7 +9,7 @@ from .exceptions import (
     QuorumNotReached,
 )
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .locking import Lock, lock
+from .locking import Lock, ReadWriteLock, Semaphore, lock, read_write_lock, semaphore
 from .views import lock_view
 
 __version__ = "0.1.0"
@@ -33,8 +33,12 @@ __all__ = [
     "LockNotAcquired",
     "LockNotOwned",
     "QuorumNotReached",
+    "ReadWriteLock",
+    "Semaphore",
     "lock",
     "lock_view",
     "locks",
+    "read_write_lock",
+    "semaphore",
     "single_instance",
 ]

@@ -26,7 +26,7 @@ from .incidents import recorder
 from .models import HeldLock, LockIncident
 
 PAGE_SIZE = 100
-KINDS = ("plain", "reentrant", "fair")
+KINDS = ("plain", "reentrant", "fair", "semaphore", "read-write")
 ORDERS = {
     "name": lambda row: row.info.name,
     "ttl": lambda row: row.info.ttl if row.info.ttl is not None else float("inf"),
@@ -230,7 +230,13 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             except LockError as exc:
                 banners.append((alias, str(exc)))
                 continue
-            rows += [Row(info) for info in found if not kind or kind in info.kind.split()]
+            # A semaphore or read-write lock: a row per lease, each released on its own.
+            rows += [
+                Row(row)
+                for info in found
+                for row in info.rows()
+                if not kind or kind in row.kind.split()
+            ]
         return rows, banners, following
 
     def release_view(self, request: HttpRequest) -> HttpResponse:
@@ -293,6 +299,8 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             info = locks[choice.alias].inspect(choice.name)
         except LockError as exc:
             return Row(LockInfo(choice.name, choice.alias, "?", None, None), f"unavailable: {exc}")
+        if info is not None and info.holders:  # a lease: the one listed, if still there
+            info = next((row for row in info.rows() if choice.matches(row)), None)
         if info is None:
             return Row(LockInfo(choice.name, choice.alias, "?", None, None), "no longer held")
         if choice.expected and not choice.matches(info):

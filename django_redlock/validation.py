@@ -76,3 +76,12 @@ def check_ttl(value: Any, what: str = "ttl") -> float | None:
 def to_ms(seconds: float) -> int:
     """Milliseconds for Redis, never 0 (PX 0 is an error)."""
     return max(1, round(seconds * 1000))
+
+
+def check_limit(value: Any) -> int:
+    """A semaphore's limit: an int >= 1 (not a bool, not a float)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"limit must be an int >= 1, not {value!r}")
+    if value < 1:
+        raise ValueError(f"limit must be an int >= 1, not {value!r}")
+    return value

@@ -15,8 +15,8 @@ from django.http import HttpRequest, HttpResponse
 
 from .exceptions import BackendUnavailable, LockError
 from .handler import DEFAULT_LOCK_ALIAS
-from .locking import Lock
-from .validation import check_name, check_optional_seconds, fit_name
+from .locking import BaseLock, Lock, Semaphore
+from .validation import check_limit, check_name, check_optional_seconds, fit_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 logger = logging.getLogger("django_redlock")
@@ -29,8 +29,12 @@ def lock_view(
     status: int = 409,
     ttl: float | None = None,
     using: str = DEFAULT_LOCK_ALIAS,
+    limit: int | None = None,
 ) -> Callable[[F], F]:
     """Run the view under a lock; when it is busy, answer ``status`` without running it.
+
+    ``limit=N``: at most N requests per name at once (a semaphore); ``status`` when all N
+    permits are taken.
 
     ``name`` is a ``str.format`` template over ``request`` and the view's URL kwargs, e.g.
     ``"checkout:{request.user.pk}"``, checked against the view's parameters when it is
@@ -47,9 +51,17 @@ def lock_view(
     timeout = check_optional_seconds(timeout, "timeout", allow_zero=True) or 0.0
     if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
         raise ValueError(f"status must be an HTTP error status (400-599), not {status!r}")
-    Lock(name, ttl=ttl, using=using)  # the other arguments are checked now, not per request
+    if limit is not None:
+        limit = check_limit(limit)
 
-    def make(view: Any, request: HttpRequest, kwargs: dict[str, Any]) -> Lock:
+    def build(lock_name: str) -> BaseLock:
+        if limit is None:
+            return Lock(lock_name, ttl=ttl, using=using)
+        return Semaphore(lock_name, limit, ttl=ttl, using=using)
+
+    build(name)  # the other arguments are checked now, not per request
+
+    def make(view: Any, request: HttpRequest, kwargs: dict[str, Any]) -> BaseLock:
         try:
             text = name.format(request=request, **kwargs)
         except (KeyError, AttributeError, IndexError) as exc:
@@ -64,7 +76,7 @@ def lock_view(
             ) from exc
         if per_visitor:
             _check_visitor(name, per_visitor, request, view, text)
-        return Lock(fit_name(text), ttl=ttl, using=using)
+        return build(fit_name(text))
 
     def busy(seconds_left: float | None) -> HttpResponse:
         response = HttpResponse("This is being done already; try again shortly.", status=status)

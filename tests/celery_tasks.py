@@ -159,3 +159,9 @@ def chain_head_raise(self: Any, name: str) -> str:
 def chain_tail(previous: Any, name: str) -> str:
     redis().rpush(f"chain:{name}", json.dumps(previous))
     return "tail"
+
+
+@shared_task(bind=True, max_retries=None)
+@single_instance(key="limited", ttl=5, on_duplicate="retry", countdown=0.05, limit=2)
+def limited(self: Any, tag: str, seconds: float = 0.4) -> str:
+    return body("limited", tag, seconds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 import django
 from django.conf import settings
@@ -20,7 +21,16 @@ def setup(url: str, backend: str, nodes: str | None = None) -> None:
     config = redlock_settings(url)
     aliases = config["DJANGO_REDLOCK"]
     assert isinstance(aliases, dict)
-    chosen = aliases[backend]
+    chosen = aliases.get(backend, aliases["redis"])
+    if backend == "cluster":  # --url: any node of a Redis Cluster
+        chosen = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend", "LOCATION": url}
+    elif backend == "sentinel":  # --nodes: the sentinels' URLs
+        chosen = {
+            "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+            "LOCATION": (nodes or "").split(","),
+            "OPTIONS": {"service_name": "mymaster"},
+        }
+        nodes = None
     if nodes:  # a Redlock quorum over these servers
         chosen = {
             "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
@@ -121,6 +131,58 @@ def contend(args: argparse.Namespace) -> None:
     say("WORST", worst)
 
 
+def sem_cycles(args: argparse.Namespace) -> None:
+    """Take a permit ``rounds`` times; count the holders in Redis while holding."""
+    from django_redlock import locks, semaphore
+
+    client = locks["store"].client  # type: ignore[attr-defined]
+    while not client.exists(args.start):  # all contenders start together
+        time.sleep(0.005)
+    for _ in range(args.rounds):
+        with semaphore(args.name, args.limit, ttl=5) as held:
+            now = client.incr(f"{args.name}:now")
+            client.rpush(f"{args.name}:peaks", now)
+            free = held.available()
+            if not 0 <= free <= args.limit - 1:
+                client.rpush(f"{args.name}:bad", f"available {free} while holding")
+            client.rpush(f"{args.name}:fences", held.fence or 0)
+            time.sleep(args.hold)
+            client.decr(f"{args.name}:now")
+    say("DONE")
+
+
+def lease(args: argparse.Namespace) -> None:
+    """Hold a permit (or a read or write lock), wait for commands; or wait for one, then
+    hold it (``--wait``), saying when it came (wall clock, to compare with the test's)."""
+    from django_redlock import LockError, read_write_lock, semaphore
+    from django_redlock.signals import lock_lost
+
+    lock_lost.connect(lambda **kw: say("LOST", kw["reason"]), weak=False)
+    renew = not args.no_renew
+    if args.kind == "sem":
+        held: Any = semaphore(args.name, args.limit, ttl=args.ttl, auto_renew=renew)
+    else:
+        rw = read_write_lock(args.name, ttl=args.ttl, auto_renew=renew)
+        held = rw.read() if args.kind == "read" else rw.write()
+    say("WAITING")
+    if not held.acquire(timeout=args.timeout):
+        say("TIMEOUT")
+        return
+    say("ACQUIRED", held.fence, time.time())
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "release":
+            try:
+                held.release()
+                say("RELEASED")
+            except LockError as exc:
+                say("NOT_OWNED", type(exc).__name__)
+        elif command == "owned":
+            say("OWNED", held.owned())
+        elif command == "exit":
+            return
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -148,9 +210,24 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--hold", type=float, default=0.01)
     p.add_argument("--fair", action="store_true")
+    p = sub.add_parser("sem_cycles")
+    p.add_argument("--name", required=True)
+    p.add_argument("--start", required=True)
+    p.add_argument("--limit", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--hold", type=float, default=0.005)
+    p = sub.add_parser("lease")
+    p.add_argument("--name", required=True)
+    p.add_argument("--kind", choices=["sem", "read", "write"], default="sem")
+    p.add_argument("--limit", type=int, default=1)
+    p.add_argument("--ttl", type=float, default=30.0)
+    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--no-renew", action="store_true")
     args = parser.parse_args()
     setup(args.url, args.backend, args.nodes)
-    {"sell": sell, "hold": hold, "queue": queue, "contend": contend}[args.action](args)
+    actions = {"sell": sell, "hold": hold, "queue": queue, "contend": contend,
+               "sem_cycles": sem_cycles, "lease": lease}  # fmt: skip
+    actions[args.action](args)
 
 
 if __name__ == "__main__":

@@ -226,3 +226,38 @@ def test_a_crafted_cursor_gives_the_first_page(cursor: str) -> None:
     page = response.content.decode()
     assert "paged:r" in page and "paged:l" in page
     assert "That page link is not valid: here is the first page." in page
+
+
+@pytest.mark.parametrize("alias", ["redis", "local"])
+def test_semaphores_and_read_write_locks_are_listed_per_holder(alias: str) -> None:
+    from django_redlock import read_write_lock, semaphore
+
+    sems = [semaphore("admin:sem", 3, using=alias, auto_renew=False) for _ in range(2)]
+    for s in sems:
+        s.acquire()
+    reader = read_write_lock("admin:rw", using=alias, auto_renew=False).read()
+    reader.acquire()
+    client = client_for("view_heldlock", "force_release")
+
+    def tokens(name: str) -> set[str | None]:
+        info = locks[alias].inspect(name)
+        return set() if info is None else {h.token for h in info.holders}
+
+    page = client.get(URL, {"backend": alias, "q": "admin:"}).content.decode()
+    assert page.count("semaphore permit 2/3") == 2 and "read-write read" in page
+    assert str(sems[0].fence) in page and str(sems[1].fence) in page
+    only = client.get(URL, {"backend": alias, "kind": "semaphore"}).content.decode()
+    assert "admin:sem" in only and "admin:rw" not in only
+    # Release one permit: the other holder keeps its own.
+    listed = [v for v in form_values(page) if sems[0].token in v]
+    confirmed = form_values(client.post(RELEASE, {"lock": listed}).content.decode())
+    assert len(confirmed) == 1
+    done = client.post(RELEASE, {"lock": confirmed, "confirm": "yes"}, follow=True)
+    assert "Force-released 1 of 1 locks." in html.unescape(done.content.decode())
+    # (Not owned(): that would declare the hold lost, an incident in the database.)
+    assert tokens("admin:sem") == {sems[1].token} and tokens("admin:rw") == {reader.token}
+    # And all of them: every row selected.
+    page = client.get(URL, {"backend": alias, "q": "admin:"}).content.decode()
+    confirmed = form_values(client.post(RELEASE, {"lock": form_values(page)}).content.decode())
+    client.post(RELEASE, {"lock": confirmed, "confirm": "yes"})
+    assert tokens("admin:sem") == set() and tokens("admin:rw") == set()

@@ -494,6 +494,26 @@ def test_queue_marker_ops(alias: str) -> None:
     assert backend.execute(mark("m", "t4", 300)) == "t3"
 
 
+def test_limit_two_runs_at_most_two_at_once(prefork: Worker, redis_server: RedisServer) -> None:
+    results = settle([prefork.send(celery_tasks.limited, str(i)) for i in range(6)])
+    r = redis(redis_server)
+    assert results == ["ran"] * 6  # the others retried until a permit was free
+    assert int(r.get("limited:peak")) == 2  # two at once, never three
+    assert sorted(r.lrange("limited:ran", 0, -1)) == [str(i) for i in range(6)]
+    assert locks["default"].inspect("limited") is None
+
+
+def test_limit_is_checked_at_decoration() -> None:
+    from django_redlock import single_instance
+
+    with pytest.raises(TypeError, match="limit"):
+        single_instance(limit=True)
+    with pytest.raises(ValueError, match="limit"):
+        single_instance(limit=0)
+    with pytest.raises(ValueError, match="dedupe_queued"):
+        single_instance(limit=2, dedupe_queued=True)
+
+
 # -- retries, redelivery, helpers, chains, eager mode -----------------------------------------
 
 

@@ -56,6 +56,16 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
         assert any(h["name"] == "nightly-sync" for h in live["handoffs"])
         time.sleep(1.0)
         assert locks_db.llen("demo:sync:runs") == 1
+        # At most 2 exports at once: five sent, two run at a time, the others retry.
+        redirect = demo.post("/exports/", follow=False)
+        assert redirect.status == 302 and redirect.headers["Location"] == "/"
+        assert "at most 2 run at once" in demo.get("/")
+        deadline = time.monotonic() + 30
+        while locks_db.llen("shop:exports:runs") < 2:
+            assert time.monotonic() < deadline, "the demo's Celery worker ran no export"
+            time.sleep(0.2)
+        runs = [r.decode() for r in locks_db.lrange("shop:exports:runs", 0, -1)]
+        assert all(int(r.rsplit(" with ", 1)[1].split()[0]) <= 2 for r in runs), runs
     finally:
         output = demo.stop()
     assert "demo: stopped" in output

@@ -94,6 +94,37 @@ def test_min_replicas_waits_for_the_replica(group: list[RedisServer]) -> None:
             replica.resume()
 
 
+def test_min_replicas_confirms_a_permit(group: list[RedisServer]) -> None:
+    from django_redlock import semaphore
+
+    master, replica = group[0], group[1]
+    with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.3):
+        with semaphore("p", 2, using="s") as held:
+            assert held.fence is not None
+            assert replica.client().exists(locks["s"].key("p"))  # WAIT made sure of it
+        replica.pause()
+        try:
+            with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                semaphore("p", 2, using="s").acquire(blocking=False)
+            assert not master.client().exists(locks["s"].key("p"))  # handed back
+        finally:
+            replica.resume()
+
+
+def test_cluster_keeps_a_semaphore_in_one_slot(
+    cluster_nodes: list[RedisServer], _cluster_alias: None
+) -> None:
+    from django_redlock import read_write_lock, semaphore
+
+    backend = locks["cluster"]
+    keys = [backend.key("exports"), backend.details_key("exports"), backend.fence_key("exports"),
+            backend.waiting_key("exports"), backend.writers_key("exports")]  # fmt: skip
+    slots = {cluster_nodes[0].client().execute_command("CLUSTER", "KEYSLOT", k) for k in keys}
+    assert len(slots) == 1
+    with semaphore("exports", 2, using="cluster"), read_write_lock("c", using="cluster").write():
+        assert backend.inspect("exports") is not None
+
+
 def test_cluster_keeps_each_lock_in_one_slot(
     cluster_nodes: list[RedisServer], _cluster_alias: None
 ) -> None:

@@ -94,3 +94,26 @@ def test_view_over_kwargs_is_checked_per_request() -> None:
         assert Client().get("/order/3/").status_code == 409
     with pytest.raises(ValueError, match=r"'order_id'.*user_id"):
         Client().get("/order-without-id/3/")
+
+
+def test_limit_lets_n_requests_in() -> None:
+    """@lock_view(..., limit=2): two requests per name at once; the third gets 409."""
+    from django.test import RequestFactory
+
+    from django_redlock import semaphore
+
+    @lock_view("exports:{kind}", limit=2, ttl=9)
+    def export(request: HttpRequest, kind: str) -> HttpResponse:
+        return HttpResponse(f"free {semaphore(f'exports:{kind}', 2).available()}")
+
+    request = RequestFactory().get("/")
+    assert export(request, kind="csv").content == b"free 1"
+    with semaphore("exports:csv", 2):
+        assert export(request, kind="csv").content == b"free 0"
+        with semaphore("exports:csv", 2):
+            response = export(request, kind="csv")
+            assert response.status_code == 409 and 1 <= int(response["Retry-After"]) <= 30
+    with pytest.raises(TypeError, match="limit"):
+        lock_view("x", limit=True)
+    with pytest.raises(ValueError, match="limit"):
+        lock_view("x", limit=0)

@@ -11,7 +11,7 @@ import enum
 import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
@@ -79,6 +79,26 @@ class LockInfo:
     hold_count: int = 1
     waiters: int = 0
     token: str | None = None  # a plain hold's token: what an operator's release compares
+    limit: int | None = None  # a semaphore's limit (at its last grant)
+    # A semaphore's or read-write lock's holds, one per lease (kind "permit", "read" or
+    # "write"), each with its own token, fence and TTL.
+    holders: list[LockInfo] = field(default_factory=list)
+
+    def rows(self) -> list[LockInfo]:
+        """What operators list, one row per hold: a lock's own, or each lease of a semaphore
+        ("semaphore permit 2/3": permits used/limit) or read-write lock ("read-write read")."""
+        if not self.holders:
+            return [self]
+        used = f" {len(self.holders)}/{self.limit}" if self.limit else ""
+        return [
+            replace(
+                lease,
+                kind=f"{self.kind} {lease.kind}{used}",
+                waiters=self.waiters,
+                limit=self.limit,
+            )
+            for lease in self.holders
+        ]
 
 
 def _when(ms: Any) -> datetime | None:
@@ -119,6 +139,39 @@ def lock_info(
     return LockInfo(
         name, alias, kind.label, fence, ttl, _when(parts[2]), holder, count, waiters, token
     )
+
+
+#: What a lease's mode letter (lua/_permits.lua) is called.
+LEASE_KINDS = {"s": "permit", "r": "read", "w": "write"}
+
+
+def lease_info(
+    name: str, alias: str, leases: Sequence[tuple[str, int, str]], waiters: int, limit: Any
+) -> LockInfo | None:
+    """A semaphore or read-write lock from its live leases, (token, ms left, detail) each,
+    the detail as the scripts write it: 'fence|acquired-ms|count|mode|holder'."""
+    if not leases:
+        return None
+    holders = []
+    for token, ms_left, detail in leases:
+        parts = [*detail.split("|", 4), "", "", "", "", ""]
+        fence = int(parts[0]) if parts[0].isdigit() else None
+        count = int(parts[2]) if parts[2].isdigit() else 1
+        kind = LEASE_KINDS.get(parts[3], "permit")
+        holder = _holder(parts[4])
+        holder.pop("q", None)
+        holders.append(LockInfo(name, alias, kind, fence, ms_left / 1000, _when(parts[1]),
+                                holder, count, 0, token))  # fmt: skip
+    kinds = {h.kind for h in holders}
+    limit = int(limit) if isinstance(limit, (int, str)) and str(limit).isdigit() else None
+    kind = "semaphore" if "permit" in kinds else "read-write"
+    ttl = max(h.ttl or 0.0 for h in holders)
+    held = len(holders) if kind == "semaphore" else sum(h.hold_count for h in holders)
+    return LockInfo(name, alias, kind, None, ttl, min(h.acquired_at or _EPOCH for h in holders),
+                    {}, held, waiters, None, limit, holders)  # fmt: skip
+
+
+_EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 
 
 class BaseLockBackend:
@@ -374,6 +427,50 @@ class BaseLockBackend:
     def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
         """Refuse OPTIONS the backend cannot use (after LOCATION was checked). This base
         takes any: LocMem ignores them, so settings swapped to it for tests still start."""
+
+    # -- leases: semaphores and read-write locks ---------------------------------------------
+    # Their own ops (lua/_permits.lua and permit_*.lua), beside the lock's: extend and the
+    # watchdog's renew serve both. Backends without them say so in check_leases.
+
+    def details_key(self, name: str) -> str:
+        """Each lease's details, beside the leases (the name's own key, a sorted set)."""
+        return f"{self.key(name)}:h"
+
+    def writers_key(self, name: str) -> str:
+        """A read-write lock's waiting writers, each with a lease on its place."""
+        return f"{self.key(name)}:writers"
+
+    def check_leases(self, what: str) -> None:
+        """Raise NotImplementedError (before any I/O) if this backend has no ``what``
+        (semaphores, read-write locks)."""
+
+    def op_lease_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        mode: str,
+        limit: int = 0,
+        fair: bool = False,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+        reader: str = "",
+    ) -> Op[Attempt]:
+        """Take a lease: a permit (``mode`` "s", at most ``limit``), a read ("r") or the
+        write ("w"; refused with a LockError if ``reader`` holds a read of it)."""
+        raise NotImplementedError
+
+    def op_lease_release(self, name: str, token: str) -> Op[int]:
+        """Holds left after releasing one (0: freed); -1 when the token holds none."""
+        raise NotImplementedError
+
+    def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
+        raise NotImplementedError
+
+    def op_leases(self, name: str) -> Op[LockInfo | None]:
+        """The live leases (``holders``) of a semaphore or read-write lock."""
+        raise NotImplementedError
 
 
 class Released(enum.Enum):

@@ -14,8 +14,19 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..exceptions import LockError
 from ..waiting import ReleaseHub
-from .base import Attempt, BaseLockBackend, Kind, LockInfo, Op, Released, Renewal, lock_info
+from .base import (
+    Attempt,
+    BaseLockBackend,
+    Kind,
+    LockInfo,
+    Op,
+    Released,
+    Renewal,
+    lease_info,
+    lock_info,
+)
 
 T = TypeVar("T")
 
@@ -42,6 +53,35 @@ class _Hold:
 
 
 @dataclass
+class _Lease:
+    """One lease of a semaphore or read-write lock (lua/_permits.lua's, in Python)."""
+
+    expires: float  # monotonic
+    fence: int
+    at_ms: int
+    mode: str  # "s" permit, "r" read, "w" write
+    meta: str
+    count: int = 1
+
+
+@dataclass
+class _Leases:
+    leases: dict[str, _Lease] = field(default_factory=dict)  # token -> lease
+    limit: int | None = None  # a semaphore's, at its last grant
+    writer: str | None = None
+    writers: dict[str, float] = field(default_factory=dict)  # waiting writers' deadlines
+
+    def prune(self, now: float) -> int:
+        for token in [t for t, lease in self.leases.items() if lease.expires <= now]:
+            del self.leases[token]
+        if self.writer not in self.leases:
+            self.writer = None
+        for waiter in [w for w, deadline in self.writers.items() if deadline <= now]:
+            del self.writers[waiter]
+        return len(self.leases)
+
+
+@dataclass
 class _Store:
     mutex: threading.Lock = field(default_factory=threading.Lock)
     holds: dict[str, _Hold] = field(default_factory=dict)
@@ -50,6 +90,7 @@ class _Store:
     deadlines: dict[str, dict[str, float]] = field(default_factory=dict)
     hub: ReleaseHub = field(default_factory=ReleaseHub)
     queued: dict[str, tuple[str, float]] = field(default_factory=dict)  # task id, expires
+    leased: dict[str, _Leases] = field(default_factory=dict)  # semaphores, read-write locks
 
     def live(self, name: str, now: float) -> _Hold | None:
         hold = self.holds.get(name)
@@ -184,6 +225,14 @@ class LocMemBackend(BaseLockBackend):
         def work(store: _Store, now: float) -> tuple[list[bool], list[str]]:
             results = []
             for renewal in renewals:
+                leased = store.leased.get(renewal.name)
+                lease = leased.leases.get(renewal.token) if leased else None
+                if lease is not None:  # a lease, as extend.lua tells them apart
+                    ours = lease.expires > now
+                    if ours:
+                        lease.expires = now + renewal.ttl_ms / 1000
+                    results.append(ours)
+                    continue
                 hold = store.live(renewal.name, now)
                 ours = hold is not None and renewal.token in hold.owners
                 if hold is not None and ours:
@@ -237,6 +286,8 @@ class LocMemBackend(BaseLockBackend):
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         def work(store: _Store, now: float) -> tuple[LockInfo | None, list[str]]:
+            if name in store.leased:
+                return self._lease_info(store, name, now), []
             hold = store.live(name, now)
             if hold is None:
                 return None, []
@@ -249,6 +300,8 @@ class LocMemBackend(BaseLockBackend):
         self, name: str, token: str | None = None, fence: int | None = None
     ) -> Op[Released]:
         def work(store: _Store, now: float) -> tuple[Released, list[str]]:
+            if name in store.leased:
+                return self._force_release_leases(store, name, token, fence, now)
             hold = store.live(name, now)
             if hold is None:
                 return Released.NOT_HELD, []
@@ -264,7 +317,11 @@ class LocMemBackend(BaseLockBackend):
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
         with self._store.mutex:
-            names = [n for n in self._store.holds if fnmatch.fnmatchcase(n, match)]
+            names = [
+                n
+                for n in [*self._store.holds, *self._store.leased]
+                if fnmatch.fnmatchcase(n, match)
+            ]
         for name in names:
             info = self.inspect(name)
             if info is not None:
@@ -278,6 +335,8 @@ class LocMemBackend(BaseLockBackend):
             self._store.queues.clear()
             self._store.deadlines.clear()
             self._store.queued.clear()
+            names += list(self._store.leased)
+            self._store.leased.clear()
         for name in names:
             self._store.hub.notify(self.channel(name))
 
@@ -303,3 +362,175 @@ class LocMemBackend(BaseLockBackend):
             return noted[1] > now, []  # an expired one was gone already
 
         return self._op(name, work)
+
+    # -- leases: semaphores and read-write locks ---------------------------------------------
+    # lua/permit_*.lua and lua/_permits.lua, in this process. Waiters of a lease wait on the
+    # release channel (one woken per message in a process), writers and fair waiters by id.
+
+    def _leases_wake(self, store: _Store, name: str, now: float) -> list[str]:
+        """Whom to wake (see leases_wake in lua/_permits.lua): one per lease free now."""
+        leased = store.leased.get(name)
+        if leased is None:
+            return [self.channel(name)]
+        used = leased.prune(now)
+        if leased.writers:
+            return [min(leased.writers, key=leased.writers.__getitem__)] if used == 0 else []
+        if leased.writer is not None or (leased.limit is not None and used >= leased.limit):
+            return []
+        queue, _ = store.prune(name, now)
+        return [self.channel(name), *queue[:1]]
+
+    def op_lease_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        mode: str,
+        limit: int = 0,
+        fair: bool = False,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+        reader: str = "",
+    ) -> Op[Attempt]:
+        waiter = waiter or token
+
+        def work(store: _Store, now: float) -> tuple[Attempt, list[str]]:
+            if store.live(name, now) is not None:
+                raise LockError(
+                    f"{name!r} on backend {self.alias!r} is a lock of another kind, not a"
+                    " semaphore or read-write lock: use another name"
+                )
+            leased = store.leased.setdefault(name, _Leases())
+            used = leased.prune(now)
+            lease = leased.leases.get(token)
+            if lease is not None:  # a reentrant read, or a retried try
+                if mode == "r":
+                    lease.count += 1
+                lease.expires = max(lease.expires, now + ttl_ms / 1000)
+                return Attempt(True, lease.fence, lease.count), []
+            if mode == "w" and reader in leased.leases:
+                raise LockError(
+                    f"read-write lock {name!r} on backend {self.alias!r}: this owner holds a"
+                    " read lock, and a read-to-write upgrade is refused (two readers upgrading"
+                    " would wait for each other forever): release the read lock first"
+                )
+            queue, deadlines = store.prune(name, now)
+            head = queue[0] if queue else None
+            if mode == "s":
+                free = used < limit and (head is None or (fair and head == waiter))
+            elif mode == "r":
+                free = not leased.writers and leased.writer is None
+            else:
+                free = used == 0
+            if free:
+                fence = max(store.fences.get(name, 0) + 1, int(time.time() * 1000) * 1000)
+                store.fences[name] = fence
+                leased.leases[token] = _Lease(
+                    now + ttl_ms / 1000, fence, int(time.time() * 1000), mode, meta
+                )
+                if mode == "s":
+                    leased.limit = limit  # new grants obey the latest limit
+                elif mode == "w":
+                    leased.writer = token
+                    leased.writers.pop(waiter, None)
+                if head is not None and head == waiter:
+                    queue.pop(0)
+                    deadlines.pop(waiter, None)
+                chain = mode == "r" or head is not None  # as permit_acquire.lua says why
+                wake = self._leases_wake(store, name, now) if chain else []
+                return Attempt(True, fence, 1), wake
+            if wait_ms >= 0 and mode == "w":
+                leased.writers[waiter] = now + wait_ms / 1000
+            elif wait_ms >= 0 and mode == "s" and fair:
+                if waiter not in deadlines:
+                    queue.append(waiter)
+                deadlines[waiter] = now + wait_ms / 1000
+            times = [lease.expires for lease in leased.leases.values()]
+            if head is not None and head != waiter:
+                times.append(deadlines.get(head, now))
+            elif mode == "r" and leased.writers:
+                times.append(min(leased.writers.values()))
+            hint = max(0, round((min(times) - now) * 1000)) if times else 0
+            return Attempt(False, None, hint), []
+
+        return self._op(name, work)
+
+    def op_lease_release(self, name: str, token: str) -> Op[int]:
+        def work(store: _Store, now: float) -> tuple[int, list[str]]:
+            leased = store.leased.get(name)
+            if leased is None:
+                return -1, []
+            leased.prune(now)
+            lease = leased.leases.get(token)
+            if lease is None:
+                return -1, []
+            if lease.count > 1:
+                lease.count -= 1
+                return lease.count, []
+            del leased.leases[token]
+            if leased.writer == token:
+                leased.writer = None
+            wake = self._leases_wake(store, name, now)
+            self._leases_keep(store, name)
+            return 0, wake
+
+        return self._op(name, work)
+
+    def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
+        def work(store: _Store, now: float) -> tuple[None, list[str]]:
+            queue, deadlines = store.prune(name, now)
+            if waiter in deadlines:
+                del deadlines[waiter]
+                queue.remove(waiter)
+            leased = store.leased.get(name)
+            if leased is not None:
+                leased.writers.pop(waiter, None)
+            return None, self._leases_wake(store, name, now)
+
+        return self._op(name, work)
+
+    def op_leases(self, name: str) -> Op[LockInfo | None]:
+        return self.op_inspect(name)
+
+    def _leases_keep(self, store: _Store, name: str) -> None:
+        leased = store.leased.get(name)
+        if leased is not None and not leased.leases and not leased.writers:
+            del store.leased[name]  # nothing left but the fence counter, as in Redis
+
+    def _lease_info(self, store: _Store, name: str, now: float) -> LockInfo | None:
+        leased = store.leased[name]
+        leased.prune(now)
+        leases = [
+            (token, round((lease.expires - now) * 1000),
+             f"{lease.fence}|{lease.at_ms}|{lease.count}|{lease.mode}|{lease.meta}")
+            for token, lease in leased.leases.items()
+        ]  # fmt: skip
+        waiters = len(store.prune(name, now)[0]) + len(leased.writers)
+        return lease_info(name, self.alias, leases, waiters, leased.limit)
+
+    def _force_release_leases(
+        self, store: _Store, name: str, token: str | None, fence: int | None, now: float
+    ) -> tuple[Released, list[str]]:
+        leased = store.leased[name]
+        leased.prune(now)
+        if token or fence is not None:  # one lease: by its token, or by its fence
+            found = [
+                t
+                for t, lease in leased.leases.items()
+                if (not token or t == token) and (fence is None or lease.fence == fence)
+            ]
+            if not found:
+                return Released.CHANGED, []
+            gone = found[:1]
+        else:
+            gone = list(leased.leases)
+            if not gone:
+                return Released.NOT_HELD, []
+        for each in gone:
+            del leased.leases[each]
+        if leased.writer in gone:
+            leased.writer = None
+        wake = self._leases_wake(store, name, now)
+        self._leases_keep(store, name)
+        return Released.RELEASED, wake

@@ -20,7 +20,7 @@ from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import scripts
-from ..exceptions import BackendUnavailable
+from ..exceptions import BackendUnavailable, LockError
 from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub
@@ -32,6 +32,7 @@ from .base import (
     Op,
     Released,
     Renewal,
+    lease_info,
     lock_info,
     parse_cursor,
 )
@@ -233,20 +234,23 @@ class RedisBackend(BaseLockBackend):
         return Op(name, ("PTTL", self.key(name)), _pttl)
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
-        keys = [self.key(name), self.queue_key(name), self.waiting_key(name)]
+        keys = [self.key(name), self.queue_key(name), self.waiting_key(name),
+                self.details_key(name), self.writers_key(name)]  # fmt: skip
         return Op(name, Call(script("inspect"), keys, []), lambda r: self._info(name, r))
 
     def op_force_release(
         self, name: str, token: str | None = None, fence: int | None = None
     ) -> Op[Released]:
         keys = [self.key(name), self.channel(name), self.queue_key(name), self.deadlines_key(name),
-                self.waiting_key(name)]  # fmt: skip
+                self.waiting_key(name), self.details_key(name), self.writers_key(name)]  # fmt: skip
         # The fence travels as the exact decimal string the scripts store, never a float.
         args = [self.inbox_prefix, token or "", "" if fence is None else str(int(fence))]
         return Op(name, Call(script("force_release"), keys, args), Released.of)
 
     def _info(self, name: str, reply: Any) -> LockInfo | None:
-        kind, pttl, value, waiters = reply
+        kind, pttl, value, waiters = reply[:4]
+        if text(kind) == "zset":
+            return _leases(name, self.alias, value, int(waiters), text(reply[4]))
         value = _value(text(kind), value)
         if value is None:
             return None
@@ -321,6 +325,47 @@ class RedisBackend(BaseLockBackend):
     def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
         return Op(name, Call(script("clear_marker"), [self.queued_key(name)], [task_id]), bool)
 
+    # -- leases: semaphores and read-write locks ---------------------------------------------
+    # lua/permit_*.lua; extend and renew are the lock's (extend.lua, renew.lua serve both).
+
+    def _lease_keys(self, name: str) -> list[str]:
+        # The release channel only where waiters listen there (no inbox wake-ups): elsewhere
+        # '' spares every release a PUBLISH to nobody.
+        channel = "" if self.wakes_one else self.channel(name)
+        return [self.key(name), self.details_key(name), channel,
+                self.waiting_key(name), self.queue_key(name), self.deadlines_key(name),
+                self.writers_key(name)]  # fmt: skip
+
+    def op_lease_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        mode: str,
+        limit: int = 0,
+        fair: bool = False,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+        reader: str = "",
+    ) -> Op[Attempt]:
+        keys = self._lease_keys(name)
+        keys.insert(2, self.fence_key(name))
+        args = [token, ttl_ms, meta, mode, limit, _flag(fair), waiter or token, wait_ms,
+                self.inbox_prefix, reader]  # fmt: skip
+        return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self))
+
+    def op_lease_release(self, name: str, token: str) -> Op[int]:
+        call = Call(script("permit_release"), self._lease_keys(name), [token, self.inbox_prefix])
+        return Op(name, call, int)
+
+    def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
+        call = Call(script("permit_leave"), self._lease_keys(name), [waiter, self.inbox_prefix])
+        return Op(name, call, _none)
+
+    def op_leases(self, name: str) -> Op[LockInfo | None]:
+        return self.op_inspect(name)
+
 
 def _queued(reply: Any) -> str | None:
     return None if reply is None else str(text(reply))
@@ -345,6 +390,33 @@ def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
     with contextlib.suppress(StopIteration):
         step.send(None)  # runs up to the yield: nothing in it awaits
     return client, generator
+
+
+def lease_attempt(name: str, backend: BaseLockBackend) -> Any:
+    """permit_acquire.lua's reply: an Attempt, or a LockError for a refused try."""
+
+    def parse(reply: Any) -> Attempt:
+        code = int(reply[0])
+        if code == -2:
+            raise LockError(
+                f"{name!r} on backend {backend.alias!r} is a lock of another kind (a Redis"
+                f" {text(reply[1])}), not a semaphore or read-write lock: use another name"
+            )
+        if code == -3:
+            raise LockError(
+                f"read-write lock {name!r} on backend {backend.alias!r}: this owner holds a"
+                " read lock, and a read-to-write upgrade is refused (two readers upgrading"
+                " would wait for each other forever): release the read lock first"
+            )
+        return _attempt(reply)
+
+    return parse
+
+
+def _leases(name: str, alias: str, value: Any, waiters: int, limit: Any) -> LockInfo | None:
+    items = [text(v) for v in value]
+    leases = [(items[i], int(items[i + 1]), items[i + 2]) for i in range(0, len(items), 3)]
+    return lease_info(name, alias, leases, waiters, limit)
 
 
 def _attempt(reply: Any) -> Attempt:

@@ -110,6 +110,15 @@ class RedlockBackend(BaseLockBackend):
                 " and no majority can then say what the count or the order is"
             )
 
+    def check_leases(self, what: str) -> None:
+        raise NotImplementedError(
+            f"backend {self.alias!r} (Redlock) has no {what}: a quorum of independent"
+            " counters is not a safe semaphore. Each node would count its own permits; a node"
+            " that misses a release or restarts empty lets a majority grant more than the"
+            " limit (or a writer beside readers). Use a single-master backend (Redis,"
+            " django-redis, Sentinel, Cluster) for them"
+        )
+
     @property
     def hub(self) -> CompositeHub:
         if self._hub is None:

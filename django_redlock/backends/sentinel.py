@@ -124,6 +124,33 @@ class SentinelBackend(RedisBackend):
 
         return Op(name, [op.request, wait], parse)
 
+    def op_lease_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        mode: str,
+        limit: int = 0,
+        fair: bool = False,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+        reader: str = "",
+    ) -> Op[Attempt]:
+        # As op_acquire: a permit, read or write is confirmed by min_replicas, or handed back.
+        op = super().op_lease_acquire(
+            name, token, ttl_ms, meta, mode, limit, fair, waiter, wait_ms, reader
+        )
+        if not self.min_replicas:
+            return op
+        wait = ("WAIT", self.min_replicas, round(self.min_replicas_timeout * 1000))
+        release = self.op_lease_release(name, token)
+
+        def parse(replies: list[Any]) -> Any:
+            return _Replicated(op.parse(replies[0]), int(replies[1]), release)
+
+        return Op(name, [op.request, wait], parse)
+
     def execute(self, op: Op[T]) -> T:
         if not self._gate.acquire(timeout=self.socket_timeout):
             raise BackendUnavailable(

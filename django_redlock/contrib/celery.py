@@ -42,8 +42,15 @@ from ..backends.base import Kind, LockInfo, Released
 from ..exceptions import LockError, LockNotAcquired
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import current_task as holder_task
-from ..locking import Lock, name_template
-from ..validation import MAX_TTL, check_name, check_optional_seconds, check_seconds, to_ms
+from ..locking import BaseLock, Lock, Semaphore, name_template
+from ..validation import (
+    MAX_TTL,
+    check_limit,
+    check_name,
+    check_optional_seconds,
+    check_seconds,
+    to_ms,
+)
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,6 +76,7 @@ class SingleInstance:
     countdown: float
     dedupe_queued: bool | str  # False, True or "raise"
     dedupe_ttl: float
+    limit: int | None = None  # at most this many runs of a key at once (a semaphore)
     #: Every parameter: the arguments of a task Celery built with bind=False.
     signature: inspect.Signature = field(init=False)
     #: Without the first parameter, where a bind=True task gets the task itself (whatever the
@@ -157,6 +165,7 @@ def single_instance(
     countdown: float = 10.0,
     dedupe_queued: bool | Literal["raise"] = False,
     dedupe_ttl: float = 3600.0,
+    limit: int | None = None,
 ) -> Callable[[F], F]:
     """Run the task body under a lock named by ``key`` (default: task name + arguments).
 
@@ -173,6 +182,9 @@ def single_instance(
     of a key that is queued or running return that task's ``AsyncResult`` instead of enqueuing
     again; ``"raise"`` raises :class:`AlreadyQueued` instead. ``dedupe_ttl``: how long a queue
     marker lasts past the call's countdown/ETA if the task never starts.
+
+    ``limit=N``: at most N runs of a key at once (a semaphore of N permits instead of a
+    lock); ``on_duplicate`` applies when all N are taken.
     """
     if on_duplicate not in ON_DUPLICATE:
         raise ValueError(f"on_duplicate must be one of {ON_DUPLICATE}, not {on_duplicate!r}")
@@ -185,11 +197,17 @@ def single_instance(
         raise ValueError(f'dedupe_queued must be True, False or "raise", not {dedupe_queued!r}')
     if not isinstance(using, str):
         raise TypeError(f"using must be a backend alias (str), not {using!r}")
+    if limit is not None:
+        limit = check_limit(limit)
+        if dedupe_queued:
+            # One queue marker per key, while N may run: "already queued" would refuse the
+            # 2nd of N runs the limit allows.
+            raise ValueError("dedupe_queued does not combine with limit: a key may run N times")
 
     def decorate(func: F) -> F:
         _check_decorated(func)
         config = SingleInstance(
-            func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl
+            func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl, limit
         )
 
         @functools.wraps(func)
@@ -249,7 +267,12 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
         )
     key = config.key_for(task_name, call_args, kwargs, bound=bound)
     attempt = int(getattr(task.request, "retries", 0) or 0) if task_id else 0
-    held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id, attempt))
+    held: BaseLock
+    if config.limit is None:
+        held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id, attempt))
+    else:
+        held = Semaphore(key, config.limit, ttl=config.ttl, using=config.using,
+                         token_prefix=_prefix(task_id, attempt))  # fmt: skip
     marker = holder_task.set((task_id, task_name) if task_id else None)
     try:
         acquired, info = _take(held, task_id, attempt)
@@ -275,7 +298,7 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
     return result
 
 
-def _take(held: Lock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
+def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
     """Take the task's lock; if not, who holds it.
 
     An earlier attempt of this very task holds it only while its ``self.retry()`` propagates:
@@ -334,6 +357,8 @@ def _duplicate(
     config: SingleInstance, task: Any, key: str, task_id: str | None, info: LockInfo | None
 ) -> Any:
     holder = info.holder.get("k") if info is not None else None
+    if info is not None and info.holders:  # a semaphore's: every holding task
+        holder = ", ".join(str(h.holder.get("k")) for h in info.holders)
     message = f"task {task_id} not run: {key!r} is held by task {holder}"
     if config.on_duplicate == "raise":
         raise LockNotAcquired(f"{message} (backend {config.using!r})")
@@ -379,6 +404,13 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     info = backend.inspect(key)
     # A hold's token is "<task id>.<attempt>.<random>": compare the whole id, or stopping
     # task "abc" would release task "abc.1"'s hold.
+    if info is not None and info.holders:  # limit=N: the task's own permit
+        mine = [h.token for h in info.holders if (hold_of(h.token) or ("",))[0] == task_id]
+        if not mine or mine[0] is None:
+            return False
+        released = backend.execute(backend.op_lease_release(key, mine[0])) >= 0
+        logger.info("redlock: released a permit of %r, held by stopped task %s", key, task_id)
+        return released
     holder = hold_of(info.token if info is not None else None)
     if info is None or info.token is None or holder is None or holder[0] != task_id:
         return False

@@ -3,6 +3,20 @@ hold), ``steps`` (the sync and asyncio drivers), and one module per kind."""
 
 from .base import WAITER_LEASE, BaseLock
 from .lock import Lock, lock
+from .rwlock import ReadLock, ReadWriteLock, WriteLock, read_write_lock
+from .semaphore import Semaphore, semaphore
 from .templates import name_template
 
-__all__ = ["WAITER_LEASE", "BaseLock", "Lock", "lock", "name_template"]
+__all__ = [
+    "WAITER_LEASE",
+    "BaseLock",
+    "Lock",
+    "ReadLock",
+    "ReadWriteLock",
+    "Semaphore",
+    "WriteLock",
+    "lock",
+    "name_template",
+    "read_write_lock",
+    "semaphore",
+]

@@ -7,9 +7,10 @@ local function now_ms()
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
--- How many holds `token` has on `lock` (0: none), and the hold's fence.
-local function hold_mine(lock, token)
-  local kind = redis.call('TYPE', lock).ok
+-- How many holds `token` has on `lock` (0: none), and the hold's fence. `kind`: the key's
+-- TYPE, when the caller has it already.
+local function hold_mine(lock, token, kind)
+  kind = kind or redis.call('TYPE', lock).ok
   if kind == 'string' then
     local value = redis.call('GET', lock)
     if string.sub(value, 1, #token + 1) == token .. '|' then

@@ -29,6 +29,26 @@ local function queue_wake_head(queue, inbox)
   return head
 end
 
+-- A waiter with a lease on its place: `set` maps waiter -> deadline (server ms); the set
+-- (and `also`, if given) live as long as the last deadline, plus a second.
+local function lease_join(set, waiter, deadline, now, also)
+  redis.call('ZADD', set, deadline, waiter)
+  local last = redis.call('ZRANGE', set, -1, -1, 'WITHSCORES')
+  local keep = math.max(1, tonumber(last[2]) - now + 1000)
+  redis.call('PEXPIRE', set, keep)
+  if also then
+    redis.call('PEXPIRE', also, keep)
+  end
+end
+
+-- A fair waiter takes its place at the back of the queue, or keeps it, until now + wait.
+local function queue_join(queue, deadlines, waiter, now, wait)
+  if not redis.call('ZSCORE', deadlines, waiter) then
+    redis.call('RPUSH', queue, waiter)
+  end
+  lease_join(deadlines, waiter, now + wait, now, queue)
+end
+
 -- A lock was just freed (deleted): wake whoever waits for it. Those that listen on the release
 -- channel (Redis Cluster, Redlock), the earliest registered plain waiter, and the head of the
 -- fair queue if the name has one (a plain try may have taken a free lock before a fair waiter

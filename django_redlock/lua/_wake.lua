@@ -8,17 +8,21 @@ end
 
 -- A plain lock's waiters register in a sorted set (by arrival) as they try. A release wakes
 -- only the earliest, not every process. A process that died has no subscriber left (PUBLISH
--- counts 0): its waiter is dropped and the next one woken.
-local function wake_first(waiting, inbox)
+-- counts 0): its waiter is dropped and the next one woken. With `pop`, the woken waiter
+-- leaves the set too (a semaphore: the next release must wake the next waiter, not it).
+local function wake_first(waiting, inbox, pop)
   while true do
     local first = redis.call('ZRANGE', waiting, 0, 0)[1]
     if not first then
       return
     end
-    if redis.call('PUBLISH', inbox_of(inbox, first), first) > 0 then
+    local heard = redis.call('PUBLISH', inbox_of(inbox, first), first) > 0
+    if pop or not heard then
+      redis.call('ZREM', waiting, first)
+    end
+    if heard then
       return
     end
-    redis.call('ZREM', waiting, first)
   end
 end
 

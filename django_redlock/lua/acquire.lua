@@ -90,14 +90,7 @@ if (not head or (fair and head == waiter)) and redis.call('EXISTS', lock) == 0 t
   return {1, fence, 1}
 end
 if fair and wait >= 0 then
-  if not redis.call('ZSCORE', deadlines, waiter) then
-    redis.call('RPUSH', queue, waiter)
-  end
-  redis.call('ZADD', deadlines, now + wait, waiter)
-  local last = redis.call('ZRANGE', deadlines, -1, -1, 'WITHSCORES')
-  local keep = math.max(1, tonumber(last[2]) - now + 1000)
-  redis.call('PEXPIRE', queue, keep)
-  redis.call('PEXPIRE', deadlines, keep)
+  queue_join(queue, deadlines, waiter, now, wait)
   head = head or waiter
 end
 -- Sleep at most until the lock expires, or until the head's deadline (it may have died).

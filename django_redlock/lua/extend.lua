@@ -1,8 +1,8 @@
--- Reset the TTL of a lock only if the caller holds it (compare-and-PEXPIRE), so a renewal
--- can never extend someone else's hold.
+-- Reset the TTL of a hold only if the caller holds it (compare-and-PEXPIRE), so a renewal
+-- can never extend someone else's hold: a lock's, or a semaphore's or read-write lock's lease.
 -- KEYS: lock.  ARGV: token, ttl ms.  Returns 1 if extended, 0 if not ours.
 --! include _hold
-if hold_mine(KEYS[1], ARGV[1]) > 0 then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
+--! include _wake
+--! include _queue
+--! include _permits
+return any_extend(KEYS[1], ARGV[1], ARGV[2])

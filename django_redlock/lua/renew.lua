@@ -1,10 +1,14 @@
 -- The watchdog's batch: extend many holds in one call, each only if still ours
--- (compare-and-PEXPIRE, as extend.lua does for one).
+-- (compare-and-PEXPIRE, as extend.lua does for one): locks and leases (semaphore permits,
+-- read and write holds) alike, told apart by their key's type.
 -- KEYS: the locks.  ARGV[1]: their tokens joined by '|' (a token never holds one).
 -- ARGV[2]: one ttl ms for all, or one per lock joined by '|'.
 -- Two arguments, not two per lock: packing hundreds of arguments is the client's main cost.
 -- Returns one 1 (extended) or 0 (not ours any more) per lock.
 --! include _hold
+--! include _wake
+--! include _queue
+--! include _permits
 local ttls = {}
 for ttl in string.gmatch(ARGV[2], '[^|]+') do
   ttls[#ttls + 1] = ttl
@@ -13,10 +17,6 @@ local i = 0
 local results = {}
 for token in string.gmatch(ARGV[1], '[^|]+') do
   i = i + 1
-  if hold_mine(KEYS[i], token) > 0 then
-    results[i] = redis.call('PEXPIRE', KEYS[i], ttls[i] or ttls[1])
-  else
-    results[i] = 0
-  end
+  results[i] = any_extend(KEYS[i], token, ttls[i] or ttls[1])
 end
 return results

@@ -36,3 +36,6 @@ def heartbeat() -> str:
     """Sent by whichever beat leads, every 10 s: once, however many beats run."""
     stock.redis().rpush("shop:heartbeats", time.time())
     return "beat"
+
+
+from .exports import export_report  # noqa: E402, F401  (Celery finds the shop's tasks here)

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import path
 
-from . import views
+from . import views, views_exports
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -11,5 +11,6 @@ urlpatterns = [
     path("restock/", views.restock, name="restock"),
     path("sync/", views.sync, name="sync"),
     path("desk/", views.desk, name="desk"),
+    path("exports/", views_exports.exports, name="exports"),
     path("admin/", admin.site.urls),
 ]

@@ -96,7 +96,8 @@ class Command(BaseCommand):
         failed: list[str] = []
         for alias in self._aliases(only):
             try:
-                found += list(locks[alias].iter_locks(match))
+                # A semaphore or read-write lock: a row per lease (purge frees each).
+                found += [row for info in locks[alias].iter_locks(match) for row in info.rows()]
             except LockError as exc:
                 failed.append(alias)
                 self.stderr.write(f"backend {alias!r} is unavailable: {exc}")
@@ -109,7 +110,7 @@ class Command(BaseCommand):
                 {"name": i.name, "backend": i.backend, "kind": i.kind, "holder": i.holder,
                  "acquired_at": i.acquired_at.isoformat() if i.acquired_at else None,
                  "ttl": i.ttl, "hold_count": i.hold_count, "waiters": i.waiters,
-                 "fence": i.fence}
+                 "fence": i.fence, "limit": i.limit}
                 for i in found
             ]  # fmt: skip
             self.stdout.write(json.dumps({"locks": rows, "unavailable": failed}, indent=2))

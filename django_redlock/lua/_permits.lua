@@ -1,0 +1,156 @@
+-- Helpers for semaphores and read-write locks, spliced in by `--! include _permits` (after
+-- _hold, _wake and _queue). Every hold of such a name is a lease: the name's own key is a
+-- sorted set of token -> expiry (server ms), and a hash beside it (key .. ':h') has each
+-- lease's 'fence|acquired-ms|count|mode|holder' (mode: s permit, r read, w write), plus
+-- ':limit' (a semaphore's limit at the last grant) and ':writer' (a read-write lock's
+-- writer). A lease is live while its expiry is in the future on the server's clock, so a
+-- crashed holder's lease frees at its TTL whatever the clients' clocks say.
+local LEASES_PRUNE_MAX = 100 -- per call: a crowd of expired leases never blocks Redis long
+
+local function ms_text(ms)
+  return string.format('%d', ms)
+end
+
+-- Drop expired leases (bounded); the number of live leases.
+local function leases_prune(leases, details, now)
+  local gone = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, LEASES_PRUNE_MAX)
+  if #gone > 0 then
+    redis.call('ZREM', leases, unpack(gone))
+    redis.call('HDEL', details, unpack(gone))
+  end
+  if #gone < LEASES_PRUNE_MAX then -- every expired one is gone: all the rest are live
+    return redis.call('ZCARD', leases)
+  end
+  return redis.call('ZCOUNT', leases, '(' .. ms_text(now), '+inf')
+end
+
+-- Both keys live at least `ttl` ms more (they never outlive their last lease by more than
+-- the TTL it was last given; the details hash always expires with the leases).
+local function leases_grow(leases, details, ttl)
+  if redis.call('PTTL', leases) < tonumber(ttl) then
+    redis.call('PEXPIRE', leases, ttl)
+    redis.call('PEXPIRE', details, ttl)
+  end
+end
+
+-- Gone with the last lease: no keys left but the fence counter.
+local function leases_drop_if_empty(leases, details)
+  if redis.call('ZCARD', leases) == 0 then
+    redis.call('DEL', details)
+  end
+end
+
+-- `token`'s live lease: its count (0: none), fence and mode. `expiry`: its ZSCORE, when the
+-- caller has it already.
+local function lease_mine(leases, details, token, now, expiry)
+  if expiry == nil then
+    expiry = redis.call('ZSCORE', leases, token)
+  end
+  expiry = tonumber(expiry)
+  if not expiry or expiry <= now then
+    return 0, nil, nil
+  end
+  local detail = redis.call('HGET', details, token) or ''
+  local fence, count, mode = string.match(detail, '^(%d*)|%d*|(%d*)|(%a*)')
+  return tonumber(count) or 1, tonumber(fence), mode
+end
+
+-- A lease's detail with another count (reentrant reads).
+local function lease_recount(details, token, delta)
+  local detail = redis.call('HGET', details, token)
+  local head, count, tail = string.match(detail, '^([^|]*|[^|]*|)(%d+)(.*)$')
+  count = tonumber(count) + delta
+  redis.call('HSET', details, token, head .. ms_text(count) .. tail)
+  return count
+end
+
+-- Take a lease with the next fence of the name (the lock's fence helper and counter);
+-- `...`: more fields of the details hash to set at once (':limit', ':writer').
+local function lease_take(leases, details, counter, token, ttl, meta, mode, now, ...)
+  local fence, text = fence_next(counter, now)
+  redis.call('ZADD', leases, ms_text(now + ttl), token)
+  redis.call('HSET', details, token, text .. '|' .. ms_text(now) .. '|1|' .. mode .. '|' .. meta,
+             ...)
+  redis.call('SET', counter, text)
+  leases_grow(leases, details, ttl)
+  return fence
+end
+
+-- Extend `token`'s live lease to ttl ms from now; 1 if extended, 0 if it holds none.
+local function lease_extend(leases, details, token, ttl, now)
+  local expiry = tonumber(redis.call('ZSCORE', leases, token))
+  if not expiry or expiry <= now then
+    return 0
+  end
+  redis.call('ZADD', leases, 'XX', ms_text(now + ttl), token)
+  leases_grow(leases, details, ttl)
+  return 1
+end
+
+-- Any hold of `key` by `token`, a lock's (string, hash) or a lease (sorted set): what the
+-- watchdog's batch and extend run, so locks and leases share batches.
+local function any_extend(key, token, ttl)
+  local kind = redis.call('TYPE', key).ok
+  if kind == 'zset' then
+    return lease_extend(key, key .. ':h', token, ttl, now_ms())
+  end
+  if hold_mine(key, token, kind) > 0 then
+    return redis.call('PEXPIRE', key, ttl)
+  end
+  return 0
+end
+
+-- Whether a live writer holds a read-write lock.
+local function writer_holds(leases, details, now)
+  local writer = redis.call('HGET', details, ':writer')
+  local expiry = writer and tonumber(redis.call('ZSCORE', leases, writer))
+  return expiry ~= nil and expiry ~= false and expiry > now
+end
+
+-- Waiting writers (token -> lease deadline) still alive.
+local function writers_waiting(writers, now)
+  if redis.call('EXISTS', writers) == 0 then
+    return 0
+  end
+  redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
+  return redis.call('ZCARD', writers)
+end
+
+-- Wake whoever can take a lease now, one waiter per free lease (the woken one leaves the
+-- plain waiters' set, so the next release wakes the next one), never a herd: a waiting
+-- writer when nobody holds, else none while a writer holds or waits; else (a permit free)
+-- the fair queue's head or the earliest plain waiter. Waiters on the release channel
+-- (Redis Cluster; '' elsewhere: nobody listens there) hear it there. `mode`: 's' when a
+-- semaphore's permit was freed (no writers to look for), else nil.
+local function leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now,
+                           mode)
+  local used = redis.call('ZCOUNT', leases, '(' .. ms_text(now), '+inf')
+  if mode ~= 's' then
+    if writers_waiting(writers, now) > 0 then
+      if used == 0 then -- the first writer (by deadline) only; a dead one's lease runs out
+        if channel ~= '' then
+          redis.call('PUBLISH', channel, 'released')
+        end
+        local first = redis.call('ZRANGE', writers, 0, 0)[1]
+        redis.call('PUBLISH', inbox_of(inbox, first), first)
+      end
+      return
+    end
+    if writer_holds(leases, details, now) then
+      return
+    end
+  end
+  local limit = tonumber(redis.call('HGET', details, ':limit'))
+  if limit and used >= limit then
+    return
+  end
+  if channel ~= '' then
+    redis.call('PUBLISH', channel, 'released')
+  end
+  if redis.call('EXISTS', queue) == 1 then
+    queue_prune(queue, deadlines, now)
+    queue_wake_head(queue, inbox)
+  else
+    wake_first(waiting, inbox, true)
+  end
+end

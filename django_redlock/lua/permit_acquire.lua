@@ -1,0 +1,122 @@
+-- Take a lease on a semaphore (mode 's': at most `limit` at once) or a read-write lock
+-- (mode 'r': many readers; 'w': one writer, no readers) in one atomic step.
+-- KEYS: leases, details, fence counter, release channel, plain waiters, queue, deadlines,
+--       waiting writers.
+-- ARGV: token, ttl ms, holder metadata, mode, limit (s), fair ('1'/'0', s), waiter id,
+--       wait ms (-1: a one-off try that never queues or registers), inbox channel prefix,
+--       the caller's read token (w: a reader asking to write is refused, or it would wait
+--       for itself forever).
+-- Returns {1, fence, hold count} when held by the caller; {0, ms until something may change
+-- (-1: wait for a message)}; {-2, type} when the name is a lock of another kind; {-3} for
+-- a read-to-write upgrade.
+--! include _hold
+--! include _wake
+--! include _queue
+--! include _permits
+local leases, details, counter, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local waiting, queue, deadlines, writers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local token, ttl, meta, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local limit, fair, waiter, wait = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7], tonumber(ARGV[8])
+local inbox, reader = ARGV[9], ARGV[10] or ''
+local now = now_ms()
+
+-- A lock of another kind has this name (a string or hash: WRONGTYPE).
+local expiry = redis.pcall('ZSCORE', leases, token)
+if type(expiry) == 'table' and expiry.err then
+  return {-2, redis.call('TYPE', leases).ok}
+end
+
+-- Ours already: a reentrant read, or the reply to an earlier try was lost.
+local count, fence = lease_mine(leases, details, token, now, expiry)
+if count > 0 then
+  if mode == 'r' then
+    count = lease_recount(details, token, 1)
+  end
+  lease_extend(leases, details, token, ttl, now)
+  if wait >= 0 then
+    redis.call('ZREM', waiting, waiter)
+  end
+  return {1, fence, count}
+end
+
+-- Fewer leases than the limit, even counting expired ones: no need to look for those (they
+-- are dropped once they could stand in anyone's way).
+local used = mode == 's' and redis.call('ZCARD', leases) or limit
+if used >= limit then
+  used = leases_prune(leases, details, now)
+end
+if mode == 'w' and reader ~= '' and lease_mine(leases, details, reader, now) > 0 then
+  return {-3}
+end
+local writers_ahead = mode ~= 's' and writers_waiting(writers, now) or 0
+local head = false
+if redis.call('EXISTS', queue) == 1 then
+  queue_prune(queue, deadlines, now)
+  head = redis.call('LINDEX', queue, 0)
+end
+
+local free
+if mode == 's' then
+  free = used < limit and (not head or (fair and head == waiter))
+elseif mode == 'r' then
+  free = writers_ahead == 0 and not writer_holds(leases, details, now)
+else
+  free = used == 0
+end
+
+if free then
+  if mode == 's' then -- new grants obey the latest limit
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, ':limit', limit)
+  elseif mode == 'w' then
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, ':writer', token)
+    redis.call('ZREM', writers, waiter)
+  else
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now)
+  end
+  if head and head == waiter then
+    redis.call('LPOP', queue)
+    redis.call('ZREM', deadlines, waiter)
+  end
+  if wait >= 0 then
+    redis.call('ZREM', waiting, waiter)
+  end
+  -- A release woke one waiter per lease it freed; only waiters it could not name are woken
+  -- here, one at a time, while leases are left: the readers behind a writer, and the fair
+  -- queue's next head (a release woke the head, and the head stays the head until it takes).
+  if mode == 'r' or head then
+    leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now)
+  end
+  return {1, fence, 1}
+end
+
+-- Wait. A writer keeps a lease on its place (new readers are refused while it lives), a
+-- fair waiter its place in the queue, a plain waiter registers to be woken.
+if wait >= 0 then
+  if mode == 'w' then
+    lease_join(writers, waiter, now + wait, now)
+  elseif mode == 's' and fair then
+    queue_join(queue, deadlines, waiter, now, wait)
+  end
+end
+-- Sleep at most until the first lease expires, or the first waiter ahead may have died.
+local hint = -1
+local first = redis.call('ZRANGE', leases, 0, 0, 'WITHSCORES')[2]
+if first then
+  hint = math.max(0, tonumber(first) - now) -- expired ones left (pruning is bounded): now
+end
+local ahead = false
+if head and head ~= waiter then
+  ahead = redis.call('ZSCORE', deadlines, head)
+elseif mode == 'r' and writers_ahead > 0 then
+  ahead = redis.call('ZRANGE', writers, 0, 0, 'WITHSCORES')[2]
+end
+if ahead then
+  local until_ahead = math.max(0, tonumber(ahead) - now)
+  if hint < 0 or until_ahead < hint then
+    hint = until_ahead
+  end
+end
+if wait >= 0 and not (mode == 'w' or (mode == 's' and fair)) then
+  wait_register(waiting, waiter, now, hint)
+end
+return {0, hint}
