@@ -1,0 +1,456 @@
+"""Metrics and traces of every lock: Prometheus when ``prometheus_client`` is installed,
+OpenTelemetry spans when ``opentelemetry-api`` is.
+
+The lock core calls the hooks below at a few moments (an acquire starts and ends, a hold
+starts and ends, a hold is lost, a renewal batch is settled, a round trip gets no answer).
+Each hook is a module attribute that :func:`configure` sets once, at startup and when the
+settings change: with metrics and tracing off (or not installed) they are functions that do
+nothing, so a lock never looks a setting up and pays one empty call per moment. No hook
+ever talks to Redis.
+
+Settings::
+
+    DJANGO_REDLOCK_METRICS = True        # False: no metrics
+    DJANGO_REDLOCK_TRACING = True        # False: no spans
+    DJANGO_REDLOCK_LOCK_GROUPS = {       # optional: a "group" label (and span attribute)
+        "invoice:{id}": "invoice",       #   templates or globs -> a small set of groups;
+        "report:*": "report",            #   names that match none are "other"
+    }
+    DJANGO_REDLOCK_TRACE_NAMES = False   # True: lock names on spans (they may carry ids)
+
+Labels are the backend alias, the lock kind and the outcome, never a lock name: names are
+unbounded (``invoice:{id}``), and a label per name would grow the time series without end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+
+ACQUIRED, BUSY, TIMEOUT, ERROR = "acquired", "busy", "timeout", "error"
+RENEWED, LOST = "renewed", "lost"
+#: Lock waits: an uncontended acquire is one round trip (about half a millisecond), a
+#: contended one waits for a hand-off or a holder's work, up to a minute and more.
+WAIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                5.0, 10.0, 30.0, 60.0)  # fmt: skip
+#: Critical sections: a millisecond to an hour-long Celery task.
+HOLD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+                3600.0)  # fmt: skip
+OTHER_GROUP = "other"
+
+
+# -- the hooks: do-nothing until configure() binds them ------------------------------------
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+#: ``acquire_started(lock) -> span or None``: an acquire begins.
+acquire_started: Any = _nothing
+#: ``acquire_ended(lock, started, outcome, fence, span)``: it ended (``started``: monotonic).
+acquire_ended: Any = _nothing
+#: ``hold_started(lock, hold)``: a new hold (not a re-entry) was recorded.
+hold_started: Any = _nothing
+#: ``hold_ended(lock, hold)``: the lock object let go of a hold (released or lost).
+hold_ended: Any = _nothing
+#: ``lost(lock)``: a hold was declared lost.
+lost: Any = _nothing
+#: ``renewed(backend, count, results)``: a renewal batch of ``count`` holds was settled.
+renewed: Any = _nothing
+#: ``backend_error(backend)``: a round trip got no answer (unavailable, no quorum).
+backend_error: Any = _nothing
+
+HOOKS = ("acquire_started", "acquire_ended", "hold_started", "hold_ended", "lost", "renewed",
+         "backend_error")  # fmt: skip
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def _bool_setting(settings: Any, name: str, default: bool) -> bool:
+    value = getattr(settings, name, default)
+    if not isinstance(value, bool):
+        raise ImproperlyConfigured(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def group_matcher(groups: Any) -> re.Pattern[str] | None:
+    """One regex over every pattern of ``DJANGO_REDLOCK_LOCK_GROUPS``; its match's
+    ``lastgroup`` says which (``g<index>``). A ``{field}`` or ``*`` matches any text."""
+    if groups is None:
+        return None
+    name = "DJANGO_REDLOCK_LOCK_GROUPS"
+    if not isinstance(groups, Mapping) or not groups:
+        raise ImproperlyConfigured(f"{name} must be a non-empty dict of pattern -> group")
+    parts = []
+    for index, (pattern, group) in enumerate(groups.items()):
+        if not isinstance(pattern, str) or not pattern:
+            raise ImproperlyConfigured(f"{name} has a pattern {pattern!r}: a non-empty str")
+        if not isinstance(group, str) or not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", group):
+            raise ImproperlyConfigured(
+                f"{name}[{pattern!r}] is {group!r}: a group is 1-64 letters, digits or _.:-"
+            )
+        pieces = re.split(r"(\{[^{}]*\}|\*)", pattern)
+        body = "".join(".*" if p == "*" or p.startswith("{") else re.escape(p) for p in pieces)
+        parts.append(f"(?P<g{index}>{body})")
+    return re.compile(f"^(?:{'|'.join(parts)})$", re.S)
+
+
+class Config:
+    def __init__(self, settings: Any) -> None:
+        self.metrics = _bool_setting(settings, "DJANGO_REDLOCK_METRICS", True)
+        self.tracing = _bool_setting(settings, "DJANGO_REDLOCK_TRACING", True)
+        self.trace_names = _bool_setting(settings, "DJANGO_REDLOCK_TRACE_NAMES", False)
+        groups = getattr(settings, "DJANGO_REDLOCK_LOCK_GROUPS", None)
+        self.matcher = group_matcher(groups)
+        self.groups = list(groups.values()) if groups else []
+
+    def group_of(self, name: str) -> str:
+        if self.matcher is None:
+            return ""
+        found = self.matcher.match(name)
+        if found is None or found.lastgroup is None:
+            return OTHER_GROUP
+        return self.groups[int(found.lastgroup[1:])]
+
+
+# -- Prometheus ------------------------------------------------------------------------------
+
+
+class Metrics:
+    """The metrics, registered once per process in prometheus_client's default registry."""
+
+    def __init__(self, grouped: bool) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.grouped = grouped
+        extra = ["group"] if grouped else []
+        self.acquisitions = Counter(
+            "redlock_acquisitions", "Lock acquisitions by outcome: acquired, busy (a one-off"
+            " try found it held), timeout (gave up waiting), error (no answer).",
+            ["backend", "kind", "outcome", *extra],
+        )  # fmt: skip
+        self.wait = Histogram(
+            "redlock_wait_seconds", "How long acquisitions that were willing to wait waited"
+            " (acquired or timed out), from the call to the outcome.",
+            ["backend", "kind", *extra], buckets=WAIT_BUCKETS,
+        )  # fmt: skip
+        self.hold = Histogram(
+            "redlock_hold_seconds", "How long holds were held, from acquired to released or lost.",
+            ["backend", "kind", *extra], buckets=HOLD_BUCKETS,
+        )  # fmt: skip
+        self.lost = Counter(
+            "redlock_lost", "Holds lost: the backend answered that the hold's token no longer"
+            " held the lock (expired, force-released).", ["backend", *extra],
+        )  # fmt: skip
+        self.renewals = Counter(
+            "redlock_renewals", "Watchdog renewals by outcome: renewed, lost, error (no answer).",
+            ["backend", "outcome"],
+        )  # fmt: skip
+        self.backend_errors = Counter(
+            "redlock_backend_errors", "Lock round trips that got no answer (BackendUnavailable,"
+            " QuorumNotReached).", ["backend"],
+        )  # fmt: skip
+        # livesum: in multiprocess mode, the sum over the live processes.
+        self.held = Gauge(
+            "redlock_held", "Holds this process holds now.", ["backend"],
+            multiprocess_mode="livesum",
+        )  # fmt: skip
+        self.collectors = [self.acquisitions, self.wait, self.hold, self.lost, self.renewals,
+                           self.backend_errors, self.held]  # fmt: skip
+
+    def unregister(self) -> None:
+        from prometheus_client import REGISTRY
+
+        for collector in self.collectors:
+            REGISTRY.unregister(collector)
+
+
+class Family:
+    """The metric children of one (backend, kind, group), looked up once: ``labels()`` on
+    every acquire would cost more than the counting."""
+
+    __slots__ = ("acquired", "backend", "busy", "error", "group", "held", "hold", "kind",
+                 "lost", "timeout", "wait")  # fmt: skip
+    # prometheus_client's children, or None each when metrics are off (spans only)
+    acquired: Any
+    busy: Any
+    timeout: Any
+    error: Any
+    wait: Any
+    hold: Any
+    lost: Any
+    held: Any
+
+    def __init__(self, metrics: Metrics | None, backend: str, kind: str, group: str) -> None:
+        self.backend, self.kind, self.group = backend, kind, group
+        if metrics is None:
+            self.acquired = self.busy = self.timeout = self.error = None
+            self.wait = self.hold = self.lost = self.held = None
+            return
+        extra = [group] if metrics.grouped else []
+        outcome = metrics.acquisitions
+        self.acquired = outcome.labels(backend, kind, ACQUIRED, *extra)
+        self.busy = outcome.labels(backend, kind, BUSY, *extra)
+        self.timeout = outcome.labels(backend, kind, TIMEOUT, *extra)
+        self.error = outcome.labels(backend, kind, ERROR, *extra)
+        self.wait = metrics.wait.labels(backend, kind, *extra)
+        self.hold = metrics.hold.labels(backend, kind, *extra)
+        self.lost = metrics.lost.labels(backend, *extra)
+        self.held = metrics.held.labels(backend)
+
+
+class Held:
+    """What a hold carries for observing it (``Hold.observed``)."""
+
+    __slots__ = ("__weakref__", "ended", "family", "pid", "span", "started")
+
+    def __init__(self, family: Family, span: Any) -> None:
+        self.family, self.span = family, span
+        self.started = time.monotonic()
+        self.pid = _pid[0]
+        self.ended = False
+
+    def __del__(self) -> None:
+        # A Lock object collected while it held (never released): the hold runs out at its
+        # TTL. Counted as ended by the next hook, not here: a collection may run while this
+        # thread holds a metric's lock.
+        if not self.ended and self.pid == _pid[0]:
+            _abandoned.append((self, time.monotonic()))
+
+
+_abandoned: deque[tuple[Held, float]] = deque()
+_pid = [os.getpid()]  # this process's (reset after a fork): os.getpid() per hold costs
+
+
+class Observer:
+    """The hooks with metrics, spans or both on."""
+
+    def __init__(self, config: Config, metrics: Metrics | None, tracer: Any) -> None:
+        self.config, self.metrics, self.tracer = config, metrics, tracer
+        self._families: dict[tuple[Any, ...], Family] = {}
+        self._mutex = threading.Lock()
+        self._renewals: dict[str, tuple[Any, Any, Any]] = {}
+
+    def family(self, lock: Any) -> Family:
+        # Keyed by what a kind's label is made of, so a lock of a known kind costs a dict
+        # lookup; the label itself (lock._label()) is computed once per key.
+        name = lock.name if self.config.matcher is not None else ""
+        key = (lock.using, type(lock), lock.noun, lock.reentrant, lock.queued, name)
+        family = self._families.get(key)
+        if family is None:
+            group = self.config.group_of(lock.name)
+            family = Family(self.metrics, lock.using, lock._label(), group)
+            with self._mutex:
+                if len(self._families) > 10_000:  # grouped: one key per name; keep it bounded
+                    self._families.clear()
+                self._families[key] = family
+        return family
+
+    def attributes(self, lock: Any, family: Family) -> dict[str, Any]:
+        attributes: dict[str, Any] = {"redlock.backend": family.backend,
+                                      "redlock.kind": family.kind}  # fmt: skip
+        if family.group:
+            attributes["redlock.group"] = family.group
+        if self.config.trace_names:
+            attributes["redlock.name"] = lock.name
+        return attributes
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def acquire_started(self, lock: Any) -> Any:
+        if self.tracer is None:
+            return None
+        return self.tracer.start_span(
+            "redlock.acquire", attributes=self.attributes(lock, self.family(lock))
+        )
+
+    def acquire_ended(
+        self, lock: Any, started: float, outcome: str, fence: int | None, span: Any
+    ) -> None:
+        waited = time.monotonic() - started
+        family = self.family(lock)
+        if self.metrics is not None:
+            if outcome is ACQUIRED:
+                family.acquired.inc()
+                family.wait.observe(waited)
+            elif outcome is BUSY:
+                family.busy.inc()
+            elif outcome is TIMEOUT:
+                family.timeout.inc()
+                family.wait.observe(waited)
+            else:
+                family.error.inc()
+        if span is not None:
+            span.set_attribute("redlock.outcome", outcome)
+            span.set_attribute("redlock.waited_ms", round(waited * 1000, 3))
+            if fence is not None:
+                span.set_attribute("redlock.fence", fence)
+            if outcome is ERROR:
+                from opentelemetry.trace import Status, StatusCode
+
+                span.set_status(Status(StatusCode.ERROR, "the backend did not answer"))
+            span.end()
+
+    def hold_started(self, lock: Any, hold: Any) -> None:
+        if _abandoned:
+            self._settle_abandoned()
+        family = self.family(lock)
+        span = None
+        if self.tracer is not None:
+            attributes = self.attributes(lock, family)
+            if hold.fence is not None:
+                attributes["redlock.fence"] = hold.fence
+            span = self.tracer.start_span("redlock.hold", attributes=attributes)
+        if self.metrics is not None:
+            family.held.inc()
+        hold.observed = Held(family, span)
+
+    def hold_ended(self, lock: Any, hold: Any) -> None:
+        held = getattr(hold, "observed", None)
+        if held is not None and not held.ended:
+            self._end(held, time.monotonic(), "released or lost")
+        if _abandoned:
+            self._settle_abandoned()
+
+    def _end(self, held: Held, now: float, how: str) -> None:
+        held.ended = True
+        seconds = now - held.started
+        if held.family.held is not None:
+            held.family.held.dec()
+            held.family.hold.observe(seconds)
+        if held.span is not None:
+            held.span.set_attribute("redlock.held_ms", round(seconds * 1000, 3))
+            if how != "released or lost":
+                held.span.set_attribute("redlock.ended", how)
+            held.span.end()
+
+    def _settle_abandoned(self) -> None:
+        while _abandoned:
+            try:
+                held, at = _abandoned.popleft()
+            except IndexError:
+                return
+            if not held.ended:
+                self._end(held, at, "abandoned: its Lock object was collected while held")
+
+    def lost(self, lock: Any) -> None:
+        lost = self.family(lock).lost
+        if lost is not None:
+            lost.inc()
+
+    def renewed(self, backend: Any, count: int, results: Sequence[bool | None] | Exception) -> None:
+        if self.metrics is None:
+            return
+        children = self._renewals.get(backend.alias)
+        if children is None:
+            renewals = self.metrics.renewals
+            children = self._renewals[backend.alias] = (
+                renewals.labels(backend.alias, RENEWED),
+                renewals.labels(backend.alias, LOST),
+                renewals.labels(backend.alias, ERROR),
+            )
+        ok, gone, unknown = children
+        if isinstance(results, Exception):
+            unknown.inc(count)
+            return
+        renewed = results.count(True)
+        if renewed:
+            ok.inc(renewed)
+        if renewed != len(results):
+            missing = results.count(None)
+            if missing:
+                unknown.inc(missing)
+            if len(results) - renewed - missing:
+                gone.inc(len(results) - renewed - missing)
+
+    def backend_error(self, backend: Any) -> None:
+        if self.metrics is not None:
+            self.metrics.backend_errors.labels(backend.alias).inc()
+
+
+# -- configuring -----------------------------------------------------------------------------
+
+_metrics: Metrics | None = None
+_observer: Observer | None = None
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def configure(settings: Any = None) -> Observer | None:
+    """Bind the hooks as the settings say (called when the app is ready, and when tests
+    change the settings); returns the observer, None when everything is off."""
+    global _metrics, _observer
+    if settings is None:
+        from django.conf import settings as django_settings
+
+        settings = django_settings
+    config = Config(settings)
+    metrics = None
+    if config.metrics and installed("prometheus_client"):
+        grouped = config.matcher is not None
+        if _metrics is not None and _metrics.grouped != grouped:
+            _metrics.unregister()  # another label set: the old series cannot stay
+            _metrics = None
+        if _metrics is None:
+            _metrics = Metrics(grouped)
+        metrics = _metrics
+    tracer = None
+    if config.tracing and installed("opentelemetry.trace"):
+        from opentelemetry import trace
+
+        from . import __version__
+
+        # A proxy until the application sets its tracer provider: then it follows.
+        tracer = trace.get_tracer("django_redlock", __version__)
+    observer = Observer(config, metrics, tracer) if metrics or tracer else None
+    for hook in HOOKS:
+        globals()[hook] = getattr(observer, hook) if observer else _nothing
+    _observer = observer
+    return observer
+
+
+def _forget_after_fork() -> None:
+    # The child holds none of its parent's holds: its gauge starts at zero (in multiprocess
+    # mode the child writes its own file, which starts at zero anyway).
+    _abandoned.clear()
+    _pid[0] = os.getpid()
+    if _metrics is not None:
+        _metrics.held.clear()
+    if _observer is not None:
+        _observer._families.clear()
+        _observer._renewals.clear()
+        _observer._mutex = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+SETTINGS = ("DJANGO_REDLOCK_METRICS", "DJANGO_REDLOCK_TRACING", "DJANGO_REDLOCK_LOCK_GROUPS",
+            "DJANGO_REDLOCK_TRACE_NAMES")  # fmt: skip
+
+
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in SETTINGS:
+        configure()
+
+
+def connect() -> None:
+    """Called when the app is ready: bind the hooks, and rebind them when settings change."""
+    from django.core.signals import setting_changed
+
+    configure()
+    setting_changed.connect(_settings_changed, dispatch_uid="redlock-observe-settings")
