@@ -241,11 +241,11 @@ class RedisBackend(BaseLockBackend):
         return Op(name, Call(script("force_release"), keys, args), Released.of)
 
     def _info(self, name: str, reply: Any) -> LockInfo | None:
-        kind, pttl, value, waiters = reply
+        kind, pttl, value, waiters, *longest = reply
         value = _value(text(kind), value)
         if value is None:
             return None
-        return lock_info(name, self.alias, value, int(pttl), int(waiters))
+        return lock_info(name, self.alias, value, int(pttl), int(waiters), *map(int, longest))
 
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """A page by ``SCAN`` (never ``KEYS``): the scan's cursor is the page's cursor, and
