@@ -146,7 +146,7 @@ def test_every_subcommand_documents_its_options_and_exit_codes() -> None:
 
     parser = Command().create_parser("manage.py", "redlock")
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) == {"list", "release", "purge", "prune-incidents"}
+    assert set(sub.choices) == {"list", "release", "purge", "prune-incidents", "top"}
     for name, subparser in sub.choices.items():
         assert "exit codes: 0" in subparser.format_help(), name
         for action in subparser._actions:
