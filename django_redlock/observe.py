@@ -126,11 +126,20 @@ class Config:
 
 
 class Metrics:
-    """The metrics, registered once per process in prometheus_client's default registry."""
+    """The metrics, registered once per process in prometheus_client's default registry, as
+    one collector: a scrape first applies the events the hooks queued (see :class:`Events`),
+    then reports the metrics."""
 
     def __init__(self, grouped: bool) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+        import prometheus_client
+        from prometheus_client import REGISTRY
 
+        def unregistered(kind: Any) -> Any:
+            return lambda *args, **kwargs: kind(*args, registry=None, **kwargs)
+
+        Counter = unregistered(prometheus_client.Counter)
+        Gauge = unregistered(prometheus_client.Gauge)
+        Histogram = unregistered(prometheus_client.Histogram)
         self.grouped = grouped
         extra = ["group"] if grouped else []
         self.acquisitions = Counter(
@@ -166,12 +175,19 @@ class Metrics:
         )  # fmt: skip
         self.collectors = [self.acquisitions, self.wait, self.hold, self.lost, self.renewals,
                            self.backend_errors, self.held]  # fmt: skip
+        REGISTRY.register(self)
+
+    def describe(self) -> list[Any]:
+        return [family for metric in self.collectors for family in metric.describe()]
+
+    def collect(self) -> list[Any]:
+        events.apply()
+        return [family for metric in self.collectors for family in metric.collect()]
 
     def unregister(self) -> None:
         from prometheus_client import REGISTRY
 
-        for collector in self.collectors:
-            REGISTRY.unregister(collector)
+        REGISTRY.unregister(self)
 
 
 class Family:
@@ -179,7 +195,8 @@ class Family:
     every acquire would cost more than the counting."""
 
     __slots__ = ("acquired", "backend", "busy", "error", "group", "held", "hold", "kind",
-                 "lost", "timeout", "wait")  # fmt: skip
+                 "lost", "on_acquired", "on_busy", "on_ended", "on_error", "on_held", "on_lost",
+                 "on_timeout", "timeout", "wait")  # fmt: skip
     # prometheus_client's children, or None each when metrics are off (spans only)
     acquired: Any
     busy: Any
@@ -189,6 +206,13 @@ class Family:
     hold: Any
     lost: Any
     held: Any
+    on_acquired: Any
+    on_busy: Any
+    on_timeout: Any
+    on_error: Any
+    on_held: Any
+    on_ended: Any
+    on_lost: Any
 
     def __init__(self, metrics: Metrics | None, backend: str, kind: str, group: str) -> None:
         self.backend, self.kind, self.group = backend, kind, group
@@ -206,6 +230,80 @@ class Family:
         self.hold = metrics.hold.labels(backend, kind, *extra)
         self.lost = metrics.lost.labels(backend, *extra)
         self.held = metrics.held.labels(backend)
+        # Bound once: the hooks queue these, and Events.apply groups what they queued.
+        self.on_acquired, self.on_busy = self._acquired, self._busy
+        self.on_timeout, self.on_error = self._timed_out, self._failed
+        self.on_held, self.on_ended, self.on_lost = self._held, self._ended, self._lost
+
+    # What events do to the metrics, a batch of one kind at a time: a counter moves once
+    # per batch; a histogram takes each value.
+
+    def _acquired(self, waits: list[float]) -> None:
+        self.acquired.inc(len(waits))
+        for waited in waits:
+            self.wait.observe(waited)
+
+    def _busy(self, values: list[Any]) -> None:
+        self.busy.inc(len(values))
+
+    def _timed_out(self, waits: list[float]) -> None:
+        self.timeout.inc(len(waits))
+        for waited in waits:
+            self.wait.observe(waited)
+
+    def _failed(self, values: list[Any]) -> None:
+        self.error.inc(len(values))
+
+    def _held(self, values: list[Any]) -> None:
+        self.held.inc(len(values))
+
+    def _ended(self, durations: list[float]) -> None:
+        self.held.dec(len(durations))
+        for seconds in durations:
+            self.hold.observe(seconds)
+
+    def _lost(self, values: list[Any]) -> None:
+        self.lost.inc(len(values))
+
+
+class Events:
+    """What the hooks count, queued: a deque's append is atomic and costs a fraction of a
+    metric update (which takes a lock per counter and bucket), so the lock pays for the append
+    and the scrape for the counting. In prometheus_client's multiprocess mode each process
+    writes its own files, and a scrape reads them from elsewhere: events apply at once."""
+
+    LIMIT = 10_000  # applied by the hook that queues this many (nobody scraping)
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[Any, Any]] = deque()
+        self.deferred = True
+
+    def __call__(self, action: Any, value: Any) -> None:
+        if self.deferred:
+            self.queue.append((action, value))
+            if len(self.queue) > self.LIMIT:
+                self.apply()
+        else:
+            action([value])
+
+    def apply(self) -> None:
+        queue = self.queue
+        batches: dict[Any, list[Any]] = {}
+        while queue:
+            try:
+                action, value = queue.popleft()  # threads applying at once share the work
+            except IndexError:
+                break
+            batch = batches.get(action)
+            if batch is None:
+                batches[action] = [value]
+            else:
+                batch.append(value)
+        for action, values in batches.items():
+            action(values)
+
+
+events = Events()
 
 
 class Held:
@@ -277,18 +375,16 @@ class Observer:
         self, lock: Any, started: float, outcome: str, fence: int | None, span: Any
     ) -> None:
         waited = time.monotonic() - started
-        family = self.family(lock)
         if self.metrics is not None:
+            family = self.family(lock)
             if outcome is ACQUIRED:
-                family.acquired.inc()
-                family.wait.observe(waited)
+                events(family.on_acquired, waited)
             elif outcome is BUSY:
-                family.busy.inc()
+                events(family.on_busy, None)
             elif outcome is TIMEOUT:
-                family.timeout.inc()
-                family.wait.observe(waited)
+                events(family.on_timeout, waited)
             else:
-                family.error.inc()
+                events(family.on_error, None)
         if span is not None:
             span.set_attribute("redlock.outcome", outcome)
             span.set_attribute("redlock.waited_ms", round(waited * 1000, 3))
@@ -311,7 +407,7 @@ class Observer:
                 attributes["redlock.fence"] = hold.fence
             span = self.tracer.start_span("redlock.hold", attributes=attributes)
         if self.metrics is not None:
-            family.held.inc()
+            events(family.on_held, None)
         hold.observed = Held(family, span)
 
     def hold_ended(self, lock: Any, hold: Any) -> None:
@@ -325,8 +421,7 @@ class Observer:
         held.ended = True
         seconds = now - held.started
         if held.family.held is not None:
-            held.family.held.dec()
-            held.family.hold.observe(seconds)
+            events(held.family.on_ended, seconds)
         if held.span is not None:
             held.span.set_attribute("redlock.held_ms", round(seconds * 1000, 3))
             if how != "released or lost":
@@ -343,9 +438,9 @@ class Observer:
                 self._end(held, at, "abandoned: its Lock object was collected while held")
 
     def lost(self, lock: Any) -> None:
-        lost = self.family(lock).lost
-        if lost is not None:
-            lost.inc()
+        family = self.family(lock)
+        if family.lost is not None:
+            events(family.on_lost, None)
 
     def renewed(self, backend: Any, count: int, results: Sequence[bool | None] | Exception) -> None:
         if self.metrics is None:
@@ -383,6 +478,13 @@ _metrics: Metrics | None = None
 _observer: Observer | None = None
 
 
+def multiprocess() -> bool:
+    """prometheus_client's multiprocess mode (it reads the variable when it is imported)."""
+    from prometheus_client import values
+
+    return "MultiProcessValue" in getattr(values.ValueClass, "__qualname__", "")
+
+
 def installed(module: str) -> bool:
     import importlib.util
 
@@ -407,6 +509,8 @@ def configure(settings: Any = None) -> Observer | None:
         if _metrics is None:
             _metrics = Metrics(grouped)
         metrics = _metrics
+        events.apply()  # what the old hooks queued, before the new ones run
+        events.deferred = not multiprocess()
     tracer = None
     if config.tracing and installed("opentelemetry.trace"):
         from opentelemetry import trace
@@ -426,6 +530,7 @@ def _forget_after_fork() -> None:
     # The child holds none of its parent's holds: its gauge starts at zero (in multiprocess
     # mode the child writes its own file, which starts at zero anyway).
     _abandoned.clear()
+    events.queue.clear()  # the parent's events: the parent counts them
     _pid[0] = os.getpid()
     if _metrics is not None:
         _metrics.held.clear()
