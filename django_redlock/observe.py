@@ -332,8 +332,16 @@ _pid = [os.getpid()]  # this process's (reset after a fork): os.getpid() per hol
 class Observer:
     """The hooks with metrics, spans or both on."""
 
-    def __init__(self, config: Config, metrics: Metrics | None, tracer: Any) -> None:
-        self.config, self.metrics, self.tracer = config, metrics, tracer
+    def __init__(self, config: Config, metrics: Metrics | None, tracing: bool) -> None:
+        self.config, self.metrics, self.tracing = config, metrics, tracing
+        self.tracer: Any = None  # the provider's tracer, once the application has one
+        self._trace: Any = None
+        self._no_provider: tuple[type, ...] = ()
+        if tracing:
+            from opentelemetry import trace
+
+            self._trace = trace
+            self._no_provider = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
         self._families: dict[tuple[Any, ...], Family] = {}
         self._mutex = threading.Lock()
         self._renewals: dict[str, tuple[Any, Any, Any]] = {}
@@ -364,10 +372,23 @@ class Observer:
 
     # -- hooks -------------------------------------------------------------------------------
 
-    def acquire_started(self, lock: Any) -> Any:
-        if self.tracer is None:
+    def _live_tracer(self) -> Any:
+        """The tracer of the application's provider; None while it has none. Without one,
+        opentelemetry-api hands out do-nothing spans that still cost microseconds each: a
+        library that only depends on the API would pay them on every acquire."""
+        provider = self._trace.get_tracer_provider()
+        if isinstance(provider, self._no_provider):
             return None
-        return self.tracer.start_span(
+        from . import __version__
+
+        self.tracer = provider.get_tracer("django_redlock", __version__)
+        return self.tracer
+
+    def acquire_started(self, lock: Any) -> Any:
+        tracer = self.tracer
+        if tracer is None and (not self.tracing or (tracer := self._live_tracer()) is None):
+            return None
+        return tracer.start_span(
             "redlock.acquire", attributes=self.attributes(lock, self.family(lock))
         )
 
@@ -511,15 +532,8 @@ def configure(settings: Any = None) -> Observer | None:
         metrics = _metrics
         events.apply()  # what the old hooks queued, before the new ones run
         events.deferred = not multiprocess()
-    tracer = None
-    if config.tracing and installed("opentelemetry.trace"):
-        from opentelemetry import trace
-
-        from . import __version__
-
-        # A proxy until the application sets its tracer provider: then it follows.
-        tracer = trace.get_tracer("django_redlock", __version__)
-    observer = Observer(config, metrics, tracer) if metrics or tracer else None
+    tracing = config.tracing and installed("opentelemetry.trace")
+    observer = Observer(config, metrics, tracing) if metrics or tracing else None
     for hook in HOOKS:
         globals()[hook] = getattr(observer, hook) if observer else _nothing
     _observer = observer

@@ -229,3 +229,16 @@ def test_off_is_a_do_nothing_hook_and_moves_nothing() -> None:
             assert not lock("obs:a", using="redis").acquire(blocking=False)
         assert before.moved() == {}
     assert observe.acquire_ended is not observe._nothing
+
+
+def test_a_hold_whose_lock_object_was_collected_ends_its_gauge() -> None:
+    import gc
+
+    leaked = lock("obs:leak", using="local", auto_renew=False)
+    leaked.acquire()
+    assert sample("redlock_held", backend="local") == 1
+    del leaked  # never released: the hold runs out at its TTL
+    gc.collect()
+    with lock("obs:next", using="local"):  # the next hook counts the abandoned hold as ended
+        assert sample("redlock_held", backend="local") == 1
+    assert sample("redlock_held", backend="local") == 0
