@@ -37,6 +37,7 @@ def test_list_as_a_table_and_as_json() -> None:
         data = json.loads(text)
         assert code == 0 and [row["name"] for row in data["locks"]] == ["cmd:b"]
         assert data["locks"][0]["kind"] == "reentrant"
+        assert data["locks"][0]["longest_wait"] is None  # nobody waits
 
 
 def test_list_with_a_backend_down_says_so_and_exits_3() -> None:

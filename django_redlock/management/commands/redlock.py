@@ -139,7 +139,7 @@ class Command(BaseCommand):
                 {"name": i.name, "backend": i.backend, "kind": i.kind, "holder": i.holder,
                  "acquired_at": i.acquired_at.isoformat() if i.acquired_at else None,
                  "ttl": i.ttl, "hold_count": i.hold_count, "waiters": i.waiters,
-                 "fence": i.fence}
+                 "longest_wait": i.longest_wait, "fence": i.fence}
                 for i in found
             ]  # fmt: skip
             self.stdout.write(json.dumps({"locks": rows, "unavailable": failed}, indent=2))
