@@ -26,6 +26,7 @@ class Health:
     longest_wait: float | None = None
     lost: int = 0  # holds lost in the last hour (lock incidents)
     more: bool = False  # the backend has more pages than the one counted
+    counted: bool = False  # held and waiting were counted (the backend was paged)
 
     @property
     def status(self) -> str:
@@ -91,6 +92,7 @@ def lost_recently(names: Iterable[tuple[str, str]] | None = None) -> dict[tuple[
 
 def summarise(health: Health, found: Sequence[LockInfo]) -> Health:
     """Count a page of the backend's held locks into its health line."""
+    health.counted = True
     health.held = len(found)
     health.waiting = sum(info.waiters for info in found)
     waits = [info.longest_wait for info in found if info.longest_wait is not None]

@@ -278,6 +278,8 @@ def test_waiters_their_longest_wait_and_lost_holds_per_lock() -> None:
     assert '<td class="held">1</td>' in health.group(0)
     assert '<td class="waiting">2</td>' in health.group(0)
     assert '<td class="lost">1</td>' in health.group(0)
+    other = re.search(r'data-backend="default">.*?</tr>', page, re.S)  # not listed
+    assert other is not None and '<td class="held"></td>' in other.group(0)
 
 
 def test_the_health_summary_names_a_backend_that_is_down() -> None:

@@ -304,7 +304,8 @@ def top_frame(aliases: list[str], options: dict[str, Any]) -> tuple[str, list[He
         title += f" - every {options['interval']:g} s (Ctrl-C quits)"
     health_rows = [
         (h.alias, h.status, "" if h.latency_ms is None else f"{h.latency_ms:.1f}ms",
-         f"{h.held}{'+' if h.more else ''}" if h.up else "", str(h.waiting) if h.up else "",
+         f"{h.held}{'+' if h.more else ''}" if h.counted else "",
+         str(h.waiting) if h.counted else "",
          _seconds(h.longest_wait), h.detail[:60])
         for h in healths
     ]  # fmt: skip
