@@ -13,6 +13,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import StatusCode
 
 from django_redlock import BackendUnavailable, lock, observe
@@ -20,17 +21,46 @@ from django_redlock import BackendUnavailable, lock, observe
 _exporter = InMemorySpanExporter()
 
 
+class Gate(Sampler):
+    """Records spans only during these tests: the provider stays for the whole session (a
+    process has one), and the rest of the suite must not pile spans up in memory."""
+
+    open = False
+
+    def should_sample(
+        self, parent: Any, trace_id: int, name: str, kind: Any = None, attributes: Any = None,
+        *args: Any, **kwargs: Any,
+    ) -> SamplingResult:  # fmt: skip
+        if not Gate.open:
+            return SamplingResult(Decision.DROP)
+        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)  # the span's attributes
+
+    def get_description(self) -> str:
+        return "open only in tests/test_tracing.py"
+
+
+class NoTracing:
+    """The settings, with tracing off: what the rest of the suite runs with."""
+
+    def __getattr__(self, name: str) -> Any:
+        from django.conf import settings
+
+        return False if name == "DJANGO_REDLOCK_TRACING" else getattr(settings, name)
+
+
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    # A process has one global tracer provider: set it once, for every test here.
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider()
+        provider = TracerProvider(sampler=Gate())
         provider.add_span_processor(SimpleSpanProcessor(_exporter))
         trace.set_tracer_provider(provider)
     observe.configure()
     _exporter.clear()
+    Gate.open = True
     yield _exporter
+    Gate.open = False
     _exporter.clear()
+    observe.configure(NoTracing())
 
 
 def named(exporter: InMemorySpanExporter, name: str) -> list[Any]:
