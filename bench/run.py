@@ -591,6 +591,9 @@ How each figure is taken (`bench/run.py`, `bench/contender.py`):
 - Memory: `MEMORY USAGE` of the lock's keys (the lock, its fence counter, and a fair lock's
   queue and deadlines), with this machine's host name and thread name in the holder field
   (about a byte per character of each).
+- Every other scenario runs as `make bench` installs the app (its `test` extra): with
+  `prometheus_client` and `opentelemetry-api`, so with metrics on (the default) and no tracer
+  provider (no spans).
 - Metrics overhead: the uncontended cycle in one process with everything off, with
   Prometheus metrics on, and with metrics and OpenTelemetry spans on (the SDK's tracer
   provider, recording, exporting nowhere), in turns of 0.25 s; the ratio is the median of
