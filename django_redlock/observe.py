@@ -28,6 +28,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -345,6 +346,8 @@ class Observer:
         self._families: dict[tuple[Any, ...], Family] = {}
         self._mutex = threading.Lock()
         self._renewals: dict[str, tuple[Any, Any, Any]] = {}
+        # lock object -> the span context of the hold it ended last (with spans on)
+        self._ended_spans: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
     def family(self, lock: Any) -> Family:
         # Keyed by what a kind's label is made of, so a lock of a known kind costs a dict
@@ -435,6 +438,10 @@ class Observer:
         held = getattr(hold, "observed", None)
         if held is not None and not held.ended:
             self._end(held, time.monotonic(), "released or lost")
+            if held.span is not None:
+                # A loss is declared right after the hold ends (lost() below): its span
+                # goes under this one.
+                self._ended_spans[lock] = held.span.get_span_context()
         if _abandoned:
             self._settle_abandoned()
 
@@ -462,6 +469,25 @@ class Observer:
         family = self.family(lock)
         if family.lost is not None:
             events(family.on_lost, None)
+        context = self._ended_spans.pop(lock, None)
+        if context is not None and self.tracer is not None:
+            # A short span under the hold's: the trace shows the critical section was cut.
+            from opentelemetry.trace import (
+                NonRecordingSpan,
+                Status,
+                StatusCode,
+                set_span_in_context,
+            )
+
+            attributes = self.attributes(lock, family)
+            attributes["redlock.lost"] = str(lock.lost or "")
+            span = self.tracer.start_span(
+                "redlock.lost",
+                context=set_span_in_context(NonRecordingSpan(context)),
+                attributes=attributes,
+            )
+            span.set_status(Status(StatusCode.ERROR, attributes["redlock.lost"]))
+            span.end()
 
     def renewed(self, backend: Any, count: int, results: Sequence[bool | None] | Exception) -> None:
         if self.metrics is None:

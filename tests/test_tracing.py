@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import StatusCode
 
-from django_redlock import BackendUnavailable, lock, observe
+from django_redlock import BackendUnavailable, LockLost, lock, locks, observe
 
 _exporter = InMemorySpanExporter()
 
@@ -142,3 +142,19 @@ def test_tracing_off(spans: InMemorySpanExporter) -> None:
     with override_settings(DJANGO_REDLOCK_TRACING=False), lock("trace:off", using="redis"):
         pass
     assert spans.get_finished_spans() == ()
+
+
+def test_a_lost_hold_gets_a_lost_span_under_its_hold_span(spans: InMemorySpanExporter) -> None:
+    held = lock("trace:lost", using="redis", auto_renew=False)
+    held.acquire()
+    assert locks["redis"].force_release("trace:lost")
+    with pytest.raises(LockLost):
+        held.release()
+    (hold,) = named(spans, "redlock.hold")
+    (lost,) = named(spans, "redlock.lost")
+    assert lost.parent is not None and lost.parent.span_id == hold.context.span_id
+    assert "released by someone else" in lost.attributes["redlock.lost"]
+    assert lost.status.status_code is StatusCode.ERROR
+    with lock("trace:fine", using="redis"):
+        pass
+    assert len(named(spans, "redlock.lost")) == 1  # a release is no loss
