@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install browser test lint format demo bench tox soak clean
+.PHONY: install browser terminal test lint format demo bench tox soak clean
 
 install: $(STAMP)
 
@@ -36,7 +36,14 @@ browser:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		$(SUDO) apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
-test: lint browser
+# `redlock top`'s live test runs it in a real terminal: tmux.
+terminal:
+	@command -v tmux >/dev/null 2>&1 || { \
+		echo "installing tmux for the terminal test"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y -qq --no-install-recommends tmux >/dev/null; }
+
+test: lint browser terminal
 	$(BIN)/pytest
 
 # The shop on http://127.0.0.1:$(DEMO_PORT)/ (default 8000): `make demo DEMO_PORT=8001` when 8000

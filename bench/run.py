@@ -154,6 +154,47 @@ def uncontended(results: dict[str, Any]) -> None:
     results["uncontended"] = {"rates": rates, "round_trips": trips}
 
 
+def observability(results: dict[str, Any]) -> None:
+    """The uncontended cycle with metrics (and spans) on against everything off, the modes
+    taking turns in one process. configure() binds the hooks for the whole process."""
+    from django.test.utils import override_settings
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from django_redlock import lock, observe
+
+    trace.set_tracer_provider(TracerProvider())  # recording spans, exported nowhere
+
+    def cycle() -> None:
+        with lock("o:ours"):
+            pass
+
+    modes = {
+        "off": {"DJANGO_REDLOCK_METRICS": False, "DJANGO_REDLOCK_TRACING": False},
+        "metrics": {"DJANGO_REDLOCK_METRICS": True, "DJANGO_REDLOCK_TRACING": False},
+        "metrics + spans": {"DJANGO_REDLOCK_METRICS": True, "DJANGO_REDLOCK_TRACING": True},
+    }
+    # Short turns, many of them: the machine's load drifts over seconds, and each on/off
+    # ratio is taken between neighbouring turns.
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(ROUNDS * 8):
+        for mode, options in modes.items():
+            with override_settings(**options):
+                cycle()  # warm
+                rates[mode].append(rate(cycle, SECONDS / 4))
+    observe.configure()
+    off = rates["off"]
+    results["observability"] = {
+        "rates": {mode: statistics.median(values) for mode, values in rates.items()},
+        "metrics_ratio": statistics.median(
+            m / o for m, o in zip(rates["metrics"], off, strict=True)
+        ),
+        "spans_ratio": statistics.median(
+            m / o for m, o in zip(rates["metrics + spans"], off, strict=True)
+        ),
+    }
+
+
 def quorum(results: dict[str, Any], node_urls: list[str]) -> None:
     import redis
     from pottery import Redlock
@@ -366,6 +407,7 @@ def memory(results: dict[str, Any], url: str) -> None:
 def admin_listing(results: dict[str, Any]) -> None:
     from django.contrib import admin
     from django.contrib.auth.models import User
+    from django.core.management import call_command
     from django.test import RequestFactory
 
     from django_redlock import locks
@@ -373,6 +415,7 @@ def admin_listing(results: dict[str, Any]) -> None:
     from django_redlock.backends.base import Kind, Op
     from django_redlock.models import HeldLock
 
+    call_command("migrate", verbosity=0)  # the page reads lost holds from the incidents
     backend = locks["default"]
     for start in range(0, 100_000, 5000):  # 100k held locks, 5,000 per pipelined round trip
         ops = [backend.op_acquire(f"admin:{i}", secrets.token_urlsafe(16), 300_000, "bench", Kind())
@@ -542,7 +585,7 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
     q = results["quorum"]
     z, h = results["contended_zero"], results["contended_10ms"]
     w, a, m = results["watchdog"], results["asyncio"], results["memory"]
-    ad, c = results["admin"], results["celery"]
+    ad, c, o = results["admin"], results["celery"], results["observability"]
     sm, sc = results["semaphore"], results["semaphore_10ms"]
     sr = sm["rates"]
     rows = [
@@ -553,6 +596,10 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"≥ 1.0 × redis-py: {ours / r['redis-py Lock']:.2f} × {verdict(ours >= r['redis-py Lock'])}; "
          f"≥ 1.0 × python-redis-lock: {ours / r['python-redis-lock']:.2f} × {verdict(ours >= r['python-redis-lock'])}; "
          f"2 round trips: {u['round_trips']:.2f} {verdict(abs(u['round_trips'] - 2) < 1e-9)}"),
+        ("uncontended cycle with metrics on (and spans)", "cycles/s, the modes taking turns",
+         f"off {o['rates']['off']:,.0f}; metrics {o['rates']['metrics']:,.0f}; metrics + spans {o['rates']['metrics + spans']:,.0f}",
+         f"metrics ≥ 0.97 × off: {o['metrics_ratio']:.3f} × {verdict(o['metrics_ratio'] >= 0.97)}; "
+         f"report: metrics + spans (SDK, recording, no exporter) {o['spans_ratio']:.3f} ×"),
         ("uncontended, Redlock N=5", "cycles/s",
          f"ours {q['ours Redlock N=5']:,.0f}; pottery {q['pottery Redlock N=5']:,.0f}; ours single {q['ours single node']:,.0f}",
          f"≥ 5 × pottery: {q['ours Redlock N=5'] / q['pottery Redlock N=5']:.1f} × {verdict(q['ours Redlock N=5'] >= 5 * q['pottery Redlock N=5'])}; "
@@ -639,6 +686,13 @@ How each figure is taken (`bench/run.py`, `bench/contender.py`):
 - Memory: `MEMORY USAGE` of the lock's keys (the lock, its fence counter, and a fair lock's
   queue and deadlines), with this machine's host name and thread name in the holder field
   (about a byte per character of each).
+- Every other scenario runs as `make bench` installs the app (its `test` extra): with
+  `prometheus_client` and `opentelemetry-api`, so with metrics on (the default) and no tracer
+  provider (no spans).
+- Metrics overhead: the uncontended cycle in one process with everything off, with
+  Prometheus metrics on, and with metrics and OpenTelemetry spans on (the SDK's tracer
+  provider, recording, exporting nowhere), in turns of 0.25 s; the ratio is the median of
+  each turn's rate over the neighbouring "off" turn's.
 - Admin: one rendered changelist page (`SCAN` page + one pipelined inspect) with 100,000
   held locks in the backend.
 
@@ -713,6 +767,7 @@ def main() -> None:
         results: dict[str, Any] = {}
         steps: list[tuple[str, Callable[[], None]]] = [
             ("uncontended", lambda: uncontended(results)),
+            ("metrics overhead", lambda: observability(results)),
             ("quorum", lambda: quorum(results, [n.url for n in nodes])),
             ("contended, zero hold", lambda: contended(
                 results, single.url, 0.0,

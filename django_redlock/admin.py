@@ -22,6 +22,7 @@ from django.utils.safestring import mark_safe
 from .backends.base import BadCursor, LockInfo, Released
 from .exceptions import LockError
 from .handler import locks
+from .health import Health, lost_recently, ping, summarise
 from .incidents import recorder
 from .models import HeldLock, LockIncident
 
@@ -38,6 +39,7 @@ ORDERS = {
 class Row:
     info: LockInfo
     note: str = ""  # on the confirmation page: why this row will not be released
+    lost: int = 0  # holds of this lock lost in the last hour (lock incidents)
 
     @property
     def ident(self) -> str:
@@ -169,15 +171,24 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
         kind = request.GET.get("kind", "")
         order = request.GET.get("o", "")
         cursors = _cursors(request.GET.get("cursor", ""))
+        # One PING per backend: a backend that is down is a banner, and is not paged.
+        health = {alias: ping(locks[alias]) for alias in locks}
         page = None
         if cursors is not None:
             with contextlib.suppress(BadCursor):  # a backend refused its cursor
-                page = self._page(search, only_backend, kind, cursors)
+                page = self._page(search, only_backend, kind, cursors, health)
         if page is None:  # a crafted or stale link: the first page, never a 500
             messages.warning(request, "That page link is not valid: here is the first page.")
             cursors = {}
-            page = self._page(search, only_backend, kind, cursors)
+            page = self._page(search, only_backend, kind, cursors, health)
         rows, banners, following = page
+        # Two queries, whatever the number of locks: lost holds per backend, and per row.
+        for (alias, _), count in lost_recently().items():
+            if alias in health:
+                health[alias].lost = count
+        lost = lost_recently((row.info.backend, row.info.name) for row in rows)
+        for row in rows:
+            row.lost = lost.get((row.info.backend, row.info.name), 0)
         if order.lstrip("-") in ORDERS:
             rows.sort(key=ORDERS[order.lstrip("-")], reverse=order.startswith("-"))
         query = {k: v for k, v in request.GET.items() if k != "cursor"}
@@ -190,6 +201,7 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             "title": "Held locks",
             "rows": rows,
             "banners": banners,
+            "health": list(health.values()),
             "backends": list(locks),
             "kinds": KINDS,
             "orders": [
@@ -211,9 +223,15 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
         return TemplateResponse(request, "admin/django_redlock/heldlock/change_list.html", context)
 
     def _page(
-        self, search: str, only_backend: str, kind: str, cursors: dict[str, str | None]
+        self,
+        search: str,
+        only_backend: str,
+        kind: str,
+        cursors: dict[str, str | None],
+        health: dict[str, Health],
     ) -> tuple[list[Row], list[tuple[str, str]], dict[str, str | None]]:
-        """One page of every backend (BadCursor: a cursor that backend did not make)."""
+        """One page of every backend (BadCursor: a cursor that backend did not make); the
+        health lines count what each backend's page holds."""
         rows: list[Row] = []
         banners: list[tuple[str, str]] = []
         following: dict[str, str | None] = {}
@@ -223,13 +241,18 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             if alias in cursors and cursors[alias] is None:
                 following[alias] = None  # this backend's pages are done
                 continue
+            if not health[alias].up:
+                banners.append((alias, health[alias].detail))
+                continue
             try:
                 found, following[alias] = locks[alias].page(
                     _pattern(search), cursors.get(alias), PAGE_SIZE
                 )
             except LockError as exc:
                 banners.append((alias, str(exc)))
+                health[alias].up, health[alias].detail = False, str(exc)
                 continue
+            summarise(health[alias], found).more = following[alias] is not None
             # A semaphore or read-write lock: a row per lease, each released on its own.
             rows += [
                 Row(row)

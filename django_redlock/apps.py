@@ -23,6 +23,7 @@ class DjangoRedlockConfig(AppConfig):
         # `migrate` and friends never need Redis.
         for alias in locks:
             locks[alias].prepare()
-        from . import incidents
+        from . import incidents, observe
 
         incidents.connect()
+        observe.connect()  # metrics and spans, as the settings say

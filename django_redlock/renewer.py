@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from . import observe
 from .backends.base import BaseLockBackend, Renewal
 
 
@@ -221,6 +222,7 @@ class Renewer:
         started: float,
     ) -> None:
         """Apply one batch's outcome; report lost holds."""
+        observe.renewed(bucket.backend, len(entries), results)
         lost: list[tuple[_Entry, str]] = []
         now = time.monotonic()
         with self._mutex:
@@ -259,8 +261,10 @@ class Renewer:
                 lock._mark_lost(entry.renewal.token, reason)
 
     def _failed(self, bucket: _Bucket, exc: Exception) -> Exception:
-        from .exceptions import BackendUnavailable
+        from .exceptions import BackendUnavailable, QuorumNotReached
 
+        if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
+            observe.backend_error(bucket.backend)
         if not isinstance(exc, BackendUnavailable):  # a bug must not kill the watchdog
             logger.exception("redlock: renewing on %s failed", bucket.backend.describe())
         return exc

@@ -5,13 +5,16 @@ from __future__ import annotations
 import html
 import json
 import re
+import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 from django.test import Client
 
-from django_redlock import lock, locks
+from django_redlock import LockLost, lock, locks
 
 from .conftest import Child
 from .factories import UserFactory
@@ -261,3 +264,81 @@ def test_semaphores_and_read_write_locks_are_listed_per_holder(alias: str) -> No
     confirmed = form_values(client.post(RELEASE, {"lock": form_values(page)}).content.decode())
     client.post(RELEASE, {"lock": confirmed, "confirm": "yes"})
     assert tokens("admin:sem") == set() and tokens("admin:rw") == set()
+
+
+def _waiting(name: str, count: int, alias: str = "redis") -> list[threading.Thread]:
+    """``count`` threads waiting for ``name`` (each takes it in turn when it is freed)."""
+
+    def wait() -> None:
+        with lock(name, using=alias, timeout=10):
+            pass
+
+    threads = [threading.Thread(target=wait) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while (info := locks[alias].inspect(name)) is None or info.waiters < count:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return threads
+
+
+def test_waiters_their_longest_wait_and_lost_holds_per_lock() -> None:
+    from django_redlock.incidents import recorder
+
+    lost = lock("contended:1", using="redis", auto_renew=False)
+    lost.acquire()
+    assert locks["redis"].force_release("contended:1")
+    with pytest.raises(LockLost):
+        lost.release()
+    recorder.flush()
+    holder = lock("contended:1", using="redis")
+    holder.acquire()
+    threads = _waiting("contended:1", 2)
+    time.sleep(0.3)
+    page = client_for(superuser=True).get(URL, {"backend": "redis"}).content.decode()
+    holder.release()
+    for thread in threads:
+        thread.join()
+    row = re.search(r"contended:1</td>.*?</tr>", page, re.S)
+    assert row is not None
+    assert '<td class="waiters">2</td>' in row.group(0)
+    wait = re.search(r'<td class="longest">([\d.]+) s</td>', row.group(0))
+    assert wait is not None and 0.3 <= float(wait.group(1)) < 10
+    assert '<td class="lost">1</td>' in row.group(0)  # from the lock incidents
+    health = re.search(r'data-backend="redis">.*?</tr>', page, re.S)
+    assert health is not None
+    assert re.search(r'<td class="status"[^>]*>up', health.group(0))
+    assert re.search(r'<td class="latency">[\d.]+ ms</td>', health.group(0))
+    assert '<td class="held">1</td>' in health.group(0)
+    assert '<td class="waiting">2</td>' in health.group(0)
+    assert '<td class="lost">1</td>' in health.group(0)
+    other = re.search(r'data-backend="default">.*?</tr>', page, re.S)  # not listed
+    assert other is not None and '<td class="held"></td>' in other.group(0)
+
+
+def test_the_health_summary_names_a_backend_that_is_down() -> None:
+    page = client_for(superuser=True).get(URL).content.decode()
+    down = re.search(r'class="redlock-health-row down" data-backend="down">.*?</tr>', page, re.S)
+    assert down is not None and "Connection refused" in down.group(0)
+    assert 'class="redlock-health-row up" data-backend="local"' in page
+    assert "Backend “down” is unavailable" in page
+
+
+def test_the_page_stays_a_scan_page_with_the_summary(
+    django_assert_max_num_queries: Any,
+) -> None:
+    held = [lock(f"scan:{i:03}", using="redis") for i in range(300)]
+    for each in held:
+        each.acquire()
+    client = client_for(superuser=True)
+    with django_assert_max_num_queries(4):  # session, user, 2 for lost holds: not per lock
+        page = client.get(URL, {"backend": "redis"}).content.decode()
+    health = re.search(r'data-backend="redis">.*?</tr>', page, re.S)
+    assert health is not None
+    rows = page.count('class="redlock-row"')
+    more = "+" if 'id="next-page"' in page else ""
+    assert 0 < rows < 300  # a page's worth, counted from the page, not every lock
+    assert f'<td class="held">{rows}{more}</td>' in health.group(0)
+    for each in held:
+        each.release()

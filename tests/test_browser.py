@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -174,3 +176,47 @@ def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path)
                 assert wrap[0] in SEPARATORS, (name, wraps)
     finally:
         demo.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lock_health_summary_in_a_browser(live_server: Any, browser: Any) -> None:
+    """A held lock with 2 waiters shows 2 and how long they waited; "down" shows as down."""
+    UserFactory(username="ops", is_superuser=True)
+    holder = lock("invoice:export", using="redis")
+    assert holder.acquire(blocking=False)  # (Playwright runs an event loop in this thread)
+
+    def wait() -> None:
+        with lock("invoice:export", using="redis", timeout=30):
+            pass
+
+    waiters = [threading.Thread(target=wait) for _ in range(2)]
+    for thread in waiters:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while (info := locks["redis"].inspect("invoice:export")) is None or info.waiters < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(1.2)  # so the longest wait reads over a second
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{live_server.url}/admin/login/?next=/admin/django_redlock/heldlock/")
+        page.fill("#id_username", "ops")
+        page.fill("#id_password", "secret")
+        page.click("input[type=submit]")
+        page.wait_for_selector("#redlock-health")
+        down = page.locator("#redlock-health tr[data-backend=down]")
+        assert down.locator("td.status").inner_text().startswith("down")
+        redis_line = page.locator("#redlock-health tr[data-backend=redis]")
+        assert redis_line.locator("td.status").inner_text() == "up"
+        assert redis_line.locator("td.latency").inner_text().endswith(" ms")
+        assert redis_line.locator("td.waiting").inner_text() == "2"
+        row = page.locator("tr.redlock-row", has_text="invoice:export").filter(has_text="redis")
+        assert row.first.locator("td.waiters").inner_text() == "2"
+        longest = row.first.locator("td.longest").inner_text()
+        assert longest.endswith(" s") and float(longest[:-2]) >= 1.0
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "admin-lock-health.png"), full_page=True)
+    finally:
+        holder.release()
+        for thread in waiters:
+            thread.join()

@@ -37,6 +37,7 @@ def test_list_as_a_table_and_as_json() -> None:
         data = json.loads(text)
         assert code == 0 and [row["name"] for row in data["locks"]] == ["cmd:b"]
         assert data["locks"][0]["kind"] == "reentrant"
+        assert data["locks"][0]["longest_wait"] is None  # nobody waits
 
 
 def test_list_with_a_backend_down_says_so_and_exits_3() -> None:
@@ -146,7 +147,7 @@ def test_every_subcommand_documents_its_options_and_exit_codes() -> None:
 
     parser = Command().create_parser("manage.py", "redlock")
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) == {"list", "release", "purge", "prune-incidents"}
+    assert set(sub.choices) == {"list", "release", "purge", "prune-incidents", "top"}
     for name, subparser in sub.choices.items():
         assert "exit codes: 0" in subparser.format_help(), name
         for action in subparser._actions:

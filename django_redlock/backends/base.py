@@ -83,6 +83,9 @@ class LockInfo:
     # A semaphore's or read-write lock's holds, one per lease (kind "permit", "read" or
     # "write"), each with its own token, fence and TTL.
     holders: list[LockInfo] = field(default_factory=list)
+    #: Seconds the longest-waiting registered plain waiter has waited (None: no such waiter,
+    #: or the backend cannot tell: fair queues keep no arrival times, LocMem no plain waiters)
+    longest_wait: float | None = None
 
     def rows(self) -> list[LockInfo]:
         """What operators list, one row per hold: a lock's own, or each lease of a semaphore
@@ -116,7 +119,12 @@ def _holder(meta: str) -> dict[str, Any]:
 
 
 def lock_info(
-    name: str, alias: str, value: str | dict[str, str], pttl_ms: int, waiters: int
+    name: str,
+    alias: str,
+    value: str | dict[str, str],
+    pttl_ms: int,
+    waiters: int,
+    longest_wait_ms: int = -1,
 ) -> LockInfo:
     """Read a hold as the scripts write it: a plain string or a reentrant hash."""
     ttl = pttl_ms / 1000 if pttl_ms >= 0 else None
@@ -136,8 +144,19 @@ def lock_info(
         reentrant = True
         token = None
     kind = Kind(reentrant=reentrant, fair=bool(holder.pop("q", False)))
+    longest = longest_wait_ms / 1000 if longest_wait_ms >= 0 else None
     return LockInfo(
-        name, alias, kind.label, fence, ttl, _when(parts[2]), holder, count, waiters, token
+        name,
+        alias,
+        kind.label,
+        fence,
+        ttl,
+        _when(parts[2]),
+        holder,
+        count,
+        waiters,
+        token,
+        longest_wait=longest,
     )
 
 

@@ -251,10 +251,11 @@ class RedisBackend(BaseLockBackend):
         kind, pttl, value, waiters = reply[:4]
         if text(kind) == "zset":
             return _leases(name, self.alias, value, int(waiters), text(reply[4]))
+        longest = [x for x in reply[5:6] if x is not None]
         value = _value(text(kind), value)
         if value is None:
             return None
-        return lock_info(name, self.alias, value, int(pttl), int(waiters))
+        return lock_info(name, self.alias, value, int(pttl), int(waiters), *map(int, longest))
 
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """A page by ``SCAN`` (never ``KEYS``): the scan's cursor is the page's cursor, and

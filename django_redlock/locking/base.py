@@ -19,6 +19,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
+from .. import observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal
 from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
@@ -243,6 +244,7 @@ class BaseLock:
                     " it with no timeout would wait for itself forever; use reentrant=True"
                 )
         started = time.monotonic()
+        span = observe.acquire_started(self)
         if self.reentrant:
             token = owner
         else:
@@ -264,10 +266,13 @@ class BaseLock:
                 self._believe(owner, 0, unsure=True)  # maybe one too many now: settle
             else:
                 self._unsure_token = token
+            observe.acquire_ended(self, started, observe.ERROR, None, span)
             raise
         except Exception:
+            observe.acquire_ended(self, started, observe.ERROR, None, span)
             raise
         except BaseException:
+            observe.acquire_ended(self, started, observe.TIMEOUT, None, span)  # cancelled
             # Cancelled or interrupted while a reply was on its way: the server may have
             # granted the hold, so hand it back (the token is ours alone).
             self._believe(owner, 0, unsure=True)
@@ -279,9 +284,12 @@ class BaseLock:
             raise
         self._unsure_token = None  # answered: the token holds what the answer says
         if not attempt.acquired:
+            outcome = observe.TIMEOUT if blocking and timeout else observe.BUSY
+            observe.acquire_ended(self, started, outcome, None, span)
             if blocking and timeout:
                 acquire_timed_out.send_robust(sender=type(self), lock=self, timeout=timeout)
             return False
+        observe.acquire_ended(self, started, observe.ACQUIRED, attempt.fence, span)
         self._record(owner, actor, token, ttl_ms, attempt)
         return True
 
@@ -339,6 +347,7 @@ class BaseLock:
             hold.renewer = thread_renewer
             hold.renewer.soon(self, self._renewal(token, ttl_ms), self.max_hold)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
+            observe.hold_started(self, hold)
             logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
             lock_acquired.send_robust(sender=type(self), lock=self, fence=attempt.fence)
 
@@ -385,6 +394,7 @@ class BaseLock:
         del self._holds[owner]
         self._stop_renewing(hold)
         self._untake(hold)
+        observe.hold_ended(self, hold)
         self._believe(owner, -hold.depth)
         hold.depth = 0
         return True
@@ -504,6 +514,7 @@ class BaseLock:
     def _declare_lost(self, reason: str) -> None:
         """The backend answered that a hold's token holds nothing: tell everyone."""
         self._lost = reason
+        observe.lost(self)
         logger.warning("redlock: %s lost: %s", self._describe(), reason)
         lock_lost.send_robust(sender=type(self), lock=self, reason=reason)
 

@@ -19,6 +19,7 @@ class Hold:
     renewer: Any = None  # the Renewer renewing it, if any
     releasing: bool = False  # a release was sent whose outcome is unknown
     taken: bool = False  # counted in the registry below (until its release is sent)
+    observed: Any = None  # what metrics and spans keep of it (observe.Held)
 
 
 # Renewed exclusive holds of this process by (backend, name) -> the actors holding them:

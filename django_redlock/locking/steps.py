@@ -12,7 +12,9 @@ import asyncio
 from collections.abc import Generator
 from typing import Any, NamedTuple, TypeVar, cast
 
+from .. import observe
 from ..backends.base import BaseLockBackend, Op
+from ..exceptions import BackendUnavailable, QuorumNotReached
 
 T = TypeVar("T")
 Steps = Generator[Any, Any, T]
@@ -61,6 +63,8 @@ def drive(backend: BaseLockBackend, steps: Steps[T]) -> T:
             else:
                 step.handle[0].__exit__(None, None, None)
         except BaseException as exc:
+            if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
+                observe.backend_error(backend)
             error = exc
 
 
@@ -84,4 +88,6 @@ async def adrive(backend: BaseLockBackend, steps: Steps[T]) -> T:
             else:
                 await step.handle[0].__aexit__(None, None, None)
         except BaseException as exc:
+            if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
+                observe.backend_error(backend)
             error = exc

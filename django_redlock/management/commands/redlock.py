@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from argparse import ArgumentParser, ArgumentTypeError
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -16,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from ...backends.base import LockInfo, Released
 from ...exceptions import LockError
 from ...handler import locks
+from ...health import Health, contention_order, ping, summarise
 from ...incidents import prune, recorder
 
 NOTHING, UNAVAILABLE = 1, 3
@@ -28,6 +32,8 @@ EXIT_CODES = {
     " named); 1 nothing matched, or not confirmed; 2 an unknown --backend; 3 a backend did"
     " not answer",
     "prune-incidents": "0 done",
+    "top": "0 done (Ctrl-C, or --once); 2 an unknown --backend; 3 (--once) a backend did not"
+    " answer",
 }
 
 
@@ -81,6 +87,30 @@ class Command(BaseCommand):
         )
         purge.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
         action("prune-incidents", "Delete lock incidents older than KEEP_DAYS, or beyond MAX_ROWS.")
+        top = action(
+            "top",
+            "A live view of the most contended locks and their holders, refreshed every second"
+            " like `top`, from Redis alone (no database): for servers the admin cannot reach.",
+        )
+        top.add_argument(
+            "--backend", metavar="ALIAS", help="only this DJANGO_REDLOCK alias (default: all)"
+        )
+        top.add_argument(
+            "--match", default="*", metavar="GLOB", help="a glob over lock names (default: *)"
+        )
+        top.add_argument("--once", action="store_true", help="print one view and exit")
+        top.add_argument(
+            "--interval", type=float, default=1.0, metavar="SECONDS",
+            help="seconds between refreshes (default: 1)",
+        )  # fmt: skip
+        top.add_argument(
+            "--limit", type=int, default=20, metavar="N", help="locks shown (default: 20)"
+        )
+        top.add_argument(
+            "--max-locks", type=int, default=10_000, metavar="N",
+            help="held locks read per backend per refresh, SCAN-paged (default: 10,000): bounds"
+            " what one refresh costs Redis",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"].replace("-", "_")
@@ -110,7 +140,7 @@ class Command(BaseCommand):
                 {"name": i.name, "backend": i.backend, "kind": i.kind, "holder": i.holder,
                  "acquired_at": i.acquired_at.isoformat() if i.acquired_at else None,
                  "ttl": i.ttl, "hold_count": i.hold_count, "waiters": i.waiters,
-                 "fence": i.fence, "limit": i.limit}
+                 "longest_wait": i.longest_wait, "fence": i.fence, "limit": i.limit}
                 for i in found
             ]  # fmt: skip
             self.stdout.write(json.dumps({"locks": rows, "unavailable": failed}, indent=2))
@@ -195,6 +225,25 @@ class Command(BaseCommand):
         if answer.strip().lower() not in ("y", "yes"):
             raise CommandError("not confirmed", returncode=NOTHING)
 
+    def do_top(self, options: dict[str, Any]) -> None:
+        aliases = self._aliases(options["backend"])
+        if options["once"]:
+            frame, healths = top_frame(aliases, options)
+            self.stdout.write(frame)
+            if not all(h.up for h in healths):
+                sys.exit(UNAVAILABLE)
+            return
+        interval = max(float(options["interval"]), 0.1)
+        try:
+            while True:
+                frame, _ = top_frame(aliases, options)
+                # Home and clear, then the frame: the terminal shows one view, like top.
+                self.stdout.write("\x1b[H\x1b[2J" + frame)
+                self.stdout.flush()
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            self.stdout.write("")
+
     def do_prune_incidents(self, options: dict[str, Any]) -> None:
         self.stdout.write(f"deleted {prune()} lock incidents")
 
@@ -223,3 +272,69 @@ def _holder(info: LockInfo) -> str:
     h = info.holder
     task = f" task {h['k']}" if h.get("k") else ""
     return f"{h.get('h', '?')}:{h.get('p', '?')}{task}"
+
+
+def top_frame(aliases: list[str], options: dict[str, Any]) -> tuple[str, list[Health]]:
+    """One view of ``redlock top``: each backend's health, then the most contended locks
+    (most waiters, longest wait, oldest hold first)."""
+    healths: list[Health] = []
+    found: list[LockInfo] = []
+    limit, max_locks = max(int(options["limit"]), 1), max(int(options["max_locks"]), 1)
+    for alias in aliases:
+        health = ping(locks[alias])
+        healths.append(health)
+        if not health.up:
+            continue
+        seen: list[LockInfo] = []
+        cursor: str | None = None
+        try:
+            while len(seen) < max_locks:
+                page, cursor = locks[alias].page(options["match"], cursor, 500)
+                seen += page
+                if cursor is None:
+                    break
+        except LockError as exc:
+            health.up, health.detail = False, str(exc)
+            continue
+        summarise(health, seen).more = cursor is not None
+        found += seen
+    found.sort(key=contention_order)
+    now = datetime.now(timezone.utc)
+    title = f"redlock top - {now:%Y-%m-%d %H:%M:%S} UTC"
+    if not options["once"]:
+        title += f" - every {options['interval']:g} s (Ctrl-C quits)"
+    health_rows = [
+        (h.alias, h.status, "" if h.latency_ms is None else f"{h.latency_ms:.1f}ms",
+         f"{h.held}{'+' if h.more else ''}" if h.counted else "",
+         str(h.waiting) if h.counted else "",
+         _seconds(h.longest_wait), h.detail[:60])
+        for h in healths
+    ]  # fmt: skip
+    lock_rows = [
+        (i.backend, i.name, i.kind, str(i.waiters), _seconds(i.longest_wait),
+         _seconds((now - i.acquired_at).total_seconds() if i.acquired_at else None),
+         _seconds(i.ttl), "" if i.fence is None else str(i.fence), _holder(i))
+        for i in found[:limit]
+    ]  # fmt: skip
+    lock_header = ("BACKEND", "NAME", "KIND", "WAITERS", "LONGEST", "HELD FOR", "TTL", "FENCE",
+                   "HOLDER")  # fmt: skip
+    parts = [
+        title,
+        "",
+        _columns(("BACKEND", "STATUS", "LATENCY", "HELD", "WAITING", "LONGEST", ""), health_rows),
+        "",
+        _columns(lock_header, lock_rows) if lock_rows else "no held locks",
+    ]
+    if len(found) > limit:
+        parts.append(f"... and {len(found) - limit} more held locks")
+    return "\n".join(parts) + "\n", healths
+
+
+def _seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}s"
+
+
+def _columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in [header, *rows])  # fmt: skip

@@ -1,0 +1,244 @@
+"""Prometheus metrics: every metric moves by exactly what a scripted sequence of lock events
+should move it, on real redis-servers; no label is ever a lock name."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+from prometheus_client import REGISTRY
+
+from django_redlock import BackendUnavailable, LockLost, lock, locks, observe
+from django_redlock.testing import RedisServer
+
+NAMES = ("obs:a", "obs:b", "obs:lost", "obs:renewed", "obs:down", "obs:gone")
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Snapshot:
+    """Every redlock_* sample now, to compare with later."""
+
+    def __init__(self) -> None:
+        self.values = self.read()
+
+    @staticmethod
+    def read() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for metric in REGISTRY.collect()
+            if metric.name.startswith("redlock_")
+            for s in metric.samples
+            if not s.name.endswith("_created")
+        }
+
+    def moved(self) -> dict[str, float]:
+        """What changed: 'name{label=value,...}' -> delta (buckets left out)."""
+        now = self.read()
+        changes = {}
+        for key, value in now.items():
+            name, labels = key
+            delta = value - self.values.get(key, 0.0)
+            if delta and not name.endswith("_bucket"):
+                text = ",".join(f"{k}={v}" for k, v in labels)
+                changes[f"{name}{{{text}}}"] = round(delta, 6)
+        return changes
+
+
+@pytest.fixture(autouse=True)
+def _observed() -> Iterator[None]:
+    assert observe.configure() is not None  # prometheus_client is installed for the tests
+    yield
+
+
+def test_a_scripted_sequence_moves_every_metric_by_exactly_what_happened(
+    monkeypatch: pytest.MonkeyPatch, redis_factory: Any
+) -> None:
+    backend = locks["redis"]
+    renewed: list[int] = []
+    original = backend.renew_many
+
+    def counting(renewals: Any) -> Any:  # the watchdog's own calls, counted as they return
+        results = original(renewals)
+        renewed.append(results.count(True))
+        return results
+
+    monkeypatch.setattr(backend, "renew_many", counting)
+    before = Snapshot()
+    renewals = sample("redlock_renewals_total", backend="redis", outcome="renewed")
+    waits = sample("redlock_wait_seconds_sum", backend="redis", kind="plain")
+    for _ in range(3):  # k = 3 acquisitions
+        with lock("obs:a", using="redis"):
+            pass
+    with lock("obs:b", using="redis"):
+        assert not lock("obs:b", using="redis").acquire(blocking=False)  # busy
+        assert not lock("obs:b", using="redis").acquire(timeout=0.2)  # timeout
+    held = lock("obs:lost", using="redis", auto_renew=False)
+    held.acquire()
+    assert locks["redis"].force_release("obs:lost")
+    with pytest.raises(LockLost):
+        held.release()  # a lost hold, found at release
+    with lock("obs:renewed", using="redis", ttl=0.6):
+        deadline = time.monotonic() + 10
+        while sum(renewed) < 2:  # renewed by the watchdog (every 0.2 s)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    while sample("redlock_renewals_total", backend="redis", outcome="renewed") - renewals < sum(
+        renewed
+    ):
+        assert time.monotonic() < deadline  # the watchdog settles what it got back
+        time.sleep(0.01)
+    with pytest.raises(BackendUnavailable):
+        lock("obs:down", using="down").acquire()  # a backend error
+    moved = before.moved()
+    assert moved == {
+        "redlock_acquisitions_total{backend=redis,kind=plain,outcome=acquired}": 6,
+        "redlock_acquisitions_total{backend=redis,kind=plain,outcome=busy}": 1,
+        "redlock_acquisitions_total{backend=redis,kind=plain,outcome=timeout}": 1,
+        "redlock_acquisitions_total{backend=down,kind=plain,outcome=error}": 1,
+        "redlock_wait_seconds_count{backend=redis,kind=plain}": 7,  # acquired + timed out
+        "redlock_wait_seconds_sum{backend=redis,kind=plain}": moved[
+            "redlock_wait_seconds_sum{backend=redis,kind=plain}"
+        ],
+        "redlock_hold_seconds_count{backend=redis,kind=plain}": 6,
+        "redlock_hold_seconds_sum{backend=redis,kind=plain}": moved[
+            "redlock_hold_seconds_sum{backend=redis,kind=plain}"
+        ],
+        "redlock_lost_total{backend=redis}": 1,
+        "redlock_renewals_total{backend=redis,outcome=renewed}": sum(renewed),
+        "redlock_backend_errors_total{backend=down}": 1,
+    }
+    waited = sample("redlock_wait_seconds_sum", backend="redis", kind="plain") - waits
+    assert 0.2 <= waited < 5  # the timeout's 0.2 s is in it
+    assert moved["redlock_hold_seconds_sum{backend=redis,kind=plain}"] >= 0.4  # renewed hold
+    assert sample("redlock_held", backend="redis") == 0  # every hold ended
+    labels = {v for metric in REGISTRY.collect() if metric.name.startswith("redlock_")
+              for s in metric.samples for v in s.labels.values()}  # fmt: skip
+    assert not labels & set(NAMES)  # never a lock name
+
+
+def test_held_counts_this_process_s_holds_and_a_renewal_finds_a_loss() -> None:
+    before = Snapshot()
+    first = lock("obs:gone", using="redis", ttl=0.6)
+    first.acquire()
+    second = lock("obs:b", using="redis", reentrant=True)
+    second.acquire()
+    second.acquire()  # a re-entry is not another hold
+    assert sample("redlock_held", backend="redis") == 2
+    assert locks["redis"].force_release("obs:gone")
+    deadline = time.monotonic() + 10
+    while first.lost is None:  # the watchdog finds it gone
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert sample("redlock_held", backend="redis") == 1
+    second.release()
+    second.release()
+    moved = before.moved()
+    assert moved["redlock_renewals_total{backend=redis,outcome=lost}"] == 1
+    assert moved["redlock_lost_total{backend=redis}"] == 1
+    assert moved["redlock_acquisitions_total{backend=redis,kind=reentrant,outcome=acquired}"] == 2
+    assert moved["redlock_hold_seconds_count{backend=redis,kind=reentrant}"] == 1
+    assert sample("redlock_held", backend="redis") == 0
+
+
+def test_renewals_that_get_no_answer_are_errors(redis_factory: Any) -> None:
+    server: RedisServer = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url,
+              "OPTIONS": {"socket_timeout": 0.3, "socket_connect_timeout": 0.3}}  # fmt: skip
+    from django.conf import settings
+
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "flaky": config}):
+        before = Snapshot()
+        held = lock("obs:flaky", using="flaky", ttl=0.9)
+        held.acquire()
+        server.kill()
+        deadline = time.monotonic() + 10
+        while held.lost is None:  # no answer until the TTL ran out: lost
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        moved = before.moved()
+    assert moved["redlock_renewals_total{backend=flaky,outcome=error}"] >= 1
+    errors = moved["redlock_backend_errors_total{backend=flaky}"]
+    assert errors == moved["redlock_renewals_total{backend=flaky,outcome=error}"]
+    assert moved["redlock_lost_total{backend=flaky}"] == 1
+
+
+def test_asyncio_and_fair_kinds_are_labelled_by_kind() -> None:
+    import asyncio
+
+    before = Snapshot()
+
+    async def main() -> None:
+        async with lock("obs:a", using="local", fair=True):
+            pass
+
+    asyncio.run(main())
+    moved = before.moved()
+    assert moved["redlock_acquisitions_total{backend=local,kind=fair,outcome=acquired}"] == 1
+    assert moved["redlock_hold_seconds_count{backend=local,kind=fair}"] == 1
+
+
+def test_groups_map_names_to_a_few_families() -> None:
+    groups = {"invoice:{id}": "invoice", "report:*:daily": "daily-report"}
+    with override_settings(DJANGO_REDLOCK_LOCK_GROUPS=groups):
+        for name in ("invoice:1", "invoice:2", "report:7:daily", "misc"):
+            with lock(name, using="local"):
+                pass
+        got = {
+            group: sample(
+                "redlock_acquisitions_total",
+                backend="local",
+                kind="plain",
+                outcome="acquired",
+                group=group,
+            )
+            for group in ("invoice", "daily-report", "other")
+        }
+    assert got == {"invoice": 2, "daily-report": 1, "other": 1}
+    # Back to the SPEC's labels without the setting.
+    with lock("invoice:3", using="local"):
+        pass
+    assert sample("redlock_acquisitions_total", backend="local", kind="plain",
+                  outcome="acquired") == 1  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("DJANGO_REDLOCK_METRICS", "yes", "must be True or False"),
+        ("DJANGO_REDLOCK_LOCK_GROUPS", ["invoice"], "non-empty dict"),
+        ("DJANGO_REDLOCK_LOCK_GROUPS", {"invoice:*": "in voice"}, "a group is 1-64"),
+    ],
+)
+def test_bad_settings_are_refused(setting: str, value: Any, message: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=message), override_settings(**{setting: value}):
+        pass
+
+
+def test_off_is_a_do_nothing_hook_and_moves_nothing() -> None:
+    with override_settings(DJANGO_REDLOCK_METRICS=False, DJANGO_REDLOCK_TRACING=False):
+        assert all(getattr(observe, hook) is observe._nothing for hook in observe.HOOKS)
+        before = Snapshot()
+        with lock("obs:a", using="redis"):
+            assert not lock("obs:a", using="redis").acquire(blocking=False)
+        assert before.moved() == {}
+    assert observe.acquire_ended is not observe._nothing
+
+
+def test_a_hold_whose_lock_object_was_collected_ends_its_gauge() -> None:
+    import gc
+
+    leaked = lock("obs:leak", using="local", auto_renew=False)
+    leaked.acquire()
+    assert sample("redlock_held", backend="local") == 1
+    del leaked  # never released: the hold runs out at its TTL
+    gc.collect()
+    with lock("obs:next", using="local"):  # the next hook counts the abandoned hold as ended
+        assert sample("redlock_held", backend="local") == 1
+    assert sample("redlock_held", backend="local") == 0
