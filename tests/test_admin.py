@@ -297,6 +297,7 @@ def test_waiters_their_longest_wait_and_lost_holds_per_lock() -> None:
     threads = _waiting("contended:1", 2)
     time.sleep(0.3)
     page = client_for(superuser=True).get(URL, {"backend": "redis"}).content.decode()
+    page = page.replace("<wbr>", "")  # names break only after separators
     holder.release()
     for thread in threads:
         thread.join()
