@@ -25,7 +25,8 @@ def _placeholder(*args: Any, **kwargs: Any) -> None:
 
 #: Names the README's code uses for the reader's own code and data.
 PLACEHOLDERS = {"charge": _placeholder, "invoice": object(), "sync": _placeholder,
-                "export": _placeholder, "debit": _placeholder, "show": _placeholder}  # fmt: skip
+                "export": _placeholder, "debit": _placeholder, "show": _placeholder,
+                "rebuild": _placeholder, "catalog": object()}  # fmt: skip
 
 LOCMEM = "django.core.cache.backends.locmem.LocMemCache"  # a new project's CACHES
 BLOCKS = python_blocks()
