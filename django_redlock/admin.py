@@ -58,6 +58,16 @@ class Row:
         return mark_safe("<wbr>".join(escape(part) for part in parts))
 
     @property
+    def fence_breaks(self) -> str:
+        """The fence (a 16-digit number since fences follow the server clock) with break
+        opportunities between groups of six digits from the right, so the table fits."""
+        if self.info.fence is None:
+            return ""
+        digits = str(self.info.fence)
+        groups = [digits[max(0, end - 6) : end] for end in range(len(digits), 0, -6)]
+        return mark_safe("<wbr>".join(reversed(groups)))
+
+    @property
     def holder(self) -> str:
         h = self.info.holder
         where = f"{h.get('h', '?')} pid {h.get('p', '?')} {h.get('t', '')}".strip()

@@ -535,7 +535,10 @@ def multiprocess() -> bool:
 def installed(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec(module) is not None
+    try:  # find_spec("a.b") imports "a", and raises when "a" is missing
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def configure(settings: Any = None) -> Observer | None:

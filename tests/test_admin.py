@@ -246,7 +246,7 @@ def test_semaphores_and_read_write_locks_are_listed_per_holder(alias: str) -> No
         info = locks[alias].inspect(name)
         return set() if info is None else {h.token for h in info.holders}
 
-    page = client.get(URL, {"backend": alias, "q": "admin:"}).content.decode()
+    page = client.get(URL, {"backend": alias, "q": "admin:"}).content.decode().replace("<wbr>", "")
     assert page.count("semaphore permit 2/3") == 2 and "read-write read" in page
     assert str(sems[0].fence) in page and str(sems[1].fence) in page
     only = client.get(URL, {"backend": alias, "kind": "semaphore"}).content.decode()

@@ -22,8 +22,10 @@ def _calls(server: RedisServer, command: str = "evalsha") -> int:
 
 def _all_calls(server: RedisServer) -> dict[str, int]:
     stats = server.client().info("commandstats")
-    # Not INFO (ours), nor a connection's handshake (HELLO, CLIENT SETINFO): no polling.
+    # Not INFO (ours), nor a connection's handshake (HELLO, CLIENT SETINFO): no polling. BRPOP
+    # is the session's Celery worker waiting on its broker queue on this server; we never send it.
     skip = {"cmdstat_info", "cmdstat_hello", "cmdstat_client|setinfo", "cmdstat_client"}
+    skip.add("cmdstat_brpop")
     return {k: int(v.get("calls", 0)) for k, v in stats.items() if k not in skip}
 
 

@@ -50,7 +50,9 @@ def contended() -> Iterator[None]:
 
 def lock_lines(text: str) -> list[str]:
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("BACKEND  NAME"))
+    starts = [i for i, line in enumerate(lines) if line.startswith("BACKEND  NAME")]
+    assert starts, text
+    start = starts[0]
     return [line for line in lines[start + 1 :] if line.strip() and not line.startswith("...")]
 
 

@@ -158,3 +158,10 @@ def test_a_lost_hold_gets_a_lost_span_under_its_hold_span(spans: InMemorySpanExp
     with lock("trace:fine", using="redis"):
         pass
     assert len(named(spans, "redlock.lost")) == 1  # a release is no loss
+
+
+def test_a_project_without_opentelemetry_starts() -> None:
+    """find_spec("opentelemetry.trace") raises when the parent package is missing: the app
+    must start anyway, with tracing off (a newcomer's fresh project failed on this)."""
+    assert observe.installed("no_such_package_here.trace") is False
+    assert observe.installed("opentelemetry.trace") is True
