@@ -70,9 +70,10 @@ def main() -> int:
         for child in children:
             if child.poll() is None:
                 child.terminate()
+        deadline = time.monotonic() + 10  # for all of them: then whoever is left is killed
         for child in children:
             try:
-                child.wait(10)
+                child.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.kill()
         if redis_server is not None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
@@ -295,10 +296,18 @@ def test_the_demo_runs_two_beats_and_shows_the_leader(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the home page never showed a beat leader"
             time.sleep(0.3)
         assert shown.group(1) in beats  # one of the demo's two beats leads
+        # The leader's first heartbeat (due 10 s after the beats start) runs on the worker.
+        url = next(re.search(r"redis-server at (\S+)", x) for x in lines if "redis-server at" in x)
+        assert url is not None
+        shop_redis = redis.Redis.from_url(url.group(1).rsplit("/", 1)[0] + "/3")
+        while not shop_redis.llen("shop:heartbeats"):
+            assert time.monotonic() < deadline + 30, "no heartbeat ran on the demo's worker"
+            time.sleep(0.3)
     finally:
         demo.send_signal(signal.SIGINT)
-        output, _ = demo.communicate(timeout=30)
+        output, _ = demo.communicate(timeout=60)
     assert "demo: stopped" in output
+    assert "unregistered task" not in output, output
 
 
 class Recording(beat.LockedScheduler):

@@ -32,6 +32,7 @@ def desk_shift(clerk: int, seconds: float = 2.5) -> int | None:
         return held.fence
 
 
+@shared_task
 def heartbeat() -> str:
     """Sent by whichever beat leads, every 10 s: once, however many beats run."""
     stock.redis().rpush("shop:heartbeats", time.time())
