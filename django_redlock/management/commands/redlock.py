@@ -269,6 +269,9 @@ def _fence(value: str) -> int:
 
 
 def _holder(info: LockInfo) -> str:
+    if info.holders:  # a semaphore's permits or a read-write lock's readers: one row, the first
+        more = f" +{len(info.holders) - 1} more" if len(info.holders) > 1 else ""
+        return _holder(info.holders[0]) + more
     h = info.holder
     task = f" task {h['k']}" if h.get("k") else ""
     return f"{h.get('h', '?')}:{h.get('p', '?')}{task}"
