@@ -63,6 +63,7 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
+TIME_ZONE = "UTC"  # (Django's default is America/Chicago)
 STATIC_URL = "static/"
 
 CACHES = {
