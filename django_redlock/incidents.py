@@ -12,6 +12,7 @@ acquire or release), kept as ``DJANGO_REDLOCK_INCIDENTS`` says.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -32,10 +33,22 @@ def config() -> dict[str, Any]:
 
 
 class Recorder:
-    """A queue and one daemon thread that writes what is queued to the database."""
+    """A queue and one daemon thread that writes what is queued to the database.
 
-    def __init__(self) -> None:
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
+    The queue is bounded: when the database is slow or down, and a loop of timed-out waits
+    records faster than it writes, incidents beyond ``limit`` are dropped (and counted in a
+    warning), never held in memory without end, and ``record`` never blocks a lock's caller.
+    """
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self.dropped = 0
+        self._forget()
+
+    def _forget(self) -> None:
+        """Fresh state: at start, and in a forked child, where the parent's writer thread is
+        gone and the queue's internal lock may have been held at the fork."""
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(self.limit)
         self._thread: threading.Thread | None = None
         self._mutex = threading.Lock()
 
@@ -46,7 +59,14 @@ class Recorder:
             return
         incident = {"kind": kind, "name": name[:1024], "backend": backend[:100],
                     "detail": detail, "user": user}  # fmt: skip
-        self._queue.put(incident)
+        try:
+            self._queue.put_nowait(incident)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+                logger.warning("redlock: %d lock incidents dropped (the writer is behind): "
+                               "the latest %s of %r", self.dropped, kind, name)  # fmt: skip
+            return
         with self._mutex:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
@@ -89,6 +109,8 @@ class Recorder:
 
 
 recorder = Recorder()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=recorder._forget)  # the child's incidents are its own
 
 
 def prune() -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -11,7 +14,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_redlock import QuorumNotReached, lock, locks
-from django_redlock.incidents import prune, recorder
+from django_redlock.incidents import Recorder, prune, recorder
 from django_redlock.models import LockIncident
 from django_redlock.signals import lock_lost
 
@@ -106,3 +109,37 @@ def test_prune_keeps_recent_and_at_most_max_rows() -> None:
     with override_settings(DJANGO_REDLOCK_INCIDENTS={"KEEP_DAYS": 30, "MAX_ROWS": 4}):
         assert prune() == 3 + 1
     assert LockIncident.objects.count() == 4
+
+
+def test_a_writer_behind_drops_beyond_the_limit_and_never_blocks() -> None:
+    """The database is slow: incidents beyond the queue's bound are dropped and counted, and
+    ``record`` (called on the lock path) returns at once."""
+    slow = Recorder(limit=3)
+    release, written = threading.Event(), []
+
+    def write(batch: list[dict[str, Any]]) -> None:
+        release.wait(10)
+        written.extend(batch)
+
+    slow._write = write  # type: ignore[method-assign]
+    started = time.monotonic()
+    for i in range(20):
+        slow.record("lost", f"slow:{i}", "redis")
+    assert time.monotonic() - started < 1
+    assert 20 - 3 - 1 <= slow.dropped <= 20 - 3  # 3 queued, and maybe 1 taken by the writer
+    release.set()
+    slow.flush(5)
+    assert len(written) == 20 - slow.dropped
+
+
+def test_a_forked_child_records_though_the_fork_came_mid_record() -> None:
+    """The parent's queue lock was held at the fork (another thread was recording): the
+    child gets a fresh queue and writer, instead of a lock nobody will ever release."""
+    with recorder._queue.mutex:
+        pid = os.fork()
+        if pid == 0:  # the child: a stuck record would be ended by the alarm
+            signal.alarm(5)
+            recorder.record("lost", "forked", "redis")
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
