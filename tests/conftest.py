@@ -109,6 +109,13 @@ def start_sentinel_group(replicas: int = 1) -> list[RedisServer]:
         while len(client.execute_command("SENTINEL", "REPLICAS", "mymaster")) < replicas:
             assert time.monotonic() < deadline, "the sentinels never saw the replicas"
             time.sleep(0.1)
+    # ... and the replicas have finished their first sync (else WAIT counts them as 0).
+    while master.client().info("replication").get("connected_slaves", 0) < replicas or any(
+        follower.client().info("replication").get("master_link_status") != "up"
+        for follower in followers
+    ):
+        assert time.monotonic() < deadline, "the replicas never finished their first sync"
+        time.sleep(0.05)
     return [master, *followers, *sentinels]
 
 

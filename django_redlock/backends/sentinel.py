@@ -73,6 +73,14 @@ class SentinelBackend(RedisBackend):
         self.min_replicas = int(own.get("min_replicas", 0))
         self.min_replicas_timeout = float(own.get("min_replicas_timeout", 0.5))
         self.sentinel_kwargs = dict(own.get("sentinel_kwargs") or {})
+        if self.min_replicas and self.min_replicas_timeout >= self.socket_timeout:
+            # WAIT's reply comes after min_replicas_timeout: a socket that gives up first
+            # turns every slow replica into "unavailable" instead of QuorumNotReached.
+            raise ImproperlyConfigured(
+                f"DJANGO_REDLOCK[{alias!r}]['OPTIONS']['min_replicas_timeout']"
+                f" ({self.min_replicas_timeout:g} s) must be shorter than socket_timeout"
+                f" ({self.socket_timeout:g} s): the socket would give up before WAIT answers"
+            )
 
     def _sentinels(self) -> list[tuple[str, int]]:
         return [(urlsplit(u).hostname or "", urlsplit(u).port or 26379) for u in self.location]  # type: ignore[union-attr]
