@@ -16,7 +16,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@# setuptools warns on every editable install of a flat layout that folders in the working
 	@# directory may shadow the package; its import hook maps only django_redlock, so we know.
 	PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
-		$(BIN)/python -m pip install --quiet -e ".[test,celery]"
+		$(BIN)/python -m pip install --quiet -e ".[test,celery,beat]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
