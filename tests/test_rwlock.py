@@ -255,3 +255,26 @@ def test_a_read_whose_reply_was_lost_does_not_linger(redis_server: Any, name: st
             writer.release()
     finally:
         proxy.close()
+
+
+def test_a_write_after_a_read_whose_reply_was_lost(redis_server: Any, name: str) -> None:
+    """The owner's write after such a read is no upgrade: the read it does not hold is
+    settled first (freed), not held against it."""
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+            rw = read_write_lock(name, using="lossy", ttl=10)
+            with rw.read():  # connected, the script loaded: the next reply is the acquire's
+                pass
+            proxy.lose_replies(1)
+            with pytest.raises(BackendUnavailable):
+                rw.read().acquire()  # went through: the server holds a read, we count none
+            assert len(read_write_lock(name, using="redis").holders()) == 1
+            writer = rw.write()
+            assert writer.acquire(blocking=False)  # not refused as a read-to-write upgrade
+            assert [h.kind for h in rw.holders()] == ["write"]
+            writer.release()
+            assert rw.holders() == []
+    finally:
+        proxy.close()
