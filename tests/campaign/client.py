@@ -321,7 +321,7 @@ def hold_body(
             time.sleep(rng.uniform(0.02, 0.15))
         else:
             time.sleep(rng.uniform(0, 0.01))
-        if reentrant and rng.random() < 0.3:
+        if (reentrant or role == "r") and rng.random() < 0.3:  # reads are reentrant
             again = lk.acquire(blocking=False)
             log("nest", h=hold, ok=again, fence=lk.fence)
             if again:
