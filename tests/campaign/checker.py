@@ -9,8 +9,14 @@ Safety (every moment of the run, faults or not):
 * ``fence-behind``: a hold's fence is not greater than the fence of a hold granted before
   this acquire even started (fences must follow real time: after a restart too);
 * ``overlap-accepted``: the resource accepted writes of two holds interleaved (one's section
-  began before the other's ended), whatever their fences;
-* ``stale-fence-accepted``: the resource accepted a fence lower than one it had accepted;
+  began before the other's ended), whatever their fences, where one of them is exclusive (a
+  lock, a write lock): readers may share the resource, and up to ``limit`` semaphore permits
+  (more than ``limit`` permits' sections at once is the violation there);
+* ``stale-fence-accepted``: the resource accepted an exclusive hold's fence lower than one it
+  had accepted, or a read's fence not above the last writer's; for a permit: a write after
+  the permit's expiry (see resource.py);
+* ``over-limit-held``: a direct read of the servers saw more than ``limit`` live permits of
+  the semaphore at once; ``writer-not-alone``: it saw a write lease beside another lease;
 * ``phantom-hold``: right after acquire returned True, the servers (read directly) did not
   hold it, with no data loss in between;
 * ``lost-but-held``: a hold was reported lost (``lock_lost``) while the servers still held it
@@ -50,6 +56,7 @@ from typing import Any
 from .resource import Write
 
 UNKNOWN_ERRORS = ("BackendUnavailable", "QuorumNotReached")
+_ROLES = {"x": "exclusive", "r": "read", "s": "permit"}
 BREAKER = 1.0  # Redlock skips a failed node this long
 
 
@@ -60,6 +67,7 @@ class Hold:
     client: str
     hold: int
     mode: str = ""
+    role: str = "x"  # x exclusive (a lock, a write lock), r a read, s a semaphore permit
     timeout: float | None = None
     start: float = 0.0
     end: float | None = None  # when acquire returned or raised
@@ -147,6 +155,7 @@ def _holds(events: list[dict[str, Any]]) -> dict[tuple[str, int], Hold]:
         e = ev["e"]
         if e == "acq":
             hold.mode, hold.timeout, hold.start = ev["mode"], ev["timeout"], ev["t"]
+            hold.role = ev.get("role", "x")
         elif e in ("acq_ok", "acq_no", "acq_err"):
             hold.end, hold.outcome = ev["t"], e[4:]
             if e == "acq_ok":
@@ -172,6 +181,22 @@ def _merge(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
+def _at_least(spans: Iterable[tuple[float, float]], n: int) -> list[tuple[float, float]]:
+    """The times covered by at least ``n`` of ``spans`` at once, merged."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    found, count, since = [], 0, 0.0
+    for t, step in edges:
+        if step > 0:
+            count += 1
+            if count == n:
+                since = t
+        else:
+            if count == n:
+                found.append((since, t))
+            count -= 1
+    return _merge(found)
+
+
 def check(
     *,
     backend: str,
@@ -190,6 +215,7 @@ def check(
     harness_errors: list[str],
     waiter_lease: float,
     lost_replies: int = 0,
+    limit: int = 1,
 ) -> Report:
     events = sorted(events, key=lambda e: e["t"])
     holds = _holds(events)
@@ -236,36 +262,66 @@ def check(
             )
 
     # -- safety: the resource --------------------------------------------------------------
-    top = -1
+    loss_times = sorted(f.started for f in applied if f.kind in data_loss)
+    top, top_x = -1, -1
     spans: dict[tuple[str, int], list[int]] = {}
     for w in writes:
         if not w.accepted:
             continue
-        if w.fence < top:
+        if w.role == "s":
+            if w.expiry < 0 or w.t * 1000 >= w.expiry:
+                violate("stale-fence-accepted", w.t, f"resource write #{w.seq} of permit"
+                        f" fence {w.fence} accepted at {w.t:.3f}, not before its expiry"
+                        f" {w.expiry / 1000:.3f}", w.client)  # fmt: skip
+        elif w.fence <= top_x if w.role == "r" else w.fence < top:
             violate("stale-fence-accepted", w.t, f"resource write #{w.seq} fence {w.fence}"
-                    f" accepted after fence {top}", w.client)  # fmt: skip
-        top = max(top, w.fence)
+                    f" ({'read' if w.role == 'r' else 'exclusive'}) accepted after fence"
+                    f" {top_x if w.role == 'r' else top}", w.client)  # fmt: skip
+        if w.role != "s":
+            top = max(top, w.fence)
+        if w.role == "x":
+            top_x = max(top_x, w.fence)
         span = spans.setdefault((w.client, w.hold), [w.seq, w.seq])
         span[1] = w.seq
+    # Sections in the resource's order: an exclusive one overlaps no other, a read none
+    # exclusive, and at most `limit` permits' sections overlap.
     ordered = sorted(spans.items(), key=lambda kv: kv[1][0])
-    open_key, open_end = None, -1
+    active: list[tuple[tuple[str, int], list[int]]] = []
     for key, (first, last) in ordered:
-        if open_key is not None and first < open_end:
-            w1, w2 = writes[first], writes[open_end]
+        active = [(k, span) for k, span in active if span[1] > first]
+        role = writes[first].role
+        if role == "s":
+            clash = [k for k, _ in active] if len(active) + 1 > limit else []
+            # A permit's expiry read just before a lock server restarted empty may let one
+            # more write in (the restart dropped the lease, and a new permit was granted).
+            w = writes[first]
+            lo = bisect.bisect_left(loss_times, w.t - ttl)
+            if lo < len(loss_times) and loss_times[lo] <= w.t:
+                clash = []
+        elif role == "r":
+            clash = [k for k, _ in active if writes[spans[k][0]].role == "x"]
+        else:
+            clash = [k for k, _ in active]
+        if clash:
+            w1 = writes[first]
+            inside = ", ".join(
+                f"{c}/h{h} (fence {writes[spans[(c, h)][0]].fence},"
+                f" writes #{spans[(c, h)][0]}..#{spans[(c, h)][1]})"
+                for c, h in clash
+            )
             violate(
                 "overlap-accepted",
                 w1.t,
-                f"the resource accepted {key[0]}/h{key[1]} (fence {w1.fence}, write #{first})"
-                f" inside the section of {open_key[0]}/h{open_key[1]} (fence {w2.fence},"
-                f" writes #{spans[open_key][0]}..#{open_end})",
+                f"the resource accepted {key[0]}/h{key[1]} ({_ROLES[role]}, fence {w1.fence},"
+                f" write #{first}) inside the section"
+                f"{'s' if len(clash) > 1 else ''} of {inside}"
+                + (f" (limit {limit})" if role == "s" else ""),
                 key[0],
-                open_key[0],
+                *(c for c, _ in clash),
             )
-        if last > open_end:
-            open_key, open_end = key, last
+        active.append((key, [first, last]))
 
     # -- safety: what the servers say ------------------------------------------------------
-    loss_times = sorted(f.started for f in applied if f.kind in data_loss)
     paused: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for f in applied:
         if f.kind == "client_pause" and f.client:
@@ -284,6 +340,15 @@ def check(
             if hold is None:
                 continue
             found, when = ev["found"], ev["when"]
+            seen = ev.get("leases") or ""  # every live lease's mode, read at once
+            if kind == "semaphore" and seen.count("s") > limit:
+                violate("over-limit-held", ev["t0"], f"the servers held {seen.count('s')}"
+                        f" permits at once (limit {limit}) at {ev['t0']:.3f}..{ev['t1']:.3f}",
+                        ev["c"])  # fmt: skip
+            elif "w" in seen and len(seen) > 1:
+                violate("writer-not-alone", ev["t0"], f"the servers held a write lease beside"
+                        f" others (modes {seen}) at {ev['t0']:.3f}..{ev['t1']:.3f}",
+                        ev["c"])  # fmt: skip
             if when == "acquired" and found is False:
                 # Every key the acquire set lives for a TTL from when it was set: at most the
                 # node timeout plus proxy latency before acquire returned. Data loss, or this
@@ -403,16 +468,29 @@ def check(
     def quiet(a: float, b: float) -> bool:
         return a >= started and not any(s < b and a < e for s, e in disturbed)
 
-    busy = []
+    # When the name was not free for a waiter of each role: any hold (a lock, a write lock);
+    # at least `limit` holds (a semaphore's permits); a write held or waited for (a read:
+    # a waiting writer's lease keeps new readers out).
+    spans_of: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for h in holds.values():
         if h.outcome == "ok":
             ends = [t for t in (h.released, h.lost) if t is not None]
             if not ends:
                 ends = [(h.release_error or h.last_seen) + ttl]
-            busy.append((h.start, min(ends)))
+            spans_of[h.role].append((h.start, min(ends)))
         elif h.outcome == "err" or h.outcome is None:
-            busy.append((h.start, (h.end or h.last_seen) + ttl))  # may have left a hold
-    busy = _merge(busy)
+            # It may have left a hold behind.
+            spans_of[h.role].append((h.start, (h.end or h.last_seen) + ttl))
+        if h.role == "x" and h.mode == "block" and kind == "write":
+            # A waiting writer (its lease runs out at its acquire's deadline at the latest).
+            deadline = h.start + (h.timeout or 0.0)
+            spans_of["w"].append((h.start, min(deadline, h.end or deadline)))
+    every = [span for role, spans in spans_of.items() if role != "w" for span in spans]
+    busy_for = {
+        "x": _merge(every),
+        "r": _merge([*spans_of["x"], *spans_of["w"]]),
+        "s": _at_least(spans_of["s"], limit),
+    }
     quiet_waits = 0
     for h in holds.values():
         if h.outcome != "no" or h.mode != "block" or not h.timeout or h.end is None:
@@ -422,7 +500,7 @@ def check(
         quiet_waits += 1
         wait_from, wait_to = h.start + 0.05, h.end - 0.05
         free_from, gap = wait_from, 0.0
-        for since, until in busy:
+        for since, until in busy_for[h.role]:
             if until <= wait_from or since >= wait_to:
                 continue
             if since > free_from:

@@ -92,9 +92,46 @@ class Inspector:
         self.key = f"redlock:{{{config['name']}}}"
         self.quorum = QUORUM_OF[len(self.nodes)]
         self.pid = str(os.getpid())
+        #: Semaphores and read-write locks: the name's key is a sorted set of leases.
+        self.leased = config["kind"] in ("semaphore", "write")
+        self.seen = ""  # the modes of the live leases at the last lease read
+
+    def leases(self, node: Any) -> tuple[int, list[tuple[str, int, str, int]]]:
+        """A semaphore's or read-write lock's live leases on ``node``, read atomically with
+        the server's clock (a lease lives while its expiry is after it, as the scripts
+        judge): the server's ms, and (token, expiry ms, mode letter, fence) per lease."""
+        pipe = node.pipeline(transaction=True)
+        pipe.time()
+        pipe.zrange(self.key, 0, -1, withscores=True)
+        pipe.hgetall(f"{self.key}:h")
+        (sec, usec), members, details = pipe.execute()
+        now = int(sec) * 1000 + int(usec) // 1000
+        live = []
+        for raw, score in members:
+            if int(score) <= now:
+                continue
+            detail = details.get(raw, b"").decode("utf-8", "replace").split("|")
+            fence = int(detail[0]) if detail[0].isdigit() else -1
+            mode = detail[3] if len(detail) > 3 else "?"
+            live.append((raw.decode("utf-8", "replace"), int(score), mode, fence))
+        return now, live
+
+    def lease(self, prefix: str, fence: int | None) -> tuple[int, int, str] | None:
+        """This hold's live lease on the (single) server: (ms left, expiry ms, the modes of
+        every live lease, e.g. "ss" or "rrw"); None when it holds none. Raises when the
+        server does not answer."""
+        now, live = self.leases(self.nodes[0])
+        self.seen = "".join(sorted(mode for *_, mode, _f in live))
+        for token, expiry, _mode, lease_fence in live:
+            if token.startswith(prefix) and lease_fence == fence:
+                return expiry - now, expiry, self.seen
+        return None
 
     def _node_has(self, node: Any, prefix: str, fence: int | None, reentrant: bool) -> int | None:
         """The hold's PTTL in ms on this node, or None when the node does not hold it."""
+        if self.leased:
+            found = self.lease(prefix, fence)
+            return None if found is None else found[0]
         pipe = node.pipeline(transaction=False)
         if reentrant:
             pipe.hmget(self.key, ":fence", ":meta")
@@ -125,6 +162,7 @@ class Inspector:
         Each server's answer: 1 (holds it), 0 (does not), ? (did not answer). And how long
         a quorum of them still holds it (ms; the quorum-th longest PTTL)."""
         answers, pttls = "", []
+        self.seen = "?"
         for node in self.nodes:
             try:
                 pttl = self._node_has(node, prefix, fence, reentrant)
@@ -148,7 +186,7 @@ def main() -> None:
     setup(config)
     from redis import Redis
 
-    from django_redlock import LockError, LockLost, lock
+    from django_redlock import LockError, LockLost, lock, read_write_lock, semaphore
     from django_redlock.signals import lock_lost
 
     from .resource import Resource
@@ -168,8 +206,9 @@ def main() -> None:
     def check(hold: int, when: str, prefix: str, fence: int | None) -> None:
         t0 = time.time()
         found, nodes, left = inspector.holds(prefix, fence, reentrant)
+        extra = {"leases": inspector.seen} if inspector.leased else {}
         log("check", h=hold, when=when, found=found, t0=t0, t1=time.time(), fence=fence,
-            nodes=nodes, left=left)  # fmt: skip
+            nodes=nodes, left=left, **extra)  # fmt: skip
 
     def on_lost(lock: Any, reason: str, **_: Any) -> None:
         hold, prefix, fence = holds.get(id(lock), (-1, "", None))
@@ -177,9 +216,20 @@ def main() -> None:
         if hold >= 0:
             check(hold, "lost", prefix, fence)
 
-    def ask(lk: Any, hold: int, prefix: str, fence: int | None) -> None:
+    def expiry(prefix: str, fence: int) -> int | None:
+        """A permit's expiry on the server's clock, read straight from it (None: not held,
+        or no answer): what the resource checks a semaphore's write against."""
+        try:
+            found = inspector.lease(prefix, fence)
+        except Exception:
+            return None
+        return None if found is None else found[1]
+
+    def ask(lk: Any, hold: int, prefix: str, fence: int | None, role: str) -> None:
         """Ask owned() or locked() while holding: False must mean not held."""
-        question = rng.choice(["owned", "locked"])
+        # locked() of a semaphore or a read lock may well be False while holding (a permit
+        # left; no writer): only owned() says whether this hold is held.
+        question = "owned" if role in ("s", "r") else rng.choice(["owned", "locked"])
         try:
             answer = getattr(lk, question)()
         except LockError as exc:
@@ -195,10 +245,22 @@ def main() -> None:
     while not stop.is_set():
         hold += 1
         prefix = f"{cid}h{hold}."
-        lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair, token_prefix=prefix)
+        if kind == "semaphore":
+            role = "s"
+            lk = semaphore(config["name"], config["limit"], ttl=ttl, token_prefix=prefix)
+        elif kind == "write":
+            role = "x" if rng.random() < 0.6 else "r"
+            rw = read_write_lock(config["name"], ttl=ttl)
+            lk = rw.write(token_prefix=prefix) if role == "x" else rw.read(token_prefix=prefix)
+            if role == "r":
+                prefix = ""  # a read's token is its owner's (reads are reentrant): its fence
+        else:
+            role = "x"
+            lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair,
+                      token_prefix=prefix)  # fmt: skip
         blocking = rng.random() < 0.8
         timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
-        log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout)
+        log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
         try:
             got = lk.acquire(blocking=blocking, timeout=timeout)
         except LockError as exc:
@@ -218,7 +280,8 @@ def main() -> None:
             fence = -1
         try:
             hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
-                      functools.partial(ask, lk, hold, prefix, fence))  # fmt: skip
+                      functools.partial(ask, lk, hold, prefix, fence, role), role,
+                      functools.partial(expiry, prefix, fence))  # fmt: skip
         except LockError as exc:
             log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
         check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
@@ -240,10 +303,14 @@ def hold_body(
     ttl: float,
     reentrant: bool,
     ask: Any,
+    role: str,
+    expiry: Any,
 ) -> None:
     def write(phase: str) -> None:
-        ok, last = resource.write(cid, hold, fence, phase)
-        log("write", h=hold, phase=phase, fence=fence, ok=ok, last=last)
+        until = expiry() if role == "s" else None
+        ok, last = resource.write(cid, hold, fence, phase, role, until)
+        log("write", h=hold, phase=phase, fence=fence, ok=ok, last=last, role=role,
+            expiry=until)  # fmt: skip
 
     write("begin")
     for _ in range(rng.randint(0, 3)):
@@ -254,7 +321,7 @@ def hold_body(
             time.sleep(rng.uniform(0.02, 0.15))
         else:
             time.sleep(rng.uniform(0, 0.01))
-        if reentrant and rng.random() < 0.3:
+        if (reentrant or role == "r") and rng.random() < 0.3:  # reads are reentrant
             again = lk.acquire(blocking=False)
             log("nest", h=hold, ok=again, fence=lk.fence)
             if again:

@@ -34,9 +34,13 @@ TTL = 1.0
 CLIENTS = 4
 SOCKET_TIMEOUT = {"redis": 0.3, "redlock": 0.2}
 RESTART_GUARD = 2 * TTL  # Redlock: >= the TTL, as the docs advise
-#: Fair waiters that died keep their place in the queue this long (locking.WAITER_LEASE).
+#: Fair waiters and waiting writers that died keep their place this long
+#: (locking.WAITER_LEASE): a waiting writer's lease keeps new readers out.
 WAITER_LEASE = 5.0
+WAITER_LEASES = ("fair", "write")
 KEY_PREFIX = "redlock:"
+#: The semaphore kind's permits: fewer than the clients, so they wait for each other.
+LIMIT = 2
 
 
 def _die_with_parent() -> None:
@@ -86,6 +90,7 @@ class Run:
             "seed": self.seed * 1000 + self.spawned,
             "backend": self.backend,
             "kind": self.kind,
+            "limit": LIMIT,
             "name": self.name,
             "ttl": TTL,
             "socket_timeout": SOCKET_TIMEOUT[self.backend],
@@ -257,7 +262,8 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
         run.stop_clients(grace=4.0 + 2 * TTL)
         # What the clients left behind must be gone within its TTL (fair waiters that died:
         # their lease); whatever has no TTL, or outlives that bound, leaked.
-        bound = time.monotonic() + TTL + (WAITER_LEASE if kind == "fair" else 0) + 1.5
+        waiter_lease = WAITER_LEASE if kind in WAITER_LEASES else 0.0
+        bound = time.monotonic() + TTL + waiter_lease + 1.5
         leftover = run.leftover_keys()
         while leftover and time.monotonic() < bound:
             if any(pttl == -1 for keys in leftover.values() for pttl in keys.values()):
@@ -279,8 +285,9 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
             data_loss=DATA_LOSS,
             leftover=leftover,
             harness_errors=nemesis.errors,
-            waiter_lease=WAITER_LEASE if kind == "fair" else 0.0,
+            waiter_lease=waiter_lease,
             lost_replies=sum(p.lost_replies for p in run.proxies),
+            limit=LIMIT if kind == "semaphore" else 1,
         )
         report.exclude = ",".join(sorted(exclude))
         return report

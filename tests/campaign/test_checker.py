@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .checker import check
@@ -17,24 +18,49 @@ class History:
         self.writes: list[Write] = []
         self.faults: list[Fault] = []
         self.last = -1
+        self.last_x = -1
 
     def ev(self, t: float, c: str, e: str, **fields: Any) -> None:
         self.events.append({"t": T0 + t, "c": c, "e": e, **fields})
 
-    def hold(self, c: str, h: int, start: float, got: float, fence: int, end: float) -> None:
-        """A clean hold: acquire, begin and end writes, release, direct checks."""
-        self.ev(start, c, "acq", h=h, mode="block", timeout=2.0)
+    def hold(
+        self, c: str, h: int, start: float, got: float, fence: int, end: float, role: str = "x"
+    ) -> None:
+        """A clean hold: acquire, begin and end writes, release, direct checks. A permit's
+        writes carry an expiry a TTL after the acquire."""
+        self.ev(start, c, "acq", h=h, mode="block", timeout=2.0, role=role)
         self.ev(got, c, "acq_ok", h=h, fence=fence)
         self.ev(got, c, "check", h=h, when="acquired", found=True, t0=T0 + got, t1=T0 + got)
-        self.write(got, c, h, fence, "begin")
-        self.write(end, c, h, fence, "end")
+        expiry = round((T0 + got + 1.0) * 1000) if role == "s" else -1
+        self.write(got, c, h, fence, "begin", role, expiry)
+        self.write(end, c, h, fence, "end", role, expiry)
         self.ev(end, c, "rel_ok", h=h, attempt=0)
         self.ev(end, c, "check", h=h, when="released", found=False, t0=T0 + end, t1=T0 + end)
 
-    def write(self, t: float, c: str, h: int, fence: int, phase: str) -> None:
-        ok = fence >= self.last
-        self.writes.append(Write(len(self.writes), c, h, fence, phase, ok, self.last, T0 + t))
-        self.last = max(self.last, fence) if ok else self.last
+    def write(
+        self,
+        t: float,
+        c: str,
+        h: int,
+        fence: int,
+        phase: str,
+        role: str = "x",
+        expiry: int = -1,
+        ok: bool | None = None,
+    ) -> None:
+        """A write judged as resource.py does, unless ``ok`` says what a faulty resource
+        (or a fence granted twice) let through."""
+        if ok is None:
+            if role == "s":
+                ok = 0 <= (T0 + t) * 1000 < expiry
+            else:
+                ok = fence > self.last_x if role == "r" else fence >= self.last
+        self.writes.append(Write(len(self.writes), c, h, fence, phase, ok, self.last, T0 + t,
+                                 role, expiry))  # fmt: skip
+        if ok and role != "s":
+            self.last = max(self.last, fence)
+        if ok and role == "x":
+            self.last_x = max(self.last_x, fence)
         self.ev(t, c, "write", h=h, phase=phase, fence=fence, ok=ok, last=self.last)
 
     def fault(self, kind: str, target: Any, start: float, end: float, client: str = "") -> None:
@@ -43,13 +69,16 @@ class History:
                   client=client)
         )  # fmt: skip
 
-    def judge(self, nodes: int = 1, kind: str = "plain") -> set[str]:
+    def judge(self, nodes: int = 1, kind: str = "plain", limit: int = 1) -> set[str]:
+        # The resource's log is in its own time order, whatever order the holds were made up.
+        ordered = sorted(self.writes, key=lambda w: w.t)
+        writes = [dataclasses.replace(w, seq=i) for i, w in enumerate(ordered)]
         report = check(
             backend="redlock" if nodes > 1 else "redis", kind=kind, seed=0, seconds=30,
             ttl=1.0, nodes=nodes, started=T0, stopping=T0 + 30,
-            events=sorted(self.events, key=lambda e: e["t"]), writes=self.writes,
+            events=sorted(self.events, key=lambda e: e["t"]), writes=writes,
             faults=self.faults, data_loss=DATA_LOSS, leftover={}, harness_errors=[],
-            waiter_lease=0.0,
+            waiter_lease=0.0, limit=limit,
         )  # fmt: skip
         return {v.prop for v in report.violations}
 
@@ -172,3 +201,129 @@ def test_owned_answered_false_while_held() -> None:
     h.ev(1.2, "c1", "ask", h=1, q="owned", answer=False)
     h.ev(1.21, "c1", "check", h=1, when="owned_false", found=True, t0=T0 + 1.2, t1=T0 + 1.21)
     assert h.judge() == {"false-but-held"}
+
+
+# -- semaphores: at most `limit` permits at once -----------------------------------------------
+
+
+def test_permits_up_to_the_limit_overlap_freely() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 10, 1.3, role="s")
+    h.hold("c2", 1, 1.05, 1.06, 11, 1.2, role="s")
+    h.hold("c3", 1, 1.25, 1.26, 12, 1.4, role="s")  # c2 released: two at once again
+    assert h.judge(kind="semaphore", limit=2) == set()
+
+
+def test_one_permit_more_than_the_limit() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 10, 1.3, role="s")
+    h.hold("c2", 1, 1.05, 1.06, 11, 1.3, role="s")
+    h.hold("c3", 1, 1.1, 1.11, 12, 1.3, role="s")  # three sections at once, each accepted
+    assert h.judge(kind="semaphore", limit=2) == {"overlap-accepted"}
+    assert h.judge(kind="semaphore", limit=3) == set()
+
+
+def test_the_servers_seen_holding_more_permits_than_the_limit() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 10, 1.3, role="s")
+    h.ev(1.1, "c1", "check", h=1, when="releasing", found=True, t0=T0 + 1.1, t1=T0 + 1.1,
+         nodes="1", left=900, leases="sss")  # fmt: skip
+    assert h.judge(kind="semaphore", limit=2) == {"over-limit-held"}
+    assert h.judge(kind="semaphore", limit=3) == set()
+
+
+def test_a_paused_permit_holder_rejected_after_its_expiry_is_no_violation() -> None:
+    h = History()
+    h.fault("client_pause", 0, 1.05, 3.0, client="c1")
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None, role="s")
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=10)
+    expiry = round((T0 + 2.01) * 1000)
+    h.write(1.02, "c1", 1, 10, "begin", "s", expiry)
+    h.hold("c2", 1, 2.2, 2.3, 11, 3.5, role="s")
+    h.hold("c3", 1, 2.2, 2.3, 12, 3.5, role="s")  # c1's permit ran out while it was paused
+    h.write(3.2, "c1", 1, 10, "end", "s", expiry)  # its expiry is past: rejected
+    assert not h.writes[-1].accepted
+    assert h.judge(kind="semaphore", limit=2) == set()
+
+
+def test_a_permit_write_accepted_after_its_expiry() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None, role="s")
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=10)
+    h.write(3.2, "c1", 1, 10, "end", "s", round((T0 + 2.01) * 1000), ok=True)
+    assert h.judge(kind="semaphore", limit=2) == {"stale-fence-accepted"}
+
+
+def test_a_permit_waiter_starved_while_one_was_free() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 10, 4.5, role="s")  # one of two permits taken throughout
+    h.ev(1.05, "c2", "acq", h=1, mode="block", timeout=3.0, role="s")
+    h.ev(4.05, "c2", "acq_no", h=1)
+    assert h.judge(kind="semaphore", limit=2) == {"waiter-starved"}
+    h.hold("c3", 1, 1.02, 1.03, 11, 4.5, role="s")  # both taken: waiting is right
+    assert h.judge(kind="semaphore", limit=2) == set()
+
+
+# -- read-write locks: readers share, a writer is alone -----------------------------------------
+
+
+def test_readers_overlap_each_other_not_a_writer() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 10, 1.3, role="r")
+    h.hold("c2", 1, 1.05, 1.06, 11, 1.2, role="r")
+    h.hold("c3", 1, 1.35, 1.36, 12, 1.5, role="x")
+    h.hold("c1", 2, 1.55, 1.56, 13, 1.7, role="r")
+    assert h.judge(kind="write") == set()
+
+
+def test_a_read_accepted_inside_a_write() -> None:
+    h = History()
+    for c, role, fence in (("c1", "x", 10), ("c2", "r", 11)):
+        h.ev(1.0, c, "acq", h=1, mode="try", timeout=None, role=role)
+        h.ev(1.01, c, "acq_ok", h=1, fence=fence)
+    h.write(1.02, "c1", 1, 10, "begin")
+    h.write(1.03, "c2", 1, 11, "begin", "r")
+    h.write(1.04, "c1", 1, 10, "end", ok=True)  # a resource that did not fence
+    assert h.judge(kind="write") == {"overlap-accepted", "stale-fence-accepted"}
+
+
+def test_a_write_accepted_inside_a_read() -> None:
+    h = History()
+    for c, role in (("c1", "r"), ("c2", "x")):
+        h.ev(1.0, c, "acq", h=1, mode="try", timeout=None, role=role)
+        h.ev(1.01, c, "acq_ok", h=1, fence=10)  # one fence for both
+    h.write(1.02, "c1", 1, 10, "begin", "r")
+    h.write(1.03, "c2", 1, 10, "begin")
+    h.write(1.04, "c1", 1, 10, "end", "r", ok=True)
+    assert {"overlap-accepted", "fence-granted-twice"} <= h.judge(kind="write")
+
+
+def test_a_read_behind_a_later_writer_rejected_is_no_violation() -> None:
+    h = History()
+    h.fault("client_pause", 0, 1.05, 3.0, client="c1")
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None, role="r")
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=10)
+    h.write(1.02, "c1", 1, 10, "begin", "r")
+    h.hold("c2", 1, 2.2, 2.3, 11, 2.4)  # c1's read ran out while it was paused
+    h.write(3.2, "c1", 1, 10, "end", "r")  # rejected: a writer came after it
+    assert not h.writes[-1].accepted
+    assert h.judge(kind="write") == set()
+
+
+def test_the_servers_seen_holding_a_write_beside_a_read() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 10, 1.3, role="x")
+    h.ev(1.1, "c1", "check", h=1, when="releasing", found=True, t0=T0 + 1.1, t1=T0 + 1.1,
+         nodes="1", left=900, leases="rw")  # fmt: skip
+    assert h.judge(kind="write") == {"writer-not-alone"}
+
+
+def test_a_reader_behind_a_waiting_writer_is_not_starved() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 10, 1.2, role="r")
+    h.ev(1.1, "c2", "acq", h=1, mode="block", timeout=3.0, role="x")  # waits (c3 reads)
+    h.hold("c3", 1, 1.0, 1.02, 11, 4.0, role="r")
+    h.ev(1.15, "c4", "acq", h=1, mode="block", timeout=2.5, role="r")
+    h.ev(3.65, "c4", "acq_no", h=1)  # behind the waiting writer: right
+    h.ev(4.1, "c2", "acq_no", h=1)
+    assert h.judge(kind="write") == set()
