@@ -154,6 +154,106 @@ def uncontended(results: dict[str, Any]) -> None:
     results["uncontended"] = {"rates": rates, "round_trips": trips}
 
 
+CPU_CYCLES = int(os.environ.get("BENCH_CPU_CYCLES", "3000"))
+
+
+def redis_seconds(client: Any) -> float:
+    """CPU seconds the redis-server has used (INFO cpu: user + sys, all its threads)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def command_usec(client: Any, commands: tuple[str, ...]) -> dict[str, tuple[int, float]]:
+    """INFO commandstats of ``commands``: calls and usec in all, since CONFIG RESETSTAT. Only
+    commands the client sent itself: a script's own calls are inside EVALSHA's usec already."""
+    stats = client.info("commandstats")
+    out = {}
+    for command in commands:
+        entry = stats.get(f"cmdstat_{command}") or {"calls": 0, "usec": 0}
+        out[command] = (int(entry["calls"]), float(entry["usec"]))
+    return out
+
+
+def redis_cpu(results: dict[str, Any]) -> None:
+    """Redis CPU per uncontended cycle, ours against the raw floor (SET NX PX + a
+    compare-and-delete EVALSHA), the two taking turns: INFO cpu (user + sys of the server,
+    all it does for the cycle: reading, parsing, replying) and INFO commandstats (usec inside
+    the commands: the scripts' own cost, less noisy). Then each of our scripts on its own."""
+    from django_redlock import lock, locks
+    from django_redlock.backends.base import Kind
+
+    backend = locks["default"]
+    client = backend.client  # type: ignore[attr-defined]
+    sha = client.script_load(RELEASE_LUA)
+
+    def ours() -> None:
+        with lock("cpu:ours"):
+            pass
+
+    def raw() -> None:
+        token = secrets.token_urlsafe(16)
+        client.set("cpu:raw", token, nx=True, px=30000)
+        client.evalsha(sha, 1, "cpu:raw", token)
+
+    cases: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
+        "ours": (ours, ("evalsha",)),
+        "raw": (raw, ("set", "evalsha")),
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    usec: dict[str, list[float]] = {name: [] for name in cases}
+    for work, _ in cases.values():
+        work()  # warm up: connections, scripts
+    for _ in range(ROUNDS):
+        for name, (work, commands) in cases.items():
+            client.config_resetstat()
+            before = redis_seconds(client)
+            for _ in range(CPU_CYCLES):
+                work()
+            cpu[name].append((redis_seconds(client) - before) / CPU_CYCLES * 1e6)
+            stats = command_usec(client, commands)
+            usec[name].append(sum(u for _, u in stats.values()) / CPU_CYCLES)
+
+    # Each script alone: acquire on free locks (their fence counters exist: a warm pass),
+    # then release them, with the statistics reset in between.
+    names = [f"cpu:each:{i}" for i in range(CPU_CYCLES)]
+    token, meta = "bench-token", "bench|host|1|MainThread"
+    for _ in range(2):
+        client.config_resetstat()
+        for name in names:
+            backend.execute(backend.op_acquire(name, token, 30_000, meta, Kind()))
+        acquire_stats = command_usec(client, ("evalsha",))["evalsha"]
+        client.config_resetstat()
+        for name in names:
+            backend.execute(backend.op_release(name, token, Kind()))
+        release_stats = command_usec(client, ("evalsha",))["evalsha"]
+    client.config_resetstat()
+    for name in names[:1000]:
+        raw_token = secrets.token_urlsafe(16)
+        client.set(name, raw_token, nx=True, px=30000)
+        client.evalsha(sha, 1, name, raw_token)
+    raw_stats = command_usec(client, ("set", "evalsha"))
+
+    def per_call(entry: tuple[int, float]) -> float:
+        return entry[1] / max(entry[0], 1)
+
+    ours_cpu, raw_cpu = statistics.median(cpu["ours"]), statistics.median(cpu["raw"])
+    ours_usec, raw_usec = statistics.median(usec["ours"]), statistics.median(usec["raw"])
+    results["redis_cpu"] = {
+        "cycles_per_round": CPU_CYCLES,
+        "cpu_us_per_cycle": {"ours": ours_cpu, "raw": raw_cpu},
+        "cpu_ratio": ours_cpu / raw_cpu,
+        "cpu_ratio_per_round": [o / r for o, r in zip(cpu["ours"], cpu["raw"], strict=True)],
+        "commandstats_us_per_cycle": {"ours": ours_usec, "raw": raw_usec},
+        "commandstats_ratio": ours_usec / raw_usec,
+        "usec_per_call": {
+            "acquire.lua": per_call(acquire_stats),
+            "release.lua": per_call(release_stats),
+            "raw SET NX PX": per_call(raw_stats["set"]),
+            "raw compare-and-delete": per_call(raw_stats["evalsha"]),
+        },
+    }
+
+
 def observability(results: dict[str, Any]) -> None:
     """The uncontended cycle with metrics (and spans) on against everything off, the modes
     taking turns in one process. configure() binds the hooks for the whole process."""
@@ -257,9 +357,14 @@ def contended(results: dict[str, Any], url: str, hold: float, libs: list[str], k
                 for _ in range(CONTENDERS)
             ]
             time.sleep(1.5)  # every process imported and connected
+            used = redis_seconds(client)
             client.set(start, 1)
             outputs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
-            runs[lib].append(summarise(outputs, seconds))
+            used = redis_seconds(client) - used  # the run, and the contenders' wait to finish
+            summary = summarise(outputs, seconds)
+            acquisitions = sum(len(out["spans"]) for out in outputs)
+            summary["redis_cpu_us_per_acquisition"] = used / max(acquisitions, 1) * 1e6
+            runs[lib].append(summary)
     results[key] = {lib: median_summary(values) for lib, values in runs.items()}
 
 
@@ -767,6 +872,7 @@ def main() -> None:
         results: dict[str, Any] = {}
         steps: list[tuple[str, Callable[[], None]]] = [
             ("uncontended", lambda: uncontended(results)),
+            ("redis cpu", lambda: redis_cpu(results)),
             ("metrics overhead", lambda: observability(results)),
             ("quorum", lambda: quorum(results, [n.url for n in nodes])),
             ("contended, zero hold", lambda: contended(
