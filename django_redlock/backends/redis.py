@@ -362,8 +362,9 @@ class RedisBackend(BaseLockBackend):
                 self.inbox_prefix, reader]  # fmt: skip
         return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self))
 
-    def op_lease_release(self, name: str, token: str) -> Op[int]:
-        call = Call(script("permit_release"), self._lease_keys(name), [token, self.inbox_prefix])
+    def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:
+        args = [token, self.inbox_prefix, mode] if mode else [token, self.inbox_prefix]
+        call = Call(script("permit_release"), self._lease_keys(name), args)
         return Op(name, call, int)
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:

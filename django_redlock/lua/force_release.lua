@@ -13,6 +13,7 @@
 --! include _wake
 --! include _queue
 --! include _permits
+--! include _permits_wake
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
   return 0

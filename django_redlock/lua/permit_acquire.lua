@@ -13,6 +13,7 @@
 --! include _wake
 --! include _queue
 --! include _permits
+--! include _permits_wake
 local leases, details, counter, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local waiting, queue, deadlines, writers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local token, ttl, meta, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -45,6 +46,7 @@ local used = mode == 's' and redis.call('ZCARD', leases) or limit
 if used >= limit then
   used = leases_prune(leases, details, now)
 end
+local fresh = mode == 's' and used == 0 -- no live lease: keys just made get the TTL at once
 if mode == 'w' and reader ~= '' and lease_mine(leases, details, reader, now) > 0 then
   return {-3}
 end
@@ -66,12 +68,14 @@ end
 
 if free then
   if mode == 's' then -- new grants obey the latest limit
-    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, ':limit', limit)
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ':limit',
+                       limit)
   elseif mode == 'w' then
-    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, ':writer', token)
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, false, ':writer',
+                       token)
     redis.call('ZREM', writers, waiter)
   else
-    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now)
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, false)
   end
   if head and head == waiter then
     redis.call('LPOP', queue)
