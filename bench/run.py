@@ -154,7 +154,12 @@ def uncontended(results: dict[str, Any]) -> None:
     results["uncontended"] = {"rates": rates, "round_trips": trips}
 
 
-CPU_CYCLES = int(os.environ.get("BENCH_CPU_CYCLES", "3000"))
+#: The Redis CPU figures: the cases take turns of CPU_BLOCK cycles, CPU_ROUNDS turns each (the
+#: machine's load drifts over seconds; short turns share it out evenly), summed per case.
+CPU_BLOCK = int(os.environ.get("BENCH_CPU_BLOCK", "250"))
+CPU_ROUNDS = int(os.environ.get("BENCH_CPU_ROUNDS", str(ROUNDS * 8)))
+#: Calls of each script on its own (its usec per call).
+CPU_CYCLES = int(os.environ.get("BENCH_CPU_CYCLES", "2000"))
 
 
 def redis_seconds(client: Any) -> float:
@@ -174,11 +179,45 @@ def command_usec(client: Any, commands: tuple[str, ...]) -> dict[str, tuple[int,
     return out
 
 
+def redis_cost(
+    client: Any, cases: dict[str, tuple[Callable[[], Any], tuple[str, ...]]]
+) -> dict[str, Any]:
+    """Redis's cost per cycle of each case, the cases taking turns: CPU (INFO cpu: user + sys
+    of the server, all it does for a cycle: reading, parsing, running, replying) and the
+    time inside the commands each case sends itself (INFO commandstats usec; a script's own
+    calls are inside its EVALSHA's, a MULTI's commands inside its EXEC's)."""
+    for work, _ in cases.values():
+        work()  # warm up: connections, scripts
+    cpu = dict.fromkeys(cases, 0.0)
+    usec = dict.fromkeys(cases, 0.0)
+    turns: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(CPU_ROUNDS):
+        for name, (work, commands) in cases.items():
+            stats = command_usec(client, commands)
+            used = redis_seconds(client)
+            for _ in range(CPU_BLOCK):
+                work()
+            used = redis_seconds(client) - used
+            after = command_usec(client, commands)
+            cpu[name] += used
+            turns[name].append(used)
+            usec[name] += sum(after[c][1] - stats[c][1] for c in commands)
+    cycles = CPU_ROUNDS * CPU_BLOCK
+    first, second = list(cases)[:2]
+    ratios = sorted(a / b for a, b in zip(turns[first], turns[second], strict=True) if b > 0)
+    return {
+        "cycles": cycles,
+        "cpu_us_per_cycle": {name: cpu[name] / cycles * 1e6 for name in cases},
+        "cpu_ratio": cpu[first] / cpu[second],
+        "cpu_ratio_of_turns_p10_p50_p90": [percentile(ratios, q) for q in (0.1, 0.5, 0.9)],
+        "commandstats_us_per_cycle": {name: usec[name] / cycles for name in cases},
+        "commandstats_ratio": usec[first] / usec[second],
+    }
+
+
 def redis_cpu(results: dict[str, Any]) -> None:
     """Redis CPU per uncontended cycle, ours against the raw floor (SET NX PX + a
-    compare-and-delete EVALSHA), the two taking turns: INFO cpu (user + sys of the server,
-    all it does for the cycle: reading, parsing, replying) and INFO commandstats (usec inside
-    the commands: the scripts' own cost, less noisy). Then each of our scripts on its own."""
+    compare-and-delete EVALSHA), and each of our two scripts on its own."""
     from django_redlock import lock, locks
     from django_redlock.backends.base import Kind
 
@@ -195,23 +234,7 @@ def redis_cpu(results: dict[str, Any]) -> None:
         client.set("cpu:raw", token, nx=True, px=30000)
         client.evalsha(sha, 1, "cpu:raw", token)
 
-    cases: dict[str, tuple[Callable[[], Any], tuple[str, ...]]] = {
-        "ours": (ours, ("evalsha",)),
-        "raw": (raw, ("set", "evalsha")),
-    }
-    cpu: dict[str, list[float]] = {name: [] for name in cases}
-    usec: dict[str, list[float]] = {name: [] for name in cases}
-    for work, _ in cases.values():
-        work()  # warm up: connections, scripts
-    for _ in range(ROUNDS):
-        for name, (work, commands) in cases.items():
-            client.config_resetstat()
-            before = redis_seconds(client)
-            for _ in range(CPU_CYCLES):
-                work()
-            cpu[name].append((redis_seconds(client) - before) / CPU_CYCLES * 1e6)
-            stats = command_usec(client, commands)
-            usec[name].append(sum(u for _, u in stats.values()) / CPU_CYCLES)
+    cost = redis_cost(client, {"ours": (ours, ("evalsha",)), "raw": (raw, ("set", "evalsha"))})
 
     # Each script alone: acquire on free locks (their fence counters exist: a warm pass),
     # then release them, with the statistics reset in between.
@@ -236,15 +259,8 @@ def redis_cpu(results: dict[str, Any]) -> None:
     def per_call(entry: tuple[int, float]) -> float:
         return entry[1] / max(entry[0], 1)
 
-    ours_cpu, raw_cpu = statistics.median(cpu["ours"]), statistics.median(cpu["raw"])
-    ours_usec, raw_usec = statistics.median(usec["ours"]), statistics.median(usec["raw"])
     results["redis_cpu"] = {
-        "cycles_per_round": CPU_CYCLES,
-        "cpu_us_per_cycle": {"ours": ours_cpu, "raw": raw_cpu},
-        "cpu_ratio": ours_cpu / raw_cpu,
-        "cpu_ratio_per_round": [o / r for o, r in zip(cpu["ours"], cpu["raw"], strict=True)],
-        "commandstats_us_per_cycle": {"ours": ours_usec, "raw": raw_usec},
-        "commandstats_ratio": ours_usec / raw_usec,
+        **cost,
         "usec_per_call": {
             "acquire.lua": per_call(acquire_stats),
             "release.lua": per_call(release_stats),
@@ -651,6 +667,23 @@ def semaphores(results: dict[str, Any], url: str) -> None:
     trips = (backend.round_trips - before) / cycles
     rates = interleaved({"ours": ours, "sorted-set recipe": recipe})
 
+    client = backend.client  # type: ignore[attr-defined]
+    cost = redis_cost(client, {"ours": (ours, ("evalsha",)),
+                               "sorted-set recipe": (recipe, ("multi", "exec", "zrem"))})  # fmt: skip
+    names = [f"s:each:{i}" for i in range(CPU_CYCLES)]
+    held = [semaphore(n, 3, auto_renew=False) for n in names]
+    for each in held:  # a warm pass: fence counters in place
+        with each:
+            pass
+    client.config_resetstat()
+    for each in held:
+        each.acquire()
+    acquire_stats = command_usec(client, ("evalsha",))["evalsha"]
+    client.config_resetstat()
+    for each in held:
+        each.release()
+    release_stats = command_usec(client, ("evalsha",))["evalsha"]
+
     def usage(keys: list[str]) -> int:
         return sum(conn.memory_usage(k) or 0 for k in keys)
 
@@ -674,6 +707,11 @@ def semaphores(results: dict[str, Any], url: str) -> None:
     results["semaphore"] = {
         "rates": rates,
         "round_trips": trips,
+        "redis_cost": cost,
+        "usec_per_call": {
+            "permit_acquire.lua": acquire_stats[1] / max(acquire_stats[0], 1),
+            "permit_release.lua": release_stats[1] / max(release_stats[0], 1),
+        },
         "memory": {"ours_one_permit": one, "ours_per_permit": (three - one) / 2,
                    "recipe_three_permits": recipe_three},
     }  # fmt: skip

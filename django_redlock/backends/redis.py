@@ -358,8 +358,9 @@ class RedisBackend(BaseLockBackend):
     ) -> Op[Attempt]:
         keys = self._lease_keys(name)
         keys.insert(2, self.fence_key(name))
-        args = [token, ttl_ms, meta, mode, limit, _flag(fair), waiter or token, wait_ms,
-                self.inbox_prefix, reader]  # fmt: skip
+        args: list[Any] = [token, ttl_ms, meta, mode, limit, _flag(fair)]
+        if mode != "s" or waiter is not None or wait_ms >= 0:  # not a permit's one-off try
+            args += [waiter or token, wait_ms, self.inbox_prefix, reader]
         return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self))
 
     def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:

@@ -20,13 +20,20 @@ if count > 1 then
   return lease_recount(details, token, -1)
 end
 redis.call('ZREM', leases, token)
-redis.call('HDEL', details, token)
-if mode == 'w' then
-  redis.call('HDEL', details, ':writer')
-end
 if channel == '' and redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[7]) == 0 then
-  leases_drop_if_empty(leases, details)
+  if redis.call('ZCARD', leases) == 0 then -- the details go with the last lease
+    redis.call('DEL', details)
+  elseif mode == 'w' then
+    redis.call('HDEL', details, token, ':writer')
+  else
+    redis.call('HDEL', details, token)
+  end
   return 0
+end
+if mode == 'w' then
+  redis.call('HDEL', details, token, ':writer')
+else
+  redis.call('HDEL', details, token)
 end
 --! include _wake
 --! include _queue
