@@ -607,7 +607,8 @@ them.
   hold, holder metadata built once per thread, scripts called through `execute_command`
   (redis-py's `evalsha()` checks for deprecated arguments on every call), no
   `contextmanager` per op, a one-off try sends 5 script arguments instead of 8.
-- **Redis CPU per uncontended cycle (target 1.3 x raw; see the table for this run).**
+- **Redis CPU per uncontended cycle (target 1.3 x raw: 1.27 x in the full run, met; 1.26-1.68
+  x in side runs, so met or missed by the machine's state).**
   Measured with the same method on the code before and after this change, same session, two
   runs each: `INFO cpu` 1.45 x and 1.39 x before, 1.26 x and 1.68 x after; `INFO
   commandstats` 25.1-25.4 us per cycle before against the raw cycle's 5.6-6.1 (4.1-4.5 x),
@@ -647,11 +648,13 @@ them.
   the hold. The polling anchors reach 0.96-0.98 x by handing the lock back to the process
   that just released it (worst waits 1-3 s), which ours does too when it is quicker than the
   woken waiter. The fair lock (0.88 x) always hands over, so it pays every wake-up.
-- **Semaphore against the hand-rolled sorted-set recipe (0.70-0.76 x in side runs, 0.76-0.81
-  x before this change in the same session: within the noise; target 1.0 x).** Both make
+- **Semaphore against the hand-rolled sorted-set recipe (0.64-0.76 x in side runs, 0.76-0.81
+  x before this change in the same session: within the noise; the full run's 0.45 x, with
+  45 us of Redis time per cycle, came at a busy moment of the shared machine; target
+  1.0 x).** Both make
   exactly 2 round trips; the difference is the server's work on 2 shared cores. The recipe
   sends ZREMRANGEBYSCORE, ZADD and ZCARD in a MULTI and a ZREM: 3.9-4.4 us of Redis time per
-  cycle (`INFO commandstats`). Our two scripts take 30.5-32.6 us per cycle (35 us before):
+  cycle (`INFO commandstats`). Our two scripts take 28.7-32.6 us per cycle (35 us before):
   permit_acquire.lua 19-20 us (22.5 before), permit_release.lua 11 us (16.4-19.2 before).
   They make 15 `redis.call`s at 1-1.3 us each, for what the recipe leaves out: expiry on the
   server's clock (`TIME` in both), a fence from the name's counter (GET, SET), the holder's
@@ -674,10 +677,12 @@ them.
 """
 
 
-REDLOCK_NOTE = """- **Redlock (its targets are met in most runs, by a few percent).** Each cycle is two
-  fan-outs (acquire, release) that write to 5 sockets and then read 5 replies from one Python
-  thread; the per-node Python work (pool, pack, parse) is what separates us from 0.5 x our
-  single-node rate, and the machine's noise decides the last few percent.
+REDLOCK_NOTE = """- **Redlock (met in earlier runs by a few percent; missed in this session's: 3.4-4.1 x
+  pottery and 0.38-0.41 x our single node, with the code before the script changes of this
+  run alike, 3.8-3.9 x and 0.39-0.40 x).** Each cycle is two fan-outs (acquire, release) that
+  write to 5 sockets and then read 5 replies from one Python thread; the per-node Python work
+  (pool, pack, parse) is what separates us from 0.5 x our single-node rate, and how busy the
+  shared machine is decides how far.
 """
 
 
