@@ -154,6 +154,122 @@ def uncontended(results: dict[str, Any]) -> None:
     results["uncontended"] = {"rates": rates, "round_trips": trips}
 
 
+#: The Redis CPU figures: the cases take turns of CPU_BLOCK cycles, CPU_ROUNDS turns each (the
+#: machine's load drifts over seconds; short turns share it out evenly), summed per case.
+CPU_BLOCK = int(os.environ.get("BENCH_CPU_BLOCK", "250"))
+CPU_ROUNDS = int(os.environ.get("BENCH_CPU_ROUNDS", str(ROUNDS * 8)))
+#: Calls of each script on its own (its usec per call).
+CPU_CYCLES = int(os.environ.get("BENCH_CPU_CYCLES", "2000"))
+
+
+def redis_seconds(client: Any) -> float:
+    """CPU seconds the redis-server has used (INFO cpu: user + sys, all its threads)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def command_usec(client: Any, commands: tuple[str, ...]) -> dict[str, tuple[int, float]]:
+    """INFO commandstats of ``commands``: calls and usec in all, since CONFIG RESETSTAT. Only
+    commands the client sent itself: a script's own calls are inside EVALSHA's usec already."""
+    stats = client.info("commandstats")
+    out = {}
+    for command in commands:
+        entry = stats.get(f"cmdstat_{command}") or {"calls": 0, "usec": 0}
+        out[command] = (int(entry["calls"]), float(entry["usec"]))
+    return out
+
+
+def redis_cost(
+    client: Any, cases: dict[str, tuple[Callable[[], Any], tuple[str, ...]]]
+) -> dict[str, Any]:
+    """Redis's cost per cycle of each case, the cases taking turns: CPU (INFO cpu: user + sys
+    of the server, all it does for a cycle: reading, parsing, running, replying) and the
+    time inside the commands each case sends itself (INFO commandstats usec; a script's own
+    calls are inside its EVALSHA's, a MULTI's commands inside its EXEC's)."""
+    for work, _ in cases.values():
+        work()  # warm up: connections, scripts
+    cpu = dict.fromkeys(cases, 0.0)
+    usec = dict.fromkeys(cases, 0.0)
+    turns: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(CPU_ROUNDS):
+        for name, (work, commands) in cases.items():
+            stats = command_usec(client, commands)
+            used = redis_seconds(client)
+            for _ in range(CPU_BLOCK):
+                work()
+            used = redis_seconds(client) - used
+            after = command_usec(client, commands)
+            cpu[name] += used
+            turns[name].append(used)
+            usec[name] += sum(after[c][1] - stats[c][1] for c in commands)
+    cycles = CPU_ROUNDS * CPU_BLOCK
+    first, second = list(cases)[:2]
+    ratios = sorted(a / b for a, b in zip(turns[first], turns[second], strict=True) if b > 0)
+    return {
+        "cycles": cycles,
+        "cpu_us_per_cycle": {name: cpu[name] / cycles * 1e6 for name in cases},
+        "cpu_ratio": cpu[first] / cpu[second],
+        "cpu_ratio_of_turns_p10_p50_p90": [percentile(ratios, q) for q in (0.1, 0.5, 0.9)],
+        "commandstats_us_per_cycle": {name: usec[name] / cycles for name in cases},
+        "commandstats_ratio": usec[first] / usec[second],
+    }
+
+
+def redis_cpu(results: dict[str, Any]) -> None:
+    """Redis CPU per uncontended cycle, ours against the raw floor (SET NX PX + a
+    compare-and-delete EVALSHA), and each of our two scripts on its own."""
+    from django_redlock import lock, locks
+    from django_redlock.backends.base import Kind
+
+    backend = locks["default"]
+    client = backend.client  # type: ignore[attr-defined]
+    sha = client.script_load(RELEASE_LUA)
+
+    def ours() -> None:
+        with lock("cpu:ours"):
+            pass
+
+    def raw() -> None:
+        token = secrets.token_urlsafe(16)
+        client.set("cpu:raw", token, nx=True, px=30000)
+        client.evalsha(sha, 1, "cpu:raw", token)
+
+    cost = redis_cost(client, {"ours": (ours, ("evalsha",)), "raw": (raw, ("set", "evalsha"))})
+
+    # Each script alone: acquire on free locks (their fence counters exist: a warm pass),
+    # then release them, with the statistics reset in between.
+    names = [f"cpu:each:{i}" for i in range(CPU_CYCLES)]
+    token, meta = "bench-token", "bench|host|1|MainThread"
+    for _ in range(2):
+        client.config_resetstat()
+        for name in names:
+            backend.execute(backend.op_acquire(name, token, 30_000, meta, Kind()))
+        acquire_stats = command_usec(client, ("evalsha",))["evalsha"]
+        client.config_resetstat()
+        for name in names:
+            backend.execute(backend.op_release(name, token, Kind()))
+        release_stats = command_usec(client, ("evalsha",))["evalsha"]
+    client.config_resetstat()
+    for name in names[:1000]:
+        raw_token = secrets.token_urlsafe(16)
+        client.set(name, raw_token, nx=True, px=30000)
+        client.evalsha(sha, 1, name, raw_token)
+    raw_stats = command_usec(client, ("set", "evalsha"))
+
+    def per_call(entry: tuple[int, float]) -> float:
+        return entry[1] / max(entry[0], 1)
+
+    results["redis_cpu"] = {
+        **cost,
+        "usec_per_call": {
+            "acquire.lua": per_call(acquire_stats),
+            "release.lua": per_call(release_stats),
+            "raw SET NX PX": per_call(raw_stats["set"]),
+            "raw compare-and-delete": per_call(raw_stats["evalsha"]),
+        },
+    }
+
+
 def observability(results: dict[str, Any]) -> None:
     """The uncontended cycle with metrics (and spans) on against everything off, the modes
     taking turns in one process. configure() binds the hooks for the whole process."""
@@ -257,9 +373,14 @@ def contended(results: dict[str, Any], url: str, hold: float, libs: list[str], k
                 for _ in range(CONTENDERS)
             ]
             time.sleep(1.5)  # every process imported and connected
+            used = redis_seconds(client)
             client.set(start, 1)
             outputs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
-            runs[lib].append(summarise(outputs, seconds))
+            used = redis_seconds(client) - used  # the run, and the contenders' wait to finish
+            summary = summarise(outputs, seconds)
+            acquisitions = sum(len(out["spans"]) for out in outputs)
+            summary["redis_cpu_us_per_acquisition"] = used / max(acquisitions, 1) * 1e6
+            runs[lib].append(summary)
     results[key] = {lib: median_summary(values) for lib, values in runs.items()}
 
 
@@ -472,19 +593,48 @@ Figures in parentheses come from side runs on the same machine (`BENCH_ONLY=<sce
 `cProfile`, `py-spy`, `INFO commandstats`); the CHANGELOG lists what was changed because of
 them.
 
-- **Uncontended vs raw / redis-py (0.80-0.88 x raw, 0.81-0.88 x redis-py; targets 0.95 and
-  1.0).** redis-py's `Lock` is the raw floor: a bare `SET NX PX`, then a compare-and-delete.
-  Our acquire is one script that also increments the fencing counter, reads the server clock
-  and writes the holder field, atomically; our release also wakes the next waiter. On the
-  server, our two scripts take about 9 us each against 1 us for `SET` and 4 us for the raw
-  release (`INFO commandstats`), and our two operations alone, without the `Lock` object,
-  reach 0.88-0.93 x raw. The `Lock` object (argument checks, the owner's hold, the watchdog
-  hand-over, signals) costs the rest, spread over a dozen steps of 2-5 us each. The 0.95
+- **Uncontended vs raw / redis-py (0.74-0.88 x raw, 0.61-0.88 x redis-py in side runs;
+  targets 0.95 and 1.0).** redis-py's `Lock` is the raw floor: a bare `SET NX PX`, then a
+  compare-and-delete. Our acquire is one script that also reads the server clock, checks the
+  fair queue, and reads and writes the fencing counter, atomically; our release also looks
+  for waiters to wake. On the server our two scripts take 10.6-13.7 and 6.3-7.0 us (`INFO
+  commandstats`, one call each) against 1.0-1.3 us for `SET` and 3.0-3.8 us for the raw
+  release. The `Lock` object (argument checks, the owner's hold, the watchdog hand-over,
+  signals) costs the rest of the gap, spread over a dozen steps of 2-5 us each. The 0.95
   target leaves 5 % for all of that; we keep fencing and holder metadata atomic instead, and
-  still make exactly 2 round trips and 1.2 x python-redis-lock. Done for it: holds reach the
-  watchdog only if still held when it next looks, tokens without fresh random bytes per hold,
-  holder metadata built once per thread, scripts called through `execute_command` (redis-py's
-  `evalsha()` checks for deprecated arguments on every call), no `contextmanager` per op.
+  still make exactly 2 round trips and 1.2-1.3 x python-redis-lock. Done for it: holds reach
+  the watchdog only if still held when it next looks, tokens without fresh random bytes per
+  hold, holder metadata built once per thread, scripts called through `execute_command`
+  (redis-py's `evalsha()` checks for deprecated arguments on every call), no
+  `contextmanager` per op, a one-off try sends 5 script arguments instead of 8.
+- **Redis CPU per uncontended cycle (target 1.3 x raw: 1.27 x in the full run, met; 1.26-1.68
+  x in side runs, so met or missed by the machine's state).**
+  Measured with the same method on the code before and after this change, same session, two
+  runs each: `INFO cpu` 1.45 x and 1.39 x before, 1.26 x and 1.68 x after; `INFO
+  commandstats` 25.1-25.4 us per cycle before against the raw cycle's 5.6-6.1 (4.1-4.5 x),
+  19.0-21.4 us after against 4.8-5.5 (3.5-4.5 x): release.lua went from 8.9-9.8 us to
+  6.3-7.0 us; acquire.lua stayed at 10.6-13.7 us. Two things decide the CPU ratio. (1) What a
+  round trip costs Redis outside the commands (reading, parsing, replying, and above all
+  waking from `epoll_wait`): on this shared 2-core VM that swings between runs from about 16
+  to 60 us per raw cycle; when it is high, ours comes out at 1.25-1.3 x, when it is low, at
+  1.7-2.3 x. The per-turn ratios (p10/p50/p90 in the table) show the spread inside one run.
+  A busy production Redis, with many clients per `epoll_wait`, pays less per round trip, so
+  the commandstats difference is the better guide there: ours costs Redis about 14-16 us
+  more per cycle. (2) That difference is the script's `redis.call`s: Redis 6.2 spends about
+  1-1.3 us on each (argument objects, command lookup, the call's bookkeeping, converting the
+  reply for Lua), whatever the command. Ours makes 8 (TIME, EXISTS of the fair queue, GET and
+  SET of the fence counter, SET NX PX; GET, DEL, EXISTS of the waiters) against the raw
+  cycle's 2 in a script and 1 outside; each of the 5 extra is a product feature (the server
+  clock for the fence and the admin's acquired-at, the fence counter, fair queues, wake-ups).
+  Cut: the release's TYPE, its PUBLISH to a release channel nobody listens to outside a
+  Cluster or a Redlock, its ZRANGE of the waiters and EXISTS of the queue (one EXISTS of
+  both now decides whether anyone waits), the second SET NX of a held plain lock, and the
+  definition of the waiting and queueing helpers (Lua closures, about 0.1 us each) on the
+  common path. Tried and dropped: a GETSET of the counter after the SET NX (one call fewer
+  only when the name was not already taken in the same millisecond, two more writes when it
+  was: half the time at a few thousand holds a second). Left: a string marker key beside the
+  fair queue, read with the counter in one MGET, would save one more call (about 1 us) at the
+  price of a key every fair waiter must keep in step with the queue.
 - **Fair worst wait (13-22 ms against 2 x a FIFO ideal of about 4.3 ms).** The ideal is 7
   hand-offs of about 0.6 ms. One scheduler delay of a few ms to any of the 8 contenders or to
   Redis, all sharing 2 cores, delays everyone in the queue; on this machine even an idle
@@ -498,24 +648,41 @@ them.
   the hold. The polling anchors reach 0.96-0.98 x by handing the lock back to the process
   that just released it (worst waits 1-3 s), which ours does too when it is quicker than the
   woken waiter. The fair lock (0.88 x) always hands over, so it pays every wake-up.
-- **Semaphore against the hand-rolled sorted-set recipe (0.69 x, target 1.0 x).** Both make
+- **Semaphore against the hand-rolled sorted-set recipe (0.64-0.76 x in side runs, 0.76-0.81
+  x before this change in the same session: within the noise; the full run's 0.45 x, with
+  45 us of Redis time per cycle, came at a busy moment of the shared machine; target
+  1.0 x).** Both make
   exactly 2 round trips; the difference is the server's work on 2 shared cores. The recipe
-  runs ZREMRANGEBYSCORE, ZADD and ZCARD in a MULTI (about 3 us of Redis time) and a ZREM
-  (1 us); our two scripts do what the recipe leaves out, about 13 + 6 us (`INFO
-  commandstats`): expiry on the server's clock (`TIME`), a fence from the name's counter,
-  the holder's details for the admin, the key TTLs that make a crashed holder's permit come
-  back, the fair-queue check, and waking exactly one waiter per freed permit. Done for it: no
-  pruning below the limit, one HSET per grant, key TTLs only raised, no PUBLISH to a release
-  channel nobody listens to (outside a Cluster). Contended (8 processes, semaphore of 3,
-  10 ms holds) both reach 0.95 x the 300/s ideal; ours sends 3.1 commands per acquisition
-  against the recipe's 16 (it polls every 10 ms), and wakes a waiter 0.7 ms after a release.
+  sends ZREMRANGEBYSCORE, ZADD and ZCARD in a MULTI and a ZREM: 3.9-4.4 us of Redis time per
+  cycle (`INFO commandstats`). Our two scripts take 28.7-32.6 us per cycle (35 us before):
+  permit_acquire.lua 19-20 us (22.5 before), permit_release.lua 11 us (16.4-19.2 before).
+  They make 15 `redis.call`s at 1-1.3 us each, for what the recipe leaves out: expiry on the
+  server's clock (`TIME` in both), a fence from the name's counter (GET, SET), the holder's
+  details for the admin (HSET, HDEL or DEL), the key TTLs that make a crashed holder's keys
+  go (two PEXPIREs when the name had no lease), the fair-queue check, the check that the
+  token's lease is live at release, and the check for waiters to wake. Cut in this change: the
+  release reads no details for a permit (the caller says its mode), skips the waking (and the
+  definition of its helpers) when none of the waiters' keys exists, and drops the details
+  in one call; the acquire counts the leases (one ZCARD, which also detects a name held by a
+  lock) and skips the ZSCORE when there are none, takes a free permit before the waiting
+  helpers are defined, skips the PTTL on keys it just made, and a one-off try sends 6
+  arguments instead of 10. Earlier: no pruning below the limit, one HSET per grant, key TTLs
+  only raised, no PUBLISH to a release channel nobody listens to (outside a Cluster). Left:
+  Redis 7's `FUNCTION`s would not change the per-call cost; storing the details in the
+  sorted set's members would save the hash (two calls) but change what the admin and
+  `redlock list` read. Contended (8 processes, semaphore of 3, 10 ms holds) both reach about
+  0.92-0.98 x the 300/s ideal; ours sends 3.1 commands per acquisition against the recipe's
+  16 (it polls every 10 ms) and costs Redis 270-290 us of CPU per acquisition against its
+  150-160 us, and wakes a waiter under a millisecond after a release.
 """
 
 
-REDLOCK_NOTE = """- **Redlock (its targets are met in most runs, by a few percent).** Each cycle is two
-  fan-outs (acquire, release) that write to 5 sockets and then read 5 replies from one Python
-  thread; the per-node Python work (pool, pack, parse) is what separates us from 0.5 x our
-  single-node rate, and the machine's noise decides the last few percent.
+REDLOCK_NOTE = """- **Redlock (met in earlier runs by a few percent; missed in this session's: 3.4-4.1 x
+  pottery and 0.38-0.41 x our single node, with the code before the script changes of this
+  run alike, 3.8-3.9 x and 0.39-0.40 x).** Each cycle is two fan-outs (acquire, release) that
+  write to 5 sockets and then read 5 replies from one Python thread; the per-node Python work
+  (pool, pack, parse) is what separates us from 0.5 x our single-node rate, and how busy the
+  shared machine is decides how far.
 """
 
 
@@ -546,6 +713,23 @@ def semaphores(results: dict[str, Any], url: str) -> None:
     trips = (backend.round_trips - before) / cycles
     rates = interleaved({"ours": ours, "sorted-set recipe": recipe})
 
+    client = backend.client  # type: ignore[attr-defined]
+    cost = redis_cost(client, {"ours": (ours, ("evalsha",)),
+                               "sorted-set recipe": (recipe, ("multi", "exec", "zrem"))})  # fmt: skip
+    names = [f"s:each:{i}" for i in range(CPU_CYCLES)]
+    held = [semaphore(n, 3, auto_renew=False) for n in names]
+    for each in held:  # a warm pass: fence counters in place
+        with each:
+            pass
+    client.config_resetstat()
+    for each in held:
+        each.acquire()
+    acquire_stats = command_usec(client, ("evalsha",))["evalsha"]
+    client.config_resetstat()
+    for each in held:
+        each.release()
+    release_stats = command_usec(client, ("evalsha",))["evalsha"]
+
     def usage(keys: list[str]) -> int:
         return sum(conn.memory_usage(k) or 0 for k in keys)
 
@@ -569,6 +753,11 @@ def semaphores(results: dict[str, Any], url: str) -> None:
     results["semaphore"] = {
         "rates": rates,
         "round_trips": trips,
+        "redis_cost": cost,
+        "usec_per_call": {
+            "permit_acquire.lua": acquire_stats[1] / max(acquire_stats[0], 1),
+            "permit_release.lua": release_stats[1] / max(release_stats[0], 1),
+        },
         "memory": {"ours_one_permit": one, "ours_per_permit": (three - one) / 2,
                    "recipe_three_permits": recipe_three},
     }  # fmt: skip
@@ -580,6 +769,8 @@ def verdict(ok: bool) -> str:
 
 def report(results: dict[str, Any], environment: dict[str, str], took: float) -> str:
     u = results["uncontended"]
+    rc = results["redis_cpu"]
+    rcc, rcs, rcu = rc["cpu_us_per_cycle"], rc["commandstats_us_per_cycle"], rc["usec_per_call"]
     r = u["rates"]
     ours = r["ours"]
     q = results["quorum"]
@@ -604,10 +795,19 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"ours {q['ours Redlock N=5']:,.0f}; pottery {q['pottery Redlock N=5']:,.0f}; ours single {q['ours single node']:,.0f}",
          f"≥ 5 × pottery: {q['ours Redlock N=5'] / q['pottery Redlock N=5']:.1f} × {verdict(q['ours Redlock N=5'] >= 5 * q['pottery Redlock N=5'])}; "
          f"≥ 0.5 × single: {q['ours Redlock N=5'] / q['ours single node']:.2f} × {verdict(q['ours Redlock N=5'] >= 0.5 * q['ours single node'])}"),
-        ("contended, 8 processes, zero-length hold", "acq/s; hand-off p50/p99; worst wait; commands/acq",
+        ("Redis CPU per uncontended acquire+release, single node",
+         "INFO cpu (user + sys) µs/cycle; INFO commandstats µs/cycle; µs per script call",
+         f"CPU: ours {rcc['ours']:.1f}, raw {rcc['raw']:.1f} (turn ratios p10/p50/p90 "
+         + "/".join(f"{x:.2f}" for x in rc["cpu_ratio_of_turns_p10_p50_p90"]) + "); "
+         f"commandstats: ours {rcs['ours']:.1f}, raw {rcs['raw']:.1f} ({rc['commandstats_ratio']:.1f} ×); "
+         f"acquire.lua {rcu['acquire.lua']:.1f}, release.lua {rcu['release.lua']:.1f}, "
+         f"raw SET NX PX {rcu['raw SET NX PX']:.1f}, raw compare-and-delete {rcu['raw compare-and-delete']:.1f}",
+         f"≤ 1.3 × raw (INFO cpu, {rc['cycles']:,} cycles each): {rc['cpu_ratio']:.2f} × {verdict(rc['cpu_ratio'] <= 1.3)}"),
+        ("contended, 8 processes, zero-length hold", "acq/s; hand-off p50/p99; worst wait; commands/acq; Redis CPU/acq",
          "<br>".join(f"{lib}: {s['per_second']:,.0f}/s; {s['handoff_p50_ms']:.2f}/{s['handoff_p99_ms']:.2f} ms; "
                      f"worst {s['worst_wait_ms']:.0f} ms (p99 {s['wait_p99_ms']:.0f} ms); "
-                     f"{s['commands_per_acquisition']:.1f} cmds" for lib, s in z.items()),
+                     f"{s['commands_per_acquisition']:.1f} cmds; {s['redis_cpu_us_per_acquisition']:.0f} µs"
+                     for lib, s in z.items()),
          f"hand-off p50 < 1 ms: {z['ours']['handoff_p50_ms']:.2f} ms {verdict(z['ours']['handoff_p50_ms'] < 1)}, "
          f"fair {z['ours-fair']['handoff_p50_ms']:.2f} ms {verdict(z['ours-fair']['handoff_p50_ms'] < 1)}; "
          f"commands ≤ 5: {z['ours']['commands_per_acquisition']:.1f} {verdict(z['ours']['commands_per_acquisition'] <= 5)}, "
@@ -638,6 +838,12 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"(no crash safety, no fencing, client clocks)",
          f"≥ 1.0 × recipe: {sr['ours'] / sr['sorted-set recipe']:.2f} × {verdict(sr['ours'] >= sr['sorted-set recipe'])}; "
          f"2 round trips: {sm['round_trips']:.2f} {verdict(abs(sm['round_trips'] - 2) < 1e-9)}"),
+        ("semaphore (limit 3) cycle in Redis", "INFO cpu µs/cycle; commandstats µs/cycle; µs per script call",
+         f"CPU: ours {sm['redis_cost']['cpu_us_per_cycle']['ours']:.1f}, recipe {sm['redis_cost']['cpu_us_per_cycle']['sorted-set recipe']:.1f} "
+         f"({sm['redis_cost']['cpu_ratio']:.2f} ×); commandstats: ours {sm['redis_cost']['commandstats_us_per_cycle']['ours']:.1f}, "
+         f"recipe {sm['redis_cost']['commandstats_us_per_cycle']['sorted-set recipe']:.1f}; "
+         f"permit_acquire.lua {sm['usec_per_call']['permit_acquire.lua']:.1f}, permit_release.lua {sm['usec_per_call']['permit_release.lua']:.1f}",
+         "report"),
         ("semaphore memory in Redis", "MEMORY USAGE",
          f"one permit held {sm['memory']['ours_one_permit']} B (leases, details, fence counter); "
          f"+{sm['memory']['ours_per_permit']:.0f} B per more permit; recipe with 3 {sm['memory']['recipe_three_permits']} B",
@@ -676,6 +882,13 @@ How each figure is taken (`bench/run.py`, `bench/contender.py`):
 - *raw* is the floor: `SET NX PX` + a compare-and-delete `EVALSHA`, on our backend's own client.
 - Round trips are counted by the backend; *commands per acquisition* are the commands each
   contending process sent (counted in redis-py's connection), divided by its acquisitions.
+- Redis CPU: `INFO cpu` (`used_cpu_user` + `used_cpu_sys` of the redis-server) around turns of
+  {CPU_BLOCK} cycles, ours and raw (or the recipe) taking turns, {CPU_ROUNDS} turns each, summed:
+  everything Redis does for a cycle, reading and replying included. `INFO commandstats` usec
+  of the commands the client sends itself (a script's own calls are inside its `EVALSHA`, a
+  MULTI's inside its `EXEC`): the time inside the commands, less noisy. Each script's usec per
+  call comes from {CPU_CYCLES:,} calls of it alone. Contended: `INFO cpu` over each run, divided
+  by its acquisitions.
 - Hand-off latency: from one holder's release call to the next holder's acquisition,
   across processes (one monotonic clock). *FIFO ideal* worst wait: 7 hand-off cycles.
 - Worst wait: the longest wait of any acquisition but each process's first (which includes
@@ -767,6 +980,7 @@ def main() -> None:
         results: dict[str, Any] = {}
         steps: list[tuple[str, Callable[[], None]]] = [
             ("uncontended", lambda: uncontended(results)),
+            ("redis cpu", lambda: redis_cpu(results)),
             ("metrics overhead", lambda: observability(results)),
             ("quorum", lambda: quorum(results, [n.url for n in nodes])),
             ("contended, zero hold", lambda: contended(

@@ -80,6 +80,30 @@ def test_a_fence_is_compared_exactly_however_large(redis_server: RedisServer) ->
     assert backend.force_release("big", fence=2_000_000_000_000_000) is Released.RELEASED
 
 
+def test_a_plain_lock_takes_a_fence_above_a_counter_ahead_of_the_clock(
+    redis_server: RedisServer,
+) -> None:
+    """A plain lock is written with the clock's fence first; a counter at or past it (raised by
+    Redlock, or a clock gone back) gives the fence above the counter, in the lock's value too."""
+    backend, client = locks["redis"], redis_server.client()
+    client.set(backend.fence_key("ahead"), 1_999_999_999_999_999)
+    held = lock("ahead", using="redis", auto_renew=False)
+    held.acquire()
+    assert held.fence == 2_000_000_000_000_000
+    assert client.get(backend.fence_key("ahead")) == b"2000000000000000"
+    info = backend.inspect("ahead")
+    assert info is not None and info.fence == held.fence and info.token == held.token
+    assert 0 < client.pttl(backend.key("ahead")) <= round(held.lock_ttl * 1000)
+    held.release()
+    with lock("ahead", using="redis", auto_renew=False) as again:
+        assert again.fence == 2_000_000_000_000_001
+    # The clock's fence when the counter is behind it: now x 1000, as integer text.
+    client.set(backend.fence_key("behind"), 5)
+    with lock("behind", using="redis", auto_renew=False) as behind:
+        assert behind.fence is not None and behind.fence > 10**15
+        assert client.get(backend.fence_key("behind")) == str(behind.fence).encode()
+
+
 @pytest.mark.django_db
 def test_the_admin_releases_a_hold_with_a_large_fence(redis_server: RedisServer) -> None:
     from .test_admin import RELEASE, URL, form_values

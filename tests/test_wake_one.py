@@ -106,3 +106,19 @@ def test_a_process_subscribes_once_however_often_it_waits(
     # Each process waited many times (30 rounds among 4), on its one inbox channel.
     assert _calls(redis_server, "subscribe") - subscribed <= len(contenders)
     assert _calls(redis_server, "unsubscribe") - unsubscribed == 0
+
+
+def test_a_lock_nobody_waits_for_costs_no_wake_up_work(redis_server: RedisServer) -> None:
+    """Taking and freeing a lock nobody waited for: no PUBLISH (nobody listens on the release
+    channel here: waiters are woken in their inbox), no look at the waiters' set, no TYPE."""
+    client = redis_server.client()
+    for kind in ({}, {"reentrant": True}):
+        with lock("quiet", using="redis", **kind):  # fence counter and scripts in place
+            pass
+        client.config_resetstat()
+        for _ in range(3):
+            with lock("quiet", using="redis", **kind):
+                pass
+        for command in ("publish", "zrange", "type", "zrem"):
+            assert _calls(redis_server, command) == 0, (kind, command)
+        assert _calls(redis_server, "evalsha") == 6

@@ -480,8 +480,9 @@ class BaseLockBackend:
         write ("w"; refused with a LockError if ``reader`` holds a read of it)."""
         raise NotImplementedError
 
-    def op_lease_release(self, name: str, token: str) -> Op[int]:
-        """Holds left after releasing one (0: freed); -1 when the token holds none."""
+    def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:
+        """Holds left after releasing one (0: freed); -1 when the token holds none. ``mode``:
+        the mode the token's lease was taken in, if the caller knows it ("" if not)."""
         raise NotImplementedError
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:

@@ -26,6 +26,7 @@ class RedisClusterBackend(RedisBackend):
     """LOCATION: the URL of any node of the cluster; the rest are discovered."""
 
     wakes_one = False  # PUBLISH counts the receivers of one node only
+    publishes_releases = True  # waiters listen on the release channel
 
     def _cluster_options(self) -> dict[str, Any]:
         return {**self.default_options, **self.options}

@@ -456,7 +456,7 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(name, work)
 
-    def op_lease_release(self, name: str, token: str) -> Op[int]:
+    def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:
         def work(store: _Store, now: float) -> tuple[int, list[str]]:
             leased = store.leased.get(name)
             if leased is None:

@@ -56,6 +56,10 @@ class RedisBackend(BaseLockBackend):
     """Locks on one Redis through redis-py (with hiredis), on a connection pool of its own."""
 
     wakes_one = True
+    #: Whether waiters listen on a lock's release channel (Redis Cluster, a Redlock's nodes),
+    #: so that freeing it must PUBLISH there; elsewhere each waiter is woken in its process's
+    #: inbox, and the scripts get '' for the channel: no PUBLISH to nobody on each release.
+    publishes_releases = False
     default_options: dict[str, Any] = {
         "socket_timeout": 2.0,
         "socket_connect_timeout": 2.0,
@@ -187,14 +191,19 @@ class RedisBackend(BaseLockBackend):
             self.deadlines_key(name),
             self.waiting_key(name),
         ]
-        args: list[Any] = [token, ttl_ms, meta, _flag(kind.reentrant), _flag(kind.fair),
-                           waiter or token, wait_ms, self.inbox_prefix]  # fmt: skip
+        args: list[Any] = [token, ttl_ms, meta, _flag(kind.reentrant), _flag(kind.fair)]
+        if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
+            args += [waiter or token, wait_ms, self.inbox_prefix]
         return Op(name, Call(script("acquire"), keys, args), _attempt)
 
+    def _release_channel(self, name: str) -> str:
+        return self.channel(name) if self.publishes_releases else ""
+
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
-        keys = [self.key(name), self.channel(name), self.waiting_key(name),
+        keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
                 self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
-        return Op(name, Call(script("release"), keys, [token, self.inbox_prefix]), int)
+        args = [token, self.inbox_prefix, _flag(kind.reentrant)]
+        return Op(name, Call(script("release"), keys, args), int)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         return Op(name, Call(script("extend"), [self.key(name)], [token, ttl_ms]), bool)
@@ -214,7 +223,7 @@ class RedisBackend(BaseLockBackend):
         return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
 
     def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
-        keys = [self.key(name), self.channel(name), self.waiting_key(name),
+        keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
                 self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
         return Op(name, Call(script("settle"), keys, [owner, count, self.inbox_prefix]), int)
 
@@ -330,10 +339,7 @@ class RedisBackend(BaseLockBackend):
     # lua/permit_*.lua; extend and renew are the lock's (extend.lua, renew.lua serve both).
 
     def _lease_keys(self, name: str) -> list[str]:
-        # The release channel only where waiters listen there (no inbox wake-ups): elsewhere
-        # '' spares every release a PUBLISH to nobody.
-        channel = "" if self.wakes_one else self.channel(name)
-        return [self.key(name), self.details_key(name), channel,
+        return [self.key(name), self.details_key(name), self._release_channel(name),
                 self.waiting_key(name), self.queue_key(name), self.deadlines_key(name),
                 self.writers_key(name)]  # fmt: skip
 
@@ -352,12 +358,14 @@ class RedisBackend(BaseLockBackend):
     ) -> Op[Attempt]:
         keys = self._lease_keys(name)
         keys.insert(2, self.fence_key(name))
-        args = [token, ttl_ms, meta, mode, limit, _flag(fair), waiter or token, wait_ms,
-                self.inbox_prefix, reader]  # fmt: skip
+        args: list[Any] = [token, ttl_ms, meta, mode, limit, _flag(fair)]
+        if mode != "s" or waiter is not None or wait_ms >= 0:  # not a permit's one-off try
+            args += [waiter or token, wait_ms, self.inbox_prefix, reader]
         return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self))
 
-    def op_lease_release(self, name: str, token: str) -> Op[int]:
-        call = Call(script("permit_release"), self._lease_keys(name), [token, self.inbox_prefix])
+    def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:
+        args = [token, self.inbox_prefix, mode] if mode else [token, self.inbox_prefix]
+        call = Call(script("permit_release"), self._lease_keys(name), args)
         return Op(name, call, int)
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:

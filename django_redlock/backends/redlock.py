@@ -87,6 +87,8 @@ class RedlockBackend(BaseLockBackend):
             )
             for i, url in enumerate(self.location)  # type: ignore[arg-type]
         ]
+        for node in self.nodes:  # our waiters listen on the nodes' release channels
+            node.publishes_releases = True
         self.quorum = len(self.nodes) // 2 + 1
         self._hub: CompositeHub | None = None
         self._failed_at: dict[int, float] = {}  # node index -> when it last failed

@@ -152,7 +152,7 @@ class SentinelBackend(RedisBackend):
         if not self.min_replicas:
             return op
         wait = ("WAIT", self.min_replicas, round(self.min_replicas_timeout * 1000))
-        release = self.op_lease_release(name, token)
+        release = self.op_lease_release(name, token, mode)
 
         def parse(replies: list[Any]) -> Any:
             return _Replicated(op.parse(replies[0]), int(replies[1]), release)

@@ -1,5 +1,5 @@
 -- Helpers for semaphores and read-write locks, spliced in by `--! include _permits` (after
--- _hold, _wake and _queue). Every hold of such a name is a lease: the name's own key is a
+-- _hold; leases_wake is in _permits_wake, after _wake and _queue). Every hold of such a name is a lease: the name's own key is a
 -- sorted set of token -> expiry (server ms), and a hash beside it (key .. ':h') has each
 -- lease's 'fence|acquired-ms|count|mode|holder' (mode: s permit, r read, w write), plus
 -- ':limit' (a semaphore's limit at the last grant) and ':writer' (a read-write lock's
@@ -41,14 +41,18 @@ local function leases_drop_if_empty(leases, details)
 end
 
 -- `token`'s live lease: its count (0: none), fence and mode. `expiry`: its ZSCORE, when the
--- caller has it already.
-local function lease_mine(leases, details, token, now, expiry)
+-- caller has it already. `mode`: the mode the caller took it in, when only its count and
+-- mode are wanted and it is a permit or a write ('s', 'w': one hold each, no fence read).
+local function lease_mine(leases, details, token, now, expiry, mode)
   if expiry == nil then
     expiry = redis.call('ZSCORE', leases, token)
   end
   expiry = tonumber(expiry)
   if not expiry or expiry <= now then
     return 0, nil, nil
+  end
+  if mode == 's' or mode == 'w' then
+    return 1, nil, mode
   end
   local detail = redis.call('HGET', details, token) or ''
   local fence, count, mode = string.match(detail, '^(%d*)|%d*|(%d*)|(%a*)')
@@ -65,14 +69,20 @@ local function lease_recount(details, token, delta)
 end
 
 -- Take a lease with the next fence of the name (the lock's fence helper and counter);
--- `...`: more fields of the details hash to set at once (':limit', ':writer').
-local function lease_take(leases, details, counter, token, ttl, meta, mode, now, ...)
+-- `...`: more fields of the details hash to set at once (':limit', ':writer'). `fresh`: the
+-- name had no live lease (keys just made: their TTL is set without looking it up first).
+local function lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ...)
   local fence, text = fence_next(counter, now)
   redis.call('ZADD', leases, ms_text(now + ttl), token)
   redis.call('HSET', details, token, text .. '|' .. ms_text(now) .. '|1|' .. mode .. '|' .. meta,
              ...)
   redis.call('SET', counter, text)
-  leases_grow(leases, details, ttl)
+  if fresh then
+    redis.call('PEXPIRE', leases, ttl)
+    redis.call('PEXPIRE', details, ttl)
+  else
+    leases_grow(leases, details, ttl)
+  end
   return fence
 end
 
@@ -114,43 +124,4 @@ local function writers_waiting(writers, now)
   end
   redis.call('ZREMRANGEBYSCORE', writers, '-inf', now)
   return redis.call('ZCARD', writers)
-end
-
--- Wake whoever can take a lease now, one waiter per free lease (the woken one leaves the
--- plain waiters' set, so the next release wakes the next one), never a herd: a waiting
--- writer when nobody holds, else none while a writer holds or waits; else (a permit free)
--- the fair queue's head or the earliest plain waiter. Waiters on the release channel
--- (Redis Cluster; '' elsewhere: nobody listens there) hear it there. `mode`: 's' when a
--- semaphore's permit was freed (no writers to look for), else nil.
-local function leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now,
-                           mode)
-  local used = redis.call('ZCOUNT', leases, '(' .. ms_text(now), '+inf')
-  if mode ~= 's' then
-    if writers_waiting(writers, now) > 0 then
-      if used == 0 then -- the first writer (by deadline) only; a dead one's lease runs out
-        if channel ~= '' then
-          redis.call('PUBLISH', channel, 'released')
-        end
-        local first = redis.call('ZRANGE', writers, 0, 0)[1]
-        redis.call('PUBLISH', inbox_of(inbox, first), first)
-      end
-      return
-    end
-    if writer_holds(leases, details, now) then
-      return
-    end
-  end
-  local limit = tonumber(redis.call('HGET', details, ':limit'))
-  if limit and used >= limit then
-    return
-  end
-  if channel ~= '' then
-    redis.call('PUBLISH', channel, 'released')
-  end
-  if redis.call('EXISTS', queue) == 1 then
-    queue_prune(queue, deadlines, now)
-    queue_wake_head(queue, inbox)
-  else
-    wake_first(waiting, inbox, true)
-  end
 end

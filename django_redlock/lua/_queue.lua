@@ -49,12 +49,10 @@ local function queue_join(queue, deadlines, waiter, now, wait)
   lease_join(deadlines, waiter, now + wait, now, queue)
 end
 
--- A lock was just freed (deleted): wake whoever waits for it. Those that listen on the release
--- channel (Redis Cluster, Redlock), the earliest registered plain waiter, and the head of the
--- fair queue if the name has one (a plain try may have taken a free lock before a fair waiter
--- queued, whatever kind is freed). Publishing to nobody costs nothing.
-local function lock_freed(channel, waiting, queue, deadlines, inbox)
-  redis.call('PUBLISH', channel, 'released')
+-- Wake whoever waits for a lock just freed (see lock_freed in _hold.lua): the earliest
+-- registered plain waiter, and the head of the fair queue if the name has one (a plain try may
+-- have taken a free lock before a fair waiter queued, whatever kind is freed).
+local function lock_wake(waiting, queue, deadlines, inbox)
   wake_first(waiting, inbox)
   if redis.call('EXISTS', queue) == 1 then
     queue_prune(queue, deadlines, now_ms())

@@ -2,25 +2,33 @@
 -- KEYS: lock, fence counter, queue, deadlines, plain waiters
 --       [, node marker (Redlock's restart guard)].
 -- ARGV: token, ttl ms, holder metadata, reentrant ('1'/'0'), fair ('1'/'0'),
---       waiter id, wait ms (-1: a one-off try that never queues or registers),
---       inbox channel prefix, restart guard ms (0: off).
+--       [waiter id, wait ms (-1: a one-off try that never queues or registers),
+--       inbox channel prefix: all three left out for a one-off try],
+--       [restart guard ms, last, with the node marker].
 -- Returns {1, fence, hold count} when held by the caller, else {0, ms until something may
 -- change (-1: unknown, wait for a message)}.
+-- The helpers for waiting and queueing are spliced in after the common case (a plain lock,
+-- free, nobody queued) has returned: taking a free lock never defines them.
 --! include _hold
---! include _wake
---! include _queue
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local waiting, marker = KEYS[5], KEYS[6]
 local token, ttl, meta = ARGV[1], ARGV[2], ARGV[3]
 local reentrant, fair = ARGV[4] == '1', ARGV[5] == '1'
-local waiter, wait = ARGV[6], tonumber(ARGV[7])
+local given = #ARGV
+local guard = 0
+if marker then
+  guard, given = tonumber(ARGV[given]) or 0, given - 1
+end
+local waiter, wait = token, -1
+if given >= 7 then
+  waiter, wait = ARGV[6], tonumber(ARGV[7])
+end
 local registered = not fair and wait >= 0 -- a plain waiter: registered to be woken
 local now = now_ms()
 
 -- Restart guard: a node whose marker is gone has lost its data (restarted empty, flushed,
 -- failed over to an empty replica) and may have forgotten locks it granted. It votes no
 -- until locks granted before the loss have surely expired.
-local guard = tonumber(ARGV[9] or '0')
 if marker and guard > 0 then
   local since = tonumber(redis.call('GET', marker))
   if not since then
@@ -45,9 +53,11 @@ if not reentrant and not fair and not queued then
     return {1, fence, 1}
   end
 end
+--! include _wake
+--! include _queue
 
 -- Ours already: a re-entry, or the reply to an earlier try was lost.
-local count, fence = hold_mine(lock, token)
+local count, fence = hold_mine(lock, token, reentrant and 'hash' or 'string')
 if count > 0 then
   if reentrant then
     count = redis.call('HINCRBY', lock, token, 1)
@@ -60,7 +70,8 @@ if count > 0 then
 end
 
 if not fair and not queued then
-  fence = hold_take(lock, counter, token, ttl, meta, reentrant, now)
+  -- A plain lock was tried above already: its SET NX found it held.
+  fence = reentrant and hold_take(lock, counter, token, ttl, meta, true, now)
   if fence then
     if registered then
       redis.call('ZREM', waiting, waiter)

@@ -2,7 +2,5 @@
 -- can never extend someone else's hold: a lock's, or a semaphore's or read-write lock's lease.
 -- KEYS: lock.  ARGV: token, ttl ms.  Returns 1 if extended, 0 if not ours.
 --! include _hold
---! include _wake
---! include _queue
 --! include _permits
 return any_extend(KEYS[1], ARGV[1], ARGV[2])

@@ -13,6 +13,7 @@
 --! include _wake
 --! include _queue
 --! include _permits
+--! include _permits_wake
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
   return 0
@@ -70,5 +71,7 @@ if token ~= '' or fence ~= '' then
   end
 end
 redis.call('DEL', KEYS[1])
-lock_freed(KEYS[2], KEYS[5], KEYS[3], KEYS[4], ARGV[1])
+if lock_freed(KEYS[2], KEYS[5], KEYS[3]) then
+  lock_wake(KEYS[5], KEYS[3], KEYS[4], ARGV[1])
+end
 return 1

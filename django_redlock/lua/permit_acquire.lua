@@ -2,28 +2,39 @@
 -- (mode 'r': many readers; 'w': one writer, no readers) in one atomic step.
 -- KEYS: leases, details, fence counter, release channel, plain waiters, queue, deadlines,
 --       waiting writers.
--- ARGV: token, ttl ms, holder metadata, mode, limit (s), fair ('1'/'0', s), waiter id,
+-- ARGV: token, ttl ms, holder metadata, mode, limit (s), fair ('1'/'0', s)[, waiter id,
 --       wait ms (-1: a one-off try that never queues or registers), inbox channel prefix,
 --       the caller's read token (w: a reader asking to write is refused, or it would wait
---       for itself forever).
+--       for itself forever): the four left out by a permit's one-off try].
 -- Returns {1, fence, hold count} when held by the caller; {0, ms until something may change
 -- (-1: wait for a message)}; {-2, type} when the name is a lock of another kind; {-3} for
 -- a read-to-write upgrade.
+-- The waiting, queueing and waking helpers are spliced in after the common case (a permit
+-- free, nobody queued) has returned: taking a free permit never defines them.
 --! include _hold
---! include _wake
---! include _queue
 --! include _permits
 local leases, details, counter, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local waiting, queue, deadlines, writers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local token, ttl, meta, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local limit, fair, waiter, wait = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7], tonumber(ARGV[8])
-local inbox, reader = ARGV[9], ARGV[10] or ''
+local limit, fair = tonumber(ARGV[5]), ARGV[6] == '1'
+local waiter, wait = ARGV[7] or token, tonumber(ARGV[8] or '-1')
+local inbox, reader = ARGV[9] or '', ARGV[10] or ''
 local now = now_ms()
 
--- A lock of another kind has this name (a string or hash: WRONGTYPE).
-local expiry = redis.pcall('ZSCORE', leases, token)
-if type(expiry) == 'table' and expiry.err then
-  return {-2, redis.call('TYPE', leases).ok}
+-- A lock of another kind has this name (a string or hash: WRONGTYPE). A semaphore counts its
+-- leases first, expired ones too: with none at all, none is ours (no ZSCORE to look for it).
+local expiry, all
+if mode == 's' then
+  all = redis.pcall('ZCARD', leases)
+  if type(all) == 'table' then
+    return {-2, redis.call('TYPE', leases).ok}
+  end
+  expiry = all > 0 and redis.call('ZSCORE', leases, token)
+else
+  expiry = redis.pcall('ZSCORE', leases, token)
+  if type(expiry) == 'table' and expiry.err then
+    return {-2, redis.call('TYPE', leases).ok}
+  end
 end
 
 -- Ours already: a reentrant read, or the reply to an earlier try was lost.
@@ -41,16 +52,29 @@ end
 
 -- Fewer leases than the limit, even counting expired ones: no need to look for those (they
 -- are dropped once they could stand in anyone's way).
-local used = mode == 's' and redis.call('ZCARD', leases) or limit
+local used = mode == 's' and all or limit
 if used >= limit then
   used = leases_prune(leases, details, now)
 end
+local fresh = mode == 's' and used == 0 -- no live lease: keys just made get the TTL at once
 if mode == 'w' and reader ~= '' and lease_mine(leases, details, reader, now) > 0 then
   return {-3}
 end
+local queued = redis.call('EXISTS', queue) == 1
+if mode == 's' and used < limit and not queued then -- new grants obey the latest limit
+  fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ':limit',
+                     limit)
+  if wait >= 0 then
+    redis.call('ZREM', waiting, waiter)
+  end
+  return {1, fence, 1}
+end
+--! include _wake
+--! include _queue
+--! include _permits_wake
 local writers_ahead = mode ~= 's' and writers_waiting(writers, now) or 0
 local head = false
-if redis.call('EXISTS', queue) == 1 then
+if queued then
   queue_prune(queue, deadlines, now)
   head = redis.call('LINDEX', queue, 0)
 end
@@ -66,12 +90,14 @@ end
 
 if free then
   if mode == 's' then -- new grants obey the latest limit
-    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, ':limit', limit)
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ':limit',
+                       limit)
   elseif mode == 'w' then
-    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, ':writer', token)
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, false, ':writer',
+                       token)
     redis.call('ZREM', writers, waiter)
   else
-    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now)
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, false)
   end
   if head and head == waiter then
     redis.call('LPOP', queue)

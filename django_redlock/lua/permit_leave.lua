@@ -7,6 +7,7 @@
 --! include _wake
 --! include _queue
 --! include _permits
+--! include _permits_wake
 local waiter = ARGV[1]
 redis.call('ZREM', KEYS[4], waiter)
 redis.call('LREM', KEYS[5], 0, waiter)

@@ -1,16 +1,18 @@
 -- Release one hold of a lease (a permit, a read or a write); free the lease when none are
 -- left, and wake as many waiters as can now take one (see leases_wake).
--- KEYS: leases, details, release channel, plain waiters, queue, deadlines, waiting writers.
--- ARGV: token, inbox channel prefix.
+-- KEYS: leases, details, release channel ('' where nobody listens there), plain waiters,
+--       queue, deadlines, waiting writers.
+-- ARGV: token, inbox channel prefix[, the mode it was taken in: 's', 'r' or 'w' (absent:
+--       read from its details)].
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
+-- The waking helpers are spliced in after the common case has returned: nobody registered,
+-- queued or waiting to write (none of their keys exists), nobody on the release channel.
 --! include _hold
---! include _wake
---! include _queue
 --! include _permits
 local leases, details, channel = KEYS[1], KEYS[2], KEYS[3]
 local token, inbox = ARGV[1], ARGV[2]
 local now = now_ms()
-local count, _, mode = lease_mine(leases, details, token, now)
+local count, _, mode = lease_mine(leases, details, token, now, nil, ARGV[3])
 if count == 0 then
   return -1
 end
@@ -18,10 +20,24 @@ if count > 1 then
   return lease_recount(details, token, -1)
 end
 redis.call('ZREM', leases, token)
-redis.call('HDEL', details, token)
-if mode == 'w' then
-  redis.call('HDEL', details, ':writer')
+if channel == '' and redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[7]) == 0 then
+  if redis.call('ZCARD', leases) == 0 then -- the details go with the last lease
+    redis.call('DEL', details)
+  elseif mode == 'w' then
+    redis.call('HDEL', details, token, ':writer')
+  else
+    redis.call('HDEL', details, token)
+  end
+  return 0
 end
+if mode == 'w' then
+  redis.call('HDEL', details, token, ':writer')
+else
+  redis.call('HDEL', details, token)
+end
+--! include _wake
+--! include _queue
+--! include _permits_wake
 leases_wake(leases, details, channel, KEYS[4], KEYS[5], KEYS[6], KEYS[7], inbox, now,
             mode == 's' and 's' or nil)
 leases_drop_if_empty(leases, details)

@@ -6,8 +6,6 @@
 -- Two arguments, not two per lock: packing hundreds of arguments is the client's main cost.
 -- Returns one 1 (extended) or 0 (not ours any more) per lock.
 --! include _hold
---! include _wake
---! include _queue
 --! include _permits
 local ttls = {}
 for ttl in string.gmatch(ARGV[2], '[^|]+') do
