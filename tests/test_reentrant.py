@@ -114,6 +114,46 @@ def test_watchdog_and_loss_work_for_reentrant_holds(alias: str, name: str) -> No
     assert held.lost is not None and not held.owned()
     with pytest.raises(LockLost):
         held.release()
+    # The second level is gone too: no acquire nests in it (none reaches Redis) until it is
+    # released as well, and then the name is free to take anew.
+    with pytest.raises(LockLost, match="nest in a hold that is gone"):
+        held.acquire(blocking=False)
+    with pytest.raises(LockLost):
+        held.release()
+    assert held.acquire(blocking=False)
+    held.release()
+
+
+def test_a_re_entry_after_an_unnoticed_loss_is_lost_and_takes_nothing(
+    alias: str, name: str
+) -> None:
+    """The hold vanished (expired while paused, force-released) before the watchdog saw it:
+    the server grants a fresh hold with a new fence, which a re-entry must not pass off as
+    the old one (the campaign's reentry-fence finding). It is handed back; LockLost."""
+    held = lock(name, using=alias, reentrant=True, auto_renew=False, ttl=10)
+    held.acquire()
+    assert locks[alias].force_release(name)
+    with pytest.raises(LockLost, match="before this re-entry"):
+        held.acquire(blocking=False)
+    assert held.fence is None and locks[alias].inspect(name) is None  # handed back
+    with pytest.raises(LockLost):
+        held.release()  # the outer level
+    assert held.acquire(blocking=False)  # free: a new hold
+    held.release()
+    assert locks[alias].inspect(name) is None
+
+
+def test_another_object_of_the_owner_does_not_nest_in_a_lost_hold(alias: str, name: str) -> None:
+    outer = lock(name, using=alias, reentrant=True, auto_renew=False, ttl=10)
+    outer.acquire()
+    assert locks[alias].force_release(name)
+    with pytest.raises(LockLost, match="before this re-entry"):
+        lock(name, using=alias, reentrant=True).acquire(blocking=False)
+    assert locks[alias].inspect(name) is None
+    with pytest.raises(LockLost):
+        outer.release()
+    with lock(name, using=alias, reentrant=True, timeout=0) as again:  # all settled
+        assert again.hold_count() == 1
 
 
 def test_plain_and_reentrant_locks_on_one_name_exclude_each_other(alias: str, name: str) -> None:

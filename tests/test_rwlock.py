@@ -12,7 +12,14 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_redlock import BackendUnavailable, LockError, locks, read_write_lock, semaphore
+from django_redlock import (
+    BackendUnavailable,
+    LockError,
+    LockLost,
+    locks,
+    read_write_lock,
+    semaphore,
+)
 
 from .proxy import LossyProxy
 
@@ -278,3 +285,16 @@ def test_a_write_after_a_read_whose_reply_was_lost(redis_server: Any, name: str)
             assert rw.holders() == []
     finally:
         proxy.close()
+
+
+def test_a_read_re_entry_after_an_unnoticed_loss_is_lost(alias: str, name: str) -> None:
+    reader = read_write_lock(name, using=alias, auto_renew=False).read()
+    reader.acquire()
+    assert locks[alias].force_release(name)
+    with pytest.raises(LockLost, match="before this re-entry"):
+        reader.acquire(blocking=False)
+    assert locks[alias].inspect(name) is None  # the fresh read was handed back
+    with pytest.raises(LockLost):
+        reader.release()
+    assert reader.acquire(blocking=False)
+    reader.release()

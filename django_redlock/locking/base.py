@@ -27,7 +27,7 @@ from ..identity import holder_meta, new_token, new_waiter_id, owner_id
 from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import check_bool, check_name, check_optional_seconds, check_ttl, to_ms
-from .holds import Hold, believe, holds_it, note_taken, settled, unsettled
+from .holds import Hold, believe, believed, holds_it, note_taken, settled, unsettled
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
 from .templates import name_template
 
@@ -98,6 +98,9 @@ class BaseLock:
         self._holds_by_owner: dict[str, Hold] = {}  # owner ("" for the object) -> hold
         self._pid = os.getpid()  # whose holds those are
         self._lost: str | None = None  # why the last hold was lost, if it was
+        # Reentrant kinds: owner -> nested levels of a hold that was lost. Each later release
+        # raises LockLost, and no acquire nests in what is gone, until they are all released.
+        self._orphans: dict[str, int] = {}
         # The token of an acquire whose outcome is unknown (its reply was lost): the next try
         # uses it again, so that it finds the hold if the lost try took it.
         self._unsure_token: str | None = None
@@ -169,7 +172,7 @@ class BaseLock:
     def _holds(self) -> dict[str, Hold]:
         if self._pid != os.getpid():  # a forked child: the parent's holds are not ours
             self._holds_by_owner, self._pid = {}, os.getpid()
-            self._unsure_token = None
+            self._unsure_token, self._orphans = None, {}
         return self._holds_by_owner
 
     def __repr__(self) -> str:
@@ -223,6 +226,11 @@ class BaseLock:
         """Arguments checked by the caller (:meth:`_check_acquire`)."""
         owner, backend, name = self._owner(), self.backend, self.name
         actor = owner if self.reentrant else owner_id()
+        if self.reentrant and self._orphans.get(owner):
+            raise LockLost(
+                f"{self._describe()} was lost ({self._lost or 'expired'}): this acquire would"
+                " nest in a hold that is gone; release the outer levels first"
+            )
         yield from self._settle(owner)
         stale = self._holds.get(owner)
         if stale is not None and stale.releasing:
@@ -283,6 +291,26 @@ class BaseLock:
                     self._unsure_token = None
             raise
         self._unsure_token = None  # answered: the token holds what the answer says
+        current = self._holds.get(owner) if self.reentrant else None
+        fresh = attempt.count_or_wait == 1  # the server's count for the owner: a new hold
+        if attempt.acquired and self.reentrant and (
+            (current is not None and attempt.fence != current.fence)
+            or (fresh and believed(backend, name, owner) > 0)
+        ):
+            # A re-entry keeps its hold's fence and counts on: a new fence, or a count of 1
+            # where this process (this object, or another of the same owner) holds levels,
+            # means the hold this was to nest in is gone. Hand the fresh one back.
+            observe.acquire_ended(self, started, observe.ERROR, None, span)
+            try:
+                yield self._op_release(token)
+            except LockError:
+                self._believe(owner, 0, unsure=True)  # settled before the next operation
+            if current is not None:
+                self._mark_lost(current.token, "it expired or was released by someone else")
+            raise LockLost(
+                f"{self._describe()} was lost before this re-entry: it expired or was released"
+                " by someone else"
+            )
         if not attempt.acquired:
             outcome = observe.TIMEOUT if blocking and timeout else observe.BUSY
             observe.acquire_ended(self, started, outcome, None, span)
@@ -392,6 +420,8 @@ class BaseLock:
         if self._holds.get(owner) is not hold:
             return False
         del self._holds[owner]
+        if self.reentrant and hold.depth > 0 and not hold.releasing:
+            self._orphans[owner] = hold.depth  # lost under nested levels still to release
         self._stop_renewing(hold)
         self._untake(hold)
         observe.hold_ended(self, hold)
@@ -404,6 +434,13 @@ class BaseLock:
         return any(h.token == token and h.renewer is renewer for h in self._holds.values())
 
     def _release(self) -> Steps[None]:
+        owner = self._owner()
+        if owner not in self._holds and self._orphans.get(owner):
+            with self._mutex:
+                self._orphans[owner] -= 1
+                if self._orphans[owner] <= 0:
+                    del self._orphans[owner]
+            raise LockLost(f"{self._describe()} was lost: {self._lost or 'it expired'}")
         owner, hold = self._held()
         if hold.depth <= 1:
             # Whatever the release's fate (Redis may not answer), stop renewing: at worst

@@ -62,6 +62,12 @@ def believe(backend: BaseLockBackend, name: str, owner: str, delta: int, unsure:
             del _believed[key]
 
 
+def believed(backend: BaseLockBackend, name: str, owner: str) -> int:
+    """The owner's hold count as this process knows it (0: none)."""
+    entry = _believed.get((id(backend), name, owner))
+    return 0 if entry is None else int(entry[0])
+
+
 def unsettled(backend: BaseLockBackend, name: str, owner: str) -> int | None:
     """The count to tell the server, when it may disagree; else None."""
     entry = _believed.get((id(backend), name, owner))
