@@ -1,25 +1,31 @@
 """Redis Cluster: every key of one lock shares the hash tag ``{name}``, so one slot holds them
 and the same scripts run unchanged. Locks of different names spread over the slots.
 
-Waiters use classic pub/sub, which a cluster forwards to every node (sharded pub/sub, Redis
-7+, would keep the traffic on one shard; classic works on every version). Async operations
+Waiters use sharded pub/sub on Redis 7+ (``SPUBLISH`` from the scripts, ``SSUBSCRIBE`` on the
+node that owns the lock's slot): a release's wake-up stays on that shard instead of being
+broadcast over the cluster bus to every node, as classic ``PUBLISH`` is. On Redis 6.x (found
+once per backend, from the first node's ``INFO``) they use classic pub/sub. Async operations
 run the sync cluster client in a worker thread (see ``aexecute``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
 
+from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
+from ..waiting import PubSubHub, ShardedPubSubHub
 from .base import Op, Renewal
 from .redis import RedisBackend, _renewed
 
 T = TypeVar("T")
+logger = logging.getLogger("django_redlock")
 
 
 class RedisClusterBackend(RedisBackend):
@@ -27,11 +33,45 @@ class RedisClusterBackend(RedisBackend):
 
     wakes_one = False  # PUBLISH counts the receivers of one node only
 
+    #: Sharded pub/sub (Redis 7+): None until the first client is made.
+    _sharded: bool | None = None
+
     def _cluster_options(self) -> dict[str, Any]:
         return {**self.default_options, **self.options}
 
     def make_client(self) -> Any:
-        return redis.cluster.RedisCluster.from_url(str(self.location), **self._cluster_options())
+        client = redis.cluster.RedisCluster.from_url(str(self.location), **self._cluster_options())
+        self._sharded = _has_sharded_pubsub(client)
+        return client
+
+    @property
+    def sharded(self) -> bool:
+        """Whether waiters use sharded pub/sub: the cluster runs Redis 7 or later."""
+        if self._sharded is None:
+            self.client  # noqa: B018 - making the client finds out
+        return bool(self._sharded)
+
+    def inbox_for(self, name: str) -> str:
+        # A shard channel must hash to the script's slot: the inbox carries the lock's hash
+        # tag, and the leading '*' tells the scripts to SPUBLISH (lua/_wake.lua's publish).
+        return f"*{self.key(name)}:inbox:" if self.sharded else self.inbox_prefix
+
+    @property
+    def hub(self) -> PubSubHub:
+        if self._hub is None:
+            with self._setup:
+                if self._hub is None:
+                    if self.sharded:
+                        self._hub = ShardedPubSubHub(
+                            self.client,
+                            self.socket_timeout,
+                            lambda name: f"{self.inbox_for(name)}{process_id()}",
+                        )
+                    else:
+                        self._hub = PubSubHub(
+                            self.client.pubsub, self.socket_timeout, self.inbox_prefix
+                        )
+        return self._hub
 
     @property
     def socket_timeout(self) -> float:
@@ -53,8 +93,24 @@ class RedisClusterBackend(RedisBackend):
         # 50 contending tasks); the sync client, run in a worker thread, does not.
         return await asyncio.to_thread(self.execute, op)
 
+    def close(self) -> None:
+        super().close()
+        self._sharded = None
+
     @classmethod
     def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
         # RedisCluster silently drops what it does not know: a typo would just be ignored.
         where = "redis-py's RedisCluster"
         check_options(alias, params.get("OPTIONS") or {}, cluster_options(), where)
+
+
+def _has_sharded_pubsub(client: Any) -> bool:
+    """Redis 7 or later (SSUBSCRIBE, SPUBLISH), by one node's ``INFO server``; a node that
+    does not say (INFO renamed away) gets classic pub/sub, which works everywhere."""
+    try:
+        node = client.get_default_node()
+        info = client.get_redis_connection(node).info("server")
+        return int(str(info["redis_version"]).split(".")[0]) >= 7
+    except Exception as exc:
+        logger.info("redlock: Redis version unknown (%s): classic pub/sub", exc)
+        return False

@@ -129,10 +129,10 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
     if writers_waiting(writers, now) > 0 then
       if used == 0 then -- the first writer (by deadline) only; a dead one's lease runs out
         if channel ~= '' then
-          redis.call('PUBLISH', channel, 'released')
+          publish(inbox, channel, 'released')
         end
         local first = redis.call('ZRANGE', writers, 0, 0)[1]
-        redis.call('PUBLISH', inbox_of(inbox, first), first)
+        publish(inbox, inbox_of(inbox, first), first)
       end
       return
     end
@@ -145,7 +145,7 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
     return
   end
   if channel ~= '' then
-    redis.call('PUBLISH', channel, 'released')
+    publish(inbox, channel, 'released')
   end
   if redis.call('EXISTS', queue) == 1 then
     queue_prune(queue, deadlines, now)

@@ -24,7 +24,7 @@ end
 local function queue_wake_head(queue, inbox)
   local head = redis.call('LINDEX', queue, 0)
   if head then
-    redis.call('PUBLISH', inbox_of(inbox, head), head)
+    publish(inbox, inbox_of(inbox, head), head)
   end
   return head
 end
@@ -54,7 +54,7 @@ end
 -- fair queue if the name has one (a plain try may have taken a free lock before a fair waiter
 -- queued, whatever kind is freed). Publishing to nobody costs nothing.
 local function lock_freed(channel, waiting, queue, deadlines, inbox)
-  redis.call('PUBLISH', channel, 'released')
+  publish(inbox, channel, 'released')
   wake_first(waiting, inbox)
   if redis.call('EXISTS', queue) == 1 then
     queue_prune(queue, deadlines, now_ms())
