@@ -1,0 +1,115 @@
+"""Redis Cluster wake-ups: sharded pub/sub on Redis 7+, classic pub/sub on 6.x.
+
+`make test` runs this file on both (it is in conftest's EVERY_REDIS): each run checks the
+path its server version takes, by the nodes' commandstats and cluster-bus counters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from django_redlock import lock, locks, semaphore
+from django_redlock.testing import RedisServer
+
+pytestmark = pytest.mark.usefixtures("_cluster_alias")
+
+
+def calls(nodes: list[RedisServer], command: str) -> int:
+    total = 0
+    for node in nodes:
+        stats = node.client().info("commandstats")
+        total += int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+    return total
+
+
+def bus_publish(nodes: list[RedisServer]) -> int:
+    """Pub/sub messages the cluster bus carried (classic and sharded, sent and received)."""
+    total = 0
+    for node in nodes:
+        info = node.client().execute_command("CLUSTER", "INFO").decode()
+        for line in info.splitlines():
+            key, _, value = line.partition(":")
+            if key.startswith("cluster_stats_messages_publish"):
+                total += int(value)
+    return total
+
+
+def version(nodes: list[RedisServer]) -> int:
+    return int(str(nodes[0].client().info("server")["redis_version"]).split(".")[0])
+
+
+def woken_after_release(make: Any, hold_for: float = 0.3) -> float:
+    """A holder keeps ``make()``'s lock ``hold_for`` seconds (its TTL is 30 s) while another
+    thread waits; returns how long after the release the waiter had the lock."""
+    holder = make()
+    assert holder.acquire(timeout=5)
+    got: list[float] = []
+
+    def wait() -> None:
+        waiter = make()
+        assert waiter.acquire(timeout=10)
+        got.append(time.monotonic())
+        waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(hold_for)  # the waiter tried, subscribed and sleeps on a 30 s TTL
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert got, "the waiter never got the lock"
+    return got[0] - released
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_waiter_is_woken_by_pub_sub_of_the_servers_kind(
+    cluster_nodes: list[RedisServer], name: str, fair: bool
+) -> None:
+    backend = locks["cluster"]
+    sharded = version(cluster_nodes) >= 7
+    assert backend.sharded is sharded  # type: ignore[attr-defined]
+    before = {c: calls(cluster_nodes, c) for c in ("publish", "spublish", "ssubscribe")}
+    bus_before = bus_publish(cluster_nodes)
+
+    delay = woken_after_release(lambda: lock(name, using="cluster", ttl=30, fair=fair))
+
+    assert delay < 0.5, f"woken {delay:.3f} s after the release: by the timer, not pub/sub"
+    after = {c: calls(cluster_nodes, c) for c in before}
+    if sharded:
+        assert after["spublish"] > before["spublish"]
+        assert after["ssubscribe"] > before["ssubscribe"]
+        assert after["publish"] == before["publish"]
+        # No replicas: an SPUBLISH crosses no bus link at all.
+        assert bus_publish(cluster_nodes) == bus_before
+    else:
+        assert after["publish"] > before["publish"]
+        assert after["spublish"] == before["spublish"] == 0
+        assert bus_publish(cluster_nodes) > bus_before  # broadcast to the other masters
+
+
+def test_a_semaphore_waiter_is_woken_on_a_cluster(
+    cluster_nodes: list[RedisServer], name: str
+) -> None:
+    delay = woken_after_release(lambda: semaphore(name, 1, using="cluster", ttl=30))
+    assert delay < 0.5
+
+
+def test_locks_on_every_node_wake_their_waiters(
+    cluster_nodes: list[RedisServer], name: str
+) -> None:
+    """Names whose slots live on different nodes: one reader per node reads each at once."""
+    client = cluster_nodes[0].client()
+    owners: dict[bytes, str] = {}
+    slots = client.execute_command("CLUSTER", "SLOTS")
+    for i in range(200):
+        candidate = f"{name}:{i}"
+        slot = client.execute_command("CLUSTER", "KEYSLOT", locks["cluster"].key(candidate))
+        owner = next(s[2][1] for s in slots if s[0] <= slot <= s[1])
+        owners.setdefault(owner, candidate)
+    assert len(owners) == 3
+    for candidate in owners.values():
+        assert woken_after_release(lambda c=candidate: lock(c, using="cluster", ttl=30)) < 0.5
