@@ -113,3 +113,65 @@ def test_locks_on_every_node_wake_their_waiters(
     assert len(owners) == 3
     for candidate in owners.values():
         assert woken_after_release(lambda c=candidate: lock(c, using="cluster", ttl=30)) < 0.5
+
+
+def migrate_slot(
+    nodes: list[RedisServer], slot: int, source: RedisServer, target: RedisServer
+) -> None:
+    """Move one slot, with its keys, from ``source`` to ``target`` (as redis-cli does)."""
+    src, dst = source.client(), target.client()
+    src_id = src.execute_command("CLUSTER", "MYID").decode()
+    dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+    for node in (target, source, *[n for n in nodes if n not in (source, target)]):
+        node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_slot_migration_leaves_no_waiter_asleep(name: str, fair: bool) -> None:
+    """The waited-on lock's slot moves to another node: the waiter is woken (or looks again)
+    and still takes the lock soon after the release, far before the holder's 30 s TTL."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "moving": config}):
+            backend = locks["moving"]
+            client = nodes[0].client()
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
+            per_node = 16384 // 3
+            source = nodes[min(slot // per_node, 2)]
+            target = next(n for n in nodes if n is not source)
+
+            holder = lock(name, using="moving", ttl=30, fair=fair)
+            assert holder.acquire(timeout=5)
+            got: list[float] = []
+
+            def wait() -> None:
+                waiter = lock(name, using="moving", ttl=30, fair=fair)
+                assert waiter.acquire(timeout=20)
+                got.append(time.monotonic())
+                waiter.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.5)
+            migrate_slot(nodes, slot, source, target)
+            time.sleep(0.5)  # the hub hears of the move and subscribes on the new owner
+            released = time.monotonic()
+            holder.release()
+            thread.join(25)
+            assert got, "the waiter never got the lock"
+            assert got[0] - released < 1.0, f"took {got[0] - released:.2f} s after the release"
+    finally:
+        for node in nodes:
+            node.stop()
