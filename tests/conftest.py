@@ -134,13 +134,19 @@ def _cluster_alias(cluster_nodes: list[RedisServer]) -> Iterator[None]:
 
 def start_sentinel_group(replicas: int = 1) -> list[RedisServer]:
     """A master, its replicas and two sentinels that know them all: [master, *replicas, *s]."""
-    master = RedisServer().start()
+    # Redis 7 syncs replicas diskless by default, 5 s after the first asks (to serve several
+    # at once): no delay here, and the replicas are in sync (link up) before anyone uses them.
+    master = RedisServer(args=["--repl-diskless-sync-delay", "0"]).start()
     followers = [
         RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
         for _ in range(replicas)
     ]
     sentinels = [SentinelServer(master).start() for _ in range(2)]
     deadline = time.monotonic() + 30
+    for follower in followers:
+        while follower.client().info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "a replica never synced with the master"
+            time.sleep(0.05)
     for sentinel in sentinels:
         client = sentinel.client()
         while len(client.execute_command("SENTINEL", "REPLICAS", "mymaster")) < replicas:

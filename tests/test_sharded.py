@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from django_redlock import lock, locks, semaphore
 from django_redlock.testing import RedisServer
+
+from .conftest import Child
 
 pytestmark = pytest.mark.usefixtures("_cluster_alias")
 
@@ -175,3 +178,46 @@ def test_a_slot_migration_leaves_no_waiter_asleep(name: str, fair: bool) -> None
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_a_release_wakes_one_waiting_process_on_a_redis_7_cluster(
+    cluster_nodes: list[RedisServer], child: Callable[..., Child], name: str
+) -> None:
+    """As on a single Redis (test_wake_one): SPUBLISH counts the receivers on the slot's node,
+    so a release wakes the earliest registered live waiter only, not every process."""
+    if version(cluster_nodes) < 7:
+        pytest.skip("classic pub/sub on Redis 6: a release wakes every waiting process")
+    backend = locks["cluster"]
+    assert backend.wakes_one
+
+    def waiting() -> int:
+        info = backend.inspect(name)
+        return 0 if info is None else info.waiters
+
+    holder = lock(name, using="cluster")
+    holder.acquire()
+    order_key = f"{{{name}}}:order"
+    waiters = []
+    for tag in range(4):
+        waiter = child(
+            "queue", "--name", name, "--order", order_key, "--tag", str(tag), "--hold", "0.05",
+            url=cluster_nodes[0].url, backend="cluster",
+        )  # fmt: skip
+        waiter.expect("WAITING")
+        deadline = time.monotonic() + 10
+        while waiting() != tag + 1:  # registered, in this order
+            assert time.monotonic() < deadline, f"never {tag + 1} waiters: {waiting()}"
+            time.sleep(0.005)
+        waiters.append(waiter)
+    before = calls(cluster_nodes, "evalsha")
+    holder.release()
+    for waiter in waiters:
+        waiter.expect("DONE")
+    scripts = calls(cluster_nodes, "evalsha") - before
+    # 4 acquires + 4 releases + ours; waking every process would cost 4 + 3 + 2 + 1 tries.
+    assert scripts <= 9 + 1, scripts
+    client = backend.client  # type: ignore[attr-defined]
+    order = [int(tag) for tag in client.lrange(order_key, 0, -1)]
+    assert order == [0, 1, 2, 3]
+    assert not client.exists(backend.waiting_key(name))
+    client.delete(order_key)

@@ -31,7 +31,12 @@ logger = logging.getLogger("django_redlock")
 class RedisClusterBackend(RedisBackend):
     """LOCATION: the URL of any node of the cluster; the rest are discovered."""
 
-    wakes_one = False  # PUBLISH counts the receivers of one node only
+    @property
+    def wakes_one(self) -> bool:  # type: ignore[override]
+        """On Redis 7+ a release wakes the earliest live waiter only, as on a single Redis:
+        ``SPUBLISH`` counts the receivers on the slot's node, where every waiter of the lock
+        subscribes. Classic ``PUBLISH`` counts one node's of the many that deliver it."""
+        return self.sharded
 
     #: Sharded pub/sub (Redis 7+): None until the first client is made.
     _sharded: bool | None = None
@@ -50,6 +55,13 @@ class RedisClusterBackend(RedisBackend):
         if self._sharded is None:
             self.client  # noqa: B018 - making the client finds out
         return bool(self._sharded)
+
+    def _lease_keys(self, name: str) -> list[str]:
+        keys = super()._lease_keys(name)
+        # Never '' here, even when waiters are woken by id: '' is a key of slot 0, and every
+        # key of a script must share the lock's slot.
+        keys[2] = self.channel(name)
+        return keys
 
     def inbox_for(self, name: str) -> str:
         # A shard channel must hash to the script's slot: the inbox carries the lock's hash
