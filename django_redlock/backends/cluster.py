@@ -3,8 +3,8 @@ and the same scripts run unchanged. Locks of different names spread over the slo
 
 Waiters use sharded pub/sub on Redis 7+ (``SPUBLISH`` from the scripts, ``SSUBSCRIBE`` on the
 node that owns the lock's slot): a release's wake-up stays on that shard instead of being
-broadcast over the cluster bus to every node, as classic ``PUBLISH`` is. On Redis 6.x (found
-once per backend, from the first node's ``INFO``) they use classic pub/sub. Async operations
+broadcast over the cluster bus to every node, as classic ``PUBLISH`` is. When a node runs Redis
+6.x (found once per backend, from every node's ``INFO``) they use classic pub/sub. Async operations
 run the sync cluster client in a worker thread (see ``aexecute``).
 """
 
@@ -117,12 +117,15 @@ class RedisClusterBackend(RedisBackend):
 
 
 def _has_sharded_pubsub(client: Any) -> bool:
-    """Redis 7 or later (SSUBSCRIBE, SPUBLISH), by one node's ``INFO server``; a node that
-    does not say (INFO renamed away) gets classic pub/sub, which works everywhere."""
+    """Redis 7 or later (SSUBSCRIBE, SPUBLISH) on every node, by their ``INFO server``: during
+    a rolling upgrade from 6.x, a 6.x node would refuse SPUBLISH. A node that does not say
+    (INFO renamed away, unreachable) means classic pub/sub, which works everywhere."""
     try:
-        node = client.get_default_node()
-        info = client.get_redis_connection(node).info("server")
-        return int(str(info["redis_version"]).split(".")[0]) >= 7
+        for node in client.get_nodes():
+            info = client.get_redis_connection(node).info("server")
+            if int(str(info["redis_version"]).split(".")[0]) < 7:
+                return False
     except Exception as exc:
-        logger.info("redlock: Redis version unknown (%s): classic pub/sub", exc)
+        logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)
         return False
+    return True
