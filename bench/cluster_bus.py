@@ -6,6 +6,8 @@ runs acquire/release cycles on the ``RedisClusterBackend`` and reads, from every
 PUBLISH, ``publishshard`` for SPUBLISH; sent and received, summed over the nodes). Prints one
 line per scenario: uncontended cycles (nobody waits), and a contended hand-over (a plain
 lock and a fair one, two threads taking turns: every release wakes the other thread).
+``--replicas``: each master gets a replica (6 nodes). ``--classic``: classic pub/sub even on
+Redis 7 (what the backend did before sharded pub/sub), for a before/after on one server.
 """
 
 from __future__ import annotations
@@ -36,6 +38,28 @@ def bus(nodes: list[Any]) -> dict[str, int]:
     return totals
 
 
+def add_replicas(masters: list[Any], replicas: list[Any]) -> None:
+    for master, replica in zip(masters, replicas, strict=True):
+        master_id = master.client().execute_command("CLUSTER", "MYID").decode()
+        client = replica.client()
+        client.execute_command("CLUSTER", "MEET", "127.0.0.1", master.port)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.execute_command("CLUSTER", "REPLICATE", master_id)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    for replica in replicas:
+        deadline = time.monotonic() + 30
+        while replica.client().info("replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError("a replica never synced")
+            time.sleep(0.1)
+
+
 def main() -> None:
     import django
     from django.conf import settings
@@ -48,9 +72,12 @@ def main() -> None:
         redis_server_version,
     )
 
-    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
+    replicas = "--replicas" in sys.argv
+    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(6 if replicas else 3)]
     try:
-        create_cluster(nodes)
+        create_cluster(nodes[:3])
+        if replicas:
+            add_replicas(nodes[:3], nodes[3:])
         settings.configure(
             INSTALLED_APPS=["django_redlock"],
             DJANGO_REDLOCK={
@@ -60,13 +87,18 @@ def main() -> None:
                 }
             },
         )
+        if "--classic" in sys.argv:  # before setup: the app's ready() makes the client
+            from django_redlock.backends import cluster
+
+            cluster._has_sharded_pubsub = lambda client: False  # type: ignore[assignment]
         django.setup()
         from django_redlock import lock, locks
 
         backend = locks["default"]
         version = redis_server_version(find_redis_server())
         mode = "sharded" if getattr(backend, "sharded", False) else "classic"
-        print(f"Redis {version}, 3 masters, {mode} pub/sub")
+        shape = "3 masters with a replica each" if replicas else "3 masters"
+        print(f"Redis {version}, {shape}, {mode} pub/sub")
 
         def measure(label: str, releases: int, run: Any) -> None:
             before = bus(nodes)
