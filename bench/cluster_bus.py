@@ -38,28 +38,6 @@ def bus(nodes: list[Any]) -> dict[str, int]:
     return totals
 
 
-def add_replicas(masters: list[Any], replicas: list[Any]) -> None:
-    for master, replica in zip(masters, replicas, strict=True):
-        master_id = master.client().execute_command("CLUSTER", "MYID").decode()
-        client = replica.client()
-        client.execute_command("CLUSTER", "MEET", "127.0.0.1", master.port)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.execute_command("CLUSTER", "REPLICATE", master_id)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-    for replica in replicas:
-        deadline = time.monotonic() + 30
-        while replica.client().info("replication").get("master_link_status") != "up":
-            if time.monotonic() > deadline:
-                raise RuntimeError("a replica never synced")
-            time.sleep(0.1)
-
-
 def main() -> None:
     import django
     from django.conf import settings
@@ -75,9 +53,7 @@ def main() -> None:
     replicas = "--replicas" in sys.argv
     nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(6 if replicas else 3)]
     try:
-        create_cluster(nodes[:3])
-        if replicas:
-            add_replicas(nodes[:3], nodes[3:])
+        create_cluster(nodes[:3], replicas=nodes[3:])
         settings.configure(
             INSTALLED_APPS=["django_redlock"],
             DJANGO_REDLOCK={

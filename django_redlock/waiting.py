@@ -522,8 +522,8 @@ class ShardedPubSubHub(PubSubHub):
                 if self._closed:
                     return
                 logger.debug("redlock: sharded pub/sub connection to %s failed: %s", name, exc)
-                if failures == 0:  # a release may have been missed: everyone looks again
-                    self.notify_all()
+                # Nobody is woken into the outage: waiters look again once their channels are
+                # subscribed again, here (reconnected) or on the slot's new owner (_moved).
                 failures += 1
                 self._moved(name)
                 with self._mutex:
@@ -535,7 +535,9 @@ class ShardedPubSubHub(PubSubHub):
                         return
                 threading.Event().wait(min(0.1 * 2**failures, 1.0))
                 continue
-            failures = 0
+            if failures:  # reconnected and subscribed again: a release may have been missed
+                failures = 0
+                self.notify_all()
             if message is None:
                 continue
             if message["type"] == "sunsubscribe":
@@ -549,15 +551,14 @@ class ShardedPubSubHub(PubSubHub):
             self._handle(message)
 
     def _moved(self, name: str, only: str | None = None) -> None:
-        """A node failed or gave ``only``'s slot away: the channels it carried are
-        subscribed again on whichever node owns their slot now."""
-        if only is not None:
-            self.notify_all()  # a release may have been missed: everyone looks again
+        """A node failed, or gave ``only``'s slot away: the channels it carried are subscribed
+        again on whichever node owns their slot now, then every waiter looks again (a release
+        may have been missed meanwhile)."""
         with self._mutex:
             channels = [c for c, n in self._node_of.items() if n == name and only in (None, c)]
-        if only is None:
-            with contextlib.suppress(Exception):
-                self._cluster.nodes_manager.initialize()  # the slot map may be stale
+        with contextlib.suppress(Exception):
+            self._cluster.nodes_manager.initialize()  # the slot map may be stale
+        moved = False
         for channel in channels:
             node = None
             with contextlib.suppress(Exception):
@@ -565,7 +566,9 @@ class ShardedPubSubHub(PubSubHub):
             if node is not None and (node.name != name or only is not None):
                 with self._mutex:
                     self._node_of.pop(channel, None)
-                self._ssubscribe(channel)
+                moved = self._ssubscribe(channel) or moved
+        if moved or only is not None:
+            self.notify_all()
 
     # -- lifecycle ---------------------------------------------------------------------------
 

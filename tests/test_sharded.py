@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import lock, locks, semaphore
+from django_redlock import BackendUnavailable, lock, locks, semaphore
 from django_redlock.testing import RedisServer, redis_server_version
 
 from .conftest import Child
@@ -256,3 +256,70 @@ def test_a_cluster_with_a_redis_6_node_uses_classic_pub_sub(name: str) -> None:
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_a_failover_leaves_no_waiter_asleep(name: str) -> None:
+    """The master of the waited-on lock's slot dies and its replica takes over: the waiter's
+    subscription follows the slot, and it takes the lock soon after the release, long before
+    its own timeout and the holder's TTL."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    fast = [*CLUSTER_ARGS, "--repl-diskless-sync-delay", "0"]
+    masters = [RedisServer(args=fast).start() for _ in range(3)]
+    replicas = [RedisServer(args=fast).start() for _ in range(3)]
+    try:
+        create_cluster(masters, replicas=replicas)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": masters[1].url}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "failing": config}):
+            backend = locks["failing"]
+            client = masters[1].client()
+            target = next(  # a name whose slot lives on masters[0], the one that dies
+                f"{name}{i}"
+                for i in range(500)
+                if int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(f"{name}{i}")))
+                < 16384 // 3
+            )
+            holder = lock(target, using="failing", ttl=30)
+            assert holder.acquire(timeout=5)
+            client.execute_command("WAIT", 1, 1000)  # (a replica has the hold: it survives)
+            masters[0].client().execute_command("WAIT", 1, 1000)
+            got: list[float] = []
+
+            def wait() -> None:  # an outage is waited out, as an application would
+                waiter = lock(target, using="failing", ttl=30)
+                until = time.monotonic() + 25
+                while time.monotonic() < until:
+                    try:
+                        if waiter.acquire(timeout=until - time.monotonic()):
+                            got.append(time.monotonic())
+                            waiter.release()
+                        return
+                    except BackendUnavailable:
+                        time.sleep(0.1)
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.5)
+            masters[0].kill()
+            deadline = time.monotonic() + 20
+            while replicas[0].client().info("replication")["role"] != "master":
+                assert time.monotonic() < deadline, "no failover"
+                time.sleep(0.1)
+            released = None
+            while released is None:  # the holder's client finds the new master
+                try:
+                    holder.release()
+                    released = time.monotonic()
+                except Exception:
+                    assert time.monotonic() < deadline, "the release never reached a master"
+                    time.sleep(0.2)
+            thread.join(25)
+            assert got, "the waiter never got the lock"
+            assert got[0] - released < 2.0, f"took {got[0] - released:.2f} s after the release"
+    finally:
+        for server in masters + replicas:
+            server.stop()

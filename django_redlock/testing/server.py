@@ -242,8 +242,35 @@ class SentinelServer(RedisServer):
 CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
 
 
-def create_cluster(servers: Sequence[RedisServer], timeout: float = 30.0) -> None:
-    """Join servers started with ``args=CLUSTER_ARGS`` into one cluster, slots split evenly."""
+def create_cluster(
+    servers: Sequence[RedisServer],
+    timeout: float = 30.0,
+    replicas: Sequence[RedisServer] = (),
+) -> None:
+    """Join servers started with ``args=CLUSTER_ARGS`` into one cluster, slots split evenly;
+    ``replicas[i]`` (if given) becomes a replica of ``servers[i]``, synced on return."""
+    _create_cluster(servers, timeout)
+    deadline = time.monotonic() + timeout
+    for master, replica in zip(servers, replicas, strict=False):
+        master_id = master.client().execute_command("CLUSTER", "MYID").decode()
+        client = replica.client()
+        client.execute_command("CLUSTER", "MEET", "127.0.0.1", master.port)
+        while True:  # refused until the replica knows the master
+            try:
+                client.execute_command("CLUSTER", "REPLICATE", master_id)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    for replica in replicas:
+        while replica.client().info("replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError("a cluster replica never synced with its master")
+            time.sleep(0.1)
+
+
+def _create_cluster(servers: Sequence[RedisServer], timeout: float) -> None:
     count = len(servers)
     for i, server in enumerate(servers):
         slots = range(i * 16384 // count, (i + 1) * 16384 // count)
