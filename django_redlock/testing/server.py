@@ -268,6 +268,19 @@ def create_cluster(
             if time.monotonic() > deadline:
                 raise RuntimeError("a cluster replica never synced with its master")
             time.sleep(0.1)
+    # Every node knows every replica as one (else a failover's election lacks the votes).
+    everyone = [*servers, *replicas]
+    while replicas and not all(_knows_all(s, len(everyone), len(replicas)) for s in everyone):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the cluster's nodes never all knew each other")
+        time.sleep(0.1)
+
+
+def _knows_all(server: RedisServer, nodes: int, replicas: int) -> bool:
+    lines = server.client().execute_command("CLUSTER", "NODES").decode().splitlines()
+    flags = [line.split()[2] for line in lines]
+    settled = not any("handshake" in f or "noaddr" in f for f in flags)
+    return settled and len(lines) == nodes and sum("slave" in f for f in flags) == replicas
 
 
 def _create_cluster(servers: Sequence[RedisServer], timeout: float) -> None:
