@@ -411,9 +411,9 @@ class ShardedPubSubHub(PubSubHub):
     lock. Each node with a subscription gets a connection and a reader thread of its own, so a
     wake-up on any node is read at once (redis-py's round-robin ``get_sharded_message`` would
     block on one node while another has the message). When a slot moves (migration,
-    failover), the server unsubscribes its channels or the connection fails: every waiter
-    looks again at once, and the channel is subscribed again where the slot now lives;
-    waiters also re-check on their timer, as everywhere.
+    failover), the server unsubscribes its channels or the connection fails: the channels
+    are subscribed again where the slot now lives, then every waiter looks again (nobody is
+    woken into an outage); waiters also re-check on their timer, as everywhere.
     """
 
     def __init__(
@@ -474,7 +474,7 @@ class ShardedPubSubHub(PubSubHub):
                 shard = self._shard(node)
                 self._node_of[channel] = node.name
             shard.pubsub.ssubscribe(channel)
-        except Exception as exc:  # waiters fall back to their timer; the next one retries
+        except Exception as exc:  # the channel's waiters fall back to their timer
             logger.debug("redlock: ssubscribe to %s failed: %s", channel, exc)
             return False
         return True
