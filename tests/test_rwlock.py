@@ -76,7 +76,8 @@ def test_waiting_writer_blocks_new_readers(alias: str, name: str) -> None:
         with rw.write(timeout=10):
             events.append("write")
             time.sleep(0.1)
-        events.append("write done")
+            # Inside the hold: after it, the late reader may get in before this line runs.
+            events.append("write done")
 
     writer = threading.Thread(target=write)
     writer.start()

@@ -310,6 +310,11 @@ class BaseLockBackend:
         carries the wake-ups of all its waiters, addressed by waiter id."""
         return f"{self.key_prefix}inbox:"
 
+    def inbox_for(self, name: str) -> str:
+        """The inbox prefix the scripts get for lock ``name``: :attr:`inbox_prefix`, except
+        where inboxes are per lock (sharded pub/sub, see the Redis Cluster backend)."""
+        return self.inbox_prefix
+
     def name_from_key(self, key: str) -> str | None:
         head = f"{self.key_prefix}{{"
         if key.startswith(head) and key.endswith("}"):

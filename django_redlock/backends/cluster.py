@@ -1,38 +1,94 @@
 """Redis Cluster: every key of one lock shares the hash tag ``{name}``, so one slot holds them
 and the same scripts run unchanged. Locks of different names spread over the slots.
 
-Waiters use classic pub/sub, which a cluster forwards to every node (sharded pub/sub, Redis
-7+, would keep the traffic on one shard; classic works on every version). Async operations
+Waiters use sharded pub/sub on Redis 7+ (``SPUBLISH`` from the scripts, ``SSUBSCRIBE`` on the
+node that owns the lock's slot): a release's wake-up stays on that shard instead of being
+broadcast over the cluster bus to every node, as classic ``PUBLISH`` is. When a node runs Redis
+6.x (found once per backend, from every node's ``INFO``) they use classic pub/sub. Async operations
 run the sync cluster client in a worker thread (see ``aexecute``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
 
+from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
+from ..waiting import PubSubHub, ShardedPubSubHub
 from .base import Op, Renewal
 from .redis import RedisBackend, _renewed
 
 T = TypeVar("T")
+logger = logging.getLogger("django_redlock")
 
 
 class RedisClusterBackend(RedisBackend):
     """LOCATION: the URL of any node of the cluster; the rest are discovered."""
 
-    wakes_one = False  # PUBLISH counts the receivers of one node only
-    publishes_releases = True  # waiters listen on the release channel
+    @property
+    def wakes_one(self) -> bool:  # type: ignore[override]
+        """On Redis 7+ a release wakes the earliest live waiter only, as on a single Redis:
+        ``SPUBLISH`` counts the receivers on the slot's node, where every waiter of the lock
+        subscribes. Classic ``PUBLISH`` counts one node's of the many that deliver it."""
+        return self.sharded
+
+    #: Sharded pub/sub (Redis 7+): None until the first client is made.
+    _sharded: bool | None = None
+
+    #: Always the real channel: a cluster script's keys must share the lock's slot ('' is a
+    #: key of slot 0). On Redis 7+ the scripts announce nothing on it (lua/_hold.lua's
+    #: announces): every waiter is woken in its per-lock inbox.
+    publishes_releases = True
 
     def _cluster_options(self) -> dict[str, Any]:
         return {**self.default_options, **self.options}
 
     def make_client(self) -> Any:
-        return redis.cluster.RedisCluster.from_url(str(self.location), **self._cluster_options())
+        client = redis.cluster.RedisCluster.from_url(str(self.location), **self._cluster_options())
+        self._sharded = _has_sharded_pubsub(client)
+        return client
+
+    @property
+    def sharded(self) -> bool:
+        """Whether waiters use sharded pub/sub: the cluster runs Redis 7 or later."""
+        if self._sharded is None:
+            self.client  # noqa: B018 - making the client finds out
+        return bool(self._sharded)
+
+    def _lease_keys(self, name: str) -> list[str]:
+        keys = super()._lease_keys(name)
+        # Never '' here, even when waiters are woken by id: '' is a key of slot 0, and every
+        # key of a script must share the lock's slot.
+        keys[2] = self.channel(name)
+        return keys
+
+    def inbox_for(self, name: str) -> str:
+        # A shard channel must hash to the script's slot: the inbox carries the lock's hash
+        # tag, and the leading '*' tells the scripts to SPUBLISH (lua/_wake.lua's publish).
+        return f"*{self.key(name)}:inbox:" if self.sharded else self.inbox_prefix
+
+    @property
+    def hub(self) -> PubSubHub:
+        if self._hub is None:
+            with self._setup:
+                if self._hub is None:
+                    if self.sharded:
+                        self._hub = ShardedPubSubHub(
+                            self.client,
+                            self.socket_timeout,
+                            lambda name: f"{self.inbox_for(name)}{process_id()}",
+                        )
+                    else:
+                        self._hub = PubSubHub(
+                            self.client.pubsub, self.socket_timeout, self.inbox_prefix
+                        )
+        return self._hub
 
     @property
     def socket_timeout(self) -> float:
@@ -54,8 +110,27 @@ class RedisClusterBackend(RedisBackend):
         # 50 contending tasks); the sync client, run in a worker thread, does not.
         return await asyncio.to_thread(self.execute, op)
 
+    def close(self) -> None:
+        super().close()
+        self._sharded = None
+
     @classmethod
     def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
         # RedisCluster silently drops what it does not know: a typo would just be ignored.
         where = "redis-py's RedisCluster"
         check_options(alias, params.get("OPTIONS") or {}, cluster_options(), where)
+
+
+def _has_sharded_pubsub(client: Any) -> bool:
+    """Redis 7 or later (SSUBSCRIBE, SPUBLISH) on every node, by their ``INFO server``: during
+    a rolling upgrade from 6.x, a 6.x node would refuse SPUBLISH. A node that does not say
+    (INFO renamed away, unreachable) means classic pub/sub, which works everywhere."""
+    try:
+        for node in client.get_nodes():
+            info = client.get_redis_connection(node).info("server")
+            if int(str(info["redis_version"]).split(".")[0]) < 7:
+                return False
+    except Exception as exc:
+        logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)
+        return False
+    return True

@@ -193,7 +193,7 @@ class RedisBackend(BaseLockBackend):
         ]
         args: list[Any] = [token, ttl_ms, meta, _flag(kind.reentrant), _flag(kind.fair)]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
-            args += [waiter or token, wait_ms, self.inbox_prefix]
+            args += [waiter or token, wait_ms, self.inbox_for(name)]
         return Op(name, Call(script("acquire"), keys, args), _attempt)
 
     def _release_channel(self, name: str) -> str:
@@ -202,7 +202,7 @@ class RedisBackend(BaseLockBackend):
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
         keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
                 self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
-        args = [token, self.inbox_prefix, _flag(kind.reentrant)]
+        args = [token, self.inbox_for(name), _flag(kind.reentrant)]
         return Op(name, Call(script("release"), keys, args), int)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
@@ -225,12 +225,12 @@ class RedisBackend(BaseLockBackend):
     def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
         keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
                 self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
-        return Op(name, Call(script("settle"), keys, [owner, count, self.inbox_prefix]), int)
+        return Op(name, Call(script("settle"), keys, [owner, count, self.inbox_for(name)]), int)
 
     def op_leave(self, name: str, waiter: str) -> Op[None]:
         keys = [self.key(name), self.queue_key(name), self.deadlines_key(name),
                 self.waiting_key(name)]  # fmt: skip
-        return Op(name, Call(script("leave"), keys, [waiter, self.inbox_prefix]), _none)
+        return Op(name, Call(script("leave"), keys, [waiter, self.inbox_for(name)]), _none)
 
     def op_hold_count(self, name: str, token: str) -> Op[int]:
         return Op(name, Call(script("inspect"), [self.key(name), self.queue_key(name)], []),
@@ -253,7 +253,7 @@ class RedisBackend(BaseLockBackend):
         keys = [self.key(name), self.channel(name), self.queue_key(name), self.deadlines_key(name),
                 self.waiting_key(name), self.details_key(name), self.writers_key(name)]  # fmt: skip
         # The fence travels as the exact decimal string the scripts store, never a float.
-        args = [self.inbox_prefix, token or "", "" if fence is None else str(int(fence))]
+        args = [self.inbox_for(name), token or "", "" if fence is None else str(int(fence))]
         return Op(name, Call(script("force_release"), keys, args), Released.of)
 
     def _info(self, name: str, reply: Any) -> LockInfo | None:
@@ -360,16 +360,16 @@ class RedisBackend(BaseLockBackend):
         keys.insert(2, self.fence_key(name))
         args: list[Any] = [token, ttl_ms, meta, mode, limit, _flag(fair)]
         if mode != "s" or waiter is not None or wait_ms >= 0:  # not a permit's one-off try
-            args += [waiter or token, wait_ms, self.inbox_prefix, reader]
+            args += [waiter or token, wait_ms, self.inbox_for(name), reader]
         return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self))
 
     def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:
-        args = [token, self.inbox_prefix, mode] if mode else [token, self.inbox_prefix]
+        args = [token, self.inbox_for(name), mode] if mode else [token, self.inbox_for(name)]
         call = Call(script("permit_release"), self._lease_keys(name), args)
         return Op(name, call, int)
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
-        call = Call(script("permit_leave"), self._lease_keys(name), [waiter, self.inbox_prefix])
+        call = Call(script("permit_leave"), self._lease_keys(name), [waiter, self.inbox_for(name)])
         return Op(name, call, _none)
 
     def op_leases(self, name: str) -> Op[LockInfo | None]:

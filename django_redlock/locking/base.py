@@ -327,7 +327,7 @@ class BaseLock:
         """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly."""
         queued = self.queued
         if waiter:
-            handle = yield Watch(waiter, True)
+            handle = yield Watch(waiter, True, self.name)
         else:
             handle = yield Watch(self.backend.channel(self.name), False)
         attempt = Attempt(False)

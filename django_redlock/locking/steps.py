@@ -25,6 +25,7 @@ class Watch(NamedTuple):
 
     channel: str  # the lock's release channel, or the waiter's id
     by_id: bool
+    lock: str = ""  # the lock's name (hubs with an inbox per lock need it)
 
 
 class Sleep(NamedTuple):

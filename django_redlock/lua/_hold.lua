@@ -59,12 +59,20 @@ local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
   return fence
 end
 
--- A lock was just freed (deleted): tell those that listen on its release channel (Redis
--- Cluster, Redlock; '' elsewhere: nobody listens there), and say whether anyone registered
--- or queued to be woken (lock_wake in _queue.lua wakes them). A waiter registers (plain) or
--- queues (fair) before it sleeps, so a lock nobody waits for costs one EXISTS here.
-local function lock_freed(channel, waiting, queue)
-  if channel ~= '' then
+-- Whether waiters listen on the release channel: Redis 6 clusters and Redlock's nodes. ''
+-- elsewhere; and on a Redis 7+ cluster (a sharded inbox prefix starts with '*') the channel
+-- is passed only because a cluster script's keys must share the lock's slot: every waiter
+-- there is woken in its inbox, and a release announces nothing.
+local function announces(channel, inbox)
+  return channel ~= '' and string.byte(inbox or '', 1) ~= 42
+end
+
+-- A lock was just freed (deleted): tell those that listen on its release channel, and say
+-- whether anyone registered or queued to be woken (lock_wake in _queue.lua wakes them). A
+-- waiter registers (plain) or queues (fair) before it sleeps, so a lock nobody waits for
+-- costs one EXISTS here.
+local function lock_freed(channel, waiting, queue, inbox)
+  if announces(channel, inbox) then
     redis.call('PUBLISH', channel, 'released')
   end
   return redis.call('EXISTS', waiting, queue) > 0

@@ -5,7 +5,7 @@
 -- plain waiters' set, so the next release wakes the next one), never a herd: a waiting
 -- writer when nobody holds, else none while a writer holds or waits; else (a permit free)
 -- the fair queue's head or the earliest plain waiter. Waiters on the release channel
--- (Redis Cluster; '' elsewhere: nobody listens there) hear it there. `mode`: 's' when a
+-- (see announces in _hold.lua) hear it there. `mode`: 's' when a
 -- semaphore's permit was freed (no writers to look for), else nil.
 local function leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now,
                            mode)
@@ -13,11 +13,11 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
   if mode ~= 's' then
     if writers_waiting(writers, now) > 0 then
       if used == 0 then -- the first writer (by deadline) only; a dead one's lease runs out
-        if channel ~= '' then
+        if announces(channel, inbox) then
           redis.call('PUBLISH', channel, 'released')
         end
         local first = redis.call('ZRANGE', writers, 0, 0)[1]
-        redis.call('PUBLISH', inbox_of(inbox, first), first)
+        publish(inbox, inbox_of(inbox, first), first)
       end
       return
     end
@@ -29,7 +29,7 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
   if limit and used >= limit then
     return
   end
-  if channel ~= '' then
+  if announces(channel, inbox) then
     redis.call('PUBLISH', channel, 'released')
   end
   if redis.call('EXISTS', queue) == 1 then

@@ -2,6 +2,17 @@
 -- A waiter id is '<process id>.<serial>'; each process reads one inbox channel,
 -- '<inbox prefix><process id>', for all its waiters, so waiting costs no SUBSCRIBE per wait.
 
+-- PUBLISH, or SPUBLISH on a Redis 7+ cluster (sharded pub/sub: the message stays on the
+-- lock's shard instead of crossing the whole cluster bus). The inbox prefix argument says
+-- which: a sharded backend's starts with '*' (no KEY_PREFIX can: a glob character) and holds
+-- the lock's hash tag, so its inboxes, like the release channel, hash to the lock's slot.
+local function publish(inbox, channel, message)
+  if string.byte(inbox, 1) == 42 then
+    return redis.call('SPUBLISH', channel, message)
+  end
+  return redis.call('PUBLISH', channel, message)
+end
+
 local function inbox_of(inbox, waiter)
   return inbox .. string.match(waiter, '^[^.]*')
 end
@@ -16,7 +27,7 @@ local function wake_first(waiting, inbox, pop)
     if not first then
       return
     end
-    local heard = redis.call('PUBLISH', inbox_of(inbox, first), first) > 0
+    local heard = publish(inbox, inbox_of(inbox, first), first) > 0
     if pop or not heard then
       redis.call('ZREM', waiting, first)
     end

