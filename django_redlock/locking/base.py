@@ -293,9 +293,13 @@ class BaseLock:
         self._unsure_token = None  # answered: the token holds what the answer says
         current = self._holds.get(owner) if self.reentrant else None
         fresh = attempt.count_or_wait == 1  # the server's count for the owner: a new hold
-        if attempt.acquired and self.reentrant and (
-            (current is not None and attempt.fence != current.fence)
-            or (fresh and believed(backend, name, owner) > 0)
+        if (
+            attempt.acquired
+            and self.reentrant
+            and (
+                (current is not None and attempt.fence != current.fence)
+                or (fresh and believed(backend, name, owner) > 0)
+            )
         ):
             # A re-entry keeps its hold's fence and counts on: a new fence, or a count of 1
             # where this process (this object, or another of the same owner) holds levels,
