@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -16,6 +16,7 @@ from django_redlock import (
     BackendUnavailable,
     LockError,
     LockLost,
+    ReadWriteLock,
     locks,
     read_write_lock,
     semaphore,
@@ -235,57 +236,61 @@ def test_no_keys_left_but_the_fence_counter(redis_alias: str, name: str) -> None
     assert keys == {backend.fence_key(name)}
 
 
-def test_a_read_whose_reply_was_lost_does_not_linger(redis_server: Any, name: str) -> None:
+@pytest.fixture
+def lossy(redis_server: Any, name: str) -> Iterator[tuple[ReadWriteLock, LossyProxy]]:
+    """A read-write lock reached through a proxy that can lose replies: connected and its
+    scripts loaded, so the next reply lost is the next operation's."""
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+            rw = read_write_lock(name, using="lossy", ttl=10)
+            with rw.read():
+                pass
+            yield rw, proxy
+    finally:
+        proxy.close()
+
+
+def test_a_read_whose_reply_was_lost_does_not_linger(
+    lossy: tuple[ReadWriteLock, LossyProxy], name: str
+) -> None:
     """A read acquire that went through although its reply was lost: the owner's next
     operation settles its count (0), as a reentrant lock's does. The orphan read must not be
     re-entered and kept alive by the owner's later reads (the same owner token), refusing
     the owner's writes as upgrades and keeping every writer out for as long as it reads."""
-    proxy = LossyProxy(redis_server.port)
-    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
-    try:
-        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
-            rw = read_write_lock(name, using="lossy", ttl=10)
-            with rw.read():  # connected, the script loaded: the next reply is the acquire's
-                pass
-            reader = rw.read()
-            proxy.lose_replies(1)
-            with pytest.raises(BackendUnavailable):
-                reader.acquire()  # went through: the server holds a read, we count none
-            assert proxy.lost == 1
-            assert len(read_write_lock(name, using="redis").holders()) == 1
-            again = rw.read()
-            assert again.acquire(blocking=False)
-            assert again.hold_count() == 1  # settled first: one read, not two
-            again.release()
-            assert rw.holders() == []  # nothing lingers
-            writer = rw.write()
-            assert writer.acquire(blocking=False)  # no read left: not an upgrade
-            writer.release()
-    finally:
-        proxy.close()
+    rw, proxy = lossy
+    reader = rw.read()
+    proxy.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        reader.acquire()  # went through: the server holds a read, we count none
+    assert proxy.lost == 1
+    assert len(read_write_lock(name, using="redis").holders()) == 1
+    again = rw.read()
+    assert again.acquire(blocking=False)
+    assert again.hold_count() == 1  # settled first: one read, not two
+    again.release()
+    assert rw.holders() == []  # nothing lingers
+    writer = rw.write()
+    assert writer.acquire(blocking=False)  # no read left: not an upgrade
+    writer.release()
 
 
-def test_a_write_after_a_read_whose_reply_was_lost(redis_server: Any, name: str) -> None:
+def test_a_write_after_a_read_whose_reply_was_lost(
+    lossy: tuple[ReadWriteLock, LossyProxy], name: str
+) -> None:
     """The owner's write after such a read is no upgrade: the read it does not hold is
     settled first (freed), not held against it."""
-    proxy = LossyProxy(redis_server.port)
-    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
-    try:
-        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
-            rw = read_write_lock(name, using="lossy", ttl=10)
-            with rw.read():  # connected, the script loaded: the next reply is the acquire's
-                pass
-            proxy.lose_replies(1)
-            with pytest.raises(BackendUnavailable):
-                rw.read().acquire()  # went through: the server holds a read, we count none
-            assert len(read_write_lock(name, using="redis").holders()) == 1
-            writer = rw.write()
-            assert writer.acquire(blocking=False)  # not refused as a read-to-write upgrade
-            assert [h.kind for h in rw.holders()] == ["write"]
-            writer.release()
-            assert rw.holders() == []
-    finally:
-        proxy.close()
+    rw, proxy = lossy
+    proxy.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        rw.read().acquire()  # went through: the server holds a read, we count none
+    assert len(read_write_lock(name, using="redis").holders()) == 1
+    writer = rw.write()
+    assert writer.acquire(blocking=False)  # not refused as a read-to-write upgrade
+    assert [h.kind for h in rw.holders()] == ["write"]
+    writer.release()
+    assert rw.holders() == []
 
 
 def test_a_read_re_entry_after_an_unnoticed_loss_is_lost(alias: str, name: str) -> None:
