@@ -114,8 +114,8 @@ def main() -> int:
                     "worker",
                     "-P",
                     "threads",
-                    "-c",
-                    "4",
+                    "-c",  # three clerks (two waiting for the desk), the sync, and more
+                    "6",
                     "-l",
                     "info",
                     "--without-gossip",

@@ -122,10 +122,14 @@ def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path)
         page.click("#desk")
         page.click("#sync")
         # The live panel, refreshed every second: the desk's fair lock held by a clerk task
-        # with the others waiting, and the nightly sync held by its one task.
+        # with the others waiting, and the nightly sync held by its one task (both at once:
+        # the worker's threads may start them a refresh apart).
         page.wait_for_function(
-            """() => [...document.querySelectorAll("tr.lock-row")].some(
-                 row => row.innerText.startsWith("desk") && /\\s[12]\\s*$/.test(row.innerText))""",
+            """() => {
+                 const rows = [...document.querySelectorAll("tr.lock-row")].map(r => r.innerText);
+                 return rows.some(t => t.startsWith("desk") && /\\s[12]\\s*$/.test(t))
+                   && rows.some(t => t.startsWith("nightly-sync"));
+               }""",
             timeout=20_000,
         )
         rows = page.locator("tr.lock-row")
