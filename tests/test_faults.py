@@ -228,3 +228,32 @@ def _alias(alias: str, config: dict[str, object]):  # type: ignore[no-untyped-de
 
 def test_temporary_aliases_are_gone_after_the_override() -> None:
     assert "paused" not in locks.settings
+
+
+def test_a_reply_that_comes_too_late_is_never_read_as_another_answer(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    # One connection in the pool: an acquire whose reply is late must not leave it behind for
+    # the next command to read as its own (the connection is dropped at the time-out).
+    server = redis_factory()
+    backend_settings = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 0.3, "max_connections": 1},
+    }
+    with _alias("late", backend_settings):
+        held = lock(name, using="late", auto_renew=False)
+        held.acquire()  # the one connection is made, and the server knows the scripts
+        held.release()
+        server.pause()
+        try:
+            with pytest.raises(BackendUnavailable, match="late"):
+                held.acquire(blocking=False)
+        finally:
+            server.resume()
+        time.sleep(0.2)  # the server runs the acquire now, and answers a closed socket
+        assert lock(name + ":free", using="late").locked() is False
+        assert lock(name, using="late").locked() is True  # the lost try did take it
+        assert held.acquire(blocking=False)  # the same token: it finds its hold
+        held.release()
+        assert lock(name, using="late").locked() is False

@@ -156,7 +156,7 @@ class RedisBackend(BaseLockBackend):
             elif isinstance(request, list):
                 reply = scripts.run_many(client, request)
             else:
-                reply = client.execute_command(*request)
+                reply = scripts.command(client, *request)
         except UNAVAILABLE as exc:
             raise self._unavailable(op.name, exc) from exc
         return op.parse(reply)
