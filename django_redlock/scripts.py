@@ -9,14 +9,14 @@ restart or a failover) gets the script loaded and the call repeated, so callers 
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from types import FunctionType
 from typing import Any
 
-import redis
+import redis.client
 from redis.exceptions import NoScriptError, ResponseError
 
 INCLUDE = "--! include "
@@ -65,29 +65,64 @@ class Call:
         return command(client, "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
 
 
-#: redis-py's own ``Redis.execute_command`` (unwrapped, should a tracer have wrapped it first).
-_PLAIN_EXECUTE = inspect.unwrap(redis.Redis.execute_command)
-
-
 def command(client: Any, *args: Any) -> Any:
     """``client.execute_command(*args)``; on a plain ``redis.Redis``, straight on a connection
-    of its pool, with the calls redis-py makes there: the connection disconnects itself on a
-    socket error or time-out (a reply may be lost, never misread later), and goes back to the
-    pool. What is skipped is redis-py's per-command wrapper, its retry loop (our clients retry
-    nothing) and, in redis-py 8, operation metrics: about 7 us of client CPU a round trip, on
-    every lock operation. A client of another class (a cluster), a single-connection client, or
-    an ``execute_command`` that a tracer or a subclass replaced goes through it as before."""
-    if type(client).execute_command is not _PLAIN_EXECUTE or client.connection is not None:
-        return client.execute_command(*args)
+    of its pool (send, read, give back), skipping redis-py's per-command wrapper: a retry loop
+    (ours are configured to retry nothing) and, in redis-py 8, operation metrics, about 7 us of
+    client CPU a round trip on every lock operation. Where that wrapper does anything for the
+    client, it is used as before (see :func:`_direct`)."""
     pool = client.connection_pool
+    if not _direct(client, pool, args[0]):
+        return client.execute_command(*args)
     conn = pool.get_connection()
     try:
         conn.send_command(*args)
         return conn.read_response()
+    except ResponseError:
+        raise  # an answer: the connection is in step
+    except BaseException:
+        # No answer, or part of one (a time-out, a reset, an interrupt): a reply may still be
+        # on its way, so the connection is never used again. redis-py's wrapper does this too;
+        # a Sentinel connection's read_response does not do it itself.
+        conn.disconnect()
+        raise
     finally:
         if getattr(conn, "should_reconnect", bool)():  # a server's maintenance notice
             conn.disconnect()
         pool.release(conn)
+
+
+_OWN: list[Any] = []  # redis-py's own Redis.execute_command, once seen
+
+
+def _direct(client: Any, pool: Any, name: str) -> bool:
+    """Whether redis-py's wrapper would do nothing but run the command: a plain ``redis.Redis``
+    (not a cluster, nor a single-connection client) whose ``execute_command`` is redis-py's own
+    (not replaced on the class or the instance by a tracer or a subclass, before or after this
+    module was imported), whose connections retry nothing, for a command whose reply redis-py
+    does not parse (no response callback)."""
+    execute = type(client).execute_command
+    if execute not in _OWN:
+        if not _is_redis_pys(execute):
+            return False
+        _OWN.append(execute)
+    retry = pool.connection_kwargs.get("retry")
+    return (
+        client.connection is None
+        and "execute_command" not in client.__dict__
+        and getattr(retry, "_retries", 1) == 0  # none given: redis-py's default retries
+        and name not in client.response_callbacks
+    )
+
+
+def _is_redis_pys(function: Any) -> bool:
+    code = getattr(function, "__code__", None)
+    return (
+        isinstance(function, FunctionType)
+        and code is not None
+        and code.co_name == "execute_command"
+        and code.co_filename == redis.client.__file__
+    )
 
 
 def _is_noscript(result: object) -> bool:

@@ -233,15 +233,34 @@ def test_temporary_aliases_are_gone_after_the_override() -> None:
 def test_a_reply_that_comes_too_late_is_never_read_as_another_answer(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:
+    server = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    _late_reply(server, config, name)
+
+
+def test_a_late_reply_through_sentinel_is_never_read_as_another_answer(name: str) -> None:
+    # A Sentinel connection does not drop itself on a time-out (redis-py leaves that to its
+    # command wrapper): the lock's own path must, or the late reply answers the next command.
+    from .conftest import start_sentinel_group
+
+    group = start_sentinel_group(replicas=0)
+    try:
+        config = {
+            "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+            "LOCATION": [s.url for s in group[1:]],
+            "OPTIONS": {"service_name": "mymaster"},
+        }
+        _late_reply(group[0], config, name)  # paused for less than the sentinels' 1 s
+    finally:
+        for each in group:
+            each.stop()
+
+
+def _late_reply(server: RedisServer, config: dict[str, object], name: str) -> None:
     # One connection in the pool: an acquire whose reply is late must not leave it behind for
     # the next command to read as its own (the connection is dropped at the time-out).
-    server = redis_factory()
-    backend_settings = {
-        "BACKEND": "django_redlock.backends.redis.RedisBackend",
-        "LOCATION": server.url,
-        "OPTIONS": {"socket_timeout": 0.3, "max_connections": 1},
-    }
-    with _alias("late", backend_settings):
+    options = {**config.get("OPTIONS", {}), "socket_timeout": 0.3, "max_connections": 1}  # type: ignore[dict-item]
+    with _alias("late", {**config, "OPTIONS": options}):
         held = lock(name, using="late", auto_renew=False)
         held.acquire()  # the one connection is made, and the server knows the scripts
         held.release()

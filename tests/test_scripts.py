@@ -1,42 +1,96 @@
-"""The script layer's direct path: plain clients skip redis-py's command wrapper, but a
-tracer's wrapper (or a subclass's execute_command) still sees every lock command."""
+"""The script layer's direct path: a plain client's lock commands skip redis-py's command
+wrapper, but wherever that wrapper does something (a tracer's or subclass's execute_command,
+on the class or the instance, configured retries, a reply redis-py parses) it is used."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import redis
+from django.conf import settings
+from django.test import override_settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from django_redlock import lock, locks, scripts
+from django_redlock.testing import RedisServer
 
 
-def test_a_wrapped_execute_command_sees_every_lock_command(
-    monkeypatch: pytest.MonkeyPatch, name: str
-) -> None:
+def _commands_seen_by(wrap: Callable[[Callable[..., Any]], None], name: str) -> list[str]:
+    """The commands a lock's acquire, look and release send through ``execute_command``
+    after ``wrap`` has wrapped it (given the wrapper to install)."""
     seen: list[str] = []
     original = redis.Redis.execute_command
+    held = lock(name, using="redis", auto_renew=False)
+    held.acquire()  # the server learns the scripts (else a NOSCRIPT and SCRIPT LOAD show too)
+    held.release()
 
     def traced(self: Any, *args: Any, **options: Any) -> Any:  # as APM tracers patch redis-py
         seen.append(str(args[0]))
         return original(self, *args, **options)
 
-    held = lock(name, using="redis", auto_renew=False)
-    held.acquire()  # the server learns the scripts (else a NOSCRIPT and SCRIPT LOAD show too)
-    held.release()
-    monkeypatch.setattr(redis.Redis, "execute_command", traced)
+    wrap(traced)
     held.acquire()
     assert held.locked()
     held.release()
+    return seen
+
+
+def test_a_tracer_on_the_class_sees_every_lock_command(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    original = redis.Redis.execute_command
+
+    def install(traced: Callable[..., Any]) -> None:
+        traced.__wrapped__ = original  # type: ignore[attr-defined]
+        monkeypatch.setattr(redis.Redis, "execute_command", traced)
+
+    seen = _commands_seen_by(install, name)
     # The acquire's script, the look (a command or a script), the release's script.
     assert len(seen) == 3 and seen[0] == seen[2] == "EVALSHA", seen
 
 
-@pytest.mark.parametrize("alias", ["redis", "cache", "sentinel"])
-def test_the_backends_clients_take_the_direct_path(alias: str, request: Any) -> None:
+def test_a_tracer_on_the_client_sees_every_lock_command(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    client = locks["redis"].client  # type: ignore[attr-defined]
+
+    def install(traced: Callable[..., Any]) -> None:
+        def bound(*args: Any, **options: Any) -> Any:
+            return traced(client, *args, **options)
+
+        bound.__wrapped__ = redis.Redis.execute_command  # type: ignore[attr-defined]
+        monkeypatch.setattr(client, "execute_command", bound, raising=False)
+
+    seen = _commands_seen_by(install, name)
+    assert len(seen) == 3 and seen[0] == seen[2] == "EVALSHA", seen
+
+
+@pytest.mark.parametrize("alias", ["redis", "sentinel"])
+def test_the_backends_own_clients_take_the_direct_path(alias: str, request: Any) -> None:
     if alias == "sentinel":
         request.getfixturevalue("_sentinel_alias")
-    # redis-py's own execute_command, not a subclass's: our commands skip its wrapper.
     client = locks[alias].client  # type: ignore[attr-defined]
-    assert type(client).execute_command is scripts._PLAIN_EXECUTE
-    assert scripts.command(client, "PING") in (True, b"PONG", "PONG")
+    assert scripts._direct(client, client.connection_pool, "EVALSHA")
+    # A command whose reply redis-py parses keeps its parsed reply (PING's is True).
+    assert not scripts._direct(client, client.connection_pool, "PING")
+    assert scripts.command(client, "PING") is True
+
+
+def test_a_client_that_retries_goes_through_redis_py(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"retry": Retry(NoBackoff(), 2)},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "retrying": config}):
+        client = locks["retrying"].client  # type: ignore[attr-defined]
+        assert not scripts._direct(client, client.connection_pool, "EVALSHA")
+        held = lock(name, using="retrying", auto_renew=False)
+        assert held.acquire(blocking=False)
+        held.release()
