@@ -71,9 +71,9 @@ def command(client: Any, *args: Any) -> Any:
     (ours are configured to retry nothing) and, in redis-py 8, operation metrics, about 7 us of
     client CPU a round trip on every lock operation. Where that wrapper does anything for the
     client, it is used as before (see :func:`_direct`)."""
-    pool = client.connection_pool
-    if not _direct(client, pool, args[0]):
+    if not _direct(client, args[0]):
         return client.execute_command(*args)
+    pool = client.connection_pool
     conn = pool.get_connection()
     try:
         conn.send_command(*args)
@@ -95,7 +95,7 @@ def command(client: Any, *args: Any) -> Any:
 _OWN: list[Any] = []  # redis-py's own Redis.execute_command, once seen
 
 
-def _direct(client: Any, pool: Any, name: str) -> bool:
+def _direct(client: Any, name: str) -> bool:
     """Whether redis-py's wrapper would do nothing but run the command: a plain ``redis.Redis``
     (not a cluster, nor a single-connection client) whose ``execute_command`` is redis-py's own
     (not replaced on the class or the instance by a tracer or a subclass, before or after this
@@ -106,7 +106,7 @@ def _direct(client: Any, pool: Any, name: str) -> bool:
         if not _is_redis_pys(execute):
             return False
         _OWN.append(execute)
-    retry = pool.connection_kwargs.get("retry")
+    retry = client.connection_pool.connection_kwargs.get("retry")
     return (
         client.connection is None
         and "execute_command" not in client.__dict__
