@@ -611,8 +611,9 @@ them.
   redis-py's per-command wrapper (retry loop, redis-py 8's operation metrics): 7 us of client
   CPU less per round trip, 0.75 -> 0.78 x raw in an A/B of one run (Redis 7.0). The raw
   cycle pays that wrapper too, so this narrows the gap by what the wrapper costs twice.
-- **Redis CPU per uncontended cycle (target 1.3 x raw: 1.27 x in the full run, met; 1.26-1.68
-  x in side runs, so met or missed by the machine's state).**
+- **Redis CPU per uncontended cycle (target 1.3 x raw: met in the latest runs, on Redis 7.0:
+  1.22 x in the full run, 1.18-1.29 x in four side runs; an earlier session's side runs on
+  6.2 gave 1.26-1.68 x, so the machine's state can still tip it).**
   Measured with the same method on the code before and after this change, same session, two
   runs each: `INFO cpu` 1.45 x and 1.39 x before, 1.26 x and 1.68 x after; `INFO
   commandstats` 25.1-25.4 us per cycle before against the raw cycle's 5.6-6.1 (4.1-4.5 x),
