@@ -87,9 +87,7 @@ def command(client: Any, *args: Any) -> Any:
         conn.disconnect()
         raise
     finally:
-        if getattr(conn, "should_reconnect", bool)():  # a server's maintenance notice
-            conn.disconnect()
-        pool.release(conn)
+        pool.release(conn)  # which drops it too if the server announced maintenance
 
 
 _OWN: list[Any] = []  # redis-py's own Redis.execute_command, once seen
@@ -100,9 +98,10 @@ def _direct(client: Any, name: str) -> bool:
     (not a cluster, nor a single-connection client) whose ``execute_command`` is redis-py's own
     (not replaced on the class or the instance by a tracer or a subclass, before or after this
     module was imported), whose connections retry nothing, for a command whose reply redis-py
-    does not parse (no response callback)."""
+    does not parse (no response callback). Only ``execute_command`` is looked at: a subclass
+    that changes redis-py's inner methods instead is not noticed."""
     execute = type(client).execute_command
-    if execute not in _OWN:
+    if not any(execute is own for own in _OWN):  # not ==: a wrapt proxy equals what it wraps
         if not _is_redis_pys(execute):
             return False
         _OWN.append(execute)
@@ -116,9 +115,11 @@ def _direct(client: Any, name: str) -> bool:
 
 
 def _is_redis_pys(function: Any) -> bool:
+    # type(), not isinstance(): a tracer's wrapt proxy claims the class (and the __code__) of
+    # the function it wraps.
     code = getattr(function, "__code__", None)
     return (
-        isinstance(function, FunctionType)
+        type(function) is FunctionType
         and code is not None
         and code.co_name == "execute_command"
         and code.co_filename == redis.client.__file__

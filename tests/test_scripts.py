@@ -4,6 +4,7 @@ on the class or the instance, configured retries, a reply redis-py parses) it is
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,48 @@ def test_a_tracer_on_the_client_sees_every_lock_command(
 
         bound.__wrapped__ = redis.Redis.execute_command  # type: ignore[attr-defined]
         monkeypatch.setattr(client, "execute_command", bound, raising=False)
+
+    seen = _commands_seen_by(install, name)
+    assert len(seen) == 3 and seen[0] == seen[2] == "EVALSHA", seen
+
+
+class _WraptLikeProxy:
+    """What wrapt's FunctionWrapper (OpenTelemetry's, ddtrace's, Elastic's and New Relic's redis
+    instrumentation) puts on the class: a proxy that passes itself off as the function it
+    wraps (its ``__class__``, ``__code__``, ``==``), and binds like a method."""
+
+    def __init__(self, wrapped: Any, wrapper: Callable[..., Any]) -> None:
+        object.__setattr__(self, "__wrapped__", wrapped)
+        object.__setattr__(self, "_wrapper", wrapper)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return self.__wrapped__.__class__  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__wrapped__, name)
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.__wrapped__ == other)
+
+    def __hash__(self) -> int:
+        return hash(self.__wrapped__)
+
+    def __get__(self, instance: Any, owner: Any) -> Any:
+        if instance is None:
+            return self
+        return functools.partial(self._wrapper, self.__wrapped__, instance)
+
+
+def test_a_wrapt_style_tracer_on_the_class_sees_every_lock_command(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    def install(traced: Callable[..., Any]) -> None:
+        def wrapper(wrapped: Any, instance: Any, *args: Any, **options: Any) -> Any:
+            return traced(instance, *args, **options)
+
+        proxy = _WraptLikeProxy(redis.Redis.execute_command, wrapper)
+        monkeypatch.setattr(redis.Redis, "execute_command", proxy)
 
     seen = _commands_seen_by(install, name)
     assert len(seen) == 3 and seen[0] == seen[2] == "EVALSHA", seen
