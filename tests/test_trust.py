@@ -215,6 +215,59 @@ def test_fences_grow_across_a_redis_restarted_empty(
             assert held.fence is not None and held.fence > max(fences)
 
 
+def test_fences_after_a_flush_in_the_same_millisecond_are_larger(
+    redis_server: RedisServer, redis_alias: str, name: str
+) -> None:
+    """A FLUSHDB (a cache.clear() on a shared database, a failover to an empty replica) right
+    after a hold: the next hold's fence is strictly larger, even in the same millisecond (it
+    tied: both were the clock's ms x 1000)."""
+    client = redis_server.client()
+    for round in range(30):
+        with lock(f"{name}:{round}", using=redis_alias, auto_renew=False) as held:
+            before = held.fence
+        client.flushdb()
+        with lock(f"{name}:{round}", using=redis_alias, auto_renew=False) as held:
+            assert before is not None and held.fence is not None
+            assert held.fence > before, (round, before, held.fence)
+
+
+def _keys_without_ttl(server: RedisServer) -> list[bytes]:
+    client = server.client()
+    return [key for key in client.scan_iter(count=1000) if client.pttl(key) == -1]
+
+
+def test_no_key_lives_forever_after_names_used_once(redis_server: RedisServer, name: str) -> None:
+    """Fence counters of names used once expire (a view keyed by a URL value wrote one key per
+    URL, forever); fences stay larger after the counter is gone."""
+    from django_redlock import read_write_lock, semaphore
+
+    for i in range(20):
+        with lock(f"{name}:plain:{i}", using="redis"):
+            pass
+        with lock(f"{name}:reentrant:{i}", using="redis", reentrant=True):
+            pass
+        with lock(f"{name}:fair:{i}", using="redis", fair=True):
+            pass
+        with semaphore(f"{name}:sem:{i}", limit=2, using="redis"):
+            pass
+        with read_write_lock(f"{name}:rw:{i}", using="redis").write():
+            pass
+    assert _keys_without_ttl(redis_server) == []
+    counter = locks["redis"].fence_key(f"{name}:plain:0")
+    assert 0 < redis_server.client().pttl(counter) <= 60_000 + 30_000
+
+
+def test_no_key_lives_forever_on_redlock_but_its_node_markers(
+    five: list[RedisServer], name: str
+) -> None:
+    for i in range(10):
+        with lock(f"{name}:{i}", using="five"):
+            pass
+    for server in five:
+        left = [k for k in _keys_without_ttl(server) if b"{" in k]
+        assert left == []
+
+
 # -- misuse ----------------------------------------------------------------------------------
 
 

@@ -101,7 +101,7 @@ class _Store:
 
     def take(self, name: str, token: str, ttl_ms: int, meta: str, reentrant: bool) -> int:
         # As the scripts do: above the counter and at least the clock in ms x 1000.
-        fence = max(self.fences.get(name, 0) + 1, int(time.time() * 1000) * 1000)
+        fence = max(self.fences.get(name, 0) + 1, time.time_ns() // 1000)
         self.fences[name] = fence
         expires = time.monotonic() + ttl_ms / 1000
         at_ms = int(time.time() * 1000)
@@ -424,7 +424,7 @@ class LocMemBackend(BaseLockBackend):
             else:
                 free = used == 0
             if free:
-                fence = max(store.fences.get(name, 0) + 1, int(time.time() * 1000) * 1000)
+                fence = max(store.fences.get(name, 0) + 1, time.time_ns() // 1000)
                 store.fences[name] = fence
                 leased.leases[token] = _Lease(
                     now + ttl_ms / 1000, fence, int(time.time() * 1000), mode, meta

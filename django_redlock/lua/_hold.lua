@@ -2,8 +2,11 @@
 -- A plain hold is a string 'token|fence|acquired-ms|holder' (SET NX PX);
 -- a reentrant hold is a hash {owner = count, ':fence', ':at', ':meta'}.
 
+-- The server's clock in ms (TTL arithmetic); the same reading in us is kept for fence_next.
+local now_us = 0
 local function now_ms()
   local t = redis.call('TIME')
+  now_us = t[1] * 1000000 + t[2]
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
@@ -27,14 +30,24 @@ local function hold_mine(lock, token, kind)
   return 0, nil
 end
 
--- The next fence of a name: above its counter, and at least the server's clock in ms x 1000.
--- So a counter lost with the data (restarted empty, flushed, failed over to a lagging replica)
--- starts again above every fence handed out before the loss, unless the server's clock went
--- back meanwhile, or one name was taken 1,000 times a millisecond. Always written and read
--- as integer text: a Lua number turned into text directly would lose digits ('1.76e+15').
-local function fence_next(counter, now)
-  local fence = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, now * 1000)
+-- The next fence of a name: above its counter, and at least the server's clock in us. Two
+-- scripts never read the same microsecond, so a counter lost with the data (restarted empty,
+-- flushed, failed over to a lagging replica) or expired (below) starts again above every
+-- fence handed out before, unless the server's clock went back meanwhile (ms x 1000 tied
+-- within the millisecond of a flush). Always written and read as integer text: a Lua number
+-- turned into text directly would lose digits ('1.76e+15').
+local function fence_next(counter)
+  local fence = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, now_us)
   return fence, string.format('%d', fence)
+end
+
+-- How long a name's counter outlives its last fence: the clock carries fences past a lost
+-- counter, so only a clock stepped back (a Redlock node's behind another's) by more than
+-- this could hand out a smaller one. A name used once leaves no key behind for ever.
+local FENCE_MEMORY_MS = 60000
+
+local function fence_keep(counter, text, ttl)
+  redis.call('SET', counter, text, 'PX', math.max(tonumber(ttl), FENCE_MEMORY_MS))
 end
 
 -- Take a free lock with the next fence. Returns the fence, or nil when the lock is held.
@@ -47,7 +60,7 @@ local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
     return nil
   end
   local at = string.format('%d', now)
-  local fence, text = fence_next(counter, now)
+  local fence, text = fence_next(counter)
   if reentrant then
     redis.call('HSET', lock, token, 1, ':fence', text, ':at', at, ':meta', meta)
     redis.call('PEXPIRE', lock, ttl)
@@ -55,7 +68,7 @@ local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
                         'NX', 'PX', ttl) then
     return nil
   end
-  redis.call('SET', counter, text)
+  fence_keep(counter, text, ttl)
   return fence
 end
 

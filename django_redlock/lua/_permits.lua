@@ -72,11 +72,11 @@ end
 -- `...`: more fields of the details hash to set at once (':limit', ':writer'). `fresh`: the
 -- name had no live lease (keys just made: their TTL is set without looking it up first).
 local function lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ...)
-  local fence, text = fence_next(counter, now)
+  local fence, text = fence_next(counter)
   redis.call('ZADD', leases, ms_text(now + ttl), token)
   redis.call('HSET', details, token, text .. '|' .. ms_text(now) .. '|1|' .. mode .. '|' .. meta,
              ...)
-  redis.call('SET', counter, text)
+  fence_keep(counter, text, ttl)
   if fresh then
     redis.call('PEXPIRE', leases, ttl)
     redis.call('PEXPIRE', details, ttl)
