@@ -165,3 +165,25 @@ def chain_tail(previous: Any, name: str) -> str:
 @single_instance(key="limited", ttl=5, on_duplicate="retry", countdown=0.05, limit=2)
 def limited(self: Any, tag: str, seconds: float = 0.4) -> str:
     return body("limited", tag, seconds)
+
+
+@shared_task(bind=True)
+@single_instance(key="redeliver-limited:{name}", ttl=30, limit=2)
+def redelivered_limited(self: Any, name: str, seconds: float = 2.0) -> str:
+    return body(f"redeliver:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True, max_retries=1)
+@single_instance(key="retry-fast-limited:{name}", ttl=30, limit=2)
+def retry_fast_limited(self: Any, name: str) -> str:
+    group = f"retry-fast-limited:{name}"
+    redis().eval(ENTER, 2, f"{group}:inside", f"{group}:peak")
+    try:
+        redis().rpush(group, self.request.retries)
+        if self.request.retries == 0:
+            # The retry is queued while this attempt still runs (a permit is free for it).
+            self.retry(countdown=0, throw=False)
+            time.sleep(1.0)
+    finally:
+        redis().decr(f"{group}:inside")
+    return "ran"
