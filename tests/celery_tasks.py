@@ -144,6 +144,14 @@ def key_of(self: Any, customer: dict, when: str, seconds: float = 0.2) -> list[A
 
 
 @shared_task(bind=True)
+@single_instance(ttl=5)
+def key_of_plain(self: Any, customer: dict, when: str, seconds: float = 0.2) -> list[Any]:
+    # Celery's own Task as the base: task.lock_key() all the same
+    key = self.lock_key(customer, when, seconds)
+    return [key, locks["default"].is_locked(key)]
+
+
+@shared_task(bind=True)
 @single_instance(key="chain:{name}", ttl=30)
 def chain_head(self: Any, name: str) -> str:
     return f"head:{name}"

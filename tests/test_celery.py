@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import shared_task
+from celery import Task, shared_task
 from celery.result import AsyncResult
 
 from django_redlock import LockNotAcquired, lock, locks, single_instance
@@ -631,16 +631,60 @@ def test_a_fast_retry_under_a_limit_waits_for_its_own_earlier_attempt(
     wait_for(lambda: locks["default"].inspect("retry-fast-limited:r") is None)
 
 
+@pytest.fixture(scope="module")
+def _threads(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="threads", concurrency=2)
+
+
+@pytest.mark.parametrize("task_name", ["key_of", "key_of_plain"])
 def test_lock_key_is_the_same_in_every_process(
-    start_worker: Callable[..., Worker], _prefork: list[Worker]
+    task_name: str, _threads: Worker, _prefork: list[Worker]
 ) -> None:
-    threads = start_worker(pool="threads", concurrency=2)
+    # On a task built on SingleInstanceTask and on one built on Celery's own Task alike.
+    task = getattr(celery_tasks, task_name)
     customer = {"id": uuid.UUID(int=7), "tags": ("a", "b"), "limit": decimal.Decimal("1.5")}
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
-    here = celery_tasks.key_of.lock_key(customer, when, 0.2)
-    for each in (_prefork[0], threads):
-        key, held = each.send(celery_tasks.key_of, customer, when, 0.2).get(timeout=30)
+    here = task.lock_key(customer, when, 0.2)
+    assert here.startswith(f"tests.celery_tasks.{task_name}:")
+    for each in (_prefork[0], _threads):
+        key, held = each.send(task, customer, when, 0.2).get(timeout=30)
         assert (key, held) == (here, True)  # and it is the key the run holds
+
+
+class OwnBase(Task):
+    """A project's own task base, neither Celery's default nor SingleInstanceTask."""
+
+
+def test_every_decorated_task_has_lock_key_and_release_lock(broker: None) -> None:
+    from celery import Celery
+
+    from django_redlock.contrib.celery import lock_key
+
+    app = Celery("helpers", set_as_current=False)
+
+    @app.task(bind=True, base=OwnBase, name="helpers.own_base")
+    @single_instance(key="own:{a}", ttl=5)
+    def own_base(self: Any, a: int) -> None: ...
+
+    @app.task(name="helpers.unbound")
+    @single_instance(ttl=5)
+    def unbound(a: int, b: int = 2) -> None: ...
+
+    @app.task(name="helpers.plain")
+    def plain(a: int) -> None: ...
+
+    assert own_base.lock_key(3) == lock_key(own_base, 3) == "own:3"
+    assert unbound.lock_key(1) == unbound.lock_key(a=1, b=2) == lock_key(unbound, 1)
+    assert celery_tasks.keyed.lock_key(1) == lock_key(celery_tasks.keyed, 1)  # a shared_task
+    assert celery_tasks.overlap_skip.lock_key("t") == "overlap:skip"
+    with pytest.raises(TypeError, match="not a task decorated"):
+        plain.lock_key(1)
+    # release_lock likewise, on a task without SingleInstanceTask.
+    assert not own_base.release_lock(4)
+    held = lock("own:4", ttl=30, token_prefix="dead-task.0.", auto_renew=False)
+    assert held.acquire(blocking=False)
+    assert own_base.release_lock(4)
+    assert not locks["default"].is_locked("own:4")
 
 
 def test_release_lock_forces_the_key_free(caplog: pytest.LogCaptureFixture) -> None:

@@ -599,6 +599,26 @@ def release_lock(task: Any, *args: Any, **kwargs: Any) -> Released:
     return outcome
 
 
+def _task_lock_key(self: Task, *args: Any, **kwargs: Any) -> str:
+    """The lock name a call with these arguments uses (see :func:`lock_key`)."""
+    return lock_key(self, *args, **kwargs)
+
+
+def _task_release_lock(self: Task, *args: Any, **kwargs: Any) -> Released:
+    """Force-release the lock of a call with these arguments (see :func:`release_lock`)."""
+    return release_lock(self, *args, **kwargs)
+
+
+# task.lock_key() and task.release_lock() on every task @single_instance decorates, whatever
+# its base: Celery builds the task's class itself (type(name, (base,), ...), no hook per
+# task), and the decorator only sees the function. So they are methods of Celery's Task; on a
+# task without @single_instance they raise TypeError saying so. A base's own methods of those
+# names come first (and SingleInstanceTask defines them as well).
+for _name, _helper in (("lock_key", _task_lock_key), ("release_lock", _task_release_lock)):
+    if not hasattr(Task, _name):
+        setattr(Task, _name, _helper)
+
+
 def _clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
     backend = locks[config.using]
     try:
