@@ -144,6 +144,14 @@ def key_of(self: Any, customer: dict, when: str, seconds: float = 0.2) -> list[A
 
 
 @shared_task(bind=True)
+@single_instance(ttl=5)
+def key_of_plain(self: Any, customer: dict, when: str, seconds: float = 0.2) -> list[Any]:
+    # Celery's own Task as the base: task.lock_key() all the same
+    key = self.lock_key(customer, when, seconds)
+    return [key, locks["default"].is_locked(key)]
+
+
+@shared_task(bind=True)
 @single_instance(key="chain:{name}", ttl=30)
 def chain_head(self: Any, name: str) -> str:
     return f"head:{name}"
@@ -165,3 +173,25 @@ def chain_tail(previous: Any, name: str) -> str:
 @single_instance(key="limited", ttl=5, on_duplicate="retry", countdown=0.05, limit=2)
 def limited(self: Any, tag: str, seconds: float = 0.4) -> str:
     return body("limited", tag, seconds)
+
+
+@shared_task(bind=True)
+@single_instance(key="redeliver-limited:{name}", ttl=30, limit=2)
+def redelivered_limited(self: Any, name: str, seconds: float = 2.0) -> str:
+    return body(f"redeliver:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True, max_retries=1)
+@single_instance(key="retry-fast-limited:{name}", ttl=30, limit=2)
+def retry_fast_limited(self: Any, name: str) -> str:
+    group = f"retry-fast-limited:{name}"
+    redis().eval(ENTER, 2, f"{group}:inside", f"{group}:peak")
+    try:
+        redis().rpush(group, self.request.retries)
+        if self.request.retries == 0:
+            # The retry is queued while this attempt still runs (a permit is free for it).
+            self.retry(countdown=0, throw=False)
+            time.sleep(1.0)
+    finally:
+        redis().decr(f"{group}:inside")
+    return "ran"

@@ -405,3 +405,33 @@ def test_a_run_whose_publish_failed_is_sent_later_not_skipped(tmp_path: Path) ->
             assert recorded is not None and recorded > before
         finally:
             one.close()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["persistent", DATABASE])
+def test_the_new_leader_keeps_the_pace_after_a_takeover(
+    kind: str, start_beats: Callable[..., tuple[list[Beat], Sends, str]]
+) -> None:
+    """The beat that takes over from a SIGKILLed leader sends the 1-second entry every second.
+
+    (django-celery-beat's scheduler keeps the entry it reserved in its schedule: a heap rebuilt
+    from that entry found the run just sent due again, its claim refused, in a busy loop.)
+    """
+    beats, sends, name = start_beats(kind, 2)
+    by_pid = {b.pid: b for b in beats}
+    sends.wait(3, 60)
+    first = leader_pid(name)
+    by_pid[first].signal(signal.SIGKILL)
+    killed = time.monotonic()
+    deadline = killed + TTL + 10
+    while not [s for s in sends.between(killed, time.monotonic()) if s[1] != first]:
+        assert time.monotonic() < deadline, logs(beats)
+        time.sleep(0.05)
+    took_over = next(t for t, pid in sends.seen if t >= killed and pid != first)
+    time.sleep(8.5)
+    counted = sends.between(took_over, took_over + 8)
+    shown = ([round(t - took_over, 2) for t, _ in counted], logs(beats))
+    assert 6 <= len(counted) <= 9, shown  # 8 (about 1 s apart) with room for a busy machine
+    assert {pid for _, pid in counted} == {leader_pid(name)} != {first}
+    gaps = [b - a for a, b in itertools.pairwise(t for t, _ in counted)]
+    assert min(gaps) > 0.5, shown  # never one due run sent twice

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import shared_task
+from celery import Task, shared_task
 from celery.result import AsyncResult
 
 from django_redlock import LockNotAcquired, lock, locks, single_instance
@@ -563,16 +563,128 @@ def test_a_redelivered_message_does_not_run_twice(
     assert worker.send(celery_tasks.redelivered, "m", 0.1).get(timeout=30) == "ran"
 
 
-def test_lock_key_is_the_same_in_every_process(
-    start_worker: Callable[..., Worker], _prefork: list[Worker]
+def redelivered_skips(worker: Worker, task_id: str) -> int:
+    return worker.log.read_text().count(f"skipped a redelivered message: task {task_id} ")
+
+
+def test_a_redelivered_message_does_not_run_twice_under_a_limit(
+    worker: Worker, redis_server: RedisServer
 ) -> None:
-    threads = start_worker(pool="threads", concurrency=2)
+    # limit=2: the copy of a running task's message finds a permit free, or (a second task
+    # holding the other) none. Either way it is the same task: skipped, never a second run.
+    task_id = str(uuid.uuid4())
+    task = celery_tasks.redelivered_limited
+    first = worker.send(task, "n", 3.0, task_id=task_id)
+    r = redis(redis_server)
+    wait_for(lambda: r.lrange("redeliver:n:ran", 0, -1))
+    worker.send(task, "n", 3.0, task_id=task_id)  # a permit is free for it
+    wait_for(lambda: redelivered_skips(worker, task_id) == 1)
+    other = worker.send(task, "n", 2.0)  # another task id: the second permit, at once
+    wait_for(lambda: len(r.lrange("redeliver:n:ran", 0, -1)) == 2)
+    worker.send(task, "n", 3.0, task_id=task_id)  # no permit free
+    wait_for(lambda: redelivered_skips(worker, task_id) == 2)
+    assert first.get(timeout=30) == "ran"  # not a skip's sentinel, stored by a copy
+    assert other.get(timeout=30) == "ran"
+    time.sleep(0.5)
+    assert r.lrange("redeliver:n:ran", 0, -1) == [task_id, other.id]  # each body ran once
+    assert int(r.get("redeliver:n:peak")) == 2
+    assert locks["default"].inspect("redeliver-limited:n") is None
+
+
+def test_copies_of_one_task_taking_permits_at_once_keep_one(redis_alias: str) -> None:
+    # Two copies of one message that both got a permit before either looked: each sees the
+    # other; the first (lower fence) keeps its permit, the second gives its back.
+    from django_redlock import Semaphore
+    from django_redlock.contrib.celery import _alone
+
+    first, second = (
+        Semaphore("copies", 3, ttl=30, using=redis_alias, token_prefix="t-1.0.") for _ in "ab"
+    )
+    assert first.acquire(blocking=False) and second.acquire(blocking=False)
+    assert (second.fence or 0) > (first.fence or 0)
+    kept, info = _alone(second, "t-1", 0)
+    assert not kept and info is not None and second.token is None  # released
+    assert _alone(first, "t-1", 0) == (True, None)
+    # A later attempt holding a permit: an older attempt's copy gives its permit back too.
+    stale = Semaphore("copies", 3, ttl=30, using=redis_alias, token_prefix="t-1.0.")
+    newer = Semaphore("copies", 3, ttl=30, using=redis_alias, token_prefix="t-2.1.")
+    first.release()
+    assert newer.acquire(blocking=False) and stale.acquire(blocking=False)
+    older = Semaphore("copies", 3, ttl=30, using=redis_alias, token_prefix="t-2.0.")
+    assert older.acquire(blocking=False)
+    assert _alone(older, "t-2", 0)[0] is False and older.token is None
+    assert _alone(stale, "t-1", 0) == (True, None)  # another task id is no copy
+    newer.release()
+    stale.release()
+
+
+def test_a_fast_retry_under_a_limit_waits_for_its_own_earlier_attempt(
+    worker: Worker, redis_server: RedisServer
+) -> None:
+    # The retry finds a permit free while attempt 0 still runs: it waits for attempt 0 (one
+    # task id never runs twice at once), then runs, as with a plain lock.
+    result = worker.send(celery_tasks.retry_fast_limited, "r")
+    r = redis(redis_server)
+    assert result.get(timeout=30) == "ran"
+    wait_for(lambda: r.lrange("retry-fast-limited:r", 0, -1) == ["0", "1"])
+    assert int(r.get("retry-fast-limited:r:peak")) == 1
+    wait_for(lambda: locks["default"].inspect("retry-fast-limited:r") is None)
+
+
+@pytest.fixture(scope="module")
+def _threads(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="threads", concurrency=2)
+
+
+@pytest.mark.parametrize("task_name", ["key_of", "key_of_plain"])
+def test_lock_key_is_the_same_in_every_process(
+    task_name: str, _threads: Worker, _prefork: list[Worker]
+) -> None:
+    # On a task built on SingleInstanceTask and on one built on Celery's own Task alike.
+    task = getattr(celery_tasks, task_name)
     customer = {"id": uuid.UUID(int=7), "tags": ("a", "b"), "limit": decimal.Decimal("1.5")}
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
-    here = celery_tasks.key_of.lock_key(customer, when, 0.2)
-    for each in (_prefork[0], threads):
-        key, held = each.send(celery_tasks.key_of, customer, when, 0.2).get(timeout=30)
+    here = task.lock_key(customer, when, 0.2)
+    assert here.startswith(f"tests.celery_tasks.{task_name}:")
+    for each in (_prefork[0], _threads):
+        key, held = each.send(task, customer, when, 0.2).get(timeout=30)
         assert (key, held) == (here, True)  # and it is the key the run holds
+
+
+class OwnBase(Task):
+    """A project's own task base, neither Celery's default nor SingleInstanceTask."""
+
+
+def test_every_decorated_task_has_lock_key_and_release_lock(broker: None) -> None:
+    from celery import Celery
+
+    from django_redlock.contrib.celery import lock_key
+
+    app = Celery("helpers", set_as_current=False)
+
+    @app.task(bind=True, base=OwnBase, name="helpers.own_base")
+    @single_instance(key="own:{a}", ttl=5)
+    def own_base(self: Any, a: int) -> None: ...
+
+    @app.task(name="helpers.unbound")
+    @single_instance(ttl=5)
+    def unbound(a: int, b: int = 2) -> None: ...
+
+    @app.task(name="helpers.plain")
+    def plain(a: int) -> None: ...
+
+    assert own_base.lock_key(3) == lock_key(own_base, 3) == "own:3"
+    assert unbound.lock_key(1) == unbound.lock_key(a=1, b=2) == lock_key(unbound, 1)
+    assert celery_tasks.keyed.lock_key(1) == lock_key(celery_tasks.keyed, 1)  # a shared_task
+    assert celery_tasks.overlap_skip.lock_key("t") == "overlap:skip"
+    with pytest.raises(TypeError, match="not a task decorated"):
+        plain.lock_key(1)
+    # release_lock likewise, on a task without SingleInstanceTask.
+    assert not own_base.release_lock(4)
+    held = lock("own:4", ttl=30, token_prefix="dead-task.0.", auto_renew=False)
+    assert held.acquire(blocking=False)
+    assert own_base.release_lock(4)
+    assert not locks["default"].is_locked("own:4")
 
 
 def test_release_lock_forces_the_key_free(caplog: pytest.LogCaptureFixture) -> None:
@@ -657,14 +769,18 @@ def test_the_celery_extra_runs_a_worker_on_redis() -> None:
     assert "django-celery-beat" not in extras["test"]
 
 
+@pytest.mark.parametrize("limit", [None, 2])
 def test_acks_late_past_the_visibility_timeout_runs_the_body_once(
-    start_worker: Callable[..., Worker], redis_server: RedisServer
+    limit: int | None, start_worker: Callable[..., Worker], redis_server: RedisServer
 ) -> None:
     # The real thing: acks_late, a 2 s visibility timeout and a 6 s task. The broker delivers
-    # the message again while the task runs; the copies are skipped, the body runs once.
+    # the message again while the task runs; the copies are skipped, the body runs once
+    # (with limit=2 too, where a copy finds a permit free).
     late = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_REDELIVER="1")
-    result = late.send(celery_tasks.redelivered, "late", 6.0)
+    task = celery_tasks.redelivered if limit is None else celery_tasks.redelivered_limited
+    name = f"late-{limit}"
+    result = late.send(task, name, 6.0)
     assert result.get(timeout=60) == "ran"
     assert "skipped a redelivered message" in late.log.read_text()
-    assert redis(redis_server).lrange("redeliver:late:ran", 0, -1) == [result.id]
+    assert redis(redis_server).lrange(f"redeliver:{name}:ran", 0, -1) == [result.id]
     late.stop()

@@ -332,17 +332,27 @@ class LeaderMixin(Scheduler):
                 self._set_last_run(entry, recorded)
 
     def _set_last_run(self, entry: Any, micros: int) -> None:
+        """``entry``'s last run, and that of the schedule's entry of that name, which a heap
+        rebuilt (``_heap = None``) starts from: they may be two objects (see :meth:`reserve`)."""
         moment = EPOCH + datetime.timedelta(microseconds=micros)
         moment = moment.astimezone(self.app.timezone)
-        entry.last_run_at = moment
-        model = getattr(entry, "model", None)  # django-celery-beat's row
-        if model is not None:
-            model.last_run_at = moment
+        current = self.schedule.get(entry.name)
+        for each in (entry,) if current is None or current is entry else (entry, current):
+            each.last_run_at = moment
+            model = getattr(each, "model", None)  # django-celery-beat's row
+            if model is not None:
+                model.last_run_at = moment
 
     # -- claiming each send --------------------------------------------------------------------
 
     def reserve(self, entry: Any) -> Any:
         new_entry = super().reserve(entry)
+        schedule = self.schedule
+        if schedule.get(entry.name) is entry:
+            # DatabaseScheduler's reserve() keeps the reserved entry in its schedule (Celery's
+            # puts the next one there): a heap rebuilt from it would find the run just sent
+            # due again, and its claim refused, over and over (a new leader's busy loop).
+            schedule[entry.name] = new_entry
         self._claims[entry.name] = self._claim(entry, new_entry)
         return new_entry
 

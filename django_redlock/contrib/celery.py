@@ -11,7 +11,8 @@ that frees itself after its TTL: seconds, not hours.
 A hold's token is ``<task id>.<attempt>.<random>`` (the attempt is ``request.retries``). So a
 run that finds its own task id holding the key can tell a retry that arrived before the
 earlier attempt released (it waits for it) from its own message delivered again while it runs
-(a duplicate: skipped, never a second run).
+(a duplicate: skipped, never a second run). With ``limit=N`` such a copy may find a permit
+free and take it: it then looks at the other permits, and gives its own back.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import hashlib
 import inspect
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -284,9 +286,9 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
         # after this still enqueues a duplicate: the lock then excludes it, nothing is lost.)
         _clear_queued_marker(config, key, task_id)
     if not acquired:
-        holder = hold_of(info.token if info is not None else None)
-        if task_id and holder is not None and holder[0] == task_id:
-            return _redelivered(config, task, key, task_id, holder[1])
+        own = _attempts_holding(info, task_id)
+        if task_id and own:
+            return _redelivered(config, task, key, task_id, own[0])
         return _duplicate(config, task, key, task_id, info)
     try:
         result = func(*args, **kwargs)
@@ -299,7 +301,7 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
 
 
 def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
-    """Take the task's lock; if not, who holds it.
+    """Take the task's lock or permit; if not, who holds the key.
 
     An earlier attempt of this very task holds it only while its ``self.retry()`` propagates:
     Celery publishes the retry (same task id, one more ``retries``) before the lock is
@@ -310,17 +312,62 @@ def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Lock
     backend = held.backend
     for _ in range(2):  # a second try if it was freed between the try and the look
         if held.acquire(blocking=False):
-            return True, None
+            return _alone(held, task_id, attempt)
         info = backend.inspect(held.name)
         if info is None:
             continue
-        holder = hold_of(info.token)
-        if task_id and holder is not None and holder[0] == task_id and holder[1] < attempt:
+        own = _attempts_holding(info, task_id)
+        if own and max(own) < attempt:
             if held.acquire(timeout=held.lock_ttl):
-                return True, None
+                return _alone(held, task_id, attempt)
             return False, backend.inspect(held.name)
         return False, info
     return False, None
+
+
+def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
+    """Keep a permit only if no other hold of this task id runs. A lock has one holder:
+    taking it told already. A semaphore has free permits for a copy of a running task's
+    message (or for its retry) too: look at the other permits once this one is taken."""
+    if not task_id or not isinstance(held, Semaphore):
+        return True, None
+    mine = held.fence or 0
+    deadline = time.monotonic() + held.lock_ttl
+    try:
+        while True:
+            info = held.backend.inspect(held.name)
+            earlier = False
+            for lease in info.holders if info is not None else []:
+                other = hold_of(lease.token)
+                if lease.token == held.token or other is None or other[0] != task_id:
+                    continue
+                # The same attempt that took its permit first runs (of copies taking permits
+                # at once, each sees the other and one, by fence order, stays); a later
+                # attempt runs rather than an older one; an earlier one is on its way out.
+                if other[1] > attempt or (other[1] == attempt and (lease.fence or 0) < mine):
+                    held.release()
+                    return False, info
+                earlier = True
+            if not earlier:
+                return True, None
+            if time.monotonic() >= deadline:  # as a lock's wait for it: given up at the TTL
+                held.release()
+                return False, info
+            time.sleep(0.05)  # an earlier attempt releases in a moment (see _take)
+    except BaseException:
+        with contextlib.suppress(LockError):
+            held.release()
+        raise
+
+
+def _attempts_holding(info: LockInfo | None, task_id: str | None) -> list[int]:
+    """The attempts of ``task_id`` holding the key (a lock's one hold, a semaphore's
+    permits), from its hold tokens."""
+    if info is None or not task_id:
+        return []
+    holds = info.holders or [info]
+    parsed = [hold_of(hold.token) for hold in holds]
+    return [found[1] for found in parsed if found is not None and found[0] == task_id]
 
 
 def _prefix(task_id: str | None, attempt: int = 0) -> str | None:
@@ -550,6 +597,26 @@ def release_lock(task: Any, *args: Any, **kwargs: Any) -> Released:
         logger.warning("redlock: force-released %r on %r %s", key, config.using, detail)
         recorder.record("force_release", key, config.using, detail)
     return outcome
+
+
+def _task_lock_key(self: Task, *args: Any, **kwargs: Any) -> str:
+    """The lock name a call with these arguments uses (see :func:`lock_key`)."""
+    return lock_key(self, *args, **kwargs)
+
+
+def _task_release_lock(self: Task, *args: Any, **kwargs: Any) -> Released:
+    """Force-release the lock of a call with these arguments (see :func:`release_lock`)."""
+    return release_lock(self, *args, **kwargs)
+
+
+# task.lock_key() and task.release_lock() on every task @single_instance decorates, whatever
+# its base: Celery builds the task's class itself (type(name, (base,), ...), no hook per
+# task), and the decorator only sees the function. So they are methods of Celery's Task; on a
+# task without @single_instance they raise TypeError saying so. A base's own methods of those
+# names come first (and SingleInstanceTask defines them as well).
+for _name, _helper in (("lock_key", _task_lock_key), ("release_lock", _task_release_lock)):
+    if not hasattr(Task, _name):
+        setattr(Task, _name, _helper)
 
 
 def _clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
