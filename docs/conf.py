@@ -82,4 +82,4 @@ intersphinx_timeout = 1  # never reached: every inventory above is a local file
 html_theme = "furo"
 html_title = f"django-redlock {release}"
 html_static_path: list[str] = []
-pygments_style = "sphinx"
+
