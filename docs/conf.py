@@ -36,7 +36,7 @@ django.setup()
 import django_redlock  # noqa: E402
 
 project = "django-redlock"
-copyright = "django-redlock contributors"  # noqa: A001
+copyright = "django-redlock contributors"
 release = version = django_redlock.__version__
 
 extensions = [
@@ -82,4 +82,3 @@ intersphinx_timeout = 1  # never reached: every inventory above is a local file
 html_theme = "furo"
 html_title = f"django-redlock {release}"
 html_static_path: list[str] = []
-

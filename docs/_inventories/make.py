@@ -16,7 +16,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: project -> (the name its docs give themselves, the version linked to)
-PROJECTS = {"django": ("Django", "5.2"), "celery": ("Celery", "stable"), "redis": ("redis-py", "stable")}
+PROJECTS = {
+    "django": ("Django", "5.2"),
+    "celery": ("Celery", "stable"),
+    "redis": ("redis-py", "stable"),
+}
 
 
 def entries(source: Path) -> list[tuple[str, str, str]]:
