@@ -102,4 +102,4 @@ tox: $(STAMP) redis
 		$(BIN)/tox $(TOXARGS)
 
 clean:
-	rm -rf $(VENV) .tox .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .tox .mypy_cache .ruff_cache .pytest_cache *.egg-info docs/_build
