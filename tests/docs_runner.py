@@ -3,7 +3,8 @@
 The blocks of a group (a README section, a docs page, or the whole tutorial) run in order:
 
 * a block captioned with a file (``shop/models.py``) is that file of the reader's project:
-  it is written into a temporary project folder, and imported once the settings apply;
+  it is written into a temporary project folder, and imported once the settings apply (a
+  file shown again, as the reader edits it, is rewritten and reloaded in its turn);
 * settings blocks are applied, all of them, before any code runs (with ``...`` for the list
   the project had); a package with a ``models.py`` is installed as an app; Redis URLs of
   127.0.0.1 point at the suite's server, and Celery runs tasks eagerly in this process
@@ -112,9 +113,10 @@ def run_group(blocks: list[Block], server: RedisServer, folder: Path) -> dict[st
     from celery import _state as celery_state
 
     runnable = [b for b in blocks if b.lang == "python" and not b.needs]
-    files = [b for b in runnable if b.caption and not b.is_settings]
+    shown = [b for b in runnable if b.caption and not b.is_settings]
+    # A file shown again (the reader edits it) is rewritten and reloaded when its turn comes.
+    files = list({b.caption: b for b in reversed(shown)}.values())[::-1]  # first versions
     captions = [b.caption for b in files]
-    assert len(set(captions)) == len(captions), f"a file shown twice in one group: {captions}"
     project = project_settings()
     applied: dict[str, Any] = dict(project)
     for block in (b for b in runnable if b.is_settings):
@@ -144,6 +146,9 @@ def run_group(blocks: list[Block], server: RedisServer, folder: Path) -> dict[st
                     for model in made:
                         editor.create_model(model)
                 for block in runnable:
+                    if block.caption and block not in files and not block.is_settings:
+                        (folder / block.caption).write_text(block.source)
+                        importlib.reload(sys.modules[_module_of(block.caption)])
                     if block.caption or block.is_settings:
                         continue
                     exec(compile(on_server(server, block), str(block), "exec"), namespace)

@@ -299,6 +299,14 @@ def test_every_shell_command_exists(block: Block) -> None:
                 _check_command(words, synopsis)
 
 
+def test_every_promql_query_names_metrics_that_exist() -> None:
+    queries = [b for b in ALL if b.lang == "promql"]
+    assert queries
+    series = _metric_names() | {f"{m}_bucket" for m in _metric_names()}
+    for block in queries:
+        assert set(re.findall(r"\bredlock_\w+", block.source)) <= series, block
+
+
 # -- what the docs quote, and where they link -------------------------------------------------
 
 
