@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install browser terminal redis test lint format demo bench tox soak clean
+.PHONY: install browser terminal redis test lint format docs demo bench tox soak clean
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): setup.cfg pyproject.toml
 	@# setuptools warns on every editable install of a flat layout that folders in the working
 	@# directory may shadow the package; its import hook maps only django_redlock, so we know.
 	PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
-		$(BIN)/python -m pip install --quiet -e ".[test,celery,beat]"
+		$(BIN)/python -m pip install --quiet -e ".[test,celery,beat,docs]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -28,6 +28,14 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The documentation site into docs/_build/html. Every warning is an error (-W, all of them
+# reported: --keep-going), every cross-reference must resolve (-n), and the environment is
+# built afresh (-E: an incremental build would not repeat the warnings of unchanged pages).
+# No network: the intersphinx inventories are files in docs/_inventories/.
+docs: $(STAMP)
+	$(BIN)/sphinx-build -E -n -W --keep-going -q -b html docs docs/_build/html
+	@echo "the docs: docs/_build/html/index.html"
 
 # The admin's browser test drives Debian's chromium (never a downloaded browser build).
 browser:
@@ -57,7 +65,7 @@ redis:
 
 REDIS_62 = $(BIN)/python -c "from django_redlock.testing import bundled_redis_server as b; print(b() or '')"
 
-test: lint browser terminal redis
+test: lint docs browser terminal redis
 	$(BIN)/pytest
 	@bundled=$$($(REDIS_62)); if [ -n "$$bundled" ]; then \
 		echo "the backends' behaviour again, on $$bundled"; \
@@ -94,4 +102,4 @@ tox: $(STAMP) redis
 		$(BIN)/tox $(TOXARGS)
 
 clean:
-	rm -rf $(VENV) .tox .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .tox .mypy_cache .ruff_cache .pytest_cache *.egg-info docs/_build

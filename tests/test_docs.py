@@ -1,0 +1,413 @@
+"""The documentation site (docs/): it builds with no warning and no network, its reference
+covers every public name, setting, signal, check, command and metric, every code block runs
+(or, for shell blocks, names commands, options and extras that exist), the figures it quotes
+name their bench scenario, and its tutorial renders in a real browser."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import get_commands
+from django.test import override_settings
+from sphinx.util.inventory import InventoryFile
+
+from django_redlock.checks import KNOWN_SETTINGS, check_unknown_settings
+from django_redlock.handler import LockHandler
+from django_redlock.management.commands.redlock import Command as RedlockCommand
+from django_redlock.testing import RedisServer
+
+from .conftest import ROOT
+from .docs_runner import project_settings, run_group
+from .readme import DOCS, NEEDS, README, Block, apply_settings, blocks, github_anchors, pages
+from .test_browser import browser  # noqa: F401  (the fixture: Debian's chromium)
+
+PAGES = pages()
+ALL = [b for page in PAGES for b in blocks(page)]
+PYTHON = [b for b in ALL if b.lang == "python"]
+SHELL = [b for b in ALL if b.lang == "sh"]
+DOC_PAGES = [p for p in PAGES if p != README]
+
+
+def _group(page: Path) -> str:
+    """The tutorial is one story (part 2 uses part 1's settings); every other page stands
+    alone. The README is tests/test_readme.py's."""
+    relative = page.relative_to(DOCS)
+    return "tutorial" if relative.parts[0] == "tutorial" else str(relative)
+
+
+GROUPS: dict[str, list[Block]] = {}
+for _block in PYTHON:
+    if _block.path != README:
+        GROUPS.setdefault(_group(_block.path), []).append(_block)
+RUNNABLE_GROUPS = sorted(g for g, bs in GROUPS.items() if any(not b.needs for b in bs))
+
+
+# -- the build --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The site, built afresh as `make docs` builds it (every warning an error)."""
+    out = tmp_path_factory.mktemp("docs") / "html"
+    done = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-E", "-n", "-W", "--keep-going", "-q",
+         "-b", "html", str(DOCS), str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    yield out
+
+
+def test_the_docs_build_with_no_warning(built: Path) -> None:
+    assert (built / "index.html").exists()
+    for page in DOC_PAGES:  # every page is part of the site (-W: none outside a toctree)
+        html = page.relative_to(DOCS).with_suffix(".html")
+        assert (built / html).exists(), html
+
+
+def test_the_build_needs_no_network() -> None:
+    """Every intersphinx inventory is a file in the repository (CI has no network)."""
+    read = (
+        "import json, runpy; conf = runpy.run_path('docs/conf.py');"
+        " print(json.dumps(conf['intersphinx_mapping']))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", read], capture_output=True, text=True, cwd=ROOT, timeout=120,
+        check=True, env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+    )  # fmt: skip
+    mapping = json.loads(done.stdout.splitlines()[-1])
+    assert set(mapping) == {"python", "django", "celery", "redis"}
+    for name, (url, inventory) in mapping.items():
+        assert url.startswith("https://"), name
+        assert Path(inventory).is_file(), f"{name}: {inventory} is not a local file"
+
+
+def _inventory(path: Path) -> dict[str, dict[str, Any]]:
+    with path.open("rb") as f:
+        loaded = InventoryFile.load(f, "https://example.invalid/", lambda base, uri: base + uri)
+    data = getattr(loaded, "data", loaded)  # Sphinx 8.2+: an _Inventory with .data
+    return {kind: dict(items) for kind, items in data.items()}
+
+
+def test_the_shipped_inventories_are_what_their_name_lists_make() -> None:
+    """docs/_inventories/<project>.txt is the source; the .inv files are made from it by
+    make.py (rerun it after editing a list)."""
+    source = DOCS / "_inventories" / "make.py"
+    spec = {"__name__": "inventories", "__file__": str(source)}
+    exec(compile(source.read_text(), str(source), "exec"), spec)
+    for project in spec["PROJECTS"]:
+        shipped = (DOCS / "_inventories" / f"{project}.inv").read_bytes()
+        assert shipped == spec["inventory"](project), f"rerun {source.relative_to(ROOT)}"
+    python = _inventory(DOCS / "_inventories" / "python.inv")
+    assert "contextvars.ContextVar" in python["py:class"]
+
+
+# -- the reference ----------------------------------------------------------------------------
+
+#: SPEC.md's public names, and the parts of the app a user configures or calls.
+PUBLIC = {
+    "py": [
+        *(f"django_redlock.{n}" for n in (
+            "locks", "lock", "semaphore", "read_write_lock", "single_instance", "lock_view",
+            "LockError", "LockNotAcquired", "LockNotOwned", "LockLost", "QuorumNotReached",
+            "BackendUnavailable", "StaleFence", "Lock", "Semaphore", "ReadWriteLock",
+            "DEFAULT_LOCK_ALIAS")),
+        *(f"django_redlock.Lock.{n}" for n in (
+            "acquire", "release", "extend", "owned", "locked", "ttl", "fence", "token", "adopt",
+            "hold_count", "lost", "atomic", "aacquire", "arelease", "aextend", "aowned",
+            "alocked", "attl")),
+        "django_redlock.Semaphore.available", "django_redlock.Semaphore.holders",
+        "django_redlock.ReadWriteLock.read", "django_redlock.ReadWriteLock.write",
+        *(f"django_redlock.signals.{n}" for n in (
+            "lock_acquired", "lock_released", "lock_lost", "acquire_timed_out",
+            "quorum_not_reached")),
+        *(f"django_redlock.contrib.celery.{n}" for n in (
+            "single_instance", "SingleInstanceTask", "AlreadyQueued", "lock_key", "release_lock",
+            "skipped", "duplicate_skipped")),
+        *(f"django_redlock.contrib.beat.{n}" for n in (
+            "LockedScheduler", "LockedDatabaseScheduler", "LeaderMixin", "leader")),
+        "django_redlock.compat.RedisPyLock", "django_redlock.compat.Redis",
+        *(f"django_redlock.testing.{n}" for n in (
+            "RedisServer", "find_redis_server", "bundled_redis_server", "redis_server_version")),
+        *(f"django_redlock.backends.{m}" for m in (
+            "redis.RedisBackend", "django_redis.DjangoRedisBackend", "sentinel.SentinelBackend",
+            "cluster.RedisClusterBackend", "redlock.RedlockBackend", "locmem.LocMemBackend",
+            "base.LockInfo", "base.Released")),
+    ],
+}  # fmt: skip
+
+
+def _check_ids() -> set[str]:
+    found: set[str] = set()
+    for path in (ROOT / "django_redlock").rglob("*.py"):
+        found |= set(re.findall(r'"(django_redlock\.[EW]\d{3})"', path.read_text()))
+    return found
+
+
+def _metric_names() -> set[str]:
+    source = (ROOT / "django_redlock" / "observe.py").read_text()
+    made = re.findall(r'(Counter|Histogram|Gauge)\(\s*"(redlock_\w+)"', source)
+    return {name + "_total" if kind == "Counter" else name for kind, name in made}
+
+
+def _subcommands() -> dict[str, Any]:
+    parser = RedlockCommand().create_parser("manage.py", "redlock")
+    action = next(a for a in parser._actions if a.dest == "action")
+    return dict(action.choices)  # type: ignore[arg-type]
+
+
+def test_the_reference_covers_every_public_name(built: Path) -> None:
+    """Checked against the site's own inventory: what the reference documents, by name, so
+    a new setting, check, metric, command or public function without a reference entry
+    fails here."""
+    ours = _inventory(built / "objects.inv")
+    python = {name for kind, items in ours.items() if kind.startswith("py:") for name in items}
+    assert [n for n in PUBLIC["py"] if n not in python] == []
+    assert set(KNOWN_SETTINGS) <= set(ours["std:setting"])
+    assert _check_ids() and _check_ids() == set(ours["std:check"])
+    assert _metric_names() and _metric_names() == set(ours["std:metric"])
+    assert {f"redlock {a}" for a in _subcommands()} == set(ours["std:djadmin"])
+
+
+def test_the_command_reference_names_every_option() -> None:
+    text = (DOCS / "ref" / "commands.md").read_text()
+    for name, parser in _subcommands().items():
+        section = text.split(f"{{djadmin}} redlock {name}", 1)[1].split("{djadmin}", 1)[0]
+        for action in parser._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help"):
+                    assert option in section, f"redlock {name} {option}"
+
+
+# -- the code blocks --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", PYTHON, ids=str)
+def test_every_python_block_compiles(block: Block) -> None:
+    compile(block.source, str(block), "exec")
+
+
+def test_only_fenced_transaction_blocks_are_marked() -> None:
+    """The one marker (until fenced transactions are merged) hides nothing else: every
+    marked block is a fenced transaction's."""
+    marked = [b for b in ALL if b.needs]
+    assert {b.needs for b in marked} <= {NEEDS}
+    for block in marked:
+        assert re.search(r"atomic\b|StaleFence", block.source), block
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON if b.is_settings], ids=str)
+def test_every_settings_block_is_valid(block: Block) -> None:
+    applied = apply_settings(block.source, project_settings())
+    # The reader's own apps ("shop") exist in their project: the code test makes them.
+    applied.pop("INSTALLED_APPS", None)
+    if "DJANGO_REDLOCK" in applied:  # valid backends and keys: what startup checks
+        with override_settings(CACHES=applied.get("CACHES", project_settings()["CACHES"])):
+            assert LockHandler(applied["DJANGO_REDLOCK"]).settings
+    with override_settings(**applied):
+        assert check_unknown_settings() == []  # every setting name is one the app reads
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("group", RUNNABLE_GROUPS)
+def test_every_code_block_runs(group: str, redis_server: RedisServer, tmp_path: Path) -> None:
+    """A page's blocks run in order, as a reader runs them (tests/docs_runner.py)."""
+    shell = run_group(GROUPS[group], redis_server, tmp_path)
+    if group == "tutorial":  # what the tutorial says happens, happens
+        assert len(shell["tickets"]) == 5  # 8 buyers, 5 tickets, never more sold
+        assert shell["skipped"](shell["duplicate"])["redlock"] == "duplicate_skipped"
+        assert shell["refund"].owned() is False and shell["refund"].lost
+
+
+# -- the shell blocks -------------------------------------------------------------------------
+
+
+def _extras() -> set[str]:
+    text = (ROOT / "setup.cfg").read_text().split("[options.extras_require]", 1)[1]
+    return set(re.findall(r"^(\w+) =", text.split("\n[", 1)[0], re.M))
+
+
+def _make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+
+
+def _check_redlock(args: list[str], synopsis: bool) -> None:
+    commands = _subcommands()
+    assert args and args[0] in commands, f"no redlock action {args[:1]}"
+    parser = commands[args[0]]
+    if synopsis:  # "list [--backend ALIAS] ...": every option named exists
+        known = {o for a in parser._actions for o in a.option_strings}
+        named = [w.strip("[]") for w in args[1:] if w.strip("[]").startswith("--")]
+        assert set(named) <= known, f"redlock {args[0]}: {set(named) - known}"
+    else:
+        parser.parse_args(args[1:])  # SystemExit on anything it does not take
+
+
+def _check_command(words: list[str], synopsis: bool) -> None:
+    if words[0] == "sudo":
+        words = words[1:]
+    head = words[0]
+    if head in (".", "cd", "export", "echo", "redis-server"):
+        return
+    if head == "make":
+        assert words[1] in _make_targets(), f"no make target {words[1]}"
+    elif head == "pip" or words[:3] == ["python", "-m", "pip"]:
+        for word in words:
+            for extras in re.findall(r"\[([\w,]+)\]", word):
+                assert set(extras.split(",")) <= _extras(), word
+    elif words[:3] == ["python", "-m", "build"] or words[:3] == ["python", "-m", "venv"]:
+        return
+    elif head == "apt-get":
+        assert words[1] == "install" and set(words[2:]) <= {"redis-server", "chromium", "tmux"}
+    elif head == "django-admin":
+        assert words[1] == "startproject"
+    elif words[:2] == ["python", "manage.py"]:
+        if words[2] == "redlock":
+            _check_redlock(words[3:], synopsis)
+        else:
+            assert words[2] in get_commands(), f"no manage.py command {words[2]}"
+    elif head == "celery":
+        assert words[1] == "-A" and words[3] in ("worker", "beat"), words
+        if "--scheduler" in words:
+            path = words[words.index("--scheduler") + 1]
+            module, _, name = path.rpartition(".")
+            assert hasattr(__import__(module, fromlist=[name]), name), path
+    else:
+        raise AssertionError(f"a command these tests do not know how to check: {words}")
+
+
+@pytest.mark.parametrize("block", SHELL, ids=str)
+def test_every_shell_command_exists(block: Block) -> None:
+    """Shell blocks are not run (they install, start servers, ...), but every command,
+    make target, pip extra, manage.py command, option and scheduler they name exists."""
+    for line in block.source.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        synopsis = "[" in line.split("#")[0] and "redlock" in line
+        for part in re.split(r"\s(?:\|\||&&|\|)\s", line):
+            words = shlex.split(part, comments=True)
+            if words and not words[0].startswith(("REDIS_SERVER=", "CAMPAIGN_")):
+                _check_command(words, synopsis)
+
+
+def test_every_promql_query_names_metrics_that_exist() -> None:
+    queries = [b for b in ALL if b.lang == "promql"]
+    assert queries
+    series = _metric_names() | {f"{m}_bucket" for m in _metric_names()}
+    for block in queries:
+        assert set(re.findall(r"\bredlock_\w+", block.source)) <= series, block
+
+
+# -- what the docs quote, and where they link -------------------------------------------------
+
+
+def _bench_scenarios() -> set[str]:
+    table = (ROOT / "bench" / "README.md").read_text()
+    return {row.split("|")[1].strip() for row in table.splitlines() if row.startswith("| ")}
+
+
+def test_every_quoted_figure_names_its_bench_scenario() -> None:
+    """A figure from `make bench` says "(bench: <scenario>)", with the scenario as the first
+    column of bench/README.md's table names it."""
+    scenarios = _bench_scenarios()
+    cited = []
+    for page in PAGES:
+        text = re.sub(r"\s+", " ", page.read_text())
+        for scenario in re.findall(r"\(bench: ((?:[^()]|\([^()]*\))+)\)", text):
+            cited.append(scenario)
+            assert scenario in scenarios, f"{page.name}: no bench scenario {scenario!r}"
+    assert len(cited) >= 15
+
+
+#: The README's sections before it shrank (GitHub's anchors of its headings), and those of
+#: docs/choosing-a-backend.md: each is still an anchor in the site.
+OLD_ANCHORS = [
+    "quick-start",
+    "install",
+    "settings",
+    "using-locks",
+    "reentrant-locks",
+    "fair-locks",
+    "semaphores-at-most-n-at-once",
+    "read-write-locks-many-readers-or-one-writer",
+    "which-one",
+    "asyncio",
+    "redis-pys-lock-api-django_redlockcompat",
+    "celery-single_instance",
+    "what-a-duplicate-leaves-in-the-result-backend",
+    "retries-and-redelivered-messages",
+    "helpers",
+    "celery-beat-with-standbys",
+    "views-lock_view",
+    "admin-management-command-incidents",
+    "held-locks-in-the-django-admin",
+    "managepy-redlock",
+    "lock-incidents",
+    "the-watchdog-and-losing-a-lock",
+    "exceptions-signals-logging",
+    "observing-locks",
+    "metrics",
+    "traces",
+    "lock-health-in-the-admin",
+    "managepy-redlock-top",
+    "how-it-works-and-why-each-step-is-there",
+    "performance",
+    "testing-your-project",
+    "development",
+    "choosing-a-backend",
+    "the-rule-a-lock-makes-work-efficient-a-fencing-token-makes-it-correct",
+    "at-a-glance",
+    "single-redis-redisbackend-djangoredisbackend",
+    "sentinel-sentinelbackend",
+    "cluster-redisclusterbackend",
+    "redlock-redlockbackend",
+    "in-process-locmembackend",
+    "valkey",
+]
+
+
+def test_every_moved_section_keeps_its_anchor(built: Path) -> None:
+    """In the README still, or in the site (a link to README.md#fair-locks finds the
+    section on the docs page with the same anchor)."""
+    ids: set[str] = github_anchors(README)
+    for html in built.rglob("*.html"):
+        ids |= set(re.findall(r'\sid="([^"]+)"', html.read_text()))
+    assert [a for a in OLD_ANCHORS if a not in ids] == []
+
+
+# -- the tutorial in a browser ----------------------------------------------------------------
+
+
+def test_the_tutorial_renders_in_a_browser(built: Path, browser: Any) -> None:  # noqa: F811
+    """Debian's chromium opens the built tutorial from disk: its title, the navigation to
+    the other parts and guides, and a highlighted code block."""
+    from .test_browser import ARTIFACTS
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto((built / "tutorial" / "part2.html").as_uri())
+    assert page.title().startswith("Part 2: a ticket sale that never oversells")
+    assert page.locator("h1").inner_text().startswith("Part 2: a ticket sale")
+    navigation = page.locator(".sidebar-tree")
+    assert navigation.is_visible()
+    for text in ("Tutorial", "Part 1: install, and a first lock", "Topic guides", "Reference"):
+        assert navigation.get_by_text(text, exact=True).count() >= 1, text
+    code = page.locator("div.highlight-python pre").first
+    assert code.is_visible() and "from django.db import models" in code.inner_text()
+    assert code.locator("span.kn").count() > 0  # highlighted: keywords are marked up
+    caption = page.locator(".code-block-caption").first
+    assert caption.inner_text().strip().startswith("shop/models.py")
+    page.get_by_role(
+        "link", name="Part 3: a Celery task that never runs twice at once"
+    ).first.click()
+    page.wait_for_url("**/tutorial/part3.html")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "docs-tutorial.png"))
