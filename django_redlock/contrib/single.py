@@ -337,8 +337,10 @@ def take(
 
 def run_held(held: BaseLock, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Run the body under ``held`` and release it on every outcome."""
-    # atomic= (fenced transactions) goes here: the body then runs in held.atomic(...), so the
-    # transaction ends before the release below.
+    # atomic= (fenced transactions, being built) belongs here, once SingleInstance has the
+    # field (checked in single_instance(): not with limit=N): the body then runs in
+    # held.atomic(using=...), so its transaction ends before the release below. Celery's and
+    # Django Tasks' runs both come through here.
     try:
         result = func(*args, **kwargs)
     except BaseException:  # Retry, Ignore, Reject, SoftTimeLimitExceeded, errors: all release
@@ -384,3 +386,15 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
 
         return run_celery(config, args, kwargs)
     return tasks.run(config, None, args, kwargs)
+
+
+__all__ = [
+    "AlreadyQueued",
+    "SingleInstance",
+    "duplicate_skipped",
+    "hold_of",
+    "run_held",
+    "single_instance",
+    "skipped",
+    "take",
+]
