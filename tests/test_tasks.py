@@ -4,6 +4,7 @@ the ImmediateBackend in this process for what needs no worker."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -229,6 +230,14 @@ def test_dedupe_queued_returns_the_first_result_while_queued_and_running(
     last = finished(tasks_jobs.deduped.enqueue(1))
     assert last.id not in (first.id, later.id) and last.return_value == "ran"
     assert r.lrange("dedupe:ran", 0, -1)[2:] == ["1", "1"]
+
+
+def test_aenqueue_dedupes_as_enqueue(workers: list[Worker], redis_server: RedisServer) -> None:
+    first = asyncio.run(tasks_jobs.deduped.aenqueue(9))
+    again = asyncio.run(tasks_jobs.deduped.aenqueue(n=9))  # queued or running: the same run
+    assert again.id == first.id
+    redis(redis_server).set("dedupe:open", 1)
+    assert finished(first).return_value == "ran"
 
 
 # -- a killed worker (last: it kills one of the module's workers) --------------------------
