@@ -16,9 +16,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # Celery is an optional extra: import it only when asked for.
+    # For Celery and Django's Tasks framework alike; neither is imported until a call needs it.
     if name == "single_instance":
-        from .contrib.celery import single_instance
+        from .contrib.single import single_instance
 
         return single_instance
     raise AttributeError(f"module 'django_redlock' has no attribute {name!r}")

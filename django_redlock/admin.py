@@ -72,7 +72,7 @@ class Row:
         h = self.info.holder
         where = f"{h.get('h', '?')} pid {h.get('p', '?')} {h.get('t', '')}".strip()
         if h.get("k"):
-            return f"Celery task {h['k']} ({h.get('n', '')}) on {where}"
+            return f"task {h['k']} ({h.get('n', '')}) on {where}"  # Celery's or Django's
         return where
 
 

@@ -160,8 +160,6 @@ def connect() -> None:
     lock_lost.connect(_on_lost, dispatch_uid="redlock-incidents-lost")
     acquire_timed_out.connect(_on_timeout, dispatch_uid="redlock-incidents-timeout")
     quorum_not_reached.connect(_on_quorum, dispatch_uid="redlock-incidents-quorum")
-    try:
-        from .contrib.celery import duplicate_skipped
-    except ImportError:  # Celery is an optional extra
-        return
+    from .contrib.single import duplicate_skipped  # Celery's and Django Tasks' duplicates
+
     duplicate_skipped.connect(_on_duplicate, dispatch_uid="redlock-incidents-duplicate")

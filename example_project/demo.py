@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from types import FrameType
 
@@ -138,6 +139,20 @@ def main() -> int:
             " other stands by; the home page shows which one leads",
             flush=True,
         )
+        if find_spec("django_tasks_db") and (
+            find_spec("django.tasks") or find_spec("django_tasks")
+        ):
+            manage(
+                env, "shell", "-v", "0", "-c", "from shop.jobs import count_twice; count_twice()"
+            )
+            worker = [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "0.5"]
+            children.append(subprocess.Popen(worker, cwd=HERE, env=env))
+        else:
+            print(
+                "demo: django.tasks skipped: it needs django-tasks-db (and on Django < 6.0 the"
+                ' django-tasks backport): pip install "django-redlock[tasks]" django-tasks-db',
+                flush=True,
+            )
         children.append(
             subprocess.Popen(
                 [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],

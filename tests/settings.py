@@ -1,5 +1,9 @@
 """Settings for the test suite. Redis URLs are filled in by conftest once servers run."""
 
+import os
+import tempfile
+from importlib.util import find_spec
+
 SECRET_KEY = "tests-only"
 DEBUG = False
 USE_TZ = True
@@ -68,3 +72,29 @@ def redlock_settings(url: str) -> dict[str, object]:
 
 # Until the suite's own servers run (conftest), every alias points at a port nobody uses.
 globals().update(redlock_settings("redis://127.0.0.1:9/0"))
+
+
+# Django's Tasks framework (tests/test_tasks.py): django-tasks-db's queue lives in a SQLite file
+# of its own (the "tasks" database), shared with the db_worker processes the tests start.
+if find_spec("django_tasks_db"):
+    TASKS_DB = os.environ.setdefault(
+        "REDLOCK_TASKS_DB",
+        os.path.join(tempfile.gettempdir(), f"redlock-tasks-{os.getpid()}.sqlite3"),
+    )
+    INSTALLED_APPS.append("django_tasks_db")
+    DATABASES["tasks"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": TASKS_DB,
+        "TEST": {"NAME": TASKS_DB, "DEPENDENCIES": []},
+        "OPTIONS": {"timeout": 30},  # the workers and the tests take turns writing
+    }
+    DATABASE_ROUTERS = ["tests.tasks_router.TasksRouter"]
+    _TASKS = "django.tasks" if find_spec("django.tasks") else "django_tasks"
+    TASKS = {
+        "default": {
+            "BACKEND": "django_redlock.contrib.tasks.DedupeQueuedBackend",
+            "WRAPS": "django_tasks_db.DatabaseBackend",
+        },
+        "immediate": {"BACKEND": f"{_TASKS}.backends.immediate.ImmediateBackend"},
+        "plain": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+    }

@@ -66,6 +66,12 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
             time.sleep(0.2)
         runs = [r.decode() for r in locks_db.lrange("shop:exports:runs", 0, -1)]
         assert all(int(r.rsplit(" with ", 1)[1].split()[0]) <= 2 for r in runs), runs
+        # django.tasks: a stock count enqueued twice at start is queued once; db_worker runs it.
+        assert any("queued once" in x and ", the same)" in x for x in demo.lines), demo.lines
+        while locks_db.llen("demo:counts") < 1:
+            assert time.monotonic() < deadline + 30, "the demo's db_worker ran no stock count"
+            time.sleep(0.2)
+        assert locks_db.llen("demo:counts") == 1
     finally:
         output = demo.stop()
     assert "demo: stopped" in output

@@ -1,6 +1,7 @@
 """A small shop that sells the last tickets without overselling them."""
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -99,3 +100,17 @@ LOGGING = {
     # Not propagated: the Celery worker's root handler would print every line a second time.
     "loggers": {"django_redlock": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }
+
+# Django's Tasks framework (django.tasks, or the django-tasks backport before Django 6.0) with
+# django-tasks-db's queue in the database: `make demo` runs its db_worker (see shop/jobs.py).
+TASKS_DEMO = bool(
+    find_spec("django_tasks_db") and (find_spec("django.tasks") or find_spec("django_tasks"))
+)
+if TASKS_DEMO:
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {
+        "default": {
+            "BACKEND": "django_redlock.contrib.tasks.DedupeQueuedBackend",
+            "WRAPS": "django_tasks_db.DatabaseBackend",
+        }
+    }

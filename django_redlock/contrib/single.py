@@ -1,0 +1,446 @@
+"""``@single_instance``: a task that never runs twice at once for the same key, on Celery and
+on Django's Tasks framework alike.
+
+The core both integrations share: the decorator and its settings, the keys (the function's
+path plus its canonical bound arguments, or ``key=``), taking the lock (naming the task run in
+the holder), what a duplicate does, and running the body under the lock, released on every
+outcome. Celery's glue is in :mod:`.celery`, Django Tasks' in :mod:`.tasks`; neither framework
+is imported here until a call needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import decimal
+import enum
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar, cast
+
+from django.dispatch import Signal
+
+from ..backends.base import LockInfo
+from ..exceptions import LockError, LockNotAcquired
+from ..handler import DEFAULT_LOCK_ALIAS, locks
+from ..identity import current_task as holder_task
+from ..locking import BaseLock, Lock, Semaphore, name_template
+from ..validation import (
+    MAX_TTL,
+    check_limit,
+    check_name,
+    check_optional_seconds,
+    check_seconds,
+)
+
+logger = logging.getLogger("django_redlock")
+F = TypeVar("F", bound=Callable[..., Any])
+
+ON_DUPLICATE = ("skip", "raise", "retry")
+#: Keys longer than this are hashed (and say so): Redis keys stay short, names stay readable.
+MAX_KEY = 200
+
+#: Sent (sender = the task) when a duplicate was skipped: key, task_id, holder_task_id, using,
+#: redelivered (True: the task's own message delivered again while it runs).
+duplicate_skipped = Signal()
+
+
+@dataclass(frozen=True)
+class SingleInstance:
+    """The settings of one ``@single_instance`` task."""
+
+    func: Callable[..., Any]
+    key: str | Callable[..., str] | None
+    ttl: float | None
+    on_duplicate: str
+    using: str
+    countdown: float
+    dedupe_queued: bool | str  # False, True or "raise"
+    dedupe_ttl: float
+    limit: int | None = None  # at most this many runs of a key at once (a semaphore)
+    #: Every parameter: the arguments of a task Celery built with bind=False.
+    signature: inspect.Signature = field(init=False)
+    #: Without the first parameter, where a bind=True task gets the task itself (whatever the
+    #: parameter's name). Which one applies is known only once Celery built the task.
+    bound_signature: inspect.Signature = field(init=False)
+    _templates: dict[bool, Callable[[tuple, dict], str]] = field(
+        init=False, default_factory=dict, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        signature = inspect.signature(self.func)
+        object.__setattr__(self, "signature", signature)
+        params = list(signature.parameters.values())
+        if params and params[0].kind in (
+            params[0].POSITIONAL_ONLY,
+            params[0].POSITIONAL_OR_KEYWORD,
+        ):
+            params = params[1:]  # else (*args): the task is args[0], and no named argument
+        object.__setattr__(self, "bound_signature", signature.replace(parameters=params))
+        if isinstance(self.key, str):
+            # Checked now over every parameter; over a bound task's own at its first call.
+            name_template(self.key, signature, self.func.__qualname__)
+
+    def key_for(self, task_name: str, args: tuple, kwargs: dict, *, bound: bool) -> str:
+        """The lock name for one call; ``args`` exclude the task a ``bind=True`` task gets."""
+        if callable(self.key):
+            return check_name(self.key(*args, **kwargs))
+        if isinstance(self.key, str):
+            build = self._templates.get(bound)
+            if build is None:
+                signature = self.bound_signature if bound else self.signature
+                build = self._templates[bound] = name_template(self.key, signature, task_name)
+            return build(args, kwargs)
+        call = (self.bound_signature if bound else self.signature).bind(*args, **kwargs)
+        call.apply_defaults()  # f(1), f(a=1) and f() with a=1 are one key
+        values = {
+            name: _canonical(value, name, task_name) for name, value in call.arguments.items()
+        }
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
+        key = f"{task_name}:{canonical}"
+        if len(key) > MAX_KEY:
+            key = f"{task_name}:sha256:{hashlib.sha256(canonical.encode()).hexdigest()}"
+        return key
+
+
+#: What a default key accepts, besides str, int, float, bool, None, lists, tuples and dicts
+#: with str keys: types with one obvious text, the one a JSON message gives the worker.
+CANONICAL_TEXT = (uuid.UUID, decimal.Decimal, datetime.date)  # datetime is a date
+
+
+def _canonical(value: Any, where: str, task_name: str) -> Any:
+    """``value`` as JSON that every process computes alike, or TypeError: a repr would put an
+    address (different in every process) or unstable text into the key."""
+    if isinstance(value, enum.Enum):
+        return _canonical(value.value, where, task_name)
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, (list, tuple)):  # a JSON message makes a tuple a list
+        return [_canonical(v, f"{where}[{i}]", task_name) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        for k in value:
+            if not isinstance(k, str):
+                raise _not_canonical(task_name, where, f"has dict key {k!r}, not a str")
+        return {k: _canonical(v, f"{where}[{k!r}]", task_name) for k, v in value.items()}
+    if isinstance(value, CANONICAL_TEXT):
+        return value.isoformat() if isinstance(value, datetime.date) else str(value)
+    raise _not_canonical(task_name, where, f"is a {type(value).__qualname__}")
+
+
+def _not_canonical(task_name: str, where: str, what: str) -> TypeError:
+    shown = repr(where) if where.isidentifier() else where
+    return TypeError(
+        f"{task_name}: argument {shown} {what}, which has no canonical form for the default lock"
+        " key (str, int, float, bool, None, list, tuple, dict with str keys, UUID, Decimal,"
+        " date, datetime, Enum); pass key= to @single_instance (a template or a callable over"
+        " the arguments) to name the lock"
+    )
+
+
+def single_instance(
+    key: str | Callable[..., str] | None = None,
+    *,
+    ttl: float | None = None,
+    on_duplicate: str = "skip",
+    using: str = DEFAULT_LOCK_ALIAS,
+    countdown: float = 10.0,
+    dedupe_queued: bool | Literal["raise"] = False,
+    dedupe_ttl: float = 3600.0,
+    limit: int | None = None,
+) -> Callable[[F], F]:
+    """Run the task body under a lock named by ``key`` (default: task name + arguments).
+
+    ``key``: a ``str.format`` template over the task's arguments, or a callable taking them.
+    ``on_duplicate``: ``"skip"`` (log, send ``duplicate_skipped``, return the :func:`skipped`
+    sentinel naming the holder: SUCCESS, so ``.get()`` returns at once), ``"raise"``
+    (``LockNotAcquired``: the task fails visibly) or ``"retry"`` (``self.retry`` after
+    ``countdown`` seconds, honouring the task's ``max_retries``). The default key takes
+    arguments that have one canonical form (see :func:`_canonical`); for others pass ``key=``.
+    A ``bind=True`` task's first parameter (whatever its name) is the task, not part of the
+    key.
+
+    ``dedupe_queued`` (the task needs ``base=SingleInstanceTask``): ``True`` makes a ``delay()``
+    of a key that is queued or running return that task's ``AsyncResult`` instead of enqueuing
+    again; ``"raise"`` raises :class:`AlreadyQueued` instead. ``dedupe_ttl``: how long a queue
+    marker lasts past the call's countdown/ETA if the task never starts.
+
+    ``limit=N``: at most N runs of a key at once (a semaphore of N permits instead of a
+    lock); ``on_duplicate`` applies when all N are taken.
+
+    Under Django's ``@task`` (or the ``django-tasks`` backport's) the same rules apply to each
+    task run, keyed by the function's import path, with the holder naming the task result id;
+    ``"retry"`` has no equivalent there (the run fails with TypeError), and ``dedupe_queued``
+    needs the backend wrapped by :class:`django_redlock.contrib.tasks.DedupeQueuedBackend`.
+    """
+    if on_duplicate not in ON_DUPLICATE:
+        raise ValueError(f"on_duplicate must be one of {ON_DUPLICATE}, not {on_duplicate!r}")
+    if key is not None and not callable(key):
+        check_name(key)
+    ttl = check_optional_seconds(ttl, "ttl")
+    countdown = check_seconds(countdown, "countdown", allow_zero=True)
+    dedupe_ttl = check_seconds(dedupe_ttl, "dedupe_ttl", most=MAX_TTL)  # Redis' PX bound
+    if dedupe_queued is not True and dedupe_queued is not False and dedupe_queued != "raise":
+        raise ValueError(f'dedupe_queued must be True, False or "raise", not {dedupe_queued!r}')
+    if not isinstance(using, str):
+        raise TypeError(f"using must be a backend alias (str), not {using!r}")
+    if limit is not None:
+        limit = check_limit(limit)
+        if dedupe_queued:
+            # One queue marker per key, while N may run: "already queued" would refuse the
+            # 2nd of N runs the limit allows.
+            raise ValueError("dedupe_queued does not combine with limit: a key may run N times")
+
+    def decorate(func: F) -> F:
+        _check_decorated(func)
+        config = SingleInstance(
+            func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl, limit
+        )
+
+        @functools.wraps(func)
+        def run_once(*args: Any, **kwargs: Any) -> Any:
+            return _run(config, args, kwargs)
+
+        run_once.__redlock__ = config  # type: ignore[attr-defined]
+        return cast(F, run_once)
+
+    return decorate
+
+
+def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
+    """Take the task's lock or permit; if not, who holds the key.
+
+    An earlier attempt of this very task holds it only while its ``self.retry()`` propagates:
+    Celery publishes the retry (same task id, one more ``retries``) before the lock is
+    released on the way out. That attempt is about to release: wait for it (at most the
+    lock's TTL, should it have died right there). The same attempt holding it is a message
+    delivered again while its task runs: a duplicate, never a second run.
+    """
+    backend = held.backend
+    for _ in range(2):  # a second try if it was freed between the try and the look
+        if held.acquire(blocking=False):
+            return _alone(held, task_id, attempt)
+        info = backend.inspect(held.name)
+        if info is None:
+            continue
+        own = _attempts_holding(info, task_id)
+        if own and max(own) < attempt:
+            if held.acquire(timeout=held.lock_ttl):
+                return _alone(held, task_id, attempt)
+            return False, backend.inspect(held.name)
+        return False, info
+    return False, None
+
+
+def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
+    """Keep a permit only if no other hold of this task id runs. A lock has one holder:
+    taking it told already. A semaphore has free permits for a copy of a running task's
+    message (or for its retry) too: look at the other permits once this one is taken."""
+    if not task_id or not isinstance(held, Semaphore):
+        return True, None
+    mine = held.fence or 0
+    deadline = time.monotonic() + held.lock_ttl
+    try:
+        while True:
+            info = held.backend.inspect(held.name)
+            earlier = False
+            for lease in info.holders if info is not None else []:
+                other = hold_of(lease.token)
+                if lease.token == held.token or other is None or other[0] != task_id:
+                    continue
+                # The same attempt that took its permit first runs (of copies taking permits
+                # at once, each sees the other and one, by fence order, stays); a later
+                # attempt runs rather than an older one; an earlier one is on its way out.
+                if other[1] > attempt or (other[1] == attempt and (lease.fence or 0) < mine):
+                    held.release()
+                    return False, info
+                earlier = True
+            if not earlier:
+                return True, None
+            if time.monotonic() >= deadline:  # as a lock's wait for it: given up at the TTL
+                held.release()
+                return False, info
+            time.sleep(0.05)  # an earlier attempt releases in a moment (see _take)
+    except BaseException:
+        with contextlib.suppress(LockError):
+            held.release()
+        raise
+
+
+def _attempts_holding(info: LockInfo | None, task_id: str | None) -> list[int]:
+    """The attempts of ``task_id`` holding the key (a lock's one hold, a semaphore's
+    permits), from its hold tokens."""
+    if info is None or not task_id:
+        return []
+    holds = info.holders or [info]
+    parsed = [hold_of(hold.token) for hold in holds]
+    return [found[1] for found in parsed if found is not None and found[0] == task_id]
+
+
+def _prefix(task_id: str | None, attempt: int = 0) -> str | None:
+    # "<task id>.<attempt>." then the random part, which never contains a ".".
+    return f"{task_id}.{attempt}." if task_id else None
+
+
+def hold_of(token: str | None) -> tuple[str, int] | None:
+    """The task id and attempt (``request.retries``) a task's hold token names:
+    ``<task id>.<attempt>.<random>`` (task ids may contain dots; the other parts do not)."""
+    if not token:
+        return None
+    head, dot, _ = token.rpartition(".")
+    task_id, dot2, attempt = head.rpartition(".")
+    if not dot or not dot2 or not task_id or not attempt.isdigit():
+        return None
+    return task_id, int(attempt)
+
+
+#: What a skipped duplicate returns (``on_duplicate="skip"``): a plain dict, so any result
+#: serializer keeps it, and ``.get()`` returns it at once. Tell it apart with :func:`skipped`.
+SKIPPED = "duplicate_skipped"
+
+
+def skipped(value: Any) -> dict[str, Any] | None:
+    """The details (``key``, ``task_id``, ``holder_task_id``) if ``value``, a task's result,
+    is a skipped duplicate's; else None."""
+    if isinstance(value, dict) and value.get("redlock") == SKIPPED:
+        return value
+    return None
+
+
+def _duplicate(
+    config: SingleInstance, task: Any, key: str, task_id: str | None, info: LockInfo | None
+) -> Any:
+    holder = info.holder.get("k") if info is not None else None
+    if info is not None and info.holders:  # a semaphore's: every holding task
+        holder = ", ".join(str(h.holder.get("k")) for h in info.holders)
+    message = f"task {task_id} not run: {key!r} is held by task {holder}"
+    if config.on_duplicate == "raise":
+        raise LockNotAcquired(f"{message} (backend {config.using!r})")
+    if config.on_duplicate == "retry" and task is not None:
+        raise task.retry(countdown=config.countdown, exc=LockNotAcquired(message))
+    logger.info("redlock: skipped duplicate: %s", message)
+    duplicate_skipped.send_robust(
+        sender=task, key=key, task_id=task_id, holder_task_id=holder, using=config.using,
+        redelivered=False,
+    )  # fmt: skip
+    return {"redlock": SKIPPED, "key": key, "task_id": task_id, "holder_task_id": holder}
+
+
+class AlreadyQueued(LockError):
+    """``dedupe_queued="raise"``: a call of a key that is queued or running already, as the
+    task ``task_id``."""
+
+    def __init__(self, message: str, task_id: str = "") -> None:
+        super().__init__(message)
+        self.task_id = task_id
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its task id (a task may raise it)
+        return (type(self), (str(self), self.task_id))
+
+
+def _clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
+    backend = locks[config.using]
+    try:
+        backend.execute(backend.op_clear_queued(key, task_id))
+    except LockError as exc:  # the marker then expires at its TTL; the run goes on
+        logger.warning("redlock: could not clear the queue marker of %r: %s", key, exc)
+
+
+# -- one run: take the lock, run the body, release (the same for Celery and Django Tasks) ---
+
+
+def take(
+    config: SingleInstance, key: str, task_id: str | None, task_name: str, attempt: int = 0
+) -> tuple[BaseLock, bool, LockInfo | None]:
+    """Take ``key``'s lock for one run (its holder names the run: ``task_id``, ``task_name``)
+    and clear the run's queue marker; return the lock, whether it is held, and if not, who
+    holds it."""
+    held: BaseLock
+    if config.limit is None:
+        held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id, attempt))
+    else:
+        held = Semaphore(key, config.limit, ttl=config.ttl, using=config.using,
+                         token_prefix=_prefix(task_id, attempt))  # fmt: skip
+    marker = holder_task.set((task_id, task_name) if task_id else None)
+    try:
+        acquired, info = _take(held, task_id, attempt)
+    finally:
+        holder_task.reset(marker)
+    if config.dedupe_queued and task_id:
+        # Not queued any more. Cleared once the lock is taken, so a delay() meanwhile finds
+        # the marker or the hold. (One that looked for the hold before it was taken and marks
+        # after this still enqueues a duplicate: the lock then excludes it, nothing is lost.)
+        _clear_queued_marker(config, key, task_id)
+    return held, acquired, info
+
+
+def run_held(held: BaseLock, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run the body under ``held`` and release it on every outcome."""
+    # atomic= (fenced transactions, being built) belongs here, once SingleInstance has the
+    # field (checked in single_instance(): not with limit=N): the body then runs in
+    # held.atomic(using=...), so its transaction ends before the release below. Celery's and
+    # Django Tasks' runs both come through here.
+    try:
+        result = func(*args, **kwargs)
+    except BaseException:  # Retry, Ignore, Reject, SoftTimeLimitExceeded, errors: all release
+        with contextlib.suppress(LockError):  # the body's exception says more
+            held.release()
+        raise
+    held.release()  # LockLost if the hold was lost meanwhile: the task fails visibly
+    return result
+
+
+# -- which framework runs a call ------------------------------------------------------------
+
+
+def _check_decorated(func: Any) -> None:
+    """Refuse what this decorator cannot protect: a task object (it belongs under the task
+    decorator, on the function) or a coroutine function."""
+    from . import tasks
+
+    if "celery" in sys.modules:  # a Celery task exists only once Celery is imported
+        from .celery import _check_decorated as check_celery
+
+        check_celery(func)
+    tasks.check_decorated(func)
+    if not callable(func):
+        raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
+    if inspect.iscoroutinefunction(func):
+        raise TypeError(
+            f"@single_instance decorates a plain function, not the coroutine function"
+            f" {func.__qualname__}: its lock would be released before the coroutine runs"
+        )
+
+
+def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
+    """One call of a ``@single_instance`` function: as the Django task run it is, else as the
+    Celery task run it is (or a direct call, under the lock without a task id)."""
+    from . import tasks
+
+    run = tasks.current_run(config, args)
+    if run is not None:
+        return tasks.run(config, run, args, kwargs)
+    if "celery" in sys.modules:
+        from .celery import _run as run_celery
+
+        return run_celery(config, args, kwargs)
+    return tasks.run(config, None, args, kwargs)
+
+
+__all__ = [
+    "AlreadyQueued",
+    "SingleInstance",
+    "duplicate_skipped",
+    "hold_of",
+    "run_held",
+    "single_instance",
+    "skipped",
+    "take",
+]

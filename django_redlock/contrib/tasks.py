@@ -1,0 +1,327 @@
+"""``@single_instance`` under Django's Tasks framework (``django.tasks``, Django 6.0+, or the
+``django-tasks`` backport on 4.2-5.2), and queue-time dedupe for its backends.
+
+The rules are Celery's (:mod:`.single` holds the shared core); what differs is how a run is
+known. A worker sends ``task_started`` with the run's ``TaskResult`` just before it calls the
+function, in the thread that calls it (Django's ``ImmediateBackend``, django-tasks-db's
+``db_worker``), and ``task_finished`` after; a ``takes_context=True`` task also gets it as
+``context.task_result``. The holder of the lock then names the task result id.
+
+Queue-time dedupe needs a hook before a run is queued. The framework has one:
+``BaseTaskBackend.enqueue``, so :class:`DedupeQueuedBackend` wraps the configured backend (a
+subclass of it, so ``db_worker`` and ``isinstance`` checks still accept it). A ``Task``
+subclass would not do: ``@task`` builds the backend's ``task_class``, itself a backend choice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import importlib
+import json
+import logging
+import secrets
+import sys
+from contextvars import ContextVar
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from ..exceptions import LockError, LockNotAcquired
+from ..handler import locks
+from ..locking import Lock
+from ..validation import to_ms
+from .single import AlreadyQueued, SingleInstance, _clear_queued_marker, _duplicate, run_held, take
+
+logger = logging.getLogger("django_redlock")
+
+#: Django's own (6.0+) and the backport: either may run a task, and both may be installed.
+FRAMEWORKS = ("django.tasks", "django_tasks")
+
+#: The runs this thread is in, innermost last, each from ``task_started`` to ``task_finished``
+#: (the ImmediateBackend runs a task enqueued by a running one inside it).
+_current: ContextVar[tuple[Any, ...]] = ContextVar("redlock_task_runs", default=())
+_connected: set[str] = set()
+
+
+def _loaded(module: str) -> list[Any]:
+    """``module`` (e.g. ``"base"``) of each Tasks framework imported so far."""
+    return [
+        sys.modules[f"{name}.{module}"] for name in FRAMEWORKS if f"{name}.{module}" in sys.modules
+    ]
+
+
+def connect() -> None:
+    """Follow the runs of every Tasks framework imported so far (idempotent). Called when a
+    function is decorated (its module imported ``task`` already) and by the dedupe backend."""
+    for name in FRAMEWORKS:
+        if name in sys.modules and name not in _connected:
+            signals = importlib.import_module(f"{name}.signals")
+            signals.task_started.connect(_started, weak=False, dispatch_uid=f"redlock:{name}")
+            signals.task_finished.connect(_finished, weak=False, dispatch_uid=f"redlock:{name}")
+            _connected.add(name)
+
+
+def _started(sender: Any = None, task_result: Any = None, **_: Any) -> None:
+    if task_result is not None:
+        _current.set((*_current.get(), task_result))
+
+
+def _finished(sender: Any = None, task_result: Any = None, **_: Any) -> None:
+    if task_result is None:
+        return
+    runs = _current.get()
+    if runs and runs[-1].id == task_result.id:
+        _current.set(runs[:-1])
+    _forget_queued(task_result)
+
+
+def config_of(func: Any) -> SingleInstance | None:
+    return getattr(func, "__redlock__", None)
+
+
+def check_decorated(func: Any) -> None:
+    """Refuse a Django ``Task``: above ``@task`` this decorator would wrap the Task object,
+    while the worker calls the function it was built from, unprotected."""
+    if any(isinstance(func, base.Task) for base in _loaded("base")):
+        raise TypeError(
+            "@single_instance must be placed directly under Django's @task (it decorates the"
+            " task's function): above it, it would wrap the Task object, which the worker never"
+            " calls, and the task would run unprotected. Write:\n"
+            "    @task()\n    @single_instance(...)\n    def my_task(...):"
+        )
+    connect()
+
+
+def current_run(config: SingleInstance, args: tuple) -> tuple[Any, bool] | None:
+    """The ``TaskResult`` of the Django task run calling ``config``'s function, if any, and
+    whether the function got the run's context as its first argument."""
+    first = args[0] if args else None
+    if first is not None and any(isinstance(first, base.TaskContext) for base in _loaded("base")):
+        result = first.task_result
+        return (result, True) if config_of(result.task.func) is config else None
+    runs = _current.get()
+    # Another task's body calling this function directly is no run of this task.
+    if runs and config_of(runs[-1].task.func) is config:
+        return runs[-1], False
+    return None
+
+
+def run(config: SingleInstance, current: tuple[Any, bool] | None, args: tuple, kwargs: dict) -> Any:
+    """One run (``current`` from :func:`current_run`), or a direct call (None): the body runs
+    under the key's lock, which names the task result id, and is released on every outcome."""
+    func = config.func
+    task_name = f"{func.__module__}.{func.__qualname__}"
+    result, with_context = current if current is not None else (None, False)
+    task_id = str(result.id) if result is not None else None
+    if result is not None:
+        _check_run(config, result.task)
+    key = config.key_for(task_name, args[1:] if with_context else args, kwargs, bound=with_context)
+    held, acquired, info = take(config, key, task_id, task_name)
+    if not acquired:
+        return _duplicate(config, result.task if result is not None else None, key, task_id, info)
+    return run_held(held, func, args, kwargs)
+
+
+def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
+    """The lock name that ``task.enqueue(*args, **kwargs)`` runs under (a Django ``Task`` whose
+    function is decorated with ``@single_instance``; ``args`` without the context)."""
+    config = config_of(getattr(task, "func", None))
+    if config is None:
+        raise TypeError(f"{task!r} is not a Django task decorated with @single_instance")
+    return config.key_for(task.module_path, args, kwargs, bound=task.takes_context)
+
+
+def _check_run(config: SingleInstance, task: Any) -> None:
+    if config.on_duplicate == "retry":
+        raise TypeError(
+            f"{task.module_path}: on_duplicate='retry' needs Celery's task retries; Django's"
+            ' Tasks framework has none: use on_duplicate="skip" or "raise"'
+        )
+    if config.dedupe_queued and not isinstance(task.get_backend(), DedupeQueuedMixin):
+        raise TypeError(
+            f"{task.module_path}: dedupe_queued needs its backend ({task.backend!r}) wrapped"
+            ' for it: TASKS = {"...": {"BACKEND": "django_redlock.contrib.tasks.'
+            'DedupeQueuedBackend", "WRAPS": "<the backend>", ...}} (without it every enqueue()'
+            " is queued)"
+        )
+
+
+# -- queue-time deduplication ---------------------------------------------------------------
+
+#: The enqueues of one key take turns under this lock (briefly: while one enqueues).
+ENQUEUE_TTL = 30.0
+#: A queue marker noted before the task result id is known (the backend makes the id).
+RESERVED = "redlock-enqueuing:"
+
+
+class DedupeQueuedMixin:
+    """Mixed into a Tasks backend: an ``enqueue()`` of a ``dedupe_queued`` task whose key is
+    queued or running returns that run's ``TaskResult`` (or raises :class:`AlreadyQueued`)
+    instead of queueing another. Other tasks are enqueued as the backend does."""
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)  # type: ignore[call-arg]
+        connect()
+
+    def validate_task(self, task: Any) -> None:
+        super().validate_task(task)  # type: ignore[misc]
+        config = config_of(task.func)
+        if config is not None:
+            _check_run(config, task)  # at import: @task() builds the Task
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        config = config_of(task.func)
+        if config is None or not config.dedupe_queued:
+            return super().enqueue(task, args, kwargs)  # type: ignore[misc]
+        return self._enqueue_once(config, task, tuple(args), dict(kwargs))
+
+    async def aenqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        config = config_of(task.func)
+        if config is None or not config.dedupe_queued:
+            return await super().aenqueue(task, args, kwargs)  # type: ignore[misc]
+        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+
+    def _enqueue_once(self, config: SingleInstance, task: Any, args: tuple, kwargs: dict) -> Any:
+        # The key the run will compute, from the arguments as the run gets them (JSON).
+        key = config.key_for(task.module_path, *_as_stored(args, kwargs), bound=task.takes_context)
+        backend = locks[config.using]
+        # Enqueues of a key take turns, so the marker can name the task result id, which the
+        # backend makes only while it queues the run (an atomic note would need the id first).
+        turn = Lock(f"{key}:enqueue", ttl=ENQUEUE_TTL, using=config.using)
+        if not turn.acquire(timeout=ENQUEUE_TTL):
+            raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
+        try:
+            running = backend.inspect(key)
+            holder = running.holder.get("k") if running is not None else None
+            existing = self._existing(config, task, key, holder) if holder else None
+            if existing is not None:
+                return existing
+            reservation = f"{RESERVED}{secrets.token_urlsafe(9)}"
+            for _ in range(2):  # once more after clearing a stale marker
+                found = backend.execute(
+                    backend.op_mark_queued(key, reservation, to_ms(ENQUEUE_TTL))
+                )
+                if found is None:
+                    break  # noted: ours to enqueue
+                existing = self._existing(config, task, key, found)
+                if existing is not None:
+                    return existing
+                _clear_queued_marker(config, key, found)  # gone, finished or abandoned
+            else:
+                raise LockError(f"{task.module_path}: could not note {key!r} as queued")
+            try:
+                result = super().enqueue(task, args, kwargs)  # type: ignore[misc]
+            except BaseException:
+                _clear_queued_marker(config, key, reservation)
+                raise
+            # Safe in two steps: every enqueue of the key waits for its turn, and a run clears
+            # only its own id.
+            _clear_queued_marker(config, key, reservation)
+            wait = _queue_wait(task) + config.dedupe_ttl
+            backend.execute(backend.op_mark_queued(key, str(result.id), to_ms(wait)))
+            if self._finished(result):  # it ran before its id was noted: nothing is queued
+                _clear_queued_marker(config, key, str(result.id))
+            return result
+        finally:
+            turn.release()
+
+    def _existing(self, config: SingleInstance, task: Any, key: str, found: str) -> Any:
+        """The queued or running run ``found`` names, or None if there is none (any more)."""
+        if found.startswith(RESERVED):
+            return None  # left by an enqueue that died in its turn
+        message = (
+            f"{task.module_path} not enqueued: {key!r} is queued or running already as task"
+            f" result {found} (backend {config.using!r})"
+        )
+        try:
+            result = self.get_result(found)  # type: ignore[attr-defined]
+        except NotImplementedError:  # a backend that keeps no results: say which run it is
+            raise AlreadyQueued(f"{message}; this backend cannot return it", found) from None
+        except tuple(errors.TaskResultDoesNotExist for errors in _loaded("exceptions")):
+            return None
+        if result.is_finished:
+            return None
+        if config.dedupe_queued == "raise":
+            raise AlreadyQueued(message, found)
+        return result
+
+    def _finished(self, result: Any) -> bool:
+        if result.is_finished:
+            return True
+        if not getattr(self, "supports_get_result", False):
+            return False
+        try:
+            return bool(self.get_result(result.id).is_finished)  # type: ignore[attr-defined]
+        except Exception:  # unknown: the marker stays (the run clears it when it ends)
+            return False
+
+
+class DedupeQueuedBackend:
+    """The ``BACKEND`` of a ``TASKS`` entry that dedupes queued runs; ``"WRAPS"`` names the
+    backend that does the work (its ``OPTIONS``, ``QUEUES`` apply as usual)::
+
+        TASKS = {"default": {
+            "BACKEND": "django_redlock.contrib.tasks.DedupeQueuedBackend",
+            "WRAPS": "django_tasks_db.DatabaseBackend",
+        }}
+
+    The backend made is a subclass of the wrapped one (with ``DedupeQueuedMixin``), so
+    its worker (``db_worker --backend default``) and any ``isinstance`` check accept it.
+    """
+
+    def __new__(cls, alias: str, params: dict[str, Any]) -> Any:
+        wrapped = params.get("WRAPS")
+        if not isinstance(wrapped, str) or not wrapped:
+            raise ImproperlyConfigured(
+                f"TASKS[{alias!r}]: DedupeQueuedBackend needs WRAPS, the dotted path of the"
+                f" backend it wraps (e.g. 'django_tasks_db.DatabaseBackend'), not {wrapped!r}"
+            )
+        try:
+            base = import_string(wrapped)
+        except ImportError as exc:
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]: WRAPS {wrapped!r}: {exc}") from exc
+        return _with_dedupe(base)(alias, params)
+
+
+@functools.cache
+def _with_dedupe(base: type) -> type:
+    return type(f"DedupeQueued{base.__name__}", (DedupeQueuedMixin, base), {"__module__": __name__})
+
+
+def _as_stored(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments as a run gets them back: through JSON (a tuple comes back a list)."""
+    try:
+        stored = json.loads(json.dumps([list(args), kwargs]))
+    except (TypeError, ValueError):  # the backend refuses them, with its own message
+        return args, kwargs
+    return tuple(stored[0]), stored[1]
+
+
+def _queue_wait(task: Any) -> float:
+    """Seconds the run waits in the queue by its ``run_after``."""
+    run_after = getattr(task, "run_after", None)
+    if not isinstance(run_after, datetime.datetime):
+        return 0.0
+    now = timezone.now() if timezone.is_aware(run_after) else datetime.datetime.now()
+    return max(0.0, (run_after - now).total_seconds())
+
+
+def _forget_queued(task_result: Any) -> None:
+    """A run ended (whatever its outcome): its queue marker, if still there, goes."""
+    try:
+        config = config_of(task_result.task.func)
+        if config is None or not config.dedupe_queued:
+            return
+        task = task_result.task
+        args, kwargs = tuple(task_result.args), dict(task_result.kwargs)
+        key = config.key_for(task.module_path, args, kwargs, bound=task.takes_context)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return  # not a task of ours any more, or arguments no key fits: nothing was noted
+    _clear_queued_marker(config, key, str(task_result.id))  # logs a failure: it expires
+
+
+__all__ = ["DedupeQueuedBackend", "DedupeQueuedMixin", "connect", "lock_key"]

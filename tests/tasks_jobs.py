@@ -1,0 +1,124 @@
+"""Django Tasks the db_worker processes run (and a few the ImmediateBackend runs in the test
+process); they note what happened in Redis for the tests to read."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+try:
+    from django.tasks import task  # Django 6.0+
+except ImportError:
+    from django_tasks import task  # the backport, on 4.2-5.2
+
+from django_redlock import locks, single_instance
+from django_redlock.contrib.tasks import lock_key
+
+# Count bodies running at once, and the peak, atomically.
+ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+def redis() -> Any:
+    return locks["default"].client  # type: ignore[attr-defined]
+
+
+def body(group: str, tag: str) -> str:
+    """Note the run, then wait until the test opens the group's gate."""
+    redis().eval(ENTER, 2, f"{group}:inside", f"{group}:peak")
+    try:
+        redis().rpush(f"{group}:ran", tag)
+        deadline = time.monotonic() + 60
+        while not redis().exists(f"{group}:open") and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        redis().decr(f"{group}:inside")
+    return "ran"
+
+
+@task()
+@single_instance(key="tasks:overlap:skip", ttl=10, on_duplicate="skip")
+def overlap_skip(tag: str) -> str:
+    return body("skip", tag)
+
+
+@task()
+@single_instance(key="tasks:overlap:raise", ttl=10, on_duplicate="raise")
+def overlap_raise(tag: str) -> str:
+    return body("raise", tag)
+
+
+@task()
+@single_instance(key="tasks:limited", ttl=10, limit=2)
+def limited(tag: str) -> str:
+    return body("limited", tag)
+
+
+@task()
+@single_instance(ttl=10)  # the default key: this function's path and its arguments
+def blocker(tag: str) -> str:
+    return body("block", tag)
+
+
+@task()
+@single_instance(key="tasks:dedupe:{n}", ttl=10, dedupe_queued=True)
+def deduped(n: int, fail: bool = False) -> str:
+    body("dedupe", str(n))
+    if fail:
+        raise RuntimeError("the run failed")
+    return "ran"
+
+
+@task()
+@single_instance(key="tasks:killed:{n}", ttl=2, dedupe_queued=True)
+def killed(n: int) -> str:
+    return body("killed", str(n))  # its gate stays shut: the worker is killed meanwhile
+
+
+# -- run by the ImmediateBackend, in the test process ---------------------------------------
+
+
+def seen(key: str) -> dict[str, Any]:
+    info = locks["default"].inspect(key)
+    return {"key": key, "holder": info.holder if info is not None else None}
+
+
+@task(backend="immediate", takes_context=True)
+@single_instance(ttl=5)
+def with_context(context: Any, a: int, b: int = 2) -> dict[str, Any]:
+    return {**seen(lock_key(with_context, a, b=b)), "id": str(context.task_result.id)}
+
+
+@task(backend="immediate")
+@single_instance(ttl=5)
+def without_context(a: int) -> dict[str, Any]:
+    return seen(lock_key(without_context, a))
+
+
+@task(backend="immediate")
+@single_instance(ttl=5, on_duplicate="retry")
+def retrying() -> None:
+    raise AssertionError("never runs: Django's Tasks have no retry")
+
+
+@task(backend="immediate")
+@single_instance(ttl=5, dedupe_queued=True)
+def dedupe_unwrapped() -> None:
+    raise AssertionError("never runs: its backend does not dedupe")
+
+
+@task(backend="immediate")
+@single_instance(key="tasks:nested", ttl=5, on_duplicate="raise")
+def nested(inner: bool) -> str:
+    if not inner:  # the inner run finds the key held by this one
+        return json.dumps(_outcome(lambda: nested.enqueue(True)))
+    return "inner ran"
+
+
+def _outcome(call: Any) -> Any:
+    result = call()
+    return [result.status, [e.exception_class_path for e in result.errors]]
