@@ -208,14 +208,11 @@ def release_after_commit(lock: BaseLock) -> None:
     finds (lost, or no answer: the hold then runs out at its TTL), nothing is raised. The
     commit stands, in fence order (the lock's row was locked from the check to the commit),
     and raising would invite a retry that applies the work twice."""
-    fence = lock.fence
     try:
         lock.release()
     except LockError as exc:
-        logger.warning(
-            "redlock: %s: the fenced transaction of fence %s committed; then: %s",
-            lock._describe(), fence, exc,
-        )  # fmt: skip
+        logger.warning("redlock: %s: its fenced transaction committed; then: %s",
+                       lock._describe(), exc)  # fmt: skip
 
 
 def _blocks() -> list[tuple[BaseLock, contextlib.ExitStack]]:

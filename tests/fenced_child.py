@@ -57,13 +57,15 @@ def sales(using: str, ticket: int | None = None) -> list[tuple[str, int]]:
         return [(str(b), int(s)) for b, s in cursor.fetchall()]
 
 
-def sell_one(using: str, ticket: int, buyer: str) -> bool:
+def sell_one(using: str, ticket: int, buyer: str, after_read: Any = None) -> bool:
     """Read the stock, and sell a seat if one is left (not atomic by itself)."""
     from django.db import connections
 
     with connections[using].cursor() as cursor:
         cursor.execute("SELECT stock FROM shop_ticket WHERE id = %s", [ticket])
         stock = int(cursor.fetchone()[0])
+        if after_read is not None:
+            after_read()
         if stock <= 0:
             return False
         cursor.execute("UPDATE shop_ticket SET stock = %s WHERE id = %s", [stock - 1, ticket])
@@ -90,8 +92,14 @@ def purchase(
     return sold
 
 
+_say = threading.Lock()
+
+
 def say(*words: object) -> None:
-    print(*words, flush=True)
+    """One whole line (the watchdog thread says LOST while the main thread talks too)."""
+    with _say:
+        sys.stdout.write(" ".join(map(str, words)) + "\n")
+        sys.stdout.flush()
 
 
 def setup(url: str) -> None:
@@ -124,12 +132,12 @@ def buy(args: argparse.Namespace) -> None:
 
 def paused(args: argparse.Namespace) -> None:
     """Take the lock, say so, and wait for a line; then ("before") run the fenced block, or
-    ("inside") run it first and wait in it. Says COMMITTED, or STALE with the error."""
-    from django_redlock import StaleFence, lock
+    ("inside") run it first and wait in it. Says COMMITTED, or REFUSED with the error."""
+    from django_redlock import LockError, lock
     from django_redlock.signals import lock_lost
 
     lock_lost.connect(lambda **kw: say("LOST", kw["reason"]), weak=False)
-    held = lock(args.name, ttl=args.ttl, atomic="default")
+    held = lock(args.name, ttl=args.ttl, atomic="default", auto_renew=not args.no_renew)
     try:
         if args.when == "before":
             held.acquire()
@@ -144,8 +152,8 @@ def paused(args: argparse.Namespace) -> None:
                 sell_one("default", args.ticket, args.buyer)
                 say("INSIDE", held.fence)
                 sys.stdin.readline()
-    except StaleFence as exc:
-        say("STALE", exc)
+    except LockError as exc:
+        say("REFUSED", type(exc).__name__, exc)
         return
     say("COMMITTED")
 
@@ -195,6 +203,7 @@ def main(argv: Any = None) -> None:
     p.add_argument("--ticket", type=int, default=1)
     p.add_argument("--buyer", default="paused")
     p.add_argument("--ttl", type=float, default=1.0)
+    p.add_argument("--no-renew", action="store_true")
     p = sub.add_parser("measure")
     p.add_argument("--threads", type=int, default=6)
     p.add_argument("--purchases", type=int, default=4)

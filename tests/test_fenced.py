@@ -244,9 +244,8 @@ def test_one_statement_of_fence_work_per_block_two_the_first_time(name: str) -> 
     stale = lock(name)
     stale.acquire()
     Fence.objects.filter(key=row_key("default", name)).update(fence=2**62)
-    with CaptureQueriesContext(connection) as refused, pytest.raises(StaleFence):
-        with stale.atomic():
-            pass
+    with CaptureQueriesContext(connection) as refused, pytest.raises(StaleFence), stale.atomic():
+        pass
     assert len(fence_statements(refused)) == 2  # the upsert, then the fence that won
     stale.release()
 
@@ -285,9 +284,8 @@ def test_bad_atomic_arguments() -> None:
         lock_view("x", limit=2, atomic=True)
     with pytest.raises(ValueError, match="names no database"):
         lock_view("x", atomic="nope")
-    with pytest.raises(TypeError, match="exclusive"), semaphore("x", 2, using="local") as held:
-        with held.atomic():
-            pass
+    with semaphore("x", 2, using="local") as held, pytest.raises(TypeError, match="exclusive"):
+        held.atomic().__enter__()
 
 
 def test_single_instance_checks_atomic_when_decorating() -> None:
