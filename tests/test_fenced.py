@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -181,6 +182,27 @@ def test_redis_down_at_the_release_after_a_commit_raises_nothing(
             sell_one(DB, 1, "a")
             server.kill()
         assert sales(DB) == [("a", 10)]  # committed, and no BackendUnavailable to retry on
+
+
+def test_on_redlock_the_fence_is_the_majority_s(name: str, redis_factory: Any) -> None:
+    """Two of three nodes lose the hold and their counters (a failover to empty replicas):
+    the next hold's fence, the majority's, is above the old one, which is refused."""
+    from .test_redlock import quorum_alias
+
+    nodes = [redis_factory() for _ in range(3)]
+    with quorum_alias("quorum", nodes):
+        old = lock(name, using="quorum", ttl=30, auto_renew=False)
+        assert old.acquire()
+        for node in nodes[:2]:
+            node.client().flushall()
+        time.sleep(0.002)  # (a fence in the same ms: the Lua's fence-after-flush fix)
+        with lock(name, using="quorum", ttl=30, atomic=True, timeout=5) as new:
+            sell_one(DB, 1, "new")
+            newer = new.fence
+        assert newer and old.fence and newer > old.fence
+        with pytest.raises(StaleFence), old.atomic():
+            sell_one(DB, 1, "old")
+    assert sales(DB) == [("new", 10)] and recorded("quorum", name) == newer
 
 
 # -- nesting ---------------------------------------------------------------------------------

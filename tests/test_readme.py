@@ -23,10 +23,34 @@ def _placeholder(*args: Any, **kwargs: Any) -> None:
     """A function of the reader's own (``charge(...)``, ``sync()``): the README calls it."""
 
 
+class _Ticket:
+    """The reader's model in "Locks and database transactions" (``Ticket.objects.get(pk=7)``,
+    ``.left``, ``.save()``): a row of the shop table of tests/fenced_child.py, so the
+    README's fenced blocks really write in their transactions."""
+
+    def __init__(self, pk: int, left: int) -> None:
+        self.pk, self.left = pk, left
+
+    class objects:  # the manager's name in Django
+        @staticmethod
+        def get(pk: int) -> _Ticket:
+            from django.db import connection
+
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT stock FROM shop_ticket WHERE id = %s", [pk])
+                return _Ticket(pk, cursor.fetchone()[0])
+
+    def save(self) -> None:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE shop_ticket SET stock = %s WHERE id = %s", [self.left, self.pk])
+
+
 #: Names the README's code uses for the reader's own code and data.
 PLACEHOLDERS = {"charge": _placeholder, "invoice": object(), "sync": _placeholder,
                 "export": _placeholder, "debit": _placeholder, "show": _placeholder,
-                "rebuild": _placeholder, "catalog": object()}  # fmt: skip
+                "rebuild": _placeholder, "catalog": object(), "Ticket": _Ticket}  # fmt: skip
 
 LOCMEM = "django.core.cache.backends.locmem.LocMemCache"  # a new project's CACHES
 BLOCKS = python_blocks()
@@ -104,7 +128,13 @@ def test_the_other_settings_blocks_are_valid_settings(block: Block) -> None:
         assert check_unknown_settings() == []  # every setting name is one the app reads
 
 
-SECTIONS = list(dict.fromkeys(b.section for b in CODE))
+#: Sections whose blocks open database transactions: they run with the test database, and
+#: ticket 7 of tests/fenced_child.py's shop.
+DATABASE = "Locks and database transactions"
+SECTIONS = [
+    pytest.param(s, marks=pytest.mark.django_db(transaction=True)) if s == DATABASE else s
+    for s in dict.fromkeys(b.section for b in CODE)
+]
 
 
 @pytest.mark.parametrize("section", SECTIONS)
@@ -112,11 +142,17 @@ def test_every_code_block_runs(section: str, redis_server: RedisServer) -> None:
     """A section's blocks run in order in one namespace, as a reader reads them (the
     reentrant lock's block uses the ``lock`` that "Using locks" imported); a Redis URL in a
     block points at the suite's server."""
+    if section == DATABASE:
+        from .fenced_child import open_shop
+
+        open_shop("default", 7, 10)
     namespace: dict[str, Any] = {"__name__": "readme", **PLACEHOLDERS}
     for block in (b for b in CODE if b.section == section):
         exec(compile(_on(redis_server, block), str(block), "exec"), namespace)
         for name in re.findall(r'lock\("([^"{]+)"', block.source):  # none left held
             assert not lock(name).locked(), f"{block} left {name!r} held"
+    if section == DATABASE:  # the fenced blocks committed their sales
+        assert _Ticket.objects.get(pk=7).left < 10
 
 
 def test_every_local_link_of_the_readme_exists() -> None:
