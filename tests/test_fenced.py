@@ -420,8 +420,11 @@ def test_prune_fences_drops_old_rows_and_keeps_refusing_what_they_refused(name: 
     assert sales(DB) == [("fresh", 10)]
 
 
-def test_prune_fences_needs_an_age() -> None:
+def test_prune_fences_needs_an_age_and_a_known_database() -> None:
     from django.core.management.base import CommandError
 
-    with pytest.raises(CommandError):
-        call_command("redlock", "prune-fences", "--older-than", "soon")
+    with pytest.raises(CommandError, match="a number and a unit"):
+        call_command("redlock", "prune-fences", "--older-than", "30")
+    with pytest.raises(CommandError, match="names no database") as caught:
+        call_command("redlock", "prune-fences", "--older-than", "30d", "--database", "nope")
+    assert caught.value.returncode == 2
