@@ -5,7 +5,8 @@
 The sale is the classic read-modify-write of Django code (``ticket.stock -= 1; save()``), in
 plain SQL so that no test app is needed. ``measure`` reproduces the oversell of a lock taken
 inside ``transaction.atomic()`` and released before the commit (README: "Locks and database
-transactions").
+transactions"); without ``--url`` it starts a PostgreSQL and a redis-server of its own:
+``python -m tests.fenced_child measure [--atomic] [--gap 0.01] [--runs 5]``.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def measure(args: argparse.Namespace) -> None:
 
 def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--url", required=True)
+    parser.add_argument("--url", help="the Redis; measure starts its own servers without it")
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("buy")
     p.add_argument("--start", required=True)
@@ -212,8 +213,37 @@ def main(argv: Any = None) -> None:
     p.add_argument("--gap", type=float, default=0.01)
     p.add_argument("--atomic", action="store_true")
     args = parser.parse_args(argv)
+    if args.url is None:
+        if args.action != "measure":
+            parser.error("--url is required")
+        with contextlib.ExitStack() as servers:
+            args.url = own_servers(servers)
+            measure(args)
+        return
     setup(args.url)
     {"buy": buy, "paused": paused, "measure": measure}[args.action](args)
+
+
+def own_servers(servers: contextlib.ExitStack) -> str:
+    """A PostgreSQL with a migrated database, and a redis-server (stopped with ``servers``):
+    settings configured; the Redis URL."""
+    import os
+
+    import psycopg
+    from django.core.management import call_command
+
+    from django_redlock.testing import PostgresServer, RedisServer
+
+    pg = servers.enter_context(PostgresServer())
+    redis = servers.enter_context(RedisServer())
+    with psycopg.connect(
+        host=pg.host, port=pg.port, user=pg.user, dbname="postgres", autocommit=True
+    ) as conn:
+        conn.execute("CREATE DATABASE redlock")
+    os.environ.update(REDLOCK_TEST_PG_PORT=str(pg.port), REDLOCK_TEST_PG_NAME="redlock")
+    setup(redis.url)
+    call_command("migrate", verbosity=0)
+    return redis.url
 
 
 if __name__ == "__main__":
