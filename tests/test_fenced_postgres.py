@@ -106,9 +106,14 @@ def test_atomic_inside_an_outer_transaction_waits_for_its_commit(name: str) -> N
     assert two_buyers(name, atomic=True) == [("first", 1)]
 
 
-@pytest.mark.parametrize("kind", ["plain", "reentrant", "fair", "write"])
-def test_buyers_in_threads_sell_exactly_the_stock(name: str, kind: str) -> None:
+@pytest.mark.parametrize("kind", ["plain", "reentrant", "fair", "write", "portable"])
+def test_buyers_in_threads_sell_exactly_the_stock(name: str, kind: str, monkeypatch: Any):
+    """Each exclusive kind; "portable": the SELECT FOR UPDATE path of other databases (the
+    first blocks race to insert the row)."""
     open_shop(PG, 1, 6)
+    if kind == "portable":
+        features = type(connections[PG].features)
+        monkeypatch.setattr(features, "can_return_columns_from_insert", False)
 
     def held() -> Any:
         if kind == "write":
@@ -126,6 +131,10 @@ def test_buyers_in_threads_sell_exactly_the_stock(name: str, kind: str) -> None:
     for thread in threads:
         thread.join(60)
     assert [seen for _, seen in sales(PG)] == [6, 5, 4, 3, 2, 1]
+    if kind == "portable":
+        with CaptureQueriesContext(connections[PG]) as queries, held():
+            pass
+        assert any("FOR UPDATE" in q["sql"] for q in queries.captured_queries)
 
 
 class Buyer(Child):
