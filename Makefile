@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install browser terminal redis test lint format docs demo bench tox soak clean
+.PHONY: install browser terminal redis postgresql test lint format docs demo bench tox soak clean
 
 install: $(STAMP)
 
@@ -63,9 +63,20 @@ redis:
 		{ $(SUDO) systemctl disable --now redis-server || $(SUDO) service redis-server stop \
 			|| true; } >/dev/null 2>&1; }
 
+# The fenced-transaction tests (atomic=) start a throwaway PostgreSQL of their own (initdb into
+# a temporary folder, on a free port): Debian's postgresql, installed here if missing (the
+# cluster apt may start is stopped: the tests never use it).
+postgresql:
+	@{ ls /usr/lib/postgresql/*/bin/initdb || command -v initdb; } >/dev/null 2>&1 || { \
+		echo "installing Debian's postgresql for the tests"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+		{ $(SUDO) systemctl disable --now postgresql || $(SUDO) service postgresql stop \
+			|| true; } >/dev/null 2>&1; }
+
 REDIS_62 = $(BIN)/python -c "from django_redlock.testing import bundled_redis_server as b; print(b() or '')"
 
-test: lint docs browser terminal redis
+test: lint docs browser terminal redis postgresql
 	$(BIN)/pytest
 	@bundled=$$($(REDIS_62)); if [ -n "$$bundled" ]; then \
 		echo "the backends' behaviour again, on $$bundled"; \

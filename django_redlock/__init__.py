@@ -7,6 +7,7 @@ from .exceptions import (
     LockNotAcquired,
     LockNotOwned,
     QuorumNotReached,
+    StaleFence,
 )
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .locking import Lock, ReadWriteLock, Semaphore, lock, read_write_lock, semaphore
@@ -35,6 +36,7 @@ __all__ = [
     "QuorumNotReached",
     "ReadWriteLock",
     "Semaphore",
+    "StaleFence",
     "lock",
     "lock_view",
     "locks",

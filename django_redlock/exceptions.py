@@ -21,6 +21,19 @@ class LockLost(LockNotOwned):
     """A hold ended without its owner releasing it (expired, or force-released)."""
 
 
+class StaleFence(LockLost):
+    """A fenced transaction found a later hold's fence recorded for its lock: this hold is
+    outdated (lost in Redis, whether or not its holder noticed). Raised before the body ran;
+    nothing of the transaction was committed, so taking the lock again and retrying is safe."""
+
+    def __init__(self, message: str, fence: int | None = None, recorded: int | None = None):
+        super().__init__(message)
+        self.fence, self.recorded = fence, recorded
+
+    def __reduce__(self) -> tuple[object, ...]:  # pickled whole (a Celery task may raise it)
+        return (type(self), (str(self), self.fence, self.recorded))
+
+
 class QuorumNotReached(LockError):
     """Too few Redlock nodes answered to decide either way."""
 

@@ -1,4 +1,4 @@
-"""Models: ``HeldLock`` (no table: live locks are in Redis) and ``LockIncident`` (a table)."""
+"""Models: ``HeldLock`` (no table: live locks are in Redis), ``LockIncident`` and ``Fence``."""
 
 from __future__ import annotations
 
@@ -42,3 +42,27 @@ class LockIncident(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()}: {self.name} ({self.backend})"
+
+
+class Fence(models.Model):
+    """The newest fence a fenced transaction recorded for a lock (see :mod:`..fencing`).
+
+    One row per backend alias and lock name, keyed by a hash of both (portable: names may be
+    1024 bytes, beyond some databases' index limits). The row with an empty name is the
+    backend's floor: the largest fence ``manage.py redlock prune-fences`` forgot.
+    """
+
+    key = models.CharField(max_length=64, primary_key=True)
+    backend = models.CharField(max_length=100)
+    name = models.CharField("lock", max_length=1024)
+    fence = models.BigIntegerField()
+    #: The fence this row held before the last check (None: the row was new).
+    previous = models.BigIntegerField(null=True, blank=True)
+    touched = models.DateTimeField(db_index=True)
+
+    class Meta:
+        verbose_name = "lock fence"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.name!r} on {self.backend!r}: fence {self.fence}"

@@ -8,12 +8,14 @@ import logging
 import math
 import string
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 
-from .exceptions import BackendUnavailable, LockError
+from .exceptions import BackendUnavailable, LockError, StaleFence
+from .fencing import database_of
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
 from .validation import check_limit, check_name, check_optional_seconds, fit_name
@@ -30,11 +32,17 @@ def lock_view(
     ttl: float | None = None,
     using: str = DEFAULT_LOCK_ALIAS,
     limit: int | None = None,
+    atomic: bool | str | None = None,
 ) -> Callable[[F], F]:
     """Run the view under a lock; when it is busy, answer ``status`` without running it.
 
     ``limit=N``: at most N requests per name at once (a semaphore); ``status`` when all N
     permits are taken.
+
+    ``atomic=True`` (or a ``DATABASES`` alias): the view runs in the lock's fenced transaction
+    (see ``lock(..., atomic=)``), committed before the lock is released; under
+    ``ATOMIC_REQUESTS`` it is a savepoint of the request's transaction. A stale hold
+    (``StaleFence``, the view not run) answers ``status`` like a busy lock. Sync views only.
 
     ``name`` is a ``str.format`` template over ``request`` and the view's URL kwargs, e.g.
     ``"checkout:{request.user.pk}"``, checked against the view's parameters when it is
@@ -53,10 +61,13 @@ def lock_view(
         raise ValueError(f"status must be an HTTP error status (400-599), not {status!r}")
     if limit is not None:
         limit = check_limit(limit)
+    database = database_of(atomic)
+    if database is not None and limit is not None:
+        raise ValueError("atomic= does not combine with limit: N requests would hold at once")
 
     def build(lock_name: str) -> BaseLock:
         if limit is None:
-            return Lock(lock_name, ttl=ttl, using=using)
+            return Lock(lock_name, ttl=ttl, using=using, atomic=database)
         return Semaphore(lock_name, limit, ttl=ttl, using=using)
 
     build(name)  # the other arguments are checked now, not per request
@@ -89,6 +100,7 @@ def lock_view(
     def decorate(view: F) -> F:
         _check_roots(name, roots, view)
         if inspect.iscoroutinefunction(view):
+            build(name)._check_async()  # atomic=: Django's transactions are synchronous
 
             @functools.wraps(view)
             async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
@@ -120,7 +132,14 @@ def lock_view(
             except BackendUnavailable:
                 return unavailable()
             try:
-                return view(request, *args, **kwargs)
+                with ExitStack() as fenced:
+                    if database is not None:
+                        try:  # commits (or rolls back) before the release below
+                            fenced.enter_context(held.atomic())
+                        except StaleFence as exc:  # the view did not run: as a busy lock
+                            logger.warning("redlock: %s", exc)
+                            return busy(None)
+                    return view(request, *args, **kwargs)
             finally:
                 try:
                     held._drive(held._release())

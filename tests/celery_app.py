@@ -6,7 +6,7 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.worker_settings")
 
-app = Celery("tests", include=["tests.celery_tasks"])
+app = Celery("tests", include=["tests.celery_tasks", "tests.fenced_tasks"])
 
 
 def configure(redis_url: str) -> None:

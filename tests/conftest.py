@@ -255,3 +255,44 @@ def child(redis_server: RedisServer) -> Iterator[Callable[..., Child]]:
     yield spawn
     for proc in children:
         proc.close()
+
+
+# -- PostgreSQL (fenced transactions): started only when a collected test uses it -------------
+
+from django_redlock.testing import PostgresServer  # noqa: E402
+
+PG_ALIAS = "postgres"
+
+
+def _uses_postgres(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("django_db")
+    databases = marker.kwargs.get("databases") if marker is not None else None
+    return databases == "__all__" or (databases is not None and PG_ALIAS in databases)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    request: pytest.FixtureRequest, django_db_modify_db_settings_parallel_suffix: None
+) -> None:
+    """Before pytest-django creates the test databases: the PostgreSQL server, if needed."""
+    if any(_uses_postgres(item) for item in request.session.items):
+        server: PostgresServer = request.getfixturevalue("postgres_server")
+        from django.db import connections
+
+        connections.settings[PG_ALIAS].update(HOST=server.host, PORT=str(server.port))
+
+
+@pytest.fixture
+def postgres_env(postgres_server: PostgresServer) -> dict[str, str]:
+    """What a process the test starts needs to reach the test's PostgreSQL database."""
+    from django.db import connections
+
+    name = connections[PG_ALIAS].settings_dict["NAME"]  # the test database, once created
+    return {"REDLOCK_TEST_PG_PORT": str(postgres_server.port), "REDLOCK_TEST_PG_NAME": name}

@@ -39,7 +39,18 @@ TEMPLATES = [
         },
     }
 ]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+DATABASES = {
+    "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+    # The fenced transactions' PostgreSQL: conftest starts one when a collected test uses this
+    # alias, and fills in its port; processes the tests start get port and name from these.
+    "postgres": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ.get("REDLOCK_TEST_PG_NAME", "redlock"),
+        "USER": "postgres",
+        "HOST": "127.0.0.1",
+        "PORT": os.environ.get("REDLOCK_TEST_PG_PORT", "9"),  # nobody listens there
+    },
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LOGGING_CONFIG = None
 

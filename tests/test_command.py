@@ -147,7 +147,8 @@ def test_every_subcommand_documents_its_options_and_exit_codes() -> None:
 
     parser = Command().create_parser("manage.py", "redlock")
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    assert set(sub.choices) == {"list", "release", "purge", "prune-incidents", "top"}
+    actions = {"list", "release", "purge", "prune-incidents", "prune-fences", "top"}
+    assert set(sub.choices) == actions
     for name, subparser in sub.choices.items():
         assert "exit codes: 0" in subparser.format_help(), name
         for action in subparser._actions:

@@ -102,7 +102,7 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
         if task_id and own:
             return _redelivered(config, task, key, task_id, own[0])
         return _duplicate(config, task, key, task_id, info)
-    return run_held(held, func, args, kwargs)
+    return run_held(held, func, args, kwargs, config.atomic)
 
 
 def _redelivered(config: SingleInstance, task: Any, key: str, task_id: str, attempt: int) -> Any:

@@ -30,6 +30,7 @@ from django.dispatch import Signal
 
 from ..backends.base import LockInfo
 from ..exceptions import LockError, LockNotAcquired
+from ..fencing import database_of, release_after_commit
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import current_task as holder_task
 from ..locking import BaseLock, Lock, Semaphore, name_template
@@ -66,6 +67,7 @@ class SingleInstance:
     dedupe_queued: bool | str  # False, True or "raise"
     dedupe_ttl: float
     limit: int | None = None  # at most this many runs of a key at once (a semaphore)
+    atomic: str | None = None  # the database of the body's fenced transaction, if any
     #: Every parameter: the arguments of a task Celery built with bind=False.
     signature: inspect.Signature = field(init=False)
     #: Without the first parameter, where a bind=True task gets the task itself (whatever the
@@ -155,6 +157,7 @@ def single_instance(
     dedupe_queued: bool | Literal["raise"] = False,
     dedupe_ttl: float = 3600.0,
     limit: int | None = None,
+    atomic: bool | str | None = None,
 ) -> Callable[[F], F]:
     """Run the task body under a lock named by ``key`` (default: task name + arguments).
 
@@ -174,6 +177,11 @@ def single_instance(
 
     ``limit=N``: at most N runs of a key at once (a semaphore of N permits instead of a
     lock); ``on_duplicate`` applies when all N are taken.
+
+    ``atomic=True`` (or a ``DATABASES`` alias): the body runs in the lock's fenced transaction
+    (see ``lock(..., atomic=)``), committed before the lock is released; a stale hold raises
+    ``StaleFence`` before the body runs, and a hold lost once the body committed is logged,
+    not raised (a retry would run the body twice).
 
     Under Django's ``@task`` (or the ``django-tasks`` backport's) the same rules apply to each
     task run, keyed by the function's import path, with the holder naming the task result id;
@@ -197,12 +205,16 @@ def single_instance(
             # One queue marker per key, while N may run: "already queued" would refuse the
             # 2nd of N runs the limit allows.
             raise ValueError("dedupe_queued does not combine with limit: a key may run N times")
+    database = database_of(atomic)
+    if database is not None and limit is not None:
+        raise ValueError("atomic= does not combine with limit: N runs of a key would hold at once")
 
     def decorate(func: F) -> F:
         _check_decorated(func)
         config = SingleInstance(
-            func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl, limit
-        )
+            func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl, limit,
+            database,
+        )  # fmt: skip
 
         @functools.wraps(func)
         def run_once(*args: Any, **kwargs: Any) -> Any:
@@ -364,7 +376,8 @@ def take(
     holds it."""
     held: BaseLock
     if config.limit is None:
-        held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id, attempt))
+        held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id, attempt),
+                    atomic=config.atomic)  # fmt: skip
     else:
         held = Semaphore(key, config.limit, ttl=config.ttl, using=config.using,
                          token_prefix=_prefix(task_id, attempt))  # fmt: skip
@@ -381,18 +394,24 @@ def take(
     return held, acquired, info
 
 
-def run_held(held: BaseLock, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """Run the body under ``held`` and release it on every outcome."""
-    # atomic= (fenced transactions, being built) belongs here, once SingleInstance has the
-    # field (checked in single_instance(): not with limit=N): the body then runs in
-    # held.atomic(using=...), so its transaction ends before the release below. Celery's and
-    # Django Tasks' runs both come through here.
+def run_held(
+    held: BaseLock, func: Callable[..., Any], args: tuple, kwargs: dict, atomic: str | None = None
+) -> Any:
+    """Run the body under ``held`` and release it on every outcome; with ``atomic`` (a
+    database alias) in the hold's fenced transaction, which ends before the release. Celery's
+    and Django Tasks' runs both come through here."""
     try:
-        result = func(*args, **kwargs)
+        with contextlib.ExitStack() as fenced:
+            if atomic is not None:  # committed (or rolled back) before the release
+                fenced.enter_context(held.atomic(atomic))
+            result = func(*args, **kwargs)
     except BaseException:  # Retry, Ignore, Reject, SoftTimeLimitExceeded, errors: all release
         with contextlib.suppress(LockError):  # the body's exception says more
             held.release()
         raise
+    if atomic is not None:
+        release_after_commit(held)  # committed: a lost hold is logged, never raised
+        return result
     held.release()  # LockLost if the hold was lost meanwhile: the task fails visibly
     return result
 

@@ -123,7 +123,7 @@ def run(config: SingleInstance, current: tuple[Any, bool] | None, args: tuple, k
     held, acquired, info = take(config, key, task_id, task_name)
     if not acquired:
         return _duplicate(config, result.task if result is not None else None, key, task_id, info)
-    return run_held(held, func, args, kwargs)
+    return run_held(held, func, args, kwargs, config.atomic)
 
 
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:

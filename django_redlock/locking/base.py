@@ -16,10 +16,11 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from .. import observe
+from .. import fencing, observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal
 from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
@@ -68,6 +69,8 @@ class BaseLock:
     reentrant: bool = False
     queued: bool = False
     exclusive: bool = True
+    #: The database of ``atomic=``: ``with`` and the decorator run a fenced transaction there.
+    database: str | None = None
 
     def __init__(
         self,
@@ -394,6 +397,7 @@ class BaseLock:
         return self._drive(self._acquire(blocking, timeout))
 
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        self._check_async()
         blocking, timeout = self._check_acquire(blocking, timeout)
         return await self._adrive(self._acquire(blocking, timeout))
 
@@ -652,6 +656,8 @@ class BaseLock:
         self._check_sync_wait(self.blocking, self._timeout())
         if not self._drive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
+        if self.database is not None:
+            fencing.enter_block(self)
         return self
 
     def __exit__(
@@ -660,6 +666,8 @@ class BaseLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self.database is not None:
+            return fencing.leave_block(self, exc_type, exc, tb)
         try:
             self._drive(self._release())
         except LockNotOwned:
@@ -667,7 +675,24 @@ class BaseLock:
                 raise
             # The body's own exception says more; the loss is logged.
 
+    def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
+        """This held lock's fenced transaction: ``transaction.atomic(using=using)`` (default:
+        the lock's ``atomic=`` database, else Django's default) whose first statement records
+        the hold's fence in the lock's row and keeps that row locked until the transaction
+        ends; ``StaleFence`` (nothing committed) when a later hold's fence is recorded there.
+        ``LockNotOwned`` (or ``LockLost``) when not held, before the database is touched."""
+        return fencing.fenced_transaction(self, using)
+
+    def _check_async(self) -> None:
+        if self.database is not None:
+            raise LockError(
+                f"{self._describe()} opens a database transaction (atomic={self.database!r}),"
+                " and Django's transactions are synchronous: run the locked code in a thread,"
+                " e.g. `await sync_to_async(locked_function)()` with the lock taken there"
+            )
+
     async def __aenter__(self: B) -> B:
+        self._check_async()
         if not await self._adrive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
         return self
@@ -691,6 +716,7 @@ class BaseLock:
         """Use as a decorator: the name is a ``str.format`` template over the arguments."""
         name_for = name_template(self.name, inspect.signature(func), func.__qualname__)
         if inspect.iscoroutinefunction(func):
+            self._check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..backends.base import Attempt, Kind, LockInfo, Op
+from ..fencing import database_of
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..validation import check_bool
 from .base import BaseLock
@@ -34,7 +35,9 @@ class Lock(BaseLock):
         reentrant: bool = False,
         fair: bool = False,
         token_prefix: str | None = None,
+        atomic: bool | str | None = None,
     ) -> None:
+        self.database = database_of(atomic)
         self.kind = Kind(check_bool(reentrant, "reentrant"), check_bool(fair, "fair"))
         self.reentrant, self.queued = self.kind
         super().__init__(
@@ -53,7 +56,9 @@ class Lock(BaseLock):
         return self.kind.label
 
     def _init_kwargs(self) -> dict[str, Any]:
-        return {**super()._init_kwargs(), "reentrant": self.kind.reentrant, "fair": self.kind.fair}
+        kind = self.kind
+        return {**super()._init_kwargs(), "reentrant": kind.reentrant, "fair": kind.fair,
+                "atomic": self.database}  # fmt: skip
 
     def _op_acquire(
         self, token: str, ttl_ms: int, meta: str, waiter: str | None, wait_ms: int
@@ -91,10 +96,14 @@ def lock(
     reentrant: bool = False,
     fair: bool = False,
     token_prefix: str | None = None,
+    atomic: bool | str | None = None,
 ) -> Lock:
     """A :class:`Lock` on backend ``using``; use with ``with``, ``async with``, as a
     decorator, or by hand. ``token_prefix`` starts every hold token (the rest is random), so
-    another process that knows it can find and release the hold (Celery does, on revoke)."""
+    another process that knows it can find and release the hold (Celery does, on revoke).
+
+    ``atomic=True`` (or a ``DATABASES`` alias): ``with`` and the decorator run the body in a
+    fenced transaction (:meth:`~.base.BaseLock.atomic`), committed before the release."""
     return Lock(
         name,
         ttl=ttl,
@@ -106,4 +115,5 @@ def lock(
         reentrant=reentrant,
         fair=fair,
         token_prefix=token_prefix,
+        atomic=atomic,
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..backends.base import Attempt, LockInfo, Op
 from ..exceptions import LockError
+from ..fencing import database_of
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import owner_id
 from .holds import holds_it, settled, unsettled
@@ -75,9 +76,13 @@ class WriteLock(LeaseLock):
     queued = True  # a waiting writer keeps a lease on its place: readers wait behind it
     exclusive = True
 
-    def __init__(self, name: str, **kwargs: Any) -> None:
+    def __init__(self, name: str, *, atomic: bool | str | None = None, **kwargs: Any) -> None:
+        self.database = database_of(atomic)
         super().__init__(name, **kwargs)
         self._check_backend()
+
+    def _init_kwargs(self) -> dict[str, Any]:
+        return {**super()._init_kwargs(), "atomic": self.database}
 
     def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         # A read of this owner's whose reply was lost is settled first, not refused as an
@@ -135,10 +140,16 @@ class ReadWriteLock:
     def read(self, **overrides: Any) -> ReadLock:
         """A read lock object: many readers hold at once; waits while a writer holds or
         waits. Arguments as :func:`read_write_lock`'s, overriding this object's."""
+        if "atomic" in overrides:
+            raise TypeError(
+                f"read lock {self.name!r}: atomic= is for write(): readers hold at once, and a"
+                " fenced transaction needs one holder at a time"
+            )
         return ReadLock(self.name, **{**self.settings, **overrides})
 
     def write(self, **overrides: Any) -> WriteLock:
-        """A write lock object: one writer, no readers."""
+        """A write lock object: one writer, no readers. ``atomic=True`` (or a ``DATABASES``
+        alias): ``with`` runs the body in a fenced transaction, as ``lock(..., atomic=)``."""
         return WriteLock(self.name, **{**self.settings, **overrides})
 
     def holders(self) -> list[LockInfo]:

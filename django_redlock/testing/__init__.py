@@ -1,5 +1,7 @@
-"""Real Redis servers for tests and the demo: see :class:`RedisServer`."""
+"""Real Redis servers for tests and the demo (:class:`RedisServer`); a real PostgreSQL for
+fenced transactions (:class:`PostgresServer`)."""
 
+from .postgres import PostgresServer, find_postgres_bin
 from .server import (
     CLUSTER_ARGS,
     RedisServer,
@@ -13,10 +15,12 @@ from .server import (
 
 __all__ = [
     "CLUSTER_ARGS",
+    "PostgresServer",
     "RedisServer",
     "SentinelServer",
     "bundled_redis_server",
     "create_cluster",
+    "find_postgres_bin",
     "find_redis_server",
     "free_port",
     "redis_server_version",

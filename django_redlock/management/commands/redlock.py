@@ -1,4 +1,5 @@
-"""``manage.py redlock list|release|purge|prune-incidents``: the admin's page, from a shell.
+"""``manage.py redlock list|release|purge|prune-incidents|prune-fences|top``: the admin's
+page, from a shell.
 
 Exit codes scripts can trust: 0 done, 1 nothing to do (no such lock, nothing matched,
 purge not confirmed), 2 bad usage, 3 a backend did not answer.
@@ -7,17 +8,20 @@ purge not confirmed), 2 bad usage, 3 a backend did not answer.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from argparse import ArgumentParser, ArgumentTypeError
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DEFAULT_DB_ALIAS
 
 from ...backends.base import LockInfo, Released
 from ...exceptions import LockError
+from ...fencing import check_database, prune_fences
 from ...handler import locks
 from ...health import Health, contention_order, ping, summarise
 from ...incidents import prune, recorder
@@ -32,6 +36,7 @@ EXIT_CODES = {
     " named); 1 nothing matched, or not confirmed; 2 an unknown --backend; 3 a backend did"
     " not answer",
     "prune-incidents": "0 done",
+    "prune-fences": "0 done; 2 bad usage (an age without its unit, an unknown --database)",
     "top": "0 done (Ctrl-C, or --once); 2 an unknown --backend; 3 (--once) a backend did not"
     " answer",
 }
@@ -87,6 +92,20 @@ class Command(BaseCommand):
         )
         purge.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
         action("prune-incidents", "Delete lock incidents older than KEEP_DAYS, or beyond MAX_ROWS.")
+        fences = action(
+            "prune-fences",
+            "Delete the fence rows of locks whose last fenced transaction (atomic=) is older than"
+            " AGE. Safe: a hold older than the rows deleted is still refused (each backend keeps"
+            " the largest fence deleted as a floor), and newer holds' fences are above it.",
+        )
+        fences.add_argument(
+            "--older-than", required=True, type=_age, metavar="AGE",
+            help="e.g. 30d, 12h, 90m, 3600s: longer than any lock is held",
+        )  # fmt: skip
+        fences.add_argument(
+            "--database", default=DEFAULT_DB_ALIAS, metavar="ALIAS",
+            help="the DATABASES alias the fenced transactions use (default: default)",
+        )  # fmt: skip
         top = action(
             "top",
             "A live view of the most contended locks and their holders, refreshed every second"
@@ -247,6 +266,15 @@ class Command(BaseCommand):
     def do_prune_incidents(self, options: dict[str, Any]) -> None:
         self.stdout.write(f"deleted {prune()} lock incidents")
 
+    def do_prune_fences(self, options: dict[str, Any]) -> None:
+        try:
+            using = check_database(options["database"])
+        except ValueError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        deleted = prune_fences(using, options["older_than"])
+        rows = "row" if deleted == 1 else "rows"
+        self.stdout.write(f"deleted {deleted} fence {rows} from database {using!r}")
+
 
 def _table(found: list[LockInfo]) -> str:
     if not found:
@@ -260,6 +288,14 @@ def _table(found: list[LockInfo]) -> str:
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in [header, *rows])  # fmt: skip
+
+
+def _age(value: str) -> timedelta:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", value.strip())
+    if not match:
+        raise ArgumentTypeError(f"an age is a number and a unit (s, m, h, d), not {value!r}")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[match[2]]
+    return timedelta(**{unit: float(match[1])})
 
 
 def _fence(value: str) -> int:

@@ -1,0 +1,35 @@
+"""Celery tasks of the fenced-transaction tests (tests/test_fenced_celery.py): a ticket sale
+in the task lock's fenced transaction, on the tests' PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import shared_task
+
+from django_redlock import locks, single_instance
+from django_redlock.contrib.celery import SingleInstanceTask
+
+from .fenced_child import sell_one
+
+
+def _redis() -> Any:
+    return locks["default"].client  # type: ignore[attr-defined]
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="fenced-sale:{ticket}", ttl=5, on_duplicate="raise", atomic="postgres")
+def fenced_sale(
+    self: Any, ticket: int, buyer: str, pause: bool = False, fail: bool = False
+) -> bool:
+    """Sell a seat; with ``pause``, say so in Redis once the stock is read, and wait for a
+    go-ahead before writing; with ``fail``, raise once sold."""
+
+    def wait() -> None:
+        _redis().rpush(f"fenced-sale:{buyer}:read", 1)
+        assert _redis().blpop(f"fenced-sale:{buyer}:go", 30), "no go-ahead"
+
+    sold = sell_one("postgres", ticket, buyer, after_read=wait if pause else None)
+    if fail:
+        raise RuntimeError(f"the task failed after selling: {sold}")
+    return sold

@@ -1,0 +1,60 @@
+"""``@single_instance(atomic=...)`` on a real Celery worker, on the tests' PostgreSQL."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from django_redlock.contrib.celery import release_lock
+from django_redlock.testing import RedisServer
+from tests import celery_app, fenced_tasks
+
+from .fenced_child import open_shop, sales
+from .test_celery import Worker
+from .test_fenced_postgres import PG, eventually, waiting_on_a_row
+
+pytestmark = pytest.mark.django_db(databases=["default", PG], transaction=True)
+
+
+@pytest.fixture
+def worker(
+    redis_server: RedisServer, postgres_env: dict[str, str], tmp_path: Path
+) -> Iterator[Worker]:
+    celery_app.configure(redis_server.url)
+    started = Worker(redis_server.url, "prefork", 2, "fenced", tmp_path / "worker.log",
+                     postgres_env)  # fmt: skip
+    yield started
+    started.stop()
+    gc.collect()  # AsyncResults in reference cycles: collected while the result store runs
+
+
+def test_a_task_whose_lock_was_force_released_keeps_its_successor_waiting(
+    worker: Worker, redis_server: RedisServer
+) -> None:
+    """Task A reads the stock; its lock is force-released (as an operator would); task B
+    takes it, and its body waits for A's transaction: it reads what A committed. A's release
+    then finds its hold gone: logged, and A succeeds (its sale committed; a retry would sell
+    twice)."""
+    open_shop(PG, 1, 2)
+    r = redis_server.client()
+    first = worker.send(fenced_tasks.fenced_sale, 1, "a", True)
+    eventually(lambda: r.llen("fenced-sale:a:read"), "task A reading the stock", 60)
+    assert release_lock(fenced_tasks.fenced_sale, 1, "a", True)
+    second = worker.send(fenced_tasks.fenced_sale, 1, "b")
+    eventually(lambda: second.ready() or waiting_on_a_row(), "task B waiting for A's row", 60)
+    r.rpush("fenced-sale:a:go", 1)
+    assert second.get(timeout=60) is True and first.get(timeout=60) is True
+    assert sales(PG) == [("a", 2), ("b", 1)]
+
+
+def test_a_task_that_fails_after_selling_commits_nothing(worker: Worker) -> None:
+    open_shop(PG, 1, 5)
+    failed = worker.send(fenced_tasks.fenced_sale, 1, "a", kwargs={"fail": True})
+    with pytest.raises(RuntimeError, match="after selling: True"):
+        failed.get(timeout=60)
+    assert sales(PG) == []  # rolled back
+    assert worker.send(fenced_tasks.fenced_sale, 1, "b").get(timeout=60) is True
+    assert sales(PG) == [("b", 5)]

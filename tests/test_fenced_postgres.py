@@ -1,0 +1,291 @@
+"""Fenced transactions on a real PostgreSQL (READ COMMITTED, Django's default there): the
+oversell of a lock released before the commit, and its end; real processes; holders paused
+(SIGSTOP) past their TTL before and inside their block; a failover to an empty Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import OperationalError, connections, transaction
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from django_redlock import StaleFence, lock, read_write_lock
+from django_redlock.models import Fence
+from django_redlock.testing import RedisServer
+
+from .conftest import ROOT, Child
+from .fenced_child import open_shop, sales, sell_one
+
+PG = "postgres"
+pytestmark = pytest.mark.django_db(databases=["default", PG], transaction=True)
+
+
+def eventually(condition: Callable[[], Any], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
+def waiting_on_a_row() -> int:
+    """How many sessions of the test database wait for a lock (a row another holds)."""
+    config = connections[PG].settings_dict
+    with psycopg.connect(
+        host=config["HOST"], port=config["PORT"], user=config["USER"], dbname=config["NAME"],
+        autocommit=True,
+    ) as conn:  # fmt: skip
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def run(target: Callable[[], None]) -> threading.Thread:
+    """``target`` in a thread that closes its own database connections."""
+
+    def body() -> None:
+        try:
+            target()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+# -- the oversell of a lock released before the commit ----------------------------------------
+
+
+def two_buyers(name: str, atomic: bool) -> list[tuple[str, int]]:
+    """One seat. The first buyer's lock is taken inside its transaction (ATOMIC_REQUESTS)
+    and released before the commit; the second buyer takes the lock meanwhile. The first
+    commits once the second read the stock, or waits for the first's transaction."""
+    open_shop(PG, 1, 1)
+    released, read = threading.Event(), threading.Event()
+    database = PG if atomic else None
+
+    def first() -> None:
+        with transaction.atomic(using=PG):
+            with lock(name, ttl=10, atomic=database):
+                sell_one(PG, 1, "first")
+            released.set()
+            eventually(lambda: read.is_set() or waiting_on_a_row(), "the second buyer's read")
+
+    def second() -> None:
+        assert released.wait(30)
+        with transaction.atomic(using=PG), lock(name, ttl=10, timeout=30, atomic=database):
+            sell_one(PG, 1, "second", after_read=read.set)
+
+    threads = [run(first), run(second)]
+    for thread in threads:
+        thread.join(60)
+    return sales(PG)
+
+
+def test_the_harness_reproduces_the_oversell_of_a_lock_released_before_the_commit(name: str):
+    """Without atomic=: the second buyer reads the stock the first has not committed yet."""
+    assert two_buyers(name, atomic=False) == [("first", 1), ("second", 1)]  # 2 of 1 seat
+
+
+def test_atomic_inside_an_outer_transaction_waits_for_its_commit(name: str) -> None:
+    """The lock's row stays locked until the first buyer's outer transaction ends: the
+    second buyer's body starts after it, and reads the stock it committed."""
+    assert two_buyers(name, atomic=True) == [("first", 1)]
+
+
+@pytest.mark.parametrize("kind", ["plain", "reentrant", "fair", "write", "portable"])
+def test_buyers_in_threads_sell_exactly_the_stock(name: str, kind: str, monkeypatch: Any):
+    """Each exclusive kind; "portable": the SELECT FOR UPDATE path of other databases (the
+    first blocks race to insert the row)."""
+    open_shop(PG, 1, 6)
+    if kind == "portable":
+        features = type(connections[PG].features)
+        monkeypatch.setattr(features, "can_return_columns_from_insert", False)
+
+    def held() -> Any:
+        if kind == "write":
+            return read_write_lock(name, ttl=10).write(atomic=PG)
+        return lock(name, ttl=10, atomic=PG, reentrant=kind == "reentrant", fair=kind == "fair")
+
+    def buyer(tag: str) -> None:
+        for _ in range(4):
+            with transaction.atomic(using=PG):
+                with held():
+                    sell_one(PG, 1, tag)
+                time.sleep(0.005)  # released, not committed yet
+
+    threads = [run(lambda tag=str(i): buyer(tag)) for i in range(4)]  # type: ignore[misc]
+    for thread in threads:
+        thread.join(60)
+    assert [seen for _, seen in sales(PG)] == [6, 5, 4, 3, 2, 1]
+    if kind == "portable":
+        with CaptureQueriesContext(connections[PG]) as queries, held():
+            pass
+        assert any("FOR UPDATE" in q["sql"] for q in queries.captured_queries)
+
+
+class Buyer(Child):
+    """A process of tests/fenced_child.py on the suite's Redis and the test's database."""
+
+    def __init__(self, env: dict[str, str], url: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fenced_child", "--url", url, *args],
+            cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+        )  # fmt: skip
+
+
+@pytest.fixture
+def buyer(
+    redis_server: RedisServer, postgres_env: dict[str, str]
+) -> Iterator[Callable[..., Buyer]]:
+    started: list[Buyer] = []
+
+    def start(*args: str) -> Buyer:
+        started.append(Buyer(postgres_env, redis_server.url, *args))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        proc.signal(signal.SIGCONT)
+        proc.close()
+
+
+def test_four_processes_of_eight_purchases_sell_exactly_twelve(
+    redis_server: RedisServer, buyer: Callable[..., Buyer]
+) -> None:
+    open_shop(PG, 1, 12)
+    start = "fenced:start"
+    buyers = [
+        buyer("buy", "--start", start, "--buyer", f"p{i}", "--purchases", "8", "--atomic")
+        for i in range(4)
+    ]
+    redis_server.client().set(start, 1)
+    assert sum(int(b.expect("BOUGHT")) for b in buyers) == 12
+    assert [seen for _, seen in sales(PG)] == list(range(12, 0, -1))  # no stock read twice
+
+
+# -- holders paused past their TTL -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("renewed", [False, True])
+def test_a_holder_paused_before_its_block_commits_nothing_after_resuming(
+    name: str, buyer: Callable[..., Buyer], renewed: bool
+) -> None:
+    """Resumed, its watchdog may notice the loss first (LockLost), or not yet (not renewed
+    here): then the database refuses the fence (StaleFence)."""
+    open_shop(PG, 1, 5)
+    renewal = [] if renewed else ["--no-renew"]
+    paused = buyer("paused", "--name", name, "--when", "before", "--ttl", "1", *renewal)
+    old = int(paused.expect("ACQUIRED"))
+    paused.signal(signal.SIGSTOP)  # its watchdog too: the hold runs out
+    eventually(lambda: not lock(name).locked(), "the paused hold's expiry")
+    with lock(name, ttl=10, atomic=PG) as held:
+        sell_one(PG, 1, "next")
+        assert held.fence and held.fence > old
+    paused.signal(signal.SIGCONT)
+    paused.send("go")
+    refused = paused.expect("REFUSED").split()[0]
+    assert refused in (["StaleFence", "LockLost"] if renewed else ["StaleFence"])
+    assert sales(PG) == [("next", 5)]
+
+
+def test_the_next_holder_s_body_starts_after_a_paused_holder_s_transaction_ended(
+    name: str, buyer: Callable[..., Buyer]
+) -> None:
+    open_shop(PG, 1, 5)
+    paused = buyer("paused", "--name", name, "--when", "inside", "--ttl", "1")
+    paused.expect("INSIDE")  # sold one seat, not committed yet
+    paused.signal(signal.SIGSTOP)
+    eventually(lambda: not lock(name).locked(), "the paused hold's expiry")
+    seen: list[list[tuple[str, int]]] = []
+
+    def next_holder() -> None:
+        with lock(name, ttl=10, timeout=30, atomic=PG):
+            seen.append(sales(PG))
+            sell_one(PG, 1, "next")
+
+    thread = run(next_holder)
+    eventually(waiting_on_a_row, "the next holder waiting for the lock's row")
+    assert seen == []  # holding the lock in Redis, its body not started
+    paused.signal(signal.SIGCONT)
+    paused.send("go")
+    assert paused.expect("COMMITTED") == ""  # the lost-hold rule: it committed, in order
+    thread.join(30)
+    assert seen == [[("paused", 5)]]  # the body started after that commit, and saw it
+    assert sales(PG) == [("paused", 5), ("next", 4)]
+
+
+def test_after_a_failover_to_an_empty_redis_the_old_holder_commits_nothing(
+    name: str, redis_factory: Callable[..., RedisServer]
+) -> None:
+    open_shop(PG, 1, 5)
+    server = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "failover": config}):
+        old = lock(name, using="failover", ttl=30, auto_renew=False)
+        assert old.acquire()
+        server.client().flushall()  # the replica promoted had nothing: lock and counter gone
+        time.sleep(0.002)  # (a fence in the same ms: the Lua's fence-after-flush fix)
+        with lock(name, using="failover", ttl=30, atomic=PG, timeout=5) as new:
+            sell_one(PG, 1, "new")
+            assert new.fence and old.fence and new.fence > old.fence
+        with pytest.raises(StaleFence), old.atomic(PG):
+            sell_one(PG, 1, "old")
+    assert sales(PG) == [("new", 5)]
+
+
+# -- isolation levels and cost -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_stricter_isolation_fails_where_read_committed_waits(name: str, level: str) -> None:
+    """The predecessor's transaction is open when the block checks its fence: READ COMMITTED
+    waits, then reads what it committed; REPEATABLE READ and SERIALIZABLE cannot see that
+    commit, and fail with a serialization error: nothing committed, the lock released."""
+    open_shop(PG, 1, 1)
+    released, failed = threading.Event(), []
+
+    def first() -> None:
+        with transaction.atomic(using=PG):
+            with lock(name, ttl=10, atomic=PG):
+                sell_one(PG, 1, "first")
+            released.set()
+            eventually(waiting_on_a_row, "the second buyer waiting")
+
+    def second() -> None:
+        assert released.wait(30)
+        try:
+            with transaction.atomic(using=PG):
+                connections[PG].cursor().execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+                with lock(name, ttl=10, timeout=30, atomic=PG):
+                    sell_one(PG, 1, "second")
+        except OperationalError as exc:
+            failed.append(exc)
+
+    for thread in [run(first), run(second)]:
+        thread.join(60)
+    assert len(failed) == 1 and "could not serialize" in str(failed[0])
+    assert sales(PG) == [("first", 1)] and not lock(name).locked()
+
+
+def test_one_statement_of_fence_work_on_postgresql(name: str) -> None:
+    with lock(name, atomic=PG):
+        pass
+    with CaptureQueriesContext(connections[PG]) as queries, lock(name, atomic=PG):
+        pass
+    table = Fence._meta.db_table
+    assert [q["sql"][:11] for q in queries.captured_queries if table in q["sql"]] == ["INSERT INTO"]
