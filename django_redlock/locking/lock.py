@@ -103,7 +103,7 @@ def lock(
     another process that knows it can find and release the hold (Celery does, on revoke).
 
     ``atomic=True`` (or a ``DATABASES`` alias): ``with`` and the decorator run the body in a
-    fenced transaction (:meth:`~.base.BaseLock.atomic`), committed before the release."""
+    fenced transaction (:meth:`Lock.atomic`), committed before the release."""
     return Lock(
         name,
         ttl=ttl,
