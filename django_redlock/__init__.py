@@ -6,6 +6,7 @@ from .exceptions import (
     LockLost,
     LockNotAcquired,
     LockNotOwned,
+    MissingPermission,
     QuorumNotReached,
 )
 from .handler import DEFAULT_LOCK_ALIAS, locks
@@ -32,6 +33,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "MissingPermission",
     "QuorumNotReached",
     "ReadWriteLock",
     "Semaphore",

@@ -70,8 +70,9 @@ class RedisClusterBackend(RedisBackend):
 
     def inbox_for(self, name: str) -> str:
         # A shard channel must hash to the script's slot: the inbox carries the lock's hash
-        # tag, and the leading '*' tells the scripts to SPUBLISH (lua/_wake.lua's publish).
-        return f"*{self.key(name)}:inbox:" if self.sharded else self.inbox_prefix
+        # tag, and its last '*' tells the scripts to SPUBLISH (lua/_wake.lua's publish). It
+        # stays under KEY_PREFIX, so a Redis user limited to '&<prefix>*' may use it.
+        return f"{self.key(name)}:inbox*" if self.sharded else self.inbox_prefix
 
     @property
     def hub(self) -> PubSubHub:

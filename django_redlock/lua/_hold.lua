@@ -60,11 +60,11 @@ local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
 end
 
 -- Whether waiters listen on the release channel: Redis 6 clusters and Redlock's nodes. ''
--- elsewhere; and on a Redis 7+ cluster (a sharded inbox prefix starts with '*') the channel
+-- elsewhere; and on a Redis 7+ cluster (a sharded inbox prefix ends with '*') the channel
 -- is passed only because a cluster script's keys must share the lock's slot: every waiter
 -- there is woken in its inbox, and a release announces nothing.
 local function announces(channel, inbox)
-  return channel ~= '' and string.byte(inbox or '', 1) ~= 42
+  return channel ~= '' and string.byte(inbox or '', -1) ~= 42
 end
 
 -- A lock was just freed (deleted): tell those that listen on its release channel, and say
