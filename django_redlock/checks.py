@@ -15,6 +15,7 @@ Endpoint = tuple[str, str, Any, int]
 
 SHARED_DB = "django_redlock.W001"
 UNKNOWN_SETTING = "django_redlock.W002"
+MISSING_PERMISSION = "django_redlock.W003"
 
 #: Every setting this app reads. Anything else named DJANGO_REDLOCK... is a misspelling that
 #: Django would silently ignore.
@@ -137,3 +138,36 @@ def _endpoint(url: Any, db: Any = None) -> Endpoint | None:
         return (*where, int(number))
     except (TypeError, ValueError):
         return None
+
+
+def check_permissions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when a backend's Redis user lacks a permission the app needs (an ACL), as found
+    when the app got ready (each server is asked once, without running anything; Redis 7+),
+    or now for a backend made since. A server that does not answer is not this check's
+    business: every operation on it says so."""
+    from .backends.redis import RedisBackend
+    from .exceptions import BackendUnavailable
+    from .handler import locks
+
+    found: list[CheckMessage] = []
+    for alias in locks:
+        backend = locks[alias]
+        for each in getattr(backend, "nodes", None) or [backend]:  # Redlock: every node
+            if not isinstance(each, RedisBackend):
+                continue
+            try:
+                missing = each.missing_permission
+                if not each.permissions_checked:
+                    missing = each.check_permissions()
+            except BackendUnavailable:
+                continue
+            if missing is not None:
+                found.append(
+                    Warning(
+                        f"{missing} Until then, every operation that needs it fails with"
+                        " MissingPermission.",
+                        obj=f"DJANGO_REDLOCK[{alias!r}]",
+                        id=MISSING_PERMISSION,
+                    )
+                )
+    return found
