@@ -4,10 +4,12 @@ from .server import (
     CLUSTER_ARGS,
     RedisServer,
     SentinelServer,
+    TLSFiles,
     bundled_redis_server,
     create_cluster,
     find_redis_server,
     free_port,
+    make_tls_files,
     redis_server_version,
 )
 
@@ -15,9 +17,11 @@ __all__ = [
     "CLUSTER_ARGS",
     "RedisServer",
     "SentinelServer",
+    "TLSFiles",
     "bundled_redis_server",
     "create_cluster",
     "find_redis_server",
     "free_port",
+    "make_tls_files",
     "redis_server_version",
 ]
