@@ -75,6 +75,8 @@ CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
     "ssubscribe": ("SSUBSCRIBE", SHARD_CHANNEL),
     "sunsubscribe": ("SUNSUBSCRIBE", SHARD_CHANNEL),
 }
+#: The commands whose refusal may be of their channel, not of the command.
+CHANNEL_COMMANDS = {"subscribe", "publish", "ssubscribe", "spublish"}
 #: What the app asks the sentinels themselves (their own users, in ``sentinel_kwargs``).
 SENTINEL_OWN_COMMANDS = ("sentinel|masters", "sentinel|get-master-addr-by-name", "ping")
 
@@ -244,10 +246,13 @@ def check(backend: RedisBackend) -> MissingPermission | None:
     if not refused:
         return None
     who, needs = user(backend), " ".join(f"+{n}" for n in refused)
+    what = f"run {', '.join(n.upper() for n in refused)}"
+    if set(refused) <= CHANNEL_COMMANDS:  # each refused for the command, or for the channel
+        needs = f"&{prefix_pattern(backend)} {needs}"
+        what += f" on the channels {prefix_pattern(backend)}"
     return MissingPermission(
-        f"backend {backend.describe()}: the Redis user {who!r} may not run"
-        f" {', '.join(n.upper() for n in refused)}, which this app needs. Add it with: ACL"
-        f" SETUSER {who} {needs}. {_everything(backend, who)}",
+        f"backend {backend.describe()}: the Redis user {who!r} may not {what}, which this app"
+        f" needs. Add it with: ACL SETUSER {who} {needs}. {_everything(backend, who)}",
         needs=needs,
         rule=rule(backend),
     )

@@ -7,6 +7,18 @@ local function now_ms()
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
+-- Whether a redis.pcall reply is WRONGTYPE (a name taken by another kind of lock). Any other
+-- error (the user's ACL refused the command) is raised: it says nothing about the hold.
+local function wrongtype(reply)
+  if type(reply) ~= 'table' or not reply.err then
+    return false
+  end
+  if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then
+    error(reply)
+  end
+  return true
+end
+
 -- How many holds `token` has on `lock` (0: none), and the hold's fence. `kind`: the key's
 -- TYPE if the caller has it, else the type the caller's hold would have ('string': plain,
 -- 'hash': reentrant), read without asking for the TYPE. A key of another type (a name taken by
@@ -15,11 +27,14 @@ local function hold_mine(lock, token, kind)
   kind = kind or redis.call('TYPE', lock).ok
   if kind == 'string' then
     local value = redis.pcall('GET', lock)
+    wrongtype(value) -- raises an ACL's refusal; a WRONGTYPE error is no string: none held
     if type(value) == 'string' and string.sub(value, 1, #token + 1) == token .. '|' then
       return 1, tonumber(string.match(value, '^[^|]*|(%d+)'))
     end
   elseif kind == 'hash' then
-    local count = tonumber((redis.pcall('HGET', lock, token))) -- an error table: nil
+    local count = redis.pcall('HGET', lock, token)
+    wrongtype(count)
+    count = tonumber(count) -- an error table: nil
     if count then
       return count, tonumber(redis.call('HGET', lock, ':fence'))
     end

@@ -29,13 +29,13 @@ local now = now_ms()
 local expiry, all
 if mode == 's' then
   all = redis.pcall('ZCARD', leases)
-  if type(all) == 'table' then
+  if wrongtype(all) then
     return {-2, redis.call('TYPE', leases).ok}
   end
   expiry = all > 0 and redis.call('ZSCORE', leases, token)
 else
   expiry = redis.pcall('ZSCORE', leases, token)
-  if type(expiry) == 'table' and expiry.err then
+  if wrongtype(expiry) then
     return {-2, redis.call('TYPE', leases).ok}
   end
 end
