@@ -84,13 +84,13 @@ def as_user(server: RedisServer, rule: str, db: int = 1) -> dict[str, Any]:
 def test_the_readme_gives_each_backend_s_acl_line() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Redis users, ACLs and TLS", 1)[1].split("\n## ", 1)[0]
-    start = "ACL SETUSER locks on >PASSWORD reset"
+    start = "ACL SETUSER locks reset on >PASSWORD"
     for cls in (RedisBackend, SentinelBackend, RedisClusterBackend):
         params = {"OPTIONS": {"service_name": "m"}} if cls is SentinelBackend else {}
         line = f"{start} {rule_of(cls, **params)}"
         assert line in section, f"{cls.__name__}: {line}"
     sentinel_own = " ".join(f"+{c}" for c in acl.SENTINEL_OWN_COMMANDS)
-    assert f"ACL SETUSER sentinel-locks on >PASSWORD reset {sentinel_own}" in section
+    assert f"ACL SETUSER sentinel-locks reset on >PASSWORD {sentinel_own}" in section
     for forbidden in ("@all", "@dangerous", "@admin", "+keys", "+flush", "+config", "+info"):
         assert forbidden not in rule_of(RedisClusterBackend)
 
@@ -317,7 +317,7 @@ def test_redlock_nodes_with_only_the_rule(server: RedisServer) -> None:
     urls = [server.url_for("locks", SECRET, db) for db in (4, 5, 6)]
     server.add_user("locks", SECRET, *rule_of(RedisBackend).split())
     config = {"BACKEND": "django_redlock.backends.redlock.RedlockBackend", "LOCATION": urls,
-              "OPTIONS": {"socket_timeout": 2}}  # fmt: skip
+              "OPTIONS": {"socket_timeout": 2, "socket_connect_timeout": 2}}  # fmt: skip
     with aliases(mine=config):
         assert all(node.check_permissions() is None for node in locks["mine"].nodes)
         exercise("mine", kinds=False)

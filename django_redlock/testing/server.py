@@ -313,12 +313,16 @@ class SentinelServer(RedisServer):
         quorum: int = 1,
         *,
         password: str | None = None,
+        tls_auth_clients: bool | None = None,
     ) -> None:
-        # Over TLS when the master is (the same certificates); the master's password is the
-        # sentinels' to watch it; ``password``: the sentinel's own (its default user's).
-        super().__init__(
-            password=password, tls=master.tls, tls_auth_clients=master.tls_auth_clients
-        )
+        # Over TLS when the master is (the same certificates, also shown to the master as
+        # the sentinel's client certificate); the master's password is the sentinel's to
+        # watch it; ``password``: the sentinel's own (its default user's);
+        # ``tls_auth_clients``: whether it asks its clients for certificates (default: as
+        # the master does).
+        if tls_auth_clients is None:
+            tls_auth_clients = master.tls_auth_clients
+        super().__init__(password=password, tls=master.tls, tls_auth_clients=tls_auth_clients)
         self.master_port, self.service, self.quorum = master.port, service, quorum
         self.master_password = master.password
 
