@@ -185,7 +185,9 @@ def restrict(server: RedisServer, user: str, password: str, rule: str) -> None:
     """Make ``user`` a Redis user with only ``rule`` (the permissions django_redlock.acl says
     a backend needs) on ``server``."""
     client = server.client()
-    client.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rule.split())
+    client.execute_command(
+        "ACL", "SETUSER", user, "reset", "resetchannels", "on", f">{password}", *rule.split()
+    )
 
 
 @pytest.fixture(scope="session")

@@ -84,13 +84,13 @@ def as_user(server: RedisServer, rule: str, db: int = 1) -> dict[str, Any]:
 def test_the_readme_gives_each_backend_s_acl_line() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Redis users, ACLs and TLS", 1)[1].split("\n## ", 1)[0]
-    start = "ACL SETUSER locks reset on >PASSWORD"
+    start = "ACL SETUSER locks reset resetchannels on >PASSWORD"
     for cls in (RedisBackend, SentinelBackend, RedisClusterBackend):
         params = {"OPTIONS": {"service_name": "m"}} if cls is SentinelBackend else {}
         line = f"{start} {rule_of(cls, **params)}"
         assert line in section, f"{cls.__name__}: {line}"
     sentinel_own = " ".join(f"+{c}" for c in acl.SENTINEL_OWN_COMMANDS)
-    assert f"ACL SETUSER sentinel-locks reset on >PASSWORD {sentinel_own}" in section
+    assert f"ACL SETUSER sentinel-locks reset resetchannels on >PASSWORD {sentinel_own}" in section
     for forbidden in ("@all", "@dangerous", "@admin", "+keys", "+flush", "+config", "+info"):
         assert forbidden not in rule_of(RedisClusterBackend)
 

@@ -198,8 +198,11 @@ class RedisServer:
         return f"{scheme}://{auth}127.0.0.1:{self.port}/{db}{query}"
 
     def add_user(self, user: str, password: str, *rules: str) -> None:
-        """``ACL SETUSER user reset on >password *rules``: a user with only ``rules``."""
-        self.client().execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules)
+        """``ACL SETUSER user reset resetchannels on >password *rules``: a user with only
+        ``rules`` (``resetchannels``: Redis 6.2's ``reset`` gives every channel)."""
+        self.client().execute_command(
+            "ACL", "SETUSER", user, "reset", "resetchannels", "on", f">{password}", *rules
+        )
 
     def command(self) -> list[str]:
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else []
