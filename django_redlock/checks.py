@@ -142,31 +142,21 @@ def _endpoint(url: Any, db: Any = None) -> Endpoint | None:
 
 def check_permissions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Warn when a backend's Redis user lacks a permission the app needs (an ACL), as found
-    when the app got ready (each server is asked once, without running anything; Redis 7+),
-    or now for a backend made since. A server that does not answer is not this check's
-    business: every operation on it says so."""
+    when the app got ready (each server was asked once, without running anything; Redis 7+).
+    No server is asked here: a check must not reach out to whatever a setting names."""
     from .backends.redis import RedisBackend
-    from .exceptions import BackendUnavailable
     from .handler import locks
 
     found: list[CheckMessage] = []
-    for alias in locks:
-        backend = locks[alias]
+    for backend in locks.all(initialized_only=True):
         for each in getattr(backend, "nodes", None) or [backend]:  # Redlock: every node
-            if not isinstance(each, RedisBackend):
-                continue
-            try:
-                missing = each.missing_permission
-                if not each.permissions_checked:
-                    missing = each.check_permissions()
-            except BackendUnavailable:
-                continue
+            missing = each.missing_permission if isinstance(each, RedisBackend) else None
             if missing is not None:
                 found.append(
                     Warning(
                         f"{missing} Until then, every operation that needs it fails with"
                         " MissingPermission.",
-                        obj=f"DJANGO_REDLOCK[{alias!r}]",
+                        obj=f"DJANGO_REDLOCK[{backend.alias!r}]",
                         id=MISSING_PERMISSION,
                     )
                 )
