@@ -453,9 +453,13 @@ class ShardedPubSubHub(PubSubHub):
     """
 
     def __init__(
-        self, cluster: Any, confirm_timeout: float, inbox_of: Callable[[str], str]
+        self,
+        cluster: Any,
+        confirm_timeout: float,
+        inbox_of: Callable[[str], str],
+        refused: Callable[[BaseException], BaseException | None] = lambda exc: None,
     ) -> None:
-        super().__init__(lambda: None, confirm_timeout, "")
+        super().__init__(lambda: None, confirm_timeout, "", refused)
         self._cluster = cluster
         self._inbox_of = inbox_of
         self._shards: dict[str, _Shard] = {}  # node name -> its pub/sub and reader
@@ -557,6 +561,10 @@ class ShardedPubSubHub(PubSubHub):
             except Exception as exc:
                 if self._closed:
                     return
+                refused = self._refused(exc)
+                if refused is not None:
+                    self._refuse_shard(name, pubsub, refused)
+                    return
                 logger.debug("redlock: sharded pub/sub connection to %s failed: %s", name, exc)
                 # Nobody is woken into the outage: waiters look again once their channels are
                 # subscribed again, here (reconnected) or on the slot's new owner (_moved).
@@ -585,6 +593,24 @@ class ShardedPubSubHub(PubSubHub):
                     self._moved(name, channel)
                 continue
             self._handle(message)
+
+    def _refuse_shard(self, name: str, pubsub: Any, error: BaseException) -> None:
+        """The node refused a subscription (an ACL): as :meth:`PubSubHub._refuse`, for the
+        channels on that node; the next waiter on one of them subscribes anew."""
+        with self._mutex:
+            channels = [c for c, n in self._node_of.items() if n == name]
+            pending = [self._confirmed.pop(c) for c in channels if c in self._confirmed]
+            for channel in channels:
+                self._node_of.pop(channel, None)
+                self._inboxes.pop(channel, None)
+            shard = self._shards.get(name)
+            if shard is not None and shard.pubsub is pubsub:
+                del self._shards[name]
+        for confirmed in pending:
+            confirmed.fail(error)
+        self.notify_all()
+        with contextlib.suppress(Exception):
+            pubsub.close()
 
     def _moved(self, name: str, only: str | None = None) -> None:
         """A node failed, or gave ``only``'s slot away: the channels it carried are subscribed

@@ -337,6 +337,17 @@ def test_a_cluster_with_only_the_rule(cluster_nodes: list[RedisServer]) -> None:
         backend = locks["mine"]
         assert backend.check_permissions() is None and backend.sharded  # type: ignore[attr-defined]
         exercise("mine")
+    # A waiter whose SSUBSCRIBE is refused says so (it would wait for the TTL instead).
+    for node in cluster_nodes:
+        node.add_user("locks", SECRET, *rule.replace(" +ssubscribe", "").split())
+    with aliases(mine=config):
+        held = lock("cluster-wait", using="mine", ttl=20, auto_renew=False)
+        held.acquire()
+        started = time.monotonic()
+        with pytest.raises(MissingPermission, match=r"ACL SETUSER locks \+ssubscribe\."):
+            lock("cluster-wait", using="mine").acquire(timeout=10)
+        assert time.monotonic() - started < 5
+        held.release()
 
 
 # -- each permission taken away ------------------------------------------------------------

@@ -84,11 +84,13 @@ class RedisClusterBackend(RedisBackend):
                             self.client,
                             self.socket_timeout,
                             lambda name: f"{self.inbox_for(name)}{process_id()}",
+                            self._refusal,
                         )
                     else:
                         self._hub = PubSubHub(
-                            self.client.pubsub, self.socket_timeout, self.inbox_prefix
-                        )
+                            self.client.pubsub, self.socket_timeout, self.inbox_prefix,
+                            self._refusal,
+                        )  # fmt: skip
         return self._hub
 
     @property
