@@ -54,6 +54,10 @@ redis:
 		$(SUDO) apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
 		{ $(SUDO) systemctl disable --now redis-server || $(SUDO) service redis-server stop \
 			|| true; } >/dev/null 2>&1; }
+	@command -v openssl >/dev/null 2>&1 || { \
+		echo "installing openssl for the TLS tests' certificates"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y -qq --no-install-recommends openssl >/dev/null; }
 
 REDIS_62 = $(BIN)/python -c "from django_redlock.testing import bundled_redis_server as b; print(b() or '')"
 
