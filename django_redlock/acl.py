@@ -170,7 +170,7 @@ def first_refused(replies: Any) -> BaseException | None:
 
 
 def needs_probe(error: BaseException) -> bool:
-    """Whether the refused command must be found by :func:`probe_op` (the error names none)."""
+    """Whether the refused command must be found by the probe (the error names none)."""
     found = refusal(error)
     return found is not None and found.what == "command" and not found.command
 
