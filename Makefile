@@ -62,6 +62,10 @@ redis:
 		$(SUDO) apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
 		{ $(SUDO) systemctl disable --now redis-server || $(SUDO) service redis-server stop \
 			|| true; } >/dev/null 2>&1; }
+	@command -v openssl >/dev/null 2>&1 || { \
+		echo "installing openssl for the TLS tests' certificates"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y -qq --no-install-recommends openssl >/dev/null; }
 
 # The fenced-transaction tests (atomic=) start a throwaway PostgreSQL of their own (initdb into
 # a temporary folder, on a free port): Debian's postgresql, installed here if missing (the

@@ -6,6 +6,7 @@ from .exceptions import (
     LockLost,
     LockNotAcquired,
     LockNotOwned,
+    MissingPermission,
     QuorumNotReached,
     StaleFence,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "LockLost",
     "LockNotAcquired",
     "LockNotOwned",
+    "MissingPermission",
     "QuorumNotReached",
     "ReadWriteLock",
     "Semaphore",

@@ -11,11 +11,12 @@ class DjangoRedlockConfig(AppConfig):
     def ready(self) -> None:
         from django.core import checks
 
-        from .checks import check_shared_cache_db, check_unknown_settings
+        from .checks import check_permissions, check_shared_cache_db, check_unknown_settings
         from .handler import locks
 
         checks.register(check_shared_cache_db, checks.Tags.caches)
         checks.register(check_unknown_settings)
+        checks.register(check_permissions, checks.Tags.caches)
 
         # A wrong DJANGO_REDLOCK fails here, at startup, naming the alias and the key.
         locks.settings  # noqa: B018

@@ -15,6 +15,7 @@ Endpoint = tuple[str, str, Any, int]
 
 SHARED_DB = "django_redlock.W001"
 UNKNOWN_SETTING = "django_redlock.W002"
+MISSING_PERMISSION = "django_redlock.W003"
 
 #: Every setting this app reads. Anything else named DJANGO_REDLOCK... is a misspelling that
 #: Django would silently ignore.
@@ -137,3 +138,26 @@ def _endpoint(url: Any, db: Any = None) -> Endpoint | None:
         return (*where, int(number))
     except (TypeError, ValueError):
         return None
+
+
+def check_permissions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when a backend's Redis user lacks a permission the app needs (an ACL), as found
+    when the app got ready (each server was asked once, without running anything; Redis 7+).
+    No server is asked here: a check must not reach out to whatever a setting names."""
+    from .backends.redis import RedisBackend
+    from .handler import locks
+
+    found: list[CheckMessage] = []
+    for backend in locks.all(initialized_only=True):
+        for each in getattr(backend, "nodes", None) or [backend]:  # Redlock: every node
+            missing = each.missing_permission if isinstance(each, RedisBackend) else None
+            if missing is not None:
+                found.append(
+                    Warning(
+                        f"{missing} Until then, every operation that needs it fails with"
+                        " MissingPermission.",
+                        obj=f"DJANGO_REDLOCK[{backend.alias!r}]",
+                        id=MISSING_PERMISSION,
+                    )
+                )
+    return found

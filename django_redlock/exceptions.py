@@ -42,6 +42,20 @@ class BackendUnavailable(LockError):
     """The lock's Redis did not answer within the socket timeout."""
 
 
+class MissingPermission(LockError):
+    """The backend's Redis user may not do what an operation needs (an ACL refused it).
+
+    Nothing was done: the operation can be tried again once the user has the permission.
+    ``needs`` is what to add to the user's ACL (``"+time"``, ``"~redlock:*"``), ``rule``
+    everything the backend needs (``ACL SETUSER <user> <rule>``).
+    """
+
+    def __init__(self, message: str, needs: str = "", rule: str = "") -> None:
+        super().__init__(message)
+        self.needs = needs
+        self.rule = rule
+
+
 class InvalidLockBackendError(ImproperlyConfigured, ValueError):
     """A ``DJANGO_REDLOCK`` alias that is unknown or wrongly configured."""
 

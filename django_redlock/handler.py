@@ -14,6 +14,7 @@ from django.dispatch import receiver
 from django.utils.connection import BaseConnectionHandler
 from django.utils.module_loading import import_string
 
+from .acl import mask
 from .backends.base import BaseLockBackend
 from .exceptions import InvalidLockBackendError
 
@@ -29,7 +30,9 @@ KNOWN_KEYS = {"BACKEND", "LOCATION", "OPTIONS", "KEY_PREFIX", "TTL", "CACHE"}
 
 def backend_class(alias: str, config: Any) -> type[BaseLockBackend]:
     if not isinstance(config, Mapping):
-        raise ImproperlyConfigured(f"DJANGO_REDLOCK[{alias!r}] must be a dict, not {config!r}")
+        raise ImproperlyConfigured(
+            f"DJANGO_REDLOCK[{alias!r}] must be a dict, not {mask(repr(config))}"
+        )
     unknown = sorted(set(config) - KNOWN_KEYS)
     if unknown:
         raise ImproperlyConfigured(
@@ -69,7 +72,7 @@ class LockHandler(BaseConnectionHandler):
         if settings is None:
             settings = DEFAULT_SETTINGS
         if not isinstance(settings, Mapping):
-            raise ImproperlyConfigured(f"DJANGO_REDLOCK must be a dict, not {settings!r}")
+            raise ImproperlyConfigured(f"DJANGO_REDLOCK must be a dict, not {mask(repr(settings))}")
         for alias, config in settings.items():
             backend_class(alias, config).check_params(alias, config)
         return {alias: dict(config) for alias, config in settings.items()}

@@ -107,6 +107,13 @@ class Confirmation:
         self._event = threading.Event()
         self._callbacks: list[Callable[[], None]] = []
         self._mutex = threading.Lock()
+        self.error: BaseException | None = None  # the server refused the subscription
+
+    def fail(self, error: BaseException) -> None:
+        """The server refused the subscription (an ACL): whoever waits for it raises
+        ``error`` instead of waiting for wake-ups that never come."""
+        self.error = error
+        self.set()
 
     def set(self) -> None:
         with self._mutex:
@@ -157,6 +164,8 @@ class ReleaseHub:
         try:
             for confirmed in confirmations:
                 confirmed.wait(self.confirm_timeout)
+                if confirmed.error is not None:
+                    raise confirmed.error
             yield waiter
         finally:
             self.leave(channel, waiter)
@@ -170,6 +179,8 @@ class ReleaseHub:
         try:
             for confirmed in confirmations:
                 await confirmed.async_wait(self.confirm_timeout)
+                if confirmed.error is not None:
+                    raise confirmed.error
             yield waiter
         finally:
             self.leave(channel, waiter)
@@ -272,10 +283,16 @@ class PubSubHub(ReleaseHub):
     """One pub/sub connection per backend per process, read by one daemon thread."""
 
     def __init__(
-        self, make_pubsub: Callable[[], Any], confirm_timeout: float, inbox_prefix: str
+        self,
+        make_pubsub: Callable[[], Any],
+        confirm_timeout: float,
+        inbox_prefix: str,
+        refused: Callable[[BaseException], BaseException | None] = lambda exc: None,
     ) -> None:
         super().__init__()
         self._make_pubsub = make_pubsub
+        #: The error to raise for a reader's error that is a refusal (an ACL's), else None.
+        self._refused = refused
         self.confirm_timeout = confirm_timeout
         self._inbox_prefix = inbox_prefix
         self._inbox: str | None = None  # subscribed once, for the life of the process
@@ -345,6 +362,10 @@ class PubSubHub(ReleaseHub):
             except Exception as exc:
                 if self._closed:
                     return
+                refused = self._refused(exc)
+                if refused is not None:
+                    self._refuse(pubsub, refused)
+                    return
                 logger.debug("redlock: pub/sub connection failed: %s", exc)
                 # A release may have been missed: let every waiter look again.
                 self.notify_all()
@@ -352,6 +373,21 @@ class PubSubHub(ReleaseHub):
                 continue
             if message is not None:
                 self._handle(message)
+
+    def _refuse(self, pubsub: Any, error: BaseException) -> None:
+        """The server refused a subscription (the user lacks SUBSCRIBE, or the channels): the
+        waiters whose subscriptions wait raise ``error``, the others look again, and the next
+        waiter starts a new connection (which subscribes if the ACL was fixed meanwhile)."""
+        with self._mutex:
+            pending, self._confirmed = list(self._confirmed.values()), {}
+            self._inbox = None
+            if self._pubsub is pubsub:
+                self._pubsub, self._thread = None, None
+        for confirmed in pending:
+            confirmed.fail(error)
+        self.notify_all()
+        with contextlib.suppress(Exception):
+            pubsub.close()
 
     def _is_inbox(self, channel: str) -> bool:
         return channel == self._inbox
@@ -417,9 +453,13 @@ class ShardedPubSubHub(PubSubHub):
     """
 
     def __init__(
-        self, cluster: Any, confirm_timeout: float, inbox_of: Callable[[str], str]
+        self,
+        cluster: Any,
+        confirm_timeout: float,
+        inbox_of: Callable[[str], str],
+        refused: Callable[[BaseException], BaseException | None] = lambda exc: None,
     ) -> None:
-        super().__init__(lambda: None, confirm_timeout, "")
+        super().__init__(lambda: None, confirm_timeout, "", refused)
         self._cluster = cluster
         self._inbox_of = inbox_of
         self._shards: dict[str, _Shard] = {}  # node name -> its pub/sub and reader
@@ -521,6 +561,10 @@ class ShardedPubSubHub(PubSubHub):
             except Exception as exc:
                 if self._closed:
                     return
+                refused = self._refused(exc)
+                if refused is not None:
+                    self._refuse_shard(name, pubsub, refused)
+                    return
                 logger.debug("redlock: sharded pub/sub connection to %s failed: %s", name, exc)
                 # Nobody is woken into the outage: waiters look again once their channels are
                 # subscribed again, here (reconnected) or on the slot's new owner (_moved).
@@ -549,6 +593,24 @@ class ShardedPubSubHub(PubSubHub):
                     self._moved(name, channel)
                 continue
             self._handle(message)
+
+    def _refuse_shard(self, name: str, pubsub: Any, error: BaseException) -> None:
+        """The node refused a subscription (an ACL): as :meth:`PubSubHub._refuse`, for the
+        channels on that node; the next waiter on one of them subscribes anew."""
+        with self._mutex:
+            channels = [c for c, n in self._node_of.items() if n == name]
+            pending = [self._confirmed.pop(c) for c in channels if c in self._confirmed]
+            for channel in channels:
+                self._node_of.pop(channel, None)
+                self._inboxes.pop(channel, None)
+            shard = self._shards.get(name)
+            if shard is not None and shard.pubsub is pubsub:
+                del self._shards[name]
+        for confirmed in pending:
+            confirmed.fail(error)
+        self.notify_all()
+        with contextlib.suppress(Exception):
+            pubsub.close()
 
     def _moved(self, name: str, only: str | None = None) -> None:
         """A node failed, or gave ``only``'s slot away: the channels it carried are subscribed

@@ -27,7 +27,8 @@ from django_redlock.testing import (
 from .settings import redlock_settings
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKEND_ALIASES = ("redis", "cache", "local", "cluster", "sentinel")
+# "acl": a RedisBackend as a Redis user limited to its keys, channels and commands.
+BACKEND_ALIASES = ("redis", "cache", "local", "cluster", "sentinel", "acl")
 REDIS_ALIASES = ("redis", "cache")
 
 # The backends' behaviour: `make test` runs these a second time on the other Redis version
@@ -180,10 +181,33 @@ def _sentinel_alias(sentinel_group: list[RedisServer]) -> Iterator[None]:
     )  # fmt: skip
 
 
+def restrict(server: RedisServer, user: str, password: str, rule: str) -> None:
+    """Make ``user`` a Redis user with only ``rule`` (the permissions django_redlock.acl says
+    a backend needs) on ``server``."""
+    client = server.client()
+    client.execute_command(
+        "ACL", "SETUSER", user, "reset", "resetchannels", "on", f">{password}", *rule.split()
+    )
+
+
+@pytest.fixture(scope="session")
+def _acl_alias(redis_server: RedisServer) -> Iterator[None]:
+    """The suite's Redis as a user with only what the README's ACL rule gives."""
+    from django_redlock.acl import rule
+    from django_redlock.backends.redis import RedisBackend
+
+    restrict(redis_server, "locks", "locks-pw", rule(RedisBackend("acl", {})))
+    yield from _add_alias(
+        "acl",
+        {"BACKEND": "django_redlock.backends.redis.RedisBackend",
+         "LOCATION": f"redis://locks:locks-pw@127.0.0.1:{redis_server.port}/0"},
+    )  # fmt: skip
+
+
 @pytest.fixture(params=BACKEND_ALIASES)
 def alias(request: pytest.FixtureRequest) -> str:
     """Each behavioural test runs against every backend."""
-    if request.param in ("cluster", "sentinel"):
+    if request.param in ("cluster", "sentinel", "acl"):
         request.getfixturevalue(f"_{request.param}_alias")
     return str(request.param)
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ..acl import mask
 from ..validation import MAX_TTL
 from ..waiting import ReleaseHub
 
@@ -223,7 +224,8 @@ class BaseLockBackend:
         """Raise ImproperlyConfigured naming the alias and key of the first bad setting."""
 
         def bad(key: str, why: str) -> ImproperlyConfigured:
-            return ImproperlyConfigured(f"DJANGO_REDLOCK[{alias!r}][{key!r}] {why}")
+            # A URL's password never shows (ImproperlyConfigured lands in logs and pages).
+            return ImproperlyConfigured(f"DJANGO_REDLOCK[{alias!r}][{key!r}] {mask(why)}")
 
         ttl = params.get("TTL", DEFAULT_TTL)
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):

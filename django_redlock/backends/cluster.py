@@ -22,7 +22,7 @@ from ..options import check_options, cluster_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub, ShardedPubSubHub
 from .base import Op, Renewal
-from .redis import RedisBackend, _renewed
+from .redis import RedisBackend, _renewed, text
 
 T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
@@ -70,8 +70,9 @@ class RedisClusterBackend(RedisBackend):
 
     def inbox_for(self, name: str) -> str:
         # A shard channel must hash to the script's slot: the inbox carries the lock's hash
-        # tag, and the leading '*' tells the scripts to SPUBLISH (lua/_wake.lua's publish).
-        return f"*{self.key(name)}:inbox:" if self.sharded else self.inbox_prefix
+        # tag, and its last '*' tells the scripts to SPUBLISH (lua/_wake.lua's publish). It
+        # stays under KEY_PREFIX, so a Redis user limited to '&<prefix>*' may use it.
+        return f"{self.key(name)}:inbox*" if self.sharded else self.inbox_prefix
 
     @property
     def hub(self) -> PubSubHub:
@@ -83,11 +84,13 @@ class RedisClusterBackend(RedisBackend):
                             self.client,
                             self.socket_timeout,
                             lambda name: f"{self.inbox_for(name)}{process_id()}",
+                            self._refusal,
                         )
                     else:
                         self._hub = PubSubHub(
-                            self.client.pubsub, self.socket_timeout, self.inbox_prefix
-                        )
+                            self.client.pubsub, self.socket_timeout, self.inbox_prefix,
+                            self._refusal,
+                        )  # fmt: skip
         return self._hub
 
     @property
@@ -122,13 +125,15 @@ class RedisClusterBackend(RedisBackend):
 
 
 def _has_sharded_pubsub(client: Any) -> bool:
-    """Redis 7 or later (SSUBSCRIBE, SPUBLISH) on every node, by their ``INFO server``: during
-    a rolling upgrade from 6.x, a 6.x node would refuse SPUBLISH. A node that does not say
-    (INFO renamed away, unreachable) means classic pub/sub, which works everywhere."""
+    """Redis 7 or later (SSUBSCRIBE, SPUBLISH) on every node, by their ``HELLO`` (which every
+    user may send, unlike INFO): during a rolling upgrade from 6.x, a 6.x node would refuse
+    SPUBLISH. A node that does not say (unreachable) means classic pub/sub, which works
+    everywhere."""
     try:
         for node in client.get_nodes():
-            info = client.get_redis_connection(node).info("server")
-            if int(str(info["redis_version"]).split(".")[0]) < 7:
+            hello = client.get_redis_connection(node).execute_command("HELLO")
+            version = hello.get("version", hello.get(b"version"))
+            if int(text(version).split(".")[0]) < 7:
                 return False
     except Exception as exc:
         logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)

@@ -16,11 +16,11 @@ import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError
+from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import scripts
-from ..exceptions import BackendUnavailable, LockError
+from .. import acl, scripts
+from ..exceptions import BackendUnavailable, LockError, MissingPermission
 from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub
@@ -58,7 +58,8 @@ class RedisBackend(BaseLockBackend):
     wakes_one = True
     #: Whether waiters listen on a lock's release channel (Redis Cluster, a Redlock's nodes),
     #: so that freeing it must PUBLISH there; elsewhere each waiter is woken in its process's
-    #: inbox, and the scripts get '' for the channel: no PUBLISH to nobody on each release.
+    #: inbox, and the scripts get the lock's own key for the channel: no PUBLISH to nobody on
+    #: each release, and no key outside KEY_PREFIX (which an ACL'd user may not pass).
     publishes_releases = False
     default_options: dict[str, Any] = {
         "socket_timeout": 2.0,
@@ -130,9 +131,14 @@ class RedisBackend(BaseLockBackend):
             with self._setup:
                 if self._hub is None:
                     self._hub = PubSubHub(
-                        self.client.pubsub, self.socket_timeout, self.inbox_prefix
-                    )
+                        self.client.pubsub, self.socket_timeout, self.inbox_prefix,
+                        self._refusal,
+                    )  # fmt: skip
         return self._hub
+
+    def _refusal(self, exc: BaseException) -> MissingPermission | None:
+        """``exc`` as a MissingPermission, if it is an ACL's refusal (else None)."""
+        return self._refused("", exc) if acl.refusal(exc) is not None else None
 
     # -- executing ops -----------------------------------------------------------------------
 
@@ -143,9 +149,29 @@ class RedisBackend(BaseLockBackend):
             yield
         except UNAVAILABLE as exc:
             raise self._unavailable(name, exc) from exc
+        except ResponseError as exc:
+            if acl.refusal(exc) is None:
+                raise
+            raise self._refused(name, exc) from exc
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
         return BackendUnavailable(f"lock {name!r}: backend {self.describe()} is unavailable: {exc}")
+
+    def _refused(self, name: str, exc: BaseException) -> MissingPermission:
+        """An ACL's refusal as a MissingPermission; a script's command it does not name is
+        found by the probe (one more round trip, on this error's path only)."""
+        refused: list[str] | None = None
+        if acl.needs_probe(exc):
+            with contextlib.suppress(LockError):
+                refused = self.execute(self.op_probe())
+        return acl.missing_permission(self, name, exc, refused or ())
+
+    async def _arefused(self, name: str, exc: BaseException) -> MissingPermission:
+        refused: list[str] | None = None
+        if acl.needs_probe(exc):
+            with contextlib.suppress(LockError):
+                refused = await self.aexecute(self.op_probe())
+        return acl.missing_permission(self, name, exc, refused or ())
 
     def execute(self, op: Op[T]) -> T:
         request, client = op.request, self.client
@@ -155,21 +181,38 @@ class RedisBackend(BaseLockBackend):
                 reply = scripts.run(client, request)
             elif isinstance(request, list):
                 reply = scripts.run_many(client, request)
+                refused = acl.first_refused(reply)
+                if refused is not None:
+                    raise refused
             else:
                 reply = scripts.command(client, *request)
         except UNAVAILABLE as exc:
             raise self._unavailable(op.name, exc) from exc
+        except ResponseError as exc:
+            if acl.refusal(exc) is None:
+                raise
+            raise self._refused(op.name, exc) from exc
         return op.parse(reply)
 
     async def aexecute(self, op: Op[T]) -> T:
         request, client = op.request, self.aclient
-        with self._io(op.name):
+        self.round_trips += 1
+        try:
             if isinstance(request, Call):
                 reply = await scripts.arun(client, request)
             elif isinstance(request, list):
                 reply = await scripts.arun_many(client, request)
+                refused = acl.first_refused(reply)
+                if refused is not None:
+                    raise refused
             else:
                 reply = await client.execute_command(*request)
+        except UNAVAILABLE as exc:
+            raise self._unavailable(op.name, exc) from exc
+        except ResponseError as exc:
+            if acl.refusal(exc) is None:
+                raise
+            raise await self._arefused(op.name, exc) from exc
         return op.parse(reply)
 
     # -- ops ---------------------------------------------------------------------------------
@@ -197,7 +240,7 @@ class RedisBackend(BaseLockBackend):
         return Op(name, Call(script("acquire"), keys, args), _attempt)
 
     def _release_channel(self, name: str) -> str:
-        return self.channel(name) if self.publishes_releases else ""
+        return self.channel(name) if self.publishes_releases else self.key(name)
 
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
         keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
@@ -301,12 +344,36 @@ class RedisBackend(BaseLockBackend):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    #: What the startup check found the Redis user lacks (None: nothing, or not checked).
+    missing_permission: MissingPermission | None = None
+    #: Whether the startup check ran (the server answered it).
+    permissions_checked = False
+
     def prepare(self) -> None:
         try:
             with self._io("(startup)"):
                 scripts.register(self.client)
+            self.check_permissions()
         except BackendUnavailable as exc:
             logger.warning("redlock: could not load the Lua scripts at startup: %s", exc)
+        except MissingPermission as exc:
+            self.missing_permission, self.permissions_checked = exc, True
+        if self.missing_permission is not None:
+            logger.warning("redlock: %s", self.missing_permission)
+
+    def check_permissions(self) -> MissingPermission | None:
+        """Whether the Redis user lacks a permission the app needs (see :func:`acl.check`);
+        BackendUnavailable when the server does not answer."""
+        self.missing_permission = acl.check(self)
+        self.permissions_checked = True
+        return self.missing_permission
+
+    def op_probe(self) -> Op[list[str] | None]:
+        """The commands the Redis user may not run, of those the app needs (None: Redis < 7
+        cannot tell); nothing is run."""
+        names, args = acl.probe_args(self)
+        call = Call(script("probe"), [self.key("probe")], args)
+        return Op("(permissions)", call, lambda reply: acl.refused_commands(names, reply))
 
     def close(self) -> None:
         if self._hub is not None:

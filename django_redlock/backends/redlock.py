@@ -17,9 +17,16 @@ from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
-from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
+from .. import acl
+from ..exceptions import (
+    BackendUnavailable,
+    LockError,
+    MissingPermission,
+    QuorumNotReached,
+    quorum_failure,
+)
 from ..options import check_options, pool_options
 from ..scripts import Call
 from ..waiting import CompositeHub
@@ -231,6 +238,10 @@ class RedlockBackend(BaseLockBackend):
                 replies.append(_unavailable(node, node_op, exc))
                 continue
             node.client.connection_pool.release(connection)
+            refused = acl.first_refused(raw)
+            if refused is not None:  # this node's user may not: say what it lacks
+                replies.append(node._refused(node_op.name, refused))
+                continue
             if any(isinstance(r, NoScriptError) for r in raw):
                 # This node forgot the scripts: teach it and ask again, on its own.
                 replies.append(_quietly(node, node_op))
@@ -312,7 +323,10 @@ class RedlockBackend(BaseLockBackend):
     def _answered(self, replies: Replies) -> int:
         return sum(1 for reply in replies if not isinstance(reply, BaseException))
 
-    def _unreachable(self, name: str, replies: Replies, doing: str) -> QuorumNotReached:
+    def _unreachable(self, name: str, replies: Replies, doing: str) -> LockError:
+        refused = next((r for r in replies if isinstance(r, MissingPermission)), None)
+        if refused is not None:  # no quorum because a node's user may not: say what it lacks
+            return refused
         errors = "; ".join(str(r) for r in replies if isinstance(r, BaseException))
         return quorum_failure(
             self.alias,
@@ -524,14 +538,14 @@ class RedlockBackend(BaseLockBackend):
         for node in self.nodes:
             try:
                 marks.append(node.client.get(f"{node.key_prefix}node"))
-            except UNAVAILABLE:
+            except (*UNAVAILABLE, ResponseError):  # a refusal: told by the node's check
                 marks.append(None)
         if any(mark is not None for mark in marks):
             return
         for node in self.nodes:
             try:
                 node.client.set(f"{node.key_prefix}node", 0, nx=True)
-            except UNAVAILABLE:
+            except (*UNAVAILABLE, ResponseError):
                 continue
 
     def close(self) -> None:

@@ -35,6 +35,18 @@ class _Replicated(NamedTuple):
     release: Op[int]
 
 
+def _sentinel_url_kwargs(url: str) -> dict[str, Any]:
+    """How to reach the sentinels, from the first one's URL: their own user and password
+    (``redis://user:password@host:26379``) and TLS (``rediss://...?ssl_ca_certs=...``).
+    ``sentinel_kwargs`` overrides any of it; the master's are in OPTIONS."""
+    kwargs = redis.connection.parse_url(url)
+    for key in ("host", "port", "db", "path"):
+        kwargs.pop(key, None)
+    if issubclass(kwargs.pop("connection_class", redis.Connection), redis.SSLConnection):
+        kwargs["ssl"] = True
+    return kwargs
+
+
 class SentinelBackend(RedisBackend):
     """Locks on the master of a Sentinel-monitored service.
 
@@ -91,6 +103,7 @@ class SentinelBackend(RedisBackend):
         sentinel_kwargs = {
             "socket_timeout": options["socket_timeout"],
             "socket_connect_timeout": options["socket_connect_timeout"],
+            **_sentinel_url_kwargs(self.location[0]),  # type: ignore[index]
             **self.sentinel_kwargs,
         }
         return options, sentinel_kwargs

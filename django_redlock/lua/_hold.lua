@@ -10,6 +10,18 @@ local function now_ms()
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
+-- Whether a redis.pcall reply is WRONGTYPE (a name taken by another kind of lock). Any other
+-- error (the user's ACL refused the command) is raised: it says nothing about the hold.
+local function wrongtype(reply)
+  if type(reply) ~= 'table' or not reply.err then
+    return false
+  end
+  if string.sub(reply.err, 1, 9) ~= 'WRONGTYPE' then
+    error(reply)
+  end
+  return true
+end
+
 -- How many holds `token` has on `lock` (0: none), and the hold's fence. `kind`: the key's
 -- TYPE if the caller has it, else the type the caller's hold would have ('string': plain,
 -- 'hash': reentrant), read without asking for the TYPE. A key of another type (a name taken by
@@ -18,11 +30,14 @@ local function hold_mine(lock, token, kind)
   kind = kind or redis.call('TYPE', lock).ok
   if kind == 'string' then
     local value = redis.pcall('GET', lock)
+    wrongtype(value) -- raises an ACL's refusal; a WRONGTYPE error is no string: none held
     if type(value) == 'string' and string.sub(value, 1, #token + 1) == token .. '|' then
       return 1, tonumber(string.match(value, '^[^|]*|(%d+)'))
     end
   elseif kind == 'hash' then
-    local count = tonumber((redis.pcall('HGET', lock, token))) -- an error table: nil
+    local count = redis.pcall('HGET', lock, token)
+    wrongtype(count)
+    count = tonumber(count) -- an error table: nil
     if count then
       return count, tonumber(redis.call('HGET', lock, ':fence'))
     end
@@ -73,11 +88,11 @@ local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
 end
 
 -- Whether waiters listen on the release channel: Redis 6 clusters and Redlock's nodes. ''
--- elsewhere; and on a Redis 7+ cluster (a sharded inbox prefix starts with '*') the channel
+-- elsewhere; and on a Redis 7+ cluster (a sharded inbox prefix ends with '*') the channel
 -- is passed only because a cluster script's keys must share the lock's slot: every waiter
 -- there is woken in its inbox, and a release announces nothing.
 local function announces(channel, inbox)
-  return channel ~= '' and string.byte(inbox or '', 1) ~= 42
+  return channel ~= '' and string.byte(inbox or '', -1) ~= 42
 end
 
 -- A lock was just freed (deleted): tell those that listen on its release channel, and say

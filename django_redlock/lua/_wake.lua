@@ -4,10 +4,11 @@
 
 -- PUBLISH, or SPUBLISH on a Redis 7+ cluster (sharded pub/sub: the message stays on the
 -- lock's shard instead of crossing the whole cluster bus). The inbox prefix argument says
--- which: a sharded backend's starts with '*' (no KEY_PREFIX can: a glob character) and holds
--- the lock's hash tag, so its inboxes, like the release channel, hash to the lock's slot.
+-- which: a sharded backend's ends with '*' (an unsharded one is '<KEY_PREFIX>inbox:', and no
+-- KEY_PREFIX has a glob character) and holds the lock's hash tag, so its inboxes, like the
+-- release channel, hash to the lock's slot.
 local function publish(inbox, channel, message)
-  if string.byte(inbox, 1) == 42 then
+  if string.byte(inbox, -1) == 42 then
     return redis.call('SPUBLISH', channel, message)
   end
   return redis.call('PUBLISH', channel, message)

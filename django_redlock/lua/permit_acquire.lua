@@ -1,7 +1,7 @@
 -- Take a lease on a semaphore (mode 's': at most `limit` at once) or a read-write lock
 -- (mode 'r': many readers; 'w': one writer, no readers) in one atomic step.
--- KEYS: leases, details, fence counter, release channel, plain waiters, queue, deadlines,
---       waiting writers.
+-- KEYS: leases, details, fence counter, release channel (the leases' own key where nobody
+--       listens there), plain waiters, queue, deadlines, waiting writers.
 -- ARGV: token, ttl ms, holder metadata, mode, limit (s), fair ('1'/'0', s)[, waiter id,
 --       wait ms (-1: a one-off try that never queues or registers), inbox channel prefix,
 --       the caller's read token (w: a reader asking to write is refused, or it would wait
@@ -14,6 +14,9 @@
 --! include _hold
 --! include _permits
 local leases, details, counter, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+if channel == leases then
+  channel = ''
+end
 local waiting, queue, deadlines, writers = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local token, ttl, meta, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local limit, fair = tonumber(ARGV[5]), ARGV[6] == '1'
@@ -26,13 +29,13 @@ local now = now_ms()
 local expiry, all
 if mode == 's' then
   all = redis.pcall('ZCARD', leases)
-  if type(all) == 'table' then
+  if wrongtype(all) then
     return {-2, redis.call('TYPE', leases).ok}
   end
   expiry = all > 0 and redis.call('ZSCORE', leases, token)
 else
   expiry = redis.pcall('ZSCORE', leases, token)
-  if type(expiry) == 'table' and expiry.err then
+  if wrongtype(expiry) then
     return {-2, redis.call('TYPE', leases).ok}
   end
 end

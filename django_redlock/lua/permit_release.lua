@@ -1,7 +1,7 @@
 -- Release one hold of a lease (a permit, a read or a write); free the lease when none are
 -- left, and wake as many waiters as can now take one (see leases_wake).
--- KEYS: leases, details, release channel ('' where nobody listens there), plain waiters,
---       queue, deadlines, waiting writers.
+-- KEYS: leases, details, release channel (the leases' own key where nobody listens there),
+--       plain waiters, queue, deadlines, waiting writers.
 -- ARGV: token, inbox channel prefix[, the mode it was taken in: 's', 'r' or 'w' (absent:
 --       read from its details)].
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
@@ -10,6 +10,9 @@
 --! include _hold
 --! include _permits
 local leases, details, channel = KEYS[1], KEYS[2], KEYS[3]
+if channel == leases then
+  channel = ''
+end
 local token, inbox = ARGV[1], ARGV[2]
 local now = now_ms()
 local count, _, mode = lease_mine(leases, details, token, now, nil, ARGV[3])

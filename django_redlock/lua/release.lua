@@ -1,6 +1,8 @@
 -- Release one hold of the caller; free the lock when none are left, and wake its waiters
 -- (lock_freed in _hold.lua, lock_wake in _queue.lua).
--- KEYS: lock, release channel ('' where nobody listens there), plain waiters, queue, deadlines.
+-- KEYS: lock, release channel (the lock's own key where nobody listens there: a key outside
+--       the prefix would be refused to a Redis user limited to it), plain waiters, queue,
+--       deadlines.
 -- ARGV: token, inbox channel prefix[, the hold's kind: '0' plain, '1' reentrant (absent:
 --       looked up)].
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
@@ -8,6 +10,9 @@
 -- lock nobody waits for never defines them.
 --! include _hold
 local lock, channel, waiting, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+if channel == lock then
+  channel = ''
+end
 local token, inbox = ARGV[1], ARGV[2]
 local count = hold_mine(lock, token, ARGV[3] == '1' and 'hash' or ARGV[3] == '0' and 'string'
                                      or nil)

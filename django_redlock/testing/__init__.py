@@ -6,10 +6,12 @@ from .server import (
     CLUSTER_ARGS,
     RedisServer,
     SentinelServer,
+    TLSFiles,
     bundled_redis_server,
     create_cluster,
     find_redis_server,
     free_port,
+    make_tls_files,
     redis_server_version,
 )
 
@@ -18,10 +20,12 @@ __all__ = [
     "PostgresServer",
     "RedisServer",
     "SentinelServer",
+    "TLSFiles",
     "bundled_redis_server",
     "create_cluster",
     "find_postgres_bin",
     "find_redis_server",
     "free_port",
+    "make_tls_files",
     "redis_server_version",
 ]

@@ -19,8 +19,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 
 def find_redis_server() -> str:
@@ -87,13 +89,73 @@ def _bindable(port: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class TLSFiles:
+    """A test CA and the certificates it signed, for ``redis-server --tls-port`` (PEM files)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    def client_options(self, client_cert: bool = True) -> dict[str, str]:
+        """redis-py's keyword arguments to connect (``ssl_certfile`` etc.)."""
+        options = {"ssl_ca_certs": str(self.ca), "ssl_cert_reqs": "required"}
+        if client_cert:
+            options.update(ssl_certfile=str(self.client_cert), ssl_keyfile=str(self.client_key))
+        return options
+
+    def query(self, client_cert: bool = True) -> str:
+        """The same as a ``rediss://`` URL's query string."""
+        return "&".join(f"{k}={quote(v)}" for k, v in self.client_options(client_cert).items())
+
+
+def make_tls_files(directory: str | Path, days: int = 2) -> TLSFiles:
+    """A fresh CA, a server certificate for 127.0.0.1 and localhost, and a client certificate,
+    made with the ``openssl`` command into ``directory``."""
+    where = Path(directory)
+    where.mkdir(parents=True, exist_ok=True)
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=where, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+            "-out", "ca.crt", "-days", str(days), "-subj", "/CN=redlock test CA")  # fmt: skip
+    (where / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name, extra in (("server", ["-extfile", "san.cnf"]), ("client", [])):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+                "-out", f"{name}.csr", "-subj", f"/CN={name}")  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{name}.crt", "-days", str(days), *extra)  # fmt: skip
+    return TLSFiles(where / "ca.crt", where / "server.crt", where / "server.key",
+                    where / "client.crt", where / "client.key")  # fmt: skip
+
+
+def tls_args(tls: TLSFiles, port: int, auth_clients: bool) -> list[str]:
+    """redis-server's arguments to listen with TLS only, on ``port``."""
+    return [
+        "--port", "0", "--tls-port", str(port),
+        "--tls-cert-file", str(tls.server_cert), "--tls-key-file", str(tls.server_key),
+        "--tls-ca-cert-file", str(tls.ca),
+        "--tls-auth-clients", "yes" if auth_clients else "no",
+        "--tls-replication", "yes",
+    ]  # fmt: skip
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class RedisServer:
-    """One ``redis-server`` process with a private directory and no persistence by default."""
+    """One ``redis-server`` process with a private directory and no persistence by default.
+
+    ``password``: the default user's (``--requirepass``); ``tls``: listen with TLS only
+    (``tls_auth_clients``: clients must show a certificate the CA signed). ``url`` and
+    ``client()`` connect as the default user, with the password and TLS as needed;
+    ``url_for()`` names another user (made with ``add_user()``).
+    """
 
     def __init__(
         self,
@@ -102,11 +164,17 @@ class RedisServer:
         args: Sequence[str] = (),
         executable: str | None = None,
         persist: bool = False,
+        password: str | None = None,
+        tls: TLSFiles | None = None,
+        tls_auth_clients: bool = False,
     ) -> None:
         self.executable = executable or find_redis_server()
         self.port = port or free_port(cluster="--cluster-enabled" in args)
         self.extra_args = list(args)
         self.persist = persist
+        self.password = password
+        self.tls = tls
+        self.tls_auth_clients = tls_auth_clients
         self.dir = Path(tempfile.mkdtemp(prefix=f"redlock-redis-{self.port}-"))
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -116,7 +184,25 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url_for(None, self.password)
+
+    def url_for(
+        self, user: str | None, password: str | None, db: int = 0, client_cert: bool = True
+    ) -> str:
+        """A URL that connects as ``user`` (None: the default user), over TLS when the server
+        uses it (with the client certificate unless ``client_cert`` is False)."""
+        scheme = "rediss" if self.tls else "redis"
+        who = quote(user or "", safe="")
+        auth = f"{who}:{quote(password, safe='')}@" if password else (f"{who}@" if who else "")
+        query = f"?{self.tls.query(client_cert)}" if self.tls else ""
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/{db}{query}"
+
+    def add_user(self, user: str, password: str, *rules: str) -> None:
+        """``ACL SETUSER user reset resetchannels on >password *rules``: a user with only
+        ``rules`` (``resetchannels``: Redis 6.2's ``reset`` gives every channel)."""
+        self.client().execute_command(
+            "ACL", "SETUSER", user, "reset", "resetchannels", "on", f">{password}", *rules
+        )
 
     def command(self) -> list[str]:
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else []
@@ -130,6 +216,8 @@ class RedisServer:
             *persistence,
             "--daemonize", "no",
             "--logfile", str(self.dir / "redis.log"),
+            *(["--requirepass", self.password] if self.password else []),
+            *(tls_args(self.tls, self.port, self.tls_auth_clients) if self.tls else []),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -164,6 +252,10 @@ class RedisServer:
         import redis
 
         options.setdefault("socket_timeout", 5.0)
+        if self.password:
+            options.setdefault("password", self.password)
+        if self.tls:
+            options = {"ssl": True, **self.tls.client_options(), **options}
         return redis.Redis(host=self.host, port=self.port, **options)
 
     # -- faults ------------------------------------------------------------------------------
@@ -217,26 +309,51 @@ class SentinelServer(RedisServer):
     a failover without waiting for agreement.
     """
 
-    def __init__(self, master: RedisServer, service: str = "mymaster", quorum: int = 1) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        master: RedisServer,
+        service: str = "mymaster",
+        quorum: int = 1,
+        *,
+        password: str | None = None,
+        tls_auth_clients: bool | None = None,
+    ) -> None:
+        # Over TLS when the master is (the same certificates, also shown to the master as
+        # the sentinel's client certificate); the master's password is the sentinel's to
+        # watch it; ``password``: the sentinel's own (its default user's);
+        # ``tls_auth_clients``: whether it asks its clients for certificates (default: as
+        # the master does).
+        if tls_auth_clients is None:
+            tls_auth_clients = master.tls_auth_clients
+        super().__init__(password=password, tls=master.tls, tls_auth_clients=tls_auth_clients)
         self.master_port, self.service, self.quorum = master.port, service, quorum
+        self.master_password = master.password
 
     def command(self) -> list[str]:
         config = self.dir / "sentinel.conf"
-        config.write_text(
-            f"port {self.port}\n"
-            "bind 127.0.0.1\n"
-            f"dir {self.dir}\n"
-            f"logfile {self.dir / 'redis.log'}\n"
-            f"sentinel monitor {self.service} 127.0.0.1 {self.master_port} {self.quorum}\n"
-            f"sentinel down-after-milliseconds {self.service} 1000\n"
-            f"sentinel failover-timeout {self.service} 3000\n"
-        )
+        lines = [
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            f"dir {self.dir}",
+            f"logfile {self.dir / 'redis.log'}",
+            f"sentinel monitor {self.service} 127.0.0.1 {self.master_port} {self.quorum}",
+            f"sentinel down-after-milliseconds {self.service} 1000",
+            f"sentinel failover-timeout {self.service} 3000",
+        ]
+        if self.master_password:
+            lines.append(f"sentinel auth-pass {self.service} {self.master_password}")
+        if self.password:
+            lines.append(f"requirepass {self.password}")
+        if self.tls:
+            tls = tls_args(self.tls, self.port, self.tls_auth_clients)
+            lines[0] = "port 0"
+            lines += [f"{tls[i][2:]} {tls[i + 1]}" for i in range(2, len(tls), 2)]
+        config.write_text("\n".join(lines) + "\n")
         return [self.executable, str(config), "--sentinel"]
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        return self.url_for(None, self.password).replace("/0", "", 1)
 
 
 CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-node-timeout", "2000")
