@@ -595,7 +595,7 @@ def test_copies_of_one_task_taking_permits_at_once_keep_one(redis_alias: str) ->
     # Two copies of one message that both got a permit before either looked: each sees the
     # other; the first (lower fence) keeps its permit, the second gives its back.
     from django_redlock import Semaphore
-    from django_redlock.contrib.celery import _alone
+    from django_redlock.contrib.single import _alone
 
     first, second = (
         Semaphore("copies", 3, ttl=30, using=redis_alias, token_prefix="t-1.0.") for _ in "ab"

@@ -424,11 +424,11 @@ def _check_decorated(func: Any) -> None:
     decorator, on the function) or a coroutine function."""
     from . import tasks
 
+    tasks.check_decorated(func)  # first: a Django Task is not callable, which Celery's refuses
     if "celery" in sys.modules:  # a Celery task exists only once Celery is imported
         from .celery import _check_decorated as check_celery
 
         check_celery(func)
-    tasks.check_decorated(func)
     if not callable(func):
         raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
     if inspect.iscoroutinefunction(func):
