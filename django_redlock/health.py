@@ -21,7 +21,8 @@ class Health:
     up: bool
     latency_ms: float | None = None  # one PING (the slowest node's, on Redlock)
     detail: str = ""  # why it is down, or "3/3 nodes", "in process"
-    held: int = 0  # on the page shown (a SCAN page: never a count of every lock)
+    held: int = 0  # locks on the page shown (a SCAN page: never a count of every lock)
+    holds: int = 0  # their holds: a semaphore's permits, a read-write lock's readers, each one
     waiting: int = 0
     longest_wait: float | None = None
     lost: int = 0  # holds lost in the last hour (lock incidents)
@@ -94,6 +95,7 @@ def summarise(health: Health, found: Sequence[LockInfo]) -> Health:
     """Count a page of the backend's held locks into its health line."""
     health.counted = True
     health.held = len(found)
+    health.holds = sum(len(info.holders) or 1 for info in found)
     health.waiting = sum(info.waiters for info in found)
     waits = [info.longest_wait for info in found if info.longest_wait is not None]
     health.longest_wait = max(waits, default=None)

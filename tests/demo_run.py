@@ -18,45 +18,24 @@ from typing import Any
 from .conftest import ROOT
 
 
-class Demo:
-    def __init__(self, port: int, state: Path, **env: str) -> None:
+class Shop:
+    """The demo's shop, over HTTP, with a session (its cookies) of its own."""
+
+    def __init__(self, port: int) -> None:
         self.port = port
         self.base = f"http://127.0.0.1:{port}"
-        # PYTHONPATH: this checkout's django_redlock, whatever the venv has installed.
-        environ = {**os.environ, "DEMO_PORT": str(port), "SHOP_DB": f"{state}/shop.sqlite3",
-                   "PYTHONPATH": str(ROOT)}  # fmt: skip
-        environ.pop("REDIS_URL", None)  # the demo must bring its own Redis
-        environ.pop("DJANGO_SETTINGS_MODULE", None)
-        self.process = subprocess.Popen(
-            [sys.executable, "example_project/demo.py"],
-            cwd=ROOT, env={**environ, **env},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        self.output = ""
         self.jar = http.cookiejar.CookieJar()
         self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
 
-    def wait_ready(self) -> str:
-        """Until the demo says where the shop is and the page answers; the Redis URL."""
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-            if "the shop is at" in line:
-                break
-        else:
-            raise AssertionError("".join(self.lines))
+    def wait_answering(self, lines: list[str]) -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
                 self.get("/")
-                break
+                return
             except OSError:
-                assert time.monotonic() < deadline, "".join(self.lines)
+                assert time.monotonic() < deadline, "".join(lines)
                 time.sleep(0.2)
-        url = next(re.search(r"redis://\S+", x) for x in self.lines if "embedded" in x)
-        assert url is not None
-        return url.group(0)
 
     def get(self, path: str) -> str:
         return str(self.opener.open(f"{self.base}{path}", timeout=60).read().decode())
@@ -73,23 +52,54 @@ class Demo:
         )
         if follow:
             return self.opener.open(request, timeout=60)
+        # New handlers: build_opener makes each handler given its own (a shared one would
+        # stop following redirects in self.opener too).
         opener = urllib.request.build_opener(
-            *[
-                h
-                for h in self.opener.handlers
-                if not isinstance(h, urllib.request.HTTPRedirectHandler)
-            ],
-            _NoRedirect(),
+            urllib.request.HTTPCookieProcessor(self.jar), _NoRedirect()
         )
         try:
             return opener.open(request, timeout=60)
         except urllib.error.HTTPError as redirect:
             return redirect
 
+
+class Demo(Shop):
+    def __init__(self, port: int, state: Path, **env: str) -> None:
+        super().__init__(port)
+        # PYTHONPATH: this checkout's django_redlock, whatever the venv has installed.
+        self.state = state
+        environ = {**os.environ, "DEMO_PORT": str(port), "DEMO_STATE": str(state),
+                   "SHOP_DB": f"{state}/shop.sqlite3", "PYTHONPATH": str(ROOT)}  # fmt: skip
+        environ.pop("REDIS_URL", None)  # the demo must bring its own Redis
+        environ.pop("DJANGO_SETTINGS_MODULE", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "example_project/demo.py"],
+            cwd=ROOT, env={**environ, **env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,  # no terminal: the tmux test is the one with a terminal
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.output = ""
+
+    def wait_ready(self) -> str:
+        """Until the demo says where the shop is and the page answers; the Redis URL."""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if "the shop is at" in line:
+                break
+        else:
+            raise AssertionError("".join(self.lines))
+        self.wait_answering(self.lines)
+        url = next(re.search(r"redis://\S+", x) for x in self.lines if "embedded" in x)
+        assert url is not None
+        return url.group(0)
+
     def stop(self) -> str:
+        """Ctrl-C, as a terminal sends it: to the demo's process group (its own session)."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-        rest, _ = self.process.communicate(timeout=30)
+            os.killpg(self.process.pid, signal.SIGINT)
+        rest, _ = self.process.communicate(timeout=90)
         self.output = "".join(self.lines) + rest
         return self.output
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -45,9 +47,20 @@ def test_lists_locks_across_backends_with_their_details() -> None:
         inner.acquire()
         page = client_for(superuser=True).get(URL).content.decode().replace("<wbr>", "")
     assert "admin:r" in page and "admin:l" in page
-    row = re.search(r"admin:l</td>\s*<td>local</td>\s*<td>reentrant</td>.*?</tr>", page, re.S)
+    row = re.search(
+        r'admin:l</td>\s*<td>local</td>\s*<td class="kind">reentrant</td>.*?</tr>', page, re.S
+    )
     assert row is not None and "<td>2</td>" in row.group(0)  # hold count
-    assert "MainThread" in page  # the holder
+    # The holder, in the words the example shop uses too: who, then where; all of it on hover.
+    holder = re.search(r'<td class="holder" title="([^"]*)">(.*?)</td>', row.group(0), re.S)
+    assert holder is not None
+    assert holder.group(2) == (
+        f'MainThread<br><span class="quiet">pid {os.getpid()} on {socket.gethostname()}</span>'
+    )
+    assert holder.group(1) == f"thread MainThread, pid {os.getpid()}, host {socket.gethostname()}"
+    # A fence is one number, on one line (it was cut into groups of six digits).
+    fence = re.search(r'<td class="fence">(.*?)</td>', row.group(0))
+    assert fence is not None and re.fullmatch(r"\d{16}", fence.group(1)), row.group(0)
 
 
 def test_index_has_the_entry() -> None:
@@ -247,7 +260,11 @@ def test_semaphores_and_read_write_locks_are_listed_per_holder(alias: str) -> No
         return set() if info is None else {h.token for h in info.holders}
 
     page = client.get(URL, {"backend": alias, "q": "admin:"}).content.decode().replace("<wbr>", "")
-    assert page.count("semaphore permit 2/3") == 2 and "read-write read" in page
+    assert page.count("semaphore, 2 of 3 permits held") == 2 and "read-write, read" in page
+    # "Held" counts what the table lists: each permit (two), and the reader.
+    health = re.search(rf'data-backend="{alias}">.*?</tr>', page, re.S)
+    assert health is not None and '<td class="held">3</td>' in health.group(0)
+    assert page.count('class="redlock-row"') == 3
     assert str(sems[0].fence) in page and str(sems[1].fence) in page
     only = client.get(URL, {"backend": alias, "kind": "semaphore"}).content.decode()
     assert "admin:sem" in only and "admin:rw" not in only
@@ -343,3 +360,48 @@ def test_the_page_stays_a_scan_page_with_the_summary(
     assert f'<td class="held">{rows}{more}</td>' in health.group(0)
     for each in held:
         each.release()
+
+
+def test_a_celery_task_holder_is_named_by_its_task() -> None:
+    """A hold taken in a Celery task: the task's name and the start of its id, the whole id
+    on hover (and on the confirmation page)."""
+    from django_redlock.identity import current_task
+
+    task_id = "2c256f78-d022-4f69-a4ea-9bbf0b9482c1"
+    marker = current_task.set((task_id, "shop.tasks.nightly_sync"))
+    try:
+        held = lock("admin:task", using="redis")
+        held.acquire()
+    finally:
+        current_task.reset(marker)
+    try:
+        client = client_for(superuser=True)
+        page = client.get(URL, {"backend": "redis", "q": "admin:task"}).content.decode()
+        confirm = client.post(RELEASE, {"lock": form_values(page)}).content.decode()
+    finally:
+        held.release()
+    holder = re.search(r'<td class="holder" title="([^"]*)">(.*?)<br>', page)
+    assert holder is not None and holder.group(2) == "task nightly_sync 2c256f78"
+    assert holder.group(1).startswith(
+        f"task {task_id} (shop.tasks.nightly_sync), thread MainThread, pid "
+    )
+    assert f'held by <span class="holder" title="task {task_id}' in confirm
+    assert f"task nightly_sync 2c256f78 · pid {os.getpid()} on" in confirm
+
+
+def test_holders_in_words() -> None:
+    from django_redlock.display import holder_parts, holder_text, holder_title
+
+    task = {"h": "web-1", "p": 9101, "t": "Thread-3", "k": "2c256f78-d022", "n": "shop.sync"}
+    assert holder_text(task) == "task sync 2c256f78 · pid 9101 on web-1"
+    assert holder_parts({"h": "web-1", "p": 7, "t": "MainThread"}) == (
+        "MainThread",
+        "pid 7 on web-1",
+    )
+    assert (
+        holder_title(task)
+        == "task 2c256f78-d022 (shop.sync), thread Thread-3, pid 9101, host web-1"
+    )
+    # A hold that records nothing (another client's): said so, never "? · pid ?".
+    assert holder_text({}) == "unknown holder" == holder_title({})
+    assert holder_text({"p": 5}) == "pid 5"

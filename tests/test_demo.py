@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,14 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from django_redlock.testing import free_port
 
 from .conftest import ROOT
-from .demo_run import Demo
+from .demo_run import Demo, Shop
 
 
+@pytest.mark.timeout(300)  # a loaded 2-core machine starts the demo in far more than 25 s
 def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
     demo = Demo(free_port(), tmp_path)
     try:
@@ -54,8 +58,23 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
         assert 0 < sync["ttl"] <= 30 and sync["waiters"] == 0
         assert live["experiment"][1][1] == {"tickets": 50, "confirmed": 50, "oversold": 0}
         assert any(h["name"] == "nightly-sync" for h in live["handoffs"])
+        # The duplicate that was skipped is on the page too, not only in the worker's log.
+        deadline = time.monotonic() + 30
+        while not [h for h in live["handoffs"] if h.get("skipped")]:
+            assert time.monotonic() < deadline, live["handoffs"]
+            time.sleep(0.2)
+            live = json.loads(demo.get("/live.json"))
+        (skipped,) = [h for h in live["handoffs"] if h.get("skipped")]
+        assert skipped["name"] == "nightly-sync" and skipped["fence"] is None
+        assert skipped["who"].startswith("task nightly_sync ")
+        assert skipped["who"] != sync["holder"] and sync["holder"].split(" · ")[0].endswith(
+            skipped["skipped"]
+        )  # it names the task that held the lock meanwhile
         time.sleep(1.0)
         assert locks_db.llen("demo:sync:runs") == 1
+        # Browsers ask for it on every page, the admin's too.
+        with demo.opener.open(f"{demo.base}/favicon.ico", timeout=60) as icon:
+            assert icon.status == 200 and icon.read(4) == b"\0\0\1\0"  # an ICO file
         # At most 2 exports at once: five sent, two run at a time, the others retry.
         redirect = demo.post("/exports/", follow=False)
         assert redirect.status == 302 and redirect.headers["Location"] == "/"
@@ -72,15 +91,33 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
             assert time.monotonic() < deadline + 30, "the demo's db_worker ran no stock count"
             time.sleep(0.2)
         assert locks_db.llen("demo:counts") == 1
+        # Ctrl-C while a task runs: the sync again, until its task holds the lock.
+        demo.post("/sync/")
+        deadline = time.monotonic() + 30
+        while not (running := [x for x in json.loads(demo.get("/live.json"))["locks"]
+                               if x["name"] == "nightly-sync"]):  # fmt: skip
+            assert time.monotonic() < deadline, "the second sync did not start"
+            time.sleep(0.1)
+        task = re.search(r"task (\S+) ", running[0]["holder_title"])
+        assert task is not None, running
     finally:
         output = demo.stop()
-    assert "demo: stopped" in output
+    # One line, and a clean exit: the worker finished its task before Redis stopped.
+    stopping = output[output.index("demo: stopping") :].splitlines()
+    assert len(stopping) == 1 and stopping[0].endswith("... demo: stopped."), output[-3000:]
     assert demo.process.returncode == 0
+    assert "Traceback" not in output
+    log = (tmp_path / "stop.log").read_text()  # what the processes said meanwhile
+    assert f"Task shop.tasks.nightly_sync[{task.group(1)}] succeeded" in output + log
+    for error in ("Traceback", "BackendUnavailable", "ConnectionError", "Error 111"):
+        assert error not in log, log
     # Locks have a database of their own (no W001); no setting is misspelt (no W002).
     assert "django_redlock.W00" not in output, output
     # One line per log record: the worker's root handler does not print ours again.
-    skipped = [line for line in output.splitlines() if "skipped duplicate" in line]
-    assert len(skipped) == 1, skipped
+    skipped = [line for line in (output + log).splitlines() if "skipped duplicate" in line]
+    assert skipped and len(set(skipped)) == len(skipped), skipped
+    # The request log, without the live panel's poll of /live.json (once a second a tab).
+    assert '"GET / HTTP/1.1" 200' in output and '"GET /live.json' not in output
     port_of_redis = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     try:
         redis.Redis(port=port_of_redis, socket_connect_timeout=0.5).ping()
@@ -123,4 +160,60 @@ def test_demo_fails_loudly_when_a_process_dies(tmp_path: Path) -> None:
     finally:
         output = demo.stop()
     assert demo.process.returncode == 1, output
-    assert "manage.py runserver 127.0.0.1" in output and "stopping the rest" in output
+    assert "demo: the web server (manage.py runserver) exited (-9); stopping the rest" in output
+    assert "-m celery" not in output  # each process by its name
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_on_make_demo_in_a_terminal(tmp_path: Path) -> None:
+    """`make demo` in a real terminal (tmux), Ctrl-C while a task runs: the demo says one
+    line and make exits 0. (Ctrl-C reached make and every process: make reported the demo
+    "Interrupt" or "Error 1", after some 1,500 lines of the worker's tracebacks, its Redis
+    having stopped before it.)"""
+    tmux = shutil.which("tmux")
+    assert tmux, "tmux is missing: `make test` installs it (apt-get install tmux)"
+    terminal = [tmux, "-L", f"redlock-demo-{os.getpid()}"]  # a tmux server of its own
+    port = free_port()
+    subprocess.run([*terminal, "new-session", "-d", "-s", "demo", "-x", "200", "-y", "50",
+                    "bash --norc --noprofile"], check=True, cwd=ROOT)  # fmt: skip
+
+    def screen() -> str:
+        return subprocess.run([*terminal, "capture-pane", "-p", "-J", "-S", "-", "-t", "demo"],
+                              check=True, capture_output=True, text=True).stdout  # fmt: skip
+
+    def wait_for(line: str, seconds: float) -> str:
+        """Until a line of the terminal starts with ``line`` (not the command typed)."""
+        deadline = time.monotonic() + seconds
+        while not re.search(f"^{re.escape(line)}", shown := screen(), re.M):
+            assert time.monotonic() < deadline, shown[-3000:]
+            time.sleep(0.2)
+        return shown
+
+    try:
+        settings = {"DEMO_PORT": str(port), "DEMO_STATE": str(tmp_path), "PYTHONPATH": str(ROOT),
+                    "SHOP_DB": str(tmp_path / "shop.sqlite3")}  # fmt: skip
+        command = (
+            f"cd {shlex.quote(str(ROOT))} && env -u REDIS_URL -u DJANGO_SETTINGS_MODULE "
+            + " ".join(f"{key}={shlex.quote(value)}" for key, value in settings.items())
+            + " make demo; echo EXIT=$?"
+        )
+        subprocess.run([*terminal, "send-keys", "-t", "demo", command, "Enter"], check=True)
+        wait_for("demo: the shop is at", 180)
+        shop = Shop(port)
+        shop.wait_answering([])
+        shop.post("/sync/")
+        deadline = time.monotonic() + 30
+        while "nightly-sync" not in shop.get("/live.json"):  # its task runs
+            assert time.monotonic() < deadline, "the sync did not start"
+            time.sleep(0.1)
+        subprocess.run([*terminal, "send-keys", "-t", "demo", "C-c"], check=True)
+        shown = wait_for("EXIT=", 90)
+    finally:
+        subprocess.run([*terminal, "kill-server"], capture_output=True)
+    after = [line for line in shown[shown.index("^C") :].splitlines() if line.strip()]
+    assert after[:2] == [
+        "^Cdemo: stopping; the worker finishes its running tasks first (Ctrl-C again: at once)"
+        "... demo: stopped.",
+        "EXIT=0",
+    ], shown[-3000:]
+    assert "make: ***" not in shown and "Traceback" not in shown

@@ -138,7 +138,7 @@ def test_a_second_run_of_a_held_key_is_skipped(
     info = locks["default"].inspect("tasks:overlap:skip")
     assert info is not None and info.holder["k"] == str(first.id)
     assert info.holder["n"] == "tests.tasks_jobs.overlap_skip"
-    assert str(first.id) in Row(info).holder
+    assert str(first.id) in Row(info).holder_title
     out = io.StringIO()
     call_command("redlock", "list", "--backend", "default", stdout=out)
     assert f"task {first.id}" in out.getvalue()

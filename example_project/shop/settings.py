@@ -1,5 +1,6 @@
 """A small shop that sells the last tickets without overselling them."""
 
+import logging
 import os
 from importlib.util import find_spec
 from pathlib import Path
@@ -39,6 +40,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "shop.middleware.name_the_thread",
 ]
 ROOT_URLCONF = "shop.urls"
 TEMPLATES = [
@@ -92,13 +94,44 @@ DJANGO_REDLOCK = {
         "TTL": 30.0,
     },
 }
+
+
+def not_the_live_poll(record: logging.LogRecord) -> bool:
+    """runserver's request log without the home page's poll of /live.json (once a second per
+    open tab), unless it failed."""
+    return record.levelno >= logging.WARNING or '"GET /live.json' not in record.getMessage()
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"shop": {"format": "[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "shop"}},
-    # Not propagated: the Celery worker's root handler would print every line a second time.
-    "loggers": {"django_redlock": {"handlers": ["console"], "level": "INFO", "propagate": False}},
+    "filters": {
+        "not_the_live_poll": {
+            "()": "django.utils.log.CallbackFilter",
+            "callback": not_the_live_poll,
+        },
+    },
+    "formatters": {
+        "shop": {"format": "[%(asctime)s: %(levelname)s/%(processName)s] %(message)s"},
+        "server": {
+            "()": "django.utils.log.ServerFormatter",
+            "format": "[{server_time}] {message}",
+            "style": "{",
+        },
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "shop"},
+        "server": {
+            "class": "logging.StreamHandler",
+            "formatter": "server",
+            "filters": ["not_the_live_poll"],
+        },
+    },
+    "loggers": {
+        # Not propagated: the Celery worker's root handler would print every line a second time.
+        "django_redlock": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "django.server": {"handlers": ["server"], "level": "INFO", "propagate": False},
+    },
 }
 
 # Django's Tasks framework (django.tasks, or the django-tasks backport before Django 6.0) with

@@ -1,5 +1,8 @@
+from pathlib import Path
+
 from django.contrib import admin
 from django.urls import path
+from django.views.static import serve
 
 from . import views, views_exports
 
@@ -13,4 +16,10 @@ urlpatterns = [
     path("desk/", views.desk, name="desk"),
     path("exports/", views_exports.exports, name="exports"),
     path("admin/", admin.site.urls),
+    # Browsers ask every page's server for it, the admin's pages too.
+    path(
+        "favicon.ico",
+        serve,
+        {"path": "favicon.ico", "document_root": Path(__file__).parent / "static/shop"},
+    ),
 ]

@@ -48,7 +48,7 @@ def experiment(request: HttpRequest) -> HttpResponse:
 @require_POST
 def restock(request: HttpRequest) -> HttpResponse:
     stock.restock(100)
-    messages.info(request, "Restocked: 100 tickets.")
+    messages.info(request, "The stock is back to 100 tickets.")
     return redirect("home")
 
 
