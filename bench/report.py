@@ -35,6 +35,9 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
     w, a, m = results["watchdog"], results["asyncio"], results["memory"]
     ad, c, o = results["admin"], results["celery"], results["observability"]
     sm, sc = results["semaphore"], results["semaphore_10ms"]
+    fp = results["fenced"]
+    fs, fl, fc = fp["select_for_update"], fp["lock(atomic=True)"], fp["cost"]
+    fence_statements = max(fc["statements_per_block"], fc["statements_first_block"])
     sr = sm["rates"]
     rows = [
         ("uncontended acquire+release, single node", "cycles/s",
@@ -113,6 +116,16 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
         ("Celery `@single_instance` overhead", "extra round trips; µs per task",
          f"{c['round_trips']:.1f} round trips; {c['overhead_us']:.0f} µs per task (`task.apply`)",
          f"≤ 2 round trips {verdict(c['round_trips'] <= 2)}"),
+        ("fenced purchases on PostgreSQL, 8 processes",
+         "purchases/s; connections waiting in a transaction, peak/mean (on the row's lock); fence check per block",
+         "<br>".join(f"{mode}: {v['per_second']:,.0f}/s; {v['waiting_in_transaction_peak']:.0f}/{v['waiting_in_transaction_mean']:.1f} "
+                     f"waiting in a transaction ({v['lock_waits_peak']:.0f}/{v['lock_waits_mean']:.1f} on the row's lock)"
+                     for mode, v in (("select_for_update", fs), ("lock(atomic=True)", fl)))
+         + f"<br>fence check: {fc['statements_per_block']} statement ({fc['statements_first_block']} on a name's first block), "
+         f"{fc['fence_us_per_block']:.0f} µs per block; an empty fenced block {fc['empty_fenced_block_us_over_plain']:.0f} µs "
+         f"over an empty plain transaction; lost updates {fp['lost_updates']}",
+         f"≥ 1.0 × select_for_update: {fp['ratio']:.2f} × {verdict(fp['ratio'] >= 1)}; "
+         f"fence ≤ 2 statements: {fence_statements} {verdict(fence_statements <= 2)}"),
     ]  # fmt: skip
     table = "\n".join(f"| {a} | {b} | {c_} | {d} |" for a, b, c_, d in rows)
     redlock_note = (
@@ -165,6 +178,20 @@ How each figure is taken (one module per scenario in `bench/scenarios/`, `bench/
   each turn's rate over the neighbouring "off" turn's.
 - Admin: one rendered changelist page (`SCAN` page + one pipelined inspect) with 100,000
   held locks in the backend.
+- Fenced purchases (`bench/fenced_buyer.py`): a throwaway PostgreSQL {fp["postgresql"]} (fsync
+  off), one ticket row, and per purchase the ORM's read, `stock -= 1`, `save()` and a new
+  `Sale` row; 8 processes buy for {fp["seconds"]:g} s, the two ways taking turns
+  ({CONTENDED_ROUNDS} rounds). `select_for_update`: `Ticket.objects.select_for_update().get()`
+  in `transaction.atomic()`, the others wait on the row inside their transactions. Ours:
+  `with lock("ticket:1", atomic=True)` and a plain `get()`; the others wait in Redis, with no
+  transaction open. *Waiting in a transaction*: `pg_stat_activity` sampled every 5 ms, the
+  sessions `active` on a `Lock` wait or `idle in transaction` (the holder between its
+  statements counts, so ours shows at most 1); peak and mean per turn. *Lost updates*: sales
+  made minus the stock's fall (0: every purchase sold one seat once). Fence statements:
+  `CaptureQueriesContext` around a fenced block, less a plain `transaction.atomic()`'s. Its
+  time: the same lock around `transaction.atomic()` and as a fenced block, in interleaved
+  turns, with one `SELECT 1` in the body (the check alone), and empty (the check, and the
+  BEGIN and COMMIT an empty plain block never sends).
 
 {ANALYSIS}{redlock_note}
 ## Machine and versions
@@ -222,5 +249,5 @@ def environment(server: Any) -> dict[str, str]:
         "python": platform.python_version(),
         "redis-server": f"{info['redis_version']} ({info.get('mem_allocator', '?')} allocator)",
         **{p: version(p) for p in ("django-redlock", "redis", "hiredis", "Django", "celery",
-                                   "python-redis-lock", "pottery")},
+                                   "python-redis-lock", "pottery", "psycopg")},
     }  # fmt: skip
