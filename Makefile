@@ -105,8 +105,10 @@ soak: $(STAMP)
 	CAMPAIGN_SECONDS=$(SECONDS) CAMPAIGN_SEED=$(SEED) $(BIN)/pytest -p no:cacheprovider -s -q \
 		tests/campaign
 
-# Not part of `make test`: the anchors are installed into the same venv, then measured.
-bench: $(STAMP)
+# Not part of `make test`: the anchors are installed into the same venv, then measured. The
+# fenced-purchases scenario starts a throwaway PostgreSQL (`make postgresql`; psycopg comes with
+# the venv's test extra). BENCH_ONLY=<scenario> runs only the steps whose title contains it.
+bench: $(STAMP) postgresql
 	$(BIN)/python -m pip install --quiet python-redis-lock pottery matplotlib
 	$(BIN)/python bench/run.py
 
