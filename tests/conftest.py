@@ -159,15 +159,28 @@ def start_sentinel_group(replicas: int = 1) -> list[RedisServer]:
     ):
         assert time.monotonic() < deadline, "the replicas never finished their first sync"
         time.sleep(0.05)
+    if replicas:  # ... and the master streams to them: after a diskless sync it holds the
+        # stream until a replica's first ACK (up to a second): a WAIT meanwhile waits too.
+        pipe = master.client(socket_timeout=35).pipeline(transaction=False)
+        pipe.publish("__synced__", "")
+        pipe.execute_command("WAIT", replicas, 30_000)
+        assert pipe.execute()[1] >= replicas, "the replicas never acknowledged a write"
     return [master, *followers, *sentinels]
+
+
+def stop_all(servers: list[RedisServer]) -> None:
+    """Stop a group at once: SIGKILL, not SIGTERM (a master told to stop waits for lagging
+    replicas, up to seconds; nothing of a test's group is kept anyway)."""
+    for server in servers:
+        server.kill()
+        server.stop()
 
 
 @pytest.fixture(scope="session")
 def sentinel_group() -> Iterator[list[RedisServer]]:
     group = start_sentinel_group()
     yield group
-    for server in group:
-        server.stop()
+    stop_all(group)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +16,7 @@ from redis.exceptions import ResponseError
 from django_redlock import BackendUnavailable, QuorumNotReached, lock, locks
 from django_redlock.testing import RedisServer
 
-from .conftest import start_sentinel_group
+from .conftest import start_sentinel_group, stop_all
 
 
 @pytest.fixture
@@ -23,8 +24,7 @@ def group() -> Iterator[list[RedisServer]]:
     """A master, one replica, two sentinels: ours alone, so it may fail over."""
     servers = start_sentinel_group()
     yield servers
-    for server in servers:
-        server.stop()
+    stop_all(servers)
 
 
 def sentinel_alias(servers: list[RedisServer], **options: Any) -> Any:
@@ -110,6 +110,29 @@ def test_min_replicas_confirms_a_permit(group: list[RedisServer]) -> None:
             assert not master.client().exists(locks["s"].key("p"))  # handed back
         finally:
             replica.resume()
+
+
+def test_min_replicas_counts_the_replicas_that_have_the_acquire(group: list[RedisServer]) -> None:
+    """A master that does not know the scripts yet (just started, restarted, promoted by a
+    failover) answers the acquire NOSCRIPT: the WAIT sent with it then counted the replicas
+    that had this connection's earlier writes (none: any replica), not the acquire's. Here
+    the only replica is paused: nothing may be confirmed."""
+    from django_redlock import semaphore
+
+    master, replica = group[0], group[1]
+    tries = [lambda: lock("n", using="s").acquire(blocking=False),
+             lambda: semaphore("n", 2, using="s").acquire(blocking=False),
+             lambda: asyncio.run(lock("n", using="s").aacquire(blocking=False))]  # fmt: skip
+    replica.pause()
+    try:
+        for attempt in tries:
+            master.client().script_flush()
+            with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):  # new pool
+                with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                    attempt()
+                assert not master.client().exists(locks["s"].key("n"))  # released again
+    finally:
+        replica.resume()
 
 
 def test_cluster_keeps_a_semaphore_in_one_slot(
