@@ -149,11 +149,15 @@ def test_release_wakes_one_waiter_per_permit_without_polling(
         released = time.time()
         holders[0].release()
         holders[1].release()
-        woken = []
-        for waiter in waiters:
-            line = waiter.process.stdout.readline() if len(woken) < 2 else ""  # type: ignore[union-attr]
-            if line.startswith("ACQUIRED"):
-                woken.append(float(line.split()[2]))
+        woken: list[float] = []
+        deadline = time.monotonic() + 10
+        while len(woken) < 2:  # whichever two are woken
+            assert time.monotonic() < deadline, [w.seen for w in waiters]
+            for waiter in waiters:
+                line = waiter.poll()
+                if line is not None and line.startswith("ACQUIRED"):
+                    woken.append(float(line.split()[2]))
+            time.sleep(0.001)
         assert len(woken) == 2
         assert max(woken) - released < 0.1, max(woken) - released  # milliseconds, not a poll
         time.sleep(0.3)
