@@ -270,13 +270,29 @@ class Child:
         started = time.monotonic()
         deadline = min(started + timeout, self.deadline)
         while True:
-            try:
-                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            try:  # a slice at a time: a child that exited is noticed without its output's end
+                line = self._lines.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
             except queue.Empty:
-                waited = time.monotonic() - started
-                raise AssertionError(self._stuck(f"no {prefix!r} in {waited:.0f} s")) from None
+                if self.process.poll() is not None:
+                    line = self._after_exit(repr(prefix))
+                elif time.monotonic() < deadline:
+                    continue
+                else:
+                    waited = time.monotonic() - started
+                    raise AssertionError(self._stuck(f"no {prefix!r} in {waited:.0f} s")) from None
             if self._took(line, repr(prefix)).startswith(prefix):
                 return line[len(prefix) :].strip()
+
+    def _after_exit(self, wanted: str) -> str | None:
+        """The child exited: what it printed last, else None (its output ended) or an error
+        (its output never ends: another process holds the pipe open)."""
+        try:
+            return self._lines.get(timeout=2.0)
+        except queue.Empty:
+            raise AssertionError(
+                f"child exited ({self.process.returncode}) before {wanted}, its output still"
+                f" open (held by another process?); it said {self.seen}"
+            ) from None
 
     def _stuck(self, what: str) -> str:
         pid = self.process.pid
