@@ -145,7 +145,9 @@ def start_sentinel_group(replicas: int = 1) -> list[RedisServer]:
         RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
         for _ in range(replicas)
     ]
-    sentinels = [SentinelServer(master).start() for _ in range(2)]
+    # Failed over only when a test says so: a master slow to answer on a loaded machine
+    # (the sentinels' default here is 1 s) must not change the group's roles under a test.
+    sentinels = [SentinelServer(master, down_after=10).start() for _ in range(2)]
     deadline = time.monotonic() + 30
     for follower in followers:
         while follower.client().info("replication").get("master_link_status") != "up":

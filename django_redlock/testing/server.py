@@ -214,12 +214,20 @@ class SentinelServer(RedisServer):
     """A ``redis-server --sentinel`` watching ``service`` on a master, with a quorum of 1.
 
     Use two or three of them for a realistic setup; ``SENTINEL FAILOVER`` on any one forces
-    a failover without waiting for agreement.
+    a failover without waiting for agreement. A master that does not answer for
+    ``down_after`` seconds is failed over by the sentinels themselves.
     """
 
-    def __init__(self, master: RedisServer, service: str = "mymaster", quorum: int = 1) -> None:
+    def __init__(
+        self,
+        master: RedisServer,
+        service: str = "mymaster",
+        quorum: int = 1,
+        down_after: float = 1.0,
+    ) -> None:
         super().__init__()
         self.master_port, self.service, self.quorum = master.port, service, quorum
+        self.down_after = down_after
 
     def command(self) -> list[str]:
         config = self.dir / "sentinel.conf"
@@ -229,7 +237,7 @@ class SentinelServer(RedisServer):
             f"dir {self.dir}\n"
             f"logfile {self.dir / 'redis.log'}\n"
             f"sentinel monitor {self.service} 127.0.0.1 {self.master_port} {self.quorum}\n"
-            f"sentinel down-after-milliseconds {self.service} 1000\n"
+            f"sentinel down-after-milliseconds {self.service} {round(self.down_after * 1000)}\n"
             f"sentinel failover-timeout {self.service} 3000\n"
         )
         return [self.executable, str(config), "--sentinel"]
