@@ -60,8 +60,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in EVERY_REDIS:
+        if item.path.name in EVERY_REDIS and not _same_on_every_redis(item):
             item.add_marker(pytest.mark.every_redis)
+
+
+def _same_on_every_redis(item: pytest.Item) -> bool:
+    """LocMem sends Redis nothing, and a django-redis cache's locks send what "redis" does (only
+    the pool differs): no need to run them again on another Redis."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    return any(params.get(key) in ("local", "cache") for key in ("alias", "redis_alias"))
 
 
 @pytest.fixture(scope="session")
