@@ -136,17 +136,18 @@ def test_min_replicas_counts_the_replicas_that_have_the_acquire(group: list[Redi
 
 
 def test_cluster_keeps_a_semaphore_in_one_slot(
-    cluster_nodes: list[RedisServer], _cluster_alias: None
+    cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
 ) -> None:
     from django_redlock import read_write_lock, semaphore
 
-    backend = locks["cluster"]
-    keys = [backend.key("exports"), backend.details_key("exports"), backend.fence_key("exports"),
-            backend.waiting_key("exports"), backend.writers_key("exports")]  # fmt: skip
+    backend = locks["cluster"]  # the session's cluster, never flushed: names of this test's own
+    keys = [backend.key(name), backend.details_key(name), backend.fence_key(name),
+            backend.waiting_key(name), backend.writers_key(name)]  # fmt: skip
     slots = {cluster_nodes[0].client().execute_command("CLUSTER", "KEYSLOT", k) for k in keys}
     assert len(slots) == 1
-    with semaphore("exports", 2, using="cluster"), read_write_lock("c", using="cluster").write():
-        assert backend.inspect("exports") is not None
+    rw = read_write_lock(f"{name}:rw", using="cluster")
+    with semaphore(name, 2, using="cluster"), rw.write():
+        assert backend.inspect(name) is not None
 
 
 def test_cluster_keeps_each_lock_in_one_slot(
@@ -163,12 +164,13 @@ def test_cluster_keeps_each_lock_in_one_slot(
 
 
 def test_cluster_spreads_locks_over_the_masters(
-    cluster_nodes: list[RedisServer], _cluster_alias: None
+    cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
 ) -> None:
-    held = [lock(f"spread:{i}", using="cluster") for i in range(60)]
+    held = [lock(f"{name}:spread:{i}", using="cluster") for i in range(60)]
     for each in held:
         assert each.acquire(blocking=False)
-    per_node = [len(node.client().keys("redlock:{spread:*}")) for node in cluster_nodes]
+    pattern = f"redlock:{{{name}:spread:*}}"  # the session's cluster keeps other tests' keys
+    per_node = [len(node.client().keys(pattern)) for node in cluster_nodes]
     assert sum(per_node) == 60 and all(count > 0 for count in per_node), per_node
     for each in held:
         each.release()
