@@ -168,12 +168,23 @@ def _pipeline(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> Any:
     return pipe
 
 
+def _again(calls: Sequence[Call | tuple[Any, ...]], results: Sequence[Any]) -> list[int]:
+    """What to send again once the scripts are loaded: the calls answered NOSCRIPT, and the
+    plain commands after the first of them. Those were there to see the scripts' effect
+    (``WAIT``: the replicas that have this connection's writes so far), which they did not."""
+    missing = [i for i, result in enumerate(results) if _is_noscript(result)]
+    if not missing:
+        return missing
+    return [i for i in range(missing[0], len(calls))
+            if i in missing or not isinstance(calls[i], Call)]  # fmt: skip
+
+
 def run_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
     """Run many scripts in one pipelined round trip; errors come back as values."""
     results = list(_pipeline(client, calls).execute(raise_on_error=False))
-    missing = [i for i, result in enumerate(results) if _is_noscript(result)]
+    missing = _again(calls, results)
     if missing:
-        for needed in {_script_of(calls[i]) for i in missing}:
+        for needed in {_script_of(calls[i]) for i in missing if isinstance(calls[i], Call)}:
             client.script_load(needed.source)
         retried = _pipeline(client, [calls[i] for i in missing]).execute(raise_on_error=False)
         for i, result in zip(missing, retried, strict=True):
@@ -184,9 +195,9 @@ def run_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
 async def arun_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
     """:func:`run_many` on a ``redis.asyncio`` client."""
     results = list(await _pipeline(client, calls).execute(raise_on_error=False))
-    missing = [i for i, result in enumerate(results) if _is_noscript(result)]
+    missing = _again(calls, results)
     if missing:
-        for needed in {_script_of(calls[i]) for i in missing}:
+        for needed in {_script_of(calls[i]) for i in missing if isinstance(calls[i], Call)}:
             await client.script_load(needed.source)
         pipe = _pipeline(client, [calls[i] for i in missing])
         retried = await pipe.execute(raise_on_error=False)

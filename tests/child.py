@@ -7,6 +7,8 @@ so tests can pause, kill and question a real holder.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 import time
 from typing import Any
@@ -184,6 +186,8 @@ def lease(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    # The test that waits too long for a line asks for every thread's stack (conftest.Child).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--backend", default="redis")

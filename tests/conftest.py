@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,8 +61,16 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in EVERY_REDIS:
+        if item.path.name in EVERY_REDIS and not _same_on_every_redis(item):
             item.add_marker(pytest.mark.every_redis)
+
+
+def _same_on_every_redis(item: pytest.Item) -> bool:
+    """LocMem sends Redis nothing, and a django-redis cache's locks send what "redis" does (only
+    the pool differs): no need to run them again on another Redis."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    return any(params.get(key) in ("local", "cache") for key in ("alias", "redis_alias"))
 
 
 @pytest.fixture(scope="session")
@@ -142,7 +154,9 @@ def start_sentinel_group(replicas: int = 1) -> list[RedisServer]:
         RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
         for _ in range(replicas)
     ]
-    sentinels = [SentinelServer(master).start() for _ in range(2)]
+    # Failed over only when a test says so: a master slow to answer on a loaded machine
+    # (the sentinels' default here is 1 s) must not change the group's roles under a test.
+    sentinels = [SentinelServer(master, down_after=10).start() for _ in range(2)]
     deadline = time.monotonic() + 30
     for follower in followers:
         while follower.client().info("replication").get("master_link_status") != "up":
@@ -160,15 +174,28 @@ def start_sentinel_group(replicas: int = 1) -> list[RedisServer]:
     ):
         assert time.monotonic() < deadline, "the replicas never finished their first sync"
         time.sleep(0.05)
+    if replicas:  # ... and the master streams to them: after a diskless sync it holds the
+        # stream until a replica's first ACK (up to a second): a WAIT meanwhile waits too.
+        pipe = master.client(socket_timeout=35).pipeline(transaction=False)
+        pipe.publish("__synced__", "")
+        pipe.execute_command("WAIT", replicas, 30_000)
+        assert pipe.execute()[1] >= replicas, "the replicas never acknowledged a write"
     return [master, *followers, *sentinels]
+
+
+def stop_all(servers: list[RedisServer]) -> None:
+    """Stop a group at once: SIGKILL, not SIGTERM (a master told to stop waits for lagging
+    replicas, up to seconds; nothing of a test's group is kept anyway)."""
+    for server in servers:
+        server.kill()
+        server.stop()
 
 
 @pytest.fixture(scope="session")
 def sentinel_group() -> Iterator[list[RedisServer]]:
     group = start_sentinel_group()
     yield group
-    for server in group:
-        server.stop()
+    stop_all(group)
 
 
 @pytest.fixture(scope="session")
@@ -227,9 +254,15 @@ def name(request: pytest.FixtureRequest) -> str:
 
 
 class Child:
-    """A lock client in another process (``tests/child.py``), driven line by line."""
+    """A lock client in another process (``tests/child.py``), driven line by line.
 
-    def __init__(self, *args: str) -> None:
+    Every wait for a line ends, at the latest a little before the test's time is up
+    (``deadline``); a child that misses it has its threads' stacks dumped (SIGUSR1:
+    faulthandler, to the captured stderr) and its state put in the failure.
+    """
+
+    def __init__(self, *args: str, deadline: float = math.inf) -> None:
+        self.deadline = deadline
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.child", *args],
@@ -240,15 +273,74 @@ class Child:
             text=True,
             bufsize=1,
         )
+        self.seen: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name="child-stdout", daemon=True).start()
 
-    def expect(self, prefix: str) -> str:
+    def _read(self) -> None:
         assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)  # end of output
+
+    def poll(self) -> str | None:
+        """The next line if one is there, else None (never waits)."""
+        try:
+            line = self._lines.get_nowait()
+        except queue.Empty:
+            return None
+        return self._took(line, "a line")
+
+    def _took(self, line: str | None, wanted: str) -> str:
+        if line is None:
+            self._lines.put(None)
+            code = self.process.wait(10)
+            raise AssertionError(f"child exited ({code}) before {wanted}; it said {self.seen}")
+        self.seen.append(line)
+        return line
+
+    def expect(self, prefix: str, timeout: float = math.inf) -> str:
+        """What follows ``prefix`` on the next line that starts with it."""
+        started = time.monotonic()
+        deadline = min(started + timeout, self.deadline)
         while True:
-            line = self.process.stdout.readline()
-            if not line:
-                raise AssertionError(f"child exited ({self.process.wait()}) before {prefix!r}")
-            if line.startswith(prefix):
+            try:  # a slice at a time: a child that exited is noticed without its output's end
+                line = self._lines.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    line = self._after_exit(repr(prefix))
+                elif time.monotonic() < deadline:
+                    continue
+                else:
+                    waited = time.monotonic() - started
+                    raise AssertionError(self._stuck(f"no {prefix!r} in {waited:.0f} s")) from None
+            if self._took(line, repr(prefix)).startswith(prefix):
                 return line[len(prefix) :].strip()
+
+    def _after_exit(self, wanted: str) -> str | None:
+        """The child exited: what it printed last, else None (its output ended) or an error
+        (its output never ends: another process holds the pipe open)."""
+        try:
+            return self._lines.get(timeout=2.0)
+        except queue.Empty:
+            raise AssertionError(
+                f"child exited ({self.process.returncode}) before {wanted}, its output still"
+                f" open (held by another process?); it said {self.seen}"
+            ) from None
+
+    def _stuck(self, what: str) -> str:
+        pid = self.process.pid
+        try:  # the state letter: R running, S sleeping, T stopped, ...
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            state = "?"
+        if state not in ("T", "?", "Z"):
+            self.signal(signal.SIGUSR1)
+            time.sleep(1.0)  # for the dump to be written
+        return (
+            f"{what}: child {pid} (state {state}) said {self.seen}; its threads' stacks are"
+            " in the captured stderr"
+        )
 
     def send(self, line: str) -> None:
         assert self.process.stdin is not None
@@ -264,15 +356,28 @@ class Child:
         self.process.wait()
 
 
+def _time_is_up(request: pytest.FixtureRequest) -> float:
+    """When a child's wait must end: a little before pytest-timeout ends the test."""
+    marker = request.node.get_closest_marker("timeout")
+    limit = marker.args[0] if marker and marker.args else None
+    limit = limit or request.config.getoption("timeout", None) or request.config.getini("timeout")
+    seconds = float(limit or 0)
+    return time.monotonic() + seconds - 5 if seconds > 10 else math.inf
+
+
 @pytest.fixture
-def child(redis_server: RedisServer) -> Iterator[Callable[..., Child]]:
+def child(
+    redis_server: RedisServer, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Child]]:
     children: list[Child] = []
+    deadline = _time_is_up(request)
 
     def spawn(
         *args: str, url: str | None = None, backend: str = "redis", nodes: str | None = None
     ) -> Child:
         options = ["--nodes", nodes] if nodes else []
-        proc = Child("--url", url or redis_server.url, "--backend", backend, *options, *args)
+        args = ("--url", url or redis_server.url, "--backend", backend, *options, *args)
+        proc = Child(*args, deadline=deadline)
         children.append(proc)
         return proc
 

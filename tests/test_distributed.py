@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +16,7 @@ from redis.exceptions import ResponseError
 from django_redlock import BackendUnavailable, QuorumNotReached, lock, locks
 from django_redlock.testing import RedisServer
 
-from .conftest import start_sentinel_group
+from .conftest import start_sentinel_group, stop_all
 
 
 @pytest.fixture
@@ -23,8 +24,7 @@ def group() -> Iterator[list[RedisServer]]:
     """A master, one replica, two sentinels: ours alone, so it may fail over."""
     servers = start_sentinel_group()
     yield servers
-    for server in servers:
-        server.stop()
+    stop_all(servers)
 
 
 def sentinel_alias(servers: list[RedisServer], **options: Any) -> Any:
@@ -112,18 +112,42 @@ def test_min_replicas_confirms_a_permit(group: list[RedisServer]) -> None:
             replica.resume()
 
 
+def test_min_replicas_counts_the_replicas_that_have_the_acquire(group: list[RedisServer]) -> None:
+    """A master that does not know the scripts yet (just started, restarted, promoted by a
+    failover) answers the acquire NOSCRIPT: the WAIT sent with it then counted the replicas
+    that had this connection's earlier writes (none: any replica), not the acquire's. Here
+    the only replica is paused: nothing may be confirmed."""
+    from django_redlock import semaphore
+
+    master, replica = group[0], group[1]
+    tries = [lambda: lock("n", using="s").acquire(blocking=False),
+             lambda: semaphore("n", 2, using="s").acquire(blocking=False),
+             lambda: asyncio.run(lock("n", using="s").aacquire(blocking=False))]  # fmt: skip
+    replica.pause()
+    try:
+        for attempt in tries:
+            master.client().script_flush()
+            with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):  # new pool
+                with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                    attempt()
+                assert not master.client().exists(locks["s"].key("n"))  # released again
+    finally:
+        replica.resume()
+
+
 def test_cluster_keeps_a_semaphore_in_one_slot(
-    cluster_nodes: list[RedisServer], _cluster_alias: None
+    cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
 ) -> None:
     from django_redlock import read_write_lock, semaphore
 
-    backend = locks["cluster"]
-    keys = [backend.key("exports"), backend.details_key("exports"), backend.fence_key("exports"),
-            backend.waiting_key("exports"), backend.writers_key("exports")]  # fmt: skip
+    backend = locks["cluster"]  # the session's cluster, never flushed: names of this test's own
+    keys = [backend.key(name), backend.details_key(name), backend.fence_key(name),
+            backend.waiting_key(name), backend.writers_key(name)]  # fmt: skip
     slots = {cluster_nodes[0].client().execute_command("CLUSTER", "KEYSLOT", k) for k in keys}
     assert len(slots) == 1
-    with semaphore("exports", 2, using="cluster"), read_write_lock("c", using="cluster").write():
-        assert backend.inspect("exports") is not None
+    rw = read_write_lock(f"{name}:rw", using="cluster")
+    with semaphore(name, 2, using="cluster"), rw.write():
+        assert backend.inspect(name) is not None
 
 
 def test_cluster_keeps_each_lock_in_one_slot(
@@ -140,12 +164,13 @@ def test_cluster_keeps_each_lock_in_one_slot(
 
 
 def test_cluster_spreads_locks_over_the_masters(
-    cluster_nodes: list[RedisServer], _cluster_alias: None
+    cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
 ) -> None:
-    held = [lock(f"spread:{i}", using="cluster") for i in range(60)]
+    held = [lock(f"{name}:spread:{i}", using="cluster") for i in range(60)]
     for each in held:
         assert each.acquire(blocking=False)
-    per_node = [len(node.client().keys("redlock:{spread:*}")) for node in cluster_nodes]
+    pattern = f"redlock:{{{name}:spread:*}}"  # the session's cluster keeps other tests' keys
+    per_node = [len(node.client().keys(pattern)) for node in cluster_nodes]
     assert sum(per_node) == 60 and all(count > 0 for count in per_node), per_node
     for each in held:
         each.release()

@@ -95,7 +95,8 @@ def test_killed_holder_permit_returns_at_its_ttl(
     killed = time.monotonic()
     assert sem.acquire(timeout=5)
     waited = time.monotonic() - killed
-    assert waited < 1 + 0.3, waited  # its TTL (renewed up to the kill) and a margin
+    # At its TTL (renewed up to the kill), not at a later look: a margin for a loaded machine.
+    assert waited < 1 + 1.0, waited
     sem.release()
 
 
@@ -149,13 +150,19 @@ def test_release_wakes_one_waiter_per_permit_without_polling(
         released = time.time()
         holders[0].release()
         holders[1].release()
-        woken = []
-        for waiter in waiters:
-            line = waiter.process.stdout.readline() if len(woken) < 2 else ""  # type: ignore[union-attr]
-            if line.startswith("ACQUIRED"):
-                woken.append(float(line.split()[2]))
+        woken: list[float] = []
+        deadline = time.monotonic() + 10
+        while len(woken) < 2:  # whichever two are woken
+            assert time.monotonic() < deadline, [w.seen for w in waiters]
+            for waiter in waiters:
+                line = waiter.poll()
+                if line is not None and line.startswith("ACQUIRED"):
+                    woken.append(float(line.split()[2]))
+            time.sleep(0.001)
         assert len(woken) == 2
-        assert max(woken) - released < 0.1, max(woken) - released  # milliseconds, not a poll
+        # Woken by the release (milliseconds, or a loaded machine's latency), not by their own
+        # look every WAITER_LEASE / 2 = 2.5 s.
+        assert max(woken) - released < 0.5, max(woken) - released
         time.sleep(0.3)
         # Two releases and two acquires: the other three waiters never tried.
         assert _calls(own) - before == 4
@@ -173,5 +180,5 @@ def test_dead_reader_frees_at_its_ttl(remote: tuple[str, Callable[..., Child]], 
     reader.signal(signal.SIGKILL)
     killed = time.monotonic()
     assert writer.acquire(timeout=5)
-    assert time.monotonic() - killed < 1.3
+    assert time.monotonic() - killed < 1 + 1.0  # at its TTL (a margin for a loaded machine)
     writer.release()

@@ -306,7 +306,8 @@ class SentinelServer(RedisServer):
     """A ``redis-server --sentinel`` watching ``service`` on a master, with a quorum of 1.
 
     Use two or three of them for a realistic setup; ``SENTINEL FAILOVER`` on any one forces
-    a failover without waiting for agreement.
+    a failover without waiting for agreement. A master that does not answer for
+    ``down_after`` seconds is failed over by the sentinels themselves.
     """
 
     def __init__(
@@ -317,6 +318,7 @@ class SentinelServer(RedisServer):
         *,
         password: str | None = None,
         tls_auth_clients: bool | None = None,
+        down_after: float = 1.0,
     ) -> None:
         # Over TLS when the master is (the same certificates, also shown to the master as
         # the sentinel's client certificate); the master's password is the sentinel's to
@@ -328,6 +330,7 @@ class SentinelServer(RedisServer):
         super().__init__(password=password, tls=master.tls, tls_auth_clients=tls_auth_clients)
         self.master_port, self.service, self.quorum = master.port, service, quorum
         self.master_password = master.password
+        self.down_after = down_after
 
     def command(self) -> list[str]:
         config = self.dir / "sentinel.conf"
@@ -337,7 +340,7 @@ class SentinelServer(RedisServer):
             f"dir {self.dir}",
             f"logfile {self.dir / 'redis.log'}",
             f"sentinel monitor {self.service} 127.0.0.1 {self.master_port} {self.quorum}",
-            f"sentinel down-after-milliseconds {self.service} 1000",
+            f"sentinel down-after-milliseconds {self.service} {round(self.down_after * 1000)}",
             f"sentinel failover-timeout {self.service} 3000",
         ]
         if self.master_password:
