@@ -235,14 +235,27 @@ def run_held(lk: Any, hold: int, fence: int, cid: str, rng: random.Random, log: 
     log("db_ok", h=hold, fence=fence, seen=seen)
 
 
+#: The ``with`` form's holds by id(lock): told of the acquire by the lock_acquired signal, sent
+#: as the acquire returns, before the block opens (its fence check may wait for the row).
+_on_acquired: dict[int, Callable[[int | None], None]] = {}
+
+
+def _acquired(sender: Any, lock: Any, fence: int | None = None, **kwargs: Any) -> None:
+    callback = _on_acquired.pop(id(lock), None)
+    if callback is not None:
+        callback(fence)
+
+
 def run_with(config: dict[str, Any], hold: int, prefix: str, rng: random.Random, log: Any,
              check: Callable[..., None], holds: dict[int, Any]) -> None:  # fmt: skip
     """The ``with`` form, a whole hold: ``with lock(..., atomic=...)`` acquires, runs the
     fenced block, commits, then releases (a lost or unknown release raises nothing). One in
     10 is not renewed, and works past its TTL in the block: the commit stands, the release
     finds the hold lost and says so (lock_lost), raising nothing."""
-    from django_redlock import LockNotAcquired, StaleFence, lock
+    from django_redlock import LockError, LockNotAcquired, lock
+    from django_redlock.signals import lock_acquired
 
+    lock_acquired.connect(_acquired, weak=False, dispatch_uid="campaign-with-form")
     cid, ttl = config["id"], float(config["ttl"])
     blocking = rng.random() < 0.8
     timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
@@ -250,34 +263,38 @@ def run_with(config: dict[str, Any], hold: int, prefix: str, rng: random.Random,
     lk = lock(config["name"], ttl=ttl, token_prefix=prefix, atomic=ALIAS, blocking=blocking,
               timeout=timeout, auto_renew=not dawdle)  # fmt: skip
     holds[id(lk)] = (hold, prefix, None)  # the client's lock_lost handler finds the hold
+    granted: list[int | None] = []
+
+    def acquired(fence: int | None) -> None:
+        granted.append(fence)
+        holds[id(lk)] = (hold, prefix, fence)
+        log("acq_ok", h=hold, fence=fence)
+        check(hold, "acquired", prefix, fence)
+
+    _on_acquired[id(lk)] = acquired
     log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role="x", form="with")
-    fence: int | None = None
+    inside = False
     try:
         with lk:
+            inside = True
             fence = lk.fence
-            holds[id(lk)] = (hold, prefix, fence)
-            log("acq_ok", h=hold, fence=fence)
-            check(hold, "acquired", prefix, fence)
             log("db_begin", h=hold, fence=fence, form="with")
             seen = increment(hold, cid, fence if fence is not None else -1, "with", rng, ttl,
                              dawdle)  # fmt: skip
     except LockNotAcquired:
         log("acq_no", h=hold)
         return
-    except StaleFence as exc:
-        if fence is None:  # raised by the block's opening: the acquire had returned True
-            log("acq_ok", h=hold, fence=exc.fence)
-        _failed(log, hold, exc.fence, exc, "enter")
-        return
     except Exception as exc:
-        from django_redlock import LockError
-
-        if fence is None and isinstance(exc, LockError):
+        if not granted and isinstance(exc, LockError):
             log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
             time.sleep(rng.uniform(0.01, 0.1))
             return
-        _failed(log, hold, fence, exc, "enter" if fence is None else "body")
+        # After the acquire: StaleFence or the database's error as the block opened, or the
+        # body's exception, or the commit's.
+        _failed(log, hold, granted[0] if granted else None, exc, "body" if inside else "enter")
         return
+    finally:
+        _on_acquired.pop(id(lk), None)
     log("db_ok", h=hold, fence=fence, seen=seen)
 
 
