@@ -98,7 +98,7 @@ demo: $(STAMP)
 
 # The fault campaign for as long as asked (seconds in all, shared by the backends and kinds
 # selected: CAMPAIGN_BACKEND=redis|redlock, CAMPAIGN_KIND=plain|reentrant|fair|semaphore|
-# write), one seed. `make test` runs it for about 70 s with fixed seeds.
+# write|database), one seed. `make test` runs it for about 70 s with fixed seeds.
 SECONDS ?= 600
 SEED ?= 1
 soak: $(STAMP)

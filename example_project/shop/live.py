@@ -12,7 +12,7 @@ from django_redlock.backends.base import LockInfo
 from django_redlock.display import holder_parts, holder_text, holder_title, holds
 from django_redlock.identity import holder_meta, parse_holder
 
-from . import stock
+from . import experiment, stock
 
 HANDOFFS_KEPT = 8
 
@@ -84,5 +84,5 @@ def snapshot() -> dict[str, Any]:
         "left": stock.left(),
         "locks": [row for info in held for row in lock_rows(info)],
         "handoffs": [handoff_row(entry, now) for entry in reversed(handoffs)],
-        "experiment": stock.last_experiment(),
+        "experiment": experiment.results(),
     }

@@ -4,7 +4,8 @@ import logging
 import os
 from importlib.util import find_spec
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -58,8 +59,38 @@ TEMPLATES = [
     }
 ]
 WSGI_APPLICATION = "shop.wsgi.application"
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """A DATABASES entry from ``postgres://USER:PASSWORD@HOST:PORT/NAME?OPTION=VALUE`` (the
+    query's options go to psycopg, e.g. ``sslmode=require``), or ``sqlite:///PATH`` (relative;
+    ``sqlite:////tmp/shop.db``: absolute). Without dj-database-url: the demo needs no more."""
+    parts = urlsplit(url)
+    if parts.scheme in ("postgres", "postgresql"):
+        host = parts.netloc.rpartition("@")[2]  # as written: hostname would lowercase it
+        host = host.rsplit(":", 1)[0] if parts.port else host
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parts.path.lstrip("/")),
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": unquote(host).strip("[]"),  # %2Frun%2Fpostgresql: a socket's folder
+            "PORT": str(parts.port or ""),
+            "OPTIONS": dict(parse_qsl(parts.query)),
+        }
+    if parts.scheme == "sqlite" and len(parts.path) > 1:  # sqlite:////abs/path, sqlite:///rel
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parts.path[1:])}
+    raise ValueError(
+        f"DATABASE_URL must be postgres://USER:PASSWORD@HOST:PORT/NAME or sqlite:///PATH,"
+        f" not {url!r}"
+    )
+
+
+# The shop's database: SQLite (`make demo`: under .demo/), or DATABASE_URL's.
 DATABASES = {
-    "default": {
+    "default": database_from_url(os.environ["DATABASE_URL"])
+    if os.environ.get("DATABASE_URL")
+    else {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("SHOP_DB", str(BASE_DIR / "db.sqlite3")),
     }

@@ -5,6 +5,7 @@ from django.views.decorators.http import require_POST
 
 from django_redlock import LockNotAcquired, lock, lock_view
 
+from . import experiment as oversell
 from . import live, stock, tasks
 
 
@@ -34,14 +35,11 @@ def buy(request: HttpRequest) -> HttpResponse:
 
 
 def experiment(request: HttpRequest) -> HttpResponse:
+    """The oversell experiment: a POST runs it (some seconds), then the page shows it."""
     if request.method != "POST":
-        return render(request, "shop/experiment.html", {"results": stock.last_experiment()})
-    results = [
-        ("without a lock", stock.run_experiment(50, 8, 10, locked=False)),
-        ("with django-redlock", stock.run_experiment(50, 8, 10, locked=True)),
-    ]
-    stock.save_experiment(results)
-    stock.restock(100)
+        context = {"results": oversell.results(), "database": oversell.database()}
+        return render(request, "shop/experiment.html", context)
+    oversell.run_all()
     return redirect("experiment")
 
 

@@ -128,6 +128,10 @@ class Report:
             f"  liveness judged over {s['quiet_waits']} timed-out waits in quiet time"
             f" ({s['quiet_seconds']:.1f} s quiet)",
         ]
+        if "database" in s:
+            from .database import summary
+
+            lines.append(summary(s["database"]))
         if by_prop:
             lines.append("  violations: " + ", ".join(f"{k} x{v}" for k, v in by_prop.items()))
         lines += [f"  HARNESS ERROR: {e}" for e in self.harness_errors]
@@ -216,6 +220,7 @@ def check(
     waiter_lease: float,
     lost_replies: int = 0,
     limit: int = 1,
+    database: Any = None,
 ) -> Report:
     events = sorted(events, key=lambda e: e["t"])
     holds = _holds(events)
@@ -542,6 +547,14 @@ def check(
         )
         violate("keys-leaked", stopping, f"keys left after every client stopped: {listing}")
 
+    # -- the database resource (kind "database"): its committed history ----------------------
+    if database is not None:
+        from .database import judge
+
+        found, database_stats = judge(database, events)
+        for prop, t, message, clients in found:
+            violate(prop, t, message, *clients)
+
     # -- the report ------------------------------------------------------------------------
     counts = Counter(ev["e"] for ev in events)
     stats = {
@@ -561,6 +574,8 @@ def check(
         "quiet_seconds": quiet_seconds,
         "errors": Counter(h.error for h in holds.values() if h.error),
     }
+    if database is not None:
+        stats["database"] = database_stats
     report = Report(
         backend, kind, seed, seconds, stats, Counter(f.kind for f in applied), violations,
         list(harness_errors), [],

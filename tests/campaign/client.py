@@ -13,6 +13,7 @@ its own log file as one JSON line, written at once (a SIGKILL loses nothing alre
     nest     a reentrant re-entry inside the hold; rel_ok / rel_err: a release
     ask      owned() or locked() asked while holding, and the answer
     lost     the lock_lost signal
+    db_*     the kind "database": a fenced transaction's start and outcome (database.py)
 
 SIGTERM asks the client to finish its hold and exit.
 """
@@ -69,9 +70,12 @@ def setup(config: dict[str, Any]) -> None:
             "OPTIONS": options,
             "TTL": config["ttl"],
         }
+    from .database import database_settings
+
     settings.configure(
         INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_redlock"],
-        DJANGO_REDLOCK_INCIDENTS={"KINDS": []},  # no database in these processes
+        DATABASES=database_settings(config),  # the kind "database" only
+        DJANGO_REDLOCK_INCIDENTS={"KINDS": []},  # no incidents recorded
         DJANGO_REDLOCK_METRICS=False,
         DJANGO_REDLOCK={"default": alias},
         USE_TZ=True,
@@ -189,6 +193,7 @@ def main() -> None:
     from django_redlock import LockError, LockLost, lock, read_write_lock, semaphore
     from django_redlock.signals import lock_lost
 
+    from . import database
     from .resource import Resource
 
     cid = config["id"]
@@ -245,6 +250,10 @@ def main() -> None:
     while not stop.is_set():
         hold += 1
         prefix = f"{cid}h{hold}."
+        if kind == "database" and rng.random() < 0.5:  # with lock(..., atomic=...): a hold
+            database.run_with(config, hold, prefix, rng, log, check, holds)
+            time.sleep(rng.uniform(0, 0.03))
+            continue
         if kind == "semaphore":
             role = "s"
             lk = semaphore(config["name"], config["limit"], ttl=ttl, token_prefix=prefix)
@@ -254,6 +263,9 @@ def main() -> None:
             lk = rw.write(token_prefix=prefix) if role == "x" else rw.read(token_prefix=prefix)
             if role == "r":
                 prefix = ""  # a read's token is its owner's (reads are reentrant): its fence
+        elif kind == "database":
+            role = "x"
+            lk = database.held_lock(config, prefix, rng)
         else:
             role = "x"
             lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair,
@@ -279,9 +291,12 @@ def main() -> None:
             log("bad", h=hold, what="acquired, but fence is None")
             fence = -1
         try:
-            hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
-                      functools.partial(ask, lk, hold, prefix, fence, role), role,
-                      functools.partial(expiry, prefix, fence))  # fmt: skip
+            if kind == "database":  # one fenced transaction (lk.atomic()) in the hold
+                database.run_held(lk, hold, fence, cid, rng, log, ttl)
+            else:
+                hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
+                          functools.partial(ask, lk, hold, prefix, fence, role), role,
+                          functools.partial(expiry, prefix, fence))  # fmt: skip
         except LockError as exc:
             log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
         check(hold, "releasing", prefix, fence)  # whether a loss at release can be right

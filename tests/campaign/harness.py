@@ -25,6 +25,7 @@ from typing import Any
 from django_redlock.testing import RedisServer
 
 from .checker import Report, check
+from .database import Database
 from .nemesis import DATA_LOSS, Fault, Nemesis, make_plan
 from .proxy import Proxy
 from .resource import Resource
@@ -63,6 +64,8 @@ class Run:
         self.proxies = [Proxy(s.port, f"node{i}") for i, s in enumerate(self.servers)]
         self.resource_server = self.launch(RedisServer().start)
         self.resource = Resource(self.resource_server.client())
+        # The kind "database": fenced transactions on a PostgreSQL the nemesis never touches.
+        self.database = Database(self.launch) if kind == "database" else None
         self.name = f"campaign:{kind}:{seed}"
         self.clients: list[subprocess.Popen[bytes] | None] = [None] * CLIENTS
         self.client_ids: list[str] = []
@@ -98,6 +101,7 @@ class Run:
             "lock_urls": [p.url for p in self.proxies],
             "direct_urls": [s.url for s in self.servers],
             "resource_url": self.resource_server.url,
+            "database": self.database.settings() if self.database else None,
             "log": str(self.dir / f"{cid}.jsonl"),
         }
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -227,6 +231,8 @@ class Run:
             proxy.stop()
         for server in [*self.servers, self.resource_server]:
             server.stop()
+        if self.database is not None:
+            self.database.close()
         self._launcher.shutdown()
         if os.environ.get("CAMPAIGN_KEEP") is None:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -288,6 +294,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
             waiter_lease=waiter_lease,
             lost_replies=sum(p.lost_replies for p in run.proxies),
             limit=LIMIT if kind == "semaphore" else 1,
+            database=run.database.history() if run.database else None,
         )
         report.exclude = ",".join(sorted(exclude))
         return report

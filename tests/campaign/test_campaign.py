@@ -17,22 +17,26 @@ from .harness import run_campaign
 
 #: (backend, kind, seed, share of the time): Redlock offers plain locks only, and gets the
 #: most time: its faults need a hold to meet them on the right nodes. "semaphore": permits
-#: of a semaphore (limit 2, four clients); "write": a read-write lock, writers and readers.
+#: of a semaphore (limit 2, four clients); "write": a read-write lock, writers and readers;
+#: "database": fenced transactions (atomic=) on a PostgreSQL (database.py).
 COMBINATIONS = [
     ("redis", "plain", 11, 1.0),
     ("redis", "reentrant", 12, 1.0),
     ("redis", "fair", 13, 1.0),
     ("redis", "semaphore", 14, 1.0),
     ("redis", "write", 15, 1.0),
+    ("redis", "database", 16, 1.0),
     ("redlock", "plain", 21, 2.0),
 ]
+#: Run only when CAMPAIGN_KIND names their kind (not in `make test`'s 70 s).
+ON_REQUEST = [("redlock", "database", 22, 2.0)]
 DEFAULT_SECONDS = 70.0
 SEED = os.environ.get("CAMPAIGN_SEED")
 ONLY_BACKEND = os.environ.get("CAMPAIGN_BACKEND")
 ONLY_KIND = os.environ.get("CAMPAIGN_KIND")
 CASES = [
     (backend, kind, int(SEED) if SEED else seed, share)
-    for backend, kind, seed, share in COMBINATIONS
+    for backend, kind, seed, share in COMBINATIONS + (ON_REQUEST if ONLY_KIND else [])
     if backend == (ONLY_BACKEND or backend) and kind == (ONLY_KIND or kind)
 ]
 TOTAL = float(os.environ.get("CAMPAIGN_SECONDS") or DEFAULT_SECONDS)

@@ -1,0 +1,119 @@
+"""The database resource's judge judged: made-up committed histories, each with one known
+fault (or none), and the client events that go with them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checker import check
+from .database import History, Row, judge
+
+T0 = 1_000_000.0
+
+
+class Made:
+    """Committed transactions, in commit order, and what their clients logged."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self.events: list[dict[str, Any]] = []
+        self.counter = 0
+
+    def ev(self, t: float, c: str, e: str, **fields: Any) -> None:
+        self.events.append({"t": T0 + t, "c": c, "e": e, **fields})
+
+    def commit(self, c: str, h: int, fence: int, t: float, seen: int | None = None) -> None:
+        """A hold granted ``fence`` whose block read ``seen`` (default: the counter), wrote it
+        plus one and committed at ``t``; its client was told so."""
+        seen = self.counter if seen is None else seen
+        self.ev(t - 0.2, c, "acq", h=h, mode="block", timeout=2.0, role="x")
+        self.ev(t - 0.1, c, "acq_ok", h=h, fence=fence)
+        self.ev(t - 0.1, c, "db_begin", h=h, fence=fence, form="held")
+        self.rows.append(Row(len(self.rows) + 1, c, h, fence, seen, seen + 1, "held", T0 + t))
+        self.counter = seen + 1
+        self.ev(t, c, "db_ok", h=h, fence=fence, seen=seen)
+
+    def history(self) -> History:
+        return History(list(self.rows), self.counter)
+
+    def props(self) -> list[str]:
+        found, _ = judge(self.history(), self.events)
+        return sorted(prop for prop, *_ in found)
+
+
+def clean() -> Made:
+    made = Made()
+    made.commit("c1", 1, 100, 1.0)
+    made.commit("c2", 1, 200, 2.0)
+    made.commit("c1", 2, 300, 3.0)
+    return made
+
+
+def test_a_clean_history_passes() -> None:
+    made = clean()
+    made.ev(3.5, "c2", "acq_ok", h=2, fence=250)  # a stale hold, refused: nothing committed
+    made.ev(3.6, "c2", "db_stale", h=2, fence=250, recorded=300)
+    made.ev(3.7, "c3", "db_abort", h=1, fence=400)
+    found, stats = judge(made.history(), made.events)
+    assert found == []
+    assert (stats["committed"], stats["counter"], stats["stale"], stats["aborted"]) == (3, 3, 1, 1)
+
+
+def test_commit_order_is_the_chain_of_values_not_the_row_ids() -> None:
+    """Row ids come from the insert, not the commit: the values read say the commit order."""
+    made = clean()
+    made.rows[1], made.rows[2] = made.rows[2], made.rows[1]
+    assert made.props() == []
+
+
+def test_a_lost_update() -> None:
+    made = clean()
+    made.commit("c3", 1, 400, 4.0, seen=2)  # read what c1/h2 read: its write is lost
+    assert made.props() == ["counter-mismatch", "lost-update"]
+
+
+def test_a_stale_holder_committed_after_a_later_one() -> None:
+    made = clean()
+    made.commit("c2", 2, 250, 4.0)  # below 300, committed after it
+    assert made.props() == ["fence-order"]
+
+
+def test_the_counter_disagrees_with_the_history() -> None:
+    made = clean()
+    made.counter = 4  # a write without its history row
+    assert made.props() == ["counter-mismatch"]
+
+
+def test_a_commit_the_client_was_told_of_is_missing() -> None:
+    made = clean()
+    made.ev(5.0, "c3", "db_ok", h=1, fence=500, seen=3)
+    assert made.props() == ["commit-lost"]
+
+
+def test_a_refused_block_committed_anyway() -> None:
+    made = clean()
+    made.ev(3.5, "c1", "db_stale", h=2, fence=300, recorded=350)  # c1/h2's row is there
+    assert made.props() == ["refused-but-committed"]
+
+
+def test_a_row_with_another_fence_than_granted() -> None:
+    made = clean()
+    made.ev(3.5, "c2", "acq_ok", h=1, fence=150)  # granted 150, its row says 200
+    assert made.props() == ["fence-not-granted"]
+
+
+def test_the_campaign_check_reports_the_database() -> None:
+    """Through the campaign's checker: the violation fails the run, the figures are shown."""
+    made = clean()
+    made.commit("c3", 1, 400, 4.0, seen=2)
+    common: dict[str, Any] = {
+        "backend": "redis", "kind": "database", "seed": 1, "seconds": 10.0, "ttl": 1.0,
+        "nodes": 1, "started": T0, "stopping": T0 + 10, "writes": [], "faults": [],
+        "data_loss": set(), "leftover": {}, "harness_errors": [], "waiter_lease": 0.0,
+    }  # fmt: skip
+    report = check(events=made.events, database=made.history(), **common)
+    assert not report.ok
+    assert {v.prop for v in report.violations} == {"lost-update", "counter-mismatch"}
+    assert "database: 4 fenced transactions committed (counter 3" in report.summary()
+    assert "VIOLATION lost-update" in report.details()
+    assert check(events=clean().events, database=clean().history(), **common).ok
