@@ -32,8 +32,8 @@ WAYS = [
     (
         "released",
         "A lock released before the commit",
-        "lock() inside transaction.atomic() (as under ATOMIC_REQUESTS), 10 ms from its release"
-        " to the commit: the next buyer reads the seats before the last sale is committed.",
+        "lock() inside transaction.atomic() (ATOMIC_REQUESTS), 10 ms from its release to the"
+        " commit: the next buyer reads the seats before the last sale commits.",
     ),
     (
         "atomic",
@@ -44,8 +44,8 @@ WAYS = [
 ]
 #: SQLite's word on the lock released before the commit (a PostgreSQL database oversells).
 SQLITE_REFUSES = (
-    "On SQLite, one writer at a time: a buyer who read the seats too early is refused"
-    ' ("database is locked") instead of selling twice. PostgreSQL (DATABASE_URL) sells twice.'
+    'SQLite, one writer at a time, refuses that buyer ("database is locked"), where'
+    " PostgreSQL (DATABASE_URL) sells twice."
 )
 
 
