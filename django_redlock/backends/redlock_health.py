@@ -45,14 +45,13 @@ class Health:
         self._probing: set[int] = set()
         self._warm: set[int] = set()  # nodes whose pool had a working connection last time
 
-    def _check_fork(self) -> None:
+    def check_fork(self) -> None:
         if self._pid != os.getpid():  # a forked child: the parent's knowledge is stale
             self._mutex = threading.Lock()
             self._forget()
 
     def down(self) -> set[int]:
-        self._check_fork()
-        return set(self._down)
+        return set(self._down) if self._down else set()
 
     def is_down(self, i: int) -> bool:
         return i in self._down
@@ -60,7 +59,6 @@ class Health:
     def warm(self, i: int) -> bool:
         """Whether taking a connection from node i's pool is unlikely to need a connect (a
         connect to a paused node waits for its timeout: those go to a thread)."""
-        self._check_fork()
         return i in self._warm
 
     def answered(self, i: int) -> None:
@@ -80,6 +78,8 @@ class Health:
 
     def due(self) -> list[int]:
         """The down nodes to probe now (each marked as being probed)."""
+        if not self._down:
+            return []
         now = time.monotonic()
         with self._mutex:
             due = [i for i, at in self._down.items()

@@ -154,6 +154,10 @@ class Lanes:
                 self._thread.start()
             self._cond.notify_all()
 
+    @property
+    def busy(self) -> bool:
+        return bool(self._flights)
+
     def slow(self, now: float, after: float) -> set[int]:
         with self._cond:
             return {i for (i, _), f in self._flights.items()
@@ -302,6 +306,7 @@ class NodeIO:
                 del self._connectors[connector.i]
 
     def _check_fork(self) -> None:
+        self.health.check_fork()
         if self._pid != os.getpid():  # a forked child: the parent's connections are not ours
             self._pid = os.getpid()
             self.lanes.forget()
@@ -318,6 +323,8 @@ class NodeIO:
         return quick if len(quick) > len(self.nodes) - self.quorum else up
 
     def _slow(self, now: float, after: float) -> set[int]:
+        if not (self._connectors or self._tasks or self.lanes.busy):
+            return set()
         with self._mutex:
             connecting = set(self._connectors)
             tasks = {i for i, ts in self._tasks.items() for t in ts.values() if now - t > after}
@@ -471,8 +478,9 @@ class NodeIO:
                         self._send(fan, i, connector.connection, None, flights, replies)
             now = time.monotonic()
             for i, flight in list(flights.items()):
-                try:
-                    done = i in ready and flight.read_ready()
+                overdue = now >= flight.deadline(timeout)
+                try:  # overdue: what has come is read all the same (this thread may have slept)
+                    done = (i in ready or overdue) and flight.read_ready()
                 except UNAVAILABLE as exc:
                     del flights[i]
                     self.drop(i, flight.connection)
@@ -483,7 +491,7 @@ class NodeIO:
                     del flights[i]
                     self.give_back(i, flight.connection)
                     replies[i] = self._parsed(i, fan[i], flight.raw)
-                elif now >= flight.deadline(timeout):
+                elif overdue:
                     del flights[i]
                     self.drop(i, flight.connection)
                     self.health.failed(i)
@@ -557,7 +565,10 @@ class NodeIO:
 
     def _task_done(self, i: int, task: asyncio.Task[Any]) -> None:
         with self._mutex:
-            self._tasks.get(i, {}).pop(task, None)
+            tasks = self._tasks.get(i, {})
+            tasks.pop(task, None)
+            if not tasks:
+                self._tasks.pop(i, None)
 
     async def _anode(self, i: int, op: Op[Any]) -> Any:
         loop = asyncio.get_running_loop()
