@@ -1,25 +1,23 @@
 """The Redlock quorum over N independent Redis masters (LOCATION: a list of URLs).
 
-Every operation goes to all N nodes at once (the sync path writes every request, then reads
-every reply, so latency is the slowest node's, not the sum). A lock is acquired only when a
+Every operation goes to all N nodes at once and reads the replies as they come: it returns as
+soon as they decide it, so a paused minority node costs nothing (see :mod:`.redlock_io`, and
+:mod:`.redlock_health` for the breaker that then skips it). A lock is acquired only when a
 majority (N//2 + 1) granted it and its validity, ``ttl - elapsed - drift``, is still positive.
-On failure it is released on all nodes, since a lost reply may have set the key.
+On failure it is released on the nodes asked, since a lost reply may have set the key.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
-import threading
 import time
 from collections import Counter
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ResponseError
 
-from .. import acl
 from ..exceptions import (
     BackendUnavailable,
     LockError,
@@ -29,7 +27,6 @@ from ..exceptions import (
 )
 from ..options import check_options, pool_options
 from ..scripts import Call
-from ..waiting import CompositeHub
 from .base import (
     Attempt,
     BadCursor,
@@ -42,6 +39,8 @@ from .base import (
     parse_cursor,
 )
 from .redis import UNAVAILABLE, RedisBackend, text
+from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub
+from .redlock_io import Fan, NodeIO, answered
 
 T = TypeVar("T")
 Replies = list[Any]  # per node: the parsed reply, or the exception it raised
@@ -49,22 +48,9 @@ Steps = Generator[list[Op[Any] | None], Replies, T]
 
 DRIFT_FACTOR = 0.01  # clock drift allowance: ttl x 1 % + 2 ms (the Redlock paper's)
 DRIFT_MS = 2
-#: A node that just failed is skipped (it answers "unavailable" at once) for this long, then
-#: tried again: a dead or paused node then costs nothing, not a timeout per operation. Its
-#: vote is simply missing, which is always safe; what it holds expires at its TTL. Nodes are
-#: skipped only while the others can still make a quorum (else all are probed), and never
-#: for a release, which goes to every node.
-BREAKER_SECONDS = 1.0
 #: At most this many SCAN round trips per page of held locks (the admin's, ``redlock list``).
 PAGE_SCANS = 12
-
-
-class _EveryNode(list):
-    """Ops for every node, which the breaker must not skip (releases)."""
-
-
-class _Skipped(BackendUnavailable):
-    """A node the breaker skipped: no I/O was done."""
+__all__ = ["BREAKER_SECONDS", "RedlockBackend"]
 
 
 class _Quorum:
@@ -97,8 +83,8 @@ class RedlockBackend(BaseLockBackend):
         for node in self.nodes:  # our waiters listen on the nodes' release channels
             node.publishes_releases = True
         self.quorum = len(self.nodes) // 2 + 1
-        self._hub: CompositeHub | None = None
-        self._failed_at: dict[int, float] = {}  # node index -> when it last failed
+        self.io = NodeIO(self.nodes, self.quorum)
+        self._hub: QuorumHub | None = None
 
     @classmethod
     def check_params(cls, alias: str, params: Any) -> None:
@@ -129,9 +115,14 @@ class RedlockBackend(BaseLockBackend):
         )
 
     @property
-    def hub(self) -> CompositeHub:
+    def hub(self) -> QuorumHub:
         if self._hub is None:
-            self._hub = CompositeHub([node.hub for node in self.nodes], self.node_timeout)
+            health = self.io.health
+            hubs = [
+                NodeHub(node, lambda i=i: health.is_down(i))  # type: ignore[misc]
+                for i, node in enumerate(self.nodes)
+            ]
+            self._hub = QuorumHub(hubs, self.node_timeout, self.io.usable)
         return self._hub
 
     @property
@@ -152,7 +143,7 @@ class RedlockBackend(BaseLockBackend):
                 ops = steps.send(replies)
             except StopIteration as done:
                 return op.parse(done.value)
-            replies = self._note(self._fan_out(ops))
+            replies = self.io.fan_out(ops if isinstance(ops, Fan) else Fan(ops))
 
     async def aexecute(self, op: Op[T]) -> T:
         self.round_trips += 1
@@ -163,152 +154,27 @@ class RedlockBackend(BaseLockBackend):
                 ops = steps.send(replies)
             except StopIteration as done:
                 return op.parse(done.value)
-            replies = list(
-                await asyncio.gather(
-                    *(
-                        _aexecute(node, node_op)
-                        for node, node_op in zip(self.nodes, ops, strict=True)
-                    ),
-                    return_exceptions=True,
-                )
-            )
+            replies = await self.io.afan_out(ops if isinstance(ops, Fan) else Fan(ops))
 
-    def _fan_out(self, ops: list[Op[Any] | None]) -> Replies:
-        """Send every node its op, then read every reply: one round trip, in parallel.
+    def _each(
+        self, build: Any, decided: Callable[[Replies], bool] | None = None, complete: bool = False
+    ) -> Fan:
+        """An op for every node; see :class:`.redlock_io.Fan` for the rest."""
+        return Fan([build(node) for node in self.nodes], decided, complete)
 
-        All reads share one deadline (a node timeout once the requests are out), and nodes that
-        need a new connection connect in parallel, so dead or paused nodes cost one connect
-        plus one read timeout at most, however many there are.
-        """
-        taken: list[Any] = []
-        broken = self._broken()
-        if isinstance(ops, _EveryNode):
-            # A release goes to every node; a broken one is not waited for: its reply is
-            # taken if it is there at once, else it counts as unanswered.
-            skipping, hasty = set(), broken
-        else:  # skipped only while the others can still make a quorum
-            skipping = broken if len(self.nodes) - len(broken) >= self.quorum else set()
-            hasty = set()
-        for i, (node, node_op) in enumerate(zip(self.nodes, ops, strict=True)):
-            if node_op is None:
-                taken.append(None)
-                continue
-            skipped = self._skipped(i, node, node_op) if i in skipping else None
-            if skipped is not None:
-                taken.append(skipped)
-                continue
-            node.round_trips += 1
-            try:
-                taken.append(node.client.connection_pool.get_connection())
-            except UNAVAILABLE as exc:
-                taken.append(_unavailable(node, node_op, exc))
-        idle = [i for i, c in enumerate(taken) if _idle(c)]
-        for i, error in zip(idle, self._connect_all([taken[i] for i in idle]), strict=True):
-            if error is not None:  # do not let sending try (and wait) again
-                node, node_op = self.nodes[i], ops[i]
-                node.client.connection_pool.release(taken[i])
-                taken[i] = _unavailable(node, node_op, error)  # type: ignore[arg-type]
-        sent: list[Any] = []
-        for node, node_op, connection in zip(self.nodes, ops, taken, strict=True):
-            if node_op is None or isinstance(connection, BaseException):
-                sent.append(connection)
-                continue
-            commands = _commands(node_op.request)
-            try:
-                connection.send_packed_command(connection.pack_commands(commands))
-                sent.append((connection, len(commands)))
-            except UNAVAILABLE as exc:
-                self._drop(node, connection)
-                sent.append(_unavailable(node, node_op, exc))
-        # The replies' deadline starts once every request is out (connecting had its own).
-        deadline = time.monotonic() + self.node_timeout
-        replies: Replies = []
-        for i, (node, node_op, outcome) in enumerate(zip(self.nodes, ops, sent, strict=True)):
-            if node_op is None or isinstance(outcome, BaseException):
-                replies.append(outcome)
-                continue
-            connection, count = outcome
-            try:
-                wait = 0.0 if i in hasty else max(0.0, deadline - time.monotonic())
-                if not connection.can_read(timeout=wait):
-                    raise TimeoutError(f"no answer within {self.node_timeout:g} s")
-                raw = [_read(connection) for _ in range(count)]
-            except (*UNAVAILABLE, TimeoutError) as exc:
-                self._drop(node, connection)
-                replies.append(_unavailable(node, node_op, exc))
-                continue
-            node.client.connection_pool.release(connection)
-            refused = acl.first_refused(raw)
-            if refused is not None:  # this node's user may not: say what it lacks
-                replies.append(node._refused(node_op.name, refused))
-                continue
-            if any(isinstance(r, NoScriptError) for r in raw):
-                # This node forgot the scripts: teach it and ask again, on its own.
-                replies.append(_quietly(node, node_op))
-                continue
-            try:
-                single = not isinstance(node_op.request, list)
-                replies.append(node_op.parse(raw[0] if single else raw))
-            except Exception as exc:
-                replies.append(exc)
-        return replies
+    def _majority_answered(self, replies: Replies) -> bool:
+        return self._answered(replies) >= self.quorum
 
-    def _broken(self) -> set[int]:
-        """The nodes whose breaker is on: they failed less than BREAKER_SECONDS ago."""
-        now = time.monotonic()
-        return {i for i, at in self._failed_at.items() if now - at < BREAKER_SECONDS}
+    def _deciding(self, yes: Callable[[Replies], int]) -> Callable[[Replies], bool]:
+        """The replies decide once :meth:`_decide` would not raise: ``yes(replies)`` nodes make
+        a quorum, or cannot even with every node yet to answer."""
 
-    def _skipped(self, i: int, node: RedisBackend, op: Op[Any]) -> _Skipped | None:
-        failed = self._failed_at.get(i)
-        if failed is not None and time.monotonic() - failed < BREAKER_SECONDS:
-            return _Skipped(
-                f"lock {op.name!r}: node {node.alias!r} is skipped: it failed"
-                f" {time.monotonic() - failed:.2f} s ago"
-            )
-        return None
+        def decided(replies: Replies) -> bool:
+            votes = yes(replies)
+            unknown = sum(1 for r in replies if not answered(r))
+            return votes >= self.quorum or votes + unknown < self.quorum
 
-    def _note(self, replies: Replies) -> Replies:
-        """Remember which nodes failed (the breaker), and which answered again."""
-        now = time.monotonic()
-        for i, reply in enumerate(replies):
-            if isinstance(reply, _Skipped):
-                continue  # probed again once the breaker's time is up
-            if isinstance(reply, BackendUnavailable):
-                self._failed_at[i] = now
-            elif reply is not None:
-                self._failed_at.pop(i, None)
-        return replies
-
-    def _connect_all(self, connections: list[Any]) -> list[BaseException | None]:
-        """(Re)connect several nodes at once: paused nodes cost one connect timeout in all."""
-        errors: list[BaseException | None] = [None] * len(connections)
-
-        def connect(i: int) -> None:
-            try:
-                connections[i].connect()
-            except UNAVAILABLE as exc:
-                errors[i] = exc
-
-        if len(connections) == 1:
-            connect(0)
-            return errors
-        threads = [threading.Thread(target=connect, args=(i,)) for i in range(len(connections))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return errors
-
-    def _drop(self, node: RedisBackend, connection: Any) -> None:
-        connection.disconnect()  # a reply may still be on its way: never reuse it
-        node.client.connection_pool.release(connection)
-
-    def _each(self, build: Any) -> list[Op[Any] | None]:
-        return [build(node) for node in self.nodes]
-
-    def _everywhere(self, build: Any) -> list[Op[Any] | None]:
-        """Like :meth:`_each`, never skipped by the breaker."""
-        return _EveryNode(build(node) for node in self.nodes)
+        return decided
 
     def _decide(self, name: str, replies: Replies, yes: int, doing: str) -> bool:
         """True when ``yes`` nodes make a quorum, False when even every unanswered node
@@ -321,7 +187,7 @@ class RedlockBackend(BaseLockBackend):
         raise self._unreachable(name, replies, doing)
 
     def _answered(self, replies: Replies) -> int:
-        return sum(1 for reply in replies if not isinstance(reply, BaseException))
+        return sum(1 for reply in replies if answered(reply))
 
     def _unreachable(self, name: str, replies: Replies, doing: str) -> LockError:
         refused = next((r for r in replies if isinstance(r, MissingPermission)), None)
@@ -354,7 +220,12 @@ class RedlockBackend(BaseLockBackend):
 
     def _acquire(self, name: str, token: str, ttl_ms: int, meta: str) -> Steps[Attempt]:
         started = time.monotonic()
-        replies = yield self._each(lambda n: self._node_acquire(n, name, token, ttl_ms, meta))
+        # Once a majority answered, the straggler is not waited for (beyond the grace), even
+        # to break a tie: a split vote is retried anyway, and its late grant is undone
+        # behind it (see redlock_io).
+        replies = yield self._each(
+            lambda n: self._node_acquire(n, name, token, ttl_ms, meta), self._majority_answered
+        )
         elapsed_ms = (time.monotonic() - started) * 1000
         granted = [(i, r) for i, r in enumerate(replies) if isinstance(r, Attempt) and r.acquired]
         validity = ttl_ms - elapsed_ms - self._drift_ms(ttl_ms)
@@ -371,9 +242,10 @@ class RedlockBackend(BaseLockBackend):
             at_fence = len(granted) - len(behind) + sum(1 for i in behind if lifted[i] is True)
             if at_fence >= self.quorum:
                 return Attempt(True, fence, 1)
-        # Not ours: undo everywhere, including nodes that did not answer (a lost reply may
-        # have set the key there).
-        yield self._everywhere(lambda n: n.op_release(name, token, Kind()))
+        # Not ours: undo on every node, including those that did not answer (a lost reply
+        # may have set the key there). A straggler is not waited for: this thread's next
+        # request to it (the next try, with this token) is written behind the undo.
+        yield self._each(lambda n: n.op_release(name, token, Kind()), self._majority_answered)
         if self._answered(replies) < self.quorum:
             raise self._unreachable(name, replies, "acquire")
         return Attempt(False, None, self._wait_hint(replies, bool(granted)))
@@ -405,9 +277,11 @@ class RedlockBackend(BaseLockBackend):
         def steps() -> Steps[int]:
             # Deleted wherever our token still is; but the hold was ours only if a majority
             # still had it (else it was lost, and someone else may hold the majority now).
-            replies = yield self._everywhere(lambda n: n.op_release(name, token, kind))
-            released = sum(1 for r in replies if isinstance(r, int) and r >= 0)
-            return 0 if self._decide(name, replies, released, "release") else -1
+            # A node skipped as down is asked too when the others cannot decide.
+            replies = yield self._each(
+                lambda n: n.op_release(name, token, kind), self._deciding(_released), True
+            )
+            return 0 if self._decide(name, replies, _released(replies), "release") else -1
 
         return Op(name, _Quorum(steps()))
 
@@ -430,7 +304,16 @@ class RedlockBackend(BaseLockBackend):
         """Per hold: True when a majority extended it within its new validity, False when
         no majority can hold it any more, None when too few nodes answered to tell."""
         started = time.monotonic()
-        replies = yield self._each(lambda n: n.op_renew(renewals))
+
+        def decided(replies: Replies) -> bool:
+            unknown = sum(1 for r in replies if not answered(r))
+            for i in range(len(renewals)):
+                votes = sum(1 for r in replies if isinstance(r, list) and r[i])
+                if self.quorum > votes >= self.quorum - unknown:
+                    return False
+            return True
+
+        replies = yield self._each(lambda n: n.op_renew(renewals), decided, True)
         elapsed_ms = (time.monotonic() - started) * 1000
         unknown = len(self.nodes) - self._answered(replies)
         results: list[bool | None] = []
@@ -447,18 +330,20 @@ class RedlockBackend(BaseLockBackend):
 
     def op_hold_count(self, name: str, token: str) -> Op[int]:
         def steps() -> Steps[int]:
-            replies = yield self._each(lambda n: n.op_hold_count(name, token))
-            return int(self._decide(name, replies, sum(1 for r in replies if r == 1), "check"))
+            replies = yield self._each(
+                lambda n: n.op_hold_count(name, token), self._deciding(_holding), True
+            )
+            return int(self._decide(name, replies, _holding(replies), "check"))
 
         return Op(name, _Quorum(steps()))
 
     def op_locked(self, name: str) -> Op[bool]:
         def steps() -> Steps[bool]:
             # Held when one token is on a majority (split votes hold nothing).
-            replies = yield self._each(lambda n: Op(name, ("GET", n.key(name)), _token_of))
-            tokens = [r for r in replies if isinstance(r, str)]
-            most = max((tokens.count(t) for t in set(tokens)), default=0)
-            return self._decide(name, replies, most, "check")
+            replies = yield self._each(
+                lambda n: Op(name, ("GET", n.key(name)), _token_of), self._deciding(_most), True
+            )
+            return self._decide(name, replies, _most(replies), "check")
 
         return Op(name, _Quorum(steps()))
 
@@ -467,7 +352,7 @@ class RedlockBackend(BaseLockBackend):
 
     def _validity(self, name: str) -> Steps[int | None]:
         """What is left of the majority's hold: the quorum-th longest PTTL, less drift."""
-        replies = yield self._each(lambda n: n.op_pttl(name))
+        replies = yield self._each(lambda n: n.op_pttl(name), self._deciding(_timed), True)
         pttls = sorted((r for r in replies if isinstance(r, int)), reverse=True)
         if not self._decide(name, replies, len(pttls), "check"):
             return None
@@ -476,7 +361,7 @@ class RedlockBackend(BaseLockBackend):
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         def steps() -> Steps[LockInfo | None]:
-            replies = yield self._each(lambda n: n.op_inspect(name))
+            replies = yield self._each(lambda n: n.op_inspect(name), self._deciding(_agreeing))
             return self._agreed(replies)[0]
 
         return Op(name, _Quorum(steps()))
@@ -489,7 +374,7 @@ class RedlockBackend(BaseLockBackend):
             if expected is None and fence is not None:
                 # Each node's hold carries that node's own fence: find the majority's hold,
                 # compare its fence, then release by its token (the same on every node).
-                inspected = yield self._each(lambda n: n.op_inspect(name))
+                inspected = yield self._each(lambda n: n.op_inspect(name), complete=True)
                 if self._answered(inspected) < self.quorum:
                     raise self._unreachable(name, inspected, "inspect")
                 info = self._agreed(inspected)[0]
@@ -498,7 +383,7 @@ class RedlockBackend(BaseLockBackend):
                 if info.fence != fence or info.token is None:
                     return Released.CHANGED
                 expected = info.token
-            replies = yield self._everywhere(lambda n: n.op_force_release(name, expected))
+            replies = yield self._each(lambda n: n.op_force_release(name, expected), None, True)
             if any(r is Released.RELEASED for r in replies):
                 return Released.RELEASED  # wherever the hold was left, it is gone now
             if any(r is Released.CHANGED for r in replies):
@@ -549,9 +434,13 @@ class RedlockBackend(BaseLockBackend):
                 continue
 
     def close(self) -> None:
+        if self._hub is not None:
+            for hub in self._hub.hubs:
+                hub.close()
+            self._hub = None
+        self.io.close()
         for node in self.nodes:
             node.close()
-        self._hub = None
 
     # -- queue markers (Celery dedupe) -------------------------------------------------------
 
@@ -567,7 +456,9 @@ class RedlockBackend(BaseLockBackend):
         """
 
         def steps() -> Steps[str | None]:
-            replies = yield self._each(lambda n: n.op_mark_queued(name, task_id, ttl_ms))
+            replies = yield self._each(
+                lambda n: n.op_mark_queued(name, task_id, ttl_ms), complete=True
+            )
             ours = [reply is None for reply in replies]  # errors come back as exceptions
             if self._answered(replies) < self.quorum:
                 yield self._each(lambda n: n.op_clear_queued(name, task_id))
@@ -591,7 +482,7 @@ class RedlockBackend(BaseLockBackend):
         quorum of answers: QuorumNotReached (the markers left expire at their TTL)."""
 
         def steps() -> Steps[bool]:
-            replies = yield self._each(lambda n: n.op_clear_queued(name, task_id))
+            replies = yield self._each(lambda n: n.op_clear_queued(name, task_id), complete=True)
             if self._answered(replies) < self.quorum:
                 raise self._unreachable(name, replies, "clear a queued task's marker")
             return any(reply is True for reply in replies)
@@ -663,7 +554,7 @@ class RedlockBackend(BaseLockBackend):
 
         def steps() -> Steps[Replies]:
             requests = [[n.op_inspect(name).request for _, name in pending] for n in self.nodes]
-            return (yield [Op(match, request, list) for request in requests])
+            return (yield Fan([Op(match, r, list) for r in requests], complete=True))
 
         replies: Replies = self.execute(Op(match, _Quorum(steps())))
         if self._answered(replies) < self.quorum:
@@ -713,17 +604,6 @@ class RedlockBackend(BaseLockBackend):
         check_options(alias, params.get("OPTIONS") or {}, allowed | {"restart_guard"}, where)
 
 
-def _commands(request: Any) -> list[tuple[Any, ...]]:
-    """The wire commands of a node op: one script call, a pipeline of them, or a command."""
-    calls = request if isinstance(request, list) else [request]
-    return [
-        ("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
-        if isinstance(c, Call)
-        else tuple(c)
-        for c in calls
-    ]
-
-
 def _token_of(value: Any) -> str | None:
     """The token of a plain hold's value ('token|fence|...'), None when the key is gone."""
     if value is None:
@@ -732,40 +612,28 @@ def _token_of(value: Any) -> str | None:
     return text.split("|", 1)[0]
 
 
-def _idle(connection: Any) -> bool:
-    return (
-        connection is not None
-        and not isinstance(connection, BaseException)
-        and (getattr(connection, "_sock", None) is None)
-    )
+# The votes of each check, counted from the replies so far.
 
 
-def _read(connection: Any) -> Any:
-    """One reply; an error reply comes back as a value, like a pipeline's."""
-    from redis.exceptions import ResponseError
-
-    try:
-        return connection.read_response()
-    except ResponseError as exc:
-        return exc
+def _released(replies: Replies) -> int:
+    """Nodes where our token still was (the release deleted it)."""
+    return sum(1 for r in replies if isinstance(r, int) and r >= 0)
 
 
-async def _aexecute(node: RedisBackend, op: Op[Any] | None) -> Any:
-    return None if op is None else await node.aexecute(op)
+def _holding(replies: Replies) -> int:
+    return sum(1 for r in replies if r == 1)
 
 
-async def _settled(call: Any) -> Any:
-    if isinstance(call, BaseException):
-        return call
-    return await call
+def _most(replies: Replies) -> int:
+    """The most nodes that agree on one token (split votes hold nothing)."""
+    tokens = [r for r in replies if isinstance(r, str)]
+    return max((tokens.count(t) for t in set(tokens)), default=0)
 
 
-def _unavailable(node: RedisBackend, op: Op[Any], exc: object) -> BackendUnavailable:
-    return BackendUnavailable(f"lock {op.name!r}: node {node.alias!r} is unavailable: {exc}")
+def _timed(replies: Replies) -> int:
+    return sum(1 for r in replies if isinstance(r, int))
 
 
-def _quietly(node: RedisBackend, op: Op[Any]) -> Any:
-    try:
-        return node.execute(op)
-    except Exception as exc:
-        return exc
+def _agreeing(replies: Replies) -> int:
+    tokens = [r.token for r in replies if isinstance(r, LockInfo)]
+    return max((tokens.count(t) for t in set(tokens)), default=0)

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .resource import Write
+from .throughput import describe as describe_throughput
 
 UNKNOWN_ERRORS = ("BackendUnavailable", "QuorumNotReached")
 _ROLES = {"x": "exclusive", "r": "read", "s": "permit"}
@@ -128,6 +129,8 @@ class Report:
             f"  liveness judged over {s['quiet_waits']} timed-out waits in quiet time"
             f" ({s['quiet_seconds']:.1f} s quiet)",
         ]
+        if s.get("throughput"):
+            lines.append(describe_throughput(s["throughput"]))
         if "database" in s:
             from .database import summary
 

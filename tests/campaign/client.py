@@ -246,10 +246,15 @@ def main() -> None:
 
     lock_lost.connect(on_lost, weak=False)
     log("start", pid=os.getpid())
+    flag = config.get("throughput_flag") or ""
     hold = 0
     while not stop.is_set():
         hold += 1
         prefix = f"{cid}h{hold}."
+        if flag and os.path.exists(flag):  # the throughput phase (Redlock: plain locks)
+            quick_hold(lock(config["name"], ttl=ttl, token_prefix=prefix), hold, cid, rng,
+                       resource, log, LockError, LockLost)  # fmt: skip
+            continue
         if kind == "database" and rng.random() < 0.5:  # with lock(..., atomic=...): a hold
             database.run_with(config, hold, prefix, rng, log, check, holds)
             time.sleep(rng.uniform(0, 0.03))
@@ -347,6 +352,36 @@ def hold_body(
         if rng.random() < 0.2:
             ask()
     write("end")
+
+
+def quick_hold(
+    lk: Any,
+    hold: int,
+    cid: str,
+    rng: random.Random,
+    resource: Any,
+    log: Log,
+    error: Any,
+    lost: Any,
+) -> None:
+    """The throughput phase's loop: acquire, a fenced write at the start and the end of the
+    hold, release; nothing else (no direct reads of the servers, no sleeps)."""
+    log("acq", h=hold, mode="block", timeout=4.0, role="x")
+    try:
+        got = lk.acquire(timeout=4.0)
+    except error as exc:
+        log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+        time.sleep(rng.uniform(0.01, 0.05))
+        return
+    if not got:
+        log("acq_no", h=hold)
+        return
+    fence = lk.fence
+    log("acq_ok", h=hold, fence=fence)
+    for phase in ("begin", "end"):
+        ok, last = resource.write(cid, hold, fence, phase, "x", None)
+        log("write", h=hold, phase=phase, fence=fence, ok=ok, last=last, role="x", expiry=None)
+    release(lk, hold, rng, log, error, lost)
 
 
 def release(lk: Any, hold: int, rng: random.Random, log: Log, error: Any, lost: Any) -> bool:

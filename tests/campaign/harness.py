@@ -24,7 +24,8 @@ from typing import Any
 
 from django_redlock.testing import RedisServer
 
-from .checker import Report, check
+from . import throughput
+from .checker import Report, Violation, check
 from .database import Database
 from .nemesis import DATA_LOSS, Fault, Nemesis, make_plan
 from .proxy import Proxy
@@ -74,6 +75,7 @@ class Run:
         self.procs: list[subprocess.Popen[bytes]] = []  # every client ever started
         self.client_of: dict[int, str] = {}  # pid -> client id
         self._slots = threading.RLock()  # the nemesis and the main loop both (re)spawn
+        self.throughput_flag = self.dir / "throughput"  # exists during the throughput phase
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -103,6 +105,7 @@ class Run:
             "resource_url": self.resource_server.url,
             "database": self.database.settings() if self.database else None,
             "log": str(self.dir / f"{cid}.jsonl"),
+            "throughput_flag": str(self.throughput_flag),
         }
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with open(self.dir / f"{cid}.stderr", "wb") as err:
@@ -117,6 +120,16 @@ class Run:
             )
         self.procs.append(proc)
         self.client_of[proc.pid] = cid
+
+    def wait_started(self, timeout: float) -> None:
+        """Until every client has logged its start (Django set up: it takes locks now)."""
+        deadline = time.monotonic() + timeout
+        for cid in list(self.client_ids):
+            path = self.dir / f"{cid}.jsonl"
+            while time.monotonic() < deadline:
+                if path.exists() and b'"start"' in path.read_bytes()[:200]:
+                    break
+                time.sleep(0.05)
 
     def respawn_dead(self) -> None:
         """A client that crashed (its traceback is in the report) is replaced."""
@@ -159,7 +172,7 @@ class Run:
             return
         for i in target:
             server, proxy = self.servers[i], self.proxies[i]
-            if kind in ("server_pause", "majority_pause"):
+            if kind in ("server_pause", "majority_pause", "clog"):
                 server.pause()
             elif kind == "server_restart":
                 self.launch(server.restart)
@@ -193,7 +206,7 @@ class Run:
             return
         for i in target:
             server, proxy = self.servers[i], self.proxies[i]
-            if kind in ("server_pause", "majority_pause"):
+            if kind in ("server_pause", "majority_pause", "clog"):
                 server.resume()
             elif kind == "server_down":
                 self.launch(server.start)
@@ -255,14 +268,20 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
     plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD, exclude)
     nemesis = Nemesis(plan, run)
     try:
+        if plan.phase is not None:
+            run.throughput_flag.touch()  # the clients start in the throughput phase
         for slot in range(CLIENTS):
             run.spawn(slot)
+        if plan.phase is not None:  # its windows are timed from when the clients run
+            run.wait_started(timeout=60.0)
         started = time.time()
         origin = time.monotonic()
         nemesis.start(origin)
         while time.monotonic() < origin + seconds:
             time.sleep(0.2)
             run.respawn_dead()
+            if plan.phase is not None and time.monotonic() >= origin + plan.phase.end:
+                run.throughput_flag.unlink(missing_ok=True)
         nemesis.stop()  # heals whatever is still faulted
         stopping = time.time()
         run.stop_clients(grace=4.0 + 2 * TTL)
@@ -276,6 +295,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
                 break
             time.sleep(0.2)
             leftover = run.leftover_keys()
+        events = run.events()
         report = check(
             backend=backend,
             kind=kind,
@@ -285,7 +305,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
             nodes=nodes,
             started=started,
             stopping=stopping,
-            events=run.events(),
+            events=events,
             writes=run.resource.history(),
             faults=plan.faults,
             data_loss=DATA_LOSS,
@@ -297,6 +317,14 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
             database=run.database.history() if run.database else None,
         )
         report.exclude = ",".join(sorted(exclude))
+        rates = throughput.judge(plan.phase, events, started, plan.faults)
+        if rates is not None:
+            report.stats["throughput"] = rates
+            if not rates["ok"]:
+                report.violations.append(Violation(
+                    "clogged-throughput", started + plan.phase.end,  # type: ignore[union-attr]
+                    throughput.describe(rates).strip() + ": below the floor",
+                ))  # fmt: skip
         return report
     finally:
         if nemesis.started:

@@ -6,7 +6,10 @@ duration and a heal; at most one fault at a time per target (a client slot, a lo
 the proxy in front of it). On Redlock at most a minority of nodes is down, paused, cut off
 or restarted at once (a restarted node counts until its restart guard has passed), except
 in the planned majority phase, where three nodes are paused or cut off and nobody may be
-granted the lock; lost, late and cut messages may hit any node at any time.
+granted the lock; lost, late and cut messages may hit any node at any time. A Redlock run
+opens with a throughput phase (see throughput.py): healthy windows and windows with one
+node clogged (SIGSTOPped for seconds), before the first storm; the storms may clog a node
+too.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import throughput
 
 WARMUP = 1.5
 STORM = 6.0
@@ -34,6 +39,8 @@ NODE_FAULTS = [
     ("lose_replies", 3.0),
     ("reset", 1.0),
 ]
+#: Redlock only: one node SIGSTOPped for seconds while the others serve (a GC pause, swap).
+CLOG = ("clog", 0.6)
 #: A node has two layers, each with one fault at a time: the server, and its proxy.
 NETWORK = {"latency", "black_hole", "lose_replies", "reset"}
 #: Lost, late or cut messages make a node's answers unknown, never its data wrong: Redlock
@@ -67,11 +74,12 @@ class Plan:
     seconds: float
     faults: list[Fault] = field(default_factory=list)
     storms: list[tuple[float, float]] = field(default_factory=list)
+    phase: throughput.Phase | None = None
 
 
-def storms(seconds: float) -> list[tuple[float, float]]:
-    """The storm windows: the run ends in a calm at least CALM long."""
-    found, t = [], WARMUP
+def storms(seconds: float, start: float = WARMUP) -> list[tuple[float, float]]:
+    """The storm windows, from ``start``: the run ends in a calm at least CALM long."""
+    found, t = [], start
     while t + STORM + CALM <= seconds + 1e-9:
         found.append((t, t + STORM))
         t += STORM + CALM
@@ -91,7 +99,12 @@ def make_plan(
 ) -> Plan:
     """The faults of one run. ``exclude`` leaves fault kinds out (to isolate a finding)."""
     rng = random.Random(seed)
-    plan = Plan(seed, seconds, storms=storms(seconds))
+    phase = throughput.plan(seconds, nodes, rng) if "clog" not in exclude else None
+    plan = Plan(seed, seconds, phase=phase)
+    plan.storms = storms(seconds, phase.end if phase else WARMUP)
+    for at, duration in phase.clogs() if phase else []:
+        plan.faults.append(Fault("clog", (phase.node,), at, duration))  # type: ignore[union-attr]
+    node_faults = NODE_FAULTS + ([CLOG] if nodes > 1 else [])
     busy: dict[Any, float] = {}  # target -> busy until (run seconds)
     node_busy: list[list[tuple[float, float]]] = [[] for _ in range(nodes)]
     layer_busy: dict[tuple[int, bool], list[tuple[float, float]]] = defaultdict(list)
@@ -118,7 +131,7 @@ def make_plan(
             if t >= s_end - 0.2:
                 break
             on_client = rng.random() < 0.3
-            kinds = CLIENT_FAULTS if on_client else NODE_FAULTS
+            kinds = CLIENT_FAULTS if on_client else node_faults
             kind = rng.choices([k for k, _ in kinds], [w for _, w in kinds])[0]
             if kind in exclude:
                 continue
@@ -128,6 +141,8 @@ def make_plan(
                 duration = rng.uniform(1.2, 2.5) * ttl  # past its TTL
             elif kind == "server_pause":
                 duration = rng.uniform(0.1, 1.2 * ttl)
+            elif kind == "clog":
+                duration = rng.uniform(2.0, 4.0)
             elif kind == "server_down":
                 duration = rng.uniform(0.2, 1.0)
             elif kind == "latency":

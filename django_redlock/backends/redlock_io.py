@@ -1,0 +1,640 @@
+"""A Redlock's round trips to its nodes: one fan-out that stops waiting once it can decide.
+
+Every node is sent its request at once, then the replies are read as they come. As soon as
+the replies in hand decide the operation (``Fan.decided``), the nodes still silent get a
+grace (as long again as the decision took, at least GRACE) and are then left behind: a
+paused node costs nothing once a majority has answered.
+
+A connection left with unread replies (a *straggler*) is never given to another request. It
+stays in its thread's *lane* to that node: the thread's next request to the node is written
+behind it on the same connection, so a node runs one thread's requests in the order they were
+made (a clean-up release never overtakes the acquire it undoes, nor a retried acquire the
+clean-up). A drainer thread reads the replies nobody waits for and returns the connection
+to its pool, or closes it once the oldest is overdue (the node is then down, see
+:mod:`.redlock_health`). A node whose lane is overdue, or that is still being connected to,
+is skipped while the other nodes can make a quorum without it; a late grant left there
+expires at its TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+from .. import acl
+from ..exceptions import BackendUnavailable
+from ..scripts import Call
+from .base import Op
+from .redis import UNAVAILABLE, RedisBackend
+from .redlock_health import Health, start_probes
+
+Replies = list[Any]  # per node: the parsed reply, the exception it raised, or PENDING
+
+#: Once decided, the nodes still silent are waited for as long again, and at least this.
+GRACE = 0.002
+#: A node whose oldest unread reply is older than this (a quarter of the node timeout, at
+#: most 50 ms) counts as slow: asked only when the others cannot make a quorum.
+SLOW_SHARE, SLOW_MAX = 0.25, 0.05
+#: A lane with this many unread replies counts as slow however young they are.
+LANE_MAX = 64
+#: How often a fan-out looks whether a connect in a thread has finished.
+CONNECT_POLL = 0.001
+
+
+class _Pending:
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING: Any = _Pending()  # a node asked whose reply has not come yet
+
+
+class Unasked(BackendUnavailable):
+    """A node not asked: down (the breaker) or slow, while the others could decide."""
+
+
+class Unawaited(BackendUnavailable):
+    """A node asked, whose reply was not waited for: the others decided."""
+
+
+class Fan(list[Any]):
+    """A step of a Redlock operation: an op per node (None: that node has none).
+
+    ``decided(replies)`` tells whether the replies so far (PENDING for those to come, an
+    exception for a node that failed) decide the operation; None: every reply is waited for.
+    ``complete``: when the replies do not decide it (or, with no ``decided``, fewer than a
+    quorum answered), the nodes skipped as down or slow are asked too, and waited for
+    within the node timeout: a release that needs a node's vote gets it.
+    """
+
+    def __init__(
+        self,
+        ops: Any,
+        decided: Callable[[Replies], bool] | None = None,
+        complete: bool = False,
+    ) -> None:
+        super().__init__(ops)
+        self.decided = decided
+        self.complete = complete
+
+
+def answered(reply: Any) -> bool:
+    return reply is not PENDING and not isinstance(reply, BaseException)
+
+
+@dataclass
+class Flight:
+    """A connection with requests written and replies unread: ``skip`` of earlier requests
+    (left behind by an earlier fan-out), then ``count`` of this one."""
+
+    connection: Any
+    skip: int
+    count: int
+    since: float  # when the request of the oldest unread reply was sent
+    sent: float  # when this request was sent
+    raw: list[Any] = field(default_factory=list)
+
+    @property
+    def unread(self) -> int:
+        return self.skip + self.count - len(self.raw)
+
+    def deadline(self, timeout: float) -> float:
+        return self.since + timeout
+
+    def read_ready(self) -> bool:
+        """Read the replies that have come; True once this request's are all in."""
+        connection = self.connection
+        if getattr(connection, "_sock", None) is None:  # closed (reading would reconnect)
+            raise ConnectionError("the connection was closed")
+        while self.unread and connection.can_read(timeout=0):
+            reply = _read(connection)
+            if self.skip:
+                self.skip -= 1
+                if not self.skip:
+                    self.since = self.sent
+            else:
+                self.raw.append(reply)
+        return not self.unread
+
+
+class Lanes:
+    """Stragglers, by node and thread, and the drainer that reads what nobody waits for."""
+
+    def __init__(self, io: NodeIO) -> None:
+        self._io = io
+        self._cond = threading.Condition()
+        self._flights: dict[tuple[int, int], Flight] = {}
+        self._reading: set[tuple[int, int]] = set()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def take(self, i: int) -> Flight | None:
+        key = (i, threading.get_ident())
+        with self._cond:
+            while key in self._reading:
+                self._cond.wait()
+            return self._flights.pop(key, None)
+
+    def leave(self, i: int, flight: Flight) -> None:
+        with self._cond:
+            self._flights[(i, threading.get_ident())] = flight
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._drain, name="redlock-drainer", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._flights)
+
+    def slow(self, now: float, after: float) -> set[int]:
+        with self._cond:
+            return {i for (i, _), f in self._flights.items()
+                    if now - f.since > after or f.unread >= LANE_MAX}  # fmt: skip
+
+    def forget(self) -> None:
+        """After a fork: the parent's connections and thread are not ours."""
+        self._cond = threading.Condition()
+        self._flights, self._reading, self._thread = {}, set(), None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            flights, self._flights = self._flights, {}
+            self._cond.notify_all()
+        for (i, _), flight in flights.items():
+            self._io.drop(i, flight.connection)
+
+    def _drain(self) -> None:
+        timeout = self._io.timeout
+        while True:
+            with self._cond:
+                while not self._flights and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                flights = dict(self._flights)
+            until = min(f.deadline(timeout) for f in flights.values())
+            ready = _ready({k: f.connection for k, f in flights.items()}, until)
+            now = time.monotonic()
+            for key, seen in flights.items():
+                if key in ready or now >= seen.deadline(timeout):
+                    self._settle(key, seen, now, timeout)
+
+    def _settle(self, key: tuple[int, int], seen: Flight, now: float, timeout: float) -> None:
+        with self._cond:
+            if self._flights.get(key) is not seen:
+                return  # its thread took it meanwhile
+            del self._flights[key]
+            self._reading.add(key)
+        keep = False
+        i = key[0]
+        try:
+            if seen.read_ready():
+                self._io.give_back(i, seen.connection)
+            elif now >= seen.deadline(timeout):
+                self._io.drop(i, seen.connection)
+                self._io.health.failed(i)
+            else:
+                keep = True
+        except UNAVAILABLE:
+            self._io.drop(i, seen.connection)
+            self._io.health.failed(i)
+        finally:
+            with self._cond:
+                self._reading.discard(key)
+                if keep:
+                    self._flights[key] = seen
+                self._cond.notify_all()
+
+
+class Connector:
+    """A connection being made in a thread: a connect to a paused node waits for its
+    timeouts, and a fan-out that no longer needs it leaves it behind (``abandon``)."""
+
+    def __init__(self, io: NodeIO, i: int) -> None:
+        self._io, self.i = io, i
+        self._mutex = threading.Lock()
+        self.finished = False
+        self.wanted = True
+        self.connection: Any = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, name="redlock-connect", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            connection, error = self._io.pool(self.i).get_connection(), None
+        except Exception as exc:
+            connection, error = None, exc
+        with self._mutex:
+            self.connection, self.error, self.finished = connection, error, True
+            orphan = not self.wanted
+        if orphan:
+            self._keep()
+
+    def adopt(self) -> bool:
+        with self._mutex:
+            if self.wanted or self.finished:
+                return False
+            self.wanted = True
+            return True
+
+    def abandon(self) -> None:
+        with self._mutex:
+            self.wanted = False
+            finished = self.finished
+        if finished:
+            self._keep()
+
+    def _keep(self) -> None:
+        """Nobody waits for it: a connection goes to the pool (nothing was sent on it)."""
+        self._io.forget_connector(self)
+        if self.connection is not None:
+            self._io.pool(self.i).release(self.connection)
+            self._io.health.answered(self.i)
+        else:
+            self._io.health.failed(self.i)
+
+
+class NodeIO:
+    """The fan-outs of one Redlock backend (both drivers), its lanes and connects."""
+
+    def __init__(self, nodes: list[RedisBackend], quorum: int) -> None:
+        self.nodes = nodes
+        self.quorum = quorum
+        self.health = Health(len(nodes))
+        self.lanes = Lanes(self)
+        self._mutex = threading.Lock()
+        self._connectors: dict[int, Connector] = {}
+        self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
+        self._pid = os.getpid()
+
+    @property
+    def timeout(self) -> float:
+        return float(self.nodes[0].client_options(None)["socket_timeout"])
+
+    @property
+    def slow_after(self) -> float:
+        return min(self.timeout * SLOW_SHARE, SLOW_MAX)
+
+    def pool(self, i: int) -> Any:
+        return self.nodes[i].client.connection_pool
+
+    def give_back(self, i: int, connection: Any) -> None:
+        self.pool(i).release(connection)
+        self.health.answered(i)
+
+    def drop(self, i: int, connection: Any) -> None:
+        connection.disconnect()  # a reply may still be on its way: never reuse it
+        self.pool(i).release(connection)
+        self.health.dropped(i)
+
+    def forget_connector(self, connector: Connector) -> None:
+        with self._mutex:
+            if self._connectors.get(connector.i) is connector:
+                del self._connectors[connector.i]
+
+    def _check_fork(self) -> None:
+        self.health.check_fork()
+        if self._pid != os.getpid():  # a forked child: the parent's connections are not ours
+            self._pid = os.getpid()
+            self.lanes.forget()
+            self._mutex = threading.Lock()
+            self._connectors, self._tasks = {}, {}
+
+    def usable(self) -> set[int]:
+        """The nodes worth listening on for releases: up and answering. A waiter must hear
+        some node of any majority, so when too few are, those slow to answer are added."""
+        self._check_fork()
+        down = self.health.down()
+        up = {i for i in range(len(self.nodes)) if i not in down and self.health.warm(i)}
+        quick = up - self._slow(time.monotonic(), self.slow_after)
+        return quick if len(quick) > len(self.nodes) - self.quorum else up
+
+    def _slow(self, now: float, after: float) -> set[int]:
+        if not (self._connectors or self._tasks or self.lanes.busy):
+            return set()
+        with self._mutex:
+            connecting = set(self._connectors)
+            tasks = {i for i, ts in self._tasks.items() for t in ts.values() if now - t > after}
+        return self.lanes.slow(now, after) | connecting | tasks
+
+    def _skipping(self) -> set[int]:
+        """Down and slow nodes, while the others can make a quorum; else only the down ones
+        while the others can; else none (a quorum needs them: they are tried)."""
+        down = self.health.down()
+        slow = self._slow(time.monotonic(), self.slow_after)
+        size = len(self.nodes)
+        if size - len(down | slow) >= self.quorum:
+            return down | slow
+        if size - len(down) >= self.quorum:
+            return down
+        return set()
+
+    def _unasked(self, i: int, op: Op[Any]) -> Unasked:
+        why = "down (no answer lately)" if self.health.is_down(i) else "slow to answer"
+        return Unasked(f"lock {op.name!r}: node {self.nodes[i].alias!r} was not asked: {why}")
+
+    def _unawaited(self, i: int, op: Op[Any]) -> Unawaited:
+        return Unawaited(
+            f"lock {op.name!r}: node {self.nodes[i].alias!r} had not answered when the"
+            " others decided"
+        )
+
+    def _settled(self, fan: Fan, replies: Replies) -> bool:
+        if fan.decided is not None:
+            return fan.decided(replies)
+        return sum(1 for r in replies if answered(r)) >= self.quorum
+
+    def _plan(self, fan: Fan) -> tuple[Replies, list[int]]:
+        self._check_fork()
+        start_probes(self.health, self.nodes)
+        skipping = self._skipping()
+        replies: Replies = []
+        asked = []
+        for i, op in enumerate(fan):
+            if op is None:
+                replies.append(None)
+            elif i in skipping:
+                replies.append(self._unasked(i, op))
+            else:
+                replies.append(PENDING)
+                asked.append(i)
+        return replies, asked
+
+    def _second(self, fan: Fan, replies: Replies) -> list[int]:
+        """Phase two of a ``complete`` fan-out: the skipped nodes, when they are needed."""
+        if not fan.complete or self._settled(fan, replies):
+            return []
+        skipped = [i for i, reply in enumerate(replies) if isinstance(reply, Unasked)]
+        for i in skipped:
+            replies[i] = PENDING
+        return skipped
+
+    # -- threads -----------------------------------------------------------------------------
+
+    def fan_out(self, fan: Fan) -> Replies:
+        replies, asked = self._plan(fan)
+        self._ask(fan, asked, replies)
+        again = self._second(fan, replies)
+        if again:
+            self._ask(fan, again, replies)
+        return replies
+
+    def _ask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
+        flights: dict[int, Flight] = {}
+        connecting: dict[int, Connector] = {}
+        started = time.monotonic()
+        try:
+            for i in indexes:
+                self.nodes[i].round_trips += 1
+                lane = self.lanes.take(i)
+                if lane is not None:
+                    self._send(fan, i, lane.connection, lane, flights, replies)
+                elif self.health.warm(i):
+                    try:
+                        connection = self.pool(i).get_connection()
+                    except UNAVAILABLE as exc:
+                        self.health.failed(i)
+                        replies[i] = _unavailable(self.nodes[i], fan[i], exc)
+                        continue
+                    self._send(fan, i, connection, None, flights, replies)
+                else:
+                    connector = self._connector(i)
+                    if connector is None:  # another fan-out waits for it
+                        replies[i] = self._unawaited(i, fan[i])
+                    else:
+                        connecting[i] = connector
+            self._collect(fan, flights, connecting, replies, started)
+        except BaseException:
+            for i, flight in flights.items():
+                self.drop(i, flight.connection)
+            for connector in connecting.values():
+                connector.abandon()
+            raise
+
+    def _connector(self, i: int) -> Connector | None:
+        with self._mutex:
+            connector = self._connectors.get(i)
+            if connector is None:
+                connector = self._connectors[i] = Connector(self, i)
+                return connector
+        return connector if connector.adopt() else None
+
+    def _send(
+        self,
+        fan: Fan,
+        i: int,
+        connection: Any,
+        lane: Flight | None,
+        flights: dict[int, Flight],
+        replies: Replies,
+    ) -> None:
+        commands = _commands(fan[i].request)
+        try:
+            connection.send_packed_command(connection.pack_commands(commands), False)
+        except UNAVAILABLE as exc:
+            self.drop(i, connection)
+            self.health.failed(i)
+            replies[i] = _unavailable(self.nodes[i], fan[i], exc)
+            return
+        now = time.monotonic()
+        if lane is None:
+            flights[i] = Flight(connection, 0, len(commands), now, now)
+        else:
+            flights[i] = Flight(connection, lane.unread, len(commands), lane.since, now)
+
+    def _collect(
+        self,
+        fan: Fan,
+        flights: dict[int, Flight],
+        connecting: dict[int, Connector],
+        replies: Replies,
+        started: float,
+    ) -> None:
+        timeout = self.timeout
+        grace_end = math.inf
+        ready: set[int] = set()
+        while True:
+            for i, connector in list(connecting.items()):
+                if connector.finished:
+                    del connecting[i]
+                    self.forget_connector(connector)
+                    if connector.connection is None:
+                        self.health.failed(i)
+                        replies[i] = _unavailable(self.nodes[i], fan[i], connector.error)
+                    else:
+                        self._send(fan, i, connector.connection, None, flights, replies)
+            now = time.monotonic()
+            for i, flight in list(flights.items()):
+                overdue = now >= flight.deadline(timeout)
+                try:  # overdue: what has come is read all the same (this thread may have slept)
+                    done = (i in ready or overdue) and flight.read_ready()
+                except UNAVAILABLE as exc:
+                    del flights[i]
+                    self.drop(i, flight.connection)
+                    self.health.failed(i)
+                    replies[i] = _unavailable(self.nodes[i], fan[i], exc)
+                    continue
+                if done:
+                    del flights[i]
+                    self.give_back(i, flight.connection)
+                    replies[i] = self._parsed(i, fan[i], flight.raw)
+                elif overdue:
+                    del flights[i]
+                    self.drop(i, flight.connection)
+                    self.health.failed(i)
+                    error = TimeoutError(f"no answer within {timeout:g} s")
+                    replies[i] = _unavailable(self.nodes[i], fan[i], error)
+            if grace_end == math.inf and fan.decided is not None and fan.decided(replies):
+                now = time.monotonic()
+                grace_end = now + max(GRACE, now - started)
+            now = time.monotonic()
+            if (not flights and not connecting) or now >= grace_end:
+                break
+            until = min([f.deadline(timeout) for f in flights.values()] + [grace_end])
+            if connecting:
+                until = min(until, now + CONNECT_POLL)
+            ready = _ready({i: f.connection for i, f in flights.items()}, until)
+        for i, flight in flights.items():
+            self.lanes.leave(i, flight)
+            replies[i] = self._unawaited(i, fan[i])
+        for i, connector in connecting.items():
+            connector.abandon()
+            replies[i] = self._unawaited(i, fan[i])
+
+    def _parsed(self, i: int, op: Op[Any], raw: list[Any]) -> Any:
+        refused = acl.first_refused(raw)
+        if refused is not None:  # this node's user may not: say what it lacks
+            return self.nodes[i]._refused(op.name, refused)
+        if any(isinstance(r, NoScriptError) for r in raw):
+            # This node forgot the scripts: teach it and ask again, on its own.
+            try:
+                return self.nodes[i].execute(op)
+            except Exception as exc:
+                return exc
+        try:
+            return op.parse(raw if isinstance(op.request, list) else raw[0])
+        except Exception as exc:
+            return exc
+
+    # -- asyncio -----------------------------------------------------------------------------
+
+    async def afan_out(self, fan: Fan) -> Replies:
+        replies, asked = self._plan(fan)
+        await self._aask(fan, asked, replies)
+        again = self._second(fan, replies)
+        if again:
+            await self._aask(fan, again, replies)
+        return replies
+
+    async def _aask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        tasks = {loop.create_task(self._anode(i, fan[i])): i for i in indexes}
+        waiting = set(tasks)
+        grace_end: float | None = None
+        try:
+            while waiting:
+                timeout = None if grace_end is None else max(0.0, grace_end - time.monotonic())
+                done, waiting = await asyncio.wait(
+                    waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    replies[tasks[task]] = task.result()
+                if grace_end is None and fan.decided is not None and fan.decided(replies):
+                    now = time.monotonic()
+                    grace_end = now + max(GRACE, now - started)
+                if grace_end is not None and time.monotonic() >= grace_end:
+                    break
+        finally:
+            for task in waiting:  # they go on; the node's next request waits for them
+                i = tasks[task]
+                replies[i] = self._unawaited(i, fan[i])
+                with self._mutex:
+                    self._tasks.setdefault(i, {})[task] = started
+                task.add_done_callback(functools.partial(self._task_done, i))
+
+    def _task_done(self, i: int, task: asyncio.Task[Any]) -> None:
+        with self._mutex:
+            tasks = self._tasks.get(i, {})
+            tasks.pop(task, None)
+            if not tasks:
+                self._tasks.pop(i, None)
+
+    async def _anode(self, i: int, op: Op[Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        with self._mutex:
+            earlier = [t for t in self._tasks.get(i, {}) if t.get_loop() is loop]
+        if earlier:  # in order: a request never overtakes one left behind on this node
+            await asyncio.wait(earlier)
+        try:
+            reply = await self.nodes[i].aexecute(op)
+        except BackendUnavailable as exc:
+            self.health.failed(i)
+            return exc
+        except Exception as exc:
+            return exc
+        self.health.answered(i)
+        return reply
+
+    def close(self) -> None:
+        self.lanes.close()
+        self.lanes = Lanes(self)
+
+
+def _ready(waiting: dict[Any, Any], until: float) -> set[Any]:
+    """The keys of ``waiting`` whose connection has something to read, waiting until then
+    at most. A connection closed meanwhile counts as ready (reading it says what happened)."""
+    fds: dict[int, Any] = {}
+    ready = set()
+    for key, value in waiting.items():
+        sock = getattr(value, "_sock", None)
+        if sock is None:
+            ready.add(key)
+        else:
+            fds[sock.fileno()] = key
+    timeout = 0.0 if ready else max(0.0, until - time.monotonic())
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        events = [fd for fd, _ in poller.poll(math.ceil(timeout * 1000))]
+    else:  # pragma: no cover - Windows
+        events = select.select(list(fds), [], [], timeout)[0]
+    return ready | {fds[fd] for fd in events if fd in fds}
+
+
+def _commands(request: Any) -> list[tuple[Any, ...]]:
+    """The wire commands of a node op: one script call, a pipeline of them, or a command."""
+    calls = request if isinstance(request, list) else [request]
+    return [
+        ("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
+        if isinstance(c, Call)
+        else tuple(c)
+        for c in calls
+    ]
+
+
+def _read(connection: Any) -> Any:
+    """One reply; an error reply comes back as a value, like a pipeline's."""
+    try:
+        return connection.read_response()
+    except ResponseError as exc:
+        return exc
+
+
+def _unavailable(node: RedisBackend, op: Op[Any], exc: object) -> BackendUnavailable:
+    return BackendUnavailable(f"lock {op.name!r}: node {node.alias!r} is unavailable: {exc}")
