@@ -261,11 +261,17 @@ class Child:
     faulthandler, to the captured stderr) and its state put in the failure.
     """
 
-    def __init__(self, *args: str, deadline: float = math.inf) -> None:
+    def __init__(
+        self,
+        *args: str,
+        deadline: float = math.inf,
+        module: str = "tests.child",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.deadline = deadline
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.child", *args],
+            [sys.executable, "-m", module, *args],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,

@@ -239,7 +239,8 @@ def test_ctrl_c_on_make_demo_in_a_terminal(tmp_path: Path) -> None:
         settings = {"DEMO_PORT": str(port), "DEMO_STATE": str(tmp_path), "PYTHONPATH": str(ROOT),
                     "SHOP_DB": str(tmp_path / "shop.sqlite3")}  # fmt: skip
         command = (
-            f"cd {shlex.quote(str(ROOT))} && env -u REDIS_URL -u DJANGO_SETTINGS_MODULE "
+            f"cd {shlex.quote(str(ROOT))} && env -u REDIS_URL -u DJANGO_SETTINGS_MODULE"
+            " -u MAKELEVEL -u MAKEFLAGS -u MFLAGS "  # as typed in a terminal, not inside make
             + " ".join(f"{key}={shlex.quote(value)}" for key, value in settings.items())
             + " make demo; echo EXIT=$?"
         )

