@@ -8,7 +8,12 @@ restart or a failover) gets the script loaded and the call repeated, so callers 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import select
+import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -17,7 +22,16 @@ from types import FunctionType
 from typing import Any
 
 import redis.client
+import redis.connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.utils import HIREDIS_AVAILABLE
+
+if HIREDIS_AVAILABLE:
+    import hiredis
+
+_HiredisPacker = getattr(redis.connection, "HiredisRespSerializer", None)
+_HIREDIS_PACKS = HIREDIS_AVAILABLE and _HiredisPacker is not None
 
 INCLUDE = "--! include "
 
@@ -66,28 +80,129 @@ class Call:
 
 
 def command(client: Any, *args: Any) -> Any:
-    """``client.execute_command(*args)``; on a plain ``redis.Redis``, straight on a connection
-    of its pool (send, read, give back), skipping redis-py's per-command wrapper: a retry loop
-    (ours are configured to retry nothing) and, in redis-py 8, operation metrics, about 7 us of
-    client CPU a round trip on every lock operation. Where that wrapper does anything for the
-    client, it is used as before (see :func:`_direct`)."""
+    """``client.execute_command(*args)``; on a plain ``redis.Redis``, straight on the calling
+    thread's own connection of its pool (see :func:`_bound`), skipping redis-py's per-command
+    wrapper (a retry loop, which ours are configured not to use, and redis-py 8's operation
+    metrics) and the pool's checkout and return on every command. Where that wrapper does
+    anything for the client, it is used as before (see :func:`_direct`)."""
     if not _direct(client, args[0]):
         return client.execute_command(*args)
     pool = client.connection_pool
-    conn = pool.get_connection()
+    bound = _bound(pool)
+    if bound is None:  # this thread's connection is mid-command (a finalizer, a signal handler)
+        return _checked_out(pool, args)
+    conn = bound.connection
+    bound.busy = True
     try:
-        conn.send_command(*args)
+        conn.send_packed_command(_pack(conn, args))
         return conn.read_response()
     except ResponseError:
         raise  # an answer: the connection is in step
     except BaseException:
         # No answer, or part of one (a time-out, a reset, an interrupt): a reply may still be
-        # on its way, so the connection is never used again. redis-py's wrapper does this too;
-        # a Sentinel connection's read_response does not do it itself.
+        # on its way, so the socket is never read again; the next command connects afresh.
         conn.disconnect()
         raise
     finally:
+        bound.busy = False
+
+
+def _checked_out(pool: Any, args: tuple[Any, ...]) -> Any:
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command(_pack(conn, args))
+        return conn.read_response()
+    except ResponseError:
+        raise
+    except BaseException:
+        conn.disconnect()  # as in command(): a Sentinel connection does not do it itself
+        raise
+    finally:
         pool.release(conn)  # which drops it too if the server announced maintenance
+
+
+def _pack(conn: Any, args: tuple[Any, ...]) -> Any:
+    """The command in RESP: by hiredis straight away when the connection packs with it (our
+    arguments are str, bytes and int: nothing for redis-py's serializer to convert)."""
+    if _HIREDIS_PACKS and type(conn._command_packer) is _HiredisPacker and " " not in args[0]:
+        return [hiredis.pack_command(args)]
+    return conn._command_packer.pack(*args)
+
+
+_PID = os.getpid()
+
+
+def _new_process() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
+os.register_at_fork(after_in_child=_new_process)
+
+
+class _Bound:
+    """A connection one thread runs its lock commands on, made like the pool's own but kept
+    outside it: one per thread however small the pool, and never waiting for a free one. It
+    goes (and closes) with its thread, whose ``threading.local`` holds it, or with the pool."""
+
+    __slots__ = ("busy", "connection", "pid", "poller", "socket")
+
+    def __init__(self, pool: Any) -> None:
+        self.connection = pool.connection_class(**pool.connection_kwargs)
+        self.pid, self.busy = _PID, False
+        self.socket: Any = None  # the socket the poller watches
+        self.poller: Any = None
+
+    def __del__(self) -> None:
+        # Now, not when the garbage collector gets to the connection (it is in a cycle).
+        # In a forked child this closes the child's copy only: the parent's socket lives on.
+        with contextlib.suppress(Exception):
+            self.connection.disconnect()
+
+
+def _bound(pool: Any) -> _Bound | None:
+    """The calling thread's connection to ``pool``'s server (None while it is mid-command):
+    made once per thread, not checked out of the pool and back on every command. A forked
+    child makes its own (closing the parent's copy leaves the parent's socket alone)."""
+    try:
+        threads = pool._django_redlock_threads
+    except AttributeError:
+        threads = pool.__dict__.setdefault("_django_redlock_threads", threading.local())
+    bound: _Bound | None = getattr(threads, "bound", None)
+    if bound is None or bound.pid != _PID:
+        bound = threads.bound = _Bound(pool)
+    elif bound.busy:
+        return None
+    _recheck(bound)
+    return bound
+
+
+def _recheck(bound: _Bound) -> None:
+    """What the pool does at each checkout: a connection with something to read while no
+    reply is due (the server closed it: a restart, CLIENT KILL, an idle time-out) is replaced
+    before a command is sent on it, which would fail where a new connection would not. One
+    poll(0) on a poller kept per socket: a third of what redis-py's ``can_read()`` costs."""
+    conn = bound.connection
+    sock = conn._sock
+    if sock is None:
+        # Not send_command's own connecting: that skips a Sentinel connection's connect(),
+        # which asks the sentinels where the master is.
+        conn.connect()
+        return
+    if sock is not bound.socket:
+        bound.socket, bound.poller = sock, None
+        if _POLL and type(sock) is socket.socket:  # not TLS: it may have bytes buffered above
+            bound.poller = select.poll()
+            bound.poller.register(sock, select.POLLIN)
+    try:
+        stale = bool(bound.poller.poll(0)) if bound.poller is not None else conn.can_read()
+    except (RedisConnectionError, OSError):
+        stale = True
+    if stale:
+        conn.disconnect()
+
+
+_POLL = hasattr(select, "poll")
 
 
 _OWN: list[Any] = []  # redis-py's own Redis.execute_command, once seen
@@ -101,10 +216,8 @@ def _direct(client: Any, name: str) -> bool:
     does not parse (no response callback). Only ``execute_command`` is looked at: a subclass
     that changes redis-py's inner methods instead is not noticed."""
     execute = type(client).execute_command
-    if not any(execute is own for own in _OWN):  # not ==: a wrapt proxy equals what it wraps
-        if not _is_redis_pys(execute):
-            return False
-        _OWN.append(execute)
+    if not (_OWN and execute is _OWN[0]) and not _seen_as_own(execute):
+        return False
     retry = client.connection_pool.connection_kwargs.get("retry")
     return (
         client.connection is None
@@ -112,6 +225,15 @@ def _direct(client: Any, name: str) -> bool:
         and getattr(retry, "_retries", 1) == 0  # none given: redis-py's default retries
         and name not in client.response_callbacks
     )
+
+
+def _seen_as_own(execute: Any) -> bool:
+    if any(execute is own for own in _OWN):  # not ==: a wrapt proxy equals what it wraps
+        return True
+    if not _is_redis_pys(execute):
+        return False
+    _OWN.append(execute)
+    return True
 
 
 def _is_redis_pys(function: Any) -> bool:

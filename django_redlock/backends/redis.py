@@ -52,6 +52,10 @@ def _flag(on: bool) -> str:
     return "1" if on else "0"
 
 
+_FLAG = {False: "0", True: "1"}
+_ACQUIRE, _RELEASE = script("acquire"), script("release")
+
+
 class RedisBackend(BaseLockBackend):
     """Locks on one Redis through redis-py (with hiredis), on a connection pool of its own."""
 
@@ -74,6 +78,7 @@ class RedisBackend(BaseLockBackend):
         ] = weakref.WeakKeyDictionary()
         self._hub: PubSubHub | None = None
         self._setup = threading.RLock()
+        self._key_cache: dict[str, tuple[str, str, str, str, str, str, str]] = {}
 
     # -- connections -------------------------------------------------------------------------
 
@@ -227,26 +232,33 @@ class RedisBackend(BaseLockBackend):
         waiter: str | None = None,
         wait_ms: int = -1,
     ) -> Op[Attempt]:
-        keys = [
-            self.key(name),
-            self.fence_key(name),
-            self.queue_key(name),
-            self.deadlines_key(name),
-            self.waiting_key(name),
-        ]
-        args: list[Any] = [token, ttl_ms, meta, _flag(kind.reentrant), _flag(kind.fair)]
+        key, fence, queue, deadlines, waiting, _, inbox = self._keys(name)
+        args: list[Any] = [token, ttl_ms, meta, _FLAG[kind.reentrant], _FLAG[kind.fair]]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
-            args += [waiter or token, wait_ms, self.inbox_for(name)]
-        return Op(name, Call(script("acquire"), keys, args), _attempt)
+            args += [waiter or token, wait_ms, inbox]
+        return Op(name, Call(_ACQUIRE, (key, fence, queue, deadlines, waiting), args), _attempt)
+
+    def _keys(self, name: str) -> tuple[str, str, str, str, str, str, str]:
+        """A lock's keys, its release channel and inbox prefix, built once per name (a few
+        thousand names at most are kept): every acquire and release sends them."""
+        keys = self._key_cache.get(name)
+        if keys is None:
+            if len(self._key_cache) >= 4096:
+                self._key_cache.clear()
+            keys = self._key_cache[name] = (
+                self.key(name), self.fence_key(name), self.queue_key(name),
+                self.deadlines_key(name), self.waiting_key(name), self._release_channel(name),
+                self.inbox_for(name),
+            )  # fmt: skip
+        return keys
 
     def _release_channel(self, name: str) -> str:
         return self.channel(name) if self.publishes_releases else self.key(name)
 
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
-        keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
-                self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
-        args = [token, self.inbox_for(name), _flag(kind.reentrant)]
-        return Op(name, Call(script("release"), keys, args), int)
+        key, _, queue, deadlines, waiting, channel, inbox = self._keys(name)
+        keys = (key, channel, waiting, queue, deadlines)
+        return Op(name, Call(_RELEASE, keys, [token, inbox, _FLAG[kind.reentrant]]), int)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         return Op(name, Call(script("extend"), [self.key(name)], [token, ttl_ms]), bool)

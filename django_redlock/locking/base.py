@@ -12,7 +12,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from ..identity import holder_meta, new_token, new_waiter_id, owner_id
 from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import check_bool, check_name, check_optional_seconds, check_ttl, to_ms
+from . import holds
 from .holds import Hold, believe, believed, holds_it, note_taken, settled, unsettled
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
 from .templates import name_template
@@ -99,7 +99,7 @@ class BaseLock:
         self.backend: BaseLockBackend = self._backend_for(using)
         self.lock_ttl = ttl if ttl is not None else self.backend.default_ttl
         self._holds_by_owner: dict[str, Hold] = {}  # owner ("" for the object) -> hold
-        self._pid = os.getpid()  # whose holds those are
+        self._process = holds.process  # whose holds those are
         self._lost: str | None = None  # why the last hold was lost, if it was
         # Reentrant kinds: owner -> nested levels of a hold that was lost. Each later release
         # raises LockLost, and no acquire nests in what is gone, until they are all released.
@@ -173,8 +173,8 @@ class BaseLock:
 
     @property
     def _holds(self) -> dict[str, Hold]:
-        if self._pid != os.getpid():  # a forked child: the parent's holds are not ours
-            self._holds_by_owner, self._pid = {}, os.getpid()
+        if self._process != holds.process:  # a forked child: the parent's holds are not ours
+            self._holds_by_owner, self._process = {}, holds.process
             self._unsure_token, self._orphans = None, {}
         return self._holds_by_owner
 

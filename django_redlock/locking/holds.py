@@ -22,6 +22,19 @@ class Hold:
     observed: Any = None  # what metrics and spans keep of it (observe.Held)
 
 
+#: Which process this is, as a count of forks: checked on every lock operation, where
+#: ``os.getpid()`` would be a system call each time.
+process = 0
+
+
+def _forked() -> None:
+    global process
+    process += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 # Renewed exclusive holds of this process by (backend, name) -> the actors holding them:
 # taking a name again that one's own thread or task holds would wait for itself forever.
 _taken: dict[tuple[int, str], dict[str, int]] = {}

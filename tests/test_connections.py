@@ -1,0 +1,140 @@
+"""Each thread runs its lock commands on a connection of its own (made once, not checked out
+of the pool per command): what that must survive. A fork, a thread's end, a pool smaller than
+the threads, a server restarted between two commands, a command that starts while the thread's
+connection is mid-command (a finalizer, a signal handler)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from django.conf import settings
+from django.test import override_settings
+
+from django_redlock import lock, locks, scripts
+from django_redlock.testing import RedisServer
+
+
+@contextmanager
+def _alias(alias: str, server: RedisServer, **options: object) -> Iterator[None]:
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url,
+              "OPTIONS": options}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config}):
+        yield
+
+
+def _names_connected(server: RedisServer) -> int:
+    return len(server.client().client_list())
+
+
+def test_a_forked_child_never_speaks_on_its_parents_socket(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    with _alias("own", server):
+        held = lock(name, using="own", auto_renew=False)
+        held.acquire()  # this thread's connection exists now
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                # Replies read on a shared socket would be the parent's (or the parent would
+                # read these): each answer must be this child's own.
+                for i in range(200):
+                    other = lock(f"{name}:child:{i}", using="own", auto_renew=False)
+                    assert other.acquire(blocking=False) and other.fence is not None
+                    other.release()
+                assert not lock(name, using="own").acquire(blocking=False)
+                code = 0
+            finally:
+                os.write(write, b"x")
+                os._exit(code)
+        for i in range(200):  # meanwhile, the parent goes on on its own connection
+            assert held.owned(), i
+        os.read(read, 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        held.release()
+        assert not held.locked()
+
+
+def test_more_threads_than_the_pool_has_connections(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    with _alias("small", server, max_connections=2, socket_timeout=1.0):
+        errors: list[BaseException] = []
+        start = threading.Barrier(12)
+
+        def work(i: int) -> None:
+            try:
+                start.wait(timeout=10)
+                for _ in range(30):
+                    with lock(f"{name}:{i}", using="small", auto_renew=False):
+                        pass
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == []
+
+
+def test_a_thread_s_connection_closes_when_the_thread_ends(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    with _alias("own", server):
+        lock(name, using="own", auto_renew=False).acquire(blocking=False)
+        before = _names_connected(server)
+
+        def take(i: int) -> None:
+            with lock(f"{name}:{i}", using="own", auto_renew=False):
+                pass
+
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(10)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert _names_connected(server) <= before + 1  # the admin client above counts once
+
+
+def test_a_restart_between_two_commands_costs_nothing(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory(persist=True)
+    with _alias("restarted", server):
+        for i in range(3):
+            held = lock(f"{name}:{i}", using="restarted", auto_renew=False)
+            held.acquire()
+            server.restart()  # the thread's socket is closed by the time the next one is sent
+            held.release()
+            assert not held.locked()
+
+
+def test_a_command_while_the_thread_s_connection_is_busy(
+    redis_server: RedisServer, name: str
+) -> None:
+    # A finalizer or a signal handler may run a lock command in the middle of another one on
+    # the same thread: it must not write on the connection whose reply is awaited.
+    backend = locks["default"]
+    pool = backend.client.connection_pool  # type: ignore[attr-defined]
+    assert lock(name).acquire(blocking=False)
+    bound = scripts._bound(pool)
+    assert bound is not None
+    bound.busy = True
+    try:
+        assert scripts._bound(pool) is None
+        other = lock(f"{name}:other", auto_renew=False)
+        assert other.acquire(blocking=False) and other.owned()
+        other.release()
+    finally:
+        bound.busy = False
+    assert lock(name).locked()
