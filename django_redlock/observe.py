@@ -338,11 +338,13 @@ class Observer:
         self.tracer: Any = None  # the provider's tracer, once the application has one
         self._trace: Any = None
         self._no_provider: tuple[type, ...] = ()
+        self._provider_by_env = False
         if tracing:
             from opentelemetry import trace
 
             self._trace = trace
             self._no_provider = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+            self._provider_by_env = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
         self._families: dict[tuple[Any, ...], Family] = {}
         self._mutex = threading.Lock()
         self._renewals: dict[str, tuple[Any, Any, Any]] = {}
@@ -379,6 +381,10 @@ class Observer:
         """The tracer of the application's provider; None while it has none. Without one,
         opentelemetry-api hands out do-nothing spans that still cost microseconds each: a
         library that only depends on the API would pay them on every acquire."""
+        if getattr(self._trace, "_TRACER_PROVIDER", ...) is None and not self._provider_by_env:
+            # None set yet (opentelemetry-api's global, read where get_tracer_provider() would
+            # also consult the environment each time: a few us on every acquire).
+            return None
         provider = self._trace.get_tracer_provider()
         if isinstance(provider, self._no_provider):
             return None
