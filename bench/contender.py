@@ -34,6 +34,22 @@ redis.connection.AbstractConnection.send_command = _counted_send  # type: ignore
 redis.connection.AbstractConnection.pack_commands = _counted_pack  # type: ignore[method-assign]
 
 
+def _count_direct() -> None:
+    """Our lock commands go out packed by django_redlock.scripts itself, past send_command."""
+    from django_redlock import scripts
+
+    pack = scripts._pack
+
+    def counted(conn: Any, args: Any) -> Any:
+        SENT[0] += 1
+        return pack(conn, args)
+
+    scripts._pack = counted  # type: ignore[assignment]
+
+
+_count_direct()
+
+
 SEMAPHORE_LIMIT = 3  # the semaphore scenarios: at most 3 holders
 
 

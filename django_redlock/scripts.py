@@ -14,6 +14,7 @@ import os
 import select
 import socket
 import threading
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -140,24 +141,47 @@ def _new_process() -> None:
 os.register_at_fork(after_in_child=_new_process)
 
 
+#: Connections of ended threads kept for new threads, per pool: a server that starts a
+#: thread per request (runserver, gevent's greenlets) would otherwise connect per request.
+SPARES = 16
+
+
 class _Bound:
     """A connection one thread runs its lock commands on, made like the pool's own but kept
-    outside it: one per thread however small the pool, and never waiting for a free one. It
-    goes (and closes) with its thread, whose ``threading.local`` holds it, or with the pool."""
+    outside it: one per thread however small the pool, and never waiting for a free one.
+    When its thread ends (its ``threading.local`` goes, and this with it), the connection is
+    kept for the next new thread, or closed when enough are kept."""
 
-    __slots__ = ("busy", "connection", "pid", "poller", "socket")
+    __slots__ = ("busy", "connection", "pid", "poller", "socket", "spares")
 
-    def __init__(self, pool: Any) -> None:
-        self.connection = pool.connection_class(**pool.connection_kwargs)
+    def __init__(self, pool: Any, spares: deque[tuple[int, Any]]) -> None:
+        self.spares = spares
+        self.connection: Any = _spare(spares) or pool.connection_class(**pool.connection_kwargs)
         self.pid, self.busy = _PID, False
         self.socket: Any = None  # the socket the poller watches
         self.poller: Any = None
 
     def __del__(self) -> None:
-        # Now, not when the garbage collector gets to the connection (it is in a cycle).
-        # In a forked child this closes the child's copy only: the parent's socket lives on.
         with contextlib.suppress(Exception):
-            self.connection.disconnect()
+            if self.pid == _PID and not self.busy and len(self.spares) < SPARES:
+                self.spares.append((self.pid, self.connection))
+            else:
+                # Now, not when the garbage collector gets to it (a connection is in a
+                # cycle). A forked child's copy: closes the child's, the parent's lives on.
+                self.connection.disconnect()
+
+
+def _spare(spares: deque[tuple[int, Any]]) -> Any:
+    """A connection an ended thread of this process left, if any."""
+    while spares:
+        try:
+            pid, connection = spares.pop()
+        except IndexError:  # another thread took the last one
+            return None
+        if pid == _PID:
+            return connection
+        connection.disconnect()  # the parent's, copied by a fork: closes this copy only
+    return None
 
 
 def _bound(pool: Any) -> _Bound | None:
@@ -165,12 +189,14 @@ def _bound(pool: Any) -> _Bound | None:
     made once per thread, not checked out of the pool and back on every command. A forked
     child makes its own (closing the parent's copy leaves the parent's socket alone)."""
     try:
-        threads = pool._django_redlock_threads
+        threads, spares = pool._django_redlock_threads
     except AttributeError:
-        threads = pool.__dict__.setdefault("_django_redlock_threads", threading.local())
+        threads, spares = pool.__dict__.setdefault(
+            "_django_redlock_threads", (threading.local(), deque())
+        )
     bound: _Bound | None = getattr(threads, "bound", None)
     if bound is None or bound.pid != _PID:
-        bound = threads.bound = _Bound(pool)
+        bound = threads.bound = _Bound(pool, spares)
     elif bound.busy:
         return None
     _recheck(bound)
