@@ -25,6 +25,7 @@ import os
 import select
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,8 @@ GRACE = 0.002
 SLOW_SHARE, SLOW_MAX = 0.25, 0.05
 #: A lane with this many unread replies counts as slow however young they are.
 LANE_MAX = 64
+#: Connections per node kept between fan-outs, outside the pool's queue (see checkout()).
+KEPT = 16
 #: How often a fan-out looks whether a connect in a thread has finished.
 CONNECT_POLL = 0.001
 
@@ -280,6 +283,7 @@ class NodeIO:
         self._connectors: dict[int, Connector] = {}
         self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
         self._pid = os.getpid()
+        self._kept: list[deque[Any]] = [deque() for _ in nodes]
 
     @property
     def timeout(self) -> float:
@@ -292,8 +296,31 @@ class NodeIO:
     def pool(self, i: int) -> Any:
         return self.nodes[i].client.connection_pool
 
+    def checkout(self, i: int) -> Any:
+        """A connection to node i: one a fan-out gave back (no pool checkout: its queue, lock
+        and redis-py 8's metrics cost more than the command, five nodes per operation), else
+        the pool's. A kept one the server closed meanwhile is replaced, as the pool does."""
+        kept = self._kept[i]
+        while kept:
+            try:
+                connection = kept.pop()
+            except IndexError:  # another thread took the last one
+                break
+            try:
+                if connection._sock is not None and not connection.can_read():
+                    return connection
+            except Exception:
+                pass
+            connection.disconnect()
+            self.pool(i).release(connection)
+        return self.pool(i).get_connection()
+
     def give_back(self, i: int, connection: Any) -> None:
-        self.pool(i).release(connection)
+        """Kept for the next fan-out (still the pool's: its disconnect() reaches it)."""
+        if len(self._kept[i]) < KEPT:
+            self._kept[i].append(connection)
+        else:
+            self.pool(i).release(connection)
         self.health.answered(i)
 
     def drop(self, i: int, connection: Any) -> None:
@@ -313,6 +340,7 @@ class NodeIO:
             self.lanes.forget()
             self._mutex = threading.Lock()
             self._connectors, self._tasks = {}, {}
+            self._kept = [deque() for _ in self.nodes]  # copies of the parent's sockets
 
     def usable(self) -> set[int]:
         """The nodes worth listening on for releases: up and answering. A waiter must hear
@@ -405,7 +433,7 @@ class NodeIO:
                     self._send(fan, i, lane.connection, lane, flights, replies)
                 elif self.health.warm(i):
                     try:
-                        connection = self.pool(i).get_connection()
+                        connection = self.checkout(i)
                     except UNAVAILABLE as exc:
                         self.health.failed(i)
                         replies[i] = _unavailable(self.nodes[i], fan[i], exc)
