@@ -151,3 +151,35 @@ def test_a_command_while_the_thread_s_connection_is_busy(
     finally:
         bound.busy = False
     assert lock(name).locked()
+
+
+def test_a_forked_child_never_speaks_on_its_parents_redlock_sockets(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    servers = [redis_factory() for _ in range(3)]
+    config = {"BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+              "LOCATION": [s.url for s in servers]}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "three": config}):
+        held = lock(name, using="three", auto_renew=False)
+        held.acquire()  # connections to every node are kept for the next fan-out now
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for i in range(100):
+                    other = lock(f"{name}:child:{i}", using="three", auto_renew=False)
+                    assert other.acquire(blocking=False) and other.fence is not None
+                    other.release()
+                assert not lock(name, using="three").acquire(blocking=False)
+                code = 0
+            finally:
+                os.write(write, b"x")
+                os._exit(code)
+        for i in range(100):
+            assert held.owned(), i
+        os.read(read, 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        held.release()
+        assert not held.locked()
