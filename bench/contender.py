@@ -44,7 +44,7 @@ def _count_direct() -> None:
         SENT[0] += 1
         return pack(conn, args)
 
-    scripts._pack = counted  # type: ignore[assignment]
+    scripts._pack = counted
 
 
 _count_direct()

@@ -47,6 +47,9 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"≥ 1.0 × redis-py: {ours / r['redis-py Lock']:.2f} × {verdict(ours >= r['redis-py Lock'])}; "
          f"≥ 1.0 × python-redis-lock: {ours / r['python-redis-lock']:.2f} × {verdict(ours >= r['python-redis-lock'])}; "
          f"2 round trips: {u['round_trips']:.2f} {verdict(abs(u['round_trips'] - 2) < 1e-9)}"),
+        ("uncontended cycle, where the time goes", "µs per cycle, wall / client CPU, the cases taking turns",
+         "; ".join(f"{name.strip()} {v['wall_us']:.0f} / {v['cpu_us']:.0f}" for name, v in results["floor"].items()),
+         "report (see below)"),
         ("uncontended cycle with metrics on (and spans)", "cycles/s, the modes taking turns",
          f"off {o['rates']['off']:,.0f}; metrics {o['rates']['metrics']:,.0f}; metrics + spans {o['rates']['metrics + spans']:,.0f}",
          f"metrics ≥ 0.97 × off: {o['metrics_ratio']:.3f} × {verdict(o['metrics_ratio'] >= 0.97)}; "

@@ -29,6 +29,7 @@ from bench.scenarios.asyncio_contention import asyncio_contention
 from bench.scenarios.celery_overhead import celery_overhead
 from bench.scenarios.contended import contended
 from bench.scenarios.fenced import fenced
+from bench.scenarios.floor import floor
 from bench.scenarios.memory import memory
 from bench.scenarios.observability import observability
 from bench.scenarios.quorum import quorum
@@ -45,6 +46,7 @@ def main() -> None:
         results: dict[str, Any] = {}
         steps: list[tuple[str, Callable[[], None]]] = [
             ("uncontended", lambda: uncontended(results)),
+            ("uncontended floor", lambda: floor(results)),
             ("redis cpu", lambda: redis_cpu(results)),
             ("quorum", lambda: quorum(results, [n.url for n in nodes])),
             ("contended, zero hold", lambda: contended(
