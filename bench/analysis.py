@@ -6,6 +6,46 @@ Figures in parentheses come from side runs on the same machine (`BENCH_ONLY=<sce
 `cProfile`, `py-spy`, `INFO commandstats`); the CHANGELOG lists what was changed because of
 them.
 
+- **Fenced purchases (0.62-0.98 x `select_for_update`, median 0.81, in five side runs at load
+  average 5-9; 0.58-0.78 x in three timed side runs at 3.5-5; target 1.0 x).** Out of reach
+  with the guarantees kept. The floor, from a side run with `time.monotonic()` and
+  `time.process_time()` around each step of each purchase (8 buyers, load 3.5-5): a purchase
+  of ours takes 4.6-5.4 ms of the chain from one commit to the next, against 3.1-3.6 ms. Ours
+  has three steps on that chain that `select_for_update` has not. (1) The hand-off through
+  Redis, from the holder's commit to the next holder's acquisition: 1.2-1.3 ms, of which the
+  release call is 0.5-0.6 ms (0.30-0.38 ms of it the holder's CPU); then one waiter's wake-up
+  by pub/sub (its listener thread, then its main thread) and its acquire script. Under this
+  contention the acquire and release scripts take 96 and 116 µs in Redis (slowlog medians;
+  36 and 19 µs uncontended at the same time), and a purchase makes 3.2 `EVALSHA` (a try that
+  finds the lock held, the try once woken, the release) and costs Redis about 0.5 ms of CPU.
+  (2) `BEGIN` and the fence upsert: 0.9-1.0 ms, two round trips. PostgreSQL spends 79 µs on
+  the upsert (47 executing, 32 planning: `pg_stat_statements`); `BEGIN` is psycopg's own
+  round trip before a transaction's first statement, which `select_for_update`'s buyers send
+  before they wait, off the chain. (3) A read of the row that does not wait, where
+  `select_for_update`'s locked read returns as the previous holder commits. On the two cores,
+  the buyers spend 3.5-4.2 ms of CPU per purchase of ours against 2.9-3.0 ms: the acquire and
+  its wait 1.1-1.2 ms (`select_for_update`'s BEGIN and locked read: 1.2-1.3 ms), the fence
+  step 0.53-0.60 ms, the release 0.30-0.38 ms. `select_for_update` pays at its commit instead,
+  which wakes the queued sessions (0.84-1.07 ms from sending COMMIT to its answer, against
+  0.30-0.34 ms for ours), and it holds 8 connections in transactions at peak (4.6 on average)
+  where ours holds 1 (0.4). The busier the machine, the closer the two: `select_for_update`
+  needs fewer process wake-ups per purchase, and each costs more on a loaded machine (one
+  run at load 9 gave 1.06 x, on the code before this change).
+  The fence check, 893 µs per block in the first side run, measures 406-581 µs (median 453;
+  455-791, median 582, for the code before, in the same interleaved runs). That 893 was a
+  difference of two medians of turns taken seconds apart while the load drifted; it is now
+  the median of paired neighbouring turns. What is in it: one round trip of one statement
+  (a `SELECT 1` through Django's cursor alone takes 190 µs on a quieter machine, 120 µs with
+  bare psycopg), PostgreSQL's 79 µs, and Django's cursor and psycopg. Done: the fence table
+  no longer indexes `touched`, which every block rewrites, so each upsert is a HOT update
+  (1,638 of 1,638 in a side run, none before): 47 µs of execution instead of 75-78, no new
+  index entries, and one row of 5,000 upserts stays in one 8 kB page (144 kB with the index);
+  `prune-fences` scans the table instead. The statement's text is built once. Tried and
+  dropped: psycopg's pipeline mode to send `BEGIN` with the upsert (729 µs per block against
+  532: its bookkeeping costs more than the round trip it saves). A prepared upsert would save
+  the planning, but it goes through Django's cursor like any query, so that stays Django's
+  setting (`server_side_binding`, `prepare_threshold`: prepared statements break behind
+  PgBouncer in transaction mode).
 - **Uncontended vs raw / redis-py (0.74-0.88 x raw, 0.61-0.88 x redis-py in side runs;
   targets 0.95 and 1.0).** redis-py's `Lock` is the raw floor: a bare `SET NX PX`, then a
   compare-and-delete. Our acquire is one script that also reads the server clock, checks the

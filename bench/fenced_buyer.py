@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import statistics
 import time
 from typing import Any
 
@@ -121,15 +122,36 @@ def buy(args: argparse.Namespace) -> None:
     while not client.exists(args.start):
         time.sleep(0.002)
     done: list[float] = []
+    cpu = time.process_time()
     end = time.monotonic() + args.seconds
     while time.monotonic() < end:
         purchase(args.buyer)
         done.append(time.monotonic())
+    cpu = time.process_time() - cpu  # this buyer's CPU while buying (its waits use none)
     # Quiet until every buyer is done: one exiting would give the others its CPU.
     client.incr(f"{args.start}:done")
     while int(client.get(f"{args.start}:done") or 0) < args.buyers:
         time.sleep(0.01)
-    print(json.dumps({"purchases": len(done), "done": done}), flush=True)
+    print(json.dumps({"purchases": len(done), "done": done, "cpu": cpu}), flush=True)
+
+
+def paired(plain: Any, fenced: Any, rounds: int, seconds: float) -> dict[str, float]:
+    """µs per block of each, and the fence's: the median over ``rounds`` of the difference
+    between neighbouring turns (which goes first alternates), so that the machine's load,
+    which drifts over seconds on a shared machine, cancels out of each difference."""
+    from bench.harness import rate
+
+    plain(), fenced()  # warm up: connections, scripts, the lock's row
+    pairs = []
+    for turn in range(rounds):
+        order = (plain, fenced) if turn % 2 == 0 else (fenced, plain)
+        us = {work: 1e6 / rate(work, seconds) for work in order}
+        pairs.append((us[plain], us[fenced]))
+    return {
+        "plain_us": statistics.median(p for p, _ in pairs),
+        "fenced_us": statistics.median(f for _, f in pairs),
+        "fence_us": statistics.median(f - p for p, f in pairs),
+    }
 
 
 def cost(args: argparse.Namespace) -> None:
@@ -140,7 +162,7 @@ def cost(args: argparse.Namespace) -> None:
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
 
-    from bench.harness import interleaved
+    from bench.harness import ROUNDS, SECONDS
     from django_redlock import lock
 
     def statements(block: Any) -> int:
@@ -181,25 +203,23 @@ def cost(args: argparse.Namespace) -> None:
 
         return block
 
-    rates = interleaved(
-        {
-            "lock + atomic(), one SELECT": with_select(False),
-            "lock(atomic=True), one SELECT": with_select(True),
-            "lock + atomic(), empty": empty(False),
-            "lock(atomic=True), empty": empty(True),
-        }
-    )
-    us = {case: 1e6 / value for case, value in rates.items()}
+    # Short turns, many of them: 4 x the rounds of the other scenarios, a quarter as long.
+    rounds, seconds = 4 * ROUNDS, SECONDS / 4
+    select = paired(with_select(False), with_select(True), rounds, seconds)
+    bare = paired(empty(False), empty(True), rounds, seconds)
     print(
         json.dumps(
             {
                 "statements_per_block": fenced_statements - plain_statements,
                 "statements_first_block": first - plain_statements,
-                "block_us": us,
-                "fence_us_per_block": us["lock(atomic=True), one SELECT"]
-                - us["lock + atomic(), one SELECT"],
-                "empty_fenced_block_us_over_plain": us["lock(atomic=True), empty"]
-                - us["lock + atomic(), empty"],
+                "block_us": {
+                    "lock + atomic(), one SELECT": select["plain_us"],
+                    "lock(atomic=True), one SELECT": select["fenced_us"],
+                    "lock + atomic(), empty": bare["plain_us"],
+                    "lock(atomic=True), empty": bare["fenced_us"],
+                },
+                "fence_us_per_block": select["fence_us"],
+                "empty_fenced_block_us_over_plain": bare["fence_us"],
             }
         ),
         flush=True,

@@ -120,9 +120,10 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"{c['round_trips']:.1f} round trips; {c['overhead_us']:.0f} µs per task (`task.apply`)",
          f"≤ 2 round trips {verdict(c['round_trips'] <= 2)}"),
         ("fenced purchases on PostgreSQL, 8 processes",
-         "purchases/s; connections waiting in a transaction, peak/mean (on the row's lock); fence check per block",
+         "purchases/s; connections waiting in a transaction, peak/mean (on the row's lock); buyers' CPU per purchase; fence check per block",
          "<br>".join(f"{mode}: {v['per_second']:,.0f}/s; {v['waiting_in_transaction_peak']:.0f}/{v['waiting_in_transaction_mean']:.1f} "
-                     f"waiting in a transaction ({v['lock_waits_peak']:.0f}/{v['lock_waits_mean']:.1f} on the row's lock)"
+                     f"waiting in a transaction ({v['lock_waits_peak']:.0f}/{v['lock_waits_mean']:.1f} on the row's lock); "
+                     f"buyers' CPU {v['buyer_cpu_us_per_purchase']:,.0f} µs per purchase"
                      for mode, v in (("select_for_update", fs), ("lock(atomic=True)", fl)))
          + f"<br>fence check: {fc['statements_per_block']} statement ({fc['statements_first_block']} on a name's first block), "
          f"{fc['fence_us_per_block']:.0f} µs per block; an empty fenced block {fc['empty_fenced_block_us_over_plain']:.0f} µs "
@@ -192,9 +193,13 @@ How each figure is taken (one module per scenario in `bench/scenarios/`, `bench/
   statements counts, so ours shows at most 1); peak and mean per turn. *Lost updates*: sales
   made minus the stock's fall (0: every purchase sold one seat once). Fence statements:
   `CaptureQueriesContext` around a fenced block, less a plain `transaction.atomic()`'s. Its
-  time: the same lock around `transaction.atomic()` and as a fenced block, in interleaved
-  turns, with one `SELECT 1` in the body (the check alone), and empty (the check, and the
-  BEGIN and COMMIT an empty plain block never sends).
+  time: the same lock around `transaction.atomic()` and as a fenced block, with one `SELECT
+  1` in the body (the check alone), and empty (the check, and the BEGIN and COMMIT an empty
+  plain block never sends): {4 * ROUNDS} pairs of neighbouring turns of {SECONDS / 4:g} s,
+  which goes first alternating, and the median of each pair's difference (the machine's
+  load drifts over seconds; a difference of medians taken apart carried that drift). *Buyers'
+  CPU*: `time.process_time()` of each buyer over its buying, summed, per purchase (a waiting
+  buyer uses none; PostgreSQL's and Redis's CPU are not in it).
 
 {ANALYSIS}{redlock_note}
 ## Machine and versions

@@ -111,18 +111,8 @@ def check_fence(using: str, backend: str, name: str, fence: int, describe: str =
 
 
 def _upsert(connection: Any, key: str, backend: str, name: str, fence: int, now: Any) -> str:
-    from .models import Fence
-
-    qn = connection.ops.quote_name
-    table = qn(Fence._meta.db_table)
-    key_, fence_, previous, at = qn("key"), qn("fence"), qn("previous"), qn("touched")
-    # The WHERE false on a conflict: no row returned (the row is locked all the same).
-    sql = (
-        f"INSERT INTO {table} ({key_}, {qn('backend')}, {qn('name')}, {fence_}, {previous},"
-        f" {at}) VALUES (%s, %s, %s, %s, NULL, %s)"
-        f" ON CONFLICT ({key_}) DO UPDATE SET {previous} = {table}.{fence_},"
-        f" {fence_} = EXCLUDED.{fence_}, {at} = EXCLUDED.{at}"
-        f" WHERE {table}.{fence_} <= EXCLUDED.{fence_} RETURNING {previous}"
+    sql = _UPSERT_SQL.get(connection.vendor) or _UPSERT_SQL.setdefault(
+        connection.vendor, _upsert_sql(connection)
     )
     touched = connection.ops.adapt_datetimefield_value(now)
     with connection.cursor() as cursor:
@@ -131,6 +121,25 @@ def _upsert(connection: Any, key: str, backend: str, name: str, fence: int, now:
     if row is None:
         return "stale"
     return "new" if row[0] is None else "newest"
+
+
+_UPSERT_SQL: dict[str, str] = {}  # by vendor: the text is built once, not per block
+
+
+def _upsert_sql(connection: Any) -> str:
+    from .models import Fence
+
+    qn = connection.ops.quote_name
+    table = qn(Fence._meta.db_table)
+    key_, fence_, previous, at = qn("key"), qn("fence"), qn("previous"), qn("touched")
+    # The WHERE false on a conflict: no row returned (the row is locked all the same).
+    return (
+        f"INSERT INTO {table} ({key_}, {qn('backend')}, {qn('name')}, {fence_}, {previous},"
+        f" {at}) VALUES (%s, %s, %s, %s, NULL, %s)"
+        f" ON CONFLICT ({key_}) DO UPDATE SET {previous} = {table}.{fence_},"
+        f" {fence_} = EXCLUDED.{fence_}, {at} = EXCLUDED.{at}"
+        f" WHERE {table}.{fence_} <= EXCLUDED.{fence_} RETURNING {previous}"
+    )
 
 
 def _portable(using: str, key: str, backend: str, name: str, fence: int, now: Any) -> str:

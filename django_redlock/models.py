@@ -58,7 +58,10 @@ class Fence(models.Model):
     fence = models.BigIntegerField()
     #: The fence this row held before the last check (None: the row was new).
     previous = models.BigIntegerField(null=True, blank=True)
-    touched = models.DateTimeField(db_index=True)
+    #: Not indexed: every block rewrites it, and an index on it would make each upsert a
+    #: non-HOT update on PostgreSQL (new index entries, a dead tuple per block). Only
+    #: ``prune-fences`` reads it, with a sequential scan.
+    touched = models.DateTimeField()
 
     class Meta:
         verbose_name = "lock fence"

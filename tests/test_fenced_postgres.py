@@ -282,3 +282,18 @@ def test_one_statement_of_fence_work_on_postgresql(name: str) -> None:
         pass
     table = Fence._meta.db_table
     assert [q["sql"][:11] for q in queries.captured_queries if table in q["sql"]] == ["INSERT INTO"]
+
+
+def test_a_block_rewrites_no_indexed_column_so_its_upsert_can_be_a_hot_update() -> None:
+    """Every block rewrites its row's fence, previous fence and time: with none of them
+    indexed, PostgreSQL updates the row in place (HOT), with no new index entries and no
+    dead index entry per block for the next block's lookup to step over."""
+    with connections[PG].cursor() as cursor:
+        cursor.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a"
+            " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+            " WHERE i.indrelid = %s::regclass",
+            [Fence._meta.db_table],
+        )
+        indexed = {row[0] for row in cursor.fetchall()}
+    assert indexed == {"key"}

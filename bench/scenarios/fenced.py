@@ -100,7 +100,13 @@ def turn(client: Any, conn: Any, url: str, port: int, mode: str, key: str) -> di
     sampler.stopping.set()
     sampler.join()
     purchases = sum(out["purchases"] for out in outputs)
-    return {"per_second": purchases / SECONDS, "purchases": purchases, **sampler.summary()}
+    cpu = sum(out["cpu"] for out in outputs)
+    return {
+        "per_second": purchases / SECONDS,
+        "purchases": purchases,
+        "buyer_cpu_us_per_purchase": cpu / max(purchases, 1) * 1e6,
+        **sampler.summary(),
+    }
 
 
 def fenced(results: dict[str, Any], url: str) -> None:

@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
                 ("name", models.CharField(max_length=1024, verbose_name="lock")),
                 ("fence", models.BigIntegerField()),
                 ("previous", models.BigIntegerField(blank=True, null=True)),
-                ("touched", models.DateTimeField(db_index=True)),
+                ("touched", models.DateTimeField()),
             ],
             options={
                 "verbose_name": "lock fence",
