@@ -141,6 +141,18 @@ def _new_process() -> None:
 os.register_at_fork(after_in_child=_new_process)
 
 
+def pack_many(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
+    """Several commands in RESP, to send at once (a pipeline's packing, without its
+    per-argument serializer when hiredis packs)."""
+    if (
+        _HIREDIS_PACKS
+        and type(conn._command_packer) is _HiredisPacker
+        and not any(" " in command[0] for command in commands)  # "SCRIPT LOAD": redis-py's
+    ):
+        return [b"".join([hiredis.pack_command(command) for command in commands])]
+    return conn.pack_commands(commands)
+
+
 #: Connections of ended threads kept for new threads, per pool: a server that starts a
 #: thread per request (runserver, gevent's greenlets) would otherwise connect per request.
 SPARES = 16

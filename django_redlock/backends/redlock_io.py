@@ -34,7 +34,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from .. import acl
 from ..exceptions import BackendUnavailable
-from ..scripts import Call
+from ..scripts import Call, pack_many
 from .base import Op
 from .redis import UNAVAILABLE, RedisBackend
 from .redlock_health import Health, start_probes
@@ -472,7 +472,7 @@ class NodeIO:
     ) -> None:
         commands = _commands(fan[i].request)
         try:
-            connection.send_packed_command(connection.pack_commands(commands), False)
+            connection.send_packed_command(pack_many(connection, commands), False)
         except UNAVAILABLE as exc:
             self.drop(i, connection)
             self.health.failed(i)
