@@ -6,8 +6,9 @@ Figures in parentheses come from side runs on the same machine (`BENCH_ONLY=<sce
 `cProfile`, `py-spy`, `INFO commandstats`); the CHANGELOG lists what was changed because of
 them.
 
-- **Fenced purchases (0.62-0.98 x `select_for_update`, median 0.81, in five side runs at load
-  average 5-9; 0.58-0.78 x in three timed side runs at 3.5-5; target 1.0 x).** Out of reach
+- **Fenced purchases (0.92 x `select_for_update` in this session's full run, with the lock
+  commands on a connection per thread; 0.62-0.98 x, median 0.81, in five side runs at load
+  average 5-9 before that; 0.58-0.78 x in three timed side runs at 3.5-5; target 1.0 x).** Out of reach
   with the guarantees kept. The floor, from a side run with `time.monotonic()` and
   `time.process_time()` around each step of each purchase (8 buyers, load 3.5-5): a purchase
   of ours takes 4.6-5.4 ms of the chain from one commit to the next, against 3.1-3.6 ms. Ours
@@ -46,24 +47,30 @@ them.
   the planning, but it goes through Django's cursor like any query, so that stays Django's
   setting (`server_side_binding`, `prepare_threshold`: prepared statements break behind
   PgBouncer in transaction mode).
-- **Uncontended vs raw / redis-py (0.74-0.88 x raw, 0.61-0.88 x redis-py in side runs;
-  targets 0.95 and 1.0).** redis-py's `Lock` is the raw floor: a bare `SET NX PX`, then a
-  compare-and-delete. Our acquire is one script that also reads the server clock, checks the
-  fair queue, and reads and writes the fencing counter, atomically; our release also looks
-  for waiters to wake. On the server our two scripts take 10.6-13.7 and 6.3-7.0 us (`INFO
-  commandstats`, one call each) against 1.0-1.3 us for `SET` and 3.0-3.8 us for the raw
-  release. The `Lock` object (argument checks, the owner's hold, the watchdog hand-over,
-  signals) costs the rest of the gap, spread over a dozen steps of 2-5 us each. The 0.95
-  target leaves 5 % for all of that; we keep fencing and holder metadata atomic instead, and
-  still make exactly 2 round trips and 1.2-1.3 x python-redis-lock. Done for it: holds reach
-  the watchdog only if still held when it next looks, tokens without fresh random bytes per
-  hold, holder metadata built once per thread, scripts called through `execute_command`
-  (redis-py's `evalsha()` checks for deprecated arguments on every call), no
-  `contextmanager` per op, a one-off try sends 5 script arguments instead of 8. Latest: on a
-  plain `redis.Redis` client the commands go straight on a pooled connection, without
-  redis-py's per-command wrapper (retry loop, redis-py 8's operation metrics): 7 us of client
-  CPU less per round trip, 0.75 -> 0.78 x raw in an A/B of one run (Redis 7.0). The raw
-  cycle pays that wrapper too, so this narrows the gap by what the wrapper costs twice.
+- **Uncontended vs raw (0.78 x in the full run, 0.875 x in a side run; target 0.95). redis-py's
+  `Lock` is now met: 1.03 x in the full run, 1.12 x in the side run (0.82 x before this
+  session's change).** The row "where the time goes" is the measured floor. Its cases, in µs
+  per cycle, wall / client CPU, from the side run on a quiet machine: raw 216 / 168; our two
+  scripts alone, with a real cycle's keys and arguments, 171 / 82; the whole `with lock()`
+  cycle 251 / 169; the `Lock` object with its two round trips answered in-process 44 / 44
+  (38 without the watchdog hand-over, 37 with metrics and spans off). So our wire path is
+  now cheaper than the raw loop's (it skips the pool checkout, redis-py's command wrapper
+  and its serializer: a connection per thread, packed by hiredis), and the whole gap to raw
+  is the `Lock` object: 44 µs of Python when hot, about 85 µs of client CPU between real
+  round trips (caches are cold after each system call), against the 35 µs raw loses on its
+  wire path. What those 44 µs buy, from the in-process cases: the watchdog hand-over (6 µs:
+  a hold outliving TTL/3 is renewed), metrics (under 1 µs to 7 µs: deferred to the scrape),
+  argument checks and the object (4 µs), building and parsing the two script calls with
+  fence, holder and fair-queue data (5 µs), and about 25 µs for the hold's bookkeeping that
+  makes "unknown is not lost" true: the owner's hold record, the token kept for a retry
+  after a lost reply, the self-wait registry (an acquire that would wait for its own thread
+  forever), the fork check, and the lock_acquired and lock_released signals. On the server
+  our scripts also take longer than `SET` and the raw compare-and-delete (the fence counter,
+  the server clock, the fair-queue check, the holder metadata). Reaching 0.95 x raw would
+  take the Lock object under 10 µs, which is less than its watchdog hand-over and
+  bookkeeping alone: we keep them. Done this session: a connection per thread (no pool
+  checkout per command), hiredis packing, keys built once per name, a fork counter instead
+  of `os.getpid()`, no tracer-provider lookup per acquire when none is set.
 - **Redis CPU per uncontended cycle (target 1.3 x raw: met in the latest runs, on Redis 7.0:
   1.22 x in the full run, 1.18-1.29 x in four side runs; an earlier session's side runs on
   6.2 gave 1.26-1.68 x, so the machine's state can still tip it).**
@@ -106,9 +113,9 @@ them.
   the hold. The polling anchors reach 0.96-0.98 x by handing the lock back to the process
   that just released it (worst waits 1-3 s), which ours does too when it is quicker than the
   woken waiter. The fair lock (0.88 x) always hands over, so it pays every wake-up.
-- **Semaphore against the hand-rolled sorted-set recipe (target 1.0 x; 0.82 x before and
-  0.87 x after the direct command path in an A/B of one run on Redis 7.0, 0.64-0.81 x in
-  earlier sessions' side runs).** Where a cycle's time goes, measured per cycle on Redis 7.0
+- **Semaphore against the hand-rolled sorted-set recipe (target 1.0 x: 1.00 x in this
+  session's full run, 0.997 to the third digit, 0.86 x in a side run; 0.82-0.87 x before the
+  connection per thread, 0.64-0.81 x in earlier sessions' side runs).** Where a cycle's time goes, measured per cycle on Redis 7.0
   (`time.process_time` around 2,000 cycles, five turns, and `INFO commandstats`): the recipe
   costs its client 140-157 us of CPU and Redis 3.5 us; our two ops alone (the backend's
   acquire and release, no `Semaphore` object) cost the client 127-142 us and Redis 23 us
@@ -142,10 +149,20 @@ them.
 """
 
 
-REDLOCK_NOTE = """- **Redlock (met in earlier runs by a few percent; missed in this session's: 3.4-4.1 x
-  pottery and 0.38-0.41 x our single node, with the code before the script changes of this
-  run alike, 3.8-3.9 x and 0.39-0.40 x).** Each cycle is two fan-outs (acquire, release) that
-  write to 5 sockets and then read 5 replies from one Python thread; the per-node Python work
-  (pool, pack, parse) is what separates us from 0.5 x our single-node rate, and how busy the
-  shared machine is decides how far.
+REDLOCK_NOTE = """- **Redlock (2.5 x pottery and 0.21 x our single node in the full run; 2.6-2.9 x and
+  0.19-0.21 x in side runs; the code before this session measured 2.1-2.2 x and 0.22-0.24 x
+  in the same side runs, and 4.6 x / 0.42 x in an earlier session, before the clogged-node
+  fan-out).** Each cycle is two fan-outs (acquire, release) over 5 nodes from one thread:
+  about 1,000 µs of client CPU per cycle (cProfile and `time.process_time`, 2,000 cycles),
+  100 µs per node request against about 40 µs per single-node request. The difference is the
+  price of a fan-out that a paused node cannot slow down: every node's socket is polled
+  before it is read (a reply is never awaited blindly: a paused node's read would block the
+  quorum), a connection with unread replies goes to a lane, per-node health and timing are
+  kept, and a reply is parsed per node. On a 2-core machine the 5 redis-servers and the
+  client also share 2 cores, so each fan-out waits for 5 processes to be scheduled. This
+  session: a node's connection comes from those the last fan-outs gave back, not from the
+  pool's queue (+20-35 % Redlock cycles in A/B side runs), and commands are packed by hiredis
+  directly. Left: reading a reply without polling its socket first when the fan-out's poll
+  already saw it readable (a partial reply would then block up to the socket timeout), and
+  one poller per connection instead of one per poll.
 """
