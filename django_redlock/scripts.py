@@ -14,6 +14,7 @@ import os
 import select
 import socket
 import threading
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -164,7 +165,7 @@ class _Bound:
     When its thread ends (its ``threading.local`` goes, and this with it), the connection is
     kept for the next new thread, or closed when enough are kept."""
 
-    __slots__ = ("busy", "connection", "pid", "poller", "socket", "spares")
+    __slots__ = ("__weakref__", "busy", "connection", "pid", "poller", "socket", "spares")
 
     def __init__(self, pool: Any, spares: deque[tuple[int, Any]]) -> None:
         self.spares = spares
@@ -201,18 +202,34 @@ def _bound(pool: Any) -> _Bound | None:
     made once per thread, not checked out of the pool and back on every command. A forked
     child makes its own (closing the parent's copy leaves the parent's socket alone)."""
     try:
-        threads, spares = pool._django_redlock_threads
+        threads, spares, everyone = pool._django_redlock_threads
     except AttributeError:
-        threads, spares = pool.__dict__.setdefault(
-            "_django_redlock_threads", (threading.local(), deque())
+        threads, spares, everyone = pool.__dict__.setdefault(
+            "_django_redlock_threads", (threading.local(), deque(), weakref.WeakSet())
         )
     bound: _Bound | None = getattr(threads, "bound", None)
     if bound is None or bound.pid != _PID:
         bound = threads.bound = _Bound(pool, spares)
+        everyone.add(bound)
     elif bound.busy:
         return None
     _recheck(bound)
     return bound
+
+
+def disconnect_threads(pool: Any) -> None:
+    """Close every thread's lock connection to ``pool``'s server, and those kept (the
+    backend is closed): a thread that sends again connects again."""
+    threads = pool.__dict__.get("_django_redlock_threads")
+    if threads is None:
+        return
+    _, spares, everyone = threads
+    for bound in list(everyone):
+        if bound.pid == _PID:
+            bound.connection.disconnect()
+    while spares:
+        with contextlib.suppress(IndexError):
+            spares.pop()[1].disconnect()
 
 
 def _recheck(bound: _Bound) -> None:

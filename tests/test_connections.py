@@ -183,3 +183,29 @@ def test_a_forked_child_never_speaks_on_its_parents_redlock_sockets(
         assert os.waitstatus_to_exitcode(status) == 0
         held.release()
         assert not held.locked()
+
+
+def test_closing_the_backend_closes_every_thread_s_lock_connection(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    with _alias("own", server):
+        before = _names_connected(server)
+        held = lock(name, using="own", auto_renew=False)
+        held.acquire()
+        done, go = threading.Event(), threading.Event()
+
+        def hold_on() -> None:  # a thread that is still alive when the backend closes
+            with lock(f"{name}:other", using="own", auto_renew=False):
+                done.set()
+                go.wait(timeout=30)
+
+        thread = threading.Thread(target=hold_on)
+        thread.start()
+        assert done.wait(timeout=30)
+        assert _names_connected(server) >= before + 2
+        go.set()
+        thread.join(timeout=30)
+        held.release()
+        locks["own"].close()
+        assert _names_connected(server) <= before

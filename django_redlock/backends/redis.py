@@ -392,6 +392,7 @@ class RedisBackend(BaseLockBackend):
             self._hub.close()
             self._hub = None
         if self._client is not None:
+            scripts.disconnect_threads(self._client.connection_pool)
             self._client.close()
             self._client = None
         self._aclients = weakref.WeakKeyDictionary()
