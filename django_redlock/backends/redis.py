@@ -392,7 +392,9 @@ class RedisBackend(BaseLockBackend):
             self._hub.close()
             self._hub = None
         if self._client is not None:
-            scripts.disconnect_threads(self._client.connection_pool)
+            pool = getattr(self._client, "connection_pool", None)  # a cluster has one per node
+            if pool is not None:
+                scripts.disconnect_threads(pool)
             self._client.close()
             self._client = None
         self._aclients = weakref.WeakKeyDictionary()
