@@ -396,6 +396,10 @@ class RedisBackend(BaseLockBackend):
             if pool is not None:
                 scripts.disconnect_threads(pool)
             self._client.close()
+            if pool is not None:
+                # Ours (a cache's pool is let go before this: see DjangoRedisBackend.close):
+                # closed now, not when the garbage collector gets to its connections.
+                pool.disconnect()
             self._client = None
         self._aclients = weakref.WeakKeyDictionary()
 
