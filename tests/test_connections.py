@@ -35,33 +35,36 @@ def _names_connected(admin: Any) -> int:
 def test_a_forked_child_never_speaks_on_its_parents_socket(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:
-    server = redis_factory()
-    with _alias("own", server):
-        held = lock(name, using="own", auto_renew=False)
-        held.acquire()  # this thread's connection exists now
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                # Replies read on a shared socket would be the parent's (or the parent would
-                # read these): each answer must be this child's own.
-                for i in range(200):
-                    other = lock(f"{name}:child:{i}", using="own", auto_renew=False)
-                    assert other.acquire(blocking=False) and other.fence is not None
-                    other.release()
-                assert not lock(name, using="own").acquire(blocking=False)
-                code = 0
-            finally:
-                os.write(write, b"x")
-                os._exit(code)
-        for i in range(200):  # meanwhile, the parent goes on on its own connection
-            assert held.owned(), i
-        os.read(read, 1)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        held.release()
-        assert not held.locked()
+    with _alias("own", redis_factory()):
+        _fork_while_held(name, "own")
+
+
+def _fork_while_held(name: str, using: str) -> None:
+    held = lock(name, using=using, auto_renew=False)
+    held.acquire()  # this thread's connection (a Redlock's kept node connections) exists now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            # Replies read on a shared socket would be the parent's (or the parent would read
+            # these): each answer must be this child's own.
+            for i in range(100):
+                other = lock(f"{name}:child:{i}", using=using, auto_renew=False)
+                assert other.acquire(blocking=False) and other.fence is not None
+                other.release()
+            assert not lock(name, using=using).acquire(blocking=False)
+            code = 0
+        finally:
+            os.write(write, b"x")
+            os._exit(code)
+    for i in range(100):  # meanwhile, the parent goes on on its own connections
+        assert held.owned(), i
+    os.read(read, 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    held.release()
+    assert not held.locked()
 
 
 def test_more_threads_than_the_pool_has_connections(
@@ -160,33 +163,10 @@ def test_a_command_while_the_thread_s_connection_is_busy(
 def test_a_forked_child_never_speaks_on_its_parents_redlock_sockets(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:
-    servers = [redis_factory() for _ in range(3)]
     config = {"BACKEND": "django_redlock.backends.redlock.RedlockBackend",
-              "LOCATION": [s.url for s in servers]}  # fmt: skip
+              "LOCATION": [redis_factory().url for _ in range(3)]}  # fmt: skip
     with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "three": config}):
-        held = lock(name, using="three", auto_renew=False)
-        held.acquire()  # connections to every node are kept for the next fan-out now
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                for i in range(100):
-                    other = lock(f"{name}:child:{i}", using="three", auto_renew=False)
-                    assert other.acquire(blocking=False) and other.fence is not None
-                    other.release()
-                assert not lock(name, using="three").acquire(blocking=False)
-                code = 0
-            finally:
-                os.write(write, b"x")
-                os._exit(code)
-        for i in range(100):
-            assert held.owned(), i
-        os.read(read, 1)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        held.release()
-        assert not held.locked()
+        _fork_while_held(name, "three")
 
 
 def test_closing_the_backend_closes_every_thread_s_lock_connection(
