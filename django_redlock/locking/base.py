@@ -459,7 +459,9 @@ class BaseLock:
         try:
             yield from self._settle(owner)
             left = yield self._op_release(hold.token)
-        except LockError:
+        except BaseException:
+            # No answer, or interrupted while one was on its way (KeyboardInterrupt, a time
+            # limit): the release may have gone through. Either way the outcome is unknown.
             if hold.depth > 1:
                 # A nested reentrant release: count it as done; the server is told the
                 # count before the owner's next operation (sent again, the release could
