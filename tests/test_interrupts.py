@@ -14,15 +14,17 @@ from typing import Any
 
 import pytest
 
-from django_redlock import LockNotOwned, lock, locks
+from django_redlock import LockNotOwned, lock, locks, read_write_lock, semaphore
 from django_redlock.locking.base import WAITER_LEASE
 from django_redlock.signals import lock_lost
 
 ALIASES = ["redis", "local"]
-KINDS = {
-    "plain": {},
-    "reentrant": {"reentrant": True},
-    "fair": {"fair": True},
+KINDS: dict[str, Callable[[str, str], Any]] = {
+    "plain": lambda name, alias: lock(name, using=alias, ttl=10),
+    "reentrant": lambda name, alias: lock(name, using=alias, ttl=10, reentrant=True),
+    "fair": lambda name, alias: lock(name, using=alias, ttl=10, fair=True),
+    "semaphore": lambda name, alias: semaphore(name, limit=1, using=alias, ttl=10),
+    "write": lambda name, alias: read_write_lock(name, using=alias, ttl=10).write(),
 }
 
 
@@ -74,30 +76,30 @@ def losses() -> Iterator[list[object]]:
     lock_lost.disconnect(receiver)
 
 
-def settle_and_check_free(lk: Any, name: str, alias: str) -> None:
+def settle_and_check_free(lk: Any, fresh: Any) -> None:
     """The owner carries on: one more hold and release leave the name free."""
     assert lk.acquire(timeout=5)
     lk.release()
     while lk.owned():  # a reentrant owner may hold an unsure level still: release it too
         lk.release()
-    assert not lock(name, using=alias).locked()
+    assert not fresh.locked()
 
 
 @pytest.mark.parametrize("lost", [False, True], ids=["unsent", "reply-lost"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("alias", ALIASES)
 def test_an_interrupted_acquire(alias: str, kind: str, lost: bool, name: str, losses: list) -> None:
-    options = KINDS[kind]
-    probe = lock(name, using=alias, ttl=10, **options)
+    make = KINDS[kind]
+    probe = make(name, alias)
     n = round_trips(alias, probe.acquire)
     probe.release()
     for at in range(1, n + 1):
-        lk = lock(name, using=alias, ttl=10, **options)
+        lk = make(name, alias)
         with Interrupt(alias, at, lost), pytest.raises(Interrupted):
             lk.acquire()
         if lk.owned():
-            assert lock(name, using=alias).locked()
-        settle_and_check_free(lk, name, alias)
+            assert make(name, alias).locked()
+        settle_and_check_free(lk, make(name, alias))
     assert losses == []
 
 
@@ -122,19 +124,19 @@ def in_thread(call: Callable[[], object]) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("alias", ALIASES)
 def test_an_interrupted_wait(alias: str, kind: str, lost: bool, name: str, losses: list) -> None:
-    options = KINDS[kind]
-    holder = lock(name, using=alias, ttl=10, **options)
+    make = KINDS[kind]
+    holder = make(name, alias)
     assert holder.acquire()
-    probe = lock(name, using=alias, ttl=10, **options)
+    probe = make(name, alias)
     n = round_trips(alias, lambda: in_thread(lambda: probe.acquire(timeout=0.2)))
     assert n >= 2  # the try, then a try after watching (and for a fair lock, the leave)
     for at in range(1, n + 1):
-        lk = lock(name, using=alias, ttl=10, **options)
+        lk = make(name, alias)
         with Interrupt(alias, at, lost), pytest.raises(Interrupted):
             in_thread(lambda lk=lk: lk.acquire(timeout=0.2))
         assert not lk.owned()
         holder.release()
-        newcomer = lock(name, using=alias, ttl=10, **options)
+        newcomer = make(name, alias)
         if not newcomer.acquire(blocking=False):
             # Only a fair waiter whose leave was never sent is left in the queue, and only
             # until its place lapses.
@@ -150,23 +152,23 @@ def test_an_interrupted_wait(alias: str, kind: str, lost: bool, name: str, losse
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("alias", ALIASES)
 def test_an_interrupted_release(alias: str, kind: str, lost: bool, name: str, losses: list) -> None:
-    options = KINDS[kind]
-    probe = lock(name, using=alias, ttl=10, **options)
+    make = KINDS[kind]
+    probe = make(name, alias)
     probe.acquire()
     n = round_trips(alias, probe.release)
     for at in range(1, n + 1):
-        lk = lock(name, using=alias, ttl=10, **options)
+        lk = make(name, alias)
         assert lk.acquire()
         with Interrupt(alias, at, lost), pytest.raises(Interrupted):
             lk.release()
         if lk.owned():
-            assert lock(name, using=alias).locked()
+            assert make(name, alias).locked()
         # Released again: done, or "not owned" when the first one went through; never "lost".
         try:
             lk.release()
         except LockNotOwned as exc:
             assert type(exc) is LockNotOwned, exc
-        assert not lock(name, using=alias).locked()
+        assert not make(name, alias).locked()
     assert losses == []
 
 
@@ -174,8 +176,8 @@ def test_an_interrupted_release(alias: str, kind: str, lost: bool, name: str, lo
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("alias", ALIASES)
 def test_an_interrupted_extend(alias: str, kind: str, lost: bool, name: str, losses: list) -> None:
-    options = KINDS[kind]
-    lk = lock(name, using=alias, ttl=10, **options)
+    make = KINDS[kind]
+    lk = make(name, alias)
     assert lk.acquire()
     n = round_trips(alias, lambda: lk.extend(20))
     for at in range(1, n + 1):
@@ -185,5 +187,5 @@ def test_an_interrupted_extend(alias: str, kind: str, lost: bool, name: str, los
         ttl = lk.ttl()
         assert ttl is not None and ttl > 5
     lk.release()
-    assert not lock(name, using=alias).locked()
+    assert not make(name, alias).locked()
     assert losses == []
