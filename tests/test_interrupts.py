@@ -8,6 +8,7 @@ next operation settles what the interruption left unsure), with no ghost in a fa
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -188,4 +189,73 @@ def test_an_interrupted_extend(alias: str, kind: str, lost: bool, name: str, los
         assert ttl is not None and ttl > 5
     lk.release()
     assert not make(name, alias).locked()
+    assert losses == []
+
+
+class ACancel:
+    """The asyncio twin of :class:`Interrupt`: the ``at``-th awaited round trip is cancelled,
+    before its request is sent or after its reply is lost."""
+
+    def __init__(self, alias: str, at: int, lost: bool) -> None:
+        self.backend, self.at, self.lost, self.calls = locks[alias], at, lost, 0
+
+    def __enter__(self) -> ACancel:
+        aexecute = type(self.backend).aexecute
+
+        async def cancelling(op: Any) -> Any:
+            self.calls += 1
+            if self.calls == self.at and not self.lost:
+                raise asyncio.CancelledError
+            reply = await aexecute(self.backend, op)
+            if self.calls == self.at:
+                raise asyncio.CancelledError
+            return reply
+
+        self.backend.aexecute = cancelling  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.backend.aexecute
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["unsent", "reply-lost"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_cancelled_aacquire_and_arelease(
+    alias: str, kind: str, lost: bool, name: str, losses: list
+) -> None:
+    make = KINDS[kind]
+
+    async def scenario() -> None:
+        probe = make(name, alias)
+        with ACancel(alias, 0, False) as counting:
+            await probe.aacquire()
+        acquiring = counting.calls
+        with ACancel(alias, 0, False) as counting:
+            await probe.arelease()
+        releasing = counting.calls
+        assert acquiring >= 1 and releasing >= 1
+        for at in range(1, acquiring + 1):
+            lk = make(name, alias)
+            with ACancel(alias, at, lost), pytest.raises(asyncio.CancelledError):
+                await lk.aacquire()
+            if await lk.aowned():
+                assert await make(name, alias).alocked()
+            assert await lk.aacquire(timeout=5)
+            await lk.arelease()
+            while await lk.aowned():
+                await lk.arelease()
+            assert not await make(name, alias).alocked()
+        for at in range(1, releasing + 1):
+            lk = make(name, alias)
+            assert await lk.aacquire()
+            with ACancel(alias, at, lost), pytest.raises(asyncio.CancelledError):
+                await lk.arelease()
+            try:
+                await lk.arelease()
+            except LockNotOwned as exc:
+                assert type(exc) is LockNotOwned, exc
+            assert not await make(name, alias).alocked()
+
+    asyncio.run(scenario())
     assert losses == []
