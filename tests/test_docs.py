@@ -22,6 +22,7 @@ from django.test import override_settings
 from sphinx.util.inventory import InventoryFile
 
 from bench.figures import figures
+from django_redlock import lock
 from django_redlock.checks import KNOWN_SETTINGS, check_unknown_settings
 from django_redlock.handler import LockHandler
 from django_redlock.management.commands.redlock import Command as RedlockCommand
@@ -210,6 +211,47 @@ def test_every_reference_name_is_a_heading_a_reader_sees(built: Path) -> None:
     for cls in ("redlock.RedlockBackend", "locmem.LocMemBackend"):  # not empty entries
         entry = backends.split(f'id="django_redlock.backends.{cls}"', 1)[1].split("</dl>", 1)[0]
         assert len(re.sub(r"<[^>]+>", "", entry).split()) > 20, cls
+
+
+def test_the_metrics_reference_lists_every_kind_label_a_lock_reports() -> None:
+    """Each kind of lock taken once (a semaphore, fair or not, both holds of a read-write
+    lock): the `kind` values the acquisitions were counted under are those ref/metrics lists."""
+    from prometheus_client import REGISTRY
+
+    from django_redlock import observe, read_write_lock, semaphore
+
+    assert observe.configure() is not None  # prometheus_client is installed for the tests
+
+    def kinds() -> set[str]:
+        return {
+            s.labels["kind"]
+            for metric in REGISTRY.collect()
+            if metric.name == "redlock_acquisitions"
+            for s in metric.samples
+            if s.labels.get("backend") == "local"
+        }
+
+    before = kinds()
+    for taken in (
+        lock("docs:kind", using="local"),
+        lock("docs:kind", using="local", reentrant=True),
+        lock("docs:kind", using="local", fair=True),
+        lock("docs:kind", using="local", fair=True, reentrant=True),
+        semaphore("docs:sem", 2, using="local"),
+        semaphore("docs:sem", 2, using="local", fair=True),
+        read_write_lock("docs:rw", using="local").read(),
+        read_write_lock("docs:rw", using="local").write(),
+    ):
+        with taken:
+            pass
+    reported = kinds() | before
+    assert {"plain", "limit 2", "fair limit 2", "read lock", "write lock"} <= reported
+    text = re.sub(r"\s+", " ", (DOCS / "ref" / "metrics.md").read_text())
+    assert "The `kind` label" in text, "ref/metrics.md lists the kind label's values"
+    section = text.split("The `kind` label", 1)[1].split("`outcome`")[0]
+    listed = set(re.findall(r"`([^`]+)`", section))
+    for kind in reported:
+        assert re.sub(r"\d+", "N", kind) in listed, kind
 
 
 def test_the_api_reference_shows_only_public_names(built: Path) -> None:
