@@ -23,6 +23,9 @@ from sphinx.util.inventory import InventoryFile
 
 from bench.figures import figures
 from django_redlock import lock
+from django_redlock.backends.redis import RedisBackend
+from django_redlock.backends.redlock import RedlockBackend
+from django_redlock.backends.sentinel import SentinelBackend
 from django_redlock.checks import KNOWN_SETTINGS, check_unknown_settings
 from django_redlock.handler import LockHandler
 from django_redlock.management.commands.redlock import Command as RedlockCommand
@@ -201,8 +204,17 @@ def test_every_reference_name_is_a_heading_a_reader_sees(built: Path) -> None:
     assert [a for a in _subcommands() if f"redlock {a}" not in commands] == []
     assert [s for s in KNOWN_SETTINGS if s not in heads("settings.html")] == []
     backends = (built / "ref" / "backends.html").read_text()
-    defaults = {"restart_guard": "0", "min_replicas": "0", "min_replicas_timeout": "0.5",
-                "service_name": "required"}  # fmt: skip
+    # The defaults as the backends have them (constructed: nothing connects until used).
+    redlock = RedlockBackend("docs", {"LOCATION": ["redis://127.0.0.1:1/0"]})
+    sentinel = SentinelBackend(
+        "docs", {"LOCATION": ["redis://127.0.0.1:2"], "OPTIONS": {"service_name": "m"}}
+    )
+    defaults = {"restart_guard": f"{redlock.restart_guard:g}",
+                "min_replicas": f"{sentinel.min_replicas:g}",
+                "min_replicas_timeout": f"{sentinel.min_replicas_timeout:g}",
+                "service_name": "required",
+                "socket_timeout": str(RedisBackend.default_options["socket_timeout"])}  # fmt: skip
+    assert defaults["restart_guard"] == "0" and defaults["min_replicas_timeout"] == "0.5"
     code = r"<code[^>]*><span class=\"pre\">"
     for option, default in defaults.items():
         cell = rf"<td><p>{code}{option}</span></code></p></td>\s*<td><p>(?:{code})?([^<]+)"
