@@ -266,6 +266,24 @@ def test_the_metrics_reference_lists_every_kind_label_a_lock_reports() -> None:
         assert re.sub(r"\d+", "N", kind) in listed, kind
 
 
+def test_a_signature_written_by_hand_is_the_function_s() -> None:
+    """ref/api.md writes `single_instance`'s signature out (it is imported lazily): every
+    parameter, with its default, as the function has it."""
+    import inspect
+
+    from django_redlock.contrib.single import single_instance
+
+    text = (DOCS / "ref" / "api.md").read_text()
+    written = re.search(r"\{py:function\} single_instance\((.*)\)", text)
+    assert written
+    parts: list[str] = []
+    for parameter in inspect.signature(single_instance).parameters.values():
+        if parameter.kind is parameter.KEYWORD_ONLY and "*" not in parts:
+            parts.append("*")
+        parts.append(f"{parameter.name}={parameter.default!r}")
+    assert written[1].replace('"', "'") == ", ".join(parts)
+
+
 def test_the_api_reference_shows_only_public_names(built: Path) -> None:
     html = (built / "ref" / "api.html").read_text()
     ids = set(re.findall(r'id="(django_redlock\.(?:Lock|Semaphore)\.\w+)"', html))
