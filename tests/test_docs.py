@@ -284,6 +284,22 @@ def test_a_signature_written_by_hand_is_the_function_s() -> None:
     assert written[1].replace('"', "'") == ", ".join(parts)
 
 
+def test_the_reference_says_what_locks_gives_each_thread() -> None:
+    """One backend per alias per process, shared by its threads, as ref/api.md says."""
+    import threading
+
+    from django_redlock import locks
+
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(locks["local"]))
+    worker.start()
+    worker.join()
+    assert seen == [locks["local"]] and seen[0] is locks["local"]
+    text = re.sub(r"\s+", " ", (DOCS / "ref" / "api.md").read_text())
+    assert "one per alias per process, shared by its threads" in text
+    assert "one per thread of each process" not in text
+
+
 def test_the_api_reference_shows_only_public_names(built: Path) -> None:
     html = (built / "ref" / "api.html").read_text()
     ids = set(re.findall(r'id="(django_redlock\.(?:Lock|Semaphore)\.\w+)"', html))
