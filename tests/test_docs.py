@@ -300,6 +300,30 @@ def test_the_reference_says_what_locks_gives_each_thread() -> None:
     assert "one per thread of each process" not in text
 
 
+@pytest.mark.django_db  # the incidents app records the failure
+def test_the_signals_reference_names_quorum_not_reached_s_sender() -> None:
+    """Every backend announces a quorum failure through one function; its sender is the
+    exception class, as ref/signals.md says (it said the backend's class)."""
+    from django_redlock import QuorumNotReached
+    from django_redlock.exceptions import quorum_failure
+    from django_redlock.signals import quorum_not_reached
+
+    senders: list[Any] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        senders.append(sender)
+
+    quorum_not_reached.connect(receiver)
+    try:
+        quorum_failure("quorum", "docs:name", QuorumNotReached("2 of 5 answered"))
+    finally:
+        quorum_not_reached.disconnect(receiver)
+    assert senders == [QuorumNotReached]
+    text = re.sub(r"\s+", " ", (DOCS / "ref" / "signals.md").read_text())
+    assert "`sender=QuorumNotReached` (the exception class)" in text
+    assert "the backend's, for `quorum_not_reached`" not in text
+
+
 def test_the_api_reference_shows_only_public_names(built: Path) -> None:
     html = (built / "ref" / "api.html").read_text()
     ids = set(re.findall(r'id="(django_redlock\.(?:Lock|Semaphore)\.\w+)"', html))
