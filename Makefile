@@ -32,7 +32,9 @@ format: $(STAMP)
 # The documentation site into docs/_build/html. Every warning is an error (-W, all of them
 # reported: --keep-going), every cross-reference must resolve (-n), and the environment is
 # built afresh (-E: an incremental build would not repeat the warnings of unchanged pages).
-# No network: the intersphinx inventories are files in docs/_inventories/.
+# No network: the intersphinx inventories are files in docs/_inventories/. Once built, every
+# local link and #anchor of the site is checked, and codespell reads the pages, README,
+# CHANGELOG and docstrings (docs/_ext/redlock_docs.py): a finding is a warning, so an error.
 docs: $(STAMP)
 	$(BIN)/sphinx-build -E -n -W --keep-going -q -b html docs docs/_build/html
 	@echo "the docs: docs/_build/html/index.html"

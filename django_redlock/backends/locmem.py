@@ -122,6 +122,12 @@ _stores_mutex = threading.Lock()
 
 
 class LocMemBackend(BaseLockBackend):
+    """Locks inside this process, with the Redis backends' semantics (TTLs, fences, reentrant
+    and fair locks, semaphores, read-write locks): for tests and single-process development.
+    An optional LOCATION names the store; aliases with the same LOCATION share it. OPTIONS
+    are ignored.
+    """
+
     needs_location = False
 
     def __init__(self, alias: str, params: Any) -> None:

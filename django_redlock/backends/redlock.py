@@ -61,6 +61,11 @@ class _Quorum:
 
 
 class RedlockBackend(BaseLockBackend):
+    """The Redlock quorum: a lock is held when a majority of N independent masters (LOCATION,
+    a list of URLs) granted it within its validity. OPTIONS: ``restart_guard`` (seconds a node
+    that lost its data votes no; 0, off, by default) and redis-py's, for every node.
+    """
+
     location_is_list = True
     #: Node connections time out far below any TTL: a dead node costs this, not more.
     node_options: dict[str, Any] = {"socket_timeout": 0.1, "socket_connect_timeout": 0.1}
