@@ -85,9 +85,11 @@ postgresql:
 
 REDIS_62 = $(BIN)/python -c "from django_redlock.testing import bundled_redis_server as b; print(b() or '')"
 VALKEY = $(BIN)/python -c "from django_redlock.testing import bundled_valkey_server as b; print(b() or '')"
-# Valkey's pass leaves out what repeats there: Sentinel and the ACL user run the same scripts
-# as the plain Redis alias (the ACL rules are Redis 7's, tested on Debian's Redis 7).
-VALKEY_SKIP = not sentinel and not acl
+# Valkey's pass leaves out what repeats there (measured: the whole every_redis pass took
+# 147 s on Redis 6.2, this one 183 s on a loaded machine): Sentinel and the ACL user run the
+# same scripts as the plain Redis alias (Valkey's ACL rules are Redis 7's, tested on Debian's
+# Redis 7), and the fair queue's worst-wait figure is a timing bound, not a server behaviour.
+VALKEY_SKIP = not sentinel and not acl and not worst_wait
 
 test: lint docs browser terminal redis postgresql
 	$(BIN)/pytest
