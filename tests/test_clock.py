@@ -74,7 +74,7 @@ def clocked_servers(executable: str, count: int) -> Iterator[list[Clocked]]:
             each.clock.close()
 
 
-def alias_on(alias: str, urls: list[str]) -> Any:
+def alias_on(alias: str, urls: list[str], **options: Any) -> Any:
     if len(urls) == 1:
         config: dict[str, Any] = {
             "BACKEND": "django_redlock.backends.redis.RedisBackend",
@@ -82,6 +82,7 @@ def alias_on(alias: str, urls: list[str]) -> Any:
         }
     else:
         config = {"BACKEND": "django_redlock.backends.redlock.RedlockBackend", "LOCATION": urls}
+    config["OPTIONS"] = options
     return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config})
 
 
@@ -371,3 +372,34 @@ def test_the_re_fence_of_a_lock_nobody_holds_changes_nothing_in_redis(name: str)
     assert backend.execute(backend.op_refence(name, "nobody", 5)) == -1
     assert [client.get(key) for key in keys] == before
     held.release()
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_a_re_fence_without_an_answer_is_unknown_not_stale(
+    name: str, redis_factory: Any, nodes: int
+) -> None:
+    """Redis does not answer the re-fence (paused; on Redlock, a majority paused): the block
+    raises BackendUnavailable (QuorumNotReached), not StaleFence, and commits nothing; the
+    hold is still the holder's, and its next block re-fences and commits."""
+    from django_redlock import BackendUnavailable, QuorumNotReached
+
+    servers = [redis_factory() for _ in range(nodes)]
+    with alias_on("flaky", [s.url for s in servers], socket_timeout=0.3):
+        held = lock(name, using="flaky", ttl=30)
+        assert held.acquire()
+        ahead("flaky", name, held.fence)
+        for server in servers[: nodes // 2 + 1]:
+            server.pause()
+        try:
+            unknown = BackendUnavailable if nodes == 1 else QuorumNotReached
+            with pytest.raises(unknown) as raised, held.atomic():
+                pytest.fail("the body ran")
+            assert not isinstance(raised.value, StaleFence)
+        finally:
+            for server in servers:
+                server.resume()
+        assert sales(DB) == [] and held.owned()
+        with held.atomic():
+            sell_one(DB, 1, "held")
+        held.release()
+    assert sales(DB) == [("held", 10)]
