@@ -53,7 +53,7 @@ DATA_LOSS = {"server_restart", "server_down"}
 #: clock steps forward or back by ``arg`` seconds at the start, and back again at the heal;
 #: "clock_restore" is a VM restored from a snapshot: forward at the start, then at the heal
 #: the server restarts empty with its clock back, so fences start below those recorded.
-CLOCK_FAULTS = [("clock_forward", 0.8), ("clock_back", 0.5), ("clock_restore", 1.2)]
+CLOCK_FAULTS = [("clock_forward", 0.8), ("clock_back", 0.5), ("clock_restore", 2.5)]
 CLOCK = {kind for kind, _ in CLOCK_FAULTS}
 
 
