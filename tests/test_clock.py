@@ -403,3 +403,32 @@ def test_a_re_fence_without_an_answer_is_unknown_not_stale(
             sell_one(DB, 1, "held")
         held.release()
     assert sales(DB) == [("held", 10)]
+
+
+def test_redlock_re_fence_takes_the_largest_node_fence_and_lifts_the_others(
+    name: str, redis_factory: Any
+) -> None:
+    """The nodes re-fence their own holds, each from its own counter and clock: the hold's
+    fence is the largest (the majority's, as at an acquire), and the lagging counters are
+    raised to it, so every later majority hands out more."""
+    servers = [redis_factory() for _ in range(3)]
+    with alias_on("quorum", [s.url for s in servers]):
+        backend = locks["quorum"]
+        held = lock(name, using="quorum", ttl=30)
+        assert held.acquire() and held.fence is not None
+        token = held.token
+        assert token is not None
+        recorded = held.fence + 10**9
+        ahead_of_it = recorded + 5000
+        servers[2].client().set(backend.fence_key(name), str(ahead_of_it))  # a node ahead
+        fence = backend.execute(backend.op_refence(name, token, recorded))
+        assert fence == ahead_of_it + 1
+        for server in servers:
+            assert int(server.client().get(backend.fence_key(name))) >= fence
+        info = backend.inspect(name)
+        assert info is not None and info.fence == fence
+        # Not on a majority any more: not current (another token has it on none: 0).
+        for server in servers[:2]:
+            server.client().delete(backend.key(name))
+        assert backend.execute(backend.op_refence(name, token, recorded)) == 0
+        assert not held.owned()
