@@ -54,7 +54,9 @@ DATA_LOSS = {"server_restart", "server_down"}
 #: "clock_restore" is a VM restored from a snapshot: forward at the start, then at the heal
 #: the server restarts empty with its clock back, so fences start below those recorded.
 CLOCK_FAULTS = [("clock_forward", 0.8), ("clock_back", 0.5), ("clock_restore", 2.5)]
-CLOCK = {kind for kind, _ in CLOCK_FAULTS}
+#: Redlock: a majority's clocks step forward at once (Kleppmann's case), back at the heal.
+CLOCK_MAJORITY = "clock_majority"
+CLOCK = {kind for kind, _ in CLOCK_FAULTS} | {CLOCK_MAJORITY}
 
 
 @dataclass
@@ -128,7 +130,8 @@ def make_plan(
             length = rng.uniform(1.2, 2.0)
             chosen = tuple(sorted(rng.sample(range(nodes), nodes // 2 + 1)))
             kind = rng.choice(["majority_pause", "majority_black_hole"])
-            plan.faults.append(Fault(kind, chosen, at, length))
+            kind, step = majority_clock(rng, kind) if clock else (kind, 0.0)
+            plan.faults.append(Fault(kind, chosen, at, length, step))
             majority.append((at - 0.3, at + length + 0.3))
             for i in chosen:
                 node_busy[i].append((at - 0.3, at + length + 0.3))
@@ -199,6 +202,14 @@ def make_plan(
             plan.faults.append(Fault(kind, target, t, duration, arg))
     plan.faults.sort(key=lambda f: f.at)
     return plan
+
+
+def majority_clock(rng: random.Random, kind: str) -> tuple[str, float]:
+    """Half the majority phases of a run with clock faults step the majority's clocks
+    instead: the fault and its step."""
+    if rng.random() < 0.5:
+        return CLOCK_MAJORITY, clock_step(rng)
+    return kind, 0.0
 
 
 def clock_duration(rng: random.Random) -> float:
