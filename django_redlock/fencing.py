@@ -20,7 +20,7 @@ import datetime
 import hashlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from .exceptions import LockError, LockNotOwned, StaleFence
 
 if TYPE_CHECKING:
     from .locking.base import BaseLock
+    from .locking.holds import Hold
 
 logger = logging.getLogger("django_redlock")
 
@@ -57,6 +58,10 @@ def check_database(alias: str) -> str:
     return alias
 
 
+#: Fences Redis hands out stay below this (Lua numbers are doubles): none re-fences past it.
+FENCE_LIMIT = 2**53
+
+
 def row_key(backend: str, name: str) -> str:
     """The primary key of a lock's row (``name=""``: the backend's floor)."""
     return hashlib.sha256(f"{backend}\0{name}".encode()).hexdigest()
@@ -75,14 +80,29 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
     if hold.fence is None:
         raise LockError(f"{lock._describe()}: this hold has no fencing token to record")
     with transaction.atomic(using=using):
-        check_fence(using, lock.using, lock.name, hold.fence, lock._describe())
+        check_fence(
+            using, lock.using, lock.name, hold.fence, lock._describe(), refencer(lock, hold)
+        )
         yield
 
 
-def check_fence(using: str, backend: str, name: str, fence: int, describe: str = "") -> None:
+def check_fence(
+    using: str,
+    backend: str,
+    name: str,
+    fence: int,
+    describe: str = "",
+    refence: Callable[[int], int] | None = None,
+) -> None:
     """Record ``fence`` as the newest of lock ``name`` on ``backend``, or raise StaleFence if
     a larger one is recorded. In a transaction: the row stays locked until it ends. One
-    statement when the row exists; two the first time (the floor of ``prune-fences``)."""
+    statement when the row exists; two the first time (the floor of ``prune-fences``).
+
+    A larger fence recorded does not yet make the hold stale: the Redis server's clock may
+    have gone back while the name's counter was lost. ``refence(recorded)`` (see
+    :func:`refencer`) then asks Redis, and a hold still current comes back with a fence above
+    the recorded one, checked again here while the row stays locked; only a hold that is not
+    current (``refence`` answers 0 or -1) raises StaleFence."""
     connection = connections[using]
     now = timezone.now()
     key = row_key(backend, name)
@@ -92,7 +112,8 @@ def check_fence(using: str, backend: str, name: str, fence: int, describe: str =
         outcome = _upsert(connection, key, backend, name, fence, now)
     else:
         outcome = _portable(using, key, backend, name, fence, now)
-    if outcome == "new":
+    floor = outcome == "new"
+    if floor:
         # A name's first row, or one pruned: fences below the floor are older than the rows
         # prune-fences forgot, so they may be below what those rows held.
         recorded = _recorded(using, row_key(backend, ""))
@@ -102,11 +123,50 @@ def check_fence(using: str, backend: str, name: str, fence: int, describe: str =
         recorded = _recorded(using, key)
     else:
         return
-    raise StaleFence(
-        f"{describe or repr(name)}: fence {fence} is older than fence {recorded} recorded in"
-        f" database {using!r} by a later hold; this hold is outdated, nothing was committed",
-        fence,
-        recorded,
+    assert recorded is not None  # the row is locked: it cannot have gone meanwhile
+    # Redis's Lua numbers are exact below 2**53 (the clock's us reach it in year 2255): no
+    # re-fence can pass a recorded fence beyond that.
+    refenced = refence(recorded) if refence is not None and recorded < FENCE_LIMIT else -1
+    if refenced > recorded:  # current in Redis: check the new fence (once: no re-fence then)
+        check_fence(using, backend, name, refenced, describe)
+        return
+    raise StaleFence(stale_message(describe or repr(name), using, fence, recorded, floor, refenced),
+                     fence, recorded)  # fmt: skip
+
+
+def refencer(lock: BaseLock, hold: Hold) -> Callable[[int], int]:
+    """``hold``'s re-fence (:meth:`~.backends.base.BaseLockBackend.op_refence`), one round
+    trip: the new fence, which the hold takes; or 0 (nobody holds the lock) or -1 (another
+    hold does) when the hold is not current. No answer raises (BackendUnavailable,
+    QuorumNotReached): unknown is not stale, and the transaction rolls back all the same."""
+
+    def refence(recorded: int) -> int:
+        backend = lock.backend
+        fence = backend.execute(backend.op_refence(lock.name, hold.token, recorded))
+        if fence > 0:
+            hold.fence = fence
+        return fence
+
+    return refence
+
+
+def stale_message(
+    describe: str, using: str, fence: int, recorded: int, floor: bool, refenced: int
+) -> str:
+    """What StaleFence says: whose fence is recorded, and why this hold is outdated."""
+    what = f"the floor {recorded} left by prune-fences" if floor else f"fence {recorded} recorded"
+    if recorded >= FENCE_LIMIT:
+        why = f"no fence Redis hands out can pass it (they are exact below {FENCE_LIMIT})"
+    elif refenced == 0:
+        why = (
+            "this hold is not current any more (its token no longer holds the lock in Redis:"
+            " it expired or was released)"
+        )
+    else:
+        why = "a later hold has the lock: this hold is outdated"
+    return (
+        f"{describe}: fence {fence} is older than {what} in database {using!r}; {why};"
+        " nothing was committed"
     )
 
 

@@ -224,6 +224,23 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(name, work)
 
+    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+        def work(store: _Store, now: float) -> tuple[int, list[str]]:
+            # As refence.lua: a live hold of the token (a lock's, or a lease) only.
+            hold: _Hold | _Lease | None = store.live(name, now)
+            leased = store.leased.get(name)
+            if not isinstance(hold, _Hold) or token not in hold.owners:
+                other = hold is not None or (leased is not None and leased.prune(now) > 0)
+                hold = leased.leases.get(token) if leased else None
+                if hold is None:
+                    return -1 if other else 0, []
+            fence = max(store.fences.get(name, 0) + 1, time.time_ns() // 1000, recorded + 1)
+            store.fences[name] = fence
+            hold.fence = fence
+            return fence, []
+
+        return self._op(name, work)
+
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         return Op(name, lambda: self.op_renew([Renewal(name, token, ttl_ms)]).request()[0])
 

@@ -297,7 +297,9 @@ def main() -> None:
             fence = -1
         try:
             if kind == "database":  # one fenced transaction (lk.atomic()) in the hold
-                database.run_held(lk, hold, fence, cid, rng, log, ttl)
+                # A re-fence (a clock step) gives the hold a new fence: the servers have it.
+                fence = database.run_held(lk, hold, fence, cid, rng, log, ttl)
+                holds[id(lk)] = (hold, prefix, fence)
             else:
                 hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
                           functools.partial(ask, lk, hold, prefix, fence, role), role,

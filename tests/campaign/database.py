@@ -218,8 +218,9 @@ def _failed(log: Any, hold: int, fence: int | None, exc: BaseException, when: st
 
 
 def run_held(lk: Any, hold: int, fence: int, cid: str, rng: random.Random, log: Any,
-             ttl: float) -> None:  # fmt: skip
-    """The held form's block: ``with lk.atomic()`` inside a hold taken by ``acquire()``."""
+             ttl: float) -> int:  # fmt: skip
+    """The held form's block: ``with lk.atomic()`` inside a hold taken by ``acquire()``. The
+    hold's fence after it (a re-fence raises it)."""
     from django.db import transaction
 
     unfenced = bool(os.environ.get("CAMPAIGN_DB_UNFENCED"))
@@ -228,11 +229,34 @@ def run_held(lk: Any, hold: int, fence: int, cid: str, rng: random.Random, log: 
     log("db_begin", h=hold, fence=fence, form="held")
     try:
         with transaction.atomic(using=ALIAS) if unfenced else lk.atomic():
+            if not unfenced:
+                fence = refenced(log, hold, fence, checked_fence(lk))
             seen = increment(hold, cid, fence, "held", rng, ttl)
     except Exception as exc:
         _failed(log, hold, fence, exc, "body")
-        return
+        return fence
     log("db_ok", h=hold, fence=fence, seen=seen)
+    return fence
+
+
+def checked_fence(lk: Any) -> int:
+    """The fence the block's check recorded: its row's, read in the block's transaction (the
+    row stays locked until it ends). ``lk.fence`` would be None if the hold was found lost
+    meanwhile (a pause), and is the granted one unless a re-fence raised it."""
+    from django_redlock.fencing import row_key
+    from django_redlock.models import Fence
+
+    rows = Fence.objects.using(ALIAS).filter(key=row_key(lk.using, lk.name))
+    return int(rows.values_list("fence", flat=True).get())
+
+
+def refenced(log: Any, hold: int, granted: int, fence: int | None) -> int:
+    """The fence a block runs with: the one granted, or the one a re-fence gave the hold
+    (the Redis server's clock went back with the counter lost), logged for the checker."""
+    if fence is not None and fence != granted:
+        log("db_refenced", h=hold, fence=fence, granted=granted)
+        return fence
+    return granted
 
 
 #: The ``with`` form's holds by id(lock): told of the acquire by the lock_acquired signal, sent
@@ -277,7 +301,10 @@ def run_with(config: dict[str, Any], hold: int, prefix: str, rng: random.Random,
     try:
         with lk:
             inside = True
-            fence = lk.fence
+            fence = checked_fence(lk)
+            if granted and granted[0] is not None:
+                fence = refenced(log, hold, granted[0], fence)
+                holds[id(lk)] = (hold, prefix, fence)  # what the servers hold now
             log("db_begin", h=hold, fence=fence, form="with")
             seen = increment(hold, cid, fence if fence is not None else -1, "with", rng, ttl,
                              dawdle)  # fmt: skip
@@ -337,6 +364,7 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
             ))  # fmt: skip
     by_hold = {(r.client, r.hold): r for r in rows}
     granted: dict[tuple[str, int], int | None] = {}
+    refences = refenced_holds(events)
     outcome: Counter[str] = Counter()
     forms: Counter[str] = Counter()
     for ev in events:
@@ -369,7 +397,11 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
             outcome["error"] += 1
     for row in rows:
         fence = granted.get((row.client, row.hold))
-        if fence is not None and fence != row.fence:
+        if (
+            fence is not None
+            and fence != row.fence
+            and refences.get((row.client, row.hold)) != row.fence
+        ):
             found.append((
                 "fence-not-granted", row.at,
                 f"row #{row.id} of {row.client}/h{row.hold} has fence {row.fence}, but the hold"
@@ -381,6 +413,7 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
         "counter": history.counter,
         "told_committed": outcome["ok"],
         "stale": outcome["stale"],
+        "refenced": len(refences),
         "aborted": outcome["abort"],
         "refused": outcome["refused"],
         "errors": outcome["error"],
@@ -389,11 +422,22 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
     return found, stats
 
 
+def refenced_holds(events: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    """The holds re-fenced in their block (a clock step): their new fence, above the one
+    granted (a re-fence only ever raises it)."""
+    found = {}
+    for ev in events:
+        if ev["e"] == "db_refenced" and ev["fence"] > ev["granted"]:
+            found[(ev["c"], ev["h"])] = ev["fence"]
+    return found
+
+
 def summary(stats: dict[str, Any]) -> str:
     forms = ", ".join(f"{n} {form}" for form, n in sorted(stats["forms"].items()))
     return (
         f"  database: {stats['committed']} fenced transactions committed (counter"
         f" {stats['counter']}; {forms} blocks), {stats['stale']} refused by StaleFence,"
+        f" {stats.get('refenced', 0)} re-fenced after a clock step,"
         f" {stats['refused']} not held, {stats['aborted']} rolled back on purpose,"
         f" {stats['errors']} database errors"
     )
