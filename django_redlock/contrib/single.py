@@ -34,6 +34,7 @@ from ..fencing import database_of, release_after_commit
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import current_task as holder_task
 from ..locking import BaseLock, Lock, Semaphore, name_template
+from ..locking.templates import refuse_generator
 from ..validation import (
     MAX_TTL,
     check_limit,
@@ -431,6 +432,7 @@ def _check_decorated(func: Any) -> None:
         check_celery(func)
     if not callable(func):
         raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
+    refuse_generator(func, "@single_instance(...)")
     if inspect.iscoroutinefunction(func):
         raise TypeError(
             f"@single_instance decorates a plain function, not the coroutine function"
