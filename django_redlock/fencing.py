@@ -307,13 +307,19 @@ def _floor(using: str, backend: str, wait: float | None) -> int | None:
 
     key = row_key(backend, "")
     connection = connections[using]
-    if connection.vendor != "postgresql":
-        rows = Fence.objects.using(using).filter(key=key)
-        if connection.features.has_select_for_update:
-            rows = rows.select_for_update()
-        return next(iter(rows.values_list("fence", flat=True)), None)
     qn = connection.ops.quote_name
     table, fence_, key_ = qn(Fence._meta.db_table), qn("fence"), qn("key")
+    if connection.vendor == "mysql":  # a shared lock, the newest row (InnoDB's locking read)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {fence_} FROM {table} WHERE {key_} = %s LOCK IN SHARE MODE",
+                           [key])  # fmt: skip
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
+    if connection.vendor != "postgresql":
+        rows = Fence.objects.using(using).filter(key=key)
+        if connection.features.has_select_for_update:  # (Oracle: no shared row lock)
+            rows = rows.select_for_update()
+        return next(iter(rows.values_list("fence", flat=True)), None)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
