@@ -17,11 +17,13 @@ import pytest
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.models.signals import pre_delete
-from django.test import override_settings
+from django.http import HttpRequest, HttpResponse
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
+from django.urls import path
 from django.utils import timezone
 
-from django_redlock import StaleFence, lock, locks, read_write_lock
+from django_redlock import StaleFence, lock, lock_view, locks, read_write_lock
 from django_redlock.fencing import prune_fences, row_key
 from django_redlock.models import Fence
 from django_redlock.testing import RedisServer
@@ -509,3 +511,32 @@ def test_a_wait_cycle_through_redis_and_the_database_ends(name: str) -> None:
     assert outcome == {"t1": "committed", "t2": "LockNotAcquired"}
     assert [buyer for buyer, _ in sales(PG)] == ["t1-b", "t1-a"]
     assert not lock(a).locked() and not lock(b).locked()
+
+
+@lock_view("pg-order:{pk}", atomic=PG, ttl=1)
+def pg_buy(request: HttpRequest, pk: int) -> HttpResponse:
+    sell_one(PG, pk, "view")
+    return HttpResponse("sold")
+
+
+urlpatterns = [path("pg-buy/<int:pk>/", pg_buy)]
+
+
+def test_lock_view_answers_busy_when_the_lock_s_row_stays_locked(settings: Any) -> None:
+    """The previous holder released in Redis, its outer transaction still open: the view's
+    block waits for the row at most the lock's TTL, then answers busy, the view not run."""
+    settings.ROOT_URLCONF = __name__
+    open_shop(PG, 1, 5)
+    with transaction.atomic(using=PG):
+        with lock("pg-order:1", ttl=10, atomic=PG):
+            sell_one(PG, 1, "outer")
+        response = run_request("/pg-buy/1/")
+    assert response.status_code == 409
+    assert sales(PG) == [("outer", 5)] and not lock("pg-order:1").locked()
+
+
+def run_request(url: str) -> Any:
+    """A request served in another thread (its own database connection)."""
+    responses: list[Any] = []
+    run(lambda: responses.append(Client().get(url))).join(60)
+    return responses[0]
