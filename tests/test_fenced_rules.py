@@ -6,6 +6,7 @@ functions refused. PostgreSQL's own cases: tests/test_fenced_postgres.py."""
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path
 
 from django_redlock import (
+    BackendUnavailable,
     LockNotAcquired,
     StaleFence,
     fencing,
@@ -237,6 +239,38 @@ def test_waiting_in_redis_runs_out_commits_nothing_and_holds_nothing(name: str) 
         pytest.fail("the body ran")
     assert queries.captured_queries == []  # the database never touched
     other.release()
+
+
+def test_redis_not_answering_while_waiting_touches_no_database() -> None:
+    with (
+        CaptureQueriesContext(connection) as queries,
+        pytest.raises(BackendUnavailable),
+        lock("x", using="down", atomic=True),
+    ):
+        pytest.fail("the body ran")
+    assert queries.captured_queries == []
+
+
+def test_an_interrupt_while_waiting_in_redis_leaves_nothing_held(name: str) -> None:
+    """A signal handler raising in the middle of the wait (as Ctrl-C does)."""
+    other = lock(name, ttl=30)
+    other.acquire()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Boom()
+
+    waiting = lock(name, ttl=30, timeout=10, atomic=True)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with CaptureQueriesContext(connection) as queries, pytest.raises(Boom), waiting:
+            pytest.fail("the body ran")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert queries.captured_queries == [] and not waiting.owned()
+    other.release()
+    assert not lock(name).locked()  # the interrupted waiter did not take it meanwhile
 
 
 @pytest.mark.parametrize("raised", [Boom, RuntimeError])
