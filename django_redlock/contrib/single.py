@@ -182,7 +182,7 @@ def single_instance(
     ``atomic=True`` (or a ``DATABASES`` alias): the body runs in the lock's fenced transaction
     (see ``lock(..., atomic=)``), committed before the lock is released; a stale hold raises
     ``StaleFence`` before the body runs, and a hold lost once the body committed is logged,
-    not raised (a retry would run the body twice).
+    not raised (a retry would run the body twice), as is an ``on_commit`` callback's error.
 
     Under Django's ``@task`` (or the ``django-tasks`` backport's) the same rules apply to each
     task run, keyed by the function's import path, with the holder naming the task result id;
