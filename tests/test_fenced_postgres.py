@@ -468,12 +468,13 @@ def test_a_wait_cycle_through_redis_and_the_database_ends(name: str) -> None:
     def t1() -> None:
         try:
             with transaction.atomic(using=PG):
-                with lock(b, ttl=2, atomic=PG):
+                with lock(b, ttl=3, atomic=PG):
                     sell_one(PG, 1, "t1-b")
                 b_done.set()
                 assert a_held.wait(30)
-                eventually(waiting_on_a_row, "T2 waiting for B's row")
-                with lock(a, ttl=2, atomic=PG):
+                # (on a loaded machine T2's wait may run out before this sees it)
+                eventually(lambda: waiting_on_a_row() or "t2" in outcome, "T2 waiting for B")
+                with lock(a, ttl=3, atomic=PG):
                     sell_one(PG, 1, "t1-a")
             outcome["t1"] = "committed"
         except Exception as exc:
@@ -481,11 +482,11 @@ def test_a_wait_cycle_through_redis_and_the_database_ends(name: str) -> None:
 
     def t2() -> None:
         try:
-            with lock(a, ttl=2, atomic=PG):
+            with lock(a, ttl=3, atomic=PG):
                 sell_one(PG, 2, "t2-a")
                 a_held.set()
                 assert b_done.wait(30)
-                with lock(b, ttl=2, atomic=PG):
+                with lock(b, ttl=3, atomic=PG):
                     sell_one(PG, 2, "t2-b")
             outcome["t2"] = "committed"
         except Exception as exc:
