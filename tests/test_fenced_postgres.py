@@ -369,7 +369,7 @@ def test_prune_fences_never_deletes_a_row_a_block_committed_meanwhile(name: str)
 
 
 @pytest.mark.parametrize("floor", ["none yet", "raised"])
-@pytest.mark.parametrize("level", ["READ COMMITTED", "REPEATABLE READ"])
+@pytest.mark.parametrize("level", ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"])
 def test_a_first_block_waiting_for_a_prune_reads_the_floor_it_raised(
     name: str, level: str, floor: str
 ) -> None:
