@@ -187,9 +187,10 @@ def check_fence(
         floor = _floor(using, backend, wait) if outcome == "new" else None
     except OperationalError as exc:
         if _lock_timeout(exc):
+            waited = "the database's lock_timeout" if wait is None else f"{wait:g} s"
             raise LockNotAcquired(
                 f"{describe or repr(name)}: its database row stayed locked by another"
-                f" transaction for {wait:g} s (a previous holder's transaction outlived its hold:"
+                f" transaction for {waited} (a previous holder's transaction outlived its hold:"
                 " released inside an outer transaction, lost, or paused); nothing committed"
             ) from exc
         raise

@@ -541,3 +541,34 @@ def run_request(url: str) -> Any:
     responses: list[Any] = []
     run(lambda: responses.append(Client().get(url))).join(60)
     return responses[0]
+
+
+def test_the_session_s_own_lock_timeout_without_a_bound_is_a_clear_lock_not_acquired(
+    name: str,
+) -> None:
+    """check_fence without a bound (wait=None) leaves the database's lock_timeout in charge;
+    when it fires the message says so (it formatted None as a number: TypeError)."""
+    from django_redlock.exceptions import LockNotAcquired
+    from django_redlock.fencing import check_fence
+
+    with lock(name, ttl=10, atomic=PG) as held:
+        fence = held.fence
+    assert fence
+    locked, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic(using=PG):
+            check_fence(PG, "default", name, fence + 1)
+            locked.set()
+            assert done.wait(30)
+
+    thread = run(holder)
+    assert locked.wait(30)
+    try:
+        with transaction.atomic(using=PG):
+            connections[PG].cursor().execute("SET LOCAL lock_timeout = '100ms'")
+            with pytest.raises(LockNotAcquired, match="the database's lock_timeout"):
+                check_fence(PG, "default", name, fence + 2)
+    finally:
+        done.set()
+        thread.join(30)
