@@ -572,3 +572,31 @@ def test_the_session_s_own_lock_timeout_without_a_bound_is_a_clear_lock_not_acqu
     finally:
         done.set()
         thread.join(30)
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_first_blocks_of_two_names_do_not_wait_for_each_other_s_floor_probe(
+    name: str, level: str
+) -> None:
+    """With no floor yet, a first block under a strict level probes for one with an insert
+    rolled back to a savepoint: a floor row inserted for good would stay locked until the
+    transaction ends, and every other name's first block would wait for it."""
+    opened, done = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with transaction.atomic(using=PG):
+            connections[PG].cursor().execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            with lock(f"{name}:a", ttl=10, atomic=PG):
+                pass
+            opened.set()
+            assert done.wait(30)  # the transaction stays open
+
+    thread = run(first)
+    try:
+        assert opened.wait(30)
+        with lock(f"{name}:b", ttl=10, timeout=1, atomic=PG):  # LockNotAcquired if it waited
+            pass
+        assert Fence.objects.using(PG).filter(name="").count() == 0
+    finally:
+        done.set()
+        thread.join(30)
