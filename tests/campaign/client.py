@@ -245,6 +245,8 @@ def main() -> None:
             check(hold, f"{question}_false", prefix, fence)
 
     lock_lost.connect(on_lost, weak=False)
+    if kind == "database":  # prune-fences beside the buyers
+        database.start_pruner(config, log, stop)
     log("start", pid=os.getpid())
     flag = config.get("throughput_flag") or ""
     hold = 0
