@@ -543,9 +543,15 @@ class ThreadRenewer(Renewer):
             while True:
                 try:
                     with self._mutex:
+                        idle = time.monotonic()
                         while not worker.queue:
-                            worker.cond.wait(WORKER_IDLE)
-                            if not worker.queue and worker.thread is me:
+                            # Awake every second: a dead scheduler is started again.
+                            worker.cond.wait(IDLE_WAKE)
+                            if self._thread is None or not self._thread.is_alive():
+                                self._wake(time.monotonic())
+                            if worker.queue or worker.thread is not me:
+                                continue
+                            if time.monotonic() - idle >= WORKER_IDLE:
                                 return  # idle: the next batch starts a new worker
                         batch = worker.queue.popleft()
                     self._renew(batch)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import logging
 import os
 import threading
 import time
@@ -311,6 +312,34 @@ def test_a_watchdog_thread_killed_by_an_exception_is_healed(name: str) -> None:
                 _inject(thread, SystemExit)
         time.sleep(1.2)
     time.sleep(1.5)  # past the TTL since the last kill
+    assert lk.owned() and (lk.ttl() or 0) > 0.3
+    lk.release()
+
+
+def test_a_dead_watchdog_scheduler_is_started_again_without_a_new_acquire(name: str) -> None:
+    lk = lock(name, ttl=1.5)
+    assert lk.acquire()
+    time.sleep(0.6)
+
+    class Die(logging.Filter):
+        """Fails the scheduler's own exception handler: the thread really ends."""
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            if "scheduler failed" in record.getMessage():
+                raise SystemExit
+            return True
+
+    log = logging.getLogger("django_redlock")
+    die = Die()
+    log.addFilter(die)
+    try:
+        [scheduler] = [t for t in threading.enumerate() if t.name == "redlock-renewer"]
+        _inject(scheduler, RuntimeError)
+        scheduler.join(5)
+        assert not scheduler.is_alive()
+    finally:
+        log.removeFilter(die)
+    time.sleep(4.0)  # no acquire, no extend meanwhile: the watchdog must heal by itself
     assert lk.owned() and (lk.ttl() or 0) > 0.3
     lk.release()
 
