@@ -115,6 +115,7 @@ class _Bucket:
     flying: threading.Thread | None = None  # the thread that has its batch, if any
     settled_at: float = -math.inf  # when its last batch settled
     moved: bool = False  # a member moved to another bucket while a batch was in flight
+    again: bool = False  # renew again as soon as the batch in flight settles
     members: dict[HoldKey, _Entry] = field(default_factory=dict)
     _snapshot: tuple[list[_Entry], list[Renewal]] | None = None
 
@@ -153,7 +154,7 @@ class Renewer:
     def _due_now(self, bucket: _Bucket, now: float) -> None:
         """Renew ``bucket`` at once (or right after its batch in flight settles)."""
         if bucket.flying is not None:
-            bucket.moved = True  # its settle renews it again at once
+            bucket.again = True  # a member joined after its batch left: once more, at once
         elif bucket.due > now:
             bucket.due = now
             self._plan(bucket)
@@ -370,6 +371,9 @@ class Renewer:
                 bucket.overdue = False
                 if not all(results):  # the common case costs no loop over the holds
                     lost = [e for e, ok in zip(entries, results, strict=True) if not ok]
+            if bucket.again:
+                bucket.again = False
+                bucket.due = now
             self._plan(bucket)
             if bucket.moved:
                 # Members moved to another TTL while this batch flew: it may have landed
