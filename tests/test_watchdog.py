@@ -316,6 +316,8 @@ def test_a_watchdog_thread_killed_by_an_exception_is_healed(name: str) -> None:
     lk.release()
 
 
+# The scheduler dies of an exception on purpose: pytest reports that as a warning.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_dead_watchdog_scheduler_is_started_again_without_a_new_acquire(name: str) -> None:
     lk = lock(name, ttl=1.5)
     assert lk.acquire()
