@@ -33,13 +33,19 @@ The rules (each is tested in tests/test_watchdog.py):
 * **No answer is not a loss**: the bucket is tried again soon, for as long as it takes.
 * **Healing**: an exception in a renewer thread (a bug, or an asynchronous exception) is
   caught and logged; the thread goes on after putting every bucket it had taken back into
-  the schedule. A thread that died anyway is started again by the next ``add``/``soon``,
-  and the scheduler starts dead workers. After a fork the child starts empty.
+  the schedule (a batch interrupted mid-flight settles as "no answer"). A scheduler that
+  died anyway is started again by the next ``add``/``soon`` or by a worker (idle workers
+  look every second); the scheduler starts dead workers, and a worker that ends hands its
+  queued batches back. After a fork the child starts empty.
+* **A batch in flight after a release** may still renew the released hold once (harmless:
+  the release deleted the key or the token no longer matches) and its answer is ignored
+  for holds no longer in its bucket: only members still there can be declared lost.
 * **The tables shrink**: an empty bucket leaves the joinable table; stale schedule and cap
   items are compacted once they outnumber the live ones.
 
-A reentrant hold whose thread or task ended without releasing it stays renewed for as long
-as one of its Lock objects lives (nobody else may release it): give such locks ``max_hold``.
+* **An orphan is let go**: a reentrant hold belongs to its owner, a thread or an asyncio
+  task; once that has ended without releasing it, nobody may release it, so it is no longer
+  renewed (looked for every :data:`OWNER_SWEEP` seconds) and runs out at its TTL.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import observe
 from .backends.base import BaseLockBackend, Renewal
@@ -77,6 +83,7 @@ IDLE_WAKE = 1.0
 WORKER_IDLE = 60.0  # a backend's worker ends after this long without a batch (its connection
 # is made again by the next one: a cluster client takes a while)
 COMPACT = 64  # stale schedule and cap items tolerated beyond twice the live ones
+OWNER_SWEEP = 2.0  # seconds between looks for reentrant holds whose owner has ended
 
 HoldKey = tuple[int, str, str]  # (id of the backend, lock name, token)
 Batch = tuple["_Bucket", list["_Entry"], list[Renewal]]
@@ -142,6 +149,9 @@ class Renewer:
         self._schedule: list[tuple[float, int, _Bucket]] = []
         self._caps: list[tuple[float, int, HoldKey]] = []  # (stop_at, serial, key)
         self._capped = 0  # entries with a cap: live items of _caps
+        # Reentrant holds' owners (thread or task), weakly: renewed while their owner lives.
+        self._owners: dict[HoldKey, weakref.ref[Any]] = {}
+        self._owners_swept = 0.0
         self._serial = itertools.count()
         self._collected = False  # a holding Lock object was garbage-collected: sweep
 
@@ -194,6 +204,7 @@ class Renewer:
 
     def _drop(self, key: HoldKey) -> _Entry:
         entry = self._entries.pop(key)
+        self._owners.pop(key, None)
         self._leave(entry)
         if entry.stop_at is not None:
             self._capped -= 1
@@ -224,22 +235,28 @@ class Renewer:
             heapq.heappush(self._caps, (stop_at, next(self._serial), entry.key))
 
     def add(
-        self, lock: Lock, renewal: Renewal, stop_at: float | None, since: float | None = None
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        since: float | None = None,
+        owner: Any = None,
     ) -> None:
         """Renew a hold from now on, until ``stop_at`` (monotonic; None: no cap).
 
         A new TTL replaces the hold's old one. ``since``: when the command that set it (an
         extend) was sent, to tell whether a batch may have landed after it (see the rules).
+        ``owner``: a reentrant hold's thread or task (renewed while it lives).
         """
         now = time.monotonic()
         with self._mutex:
-            due = self._add(lock, renewal, stop_at, now, since)
+            due = self._add(lock, renewal, stop_at, now, since, owner)
         if due is not None:
             self._wake(due)
 
-    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None) -> None:
+    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
         """Renew a hold just taken, unless it is released before its first renewal."""
-        self.add(lock, renewal, stop_at)
+        self.add(lock, renewal, stop_at, owner=owner)
 
     def _add(
         self,
@@ -248,6 +265,7 @@ class Renewer:
         stop_at: float | None,
         now: float,
         since: float | None = None,
+        owner: Any = None,
     ) -> float | None:
         if stop_at is not None and stop_at <= time.monotonic():
             return None  # past its cap (an extend after it): it runs out at its TTL
@@ -255,6 +273,8 @@ class Renewer:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(key, lock.backend, renewal, None, now)
+            if owner is not None:
+                self._owners[key] = weakref.ref(owner)
             self._set_cap(entry, stop_at)
             self._join(entry, lock.backend, now)
         else:
@@ -309,6 +329,10 @@ class Renewer:
                 item = heapq.heappop(self._caps)
                 if self._cap_is_live(item):
                     self._drop(item[2])  # capped: the hold now runs out at its TTL
+            if self._owners and now >= self._owners_swept + OWNER_SWEEP:
+                self._owners_swept = now
+                for key in [k for k, ref in self._owners.items() if _ended(ref())]:
+                    self._drop(key)  # its owner ended unreleased: nobody may release it
             if self._collected:
                 self._collected = False
                 for key in [k for k, entry in self._entries.items() if not entry.locks]:
@@ -440,6 +464,14 @@ class Renewer:
         return exc
 
 
+def _ended(actor: Any) -> bool:
+    """Whether a reentrant owner (a thread, or an asyncio task) is gone or has finished."""
+    if actor is None:
+        return True
+    done = getattr(actor, "done", None)
+    return bool(done()) if done is not None else not actor.is_alive()
+
+
 @dataclass(eq=False)
 class _Worker:
     """The thread that alone waits for one backend's renewals, and its queue of batches."""
@@ -462,11 +494,11 @@ class ThreadRenewer(Renewer):
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
         # Holds just taken, as (taken at, Lock, renewal, stop_at). Most holds are released
         # long before their first renewal (TTL/3): those never cost more than this append.
-        self._pending: deque[tuple[float, weakref.ref[Lock], Renewal, float | None]] = deque()
+        self._pending: deque[tuple[float, weakref.ref[Lock], Renewal, float | None, Any]] = deque()
 
-    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None) -> None:
+    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
         taken = time.monotonic()
-        self._pending.append((taken, weakref.ref(lock), renewal, stop_at))
+        self._pending.append((taken, weakref.ref(lock), renewal, stop_at, owner))
         interval = renewal.ttl_ms / 3000
         if interval < IDLE_WAKE or self._thread is None:
             # The thread may sleep up to IDLE_WAKE before it looks at the pending holds:
@@ -476,13 +508,13 @@ class ThreadRenewer(Renewer):
     def _take_pending(self) -> None:
         pending = self._pending
         while pending:
-            taken, ref, renewal, stop_at = pending.popleft()
+            taken, ref, renewal, stop_at, owner = pending.popleft()
             lock = ref()
             if lock is None or not lock._renewed_by(self, renewal.token):
                 continue  # released (or its Lock collected) before its first renewal
             # Joins the hold's entry if it has one (another object of the token, or an
             # extend that added it): a TTL set later is kept.
-            self._add(lock, renewal, stop_at, taken)
+            self._add(lock, renewal, stop_at, taken, owner=owner)
 
     def _wake(self, due: float) -> None:
         with self._cond:
@@ -585,6 +617,7 @@ class ThreadRenewer(Renewer):
         self._schedule = []
         self._caps = []
         self._capped = 0
+        self._owners = {}
         self._workers = {}
         self._thread = None
         self._wakes_at = 0.0

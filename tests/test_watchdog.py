@@ -384,3 +384,29 @@ def test_a_release_that_finds_the_hold_lost_reports_it_once_and_frees_the_object
     lk.release()
     with pytest.raises(LockNotOwned):
         lk.release()
+
+
+def test_a_reentrant_hold_whose_thread_ended_unreleased_is_no_longer_renewed(name: str) -> None:
+    lk = lock(name, reentrant=True, ttl=1.0)
+
+    def take_and_leave() -> None:
+        assert lk.acquire()  # and never released: nobody else may release it now
+
+    thread = threading.Thread(target=take_and_leave)
+    thread.start()
+    thread.join()
+    time.sleep(0.5)
+    assert lk.locked()  # held (renewed, then let go)
+    time.sleep(3.5)  # the owner sweep (2 s), then the TTL (1 s)
+    assert not lk.locked(), "a dead thread's reentrant hold is renewed for ever"
+    assert lk.acquire(blocking=False)  # this thread may take the name now
+    lk.release()
+    del thread
+
+
+def test_a_reentrant_hold_of_a_live_thread_is_still_renewed(name: str) -> None:
+    lk = lock(name, reentrant=True, ttl=1.0)
+    assert lk.acquire()
+    time.sleep(4.0)
+    assert lk.owned()
+    lk.release()

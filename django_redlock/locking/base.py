@@ -8,6 +8,7 @@ A hold is declared lost only when the backend answered that its token no longer 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -41,6 +42,12 @@ B = TypeVar("B", bound="BaseLock")
 #: How long a queued waiter's place lasts before it must renew it (by trying again). A
 #: waiter that dies blocks the queue for at most this long, or its own timeout.
 WAITER_LEASE = 5.0
+
+
+def _actor() -> Any:
+    """The current thread, or asyncio task: a reentrant hold's owner."""
+    task = asyncio.current_task() if in_event_loop() else None
+    return task if task is not None else threading.current_thread()
 
 
 def check_token_prefix(prefix: Any) -> str | None:
@@ -384,7 +391,9 @@ class BaseLock:
             # One watchdog thread renews sync and asyncio holds alike: it outlives any event
             # loop, so a hold taken in a short-lived loop (asyncio.run) is still renewed.
             hold.renewer = thread_renewer
-            hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at)
+            # A reentrant hold is renewed while its owner lives (see renewer.py).
+            lives = _actor() if self.reentrant else None
+            hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at, lives)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             observe.hold_started(self, hold)
             logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
