@@ -269,27 +269,30 @@ def test_holds_left_by_event_loops_do_not_accumulate(name: str) -> None:
     for i in range(50):
         asyncio.run(leave_one(i))
     gc.collect()
-    assert holds.taken_count() == before
+    assert holds.taken_count() <= before  # (other tests' abandoned holds may go meanwhile)
 
 
 # -- 7. the renewer's tables shrink --------------------------------------------------------------
 
 
 def test_the_renewers_tables_shrink_after_release(name: str) -> None:
+    before = thread_renewer.tables()  # other tests' holds may be there: counted relatively
     held = []
     for i in range(200):  # a bucket per distinct TTL, a cap item per capped hold
         each = lock(f"{name}:{i}", ttl=3 + i / 100, max_hold=3600)
         assert each.acquire()
         held.append(each)
     time.sleep(1.5)  # the watchdog took them all in
-    assert thread_renewer.tables()["entries"] >= 200
+    assert thread_renewer.tables()["entries"] >= before["entries"] + 200
     for each in held:
         each.release()
     time.sleep(1.5)
     tables = thread_renewer.tables()
-    print(tables)
-    assert tables["entries"] == 0 and tables["open"] == 0, tables
-    assert tables["caps"] < 100 and tables["schedule"] < 100, tables
+    print(before, tables)
+    assert tables["entries"] <= before["entries"], tables
+    assert tables["open"] <= before["open"], tables
+    assert tables["caps"] < before["caps"] + 100, tables
+    assert tables["schedule"] < before["schedule"] + 100, tables
 
 
 # -- the watchdog heals itself ------------------------------------------------------------------

@@ -164,6 +164,7 @@ def test_watchdog_fuzz(redis_factory: Callable[..., RedisServer], name: str) -> 
         lost.append((lock, reason))
 
     taken_before = holds.taken_count()
+    tables_before = thread_renewer.tables()  # other tests' holds: counted relatively
     lock_lost.connect(on_lost, weak=False)
     try:
         with _servers(redis_factory) as servers:
@@ -187,8 +188,9 @@ def test_watchdog_fuzz(redis_factory: Callable[..., RedisServer], name: str) -> 
             print(f"watchdog fuzz: {fuzz.injected} asynchronous exceptions thrown in")
             time.sleep(0.5)
             tables = thread_renewer.tables()
-            assert tables["entries"] == 0 and tables["open"] == 0, tables
+            assert tables["entries"] <= tables_before["entries"], (tables_before, tables)
+            assert tables["open"] <= tables_before["open"], (tables_before, tables)
             gc.collect()
-            assert holds.taken_count() == taken_before
+            assert holds.taken_count() <= taken_before
     finally:
         lock_lost.disconnect(on_lost)
