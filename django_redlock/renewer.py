@@ -1,12 +1,51 @@
 """The watchdog: renews every held lock that asked for it, at about a third of its TTL.
 
-Every hold, sync or asyncio, is renewed by one daemon thread per process: a thread outlives
-the event loops (``asyncio.run`` per request), which a task per loop would not. Holds of one
-backend and TTL taken close together form a batch (up to :data:`BATCH`
-holds) that is renewed in one round trip, so 1,000 held locks cost a few round trips per
-period, not 1,000; and the schedule is kept per batch, so its Python work does not grow with
-the holds. A hold whose renewal finds it gone, or that cannot be renewed before its TTL runs
-out, is reported lost to every Lock object that holds it.
+Every hold, sync or asyncio, is renewed from threads of this process: a thread outlives the
+event loops (``asyncio.run`` per request), which a task per loop would not. Holds of one
+backend and TTL taken close together form a batch (a bucket, up to :data:`BATCH` holds)
+renewed in one round trip, so 1,000 held locks cost a few round trips per period, and the
+schedule is kept per bucket, so its Python work does not grow with the holds.
+
+The rules (each is tested in tests/test_watchdog.py):
+
+* **One entry per hold**, keyed by (backend, name, token), with the Lock objects that hold
+  it (weakly), the TTL last set, and the cap. Several objects may share a token (a reentrant
+  lock taken through two objects, two reads of one thread, ``adopt()``): each :meth:`add`
+  adds its object to the entry. An object leaves the entry by :meth:`Renewer.remove` (its
+  release) or by being collected; the entry is dropped when no object is left, when its cap
+  passes, or when a renewal finds the hold gone. Nothing else adds or removes entries.
+* **The cap** (``max_hold``) is a monotonic deadline fixed at the acquisition and passed in
+  by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing.
+* **A TTL change** (``extend(ttl=...)``) moves the entry to a bucket of its new TTL. A batch
+  taken before may still be on its way with the old TTL and land after the extend; so when a
+  batch settles with members that moved meanwhile, or an extend sent before a batch settled
+  tells the renewer after it, the moved holds' bucket is renewed again at once: an old TTL
+  stands for one round trip at most, never until the next period.
+* **One backend never delays another**: one scheduler thread (``redlock-renewer``) decides
+  what is due and hands each batch to its backend's worker thread, which alone waits for
+  that backend; a paused Redis holds up its own worker and nobody else's. Idle workers end.
+* **A loss is declared** only when a backend answered that a token no longer holds its
+  lock, by the worker that got the answer, to each Lock object in the entry, after dropping
+  it (under the renewer's mutex, so once). The object declares it (``lock_lost``, warning)
+  only if it still had the hold: whoever takes a hold out of the object under its mutex (a
+  renewal's loss, a release that found it gone, ``owned()``, ``extend()``) declares it, and
+  only they, so one loss fires once per object.
+* **No answer is not a loss**: the bucket is tried again soon, for as long as it takes.
+* **Healing**: an exception in a renewer thread (a bug, or an asynchronous exception) is
+  caught and logged; the thread goes on after putting every bucket it had taken back into
+  the schedule (a batch interrupted mid-flight settles as "no answer"). A scheduler that
+  died anyway is started again by the next ``add``/``soon`` or by a worker (idle workers
+  look every second); the scheduler starts dead workers, and a worker that ends hands its
+  queued batches back. After a fork the child starts empty.
+* **A batch in flight after a release** may still renew the released hold once (harmless:
+  the release deleted the key or the token no longer matches) and its answer is ignored
+  for holds no longer in its bucket: only members still there can be declared lost.
+* **The tables shrink**: an empty bucket leaves the joinable table; stale schedule and cap
+  items are compacted once they outnumber the live ones.
+
+* **An orphan is let go**: a reentrant hold belongs to its owner, a thread or an asyncio
+  task; once that has ended without releasing it, nobody may release it, so it is no longer
+  renewed (looked for every :data:`OWNER_SWEEP` seconds) and runs out at its TTL.
 """
 
 from __future__ import annotations
@@ -21,7 +60,7 @@ import time
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import observe
 from .backends.base import BaseLockBackend, Renewal
@@ -41,16 +80,24 @@ class Lock(Protocol):
 logger = logging.getLogger("django_redlock")
 BATCH = 500
 IDLE_WAKE = 1.0
+WORKER_IDLE = 60.0  # a backend's worker ends after this long without a batch (its connection
+# is made again by the next one: a cluster client takes a while)
+COMPACT = 64  # stale schedule and cap items tolerated beyond twice the live ones
+OWNER_SWEEP = 2.0  # seconds between looks for reentrant holds whose owner has ended
 
 HoldKey = tuple[int, str, str]  # (id of the backend, lock name, token)
+Batch = tuple["_Bucket", list["_Entry"], list[Renewal]]
 
 
 @dataclass(eq=False)
 class _Entry:
     """One hold, and the Lock objects that hold it (renewing stops when they are collected)."""
 
+    key: HoldKey
+    backend: BaseLockBackend
     renewal: Renewal
-    stop_at: float | None  # the cap on renewing, if any
+    stop_at: float | None  # the cap on renewing (monotonic), if any
+    set_at: float  # when the TTL in `renewal` was set: older news does not replace it
     bucket: _Bucket | None = None
     locks: weakref.WeakSet[Lock] = field(default_factory=weakref.WeakSet)
     # Weak references whose callbacks tell the renewer that a holding Lock was collected.
@@ -69,9 +116,13 @@ class _Bucket:
     ttl_ms: int
     interval: float  # seconds between renewals: a third of the TTL
     closes: float  # new holds may join until then
-    due: float  # monotonic time of the next renewal
+    due: float  # monotonic time of the next renewal (inf while a batch is in flight)
     confirmed_until: float  # every member is certainly ours until then
     overdue: bool = False  # past confirmed_until without an answer (warned once)
+    flying: threading.Thread | None = None  # the thread that has its batch, if any
+    settled_at: float = -math.inf  # when its last batch settled
+    moved: bool = False  # a member moved to another bucket while a batch was in flight
+    again: bool = False  # renew again as soon as the batch in flight settles
     members: dict[HoldKey, _Entry] = field(default_factory=dict)
     _snapshot: tuple[list[_Entry], list[Renewal]] | None = None
 
@@ -87,7 +138,7 @@ class _Bucket:
 
 
 class Renewer:
-    """The schedule of held locks; subclasses run it on a thread or an event loop."""
+    """The schedule of held locks; :class:`ThreadRenewer` runs it (tests drive it by hand)."""
 
     def __init__(self) -> None:
         self._entries: dict[HoldKey, _Entry] = {}
@@ -97,6 +148,10 @@ class Renewer:
         # due time or no members is stale and skipped, so rescheduling is just another push.
         self._schedule: list[tuple[float, int, _Bucket]] = []
         self._caps: list[tuple[float, int, HoldKey]] = []  # (stop_at, serial, key)
+        self._capped = 0  # entries with a cap: live items of _caps
+        # Reentrant holds' owners (thread or task), weakly: renewed while their owner lives.
+        self._owners: dict[HoldKey, weakref.ref[Any]] = {}
+        self._owners_swept = 0.0
         self._serial = itertools.count()
         self._collected = False  # a holding Lock object was garbage-collected: sweep
 
@@ -106,7 +161,15 @@ class Renewer:
     def _plan(self, bucket: _Bucket) -> None:
         heapq.heappush(self._schedule, (bucket.due, next(self._serial), bucket))
 
-    def _join(self, key: HoldKey, entry: _Entry, backend: BaseLockBackend, now: float) -> None:
+    def _due_now(self, bucket: _Bucket, now: float) -> None:
+        """Renew ``bucket`` at once (or right after its batch in flight settles)."""
+        if bucket.flying is not None:
+            bucket.again = True  # a member joined after its batch left: once more, at once
+        elif bucket.due > now:
+            bucket.due = now
+            self._plan(bucket)
+
+    def _join(self, entry: _Entry, backend: BaseLockBackend, now: float) -> None:
         """Put a hold taken at ``now`` into a batch: the open one, or a new one."""
         ttl_ms = entry.renewal.ttl_ms
         bucket = self._open.get((id(backend), ttl_ms))
@@ -121,46 +184,117 @@ class Renewer:
                 confirmed_until=now + ttl_ms / 1000,
             )
             self._plan(bucket)
-        elif not bucket.members:
+        elif not bucket.members and bucket.flying is None:
             self._plan(bucket)  # its schedule item may have been dropped while it was empty
-        bucket.members[key] = entry
+        bucket.members[entry.key] = entry
         bucket.changed()
         entry.bucket = bucket
 
+    def _leave(self, entry: _Entry) -> _Bucket | None:
+        """Take an entry out of its bucket; an emptied bucket is not joinable any more."""
+        bucket, entry.bucket = entry.bucket, None
+        if bucket is not None:
+            bucket.members.pop(entry.key, None)
+            bucket.changed()
+            if not bucket.members:
+                key = (id(bucket.backend), bucket.ttl_ms)
+                if self._open.get(key) is bucket:
+                    del self._open[key]
+        return bucket
+
     def _drop(self, key: HoldKey) -> _Entry:
         entry = self._entries.pop(key)
-        if entry.bucket is not None:
-            del entry.bucket.members[key]
-            entry.bucket.changed()
-            entry.bucket = None
+        self._owners.pop(key, None)
+        self._leave(entry)
+        if entry.stop_at is not None:
+            self._capped -= 1
+        self._compact()
         return entry
 
-    def add(self, lock: Lock, renewal: Renewal, max_hold: float | None) -> None:
-        """Renew a hold from now on (a new TTL replaces the hold's old one)."""
+    def _compact(self) -> None:
+        """Drop stale schedule and cap items once they outnumber the live ones."""
+        if len(self._caps) > COMPACT + 2 * self._capped:
+            self._caps = [c for c in self._caps if self._cap_is_live(c)]
+            heapq.heapify(self._caps)
+        if len(self._schedule) > COMPACT + 2 * len(self._entries):
+            self._schedule = [
+                item for item in self._schedule if item[0] == item[2].due and item[2].members
+            ]
+            heapq.heapify(self._schedule)
+
+    def _cap_is_live(self, item: tuple[float, int, HoldKey]) -> bool:
+        entry = self._entries.get(item[2])
+        return entry is not None and entry.stop_at == item[0]
+
+    def _set_cap(self, entry: _Entry, stop_at: float | None) -> None:
+        if entry.stop_at is not None:
+            self._capped -= 1
+        entry.stop_at = stop_at
+        if stop_at is not None:
+            self._capped += 1
+            heapq.heappush(self._caps, (stop_at, next(self._serial), entry.key))
+
+    def add(
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        since: float | None = None,
+        owner: Any = None,
+    ) -> None:
+        """Renew a hold from now on, until ``stop_at`` (monotonic; None: no cap).
+
+        A new TTL replaces the hold's old one. ``since``: when the command that set it (an
+        extend) was sent, to tell whether a batch may have landed after it (see the rules).
+        ``owner``: a reentrant hold's thread or task (renewed while it lives).
+        """
+        now = time.monotonic()
         with self._mutex:
-            due = self._add(lock, renewal, max_hold, time.monotonic())
-        self._wake(due)
+            due = self._add(lock, renewal, stop_at, now, since, owner)
+        if due is not None:
+            self._wake(due)
 
-    def soon(self, lock: Lock, renewal: Renewal, max_hold: float | None) -> None:
+    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
         """Renew a hold just taken, unless it is released before its first renewal."""
-        self.add(lock, renewal, max_hold)
+        self.add(lock, renewal, stop_at, owner=owner)
 
-    def _add(self, lock: Lock, renewal: Renewal, max_hold: float | None, now: float) -> float:
+    def _add(
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        now: float,
+        since: float | None = None,
+        owner: Any = None,
+    ) -> float | None:
+        if stop_at is not None and stop_at <= time.monotonic():
+            return None  # past its cap (an extend after it): it runs out at its TTL
         key = (id(lock.backend), renewal.name, renewal.token)
         entry = self._entries.get(key)
-        if entry is None or entry.renewal.ttl_ms != renewal.ttl_ms:
-            previous = self._drop(key) if entry is not None else None
-            stop_at = None if max_hold is None else now + max_hold
-            entry = self._entries[key] = _Entry(renewal, stop_at)
-            if previous is not None:
-                entry.locks.update(previous.locks)
-            self._join(key, entry, lock.backend, now)
-            if stop_at is not None:
-                heapq.heappush(self._caps, (stop_at, next(self._serial), key))
+        if entry is None:
+            entry = self._entries[key] = _Entry(key, lock.backend, renewal, None, now)
+            if owner is not None:
+                self._owners[key] = weakref.ref(owner)
+            self._set_cap(entry, stop_at)
+            self._join(entry, lock.backend, now)
+        else:
+            if entry.renewal.ttl_ms != renewal.ttl_ms and now >= entry.set_at:
+                old = self._leave(entry)
+                if old is not None and old.flying is not None:
+                    old.moved = True  # its batch may land after this TTL: settle renews
+                entry.renewal = renewal
+                self._join(entry, lock.backend, now)
+                if old is not None and since is not None and old.settled_at >= since:
+                    # The old TTL's batch settled after this extend was sent: it may have
+                    # landed after it. Renew with the new TTL at once.
+                    self._due_now(entry.bucket, now)  # type: ignore[arg-type]
+            entry.set_at = max(entry.set_at, now)
+            if entry.stop_at is not None and (stop_at is None or stop_at > entry.stop_at):
+                self._set_cap(entry, stop_at)  # renewed as long as any of its objects asks
         if lock not in entry.locks:
             entry.locks.add(lock)
             entry.watches.append(weakref.ref(lock, self._on_collected))
-        return entry.bucket.due if entry.bucket is not None else now
+        return entry.bucket.due if entry.bucket is not None else None
 
     def remove(self, lock: Lock, token: str) -> None:
         key = (id(lock.backend), lock.name, token)
@@ -174,31 +308,41 @@ class Renewer:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def tables(self) -> dict[str, int]:
+        """The sizes of the renewer's tables (tests, diagnostics)."""
+        with self._mutex:
+            return {"entries": len(self._entries), "open": len(self._open),
+                    "schedule": len(self._schedule), "caps": len(self._caps)}  # fmt: skip
+
     def _wake(self, due: float) -> None:
         """A hold falls due at ``due``: make sure the runner looks at it in time."""
 
     def _take_pending(self) -> None:
         """Start renewing the holds of :meth:`soon` that are still held (called locked)."""
 
-    def _next(self) -> list[tuple[_Bucket, list[_Entry], list[Renewal]]] | float:
-        """The buckets due now, or how long to sleep until one is due."""
+    def _next(self) -> list[Batch] | float:
+        """The buckets due now (marked in flight), or how long to sleep until one is due."""
         now = time.monotonic()
         with self._mutex:
             self._take_pending()
             while self._caps and self._caps[0][0] <= now:
-                stop_at, _, key = heapq.heappop(self._caps)
-                entry = self._entries.get(key)
-                if entry is not None and entry.stop_at == stop_at:
-                    self._drop(key)  # capped: the hold now runs out at its TTL
+                item = heapq.heappop(self._caps)
+                if self._cap_is_live(item):
+                    self._drop(item[2])  # capped: the hold now runs out at its TTL
+            if self._owners and now >= self._owners_swept + OWNER_SWEEP:
+                self._owners_swept = now
+                for key in [k for k, ref in self._owners.items() if _ended(ref())]:
+                    self._drop(key)  # its owner ended unreleased: nobody may release it
             if self._collected:
                 self._collected = False
                 for key in [k for k, entry in self._entries.items() if not entry.locks]:
                     self._drop(key)  # no Lock object holds it any more: let it run out
-            due: list[tuple[_Bucket, list[_Entry], list[Renewal]]] = []
+            due: list[Batch] = []
             schedule = self._schedule
+            me = threading.current_thread()
             while schedule:
                 at, _, bucket = schedule[0]
-                if at != bucket.due or not bucket.members:
+                if at != bucket.due or not bucket.members or bucket.flying is not None:
                     heapq.heappop(schedule)  # stale, or every hold in it is gone
                     continue
                 if at > now:
@@ -207,6 +351,7 @@ class Renewer:
                     return min(at - now, IDLE_WAKE)  # a second at most: see soon()
                 heapq.heappop(schedule)
                 bucket.due = math.inf  # in flight: any other item of it is stale
+                bucket.flying = me
                 due.append((bucket, *bucket.snapshot()))
             if not due:
                 # Idle: look again in a second, so that a new hold (due in TTL/3) rarely
@@ -218,19 +363,21 @@ class Renewer:
         self,
         bucket: _Bucket,
         entries: list[_Entry],
-        results: list[bool | None] | Exception,
+        results: list[bool | None] | BaseException,
         started: float,
     ) -> None:
         """Apply one batch's outcome; report lost holds."""
         observe.renewed(bucket.backend, len(entries), results)
-        lost: list[tuple[_Entry, str]] = []
+        lost: list[_Entry] = []
         now = time.monotonic()
         with self._mutex:
-            if isinstance(results, Exception) or None in results:
+            bucket.flying = None
+            bucket.settled_at = now
+            if isinstance(results, BaseException) or None in results:
                 # No answer (for some): unknown is not lost. Try again soon, for as long as
                 # it takes: only an answer that the token is gone makes a loss. Past the TTL
                 # the hold may have run out (fencing is what protects the work then): say so.
-                if isinstance(results, Exception):
+                if isinstance(results, BaseException):
                     results = [None] * len(entries)
                 bucket.due = now + min(bucket.interval / 4, 1.0)
                 if now >= bucket.confirmed_until and not bucket.overdue:
@@ -241,24 +388,71 @@ class Renewer:
                         results.count(None),
                         bucket.backend.describe(),
                     )
-                self._plan(bucket)
-                reason = "it expired or was released by someone else"
-                lost = [(e, reason) for e, ok in zip(entries, results, strict=True) if ok is False]
+                lost = [e for e, ok in zip(entries, results, strict=True) if ok is False]
             else:
                 bucket.due = started + bucket.interval
                 bucket.confirmed_until = started + bucket.ttl_ms / 1000
                 bucket.overdue = False
-                self._plan(bucket)
                 if not all(results):  # the common case costs no loop over the holds
-                    reason = "it expired or was released by someone else"
-                    lost = [(e, reason) for e, ok in zip(entries, results, strict=True) if not ok]
-            lost = [(entry, reason) for entry, reason in lost if entry.bucket is bucket]
-            for entry, _ in lost:
-                renewal = entry.renewal
-                self._drop((id(bucket.backend), renewal.name, renewal.token))
-        for entry, reason in lost:
+                    lost = [e for e, ok in zip(entries, results, strict=True) if not ok]
+            if bucket.again:
+                bucket.again = False
+                bucket.due = now
+            self._plan(bucket)
+            if bucket.moved:
+                # Members moved to another TTL while this batch flew: it may have landed
+                # after their extend, with the old TTL. Renew them with the new one now.
+                bucket.moved = False
+                for entry in entries:
+                    if entry.bucket is not bucket and entry.bucket is not None:
+                        self._due_now(entry.bucket, now)
+            lost = [entry for entry in lost if entry.bucket is bucket]
+            for entry in lost:
+                self._drop(entry.key)
+            wake = min(bucket.due, self._schedule[0][0]) if self._schedule else bucket.due
+        self._wake(wake)  # the scheduler may sleep past the new due time: settled elsewhere
+        reason = "it expired or was released by someone else"
+        for entry in lost:
             for lock in list(entry.locks):
                 lock._mark_lost(entry.renewal.token, reason)
+
+    def _renew(self, batch: Batch) -> None:
+        """Send one batch and settle it, whatever happens (an exception: no answer)."""
+        bucket, entries, renewals = batch
+        started = time.monotonic()
+        results: list[bool | None] | BaseException = RuntimeError("renewal interrupted")
+        try:
+            results = bucket.backend.renew_many(renewals)
+        except Exception as exc:
+            results = self._failed(bucket, exc)
+        finally:
+            self._settle(bucket, entries, results, started)
+
+    def _heal(self, thread: threading.Thread, queued: deque[Batch] | None = None) -> None:
+        """After an exception in ``thread``: whatever it had taken (but still has ``queued``)
+        is scheduled again, and every entry is back in a bucket and every bucket in the
+        schedule. An exception here leaves things no worse: the next heal finishes."""
+        now = time.monotonic()
+        with self._mutex:
+            waiting = {id(batch[0]) for batch in queued or ()}
+            buckets: dict[int, _Bucket] = {}
+            for entry in self._entries.values():
+                bucket = entry.bucket
+                if bucket is None or bucket.members.get(entry.key) is not entry:
+                    self._leave(entry)
+                    self._join(entry, entry.backend, now)
+                    bucket = entry.bucket
+                assert bucket is not None
+                buckets[id(bucket)] = bucket
+            for bucket in buckets.values():
+                if (bucket.flying is thread and id(bucket) not in waiting) or (
+                    bucket.flying is not None and not bucket.flying.is_alive()
+                ):
+                    bucket.flying = None
+                if bucket.flying is None:
+                    bucket.due = min(bucket.due, now)
+                    self._plan(bucket)
+        self._wake(now)
 
     def _failed(self, bucket: _Bucket, exc: Exception) -> Exception:
         from .exceptions import BackendUnavailable, QuorumNotReached
@@ -270,21 +464,41 @@ class Renewer:
         return exc
 
 
+def _ended(actor: Any) -> bool:
+    """Whether a reentrant owner (a thread, or an asyncio task) is gone or has finished."""
+    if actor is None:
+        return True
+    done = getattr(actor, "done", None)
+    return bool(done()) if done is not None else not actor.is_alive()
+
+
+@dataclass(eq=False)
+class _Worker:
+    """The thread that alone waits for one backend's renewals, and its queue of batches."""
+
+    backend: BaseLockBackend
+    cond: threading.Condition
+    queue: deque[Batch] = field(default_factory=deque)
+    thread: threading.Thread | None = None
+
+
 class ThreadRenewer(Renewer):
-    """Renews sync holds from one daemon thread (it never keeps the interpreter alive)."""
+    """Renews sync and asyncio holds from daemon threads (they never keep the interpreter
+    alive): a scheduler, and a worker per backend that has batches due."""
 
     def __init__(self) -> None:
         super().__init__()
         self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
+        self._workers: dict[int, _Worker] = {}  # by backend id
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
-        # Holds just taken, as (taken at, Lock, renewal, max_hold). Most holds are released
+        # Holds just taken, as (taken at, Lock, renewal, stop_at). Most holds are released
         # long before their first renewal (TTL/3): those never cost more than this append.
-        self._pending: deque[tuple[float, weakref.ref[Lock], Renewal, float | None]] = deque()
+        self._pending: deque[tuple[float, weakref.ref[Lock], Renewal, float | None, Any]] = deque()
 
-    def soon(self, lock: Lock, renewal: Renewal, max_hold: float | None) -> None:
+    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
         taken = time.monotonic()
-        self._pending.append((taken, weakref.ref(lock), renewal, max_hold))
+        self._pending.append((taken, weakref.ref(lock), renewal, stop_at, owner))
         interval = renewal.ttl_ms / 3000
         if interval < IDLE_WAKE or self._thread is None:
             # The thread may sleep up to IDLE_WAKE before it looks at the pending holds:
@@ -294,12 +508,13 @@ class ThreadRenewer(Renewer):
     def _take_pending(self) -> None:
         pending = self._pending
         while pending:
-            taken, ref, renewal, max_hold = pending.popleft()
+            taken, ref, renewal, stop_at, owner = pending.popleft()
             lock = ref()
             if lock is None or not lock._renewed_by(self, renewal.token):
                 continue  # released (or its Lock collected) before its first renewal
-            if (id(lock.backend), renewal.name, renewal.token) not in self._entries:
-                self._add(lock, renewal, max_hold, taken)  # (an extend may have added it)
+            # Joins the hold's entry if it has one (another object of the token, or an
+            # extend that added it): a TTL set later is kept.
+            self._add(lock, renewal, stop_at, taken, owner=owner)
 
     def _wake(self, due: float) -> None:
         with self._cond:
@@ -313,7 +528,7 @@ class ThreadRenewer(Renewer):
                 # thread switch (and the GIL) for nothing.
                 self._cond.notify()
 
-    def _batches(self) -> list[tuple[_Bucket, list[_Entry], list[Renewal]]]:
+    def _batches(self) -> list[Batch]:
         with self._cond:  # deciding to sleep and sleeping are one step: no wake-up is lost
             while True:
                 batches = self._next()
@@ -324,14 +539,74 @@ class ThreadRenewer(Renewer):
                 self._cond.wait(batches)
 
     def _run(self) -> None:
-        while True:
-            for bucket, entries, renewals in self._batches():
-                started = time.monotonic()
+        me = threading.current_thread()
+        try:
+            while self._thread is me:
                 try:
-                    results: list[bool | None] | Exception = bucket.backend.renew_many(renewals)
-                except Exception as exc:
-                    results = self._failed(bucket, exc)
-                self._settle(bucket, entries, results, started)
+                    for batch in self._batches():
+                        self._hand(batch)
+                except BaseException:  # a bug, or an asynchronous exception: carry on
+                    logger.exception("redlock: the watchdog's scheduler failed; going on")
+                    self._heal(me)
+        finally:
+            with self._cond:
+                if self._thread is me:
+                    self._thread = None
+
+    def _hand(self, batch: Batch) -> None:
+        """Give a batch to its backend's worker (started if it has none)."""
+        bucket = batch[0]
+        with self._mutex:
+            worker = self._workers.get(id(bucket.backend))
+            if worker is None:
+                worker = _Worker(bucket.backend, threading.Condition(self._mutex))
+                self._workers[id(bucket.backend)] = worker
+            worker.queue.append(batch)
+            if worker.thread is None or not worker.thread.is_alive():
+                worker.thread = threading.Thread(
+                    target=self._work,
+                    args=(worker,),
+                    name=f"redlock-renew {bucket.backend.alias}",
+                    daemon=True,
+                )
+                worker.thread.start()
+            bucket.flying = worker.thread
+            worker.cond.notify()
+
+    def _work(self, worker: _Worker) -> None:
+        me = threading.current_thread()
+        try:
+            while True:
+                try:
+                    with self._mutex:
+                        idle = time.monotonic()
+                        while not worker.queue:
+                            # Awake every second: a dead scheduler is started again.
+                            worker.cond.wait(IDLE_WAKE)
+                            if self._thread is None or not self._thread.is_alive():
+                                self._wake(time.monotonic())
+                            if worker.queue or worker.thread is not me:
+                                continue
+                            if time.monotonic() - idle >= WORKER_IDLE:
+                                return  # idle: the next batch starts a new worker
+                        batch = worker.queue.popleft()
+                    self._renew(batch)
+                except BaseException:  # a bug, or an asynchronous exception: carry on
+                    logger.exception("redlock: a watchdog worker failed; going on")
+                    self._heal(me, worker.queue)
+        finally:
+            with self._mutex:
+                if worker.thread is me:
+                    worker.thread = None
+                    if self._workers.get(id(worker.backend)) is worker:
+                        del self._workers[id(worker.backend)]
+                    now = time.monotonic()
+                    while worker.queue:  # not sent: due again, for the next worker
+                        bucket = worker.queue.popleft()[0]
+                        bucket.flying = None
+                        bucket.due = now
+                        self._plan(bucket)
+                    self._cond.notify()
 
     def _forget_after_fork(self) -> None:
         self._mutex = threading.RLock()
@@ -341,6 +616,9 @@ class ThreadRenewer(Renewer):
         self._open = {}
         self._schedule = []
         self._caps = []
+        self._capped = 0
+        self._owners = {}
+        self._workers = {}
         self._thread = None
         self._wakes_at = 0.0
 

@@ -8,6 +8,7 @@ A hold is declared lost only when the backend answered that its token no longer 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -28,7 +29,7 @@ from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import check_bool, check_name, check_optional_seconds, check_ttl, to_ms
 from . import holds
-from .holds import Hold, believe, believed, holds_it, note_taken, settled, unsettled
+from .holds import Hold, believe, believed, holds_it, settled, take, unsettled, untake
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
 from .templates import name_template, refuse_generator
 
@@ -41,6 +42,12 @@ B = TypeVar("B", bound="BaseLock")
 #: How long a queued waiter's place lasts before it must renew it (by trying again). A
 #: waiter that dies blocks the queue for at most this long, or its own timeout.
 WAITER_LEASE = 5.0
+
+
+def _actor() -> Any:
+    """The current thread, or asyncio task: a reentrant hold's owner."""
+    task = asyncio.current_task() if in_event_loop() else None
+    return task if task is not None else threading.current_thread()
 
 
 def check_token_prefix(prefix: Any) -> str | None:
@@ -176,6 +183,8 @@ class BaseLock:
         if self._process != holds.process:  # a forked child: the parent's holds are not ours
             self._holds_by_owner, self._process = {}, holds.process
             self._unsure_token, self._orphans = None, {}
+            # Another thread (the watchdog's) may have held it at the fork: it never lets go.
+            self._mutex = threading.Lock()
         return self._holds_by_owner
 
     def __repr__(self) -> str:
@@ -369,10 +378,12 @@ class BaseLock:
             hold = self._holds.get(owner)
             if hold is None:
                 hold = self._holds[owner] = Hold(token, attempt.fence, actor)
+                if self.max_hold is not None:  # the cap counts from here, whatever extend does
+                    hold.stop_at = time.monotonic() + self.max_hold
                 renewed = self.auto_renew and self.max_hold is None
                 if self.exclusive and not self.reentrant and renewed:
-                    hold.taken = True  # renewed for as long as it is held
-                    note_taken(self.backend, self.name, actor, 1)
+                    # Renewed for as long as it is held (or its object lives).
+                    hold.taken = take(self.backend, self.name, actor, self)
             hold.depth += 1
             self._believe(owner, 1)
             self._lost = None
@@ -380,7 +391,9 @@ class BaseLock:
             # One watchdog thread renews sync and asyncio holds alike: it outlives any event
             # loop, so a hold taken in a short-lived loop (asyncio.run) is still renewed.
             hold.renewer = thread_renewer
-            hold.renewer.soon(self, self._renewal(token, ttl_ms), self.max_hold)
+            # A reentrant hold is renewed while its owner lives (see renewer.py).
+            lives = _actor() if self.reentrant else None
+            hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at, lives)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             observe.hold_started(self, hold)
             logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
@@ -419,9 +432,9 @@ class BaseLock:
 
     def _untake(self, hold: Hold) -> None:
         """Not counted as taken any more: released, lost, or no longer renewed (it runs out)."""
-        if hold.taken:
-            hold.taken = False
-            note_taken(self.backend, self.name, hold.actor, -1)
+        if hold.taken is not None:
+            handle, hold.taken = hold.taken, None
+            untake(handle)
 
     def _forget(self, owner: str, hold: Hold) -> bool:
         """Drop a hold from this object (called locked); False if it was gone already."""
@@ -478,15 +491,18 @@ class BaseLock:
                     self._believe(owner, -1, unsure=True)
             raise
         with self._mutex:
-            if self._holds.get(owner) is hold:
+            mine = self._holds.get(owner) is hold  # else lost meanwhile, and declared then
+            if mine:
                 if hold.depth > 0:
                     hold.depth -= 1
                     self._believe(owner, -1)
                 if left <= 0 or hold.depth <= 0:
                     self._forget(owner, hold)
         if left < 0 and not hold.releasing:
-            self._declare_lost("it expired or was released by someone else")
-            raise LockLost(f"{self._describe()} was lost before release: {self._lost}")
+            reason = "it expired or was released by someone else"
+            if mine:  # whoever took the hold out of this object declares the loss: once
+                self._declare_lost(reason)
+            raise LockLost(f"{self._describe()} was lost before release: {self._lost or reason}")
         if left <= 0:
             logger.debug("redlock: released %s", self._describe())
             lock_released.send_robust(sender=type(self), lock=self)
@@ -507,6 +523,7 @@ class BaseLock:
         owner, hold = self._held()
         ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
         yield from self._settle(owner)
+        sent = time.monotonic()  # a renewal settled after this may have landed after it
         extended = yield self._op_extend(hold.token, ttl_ms)
         if not extended:
             self._mark_lost(hold.token, "it expired or was released by someone else")
@@ -516,7 +533,7 @@ class BaseLock:
         if seconds is not None:
             self.lock_ttl = seconds
         if hold.renewer is not None:
-            hold.renewer.add(self, self._renewal(hold.token, ttl_ms), self.max_hold)
+            hold.renewer.add(self, self._renewal(hold.token, ttl_ms), hold.stop_at, sent)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the hold's TTL to ``ttl`` seconds (default: the lock's) from now on."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +19,9 @@ class Hold:
     actor: str  # the thread or asyncio task that took it
     depth: int = 0  # acquisitions through this lock object by this owner
     renewer: Any = None  # the Renewer renewing it, if any
+    stop_at: float | None = None  # when renewing stops (monotonic): acquisition + max_hold
     releasing: bool = False  # a release was sent whose outcome is unknown
-    taken: bool = False  # counted in the registry below (until its release is sent)
+    taken: Any = None  # its handle in the registry below (until its release is sent)
     observed: Any = None  # what metrics and spans keep of it (observe.Held)
 
 
@@ -37,24 +40,70 @@ os.register_at_fork(after_in_child=_forked)
 
 # Renewed exclusive holds of this process by (backend, name) -> the actors holding them:
 # taking a name again that one's own thread or task holds would wait for itself forever.
+# A hold counts from take() until untake(), or until its Lock object is collected without
+# a release (abandoned: no longer renewed, it runs out at its TTL).
 _taken: dict[tuple[int, str], dict[str, int]] = {}
+# id(handle) -> (handle, key, actor): the handles (weak references to the holding Lock
+# objects) are kept here, not by the Lock, so their callbacks run whatever the Lock's fate.
+_handles: dict[int, tuple[Any, tuple[int, str], str]] = {}
+_abandoned: deque[int] = deque()  # ids of handles whose Lock was collected: to uncount
 _mutex = threading.Lock()
 
 
-def note_taken(backend: BaseLockBackend, name: str, actor: str, delta: int) -> None:
+def _count(key: tuple[int, str], actor: str, delta: int) -> None:
+    actors = _taken.setdefault(key, {})
+    count = actors.get(actor, 0) + delta
+    if count > 0:
+        actors[actor] = count
+    else:
+        actors.pop(actor, None)
+        if not actors:
+            del _taken[key]
+
+
+def _collected(handle: Any) -> None:
+    _abandoned.append(id(handle))  # only an append: this runs wherever the collector runs
+
+
+def _sweep() -> None:
+    """Uncount the holds whose Lock objects were collected (called locked)."""
+    while _abandoned:
+        item = _handles.pop(_abandoned.popleft(), None)
+        if item is not None:
+            _count(item[1], item[2], -1)
+
+
+def take(backend: BaseLockBackend, name: str, actor: str, lock: Any) -> Any:
+    """Count a renewed exclusive hold of ``lock`` as taken by ``actor``; the handle for
+    :func:`untake`."""
     key = (id(backend), name)
+    handle = weakref.ref(lock, _collected)
     with _mutex:
-        actors = _taken.setdefault(key, {})
-        count = actors.get(actor, 0) + delta
-        if count > 0:
-            actors[actor] = count
-        else:
-            actors.pop(actor, None)
-            if not actors:
-                del _taken[key]
+        _sweep()
+        _handles[id(handle)] = (handle, key, actor)
+        _count(key, actor, 1)
+    return handle
+
+
+def untake(handle: Any) -> None:
+    with _mutex:
+        _sweep()
+        item = _handles.pop(id(handle), None)
+        if item is not None:
+            _count(item[1], item[2], -1)
+
+
+def taken_count() -> int:
+    """How many (backend, name) pairs this process counts as taken (tests, diagnostics)."""
+    with _mutex:
+        _sweep()
+        return len(_taken)
 
 
 def holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
+    if _abandoned:
+        with _mutex:
+            _sweep()
     return actor in _taken.get((id(backend), name), ())
 
 
@@ -100,6 +149,8 @@ def settled(backend: BaseLockBackend, name: str, owner: str, count: int) -> None
 def _forget_after_fork() -> None:
     global _mutex
     _taken.clear()  # the child holds nothing: its parent's holds are the parent's
+    _handles.clear()
+    _abandoned.clear()
     _believed.clear()
     _mutex = threading.Lock()
 

@@ -77,10 +77,75 @@ def setup(config: dict[str, Any]) -> None:
         DATABASES=database_settings(config),  # the kind "database" only
         DJANGO_REDLOCK_INCIDENTS={"KINDS": []},  # no incidents recorded
         DJANGO_REDLOCK_METRICS=False,
-        DJANGO_REDLOCK={"default": alias},
+        DJANGO_REDLOCK={"default": alias, **side_alias(config)},
         USE_TZ=True,
     )
     django.setup()
+
+
+# -- renewal faults: a second backend (the side server), extends racing the watchdog ----------
+
+#: The side hold's TTL: a side pause (SIDE_PAUSE s at most) plus a client pause never outlast
+#: it, so a side loss is a finding; the side server keeps the default socket timeout (2 s),
+#: so that a paused side server is what would starve a single renewer thread.
+SIDE_TTL = 10.0
+
+
+def side_alias(config: dict[str, Any]) -> dict[str, Any]:
+    """A second backend on the side server (no proxy), which the nemesis pauses for seconds
+    (``side_pause``) while the lock servers' holds (TTL 1 s) must go on being renewed."""
+    if not config.get("side_url"):
+        return {}
+    return {"side": {"BACKEND": "django_redlock.backends.redis.RedisBackend",
+                     "LOCATION": config["side_url"], "TTL": SIDE_TTL}}  # fmt: skip
+
+
+class SideHold:
+    """One hold on the side server for the client's whole life, renewed by the watchdog
+    beside the lock servers' holds. Its loss is a finding (``bad``): nothing may lose it."""
+
+    def __init__(self, config: dict[str, Any], log: Any) -> None:
+        from django_redlock import lock
+
+        self.log = log
+        self.lock = lock(f"{config['name']}:side:{config['id']}", using="side", ttl=SIDE_TTL)
+        self.taken = False
+
+    def keep(self) -> None:
+        """Take it if not held (the side server may be paused: try again later)."""
+        from django_redlock import LockError
+
+        if self.taken:
+            return
+        try:
+            self.taken = self.lock.acquire(blocking=False)
+        except LockError:
+            return
+        self.log("side", taken=self.taken, fence=self.lock.fence)
+
+    def lost(self, lock: Any, reason: str) -> bool:
+        """Whether a lock_lost was the side hold's (then logged as a finding)."""
+        if lock is not self.lock:
+            return False
+        self.taken = False
+        self.log("bad", h=0, what=f"the side hold (TTL {SIDE_TTL:g} s) was lost: {reason}")
+        return True
+
+
+def maybe_extend(lk: Any, hold: int, rng: random.Random, log: Any, ttl: float) -> None:
+    """Sometimes extend the hold to another TTL, racing the watchdog's batches (a batch taken
+    with the old TTL may land after it). TTLs up to the run's: the checker's bounds hold."""
+    from django_redlock import LockError
+
+    if rng.random() >= 0.25:
+        return
+    new = ttl * rng.choice((0.6, 0.8, 1.0))
+    try:
+        lk.extend(new)
+    except LockError as exc:
+        log("ext_err", h=hold, ttl=new, err=type(exc).__name__, msg=str(exc)[:300])
+        return
+    log("ext", h=hold, ttl=new)
 
 
 class Inspector:
@@ -215,7 +280,11 @@ def main() -> None:
         log("check", h=hold, when=when, found=found, t0=t0, t1=time.time(), fence=fence,
             nodes=nodes, left=left, **extra)  # fmt: skip
 
+    side = SideHold(config, log) if config.get("side_url") else None
+
     def on_lost(lock: Any, reason: str, **_: Any) -> None:
+        if side is not None and side.lost(lock, reason):
+            return
         hold, prefix, fence = holds.get(id(lock), (-1, "", None))
         log("lost", h=hold, reason=reason, fence=fence)
         if hold >= 0:
@@ -251,6 +320,8 @@ def main() -> None:
     flag = config.get("throughput_flag") or ""
     hold = 0
     while not stop.is_set():
+        if side is not None:
+            side.keep()
         hold += 1
         prefix = f"{cid}h{hold}."
         if flag and os.path.exists(flag):  # the throughput phase (Redlock: plain locks)
@@ -355,6 +426,7 @@ def hold_body(
         write("work")
         if rng.random() < 0.2:
             ask()
+        maybe_extend(lk, hold, rng, log, ttl)
     write("end")
 
 

@@ -66,6 +66,8 @@ class Run:
         self.servers = [self.launch(self.lock_server(i).start) for i in range(nodes)]
         self.proxies = [Proxy(s.port, f"node{i}") for i, s in enumerate(self.servers)]
         self.resource_server = self.launch(RedisServer().start)
+        # A second backend the clients hold a lock on, paused by the nemesis (side_pause).
+        self.side_server = self.launch(RedisServer().start)
         self.resource = Resource(self.resource_server.client())
         # The kind "database": fenced transactions on a PostgreSQL the nemesis never touches.
         self.database = Database(self.launch) if kind == "database" else None
@@ -110,6 +112,7 @@ class Run:
             "lock_urls": [p.url for p in self.proxies],
             "direct_urls": [s.url for s in self.servers],
             "resource_url": self.resource_server.url,
+            "side_url": self.side_server.url,
             "database": self.database.settings() if self.database else None,
             "log": str(self.dir / f"{cid}.jsonl"),
             "throughput_flag": str(self.throughput_flag),
@@ -165,6 +168,8 @@ class Run:
         if kind in CLOCK:
             self.apply_clock(fault)
             return
+        if kind == "side_pause":
+            return self.side_server.pause()
         if kind.startswith("client_"):
             with self._slots:
                 proc = self.clients[target]
@@ -206,6 +211,8 @@ class Run:
         if kind in CLOCK:
             self.heal_clock(fault)
             return
+        if kind == "side_pause":
+            return self.side_server.resume()
         if kind == "client_kill":
             with self._slots:
                 if target in self.killed:
@@ -268,7 +275,7 @@ class Run:
                 proc.wait()
         for proxy in self.proxies:
             proxy.stop()
-        for server in [*self.servers, self.resource_server]:
+        for server in [*self.servers, self.resource_server, self.side_server]:
             server.stop()
         if self.database is not None:
             self.database.close()

@@ -200,6 +200,8 @@ def make_plan(
             elif kind in CLOCK:
                 arg = clock_step(rng)
             plan.faults.append(Fault(kind, target, t, duration, arg))
+    if "side_pause" not in exclude:
+        plan.faults += side_faults(seed, plan.storms)
     plan.faults.sort(key=lambda f: f.at)
     return plan
 
@@ -222,6 +224,25 @@ def clock_step(rng: random.Random) -> float:
     short enough that keys set an extra step longer still run out before the run ends (its
     last calm is CALM long)."""
     return rng.uniform(1.5, 2.5)
+
+
+#: The longest side pause: with a client pause on top, within the side hold's TTL (10 s).
+SIDE_PAUSE = 4.0
+
+
+def side_faults(seed: int, windows: list[tuple[float, float]]) -> list[Fault]:
+    """Renewal faults: the side server (a second backend, where every client keeps a hold)
+    SIGSTOPped for 1.5-4 s in about two storms of three, while the lock servers' holds (TTL
+    1 s) must go on being renewed on time. Drawn from a generator of their own, so that the
+    other faults of a seed stay what they were."""
+    rng = random.Random(seed * 104729 + 37)
+    found = []
+    for start, end in windows:
+        length = rng.uniform(1.5, SIDE_PAUSE)
+        if rng.random() < 0.67 and end - start > length + 0.2:
+            at = start + rng.uniform(0.1, end - start - length - 0.1)
+            found.append(Fault("side_pause", ("side",), at, length))
+    return found
 
 
 class Nemesis:

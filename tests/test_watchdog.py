@@ -1,0 +1,415 @@
+"""The watchdog's rules (django_redlock/renewer.py), each attacked on real redis-servers: holds
+shared by several Lock objects, extends racing a batch in flight, a paused backend beside a
+healthy one, a loss reported once, the hold cap, abandoned holds, tables that shrink, a
+watchdog thread that is killed, a fork while a Lock's mutex is held."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import gc
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redlock import Lock, LockLost, LockNotOwned, lock, locks, read_write_lock
+from django_redlock.backends.base import Renewal
+from django_redlock.locking import holds
+from django_redlock.renewer import Renewer, thread_renewer
+from django_redlock.signals import lock_lost
+from django_redlock.testing import RedisServer
+
+
+@contextlib.contextmanager
+def _aliases(**servers: RedisServer) -> Iterator[None]:
+    configs = {
+        alias: {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+        for alias, server in servers.items()
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, **configs}):
+        yield
+
+
+@contextlib.contextmanager
+def _losses() -> Iterator[list[tuple[Any, str]]]:
+    seen: list[tuple[Any, str]] = []
+
+    def note(sender: Any, lock: Any, reason: str, **_: Any) -> None:
+        seen.append((lock, reason))
+
+    lock_lost.connect(note, weak=False)
+    try:
+        yield seen
+    finally:
+        lock_lost.disconnect(note)
+
+
+def _run_renewer(renewer: Renewer, seconds: float) -> None:
+    """Be the runner of a thread-less Renewer for ``seconds``: every batch as it falls due."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        due = renewer._next()
+        if isinstance(due, float):
+            time.sleep(min(due, 0.02))
+            continue
+        for bucket, entries, renewals in due:
+            started = time.monotonic()
+            renewer._settle(bucket, entries, bucket.backend.renew_many(renewals), started)
+
+
+# -- 1. a token shared by several Lock objects ---------------------------------------------------
+
+
+def test_a_reentrant_hold_taken_through_two_objects_stays_renewed_after_the_first_lets_go(
+    name: str,
+) -> None:
+    first, second = (lock(name, reentrant=True, ttl=1.0) for _ in range(2))
+    assert first.acquire() and second.acquire()
+    assert first.token == second.token
+    time.sleep(0.5)  # the watchdog renews the shared hold by now
+    first.release()  # out of order: the outer object lets go first; the inner still holds
+    time.sleep(2.5)
+    assert second.owned(), "the hold ran out while its second object still held it"
+    assert (second.ttl() or 0) > 0.3
+    second.release()
+    assert not second.locked()
+
+
+def test_two_read_holds_of_one_thread_stay_renewed_while_either_holds(name: str) -> None:
+    rw = read_write_lock(name, ttl=1.0)
+    first, second = rw.read(), rw.read()
+    assert first.acquire() and second.acquire()
+    assert first.token == second.token
+    time.sleep(0.5)
+    first.release()
+    time.sleep(2.5)
+    assert second.owned()
+    second.release()
+
+
+def test_an_adopted_hold_stays_renewed_when_the_adopted_object_is_collected(name: str) -> None:
+    original = lock(name, ttl=1.0)
+    assert original.acquire()
+    adopter = lock(name, ttl=1.0)
+    adopter.adopt(original.token)
+    time.sleep(0.5)
+    del original
+    gc.collect()
+    time.sleep(2.5)
+    assert adopter.owned()
+    adopter.release()
+
+
+# -- 2. extend racing a batch in flight ----------------------------------------------------------
+
+
+def _held_by(renewer: Renewer, name: str, ttl: float) -> Lock:
+    """A hold renewed by ``renewer`` (a thread-less one the test runs)."""
+    lk = lock(name, ttl=ttl, auto_renew=False)
+    assert lk.acquire()
+    hold = lk._holds[""]
+    hold.renewer = renewer
+    renewer.add(lk, Renewal(name, hold.token, round(ttl * 1000)), None)
+    return lk
+
+
+def _batch_due(renewer: Renewer) -> tuple[Any, list[Any], list[Renewal]]:
+    time.sleep(0.55)  # a third of the TTL: the batch falls due
+    due = renewer._next()
+    assert not isinstance(due, float), due
+    [batch] = due
+    return batch
+
+
+def test_an_extend_while_a_batch_is_in_flight_is_not_cut_back_by_it(name: str) -> None:
+    renewer = Renewer()
+    lk = _held_by(renewer, name, 1.5)
+    bucket, entries, renewals = _batch_due(renewer)  # taken with the old TTL (1.5 s)
+    lk.extend(30)  # lands first...
+    started = time.monotonic()
+    results = bucket.backend.renew_many(renewals)  # ...then the old batch: 1.5 s left
+    renewer._settle(bucket, entries, results, started)
+    _run_renewer(renewer, 2.5)  # past the old TTL
+    assert (lk.ttl() or 0) > 20, "a batch taken before extend(30) cut its TTL back"
+    lk.release()
+
+
+def test_an_extend_whose_reply_comes_after_a_racing_batch_settled_is_not_cut_back(
+    name: str,
+) -> None:
+    renewer = Renewer()
+    lk = _held_by(renewer, name, 1.5)
+    bucket, entries, renewals = _batch_due(renewer)
+    steps = lk._extend(30)
+    op = next(steps)  # the extend is sent
+    reply = lk.backend.execute(op)  # and lands
+    started = time.monotonic()
+    renewer._settle(bucket, entries, bucket.backend.renew_many(renewals), started)  # after it
+    with contextlib.suppress(StopIteration):
+        steps.send(reply)  # the extend's reply arrives last: it tells the renewer now
+    _run_renewer(renewer, 2.5)
+    assert (lk.ttl() or 0) > 20
+    lk.release()
+
+
+# -- 3. a paused backend does not starve another -------------------------------------------------
+
+
+def test_a_paused_backend_does_not_delay_another_backends_renewals(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    slow, healthy = redis_factory(), redis_factory()
+    with _aliases(slow=slow, healthy=healthy), _losses() as lost:
+        # Several batches on the paused server (TTLs apart), each blocking its socket
+        # timeout (2 s) per try; one hold on the healthy server, renewed every 0.33 s.
+        paused = [lock(f"{name}:{i}", using="slow", ttl=4.5 + i % 3 / 10) for i in range(300)]
+        for each in paused:
+            assert each.acquire()
+        kept = lock(name, using="healthy", ttl=1.0)
+        assert kept.acquire()
+        probe = healthy.client()
+        key = locks["healthy"].key(name)
+        slow.pause()
+        lowest, end = 1000, time.monotonic() + 3.0
+        try:
+            while time.monotonic() < end:
+                lowest = min(lowest, probe.pttl(key))
+                time.sleep(0.02)
+        finally:
+            slow.resume()
+        print(f"healthy hold's lowest TTL left while the other backend was paused: {lowest} ms")
+        assert lowest > 0, "the healthy backend's hold expired while the other was paused"
+        assert kept.owned()
+        assert all(each.owned() for each in paused[::50])  # 3 s pause, 4.5 s TTL: kept too
+        assert not lost
+        kept.release()
+        for each in paused:
+            each.release()
+
+
+# -- 4. one loss, one lock_lost ------------------------------------------------------------------
+
+
+def test_a_release_in_flight_while_the_renewer_reports_the_loss_does_not_report_it_again(
+    name: str,
+) -> None:
+    renewer = Renewer()
+    lk = _held_by(renewer, name, 1.5)
+    locks["redis"].force_release(name)  # gone: the next renewal finds out
+    bucket, entries, renewals = _batch_due(renewer)
+    steps = lk._release()
+    replies: list[Any] = []
+    report = lk._mark_lost
+
+    def racing(token: str, reason: str) -> None:
+        # The renewer has dropped the hold and is about to tell the object: the release
+        # starts now, and gets its answer (the token holds nothing) before the report lands.
+        replies.append(lk.backend.execute(next(steps)))
+        report(token, reason)
+
+    lk._mark_lost = racing  # type: ignore[method-assign]
+    with _losses() as lost:
+        started = time.monotonic()
+        renewer._settle(bucket, entries, bucket.backend.renew_many(renewals), started)
+        assert len(lost) == 1 and replies == [-1]  # the renewer reported it
+        with pytest.raises(LockLost):
+            steps.send(replies[0])  # the release's answer comes back after the report
+    assert len(lost) == 1, lost
+    assert lk.lost
+
+
+# -- 5. the hold cap counts from the acquisition -------------------------------------------------
+
+
+def test_extend_before_the_cap_does_not_restart_it(name: str) -> None:
+    lk = lock(name, ttl=1.0, max_hold=1.5)
+    assert lk.acquire()
+    time.sleep(1.0)
+    lk.extend(ttl=1.1)  # a new TTL; the cap still falls 1.5 s after the acquisition
+    time.sleep(2.0)  # 3 s in: capped at 1.5 s, then out at its TTL by 2.6 s at the latest
+    assert not lk.owned(), "extend() restarted the hold cap"
+
+
+def test_extend_after_the_cap_does_not_rearm_it(name: str) -> None:
+    lk = lock(name, ttl=1.0, max_hold=1.0)
+    assert lk.acquire()
+    time.sleep(1.2)  # past the cap: no more renewals; the last one left about 1 s
+    lk.extend(ttl=1.0)  # the caller's own extend: 1 s more, and no renewal after it
+    time.sleep(1.5)  # out at 2.2 s; renewed again until 2.2 s, it would last until 3.2 s
+    assert not lk.owned(), "extend() after the cap started renewing it again"
+
+
+# -- 6. an abandoned hold is not taken by its thread any more ------------------------------------
+
+
+def test_an_abandoned_hold_is_not_counted_as_taken_by_this_thread(name: str) -> None:
+    abandoned = lock(name, ttl=0.5)
+    assert abandoned.acquire()
+    del abandoned  # collected without release: it runs out at its TTL
+    gc.collect()
+    again = lock(name, ttl=0.5)
+    assert again.acquire(timeout=None), "waited for itself"  # no LockError: the name frees
+    again.release()
+
+
+def test_holds_left_by_event_loops_do_not_accumulate(name: str) -> None:
+    async def leave_one(i: int) -> None:
+        lk = lock(f"{name}:{i}", ttl=0.5)
+        assert await lk.aacquire()
+
+    before = holds.taken_count()
+    for i in range(50):
+        asyncio.run(leave_one(i))
+    gc.collect()
+    assert holds.taken_count() <= before  # (other tests' abandoned holds may go meanwhile)
+
+
+# -- 7. the renewer's tables shrink --------------------------------------------------------------
+
+
+def test_the_renewers_tables_shrink_after_release(name: str) -> None:
+    before = thread_renewer.tables()  # other tests' holds may be there: counted relatively
+    held = []
+    for i in range(200):  # a bucket per distinct TTL, a cap item per capped hold
+        each = lock(f"{name}:{i}", ttl=3 + i / 100, max_hold=3600)
+        assert each.acquire()
+        held.append(each)
+    time.sleep(1.5)  # the watchdog took them all in
+    assert thread_renewer.tables()["entries"] >= before["entries"] + 200
+    for each in held:
+        each.release()
+    time.sleep(1.5)
+    tables = thread_renewer.tables()
+    print(before, tables)
+    assert tables["entries"] <= before["entries"], tables
+    assert tables["open"] <= before["open"], tables
+    assert tables["caps"] < before["caps"] + 100, tables
+    assert tables["schedule"] < before["schedule"] + 100, tables
+
+
+# -- the watchdog heals itself ------------------------------------------------------------------
+
+
+def _inject(thread: threading.Thread, exc: type[BaseException]) -> None:
+    ident = thread.ident
+    assert ident is not None
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))
+    assert done == 1
+
+
+def test_a_watchdog_thread_killed_by_an_exception_is_healed(name: str) -> None:
+    lk = lock(name, ttl=1.5)
+    assert lk.acquire()
+    time.sleep(0.6)
+    for _ in range(3):  # each kills a watchdog thread, wherever it is (asleep: when it wakes)
+        for thread in threading.enumerate():
+            if thread.name.startswith("redlock-renew"):
+                _inject(thread, SystemExit)
+        time.sleep(1.2)
+    time.sleep(1.5)  # past the TTL since the last kill
+    assert lk.owned() and (lk.ttl() or 0) > 0.3
+    lk.release()
+
+
+# The scheduler dies of an exception on purpose: pytest reports that as a warning.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_watchdog_scheduler_is_started_again_without_a_new_acquire(name: str) -> None:
+    lk = lock(name, ttl=1.5)
+    assert lk.acquire()
+    time.sleep(0.6)
+
+    class Die(logging.Filter):
+        """Fails the scheduler's own exception handler: the thread really ends."""
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            if "scheduler failed" in record.getMessage():
+                raise SystemExit
+            return True
+
+    log = logging.getLogger("django_redlock")
+    die = Die()
+    log.addFilter(die)
+    try:
+        [scheduler] = [t for t in threading.enumerate() if t.name == "redlock-renewer"]
+        _inject(scheduler, RuntimeError)
+        scheduler.join(5)
+        assert not scheduler.is_alive()
+    finally:
+        log.removeFilter(die)
+    time.sleep(4.0)  # no acquire, no extend meanwhile: the watchdog must heal by itself
+    assert lk.owned() and (lk.ttl() or 0) > 0.3
+    lk.release()
+
+
+def test_a_fork_while_a_locks_mutex_is_held_leaves_the_child_free_to_use_it(name: str) -> None:
+    lk = lock(name, ttl=2.0, auto_renew=False)
+    with lk._mutex:  # as the watchdog holds it while it reports a loss to this object
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                if lk.acquire(timeout=2):
+                    lk.release()
+                    code = 0
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 15
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the child deadlocked on the mutex held at the fork")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_release_that_finds_the_hold_lost_reports_it_once_and_frees_the_object(
+    name: str,
+) -> None:
+    lk = lock(name, ttl=1.0)
+    assert lk.acquire()
+    locks["redis"].force_release(name)
+    with _losses() as lost, pytest.raises(LockLost):
+        lk.release()
+    assert len(lost) == 1
+    assert lk.acquire(blocking=False)
+    lk.release()
+    with pytest.raises(LockNotOwned):
+        lk.release()
+
+
+def test_a_reentrant_hold_whose_thread_ended_unreleased_is_no_longer_renewed(name: str) -> None:
+    lk = lock(name, reentrant=True, ttl=1.0)
+
+    def take_and_leave() -> None:
+        assert lk.acquire()  # and never released: nobody else may release it now
+
+    thread = threading.Thread(target=take_and_leave)
+    thread.start()
+    thread.join()
+    time.sleep(0.5)
+    assert lk.locked()  # held (renewed, then let go)
+    time.sleep(3.5)  # the owner sweep (2 s), then the TTL (1 s)
+    assert not lk.locked(), "a dead thread's reentrant hold is renewed for ever"
+    assert lk.acquire(blocking=False)  # this thread may take the name now
+    lk.release()
+    del thread
+
+
+def test_a_reentrant_hold_of_a_live_thread_is_still_renewed(name: str) -> None:
+    lk = lock(name, reentrant=True, ttl=1.0)
+    assert lk.acquire()
+    time.sleep(4.0)
+    assert lk.owned()
+    lk.release()
