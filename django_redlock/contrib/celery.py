@@ -26,6 +26,7 @@ from celery import Task, current_task
 from celery.exceptions import Ignore, TimeLimitExceeded, WorkerLostError
 from celery.local import Proxy
 from celery.signals import task_failure, task_revoked
+from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
 
@@ -38,15 +39,21 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     SingleInstance,
     _attempts_holding,
     _duplicate,
+    clear_queued_marker,
     duplicate_skipped,
     hold_of,
     run_held,
     single_instance,
+    skip_result,
     skipped,
     take,
 )
 
 logger = logging.getLogger("django_redlock")
+
+#: The message header of a deduplicated call published only so that its promised task id
+#: resolves (a canvas member): it names the task that runs the key; the worker runs nothing.
+DUPLICATE_OF = "redlock_duplicate_of"
 
 
 def _check_decorated(func: Any) -> None:
@@ -95,6 +102,13 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
             " base=SingleInstanceTask) (without it every delay() is enqueued)"
         )
     key = config.key_for(task_name, call_args, kwargs, bound=bound)
+    duplicate_of = _duplicate_of(task)
+    if duplicate_of:  # published only so the promised id resolves: report, run nothing
+        logger.info(
+            "redlock: task %s not run: %r is queued or running as task %s",
+            task_id, key, duplicate_of,
+        )  # fmt: skip
+        return skip_result(config, task, key, task_id, duplicate_of)
     attempt = int(getattr(task.request, "retries", 0) or 0) if task_id else 0
     held, acquired, info = take(config, key, task_id, task_name, attempt)
     if not acquired:
@@ -103,6 +117,15 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
             return _redelivered(config, task, key, task_id, own[0])
         return _duplicate(config, task, key, task_id, info)
     return run_held(held, func, args, kwargs, config.atomic)
+
+
+def _duplicate_of(task: Any) -> str | None:
+    """The task a deduplicated call's message names (see :data:`DUPLICATE_OF`), if any."""
+    if task is None:
+        return None
+    request = task.request
+    found = getattr(request, DUPLICATE_OF, None) or (request.headers or {}).get(DUPLICATE_OF)
+    return str(found) if found else None
 
 
 def _redelivered(config: SingleInstance, task: Any, key: str, task_id: str, attempt: int) -> Any:
@@ -156,8 +179,20 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
 def _on_revoked(
     sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
 ) -> None:
-    if terminated and request is not None:
+    """A revoked task: terminated, its hold goes; revoked before it ran or expired (the
+    worker discards the message), its queue marker goes, as it will never run."""
+    if request is None:
+        return
+    if terminated:
         _quietly(sender, request.id, request.args, request.kwargs)
+    config = _config_of(sender)
+    if config is None or not config.dedupe_queued or not request.id:
+        return
+    try:
+        key = lock_key(sender, *(request.args or ()), **(request.kwargs or {}))
+    except (TypeError, ValueError):  # arguments no key fits: nothing was noted
+        return
+    clear_queued_marker(config, key, str(request.id))  # logs a failure: it expires
 
 
 @task_failure.connect
@@ -190,27 +225,69 @@ class SingleInstanceTask(Task):
     abstract = True
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Queue the call unless its key is queued or running already.
+
+        The queue marker names the queued task id and never outlives its message: it is
+        cleared if the publish raises (the error propagates; the next call queues), its TTL
+        ends with the message's ``expires``, a worker discarding the message (revoked or
+        expired) clears it, and a marker whose task has a final state (``SUCCESS``,
+        ``FAILURE``, ``REVOKED``...) is stale: replaced, not obeyed. A caller that chose the
+        task id (a ``group``/``chord`` member, ``task_id=``) was promised that id: a duplicate
+        is then published as a message that runs nothing and returns the skipped sentinel, so
+        the id resolves and the canvas goes on.
+        """
         config = _config_of(self)
         if config is None or not config.dedupe_queued:
             return super().apply_async(args, kwargs, **options)
         key = lock_key(self, *(args or ()), **(kwargs or {}))
         backend = locks[config.using]
-        task_id = options.pop("task_id", None)
+        promised = options.pop("task_id", None)
         # self.retry() sends the running task's own id again: that call was accepted already,
         # so it is never deduplicated (to itself, or to the holder it waits for).
-        retrying = task_id is not None and task_id == self.request.id
+        retrying = promised is not None and promised == self.request.id
         if not retrying:
             running = backend.inspect(key)
             holder = running.holder.get("k") if running is not None else None
             if holder:
-                return self._deduplicated(config, key, str(holder))
-        task_id = task_id or uuid_text()
-        # The marker outlives the wait in the queue (countdown/ETA included), then expires.
-        wait = self._queue_wait(options) + config.dedupe_ttl
-        queued = backend.execute(backend.op_mark_queued(key, task_id, to_ms(wait)))
+                return self.deduplicated(key, str(holder), args, kwargs, promised, options)
+        task_id = promised or uuid_text()
+        ttl_ms = to_ms(self._marker_ttl(config, options))
+        queued = None
+        for _ in range(2):  # once more after clearing a stale marker
+            queued = backend.execute(backend.op_mark_queued(key, task_id, ttl_ms))
+            if queued is None or queued == task_id or retrying or not self._ended(queued):
+                break
+            clear_queued_marker(config, key, queued)
         if queued is not None and queued != task_id and not retrying:
-            return self._deduplicated(config, key, queued)
-        return super().apply_async(args, kwargs, task_id=task_id, **options)
+            return self.deduplicated(key, queued, args, kwargs, promised, options)
+        try:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            if queued is None:  # our marker: the message it names was never queued
+                clear_queued_marker(config, key, task_id)
+            raise
+
+    def _marker_ttl(self, config: SingleInstance, options: dict[str, Any]) -> float:
+        """How long a marker may last: the wait in the queue plus ``dedupe_ttl``, but never
+        past the message's ``expires`` (it cannot run after that)."""
+        ttl = self._queue_wait(options) + config.dedupe_ttl
+        expires = options.get("expires", self.expires)
+        if isinstance(expires, datetime.datetime):
+            expires = (
+                maybe_make_aware(expires, self.app.timezone) - self.app.now()
+            ).total_seconds()
+        if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+            ttl = min(ttl, max(float(expires), 0.001))
+        return ttl
+
+    def _ended(self, task_id: str) -> bool:
+        """Whether ``task_id`` has a final state in the result backend (then its marker is
+        stale: the worker cleared it, or could not, e.g. revoked before it ran). Unknown
+        (no result backend, an error) counts as not ended: the marker expires at its TTL."""
+        try:
+            return self.AsyncResult(task_id).state in READY_STATES
+        except Exception:  # a result backend that cannot answer: obey the marker
+            return False
 
     def _queue_wait(self, options: dict[str, Any]) -> float:
         """Seconds the call waits in the queue by its countdown or ETA."""
@@ -221,13 +298,29 @@ class SingleInstanceTask(Task):
             wait = max(wait, (eta - self.app.now()).total_seconds())
         return max(0.0, wait)
 
-    def _deduplicated(self, config: SingleInstance, key: str, task_id: str) -> Any:
+    def deduplicated(
+        self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,
+        options: dict[str, Any],
+    ) -> Any:  # fmt: skip
+        """What a call not queued returns: ``key`` is queued or running as ``task_id``
+        (``promised``: the id the caller chose, if any; ``options``: the call's). A hook: the
+        migration shims override it. Logged here, never silent."""
+        config = _config_of(self)
+        assert config is not None
+        logger.info(
+            "redlock: %s not queued: %r is queued or running as task %s", self.name, key, task_id
+        )
         if config.dedupe_queued == "raise":
             raise AlreadyQueued(
                 f"{self.name} not queued: {key!r} is queued or running already as task"
                 f" {task_id} (backend {config.using!r})",
                 task_id,
             )
+        if promised is not None and promised != task_id:
+            # The caller holds this id (a canvas member): it must resolve, so it is published
+            # as a message that only reports the duplicate (see _run).
+            headers = {**(options.pop("headers", None) or {}), DUPLICATE_OF: task_id}
+            return super().apply_async(args, kwargs, task_id=promised, headers=headers, **options)
         return self.AsyncResult(task_id)
 
     def lock_key(self, *args: Any, **kwargs: Any) -> str:

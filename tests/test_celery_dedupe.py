@@ -1,0 +1,140 @@
+"""Queue markers that never outlive their message, canvas members of ``dedupe_queued`` tasks,
+and a prefork child SIGKILLed mid-run: real workers and a real Redis broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from celery import chord, group
+from kombu.exceptions import OperationalError
+
+from django_redlock import lock, locks
+from django_redlock.contrib.celery import skipped
+from django_redlock.testing import RedisServer
+from tests import celery_app, celery_tasks
+
+from .test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
+
+__all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
+
+
+@pytest.fixture(scope="module")
+def prefork(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=2)
+
+
+@pytest.mark.parametrize("task_name", ["lost_child", "lost_child_limited"])
+def test_a_killed_prefork_child_s_requeued_message_runs(
+    task_name: str, start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # acks_late + reject_on_worker_lost: the child is SIGKILLed mid-body, Celery requeues the
+    # message (same id, retries 0) at once. The dead run's hold (TTL 60 s) must not make the
+    # copy a "redelivery beside a live run": it runs, well before the TTL.
+    worker = start_worker(pool="prefork", concurrency=2)
+    task = getattr(celery_tasks, task_name)
+    r = redis(redis_server)
+    result = worker.send(task, task_name)
+    (entry,) = wait_for(lambda: r.lrange(f"lost:{task_name}", 0, -1))
+    task_id, pid = entry.rsplit(":", 1)
+    assert task_id == result.id
+    killed = time.monotonic()
+    os.kill(int(pid), signal.SIGKILL)
+    assert result.get(timeout=40) == "ran"
+    assert time.monotonic() - killed < 40  # the hold's TTL is 60 s: not freed by expiry
+    entries = r.lrange(f"lost:{task_name}", 0, -1)
+    assert [e.rsplit(":", 1)[0] for e in entries] == [result.id, result.id]
+    assert "whose run died" in worker.log.read_text()
+    worker.stop()
+
+
+def test_a_copy_beside_a_live_run_is_still_skipped(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # The liveness check does not turn a redelivery beside a live run into a second run.
+    worker = start_worker(pool="prefork", concurrency=2)
+    task_id = str(uuid.uuid4())
+    first = worker.send(celery_tasks.redelivered, "live", 2.0, task_id=task_id)
+    r = redis(redis_server)
+    wait_for(lambda: r.lrange("redeliver:live:ran", 0, -1))
+    worker.send(celery_tasks.redelivered, "live", 2.0, task_id=task_id)
+    assert first.get(timeout=30) == "ran"
+    time.sleep(0.5)
+    assert r.lrange("redeliver:live:ran", 0, -1) == [task_id]
+    worker.stop()
+
+
+def test_a_failed_publish_leaves_no_marker(broker: None) -> None:
+    task = celery_tasks.deduped
+    dead = celery_app.app.connection_for_write("redis://127.0.0.1:1/1")
+    with pytest.raises(OperationalError):
+        task.apply_async(("pub",), queue=NOBODY, countdown=60, task_id="never-queued",
+                         connection=dead, retry=False)  # fmt: skip
+    second = task.apply_async(("pub",), queue=NOBODY, countdown=60)
+    assert second.id != "never-queued"  # queued, not the AsyncResult of a lost message
+    assert task.apply_async(("pub",), queue=NOBODY).id == second.id  # deduped as usual
+
+
+def test_an_expired_queued_task_no_longer_counts(broker: None) -> None:
+    task = celery_tasks.deduped
+    first = task.apply_async(("exp",), queue=NOBODY, expires=1)
+    assert task.apply_async(("exp",), queue=NOBODY).id == first.id
+    time.sleep(1.5)  # it cannot run any more: its marker went with it
+    assert task.apply_async(("exp",), queue=NOBODY).id != first.id
+
+
+def test_a_revoked_queued_task_no_longer_counts(prefork: Worker) -> None:
+    task = celery_tasks.deduped
+    first = prefork.send(task, "rev", 0.1, countdown=2)
+    assert prefork.send(task, "rev", 0.1).id == first.id
+    first.revoke()  # no terminate: the worker discards the message at its ETA
+    wait_for(lambda: first.state == "REVOKED")
+    again = prefork.send(task, "rev", 0.1)
+    assert again.id != first.id
+    assert again.get(timeout=30) == "ran"
+
+
+def test_a_marker_of_a_task_with_a_final_state_is_stale(broker: None) -> None:
+    # Revoked or finished while nothing cleared its marker (the worker died at that moment):
+    # the result backend's final state makes the marker stale.
+    task = celery_tasks.deduped
+    first = task.apply_async(("final",), queue=NOBODY)
+    assert task.apply_async(("final",), queue=NOBODY).id == first.id
+    task.backend.mark_as_revoked(first.id, "revoked")
+    assert task.apply_async(("final",), queue=NOBODY).id != first.id
+
+
+def _members(worker: Worker, name: str, n: int) -> list[Any]:
+    return [celery_tasks.member.s(name, 1.0).set(queue=worker.queue) for _ in range(n)]
+
+
+def test_a_group_of_deduplicated_calls_resolves(prefork: Worker, redis_server: RedisServer) -> None:
+    result = group(_members(prefork, "g", 3)).apply_async()
+    values = result.get(timeout=30)
+    ran = [v for v in values if v == "ran"]
+    skips = [skipped(v) for v in values if v != "ran"]
+    assert len(ran) == 1 and len(skips) == 2
+    runner = redis(redis_server).lrange("member:g:ran", 0, -1)
+    assert all(s is not None and s["holder_task_id"] == runner[0] for s in skips)
+    assert [r.id for r in result.results] == [r.id for r in result.results if r.ready()]
+
+
+def test_a_chord_of_deduplicated_calls_runs_its_callback(prefork: Worker) -> None:
+    callback = celery_tasks.collect.s().set(queue=prefork.queue)
+    result = chord(_members(prefork, "c", 3))(callback)
+    values = result.get(timeout=30)
+    assert values.count("ran") == 1
+    assert sum(1 for v in values if skipped(v)) == 2
+
+
+def test_held_by_a_plain_lock_names_it(prefork: Worker) -> None:
+    with lock("overlap:raise", ttl=30):
+        failed = prefork.send(celery_tasks.overlap_raise, "x").get(timeout=30, propagate=False)
+    assert "held by task None" not in str(failed)
+    assert f"a lock() outside any task (pid {os.getpid()}" in str(failed)
+    assert not locks["default"].is_locked("overlap:raise")
