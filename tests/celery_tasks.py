@@ -230,3 +230,9 @@ def member(self: Any, name: str, seconds: float = 1.0) -> str:
 @shared_task
 def collect(results: list[Any]) -> list[Any]:
     return results
+
+
+@shared_task(bind=True)
+@single_instance(key="coalesce:{name}", ttl=10, on_duplicate="coalesce")
+def coalesced(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce:{name}", tag, seconds)

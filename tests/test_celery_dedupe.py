@@ -11,11 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from celery import chord, group
+from celery import chord, group, shared_task
 from kombu.exceptions import OperationalError
 
-from django_redlock import lock, locks
-from django_redlock.contrib.celery import skipped
+from django_redlock import lock, locks, single_instance
+from django_redlock.contrib.celery import SingleInstanceTask, skipped
 from django_redlock.testing import RedisServer
 from tests import celery_app, celery_tasks
 
@@ -138,3 +138,54 @@ def test_held_by_a_plain_lock_names_it(prefork: Worker) -> None:
     assert "held by task None" not in str(failed)
     assert f"a lock() outside any task (pid {os.getpid()}" in str(failed)
     assert not locks["default"].is_locked("overlap:raise")
+
+
+def test_coalesce_runs_once_more_with_the_last_duplicate_s_arguments(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced, "c", "t0", 3.0)
+    wait_for(lambda: r.lrange("coalesce:c:ran", 0, -1))
+    # Five duplicates while it runs, one after another (so "the last" is well defined).
+    for i in range(1, 6):
+        value = prefork.send(celery_tasks.coalesced, "c", f"t{i}", 0.5).get(timeout=30)
+        assert skipped(value) is not None and value["coalesced"] is True
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: len(r.lrange("coalesce:c:ran", 0, -1)) == 2)
+    wait_for(lambda: not locks["default"].is_locked("coalesce:c"))
+    time.sleep(1.0)  # nothing more follows
+    assert r.lrange("coalesce:c:ran", 0, -1) == ["t0", "t5"]  # exactly 2 runs, the last's args
+    assert int(r.get("coalesce:c:peak")) == 1  # in sequence, never at once
+
+
+def test_coalesce_with_no_duplicate_runs_once(prefork: Worker, redis_server: RedisServer) -> None:
+    r = redis(redis_server)
+    assert prefork.send(celery_tasks.coalesced, "one", "t0", 0.1).get(timeout=30) == "ran"
+    time.sleep(1.0)
+    assert r.lrange("coalesce:one:ran", 0, -1) == ["t0"]
+
+
+def test_coalesce_does_not_combine_with_limit() -> None:
+    with pytest.raises(ValueError, match="coalesce"):
+        single_instance(on_duplicate="coalesce", limit=2)
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.test_celery_dedupe.shared_x")
+@single_instance(key="shared:{n}", ttl=5, dedupe_queued=True)
+def shared_x(self: Any, n: int) -> str:
+    return "x"
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.test_celery_dedupe.shared_y")
+@single_instance(key="shared:{n}", ttl=5, dedupe_queued=True)
+def shared_y(self: Any, n: int) -> str:
+    return "y"
+
+
+def test_two_tasks_sharing_a_key_dedupe_each_other(broker: None) -> None:
+    # Decided and documented: the key is the identity. Two task names whose key templates
+    # give one key are one unit of work, queued and run once at a time (give each its own key
+    # to keep them apart).
+    queued = shared_x.apply_async((1,), queue=NOBODY)
+    assert shared_y.apply_async((1,), queue=NOBODY).id == queued.id
+    assert shared_y.apply_async((2,), queue=NOBODY).id != queued.id  # another key

@@ -401,3 +401,8 @@ def test_the_dedupe_wrapper_keeps_the_backend_s_class(dedupe_immediate: str) -> 
     from django_tasks_db import DatabaseBackend
 
     assert type(backends["default"]) is DatabaseBackend  # the db_worker's wrapped backend
+
+
+def test_coalesce_is_refused_on_django_tasks() -> None:
+    with pytest.raises(TypeError, match="coalesce"):
+        task()(single_instance(on_duplicate="coalesce")(module_level))

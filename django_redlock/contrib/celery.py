@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import json
 import logging
 from typing import Any
 
@@ -40,6 +41,7 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     _attempts_holding,
     _duplicate,
     clear_queued_marker,
+    describe_holder,
     duplicate_skipped,
     hold_of,
     run_held,
@@ -111,12 +113,78 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
         return skip_result(config, task, key, task_id, duplicate_of)
     attempt = int(getattr(task.request, "retries", 0) or 0) if task_id else 0
     held, acquired, info = take(config, key, task_id, task_name, attempt)
+    coalesce = config.on_duplicate == "coalesce" and task is not None
     if not acquired:
         own = _attempts_holding(info, task_id)
         if task_id and own:
             return _redelivered(config, task, key, task_id, own[0])
+        if coalesce:
+            return _coalesce(config, task, key, task_id, info, call_args, kwargs)
         return _duplicate(config, task, key, task_id, info)
-    return run_held(held, func, args, kwargs, config.atomic)
+    try:
+        return run_held(held, func, args, kwargs, config.atomic)
+    finally:
+        if coalesce:
+            _follow_up(config, task, key)
+
+
+# -- on_duplicate="coalesce": one more run after the current one, with the last arguments ----
+#
+# A duplicate notes its call (arguments and queue) under "<key>:coalesce", replacing any
+# earlier note, then looks at the key again; a run, once it released the key, takes the note
+# (compare-and-delete: one taker) and queues that call. The orders (duplicate: note, then look;
+# run: release, then take) leave no gap: a duplicate that looks while the run still holds the
+# key noted before the run takes; one that looks after the release takes its note itself. The
+# note is stored with the queue-marker operations, so it works on every backend.
+
+
+def _pending_name(key: str) -> str:
+    return f"{key}:coalesce"
+
+
+def _coalesce(
+    config: SingleInstance, task: Any, key: str, task_id: str | None, info: Any,
+    args: tuple, kwargs: dict,
+) -> Any:  # fmt: skip
+    backend = locks[config.using]
+    queue = (getattr(task.request, "delivery_info", None) or {}).get("routing_key")
+    note = json.dumps({"args": list(args), "kwargs": kwargs, "queue": queue, "id": task_id})
+    ttl_ms = to_ms(config.dedupe_ttl)
+    for _ in range(10):  # replace the note found (the last duplicate's call wins)
+        found = backend.execute(backend.op_mark_queued(_pending_name(key), note, ttl_ms))
+        if found is None or found == note:
+            break
+        backend.execute(backend.op_clear_queued(_pending_name(key), found))
+    logger.info(
+        "redlock: coalesced duplicate: task %s not run now: %r is held by %s; one more run"
+        " follows", task_id, key, describe_holder(info),
+    )  # fmt: skip
+    if backend.inspect(key) is None:  # the run ended before the note: queue it ourselves
+        _follow_up(config, task, key)
+    result = skip_result(config, task, key, task_id, info.holder.get("k") if info else None)
+    return {**result, "coalesced": True}
+
+
+def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
+    """Queue the call noted by a duplicate, if any (taken once: compare-and-delete)."""
+    backend = locks[config.using]
+    name = _pending_name(key)
+    try:
+        probe = f"redlock-take:{uuid_text()}"
+        found = backend.execute(backend.op_mark_queued(name, probe, 1000))
+        if found is None:  # nothing noted (our probe is): take it back
+            backend.execute(backend.op_clear_queued(name, probe))
+            return
+        if not backend.execute(backend.op_clear_queued(name, found)):
+            return  # another taker (or a newer note, whose duplicate looks again) has it
+        if found.startswith("redlock-take:"):
+            return  # another taker's probe, gone now
+        call = json.loads(found)
+        options = {"queue": call["queue"]} if call.get("queue") else {}
+        queued = task.apply_async(tuple(call["args"]), call["kwargs"], **options)
+        logger.info("redlock: queued the coalesced call of %r as task %s", key, queued.id)
+    except LockError as exc:  # the note stays until its TTL; the next run takes it
+        logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
 
 
 def _duplicate_of(task: Any) -> str | None:

@@ -47,7 +47,7 @@ from ..validation import (
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
 
-ON_DUPLICATE = ("skip", "raise", "retry")
+ON_DUPLICATE = ("skip", "raise", "retry", "coalesce")
 #: Keys longer than this are hashed (and say so): Redis keys stay short, names stay readable.
 MAX_KEY = 200
 
@@ -167,7 +167,9 @@ def single_instance(
     ``on_duplicate``: ``"skip"`` (log, send ``duplicate_skipped``, return the :func:`skipped`
     sentinel naming the holder: SUCCESS, so ``.get()`` returns at once), ``"raise"``
     (``LockNotAcquired``: the task fails visibly) or ``"retry"`` (``self.retry`` after
-    ``countdown`` seconds, honouring the task's ``max_retries``). The default key takes
+    ``countdown`` seconds, honouring the task's ``max_retries``) or ``"coalesce"`` (Celery: the
+    duplicate returns at once, and exactly one more run follows the current one, with the
+    arguments of the last duplicate noted, however many came). The default key takes
     arguments that have one canonical form (see :func:`_canonical`); for others pass ``key=``.
     A ``bind=True`` task's first parameter (whatever its name) is the task, not part of the
     key.
@@ -207,6 +209,8 @@ def single_instance(
             # One queue marker per key, while N may run: "already queued" would refuse the
             # 2nd of N runs the limit allows.
             raise ValueError("dedupe_queued does not combine with limit: a key may run N times")
+    if on_duplicate == "coalesce" and limit is not None:
+        raise ValueError('on_duplicate="coalesce" does not combine with limit: N runs would end')
     database = database_of(atomic)
     if database is not None and limit is not None:
         raise ValueError("atomic= does not combine with limit: N runs of a key would hold at once")

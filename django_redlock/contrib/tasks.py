@@ -135,10 +135,11 @@ def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
 
 
 def _check_run(config: SingleInstance, task: Any) -> None:
-    if config.on_duplicate == "retry":
+    if config.on_duplicate in ("retry", "coalesce"):
         raise TypeError(
-            f"{task.module_path}: on_duplicate='retry' needs Celery's task retries; Django's"
-            ' Tasks framework has none: use on_duplicate="skip" or "raise"'
+            f"{task.module_path}: on_duplicate={config.on_duplicate!r} needs Celery's task"
+            ' retries and routing; Django\'s Tasks framework has none: use on_duplicate="skip"'
+            ' or "raise"'
         )
     if config.dedupe_queued and not getattr(task.get_backend(), "redlock_dedupe_queued", False):
         raise TypeError(
