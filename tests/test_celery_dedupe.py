@@ -189,3 +189,17 @@ def test_two_tasks_sharing_a_key_dedupe_each_other(broker: None) -> None:
     queued = shared_x.apply_async((1,), queue=NOBODY)
     assert shared_y.apply_async((1,), queue=NOBODY).id == queued.id
     assert shared_y.apply_async((2,), queue=NOBODY).id != queued.id  # another key
+
+
+def test_marker_read_and_list_ops(alias: str) -> None:
+    backend = locks[alias]
+    assert backend.execute(backend.op_read_queued("rm:a")) is None
+    assert backend.execute(backend.op_mark_queued("rm:a", "t1", 60_000)) is None
+    assert backend.execute(backend.op_mark_queued("rm:b", "t2", 60_000)) is None
+    task_id, left = backend.execute(backend.op_read_queued("rm:a"))
+    assert task_id == "t1" and 50_000 < left <= 60_000
+    assert backend.queued_names("rm:*") == ["rm:a", "rm:b"]
+    assert backend.execute(backend.op_clear_queued("rm:a", "t1")) is True
+    assert backend.execute(backend.op_read_queued("rm:a")) is None
+    assert backend.queued_names("rm:*") == ["rm:b"]
+    backend.execute(backend.op_clear_queued("rm:b", "t2"))
