@@ -21,6 +21,7 @@ import datetime
 import inspect
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task, current_task
@@ -42,6 +43,7 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     _duplicate,
     clear_queued_marker,
     describe_holder,
+    duplicate_not_queued,
     duplicate_skipped,
     hold_of,
     run_held,
@@ -96,7 +98,6 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
     call_args = args[1:] if bound else args
     func = config.func
     task_name = task.name if task is not None else f"{func.__module__}.{func.__qualname__}"
-    task_id = task.request.id if task is not None else None
     if config.dedupe_queued and task is not None and not isinstance(task, SingleInstanceTask):
         raise TypeError(
             f"{task_name}: dedupe_queued needs the task built on SingleInstanceTask, whose"
@@ -104,6 +105,19 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
             " base=SingleInstanceTask) (without it every delay() is enqueued)"
         )
     key = config.key_for(task_name, call_args, kwargs, bound=bound)
+    return run_task(config, task, task_name, key, call_args, kwargs, lambda: func(*args, **kwargs))
+
+
+def run_task(
+    config: SingleInstance, task: Any, task_name: str, key: str, call_args: tuple,
+    kwargs: dict, body: Callable[[], Any],
+) -> Any:  # fmt: skip
+    """One run of ``task`` (None: a direct call) under ``key``'s lock: ``body()`` runs only
+    with the key held, and the hold goes on every outcome. A duplicate does what
+    ``config.on_duplicate`` says; a copy of a live run's message is skipped (a dead run's
+    copy runs). ``call_args``/``kwargs``: the call as queued (for ``coalesce``). The
+    ``@single_instance`` decorator and the migration shims' ``__call__`` both come here."""
+    task_id = task.request.id if task is not None else None
     duplicate_of = _duplicate_of(task)
     if duplicate_of:  # published only so the promised id resolves: report, run nothing
         logger.info(
@@ -122,7 +136,7 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
             return _coalesce(config, task, key, task_id, info, call_args, kwargs)
         return _duplicate(config, task, key, task_id, info)
     try:
-        return run_held(held, func, args, kwargs, config.atomic)
+        return run_held(held, body, (), {}, config.atomic)
     finally:
         if coalesce:
             _follow_up(config, task, key)
@@ -215,6 +229,15 @@ def _redelivered(config: SingleInstance, task: Any, key: str, task_id: str, atte
 
 
 def _config_of(task: Any) -> SingleInstance | None:
+    """The settings a task runs under: a ``SingleInstanceTask``'s hook (the shims build
+    theirs), else its function's ``@single_instance``."""
+    hook = getattr(task, "single_instance_config", None)
+    if hook is not None:
+        return hook()
+    return _decorated(task)
+
+
+def _decorated(task: Any) -> SingleInstance | None:
     return getattr(getattr(task, "run", None), "__redlock__", None)
 
 
@@ -223,7 +246,7 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     config = _config_of(task)
     if config is None or not task_id:
         return False
-    key = config.key_for(task.name, tuple(args or ()), dict(kwargs or {}), bound=_is_bound(task))
+    key = lock_key(task, *(args or ()), **(kwargs or {}))
     backend = locks[config.using]
     info = backend.inspect(key)
     # A hold's token is "<task id>.<attempt>.<random>": compare the whole id, or stopping
@@ -312,14 +335,16 @@ class SingleInstanceTask(Task):
         promised = options.pop("task_id", None)
         # self.retry() sends the running task's own id again: that call was accepted already,
         # so it is never deduplicated (to itself, or to the holder it waits for).
-        retrying = promised is not None and promised == self.request.id
-        if not retrying:
+        retrying = (promised is not None and promised == self.request.id) or bool(
+            options.get("retries")
+        )
+        if not retrying and self.dedupes_running():
             running = backend.inspect(key)
             holder = running.holder.get("k") if running is not None else None
             if holder:
-                return self.deduplicated(key, str(holder), args, kwargs, promised, options)
+                return self._not_queued(key, str(holder), args, kwargs, promised, options)
         task_id = promised or uuid_text()
-        ttl_ms = to_ms(self._marker_ttl(config, options))
+        ttl_ms = to_ms(self.queue_marker_ttl(options))
         queued = None
         for _ in range(2):  # once more after clearing a stale marker
             queued = backend.execute(backend.op_mark_queued(key, task_id, ttl_ms))
@@ -327,7 +352,7 @@ class SingleInstanceTask(Task):
                 break
             clear_queued_marker(config, key, queued)
         if queued is not None and queued != task_id and not retrying:
-            return self.deduplicated(key, queued, args, kwargs, promised, options)
+            return self._not_queued(key, queued, args, kwargs, promised, options)
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
@@ -335,9 +360,24 @@ class SingleInstanceTask(Task):
                 clear_queued_marker(config, key, task_id)
             raise
 
-    def _marker_ttl(self, config: SingleInstance, options: dict[str, Any]) -> float:
-        """How long a marker may last: the wait in the queue plus ``dedupe_ttl``, but never
-        past the message's ``expires`` (it cannot run after that)."""
+    def single_instance_config(self) -> SingleInstance | None:
+        """The settings this task runs and queues under (a hook: the shims build theirs);
+        by default its function's ``@single_instance``."""
+        return _decorated(self)
+
+    def single_instance_key(self, args: tuple, kwargs: dict) -> str:
+        """The key of a call (a hook: the shims name theirs); by default the decorator's."""
+        config = _decorated(self)
+        if config is None:
+            raise TypeError(f"{self!r} is not a task decorated with @single_instance")
+        return config.key_for(self.name, args, kwargs, bound=_is_bound(self))
+
+    def queue_marker_ttl(self, options: dict[str, Any]) -> float:
+        """How long the marker of a call with these options lasts (a hook: a shim's per-call
+        timeout): the wait in the queue plus ``dedupe_ttl``, but never past the message's
+        ``expires`` (it cannot run after that)."""
+        config = self.single_instance_config()
+        assert config is not None
         ttl = self._queue_wait(options) + config.dedupe_ttl
         expires = options.get("expires", self.expires)
         if isinstance(expires, datetime.datetime):
@@ -366,18 +406,36 @@ class SingleInstanceTask(Task):
             wait = max(wait, (eta - self.app.now()).total_seconds())
         return max(0.0, wait)
 
+    def dedupes_running(self) -> bool:
+        """Whether a call of a key that runs (not only one queued) is not queued (a hook:
+        celery-once's ``unlock_before_run`` queues it)."""
+        return True
+
+    def _not_queued(
+        self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,
+        options: dict[str, Any],
+    ) -> Any:  # fmt: skip
+        # Never silent, whatever the hook returns: logged and signalled.
+        config = _config_of(self)
+        assert config is not None
+        logger.info(
+            "redlock: %s not queued: %r is queued or running as task %s", self.name, key, task_id
+        )
+        duplicate_not_queued.send_robust(
+            sender=self, key=key, task_id=promised, holder_task_id=task_id, using=config.using
+        )
+        return self.deduplicated(key, task_id, args, kwargs, promised, options)
+
     def deduplicated(
         self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,
         options: dict[str, Any],
     ) -> Any:  # fmt: skip
         """What a call not queued returns: ``key`` is queued or running as ``task_id``
         (``promised``: the id the caller chose, if any; ``options``: the call's). A hook: the
-        migration shims override it. Logged here, never silent."""
+        migration shims override it. Logged and signalled (``duplicate_not_queued``) before
+        it is called."""
         config = _config_of(self)
         assert config is not None
-        logger.info(
-            "redlock: %s not queued: %r is queued or running as task %s", self.name, key, task_id
-        )
         if config.dedupe_queued == "raise":
             raise AlreadyQueued(
                 f"{self.name} not queued: {key!r} is queued or running already as task"
@@ -385,11 +443,17 @@ class SingleInstanceTask(Task):
                 task_id,
             )
         if promised is not None and promised != task_id:
-            # The caller holds this id (a canvas member): it must resolve, so it is published
-            # as a message that only reports the duplicate (see _run).
-            headers = {**(options.pop("headers", None) or {}), DUPLICATE_OF: task_id}
-            return super().apply_async(args, kwargs, task_id=promised, headers=headers, **options)
+            return self.publish_duplicate(task_id, args, kwargs, promised, options)
         return self.AsyncResult(task_id)
+
+    def publish_duplicate(
+        self, task_id: str, args: Any, kwargs: Any, promised: str, options: dict[str, Any]
+    ) -> Any:
+        """Publish a deduplicated call under the id its caller holds (a canvas member), as a
+        message that runs nothing and returns the skipped sentinel naming ``task_id``: so
+        the id resolves (a ``group`` finishes, a ``chord`` calls back)."""
+        headers = {**(options.pop("headers", None) or {}), DUPLICATE_OF: task_id}
+        return super().apply_async(args, kwargs, task_id=promised, headers=headers, **options)
 
     def lock_key(self, *args: Any, **kwargs: Any) -> str:
         """The lock name a call with these arguments uses (see :func:`lock_key`)."""
@@ -403,7 +467,10 @@ class SingleInstanceTask(Task):
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
     """The lock name that ``task.delay(*args, **kwargs)`` runs under (any task decorated with
     ``@single_instance``; ``args`` as given to ``delay``, without a bound task's ``self``)."""
-    config = _config_of(task)
+    hook = getattr(task, "single_instance_key", None)
+    if hook is not None:
+        return hook(args, kwargs)
+    config = _decorated(task)
     if config is None:
         raise TypeError(f"{task!r} is not a task decorated with @single_instance")
     return config.key_for(task.name, args, kwargs, bound=_is_bound(task))
@@ -457,11 +524,13 @@ for _name, _helper in (("lock_key", _task_lock_key), ("release_lock", _task_rele
 __all__ = [
     "AlreadyQueued",
     "SingleInstanceTask",
+    "duplicate_not_queued",
     "duplicate_skipped",
     "hold_of",
     "lock_key",
     "release_lock",
     "release_task_hold",
+    "run_task",
     "single_instance",
     "skipped",
 ]

@@ -54,6 +54,9 @@ MAX_KEY = 200
 #: Sent (sender = the task) when a duplicate was skipped: key, task_id, holder_task_id, using,
 #: redelivered (True: the task's own message delivered again while it runs).
 duplicate_skipped = Signal()
+#: Sent (sender = the task) when a call was not queued, its key being queued or running:
+#: key, task_id (the id its caller chose, if any), holder_task_id, using.
+duplicate_not_queued = Signal()
 
 
 @dataclass(frozen=True)
@@ -562,6 +565,7 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
 __all__ = [
     "AlreadyQueued",
     "SingleInstance",
+    "duplicate_not_queued",
     "duplicate_skipped",
     "hold_of",
     "run_held",
