@@ -203,3 +203,36 @@ def test_marker_read_and_list_ops(alias: str) -> None:
     assert backend.execute(backend.op_read_queued("rm:a")) is None
     assert backend.queued_names("rm:*") == ["rm:b"]
     backend.execute(backend.op_clear_queued("rm:b", "t2"))
+
+
+def test_run_died_tells_a_live_holder_from_a_dead_one(
+    child: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rule behind a requeued copy: a holder on this host is dead when its pid is gone;
+    # one elsewhere when its watchdog stops renewing (a paused or dead process) and the hold
+    # runs out. Real processes: SIGSTOP, SIGKILL.
+    from django_redlock.contrib import single
+
+    holder = child("hold", "--name", "died:x", "--ttl", "1")
+    holder.expect("ACQUIRED")
+    backend = locks["default"]
+    info = backend.inspect("died:x")
+    assert info is not None and str(info.holder["p"]) == str(holder.process.pid)
+    assert single.run_died(backend, "died:x", info) is False  # this host, alive
+    monkeypatch.setattr(single, "HOST", "another-host")  # from here, the holder is remote
+    assert single.run_died(backend, "died:x", info) is False  # renewed: alive
+    os.kill(holder.process.pid, signal.SIGSTOP)  # no renewal any more
+    try:
+        assert single.run_died(backend, "died:x", backend.inspect("died:x")) is True
+    finally:
+        os.kill(holder.process.pid, signal.SIGCONT)
+    holder.process.kill()
+    holder.process.wait()
+    monkeypatch.undo()
+    dead = child("hold", "--name", "died:y", "--ttl", "30")
+    dead.expect("ACQUIRED")
+    info = backend.inspect("died:y")
+    dead.process.kill()  # SIGKILL
+    dead.process.wait()
+    assert single.run_died(backend, "died:y", info) is True  # this host: the pid is gone
+    backend.force_release("died:y", info.token, None)
