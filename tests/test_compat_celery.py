@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -389,3 +390,22 @@ def test_the_compat_package_keeps_its_module_api() -> None:
 def redis_list(name: str) -> list[str]:
     client = locks["default"].client  # type: ignore[attr-defined]
     return [v.decode() for v in client.lrange(name, 0, -1)]
+
+
+def test_singleton_a_killed_worker_frees_the_key_within_its_ttl(
+    app: Celery, start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # celery-singleton kept a killed worker's key until lock_expiry, or for ever. Here the
+    # running task holds a lock renewed by its watchdog: killed, the lock runs out at its TTL
+    # (the backend's default, 30 s), and the key is free again.
+    victim = start_worker(pool="prefork", concurrency=1)
+    task = tasks.singleton_slow
+    first = victim.send(task, "kill", 120.0)
+    wait_for(lambda: redis(redis_server).lrange("singleton:kill:ran", 0, -1))
+    lock = task.generate_lock(task.name, ["kill", 120.0])
+    assert task.get_existing_task_id(lock) == first.id  # running: its hold names it
+    victim.kill()  # SIGKILL, main process and child
+    killed = time.monotonic()
+    wait_for(lambda: task.get_existing_task_id(lock) is None, timeout=60)
+    assert time.monotonic() - killed < 30 + 5
+    assert send(task, "kill", 120.0).id != first.id  # queued anew
