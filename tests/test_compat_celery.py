@@ -409,3 +409,15 @@ def test_singleton_a_killed_worker_frees_the_key_within_its_ttl(
     wait_for(lambda: task.get_existing_task_id(lock) is None, timeout=60)
     assert time.monotonic() - killed < 30 + 5
     assert send(task, "kill", 120.0).id != first.id  # queued anew
+
+
+def test_a_group_of_singleton_duplicates_finishes(app: Celery, worker: Worker) -> None:
+    # Canvas picks every member's id in advance: the duplicates' ids resolve too (skipped).
+    from celery import group
+
+    from django_redlock.contrib.celery import skipped
+
+    members = [tasks.singleton_slow.s("grp", 1.0).set(queue=worker.queue) for _ in range(3)]
+    values = group(members).apply_async().get(timeout=30)
+    assert values.count("ran") == 1
+    assert sum(1 for v in values if skipped(v)) == 2
