@@ -192,6 +192,25 @@ def test_two_tasks_sharing_a_key_dedupe_each_other(broker: None) -> None:
 
 
 def test_marker_read_and_list_ops(alias: str) -> None:
+    _marker_read_and_list(alias)
+
+
+def test_marker_read_and_list_ops_on_a_quorum(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    from .test_redlock import quorum_alias
+
+    nodes = [redis_factory() for _ in range(3)]
+    with quorum_alias("quorum", nodes):
+        _marker_read_and_list("quorum")
+        locks["quorum"].execute(locks["quorum"].op_mark_queued("rm:q", "t9", 60_000))
+        nodes[0].client().flushall()  # a minority forgot it: the majority still answers
+        assert locks["quorum"].execute(locks["quorum"].op_read_queued("rm:q"))[0] == "t9"
+        nodes[1].client().flushall()  # no majority any more
+        assert locks["quorum"].execute(locks["quorum"].op_read_queued("rm:q")) is None
+
+
+def _marker_read_and_list(alias: str) -> None:
     backend = locks[alias]
     assert backend.execute(backend.op_read_queued("rm:a")) is None
     assert backend.execute(backend.op_mark_queued("rm:a", "t1", 60_000)) is None
