@@ -236,3 +236,12 @@ def collect(results: list[Any]) -> list[Any]:
 @single_instance(key="coalesce:{name}", ttl=10, on_duplicate="coalesce")
 def coalesced(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
     return body(f"coalesce:{name}", tag, seconds)
+
+
+@shared_task(bind=True)
+@single_instance(key="coalesce-killed:{name}", ttl=30, on_duplicate="coalesce")
+def coalesced_killed(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
+    import os
+
+    redis().rpush(f"coalesce-killed:{name}:pids", os.getpid())
+    return body(f"coalesce-killed:{name}", tag, seconds)

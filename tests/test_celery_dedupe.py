@@ -255,3 +255,19 @@ def test_run_died_tells_a_live_holder_from_a_dead_one(
     dead.process.wait()
     assert single.run_died(backend, "died:y", info) is True  # this host: the pid is gone
     backend.force_release("died:y", info.token, None)
+
+
+def test_coalesce_follows_a_run_whose_child_was_killed(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The run's child is SIGKILLed: it never reaches its own follow-up. The worker's main
+    # process, releasing the dead run's hold (WorkerLostError), queues the noted call.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_killed, "k", "t0", 30.0)
+    (pid,) = wait_for(lambda: r.lrange("coalesce-killed:k:pids", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_killed, "k", "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    os.kill(int(pid), signal.SIGKILL)
+    first.get(timeout=30, propagate=False)
+    # The hold's TTL is 30 s: t1 runs well before it, queued by the main process.
+    wait_for(lambda: r.lrange("coalesce-killed:k:ran", 0, -1) == ["t0", "t1"], timeout=20)

@@ -296,10 +296,16 @@ def _on_failure(
 
 
 def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
+    """Release a stopped run's hold; with ``coalesce``, queue the call a duplicate noted
+    meanwhile (the killed run never got to its own follow-up)."""
     try:
-        release_task_hold(task, task_id, args, kwargs)
+        released = release_task_hold(task, task_id, args, kwargs)
     except LockError as exc:  # the hold then frees itself at its TTL
         logger.warning("redlock: could not release stopped task %s's lock: %s", task_id, exc)
+        return
+    config = _config_of(task)
+    if released and config is not None and config.on_duplicate == "coalesce":
+        _follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
 
 
 # -- queue-time deduplication ---------------------------------------------------------------
