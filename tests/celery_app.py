@@ -6,7 +6,9 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.worker_settings")
 
-app = Celery("tests", include=["tests.celery_tasks", "tests.fenced_tasks"])
+app = Celery(
+    "tests", include=["tests.celery_tasks", "tests.celery_compat_tasks", "tests.fenced_tasks"]
+)
 
 
 def configure(redis_url: str) -> None:
@@ -18,6 +20,14 @@ def configure(redis_url: str) -> None:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        # The migration shims' settings, as their users write them (the backend and URL are
+        # accepted and never connected to: the keys live on DJANGO_REDLOCK["default"]).
+        ONCE={
+            "backend": "celery_once.backends.Redis",
+            "settings": {"url": f"{base}/3", "default_timeout": 60 * 60, "using": "default"},
+        },
+        singleton_key_prefix="lock_prefix:",
+        singleton_backend_url=f"{base}/3",
     )
     if os.environ.get("REDLOCK_TEST_REDELIVER"):
         # acks_late with a 2-second visibility timeout, swept every second: a task running

@@ -195,3 +195,53 @@ def retry_fast_limited(self: Any, name: str) -> str:
     finally:
         redis().decr(f"{group}:inside")
     return "ran"
+
+
+# -- a prefork child SIGKILLed mid-run, its message requeued (acks_late, reject_on_worker_lost)
+
+
+def lost_body(self: Any, name: str) -> str:
+    import os
+
+    entries = redis().rpush(f"lost:{name}", f"{self.request.id}:{os.getpid()}")
+    if entries == 1:  # the first run: waits to be killed
+        time.sleep(60)
+    return "ran"
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+@single_instance(key="lost:{name}", ttl=60)
+def lost_child(self: Any, name: str) -> str:
+    return lost_body(self, name)
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+@single_instance(key="lost-limited:{name}", ttl=60, limit=2)
+def lost_child_limited(self: Any, name: str) -> str:
+    return lost_body(self, name)
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="member:{name}", ttl=30, dedupe_queued=True)
+def member(self: Any, name: str, seconds: float = 1.0) -> str:
+    return body(f"member:{name}", self.request.id, seconds)
+
+
+@shared_task
+def collect(results: list[Any]) -> list[Any]:
+    return results
+
+
+@shared_task(bind=True)
+@single_instance(key="coalesce:{name}", ttl=10, on_duplicate="coalesce")
+def coalesced(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce:{name}", tag, seconds)
+
+
+@shared_task(bind=True)
+@single_instance(key="coalesce-killed:{name}", ttl=30, on_duplicate="coalesce")
+def coalesced_killed(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
+    import os
+
+    redis().rpush(f"coalesce-killed:{name}:pids", os.getpid())
+    return body(f"coalesce-killed:{name}", tag, seconds)

@@ -122,3 +122,19 @@ def nested(inner: bool) -> str:
 def _outcome(call: Any) -> Any:
     result = call()
     return [result.status, [e.exception_class_path for e in result.errors]]
+
+
+@task(backend="immediate")
+@single_instance(key="tasks:next-page", ttl=5, dedupe_queued=True)
+def next_page(page: int) -> list[Any]:
+    """A continuation: page 1 enqueues page 2 under its own key, on the backend it runs on
+    (a dedupe-wrapped ImmediateBackend runs it inside the outer enqueue())."""
+    if page > 1:
+        return ["ran", page]
+    from django_redlock.contrib.single import AlreadyQueued
+
+    try:
+        next_page.using(backend="dedupe_immediate").enqueue(page + 1)
+    except AlreadyQueued as exc:
+        return ["AlreadyQueued", exc.task_id]
+    return ["enqueued"]

@@ -345,3 +345,64 @@ def test_a_coroutine_function_is_refused() -> None:
 def test_lock_key_refuses_an_undecorated_task() -> None:
     with pytest.raises(TypeError, match="not a Django task decorated"):
         lock_key(task(backend="immediate")(module_level), 1)
+
+
+# -- the dedupe wrapper: transparent, and no wait for its own turn -----------------------------
+
+IMMEDIATE = f"{task.__module__.rsplit('.', 1)[0]}.backends.immediate.ImmediateBackend"
+
+
+@pytest.fixture
+def dedupe_immediate(settings: Any) -> Iterator[str]:
+    settings.TASKS = {
+        **settings.TASKS,
+        "dedupe_immediate": {
+            "BACKEND": "django_redlock.contrib.tasks.DedupeQueuedBackend",
+            "WRAPS": IMMEDIATE,
+        },
+    }
+    yield "dedupe_immediate"
+
+
+def test_a_task_enqueuing_its_own_key_under_immediate_is_already_queued(
+    dedupe_immediate: str,
+) -> None:
+    # The outer enqueue() runs the task inside its turn on the key: the inner enqueue() of the
+    # same key must not wait for that turn (30 s, then LockNotAcquired).
+    result = tasks_jobs.next_page.using(backend=dedupe_immediate).enqueue(1)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == ["AlreadyQueued", str(result.id)]  # the run that holds it
+    assert locks["default"].inspect("tasks:next-page") is None
+    again = tasks_jobs.next_page.using(backend=dedupe_immediate).enqueue(2)
+    assert again.return_value == ["ran", 2]  # nothing left queued or held
+
+
+def test_the_dedupe_wrapper_keeps_the_backend_s_class(dedupe_immediate: str) -> None:
+    # Receivers connected with sender=<the wrapped backend class> still fire.
+    from django.utils.module_loading import import_string
+
+    immediate = import_string(IMMEDIATE)
+    signals = import_string(f"{IMMEDIATE.split('.backends.')[0]}.signals")
+    backends = import_string(f"{IMMEDIATE.split('.backends.')[0]}.task_backends")
+    seen: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **_: Any) -> None:
+        seen.append((sender, task_result.id))
+
+    signals.task_enqueued.connect(receiver, sender=immediate)
+    try:
+        for job in (tasks_jobs.next_page, tasks_jobs.without_context):
+            args = (2,) if job is tasks_jobs.next_page else (1,)
+            result = job.using(backend=dedupe_immediate).enqueue(*args)
+            assert (immediate, result.id) in seen, job
+    finally:
+        signals.task_enqueued.disconnect(receiver, sender=immediate)
+    assert type(backends[dedupe_immediate]) is immediate
+    from django_tasks_db import DatabaseBackend
+
+    assert type(backends["default"]) is DatabaseBackend  # the db_worker's wrapped backend
+
+
+def test_coalesce_is_refused_on_django_tasks() -> None:
+    with pytest.raises(TypeError, match="coalesce"):
+        task()(single_instance(on_duplicate="coalesce")(module_level))

@@ -460,6 +460,16 @@ class BaseLockBackend:
         """Remove the marker if it still names ``task_id`` (a newer one stays)."""
         raise NotImplementedError
 
+    def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
+        """The task id ``name``'s marker names and the milliseconds it has left (None: no
+        marker). A read only: clearing whoever it names is this then :meth:`op_clear_queued`
+        with that id (a marker replaced meanwhile stays)."""
+        raise NotImplementedError
+
+    def queued_names(self, match: str = "*") -> list[str]:
+        """The lock names (a glob) that have a queue marker, by ``SCAN`` (never ``KEYS``)."""
+        raise NotImplementedError
+
     @classmethod
     def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
         """Refuse OPTIONS the backend cannot use (after LOCATION was checked). This base

@@ -386,6 +386,21 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(name, work)
 
+    def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
+        def work(store: _Store, now: float) -> tuple[tuple[str, int] | None, list[str]]:
+            noted = store.queued.get(name)
+            if noted is None or noted[1] <= now:
+                return None, []
+            return (noted[0], int((noted[1] - now) * 1000)), []
+
+        return self._op(name, work)
+
+    def queued_names(self, match: str = "*") -> list[str]:
+        now = time.monotonic()
+        with self._store.mutex:
+            noted = list(self._store.queued.items())
+        return sorted(n for n, (_, until) in noted if until > now and fnmatch.fnmatchcase(n, match))
+
     # -- leases: semaphores and read-write locks ---------------------------------------------
     # lua/permit_*.lua and lua/_permits.lua, in this process. Waiters of a lease wait on the
     # release channel (one woken per message in a process), writers and fair waiters by id.

@@ -427,6 +427,18 @@ class RedisBackend(BaseLockBackend):
     def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
         return Op(name, Call(script("clear_marker"), [self.queued_key(name)], [task_id]), bool)
 
+    def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
+        return Op(name, Call(script("read_marker"), [self.queued_key(name)], []), _marker)
+
+    def queued_names(self, match: str = "*") -> list[str]:
+        suffix = ":queued"
+        with self._io(match):
+            keys = [
+                text(k) for k in self.client.scan_iter(match=self.queued_key(match), count=1000)
+            ]
+        names = (self.name_from_key(key[: -len(suffix)]) for key in keys if key.endswith(suffix))
+        return sorted({n for n in names if n is not None})
+
     # -- leases: semaphores and read-write locks ---------------------------------------------
     # lua/permit_*.lua; extend and renew are the lock's (extend.lua, renew.lua serve both).
 
@@ -470,6 +482,12 @@ class RedisBackend(BaseLockBackend):
 
 def _queued(reply: Any) -> str | None:
     return None if reply is None else str(text(reply))
+
+
+def _marker(reply: Any) -> tuple[str, int] | None:
+    if not reply:
+        return None
+    return str(text(reply[0])), max(int(reply[1]), 0)
 
 
 def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:

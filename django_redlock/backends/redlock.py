@@ -9,6 +9,7 @@ On failure it is released on the nodes asked, since a lost reply may have set th
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections import Counter
@@ -516,6 +517,31 @@ class RedlockBackend(BaseLockBackend):
             return any(reply is True for reply in replies)
 
         return Op(name, _Quorum(steps()))
+
+    def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
+        """The task id a majority of nodes have noted, with the least time left among them;
+        None without such a majority. Fewer than a quorum of answers: QuorumNotReached."""
+
+        def steps() -> Steps[tuple[str, int] | None]:
+            replies = yield self._each(lambda n: n.op_read_queued(name), complete=True)
+            if self._answered(replies) < self.quorum:
+                raise self._unreachable(name, replies, "read a queued task's marker")
+            found = [r for r in replies if isinstance(r, tuple)]
+            votes = Counter(task_id for task_id, _ in found)
+            task_id, count = votes.most_common(1)[0] if votes else (None, 0)
+            if task_id is None or count < self.quorum:
+                return None
+            return task_id, min(ms for noted, ms in found if noted == task_id)
+
+        return Op(name, _Quorum(steps()))
+
+    def queued_names(self, match: str = "*") -> list[str]:
+        """Every name with a marker on any node that answers (a clean-up's list)."""
+        names: set[str] = set()
+        for node in self.nodes:
+            with contextlib.suppress(LockError):
+                names.update(node.queued_names(match))
+        return sorted(names)
 
     # -- operators' views: pages of held locks, the majority's hold --------------------------
 

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import Task, current_task
 from celery.exceptions import Ignore, TimeLimitExceeded, WorkerLostError
 from celery.local import Proxy
 from celery.signals import task_failure, task_revoked
+from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
 
@@ -38,15 +41,23 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     SingleInstance,
     _attempts_holding,
     _duplicate,
+    clear_queued_marker,
+    describe_holder,
+    duplicate_not_queued,
     duplicate_skipped,
     hold_of,
     run_held,
     single_instance,
+    skip_result,
     skipped,
     take,
 )
 
 logger = logging.getLogger("django_redlock")
+
+#: The message header of a deduplicated call published only so that its promised task id
+#: resolves (a canvas member): it names the task that runs the key; the worker runs nothing.
+DUPLICATE_OF = "redlock_duplicate_of"
 
 
 def _check_decorated(func: Any) -> None:
@@ -87,7 +98,6 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
     call_args = args[1:] if bound else args
     func = config.func
     task_name = task.name if task is not None else f"{func.__module__}.{func.__qualname__}"
-    task_id = task.request.id if task is not None else None
     if config.dedupe_queued and task is not None and not isinstance(task, SingleInstanceTask):
         raise TypeError(
             f"{task_name}: dedupe_queued needs the task built on SingleInstanceTask, whose"
@@ -95,14 +105,109 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
             " base=SingleInstanceTask) (without it every delay() is enqueued)"
         )
     key = config.key_for(task_name, call_args, kwargs, bound=bound)
+    return run_task(config, task, task_name, key, call_args, kwargs, lambda: func(*args, **kwargs))
+
+
+def run_task(
+    config: SingleInstance, task: Any, task_name: str, key: str, call_args: tuple,
+    kwargs: dict, body: Callable[[], Any],
+) -> Any:  # fmt: skip
+    """One run of ``task`` (None: a direct call) under ``key``'s lock: ``body()`` runs only
+    with the key held, and the hold goes on every outcome. A duplicate does what
+    ``config.on_duplicate`` says; a copy of a live run's message is skipped (a dead run's
+    copy runs). ``call_args``/``kwargs``: the call as queued (for ``coalesce``). The
+    ``@single_instance`` decorator and the migration shims' ``__call__`` both come here."""
+    task_id = task.request.id if task is not None else None
+    duplicate_of = _duplicate_of(task)
+    if duplicate_of:  # published only so the promised id resolves: report, run nothing
+        logger.info(
+            "redlock: task %s not run: %r is queued or running as task %s",
+            task_id, key, duplicate_of,
+        )  # fmt: skip
+        return skip_result(config, task, key, task_id, duplicate_of)
     attempt = int(getattr(task.request, "retries", 0) or 0) if task_id else 0
     held, acquired, info = take(config, key, task_id, task_name, attempt)
+    coalesce = config.on_duplicate == "coalesce" and task is not None
     if not acquired:
         own = _attempts_holding(info, task_id)
         if task_id and own:
             return _redelivered(config, task, key, task_id, own[0])
+        if coalesce:
+            return _coalesce(config, task, key, task_id, info, call_args, kwargs)
         return _duplicate(config, task, key, task_id, info)
-    return run_held(held, func, args, kwargs, config.atomic)
+    try:
+        return run_held(held, body, (), {}, config.atomic)
+    finally:
+        if coalesce:
+            _follow_up(config, task, key)
+
+
+# -- on_duplicate="coalesce": one more run after the current one, with the last arguments ----
+#
+# A duplicate notes its call (arguments and queue) under "<key>:coalesce", replacing any
+# earlier note, then looks at the key again; a run, once it released the key, takes the note
+# (compare-and-delete: one taker) and queues that call. The orders (duplicate: note, then look;
+# run: release, then take) leave no gap: a duplicate that looks while the run still holds the
+# key noted before the run takes; one that looks after the release takes its note itself. The
+# note is stored with the queue-marker operations, so it works on every backend.
+
+
+def _pending_name(key: str) -> str:
+    return f"{key}:coalesce"
+
+
+def _coalesce(
+    config: SingleInstance, task: Any, key: str, task_id: str | None, info: Any,
+    args: tuple, kwargs: dict,
+) -> Any:  # fmt: skip
+    backend = locks[config.using]
+    queue = (getattr(task.request, "delivery_info", None) or {}).get("routing_key")
+    note = json.dumps({"args": list(args), "kwargs": kwargs, "queue": queue, "id": task_id})
+    ttl_ms = to_ms(config.dedupe_ttl)
+    for _ in range(10):  # replace the note found (the last duplicate's call wins)
+        found = backend.execute(backend.op_mark_queued(_pending_name(key), note, ttl_ms))
+        if found is None or found == note:
+            break
+        backend.execute(backend.op_clear_queued(_pending_name(key), found))
+    logger.info(
+        "redlock: coalesced duplicate: task %s not run now: %r is held by %s; one more run"
+        " follows", task_id, key, describe_holder(info),
+    )  # fmt: skip
+    if backend.inspect(key) is None:  # the run ended before the note: queue it ourselves
+        _follow_up(config, task, key)
+    result = skip_result(config, task, key, task_id, info.holder.get("k") if info else None)
+    return {**result, "coalesced": True}
+
+
+def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
+    """Queue the call noted by a duplicate, if any (taken once: compare-and-delete)."""
+    backend = locks[config.using]
+    name = _pending_name(key)
+    try:
+        probe = f"redlock-take:{uuid_text()}"
+        found = backend.execute(backend.op_mark_queued(name, probe, 1000))
+        if found is None:  # nothing noted (our probe is): take it back
+            backend.execute(backend.op_clear_queued(name, probe))
+            return
+        if not backend.execute(backend.op_clear_queued(name, found)):
+            return  # another taker (or a newer note, whose duplicate looks again) has it
+        if found.startswith("redlock-take:"):
+            return  # another taker's probe, gone now
+        call = json.loads(found)
+        options = {"queue": call["queue"]} if call.get("queue") else {}
+        queued = task.apply_async(tuple(call["args"]), call["kwargs"], **options)
+        logger.info("redlock: queued the coalesced call of %r as task %s", key, queued.id)
+    except LockError as exc:  # the note stays until its TTL; the next run takes it
+        logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
+
+
+def _duplicate_of(task: Any) -> str | None:
+    """The task a deduplicated call's message names (see :data:`DUPLICATE_OF`), if any."""
+    if task is None:
+        return None
+    request = task.request
+    found = getattr(request, DUPLICATE_OF, None) or (request.headers or {}).get(DUPLICATE_OF)
+    return str(found) if found else None
 
 
 def _redelivered(config: SingleInstance, task: Any, key: str, task_id: str, attempt: int) -> Any:
@@ -124,6 +229,15 @@ def _redelivered(config: SingleInstance, task: Any, key: str, task_id: str, atte
 
 
 def _config_of(task: Any) -> SingleInstance | None:
+    """The settings a task runs under: a ``SingleInstanceTask``'s hook (the shims build
+    theirs), else its function's ``@single_instance``."""
+    hook = getattr(task, "single_instance_config", None)
+    if hook is not None:
+        return hook()
+    return _decorated(task)
+
+
+def _decorated(task: Any) -> SingleInstance | None:
     return getattr(getattr(task, "run", None), "__redlock__", None)
 
 
@@ -132,7 +246,7 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     config = _config_of(task)
     if config is None or not task_id:
         return False
-    key = config.key_for(task.name, tuple(args or ()), dict(kwargs or {}), bound=_is_bound(task))
+    key = lock_key(task, *(args or ()), **(kwargs or {}))
     backend = locks[config.using]
     info = backend.inspect(key)
     # A hold's token is "<task id>.<attempt>.<random>": compare the whole id, or stopping
@@ -156,8 +270,20 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
 def _on_revoked(
     sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
 ) -> None:
-    if terminated and request is not None:
+    """A revoked task: terminated, its hold goes; revoked before it ran or expired (the
+    worker discards the message), its queue marker goes, as it will never run."""
+    if request is None:
+        return
+    if terminated:
         _quietly(sender, request.id, request.args, request.kwargs)
+    config = _config_of(sender)
+    if config is None or not config.dedupe_queued or not request.id:
+        return
+    try:
+        key = lock_key(sender, *(request.args or ()), **(request.kwargs or {}))
+    except (TypeError, ValueError):  # arguments no key fits: nothing was noted
+        return
+    clear_queued_marker(config, key, str(request.id))  # logs a failure: it expires
 
 
 @task_failure.connect
@@ -170,10 +296,16 @@ def _on_failure(
 
 
 def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
+    """Release a stopped run's hold; with ``coalesce``, queue the call a duplicate noted
+    meanwhile (the killed run never got to its own follow-up)."""
     try:
-        release_task_hold(task, task_id, args, kwargs)
+        released = release_task_hold(task, task_id, args, kwargs)
     except LockError as exc:  # the hold then frees itself at its TTL
         logger.warning("redlock: could not release stopped task %s's lock: %s", task_id, exc)
+        return
+    config = _config_of(task)
+    if released and config is not None and config.on_duplicate == "coalesce":
+        _follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
 
 
 # -- queue-time deduplication ---------------------------------------------------------------
@@ -190,27 +322,86 @@ class SingleInstanceTask(Task):
     abstract = True
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Queue the call unless its key is queued or running already.
+
+        The queue marker names the queued task id and never outlives its message: it is
+        cleared if the publish raises (the error propagates; the next call queues), its TTL
+        ends with the message's ``expires``, a worker discarding the message (revoked or
+        expired) clears it, and a marker whose task has a final state (``SUCCESS``,
+        ``FAILURE``, ``REVOKED``...) is stale: replaced, not obeyed. A caller that chose the
+        task id (a ``group``/``chord`` member, ``task_id=``) was promised that id: a duplicate
+        is then published as a message that runs nothing and returns the skipped sentinel, so
+        the id resolves and the canvas goes on.
+        """
         config = _config_of(self)
         if config is None or not config.dedupe_queued:
             return super().apply_async(args, kwargs, **options)
         key = lock_key(self, *(args or ()), **(kwargs or {}))
         backend = locks[config.using]
-        task_id = options.pop("task_id", None)
+        promised = options.pop("task_id", None)
         # self.retry() sends the running task's own id again: that call was accepted already,
         # so it is never deduplicated (to itself, or to the holder it waits for).
-        retrying = task_id is not None and task_id == self.request.id
-        if not retrying:
+        retrying = (promised is not None and promised == self.request.id) or bool(
+            options.get("retries")
+        )
+        if not retrying and self.dedupes_running():
             running = backend.inspect(key)
             holder = running.holder.get("k") if running is not None else None
             if holder:
-                return self._deduplicated(config, key, str(holder))
-        task_id = task_id or uuid_text()
-        # The marker outlives the wait in the queue (countdown/ETA included), then expires.
-        wait = self._queue_wait(options) + config.dedupe_ttl
-        queued = backend.execute(backend.op_mark_queued(key, task_id, to_ms(wait)))
+                return self._not_queued(key, str(holder), args, kwargs, promised, options)
+        task_id = promised or uuid_text()
+        ttl_ms = to_ms(self.queue_marker_ttl(options))
+        queued = None
+        for _ in range(2):  # once more after clearing a stale marker
+            queued = backend.execute(backend.op_mark_queued(key, task_id, ttl_ms))
+            if queued is None or queued == task_id or retrying or not self._ended(queued):
+                break
+            clear_queued_marker(config, key, queued)
         if queued is not None and queued != task_id and not retrying:
-            return self._deduplicated(config, key, queued)
-        return super().apply_async(args, kwargs, task_id=task_id, **options)
+            return self._not_queued(key, queued, args, kwargs, promised, options)
+        try:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            if queued is None:  # our marker: the message it names was never queued
+                clear_queued_marker(config, key, task_id)
+            raise
+
+    def single_instance_config(self) -> SingleInstance | None:
+        """The settings this task runs and queues under (a hook: the shims build theirs);
+        by default its function's ``@single_instance``."""
+        return _decorated(self)
+
+    def single_instance_key(self, args: tuple, kwargs: dict) -> str:
+        """The key of a call (a hook: the shims name theirs); by default the decorator's."""
+        config = _decorated(self)
+        if config is None:
+            raise TypeError(f"{self!r} is not a task decorated with @single_instance")
+        return config.key_for(self.name, args, kwargs, bound=_is_bound(self))
+
+    def queue_marker_ttl(self, options: dict[str, Any]) -> float:
+        """How long the marker of a call with these options lasts (a hook: a shim's per-call
+        timeout): the wait in the queue plus ``dedupe_ttl``, but never past the message's
+        ``expires`` (it cannot run after that)."""
+        config = self.single_instance_config()
+        assert config is not None
+        ttl = self._queue_wait(options) + config.dedupe_ttl
+        expires = options.get("expires", self.expires)
+        if isinstance(expires, datetime.datetime):
+            expires = (
+                maybe_make_aware(expires, self.app.timezone) - self.app.now()
+            ).total_seconds()
+        if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+            ttl = min(ttl, max(float(expires), 0.001))
+        return ttl
+
+    def _ended(self, task_id: str) -> bool:
+        """Whether ``task_id`` has a final state in the result backend (then its marker is
+        stale: the worker cleared it, or could not, e.g. revoked before it ran). Unknown
+        (no result backend, an error) counts as not ended: the marker expires at its TTL."""
+        try:
+            return self.AsyncResult(task_id).state in READY_STATES
+        except Exception:  # a result backend that cannot answer: obey the marker
+            return False
 
     def _queue_wait(self, options: dict[str, Any]) -> float:
         """Seconds the call waits in the queue by its countdown or ETA."""
@@ -221,14 +412,54 @@ class SingleInstanceTask(Task):
             wait = max(wait, (eta - self.app.now()).total_seconds())
         return max(0.0, wait)
 
-    def _deduplicated(self, config: SingleInstance, key: str, task_id: str) -> Any:
+    def dedupes_running(self) -> bool:
+        """Whether a call of a key that runs (not only one queued) is not queued (a hook:
+        celery-once's ``unlock_before_run`` queues it)."""
+        return True
+
+    def _not_queued(
+        self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,
+        options: dict[str, Any],
+    ) -> Any:  # fmt: skip
+        # Never silent, whatever the hook returns: logged and signalled.
+        config = _config_of(self)
+        assert config is not None
+        logger.info(
+            "redlock: %s not queued: %r is queued or running as task %s", self.name, key, task_id
+        )
+        duplicate_not_queued.send_robust(
+            sender=self, key=key, task_id=promised, holder_task_id=task_id, using=config.using
+        )
+        return self.deduplicated(key, task_id, args, kwargs, promised, options)
+
+    def deduplicated(
+        self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,
+        options: dict[str, Any],
+    ) -> Any:  # fmt: skip
+        """What a call not queued returns: ``key`` is queued or running as ``task_id``
+        (``promised``: the id the caller chose, if any; ``options``: the call's). A hook: the
+        migration shims override it. Logged and signalled (``duplicate_not_queued``) before
+        it is called."""
+        config = _config_of(self)
+        assert config is not None
         if config.dedupe_queued == "raise":
             raise AlreadyQueued(
                 f"{self.name} not queued: {key!r} is queued or running already as task"
                 f" {task_id} (backend {config.using!r})",
                 task_id,
             )
+        if promised is not None and promised != task_id:
+            return self.publish_duplicate(task_id, args, kwargs, promised, options)
         return self.AsyncResult(task_id)
+
+    def publish_duplicate(
+        self, task_id: str, args: Any, kwargs: Any, promised: str, options: dict[str, Any]
+    ) -> Any:
+        """Publish a deduplicated call under the id its caller holds (a canvas member), as a
+        message that runs nothing and returns the skipped sentinel naming ``task_id``: so
+        the id resolves (a ``group`` finishes, a ``chord`` calls back)."""
+        headers = {**(options.pop("headers", None) or {}), DUPLICATE_OF: task_id}
+        return super().apply_async(args, kwargs, task_id=promised, headers=headers, **options)
 
     def lock_key(self, *args: Any, **kwargs: Any) -> str:
         """The lock name a call with these arguments uses (see :func:`lock_key`)."""
@@ -242,7 +473,10 @@ class SingleInstanceTask(Task):
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
     """The lock name that ``task.delay(*args, **kwargs)`` runs under (any task decorated with
     ``@single_instance``; ``args`` as given to ``delay``, without a bound task's ``self``)."""
-    config = _config_of(task)
+    hook = getattr(task, "single_instance_key", None)
+    if hook is not None:
+        return hook(args, kwargs)
+    config = _decorated(task)
     if config is None:
         raise TypeError(f"{task!r} is not a task decorated with @single_instance")
     return config.key_for(task.name, args, kwargs, bound=_is_bound(task))
@@ -296,11 +530,13 @@ for _name, _helper in (("lock_key", _task_lock_key), ("release_lock", _task_rele
 __all__ = [
     "AlreadyQueued",
     "SingleInstanceTask",
+    "duplicate_not_queued",
     "duplicate_skipped",
     "hold_of",
     "lock_key",
     "release_lock",
     "release_task_hold",
+    "run_task",
     "single_instance",
     "skipped",
 ]

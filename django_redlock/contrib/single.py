@@ -19,6 +19,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 import sys
 import time
 import uuid
@@ -28,10 +29,11 @@ from typing import Any, Literal, TypeVar, cast
 
 from django.dispatch import Signal
 
-from ..backends.base import LockInfo
+from ..backends.base import Kind, LockInfo
 from ..exceptions import LockError, LockNotAcquired
 from ..fencing import database_of, release_after_commit
 from ..handler import DEFAULT_LOCK_ALIAS, locks
+from ..identity import HOST
 from ..identity import current_task as holder_task
 from ..locking import BaseLock, Lock, Semaphore, name_template
 from ..locking.templates import refuse_generator
@@ -46,13 +48,16 @@ from ..validation import (
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
 
-ON_DUPLICATE = ("skip", "raise", "retry")
+ON_DUPLICATE = ("skip", "raise", "retry", "coalesce")
 #: Keys longer than this are hashed (and say so): Redis keys stay short, names stay readable.
 MAX_KEY = 200
 
 #: Sent (sender = the task) when a duplicate was skipped: key, task_id, holder_task_id, using,
 #: redelivered (True: the task's own message delivered again while it runs).
 duplicate_skipped = Signal()
+#: Sent (sender = the task) when a call was not queued, its key being queued or running:
+#: key, task_id (the id its caller chose, if any), holder_task_id, using.
+duplicate_not_queued = Signal()
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,9 @@ def single_instance(
     ``on_duplicate``: ``"skip"`` (log, send ``duplicate_skipped``, return the :func:`skipped`
     sentinel naming the holder: SUCCESS, so ``.get()`` returns at once), ``"raise"``
     (``LockNotAcquired``: the task fails visibly) or ``"retry"`` (``self.retry`` after
-    ``countdown`` seconds, honouring the task's ``max_retries``). The default key takes
+    ``countdown`` seconds, honouring the task's ``max_retries``) or ``"coalesce"`` (Celery: the
+    duplicate returns at once, and exactly one more run follows the current one, with the
+    arguments of the last duplicate noted, however many came). The default key takes
     arguments that have one canonical form (see :func:`_canonical`); for others pass ``key=``.
     A ``bind=True`` task's first parameter (whatever its name) is the task, not part of the
     key.
@@ -206,6 +213,8 @@ def single_instance(
             # One queue marker per key, while N may run: "already queued" would refuse the
             # 2nd of N runs the limit allows.
             raise ValueError("dedupe_queued does not combine with limit: a key may run N times")
+    if on_duplicate == "coalesce" and limit is not None:
+        raise ValueError('on_duplicate="coalesce" does not combine with limit: N runs would end')
     database = database_of(atomic)
     if database is not None and limit is not None:
         raise ValueError("atomic= does not combine with limit: N runs of a key would hold at once")
@@ -237,7 +246,7 @@ def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Lock
     delivered again while its task runs: a duplicate, never a second run.
     """
     backend = held.backend
-    for _ in range(2):  # a second try if it was freed between the try and the look
+    for _ in range(3):  # again if it was freed between the try and the look, or died
         if held.acquire(blocking=False):
             return _alone(held, task_id, attempt)
         info = backend.inspect(held.name)
@@ -248,8 +257,75 @@ def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Lock
             if held.acquire(timeout=held.lock_ttl):
                 return _alone(held, task_id, attempt)
             return False, backend.inspect(held.name)
+        if own and _free_dead_runs(held, info, task_id):
+            continue  # the copy of a run that died: it runs now
         return False, info
     return False, None
+
+
+def _free_dead_runs(held: BaseLock, info: LockInfo, task_id: str | None) -> bool:
+    """Release the holds of ``task_id`` whose run died (see :func:`run_died`); whether any
+    went. The message of a run killed mid-body (a prefork child SIGKILLed, with
+    ``acks_late`` and ``reject_on_worker_lost``) comes back with the same id and attempt:
+    that copy must run, where a copy beside a live run must not."""
+    freed = False
+    backend = held.backend
+    for hold in info.holders or [info]:
+        found = hold_of(hold.token)
+        if hold.token is None or found is None or found[0] != task_id:
+            continue
+        if not run_died(backend, held.name, hold):
+            continue
+        if info.holders:
+            gone = backend.execute(backend.op_lease_release(held.name, hold.token)) >= 0
+        else:
+            gone = backend.execute(backend.op_release(held.name, hold.token, Kind())) >= 0
+        if gone:
+            logger.warning(
+                "redlock: released %r, held by task %s whose run died (pid %s on %s): its"
+                " message came back and runs now",
+                held.name, task_id, hold.holder.get("p"), hold.holder.get("h"),
+            )  # fmt: skip
+        freed = True  # released now, or by someone else meanwhile: try again
+    return freed
+
+
+def run_died(backend: Any, name: str, hold: LockInfo) -> bool:
+    """Whether the run holding ``hold`` died (its process is gone), rather than still running.
+
+    The holder names its host and pid. On this host the pid answers at once (a host name is
+    taken to mean one pid namespace). Elsewhere a live run's watchdog renews its hold before
+    it expires, and a dead one's only runs out: watch it (at most its TTL). A hold released
+    early was a live run that finished: not dead (its copy must not run again).
+    """
+    who = hold.holder
+    pid = str(who.get("p", ""))
+    if who.get("h") == HOST and pid.isdigit():
+        if int(pid) == os.getpid():
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:  # another user's process: alive
+            return False
+        return False
+    if hold.ttl is None:
+        return False
+    start = time.monotonic()
+    expires = start + hold.ttl
+    last = hold.ttl
+    while True:
+        time.sleep(min(0.1, max(hold.ttl / 20, 0.01)))
+        info = backend.inspect(name)
+        now = time.monotonic()
+        mine = [h for h in (info.holders or [info]) if h.token == hold.token] if info else []
+        if not mine:
+            return now >= expires - 0.05  # gone at its expiry: it ran out, nobody renewed it
+        ttl = mine[0].ttl
+        if ttl is None or ttl > last + 0.01:
+            return False  # renewed: a live run
+        last = ttl
 
 
 def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
@@ -267,6 +343,14 @@ def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Loc
             for lease in info.holders if info is not None else []:
                 other = hold_of(lease.token)
                 if lease.token == held.token or other is None or other[0] != task_id:
+                    continue
+                if other[1] == attempt and run_died(held.backend, held.name, lease):
+                    assert lease.token is not None  # hold_of() found a task in it
+                    held.backend.execute(held.backend.op_lease_release(held.name, lease.token))
+                    logger.warning(
+                        "redlock: released a permit of %r, held by task %s whose run died",
+                        held.name, task_id,
+                    )  # fmt: skip
                     continue
                 # The same attempt that took its permit first runs (of copies taking permits
                 # at once, each sees the other and one, by fence order, stays); a later
@@ -327,18 +411,43 @@ def skipped(value: Any) -> dict[str, Any] | None:
     return None
 
 
+def describe_holder(info: LockInfo | None) -> str:
+    """Who holds a key, for a message: the task(s) holding it, or a plain ``lock()``'s
+    process (it names no task)."""
+    holds = (info.holders or [info]) if info is not None else []
+    if not holds:
+        return "nobody (freed meanwhile)"
+    named = []
+    for hold in holds:
+        who = hold.holder
+        if who.get("k"):
+            named.append(f"task {who['k']}")
+        else:
+            named.append(
+                f"a lock() outside any task (pid {who.get('p', '?')} on {who.get('h', '?')},"
+                f" thread {who.get('t', '?')})"
+            )
+    return ", ".join(named)
+
+
 def _duplicate(
     config: SingleInstance, task: Any, key: str, task_id: str | None, info: LockInfo | None
 ) -> Any:
-    holder = info.holder.get("k") if info is not None else None
-    if info is not None and info.holders:  # a semaphore's: every holding task
-        holder = ", ".join(str(h.holder.get("k")) for h in info.holders)
-    message = f"task {task_id} not run: {key!r} is held by task {holder}"
+    holds = (info.holders or [info]) if info is not None else []
+    holder = ", ".join(str(h.holder["k"]) for h in holds if h.holder.get("k")) or None
+    message = f"task {task_id} not run: {key!r} is held by {describe_holder(info)}"
     if config.on_duplicate == "raise":
         raise LockNotAcquired(f"{message} (backend {config.using!r})")
     if config.on_duplicate == "retry" and task is not None:
         raise task.retry(countdown=config.countdown, exc=LockNotAcquired(message))
     logger.info("redlock: skipped duplicate: %s", message)
+    return skip_result(config, task, key, task_id, holder)
+
+
+def skip_result(
+    config: SingleInstance, task: Any, key: str, task_id: str | None, holder: str | None
+) -> dict[str, Any]:
+    """A skipped duplicate's outcome: ``duplicate_skipped`` sent, the sentinel returned."""
     duplicate_skipped.send_robust(
         sender=task, key=key, task_id=task_id, holder_task_id=holder, using=config.using,
         redelivered=False,
@@ -358,7 +467,7 @@ class AlreadyQueued(LockError):
         return (type(self), (str(self), self.task_id))
 
 
-def _clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
+def clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
     backend = locks[config.using]
     try:
         backend.execute(backend.op_clear_queued(key, task_id))
@@ -391,7 +500,7 @@ def take(
         # Not queued any more. Cleared once the lock is taken, so a delay() meanwhile finds
         # the marker or the hold. (One that looked for the hold before it was taken and marks
         # after this still enqueues a duplicate: the lock then excludes it, nothing is lost.)
-        _clear_queued_marker(config, key, task_id)
+        clear_queued_marker(config, key, task_id)
     return held, acquired, info
 
 
@@ -458,6 +567,7 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
 __all__ = [
     "AlreadyQueued",
     "SingleInstance",
+    "duplicate_not_queued",
     "duplicate_skipped",
     "hold_of",
     "run_held",

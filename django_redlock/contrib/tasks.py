@@ -16,7 +16,6 @@ subclass would not do: ``@task`` builds the backend's ``task_class``, itself a b
 from __future__ import annotations
 
 import datetime
-import functools
 import importlib
 import json
 import logging
@@ -34,7 +33,7 @@ from ..exceptions import LockError, LockNotAcquired
 from ..handler import locks
 from ..locking import Lock
 from ..validation import to_ms
-from .single import AlreadyQueued, SingleInstance, _clear_queued_marker, _duplicate, run_held, take
+from .single import AlreadyQueued, SingleInstance, _duplicate, clear_queued_marker, run_held, take
 
 logger = logging.getLogger("django_redlock")
 
@@ -136,12 +135,13 @@ def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
 
 
 def _check_run(config: SingleInstance, task: Any) -> None:
-    if config.on_duplicate == "retry":
+    if config.on_duplicate in ("retry", "coalesce"):
         raise TypeError(
-            f"{task.module_path}: on_duplicate='retry' needs Celery's task retries; Django's"
-            ' Tasks framework has none: use on_duplicate="skip" or "raise"'
+            f"{task.module_path}: on_duplicate={config.on_duplicate!r} needs Celery's task"
+            ' retries and routing; Django\'s Tasks framework has none: use on_duplicate="skip"'
+            ' or "raise"'
         )
-    if config.dedupe_queued and not isinstance(task.get_backend(), DedupeQueuedMixin):
+    if config.dedupe_queued and not getattr(task.get_backend(), "redlock_dedupe_queued", False):
         raise TypeError(
             f"{task.module_path}: dedupe_queued needs its backend ({task.backend!r}) wrapped"
             ' for it: TASKS = {"...": {"BACKEND": "django_redlock.contrib.tasks.'
@@ -158,10 +158,18 @@ ENQUEUE_TTL = 30.0
 RESERVED = "redlock-enqueuing:"
 
 
+#: The keys whose enqueue turn this context holds: an ``ImmediateBackend`` runs the task inside
+#: ``enqueue()``, and a run enqueuing its own key must not wait for the turn it is inside.
+_enqueuing: ContextVar[frozenset[str]] = ContextVar("redlock_enqueuing", default=frozenset())
+
+
 class DedupeQueuedMixin:
-    """Mixed into a Tasks backend: an ``enqueue()`` of a ``dedupe_queued`` task whose key is
-    queued or running returns that run's ``TaskResult`` (or raises :class:`AlreadyQueued`)
-    instead of queueing another. Other tasks are enqueued as the backend does."""
+    """Mixed into a Tasks backend class: an ``enqueue()`` of a ``dedupe_queued`` task whose
+    key is queued or running returns that run's ``TaskResult`` (or raises
+    :class:`AlreadyQueued`) instead of queueing another. Other tasks are enqueued as the
+    backend does. :class:`DedupeQueuedBackend` does the same without a subclass."""
+
+    redlock_dedupe_queued = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)  # type: ignore[call-arg]
@@ -169,15 +177,10 @@ class DedupeQueuedMixin:
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)  # type: ignore[misc]
-        config = config_of(task.func)
-        if config is not None:
-            _check_run(config, task)  # at import: @task() builds the Task
+        _validate(task)
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
-        config = config_of(task.func)
-        if config is None or not config.dedupe_queued:
-            return super().enqueue(task, args, kwargs)  # type: ignore[misc]
-        return self._enqueue_once(config, task, tuple(args), dict(kwargs))
+        return dedupe_enqueue(self, super().enqueue, task, args, kwargs)  # type: ignore[misc]
 
     async def aenqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         config = config_of(task.func)
@@ -185,79 +188,113 @@ class DedupeQueuedMixin:
             return await super().aenqueue(task, args, kwargs)  # type: ignore[misc]
         return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
 
-    def _enqueue_once(self, config: SingleInstance, task: Any, args: tuple, kwargs: dict) -> Any:
-        # The key the run will compute, from the arguments as the run gets them (JSON).
-        key = config.key_for(task.module_path, *_as_stored(args, kwargs), bound=task.takes_context)
-        backend = locks[config.using]
-        # Enqueues of a key take turns, so the marker can name the task result id, which the
-        # backend makes only while it queues the run (an atomic note would need the id first).
-        turn = Lock(f"{key}:enqueue", ttl=ENQUEUE_TTL, using=config.using)
-        if not turn.acquire(timeout=ENQUEUE_TTL):
-            raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
-        try:
-            running = backend.inspect(key)
-            holder = running.holder.get("k") if running is not None else None
-            existing = self._existing(config, task, key, holder) if holder else None
+
+def _validate(task: Any) -> None:
+    config = config_of(task.func)
+    if config is not None:
+        _check_run(config, task)  # at import: @task() builds the Task
+
+
+def dedupe_enqueue(backend: Any, enqueue: Any, task: Any, args: Any, kwargs: Any) -> Any:
+    """``enqueue(task, args, kwargs)`` (the backend's own) unless ``task`` dedupes queued
+    runs and its key is queued or running: then that run's result, or AlreadyQueued."""
+    config = config_of(task.func)
+    if config is None or not config.dedupe_queued:
+        return enqueue(task, args, kwargs)
+    return _enqueue_once(backend, enqueue, config, task, tuple(args), dict(kwargs))
+
+
+def _enqueue_once(
+    backend: Any, enqueue: Any, config: SingleInstance, task: Any, args: tuple, kwargs: dict
+) -> Any:
+    # The key the run will compute, from the arguments as the run gets them (JSON).
+    key = config.key_for(task.module_path, *_as_stored(args, kwargs), bound=task.takes_context)
+    store = locks[config.using]
+    if key in _enqueuing.get():
+        # Inside this key's own enqueue (an ImmediateBackend running the task): the outer
+        # call is queueing or running it right now. Waiting for its turn would wait for
+        # ourselves.
+        running = store.inspect(key)
+        holder = running.holder.get("k") if running is not None else None
+        existing = _existing(backend, config, task, key, holder) if holder else None
+        if existing is not None:
+            return existing
+        raise AlreadyQueued(
+            f"{task.module_path} not enqueued: {key!r} is being enqueued or run by this very"
+            f" call (backend {config.using!r})",
+            str(holder or ""),
+        )
+    # Enqueues of a key take turns, so the marker can name the task result id, which the
+    # backend makes only while it queues the run (an atomic note would need the id first).
+    turn = Lock(f"{key}:enqueue", ttl=ENQUEUE_TTL, using=config.using)
+    if not turn.acquire(timeout=ENQUEUE_TTL):
+        raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
+    inside = _enqueuing.set(_enqueuing.get() | {key})
+    try:
+        running = store.inspect(key)
+        holder = running.holder.get("k") if running is not None else None
+        existing = _existing(backend, config, task, key, holder) if holder else None
+        if existing is not None:
+            return existing
+        reservation = f"{RESERVED}{secrets.token_urlsafe(9)}"
+        for _ in range(2):  # once more after clearing a stale marker
+            found = store.execute(store.op_mark_queued(key, reservation, to_ms(ENQUEUE_TTL)))
+            if found is None:
+                break  # noted: ours to enqueue
+            existing = _existing(backend, config, task, key, found)
             if existing is not None:
                 return existing
-            reservation = f"{RESERVED}{secrets.token_urlsafe(9)}"
-            for _ in range(2):  # once more after clearing a stale marker
-                found = backend.execute(
-                    backend.op_mark_queued(key, reservation, to_ms(ENQUEUE_TTL))
-                )
-                if found is None:
-                    break  # noted: ours to enqueue
-                existing = self._existing(config, task, key, found)
-                if existing is not None:
-                    return existing
-                _clear_queued_marker(config, key, found)  # gone, finished or abandoned
-            else:
-                raise LockError(f"{task.module_path}: could not note {key!r} as queued")
-            try:
-                result = super().enqueue(task, args, kwargs)  # type: ignore[misc]
-            except BaseException:
-                _clear_queued_marker(config, key, reservation)
-                raise
-            # Safe in two steps: every enqueue of the key waits for its turn, and a run clears
-            # only its own id.
-            _clear_queued_marker(config, key, reservation)
-            wait = _queue_wait(task) + config.dedupe_ttl
-            backend.execute(backend.op_mark_queued(key, str(result.id), to_ms(wait)))
-            if self._finished(result):  # it ran before its id was noted: nothing is queued
-                _clear_queued_marker(config, key, str(result.id))
-            return result
-        finally:
-            turn.release()
-
-    def _existing(self, config: SingleInstance, task: Any, key: str, found: str) -> Any:
-        """The queued or running run ``found`` names, or None if there is none (any more)."""
-        if found.startswith(RESERVED):
-            return None  # left by an enqueue that died in its turn
-        message = (
-            f"{task.module_path} not enqueued: {key!r} is queued or running already as task"
-            f" result {found} (backend {config.using!r})"
-        )
+            clear_queued_marker(config, key, found)  # gone, finished or abandoned
+        else:
+            raise LockError(f"{task.module_path}: could not note {key!r} as queued")
         try:
-            result = self.get_result(found)  # type: ignore[attr-defined]
-        except NotImplementedError:  # a backend that keeps no results: say which run it is
-            raise AlreadyQueued(f"{message}; this backend cannot return it", found) from None
-        except tuple(errors.TaskResultDoesNotExist for errors in _loaded("exceptions")):
-            return None
-        if result.is_finished:
-            return None
-        if config.dedupe_queued == "raise":
-            raise AlreadyQueued(message, found)
+            result = enqueue(task, args, kwargs)
+        except BaseException:
+            clear_queued_marker(config, key, reservation)
+            raise
+        # Safe in two steps: every enqueue of the key waits for its turn, and a run clears
+        # only its own id.
+        clear_queued_marker(config, key, reservation)
+        wait = _queue_wait(task) + config.dedupe_ttl
+        store.execute(store.op_mark_queued(key, str(result.id), to_ms(wait)))
+        if _already_finished(backend, result):  # it ran before its id was noted: nothing is queued
+            clear_queued_marker(config, key, str(result.id))
         return result
+    finally:
+        _enqueuing.reset(inside)
+        turn.release()
 
-    def _finished(self, result: Any) -> bool:
-        if result.is_finished:
-            return True
-        if not getattr(self, "supports_get_result", False):
-            return False
-        try:
-            return bool(self.get_result(result.id).is_finished)  # type: ignore[attr-defined]
-        except Exception:  # unknown: the marker stays (the run clears it when it ends)
-            return False
+
+def _existing(backend: Any, config: SingleInstance, task: Any, key: str, found: str) -> Any:
+    """The queued or running run ``found`` names, or None if there is none (any more)."""
+    if found.startswith(RESERVED):
+        return None  # left by an enqueue that died in its turn
+    message = (
+        f"{task.module_path} not enqueued: {key!r} is queued or running already as task"
+        f" result {found} (backend {config.using!r})"
+    )
+    try:
+        result = backend.get_result(found)
+    except NotImplementedError:  # a backend that keeps no results: say which run it is
+        raise AlreadyQueued(f"{message}; this backend cannot return it", found) from None
+    except tuple(errors.TaskResultDoesNotExist for errors in _loaded("exceptions")):
+        return None
+    if result.is_finished:
+        return None
+    if config.dedupe_queued == "raise":
+        raise AlreadyQueued(message, found)
+    return result
+
+
+def _already_finished(backend: Any, result: Any) -> bool:
+    if result.is_finished:
+        return True
+    if not getattr(backend, "supports_get_result", False):
+        return False
+    try:
+        return bool(backend.get_result(result.id).is_finished)
+    except Exception:  # unknown: the marker stays (the run clears it when it ends)
+        return False
 
 
 class DedupeQueuedBackend:
@@ -269,8 +306,11 @@ class DedupeQueuedBackend:
             "WRAPS": "django_tasks_db.DatabaseBackend",
         }}
 
-    The backend made is a subclass of the wrapped one (with ``DedupeQueuedMixin``), so
-    its worker (``db_worker --backend default``) and any ``isinstance`` check accept it.
+    Transparent: the backend made is an instance of the wrapped class itself, with its
+    ``enqueue``, ``aenqueue`` and ``validate_task`` wrapped on the instance. So its worker
+    (``db_worker --backend default``), ``isinstance`` checks and signal receivers connected
+    with ``sender=<the wrapped class>`` (``task_enqueued``, ``task_started``...) see the
+    backend they expect.
     """
 
     def __new__(cls, alias: str, params: dict[str, Any]) -> Any:
@@ -284,12 +324,30 @@ class DedupeQueuedBackend:
             base = import_string(wrapped)
         except ImportError as exc:
             raise ImproperlyConfigured(f"TASKS[{alias!r}]: WRAPS {wrapped!r}: {exc}") from exc
-        return _with_dedupe(base)(alias, params)
+        return wrap(base(alias, params))
 
 
-@functools.cache
-def _with_dedupe(base: type) -> type:
-    return type(f"DedupeQueued{base.__name__}", (DedupeQueuedMixin, base), {"__module__": __name__})
+def wrap(backend: Any) -> Any:
+    """Make ``backend`` (a Tasks backend instance) dedupe queued runs, in place; returned."""
+    connect()
+    enqueue, aenqueue, validate = backend.enqueue, backend.aenqueue, backend.validate_task
+
+    def dedupe(task: Any, args: Any, kwargs: Any) -> Any:
+        return dedupe_enqueue(backend, enqueue, task, args, kwargs)
+
+    async def adedupe(task: Any, args: Any, kwargs: Any) -> Any:
+        config = config_of(task.func)
+        if config is None or not config.dedupe_queued:
+            return await aenqueue(task, args, kwargs)
+        return await sync_to_async(dedupe, thread_sensitive=True)(task, args, kwargs)
+
+    def validate_task(task: Any) -> None:
+        validate(task)
+        _validate(task)
+
+    backend.enqueue, backend.aenqueue, backend.validate_task = dedupe, adedupe, validate_task
+    backend.redlock_dedupe_queued = True
+    return backend
 
 
 def _as_stored(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -321,7 +379,14 @@ def _forget_queued(task_result: Any) -> None:
         key = config.key_for(task.module_path, args, kwargs, bound=task.takes_context)
     except (ImportError, AttributeError, TypeError, ValueError):
         return  # not a task of ours any more, or arguments no key fits: nothing was noted
-    _clear_queued_marker(config, key, str(task_result.id))  # logs a failure: it expires
+    clear_queued_marker(config, key, str(task_result.id))  # logs a failure: it expires
 
 
-__all__ = ["DedupeQueuedBackend", "DedupeQueuedMixin", "connect", "lock_key"]
+__all__ = [
+    "DedupeQueuedBackend",
+    "DedupeQueuedMixin",
+    "connect",
+    "dedupe_enqueue",
+    "lock_key",
+    "wrap",
+]

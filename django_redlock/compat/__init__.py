@@ -28,10 +28,10 @@ import redis
 from redis.exceptions import LockError as RedisLockError
 from redis.exceptions import LockNotOwnedError as RedisLockNotOwnedError
 
-from .backends.base import BaseLockBackend
-from .backends.redis import RedisBackend
-from .exceptions import LockError, LockNotOwned
-from .locking import Lock
+from ..backends.base import BaseLockBackend
+from ..backends.redis import RedisBackend
+from ..exceptions import LockError, LockNotOwned
+from ..locking import Lock
 
 logger = logging.getLogger("django_redlock")
 

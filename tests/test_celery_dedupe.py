@@ -1,0 +1,273 @@
+"""Queue markers that never outlive their message, canvas members of ``dedupe_queued`` tasks,
+and a prefork child SIGKILLed mid-run: real workers and a real Redis broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from celery import chord, group, shared_task
+from kombu.exceptions import OperationalError
+
+from django_redlock import lock, locks, single_instance
+from django_redlock.contrib.celery import SingleInstanceTask, skipped
+from django_redlock.testing import RedisServer
+from tests import celery_app, celery_tasks
+
+from .test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
+
+__all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
+
+
+@pytest.fixture(scope="module")
+def prefork(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=2)
+
+
+@pytest.mark.parametrize("task_name", ["lost_child", "lost_child_limited"])
+def test_a_killed_prefork_child_s_requeued_message_runs(
+    task_name: str, start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # acks_late + reject_on_worker_lost: the child is SIGKILLed mid-body, Celery requeues the
+    # message (same id, retries 0) at once. The dead run's hold (TTL 60 s) must not make the
+    # copy a "redelivery beside a live run": it runs, well before the TTL.
+    worker = start_worker(pool="prefork", concurrency=2)
+    task = getattr(celery_tasks, task_name)
+    r = redis(redis_server)
+    result = worker.send(task, task_name)
+    (entry,) = wait_for(lambda: r.lrange(f"lost:{task_name}", 0, -1))
+    task_id, pid = entry.rsplit(":", 1)
+    assert task_id == result.id
+    killed = time.monotonic()
+    os.kill(int(pid), signal.SIGKILL)
+    assert result.get(timeout=40) == "ran"
+    assert time.monotonic() - killed < 40  # the hold's TTL is 60 s: not freed by expiry
+    entries = r.lrange(f"lost:{task_name}", 0, -1)
+    assert [e.rsplit(":", 1)[0] for e in entries] == [result.id, result.id]
+    assert "whose run died" in worker.log.read_text()
+    worker.stop()
+
+
+def test_a_copy_beside_a_live_run_is_still_skipped(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # The liveness check does not turn a redelivery beside a live run into a second run.
+    worker = start_worker(pool="prefork", concurrency=2)
+    task_id = str(uuid.uuid4())
+    first = worker.send(celery_tasks.redelivered, "live", 2.0, task_id=task_id)
+    r = redis(redis_server)
+    wait_for(lambda: r.lrange("redeliver:live:ran", 0, -1))
+    worker.send(celery_tasks.redelivered, "live", 2.0, task_id=task_id)
+    assert first.get(timeout=30) == "ran"
+    time.sleep(0.5)
+    assert r.lrange("redeliver:live:ran", 0, -1) == [task_id]
+    worker.stop()
+
+
+def test_a_failed_publish_leaves_no_marker(broker: None) -> None:
+    task = celery_tasks.deduped
+    dead = celery_app.app.connection_for_write("redis://127.0.0.1:1/1")
+    with pytest.raises(OperationalError):
+        task.apply_async(("pub",), queue=NOBODY, countdown=60, task_id="never-queued",
+                         connection=dead, retry=False)  # fmt: skip
+    second = task.apply_async(("pub",), queue=NOBODY, countdown=60)
+    assert second.id != "never-queued"  # queued, not the AsyncResult of a lost message
+    assert task.apply_async(("pub",), queue=NOBODY).id == second.id  # deduped as usual
+
+
+def test_an_expired_queued_task_no_longer_counts(broker: None) -> None:
+    task = celery_tasks.deduped
+    first = task.apply_async(("exp",), queue=NOBODY, expires=1)
+    assert task.apply_async(("exp",), queue=NOBODY).id == first.id
+    time.sleep(1.5)  # it cannot run any more: its marker went with it
+    assert task.apply_async(("exp",), queue=NOBODY).id != first.id
+
+
+def test_a_revoked_queued_task_no_longer_counts(prefork: Worker) -> None:
+    task = celery_tasks.deduped
+    first = prefork.send(task, "rev", 0.1, countdown=2)
+    assert prefork.send(task, "rev", 0.1).id == first.id
+    first.revoke()  # no terminate: the worker discards the message at its ETA
+    wait_for(lambda: first.state == "REVOKED")
+    again = prefork.send(task, "rev", 0.1)
+    assert again.id != first.id
+    assert again.get(timeout=30) == "ran"
+
+
+def test_a_marker_of_a_task_with_a_final_state_is_stale(broker: None) -> None:
+    # Revoked or finished while nothing cleared its marker (the worker died at that moment):
+    # the result backend's final state makes the marker stale.
+    task = celery_tasks.deduped
+    first = task.apply_async(("final",), queue=NOBODY)
+    assert task.apply_async(("final",), queue=NOBODY).id == first.id
+    task.backend.mark_as_revoked(first.id, "revoked")
+    assert task.apply_async(("final",), queue=NOBODY).id != first.id
+
+
+def _members(worker: Worker, name: str, n: int) -> list[Any]:
+    return [celery_tasks.member.s(name, 1.0).set(queue=worker.queue) for _ in range(n)]
+
+
+def test_a_group_of_deduplicated_calls_resolves(prefork: Worker, redis_server: RedisServer) -> None:
+    result = group(_members(prefork, "g", 3)).apply_async()
+    values = result.get(timeout=30)
+    ran = [v for v in values if v == "ran"]
+    skips = [skipped(v) for v in values if v != "ran"]
+    assert len(ran) == 1 and len(skips) == 2
+    runner = redis(redis_server).lrange("member:g:ran", 0, -1)
+    assert all(s is not None and s["holder_task_id"] == runner[0] for s in skips)
+    assert [r.id for r in result.results] == [r.id for r in result.results if r.ready()]
+
+
+def test_a_chord_of_deduplicated_calls_runs_its_callback(prefork: Worker) -> None:
+    callback = celery_tasks.collect.s().set(queue=prefork.queue)
+    result = chord(_members(prefork, "c", 3))(callback)
+    values = result.get(timeout=30)
+    assert values.count("ran") == 1
+    assert sum(1 for v in values if skipped(v)) == 2
+
+
+def test_held_by_a_plain_lock_names_it(prefork: Worker) -> None:
+    with lock("overlap:raise", ttl=30):
+        failed = prefork.send(celery_tasks.overlap_raise, "x").get(timeout=30, propagate=False)
+    assert "held by task None" not in str(failed)
+    assert f"a lock() outside any task (pid {os.getpid()}" in str(failed)
+    assert not locks["default"].is_locked("overlap:raise")
+
+
+def test_coalesce_runs_once_more_with_the_last_duplicate_s_arguments(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced, "c", "t0", 3.0)
+    wait_for(lambda: r.lrange("coalesce:c:ran", 0, -1))
+    # Five duplicates while it runs, one after another (so "the last" is well defined).
+    for i in range(1, 6):
+        value = prefork.send(celery_tasks.coalesced, "c", f"t{i}", 0.5).get(timeout=30)
+        assert skipped(value) is not None and value["coalesced"] is True
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: len(r.lrange("coalesce:c:ran", 0, -1)) == 2)
+    wait_for(lambda: not locks["default"].is_locked("coalesce:c"))
+    time.sleep(1.0)  # nothing more follows
+    assert r.lrange("coalesce:c:ran", 0, -1) == ["t0", "t5"]  # exactly 2 runs, the last's args
+    assert int(r.get("coalesce:c:peak")) == 1  # in sequence, never at once
+
+
+def test_coalesce_with_no_duplicate_runs_once(prefork: Worker, redis_server: RedisServer) -> None:
+    r = redis(redis_server)
+    assert prefork.send(celery_tasks.coalesced, "one", "t0", 0.1).get(timeout=30) == "ran"
+    time.sleep(1.0)
+    assert r.lrange("coalesce:one:ran", 0, -1) == ["t0"]
+
+
+def test_coalesce_does_not_combine_with_limit() -> None:
+    with pytest.raises(ValueError, match="coalesce"):
+        single_instance(on_duplicate="coalesce", limit=2)
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.test_celery_dedupe.shared_x")
+@single_instance(key="shared:{n}", ttl=5, dedupe_queued=True)
+def shared_x(self: Any, n: int) -> str:
+    return "x"
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.test_celery_dedupe.shared_y")
+@single_instance(key="shared:{n}", ttl=5, dedupe_queued=True)
+def shared_y(self: Any, n: int) -> str:
+    return "y"
+
+
+def test_two_tasks_sharing_a_key_dedupe_each_other(broker: None) -> None:
+    # Decided and documented: the key is the identity. Two task names whose key templates
+    # give one key are one unit of work, queued and run once at a time (give each its own key
+    # to keep them apart).
+    queued = shared_x.apply_async((1,), queue=NOBODY)
+    assert shared_y.apply_async((1,), queue=NOBODY).id == queued.id
+    assert shared_y.apply_async((2,), queue=NOBODY).id != queued.id  # another key
+
+
+def test_marker_read_and_list_ops(alias: str) -> None:
+    _marker_read_and_list(alias)
+
+
+def test_marker_read_and_list_ops_on_a_quorum(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    from .test_redlock import quorum_alias
+
+    nodes = [redis_factory() for _ in range(3)]
+    with quorum_alias("quorum", nodes):
+        _marker_read_and_list("quorum")
+        locks["quorum"].execute(locks["quorum"].op_mark_queued("rm:q", "t9", 60_000))
+        nodes[0].client().flushall()  # a minority forgot it: the majority still answers
+        assert locks["quorum"].execute(locks["quorum"].op_read_queued("rm:q"))[0] == "t9"
+        nodes[1].client().flushall()  # no majority any more
+        assert locks["quorum"].execute(locks["quorum"].op_read_queued("rm:q")) is None
+
+
+def _marker_read_and_list(alias: str) -> None:
+    backend = locks[alias]
+    assert backend.execute(backend.op_read_queued("rm:a")) is None
+    assert backend.execute(backend.op_mark_queued("rm:a", "t1", 60_000)) is None
+    assert backend.execute(backend.op_mark_queued("rm:b", "t2", 60_000)) is None
+    task_id, left = backend.execute(backend.op_read_queued("rm:a"))
+    assert task_id == "t1" and 50_000 < left <= 60_000
+    assert backend.queued_names("rm:*") == ["rm:a", "rm:b"]
+    assert backend.execute(backend.op_clear_queued("rm:a", "t1")) is True
+    assert backend.execute(backend.op_read_queued("rm:a")) is None
+    assert backend.queued_names("rm:*") == ["rm:b"]
+    backend.execute(backend.op_clear_queued("rm:b", "t2"))
+
+
+def test_run_died_tells_a_live_holder_from_a_dead_one(
+    child: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rule behind a requeued copy: a holder on this host is dead when its pid is gone;
+    # one elsewhere when its watchdog stops renewing (a paused or dead process) and the hold
+    # runs out. Real processes: SIGSTOP, SIGKILL.
+    from django_redlock.contrib import single
+
+    holder = child("hold", "--name", "died:x", "--ttl", "1")
+    holder.expect("ACQUIRED")
+    backend = locks["default"]
+    info = backend.inspect("died:x")
+    assert info is not None and str(info.holder["p"]) == str(holder.process.pid)
+    assert single.run_died(backend, "died:x", info) is False  # this host, alive
+    monkeypatch.setattr(single, "HOST", "another-host")  # from here, the holder is remote
+    assert single.run_died(backend, "died:x", info) is False  # renewed: alive
+    os.kill(holder.process.pid, signal.SIGSTOP)  # no renewal any more
+    try:
+        assert single.run_died(backend, "died:x", backend.inspect("died:x")) is True
+    finally:
+        os.kill(holder.process.pid, signal.SIGCONT)
+    holder.process.kill()
+    holder.process.wait()
+    monkeypatch.undo()
+    dead = child("hold", "--name", "died:y", "--ttl", "30")
+    dead.expect("ACQUIRED")
+    info = backend.inspect("died:y")
+    dead.process.kill()  # SIGKILL
+    dead.process.wait()
+    assert single.run_died(backend, "died:y", info) is True  # this host: the pid is gone
+    backend.force_release("died:y", info.token, None)
+
+
+def test_coalesce_follows_a_run_whose_child_was_killed(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The run's child is SIGKILLed: it never reaches its own follow-up. The worker's main
+    # process, releasing the dead run's hold (WorkerLostError), queues the noted call.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_killed, "k", "t0", 30.0)
+    (pid,) = wait_for(lambda: r.lrange("coalesce-killed:k:pids", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_killed, "k", "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    os.kill(int(pid), signal.SIGKILL)
+    first.get(timeout=30, propagate=False)
+    # The hold's TTL is 30 s: t1 runs well before it, queued by the main process.
+    wait_for(lambda: r.lrange("coalesce-killed:k:ran", 0, -1) == ["t0", "t1"], timeout=20)
