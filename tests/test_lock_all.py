@@ -1,0 +1,294 @@
+"""lock_all(): several names held together, all or none, never a deadlock, on real servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, lock_all, locks
+from django_redlock.locking.multi import MAX_NAMES, MultiLock
+from django_redlock.signals import lock_lost
+from django_redlock.testing import RedisServer
+
+# Every backend that keeps all names on one server takes a set in one script.
+ONE_SERVER = ("redis", "cache", "sentinel", "acl")
+
+
+def held_names(alias: str, names: list[str]) -> list[str]:
+    backend = locks[alias]
+    return [n for n in names if backend.is_locked(n)]
+
+
+def evalsha_calls(server: RedisServer) -> int:
+    stats = server.client().info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+# -- input, before any Redis call ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("names", "error", "says"),
+    [
+        ((), ValueError, "at least one name"),
+        (("a", 7), TypeError, "must be str"),
+        (("a", b"b"), TypeError, "must be str"),
+        (("a", ""), ValueError, "must not be empty"),
+        (tuple(f"n{i}" for i in range(MAX_NAMES + 1)), ValueError, f"at most {MAX_NAMES}"),
+    ],
+)
+def test_bad_names_are_refused_before_any_redis_call(
+    names: tuple[Any, ...], error: type[Exception], says: str
+) -> None:
+    backend = locks["down"]  # nobody listens there: any I/O would raise BackendUnavailable
+    with pytest.raises(error, match=says):
+        lock_all(*names, using="down")
+    assert backend.round_trips == 0
+
+
+def test_bad_options_are_refused_before_any_redis_call() -> None:
+    with pytest.raises(TypeError, match="using"):
+        lock_all("a", using=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="blocking=False"):
+        lock_all("a", blocking=False, timeout=1, using="down")
+    with pytest.raises(ValueError, match="names no database"):
+        lock_all("a", atomic="nowhere", using="down")
+    with pytest.raises(ValueError, match="ttl"):
+        lock_all("a", ttl=-1, using="down")
+    assert locks["down"].round_trips == 0
+
+
+def test_duplicates_count_once_and_the_order_is_canonical() -> None:
+    held = lock_all("b", "a", "b", "a", using="redis")
+    assert held.names == ["a", "b"]
+    with held:
+        assert list(held.fences) == ["a", "b"]
+    assert MAX_NAMES == 64
+    lock_all(*(["x"] * 200), using="down")  # 200 times one name: one name
+
+
+# -- all or none ------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=("redis", "cache", "local", "cluster", "sentinel", "acl"))
+def any_alias(request: pytest.FixtureRequest) -> str:
+    if request.param in ("cluster", "sentinel", "acl"):
+        request.getfixturevalue(f"_{request.param}_alias")
+    return str(request.param)
+
+
+def test_every_name_held_with_a_fence_then_all_released(any_alias: str) -> None:
+    names = ["acct:1", "acct:2", "acct:3"]
+    with lock_all(*reversed(names), using=any_alias, ttl=10) as held:
+        assert held_names(any_alias, names) == names
+        fences = held.fences
+        assert list(fences) == names and all(isinstance(f, int) for f in fences.values())
+        assert [lk.fence for lk in held.locks] == list(fences.values())
+        assert held.held()
+    assert held_names(any_alias, names) == []
+    assert held.fences == dict.fromkeys(names)
+
+
+def test_one_busy_name_leaves_nothing_held(any_alias: str) -> None:
+    names = ["t:1", "t:2", "t:3"]
+    other = lock("t:2", using=any_alias, ttl=10)
+    assert other.acquire()
+    with pytest.raises(LockNotAcquired, match="could not be acquired"):
+        with lock_all(*names, using=any_alias, blocking=False):
+            pytest.fail("the body ran without every name")
+    assert held_names(any_alias, names) == ["t:2"]
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquired, match="within 0.3 s"):
+        with lock_all(*names, using=any_alias, timeout=0.3):
+            pytest.fail("the body ran without every name")
+    assert time.monotonic() - started >= 0.29
+    assert held_names(any_alias, names) == ["t:2"]
+    other.release()
+    with lock_all(*names, using=any_alias, blocking=False) as held:
+        assert held_names(any_alias, names) == names
+        assert held.held()
+
+
+def test_the_body_s_error_releases_every_name(any_alias: str) -> None:
+    names = ["e:1", "e:2"]
+    with pytest.raises(ZeroDivisionError), lock_all(*names, using=any_alias):
+        1 / 0  # noqa: B018
+    assert held_names(any_alias, names) == []
+
+
+def test_waiting_for_a_busy_set_wakes_on_the_release(any_alias: str) -> None:
+    other = lock("w:b", using=any_alias, ttl=30)
+    assert other.acquire()
+    woke: list[float] = []
+
+    def wait() -> None:
+        with lock_all("w:a", "w:b", "w:c", using=any_alias, timeout=20):
+            woke.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)
+    if any_alias in ONE_SERVER:  # nothing held while waiting (else w:a, in canonical order)
+        assert held_names(any_alias, ["w:a", "w:c"]) == []
+    released = time.monotonic()
+    other.release()
+    thread.join(20)
+    assert woke, "never woke"
+    assert woke[0] - released < 5  # woken by the release, long before the 30 s TTL
+
+
+# -- one round trip on one server -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", ["redis", "cache"])
+def test_one_round_trip_to_take_and_one_to_release_a_free_set(
+    alias: str, redis_server: RedisServer
+) -> None:
+    names = [f"r:{i}" for i in range(10)]
+    held = lock_all(*names, using=alias, auto_renew=False)
+    backend = locks[alias]
+    before, calls = backend.round_trips, evalsha_calls(redis_server)
+    with held:
+        assert backend.round_trips - before == 1
+        assert evalsha_calls(redis_server) - calls == 1  # one script for ten names
+    assert backend.round_trips - before == 2  # the releases: one pipeline
+    assert held_names(alias, names) == []
+
+
+def test_a_waiting_set_does_not_poll(redis_server: RedisServer) -> None:
+    other = lock("p:b", using="redis", ttl=30)
+    assert other.acquire()
+    backend = locks["redis"]
+    before = backend.round_trips
+    thread = threading.Thread(
+        target=lambda: lock_all("p:a", "p:b", using="redis", timeout=20).__enter__()
+    )
+    thread.start()
+    time.sleep(1.5)
+    assert backend.round_trips - before <= 4  # a try, a registered try: then asleep
+    other.release()
+    thread.join(20)
+    assert held_names("redis", ["p:a", "p:b"]) == ["p:a", "p:b"]
+
+
+# -- losing one name is losing the whole -----------------------------------------------------
+
+
+@pytest.mark.parametrize("noticed", [True, False], ids=["watchdog", "release"])
+def test_one_name_deleted_behind_the_holder_s_back_ends_in_lock_lost(
+    any_alias: str, noticed: bool
+) -> None:
+    names = ["l:1", "l:2", "l:3"]
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, reason: str, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost)
+    try:
+        with pytest.raises(LockLost, match="'l:2'"):
+            with lock_all(*names, using=any_alias, ttl=1 if noticed else 10):
+                assert locks[any_alias].force_release("l:2")
+                if noticed:  # the watchdog renews every ttl/3 or so: it finds l:2 gone
+                    deadline = time.monotonic() + 10
+                    while not lost and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    assert lost == ["l:2"]
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert lost == ["l:2"]
+    assert held_names(any_alias, names) == []
+
+
+def test_release_of_a_set_not_held_is_lock_not_owned() -> None:
+    with pytest.raises(LockNotOwned, match="not held"):
+        lock_all("n:1", "n:2", using="redis").release()
+
+
+# -- several callers --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", ["redis", "local", "cluster"])
+def test_threads_taking_a_b_in_opposite_orders_never_overlap(
+    alias: str, request: pytest.FixtureRequest
+) -> None:
+    if alias == "cluster":
+        request.getfixturevalue("_cluster_alias")
+    inside, overlaps, done = [0], [0], [0]
+    guard = threading.Lock()
+
+    def worker(first: str, second: str) -> None:
+        for _ in range(60):
+            with lock_all(first, second, using=alias, timeout=60):
+                with guard:
+                    inside[0] += 1
+                    overlaps[0] += inside[0] != 1
+                time.sleep(0.0005)
+                with guard:
+                    inside[0] -= 1
+        with guard:
+            done[0] += 1
+
+    threads = [
+        threading.Thread(target=worker, args=("o:a", "o:b") if i % 2 else ("o:b", "o:a"))
+        for i in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert done[0] == 4 and overlaps[0] == 0
+
+
+# -- decorator ---------------------------------------------------------------------------------
+
+
+def test_decorator_names_are_templates_over_the_arguments() -> None:
+    seen: list[dict[str, int | None]] = []
+
+    @lock_all("acct:{src}", "acct:{dst}", using="redis", timeout=5)
+    def transfer(src: int, dst: int, amount: int) -> int:
+        assert locks["redis"].is_locked(f"acct:{src}") and locks["redis"].is_locked(f"acct:{dst}")
+        return amount
+
+    assert transfer(2, 1, amount=5) == 5
+    assert transfer(3, 3, 1) == 1  # one name, taken once
+    assert held_names("redis", ["acct:1", "acct:2", "acct:3"]) == []
+    with pytest.raises(ValueError, match="not an argument"):
+        lock_all("acct:{nope}", using="redis")(lambda src: src)
+    assert seen == []
+
+
+def test_decorating_a_coroutine_function_is_refused() -> None:
+    async def body() -> None: ...
+
+    with pytest.raises(TypeError, match="coroutine"):
+        lock_all("x", using="redis")(body)
+
+
+# -- operators see one holder, marked as one multi-lock ----------------------------------------
+
+
+def test_list_shows_each_name_with_the_same_multi_lock_holder(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with lock_all("m:1", "m:2", using="redis") as held:
+        infos = [locks["redis"].inspect(n) for n in held.names]
+        marks = {info.holder.get("m") for info in infos if info is not None}
+        assert len(infos) == 2 and marks == {f"2.{held.group}"}
+        call_command("redlock", "list", "--backend", "redis")
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "m:1" in line or "m:2" in line]
+    assert len(rows) == 2
+    assert all(f"multi-lock {held.group[-8:]} of 2 names" in row for row in rows)
+
+
+def test_a_lock_all_object_is_not_taken_twice() -> None:
+    held = MultiLock("d:1", "d:2", using="redis")
+    with held:
+        with pytest.raises(Exception, match="already held by this object"):
+            held.acquire()
