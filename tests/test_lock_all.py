@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -13,6 +15,8 @@ from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, lock_a
 from django_redlock.locking.multi import MAX_NAMES, MultiLock
 from django_redlock.signals import lock_lost
 from django_redlock.testing import RedisServer
+
+from .conftest import Child
 
 # Every backend that keeps all names on one server takes a set in one script.
 ONE_SERVER = ("redis", "cache", "sentinel", "acl")
@@ -97,14 +101,14 @@ def test_one_busy_name_leaves_nothing_held(any_alias: str) -> None:
     names = ["t:1", "t:2", "t:3"]
     other = lock("t:2", using=any_alias, ttl=10)
     assert other.acquire()
-    with pytest.raises(LockNotAcquired, match="could not be acquired"):
-        with lock_all(*names, using=any_alias, blocking=False):
-            pytest.fail("the body ran without every name")
+    refused = lock_all(*names, using=any_alias, blocking=False)
+    with pytest.raises(LockNotAcquired, match="could not be acquired"), refused:
+        pytest.fail("the body ran without every name")
     assert held_names(any_alias, names) == ["t:2"]
     started = time.monotonic()
-    with pytest.raises(LockNotAcquired, match="within 0.3 s"):
-        with lock_all(*names, using=any_alias, timeout=0.3):
-            pytest.fail("the body ran without every name")
+    waited = lock_all(*names, using=any_alias, timeout=0.3)
+    with pytest.raises(LockNotAcquired, match=r"within 0\.3 s"), waited:
+        pytest.fail("the body ran without every name")
     assert time.monotonic() - started >= 0.29
     assert held_names(any_alias, names) == ["t:2"]
     other.release()
@@ -190,14 +194,14 @@ def test_one_name_deleted_behind_the_holder_s_back_ends_in_lock_lost(
 
     lock_lost.connect(on_lost)
     try:
-        with pytest.raises(LockLost, match="'l:2'"):
-            with lock_all(*names, using=any_alias, ttl=1 if noticed else 10):
-                assert locks[any_alias].force_release("l:2")
-                if noticed:  # the watchdog renews every ttl/3 or so: it finds l:2 gone
-                    deadline = time.monotonic() + 10
-                    while not lost and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                    assert lost == ["l:2"]
+        held = lock_all(*names, using=any_alias, ttl=1 if noticed else 10)
+        with pytest.raises(LockLost, match="'l:2'"), held:
+            assert locks[any_alias].force_release("l:2")
+            if noticed:  # the watchdog renews every ttl/3 or so: it finds l:2 gone
+                deadline = time.monotonic() + 10
+                while not lost and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert lost == ["l:2"]
     finally:
         lock_lost.disconnect(on_lost)
     assert lost == ["l:2"]
@@ -289,6 +293,93 @@ def test_list_shows_each_name_with_the_same_multi_lock_holder(
 
 def test_a_lock_all_object_is_not_taken_twice() -> None:
     held = MultiLock("d:1", "d:2", using="redis")
-    with held:
-        with pytest.raises(Exception, match="already held by this object"):
-            held.acquire()
+    with held, pytest.raises(Exception, match="already held by this object"):
+        held.acquire()
+
+
+# -- processes ---------------------------------------------------------------------------------
+
+
+class MultiChild(Child):
+    """A process of tests/multi_child.py."""
+
+    def __init__(self, url: str, *args: str, env: dict[str, str] | None = None) -> None:
+        super().__init__("--url", url, *args, module="tests.multi_child", env=env)
+
+
+@pytest.fixture
+def multi_child(redis_server: RedisServer) -> Iterator[Callable[..., MultiChild]]:
+    started: list[MultiChild] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> MultiChild:
+        started.append(MultiChild(redis_server.url, *args, env=env))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        proc.signal(signal.SIGCONT)
+        proc.close()
+
+
+@pytest.mark.timeout(300)
+def test_four_processes_taking_a_b_in_opposite_orders_never_overlap(
+    redis_server: RedisServer, multi_child: Callable[..., MultiChild]
+) -> None:
+    start = "multi:start"
+    orders = ["a,b", "b,a", "a,b", "b,a"]
+    procs = [
+        multi_child("contend", "--names", order, "--rounds", "150", "--start", start)
+        for order in orders
+    ]
+    client = redis_server.client()
+    client.set(start, 1)
+    assert [int(proc.expect("DONE", timeout=240)) for proc in procs] == [0, 0, 0, 0]
+    assert int(client.get(f"{start}:total") or 0) == 600
+    assert held_names("redis", ["a", "b"]) == []
+
+
+def test_a_sigkilled_holder_frees_every_name_at_its_ttl(
+    multi_child: Callable[..., MultiChild],
+) -> None:
+    names = ["k:1", "k:2", "k:3"]
+    holder = multi_child("hold", "--names", ",".join(names), "--ttl", "1")
+    fences = [int(f) for f in holder.expect("HELD", timeout=30).split()]
+    assert len(fences) == 3
+    holder.signal(signal.SIGKILL)
+    killed = time.monotonic()
+    assert held_names("redis", names) == names  # held until the TTL runs out
+    with lock_all(*names, using="redis", timeout=10) as held:
+        assert time.monotonic() - killed < 5
+        assert all(new > old for new, old in zip(held.fences.values(), fences, strict=True))
+
+
+# -- waiters pass a wake-up on ------------------------------------------------------------------
+
+
+def test_a_set_waiter_woken_for_a_free_name_hands_the_wake_up_on() -> None:
+    """The set waiter registered on a is woken by a's release, but b is busy: it must wake
+    a's next waiter (a plain lock here), which would else sleep until a's old TTL."""
+    holder_a, holder_b = lock("h:a", using="redis", ttl=30), lock("h:b", using="redis", ttl=30)
+    assert holder_a.acquire() and holder_b.acquire()
+    got_a: list[float] = []
+    set_waiter = threading.Thread(
+        target=lambda: lock_all("h:a", "h:b", using="redis", timeout=3).acquire(timeout=3)
+    )
+    set_waiter.start()
+    time.sleep(0.5)  # registered on h:a first
+
+    def plain() -> None:
+        single = lock("h:a", using="redis", ttl=30)
+        if single.acquire(timeout=20):
+            got_a.append(time.monotonic())
+            single.release()
+
+    plain_waiter = threading.Thread(target=plain)
+    plain_waiter.start()
+    time.sleep(0.5)
+    released = time.monotonic()
+    holder_a.release()
+    plain_waiter.join(25)
+    set_waiter.join(10)
+    holder_b.release()
+    assert got_a and got_a[0] - released < 2.5  # not the 30 s of h:a's old TTL

@@ -1,0 +1,109 @@
+"""A ``lock_all`` client run as its own process by tests/test_lock_all.py:
+``python -m tests.multi_child --url REDIS ACTION ...``; one line per event on stdout.
+
+* ``contend --names a,b --rounds N --start KEY``: once KEY exists, N times take every name
+  and check, inside, that nobody else is inside (a counter in Redis); says ``DONE <overlaps>``.
+* ``hold --names a,b --ttl S``: take them, say ``HELD <fences>``, wait (to be SIGKILLed).
+* ``paused --names a,b --ttl S --when before|inside [--no-renew]`` (PostgreSQL from the
+  environment, as tests/fenced_child.py): take them, then ("before") say ``ACQUIRED``, wait for
+  a line and run the fenced block, or ("inside") run it, say ``INSIDE`` and wait in it. Says
+  ``COMMITTED``, or ``REFUSED <error>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from typing import Any
+
+
+def contend(args: argparse.Namespace) -> None:
+    from django_redlock import lock_all, locks
+
+    client = locks["default"].client  # type: ignore[attr-defined]
+    while not client.exists(args.start):  # every process starts together
+        time.sleep(0.005)
+    names = args.names.split(",")
+    overlaps = 0
+    for _ in range(args.rounds):
+        with lock_all(*names, timeout=120):
+            overlaps += client.incr(f"{args.start}:inside") != 1
+            client.incr(f"{args.start}:total")
+            client.decr(f"{args.start}:inside")
+    say("DONE", overlaps)
+
+
+def hold(args: argparse.Namespace) -> None:
+    from django_redlock import lock_all
+
+    with lock_all(*args.names.split(","), ttl=args.ttl) as held:
+        say("HELD", *held.fences.values())
+        sys.stdin.readline()
+
+
+def paused(args: argparse.Namespace) -> None:
+    from django_redlock import LockError, lock_all
+    from django_redlock.signals import lock_lost
+
+    from .fenced_child import sell_one
+
+    lock_lost.connect(lambda **kw: say("LOST", kw["lock"].name), weak=False)
+    held = lock_all(
+        *args.names.split(","), ttl=args.ttl, atomic="default", auto_renew=not args.no_renew
+    )
+    try:
+        if args.when == "before":
+            held.acquire()
+            say("ACQUIRED", *held.fences.values())
+            sys.stdin.readline()
+            with held.atomic():
+                sell_one("default", 1, "paused")
+            with contextlib.suppress(Exception):
+                held.release()
+        else:
+            with held:
+                sell_one("default", 1, "paused")
+                say("INSIDE", *held.fences.values())
+                sys.stdin.readline()
+    except LockError as exc:
+        say("REFUSED", type(exc).__name__, exc)
+        return
+    say("COMMITTED")
+
+
+def say(*words: object) -> None:
+    print(*words, flush=True)
+
+
+def main(argv: Any = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    sub = parser.add_subparsers(dest="action", required=True)
+    p = sub.add_parser("contend")
+    p.add_argument("--names", required=True)
+    p.add_argument("--rounds", type=int, default=150)
+    p.add_argument("--start", required=True)
+    p = sub.add_parser("hold")
+    p.add_argument("--names", required=True)
+    p.add_argument("--ttl", type=float, default=1.0)
+    p = sub.add_parser("paused")
+    p.add_argument("--names", required=True)
+    p.add_argument("--ttl", type=float, default=1.0)
+    p.add_argument("--when", choices=["before", "inside"], required=True)
+    p.add_argument("--no-renew", action="store_true")
+    args = parser.parse_args(argv)
+    if args.action == "paused":
+        from .fenced_child import setup as with_database
+
+        with_database(args.url)
+    else:
+        from .child import setup
+
+        setup(args.url, "redis")
+    {"contend": contend, "hold": hold, "paused": paused}[args.action](args)
+
+
+if __name__ == "__main__":
+    main()
