@@ -1,7 +1,8 @@
 """A ``lock_all`` client run as its own process by tests/test_lock_all.py:
 ``python -m tests.multi_child --url REDIS ACTION ...``; one line per event on stdout.
 
-* ``contend --names a,b --rounds N --start KEY``: once KEY exists, N times take every name
+* ``contend --names a,b --rounds N --start KEY`` (``--nodes URLS``: on a Redlock quorum of
+  them; the counter stays on --url): once KEY exists, N times take every name
   and check, inside, that nobody else is inside (a counter in Redis); says ``DONE <overlaps>``.
 * ``hold --names a,b --ttl S``: take them, say ``HELD <fences>``, wait (to be SIGKILLed).
 * ``paused --names a,b --ttl S --when before|inside [--no-renew]`` (PostgreSQL from the
@@ -22,7 +23,7 @@ from typing import Any
 def contend(args: argparse.Namespace) -> None:
     from django_redlock import lock_all, locks
 
-    client = locks["default"].client  # type: ignore[attr-defined]
+    client = locks["store"].client  # type: ignore[attr-defined]  # the --url server
     while not client.exists(args.start):  # every process starts together
         time.sleep(0.005)
     names = args.names.split(",")
@@ -80,6 +81,7 @@ def say(*words: object) -> None:
 def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
+    parser.add_argument("--nodes", help="a Redlock quorum over these servers (comma-separated)")
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("contend")
     p.add_argument("--names", required=True)
@@ -101,7 +103,7 @@ def main(argv: Any = None) -> None:
     else:
         from .child import setup
 
-        setup(args.url, "redis")
+        setup(args.url, "redis", args.nodes)
     {"contend": contend, "hold": hold, "paused": paused}[args.action](args)
 
 

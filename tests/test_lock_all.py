@@ -9,7 +9,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
+from django.test import override_settings
+from redis.cluster import key_slot
 
 from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, lock_all, locks
 from django_redlock.locking.multi import MAX_NAMES, MultiLock
@@ -383,3 +386,72 @@ def test_a_set_waiter_woken_for_a_free_name_hands_the_wake_up_on() -> None:
     set_waiter.join(10)
     holder_b.release()
     assert got_a and got_a[0] - released < 2.5  # not the 30 s of h:a's old TTL
+
+
+# -- Redlock and Cluster: canonical order -------------------------------------------------------
+
+
+@pytest.fixture
+def quorum(redis_factory: Callable[..., RedisServer]) -> Iterator[str]:
+    nodes = [redis_factory() for _ in range(5)]
+    config = {
+        "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+        "LOCATION": [server.url for server in nodes],
+        # Generous: a loaded test machine must not turn a slow reply into no quorum.
+        "OPTIONS": {"socket_timeout": 2.0, "socket_connect_timeout": 2.0},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "quorum": config}):
+        yield "quorum"
+
+
+@pytest.mark.usefixtures("_cluster_alias")
+def test_cluster_names_in_different_slots_all_or_none_and_waiting() -> None:
+    names = ["slot:a", "slot:b", "slot:c"]
+    backend = locks["cluster"]
+    assert len({key_slot(backend.key(n).encode()) for n in names}) == 3
+    assert not lock_all(*names, using="cluster").together  # taken in canonical order
+    other = lock("slot:c", using="cluster", ttl=30)
+    assert other.acquire()
+    assert not lock_all(*names, using="cluster").acquire(blocking=False)
+    assert held_names("cluster", names) == ["slot:c"]  # a and b given back
+    threading.Timer(0.5, other.release).start()
+    with lock_all(*reversed(names), using="cluster", timeout=20) as held:
+        assert held_names("cluster", names) == names
+        assert all(held.fences.values())
+    assert held_names("cluster", names) == []
+
+
+def test_redlock_all_or_none_waiting_and_loss(quorum: str) -> None:
+    names = ["q:1", "q:2", "q:3"]
+    other = lock("q:2", using=quorum, ttl=30)
+    assert other.acquire()
+    assert not lock_all(*names, using=quorum).acquire(blocking=False)
+    assert held_names(quorum, names) == ["q:2"]
+    threading.Timer(0.5, other.release).start()
+    with lock_all(*names, using=quorum, timeout=20) as held:
+        assert held_names(quorum, names) == names
+        assert all(held.fences.values())
+    assert held_names(quorum, names) == []
+    held = lock_all(*names, using=quorum, ttl=10)
+    with pytest.raises(LockLost, match="'q:3'"), held:
+        assert locks[quorum].force_release("q:3")
+    assert held_names(quorum, names) == []
+
+
+@pytest.mark.timeout(300)
+def test_redlock_processes_taking_a_b_in_opposite_orders_never_overlap(
+    redis_server: RedisServer, quorum: str, multi_child: Callable[..., MultiChild]
+) -> None:
+    nodes = ",".join(locks[quorum].location)  # type: ignore[arg-type]
+    start = "multi:start"
+    procs = [
+        multi_child(
+            "--nodes", nodes, "contend", "--names", order, "--rounds", "40", "--start", start
+        )
+        for order in ("a,b", "b,a", "a,b", "b,a")
+    ]
+    client = redis_server.client()
+    client.set(start, 1)
+    assert [int(proc.expect("DONE", timeout=240)) for proc in procs] == [0, 0, 0, 0]
+    assert int(client.get(f"{start}:total") or 0) == 160
+    assert held_names(quorum, ["a", "b"]) == []
