@@ -455,3 +455,114 @@ def test_redlock_processes_taking_a_b_in_opposite_orders_never_overlap(
     assert [int(proc.expect("DONE", timeout=240)) for proc in procs] == [0, 0, 0, 0]
     assert int(client.get(f"{start}:total") or 0) == 160
     assert held_names(quorum, ["a", "b"]) == []
+
+
+# -- atomic=: every fence in one transaction ------------------------------------------------------
+
+PG = "postgres"
+
+
+@pytest.mark.django_db(databases=["default"], transaction=True)
+def test_atomic_records_every_fence_in_one_transaction_before_the_body() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_redlock.fencing import row_key
+    from django_redlock.models import Fence
+
+    held = lock_all("fa:2", "fa:1", atomic=True)
+    with CaptureQueriesContext(connection) as queries, held:
+        assert connection.in_atomic_block
+        rows = dict(Fence.objects.values_list("name", "fence"))
+        assert rows == held.fences
+    sqls = [q["sql"] for q in queries.captured_queries]
+    begins = [s for s in sqls if s.startswith(("BEGIN", "SAVEPOINT"))]
+    assert len(begins) <= 1  # one transaction, no savepoint per name
+    keys = [row_key("default", n) for n in ("fa:1", "fa:2")]
+    upserts = [s for s in sqls if "INSERT" in s]
+    assert len(upserts) == 2 and all(keys[i] in upserts[i] for i in range(2))  # canonical order
+    assert held_names("default", ["fa:1", "fa:2"]) == []
+
+
+@pytest.mark.django_db(databases=["default"], transaction=True)
+def test_atomic_refuses_a_stale_fence_of_any_name_and_frees_every_name() -> None:
+    from django_redlock import StaleFence
+    from django_redlock.fencing import check_fence
+
+    with lock_all("st:1", "st:2") as held:
+        fences = held.fences
+    check_fence("default", "default", "st:2", 10**18)  # a later hold recorded st:2's fence
+    body: list[str] = []
+    with pytest.raises(StaleFence), lock_all("st:1", "st:2", atomic=True):
+        body.append("ran")
+    assert body == [] and all(fences.values())
+    assert held_names("default", ["st:1", "st:2"]) == []
+
+
+def eventually(condition: Callable[[], Any], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.django_db(databases=["default", PG], transaction=True)
+@pytest.mark.timeout(120)
+def test_postgresql_a_holder_paused_before_its_block_commits_nothing(
+    multi_child: Callable[..., MultiChild], postgres_env: dict[str, str]
+) -> None:
+    from .fenced_child import open_shop, sales, sell_one
+
+    names = ["pg:a", "pg:b"]
+    open_shop(PG, 1, 5)
+    paused = multi_child("paused", "--names", ",".join(names), "--when", "before", "--ttl", "1",
+                         "--no-renew", env=postgres_env)  # fmt: skip
+    old = [int(f) for f in paused.expect("ACQUIRED", timeout=60).split()]
+    paused.signal(signal.SIGSTOP)
+    eventually(lambda: held_names("default", names) == [], "the paused holds' expiry")
+    with lock_all(*reversed(names), ttl=10, atomic=PG) as held:
+        sell_one(PG, 1, "next")
+        assert all(new > o for new, o in zip(held.fences.values(), old, strict=True))
+    paused.signal(signal.SIGCONT)
+    paused.send("go")
+    assert paused.expect("REFUSED", timeout=60).split()[0] == "StaleFence"
+    assert sales(PG) == [("next", 5)]
+
+
+@pytest.mark.django_db(databases=["default", PG], transaction=True)
+@pytest.mark.timeout(120)
+def test_postgresql_the_next_set_holder_starts_after_a_paused_holder_s_transaction(
+    multi_child: Callable[..., MultiChild], postgres_env: dict[str, str]
+) -> None:
+    from django.db import connections
+
+    from .fenced_child import open_shop, sales, sell_one
+    from .test_fenced_postgres import waiting_on_a_row
+
+    names = ["pg:a", "pg:b"]
+    open_shop(PG, 1, 5)
+    paused = multi_child("paused", "--names", ",".join(names), "--when", "inside", "--ttl", "1",
+                         env=postgres_env)  # fmt: skip
+    paused.expect("INSIDE", timeout=60)  # sold one, every fence recorded, not committed yet
+    paused.signal(signal.SIGSTOP)
+    eventually(lambda: held_names("default", names) == [], "the paused holds' expiry")
+    seen: list[list[tuple[str, int]]] = []
+
+    def next_holder() -> None:
+        try:
+            with lock_all("pg:b", "pg:a", ttl=10, timeout=30, atomic=PG):
+                seen.append(sales(PG))
+                sell_one(PG, 1, "next")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=next_holder, daemon=True)
+    thread.start()
+    eventually(waiting_on_a_row, "the next holder waiting for a name's row")
+    assert seen == []  # every name held in Redis, its body not started
+    paused.signal(signal.SIGCONT)
+    paused.send("go")
+    assert paused.expect("COMMITTED", timeout=60) == ""  # the lost-hold rule: in order
+    thread.join(30)
+    assert seen == [[("paused", 5)]]
+    assert sales(PG) == [("paused", 5), ("next", 4)]
