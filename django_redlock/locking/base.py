@@ -399,7 +399,7 @@ class BaseLock:
     def release_steps(self) -> Steps[None]:
         """Internal API (``lock_all``): the steps of :meth:`release`, for a caller that runs
         several holds' releases together (one pipelined round trip). Each yielded step is a
-        backend :class:`~..backends.base.Op`; the same errors as :meth:`release` come out."""
+        backend ``Op``; the same errors as :meth:`release` come out."""
         return self._release()
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:

@@ -493,7 +493,7 @@ def lock_all(
 ) -> MultiLock:
     """Every name held, or none: a :class:`MultiLock` on backend ``using``; use with ``with``
     or as a decorator. ``held.fences`` maps each name to its fence. Duplicate names count
-    once; at most :data:`MAX_NAMES` distinct names. ``atomic=True`` (or a ``DATABASES``
+    once; at most 64 distinct names (``MAX_NAMES``). ``atomic=True`` (or a ``DATABASES``
     alias): one transaction records every fence before the body runs, committed before the
     release."""
     return MultiLock(
