@@ -566,3 +566,40 @@ def test_postgresql_the_next_set_holder_starts_after_a_paused_holder_s_transacti
     thread.join(30)
     assert seen == [[("paused", 5)]]
     assert sales(PG) == [("paused", 5), ("next", 4)]
+
+
+# -- the example shop ----------------------------------------------------------------------------
+
+
+def test_the_example_shop_moves_tickets_to_the_box_office_under_both_locks() -> None:
+    """The shop's "Move 10 tickets" (example_project/shop/stock.py) against buyers: every
+    ticket is in one place, whatever the interleaving."""
+    import importlib.util
+
+    from .conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "example_shop_stock", ROOT / "example_project/shop/stock.py"
+    )
+    assert spec is not None and spec.loader is not None
+    stock = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stock)
+    stock.restock(60)
+
+    def mover() -> None:
+        for _ in range(5):
+            stock.move_to_box_office(2)
+
+    def buyer() -> None:
+        for _ in range(10):
+            with lock("tickets", timeout=30):
+                stock.sell_one()
+
+    threads = [threading.Thread(target=t) for t in (mover, mover, buyer, buyer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    sold = int(stock.redis().get(stock.SOLD_KEY) or 0)
+    assert stock.box_office() == 20 and sold == 20
+    assert stock.left() + stock.box_office() + sold == 60
