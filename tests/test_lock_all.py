@@ -14,12 +14,22 @@ from django.core.management import call_command
 from django.test import override_settings
 from redis.cluster import key_slot
 
-from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, lock_all, locks
+from django_redlock import (
+    BackendUnavailable,
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    lock,
+    lock_all,
+    locks,
+)
 from django_redlock.locking.multi import MAX_NAMES, MultiLock
 from django_redlock.signals import lock_lost
 from django_redlock.testing import RedisServer
 
 from .conftest import Child
+from .proxy import LossyProxy
 
 # Every backend that keeps all names on one server takes a set in one script.
 ONE_SERVER = ("redis", "cache", "sentinel", "acl")
@@ -603,3 +613,55 @@ def test_the_example_shop_moves_tickets_to_the_box_office_under_both_locks() -> 
     sold = int(stock.redis().get(stock.SOLD_KEY) or 0)
     assert stock.box_office() == 20 and sold == 20
     assert stock.left() + stock.box_office() + sold == 60
+
+
+# -- lost replies, waiting for oneself ------------------------------------------------------------
+
+
+@pytest.fixture
+def lossy(redis_server: RedisServer) -> Iterator[LossyProxy]:
+    """An alias "lossy" on the suite's Redis, through a proxy that can lose replies."""
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+        yield proxy
+    proxy.close()
+
+
+def test_a_take_whose_reply_was_lost_gives_every_name_back(lossy: LossyProxy) -> None:
+    names = ["lr:1", "lr:2", "lr:3"]
+    held = lock_all(*names, using="lossy", ttl=30)
+    with held:
+        pass  # connected (the script's connection and the pipeline's): the next reply is ours
+    lossy.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        held.acquire()  # the script took every name; its reply was lost
+    assert lossy.lost == 1
+    assert held_names("redis", names) == []  # given back at once, not at the TTL
+    assert not held.held()
+    with held:
+        assert held_names("redis", names) == names
+
+
+def test_a_release_whose_reply_was_lost_is_no_loss(lossy: LossyProxy) -> None:
+    names = ["lq:1", "lq:2"]
+    with lock_all(*names, using="lossy", ttl=30):
+        pass  # connected: the release's pipeline too (the next reply is the release's)
+    held = lock_all(*names, using="lossy", ttl=30)
+    assert held.acquire()
+    lossy.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        held.release()  # the pipeline went through; its reply did not
+    assert held_names("redis", names) == []
+    held.release()  # the retry finds the tokens gone: our own release, no loss
+    assert all(lk.lost is None for lk in held.locks)
+    with pytest.raises(LockNotOwned):
+        held.release()
+
+
+def test_waiting_forever_for_a_name_this_thread_holds_is_refused() -> None:
+    with lock("self:b", using="redis"):
+        with pytest.raises(LockError, match="would wait forever"):
+            lock_all("self:a", "self:b", using="redis").acquire()
+        assert held_names("redis", ["self:a"]) == []
+        assert not lock_all("self:a", "self:b", using="redis").acquire(timeout=0.1)
