@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -665,3 +666,21 @@ def test_waiting_forever_for_a_name_this_thread_holds_is_refused() -> None:
             lock_all("self:a", "self:b", using="redis").acquire()
         assert held_names("redis", ["self:a"]) == []
         assert not lock_all("self:a", "self:b", using="redis").acquire(timeout=0.1)
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_each_name_with_the_same_holder_marked_as_one_multi_lock() -> None:
+    from django.test import Client
+
+    from .factories import UserFactory
+
+    client = Client()
+    client.force_login(UserFactory(is_superuser=True))
+    with lock_all("adm:1", "adm:2", using="redis") as held:
+        page = client.get(
+            "/admin/django_redlock/heldlock/", {"backend": "redis", "q": "adm:*"}
+        ).content.decode()
+    holders = re.findall(r'<td class="holder" title="([^"]*)">(.*?)<br>', page)
+    short = f"MainThread (multi-lock {held.group[-8:]} of 2 names)"
+    assert [who for _, who in holders] == [short, short]
+    assert all(title.endswith(f"multi-lock {held.group} of 2 names") for title, _ in holders)
