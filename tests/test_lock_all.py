@@ -684,3 +684,31 @@ def test_the_admin_shows_each_name_with_the_same_holder_marked_as_one_multi_lock
     short = f"MainThread (multi-lock {held.group[-8:]} of 2 names)"
     assert [who for _, who in holders] == [short, short]
     assert all(title.endswith(f"multi-lock {held.group} of 2 names") for title, _ in holders)
+
+
+@pytest.mark.parametrize("alias", ["redis", "cluster"])
+def test_the_watchdog_renews_every_name_past_its_ttl(
+    alias: str, request: pytest.FixtureRequest
+) -> None:
+    if alias == "cluster":
+        request.getfixturevalue("_cluster_alias")
+    names = ["rn:1", "rn:2", "rn:3"]
+    with lock_all(*names, using=alias, ttl=1) as held:
+        time.sleep(2.5)  # 2.5 TTLs
+        assert held_names(alias, names) == names
+        assert all(lk.owned() for lk in held.locks)
+    assert held_names(alias, names) == []
+
+
+def test_a_blocking_take_in_a_running_event_loop_is_refused() -> None:
+    import asyncio
+
+    async def main() -> bool:
+        with pytest.raises(LockError, match="event loop"):
+            lock_all("ev:1", "ev:2", using="redis").acquire()
+        held = lock_all("ev:1", "ev:2", using="redis")
+        taken = held.acquire(blocking=False)  # one try never blocks the loop
+        held.release()
+        return taken
+
+    assert asyncio.run(main())
