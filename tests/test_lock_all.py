@@ -712,3 +712,12 @@ def test_a_blocking_take_in_a_running_event_loop_is_refused() -> None:
         return taken
 
     assert asyncio.run(main())
+
+
+def test_a_set_waiter_that_gives_up_leaves_no_registration(redis_server: RedisServer) -> None:
+    other = lock("gu:b", using="redis", ttl=30)
+    assert other.acquire()
+    assert not lock_all("gu:a", "gu:b", "gu:c", using="redis").acquire(timeout=0.3)
+    backend, client = locks["redis"], redis_server.client()
+    assert [client.zcard(backend.waiting_key(n)) for n in ("gu:a", "gu:b", "gu:c")] == [0, 0, 0]
+    other.release()

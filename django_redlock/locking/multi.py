@@ -275,9 +275,11 @@ class MultiLock:
                 yield Sleep(handle[1], min(pause, remaining))
         finally:
             if not taken.acquired:
-                # Out of the busy name's waiters; its next waiter is woken if it is free.
+                # Out of every name's waiters (after an error it is not known where this
+                # waiter registered), in one round trip; a free name's next waiter is woken.
+                leave = self.backend.op_leave
                 with contextlib.suppress(Exception):
-                    yield self.backend.op_leave(self.names[taken.busy], waiter)
+                    yield Op(self.names[0], [leave(n, waiter).request for n in self.names], list)
             yield Unwatch(handle)
 
     _busy: str | None = None
