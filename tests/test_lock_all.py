@@ -721,3 +721,32 @@ def test_a_set_waiter_that_gives_up_leaves_no_registration(redis_server: RedisSe
     backend, client = locks["redis"], redis_server.client()
     assert [client.zcard(backend.waiting_key(n)) for n in ("gu:a", "gu:b", "gu:c")] == [0, 0, 0]
     other.release()
+
+
+@pytest.mark.parametrize("alias", ["redis", "local"])
+def test_an_interrupt_while_waiting_leaves_nothing_held(
+    alias: str, redis_server: RedisServer
+) -> None:
+    """Ctrl-C (a KeyboardInterrupt from a signal handler) while waiting for a busy set."""
+    other = lock("ki:c", using=alias, ttl=30)
+    assert other.acquire()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        waiting_set = lock_all("ki:a", "ki:b", "ki:c", using=alias, timeout=20)
+        with pytest.raises(KeyboardInterrupt), waiting_set:
+            pytest.fail("the body ran without every name")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert held_names(alias, ["ki:a", "ki:b", "ki:c"]) == ["ki:c"]
+    if alias == "redis":
+        waiting = [redis_server.client().zcard(locks[alias].waiting_key(f"ki:{n}")) for n in "abc"]
+        assert waiting == [0, 0, 0]
+    other.release()
+    with lock_all("ki:a", "ki:b", "ki:c", using=alias, timeout=5):
+        pass
