@@ -281,11 +281,39 @@ def test_decorator_names_are_templates_over_the_arguments() -> None:
     assert seen == []
 
 
-def test_decorating_a_coroutine_function_is_refused() -> None:
+def test_async_with_and_a_coroutine_decorator(any_alias: str) -> None:
+    import asyncio
+
+    names = ["as:1", "as:2"]
+
+    @lock_all("as:{src}", "as:{dst}", using=any_alias, timeout=5)
+    async def transfer(src: int, dst: int) -> list[str]:
+        return held_names(any_alias, names)
+
+    async def main() -> None:
+        async with lock_all(*names, using=any_alias, timeout=5) as held:
+            assert held.held() and all(held.fences.values())
+            assert held_names(any_alias, names) == names
+            busy = lock_all(*names, using=any_alias)
+            assert not await busy.aacquire(blocking=False)
+            other = lock_all("as:2", "as:3", using=any_alias)
+            waiter = asyncio.ensure_future(other.aacquire(timeout=10))
+            await asyncio.sleep(0.3)
+            assert not waiter.done()
+        assert await waiter  # woken by the release
+        assert held_names(any_alias, names) == ["as:2"]
+        await other.arelease()
+        assert await transfer(2, 1) == names
+
+    asyncio.run(main())
+    assert held_names(any_alias, names) == []
+
+
+def test_atomic_is_refused_on_an_event_loop() -> None:
     async def body() -> None: ...
 
-    with pytest.raises(TypeError, match="coroutine"):
-        lock_all("x", using="redis")(body)
+    with pytest.raises(LockError, match="synchronous"):
+        lock_all("x", using="redis", atomic=True)(body)
 
 
 # -- operators see one holder, marked as one multi-lock ----------------------------------------

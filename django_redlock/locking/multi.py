@@ -47,7 +47,7 @@ from ..scripts import Call, script
 from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
 from .lock import Lock
-from .steps import Sleep, Steps, Unwatch, Watch, drive, in_event_loop
+from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
 from .templates import name_template
 
 logger = logging.getLogger("django_redlock")
@@ -114,7 +114,8 @@ def check_names(names: Sequence[Any]) -> list[str]:
 class MultiLock:
     """Several names held together: all of them, or none. Use with ``with`` or as a
     decorator (each name a ``str.format`` template over the arguments), or by hand
-    (:meth:`acquire`, :meth:`release`). Sync only: Django's transactions are, and so is this.
+    (:meth:`acquire`, :meth:`release`); ``async with``, ``aacquire`` and ``arelease`` on an
+    event loop (not with ``atomic=``: Django's transactions are synchronous).
     """
 
     def __init__(
@@ -175,11 +176,11 @@ class MultiLock:
 
     # -- acquire -----------------------------------------------------------------------------
 
-    def _check_wait(self, blocking: bool, timeout: float | None) -> None:
-        if blocking and timeout != 0 and in_event_loop():
+    def _check_wait(self, blocking: bool, timeout: float | None, in_loop: bool = False) -> None:
+        if blocking and timeout != 0 and not in_loop and in_event_loop():
             raise LockError(
                 f"{self._describe()}: a blocking acquire in a running event loop would block"
-                " the loop; run the locked code in a thread (sync_to_async)"
+                " the loop; use `await held.aacquire()` or `async with`"
             )
         if any(lk.token is not None for lk in self.locks):
             raise LockError(f"{self._describe()} is already held by this object")
@@ -203,6 +204,39 @@ class MultiLock:
         if self.together:
             return drive(self.backend, self._take_together(blocking, timeout))
         return self._take_in_order(blocking, timeout)
+
+    async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """:meth:`acquire` on the running event loop."""
+        self._check_async()
+        blocking = check_bool(blocking, "blocking")
+        timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
+        if not blocking and timeout:
+            raise ValueError("a timeout makes no sense with blocking=False")
+        self._check_wait(blocking, timeout, in_loop=True)
+        if self.together:
+            return await adrive(self.backend, self._take_together(blocking, timeout))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        taken: list[Lock] = []
+        try:
+            for lk in self.locks:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not await lk.aacquire(blocking=blocking, timeout=left if blocking else None):
+                    break
+                taken.append(lk)
+        finally:
+            if len(taken) < len(self.locks):  # refused, an error, or cancelled
+                for lk in reversed(taken):
+                    with contextlib.suppress(LockError):
+                        await lk.arelease()
+        return len(taken) == len(self.locks)
+
+    def _check_async(self) -> None:
+        if self.database is not None:
+            raise LockError(
+                f"{self._describe()} opens a database transaction (atomic={self.database!r}),"
+                " and Django's transactions are synchronous: take the names in a thread"
+                " (sync_to_async)"
+            )
 
     def _take_in_order(self, blocking: bool, timeout: float | None) -> bool:
         """Each member in canonical order, one deadline for all; all or none."""
@@ -296,12 +330,29 @@ class MultiLock:
         the same), ``LockNotOwned`` if none is held; ``BackendUnavailable`` (no answer) keeps
         the unanswered holds: call ``release()`` again."""
         if self.together:
-            outcomes = run_together(self.backend, [lk.release_steps() for lk in self.locks])
+            outcomes = drive(self.backend, together([lk.release_steps() for lk in self.locks]))
         else:
             outcomes = []
             for lk in reversed(self.locks):
                 try:
                     lk.release()
+                except BaseException as exc:  # every member is released
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+            outcomes.reverse()
+        self._raise_for(outcomes)
+
+    async def arelease(self) -> None:
+        """:meth:`release` on the running event loop."""
+        if self.together:
+            runs = [lk.release_steps() for lk in self.locks]
+            outcomes = await adrive(self.backend, together(runs))
+        else:
+            outcomes = []
+            for lk in reversed(self.locks):
+                try:
+                    await lk.arelease()
                 except BaseException as exc:  # every member is released
                     outcomes.append(exc)
                 else:
@@ -378,6 +429,23 @@ class MultiLock:
                 check_fence(using, self.using, name, fence, f"lock {name!r} of {self._describe()}")
             yield
 
+    async def __aenter__(self) -> MultiLock:
+        if not await self.aacquire(self.blocking, self._timeout()):
+            raise self._not_acquired(self._timeout())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.arelease()
+        except LockNotOwned:
+            if exc_type is None:
+                raise
+
     def _open_block(self, using: str) -> None:
         """The fenced block of ``with``: opened once every name is held, before the body."""
         try:
@@ -422,14 +490,18 @@ class MultiLock:
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: each name is a ``str.format`` template over the arguments."""
-        if inspect.iscoroutinefunction(func):
-            raise TypeError(
-                "lock_all() does not decorate coroutine functions: run the locked code in a"
-                " thread (sync_to_async) with lock_all() taken there"
-            )
         signature = inspect.signature(func)
         builders = [name_template(n, signature, func.__qualname__) for n in self.names]
         options = self._options()
+        if inspect.iscoroutinefunction(func):
+            self._check_async()
+
+            @functools.wraps(func)
+            async def locked_acall(*args: Any, **kwargs: Any) -> Any:
+                async with MultiLock(*(build(args, kwargs) for build in builders), **options):
+                    return await func(*args, **kwargs)
+
+            return cast(F, locked_acall)
 
         @functools.wraps(func)
         def locked_call(*args: Any, **kwargs: Any) -> Any:
@@ -439,10 +511,11 @@ class MultiLock:
         return cast(F, locked_call)
 
 
-def run_together(backend: BaseLockBackend, runs: list[Steps[None]]) -> list[BaseException | None]:
-    """Run several operations' steps side by side, each round's ops in one pipelined round
-    trip (ops that are not single script calls go one by one). Each run's outcome: None, or
-    the exception it ended with. No answer for a round is thrown into every run of it."""
+def together(runs: list[Steps[None]]) -> Steps[list[BaseException | None]]:
+    """Several operations' steps side by side, as one run of steps: each round's ops go in
+    one pipelined round trip (ops that are not single script calls go one by one). The
+    result: each run's outcome, None or the exception it ended with. No answer for a round
+    is thrown into every run of it. Driven by :func:`~.steps.drive` or ``adrive``."""
     outcomes: list[BaseException | None] = [None] * len(runs)
     feed: dict[int, tuple[Any, BaseException | None]] = {i: (None, None) for i in range(len(runs))}
     while feed:
@@ -461,9 +534,8 @@ def run_together(backend: BaseLockBackend, runs: list[Steps[None]]) -> list[Base
             break
         if all(isinstance(op.request, Call) for op in ops.values()):
             first = next(iter(ops.values()))
-            batch = Op(first.name, [op.request for op in ops.values()], list)
             try:
-                replies = backend.execute(batch)
+                replies = yield Op(first.name, [op.request for op in ops.values()], list)
             except BaseException as exc:  # thrown into each run
                 feed = {i: (None, exc) for i in ops}
                 continue
@@ -478,7 +550,7 @@ def run_together(backend: BaseLockBackend, runs: list[Steps[None]]) -> list[Base
         else:
             for i, op in ops.items():
                 try:
-                    feed[i] = (backend.execute(op), None)
+                    feed[i] = ((yield op), None)
                 except BaseException as exc:  # thrown into the run
                     feed[i] = (None, exc)
     return outcomes
