@@ -330,7 +330,7 @@ class MultiLock:
         the same), ``LockNotOwned`` if none is held; ``BackendUnavailable`` (no answer) keeps
         the unanswered holds: call ``release()`` again."""
         if self.together:
-            outcomes = drive(self.backend, together([lk.release_steps() for lk in self.locks]))
+            outcomes = drive(self.backend, side_by_side([lk.release_steps() for lk in self.locks]))
         else:
             outcomes = []
             for lk in reversed(self.locks):
@@ -347,7 +347,7 @@ class MultiLock:
         """:meth:`release` on the running event loop."""
         if self.together:
             runs = [lk.release_steps() for lk in self.locks]
-            outcomes = await adrive(self.backend, together(runs))
+            outcomes = await adrive(self.backend, side_by_side(runs))
         else:
             outcomes = []
             for lk in reversed(self.locks):
@@ -511,7 +511,7 @@ class MultiLock:
         return cast(F, locked_call)
 
 
-def together(runs: list[Steps[None]]) -> Steps[list[BaseException | None]]:
+def side_by_side(runs: list[Steps[None]]) -> Steps[list[BaseException | None]]:
     """Several operations' steps side by side, as one run of steps: each round's ops go in
     one pipelined round trip (ops that are not single script calls go one by one). The
     result: each run's outcome, None or the exception it ended with. No answer for a round
