@@ -32,6 +32,7 @@ from django_redlock.testing import RedisServer
 from .conftest import Child
 from .proxy import LossyProxy
 
+REDIS = "django_redlock.backends.redis.RedisBackend"
 # Every backend that keeps all names on one server takes a set in one script.
 ONE_SERVER = ("redis", "cache", "sentinel", "acl")
 
@@ -162,19 +163,34 @@ def test_waiting_for_a_busy_set_wakes_on_the_release(any_alias: str) -> None:
 # -- one round trip on one server -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("alias", ["redis", "cache"])
+@pytest.mark.parametrize("kind", ["redis", "django-redis"])
 def test_one_round_trip_to_take_and_one_to_release_a_free_set(
-    alias: str, redis_server: RedisServer
+    kind: str, redis_factory: Callable[..., RedisServer]
 ) -> None:
-    names = [f"r:{i}" for i in range(10)]
-    held = lock_all(*names, using=alias, auto_renew=False)
-    backend = locks[alias]
-    before, calls = backend.round_trips, evalsha_calls(redis_server)
-    with held:
-        assert backend.round_trips - before == 1
-        assert evalsha_calls(redis_server) - calls == 1  # one script for ten names
-    assert backend.round_trips - before == 2  # the releases: one pipeline
-    assert held_names(alias, names) == []
+    """On a server of its own: no other test's watchdog talks to it while this counts."""
+    server = redis_factory()
+    if kind == "redis":
+        config: dict[str, Any] = {"BACKEND": REDIS, "LOCATION": server.url}
+        caches = settings.CACHES
+    else:
+        config = {"BACKEND": "django_redlock.backends.django_redis.DjangoRedisBackend",
+                  "CACHE": "solo"}  # fmt: skip
+        caches = {**settings.CACHES, "solo": {"BACKEND": "django_redis.cache.RedisCache",
+                                              "LOCATION": server.url}}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "solo": config},
+                           CACHES=caches):  # fmt: skip
+        names = [f"r:{i}" for i in range(10)]
+        held = lock_all(*names, using="solo", auto_renew=False)
+        backend = locks["solo"]
+        with lock_all(*names, using="solo", auto_renew=False):
+            pass  # connected, the scripts loaded (a first EVALSHA answers NOSCRIPT)
+        before, calls = backend.round_trips, evalsha_calls(server)
+        with held:
+            assert backend.round_trips - before == 1
+            assert evalsha_calls(server) - calls == 1  # one script for ten names
+        assert backend.round_trips - before == 2  # the releases: one pipeline
+        assert evalsha_calls(server) - calls == 11  # ten releases in it
+        assert held_names("solo", names) == []
 
 
 def test_a_waiting_set_does_not_poll(redis_server: RedisServer) -> None:
