@@ -396,17 +396,22 @@ def test_four_processes_taking_a_b_in_opposite_orders_never_overlap(
     assert held_names("redis", ["a", "b"]) == []
 
 
+@pytest.mark.parametrize("where", ["redis", "redlock"])
 def test_a_sigkilled_holder_frees_every_name_at_its_ttl(
-    multi_child: Callable[..., MultiChild],
+    where: str, multi_child: Callable[..., MultiChild], request: pytest.FixtureRequest
 ) -> None:
     names = ["k:1", "k:2", "k:3"]
-    holder = multi_child("hold", "--names", ",".join(names), "--ttl", "1")
+    alias, options = "redis", []
+    if where == "redlock":
+        alias = request.getfixturevalue("quorum")
+        options = ["--nodes", ",".join(locks[alias].location)]  # type: ignore[arg-type]
+    holder = multi_child(*options, "hold", "--names", ",".join(names), "--ttl", "1")
     fences = [int(f) for f in holder.expect("HELD", timeout=30).split()]
     assert len(fences) == 3
     holder.signal(signal.SIGKILL)
     killed = time.monotonic()
-    assert held_names("redis", names) == names  # held until the TTL runs out
-    with lock_all(*names, using="redis", timeout=10) as held:
+    assert held_names(alias, names) == names  # held until the TTL runs out
+    with lock_all(*names, using=alias, timeout=10) as held:
         assert time.monotonic() - killed < 5
         assert all(new > old for new, old in zip(held.fences.values(), fences, strict=True))
 
