@@ -1,6 +1,6 @@
 """``lock_all`` of 2 and of 10 names on one Redis against taking the same names one by one
 (nested ``lock``, in sorted order): cycles per second, the two taking turns, and round trips
-per cycle (one script for the set, one pipeline for its release: 2, whatever the size)."""
+per cycle (one script for the set, one for its release: 2, whatever the size)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ The rules, and who owns what:
   while taking gives back whatever was taken before the error is raised. When no answer came
   (``BackendUnavailable``) the give-back is tried once; failing that, the holds are not
   renewed and run out at their TTL.
-* Releasing releases every member (one pipelined round trip on one server). A member found
-  lost is losing the whole: ``LockLost`` naming it, every other member released all the same.
+* Releasing releases every member (one script, ``lua/release_all.lua``, on one server). A
+  member found lost is losing the whole: ``LockLost`` naming it, every other member released
+  all the same.
 * ``atomic=``: once every name is held, one transaction records every member's fence, rows
   locked in the canonical order (:func:`~..fencing.check_fence`), before the body runs; a
   stale fence of any name raises ``StaleFence``, nothing committed, every name released. A
@@ -261,9 +262,9 @@ class MultiLock:
         return Op(self.names[0], call, _taken)
 
     def _op_give_back(self, token: str) -> Op[list[Any]]:
-        """Release every name ``token`` holds, in one pipelined round trip."""
+        """Release every name ``token`` holds, in one round trip."""
         release = self.backend.op_release
-        return Op(self.names[0], [release(n, token, Kind()).request for n in self.names], list)
+        return _batch(self.names[0], [release(n, token, Kind()).request for n in self.names])
 
     def _take_together(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         """One script for the whole set; wait on a busy one's wake-up, holding nothing."""
@@ -511,9 +512,20 @@ class MultiLock:
         return cast(F, locked_call)
 
 
+def _batch(name: str, calls: list[Call]) -> Op[list[Any]]:
+    """One round trip for several script calls: releases (lua/release.lua's, the common case)
+    as one call of lua/release_all.lua, which answers as each would; else a pipeline."""
+    release = script("release")
+    if all(c.script == release and len(c.keys) == 5 and len(c.args) == 3 for c in calls):
+        keys = [key for call in calls for key in call.keys]
+        args = [arg for call in calls for arg in call.args]
+        return Op(name, Call(script("release_all"), keys, args), list)
+    return Op(name, list(calls), list)
+
+
 def side_by_side(runs: list[Steps[None]]) -> Steps[list[BaseException | None]]:
     """Several operations' steps side by side, as one run of steps: each round's ops go in
-    one pipelined round trip (ops that are not single script calls go one by one). The
+    one round trip (:func:`_batch`; ops that are not single script calls go one by one). The
     result: each run's outcome, None or the exception it ended with. No answer for a round
     is thrown into every run of it. Driven by :func:`~.steps.drive` or ``adrive``."""
     outcomes: list[BaseException | None] = [None] * len(runs)
@@ -535,7 +547,7 @@ def side_by_side(runs: list[Steps[None]]) -> Steps[list[BaseException | None]]:
         if all(isinstance(op.request, Call) for op in ops.values()):
             first = next(iter(ops.values()))
             try:
-                replies = yield Op(first.name, [op.request for op in ops.values()], list)
+                replies = yield _batch(first.name, [op.request for op in ops.values()])
             except BaseException as exc:  # thrown into each run
                 feed = {i: (None, exc) for i in ops}
                 continue
