@@ -799,3 +799,29 @@ def test_an_interrupt_while_waiting_leaves_nothing_held(
     other.release()
     with lock_all("ki:a", "ki:b", "ki:c", using=alias, timeout=5):
         pass
+
+
+def test_the_release_of_a_set_wakes_each_name_s_waiters(any_alias: str) -> None:
+    names = ["rw:1", "rw:2", "rw:3"]
+    holder = lock_all(*names, using=any_alias, ttl=30)
+    assert holder.acquire()
+    woke: dict[str, float] = {}
+
+    def single() -> None:
+        if lock("rw:3", using=any_alias, ttl=30).acquire(timeout=20):
+            woke["single"] = time.monotonic()
+
+    def a_set() -> None:
+        if lock_all("rw:1", "rw:0", using=any_alias, ttl=30).acquire(timeout=20):
+            woke["set"] = time.monotonic()
+
+    threads = [threading.Thread(target=single), threading.Thread(target=a_set)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    released = time.monotonic()
+    holder.release()
+    for thread in threads:
+        thread.join(25)
+    assert sorted(woke) == ["set", "single"]
+    assert all(when - released < 5 for when in woke.values())  # not the 30 s TTL
