@@ -825,3 +825,12 @@ def test_the_release_of_a_set_wakes_each_name_s_waiters(any_alias: str) -> None:
         thread.join(25)
     assert sorted(woke) == ["set", "single"]
     assert all(when - released < 5 for when in woke.values())  # not the 30 s TTL
+
+
+def test_a_name_held_by_another_kind_is_busy() -> None:
+    from django_redlock import semaphore
+
+    with lock("ok:r", using="redis", reentrant=True), semaphore("ok:s", limit=2, using="redis"):
+        for busy in ("ok:r", "ok:s"):
+            assert not lock_all("ok:a", busy, using="redis").acquire(blocking=False)
+            assert held_names("redis", ["ok:a"]) == []
