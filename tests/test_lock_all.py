@@ -834,3 +834,17 @@ def test_a_name_held_by_another_kind_is_busy() -> None:
         for busy in ("ok:r", "ok:s"):
             assert not lock_all("ok:a", busy, using="redis").acquire(blocking=False)
             assert held_names("redis", ["ok:a"]) == []
+
+
+def test_a_free_name_with_a_fair_queue_is_left_to_its_queue(redis_server: RedisServer) -> None:
+    backend, client = locks["redis"], redis_server.client()
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    client.rpush(backend.queue_key("fq:a"), "someone.1")  # a fair waiter, its place leased
+    client.zadd(backend.deadlines_key("fq:a"), {"someone.1": now_ms + 60_000})
+    assert not lock_all("fq:a", "fq:b", using="redis").acquire(blocking=False)
+    assert not lock_all("fq:a", "fq:b", using="redis").acquire(timeout=0.3)
+    assert held_names("redis", ["fq:a", "fq:b"]) == []
+    client.delete(backend.queue_key("fq:a"), backend.deadlines_key("fq:a"))
+    with lock_all("fq:a", "fq:b", using="redis", timeout=5):
+        assert held_names("redis", ["fq:a", "fq:b"]) == ["fq:a", "fq:b"]
