@@ -2,7 +2,8 @@
 
 Starts its own redis-servers (1, and 5 for the quorum), runs every scenario for every library
 interleaved over rounds (A B C A B C ...), and writes medians, ratios and the targets met or
-missed to bench/README.md, with a plot in bench/results.png. Absolute figures on a shared
+missed to bench/results.json (every figure, the one source the docs quote from: see
+bench/figures.py) and, made from it, bench/README.md, with a plot in bench/results.png. Absolute figures on a shared
 machine are noise; the ratios measured in the same run are the result.
 
 ``BENCH_ONLY=<scenario>`` (part of a step's title, e.g. ``watchdog``) runs only the steps
@@ -23,7 +24,7 @@ if __package__ in (None, ""):  # python bench/run.py: the project's root, for `b
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import HERE, redis_servers, setup
-from bench.report import environment, plot, report, without_samples
+from bench.report import environment, plot, without_samples, write_report
 from bench.scenarios.admin_listing import admin_listing
 from bench.scenarios.asyncio_contention import asyncio_contention
 from bench.scenarios.celery_overhead import celery_overhead
@@ -82,10 +83,15 @@ def main() -> None:
         if only:
             print(json.dumps(without_samples(results), indent=2))
             return
+        # The one source of every figure the docs and the README quote (bench/figures.py):
+        # the report below is made from this file alone, as `python -m bench.report` remakes it.
+        results["run"] = {
+            "seconds": round(time.monotonic() - started),
+            "environment": environment(single),
+        }
         (HERE / "results.json").write_text(json.dumps(without_samples(results), indent=2))
         plot(results)
-        text = report(results, environment(single), time.monotonic() - started)
-        (HERE / "README.md").write_text(text)
+        text = write_report()
         print(text)
 
 

@@ -8,9 +8,18 @@ keeps the row locked until the transaction ends. A row with a larger fence raise
 transactions are in fence order, a stale holder never commits, and a holder's body starts only
 once the previous holder's transaction ended, whatever became of that hold in Redis.
 
-The lost-hold rule: a fenced block that committed never raises a lock error on the way out
-(raising would invite a retry, which would apply the work twice); one that raises has
-committed nothing. A hold found lost at the release is logged and signalled (``lock_lost``).
+The block is a state machine (docs/topics/fencing.md draws it): waiting in Redis, holding,
+row locked, committed, released. Its one rule for callers: **a block that raises committed
+nothing; a block that returns committed** (a savepoint, inside an outer transaction). So:
+
+* the wait for the row is bounded (:func:`row_wait`): a cycle through Redis and the database
+  (one thread holds a lock in Redis and waits for a row, the other holds the row and waits
+  in Redis) is invisible to both, and would never end;
+* a transaction the body left unable to commit (PostgreSQL's aborted state after a caught
+  error, Django's ``needs_rollback``) is rolled back and raised, never reported as committed;
+* once the COMMIT happened (a first robust ``on_commit`` marks it), nothing is raised as if it
+  had not: an ``on_commit`` callback's error is logged, and a lost hold at the release too
+  (the lost-hold rule: raising would invite a retry, which would apply the work twice).
 """
 
 from __future__ import annotations
@@ -20,18 +29,19 @@ import datetime
 import hashlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
-from django.db.models import Max
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from .exceptions import LockError, LockNotOwned, StaleFence
+from .exceptions import LockError, LockNotAcquired, LockNotOwned, StaleFence
 
 if TYPE_CHECKING:
     from .locking.base import BaseLock
+    from .locking.holds import Hold
 
 logger = logging.getLogger("django_redlock")
 
@@ -57,14 +67,45 @@ def check_database(alias: str) -> str:
     return alias
 
 
+#: Fences Redis hands out stay below this (Lua numbers are doubles): none re-fences past it.
+FENCE_LIMIT = 2**53
+
+
 def row_key(backend: str, name: str) -> str:
     """The primary key of a lock's row (``name=""``: the backend's floor)."""
     return hashlib.sha256(f"{backend}\0{name}".encode()).hexdigest()
 
 
+def row_wait(lock: BaseLock) -> float:
+    """How long a block waits for its lock's row (seconds): ``timeout=`` when the lock has
+    one, else the lock's TTL; ``blocking=False``: not at all. The row is locked by another
+    transaction only when the previous holder's transaction outlived its hold (released early
+    inside an outer transaction, lost, or paused in its block): past this wait, the lock is
+    treated as busy (``LockNotAcquired``), which also breaks a wait cycle through Redis."""
+    if not lock.blocking:
+        return 0.0
+    return lock.timeout if lock.timeout is not None else lock.lock_ttl
+
+
+class _Committed:
+    """Set by the block's first ``on_commit`` callback (robust: it cannot fail): Django runs
+    the callbacks after the COMMIT, in order, so once this is set the COMMIT happened."""
+
+    done = False
+
+    def __call__(self) -> None:
+        self.done = True
+
+
 @contextlib.contextmanager
 def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[None]:
-    """``lock.atomic(using)``: see :meth:`~.locking.base.BaseLock.atomic`."""
+    """``lock.atomic(using)``: see :meth:`~.locking.base.BaseLock.atomic`.
+
+    Raises (nothing committed): ``StaleFence``; ``LockNotAcquired`` when the row stayed
+    locked past :func:`row_wait`; the body's exception; ``TransactionManagementError`` when
+    the body left the transaction unable to commit; the database's error when the COMMIT
+    failed. Returns once committed: an ``on_commit`` callback's ``Exception`` is then logged,
+    not raised (a ``BaseException`` such as ``KeyboardInterrupt`` still propagates)."""
     if not lock.exclusive:
         raise TypeError(
             f"{lock._describe()} is shared by several holders at once: a fenced transaction"
@@ -74,72 +115,217 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
     _owner, hold = lock._held()  # LockNotOwned / LockLost, before the database is touched
     if hold.fence is None:
         raise LockError(f"{lock._describe()}: this hold has no fencing token to record")
-    with transaction.atomic(using=using):
-        check_fence(using, lock.using, lock.name, hold.fence, lock._describe())
-        yield
+    committed = _Committed()
+    try:
+        with transaction.atomic(using=using):
+            check_fence(using, lock.using, lock.name, hold.fence, lock._describe(),
+                        refencer(lock, hold), wait=row_wait(lock))  # fmt: skip
+            transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
+            yield
+            refuse_unfinished(using, lock._describe())
+    except Exception:
+        if not committed.done:
+            raise  # nothing committed
+        # The COMMIT happened; an on_commit callback raised after it. Raising now would say
+        # "not committed" and invite a retry that applies the work twice.
+        logger.exception(
+            "redlock: %s: its fenced transaction committed; then an on_commit callback raised",
+            lock._describe(),
+        )
 
 
-def check_fence(using: str, backend: str, name: str, fence: int, describe: str = "") -> None:
+def refuse_unfinished(using: str, describe: str) -> None:
+    """Raise ``TransactionManagementError`` if the transaction cannot commit: Django marked it
+    for rollback (``set_rollback(True)``, an inner ``atomic(savepoint=False)`` that failed),
+    or PostgreSQL aborted it (an error the body caught without a savepoint). Its COMMIT would
+    roll back, silently: the block must not return as if it had committed."""
+    connection = connections[using]
+    if connection.needs_rollback:
+        why = "it was marked for rollback (transaction.set_rollback(True), or a failed inner block)"
+    elif _aborted(connection):
+        why = "an error inside it (caught by the body, without a savepoint) aborted it"
+    else:
+        return
+    raise TransactionManagementError(
+        f"{describe}: its fenced transaction cannot commit: {why}; rolled back, nothing"
+        " committed. Catch database errors inside `with transaction.atomic():` in the block."
+    )
+
+
+def _aborted(connection: Any) -> bool:
+    """Whether PostgreSQL holds the connection's transaction in its failed state."""
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return False
+    raw = connection.connection
+    info = getattr(raw, "info", None)  # psycopg 3
+    if info is not None:
+        return bool(info.transaction_status == 3)  # pq.TransactionStatus.INERROR
+    return bool(raw.get_transaction_status() == 3)  # psycopg2: TRANSACTION_STATUS_INERROR
+
+
+def check_fence(
+    using: str,
+    backend: str,
+    name: str,
+    fence: int,
+    describe: str = "",
+    refence: Callable[[int], int] | None = None,
+    wait: float | None = None,
+) -> None:
     """Record ``fence`` as the newest of lock ``name`` on ``backend``, or raise StaleFence if
     a larger one is recorded. In a transaction: the row stays locked until it ends. One
-    statement when the row exists; two the first time (the floor of ``prune-fences``)."""
+    statement when the row exists; two or three the first time (the floor of
+    ``prune-fences``). ``wait``: at most so many seconds for a row another transaction holds
+    (PostgreSQL's ``lock_timeout``; SQLite's own timeout and other databases' lock wait
+    timeouts bound it too), then ``LockNotAcquired``; None: the database's own bound.
+
+    A larger fence recorded does not yet make the hold stale: the Redis server's clock may
+    have gone back while the name's counter was lost. ``refence(recorded)`` (see
+    :func:`refencer`) then asks Redis, and a hold still current comes back with a fence above
+    the recorded one, checked again here while the row stays locked; only a hold that is not
+    current (``refence`` answers 0 or -1) raises StaleFence."""
     connection = connections[using]
     now = timezone.now()
     key = row_key(backend, name)
-    if connection.vendor in ("postgresql", "sqlite") and (
-        connection.features.can_return_columns_from_insert  # SQLite >= 3.35
-    ):
-        outcome = _upsert(connection, key, backend, name, fence, now)
-    else:
-        outcome = _portable(using, key, backend, name, fence, now)
-    if outcome == "new":
+    try:
+        if connection.vendor in ("postgresql", "sqlite") and (
+            connection.features.can_return_columns_from_insert  # SQLite >= 3.35
+        ):
+            outcome = _upsert(connection, key, backend, name, fence, now, wait)
+        else:
+            outcome = _portable(using, key, backend, name, fence, now)
         # A name's first row, or one pruned: fences below the floor are older than the rows
         # prune-fences forgot, so they may be below what those rows held.
-        recorded = _recorded(using, row_key(backend, ""))
+        floor = _floor(using, backend, wait) if outcome == "new" else None
+    except OperationalError as exc:
+        if _lock_timeout(exc):
+            waited = "the database's lock_timeout" if wait is None else f"{wait:g} s"
+            raise LockNotAcquired(
+                f"{describe or repr(name)}: its database row stayed locked by another"
+                f" transaction for {waited} (a previous holder's transaction outlived its hold:"
+                " released inside an outer transaction, lost, or paused); nothing committed"
+            ) from exc
+        raise
+    if outcome == "new":
+        recorded = floor
         if recorded is None or recorded <= fence:
             return
     elif outcome == "stale":
         recorded = _recorded(using, key)
     else:
         return
-    raise StaleFence(
-        f"{describe or repr(name)}: fence {fence} is older than fence {recorded} recorded in"
-        f" database {using!r} by a later hold; this hold is outdated, nothing was committed",
-        fence,
-        recorded,
+    assert recorded is not None  # the row is locked: it cannot have gone meanwhile
+    # Redis's Lua numbers are exact below 2**53 (the clock's us reach it in year 2255): no
+    # re-fence can pass a recorded fence beyond that.
+    refenced = refence(recorded) if refence is not None and recorded < FENCE_LIMIT else -1
+    if refenced > recorded:  # current in Redis: check the new fence (once: no re-fence then)
+        check_fence(using, backend, name, refenced, describe, wait=wait)
+        return
+    message = stale_message(
+        describe or repr(name), using, fence, recorded, outcome == "new", refenced
+    )
+    raise StaleFence(message, fence, recorded)
+
+
+def refencer(lock: BaseLock, hold: Hold) -> Callable[[int], int]:
+    """``hold``'s re-fence (:meth:`~.backends.base.BaseLockBackend.op_refence`), one round
+    trip: the new fence, which the hold takes; or 0 (nobody holds the lock) or -1 (another
+    hold does) when the hold is not current. No answer raises (BackendUnavailable,
+    QuorumNotReached): unknown is not stale, and the transaction rolls back all the same."""
+
+    def refence(recorded: int) -> int:
+        backend = lock.backend
+        fence = backend.execute(backend.op_refence(lock.name, hold.token, recorded))
+        if fence > 0:
+            hold.fence = fence
+        return fence
+
+    return refence
+
+
+def stale_message(
+    describe: str, using: str, fence: int, recorded: int, floor: bool, refenced: int
+) -> str:
+    """What StaleFence says: whose fence is recorded, and why this hold is outdated."""
+    what = f"the floor {recorded} left by prune-fences" if floor else f"fence {recorded} recorded"
+    if recorded >= FENCE_LIMIT:
+        why = f"no fence Redis hands out can pass it (they are exact below {FENCE_LIMIT})"
+    elif refenced == 0:
+        why = (
+            "this hold is not current any more (its token no longer holds the lock in Redis:"
+            " it expired or was released)"
+        )
+    else:
+        why = "a later hold has the lock: this hold is outdated"
+    return (
+        f"{describe}: fence {fence} is older than {what} in database {using!r}; {why};"
+        " nothing was committed"
     )
 
 
-def _upsert(connection: Any, key: str, backend: str, name: str, fence: int, now: Any) -> str:
-    sql = _UPSERT_SQL.get(connection.vendor) or _UPSERT_SQL.setdefault(
-        connection.vendor, _upsert_sql(connection)
-    )
+def _lock_timeout(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == "55P03" or getattr(cause, "pgcode", None) == "55P03"
+
+
+def _upsert(
+    connection: Any, key: str, backend: str, name: str, fence: int, now: Any, wait: float | None
+) -> str:
+    bounded = wait is not None and connection.vendor == "postgresql"
+    sql = _upsert_sql(connection, bounded)
     touched = connection.ops.adapt_datetimefield_value(now)
+    params: list[Any] = [key, backend, name, fence, touched]
+    if bounded:
+        params.append(str(max(1, round(wait * 1000))))  # type: ignore[operator]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [key, backend, name, fence, touched])
+        cursor.execute(sql, params)
         row = cursor.fetchone()
+        if row is None and bounded:  # RETURNING did not run: restore lock_timeout here
+            cursor.execute(_RESTORE)
     if row is None:
         return "stale"
     return "new" if row[0] is None else "newest"
 
 
-_UPSERT_SQL: dict[str, str] = {}  # by vendor: the text is built once, not per block
+_UPSERT_SQL: dict[tuple[str, bool], str] = {}  # the text is built once, not per block
+_SAVED = "django_redlock.lock_timeout"
+# Restores the transaction's lock_timeout the bounded upsert saved.
+_RESTORE = f"SELECT set_config('lock_timeout', current_setting('{_SAVED}'), true)"
 
 
-def _upsert_sql(connection: Any) -> str:
+def _upsert_sql(connection: Any, bounded: bool) -> str:
+    found = _UPSERT_SQL.get((connection.vendor, bounded))
+    if found is not None:
+        return found
     from .models import Fence
 
     qn = connection.ops.quote_name
     table = qn(Fence._meta.db_table)
     key_, fence_, previous, at = qn("key"), qn("fence"), qn("previous"), qn("touched")
+    columns = f"{key_}, {qn('backend')}, {qn('name')}, {fence_}, {previous}, {at}"
     # The WHERE false on a conflict: no row returned (the row is locked all the same).
-    return (
-        f"INSERT INTO {table} ({key_}, {qn('backend')}, {qn('name')}, {fence_}, {previous},"
-        f" {at}) VALUES (%s, %s, %s, %s, NULL, %s)"
+    conflict = (
         f" ON CONFLICT ({key_}) DO UPDATE SET {previous} = {table}.{fence_},"
         f" {fence_} = EXCLUDED.{fence_}, {at} = EXCLUDED.{at}"
-        f" WHERE {table}.{fence_} <= EXCLUDED.{fence_} RETURNING {previous}"
+        f" WHERE {table}.{fence_} <= EXCLUDED.{fence_}"
     )
+    if not bounded:
+        sql = (
+            f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, NULL, %s){conflict}"
+            f" RETURNING {previous}"
+        )
+    else:
+        # Still one statement (one round trip): the row's source sets lock_timeout for the
+        # wait on the row, having saved the transaction's own (the nesting orders the two
+        # calls), and RETURNING, evaluated once the row is locked, restores it.
+        sql = (
+            f"INSERT INTO {table} ({columns}) SELECT %s, %s, %s, %s, NULL, %s"
+            f" WHERE set_config('lock_timeout', %s || left(set_config('{_SAVED}',"
+            f" current_setting('lock_timeout'), true), 0), true) IS NOT NULL{conflict}"
+            f" RETURNING {previous}, set_config('lock_timeout', current_setting('{_SAVED}'),"
+            " true)"
+        )
+    return _UPSERT_SQL.setdefault((connection.vendor, bounded), sql)
 
 
 def _portable(using: str, key: str, backend: str, name: str, fence: int, now: Any) -> str:
@@ -162,6 +348,59 @@ def _portable(using: str, key: str, backend: str, name: str, fence: int, now: An
         return "new"
 
 
+def _floor(using: str, backend: str, wait: float | None) -> int | None:
+    """The backend's floor, read with a locking read: a plain read would see the snapshot of
+    a REPEATABLE READ transaction, taken before a prune it waited for (its row deleted) had
+    raised the floor. On PostgreSQL ``FOR SHARE`` (first blocks of other names do not wait
+    for each other) reads the newest floor, or fails with a serialization error when that is
+    newer than the snapshot. Under REPEATABLE READ or SERIALIZABLE a floor the snapshot does
+    not have at all may have been created since, by that very prune: a probe (an insert of
+    it, rolled back to a savepoint) fails the same way when it exists. On SQLite the block
+    holds the database's write lock: its reads are the newest."""
+    from .models import Fence
+
+    key = row_key(backend, "")
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table, fence_, key_ = qn(Fence._meta.db_table), qn("fence"), qn("key")
+    if connection.vendor == "mysql":  # a shared lock, the newest row (InnoDB's locking read)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {fence_} FROM {table} WHERE {key_} = %s LOCK IN SHARE MODE",
+                           [key])  # fmt: skip
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
+    if connection.vendor != "postgresql":
+        rows = Fence.objects.using(using).filter(key=key)
+        if connection.features.has_select_for_update:  # (Oracle: no shared row lock)
+            rows = rows.select_for_update()
+        return next(iter(rows.values_list("fence", flat=True)), None)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
+            " current_setting('transaction_isolation')",
+            [key],
+        )
+        floor, isolation = cursor.fetchone()
+        if floor is not None or isolation in ("read committed", "read uncommitted"):
+            return None if floor is None else int(floor)
+        bound = "0" if wait is None else str(max(1, round(wait * 1000)))
+        columns = ", ".join(qn(c) for c in ("key", "backend", "name", "fence", "touched"))
+        cursor.execute("SAVEPOINT django_redlock_floor")
+        # Serialization error if a floor our snapshot cannot see exists (ON CONFLICT checks
+        # that); rolled back either way: a floor insert would be locked until this
+        # transaction ends, and first blocks of other names would wait for it. The wait for
+        # a floor being inserted (by a prune) is bounded like the row's.
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) SELECT %s, %s, '', 0, now()"
+            f" WHERE set_config('lock_timeout', %s, true) IS NOT NULL"
+            f" ON CONFLICT ({key_}) DO NOTHING",
+            [key, backend, bound],
+        )
+        cursor.execute("ROLLBACK TO SAVEPOINT django_redlock_floor")
+        cursor.execute("RELEASE SAVEPOINT django_redlock_floor")
+    return None
+
+
 def _recorded(using: str, key: str) -> int | None:
     from .models import Fence
 
@@ -180,8 +419,8 @@ def enter_block(lock: BaseLock) -> None:
     try:
         stack.enter_context(fenced_transaction(lock))
     except BaseException:
-        # StaleFence, or the database failed: nothing committed. Free the lock for others (a
-        # stale hold is most likely lost: that is logged).
+        # StaleFence, the row wait ran out, or the database failed: nothing committed. Free
+        # the lock for others (a stale hold is most likely lost: that is logged).
         with contextlib.suppress(LockError):
             lock.release()
         raise
@@ -194,13 +433,15 @@ def leave_block(
     exc: BaseException | None,
     tb: TracebackType | None,
 ) -> None:
-    """Commit (or roll back), then release: never the release first."""
+    """Commit (or roll back), then release: never the release first. The fenced transaction
+    raises only when nothing committed, save a ``BaseException`` (``KeyboardInterrupt``) from
+    an ``on_commit`` callback after the COMMIT: released all the same, and raised."""
     blocks = _blocks()
     index = max(i for i, (held, _) in enumerate(blocks) if held is lock)
     _, stack = blocks.pop(index)
     try:
         stack.__exit__(exc_type, exc, tb)
-    except BaseException:  # the commit failed: nothing committed
+    except BaseException:  # nothing committed (or an interrupt after the COMMIT)
         with contextlib.suppress(LockError):
             lock.release()
         raise
@@ -237,25 +478,69 @@ def _blocks() -> list[tuple[BaseLock, contextlib.ExitStack]]:
 def prune_fences(using: str, older_than: datetime.timedelta) -> int:
     """Delete the rows of locks whose last fenced block is older than ``older_than``; how many.
 
+    One statement deletes by age and returns what it deleted (``DELETE ... RETURNING``, or
+    elsewhere the old rows locked with ``SELECT ... FOR UPDATE`` first, then deleted): a row
+    a block touches meanwhile is either re-checked and kept, or deleted before that block
+    locks it (the block then finds no row, and the raised floor). Never the ORM's
+    ``delete()``, which with a delete-signal receiver connected selects the rows, then
+    deletes them by key without re-checking their age (no signal is sent for these rows).
+
     Each backend's floor (its row with an empty name) rises to the largest fence deleted, in
     the same transaction: a first block below the floor is refused as its pruned row would
     have refused it. New holds are not: their fences come from the Redis server's clock (ms x
     1000), above those of rows untouched since, even when Redis lost its counters.
     """
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        deleted = _delete_old(using, now - older_than)
+        tops: dict[str, int] = {}
+        for backend, fence in deleted:
+            tops[backend] = max(fence, tops.get(backend, fence))
+        for backend, top in tops.items():
+            _raise_floor(using, backend, top, now)
+    return len(deleted)
+
+
+def _delete_old(using: str, before: datetime.datetime) -> list[tuple[str, int]]:
+    """Delete the rows (not floors) last touched before ``before``: (backend, fence) each."""
+    from .models import Fence
+
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table, touched, name = qn(Fence._meta.db_table), qn("touched"), qn("name")
+    cutoff = connection.ops.adapt_datetimefield_value(before)
+    delete = f"DELETE FROM {table} WHERE {touched} < %s AND {name} <> ''"
+    with connection.cursor() as cursor:
+        if connection.vendor in ("postgresql", "sqlite") and (
+            connection.features.can_return_columns_from_insert  # SQLite >= 3.35: RETURNING
+        ):
+            cursor.execute(f"{delete} RETURNING {qn('backend')}, {qn('fence')}", [cutoff])
+            return [(str(b), int(f)) for b, f in cursor.fetchall()]
+        old = Fence.objects.using(using).filter(touched__lt=before).exclude(name="")
+        if connection.features.has_select_for_update:
+            old = old.select_for_update()  # locked: unchanged until this transaction ends
+        found = list(old.values_list("key", "backend", "fence"))
+        for start in range(0, len(found), 500):
+            keys = [key for key, _, _ in found[start : start + 500]]
+            marks = ", ".join(["%s"] * len(keys))
+            cursor.execute(f"{delete} AND {qn('key')} IN ({marks})", [cutoff, *keys])
+        return [(backend, fence) for _, backend, fence in found]
+
+
+def _raise_floor(using: str, backend: str, top: int, now: datetime.datetime) -> None:
     from .models import Fence
 
     rows = Fence.objects.using(using)
-    now = timezone.now()
-    with transaction.atomic(using=using):
-        old = rows.filter(touched__lt=now - older_than).exclude(name="")
-        by_backend = old.order_by().values("backend").annotate(top=Max("fence"))
-        tops = dict(by_backend.values_list("backend", "top"))
-        deleted, _ = old.delete()
-        for backend, top in tops.items():
-            key = row_key(backend, "")
-            floor = list(rows.select_for_update().filter(key=key).values_list("fence", flat=True))
-            if not floor:
-                rows.create(key=key, backend=backend, name="", fence=top, touched=now)
-            elif floor[0] < top:
+    key = row_key(backend, "")
+    while True:
+        floor = list(rows.select_for_update().filter(key=key).values_list("fence", flat=True))
+        if floor:
+            if floor[0] < top:
                 rows.filter(key=key).update(fence=top, touched=now)
-    return deleted
+            return
+        try:
+            with transaction.atomic(using=using):  # a first block may create it meanwhile
+                rows.create(key=key, backend=backend, name="", fence=top, touched=now)
+        except IntegrityError:
+            continue
+        return

@@ -14,10 +14,11 @@ from typing import Any, TypeVar, cast
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 
-from .exceptions import BackendUnavailable, LockError, StaleFence
+from .exceptions import BackendUnavailable, LockError, LockNotAcquired, StaleFence
 from .fencing import database_of
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
+from .locking.templates import refuse_generator
 from .validation import check_limit, check_name, check_optional_seconds, fit_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,7 +43,11 @@ def lock_view(
     ``atomic=True`` (or a ``DATABASES`` alias): the view runs in the lock's fenced transaction
     (see ``lock(..., atomic=)``), committed before the lock is released; under
     ``ATOMIC_REQUESTS`` it is a savepoint of the request's transaction. A stale hold
-    (``StaleFence``, the view not run) answers ``status`` like a busy lock. Sync views only.
+    (``StaleFence``), or a lock row another transaction kept locked past the lock's TTL,
+    answers ``status`` like a busy lock, the view not run. An ``on_commit`` callback that
+    fails after the commit is logged: the view's response stands. A ``StreamingHttpResponse``
+    is produced after the commit and the release: write in the view, stream only what it
+    committed. Sync views only; generator functions are refused (TypeError).
 
     ``name`` is a ``str.format`` template over ``request`` and the view's URL kwargs, e.g.
     ``"checkout:{request.user.pk}"``, checked against the view's parameters when it is
@@ -98,6 +103,7 @@ def lock_view(
         return HttpResponse("The lock service is unavailable.", status=503)
 
     def decorate(view: F) -> F:
+        refuse_generator(view, "@lock_view(...)")
         _check_roots(name, roots, view)
         if inspect.iscoroutinefunction(view):
             build(name)._check_async()  # atomic=: Django's transactions are synchronous
@@ -136,8 +142,8 @@ def lock_view(
                     if database is not None:
                         try:  # commits (or rolls back) before the release below
                             fenced.enter_context(held.atomic())
-                        except StaleFence as exc:  # the view did not run: as a busy lock
-                            logger.warning("redlock: %s", exc)
+                        except (StaleFence, LockNotAcquired) as exc:  # the view did not run
+                            logger.warning("redlock: %s", exc)  # (its row stayed locked)
                             return busy(None)
                     return view(request, *args, **kwargs)
             finally:

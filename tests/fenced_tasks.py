@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from django.db import transaction
 
 from django_redlock import locks, single_instance
 from django_redlock.contrib.celery import SingleInstanceTask
@@ -33,3 +34,18 @@ def fenced_sale(
     if fail:
         raise RuntimeError(f"the task failed after selling: {sold}")
     return sold
+
+
+@shared_task(bind=True, base=SingleInstanceTask, autoretry_for=(ConnectionError,),
+             max_retries=2, default_retry_delay=0)  # fmt: skip
+@single_instance(key="fenced-mail:{ticket}", ttl=5, on_duplicate="raise", atomic="postgres")
+def fenced_sale_with_mail(self: Any, ticket: int, buyer: str) -> bool:
+    """Sell a seat, and mail the buyer once committed: the mail server is down (the callback
+    raises ConnectionError, which autoretry_for retries)."""
+    sold = sell_one("postgres", ticket, buyer)
+    transaction.on_commit(_mail_server_down, using="postgres")
+    return sold
+
+
+def _mail_server_down() -> None:
+    raise ConnectionError("the mail server is down")

@@ -58,3 +58,14 @@ def test_a_task_that_fails_after_selling_commits_nothing(worker: Worker) -> None
     assert sales(PG) == []  # rolled back
     assert worker.send(fenced_tasks.fenced_sale, 1, "b").get(timeout=60) is True
     assert sales(PG) == [("b", 5)]
+
+
+def test_a_callback_failing_after_the_commit_does_not_make_autoretry_sell_twice(
+    worker: Worker,
+) -> None:
+    """The on_commit callback raises after the COMMIT (ConnectionError, in the task's
+    autoretry_for): raised out of the task, Celery retried it and sold again. The block
+    committed: the error is logged, the task succeeds once."""
+    open_shop(PG, 1, 5)
+    assert worker.send(fenced_tasks.fenced_sale_with_mail, 1, "a").get(timeout=60) is True
+    assert sales(PG) == [("a", 5)]

@@ -4,6 +4,8 @@ oversell of a lock released before the commit, and its end; real processes; hold
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import signal
 import threading
 import time
@@ -13,11 +15,16 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import OperationalError, connections, transaction
-from django.test import override_settings
+from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
+from django.db.models.signals import pre_delete
+from django.http import HttpRequest, HttpResponse
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
+from django.urls import path
+from django.utils import timezone
 
-from django_redlock import StaleFence, lock, read_write_lock
+from django_redlock import StaleFence, lock, lock_view, locks, read_write_lock
+from django_redlock.fencing import prune_fences, row_key
 from django_redlock.models import Fence
 from django_redlock.testing import RedisServer
 
@@ -297,3 +304,299 @@ def test_a_block_rewrites_no_indexed_column_so_its_upsert_can_be_a_hot_update() 
         )
         indexed = {row[0] for row in cursor.fetchall()}
     assert indexed == {"key"}
+
+
+# -- prune-fences beside fenced blocks ---------------------------------------------------------
+
+
+def stale_then_newer(name: str) -> tuple[Any, int]:
+    """A hold taken, then lost (force-released, not renewed: its holder does not know), and a
+    newer hold's committed block: (the stale lock, the newer fence)."""
+    stale = lock(name, ttl=30, auto_renew=False)
+    assert stale.acquire()
+    locks["default"].force_release(name)
+    with lock(name, ttl=10, timeout=5, atomic=PG) as newer:
+        sell_one(PG, 1, "newer")
+        fence = newer.fence
+    assert fence and stale.fence and fence > stale.fence
+    return stale, fence
+
+
+def age(name: str) -> None:
+    """Make a lock's row look untouched for two days."""
+    old = timezone.now() - datetime.timedelta(days=2)
+    Fence.objects.using(PG).filter(name=name).update(touched=old)
+
+
+def test_prune_fences_never_deletes_a_row_a_block_committed_meanwhile(name: str) -> None:
+    """With a delete-signal receiver connected, the ORM's delete() selected the old rows,
+    then deleted them by key: a block committed in between lost its fresh row, the floor rose
+    only to the old fence, and a stale holder found no row and committed after it. The prune
+    is now one DELETE ... WHERE age RETURNING: the receiver is never called for these rows
+    (it would commit the block in that window); the block commits after the prune here."""
+    open_shop(PG, 1, 5)
+    with lock(name, ttl=10, timeout=5, atomic=PG):
+        sell_one(PG, 1, "first")
+    age(name)
+    stale = lock(name, ttl=30, auto_renew=False)
+    assert stale.acquire()
+    locks["default"].force_release(name)
+    called: list[str] = []
+
+    def newer_block() -> None:
+        with lock(name, ttl=10, timeout=5, atomic=PG) as newer:
+            sell_one(PG, 1, "newer")
+            assert newer.fence and stale.fence and newer.fence > stale.fence
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        if not called:
+            called.append("pre_delete")
+            run(newer_block).join(30)  # a block commits while the prune runs
+
+    pre_delete.connect(receiver, sender=Fence, weak=False, dispatch_uid="audit")
+    try:
+        with CaptureQueriesContext(connections[PG]) as queries:
+            prune_fences(PG, datetime.timedelta(days=1))
+    finally:
+        pre_delete.disconnect(sender=Fence, dispatch_uid="audit")
+    if not called:
+        newer_block()
+    with pytest.raises(StaleFence), stale.atomic(PG):
+        sell_one(PG, 1, "stale")
+    assert [buyer for buyer, _ in sales(PG)] == ["first", "newer"]
+    deletes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("DELETE")]
+    assert len(deletes) == 1 and "RETURNING" in deletes[0]
+
+
+@pytest.mark.parametrize("floor", ["none yet", "raised"])
+@pytest.mark.parametrize("level", ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"])
+def test_a_first_block_waiting_for_a_prune_reads_the_floor_it_raised(
+    name: str, level: str, floor: str
+) -> None:
+    """The stale holder's block starts (its snapshot, under REPEATABLE READ) while a prune
+    holds its deleted row; once the prune commits, the block finds no row and must read the
+    floor the prune raised: a plain SELECT read the snapshot's floor and let it commit. READ
+    COMMITTED: StaleFence; REPEATABLE READ: a serialization error (the floor changed, or was
+    created, after the snapshot). Nothing committed either way."""
+    open_shop(PG, 1, 5)
+    if floor == "raised":
+        Fence.objects.using(PG).create(key=row_key("default", ""), backend="default", name="",
+                                       fence=1, touched=timezone.now())  # fmt: skip
+    stale, _newer = stale_then_newer(name)
+    age(name)
+    pruned, outcome = threading.Event(), []
+
+    def prune() -> None:
+        with transaction.atomic(using=PG):
+            prune_fences(PG, datetime.timedelta(days=1))
+            pruned.set()
+            eventually(waiting_on_a_row, "the stale block waiting for the pruned row")
+
+    def stale_block() -> None:
+        assert pruned.wait(30)
+        try:
+            with transaction.atomic(using=PG):
+                connections[PG].cursor().execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+                with stale.atomic(PG):
+                    sell_one(PG, 1, "stale")
+            outcome.append("committed")
+        except (StaleFence, OperationalError) as exc:
+            outcome.append(type(exc).__name__)
+
+    for thread in [run(prune), run(stale_block)]:
+        thread.join(60)
+    expected = "StaleFence" if level == "READ COMMITTED" else "OperationalError"
+    assert outcome == [expected]
+    assert [buyer for buyer, _ in sales(PG)] == ["newer"]
+
+
+# -- a transaction the body left unable to commit, callbacks after the COMMIT --------------------
+
+
+@pytest.mark.parametrize("outer", [False, True])
+def test_an_error_caught_in_the_body_without_a_savepoint_commits_nothing_and_raises(
+    name: str, outer: bool
+) -> None:
+    """PostgreSQL aborts the transaction at the error; its COMMIT then rolls back, silently
+    (plain atomic() returns as if committed): the fenced block raises instead."""
+    open_shop(PG, 1, 5)
+
+    def block() -> None:
+        with lock(name, ttl=10, atomic=PG):
+            sell_one(PG, 1, "a")
+            with contextlib.suppress(IntegrityError):  # no savepoint: the transaction aborts
+                connections[PG].cursor().execute("INSERT INTO shop_ticket VALUES (1, 1)")
+
+    with pytest.raises(DatabaseError, match="cannot commit"):
+        if outer:
+            with transaction.atomic(using=PG):
+                block()
+        else:
+            block()
+    assert sales(PG) == [] and not lock(name).locked()
+
+
+def test_a_failing_on_commit_callback_leaves_a_committed_block_committed(name: str) -> None:
+    open_shop(PG, 1, 5)
+
+    def mail() -> None:
+        raise ConnectionRefusedError("mail server down")
+
+    with lock(name, ttl=10, atomic=PG):
+        sell_one(PG, 1, "a")
+        transaction.on_commit(mail, using=PG)
+    assert sales(PG) == [("a", 5)] and not lock(name).locked()
+
+
+# -- a wait cycle through Redis and PostgreSQL --------------------------------------------------
+
+
+def test_a_wait_cycle_through_redis_and_the_database_ends(name: str) -> None:
+    """T1, in an outer transaction: a fenced block on B (released in Redis, its row locked
+    until the outer commit), then one on A. T2: a fenced block on A, and inside it one on B.
+    T2 holds A in Redis and waits for B's row; T1 holds B's row and waits for A in Redis:
+    PostgreSQL sees one waiter, the renewers keep both holds, and without a bound both waited
+    for ever. The row wait is bounded (no timeout=: the lock's TTL): T2's block on B raises
+    LockNotAcquired, T2 rolls back and releases A, T1 goes on and commits."""
+    open_shop(PG, 1, 5)
+    with connections[PG].cursor() as cursor:  # T2 sells its own ticket: no row in common
+        cursor.execute("INSERT INTO shop_ticket (id, stock) VALUES (2, 5)")
+    a, b = f"{name}:A", f"{name}:B"
+    b_done, a_held = threading.Event(), threading.Event()
+    outcome: dict[str, str] = {}
+
+    def t1() -> None:
+        try:
+            with transaction.atomic(using=PG):
+                with lock(b, ttl=3, atomic=PG):
+                    sell_one(PG, 1, "t1-b")
+                b_done.set()
+                assert a_held.wait(30)
+                # (on a loaded machine T2's wait may run out before this sees it)
+                eventually(lambda: waiting_on_a_row() or "t2" in outcome, "T2 waiting for B")
+                with lock(a, ttl=3, atomic=PG):
+                    sell_one(PG, 1, "t1-a")
+            outcome["t1"] = "committed"
+        except Exception as exc:
+            outcome["t1"] = type(exc).__name__
+
+    def t2() -> None:
+        try:
+            with lock(a, ttl=3, atomic=PG):
+                sell_one(PG, 2, "t2-a")
+                a_held.set()
+                assert b_done.wait(30)
+                with lock(b, ttl=3, atomic=PG):
+                    sell_one(PG, 2, "t2-b")
+            outcome["t2"] = "committed"
+        except Exception as exc:
+            outcome["t2"] = type(exc).__name__
+
+    threads = [run(t1), run(t2)]
+    try:
+        for thread in threads:
+            thread.join(60)
+        assert not any(thread.is_alive() for thread in threads), "the wait cycle never ended"
+    finally:
+        if any(thread.is_alive() for thread in threads):  # end the hang: cancel the waits
+            config = connections[PG].settings_dict
+            with psycopg.connect(host=config["HOST"], port=config["PORT"],
+                                 user=config["USER"], dbname=config["NAME"],
+                                 autocommit=True) as conn:  # fmt: skip
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            for thread in threads:
+                thread.join(60)
+    assert outcome == {"t1": "committed", "t2": "LockNotAcquired"}
+    assert [buyer for buyer, _ in sales(PG)] == ["t1-b", "t1-a"]
+    assert not lock(a).locked() and not lock(b).locked()
+
+
+@lock_view("pg-order:{pk}", atomic=PG, ttl=1)
+def pg_buy(request: HttpRequest, pk: int) -> HttpResponse:
+    sell_one(PG, pk, "view")
+    return HttpResponse("sold")
+
+
+urlpatterns = [path("pg-buy/<int:pk>/", pg_buy)]
+
+
+def test_lock_view_answers_busy_when_the_lock_s_row_stays_locked(settings: Any) -> None:
+    """The previous holder released in Redis, its outer transaction still open: the view's
+    block waits for the row at most the lock's TTL, then answers busy, the view not run."""
+    settings.ROOT_URLCONF = __name__
+    open_shop(PG, 1, 5)
+    with transaction.atomic(using=PG):
+        with lock("pg-order:1", ttl=10, atomic=PG):
+            sell_one(PG, 1, "outer")
+        response = run_request("/pg-buy/1/")
+    assert response.status_code == 409
+    assert sales(PG) == [("outer", 5)] and not lock("pg-order:1").locked()
+
+
+def run_request(url: str) -> Any:
+    """A request served in another thread (its own database connection)."""
+    responses: list[Any] = []
+    run(lambda: responses.append(Client().get(url))).join(60)
+    return responses[0]
+
+
+def test_the_session_s_own_lock_timeout_without_a_bound_is_a_clear_lock_not_acquired(
+    name: str,
+) -> None:
+    """check_fence without a bound (wait=None) leaves the database's lock_timeout in charge;
+    when it fires the message says so (it formatted None as a number: TypeError)."""
+    from django_redlock.exceptions import LockNotAcquired
+    from django_redlock.fencing import check_fence
+
+    with lock(name, ttl=10, atomic=PG) as held:
+        fence = held.fence
+    assert fence
+    locked, done = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic(using=PG):
+            check_fence(PG, "default", name, fence + 1)
+            locked.set()
+            assert done.wait(30)
+
+    thread = run(holder)
+    assert locked.wait(30)
+    try:
+        with transaction.atomic(using=PG):
+            connections[PG].cursor().execute("SET LOCAL lock_timeout = '100ms'")
+            with pytest.raises(LockNotAcquired, match="the database's lock_timeout"):
+                check_fence(PG, "default", name, fence + 2)
+    finally:
+        done.set()
+        thread.join(30)
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_first_blocks_of_two_names_do_not_wait_for_each_other_s_floor_probe(
+    name: str, level: str
+) -> None:
+    """With no floor yet, a first block under a strict level probes for one with an insert
+    rolled back to a savepoint: a floor row inserted for good would stay locked until the
+    transaction ends, and every other name's first block would wait for it."""
+    opened, done = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with transaction.atomic(using=PG):
+            connections[PG].cursor().execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+            with lock(f"{name}:a", ttl=10, atomic=PG):
+                pass
+            opened.set()
+            assert done.wait(30)  # the transaction stays open
+
+    thread = run(first)
+    try:
+        assert opened.wait(30)
+        with lock(f"{name}:b", ttl=10, timeout=1, atomic=PG):  # LockNotAcquired if it waited
+            pass
+        assert Fence.objects.using(PG).filter(name="").count() == 0
+    finally:
+        done.set()
+        thread.join(30)

@@ -116,3 +116,16 @@ def test_every_link_of_the_readme_resolves() -> None:
 
 def test_no_readme_block_is_kept_from_running() -> None:
     assert [b for b in BLOCKS if b.needs] == []
+
+
+def test_the_readme_s_figures_are_the_last_bench_run_s() -> None:
+    """Each figure of the README is a span ``<!-- bench: name -->...<!-- /bench -->`` that
+    ``python -m bench.figures`` writes from bench/results.json: one that differs fails here."""
+    from bench.figures import SPAN, figures, render_spans
+
+    text = README.read_text()
+    spans = SPAN.findall(text)
+    assert spans, "the README quotes the bench through spans"
+    found = figures()
+    assert [(n, v) for n, v in spans if found[n].markdown() != v] == []
+    assert render_spans(text) == text

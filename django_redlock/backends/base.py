@@ -351,6 +351,17 @@ class BaseLockBackend:
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
 
+    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+        """Give ``token``'s hold of ``name`` a fence above ``recorded`` (a fence the database
+        recorded) and raise the name's counter to it, only while the token still holds the
+        lock (on a majority, for Redlock). The new fence; else -1 when another hold has the
+        lock now, 0 when nobody does. Unknown (too few answers) raises, as every op does.
+
+        Why it is safe: a hold still current has held the key since it was taken, so every
+        hold that recorded a fence was taken before it (or while Redis lost it: the same as
+        any lost hold), and the counter it raises makes every later hold's fence larger."""
+        raise NotImplementedError
+
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         """Extend many holds in one round trip (the watchdog's batch): True extended, False
         not held any more, None unknown (too few Redlock nodes answered about it)."""

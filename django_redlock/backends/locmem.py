@@ -122,6 +122,12 @@ _stores_mutex = threading.Lock()
 
 
 class LocMemBackend(BaseLockBackend):
+    """Locks inside this process, with the Redis backends' semantics (TTLs, fences, reentrant
+    and fair locks, semaphores, read-write locks): for tests and single-process development.
+    An optional LOCATION names the store; aliases with the same LOCATION share it. OPTIONS
+    are ignored.
+    """
+
     needs_location = False
 
     def __init__(self, alias: str, params: Any) -> None:
@@ -215,6 +221,23 @@ class LocMemBackend(BaseLockBackend):
                 return hold.owners[token], []
             del store.holds[name]
             return 0, self._freed(store, name, now)
+
+        return self._op(name, work)
+
+    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+        def work(store: _Store, now: float) -> tuple[int, list[str]]:
+            # As refence.lua: a live hold of the token (a lock's, or a lease) only.
+            hold: _Hold | _Lease | None = store.live(name, now)
+            leased = store.leased.get(name)
+            if not isinstance(hold, _Hold) or token not in hold.owners:
+                other = hold is not None or (leased is not None and leased.prune(now) > 0)
+                hold = leased.leases.get(token) if leased else None
+                if hold is None:
+                    return -1 if other else 0, []
+            fence = max(store.fences.get(name, 0) + 1, time.time_ns() // 1000, recorded + 1)
+            store.fences[name] = fence
+            hold.fence = fence
+            return fence, []
 
         return self._op(name, work)
 

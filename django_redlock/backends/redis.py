@@ -277,6 +277,12 @@ class RedisBackend(BaseLockBackend):
     def op_raise_fence(self, name: str, fence: int) -> Op[bool]:
         return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
 
+    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+        keys = [self.key(name), self.fence_key(name)]
+        # The fence travels as the exact decimal string the scripts store, never a float.
+        call = Call(script("refence"), keys, [token, str(recorded)])
+        return Op(name, call, int)
+
     def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
         keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
                 self.queue_key(name), self.deadlines_key(name)]  # fmt: skip

@@ -61,6 +61,11 @@ class _Quorum:
 
 
 class RedlockBackend(BaseLockBackend):
+    """The Redlock quorum: a lock is held when a majority of N independent masters (LOCATION,
+    a list of URLs) granted it within its validity. OPTIONS: ``restart_guard`` (seconds a node
+    that lost its data votes no; 0, off, by default) and redis-py's, for every node.
+    """
+
     location_is_list = True
     #: Node connections time out far below any TTL: a dead node costs this, not more.
     node_options: dict[str, Any] = {"socket_timeout": 0.1, "socket_connect_timeout": 0.1}
@@ -291,6 +296,29 @@ class RedlockBackend(BaseLockBackend):
             if extended is None:
                 raise self._unreachable(name, replies, "extend")
             return extended
+
+        return Op(name, _Quorum(steps()))
+
+    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+        def steps() -> Steps[int]:
+            # Each node that still has the token re-fences its own hold above `recorded`; the
+            # hold is current only on a majority, and its fence is then theirs (the largest),
+            # as at the acquire. A node whose token is gone re-fences nothing.
+            replies = yield self._each(
+                lambda n: n.op_refence(name, token, recorded), self._deciding(_refenced), True
+            )
+            if not self._decide(name, replies, _refenced(replies), "re-fence"):
+                taken = sum(1 for r in replies if r == -1) >= self.quorum
+                return -1 if taken else 0
+            fence = max(r for r in replies if isinstance(r, int))
+            # Lift the lagging counters, as the acquire does: every later majority shares a
+            # node with this one, and then hands out more. Unanswered: a later hold may get a
+            # fence below this one; the database refuses it and it re-fences in turn.
+            yield [
+                n.op_raise_fence(name, fence) if isinstance(r, int) and 0 < r < fence else None
+                for n, r in zip(self.nodes, replies, strict=True)
+            ]
+            return fence
 
         return Op(name, _Quorum(steps()))
 
@@ -618,6 +646,11 @@ def _token_of(value: Any) -> str | None:
 def _released(replies: Replies) -> int:
     """Nodes where our token still was (the release deleted it)."""
     return sum(1 for r in replies if isinstance(r, int) and r >= 0)
+
+
+def _refenced(replies: Replies) -> int:
+    """Nodes where the token still was (their hold re-fenced)."""
+    return sum(1 for r in replies if isinstance(r, int) and r > 0)
 
 
 def _holding(replies: Replies) -> int:

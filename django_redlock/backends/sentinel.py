@@ -51,8 +51,9 @@ class SentinelBackend(RedisBackend):
     """Locks on the master of a Sentinel-monitored service.
 
     With ``min_replicas``, an acquire also waits (``WAIT``, in the same round trip) until that
-    many replicas have the lock, and fails, releasing it, if they do not in time: a failover
-    then cannot promote a replica that never saw the lock.
+    many replicas have the lock, and fails, releasing it, if they do not in time. That narrows
+    the failover gap without closing it: a failover may still promote a replica that had not
+    acknowledged yet, or one that acknowledged and then restarted empty (fence what matters).
     """
 
     location_is_list = True

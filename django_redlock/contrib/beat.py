@@ -473,8 +473,9 @@ def __getattr__(name: str) -> Any:
             from django_celery_beat.schedulers import DatabaseScheduler
         except ImportError as exc:
             raise ImportError(
-                "LockedDatabaseScheduler needs django-celery-beat:"
-                ' pip install "django-redlock[beat]"'
+                "LockedDatabaseScheduler needs django-celery-beat: pip install"
+                " django-celery-beat (or this package with its [beat] extra:"
+                ' pip install "/path/to/django-redlock[beat]")'
             ) from exc
 
         class LockedDatabaseScheduler(LeaderMixin, DatabaseScheduler):

@@ -34,6 +34,7 @@ from ..fencing import database_of, release_after_commit
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import current_task as holder_task
 from ..locking import BaseLock, Lock, Semaphore, name_template
+from ..locking.templates import refuse_generator
 from ..validation import (
     MAX_TTL,
     check_limit,
@@ -181,7 +182,7 @@ def single_instance(
     ``atomic=True`` (or a ``DATABASES`` alias): the body runs in the lock's fenced transaction
     (see ``lock(..., atomic=)``), committed before the lock is released; a stale hold raises
     ``StaleFence`` before the body runs, and a hold lost once the body committed is logged,
-    not raised (a retry would run the body twice).
+    not raised (a retry would run the body twice), as is an ``on_commit`` callback's error.
 
     Under Django's ``@task`` (or the ``django-tasks`` backport's) the same rules apply to each
     task run, keyed by the function's import path, with the holder naming the task result id;
@@ -431,6 +432,7 @@ def _check_decorated(func: Any) -> None:
         check_celery(func)
     if not callable(func):
         raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
+    refuse_generator(func, "@single_instance(...)")
     if inspect.iscoroutinefunction(func):
         raise TypeError(
             f"@single_instance decorates a plain function, not the coroutine function"

@@ -30,7 +30,7 @@ from ..validation import check_bool, check_name, check_optional_seconds, check_t
 from . import holds
 from .holds import Hold, believe, believed, holds_it, note_taken, settled, unsettled
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
-from .templates import name_template
+from .templates import name_template, refuse_generator
 
 logger = logging.getLogger("django_redlock")
 
@@ -475,7 +475,9 @@ class BaseLock:
         try:
             yield from self._settle(owner)
             left = yield self._op_release(hold.token)
-        except LockError:
+        except BaseException:
+            # No answer, or interrupted while one was on its way (KeyboardInterrupt, a time
+            # limit): the release may have gone through. Either way the outcome is unknown.
             if hold.depth > 1:
                 # A nested reentrant release: count it as done; the server is told the
                 # count before the owner's next operation (sent again, the release could
@@ -730,6 +732,7 @@ class BaseLock:
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: the name is a ``str.format`` template over the arguments."""
+        refuse_generator(func, f"@{self.noun}(...)")
         name_for = name_template(self.name, inspect.signature(func), func.__qualname__)
         if inspect.iscoroutinefunction(func):
             self._check_async()

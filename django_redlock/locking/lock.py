@@ -103,7 +103,9 @@ def lock(
     another process that knows it can find and release the hold (Celery does, on revoke).
 
     ``atomic=True`` (or a ``DATABASES`` alias): ``with`` and the decorator run the body in a
-    fenced transaction (:meth:`Lock.atomic`), committed before the release."""
+    fenced transaction (:meth:`Lock.atomic`), committed before the release. ``timeout`` then
+    bounds the wait in Redis and, again, the wait for the lock's database row (without it,
+    the row wait is bounded by ``ttl``): never the body or its commit."""
     return Lock(
         name,
         ttl=ttl,

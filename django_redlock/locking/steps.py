@@ -88,7 +88,59 @@ async def adrive(backend: BaseLockBackend, steps: Steps[T]) -> T:
                 reply = (watching, await watching.__aenter__())
             else:
                 await step.handle[0].__aexit__(None, None, None)
+        except GeneratorExit:
+            # This coroutine is being closed (a loop torn down with the task pending, the
+            # task collected): nothing can be awaited any more, and throwing the exit into
+            # the steps would make their clean-up await again ("ignored GeneratorExit").
+            _finish_closed(backend, steps)
+            raise
         except BaseException as exc:
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
             error = exc
+
+
+def _finish_closed(backend: BaseLockBackend, steps: Steps[Any]) -> None:
+    """Run the clean-up of steps whose async driver is being closed, synchronously.
+
+    The rule of every step generator holds here too: an interruption while a reply may be on
+    its way is thrown into the steps (as a cancellation), which hand back what may have been
+    granted, leave a queue and stop watching. Those steps run here with the sync backend
+    (each bounded by its socket timeout), a sleep is skipped and an async watch is left
+    without awaiting (leaving is synchronous underneath). Errors of the clean-up are thrown
+    into the steps like any step's; what the steps raise at the end is dropped: the caller
+    re-raises the exit.
+    """
+    # Thrown in as a cancellation: a GeneratorExit thrown into a generator that delegates
+    # (``yield from``) closes the inner one first, whose clean-up could then not yield.
+    error: BaseException | None = asyncio.CancelledError()
+    reply: Any = None
+    while True:
+        try:
+            step = steps.send(reply) if error is None else steps.throw(error)
+        except BaseException:  # StopIteration, the exit itself, or the clean-up's error
+            return
+        reply, error = None, None
+        try:
+            if isinstance(step, Op):
+                reply = backend.execute(step)
+            elif isinstance(step, Sleep):
+                reply = False
+            elif isinstance(step, Watch):
+                raise asyncio.CancelledError  # no new waiting once closed
+            else:
+                _exit_now(step.handle[0])
+        except BaseException as exc:
+            error = exc
+
+
+def _exit_now(watching: Any) -> None:
+    """Leave an async watch without an event loop: its exit does not await (it only leaves
+    the in-process registry), so one ``send`` finishes it."""
+    exiting = watching.__aexit__(None, None, None)
+    try:
+        exiting.send(None)
+    except StopIteration:
+        return
+    exiting.close()
+    raise RuntimeError("an async watch's exit awaited: it cannot be left once closed")

@@ -45,3 +45,16 @@ def name_template(
             ) from exc
 
     return build
+
+
+def refuse_generator(func: Callable[..., object], decorator: str) -> None:
+    """A generator function's body runs when its result is iterated, after the call returned:
+    a lock (and a fenced transaction) around the call would cover none of it. TypeError."""
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        kind = "async generator" if inspect.isasyncgenfunction(func) else "generator"
+        raise TypeError(
+            f"{decorator} cannot protect the {kind} function"
+            f" {getattr(func, '__qualname__', func)!r}: its body runs when the result is"
+            " iterated, after the call returned and the lock was released. Lock inside it"
+            " (`with lock(...):` around the work), or return a list."
+        )

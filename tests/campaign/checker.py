@@ -234,6 +234,7 @@ def check(
         violations.append(Violation(prop, t, message, set(clients)))
 
     applied = [f for f in faults if f.started is not None]
+    steps = clock_steps(applied)
 
     # -- safety: fences --------------------------------------------------------------------
     by_fence: dict[int, list[Hold]] = defaultdict(list)
@@ -251,14 +252,19 @@ def check(
             )
     # fence-behind: for each hold B, the highest fence granted (acquire returned) before B's
     # acquire began must be below B's fence.
+    # Across a clock step of a server the comparison starts afresh (see clock_epoch): B is
+    # compared with the holds that began in the epoch B's acquire ended in.
     by_start = sorted((h for h in granted if h.fence is not None), key=lambda h: h.start)
-    i, best = 0, None
+    i, best_in = 0, dict[int, Hold]()
     for b in by_start:
         while i < len(granted) and (granted[i].end or 0) < b.start - 0.001:
             a = granted[i]
-            if a.fence is not None and (best is None or a.fence > (best.fence or 0)):
-                best = a
+            epoch = clock_epoch(steps, a.start)
+            leader = best_in.get(epoch)
+            if a.fence is not None and (leader is None or a.fence > (leader.fence or 0)):
+                best_in[epoch] = a
             i += 1
+        best = best_in.get(clock_epoch(steps, b.end or b.start))
         if best is not None and b.fence is not None and b.fence <= (best.fence or 0):
             violate(
                 "fence-behind",
@@ -270,7 +276,9 @@ def check(
             )
 
     # -- safety: the resource --------------------------------------------------------------
-    loss_times = sorted(f.started for f in applied if f.kind in data_loss)
+    # A clock step expires holds early (forward) or gives fences below earlier ones (back,
+    # with the counter lost): for what Redis says, as data loss does.
+    loss_times = sorted([f.started for f in applied if f.kind in data_loss] + steps)
     top, top_x = -1, -1
     spans: dict[tuple[str, int], list[int]] = {}
     for w in writes:
@@ -466,6 +474,7 @@ def check(
                     until = max(until, min(f.started + waiter_lease, deadline) + 0.5)
         elif nodes > 1:
             until += BREAKER + (2 * ttl if f.kind in data_loss else 0.0)
+        until += clock_delay(f, ttl)
         disturbed.append((f.started - 0.05, until))
     disturbed.append((stopping - 0.05, float("inf")))
     disturbed = _merge(disturbed)
@@ -592,6 +601,32 @@ def check(
     if hidden:
         report.histories.append(f"({hidden} more violations of the same properties not shown)")
     return report
+
+
+# -- clock faults (nemesis.CLOCK): kept apart from the rest ---------------------------------------
+
+
+def clock_steps(applied: list[Any]) -> list[float]:
+    """When a server's clock stepped: a clock fault's start and its heal."""
+    found = []
+    for f in applied:
+        if f.kind.startswith("clock_"):
+            found += [t for t in (f.started, f.healed) if t is not None]
+    return sorted(found)
+
+
+def clock_epoch(steps: list[float], t: float) -> int:
+    """How many clock steps came before ``t`` (slack for the step's own time). A hold that
+    began after a step may get a fence below one granted before it (the counter lost, the
+    clock behind): fence-behind compares holds of one epoch only; the fenced resource, not
+    Redis, keeps the order across steps (the database kind's checker)."""
+    return bisect.bisect_right(steps, t + 0.05)
+
+
+def clock_delay(fault: Any, ttl: float) -> float:
+    """How much longer than its TTL a key may live after a clock fault: the step (a key set
+    before a step back lives that much longer)."""
+    return float(fault.arg) + ttl if fault.kind.startswith("clock_") else 0.0
 
 
 def _history(

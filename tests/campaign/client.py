@@ -245,6 +245,8 @@ def main() -> None:
             check(hold, f"{question}_false", prefix, fence)
 
     lock_lost.connect(on_lost, weak=False)
+    if kind == "database":  # prune-fences beside the buyers
+        database.start_pruner(config, log, stop)
     log("start", pid=os.getpid())
     flag = config.get("throughput_flag") or ""
     hold = 0
@@ -297,7 +299,9 @@ def main() -> None:
             fence = -1
         try:
             if kind == "database":  # one fenced transaction (lk.atomic()) in the hold
-                database.run_held(lk, hold, fence, cid, rng, log, ttl)
+                # A re-fence (a clock step) gives the hold a new fence: the servers have it.
+                fence = database.run_held(lk, hold, fence, cid, rng, log, ttl)
+                holds[id(lk)] = (hold, prefix, fence)
             else:
                 hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
                           functools.partial(ask, lk, hold, prefix, fence, role), role,

@@ -8,7 +8,14 @@ history row (client, hold, fence, value read, value written). Two forms, half ea
 atomic=...)``: commit, then release). One transaction in 20 raises in its body: rolled back.
 One hold in 10 is not renewed, and its holder idles past the TTL: before its block (held
 form: a later holder may commit first, and this block must raise StaleFence), or inside it
-(``with``: the commit stands, the release finds the hold lost and raises nothing).
+(``with``: the commit stands, the release finds the hold lost and raises nothing). One block
+in 10 registers an ``on_commit`` callback that raises: the block must still be told it
+committed. Each client's connection runs READ COMMITTED, REPEATABLE READ or SERIALIZABLE
+(chosen by its seed): the stricter levels fail with a serialization error where READ
+COMMITTED waits, never commit stale. Beside the buyers, each client runs a pruner thread:
+``prune_fences`` with a tiny age (the lock's row and floor churn), a ``pre_delete`` receiver
+connected on ``Fence`` (an audit log that takes its time) -- the receiver that made Django
+delete a row a block had just committed.
 
 The checker reads the committed history back from PostgreSQL. Under READ COMMITTED a read
 sees only committed values, so the transaction that read ``v`` committed after the one that
@@ -22,7 +29,10 @@ wrote ``v``: the chain of values is the commit order. Properties:
 * ``commit-lost``: a client was told its block committed (it left the block without an
   exception), and its history row is not there, or says another fence or value;
 * ``refused-but-committed``: a block that raised before committing (``StaleFence``, the
-  lock not held, the body's exception) has a history row;
+  lock not held or its row wait ran out, the body's exception, a serialization error) has a
+  history row;
+* ``raised-after-commit``: a block raised an ``on_commit`` callback's error (it committed:
+  the caller is told it did not, and would do the work again);
 * ``fence-not-granted``: a row's fence is not the fence its hold was granted.
 
 ``CAMPAIGN_DB_UNFENCED=1`` runs the held form in a plain ``transaction.atomic()`` (no fence
@@ -53,6 +63,9 @@ ROOT = Path(__file__).resolve().parents[2]
 NAME = "campaign"
 ALIAS = "default"
 ABORT_RATE = 0.05
+CALLBACK_FAIL_RATE = 0.1  # blocks registering an on_commit callback that raises
+#: psycopg's IsolationLevel values: READ COMMITTED, REPEATABLE READ, SERIALIZABLE.
+LEVELS = {2: "read committed", 3: "repeatable read", 4: "serializable"}
 DAWDLE_RATE = 0.1  # holds whose lock is not renewed, their holder idling past the TTL
 SCHEMA = [
     "CREATE TABLE campaign_counter (id integer PRIMARY KEY, value bigint NOT NULL)",
@@ -155,9 +168,59 @@ class Abort(Exception):
     """Raised in a block's body on purpose: the transaction must roll back."""
 
 
+class CallbackFailed(Exception):
+    """Raised by an on_commit callback, after the COMMIT: the block must not raise it."""
+
+
+def isolation_of(config: dict[str, Any]) -> int:
+    """The client's isolation level (psycopg's IsolationLevel value), by its seed."""
+    return random.Random(config["seed"] * 31 + 7).choice(sorted(LEVELS))
+
+
 def database_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The client's DATABASES (empty for other kinds)."""
-    return {ALIAS: config["database"]} if config.get("database") else {}
+    """The client's DATABASES (empty for other kinds), at the client's isolation level."""
+    if not config.get("database"):
+        return {}
+    entry = dict(config["database"])
+    entry["OPTIONS"] = {**entry.get("OPTIONS", {}), "isolation_level": isolation_of(config)}
+    return {ALIAS: entry}
+
+
+def start_pruner(config: dict[str, Any], log: Any, stop: Any) -> None:
+    """A thread pruning the fence rows beside the buyers, a delete-signal receiver connected
+    (an audit log that takes its time). Its age is tiny: the lock's row is deleted between
+    blocks, and the next first block checks the floor."""
+    import datetime
+    import threading
+
+    from django.db import DatabaseError, connections
+    from django.db.models.signals import pre_delete
+
+    from django_redlock.fencing import prune_fences
+    from django_redlock.models import Fence
+
+    rng = random.Random(config["seed"] * 17 + 3)
+
+    def audit(sender: Any, **kwargs: Any) -> None:
+        time.sleep(rng.uniform(0, 0.02))
+
+    pre_delete.connect(audit, sender=Fence, weak=False, dispatch_uid="campaign-audit")
+    log("db_client", level=LEVELS[isolation_of(config)])
+
+    def prune() -> None:
+        while not stop.wait(rng.uniform(0.1, 0.6)):
+            age = datetime.timedelta(seconds=rng.uniform(0.02, 0.5))
+            try:
+                log("db_prune", n=prune_fences(ALIAS, age), age=age.total_seconds())
+            except DatabaseError as exc:
+                log("db_prune_err", err=type(exc).__name__, msg=str(exc)[:300])
+                connections[ALIAS].close()
+
+    threading.Thread(target=prune, daemon=True, name="pruner").start()
+
+
+def _fail_after_commit() -> None:
+    raise CallbackFailed("the mail server is down")
 
 
 def held_lock(config: dict[str, Any], prefix: str, rng: random.Random) -> Any:
@@ -173,8 +236,10 @@ def increment(hold: int, cid: str, fence: int, form: str, rng: random.Random, tt
               dawdle: bool = False) -> int:  # fmt: skip
     """Read the counter, work, write it plus one, append the history row: the value read.
     ``dawdle``: work past the TTL (a lock not renewed then expires in the block)."""
-    from django.db import connections
+    from django.db import connections, transaction
 
+    if rng.random() < CALLBACK_FAIL_RATE:  # registered first: it runs first after the COMMIT
+        transaction.on_commit(_fail_after_commit, using=ALIAS)
     with connections[ALIAS].cursor() as cursor:
         cursor.execute("SELECT value FROM campaign_counter WHERE id = 1")
         seen = int(cursor.fetchone()[0])
@@ -208,8 +273,13 @@ def _failed(log: Any, hold: int, fence: int | None, exc: BaseException, when: st
         log("db_stale", h=hold, fence=fence, recorded=exc.recorded)
     elif isinstance(exc, Abort):
         log("db_abort", h=hold, fence=fence)
-    elif isinstance(exc, LockError):  # not held: raised before the database was touched
+    elif isinstance(exc, CallbackFailed):  # the block committed, and said it did not
+        log("db_raised_after_commit", h=hold, fence=fence, msg=str(exc)[:300])
+    elif isinstance(exc, LockError):  # not held, or its row wait ran out: nothing committed
         log("db_refused", h=hold, fence=fence, err=type(exc).__name__, msg=str(exc)[:300])
+    elif isinstance(exc, DatabaseError) and "could not serialize" in str(exc):
+        log("db_serial", h=hold, fence=fence, msg=str(exc)[:300])  # nothing committed
+        connections[ALIAS].close()
     elif isinstance(exc, DatabaseError):  # the commit's outcome may be unknown
         log("db_err", h=hold, fence=fence, when=when, err=type(exc).__name__, msg=str(exc)[:300])
         connections[ALIAS].close()  # a broken connection is not reused
@@ -218,8 +288,9 @@ def _failed(log: Any, hold: int, fence: int | None, exc: BaseException, when: st
 
 
 def run_held(lk: Any, hold: int, fence: int, cid: str, rng: random.Random, log: Any,
-             ttl: float) -> None:  # fmt: skip
-    """The held form's block: ``with lk.atomic()`` inside a hold taken by ``acquire()``."""
+             ttl: float) -> int:  # fmt: skip
+    """The held form's block: ``with lk.atomic()`` inside a hold taken by ``acquire()``. The
+    hold's fence after it (a re-fence raises it)."""
     from django.db import transaction
 
     unfenced = bool(os.environ.get("CAMPAIGN_DB_UNFENCED"))
@@ -228,11 +299,34 @@ def run_held(lk: Any, hold: int, fence: int, cid: str, rng: random.Random, log: 
     log("db_begin", h=hold, fence=fence, form="held")
     try:
         with transaction.atomic(using=ALIAS) if unfenced else lk.atomic():
+            if not unfenced:
+                fence = refenced(log, hold, fence, checked_fence(lk))
             seen = increment(hold, cid, fence, "held", rng, ttl)
     except Exception as exc:
         _failed(log, hold, fence, exc, "body")
-        return
+        return fence
     log("db_ok", h=hold, fence=fence, seen=seen)
+    return fence
+
+
+def checked_fence(lk: Any) -> int:
+    """The fence the block's check recorded: its row's, read in the block's transaction (the
+    row stays locked until it ends). ``lk.fence`` would be None if the hold was found lost
+    meanwhile (a pause), and is the granted one unless a re-fence raised it."""
+    from django_redlock.fencing import row_key
+    from django_redlock.models import Fence
+
+    rows = Fence.objects.using(ALIAS).filter(key=row_key(lk.using, lk.name))
+    return int(rows.values_list("fence", flat=True).get())
+
+
+def refenced(log: Any, hold: int, granted: int, fence: int | None) -> int:
+    """The fence a block runs with: the one granted, or the one a re-fence gave the hold
+    (the Redis server's clock went back with the counter lost), logged for the checker."""
+    if fence is not None and fence != granted:
+        log("db_refenced", h=hold, fence=fence, granted=granted)
+        return fence
+    return granted
 
 
 #: The ``with`` form's holds by id(lock): told of the acquire by the lock_acquired signal, sent
@@ -277,12 +371,18 @@ def run_with(config: dict[str, Any], hold: int, prefix: str, rng: random.Random,
     try:
         with lk:
             inside = True
-            fence = lk.fence
+            fence = checked_fence(lk)
+            if granted and granted[0] is not None:
+                fence = refenced(log, hold, granted[0], fence)
+                holds[id(lk)] = (hold, prefix, fence)  # what the servers hold now
             log("db_begin", h=hold, fence=fence, form="with")
             seen = increment(hold, cid, fence if fence is not None else -1, "with", rng, ttl,
                              dawdle)  # fmt: skip
-    except LockNotAcquired:
-        log("acq_no", h=hold)
+    except LockNotAcquired as exc:
+        if granted:  # held, but its row stayed locked past the wait: nothing committed
+            _failed(log, hold, granted[0], exc, "enter")
+        else:
+            log("acq_no", h=hold)
         return
     except Exception as exc:
         if not granted and isinstance(exc, LockError):
@@ -337,8 +437,10 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
             ))  # fmt: skip
     by_hold = {(r.client, r.hold): r for r in rows}
     granted: dict[tuple[str, int], int | None] = {}
+    refences = refenced_holds(events)
     outcome: Counter[str] = Counter()
     forms: Counter[str] = Counter()
+    levels: Counter[str] = Counter()
     for ev in events:
         e, key = ev["e"], (ev["c"], ev.get("h"))
         if e == "acq_ok":
@@ -356,7 +458,21 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
                     + (f"fence {row.fence}, read {row.seen}" if row else "no row"),
                     {ev["c"]},
                 ))  # fmt: skip
-        elif e in ("db_stale", "db_abort", "db_refused"):
+        elif e == "db_raised_after_commit":
+            outcome["raised_after_commit"] += 1
+            found.append((
+                "raised-after-commit", ev["t"],
+                f"{ev['c']}/h{ev['h']} raised an on_commit callback's error at {ev['t']:.3f}"
+                f" (fence {ev['fence']}): its block had committed"
+                + (f" (row #{by_hold[key].id})" if key in by_hold else ", yet no row"),
+                {ev["c"]},
+            ))  # fmt: skip
+        elif e == "db_client":
+            levels[ev["level"]] += 1
+        elif e == "db_prune":
+            outcome["prunes"] += 1
+            outcome["pruned"] += ev["n"]
+        elif e in ("db_stale", "db_abort", "db_refused", "db_serial"):
             outcome[e[3:]] += 1
             if key in by_hold:
                 found.append((
@@ -369,7 +485,11 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
             outcome["error"] += 1
     for row in rows:
         fence = granted.get((row.client, row.hold))
-        if fence is not None and fence != row.fence:
+        if (
+            fence is not None
+            and fence != row.fence
+            and refences.get((row.client, row.hold)) != row.fence
+        ):
             found.append((
                 "fence-not-granted", row.at,
                 f"row #{row.id} of {row.client}/h{row.hold} has fence {row.fence}, but the hold"
@@ -381,12 +501,27 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
         "counter": history.counter,
         "told_committed": outcome["ok"],
         "stale": outcome["stale"],
+        "refenced": len(refences),
         "aborted": outcome["abort"],
         "refused": outcome["refused"],
         "errors": outcome["error"],
+        "serialization": outcome["serial"],
+        "prunes": outcome["prunes"],
+        "pruned": outcome["pruned"],
         "forms": dict(forms),
+        "levels": dict(levels),
     }
     return found, stats
+
+
+def refenced_holds(events: list[dict[str, Any]]) -> dict[tuple[str, int], int]:
+    """The holds re-fenced in their block (a clock step): their new fence, above the one
+    granted (a re-fence only ever raises it)."""
+    found = {}
+    for ev in events:
+        if ev["e"] == "db_refenced" and ev["fence"] > ev["granted"]:
+            found[(ev["c"], ev["h"])] = ev["fence"]
+    return found
 
 
 def summary(stats: dict[str, Any]) -> str:
@@ -394,8 +529,12 @@ def summary(stats: dict[str, Any]) -> str:
     return (
         f"  database: {stats['committed']} fenced transactions committed (counter"
         f" {stats['counter']}; {forms} blocks), {stats['stale']} refused by StaleFence,"
-        f" {stats['refused']} not held, {stats['aborted']} rolled back on purpose,"
-        f" {stats['errors']} database errors"
+        f" {stats.get('refenced', 0)} re-fenced after a clock step,"
+        f" {stats['refused']} not held (or row wait ran out), {stats['aborted']} rolled back"
+        f" on purpose, {stats.get('serialization', 0)} serialization failures,"
+        f" {stats['errors']} database errors; {stats.get('prunes', 0)} prunes deleted"
+        f" {stats.get('pruned', 0)} rows; clients by isolation level:"
+        f" {stats.get('levels', {})}"
     )
 
 

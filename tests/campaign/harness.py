@@ -22,12 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from django_redlock.testing import RedisServer
+from django_redlock.testing import FakeClock, RedisServer, faketime_server
 
 from . import throughput
 from .checker import Report, Violation, check
 from .database import Database
-from .nemesis import DATA_LOSS, Fault, Nemesis, make_plan
+from .nemesis import CLOCK, DATA_LOSS, Fault, Nemesis, make_plan
 from .proxy import Proxy
 from .resource import Resource
 
@@ -61,7 +61,9 @@ class Run:
         self._launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher")
         self.rng = random.Random(seed * 7919 + 1)  # the nemesis' own choices at run time
         nodes = 5 if backend == "redlock" else 1
-        self.servers = [self.launch(RedisServer().start) for _ in range(nodes)]
+        # Clock faults: each lock server under libfaketime, with a clock of its own.
+        self.clocks = [FakeClock() for _ in range(nodes)] if clock_faults(kind) else []
+        self.servers = [self.launch(self.lock_server(i).start) for i in range(nodes)]
         self.proxies = [Proxy(s.port, f"node{i}") for i, s in enumerate(self.servers)]
         self.resource_server = self.launch(RedisServer().start)
         self.resource = Resource(self.resource_server.client())
@@ -76,6 +78,11 @@ class Run:
         self.client_of: dict[int, str] = {}  # pid -> client id
         self._slots = threading.RLock()  # the nemesis and the main loop both (re)spawn
         self.throughput_flag = self.dir / "throughput"  # exists during the throughput phase
+
+    def lock_server(self, i: int) -> RedisServer:
+        if not self.clocks:
+            return RedisServer()
+        return RedisServer(executable=faketime_server(), env=self.clocks[i].env())
 
     # -- clients -----------------------------------------------------------------------------
 
@@ -155,6 +162,9 @@ class Run:
 
     def apply(self, fault: Fault) -> None:
         kind, target = fault.kind, fault.target
+        if kind in CLOCK:
+            self.apply_clock(fault)
+            return
         if kind.startswith("client_"):
             with self._slots:
                 proc = self.clients[target]
@@ -193,6 +203,9 @@ class Run:
 
     def heal(self, fault: Fault) -> None:
         kind, target = fault.kind, fault.target
+        if kind in CLOCK:
+            self.heal_clock(fault)
+            return
         if kind == "client_kill":
             with self._slots:
                 if target in self.killed:
@@ -216,6 +229,19 @@ class Run:
                 fault.note = f"({lost} replies lost through node{i} so far)"
             else:
                 proxy.heal()
+
+    def apply_clock(self, fault: Fault) -> None:
+        """Step the nodes' wall clocks: back for "clock_back", else forward."""
+        for i in fault.target:
+            self.clocks[i].step(-fault.arg if fault.kind == "clock_back" else fault.arg)
+
+    def heal_clock(self, fault: Fault) -> None:
+        """Step them again to the real time; "clock_restore" restarts the node empty too (a
+        snapshot's data and clock: its fence counters are gone)."""
+        for i in fault.target:
+            self.clocks[i].step(fault.arg if fault.kind == "clock_back" else -fault.arg)
+            if fault.kind == "clock_restore":
+                self.launch(self.servers[i].restart)
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -246,6 +272,8 @@ class Run:
             server.stop()
         if self.database is not None:
             self.database.close()
+        for clock in self.clocks:
+            clock.close()
         self._launcher.shutdown()
         if os.environ.get("CAMPAIGN_KEEP") is None:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -261,11 +289,20 @@ class Run:
         return events
 
 
+def clock_faults(kind: str) -> bool:
+    """Whether a run of ``kind`` steps its servers' clocks: fenced transactions only (the
+    database keeps order through a step; Redis's own holds and fences may not), on servers
+    that start under libfaketime, unless CAMPAIGN_EXCLUDE names "clock"."""
+    excluded = "clock" in os.environ.get("CAMPAIGN_EXCLUDE", "").split(",")
+    return kind == "database" and not excluded and faketime_server() is not None
+
+
 def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
     run = Run(backend, kind, seed, seconds)
     nodes = len(run.servers)
     exclude = frozenset(filter(None, os.environ.get("CAMPAIGN_EXCLUDE", "").split(",")))
-    plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD, exclude)
+    plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD, exclude,
+                     clock=bool(run.clocks))  # fmt: skip
     nemesis = Nemesis(plan, run)
     try:
         if plan.phase is not None:

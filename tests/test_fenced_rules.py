@@ -1,0 +1,338 @@
+"""The fenced block's rules (docs/topics/fencing.md, "The fenced block, step by step"), on
+SQLite: a block that returns committed, a block that raises committed nothing, whatever
+raises where; on_commit callbacks; transactions the body left unable to commit; generator
+functions refused. PostgreSQL's own cases: tests/test_fenced_postgres.py."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, transaction
+from django.db.transaction import TransactionManagementError
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import path
+
+from django_redlock import (
+    BackendUnavailable,
+    LockNotAcquired,
+    StaleFence,
+    fencing,
+    lock,
+    lock_view,
+    locks,
+    single_instance,
+)
+from django_redlock.fencing import row_key
+from django_redlock.models import Fence
+
+from .fenced_child import open_shop, sales, sell_one
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DB = DEFAULT_DB_ALIAS
+
+
+@pytest.fixture(autouse=True)
+def shop() -> None:
+    open_shop(DB, 1, 10)
+
+
+class MailServerDown(Exception):
+    pass
+
+
+def failing_callback() -> None:
+    raise MailServerDown("mail server down")
+
+
+# -- on_commit callbacks: after the COMMIT, before the release -------------------------------
+
+
+def with_form(name: str, body: Callable[[], None]) -> None:
+    with lock(name, ttl=30, atomic=True):
+        body()
+
+
+def atomic_form(name: str, body: Callable[[], None]) -> None:
+    held = lock(name, ttl=30)
+    held.acquire()
+    try:
+        with held.atomic():
+            body()
+    finally:
+        held.release()
+
+
+def decorator_form(name: str, body: Callable[[], None]) -> None:
+    @lock(name, ttl=30, atomic=True)
+    def run() -> None:
+        body()
+
+    run()
+
+
+def task_form(name: str, body: Callable[[], None]) -> None:
+    @single_instance(key=name, ttl=30, atomic=True)
+    def run() -> None:
+        body()
+
+    run()
+
+
+FORMS = {"with": with_form, "atomic": atomic_form, "decorator": decorator_form,
+         "single_instance": task_form}  # fmt: skip
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_on_commit_callback_that_raises_does_not_make_a_committed_block_raise(
+    name: str, form: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Django runs on_commit callbacks after the COMMIT, inside the transaction's exit: a
+    callback's error looked like a failed commit ("nothing committed, retry": a second sale).
+    The block committed: the error is logged, the lock released, nothing raised."""
+    ran: list[str] = []
+
+    def body() -> None:
+        sell_one(DB, 1, "a")
+        transaction.on_commit(failing_callback)
+        transaction.on_commit(lambda: ran.append("later"))  # Django drops those after a raise
+
+    with caplog.at_level(logging.ERROR, logger="django_redlock"):
+        FORMS[form](name, body)
+    assert sales(DB) == [("a", 10)] and not lock(name).locked()
+    assert "an on_commit callback raised" in caplog.text and "mail server down" in caplog.text
+
+
+def test_on_commit_callbacks_run_after_the_commit_with_the_lock_still_held(name: str) -> None:
+    """The contract: callbacks of the block's transaction run once it committed, before the
+    release: the lock is still this hold's (a slow callback delays the next holder)."""
+    seen: list[Any] = []
+    with lock(name, ttl=30, atomic=True) as held:
+        sell_one(DB, 1, "a")
+        transaction.on_commit(lambda: seen.append((held.owned(), connection.in_atomic_block)))
+        assert seen == []
+    assert seen == [(True, False)] and not held.locked()
+
+
+def test_an_interrupt_from_a_callback_after_the_commit_propagates_and_releases(name: str):
+    """A BaseException (KeyboardInterrupt) is not an error to log: it propagates, the lock
+    released; the sale stands."""
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), lock(name, ttl=30, atomic=True):
+        sell_one(DB, 1, "a")
+        transaction.on_commit(interrupt)
+    assert sales(DB) == [("a", 10)] and not lock(name).locked()
+
+
+@lock_view("order:{pk}", atomic=True)
+def buy(request: HttpRequest, pk: int) -> HttpResponse:
+    sell_one(DB, pk, "view")
+    transaction.on_commit(failing_callback)
+    return HttpResponse("sold")
+
+
+@lock_view("stream:{pk}", atomic=True)
+def stream(request: HttpRequest, pk: int) -> StreamingHttpResponse:
+    sell_one(DB, pk, "stream")
+
+    def chunks() -> Iterator[bytes]:
+        # Runs once the view returned: committed, released, outside any transaction.
+        yield f"{lock(f'stream:{pk}').locked()} {connection.in_atomic_block}".encode()
+        yield f" {sales(DB)}".encode()
+
+    return StreamingHttpResponse(chunks())
+
+
+urlpatterns = [path("buy/<int:pk>/", buy), path("stream/<int:pk>/", stream)]
+
+
+@pytest.fixture
+def urls(settings: Any) -> None:
+    settings.ROOT_URLCONF = __name__
+
+
+def test_lock_view_answers_the_view_s_response_when_a_callback_fails_after_the_commit(
+    urls: None,
+) -> None:
+    response = Client().get("/buy/1/")
+    assert response.status_code == 200 and response.content == b"sold"
+    assert sales(DB) == [("view", 10)] and not lock("order:1").locked()
+
+
+def test_a_streaming_response_s_content_runs_after_the_commit_and_the_release(urls: None):
+    """The documented rule: what the view did before returning is fenced and committed; the
+    streaming content is produced afterwards, outside the lock and the transaction."""
+    response = Client().get("/stream/1/")
+    assert b"".join(response.streaming_content) == b"False False [('stream', 10)]"
+
+
+# -- a transaction the body left unable to commit ---------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["with", "atomic"])
+def test_a_block_marked_for_rollback_raises_and_commits_nothing(name: str, form: str) -> None:
+    """transaction.set_rollback(True) (or a failed inner atomic(savepoint=False)): the exit
+    rolls back silently, so the block must not return as if it had committed."""
+
+    def body() -> None:
+        sell_one(DB, 1, "a")
+        transaction.set_rollback(True)
+
+    with pytest.raises(TransactionManagementError, match="nothing committed"):
+        FORMS[form](name, body)
+    assert sales(DB) == [] and not lock(name).locked()
+
+
+# -- generator functions: refused when decorated ---------------------------------------------
+
+
+def generator(request: HttpRequest, pk: int) -> Iterator[int]:
+    yield pk
+
+
+async def async_generator(request: HttpRequest, pk: int) -> AsyncIterator[int]:
+    yield pk
+
+
+@pytest.mark.parametrize("func", [generator, async_generator])
+@pytest.mark.parametrize(
+    "decorator",
+    [
+        lambda: lock("ticket:{pk}", using="down", atomic=True),
+        lambda: lock("ticket:{pk}", using="down"),
+        lambda: single_instance(key="ticket:{pk}", using="down", atomic=True),
+        lambda: single_instance(key="ticket:{pk}", using="down"),
+        lambda: lock_view("ticket:{pk}", using="down", atomic=True),
+        lambda: lock_view("ticket:{pk}", using="down"),
+    ],
+)
+def test_a_generator_function_is_refused_when_decorated(decorator: Any, func: Any) -> None:
+    """Its body runs when iterated, after the call returned: with neither lock nor
+    transaction. Refused before any Redis call (backend "down" listens nowhere)."""
+    with pytest.raises(TypeError, match="generator"):
+        decorator()(func)
+
+
+# -- the state machine: every exit, with an exception at each step ----------------------------
+
+
+class Boom(BaseException):
+    """Not an Exception: an interrupt anywhere must still free the lock."""
+
+
+def test_waiting_in_redis_runs_out_commits_nothing_and_holds_nothing(name: str) -> None:
+    other = lock(name, ttl=30)
+    other.acquire()
+    with (
+        CaptureQueriesContext(connection) as queries,
+        pytest.raises(LockNotAcquired),
+        lock(name, timeout=0.1, atomic=True),
+    ):
+        pytest.fail("the body ran")
+    assert queries.captured_queries == []  # the database never touched
+    other.release()
+
+
+def test_redis_not_answering_while_waiting_touches_no_database() -> None:
+    with (
+        CaptureQueriesContext(connection) as queries,
+        pytest.raises(BackendUnavailable),
+        lock("x", using="down", atomic=True),
+    ):
+        pytest.fail("the body ran")
+    assert queries.captured_queries == []
+
+
+def test_an_interrupt_while_waiting_in_redis_leaves_nothing_held(name: str) -> None:
+    """A signal handler raising in the middle of the wait (as Ctrl-C does)."""
+    other = lock(name, ttl=30)
+    other.acquire()
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Boom()
+
+    waiting = lock(name, ttl=30, timeout=10, atomic=True)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with CaptureQueriesContext(connection) as queries, pytest.raises(Boom), waiting:
+            pytest.fail("the body ran")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert queries.captured_queries == [] and not waiting.owned()
+    other.release()
+    assert not lock(name).locked()  # the interrupted waiter did not take it meanwhile
+
+
+@pytest.mark.parametrize("raised", [Boom, RuntimeError])
+def test_an_exception_in_the_fence_check_releases_and_commits_nothing(
+    name: str, raised: type[BaseException], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def check(*args: Any, **kwargs: Any) -> None:
+        sell_one(DB, 1, "check")
+        raise raised()
+
+    monkeypatch.setattr(fencing, "check_fence", check)
+    with pytest.raises(raised), lock(name, ttl=30, atomic=True):
+        pytest.fail("the body ran")
+    assert sales(DB) == [] and not lock(name).locked()
+
+
+def test_a_stale_fence_releases_and_commits_nothing(name: str) -> None:
+    with lock(name, atomic=True):
+        pass
+    Fence.objects.filter(key=row_key("default", name)).update(fence=2**62)
+    with pytest.raises(StaleFence), lock(name, ttl=30, atomic=True):
+        pytest.fail("the body ran")
+    assert not lock(name).locked()
+
+
+@pytest.mark.parametrize("raised", [Boom, RuntimeError])
+def test_an_exception_in_the_body_rolls_back_releases_and_propagates(
+    name: str, raised: type[BaseException]
+) -> None:
+    with pytest.raises(raised), lock(name, ttl=30, atomic=True):
+        sell_one(DB, 1, "a")
+        raise raised()
+    assert sales(DB) == [] and not lock(name).locked()
+
+
+def test_a_failed_commit_releases_and_commits_nothing(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def commit() -> None:
+        raise OperationalError("the COMMIT failed")
+
+    with pytest.raises(OperationalError), lock(name, ttl=30, atomic=True):
+        sell_one(DB, 1, "a")
+        monkeypatch.setattr(connection, "_commit", commit)
+    monkeypatch.undo()
+    assert sales(DB) == [] and not lock(name).locked()
+
+
+@pytest.mark.parametrize("raised", [Boom, RuntimeError])
+def test_an_exception_at_the_release_after_the_commit(
+    name: str, raised: type[BaseException], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A LockError there is the lost-hold rule (tests/test_fenced.py): logged. Anything else
+    is not the lock's to hide: it propagates, the sale committed all the same."""
+    held = lock(name, ttl=30, atomic=True)
+
+    def release() -> None:
+        raise raised()
+
+    with pytest.raises(raised), held:
+        sell_one(DB, 1, "a")
+        monkeypatch.setattr(held, "release", release)
+    monkeypatch.undo()
+    assert sales(DB) == [("a", 10)]
+    locks["default"].force_release(name)

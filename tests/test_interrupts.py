@@ -1,0 +1,261 @@
+"""An interruption (KeyboardInterrupt, a time limit, a signal handler's exception) at every
+round trip of every lock operation, before its request is sent or after its reply is lost.
+
+The rules checked after each one, on a real server: nothing is reported held that is not;
+no lock is declared lost that was not; and the name ends free once the owner carries on (its
+next operation settles what the interruption left unsure), with no ghost in a fair queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from django_redlock import LockNotOwned, lock, locks, read_write_lock, semaphore
+from django_redlock.locking.base import WAITER_LEASE
+from django_redlock.signals import lock_lost
+
+ALIASES = ["redis", "local"]
+KINDS: dict[str, Callable[[str, str], Any]] = {
+    "plain": lambda name, alias: lock(name, using=alias, ttl=10),
+    "reentrant": lambda name, alias: lock(name, using=alias, ttl=10, reentrant=True),
+    "fair": lambda name, alias: lock(name, using=alias, ttl=10, fair=True),
+    "semaphore": lambda name, alias: semaphore(name, limit=1, using=alias, ttl=10),
+    "write": lambda name, alias: read_write_lock(name, using=alias, ttl=10).write(),
+}
+
+
+class Interrupted(KeyboardInterrupt):
+    pass
+
+
+class Interrupt:
+    """The backend's ``at``-th round trip raises: before its request is sent, or (``lost``)
+    after the server ran it, as if its reply were lost."""
+
+    def __init__(self, alias: str, at: int, lost: bool) -> None:
+        self.backend, self.at, self.lost, self.calls = locks[alias], at, lost, 0
+
+    def __enter__(self) -> Interrupt:
+        execute = type(self.backend).execute
+
+        def interrupting(op: Any) -> Any:
+            self.calls += 1
+            if self.calls == self.at and not self.lost:
+                raise Interrupted
+            reply = execute(self.backend, op)
+            if self.calls == self.at:
+                raise Interrupted
+            return reply
+
+        self.backend.execute = interrupting  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.backend.execute
+
+
+def round_trips(alias: str, operation: Callable[[], object]) -> int:
+    with Interrupt(alias, 0, False) as counting:
+        operation()
+    return counting.calls
+
+
+@pytest.fixture
+def losses() -> Iterator[list[object]]:
+    seen: list[object] = []
+
+    def receiver(sender: object, lock: object, **kwargs: object) -> None:
+        seen.append(lock)
+
+    lock_lost.connect(receiver)
+    yield seen
+    lock_lost.disconnect(receiver)
+
+
+def settle_and_check_free(lk: Any, fresh: Any) -> None:
+    """The owner carries on: one more hold and release leave the name free."""
+    assert lk.acquire(timeout=5)
+    lk.release()
+    while lk.owned():  # a reentrant owner may hold an unsure level still: release it too
+        lk.release()
+    assert not fresh.locked()
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["unsent", "reply-lost"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_an_interrupted_acquire(alias: str, kind: str, lost: bool, name: str, losses: list) -> None:
+    make = KINDS[kind]
+    probe = make(name, alias)
+    n = round_trips(alias, probe.acquire)
+    probe.release()
+    for at in range(1, n + 1):
+        lk = make(name, alias)
+        with Interrupt(alias, at, lost), pytest.raises(Interrupted):
+            lk.acquire()
+        if lk.owned():
+            assert make(name, alias).locked()
+        settle_and_check_free(lk, make(name, alias))
+    assert losses == []
+
+
+def in_thread(call: Callable[[], object]) -> None:
+    """Run ``call`` as another owner (another thread); raise what it raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    if raised:
+        raise raised[0]
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["unsent", "reply-lost"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_an_interrupted_wait(alias: str, kind: str, lost: bool, name: str, losses: list) -> None:
+    make = KINDS[kind]
+    holder = make(name, alias)
+    assert holder.acquire()
+    probe = make(name, alias)
+    n = round_trips(alias, lambda: in_thread(lambda: probe.acquire(timeout=0.2)))
+    assert n >= 2  # the try, then a try after watching (and for a fair lock, the leave)
+    for at in range(1, n + 1):
+        lk = make(name, alias)
+        with Interrupt(alias, at, lost), pytest.raises(Interrupted):
+            in_thread(lambda lk=lk: lk.acquire(timeout=0.2))
+        assert not lk.owned()
+        holder.release()
+        newcomer = make(name, alias)
+        if not newcomer.acquire(blocking=False):
+            # Only a fair waiter whose leave was never sent is left in the queue, and only
+            # until its place lapses.
+            assert kind == "fair" and at == n and not lost
+            assert newcomer.acquire(timeout=WAITER_LEASE + 2)
+        newcomer.release()
+        assert holder.acquire(blocking=False)
+    holder.release()
+    assert losses == []
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["unsent", "reply-lost"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_an_interrupted_release(alias: str, kind: str, lost: bool, name: str, losses: list) -> None:
+    make = KINDS[kind]
+    probe = make(name, alias)
+    probe.acquire()
+    n = round_trips(alias, probe.release)
+    for at in range(1, n + 1):
+        lk = make(name, alias)
+        assert lk.acquire()
+        with Interrupt(alias, at, lost), pytest.raises(Interrupted):
+            lk.release()
+        if lk.owned():
+            assert make(name, alias).locked()
+        # Released again: done, or "not owned" when the first one went through; never "lost".
+        try:
+            lk.release()
+        except LockNotOwned as exc:
+            assert type(exc) is LockNotOwned, exc
+        assert not make(name, alias).locked()
+    assert losses == []
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["unsent", "reply-lost"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_an_interrupted_extend(alias: str, kind: str, lost: bool, name: str, losses: list) -> None:
+    make = KINDS[kind]
+    lk = make(name, alias)
+    assert lk.acquire()
+    n = round_trips(alias, lambda: lk.extend(20))
+    for at in range(1, n + 1):
+        with Interrupt(alias, at, lost), pytest.raises(Interrupted):
+            lk.extend(30)
+        assert lk.owned()
+        ttl = lk.ttl()
+        assert ttl is not None and ttl > 5
+    lk.release()
+    assert not make(name, alias).locked()
+    assert losses == []
+
+
+class ACancel:
+    """The asyncio twin of :class:`Interrupt`: the ``at``-th awaited round trip is cancelled,
+    before its request is sent or after its reply is lost."""
+
+    def __init__(self, alias: str, at: int, lost: bool) -> None:
+        self.backend, self.at, self.lost, self.calls = locks[alias], at, lost, 0
+
+    def __enter__(self) -> ACancel:
+        aexecute = type(self.backend).aexecute
+
+        async def cancelling(op: Any) -> Any:
+            self.calls += 1
+            if self.calls == self.at and not self.lost:
+                raise asyncio.CancelledError
+            reply = await aexecute(self.backend, op)
+            if self.calls == self.at:
+                raise asyncio.CancelledError
+            return reply
+
+        self.backend.aexecute = cancelling  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.backend.aexecute
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["unsent", "reply-lost"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_cancelled_aacquire_and_arelease(
+    alias: str, kind: str, lost: bool, name: str, losses: list
+) -> None:
+    make = KINDS[kind]
+
+    async def scenario() -> None:
+        probe = make(name, alias)
+        with ACancel(alias, 0, False) as counting:
+            await probe.aacquire()
+        acquiring = counting.calls
+        with ACancel(alias, 0, False) as counting:
+            await probe.arelease()
+        releasing = counting.calls
+        assert acquiring >= 1 and releasing >= 1
+        for at in range(1, acquiring + 1):
+            lk = make(name, alias)
+            with ACancel(alias, at, lost), pytest.raises(asyncio.CancelledError):
+                await lk.aacquire()
+            if await lk.aowned():
+                assert await make(name, alias).alocked()
+            assert await lk.aacquire(timeout=5)
+            await lk.arelease()
+            while await lk.aowned():
+                await lk.arelease()
+            assert not await make(name, alias).alocked()
+        for at in range(1, releasing + 1):
+            lk = make(name, alias)
+            assert await lk.aacquire()
+            with ACancel(alias, at, lost), pytest.raises(asyncio.CancelledError):
+                await lk.arelease()
+            try:
+                await lk.arelease()
+            except LockNotOwned as exc:
+                assert type(exc) is LockNotOwned, exc
+            assert not await make(name, alias).alocked()
+
+    asyncio.run(scenario())
+    assert losses == []
