@@ -20,9 +20,10 @@ The rules, and who owns what:
   member found lost is losing the whole: ``LockLost`` naming it, every other member released
   all the same.
 * ``atomic=``: once every name is held, one transaction records every member's fence, rows
-  locked in the canonical order (:func:`~..fencing.check_fence`), before the body runs; a
-  stale fence of any name raises ``StaleFence``, nothing committed, every name released. A
-  block that committed never raises a lock error on the way out (as a single fenced block).
+  locked in the canonical order (each member's own fenced block, nested: :meth:`atomic`),
+  before the body runs; a stale fence of any name raises ``StaleFence``, nothing committed,
+  every name released. A block that committed never raises a lock error on the way out (as a
+  single fenced block).
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple, TypeVar, cast
 
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import DEFAULT_DB_ALIAS
 
 from ..backends.base import BaseLockBackend, Kind, Op
 from ..backends.redis import RedisBackend
 from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
-from ..fencing import check_database, check_fence, database_of
+from ..fencing import check_database, database_of
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import group_meta, holder_meta, new_token, new_waiter_id, owner_id
 from ..scripts import Call, script
@@ -143,9 +144,11 @@ class MultiLock:
         self.using = using
         self.database = database_of(atomic)
         self.group = new_token()
-        size, renew = len(self.names), self.auto_renew
+        # The members wait as the set does: a fenced block's wait for a row follows them.
+        options = {"ttl": ttl, "using": using, "auto_renew": self.auto_renew,
+                   "blocking": self.blocking, "timeout": self.timeout}  # fmt: skip
         self.locks: list[Lock] = [
-            MemberLock(name, group=self.group, size=size, ttl=ttl, using=using, auto_renew=renew)
+            MemberLock(name, group=self.group, size=len(self.names), **options)
             for name in self.names  # each name checked (length, encoding) here
         ]
         self.backend = self.locks[0].backend  # one alias for all: one backend
@@ -410,24 +413,24 @@ class MultiLock:
 
     @contextlib.contextmanager
     def atomic(self, using: str | None = None) -> Iterator[None]:
-        """This held multi-lock's fenced transaction: ``transaction.atomic(using=using)``
-        (default: the ``atomic=`` database, else Django's default) whose first statements
-        record every name's fence, in the canonical order, each row locked until the
-        transaction ends; ``StaleFence`` (nothing committed) when a later hold's fence is
-        recorded for any name. ``LockNotOwned`` (or ``LockLost``) when not every name is
-        held, before the database is touched."""
+        """This held multi-lock's fenced transaction, in ``using`` (default: the ``atomic=``
+        database, else Django's default): every member's own fenced block
+        (:meth:`Lock.atomic <django_redlock.Lock.atomic>`), nested in the canonical order, so
+        the first opens the transaction and each next one records its fence in a savepoint
+        of it: every name's row locked in that order, until the one COMMIT. Raises as a
+        single fenced block does, nothing committed: ``StaleFence`` for any name,
+        ``LockNotAcquired`` when a row stayed locked past the wait, ... ``LockNotOwned`` (or
+        ``LockLost``) when not every name is held, before the database is touched."""
         using = check_database(using) if using is not None else self.database or DEFAULT_DB_ALIAS
-        fences = self.fences
-        missing = [n for n, fence in fences.items() if fence is None]
+        missing = [lk.name for lk in self.locks if lk.fence is None]
         if missing:
             lost = [lk.name for lk in self.locks if lk.lost is not None and lk.token is None]
             error = LockLost if lost else LockNotOwned
             raise error(f"{self._describe()}: {', '.join(map(repr, missing))} not held"
                         f"{' (lost)' if lost else ''}")  # fmt: skip
-        with transaction.atomic(using=using):
-            for name, fence in fences.items():  # canonical order: rows locked in that order
-                assert fence is not None
-                check_fence(using, self.using, name, fence, f"lock {name!r} of {self._describe()}")
+        with contextlib.ExitStack() as blocks:
+            for lk in self.locks:  # canonical order: the rows are locked in that order
+                blocks.enter_context(lk.atomic(using))
             yield
 
     async def __aenter__(self) -> MultiLock:
