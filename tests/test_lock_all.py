@@ -853,3 +853,11 @@ def test_a_free_name_with_a_fair_queue_is_left_to_its_queue(redis_server: RedisS
     client.delete(backend.queue_key("fq:a"), backend.deadlines_key("fq:a"))
     with lock_all("fq:a", "fq:b", using="redis", timeout=5):
         assert held_names("redis", ["fq:a", "fq:b"]) == ["fq:a", "fq:b"]
+
+
+def test_decorating_a_generator_function_is_refused() -> None:
+    def rows(src: int) -> Iterator[int]:
+        yield src
+
+    with pytest.raises(TypeError, match="generator"):
+        lock_all("g:{src}", using="redis")(rows)

@@ -50,7 +50,7 @@ from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
 from .lock import Lock
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
-from .templates import name_template
+from .templates import name_template, refuse_generator
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -494,6 +494,7 @@ class MultiLock:
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: each name is a ``str.format`` template over the arguments."""
+        refuse_generator(func, "@lock_all(...)")
         signature = inspect.signature(func)
         builders = [name_template(n, signature, func.__qualname__) for n in self.names]
         options = self._options()
