@@ -32,6 +32,19 @@ def verdict(ok: bool) -> str:
     return "**met**" if ok else "**missed**"
 
 
+def lock_all_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """The ``lock_all`` scenario's row, once it has run (bench/scenarios/lock_all.py)."""
+    figures = results.get("lock_all")
+    if not figures:
+        return []
+    parts = [f"{size}: lock_all {v['rates']['lock_all']:,.0f}/s, {v['round_trips']['lock_all']:.0f} round trips; "
+             f"one by one {v['rates']['one by one']:,.0f}/s, {v['round_trips']['one by one']:.0f} round trips "
+             f"({v['ratio']:.2f} ×)" for size, v in figures.items()]  # fmt: skip
+    trips = max(v["round_trips"]["lock_all"] for v in figures.values())
+    return [("lock_all of 2 and of 10 names vs one by one, single node", "cycles/s; round trips per cycle",
+             "<br>".join(parts), f"2 round trips whatever the size: {trips:.0f} {verdict(trips == 2)}")]  # fmt: skip
+
+
 def report(results: dict[str, Any], environment: dict[str, str], took: float) -> str:
     u = results["uncontended"]
     rc = results["redis_cpu"]
@@ -139,6 +152,7 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"≥ 1.0 × select_for_update: {fp['ratio']:.2f} × {verdict(fp['ratio'] >= 1)}; "
          f"fence ≤ 2 statements: {fence_statements} {verdict(fence_statements <= 2)}"),
     ]  # fmt: skip
+    rows += lock_all_rows(results)
     table = "\n".join(f"| {a} | {b} | {c_} | {d} |" for a, b, c_, d in rows)
     env = "\n".join(f"- {k}: {v}" for k, v in environment.items())
     return f"""# Benchmarks

@@ -31,6 +31,7 @@ from bench.scenarios.celery_overhead import celery_overhead
 from bench.scenarios.contended import contended
 from bench.scenarios.fenced import fenced
 from bench.scenarios.floor import floor
+from bench.scenarios.lock_all import lock_all_scenario
 from bench.scenarios.memory import memory
 from bench.scenarios.observability import observability
 from bench.scenarios.quorum import quorum
@@ -66,6 +67,7 @@ def main() -> None:
                 results, single.url, 0.01, ["ours-semaphore", "sorted-set-semaphore"],
                 "semaphore_10ms")),
             ("fenced purchases", lambda: fenced(results, single.url)),
+            ("lock_all", lambda: lock_all_scenario(results)),
             # Last: it installs an OpenTelemetry SDK tracer provider, for the process (it
             # cannot be taken back), and every in-process scenario after it would record
             # spans (the semaphore's cycle measured 0.71 x the recipe after it, 0.83 x before).

@@ -11,7 +11,16 @@ from .exceptions import (
     StaleFence,
 )
 from .handler import DEFAULT_LOCK_ALIAS, locks
-from .locking import Lock, ReadWriteLock, Semaphore, lock, read_write_lock, semaphore
+from .locking import (
+    Lock,
+    MultiLock,
+    ReadWriteLock,
+    Semaphore,
+    lock,
+    lock_all,
+    read_write_lock,
+    semaphore,
+)
 from .views import lock_view
 
 __version__ = "0.1.0"
@@ -35,11 +44,13 @@ __all__ = [
     "LockNotAcquired",
     "LockNotOwned",
     "MissingPermission",
+    "MultiLock",
     "QuorumNotReached",
     "ReadWriteLock",
     "Semaphore",
     "StaleFence",
     "lock",
+    "lock_all",
     "lock_view",
     "locks",
     "read_write_lock",

@@ -18,6 +18,9 @@ def holder_parts(holder: Mapping[str, Any]) -> tuple[str, str]:
         who = " ".join(part for part in ("task", name, str(holder["k"])[:SHORT_ID]) if part)
     else:
         who = str(holder.get("t") or "")
+    group = multi_text(holder)
+    if group:
+        who = f"{who} ({group})" if who else group
     pid = f"pid {holder['p']}" if holder.get("p") else ""
     where = " on ".join(part for part in (pid, str(holder.get("h") or "")) if part)
     return who, where
@@ -42,7 +45,19 @@ def holder_title(holder: Mapping[str, Any]) -> str:
         parts.append(f"pid {holder['p']}")
     if holder.get("h"):
         parts.append(f"host {holder['h']}")
+    group = multi_text(holder, full=True)
+    if group:
+        parts.append(group)
     return ", ".join(parts) or "unknown holder"
+
+
+def multi_text(holder: Mapping[str, Any], full: bool = False) -> str:
+    """``multi-lock 1a2b3c4d of 2 names`` for a hold ``lock_all`` took with others (the
+    same group id on each of them), else ""; ``full``: the whole group id."""
+    size, _, group = str(holder.get("m") or "").partition(".")
+    if not (size.isdigit() and group):
+        return ""
+    return f"multi-lock {group if full else group[-SHORT_ID:]} of {size} names"
 
 
 def kind_text(lock: LockInfo, hold: LockInfo | None = None) -> str:

@@ -80,7 +80,8 @@ if hasattr(os, "register_at_fork"):
 #: Separates the holder's fields: compact (a held plain lock stays near 200 bytes in Redis)
 #: and never part of a host, thread or task name.
 FIELD = "\x1f"
-HOLDER_FIELDS = ("h", "p", "t", "k", "n", "q")  # host, pid, thread, task id, task name, fair
+# host, pid, thread, task id, task name, fair, multi-lock ("<names>.<group id>": lock_all)
+HOLDER_FIELDS = ("h", "p", "t", "k", "n", "q", "m")
 
 
 _metas: dict[tuple[str, tuple[str, str] | None, bool], str] = {}
@@ -96,6 +97,14 @@ def holder_meta(*, fair: bool = False) -> str:
         fields = [HOST, _PID[0], key[0], *(task or ("", "")), "1" if fair else ""]
         meta = _metas[key] = FIELD.join(fields).rstrip(FIELD)
     return meta
+
+
+def group_meta(meta: str, group: str, size: int) -> str:
+    """``meta`` (:func:`holder_meta`'s) marked as one of the ``size`` holds that ``lock_all``
+    took together as multi-lock ``group``: the field "m" is ``"<size>.<group>"``."""
+    fields = meta.split(FIELD)
+    fields += [""] * (HOLDER_FIELDS.index("m") - len(fields))
+    return FIELD.join([*fields, f"{size}.{group}"])
 
 
 def parse_holder(meta: str) -> dict[str, str]:

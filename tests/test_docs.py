@@ -126,7 +126,7 @@ PUBLIC = {
             "locks", "lock", "semaphore", "read_write_lock", "single_instance", "lock_view",
             "LockError", "LockNotAcquired", "LockNotOwned", "LockLost", "QuorumNotReached",
             "BackendUnavailable", "StaleFence", "Lock", "Semaphore", "ReadWriteLock",
-            "DEFAULT_LOCK_ALIAS")),
+            "DEFAULT_LOCK_ALIAS", "lock_all", "MultiLock")),
         *(f"django_redlock.Lock.{n}" for n in (
             "acquire", "release", "extend", "owned", "locked", "ttl", "fence", "token", "adopt",
             "hold_count", "lost", "atomic", "aacquire", "arelease", "aextend", "aowned",

@@ -3,6 +3,7 @@ hold), ``steps`` (the sync and asyncio drivers), and one module per kind."""
 
 from .base import WAITER_LEASE, BaseLock
 from .lock import Lock, lock
+from .multi import MultiLock, lock_all
 from .rwlock import ReadLock, ReadWriteLock, WriteLock, read_write_lock
 from .semaphore import Semaphore, semaphore
 from .templates import name_template
@@ -11,11 +12,13 @@ __all__ = [
     "WAITER_LEASE",
     "BaseLock",
     "Lock",
+    "MultiLock",
     "ReadLock",
     "ReadWriteLock",
     "Semaphore",
     "WriteLock",
     "lock",
+    "lock_all",
     "name_template",
     "read_write_lock",
     "semaphore",

@@ -399,6 +399,22 @@ class BaseLock:
             logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
             lock_acquired.send_robust(sender=type(self), lock=self, fence=attempt.fence)
 
+    def took(self, token: str, fence: int | None, ttl_ms: int) -> None:
+        """Internal API (``lock_all``): record a new hold, ``token``'s with ``fence``, taken
+        for this object by another operation (one script for several names), as if
+        :meth:`acquire` had taken it: renewed by the watchdog, signalled, counted. Only on a
+        plain (not reentrant) lock that holds nothing; LockError otherwise, nothing recorded.
+        """
+        if self.reentrant or not self.exclusive or "" in self._holds:
+            raise LockError(f"{self._describe()}: took() records a new plain hold only")
+        self._record("", owner_id(), token, ttl_ms, Attempt(True, fence, 1))
+
+    def release_steps(self) -> Steps[None]:
+        """Internal API (``lock_all``): the steps of :meth:`release`, for a caller that runs
+        several holds' releases together (one pipelined round trip). Each yielded step is a
+        backend ``Op``; the same errors as :meth:`release` come out."""
+        return self._release()
+
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take it; wait up to ``timeout`` seconds (None: forever) when ``blocking``.
 

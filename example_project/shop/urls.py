@@ -11,6 +11,7 @@ urlpatterns = [
     path("live.json", views.live_json, name="live"),
     path("buy/", views.buy, name="buy"),
     path("experiment/", views.experiment, name="experiment"),
+    path("move/", views.move, name="move"),
     path("restock/", views.restock, name="restock"),
     path("sync/", views.sync, name="sync"),
     path("desk/", views.desk, name="desk"),

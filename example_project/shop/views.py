@@ -44,6 +44,19 @@ def experiment(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
+def move(request: HttpRequest) -> HttpResponse:
+    """Move 10 tickets to the box office: both stocks locked together (lock_all)."""
+    try:
+        moved = stock.move_to_box_office(10)
+    except LockNotAcquired:
+        return HttpResponse("A sale or a move is under way, try again.", status=409)
+    messages.info(
+        request, f"{moved} tickets moved to the box office ({stock.box_office()} there now)."
+    )
+    return redirect("home")
+
+
+@require_POST
 def restock(request: HttpRequest) -> HttpResponse:
     stock.restock(100)
     messages.info(request, "The stock is back to 100 tickets.")

@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DEFAULT_DB_ALIAS
 
 from ...backends.base import LockInfo, Released
+from ...display import multi_text
 from ...exceptions import LockError
 from ...fencing import check_database, prune_fences
 from ...handler import locks
@@ -310,7 +311,8 @@ def _holder(info: LockInfo) -> str:
         return _holder(info.holders[0]) + more
     h = info.holder
     task = f" task {h['k']}" if h.get("k") else ""
-    return f"{h.get('h', '?')}:{h.get('p', '?')}{task}"
+    group = multi_text(h)
+    return f"{h.get('h', '?')}:{h.get('p', '?')}{task}{f' ({group})' if group else ''}"
 
 
 def top_frame(aliases: list[str], options: dict[str, Any]) -> tuple[str, list[Health]]:

@@ -1,0 +1,597 @@
+"""Several names at once: :func:`lock_all`, all of them or none, never a deadlock.
+
+The rules, and who owns what:
+
+* A :class:`MultiLock` owns one plain :class:`~.lock.Lock` per distinct name (its members), in
+  the canonical order (sorted). Each member's hold is a normal hold: the watchdog renews it,
+  ``lock_lost`` names it when it is lost, the admin lists it. The holder metadata of every
+  member carries the same group id (:func:`~..identity.group_meta`).
+* Taking, on a backend that has every name on one server (one Redis, django-redis,
+  Sentinel): one script (``lua/acquire_all.lua``) takes every name or none, in one round trip.
+  A busy set is waited for on the first busy name's wake-up (pub/sub, the waiting machinery
+  of one lock), holding nothing meanwhile. On Redis Cluster and Redlock: the members are taken
+  one by one in the canonical order, with one deadline for all. Either way two callers with
+  overlapping sets never wait for each other in a cycle.
+* All or none: a timeout, a busy name with ``blocking=False``, an error, or an interrupt
+  while taking gives back whatever was taken before the error is raised. When no answer came
+  (``BackendUnavailable``) the give-back is tried once; failing that, the holds are not
+  renewed and run out at their TTL.
+* Releasing releases every member (one script, ``lua/release_all.lua``, on one server). A
+  member found lost is losing the whole: ``LockLost`` naming it, every other member released
+  all the same.
+* ``atomic=``: once every name is held, one transaction records every member's fence, rows
+  locked in the canonical order (each member's own fenced block, nested: :meth:`atomic`),
+  before the body runs; a stale fence of any name raises ``StaleFence``, nothing committed,
+  every name released. A block that committed never raises a lock error on the way out (as a
+  single fenced block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
+from typing import Any, NamedTuple, TypeVar, cast
+
+from django.db import DEFAULT_DB_ALIAS
+
+from ..backends.base import BaseLockBackend, Kind, Op
+from ..backends.redis import RedisBackend
+from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
+from ..fencing import check_database, database_of
+from ..handler import DEFAULT_LOCK_ALIAS
+from ..identity import group_meta, holder_meta, new_token, new_waiter_id, owner_id
+from ..scripts import Call, script
+from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
+from .holds import holds_it
+from .lock import Lock
+from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
+from .templates import name_template, refuse_generator
+
+logger = logging.getLogger("django_redlock")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The most distinct names one ``lock_all`` takes: one script holds them all (5 keys each),
+#: and a set that large is most likely a mistake (a loop's names passed by accident).
+MAX_NAMES = 64
+
+
+class MemberLock(Lock):
+    """One name of a :class:`MultiLock`: a plain lock whose holder metadata names its group."""
+
+    def __init__(self, name: str, *, group: str, size: int, **kwargs: Any) -> None:
+        self.group, self.size = group, size
+        super().__init__(name, **kwargs)
+
+    def _meta(self) -> str:
+        return group_meta(holder_meta(), self.group, self.size)
+
+
+class _Taken(NamedTuple):
+    """acquire_all.lua's reply: every fence, or the first busy name's index and wait hint."""
+
+    acquired: bool
+    fences: tuple[int, ...] = ()
+    busy: int = 0  # index into the names
+    wait_ms: int = -1
+
+
+def _taken(reply: Any) -> _Taken:
+    if int(reply[0]):
+        return _Taken(True, tuple(int(f) for f in reply[1:]))
+    return _Taken(False, (), int(reply[1]) - 1, int(reply[2]))
+
+
+def one_server(backend: BaseLockBackend) -> bool:
+    """Whether ``backend`` keeps every name on one server, waking one waiter per release:
+    then one script takes a whole set (one Redis, django-redis, Sentinel; not Cluster, whose
+    names live in different slots, nor Redlock's independent nodes)."""
+    return (
+        isinstance(backend, RedisBackend)
+        and not backend.publishes_releases
+        and bool(backend.wakes_one)
+    )
+
+
+def check_names(names: Sequence[Any]) -> list[str]:
+    """The distinct names in canonical (sorted) order; TypeError / ValueError, before any I/O,
+    for no names, a name that is not a str, or more than :data:`MAX_NAMES` distinct ones."""
+    if not names:
+        raise ValueError("lock_all() needs at least one name")
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"lock_all() names must be str, not {type(name).__name__}: {name!r}")
+    distinct = sorted(set(names))
+    if len(distinct) > MAX_NAMES:
+        raise ValueError(
+            f"lock_all() takes at most {MAX_NAMES} distinct names, not {len(distinct)}"
+        )
+    return distinct
+
+
+class MultiLock:
+    """Several names held together: all of them, or none. Use with ``with`` or as a
+    decorator (each name a ``str.format`` template over the arguments), or by hand
+    (:meth:`acquire`, :meth:`release`); ``async with``, ``aacquire`` and ``arelease`` on an
+    event loop (not with ``atomic=``: Django's transactions are synchronous).
+    """
+
+    def __init__(
+        self,
+        *names: str,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        blocking: bool = True,
+        using: str | None = None,
+        auto_renew: bool = True,
+        atomic: bool | str | None = False,
+    ) -> None:
+        self.names = check_names(names)
+        ttl = check_ttl(ttl)
+        self.timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
+        self.blocking = check_bool(blocking, "blocking")
+        self.auto_renew = check_bool(auto_renew, "auto_renew")
+        if not self.blocking and self.timeout:
+            raise ValueError("a timeout makes no sense with blocking=False")
+        if using is None:
+            using = DEFAULT_LOCK_ALIAS
+        if not isinstance(using, str):
+            raise TypeError(f"using must be a backend alias (str), not {using!r}")
+        self.using = using
+        self.database = database_of(atomic)
+        self.group = new_token()
+        # The members wait as the set does: a fenced block's wait for a row follows them.
+        options = {"ttl": ttl, "using": using, "auto_renew": self.auto_renew,
+                   "blocking": self.blocking, "timeout": self.timeout}  # fmt: skip
+        self.locks: list[Lock] = [
+            MemberLock(name, group=self.group, size=len(self.names), **options)
+            for name in self.names  # each name checked (length, encoding) here
+        ]
+        self.backend = self.locks[0].backend  # one alias for all: one backend
+        self.lock_ttl = self.locks[0].lock_ttl
+        self.together = one_server(self.backend)
+        self._block: contextlib.ExitStack | None = None
+        self._keys: list[str] = []
+        if self.together:
+            backend = self.backend
+            for name in self.names:
+                self._keys += [backend.key(name), backend.fence_key(name), backend.queue_key(name),
+                               backend.deadlines_key(name), backend.waiting_key(name)]  # fmt: skip
+
+    def __repr__(self) -> str:
+        state = "held" if self.held() else "free"
+        return f"<MultiLock {self.names!r} on {self.using!r}: {state}>"
+
+    def _describe(self) -> str:
+        return f"lock_all({', '.join(map(repr, self.names))}) on backend {self.using!r}"
+
+    @property
+    def fences(self) -> dict[str, int | None]:
+        """Each name's fencing token while held (None for a name not held)."""
+        return {lk.name: lk.fence for lk in self.locks}
+
+    def held(self) -> bool:
+        """Whether this object holds every name, as far as this process knows."""
+        return all(lk.token is not None for lk in self.locks)
+
+    # -- acquire -----------------------------------------------------------------------------
+
+    def _check_wait(self, blocking: bool, timeout: float | None, in_loop: bool = False) -> None:
+        if blocking and timeout != 0 and not in_loop and in_event_loop():
+            raise LockError(
+                f"{self._describe()}: a blocking acquire in a running event loop would block"
+                " the loop; use `await held.aacquire()` or `async with`"
+            )
+        if any(lk.token is not None for lk in self.locks):
+            raise LockError(f"{self._describe()} is already held by this object")
+        if blocking and timeout is None:
+            actor = owner_id()
+            mine = [n for n in self.names if holds_it(self.backend, n, actor)]
+            if mine:
+                raise LockError(
+                    f"{self._describe()}: this thread holds {', '.join(map(repr, mine))}"
+                    " already: waiting for it with no timeout would wait forever"
+                )
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """Take every name, or none; wait up to ``timeout`` seconds (None: forever) when
+        ``blocking``. False when not all could be taken: nothing is held then."""
+        blocking = check_bool(blocking, "blocking")
+        timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
+        if not blocking and timeout:
+            raise ValueError("a timeout makes no sense with blocking=False")
+        self._check_wait(blocking, timeout)
+        if self.together:
+            return drive(self.backend, self._take_together(blocking, timeout))
+        return self._take_in_order(blocking, timeout)
+
+    async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        """:meth:`acquire` on the running event loop."""
+        self._check_async()
+        blocking = check_bool(blocking, "blocking")
+        timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
+        if not blocking and timeout:
+            raise ValueError("a timeout makes no sense with blocking=False")
+        self._check_wait(blocking, timeout, in_loop=True)
+        if self.together:
+            return await adrive(self.backend, self._take_together(blocking, timeout))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        taken: list[Lock] = []
+        try:
+            for lk in self.locks:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not await lk.aacquire(blocking=blocking, timeout=left if blocking else None):
+                    break
+                taken.append(lk)
+        finally:
+            if len(taken) < len(self.locks):  # refused, an error, or cancelled
+                for lk in reversed(taken):
+                    with contextlib.suppress(LockError):
+                        await lk.arelease()
+        return len(taken) == len(self.locks)
+
+    def _check_async(self) -> None:
+        if self.database is not None:
+            raise LockError(
+                f"{self._describe()} opens a database transaction (atomic={self.database!r}),"
+                " and Django's transactions are synchronous: take the names in a thread"
+                " (sync_to_async)"
+            )
+
+    def _take_in_order(self, blocking: bool, timeout: float | None) -> bool:
+        """Each member in canonical order, one deadline for all; all or none."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        taken: list[Lock] = []
+        try:
+            for lk in self.locks:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not lk.acquire(blocking=blocking, timeout=left if blocking else None):
+                    break
+                taken.append(lk)
+        finally:
+            if len(taken) < len(self.locks):  # refused, an error, or an interrupt
+                for lk in reversed(taken):
+                    with contextlib.suppress(LockError):
+                        lk.release()
+        return len(taken) == len(self.locks)
+
+    def _op_take(self, token: str, ttl_ms: int, meta: str, waiter: str) -> Op[_Taken]:
+        inbox = self.backend.inbox_for(self.names[0])  # one server: one inbox prefix for all
+        call = Call(script("acquire_all"), self._keys, [token, ttl_ms, meta, waiter, inbox])
+        return Op(self.names[0], call, _taken)
+
+    def _op_give_back(self, token: str) -> Op[list[Any]]:
+        """Release every name ``token`` holds, in one round trip."""
+        release = self.backend.op_release
+        return _batch(self.names[0], [release(n, token, Kind()).request for n in self.names])
+
+    def _take_together(self, blocking: bool, timeout: float | None) -> Steps[bool]:
+        """One script for the whole set; wait on a busy one's wake-up, holding nothing."""
+        started = time.monotonic()
+        token, ttl_ms = new_token(), to_ms(self.lock_ttl)
+        meta = group_meta(holder_meta(), self.group, len(self.names))
+        try:
+            taken = yield self._op_take(token, ttl_ms, meta, "")
+            if not taken.acquired and blocking and timeout != 0:
+                deadline = None if timeout is None else started + timeout
+                taken = yield from self._wait(token, ttl_ms, meta, deadline)
+        except BaseException:
+            # No answer, or interrupted while one was on its way: the script may have taken
+            # every name. Give them back (the token is ours alone); failing that, nothing
+            # renews them and they run out at their TTL.
+            with contextlib.suppress(Exception):
+                yield self._op_give_back(token)
+            raise
+        self._busy = None if taken.acquired else self.names[taken.busy]
+        if not taken.acquired:
+            return False
+        for lk, fence in zip(self.locks, taken.fences, strict=True):
+            lk.took(token, fence, ttl_ms)
+        return True
+
+    def _wait(self, token: str, ttl_ms: int, meta: str, deadline: float | None) -> Steps[_Taken]:
+        """Register on the first busy name and sleep until its release wakes this waiter (or
+        its hold's expiry); then try the whole set again. Never polls blindly."""
+        waiter = new_waiter_id()
+        handle = yield Watch(waiter, True, self.names[0])
+        taken = _Taken(False)
+        try:
+            while True:
+                taken = yield self._op_take(token, ttl_ms, meta, waiter)
+                handle[1].baton = False  # tried: a wake-up we were handed is used up
+                if taken.acquired:
+                    return taken
+                remaining = float("inf") if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    return taken
+                hint = taken.wait_ms
+                pause = max(hint / 1000, 0.001) if hint >= 0 else self.lock_ttl
+                yield Sleep(handle[1], min(pause, remaining))
+        finally:
+            if not taken.acquired:
+                # Out of every name's waiters (after an error it is not known where this
+                # waiter registered), in one round trip; a free name's next waiter is woken.
+                leave = self.backend.op_leave
+                with contextlib.suppress(Exception):
+                    yield Op(self.names[0], [leave(n, waiter).request for n in self.names], list)
+            yield Unwatch(handle)
+
+    _busy: str | None = None
+
+    def _not_acquired(self, timeout: float | None) -> LockNotAcquired:
+        waited = "" if timeout is None else f" within {timeout:g} s"
+        busy = f" ({self._busy!r} is held)" if self._busy else ""
+        return LockNotAcquired(f"{self._describe()} could not be acquired{waited}{busy}")
+
+    # -- release -----------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Release every name. ``LockLost`` if any was lost (every other one is released all
+        the same), ``LockNotOwned`` if none is held; ``BackendUnavailable`` (no answer) keeps
+        the unanswered holds: call ``release()`` again."""
+        if self.together:
+            outcomes = drive(self.backend, side_by_side([lk.release_steps() for lk in self.locks]))
+        else:
+            outcomes = []
+            for lk in reversed(self.locks):
+                try:
+                    lk.release()
+                except BaseException as exc:  # every member is released
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+            outcomes.reverse()
+        self._raise_for(outcomes)
+
+    async def arelease(self) -> None:
+        """:meth:`release` on the running event loop."""
+        if self.together:
+            runs = [lk.release_steps() for lk in self.locks]
+            outcomes = await adrive(self.backend, side_by_side(runs))
+        else:
+            outcomes = []
+            for lk in reversed(self.locks):
+                try:
+                    await lk.arelease()
+                except BaseException as exc:  # every member is released
+                    outcomes.append(exc)
+                else:
+                    outcomes.append(None)
+            outcomes.reverse()
+        self._raise_for(outcomes)
+
+    def _raise_for(self, outcomes: list[BaseException | None]) -> None:
+        for exc in outcomes:
+            if exc is not None and not isinstance(exc, Exception):
+                raise exc  # an interrupt first
+        lost = [n for n, e in zip(self.names, outcomes, strict=True) if isinstance(e, LockLost)]
+        if lost:
+            raise LockLost(
+                f"{self._describe()} was lost: {', '.join(map(repr, lost))} expired or was"
+                " released by someone else (the other names were released)"
+            )
+        errors = [e for e in outcomes if e is not None]
+        if not errors:
+            return
+        if all(isinstance(e, LockNotOwned) for e in errors):
+            if len(errors) == len(outcomes):
+                raise LockNotOwned(f"{self._describe()} is not held by this object")
+            raise LockNotOwned(f"{self._describe()}: some names were not held")
+        raise next(e for e in errors if not isinstance(e, LockNotOwned))
+
+    # -- with, decorator ---------------------------------------------------------------------
+
+    def _timeout(self) -> float | None:
+        return self.timeout if self.blocking else None
+
+    def __enter__(self) -> MultiLock:
+        if not self.acquire(self.blocking, self._timeout()):
+            raise self._not_acquired(self._timeout())
+        if self.database is not None:
+            self._open_block(self.database)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._block is not None:
+            self._leave_block(exc_type, exc, tb)
+            return
+        try:
+            self.release()
+        except LockNotOwned:
+            if exc_type is None:
+                raise
+            # The body's own exception says more; the loss is logged and signalled.
+
+    @contextlib.contextmanager
+    def atomic(self, using: str | None = None) -> Iterator[None]:
+        """This held multi-lock's fenced transaction, in ``using`` (default: the ``atomic=``
+        database, else Django's default): every member's own fenced block
+        (:meth:`Lock.atomic <django_redlock.Lock.atomic>`), nested in the canonical order, so
+        the first opens the transaction and each next one records its fence in a savepoint
+        of it: every name's row locked in that order, until the one COMMIT. Raises as a
+        single fenced block does, nothing committed: ``StaleFence`` for any name,
+        ``LockNotAcquired`` when a row stayed locked past the wait, ... ``LockNotOwned`` (or
+        ``LockLost``) when not every name is held, before the database is touched."""
+        using = check_database(using) if using is not None else self.database or DEFAULT_DB_ALIAS
+        missing = [lk.name for lk in self.locks if lk.fence is None]
+        if missing:
+            lost = [lk.name for lk in self.locks if lk.lost is not None and lk.token is None]
+            error = LockLost if lost else LockNotOwned
+            raise error(f"{self._describe()}: {', '.join(map(repr, missing))} not held"
+                        f"{' (lost)' if lost else ''}")  # fmt: skip
+        with contextlib.ExitStack() as blocks:
+            for lk in self.locks:  # canonical order: the rows are locked in that order
+                blocks.enter_context(lk.atomic(using))
+            yield
+
+    async def __aenter__(self) -> MultiLock:
+        if not await self.aacquire(self.blocking, self._timeout()):
+            raise self._not_acquired(self._timeout())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.arelease()
+        except LockNotOwned:
+            if exc_type is None:
+                raise
+
+    def _open_block(self, using: str) -> None:
+        """The fenced block of ``with``: opened once every name is held, before the body."""
+        try:
+            with contextlib.ExitStack() as opening:
+                opening.enter_context(self.atomic(using))
+                self._block = opening.pop_all()
+        except BaseException:
+            # StaleFence, or the database failed: nothing committed. Free every name.
+            with contextlib.suppress(LockError):
+                self.release()
+            raise
+
+    def _leave_block(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Commit (or roll back), then release: never the release first."""
+        block, self._block = self._block, None
+        assert block is not None
+        try:
+            block.__exit__(exc_type, exc, tb)
+        except BaseException:  # the commit failed: nothing committed
+            with contextlib.suppress(LockError):
+                self.release()
+            raise
+        if exc_type is not None:
+            with contextlib.suppress(LockNotOwned):
+                self.release()
+            return
+        try:  # committed: whatever the release finds, raising would invite a second run
+            self.release()
+        except LockError as error:
+            logger.warning("redlock: %s: its fenced transaction committed; then: %s",
+                           self._describe(), error)  # fmt: skip
+
+    def _options(self) -> dict[str, Any]:
+        return {"ttl": self.lock_ttl, "timeout": self.timeout, "blocking": self.blocking,
+                "using": self.using, "auto_renew": self.auto_renew,
+                "atomic": self.database or False}  # fmt: skip
+
+    def __call__(self, func: F) -> F:
+        """Use as a decorator: each name is a ``str.format`` template over the arguments."""
+        refuse_generator(func, "@lock_all(...)")
+        signature = inspect.signature(func)
+        builders = [name_template(n, signature, func.__qualname__) for n in self.names]
+        options = self._options()
+        if inspect.iscoroutinefunction(func):
+            self._check_async()
+
+            @functools.wraps(func)
+            async def locked_acall(*args: Any, **kwargs: Any) -> Any:
+                async with MultiLock(*(build(args, kwargs) for build in builders), **options):
+                    return await func(*args, **kwargs)
+
+            return cast(F, locked_acall)
+
+        @functools.wraps(func)
+        def locked_call(*args: Any, **kwargs: Any) -> Any:
+            with MultiLock(*(build(args, kwargs) for build in builders), **options):
+                return func(*args, **kwargs)
+
+        return cast(F, locked_call)
+
+
+def _batch(name: str, calls: list[Call]) -> Op[list[Any]]:
+    """One round trip for several script calls: releases (lua/release.lua's, the common case)
+    as one call of lua/release_all.lua, which answers as each would; else a pipeline."""
+    release = script("release")
+    if all(c.script == release and len(c.keys) == 5 and len(c.args) == 3 for c in calls):
+        keys = [key for call in calls for key in call.keys]
+        args = [arg for call in calls for arg in call.args]
+        return Op(name, Call(script("release_all"), keys, args), list)
+    return Op(name, list(calls), list)
+
+
+def side_by_side(runs: list[Steps[None]]) -> Steps[list[BaseException | None]]:
+    """Several operations' steps side by side, as one run of steps: each round's ops go in
+    one round trip (:func:`_batch`; ops that are not single script calls go one by one). The
+    result: each run's outcome, None or the exception it ended with. No answer for a round
+    is thrown into every run of it. Driven by :func:`~.steps.drive` or ``adrive``."""
+    outcomes: list[BaseException | None] = [None] * len(runs)
+    feed: dict[int, tuple[Any, BaseException | None]] = {i: (None, None) for i in range(len(runs))}
+    while feed:
+        ops: dict[int, Op[Any]] = {}
+        for i, (reply, error) in feed.items():
+            try:
+                step = runs[i].send(reply) if error is None else runs[i].throw(error)
+            except StopIteration:
+                continue
+            except BaseException as exc:  # the run's outcome
+                outcomes[i] = exc
+                continue
+            ops[i] = step
+        feed = {}
+        if not ops:
+            break
+        if all(isinstance(op.request, Call) for op in ops.values()):
+            first = next(iter(ops.values()))
+            try:
+                replies = yield _batch(first.name, [op.request for op in ops.values()])
+            except BaseException as exc:  # thrown into each run
+                feed = {i: (None, exc) for i in ops}
+                continue
+            for (i, op), reply in zip(ops.items(), replies, strict=True):
+                if isinstance(reply, Exception):
+                    feed[i] = (None, reply)
+                    continue
+                try:
+                    feed[i] = (op.parse(reply), None)
+                except Exception as exc:  # thrown into the run
+                    feed[i] = (None, exc)
+        else:
+            for i, op in ops.items():
+                try:
+                    feed[i] = ((yield op), None)
+                except BaseException as exc:  # thrown into the run
+                    feed[i] = (None, exc)
+    return outcomes
+
+
+def lock_all(
+    *names: str,
+    ttl: float | None = None,
+    timeout: float | None = None,
+    blocking: bool = True,
+    using: str | None = None,
+    auto_renew: bool = True,
+    atomic: bool | str | None = False,
+) -> MultiLock:
+    """Every name held, or none: a :class:`MultiLock` on backend ``using``; use with ``with``
+    or as a decorator. ``held.fences`` maps each name to its fence. Duplicate names count
+    once; at most 64 distinct names (``MAX_NAMES``). ``atomic=True`` (or a ``DATABASES``
+    alias): one transaction records every fence before the body runs, committed before the
+    release."""
+    return MultiLock(
+        *names,
+        ttl=ttl,
+        timeout=timeout,
+        blocking=blocking,
+        using=using,
+        auto_renew=auto_renew,
+        atomic=atomic,
+    )

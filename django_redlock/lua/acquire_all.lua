@@ -1,0 +1,86 @@
+-- Take several plain locks at once on one server (lock_all): every name, or none.
+-- KEYS: five per name, the names in canonical order: lock, fence counter, queue, deadlines,
+--       plain waiters.
+-- ARGV: token (the same for every name), ttl ms, holder metadata, waiter id ('': a one-off
+--       try that never registers), inbox channel prefix.
+-- Returns {1, fence of name 1, ..., fence of name n} when the caller holds every name, else
+-- {0, i, ms until name i may change (-1: wait for a message)}, the caller then holding none.
+-- A name held with the token already (an earlier try whose reply was lost took it) counts as
+-- taken. A waiter registers on the first busy name only; a release of it wakes the waiter
+-- (lua/_wake.lua), which tries the whole set again. Nothing is held while waiting, so two
+-- callers with overlapping sets never wait for each other in a cycle.
+--! include _hold
+local token, ttl, meta, waiter, inbox = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local n = #KEYS / 5
+local now = now_ms()
+local busy
+local fences = {}
+for i = 1, n do
+  local lock = KEYS[5 * i - 4]
+  if redis.call('EXISTS', lock) == 1 then
+    local count, fence = hold_mine(lock, token, 'string')
+    if count > 0 then
+      fences[i] = fence
+    else
+      busy = busy or i
+    end
+  elseif redis.call('EXISTS', KEYS[5 * i - 2]) == 1 then
+    busy = busy or i -- free, but a fair queue waits for it: its head goes first
+  end
+end
+
+if not busy then
+  for i = 1, n do
+    local base = 5 * i - 5
+    if fences[i] then
+      redis.call('PEXPIRE', KEYS[base + 1], ttl)
+    else
+      fences[i] = hold_take(KEYS[base + 1], KEYS[base + 2], token, ttl, meta, false, now)
+    end
+    if waiter ~= '' then
+      redis.call('ZREM', KEYS[base + 5], waiter)
+    end
+  end
+  return {1, unpack(fences)}
+end
+
+--! include _wake
+--! include _queue
+
+-- Not all free: hold none. A name of ours (a lost reply's) is let go; a name this waiter
+-- was registered on and that is free now passes the wake-up on to its next waiter.
+for i = 1, n do
+  if i ~= busy then
+    local base = 5 * i - 5
+    local lock, queue, deadlines, waiting = KEYS[base + 1], KEYS[base + 3], KEYS[base + 4],
+                                            KEYS[base + 5]
+    local freed = false
+    if fences[i] then
+      redis.call('DEL', lock)
+      freed = true
+    end
+    if waiter ~= '' and redis.call('ZREM', waiting, waiter) == 1 then
+      freed = freed or redis.call('EXISTS', lock) == 0
+    end
+    if freed then
+      lock_wake(waiting, queue, deadlines, inbox)
+    end
+  end
+end
+
+local base = 5 * busy - 5
+local hint = redis.call('PTTL', KEYS[base + 1])
+if hint < 0 then
+  -- Free but queued for: sleep at most until the queue's head's place lapses.
+  local queue, deadlines = KEYS[base + 3], KEYS[base + 4]
+  queue_prune(queue, deadlines, now)
+  local head = redis.call('LINDEX', queue, 0)
+  hint = 0
+  if head then
+    hint = math.max(0, (tonumber(redis.call('ZSCORE', deadlines, head)) or now) - now)
+  end
+end
+if waiter ~= '' then
+  wait_register(KEYS[base + 5], waiter, now, hint)
+end
+return {0, busy, hint}

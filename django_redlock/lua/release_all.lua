@@ -1,0 +1,33 @@
+-- Release one hold of each of several locks on one server (lock_all's release), each as
+-- release.lua releases one, in one call: a lock freed wakes its waiters.
+-- KEYS: five per lock, as release.lua's: lock, release channel (the lock's own key where
+--       nobody listens there), plain waiters, queue, deadlines.
+-- ARGV: three per lock, as release.lua's: token, inbox channel prefix, the hold's kind ('0'
+--       plain, '1' reentrant, '': looked up).
+-- Returns each lock's answer as release.lua gives it: the holds left (0: freed), or -1 when
+-- the caller holds none (not ours, or lost).
+--! include _hold
+--! include _wake
+--! include _queue
+local results = {}
+for i = 1, #KEYS / 5 do
+  local lock, channel, waiting = KEYS[5 * i - 4], KEYS[5 * i - 3], KEYS[5 * i - 2]
+  local queue, deadlines = KEYS[5 * i - 1], KEYS[5 * i]
+  if channel == lock then
+    channel = ''
+  end
+  local token, inbox, kind = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local count = hold_mine(lock, token, kind == '1' and 'hash' or kind == '0' and 'string' or nil)
+  if count == 0 then
+    results[i] = -1
+  elseif count > 1 then
+    results[i] = redis.call('HINCRBY', lock, token, -1)
+  else
+    redis.call('DEL', lock)
+    if lock_freed(channel, waiting, queue, inbox) then
+      lock_wake(waiting, queue, deadlines, inbox)
+    end
+    results[i] = 0
+  end
+end
+return results
