@@ -8,9 +8,13 @@ and fails no command in flight.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import os
+import random
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +23,10 @@ from contextlib import contextmanager
 import pytest
 from django.conf import settings
 from django.test import override_settings
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
-from django_redlock import LockError, lock, locks
+from django_redlock import LockError, lock, locks, scripts
+from django_redlock.backends import owners
 from django_redlock.testing import RedisServer
 
 from .conftest import start_sentinel_group, stop_all
@@ -165,3 +170,167 @@ def test_closing_a_backend_while_threads_run_commands(
             assert all(cycles), cycles
     finally:
         gc.enable()
+
+
+def test_the_debug_check_fails_loudly_on_a_second_owner(redis_server: RedisServer) -> None:
+    # The suite runs with DJANGO_REDLOCK_CHECK_OWNERS=1: a connection kept twice, or one a
+    # command would use while another owner has it, raises instead of mixing replies.
+    assert owners.CHECK
+    client = locks["default"].client  # type: ignore[attr-defined]
+    assert scripts.command(client, "ECHO", "x") == b"x"
+    bound = scripts._bound(client.connection_pool)
+    conn, elsewhere = bound.connection, owners.Owner("elsewhere")
+    owners.move(conn, bound.idle, elsewhere)  # as if a bug handed it on
+    try:
+        with pytest.raises(owners.OwnershipError, match="owned by <owner elsewhere"):
+            scripts.command(client, "ECHO", "y")
+        with pytest.raises(owners.OwnershipError):
+            scripts._keep(bound.registry, conn, bound.idle)  # released by a non-owner
+    finally:
+        owners.move(conn, elsewhere, bound.idle)
+    assert scripts.command(client, "ECHO", "z") == b"z"
+
+
+FUZZ_SECONDS = float(os.environ.get("FAST_PATH_FUZZ_SECONDS", "12"))
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """A KeyboardInterrupt in ``thread`` at whatever line it is on; not while it starts a
+    thread (the incidents recorder, lazily): the new thread has its parent's id until it
+    runs, would get the exception instead, and Thread.start() would wait for it for ever."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == "start" and frame.f_code.co_filename == threading.__file__:
+            return
+        frame = frame.f_back
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident or 0), ctypes.py_object(KeyboardInterrupt)
+    )
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM")
+def test_fuzz_pauses_interrupts_and_kills(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """4 threads send commands and take locks while the server is paused 5-150 ms at random
+    (replies time out at 100 ms), its clients are killed, and KeyboardInterrupts land in the
+    threads at any line; the main thread's SIGALRM handler sends commands in the middle of
+    the main thread's own. Every reply is the one to its own request, no unexpected error,
+    descriptors bounded, and everything works after."""
+    server = redis_factory()
+    with _alias("fuzz", server, socket_timeout=0.1, socket_connect_timeout=0.5):
+        client = locks["fuzz"].client  # type: ignore[attr-defined]
+        admin = server.client(socket_timeout=5)
+        gc.collect()
+        start_fds, most_fds = _descriptors(), [0]
+        stop = threading.Event()
+        wrong: list[object] = []
+        counts = {"replies": 0, "acquired": 0, "interrupted": 0, "unavailable": 0, "aside": 0}
+        expected = (KeyboardInterrupt, LockError, RedisError, OSError)
+
+        def one_round(i: int, rng: random.Random) -> None:
+            tag = f"{i}:{rng.random()}"
+            choice = rng.random()
+            if choice < 0.4:
+                reply = scripts.command(client, "ECHO", tag)
+                if reply != tag.encode():
+                    wrong.append(("echo", tag, reply))
+            elif choice < 0.6:
+                replies = scripts.commands(client, [("ECHO", tag), ("ECHO", tag + "b")])
+                if replies != [tag.encode(), (tag + "b").encode()]:
+                    wrong.append(("echo many", tag, replies))
+            else:
+                held = lock(f"{name}:{i}", using="fuzz", ttl=1, auto_renew=False)
+                if held.acquire(blocking=False):
+                    counts["acquired"] += 1
+                    if not held.owned():  # answered: it must agree with the acquire
+                        wrong.append(("not owned after acquire", tag))
+                    held.release()
+            counts["replies"] += 1
+
+        def worker(i: int) -> None:
+            rng = random.Random(i)
+            while not stop.is_set():
+                try:
+                    try:
+                        one_round(i, rng)
+                    except expected as exc:
+                        key = "interrupted" if isinstance(exc, KeyboardInterrupt) else "unavailable"
+                        counts[key] += 1
+                    except BaseException as exc:
+                        wrong.append(("raised", repr(exc)))
+                except KeyboardInterrupt:  # landed in the handler above
+                    counts["interrupted"] += 1
+
+        in_handler = [False]
+
+        def handler(signum: int, frame: object) -> None:
+            if in_handler[0]:  # the next alarm came while this one waits for its reply
+                return
+            in_handler[0] = True
+            tag = f"alarm:{time.monotonic()}"
+            try:
+                reply = scripts.command(client, "ECHO", tag)
+                counts["aside"] += 1
+                if reply != tag.encode():
+                    wrong.append(("aside echo", tag, reply))
+            except (RedisError, OSError):
+                pass
+            except BaseException as exc:
+                wrong.append(("aside raised", repr(exc)))
+            finally:
+                in_handler[0] = False
+
+        def chaos() -> None:
+            rng = random.Random(FUZZ_SECONDS)
+            while not stop.is_set():
+                action = rng.random()
+                if action < 0.35:
+                    server.pause()
+                    time.sleep(rng.uniform(0.005, 0.150))
+                    server.resume()
+                elif action < 0.45:
+                    with contextlib.suppress(RedisError):
+                        admin.client_kill_filter(_type="normal", skipme=True)
+                else:
+                    _interrupt(rng.choice(workers))
+                most_fds[0] = max(most_fds[0], _descriptors())
+                time.sleep(rng.uniform(0.005, 0.03))
+
+        workers = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for thread in workers:
+            thread.start()
+        agent = threading.Thread(target=chaos)
+        previous = signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 0.007, 0.007)
+        agent.start()
+        rng = random.Random(0)
+        try:
+            ends = time.monotonic() + FUZZ_SECONDS
+            while time.monotonic() < ends:  # the main thread's own commands, interrupted
+                with contextlib.suppress(RedisError, OSError):
+                    tag = f"main:{rng.random()}"
+                    reply = scripts.command(client, "ECHO", tag)
+                    if reply != tag.encode():
+                        wrong.append(("main echo", tag, reply))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+            stop.set()
+            agent.join(timeout=30)
+            server.resume()
+            for thread in workers:
+                thread.join(timeout=30)
+        assert not agent.is_alive() and not any(thread.is_alive() for thread in workers)
+        assert wrong == [], wrong[:5]
+        assert counts["replies"] > 100 and counts["interrupted"] > 10 and counts["aside"] > 10
+        assert most_fds[0] <= start_fds + 4 + 1 + scripts.SPARES + 8, (most_fds, start_fds)
+        # Everything works after, and closing leaves nothing open.
+        for i in range(4):
+            with lock(f"{name}:{i}", using="fuzz", ttl=5, auto_renew=False, timeout=5) as held:
+                assert held.owned()
+        assert scripts.command(client, "ECHO", "after") == b"after"
+        locks["fuzz"].close()
+        gc.collect()
+        assert _descriptors() <= start_fds + 1, (start_fds, _descriptors())
+        print(counts)

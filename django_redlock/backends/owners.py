@@ -31,7 +31,8 @@ from typing import Any
 CHECK = os.environ.get("DJANGO_REDLOCK_CHECK_OWNERS", "") not in ("", "0")
 
 _ATTR = "_django_redlock_owner"
-_mutex = threading.Lock()
+# Reentrant: a signal handler that runs inside a move (on the same thread) moves too.
+_mutex = threading.RLock()
 
 
 class OwnershipError(AssertionError):
