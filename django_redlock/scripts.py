@@ -130,6 +130,12 @@ def command(client: Any, *args: Any) -> Any:
     return _exchange(client.connection_pool, args, None)
 
 
+def on_thread_connection(client: Any) -> bool:
+    """Whether :func:`command` runs ``client``'s scripts on the calling thread's own
+    connection (nothing checked out of its pool)."""
+    return _direct(client, "EVALSHA")
+
+
 def commands(client: Any, many: Sequence[tuple[Any, ...]]) -> list[Any]:
     """Several commands sent at once, their replies in order, errors as values: on the
     thread's own connection as :func:`command`, else in a redis-py pipeline."""
