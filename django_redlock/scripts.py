@@ -160,7 +160,9 @@ def _exchange(
         if _CHECK:
             owners.move(conn, bound.idle, bound.flight)
         try:
-            _recheck(bound, conn)
+            poller = bound.poller  # the common case inline: in step, and nothing to read
+            if poller is None or bound.dirty or conn._sock is not bound.socket or poller.poll(0):
+                _recheck(bound, conn)
             bound.dirty = True  # from the first byte sent until the last reply is read
             if many is None:
                 conn.send_packed_command(_pack(conn, args))  # type: ignore[arg-type]
