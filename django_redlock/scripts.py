@@ -182,7 +182,7 @@ def _exchange(
         bound.dirty = False
         return reply
     finally:
-        if _CHECK:
+        if _CHECK and owners.owns(conn, bound.flight):  # (not if the move in was refused)
             owners.move(conn, bound.flight, bound.idle)
         claim.release()
         if bound.registry.closed:  # closed meanwhile: the closer may have left this one to us

@@ -188,7 +188,9 @@ def test_the_debug_check_fails_loudly_on_a_second_owner(redis_server: RedisServe
             scripts._keep(bound.registry, conn, bound.idle)  # released by a non-owner
     finally:
         owners.move(conn, elsewhere, bound.idle)
+    assert not bound.claim.locked()  # given back after the refusal
     assert scripts.command(client, "ECHO", "z") == b"z"
+    assert owners.owns(conn, bound.idle)  # (that one ran on it, not aside)
 
 
 FUZZ_SECONDS = float(os.environ.get("FAST_PATH_FUZZ_SECONDS", "12"))
