@@ -4,6 +4,42 @@ The Lua lives in ``lua/<operation>.lua``; helpers shared by several scripts live
 ``lua/_<helper>.lua`` and are spliced in where a script says ``--! include _<helper>``.
 Scripts run by ``EVALSHA``; a server that answers ``NOSCRIPT`` (after ``SCRIPT FLUSH``, a
 restart or a failover) gets the script loaded and the call repeated, so callers never see it.
+
+The fast path's connections: one owner at a time
+-------------------------------------------------
+
+On a plain ``redis.Redis`` each thread sends its lock commands on a connection of its own
+(:func:`command`). Each such connection has exactly one owner at any time, and only its owner
+sends on it, reads from it, connects or closes it:
+
+* the kept set of its pool (``_Registry.spares``): connections ended threads left, in step;
+* one thread (``_Bound``), between its commands;
+* one command in flight on that thread, its reconnect and handshake included (the thread's
+  ``claim`` is held), or the closer of the backend (it holds the claim too);
+* a command aside: one that finds its thread's connection claimed (a signal handler, a
+  ``__del__``, Celery's soft time limit running in the middle of a command or a reconnect)
+  takes a kept connection or makes one, and never touches the claimed one.
+
+Every move is safe whatever exception (``BaseException``: ``KeyboardInterrupt``,
+``SoftTimeLimitExceeded``, a signal handler's) lands at any line:
+
+* The claim is taken without waiting (``Lock.acquire(False)``) before any I/O, connecting
+  included, and given back in a ``finally``. Cut short between the two (an interrupt right
+  after the claim), it stays taken: the thread's commands then all go aside, which is slower,
+  never shared.
+* ``dirty`` is set before the first byte of a request (or a handshake) and cleared only once
+  the whole reply is read: a connection left dirty by an interrupt anywhere in between is
+  closed before it is used again, so no reply is ever read by the wrong command.
+* A connection enters the kept set only in step, as the last step of a move (``_keep``), and
+  leaves it by one atomic ``deque.pop()``: an interrupt before the append leaves it with no
+  owner (closed when it is collected), never with two.
+* Closing a backend marks its registry closed first, then closes each thread's connection it
+  can claim; a command that holds a claim sees the mark after giving the claim back and closes
+  its own. Whichever comes second closes it: nothing is left open for the collector.
+
+``DJANGO_REDLOCK_CHECK_OWNERS=1`` (the test suite sets it) writes each move on the connection
+(:mod:`django_redlock.backends.owners`) and fails loudly on a move by a non-owner: a
+connection kept twice, or used by a command that does not own it.
 """
 
 from __future__ import annotations
@@ -21,13 +57,15 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from types import FunctionType
-from typing import Any
+from typing import Any, cast
 
 import redis.client
 import redis.connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
+
+from .backends import owners
 
 if HIREDIS_AVAILABLE:
     import hiredis
@@ -83,44 +121,119 @@ class Call:
 
 def command(client: Any, *args: Any) -> Any:
     """``client.execute_command(*args)``; on a plain ``redis.Redis``, straight on the calling
-    thread's own connection of its pool (see :func:`_bound`), skipping redis-py's per-command
-    wrapper (a retry loop, which ours are configured not to use, and redis-py 8's operation
-    metrics) and the pool's checkout and return on every command. Where that wrapper does
-    anything for the client, it is used as before (see :func:`_direct`)."""
+    thread's own connection of its pool (see the ownership rule above), skipping redis-py's
+    per-command wrapper (a retry loop, which ours are configured not to use, and redis-py 8's
+    operation metrics) and the pool's checkout and return on every command. Where that wrapper
+    does anything for the client, it is used as before (see :func:`_direct`)."""
     if not _direct(client, args[0]):
         return client.execute_command(*args)
-    pool = client.connection_pool
+    return _exchange(client.connection_pool, args, None)
+
+
+def on_thread_connection(client: Any) -> bool:
+    """Whether :func:`command` runs ``client``'s scripts on the calling thread's own
+    connection (nothing checked out of its pool)."""
+    return _direct(client, "EVALSHA")
+
+
+def commands(client: Any, many: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """Several commands sent at once, their replies in order, errors as values: on the
+    thread's own connection as :func:`command`, else in a redis-py pipeline."""
+    if not all(_direct(client, each[0]) for each in many):
+        pipe = client.pipeline(transaction=False)
+        for each in many:
+            pipe.execute_command(*each)
+        return list(pipe.execute(raise_on_error=False))
+    return cast("list[Any]", _exchange(client.connection_pool, None, many))
+
+
+def _exchange(
+    pool: Any, args: tuple[Any, ...] | None, many: Sequence[tuple[Any, ...]] | None
+) -> Any:
+    """Send one command (``args``) or several (``many``), and read the replies, on the
+    thread's own connection (aside when it is taken)."""
     bound = _bound(pool)
-    if bound is None:  # this thread's connection is mid-command (a finalizer, a signal handler)
-        return _checked_out(pool, args)
-    conn = bound.connection
-    bound.busy = True
+    conn, claim = bound.connection, bound.claim
+    if not claim.acquire(False):  # this thread's connection is mid-command (a handler, a
+        return _aside(pool, bound.registry, args, many)  # finalizer), or being closed
     try:
-        conn.send_packed_command(_pack(conn, args))
-        return conn.read_response()
-    except ResponseError:
-        raise  # an answer: the connection is in step
-    except BaseException:
-        # No answer, or part of one (a time-out, a reset, an interrupt): a reply may still be
-        # on its way, so the socket is never read again; the next command connects afresh.
-        conn.disconnect()
-        raise
+        if _CHECK:
+            owners.move(conn, bound.idle, bound.flight)
+        try:
+            poller = bound.poller  # the common case inline: in step, and nothing to read
+            if poller is None or bound.dirty or conn._sock is not bound.socket or poller.poll(0):
+                _recheck(bound, conn)
+            bound.dirty = True  # from the first byte sent until the last reply is read
+            if many is None:
+                conn.send_packed_command(_pack(conn, args))  # type: ignore[arg-type]
+                reply = conn.read_response()
+            else:
+                conn.send_packed_command(pack_many(conn, many))
+                reply = [_reply(conn) for _ in many]
+        except ResponseError:
+            bound.dirty = False  # an answer: the connection is in step
+            raise
+        except BaseException:
+            # No answer, or part of one (a time-out, a reset, an interrupt): a reply may still
+            # be on its way, so the socket is never read again (nor if this is cut short:
+            # it is still dirty, and the next command's recheck closes it).
+            conn.disconnect()
+            raise
+        bound.dirty = False
+        return reply
     finally:
-        bound.busy = False
+        if _CHECK and owners.owns(conn, bound.flight):  # (not if the move in was refused)
+            owners.move(conn, bound.flight, bound.idle)
+        claim.release()
+        if bound.registry.closed:  # closed meanwhile: the closer may have left this one to us
+            _retire(bound)
 
 
-def _checked_out(pool: Any, args: tuple[Any, ...]) -> Any:
-    conn = pool.get_connection()
+def _reply(conn: Any) -> Any:
     try:
-        conn.send_packed_command(_pack(conn, args))
         return conn.read_response()
+    except ResponseError as exc:  # read whole: the connection is in step
+        return exc
+
+
+def _aside(
+    pool: Any, registry: _Registry, args: tuple[Any, ...] | None,
+    many: Sequence[tuple[Any, ...]] | None,
+) -> Any:  # fmt: skip
+    """A command while the thread's own connection is taken (a signal handler or a finalizer
+    that runs in the middle of a command or a reconnect): on a kept connection, or a new one,
+    given back to the kept set only once its reply is read."""
+    owner = owners.Owner("command aside") if _CHECK else None
+    conn = _spare(registry, owner) or _new(pool, owner)
+    clean = False
+    try:
+        if conn._sock is not None and _unusable(conn):
+            conn.disconnect()
+        if conn._sock is None:
+            conn.connect()  # the connection's own: a Sentinel one asks where the master is
+        if many is None:
+            conn.send_packed_command(_pack(conn, args))  # type: ignore[arg-type]
+            reply = conn.read_response()
+        else:
+            conn.send_packed_command(pack_many(conn, many))
+            reply = [_reply(conn) for _ in many]
+        clean = True
+        return reply
     except ResponseError:
-        raise
-    except BaseException:
-        conn.disconnect()  # as in command(): a Sentinel connection does not do it itself
+        clean = True
         raise
     finally:
-        pool.release(conn)  # which drops it too if the server announced maintenance
+        if clean:
+            _keep(registry, conn, owner)
+        else:  # a reply (or a handshake's) may be on its way: never kept
+            conn.disconnect()
+
+
+def _unusable(conn: Any) -> bool:
+    try:
+        return bool(conn.can_read())
+    except (RedisConnectionError, OSError):
+        return True
 
 
 def _pack(conn: Any, args: tuple[Any, ...]) -> Any:
@@ -158,103 +271,189 @@ def pack_many(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
 #: thread per request (runserver, gevent's greenlets) would otherwise connect per request.
 SPARES = 16
 
+_CHECK = owners.CHECK
+_REGISTRY = "_django_redlock_threads"
+
+
+class _Registry:
+    """A pool's lock connections: each thread's (``local``), and those kept for new threads
+    (``spares``: ``(pid, connection)``, the owner of the connections in it). ``closed``: the
+    backend was closed; nothing is kept any more, and each command's connection is closed
+    after it."""
+
+    __slots__ = ("__weakref__", "closed", "everyone", "kept", "local", "spares")
+
+    def __init__(self) -> None:
+        self.kept: Any = owners.Owner("kept") if _CHECK else None  # the spares' owner
+        self.local = threading.local()
+        self.spares: deque[tuple[int, Any]] = deque()
+        self.everyone: weakref.WeakSet[_Bound] = weakref.WeakSet()
+        self.closed = False
+
 
 class _Bound:
     """A connection one thread runs its lock commands on, made like the pool's own but kept
     outside it: one per thread however small the pool, and never waiting for a free one.
     When its thread ends (its ``threading.local`` goes, and this with it), the connection is
-    kept for the next new thread, or closed when enough are kept."""
+    kept for the next new thread, or closed when enough are kept.
 
-    __slots__ = ("__weakref__", "busy", "connection", "pid", "poller", "socket", "spares")
+    ``claim`` is held by whoever uses the connection (a command, its reconnect included, or
+    the closer): taken without waiting, so a handler finds it held and goes aside. ``dirty``:
+    a reply (a handshake's included) may be due on the socket, which must not be read again.
+    """
 
-    def __init__(self, pool: Any, spares: deque[tuple[int, Any]]) -> None:
-        self.spares = spares
-        self.connection: Any = _spare(spares) or pool.connection_class(**pool.connection_kwargs)
-        self.pid, self.busy = _PID, False
+    __slots__ = (
+        "__weakref__", "claim", "connection", "dirty", "flight", "idle", "pid", "poller",
+        "registry", "socket",
+    )  # fmt: skip
+
+    def __init__(self, pool: Any, registry: _Registry) -> None:
+        self.registry = registry
+        self.pid, self.dirty, self.claim = _PID, False, threading.Lock()
         self.socket: Any = None  # the socket the poller watches
         self.poller: Any = None
+        # Owners as the debug check writes them on the connection: tokens, not this object
+        # (a connection referring back to it would make a cycle, freed only by the collector).
+        self.idle: Any = owners.Owner("thread") if _CHECK else None
+        self.flight: Any = owners.Owner("command in flight") if _CHECK else None
+        self.connection: Any = _spare(registry, self.idle) or _new(pool, self.idle)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            if self.pid == _PID and not self.busy and len(self.spares) < SPARES:
-                self.spares.append((self.pid, self.connection))
-            else:
-                # Now, not when the garbage collector gets to it (a connection is in a
-                # cycle). A forked child's copy: closes the child's, the parent's lives on.
-                self.connection.disconnect()
+            _leave(self)
 
 
-def _spare(spares: deque[tuple[int, Any]]) -> Any:
-    """A connection an ended thread of this process left, if any."""
-    while spares:
+def _new(pool: Any, owner: Any) -> Any:
+    connection = pool.connection_class(**pool.connection_kwargs)
+    if _CHECK:
+        owners.move(connection, owners.POOL, owner)  # made with the pool's settings
+    return connection
+
+
+def _leave(bound: _Bound) -> None:
+    """The ended thread's connection: kept for a new thread when it is in step and there is
+    room, else closed now (not when the garbage collector gets to it: it is in a cycle)."""
+    conn, registry = bound.connection, bound.registry
+    if bound.pid != _PID:
+        conn.disconnect()  # a forked child's copy: closes the child's, the parent's lives on
+    elif bound.dirty or not bound.claim.acquire(False):  # (held: cut short by an interrupt)
+        conn.disconnect()
+    else:
+        _keep(registry, conn, bound.idle)
+
+
+def _keep(registry: _Registry, conn: Any, owner: Any) -> None:
+    """Hand ``conn`` (in step) from ``owner`` to the kept set, or close it."""
+    if registry.closed or len(registry.spares) >= SPARES:
+        conn.disconnect()
+        return
+    if _CHECK:
+        owners.move(conn, owner, registry.kept)
+    registry.spares.append((_PID, conn))
+    if registry.closed:  # closed while this was being kept: the closer may have missed it
+        _drain(registry)
+
+
+def _spare(registry: _Registry, owner: Any) -> Any:
+    """A connection an ended thread of this process left, if any, now ``owner``'s."""
+    while True:
         try:
-            pid, connection = spares.pop()
-        except IndexError:  # another thread took the last one
+            pid, connection = registry.spares.pop()
+        except IndexError:  # none, or another thread took the last one
             return None
         if pid == _PID:
+            if _CHECK:
+                owners.move(connection, registry.kept, owner)
             return connection
         connection.disconnect()  # the parent's, copied by a fork: closes this copy only
-    return None
 
 
-def _bound(pool: Any) -> _Bound | None:
-    """The calling thread's connection to ``pool``'s server (None while it is mid-command):
-    made once per thread, not checked out of the pool and back on every command. A forked
-    child makes its own (closing the parent's copy leaves the parent's socket alone)."""
+def _drain(registry: _Registry) -> None:
+    while True:
+        try:
+            _pid, connection = registry.spares.pop()
+        except IndexError:
+            return
+        connection.disconnect()  # each popped by one thread: closed once
+
+
+def _bound(pool: Any) -> _Bound:
+    """The calling thread's connection to ``pool``'s server: made once per thread, not
+    checked out of the pool and back on every command. A forked child makes its own
+    (closing the parent's copy leaves the parent's socket alone)."""
     try:
-        threads, spares, everyone = pool._django_redlock_threads
+        registry = pool._django_redlock_threads
     except AttributeError:
-        threads, spares, everyone = pool.__dict__.setdefault(
-            "_django_redlock_threads", (threading.local(), deque(), weakref.WeakSet())
-        )
-    bound: _Bound | None = getattr(threads, "bound", None)
+        registry = pool.__dict__.setdefault(_REGISTRY, _Registry())
+    bound: _Bound | None = getattr(registry.local, "bound", None)
     if bound is None or bound.pid != _PID:
-        bound = threads.bound = _Bound(pool, spares)
-        everyone.add(bound)
-    elif bound.busy:
-        return None
-    _recheck(bound)
+        bound = registry.local.bound = _Bound(pool, registry)
+        registry.everyone.add(bound)
     return bound
 
 
-def disconnect_threads(pool: Any) -> None:
+def disconnect_threads(pool: Any, *, pool_lives_on: bool = False) -> None:
     """Close every thread's lock connection to ``pool``'s server, and those kept (the
-    backend is closed): a thread that sends again connects again."""
-    threads = pool.__dict__.get("_django_redlock_threads")
-    if threads is None:
+    backend is closed). A command in flight keeps its connection and closes it when done;
+    a late command on this pool connects for itself and closes after (nothing is left for
+    the garbage collector). ``pool_lives_on`` (a django-redis cache's pool, used after this
+    backend): new commands start afresh instead."""
+    registry = pool.__dict__.get(_REGISTRY)
+    if registry is None:
         return
-    _, spares, everyone = threads
-    for bound in list(everyone):
+    registry.closed = True
+    if pool_lives_on:
+        pool.__dict__.pop(_REGISTRY, None)
+    while True:
+        try:
+            bounds = list(registry.everyone)
+            break
+        except RuntimeError:  # a thread added its own meanwhile
+            continue
+    for bound in bounds:
         if bound.pid == _PID:
+            _retire(bound)
+    _drain(registry)
+
+
+def _retire(bound: _Bound) -> None:
+    """Close a bound connection of a closed backend, unless a command has it (that command
+    closes it when done: it looks after releasing its claim)."""
+    if bound.claim.acquire(False):
+        try:
             bound.connection.disconnect()
-    while spares:
-        with contextlib.suppress(IndexError):
-            spares.pop()[1].disconnect()
+        finally:
+            bound.claim.release()
 
 
-def _recheck(bound: _Bound) -> None:
-    """What the pool does at each checkout: a connection with something to read while no
-    reply is due (the server closed it: a restart, CLIENT KILL, an idle time-out) is replaced
-    before a command is sent on it, which would fail where a new connection would not. One
-    poll(0) on a poller kept per socket: a third of what redis-py's ``can_read()`` costs."""
-    conn = bound.connection
+def _recheck(bound: _Bound, conn: Any) -> None:
+    """What the pool does at each checkout, under the command's claim: a connection with
+    something to read while no reply is due (the server closed it: a restart, CLIENT KILL,
+    an idle time-out, a Sentinel's demotion), or a reply due from a command cut short, is
+    replaced before a command is sent on it. Connecting is the connection's own
+    ``connect()``, not the one send_command does by itself: that one skips a Sentinel
+    connection's, which asks the sentinels where the master is now. One poll(0) on a poller
+    kept per socket: a third of what redis-py's ``can_read()`` costs."""
     sock = conn._sock
+    if sock is not None and (bound.dirty or _stale(bound, conn, sock)):
+        conn.disconnect()
+        sock = None
     if sock is None:
-        # Not send_command's own connecting: that skips a Sentinel connection's connect(),
-        # which asks the sentinels where the master is.
+        bound.dirty = True  # the handshake's replies are due until connect() returns
         conn.connect()
-        return
+        bound.dirty = False
+
+
+def _stale(bound: _Bound, conn: Any, sock: Any) -> bool:
     if sock is not bound.socket:
         bound.socket, bound.poller = sock, None
         if _POLL and type(sock) is socket.socket:  # not TLS: it may have bytes buffered above
             bound.poller = select.poll()
             bound.poller.register(sock, select.POLLIN)
     try:
-        stale = bool(bound.poller.poll(0)) if bound.poller is not None else conn.can_read()
+        return bool(bound.poller.poll(0)) if bound.poller is not None else conn.can_read()
     except (RedisConnectionError, OSError):
-        stale = True
-    if stale:
-        conn.disconnect()
+        return True
 
 
 _POLL = hasattr(select, "poll")
@@ -319,8 +518,17 @@ def run(client: Any, call: Call) -> Any:
     try:
         return call.evalsha(client)
     except NoScriptError:
-        client.script_load(call.script.source)
+        _load(client, call.script)
         return call.evalsha(client)
+
+
+def _load(client: Any, needed: Script) -> None:
+    # As its own command (not client.script_load(), whose reply redis-py converts): on the
+    # thread's connection, not one checked out of the pool.
+    if _direct(client, "SCRIPT"):
+        command(client, "SCRIPT", "LOAD", needed.source)
+    else:
+        client.script_load(needed.source)
 
 
 async def arun(client: Any, call: Call) -> Any:
@@ -358,15 +566,21 @@ def _again(calls: Sequence[Call | tuple[Any, ...]], results: Sequence[Any]) -> l
 
 def run_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
     """Run many scripts in one pipelined round trip; errors come back as values."""
-    results = list(_pipeline(client, calls).execute(raise_on_error=False))
+    results = commands(client, [_request(call) for call in calls])
     missing = _again(calls, results)
     if missing:
         for needed in {_script_of(calls[i]) for i in missing if isinstance(calls[i], Call)}:
-            client.script_load(needed.source)
-        retried = _pipeline(client, [calls[i] for i in missing]).execute(raise_on_error=False)
+            _load(client, needed)
+        retried = commands(client, [_request(calls[i]) for i in missing])
         for i, result in zip(missing, retried, strict=True):
             results[i] = result
     return results
+
+
+def _request(call: Call | tuple[Any, ...]) -> tuple[Any, ...]:
+    if isinstance(call, Call):
+        return ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+    return call
 
 
 async def arun_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:

@@ -107,7 +107,7 @@ class DjangoRedisBackend(RedisBackend):
     def close(self) -> None:
         if not self._owns_pool:
             if self._client is not None:  # the threads' lock connections are ours
-                scripts.disconnect_threads(self._client.connection_pool)
+                scripts.disconnect_threads(self._client.connection_pool, pool_lives_on=True)
             self._client = None  # the pool is the cache's, not ours to close
         self._owns_pool = False
         super().close()

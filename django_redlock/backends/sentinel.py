@@ -20,6 +20,7 @@ import redis.sentinel
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
+from .. import scripts
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..options import check_options, sentinel_options
 from .base import Attempt, Kind, Op
@@ -174,6 +175,10 @@ class SentinelBackend(RedisBackend):
         return Op(name, [op.request, wait], parse)
 
     def execute(self, op: Op[T]) -> T:
+        if scripts.on_thread_connection(self.client):
+            # Nothing checked out of the pool: no permit to wait for, nor to lose should an
+            # interrupt land while one is taken or given back (it would be gone for good).
+            return self._execute(op)
         if not self._gate.acquire(timeout=self.socket_timeout):
             raise BackendUnavailable(
                 f"lock {op.name!r}: backend {self.alias!r}: all {self._limit} connections busy"
