@@ -583,3 +583,46 @@ def test_a_re_fence_whose_reply_was_lost_is_no_loss_of_the_owner_s_hold(
     finally:
         proxy.close()
     assert sales(DB) == [("outer", 10)]
+
+
+# -- waking waiters in their order of arrival, whatever the server's clock -----------------------
+
+
+def test_a_backward_step_lets_no_later_waiter_be_woken_before_an_earlier_one(
+    one: Clocked, name: str
+) -> None:
+    """A plain lock's waiters are woken in the order they registered. One registers, the
+    server's clock steps back ten minutes, another registers: the release wakes the first."""
+    import threading
+    import time
+
+    holder = lock(name, using="clocked", ttl=30)
+    assert holder.acquire()
+    order: list[str] = []
+
+    def wait(who: str) -> None:
+        waiter = lock(name, using="clocked", ttl=30)
+        if waiter.acquire(timeout=30):
+            order.append(who)
+            waiter.release()
+
+    def registered(count: int) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            info = locks["clocked"].inspect(name)
+            if info is not None and info.waiters == count:
+                return
+            time.sleep(0.02)
+        pytest.fail(f"{count} waiters never registered")
+
+    threads = [threading.Thread(target=wait, args=(who,)) for who in ("earlier", "later")]
+    threads[0].start()
+    registered(1)
+    one.clock.step(-600)
+    threads[1].start()
+    registered(2)
+    first = one.server.client().zrange(locks["clocked"].waiting_key(name), 0, 0)
+    holder.release()
+    for thread in threads:
+        thread.join(60)
+    assert order == ["earlier", "later"], first
