@@ -539,7 +539,7 @@ def test_a_re_fence_reaches_every_reentrant_hold_of_the_owner(one: Clocked, name
         assert refenced is not None and refenced > top
         with outer:  # a re-entry: the same hold, not a loss
             assert outer.fence == refenced
-        assert outer.fence == refenced
+        assert outer.fence == refenced and f"fence {refenced}" in repr(outer)
         with outer.atomic():  # its fence is the recorded one: no re-fence
             sell_one(DB, 1, "outer")
         assert outer.fence == refenced == recorded(name)

@@ -200,7 +200,7 @@ class BaseLock:
 
     def __repr__(self) -> str:
         hold = self._holds.get(self._owner())
-        state = f"held, fence {hold.fence}" if hold else "lost" if self._lost else "free"
+        state = f"held, fence {self.fence}" if hold else "lost" if self._lost else "free"
         kind = type(self).__name__
         return f"<{kind} {self.name!r} ({self._label()}) on {self.using!r}: {state}>"
 
