@@ -29,6 +29,7 @@ import datetime
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -233,11 +234,21 @@ def refencer(lock: BaseLock, hold: Hold) -> Callable[[int], int]:
     hold does) when the hold is not current. No answer raises (BackendUnavailable,
     QuorumNotReached): unknown is not stale, and the transaction rolls back all the same."""
 
+    from .locking.holds import refenced  # here: the locking package imports this module
+
     def refence(recorded: int) -> int:
         backend = lock.backend
-        fence = backend.execute(backend.op_refence(lock.name, hold.token, recorded))
+        client_us = time.time_ns() // 1000  # the new fence is above it (refence_least)
+        try:
+            fence = backend.execute(backend.op_refence(lock.name, hold.token, recorded, client_us))
+        except BaseException:
+            if lock.reentrant:  # it may have re-fenced: the owner's next re-entry may say so
+                refenced(backend, lock.name, hold.token, None)
+            raise
         if fence > 0:
             hold.fence = fence
+            if lock.reentrant:  # every object holding levels of the owner's hold takes it
+                refenced(backend, lock.name, hold.token, fence)
         return fence
 
     return refence

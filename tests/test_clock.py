@@ -432,3 +432,197 @@ def test_redlock_re_fence_takes_the_largest_node_fence_and_lifts_the_others(
             server.client().delete(backend.key(name))
         assert backend.execute(backend.op_refence(name, token, recorded)) == 0
         assert not held.owned()
+
+
+# -- what a re-fence cannot see: fences handed out but never recorded (review of #32) ----------
+
+
+def expire_and_forget(nodes: list[Clocked], name: str, mode: str) -> None:
+    """A hold with a 1 s TTL expires (its servers' clocks step 2 s on: Redis never lost it),
+    then the name's counter is lost: FLUSHALL (a restart or failover to an empty replica), or
+    the name idles past its counter's memory (60 s)."""
+    for node in nodes:
+        node.clock.step(2)  # read now, while expired: Redis deletes it (a later step back)
+        assert not node.server.client().exists(locks["clocked"].key(name))
+    if mode == "flush":
+        for node in nodes:
+            node.flush()
+    else:
+        for node in nodes:
+            node.clock.step(120)
+            assert node.server.client().get(locks["clocked"].fence_key(name)) is None
+            node.clock.step(-120)
+
+
+def stale_after_a_back_step(nodes: list[Clocked], name: str, mode: str) -> None:
+    with lock(name, using="clocked", atomic=True):
+        sell_one(DB, 1, "first")
+    stale = lock(name, using="clocked", ttl=1, auto_renew=False)
+    assert stale.acquire()  # a fence above the recorded one, never recorded
+    expire_and_forget(nodes, name, mode)
+    for node in nodes:
+        node.clock.step(-HOUR)
+    with lock(name, using="clocked", ttl=30, atomic=True, timeout=5) as fresh:
+        sell_one(DB, 1, "fresh")  # re-fenced: above the stale holder's fence too
+        assert fresh.fence is not None and stale.fence is not None
+        assert fresh.fence > stale.fence
+        with pytest.raises(StaleFence, match="a later hold has the lock"), stale.atomic():
+            pytest.fail("the stale holder's body ran")
+    with pytest.raises(StaleFence), stale.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert [b for b, _ in sales(DB)] == ["first", "fresh"]
+
+
+@pytest.mark.parametrize("mode", ["flush", "idle"])
+def test_an_expired_holder_s_unrecorded_fence_stays_below_a_re_fenced_one(
+    one: Clocked, name: str, mode: str
+) -> None:
+    """A holder paused past its TTL (its key expired: Redis never lost the hold) holds a fence
+    above the recorded one. After a backward step with the counter gone, the fresh holder is
+    re-fenced above the client's clock, so above that fence: the paused holder is refused."""
+    stale_after_a_back_step([one], name, mode)
+
+
+def test_redlock_an_expired_holder_s_unrecorded_fence_stays_below_a_re_fenced_one(
+    three: list[Clocked], name: str
+) -> None:
+    stale_after_a_back_step(three, name, "flush")
+
+
+def same_fence_twice(nodes: list[Clocked], name: str, mode: str) -> None:
+    with lock(name, using="clocked", atomic=True):
+        sell_one(DB, 1, "first")
+    top = recorded(name)
+    assert top is not None
+    for node in nodes:
+        node.clock.step(-HOUR)  # the counter carries on: the next hold gets top + 1
+    stale = lock(name, using="clocked", ttl=1, auto_renew=False)
+    assert stale.acquire() and stale.fence == top + 1
+    expire_and_forget(nodes, name, mode)
+    with lock(name, using="clocked", ttl=30, atomic=True, timeout=5) as fresh:
+        sell_one(DB, 1, "fresh")  # re-fenced: not to top + 1, which the stale holder has
+        assert fresh.fence is not None and fresh.fence > top + 1
+    with pytest.raises(StaleFence), stale.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert [b for b, _ in sales(DB)] == ["first", "fresh"]
+
+
+@pytest.mark.parametrize("mode", ["flush", "idle"])
+def test_a_re_fence_never_hands_out_a_fence_an_earlier_hold_had(
+    one: Clocked, name: str, mode: str
+) -> None:
+    same_fence_twice([one], name, mode)
+
+
+def test_redlock_a_re_fence_never_hands_out_a_fence_an_earlier_hold_had(
+    three: list[Clocked], name: str
+) -> None:
+    same_fence_twice(three, name, "flush")
+
+
+def test_a_re_fence_reaches_every_reentrant_hold_of_the_owner(one: Clocked, name: str) -> None:
+    """A reentrant lock object held by this thread, and another object of the same name and
+    owner whose fenced block is re-fenced: the first object's hold is the same hold, and
+    carries the new fence; its next re-entry is no loss, and its release frees the lock."""
+    with lock(name, using="clocked", atomic=True):
+        pass
+    top = recorded(name)
+    assert top is not None
+    one.flush()
+    one.clock.step(-HOUR)
+    outer = lock(name, using="clocked", reentrant=True, ttl=30)
+    with outer:
+        assert outer.fence is not None and outer.fence < top
+        with lock(name, using="clocked", reentrant=True, ttl=30, atomic=True) as inner:
+            sell_one(DB, 1, "inner")
+            refenced = inner.fence
+        assert refenced is not None and refenced > top
+        with outer:  # a re-entry: the same hold, not a loss
+            assert outer.fence == refenced
+        assert outer.fence == refenced and f"fence {refenced}" in repr(outer)
+        with outer.atomic():  # its fence is the recorded one: no re-fence
+            sell_one(DB, 1, "outer")
+        assert outer.fence == refenced == recorded(name)
+        info = locks["clocked"].inspect(name)
+        assert info is not None and info.fence == refenced
+    assert not outer.locked()
+    assert [b for b, _ in sales(DB)] == ["inner", "outer"]
+
+
+def test_a_re_fence_whose_reply_was_lost_is_no_loss_of_the_owner_s_hold(
+    redis_server: Any, name: str
+) -> None:
+    """The re-fence went through but its reply was lost (the block raised
+    BackendUnavailable): the owner's hold has a new fence this process never heard of. The
+    owner's next re-entry finds it, on a count that went on: its own hold, not a loss."""
+    from django_redlock import BackendUnavailable
+
+    from .proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    try:
+        with alias_on("lossy", [proxy.url]):
+            backend = locks["lossy"]
+            assert backend.execute(backend.op_refence(name, "nobody", 5)) == 0  # loaded
+            outer = lock(name, using="lossy", reentrant=True, ttl=30)
+            with outer:
+                old = outer.fence
+                ahead("lossy", name, old)
+                with lock(name, using="lossy", reentrant=True, ttl=30) as inner:
+                    proxy.lose_replies(1)  # the re-fence's
+                    with pytest.raises(BackendUnavailable), inner.atomic():
+                        pytest.fail("the body ran")
+                    assert proxy.lost == 1
+                with outer:  # the same hold, with the fence Redis gave it
+                    info = backend.inspect(name)
+                    assert info is not None and old is not None and info.fence > old
+                    assert outer.fence == info.fence
+                    with outer.atomic():
+                        sell_one(DB, 1, "outer")
+            assert not outer.locked()
+    finally:
+        proxy.close()
+    assert sales(DB) == [("outer", 10)]
+
+
+# -- waking waiters in their order of arrival, whatever the server's clock -----------------------
+
+
+def test_a_backward_step_lets_no_later_waiter_be_woken_before_an_earlier_one(
+    one: Clocked, name: str
+) -> None:
+    """A plain lock's waiters are woken in the order they registered. One registers, the
+    server's clock steps back ten minutes, another registers: the release wakes the first."""
+    import threading
+    import time
+
+    holder = lock(name, using="clocked", ttl=30)
+    assert holder.acquire()
+    order: list[str] = []
+
+    def wait(who: str) -> None:
+        waiter = lock(name, using="clocked", ttl=30)
+        if waiter.acquire(timeout=30):
+            order.append(who)
+            waiter.release()
+
+    def registered(count: int) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            info = locks["clocked"].inspect(name)
+            if info is not None and info.waiters == count:
+                return
+            time.sleep(0.02)
+        pytest.fail(f"{count} waiters never registered")
+
+    threads = [threading.Thread(target=wait, args=(who,)) for who in ("earlier", "later")]
+    threads[0].start()
+    registered(1)
+    one.clock.step(-600)
+    threads[1].start()
+    registered(2)
+    first = one.server.client().zrange(locks["clocked"].waiting_key(name), 0, 0)
+    holder.release()
+    for thread in threads:
+        thread.join(60)
+    assert order == ["earlier", "later"], first

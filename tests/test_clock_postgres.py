@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from django_redlock import StaleFence, lock
+from django_redlock import StaleFence, lock, locks
 from django_redlock.testing import FakeClock, RedisServer, faketime_server
 
 from .fenced_child import open_shop, sales, sell_one
@@ -73,4 +73,29 @@ def test_a_fresh_holder_re_fences_on_postgresql_and_a_stale_one_waits_then_is_re
     # Released after its commit, or not yet: either way the stale hold is not current.
     assert "a later hold has the lock" in str(outcome[0]) or "not current" in str(outcome[0])
     assert outcome[0].recorded == fence
+    assert [b for b, _ in sales(PG)] == ["first", "fresh"]
+
+
+def test_on_postgresql_an_expired_holder_s_unrecorded_fence_is_refused_after_a_re_fence(
+    clocked: tuple[FakeClock, RedisServer], name: str
+) -> None:
+    """A holder paused past its TTL holds a fence never recorded; the counter is flushed and
+    the server's clock goes back an hour. The fresh holder is re-fenced above the client's
+    clock, so above that fence: the paused holder's block is refused, not committed after."""
+    clock, server = clocked
+    open_shop(PG, 1, 10)
+    with lock(name, using="clocked", atomic=PG):
+        sell_one(PG, 1, "first")
+    stale = lock(name, using="clocked", ttl=1, auto_renew=False, atomic=PG)
+    assert stale.acquire()
+    clock.step(2)  # its key expires (read now, while expired: Redis deletes it)
+    assert not server.client().exists(locks["clocked"].key(name))
+    server.client().flushall()
+    clock.step(-3602)
+    with lock(name, using="clocked", ttl=30, atomic=PG, timeout=5) as fresh:
+        sell_one(PG, 1, "fresh")
+        assert fresh.fence is not None and stale.fence is not None
+        assert fresh.fence > stale.fence
+    with pytest.raises(StaleFence), stale.atomic():
+        pytest.fail("the stale holder's body ran")
     assert [b for b, _ in sales(PG)] == ["first", "fresh"]

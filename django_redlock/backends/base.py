@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -22,6 +23,12 @@ from ..validation import MAX_TTL
 from ..waiting import ReleaseHub
 
 DEFAULT_TTL = 30.0
+#: How far above the client's wall clock a re-fence puts a hold's fence (us): the fences a
+#: lost counter handed out came from a server clock at most real time then (see
+#: :func:`refence_least`); the margin covers a client clock a little behind the server's.
+REFENCE_MARGIN_US = 1_000_000
+#: Redis's Lua numbers are exact below 2**53 (fencing.FENCE_LIMIT).
+LUA_EXACT = 2**53
 DEFAULT_KEY_PREFIX = "redlock"
 PREFIX_FORBIDDEN = "*?[]\\"  # glob characters: keys are found by SCAN MATCH
 T = TypeVar("T")
@@ -194,6 +201,20 @@ def lease_info(
 _EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 
 
+def refence_least(client_us: int | None = None) -> int:
+    """The least fence a re-fence gives: this client's wall clock in us (``client_us``, or
+    read now) plus :data:`REFENCE_MARGIN_US`, below Lua's exact range.
+
+    The recorded fence says nothing of fences handed out but never recorded (a holder whose
+    key expired while it paused; one counted up from the recorded fence), and the counter
+    that knew them is gone. Such a fence came from a server's clock that was at most real
+    time then, or from a recorded fence plus a few: real time now plus the margin is above
+    it. Not above one handed out while a server's clock ran ahead of real time (or while the
+    client's clock is behind by more than the margin)."""
+    now = time.time_ns() // 1000 if client_us is None else client_us
+    return min(now + REFENCE_MARGIN_US, LUA_EXACT - 1)
+
+
 class BaseLockBackend:
     """A small base, like Django's ``BaseCache``: settings and key layout here, I/O below."""
 
@@ -351,11 +372,17 @@ class BaseLockBackend:
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
 
-    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+    def op_refence(
+        self, name: str, token: str, recorded: int, client_us: int | None = None
+    ) -> Op[int]:
         """Give ``token``'s hold of ``name`` a fence above ``recorded`` (a fence the database
         recorded) and raise the name's counter to it, only while the token still holds the
         lock (on a majority, for Redlock). The new fence; else -1 when another hold has the
         lock now, 0 when nobody does. Unknown (too few answers) raises, as every op does.
+
+        The new fence is also at least :func:`refence_least` of ``client_us`` (this client's
+        wall clock in us; None: read now): above every fence handed out but never recorded
+        before the counter was lost, as long as the server's clock was then at most real time.
 
         Why it is safe: a hold still current has held the key since it was taken, so every
         hold that recorded a fence was taken before it (or while Redis lost it: the same as

@@ -26,6 +26,7 @@ from .base import (
     Renewal,
     lease_info,
     lock_info,
+    refence_least,
 )
 
 T = TypeVar("T")
@@ -224,7 +225,11 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(name, work)
 
-    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+    def op_refence(
+        self, name: str, token: str, recorded: int, client_us: int | None = None
+    ) -> Op[int]:
+        least = refence_least(client_us)
+
         def work(store: _Store, now: float) -> tuple[int, list[str]]:
             # As refence.lua: a live hold of the token (a lock's, or a lease) only.
             hold: _Hold | _Lease | None = store.live(name, now)
@@ -234,7 +239,7 @@ class LocMemBackend(BaseLockBackend):
                 hold = leased.leases.get(token) if leased else None
                 if hold is None:
                     return -1 if other else 0, []
-            fence = max(store.fences.get(name, 0) + 1, time.time_ns() // 1000, recorded + 1)
+            fence = max(store.fences.get(name, 0) + 1, least, recorded + 1)
             store.fences[name] = fence
             hold.fence = fence
             return fence, []

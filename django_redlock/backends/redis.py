@@ -35,6 +35,7 @@ from .base import (
     lease_info,
     lock_info,
     parse_cursor,
+    refence_least,
 )
 
 logger = logging.getLogger("django_redlock")
@@ -277,10 +278,13 @@ class RedisBackend(BaseLockBackend):
     def op_raise_fence(self, name: str, fence: int) -> Op[bool]:
         return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
 
-    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+    def op_refence(
+        self, name: str, token: str, recorded: int, client_us: int | None = None
+    ) -> Op[int]:
         keys = [self.key(name), self.fence_key(name)]
         # The fence travels as the exact decimal string the scripts store, never a float.
-        call = Call(script("refence"), keys, [token, str(recorded)])
+        least = str(refence_least(client_us))
+        call = Call(script("refence"), keys, [token, str(recorded), least])
         return Op(name, call, int)
 
     def op_settle(self, name: str, owner: str, count: int) -> Op[int]:

@@ -300,13 +300,20 @@ class RedlockBackend(BaseLockBackend):
 
         return Op(name, _Quorum(steps()))
 
-    def op_refence(self, name: str, token: str, recorded: int) -> Op[int]:
+    def op_refence(
+        self, name: str, token: str, recorded: int, client_us: int | None = None
+    ) -> Op[int]:
+        # One reading of this client's clock for every node.
+        client = time.time_ns() // 1000 if client_us is None else client_us
+
         def steps() -> Steps[int]:
             # Each node that still has the token re-fences its own hold above `recorded`; the
             # hold is current only on a majority, and its fence is then theirs (the largest),
             # as at the acquire. A node whose token is gone re-fences nothing.
             replies = yield self._each(
-                lambda n: n.op_refence(name, token, recorded), self._deciding(_refenced), True
+                lambda n: n.op_refence(name, token, recorded, client),
+                self._deciding(_refenced),
+                True,
             )
             if not self._decide(name, replies, _refenced(replies), "re-fence"):
                 taken = sum(1 for r in replies if r == -1) >= self.quorum

@@ -29,7 +29,18 @@ from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import check_bool, check_name, check_optional_seconds, check_ttl, to_ms
 from . import holds
-from .holds import Hold, believe, believed, holds_it, settled, take, unsettled, untake
+from .holds import (
+    Hold,
+    believe,
+    believed,
+    holds_it,
+    refence_of,
+    refenced,
+    settled,
+    take,
+    unsettled,
+    untake,
+)
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
 from .templates import name_template, refuse_generator
 
@@ -189,7 +200,7 @@ class BaseLock:
 
     def __repr__(self) -> str:
         hold = self._holds.get(self._owner())
-        state = f"held, fence {hold.fence}" if hold else "lost" if self._lost else "free"
+        state = f"held, fence {self.fence}" if hold else "lost" if self._lost else "free"
         kind = type(self).__name__
         return f"<{kind} {self.name!r} ({self._label()}) on {self.using!r}: {state}>"
 
@@ -305,6 +316,18 @@ class BaseLock:
         self._unsure_token = None  # answered: the token holds what the answer says
         current = self._holds.get(owner) if self.reentrant else None
         fresh = attempt.count_or_wait == 1  # the server's count for the owner: a new hold
+        if current is not None:
+            self._catch_up(current)
+            unanswered = refence_of(backend, name, owner)[1]
+            if (
+                unanswered
+                and attempt.acquired
+                and not fresh
+                and (attempt.fence or 0) > (current.fence or 0)
+            ):
+                # A re-fence of this hold got no answer: this larger fence is its own.
+                refenced(backend, name, owner, attempt.fence)
+                self._catch_up(current)
         if (
             attempt.acquired
             and self.reentrant
@@ -439,7 +462,16 @@ class BaseLock:
             if self._lost is not None:
                 raise LockLost(f"{self._describe()} was lost: {self._lost}")
             raise LockNotOwned(f"{self._describe()} is not held by this owner")
-        return owner, hold
+        return owner, self._catch_up(hold)
+
+    def _catch_up(self, hold: Hold) -> Hold:
+        """A reentrant owner's hold is one hold in Redis, whichever objects hold levels of
+        it: take the fence a re-fence through another object gave it (never a lower one)."""
+        if self.reentrant and hold.fence is not None:
+            fence, _ = refence_of(self.backend, self.name, hold.token)
+            if fence > hold.fence:
+                hold.fence = fence
+        return hold
 
     def _stop_renewing(self, hold: Hold) -> None:
         renewer, hold.renewer = hold.renewer, None  # first: a hold still pending stays out
@@ -665,7 +697,7 @@ class BaseLock:
     def fence(self) -> int | None:
         """The fencing token of this owner's current hold; None when not held."""
         hold = self._holds.get(self._owner())
-        return None if hold is None else hold.fence
+        return None if hold is None else self._catch_up(hold).fence
 
     @property
     def token(self) -> str | None:

@@ -111,16 +111,24 @@ def holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
 # whether the server may disagree (a reply was lost): then it is told before the owner's next
 # operation on that lock. An owner is a thread or task of this process, so only this
 # process changes its count, and its belief is the truth to restore.
-_believed: dict[tuple[int, str, str], list[Any]] = {}  # -> [count, unsure]
+# The owner's hold is one hold in Redis whichever Lock objects hold levels of it: a re-fence
+# through one of them gives it a new fence, which every other takes (refenced(), below).
+# -> [count, unsure, fence given by the last re-fence (0: none), a re-fence went unanswered]
+_believed: dict[tuple[int, str, str], list[Any]] = {}
+
+
+def _idle(entry: list[Any]) -> bool:
+    """Nothing held and nothing to tell the server: the entry (and its re-fence) can go."""
+    return bool(entry[0] == 0 and not entry[1])
 
 
 def believe(backend: BaseLockBackend, name: str, owner: str, delta: int, unsure: bool) -> None:
     key = (id(backend), name, owner)
     with _mutex:
-        entry = _believed.setdefault(key, [0, False])
+        entry = _believed.setdefault(key, [0, False, 0, False])
         entry[0] = max(0, entry[0] + delta)
         entry[1] = entry[1] or unsure
-        if entry == [0, False]:
+        if _idle(entry):
             del _believed[key]
 
 
@@ -142,8 +150,29 @@ def settled(backend: BaseLockBackend, name: str, owner: str, count: int) -> None
         entry = _believed.get(key)
         if entry is not None and entry[0] == count:  # nothing changed meanwhile
             entry[1] = False
-            if entry[0] == 0:
+            if _idle(entry):
                 del _believed[key]
+
+
+def refenced(backend: BaseLockBackend, name: str, owner: str, fence: int | None) -> None:
+    """A re-fence of reentrant ``owner``'s hold answered: its new ``fence``, which every Lock
+    object holding levels of it takes (:func:`refence_of`); None: no answer (the hold may
+    have a new fence, unknown here). Nothing when the owner holds nothing here."""
+    with _mutex:
+        entry = _believed.get((id(backend), name, owner))
+        if entry is None:
+            return
+        if fence is None:
+            entry[3] = True
+        else:  # the hold's fence is known again
+            entry[2], entry[3] = max(entry[2], fence), False
+
+
+def refence_of(backend: BaseLockBackend, name: str, owner: str) -> tuple[int, bool]:
+    """The fence the last re-fence of ``owner``'s reentrant hold gave it (0: none), and
+    whether a re-fence went unanswered since it holds levels here."""
+    entry = _believed.get((id(backend), name, owner))
+    return (0, False) if entry is None else (int(entry[2]), bool(entry[3]))
 
 
 def _forget_after_fork() -> None:

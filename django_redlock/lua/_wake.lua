@@ -40,8 +40,15 @@ end
 
 -- A plain waiter that tried and failed keeps (or takes) its place. The set outlives every
 -- registered waiter's sleep: they sleep at most until the lock's expiry, then try again.
+-- The score is the arrival (server ms; inspect's longest wait), but never below the last
+-- waiter's: after the server's clock stepped back, a later waiter still sorts after every
+-- earlier one (a us above, written as text: Lua's own conversion keeps 14 digits).
 local function wait_register(waiting, waiter, now, pttl)
-  redis.call('ZADD', waiting, 'NX', now, waiter)
+  if not redis.call('ZSCORE', waiting, waiter) then
+    local last = redis.call('ZRANGE', waiting, -1, -1, 'WITHSCORES')[2]
+    local score = last and math.max(now, tonumber(last) + 0.001) or now
+    redis.call('ZADD', waiting, string.format('%.3f', score), waiter)
+  end
   local keep = math.max(pttl, 0) + 1000
   if redis.call('PTTL', waiting) < keep then
     redis.call('PEXPIRE', waiting, keep)

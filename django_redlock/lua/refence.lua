@@ -3,13 +3,20 @@
 -- Only while `token` still holds the key: the name's counter rises above the recorded fence,
 -- and the hold itself (its value, hash or lease detail) takes that new fence. A token that
 -- holds nothing is left alone: that hold is not current, and stays refused.
--- KEYS: lock, fence counter.  ARGV: token, fence recorded in the database.
+-- The new fence is also at least ARGV[3], the client's wall clock in us plus a margin: the
+-- recorded fence says nothing of fences handed out but never recorded (a holder whose key
+-- expired while it paused; a fence counted up from the recorded one), and the counter that
+-- knew them is gone. Those came from a server clock that was then at most real time (or
+-- counted up from a recorded fence), so a fence above the client's clock + margin is above
+-- them too (see docs/topics/fencing.md, "Clocks", for what it cannot cover).
+-- KEYS: lock, fence counter.
+-- ARGV: token, fence recorded in the database, least new fence (client's clock us + margin).
 -- Returns the hold's new fence (as integer text); when the token holds none: -1 if another hold
 -- has the lock now, 0 if nobody does (the hold expired or was released).
 --! include _hold
 --! include _permits
 local lock, counter, token = KEYS[1], KEYS[2], ARGV[1]
-local recorded = tonumber(ARGV[2])
+local recorded, least = tonumber(ARGV[2]), tonumber(ARGV[3])
 local now = now_ms()
 local kind = redis.call('TYPE', lock).ok
 
@@ -27,7 +34,7 @@ else
 end
 
 local fence = fence_next(counter) -- above the counter, and at least the server's clock
-fence = math.max(fence, recorded + 1)
+fence = math.max(fence, recorded + 1, least)
 local text = string.format('%d', fence)
 if kind == 'zset' then
   redis.call('HSET', lock .. ':h', token, text .. string.match(detail, '^%d*(|.*)$'))
