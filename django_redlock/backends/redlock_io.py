@@ -300,13 +300,22 @@ class Connector:
         self.finished = False
         self.connection: Any = None
         self.error: BaseException | None = None
+        # Waited for this long at most: a connect, then the handshake's reply (a thread that
+        # died, or hangs, must not hold its waiters for ever).
+        self.deadline = time.monotonic() + io.connect_timeout + io.timeout
         threading.Thread(target=self._run, name="redlock-connect", daemon=True).start()
 
     def _run(self) -> None:
+        connection: Any = None
+        error: BaseException | None = None
         try:
-            connection, error = self._io.pool(self.i).get_connection(), None
-        except Exception as exc:
-            connection, error = None, exc
+            connection = self._io.pool(self.i).get_connection()
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._finish(connection, error)
+
+    def _finish(self, connection: Any, error: BaseException | None) -> None:
         if connection is not None:
             owners.move(connection, POOL, self)
             connection._django_redlock_node = self.i
@@ -372,6 +381,11 @@ class NodeIO:
         return float(self.nodes[0].client_options(None)["socket_timeout"])
 
     @property
+    def connect_timeout(self) -> float:
+        options = self.nodes[0].client_options(None)
+        return float(options.get("socket_connect_timeout") or options["socket_timeout"])
+
+    @property
     def slow_after(self) -> float:
         return min(self.timeout * SLOW_SHARE, SLOW_MAX)
 
@@ -399,8 +413,13 @@ class NodeIO:
                 pass
             self.drop(i, connection, me, failed=False)
         connection = self.pool(i).get_connection()
-        owners.move(connection, POOL, me)
-        connection._django_redlock_node = i  # for a clean-up that finds it in ``me.held``
+        try:  # an interrupt on entering move() would leave it the pool's, but taken
+            connection._django_redlock_node = i  # for a clean-up that finds it in me.held
+            owners.move(connection, POOL, me)
+        except BaseException:
+            if owners.owns(connection, POOL):
+                self.pool(i).release(connection)
+            raise
         return connection
 
     def give_back(self, i: int, connection: Any, me: Any) -> None:
@@ -554,17 +573,30 @@ class NodeIO:
                     connecting[i] = self._connector(i, me)
             self._collect(fan, flights, connecting, replies, started, me)
         except BaseException:
-            for connection in list(me.held):  # whatever line the exception hit
-                self.drop(connection._django_redlock_node, connection, me)
-            for connector in connecting.values():
-                connector.leave(me)
+            self._abandon(me, connecting)
             raise
+
+    def _abandon(self, me: Owner, connecting: dict[int, Connector]) -> None:
+        """Close what ``me`` still owns, whatever line the exception hit, and leave the
+        connects it waited for. Another interrupt meanwhile does not stop the clean-up: it
+        starts again (each step is idempotent), and the first exception is the one raised."""
+        for _ in range(100):
+            try:
+                while me.held:
+                    connection = next(iter(me.held))
+                    self.drop(connection._django_redlock_node, connection, me)
+                    me.held.discard(connection)  # dropped, or someone else's since
+                for connector in list(connecting.values()):
+                    connector.leave(me)
+                return
+            except BaseException:  # an interrupt in the clean-up itself: go on
+                continue
 
     def _connector(self, i: int, me: Owner) -> Connector:
         """The connect to node i under way (one is started if none is), joined by ``me``."""
         with self._mutex:
             connector = self._connectors.get(i)
-            if connector is None:
+            if connector is None or time.monotonic() >= connector.deadline:  # none, or hung
                 connector = self._connectors[i] = Connector(self, i)
             connector.join(me)
         return connector
@@ -637,6 +669,12 @@ class NodeIO:
                 if connector.finished:
                     self._connected(fan, i, connector, flights, replies, me)
                     del connecting[i]
+                elif time.monotonic() >= connector.deadline:
+                    connector.leave(me)
+                    del connecting[i]
+                    self.health.failed(i)
+                    error = TimeoutError("the connect did not finish in time")
+                    replies[i] = _unavailable(self.nodes[i], fan[i], error)
             now = time.monotonic()
             for i, flight in list(flights.items()):
                 overdue = now >= flight.deadline(timeout)
