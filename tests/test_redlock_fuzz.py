@@ -50,10 +50,23 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def inject(thread: threading.Thread) -> None:
+def inject(thread: threading.Thread) -> bool:
+    """Raise Injected in the thread, unless it is starting a thread: CPython sets an
+    asynchronous exception on every thread state with the target's id, and a thread being
+    started has its parent's id until it runs, so the child would die before saying it
+    started, and its parent wait in Thread.start() for ever (no signal handler or time limit
+    is delivered that way)."""
+    import sys
+
     ident = thread.ident
     assert ident is not None
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code.co_name == "start" and frame.f_code.co_filename == threading.__file__:
+            return False
+        frame = frame.f_back
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(Injected))
+    return True
 
 
 class Book:
@@ -137,8 +150,7 @@ def interrupt(workers: list[threading.Thread], stop: threading.Event, rng: rando
     sent = 0
     while not stop.is_set():
         time.sleep(rng.uniform(0.002, 0.03))
-        inject(rng.choice(workers))
-        sent += 1
+        sent += inject(rng.choice(workers))
     return sent
 
 
