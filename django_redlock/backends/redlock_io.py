@@ -9,7 +9,12 @@ A connection left with unread replies (a *straggler*) is never given to another 
 stays in its thread's *lane* to that node: the thread's next request to the node is written
 behind it on the same connection, so a node runs one thread's requests in the order they were
 made (a clean-up release never overtakes the acquire it undoes, nor a retried acquire the
-clean-up). A drainer thread reads the replies nobody waits for and returns the connection
+clean-up). Across threads there is no such order (a lock released by another thread than
+the one that took it may overtake a straggling grant on a node): what is left then is a
+grant on a minority of nodes, which expires at its TTL. A request written behind a lane is
+due when the lane's oldest unread reply is: a node that has not answered for the node
+timeout is down, whichever request noticed. A drainer thread reads the replies nobody waits
+for and returns the connection
 to its pool, or closes it once the oldest is overdue (the node is then down, see
 :mod:`.redlock_health`). A node whose lane is overdue is skipped while the other nodes can
 make a quorum without it; a late grant left there expires at its TTL. A node not connected
