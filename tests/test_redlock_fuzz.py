@@ -50,23 +50,39 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def inject(thread: threading.Thread) -> bool:
-    """Raise Injected in the thread, unless it is starting a thread: CPython sets an
+class Injector:
+    """Raises Injected in a thread, unless it is starting a thread: CPython sets an
     asynchronous exception on every thread state with the target's id, and a thread being
     started has its parent's id until it runs, so the child would die before saying it
     started, and its parent wait in Thread.start() for ever (no signal handler or time limit
-    is delivered that way)."""
-    import sys
+    is delivered that way). Thread.start is wrapped to say when."""
 
-    ident = thread.ident
-    assert ident is not None
-    frame = sys._current_frames().get(ident)
-    while frame is not None:
-        if frame.f_code.co_name == "start" and frame.f_code.co_filename == threading.__file__:
-            return False
-        frame = frame.f_back
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(Injected))
-    return True
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.guard = threading.Lock()
+        self.starting: set[int] = set()
+        original = threading.Thread.start
+
+        def start(thread: threading.Thread) -> None:
+            with self.guard:
+                self.starting.add(threading.get_ident())
+            try:
+                original(thread)
+            finally:
+                with self.guard:
+                    self.starting.discard(threading.get_ident())
+
+        monkeypatch.setattr(threading.Thread, "start", start)
+
+    def __call__(self, thread: threading.Thread) -> bool:
+        ident = thread.ident
+        assert ident is not None
+        with self.guard:
+            if ident in self.starting:
+                return False
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(ident), ctypes.py_object(Injected)
+            )
+        return True
 
 
 class Book:
@@ -146,7 +162,9 @@ def flap(servers: list[RedisServer], stop: threading.Event, rng: random.Random) 
         time.sleep(rng.uniform(0.005, 0.1))
 
 
-def interrupt(workers: list[threading.Thread], stop: threading.Event, rng: random.Random) -> int:
+def interrupt(
+    inject: Injector, workers: list[threading.Thread], stop: threading.Event, rng: random.Random
+) -> int:
     sent = 0
     while not stop.is_set():
         time.sleep(rng.uniform(0.002, 0.03))
@@ -156,9 +174,12 @@ def interrupt(workers: list[threading.Thread], stop: threading.Event, rng: rando
 
 @pytest.mark.timeout(120)
 def test_fuzz_flapping_nodes_and_asynchronous_exceptions(
-    redis_factory: Callable[..., RedisServer], caplog: pytest.LogCaptureFixture
+    redis_factory: Callable[..., RedisServer],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert owners.CHECK
+    inject = Injector(monkeypatch)
     servers = [redis_factory() for _ in range(5)]
     rng = random.Random(int(os.environ.get("REDLOCK_FUZZ_SEED", "30")))
     with quorum_alias("fuzz", servers, socket_timeout=0.1, socket_connect_timeout=0.1):
@@ -178,7 +199,7 @@ def test_fuzz_flapping_nodes_and_asynchronous_exceptions(
         flapper.start()
         sent: list[int] = []
         interrupter = threading.Thread(
-            target=lambda: sent.append(interrupt(workers, chaos, rng)), daemon=True
+            target=lambda: sent.append(interrupt(inject, workers, chaos, rng)), daemon=True
         )
         with caplog.at_level(logging.ERROR, logger="django_redlock"):
             interrupter.start()

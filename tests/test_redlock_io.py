@@ -378,7 +378,7 @@ def test_one_script_call_per_node_per_acquire_and_release(
         for n in range(50):
             held = lock(f"t{n % 3}", using="trips", ttl=10)
             assert held.acquire(blocking=False)
-            fences.append((n % 3, held.fence))
+            fences.append((n % 3, held.fence or 0))
             held.release()
         time.sleep(0.05)
         calls = [script_calls(s) - b for s, b in zip(servers, before, strict=True)]
