@@ -248,7 +248,7 @@ class Lanes:
             flights = dict(self._flights)
         now = time.monotonic()
         until = min([f.deadline(timeout) for f in flights.values()] + [now + DRAIN_POLL])
-        ready = _ready({k: f.connection for k, f in flights.items()}, until)
+        ready = readable({k: f.connection for k, f in flights.items()}, until)
         now = time.monotonic()
         for key, seen in flights.items():
             if key in ready or now >= seen.deadline(timeout):
@@ -470,10 +470,10 @@ class NodeIO:
         self._check_fork()
         down = self.health.down()
         up = {i for i in range(len(self.nodes)) if i not in down and self.health.warm(i)}
-        quick = up - self._slow(time.monotonic(), self.slow_after)
+        quick = up - self.slow(time.monotonic(), self.slow_after)
         return quick if len(quick) > len(self.nodes) - self.quorum else up
 
-    def _slow(self, now: float, after: float) -> set[int]:
+    def slow(self, now: float, after: float) -> set[int]:
         """Nodes with a lane (or an asyncio straggler) older than ``after``. A node being
         connected is not slow: a request waits for its connect."""
         if not (self._tasks or self.lanes.busy):
@@ -494,7 +494,7 @@ class NodeIO:
         """Down and slow nodes, while the others can make a quorum; else only the down ones
         while the others can; else none (a quorum needs them: they are tried)."""
         down = self.health.down()
-        slow = self._slow(time.monotonic(), self.slow_after)
+        slow = self.slow(time.monotonic(), self.slow_after)
         size = len(self.nodes)
         if size - len(down | slow) >= self.quorum:
             return down | slow
@@ -710,7 +710,7 @@ class NodeIO:
             until = min([f.deadline(timeout) for f in flights.values()] + [grace_end])
             if connecting:
                 until = min(until, now + CONNECT_POLL)
-            ready = _ready({i: f.connection for i, f in flights.items()}, until)
+            ready = readable({i: f.connection for i, f in flights.items()}, until)
         for i, flight in list(flights.items()):
             self.lanes.leave(i, flight, me)
             del flights[i]
@@ -810,7 +810,7 @@ class NodeIO:
                 self.drop(i, connection, closer, failed=False)
 
 
-def _ready(waiting: dict[Any, Any], until: float) -> set[Any]:
+def readable(waiting: dict[Any, Any], until: float) -> set[Any]:
     """The keys of ``waiting`` whose connection has something to read, waiting until then
     at most. A connection closed meanwhile counts as ready (reading it says what happened)."""
     fds: dict[int, Any] = {}
