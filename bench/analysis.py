@@ -199,21 +199,17 @@ them.
 """
 
 
-REDLOCK_NOTE = """- **Redlock ({redlock.vs_pottery} pottery and {redlock.vs_single} our single node in
-  the full run, targets 5 x and 0.5 x: {redlock.vs_pottery:verdict}; 2.6-2.9 x and 0.19-0.21 x
-  in side runs; the code before this session measured 2.1-2.2 x and 0.22-0.24 x
-  in the same side runs, and 4.6 x / 0.42 x in an earlier session, before the clogged-node
-  fan-out).** Each cycle is two fan-outs (acquire, release) over 5 nodes from one thread:
-  about 1,000 µs of client CPU per cycle (cProfile and `time.process_time`, 2,000 cycles),
-  100 µs per node request against about 40 µs per single-node request. The difference is the
-  price of a fan-out that a paused node cannot slow down: every node's socket is polled
-  before it is read (a reply is never awaited blindly: a paused node's read would block the
-  quorum), a connection with unread replies goes to a lane, per-node health and timing are
-  kept, and a reply is parsed per node. On a 2-core machine the 5 redis-servers and the
-  client also share 2 cores, so each fan-out waits for 5 processes to be scheduled. This
-  session: a node's connection comes from those the last fan-outs gave back, not from the
-  pool's queue (+20-35 % Redlock cycles in A/B side runs), and commands are packed by hiredis
-  directly. Left: reading a reply without polling its socket first when the fan-out's poll
-  already saw it readable (a partial reply would then block up to the socket timeout), and
-  one poller per connection instead of one per poll.
+REDLOCK_NOTE = """- **Redlock ({redlock.vs_pottery} pottery and {redlock.vs_single} our single node in the last full
+  run, targets 5 x and 0.5 x: {redlock.vs_pottery:verdict}; side runs
+  after issue 30, `BENCH_ONLY=quorum`, on a 2-core machine shared with other sessions:
+  2.2-3.0 x pottery and 0.15-0.20 x single, the code before it 2.6 x and 0.14 x in the same
+  hour).** A cycle is now one script call per node to acquire and one to release (the
+  fence raise that ran on every acquire is gone: the suite counts 2.0 calls per node per
+  cycle with `INFO commandstats`, 2.3-3.0 before), and about 800 µs of client CPU per cycle
+  (`time.process_time`, 2,000 cycles; 920-975 µs before). The floor is the kernel: 10
+  loopback sends per cycle cost about 80-90 µs each (cProfile: `sendall` is 27 % of the
+  cycle, `poll` 14 %), as each wakes a redis-server on the 2 shared cores. Left: reading a
+  reply without polling its socket first when the fan-out's poll already saw it readable (a
+  partial reply would then block up to the socket timeout), and one poller per connection
+  instead of one per poll.
 """

@@ -40,19 +40,27 @@ class OwnershipError(AssertionError):
 
 
 class Owner:
-    """A named owner: one request's in-flight set, a reader, a connect in progress."""
+    """A named owner: one request, a reader, a clean-up. ``held``: what it owns, filled by
+    :func:`move` before the commit and emptied after, so its clean-up finds everything it
+    owns whatever line an exception hit."""
 
-    __slots__ = ("name",)
+    __slots__ = ("held", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.held: set[Any] = set()
 
     def __repr__(self) -> str:
         return f"<owner {self.name} {id(self):#x}>"
 
 
+class _Pool:
+    def __repr__(self) -> str:
+        return "<owner pool>"
+
+
 #: The pool the connection came from (no owner written on it yet, or given back).
-POOL = Owner("pool")
+POOL: Any = _Pool()
 
 
 def owner(connection: Any) -> Any:
@@ -76,11 +84,18 @@ def move(connection: Any, source: Any, target: Any) -> bool:
                 raise OwnershipError(
                     f"{connection!r} moved by {source!r} to {target!r}, but owned by {current!r}"
                 )
-            setattr(connection, _ATTR, target)
-            return True
+            return _commit(connection, source, target)
     if getattr(connection, _ATTR, POOL) is not source:
         return False
-    setattr(connection, _ATTR, target)
+    return _commit(connection, source, target)
+
+
+def _commit(connection: Any, source: Any, target: Any) -> bool:
+    if isinstance(target, Owner):
+        target.held.add(connection)
+    setattr(connection, _ATTR, target)  # the move
+    if isinstance(source, Owner):
+        source.held.discard(connection)
     return True
 
 

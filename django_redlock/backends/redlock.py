@@ -27,7 +27,7 @@ from ..exceptions import (
     quorum_failure,
 )
 from ..options import check_options, pool_options
-from ..scripts import Call
+from ..scripts import Call, script
 from .base import (
     Attempt,
     BadCursor,
@@ -51,6 +51,10 @@ DRIFT_FACTOR = 0.01  # clock drift allowance: ttl x 1 % + 2 ms (the Redlock pape
 DRIFT_MS = 2
 #: At most this many SCAN round trips per page of held locks (the admin's, ``redlock list``).
 PAGE_SCANS = 12
+#: An acquire proposes a fence this far above its own clock (us): above every node's clock
+#: while the clocks agree within it, so the nodes' fences agree (no lagging counter to raise).
+FENCE_LEAD_US = 1_000_000
+_ACQUIRE = script("redlock_acquire")
 __all__ = ["BREAKER_SECONDS", "RedlockBackend"]
 
 
@@ -226,11 +230,13 @@ class RedlockBackend(BaseLockBackend):
 
     def _acquire(self, name: str, token: str, ttl_ms: int, meta: str) -> Steps[Attempt]:
         started = time.monotonic()
+        proposal = time.time_ns() // 1000 + FENCE_LEAD_US
         # Once a majority answered, the straggler is not waited for (beyond the grace), even
         # to break a tie: a split vote is retried anyway, and its late grant is undone
         # behind it (see redlock_io).
         replies = yield self._each(
-            lambda n: self._node_acquire(n, name, token, ttl_ms, meta), self._majority_answered
+            lambda n: self._node_acquire(n, name, token, ttl_ms, meta, proposal),
+            self._majority_answered,
         )
         elapsed_ms = (time.monotonic() - started) * 1000
         granted = [(i, r) for i, r in enumerate(replies) if isinstance(r, Attempt) and r.acquired]
@@ -246,7 +252,9 @@ class RedlockBackend(BaseLockBackend):
                 for i, n in enumerate(self.nodes)
             ]
             at_fence = len(granted) - len(behind) + sum(1 for i in behind if lifted[i] is True)
-            if at_fence >= self.quorum:
+            elapsed_ms = (time.monotonic() - started) * 1000
+            still_valid = ttl_ms - elapsed_ms - self._drift_ms(ttl_ms) > 0  # after 2 trips
+            if at_fence >= self.quorum and still_valid:
                 return Attempt(True, fence, 1)
         # Not ours: undo on every node, including those that did not answer (a lost reply
         # may have set the key there). A straggler is not waited for: this thread's next
@@ -257,15 +265,14 @@ class RedlockBackend(BaseLockBackend):
         return Attempt(False, None, self._wait_hint(replies, bool(granted)))
 
     def _node_acquire(
-        self, node: RedisBackend, name: str, token: str, ttl_ms: int, meta: str
+        self, node: RedisBackend, name: str, token: str, ttl_ms: int, meta: str, proposal: int
     ) -> Op[Attempt]:
-        op = node.op_acquire(name, token, ttl_ms, meta, Kind())
-        if not self.restart_guard:
-            return op
-        call = op.request
-        keys = [*call.keys, f"{node.key_prefix}node"]
-        args = [*call.args, round(self.restart_guard * 1000)]
-        return Op(name, Call(call.script, keys, args), op.parse)
+        keys = [node.key(name), node.fence_key(name)]
+        args: list[Any] = [token, ttl_ms, meta, proposal]
+        if self.restart_guard:
+            keys.append(f"{node.key_prefix}node")
+            args.append(round(self.restart_guard * 1000))
+        return Op(name, Call(_ACQUIRE, keys, args), _attempt)
 
     def _wait_hint(self, replies: Replies, split: bool) -> int:
         """When a majority may be free: when enough holds run out; soon if votes split."""
@@ -663,6 +670,13 @@ class RedlockBackend(BaseLockBackend):
         allowed = set.intersection(*(set(pool_options(scheme)) for scheme in schemes))
         where = "the Redlock backend (restart_guard) or redis-py's pool and connection"
         check_options(alias, params.get("OPTIONS") or {}, allowed | {"restart_guard"}, where)
+
+
+def _attempt(reply: Any) -> Attempt:
+    """redlock_acquire.lua's reply."""
+    if int(reply[0]):
+        return Attempt(True, int(reply[1]), int(reply[2]))
+    return Attempt(False, None, int(reply[1]))
 
 
 def _token_of(value: Any) -> str | None:

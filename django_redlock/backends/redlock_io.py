@@ -9,17 +9,44 @@ A connection left with unread replies (a *straggler*) is never given to another 
 stays in its thread's *lane* to that node: the thread's next request to the node is written
 behind it on the same connection, so a node runs one thread's requests in the order they were
 made (a clean-up release never overtakes the acquire it undoes, nor a retried acquire the
-clean-up). A drainer thread reads the replies nobody waits for and returns the connection
+clean-up). Across threads there is no such order (a lock released by another thread than
+the one that took it may overtake a straggling grant on a node): what is left then is a
+grant on a minority of nodes, which expires at its TTL. A request written behind a lane is
+due when the lane's oldest unread reply is: a node that has not answered for the node
+timeout is down, whichever request noticed. A drainer thread reads the replies nobody waits
+for and returns the connection
 to its pool, or closes it once the oldest is overdue (the node is then down, see
-:mod:`.redlock_health`). A node whose lane is overdue, or that is still being connected to,
-is skipped while the other nodes can make a quorum without it; a late grant left there
-expires at its TTL.
+:mod:`.redlock_health`). A node whose lane is overdue is skipped while the other nodes can
+make a quorum without it; a late grant left there expires at its TTL. A node not connected
+yet is connected in a thread (a connect to a paused node waits for its timeout): every
+request that finds that connect under way waits for it, never counting the node unasked.
+
+Who owns a connection (:mod:`.owners`): exactly one of
+
+* its **pool** (redis-py's; a connection with no owner written on it is the pool's);
+* the **kept** deque of its node (given back by a fan-out, taken by the next one);
+* one **request**: a fan-out's in-flight set, from its checkout until the connection goes
+  back to the kept deque, to a lane, or is closed;
+* the **lanes** (a thread's backlog to a node, with unread replies);
+* the **reader**, the drainer thread while it reads one lane;
+* a **connector**, a connect in progress, until a waiting request claims the connection
+  (or, when none waits any more, it goes back to the pool).
+
+Every move fills the new owner's structure, then commits with one store on the connection
+(``owners.move``), then empties the old structure; a structure hands out only entries it
+owns (under its lock), and a clean-up (``except BaseException``) closes only what its owner
+still owns. An exception at any line, an interrupt or a time limit included, thus leaves
+each connection with one owner: never in two requests' hands, never released twice. (The
+one instruction between a take and the store that records it is the window left: there an
+asynchronous exception can leak one connection from its pool, never share it.) The suite
+runs with ``DJANGO_REDLOCK_CHECK_OWNERS=1``: any move or use by a non-owner raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import os
 import select
@@ -35,9 +62,13 @@ from redis.exceptions import NoScriptError, ResponseError
 from .. import acl
 from ..exceptions import BackendUnavailable
 from ..scripts import Call, pack_many
+from . import owners
 from .base import Op
+from .owners import POOL, Owner
 from .redis import UNAVAILABLE, RedisBackend
 from .redlock_health import Health, start_probes
+
+logger = logging.getLogger("django_redlock")
 
 Replies = list[Any]  # per node: the parsed reply, the exception it raised, or PENDING
 
@@ -52,6 +83,9 @@ LANE_MAX = 64
 KEPT = 16
 #: How often a fan-out looks whether a connect in a thread has finished.
 CONNECT_POLL = 0.001
+#: The drainer looks for lanes left since it started waiting at least this often: a reply
+#: on a healthy node is read within it, whatever a paused node's lane waits for.
+DRAIN_POLL = 0.002
 
 
 class _Pending:
@@ -114,9 +148,10 @@ class Flight:
     def deadline(self, timeout: float) -> float:
         return self.since + timeout
 
-    def read_ready(self) -> bool:
+    def read_ready(self, reader: Any) -> bool:
         """Read the replies that have come; True once this request's are all in."""
         connection = self.connection
+        owners.using(connection, reader)
         if getattr(connection, "_sock", None) is None:  # closed (reading would reconnect)
             raise ConnectionError("the connection was closed")
         while self.unread and connection.can_read(timeout=0):
@@ -131,7 +166,10 @@ class Flight:
 
 
 class Lanes:
-    """Stragglers, by node and thread, and the drainer that reads what nobody waits for."""
+    """Stragglers, by node and thread, and the drainer that reads what nobody waits for.
+
+    The Lanes object owns the connections of its lanes; the drainer reads one as ``reader``.
+    """
 
     def __init__(self, io: NodeIO) -> None:
         self._io = io
@@ -140,17 +178,28 @@ class Lanes:
         self._reading: set[tuple[int, int]] = set()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self.reader = Owner("reader")
 
-    def take(self, i: int) -> Flight | None:
+    def take(self, i: int, me: Owner) -> Flight | None:
+        """This thread's lane to node i, now ``me``'s (waits while the drainer reads it)."""
         key = (i, threading.get_ident())
         with self._cond:
             while key in self._reading:
                 self._cond.wait()
-            return self._flights.pop(key, None)
+            flight = self._flights.get(key)
+            if flight is None:
+                return None
+            if owners.owns(flight.connection, self):
+                owners.move(flight.connection, self, me)
+            else:
+                flight = None  # stale: left by a move an exception interrupted
+            del self._flights[key]
+            return flight
 
-    def leave(self, i: int, flight: Flight) -> None:
+    def leave(self, i: int, flight: Flight, me: Owner) -> None:
         with self._cond:
             self._flights[(i, threading.get_ident())] = flight
+            owners.move(flight.connection, me, self)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._drain, name="redlock-drainer", daemon=True
@@ -178,97 +227,139 @@ class Lanes:
             flights, self._flights = self._flights, {}
             self._cond.notify_all()
         for (i, _), flight in flights.items():
-            self._io.drop(i, flight.connection)
+            self._io.drop(i, flight.connection, self)
 
     def _drain(self) -> None:
-        timeout = self._io.timeout
         while True:
-            with self._cond:
-                while not self._flights and not self._closed:
-                    self._cond.wait()
-                if self._closed:
+            try:
+                if not self._drain_once():
                     return
-                flights = dict(self._flights)
-            until = min(f.deadline(timeout) for f in flights.values())
-            ready = _ready({k: f.connection for k, f in flights.items()}, until)
-            now = time.monotonic()
-            for key, seen in flights.items():
-                if key in ready or now >= seen.deadline(timeout):
-                    self._settle(key, seen, now, timeout)
+            except Exception:  # never dies with lanes left to read: log, go on
+                logger.exception("django_redlock: the Redlock drainer failed; going on")
+                time.sleep(DRAIN_POLL)
+
+    def _drain_once(self) -> bool:
+        timeout = self._io.timeout
+        with self._cond:
+            while not self._flights and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return False
+            flights = dict(self._flights)
+        now = time.monotonic()
+        until = min([f.deadline(timeout) for f in flights.values()] + [now + DRAIN_POLL])
+        ready = readable({k: f.connection for k, f in flights.items()}, until)
+        now = time.monotonic()
+        for key, seen in flights.items():
+            if key in ready or now >= seen.deadline(timeout):
+                self._settle(key, seen, now, timeout)
+        return True
 
     def _settle(self, key: tuple[int, int], seen: Flight, now: float, timeout: float) -> None:
+        connection, reader = seen.connection, self.reader
         with self._cond:
             if self._flights.get(key) is not seen:
                 return  # its thread took it meanwhile
+            if owners.owns(connection, self):
+                owners.move(connection, self, reader)
+                self._reading.add(key)
             del self._flights[key]
-            self._reading.add(key)
+            if key not in self._reading:
+                return  # stale
         keep = False
         i = key[0]
         try:
-            if seen.read_ready():
-                self._io.give_back(i, seen.connection)
+            if seen.read_ready(reader):
+                self._io.give_back(i, connection, reader)
             elif now >= seen.deadline(timeout):
-                self._io.drop(i, seen.connection)
+                self._io.drop(i, connection, reader)
                 self._io.health.failed(i)
             else:
                 keep = True
-        except UNAVAILABLE:
-            self._io.drop(i, seen.connection)
+        except Exception:  # a connection error, or a reply that cannot be parsed
+            self._io.drop(i, connection, reader)
             self._io.health.failed(i)
         finally:
             with self._cond:
                 self._reading.discard(key)
-                if keep:
+                if keep and not self._closed:
                     self._flights[key] = seen
+                    owners.move(connection, reader, self)
                 self._cond.notify_all()
+            self._io.drop(i, connection, reader)  # still the reader's only if interrupted
 
 
 class Connector:
-    """A connection being made in a thread: a connect to a paused node waits for its
-    timeouts, and a fan-out that no longer needs it leaves it behind (``abandon``)."""
+    """A connect to node i in a thread: a connect to a paused node waits for its timeouts.
+
+    Every request that finds it under way joins it (``join``) and waits for it; the first to
+    ``claim`` the connection sends on it, the others take one of their own then (the node
+    just answered). Once no request waits (``leave``), an unclaimed connection goes back to
+    the pool (nothing was sent on it).
+    """
 
     def __init__(self, io: NodeIO, i: int) -> None:
         self._io, self.i = io, i
         self._mutex = threading.Lock()
+        self._waiters: set[Owner] = set()
         self.finished = False
-        self.wanted = True
         self.connection: Any = None
         self.error: BaseException | None = None
+        # Waited for this long at most: a connect, then the handshake's reply (a thread that
+        # died, or hangs, must not hold its waiters for ever).
+        self.deadline = time.monotonic() + io.connect_timeout + io.timeout
         threading.Thread(target=self._run, name="redlock-connect", daemon=True).start()
 
     def _run(self) -> None:
+        connection: Any = None
+        error: BaseException | None = None
         try:
-            connection, error = self._io.pool(self.i).get_connection(), None
-        except Exception as exc:
-            connection, error = None, exc
-        with self._mutex:
-            self.connection, self.error, self.finished = connection, error, True
-            orphan = not self.wanted
-        if orphan:
-            self._keep()
+            connection = self._io.pool(self.i).get_connection()
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._finish(connection, error)
 
-    def adopt(self) -> bool:
-        with self._mutex:
-            if self.wanted or self.finished:
-                return False
-            self.wanted = True
-            return True
-
-    def abandon(self) -> None:
-        with self._mutex:
-            self.wanted = False
-            finished = self.finished
-        if finished:
-            self._keep()
-
-    def _keep(self) -> None:
-        """Nobody waits for it: a connection goes to the pool (nothing was sent on it)."""
-        self._io.forget_connector(self)
-        if self.connection is not None:
-            self._io.pool(self.i).release(self.connection)
+    def _finish(self, connection: Any, error: BaseException | None) -> None:
+        if connection is not None:
+            owners.move(connection, POOL, self)
+            connection._django_redlock_node = self.i
             self._io.health.answered(self.i)
         else:
             self._io.health.failed(self.i)
+        self._io.forget_connector(self)
+        with self._mutex:
+            self.connection, self.error, self.finished = connection, error, True
+            orphan = not self._waiters
+        if orphan:
+            self._keep()
+
+    def join(self, me: Owner) -> None:
+        with self._mutex:
+            self._waiters.add(me)
+
+    def claim(self, me: Owner) -> Any:
+        """The connection, now ``me``'s; None if another request claimed it, or it failed."""
+        with self._mutex:
+            connection = self.connection
+            if connection is not None and owners.owns(connection, self):
+                owners.move(connection, self, me)
+                return connection
+        return None
+
+    def leave(self, me: Owner) -> None:
+        with self._mutex:
+            self._waiters.discard(me)
+            orphan = self.finished and not self._waiters
+        if orphan:
+            self._keep()
+
+    def _keep(self) -> None:
+        """Nobody waits for it: an unclaimed connection goes back to the pool."""
+        connection = self.connection
+        if connection is not None and owners.owns(connection, self):
+            owners.move(connection, self, POOL)
+            self._io.pool(self.i).release(connection)
 
 
 class NodeIO:
@@ -283,11 +374,21 @@ class NodeIO:
         self._connectors: dict[int, Connector] = {}
         self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
         self._pid = os.getpid()
-        self._kept: list[deque[Any]] = [deque() for _ in nodes]
+        self._new_kept()
+
+    def _new_kept(self) -> None:
+        # Each deque owns the connections in it (checked under its node's lock).
+        self._kept: list[deque[Any]] = [deque() for _ in self.nodes]
+        self._kept_locks = [threading.Lock() for _ in self.nodes]
 
     @property
     def timeout(self) -> float:
         return float(self.nodes[0].client_options(None)["socket_timeout"])
+
+    @property
+    def connect_timeout(self) -> float:
+        options = self.nodes[0].client_options(None)
+        return float(options.get("socket_connect_timeout") or options["socket_timeout"])
 
     @property
     def slow_after(self) -> float:
@@ -296,37 +397,58 @@ class NodeIO:
     def pool(self, i: int) -> Any:
         return self.nodes[i].client.connection_pool
 
-    def checkout(self, i: int) -> Any:
-        """A connection to node i: one a fan-out gave back (no pool checkout: its queue, lock
-        and redis-py 8's metrics cost more than the command, five nodes per operation), else
-        the pool's. A kept one the server closed meanwhile is replaced, as the pool does."""
-        kept = self._kept[i]
+    def checkout(self, i: int, me: Owner) -> Any:
+        """A connection to node i, ``me``'s: one a fan-out gave back (no pool checkout: its
+        queue, lock and redis-py 8's metrics cost more than the command, five nodes per
+        operation), else the pool's. A kept one the server closed meanwhile is replaced, as
+        the pool does."""
+        kept, lock = self._kept[i], self._kept_locks[i]
         while kept:
-            try:
+            with lock:
+                if not kept:
+                    break
                 connection = kept.pop()
-            except IndexError:  # another thread took the last one
-                break
+                if not owners.owns(connection, kept):
+                    continue  # stale: a give-back an exception interrupted
+                owners.move(connection, kept, me)
             try:
                 if connection._sock is not None and not connection.can_read():
                     return connection
             except Exception:
                 pass
-            connection.disconnect()
-            self.pool(i).release(connection)
-        return self.pool(i).get_connection()
+            self.drop(i, connection, me, failed=False)
+        connection = self.pool(i).get_connection()
+        try:  # an interrupt on entering move() would leave it the pool's, but taken
+            connection._django_redlock_node = i  # for a clean-up that finds it in me.held
+            owners.move(connection, POOL, me)
+        except BaseException:
+            if owners.owns(connection, POOL):
+                self.pool(i).release(connection)
+            raise
+        return connection
 
-    def give_back(self, i: int, connection: Any) -> None:
+    def give_back(self, i: int, connection: Any, me: Any) -> None:
         """Kept for the next fan-out (still the pool's: its disconnect() reaches it)."""
-        if len(self._kept[i]) < KEPT:
-            self._kept[i].append(connection)
-        else:
+        kept = self._kept[i]
+        if len(kept) < KEPT:
+            with self._kept_locks[i]:
+                kept.append(connection)
+                owners.move(connection, me, kept)
+        elif owners.move(connection, me, POOL):
             self.pool(i).release(connection)
         self.health.answered(i)
 
-    def drop(self, i: int, connection: Any) -> None:
-        connection.disconnect()  # a reply may still be on its way: never reuse it
-        self.pool(i).release(connection)
-        self.health.dropped(i)
+    def drop(self, i: int, connection: Any, me: Any, failed: bool = True) -> None:
+        """Close a connection ``me`` owns (a reply may still be on its way: never reuse it)
+        and give it back to its pool; nothing when ``me`` no longer owns it."""
+        if not owners.owns(connection, me) or not owners.move(connection, me, POOL):
+            return
+        try:
+            connection.disconnect()
+        finally:
+            self.pool(i).release(connection)
+        if failed:
+            self.health.dropped(i)
 
     def forget_connector(self, connector: Connector) -> None:
         with self._mutex:
@@ -340,7 +462,7 @@ class NodeIO:
             self.lanes.forget()
             self._mutex = threading.Lock()
             self._connectors, self._tasks = {}, {}
-            self._kept = [deque() for _ in self.nodes]  # copies of the parent's sockets
+            self._new_kept()  # copies of the parent's sockets
 
     def usable(self) -> set[int]:
         """The nodes worth listening on for releases: up and answering. A waiter must hear
@@ -348,22 +470,31 @@ class NodeIO:
         self._check_fork()
         down = self.health.down()
         up = {i for i in range(len(self.nodes)) if i not in down and self.health.warm(i)}
-        quick = up - self._slow(time.monotonic(), self.slow_after)
+        quick = up - self.slow(time.monotonic(), self.slow_after)
         return quick if len(quick) > len(self.nodes) - self.quorum else up
 
-    def _slow(self, now: float, after: float) -> set[int]:
-        if not (self._connectors or self._tasks or self.lanes.busy):
+    def slow(self, now: float, after: float) -> set[int]:
+        """Nodes with a lane (or an asyncio straggler) older than ``after``. A node being
+        connected is not slow: a request waits for its connect."""
+        if not (self._tasks or self.lanes.busy):
             return set()
+        slow = set()
         with self._mutex:
-            connecting = set(self._connectors)
-            tasks = {i for i, ts in self._tasks.items() for t in ts.values() if now - t > after}
-        return self.lanes.slow(now, after) | connecting | tasks
+            for i, tasks in list(self._tasks.items()):
+                for task, since in list(tasks.items()):
+                    if task.get_loop().is_closed():  # never done: forgotten with its loop
+                        del tasks[task]
+                    elif now - since > after:
+                        slow.add(i)
+                if not tasks:
+                    del self._tasks[i]
+        return self.lanes.slow(now, after) | slow
 
     def _skipping(self) -> set[int]:
         """Down and slow nodes, while the others can make a quorum; else only the down ones
         while the others can; else none (a quorum needs them: they are tried)."""
         down = self.health.down()
-        slow = self._slow(time.monotonic(), self.slow_after)
+        slow = self.slow(time.monotonic(), self.slow_after)
         size = len(self.nodes)
         if size - len(down | slow) >= self.quorum:
             return down | slow
@@ -422,44 +553,58 @@ class NodeIO:
         return replies
 
     def _ask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
+        """One request to each of ``indexes``. ``me`` owns its connections (``me.held``) from
+        their checkout until each goes back (kept), to a lane, or is closed; on any
+        exception, those it still owns are closed."""
+        me = Owner("request")
         flights: dict[int, Flight] = {}
         connecting: dict[int, Connector] = {}
         started = time.monotonic()
         try:
             for i in indexes:
                 self.nodes[i].round_trips += 1
-                lane = self.lanes.take(i)
+                lane = self.lanes.take(i, me)
                 if lane is not None:
-                    self._send(fan, i, lane.connection, lane, flights, replies)
+                    self._send(fan, i, lane.connection, lane, flights, replies, me)
                 elif self.health.warm(i):
                     try:
-                        connection = self.checkout(i)
+                        connection = self.checkout(i, me)
                     except UNAVAILABLE as exc:
                         self.health.failed(i)
                         replies[i] = _unavailable(self.nodes[i], fan[i], exc)
                         continue
-                    self._send(fan, i, connection, None, flights, replies)
+                    self._send(fan, i, connection, None, flights, replies, me)
                 else:
-                    connector = self._connector(i)
-                    if connector is None:  # another fan-out waits for it
-                        replies[i] = self._unawaited(i, fan[i])
-                    else:
-                        connecting[i] = connector
-            self._collect(fan, flights, connecting, replies, started)
+                    connecting[i] = self._connector(i, me)
+            self._collect(fan, flights, connecting, replies, started, me)
         except BaseException:
-            for i, flight in flights.items():
-                self.drop(i, flight.connection)
-            for connector in connecting.values():
-                connector.abandon()
+            self._abandon(me, connecting)
             raise
 
-    def _connector(self, i: int) -> Connector | None:
+    def _abandon(self, me: Owner, connecting: dict[int, Connector]) -> None:
+        """Close what ``me`` still owns, whatever line the exception hit, and leave the
+        connects it waited for. Another interrupt meanwhile does not stop the clean-up: it
+        starts again (each step is idempotent), and the first exception is the one raised."""
+        for _ in range(100):
+            try:
+                while me.held:
+                    connection = next(iter(me.held))
+                    self.drop(connection._django_redlock_node, connection, me)
+                    me.held.discard(connection)  # dropped, or someone else's since
+                for connector in list(connecting.values()):
+                    connector.leave(me)
+                return
+            except BaseException:  # an interrupt in the clean-up itself: go on
+                continue
+
+    def _connector(self, i: int, me: Owner) -> Connector:
+        """The connect to node i under way (one is started if none is), joined by ``me``."""
         with self._mutex:
             connector = self._connectors.get(i)
-            if connector is None:
+            if connector is None or time.monotonic() >= connector.deadline:  # none, or hung
                 connector = self._connectors[i] = Connector(self, i)
-                return connector
-        return connector if connector.adopt() else None
+            connector.join(me)
+        return connector
 
     def _send(
         self,
@@ -469,20 +614,48 @@ class NodeIO:
         lane: Flight | None,
         flights: dict[int, Flight],
         replies: Replies,
+        me: Owner,
     ) -> None:
+        now = time.monotonic()
+        if lane is None:  # recorded first: from here on, the clean-up finds it
+            flight = flights[i] = Flight(connection, 0, 0, now, now)
+        else:
+            flight = flights[i] = Flight(connection, lane.unread, 0, lane.since, now)
         commands = _commands(fan[i].request)
+        flight.count = len(commands)
+        owners.using(connection, me)
         try:
             connection.send_packed_command(pack_many(connection, commands), False)
         except UNAVAILABLE as exc:
-            self.drop(i, connection)
+            self.drop(i, connection, me)
+            del flights[i]
             self.health.failed(i)
             replies[i] = _unavailable(self.nodes[i], fan[i], exc)
-            return
-        now = time.monotonic()
-        if lane is None:
-            flights[i] = Flight(connection, 0, len(commands), now, now)
-        else:
-            flights[i] = Flight(connection, lane.unread, len(commands), lane.since, now)
+
+    def _connected(
+        self,
+        fan: Fan,
+        i: int,
+        connector: Connector,
+        flights: dict[int, Flight],
+        replies: Replies,
+        me: Owner,
+    ) -> None:
+        """A connect ``me`` waited for has finished: send on it, or on one of our own."""
+        connection = connector.claim(me)
+        if connection is not None:
+            self._send(fan, i, connection, None, flights, replies, me)
+        connector.leave(me)
+        if connection is None and connector.error is None:
+            try:  # another request claimed it: the node just answered, connect too
+                connection = self.checkout(i, me)
+            except UNAVAILABLE as exc:
+                self.health.failed(i)
+                replies[i] = _unavailable(self.nodes[i], fan[i], exc)
+                return
+            self._send(fan, i, connection, None, flights, replies, me)
+        elif connection is None:
+            replies[i] = _unavailable(self.nodes[i], fan[i], connector.error)
 
     def _collect(
         self,
@@ -491,6 +664,7 @@ class NodeIO:
         connecting: dict[int, Connector],
         replies: Replies,
         started: float,
+        me: Owner,
     ) -> None:
         timeout = self.timeout
         grace_end = math.inf
@@ -498,31 +672,32 @@ class NodeIO:
         while True:
             for i, connector in list(connecting.items()):
                 if connector.finished:
+                    self._connected(fan, i, connector, flights, replies, me)
                     del connecting[i]
-                    self.forget_connector(connector)
-                    if connector.connection is None:
-                        self.health.failed(i)
-                        replies[i] = _unavailable(self.nodes[i], fan[i], connector.error)
-                    else:
-                        self._send(fan, i, connector.connection, None, flights, replies)
+                elif time.monotonic() >= connector.deadline:
+                    connector.leave(me)
+                    del connecting[i]
+                    self.health.failed(i)
+                    error = TimeoutError("the connect did not finish in time")
+                    replies[i] = _unavailable(self.nodes[i], fan[i], error)
             now = time.monotonic()
             for i, flight in list(flights.items()):
                 overdue = now >= flight.deadline(timeout)
                 try:  # overdue: what has come is read all the same (this thread may have slept)
-                    done = (i in ready or overdue) and flight.read_ready()
-                except UNAVAILABLE as exc:
+                    done = (i in ready or overdue) and flight.read_ready(me)
+                except Exception as exc:  # a connection error, or a reply it cannot parse
+                    self.drop(i, flight.connection, me)
                     del flights[i]
-                    self.drop(i, flight.connection)
                     self.health.failed(i)
                     replies[i] = _unavailable(self.nodes[i], fan[i], exc)
                     continue
                 if done:
+                    self.give_back(i, flight.connection, me)
                     del flights[i]
-                    self.give_back(i, flight.connection)
                     replies[i] = self._parsed(i, fan[i], flight.raw)
                 elif overdue:
+                    self.drop(i, flight.connection, me)
                     del flights[i]
-                    self.drop(i, flight.connection)
                     self.health.failed(i)
                     error = TimeoutError(f"no answer within {timeout:g} s")
                     replies[i] = _unavailable(self.nodes[i], fan[i], error)
@@ -535,12 +710,14 @@ class NodeIO:
             until = min([f.deadline(timeout) for f in flights.values()] + [grace_end])
             if connecting:
                 until = min(until, now + CONNECT_POLL)
-            ready = _ready({i: f.connection for i, f in flights.items()}, until)
-        for i, flight in flights.items():
-            self.lanes.leave(i, flight)
+            ready = readable({i: f.connection for i, f in flights.items()}, until)
+        for i, flight in list(flights.items()):
+            self.lanes.leave(i, flight, me)
+            del flights[i]
             replies[i] = self._unawaited(i, fan[i])
-        for i, connector in connecting.items():
-            connector.abandon()
+        for i, connector in list(connecting.items()):
+            connector.leave(me)
+            del connecting[i]
             replies[i] = self._unawaited(i, fan[i])
 
     def _parsed(self, i: int, op: Op[Any], raw: list[Any]) -> Any:
@@ -619,21 +796,32 @@ class NodeIO:
         return reply
 
     def close(self) -> None:
+        """Close the lanes' and the kept connections (those in use close with their fan-out)."""
         self.lanes.close()
         self.lanes = Lanes(self)
+        closer = Owner("close")
+        for i, kept in enumerate(self._kept):
+            with self._kept_locks[i]:
+                taken = list({id(c): c for c in kept if owners.owns(c, kept)}.values())
+                kept.clear()
+                for connection in taken:
+                    owners.move(connection, kept, closer)
+            for connection in taken:
+                self.drop(i, connection, closer, failed=False)
 
 
-def _ready(waiting: dict[Any, Any], until: float) -> set[Any]:
+def readable(waiting: dict[Any, Any], until: float) -> set[Any]:
     """The keys of ``waiting`` whose connection has something to read, waiting until then
     at most. A connection closed meanwhile counts as ready (reading it says what happened)."""
     fds: dict[int, Any] = {}
     ready = set()
     for key, value in waiting.items():
         sock = getattr(value, "_sock", None)
-        if sock is None:
+        fd = -1 if sock is None else sock.fileno()  # -1: closed meanwhile
+        if fd < 0:
             ready.add(key)
         else:
-            fds[sock.fileno()] = key
+            fds[fd] = key
     timeout = 0.0 if ready else max(0.0, until - time.monotonic())
     if hasattr(select, "poll"):
         poller = select.poll()

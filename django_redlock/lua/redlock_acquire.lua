@@ -1,0 +1,43 @@
+-- Redlock: take a plain lock on one node, with a fence the nodes of a majority agree on.
+-- KEYS: lock, fence counter [, node marker (the restart guard)].
+-- ARGV: token, ttl ms, holder metadata, proposed fence [, restart guard ms, with the marker].
+-- Returns {1, fence, 1} when held by the caller (taken now, or already: a lost reply), else
+-- {0, ms until it may be free (-1: unknown)}.
+-- The fence is max(counter + 1, this server's clock in us, the proposal): the acquirer
+-- proposes one above every node's clock, so nodes whose counters agree return the same fence
+-- and no node lags (docs/topics/backends.md, "Fences on Redlock").
+--! include _hold
+local lock, counter, marker = KEYS[1], KEYS[2], KEYS[3]
+local token, ttl, meta, proposal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local now = now_ms()
+
+-- Restart guard: as in acquire.lua, a node whose marker is gone lost its data, and votes no
+-- until locks it granted before the loss have surely expired.
+if marker then
+  local guard = tonumber(ARGV[5]) or 0
+  if guard > 0 then
+    local since = tonumber(redis.call('GET', marker))
+    if not since then
+      redis.call('SET', marker, string.format('%d', now))
+      since = now
+    end
+    if now - since < guard then
+      return {0, guard - (now - since)}
+    end
+  end
+end
+
+local fence = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, now_us, proposal)
+local text = string.format('%d', fence)
+local value = token .. '|' .. text .. '|' .. string.format('%d', now) .. '|' .. meta
+if redis.call('SET', lock, value, 'NX', 'PX', ttl) then
+  fence_keep(counter, text, ttl)
+  return {1, fence, 1}
+end
+-- Ours already: the reply to an earlier try was lost.
+local count, held = hold_mine(lock, token, 'string')
+if count > 0 then
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, held, 1}
+end
+return {0, redis.call('PTTL', lock)}
