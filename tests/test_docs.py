@@ -503,9 +503,6 @@ _PARAMETERS = {"0.1", "2", "3", "5", "8", "10", "100", "200", "10,000", "100,000
 #: Pages another branch rewrites now; each quotes a figure by hand that must become a role
 #: (docs/topics/watchdog.md: "0.2 round trips ... at 1.5 % of one core" ->
 #: {bench}`watchdog.round_trips` ... {bench}`watchdog.cpu`). Remove a page once it does.
-_PENDING = {"docs/topics/watchdog.md"}
-
-
 def _bench_paragraphs(page: Path) -> Iterator[str]:
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     for paragraph in re.split(r"\n\s*\n|\n(?=\s*[*-] )", text):
@@ -522,8 +519,6 @@ def test_every_figure_a_page_quotes_is_the_last_bench_run_s() -> None:
     found = figures()
     typed, elsewhere, quoted = [], [], 0
     for page in PAGES:
-        if str(page.relative_to(ROOT)) in _PENDING:
-            continue
         for flat in _bench_paragraphs(page):
             cited = set(re.findall(_CITED, flat))
             for name in re.findall(_ROLE, flat):
