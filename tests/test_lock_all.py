@@ -979,3 +979,34 @@ def test_an_interrupt_at_any_line_of_the_take_leaves_nothing_held(
     finally:
         lock_lost.disconnect(on_lost)
     assert lost == []
+
+
+def test_a_set_names_its_busy_name_and_counts_each_name_as_an_acquisition(
+    quorum: str,
+) -> None:
+    """A refused set says which name was busy, on both paths; on one server each name counts
+    as one acquisition (with the set's outcome), as a one-by-one take counts each member."""
+    from prometheus_client import REGISTRY
+
+    from django_redlock import observe
+
+    assert observe.configure() is not None  # prometheus_client is installed for the tests
+
+    def count(outcome: str) -> float:
+        labels = {"backend": "redis", "kind": "plain", "outcome": outcome}
+        return REGISTRY.get_sample_value("redlock_acquisitions_total", labels) or 0.0
+
+    names = ["bz:a", "bz:b", "bz:c"]
+    for alias in ("redis", quorum):
+        with lock("bz:b", using=alias):
+            for options in ({"timeout": 0.2}, {"blocking": False}):
+                refused = pytest.raises(LockNotAcquired, match=r"'bz:b' is held")
+                with refused, lock_all(*names, using=alias, **options):  # type: ignore[arg-type]
+                    pytest.fail("taken")
+    acquired, busy, timeout = count("acquired"), count("busy"), count("timeout")
+    with lock_all(*names, using="redis"):
+        assert count("acquired") == acquired + 3
+    with lock("bz:c", using="redis"):
+        assert not lock_all(*names, using="redis").acquire(blocking=False)
+        assert not lock_all(*names, using="redis").acquire(timeout=0.1)
+    assert (count("busy"), count("timeout")) == (busy + 3, timeout + 3)

@@ -39,6 +39,7 @@ from typing import Any, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS
 
+from .. import observe
 from ..backends.base import BaseLockBackend, Op
 from ..backends.redis import RedisBackend, TakenAll
 from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
@@ -213,11 +214,13 @@ class MultiLock:
         deadline = None if timeout is None else time.monotonic() + timeout
         tried: list[Lock] = []
         complete = False
+        self._busy = None
         try:
             for lk in self.locks:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 tried.append(lk)  # before its acquire: held from the grant on
                 if not await lk.aacquire(blocking=blocking, timeout=left if blocking else None):
+                    self._busy = lk.name
                     break
             else:
                 complete = True
@@ -246,11 +249,13 @@ class MultiLock:
         deadline = None if timeout is None else time.monotonic() + timeout
         tried: list[Lock] = []
         complete = False
+        self._busy = None
         try:
             for lk in self.locks:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 tried.append(lk)  # before its acquire: held from the grant on
                 if not lk.acquire(blocking=blocking, timeout=left if blocking else None):
+                    self._busy = lk.name
                     break
             else:
                 complete = True
@@ -308,10 +313,12 @@ class MultiLock:
         From the script's call until the last member is recorded (``took``), any exception,
         an interrupt included (the driver throws one that lands between its steps into these
         steps), gives back every name the token may hold, members already recorded
-        included, before it is raised."""
+        included, before it is raised. Each name counts as one acquisition in the metrics,
+        with the set's outcome (the one-by-one path counts each member's own)."""
         started = time.monotonic()
         token, ttl_ms = new_token(), to_ms(self.lock_ttl)
         meta = group_meta(holder_meta(), self.group, len(self.names))
+        spans = [observe.acquire_started(lk) for lk in self.locks]
         try:
             taken = yield self._op_take(token, ttl_ms, meta, "")
             if not taken.acquired and blocking and timeout != 0:
@@ -319,10 +326,15 @@ class MultiLock:
                 taken = yield from self._wait(token, ttl_ms, meta, deadline)
             self._busy = None if taken.acquired else self.names[taken.busy]
             if not taken.acquired:
+                refused = observe.TIMEOUT if blocking and timeout else observe.BUSY
+                self._acquire_ended(started, refused, spans)
                 return False
             for lk, fence in zip(self.locks, taken.fences, strict=True):
                 lk.took(token, fence, ttl_ms)
-        except BaseException:
+            self._acquire_ended(started, observe.ACQUIRED, spans, taken.fences)
+        except BaseException as exc:
+            failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT  # as lock()
+            self._acquire_ended(started, failed, spans)
             # No answer, or interrupted while one was on its way or being recorded: the
             # script may have taken every name. Give them back (the token is ours alone);
             # failing that, nothing renews them and they run out at their TTL.
@@ -330,6 +342,13 @@ class MultiLock:
                 yield from self._give_back(token)
             raise
         return True
+
+    def _acquire_ended(
+        self, started: float, outcome: str, spans: list[Any], fences: Sequence[int] = ()
+    ) -> None:
+        """The metrics' and tracing's end of each member's acquisition (``spans``: theirs)."""
+        for i, (lk, span) in enumerate(zip(self.locks, spans, strict=True)):
+            observe.acquire_ended(lk, started, outcome, fences[i] if fences else None, span)
 
     def _wait(self, token: str, ttl_ms: int, meta: str, deadline: float | None) -> Steps[TakenAll]:
         """Register on the first busy name and sleep until its release wakes this waiter (or
