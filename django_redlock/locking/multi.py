@@ -13,7 +13,10 @@ The rules, and who owns what:
   one by one in the canonical order, with one deadline for all. Either way two callers with
   overlapping sets never wait for each other in a cycle.
 * All or none: a timeout, a busy name with ``blocking=False``, an error, or an interrupt
-  while taking gives back whatever was taken before the error is raised. When no answer came
+  at any line from the take's call up to the body (the driver throws one that lands between
+  its steps into them) gives back whatever may have been taken before it is raised; the
+  backend builds the take (:meth:`~..backends.redis.RedisBackend.op_acquire_all`: Sentinel's
+  waits for ``min_replicas`` there, or gives the set back). When no answer came
   (``BackendUnavailable``) the give-back is tried once; failing that, the holds are not
   renewed and run out at their TTL.
 * Releasing releases every member (one script, ``lua/release_all.lua``, on one server). A
