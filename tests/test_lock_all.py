@@ -861,3 +861,152 @@ def test_decorating_a_generator_function_is_refused() -> None:
 
     with pytest.raises(TypeError, match="generator"):
         lock_all("g:{src}", using="redis")(rows)
+
+
+# -- Sentinel min_replicas, interrupts at any line of the take ---------------------------------
+
+
+def test_sentinel_min_replicas_confirms_a_set_or_refuses_it(
+    sentinel_group: list[RedisServer],
+) -> None:
+    """With OPTIONS min_replicas a set is held only once a replica confirmed it (WAIT, in the
+    take's round trip), as lock() is: else QuorumNotReached, and nothing left held."""
+    from django_redlock import QuorumNotReached
+
+    config = {
+        "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+        "LOCATION": [s.url for s in sentinel_group[2:]],
+        "OPTIONS": {"service_name": "mymaster", "min_replicas": 1, "min_replicas_timeout": 0.3},
+    }
+    names = ["mr:1", "mr:2"]
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "sr": config}):
+        with lock_all(*names, using="sr") as held:  # the replica confirms
+            assert all(held.fences.values())
+        replica = sentinel_group[1]
+        replica.pause()
+        try:
+            for blocking in (False, True):
+                with pytest.raises(QuorumNotReached, match="replicas"):
+                    lock_all(*names, using="sr", blocking=blocking, timeout=None).acquire(
+                        blocking=blocking, timeout=2 if blocking else None
+                    )
+                assert held_names("sr", names) == []
+        finally:
+            replica.resume()
+        with lock_all(*names, using="sr", timeout=10):
+            assert held_names("sr", names) == names
+
+
+# The lines an interrupt may land on while a set is taken: every line of these functions (the
+# driver's only while it runs the one-script take).
+TAKE_PATH = {"acquire", "_take_together", "_take_in_order", "__enter__", "_wait"}
+
+
+def _take_lines(frame: Any) -> bool:
+    code = frame.f_code
+    if code.co_filename.endswith("locking/multi.py"):
+        return code.co_name in TAKE_PATH
+    if code.co_filename.endswith("locking/steps.py") and code.co_name in ("drive", "_drive"):
+        steps = frame.f_locals.get("steps")
+        return getattr(getattr(steps, "gi_code", None), "co_name", "") == "_take_together"
+    return False
+
+
+def _trace(on_line: Callable[[Any], None]) -> Any:
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            on_line(frame)
+        return local
+
+    def calls(frame: Any, event: str, arg: Any) -> Any:
+        return local if _take_lines(frame) else None
+
+    return calls
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # no close
+@pytest.mark.parametrize("alias", ["redis", "quorum"])
+def test_an_interrupt_at_any_line_of_the_take_leaves_nothing_held(
+    alias: str, request: pytest.FixtureRequest
+) -> None:
+    """A KeyboardInterrupt (a signal handler, a time limit) raised at each line between the
+    server's grant and the body, in turn: the interrupt comes out of the ``with``, the body
+    never runs, and no name is held or renewed afterwards (nothing signalled lost). The
+    driver throws an interrupt between its steps into them: no step generator is left to a
+    close ("generator ignored GeneratorExit")."""
+    import sys
+
+    if alias == "quorum":
+        request.getfixturevalue("quorum")
+    names = ["int:1", "int:2", "int:3"]
+    lines: list[tuple[str, int]] = []
+    held = lock_all(*names, using=alias, ttl=5)
+    sys.settrace(_trace(lambda f: lines.append((f.f_code.co_name, f.f_lineno))))
+    try:
+        held.__enter__()
+    finally:
+        sys.settrace(None)
+    held.__exit__(None, None, None)
+    assert len(lines) > 10
+    lost: list[Any] = []
+
+    def on_lost(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    lock_lost.connect(on_lost)
+    try:
+        for at in range(len(lines)):
+            seen = [0]
+
+            def interrupt(frame: Any, at: int = at, seen: list[int] = seen) -> None:
+                seen[0] += 1
+                if seen[0] == at + 1:
+                    raise KeyboardInterrupt(f"at {lines[at]}")
+
+            taking = lock_all(*names, using=alias, ttl=5)
+            sys.settrace(_trace(interrupt))
+            try:
+                with pytest.raises(KeyboardInterrupt), taking:
+                    sys.settrace(None)
+                    pytest.fail(f"the body ran, interrupted at {lines[at]}")
+            finally:
+                sys.settrace(None)
+            assert held_names(alias, names) == [], f"interrupted at {lines[at]}"
+            assert not any(lk.token for lk in taking.locks), f"interrupted at {lines[at]}"
+            assert not taking.held()
+        with lock_all(*names, using=alias, blocking=False):  # free: nothing renews them
+            time.sleep(0.2)
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert lost == []
+
+
+def test_a_set_names_its_busy_name_and_counts_each_name_as_an_acquisition(
+    quorum: str,
+) -> None:
+    """A refused set says which name was busy, on both paths; on one server each name counts
+    as one acquisition (with the set's outcome), as a one-by-one take counts each member."""
+    from prometheus_client import REGISTRY
+
+    from django_redlock import observe
+
+    assert observe.configure() is not None  # prometheus_client is installed for the tests
+
+    def count(outcome: str) -> float:
+        labels = {"backend": "redis", "kind": "plain", "outcome": outcome}
+        return REGISTRY.get_sample_value("redlock_acquisitions_total", labels) or 0.0
+
+    names = ["bz:a", "bz:b", "bz:c"]
+    for alias in ("redis", quorum):
+        with lock("bz:b", using=alias):
+            for options in ({"timeout": 0.2}, {"blocking": False}):
+                refused = pytest.raises(LockNotAcquired, match=r"'bz:b' is held")
+                with refused, lock_all(*names, using=alias, **options):  # type: ignore[arg-type]
+                    pytest.fail("taken")
+    acquired, busy, timeout = count("acquired"), count("busy"), count("timeout")
+    with lock_all(*names, using="redis"):
+        assert count("acquired") == acquired + 3
+    with lock("bz:c", using="redis"):
+        assert not lock_all(*names, using="redis").acquire(blocking=False)
+        assert not lock_all(*names, using="redis").acquire(timeout=0.1)
+    assert (count("busy"), count("timeout")) == (busy + 3, timeout + 3)

@@ -9,7 +9,7 @@ import threading
 import weakref
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
 import redis
@@ -260,6 +260,32 @@ class RedisBackend(BaseLockBackend):
         key, _, queue, deadlines, waiting, channel, inbox = self._keys(name)
         keys = (key, channel, waiting, queue, deadlines)
         return Op(name, Call(_RELEASE, keys, [token, inbox, _FLAG[kind.reentrant]]), int)
+
+    def op_acquire_all(
+        self, names: Sequence[str], token: str, ttl_ms: int, meta: str, waiter: str = ""
+    ) -> Op[TakenAll]:
+        """Take every one of ``names`` (distinct, canonical order) with ``token``, or none, in
+        one round trip (lua/acquire_all.lua): plain locks only. ``waiter`` ('': a one-off try)
+        registers on the first busy name, to be woken by its release. A subclass may add to
+        the op (Sentinel: the replicas' confirmation), as :meth:`op_acquire` does; a set it
+        refuses after all is given back before it raises."""
+        keys: list[str] = []
+        for name in names:
+            key, fence, queue, deadlines, waiting, _, _ = self._keys(name)
+            keys += [key, fence, queue, deadlines, waiting]
+        args = [token, ttl_ms, meta, waiter, self.inbox_for(names[0])]  # one inbox prefix
+        return Op(names[0], Call(script("acquire_all"), keys, args), _taken_all)
+
+    def op_release_all(self, names: Sequence[str], token: str) -> Op[list[Any]]:
+        """Release every one of ``names`` that ``token`` holds (plain locks), in one round trip
+        (lua/release_all.lua): each name's reply as :meth:`op_release`'s."""
+        keys: list[str] = []
+        args: list[Any] = []
+        for name in names:
+            call = self.op_release(name, token, Kind()).request
+            keys += call.keys
+            args += call.args
+        return Op(names[0], Call(script("release_all"), keys, args), list)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         return Op(name, Call(script("extend"), [self.key(name)], [token, ttl_ms]), bool)
@@ -540,6 +566,21 @@ def _leases(name: str, alias: str, value: Any, waiters: int, limit: Any) -> Lock
     items = [text(v) for v in value]
     leases = [(items[i], int(items[i + 1]), items[i + 2]) for i in range(0, len(items), 3)]
     return lease_info(name, alias, leases, waiters, limit)
+
+
+class TakenAll(NamedTuple):
+    """acquire_all.lua's reply: every fence, or the first busy name's index and wait hint."""
+
+    acquired: bool
+    fences: tuple[int, ...] = ()
+    busy: int = 0  # index into the names
+    wait_ms: int = -1
+
+
+def _taken_all(reply: Any) -> TakenAll:
+    if int(reply[0]):
+        return TakenAll(True, tuple(int(f) for f in reply[1:]))
+    return TakenAll(False, (), int(reply[1]) - 1, int(reply[2]))
 
 
 def _attempt(reply: Any) -> Attempt:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
@@ -24,16 +24,16 @@ from .. import scripts
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..options import check_options, sentinel_options
 from .base import Attempt, Kind, Op
-from .redis import RedisBackend
+from .redis import RedisBackend, TakenAll
 
 T = TypeVar("T")
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
 
 
 class _Replicated(NamedTuple):
-    attempt: Attempt
+    attempt: Attempt | TakenAll  # the take's own reply: whether it took is .acquired
     replicas: int
-    release: Op[int]
+    release: Op[Any]
 
 
 def _sentinel_url_kwargs(url: str) -> dict[str, Any]:
@@ -146,6 +146,21 @@ class SentinelBackend(RedisBackend):
             return _Replicated(op.parse(replies[0]), int(replies[1]), release)
 
         return Op(name, [op.request, wait], parse)
+
+    def op_acquire_all(
+        self, names: Sequence[str], token: str, ttl_ms: int, meta: str, waiter: str = ""
+    ) -> Op[TakenAll]:
+        # As op_acquire: a set is confirmed by min_replicas, or every name is handed back.
+        op = super().op_acquire_all(names, token, ttl_ms, meta, waiter)
+        if not self.min_replicas:
+            return op
+        wait = ("WAIT", self.min_replicas, round(self.min_replicas_timeout * 1000))
+        release = self.op_release_all(names, token)
+
+        def parse(replies: list[Any]) -> Any:
+            return _Replicated(op.parse(replies[0]), int(replies[1]), release)
+
+        return Op(op.name, [op.request, wait], parse)
 
     def op_lease_acquire(
         self,

@@ -13,7 +13,10 @@ The rules, and who owns what:
   one by one in the canonical order, with one deadline for all. Either way two callers with
   overlapping sets never wait for each other in a cycle.
 * All or none: a timeout, a busy name with ``blocking=False``, an error, or an interrupt
-  while taking gives back whatever was taken before the error is raised. When no answer came
+  at any line from the take's call up to the body (the driver throws one that lands between
+  its steps into them) gives back whatever may have been taken before it is raised; the
+  backend builds the take (:meth:`~..backends.redis.RedisBackend.op_acquire_all`: Sentinel's
+  waits for ``min_replicas`` there, or gives the set back). When no answer came
   (``BackendUnavailable``) the give-back is tried once; failing that, the holds are not
   renewed and run out at their TTL.
 * Releasing releases every member (one script, ``lua/release_all.lua``, on one server). A
@@ -35,12 +38,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS
 
-from ..backends.base import BaseLockBackend, Kind, Op
-from ..backends.redis import RedisBackend
+from .. import observe
+from ..backends.base import BaseLockBackend, Op
+from ..backends.redis import RedisBackend, TakenAll
 from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..fencing import check_database, database_of
 from ..handler import DEFAULT_LOCK_ALIAS
@@ -69,21 +73,6 @@ class MemberLock(Lock):
 
     def _meta(self) -> str:
         return group_meta(holder_meta(), self.group, self.size)
-
-
-class _Taken(NamedTuple):
-    """acquire_all.lua's reply: every fence, or the first busy name's index and wait hint."""
-
-    acquired: bool
-    fences: tuple[int, ...] = ()
-    busy: int = 0  # index into the names
-    wait_ms: int = -1
-
-
-def _taken(reply: Any) -> _Taken:
-    if int(reply[0]):
-        return _Taken(True, tuple(int(f) for f in reply[1:]))
-    return _Taken(False, (), int(reply[1]) - 1, int(reply[2]))
 
 
 def one_server(backend: BaseLockBackend) -> bool:
@@ -155,12 +144,6 @@ class MultiLock:
         self.lock_ttl = self.locks[0].lock_ttl
         self.together = one_server(self.backend)
         self._block: contextlib.ExitStack | None = None
-        self._keys: list[str] = []
-        if self.together:
-            backend = self.backend
-            for name in self.names:
-                self._keys += [backend.key(name), backend.fence_key(name), backend.queue_key(name),
-                               backend.deadlines_key(name), backend.waiting_key(name)]  # fmt: skip
 
     def __repr__(self) -> str:
         state = "held" if self.held() else "free"
@@ -205,9 +188,13 @@ class MultiLock:
         if not blocking and timeout:
             raise ValueError("a timeout makes no sense with blocking=False")
         self._check_wait(blocking, timeout)
-        if self.together:
-            return drive(self.backend, self._take_together(blocking, timeout))
-        return self._take_in_order(blocking, timeout)
+        try:
+            if self.together:
+                return drive(self.backend, self._take_together(blocking, timeout))
+            return self._take_in_order(blocking, timeout)
+        except BaseException:
+            self._give_back_held()  # interrupted after the take recorded its holds
+            raise
 
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """:meth:`acquire` on the running event loop."""
@@ -217,22 +204,36 @@ class MultiLock:
         if not blocking and timeout:
             raise ValueError("a timeout makes no sense with blocking=False")
         self._check_wait(blocking, timeout, in_loop=True)
-        if self.together:
-            return await adrive(self.backend, self._take_together(blocking, timeout))
+        try:
+            if self.together:
+                return await adrive(self.backend, self._take_together(blocking, timeout))
+            return await self._atake_in_order(blocking, timeout)
+        except BaseException:
+            await self._agive_back_held()  # interrupted after the take recorded its holds
+            raise
+
+    async def _atake_in_order(self, blocking: bool, timeout: float | None) -> bool:
+        """:meth:`_take_in_order` on the running event loop."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        taken: list[Lock] = []
+        tried: list[Lock] = []
+        complete = False
+        self._busy = None
         try:
             for lk in self.locks:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                tried.append(lk)  # before its acquire: held from the grant on
                 if not await lk.aacquire(blocking=blocking, timeout=left if blocking else None):
+                    self._busy = lk.name
                     break
-                taken.append(lk)
+            else:
+                complete = True
         finally:
-            if len(taken) < len(self.locks):  # refused, an error, or cancelled
-                for lk in reversed(taken):
-                    with contextlib.suppress(LockError):
-                        await lk.arelease()
-        return len(taken) == len(self.locks)
+            if not complete:  # refused, an error, or cancelled
+                for lk in reversed(tried):
+                    if lk.token is not None:
+                        with contextlib.suppress(LockError):
+                            await lk.arelease()
+        return complete
 
     def _check_async(self) -> None:
         if self.database is not None:
@@ -243,62 +244,121 @@ class MultiLock:
             )
 
     def _take_in_order(self, blocking: bool, timeout: float | None) -> bool:
-        """Each member in canonical order, one deadline for all; all or none."""
+        """Each member in canonical order, one deadline for all; all or none.
+
+        A member is put on the give-back list before its acquire is sent: an interrupt at
+        any line after its grant (even the one right after ``acquire`` returned) finds it
+        there, and the ``finally`` releases every member that holds."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        taken: list[Lock] = []
+        tried: list[Lock] = []
+        complete = False
+        self._busy = None
         try:
             for lk in self.locks:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                tried.append(lk)  # before its acquire: held from the grant on
                 if not lk.acquire(blocking=blocking, timeout=left if blocking else None):
+                    self._busy = lk.name
                     break
-                taken.append(lk)
+            else:
+                complete = True
         finally:
-            if len(taken) < len(self.locks):  # refused, an error, or an interrupt
-                for lk in reversed(taken):
-                    with contextlib.suppress(LockError):
-                        lk.release()
-        return len(taken) == len(self.locks)
+            if not complete:  # refused, an error, or an interrupt
+                for lk in reversed(tried):
+                    if lk.token is not None:  # an interrupted acquire gave its own back
+                        with contextlib.suppress(LockError):
+                            lk.release()
+        return complete
 
-    def _op_take(self, token: str, ttl_ms: int, meta: str, waiter: str) -> Op[_Taken]:
-        inbox = self.backend.inbox_for(self.names[0])  # one server: one inbox prefix for all
-        call = Call(script("acquire_all"), self._keys, [token, ttl_ms, meta, waiter, inbox])
-        return Op(self.names[0], call, _taken)
+    def _give_back_held(self) -> None:
+        """Release every member recorded as held (an interrupt after the take recorded them,
+        before the caller learnt of it): none is left renewed."""
+        for lk in reversed(self.locks):
+            if lk.token is not None:
+                with contextlib.suppress(LockError):
+                    lk.release()
 
-    def _op_give_back(self, token: str) -> Op[list[Any]]:
-        """Release every name ``token`` holds, in one round trip."""
-        release = self.backend.op_release
-        return _batch(self.names[0], [release(n, token, Kind()).request for n in self.names])
+    async def _agive_back_held(self) -> None:
+        """:meth:`_give_back_held` on the running event loop."""
+        for lk in reversed(self.locks):
+            if lk.token is not None:
+                with contextlib.suppress(LockError):
+                    await lk.arelease()
+
+    def _backend(self) -> RedisBackend:
+        backend = self.backend
+        assert isinstance(backend, RedisBackend)  # one_server(): a set is taken by one script
+        return backend
+
+    def _op_take(self, token: str, ttl_ms: int, meta: str, waiter: str) -> Op[TakenAll]:
+        # The backend builds it: it may add to it (Sentinel: min_replicas' confirmation).
+        return self._backend().op_acquire_all(self.names, token, ttl_ms, meta, waiter)
+
+    def _give_back(self, token: str) -> Steps[None]:
+        """Give back what ``token`` may hold, in one round trip: a member recorded as held is
+        released as such (no longer renewed, not held in this process), every other name by
+        the token (-1 from a name it did not get)."""
+        recorded = [lk for lk in self.locks if lk.token == token]
+        others = [lk.name for lk in self.locks if lk not in recorded]
+        runs = [lk.release_steps() for lk in recorded]
+        if others:
+            runs.append(self._hand_back(others, token))
+        for outcome in (yield from side_by_side(runs)):
+            if outcome is not None and not isinstance(outcome, Exception):
+                raise outcome  # an interrupt of the give-back itself
+
+    def _hand_back(self, names: list[str], token: str) -> Steps[None]:
+        yield self._backend().op_release_all(names, token)
 
     def _take_together(self, blocking: bool, timeout: float | None) -> Steps[bool]:
-        """One script for the whole set; wait on a busy one's wake-up, holding nothing."""
+        """One script for the whole set; wait on a busy one's wake-up, holding nothing.
+
+        From the script's call until the last member is recorded (``took``), any exception,
+        an interrupt included (the driver throws one that lands between its steps into these
+        steps), gives back every name the token may hold, members already recorded
+        included, before it is raised. Each name counts as one acquisition in the metrics,
+        with the set's outcome (the one-by-one path counts each member's own)."""
         started = time.monotonic()
         token, ttl_ms = new_token(), to_ms(self.lock_ttl)
         meta = group_meta(holder_meta(), self.group, len(self.names))
+        spans = [observe.acquire_started(lk) for lk in self.locks]
         try:
             taken = yield self._op_take(token, ttl_ms, meta, "")
             if not taken.acquired and blocking and timeout != 0:
                 deadline = None if timeout is None else started + timeout
                 taken = yield from self._wait(token, ttl_ms, meta, deadline)
-        except BaseException:
-            # No answer, or interrupted while one was on its way: the script may have taken
-            # every name. Give them back (the token is ours alone); failing that, nothing
-            # renews them and they run out at their TTL.
+            self._busy = None if taken.acquired else self.names[taken.busy]
+            if not taken.acquired:
+                refused = observe.TIMEOUT if blocking and timeout else observe.BUSY
+                self._acquire_ended(started, refused, spans)
+                return False
+            for lk, fence in zip(self.locks, taken.fences, strict=True):
+                lk.took(token, fence, ttl_ms)
+            self._acquire_ended(started, observe.ACQUIRED, spans, taken.fences)
+        except BaseException as exc:
+            failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT  # as lock()
+            self._acquire_ended(started, failed, spans)
+            # No answer, or interrupted while one was on its way or being recorded: the
+            # script may have taken every name. Give them back (the token is ours alone);
+            # failing that, nothing renews them and they run out at their TTL.
             with contextlib.suppress(Exception):
-                yield self._op_give_back(token)
+                yield from self._give_back(token)
             raise
-        self._busy = None if taken.acquired else self.names[taken.busy]
-        if not taken.acquired:
-            return False
-        for lk, fence in zip(self.locks, taken.fences, strict=True):
-            lk.took(token, fence, ttl_ms)
         return True
 
-    def _wait(self, token: str, ttl_ms: int, meta: str, deadline: float | None) -> Steps[_Taken]:
+    def _acquire_ended(
+        self, started: float, outcome: str, spans: list[Any], fences: Sequence[int] = ()
+    ) -> None:
+        """The metrics' and tracing's end of each member's acquisition (``spans``: theirs)."""
+        for i, (lk, span) in enumerate(zip(self.locks, spans, strict=True)):
+            observe.acquire_ended(lk, started, outcome, fences[i] if fences else None, span)
+
+    def _wait(self, token: str, ttl_ms: int, meta: str, deadline: float | None) -> Steps[TakenAll]:
         """Register on the first busy name and sleep until its release wakes this waiter (or
         its hold's expiry); then try the whole set again. Never polls blindly."""
         waiter = new_waiter_id()
         handle = yield Watch(waiter, True, self.names[0])
-        taken = _Taken(False)
+        taken = TakenAll(False)
         try:
             while True:
                 taken = yield self._op_take(token, ttl_ms, meta, waiter)
@@ -389,11 +449,20 @@ class MultiLock:
         return self.timeout if self.blocking else None
 
     def __enter__(self) -> MultiLock:
-        if not self.acquire(self.blocking, self._timeout()):
-            raise self._not_acquired(self._timeout())
-        if self.database is not None:
-            self._open_block(self.database)
-        return self
+        try:
+            if not self.acquire(self.blocking, self._timeout()):
+                raise self._not_acquired(self._timeout())
+            if self.database is not None:
+                self._open_block(self.database)
+            return self
+        except BaseException as exc:
+            # Up to the body, an exception (an interrupt on the way back from the take, on
+            # any line) leaves nothing held nor open: the body's ``with`` never exits it.
+            if self._block is not None:
+                self._leave_block(type(exc), exc, exc.__traceback__)
+            else:
+                self._give_back_held()
+            raise
 
     def __exit__(
         self,
@@ -434,8 +503,13 @@ class MultiLock:
             yield
 
     async def __aenter__(self) -> MultiLock:
-        if not await self.aacquire(self.blocking, self._timeout()):
-            raise self._not_acquired(self._timeout())
+        try:
+            if not await self.aacquire(self.blocking, self._timeout()):
+                raise self._not_acquired(self._timeout())
+            return self
+        except BaseException:
+            await self._agive_back_held()  # as __enter__: nothing held short of the body
+            raise
         return self
 
     async def __aexit__(

@@ -9,6 +9,7 @@ running event loop, so ``lk.acquire()`` and ``await lk.aacquire()`` share every 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Generator
 from typing import Any, NamedTuple, TypeVar, cast
 
@@ -45,8 +46,25 @@ def in_event_loop() -> bool:
 
 
 def drive(backend: BaseLockBackend, steps: Steps[T]) -> T:
-    """Run ``steps`` to the end in this thread; errors of a step are thrown into them."""
-    reply, error = None, None
+    """Run ``steps`` to the end in this thread; errors of a step are thrown into them.
+
+    So is an interrupt (KeyboardInterrupt from a signal handler, a time limit) that lands on
+    a line of the driver between two steps, the steps being suspended: a reply they never got
+    may have granted something, and only they know what to hand back. Never abandoned
+    half-way, they never see a close (whose clean-up could not yield). What the steps raise
+    comes out."""
+    error: BaseException | None = None
+    while True:  # again only after an interrupt between two steps
+        try:
+            return _drive(backend, steps, error)
+        except BaseException as exc:
+            if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
+                raise  # the steps' own outcome (they are done), or nothing started yet
+            error = exc
+
+
+def _drive(backend: BaseLockBackend, steps: Steps[T], error: BaseException | None) -> T:
+    reply: Any = None
     while True:
         try:
             step = steps.send(reply) if error is None else steps.throw(error)
