@@ -500,9 +500,8 @@ _ROLE = r"\{bench\}`([^`]+)`"
 #: processes, 10 ms holds, 100,000 locks, the ideal 100 a second), redis-py's 0.1 s poll, the
 #: 2-core machine, a target. Any other number there must be a {bench} role.
 _PARAMETERS = {"0.1", "2", "3", "5", "8", "10", "100", "200", "10,000", "100,000", "0.97"}
-#: Pages another branch rewrites now; each quotes a figure by hand that must become a role
-#: (docs/topics/watchdog.md: "0.2 round trips ... at 1.5 % of one core" ->
-#: {bench}`watchdog.round_trips` ... {bench}`watchdog.cpu`). Remove a page once it does.
+
+
 def _bench_paragraphs(page: Path) -> Iterator[str]:
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     for paragraph in re.split(r"\n\s*\n|\n(?=\s*[*-] )", text):
