@@ -142,6 +142,15 @@ def refuse_unfinished(using: str, describe: str) -> None:
     connection = connections[using]
     if connection.needs_rollback:
         why = "it was marked for rollback (transaction.set_rollback(True), or a failed inner block)"
+    elif _rolled_back(connection):
+        raise TransactionManagementError(
+            f"{describe}: its fenced transaction was rolled back by the database inside the"
+            " block (SQLite does so on a trigger's RAISE(ROLLBACK), a full disk, an I/O error,"
+            " out of memory, an interrupt), and the body went on: nothing of the transaction"
+            " committed, but statements the body ran after that error ran outside it, each"
+            " committed on its own, without the fence check. Do not catch such errors in the"
+            " block."
+        )
     elif _aborted(connection):
         why = "an error inside it (caught by the body, without a savepoint) aborted it"
     else:
@@ -150,6 +159,16 @@ def refuse_unfinished(using: str, describe: str) -> None:
         f"{describe}: its fenced transaction cannot commit: {why}; rolled back, nothing"
         " committed. Catch database errors inside `with transaction.atomic():` in the block."
     )
+
+
+def _rolled_back(connection: Any) -> bool:
+    """Whether SQLite ended the block's transaction itself: some errors (a trigger's
+    ``RAISE(ROLLBACK)``, SQLITE_FULL, IOERR, NOMEM, INTERRUPT) roll it back whole, and the
+    statements after them autocommit. Mid-block the driver is then out of any transaction
+    (the block's upsert ran in it, so it was in one)."""
+    if connection.vendor != "sqlite" or connection.connection is None:
+        return False
+    return not connection.connection.in_transaction
 
 
 def _aborted(connection: Any) -> bool:

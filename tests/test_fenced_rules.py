@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.test import Client
@@ -189,6 +189,29 @@ def test_a_block_marked_for_rollback_raises_and_commits_nothing(name: str, form:
     with pytest.raises(TransactionManagementError, match="nothing committed"):
         FORMS[form](name, body)
     assert sales(DB) == [] and not lock(name).locked()
+
+
+@pytest.mark.parametrize("form", ["with", "atomic"])
+def test_sqlite_rolling_the_transaction_back_inside_the_body_raises(name: str, form: str) -> None:
+    """SQLite rolls the whole transaction back on some errors (a trigger's RAISE(ROLLBACK),
+    SQLITE_FULL, IOERR, NOMEM, INTERRUPT); the body catches the error and goes on, its next
+    statements autocommit one by one, with no fence. The block must not return as committed."""
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS shop_audit")
+        cursor.execute("CREATE TABLE shop_audit (msg text)")
+        cursor.execute(
+            "CREATE TRIGGER shop_audit_not_empty BEFORE INSERT ON shop_audit WHEN new.msg = ''"
+            " BEGIN SELECT RAISE(ROLLBACK, 'empty audit message'); END"
+        )
+
+    def body() -> None:
+        sell_one(DB, 1, "a")
+        with pytest.raises(IntegrityError), connection.cursor() as cursor:
+            cursor.execute("INSERT INTO shop_audit VALUES ('')")
+
+    with pytest.raises(TransactionManagementError, match="rolled back by the database"):
+        FORMS[form](name, body)
+    assert sales(DB) == [] and not Fence.objects.filter(key=row_key(DB, name)).exists() and not lock(name).locked()
 
 
 # -- generator functions: refused when decorated ---------------------------------------------
