@@ -33,11 +33,19 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from .exceptions import LockError, LockNotAcquired, LockNotOwned, StaleFence
+from .exceptions import CommitOutcomeUnknown, LockError, LockNotAcquired, LockNotOwned, StaleFence
 
 if TYPE_CHECKING:
     from .locking.base import BaseLock
@@ -105,7 +113,14 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
     locked past :func:`row_wait`; the body's exception; ``TransactionManagementError`` when
     the body left the transaction unable to commit; the database's error when the COMMIT
     failed. Returns once committed: an ``on_commit`` callback's ``Exception`` is then logged,
-    not raised (a ``BaseException`` such as ``KeyboardInterrupt`` still propagates)."""
+    not raised (a ``BaseException`` such as ``KeyboardInterrupt`` still propagates).
+
+    The connection lost during the COMMIT (an ``OperationalError`` or ``InterfaceError`` from
+    the outermost transaction's exit, the commit marker not run): the server may have
+    committed. :func:`commit_outcome` asks on a new connection whether the lock's row carries
+    this block's fence and time (the upsert wrote them in the same transaction): yes, the
+    block returns as committed (a warning logged; its ``on_commit`` callbacks did not run);
+    no, the database's error (nothing committed); no answer, ``CommitOutcomeUnknown``."""
     if not lock.exclusive:
         raise TypeError(
             f"{lock._describe()} is shared by several holders at once: a fenced transaction"
@@ -116,15 +131,43 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
     if hold.fence is None:
         raise LockError(f"{lock._describe()}: this hold has no fencing token to record")
     committed = _Committed()
+    outermost = not connections[using].in_atomic_block  # its exit is the COMMIT
+    touched = timezone.now()  # the row's time: with the fence, this block's mark in the row
+    fence, exiting = hold.fence, False
     try:
         with transaction.atomic(using=using):
             check_fence(using, lock.using, lock.name, hold.fence, lock._describe(),
-                        refencer(lock, hold), wait=row_wait(lock))  # fmt: skip
+                        refencer(lock, hold), wait=row_wait(lock), now=touched)  # fmt: skip
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
             yield
             refuse_unfinished(using, lock._describe())
-    except Exception:
-        if not committed.done:
+            exiting = outermost  # from here on, only the COMMIT can fail
+    except Exception as exc:
+        if committed.done:
+            pass
+        elif exiting and isinstance(exc, (OperationalError, InterfaceError)):
+            # Re-fenced in the block: the new fence is this block's alone, whatever the time.
+            mark = None if hold.fence != fence else touched
+            outcome = commit_outcome(using, row_key(lock.using, lock.name), hold.fence, mark,
+                                     min(max(row_wait(lock), 5.0), 60.0))  # fmt: skip
+            if outcome is None:
+                raise CommitOutcomeUnknown(
+                    f"{lock._describe()}: the connection to database {using!r} failed during"
+                    f" the COMMIT of its fenced transaction ({exc}), and the database could not"
+                    " be asked whether it committed: the outcome is UNKNOWN. Do not retry"
+                    " blindly: check what the block wrote first."
+                ) from exc
+            if not outcome:
+                raise  # the row does not carry this block's fence: nothing committed
+            logger.warning(
+                "redlock: %s: the connection failed during the COMMIT of its fenced transaction"
+                " (%s), yet the lock's row carries its fence: it committed (its on_commit"
+                " callbacks did not run)",
+                lock._describe(),
+                exc,
+            )
+            return
+        else:
             raise  # nothing committed
         # The COMMIT happened; an on_commit callback raised after it. Raising now would say
         # "not committed" and invite a retry that applies the work twice.
@@ -132,6 +175,43 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
             "redlock: %s: its fenced transaction committed; then an on_commit callback raised",
             lock._describe(),
         )
+
+
+def commit_outcome(
+    using: str, key: str, fence: int, touched: datetime.datetime | None, wait: float
+) -> bool | None:
+    """Whether a fenced transaction whose COMMIT's reply was lost committed, asked on a new
+    connection: True if the lock's row (key ``key``) carries ``fence`` (and ``touched``, unless
+    None: a hold's blocks share its fence), False if not, None if the database did not answer.
+    On PostgreSQL the read locks the row (``FOR SHARE``, at most ``wait`` seconds): a server
+    still finishing that transaction holds it, and the answer comes once the transaction
+    ended, either way."""
+    from .models import Fence
+
+    connection = connections.create_connection(using)
+    try:
+        qn = connection.ops.quote_name
+        sql = f"SELECT {qn('fence')}, {qn('touched')} FROM {qn(Fence._meta.db_table)}"
+        sql += f" WHERE {qn('key')} = %s"
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_bound(wait)])
+                sql += " FOR SHARE"
+            cursor.execute(sql, [key])
+            row = cursor.fetchone()
+            expected = (
+                None if touched is None else connection.ops.adapt_datetimefield_value(touched)
+            )
+    except DatabaseError:
+        logger.warning("redlock: database %r did not answer after a lost COMMIT", using,
+                       exc_info=True)  # fmt: skip
+        return None
+    finally:
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+    if row is None or int(row[0]) != fence:
+        return False
+    return touched is None or row[1] == expected or str(row[1]) == str(expected)
 
 
 def refuse_unfinished(using: str, describe: str) -> None:
@@ -190,6 +270,7 @@ def check_fence(
     describe: str = "",
     refence: Callable[[int], int] | None = None,
     wait: float | None = None,
+    now: datetime.datetime | None = None,
 ) -> None:
     """Record ``fence`` as the newest of lock ``name`` on ``backend``, or raise StaleFence if
     a larger one is recorded. In a transaction: the row stays locked until it ends. One
@@ -204,7 +285,7 @@ def check_fence(
     the recorded one, checked again here while the row stays locked; only a hold that is not
     current (``refence`` answers 0 or -1) raises StaleFence."""
     connection = connections[using]
-    now = timezone.now()
+    now = timezone.now() if now is None else now  # the row's ``touched``
     key = row_key(backend, name)
     try:
         if connection.vendor in ("postgresql", "sqlite") and (
@@ -282,6 +363,16 @@ def stale_message(
     )
 
 
+#: PostgreSQL's largest ``lock_timeout`` (ms, a 32-bit int): above it, SET fails.
+MAX_LOCK_TIMEOUT_MS = 2**31 - 1
+
+
+def _bound(wait: float) -> str:
+    """``wait`` seconds as a ``lock_timeout`` value: ms, at least 1 (0 would mean none), at
+    most PostgreSQL's maximum (a TTL of weeks waits that long, about 24.8 days)."""
+    return str(min(MAX_LOCK_TIMEOUT_MS, max(1, round(wait * 1000))))
+
+
 def _lock_timeout(exc: BaseException) -> bool:
     cause = exc.__cause__
     return getattr(cause, "sqlstate", None) == "55P03" or getattr(cause, "pgcode", None) == "55P03"
@@ -295,7 +386,7 @@ def _upsert(
     touched = connection.ops.adapt_datetimefield_value(now)
     params: list[Any] = [key, backend, name, fence, touched]
     if bounded:
-        params.append(str(max(1, round(wait * 1000))))  # type: ignore[operator]
+        params.append(_bound(wait))  # type: ignore[arg-type]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -402,7 +493,7 @@ def _floor(using: str, backend: str, wait: float | None) -> int | None:
         floor, isolation = cursor.fetchone()
         if floor is not None or isolation in ("read committed", "read uncommitted"):
             return None if floor is None else int(floor)
-        bound = "0" if wait is None else str(max(1, round(wait * 1000)))
+        bound = "0" if wait is None else _bound(wait)
         columns = ", ".join(qn(c) for c in ("key", "backend", "name", "fence", "touched"))
         cursor.execute("SAVEPOINT django_redlock_floor")
         # Serialization error if a floor our snapshot cannot see exists (ON CONFLICT checks
