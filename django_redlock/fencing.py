@@ -485,12 +485,25 @@ def _floor(using: str, backend: str, wait: float | None) -> int | None:
             rows = rows.select_for_update()
         return next(iter(rows.values_list("fence", flat=True)), None)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
-            " current_setting('transaction_isolation')",
-            [key],
-        )
-        floor, isolation = cursor.fetchone()
+        if wait is None:
+            cursor.execute(
+                f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
+                " current_setting('transaction_isolation')",
+                [key],
+            )
+        else:
+            # The wait for the floor (a prune holds it while it deletes) is bounded like the
+            # row's, in the same statement: the columns are evaluated in order, so the bound
+            # is set before the locking read, and the transaction's own restored after it
+            # (the bounded upsert saved it).
+            cursor.execute(
+                f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
+                " current_setting('transaction_isolation'),"
+                f" set_config('lock_timeout', current_setting('{_SAVED}'), true)"
+                f" FROM (SELECT set_config('lock_timeout', %s, true)) AS bound",
+                [key, _bound(wait)],
+            )
+        floor, isolation = cursor.fetchone()[:2]
         if floor is not None or isolation in ("read committed", "read uncommitted"):
             return None if floor is None else int(floor)
         bound = "0" if wait is None else _bound(wait)
@@ -599,16 +612,38 @@ def prune_fences(using: str, older_than: datetime.timedelta) -> int:
     the same transaction: a first block below the floor is refused as its pruned row would
     have refused it. New holds are not: their fences come from the Redis server's clock (ms x
     1000), above those of rows untouched since, even when Redis lost its counters.
+
+    The prune never makes fenced blocks wait for long: the rows it deletes stay locked until
+    it commits, so it waits for nothing while holding them. On PostgreSQL a row locked by an
+    open transaction is in use, not idle: it is skipped (``SKIP LOCKED``); and the wait for a
+    floor (a first block's transaction reading it) is bounded by :data:`PRUNE_WAIT`: past it,
+    ``LockNotAcquired``, nothing deleted (run it again later).
     """
     now = timezone.now()
     with transaction.atomic(using=using):
-        deleted = _delete_old(using, now - older_than)
-        tops: dict[str, int] = {}
-        for backend, fence in deleted:
-            tops[backend] = max(fence, tops.get(backend, fence))
-        for backend, top in tops.items():
-            _raise_floor(using, backend, top, now)
+        if connections[using].vendor == "postgresql":
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)",
+                               [_bound(PRUNE_WAIT)])  # fmt: skip
+        try:
+            deleted = _delete_old(using, now - older_than)
+            tops: dict[str, int] = {}
+            for backend, fence in deleted:
+                tops[backend] = max(fence, tops.get(backend, fence))
+            for backend, top in tops.items():
+                _raise_floor(using, backend, top, now)
+        except OperationalError as exc:
+            if not _lock_timeout(exc):
+                raise
+            raise LockNotAcquired(
+                f"prune-fences: a floor of database {using!r} stayed locked by a fenced"
+                f" transaction for {PRUNE_WAIT:g} s; nothing deleted, run it again later"
+            ) from exc
     return len(deleted)
+
+
+#: How long prune-fences waits for a floor another transaction holds (seconds).
+PRUNE_WAIT = 2.0
 
 
 def _delete_old(using: str, before: datetime.datetime) -> list[tuple[str, int]]:
@@ -624,7 +659,14 @@ def _delete_old(using: str, before: datetime.datetime) -> list[tuple[str, int]]:
         if connection.vendor in ("postgresql", "sqlite") and (
             connection.features.can_return_columns_from_insert  # SQLite >= 3.35: RETURNING
         ):
-            cursor.execute(f"{delete} RETURNING {qn('backend')}, {qn('fence')}", [cutoff])
+            params: list[Any] = [cutoff]
+            if connection.vendor == "postgresql":  # rows in use are not idle: not waited for
+                delete += (
+                    f" AND {qn('key')} IN (SELECT {qn('key')} FROM {table} WHERE {touched} < %s"
+                    f" AND {name} <> '' FOR UPDATE SKIP LOCKED)"
+                )
+                params.append(cutoff)
+            cursor.execute(f"{delete} RETURNING {qn('backend')}, {qn('fence')}", params)
             return [(str(b), int(f)) for b, f in cursor.fetchall()]
         old = Fence.objects.using(using).filter(touched__lt=before).exclude(name="")
         if connection.features.has_select_for_update:

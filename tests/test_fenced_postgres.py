@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import pre_delete
@@ -668,3 +669,102 @@ def test_first_blocks_of_two_names_do_not_wait_for_each_other_s_floor_probe(
     finally:
         done.set()
         thread.join(30)
+
+
+# -- prune-fences and the floor: bounded waits ------------------------------------------------
+
+
+def other_session() -> psycopg.Connection[Any]:
+    config = connections[PG].settings_dict
+    return psycopg.connect(host=config["HOST"], port=config["PORT"], user=config["USER"],
+                           dbname=config["NAME"])  # fmt: skip
+
+
+def put_floor(key: str) -> None:
+    found = {"backend": "default", "name": "", "fence": 1, "touched": timezone.now()}
+    Fence.objects.using(PG).update_or_create(key=key, defaults=found)
+
+
+def test_a_first_block_s_wait_for_the_floor_is_bounded_like_the_row_s(name: str) -> None:
+    """A prune holds the backend's floor (it raises it) while it waits for something else: a
+    name's first block reads the floor with a locking read, and waits for it at most its
+    ``timeout=``, like for its row. Unbounded, prune-fences and two backends made a wait
+    cycle through Redis and PostgreSQL that never ended."""
+    from django_redlock.exceptions import LockNotAcquired
+
+    floor = row_key("default", "")
+    put_floor(floor)
+    with other_session() as pruning:
+        pruning.execute("SELECT 1 FROM django_redlock_fence WHERE key = %s FOR UPDATE", [floor])
+        release = threading.Timer(20, pruning.rollback)  # unbounded: the block waits until then
+        release.start()
+        try:
+            with (
+                pytest.raises(LockNotAcquired, match="stayed locked"),
+                lock(name, ttl=30, timeout=1, atomic=PG),
+            ):
+                pass
+        finally:
+            release.cancel()
+    assert not lock(name).locked()
+    with lock(name, ttl=30, timeout=1, atomic=PG), connections[PG].cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")  # the transaction's own, restored after the read
+        assert cursor.fetchone()[0] == "0"
+
+
+def test_prune_fences_skips_rows_in_use_and_never_holds_fresh_holders(name: str) -> None:
+    """A fenced transaction stays open on one old row: prune-fences deletes the others
+    without waiting for it (it would hold their rows locked meanwhile, and fresh holders of
+    those idle names would wait behind it), and keeps that row."""
+    busy, idle = f"{name}:busy", f"{name}:idle"
+    old = timezone.now() - datetime.timedelta(days=10)
+    for held in (idle, busy):
+        Fence.objects.using(PG).create(key=row_key("default", held), backend="default",
+                                       name=held, fence=5, touched=old)  # fmt: skip
+    with other_session() as open_block:
+        open_block.execute("SELECT 1 FROM django_redlock_fence WHERE key = %s FOR UPDATE",
+                           [row_key("default", busy)])  # fmt: skip
+        pruned: list[int] = []
+        pruner = run(lambda: pruned.append(prune_fences(PG, datetime.timedelta(days=1))))
+        pruner.join(20)
+        open_block.rollback()
+        pruner.join(20)
+    assert pruned == [1]
+    assert list(Fence.objects.using(PG).exclude(name="").values_list("name", flat=True)) == [busy]
+    with lock(idle, ttl=30, timeout=1, atomic=PG):
+        pass
+
+
+def test_prune_fences_waits_for_a_floor_at_most_a_moment_and_deletes_nothing(name: str) -> None:
+    """A first block's open transaction holds the floor (FOR SHARE): prune-fences, holding
+    the rows it deleted, gives up after PRUNE_WAIT instead of making their fresh holders wait
+    behind it (with two backends, a wait cycle through Redis that never ended)."""
+    floor = row_key("default", "")
+    put_floor(floor)
+    old = timezone.now() - datetime.timedelta(days=10)
+    Fence.objects.using(PG).create(key=row_key("default", name), backend="default", name=name,
+                                   fence=5, touched=old)  # fmt: skip
+    with other_session() as first_block:
+        first_block.execute("SELECT 1 FROM django_redlock_fence WHERE key = %s FOR SHARE", [floor])
+        release = threading.Timer(20, first_block.rollback)  # unbounded: the prune waits
+        release.start()
+        try:
+            with pytest.raises(CommandError, match="nothing deleted") as raised:
+                call_command("redlock", "prune-fences", "--older-than", "1d", "--database", PG)
+        finally:
+            release.cancel()
+    assert raised.value.returncode == 1
+    assert Fence.objects.using(PG).filter(name=name).exists()
+
+
+@pytest.mark.parametrize("bound", ["ttl", "timeout"])
+def test_a_bound_beyond_postgresql_s_largest_lock_timeout_is_clamped(name: str, bound: str):
+    """lock_timeout is a 32-bit number of ms (about 24.8 days): a TTL or timeout above it
+    made every fenced block fail (DataError). The wait is clamped to PostgreSQL's maximum."""
+    open_shop(PG, 1, 5)
+    days = 30 * 86400
+    long = {"ttl": days} if bound == "ttl" else {"ttl": 30, "timeout": days}
+    Fence.objects.using(PG).filter(key=row_key("default", "")).delete()  # the floor read too
+    with lock(name, atomic=PG, **long):
+        sell_one(PG, 1, "a")
+    assert sales(PG) == [("a", 5)]
