@@ -31,7 +31,7 @@ from ..validation import check_bool, check_name, check_optional_seconds, check_t
 from . import holds
 from .holds import Hold, believe, believed, holds_it, settled, take, unsettled, untake
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
-from .templates import name_template, refuse_generator
+from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
 
 logger = logging.getLogger("django_redlock")
 
@@ -749,8 +749,9 @@ class BaseLock:
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: the name is a ``str.format`` template over the arguments."""
-        refuse_generator(func, f"@{self.noun}(...)")
-        name_for = name_template(self.name, inspect.signature(func), func.__qualname__)
+        decorator = f"@{self.noun}(...)"
+        refuse_generator(func, decorator)
+        name_for = name_template(self.name, inspect.signature(func), callable_name(func))
         if inspect.iscoroutinefunction(func):
             self._check_async()
 
@@ -764,6 +765,8 @@ class BaseLock:
         @functools.wraps(func)
         def locked_call(*args: Any, **kwargs: Any) -> Any:
             with self._with_name(name_for(args, kwargs)):
-                return func(*args, **kwargs)
+                result = func(*args, **kwargs)
+                refuse_generator_result(result, func, decorator)
+                return result
 
         return cast(F, locked_call)
