@@ -194,11 +194,15 @@ def commit_outcome(
         sql = f"SELECT {qn('fence')}, {qn('touched')} FROM {qn(Fence._meta.db_table)}"
         sql += f" WHERE {qn('key')} = %s"
         with connection.cursor() as cursor:
-            if connection.vendor == "postgresql":
-                cursor.execute("SELECT set_config('lock_timeout', %s, false)", [_bound(wait)])
+            postgresql = connection.vendor == "postgresql"
+            if postgresql:  # the bound for this read only (a pooled connection keeps GUCs)
+                cursor.execute("BEGIN")
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_bound(wait)])
                 sql += " FOR SHARE"
             cursor.execute(sql, [key])
             row = cursor.fetchone()
+            if postgresql:
+                cursor.execute("COMMIT")
             expected = (
                 None if touched is None else connection.ops.adapt_datetimefield_value(touched)
             )
@@ -493,14 +497,14 @@ def _floor(using: str, backend: str, wait: float | None) -> int | None:
             )
         else:
             # The wait for the floor (a prune holds it while it deletes) is bounded like the
-            # row's, in the same statement: the columns are evaluated in order, so the bound
-            # is set before the locking read, and the transaction's own restored after it
-            # (the bounded upsert saved it).
+            # row's, in the same statement: the FROM sets the bound (saving the transaction's
+            # own) before the columns run the locking read, then restore it.
             cursor.execute(
                 f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
                 " current_setting('transaction_isolation'),"
                 f" set_config('lock_timeout', current_setting('{_SAVED}'), true)"
-                f" FROM (SELECT set_config('lock_timeout', %s, true)) AS bound",
+                f" FROM (SELECT set_config('lock_timeout', %s || left(set_config('{_SAVED}',"
+                " current_setting('lock_timeout'), true), 0), true)) AS bound",
                 [key, _bound(wait)],
             )
         floor, isolation = cursor.fetchone()[:2]
