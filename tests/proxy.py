@@ -82,4 +82,6 @@ class LossyProxy:
         with self._mutex:
             for sock in self._sockets:
                 with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # a pump blocked in recv() holds it open
+                with contextlib.suppress(OSError):
                     sock.close()
