@@ -2,6 +2,7 @@
 
 from .exceptions import (
     BackendUnavailable,
+    CommitOutcomeUnknown,
     LockError,
     LockLost,
     LockNotAcquired,
@@ -38,6 +39,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "DEFAULT_LOCK_ALIAS",
     "BackendUnavailable",
+    "CommitOutcomeUnknown",
     "Lock",
     "LockError",
     "LockLost",

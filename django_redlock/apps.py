@@ -11,10 +11,16 @@ class DjangoRedlockConfig(AppConfig):
     def ready(self) -> None:
         from django.core import checks
 
-        from .checks import check_permissions, check_shared_cache_db, check_unknown_settings
+        from .checks import (
+            check_permissions,
+            check_shared_cache_db,
+            check_shared_namespace,
+            check_unknown_settings,
+        )
         from .handler import locks
 
         checks.register(check_shared_cache_db, checks.Tags.caches)
+        checks.register(check_shared_namespace, checks.Tags.caches)
         checks.register(check_unknown_settings)
         checks.register(check_permissions, checks.Tags.caches)
 

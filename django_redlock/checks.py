@@ -16,6 +16,7 @@ Endpoint = tuple[str, str, Any, int]
 SHARED_DB = "django_redlock.W001"
 UNKNOWN_SETTING = "django_redlock.W002"
 MISSING_PERMISSION = "django_redlock.W003"
+SHARED_NAMESPACE = "django_redlock.W004"
 
 #: Every setting this app reads. Anything else named DJANGO_REDLOCK... is a misspelling that
 #: Django would silently ignore.
@@ -160,4 +161,55 @@ def check_permissions(app_configs: Any = None, **kwargs: Any) -> list[CheckMessa
                         id=MISSING_PERMISSION,
                     )
                 )
+    return found
+
+
+def check_shared_namespace(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Warn when two aliases keep their locks under the same keys: a Redis database they
+    share (a LOCATION of each, or a django-redis cache's) and the same KEY_PREFIX. A name
+    taken through either is then one lock in Redis, but a fenced block records its fence in
+    the row of its own alias: fenced transactions through the two are not ordered."""
+    from .backends.base import DEFAULT_KEY_PREFIX
+    from .backends.django_redis import DjangoRedisBackend
+    from .backends.redis import RedisBackend
+    from .backends.redlock import RedlockBackend
+    from .backends.sentinel import SentinelBackend
+    from .handler import backend_class, locks
+
+    caches = _django_redis_caches()
+    spaces: list[tuple[str, str, set[Endpoint]]] = []
+    for alias, config in locks.settings.items():
+        cls = backend_class(alias, config)
+        if issubclass(cls, DjangoRedisBackend):
+            where = caches.get(str(config.get("CACHE", "default")), set())
+        elif issubclass(cls, (RedisBackend, RedlockBackend)) and not issubclass(
+            cls,
+            SentinelBackend,  # its LOCATION names sentinels, not the database
+        ):
+            location = config.get("LOCATION")
+            urls = location if isinstance(location, (list, tuple)) else [location]
+            where = {endpoint for endpoint in map(_endpoint, urls) if endpoint is not None}
+        else:
+            continue
+        spaces.append((alias, str(config.get("KEY_PREFIX", DEFAULT_KEY_PREFIX)), where))
+    found: list[CheckMessage] = []
+    for index, (alias, prefix, where) in enumerate(spaces):
+        for first, their_prefix, theirs in spaces[:index]:
+            if prefix != their_prefix or not where & theirs:
+                continue
+            found.append(
+                Warning(
+                    f"DJANGO_REDLOCK[{first!r}] and DJANGO_REDLOCK[{alias!r}] keep their locks"
+                    f" under the same keys (the same Redis database, KEY_PREFIX {prefix!r}): a"
+                    " lock name taken through either is one lock, but fenced blocks (atomic=)"
+                    " record its fence in a database row per alias, so fenced transactions"
+                    " through the two aliases are not ordered against each other (a stale"
+                    " holder through one can commit after a newer holder through the other).",
+                    hint=f"Give DJANGO_REDLOCK[{alias!r}] a KEY_PREFIX (or a Redis database) of"
+                    " its own, or use one alias for both. If no lock is taken through both,"
+                    f" silence this with SILENCED_SYSTEM_CHECKS = [{SHARED_NAMESPACE!r}].",
+                    obj=f"DJANGO_REDLOCK[{alias!r}]",
+                    id=SHARED_NAMESPACE,
+                )
+            )
     return found

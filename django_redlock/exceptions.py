@@ -34,6 +34,13 @@ class StaleFence(LockLost):
         return (type(self), (str(self), self.fence, self.recorded))
 
 
+class CommitOutcomeUnknown(LockError):
+    """The connection to the database failed during a fenced transaction's COMMIT, and the
+    database could not be asked afterwards whether it committed: it may have, or not. Not
+    safe to retry blindly (the work may be applied twice); check what the block wrote first.
+    The original database error is its ``__cause__``."""
+
+
 class QuorumNotReached(LockError):
     """Too few Redlock nodes answered to decide either way."""
 

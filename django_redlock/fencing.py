@@ -10,13 +10,18 @@ once the previous holder's transaction ended, whatever became of that hold in Re
 
 The block is a state machine (docs/topics/fencing.md draws it): waiting in Redis, holding,
 row locked, committed, released. Its one rule for callers: **a block that raises committed
-nothing; a block that returns committed** (a savepoint, inside an outer transaction). So:
+nothing; a block that returns committed** (a savepoint, inside an outer transaction), save
+``CommitOutcomeUnknown``: the connection failed during the COMMIT and the database could not
+be asked afterwards. So:
 
 * the wait for the row is bounded (:func:`row_wait`): a cycle through Redis and the database
   (one thread holds a lock in Redis and waits for a row, the other holds the row and waits
   in Redis) is invisible to both, and would never end;
 * a transaction the body left unable to commit (PostgreSQL's aborted state after a caught
-  error, Django's ``needs_rollback``) is rolled back and raised, never reported as committed;
+  error, Django's ``needs_rollback``, SQLite's own rollback inside the body) is rolled back
+  and raised, never reported as committed;
+* a COMMIT whose reply was lost is settled from the lock's row, read on a new connection
+  (:func:`commit_outcome`): the block's upsert wrote its fence there, in the same transaction;
 * once the COMMIT happened (a first robust ``on_commit`` marks it), nothing is raised as if it
   had not: an ``on_commit`` callback's error is logged, and a lost hold at the release too
   (the lost-hold rule: raising would invite a retry, which would apply the work twice).
@@ -34,11 +39,19 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    transaction,
+)
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from .exceptions import LockError, LockNotAcquired, LockNotOwned, StaleFence
+from .exceptions import CommitOutcomeUnknown, LockError, LockNotAcquired, LockNotOwned, StaleFence
 
 if TYPE_CHECKING:
     from .locking.base import BaseLock
@@ -106,7 +119,14 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
     locked past :func:`row_wait`; the body's exception; ``TransactionManagementError`` when
     the body left the transaction unable to commit; the database's error when the COMMIT
     failed. Returns once committed: an ``on_commit`` callback's ``Exception`` is then logged,
-    not raised (a ``BaseException`` such as ``KeyboardInterrupt`` still propagates)."""
+    not raised (a ``BaseException`` such as ``KeyboardInterrupt`` still propagates).
+
+    The connection lost during the COMMIT (an ``OperationalError`` or ``InterfaceError`` from
+    the outermost transaction's exit, the commit marker not run): the server may have
+    committed. :func:`commit_outcome` asks on a new connection whether the lock's row carries
+    this block's fence and time (the upsert wrote them in the same transaction): yes, the
+    block returns as committed (a warning logged; its ``on_commit`` callbacks did not run);
+    no, the database's error (nothing committed); no answer, ``CommitOutcomeUnknown``."""
     if not lock.exclusive:
         raise TypeError(
             f"{lock._describe()} is shared by several holders at once: a fenced transaction"
@@ -117,15 +137,43 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
     if hold.fence is None:
         raise LockError(f"{lock._describe()}: this hold has no fencing token to record")
     committed = _Committed()
+    outermost = not connections[using].in_atomic_block  # its exit is the COMMIT
+    touched = timezone.now()  # the row's time: with the fence, this block's mark in the row
+    fence, exiting = hold.fence, False
     try:
         with transaction.atomic(using=using):
             check_fence(using, lock.using, lock.name, hold.fence, lock._describe(),
-                        refencer(lock, hold), wait=row_wait(lock))  # fmt: skip
+                        refencer(lock, hold), wait=row_wait(lock), now=touched)  # fmt: skip
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
             yield
             refuse_unfinished(using, lock._describe())
-    except Exception:
-        if not committed.done:
+            exiting = outermost  # from here on, only the COMMIT can fail
+    except Exception as exc:
+        if committed.done:
+            pass
+        elif exiting and isinstance(exc, (OperationalError, InterfaceError)):
+            # Re-fenced in the block: the new fence is this block's alone, whatever the time.
+            mark = None if hold.fence != fence else touched
+            outcome = commit_outcome(using, row_key(lock.using, lock.name), hold.fence, mark,
+                                     min(max(row_wait(lock), 5.0), 60.0))  # fmt: skip
+            if outcome is None:
+                raise CommitOutcomeUnknown(
+                    f"{lock._describe()}: the connection to database {using!r} failed during"
+                    f" the COMMIT of its fenced transaction ({exc}), and the database could not"
+                    " be asked whether it committed: the outcome is UNKNOWN. Do not retry"
+                    " blindly: check what the block wrote first."
+                ) from exc
+            if not outcome:
+                raise  # the row does not carry this block's fence: nothing committed
+            logger.warning(
+                "redlock: %s: the connection failed during the COMMIT of its fenced transaction"
+                " (%s), yet the lock's row carries its fence: it committed (its on_commit"
+                " callbacks did not run)",
+                lock._describe(),
+                exc,
+            )
+            return
+        else:
             raise  # nothing committed
         # The COMMIT happened; an on_commit callback raised after it. Raising now would say
         # "not committed" and invite a retry that applies the work twice.
@@ -133,6 +181,47 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
             "redlock: %s: its fenced transaction committed; then an on_commit callback raised",
             lock._describe(),
         )
+
+
+def commit_outcome(
+    using: str, key: str, fence: int, touched: datetime.datetime | None, wait: float
+) -> bool | None:
+    """Whether a fenced transaction whose COMMIT's reply was lost committed, asked on a new
+    connection: True if the lock's row (key ``key``) carries ``fence`` (and ``touched``, unless
+    None: a hold's blocks share its fence), False if not, None if the database did not answer.
+    On PostgreSQL the read locks the row (``FOR SHARE``, at most ``wait`` seconds): a server
+    still finishing that transaction holds it, and the answer comes once the transaction
+    ended, either way."""
+    from .models import Fence
+
+    connection = connections.create_connection(using)
+    try:
+        qn = connection.ops.quote_name
+        sql = f"SELECT {qn('fence')}, {qn('touched')} FROM {qn(Fence._meta.db_table)}"
+        sql += f" WHERE {qn('key')} = %s"
+        with connection.cursor() as cursor:
+            postgresql = connection.vendor == "postgresql"
+            if postgresql:  # the bound for this read only (a pooled connection keeps GUCs)
+                cursor.execute("BEGIN")
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_bound(wait)])
+                sql += " FOR SHARE"
+            cursor.execute(sql, [key])
+            row = cursor.fetchone()
+            if postgresql:
+                cursor.execute("COMMIT")
+            expected = (
+                None if touched is None else connection.ops.adapt_datetimefield_value(touched)
+            )
+    except DatabaseError:
+        logger.warning("redlock: database %r did not answer after a lost COMMIT", using,
+                       exc_info=True)  # fmt: skip
+        return None
+    finally:
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+    if row is None or int(row[0]) != fence:
+        return False
+    return touched is None or row[1] == expected or str(row[1]) == str(expected)
 
 
 def refuse_unfinished(using: str, describe: str) -> None:
@@ -143,6 +232,15 @@ def refuse_unfinished(using: str, describe: str) -> None:
     connection = connections[using]
     if connection.needs_rollback:
         why = "it was marked for rollback (transaction.set_rollback(True), or a failed inner block)"
+    elif _rolled_back(connection):
+        raise TransactionManagementError(
+            f"{describe}: its fenced transaction was rolled back by the database inside the"
+            " block (SQLite does so on a trigger's RAISE(ROLLBACK), a full disk, an I/O error,"
+            " out of memory, an interrupt), and the body went on: nothing of the transaction"
+            " committed, but statements the body ran after that error ran outside it, each"
+            " committed on its own, without the fence check. Do not catch such errors in the"
+            " block."
+        )
     elif _aborted(connection):
         why = "an error inside it (caught by the body, without a savepoint) aborted it"
     else:
@@ -151,6 +249,16 @@ def refuse_unfinished(using: str, describe: str) -> None:
         f"{describe}: its fenced transaction cannot commit: {why}; rolled back, nothing"
         " committed. Catch database errors inside `with transaction.atomic():` in the block."
     )
+
+
+def _rolled_back(connection: Any) -> bool:
+    """Whether SQLite ended the block's transaction itself: some errors (a trigger's
+    ``RAISE(ROLLBACK)``, SQLITE_FULL, IOERR, NOMEM, INTERRUPT) roll it back whole, and the
+    statements after them autocommit. Mid-block the driver is then out of any transaction
+    (the block's upsert ran in it, so it was in one)."""
+    if connection.vendor != "sqlite" or connection.connection is None:
+        return False
+    return not connection.connection.in_transaction
 
 
 def _aborted(connection: Any) -> bool:
@@ -172,6 +280,7 @@ def check_fence(
     describe: str = "",
     refence: Callable[[int], int] | None = None,
     wait: float | None = None,
+    now: datetime.datetime | None = None,
 ) -> None:
     """Record ``fence`` as the newest of lock ``name`` on ``backend``, or raise StaleFence if
     a larger one is recorded. In a transaction: the row stays locked until it ends. One
@@ -186,7 +295,7 @@ def check_fence(
     the recorded one, checked again here while the row stays locked; only a hold that is not
     current (``refence`` answers 0 or -1) raises StaleFence."""
     connection = connections[using]
-    now = timezone.now()
+    now = timezone.now() if now is None else now  # the row's ``touched``
     key = row_key(backend, name)
     try:
         if connection.vendor in ("postgresql", "sqlite") and (
@@ -274,6 +383,16 @@ def stale_message(
     )
 
 
+#: PostgreSQL's largest ``lock_timeout`` (ms, a 32-bit int): above it, SET fails.
+MAX_LOCK_TIMEOUT_MS = 2**31 - 1
+
+
+def _bound(wait: float) -> str:
+    """``wait`` seconds as a ``lock_timeout`` value: ms, at least 1 (0 would mean none), at
+    most PostgreSQL's maximum (a TTL of weeks waits that long, about 24.8 days)."""
+    return str(min(MAX_LOCK_TIMEOUT_MS, max(1, round(wait * 1000))))
+
+
 def _lock_timeout(exc: BaseException) -> bool:
     cause = exc.__cause__
     return getattr(cause, "sqlstate", None) == "55P03" or getattr(cause, "pgcode", None) == "55P03"
@@ -287,7 +406,7 @@ def _upsert(
     touched = connection.ops.adapt_datetimefield_value(now)
     params: list[Any] = [key, backend, name, fence, touched]
     if bounded:
-        params.append(str(max(1, round(wait * 1000))))  # type: ignore[operator]
+        params.append(_bound(wait))  # type: ignore[arg-type]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -386,15 +505,28 @@ def _floor(using: str, backend: str, wait: float | None) -> int | None:
             rows = rows.select_for_update()
         return next(iter(rows.values_list("fence", flat=True)), None)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
-            " current_setting('transaction_isolation')",
-            [key],
-        )
-        floor, isolation = cursor.fetchone()
+        if wait is None:
+            cursor.execute(
+                f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
+                " current_setting('transaction_isolation')",
+                [key],
+            )
+        else:
+            # The wait for the floor (a prune holds it while it deletes) is bounded like the
+            # row's, in the same statement: the FROM sets the bound (saving the transaction's
+            # own) before the columns run the locking read, then restore it.
+            cursor.execute(
+                f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
+                " current_setting('transaction_isolation'),"
+                f" set_config('lock_timeout', current_setting('{_SAVED}'), true)"
+                f" FROM (SELECT set_config('lock_timeout', %s || left(set_config('{_SAVED}',"
+                " current_setting('lock_timeout'), true), 0), true)) AS bound",
+                [key, _bound(wait)],
+            )
+        floor, isolation = cursor.fetchone()[:2]
         if floor is not None or isolation in ("read committed", "read uncommitted"):
             return None if floor is None else int(floor)
-        bound = "0" if wait is None else str(max(1, round(wait * 1000)))
+        bound = "0" if wait is None else _bound(wait)
         columns = ", ".join(qn(c) for c in ("key", "backend", "name", "fence", "touched"))
         cursor.execute("SAVEPOINT django_redlock_floor")
         # Serialization error if a floor our snapshot cannot see exists (ON CONFLICT checks
@@ -500,16 +632,38 @@ def prune_fences(using: str, older_than: datetime.timedelta) -> int:
     the same transaction: a first block below the floor is refused as its pruned row would
     have refused it. New holds are not: their fences come from the Redis server's clock (ms x
     1000), above those of rows untouched since, even when Redis lost its counters.
+
+    The prune never makes fenced blocks wait for long: the rows it deletes stay locked until
+    it commits, so it waits for nothing while holding them. On PostgreSQL a row locked by an
+    open transaction is in use, not idle: it is skipped (``SKIP LOCKED``); and the wait for a
+    floor (a first block's transaction reading it) is bounded by :data:`PRUNE_WAIT`: past it,
+    ``LockNotAcquired``, nothing deleted (run it again later).
     """
     now = timezone.now()
     with transaction.atomic(using=using):
-        deleted = _delete_old(using, now - older_than)
-        tops: dict[str, int] = {}
-        for backend, fence in deleted:
-            tops[backend] = max(fence, tops.get(backend, fence))
-        for backend, top in tops.items():
-            _raise_floor(using, backend, top, now)
+        if connections[using].vendor == "postgresql":
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)",
+                               [_bound(PRUNE_WAIT)])  # fmt: skip
+        try:
+            deleted = _delete_old(using, now - older_than)
+            tops: dict[str, int] = {}
+            for backend, fence in deleted:
+                tops[backend] = max(fence, tops.get(backend, fence))
+            for backend, top in tops.items():
+                _raise_floor(using, backend, top, now)
+        except OperationalError as exc:
+            if not _lock_timeout(exc):
+                raise
+            raise LockNotAcquired(
+                f"prune-fences: a floor of database {using!r} stayed locked by a fenced"
+                f" transaction for {PRUNE_WAIT:g} s; nothing deleted, run it again later"
+            ) from exc
     return len(deleted)
+
+
+#: How long prune-fences waits for a floor another transaction holds (seconds).
+PRUNE_WAIT = 2.0
 
 
 def _delete_old(using: str, before: datetime.datetime) -> list[tuple[str, int]]:
@@ -525,7 +679,14 @@ def _delete_old(using: str, before: datetime.datetime) -> list[tuple[str, int]]:
         if connection.vendor in ("postgresql", "sqlite") and (
             connection.features.can_return_columns_from_insert  # SQLite >= 3.35: RETURNING
         ):
-            cursor.execute(f"{delete} RETURNING {qn('backend')}, {qn('fence')}", [cutoff])
+            params: list[Any] = [cutoff]
+            if connection.vendor == "postgresql":  # rows in use are not idle: not waited for
+                delete += (
+                    f" AND {qn('key')} IN (SELECT {qn('key')} FROM {table} WHERE {touched} < %s"
+                    f" AND {name} <> '' FOR UPDATE SKIP LOCKED)"
+                )
+                params.append(cutoff)
+            cursor.execute(f"{delete} RETURNING {qn('backend')}, {qn('fence')}", params)
             return [(str(b), int(f)) for b, f in cursor.fetchall()]
         old = Fence.objects.using(using).filter(touched__lt=before).exclude(name="")
         if connection.features.has_select_for_update:

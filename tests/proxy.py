@@ -68,10 +68,20 @@ class LossyProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
+    def cut(self) -> None:
+        """Cut every connection open through the proxy (new ones are still accepted)."""
+        with self._mutex:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         self._closed = True
         self._listener.close()
         with self._mutex:
             for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)  # a pump blocked in recv() holds it open
                 with contextlib.suppress(OSError):
                     sock.close()

@@ -415,3 +415,36 @@ def test_manage_py_check_shows_the_shared_database_warning() -> None:
     text = err.getvalue()
     assert "DJANGO_REDLOCK['r']: (django_redlock.W001)" in text
     assert "FLUSHDB" in text and "redis://HOST:6379/1" in text
+
+
+def _shared_namespace(locks_config: dict[str, Any], caches: dict[str, Any]) -> list[str]:
+    from django.core import checks
+
+    with override_settings(DJANGO_REDLOCK=locks_config, CACHES=caches):
+        found = checks.run_checks(tags=[checks.Tags.caches])
+    return [m.msg for m in found if m.id == "django_redlock.W004"]
+
+
+def test_two_aliases_on_the_same_keys_are_a_warning() -> None:
+    """One lock in Redis, two fence rows: fenced blocks through the two aliases would not be
+    ordered against each other."""
+    quorum = "django_redlock.backends.redlock.RedlockBackend"
+    djr = "django_redlock.backends.django_redis.DjangoRedisBackend"
+    config = {
+        "a": {"BACKEND": REDIS, "LOCATION": "redis://10.0.0.5:6379/1"},
+        "twin": {"BACKEND": REDIS, "LOCATION": "redis://10.0.0.5/1", "TTL": 5},
+        "prefixed": {"BACKEND": REDIS, "LOCATION": "redis://10.0.0.5:6379/1",
+                     "KEY_PREFIX": "other"},
+        "db2": {"BACKEND": REDIS, "LOCATION": "redis://10.0.0.5:6379/2"},
+        "quorum": {"BACKEND": quorum, "LOCATION": ["redis://10.0.0.7/0", "redis://10.0.0.8/0",
+                                                   "redis://10.0.0.5:6379/2"]},
+        "cache": {"BACKEND": djr, "CACHE": "default"},
+        "local": {"BACKEND": "django_redlock.backends.locmem.LocMemBackend"},
+    }  # fmt: skip
+    found = _shared_namespace(config, {"default": {**CACHE, "LOCATION": "redis://10.0.0.8/0"}})
+    assert len(found) == 3, found
+    pairs = [("'a'", "'twin'"), ("'db2'", "'quorum'"), ("'quorum'", "'cache'")]
+    for (first, second), msg in zip(pairs, found, strict=True):
+        assert f"DJANGO_REDLOCK[{first}] and DJANGO_REDLOCK[{second}]" in msg, msg
+        assert "fenced" in msg and "not ordered" in msg
+    assert _shared_namespace({"a": config["a"], "prefixed": config["prefixed"]}, {}) == []

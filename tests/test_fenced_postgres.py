@@ -15,7 +15,9 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import pre_delete
 from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
@@ -23,15 +25,17 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path
 from django.utils import timezone
 
-from django_redlock import StaleFence, lock, lock_view, locks, read_write_lock
+from django_redlock import CommitOutcomeUnknown, StaleFence, lock, lock_view, locks, read_write_lock
 from django_redlock.fencing import prune_fences, row_key
 from django_redlock.models import Fence
 from django_redlock.testing import RedisServer
 
 from .conftest import Child
 from .fenced_child import open_shop, sales, sell_one
+from .proxy import LossyProxy
 
 PG = "postgres"
+PROXIED = "postgres_proxied"
 pytestmark = pytest.mark.django_db(databases=["default", PG], transaction=True)
 
 
@@ -448,6 +452,71 @@ def test_a_failing_on_commit_callback_leaves_a_committed_block_committed(name: s
     assert sales(PG) == [("a", 5)] and not lock(name).locked()
 
 
+# -- the COMMIT's reply lost -------------------------------------------------------------------
+
+
+@pytest.fixture
+def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[LossyProxy]:
+    """Database alias ``PROXIED``: the test PostgreSQL through a proxy that loses replies."""
+    proxy = LossyProxy(int(connections[PG].settings_dict["PORT"]))
+    connections.settings[PROXIED] = {**connections[PG].settings_dict, "PORT": str(proxy.port)}
+    # The test case lets only its own aliases (re)connect: add this one for the test's time
+    # (Django's patched ensure_connection holds the test case class in its closure).
+    patched = BaseDatabaseWrapper.ensure_connection
+    case = next(c.cell_contents for c in patched.__closure__ or ()
+                if isinstance(c.cell_contents, type))  # fmt: skip
+    monkeypatch.setattr(case, "databases", {*case.databases, PROXIED})
+    try:
+        yield proxy
+    finally:
+        with contextlib.suppress(DatabaseError):
+            connections[PROXIED].close()
+        del connections[PROXIED]
+        del connections.settings[PROXIED]
+        proxy.close()
+
+
+def test_a_commit_whose_reply_is_lost_returns_as_committed(
+    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server committed; the client saw its connection fail. The lock's row carries the
+    block's fence (written in the same transaction): the block committed, and says so. Saying
+    "nothing committed" would make the retry recipe sell twice."""
+    open_shop(PG, 1, 5)
+    with lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.lose_replies(1)  # the COMMIT's
+    assert proxied.lost == 1 and sales(PG) == [("a", 5)] and not lock(name).locked()
+    assert "it committed" in caplog.text
+
+
+def test_a_lost_commit_whose_outcome_cannot_be_learned_raises_outcome_unknown(
+    name: str, proxied: LossyProxy
+) -> None:
+    open_shop(PG, 1, 5)
+    with pytest.raises(CommitOutcomeUnknown, match="UNKNOWN"), lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.lose_replies(100)  # the COMMIT's, and every reply to the question after it
+    assert sales(PG) == [("a", 5)] and not lock(name).locked()  # it had committed
+
+
+def test_a_commit_cut_before_the_server_got_it_raises_and_committed_nothing(
+    name: str, proxied: LossyProxy
+) -> None:
+    """The second block of one hold: the row carries the hold's fence from the first block,
+    but not this block's time, so the lost COMMIT is not taken for a committed one."""
+    open_shop(PG, 1, 5)
+    held = lock(name, ttl=30)
+    held.acquire()
+    with held.atomic(using=PROXIED):
+        pass
+    with pytest.raises(OperationalError), held.atomic(using=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.cut()  # the COMMIT never reaches the server, which rolls back
+    held.release()
+    assert sales(PG) == []
+
+
 # -- a wait cycle through Redis and PostgreSQL --------------------------------------------------
 
 
@@ -600,3 +669,102 @@ def test_first_blocks_of_two_names_do_not_wait_for_each_other_s_floor_probe(
     finally:
         done.set()
         thread.join(30)
+
+
+# -- prune-fences and the floor: bounded waits ------------------------------------------------
+
+
+def other_session() -> psycopg.Connection[Any]:
+    config = connections[PG].settings_dict
+    return psycopg.connect(host=config["HOST"], port=config["PORT"], user=config["USER"],
+                           dbname=config["NAME"])  # fmt: skip
+
+
+def put_floor(key: str) -> None:
+    found = {"backend": "default", "name": "", "fence": 1, "touched": timezone.now()}
+    Fence.objects.using(PG).update_or_create(key=key, defaults=found)
+
+
+def test_a_first_block_s_wait_for_the_floor_is_bounded_like_the_row_s(name: str) -> None:
+    """A prune holds the backend's floor (it raises it) while it waits for something else: a
+    name's first block reads the floor with a locking read, and waits for it at most its
+    ``timeout=``, like for its row. Unbounded, prune-fences and two backends made a wait
+    cycle through Redis and PostgreSQL that never ended."""
+    from django_redlock.exceptions import LockNotAcquired
+
+    floor = row_key("default", "")
+    put_floor(floor)
+    with other_session() as pruning:
+        pruning.execute("SELECT 1 FROM django_redlock_fence WHERE key = %s FOR UPDATE", [floor])
+        release = threading.Timer(20, pruning.rollback)  # unbounded: the block waits until then
+        release.start()
+        try:
+            with (
+                pytest.raises(LockNotAcquired, match="stayed locked"),
+                lock(name, ttl=30, timeout=1, atomic=PG),
+            ):
+                pass
+        finally:
+            release.cancel()
+    assert not lock(name).locked()
+    with lock(name, ttl=30, timeout=1, atomic=PG), connections[PG].cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")  # the transaction's own, restored after the read
+        assert cursor.fetchone()[0] == "0"
+
+
+def test_prune_fences_skips_rows_in_use_and_never_holds_fresh_holders(name: str) -> None:
+    """A fenced transaction stays open on one old row: prune-fences deletes the others
+    without waiting for it (it would hold their rows locked meanwhile, and fresh holders of
+    those idle names would wait behind it), and keeps that row."""
+    busy, idle = f"{name}:busy", f"{name}:idle"
+    old = timezone.now() - datetime.timedelta(days=10)
+    for held in (idle, busy):
+        Fence.objects.using(PG).create(key=row_key("default", held), backend="default",
+                                       name=held, fence=5, touched=old)  # fmt: skip
+    with other_session() as open_block:
+        open_block.execute("SELECT 1 FROM django_redlock_fence WHERE key = %s FOR UPDATE",
+                           [row_key("default", busy)])  # fmt: skip
+        pruned: list[int] = []
+        pruner = run(lambda: pruned.append(prune_fences(PG, datetime.timedelta(days=1))))
+        pruner.join(20)
+        open_block.rollback()
+        pruner.join(20)
+    assert pruned == [1]
+    assert list(Fence.objects.using(PG).exclude(name="").values_list("name", flat=True)) == [busy]
+    with lock(idle, ttl=30, timeout=1, atomic=PG):
+        pass
+
+
+def test_prune_fences_waits_for_a_floor_at_most_a_moment_and_deletes_nothing(name: str) -> None:
+    """A first block's open transaction holds the floor (FOR SHARE): prune-fences, holding
+    the rows it deleted, gives up after PRUNE_WAIT instead of making their fresh holders wait
+    behind it (with two backends, a wait cycle through Redis that never ended)."""
+    floor = row_key("default", "")
+    put_floor(floor)
+    old = timezone.now() - datetime.timedelta(days=10)
+    Fence.objects.using(PG).create(key=row_key("default", name), backend="default", name=name,
+                                   fence=5, touched=old)  # fmt: skip
+    with other_session() as first_block:
+        first_block.execute("SELECT 1 FROM django_redlock_fence WHERE key = %s FOR SHARE", [floor])
+        release = threading.Timer(20, first_block.rollback)  # unbounded: the prune waits
+        release.start()
+        try:
+            with pytest.raises(CommandError, match="nothing deleted") as raised:
+                call_command("redlock", "prune-fences", "--older-than", "1d", "--database", PG)
+        finally:
+            release.cancel()
+    assert raised.value.returncode == 1
+    assert Fence.objects.using(PG).filter(name=name).exists()
+
+
+@pytest.mark.parametrize("bound", ["ttl", "timeout"])
+def test_a_bound_beyond_postgresql_s_largest_lock_timeout_is_clamped(name: str, bound: str):
+    """lock_timeout is a 32-bit number of ms (about 24.8 days): a TTL or timeout above it
+    made every fenced block fail (DataError). The wait is clamped to PostgreSQL's maximum."""
+    open_shop(PG, 1, 5)
+    days = 30 * 86400
+    long = {"ttl": days} if bound == "ttl" else {"ttl": 30, "timeout": days}
+    Fence.objects.using(PG).filter(key=row_key("default", "")).delete()  # the floor read too
+    with lock(name, atomic=PG, **long):
+        sell_one(PG, 1, "a")
+    assert sales(PG) == [("a", 5)]

@@ -5,13 +5,15 @@ functions refused. PostgreSQL's own cases: tests/test_fenced_postgres.py."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connection, transaction
 from django.db.transaction import TransactionManagementError
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.test import Client
@@ -191,6 +193,30 @@ def test_a_block_marked_for_rollback_raises_and_commits_nothing(name: str, form:
     assert sales(DB) == [] and not lock(name).locked()
 
 
+@pytest.mark.parametrize("form", ["with", "atomic"])
+def test_sqlite_rolling_the_transaction_back_inside_the_body_raises(name: str, form: str) -> None:
+    """SQLite rolls the whole transaction back on some errors (a trigger's RAISE(ROLLBACK),
+    SQLITE_FULL, IOERR, NOMEM, INTERRUPT); the body catches the error and goes on, its next
+    statements autocommit one by one, with no fence. The block must not return as committed."""
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS shop_audit")
+        cursor.execute("CREATE TABLE shop_audit (msg text)")
+        cursor.execute(
+            "CREATE TRIGGER shop_audit_not_empty BEFORE INSERT ON shop_audit WHEN new.msg = ''"
+            " BEGIN SELECT RAISE(ROLLBACK, 'empty audit message'); END"
+        )
+
+    def body() -> None:
+        sell_one(DB, 1, "a")
+        with pytest.raises(IntegrityError), connection.cursor() as cursor:
+            cursor.execute("INSERT INTO shop_audit VALUES ('')")
+
+    with pytest.raises(TransactionManagementError, match="rolled back by the database"):
+        FORMS[form](name, body)
+    assert sales(DB) == [] and not lock(name).locked()
+    assert not Fence.objects.filter(key=row_key(DB, name)).exists()
+
+
 # -- generator functions: refused when decorated ---------------------------------------------
 
 
@@ -219,6 +245,93 @@ def test_a_generator_function_is_refused_when_decorated(decorator: Any, func: An
     transaction. Refused before any Redis call (backend "down" listens nowhere)."""
     with pytest.raises(TypeError, match="generator"):
         decorator()(func)
+
+
+def passthrough(func: Callable[..., Any]) -> Callable[..., Any]:
+    """An ordinary decorator (logging, metrics): the generator function behind ``wraps``."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+class Streamer:
+    def __call__(self, request: HttpRequest, pk: int) -> Iterator[int]:
+        yield pk
+
+
+HIDDEN = {
+    "wraps": lambda: passthrough(generator),
+    "partial": lambda: functools.partial(generator, None),
+    "callable object": lambda: Streamer(),
+    "staticmethod": lambda: staticmethod(generator),
+    "contextmanager": lambda: contextlib.contextmanager(generator),
+    "async wraps": lambda: passthrough(async_generator),
+}
+
+
+@pytest.mark.parametrize("hidden", HIDDEN)
+@pytest.mark.parametrize("atomic", [True, False])
+def test_a_generator_function_behind_a_wrapper_is_refused_when_decorated(hidden: str, atomic):
+    with pytest.raises(TypeError, match="generator"):
+        lock("ticket:{pk}", using="down", atomic=atomic)(HIDDEN[hidden]())
+
+
+class Hidden:
+    """A generator function no decorator-time look can see (``__wrapped__`` dropped)."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+    def __call__(self, pk: int) -> Any:
+        return self.make()
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+@pytest.mark.parametrize("kind", ["generator", "async generator"])
+def test_a_call_that_returns_a_generator_is_refused_released_and_rolled_back(
+    name: str, atomic: bool, kind: str
+) -> None:
+    """Found at call time: the body would run after the release, outside the transaction."""
+    ran: list[str] = []
+
+    def body() -> Iterator[None]:
+        ran.append("body")
+        yield
+
+    async def abody() -> AsyncIterator[None]:
+        ran.append("body")
+        yield
+
+    def make() -> Any:
+        sell_one(DB, 1, "a")
+        return body() if kind == "generator" else abody()
+
+    decorated = lock(name, ttl=30, atomic=atomic)(Hidden(make))
+    with pytest.raises(TypeError, match="returned a"):
+        decorated(1)
+    assert ran == [] and not lock(name).locked()
+    assert sales(DB) == ([] if atomic else [("a", 10)])
+
+
+def plain(pk: int, extra: int = 0) -> int:
+    return pk + extra
+
+
+class Adder:
+    def __call__(self, pk: int) -> int:
+        return pk + 1
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_partials_and_callable_objects_are_locked_like_functions(name: str, atomic: bool):
+    """No ``__qualname__`` on them: the lock's name template still builds (it crashed)."""
+    assert lock(name + ":{pk}", ttl=30, atomic=atomic)(functools.partial(plain, extra=2))(1) == 3
+    assert lock(name + ":{pk}", ttl=30, atomic=atomic)(Adder())(1) == 2
+    with pytest.raises(ValueError, match=r"partial\(plain\)|Adder"):
+        lock("{nope}", ttl=30, atomic=atomic)(Adder())(1)
 
 
 # -- the state machine: every exit, with an exception at each step ----------------------------

@@ -42,7 +42,7 @@ from .holds import (
     untake,
 )
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
-from .templates import name_template, refuse_generator
+from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
 
 logger = logging.getLogger("django_redlock")
 
@@ -781,8 +781,9 @@ class BaseLock:
 
     def __call__(self, func: F) -> F:
         """Use as a decorator: the name is a ``str.format`` template over the arguments."""
-        refuse_generator(func, f"@{self.noun}(...)")
-        name_for = name_template(self.name, inspect.signature(func), func.__qualname__)
+        decorator = f"@{self.noun}(...)"
+        refuse_generator(func, decorator)
+        name_for = name_template(self.name, inspect.signature(func), callable_name(func))
         if inspect.iscoroutinefunction(func):
             self._check_async()
 
@@ -796,6 +797,8 @@ class BaseLock:
         @functools.wraps(func)
         def locked_call(*args: Any, **kwargs: Any) -> Any:
             with self._with_name(name_for(args, kwargs)):
-                return func(*args, **kwargs)
+                result = func(*args, **kwargs)
+                refuse_generator_result(result, func, decorator)
+                return result
 
         return cast(F, locked_call)

@@ -54,7 +54,7 @@ from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
 from .lock import Lock
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
-from .templates import name_template, refuse_generator
+from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -570,7 +570,7 @@ class MultiLock:
         """Use as a decorator: each name is a ``str.format`` template over the arguments."""
         refuse_generator(func, "@lock_all(...)")
         signature = inspect.signature(func)
-        builders = [name_template(n, signature, func.__qualname__) for n in self.names]
+        builders = [name_template(n, signature, callable_name(func)) for n in self.names]
         options = self._options()
         if inspect.iscoroutinefunction(func):
             self._check_async()
@@ -585,7 +585,9 @@ class MultiLock:
         @functools.wraps(func)
         def locked_call(*args: Any, **kwargs: Any) -> Any:
             with MultiLock(*(build(args, kwargs) for build in builders), **options):
-                return func(*args, **kwargs)
+                result = func(*args, **kwargs)
+                refuse_generator_result(result, func, "@lock_all(...)")
+                return result
 
         return cast(F, locked_call)
 

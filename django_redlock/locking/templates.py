@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import string
 from collections.abc import Callable
@@ -47,14 +48,65 @@ def name_template(
     return build
 
 
+def callable_name(func: object) -> str:
+    """A name for any callable: a function's ``__qualname__``, else ``partial(<its func>)``,
+    else its class's (a callable object); never an AttributeError."""
+    name = getattr(func, "__qualname__", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(func, functools.partial):
+        return f"partial({callable_name(func.func)})"
+    return type(func).__qualname__
+
+
+def _underlying(func: object) -> object:
+    """What a call of ``func`` runs: through ``functools.wraps`` wrappers (``__wrapped__``:
+    ``@contextmanager`` too), partials, static and class methods, and a callable object's
+    ``__call__``. A few steps at most: a wrapper may point back to itself."""
+    for _ in range(16):
+        try:
+            inner = inspect.unwrap(func)  # type: ignore[arg-type]
+        except ValueError:  # a wrapper loop (a mock's endless __wrapped__)
+            return func
+        if isinstance(inner, functools.partial):
+            inner = inner.func
+        elif isinstance(inner, (staticmethod, classmethod)):
+            inner = inner.__func__
+        elif callable(inner) and not isinstance(inner, type) and not inspect.isroutine(inner):
+            inner = type(inner).__call__
+        if inner is func:
+            return func
+        func = inner
+    return func
+
+
 def refuse_generator(func: Callable[..., object], decorator: str) -> None:
     """A generator function's body runs when its result is iterated, after the call returned:
-    a lock (and a fenced transaction) around the call would cover none of it. TypeError."""
-    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-        kind = "async generator" if inspect.isasyncgenfunction(func) else "generator"
+    a lock (and a fenced transaction) around the call would cover none of it. TypeError,
+    also for one behind a decorator (``functools.wraps``, ``@contextmanager``), a partial, a
+    static method or a callable object's ``__call__``. Calls that return a generator all the
+    same are refused when they do: :func:`refuse_generator_result`."""
+    target = _underlying(func)
+    if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+        kind = "async generator" if inspect.isasyncgenfunction(target) else "generator"
         raise TypeError(
             f"{decorator} cannot protect the {kind} function"
-            f" {getattr(func, '__qualname__', func)!r}: its body runs when the result is"
+            f" {callable_name(func)!r}: its body runs when the result is"
             " iterated, after the call returned and the lock was released. Lock inside it"
             " (`with lock(...):` around the work), or return a list."
+        )
+
+
+def refuse_generator_result(result: object, func: object, decorator: str) -> None:
+    """Raise TypeError (inside the lock's block: it rolls back and releases) if a call
+    returned a generator or async generator, closed unstarted: its body would run after the
+    release, outside the transaction. The decoration-time check cannot see every callable."""
+    if inspect.isgenerator(result) or inspect.isasyncgen(result):
+        kind = "an async generator" if inspect.isasyncgen(result) else "a generator"
+        if inspect.isgenerator(result):
+            result.close()
+        raise TypeError(
+            f"{decorator}: {callable_name(func)!r} returned {kind}: its body would run when"
+            " iterated, after the lock was released (and outside its transaction); refused,"
+            " nothing of it ran. Lock inside it, or return a list."
         )

@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from ...backends.base import LockInfo, Released
 from ...display import multi_text
-from ...exceptions import LockError
+from ...exceptions import LockError, LockNotAcquired
 from ...fencing import check_database, prune_fences
 from ...handler import locks
 from ...health import Health, contention_order, ping, summarise
@@ -37,7 +37,8 @@ EXIT_CODES = {
     " named); 1 nothing matched, or not confirmed; 2 an unknown --backend; 3 a backend did"
     " not answer",
     "prune-incidents": "0 done",
-    "prune-fences": "0 done; 2 bad usage (an age without its unit, an unknown --database)",
+    "prune-fences": "0 done; 1 busy, nothing deleted (a floor stayed locked: run it again"
+    " later); 2 bad usage (an age without its unit, an unknown --database)",
     "top": "0 done (Ctrl-C, or --once); 2 an unknown --backend; 3 (--once) a backend did not"
     " answer",
 }
@@ -272,7 +273,10 @@ class Command(BaseCommand):
             using = check_database(options["database"])
         except ValueError as exc:
             raise CommandError(str(exc), returncode=2) from None
-        deleted = prune_fences(using, options["older_than"])
+        try:
+            deleted = prune_fences(using, options["older_than"])
+        except LockNotAcquired as exc:  # a floor stayed locked: nothing deleted
+            raise CommandError(str(exc), returncode=NOTHING) from None
         rows = "row" if deleted == 1 else "rows"
         self.stdout.write(f"deleted {deleted} fence {rows} from database {using!r}")
 
