@@ -517,3 +517,27 @@ def test_a_closed_backends_watchdog_worker_ends_promptly(redis_server: RedisServ
     while workers() and time.monotonic() < end:
         time.sleep(0.05)
     assert not workers(), "a closed backend's watchdog worker lingers for WORKER_IDLE"
+
+
+def test_a_lock_lost_receiver_raising_systemexit_does_not_stop_later_declarations(
+    name: str,
+) -> None:
+    first, second = lock(f"{name}:1", ttl=0.6), lock(f"{name}:2", ttl=0.6)
+    seen: list[str] = []
+
+    def receiver(sender: Any, lock: Any, reason: str, **_: Any) -> None:
+        seen.append(lock.name)
+        if lock is first:
+            raise SystemExit  # send_robust lets a BaseException through: the notifier goes on
+
+    lock_lost.connect(receiver, weak=False)
+    try:
+        for each in (first, second):
+            assert each.acquire()
+            locks["redis"].force_release(each.name)
+            end = time.monotonic() + 5.0
+            while each.name not in seen and time.monotonic() < end:
+                time.sleep(0.02)
+    finally:
+        lock_lost.disconnect(receiver)
+    assert seen == [first.name, second.name]
