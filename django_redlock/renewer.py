@@ -306,8 +306,8 @@ class Renewer:
                     self._due_now(entry.bucket, now)  # type: ignore[arg-type]
             entry.set_at = max(entry.set_at, now)
             if owner is not None and key not in self._owners:
-                # The entry was made by a call that came first without the owner (a pending
-                # hold is taken up to IDLE_WAKE late): the owner is the hold's whoever adds it.
+                # Made by a call without the owner that came first (a pending hold is taken
+                # up to IDLE_WAKE late): the owner is kept, whichever call brings it.
                 self._owners[key] = weakref.ref(owner)
             if entry.stop_at is not None and (stop_at is None or stop_at > entry.stop_at):
                 self._set_cap(entry, stop_at)  # renewed as long as any of its objects asks
@@ -555,7 +555,7 @@ class ThreadRenewer(Renewer):
                         declare = self._notes.popleft()
                     declare()
                 except BaseException:  # a bug, or an asynchronous exception: carry on
-                    # That declaration is not run again: half of it may have been (once).
+                    # Not run again: part of it may have run, and a loss is declared once.
                     logger.exception("redlock: declaring a lost lock failed; going on")
         finally:
             with cond:
