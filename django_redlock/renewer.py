@@ -23,20 +23,30 @@ The rules (each is tested in tests/test_watchdog.py):
   stands for one round trip at most, never until the next period.
 * **One backend never delays another**: one scheduler thread (``redlock-renewer``) decides
   what is due and hands each batch to its backend's worker thread, which alone waits for
-  that backend; a paused Redis holds up its own worker and nobody else's. Idle workers end.
+  that backend; a paused Redis holds up its own worker and nobody else's. Idle workers end,
+  and a closed backend's worker (:meth:`ThreadRenewer.retire`, from ``close()``) ends as soon
+  as it renews no hold of that backend.
 * **A loss is declared** only when a backend answered that a token no longer holds its
   lock, by the worker that got the answer, to each Lock object in the entry, after dropping
   it (under the renewer's mutex, so once). The object declares it (``lock_lost``, warning)
   only if it still had the hold: whoever takes a hold out of the object under its mutex (a
   renewal's loss, a release that found it gone, ``owned()``, ``extend()``) declares it, and
   only they, so one loss fires once per object.
+* **A loss is decided on the renewal path, announced off it**: the worker takes the hold out
+  of the object (``owned()`` is False, ``lost`` set, ``LockLost`` raised from then on) and
+  hands the notification (``lock_lost`` receivers, the warning, metrics) to the notifier
+  thread (``redlock-notify``, one per process, started by the first loss, ended when idle),
+  which runs them in order: a receiver that blocks delays other notifications, never a
+  renewal. Receivers should be quick all the same.
 * **No answer is not a loss**: the bucket is tried again soon, for as long as it takes.
 * **Healing**: an exception in a renewer thread (a bug, or an asynchronous exception) is
   caught and logged; the thread goes on after putting every bucket it had taken back into
   the schedule (a batch interrupted mid-flight settles as "no answer"). A scheduler that
   died anyway is started again by the next ``add``/``soon`` or by a worker (idle workers
   look every second); the scheduler starts dead workers, and a worker that ends hands its
-  queued batches back. After a fork the child starts empty.
+  queued batches back. The notifier logs a failed notification and goes on (not running it
+  again: part of it may have run); one that died is started by the next loss, or at once if
+  notifications are left. After a fork the child starts empty.
 * **A batch in flight after a release** may still renew the released hold once (harmless:
   the release deleted the key or the token no longer matches) and its answer is ignored
   for holds no longer in its bucket: only members still there can be declared lost.
@@ -45,7 +55,10 @@ The rules (each is tested in tests/test_watchdog.py):
 
 * **An orphan is let go**: a reentrant hold belongs to its owner, a thread or an asyncio
   task; once that has ended without releasing it, nobody may release it, so it is no longer
-  renewed (looked for every :data:`OWNER_SWEEP` seconds) and runs out at its TTL.
+  renewed (looked for every :data:`OWNER_SWEEP` seconds) and runs out at its TTL. Every
+  ``add`` of a reentrant hold (the acquire's, an ``extend()``'s) names its owner, and the
+  entry keeps it whichever of them made it: the acquire's news may reach the renewer after
+  the extend's.
 """
 
 from __future__ import annotations
@@ -59,6 +72,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -74,7 +88,9 @@ class Lock(Protocol):
 
     def _renewed_by(self, renewer: Renewer, token: str) -> bool: ...
 
-    def _mark_lost(self, token: str, reason: str) -> None: ...
+    def _mark_lost(
+        self, token: str, reason: str, later: Callable[[Callable[[], None]], None] | None = None
+    ) -> None: ...
 
 
 logger = logging.getLogger("django_redlock")
@@ -289,6 +305,10 @@ class Renewer:
                     # landed after it. Renew with the new TTL at once.
                     self._due_now(entry.bucket, now)  # type: ignore[arg-type]
             entry.set_at = max(entry.set_at, now)
+            if owner is not None and key not in self._owners:
+                # Made by a call without the owner that came first (a pending hold is taken
+                # up to IDLE_WAKE late): the owner is kept, whichever call brings it.
+                self._owners[key] = weakref.ref(owner)
             if entry.stop_at is not None and (stop_at is None or stop_at > entry.stop_at):
                 self._set_cap(entry, stop_at)  # renewed as long as any of its objects asks
         if lock not in entry.locks:
@@ -414,7 +434,13 @@ class Renewer:
         reason = "it expired or was released by someone else"
         for entry in lost:
             for lock in list(entry.locks):
-                lock._mark_lost(entry.renewal.token, reason)
+                # Decided here (the object lets go of the hold now); declared by _notify.
+                lock._mark_lost(entry.renewal.token, reason, self._notify)
+
+    def _notify(self, declare: Callable[[], None]) -> None:
+        """Run a loss's declaration (signal, warning, metrics); here at once, but the
+        :class:`ThreadRenewer` hands it to its notifier thread, off the renewal path."""
+        declare()
 
     def _renew(self, batch: Batch) -> None:
         """Send one batch and settle it, whatever happens (an exception: no answer)."""
@@ -480,6 +506,7 @@ class _Worker:
     cond: threading.Condition
     queue: deque[Batch] = field(default_factory=deque)
     thread: threading.Thread | None = None
+    retired: bool = False  # its backend was closed: end once it renews no hold
 
 
 class ThreadRenewer(Renewer):
@@ -495,6 +522,59 @@ class ThreadRenewer(Renewer):
         # Holds just taken, as (taken at, Lock, renewal, stop_at). Most holds are released
         # long before their first renewal (TTL/3): those never cost more than this append.
         self._pending: deque[tuple[float, weakref.ref[Lock], Renewal, float | None, Any]] = deque()
+        # Losses to declare, in order, by the notifier thread: its own lock, so that a slow
+        # receiver never holds up the renewer's mutex, nor any worker.
+        self._notes_cond = threading.Condition(threading.Lock())
+        self._notes: deque[Callable[[], None]] = deque()
+        self._notifier: threading.Thread | None = None
+
+    def _notify(self, declare: Callable[[], None]) -> None:
+        with self._notes_cond:
+            self._notes.append(declare)
+            if self._notifier is None or not self._notifier.is_alive():
+                self._start_notifier()
+            else:
+                self._notes_cond.notify()
+
+    def _start_notifier(self) -> None:
+        self._notifier = threading.Thread(target=self._declare, name="redlock-notify", daemon=True)
+        self._notifier.start()
+
+    def _declare(self) -> None:
+        """The notifier thread: declare each loss handed over, in order; end when idle."""
+        me, cond = threading.current_thread(), self._notes_cond
+        try:
+            while True:
+                try:
+                    with cond:
+                        idle = time.monotonic()
+                        while not self._notes:
+                            if self._notifier is not me or time.monotonic() - idle >= WORKER_IDLE:
+                                return  # idle: the next loss starts a new notifier
+                            cond.wait(IDLE_WAKE)
+                        declare = self._notes.popleft()
+                    declare()
+                except BaseException:  # a bug, or an asynchronous exception: carry on
+                    # Not run again: part of it may have run, and a loss is declared once.
+                    logger.exception("redlock: declaring a lost lock failed; going on")
+        finally:
+            with cond:
+                if self._notifier is me:
+                    self._notifier = None
+                    if self._notes:  # left by an exception that got out of the loop
+                        self._start_notifier()
+
+    def retire(self, backend: BaseLockBackend) -> None:
+        """``backend`` was closed: its worker ends as soon as no hold of it is renewed
+        (at once if none is), instead of after :data:`WORKER_IDLE`."""
+        with self._mutex:
+            worker = self._workers.get(id(backend))
+            if worker is not None and worker.backend is backend:
+                worker.retired = True
+                worker.cond.notify()
+
+    def _renews_on(self, backend: BaseLockBackend) -> bool:
+        return any(entry.backend is backend for entry in self._entries.values())
 
     def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
         taken = time.monotonic()
@@ -587,7 +667,9 @@ class ThreadRenewer(Renewer):
                                 self._wake(time.monotonic())
                             if worker.queue or worker.thread is not me:
                                 continue
-                            if time.monotonic() - idle >= WORKER_IDLE:
+                            if time.monotonic() - idle >= WORKER_IDLE or (
+                                worker.retired and not self._renews_on(worker.backend)
+                            ):
                                 return  # idle: the next batch starts a new worker
                         batch = worker.queue.popleft()
                     self._renew(batch)
@@ -621,6 +703,9 @@ class ThreadRenewer(Renewer):
         self._workers = {}
         self._thread = None
         self._wakes_at = 0.0
+        self._notes_cond = threading.Condition(threading.Lock())
+        self._notes = deque()  # the parent declares its own losses
+        self._notifier = None
 
 
 thread_renewer = ThreadRenewer()

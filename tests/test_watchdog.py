@@ -209,11 +209,11 @@ def test_a_release_in_flight_while_the_renewer_reports_the_loss_does_not_report_
     replies: list[Any] = []
     report = lk._mark_lost
 
-    def racing(token: str, reason: str) -> None:
+    def racing(token: str, reason: str, *later: Any) -> None:
         # The renewer has dropped the hold and is about to tell the object: the release
         # starts now, and gets its answer (the token holds nothing) before the report lands.
         replies.append(lk.backend.execute(next(steps)))
-        report(token, reason)
+        report(token, reason, *later)
 
     lk._mark_lost = racing  # type: ignore[method-assign]
     with _losses() as lost:
@@ -413,3 +413,131 @@ def test_a_reentrant_hold_of_a_live_thread_is_still_renewed(name: str) -> None:
     time.sleep(4.0)
     assert lk.owned()
     lk.release()
+
+
+def _orphan_after_extend(lk: Any) -> None:
+    """Take ``lk`` in a thread that extends it at once and ends without releasing it. The
+    renewer's mutex is held meanwhile, so the scheduler cannot take up the acquire's pending
+    news before the extend reaches the renewer (the order a busy process sees often)."""
+
+    def take_extend_leave() -> None:
+        with thread_renewer._mutex:
+            assert lk.acquire()
+            lk.extend()
+
+    thread = threading.Thread(target=take_extend_leave)
+    thread.start()
+    thread.join()
+
+
+def test_a_reentrant_hold_extended_at_once_is_let_go_when_its_thread_ends(name: str) -> None:
+    lk = lock(name, reentrant=True, ttl=3.3)  # renewed every 1.1 s: its news may wait 1 s
+    _orphan_after_extend(lk)
+    time.sleep(0.5)
+    assert lk.locked()
+    time.sleep(7.0)  # the owner sweep (2 s), then the TTL (3.3 s), with room for a slow box
+    assert not lk.locked(), "an extended reentrant hold of a dead thread is renewed for ever"
+
+
+def test_a_read_hold_extended_at_once_is_let_go_when_its_thread_ends(name: str) -> None:
+    rw = read_write_lock(name, ttl=3.3)
+    reader = rw.read()  # kept: a collected object's hold is let go anyway
+    _orphan_after_extend(reader)
+    time.sleep(7.5)
+    writer = rw.write()
+    assert writer.acquire(blocking=False), "a dead thread's extended read is renewed for ever"
+    writer.release()
+
+
+def test_an_asyncio_reentrant_hold_extended_at_once_is_let_go_when_its_task_ends(
+    name: str,
+) -> None:
+    lk = lock(name, reentrant=True, ttl=3.3)
+
+    async def take_extend_leave() -> None:
+        assert await lk.aacquire()
+        await lk.aextend()
+
+    async def main() -> None:
+        with thread_renewer._mutex:  # the extend reaches the renewer before the acquire
+            await asyncio.create_task(take_extend_leave())
+
+    asyncio.run(main())
+    time.sleep(7.5)
+    assert not lk.locked(), "an extended reentrant hold of a finished task is renewed for ever"
+
+
+# -- a slow lock_lost receiver, closed backends --------------------------------------------------
+
+
+def test_a_slow_lock_lost_receiver_does_not_hold_up_other_renewals(
+    redis_server: RedisServer, name: str
+) -> None:
+    gone, healthy = lock(f"{name}:gone", ttl=1.0), lock(f"{name}:healthy", ttl=1.0)
+    assert gone.acquire() and healthy.acquire()
+    unblock, called = threading.Event(), threading.Event()
+    where: list[str] = []
+
+    def page_someone(sender: Any, lock: Any, reason: str, **_: Any) -> None:
+        if lock is gone:
+            where.append(threading.current_thread().name)
+            called.set()
+            unblock.wait(10)  # an alerting call that hangs
+
+    lock_lost.connect(page_someone, weak=False)
+    try:
+        locks["redis"].force_release(gone.name)
+        assert called.wait(5), "the loss was never declared"
+        assert gone.token is None and gone.lost  # decided before the receiver returns
+        probe, key = redis_server.client(), locks["redis"].key(healthy.name)
+        lowest, end = 1000, time.monotonic() + 2.5  # 2.5 TTLs while the receiver hangs
+        while time.monotonic() < end:
+            lowest = min(lowest, probe.pttl(key))
+            time.sleep(0.02)
+        assert lowest > 0, "a hanging lock_lost receiver let another hold expire"
+        assert healthy.owned()
+    finally:
+        unblock.set()
+        lock_lost.disconnect(page_someone)
+    assert where == ["redlock-notify"]
+    healthy.release()
+
+
+def test_a_closed_backends_watchdog_worker_ends_promptly(redis_server: RedisServer) -> None:
+    def workers() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("redlock-renew closing")]
+
+    for i in range(5):
+        with _aliases(**{f"closing{i}": redis_server}):
+            with lock(f"closing-{i}", using=f"closing{i}", ttl=0.6):
+                time.sleep(0.35)  # renewed once (every 0.2 s): the alias has a worker
+            assert f"redlock-renew closing{i}" in workers()
+        # leaving the override closed the backend
+    end = time.monotonic() + 5.0
+    while workers() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not workers(), "a closed backend's watchdog worker lingers for WORKER_IDLE"
+
+
+def test_a_lock_lost_receiver_raising_systemexit_does_not_stop_later_declarations(
+    name: str,
+) -> None:
+    first, second = lock(f"{name}:1", ttl=0.6), lock(f"{name}:2", ttl=0.6)
+    seen: list[str] = []
+
+    def receiver(sender: Any, lock: Any, reason: str, **_: Any) -> None:
+        seen.append(lock.name)
+        if lock is first:
+            raise SystemExit  # send_robust lets a BaseException through: the notifier goes on
+
+    lock_lost.connect(receiver, weak=False)
+    try:
+        for each in (first, second):
+            assert each.acquire()
+            locks["redis"].force_release(each.name)
+            end = time.monotonic() + 5.0
+            while each.name not in seen and time.monotonic() < end:
+                time.sleep(0.02)
+    finally:
+        lock_lost.disconnect(receiver)
+    assert seen == [first.name, second.name]

@@ -466,7 +466,10 @@ class BaseLockBackend:
         """Called when the app is ready: warm up what can be warmed (never required)."""
 
     def close(self) -> None:
-        """Release connections and threads."""
+        """Release connections and threads (a subclass's close() ends with this one's)."""
+        from ..renewer import thread_renewer  # imported here: the renewer imports this module
+
+        thread_renewer.retire(self)  # its watchdog worker ends once it renews nothing here
 
     def describe(self) -> str:
         return f"{self.alias!r} ({type(self).__name__})"

@@ -438,6 +438,7 @@ class RedisBackend(BaseLockBackend):
                 pool.disconnect()
             self._client = None
         self._aclients = weakref.WeakKeyDictionary()
+        super().close()
 
     @classmethod
     def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:

@@ -484,6 +484,7 @@ class RedlockBackend(BaseLockBackend):
         self.io.close()
         for node in self.nodes:
             node.close()
+        super().close()
 
     # -- queue markers (Celery dedupe) -------------------------------------------------------
 

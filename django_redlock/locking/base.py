@@ -581,7 +581,10 @@ class BaseLock:
         if seconds is not None:
             self.lock_ttl = seconds
         if hold.renewer is not None:
-            hold.renewer.add(self, self._renewal(hold.token, ttl_ms), hold.stop_at, sent)
+            # The owner too: this may reach the renewer before the acquire's own news does.
+            lives = _actor() if self.reentrant else None
+            renewal = self._renewal(hold.token, ttl_ms)
+            hold.renewer.add(self, renewal, hold.stop_at, sent, lives)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the hold's TTL to ``ttl`` seconds (default: the lock's) from now on."""
@@ -626,19 +629,33 @@ class BaseLock:
     def _declare_lost(self, reason: str) -> None:
         """The backend answered that a hold's token holds nothing: tell everyone."""
         self._lost = reason
+        self._announce_lost(reason)
+
+    def _announce_lost(self, reason: str) -> None:
+        """The loss's notification: metrics, a warning, ``lock_lost`` (receivers run here)."""
         observe.lost(self)
         logger.warning("redlock: %s lost: %s", self._describe(), reason)
         lock_lost.send_robust(sender=type(self), lock=self, reason=reason)
 
-    def _mark_lost(self, token: str, reason: str) -> None:
+    def _mark_lost(
+        self, token: str, reason: str, later: Callable[[Callable[[], None]], None] | None = None
+    ) -> None:
+        """``token``'s hold is gone: decided here, under the mutex, so once per object (the
+        hold leaves the object: ``owned()`` is False, ``lost`` says why, from now on). The
+        notification runs now, or is handed to ``later`` (the watchdog's notifier thread)."""
         with self._mutex:
             owner = next((o for o, h in self._holds.items() if h.token == token), None)
             if owner is None:
                 return
             hold = self._holds[owner]
             self._forget(owner, hold)
-        if not hold.releasing:  # else our own release, whose reply was lost, freed it
-            self._declare_lost(reason)
+            if hold.releasing:  # our own release, whose reply was lost, freed it
+                return
+            self._lost = reason
+        if later is None:
+            self._announce_lost(reason)
+        else:
+            later(functools.partial(self._announce_lost, reason))
 
     # -- queries -----------------------------------------------------------------------------
 
