@@ -395,5 +395,29 @@ def test_one_script_call_per_node_per_acquire_and_release(
             assert mine == sorted(set(mine))
 
 
+def test_an_acquirer_whose_clock_runs_ahead_does_not_lift_fences_above_the_nodes_clocks(
+    redis_factory: Callable[..., RedisServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fences outlive their counter only through the nodes' clocks: a proposal from a client
+    whose clock is 120 s ahead, counted in full, made the next fence after the counter was
+    forgotten (60 s idle) smaller than this one."""
+    from django_redlock.backends import redlock
+
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("ahead", servers):
+        monkeypatch.setattr(redlock, "FENCE_LEAD_US", 120_000_000)  # the clock 120 s ahead
+        ahead = lock("skew", using="ahead", ttl=10)
+        assert ahead.acquire(blocking=False)
+        first = ahead.fence
+        ahead.release()
+        monkeypatch.undo()
+        for server in servers:  # the name idle until its counter is forgotten
+            server.client().delete(*server.client().keys("*skew*"))
+        later = lock("skew", using="ahead", ttl=10)
+        assert later.acquire(blocking=False)
+        assert first is not None and later.fence is not None and later.fence > first
+        later.release()
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["cold"]:
     cold(sys.argv[2].split(","), int(sys.argv[3]))

@@ -3,7 +3,8 @@
 -- ARGV: token, ttl ms, holder metadata, proposed fence [, restart guard ms, with the marker].
 -- Returns {1, fence, 1} when held by the caller (taken now, or already: a lost reply), else
 -- {0, ms until it may be free (-1: unknown)}.
--- The fence is max(counter + 1, this server's clock in us, the proposal): the acquirer
+-- The fence is max(counter + 1, this server's clock in us, the proposal (at most that clock
+-- + 1 s)): the acquirer
 -- proposes one above every node's clock, so nodes whose counters agree return the same fence
 -- and no node lags (docs/topics/backends.md, "Fences on Redlock").
 --! include _hold
@@ -27,6 +28,10 @@ if marker then
   end
 end
 
+-- A proposal counts only up to this node's clock + 1 s (FENCE_LEAD_US): an acquirer whose
+-- clock runs ahead must not lift fences above what this node's clock reaches before the
+-- counter is forgotten, or a later fence, from the clock, would be smaller.
+proposal = math.min(proposal, now_us + 1000000)
 local fence = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, now_us, proposal)
 local text = string.format('%d', fence)
 local value = token .. '|' .. text .. '|' .. string.format('%d', now) .. '|' .. meta
