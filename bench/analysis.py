@@ -199,9 +199,9 @@ them.
 """
 
 
-REDLOCK_NOTE = """- **Redlock ({redlock.vs_pottery} pottery and {redlock.vs_single} our single node in the last full
-  run, targets 5 x and 0.5 x: {redlock.vs_pottery:verdict}; side runs
-  after issue 30, `BENCH_ONLY=quorum`, on a 2-core machine shared with other sessions:
+REDLOCK_NOTE = """- **Redlock ({redlock.vs_pottery} pottery and {redlock.vs_single} our single node
+  in the last full run, targets 5 x and 0.5 x: {redlock.vs_pottery:verdict}; side runs after
+  issue 30, `BENCH_ONLY=quorum`, on a 2-core machine shared with other sessions:
   2.2-3.0 x pottery and 0.15-0.20 x single, the code before it 2.6 x and 0.14 x in the same
   hour).** A cycle is now one script call per node to acquire and one to release (the
   fence raise that ran on every acquire is gone: the suite counts 2.0 calls per node per
