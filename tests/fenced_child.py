@@ -48,6 +48,16 @@ def open_shop(using: str, ticket: int, stock: int) -> None:
         cursor.execute("INSERT INTO shop_ticket (id, stock) VALUES (%s, %s)", [ticket, stock])
 
 
+def close_shop(using: str) -> None:
+    """Drop the shop tables again: the docs' pages define a ``shop`` app of their own, whose
+    tables have these names."""
+    from django.db import connections
+
+    with connections[using].cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS shop_sale")
+        cursor.execute("DROP TABLE IF EXISTS shop_ticket")
+
+
 def sales(using: str, ticket: int | None = None) -> list[tuple[str, int]]:
     """(buyer, stock seen) of every sale, in order."""
     from django.db import connections

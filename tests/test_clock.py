@@ -33,7 +33,7 @@ from django_redlock.testing import (
     bundled_valkey_server,
 )
 
-from .fenced_child import open_shop, sales, sell_one
+from .fenced_child import close_shop, open_shop, sales, sell_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DB = DEFAULT_DB_ALIAS
@@ -108,8 +108,10 @@ def three() -> Iterator[list[Clocked]]:
 
 
 @pytest.fixture(autouse=True)
-def shop() -> None:
+def shop() -> Iterator[None]:
     open_shop(DB, 1, 10)
+    yield
+    close_shop(DB)
 
 
 def recorded(name: str) -> int | None:
