@@ -123,15 +123,17 @@ def test_interleaved_arrivals_keep_writer_preference(alias: str, name: str) -> N
                 assert state["writers"] <= 1
                 assert not (state["writers"] and state["readers"])
                 log.append((kind, tag))
-            time.sleep(0.03)
+            time.sleep(0.2)
             with mutex:
                 state["readers" if kind == "r" else "writers"] -= 1
 
+    with rw.write(timeout=5):  # connected, scripts loaded: arrivals are not a connect apart
+        pass
     threads = []
     for tag, kind in enumerate("rrwrrwrr"):
         threads.append(threading.Thread(target=run, args=(kind, tag)))
         threads[-1].start()
-        time.sleep(0.01)
+        time.sleep(0.05)  # arrivals apart by more than a loaded machine's jitter
     for t in threads:
         t.join(30)
     assert len(log) == 8
