@@ -10,6 +10,7 @@ import argparse
 import faulthandler
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -48,8 +49,16 @@ def setup(url: str, backend: str, nodes: str | None = None) -> None:
     django.setup()
 
 
+_said = threading.Lock()
+
+
 def say(*words: object) -> None:
-    print(*words, flush=True)
+    """One whole line per event: ``lock_lost`` receivers speak from the watchdog's notifier
+    thread, and ``print`` writes each word separately."""
+    line = " ".join(map(str, words)) + "\n"
+    with _said:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def sell(args: argparse.Namespace) -> None:

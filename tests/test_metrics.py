@@ -50,6 +50,15 @@ class Snapshot:
                 changes[f"{name}{{{text}}}"] = round(delta, 6)
         return changes
 
+    def moved_with(self, key: str, within: float = 10.0) -> dict[str, float]:
+        """``moved()`` once ``key`` has moved: a loss the watchdog finds is announced (metric,
+        signal) on its notifier thread, just after ``lost`` is set."""
+        deadline = time.monotonic() + within
+        while key not in (changes := self.moved()):
+            assert time.monotonic() < deadline, f"{key} never moved: {changes}"
+            time.sleep(0.02)
+        return changes
+
 
 @pytest.fixture(autouse=True)
 def _observed() -> Iterator[None]:
@@ -139,7 +148,7 @@ def test_held_counts_this_process_s_holds_and_a_renewal_finds_a_loss() -> None:
     assert sample("redlock_held", backend="redis") == 1
     second.release()
     second.release()
-    moved = before.moved()
+    moved = before.moved_with("redlock_lost_total{backend=redis}")
     assert moved["redlock_renewals_total{backend=redis,outcome=lost}"] == 1
     assert moved["redlock_lost_total{backend=redis}"] == 1
     assert moved["redlock_acquisitions_total{backend=redis,kind=reentrant,outcome=acquired}"] == 2
