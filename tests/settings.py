@@ -88,9 +88,12 @@ globals().update(redlock_settings("redis://127.0.0.1:9/0"))
 # Django's Tasks framework (tests/test_tasks.py): django-tasks-db's queue lives in a SQLite file
 # of its own (the "tasks" database), shared with the db_worker processes the tests start.
 if find_spec("django_tasks_db"):
+    # One file per test process: under pytest-xdist each worker (PYTEST_XDIST_WORKER, which the
+    # db_workers it starts inherit with this variable) has its own.
+    _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
     TASKS_DB = os.environ.setdefault(
-        "REDLOCK_TASKS_DB",
-        os.path.join(tempfile.gettempdir(), f"redlock-tasks-{os.getpid()}.sqlite3"),
+        f"REDLOCK_TASKS_DB{_WORKER}",
+        os.path.join(tempfile.gettempdir(), f"redlock-tasks-{os.getpid()}{_WORKER}.sqlite3"),
     )
     INSTALLED_APPS.append("django_tasks_db")
     DATABASES["tasks"] = {
