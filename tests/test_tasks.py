@@ -38,6 +38,12 @@ pytestmark = pytest.mark.django_db(databases=["tasks"], transaction=True)
 WORKERS = 3
 
 
+def tasks_test_db() -> str:
+    from django.db import connections
+
+    return str(connections["tasks"].settings_dict["NAME"])
+
+
 class Worker:
     """``manage.py db_worker`` in its own session, so a test can SIGKILL it."""
 
@@ -48,6 +54,9 @@ class Worker:
             "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
             "REDLOCK_TEST_REDIS": url,
             "PYTHONPATH": str(ROOT),
+            # The queue is the test database pytest-django made (under pytest-xdist its name
+            # has the test process's suffix): tests/settings.py reads it from this variable.
+            f"REDLOCK_TASKS_DB{os.environ.get('PYTEST_XDIST_WORKER', '')}": tasks_test_db(),
         }
         command = [
             sys.executable, "-m", "django", "db_worker", "--backend", "default",
