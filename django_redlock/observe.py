@@ -35,6 +35,8 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .version import __version__
+
 ACQUIRED, BUSY, TIMEOUT, ERROR = "acquired", "busy", "timeout", "error"
 RENEWED, LOST = "renewed", "lost"
 #: Lock waits: an uncontended acquire is one round trip (about half a millisecond), a
@@ -388,8 +390,6 @@ class Observer:
         provider = self._trace.get_tracer_provider()
         if isinstance(provider, self._no_provider):
             return None
-        from . import __version__
-
         self.tracer = provider.get_tracer("django_redlock", __version__)
         return self.tracer
 

@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import observe
-from .backends.base import BaseLockBackend, Renewal
+from .backends.base import BaseLockBackend, Renewal, on_close
 
 
 class Lock(Protocol):
@@ -709,6 +709,7 @@ class ThreadRenewer(Renewer):
 
 
 thread_renewer = ThreadRenewer()
+on_close(thread_renewer.retire)  # a closed backend's watchdog worker ends
 
 
 if hasattr(os, "register_at_fork"):

@@ -27,6 +27,17 @@ DEFAULT_TTL = 30.0
 #: lost counter handed out came from a server clock at most real time then (see
 #: :func:`refence_least`); the margin covers a client clock a little behind the server's.
 REFENCE_MARGIN_US = 1_000_000
+_close_hooks: list[Callable[[BaseLockBackend], None]] = []
+
+
+def on_close(hook: Callable[[BaseLockBackend], None]) -> None:
+    """Run ``hook(backend)`` at the end of every backend's ``close()``. For what above this
+    layer keeps per backend (the renewer registers its ``retire``): this module imports none
+    of it. Hooks run in the order registered; a hook's exception propagates from close()."""
+    if hook not in _close_hooks:
+        _close_hooks.append(hook)
+
+
 #: Redis's Lua numbers are exact below 2**53 (fencing.FENCE_LIMIT).
 LUA_EXACT = 2**53
 DEFAULT_KEY_PREFIX = "redlock"
@@ -466,10 +477,11 @@ class BaseLockBackend:
         """Called when the app is ready: warm up what can be warmed (never required)."""
 
     def close(self) -> None:
-        """Release connections and threads (a subclass's close() ends with this one's)."""
-        from ..renewer import thread_renewer  # imported here: the renewer imports this module
-
-        thread_renewer.retire(self)  # its watchdog worker ends once it renews nothing here
+        """Release connections and threads (a subclass's close() ends with this one's):
+        then every :func:`on_close` hook runs (the renewer's watchdog worker for this backend
+        ends once it renews nothing here)."""
+        for hook in tuple(_close_hooks):
+            hook(self)
 
     def describe(self) -> str:
         return f"{self.alias!r} ({type(self).__name__})"

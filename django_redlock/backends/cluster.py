@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import redis.cluster
 
+from .. import acl
 from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
@@ -30,6 +31,8 @@ logger = logging.getLogger("django_redlock")
 
 class RedisClusterBackend(RedisBackend):
     """LOCATION: the URL of any node of the cluster; the rest are discovered."""
+
+    acl_commands = {**acl.COMMANDS, **acl.CLUSTER_COMMANDS}
 
     @property
     def wakes_one(self) -> bool:  # type: ignore[override]

@@ -66,6 +66,8 @@ class RedisBackend(BaseLockBackend):
     #: inbox, and the scripts get the lock's own key for the channel: no PUBLISH to nobody on
     #: each release, and no key outside KEY_PREFIX (which an ACL'd user may not pass).
     publishes_releases = False
+    #: The commands it sends, for its Redis user's ACL (see :mod:`~django_redlock.acl`).
+    acl_commands: Mapping[str, tuple[str, ...]] = acl.COMMANDS
     default_options: dict[str, Any] = {
         "socket_timeout": 2.0,
         "socket_connect_timeout": 2.0,

@@ -204,7 +204,9 @@ class BaseLock:
         kind = type(self).__name__
         return f"<{kind} {self.name!r} ({self._label()}) on {self.using!r}: {state}>"
 
-    def _describe(self) -> str:
+    def describe(self) -> str:
+        """How messages name this lock: ``lock 'name' on backend 'alias'`` (internal: for
+        the modules that report on a lock, such as :mod:`~django_redlock.fencing`)."""
         return f"{self.noun} {self.name!r} on backend {self.using!r}"
 
     def _drive(self, steps: Steps[T]) -> T:
@@ -240,7 +242,7 @@ class BaseLock:
     def _check_sync_wait(self, blocking: bool, timeout: float | None) -> None:
         if blocking and timeout != 0 and in_event_loop():
             raise LockError(
-                f"{self._describe()}: a blocking acquire() in a running event loop would block"
+                f"{self.describe()}: a blocking acquire() in a running event loop would block"
                 " the loop, and with it whoever may hold the lock; use `await lk.aacquire()`"
                 " or `async with`, or acquire(blocking=False)"
             )
@@ -251,7 +253,7 @@ class BaseLock:
         actor = owner if self.reentrant else owner_id()
         if self.reentrant and self._orphans.get(owner):
             raise LockLost(
-                f"{self._describe()} was lost ({self._lost or 'expired'}): this acquire would"
+                f"{self.describe()} was lost ({self._lost or 'expired'}): this acquire would"
                 " nest in a hold that is gone; release the outer levels first"
             )
         yield from self._settle(owner)
@@ -266,12 +268,12 @@ class BaseLock:
         if not self.reentrant:
             if owner in self._holds:
                 raise LockError(
-                    f"{self._describe()} is already held by this object;"
+                    f"{self.describe()} is already held by this object;"
                     " use reentrant=True to take it again"
                 )
             if self.exclusive and blocking and timeout is None and holds_it(backend, name, actor):
                 raise LockError(
-                    f"{self._describe()} is held by this thread or task already: waiting for"
+                    f"{self.describe()} is held by this thread or task already: waiting for"
                     " it with no timeout would wait for itself forever; use reentrant=True"
                 )
         started = time.monotonic()
@@ -347,7 +349,7 @@ class BaseLock:
             if current is not None:
                 self._mark_lost(current.token, "it expired or was released by someone else")
             raise LockLost(
-                f"{self._describe()} was lost before this re-entry: it expired or was released"
+                f"{self.describe()} was lost before this re-entry: it expired or was released"
                 " by someone else"
             )
         if not attempt.acquired:
@@ -419,7 +421,7 @@ class BaseLock:
             hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at, lives)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             observe.hold_started(self, hold)
-            logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
+            logger.debug("redlock: acquired %s, fence %s", self.describe(), attempt.fence)
             lock_acquired.send_robust(sender=type(self), lock=self, fence=attempt.fence)
 
     def took(self, token: str, fence: int | None, ttl_ms: int) -> None:
@@ -429,7 +431,7 @@ class BaseLock:
         plain (not reentrant) lock that holds nothing; LockError otherwise, nothing recorded.
         """
         if self.reentrant or not self.exclusive or "" in self._holds:
-            raise LockError(f"{self._describe()}: took() records a new plain hold only")
+            raise LockError(f"{self.describe()}: took() records a new plain hold only")
         self._record("", owner_id(), token, ttl_ms, Attempt(True, fence, 1))
 
     def release_steps(self) -> Steps[None]:
@@ -455,14 +457,43 @@ class BaseLock:
 
     # -- release, extend, adopt --------------------------------------------------------------
 
-    def _held(self) -> tuple[str, Hold]:
+    def current_hold(self) -> tuple[str, Hold]:
+        """The current owner and its hold, with the fence a re-fence through another object
+        gave it (internal: a fenced block's start). No I/O: LockLost when it was declared
+        lost, else LockNotOwned when this owner holds nothing here."""
         owner = self._owner()
         hold = self._holds.get(owner)
         if hold is None:
             if self._lost is not None:
-                raise LockLost(f"{self._describe()} was lost: {self._lost}")
-            raise LockNotOwned(f"{self._describe()} is not held by this owner")
+                raise LockLost(f"{self.describe()} was lost: {self._lost}")
+            raise LockNotOwned(f"{self.describe()} is not held by this owner")
         return owner, self._catch_up(hold)
+
+    def refencer(self, hold: Hold) -> Callable[[int], int]:
+        """``hold``'s re-fence for a fenced block (internal: :mod:`~django_redlock.fencing`
+        calls it when the lock's row holds a fence above the hold's). One round trip
+        (:meth:`~.backends.base.BaseLockBackend.op_refence`): the new fence, which the hold
+        takes; or 0 (nobody holds the lock) or -1 (another hold does) when the hold is not
+        current. No answer raises (BackendUnavailable, QuorumNotReached): unknown is not
+        stale, and the transaction rolls back all the same."""
+
+        def refence(recorded: int) -> int:
+            backend = self.backend
+            client_us = time.time_ns() // 1000  # the new fence is above it (refence_least)
+            op = backend.op_refence(self.name, hold.token, recorded, client_us)
+            try:
+                fence = backend.execute(op)
+            except BaseException:
+                if self.reentrant:  # it may have re-fenced: the owner's next re-entry may say so
+                    refenced(backend, self.name, hold.token, None)
+                raise
+            if fence > 0:
+                hold.fence = fence
+                if self.reentrant:  # every object holding levels of the owner's hold takes it
+                    refenced(backend, self.name, hold.token, fence)
+            return fence
+
+        return refence
 
     def _catch_up(self, hold: Hold) -> Hold:
         """A reentrant owner's hold is one hold in Redis, whichever objects hold levels of
@@ -509,8 +540,8 @@ class BaseLock:
                 self._orphans[owner] -= 1
                 if self._orphans[owner] <= 0:
                     del self._orphans[owner]
-            raise LockLost(f"{self._describe()} was lost: {self._lost or 'it expired'}")
-        owner, hold = self._held()
+            raise LockLost(f"{self.describe()} was lost: {self._lost or 'it expired'}")
+        owner, hold = self.current_hold()
         if hold.depth <= 1:
             # Whatever the release's fate (Redis may not answer), stop renewing: at worst
             # the hold runs out at its TTL, and release() can be called again meanwhile.
@@ -550,9 +581,9 @@ class BaseLock:
             reason = "it expired or was released by someone else"
             if mine:  # whoever took the hold out of this object declares the loss: once
                 self._declare_lost(reason)
-            raise LockLost(f"{self._describe()} was lost before release: {self._lost or reason}")
+            raise LockLost(f"{self.describe()} was lost before release: {self._lost or reason}")
         if left <= 0:
-            logger.debug("redlock: released %s", self._describe())
+            logger.debug("redlock: released %s", self.describe())
             lock_released.send_robust(sender=type(self), lock=self)
 
     def release(self) -> None:
@@ -568,7 +599,7 @@ class BaseLock:
 
     def _extend(self, ttl: float | None) -> Steps[None]:
         seconds = check_ttl(ttl)
-        owner, hold = self._held()
+        owner, hold = self.current_hold()
         ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
         yield from self._settle(owner)
         sent = time.monotonic()  # a renewal settled after this may have landed after it
@@ -576,8 +607,8 @@ class BaseLock:
         if not extended:
             self._mark_lost(hold.token, "it expired or was released by someone else")
             if hold.releasing:
-                raise LockNotOwned(f"{self._describe()} was released")
-            raise LockLost(f"{self._describe()} could not be extended: {self._lost}")
+                raise LockNotOwned(f"{self.describe()} was released")
+            raise LockLost(f"{self.describe()} could not be extended: {self._lost}")
         if seconds is not None:
             self.lock_ttl = seconds
         if hold.renewer is not None:
@@ -597,12 +628,12 @@ class BaseLock:
         if not isinstance(token, str) or not token:
             raise TypeError(f"token must be a non-empty str, not {token!r}")
         if self.reentrant:
-            raise LockError(f"{self._describe()}: a reentrant hold belongs to its owner")
+            raise LockError(f"{self.describe()}: a reentrant hold belongs to its owner")
         if "" in self._holds:
-            raise LockError(f"{self._describe()} is already held by this object")
+            raise LockError(f"{self.describe()} is already held by this object")
         fence = yield self._op_fence_of(token)
         if fence is None:
-            raise LockNotOwned(f"{self._describe()}: token {token!r} holds nothing")
+            raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
         attempt = Attempt(True, fence or None, 0)
         self._record("", owner_id(), token, to_ms(self.lock_ttl), attempt)
 
@@ -634,7 +665,7 @@ class BaseLock:
     def _announce_lost(self, reason: str) -> None:
         """The loss's notification: metrics, a warning, ``lock_lost`` (receivers run here)."""
         observe.lost(self)
-        logger.warning("redlock: %s lost: %s", self._describe(), reason)
+        logger.warning("redlock: %s lost: %s", self.describe(), reason)
         lock_lost.send_robust(sender=type(self), lock=self, reason=reason)
 
     def _mark_lost(
@@ -731,7 +762,7 @@ class BaseLock:
 
     def _not_acquired(self) -> LockNotAcquired:
         waited = "" if self.timeout is None else f" within {self.timeout:g} s"
-        return LockNotAcquired(f"{self._describe()} could not be acquired{waited}")
+        return LockNotAcquired(f"{self.describe()} could not be acquired{waited}")
 
     def _timeout(self) -> float | None:
         return self.timeout if self.blocking else None
@@ -770,7 +801,7 @@ class BaseLock:
     def _check_async(self) -> None:
         if self.database is not None:
             raise LockError(
-                f"{self._describe()} opens a database transaction (atomic={self.database!r}),"
+                f"{self.describe()} opens a database transaction (atomic={self.database!r}),"
                 " and Django's transactions are synchronous: run the locked code in a thread,"
                 " e.g. `await sync_to_async(locked_function)()` with the lock taken there"
             )

@@ -55,7 +55,7 @@ class ReadLock(LeaseLock):
     def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         if blocking and timeout is None and holds_it(self.backend, self.name, owner_id()):
             raise LockError(
-                f"{self._describe()}: this thread or task holds the write lock; reading now"
+                f"{self.describe()}: this thread or task holds the write lock; reading now"
                 " with no timeout would wait for itself forever: release the write lock first"
             )
         return (yield from super()._acquire(blocking, timeout))
