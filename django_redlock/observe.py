@@ -355,13 +355,13 @@ class Observer:
 
     def family(self, lock: Any) -> Family:
         # Keyed by what a kind's label is made of, so a lock of a known kind costs a dict
-        # lookup; the label itself (lock._label()) is computed once per key.
+        # lookup; the label itself (lock.kind_label()) is computed once per key.
         name = lock.name if self.config.matcher is not None else ""
         key = (lock.using, type(lock), lock.noun, lock.reentrant, lock.queued, name)
         family = self._families.get(key)
         if family is None:
             group = self.config.group_of(lock.name)
-            family = Family(self.metrics, lock.using, lock._label(), group)
+            family = Family(self.metrics, lock.using, lock.kind_label(), group)
             with self._mutex:
                 if len(self._families) > 10_000:  # grouped: one key per name; keep it bounded
                     self._families.clear()

@@ -18,6 +18,7 @@ from .exceptions import BackendUnavailable, LockError, LockNotAcquired, StaleFen
 from .fencing import database_of
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
+from .locking.steps import drive
 from .locking.templates import refuse_generator
 from .validation import check_limit, check_name, check_optional_seconds, fit_name
 
@@ -106,7 +107,7 @@ def lock_view(
         refuse_generator(view, "@lock_view(...)")
         _check_roots(name, roots, view)
         if inspect.iscoroutinefunction(view):
-            build(name)._check_async()  # atomic=: Django's transactions are synchronous
+            build(name).check_async()  # atomic=: Django's transactions are synchronous
 
             @functools.wraps(view)
             async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
@@ -133,8 +134,8 @@ def lock_view(
             # The thread driver explicitly: a sync view may run where a loop is running.
             held = make(view, request, kwargs)
             try:
-                if not held._drive(held._acquire(True, timeout)):
-                    return busy(held._drive(held._ttl()))
+                if not drive(held.backend, held.acquire_steps(True, timeout)):
+                    return busy(drive(held.backend, held.ttl_steps()))
             except BackendUnavailable:
                 return unavailable()
             try:
@@ -148,7 +149,7 @@ def lock_view(
                     return view(request, *args, **kwargs)
             finally:
                 try:
-                    held._drive(held._release())
+                    drive(held.backend, held.release_steps())
                 except LockError as exc:  # it runs out at its TTL; the answer stands
                     logger.warning("redlock: %s", exc)
 

@@ -140,6 +140,13 @@ class LocMemBackend(BaseLockBackend):
     def hub(self) -> ReleaseHub:
         return self._store.hub
 
+    @property
+    def store(self) -> Any:
+        """Internal API (``contrib.beat``'s records): the in-process store this backend
+        shares with every LocMem backend of its LOCATION; its ``mutex`` guards every read
+        and write of it."""
+        return self._store
+
     def execute(self, op: Op[T]) -> T:
         self.round_trips += 1
         return op.parse(op.request())

@@ -172,7 +172,9 @@ class BaseLock:
     def _owner(self) -> str:
         return owner_id() if self.reentrant else ""
 
-    def _label(self) -> str:
+    def kind_label(self) -> str:
+        """The lock's kind as its repr and the metrics' ``kind`` label name it ("lock",
+        "reentrant fair lock", "semaphore"...). Internal: :mod:`~django_redlock.observe`."""
         return self.noun
 
     def _init_kwargs(self) -> dict[str, Any]:
@@ -202,7 +204,7 @@ class BaseLock:
         hold = self._holds.get(self._owner())
         state = f"held, fence {self.fence}" if hold else "lost" if self._lost else "free"
         kind = type(self).__name__
-        return f"<{kind} {self.name!r} ({self._label()}) on {self.using!r}: {state}>"
+        return f"<{kind} {self.name!r} ({self.kind_label()}) on {self.using!r}: {state}>"
 
     def describe(self) -> str:
         """How messages name this lock: ``lock 'name' on backend 'alias'`` (internal: for
@@ -347,7 +349,7 @@ class BaseLock:
             except LockError:
                 self._believe(owner, 0, unsure=True)  # settled before the next operation
             if current is not None:
-                self._mark_lost(current.token, "it expired or was released by someone else")
+                self.mark_lost(current.token, "it expired or was released by someone else")
             raise LockLost(
                 f"{self.describe()} was lost before this re-entry: it expired or was released"
                 " by someone else"
@@ -440,6 +442,22 @@ class BaseLock:
         backend ``Op``; the same errors as :meth:`release` come out."""
         return self._release()
 
+    def use_token(self, token: str) -> None:
+        """Internal API (``compat``'s ``token=``): the next acquire takes its hold with
+        ``token``, as a retry after a lost reply does (the try is then idempotent: it finds
+        the hold if that token took it already). The caller checks the token first."""
+        self._unsure_token = token
+
+    def acquire_steps(self, blocking: bool, timeout: float | None) -> Steps[bool]:
+        """Internal API (``lock_view``): the steps of :meth:`acquire`, for a caller that
+        picks its driver (:func:`~.steps.drive` in a sync view that may run where an event
+        loop is running). ``blocking`` and ``timeout`` are as :meth:`acquire` checked them."""
+        return self._acquire(blocking, timeout)
+
+    def ttl_steps(self) -> Steps[float | None]:
+        """Internal API (``lock_view``): the steps of :meth:`ttl`."""
+        return self._ttl()
+
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take it; wait up to ``timeout`` seconds (None: forever) when ``blocking``.
 
@@ -451,7 +469,7 @@ class BaseLock:
         return self._drive(self._acquire(blocking, timeout))
 
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        self._check_async()
+        self.check_async()
         blocking, timeout = self._check_acquire(blocking, timeout)
         return await self._adrive(self._acquire(blocking, timeout))
 
@@ -529,8 +547,9 @@ class BaseLock:
         hold.depth = 0
         return True
 
-    def _renewed_by(self, renewer: Renewer, token: str) -> bool:
-        """Whether a hold with this token is held and meant to be renewed by ``renewer``."""
+    def renewed_by(self, renewer: Renewer, token: str) -> bool:
+        """Whether a hold with this token is held and meant to be renewed by ``renewer``
+        (internal: the watchdog's protocol, :class:`~django_redlock.renewer.Lock`)."""
         return any(h.token == token and h.renewer is renewer for h in self._holds.values())
 
     def _release(self) -> Steps[None]:
@@ -605,7 +624,7 @@ class BaseLock:
         sent = time.monotonic()  # a renewal settled after this may have landed after it
         extended = yield self._op_extend(hold.token, ttl_ms)
         if not extended:
-            self._mark_lost(hold.token, "it expired or was released by someone else")
+            self.mark_lost(hold.token, "it expired or was released by someone else")
             if hold.releasing:
                 raise LockNotOwned(f"{self.describe()} was released")
             raise LockLost(f"{self.describe()} could not be extended: {self._lost}")
@@ -668,12 +687,14 @@ class BaseLock:
         logger.warning("redlock: %s lost: %s", self.describe(), reason)
         lock_lost.send_robust(sender=type(self), lock=self, reason=reason)
 
-    def _mark_lost(
+    def mark_lost(
         self, token: str, reason: str, later: Callable[[Callable[[], None]], None] | None = None
     ) -> None:
         """``token``'s hold is gone: decided here, under the mutex, so once per object (the
         hold leaves the object: ``owned()`` is False, ``lost`` says why, from now on). The
-        notification runs now, or is handed to ``later`` (the watchdog's notifier thread)."""
+        notification runs now, or is handed to ``later`` (the watchdog's notifier thread).
+        Internal: the watchdog's protocol (:class:`~django_redlock.renewer.Lock`) and this
+        class's own queries; only for an answer that the token holds nothing."""
         with self._mutex:
             owner = next((o for o, h in self._holds.items() if h.token == token), None)
             if owner is None:
@@ -697,7 +718,7 @@ class BaseLock:
         # An error (no answer) propagates: unknown is not lost.
         if (yield self._op_hold_count(hold.token)) > 0:
             return True
-        self._mark_lost(hold.token, "it expired or was released by someone else")
+        self.mark_lost(hold.token, "it expired or was released by someone else")
         return False
 
     def owned(self) -> bool:
@@ -798,7 +819,9 @@ class BaseLock:
         ``LockNotOwned`` (or ``LockLost``) when not held, before the database is touched."""
         return fencing.fenced_transaction(self, using)
 
-    def _check_async(self) -> None:
+    def check_async(self) -> None:
+        """Internal API (``lock_view``): LockError when this lock cannot be used in an event
+        loop at all (``atomic=``: Django's transactions are synchronous)."""
         if self.database is not None:
             raise LockError(
                 f"{self.describe()} opens a database transaction (atomic={self.database!r}),"
@@ -807,7 +830,7 @@ class BaseLock:
             )
 
     async def __aenter__(self: B) -> B:
-        self._check_async()
+        self.check_async()
         if not await self._adrive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
         return self
@@ -833,7 +856,7 @@ class BaseLock:
         refuse_generator(func, decorator)
         name_for = name_template(self.name, inspect.signature(func), callable_name(func))
         if inspect.iscoroutinefunction(func):
-            self._check_async()
+            self.check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:

@@ -198,7 +198,7 @@ class MultiLock:
 
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """:meth:`acquire` on the running event loop."""
-        self._check_async()
+        self.check_async()
         blocking = check_bool(blocking, "blocking")
         timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
         if not blocking and timeout:
@@ -235,7 +235,7 @@ class MultiLock:
                             await lk.arelease()
         return complete
 
-    def _check_async(self) -> None:
+    def check_async(self) -> None:
         if self.database is not None:
             raise LockError(
                 f"{self.describe()} opens a database transaction (atomic={self.database!r}),"
@@ -573,7 +573,7 @@ class MultiLock:
         builders = [name_template(n, signature, callable_name(func)) for n in self.names]
         options = self._options()
         if inspect.iscoroutinefunction(func):
-            self._check_async()
+            self.check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:
