@@ -12,7 +12,6 @@ acquire or release), kept as ``DJANGO_REDLOCK_INCIDENTS`` says.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -21,6 +20,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
+
+from .forks import after_fork_in_child
 
 logger = logging.getLogger("django_redlock")
 
@@ -109,8 +110,7 @@ class Recorder:
 
 
 recorder = Recorder()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=recorder._forget)  # the child's incidents are its own
+after_fork_in_child(recorder._forget)  # the child's incidents are its own
 
 
 def prune() -> int:

@@ -35,6 +35,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .forks import after_fork_in_child
 from .version import __version__
 
 ACQUIRED, BUSY, TIMEOUT, ERROR = "acquired", "busy", "timeout", "error"
@@ -589,8 +590,7 @@ def _forget_after_fork() -> None:
         _observer._mutex = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+after_fork_in_child(_forget_after_fork)
 
 
 SETTINGS = ("DJANGO_REDLOCK_METRICS", "DJANGO_REDLOCK_TRACING", "DJANGO_REDLOCK_LOCK_GROUPS",

@@ -67,7 +67,6 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import threading
 import time
 import weakref
@@ -78,6 +77,7 @@ from typing import Any, Protocol
 
 from . import observe
 from .backends.base import BaseLockBackend, Renewal, on_close
+from .forks import after_fork_in_child
 
 
 class Lock(Protocol):
@@ -716,5 +716,4 @@ thread_renewer = ThreadRenewer()
 on_close(thread_renewer.retire)  # a closed backend's watchdog worker ends
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=thread_renewer._forget_after_fork)
+after_fork_in_child(thread_renewer._forget_after_fork)

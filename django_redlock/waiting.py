@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol
 
+from .forks import after_fork_in_child
 from .identity import process_id
 
 logger = logging.getLogger("django_redlock")
@@ -656,5 +656,4 @@ def _after_fork_in_child() -> None:
         hub._forget_after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork_in_child(_after_fork_in_child)

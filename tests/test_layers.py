@@ -251,3 +251,21 @@ def test_no_module_reaches_into_another_modules_objects_privates() -> None:
     found = private_attributes()
     assert found - set(PRIVATE_ATTRIBUTES_LEFT) == set()
     assert set(PRIVATE_ATTRIBUTES_LEFT) - found == set(), "gone: drop these entries"
+
+
+# -- fork hooks ----------------------------------------------------------------------------
+
+#: Modules calling os.register_at_fork themselves instead of forks.after_fork_in_child.
+OWN_FORK_HOOKS_LEFT = {
+    "django_redlock.scripts",  # its connections' process id (a file of other work)
+}
+
+
+def test_every_fork_hook_goes_through_the_one_fork_helper() -> None:
+    calling = set()
+    for name, (path, _) in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "register_at_fork":
+                calling.add(name)
+    assert calling - OWN_FORK_HOOKS_LEFT == {"django_redlock.forks"}
+    assert calling >= OWN_FORK_HOOKS_LEFT, "gone: drop these entries"
