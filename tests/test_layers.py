@@ -269,3 +269,30 @@ def test_every_fork_hook_goes_through_the_one_fork_helper() -> None:
                 calling.add(name)
     assert calling - OWN_FORK_HOOKS_LEFT == {"django_redlock.forks"}
     assert calling >= OWN_FORK_HOOKS_LEFT, "gone: drop these entries"
+
+
+# -- the map in the docs -------------------------------------------------------------------
+
+
+def contract_layers(contract_id: str) -> list[set[str]]:
+    """A layers contract's layers in pyproject.toml, top first (read as text: no TOML
+    parser on Python 3.10)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text.split(f'id = "{contract_id}"', 1)[1].split("[[tool.importlinter", 1)[0]
+    listed = block.split("layers = [", 1)[1].split("]", 1)[0]
+    rows = [line.strip().strip(",").strip('"') for line in listed.splitlines() if line.strip()]
+    return [{name.strip() for name in row.split("|")} for row in rows]
+
+
+def documented_layers() -> list[set[str]]:
+    """The first column of docs/topics/internals.md's table of layers, top first."""
+    text = (ROOT / "docs" / "topics" / "internals.md").read_text()
+    section = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [set(row.split(" | ", 1)[0].strip("| ").replace("\\|", "").split()) for row in rows]
+
+
+def test_the_docs_map_of_the_layers_is_the_contract() -> None:
+    layers = contract_layers("package-layers")
+    assert len(layers) > 5 and {"locking"} in layers
+    assert [{name.strip("`") for name in row} for row in documented_layers()] == layers
