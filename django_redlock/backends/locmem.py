@@ -24,10 +24,9 @@ from .base import (
     Op,
     Released,
     Renewal,
-    lease_info,
-    lock_info,
     refence_least,
 )
+from .replies import lease_info, lock_info
 
 T = TypeVar("T")
 

@@ -32,11 +32,10 @@ from .base import (
     Op,
     Released,
     Renewal,
-    lease_info,
-    lock_info,
     parse_cursor,
     refence_least,
 )
+from .replies import lease_info, lock_info
 
 logger = logging.getLogger("django_redlock")
 T = TypeVar("T")
