@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..acl import mask
 from ..validation import MAX_TTL
-from ..waiting import ReleaseHub
+from ..waiters import ReleaseHub
 
 DEFAULT_TTL = 30.0
 #: How far above the client's wall clock a re-fence puts a hold's fence (us): the fences a

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..exceptions import LockError
-from ..waiting import ReleaseHub
+from ..waiters import ReleaseHub
 from .base import (
     Attempt,
     BaseLockBackend,
