@@ -20,10 +20,13 @@ $(STAMP): setup.cfg pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+# lint-imports: the layers of the package and its other import contracts (pyproject.toml's
+# [tool.importlinter]; docs/topics/internals.md maps them).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

@@ -22,9 +22,8 @@ from .locking import (
     read_write_lock,
     semaphore,
 )
+from .version import __version__ as __version__
 from .views import lock_view
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:

@@ -10,15 +10,13 @@ script, Redis 7+): see :func:`check`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from .exceptions import MissingPermission
-
-if TYPE_CHECKING:
-    from .backends.redis import RedisBackend
+from .scripts import all_scripts, script
 
 README = "README's 'Redis users, ACLs and TLS'"
 
@@ -81,31 +79,53 @@ CHANNEL_COMMANDS = {"subscribe", "publish", "ssubscribe", "spublish"}
 SENTINEL_OWN_COMMANDS = ("sentinel|masters", "sentinel|get-master-addr-by-name", "ping")
 
 
-def commands(backend: RedisBackend) -> dict[str, tuple[str, ...]]:
+class RedisUser(Protocol):
+    """What this module reads of a backend on Redis (``backends.redis.RedisBackend`` and its
+    subclasses, which sit a layer above and import this module, never the reverse)."""
+
+    @property
+    def acl_commands(self) -> Mapping[str, tuple[str, ...]]:
+        """The commands it sends, with example arguments: :data:`COMMANDS`, with a
+        Sentinel's :data:`SENTINEL_COMMANDS` or a Cluster's :data:`CLUSTER_COMMANDS` added
+        by its class."""
+
+    @property
+    def key_prefix(self) -> str: ...
+
+    @property
+    def inbox_prefix(self) -> str: ...
+
+    @property
+    def client(self) -> Any: ...
+
+    def key(self, name: str) -> str: ...
+
+    def inbox_for(self, name: str) -> str: ...
+
+    def describe(self) -> str: ...
+
+    def execute(self, op: Any) -> Any: ...
+
+    def op_probe(self) -> Any: ...
+
+
+def commands(backend: RedisUser) -> dict[str, tuple[str, ...]]:
     """The commands ``backend`` sends, with example arguments."""
-    from .backends.cluster import RedisClusterBackend
-    from .backends.sentinel import SentinelBackend
-
-    needed = dict(COMMANDS)
-    if isinstance(backend, SentinelBackend):
-        needed.update(SENTINEL_COMMANDS)
-    if isinstance(backend, RedisClusterBackend):
-        needed.update(CLUSTER_COMMANDS)
-    return needed
+    return dict(backend.acl_commands)
 
 
-def prefix_pattern(backend: RedisBackend) -> str:
+def prefix_pattern(backend: RedisUser) -> str:
     return f"{backend.key_prefix}*"
 
 
-def rule(backend: RedisBackend) -> str:
+def rule(backend: RedisUser) -> str:
     """What ``backend``'s Redis user needs, as ``ACL SETUSER <user>`` takes it (added to what
     the user has: on a django-redis cache's user, the cache keeps its own keys)."""
     pattern = prefix_pattern(backend)
     return f"~{pattern} &{pattern} " + " ".join(f"+{name}" for name in commands(backend))
 
 
-def user(backend: RedisBackend) -> str:
+def user(backend: RedisUser) -> str:
     """The name of the backend's Redis user (``default`` when the URL names none)."""
     try:
         kwargs = backend.client.connection_pool.connection_kwargs
@@ -156,8 +176,6 @@ def refusal(error: BaseException) -> Refusal | None:
 
 
 def _script_name(sha: str) -> str:
-    from .scripts import all_scripts
-
     return next((s.name for s in all_scripts() if s.sha == sha), "")
 
 
@@ -176,7 +194,7 @@ def needs_probe(error: BaseException) -> bool:
 
 
 def missing_permission(
-    backend: RedisBackend, name: str, error: BaseException, refused: Sequence[str] = ()
+    backend: RedisUser, name: str, error: BaseException, refused: Sequence[str] = ()
 ) -> MissingPermission:
     """The error to raise for a refusal: what the user may not do, and the rule to add.
     ``refused``: the commands the probe found refused (for a script's unnamed command)."""
@@ -203,18 +221,16 @@ def missing_permission(
     )
 
 
-def _everything(backend: RedisBackend, who: str) -> str:
+def _everything(backend: RedisUser, who: str) -> str:
     return f"Everything this backend needs: ACL SETUSER {who} {rule(backend)} (see the {README})."
 
 
 # -- the startup check ---------------------------------------------------------------------
 
 
-def probe_args(backend: RedisBackend) -> tuple[list[str], list[str]]:
+def probe_args(backend: RedisUser) -> tuple[list[str], list[str]]:
     """The probe's command names, and its ARGV: each command's argument count, then its
     example arguments, keys and channels under the backend's prefix."""
-    from .scripts import script
-
     fill = {
         KEY: backend.key("probe"),
         CHANNEL: f"{backend.inbox_prefix}probe",
@@ -236,7 +252,7 @@ def refused_commands(names: Sequence[str], reply: Any) -> list[str] | None:
     return [names[n - 1] for n in numbers]
 
 
-def check(backend: RedisBackend) -> MissingPermission | None:
+def check(backend: RedisUser) -> MissingPermission | None:
     """Whether ``backend``'s user lacks a permission the app needs (one round trip; nothing
     is run but the probe). BackendUnavailable when the server does not answer."""
     try:

@@ -31,6 +31,10 @@ class DjangoRedlockConfig(AppConfig):
         for alias in locks:
             locks[alias].prepare()
         from . import incidents, observe
+        from .contrib.single import duplicate_skipped  # Celery's and Django Tasks' duplicates
 
         incidents.connect()
+        duplicate_skipped.connect(
+            incidents.on_duplicate, dispatch_uid="redlock-incidents-duplicate"
+        )
         observe.connect()  # metrics and spans, as the settings say

@@ -34,10 +34,9 @@ import datetime
 import hashlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -53,11 +52,39 @@ from django.utils import timezone
 
 from .exceptions import CommitOutcomeUnknown, LockError, LockNotAcquired, LockNotOwned, StaleFence
 
-if TYPE_CHECKING:
-    from .locking.base import BaseLock
-    from .locking.holds import Hold
-
 logger = logging.getLogger("django_redlock")
+
+
+class FencedHold(Protocol):
+    """What a fenced block reads and writes of a hold (``locking.holds.Hold``)."""
+
+    fence: int | None
+
+
+class FencedLock(Protocol):
+    """What a fenced block asks of its lock (``locking.base.BaseLock``: the locking layer sits
+    above this module and hands itself in; this module never imports it)."""
+
+    name: str
+    using: str
+    database: str | None
+    blocking: bool
+    timeout: float | None
+    lock_ttl: float
+
+    @property
+    def exclusive(self) -> bool: ...
+
+    def describe(self) -> str:
+        """How messages name the lock."""
+
+    def current_hold(self) -> tuple[str, FencedHold]:
+        """This owner's hold; LockNotOwned or LockLost when there is none (no I/O)."""
+
+    def refencer(self, hold: Any) -> Callable[[int], int]:
+        """``hold``'s re-fence: see :meth:`~.locking.base.BaseLock.refencer`."""
+
+    def release(self) -> None: ...
 
 
 def database_of(atomic: Any) -> str | None:
@@ -90,7 +117,7 @@ def row_key(backend: str, name: str) -> str:
     return hashlib.sha256(f"{backend}\0{name}".encode()).hexdigest()
 
 
-def row_wait(lock: BaseLock) -> float:
+def row_wait(lock: FencedLock) -> float:
     """How long a block waits for its lock's row (seconds): ``timeout=`` when the lock has
     one, else the lock's TTL; ``blocking=False``: not at all. The row is locked by another
     transaction only when the previous holder's transaction outlived its hold (released early
@@ -112,7 +139,7 @@ class _Committed:
 
 
 @contextlib.contextmanager
-def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[None]:
+def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[None]:
     """``lock.atomic(using)``: see :meth:`~.locking.base.BaseLock.atomic`.
 
     Raises (nothing committed): ``StaleFence``; ``LockNotAcquired`` when the row stayed
@@ -129,24 +156,24 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
     no, the database's error (nothing committed); no answer, ``CommitOutcomeUnknown``."""
     if not lock.exclusive:
         raise TypeError(
-            f"{lock._describe()} is shared by several holders at once: a fenced transaction"
+            f"{lock.describe()} is shared by several holders at once: a fenced transaction"
             " needs an exclusive lock (a lock, or the write of a read-write lock)"
         )
     using = check_database(using) if using is not None else lock.database or DEFAULT_DB_ALIAS
-    _owner, hold = lock._held()  # LockNotOwned / LockLost, before the database is touched
+    _owner, hold = lock.current_hold()  # LockNotOwned / LockLost, before the database is touched
     if hold.fence is None:
-        raise LockError(f"{lock._describe()}: this hold has no fencing token to record")
+        raise LockError(f"{lock.describe()}: this hold has no fencing token to record")
     committed = _Committed()
     outermost = not connections[using].in_atomic_block  # its exit is the COMMIT
     touched = timezone.now()  # the row's time: with the fence, this block's mark in the row
     fence, exiting = hold.fence, False
     try:
         with transaction.atomic(using=using):
-            check_fence(using, lock.using, lock.name, hold.fence, lock._describe(),
-                        refencer(lock, hold), wait=row_wait(lock), now=touched)  # fmt: skip
+            check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
+                        lock.refencer(hold), wait=row_wait(lock), now=touched)  # fmt: skip
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
             yield
-            refuse_unfinished(using, lock._describe())
+            refuse_unfinished(using, lock.describe())
             exiting = outermost  # from here on, only the COMMIT can fail
     except Exception as exc:
         if committed.done:
@@ -158,7 +185,7 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
                                      min(max(row_wait(lock), 5.0), 60.0))  # fmt: skip
             if outcome is None:
                 raise CommitOutcomeUnknown(
-                    f"{lock._describe()}: the connection to database {using!r} failed during"
+                    f"{lock.describe()}: the connection to database {using!r} failed during"
                     f" the COMMIT of its fenced transaction ({exc}), and the database could not"
                     " be asked whether it committed: the outcome is UNKNOWN. Do not retry"
                     " blindly: check what the block wrote first."
@@ -169,7 +196,7 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
                 "redlock: %s: the connection failed during the COMMIT of its fenced transaction"
                 " (%s), yet the lock's row carries its fence: it committed (its on_commit"
                 " callbacks did not run)",
-                lock._describe(),
+                lock.describe(),
                 exc,
             )
             return
@@ -179,7 +206,7 @@ def fenced_transaction(lock: BaseLock, using: str | None = None) -> Iterator[Non
         # "not committed" and invite a retry that applies the work twice.
         logger.exception(
             "redlock: %s: its fenced transaction committed; then an on_commit callback raised",
-            lock._describe(),
+            lock.describe(),
         )
 
 
@@ -335,32 +362,6 @@ def check_fence(
         describe or repr(name), using, fence, recorded, outcome == "new", refenced
     )
     raise StaleFence(message, fence, recorded)
-
-
-def refencer(lock: BaseLock, hold: Hold) -> Callable[[int], int]:
-    """``hold``'s re-fence (:meth:`~.backends.base.BaseLockBackend.op_refence`), one round
-    trip: the new fence, which the hold takes; or 0 (nobody holds the lock) or -1 (another
-    hold does) when the hold is not current. No answer raises (BackendUnavailable,
-    QuorumNotReached): unknown is not stale, and the transaction rolls back all the same."""
-
-    from .locking.holds import refenced  # here: the locking package imports this module
-
-    def refence(recorded: int) -> int:
-        backend = lock.backend
-        client_us = time.time_ns() // 1000  # the new fence is above it (refence_least)
-        try:
-            fence = backend.execute(backend.op_refence(lock.name, hold.token, recorded, client_us))
-        except BaseException:
-            if lock.reentrant:  # it may have re-fenced: the owner's next re-entry may say so
-                refenced(backend, lock.name, hold.token, None)
-            raise
-        if fence > 0:
-            hold.fence = fence
-            if lock.reentrant:  # every object holding levels of the owner's hold takes it
-                refenced(backend, lock.name, hold.token, fence)
-        return fence
-
-    return refence
 
 
 def stale_message(
@@ -556,7 +557,7 @@ def _recorded(using: str, key: str) -> int | None:
 _open = threading.local()  # the fenced blocks this thread is in, innermost last
 
 
-def enter_block(lock: BaseLock) -> None:
+def enter_block(lock: FencedLock) -> None:
     """After the acquire: open the fenced block, or release the lock and raise."""
     stack = contextlib.ExitStack()
     try:
@@ -571,7 +572,7 @@ def enter_block(lock: BaseLock) -> None:
 
 
 def leave_block(
-    lock: BaseLock,
+    lock: FencedLock,
     exc_type: type[BaseException] | None,
     exc: BaseException | None,
     tb: TracebackType | None,
@@ -596,7 +597,7 @@ def leave_block(
         lock.release()
 
 
-def release_after_commit(lock: BaseLock) -> None:
+def release_after_commit(lock: FencedLock) -> None:
     """Release after a fenced block committed (the lost-hold rule): whatever the release
     finds (lost, or no answer: the hold then runs out at its TTL), nothing is raised. The
     commit stands, in fence order (the lock's row was locked from the check to the commit),
@@ -605,10 +606,10 @@ def release_after_commit(lock: BaseLock) -> None:
         lock.release()
     except LockError as exc:
         logger.warning("redlock: %s: its fenced transaction committed; then: %s",
-                       lock._describe(), exc)  # fmt: skip
+                       lock.describe(), exc)  # fmt: skip
 
 
-def _blocks() -> list[tuple[BaseLock, contextlib.ExitStack]]:
+def _blocks() -> list[tuple[FencedLock, contextlib.ExitStack]]:
     blocks = getattr(_open, "blocks", None)
     if blocks is None:
         blocks = _open.blocks = []

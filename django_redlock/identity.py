@@ -12,6 +12,8 @@ import weakref
 from contextvars import ContextVar
 from typing import Any
 
+from .forks import after_fork_in_child
+
 HOST = socket.gethostname()
 
 # Set by the Celery integration while a task body runs, so holders name their task.
@@ -72,9 +74,8 @@ def _new_process_id() -> None:
     _metas.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    # A forked child is another owner, even for the thread that forked it.
-    os.register_at_fork(after_in_child=_new_process_id)
+# A forked child is another owner, even for the thread that forked it.
+after_fork_in_child(_new_process_id)
 
 
 #: Separates the holder's fields: compact (a held plain lock stays near 200 bytes in Redis)

@@ -12,7 +12,6 @@ acquire or release), kept as ``DJANGO_REDLOCK_INCIDENTS`` says.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -21,6 +20,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
+
+from .forks import after_fork_in_child
 
 logger = logging.getLogger("django_redlock")
 
@@ -109,8 +110,7 @@ class Recorder:
 
 
 recorder = Recorder()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=recorder._forget)  # the child's incidents are its own
+after_fork_in_child(recorder._forget)  # the child's incidents are its own
 
 
 def prune() -> int:
@@ -146,20 +146,19 @@ def _on_quorum(sender: Any, backend: str, name: str, error: Any = None, **_: Any
     recorder.record("quorum_failure", name, backend, str(error))
 
 
-def _on_duplicate(sender: Any, key: str, task_id: Any = None, holder_task_id: Any = None,
-                  using: str = "", **_: Any) -> None:  # fmt: skip
+def on_duplicate(sender: Any, key: str, task_id: Any = None, holder_task_id: Any = None,
+                 using: str = "", **_: Any) -> None:  # fmt: skip
+    """The receiver of ``contrib.single.duplicate_skipped`` (Celery's and Django Tasks'
+    duplicates): connected by the app's ``ready()``, which sits above ``contrib``."""
     task = getattr(sender, "name", "")
     recorder.record("duplicate_skipped", key, using,
                     f"task {task} {task_id} skipped; held by task {holder_task_id}")  # fmt: skip
 
 
 def connect() -> None:
-    """Called when the app is ready."""
+    """Called when the app is ready: the lock's own signals (see :func:`on_duplicate`)."""
     from .signals import acquire_timed_out, lock_lost, quorum_not_reached
 
     lock_lost.connect(_on_lost, dispatch_uid="redlock-incidents-lost")
     acquire_timed_out.connect(_on_timeout, dispatch_uid="redlock-incidents-timeout")
     quorum_not_reached.connect(_on_quorum, dispatch_uid="redlock-incidents-quorum")
-    from .contrib.single import duplicate_skipped  # Celery's and Django Tasks' duplicates
-
-    duplicate_skipped.connect(_on_duplicate, dispatch_uid="redlock-incidents-duplicate")

@@ -35,6 +35,9 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .forks import after_fork_in_child
+from .version import __version__
+
 ACQUIRED, BUSY, TIMEOUT, ERROR = "acquired", "busy", "timeout", "error"
 RENEWED, LOST = "renewed", "lost"
 #: Lock waits: an uncontended acquire is one round trip (about half a millisecond), a
@@ -353,13 +356,13 @@ class Observer:
 
     def family(self, lock: Any) -> Family:
         # Keyed by what a kind's label is made of, so a lock of a known kind costs a dict
-        # lookup; the label itself (lock._label()) is computed once per key.
+        # lookup; the label itself (lock.kind_label()) is computed once per key.
         name = lock.name if self.config.matcher is not None else ""
         key = (lock.using, type(lock), lock.noun, lock.reentrant, lock.queued, name)
         family = self._families.get(key)
         if family is None:
             group = self.config.group_of(lock.name)
-            family = Family(self.metrics, lock.using, lock._label(), group)
+            family = Family(self.metrics, lock.using, lock.kind_label(), group)
             with self._mutex:
                 if len(self._families) > 10_000:  # grouped: one key per name; keep it bounded
                     self._families.clear()
@@ -388,8 +391,6 @@ class Observer:
         provider = self._trace.get_tracer_provider()
         if isinstance(provider, self._no_provider):
             return None
-        from . import __version__
-
         self.tracer = provider.get_tracer("django_redlock", __version__)
         return self.tracer
 
@@ -589,8 +590,7 @@ def _forget_after_fork() -> None:
         _observer._mutex = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+after_fork_in_child(_forget_after_fork)
 
 
 SETTINGS = ("DJANGO_REDLOCK_METRICS", "DJANGO_REDLOCK_TRACING", "DJANGO_REDLOCK_LOCK_GROUPS",

@@ -67,7 +67,6 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import threading
 import time
 import weakref
@@ -77,7 +76,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import observe
-from .backends.base import BaseLockBackend, Renewal
+from .backends.base import BaseLockBackend, Renewal, on_close
+from .forks import after_fork_in_child
 
 
 class Lock(Protocol):
@@ -86,11 +86,15 @@ class Lock(Protocol):
     backend: BaseLockBackend
     name: str
 
-    def _renewed_by(self, renewer: Renewer, token: str) -> bool: ...
+    def renewed_by(self, renewer: Renewer, token: str) -> bool:
+        """Whether a hold with ``token`` is held and meant to be renewed by ``renewer``:
+        asked before a hold's first renewal (it may have been released meanwhile)."""
 
-    def _mark_lost(
+    def mark_lost(
         self, token: str, reason: str, later: Callable[[Callable[[], None]], None] | None = None
-    ) -> None: ...
+    ) -> None:
+        """The backend answered that ``token`` holds nothing: the object drops the hold and
+        is lost from now on; its notification runs in ``later`` (the notifier thread)."""
 
 
 logger = logging.getLogger("django_redlock")
@@ -435,7 +439,7 @@ class Renewer:
         for entry in lost:
             for lock in list(entry.locks):
                 # Decided here (the object lets go of the hold now); declared by _notify.
-                lock._mark_lost(entry.renewal.token, reason, self._notify)
+                lock.mark_lost(entry.renewal.token, reason, self._notify)
 
     def _notify(self, declare: Callable[[], None]) -> None:
         """Run a loss's declaration (signal, warning, metrics); here at once, but the
@@ -590,7 +594,7 @@ class ThreadRenewer(Renewer):
         while pending:
             taken, ref, renewal, stop_at, owner = pending.popleft()
             lock = ref()
-            if lock is None or not lock._renewed_by(self, renewal.token):
+            if lock is None or not lock.renewed_by(self, renewal.token):
                 continue  # released (or its Lock collected) before its first renewal
             # Joins the hold's entry if it has one (another object of the token, or an
             # extend that added it): a TTL set later is kept.
@@ -709,7 +713,7 @@ class ThreadRenewer(Renewer):
 
 
 thread_renewer = ThreadRenewer()
+on_close(thread_renewer.retire)  # a closed backend's watchdog worker ends
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=thread_renewer._forget_after_fork)
+after_fork_in_child(thread_renewer._forget_after_fork)

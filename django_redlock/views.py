@@ -18,6 +18,7 @@ from .exceptions import BackendUnavailable, LockError, LockNotAcquired, StaleFen
 from .fencing import database_of
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
+from .locking.steps import drive
 from .locking.templates import refuse_generator
 from .validation import check_limit, check_name, check_optional_seconds, fit_name
 
@@ -57,31 +58,56 @@ def lock_view(
     ``method_decorator(lock_view(...), name="dispatch")``. A Redis that does not answer
     gives 503.
     """
-    check_name(name)
-    roots = _roots(name)
-    per_visitor = _per_visitor_fields(name)
-    uses_user = any(field.startswith("request.user") for field in per_visitor)
-    timeout = check_optional_seconds(timeout, "timeout", allow_zero=True) or 0.0
-    if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
-        raise ValueError(f"status must be an HTTP error status (400-599), not {status!r}")
-    if limit is not None:
-        limit = check_limit(limit)
-    database = database_of(atomic)
-    if database is not None and limit is not None:
-        raise ValueError("atomic= does not combine with limit: N requests would hold at once")
+    return _ViewGuard(name, timeout, status, ttl, using, limit, atomic).decorate
 
-    def build(lock_name: str) -> BaseLock:
-        if limit is None:
-            return Lock(lock_name, ttl=ttl, using=using, atomic=database)
-        return Semaphore(lock_name, limit, ttl=ttl, using=using)
 
-    build(name)  # the other arguments are checked now, not per request
+class _ViewGuard:
+    """One ``@lock_view(...)``'s arguments, checked, and what it does per request: build the
+    request's lock from the template, take it (the thread driver in a sync view, which may
+    run where an event loop is running), run the view (in the fenced transaction with
+    ``atomic=``), release. Busy: ``status`` with Retry-After, the view not run; no answer
+    from the backend: 503. A release that fails is logged: the hold runs out at its TTL and
+    the view's response stands."""
 
-    def make(view: Any, request: HttpRequest, kwargs: dict[str, Any]) -> BaseLock:
+    def __init__(
+        self,
+        name: str,
+        timeout: float,
+        status: int,
+        ttl: float | None,
+        using: str,
+        limit: int | None,
+        atomic: bool | str | None,
+    ) -> None:
+        """Every argument checked here, at decoration (ValueError, TypeError)."""
+        check_name(name)
+        self.name, self.roots = name, _roots(name)
+        self.per_visitor = _per_visitor_fields(name)
+        self.uses_user = any(field.startswith("request.user") for field in self.per_visitor)
+        self.timeout = check_optional_seconds(timeout, "timeout", allow_zero=True) or 0.0
+        if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+            raise ValueError(f"status must be an HTTP error status (400-599), not {status!r}")
+        self.status = status
+        self.limit = check_limit(limit) if limit is not None else None
+        self.database = database_of(atomic)
+        if self.database is not None and self.limit is not None:
+            raise ValueError("atomic= does not combine with limit: N requests would hold at once")
+        self.ttl, self.using = ttl, using
+        self.build(name)  # the lock's own arguments are checked now, not per request
+
+    def build(self, lock_name: str) -> BaseLock:
+        if self.limit is None:
+            return Lock(lock_name, ttl=self.ttl, using=self.using, atomic=self.database)
+        return Semaphore(lock_name, self.limit, ttl=self.ttl, using=self.using)
+
+    def make(self, view: Any, request: HttpRequest, kwargs: dict[str, Any]) -> BaseLock:
+        """The lock of this request: the template filled from ``request`` and the URL
+        kwargs (ValueError naming what is missing), fitted to a key's length."""
+        name = self.name
         try:
             text = name.format(request=request, **kwargs)
         except (KeyError, AttributeError, IndexError) as exc:
-            missing = [root for root in roots if root != "request" and root not in kwargs]
+            missing = [root for root in self.roots if root != "request" and root not in kwargs]
             if missing:
                 raise ValueError(
                     f"lock_view template {name!r} uses {missing[0]!r}, which this request's URL"
@@ -90,71 +116,81 @@ def lock_view(
             raise ValueError(
                 f"lock_view template {name!r} failed for this request to {_where(view)}: {exc!r}"
             ) from exc
-        if per_visitor:
-            _check_visitor(name, per_visitor, request, view, text)
-        return build(fit_name(text))
+        if self.per_visitor:
+            _check_visitor(name, self.per_visitor, request, view, text)
+        return self.build(fit_name(text))
 
-    def busy(seconds_left: float | None) -> HttpResponse:
-        response = HttpResponse("This is being done already; try again shortly.", status=status)
+    def busy(self, seconds_left: float | None) -> HttpResponse:
+        text = "This is being done already; try again shortly."
+        response = HttpResponse(text, status=self.status)
         response["Retry-After"] = str(max(1, math.ceil(seconds_left or 1)))
         return response
 
+    @staticmethod
     def unavailable() -> HttpResponse:
         return HttpResponse("The lock service is unavailable.", status=503)
 
-    def decorate(view: F) -> F:
+    def decorate(self, view: F) -> F:
         refuse_generator(view, "@lock_view(...)")
-        _check_roots(name, roots, view)
+        _check_roots(self.name, self.roots, view)
         if inspect.iscoroutinefunction(view):
-            build(name)._check_async()  # atomic=: Django's transactions are synchronous
+            self.build(self.name).check_async()  # atomic=: Django's transactions are sync
 
             @functools.wraps(view)
             async def async_view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-                if uses_user:  # request.user is loaded lazily, by a query: not in a loop
-                    await _load_user(request)
-                held = make(view, request, kwargs)
-                try:
-                    if not await held.aacquire(timeout=timeout):
-                        return busy(await held.attl())
-                except BackendUnavailable:
-                    return unavailable()
-                try:
-                    return await view(request, *args, **kwargs)
-                finally:
-                    try:
-                        await held.arelease()
-                    except LockError as exc:  # it runs out at its TTL; the answer stands
-                        logger.warning("redlock: %s", exc)
+                return await self.run_async(view, request, args, kwargs)
 
             return cast(F, async_view)
 
         @functools.wraps(view)
         def sync_view(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            # The thread driver explicitly: a sync view may run where a loop is running.
-            held = make(view, request, kwargs)
-            try:
-                if not held._drive(held._acquire(True, timeout)):
-                    return busy(held._drive(held._ttl()))
-            except BackendUnavailable:
-                return unavailable()
-            try:
-                with ExitStack() as fenced:
-                    if database is not None:
-                        try:  # commits (or rolls back) before the release below
-                            fenced.enter_context(held.atomic())
-                        except (StaleFence, LockNotAcquired) as exc:  # the view did not run
-                            logger.warning("redlock: %s", exc)  # (its row stayed locked)
-                            return busy(None)
-                    return view(request, *args, **kwargs)
-            finally:
-                try:
-                    held._drive(held._release())
-                except LockError as exc:  # it runs out at its TTL; the answer stands
-                    logger.warning("redlock: %s", exc)
+            return self.run_sync(view, request, args, kwargs)
 
         return cast(F, sync_view)
 
-    return decorate
+    async def run_async(
+        self, view: Any, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if self.uses_user:  # request.user is loaded lazily, by a query: not in a loop
+            await _load_user(request)
+        held = self.make(view, request, kwargs)
+        try:
+            if not await held.aacquire(timeout=self.timeout):
+                return self.busy(await held.attl())
+        except BackendUnavailable:
+            return self.unavailable()
+        try:
+            return await view(request, *args, **kwargs)
+        finally:
+            try:
+                await held.arelease()
+            except LockError as exc:  # it runs out at its TTL; the answer stands
+                logger.warning("redlock: %s", exc)
+
+    def run_sync(
+        self, view: Any, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        # The thread driver explicitly: a sync view may run where a loop is running.
+        held = self.make(view, request, kwargs)
+        try:
+            if not drive(held.backend, held.acquire_steps(True, self.timeout)):
+                return self.busy(drive(held.backend, held.ttl_steps()))
+        except BackendUnavailable:
+            return self.unavailable()
+        try:
+            with ExitStack() as fenced:
+                if self.database is not None:
+                    try:  # commits (or rolls back) before the release below
+                        fenced.enter_context(held.atomic())
+                    except (StaleFence, LockNotAcquired) as exc:  # the view did not run
+                        logger.warning("redlock: %s", exc)  # (its row stayed locked)
+                        return self.busy(None)
+                return view(request, *args, **kwargs)
+        finally:
+            try:
+                drive(held.backend, held.release_steps())
+            except LockError as exc:  # it runs out at its TTL; the answer stands
+                logger.warning("redlock: %s", exc)
 
 
 def _roots(template: str) -> list[str]:

@@ -1,280 +1,42 @@
-"""Waking waiters the moment a lock is freed, without polling.
+"""Waking waiters the moment a lock is freed, without polling: the hubs on Redis's pub/sub.
 
 A waiter registers with the hub, re-tries once, then sleeps until it is woken or the holder's
 remaining TTL runs out, whichever comes first. It is woken either by its own id, which a
 release sends to its process's inbox channel (fair locks; plain locks on backends that wake
 one waiter), or by a message on the lock's release channel that every waiter of the lock
 hears. All waiters of a backend in one process, threads and asyncio tasks alike, share one
-:class:`ReleaseHub` (for Redis: one pub/sub connection read by one daemon thread, subscribed
-to the inbox once for the life of the process; asyncio waiters are woken thread-safely on
-their loop).
+hub (for Redis, a :class:`PubSubHub`: one pub/sub connection read by one daemon thread,
+subscribed to the inbox once for the life of the process; asyncio waiters are woken
+thread-safely on their loop; on Redis 7+ Cluster, a :class:`ShardedPubSubHub`). The waiters
+and the in-process hub contract are :mod:`~django_redlock.waiters`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import os
 import threading
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
+from .forks import after_fork_in_child
 from .identity import process_id
+from .waiters import AnyWaiter, AsyncWaiter, CompositeHub, Confirmation, ReleaseHub, Waiter
+
+# The in-process part (django_redlock.waiters) was in this module: its names stay here too.
+__all__ = [
+    "AnyWaiter",
+    "AsyncWaiter",
+    "CompositeHub",
+    "Confirmation",
+    "PubSubHub",
+    "ReleaseHub",
+    "ShardedPubSubHub",
+    "Waiter",
+]
 
 logger = logging.getLogger("django_redlock")
-
-
-class AnyWaiter(Protocol):
-    baton: bool
-
-    def wake(self) -> None: ...
-
-
-class Waiter:
-    """A waiting thread; woken by a message on its channel."""
-
-    __slots__ = ("_event", "baton")
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.baton = False  # woken for a release, and not yet tried since
-
-    def wake(self) -> None:
-        self._event.set()
-
-    def wait(self, timeout: float) -> bool:
-        woken = self._event.wait(max(0.0, timeout))
-        self._event.clear()
-        return woken
-
-
-async def sleep_on(future: asyncio.Future[None], timeout: float) -> None:
-    """Wait until ``future`` is done or ``timeout`` passes.
-
-    Not asyncio.wait_for, which can swallow a cancellation racing a result (Python < 3.12):
-    a cancelled waiter must stop waiting.
-    """
-    loop = asyncio.get_running_loop()
-    alarm = loop.call_later(max(0.0, timeout), _settle, future)
-    try:
-        await future
-    finally:
-        alarm.cancel()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class AsyncWaiter:
-    """A waiting asyncio task; may be woken from any thread."""
-
-    __slots__ = ("_future", "_loop", "_woken", "baton")
-
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._woken = False
-        self._future: asyncio.Future[None] | None = None
-        self.baton = False
-
-    def wake(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            self._loop.call_soon_threadsafe(self._set)
-
-    def _set(self) -> None:
-        self._woken = True
-        if self._future is not None:
-            _settle(self._future)
-
-    async def wait(self, timeout: float) -> bool:
-        if not self._woken:
-            self._future = self._loop.create_future()
-            try:
-                await sleep_on(self._future, timeout)
-            finally:
-                self._future = None
-        woken, self._woken = self._woken, False
-        return woken
-
-
-class Confirmation:
-    """Set when the server confirmed a subscription; awaitable from threads and tasks."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._callbacks: list[Callable[[], None]] = []
-        self._mutex = threading.Lock()
-        self.error: BaseException | None = None  # the server refused the subscription
-
-    def fail(self, error: BaseException) -> None:
-        """The server refused the subscription (an ACL): whoever waits for it raises
-        ``error`` instead of waiting for wake-ups that never come."""
-        self.error = error
-        self.set()
-
-    def set(self) -> None:
-        with self._mutex:
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
-
-    def wait(self, timeout: float) -> None:
-        self._event.wait(timeout)
-
-    async def async_wait(self, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, done)
-
-        with self._mutex:
-            if self._event.is_set():
-                return
-            self._callbacks.append(wake)
-        await sleep_on(done, timeout)
-
-
-class ReleaseHub:
-    """In-process waiter registry; a release calls :meth:`notify`.
-
-    A release wakes one waiter of the process, the longest waiting, not all of them: only one
-    can win, and 200 tasks retrying at every release would cost 200 round trips each time.
-    The woken one holds the baton until it has tried again; if it leaves first (timed out,
-    cancelled), it passes the baton on, so a release is never lost.
-    """
-
-    confirm_timeout = 0.0
-
-    def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
-
-    @contextlib.contextmanager
-    def watch(self, channel: str, by_id: bool = False, lock: str = "") -> Iterator[Waiter]:
-        """Wait on ``channel``: a lock's release channel, or (``by_id``) the waiter's own id
-        (``lock`` names the lock, for hubs whose inboxes are per lock)."""
-        waiter = Waiter()
-        confirmations = self.join(channel, waiter, by_id, lock)
-        try:
-            for confirmed in confirmations:
-                confirmed.wait(self.confirm_timeout)
-                if confirmed.error is not None:
-                    raise confirmed.error
-            yield waiter
-        finally:
-            self.leave(channel, waiter)
-
-    @contextlib.asynccontextmanager
-    async def awatch(
-        self, channel: str, by_id: bool = False, lock: str = ""
-    ) -> AsyncIterator[AsyncWaiter]:
-        waiter = AsyncWaiter()
-        confirmations = self.join(channel, waiter, by_id, lock)
-        try:
-            for confirmed in confirmations:
-                await confirmed.async_wait(self.confirm_timeout)
-                if confirmed.error is not None:
-                    raise confirmed.error
-            yield waiter
-        finally:
-            self.leave(channel, waiter)
-
-    def join(
-        self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
-    ) -> list[Confirmation]:
-        """Register a waiter; returns the subscriptions to wait for before re-trying."""
-        confirmed = self._join(channel, waiter, by_id, lock)
-        return [] if confirmed is None else [confirmed]
-
-    def leave(self, channel: str, waiter: AnyWaiter) -> None:
-        self._leave(channel, waiter)
-
-    def _join(
-        self, channel: str, waiter: AnyWaiter, by_id: bool, lock: str = ""
-    ) -> Confirmation | None:
-        with self._mutex:
-            first = channel not in self._waiters
-            self._waiters.setdefault(channel, {})[waiter] = None
-        return self._subscribe_inbox() if by_id else self._subscribe(channel, first)
-
-    def _leave(self, channel: str, waiter: AnyWaiter) -> None:
-        with self._mutex:
-            group = self._waiters.get(channel, {})
-            group.pop(waiter, None)
-            last = not group and self._waiters.pop(channel, None) is not None
-        if waiter.baton:  # woken, but gone before trying: the next one tries instead
-            waiter.baton = False
-            self.notify(channel)
-        if last:
-            self._unsubscribe(channel)
-
-    def notify(self, channel: str) -> None:
-        """A release: wake the longest-waiting waiter that is not already about to try.
-
-        If every waiter is about to try already, the release may have come after their try
-        read the lock: wake the first one again, so it tries once more instead of sleeping
-        on a stale TTL (its wake-up stays pending until it waits).
-        """
-        with self._mutex:
-            group = self._waiters.get(channel)
-            if not group:
-                return
-            chosen = next((w for w in group if not w.baton), None) or next(iter(group))
-            chosen.baton = True
-        chosen.wake()
-
-    def notify_all(self) -> None:
-        """Something may have been missed (a lost connection): everyone looks again."""
-        with self._mutex:
-            waiters = [w for group in self._waiters.values() for w in group]
-        for waiter in waiters:
-            waiter.baton = True
-            waiter.wake()
-
-    def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
-        """Called for every waiter; returns what to wait on before re-trying, if anything."""
-        return None
-
-    def _subscribe_inbox(self) -> Confirmation | None:
-        """Called for every waiter woken by id (in-process hubs wake by id directly)."""
-        return None
-
-    def _unsubscribe(self, channel: str) -> None:
-        """Called when the last waiter of a channel leaves."""
-
-    def close(self) -> None:
-        self.notify_all()
-
-
-class CompositeHub(ReleaseHub):
-    """Waiters woken by a message from any of several hubs (Redlock's nodes)."""
-
-    def __init__(self, hubs: list[ReleaseHub], confirm_timeout: float) -> None:
-        super().__init__()
-        self.hubs = hubs
-        self.confirm_timeout = confirm_timeout
-
-    def join(
-        self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
-    ) -> list[Confirmation]:
-        confirmations: list[Confirmation] = []
-        for hub in self.hubs:
-            try:
-                confirmations += hub.join(channel, waiter, by_id, lock)
-            except Exception as exc:  # a node that is down wakes nobody; the others do
-                logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
-        return confirmations
-
-    def leave(self, channel: str, waiter: AnyWaiter) -> None:
-        for hub in self.hubs:
-            hub.leave(channel, waiter)
-
 
 _pubsub_hubs: weakref.WeakSet[PubSubHub] = weakref.WeakSet()
 
@@ -656,5 +418,4 @@ def _after_fork_in_child() -> None:
         hub._forget_after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+after_fork_in_child(_after_fork_in_child)

@@ -205,9 +205,9 @@ def test_a_release_in_flight_while_the_renewer_reports_the_loss_does_not_report_
     lk = _held_by(renewer, name, 1.5)
     locks["redis"].force_release(name)  # gone: the next renewal finds out
     bucket, entries, renewals = _batch_due(renewer)
-    steps = lk._release()
+    steps = lk.release_steps()
     replies: list[Any] = []
-    report = lk._mark_lost
+    report = lk.mark_lost
 
     def racing(token: str, reason: str, *later: Any) -> None:
         # The renewer has dropped the hold and is about to tell the object: the release
@@ -215,7 +215,7 @@ def test_a_release_in_flight_while_the_renewer_reports_the_loss_does_not_report_
         replies.append(lk.backend.execute(next(steps)))
         report(token, reason, *later)
 
-    lk._mark_lost = racing  # type: ignore[method-assign]
+    lk.mark_lost = racing  # type: ignore[method-assign]
     with _losses() as lost:
         started = time.monotonic()
         renewer._settle(bucket, entries, bucket.backend.renew_many(renewals), started)

@@ -13,20 +13,31 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
 from ..acl import mask
 from ..validation import MAX_TTL
-from ..waiting import ReleaseHub
+from ..waiters import ReleaseHub
 
 DEFAULT_TTL = 30.0
 #: How far above the client's wall clock a re-fence puts a hold's fence (us): the fences a
 #: lost counter handed out came from a server clock at most real time then (see
 #: :func:`refence_least`); the margin covers a client clock a little behind the server's.
 REFENCE_MARGIN_US = 1_000_000
+_close_hooks: list[Callable[[BaseLockBackend], None]] = []
+
+
+def on_close(hook: Callable[[BaseLockBackend], None]) -> None:
+    """Run ``hook(backend)`` at the end of every backend's ``close()``. For what above this
+    layer keeps per backend (the renewer registers its ``retire``): this module imports none
+    of it. Hooks run in the order registered; a hook's exception propagates from close()."""
+    if hook not in _close_hooks:
+        _close_hooks.append(hook)
+
+
 #: Redis's Lua numbers are exact below 2**53 (fencing.FENCE_LIMIT).
 LUA_EXACT = 2**53
 DEFAULT_KEY_PREFIX = "redlock"
@@ -110,95 +121,6 @@ class LockInfo:
             )
             for lease in self.holders
         ]
-
-
-def _when(ms: Any) -> datetime | None:
-    text = ms.decode() if isinstance(ms, bytes) else str(ms)
-    return datetime.fromtimestamp(int(text) / 1000, tz=timezone.utc) if text.isdigit() else None
-
-
-def _holder(meta: str) -> dict[str, Any]:
-    from ..identity import parse_holder
-
-    holder: dict[str, Any] = parse_holder(meta)
-    if holder.get("p", "").isdigit():
-        holder["p"] = int(holder["p"])
-    return holder
-
-
-def lock_info(
-    name: str,
-    alias: str,
-    value: str | dict[str, str],
-    pttl_ms: int,
-    waiters: int,
-    longest_wait_ms: int = -1,
-) -> LockInfo:
-    """Read a hold as the scripts write it: a plain string or a reentrant hash."""
-    ttl = pttl_ms / 1000 if pttl_ms >= 0 else None
-    if isinstance(value, str):  # token|fence|acquired-ms|holder
-        parts = [*value.split("|", 3), "", "", ""]
-        fence = int(parts[1]) if parts[1].isdigit() else None
-        holder = _holder(parts[3])
-        count = 1
-        reentrant = False
-        token = parts[0]
-    else:
-        fence = int(value[":fence"]) if value.get(":fence", "").isdigit() else None
-        holder = _holder(value.get(":meta", ""))
-        counts = [int(v) for k, v in value.items() if not k.startswith(":") and v.isdigit()]
-        count = sum(counts)
-        parts = ["", "", value.get(":at", "")]
-        reentrant = True
-        token = None
-    kind = Kind(reentrant=reentrant, fair=bool(holder.pop("q", False)))
-    longest = longest_wait_ms / 1000 if longest_wait_ms >= 0 else None
-    return LockInfo(
-        name,
-        alias,
-        kind.label,
-        fence,
-        ttl,
-        _when(parts[2]),
-        holder,
-        count,
-        waiters,
-        token,
-        longest_wait=longest,
-    )
-
-
-#: What a lease's mode letter (lua/_permits.lua) is called.
-LEASE_KINDS = {"s": "permit", "r": "read", "w": "write"}
-
-
-def lease_info(
-    name: str, alias: str, leases: Sequence[tuple[str, int, str]], waiters: int, limit: Any
-) -> LockInfo | None:
-    """A semaphore or read-write lock from its live leases, (token, ms left, detail) each,
-    the detail as the scripts write it: 'fence|acquired-ms|count|mode|holder'."""
-    if not leases:
-        return None
-    holders = []
-    for token, ms_left, detail in leases:
-        parts = [*detail.split("|", 4), "", "", "", "", ""]
-        fence = int(parts[0]) if parts[0].isdigit() else None
-        count = int(parts[2]) if parts[2].isdigit() else 1
-        kind = LEASE_KINDS.get(parts[3], "permit")
-        holder = _holder(parts[4])
-        holder.pop("q", None)
-        holders.append(LockInfo(name, alias, kind, fence, ms_left / 1000, _when(parts[1]),
-                                holder, count, 0, token))  # fmt: skip
-    kinds = {h.kind for h in holders}
-    limit = int(limit) if isinstance(limit, (int, str)) and str(limit).isdigit() else None
-    kind = "semaphore" if "permit" in kinds else "read-write"
-    ttl = max(h.ttl or 0.0 for h in holders)
-    held = len(holders) if kind == "semaphore" else sum(h.hold_count for h in holders)
-    return LockInfo(name, alias, kind, None, ttl, min(h.acquired_at or _EPOCH for h in holders),
-                    {}, held, waiters, None, limit, holders)  # fmt: skip
-
-
-_EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 
 
 def refence_least(client_us: int | None = None) -> int:
@@ -466,10 +388,11 @@ class BaseLockBackend:
         """Called when the app is ready: warm up what can be warmed (never required)."""
 
     def close(self) -> None:
-        """Release connections and threads (a subclass's close() ends with this one's)."""
-        from ..renewer import thread_renewer  # imported here: the renewer imports this module
-
-        thread_renewer.retire(self)  # its watchdog worker ends once it renews nothing here
+        """Release connections and threads (a subclass's close() ends with this one's):
+        then every :func:`on_close` hook runs (the renewer's watchdog worker for this backend
+        ends once it renews nothing here)."""
+        for hook in tuple(_close_hooks):
+            hook(self)
 
     def describe(self) -> str:
         return f"{self.alias!r} ({type(self).__name__})"

@@ -17,12 +17,13 @@ from typing import Any, TypeVar
 
 import redis.cluster
 
+from .. import acl
 from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub, ShardedPubSubHub
 from .base import Op, Renewal
-from .redis import RedisBackend, _renewed, text
+from .redis import RedisBackend, renewed, text
 
 T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
@@ -30,6 +31,8 @@ logger = logging.getLogger("django_redlock")
 
 class RedisClusterBackend(RedisBackend):
     """LOCATION: the URL of any node of the cluster; the rest are discovered."""
+
+    acl_commands = {**acl.COMMANDS, **acl.CLUSTER_COMMANDS}
 
     @property
     def wakes_one(self) -> bool:  # type: ignore[override]
@@ -101,7 +104,7 @@ class RedisClusterBackend(RedisBackend):
         # A batch spans slots: one extend per lock, pipelined (routed to each lock's node).
         extend = script("extend")
         calls = [Call(extend, [self.key(r.name)], [r.token, r.ttl_ms]) for r in renewals]
-        return Op(renewals[0].name if renewals else "", calls, _renewed)
+        return Op(renewals[0].name if renewals else "", calls, renewed)
 
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[Any], str | None]:
         # A cluster scans node by node: use the plain walk (BaseLockBackend's).

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..exceptions import LockError
-from ..waiting import ReleaseHub
+from ..waiters import ReleaseHub
 from .base import (
     Attempt,
     BaseLockBackend,
@@ -24,10 +24,9 @@ from .base import (
     Op,
     Released,
     Renewal,
-    lease_info,
-    lock_info,
     refence_least,
 )
+from .replies import lease_info, lock_info
 
 T = TypeVar("T")
 
@@ -139,6 +138,13 @@ class LocMemBackend(BaseLockBackend):
     @property
     def hub(self) -> ReleaseHub:
         return self._store.hub
+
+    @property
+    def store(self) -> Any:
+        """Internal API (``contrib.beat``'s records): the in-process store this backend
+        shares with every LocMem backend of its LOCATION; its ``mutex`` guards every read
+        and write of it."""
+        return self._store
 
     def execute(self, op: Op[T]) -> T:
         self.round_trips += 1

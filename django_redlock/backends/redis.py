@@ -32,11 +32,10 @@ from .base import (
     Op,
     Released,
     Renewal,
-    lease_info,
-    lock_info,
     parse_cursor,
     refence_least,
 )
+from .replies import lease_info, lock_info
 
 logger = logging.getLogger("django_redlock")
 T = TypeVar("T")
@@ -66,6 +65,8 @@ class RedisBackend(BaseLockBackend):
     #: inbox, and the scripts get the lock's own key for the channel: no PUBLISH to nobody on
     #: each release, and no key outside KEY_PREFIX (which an ACL'd user may not pass).
     publishes_releases = False
+    #: The commands it sends, for its Redis user's ACL (see :mod:`~django_redlock.acl`).
+    acl_commands: Mapping[str, tuple[str, ...]] = acl.COMMANDS
     default_options: dict[str, Any] = {
         "socket_timeout": 2.0,
         "socket_connect_timeout": 2.0,
@@ -144,12 +145,15 @@ class RedisBackend(BaseLockBackend):
 
     def _refusal(self, exc: BaseException) -> MissingPermission | None:
         """``exc`` as a MissingPermission, if it is an ACL's refusal (else None)."""
-        return self._refused("", exc) if acl.refusal(exc) is not None else None
+        return self.refusal_error("", exc) if acl.refusal(exc) is not None else None
 
     # -- executing ops -----------------------------------------------------------------------
 
     @contextmanager
-    def _io(self, name: str) -> Iterator[None]:
+    def round_trip(self, name: str) -> Iterator[None]:
+        """One round trip about lock ``name`` (a glob for a scan), counted: no answer raises
+        BackendUnavailable, an ACL's refusal MissingPermission. Internal API (the Redlock
+        backend's nodes, whose I/O is its own)."""
         self.round_trips += 1
         try:
             yield
@@ -158,19 +162,26 @@ class RedisBackend(BaseLockBackend):
         except ResponseError as exc:
             if acl.refusal(exc) is None:
                 raise
-            raise self._refused(name, exc) from exc
+            raise self.refusal_error(name, exc) from exc
+
+    # The old names, for backends/redlock.py and redlock_io.py until they take the new ones
+    # (tests/test_layers.py's allow-list names each use).
+    _io = round_trip
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
         return BackendUnavailable(f"lock {name!r}: backend {self.describe()} is unavailable: {exc}")
 
-    def _refused(self, name: str, exc: BaseException) -> MissingPermission:
+    def refusal_error(self, name: str, exc: BaseException) -> MissingPermission:
         """An ACL's refusal as a MissingPermission; a script's command it does not name is
-        found by the probe (one more round trip, on this error's path only)."""
+        found by the probe (one more round trip, on this error's path only). Internal API
+        (the Redlock backend's I/O)."""
         refused: list[str] | None = None
         if acl.needs_probe(exc):
             with contextlib.suppress(LockError):
                 refused = self.execute(self.op_probe())
         return acl.missing_permission(self, name, exc, refused or ())
+
+    _refused = refusal_error  # the old name (see _io)
 
     async def _arefused(self, name: str, exc: BaseException) -> MissingPermission:
         refused: list[str] | None = None
@@ -182,7 +193,7 @@ class RedisBackend(BaseLockBackend):
     def execute(self, op: Op[T]) -> T:
         request, client = op.request, self.client
         self.round_trips += 1
-        try:  # not `with self._io()`: this is every sync operation's path
+        try:  # not `with self.round_trip()`: this is every sync operation's path
             if isinstance(request, Call):
                 reply = scripts.run(client, request)
             elif isinstance(request, list):
@@ -197,7 +208,7 @@ class RedisBackend(BaseLockBackend):
         except ResponseError as exc:
             if acl.refusal(exc) is None:
                 raise
-            raise self._refused(op.name, exc) from exc
+            raise self.refusal_error(op.name, exc) from exc
         return op.parse(reply)
 
     async def aexecute(self, op: Op[T]) -> T:
@@ -299,7 +310,7 @@ class RedisBackend(BaseLockBackend):
         ttl = str(ttls.pop()) if len(ttls) == 1 else "|".join(str(r.ttl_ms) for r in renewals)
         args = ["|".join([r.token for r in renewals]), ttl]
         name = renewals[0].name if renewals else ""
-        return Op(name, Call(script("renew"), keys, args), _renewed)
+        return Op(name, Call(script("renew"), keys, args), renewed)
 
     def op_raise_fence(self, name: str, fence: int) -> Op[bool]:
         return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
@@ -336,7 +347,7 @@ class RedisBackend(BaseLockBackend):
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         keys = [self.key(name), self.queue_key(name), self.waiting_key(name),
                 self.details_key(name), self.writers_key(name)]  # fmt: skip
-        return Op(name, Call(script("inspect"), keys, []), lambda r: self._info(name, r))
+        return Op(name, Call(script("inspect"), keys, []), lambda r: self.parse_info(name, r))
 
     def op_force_release(
         self, name: str, token: str | None = None, fence: int | None = None
@@ -347,7 +358,9 @@ class RedisBackend(BaseLockBackend):
         args = [self.inbox_for(name), token or "", "" if fence is None else str(int(fence))]
         return Op(name, Call(script("force_release"), keys, args), Released.of)
 
-    def _info(self, name: str, reply: Any) -> LockInfo | None:
+    def parse_info(self, name: str, reply: Any) -> LockInfo | None:
+        """inspect.lua's reply about ``name`` as a LockInfo (None: not held). Internal API
+        (the Redlock backend reads each node's reply)."""
         kind, pttl, value, waiters = reply[:4]
         if text(kind) == "zset":
             return _leases(name, self.alias, value, int(waiters), text(reply[4]))
@@ -357,13 +370,15 @@ class RedisBackend(BaseLockBackend):
             return None
         return lock_info(name, self.alias, value, int(pttl), int(waiters), *map(int, longest))
 
+    _info = parse_info  # the old name (see _io)
+
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """A page by ``SCAN`` (never ``KEYS``): the scan's cursor is the page's cursor, and
         the page's locks are inspected in one pipelined round trip."""
         pattern = f"{self.key_prefix}{{{match}}}"
         names: list[str] = []
         position, count = parse_cursor(cursor), size  # BadCursor for a crafted one
-        with self._io(match):
+        with self.round_trip(match):
             while True:
                 position, keys = self.client.scan(position, match=pattern, count=count)
                 names += [n for n in (self.name_from_key(text(k)) for k in keys) if n is not None]
@@ -374,7 +389,7 @@ class RedisBackend(BaseLockBackend):
             return [], None
         replies = self.execute(Op(match, [self.op_inspect(n).request for n in names], list))
         infos = [
-            self._info(n, r)
+            self.parse_info(n, r)
             for n, r in zip(names, replies, strict=True)
             if not isinstance(r, Exception)
         ]
@@ -382,7 +397,7 @@ class RedisBackend(BaseLockBackend):
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
         pattern = f"{self.key_prefix}{{{match}}}"
-        with self._io(match):
+        with self.round_trip(match):
             keys = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
         for key in keys:
             name = self.name_from_key(key)
@@ -399,7 +414,7 @@ class RedisBackend(BaseLockBackend):
 
     def prepare(self) -> None:
         try:
-            with self._io("(startup)"):
+            with self.round_trip("(startup)"):
                 scripts.register(self.client)
             self.check_permissions()
         except BackendUnavailable as exc:
@@ -463,7 +478,7 @@ class RedisBackend(BaseLockBackend):
 
     def queued_names(self, match: str = "*") -> list[str]:
         suffix = ":queued"
-        with self._io(match):
+        with self.round_trip(match):
             keys = [
                 text(k) for k in self.client.scan_iter(match=self.queued_key(match), count=1000)
             ]
@@ -590,7 +605,7 @@ def _attempt(reply: Any) -> Attempt:
     return Attempt(False, None, int(reply[1]))
 
 
-def _renewed(replies: list[Any]) -> list[bool | None]:
+def renewed(replies: list[Any]) -> list[bool | None]:
     """renew.lua's list of 0/1, or a pipeline's replies, one per lock."""
     if replies.count(1) == len(replies):  # the common case, in C: all extended (1 or True)
         return [True] * len(replies)

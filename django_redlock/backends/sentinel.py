@@ -20,7 +20,7 @@ import redis.sentinel
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
-from .. import scripts
+from .. import acl, scripts
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..options import check_options, sentinel_options
 from .base import Attempt, Kind, Op
@@ -58,6 +58,7 @@ class SentinelBackend(RedisBackend):
     """
 
     location_is_list = True
+    acl_commands = {**acl.COMMANDS, **acl.SENTINEL_COMMANDS}
 
     @classmethod
     def check_params(cls, alias: str, params: Mapping[str, Any]) -> None:

@@ -172,7 +172,9 @@ class BaseLock:
     def _owner(self) -> str:
         return owner_id() if self.reentrant else ""
 
-    def _label(self) -> str:
+    def kind_label(self) -> str:
+        """The lock's kind as its repr and the metrics' ``kind`` label name it ("lock",
+        "reentrant fair lock", "semaphore"...). Internal: :mod:`~django_redlock.observe`."""
         return self.noun
 
     def _init_kwargs(self) -> dict[str, Any]:
@@ -202,9 +204,11 @@ class BaseLock:
         hold = self._holds.get(self._owner())
         state = f"held, fence {self.fence}" if hold else "lost" if self._lost else "free"
         kind = type(self).__name__
-        return f"<{kind} {self.name!r} ({self._label()}) on {self.using!r}: {state}>"
+        return f"<{kind} {self.name!r} ({self.kind_label()}) on {self.using!r}: {state}>"
 
-    def _describe(self) -> str:
+    def describe(self) -> str:
+        """How messages name this lock: ``lock 'name' on backend 'alias'`` (internal: for
+        the modules that report on a lock, such as :mod:`~django_redlock.fencing`)."""
         return f"{self.noun} {self.name!r} on backend {self.using!r}"
 
     def _drive(self, steps: Steps[T]) -> T:
@@ -240,7 +244,7 @@ class BaseLock:
     def _check_sync_wait(self, blocking: bool, timeout: float | None) -> None:
         if blocking and timeout != 0 and in_event_loop():
             raise LockError(
-                f"{self._describe()}: a blocking acquire() in a running event loop would block"
+                f"{self.describe()}: a blocking acquire() in a running event loop would block"
                 " the loop, and with it whoever may hold the lock; use `await lk.aacquire()`"
                 " or `async with`, or acquire(blocking=False)"
             )
@@ -251,7 +255,7 @@ class BaseLock:
         actor = owner if self.reentrant else owner_id()
         if self.reentrant and self._orphans.get(owner):
             raise LockLost(
-                f"{self._describe()} was lost ({self._lost or 'expired'}): this acquire would"
+                f"{self.describe()} was lost ({self._lost or 'expired'}): this acquire would"
                 " nest in a hold that is gone; release the outer levels first"
             )
         yield from self._settle(owner)
@@ -266,12 +270,12 @@ class BaseLock:
         if not self.reentrant:
             if owner in self._holds:
                 raise LockError(
-                    f"{self._describe()} is already held by this object;"
+                    f"{self.describe()} is already held by this object;"
                     " use reentrant=True to take it again"
                 )
             if self.exclusive and blocking and timeout is None and holds_it(backend, name, actor):
                 raise LockError(
-                    f"{self._describe()} is held by this thread or task already: waiting for"
+                    f"{self.describe()} is held by this thread or task already: waiting for"
                     " it with no timeout would wait for itself forever; use reentrant=True"
                 )
         started = time.monotonic()
@@ -345,9 +349,9 @@ class BaseLock:
             except LockError:
                 self._believe(owner, 0, unsure=True)  # settled before the next operation
             if current is not None:
-                self._mark_lost(current.token, "it expired or was released by someone else")
+                self.mark_lost(current.token, "it expired or was released by someone else")
             raise LockLost(
-                f"{self._describe()} was lost before this re-entry: it expired or was released"
+                f"{self.describe()} was lost before this re-entry: it expired or was released"
                 " by someone else"
             )
         if not attempt.acquired:
@@ -419,7 +423,7 @@ class BaseLock:
             hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at, lives)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             observe.hold_started(self, hold)
-            logger.debug("redlock: acquired %s, fence %s", self._describe(), attempt.fence)
+            logger.debug("redlock: acquired %s, fence %s", self.describe(), attempt.fence)
             lock_acquired.send_robust(sender=type(self), lock=self, fence=attempt.fence)
 
     def took(self, token: str, fence: int | None, ttl_ms: int) -> None:
@@ -429,7 +433,7 @@ class BaseLock:
         plain (not reentrant) lock that holds nothing; LockError otherwise, nothing recorded.
         """
         if self.reentrant or not self.exclusive or "" in self._holds:
-            raise LockError(f"{self._describe()}: took() records a new plain hold only")
+            raise LockError(f"{self.describe()}: took() records a new plain hold only")
         self._record("", owner_id(), token, ttl_ms, Attempt(True, fence, 1))
 
     def release_steps(self) -> Steps[None]:
@@ -437,6 +441,22 @@ class BaseLock:
         several holds' releases together (one pipelined round trip). Each yielded step is a
         backend ``Op``; the same errors as :meth:`release` come out."""
         return self._release()
+
+    def use_token(self, token: str) -> None:
+        """Internal API (``compat``'s ``token=``): the next acquire takes its hold with
+        ``token``, as a retry after a lost reply does (the try is then idempotent: it finds
+        the hold if that token took it already). The caller checks the token first."""
+        self._unsure_token = token
+
+    def acquire_steps(self, blocking: bool, timeout: float | None) -> Steps[bool]:
+        """Internal API (``lock_view``): the steps of :meth:`acquire`, for a caller that
+        picks its driver (:func:`~.steps.drive` in a sync view that may run where an event
+        loop is running). ``blocking`` and ``timeout`` are as :meth:`acquire` checked them."""
+        return self._acquire(blocking, timeout)
+
+    def ttl_steps(self) -> Steps[float | None]:
+        """Internal API (``lock_view``): the steps of :meth:`ttl`."""
+        return self._ttl()
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Take it; wait up to ``timeout`` seconds (None: forever) when ``blocking``.
@@ -449,20 +469,49 @@ class BaseLock:
         return self._drive(self._acquire(blocking, timeout))
 
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-        self._check_async()
+        self.check_async()
         blocking, timeout = self._check_acquire(blocking, timeout)
         return await self._adrive(self._acquire(blocking, timeout))
 
     # -- release, extend, adopt --------------------------------------------------------------
 
-    def _held(self) -> tuple[str, Hold]:
+    def current_hold(self) -> tuple[str, Hold]:
+        """The current owner and its hold, with the fence a re-fence through another object
+        gave it (internal: a fenced block's start). No I/O: LockLost when it was declared
+        lost, else LockNotOwned when this owner holds nothing here."""
         owner = self._owner()
         hold = self._holds.get(owner)
         if hold is None:
             if self._lost is not None:
-                raise LockLost(f"{self._describe()} was lost: {self._lost}")
-            raise LockNotOwned(f"{self._describe()} is not held by this owner")
+                raise LockLost(f"{self.describe()} was lost: {self._lost}")
+            raise LockNotOwned(f"{self.describe()} is not held by this owner")
         return owner, self._catch_up(hold)
+
+    def refencer(self, hold: Hold) -> Callable[[int], int]:
+        """``hold``'s re-fence for a fenced block (internal: :mod:`~django_redlock.fencing`
+        calls it when the lock's row holds a fence above the hold's). One round trip
+        (:meth:`~.backends.base.BaseLockBackend.op_refence`): the new fence, which the hold
+        takes; or 0 (nobody holds the lock) or -1 (another hold does) when the hold is not
+        current. No answer raises (BackendUnavailable, QuorumNotReached): unknown is not
+        stale, and the transaction rolls back all the same."""
+
+        def refence(recorded: int) -> int:
+            backend = self.backend
+            client_us = time.time_ns() // 1000  # the new fence is above it (refence_least)
+            op = backend.op_refence(self.name, hold.token, recorded, client_us)
+            try:
+                fence = backend.execute(op)
+            except BaseException:
+                if self.reentrant:  # it may have re-fenced: the owner's next re-entry may say so
+                    refenced(backend, self.name, hold.token, None)
+                raise
+            if fence > 0:
+                hold.fence = fence
+                if self.reentrant:  # every object holding levels of the owner's hold takes it
+                    refenced(backend, self.name, hold.token, fence)
+            return fence
+
+        return refence
 
     def _catch_up(self, hold: Hold) -> Hold:
         """A reentrant owner's hold is one hold in Redis, whichever objects hold levels of
@@ -498,8 +547,9 @@ class BaseLock:
         hold.depth = 0
         return True
 
-    def _renewed_by(self, renewer: Renewer, token: str) -> bool:
-        """Whether a hold with this token is held and meant to be renewed by ``renewer``."""
+    def renewed_by(self, renewer: Renewer, token: str) -> bool:
+        """Whether a hold with this token is held and meant to be renewed by ``renewer``
+        (internal: the watchdog's protocol, :class:`~django_redlock.renewer.Lock`)."""
         return any(h.token == token and h.renewer is renewer for h in self._holds.values())
 
     def _release(self) -> Steps[None]:
@@ -509,8 +559,8 @@ class BaseLock:
                 self._orphans[owner] -= 1
                 if self._orphans[owner] <= 0:
                     del self._orphans[owner]
-            raise LockLost(f"{self._describe()} was lost: {self._lost or 'it expired'}")
-        owner, hold = self._held()
+            raise LockLost(f"{self.describe()} was lost: {self._lost or 'it expired'}")
+        owner, hold = self.current_hold()
         if hold.depth <= 1:
             # Whatever the release's fate (Redis may not answer), stop renewing: at worst
             # the hold runs out at its TTL, and release() can be called again meanwhile.
@@ -550,9 +600,9 @@ class BaseLock:
             reason = "it expired or was released by someone else"
             if mine:  # whoever took the hold out of this object declares the loss: once
                 self._declare_lost(reason)
-            raise LockLost(f"{self._describe()} was lost before release: {self._lost or reason}")
+            raise LockLost(f"{self.describe()} was lost before release: {self._lost or reason}")
         if left <= 0:
-            logger.debug("redlock: released %s", self._describe())
+            logger.debug("redlock: released %s", self.describe())
             lock_released.send_robust(sender=type(self), lock=self)
 
     def release(self) -> None:
@@ -568,16 +618,16 @@ class BaseLock:
 
     def _extend(self, ttl: float | None) -> Steps[None]:
         seconds = check_ttl(ttl)
-        owner, hold = self._held()
+        owner, hold = self.current_hold()
         ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
         yield from self._settle(owner)
         sent = time.monotonic()  # a renewal settled after this may have landed after it
         extended = yield self._op_extend(hold.token, ttl_ms)
         if not extended:
-            self._mark_lost(hold.token, "it expired or was released by someone else")
+            self.mark_lost(hold.token, "it expired or was released by someone else")
             if hold.releasing:
-                raise LockNotOwned(f"{self._describe()} was released")
-            raise LockLost(f"{self._describe()} could not be extended: {self._lost}")
+                raise LockNotOwned(f"{self.describe()} was released")
+            raise LockLost(f"{self.describe()} could not be extended: {self._lost}")
         if seconds is not None:
             self.lock_ttl = seconds
         if hold.renewer is not None:
@@ -597,12 +647,12 @@ class BaseLock:
         if not isinstance(token, str) or not token:
             raise TypeError(f"token must be a non-empty str, not {token!r}")
         if self.reentrant:
-            raise LockError(f"{self._describe()}: a reentrant hold belongs to its owner")
+            raise LockError(f"{self.describe()}: a reentrant hold belongs to its owner")
         if "" in self._holds:
-            raise LockError(f"{self._describe()} is already held by this object")
+            raise LockError(f"{self.describe()} is already held by this object")
         fence = yield self._op_fence_of(token)
         if fence is None:
-            raise LockNotOwned(f"{self._describe()}: token {token!r} holds nothing")
+            raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
         attempt = Attempt(True, fence or None, 0)
         self._record("", owner_id(), token, to_ms(self.lock_ttl), attempt)
 
@@ -634,15 +684,17 @@ class BaseLock:
     def _announce_lost(self, reason: str) -> None:
         """The loss's notification: metrics, a warning, ``lock_lost`` (receivers run here)."""
         observe.lost(self)
-        logger.warning("redlock: %s lost: %s", self._describe(), reason)
+        logger.warning("redlock: %s lost: %s", self.describe(), reason)
         lock_lost.send_robust(sender=type(self), lock=self, reason=reason)
 
-    def _mark_lost(
+    def mark_lost(
         self, token: str, reason: str, later: Callable[[Callable[[], None]], None] | None = None
     ) -> None:
         """``token``'s hold is gone: decided here, under the mutex, so once per object (the
         hold leaves the object: ``owned()`` is False, ``lost`` says why, from now on). The
-        notification runs now, or is handed to ``later`` (the watchdog's notifier thread)."""
+        notification runs now, or is handed to ``later`` (the watchdog's notifier thread).
+        Internal: the watchdog's protocol (:class:`~django_redlock.renewer.Lock`) and this
+        class's own queries; only for an answer that the token holds nothing."""
         with self._mutex:
             owner = next((o for o, h in self._holds.items() if h.token == token), None)
             if owner is None:
@@ -666,7 +718,7 @@ class BaseLock:
         # An error (no answer) propagates: unknown is not lost.
         if (yield self._op_hold_count(hold.token)) > 0:
             return True
-        self._mark_lost(hold.token, "it expired or was released by someone else")
+        self.mark_lost(hold.token, "it expired or was released by someone else")
         return False
 
     def owned(self) -> bool:
@@ -731,7 +783,7 @@ class BaseLock:
 
     def _not_acquired(self) -> LockNotAcquired:
         waited = "" if self.timeout is None else f" within {self.timeout:g} s"
-        return LockNotAcquired(f"{self._describe()} could not be acquired{waited}")
+        return LockNotAcquired(f"{self.describe()} could not be acquired{waited}")
 
     def _timeout(self) -> float | None:
         return self.timeout if self.blocking else None
@@ -767,16 +819,18 @@ class BaseLock:
         ``LockNotOwned`` (or ``LockLost``) when not held, before the database is touched."""
         return fencing.fenced_transaction(self, using)
 
-    def _check_async(self) -> None:
+    def check_async(self) -> None:
+        """Internal API (``lock_view``): LockError when this lock cannot be used in an event
+        loop at all (``atomic=``: Django's transactions are synchronous)."""
         if self.database is not None:
             raise LockError(
-                f"{self._describe()} opens a database transaction (atomic={self.database!r}),"
+                f"{self.describe()} opens a database transaction (atomic={self.database!r}),"
                 " and Django's transactions are synchronous: run the locked code in a thread,"
                 " e.g. `await sync_to_async(locked_function)()` with the lock taken there"
             )
 
     async def __aenter__(self: B) -> B:
-        self._check_async()
+        self.check_async()
         if not await self._adrive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
         return self
@@ -802,7 +856,7 @@ class BaseLock:
         refuse_generator(func, decorator)
         name_for = name_template(self.name, inspect.signature(func), callable_name(func))
         if inspect.iscoroutinefunction(func):
-            self._check_async()
+            self.check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import deque
@@ -10,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..backends.base import BaseLockBackend
+from ..forks import after_fork_in_child
 
 
 @dataclass
@@ -35,7 +35,7 @@ def _forked() -> None:
     process += 1
 
 
-os.register_at_fork(after_in_child=_forked)
+after_fork_in_child(_forked)
 
 
 # Renewed exclusive holds of this process by (backend, name) -> the actors holding them:
@@ -184,5 +184,4 @@ def _forget_after_fork() -> None:
     _mutex = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+after_fork_in_child(_forget_after_fork)

@@ -11,6 +11,8 @@ from typing import Any
 
 from ..backends.base import Attempt, LockInfo, Op
 from .base import BaseLock
+from .holds import settled, unsettled
+from .steps import Steps
 
 
 class LeaseLock(BaseLock):
@@ -20,6 +22,23 @@ class LeaseLock(BaseLock):
     mode = "s"
     #: What the backend must offer (in check_leases' message).
     offered_as = "semaphores"
+
+    def _settle_reads(self, owner: str) -> Steps[None]:
+        """For the read-write lock's leases (``rwlock``): before the owner's next operation
+        on the name, if a reply was lost, its read count on the server may be one too many
+        (an acquire that went through although it raised, a release that did not): release
+        the extra holds, the last one freeing the read, so an orphan read is neither
+        re-entered and kept alive by the owner's later reads nor held against its write as an
+        upgrade. What settle.lua does for a reentrant lock's hash, with the lease scripts
+        (the read's token is its owner's; only the owner changes its count). A server count
+        below the belief (the read expired) is left alone, as settle.lua does."""
+        count = unsettled(self.backend, self.name, owner)
+        if count is None:
+            return
+        held = yield self._op_hold_count(owner)
+        for _ in range(held - count):
+            yield self._op_release(owner)
+        settled(self.backend, self.name, owner, count)
 
     def _check_backend(self) -> None:
         self.backend.check_leases(self.offered_as)

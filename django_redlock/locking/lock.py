@@ -52,7 +52,7 @@ class Lock(BaseLock):
         )
         self.backend.check_kind(self.kind)
 
-    def _label(self) -> str:
+    def kind_label(self) -> str:
         return self.kind.label
 
     def _init_kwargs(self) -> dict[str, Any]:

@@ -149,7 +149,7 @@ class MultiLock:
         state = "held" if self.held() else "free"
         return f"<MultiLock {self.names!r} on {self.using!r}: {state}>"
 
-    def _describe(self) -> str:
+    def describe(self) -> str:
         return f"lock_all({', '.join(map(repr, self.names))}) on backend {self.using!r}"
 
     @property
@@ -166,17 +166,17 @@ class MultiLock:
     def _check_wait(self, blocking: bool, timeout: float | None, in_loop: bool = False) -> None:
         if blocking and timeout != 0 and not in_loop and in_event_loop():
             raise LockError(
-                f"{self._describe()}: a blocking acquire in a running event loop would block"
+                f"{self.describe()}: a blocking acquire in a running event loop would block"
                 " the loop; use `await held.aacquire()` or `async with`"
             )
         if any(lk.token is not None for lk in self.locks):
-            raise LockError(f"{self._describe()} is already held by this object")
+            raise LockError(f"{self.describe()} is already held by this object")
         if blocking and timeout is None:
             actor = owner_id()
             mine = [n for n in self.names if holds_it(self.backend, n, actor)]
             if mine:
                 raise LockError(
-                    f"{self._describe()}: this thread holds {', '.join(map(repr, mine))}"
+                    f"{self.describe()}: this thread holds {', '.join(map(repr, mine))}"
                     " already: waiting for it with no timeout would wait forever"
                 )
 
@@ -198,7 +198,7 @@ class MultiLock:
 
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """:meth:`acquire` on the running event loop."""
-        self._check_async()
+        self.check_async()
         blocking = check_bool(blocking, "blocking")
         timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
         if not blocking and timeout:
@@ -235,10 +235,10 @@ class MultiLock:
                             await lk.arelease()
         return complete
 
-    def _check_async(self) -> None:
+    def check_async(self) -> None:
         if self.database is not None:
             raise LockError(
-                f"{self._describe()} opens a database transaction (atomic={self.database!r}),"
+                f"{self.describe()} opens a database transaction (atomic={self.database!r}),"
                 " and Django's transactions are synchronous: take the names in a thread"
                 " (sync_to_async)"
             )
@@ -385,7 +385,7 @@ class MultiLock:
     def _not_acquired(self, timeout: float | None) -> LockNotAcquired:
         waited = "" if timeout is None else f" within {timeout:g} s"
         busy = f" ({self._busy!r} is held)" if self._busy else ""
-        return LockNotAcquired(f"{self._describe()} could not be acquired{waited}{busy}")
+        return LockNotAcquired(f"{self.describe()} could not be acquired{waited}{busy}")
 
     # -- release -----------------------------------------------------------------------------
 
@@ -431,7 +431,7 @@ class MultiLock:
         lost = [n for n, e in zip(self.names, outcomes, strict=True) if isinstance(e, LockLost)]
         if lost:
             raise LockLost(
-                f"{self._describe()} was lost: {', '.join(map(repr, lost))} expired or was"
+                f"{self.describe()} was lost: {', '.join(map(repr, lost))} expired or was"
                 " released by someone else (the other names were released)"
             )
         errors = [e for e in outcomes if e is not None]
@@ -439,8 +439,8 @@ class MultiLock:
             return
         if all(isinstance(e, LockNotOwned) for e in errors):
             if len(errors) == len(outcomes):
-                raise LockNotOwned(f"{self._describe()} is not held by this object")
-            raise LockNotOwned(f"{self._describe()}: some names were not held")
+                raise LockNotOwned(f"{self.describe()} is not held by this object")
+            raise LockNotOwned(f"{self.describe()}: some names were not held")
         raise next(e for e in errors if not isinstance(e, LockNotOwned))
 
     # -- with, decorator ---------------------------------------------------------------------
@@ -495,7 +495,7 @@ class MultiLock:
         if missing:
             lost = [lk.name for lk in self.locks if lk.lost is not None and lk.token is None]
             error = LockLost if lost else LockNotOwned
-            raise error(f"{self._describe()}: {', '.join(map(repr, missing))} not held"
+            raise error(f"{self.describe()}: {', '.join(map(repr, missing))} not held"
                         f"{' (lost)' if lost else ''}")  # fmt: skip
         with contextlib.ExitStack() as blocks:
             for lk in self.locks:  # canonical order: the rows are locked in that order
@@ -559,7 +559,7 @@ class MultiLock:
             self.release()
         except LockError as error:
             logger.warning("redlock: %s: its fenced transaction committed; then: %s",
-                           self._describe(), error)  # fmt: skip
+                           self.describe(), error)  # fmt: skip
 
     def _options(self) -> dict[str, Any]:
         return {"ttl": self.lock_ttl, "timeout": self.timeout, "blocking": self.blocking,
@@ -573,7 +573,7 @@ class MultiLock:
         builders = [name_template(n, signature, callable_name(func)) for n in self.names]
         options = self._options()
         if inspect.iscoroutinefunction(func):
-            self._check_async()
+            self.check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:

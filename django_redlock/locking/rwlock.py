@@ -17,26 +17,9 @@ from ..exceptions import LockError
 from ..fencing import database_of
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import owner_id
-from .holds import holds_it, settled, unsettled
+from .holds import holds_it
 from .leases import LeaseLock
 from .steps import Steps
-
-
-def _settle_reads(lk: LeaseLock, owner: str) -> Steps[None]:
-    """Before the owner's next operation on the name, if a reply was lost: its read count on
-    the server may be one too many (an acquire that went through although it raised, a
-    release that did not): release the extra holds, the last one freeing the read, so an
-    orphan read is neither re-entered and kept alive by the owner's later reads nor held
-    against its write as an upgrade. What settle.lua does for a reentrant lock's hash, with
-    the lease scripts (the read's token is its owner's; only the owner changes its count).
-    A server count below the belief (the read expired) is left alone, as settle.lua does."""
-    count = unsettled(lk.backend, lk.name, owner)
-    if count is None:
-        return
-    held = yield lk._op_hold_count(owner)
-    for _ in range(held - count):
-        yield lk._op_release(owner)
-    settled(lk.backend, lk.name, owner, count)
 
 
 class ReadLock(LeaseLock):
@@ -55,13 +38,13 @@ class ReadLock(LeaseLock):
     def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         if blocking and timeout is None and holds_it(self.backend, self.name, owner_id()):
             raise LockError(
-                f"{self._describe()}: this thread or task holds the write lock; reading now"
+                f"{self.describe()}: this thread or task holds the write lock; reading now"
                 " with no timeout would wait for itself forever: release the write lock first"
             )
         return (yield from super()._acquire(blocking, timeout))
 
     def _settle(self, owner: str) -> Steps[None]:
-        yield from _settle_reads(self, owner)
+        yield from self._settle_reads(owner)
 
     def _busy(self, info: LockInfo | None) -> bool:
         return info is not None and any(h.kind == "write" for h in info.holders)
@@ -87,7 +70,7 @@ class WriteLock(LeaseLock):
     def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         # A read of this owner's whose reply was lost is settled first, not refused as an
         # upgrade.
-        yield from _settle_reads(self, owner_id())
+        yield from self._settle_reads(owner_id())
         return (yield from super()._acquire(blocking, timeout))
 
     def _op_acquire(

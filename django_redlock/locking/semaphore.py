@@ -58,7 +58,7 @@ class Semaphore(LeaseLock):
         )
         self._check_backend()
 
-    def _label(self) -> str:
+    def kind_label(self) -> str:
         return f"{'fair ' if self.queued else ''}limit {self.limit}"
 
     def _init_kwargs(self) -> dict[str, Any]:

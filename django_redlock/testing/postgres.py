@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .server import _die_with_parent, free_port
+from .server import die_with_parent, free_port
 
 
 def find_postgres_bin() -> Path:
@@ -96,7 +96,7 @@ class PostgresServer:
                 "-c", "max_connections=200",
             ],
             stdout=log, stderr=subprocess.STDOUT, user=self.run_as,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )  # fmt: skip
         log.close()
         self.wait_ready(timeout)

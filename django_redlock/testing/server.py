@@ -164,7 +164,7 @@ def tls_args(tls: TLSFiles, port: int, auth_clients: bool) -> list[str]:
     ]  # fmt: skip
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -249,7 +249,7 @@ class RedisServer:
             self.command(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
             env={**os.environ, **self.env} if self.env else None,
         )
         self.wait_ready(timeout)

@@ -1,0 +1,78 @@
+"""The package's one fork hook (django_redlock.forks): what a forked child forgets runs in
+the child, each registered hook once, in order, even when one of them raises."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from django_redlock import forks
+from django_redlock.identity import owner_id
+from django_redlock.locking import holds
+
+SEEN: list[str] = []
+
+
+@pytest.fixture
+def registered() -> Iterator[list[Callable[[], None]]]:
+    """Hooks a test registers, taken out again afterwards."""
+    added: list[Callable[[], None]] = []
+    SEEN.clear()
+    yield added
+    for hook in added:
+        forks._hooks.remove(hook)
+
+
+def in_child(look: Callable[[], str]) -> str:
+    """Fork; the child sends back ``look()`` and exits at once (no pytest machinery)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(write, look().encode())
+        finally:
+            sys.stderr.flush()  # what the at-fork hooks reported
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        text = pipe.read()
+    os.waitpid(pid, 0)
+    return text
+
+
+def test_hooks_run_in_the_child_in_order_and_one_raising_stops_none(
+    registered: list[Callable[[], None]],
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Python's own report of an at-fork callback's error (pytest's hook would keep it).
+    monkeypatch.setattr(sys, "unraisablehook", sys.__unraisablehook__)
+
+    def first() -> None:
+        SEEN.append("first")
+
+    def broken() -> None:
+        SEEN.append("broken")
+        raise RuntimeError("a hook failed")
+
+    def last() -> None:
+        SEEN.append("last")
+
+    for hook in (first, broken, last):
+        assert forks.after_fork_in_child(hook) is hook
+        registered.append(hook)
+    forks.after_fork_in_child(first)  # registered already: it runs once
+    assert in_child(lambda: ",".join(SEEN)) == "first,broken,last"
+    assert SEEN == []  # the parent ran none of them
+    assert "a hook failed" in capfd.readouterr().err  # reported as an at-fork error is
+
+
+def test_a_child_is_another_owner_and_a_process_of_its_own() -> None:
+    parent = (owner_id(), holds.process)
+    owner, process = in_child(lambda: f"{owner_id()} {holds.process}").split()
+    assert owner != parent[0]
+    assert int(process) == parent[1] + 1
+    assert (owner_id(), holds.process) == parent
