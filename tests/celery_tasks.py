@@ -245,3 +245,9 @@ def coalesced_killed(self: Any, name: str, tag: str, seconds: float = 0.1) -> st
 
     redis().rpush(f"coalesce-killed:{name}:pids", os.getpid())
     return body(f"coalesce-killed:{name}", tag, seconds)
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="coalesce-dd:{name}", ttl=10, on_duplicate="coalesce", dedupe_queued=True)
+def coalesced_deduped(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce-dd:{name}", tag, seconds)

@@ -271,3 +271,22 @@ def test_coalesce_follows_a_run_whose_child_was_killed(
     first.get(timeout=30, propagate=False)
     # The hold's TTL is 30 s: t1 runs well before it, queued by the main process.
     wait_for(lambda: r.lrange("coalesce-killed:k:ran", 0, -1) == ["t0", "t1"], timeout=20)
+
+
+def test_coalesce_with_dedupe_queued_runs_a_call_made_during_a_run(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # dedupe_queued deduplicated a delay() made while the key ran to the running task: with
+    # coalesce that call's arguments were never run (lost). A call during a run is queued
+    # (one running plus one queued); calls while that one is queued dedupe to it.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_deduped, "d", "t0", 2.0)
+    wait_for(lambda: r.lrange("coalesce-dd:d:ran", 0, -1))
+    second = prefork.send(celery_tasks.coalesced_deduped, "d", "t1", 0.1)
+    assert second.id != first.id  # queued, not the running task's result
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: len(r.lrange("coalesce-dd:d:ran", 0, -1)) == 2)
+    wait_for(lambda: not locks["default"].is_locked("coalesce-dd:d"))
+    time.sleep(1.0)  # nothing more follows
+    assert r.lrange("coalesce-dd:d:ran", 0, -1) == ["t0", "t1"]
+    assert int(r.get("coalesce-dd:d:peak")) == 1

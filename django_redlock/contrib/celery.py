@@ -414,8 +414,11 @@ class SingleInstanceTask(Task):
 
     def dedupes_running(self) -> bool:
         """Whether a call of a key that runs (not only one queued) is not queued (a hook:
-        celery-once's ``unlock_before_run`` queues it)."""
-        return True
+        celery-once's ``unlock_before_run`` queues it). With ``on_duplicate="coalesce"`` it is
+        queued: the run it then meets coalesces it into one more run, where deduplicating it
+        to the running task would drop its arguments."""
+        config = self.single_instance_config()
+        return config is None or config.on_duplicate != "coalesce"
 
     def _not_queued(
         self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,
