@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from django_redlock.contrib.celery import SingleInstanceTask, skipped
 from django_redlock.testing import RedisServer
 from tests import celery_app, celery_tasks
 
+from .conftest import ROOT
 from .test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
 
 __all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
@@ -290,3 +293,98 @@ def test_coalesce_with_dedupe_queued_runs_a_call_made_during_a_run(
     time.sleep(1.0)  # nothing more follows
     assert r.lrange("coalesce-dd:d:ran", 0, -1) == ["t0", "t1"]
     assert int(r.get("coalesce-dd:d:peak")) == 1
+
+
+# -- a purged message's marker: the broker is asked (Redis) -----------------------------------
+
+
+def _purge(how: str, queue: str, redis_server: RedisServer) -> None:
+    if how == "control":
+        assert celery_app.app.control.purge() == 1
+        return
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "REDLOCK_TEST_REDIS": redis_server.url,
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "purge", "-Q", queue, "-f"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Purged 1 message" in done.stdout, done.stdout
+
+
+@pytest.fixture
+def look_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A message found in the broker is not looked for again for message_check_every seconds
+    # (a loop of delay() calls reads the queue once); these tests look at once.
+    monkeypatch.setattr(SingleInstanceTask, "message_check_every", 0.0)
+
+
+@pytest.mark.parametrize("how", ["control", "cli"])
+def test_a_purged_queued_task_no_longer_counts(
+    how: str, broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # app.control.purge() empties the queues the app consumes from: the default one here
+    # (no worker of the tests reads it); `celery purge -Q` the one named.
+    task = celery_tasks.deduped
+    name = f"purged-{how}"
+    options = {"queue": name} if how == "cli" else {}
+    first = task.apply_async((name,), **options)
+    assert task.apply_async((name,), **options).id == first.id  # in its queue: deduplicated
+    _purge(how, name, redis_server)
+    again = task.apply_async((name,), **options)
+    assert again.id != first.id  # not the AsyncResult of a message that will never run
+    assert task.apply_async((name,), **options).id == again.id  # deduplicated as usual
+    _purge(how, name, redis_server)
+
+
+def test_a_message_a_worker_holds_for_its_eta_still_counts(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # Taken from the queue by a worker that waits for its ETA: in the broker's unacked hash,
+    # not in the queue. Still queued: deduplicated, and run once.
+    broker = redis_server.client(db=1, decode_responses=True)
+    first = prefork.send(celery_tasks.deduped, "eta", 0.1, countdown=3)
+    wait_for(lambda: any(first.id in v for v in broker.hvals("unacked")))
+    assert broker.llen(prefork.queue) == 0
+    assert prefork.send(celery_tasks.deduped, "eta", 0.1).id == first.id
+    assert first.get(timeout=30) == "ran"
+    assert redis(redis_server).lrange("dedupe:eta:ran", 0, -1) == [first.id]
+
+
+def test_a_purged_message_found_moments_ago_counts_until_the_next_look(broker: None) -> None:
+    task = celery_tasks.deduped
+    first = task.apply_async(("recheck",))
+    assert task.apply_async(("recheck",)).id == first.id  # found in the queue just now
+    assert celery_app.app.control.purge() == 1
+    assert task.apply_async(("recheck",)).id == first.id  # not looked for again yet
+    time.sleep(SingleInstanceTask.message_check_every)
+    again = task.apply_async(("recheck",))
+    assert again.id != first.id
+    celery_app.app.control.purge()
+
+
+def test_a_marker_the_broker_cannot_vouch_for_is_obeyed(
+    broker: None, monkeypatch: pytest.MonkeyPatch, look_every_time: None
+) -> None:
+    # Unknown is not gone: a marker with no note that its message was sent (a publish in
+    # progress, a producer of an earlier version), or a queue too long to read, is obeyed
+    # (until its TTL).
+    from django_redlock.contrib import broker as broker_check
+
+    task = celery_tasks.deduped
+    backend = locks["default"]
+    key = task.lock_key("unnoted")
+    backend.execute(backend.op_mark_queued(key, "published-elsewhere", 60_000))
+    assert task.apply_async(("unnoted",), queue="unnoted").id == "published-elsewhere"
+    backend.execute(backend.op_clear_queued(key, "published-elsewhere"))
+    monkeypatch.setattr(broker_check, "MOST_MESSAGES", 1)  # more than 1 message: not read
+    first = task.apply_async(("long",))
+    assert celery_app.app.control.purge() == 1
+    task.apply_async(("other-1",))
+    task.apply_async(("other-2",))
+    assert task.apply_async(("long",)).id == first.id  # purged, but the queue is "too long"
+    monkeypatch.setattr(broker_check, "MOST_MESSAGES", 1000)
+    assert task.apply_async(("long",)).id != first.id  # read now: gone
+    celery_app.app.control.purge()

@@ -21,6 +21,7 @@ import datetime
 import inspect
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -354,17 +355,20 @@ class SingleInstanceTask(Task):
         queued = None
         for _ in range(2):  # once more after clearing a stale marker
             queued = backend.execute(backend.op_mark_queued(key, task_id, ttl_ms))
-            if queued is None or queued == task_id or retrying or not self._ended(queued):
+            if queued is None or queued == task_id or retrying or not self._stale(key, queued):
                 break
             clear_queued_marker(config, key, queued)
         if queued is not None and queued != task_id and not retrying:
             return self._not_queued(key, queued, args, kwargs, promised, options)
         try:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
+            sent = super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             if queued is None:  # our marker: the message it names was never queued
                 clear_queued_marker(config, key, task_id)
             raise
+        if queued is None:
+            self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
+        return sent
 
     def single_instance_config(self) -> SingleInstance | None:
         """The settings this task runs and queues under (a hook: the shims build theirs);
@@ -393,6 +397,91 @@ class SingleInstanceTask(Task):
         if isinstance(expires, (int, float)) and not isinstance(expires, bool):
             ttl = min(ttl, max(float(expires), 0.001))
         return ttl
+
+    #: Look for a marked message in the broker at most this often (seconds) per key and
+    #: process, once it was found there: a loop of ``delay()`` calls reads the queue once.
+    message_check_every = 2.0
+    #: The pause between the two looks that find a message gone (see :meth:`message_gone`).
+    message_check_pause = 1.0
+
+    def _stale(self, key: str, task_id: str) -> bool:
+        """Whether the marker naming ``task_id`` is stale: its task ended, or its message
+        can no longer run."""
+        return self._ended(task_id) or self.message_gone(key, task_id)
+
+    def _note_sent(
+        self, key: str, task_id: str, args: Any, kwargs: Any, options: dict[str, Any],
+        ttl_ms: int,
+    ) -> None:  # fmt: skip
+        """Note, beside the marker and as long, that ``task_id``'s message was published and
+        to which queue: only such a marker is checked against the broker (a marker of a
+        publish in progress, or of a producer that notes nothing, is obeyed)."""
+        queue = self._queue_of(args, kwargs, options)
+        if queue is None:
+            return
+        config = self.single_instance_config()
+        assert config is not None
+        backend = locks[config.using]
+        try:
+            backend.execute(backend.op_mark_queued(sent_name(key, task_id), queue, ttl_ms))
+        except LockError as exc:  # then the marker is obeyed until its TTL
+            logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
+
+    def _queue_of(self, args: Any, kwargs: Any, options: dict[str, Any]) -> str | None:
+        """The queue Celery routes this call to (as ``send_task`` does), if it can tell."""
+        wanted = dict(options)
+        if "queue" not in wanted and getattr(self, "queue", None):
+            wanted["queue"] = self.queue
+        try:
+            routed = self.app.amqp.router.route(wanted, self.name, args, kwargs, task_type=self)
+        except Exception:  # a router of the user's that refuses: nothing noted
+            return None
+        queue = routed.get("queue")
+        name = getattr(queue, "name", queue)
+        return str(name) if name else None
+
+    def message_gone(self, key: str, task_id: str) -> bool:
+        """Whether the message of ``task_id``, which ``key``'s marker names, can no longer
+        run: noted as published, and neither in its queue nor held by a worker, on two
+        looks ``message_check_pause`` apart, with no run of it started in between. Only a
+        Redis broker can be asked (see :mod:`django_redlock.contrib.broker`); elsewhere, or
+        when anything cannot answer, False: the marker is obeyed until its TTL."""
+        from .broker import message_queued
+
+        seen = _found_in_broker.get((key, task_id))
+        if seen is not None and time.monotonic() - seen < self.message_check_every:
+            return False
+        config = self.single_instance_config()
+        assert config is not None
+        backend = locks[config.using]
+        try:
+            sent = backend.execute(backend.op_read_queued(sent_name(key, task_id)))
+            if sent is None:  # not (yet) published, or by a producer that notes nothing
+                return False
+            queue = sent[0]
+            if message_queued(self.app, queue, task_id) is not False:
+                _remember_found(key, task_id)
+                return False
+            # A worker may hold it unnoted for a moment (taken from the list and not yet in
+            # the unacked hash, or acknowledged early and not yet started): look again.
+            time.sleep(self.message_check_pause)
+            noted = backend.execute(backend.op_read_queued(key))
+            if noted is None or noted[0] != task_id:
+                return False  # it started (its run cleared the marker) or was replaced
+            running = backend.inspect(key)
+            if running is not None and running.holder.get("k") == task_id:
+                return False
+            if message_queued(self.app, queue, task_id) is not False:
+                _remember_found(key, task_id)
+                return False
+        except LockError as exc:  # unknown is not gone: obey the marker
+            logger.info("redlock: could not check the message of task %s: %s", task_id, exc)
+            return False
+        logger.warning(
+            "redlock: the message of task %s (%r, queue %r) is gone from the broker (purged or"
+            " lost): its queue marker no longer counts", task_id, key, queue,
+        )  # fmt: skip
+        return True
 
     def _ended(self, task_id: str) -> bool:
         """Whether ``task_id`` has a final state in the result backend (then its marker is
@@ -471,6 +560,22 @@ class SingleInstanceTask(Task):
     def release_lock(self, *args: Any, **kwargs: Any) -> Released:
         """Force-release the lock of a call with these arguments (see :func:`release_lock`)."""
         return release_lock(self, *args, **kwargs)
+
+
+def sent_name(key: str, task_id: str) -> str:
+    """The name of the note that ``task_id``'s message under ``key`` was published (its value:
+    the queue), kept beside the queue marker with the same TTL."""
+    return f"{key}:sent:{task_id}"
+
+
+#: (key, task id) -> when its message was last found in the broker (monotonic), per process.
+_found_in_broker: dict[tuple[str, str], float] = {}
+
+
+def _remember_found(key: str, task_id: str) -> None:
+    if len(_found_in_broker) >= 10_000:
+        _found_in_broker.clear()
+    _found_in_broker[(key, task_id)] = time.monotonic()
 
 
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
