@@ -366,7 +366,7 @@ class SingleInstanceTask(Task):
             if queued is None:  # our marker: the message it names was never queued
                 clear_queued_marker(config, key, task_id)
             raise
-        if queued is None:
+        if queued is None and not self.app.conf.task_always_eager:  # eager: it ran already
             self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         return sent
 
