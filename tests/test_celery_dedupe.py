@@ -388,3 +388,19 @@ def test_a_marker_the_broker_cannot_vouch_for_is_obeyed(
     monkeypatch.setattr(broker_check, "MOST_MESSAGES", 1000)
     assert task.apply_async(("long",)).id != first.id  # read now: gone
     celery_app.app.control.purge()
+
+
+def test_a_message_in_a_priority_list_counts(
+    broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # kombu keeps a Redis queue in one list per priority step ("<queue>\x06\x166"...): the
+    # look covers them all, and a purge of them frees the key.
+    task = celery_tasks.deduped
+    queue = "prioritised"
+    first = task.apply_async(("prio",), queue=queue, priority=6)
+    lists = redis_server.client(db=1).keys(f"{queue}*")
+    assert lists == [f"{queue}\x06\x166".encode()]  # not the base list
+    assert task.apply_async(("prio",), queue=queue, priority=6).id == first.id
+    _purge("cli", queue, redis_server)
+    assert task.apply_async(("prio",), queue=queue, priority=6).id != first.id
+    _purge("cli", queue, redis_server)
