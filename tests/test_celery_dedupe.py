@@ -404,3 +404,20 @@ def test_a_message_in_a_priority_list_counts(
     _purge("cli", queue, redis_server)
     assert task.apply_async(("prio",), queue=queue, priority=6).id != first.id
     _purge("cli", queue, redis_server)
+
+
+def test_only_a_plainly_routed_call_is_noted_as_sent(broker: None) -> None:
+    # A routing key of the call's own may send the message to another queue than the one
+    # routed by name: nothing is noted, so the marker is obeyed (never taken for gone).
+    from django_redlock.contrib.celery import sent_name
+
+    task = celery_tasks.deduped
+    backend = locks["default"]
+    plain = task.apply_async(("routed",), queue="routed")
+    assert backend.execute(backend.op_read_queued(sent_name("dedupe:routed", plain.id)))[0] == (
+        "routed"
+    )
+    keyed = task.apply_async(("keyed",), queue="routed", routing_key="elsewhere")
+    assert backend.execute(backend.op_read_queued(sent_name("dedupe:keyed", keyed.id))) is None
+    celery_app.app.control.purge()
+    assert task.apply_async(("keyed",), queue="routed").id == keyed.id  # obeyed

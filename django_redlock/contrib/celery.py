@@ -428,7 +428,10 @@ class SingleInstanceTask(Task):
             logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
 
     def _queue_of(self, args: Any, kwargs: Any, options: dict[str, Any]) -> str | None:
-        """The queue Celery routes this call to (as ``send_task`` does), if it can tell."""
+        """The queue Celery routes this call to (as ``send_task`` does), when that names the
+        one list the message is in: a queue on a direct exchange, by its own routing key.
+        An exchange or routing key of the call's own (a topic exchange...) may send it
+        elsewhere: None (nothing is noted, the marker is obeyed)."""
         wanted = dict(options)
         if "queue" not in wanted and getattr(self, "queue", None):
             wanted["queue"] = self.queue
@@ -437,8 +440,15 @@ class SingleInstanceTask(Task):
         except Exception:  # a router of the user's that refuses: nothing noted
             return None
         queue = routed.get("queue")
-        name = getattr(queue, "name", queue)
-        return str(name) if name else None
+        exchange = getattr(queue, "exchange", None)
+        if not getattr(queue, "name", None) or exchange is None or exchange.type != "direct":
+            return None
+        named = routed.get("exchange", exchange)
+        if getattr(named, "name", named) != exchange.name:
+            return None
+        if routed.get("routing_key", queue.routing_key) != queue.routing_key:
+            return None
+        return str(queue.name)
 
     def message_gone(self, key: str, task_id: str) -> bool:
         """Whether the message of ``task_id``, which ``key``'s marker names, can no longer
