@@ -302,6 +302,10 @@ def _purge(how: str, queue: str, redis_server: RedisServer) -> None:
     if how == "control":
         assert celery_app.app.control.purge() == 1
         return
+    if how == "channel":  # what `celery purge -Q` does, in this process
+        with celery_app.app.connection_for_write() as connection:
+            assert connection.default_channel.queue_purge(queue) == 1
+        return
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
@@ -401,9 +405,9 @@ def test_a_message_in_a_priority_list_counts(
     lists = redis_server.client(db=1).keys(f"{queue}*")
     assert lists == [f"{queue}\x06\x166".encode()]  # not the base list
     assert task.apply_async(("prio",), queue=queue, priority=6).id == first.id
-    _purge("cli", queue, redis_server)
+    _purge("channel", queue, redis_server)
     assert task.apply_async(("prio",), queue=queue, priority=6).id != first.id
-    _purge("cli", queue, redis_server)
+    _purge("channel", queue, redis_server)
 
 
 def test_only_a_plainly_routed_call_is_noted_as_sent(broker: None) -> None:
