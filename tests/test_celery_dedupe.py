@@ -425,3 +425,21 @@ def test_only_a_plainly_routed_call_is_noted_as_sent(broker: None) -> None:
     assert backend.execute(backend.op_read_queued(sent_name("dedupe:keyed", keyed.id))) is None
     celery_app.app.control.purge()
     assert task.apply_async(("keyed",), queue="routed").id == keyed.id  # obeyed
+
+
+def test_coalesce_keeps_the_note_when_the_follow_up_cannot_be_published(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The run took the note, then the broker refused the follow-up: the run's own outcome
+    # stands (no OperationalError in its place) and the note is put back, so the noted call
+    # runs after the next run of the key instead of being lost.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_flaky, "f", "t0", 1.5)
+    wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_flaky, "f", "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    r.set("flaky-publish", 1)
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: not r.exists("flaky-publish"))  # the follow-up's publish was refused
+    assert prefork.send(celery_tasks.coalesced_flaky, "f", "t2", 0.1).get(timeout=30) == "ran"
+    wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1) == ["t0", "t2", "t1"])

@@ -181,7 +181,9 @@ def _coalesce(
 
 
 def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
-    """Queue the call noted by a duplicate, if any (taken once: compare-and-delete)."""
+    """Queue the call noted by a duplicate, if any (taken once: compare-and-delete). Never
+    raises into the run that calls it: a publish that fails puts the note back (a newer note
+    noted meanwhile wins), for the next run of the key that ends."""
     backend = locks[config.using]
     name = _pending_name(key)
     try:
@@ -196,7 +198,15 @@ def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
             return  # another taker's probe, gone now
         call = json.loads(found)
         options = {"queue": call["queue"]} if call.get("queue") else {}
-        queued = task.apply_async(tuple(call["args"]), call["kwargs"], **options)
+        try:
+            queued = task.apply_async(tuple(call["args"]), call["kwargs"], **options)
+        except Exception as exc:  # the broker refused it: put the note back, never lose it
+            backend.execute(backend.op_mark_queued(name, found, to_ms(config.dedupe_ttl)))
+            logger.warning(
+                "redlock: could not queue the coalesced call of %r (%s): noted again, for the"
+                " next run of the key", key, exc,
+            )  # fmt: skip
+            return
         logger.info("redlock: queued the coalesced call of %r as task %s", key, queued.id)
     except LockError as exc:  # the note stays until its TTL; the next run takes it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
