@@ -443,3 +443,31 @@ def test_coalesce_keeps_the_note_when_the_follow_up_cannot_be_published(
     wait_for(lambda: not r.exists("flaky-publish"))  # the follow-up's publish was refused
     assert prefork.send(celery_tasks.coalesced_flaky, "f", "t2", 0.1).get(timeout=30) == "ran"
     wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1) == ["t0", "t2", "t1"])
+
+
+def test_callers_racing_past_a_purged_marker_get_one_new_task(
+    broker: None, look_every_time: None
+) -> None:
+    # Six callers find the marker's message gone at once. Whoever replaces the marker first
+    # queues; the others obey the new marker. None gets the purged task's id, and one new
+    # message is queued.
+    import threading
+
+    task = celery_tasks.deduped
+    first = task.apply_async(("race",))
+    assert celery_app.app.control.purge() == 1
+    got: list[str] = []
+    start = threading.Barrier(6)
+
+    def call() -> None:
+        start.wait()
+        got.append(task.apply_async(("race",)).id)
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(got) == 6 and first.id not in got
+    assert len(set(got)) == 1
+    assert celery_app.app.control.purge() == 1

@@ -363,11 +363,13 @@ class SingleInstanceTask(Task):
         task_id = promised or uuid_text()
         ttl_ms = to_ms(self.queue_marker_ttl(options))
         queued = None
-        for _ in range(2):  # once more after clearing a stale marker
+        for _ in range(3):  # again after clearing a stale marker
             queued = backend.execute(backend.op_mark_queued(key, task_id, ttl_ms))
             if queued is None or queued == task_id or retrying or not self._stale(key, queued):
                 break
             clear_queued_marker(config, key, queued)
+        else:  # stale markers each time: queue it unmarked (never dropped; the lock excludes)
+            queued = task_id
         if queued is not None and queued != task_id and not retrying:
             return self._not_queued(key, queued, args, kwargs, promised, options)
         try:
@@ -485,12 +487,16 @@ class SingleInstanceTask(Task):
             # A worker may hold it unnoted for a moment (taken from the list and not yet in
             # the unacked hash, or acknowledged early and not yet started): look again.
             time.sleep(self.message_check_pause)
+            # The marker, then the hold: a run takes the lock before it clears its marker.
             noted = backend.execute(backend.op_read_queued(key))
-            if noted is None or noted[0] != task_id:
-                return False  # it started (its run cleared the marker) or was replaced
             running = backend.inspect(key)
             if running is not None and running.holder.get("k") == task_id:
-                return False
+                return False  # it started: its run holds the key
+            if noted is None or noted[0] != task_id:
+                # Its marker went meanwhile, and no run of it holds the key: it ran already,
+                # or another caller took it for gone. The caller marks again, and obeys
+                # whatever marker it finds then.
+                return True
             if message_queued(self.app, queue, task_id) is not False:
                 _remember_found(key, task_id)
                 return False
