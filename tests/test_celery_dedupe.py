@@ -357,7 +357,11 @@ def test_a_message_a_worker_holds_for_its_eta_still_counts(
     assert redis(redis_server).lrange("dedupe:eta:ran", 0, -1) == [first.id]
 
 
-def test_a_purged_message_found_moments_ago_counts_until_the_next_look(broker: None) -> None:
+def test_a_purged_message_found_moments_ago_counts_until_the_next_look(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Longer than the default (2 s), so that a loaded machine's slow purge still falls inside.
+    monkeypatch.setattr(SingleInstanceTask, "message_check_every", 4.0)
     task = celery_tasks.deduped
     first = task.apply_async(("recheck",))
     assert task.apply_async(("recheck",)).id == first.id  # found in the queue just now
