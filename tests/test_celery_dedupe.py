@@ -349,7 +349,7 @@ def test_a_message_a_worker_holds_for_its_eta_still_counts(
     # Taken from the queue by a worker that waits for its ETA: in the broker's unacked hash,
     # not in the queue. Still queued: deduplicated, and run once.
     broker = redis_server.client(db=1, decode_responses=True)
-    first = prefork.send(celery_tasks.deduped, "eta", 0.1, countdown=3)
+    first = prefork.send(celery_tasks.deduped, "eta", 0.1, countdown=6)
     wait_for(lambda: any(first.id in v for v in broker.hvals("unacked")))
     assert broker.llen(prefork.queue) == 0
     assert prefork.send(celery_tasks.deduped, "eta", 0.1).id == first.id
