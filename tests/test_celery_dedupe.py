@@ -475,3 +475,18 @@ def test_callers_racing_past_a_purged_marker_get_one_new_task(
     assert len(got) == 6 and first.id not in got
     assert len(set(got)) == 1
     assert celery_app.app.control.purge() == 1
+
+
+def test_a_message_the_broker_lost_no_longer_counts(
+    broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # The broker's Redis lost the queue (a restart without persistence, a failover to a
+    # replica that had not got it, someone's DEL): nobody was told, as with a purge. (Only
+    # that queue's list goes here: the module's worker keeps its own keys on that Redis.)
+    task = celery_tasks.deduped
+    first = task.apply_async(("lost",), queue="lost")
+    assert task.apply_async(("lost",), queue="lost").id == first.id
+    assert redis_server.client(db=1).delete("lost") == 1
+    again = task.apply_async(("lost",), queue="lost")
+    assert again.id != first.id
+    assert task.apply_async(("lost",), queue="lost").id == again.id
