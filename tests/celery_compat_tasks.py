@@ -130,3 +130,18 @@ def once_unlock_before_run(self: Any, name: str, tag: str, seconds: float = 1.5)
 def once_fails(self: Any, name: str) -> None:
     time.sleep(0.1)
     raise ExpectedTaskFail()
+
+
+@shared_task
+def raise_duplicate(kind: str) -> None:
+    """Raise one of the duplicate errors out of a task, as a body calling a deduplicated
+    task's ``delay()`` does: the caller's ``.get()`` rebuilds it from the result backend."""
+    from django_redlock.compat.celery_once import AlreadyQueued as OnceAlreadyQueued
+    from django_redlock.compat.celery_singleton import DuplicateTaskError
+    from django_redlock.contrib.celery import AlreadyQueued
+
+    if kind == "singleton":
+        raise DuplicateTaskError("Attempted to queue a duplicate of task ID t-1", task_id="t-1")
+    if kind == "once":
+        raise OnceAlreadyQueued(12.5, "t-1")
+    raise AlreadyQueued("x not queued: 'k' is queued or running already as task t-1", "t-1")

@@ -245,3 +245,29 @@ def coalesced_killed(self: Any, name: str, tag: str, seconds: float = 0.1) -> st
 
     redis().rpush(f"coalesce-killed:{name}:pids", os.getpid())
     return body(f"coalesce-killed:{name}", tag, seconds)
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="coalesce-dd:{name}", ttl=10, on_duplicate="coalesce", dedupe_queued=True)
+def coalesced_deduped(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce-dd:{name}", tag, seconds)
+
+
+class FlakyPublish(SingleInstanceTask):
+    """A base whose publish from inside a run fails once when the test sets a flag (the
+    broker refusing the coalesced follow-up): what a run does then."""
+
+    abstract = True
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        from kombu.exceptions import OperationalError
+
+        if self.request.id and redis().delete("flaky-publish"):
+            raise OperationalError("the broker refused the publish (test)")
+        return super().apply_async(args, kwargs, **options)
+
+
+@shared_task(bind=True, base=FlakyPublish)
+@single_instance(key="coalesce-flaky:{name}", ttl=10, on_duplicate="coalesce")
+def coalesced_flaky(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce-flaky:{name}", tag, seconds)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from django_redlock.contrib.celery import SingleInstanceTask, skipped
 from django_redlock.testing import RedisServer
 from tests import celery_app, celery_tasks
 
+from .conftest import ROOT
 from .test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
 
 __all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
@@ -271,3 +274,219 @@ def test_coalesce_follows_a_run_whose_child_was_killed(
     first.get(timeout=30, propagate=False)
     # The hold's TTL is 30 s: t1 runs well before it, queued by the main process.
     wait_for(lambda: r.lrange("coalesce-killed:k:ran", 0, -1) == ["t0", "t1"], timeout=20)
+
+
+def test_coalesce_with_dedupe_queued_runs_a_call_made_during_a_run(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # dedupe_queued deduplicated a delay() made while the key ran to the running task: with
+    # coalesce that call's arguments were never run (lost). A call during a run is queued
+    # (one running plus one queued); calls while that one is queued dedupe to it.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_deduped, "d", "t0", 2.0)
+    wait_for(lambda: r.lrange("coalesce-dd:d:ran", 0, -1))
+    second = prefork.send(celery_tasks.coalesced_deduped, "d", "t1", 0.1)
+    assert second.id != first.id  # queued, not the running task's result
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: len(r.lrange("coalesce-dd:d:ran", 0, -1)) == 2)
+    wait_for(lambda: not locks["default"].is_locked("coalesce-dd:d"))
+    time.sleep(1.0)  # nothing more follows
+    assert r.lrange("coalesce-dd:d:ran", 0, -1) == ["t0", "t1"]
+    assert int(r.get("coalesce-dd:d:peak")) == 1
+
+
+# -- a purged message's marker: the broker is asked (Redis) -----------------------------------
+
+
+def _purge(how: str, queue: str, redis_server: RedisServer) -> None:
+    if how == "control":
+        assert celery_app.app.control.purge() == 1
+        return
+    if how == "channel":  # what `celery purge -Q` does, in this process
+        with celery_app.app.connection_for_write() as connection:
+            assert connection.default_channel.queue_purge(queue) == 1
+        return
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "REDLOCK_TEST_REDIS": redis_server.url,
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "purge", "-Q", queue, "-f"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Purged 1 message" in done.stdout, done.stdout
+
+
+@pytest.fixture
+def look_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A message found in the broker is not looked for again for message_check_every seconds
+    # (a loop of delay() calls reads the queue once); these tests look at once.
+    monkeypatch.setattr(SingleInstanceTask, "message_check_every", 0.0)
+
+
+@pytest.mark.parametrize("how", ["control", "cli"])
+def test_a_purged_queued_task_no_longer_counts(
+    how: str, broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # app.control.purge() empties the queues the app consumes from: the default one here
+    # (no worker of the tests reads it); `celery purge -Q` the one named.
+    task = celery_tasks.deduped
+    name = f"purged-{how}"
+    options = {"queue": name} if how == "cli" else {}
+    first = task.apply_async((name,), **options)
+    assert task.apply_async((name,), **options).id == first.id  # in its queue: deduplicated
+    _purge(how, name, redis_server)
+    again = task.apply_async((name,), **options)
+    assert again.id != first.id  # not the AsyncResult of a message that will never run
+    assert task.apply_async((name,), **options).id == again.id  # deduplicated as usual
+    _purge(how, name, redis_server)
+
+
+def test_a_message_a_worker_holds_for_its_eta_still_counts(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # Taken from the queue by a worker that waits for its ETA: in the broker's unacked hash,
+    # not in the queue. Still queued: deduplicated, and run once.
+    broker = redis_server.client(db=1, decode_responses=True)
+    first = prefork.send(celery_tasks.deduped, "eta", 0.1, countdown=6)
+    wait_for(lambda: any(first.id in v for v in broker.hvals("unacked")))
+    assert broker.llen(prefork.queue) == 0
+    assert prefork.send(celery_tasks.deduped, "eta", 0.1).id == first.id
+    assert first.get(timeout=30) == "ran"
+    assert redis(redis_server).lrange("dedupe:eta:ran", 0, -1) == [first.id]
+
+
+def test_a_purged_message_found_moments_ago_counts_until_the_next_look(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Longer than the default (2 s), so that a loaded machine's slow purge still falls inside.
+    monkeypatch.setattr(SingleInstanceTask, "message_check_every", 4.0)
+    task = celery_tasks.deduped
+    first = task.apply_async(("recheck",))
+    assert task.apply_async(("recheck",)).id == first.id  # found in the queue just now
+    assert celery_app.app.control.purge() == 1
+    assert task.apply_async(("recheck",)).id == first.id  # not looked for again yet
+    time.sleep(SingleInstanceTask.message_check_every)
+    again = task.apply_async(("recheck",))
+    assert again.id != first.id
+    celery_app.app.control.purge()
+
+
+def test_a_marker_the_broker_cannot_vouch_for_is_obeyed(
+    broker: None, monkeypatch: pytest.MonkeyPatch, look_every_time: None
+) -> None:
+    # Unknown is not gone: a marker with no note that its message was sent (a publish in
+    # progress, a producer of an earlier version), or a queue too long to read, is obeyed
+    # (until its TTL).
+    from django_redlock.contrib import broker as broker_check
+
+    task = celery_tasks.deduped
+    backend = locks["default"]
+    key = task.lock_key("unnoted")
+    backend.execute(backend.op_mark_queued(key, "published-elsewhere", 60_000))
+    assert task.apply_async(("unnoted",), queue="unnoted").id == "published-elsewhere"
+    backend.execute(backend.op_clear_queued(key, "published-elsewhere"))
+    monkeypatch.setattr(broker_check, "MOST_MESSAGES", 1)  # more than 1 message: not read
+    first = task.apply_async(("long",))
+    assert celery_app.app.control.purge() == 1
+    task.apply_async(("other-1",))
+    task.apply_async(("other-2",))
+    assert task.apply_async(("long",)).id == first.id  # purged, but the queue is "too long"
+    monkeypatch.setattr(broker_check, "MOST_MESSAGES", 1000)
+    assert task.apply_async(("long",)).id != first.id  # read now: gone
+    celery_app.app.control.purge()
+
+
+def test_a_message_in_a_priority_list_counts(
+    broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # kombu keeps a Redis queue in one list per priority step ("<queue>\x06\x166"...): the
+    # look covers them all, and a purge of them frees the key.
+    task = celery_tasks.deduped
+    queue = "prioritised"
+    first = task.apply_async(("prio",), queue=queue, priority=6)
+    lists = redis_server.client(db=1).keys(f"{queue}*")
+    assert lists == [f"{queue}\x06\x166".encode()]  # not the base list
+    assert task.apply_async(("prio",), queue=queue, priority=6).id == first.id
+    _purge("channel", queue, redis_server)
+    assert task.apply_async(("prio",), queue=queue, priority=6).id != first.id
+    _purge("channel", queue, redis_server)
+
+
+def test_only_a_plainly_routed_call_is_noted_as_sent(broker: None) -> None:
+    # A routing key of the call's own may send the message to another queue than the one
+    # routed by name: nothing is noted, so the marker is obeyed (never taken for gone).
+    from django_redlock.contrib.celery import sent_name
+
+    task = celery_tasks.deduped
+    backend = locks["default"]
+    plain = task.apply_async(("routed",), queue="routed")
+    assert backend.execute(backend.op_read_queued(sent_name("dedupe:routed", plain.id)))[0] == (
+        "routed"
+    )
+    keyed = task.apply_async(("keyed",), queue="routed", routing_key="elsewhere")
+    assert backend.execute(backend.op_read_queued(sent_name("dedupe:keyed", keyed.id))) is None
+    celery_app.app.control.purge()
+    assert task.apply_async(("keyed",), queue="routed").id == keyed.id  # obeyed
+
+
+def test_coalesce_keeps_the_note_when_the_follow_up_cannot_be_published(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The run took the note, then the broker refused the follow-up: the run's own outcome
+    # stands (no OperationalError in its place) and the note is put back, so the noted call
+    # runs after the next run of the key instead of being lost.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_flaky, "f", "t0", 1.5)
+    wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_flaky, "f", "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    r.set("flaky-publish", 1)
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: not r.exists("flaky-publish"))  # the follow-up's publish was refused
+    assert prefork.send(celery_tasks.coalesced_flaky, "f", "t2", 0.1).get(timeout=30) == "ran"
+    wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1) == ["t0", "t2", "t1"])
+
+
+def test_callers_racing_past_a_purged_marker_get_one_new_task(
+    broker: None, look_every_time: None
+) -> None:
+    # Six callers find the marker's message gone at once. Whoever replaces the marker first
+    # queues; the others obey the new marker. None gets the purged task's id, and one new
+    # message is queued.
+    import threading
+
+    task = celery_tasks.deduped
+    first = task.apply_async(("race",))
+    assert celery_app.app.control.purge() == 1
+    got: list[str] = []
+    start = threading.Barrier(6)
+
+    def call() -> None:
+        start.wait()
+        got.append(task.apply_async(("race",)).id)
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(got) == 6 and first.id not in got
+    assert len(set(got)) == 1
+    assert celery_app.app.control.purge() == 1
+
+
+def test_a_message_the_broker_lost_no_longer_counts(
+    broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # The broker's Redis lost the queue (a restart without persistence, a failover to a
+    # replica that had not got it, someone's DEL): nobody was told, as with a purge. (Only
+    # that queue's list goes here: the module's worker keeps its own keys on that Redis.)
+    task = celery_tasks.deduped
+    first = task.apply_async(("lost",), queue="lost")
+    assert task.apply_async(("lost",), queue="lost").id == first.id
+    assert redis_server.client(db=1).delete("lost") == 1
+    again = task.apply_async(("lost",), queue="lost")
+    assert again.id != first.id
+    assert task.apply_async(("lost",), queue="lost").id == again.id

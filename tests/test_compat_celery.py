@@ -79,6 +79,32 @@ def test_singleton_duplicate_after_success_or_error_is_queued(app: Celery, worke
     assert again.id != failed.id
 
 
+@pytest.mark.parametrize(
+    ("kind", "error", "message"),
+    [
+        ("singleton", DuplicateTaskError, "Attempted to queue a duplicate of task ID t-1"),
+        ("once", AlreadyQueued, "Expires in 12.5 seconds"),
+        ("contrib", contrib_celery.AlreadyQueued, "x not queued: 'k' is queued or running"),
+    ],
+)
+def test_a_duplicate_error_raised_by_a_task_keeps_its_fields(
+    app: Celery, worker: Worker, kind: str, error: type, message: str
+) -> None:
+    # Celery's JSON result backend stores an exception's args and rebuilds it as
+    # cls(*args): the error a caller gets from .get() must be the same type, with its
+    # task_id (and countdown) and its message.
+    result = worker.send(tasks.raise_duplicate, kind)
+    with pytest.raises(error) as caught:
+        result.get(timeout=30)
+    assert type(caught.value) is error
+    assert caught.value.task_id == "t-1"
+    assert str(caught.value).startswith(message)
+    if kind == "once":
+        assert caught.value.countdown == 12.5 and caught.value.message == message
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert type(again) is error and again.task_id == "t-1" and str(again) == str(caught.value)
+
+
 def test_singleton_get_existing_task_id(app: Celery) -> None:
     task = tasks.singleton_simple
     lock = task.generate_lock(task.name, task_args=[1, 2, 3])

@@ -415,3 +415,22 @@ def test_the_dedupe_wrapper_keeps_the_backend_s_class(dedupe_immediate: str) -> 
 def test_coalesce_is_refused_on_django_tasks() -> None:
     with pytest.raises(TypeError, match="coalesce"):
         task()(single_instance(on_duplicate="coalesce")(module_level))
+
+
+def test_a_deleted_queued_run_no_longer_counts() -> None:
+    # The Tasks analog of a purge: the queued row is deleted (prune_db_task_results, the
+    # admin). Its marker would last an hour past run_after; the next enqueue() asks the
+    # backend, finds no such result, and queues anew.
+    import datetime
+
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult
+
+    later = tasks_jobs.deduped.using(run_after=timezone.now() + datetime.timedelta(hours=1))
+    first = later.enqueue(31)
+    assert later.enqueue(31).id == first.id  # queued: deduplicated
+    DBTaskResult.objects.filter(id=first.id).delete()
+    again = later.enqueue(31)
+    assert again.id != first.id
+    assert later.enqueue(31).id == again.id
+    DBTaskResult.objects.filter(id=again.id).delete()

@@ -58,9 +58,10 @@ class AlreadyQueued(BaseAlreadyQueued):
         self.countdown = countdown
         self.message = f"Expires in {countdown} seconds"
         super().__init__(self.message, task_id)
+        self.args = (countdown, task_id)  # the constructor's: rebuilt as cls(*args)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.countdown, self.task_id))
+    def __str__(self) -> str:
+        return self.message
 
 
 # -- celery-once's key: qo_<task name>_<arg>-<value>_..., arguments sorted by name ----------

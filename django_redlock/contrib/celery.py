@@ -21,6 +21,7 @@ import datetime
 import inspect
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -180,7 +181,9 @@ def _coalesce(
 
 
 def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
-    """Queue the call noted by a duplicate, if any (taken once: compare-and-delete)."""
+    """Queue the call noted by a duplicate, if any (taken once: compare-and-delete). Never
+    raises into the run that calls it: a publish that fails puts the note back (a newer note
+    noted meanwhile wins), for the next run of the key that ends."""
     backend = locks[config.using]
     name = _pending_name(key)
     try:
@@ -195,7 +198,15 @@ def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
             return  # another taker's probe, gone now
         call = json.loads(found)
         options = {"queue": call["queue"]} if call.get("queue") else {}
-        queued = task.apply_async(tuple(call["args"]), call["kwargs"], **options)
+        try:
+            queued = task.apply_async(tuple(call["args"]), call["kwargs"], **options)
+        except Exception as exc:  # the broker refused it: put the note back, never lose it
+            backend.execute(backend.op_mark_queued(name, found, to_ms(config.dedupe_ttl)))
+            logger.warning(
+                "redlock: could not queue the coalesced call of %r (%s): noted again, for the"
+                " next run of the key", key, exc,
+            )  # fmt: skip
+            return
         logger.info("redlock: queued the coalesced call of %r as task %s", key, queued.id)
     except LockError as exc:  # the note stays until its TTL; the next run takes it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
@@ -352,19 +363,24 @@ class SingleInstanceTask(Task):
         task_id = promised or uuid_text()
         ttl_ms = to_ms(self.queue_marker_ttl(options))
         queued = None
-        for _ in range(2):  # once more after clearing a stale marker
+        for _ in range(3):  # again after clearing a stale marker
             queued = backend.execute(backend.op_mark_queued(key, task_id, ttl_ms))
-            if queued is None or queued == task_id or retrying or not self._ended(queued):
+            if queued is None or queued == task_id or retrying or not self._stale(key, queued):
                 break
             clear_queued_marker(config, key, queued)
+        else:  # stale markers each time: queue it unmarked (never dropped; the lock excludes)
+            queued = task_id
         if queued is not None and queued != task_id and not retrying:
             return self._not_queued(key, queued, args, kwargs, promised, options)
         try:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
+            sent = super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             if queued is None:  # our marker: the message it names was never queued
                 clear_queued_marker(config, key, task_id)
             raise
+        if queued is None and not self.app.conf.task_always_eager:  # eager: it ran already
+            self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
+        return sent
 
     def single_instance_config(self) -> SingleInstance | None:
         """The settings this task runs and queues under (a hook: the shims build theirs);
@@ -394,6 +410,105 @@ class SingleInstanceTask(Task):
             ttl = min(ttl, max(float(expires), 0.001))
         return ttl
 
+    #: Look for a marked message in the broker at most this often (seconds) per key and
+    #: process, once it was found there: a loop of ``delay()`` calls reads the queue once.
+    message_check_every = 2.0
+    #: The pause between the two looks that find a message gone (see :meth:`message_gone`).
+    message_check_pause = 1.0
+
+    def _stale(self, key: str, task_id: str) -> bool:
+        """Whether the marker naming ``task_id`` is stale: its task ended, or its message
+        can no longer run."""
+        return self._ended(task_id) or self.message_gone(key, task_id)
+
+    def _note_sent(
+        self, key: str, task_id: str, args: Any, kwargs: Any, options: dict[str, Any],
+        ttl_ms: int,
+    ) -> None:  # fmt: skip
+        """Note, beside the marker and as long, that ``task_id``'s message was published and
+        to which queue: only such a marker is checked against the broker (a marker of a
+        publish in progress, or of a producer that notes nothing, is obeyed)."""
+        queue = self._queue_of(args, kwargs, options)
+        if queue is None:
+            return
+        config = self.single_instance_config()
+        assert config is not None
+        backend = locks[config.using]
+        try:
+            backend.execute(backend.op_mark_queued(sent_name(key, task_id), queue, ttl_ms))
+        except LockError as exc:  # then the marker is obeyed until its TTL
+            logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
+
+    def _queue_of(self, args: Any, kwargs: Any, options: dict[str, Any]) -> str | None:
+        """The queue Celery routes this call to (as ``send_task`` does), when that names the
+        one list the message is in: a queue on a direct exchange, by its own routing key.
+        An exchange or routing key of the call's own (a topic exchange...) may send it
+        elsewhere: None (nothing is noted, the marker is obeyed)."""
+        wanted = dict(options)
+        if "queue" not in wanted and getattr(self, "queue", None):
+            wanted["queue"] = self.queue
+        try:
+            routed = self.app.amqp.router.route(wanted, self.name, args, kwargs, task_type=self)
+        except Exception:  # a router of the user's that refuses: nothing noted
+            return None
+        queue = routed.get("queue")
+        exchange = getattr(queue, "exchange", None)
+        if not getattr(queue, "name", None) or exchange is None or exchange.type != "direct":
+            return None
+        named = routed.get("exchange", exchange)
+        if getattr(named, "name", named) != exchange.name:
+            return None
+        if routed.get("routing_key", queue.routing_key) != queue.routing_key:
+            return None
+        return str(queue.name)
+
+    def message_gone(self, key: str, task_id: str) -> bool:
+        """Whether the message of ``task_id``, which ``key``'s marker names, can no longer
+        run: noted as published, and neither in its queue nor held by a worker, on two
+        looks ``message_check_pause`` apart, with no run of it started in between. Only a
+        Redis broker can be asked (see :mod:`django_redlock.contrib.broker`); elsewhere, or
+        when anything cannot answer, False: the marker is obeyed until its TTL."""
+        from .broker import message_queued
+
+        seen = _found_in_broker.get((key, task_id))
+        if seen is not None and time.monotonic() - seen < self.message_check_every:
+            return False
+        config = self.single_instance_config()
+        assert config is not None
+        backend = locks[config.using]
+        try:
+            sent = backend.execute(backend.op_read_queued(sent_name(key, task_id)))
+            if sent is None:  # not (yet) published, or by a producer that notes nothing
+                return False
+            queue = sent[0]
+            if message_queued(self.app, queue, task_id) is not False:
+                _remember_found(key, task_id)
+                return False
+            # A worker may hold it unnoted for a moment (taken from the list and not yet in
+            # the unacked hash, or acknowledged early and not yet started): look again.
+            time.sleep(self.message_check_pause)
+            # The marker, then the hold: a run takes the lock before it clears its marker.
+            noted = backend.execute(backend.op_read_queued(key))
+            running = backend.inspect(key)
+            if running is not None and running.holder.get("k") == task_id:
+                return False  # it started: its run holds the key
+            if noted is None or noted[0] != task_id:
+                # Its marker went meanwhile, and no run of it holds the key: it ran already,
+                # or another caller took it for gone. The caller marks again, and obeys
+                # whatever marker it finds then.
+                return True
+            if message_queued(self.app, queue, task_id) is not False:
+                _remember_found(key, task_id)
+                return False
+        except LockError as exc:  # unknown is not gone: obey the marker
+            logger.info("redlock: could not check the message of task %s: %s", task_id, exc)
+            return False
+        logger.warning(
+            "redlock: the message of task %s (%r, queue %r) is gone from the broker (purged or"
+            " lost): its queue marker no longer counts", task_id, key, queue,
+        )  # fmt: skip
+        return True
+
     def _ended(self, task_id: str) -> bool:
         """Whether ``task_id`` has a final state in the result backend (then its marker is
         stale: the worker cleared it, or could not, e.g. revoked before it ran). Unknown
@@ -414,8 +529,11 @@ class SingleInstanceTask(Task):
 
     def dedupes_running(self) -> bool:
         """Whether a call of a key that runs (not only one queued) is not queued (a hook:
-        celery-once's ``unlock_before_run`` queues it)."""
-        return True
+        celery-once's ``unlock_before_run`` queues it). With ``on_duplicate="coalesce"`` it is
+        queued: the run it then meets coalesces it into one more run, where deduplicating it
+        to the running task would drop its arguments."""
+        config = self.single_instance_config()
+        return config is None or config.on_duplicate != "coalesce"
 
     def _not_queued(
         self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,
@@ -468,6 +586,22 @@ class SingleInstanceTask(Task):
     def release_lock(self, *args: Any, **kwargs: Any) -> Released:
         """Force-release the lock of a call with these arguments (see :func:`release_lock`)."""
         return release_lock(self, *args, **kwargs)
+
+
+def sent_name(key: str, task_id: str) -> str:
+    """The name of the note that ``task_id``'s message under ``key`` was published (its value:
+    the queue), kept beside the queue marker with the same TTL."""
+    return f"{key}:sent:{task_id}"
+
+
+#: (key, task id) -> when its message was last found in the broker (monotonic), per process.
+_found_in_broker: dict[tuple[str, str], float] = {}
+
+
+def _remember_found(key: str, task_id: str) -> None:
+    if len(_found_in_broker) >= 10_000:
+        _found_in_broker.clear()
+    _found_in_broker[(key, task_id)] = time.monotonic()
 
 
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:

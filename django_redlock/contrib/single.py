@@ -460,11 +460,13 @@ class AlreadyQueued(LockError):
     task ``task_id``."""
 
     def __init__(self, message: str, task_id: str = "") -> None:
-        super().__init__(message)
+        # args are the constructor's: Celery's JSON result backend stores an exception's
+        # args and rebuilds it as cls(*args) (a task may raise it; pickle does the same).
+        super().__init__(message, task_id)
         self.task_id = task_id
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickled with its task id (a task may raise it)
-        return (type(self), (str(self), self.task_id))
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
