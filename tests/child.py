@@ -214,7 +214,9 @@ def main() -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--order", required=True)
     p.add_argument("--tag", required=True)
-    p.add_argument("--timeout", type=float, default=30.0)
+    # Long: tests start waiters one after the other (slowly on a loaded machine) and a first
+    # waiter that gave up meanwhile would leave the queue short.
+    p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--hold", type=float, default=0.02)
     p.add_argument("--fair", action="store_true")
     p = sub.add_parser("contend")
