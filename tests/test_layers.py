@@ -9,21 +9,13 @@ entry that no longer occurs fails its test, so the lists only shrink."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "django_redlock"
-
-#: Import edges (importer -> imported) still closing a cycle.
-CYCLE_EDGES_LEFT = {
-    # contrib/single.py, the core shared by the Celery and Django Tasks adapters, imports
-    # them at call time to pick its framework, while both import the core.
-    ("django_redlock.contrib.single", "django_redlock.contrib.celery"),
-    ("django_redlock.contrib.single", "django_redlock.contrib.tasks"),
-}
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -116,33 +108,39 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import() -> Non
 
 
 def test_the_package_has_no_import_cycle() -> None:
-    graph = import_graph()
-    for importer, target in CYCLE_EDGES_LEFT:
-        assert target in graph[importer], f"{importer} -> {target} is gone: drop its entry"
-        graph[importer].discard(target)
-    assert cycles(graph) == []
+    assert cycles(import_graph()) == []
 
 
-@pytest.mark.parametrize("edge", sorted(CYCLE_EDGES_LEFT))
-def test_each_edge_left_still_closes_a_cycle(edge: tuple[str, str]) -> None:
+def test_the_single_instance_core_imports_none_of_its_adapters() -> None:
     graph = import_graph()
-    for importer, target in CYCLE_EDGES_LEFT - {edge}:
-        graph[importer].discard(target)
-    assert cycles(graph), f"{edge[0]} -> {edge[1]} closes no cycle any more: drop its entry"
+    adapters = {"django_redlock.contrib.celery", "django_redlock.contrib.tasks"}
+    assert graph["django_redlock.contrib.single"] & adapters == set()
+    for adapter in adapters:  # they import the core, never each other
+        assert "django_redlock.contrib.single" in graph[adapter]
+        assert graph[adapter] & adapters == set()
+
+
+def test_the_core_gets_its_adapters_from_the_package_celerys_once_imported() -> None:
+    # A fresh process: importing the core alone runs contrib/__init__.py, which registers
+    # Django Tasks' adapter first; Celery stays unimported until something imports it.
+    code = (
+        "import django; django.setup()\n"
+        "import sys\n"
+        "from django_redlock.contrib import single\n"
+        "single.single_instance()(len)\n"
+        "print([type(a).__name__ for a in single.ADAPTERS], 'celery' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+        env={"DJANGO_SETTINGS_MODULE": "tests.settings", "PATH": "/usr/bin:/bin"},
+    ).stdout.split("\n")  # fmt: skip
+    assert out[0] == "['TasksAdapter', '_OnceCeleryIsImported'] False"
 
 
 # -- private names -------------------------------------------------------------------------
 
 #: ``from <module> import _name`` across the package's modules, still left: (importer, name).
-PRIVATE_IMPORTS_LEFT = {
-    # contrib/: the shared core and its Celery and Django Tasks adapters take each other's
-    # helpers (the split of contrib/single.py is other work).
-    ("django_redlock.contrib.celery", "_attempts_holding"),
-    ("django_redlock.contrib.celery", "_duplicate"),
-    ("django_redlock.contrib.tasks", "_duplicate"),
-    ("django_redlock.contrib.single", "_check_decorated"),
-    ("django_redlock.contrib.single", "_run"),
-}
+PRIVATE_IMPORTS_LEFT: set[tuple[str, str]] = set()
 
 #: ``obj._name`` where ``obj`` is not ``self``/``cls``/``super()`` and the module defines no
 #: ``_name`` of its own: another module's object's private. (module, name) -> why it stays.
@@ -177,9 +175,11 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def private_imports() -> set[tuple[str, str]]:
+def private_imports(
+    known: dict[str, tuple[Path, bool]] | None = None,
+) -> set[tuple[str, str]]:
     found = set()
-    for name, (path, _) in modules().items():
+    for name, (path, _) in (modules() if known is None else known).items():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (
                 node.level or (node.module or "").startswith("django_redlock")
@@ -238,7 +238,10 @@ def test_the_private_name_finders_find_both_forms(tmp_path: Path) -> None:
                      "        return other._theirs, self._mine, super()._up\n")  # fmt: skip
     assert own_names(tree) >= {"A", "f", "_mine"}
     assert not {"_theirs", "_planted"} & own_names(tree)
-    assert ("django_redlock.contrib.tasks", "_duplicate") in private_imports()
+    module = tmp_path / "mod.py"
+    module.write_text("from .other import _hidden, shown\nfrom django_redlock.x import _y\n")
+    found = private_imports({"pkg.mod": (module, False)})
+    assert found == {("pkg.mod", "_hidden"), ("pkg.mod", "_y")}
 
 
 def test_no_module_imports_another_modules_private_names() -> None:

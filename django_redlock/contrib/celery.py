@@ -36,16 +36,15 @@ from celery.utils.time import maybe_make_aware
 from ..backends.base import Kind, Released
 from ..exceptions import LockError
 from ..handler import locks
+from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
 from ..validation import to_ms
 from .single import (  # the core shared with Django's Tasks framework (re-exported here)
     AlreadyQueued,
     SingleInstance,
-    _attempts_holding,
-    _duplicate,
+    attempts_holding,
     clear_queued_marker,
     describe_holder,
-    duplicate_not_queued,
-    duplicate_skipped,
+    duplicate,
     hold_of,
     run_held,
     single_instance,
@@ -61,7 +60,7 @@ logger = logging.getLogger("django_redlock")
 DUPLICATE_OF = "redlock_duplicate_of"
 
 
-def _check_decorated(func: Any) -> None:
+def check_decorated(func: Any) -> None:
     """Refuse a Celery task: above ``@shared_task`` this decorator would wrap the task object,
     while Celery runs the function it was built from, unprotected."""
     # Proxy first (the tuple is tried in order): isinstance(proxy, Task) would evaluate a
@@ -75,6 +74,18 @@ def _check_decorated(func: Any) -> None:
         )
     if not callable(func):
         raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
+
+
+class CeleryAdapter:
+    """Celery's answers to the core (see :class:`.single.Adapter`): a Celery task object is
+    refused under the decorator, and every call is Celery's to run (a direct call too, as a
+    run without a task)."""
+
+    def check_decorated(self, func: Any) -> None:
+        check_decorated(func)
+
+    def runner(self, config: SingleInstance, args: tuple) -> Callable[[tuple, dict], Any]:
+        return lambda args, kwargs: _run(config, args, kwargs)
 
 
 def _is_bound(task: Any) -> bool:
@@ -130,12 +141,12 @@ def run_task(
     held, acquired, info = take(config, key, task_id, task_name, attempt)
     coalesce = config.on_duplicate == "coalesce" and task is not None
     if not acquired:
-        own = _attempts_holding(info, task_id)
+        own = attempts_holding(info, task_id)
         if task_id and own:
             return _redelivered(config, task, key, task_id, own[0])
         if coalesce:
             return _coalesce(config, task, key, task_id, info, call_args, kwargs)
-        return _duplicate(config, task, key, task_id, info)
+        return duplicate(config, task, key, task_id, info)
     try:
         return run_held(held, body, (), {}, config.atomic)
     finally:

@@ -4,8 +4,11 @@ on Django's Tasks framework alike.
 The core both integrations share: the decorator and its settings, the keys (the function's
 path plus its canonical bound arguments, or ``key=``), taking the lock (naming the task run in
 the holder), what a duplicate does, and running the body under the lock, released on every
-outcome. Celery's glue is in :mod:`.celery`, Django Tasks' in :mod:`.tasks`; neither framework
-is imported here until a call needs it.
+outcome. Celery's glue is in :mod:`.celery`, Django Tasks' in :mod:`.tasks`: they import this
+module, never each other, and this module imports neither. Which framework runs a call is
+asked of the adapters in :data:`ADAPTERS`, which the package (``contrib/__init__.py``) fills
+(see :class:`Adapter`); a call no adapter claims is a direct call, run under the lock with no
+task id.
 """
 
 from __future__ import annotations
@@ -20,14 +23,11 @@ import inspect
 import json
 import logging
 import os
-import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
-
-from django.dispatch import Signal
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 from ..backends.base import Kind, LockInfo
 from ..exceptions import LockError, LockNotAcquired
@@ -37,6 +37,7 @@ from ..identity import HOST
 from ..identity import current_task as holder_task
 from ..locking import BaseLock, Lock, Semaphore, name_template
 from ..locking.templates import refuse_generator
+from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported: their old path
 from ..validation import (
     MAX_TTL,
     check_limit,
@@ -51,13 +52,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 ON_DUPLICATE = ("skip", "raise", "retry", "coalesce")
 #: Keys longer than this are hashed (and say so): Redis keys stay short, names stay readable.
 MAX_KEY = 200
-
-#: Sent (sender = the task) when a duplicate was skipped: key, task_id, holder_task_id, using,
-#: redelivered (True: the task's own message delivered again while it runs).
-duplicate_skipped = Signal()
-#: Sent (sender = the task) when a call was not queued, its key being queued or running:
-#: key, task_id (the id its caller chose, if any), holder_task_id, using.
-duplicate_not_queued = Signal()
 
 
 @dataclass(frozen=True)
@@ -220,7 +214,7 @@ def single_instance(
         raise ValueError("atomic= does not combine with limit: N runs of a key would hold at once")
 
     def decorate(func: F) -> F:
-        _check_decorated(func)
+        check_decorated(func)
         config = SingleInstance(
             func, key, ttl, on_duplicate, using, countdown, dedupe_queued, dedupe_ttl, limit,
             database,
@@ -252,7 +246,7 @@ def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Lock
         info = backend.inspect(held.name)
         if info is None:
             continue
-        own = _attempts_holding(info, task_id)
+        own = attempts_holding(info, task_id)
         if own and max(own) < attempt:
             if held.acquire(timeout=held.lock_ttl):
                 return _alone(held, task_id, attempt)
@@ -371,7 +365,7 @@ def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Loc
         raise
 
 
-def _attempts_holding(info: LockInfo | None, task_id: str | None) -> list[int]:
+def attempts_holding(info: LockInfo | None, task_id: str | None) -> list[int]:
     """The attempts of ``task_id`` holding the key (a lock's one hold, a semaphore's
     permits), from its hold tokens."""
     if info is None or not task_id:
@@ -430,9 +424,11 @@ def describe_holder(info: LockInfo | None) -> str:
     return ", ".join(named)
 
 
-def _duplicate(
+def duplicate(
     config: SingleInstance, task: Any, key: str, task_id: str | None, info: LockInfo | None
 ) -> Any:
+    """What a call that found ``key`` held (by ``info``) does, as ``config.on_duplicate``
+    says: raise ``LockNotAcquired``, ``task.retry()``, or skip (the sentinel returned)."""
     holds = (info.holders or [info]) if info is not None else []
     holder = ", ".join(str(h.holder["k"]) for h in holds if h.holder.get("k")) or None
     message = f"task {task_id} not run: {key!r} is held by {describe_holder(info)}"
@@ -531,16 +527,37 @@ def run_held(
 # -- which framework runs a call ------------------------------------------------------------
 
 
-def _check_decorated(func: Any) -> None:
+class Adapter(Protocol):
+    """A task framework's glue, as the core asks it (the adapters import the core; the core
+    imports none of them, it asks those in :data:`ADAPTERS`, in order)."""
+
+    def check_decorated(self, func: Any) -> None:
+        """Raise TypeError if ``func`` is this framework's task object (the decorator belongs
+        under the task decorator, on the function); else nothing."""
+
+    def runner(self, config: SingleInstance, args: tuple) -> Callable[[tuple, dict], Any] | None:
+        """How to run this call of ``config``'s function (``args`` as the function got them)
+        if it is this framework's to run (a run of its task, or any call it claims); else
+        None, and the next adapter is asked."""
+
+
+#: The adapters, asked in order (Django Tasks' before Celery's, whose runner claims direct
+#: calls too). Filled once, by ``contrib/__init__.py``, which every import of this module runs
+#: first.
+ADAPTERS: list[Adapter] = []
+
+
+def register_adapter(adapter: Adapter) -> None:
+    """Ask ``adapter`` after those registered before it (once, however often it comes)."""
+    if adapter not in ADAPTERS:
+        ADAPTERS.append(adapter)
+
+
+def check_decorated(func: Any) -> None:
     """Refuse what this decorator cannot protect: a task object (it belongs under the task
     decorator, on the function) or a coroutine function."""
-    from . import tasks
-
-    tasks.check_decorated(func)  # first: a Django Task is not callable, which Celery's refuses
-    if "celery" in sys.modules:  # a Celery task exists only once Celery is imported
-        from .celery import _check_decorated as check_celery
-
-        check_celery(func)
+    for adapter in ADAPTERS:  # first: a Django Task is not callable, which Celery's refuses
+        adapter.check_decorated(func)
     if not callable(func):
         raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
     refuse_generator(func, "@single_instance(...)")
@@ -552,26 +569,36 @@ def _check_decorated(func: Any) -> None:
 
 
 def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
-    """One call of a ``@single_instance`` function: as the Django task run it is, else as the
-    Celery task run it is (or a direct call, under the lock without a task id)."""
-    from . import tasks
+    """One call of a ``@single_instance`` function: as the run of the framework that claims
+    it, else as a direct call (under the lock, without a task id)."""
+    for adapter in ADAPTERS:
+        runner = adapter.runner(config, args)
+        if runner is not None:
+            return runner(args, kwargs)
+    return run_direct(config, args, kwargs)
 
-    run = tasks.current_run(config, args)
-    if run is not None:
-        return tasks.run(config, run, args, kwargs)
-    if "celery" in sys.modules:
-        from .celery import _run as run_celery
 
-        return run_celery(config, args, kwargs)
-    return tasks.run(config, None, args, kwargs)
+def run_direct(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
+    """A call no framework runs: under the key's lock (whose holder names no task), released
+    on every outcome; a duplicate does what ``on_duplicate`` says (no retry without a task)."""
+    func = config.func
+    task_name = f"{func.__module__}.{func.__qualname__}"
+    key = config.key_for(task_name, args, kwargs, bound=False)
+    held, acquired, info = take(config, key, None, task_name)
+    if not acquired:
+        return duplicate(config, None, key, None, info)
+    return run_held(held, func, args, kwargs, config.atomic)
 
 
 __all__ = [
+    "ADAPTERS",
+    "Adapter",
     "AlreadyQueued",
     "SingleInstance",
     "duplicate_not_queued",
     "duplicate_skipped",
     "hold_of",
+    "register_adapter",
     "run_held",
     "single_instance",
     "skipped",

@@ -21,6 +21,7 @@ import json
 import logging
 import secrets
 import sys
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -33,7 +34,14 @@ from ..exceptions import LockError, LockNotAcquired
 from ..handler import locks
 from ..locking import Lock
 from ..validation import to_ms
-from .single import AlreadyQueued, SingleInstance, _duplicate, clear_queued_marker, run_held, take
+from .single import (
+    AlreadyQueued,
+    SingleInstance,
+    clear_queued_marker,
+    duplicate,
+    run_held,
+    take,
+)
 
 logger = logging.getLogger("django_redlock")
 
@@ -121,8 +129,22 @@ def run(config: SingleInstance, current: tuple[Any, bool] | None, args: tuple, k
     key = config.key_for(task_name, args[1:] if with_context else args, kwargs, bound=with_context)
     held, acquired, info = take(config, key, task_id, task_name)
     if not acquired:
-        return _duplicate(config, result.task if result is not None else None, key, task_id, info)
+        return duplicate(config, result.task if result is not None else None, key, task_id, info)
     return run_held(held, func, args, kwargs, config.atomic)
+
+
+class TasksAdapter:
+    """Django Tasks' answers to the core (see :class:`.single.Adapter`): a ``Task`` object is
+    refused under the decorator; a call is this framework's only inside one of its runs."""
+
+    def check_decorated(self, func: Any) -> None:
+        check_decorated(func)
+
+    def runner(self, config: SingleInstance, args: tuple) -> Callable[[tuple, dict], Any] | None:
+        found = current_run(config, args)
+        if found is None:
+            return None
+        return lambda args, kwargs: run(config, found, args, kwargs)
 
 
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:

@@ -250,9 +250,45 @@ class BaseLock:
             )
 
     def _acquire(self, blocking: bool, timeout: float | None) -> Steps[bool]:
-        """Arguments checked by the caller (:meth:`_check_acquire`)."""
-        owner, backend, name = self._owner(), self.backend, self.name
+        """Take a hold for this owner: checks, one try (then a wait when ``blocking``), the
+        re-entry's check, and the outcome recorded. Arguments checked by the caller
+        (:meth:`_check_acquire`).
+
+        Each exit reports its outcome to ``observe`` once. What each unit does on an error
+        or an interruption is in its own docstring: nothing is recorded before the last
+        step answered; a try whose answer is unknown leaves its token to the next try (or a
+        reentrant count to settle); an interrupted try hands back what it may have taken."""
+        owner = self._owner()
         actor = owner if self.reentrant else owner_id()
+        yield from self._prepare_acquire(owner, actor, blocking, timeout)
+        started = time.monotonic()
+        span = observe.acquire_started(self)
+        token = owner if self.reentrant else self._next_token()
+        ttl_ms, meta = to_ms(self.lock_ttl), self._meta()
+        attempt = yield from self._try_or_wait(
+            owner, token, ttl_ms, meta, blocking, timeout, started, span
+        )
+        self._unsure_token = None  # answered: the token holds what the answer says
+        current = self._holds.get(owner) if self.reentrant else None
+        if self._nests_in_nothing(owner, current, attempt):
+            observe.acquire_ended(self, started, observe.ERROR, None, span)
+            yield from self._refuse_reentry(owner, token, current)
+        if not attempt.acquired:
+            outcome = observe.TIMEOUT if blocking and timeout else observe.BUSY
+            observe.acquire_ended(self, started, outcome, None, span)
+            if blocking and timeout:
+                acquire_timed_out.send_robust(sender=type(self), lock=self, timeout=timeout)
+            return False
+        observe.acquire_ended(self, started, observe.ACQUIRED, attempt.fence, span)
+        self._record(owner, actor, token, ttl_ms, attempt)
+        return True
+
+    def _prepare_acquire(
+        self, owner: str, actor: str, blocking: bool, timeout: float | None
+    ) -> Steps[None]:
+        """Before a try: refuse to nest in a lost hold, settle a reentrant count left unsure,
+        finish a release of this object that got no answer, and refuse to take a plain
+        lock twice or to wait forever for oneself. Errors come out; nothing is recorded."""
         if self.reentrant and self._orphans.get(owner):
             raise LockLost(
                 f"{self.describe()} was lost ({self._lost or 'expired'}): this acquire would"
@@ -273,26 +309,47 @@ class BaseLock:
                     f"{self.describe()} is already held by this object;"
                     " use reentrant=True to take it again"
                 )
-            if self.exclusive and blocking and timeout is None and holds_it(backend, name, actor):
+            if (
+                self.exclusive
+                and blocking
+                and timeout is None
+                and holds_it(self.backend, self.name, actor)
+            ):
                 raise LockError(
                     f"{self.describe()} is held by this thread or task already: waiting for"
                     " it with no timeout would wait for itself forever; use reentrant=True"
                 )
-        started = time.monotonic()
-        span = observe.acquire_started(self)
-        if self.reentrant:
-            token = owner
-        else:
-            token = self._unsure_token or f"{self.token_prefix or ''}{new_token()}"
-        ttl_ms, meta = to_ms(self.lock_ttl), self._meta()
+
+    def _next_token(self) -> str:
+        """A plain hold's token: the one of a try whose answer was lost (the next try then
+        finds the hold if that one took it), else a new one."""
+        return self._unsure_token or f"{self.token_prefix or ''}{new_token()}"
+
+    def _try_or_wait(
+        self,
+        owner: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        blocking: bool,
+        timeout: float | None,
+        started: float,
+        span: Any,
+    ) -> Steps[Attempt]:
+        """One try that never queues or registers, then (``blocking``) the wait: the answer.
+
+        No answer (``LockError``: the try may have taken it): the token is kept for the next
+        try, or a reentrant count marked unsure (settled first next time). Interrupted
+        (``BaseException``, a reply perhaps on its way): the hold is handed back with the
+        token, kept should the hand-back fail. Each reports its outcome and re-raises."""
         attempt = Attempt(False)
         try:
-            # One try that never queues or registers: only a waiter does.
             attempt = yield self._op_acquire(token, ttl_ms, meta, None, -1)
             if not attempt.acquired and blocking and timeout != 0:
                 deadline = None if timeout is None else started + timeout
                 # A waiter with an id is woken by that id alone; else by the release channel.
-                waiter = new_waiter_id() if self.queued or backend.wakes_one else None
+                queued = self.queued or self.backend.wakes_one
+                waiter = new_waiter_id() if queued else None
                 attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline)
         except LockError:
             # No answer (BackendUnavailable, QuorumNotReached): the try may have taken the
@@ -317,9 +374,15 @@ class BaseLock:
                     yield self._op_release(token)
                     self._unsure_token = None
             raise
-        self._unsure_token = None  # answered: the token holds what the answer says
-        current = self._holds.get(owner) if self.reentrant else None
+        return attempt
+
+    def _nests_in_nothing(self, owner: str, current: Hold | None, attempt: Attempt) -> bool:
+        """Whether a reentrant grant is a new hold where this process holds levels: a new
+        fence, or a count of 1 where this object (or another of the same owner) holds
+        levels, means the hold it was to nest in is gone. Catches the hold up with a
+        re-fence that got no answer first (a larger fence on a nested grant is its own)."""
         fresh = attempt.count_or_wait == 1  # the server's count for the owner: a new hold
+        backend, name = self.backend, self.name
         if current is not None:
             self._catch_up(current)
             unanswered = refence_of(backend, name, owner)[1]
@@ -332,37 +395,28 @@ class BaseLock:
                 # A re-fence of this hold got no answer: this larger fence is its own.
                 refenced(backend, name, owner, attempt.fence)
                 self._catch_up(current)
-        if (
+        return (
             attempt.acquired
             and self.reentrant
             and (
                 (current is not None and attempt.fence != current.fence)
                 or (fresh and believed(backend, name, owner) > 0)
             )
-        ):
-            # A re-entry keeps its hold's fence and counts on: a new fence, or a count of 1
-            # where this process (this object, or another of the same owner) holds levels,
-            # means the hold this was to nest in is gone. Hand the fresh one back.
-            observe.acquire_ended(self, started, observe.ERROR, None, span)
-            try:
-                yield self._op_release(token)
-            except LockError:
-                self._believe(owner, 0, unsure=True)  # settled before the next operation
-            if current is not None:
-                self.mark_lost(current.token, "it expired or was released by someone else")
-            raise LockLost(
-                f"{self.describe()} was lost before this re-entry: it expired or was released"
-                " by someone else"
-            )
-        if not attempt.acquired:
-            outcome = observe.TIMEOUT if blocking and timeout else observe.BUSY
-            observe.acquire_ended(self, started, outcome, None, span)
-            if blocking and timeout:
-                acquire_timed_out.send_robust(sender=type(self), lock=self, timeout=timeout)
-            return False
-        observe.acquire_ended(self, started, observe.ACQUIRED, attempt.fence, span)
-        self._record(owner, actor, token, ttl_ms, attempt)
-        return True
+        )
+
+    def _refuse_reentry(self, owner: str, token: str, current: Hold | None) -> Steps[None]:
+        """Hand the fresh hold back (no answer: settled before the owner's next operation),
+        declare the old one lost, raise LockLost."""
+        try:
+            yield self._op_release(token)
+        except LockError:
+            self._believe(owner, 0, unsure=True)  # settled before the next operation
+        if current is not None:
+            self.mark_lost(current.token, "it expired or was released by someone else")
+        raise LockLost(
+            f"{self.describe()} was lost before this re-entry: it expired or was released"
+            " by someone else"
+        )
 
     def _wait(
         self, token: str, ttl_ms: int, meta: str, waiter: str | None, deadline: float | None
