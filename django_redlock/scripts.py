@@ -70,8 +70,32 @@ from .backends import owners
 if HIREDIS_AVAILABLE:
     import hiredis
 
-_HiredisPacker = getattr(redis.connection, "HiredisRespSerializer", None)
+_HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
 _HIREDIS_PACKS = HIREDIS_AVAILABLE and _HiredisPacker is not None
+
+
+if _HIREDIS_PACKS:
+
+    class TextPacker(_HiredisPacker):
+        """redis-py's hiredis packer, handed text only (see :func:`_texts`): its handshake
+        (``HELLO 3``, ``SELECT 0``) packs numbers too."""
+
+        def pack(self, *args: Any) -> Any:
+            return super().pack(*_texts(args))
+
+    _PACKER: Any = TextPacker()
+    _HIREDIS_TYPES: tuple[type, ...] = (_HiredisPacker, TextPacker)
+else:  # pragma: no cover - without hiredis
+    _PACKER, _HIREDIS_TYPES = None, ()
+
+
+def text_packing(conn: Any) -> Any:
+    """``conn``, made to pack with hiredis only text (when it packs with hiredis at all),
+    its handshake included. Call it before the connection connects."""
+    if _PACKER is not None and type(conn._command_packer) is _HiredisPacker:
+        conn._command_packer = _PACKER
+    return conn
+
 
 INCLUDE = "--! include "
 
@@ -126,7 +150,7 @@ def command(client: Any, *args: Any) -> Any:
     operation metrics) and the pool's checkout and return on every command. Where that wrapper
     does anything for the client, it is used as before (see :func:`_direct`)."""
     if not _direct(client, args[0]):
-        return client.execute_command(*args)
+        return client.execute_command(*_texts(args))  # redis-py packs with hiredis too
     return _exchange(client.connection_pool, args, None)
 
 
@@ -142,7 +166,7 @@ def commands(client: Any, many: Sequence[tuple[Any, ...]]) -> list[Any]:
     if not all(_direct(client, each[0]) for each in many):
         pipe = client.pipeline(transaction=False)
         for each in many:
-            pipe.execute_command(*each)
+            pipe.execute_command(*_texts(each))
         return list(pipe.execute(raise_on_error=False))
     return cast("list[Any]", _exchange(client.connection_pool, None, many))
 
@@ -239,9 +263,28 @@ def _unusable(conn: Any) -> bool:
 def _pack(conn: Any, args: tuple[Any, ...]) -> Any:
     """The command in RESP: by hiredis straight away when the connection packs with it (our
     arguments are str, bytes and int: nothing for redis-py's serializer to convert)."""
-    if _HIREDIS_PACKS and type(conn._command_packer) is _HiredisPacker and " " not in args[0]:
+    args = _texts(args)
+    if _HIREDIS_PACKS and type(conn._command_packer) in _HIREDIS_TYPES and " " not in args[0]:
         return [hiredis.pack_command(args)]
     return conn._command_packer.pack(*args)
+
+
+def _texts(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The arguments as str and bytes only. hiredis 3.5's packer (ours, and redis-py's
+    serializer when hiredis is installed) crashes the process (SIGSEGV) when a signal
+    handler raises while it converts a number; text it copies without running Python."""
+    if all(type(a) is str or type(a) is bytes for a in args):
+        return args
+    return tuple(_text(a) for a in args)
+
+
+def _text(value: Any) -> Any:
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float:
+        return repr(value)
+    return value  # str, bytes; anything else is the packer's to refuse
 
 
 _PID = os.getpid()
@@ -260,11 +303,11 @@ def pack_many(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
     per-argument serializer when hiredis packs)."""
     if (
         _HIREDIS_PACKS
-        and type(conn._command_packer) is _HiredisPacker
+        and type(conn._command_packer) in _HIREDIS_TYPES
         and not any(" " in command[0] for command in commands)  # "SCRIPT LOAD": redis-py's
     ):
-        return [b"".join([hiredis.pack_command(command) for command in commands])]
-    return conn.pack_commands(commands)
+        return [b"".join([hiredis.pack_command(_texts(command)) for command in commands])]
+    return conn.pack_commands([_texts(command) for command in commands])
 
 
 #: Connections of ended threads kept for new threads, per pool: a server that starts a
@@ -324,7 +367,7 @@ class _Bound:
 
 
 def _new(pool: Any, owner: Any) -> Any:
-    connection = pool.connection_class(**pool.connection_kwargs)
+    connection = text_packing(pool.connection_class(**pool.connection_kwargs))
     if _CHECK:
         owners.move(connection, owners.POOL, owner)  # made with the pool's settings
     return connection
@@ -547,9 +590,11 @@ def _pipeline(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> Any:
         if isinstance(call, Call):
             # Not pipe.evalsha(): a cluster pipeline refuses that method, yet routes this
             # command by its keys like any other.
-            pipe.execute_command("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+            pipe.execute_command(
+                *_texts(("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args))
+            )
         else:
-            pipe.execute_command(*call)
+            pipe.execute_command(*_texts(call))
     return pipe
 
 

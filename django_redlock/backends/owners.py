@@ -1,8 +1,10 @@
 """Who owns a connection: exactly one owner at a time, and a debug mode that checks it.
 
 A connection's owner is written on the connection itself (one attribute). No owner written
-means its pool. An owner is any object (an :class:`Owner`, a structure that keeps
-connections); only the owner may send on a connection, read from it, or hand it on.
+means its pool (for a connection made outside any pool, as the Redlock fan-outs make theirs:
+nobody, not yet handed on or closed). An owner is any object (an :class:`Owner`, a
+structure that keeps connections); only the owner may send on a connection, read from it,
+or hand it on.
 
 The rule every move follows, so that an exception at any line (``BaseException`` included:
 an interrupt, a time limit) leaves each connection with one owner:

@@ -41,7 +41,7 @@ from .base import (
 )
 from .redis import UNAVAILABLE, RedisBackend, text
 from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub
-from .redlock_io import Fan, NodeIO, answered
+from .redlock_io import PENDING, Fan, NodeIO, answered
 
 T = TypeVar("T")
 Replies = list[Any]  # per node: the parsed reply, or the exception it raised
@@ -186,6 +186,12 @@ class RedlockBackend(BaseLockBackend):
 
         return decided
 
+    def _granting(self, replies: Replies) -> bool:
+        """An acquire's replies decide once a majority granted, or cannot even with every
+        node still to answer (a node not asked will not)."""
+        votes = _granted(replies)
+        return votes >= self.quorum or votes + replies.count(PENDING) < self.quorum
+
     def _decide(self, name: str, replies: Replies, yes: int, doing: str) -> bool:
         """True when ``yes`` nodes make a quorum, False when even every unanswered node
         could not make one; else nobody can tell: QuorumNotReached."""
@@ -231,12 +237,18 @@ class RedlockBackend(BaseLockBackend):
     def _acquire(self, name: str, token: str, ttl_ms: int, meta: str) -> Steps[Attempt]:
         started = time.monotonic()
         proposal = time.time_ns() // 1000 + FENCE_LEAD_US
-        # Once a majority answered, the straggler is not waited for (beyond the grace), even
-        # to break a tie: a split vote is retried anyway, and its late grant is undone
-        # behind it (see redlock_io).
-        replies = yield self._each(
-            lambda n: self._node_acquire(n, name, token, ttl_ms, meta, proposal),
-            self._majority_answered,
+        # Decided once a majority granted, or the nodes asked can no longer make one: a
+        # node whose vote is needed is waited for until it counts as slow (a quarter of the
+        # node timeout, at most 50 ms), so a non-blocking acquire does not give up on a free
+        # majority because one reply came a moment late. Not longer, once a majority
+        # answered: contenders whose votes split beside a paused node would hold their
+        # grants for its timeout, and split again (a split vote is retried). Nodes skipped
+        # as down or slow are not asked. The nodes still silent once decided get a grace;
+        # a late grant left there is undone behind it (see redlock_io).
+        replies = yield Fan(
+            [self._node_acquire(n, name, token, ttl_ms, meta, proposal) for n in self.nodes],
+            self._granting,
+            enough=self._majority_answered,
         )
         elapsed_ms = (time.monotonic() - started) * 1000
         granted = [(i, r) for i, r in enumerate(replies) if isinstance(r, Attempt) and r.acquired]
@@ -689,6 +701,11 @@ def _token_of(value: Any) -> str | None:
 
 
 # The votes of each check, counted from the replies so far.
+
+
+def _granted(replies: Replies) -> int:
+    """Nodes that granted the hold."""
+    return sum(1 for r in replies if isinstance(r, Attempt) and r.acquired)
 
 
 def _released(replies: Replies) -> int:

@@ -14,37 +14,47 @@ the one that took it may overtake a straggling grant on a node): what is left th
 grant on a minority of nodes, which expires at its TTL. A request written behind a lane is
 due when the lane's oldest unread reply is: a node that has not answered for the node
 timeout is down, whichever request noticed. A drainer thread reads the replies nobody waits
-for and returns the connection
-to its pool, or closes it once the oldest is overdue (the node is then down, see
-:mod:`.redlock_health`). A node whose lane is overdue is skipped while the other nodes can
-make a quorum without it; a late grant left there expires at its TTL. A node not connected
-yet is connected in a thread (a connect to a paused node waits for its timeout): every
-request that finds that connect under way waits for it, never counting the node unasked.
+for and keeps the connection for the next fan-out, or closes it once the oldest is overdue
+(the node is then down, see :mod:`.redlock_health`). A node whose lane is overdue is skipped
+while the other nodes can make a quorum without it; a late grant left there expires at its
+TTL. A node not connected yet is connected in a thread (a connect to a paused node waits for
+its timeout): every request that finds that connect under way waits for it, never counting
+the node unasked.
 
-Who owns a connection (:mod:`.owners`): exactly one of
+The fan-outs make their connections themselves, with their node pool's settings, and never
+take one from redis-py's pool: its checkout and return are not safe against an interrupt
+(one landing inside them leaks a pooled connection for good, and with it, in time, the
+node). A connection of ours that an interrupt leaves unreferenced is closed when it is
+collected, and nothing counts it. Who owns a connection (:mod:`.owners`): exactly one of
 
-* its **pool** (redis-py's; a connection with no owner written on it is the pool's);
+* **nobody** (written as ``owners.POOL``): made and not yet handed on, or closed;
 * the **kept** deque of its node (given back by a fan-out, taken by the next one);
 * one **request**: a fan-out's in-flight set, from its checkout until the connection goes
   back to the kept deque, to a lane, or is closed;
-* the **lanes** (a thread's backlog to a node, with unread replies);
-* the **reader**, the drainer thread while it reads one lane;
+* one **lane**: the :class:`Flight` entry of a thread's backlog to a node (unread replies).
+  The entry itself is the owner, not the lanes: an entry an interrupt left behind names a
+  connection it can never own again, whoever has that connection object later;
+* a **reader**, a drainer thread while it reads one lane;
 * a **connector**, a connect in progress, until a waiting request claims the connection
-  (or, when none waits any more, it goes back to the pool).
+  (or, when none waits any more, it is kept).
 
 Every move fills the new owner's structure, then commits with one store on the connection
 (``owners.move``), then empties the old structure; a structure hands out only entries it
 owns (under its lock), and a clean-up (``except BaseException``) closes only what its owner
 still owns. An exception at any line, an interrupt or a time limit included, thus leaves
-each connection with one owner: never in two requests' hands, never released twice. (The
-one instruction between a take and the store that records it is the window left: there an
-asynchronous exception can leak one connection from its pool, never share it.) The suite
-runs with ``DJANGO_REDLOCK_CHECK_OWNERS=1``: any move or use by a non-owner raises.
+each connection with one owner: never in two requests' hands, never released twice. (Between
+a take and the store that records it, an asynchronous exception can leave a connection with
+no structure: it is closed when collected, never shared.) The locks are plain locks, the
+threads are started without waiting for them, and every wait has a deadline: a thread that
+dies at any line (an asynchronous exception) holds nobody for longer than a node timeout.
+The suite runs with ``DJANGO_REDLOCK_CHECK_OWNERS=1``: any move or use by a non-owner raises.
 """
 
 from __future__ import annotations
 
+import _thread
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -61,7 +71,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from .. import acl
 from ..exceptions import BackendUnavailable
-from ..scripts import Call, pack_many
+from ..scripts import Call, pack_many, text_packing
 from . import owners
 from .base import Op
 from .owners import POOL, Owner
@@ -79,13 +89,15 @@ GRACE = 0.002
 SLOW_SHARE, SLOW_MAX = 0.25, 0.05
 #: A lane with this many unread replies counts as slow however young they are.
 LANE_MAX = 64
-#: Connections per node kept between fan-outs, outside the pool's queue (see checkout()).
-KEPT = 16
+#: Connections per node kept between fan-outs (see checkout()); more are closed.
+KEPT = 64
 #: How often a fan-out looks whether a connect in a thread has finished.
 CONNECT_POLL = 0.001
 #: The drainer looks for lanes left since it started waiting at least this often: a reply
 #: on a healthy node is read within it, whatever a paused node's lane waits for.
 DRAIN_POLL = 0.002
+#: An idle drainer wakes this often (its heartbeat: one that stopped is replaced).
+DRAIN_IDLE = 0.5
 
 
 class _Pending:
@@ -112,6 +124,12 @@ class Fan(list[Any]):
     ``complete``: when the replies do not decide it (or, with no ``decided``, fewer than a
     quorum answered), the nodes skipped as down or slow are asked too, and waited for
     within the node timeout: a release that needs a node's vote gets it.
+    ``enough(replies)``: whether, undecided, the replies may stop the wait once the nodes
+    still silent count as slow (``NodeIO.slow_after`` since the requests went out), or at
+    once (with the grace) when one of them is still being connected (a connect not done when
+    the others answered is likely one to a paused node, and its vote would need a handshake
+    first). An acquire whose votes split waits that long for a vote it needs, then gives up
+    (it is retried), instead of holding its grants for a paused node's timeout.
     """
 
     def __init__(
@@ -119,17 +137,19 @@ class Fan(list[Any]):
         ops: Any,
         decided: Callable[[Replies], bool] | None = None,
         complete: bool = False,
+        enough: Callable[[Replies], bool] | None = None,
     ) -> None:
         super().__init__(ops)
         self.decided = decided
         self.complete = complete
+        self.enough = enough
 
 
 def answered(reply: Any) -> bool:
     return reply is not PENDING and not isinstance(reply, BaseException)
 
 
-@dataclass
+@dataclass(eq=False)
 class Flight:
     """A connection with requests written and replies unread: ``skip`` of earlier requests
     (left behind by an earlier fan-out), then ``count`` of this one."""
@@ -168,104 +188,148 @@ class Flight:
 class Lanes:
     """Stragglers, by node and thread, and the drainer that reads what nobody waits for.
 
-    The Lanes object owns the connections of its lanes; the drainer reads one as ``reader``.
+    Each lane's entry owns its connection: the :class:`Flight` itself is written on the
+    connection as its owner. An entry an interrupt left behind (its move never committed, or
+    its connection taken and the entry not yet removed) is stale, and stays so whatever
+    becomes of the connection object later: another entry that holds the same connection is
+    another owner. The drainer reads one lane as its own ``reader``.
+
+    Interrupts: the locks here are plain ``threading.Lock`` (a ``with`` on one cannot leave
+    it held, unlike a ``Condition``'s, whose ``__enter__`` is Python), the drainer is woken by
+    a released lock (``_bell``), threads are started without waiting for them to run, and
+    every wait is bounded: a drainer killed by an asynchronous exception, or one that never
+    ran, is replaced once its heartbeat is stale.
     """
 
     def __init__(self, io: NodeIO) -> None:
         self._io = io
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._bell = threading.Lock()  # held: nothing new; released: a lane was left
+        self._bell.acquire()
         self._flights: dict[tuple[int, int], Flight] = {}
         self._reading: set[tuple[int, int]] = set()
-        self._thread: threading.Thread | None = None
+        self._drainer: object | None = None  # the current drainer's token
+        self._beat = 0.0  # when it last looked
         self._closed = False
-        self.reader = Owner("reader")
 
     def take(self, i: int, me: Owner) -> Flight | None:
-        """This thread's lane to node i, now ``me``'s (waits while the drainer reads it)."""
+        """This thread's lane to node i, now ``me``'s; None when there is none, or it is
+        stale, or the drainer has been reading it for a node timeout (then it stays the
+        drainer's, and this request takes another connection)."""
         key = (i, threading.get_ident())
-        with self._cond:
-            while key in self._reading:
-                self._cond.wait()
-            flight = self._flights.get(key)
-            if flight is None:
+        deadline = time.monotonic() + self._io.timeout
+        while True:
+            with self._lock:
+                if key not in self._reading:
+                    flight = self._flights.get(key)
+                    if flight is None:
+                        return None
+                    taken = owners.owns(flight.connection, flight) and owners.move(
+                        flight.connection, flight, me
+                    )
+                    del self._flights[key]  # (left behind by an interrupt: stale)
+                    return flight if taken else None
+            if time.monotonic() >= deadline:
                 return None
-            if owners.owns(flight.connection, self):
-                owners.move(flight.connection, self, me)
-            else:
-                flight = None  # stale: left by a move an exception interrupted
-            del self._flights[key]
-            return flight
+            time.sleep(DRAIN_POLL / 4)
 
     def leave(self, i: int, flight: Flight, me: Owner) -> None:
-        with self._cond:
-            self._flights[(i, threading.get_ident())] = flight
-            owners.move(flight.connection, me, self)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._drain, name="redlock-drainer", daemon=True
-                )
-                self._thread.start()
-            self._cond.notify_all()
+        """``flight``'s connection, ``me``'s, becomes this thread's lane to node i."""
+        key = (i, threading.get_ident())
+        with self._lock:
+            old = self._flights.get(key)
+            self._flights[key] = flight
+            owners.move(flight.connection, me, flight)
+            closed = self._closed
+        if old is not None and old is not flight:  # (a lane the drainer kept meanwhile)
+            self._io.drop(i, old.connection, old)
+        if closed:
+            self._io.drop(i, flight.connection, flight)
+            return
+        self._ring()
+        self.watch()
+
+    def watch(self) -> None:
+        """Start a drainer when there are lanes and none runs (or its heartbeat is stale)."""
+        if not self._flights or self._closed:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self._drainer is not None and now - self._beat < self._stale_after():
+                return
+            token = self._drainer = object()
+            self._beat = now
+        _thread.start_new_thread(self._drain, (token,))
+
+    def _stale_after(self) -> float:
+        return 2 * self._io.timeout + 2 * DRAIN_IDLE
+
+    def _ring(self) -> None:
+        with contextlib.suppress(RuntimeError):  # rung already
+            self._bell.release()
 
     @property
     def busy(self) -> bool:
         return bool(self._flights)
 
     def slow(self, now: float, after: float) -> set[int]:
-        with self._cond:
+        with self._lock:
             return {i for (i, _), f in self._flights.items()
                     if now - f.since > after or f.unread >= LANE_MAX}  # fmt: skip
 
     def forget(self) -> None:
         """After a fork: the parent's connections and thread are not ours."""
-        self._cond = threading.Condition()
-        self._flights, self._reading, self._thread = {}, set(), None
+        self._lock = threading.Lock()
+        self._bell = threading.Lock()
+        self._bell.acquire()
+        self._flights, self._reading, self._drainer = {}, set(), None
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             flights, self._flights = self._flights, {}
-            self._cond.notify_all()
+        self._ring()
         for (i, _), flight in flights.items():
-            self._io.drop(i, flight.connection, self)
+            self._io.drop(i, flight.connection, flight)
 
-    def _drain(self) -> None:
-        while True:
+    def _drain(self, token: object) -> None:
+        reader = Owner("reader")
+        while self._drainer is token and not self._closed:
+            self._beat = time.monotonic()
             try:
-                if not self._drain_once():
-                    return
+                self._drain_once(reader)
             except Exception:  # never dies with lanes left to read: log, go on
                 logger.exception("django_redlock: the Redlock drainer failed; going on")
                 time.sleep(DRAIN_POLL)
 
-    def _drain_once(self) -> bool:
+    def _drain_once(self, reader: Owner) -> None:
         timeout = self._io.timeout
-        with self._cond:
-            while not self._flights and not self._closed:
-                self._cond.wait()
-            if self._closed:
-                return False
+        with self._lock:
             flights = dict(self._flights)
+        if not flights:
+            self._bell.acquire(timeout=DRAIN_IDLE)  # until a lane is left, or a heartbeat
+            return
         now = time.monotonic()
         until = min([f.deadline(timeout) for f in flights.values()] + [now + DRAIN_POLL])
         ready = readable({k: f.connection for k, f in flights.items()}, until)
         now = time.monotonic()
         for key, seen in flights.items():
             if key in ready or now >= seen.deadline(timeout):
-                self._settle(key, seen, now, timeout)
-        return True
+                self._settle(key, seen, now, timeout, reader)
 
-    def _settle(self, key: tuple[int, int], seen: Flight, now: float, timeout: float) -> None:
-        connection, reader = seen.connection, self.reader
-        with self._cond:
+    def _settle(
+        self, key: tuple[int, int], seen: Flight, now: float, timeout: float, reader: Owner
+    ) -> None:
+        connection = seen.connection
+        with self._lock:
             if self._flights.get(key) is not seen:
                 return  # its thread took it meanwhile
-            if owners.owns(connection, self):
-                owners.move(connection, self, reader)
-                self._reading.add(key)
+            if not owners.owns(connection, seen):
+                del self._flights[key]  # stale
+                return
+            self._reading.add(key)
+            owners.move(connection, seen, reader)
             del self._flights[key]
-            if key not in self._reading:
-                return  # stale
         keep = False
         i = key[0]
         try:
@@ -280,41 +344,52 @@ class Lanes:
             self._io.drop(i, connection, reader)
             self._io.health.failed(i)
         finally:
-            with self._cond:
+            with self._lock:
                 self._reading.discard(key)
-                if keep and not self._closed:
+                if keep and not self._closed and key not in self._flights:
                     self._flights[key] = seen
-                    owners.move(connection, reader, self)
-                self._cond.notify_all()
-            self._io.drop(i, connection, reader)  # still the reader's only if interrupted
+                    owners.move(connection, reader, seen)
+            self._io.drop(i, connection, reader)  # still the reader's: not kept, interrupted
 
 
 class Connector:
     """A connect to node i in a thread: a connect to a paused node waits for its timeouts.
 
-    Every request that finds it under way joins it (``join``) and waits for it; the first to
-    ``claim`` the connection sends on it, the others take one of their own then (the node
-    just answered). Once no request waits (``leave``), an unclaimed connection goes back to
-    the pool (nothing was sent on it).
+    Every request that finds it under way joins it (``join``), starts its thread if nobody
+    has (``start``: the request that made it may have been interrupted first), and waits for
+    it until ``deadline``; the first to ``claim`` the connection sends on it, the others take
+    one of their own then (the node just answered). Once no request waits (``leave``), an
+    unclaimed connection is kept for the next fan-out. A thread that dies before it finishes
+    (an asynchronous exception) leaves its waiters to their deadline, and the next request
+    after it starts another connect.
     """
 
     def __init__(self, io: NodeIO, i: int) -> None:
         self._io, self.i = io, i
         self._mutex = threading.Lock()
         self._waiters: set[Owner] = set()
+        self._started = False
         self.finished = False
         self.connection: Any = None
         self.error: BaseException | None = None
         # Waited for this long at most: a connect, then the handshake's reply (a thread that
         # died, or hangs, must not hold its waiters for ever).
         self.deadline = time.monotonic() + io.connect_timeout + io.timeout
-        threading.Thread(target=self._run, name="redlock-connect", daemon=True).start()
+
+    def start(self) -> None:
+        """Start the connect's thread, once (not waiting for it to run: a thread killed
+        before it signals would hold ``Thread.start()`` for ever)."""
+        with self._mutex:
+            if self._started:
+                return
+            self._started = True
+        _thread.start_new_thread(self._run, ())
 
     def _run(self) -> None:
         connection: Any = None
         error: BaseException | None = None
         try:
-            connection = self._io.pool(self.i).get_connection()
+            connection = self._io.connect(self.i, self)
         except BaseException as exc:
             error = exc
         finally:
@@ -322,8 +397,6 @@ class Connector:
 
     def _finish(self, connection: Any, error: BaseException | None) -> None:
         if connection is not None:
-            owners.move(connection, POOL, self)
-            connection._django_redlock_node = self.i
             self._io.health.answered(self.i)
         else:
             self._io.health.failed(self.i)
@@ -355,11 +428,10 @@ class Connector:
             self._keep()
 
     def _keep(self) -> None:
-        """Nobody waits for it: an unclaimed connection goes back to the pool."""
+        """Nobody waits for it: an unclaimed connection is kept for the next fan-out."""
         connection = self.connection
         if connection is not None and owners.owns(connection, self):
-            owners.move(connection, self, POOL)
-            self._io.pool(self.i).release(connection)
+            self._io.give_back(self.i, connection, self)
 
 
 class NodeIO:
@@ -397,11 +469,26 @@ class NodeIO:
     def pool(self, i: int) -> Any:
         return self.nodes[i].client.connection_pool
 
+    def connect(self, i: int, me: Any) -> Any:
+        """A new connection to node i, connected, ``me``'s. Made with its pool's settings,
+        but not the pool's: redis-py's checkout and return are not safe against an
+        interrupt (one landing inside them leaks a connection from the pool for good), so
+        the fan-outs own theirs from the start. One an interrupt leaves unreferenced is
+        closed when it is collected; nothing counts it."""
+        pool = self.pool(i)
+        connection = text_packing(pool.connection_class(**pool.connection_kwargs))
+        connection._django_redlock_node = i  # for a clean-up that finds it in me.held
+        owners.move(connection, POOL, me)
+        try:
+            connection.connect()
+        except BaseException:
+            self.drop(i, connection, me, failed=False)
+            raise
+        return connection
+
     def checkout(self, i: int, me: Owner) -> Any:
-        """A connection to node i, ``me``'s: one a fan-out gave back (no pool checkout: its
-        queue, lock and redis-py 8's metrics cost more than the command, five nodes per
-        operation), else the pool's. A kept one the server closed meanwhile is replaced, as
-        the pool does."""
+        """A connection to node i, ``me``'s: one a fan-out gave back (kept), else a new one
+        (see :meth:`connect`). A kept one the server closed meanwhile is replaced."""
         kept, lock = self._kept[i], self._kept_locks[i]
         while kept:
             with lock:
@@ -417,38 +504,27 @@ class NodeIO:
             except Exception:
                 pass
             self.drop(i, connection, me, failed=False)
-        connection = self.pool(i).get_connection()
-        try:  # an interrupt on entering move() would leave it the pool's, but taken
-            connection._django_redlock_node = i  # for a clean-up that finds it in me.held
-            owners.move(connection, POOL, me)
-        except BaseException:
-            if owners.owns(connection, POOL):
-                self.pool(i).release(connection)
-            raise
-        return connection
+        return self.connect(i, me)
 
     def give_back(self, i: int, connection: Any, me: Any) -> None:
-        """Kept for the next fan-out (still the pool's: its disconnect() reaches it)."""
+        """Kept for the next fan-out (closed when KEPT are kept already)."""
         kept = self._kept[i]
         if len(kept) < KEPT:
             with self._kept_locks[i]:
                 kept.append(connection)
                 owners.move(connection, me, kept)
-        elif owners.move(connection, me, POOL):
-            self.pool(i).release(connection)
+        else:
+            self.drop(i, connection, me, failed=False)
         self.health.answered(i)
 
     def drop(self, i: int, connection: Any, me: Any, failed: bool = True) -> None:
-        """Close a connection ``me`` owns (a reply may still be on its way: never reuse it)
-        and give it back to its pool; nothing when ``me`` no longer owns it."""
+        """Close a connection ``me`` owns (a reply may still be on its way: never reuse it);
+        nothing when ``me`` no longer owns it."""
         if not owners.owns(connection, me) or not owners.move(connection, me, POOL):
             return
-        try:
-            connection.disconnect()
-        finally:
-            self.pool(i).release(connection)
         if failed:
             self.health.dropped(i)
+        connection.disconnect()
 
     def forget_connector(self, connector: Connector) -> None:
         with self._mutex:
@@ -520,6 +596,7 @@ class NodeIO:
     def _plan(self, fan: Fan) -> tuple[Replies, list[int]]:
         self._check_fork()
         start_probes(self.health, self.nodes)
+        self.lanes.watch()  # a drainer an interrupt killed is replaced
         skipping = self._skipping()
         replies: Replies = []
         asked = []
@@ -598,12 +675,14 @@ class NodeIO:
                 continue
 
     def _connector(self, i: int, me: Owner) -> Connector:
-        """The connect to node i under way (one is started if none is), joined by ``me``."""
+        """The connect to node i under way (one is started if none is), joined by ``me``.
+        Its thread is started outside the mutex, by every request that joins it (once)."""
         with self._mutex:
             connector = self._connectors.get(i)
             if connector is None or time.monotonic() >= connector.deadline:  # none, or hung
                 connector = self._connectors[i] = Connector(self, i)
             connector.join(me)
+        connector.start()
         return connector
 
     def _send(
@@ -668,6 +747,7 @@ class NodeIO:
     ) -> None:
         timeout = self.timeout
         grace_end = math.inf
+        patience = None if fan.enough is None else started + self.slow_after
         ready: set[int] = set()
         while True:
             for i, connector in list(connecting.items()):
@@ -701,13 +781,18 @@ class NodeIO:
                     self.health.failed(i)
                     error = TimeoutError(f"no answer within {timeout:g} s")
                     replies[i] = _unavailable(self.nodes[i], fan[i], error)
-            if grace_end == math.inf and fan.decided is not None and fan.decided(replies):
-                now = time.monotonic()
-                grace_end = now + max(GRACE, now - started)
             now = time.monotonic()
+            if grace_end == math.inf and fan.decided is not None:
+                enough = fan.enough is not None and fan.enough(replies)
+                if fan.decided(replies) or (enough and connecting):
+                    grace_end = now + max(GRACE, now - started)
+                elif enough and patience is not None:
+                    grace_end = max(now, patience)
             if (not flights and not connecting) or now >= grace_end:
                 break
             until = min([f.deadline(timeout) for f in flights.values()] + [grace_end])
+            if patience is not None and grace_end == math.inf and now < patience:
+                until = min(until, patience)
             if connecting:
                 until = min(until, now + CONNECT_POLL)
             ready = readable({i: f.connection for i, f in flights.items()}, until)
@@ -751,17 +836,25 @@ class NodeIO:
         tasks = {loop.create_task(self._anode(i, fan[i])): i for i in indexes}
         waiting = set(tasks)
         grace_end: float | None = None
+        patience = None if fan.enough is None else started + self.slow_after
         try:
             while waiting:
-                timeout = None if grace_end is None else max(0.0, grace_end - time.monotonic())
+                now = time.monotonic()
+                until = grace_end
+                if until is None and patience is not None and now < patience:
+                    until = patience
+                timeout = None if until is None else max(0.0, until - now)
                 done, waiting = await asyncio.wait(
                     waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in done:
                     replies[tasks[task]] = task.result()
-                if grace_end is None and fan.decided is not None and fan.decided(replies):
-                    now = time.monotonic()
-                    grace_end = now + max(GRACE, now - started)
+                now = time.monotonic()
+                if grace_end is None and fan.decided is not None:
+                    if fan.decided(replies):
+                        grace_end = now + max(GRACE, now - started)
+                    elif patience is not None and fan.enough is not None and fan.enough(replies):
+                        grace_end = max(now, patience)
                 if grace_end is not None and time.monotonic() >= grace_end:
                     break
         finally:
