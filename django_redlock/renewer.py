@@ -50,7 +50,9 @@ The rules (each is tested in tests/test_watchdog.py):
 * **No answer is not a loss**: the bucket is tried again soon, for as long as it takes.
 * **Healing**: an exception in a renewer thread (a bug, or an asynchronous exception) is
   caught and logged; the thread goes on after putting every bucket it had taken back into
-  the schedule (a batch interrupted mid-flight settles as "no answer"). A scheduler that
+  the schedule (a batch interrupted mid-flight settles as "no answer"); a hold's pending
+  news leaves the pending deque only once it is added, so an interrupted take loses none. A
+  scheduler that
   died anyway is started again by the next ``add``/``soon`` or by a worker (idle workers
   look every second); the scheduler starts dead workers, and a worker that ends hands its
   queued batches back. The notifier logs a failed notification and goes on (not running it
@@ -618,13 +620,17 @@ class ThreadRenewer(Renewer):
     def _take_pending(self) -> None:
         pending = self._pending
         while pending:
-            taken, ref, renewal, stop_at, owner = pending.popleft()
+            # Left in the deque until it is added: an exception (an asynchronous one) on the
+            # way leaves it for the next take (taking one twice adds nothing).
+            taken, ref, renewal, stop_at, owner = pending[0]
             lock = ref()
-            if lock is None or not lock.renewed_by(self, renewal.token):
-                continue  # released (or its Lock collected) before its first renewal
-            # Joins the hold's entry if it has one (another object of the token, or an
-            # extend that added it): a TTL set later is kept.
-            self._add(lock, renewal, stop_at, taken, owner=owner)
+            if lock is not None and lock.renewed_by(self, renewal.token):
+                # Joins the hold's entry if it has one (another object of the token, or an
+                # extend that added it): a TTL set later is kept.
+                self._add(lock, renewal, stop_at, taken, owner=owner)
+            # else released (or its Lock collected) before its first renewal
+            del lock
+            pending.popleft()
 
     def _wake(self, due: float) -> None:
         with self._cond:

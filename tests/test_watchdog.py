@@ -150,6 +150,25 @@ def test_a_collection_right_after_the_pending_news_were_taken_keeps_the_tokens_e
     second.release()
 
 
+def test_an_exception_while_the_scheduler_takes_a_holds_news_does_not_lose_it(name: str) -> None:
+    """An asynchronous exception (KeyboardInterrupt) between taking a hold's news out of the
+    pending deque and adding it: the news is taken again next time, the hold renewed."""
+    lk = lock(name, ttl=1.0)
+
+    def interrupted(*_: Any) -> bool:
+        raise KeyboardInterrupt
+
+    with thread_renewer._mutex:  # the scheduler frozen: this thread takes the news
+        assert lk.acquire()
+        lk.renewed_by = interrupted  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt):
+            thread_renewer._take_pending()
+        del lk.renewed_by  # the class's again
+    time.sleep(2.5)
+    assert lk.owned(), "the hold's news was dropped: never renewed"
+    lk.release()
+
+
 # -- 2. extend racing a batch in flight ----------------------------------------------------------
 
 
