@@ -14,6 +14,15 @@ The rules (each is tested in tests/test_watchdog.py):
   adds its object to the entry. An object leaves the entry by :meth:`Renewer.remove` (its
   release) or by being collected; the entry is dropped when no object is left, when its cap
   passes, or when a renewal finds the hold gone. Nothing else adds or removes entries.
+* **An adopted hold is renewed at once**: ``adopt()`` does not set the hold's TTL, so the
+  server still has the one its last renewal (by another object or process) set, at a time
+  unknown here. The adopter's :meth:`add` is made before ``adopt()`` returns (not left
+  pending: the old object may be collected next, and its entry dropped) and renews the
+  hold's bucket at once, with the adopter's TTL; the schedule counts from then.
+* **Pending news is taken before a sweep**: news of a hold (:meth:`ThreadRenewer.soon`) is
+  appended without the mutex, so it may come after the scheduler took the pending news and
+  before another object of its token is collected; the sweep of collected objects takes
+  it up first, so the entry it joins is not dropped.
 * **The cap** (``max_hold``) is a monotonic deadline fixed at the acquisition and passed in
   by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing.
 * **A TTL change** (``extend(ttl=...)``) moves the entry to a bucket of its new TTL. A batch
@@ -41,7 +50,9 @@ The rules (each is tested in tests/test_watchdog.py):
 * **No answer is not a loss**: the bucket is tried again soon, for as long as it takes.
 * **Healing**: an exception in a renewer thread (a bug, or an asynchronous exception) is
   caught and logged; the thread goes on after putting every bucket it had taken back into
-  the schedule (a batch interrupted mid-flight settles as "no answer"). A scheduler that
+  the schedule (a batch interrupted mid-flight settles as "no answer"); a hold's pending
+  news leaves the pending deque only once it is added, so an interrupted take loses none. A
+  scheduler that
   died anyway is started again by the next ``add``/``soon`` or by a worker (idle workers
   look every second); the scheduler starts dead workers, and a worker that ends hands its
   queued batches back. The notifier logs a failed notification and goes on (not running it
@@ -261,16 +272,19 @@ class Renewer:
         stop_at: float | None,
         since: float | None = None,
         owner: Any = None,
+        at_once: bool = False,
     ) -> None:
         """Renew a hold from now on, until ``stop_at`` (monotonic; None: no cap).
 
         A new TTL replaces the hold's old one. ``since``: when the command that set it (an
         extend) was sent, to tell whether a batch may have landed after it (see the rules).
-        ``owner``: a reentrant hold's thread or task (renewed while it lives).
+        ``owner``: a reentrant hold's thread or task (renewed while it lives). ``at_once``:
+        the server's TTL was set by someone else at a time unknown here (``adopt()``):
+        renewed at once, with ``renewal``'s TTL, then on its schedule.
         """
         now = time.monotonic()
         with self._mutex:
-            due = self._add(lock, renewal, stop_at, now, since, owner)
+            due = self._add(lock, renewal, stop_at, now, since, owner, at_once)
         if due is not None:
             self._wake(due)
 
@@ -286,6 +300,7 @@ class Renewer:
         now: float,
         since: float | None = None,
         owner: Any = None,
+        at_once: bool = False,
     ) -> float | None:
         if stop_at is not None and stop_at <= time.monotonic():
             return None  # past its cap (an extend after it): it runs out at its TTL
@@ -318,6 +333,8 @@ class Renewer:
         if lock not in entry.locks:
             entry.locks.add(lock)
             entry.watches.append(weakref.ref(lock, self._on_collected))
+        if at_once and entry.bucket is not None:
+            self._due_now(entry.bucket, now)
         return entry.bucket.due if entry.bucket is not None else None
 
     def remove(self, lock: Lock, token: str) -> None:
@@ -344,6 +361,19 @@ class Renewer:
     def _take_pending(self) -> None:
         """Start renewing the holds of :meth:`soon` that are still held (called locked)."""
 
+    def _sweep_collected(self) -> None:
+        """Drop the entries no Lock object holds any more (their holds run out); called
+        locked, after a holding object was collected.
+
+        An object's news (:meth:`ThreadRenewer.soon`) is appended without the mutex: it may
+        have come after the scheduler took the pending news and before the collection of
+        the token's other object. It is taken up first, so the entry it joins is kept.
+        """
+        self._collected = False
+        self._take_pending()
+        for key in [k for k, entry in self._entries.items() if not entry.locks]:
+            self._drop(key)  # no Lock object holds it any more: let it run out
+
     def _next(self) -> list[Batch] | float:
         """The buckets due now (marked in flight), or how long to sleep until one is due."""
         now = time.monotonic()
@@ -358,9 +388,7 @@ class Renewer:
                 for key in [k for k, ref in self._owners.items() if _ended(ref())]:
                     self._drop(key)  # its owner ended unreleased: nobody may release it
             if self._collected:
-                self._collected = False
-                for key in [k for k, entry in self._entries.items() if not entry.locks]:
-                    self._drop(key)  # no Lock object holds it any more: let it run out
+                self._sweep_collected()
             due: list[Batch] = []
             schedule = self._schedule
             me = threading.current_thread()
@@ -592,13 +620,17 @@ class ThreadRenewer(Renewer):
     def _take_pending(self) -> None:
         pending = self._pending
         while pending:
-            taken, ref, renewal, stop_at, owner = pending.popleft()
+            # Left in the deque until it is added: an exception (an asynchronous one) on the
+            # way leaves it for the next take (taking one twice adds nothing).
+            taken, ref, renewal, stop_at, owner = pending[0]
             lock = ref()
-            if lock is None or not lock.renewed_by(self, renewal.token):
-                continue  # released (or its Lock collected) before its first renewal
-            # Joins the hold's entry if it has one (another object of the token, or an
-            # extend that added it): a TTL set later is kept.
-            self._add(lock, renewal, stop_at, taken, owner=owner)
+            if lock is not None and lock.renewed_by(self, renewal.token):
+                # Joins the hold's entry if it has one (another object of the token, or an
+                # extend that added it): a TTL set later is kept.
+                self._add(lock, renewal, stop_at, taken, owner=owner)
+            # else released (or its Lock collected) before its first renewal
+            del lock
+            pending.popleft()
 
     def _wake(self, due: float) -> None:
         with self._cond:

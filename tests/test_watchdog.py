@@ -108,6 +108,67 @@ def test_an_adopted_hold_stays_renewed_when_the_adopted_object_is_collected(name
     adopter.release()
 
 
+def test_an_adoption_with_a_longer_ttl_is_renewed_before_the_old_ttl_runs_out(name: str) -> None:
+    """adopt() does not set the hold's TTL: the server still has the one the old object's
+    last renewal set (1 s). The adopter's TTL (6 s, renewed every 2 s) must be set at once,
+    not at its first period, or the key runs out meanwhile."""
+    original = lock(name, ttl=1.0)
+    assert original.acquire()
+    time.sleep(0.5)  # renewed with 1 s by now
+    adopter = lock(name, ttl=6.0)
+    adopter.adopt(original.token)
+    del original
+    gc.collect()
+    time.sleep(2.5)  # past the old 1 s; before the adopter's first period ends
+    assert adopter.owned(), "the adopted hold ran out at the old object's TTL"
+    assert (adopter.ttl() or 0) > 2.0
+    adopter.release()
+
+
+def test_a_collection_right_after_the_pending_news_were_taken_keeps_the_tokens_entry(
+    name: str,
+) -> None:
+    """The racing order, forced (the scheduler frozen by its mutex): the scheduler takes the
+    pending news; the second object of the token appends its own; the first object is
+    collected; the sweep runs. The entry is kept, now held by the second object."""
+    first = lock(name, reentrant=True, ttl=1.0)
+    assert first.acquire()
+    backend = first.backend
+    with thread_renewer._mutex:
+        thread_renewer._take_pending()  # the scheduler took the news: the entry exists
+        key = (id(backend), name, first.token)
+        entry = thread_renewer._entries[key]
+        second = lock(name, reentrant=True, ttl=1.0)
+        assert second.acquire()  # its news waits in the pending deque
+        del first
+        gc.collect()
+        thread_renewer._sweep_collected()
+        assert thread_renewer._entries.get(key) is entry, "the entry was dropped"
+        assert list(entry.locks) == [second]
+    time.sleep(2.5)
+    assert second.owned()
+    second.release()
+
+
+def test_an_exception_while_the_scheduler_takes_a_holds_news_does_not_lose_it(name: str) -> None:
+    """An asynchronous exception (KeyboardInterrupt) between taking a hold's news out of the
+    pending deque and adding it: the news is taken again next time, the hold renewed."""
+    lk = lock(name, ttl=1.0)
+
+    def interrupted(*_: Any) -> bool:
+        raise KeyboardInterrupt
+
+    with thread_renewer._mutex:  # the scheduler frozen: this thread takes the news
+        assert lk.acquire()
+        lk.renewed_by = interrupted  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt):
+            thread_renewer._take_pending()
+        del lk.renewed_by  # the class's again
+    time.sleep(2.5)
+    assert lk.owned(), "the hold's news was dropped: never renewed"
+    lk.release()
+
+
 # -- 2. extend racing a batch in flight ----------------------------------------------------------
 
 

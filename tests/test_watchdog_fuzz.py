@@ -134,12 +134,33 @@ class Fuzz:
 
     def check(self, step: int, action: str) -> None:
         for lk in self.held:
-            assert lk.token is not None, (step, action, lk)
+            token = lk.token
+            assert token is not None, (step, action, lk)
             # ttl(): this hold's time left (a lease's own; a lock key's PTTL). Asked while
             # its server is paused, the answer comes after the resume (within a TTL).
             left = lk.ttl()
-            assert left is not None and left > 0, (step, action, lk, left)
+            assert left is not None and left > 0, (step, action, lk, left, _watched(lk, token))
             assert lk.owned(), (step, action, lk)
+
+
+def _watched(lk: Any, token: str) -> tuple[Any, ...]:
+    """What the watchdog has of a hold, for a failure's message: an entry dropped (a bug)
+    or renewals late (a starved process) read differently."""
+    with thread_renewer._mutex:
+        now = time.monotonic()
+        for key, entry in thread_renewer._entries.items():
+            if key[1:] == (lk.name, token):
+                bucket = entry.bucket
+                if bucket is None:
+                    return ("entry without bucket", entry.renewal.ttl_ms)
+                return (
+                    "entry", entry.renewal.ttl_ms, len(entry.locks),
+                    f"due in {bucket.due - now:.3f}",
+                    f"confirmed for {bucket.confirmed_until - now:.3f}",
+                    f"settled {now - bucket.settled_at:.3f} ago", bucket.flying is not None,
+                )  # fmt: skip
+        pending = any(item[2].token == token for item in thread_renewer._pending)
+    return ("no entry", "pending" if pending else "not pending")
 
 
 @contextlib.contextmanager

@@ -454,7 +454,15 @@ class BaseLock:
                     yield self._op_leave(waiter)
             yield Unwatch(handle)
 
-    def _record(self, owner: str, actor: str, token: str, ttl_ms: int, attempt: Attempt) -> None:
+    def _record(
+        self,
+        owner: str,
+        actor: str,
+        token: str,
+        ttl_ms: int,
+        attempt: Attempt,
+        adopted: bool = False,
+    ) -> None:
         with self._mutex:
             hold = self._holds.get(owner)
             if hold is None:
@@ -474,7 +482,13 @@ class BaseLock:
             hold.renewer = thread_renewer
             # A reentrant hold is renewed while its owner lives (see renewer.py).
             lives = _actor() if self.reentrant else None
-            hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at, lives)
+            if adopted:
+                # Its TTL was set by another object or process, at a time unknown here: in
+                # the renewer before adopt() returns (the old object may be collected next),
+                # renewed at once with this object's TTL.
+                hold.renewer.add(self, self._renewal(token, ttl_ms), hold.stop_at, at_once=True)
+            else:
+                hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at, lives)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             observe.hold_started(self, hold)
             logger.debug("redlock: acquired %s, fence %s", self.describe(), attempt.fence)
@@ -708,7 +722,7 @@ class BaseLock:
         if fence is None:
             raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
         attempt = Attempt(True, fence or None, 0)
-        self._record("", owner_id(), token, to_ms(self.lock_ttl), attempt)
+        self._record("", owner_id(), token, to_ms(self.lock_ttl), attempt, adopted=True)
 
     def _op_fence_of(self, token: str) -> Op[int | None]:
         """The fence of ``token``'s hold (0 if it has none), None if it holds nothing."""
