@@ -7,6 +7,7 @@ interrupts, and hiredis' packer crashing under a signal storm. Real redis-server
 from __future__ import annotations
 
 import _thread
+import contextlib
 import subprocess
 import sys
 import threading
@@ -234,6 +235,43 @@ def test_a_non_blocking_acquire_waits_for_the_free_node_it_needs(
                 for server in servers[2:]:
                     occupy(server, backend.key(name))
                 assert lock(name, using="wait", ttl=10).acquire(blocking=False) is False
+    finally:
+        late.stop()
+
+
+def test_a_taken_name_beside_a_down_node_is_busy_not_unreachable(
+    three: list[RedisServer],
+) -> None:
+    """Node 0 refuses at once (taken), node 2 is down and not asked, node 1 is free of the
+    question's outcome but answers 10 ms later. A majority is impossible from node 0's
+    refusal on, but two nodes can still answer: the acquire waits for node 1 and says
+    False (taken); it raised QuorumNotReached with one answer, and a blocking acquire gave
+    up after 18 ms instead of waiting for its timeout (an outside review's finding)."""
+    late = Proxy(three[1].port, "late")
+    try:
+        urls = [three[0].url, late.url, three[2].url]
+        with alias_at("busy", urls, socket_timeout=0.5, socket_connect_timeout=0.5):
+            backend = backend_of("busy")
+            check_replies(backend, "warm")
+            holder = lock("k", using="busy", ttl=30, auto_renew=False)
+            assert holder.acquire(blocking=False)
+            three[2].pause()
+            try:
+                for n in range(6):  # until the client counts node 2 as down
+                    with contextlib.suppress(QuorumNotReached):
+                        probe = lock(f"probe{n}", using="busy", ttl=5)
+                        if probe.acquire(blocking=False):
+                            probe.release()
+                    time.sleep(0.12)
+                late.latency = 0.005  # each way
+                outcomes = [lock("k", using="busy", ttl=5).acquire(blocking=False)
+                            for _ in range(10)]  # fmt: skip
+                assert outcomes == [False] * 10
+                started = time.monotonic()
+                assert lock("k", using="busy", ttl=5).acquire(timeout=0.3) is False
+                assert time.monotonic() - started >= 0.29  # waited for its timeout
+            finally:
+                three[2].resume()
     finally:
         late.stop()
 

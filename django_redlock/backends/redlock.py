@@ -188,9 +188,17 @@ class RedlockBackend(BaseLockBackend):
 
     def _granting(self, replies: Replies) -> bool:
         """An acquire's replies decide once a majority granted, or cannot even with every
-        node still to answer (a node not asked will not)."""
-        votes = _granted(replies)
-        return votes >= self.quorum or votes + replies.count(PENDING) < self.quorum
+        node still to answer (a node not asked will not), and the outcome's kind is known
+        too: taken (a majority answered) or unreachable (one cannot answer). A refusal
+        beside a down node does not decide before a second node answered: that answer
+        makes it "taken" (False), where deciding at once said "unreachable"."""
+        votes, pending = _granted(replies), replies.count(PENDING)
+        if votes >= self.quorum:
+            return True
+        if votes + pending >= self.quorum:
+            return False
+        answered = self._answered(replies)
+        return answered >= self.quorum or answered + pending < self.quorum
 
     def _decide(self, name: str, replies: Replies, yes: int, doing: str) -> bool:
         """True when ``yes`` nodes make a quorum, False when even every unanswered node
