@@ -14,11 +14,13 @@ The rules (each is tested in tests/test_watchdog.py):
   adds its object to the entry. An object leaves the entry by :meth:`Renewer.remove` (its
   release) or by being collected; the entry is dropped when no object is left, when its cap
   passes, or when a renewal finds the hold gone. Nothing else adds or removes entries.
-* **An adopted hold is renewed at once**: ``adopt()`` does not set the hold's TTL, so the
-  server still has the one its last renewal (by another object or process) set, at a time
-  unknown here. The adopter's :meth:`add` is made before ``adopt()`` returns (not left
-  pending: the old object may be collected next, and its entry dropped) and renews the
-  hold's bucket at once, with the adopter's TTL; the schedule counts from then.
+* **An adopted hold is on the adopter's schedule before adopt() returns**: ``adopt()``
+  sets the hold's TTL to the adopter's (the server had the one its last renewal, by another
+  object or process, set at a time unknown here), then makes its :meth:`add` with the time
+  that command was sent (not left pending: the old object may be collected next, and its
+  entry dropped). A batch of the old object's that lands after it is renewed again at once
+  (the TTL-change rule below). ``at_once`` (renew now, on no schedule) stays for callers
+  that cannot set the TTL themselves.
 * **Pending news is taken before a sweep**: news of a hold (:meth:`ThreadRenewer.soon`) is
   appended without the mutex, so it may come after the scheduler took the pending news and
   before another object of its token is collected; the sweep of collected objects takes

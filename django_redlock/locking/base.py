@@ -461,7 +461,7 @@ class BaseLock:
         token: str,
         ttl_ms: int,
         attempt: Attempt,
-        adopted: bool = False,
+        adopted: float | None = None,
     ) -> None:
         with self._mutex:
             hold = self._holds.get(owner)
@@ -482,11 +482,11 @@ class BaseLock:
             hold.renewer = thread_renewer
             # A reentrant hold is renewed while its owner lives (see renewer.py).
             lives = _actor() if self.reentrant else None
-            if adopted:
-                # Its TTL was set by another object or process, at a time unknown here: in
-                # the renewer before adopt() returns (the old object may be collected next),
-                # renewed at once with this object's TTL.
-                hold.renewer.add(self, self._renewal(token, ttl_ms), hold.stop_at, at_once=True)
+            if adopted is not None:
+                # In the renewer before adopt() returns (the old object may be collected
+                # next), on the schedule of the TTL adopt() set at ``adopted`` (a batch of
+                # the old object's that lands after it is renewed again: see renewer.py).
+                hold.renewer.add(self, self._renewal(token, ttl_ms), hold.stop_at, adopted)
             else:
                 hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at, lives)
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
@@ -722,7 +722,12 @@ class BaseLock:
         if fence is None:
             raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
         attempt = Attempt(True, fence or None, 0)
-        self._record("", owner_id(), token, to_ms(self.lock_ttl), attempt, adopted=True)
+        # The server's TTL is the last holder's, set at a time unknown here: ours is set
+        # before adopt() returns (so a later extend() of ours is never overtaken by it).
+        ttl_ms, sent = to_ms(self.lock_ttl), time.monotonic()
+        if not (yield self._op_extend(token, ttl_ms)):
+            raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
+        self._record("", owner_id(), token, ttl_ms, attempt, adopted=sent)
 
     def _op_fence_of(self, token: str) -> Op[int | None]:
         """The fence of ``token``'s hold (0 if it has none), None if it holds nothing."""
