@@ -443,7 +443,9 @@ def test_a_group_of_singleton_duplicates_finishes(app: Celery, worker: Worker) -
 
     from django_redlock.contrib.celery import skipped
 
-    members = [tasks.singleton_slow.s("grp", 1.0).set(queue=worker.queue) for _ in range(3)]
-    values = group(members).apply_async().get(timeout=30)
+    # The first runs 4 s: long enough that the others reach the worker while it runs, even
+    # on a loaded machine (one that came after it ended would rightly run: seen at 1 s).
+    members = [tasks.singleton_slow.s("grp", 4.0).set(queue=worker.queue) for _ in range(3)]
+    values = group(members).apply_async().get(timeout=60)
     assert values.count("ran") == 1
     assert sum(1 for v in values if skipped(v)) == 2
