@@ -184,7 +184,9 @@ def test_a_drainer_dead_at_birth_is_replaced(
         with alias_at("nodrain", urls, socket_timeout=0.5, socket_connect_timeout=0.5):
             backend = backend_of("nodrain")
             check_replies(backend, "warm")
-            late.latency = 0.02
+            # 0.3 s a round trip: well after the others decide, even on a loaded machine (at
+            # 40 ms a full run's load let node 2 answer in time, leaving no lane to read).
+            late.latency = 0.15
             stillborn[0] = True
             worker = threading.Thread(target=backend.is_locked, args=("x",), daemon=True)
             worker.start()
