@@ -19,8 +19,7 @@ The rules (each is tested in tests/test_watchdog.py):
   object or process, set at a time unknown here), then makes its :meth:`add` with the time
   that command was sent (not left pending: the old object may be collected next, and its
   entry dropped). A batch of the old object's that lands after it is renewed again at once
-  (the TTL-change rule below). ``at_once`` (renew now, on no schedule) stays for callers
-  that cannot set the TTL themselves.
+  (the TTL-change rule below).
 * **Pending news is taken before a sweep**: news of a hold (:meth:`ThreadRenewer.soon`) is
   appended without the mutex, so it may come after the scheduler took the pending news and
   before another object of its token is collected; the sweep of collected objects takes
@@ -274,19 +273,16 @@ class Renewer:
         stop_at: float | None,
         since: float | None = None,
         owner: Any = None,
-        at_once: bool = False,
     ) -> None:
         """Renew a hold from now on, until ``stop_at`` (monotonic; None: no cap).
 
         A new TTL replaces the hold's old one. ``since``: when the command that set it (an
         extend) was sent, to tell whether a batch may have landed after it (see the rules).
-        ``owner``: a reentrant hold's thread or task (renewed while it lives). ``at_once``:
-        the server's TTL was set by someone else at a time unknown here (``adopt()``):
-        renewed at once, with ``renewal``'s TTL, then on its schedule.
+        ``owner``: a reentrant hold's thread or task (renewed while it lives).
         """
         now = time.monotonic()
         with self._mutex:
-            due = self._add(lock, renewal, stop_at, now, since, owner, at_once)
+            due = self._add(lock, renewal, stop_at, now, since, owner)
         if due is not None:
             self._wake(due)
 
@@ -302,7 +298,6 @@ class Renewer:
         now: float,
         since: float | None = None,
         owner: Any = None,
-        at_once: bool = False,
     ) -> float | None:
         if stop_at is not None and stop_at <= time.monotonic():
             return None  # past its cap (an extend after it): it runs out at its TTL
@@ -335,8 +330,6 @@ class Renewer:
         if lock not in entry.locks:
             entry.locks.add(lock)
             entry.watches.append(weakref.ref(lock, self._on_collected))
-        if at_once and entry.bucket is not None:
-            self._due_now(entry.bucket, now)
         return entry.bucket.due if entry.bucket is not None else None
 
     def remove(self, lock: Lock, token: str) -> None:
