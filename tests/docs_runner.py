@@ -24,6 +24,7 @@ import contextlib
 import importlib
 import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -155,8 +156,29 @@ def run_group(blocks: list[Block], server: RedisServer, folder: Path) -> dict[st
                     for name in re.findall(r'lock\("([^"{]+)"', block.source):  # none left held
                         assert not lock(name).locked(), f"{block} left {name!r} held"
         finally:
-            with connection.schema_editor() as editor:
-                for model in reversed(made):
-                    editor.delete_model(model)
-            celery_state._set_current_app(previous_app)
+            celery_state._set_current_app(previous_app)  # first: later files need their app
+            _drop_tables(made)
     return namespace
+
+
+def _drop_tables(models: list[Any]) -> None:
+    """Drop the reader's tables. The in-memory database is shared by every thread's connection,
+    and a background writer (the incident recorder, after the page's lost lock) may hold a
+    table lock for a moment: SQLite then refuses at once ("database table is locked") instead
+    of waiting, so the drop waits for the writer and tries again."""
+    from django.db import OperationalError
+
+    from django_redlock.incidents import recorder
+
+    deadline = time.monotonic() + 30
+    for model in reversed(models):
+        while True:
+            recorder.flush(5)
+            try:
+                with connection.schema_editor() as editor:
+                    editor.delete_model(model)
+                break
+            except OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
