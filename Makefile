@@ -96,12 +96,11 @@ VALKEY = $(BIN)/python -c "from django_redlock.testing import bundled_valkey_ser
 # Redis 7), and the fair queue's worst-wait figure is a timing bound, not a server behaviour.
 VALKEY_SKIP = not sentinel and not acl and not worst_wait
 
-# One test process by default. TEST_PROCESSES=2 runs two (pytest-xdist, whole files to each:
-# a module's Celery workers start once), about 20 % faster on two cores; not the default yet:
-# a fresh-clone run in two processes failed where files that share the process's SQLite
-# database and Celery app met in an order the single process never has (docs/development.md).
-TEST_PROCESSES ?= 0
-PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile
+# Two test processes (pytest-xdist, whole files to each: a module's Celery workers start once):
+# most of the suite waits on servers, workers and timeouts, so two processes overlap those
+# waits. TEST_PROCESSES=0 runs one process, in file order (docs/development.md).
+TEST_PROCESSES ?= 2
+PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --durations=30
 # The passes on Redis 6.2 and Valkey run only the backends' behaviour (no database, no Celery):
 # two processes there.
 PYTEST_AGAIN = $(BIN)/pytest -n 2 --dist loadfile
