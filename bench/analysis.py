@@ -200,16 +200,20 @@ them.
 
 
 REDLOCK_NOTE = """- **Redlock ({redlock.vs_pottery} pottery and {redlock.vs_single} our single node
-  in the last full run, targets 5 x and 0.5 x: {redlock.vs_pottery:verdict}; side runs after
-  issue 30, `BENCH_ONLY=quorum`, on a 2-core machine shared with other sessions:
-  2.2-3.0 x pottery and 0.15-0.20 x single, the code before it 2.6 x and 0.14 x in the same
-  hour).** A cycle is now one script call per node to acquire and one to release (the
-  fence raise that ran on every acquire is gone: the suite counts 2.0 calls per node per
-  cycle with `INFO commandstats`, 2.3-3.0 before), and about 800 µs of client CPU per cycle
-  (`time.process_time`, 2,000 cycles; 920-975 µs before). The floor is the kernel: 10
-  loopback sends per cycle cost about 80-90 µs each (cProfile: `sendall` is 27 % of the
-  cycle, `poll` 14 %), as each wakes a redis-server on the 2 shared cores. Left: reading a
-  reply without polling its socket first when the fan-out's poll already saw it readable (a
-  partial reply would then block up to the socket timeout), and one poller per connection
-  instead of one per poll.
+  in the last full run, targets 5 x and 0.5 x: {redlock.vs_pottery:verdict}).** A cycle is
+  one script call per node to acquire and one to release (the suite counts 2.0 calls per node
+  per cycle with `INFO commandstats`). A side run with the raw-socket anchors
+  (`BENCH_ONLY=quorum`, the 2-core machine shared with two other sessions): ours 612, pottery
+  230, ours single 2,873; raw sockets N=5 3,253 and single 11,675 cycles/s. Two facts follow.
+  A client that only sends and parses gets 0.28 x its single node with five nodes (each node
+  is a redis-server woken twice per cycle on the same two cores), so 0.5 x is reachable only
+  because our single-node cycle is mostly client work: it needs ours N=5 at about 1,440
+  cycles/s, 0.44 x raw N=5. And the kernel is not our floor: ours is 0.19 x raw N=5, about
+  1,000 µs of client CPU per cycle (`time.process_time`, 3,000 cycles) where raw takes about
+  300 µs of wall time. cProfile of ours: the 10 `sendall` calls are 19 µs each; the rest is
+  Python around them: redis-py's connection checks (`can_read` twice per reply, its host
+  error text), every argument packed as text for hiredis (the guard against its packer's
+  crash under signal handlers), the owner bookkeeping of each connection move, and the
+  lanes' polls. Left: reading the fan-out's replies with a hiredis reader per socket, as raw
+  does, without redis-py's connection object on that path.
 """

@@ -76,7 +76,8 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"metrics ≥ 0.97 × off: {o['metrics_ratio']:.3f} × {verdict(o['metrics_ratio'] >= 0.97)}; "
          f"report: metrics + spans (SDK, recording, no exporter) {o['spans_ratio']:.3f} ×"),
         ("uncontended, Redlock N=5", "cycles/s",
-         f"ours {q['ours Redlock N=5']:,.0f}; pottery {q['pottery Redlock N=5']:,.0f}; ours single {q['ours single node']:,.0f}",
+         f"ours {q['ours Redlock N=5']:,.0f}; pottery {q['pottery Redlock N=5']:,.0f}; ours single {q['ours single node']:,.0f}"
+         + (f"; raw sockets N=5 {q['raw N=5']:,.0f}, single {q['raw single node']:,.0f}" if "raw N=5" in q else ""),
          f"≥ 5 × pottery: {q['ours Redlock N=5'] / q['pottery Redlock N=5']:.1f} × {verdict(q['ours Redlock N=5'] >= 5 * q['pottery Redlock N=5'])}; "
          f"≥ 0.5 × single: {q['ours Redlock N=5'] / q['ours single node']:.2f} × {verdict(q['ours Redlock N=5'] >= 0.5 * q['ours single node'])}"),
         ("Redis CPU per uncontended acquire+release, single node",

@@ -50,7 +50,7 @@ def main() -> None:
             ("uncontended", lambda: uncontended(results)),
             ("uncontended floor", lambda: floor(results)),
             ("redis cpu", lambda: redis_cpu(results)),
-            ("quorum", lambda: quorum(results, [n.url for n in nodes])),
+            ("quorum", lambda: quorum(results, [n.url for n in nodes], single.url)),
             ("contended, zero hold", lambda: contended(
                 results, single.url, 0.0,
                 ["ours", "ours-fair", "redis-py", "python-redis-lock", "pottery"], "contended_zero")),
