@@ -15,6 +15,7 @@ from redis.exceptions import ResponseError
 
 from django_redlock import BackendUnavailable, QuorumNotReached, lock, locks
 from django_redlock.testing import RedisServer
+from django_redlock.testing.server import create_cluster
 
 from .conftest import start_sentinel_group, stop_all
 
@@ -188,3 +189,52 @@ def test_min_replicas_timeout_longer_than_the_socket_s_is_refused() -> None:
     refused = pytest.raises(ImproperlyConfigured, match=r"min_replicas_timeout.*2 s.*1\.5 s")
     with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "bad": config}), refused:
         locks["bad"]
+
+
+def test_a_paused_cluster_master_is_unavailable_within_the_socket_timeout(name: str) -> None:
+    """redis-py's cluster client retried a timed-out command three times, re-reading the slots
+    in between: 22 s for a paused master with a 2 s socket timeout. A cluster of its own: a
+    paused master must not disturb the session's cluster (its node timeout is long enough
+    that nobody marks the paused one failed)."""
+    from django_redlock import lock_all
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            with lock(name, using="c"):
+                pass  # the slots are known, the scripts loaded
+            key = locks["c"].key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            owner = next(n for n in nodes if _serves(n, slot))
+            owner.pause()
+            try:
+                attempts = (
+                    lambda: lock(name, using="c", ttl=2, timeout=1).acquire(),
+                    lambda: lock_all(name, using="c", ttl=2, timeout=1).__enter__(),
+                )
+                for attempt in attempts:
+                    began = time.monotonic()
+                    with pytest.raises(BackendUnavailable):
+                        attempt()
+                    assert time.monotonic() - began < 3.0  # one socket timeout, not four
+            finally:
+                owner.resume()
+            # Back once it answers. The paused server may still run what it was sent: a hold
+            # of a token nobody knows, for its TTL (unknown is not lost).
+            with lock(name, using="c", timeout=10) as held:
+                assert held.fence is not None
+            locks["c"].close()
+    finally:
+        stop_all(nodes)
+
+
+def _serves(node: RedisServer, slot: int) -> bool:
+    """Whether ``node`` is the master of ``slot`` (CLUSTER SLOTS: start, end, [host, port, id])."""
+    for start, end, master, *_ in node.client().execute_command("CLUSTER", "SLOTS"):
+        if start <= slot <= end:
+            return int(master[1]) == node.port
+    return False

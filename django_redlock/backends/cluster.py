@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
+import redis.retry
+from redis.backoff import NoBackoff
 
 from .. import acl
 from ..identity import process_id
@@ -53,7 +55,15 @@ class RedisClusterBackend(RedisBackend):
         return {**self.default_options, **self.options}
 
     def make_client(self) -> Any:
-        client = redis.cluster.RedisCluster.from_url(str(self.location), **self._cluster_options())
+        options = self._cluster_options()
+        if "retry" not in options and "cluster_error_retry_attempts" not in options:
+            # redis-py's cluster client retries a command that failed or timed out (3 times,
+            # re-reading the slots and backing off between): a paused master kept a caller 22 s
+            # with a 2 s socket timeout. One try, as on one Redis: "unavailable" comes within
+            # the socket timeout, and the slots were re-read for the caller's next try. Redirects
+            # (MOVED, ASK) are followed all the same: redis-py does not count them as retries.
+            options["retry"] = redis.retry.Retry(NoBackoff(), 0)
+        client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
         self._sharded = _has_sharded_pubsub(client)
         return client
 
