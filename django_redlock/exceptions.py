@@ -46,7 +46,15 @@ class QuorumNotReached(LockError):
 
 
 class BackendUnavailable(LockError):
-    """The lock's Redis did not answer within the socket timeout."""
+    """The lock's Redis did not answer within the socket timeout, or could not be reached.
+
+    ``timed_out``: no answer came in time (the server may still run what it was sent), as
+    opposed to a connection refused or cut.
+    """
+
+    def __init__(self, message: str = "", timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class MissingPermission(LockError):

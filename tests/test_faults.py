@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from django.test import override_settings
 
-from django_redlock import BackendUnavailable, LockNotOwned, lock, locks
+from django_redlock import BackendUnavailable, LockNotOwned, lock, lock_all, locks
 from django_redlock.backends.base import Renewal
 from django_redlock.testing import RedisServer
 
@@ -209,7 +209,9 @@ def test_paused_server_gives_backend_unavailable_within_the_socket_timeout(
         held.acquire()
         server.pause()
         try:
-            for call in (lock(name + "2", using="paused").acquire, held.release, held.locked):
+            lock_all_take = lock_all(name + "3", name + "4", using="paused").acquire
+            for call in (lock(name + "2", using="paused").acquire, held.release, held.locked,
+                         lock_all_take):  # fmt: skip
                 started = time.monotonic()
                 with pytest.raises(BackendUnavailable, match="paused"):
                     call()

@@ -169,7 +169,9 @@ class RedisBackend(BaseLockBackend):
     _io = round_trip
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
-        return BackendUnavailable(f"lock {name!r}: backend {self.describe()} is unavailable: {exc}")
+        timed_out = isinstance(exc, (RedisTimeoutError, TimeoutError))
+        message = f"lock {name!r}: backend {self.describe()} is unavailable: {exc}"
+        return BackendUnavailable(message, timed_out=timed_out)
 
     def refusal_error(self, name: str, exc: BaseException) -> MissingPermission:
         """An ACL's refusal as a MissingPermission; a script's command it does not name is

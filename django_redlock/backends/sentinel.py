@@ -197,7 +197,8 @@ class SentinelBackend(RedisBackend):
             return self._execute(op)
         if not self._gate.acquire(timeout=self.socket_timeout):
             raise BackendUnavailable(
-                f"lock {op.name!r}: backend {self.alias!r}: all {self._limit} connections busy"
+                f"lock {op.name!r}: backend {self.alias!r}: all {self._limit} connections busy",
+                timed_out=True,  # nothing sent: nothing to give back either
             )
         try:
             return self._execute(op)

@@ -16,9 +16,11 @@ The rules, and who owns what:
   at any line from the take's call up to the body (the driver throws one that lands between
   its steps into them) gives back whatever may have been taken before it is raised; the
   backend builds the take (:meth:`~..backends.redis.RedisBackend.op_acquire_all`: Sentinel's
-  waits for ``min_replicas`` there, or gives the set back). When no answer came
+  waits for ``min_replicas`` there, or gives the set back). After a lost connection
   (``BackendUnavailable``) the give-back is tried once; failing that, the holds are not
-  renewed and run out at their TTL.
+  renewed and run out at their TTL. After a timeout (``BackendUnavailable.timed_out``) it is
+  not tried: it would keep the caller another socket timeout, and a slow or paused server
+  could run it before the take it undoes; the holds run out at their TTL.
 * Releasing releases every member (one script, ``lua/release_all.lua``, on one server). A
   member found lost is losing the whole: ``LockLost`` naming it, every other member released
   all the same.
@@ -45,7 +47,7 @@ from django.db import DEFAULT_DB_ALIAS
 from .. import observe
 from ..backends.base import BaseLockBackend, Op
 from ..backends.redis import RedisBackend, TakenAll
-from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
+from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..fencing import check_database, database_of
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import group_meta, holder_meta, new_token, new_waiter_id, owner_id
@@ -340,9 +342,11 @@ class MultiLock:
             self._acquire_ended(started, failed, spans)
             # No answer, or interrupted while one was on its way or being recorded: the
             # script may have taken every name. Give them back (the token is ours alone);
-            # failing that, nothing renews them and they run out at their TTL.
-            with contextlib.suppress(Exception):
-                yield from self._give_back(token)
+            # failing that, or after a timeout (see the module's docstring), nothing renews
+            # them and they run out at their TTL.
+            if not (isinstance(exc, BackendUnavailable) and exc.timed_out):
+                with contextlib.suppress(Exception):
+                    yield from self._give_back(token)
             raise
         return True
 
