@@ -113,7 +113,10 @@ def test_a_marker_of_a_task_with_a_final_state_is_stale(broker: None) -> None:
 
 
 def _members(worker: Worker, name: str, n: int) -> list[Any]:
-    return [celery_tasks.member.s(name, 1.0).set(queue=worker.queue) for _ in range(n)]
+    # Each runs 4 s: the worker's two children take the third member once one of the first
+    # two is done (the duplicate, skipped at once), and on a loaded machine that start came
+    # more than 1 s after the runner's, when the key was free again (a second "ran").
+    return [celery_tasks.member.s(name, 4.0).set(queue=worker.queue) for _ in range(n)]
 
 
 def test_a_group_of_deduplicated_calls_resolves(prefork: Worker, redis_server: RedisServer) -> None:
