@@ -66,6 +66,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.utils import HIREDIS_AVAILABLE
 
 from .backends import owners
+from .forks import after_fork_in_child
 
 if HIREDIS_AVAILABLE:
     import hiredis
@@ -290,12 +291,12 @@ def _text(value: Any) -> Any:
 _PID = os.getpid()
 
 
+@after_fork_in_child
 def _new_process() -> None:
+    """A forked child's connections are its own: those of the parent's pid are closed, not
+    used (see :func:`_leave`, :func:`_spare`, :func:`_bound`)."""
     global _PID
     _PID = os.getpid()
-
-
-os.register_at_fork(after_in_child=_new_process)
 
 
 def pack_many(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:

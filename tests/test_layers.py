@@ -258,20 +258,18 @@ def test_no_module_reaches_into_another_modules_objects_privates() -> None:
 
 # -- fork hooks ----------------------------------------------------------------------------
 
-#: Modules calling os.register_at_fork themselves instead of forks.after_fork_in_child.
-OWN_FORK_HOOKS_LEFT = {
-    "django_redlock.scripts",  # its connections' process id (a file of other work)
-}
-
 
 def test_every_fork_hook_goes_through_the_one_fork_helper() -> None:
+    # os.register_at_fork however it is reached: an attribute, or a name imported from os.
     calling = set()
     for name, (path, _) in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "register_at_fork":
+            if (isinstance(node, ast.Attribute) and node.attr == "register_at_fork") or (
+                isinstance(node, ast.ImportFrom)
+                and any(alias.name == "register_at_fork" for alias in node.names)
+            ):
                 calling.add(name)
-    assert calling - OWN_FORK_HOOKS_LEFT == {"django_redlock.forks"}
-    assert calling >= OWN_FORK_HOOKS_LEFT, "gone: drop these entries"
+    assert calling == {"django_redlock.forks"}
 
 
 # -- the map in the docs -------------------------------------------------------------------
