@@ -56,47 +56,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from types import FunctionType
 from typing import Any, cast
 
-import redis.client
-import redis.connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
-from redis.utils import HIREDIS_AVAILABLE
 
+from . import wire
 from .backends import owners
 from .forks import after_fork_in_child
-
-if HIREDIS_AVAILABLE:
-    import hiredis
-
-_HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
-_HIREDIS_PACKS = HIREDIS_AVAILABLE and _HiredisPacker is not None
-
-
-if _HIREDIS_PACKS:
-
-    class TextPacker(_HiredisPacker):
-        """redis-py's hiredis packer, handed text only (see :func:`_texts`): its handshake
-        (``HELLO 3``, ``SELECT 0``) packs numbers too."""
-
-        def pack(self, *args: Any) -> Any:
-            return super().pack(*_texts(args))
-
-    _PACKER: Any = TextPacker()
-    _HIREDIS_TYPES: tuple[type, ...] = (_HiredisPacker, TextPacker)
-else:  # pragma: no cover - without hiredis
-    _PACKER, _HIREDIS_TYPES = None, ()
-
-
-def text_packing(conn: Any) -> Any:
-    """``conn``, made to pack with hiredis only text (when it packs with hiredis at all),
-    its handshake included. Call it before the connection connects."""
-    if _PACKER is not None and type(conn._command_packer) is _HiredisPacker:
-        conn._command_packer = _PACKER
-    return conn
-
+from .wire import bare_execute, socket_of, texts
 
 INCLUDE = "--! include "
 
@@ -149,25 +117,25 @@ def command(client: Any, *args: Any) -> Any:
     thread's own connection of its pool (see the ownership rule above), skipping redis-py's
     per-command wrapper (a retry loop, which ours are configured not to use, and redis-py 8's
     operation metrics) and the pool's checkout and return on every command. Where that wrapper
-    does anything for the client, it is used as before (see :func:`_direct`)."""
-    if not _direct(client, args[0]):
-        return client.execute_command(*_texts(args))  # redis-py packs with hiredis too
+    does anything for the client, it is used as before (see :func:`.wire.bare_execute`)."""
+    if not bare_execute(client, args[0]):
+        return client.execute_command(*texts(args))  # redis-py packs with hiredis too
     return _exchange(client.connection_pool, args, None)
 
 
 def on_thread_connection(client: Any) -> bool:
     """Whether :func:`command` runs ``client``'s scripts on the calling thread's own
     connection (nothing checked out of its pool)."""
-    return _direct(client, "EVALSHA")
+    return bare_execute(client, "EVALSHA")
 
 
 def commands(client: Any, many: Sequence[tuple[Any, ...]]) -> list[Any]:
     """Several commands sent at once, their replies in order, errors as values: on the
     thread's own connection as :func:`command`, else in a redis-py pipeline."""
-    if not all(_direct(client, each[0]) for each in many):
+    if not all(bare_execute(client, each[0]) for each in many):
         pipe = client.pipeline(transaction=False)
         for each in many:
-            pipe.execute_command(*_texts(each))
+            pipe.execute_command(*texts(each))
         return list(pipe.execute(raise_on_error=False))
     return cast("list[Any]", _exchange(client.connection_pool, None, many))
 
@@ -186,14 +154,19 @@ def _exchange(
             owners.move(conn, bound.idle, bound.flight)
         try:
             poller = bound.poller  # the common case inline: in step, and nothing to read
-            if poller is None or bound.dirty or conn._sock is not bound.socket or poller.poll(0):
+            if (
+                poller is None
+                or bound.dirty
+                or socket_of(conn) is not bound.socket
+                or poller.poll(0)
+            ):
                 _recheck(bound, conn)
             bound.dirty = True  # from the first byte sent until the last reply is read
             if many is None:
-                conn.send_packed_command(_pack(conn, args))  # type: ignore[arg-type]
+                conn.send_packed_command(wire.pack(conn, args))  # type: ignore[arg-type]
                 reply = conn.read_response()
             else:
-                conn.send_packed_command(pack_many(conn, many))
+                conn.send_packed_command(wire.pack_many(conn, many))
                 reply = [_reply(conn) for _ in many]
         except ResponseError:
             bound.dirty = False  # an answer: the connection is in step
@@ -232,15 +205,15 @@ def _aside(
     conn = _spare(registry, owner) or _new(pool, owner)
     clean = False
     try:
-        if conn._sock is not None and _unusable(conn):
+        if socket_of(conn) is not None and _unusable(conn):
             conn.disconnect()
-        if conn._sock is None:
+        if socket_of(conn) is None:
             conn.connect()  # the connection's own: a Sentinel one asks where the master is
         if many is None:
-            conn.send_packed_command(_pack(conn, args))  # type: ignore[arg-type]
+            conn.send_packed_command(wire.pack(conn, args))  # type: ignore[arg-type]
             reply = conn.read_response()
         else:
-            conn.send_packed_command(pack_many(conn, many))
+            conn.send_packed_command(wire.pack_many(conn, many))
             reply = [_reply(conn) for _ in many]
         clean = True
         return reply
@@ -261,33 +234,6 @@ def _unusable(conn: Any) -> bool:
         return True
 
 
-def _pack(conn: Any, args: tuple[Any, ...]) -> Any:
-    """The command in RESP: by hiredis straight away when the connection packs with it (our
-    arguments are str, bytes and int: nothing for redis-py's serializer to convert)."""
-    args = _texts(args)
-    if _HIREDIS_PACKS and type(conn._command_packer) in _HIREDIS_TYPES and " " not in args[0]:
-        return [hiredis.pack_command(args)]
-    return conn._command_packer.pack(*args)
-
-
-def _texts(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The arguments as str and bytes only. hiredis 3.5's packer (ours, and redis-py's
-    serializer when hiredis is installed) crashes the process (SIGSEGV) when a signal
-    handler raises while it converts a number; text it copies without running Python."""
-    if all(type(a) is str or type(a) is bytes for a in args):
-        return args
-    return tuple(_text(a) for a in args)
-
-
-def _text(value: Any) -> Any:
-    kind = type(value)
-    if kind is int:
-        return str(value)
-    if kind is float:
-        return repr(value)
-    return value  # str, bytes; anything else is the packer's to refuse
-
-
 _PID = os.getpid()
 
 
@@ -299,24 +245,11 @@ def _new_process() -> None:
     _PID = os.getpid()
 
 
-def pack_many(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
-    """Several commands in RESP, to send at once (a pipeline's packing, without its
-    per-argument serializer when hiredis packs)."""
-    if (
-        _HIREDIS_PACKS
-        and type(conn._command_packer) in _HIREDIS_TYPES
-        and not any(" " in command[0] for command in commands)  # "SCRIPT LOAD": redis-py's
-    ):
-        return [b"".join([hiredis.pack_command(_texts(command)) for command in commands])]
-    return conn.pack_commands([_texts(command) for command in commands])
-
-
 #: Connections of ended threads kept for new threads, per pool: a server that starts a
 #: thread per request (runserver, gevent's greenlets) would otherwise connect per request.
 SPARES = 16
 
 _CHECK = owners.CHECK
-_REGISTRY = "_django_redlock_threads"
 
 
 class _Registry:
@@ -368,7 +301,7 @@ class _Bound:
 
 
 def _new(pool: Any, owner: Any) -> Any:
-    connection = text_packing(pool.connection_class(**pool.connection_kwargs))
+    connection = wire.new_connection(pool)
     if _CHECK:
         owners.move(connection, owners.POOL, owner)  # made with the pool's settings
     return connection
@@ -425,10 +358,7 @@ def _bound(pool: Any) -> _Bound:
     """The calling thread's connection to ``pool``'s server: made once per thread, not
     checked out of the pool and back on every command. A forked child makes its own
     (closing the parent's copy leaves the parent's socket alone)."""
-    try:
-        registry = pool._django_redlock_threads
-    except AttributeError:
-        registry = pool.__dict__.setdefault(_REGISTRY, _Registry())
+    registry = wire.pool_threads(pool, _Registry)
     bound: _Bound | None = getattr(registry.local, "bound", None)
     if bound is None or bound.pid != _PID:
         bound = registry.local.bound = _Bound(pool, registry)
@@ -442,12 +372,12 @@ def disconnect_threads(pool: Any, *, pool_lives_on: bool = False) -> None:
     a late command on this pool connects for itself and closes after (nothing is left for
     the garbage collector). ``pool_lives_on`` (a django-redis cache's pool, used after this
     backend): new commands start afresh instead."""
-    registry = pool.__dict__.get(_REGISTRY)
+    registry = wire.planted_pool_threads(pool)
     if registry is None:
         return
     registry.closed = True
     if pool_lives_on:
-        pool.__dict__.pop(_REGISTRY, None)
+        wire.planted_pool_threads(pool, unplant=True)
     while True:
         try:
             bounds = list(registry.everyone)
@@ -478,7 +408,7 @@ def _recheck(bound: _Bound, conn: Any) -> None:
     ``connect()``, not the one send_command does by itself: that one skips a Sentinel
     connection's, which asks the sentinels where the master is now. One poll(0) on a poller
     kept per socket: a third of what redis-py's ``can_read()`` costs."""
-    sock = conn._sock
+    sock = socket_of(conn)
     if sock is not None and (bound.dirty or _stale(bound, conn, sock)):
         conn.disconnect()
         sock = None
@@ -501,49 +431,6 @@ def _stale(bound: _Bound, conn: Any, sock: Any) -> bool:
 
 
 _POLL = hasattr(select, "poll")
-
-
-_OWN: list[Any] = []  # redis-py's own Redis.execute_command, once seen
-
-
-def _direct(client: Any, name: str) -> bool:
-    """Whether redis-py's wrapper would do nothing but run the command: a plain ``redis.Redis``
-    (not a cluster, nor a single-connection client) whose ``execute_command`` is redis-py's own
-    (not replaced on the class or the instance by a tracer or a subclass, before or after this
-    module was imported), whose connections retry nothing, for a command whose reply redis-py
-    does not parse (no response callback). Only ``execute_command`` is looked at: a subclass
-    that changes redis-py's inner methods instead is not noticed."""
-    execute = type(client).execute_command
-    if not (_OWN and execute is _OWN[0]) and not _seen_as_own(execute):
-        return False
-    retry = client.connection_pool.connection_kwargs.get("retry")
-    return (
-        client.connection is None
-        and "execute_command" not in client.__dict__
-        and getattr(retry, "_retries", 1) == 0  # none given: redis-py's default retries
-        and name not in client.response_callbacks
-    )
-
-
-def _seen_as_own(execute: Any) -> bool:
-    if any(execute is own for own in _OWN):  # not ==: a wrapt proxy equals what it wraps
-        return True
-    if not _is_redis_pys(execute):
-        return False
-    _OWN.append(execute)
-    return True
-
-
-def _is_redis_pys(function: Any) -> bool:
-    # type(), not isinstance(): a tracer's wrapt proxy claims the class (and the __code__) of
-    # the function it wraps.
-    code = getattr(function, "__code__", None)
-    return (
-        type(function) is FunctionType
-        and code is not None
-        and code.co_name == "execute_command"
-        and code.co_filename == redis.client.__file__
-    )
 
 
 def _is_noscript(result: object) -> bool:
@@ -569,7 +456,7 @@ def run(client: Any, call: Call) -> Any:
 def _load(client: Any, needed: Script) -> None:
     # As its own command (not client.script_load(), whose reply redis-py converts): on the
     # thread's connection, not one checked out of the pool.
-    if _direct(client, "SCRIPT"):
+    if bare_execute(client, "SCRIPT"):
         command(client, "SCRIPT", "LOAD", needed.source)
     else:
         client.script_load(needed.source)
@@ -592,10 +479,10 @@ def _pipeline(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> Any:
             # Not pipe.evalsha(): a cluster pipeline refuses that method, yet routes this
             # command by its keys like any other.
             pipe.execute_command(
-                *_texts(("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args))
+                *texts(("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args))
             )
         else:
-            pipe.execute_command(*_texts(call))
+            pipe.execute_command(*texts(call))
     return pipe
 
 

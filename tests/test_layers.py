@@ -153,13 +153,11 @@ PRIVATE_ATTRIBUTES_LEFT = {
     # none (a few hundred ns on every acquire; CPython keeps it for that purpose).
     ("django_redlock.identity", "_get_running_loop"): "asyncio",
     ("django_redlock.locking.steps", "_get_running_loop"): "asyncio",
-    # redis-py's connection internals, for the fast path (scripts.py and redlock_io.py; the
-    # issue's `wire` module is to gather them, with a test on redis-py's version):
-    ("django_redlock.scripts", "_sock"): "redis-py Connection._sock",
-    ("django_redlock.scripts", "_command_packer"): "redis-py Connection._command_packer",
-    ("django_redlock.scripts", "_django_redlock_threads"): "ours, planted on redis-py's pool",
-    ("django_redlock.backends.redlock_io", "_sock"): "redis-py Connection._sock",
-    ("django_redlock.backends.redlock_io", "_django_redlock_node"): "ours, on a connection",
+    # redis-py's internals, all in wire.py (the one module that touches them: see its
+    # docstring, and tests/test_wire.py for the test of each on the installed redis-py):
+    ("django_redlock.wire", "_sock"): "redis-py Connection._sock",
+    ("django_redlock.wire", "_command_packer"): "redis-py Connection._command_packer",
+    ("django_redlock.wire", "_django_redlock_threads"): "ours, planted on redis-py's pool",
     # backends/redlock.py and redlock_io.py use a node's (a RedisBackend's) old names; the
     # new ones are RedisBackend.round_trip / parse_info / refusal_error.
     ("django_redlock.backends.redlock", "_io"): "RedisBackend.round_trip",
@@ -254,6 +252,46 @@ def test_no_module_reaches_into_another_modules_objects_privates() -> None:
     found = private_attributes()
     assert found - set(PRIVATE_ATTRIBUTES_LEFT) == set()
     assert set(PRIVATE_ATTRIBUTES_LEFT) - found == set(), "gone: drop these entries"
+
+
+# -- redis-py's internals -------------------------------------------------------------------
+
+#: redis-py's (and hiredis's) private or internal names the package relies on, and the prefix
+#: of the attributes it plants on redis-py's objects: said only in django_redlock/wire.py.
+REDIS_PY_INTERNALS = {"_sock", "_command_packer", "_retries", "HiredisRespSerializer"}
+PLANTED_PREFIX = "_django_redlock_"
+
+
+def redis_py_reach_ins(tree: ast.AST) -> set[str]:
+    """redis-py's internal names a module says: as an attribute (``conn._sock``), or as a
+    string (``getattr(retry, "_retries")``, an attribute name kept in a constant)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value
+        else:
+            continue
+        if name in REDIS_PY_INTERNALS or name.startswith(PLANTED_PREFIX):
+            found.add(name)
+    return found
+
+
+def test_the_reach_in_finder_sees_attributes_and_names_in_strings() -> None:
+    tree = ast.parse('conn._sock\ngetattr(r, "_retries", 1)\nX = "_django_redlock_x"\n'
+                     'self._socket, "_sock is"\n')  # fmt: skip
+    assert redis_py_reach_ins(tree) == {"_sock", "_retries", "_django_redlock_x"}
+
+
+def test_only_the_wire_module_touches_redis_pys_internals() -> None:
+    reaching = {
+        (name, found)
+        for name, (path, _) in modules().items()
+        for found in redis_py_reach_ins(ast.parse(path.read_text()))
+    }
+    assert {name for name, _ in reaching} == {"django_redlock.wire"}, sorted(reaching)
+    assert {found for _, found in reaching} >= REDIS_PY_INTERNALS  # each one still listed
 
 
 # -- fork hooks ----------------------------------------------------------------------------

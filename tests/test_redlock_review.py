@@ -379,7 +379,7 @@ faulthandler.enable()
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from django_redlock import scripts
+from django_redlock import scripts, wire
 
 # As the backends make theirs: no retries, so commands take the fast path.
 client = redis.Redis.from_url(sys.argv[1], socket_timeout=2, retry=Retry(NoBackoff(), 0))
@@ -407,7 +407,7 @@ while time.monotonic() < stop:
         armed[0] = True
         while time.monotonic() < stop:
             for _ in range(50):
-                scripts.pack_many(spare, many)
+                wire.pack_many(spare, many)
                 packed += 1
             scripts.command(client, "EVAL", SET, 1, "storm", 12345, 60000)
         armed[0] = False

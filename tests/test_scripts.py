@@ -15,7 +15,7 @@ from django.test import override_settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_redlock import lock, locks, scripts
+from django_redlock import lock, locks, scripts, wire
 from django_redlock.testing import RedisServer
 
 
@@ -116,9 +116,9 @@ def test_the_backends_own_clients_take_the_direct_path(alias: str, request: Any)
     if alias == "sentinel":
         request.getfixturevalue("_sentinel_alias")
     client = locks[alias].client  # type: ignore[attr-defined]
-    assert scripts._direct(client, "EVALSHA")
+    assert wire.bare_execute(client, "EVALSHA")
     # A command whose reply redis-py parses keeps its parsed reply (PING's is True).
-    assert not scripts._direct(client, "PING")
+    assert not wire.bare_execute(client, "PING")
     assert scripts.command(client, "PING") is True
 
 
@@ -133,7 +133,7 @@ def test_a_client_that_retries_goes_through_redis_py(
     }
     with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "retrying": config}):
         client = locks["retrying"].client  # type: ignore[attr-defined]
-        assert not scripts._direct(client, "EVALSHA")
+        assert not wire.bare_execute(client, "EVALSHA")
         held = lock(name, using="retrying", auto_renew=False)
         assert held.acquire(blocking=False)
         held.release()
@@ -141,7 +141,7 @@ def test_a_client_that_retries_goes_through_redis_py(
 
 def test_a_cluster_client_goes_through_redis_py(_cluster_alias: None, name: str) -> None:
     client = locks["cluster"].client  # type: ignore[attr-defined]
-    assert not scripts._direct(client, "EVALSHA")  # RedisCluster routes by key itself
+    assert not wire.bare_execute(client, "EVALSHA")  # RedisCluster routes by key itself
     held = lock(name, using="cluster", auto_renew=False)
     assert held.acquire(blocking=False)
     assert held.locked()
