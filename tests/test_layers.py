@@ -294,6 +294,31 @@ def test_only_the_wire_module_touches_redis_pys_internals() -> None:
     assert {found for _, found in reaching} >= REDIS_PY_INTERNALS  # each one still listed
 
 
+# -- the backend contract ---------------------------------------------------------------
+
+MARKER_OPS = {"op_mark_queued", "op_clear_queued", "op_read_queued", "queued_names"}
+
+
+def test_the_backend_contract_keeps_no_task_markers_nor_page_cursors() -> None:
+    from django_redlock.backends.base import BaseLockBackend
+
+    assert not (MARKER_OPS | {"queued_key"}) & set(dir(BaseLockBackend))
+    tree = ast.parse((PACKAGE / "backends" / "base.py").read_text())
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    assert not {"BadCursor", "parse_cursor"} & defined
+
+
+def test_queue_markers_are_reached_only_through_the_markers_module() -> None:
+    # The backends implement the ops (and Redlock's call its nodes'); everyone else calls
+    # backends.markers' functions.
+    calling = set()
+    for name, (path, _) in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in MARKER_OPS:
+                calling.add(name)
+    assert calling == {"django_redlock.backends.markers", "django_redlock.backends.redlock"}
+
+
 # -- fork hooks ----------------------------------------------------------------------------
 
 

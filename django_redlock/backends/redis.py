@@ -32,9 +32,10 @@ from .base import (
     Op,
     Released,
     Renewal,
-    parse_cursor,
     refence_least,
 )
+from .cursors import parse_cursor
+from .markers import queued_key
 from .replies import lease_info, lock_info
 
 logger = logging.getLogger("django_redlock")
@@ -463,24 +464,24 @@ class RedisBackend(BaseLockBackend):
         where = f"redis-py's pool and {scheme}:// connection (BlockingConnectionPool.from_url)"
         check_options(alias, params.get("OPTIONS") or {}, pool_options(scheme), where)
 
-    # -- queue markers (Celery dedupe) -------------------------------------------------------
+    # -- queue markers (the task dedupe's: see .markers) -------------------------------------
     # One key in the lock's hash slot: Sentinel, Cluster and django-redis inherit these.
 
     def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
-        call = Call(script("mark_queued"), [self.queued_key(name)], [task_id, ttl_ms])
+        call = Call(script("mark_queued"), [queued_key(self, name)], [task_id, ttl_ms])
         return Op(name, call, _queued)
 
     def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
-        return Op(name, Call(script("clear_marker"), [self.queued_key(name)], [task_id]), bool)
+        return Op(name, Call(script("clear_marker"), [queued_key(self, name)], [task_id]), bool)
 
     def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
-        return Op(name, Call(script("read_marker"), [self.queued_key(name)], []), _marker)
+        return Op(name, Call(script("read_marker"), [queued_key(self, name)], []), _marker)
 
     def queued_names(self, match: str = "*") -> list[str]:
         suffix = ":queued"
         with self.round_trip(match):
             keys = [
-                text(k) for k in self.client.scan_iter(match=self.queued_key(match), count=1000)
+                text(k) for k in self.client.scan_iter(match=queued_key(self, match), count=1000)
             ]
         names = (self.name_from_key(key[: -len(suffix)]) for key in keys if key.endswith(suffix))
         return sorted({n for n in names if n is not None})
