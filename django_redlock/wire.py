@@ -44,7 +44,7 @@ if HIREDIS_AVAILABLE:
 T = TypeVar("T")
 
 #: The attributes of ours planted on redis-py's objects (and nothing else is).
-POOL_THREADS = "_django_redlock_threads"  # on a ConnectionPool: scripts.py's registry
+POOL_THREADS = "_django_redlock_threads"  # on a ConnectionPool: fast_path.py's registry
 OWNER = "_django_redlock_owner"  # on a connection: backends/owners.py's owner
 NODE = "_django_redlock_node"  # on a Redlock fan-out's connection: its node's index
 PLANTED = (POOL_THREADS, OWNER, NODE)

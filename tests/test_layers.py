@@ -294,6 +294,21 @@ def test_only_the_wire_module_touches_redis_pys_internals() -> None:
     assert {found for _, found in reaching} >= REDIS_PY_INTERNALS  # each one still listed
 
 
+# -- the script layer and the fast path ----------------------------------------------------
+
+
+def test_the_script_layer_and_the_fast_path_are_a_module_each() -> None:
+    graph = import_graph()
+    assert "django_redlock.fast_path" in graph["django_redlock.scripts"]  # it sends there
+    assert "django_redlock.scripts" not in graph["django_redlock.fast_path"]
+    tree = ast.parse((PACKAGE / "scripts.py").read_text())
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    defined = {n.name for n in tree.body if isinstance(n, kinds)}
+    fast = {"command", "commands", "disconnect_threads", "on_thread_connection", "_Bound"}
+    assert not fast & defined
+    assert {"script", "run", "run_many", "arun", "arun_many", "register"} <= defined
+
+
 # -- the backend contract ---------------------------------------------------------------
 
 MARKER_OPS = {"op_mark_queued", "op_clear_queued", "op_read_queued", "queued_names"}

@@ -15,7 +15,7 @@ from django.test import override_settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_redlock import lock, locks, scripts, wire
+from django_redlock import fast_path, lock, locks, wire
 from django_redlock.testing import RedisServer
 
 
@@ -119,7 +119,7 @@ def test_the_backends_own_clients_take_the_direct_path(alias: str, request: Any)
     assert wire.bare_execute(client, "EVALSHA")
     # A command whose reply redis-py parses keeps its parsed reply (PING's is True).
     assert not wire.bare_execute(client, "PING")
-    assert scripts.command(client, "PING") is True
+    assert fast_path.command(client, "PING") is True
 
 
 def test_a_client_that_retries_goes_through_redis_py(

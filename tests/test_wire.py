@@ -13,7 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.utils import HIREDIS_AVAILABLE
 
-from django_redlock import locks, scripts, wire
+from django_redlock import fast_path, locks, wire
 from django_redlock.testing import RedisServer
 
 
@@ -142,6 +142,6 @@ def test_our_attributes_plant_on_a_pool_and_a_connection(redis_server: RedisServ
 
 def test_the_backends_fast_path_runs_on_what_wire_plants(redis_server: RedisServer) -> None:
     client = locks["default"].client  # type: ignore[attr-defined]
-    assert scripts.command(client, "ECHO", "x") == b"x"
+    assert fast_path.command(client, "ECHO", "x") == b"x"
     registry = wire.planted_pool_threads(client.connection_pool)
     assert registry is not None and registry.local.bound.connection is not None

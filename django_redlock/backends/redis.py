@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import acl, scripts
+from .. import acl, fast_path, scripts
 from ..exceptions import BackendUnavailable, LockError, MissingPermission
 from ..options import check_options, pool_options
 from ..scripts import Call, script
@@ -203,7 +203,7 @@ class RedisBackend(BaseLockBackend):
                 if refused is not None:
                     raise refused
             else:
-                reply = scripts.command(client, *request)
+                reply = fast_path.command(client, *request)
         except UNAVAILABLE as exc:
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
@@ -446,7 +446,7 @@ class RedisBackend(BaseLockBackend):
         if self._client is not None:
             pool = getattr(self._client, "connection_pool", None)  # a cluster has one per node
             if pool is not None:
-                scripts.disconnect_threads(pool)
+                fast_path.disconnect_threads(pool)
             self._client.close()
             if pool is not None:
                 # Ours (a cache's pool is let go before this: see DjangoRedisBackend.close):
