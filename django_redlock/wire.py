@@ -52,7 +52,7 @@ PLANTED = (POOL_THREADS, OWNER, NODE)
 
 # -- packing -------------------------------------------------------------------------------
 
-#: redis-py's hiredis-backed packer class (redis-py 5.1 and later, when hiredis is installed).
+#: redis-py's hiredis-backed packer class (5.3 has it; used when hiredis is installed).
 _HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
 HIREDIS_PACKS = HIREDIS_AVAILABLE and _HiredisPacker is not None
 
@@ -74,9 +74,9 @@ else:  # pragma: no cover - without hiredis
 
 def text_packing(conn: Any) -> Any:
     """``conn``, made to pack with hiredis only text (when it packs with hiredis at all),
-    its handshake included: ``connect()`` packs ``HELLO``, ``AUTH``, ``SELECT`` and ``CLIENT
-    SETINFO`` with the connection's ``_command_packer``, numbers and all. Call it before the
-    connection connects."""
+    its handshake included: ``connect()`` packs its handshake (``HELLO 3``, ``SELECT 0``) with
+    the connection's ``_command_packer``, numbers too. Call it before the connection
+    connects."""
     if _PACKER is not None and type(conn._command_packer) is _HiredisPacker:
         conn._command_packer = _PACKER
     return conn
