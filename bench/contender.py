@@ -35,16 +35,16 @@ redis.connection.AbstractConnection.pack_commands = _counted_pack  # type: ignor
 
 
 def _count_direct() -> None:
-    """Our lock commands go out packed by django_redlock.scripts itself, past send_command."""
-    from django_redlock import scripts
+    """Our lock commands go out packed by django_redlock.wire itself, past send_command."""
+    from django_redlock import wire
 
-    pack = scripts._pack
+    pack = wire.pack
 
     def counted(conn: Any, args: Any) -> Any:
         SENT[0] += 1
         return pack(conn, args)
 
-    scripts._pack = counted
+    wire.pack = counted
 
 
 _count_direct()

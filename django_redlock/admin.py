@@ -20,7 +20,8 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from .backends.base import BadCursor, LockInfo, Released
+from .backends.base import LockInfo, Released
+from .backends.cursors import BadCursor
 from .display import holder_parts, holder_text, holder_title, holds
 from .exceptions import LockError
 from .handler import locks

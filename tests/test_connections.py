@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.test import override_settings
 
-from django_redlock import lock, locks, scripts
+from django_redlock import fast_path, lock, locks
 from django_redlock.testing import RedisServer
 
 
@@ -97,7 +97,7 @@ def test_threads_that_end_leave_their_connections_to_new_threads(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:
     # A thread per request (runserver, gevent): no connection per request, and no more kept
-    # than scripts.SPARES when many threads end at once.
+    # than fast_path.SPARES when many threads end at once.
     server = redis_factory()
     with _alias("own", server):
         lock(name, using="own", auto_renew=False).acquire(blocking=False)
@@ -124,7 +124,7 @@ def test_threads_that_end_leave_their_connections_to_new_threads(
             thread.start()
         for thread in threads:
             thread.join(timeout=30)
-        assert _names_connected(admin) <= before + scripts.SPARES + 1
+        assert _names_connected(admin) <= before + fast_path.SPARES + 1
 
 
 def test_a_restart_between_two_commands_costs_nothing(
@@ -148,7 +148,7 @@ def test_a_command_while_the_thread_s_connection_is_busy(
     backend = locks["default"]
     pool = backend.client.connection_pool  # type: ignore[attr-defined]
     assert lock(name).acquire(blocking=False)
-    bound = scripts._bound(pool)
+    bound = fast_path._bound(pool)
     assert bound.claim.acquire(False)  # as a command in flight holds it
     try:
         other = lock(f"{name}:other", auto_renew=False)

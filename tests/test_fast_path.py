@@ -1,4 +1,4 @@
-"""The single-node fast path's connections (django_redlock/scripts.py): one owner at a time.
+"""The single-node fast path's connections (django_redlock/fast_path.py): one owner at a time.
 
 A thread's own connection is used by one command at a time, its reconnect included; a
 handler that runs in the middle of either gets another connection. A reconnect asks a
@@ -25,7 +25,7 @@ from django.conf import settings
 from django.test import override_settings
 from redis.exceptions import RedisError, ResponseError
 
-from django_redlock import LockError, lock, locks, scripts
+from django_redlock import LockError, fast_path, lock, locks
 from django_redlock.backends import owners
 from django_redlock.testing import RedisServer
 
@@ -177,19 +177,19 @@ def test_the_debug_check_fails_loudly_on_a_second_owner(redis_server: RedisServe
     # command would use while another owner has it, raises instead of mixing replies.
     assert owners.CHECK
     client = locks["default"].client  # type: ignore[attr-defined]
-    assert scripts.command(client, "ECHO", "x") == b"x"
-    bound = scripts._bound(client.connection_pool)
+    assert fast_path.command(client, "ECHO", "x") == b"x"
+    bound = fast_path._bound(client.connection_pool)
     conn, elsewhere = bound.connection, owners.Owner("elsewhere")
     owners.move(conn, bound.idle, elsewhere)  # as if a bug handed it on
     try:
         with pytest.raises(owners.OwnershipError, match="owned by <owner elsewhere"):
-            scripts.command(client, "ECHO", "y")
+            fast_path.command(client, "ECHO", "y")
         with pytest.raises(owners.OwnershipError):
-            scripts._keep(bound.registry, conn, bound.idle)  # released by a non-owner
+            fast_path._keep(bound.registry, conn, bound.idle)  # released by a non-owner
     finally:
         owners.move(conn, elsewhere, bound.idle)
     assert not bound.claim.locked()  # given back after the refusal
-    assert scripts.command(client, "ECHO", "z") == b"z"
+    assert fast_path.command(client, "ECHO", "z") == b"z"
     assert owners.owns(conn, bound.idle)  # (that one ran on it, not aside)
 
 
@@ -272,11 +272,11 @@ def test_fuzz_pauses_interrupts_and_kills(
             tag = f"{i}:{rng.random()}"
             choice = rng.random()
             if choice < 0.4:
-                reply = scripts.command(client, "ECHO", tag)
+                reply = fast_path.command(client, "ECHO", tag)
                 if reply != tag.encode():
                     wrong.append(("echo", tag, reply))
             elif choice < 0.6:
-                replies = scripts.commands(client, [("ECHO", tag), ("ECHO", tag + "b")])
+                replies = fast_path.commands(client, [("ECHO", tag), ("ECHO", tag + "b")])
                 if replies != [tag.encode(), (tag + "b").encode()]:
                     wrong.append(("echo many", tag, replies))
             else:
@@ -310,7 +310,7 @@ def test_fuzz_pauses_interrupts_and_kills(
             in_handler[0] = True
             tag = f"alarm:{time.monotonic()}"
             try:
-                reply = scripts.command(client, "ECHO", tag)
+                reply = fast_path.command(client, "ECHO", tag)
                 counts["aside"] += 1
                 if reply != tag.encode():
                     wrong.append(("aside echo", tag, reply))
@@ -350,7 +350,7 @@ def test_fuzz_pauses_interrupts_and_kills(
             while time.monotonic() < ends:  # the main thread's own commands, interrupted
                 with contextlib.suppress(RedisError, OSError):
                     tag = f"main:{rng.random()}"
-                    reply = scripts.command(client, "ECHO", tag)
+                    reply = fast_path.command(client, "ECHO", tag)
                     if reply != tag.encode():
                         wrong.append(("main echo", tag, reply))
         finally:
@@ -364,12 +364,12 @@ def test_fuzz_pauses_interrupts_and_kills(
         assert not agent.is_alive() and not any(thread.is_alive() for thread in workers)
         assert wrong == [], wrong[:5]
         assert counts["replies"] > 100 and counts["interrupted"] > 10 and counts["aside"] > 10
-        assert most_fds[0] <= start_fds + 4 + 1 + scripts.SPARES + 8, (most_fds, start_fds)
+        assert most_fds[0] <= start_fds + 4 + 1 + fast_path.SPARES + 8, (most_fds, start_fds)
         # Everything works after, and closing leaves nothing open.
         for i in range(4):
             with lock(f"{name}:{i}", using="fuzz", ttl=5, auto_renew=False, timeout=5) as held:
                 assert held.owned()
-        assert scripts.command(client, "ECHO", "after") == b"after"
+        assert fast_path.command(client, "ECHO", "after") == b"after"
         locks["fuzz"].close()
         gc.collect()
         assert _descriptors() <= start_fds + 1, (start_fds, _descriptors())

@@ -76,3 +76,13 @@ def test_a_child_is_another_owner_and_a_process_of_its_own() -> None:
     assert owner != parent[0]
     assert int(process) == parent[1] + 1
     assert (owner_id(), holds.process) == parent
+
+
+def test_the_fast_paths_thread_connections_know_the_child_is_another_process() -> None:
+    # fast_path.py's connections of the parent's pid are closed in a child, never used there.
+    from django_redlock import fast_path
+
+    assert fast_path._new_process in forks._hooks  # through the one hook, in order
+    child = in_child(lambda: f"{fast_path._PID} {os.getpid()}").split()
+    assert child[0] == child[1] != str(os.getpid())
+    assert os.getpid() == fast_path._PID

@@ -153,13 +153,11 @@ PRIVATE_ATTRIBUTES_LEFT = {
     # none (a few hundred ns on every acquire; CPython keeps it for that purpose).
     ("django_redlock.identity", "_get_running_loop"): "asyncio",
     ("django_redlock.locking.steps", "_get_running_loop"): "asyncio",
-    # redis-py's connection internals, for the fast path (scripts.py and redlock_io.py; the
-    # issue's `wire` module is to gather them, with a test on redis-py's version):
-    ("django_redlock.scripts", "_sock"): "redis-py Connection._sock",
-    ("django_redlock.scripts", "_command_packer"): "redis-py Connection._command_packer",
-    ("django_redlock.scripts", "_django_redlock_threads"): "ours, planted on redis-py's pool",
-    ("django_redlock.backends.redlock_io", "_sock"): "redis-py Connection._sock",
-    ("django_redlock.backends.redlock_io", "_django_redlock_node"): "ours, on a connection",
+    # redis-py's internals, all in wire.py (the one module that touches them: see its
+    # docstring, and tests/test_wire.py for the test of each on the installed redis-py):
+    ("django_redlock.wire", "_sock"): "redis-py Connection._sock",
+    ("django_redlock.wire", "_command_packer"): "redis-py Connection._command_packer",
+    ("django_redlock.wire", "_django_redlock_threads"): "ours, planted on redis-py's pool",
     # backends/redlock.py and redlock_io.py use a node's (a RedisBackend's) old names; the
     # new ones are RedisBackend.round_trip / parse_info / refusal_error.
     ("django_redlock.backends.redlock", "_io"): "RedisBackend.round_trip",
@@ -256,22 +254,100 @@ def test_no_module_reaches_into_another_modules_objects_privates() -> None:
     assert set(PRIVATE_ATTRIBUTES_LEFT) - found == set(), "gone: drop these entries"
 
 
-# -- fork hooks ----------------------------------------------------------------------------
+# -- redis-py's internals -------------------------------------------------------------------
 
-#: Modules calling os.register_at_fork themselves instead of forks.after_fork_in_child.
-OWN_FORK_HOOKS_LEFT = {
-    "django_redlock.scripts",  # its connections' process id (a file of other work)
-}
+#: redis-py's (and hiredis's) private or internal names the package relies on, and the prefix
+#: of the attributes it plants on redis-py's objects: said only in django_redlock/wire.py.
+REDIS_PY_INTERNALS = {"_sock", "_command_packer", "_retries", "HiredisRespSerializer"}
+PLANTED_PREFIX = "_django_redlock_"
 
 
-def test_every_fork_hook_goes_through_the_one_fork_helper() -> None:
+def redis_py_reach_ins(tree: ast.AST) -> set[str]:
+    """redis-py's internal names a module says: as an attribute (``conn._sock``), or as a
+    string (``getattr(retry, "_retries")``, an attribute name kept in a constant)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value
+        else:
+            continue
+        if name in REDIS_PY_INTERNALS or name.startswith(PLANTED_PREFIX):
+            found.add(name)
+    return found
+
+
+def test_the_reach_in_finder_sees_attributes_and_names_in_strings() -> None:
+    tree = ast.parse('conn._sock\ngetattr(r, "_retries", 1)\nX = "_django_redlock_x"\n'
+                     'self._socket, "_sock is"\n')  # fmt: skip
+    assert redis_py_reach_ins(tree) == {"_sock", "_retries", "_django_redlock_x"}
+
+
+def test_only_the_wire_module_touches_redis_pys_internals() -> None:
+    reaching = {
+        (name, found)
+        for name, (path, _) in modules().items()
+        for found in redis_py_reach_ins(ast.parse(path.read_text()))
+    }
+    assert {name for name, _ in reaching} == {"django_redlock.wire"}, sorted(reaching)
+    assert {found for _, found in reaching} >= REDIS_PY_INTERNALS  # each one still listed
+
+
+# -- the script layer and the fast path ----------------------------------------------------
+
+
+def test_the_script_layer_and_the_fast_path_are_a_module_each() -> None:
+    graph = import_graph()
+    assert "django_redlock.fast_path" in graph["django_redlock.scripts"]  # it sends there
+    assert "django_redlock.scripts" not in graph["django_redlock.fast_path"]
+    tree = ast.parse((PACKAGE / "scripts.py").read_text())
+    kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    defined = {n.name for n in tree.body if isinstance(n, kinds)}
+    fast = {"command", "commands", "disconnect_threads", "on_thread_connection", "_Bound"}
+    assert not fast & defined
+    assert {"script", "run", "run_many", "arun", "arun_many", "register"} <= defined
+
+
+# -- the backend contract ---------------------------------------------------------------
+
+MARKER_OPS = {"op_mark_queued", "op_clear_queued", "op_read_queued", "queued_names"}
+
+
+def test_the_backend_contract_keeps_no_task_markers_nor_page_cursors() -> None:
+    from django_redlock.backends.base import BaseLockBackend
+
+    assert not (MARKER_OPS | {"queued_key"}) & set(dir(BaseLockBackend))
+    tree = ast.parse((PACKAGE / "backends" / "base.py").read_text())
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    assert not {"BadCursor", "parse_cursor"} & defined
+
+
+def test_queue_markers_are_reached_only_through_the_markers_module() -> None:
+    # The backends implement the ops (and Redlock's call its nodes'); everyone else calls
+    # backends.markers' functions.
     calling = set()
     for name, (path, _) in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr == "register_at_fork":
+            if isinstance(node, ast.Attribute) and node.attr in MARKER_OPS:
                 calling.add(name)
-    assert calling - OWN_FORK_HOOKS_LEFT == {"django_redlock.forks"}
-    assert calling >= OWN_FORK_HOOKS_LEFT, "gone: drop these entries"
+    assert calling == {"django_redlock.backends.markers", "django_redlock.backends.redlock"}
+
+
+# -- fork hooks ----------------------------------------------------------------------------
+
+
+def test_every_fork_hook_goes_through_the_one_fork_helper() -> None:
+    # os.register_at_fork however it is reached: an attribute, or a name imported from os.
+    calling = set()
+    for name, (path, _) in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr == "register_at_fork") or (
+                isinstance(node, ast.ImportFrom)
+                and any(alias.name == "register_at_fork" for alias in node.names)
+            ):
+                calling.add(name)
+    assert calling == {"django_redlock.forks"}
 
 
 # -- the map in the docs -------------------------------------------------------------------

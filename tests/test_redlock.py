@@ -14,6 +14,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_redlock import LockNotOwned, QuorumNotReached, lock, locks
+from django_redlock.backends import markers
 from django_redlock.backends.redlock import RedlockBackend
 from django_redlock.testing import RedisServer
 
@@ -240,7 +241,7 @@ def test_crash_restart_hazard_and_the_guard(redis_factory: Callable[..., RedisSe
 
 
 def test_queue_marker_needs_a_majority(quorum: RedlockBackend, nodes: list[RedisServer]) -> None:
-    marker = quorum.queued_key("q")
+    marker = markers.queued_key(quorum, "q")
     nodes[0].client().set(marker, "stale", px=30000)  # a minority's leftover: outvoted
     assert quorum.execute(quorum.op_mark_queued("q", "t1", 30000)) is None
     for node in nodes[:3]:  # a majority has another task queued: that one is the answer

@@ -379,11 +379,11 @@ faulthandler.enable()
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from django_redlock import scripts
+from django_redlock import fast_path, wire
 
 # As the backends make theirs: no retries, so commands take the fast path.
 client = redis.Redis.from_url(sys.argv[1], socket_timeout=2, retry=Retry(NoBackoff(), 0))
-assert scripts.on_thread_connection(client)
+assert fast_path.on_thread_connection(client)
 SET = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])"
 spare = client.connection_pool.make_connection()  # never connected: it only packs
 many = [("EVALSHA", "a" * 40, 2, "k", "k:f", "tok", 2000, "{}", 1795701420026578)] * 2
@@ -407,9 +407,9 @@ while time.monotonic() < stop:
         armed[0] = True
         while time.monotonic() < stop:
             for _ in range(50):
-                scripts.pack_many(spare, many)
+                wire.pack_many(spare, many)
                 packed += 1
-            scripts.command(client, "EVAL", SET, 1, "storm", 12345, 60000)
+            fast_path.command(client, "EVAL", SET, 1, "storm", 12345, 60000)
         armed[0] = False
     except KeyboardInterrupt:
         interrupted += 1
@@ -419,7 +419,7 @@ while time.monotonic() < stop:
 armed[0] = False
 signal.setitimer(signal.ITIMER_REAL, 0)
 print("others", len(others), others[:5], file=sys.stderr)
-scripts.command(client, "EVAL", SET, 1, "after", 67890, 60000)  # the connection recovered
+fast_path.command(client, "EVAL", SET, 1, "after", 67890, 60000)  # the connection recovered
 print("packed", packed, "interrupted", interrupted, flush=True)
 """
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from django.test import override_settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_redlock import lock, locks, scripts
+from django_redlock import fast_path, lock, locks, scripts, wire
 from django_redlock.testing import RedisServer
 
 
@@ -116,10 +117,10 @@ def test_the_backends_own_clients_take_the_direct_path(alias: str, request: Any)
     if alias == "sentinel":
         request.getfixturevalue("_sentinel_alias")
     client = locks[alias].client  # type: ignore[attr-defined]
-    assert scripts._direct(client, "EVALSHA")
+    assert wire.bare_execute(client, "EVALSHA")
     # A command whose reply redis-py parses keeps its parsed reply (PING's is True).
-    assert not scripts._direct(client, "PING")
-    assert scripts.command(client, "PING") is True
+    assert not wire.bare_execute(client, "PING")
+    assert fast_path.command(client, "PING") is True
 
 
 def test_a_client_that_retries_goes_through_redis_py(
@@ -133,7 +134,7 @@ def test_a_client_that_retries_goes_through_redis_py(
     }
     with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "retrying": config}):
         client = locks["retrying"].client  # type: ignore[attr-defined]
-        assert not scripts._direct(client, "EVALSHA")
+        assert not wire.bare_execute(client, "EVALSHA")
         held = lock(name, using="retrying", auto_renew=False)
         assert held.acquire(blocking=False)
         held.release()
@@ -141,8 +142,49 @@ def test_a_client_that_retries_goes_through_redis_py(
 
 def test_a_cluster_client_goes_through_redis_py(_cluster_alias: None, name: str) -> None:
     client = locks["cluster"].client  # type: ignore[attr-defined]
-    assert not scripts._direct(client, "EVALSHA")  # RedisCluster routes by key itself
+    assert not wire.bare_execute(client, "EVALSHA")  # RedisCluster routes by key itself
     held = lock(name, using="cluster", auto_renew=False)
     assert held.acquire(blocking=False)
     assert held.locked()
     held.release()
+
+
+# -- the Lua: one restart guard for both acquires ------------------------------------------
+
+GUARDED = {
+    # script: (keys, args), the node marker last among the keys and the guard last (ms)
+    "acquire": (["rg:{l}", "rg:{l}:f", "rg:{l}:q", "rg:{l}:d", "rg:{l}:w", "rg:node"],
+                ["tok", 30000, "{}", "0", "0", 1000]),
+    "redlock_acquire": (["rg:{l}", "rg:{l}:f", "rg:node"], ["tok", 30000, "{}", 0, 1000]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(GUARDED))
+def test_the_restart_guard_votes_no_until_it_has_passed(
+    redis_server: RedisServer, name: str
+) -> None:
+    client = redis_server.client()
+    keys, args = GUARDED[name]
+    source = scripts.script(name).source
+    # No marker: the node lost its data. Marked now, and no vote for the guard's 1000 ms.
+    reply = client.eval(source, len(keys), *keys, *args)
+    assert reply[0] == 0 and 0 < reply[1] <= 1000, reply
+    assert client.pttl("rg:{l}") == -2 and client.get("rg:node") is not None
+    # Marked long ago: the guard is over, and the lock is granted.
+    client.set("rg:node", "0")
+    reply = client.eval(source, len(keys), *keys, *args)
+    assert reply[0] == 1 and reply[2] == 1, reply
+    # No guard (0 ms): the marker is not even read.
+    client.delete("rg:{l}", "rg:node")
+    reply = client.eval(source, len(keys), *keys, *args[:-1], 0)
+    assert reply[0] == 1 and client.get("rg:node") is None, reply
+    client.delete("rg:{l}", "rg:{l}:f")
+
+
+def test_the_restart_guard_is_written_once_and_spliced_into_both_acquires() -> None:
+    lua = Path(scripts.__file__).with_name("lua")
+    sets_marker = "redis.call('SET', marker"
+    writing = sorted(p.name for p in lua.glob("*.lua") if sets_marker in p.read_text())
+    assert writing == ["_restart_guard.lua"]
+    for name in GUARDED:
+        assert scripts.script(name).source.count(sets_marker) == 1

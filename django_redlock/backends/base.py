@@ -3,6 +3,9 @@
 An operation is an :class:`Op`: what to send for one round trip and how to read the reply.
 Backends build ops (``op_*``) and execute them, synchronously (:meth:`execute`) or on the
 running event loop (:meth:`aexecute`), so the sync and asyncio APIs share every operation.
+
+Not here: the queue markers of the task dedupe (:mod:`.markers`, which backends implement
+beside this contract) and page cursors (:mod:`.cursors`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from django.core.exceptions import ImproperlyConfigured
 from ..acl import mask
 from ..validation import MAX_TTL
 from ..waiters import ReleaseHub
+from .cursors import BadCursor as BadCursor  # (it lived here: still importable from here)
+from .cursors import parse_cursor
 
 DEFAULT_TTL = 30.0
 #: How far above the client's wall clock a re-fence puts a hold's fence (us): the fences a
@@ -397,32 +402,6 @@ class BaseLockBackend:
     def describe(self) -> str:
         return f"{self.alias!r} ({type(self).__name__})"
 
-    # -- queue markers (Celery dedupe) -------------------------------------------------------
-    # A note that a task for a lock name is queued, so a second ``delay()`` is not enqueued.
-
-    def queued_key(self, name: str) -> str:
-        """The marker of ``name``'s queued task: beside the lock, in its hash slot."""
-        return f"{self.key(name)}:queued"
-
-    def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
-        """Note ``task_id`` as ``name``'s queued task for ``ttl_ms``, unless a task is noted
-        already: then return that task's id (None: ``task_id`` is noted now)."""
-        raise NotImplementedError
-
-    def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
-        """Remove the marker if it still names ``task_id`` (a newer one stays)."""
-        raise NotImplementedError
-
-    def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
-        """The task id ``name``'s marker names and the milliseconds it has left (None: no
-        marker). A read only: clearing whoever it names is this then :meth:`op_clear_queued`
-        with that id (a marker replaced meanwhile stays)."""
-        raise NotImplementedError
-
-    def queued_names(self, match: str = "*") -> list[str]:
-        """The lock names (a glob) that have a queue marker, by ``SCAN`` (never ``KEYS``)."""
-        raise NotImplementedError
-
     @classmethod
     def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:
         """Refuse OPTIONS the backend cannot use (after LOCATION was checked). This base
@@ -489,20 +468,3 @@ class Released(enum.Enum):
     def of(cls, reply: Any) -> Released:
         """force_release.lua's reply: 1, 0 or -1."""
         return cls(int(reply))
-
-
-class BadCursor(ValueError):
-    """A page cursor the backend did not make (page cursors travel in URLs)."""
-
-
-def parse_cursor(cursor: Any, limit: int = 2**64) -> int:
-    """A number in a page cursor, as it comes from a URL: ``0 <= n < limit`` (a ``SCAN``
-    cursor is an unsigned 64-bit number), else BadCursor: a crafted cursor is bad input."""
-    if cursor is None or cursor == "":
-        return 0
-    if not (isinstance(cursor, str) and cursor.isascii() and cursor.isdigit()) or len(cursor) > 20:
-        raise BadCursor(f"bad page cursor {cursor!r}")
-    number = int(cursor)
-    if number >= limit:
-        raise BadCursor(f"bad page cursor {cursor!r}: out of range")
-    return number

@@ -11,7 +11,7 @@ import redis.asyncio
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
-from .. import scripts
+from .. import fast_path
 from .redis import RedisBackend
 
 # What an asyncio connection can take over from the cache's synchronous pool.
@@ -107,7 +107,7 @@ class DjangoRedisBackend(RedisBackend):
     def close(self) -> None:
         if not self._owns_pool:
             if self._client is not None:  # the threads' lock connections are ours
-                scripts.disconnect_threads(self._client.connection_pool, pool_lives_on=True)
+                fast_path.disconnect_threads(self._client.connection_pool, pool_lives_on=True)
             self._client = None  # the pool is the cache's, not ours to close
         self._owns_pool = False
         super().close()

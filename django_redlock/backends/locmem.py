@@ -374,7 +374,7 @@ class LocMemBackend(BaseLockBackend):
         for name in names:
             self._store.hub.notify(self.channel(name))
 
-    # -- queue markers (Celery dedupe) -------------------------------------------------------
+    # -- queue markers (the task dedupe's: see .markers) -------------------------------------
     # The semantics of lua/mark_queued.lua and lua/clear_marker.lua, in this process.
 
     def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:

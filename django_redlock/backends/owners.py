@@ -1,6 +1,8 @@
 """Who owns a connection: exactly one owner at a time, and a debug mode that checks it.
 
-A connection's owner is written on the connection itself (one attribute). No owner written
+A connection's owner is written on the connection itself (one attribute, planted through
+:mod:`django_redlock.wire`: :func:`~django_redlock.wire.owner_of`,
+:func:`~django_redlock.wire.set_owner`). No owner written
 means its pool (for a connection made outside any pool, as the Redlock fan-outs make theirs:
 nobody, not yet handed on or closed). An owner is any object (an :class:`Owner`, a
 structure that keeps connections); only the owner may send on a connection, read from it,
@@ -30,9 +32,10 @@ import os
 import threading
 from typing import Any
 
+from ..wire import owner_of, set_owner
+
 CHECK = os.environ.get("DJANGO_REDLOCK_CHECK_OWNERS", "") not in ("", "0")
 
-_ATTR = "_django_redlock_owner"
 # Reentrant: a signal handler that runs inside a move (on the same thread) moves too.
 _mutex = threading.RLock()
 
@@ -66,12 +69,12 @@ POOL: Any = _Pool()
 
 
 def owner(connection: Any) -> Any:
-    return getattr(connection, _ATTR, POOL)
+    return owner_of(connection, POOL)
 
 
 def owns(connection: Any, who: Any) -> bool:
     """Whether ``who`` owns the connection (a clean-up closes only what it still owns)."""
-    return getattr(connection, _ATTR, POOL) is who
+    return owner_of(connection, POOL) is who
 
 
 def move(connection: Any, source: Any, target: Any) -> bool:
@@ -81,13 +84,13 @@ def move(connection: Any, source: Any, target: Any) -> bool:
     """
     if CHECK:
         with _mutex:
-            current = getattr(connection, _ATTR, POOL)
+            current = owner_of(connection, POOL)
             if current is not source:
                 raise OwnershipError(
                     f"{connection!r} moved by {source!r} to {target!r}, but owned by {current!r}"
                 )
             return _commit(connection, source, target)
-    if getattr(connection, _ATTR, POOL) is not source:
+    if owner_of(connection, POOL) is not source:
         return False
     return _commit(connection, source, target)
 
@@ -95,7 +98,7 @@ def move(connection: Any, source: Any, target: Any) -> bool:
 def _commit(connection: Any, source: Any, target: Any) -> bool:
     if isinstance(target, Owner):
         target.held.add(connection)
-    setattr(connection, _ATTR, target)  # the move
+    set_owner(connection, target)  # the move
     if isinstance(source, Owner):
         source.held.discard(connection)
     return True
@@ -104,6 +107,6 @@ def _commit(connection: Any, source: Any, target: Any) -> bool:
 def using(connection: Any, who: Any) -> None:
     """Debug mode: raise unless ``who`` owns the connection it is about to send or read on."""
     if CHECK:
-        current = getattr(connection, _ATTR, POOL)
+        current = owner_of(connection, POOL)
         if current is not who:
             raise OwnershipError(f"{connection!r} used by {who!r}, but owned by {current!r}")

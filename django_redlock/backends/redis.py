@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import acl, scripts
+from .. import acl, fast_path, scripts
 from ..exceptions import BackendUnavailable, LockError, MissingPermission
 from ..options import check_options, pool_options
 from ..scripts import Call, script
@@ -32,9 +32,10 @@ from .base import (
     Op,
     Released,
     Renewal,
-    parse_cursor,
     refence_least,
 )
+from .cursors import parse_cursor
+from .markers import queued_key
 from .replies import lease_info, lock_info
 
 logger = logging.getLogger("django_redlock")
@@ -204,7 +205,7 @@ class RedisBackend(BaseLockBackend):
                 if refused is not None:
                     raise refused
             else:
-                reply = scripts.command(client, *request)
+                reply = fast_path.command(client, *request)
         except UNAVAILABLE as exc:
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
@@ -447,7 +448,7 @@ class RedisBackend(BaseLockBackend):
         if self._client is not None:
             pool = getattr(self._client, "connection_pool", None)  # a cluster has one per node
             if pool is not None:
-                scripts.disconnect_threads(pool)
+                fast_path.disconnect_threads(pool)
             self._client.close()
             if pool is not None:
                 # Ours (a cache's pool is let go before this: see DjangoRedisBackend.close):
@@ -465,24 +466,24 @@ class RedisBackend(BaseLockBackend):
         where = f"redis-py's pool and {scheme}:// connection (BlockingConnectionPool.from_url)"
         check_options(alias, params.get("OPTIONS") or {}, pool_options(scheme), where)
 
-    # -- queue markers (Celery dedupe) -------------------------------------------------------
+    # -- queue markers (the task dedupe's: see .markers) -------------------------------------
     # One key in the lock's hash slot: Sentinel, Cluster and django-redis inherit these.
 
     def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
-        call = Call(script("mark_queued"), [self.queued_key(name)], [task_id, ttl_ms])
+        call = Call(script("mark_queued"), [queued_key(self, name)], [task_id, ttl_ms])
         return Op(name, call, _queued)
 
     def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
-        return Op(name, Call(script("clear_marker"), [self.queued_key(name)], [task_id]), bool)
+        return Op(name, Call(script("clear_marker"), [queued_key(self, name)], [task_id]), bool)
 
     def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
-        return Op(name, Call(script("read_marker"), [self.queued_key(name)], []), _marker)
+        return Op(name, Call(script("read_marker"), [queued_key(self, name)], []), _marker)
 
     def queued_names(self, match: str = "*") -> list[str]:
         suffix = ":queued"
         with self.round_trip(match):
             keys = [
-                text(k) for k in self.client.scan_iter(match=self.queued_key(match), count=1000)
+                text(k) for k in self.client.scan_iter(match=queued_key(self, match), count=1000)
             ]
         names = (self.name_from_key(key[: -len(suffix)]) for key in keys if key.endswith(suffix))
         return sorted({n for n in names if n is not None})

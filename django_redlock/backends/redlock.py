@@ -30,15 +30,14 @@ from ..options import check_options, pool_options
 from ..scripts import Call, script
 from .base import (
     Attempt,
-    BadCursor,
     BaseLockBackend,
     Kind,
     LockInfo,
     Op,
     Released,
     Renewal,
-    parse_cursor,
 )
+from .cursors import BadCursor, parse_cursor
 from .redis import UNAVAILABLE, RedisBackend, text
 from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub
 from .redlock_io import PENDING, Fan, NodeIO, answered
@@ -506,7 +505,7 @@ class RedlockBackend(BaseLockBackend):
             node.close()
         super().close()
 
-    # -- queue markers (Celery dedupe) -------------------------------------------------------
+    # -- queue markers (the task dedupe's: see .markers) -------------------------------------
 
     def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
         """Note ``task_id`` on every node where no task is noted yet.

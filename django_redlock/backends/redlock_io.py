@@ -71,7 +71,8 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from .. import acl
 from ..exceptions import BackendUnavailable
-from ..scripts import Call, pack_many, text_packing
+from ..scripts import Call
+from ..wire import new_connection, node_of, pack_many, socket_of, socket_or_none, tag_node
 from . import owners
 from .base import Op
 from .owners import POOL, Owner
@@ -172,7 +173,7 @@ class Flight:
         """Read the replies that have come; True once this request's are all in."""
         connection = self.connection
         owners.using(connection, reader)
-        if getattr(connection, "_sock", None) is None:  # closed (reading would reconnect)
+        if socket_or_none(connection) is None:  # closed (reading would reconnect)
             raise ConnectionError("the connection was closed")
         while self.unread and connection.can_read(timeout=0):
             reply = _read(connection)
@@ -476,8 +477,8 @@ class NodeIO:
         the fan-outs own theirs from the start. One an interrupt leaves unreferenced is
         closed when it is collected; nothing counts it."""
         pool = self.pool(i)
-        connection = text_packing(pool.connection_class(**pool.connection_kwargs))
-        connection._django_redlock_node = i  # for a clean-up that finds it in me.held
+        connection = new_connection(pool)
+        tag_node(connection, i)  # for a clean-up that finds it in me.held
         owners.move(connection, POOL, me)
         try:
             connection.connect()
@@ -499,7 +500,7 @@ class NodeIO:
                     continue  # stale: a give-back an exception interrupted
                 owners.move(connection, kept, me)
             try:
-                if connection._sock is not None and not connection.can_read():
+                if socket_of(connection) is not None and not connection.can_read():
                     return connection
             except Exception:
                 pass
@@ -666,7 +667,7 @@ class NodeIO:
             try:
                 while me.held:
                     connection = next(iter(me.held))
-                    self.drop(connection._django_redlock_node, connection, me)
+                    self.drop(node_of(connection), connection, me)
                     me.held.discard(connection)  # dropped, or someone else's since
                 for connector in list(connecting.values()):
                     connector.leave(me)
@@ -909,7 +910,7 @@ def readable(waiting: dict[Any, Any], until: float) -> set[Any]:
     fds: dict[int, Any] = {}
     ready = set()
     for key, value in waiting.items():
-        sock = getattr(value, "_sock", None)
+        sock = socket_or_none(value)
         fd = -1 if sock is None else sock.fileno()  # -1: closed meanwhile
         if fd < 0:
             ready.add(key)

@@ -20,7 +20,7 @@ import redis.sentinel
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
-from .. import acl, scripts
+from .. import acl, fast_path
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..options import check_options, sentinel_options
 from .base import Attempt, Kind, Op
@@ -191,7 +191,7 @@ class SentinelBackend(RedisBackend):
         return Op(name, [op.request, wait], parse)
 
     def execute(self, op: Op[T]) -> T:
-        if scripts.on_thread_connection(self.client):
+        if fast_path.on_thread_connection(self.client):
             # Nothing checked out of the pool: no permit to wait for, nor to lose should an
             # interrupt land while one is taken or given back (it would be gone for good).
             return self._execute(op)

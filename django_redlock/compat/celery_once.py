@@ -33,6 +33,7 @@ from celery import Task, states
 from celery.result import EagerResult
 from celery.utils import uuid as uuid_text
 
+from ..backends import markers
 from ..contrib.celery import SingleInstanceTask, run_task
 from ..contrib.single import AlreadyQueued as BaseAlreadyQueued
 from ..contrib.single import SingleInstance
@@ -99,7 +100,7 @@ class OnceBackend:
         if running is not None:
             raise AlreadyQueued(float(running.ttl or 0.0), str(running.holder.get("k") or ""))
         task_id = task_id or uuid_text()
-        found = backend.execute(backend.op_mark_queued(key, task_id, to_ms(timeout)))
+        found = markers.mark(backend, key, task_id, to_ms(timeout))
         if found is not None and found != task_id:
             raise AlreadyQueued(seconds_left(self.using, key), found)
 

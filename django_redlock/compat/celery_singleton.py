@@ -28,6 +28,7 @@ from hashlib import md5
 from importlib import import_module
 from typing import Any
 
+from ..backends import markers
 from ..contrib.celery import SingleInstanceTask, run_task
 from ..contrib.single import AlreadyQueued, SingleInstance
 from ..handler import locks
@@ -195,7 +196,7 @@ class Singleton(SingleInstanceTask):
         spelling); whether it was noted."""
         backend = locks[self.singleton_config.using]
         ttl = self._expiry() or DEFAULT_EXPIRY
-        return backend.execute(backend.op_mark_queued(lock, task_id, to_ms(ttl))) is None
+        return markers.mark(backend, lock, task_id, to_ms(ttl)) is None
 
     def get_existing_task_id(self, lock: str) -> str | None:
         """The task queued or running under ``lock``, if any."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from ..backends import markers
 from ..handler import locks
 
 logger = logging.getLogger("django_redlock")
@@ -15,7 +16,7 @@ logger = logging.getLogger("django_redlock")
 def marker(using: str, key: str) -> tuple[str, float] | None:
     """The task id ``key``'s queue marker names and the seconds it has left, if any."""
     backend = locks[using]
-    found = backend.execute(backend.op_read_queued(key))
+    found = markers.read(backend, key)
     return None if found is None else (found[0], found[1] / 1000)
 
 
@@ -47,7 +48,7 @@ def clear_key(using: str, key: str, by: str) -> bool:
     cleared = False
     noted = marker(using, key)
     if noted is not None:
-        cleared = bool(backend.execute(backend.op_clear_queued(key, noted[0])))
+        cleared = bool(markers.clear(backend, key, noted[0]))
     info = backend.inspect(key)
     if info is not None and backend.force_release(
         key, info.token, None if info.token else info.fence
@@ -63,7 +64,7 @@ def clear_prefix(using: str, prefix: str) -> int:
     """Free every key starting with ``prefix`` (markers and holds); how many went."""
     backend = locks[using]
     match = "".join(f"[{c}]" if c in "*?[]" else c for c in prefix) + "*"
-    names = set(backend.queued_names(match))
+    names = set(markers.names(backend, match))
     names.update(info.name for info in backend.iter_locks(match))
     # A backend that cannot answer raises (BackendUnavailable): nothing is reported cleared
     # that was not.

@@ -33,6 +33,7 @@ from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
 
+from ..backends import markers
 from ..backends.base import Kind, Released
 from ..exceptions import LockError
 from ..handler import locks
@@ -177,10 +178,10 @@ def _coalesce(
     note = json.dumps({"args": list(args), "kwargs": kwargs, "queue": queue, "id": task_id})
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):  # replace the note found (the last duplicate's call wins)
-        found = backend.execute(backend.op_mark_queued(_pending_name(key), note, ttl_ms))
+        found = markers.mark(backend, _pending_name(key), note, ttl_ms)
         if found is None or found == note:
             break
-        backend.execute(backend.op_clear_queued(_pending_name(key), found))
+        markers.clear(backend, _pending_name(key), found)
     logger.info(
         "redlock: coalesced duplicate: task %s not run now: %r is held by %s; one more run"
         " follows", task_id, key, describe_holder(info),
@@ -199,11 +200,11 @@ def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
     name = _pending_name(key)
     try:
         probe = f"redlock-take:{uuid_text()}"
-        found = backend.execute(backend.op_mark_queued(name, probe, 1000))
+        found = markers.mark(backend, name, probe, 1000)
         if found is None:  # nothing noted (our probe is): take it back
-            backend.execute(backend.op_clear_queued(name, probe))
+            markers.clear(backend, name, probe)
             return
-        if not backend.execute(backend.op_clear_queued(name, found)):
+        if not markers.clear(backend, name, found):
             return  # another taker (or a newer note, whose duplicate looks again) has it
         if found.startswith("redlock-take:"):
             return  # another taker's probe, gone now
@@ -212,7 +213,7 @@ def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
         try:
             queued = task.apply_async(tuple(call["args"]), call["kwargs"], **options)
         except Exception as exc:  # the broker refused it: put the note back, never lose it
-            backend.execute(backend.op_mark_queued(name, found, to_ms(config.dedupe_ttl)))
+            markers.mark(backend, name, found, to_ms(config.dedupe_ttl))
             logger.warning(
                 "redlock: could not queue the coalesced call of %r (%s): noted again, for the"
                 " next run of the key", key, exc,
@@ -375,7 +376,7 @@ class SingleInstanceTask(Task):
         ttl_ms = to_ms(self.queue_marker_ttl(options))
         queued = None
         for _ in range(3):  # again after clearing a stale marker
-            queued = backend.execute(backend.op_mark_queued(key, task_id, ttl_ms))
+            queued = markers.mark(backend, key, task_id, ttl_ms)
             if queued is None or queued == task_id or retrying or not self._stale(key, queued):
                 break
             clear_queued_marker(config, key, queued)
@@ -446,7 +447,7 @@ class SingleInstanceTask(Task):
         assert config is not None
         backend = locks[config.using]
         try:
-            backend.execute(backend.op_mark_queued(sent_name(key, task_id), queue, ttl_ms))
+            markers.mark(backend, sent_name(key, task_id), queue, ttl_ms)
         except LockError as exc:  # then the marker is obeyed until its TTL
             logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
 
@@ -488,7 +489,7 @@ class SingleInstanceTask(Task):
         assert config is not None
         backend = locks[config.using]
         try:
-            sent = backend.execute(backend.op_read_queued(sent_name(key, task_id)))
+            sent = markers.read(backend, sent_name(key, task_id))
             if sent is None:  # not (yet) published, or by a producer that notes nothing
                 return False
             queue = sent[0]
@@ -499,7 +500,7 @@ class SingleInstanceTask(Task):
             # the unacked hash, or acknowledged early and not yet started): look again.
             time.sleep(self.message_check_pause)
             # The marker, then the hold: a run takes the lock before it clears its marker.
-            noted = backend.execute(backend.op_read_queued(key))
+            noted = markers.read(backend, key)
             running = backend.inspect(key)
             if running is not None and running.holder.get("k") == task_id:
                 return False  # it started: its run holds the key

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, cast
 
+from ..backends import markers
 from ..backends.base import Kind, LockInfo
 from ..exceptions import LockError, LockNotAcquired
 from ..fencing import database_of, release_after_commit
@@ -468,7 +469,7 @@ class AlreadyQueued(LockError):
 def clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
     backend = locks[config.using]
     try:
-        backend.execute(backend.op_clear_queued(key, task_id))
+        markers.clear(backend, key, task_id)
     except LockError as exc:  # the marker then expires at its TTL; the run goes on
         logger.warning("redlock: could not clear the queue marker of %r: %s", key, exc)
 

@@ -30,6 +30,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from ..backends import markers
 from ..exceptions import LockError, LockNotAcquired
 from ..handler import locks
 from ..locking import Lock
@@ -260,7 +261,7 @@ def _enqueue_once(
             return existing
         reservation = f"{RESERVED}{secrets.token_urlsafe(9)}"
         for _ in range(2):  # once more after clearing a stale marker
-            found = store.execute(store.op_mark_queued(key, reservation, to_ms(ENQUEUE_TTL)))
+            found = markers.mark(store, key, reservation, to_ms(ENQUEUE_TTL))
             if found is None:
                 break  # noted: ours to enqueue
             existing = _existing(backend, config, task, key, found)
@@ -278,7 +279,7 @@ def _enqueue_once(
         # only its own id.
         clear_queued_marker(config, key, reservation)
         wait = _queue_wait(task) + config.dedupe_ttl
-        store.execute(store.op_mark_queued(key, str(result.id), to_ms(wait)))
+        markers.mark(store, key, str(result.id), to_ms(wait))
         if _already_finished(backend, result):  # it ran before its id was noted: nothing is queued
             clear_queued_marker(config, key, str(result.id))
         return result

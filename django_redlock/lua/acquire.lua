@@ -26,19 +26,7 @@ end
 local registered = not fair and wait >= 0 -- a plain waiter: registered to be woken
 local now = now_ms()
 
--- Restart guard: a node whose marker is gone has lost its data (restarted empty, flushed,
--- failed over to an empty replica) and may have forgotten locks it granted. It votes no
--- until locks granted before the loss have surely expired.
-if marker and guard > 0 then
-  local since = tonumber(redis.call('GET', marker))
-  if not since then
-    redis.call('SET', marker, string.format('%d', now))
-    since = now
-  end
-  if now - since < guard then
-    return {0, guard - (now - since)}
-  end
-end
+--! include _restart_guard
 
 -- A name whose fair queue has waiters is taken in queue order, whatever kind tries.
 local queued = redis.call('EXISTS', queue) == 1

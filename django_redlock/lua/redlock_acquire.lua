@@ -10,23 +10,10 @@
 --! include _hold
 local lock, counter, marker = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, meta, proposal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local guard = tonumber(ARGV[5]) or 0 -- 0 without a marker
 local now = now_ms()
 
--- Restart guard: as in acquire.lua, a node whose marker is gone lost its data, and votes no
--- until locks it granted before the loss have surely expired.
-if marker then
-  local guard = tonumber(ARGV[5]) or 0
-  if guard > 0 then
-    local since = tonumber(redis.call('GET', marker))
-    if not since then
-      redis.call('SET', marker, string.format('%d', now))
-      since = now
-    end
-    if now - since < guard then
-      return {0, guard - (now - since)}
-    end
-  end
-end
+--! include _restart_guard
 
 -- A proposal counts only up to this node's clock + 1 s (FENCE_LEAD_US): an acquirer whose
 -- clock runs ahead must not lift fences above what this node's clock reaches before the

@@ -1,0 +1,234 @@
+"""The one module that touches redis-py's internals (and hiredis's packer): each one we rely
+on is named here, behind a small function that says why, and what redis-py does there.
+
+No other module of the package says ``_sock``, ``_command_packer``, ``Retry._retries``,
+``HiredisRespSerializer`` or the names we plant on redis-py's objects
+(``tests/test_layers.py`` checks it). Everything here holds on every redis-py the package
+supports (setup.cfg: ``redis>=5.3``; checked against 5.3 and 8.1): ``tests/test_wire.py``
+checks each assumption on the installed one, so a redis-py that changed one fails there, by
+name, instead of as a hang or a mixed-up reply on the fast path.
+
+What we rely on, and why the public API does not do:
+
+* ``Connection._sock``: the connection's socket, ``None`` while not connected (every redis-py
+  sets it in ``__init__``, and back to ``None`` in ``disconnect()``). The fast path watches it
+  to notice a reconnect, and polls it instead of ``can_read()`` (a third of the cost); the
+  Redlock fan-out polls many at once. ``can_read()`` would reconnect a closed one.
+* ``Connection._command_packer``: what packs a command into RESP, redis-py's own serializer
+  or, with hiredis, ``redis.connection.HiredisRespSerializer``. We replace the latter by one
+  that packs only text (:func:`text_packing`), and pack with ``hiredis.pack_command`` directly
+  (:func:`pack`, :func:`pack_many`).
+* ``Retry._retries``: how many times a connection's commands are retried (5.3 has no public
+  getter; ``get_retries()`` came later). Ours retry nothing, which is what lets the fast path
+  skip redis-py's per-command wrapper (:func:`bare_execute`).
+* ``redis.client.Redis.execute_command``'s code object (its file): how we tell redis-py's own
+  wrapper from a tracer's or a subclass's, which must run.
+* A pool's and a connection's ``__dict__`` (neither has ``__slots__``): three attributes of
+  ours live there (:data:`PLANTED`): the fast path's per-thread connections on a pool, the
+  owner of a connection, and a Redlock connection's node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import FunctionType
+from typing import Any, TypeVar
+
+import redis.client
+import redis.connection
+from redis.utils import HIREDIS_AVAILABLE
+
+if HIREDIS_AVAILABLE:
+    import hiredis
+
+T = TypeVar("T")
+
+#: The attributes of ours planted on redis-py's objects (and nothing else is).
+POOL_THREADS = "_django_redlock_threads"  # on a ConnectionPool: fast_path.py's registry
+OWNER = "_django_redlock_owner"  # on a connection: backends/owners.py's owner
+NODE = "_django_redlock_node"  # on a Redlock fan-out's connection: its node's index
+PLANTED = (POOL_THREADS, OWNER, NODE)
+
+
+# -- packing -------------------------------------------------------------------------------
+
+#: redis-py's hiredis-backed packer class (5.3 has it; used when hiredis is installed).
+_HiredisPacker: Any = getattr(redis.connection, "HiredisRespSerializer", None)
+HIREDIS_PACKS = HIREDIS_AVAILABLE and _HiredisPacker is not None
+
+
+if HIREDIS_PACKS:
+
+    class TextPacker(_HiredisPacker):
+        """redis-py's hiredis packer, handed text only (see :func:`texts`): its handshake
+        (``HELLO 3``, ``SELECT 0``) packs numbers too."""
+
+        def pack(self, *args: Any) -> Any:
+            return super().pack(*texts(args))
+
+    _PACKER: Any = TextPacker()
+    _HIREDIS_TYPES: tuple[type, ...] = (_HiredisPacker, TextPacker)
+else:  # pragma: no cover - without hiredis
+    _PACKER, _HIREDIS_TYPES = None, ()
+
+
+def text_packing(conn: Any) -> Any:
+    """``conn``, made to pack with hiredis only text (when it packs with hiredis at all),
+    its handshake included: ``connect()`` packs its handshake (``HELLO 3``, ``SELECT 0``) with
+    the connection's ``_command_packer``, numbers too. Call it before the connection
+    connects."""
+    if _PACKER is not None and type(conn._command_packer) is _HiredisPacker:
+        conn._command_packer = _PACKER
+    return conn
+
+
+def texts(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The arguments as str and bytes only. hiredis 3.5's packer (ours, and redis-py's
+    serializer when hiredis is installed) crashes the process (SIGSEGV) when a signal
+    handler raises while it converts a number; text it copies without running Python."""
+    if all(type(a) is str or type(a) is bytes for a in args):
+        return args
+    return tuple(_text(a) for a in args)
+
+
+def _text(value: Any) -> Any:
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is float:
+        return repr(value)
+    return value  # str, bytes; anything else is the packer's to refuse
+
+
+def pack(conn: Any, args: tuple[Any, ...]) -> Any:
+    """The command in RESP, for ``conn.send_packed_command``: by hiredis straight away when
+    the connection packs with it (our arguments are str, bytes and int: nothing for redis-py's
+    serializer to convert), else by the connection's own packer. A name with a space
+    (``"SCRIPT LOAD"``) is redis-py's to split."""
+    args = texts(args)
+    if HIREDIS_PACKS and type(conn._command_packer) in _HIREDIS_TYPES and " " not in args[0]:
+        return [hiredis.pack_command(args)]
+    return conn._command_packer.pack(*args)
+
+
+def pack_many(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
+    """Several commands in RESP, to send at once (a pipeline's packing, without its
+    per-argument serializer when hiredis packs)."""
+    if (
+        HIREDIS_PACKS
+        and type(conn._command_packer) in _HIREDIS_TYPES
+        and not any(" " in command[0] for command in commands)  # "SCRIPT LOAD": redis-py's
+    ):
+        return [b"".join([hiredis.pack_command(texts(command)) for command in commands])]
+    return conn.pack_commands([texts(command) for command in commands])
+
+
+# -- connections ---------------------------------------------------------------------------
+
+
+def socket_of(conn: Any) -> Any:
+    """``conn``'s socket, None while it is not connected (``Connection._sock``: no public
+    name; ``can_read()`` would connect a closed one). Without TLS it is a plain
+    ``socket.socket``; with TLS an ``ssl.SSLSocket``, which may hold bytes above the socket
+    that polling its descriptor does not see."""
+    return conn._sock
+
+
+def socket_or_none(conn: Any) -> Any:
+    """:func:`socket_of`, for an object that may not be a redis-py connection at all."""
+    return getattr(conn, "_sock", None)
+
+
+def new_connection(pool: Any) -> Any:
+    """A new connection made like ``pool``'s own (its ``connection_class`` and
+    ``connection_kwargs``, what ``pool.make_connection()`` does), not connected, but outside
+    the pool: nothing counts it, and no checkout or return (not safe against an interrupt)
+    ever runs on it. It packs text only (:func:`text_packing`)."""
+    return text_packing(pool.connection_class(**pool.connection_kwargs))
+
+
+# -- redis-py's per-command wrapper ----------------------------------------------------------
+
+_OWN: list[Any] = []  # redis-py's own Redis.execute_command, once seen
+
+
+def bare_execute(client: Any, name: str) -> bool:
+    """Whether redis-py's wrapper would do nothing but run the command: a plain ``redis.Redis``
+    (not a cluster, nor a single-connection client) whose ``execute_command`` is redis-py's own
+    (not replaced on the class or the instance by a tracer or a subclass, before or after this
+    module was imported), whose connections retry nothing (``Retry._retries`` is 0), for a
+    command whose reply redis-py does not parse (no response callback). Only
+    ``execute_command`` is looked at: a subclass that changes redis-py's inner methods instead
+    is not noticed. What the wrapper does that we then skip: the pool's checkout and return, a
+    retry loop, and redis-py 8's operation metrics."""
+    execute = type(client).execute_command
+    if not (_OWN and execute is _OWN[0]) and not _seen_as_own(execute):
+        return False
+    retry = client.connection_pool.connection_kwargs.get("retry")
+    return (
+        client.connection is None
+        and "execute_command" not in client.__dict__
+        and getattr(retry, "_retries", 1) == 0  # none given: redis-py's default retries
+        and name not in client.response_callbacks
+    )
+
+
+def _seen_as_own(execute: Any) -> bool:
+    if any(execute is own for own in _OWN):  # not ==: a wrapt proxy equals what it wraps
+        return True
+    if not _is_redis_pys(execute):
+        return False
+    _OWN.append(execute)
+    return True
+
+
+def _is_redis_pys(function: Any) -> bool:
+    # type(), not isinstance(): a tracer's wrapt proxy claims the class (and the __code__) of
+    # the function it wraps.
+    code = getattr(function, "__code__", None)
+    return (
+        type(function) is FunctionType
+        and code is not None
+        and code.co_name == "execute_command"
+        and code.co_filename == redis.client.__file__
+    )
+
+
+# -- what we plant on redis-py's objects -----------------------------------------------------
+
+
+def pool_threads(pool: Any, make: Callable[[], T]) -> T:
+    """The fast path's registry of ``pool`` (planted once: ``make()`` when there is none, a
+    losing racer's one dropped)."""
+    try:
+        return pool._django_redlock_threads
+    except AttributeError:
+        return pool.__dict__.setdefault(POOL_THREADS, make())
+
+
+def planted_pool_threads(pool: Any, *, unplant: bool = False) -> Any:
+    """``pool``'s registry, None when none was planted; ``unplant``: taken off the pool too
+    (the next :func:`pool_threads` plants a new one)."""
+    if unplant:
+        return pool.__dict__.pop(POOL_THREADS, None)
+    return pool.__dict__.get(POOL_THREADS)
+
+
+def owner_of(conn: Any, default: Any) -> Any:
+    """The owner :func:`set_owner` wrote on ``conn``; ``default`` when none was."""
+    return getattr(conn, OWNER, default)
+
+
+def set_owner(conn: Any, owner: Any) -> None:
+    """Write ``owner`` on ``conn`` (one attribute store: the commit of an ownership move)."""
+    setattr(conn, OWNER, owner)
+
+
+def tag_node(conn: Any, i: int) -> None:
+    """Write on a Redlock fan-out's connection the index of its node."""
+    setattr(conn, NODE, i)
+
+
+def node_of(conn: Any) -> int:
+    """The node index :func:`tag_node` wrote on ``conn``."""
+    return getattr(conn, NODE)

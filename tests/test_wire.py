@@ -1,0 +1,147 @@
+"""What django_redlock.wire relies on in redis-py, checked on the installed one: a redis-py
+that changed one of these fails here, by name (see wire.py's docstring for why each is used).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import redis
+import redis.connection
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from redis.utils import HIREDIS_AVAILABLE
+
+from django_redlock import fast_path, locks, wire
+from django_redlock.testing import RedisServer
+
+
+def pool_of(server: RedisServer) -> redis.ConnectionPool:
+    return redis.Redis.from_url(server.url, socket_timeout=2).connection_pool
+
+
+def test_a_connections_socket_is_none_until_connected_and_after_a_disconnect(
+    redis_server: RedisServer,
+) -> None:
+    conn = wire.new_connection(pool_of(redis_server))
+    assert wire.socket_of(conn) is None
+    conn.connect()
+    try:
+        assert type(wire.socket_of(conn)) is socket.socket  # plain TCP: polled directly
+        assert wire.socket_or_none(conn) is wire.socket_of(conn)
+    finally:
+        conn.disconnect()
+    assert wire.socket_of(conn) is None
+    assert wire.socket_or_none(object()) is None
+
+
+def test_a_new_connection_is_made_like_the_pools_and_outside_it(
+    redis_server: RedisServer,
+) -> None:
+    pool = pool_of(redis_server)
+    conn = wire.new_connection(pool)
+    assert type(conn) is pool.connection_class
+    assert (conn.host, conn.port, conn.socket_timeout) == (
+        pool.connection_kwargs["host"], pool.connection_kwargs["port"], 2
+    )  # fmt: skip
+    conn.connect()
+    try:
+        conn.send_command("PING")
+        assert conn.read_response() in (b"PONG", "PONG", True)
+    finally:
+        conn.disconnect()
+    assert pool._created_connections == 0  # nothing counted in the pool
+
+
+def test_with_hiredis_connections_pack_with_redis_pys_hiredis_packer_and_ours_text_only(
+    redis_server: RedisServer,
+) -> None:
+    assert HIREDIS_AVAILABLE  # setup.cfg installs redis[hiredis]
+    pool = pool_of(redis_server)
+    plain = pool.make_connection()
+    assert type(plain._command_packer) is redis.connection.HiredisRespSerializer
+    assert wire.HIREDIS_PACKS
+    ours = wire.new_connection(pool)
+    assert type(ours._command_packer) is wire.TextPacker
+    # Numbers are packed as their text: the same bytes either way.
+    assert ours._command_packer.pack("SET", "k", 12, 1.5) == plain._command_packer.pack(
+        "SET", "k", "12", repr(1.5)
+    )
+
+
+def test_our_packing_is_redis_pys_byte_for_byte(redis_server: RedisServer) -> None:
+    conn = wire.new_connection(pool_of(redis_server))
+    args = ("EVALSHA", "a" * 40, 2, "k", "k:f", "tok", 2000, 1.25)
+    own = b"".join(conn.pack_command(*wire.texts(args)))
+    assert b"".join(wire.pack(conn, args)) == own
+    assert b"".join(wire.pack_many(conn, [args, ("PING",)])) == own + b"".join(
+        conn.pack_command("PING")
+    )
+    # A two-word command name is redis-py's to split.
+    script = b"".join(wire.pack(conn, ("SCRIPT LOAD", "return 1")))
+    assert script == b"".join(conn.pack_command("SCRIPT", "LOAD", "return 1"))
+
+
+def test_texts_turns_numbers_into_text_and_leaves_text_alone() -> None:
+    args = ("a", b"b")
+    assert wire.texts(args) is args
+    assert wire.texts(("a", 7, 0.5)) == ("a", "7", "0.5")
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_retry_keeps_its_count_where_bare_execute_reads_it(
+    redis_server: RedisServer, retries: int
+) -> None:
+    retry = Retry(NoBackoff(), retries)
+    assert retry._retries == retries
+    if hasattr(retry, "get_retries"):  # newer redis-py (not 5.3)
+        assert retry.get_retries() == retries
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=2, retry=retry)
+    assert wire.bare_execute(client, "EVALSHA") is (retries == 0)
+
+
+def test_redis_pys_own_execute_command_is_told_from_a_subclass_s(
+    redis_server: RedisServer,
+) -> None:
+    code = redis.Redis.execute_command.__code__
+    assert (code.co_name, code.co_filename) == ("execute_command", redis.client.__file__)
+    plain = redis.Redis.from_url(redis_server.url, retry=Retry(NoBackoff(), 0))
+    assert wire.bare_execute(plain, "EVALSHA")
+    assert not wire.bare_execute(plain, "PING")  # a reply redis-py parses
+
+    class Traced(redis.Redis):
+        def execute_command(self, *args: object, **options: object) -> object:
+            return super().execute_command(*args, **options)
+
+    traced = Traced.from_url(redis_server.url, retry=Retry(NoBackoff(), 0))
+    assert not wire.bare_execute(traced, "EVALSHA")
+    single = redis.Redis.from_url(
+        redis_server.url, retry=Retry(NoBackoff(), 0), single_connection_client=True
+    )
+    try:
+        assert not wire.bare_execute(single, "EVALSHA")
+    finally:
+        single.close()
+
+
+def test_our_attributes_plant_on_a_pool_and_a_connection(redis_server: RedisServer) -> None:
+    pool = pool_of(redis_server)
+    assert wire.planted_pool_threads(pool) is None
+    first = wire.pool_threads(pool, list)
+    assert wire.pool_threads(pool, list) is first  # planted once
+    assert wire.planted_pool_threads(pool, unplant=True) is first
+    assert wire.planted_pool_threads(pool) is None
+    conn = wire.new_connection(pool)
+    assert wire.owner_of(conn, "nobody") == "nobody"
+    wire.set_owner(conn, "me")
+    wire.tag_node(conn, 2)
+    assert (wire.owner_of(conn, "nobody"), wire.node_of(conn)) == ("me", 2)
+    assert {wire.OWNER, wire.NODE} <= set(vars(conn))  # a plain attribute of the connection
+
+
+def test_the_backends_fast_path_runs_on_what_wire_plants(redis_server: RedisServer) -> None:
+    client = locks["default"].client  # type: ignore[attr-defined]
+    assert fast_path.command(client, "ECHO", "x") == b"x"
+    registry = wire.planted_pool_threads(client.connection_pool)
+    assert registry is not None and registry.local.bound.connection is not None
