@@ -9,8 +9,10 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -602,3 +604,80 @@ def test_a_lock_lost_receiver_raising_systemexit_does_not_stop_later_declaration
     finally:
         lock_lost.disconnect(receiver)
     assert seen == [first.name, second.name]
+
+
+# -- a loss decided but not yet declared when an exception lands ---------------------------------
+
+
+class _Interrupt(BaseException):
+    """An asynchronous exception (a signal handler's) in a watchdog thread."""
+
+
+def _settle_interrupted_at(renewer: Renewer, point: int) -> tuple[bool, str]:
+    """Settle the batch that finds the hold gone, with an exception raised at the
+    ``point``-th line of Renewer._settle (the worker then heals, as ThreadRenewer's does):
+    whether it fired, and where."""
+    time.sleep(0.25)  # a third of the TTL: the batch falls due
+    due = renewer._next()
+    assert not isinstance(due, float), due
+    [(bucket, entries, renewals)] = due
+    results = bucket.backend.renew_many(renewals)
+    code, seen, where = Renewer._settle.__code__, [0], [""]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            seen[0] += 1
+            if seen[0] == point:
+                where[0] = f"_settle:{frame.f_lineno}"
+                raise _Interrupt(where[0])
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is code else None
+
+    sys.settrace(tracer)
+    try:
+        renewer._settle(bucket, entries, results, time.monotonic())
+    except _Interrupt:
+        renewer._heal(threading.current_thread())
+    finally:
+        sys.settrace(None)
+    return bool(where[0]), where[0]
+
+
+def test_an_exception_in_settle_after_a_loss_was_decided_still_declares_it(name: str) -> None:
+    """At every line of Renewer._settle: the renewal found the token gone; wherever the
+    exception lands, the object learns it lost the hold (token None, ``lost`` set) and
+    lock_lost fires once, at the latest after the heal and one more renewal period."""
+    failed = []
+    for point in itertools.count(1):
+        renewer = Renewer()
+        lk = _held_by(renewer, f"{name}:{point}", 0.6)
+        locks["redis"].force_release(lk.name)  # gone: the next renewal finds out
+        with _losses() as lost:
+            fired, where = _settle_interrupted_at(renewer, point)
+            if not fired:
+                break  # past the last line: every line was tried
+            _run_renewer(renewer, 0.4)  # the next period, if the loss was not decided yet
+            mine = [each for each, _ in lost if each is lk]
+        if lk.token is not None or lk.lost is None or len(mine) != 1:
+            failed.append(f"{where}: token={lk.token} lost={lk.lost!r} signals={len(mine)}")
+        assert len(renewer) == 0, where
+    assert point > 10, point  # the lines of _settle were seen
+    assert not failed, "\n".join(failed)
+
+
+def test_lock_lost_fires_once_for_each_object_sharing_the_lost_hold(name: str) -> None:
+    """Two objects of one reentrant owner share a hold (one token): each reported it held,
+    each is told it lost it (its own lock_lost, once), as each would be by owned()."""
+    first, second = (lock(name, reentrant=True, ttl=0.6) for _ in range(2))
+    with _losses() as lost:
+        assert first.acquire() and second.acquire()
+        assert first.token == second.token
+        locks["redis"].force_release(name)
+        end = time.monotonic() + 5.0
+        while len(lost) < 2 and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.5)  # a third signal would come by now
+    assert sorted(map(id, (each for each, _ in lost))) == sorted([id(first), id(second)])
+    assert first.lost and second.lost and first.token is None and second.token is None
