@@ -19,7 +19,9 @@ The rules (each is tested in tests/test_watchdog.py):
   object or process, set at a time unknown here), then makes its :meth:`add` with the time
   that command was sent (not left pending: the old object may be collected next, and its
   entry dropped). A batch of the old object's that lands after it is renewed again at once
-  (the TTL-change rule below).
+  (the TTL-change rule below). The old holder may be another process, renewing the token
+  with its own, shorter TTL until it lets go: a renewal never shortens a hold (renew.lua
+  keeps the longer time left), so its renewals never cut the adopter's TTL.
 * **Pending news is taken before a sweep**: news of a hold (:meth:`ThreadRenewer.soon`) is
   appended without the mutex, so it may come after the scheduler took the pending news and
   before another object of its token is collected; the sweep of collected objects takes
@@ -27,10 +29,11 @@ The rules (each is tested in tests/test_watchdog.py):
 * **The cap** (``max_hold``) is a monotonic deadline fixed at the acquisition and passed in
   by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing.
 * **A TTL change** (``extend(ttl=...)``) moves the entry to a bucket of its new TTL. A batch
-  taken before may still be on its way with the old TTL and land after the extend; so when a
-  batch settles with members that moved meanwhile, or an extend sent before a batch settled
-  tells the renewer after it, the moved holds' bucket is renewed again at once: an old TTL
-  stands for one round trip at most, never until the next period.
+  taken before may still be on its way with the old TTL and land after the extend (a
+  shorter one changes nothing there: a renewal never shortens); so when a batch settles
+  with members that moved meanwhile, or an extend sent before a batch settled tells the
+  renewer after it, the moved holds' bucket is renewed again at once: an old TTL stands for
+  one round trip at most, never until the next period.
 * **One backend never delays another**: one scheduler thread (``redlock-renewer``) decides
   what is due and hands each batch to its backend's worker thread, which alone waits for
   that backend; a paused Redis holds up its own worker and nobody else's. Idle workers end,

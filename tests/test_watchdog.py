@@ -22,7 +22,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_redlock import Lock, LockLost, LockNotOwned, lock, locks, read_write_lock
+from django_redlock import Lock, LockLost, LockNotOwned, lock, locks, read_write_lock, semaphore
 from django_redlock.backends.base import Renewal
 from django_redlock.locking import holds
 from django_redlock.renewer import Renewer, thread_renewer
@@ -681,3 +681,70 @@ def test_lock_lost_fires_once_for_each_object_sharing_the_lost_hold(name: str) -
         time.sleep(0.5)  # a third signal would come by now
     assert sorted(map(id, (each for each, _ in lost))) == sorted([id(first), id(second)])
     assert first.lost and second.lost and first.token is None and second.token is None
+
+
+# -- a hand-over to another process: the old holder's renewals never cut the adopter's TTL ------
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_a_hand_over_to_a_process_with_a_longer_ttl_is_not_cut_short_by_the_old_holder(
+    kind: str, name: str, child: Callable[..., Any]
+) -> None:
+    """Process A holds with a 1 s TTL, renewed every 0.33 s; this process adopts its token
+    with 10 s (renewed every 3.3 s); A renews on for a second, then lets go of its object
+    without releasing it (a hand-over). A renewal of A's after the adopt must not cut the
+    adopter's time back to 1 s: the hold lasts while the adopter reports it held."""
+    if kind == "lock":
+        old = child("hold", "--name", name, "--ttl", "1.0")
+        adopter: Any = lock(name, ttl=10.0)
+    else:
+        old = child("lease", "--name", name, "--kind", "sem", "--ttl", "1.0")
+        adopter = semaphore(name, 1, ttl=10.0)
+    old.expect("ACQUIRED", timeout=10)
+    old.send("token")
+    token = old.expect("TOKEN", timeout=10).split()[-1]
+    adopter.adopt(token)
+    time.sleep(1.0)  # A renews about three times after the adopt
+    old.send("drop")
+    old.expect("DROPPED", timeout=10)
+    end = time.monotonic() + 1.8  # past A's last 1 s; before the adopter's first renewal
+    while time.monotonic() < end:
+        assert adopter.owned(), "the adopted hold ran out at the old holder's TTL"
+        time.sleep(0.1)
+    assert adopter.lost is None
+    adopter.release()
+
+
+def _renewal_never_shortens(held: Any, alias: str) -> None:
+    backend, name = locks[alias], held.name
+    assert held.acquire()
+    assert backend.renew_many([Renewal(name, held.token, 1000)]) == [True]
+    assert held.ttl() > 5, "a renewal with a shorter TTL cut the hold's time short"
+    assert backend.renew_many([Renewal(name, held.token, 20000)]) == [True]
+    assert held.ttl() > 15, "a renewal with a longer TTL did not lengthen it"
+    held.extend(1)  # an extend sets its TTL exactly, shorter too
+    assert 0 < held.ttl() <= 1
+    held.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_a_renewal_never_shortens_a_hold_and_an_extend_sets_its_ttl(
+    alias: str, kind: str, name: str
+) -> None:
+    if kind == "lock":
+        held: Any = lock(name, using=alias, ttl=10, auto_renew=False)
+    else:
+        held = semaphore(name, 1, using=alias, ttl=10, auto_renew=False)
+    _renewal_never_shortens(held, alias)
+
+
+def test_a_redlock_renewal_never_shortens_a_hold_and_an_extend_sets_its_ttl(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    servers = [redis_factory() for _ in range(3)]
+    config = {
+        "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+        "LOCATION": [server.url for server in servers],
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "quorum": config}):
+        _renewal_never_shortens(lock(name, using="quorum", ttl=10, auto_renew=False), "quorum")

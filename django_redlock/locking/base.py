@@ -834,7 +834,9 @@ class BaseLock:
     def adopt(self, token: str) -> None:
         """Become the holder of an existing hold by its token (e.g. taken by another process,
         to extend or release it here); ``LockNotOwned`` if it holds nothing. The adopting
-        object renews it from now on (``auto_renew``), with its own TTL."""
+        object renews it from now on (``auto_renew``), with its own TTL. The holder it came
+        from may renew it on until it lets go of its object: a renewal never shortens a
+        hold, so its TTL does not cut the adopter's short."""
         self._drive(self._adopt(token))
 
     async def aadopt(self, token: str) -> None:
