@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import LockError, lock
+from django_redlock import LockError, lock, semaphore
 from django_redlock.backends.base import Attempt
 from django_redlock.locking import holds
 from django_redlock.locking.base import BaseLock
@@ -115,11 +115,16 @@ class Case:
     def __init__(self, mode: str, name: str) -> None:
         self.mode = mode
         reentrant = mode == "reentrant"
-        self.lk = lock(name, ttl=TTL, reentrant=reentrant)
+        make: Callable[[], BaseLock] = (
+            (lambda: semaphore(name, 1, ttl=TTL))
+            if mode.startswith("permit")
+            else (lambda: lock(name, ttl=TTL, reentrant=reentrant))
+        )
+        self.lk = make()
         self.old: BaseLock | None = None
         self.token: str | None = None
-        if mode in ("adopt", "aadopt"):
-            self.old = lock(name, ttl=TTL)
+        if mode.endswith("adopt"):
+            self.old = make()
             assert self.old.acquire(blocking=False)
             self.token = self.old.token
         elif reentrant:
@@ -127,17 +132,17 @@ class Case:
 
     def run(self) -> None:
         lk, mode = self.lk, self.mode
-        if mode == "acquire" or mode == "reentrant":
+        if mode in ("acquire", "reentrant", "permit"):
             assert lk.acquire(blocking=False) is True
         elif mode == "aacquire":
             assert asyncio.run(lk.aacquire(blocking=False)) is True
-        elif mode == "adopt":
+        elif mode in ("adopt", "permit adopt"):
             lk.adopt(self.token)  # type: ignore[arg-type]
         else:
             asyncio.run(lk.aadopt(self.token))  # type: ignore[arg-type]
 
     def watched(self) -> tuple[set[CodeType], bool]:
-        if self.mode in ("adopt", "aadopt"):
+        if self.mode.endswith("adopt"):
             return set(), False  # adopt's grant is its extend: the record is all that follows
         return _codes("_acquire"), True
 
@@ -150,7 +155,7 @@ class Case:
             assert depth in (1, 2), where
             assert lk.hold_count() == depth, f"{where}: Redis counts another depth"
         elif lk.token is None:
-            if self.mode in ("adopt", "aadopt"):
+            if self.mode.endswith("adopt"):
                 lk.adopt(self.token)  # type: ignore[arg-type]
             else:
                 assert lk.acquire(blocking=False), f"{where}: the retry was refused"
@@ -166,7 +171,10 @@ class Case:
         assert not lk.locked(), where
 
 
-@pytest.mark.parametrize("mode", ["acquire", "adopt", "aacquire", "aadopt", "reentrant"])
+MODES = ["acquire", "adopt", "aacquire", "aadopt", "reentrant", "permit", "permit adopt"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_an_interrupt_while_a_hold_is_recorded_leaves_it_renewed_or_not_held(
     mode: str, name: str
 ) -> None:
