@@ -19,7 +19,9 @@ The rules (each is tested in tests/test_watchdog.py):
   object or process, set at a time unknown here), then makes its :meth:`add` with the time
   that command was sent (not left pending: the old object may be collected next, and its
   entry dropped). A batch of the old object's that lands after it is renewed again at once
-  (the TTL-change rule below).
+  (the TTL-change rule below). The old holder may be another process, renewing the token
+  with its own, shorter TTL until it lets go: a renewal never shortens a hold (renew.lua
+  keeps the longer time left), so its renewals never cut the adopter's TTL.
 * **Pending news is taken before a sweep**: news of a hold (:meth:`ThreadRenewer.soon`) is
   appended without the mutex, so it may come after the scheduler took the pending news and
   before another object of its token is collected; the sweep of collected objects takes
@@ -27,10 +29,11 @@ The rules (each is tested in tests/test_watchdog.py):
 * **The cap** (``max_hold``) is a monotonic deadline fixed at the acquisition and passed in
   by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing.
 * **A TTL change** (``extend(ttl=...)``) moves the entry to a bucket of its new TTL. A batch
-  taken before may still be on its way with the old TTL and land after the extend; so when a
-  batch settles with members that moved meanwhile, or an extend sent before a batch settled
-  tells the renewer after it, the moved holds' bucket is renewed again at once: an old TTL
-  stands for one round trip at most, never until the next period.
+  taken before may still be on its way with the old TTL and land after the extend (a
+  shorter one changes nothing there: a renewal never shortens); so when a batch settles
+  with members that moved meanwhile, or an extend sent before a batch settled tells the
+  renewer after it, the moved holds' bucket is renewed again at once: an old TTL stands for
+  one round trip at most, never until the next period.
 * **One backend never delays another**: one scheduler thread (``redlock-renewer``) decides
   what is due and hands each batch to its backend's worker thread, which alone waits for
   that backend; a paused Redis holds up its own worker and nobody else's. Idle workers end,
@@ -41,7 +44,12 @@ The rules (each is tested in tests/test_watchdog.py):
   it (under the renewer's mutex, so once). The object declares it (``lock_lost``, warning)
   only if it still had the hold: whoever takes a hold out of the object under its mutex (a
   renewal's loss, a release that found it gone, ``owned()``, ``extend()``) declares it, and
-  only they, so one loss fires once per object.
+  only they, so one loss fires once per object. Objects sharing the hold (one token) each
+  get theirs: each reported it held, each would learn it from its own ``owned()``, and a
+  receiver tells them apart by its ``lock`` argument.
+* **A loss dropped is a loss declared**: the entry is queued as lost before it is dropped
+  and leaves the queue once its objects were told, so an exception in between (the worker
+  heals) leaves it to the heal or the next settle, never forgotten.
 * **A loss is decided on the renewal path, announced off it**: the worker takes the hold out
   of the object (``owned()`` is False, ``lost`` set, ``LockLost`` raised from then on) and
   hands the notification (``lock_lost`` receivers, the warning, metrics) to the notifier
@@ -116,6 +124,7 @@ WORKER_IDLE = 60.0  # a backend's worker ends after this long without a batch (i
 # is made again by the next one: a cluster client takes a while)
 COMPACT = 64  # stale schedule and cap items tolerated beyond twice the live ones
 OWNER_SWEEP = 2.0  # seconds between looks for reentrant holds whose owner has ended
+LOST = "it expired or was released by someone else"
 
 HoldKey = tuple[int, str, str]  # (id of the backend, lock name, token)
 Batch = tuple["_Bucket", list["_Entry"], list[Renewal]]
@@ -186,6 +195,7 @@ class Renewer:
         self._owners_swept = 0.0
         self._serial = itertools.count()
         self._collected = False  # a holding Lock object was garbage-collected: sweep
+        self._losses: deque[_Entry] = deque()  # dropped as lost, objects not all told yet
 
     def _on_collected(self, _: weakref.ref[Lock]) -> None:
         self._collected = True  # only a flag: this runs wherever the collector runs
@@ -454,15 +464,32 @@ class Renewer:
                     if entry.bucket is not bucket and entry.bucket is not None:
                         self._due_now(entry.bucket, now)
             lost = [entry for entry in lost if entry.bucket is bucket]
+            self._losses.extend(lost)  # first: a loss dropped is a loss to declare
             for entry in lost:
                 self._drop(entry.key)
             wake = min(bucket.due, self._schedule[0][0]) if self._schedule else bucket.due
         self._wake(wake)  # the scheduler may sleep past the new due time: settled elsewhere
-        reason = "it expired or was released by someone else"
-        for entry in lost:
+        self._declare_losses()
+
+    def _declare_losses(self) -> None:
+        """Tell each Lock object of every entry dropped as lost that its hold is gone
+        (``mark_lost``: decided there, the object lets go now; declared by ``_notify``).
+
+        Called without the mutex (``mark_lost`` takes the object's, which may be held by
+        a caller waiting for this one). A loss is queued, under the mutex, before its entry
+        is dropped, and leaves the queue only once each of its objects was told: an
+        exception in between (an asynchronous one) leaves it to the next settle or heal,
+        which tells them again (an object told twice declares once: it has let go)."""
+        while True:
+            with self._mutex:
+                if not self._losses:
+                    return
+                entry = self._losses[0]
             for lock in list(entry.locks):
-                # Decided here (the object lets go of the hold now); declared by _notify.
-                lock.mark_lost(entry.renewal.token, reason, self._notify)
+                lock.mark_lost(entry.renewal.token, LOST, self._notify)
+            with self._mutex:
+                if self._losses and self._losses[0] is entry:  # not by another thread
+                    self._losses.popleft()
 
     def _notify(self, declare: Callable[[], None]) -> None:
         """Run a loss's declaration (signal, warning, metrics); here at once, but the
@@ -506,6 +533,7 @@ class Renewer:
                     bucket.due = min(bucket.due, now)
                     self._plan(bucket)
         self._wake(now)
+        self._declare_losses()  # a loss the exception cut short
 
     def _failed(self, bucket: _Bucket, exc: Exception) -> Exception:
         from .exceptions import BackendUnavailable, QuorumNotReached
@@ -731,6 +759,7 @@ class ThreadRenewer(Renewer):
         self._caps = []
         self._capped = 0
         self._owners = {}
+        self._losses = deque()  # the parent declares its own losses
         self._workers = {}
         self._thread = None
         self._wakes_at = 0.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import signal
 import sys
 import threading
@@ -106,6 +107,12 @@ def hold(args: argparse.Namespace) -> None:
                 say("NOT_OWNED", type(exc).__name__)
         elif command == "owned":
             say("OWNED", held.owned())
+        elif command == "token":
+            say("TOKEN", held.token)
+        elif command == "drop":  # let go of the object, unreleased (a hand-over's end)
+            del held
+            gc.collect()
+            say("DROPPED")
         elif command == "exit":
             return
 
@@ -190,6 +197,12 @@ def lease(args: argparse.Namespace) -> None:
                 say("NOT_OWNED", type(exc).__name__)
         elif command == "owned":
             say("OWNED", held.owned())
+        elif command == "token":
+            say("TOKEN", held.token)
+        elif command == "drop":  # let go of the object, unreleased (a hand-over's end)
+            del held
+            gc.collect()
+            say("DROPPED")
         elif command == "exit":
             return
 

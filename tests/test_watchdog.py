@@ -9,8 +9,10 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +22,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_redlock import Lock, LockLost, LockNotOwned, lock, locks, read_write_lock
+from django_redlock import Lock, LockLost, LockNotOwned, lock, locks, read_write_lock, semaphore
 from django_redlock.backends.base import Renewal
 from django_redlock.locking import holds
 from django_redlock.renewer import Renewer, thread_renewer
@@ -602,3 +604,147 @@ def test_a_lock_lost_receiver_raising_systemexit_does_not_stop_later_declaration
     finally:
         lock_lost.disconnect(receiver)
     assert seen == [first.name, second.name]
+
+
+# -- a loss decided but not yet declared when an exception lands ---------------------------------
+
+
+class _Interrupt(BaseException):
+    """An asynchronous exception (a signal handler's) in a watchdog thread."""
+
+
+def _settle_interrupted_at(renewer: Renewer, point: int) -> tuple[bool, str]:
+    """Settle the batch that finds the hold gone, with an exception raised at the
+    ``point``-th line of Renewer._settle (the worker then heals, as ThreadRenewer's does):
+    whether it fired, and where."""
+    time.sleep(0.25)  # a third of the TTL: the batch falls due
+    due = renewer._next()
+    assert not isinstance(due, float), due
+    [(bucket, entries, renewals)] = due
+    results = bucket.backend.renew_many(renewals)
+    code, seen, where = Renewer._settle.__code__, [0], [""]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            seen[0] += 1
+            if seen[0] == point:
+                where[0] = f"_settle:{frame.f_lineno}"
+                raise _Interrupt(where[0])
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is code else None
+
+    sys.settrace(tracer)
+    try:
+        renewer._settle(bucket, entries, results, time.monotonic())
+    except _Interrupt:
+        renewer._heal(threading.current_thread())
+    finally:
+        sys.settrace(None)
+    return bool(where[0]), where[0]
+
+
+def test_an_exception_in_settle_after_a_loss_was_decided_still_declares_it(name: str) -> None:
+    """At every line of Renewer._settle: the renewal found the token gone; wherever the
+    exception lands, the object learns it lost the hold (token None, ``lost`` set) and
+    lock_lost fires once, at the latest after the heal and one more renewal period."""
+    failed = []
+    for point in itertools.count(1):
+        renewer = Renewer()
+        lk = _held_by(renewer, f"{name}:{point}", 0.6)
+        locks["redis"].force_release(lk.name)  # gone: the next renewal finds out
+        with _losses() as lost:
+            fired, where = _settle_interrupted_at(renewer, point)
+            if not fired:
+                break  # past the last line: every line was tried
+            _run_renewer(renewer, 0.4)  # the next period, if the loss was not decided yet
+            mine = [each for each, _ in lost if each is lk]
+        if lk.token is not None or lk.lost is None or len(mine) != 1:
+            failed.append(f"{where}: token={lk.token} lost={lk.lost!r} signals={len(mine)}")
+        assert len(renewer) == 0, where
+    assert point > 10, point  # the lines of _settle were seen
+    assert not failed, "\n".join(failed)
+
+
+def test_lock_lost_fires_once_for_each_object_sharing_the_lost_hold(name: str) -> None:
+    """Two objects of one reentrant owner share a hold (one token): each reported it held,
+    each is told it lost it (its own lock_lost, once), as each would be by owned()."""
+    first, second = (lock(name, reentrant=True, ttl=0.6) for _ in range(2))
+    with _losses() as lost:
+        assert first.acquire() and second.acquire()
+        assert first.token == second.token
+        locks["redis"].force_release(name)
+        end = time.monotonic() + 5.0
+        while len(lost) < 2 and time.monotonic() < end:
+            time.sleep(0.02)
+        time.sleep(0.5)  # a third signal would come by now
+    assert sorted(map(id, (each for each, _ in lost))) == sorted([id(first), id(second)])
+    assert first.lost and second.lost and first.token is None and second.token is None
+
+
+# -- a hand-over to another process: the old holder's renewals never cut the adopter's TTL ------
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_a_hand_over_to_a_process_with_a_longer_ttl_is_not_cut_short_by_the_old_holder(
+    kind: str, name: str, child: Callable[..., Any]
+) -> None:
+    """Process A holds with a 1 s TTL, renewed every 0.33 s; this process adopts its token
+    with 10 s (renewed every 3.3 s); A renews on for a second, then lets go of its object
+    without releasing it (a hand-over). A renewal of A's after the adopt must not cut the
+    adopter's time back to 1 s: the hold lasts while the adopter reports it held."""
+    if kind == "lock":
+        old = child("hold", "--name", name, "--ttl", "1.0")
+        adopter: Any = lock(name, ttl=10.0)
+    else:
+        old = child("lease", "--name", name, "--kind", "sem", "--ttl", "1.0")
+        adopter = semaphore(name, 1, ttl=10.0)
+    old.expect("ACQUIRED", timeout=10)
+    old.send("token")
+    token = old.expect("TOKEN", timeout=10).split()[-1]
+    adopter.adopt(token)
+    time.sleep(1.0)  # A renews about three times after the adopt
+    old.send("drop")
+    old.expect("DROPPED", timeout=10)
+    end = time.monotonic() + 1.8  # past A's last 1 s; before the adopter's first renewal
+    while time.monotonic() < end:
+        assert adopter.owned(), "the adopted hold ran out at the old holder's TTL"
+        time.sleep(0.1)
+    assert adopter.lost is None
+    adopter.release()
+
+
+def _renewal_never_shortens(held: Any, alias: str) -> None:
+    backend, name = locks[alias], held.name
+    assert held.acquire()
+    assert backend.renew_many([Renewal(name, held.token, 1000)]) == [True]
+    assert held.ttl() > 5, "a renewal with a shorter TTL cut the hold's time short"
+    assert backend.renew_many([Renewal(name, held.token, 20000)]) == [True]
+    assert held.ttl() > 15, "a renewal with a longer TTL did not lengthen it"
+    held.extend(1)  # an extend sets its TTL exactly, shorter too
+    assert 0 < held.ttl() <= 1
+    held.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_a_renewal_never_shortens_a_hold_and_an_extend_sets_its_ttl(
+    alias: str, kind: str, name: str
+) -> None:
+    if kind == "lock":
+        held: Any = lock(name, using=alias, ttl=10, auto_renew=False)
+    else:
+        held = semaphore(name, 1, using=alias, ttl=10, auto_renew=False)
+    _renewal_never_shortens(held, alias)
+
+
+def test_a_redlock_renewal_never_shortens_a_hold_and_an_extend_sets_its_ttl(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    servers = [redis_factory() for _ in range(3)]
+    config = {
+        "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+        "LOCATION": [server.url for server in servers],
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "quorum": config}):
+        _renewal_never_shortens(lock(name, using="quorum", ttl=10, auto_renew=False), "quorum")

@@ -111,10 +111,11 @@ class RedisClusterBackend(RedisBackend):
         return float(self._cluster_options()["socket_timeout"])
 
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
-        # A batch spans slots: one extend per lock, pipelined (routed to each lock's node).
-        extend = script("extend")
-        calls = [Call(extend, [self.key(r.name)], [r.token, r.ttl_ms]) for r in renewals]
-        return Op(renewals[0].name if renewals else "", calls, renewed)
+        # A batch spans slots: one renew.lua per lock (never shortens, as a whole batch's),
+        # pipelined (routed to each lock's node); each replies a list of one.
+        renew = script("renew")
+        calls = [Call(renew, [self.key(r.name)], [r.token, r.ttl_ms]) for r in renewals]
+        return Op(renewals[0].name if renewals else "", calls, _renewed_each)
 
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[Any], str | None]:
         # A cluster scans node by node: use the plain walk (BaseLockBackend's).
@@ -152,3 +153,8 @@ def _has_sharded_pubsub(client: Any) -> bool:
         logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)
         return False
     return True
+
+
+def _renewed_each(replies: list[Any]) -> list[bool | None]:
+    """One renew.lua reply (a list of one) per lock, or the error that call raised."""
+    return renewed([r[0] if isinstance(r, list) else r for r in replies])

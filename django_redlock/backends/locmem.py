@@ -253,24 +253,31 @@ class LocMemBackend(BaseLockBackend):
         return self._op(name, work)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
-        return Op(name, lambda: self.op_renew([Renewal(name, token, ttl_ms)]).request()[0])
+        renewals = [Renewal(name, token, ttl_ms)]
+        return Op(name, lambda: self._extend(renewals, at_least=False).request()[0])
 
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
+        return self._extend(renewals, at_least=True)
+
+    def _extend(self, renewals: Sequence[Renewal], at_least: bool) -> Op[list[bool | None]]:
+        """As extend.lua (exactly ``ttl``) and renew.lua (``at_least``: never shorter)."""
+
         def work(store: _Store, now: float) -> tuple[list[bool], list[str]]:
             results = []
             for renewal in renewals:
+                until = now + renewal.ttl_ms / 1000
                 leased = store.leased.get(renewal.name)
                 lease = leased.leases.get(renewal.token) if leased else None
                 if lease is not None:  # a lease, as extend.lua tells them apart
                     ours = lease.expires > now
                     if ours:
-                        lease.expires = now + renewal.ttl_ms / 1000
+                        lease.expires = max(lease.expires, until) if at_least else until
                     results.append(ours)
                     continue
                 hold = store.live(renewal.name, now)
                 ours = hold is not None and renewal.token in hold.owners
                 if hold is not None and ours:
-                    hold.expires = now + renewal.ttl_ms / 1000
+                    hold.expires = max(hold.expires, until) if at_least else until
                 results.append(ours)
             return results, []
 

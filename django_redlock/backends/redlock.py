@@ -318,8 +318,15 @@ class RedlockBackend(BaseLockBackend):
         return Op(name, _Quorum(steps()))
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
+        def each(node: RedisBackend) -> Op[list[bool]]:
+            # Each node's extend (its TTL set exactly; a renewal's never shortens), decided
+            # as a batch of one.
+            op = node.op_extend(name, token, ttl_ms)
+            return Op(op.name, op.request, lambda reply: [op.parse(reply)])
+
         def steps() -> Steps[bool]:
-            (extended,), replies = yield from self._renew([Renewal(name, token, ttl_ms)])
+            renewals = [Renewal(name, token, ttl_ms)]
+            (extended,), replies = yield from self._renew(renewals, each)
             if extended is None:
                 raise self._unreachable(name, replies, "extend")
             return extended
@@ -362,9 +369,12 @@ class RedlockBackend(BaseLockBackend):
 
         return Op(renewals[0].name if renewals else "", _Quorum(steps()))
 
-    def _renew(self, renewals: Sequence[Renewal]) -> Steps[tuple[list[bool | None], Replies]]:
+    def _renew(
+        self, renewals: Sequence[Renewal], each: Callable[[RedisBackend], Op[Any]] | None = None
+    ) -> Steps[tuple[list[bool | None], Replies]]:
         """Per hold: True when a majority extended it within its new validity, False when
-        no majority can hold it any more, None when too few nodes answered to tell."""
+        no majority can hold it any more, None when too few nodes answered to tell.
+        ``each``: a node's op (a list of one answer per hold); default: its renewal."""
         started = time.monotonic()
 
         def decided(replies: Replies) -> bool:
@@ -375,7 +385,8 @@ class RedlockBackend(BaseLockBackend):
                     return False
             return True
 
-        replies = yield self._each(lambda n: n.op_renew(renewals), decided, True)
+        node_op = each or (lambda n: n.op_renew(renewals))
+        replies = yield self._each(node_op, decided, True)
         elapsed_ms = (time.monotonic() - started) * 1000
         unknown = len(self.nodes) - self._answered(replies)
         results: list[bool | None] = []

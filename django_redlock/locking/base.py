@@ -265,22 +265,39 @@ class BaseLock:
         span = observe.acquire_started(self)
         token = owner if self.reentrant else self._next_token()
         ttl_ms, meta = to_ms(self.lock_ttl), self._meta()
+        held = self._holds.get(owner)  # before: to tell whether an interrupt came after a record
+        depth = 0 if held is None else held.depth
         attempt = yield from self._try_or_wait(
             owner, token, ttl_ms, meta, blocking, timeout, started, span
         )
-        self._unsure_token = None  # answered: the token holds what the answer says
-        current = self._holds.get(owner) if self.reentrant else None
-        if self._nests_in_nothing(owner, current, attempt):
+        try:
+            hold: Hold | None = None
+            current = self._holds.get(owner) if self.reentrant else None
+            refused = self._nests_in_nothing(owner, current, attempt)
+            if attempt.acquired and not refused:
+                hold = self._record(owner, actor, token, ttl_ms, attempt)
+        except BaseException as exc:
+            # Granted and not recorded (_record undid its steps): hand it back. Recorded (an
+            # interrupt as _record returned): held and renewed, kept.
+            mine = self._holds.get(owner)
+            recorded = mine is not None and (mine is not held or mine.depth > depth)
+            if attempt.acquired and not recorded:
+                failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
+                observe.acquire_ended(self, started, failed, None, span)
+                yield from self._hand_back(owner, token)
+            raise
+        self._unsure_token = None  # answered (and recorded): the token holds what it says
+        if refused:
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             yield from self._refuse_reentry(owner, token, current)
-        if not attempt.acquired:
+        if hold is None:
             outcome = observe.TIMEOUT if blocking and timeout else observe.BUSY
             observe.acquire_ended(self, started, outcome, None, span)
             if blocking and timeout:
                 acquire_timed_out.send_robust(sender=type(self), lock=self, timeout=timeout)
             return False
         observe.acquire_ended(self, started, observe.ACQUIRED, attempt.fence, span)
-        self._record(owner, actor, token, ttl_ms, attempt)
+        self._announce_held(hold, attempt)
         return True
 
     def _prepare_acquire(
@@ -367,14 +384,26 @@ class BaseLock:
             observe.acquire_ended(self, started, observe.TIMEOUT, None, span)  # cancelled
             # Cancelled or interrupted while a reply was on its way: the server may have
             # granted the hold, so hand it back (the token is ours alone).
-            self._believe(owner, 0, unsure=True)
-            if not self.reentrant:
-                self._unsure_token = token  # kept should the hand-back fail
-                with contextlib.suppress(Exception):
-                    yield self._op_release(token)
-                    self._unsure_token = None
+            yield from self._hand_back(owner, token)
             raise
         return attempt
+
+    def _hand_back(self, owner: str, token: str) -> Steps[None]:
+        """Give back a hold the server may have granted that this object does not hold (an
+        interrupt before it was recorded). A reentrant count is marked unsure and settled
+        now (else before the owner's next operation); a plain hold is released by its
+        token, kept for the next try should the release get no answer (that try then finds
+        the hold and takes it again). An error of the hand-back is not raised: the caller
+        raises what interrupted it."""
+        self._believe(owner, 0, unsure=True)
+        if self.reentrant:
+            with contextlib.suppress(Exception):
+                yield from self._settle(owner)
+        else:
+            self._unsure_token = token  # kept should the hand-back fail
+            with contextlib.suppress(Exception):
+                yield self._op_release(token)
+                self._unsure_token = None
 
     def _nests_in_nothing(self, owner: str, current: Hold | None, attempt: Attempt) -> bool:
         """Whether a reentrant grant is a new hold where this process holds levels: a new
@@ -462,33 +491,94 @@ class BaseLock:
         ttl_ms: int,
         attempt: Attempt,
         adopted: float | None = None,
-    ) -> None:
+    ) -> Hold:
+        """Make ``owner``'s a hold the backend granted (or that :meth:`adopt` took over): in
+        the object, counted as taken by its actor (a renewed exclusive hold), one level more
+        (a reentrant owner's count too), and on the watchdog's schedule. Returns the hold;
+        the caller announces it (:meth:`_announce_held`).
+
+        All or nothing, so that nothing reports a hold that nobody renews. An exception at
+        any step (an interrupt too: KeyboardInterrupt, a signal handler's exception) undoes
+        the steps before it (:meth:`_unrecord`) and comes out: the object then holds what it
+        held before (a new hold: ``token`` None, not taken, not renewed; a re-entry: the
+        level and the count as they were), so a retry works. The caller gives the grant
+        back: :meth:`_acquire` releases it (:meth:`_hand_back`), :meth:`_adopt` leaves it to
+        the holder it came from (renewed by it, or run out at its TTL). Once this returns,
+        the hold is complete: an exception in the announcement leaves it held and renewed.
+
+        The steps, in order: the hold into the object, counted as taken, one level more,
+        ``lost`` cleared, on the renewer's schedule (``soon``; ``add`` for an adoption, in
+        the renewer before adopt() returns), and last the reentrant count (nothing after it
+        to undo). Each undo works from the state the step left (idempotent), whichever steps
+        ran."""
         with self._mutex:
             hold = self._holds.get(owner)
-            if hold is None:
-                hold = self._holds[owner] = Hold(token, attempt.fence, actor)
-                if self.max_hold is not None:  # the cap counts from here, whatever extend does
-                    hold.stop_at = time.monotonic() + self.max_hold
-                renewed = self.auto_renew and self.max_hold is None
-                if self.exclusive and not self.reentrant and renewed:
-                    # Renewed for as long as it is held (or its object lives).
-                    hold.taken = take(self.backend, self.name, actor, self)
-            hold.depth += 1
-            self._believe(owner, 1)
-            self._lost = None
-        if self.auto_renew and hold.renewer is None:
-            # One watchdog thread renews sync and asyncio holds alike: it outlives any event
-            # loop, so a hold taken in a short-lived loop (asyncio.run) is still renewed.
-            hold.renewer = thread_renewer
+            was = (hold, 0 if hold is None else hold.depth, self._lost)
+            renewer = None if hold is None else hold.renewer
+            try:
+                if hold is None:
+                    hold = Hold(token, attempt.fence, actor)
+                    if self.max_hold is not None:  # the cap counts from here, extend or not
+                        hold.stop_at = time.monotonic() + self.max_hold
+                    self._holds[owner] = hold
+                    renewed = self.auto_renew and self.max_hold is None
+                    if self.exclusive and not self.reentrant and renewed:
+                        # Renewed for as long as it is held (or its object lives).
+                        hold.taken = take(self.backend, self.name, actor, self)
+                hold.depth += 1
+                self._lost = None
+                if self.auto_renew and hold.renewer is None:
+                    self._renew_from_now(hold, ttl_ms, adopted)
+                self._believe(owner, 1)
+            except BaseException:
+                self._unrecord(owner, hold, renewer, *was)
+                raise
+        return hold
+
+    def _renew_from_now(self, hold: Hold, ttl_ms: int, adopted: float | None) -> None:
+        """Put ``hold`` on the watchdog's schedule (:meth:`_record`'s step)."""
+        # One watchdog thread renews sync and asyncio holds alike: it outlives any event
+        # loop, so a hold taken in a short-lived loop (asyncio.run) is still renewed.
+        hold.renewer = thread_renewer
+        renewal = self._renewal(hold.token, ttl_ms)
+        if adopted is not None:
+            # In the renewer before adopt() returns (the old object may be collected
+            # next), on the schedule of the TTL adopt() set at ``adopted`` (a batch of
+            # the old object's that lands after it is renewed again: see renewer.py).
+            thread_renewer.add(self, renewal, hold.stop_at, adopted)
+        else:
             # A reentrant hold is renewed while its owner lives (see renewer.py).
             lives = _actor() if self.reentrant else None
-            if adopted is not None:
-                # In the renewer before adopt() returns (the old object may be collected
-                # next), on the schedule of the TTL adopt() set at ``adopted`` (a batch of
-                # the old object's that lands after it is renewed again: see renewer.py).
-                hold.renewer.add(self, self._renewal(token, ttl_ms), hold.stop_at, adopted)
-            else:
-                hold.renewer.soon(self, self._renewal(token, ttl_ms), hold.stop_at, lives)
+            thread_renewer.soon(self, renewal, hold.stop_at, lives)
+
+    def _unrecord(
+        self,
+        owner: str,
+        hold: Hold | None,
+        renewer: Any,
+        held: Hold | None,
+        depth: int,
+        lost: str | None,
+    ) -> None:
+        """Undo the steps of :meth:`_record` that ran (called locked): ``held``, ``depth``,
+        ``lost`` and ``renewer`` are what the object had before. A new hold leaves the
+        object, the taken count and the renewer (its news, if sent, is dropped: the
+        renewer asks :meth:`renewed_by` first); a re-entry goes back to its depth. A
+        renewer that renewed the hold before goes on (an adoption's entry may be shared by
+        another object of the token: only this one leaves it)."""
+        if hold is None:
+            return  # interrupted before anything
+        if held is None:
+            if self._holds.get(owner) is hold:
+                del self._holds[owner]
+            self._untake(hold)
+        if renewer is None:
+            self._stop_renewing(hold)
+        hold.depth = depth
+        self._lost = lost
+
+    def _announce_held(self, hold: Hold, attempt: Attempt) -> None:
+        """A hold just recorded: metrics, span, log and ``lock_acquired`` for a new one."""
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             observe.hold_started(self, hold)
             logger.debug("redlock: acquired %s, fence %s", self.describe(), attempt.fence)
@@ -502,7 +592,8 @@ class BaseLock:
         """
         if self.reentrant or not self.exclusive or "" in self._holds:
             raise LockError(f"{self.describe()}: took() records a new plain hold only")
-        self._record("", owner_id(), token, ttl_ms, Attempt(True, fence, 1))
+        attempt = Attempt(True, fence, 1)
+        self._announce_held(self._record("", owner_id(), token, ttl_ms, attempt), attempt)
 
     def release_steps(self) -> Steps[None]:
         """Internal API (``lock_all``): the steps of :meth:`release`, for a caller that runs
@@ -727,7 +818,7 @@ class BaseLock:
         ttl_ms, sent = to_ms(self.lock_ttl), time.monotonic()
         if not (yield self._op_extend(token, ttl_ms)):
             raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
-        self._record("", owner_id(), token, ttl_ms, attempt, adopted=sent)
+        self._record("", owner_id(), token, ttl_ms, attempt, adopted=sent)  # nothing to announce
 
     def _op_fence_of(self, token: str) -> Op[int | None]:
         """The fence of ``token``'s hold (0 if it has none), None if it holds nothing."""
@@ -743,7 +834,9 @@ class BaseLock:
     def adopt(self, token: str) -> None:
         """Become the holder of an existing hold by its token (e.g. taken by another process,
         to extend or release it here); ``LockNotOwned`` if it holds nothing. The adopting
-        object renews it from now on (``auto_renew``), with its own TTL."""
+        object renews it from now on (``auto_renew``), with its own TTL. The holder it came
+        from may renew it on until it lets go of its object: a renewal never shortens a
+        hold, so its TTL does not cut the adopter's short."""
         self._drive(self._adopt(token))
 
     async def aadopt(self, token: str) -> None:

@@ -87,24 +87,34 @@ local function lease_take(leases, details, counter, token, ttl, meta, mode, now,
 end
 
 -- Extend `token`'s live lease to ttl ms from now; 1 if extended, 0 if it holds none.
-local function lease_extend(leases, details, token, ttl, now)
+-- `at_least`: never shorten it (a renewal: see any_extend).
+local function lease_extend(leases, details, token, ttl, now, at_least)
   local expiry = tonumber(redis.call('ZSCORE', leases, token))
   if not expiry or expiry <= now then
     return 0
   end
-  redis.call('ZADD', leases, 'XX', ms_text(now + ttl), token)
-  leases_grow(leases, details, ttl)
+  if not at_least or expiry < now + ttl then
+    redis.call('ZADD', leases, 'XX', ms_text(now + ttl), token)
+    leases_grow(leases, details, ttl)
+  end
   return 1
 end
 
 -- Any hold of `key` by `token`, a lock's (string, hash) or a lease (sorted set): what the
--- watchdog's batch and extend run, so locks and leases share batches.
-local function any_extend(key, token, ttl)
+-- watchdog's batch and extend run, so locks and leases share batches. 1 if extended, 0 if
+-- not ours. `at_least` (the watchdog's renewals): the hold keeps at least `ttl` ms, and
+-- keeps more if it has more. Several holders may renew one token with their own TTLs (a
+-- hand-over: the old holder still renews after adopt() set the adopter's longer TTL), and
+-- none may cut another's time short. An extend() sets `ttl` exactly.
+local function any_extend(key, token, ttl, at_least)
   local kind = redis.call('TYPE', key).ok
   if kind == 'zset' then
-    return lease_extend(key, key .. ':h', token, ttl, now_ms())
+    return lease_extend(key, key .. ':h', token, ttl, now_ms(), at_least)
   end
   if hold_mine(key, token, kind) > 0 then
+    if at_least and redis.call('PTTL', key) >= tonumber(ttl) then
+      return 1
+    end
     return redis.call('PEXPIRE', key, ttl)
   end
   return 0

@@ -46,7 +46,7 @@ if count > 0 then
   if mode == 'r' then
     count = lease_recount(details, token, 1)
   end
-  lease_extend(leases, details, token, ttl, now)
+  lease_extend(leases, details, token, ttl, now, false)
   if wait >= 0 then
     redis.call('ZREM', waiting, waiter)
   end

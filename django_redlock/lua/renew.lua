@@ -1,6 +1,8 @@
 -- The watchdog's batch: extend many holds in one call, each only if still ours
 -- (compare-and-PEXPIRE, as extend.lua does for one): locks and leases (semaphore permits,
--- read and write holds) alike, told apart by their key's type.
+-- read and write holds) alike, told apart by their key's type. A renewal never shortens a
+-- hold: it keeps at least its ttl, more if it has more (any_extend's `at_least`: another
+-- holder of the token, an adopter, may have set a longer one).
 -- KEYS: the locks.  ARGV[1]: their tokens joined by '|' (a token never holds one).
 -- ARGV[2]: one ttl ms for all, or one per lock joined by '|'.
 -- Two arguments, not two per lock: packing hundreds of arguments is the client's main cost.
@@ -15,6 +17,6 @@ local i = 0
 local results = {}
 for token in string.gmatch(ARGV[1], '[^|]+') do
   i = i + 1
-  results[i] = any_extend(KEYS[i], token, ttls[i] or ttls[1])
+  results[i] = any_extend(KEYS[i], token, ttls[i] or ttls[1], true)
 end
 return results
