@@ -158,14 +158,6 @@ PRIVATE_ATTRIBUTES_LEFT = {
     ("django_redlock.wire", "_sock"): "redis-py Connection._sock",
     ("django_redlock.wire", "_command_packer"): "redis-py Connection._command_packer",
     ("django_redlock.wire", "_django_redlock_threads"): "ours, planted on redis-py's pool",
-    # backends/redlock.py and redlock_io.py use a node's (a RedisBackend's) old names; the
-    # new ones are RedisBackend.round_trip / parse_info / refusal_error.
-    ("django_redlock.backends.redlock", "_io"): "RedisBackend.round_trip",
-    ("django_redlock.backends.redlock", "_info"): "RedisBackend.parse_info",
-    ("django_redlock.backends.redlock_io", "_refused"): "RedisBackend.refusal_error",
-    # compat/ and contrib/beat.py: the new names are BaseLock.use_token, LocMemBackend.store.
-    ("django_redlock.compat", "_unsure_token"): "BaseLock.use_token(token)",
-    ("django_redlock.contrib.beat", "_store"): "LocMemBackend.store",
 }
 
 

@@ -165,9 +165,6 @@ class RedisBackend(BaseLockBackend):
                 raise
             raise self.refusal_error(name, exc) from exc
 
-    # The old names, for backends/redlock.py and redlock_io.py until they take the new ones
-    # (tests/test_layers.py's allow-list names each use).
-    _io = round_trip
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
         timed_out = isinstance(exc, (RedisTimeoutError, TimeoutError))
@@ -184,7 +181,6 @@ class RedisBackend(BaseLockBackend):
                 refused = self.execute(self.op_probe())
         return acl.missing_permission(self, name, exc, refused or ())
 
-    _refused = refusal_error  # the old name (see _io)
 
     async def _arefused(self, name: str, exc: BaseException) -> MissingPermission:
         refused: list[str] | None = None
@@ -373,7 +369,6 @@ class RedisBackend(BaseLockBackend):
             return None
         return lock_info(name, self.alias, value, int(pttl), int(waiters), *map(int, longest))
 
-    _info = parse_info  # the old name (see _io)
 
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """A page by ``SCAN`` (never ``KEYS``): the scan's cursor is the page's cursor, and

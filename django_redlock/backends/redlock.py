@@ -611,7 +611,7 @@ class RedlockBackend(BaseLockBackend):
             node = self.nodes[index]
             scans += 1
             try:
-                with node._io(match):
+                with node.round_trip(match):
                     position, keys = node.client.scan(position, match=pattern, count=count)
             except BackendUnavailable:
                 index, position = index + 1, 0  # its majority holds are on the other nodes
@@ -663,7 +663,7 @@ class RedlockBackend(BaseLockBackend):
             per_node: Replies = []
             for node, reply in zip(self.nodes, replies, strict=True):
                 if isinstance(reply, list) and not isinstance(reply[j], BaseException):
-                    per_node.append(node._info(name, reply[j]))
+                    per_node.append(node.parse_info(name, reply[j]))
                 else:
                     per_node.append(reply if isinstance(reply, BaseException) else None)
             earlier = [i for i in range(at) if scanned & 1 << i]  # skipped nodes did not list

@@ -809,7 +809,7 @@ class NodeIO:
     def _parsed(self, i: int, op: Op[Any], raw: list[Any]) -> Any:
         refused = acl.first_refused(raw)
         if refused is not None:  # this node's user may not: say what it lacks
-            return self.nodes[i]._refused(op.name, refused)
+            return self.nodes[i].refusal_error(op.name, refused)
         if any(isinstance(r, NoScriptError) for r in raw):
             # This node forgot the scripts: teach it and ask again, on its own.
             try:

@@ -153,7 +153,7 @@ class RedisPyLock:
             text = token.decode() if isinstance(token, bytes) else str(token)
             if not text or "|" in text:
                 raise ValueError(f"token must be non-empty text without '|', not {token!r}")
-            held._unsure_token = text
+            held.use_token(text)
         timeout = None if blocking_timeout is None else max(0.0, float(blocking_timeout))
         if not held.acquire(blocking=bool(blocking), timeout=timeout if blocking else None):
             return False

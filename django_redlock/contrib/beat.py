@@ -147,7 +147,7 @@ _local_records: dict[int, dict[str, tuple[str, float]]] = {}
 
 
 def _local(backend: LocMemBackend) -> tuple[Any, dict[str, tuple[str, float]]]:
-    store = backend._store
+    store = backend.store
     return store, _local_records.setdefault(id(store), {})
 
 
