@@ -25,7 +25,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_redlock import StaleFence, lock, locks
-from django_redlock.fencing import row_key
+from django_redlock.fence_table import row_key
 from django_redlock.models import Fence
 from django_redlock.testing import (
     FakeClock,

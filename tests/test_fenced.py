@@ -31,7 +31,7 @@ from django_redlock import (
     read_write_lock,
     semaphore,
 )
-from django_redlock.fencing import row_key
+from django_redlock.fence_table import row_key
 from django_redlock.models import Fence
 from django_redlock.signals import lock_lost
 
@@ -430,7 +430,7 @@ def test_prune_fences_deletes_by_age_in_one_statement_and_sends_no_delete_signal
     RETURNING lock the old rows first, then delete them by key and age."""
     from django.db.models.signals import pre_delete
 
-    from django_redlock.fencing import prune_fences
+    from django_redlock.fence_table import prune_fences
 
     with lock(name, atomic=True) as held:
         fence = held.fence

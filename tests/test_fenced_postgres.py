@@ -26,7 +26,7 @@ from django.urls import path
 from django.utils import timezone
 
 from django_redlock import CommitOutcomeUnknown, StaleFence, lock, lock_view, locks, read_write_lock
-from django_redlock.fencing import prune_fences, row_key
+from django_redlock.fence_table import prune_fences, row_key
 from django_redlock.models import Fence
 from django_redlock.testing import RedisServer
 
@@ -618,7 +618,7 @@ def test_the_session_s_own_lock_timeout_without_a_bound_is_a_clear_lock_not_acqu
     """check_fence without a bound (wait=None) leaves the database's lock_timeout in charge;
     when it fires the message says so (it formatted None as a number: TypeError)."""
     from django_redlock.exceptions import LockNotAcquired
-    from django_redlock.fencing import check_fence
+    from django_redlock.fence_table import check_fence
 
     with lock(name, ttl=10, atomic=PG) as held:
         fence = held.fence

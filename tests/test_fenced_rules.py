@@ -30,7 +30,7 @@ from django_redlock import (
     locks,
     single_instance,
 )
-from django_redlock.fencing import row_key
+from django_redlock.fence_table import row_key
 from django_redlock.models import Fence
 
 from .fenced_child import open_shop, sales, sell_one

@@ -147,7 +147,7 @@ PRIVATE_IMPORTS_LEFT: set[tuple[str, str]] = set()
 PRIVATE_ATTRIBUTES_LEFT = {
     # Other libraries' names that are their public API despite the underscore:
     ("django_redlock.acl", "_replace"): "namedtuple's documented _replace (urlsplit's)",
-    ("django_redlock.fencing", "_meta"): "Django's documented Model._meta API",
+    ("django_redlock.fence_table", "_meta"): "Django's documented Model._meta API",
     ("django_redlock.contrib.celery", "_get_current_object"): "Celery's proxy, documented",
     # asyncio's running-loop lookup without get_running_loop()'s RuntimeError when there is
     # none (a few hundred ns on every acquire; CPython keeps it for that purpose).

@@ -529,7 +529,7 @@ def test_atomic_records_every_fence_in_one_transaction_before_the_body() -> None
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_redlock.fencing import row_key
+    from django_redlock.fence_table import row_key
     from django_redlock.models import Fence
 
     held = lock_all("fa:2", "fa:1", atomic=True)
@@ -552,7 +552,7 @@ def test_atomic_records_every_fence_in_one_transaction_before_the_body() -> None
 @pytest.mark.django_db(databases=["default"], transaction=True)
 def test_atomic_refuses_a_stale_fence_of_any_name_and_frees_every_name() -> None:
     from django_redlock import StaleFence
-    from django_redlock.fencing import check_fence
+    from django_redlock.fence_table import check_fence
 
     with lock_all("st:1", "st:2") as held:
         fences = held.fences

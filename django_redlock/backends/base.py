@@ -43,7 +43,7 @@ def on_close(hook: Callable[[BaseLockBackend], None]) -> None:
         _close_hooks.append(hook)
 
 
-#: Redis's Lua numbers are exact below 2**53 (fencing.FENCE_LIMIT).
+#: Redis's Lua numbers are exact below 2**53 (fence_table.FENCE_LIMIT).
 LUA_EXACT = 2**53
 DEFAULT_KEY_PREFIX = "redlock"
 PREFIX_FORBIDDEN = "*?[]\\"  # glob characters: keys are found by SCAN MATCH

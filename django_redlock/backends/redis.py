@@ -165,7 +165,6 @@ class RedisBackend(BaseLockBackend):
                 raise
             raise self.refusal_error(name, exc) from exc
 
-
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
         timed_out = isinstance(exc, (RedisTimeoutError, TimeoutError))
         message = f"lock {name!r}: backend {self.describe()} is unavailable: {exc}"
@@ -180,7 +179,6 @@ class RedisBackend(BaseLockBackend):
             with contextlib.suppress(LockError):
                 refused = self.execute(self.op_probe())
         return acl.missing_permission(self, name, exc, refused or ())
-
 
     async def _arefused(self, name: str, exc: BaseException) -> MissingPermission:
         refused: list[str] | None = None
@@ -368,7 +366,6 @@ class RedisBackend(BaseLockBackend):
         if value is None:
             return None
         return lock_info(name, self.alias, value, int(pttl), int(waiters), *map(int, longest))
-
 
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """A page by ``SCAN`` (never ``KEYS``): the scan's cursor is the page's cursor, and

@@ -196,7 +196,7 @@ def start_pruner(config: dict[str, Any], log: Any, stop: Any) -> None:
     from django.db import DatabaseError, connections
     from django.db.models.signals import pre_delete
 
-    from django_redlock.fencing import prune_fences
+    from django_redlock.fence_table import prune_fences
     from django_redlock.models import Fence
 
     rng = random.Random(config["seed"] * 17 + 3)
@@ -313,7 +313,7 @@ def checked_fence(lk: Any) -> int:
     """The fence the block's check recorded: its row's, read in the block's transaction (the
     row stays locked until it ends). ``lk.fence`` would be None if the hold was found lost
     meanwhile (a pause), and is the granted one unless a re-fence raised it."""
-    from django_redlock.fencing import row_key
+    from django_redlock.fence_table import row_key
     from django_redlock.models import Fence
 
     rows = Fence.objects.using(ALIAS).filter(key=row_key(lk.using, lk.name))

@@ -22,7 +22,8 @@ from django.db import DEFAULT_DB_ALIAS
 from ...backends.base import LockInfo, Released
 from ...display import multi_text
 from ...exceptions import LockError, LockNotAcquired
-from ...fencing import check_database, prune_fences
+from ...fence_table import prune_fences
+from ...fencing import check_database
 from ...handler import locks
 from ...health import Health, contention_order, ping, summarise
 from ...incidents import prune, recorder

@@ -1,0 +1,439 @@
+"""The fence table's protocol: the SQL that records a hold's fence in its lock's row of
+:class:`~.models.Fence` and refuses a stale one, reads a row back after a lost COMMIT, and
+prunes old rows under a floor. :mod:`.fencing` runs a fenced block around it.
+
+Rows: one per lock name (key :func:`row_key`), its newest recorded fence and when it was
+written; one per backend with ``name=""``: the floor, the largest fence ``prune-fences``
+deleted, below which a name's first row may not start. Every statement here runs on the
+caller's connection, inside its transaction (the row stays locked until that ends), except
+:func:`commit_outcome`, which asks on a new connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connections,
+    transaction,
+)
+from django.utils import timezone
+
+from .exceptions import LockNotAcquired, StaleFence
+
+logger = logging.getLogger("django_redlock")
+
+
+#: Fences Redis hands out stay below this (Lua numbers are doubles): none re-fences past it.
+FENCE_LIMIT = 2**53
+
+
+def row_key(backend: str, name: str) -> str:
+    """The primary key of a lock's row (``name=""``: the backend's floor)."""
+    return hashlib.sha256(f"{backend}\0{name}".encode()).hexdigest()
+
+
+def commit_outcome(
+    using: str, key: str, fence: int, touched: datetime.datetime | None, wait: float
+) -> bool | None:
+    """Whether a fenced transaction whose COMMIT's reply was lost committed, asked on a new
+    connection: True if the lock's row (key ``key``) carries ``fence`` (and ``touched``, unless
+    None: a hold's blocks share its fence), False if not, None if the database did not answer.
+    On PostgreSQL the read locks the row (``FOR SHARE``, at most ``wait`` seconds): a server
+    still finishing that transaction holds it, and the answer comes once the transaction
+    ended, either way."""
+    from .models import Fence
+
+    connection = connections.create_connection(using)
+    try:
+        qn = connection.ops.quote_name
+        sql = f"SELECT {qn('fence')}, {qn('touched')} FROM {qn(Fence._meta.db_table)}"
+        sql += f" WHERE {qn('key')} = %s"
+        with connection.cursor() as cursor:
+            postgresql = connection.vendor == "postgresql"
+            if postgresql:  # the bound for this read only (a pooled connection keeps GUCs)
+                cursor.execute("BEGIN")
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_bound(wait)])
+                sql += " FOR SHARE"
+            cursor.execute(sql, [key])
+            row = cursor.fetchone()
+            if postgresql:
+                cursor.execute("COMMIT")
+            expected = (
+                None if touched is None else connection.ops.adapt_datetimefield_value(touched)
+            )
+    except DatabaseError:
+        logger.warning("redlock: database %r did not answer after a lost COMMIT", using,
+                       exc_info=True)  # fmt: skip
+        return None
+    finally:
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+    if row is None or int(row[0]) != fence:
+        return False
+    return touched is None or row[1] == expected or str(row[1]) == str(expected)
+
+
+def check_fence(
+    using: str,
+    backend: str,
+    name: str,
+    fence: int,
+    describe: str = "",
+    refence: Callable[[int], int] | None = None,
+    wait: float | None = None,
+    now: datetime.datetime | None = None,
+) -> None:
+    """Record ``fence`` as the newest of lock ``name`` on ``backend``, or raise StaleFence if
+    a larger one is recorded. In a transaction: the row stays locked until it ends. One
+    statement when the row exists; two or three the first time (the floor of
+    ``prune-fences``). ``wait``: at most so many seconds for a row another transaction holds
+    (PostgreSQL's ``lock_timeout``; SQLite's own timeout and other databases' lock wait
+    timeouts bound it too), then ``LockNotAcquired``; None: the database's own bound.
+
+    A larger fence recorded does not yet make the hold stale: the Redis server's clock may
+    have gone back while the name's counter was lost. ``refence(recorded)`` (see
+    :func:`refencer`) then asks Redis, and a hold still current comes back with a fence above
+    the recorded one, checked again here while the row stays locked; only a hold that is not
+    current (``refence`` answers 0 or -1) raises StaleFence."""
+    connection = connections[using]
+    now = timezone.now() if now is None else now  # the row's ``touched``
+    key = row_key(backend, name)
+    try:
+        if connection.vendor in ("postgresql", "sqlite") and (
+            connection.features.can_return_columns_from_insert  # SQLite >= 3.35
+        ):
+            outcome = _upsert(connection, key, backend, name, fence, now, wait)
+        else:
+            outcome = _portable(using, key, backend, name, fence, now)
+        # A name's first row, or one pruned: fences below the floor are older than the rows
+        # prune-fences forgot, so they may be below what those rows held.
+        floor = _floor(using, backend, wait) if outcome == "new" else None
+    except OperationalError as exc:
+        if _lock_timeout(exc):
+            waited = "the database's lock_timeout" if wait is None else f"{wait:g} s"
+            raise LockNotAcquired(
+                f"{describe or repr(name)}: its database row stayed locked by another"
+                f" transaction for {waited} (a previous holder's transaction outlived its hold:"
+                " released inside an outer transaction, lost, or paused); nothing committed"
+            ) from exc
+        raise
+    if outcome == "new":
+        recorded = floor
+        if recorded is None or recorded <= fence:
+            return
+    elif outcome == "stale":
+        recorded = _recorded(using, key)
+    else:
+        return
+    assert recorded is not None  # the row is locked: it cannot have gone meanwhile
+    # Redis's Lua numbers are exact below 2**53 (the clock's us reach it in year 2255): no
+    # re-fence can pass a recorded fence beyond that.
+    refenced = refence(recorded) if refence is not None and recorded < FENCE_LIMIT else -1
+    if refenced > recorded:  # current in Redis: check the new fence (once: no re-fence then)
+        check_fence(using, backend, name, refenced, describe, wait=wait)
+        return
+    message = stale_message(
+        describe or repr(name), using, fence, recorded, outcome == "new", refenced
+    )
+    raise StaleFence(message, fence, recorded)
+
+
+def stale_message(
+    describe: str, using: str, fence: int, recorded: int, floor: bool, refenced: int
+) -> str:
+    """What StaleFence says: whose fence is recorded, and why this hold is outdated."""
+    what = f"the floor {recorded} left by prune-fences" if floor else f"fence {recorded} recorded"
+    if recorded >= FENCE_LIMIT:
+        why = f"no fence Redis hands out can pass it (they are exact below {FENCE_LIMIT})"
+    elif refenced == 0:
+        why = (
+            "this hold is not current any more (its token no longer holds the lock in Redis:"
+            " it expired or was released)"
+        )
+    else:
+        why = "a later hold has the lock: this hold is outdated"
+    return (
+        f"{describe}: fence {fence} is older than {what} in database {using!r}; {why};"
+        " nothing was committed"
+    )
+
+
+#: PostgreSQL's largest ``lock_timeout`` (ms, a 32-bit int): above it, SET fails.
+MAX_LOCK_TIMEOUT_MS = 2**31 - 1
+
+
+def _bound(wait: float) -> str:
+    """``wait`` seconds as a ``lock_timeout`` value: ms, at least 1 (0 would mean none), at
+    most PostgreSQL's maximum (a TTL of weeks waits that long, about 24.8 days)."""
+    return str(min(MAX_LOCK_TIMEOUT_MS, max(1, round(wait * 1000))))
+
+
+def _lock_timeout(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == "55P03" or getattr(cause, "pgcode", None) == "55P03"
+
+
+def _upsert(
+    connection: Any, key: str, backend: str, name: str, fence: int, now: Any, wait: float | None
+) -> str:
+    bounded = wait is not None and connection.vendor == "postgresql"
+    sql = _upsert_sql(connection, bounded)
+    touched = connection.ops.adapt_datetimefield_value(now)
+    params: list[Any] = [key, backend, name, fence, touched]
+    if bounded:
+        params.append(_bound(wait))  # type: ignore[arg-type]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        if row is None and bounded:  # RETURNING did not run: restore lock_timeout here
+            cursor.execute(_RESTORE)
+    if row is None:
+        return "stale"
+    return "new" if row[0] is None else "newest"
+
+
+_UPSERT_SQL: dict[tuple[str, bool], str] = {}  # the text is built once, not per block
+
+
+_SAVED = "django_redlock.lock_timeout"
+
+
+# Restores the transaction's lock_timeout the bounded upsert saved.
+_RESTORE = f"SELECT set_config('lock_timeout', current_setting('{_SAVED}'), true)"
+
+
+def _upsert_sql(connection: Any, bounded: bool) -> str:
+    found = _UPSERT_SQL.get((connection.vendor, bounded))
+    if found is not None:
+        return found
+    from .models import Fence
+
+    qn = connection.ops.quote_name
+    table = qn(Fence._meta.db_table)
+    key_, fence_, previous, at = qn("key"), qn("fence"), qn("previous"), qn("touched")
+    columns = f"{key_}, {qn('backend')}, {qn('name')}, {fence_}, {previous}, {at}"
+    # The WHERE false on a conflict: no row returned (the row is locked all the same).
+    conflict = (
+        f" ON CONFLICT ({key_}) DO UPDATE SET {previous} = {table}.{fence_},"
+        f" {fence_} = EXCLUDED.{fence_}, {at} = EXCLUDED.{at}"
+        f" WHERE {table}.{fence_} <= EXCLUDED.{fence_}"
+    )
+    if not bounded:
+        sql = (
+            f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, NULL, %s){conflict}"
+            f" RETURNING {previous}"
+        )
+    else:
+        # Still one statement (one round trip): the row's source sets lock_timeout for the
+        # wait on the row, having saved the transaction's own (the nesting orders the two
+        # calls), and RETURNING, evaluated once the row is locked, restores it.
+        sql = (
+            f"INSERT INTO {table} ({columns}) SELECT %s, %s, %s, %s, NULL, %s"
+            f" WHERE set_config('lock_timeout', %s || left(set_config('{_SAVED}',"
+            f" current_setting('lock_timeout'), true), 0), true) IS NOT NULL{conflict}"
+            f" RETURNING {previous}, set_config('lock_timeout', current_setting('{_SAVED}'),"
+            " true)"
+        )
+    return _UPSERT_SQL.setdefault((connection.vendor, bounded), sql)
+
+
+def _portable(using: str, key: str, backend: str, name: str, fence: int, now: Any) -> str:
+    """Other databases: SELECT ... FOR UPDATE, then UPDATE or INSERT (Django's ORM)."""
+    from .models import Fence
+
+    rows = Fence.objects.using(using)
+    while True:
+        found = list(rows.select_for_update().filter(key=key).values_list("fence", flat=True))
+        if found:
+            if found[0] > fence:
+                return "stale"
+            rows.filter(key=key).update(fence=fence, previous=found[0], touched=now)
+            return "newest"
+        try:
+            with transaction.atomic(using=using):  # a savepoint: a concurrent insert may win
+                rows.create(key=key, backend=backend, name=name, fence=fence, touched=now)
+        except IntegrityError:
+            continue  # then lock its row and compare
+        return "new"
+
+
+def _floor(using: str, backend: str, wait: float | None) -> int | None:
+    """The backend's floor, read with a locking read: a plain read would see the snapshot of
+    a REPEATABLE READ transaction, taken before a prune it waited for (its row deleted) had
+    raised the floor. On PostgreSQL ``FOR SHARE`` (first blocks of other names do not wait
+    for each other) reads the newest floor, or fails with a serialization error when that is
+    newer than the snapshot. Under REPEATABLE READ or SERIALIZABLE a floor the snapshot does
+    not have at all may have been created since, by that very prune: a probe (an insert of
+    it, rolled back to a savepoint) fails the same way when it exists. On SQLite the block
+    holds the database's write lock: its reads are the newest."""
+    from .models import Fence
+
+    key = row_key(backend, "")
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table, fence_, key_ = qn(Fence._meta.db_table), qn("fence"), qn("key")
+    if connection.vendor == "mysql":  # a shared lock, the newest row (InnoDB's locking read)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {fence_} FROM {table} WHERE {key_} = %s LOCK IN SHARE MODE",
+                           [key])  # fmt: skip
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
+    if connection.vendor != "postgresql":
+        rows = Fence.objects.using(using).filter(key=key)
+        if connection.features.has_select_for_update:  # (Oracle: no shared row lock)
+            rows = rows.select_for_update()
+        return next(iter(rows.values_list("fence", flat=True)), None)
+    with connection.cursor() as cursor:
+        if wait is None:
+            cursor.execute(
+                f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
+                " current_setting('transaction_isolation')",
+                [key],
+            )
+        else:
+            # The wait for the floor (a prune holds it while it deletes) is bounded like the
+            # row's, in the same statement: the FROM sets the bound (saving the transaction's
+            # own) before the columns run the locking read, then restore it.
+            cursor.execute(
+                f"SELECT (SELECT {fence_} FROM {table} WHERE {key_} = %s FOR SHARE),"
+                " current_setting('transaction_isolation'),"
+                f" set_config('lock_timeout', current_setting('{_SAVED}'), true)"
+                f" FROM (SELECT set_config('lock_timeout', %s || left(set_config('{_SAVED}',"
+                " current_setting('lock_timeout'), true), 0), true)) AS bound",
+                [key, _bound(wait)],
+            )
+        floor, isolation = cursor.fetchone()[:2]
+        if floor is not None or isolation in ("read committed", "read uncommitted"):
+            return None if floor is None else int(floor)
+        bound = "0" if wait is None else _bound(wait)
+        columns = ", ".join(qn(c) for c in ("key", "backend", "name", "fence", "touched"))
+        cursor.execute("SAVEPOINT django_redlock_floor")
+        # Serialization error if a floor our snapshot cannot see exists (ON CONFLICT checks
+        # that); rolled back either way: a floor insert would be locked until this
+        # transaction ends, and first blocks of other names would wait for it. The wait for
+        # a floor being inserted (by a prune) is bounded like the row's.
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) SELECT %s, %s, '', 0, now()"
+            f" WHERE set_config('lock_timeout', %s, true) IS NOT NULL"
+            f" ON CONFLICT ({key_}) DO NOTHING",
+            [key, backend, bound],
+        )
+        cursor.execute("ROLLBACK TO SAVEPOINT django_redlock_floor")
+        cursor.execute("RELEASE SAVEPOINT django_redlock_floor")
+    return None
+
+
+def _recorded(using: str, key: str) -> int | None:
+    from .models import Fence
+
+    found = Fence.objects.using(using).filter(key=key).values_list("fence", flat=True)
+    return next(iter(found), None)
+
+
+def prune_fences(using: str, older_than: datetime.timedelta) -> int:
+    """Delete the rows of locks whose last fenced block is older than ``older_than``; how many.
+
+    One statement deletes by age and returns what it deleted (``DELETE ... RETURNING``, or
+    elsewhere the old rows locked with ``SELECT ... FOR UPDATE`` first, then deleted): a row
+    a block touches meanwhile is either re-checked and kept, or deleted before that block
+    locks it (the block then finds no row, and the raised floor). Never the ORM's
+    ``delete()``, which with a delete-signal receiver connected selects the rows, then
+    deletes them by key without re-checking their age (no signal is sent for these rows).
+
+    Each backend's floor (its row with an empty name) rises to the largest fence deleted, in
+    the same transaction: a first block below the floor is refused as its pruned row would
+    have refused it. New holds are not: their fences come from the Redis server's clock (ms x
+    1000), above those of rows untouched since, even when Redis lost its counters.
+
+    The prune never makes fenced blocks wait for long: the rows it deletes stay locked until
+    it commits, so it waits for nothing while holding them. On PostgreSQL a row locked by an
+    open transaction is in use, not idle: it is skipped (``SKIP LOCKED``); and the wait for a
+    floor (a first block's transaction reading it) is bounded by :data:`PRUNE_WAIT`: past it,
+    ``LockNotAcquired``, nothing deleted (run it again later).
+    """
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        if connections[using].vendor == "postgresql":
+            with connections[using].cursor() as cursor:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)",
+                               [_bound(PRUNE_WAIT)])  # fmt: skip
+        try:
+            deleted = _delete_old(using, now - older_than)
+            tops: dict[str, int] = {}
+            for backend, fence in deleted:
+                tops[backend] = max(fence, tops.get(backend, fence))
+            for backend, top in tops.items():
+                _raise_floor(using, backend, top, now)
+        except OperationalError as exc:
+            if not _lock_timeout(exc):
+                raise
+            raise LockNotAcquired(
+                f"prune-fences: a floor of database {using!r} stayed locked by a fenced"
+                f" transaction for {PRUNE_WAIT:g} s; nothing deleted, run it again later"
+            ) from exc
+    return len(deleted)
+
+
+#: How long prune-fences waits for a floor another transaction holds (seconds).
+PRUNE_WAIT = 2.0
+
+
+def _delete_old(using: str, before: datetime.datetime) -> list[tuple[str, int]]:
+    """Delete the rows (not floors) last touched before ``before``: (backend, fence) each."""
+    from .models import Fence
+
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    table, touched, name = qn(Fence._meta.db_table), qn("touched"), qn("name")
+    cutoff = connection.ops.adapt_datetimefield_value(before)
+    delete = f"DELETE FROM {table} WHERE {touched} < %s AND {name} <> ''"
+    with connection.cursor() as cursor:
+        if connection.vendor in ("postgresql", "sqlite") and (
+            connection.features.can_return_columns_from_insert  # SQLite >= 3.35: RETURNING
+        ):
+            params: list[Any] = [cutoff]
+            if connection.vendor == "postgresql":  # rows in use are not idle: not waited for
+                delete += (
+                    f" AND {qn('key')} IN (SELECT {qn('key')} FROM {table} WHERE {touched} < %s"
+                    f" AND {name} <> '' FOR UPDATE SKIP LOCKED)"
+                )
+                params.append(cutoff)
+            cursor.execute(f"{delete} RETURNING {qn('backend')}, {qn('fence')}", params)
+            return [(str(b), int(f)) for b, f in cursor.fetchall()]
+        old = Fence.objects.using(using).filter(touched__lt=before).exclude(name="")
+        if connection.features.has_select_for_update:
+            old = old.select_for_update()  # locked: unchanged until this transaction ends
+        found = list(old.values_list("key", "backend", "fence"))
+        for start in range(0, len(found), 500):
+            keys = [key for key, _, _ in found[start : start + 500]]
+            marks = ", ".join(["%s"] * len(keys))
+            cursor.execute(f"{delete} AND {qn('key')} IN ({marks})", [cutoff, *keys])
+        return [(backend, fence) for _, backend, fence in found]
+
+
+def _raise_floor(using: str, backend: str, top: int, now: datetime.datetime) -> None:
+    from .models import Fence
+
+    rows = Fence.objects.using(using)
+    key = row_key(backend, "")
+    while True:
+        floor = list(rows.select_for_update().filter(key=key).values_list("fence", flat=True))
+        if floor:
+            if floor[0] < top:
+                rows.filter(key=key).update(fence=top, touched=now)
+            return
+        try:
+            with transaction.atomic(using=using):  # a first block may create it meanwhile
+                rows.create(key=key, backend=backend, name="", fence=top, touched=now)
+        except IntegrityError:
+            continue
+        return
