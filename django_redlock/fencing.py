@@ -252,7 +252,9 @@ def _aborted(connection: Any) -> bool:
 
 # -- ``with lock`` for a lock built with ``atomic=`` -------------------------------------------
 
-_open = threading.local()  # the fenced blocks this thread is in, innermost last
+# The fenced blocks this thread is in, innermost last: per thread, as Django's transactions
+# are (a connection per thread), so a block is closed on the connection that opened it.
+_open = threading.local()
 
 
 def enter_block(lock: FencedLock) -> None:
