@@ -59,7 +59,9 @@ def _renewed_in_batches(alias: str, held: list[Lock]) -> None:
     sample = held[::100]
     assert all(each.owned() for each in sample)
     ttls = [each.ttl() for each in sample]
-    assert all(t is not None and t > 0.5 for t in ttls), ttls
+    # Still held, twice past the TTL (above): renewed. How much is left depends on how late a
+    # loaded machine ran the last batch (0.33 s of 1.5 seen on a Cluster beside CPU burners).
+    assert all(t is not None and t > 0 for t in ttls), ttls
     assert time.monotonic() - acquired_at > 2 * 1.5  # they outlived their TTL twice
     for each in held:
         each.release()

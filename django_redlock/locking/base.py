@@ -125,6 +125,9 @@ class BaseLock:
         # The token of an acquire whose outcome is unknown (its reply was lost): the next try
         # uses it again, so that it finds the hold if the lost try took it.
         self._unsure_token: str | None = None
+        # token -> why: a loss decided (the hold left the object) whose declaration was not
+        # handed over yet; told again (the watchdog retells), the object hands it over then.
+        self._undeclared: dict[str, tuple[str, str, Hold]] = {}
         self._mutex = threading.Lock()
 
     # -- what a kind provides ----------------------------------------------------------------
@@ -195,7 +198,7 @@ class BaseLock:
     def _holds(self) -> dict[str, Hold]:
         if self._process != holds.process:  # a forked child: the parent's holds are not ours
             self._holds_by_owner, self._process = {}, holds.process
-            self._unsure_token, self._orphans = None, {}
+            self._unsure_token, self._orphans, self._undeclared = None, {}, {}
             # Another thread (the watchdog's) may have held it at the fork: it never lets go.
             self._mutex = threading.Lock()
         return self._holds_by_owner
@@ -508,13 +511,14 @@ class BaseLock:
 
         The steps, in order: the hold into the object, counted as taken, one level more,
         ``lost`` cleared, on the renewer's schedule (``soon``; ``add`` for an adoption, in
-        the renewer before adopt() returns), and last the reentrant count (nothing after it
-        to undo). Each undo works from the state the step left (idempotent), whichever steps
-        ran."""
+        the renewer before adopt() returns), and last the reentrant count (put back to what
+        it was, should an interrupt land inside that step). Each undo works from the state
+        the step left (idempotent), whichever steps ran."""
         with self._mutex:
             hold = self._holds.get(owner)
             was = (hold, 0 if hold is None else hold.depth, self._lost)
             renewer = None if hold is None else hold.renewer
+            count = believed(self.backend, self.name, owner) if self.reentrant else 0
             try:
                 if hold is None:
                     hold = Hold(token, attempt.fence, actor)
@@ -532,8 +536,17 @@ class BaseLock:
                 self._believe(owner, 1)
             except BaseException:
                 self._unrecord(owner, hold, renewer, *was)
+                self._rebelieve(owner, count)
                 raise
         return hold
+
+    def _rebelieve(self, owner: str, count: int) -> None:
+        """Back to the reentrant ``count`` the owner had before :meth:`_record` (its last
+        step may have been interrupted inside, after the count went up)."""
+        if self.reentrant:
+            now = believed(self.backend, self.name, owner)
+            if now != count:
+                believe(self.backend, self.name, owner, count - now, False)
 
     def _renew_from_now(self, hold: Hold, ttl_ms: int, adopted: float | None) -> None:
         """Put ``hold`` on the watchdog's schedule (:meth:`_record`'s step)."""
@@ -706,6 +719,17 @@ class BaseLock:
         hold.depth = 0
         return True
 
+    def _let_go(self, owner: str, hold: Hold) -> None:
+        """The rest of :meth:`_forget` for a hold already out of ``_holds`` whose forgetting
+        an exception cut short (called locked): each step only if not done yet."""
+        if self.reentrant and hold.depth > 0 and owner not in self._orphans:
+            self._orphans[owner] = hold.depth
+        self._stop_renewing(hold)
+        self._untake(hold)
+        if hold.depth:
+            self._believe(owner, -hold.depth)
+            hold.depth = 0
+
     def renewed_by(self, renewer: Renewer, token: str) -> bool:
         """Whether a hold with this token is held and meant to be renewed by ``renewer``
         (internal: the watchdog's protocol, :class:`~django_redlock.renewer.Lock`)."""
@@ -860,20 +884,33 @@ class BaseLock:
         hold leaves the object: ``owned()`` is False, ``lost`` says why, from now on). The
         notification runs now, or is handed to ``later`` (the watchdog's notifier thread).
         Internal: the watchdog's protocol (:class:`~django_redlock.renewer.Lock`) and this
-        class's own queries; only for an answer that the token holds nothing."""
+        class's own queries; only for an answer that the token holds nothing.
+
+        An exception after the hold left the object and before its declaration was handed
+        over leaves the loss noted as undeclared: telling the object again (the watchdog
+        does, until a telling returns) hands it over then, once. (One landing inside the
+        hand-over after ``later`` queued it, before it returned, could declare it twice.)"""
         with self._mutex:
             owner = next((o for o, h in self._holds.items() if h.token == token), None)
             if owner is None:
-                return
-            hold = self._holds[owner]
-            self._forget(owner, hold)
-            if hold.releasing:  # our own release, whose reply was lost, freed it
-                return
-            self._lost = reason
+                if token not in self._undeclared:
+                    return  # gone already, and declared (or our own release)
+                reason, owner, hold = self._undeclared[token]
+                self._let_go(owner, hold)  # what the interrupted telling may not have done
+                self._lost = reason
+            else:
+                hold = self._holds[owner]
+                if not hold.releasing:  # first: from here on the loss is this object's
+                    self._undeclared[token] = (reason, owner, hold)
+                self._forget(owner, hold)
+                if hold.releasing:  # our own release, whose reply was lost, freed it
+                    return
+                self._lost = reason
         if later is None:
             self._announce_lost(reason)
         else:
             later(functools.partial(self._announce_lost, reason))
+        self._undeclared.pop(token, None)
 
     # -- queries -----------------------------------------------------------------------------
 

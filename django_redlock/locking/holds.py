@@ -80,8 +80,14 @@ def take(backend: BaseLockBackend, name: str, actor: str, lock: Any) -> Any:
     handle = weakref.ref(lock, _collected)
     with _mutex:
         _sweep()
-        _handles[id(handle)] = (handle, key, actor)
-        _count(key, actor, 1)
+        hid, item = id(handle), (handle, key, actor)
+        actors = dict(_taken.get(key) or {})
+        actors[actor] = actors.get(actor, 0) + 1
+        # The handle and its count in two stores with no call between them (an interrupt
+        # lands at a call): both or neither. A handle without its count would uncount
+        # another object's hold when collected; a count without its handle never goes.
+        _handles[hid] = item
+        _taken[key] = actors
     return handle
 
 
