@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 import redis.client
 import redis.connection
+import redis.exceptions
 from redis.utils import HIREDIS_AVAILABLE
 
 if HIREDIS_AVAILABLE:
@@ -232,3 +233,12 @@ def tag_node(conn: Any, i: int) -> None:
 def node_of(conn: Any) -> int:
     """The node index :func:`tag_node` wrote on ``conn``."""
     return getattr(conn, NODE)
+
+
+def refused_at_connect(exc: BaseException | None) -> bool:
+    """Whether redis-py's ``ConnectionError`` ``exc`` is a connection that never opened (the
+    server refused it): nothing was sent. redis-py (5.x to 8.1) raises it while handling the
+    ``OSError`` of ``connect()``, which is then its ``__context__``."""
+    return isinstance(exc, redis.exceptions.ConnectionError) and isinstance(
+        exc.__context__, ConnectionRefusedError
+    )

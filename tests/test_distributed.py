@@ -233,8 +233,52 @@ def test_a_paused_cluster_master_is_unavailable_within_the_socket_timeout(name: 
 
 
 def _serves(node: RedisServer, slot: int) -> bool:
-    """Whether ``node`` is the master of ``slot`` (CLUSTER SLOTS: start, end, [host, port, id])."""
+    """Whether ``node`` is the master of ``slot``, as it says."""
+    return _master_port(node, slot) == node.port
+
+
+def _master_port(node: RedisServer, slot: int) -> int | None:
+    """The port of ``slot``'s master as ``node`` knows it (CLUSTER SLOTS: start, end,
+    [host, port, id], ...)."""
     for start, end, master, *_ in node.client().execute_command("CLUSTER", "SLOTS"):
         if start <= slot <= end:
-            return int(master[1]) == node.port
-    return False
+            return int(master[1])
+    return None
+
+
+def test_a_cluster_failover_costs_no_call_and_a_cluster_down_is_unavailable(name: str) -> None:
+    """A command is tried once on a Cluster (above), but after a failover a master's old
+    address refuses the connection: nothing was sent, the client re-read the slots, and the
+    call is tried again, so the first lock after a failover is not an error. A cluster that is
+    down (CLUSTERDOWN) is BackendUnavailable, never redis-py's own ClusterDownError."""
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    masters = [RedisServer(args=args).start() for _ in range(3)]
+    replicas = [RedisServer(args=args).start() for _ in range(3)]
+    try:
+        create_cluster(masters, replicas=replicas)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": masters[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            with lock(name, using="c"):
+                pass  # the client knows the slots
+            slot = masters[0].client().execute_command("CLUSTER", "KEYSLOT", locks["c"].key(name))
+            i = next(i for i, m in enumerate(masters) if _serves(m, slot))
+            old, new, other = masters[i], replicas[i], masters[(i + 1) % 3]
+            new.client().execute_command("CLUSTER", "FAILOVER")
+            deadline = time.monotonic() + 30
+            while _master_port(other, slot) != new.port:  # the others know the new master
+                assert time.monotonic() < deadline, "the replica never took over"
+                time.sleep(0.1)
+            old.stop()  # the client still has it as the slot's master: refused
+            with lock(name, using="c", timeout=5) as held:
+                assert held.fence is not None
+            # Down: the new master gives its slot up (the cluster needs every slot served).
+            new.client().execute_command("CLUSTER", "DELSLOTS", slot)
+            while b"cluster_state:fail" not in new.client().execute_command("CLUSTER", "INFO"):
+                assert time.monotonic() < deadline + 30, "the cluster never went down"
+                time.sleep(0.1)
+            with pytest.raises(BackendUnavailable):
+                lock(name, using="c").acquire(blocking=False)
+            locks["c"].close()
+    finally:
+        stop_all([*masters, *replicas])

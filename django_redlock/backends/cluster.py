@@ -18,14 +18,16 @@ from typing import Any, TypeVar
 import redis.cluster
 import redis.retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError, TryAgainError
 
-from .. import acl
+from .. import acl, wire
+from ..exceptions import BackendUnavailable
 from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub, ShardedPubSubHub
 from .base import Op, Renewal
-from .redis import RedisBackend, renewed, text
+from .redis import UNAVAILABLE, RedisBackend, renewed, text
 
 T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
@@ -51,17 +53,28 @@ class RedisClusterBackend(RedisBackend):
     #: announces): every waiter is woken in its per-lock inbox.
     publishes_releases = True
 
+    #: Also the cluster's own "no answer": down (CLUSTERDOWN, during a failover), a slot no
+    #: node serves, TRYAGAIN, and redirects that never settled (a slot migration's TTL).
+    unavailable_errors = (
+        *UNAVAILABLE,
+        ClusterDownError,
+        SlotNotCoveredError,
+        TryAgainError,
+        ClusterError,
+    )
+
     def _cluster_options(self) -> dict[str, Any]:
         return {**self.default_options, **self.options}
 
     def make_client(self) -> Any:
         options = self._cluster_options()
         if "retry" not in options and "cluster_error_retry_attempts" not in options:
-            # redis-py's cluster client retries a command that failed or timed out (3 times,
-            # re-reading the slots and backing off between): a paused master kept a caller 22 s
-            # with a 2 s socket timeout. One try, as on one Redis: "unavailable" comes within
-            # the socket timeout, and the slots were re-read for the caller's next try. Redirects
-            # (MOVED, ASK) are followed all the same: redis-py does not count them as retries.
+            # redis-py's cluster client retries a command that failed or timed out (up to 10
+            # times, re-reading the slots and backing off between): a paused master kept a
+            # caller 22 s with a 2 s socket timeout. One try, as on one Redis: "unavailable"
+            # comes within the socket timeout. Redirects (MOVED, ASK) are followed all the
+            # same: redis-py does not count them as retries; a refused connection is tried
+            # once more (execute()).
             options["retry"] = redis.retry.Retry(NoBackoff(), 0)
         client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
         self._sharded = _has_sharded_pubsub(client)
@@ -120,6 +133,16 @@ class RedisClusterBackend(RedisBackend):
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[Any], str | None]:
         # A cluster scans node by node: use the plain walk (BaseLockBackend's).
         return super(RedisBackend, self).page(match, cursor, size)
+
+    def execute(self, op: Op[T]) -> T:
+        try:
+            return super().execute(op)
+        except BackendUnavailable as exc:
+            if not wire.refused_at_connect(exc.__cause__):
+                raise
+        # A master gone after a failover: redis-py re-read the slots on that refusal, and
+        # nothing was sent (the connection never opened), so one more try is safe.
+        return super().execute(op)
 
     async def aexecute(self, op: Op[T]) -> T:
         # redis.asyncio's cluster client (redis-py 8.1) breaks when many tasks set up

@@ -85,6 +85,9 @@ class RedisBackend(BaseLockBackend):
 
     # -- connections -------------------------------------------------------------------------
 
+    #: What redis-py raises when the server did not answer (``BackendUnavailable``).
+    unavailable_errors: tuple[type[Exception], ...] = UNAVAILABLE
+
     def client_options(self, retry: Any) -> dict[str, Any]:
         options = {**self.default_options, **self.options}
         # redis-py retries failed commands by default; a retried acquire could outlive the
@@ -158,7 +161,7 @@ class RedisBackend(BaseLockBackend):
         self.round_trips += 1
         try:
             yield
-        except UNAVAILABLE as exc:
+        except self.unavailable_errors as exc:
             raise self._unavailable(name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
@@ -200,7 +203,7 @@ class RedisBackend(BaseLockBackend):
                     raise refused
             else:
                 reply = fast_path.command(client, *request)
-        except UNAVAILABLE as exc:
+        except self.unavailable_errors as exc:
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
@@ -221,7 +224,7 @@ class RedisBackend(BaseLockBackend):
                     raise refused
             else:
                 reply = await client.execute_command(*request)
-        except UNAVAILABLE as exc:
+        except self.unavailable_errors as exc:
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
