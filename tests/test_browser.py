@@ -262,8 +262,10 @@ def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path)
             assert busy[card][2] == quiet[card][2], (card, quiet, busy)
             place = (busy[card][0] - busy["shop"][0], quiet[card][0] - quiet["shop"][0])
             assert place[0] == place[1], (card, quiet, busy)
-        home_names = page.locator("#live-locks td .name").all()
-        for name, wraps in page.evaluate(WRAPS_JS, [n.element_handle() for n in home_names]):
+        # The handles of the rows shown now, in one call: the list refreshes itself, and a row
+        # released between two calls (nth(4) of a locator) was waited for 30 s, then failed.
+        home_names = page.locator("#live-locks td .name").element_handles()
+        for name, wraps in page.evaluate(WRAPS_JS, home_names):
             assert wraps == [], (name, wraps)
         beat_on_home = page.evaluate(
             CELLS_JS, page.locator("tr.lock-row", has_text="celery-beat").element_handles()
@@ -293,10 +295,10 @@ def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path)
             assert page.locator("tr.redlock-row", has_text=long_name).count() == 1
             page.screenshot(path=str(ARTIFACTS / "demo-admin.png"), full_page=True)
             _fits_the_page(page)
-            cells = page.locator("#result_list td.name").all()
-            found = dict(page.evaluate(WRAPS_JS, [c.element_handle() for c in cells]))
-            fences = page.locator("#result_list td.fence").all()
-            fence_wraps = page.evaluate(WRAPS_JS, [c.element_handle() for c in fences])
+            cells = page.locator("#result_list td.name").element_handles()
+            found = dict(page.evaluate(WRAPS_JS, cells))
+            fences = page.locator("#result_list td.fence").element_handles()
+            fence_wraps = page.evaluate(WRAPS_JS, fences)
             # "Held" counts the rows listed: the semaphore's permits are two.
             listed = page.locator("tr.redlock-row").count()
             assert page.inner_text("#redlock-health tr[data-backend=default] td.held") == str(
