@@ -158,6 +158,8 @@ class Child:
     def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
         self.name = name
         self.killed = False
+        self.terminated = False  # SIGTERM sent: once (celery beat's handler of a second one
+        # raises SystemExit inside the first one's exit: "Exception ignored in atexit callback")
         self.process = subprocess.Popen(
             args, cwd=HERE, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,
@@ -171,10 +173,16 @@ class Child:
         for line in iter(self.process.stdout.readline, b""):
             OUTPUT.write(line)
 
-    def stop(self, grace: float, hurry: threading.Event) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds or as soon as ``hurry`` is set."""
-        if self.process.poll() is None:
+    def terminate(self) -> None:
+        """SIGTERM, once."""
+        if not self.terminated and self.process.poll() is None:
+            self.terminated = True
             self.process.terminate()
+
+    def stop(self, grace: float, hurry: threading.Event) -> None:
+        """SIGTERM (unless sent already), then SIGKILL after ``grace`` seconds or as soon as
+        ``hurry`` is set."""
+        self.terminate()
         deadline = time.monotonic() + grace
         while self.process.poll() is None:
             if hurry.is_set() or time.monotonic() > deadline:
@@ -236,8 +244,7 @@ def stop(children: list[Child], redis_server: Any, quietly: bool, log: Path) -> 
     worker = [child for child in children if child.name == WORKER]
     senders = [child for child in children if child.name != WORKER]
     for child in senders:  # no new work: the web server and the beats first
-        if child.process.poll() is None:
-            child.process.terminate()
+        child.terminate()
     for child in senders:
         child.stop(OTHERS_GRACE, hurry)
     for child in worker:
