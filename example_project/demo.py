@@ -137,7 +137,8 @@ class Output:
 
     def hold(self) -> None:
         with self.lock:
-            self.held = []
+            if self.held is None:  # held already: keep what came since
+                self.held = []
 
     def release(self, show: bool) -> bytes:
         """Stop holding lines back; ``show``: write out those held until now. Those lines."""
@@ -223,7 +224,10 @@ def start_redis() -> Any:
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops the demo as Ctrl-C does
+    """Ctrl-C or SIGTERM: the stop begins. The processes' lines are held from this moment
+    (a line relayed after the ^C, before the stop's own hold, split its one line)."""
+    OUTPUT.hold()
+    raise KeyboardInterrupt
 
 
 def stop(children: list[Child], redis_server: Any, quietly: bool, log: Path) -> bool:
@@ -274,6 +278,7 @@ def run(port: int, env: dict[str, str], state: Path) -> int:
     redis_server = None
     children: list[Child] = []
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         if not env.get("REDIS_URL"):
             try:
