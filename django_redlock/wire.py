@@ -23,13 +23,18 @@ What we rely on, and why the public API does not do:
   skip redis-py's per-command wrapper (:func:`bare_execute`).
 * ``redis.client.Redis.execute_command``'s code object (its file): how we tell redis-py's own
   wrapper from a tracer's or a subclass's, which must run.
-* A pool's and a connection's ``__dict__`` (neither has ``__slots__``): three attributes of
+* A pool's and a connection's ``__dict__`` (neither has ``__slots__``): four attributes of
   ours live there (:data:`PLANTED`): the fast path's per-thread connections on a pool, the
-  owner of a connection, and a Redlock connection's node.
+  owner of a connection, and a Redlock connection's node and stream.
+* ``Connection._parser.parse_error``: how redis-py turns an error reply into its exception
+  class (``NoScriptError``, ``BusyLoadingError``...); :func:`reply_reader` gives a hiredis
+  reader of ours the same mapping, so a Redlock fan-out reads its replies without redis-py's
+  per-reply layers and gets what ``read_response`` would.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from types import FunctionType
 from typing import Any, TypeVar
@@ -48,7 +53,8 @@ T = TypeVar("T")
 POOL_THREADS = "_django_redlock_threads"  # on a ConnectionPool: fast_path.py's registry
 OWNER = "_django_redlock_owner"  # on a connection: backends/owners.py's owner
 NODE = "_django_redlock_node"  # on a Redlock fan-out's connection: its node's index
-PLANTED = (POOL_THREADS, OWNER, NODE)
+STREAM = "_django_redlock_stream"  # on a Redlock fan-out's connection: how it is read
+PLANTED = (POOL_THREADS, OWNER, NODE, STREAM)
 
 
 # -- packing -------------------------------------------------------------------------------
@@ -87,9 +93,10 @@ def texts(args: tuple[Any, ...]) -> tuple[Any, ...]:
     """The arguments as str and bytes only. hiredis 3.5's packer (ours, and redis-py's
     serializer when hiredis is installed) crashes the process (SIGSEGV) when a signal
     handler raises while it converts a number; text it copies without running Python."""
-    if all(type(a) is str or type(a) is bytes for a in args):
-        return args
-    return tuple(_text(a) for a in args)
+    for a in args:
+        if type(a) is not str and type(a) is not bytes:
+            return tuple([_text(a) for a in args])
+    return args
 
 
 def _text(value: Any) -> Any:
@@ -115,12 +122,14 @@ def pack(conn: Any, args: tuple[Any, ...]) -> Any:
 def pack_many(conn: Any, commands: Sequence[tuple[Any, ...]]) -> Any:
     """Several commands in RESP, to send at once (a pipeline's packing, without its
     per-argument serializer when hiredis packs)."""
-    if (
-        HIREDIS_PACKS
-        and type(conn._command_packer) in _HIREDIS_TYPES
-        and not any(" " in command[0] for command in commands)  # "SCRIPT LOAD": redis-py's
-    ):
-        return [b"".join([hiredis.pack_command(texts(command)) for command in commands])]
+    if HIREDIS_PACKS and type(conn._command_packer) in _HIREDIS_TYPES:
+        packed = []
+        for command in commands:
+            if " " in command[0]:  # "SCRIPT LOAD": redis-py's to split
+                break
+            packed.append(hiredis.pack_command(texts(command)))
+        else:
+            return [b"".join(packed)]
     return conn.pack_commands([texts(command) for command in commands])
 
 
@@ -233,6 +242,40 @@ def tag_node(conn: Any, i: int) -> None:
 def node_of(conn: Any) -> int:
     """The node index :func:`tag_node` wrote on ``conn``."""
     return getattr(conn, NODE)
+
+
+def plant_stream(conn: Any, stream: Any) -> None:
+    """Write on a Redlock fan-out's connection the stream it is read through."""
+    setattr(conn, STREAM, stream)
+
+
+def stream_of(conn: Any) -> Any:
+    """The stream :func:`plant_stream` wrote on ``conn``; None when none was."""
+    return getattr(conn, STREAM, None)
+
+
+def reply_reader(conn: Any, not_enough: Any) -> tuple[Any, Any, Any] | None:
+    """For a connected connection whose replies we read ourselves from now on: its socket, a
+    new hiredis reader that parses replies as redis-py's parser of ``conn`` would (its error
+    classes, ``decode_responses``, its encoding errors; ``not_enough`` while a reply is
+    incomplete), and hiredis's RESP3 push type (None before hiredis 3.2). None when that
+    cannot be: no hiredis, not a plain socket (TLS: an ``SSLSocket`` holds bytes its
+    descriptor does not show), or one without a timeout (its descriptor blocks). Call it
+    before any reply of ours is read (redis-py's parser then holds nothing unread: the
+    handshake's replies were all read)."""
+    sock = conn._sock
+    if not HIREDIS_AVAILABLE or type(sock) is not socket.socket or sock.gettimeout() is None:
+        return None
+    encoder = conn.encoder
+    options: dict[str, Any] = {
+        "protocolError": redis.exceptions.InvalidResponse,
+        "replyError": conn._parser.parse_error,
+        "errors": encoder.encoding_errors,
+        "notEnoughData": not_enough,
+    }
+    if encoder.decode_responses:
+        options["encoding"] = encoder.encoding
+    return sock, hiredis.Reader(**options), getattr(hiredis, "PushNotification", None)
 
 
 def refused_at_connect(exc: BaseException | None) -> bool:

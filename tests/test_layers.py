@@ -157,6 +157,7 @@ PRIVATE_ATTRIBUTES_LEFT = {
     # docstring, and tests/test_wire.py for the test of each on the installed redis-py):
     ("django_redlock.wire", "_sock"): "redis-py Connection._sock",
     ("django_redlock.wire", "_command_packer"): "redis-py Connection._command_packer",
+    ("django_redlock.wire", "_parser"): "redis-py Connection._parser (its parse_error)",
     ("django_redlock.wire", "_django_redlock_threads"): "ours, planted on redis-py's pool",
 }
 
@@ -250,7 +251,9 @@ def test_no_module_reaches_into_another_modules_objects_privates() -> None:
 
 #: redis-py's (and hiredis's) private or internal names the package relies on, and the prefix
 #: of the attributes it plants on redis-py's objects: said only in django_redlock/wire.py.
-REDIS_PY_INTERNALS = {"_sock", "_command_packer", "_retries", "HiredisRespSerializer"}
+REDIS_PY_INTERNALS = {
+    "_sock", "_command_packer", "_parser", "_retries", "HiredisRespSerializer"
+}  # fmt: skip
 PLANTED_PREFIX = "_django_redlock_"
 
 

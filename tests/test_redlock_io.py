@@ -33,7 +33,7 @@ from .campaign.proxy import Proxy
 from .test_redlock import quorum_alias
 
 ROOT = Path(__file__).resolve().parents[1]
-IO_FILES = ("redlock_io.py", "owners.py")
+IO_FILES = ("redlock_io.py", "owners.py", "node_stream.py")
 
 
 @pytest.fixture

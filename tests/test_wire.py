@@ -145,3 +145,65 @@ def test_the_backends_fast_path_runs_on_what_wire_plants(redis_server: RedisServ
     assert fast_path.command(client, "ECHO", "x") == b"x"
     registry = wire.planted_pool_threads(client.connection_pool)
     assert registry is not None and registry.local.bound.connection is not None
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_our_reply_reader_parses_what_redis_pys_parser_would(
+    redis_server: RedisServer, decode: bool
+) -> None:
+    """A Redlock fan-out reads its replies with a hiredis reader of ours (node_stream): the
+    same values, and an error reply as the same redis-py exception, as read_response()."""
+    pool = redis.Redis.from_url(
+        redis_server.url, socket_timeout=2, decode_responses=decode
+    ).connection_pool
+    ours, theirs = wire.new_connection(pool), wire.new_connection(pool)
+    ours.connect()
+    theirs.connect()
+    try:
+        incomplete = object()
+        made = wire.reply_reader(ours, incomplete)
+        assert made is not None
+        sock, reader, push = made
+        assert sock is wire.socket_of(ours)
+        assert push is not None  # hiredis >= 3.2
+        commands = [
+            ("SET", "w:k", "v"), ("GET", "w:k"), ("GET", "w:missing"), ("STRLEN", "w:k"),
+            ("EVALSHA", "0" * 40, "0"), ("HGETALL", "w:nohash"), ("NOSUCHCOMMAND",),
+            ("EVAL", "return {1, 'two', {3}}", "0"),
+        ]  # fmt: skip
+        expected = []
+        for command in commands:
+            theirs.send_command(*command)
+            try:
+                expected.append(theirs.read_response())
+            except redis.exceptions.ResponseError as exc:
+                expected.append(exc)
+        sock.sendall(b"".join(wire.pack_many(ours, commands)))
+        got: list[object] = []
+        while len(got) < len(commands):
+            reply = reader.gets()
+            if reply is incomplete:
+                reader.feed(sock.recv(65536))
+            else:
+                got.append(reply)
+        for mine, redis_pys in zip(got, expected, strict=True):
+            if isinstance(redis_pys, Exception):
+                assert type(mine) is type(redis_pys) and str(mine) == str(redis_pys)
+            else:
+                assert mine == redis_pys
+        assert type(got[4]) is redis.exceptions.NoScriptError
+    finally:
+        ours.disconnect()
+        theirs.disconnect()
+
+
+def test_no_reply_reader_for_a_socket_without_a_timeout(redis_server: RedisServer) -> None:
+    """Its descriptor blocks: reading it straight would wait (node_stream falls back to
+    redis-py's own reading)."""
+    pool = redis.Redis.from_url(redis_server.url, socket_timeout=None).connection_pool
+    conn = wire.new_connection(pool)
+    conn.connect()
+    try:
+        assert wire.reply_reader(conn, None) is None
+    finally:
+        conn.disconnect()

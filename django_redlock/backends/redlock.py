@@ -287,10 +287,10 @@ class RedlockBackend(BaseLockBackend):
         self, node: RedisBackend, name: str, token: str, ttl_ms: int, meta: str, proposal: int
     ) -> Op[Attempt]:
         keys = [node.key(name), node.fence_key(name)]
-        args: list[Any] = [token, ttl_ms, meta, proposal]
+        args: list[Any] = [token, str(ttl_ms), meta, str(proposal)]  # text: packed as is
         if self.restart_guard:
             keys.append(f"{node.key_prefix}node")
-            args.append(round(self.restart_guard * 1000))
+            args.append(str(round(self.restart_guard * 1000)))
         return Op(name, Call(_ACQUIRE, keys, args), _attempt)
 
     def _wait_hint(self, replies: Replies, split: bool) -> int:

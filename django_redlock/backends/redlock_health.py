@@ -62,6 +62,8 @@ class Health:
         return i in self._warm
 
     def answered(self, i: int) -> None:
+        if i in self._warm and i not in self._down:
+            return  # nothing to change (the common case: no lock taken)
         with self._mutex:
             self._down.pop(i, None)
             self._warm.add(i)

@@ -67,14 +67,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import NoScriptError
 
 from .. import acl
 from ..exceptions import BackendUnavailable
 from ..scripts import Call
-from ..wire import new_connection, node_of, pack_many, socket_of, socket_or_none, tag_node
+from ..wire import new_connection, node_of, pack_many, socket_or_none, stream_of, tag_node
 from . import owners
 from .base import Op
+from .node_stream import NOT_YET, Watch, busy, stream_for
 from .owners import POOL, Owner
 from .redis import UNAVAILABLE, RedisBackend
 from .redlock_health import Health, start_probes
@@ -156,6 +157,7 @@ class Flight:
     (left behind by an earlier fan-out), then ``count`` of this one."""
 
     connection: Any
+    stream: Any  # the connection's (node_stream)
     skip: int
     count: int
     since: float  # when the request of the oldest unread reply was sent
@@ -171,12 +173,12 @@ class Flight:
 
     def read_ready(self, reader: Any) -> bool:
         """Read the replies that have come; True once this request's are all in."""
-        connection = self.connection
-        owners.using(connection, reader)
-        if socket_or_none(connection) is None:  # closed (reading would reconnect)
-            raise ConnectionError("the connection was closed")
-        while self.unread and connection.can_read(timeout=0):
-            reply = _read(connection)
+        owners.using(self.connection, reader)
+        stream = self.stream
+        while self.unread:
+            reply = stream.next_reply()
+            if reply is NOT_YET:
+                break
             if self.skip:
                 self.skip -= 1
                 if not self.skip:
@@ -218,7 +220,7 @@ class Lanes:
         stale, or the drainer has been reading it for a node timeout (then it stays the
         drainer's, and this request takes another connection)."""
         key = (i, threading.get_ident())
-        deadline = time.monotonic() + self._io.timeout
+        deadline = None
         while True:
             with self._lock:
                 if key not in self._reading:
@@ -230,7 +232,9 @@ class Lanes:
                     )
                     del self._flights[key]  # (left behind by an interrupt: stale)
                     return flight if taken else None
-            if time.monotonic() >= deadline:
+            if deadline is None:
+                deadline = time.monotonic() + self._io.timeout
+            elif time.monotonic() >= deadline:
                 return None
             time.sleep(DRAIN_POLL / 4)
 
@@ -448,24 +452,19 @@ class NodeIO:
         self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
         self._pid = os.getpid()
         self._new_kept()
+        # The nodes' options are fixed once the backend is made (read once: they are
+        # looked at several times per request).
+        options = nodes[0].client_options(None)
+        #: A node that has not answered for this long is down, whichever request noticed.
+        self.timeout = float(options["socket_timeout"])
+        self.connect_timeout = float(options.get("socket_connect_timeout") or self.timeout)
+        #: A node whose oldest unread reply is older than this counts as slow.
+        self.slow_after = min(self.timeout * SLOW_SHARE, SLOW_MAX)
 
     def _new_kept(self) -> None:
         # Each deque owns the connections in it (checked under its node's lock).
         self._kept: list[deque[Any]] = [deque() for _ in self.nodes]
         self._kept_locks = [threading.Lock() for _ in self.nodes]
-
-    @property
-    def timeout(self) -> float:
-        return float(self.nodes[0].client_options(None)["socket_timeout"])
-
-    @property
-    def connect_timeout(self) -> float:
-        options = self.nodes[0].client_options(None)
-        return float(options.get("socket_connect_timeout") or options["socket_timeout"])
-
-    @property
-    def slow_after(self) -> float:
-        return min(self.timeout * SLOW_SHARE, SLOW_MAX)
 
     def pool(self, i: int) -> Any:
         return self.nodes[i].client.connection_pool
@@ -482,6 +481,7 @@ class NodeIO:
         owners.move(connection, POOL, me)
         try:
             connection.connect()
+            stream_for(connection)
         except BaseException:
             self.drop(i, connection, me, failed=False)
             raise
@@ -490,22 +490,26 @@ class NodeIO:
     def checkout(self, i: int, me: Owner) -> Any:
         """A connection to node i, ``me``'s: one a fan-out gave back (kept), else a new one
         (see :meth:`connect`). A kept one the server closed meanwhile is replaced."""
-        kept, lock = self._kept[i], self._kept_locks[i]
-        while kept:
-            with lock:
-                if not kept:
-                    break
-                connection = kept.pop()
-                if not owners.owns(connection, kept):
-                    continue  # stale: a give-back an exception interrupted
-                owners.move(connection, kept, me)
+        while (connection := self._kept_one(i, me)) is not None:
             try:
-                if socket_of(connection) is not None and not connection.can_read():
+                if stream_of(connection).idle():
                     return connection
             except Exception:
                 pass
             self.drop(i, connection, me, failed=False)
         return self.connect(i, me)
+
+    def _kept_one(self, i: int, me: Owner) -> Any:
+        """A connection to node i a fan-out gave back, now ``me``'s (not checked: the server
+        may have closed it since); None when none is kept."""
+        kept = self._kept[i]
+        with self._kept_locks[i]:
+            while kept:
+                connection = kept.pop()
+                if owners.owns(connection, kept):  # else stale: an interrupted give-back
+                    owners.move(connection, kept, me)
+                    return connection
+        return None
 
     def give_back(self, i: int, connection: Any, me: Any) -> None:
         """Kept for the next fan-out (closed when KEPT are kept already)."""
@@ -639,21 +643,26 @@ class NodeIO:
         connecting: dict[int, Connector] = {}
         started = time.monotonic()
         try:
+            kept: list[tuple[int, Any]] = []
             for i in indexes:
                 self.nodes[i].round_trips += 1
                 lane = self.lanes.take(i, me)
                 if lane is not None:
                     self._send(fan, i, lane.connection, lane, flights, replies, me)
-                elif self.health.warm(i):
-                    try:
-                        connection = self.checkout(i, me)
-                    except UNAVAILABLE as exc:
-                        self.health.failed(i)
-                        replies[i] = _unavailable(self.nodes[i], fan[i], exc)
-                        continue
-                    self._send(fan, i, connection, None, flights, replies, me)
-                else:
+                elif not self.health.warm(i):
                     connecting[i] = self._connector(i, me)
+                elif (connection := self._kept_one(i, me)) is not None:
+                    kept.append((i, connection))  # sent on below, once seen open
+                else:
+                    self._send_new(fan, i, flights, replies, me)
+            if kept:
+                closed = busy([stream_of(connection) for _, connection in kept])
+                for n, (i, connection) in enumerate(kept):
+                    if n in closed:  # by the server meanwhile (a restart, a timeout)
+                        self.drop(i, connection, me, failed=False)
+                        self._send_new(fan, i, flights, replies, me)
+                    else:
+                        self._send(fan, i, connection, None, flights, replies, me)
             self._collect(fan, flights, connecting, replies, started, me)
         except BaseException:
             self._abandon(me, connecting)
@@ -674,6 +683,18 @@ class NodeIO:
                 return
             except BaseException:  # an interrupt in the clean-up itself: go on
                 continue
+
+    def _send_new(
+        self, fan: Fan, i: int, flights: dict[int, Flight], replies: Replies, me: Owner
+    ) -> None:
+        """Send on a connection to node i made now (its node answered lately)."""
+        try:
+            connection = self.connect(i, me)
+        except UNAVAILABLE as exc:
+            self.health.failed(i)
+            replies[i] = _unavailable(self.nodes[i], fan[i], exc)
+            return
+        self._send(fan, i, connection, None, flights, replies, me)
 
     def _connector(self, i: int, me: Owner) -> Connector:
         """The connect to node i under way (one is started if none is), joined by ``me``.
@@ -698,14 +719,14 @@ class NodeIO:
     ) -> None:
         now = time.monotonic()
         if lane is None:  # recorded first: from here on, the clean-up finds it
-            flight = flights[i] = Flight(connection, 0, 0, now, now)
+            flight = flights[i] = Flight(connection, stream_of(connection), 0, 0, now, now)
         else:
-            flight = flights[i] = Flight(connection, lane.unread, 0, lane.since, now)
+            flight = flights[i] = Flight(connection, lane.stream, lane.unread, 0, lane.since, now)
         commands = _commands(fan[i].request)
         flight.count = len(commands)
         owners.using(connection, me)
         try:
-            connection.send_packed_command(pack_many(connection, commands), False)
+            flight.stream.send(b"".join(pack_many(connection, commands)))
         except UNAVAILABLE as exc:
             self.drop(i, connection, me)
             del flights[i]
@@ -750,8 +771,9 @@ class NodeIO:
         grace_end = math.inf
         patience = None if fan.enough is None else started + self.slow_after
         ready: set[int] = set()
+        watch = Watch()
         while True:
-            for i, connector in list(connecting.items()):
+            for i, connector in list(connecting.items()) if connecting else ():
                 if connector.finished:
                     self._connected(fan, i, connector, flights, replies, me)
                     del connecting[i]
@@ -796,7 +818,8 @@ class NodeIO:
                 until = min(until, patience)
             if connecting:
                 until = min(until, now + CONNECT_POLL)
-            ready = readable({i: f.connection for i, f in flights.items()}, until)
+            waiting = {i: f.stream for i, f in flights.items()}
+            ready = watch.wait(waiting, until - time.monotonic())
         for i, flight in list(flights.items()):
             self.lanes.leave(i, flight, me)
             del flights[i]
@@ -807,6 +830,11 @@ class NodeIO:
             replies[i] = self._unawaited(i, fan[i])
 
     def _parsed(self, i: int, op: Op[Any], raw: list[Any]) -> Any:
+        if len(raw) == 1 and not isinstance(raw[0], Exception) and not isinstance(op.request, list):
+            try:  # one reply, no error: the common case
+                return op.parse(raw[0])
+            except Exception as exc:
+                return exc
         refused = acl.first_refused(raw)
         if refused is not None:  # this node's user may not: say what it lacks
             return self.nodes[i].refusal_error(op.name, refused)
@@ -931,19 +959,11 @@ def _commands(request: Any) -> list[tuple[Any, ...]]:
     """The wire commands of a node op: one script call, a pipeline of them, or a command."""
     calls = request if isinstance(request, list) else [request]
     return [
-        ("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
+        ("EVALSHA", c.script.sha, str(len(c.keys)), *c.keys, *c.args)
         if isinstance(c, Call)
         else tuple(c)
         for c in calls
     ]
-
-
-def _read(connection: Any) -> Any:
-    """One reply; an error reply comes back as a value, like a pipeline's."""
-    try:
-        return connection.read_response()
-    except ResponseError as exc:
-        return exc
 
 
 def _unavailable(node: RedisBackend, op: Op[Any], exc: object) -> BackendUnavailable:
