@@ -180,6 +180,24 @@ class Watch:
         self._poll = select.poll()
         self._fds: dict[Any, tuple[int, Stream]] = {}  # key -> what is registered for it
 
+    def busy(self, streams: dict[Any, Stream]) -> set[Any]:
+        """:func:`busy`'s keys for ``streams`` (not idle), the plain sockets registered on
+        the way for the wait that follows."""
+        out = set()
+        for key, stream in streams.items():
+            if type(stream) is not SocketStream:
+                if not stream.idle():
+                    out.add(key)
+            elif stream.reader.has_data() or (fd := stream.fileno()) < 0:
+                out.add(key)
+            else:
+                self._poll.register(fd, select.POLLIN)
+                self._fds[key] = (fd, stream)
+        if self._fds:
+            by_fd = {fd: key for key, (fd, _) in self._fds.items()}
+            out.update(by_fd[fd] for fd, _ in self._poll.poll(0) if fd in by_fd)
+        return out
+
     def wait(self, streams: dict[Any, Stream], timeout: float) -> set[Any]:
         """The keys whose stream has something to read (a closed one counts: reading it
         says what happened), waiting ``timeout`` seconds at most."""

@@ -75,7 +75,7 @@ from ..scripts import Call
 from ..wire import new_connection, node_of, pack_many, socket_or_none, stream_of, tag_node
 from . import owners
 from .base import Op
-from .node_stream import NOT_YET, Watch, busy, stream_for
+from .node_stream import NOT_YET, Watch, stream_for
 from .owners import POOL, Owner
 from .redis import UNAVAILABLE, RedisBackend
 from .redlock_health import Health, start_probes
@@ -174,18 +174,18 @@ class Flight:
     def read_ready(self, reader: Any) -> bool:
         """Read the replies that have come; True once this request's are all in."""
         owners.using(self.connection, reader)
-        stream = self.stream
-        while self.unread:
-            reply = stream.next_reply()
-            if reply is NOT_YET:
-                break
-            if self.skip:
-                self.skip -= 1
-                if not self.skip:
-                    self.since = self.sent
-            else:
-                self.raw.append(reply)
-        return not self.unread
+        next_reply, raw = self.stream.next_reply, self.raw
+        while self.skip:
+            if (reply := next_reply()) is NOT_YET:
+                return False
+            self.skip -= 1
+            if not self.skip:
+                self.since = self.sent
+        while len(raw) < self.count:
+            if (reply := next_reply()) is NOT_YET:
+                return False
+            raw.append(reply)
+        return True
 
 
 class Lanes:
@@ -655,15 +655,16 @@ class NodeIO:
                     kept.append((i, connection))  # sent on below, once seen open
                 else:
                     self._send_new(fan, i, flights, replies, me)
+            watch = Watch()  # polls the kept connections now, and every connection later
             if kept:
-                closed = busy([stream_of(connection) for _, connection in kept])
-                for n, (i, connection) in enumerate(kept):
-                    if n in closed:  # by the server meanwhile (a restart, a timeout)
+                closed = watch.busy({i: stream_of(connection) for i, connection in kept})
+                for i, connection in kept:
+                    if i in closed:  # by the server meanwhile (a restart, a timeout)
                         self.drop(i, connection, me, failed=False)
                         self._send_new(fan, i, flights, replies, me)
                     else:
                         self._send(fan, i, connection, None, flights, replies, me)
-            self._collect(fan, flights, connecting, replies, started, me)
+            self._collect(fan, flights, connecting, replies, started, me, watch)
         except BaseException:
             self._abandon(me, connecting)
             raise
@@ -766,28 +767,34 @@ class NodeIO:
         replies: Replies,
         started: float,
         me: Owner,
+        watch: Watch,
     ) -> None:
         timeout = self.timeout
         grace_end = math.inf
         patience = None if fan.enough is None else started + self.slow_after
         ready: set[int] = set()
-        watch = Watch()
+        changed = True  # a reply came (or a node failed) since decided() was last asked
         while True:
             for i, connector in list(connecting.items()) if connecting else ():
                 if connector.finished:
                     self._connected(fan, i, connector, flights, replies, me)
                     del connecting[i]
+                    changed = True
                 elif time.monotonic() >= connector.deadline:
                     connector.leave(me)
                     del connecting[i]
                     self.health.failed(i)
                     error = TimeoutError("the connect did not finish in time")
                     replies[i] = _unavailable(self.nodes[i], fan[i], error)
+                    changed = True
             now = time.monotonic()
             for i, flight in list(flights.items()):
-                overdue = now >= flight.deadline(timeout)
+                overdue = now >= flight.since + timeout
+                if not (i in ready or overdue):
+                    continue
+                changed = True
                 try:  # overdue: what has come is read all the same (this thread may have slept)
-                    done = (i in ready or overdue) and flight.read_ready(me)
+                    done = flight.read_ready(me)
                 except Exception as exc:  # a connection error, or a reply it cannot parse
                     self.drop(i, flight.connection, me)
                     del flights[i]
@@ -805,7 +812,8 @@ class NodeIO:
                     error = TimeoutError(f"no answer within {timeout:g} s")
                     replies[i] = _unavailable(self.nodes[i], fan[i], error)
             now = time.monotonic()
-            if grace_end == math.inf and fan.decided is not None:
+            if grace_end == math.inf and fan.decided is not None and changed:
+                changed = False
                 enough = fan.enough is not None and fan.enough(replies)
                 if fan.decided(replies) or (enough and connecting):
                     grace_end = now + max(GRACE, now - started)
@@ -813,7 +821,9 @@ class NodeIO:
                     grace_end = max(now, patience)
             if (not flights and not connecting) or now >= grace_end:
                 break
-            until = min([f.deadline(timeout) for f in flights.values()] + [grace_end])
+            until = min(
+                min([f.since for f in flights.values()], default=math.inf) + timeout, grace_end
+            )
             if patience is not None and grace_end == math.inf and now < patience:
                 until = min(until, patience)
             if connecting:
