@@ -22,7 +22,7 @@ from typing import Any, TypeVar, cast
 
 from .. import fencing, observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal
-from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
+from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
 from ..identity import holder_meta, new_token, new_waiter_id, owner_id
 from ..renewer import Renewer, thread_renewer
@@ -453,13 +453,21 @@ class BaseLock:
     def _wait(
         self, token: str, ttl_ms: int, meta: str, waiter: str | None, deadline: float | None
     ) -> Steps[Attempt]:
-        """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly."""
+        """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly.
+
+        A registered ``waiter`` left without the hold (refused, an error, an interrupt)
+        leaves the queue or the waiters' set; except after a try that got no answer in time
+        (``BackendUnavailable.timed_out``): the leave would keep the caller another socket
+        timeout, and a slow or paused server could run it before the try that registers
+        the waiter. Its entry then lapses on its own: a fair queue's place at its lease
+        (at most :data:`WAITER_LEASE`), a plain waiter with the waiters' set."""
         queued = self.queued
         if waiter:
             handle = yield Watch(waiter, True, self.name)
         else:
             handle = yield Watch(self.backend.channel(self.name), False)
         attempt = Attempt(False)
+        unanswered = False
         try:
             while True:
                 # Registered before this try, so a release right after it still wakes us.
@@ -480,8 +488,11 @@ class BaseLock:
                 if queued:  # come back before our place in the queue lapses
                     pause = min(pause, WAITER_LEASE / 2)
                 yield Sleep(handle[1], min(pause, remaining))
+        except BackendUnavailable as exc:
+            unanswered = exc.timed_out
+            raise
         finally:
-            if waiter and not attempt.acquired:
+            if waiter and not attempt.acquired and not unanswered:
                 with contextlib.suppress(Exception):
                     yield self._op_leave(waiter)
             yield Unwatch(handle)

@@ -359,10 +359,17 @@ class MultiLock:
 
     def _wait(self, token: str, ttl_ms: int, meta: str, deadline: float | None) -> Steps[TakenAll]:
         """Register on the first busy name and sleep until its release wakes this waiter (or
-        its hold's expiry); then try the whole set again. Never polls blindly."""
+        its hold's expiry); then try the whole set again. Never polls blindly.
+
+        Left without the set (refused, an error, an interrupt), the waiter leaves every
+        name's waiters, in one round trip; except after a try that got no answer in time
+        (``BackendUnavailable.timed_out``): the leave would keep the caller another socket
+        timeout, and a slow or paused server could run it before the try that registers
+        the waiter. Its entry then lapses with the waiters' set (``lua/_wake.lua``)."""
         waiter = new_waiter_id()
         handle = yield Watch(waiter, True, self.names[0])
         taken = TakenAll(False)
+        unanswered = False
         try:
             while True:
                 taken = yield self._op_take(token, ttl_ms, meta, waiter)
@@ -375,8 +382,11 @@ class MultiLock:
                 hint = taken.wait_ms
                 pause = max(hint / 1000, 0.001) if hint >= 0 else self.lock_ttl
                 yield Sleep(handle[1], min(pause, remaining))
+        except BackendUnavailable as exc:
+            unanswered = exc.timed_out
+            raise
         finally:
-            if not taken.acquired:
+            if not taken.acquired and not unanswered:
                 # Out of every name's waiters (after an error it is not known where this
                 # waiter registered), in one round trip; a free name's next waiter is woken.
                 leave = self.backend.op_leave
