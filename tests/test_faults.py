@@ -276,7 +276,23 @@ def test_a_wait_on_a_server_paused_meanwhile_ends_within_one_socket_timeout(
         time.sleep(0.2)  # the server runs what it was sent while paused
         assert client.pttl(registered) > 0  # what is left of the waiter lapses on its own
         assert not lock(name + ":other", using="paused").locked()
+        # What is left of it may stand first in line, and get the release's wake-up: this
+        # process, which still hears its id, leaves for it then. The next waiter is woken at
+        # the release, not at the hold's expiry (28 s on).
+        after = lock(name, using="paused", fair=kind == "fair")
+        took: list[float] = []
+        thread = threading.Thread(
+            target=lambda: after.acquire(timeout=15) and took.append(time.monotonic())
+        )
+        thread.start()
+        until = time.monotonic() + 10
+        while client.zcard(registered) < 2 and time.monotonic() < until:
+            time.sleep(0.01)
+        released = time.monotonic()
         holder.release()
+        thread.join(30)
+        assert took and took[0] - released < 5, "the next waiter was not woken at the release"
+        after.release()
 
 
 @pytest.mark.parametrize("kind", ["lock_all", "lock", "fair"])

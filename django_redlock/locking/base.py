@@ -41,7 +41,7 @@ from .holds import (
     unsettled,
     untake,
 )
-from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
+from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
 from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
 
 logger = logging.getLogger("django_redlock")
@@ -456,11 +456,10 @@ class BaseLock:
         """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly.
 
         A registered ``waiter`` left without the hold (refused, an error, an interrupt)
-        leaves the queue or the waiters' set; except after a try that got no answer in time
-        (``BackendUnavailable.timed_out``): the leave would keep the caller another socket
-        timeout, and a slow or paused server could run it before the try that registers
-        the waiter. Its entry then lapses on its own: a fair queue's place at its lease
-        (at most :data:`WAITER_LEASE`), a plain waiter with the waiters' set."""
+        leaves the queue or the waiters' set (:func:`~.steps.leave_waiters`: not after a try
+        that got no answer in time; a leave not sent or not answered is sent when a wake-up
+        still comes for the waiter, else its entry lapses: a fair queue's place at its
+        lease, at most :data:`WAITER_LEASE`, a plain waiter with the waiters' set)."""
         queued = self.queued
         if waiter:
             handle = yield Watch(waiter, True, self.name)
@@ -492,9 +491,8 @@ class BaseLock:
             unanswered = exc.timed_out
             raise
         finally:
-            if waiter and not attempt.acquired and not unanswered:
-                with contextlib.suppress(Exception):
-                    yield self._op_leave(waiter)
+            if waiter and not attempt.acquired:
+                yield from leave_waiters(self.backend, waiter, self._op_leave(waiter), unanswered)
             yield Unwatch(handle)
 
     def _record(

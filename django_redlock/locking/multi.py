@@ -55,7 +55,7 @@ from ..scripts import Call, script
 from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
 from .lock import Lock
-from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
+from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
 from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
 
 logger = logging.getLogger("django_redlock")
@@ -362,10 +362,9 @@ class MultiLock:
         its hold's expiry); then try the whole set again. Never polls blindly.
 
         Left without the set (refused, an error, an interrupt), the waiter leaves every
-        name's waiters, in one round trip; except after a try that got no answer in time
-        (``BackendUnavailable.timed_out``): the leave would keep the caller another socket
-        timeout, and a slow or paused server could run it before the try that registers
-        the waiter. Its entry then lapses with the waiters' set (``lua/_wake.lua``)."""
+        name's waiters, in one round trip (:func:`~.steps.leave_waiters`: not after a try
+        that got no answer in time; a leave not sent or not answered is sent when a wake-up
+        still comes for the waiter, else its entry lapses with the waiters' set)."""
         waiter = new_waiter_id()
         handle = yield Watch(waiter, True, self.names[0])
         taken = TakenAll(False)
@@ -386,12 +385,12 @@ class MultiLock:
             unanswered = exc.timed_out
             raise
         finally:
-            if not taken.acquired and not unanswered:
+            if not taken.acquired:
                 # Out of every name's waiters (after an error it is not known where this
                 # waiter registered), in one round trip; a free name's next waiter is woken.
                 leave = self.backend.op_leave
-                with contextlib.suppress(Exception):
-                    yield Op(self.names[0], [leave(n, waiter).request for n in self.names], list)
+                out = Op(self.names[0], [leave(n, waiter).request for n in self.names], list)
+                yield from leave_waiters(self.backend, waiter, out, unanswered)
             yield Unwatch(handle)
 
     _busy: str | None = None
