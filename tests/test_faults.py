@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -221,7 +222,7 @@ def test_paused_server_gives_backend_unavailable_within_the_socket_timeout(
             server.resume()
 
 
-@pytest.mark.parametrize("kind", ["lock_all", "lock", "fair"])
+@pytest.mark.parametrize("kind", ["lock_all", "lock", "fair", "async"])
 def test_a_wait_on_a_server_paused_meanwhile_ends_within_one_socket_timeout(
     redis_factory: Callable[..., RedisServer], name: str, kind: str
 ) -> None:
@@ -250,7 +251,10 @@ def test_a_wait_on_a_server_paused_meanwhile_ends_within_one_socket_timeout(
         def wait() -> None:
             started = time.monotonic()
             try:
-                waiter.acquire(timeout=timeout)
+                if kind == "async":
+                    asyncio.run(waiter.aacquire(timeout=timeout))
+                else:
+                    waiter.acquire(timeout=timeout)
             except BaseException as exc:
                 outcome.append(exc)
             outcome.append(time.monotonic() - started)
