@@ -297,24 +297,29 @@ def test_a_lock_error_raised_by_a_task_keeps_its_fields(prefork: Worker, kind: s
 
 
 def test_every_lock_error_survives_the_json_result_backend() -> None:
-    # Celery's own conversion, in process, for every exception class of the app.
+    # Celery's own conversion, in process, for every exception class of the app (and the
+    # Redlock's kinds of BackendUnavailable, which take its constructor).
     from django_redlock import exceptions
+    from django_redlock.backends import redlock_io
 
     backend = celery_app.app.backend
-    made = {
-        **{type(e): e for e in celery_tasks.lock_errors().values()},
-        exceptions.BackendUnavailable: exceptions.BackendUnavailable("cut"),  # not timed out
-    }
+    with_fields = [
+        *celery_tasks.lock_errors().values(),
+        exceptions.BackendUnavailable("cut"),  # not timed out
+        redlock_io.Unasked("node 'a' was not asked", True),
+        redlock_io.Unawaited("node 'b' was not waited for"),
+    ]
     classes = [c for c in vars(exceptions).values() if isinstance(c, type)
                and issubclass(c, Exception) and c.__module__ == exceptions.__name__]  # fmt: skip
     assert exceptions.InvalidLockBackendError in classes and len(classes) >= 10
-    for cls in classes:
-        raised = made.get(cls) or cls(f"{cls.__name__}: the message")
-        assert vars(raised) == {} or cls in made, f"{cls.__name__} has fields: test them"
+    tested = {type(e) for e in with_fields}
+    plain = [c(f"{c.__name__}: the message") for c in classes if c not in tested]
+    for raised in with_fields + plain:
+        assert vars(raised) == {} or type(raised) in tested, f"{raised!r} has fields: test them"
         again = backend.exception_to_python(
             json.loads(json.dumps(backend.prepare_exception(raised, "json")))
         )
-        assert type(again) is cls and vars(again) == vars(raised)
+        assert type(again) is type(raised) and vars(again) == vars(raised)
         assert str(again) == str(raised)
 
 
