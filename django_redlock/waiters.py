@@ -214,8 +214,9 @@ class ReleaseHub:
         sent after a try that got no answer in time, or got no answer itself). The server
         may wake it first at the next release, and a wake-up nobody here takes would leave
         the lock's next waiter asleep until the hold's expiry. So should a wake-up come for
-        ``waiter_id``, ``leave`` runs then, once, in a thread of its own (it takes the id
-        out and wakes the next waiter). Call it before the waiter stops watching."""
+        ``waiter_id``, ``leave`` runs then, in a thread of its own (it takes the id out and
+        wakes the next waiter); failing, it is kept for the next wake-up. Call it before the
+        waiter stops watching."""
         with self._mutex:
             self._abandoned[waiter_id] = leave
             while len(self._abandoned) > self.ABANDONED_MAX:
@@ -239,8 +240,15 @@ class ReleaseHub:
         if group:
             chosen.wake()
         elif leave is not None:
-            threading.Thread(target=_run_leave, args=(channel, leave), daemon=True,
+            threading.Thread(target=self._run_leave, args=(channel, leave), daemon=True,
                              name="redlock-leave").start()  # fmt: skip
+
+    def _run_leave(self, waiter_id: str, leave: Callable[[], object]) -> None:
+        try:
+            leave()
+        except Exception as exc:  # kept: the next wake-up for it tries again
+            logger.debug("redlock: leave of abandoned waiter %s failed: %s", waiter_id, exc)
+            self.abandon(waiter_id, leave)
 
     def notify_all(self) -> None:
         """Something may have been missed (a lost connection): everyone looks again."""
@@ -263,13 +271,6 @@ class ReleaseHub:
 
     def close(self) -> None:
         self.notify_all()
-
-
-def _run_leave(waiter_id: str, leave: Callable[[], object]) -> None:
-    try:
-        leave()
-    except Exception as exc:  # its entry then lapses with the lock's waiters
-        logger.debug("redlock: leave of abandoned waiter %s failed: %s", waiter_id, exc)
 
 
 class CompositeHub(ReleaseHub):
@@ -297,10 +298,16 @@ class CompositeHub(ReleaseHub):
 
     def abandon(self, waiter_id: str, leave: Callable[[], object]) -> None:
         # The nodes' hubs hear the wake-ups: each may run the leave, the first one does.
-        ran = threading.Lock()
+        ran = threading.Lock()  # held from the first start on, let go should it fail
 
         def once() -> object:
-            return leave() if ran.acquire(blocking=False) else None
+            if not ran.acquire(blocking=False):
+                return None
+            try:
+                return leave()
+            except BaseException:
+                ran.release()
+                raise
 
         for hub in self.hubs:
             hub.abandon(waiter_id, once)

@@ -66,3 +66,25 @@ def test_abandoned_waiters_are_bounded() -> None:
     hub.notify(f"p.{hub.ABANDONED_MAX}")
     time.sleep(0.2)
     assert ran == [hub.ABANDONED_MAX]
+
+
+def test_a_leave_for_an_abandoned_waiter_that_fails_is_tried_at_the_next_wake_up() -> None:
+    nodes = [ReleaseHub(), ReleaseHub()]
+    for hub, hearing in ((ReleaseHub(), None), (CompositeHub(nodes, 0), nodes)):
+        tries: list[int] = []
+        done = threading.Event()
+
+        def leave(tries: list[int] = tries, done: threading.Event = done) -> None:
+            tries.append(1)
+            if len(tries) == 1:
+                raise ConnectionError("cut")
+            done.set()
+
+        hub.abandon("p.1", leave)
+        for each in hearing or [hub]:
+            each.notify("p.1")
+            time.sleep(0.1)  # the first (failing) leave is done before the next wake-up
+        if hearing is None:
+            hub.notify("p.1")
+        assert done.wait(5)
+        assert len(tries) == 2
