@@ -1,4 +1,10 @@
-"""The exceptions every public call may raise; all derive from :class:`LockError`."""
+"""The exceptions every public call may raise; all derive from :class:`LockError`.
+
+An exception with fields of its own has its constructor's arguments as ``args`` (the message
+first, then each field) and its message alone as ``str()``: Celery's JSON result backend
+stores an exception's ``args`` alone and rebuilds it as ``cls(*args)`` (pickle does the
+same), so a task that raises one hands its caller every field.
+"""
 
 from __future__ import annotations
 
@@ -27,11 +33,11 @@ class StaleFence(LockLost):
     nothing of the transaction was committed, so taking the lock again and retrying is safe."""
 
     def __init__(self, message: str, fence: int | None = None, recorded: int | None = None):
-        super().__init__(message)
+        super().__init__(message, fence, recorded)  # args: see the module's docstring
         self.fence, self.recorded = fence, recorded
 
-    def __reduce__(self) -> tuple[object, ...]:  # pickled whole (a Celery task may raise it)
-        return (type(self), (str(self), self.fence, self.recorded))
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class CommitOutcomeUnknown(LockError):
@@ -53,8 +59,11 @@ class BackendUnavailable(LockError):
     """
 
     def __init__(self, message: str = "", timed_out: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(message, timed_out)  # args: see the module's docstring
         self.timed_out = timed_out
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class MissingPermission(LockError):
@@ -66,9 +75,12 @@ class MissingPermission(LockError):
     """
 
     def __init__(self, message: str, needs: str = "", rule: str = "") -> None:
-        super().__init__(message)
+        super().__init__(message, needs, rule)  # args: see the module's docstring
         self.needs = needs
         self.rule = rule
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class InvalidLockBackendError(ImproperlyConfigured, ValueError):

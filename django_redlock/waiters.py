@@ -142,10 +142,13 @@ class ReleaseHub:
     """
 
     confirm_timeout = 0.0
+    #: The most waiter ids kept by :meth:`abandon` (the oldest is forgotten first).
+    ABANDONED_MAX = 1000
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
+        self._abandoned: dict[str, Callable[[], object]] = {}  # waiter id -> its leave
 
     @contextlib.contextmanager
     def watch(self, channel: str, by_id: bool = False, lock: str = "") -> Iterator[Waiter]:
@@ -206,20 +209,46 @@ class ReleaseHub:
         if last:
             self._unsubscribe(channel)
 
+    def abandon(self, waiter_id: str, leave: Callable[[], object]) -> None:
+        """A waiter that stopped waiting still registered on the server (its leave was not
+        sent after a try that got no answer in time, or got no answer itself). The server
+        may wake it first at the next release, and a wake-up nobody here takes would leave
+        the lock's next waiter asleep until the hold's expiry. So should a wake-up come for
+        ``waiter_id``, ``leave`` runs then, in a thread of its own (it takes the id out and
+        wakes the next waiter); failing, it is kept for the next wake-up. Call it before the
+        waiter stops watching."""
+        with self._mutex:
+            self._abandoned[waiter_id] = leave
+            while len(self._abandoned) > self.ABANDONED_MAX:
+                del self._abandoned[next(iter(self._abandoned))]
+
     def notify(self, channel: str) -> None:
         """A release: wake the longest-waiting waiter that is not already about to try.
 
         If every waiter is about to try already, the release may have come after their try
         read the lock: wake the first one again, so it tries once more instead of sleeping
-        on a stale TTL (its wake-up stays pending until it waits).
+        on a stale TTL (its wake-up stays pending until it waits). A wake-up for a waiter
+        id nobody watches runs its leave if it was abandoned (:meth:`abandon`).
         """
         with self._mutex:
             group = self._waiters.get(channel)
-            if not group:
-                return
-            chosen = next((w for w in group if not w.baton), None) or next(iter(group))
-            chosen.baton = True
-        chosen.wake()
+            if group:
+                chosen = next((w for w in group if not w.baton), None) or next(iter(group))
+                chosen.baton = True
+            else:
+                leave = self._abandoned.pop(channel, None)
+        if group:
+            chosen.wake()
+        elif leave is not None:
+            threading.Thread(target=self._run_leave, args=(channel, leave), daemon=True,
+                             name="redlock-leave").start()  # fmt: skip
+
+    def _run_leave(self, waiter_id: str, leave: Callable[[], object]) -> None:
+        try:
+            leave()
+        except Exception as exc:  # kept: the next wake-up for it tries again
+            logger.debug("redlock: leave of abandoned waiter %s failed: %s", waiter_id, exc)
+            self.abandon(waiter_id, leave)
 
     def notify_all(self) -> None:
         """Something may have been missed (a lost connection): everyone looks again."""
@@ -266,3 +295,19 @@ class CompositeHub(ReleaseHub):
     def leave(self, channel: str, waiter: AnyWaiter) -> None:
         for hub in self.hubs:
             hub.leave(channel, waiter)
+
+    def abandon(self, waiter_id: str, leave: Callable[[], object]) -> None:
+        # The nodes' hubs hear the wake-ups: each may run the leave, the first one does.
+        ran = threading.Lock()  # held from the first start on, let go should it fail
+
+        def once() -> object:
+            if not ran.acquire(blocking=False):
+                return None
+            try:
+                return leave()
+            except BaseException:
+                ran.release()
+                raise
+
+        for hub in self.hubs:
+            hub.abandon(waiter_id, once)

@@ -186,6 +186,7 @@ class PubSubHub(ReleaseHub):
         self._inbox = None  # the child has a process id of its own
         self._mutex = threading.Lock()
         self._waiters = {}
+        self._abandoned = {}  # the parent's ids: its inbox, never heard here
         self._confirmed = {}
 
 

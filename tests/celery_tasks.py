@@ -271,3 +271,21 @@ class FlakyPublish(SingleInstanceTask):
 @single_instance(key="coalesce-flaky:{name}", ttl=10, on_duplicate="coalesce")
 def coalesced_flaky(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
     return body(f"coalesce-flaky:{name}", tag, seconds)
+
+
+def lock_errors() -> dict[str, Exception]:
+    """One of each of the app's exceptions with fields of their own, as a task may raise it."""
+    from django_redlock.exceptions import BackendUnavailable, MissingPermission, StaleFence
+
+    return {
+        "stale": StaleFence("lock 'x' is stale: fence 7 is below 9", 7, 9),
+        "unavailable": BackendUnavailable("backend 'default' timed out", timed_out=True),
+        "refused": MissingPermission("user 'u' may not run TIME", "+time", "+time ~redlock:*"),
+    }
+
+
+@shared_task
+def raise_lock_error(kind: str) -> None:
+    """Raise it out of a task: the caller's ``.get()`` rebuilds it from the result backend
+    (Celery's JSON serializer keeps an exception's type, module and ``args`` alone)."""
+    raise lock_errors()[kind]

@@ -10,6 +10,7 @@ import gc
 import itertools
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -277,6 +278,49 @@ def test_dedupe_queued_returns_the_queued_task(prefork: Worker, redis_server: Re
     fourth = prefork.send(celery_tasks.deduped, "d", 0.1)
     assert fourth.id != first.id and fourth.get(timeout=30) == "ran"
     assert redis(redis_server).lrange("dedupe:d:ran", 0, -1) == [first.id, fourth.id]
+
+
+@pytest.mark.parametrize("kind", ["stale", "unavailable", "refused"])
+def test_a_lock_error_raised_by_a_task_keeps_its_fields(prefork: Worker, kind: str) -> None:
+    # The default result serializer (JSON) stores an exception's args and rebuilds it as
+    # cls(*args): the fields must be among them, and str() the message alone as before.
+    assert celery_app.app.conf.result_serializer == "json"
+    raised = celery_tasks.lock_errors()[kind]
+    with pytest.raises(type(raised)) as caught:
+        prefork.send(celery_tasks.raise_lock_error, kind).get(timeout=30)
+    assert type(caught.value) is type(raised)
+    assert vars(caught.value) == vars(raised) and vars(raised)  # the fields: fence, timed_out...
+    assert str(caught.value) == str(raised) == raised.args[0]
+    again = pickle.loads(pickle.dumps(caught.value))
+    assert type(again) is type(raised) and vars(again) == vars(raised)
+    assert str(again) == str(raised)
+
+
+def test_every_lock_error_survives_the_json_result_backend() -> None:
+    # Celery's own conversion, in process, for every exception class of the app (and the
+    # Redlock's kinds of BackendUnavailable, which take its constructor).
+    from django_redlock import exceptions
+    from django_redlock.backends import redlock_io
+
+    backend = celery_app.app.backend
+    with_fields = [
+        *celery_tasks.lock_errors().values(),
+        exceptions.BackendUnavailable("cut"),  # not timed out
+        redlock_io.Unasked("node 'a' was not asked", True),
+        redlock_io.Unawaited("node 'b' was not waited for"),
+    ]
+    classes = [c for c in vars(exceptions).values() if isinstance(c, type)
+               and issubclass(c, Exception) and c.__module__ == exceptions.__name__]  # fmt: skip
+    assert exceptions.InvalidLockBackendError in classes and len(classes) >= 10
+    tested = {type(e) for e in with_fields}
+    plain = [c(f"{c.__name__}: the message") for c in classes if c not in tested]
+    for raised in with_fields + plain:
+        assert vars(raised) == {} or type(raised) in tested, f"{raised!r} has fields: test them"
+        again = backend.exception_to_python(
+            json.loads(json.dumps(backend.prepare_exception(raised, "json")))
+        )
+        assert type(again) is type(raised) and vars(again) == vars(raised)
+        assert str(again) == str(raised)
 
 
 def test_bad_single_instance_arguments_fail_at_decoration() -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -218,6 +220,129 @@ def test_paused_server_gives_backend_unavailable_within_the_socket_timeout(
                 assert time.monotonic() - started < 0.5 + 0.3
         finally:
             server.resume()
+
+
+@pytest.mark.parametrize("kind", ["lock_all", "lock", "fair", "async"])
+def test_a_wait_on_a_server_paused_meanwhile_ends_within_one_socket_timeout(
+    redis_factory: Callable[..., RedisServer], name: str, kind: str
+) -> None:
+    # A waiter whose try after its sleep times out raises at once: its leave would wait
+    # another socket timeout (and a paused server could run it before the try it undoes).
+    # Its registration then lapses on its own (the waiter sets and the fair queue expire).
+    server = redis_factory()
+    socket_timeout, timeout = 1.0, 1.5
+    backend_settings = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": socket_timeout},
+    }
+    with _alias("paused", backend_settings):
+        holder = lock(name, using="paused", ttl=30, auto_renew=False, fair=kind == "fair")
+        holder.acquire()
+        if kind == "lock_all":
+            waiter: Any = lock_all(name, name + ":other", using="paused")
+        else:
+            waiter = lock(name, using="paused", fair=kind == "fair")
+        backend = locks["paused"]
+        registered = backend.deadlines_key(name) if kind == "fair" else backend.waiting_key(name)
+        client = server.client()
+        outcome: list[BaseException | float] = []
+
+        def wait() -> None:
+            started = time.monotonic()
+            try:
+                if kind == "async":
+                    asyncio.run(waiter.aacquire(timeout=timeout))
+                else:
+                    waiter.acquire(timeout=timeout)
+            except BaseException as exc:
+                outcome.append(exc)
+            outcome.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        try:
+            until = time.monotonic() + 10
+            while not client.exists(registered) and time.monotonic() < until:
+                time.sleep(0.01)
+            assert client.exists(registered), "the waiter never registered"
+            server.pause()  # while it sleeps: its next try gets no answer
+            thread.join(timeout + 4 * socket_timeout + 10)
+        finally:
+            server.resume()
+        assert not thread.is_alive()
+        error, elapsed = outcome
+        assert isinstance(error, BackendUnavailable) and error.timed_out
+        # Its sleep ends at the timeout, then one socket timeout for the try (a leave
+        # after it made two: 2.0 s).
+        assert elapsed - timeout < 1.6 * socket_timeout, elapsed
+        assert not waiter.held() if kind == "lock_all" else waiter.fence is None
+        time.sleep(0.2)  # the server runs what it was sent while paused
+        assert client.pttl(registered) > 0  # what is left of the waiter lapses on its own
+        assert not lock(name + ":other", using="paused").locked()
+        # What is left of it may stand first in line, and get the release's wake-up: this
+        # process, which still hears its id, leaves for it then. The next waiter is woken at
+        # the release, not at the hold's expiry (28 s on).
+        after = lock(name, using="paused", fair=kind == "fair")
+        took: list[float] = []
+        thread = threading.Thread(
+            target=lambda: after.acquire(timeout=15) and took.append(time.monotonic())
+        )
+        thread.start()
+        until = time.monotonic() + 10
+        while client.zcard(registered) < 2 and time.monotonic() < until:
+            time.sleep(0.01)
+        released = time.monotonic()
+        holder.release()
+        thread.join(30)
+        assert took and took[0] - released < 5, "the next waiter was not woken at the release"
+        after.release()
+
+
+@pytest.mark.parametrize("kind", ["lock_all", "lock", "fair"])
+def test_a_wait_whose_connection_is_cut_still_leaves_the_waiters(
+    redis_server: RedisServer, name: str, kind: str
+) -> None:
+    # Not a time-out: the server answered the try (its reply was lost with the connection),
+    # so the leave is tried, and takes the waiter out at once.
+    from .proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with _alias("cut", config):
+            holder = lock(name, using="cut", ttl=30, auto_renew=False, fair=kind == "fair")
+            holder.acquire()
+            if kind == "lock_all":
+                waiter: Any = lock_all(name, name + ":other", using="cut")
+            else:
+                waiter = lock(name, using="cut", fair=kind == "fair")
+            backend = locks["cut"]
+            keys = [backend.waiting_key(name), backend.queue_key(name),
+                    backend.deadlines_key(name)]  # fmt: skip
+            client = redis_server.client()
+            errors: list[BaseException] = []
+
+            def wait() -> None:
+                try:
+                    waiter.acquire(timeout=1.0)
+                except BaseException as exc:
+                    errors.append(exc)
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            until = time.monotonic() + 10
+            while not client.exists(*keys) and time.monotonic() < until:
+                time.sleep(0.01)
+            proxy.lose_replies(1)  # the next try's, after the sleep
+            thread.join(30)
+            assert not thread.is_alive() and proxy.lost == 1
+            [error] = errors
+            assert isinstance(error, BackendUnavailable) and not error.timed_out
+            assert client.exists(*keys) == 0  # left at once, not at a lease's end
+            holder.release()
+    finally:
+        proxy.close()
 
 
 def test_down_server_gives_backend_unavailable_at_once(name: str) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
+from django_redlock.waiters import CompositeHub
 from django_redlock.waiting import ReleaseHub
 
 
@@ -29,3 +33,58 @@ def test_a_woken_waiter_that_leaves_passes_the_wake_on() -> None:
         with hub.watch("c"):
             hub.notify("c")  # wakes the first one, which then times out without trying
         assert second.wait(0) is True  # so the release reaches the second one
+
+
+def test_a_wake_up_for_an_abandoned_waiter_runs_its_leave_once() -> None:
+    # The server still has the id first in line: its wake-up is the cue to leave for it.
+    plain = ReleaseHub()
+    nodes = [ReleaseHub(), ReleaseHub()]  # a Redlock's: each node's hub hears the wake-up
+    for hub, hearing in ((plain, [plain]), (CompositeHub(nodes, 0), nodes)):
+        ran: list[str] = []
+        done = threading.Event()
+        for each in hearing:
+            each.notify("p.2")  # never abandoned: nothing to do
+        with hub.watch("p.1", by_id=True) as waiter:
+            hub.abandon("p.1", lambda ran=ran, done=done: (ran.append("p.1"), done.set()))
+            hearing[0].notify("p.1")  # still watched: woken, no leave yet
+            assert waiter.wait(0) is True
+            assert not done.wait(0.1) and ran == []
+        # Gone without trying: the wake-up it held is passed on, to the leave.
+        assert done.wait(5)
+        for each in hearing:
+            each.notify("p.1")
+        time.sleep(0.1)
+        assert ran == ["p.1"]
+
+
+def test_abandoned_waiters_are_bounded() -> None:
+    hub = ReleaseHub()
+    ran: list[int] = []
+    for i in range(hub.ABANDONED_MAX + 1):
+        hub.abandon(f"p.{i}", lambda i=i: ran.append(i))
+    hub.notify("p.0")  # the oldest, forgotten
+    hub.notify(f"p.{hub.ABANDONED_MAX}")
+    time.sleep(0.2)
+    assert ran == [hub.ABANDONED_MAX]
+
+
+def test_a_leave_for_an_abandoned_waiter_that_fails_is_tried_at_the_next_wake_up() -> None:
+    nodes = [ReleaseHub(), ReleaseHub()]
+    for hub, hearing in ((ReleaseHub(), None), (CompositeHub(nodes, 0), nodes)):
+        tries: list[int] = []
+        done = threading.Event()
+
+        def leave(tries: list[int] = tries, done: threading.Event = done) -> None:
+            tries.append(1)
+            if len(tries) == 1:
+                raise ConnectionError("cut")
+            done.set()
+
+        hub.abandon("p.1", leave)
+        for each in hearing or [hub]:
+            each.notify("p.1")
+            time.sleep(0.1)  # the first (failing) leave is done before the next wake-up
+        if hearing is None:
+            hub.notify("p.1")
+        assert done.wait(5)
+        assert len(tries) == 2

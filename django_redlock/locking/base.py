@@ -22,7 +22,7 @@ from typing import Any, TypeVar, cast
 
 from .. import fencing, observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal
-from ..exceptions import LockError, LockLost, LockNotAcquired, LockNotOwned
+from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
 from ..identity import holder_meta, new_token, new_waiter_id, owner_id
 from ..renewer import Renewer, thread_renewer
@@ -41,7 +41,7 @@ from .holds import (
     unsettled,
     untake,
 )
-from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
+from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
 from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
 
 logger = logging.getLogger("django_redlock")
@@ -453,13 +453,20 @@ class BaseLock:
     def _wait(
         self, token: str, ttl_ms: int, meta: str, waiter: str | None, deadline: float | None
     ) -> Steps[Attempt]:
-        """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly."""
+        """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly.
+
+        A registered ``waiter`` left without the hold (refused, an error, an interrupt)
+        leaves the queue or the waiters' set (:func:`~.steps.leave_waiters`: not after a try
+        that got no answer in time; a leave not sent or not answered is sent when a wake-up
+        still comes for the waiter, else its entry lapses: a fair queue's place at its
+        lease, at most :data:`WAITER_LEASE`, a plain waiter with the waiters' set)."""
         queued = self.queued
         if waiter:
             handle = yield Watch(waiter, True, self.name)
         else:
             handle = yield Watch(self.backend.channel(self.name), False)
         attempt = Attempt(False)
+        unanswered = False
         try:
             while True:
                 # Registered before this try, so a release right after it still wakes us.
@@ -480,10 +487,12 @@ class BaseLock:
                 if queued:  # come back before our place in the queue lapses
                     pause = min(pause, WAITER_LEASE / 2)
                 yield Sleep(handle[1], min(pause, remaining))
+        except BackendUnavailable as exc:
+            unanswered = exc.timed_out
+            raise
         finally:
             if waiter and not attempt.acquired:
-                with contextlib.suppress(Exception):
-                    yield self._op_leave(waiter)
+                yield from leave_waiters(self.backend, waiter, self._op_leave(waiter), unanswered)
             yield Unwatch(handle)
 
     def _record(

@@ -55,7 +55,7 @@ from ..scripts import Call, script
 from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
 from .lock import Lock
-from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop
+from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
 from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
 
 logger = logging.getLogger("django_redlock")
@@ -359,10 +359,16 @@ class MultiLock:
 
     def _wait(self, token: str, ttl_ms: int, meta: str, deadline: float | None) -> Steps[TakenAll]:
         """Register on the first busy name and sleep until its release wakes this waiter (or
-        its hold's expiry); then try the whole set again. Never polls blindly."""
+        its hold's expiry); then try the whole set again. Never polls blindly.
+
+        Left without the set (refused, an error, an interrupt), the waiter leaves every
+        name's waiters, in one round trip (:func:`~.steps.leave_waiters`: not after a try
+        that got no answer in time; a leave not sent or not answered is sent when a wake-up
+        still comes for the waiter, else its entry lapses with the waiters' set)."""
         waiter = new_waiter_id()
         handle = yield Watch(waiter, True, self.names[0])
         taken = TakenAll(False)
+        unanswered = False
         try:
             while True:
                 taken = yield self._op_take(token, ttl_ms, meta, waiter)
@@ -375,13 +381,16 @@ class MultiLock:
                 hint = taken.wait_ms
                 pause = max(hint / 1000, 0.001) if hint >= 0 else self.lock_ttl
                 yield Sleep(handle[1], min(pause, remaining))
+        except BackendUnavailable as exc:
+            unanswered = exc.timed_out
+            raise
         finally:
             if not taken.acquired:
                 # Out of every name's waiters (after an error it is not known where this
                 # waiter registered), in one round trip; a free name's next waiter is woken.
                 leave = self.backend.op_leave
-                with contextlib.suppress(Exception):
-                    yield Op(self.names[0], [leave(n, waiter).request for n in self.names], list)
+                out = Op(self.names[0], [leave(n, waiter).request for n in self.names], list)
+                yield from leave_waiters(self.backend, waiter, out, unanswered)
             yield Unwatch(handle)
 
     _busy: str | None = None

@@ -9,6 +9,7 @@ running event loop, so ``lk.acquire()`` and ``await lk.aacquire()`` share every 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 from collections.abc import Generator
 from typing import Any, NamedTuple, TypeVar, cast
@@ -38,6 +39,29 @@ class Sleep(NamedTuple):
 
 class Unwatch(NamedTuple):
     handle: Any  # what Watch replied
+
+
+def leave_waiters(
+    backend: BaseLockBackend, waiter: str, leave: Op[Any], unanswered: bool
+) -> Steps[None]:
+    """A registered waiter that stops waiting without the hold leaves the server's waiters
+    (``leave``, one round trip), unless the last try got no answer in time
+    (``unanswered``): the leave would keep the caller another socket timeout, and a slow or
+    paused server could run it before that try, which registers the waiter again. A leave
+    not sent, failed or interrupted is left to the hub (:meth:`~..waiters.ReleaseHub.abandon`):
+    sent should a wake-up still come for the waiter. Errors are not raised (the caller
+    raises its own); an interrupt is. Call it before the waiter stops watching."""
+    if not unanswered:
+        try:
+            yield leave
+        except Exception:
+            pass  # abandoned, below
+        except BaseException:
+            backend.hub.abandon(waiter, functools.partial(backend.execute, leave))
+            raise
+        else:
+            return
+    backend.hub.abandon(waiter, functools.partial(backend.execute, leave))
 
 
 def in_event_loop() -> bool:
