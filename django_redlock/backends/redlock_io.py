@@ -151,7 +151,7 @@ def answered(reply: Any) -> bool:
     return reply is not PENDING and not isinstance(reply, BaseException)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flight:
     """A connection with requests written and replies unread: ``skip`` of earlier requests
     (left behind by an earlier fan-out), then ``count`` of this one."""
