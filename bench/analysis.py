@@ -202,18 +202,33 @@ them.
 REDLOCK_NOTE = """- **Redlock ({redlock.vs_pottery} pottery and {redlock.vs_single} our single node
   in the last full run, targets 5 x and 0.5 x: {redlock.vs_pottery:verdict}).** A cycle is
   one script call per node to acquire and one to release (the suite counts 2.0 calls per node
-  per cycle with `INFO commandstats`). A side run with the raw-socket anchors
-  (`BENCH_ONLY=quorum`, the 2-core machine shared with two other sessions): ours 612, pottery
-  230, ours single 2,873; raw sockets N=5 3,253 and single 11,675 cycles/s. Two facts follow.
-  A client that only sends and parses gets 0.28 x its single node with five nodes (each node
-  is a redis-server woken twice per cycle on the same two cores), so 0.5 x is reachable only
-  because our single-node cycle is mostly client work: it needs ours N=5 at about 1,440
-  cycles/s, 0.44 x raw N=5. And the kernel is not our floor: ours is 0.19 x raw N=5, about
-  1,000 µs of client CPU per cycle (`time.process_time`, 3,000 cycles) where raw takes about
-  300 µs of wall time. cProfile of ours: the 10 `sendall` calls are 19 µs each; the rest is
-  Python around them: redis-py's connection checks (`can_read` twice per reply, its host
-  error text), every argument packed as text for hiredis (the guard against its packer's
-  crash under signal handlers), the owner bookkeeping of each connection move, and the
-  lanes' polls. Left: reading the fan-out's replies with a hiredis reader per socket, as raw
-  does, without redis-py's connection object on that path.
+  per cycle with `INFO commandstats`). The same run's raw-socket anchors (the cycle's two
+  commands written to every node at once and parsed by hiredis, no lock logic): raw N=5
+  {redlock.raw_n5}, raw single {redlock.raw_single} cycles/s. So on this 2-core machine five
+  nodes cost even a bare client {redlock.raw_ceiling} its single node (each node is a
+  redis-server woken twice per cycle on the same two cores), and ours is {redlock.vs_raw_n5}
+  raw N=5. Where a cycle goes (side runs, `getrusage` over 3,000 cycles, quiet machine):
+  ours 770-880 µs of wall, 505-565 µs of user CPU and 100-115 µs of system CPU; raw N=5
+  210-220 µs, 40-60 user, 65-85 system; our single node 210-230 µs, 115-140 user. What the
+  remaining microseconds buy, in the order of their cost:
+  - **The lock object** (argument checks, token, the hold's bookkeeping behind "unknown is
+    not lost" and the self-wait check, the watchdog hand-over, metrics): the same as on one
+    node, about 115-140 µs of user CPU (the single-node row's cycle, less raw single's).
+  - **Ten node requests**: about 35 µs of user CPU each, in about 120 Python calls each
+    (cProfile: 1,518 calls per N=5 cycle against 308 for one node). They pay for each
+    connection's owner written at every move (no reply read by the wrong request, whatever
+    line an interrupt hits), the thread's lane checked (a thread's requests to a node stay in
+    order), the reused connections checked for a close by the server (one `poll` per
+    fan-out), commands packed as text (hiredis' crash under signal handlers), the quorum
+    decided as replies come (a paused node left behind), and the breaker's health. Turned
+    off one at a time in a side experiment, none moved the cycle by more than the
+    run-to-run noise (about 10 %): the cost is CPython's per call, spread over all of them.
+  - **Ten writes**, each waking a redis-server: 11 µs median, 23 µs mean (the writer is
+    preempted by the server it woke), as raw pays.
+  Reading the replies from each socket with our own hiredis reader, and keeping one `poll`
+  per fan-out, took the client CPU per cycle from about 900 to about 660 µs and the cycle
+  rate 1.2 x (the code before and after, on the same servers, taking turns). 0.5 x single needs the ten node
+  requests at about 7 µs of Python each: out of reach in CPython with a tracked owner per
+  connection; a fan-out in C (or one reader thread for the whole process, sans-IO as the lock
+  core already is) is what is left.
 """
