@@ -103,12 +103,15 @@ def figures(results: dict[str, Any] | None = None) -> dict[str, Figure]:
     add("redlock.single", f"{single:,.0f}", s)
     add("redlock.vs_pottery", f"{n5 / pottery:.1f} ×", s, "≥ 5 ×", n5 >= 5 * pottery)
     add("redlock.vs_single", f"{n5 / single:.2f} ×", s, "≥ 0.5 ×", n5 >= 0.5 * single)
-    if "raw N=5" in q:  # the raw-socket anchors (full runs since they were added)
-        raw5, raw1 = q["raw N=5"], q["raw single node"]
+    raw5, raw1 = q.get("raw N=5"), q.get("raw single node")  # anchors of later full runs
+    if raw5 and raw1:
         add("redlock.raw_n5", f"{raw5:,.0f}", s)
         add("redlock.raw_single", f"{raw1:,.0f}", s)
         add("redlock.vs_raw_n5", f"{n5 / raw5:.2f} ×", s)
         add("redlock.raw_ceiling", f"{raw5 / raw1:.2f} ×", s)
+    else:
+        for name in ("raw_n5", "raw_single", "vs_raw_n5", "raw_ceiling"):
+            add(f"redlock.{name}", "(not measured in that run)", s)
 
     s = "Redis CPU per uncontended acquire+release, single node"
     c = r["redis_cpu"]

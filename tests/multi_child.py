@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any
 
+from .child import say as child_say
+
 
 def contend(args: argparse.Namespace) -> None:
     from django_redlock import LockError, lock_all, locks
@@ -85,7 +87,9 @@ def paused(args: argparse.Namespace) -> None:
 
 
 def say(*words: object) -> None:
-    print(*words, flush=True)
+    """One whole line (``lock_lost`` speaks from the watchdog's thread: a fresh-clone run read
+    ``COMMITTEDLOST pg:a`` from two ``print`` calls interleaved)."""
+    child_say(*words)
 
 
 def main(argv: Any = None) -> None:
