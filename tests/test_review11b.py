@@ -26,7 +26,7 @@ def test_an_interrupt_during_a_waiters_leave_still_leaves_through_the_hub(
     # The second interrupt lands while the leave's connection is being set up, so the leave
     # never reaches the server: only the hub can take the waiter out of the queue.
     server = redis_factory()
-    config = {
+    config: dict[str, object] = {
         "BACKEND": "django_redlock.backends.redis.RedisBackend",
         "LOCATION": server.url,
         "OPTIONS": {"socket_timeout": 2.0},
