@@ -491,9 +491,12 @@ class BaseLock:
             unanswered = exc.timed_out
             raise
         finally:
-            if waiter and not attempt.acquired:
-                yield from leave_waiters(self.backend, waiter, self._op_leave(waiter), unanswered)
-            yield Unwatch(handle)
+            try:
+                if waiter and not attempt.acquired:
+                    leave = self._op_leave(waiter)
+                    yield from leave_waiters(self.backend, waiter, leave, unanswered)
+            finally:  # an interrupt in the leave too: a wake-up for the id runs the leave
+                yield Unwatch(handle)
 
     def _record(
         self,

@@ -385,13 +385,15 @@ class MultiLock:
             unanswered = exc.timed_out
             raise
         finally:
-            if not taken.acquired:
-                # Out of every name's waiters (after an error it is not known where this
-                # waiter registered), in one round trip; a free name's next waiter is woken.
-                leave = self.backend.op_leave
-                out = Op(self.names[0], [leave(n, waiter).request for n in self.names], list)
-                yield from leave_waiters(self.backend, waiter, out, unanswered)
-            yield Unwatch(handle)
+            try:
+                if not taken.acquired:
+                    # Out of every name's waiters (after an error it is not known where this
+                    # waiter registered), in one round trip; a free name's next waiter is woken.
+                    leave = self.backend.op_leave
+                    out = Op(self.names[0], [leave(n, waiter).request for n in self.names], list)
+                    yield from leave_waiters(self.backend, waiter, out, unanswered)
+            finally:  # an interrupt in the leave too: a wake-up for the id runs the leave
+                yield Unwatch(handle)
 
     _busy: str | None = None
 
