@@ -240,8 +240,12 @@ class ReleaseHub:
         if group:
             chosen.wake()
         elif leave is not None:
-            threading.Thread(target=self._run_leave, args=(channel, leave), daemon=True,
-                             name="redlock-leave").start()  # fmt: skip
+            try:  # on the pub/sub reader's thread: whatever happens, it goes on reading
+                threading.Thread(target=self._run_leave, args=(channel, leave), daemon=True,
+                                 name="redlock-leave").start()  # fmt: skip
+            except Exception as exc:  # no thread to be had (a pids limit): kept for later
+                logger.debug("redlock: leave of abandoned waiter %s not started: %s", channel, exc)
+                self.abandon(channel, leave)
 
     def _run_leave(self, waiter_id: str, leave: Callable[[], object]) -> None:
         try:

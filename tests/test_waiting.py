@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from django_redlock.waiters import CompositeHub
 from django_redlock.waiting import ReleaseHub
 
@@ -88,3 +90,23 @@ def test_a_leave_for_an_abandoned_waiter_that_fails_is_tried_at_the_next_wake_up
             hub.notify("p.1")
         assert done.wait(5)
         assert len(tries) == 2
+
+
+def test_a_wake_up_for_an_abandoned_waiter_when_no_thread_can_start_keeps_the_leave(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """notify() runs on the pub/sub reader's thread: a thread that cannot start (a pids
+    limit) must not end that reader; the leave is kept for the next wake-up."""
+    hub = ReleaseHub()
+    done = threading.Event()
+    hub.abandon("p.1", done.set)
+
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refused)
+        hub.notify("p.1")  # raised out of the reader before
+    assert not done.is_set()
+    hub.notify("p.1")
+    assert done.wait(5)
