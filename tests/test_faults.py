@@ -222,6 +222,16 @@ def test_paused_server_gives_backend_unavailable_within_the_socket_timeout(
             server.resume()
 
 
+def held_and_waiting(alias: str, name: str, kind: str) -> tuple[Any, Any]:
+    """A hold of ``name`` (30 s, not renewed), and a waiter for it of that kind: a lock, a
+    fair lock, or a lock_all of it and another name."""
+    holder = lock(name, using=alias, ttl=30, auto_renew=False, fair=kind == "fair")
+    holder.acquire()
+    if kind == "lock_all":
+        return holder, lock_all(name, name + ":other", using=alias)
+    return holder, lock(name, using=alias, fair=kind == "fair")
+
+
 @pytest.mark.parametrize("kind", ["lock_all", "lock", "fair", "async"])
 def test_a_wait_on_a_server_paused_meanwhile_ends_within_one_socket_timeout(
     redis_factory: Callable[..., RedisServer], name: str, kind: str
@@ -237,12 +247,7 @@ def test_a_wait_on_a_server_paused_meanwhile_ends_within_one_socket_timeout(
         "OPTIONS": {"socket_timeout": socket_timeout},
     }
     with _alias("paused", backend_settings):
-        holder = lock(name, using="paused", ttl=30, auto_renew=False, fair=kind == "fair")
-        holder.acquire()
-        if kind == "lock_all":
-            waiter: Any = lock_all(name, name + ":other", using="paused")
-        else:
-            waiter = lock(name, using="paused", fair=kind == "fair")
+        holder, waiter = held_and_waiting("paused", name, kind)
         backend = locks["paused"]
         registered = backend.deadlines_key(name) if kind == "fair" else backend.waiting_key(name)
         client = server.client()
@@ -311,12 +316,7 @@ def test_a_wait_whose_connection_is_cut_still_leaves_the_waiters(
     config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
     try:
         with _alias("cut", config):
-            holder = lock(name, using="cut", ttl=30, auto_renew=False, fair=kind == "fair")
-            holder.acquire()
-            if kind == "lock_all":
-                waiter: Any = lock_all(name, name + ":other", using="cut")
-            else:
-                waiter = lock(name, using="cut", fair=kind == "fair")
+            holder, waiter = held_and_waiting("cut", name, kind)
             backend = locks["cut"]
             keys = [backend.waiting_key(name), backend.queue_key(name),
                     backend.deadlines_key(name)]  # fmt: skip

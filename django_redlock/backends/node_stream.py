@@ -151,23 +151,7 @@ def stream_for(connection: Any) -> Stream:
 def busy(streams: list[Stream]) -> set[int]:
     """The indexes of ``streams`` not idle (closed by the server, or with bytes nobody asked
     for): one poll for all the plain sockets, at once."""
-    out: set[int] = set()
-    poller = None
-    fds: dict[int, int] = {}
-    for n, stream in enumerate(streams):
-        if type(stream) is not SocketStream:
-            if not stream.idle():
-                out.add(n)
-        elif stream.reader.has_data() or (fd := stream.fileno()) < 0:
-            out.add(n)
-        else:
-            if poller is None:
-                poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            fds[fd] = n
-    if poller is not None:
-        out.update(fds[fd] for fd, _ in poller.poll(0) if fd in fds)
-    return out
+    return Watch().busy(dict(enumerate(streams)))
 
 
 class Watch:

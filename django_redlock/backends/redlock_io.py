@@ -686,11 +686,18 @@ class NodeIO:
                 continue
 
     def _send_new(
-        self, fan: Fan, i: int, flights: dict[int, Flight], replies: Replies, me: Owner
+        self,
+        fan: Fan,
+        i: int,
+        flights: dict[int, Flight],
+        replies: Replies,
+        me: Owner,
+        take: Callable[[int, Owner], Any] | None = None,
     ) -> None:
-        """Send on a connection to node i made now (its node answered lately)."""
+        """Send on a connection to node i made now (its node answered lately), or taken by
+        ``take`` (:meth:`checkout`: a kept one first)."""
         try:
-            connection = self.connect(i, me)
+            connection = (take or self.connect)(i, me)
         except UNAVAILABLE as exc:
             self.health.failed(i)
             replies[i] = _unavailable(self.nodes[i], fan[i], exc)
@@ -749,13 +756,8 @@ class NodeIO:
             self._send(fan, i, connection, None, flights, replies, me)
         connector.leave(me)
         if connection is None and connector.error is None:
-            try:  # another request claimed it: the node just answered, connect too
-                connection = self.checkout(i, me)
-            except UNAVAILABLE as exc:
-                self.health.failed(i)
-                replies[i] = _unavailable(self.nodes[i], fan[i], exc)
-                return
-            self._send(fan, i, connection, None, flights, replies, me)
+            # Another request claimed it: the node just answered, connect too.
+            self._send_new(fan, i, flights, replies, me, self.checkout)
         elif connection is None:
             replies[i] = _unavailable(self.nodes[i], fan[i], connector.error)
 
