@@ -16,9 +16,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
+import redis.exceptions
 import redis.retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from .. import acl, wire
 from ..exceptions import BackendUnavailable
@@ -31,6 +38,12 @@ from .redis import UNAVAILABLE, RedisBackend, renewed, text
 
 T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
+
+
+def _optional(name: str) -> tuple[type[Exception], ...]:
+    """redis-py's exception class ``name``, where the installed version has it."""
+    cls = getattr(redis.exceptions, name, None)
+    return (cls,) if cls is not None else ()
 
 
 class RedisClusterBackend(RedisBackend):
@@ -61,6 +74,8 @@ class RedisClusterBackend(RedisBackend):
         SlotNotCoveredError,
         TryAgainError,
         ClusterError,
+        # redis-py 8.2: a command that failed to connect after a refresh that reached no node.
+        *_optional("RedisClusterUnreachableError"),
     )
 
     def _cluster_options(self) -> dict[str, Any]:
@@ -140,8 +155,18 @@ class RedisClusterBackend(RedisBackend):
         except BackendUnavailable as exc:
             if not wire.refused_at_connect(exc.__cause__):
                 raise
-        # A master gone after a failover: redis-py re-read the slots on that refusal, and
-        # nothing was sent (the connection never opened), so one more try is safe.
+        # A master gone after a failover: nothing was sent (the connection never opened), so
+        # one more try is safe, once the slots are read again (redis-py 8.2 no longer does it
+        # on the refusal itself).
+        refresh_errors: tuple[type[Exception], ...] = (
+            *self.unavailable_errors,
+            RedisClusterException,
+        )
+        try:
+            wire.refresh_slots(self.client)
+        except refresh_errors as exc:
+            # RedisClusterException: no node answered the slots query.
+            raise self._unavailable(op.name, exc) from exc
         return super().execute(op)
 
     async def aexecute(self, op: Op[T]) -> T:
