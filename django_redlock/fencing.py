@@ -165,16 +165,31 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
     touched = marks.get(row) or timezone.now()
     own_mark = row not in marks
     marks[row] = touched
-    fence, again, exiting = hold.fence, False, False
+    fence, again, exiting, misnested = hold.fence, False, False, False
     try:
         with transaction.atomic(using=using):
+            depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), now=touched)  # fmt: skip
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
-            yield
+            try:
+                yield
+            finally:  # blocks exited out of order, by hand: Django's exits mix them up
+                inside = len(connections[using].savepoint_ids) - depth
+                misnested = inside > 0
+            if inside:
+                where = "before a block opened inside it" if misnested else "after its outer one"
+                raise LockError(
+                    f"{lock.describe()}: its fenced block was left {where} (exited out of"
+                    " order, by hand): rolled back, nothing committed"
+                )
             refuse_unfinished(using, lock.describe())
             exiting = outermost  # from here on, only the COMMIT can fail
     except BaseException as exc:
+        if misnested and connections[using].in_atomic_block:
+            # Django's exit rolled back to the inner block's savepoint and kept the
+            # transaction open: marked for rollback, the inner blocks' exits commit nothing.
+            connections[using].needs_rollback = True
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on

@@ -362,3 +362,52 @@ def test_autocommit_off_is_refused_before_the_lock_is_taken(name: str) -> None:
         transaction.rollback(using=PG)
         transaction.set_autocommit(True, using=PG)
     assert sales(PG) == []
+
+
+# -- blocks exited out of order, by hand -----------------------------------------------------
+
+
+@pytest.mark.parametrize("outer", ["outermost", "in a transaction"])
+def test_a_fenced_block_exited_before_one_opened_inside_it_commits_nothing(
+    name: str, outer: str
+) -> None:
+    """Django's exit of the outer block released the inner block's savepoint and kept the
+    transaction open: the outer block returned as committed and was released before any
+    COMMIT. Now both roll back, and both say so."""
+    open_shop(PG, 1, 5)
+    a, b = lock(f"{name}:a", ttl=30, atomic=PG), lock(f"{name}:b", ttl=30, atomic=PG)
+    with transaction.atomic(using=PG) if outer != "outermost" else contextlib.nullcontext():
+        a.__enter__()
+        sell_one(PG, 1, "a")
+        b.__enter__()
+        sell_one(PG, 1, "b")
+        with pytest.raises(LockError, match="out of order"):
+            a.__exit__(None, None, None)
+        assert not a.locked()
+        with pytest.raises(LockError, match="after its outer one"):
+            b.__exit__(None, None, None)
+        assert not b.locked()
+    assert sales(PG) == []
+    with lock(f"{name}:a", ttl=30, atomic=PG):  # the connection is usable again
+        sell_one(PG, 1, "c")
+    assert sales(PG) == [("c", 5)]
+
+
+def test_a_fenced_block_left_by_its_body_s_exception_before_one_inside_it_commits_nothing(
+    name: str,
+) -> None:
+    open_shop(PG, 1, 5)
+    a, b = lock(f"{name}:a", ttl=30, atomic=PG), lock(f"{name}:b", ttl=30, atomic=PG)
+    a.__enter__()
+    sell_one(PG, 1, "a")
+    b.__enter__()
+    sell_one(PG, 1, "b")
+    with pytest.raises(ZeroDivisionError):
+        try:
+            1 / 0  # noqa: B018
+        except ZeroDivisionError as exc:
+            a.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+    with pytest.raises(LockError, match="after its outer one"):
+        b.__exit__(None, None, None)
+    assert sales(PG) == [] and not a.locked() and not b.locked()
