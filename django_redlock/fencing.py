@@ -203,19 +203,24 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
         if not exiting:
             raise  # rolled back: nothing committed
         _drop_unfinished(using)  # a COMMIT cut short leaves Django's connection unusable
-        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: let it go on
-            logger.warning(
-                "redlock: %s: %s interrupted the COMMIT of its fenced transaction: its outcome"
-                " is UNKNOWN",
-                lock.describe(),
-                type(exc).__name__,
-            )
-            raise
         # Re-fenced in the block: the new fence is this block's alone, whatever the time.
         mark = None if hold.fence != fence else touched
         outcome = commit_outcome(using, lock.using, lock.name, hold.fence, mark,
                                  again and hold.fence == fence,
                                  min(max(row_wait(lock), 5.0), 60.0))  # fmt: skip
+        interrupt = _interrupt_in(exc)
+        if interrupt is not None:
+            # "Stop", not "failed": the interrupt goes on, whatever the outcome (logged).
+            said = {True: "it committed", False: "nothing committed", None: "UNKNOWN"}
+            logger.warning(
+                "redlock: %s: %s interrupted the COMMIT of its fenced transaction: %s",
+                lock.describe(),
+                type(interrupt).__name__,
+                said[outcome],
+            )
+            if interrupt is exc:
+                raise
+            raise interrupt from None  # Django's exit had made it a database error
         if outcome is None:
             raise CommitOutcomeUnknown(
                 f"{lock.describe()}: the COMMIT of its fenced transaction on database {using!r}"
@@ -268,6 +273,19 @@ def _drop_unfinished(using: str) -> None:
     if unfinished and connection.connection is not None:
         with contextlib.suppress(Exception):
             connection.close()
+
+
+def _interrupt_in(exc: BaseException) -> BaseException | None:
+    """The ``KeyboardInterrupt``/``SystemExit``-like exception ``exc`` is, or that Django's
+    exit turned into a database error (``can't change 'autocommit' now``): its context."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if not isinstance(seen, Exception):
+            return seen
+        seen = seen.__context__
+    return None
 
 
 _local = threading.local()

@@ -411,3 +411,29 @@ def test_a_fenced_block_left_by_its_body_s_exception_before_one_inside_it_commit
     with pytest.raises(LockError, match="after its outer one"):
         b.__exit__(None, None, None)
     assert sales(PG) == [] and not a.locked() and not b.locked()
+
+
+def test_a_keyboard_interrupt_during_a_late_commit_reply_goes_on_and_logs_the_outcome(
+    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An interrupt says "stop", not "failed": it comes out as itself (Django's exit had
+    turned it into ``ProgrammingError``, and the block returned as committed, swallowing it),
+    released, the outcome learnt and logged."""
+    open_shop(PG, 1, 5)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt), lock(name, ttl=30, atomic=PROXIED):
+            sell_one(PROXIED, 1, "a")
+            proxied.fault_commit("late", hold=1.5)
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert sales(PG) == [("a", 5)] and not lock(name).locked()
+    assert "KeyboardInterrupt interrupted the COMMIT of its fenced transaction: it committed" in (
+        caplog.text
+    )
