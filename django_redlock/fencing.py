@@ -11,8 +11,8 @@ once the previous holder's transaction ended, whatever became of that hold in Re
 The block is a state machine (docs/topics/fencing.md draws it): waiting in Redis, holding,
 row locked, committed, released. Its one rule for callers: **a block that raises committed
 nothing; a block that returns committed** (a savepoint, inside an outer transaction), save
-``CommitOutcomeUnknown``: the connection failed during the COMMIT and the database could not
-be asked afterwards. So:
+``CommitOutcomeUnknown``: the COMMIT did not answer and the rows cannot prove either way (and
+an interrupt, which says "stop"). So:
 
 * the wait for the row is bounded (:func:`row_wait`): a cycle through Redis and the database
   (one thread holds a lock in Redis and waits for a row, the other holds the row and waits
@@ -20,8 +20,12 @@ be asked afterwards. So:
 * a transaction the body left unable to commit (PostgreSQL's aborted state after a caught
   error, Django's ``needs_rollback``, SQLite's own rollback inside the body) is rolled back
   and raised, never reported as committed;
-* a COMMIT whose reply was lost is settled from the lock's row, read on a new connection
-  (:func:`commit_outcome`): the block's upsert wrote its fence there, in the same transaction;
+* a COMMIT whose reply was lost or interrupted (any exception out of it) is settled from the
+  lock's row, read on a new connection (:func:`commit_outcome`): the block's upsert wrote its
+  fence and mark there, in the same transaction, and a later block's keeps it in
+  ``previous``; nested blocks of the row write the outer block's mark;
+* blocks exited out of order by hand are refused and rolled back (Django's exits would mix
+  their savepoints up); a connection with autocommit off is refused;
 * once the COMMIT happened (a first robust ``on_commit`` marks it), nothing is raised as if it
   had not: an ``on_commit`` callback's error is logged, and a lost hold at the release too
   (the lost-hold rule: raising would invite a retry, which would apply the work twice).
