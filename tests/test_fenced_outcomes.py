@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import signal
 import threading
 import time
@@ -283,16 +284,28 @@ class TimeLimit(Exception):
 
 
 @contextlib.contextmanager
-def alarm_raises() -> Iterator[Callable[[float], None]]:
-    def handler(signum: int, frame: Any) -> None:
-        raise TimeLimit()
+def signal_raises(raised: type[BaseException]) -> Iterator[Callable[[float], None]]:
+    """``after(seconds)``: SIGUSR1 (Celery's soft time limit signal) to this process then,
+    from a timer thread; its handler raises ``raised`` in the main thread. (SIGALRM is
+    pytest-timeout's.)"""
 
-    previous = signal.signal(signal.SIGALRM, handler)
+    def handler(signum: int, frame: Any) -> None:
+        raise raised()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    timers: list[threading.Timer] = []
+
+    def after(seconds: float) -> None:
+        timers.append(threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1)))
+        timers[-1].start()
+
     try:
-        yield lambda seconds: signal.setitimer(signal.ITIMER_REAL, seconds)
+        yield after
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        for timer in timers:
+            timer.cancel()
+            timer.join()
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def test_a_time_limit_during_a_late_commit_reply_returns_as_committed(
@@ -302,10 +315,10 @@ def test_a_time_limit_during_a_late_commit_reply_returns_as_committed(
     'autocommit' now``; the server committed: the block says so (it said "the database's
     error, nothing committed", and released the lock). Its connection is usable again."""
     open_shop(PG, 1, 5)
-    with alarm_raises() as alarm, lock(name, ttl=30, atomic=PROXIED):
+    with signal_raises(TimeLimit) as after, lock(name, ttl=30, atomic=PROXIED):
         sell_one(PROXIED, 1, "a")
-        proxied.fault_commit("late", hold=1.5)
-        alarm(0.3)  # fires while the COMMIT's reply is held back
+        proxied.fault_commit("late", hold=2.0)
+        after(0.5)  # while the COMMIT's reply is held back
     assert proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
     assert not lock(name).locked() and "proves that it committed" in caplog.text
     with lock(name, ttl=30, atomic=PROXIED):  # neither broken nor left with autocommit off
@@ -413,27 +426,23 @@ def test_a_fenced_block_left_by_its_body_s_exception_before_one_inside_it_commit
     assert sales(PG) == [] and not a.locked() and not b.locked()
 
 
-def test_a_keyboard_interrupt_during_a_late_commit_reply_goes_on_and_logs_the_outcome(
-    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_during_a_late_commit_reply_goes_on_and_logs_the_outcome(
+    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture, interrupt: type
 ) -> None:
-    """An interrupt says "stop", not "failed": it comes out as itself (Django's exit had
-    turned it into ``ProgrammingError``, and the block returned as committed, swallowing it),
-    released, the outcome learnt and logged."""
+    """An interrupt says "stop", not "failed": it comes out as itself, released, the outcome
+    learnt and logged (it was not learnt; had Django's exit turned the interrupt into
+    ``ProgrammingError``, as it does an ``Exception``, the block returned as committed,
+    swallowing it)."""
     open_shop(PG, 1, 5)
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    try:
-        with pytest.raises(KeyboardInterrupt), lock(name, ttl=30, atomic=PROXIED):
-            sell_one(PROXIED, 1, "a")
-            proxied.fault_commit("late", hold=1.5)
-            signal.setitimer(signal.ITIMER_REAL, 0.3)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    with (
+        signal_raises(interrupt) as after,
+        pytest.raises(interrupt),
+        lock(name, ttl=30, atomic=PROXIED),
+    ):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("late", hold=2.0)
+        after(0.5)  # while the COMMIT's reply is held back
     assert sales(PG) == [("a", 5)] and not lock(name).locked()
-    assert "KeyboardInterrupt interrupted the COMMIT of its fenced transaction: it committed" in (
-        caplog.text
-    )
+    said = f"{interrupt.__name__} interrupted the COMMIT of its fenced transaction: it committed"
+    assert said in caplog.text
