@@ -1005,6 +1005,8 @@ class BaseLock:
 
     def __enter__(self: B) -> B:
         self._check_sync_wait(self.blocking, self._timeout())
+        if self.database is not None:  # autocommit off: refused before the lock is taken
+            fencing.refuse_manual_commit(self.database, self.describe())
         if not self._drive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
         if self.database is not None:
