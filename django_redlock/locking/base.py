@@ -782,6 +782,7 @@ class BaseLock:
                 with self._mutex:
                     hold.depth = 0
                     self._believe(owner, -1, unsure=True)
+                observe.hold_unsure(self, hold)  # not a hold this process holds any more
             raise
         with self._mutex:
             mine = self._holds.get(owner) is hold  # else lost meanwhile, and declared then
