@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -107,6 +108,7 @@ def test_bad_templates(down: str) -> None:
 
 
 REDIS = "django_redlock.backends.redis.RedisBackend"
+REDLOCK = "django_redlock.backends.redlock.RedlockBackend"
 BAD_SETTINGS: list[tuple[Any, str]] = [
     (
         {"default": {"BACKEND": "no.such.Backend"}},
@@ -121,6 +123,16 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://:6379"}}, r"\['LOCATION'\].*no host"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h:99999"}}, r"\['LOCATION'\].*port"),
     ({"q": {"BACKEND": REDIS, "LOCATION": []}}, r"\['LOCATION'\].*URL string"),
+    # A database part redis-py would read as 0 without a word, or fail on inside.
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/3x"}}, r"\['q'\]\['LOCATION'\].*database"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/abc"}}, r"\['LOCATION'\].*database"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/1/2"}}, r"\['LOCATION'\].*database"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/?db=abc"}}, r"\['LOCATION'\].*database"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "unix:///s?db=-1"}}, r"\['LOCATION'\].*database"),
+    (
+        {"q": {"BACKEND": REDLOCK, "LOCATION": ["redis://a/0", "redis://b/x"]}},
+        r"\['q'\]\['LOCATION'\].*'redis://b/x'.*database",
+    ),
     ({"q": {"BACKEND": REDIS}}, r"\['LOCATION'\].*URL string"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": 0}}, r"\['q'\]\['TTL'\].*> 0"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": math.nan}}, r"\['TTL'\].*finite"),
@@ -287,6 +299,31 @@ def test_a_django_redis_option_fails_at_startup_not_inside_redis_py() -> None:
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and "TypeError" not in result.stderr
     assert "DJANGO_REDLOCK['jobs']['OPTIONS']['CLIENT_CLASS']" in result.stderr
+
+
+@pytest.mark.parametrize("backend", [REDIS, REDLOCK])
+def test_a_database_the_server_lacks_fails_manage_py_check(
+    backend: str, redis_server: Any, tmp_path: Any
+) -> None:
+    """LOCATION /16 on a 16-database server: every manage.py command died with a bare
+    ResponseError from AppConfig.ready(); now it names the alias and the key."""
+    url = f"redis://127.0.0.1:{redis_server.port}/16"
+    location = repr([url] * 3 if "Redlock" in backend else url)
+    (tmp_path / "db16_settings.py").write_text(
+        "INSTALLED_APPS = ['django_redlock']\n"
+        f"DJANGO_REDLOCK = {{'jobs': {{'BACKEND': {backend!r}, 'LOCATION': {location}}}}}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}",
+           "DJANGO_SETTINGS_MODULE": "db16_settings"}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "ResponseError" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("django.core.exceptions.ImproperlyConfigured: DJANGO_REDLOCK['jobs']")
+    assert "['LOCATION']" in last and "DB index is out of range" in last
 
 
 GOOD_OPTIONS: list[tuple[str, dict[str, Any]]] = [

@@ -207,7 +207,7 @@ class BaseLockBackend:
 
     @classmethod
     def _check_location(cls, location: Any, bad: Any) -> None:
-        from urllib.parse import urlsplit
+        from urllib.parse import parse_qs, unquote, urlsplit
 
         urls = location if cls.location_is_list else [location]
         if cls.location_is_list and (not isinstance(location, (list, tuple)) or not location):
@@ -226,6 +226,16 @@ class BaseLockBackend:
                 parts.port  # noqa: B018 - raises ValueError for a bad port
             except ValueError:
                 raise bad("LOCATION", f"has {url!r}: the port is not a number 0-65535") from None
+            # redis-py reads '/3x' or '/abc' as database 0 without a word, and '?db=abc' fails
+            # inside it: the database part is a number or absent.
+            path = "" if parts.scheme == "unix" else unquote(parts.path)
+            dbs = [path[1:]] if path not in ("", "/") else []
+            dbs += parse_qs(parts.query).get("db", [])
+            if not all(db.isascii() and db.isdigit() for db in dbs):
+                raise bad(
+                    "LOCATION",
+                    f"has {url!r}: the database (the path, or ?db=) must be a number such as /0",
+                )
 
     # -- key layout --------------------------------------------------------------------------
     # Every key of one lock shares the hash tag {name}, so a cluster keeps them in one slot.

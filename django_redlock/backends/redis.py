@@ -14,12 +14,14 @@ from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
+from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import acl, fast_path, scripts
+from ..acl import mask
 from ..exceptions import BackendUnavailable, LockError, MissingPermission
 from ..options import check_options, pool_options
 from ..scripts import Call, script
@@ -419,8 +421,31 @@ class RedisBackend(BaseLockBackend):
             logger.warning("redlock: could not load the Lua scripts at startup: %s", exc)
         except MissingPermission as exc:
             self.missing_permission, self.permissions_checked = exc, True
+        except ResponseError as exc:
+            if "DB index" not in str(exc):
+                raise
+            # A database the server lacks (/16 on a 16-database server): every command
+            # would fail, so startup refuses, naming the setting.
+            raise ImproperlyConfigured(
+                f"{self.database_setting} names a database the server at"
+                f" {mask(str(self.location))} does not have ({exc}): use one below its"
+                " `databases` setting (16 by default: 0-15)"
+            ) from None
         if self.missing_permission is not None:
             logger.warning("redlock: %s", self.missing_permission)
+
+    #: The setting naming this backend's URL (a Redlock node's: an item of its list).
+    location_setting = ""
+
+    @property
+    def database_setting(self) -> str:
+        """The setting that chose this backend's database, for startup's errors."""
+        where = self.location_setting or f"DJANGO_REDLOCK[{self.alias!r}]['LOCATION']"
+        parts = urlsplit(str(self.location))
+        no_db = parts.scheme == "unix" or not parts.path.strip("/")  # (unix: the path is a file)
+        if "db" in self.options and no_db and "db=" not in parts.query:
+            return f"{where.split(']')[0]}]['OPTIONS']['db']"
+        return where
 
     def check_permissions(self) -> MissingPermission | None:
         """Whether the Redis user lacks a permission the app needs (see :func:`acl.check`);

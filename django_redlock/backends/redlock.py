@@ -89,8 +89,9 @@ class RedlockBackend(BaseLockBackend):
             )
             for i, url in enumerate(self.location)  # type: ignore[arg-type]
         ]
-        for node in self.nodes:  # our waiters listen on the nodes' release channels
+        for i, node in enumerate(self.nodes):  # our waiters listen on the nodes' channels
             node.publishes_releases = True
+            node.location_setting = f"DJANGO_REDLOCK[{alias!r}]['LOCATION'][{i}]"
         self.quorum = len(self.nodes) // 2 + 1
         self.io = NodeIO(self.nodes, self.quorum)
         self._hub: QuorumHub | None = None
