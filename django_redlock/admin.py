@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from .backends.base import LockInfo, Released
+from .backends.base import LockInfo, Released, glob_escape
 from .backends.cursors import BadCursor
 from .display import holder_parts, holder_text, holder_title, holds
 from .exceptions import LockError
@@ -81,7 +81,8 @@ def _pattern(search: str) -> str:
     search = search.strip()
     if not search:
         return "*"
-    return search if any(c in search for c in "*?[") else f"{search}*"
+    # A glob as typed; else a prefix, every character of it literal (a '\\' too).
+    return search if any(c in search for c in "*?[") else f"{glob_escape(search)}*"
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,13 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
         {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "a[bc]"}},
         r"\['KEY_PREFIX'\] 'a\[bc\]' must not contain",
     ),
+    # Braces: alias 'app:{x''s lock 'y' would be alias 'app''s lock 'x:{y' (one key), listed and
+    # purged through either; '}' would move the hash tag.
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "app:{x"}},
+        r"\['q'\]\['KEY_PREFIX'\] 'app:\{x' must not contain",
+    ),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "a}"}}, r"'a\}' must not"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": []}}, r"\['OPTIONS'\]"),
     (
         {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TIMEOUT": 3}},

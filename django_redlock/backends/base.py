@@ -11,8 +11,10 @@ beside this contract) and page cursors (:mod:`.cursors`).
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import math
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -46,7 +48,11 @@ def on_close(hook: Callable[[BaseLockBackend], None]) -> None:
 #: Redis's Lua numbers are exact below 2**53 (fence_table.FENCE_LIMIT).
 LUA_EXACT = 2**53
 DEFAULT_KEY_PREFIX = "redlock"
-PREFIX_FORBIDDEN = "*?[]\\"  # glob characters: keys are found by SCAN MATCH
+# Glob characters (keys are found by SCAN MATCH) and braces (a key's hash tag is the first
+# {...}: a prefix 'a:{b' would put alias a:{b's lock 'x' at the key of another alias's lock
+# 'b:{x', listed and purged through it).
+PREFIX_FORBIDDEN = "*?[]\\{}"
+GLOB_SPECIAL = "*?[]\\"
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
@@ -140,6 +146,105 @@ def refence_least(client_us: int | None = None) -> int:
     client's clock is behind by more than the margin)."""
     now = time.time_ns() // 1000 if client_us is None else client_us
     return min(now + REFENCE_MARGIN_US, LUA_EXACT - 1)
+
+
+# -- name globs ------------------------------------------------------------------------------
+# `redlock list/purge/top --match`, the admin's search and the compat shims' prefixes select
+# names by a glob: Redis's glob syntax (``*``, ``?``, ``[abc]``, ``[^a-z]``, ``\\`` quotes the
+# next character), read over the name's characters. The one rule turning it into keys:
+# ``key_pattern`` gives SCAN MATCH a pattern that every matching name's key matches (a
+# superset: ``?`` and a class become ``*``, since Redis matches bytes and a character may
+# be several; a leading literal ``}`` or ``~`` gets key()'s ``~``), then ``glob_match``
+# keeps exactly the names that match. LocMem uses ``glob_match`` alone.
+
+
+def glob_escape(text: str) -> str:
+    """A glob matching exactly ``text``."""
+    return "".join(f"\\{c}" if c in GLOB_SPECIAL else c for c in text)
+
+
+def _glob_parts(glob: str) -> list[str | None]:
+    """The glob as regex pieces, one per element (None: a literal ``*``), as Redis's
+    stringmatchlen() reads it (an unclosed ``[`` runs to the end; ``[]`` matches nothing)."""
+    parts: list[str | None] = []
+    i, n = 0, len(glob)
+    while i < n:
+        c = glob[i]
+        if c == "*":
+            parts.append(None)
+        elif c == "?":
+            parts.append(".")
+        elif c == "[":
+            i += 1
+            negate = i < n and glob[i] == "^"
+            i += negate
+            items: list[str] = []
+            while i < n and glob[i] != "]":
+                if glob[i] == "\\" and i + 1 < n:
+                    items.append(re.escape(glob[i + 1]))
+                    i += 2
+                elif i + 2 < n and glob[i + 1] == "-":
+                    low, high = sorted((glob[i], glob[i + 2]))
+                    items.append(f"{re.escape(low)}-{re.escape(high)}")
+                    i += 3
+                else:
+                    items.append(re.escape(glob[i]))
+                    i += 1
+            body = "".join(items)
+            if negate:
+                parts.append(f"[^{body}]" if body else "(?s:.)")
+            else:
+                parts.append(f"[{body}]" if body else "(?!)")
+        else:
+            if c == "\\" and i + 1 < n:
+                i += 1
+            parts.append(re.escape(glob[i]))
+        i += 1
+    return parts
+
+
+@functools.lru_cache(maxsize=256)
+def _glob_regex(glob: str) -> re.Pattern[str]:
+    return re.compile("".join(".*" if p is None else p for p in _glob_parts(glob)), re.DOTALL)
+
+
+def glob_match(glob: str, name: str) -> bool:
+    """Whether lock ``name`` matches the name glob ``glob`` (the rule above)."""
+    return _glob_regex(glob).fullmatch(name) is not None
+
+
+def _tag_pattern(glob: str) -> str:
+    """A SCAN MATCH pattern over a key's hash tag that the tag of every name matching
+    ``glob`` matches (see key(): names starting with '}' or '~' have a '~' in front)."""
+    pieces: list[str] = []
+    first = True
+    i, n = 0, len(glob)
+    while i < n:
+        c = glob[i]
+        if c in "*?[":
+            if c == "[":  # skip to the class's end, as _glob_parts reads it
+                i += 1
+                i += i < n and glob[i] == "^"
+                while i < n and glob[i] != "]":
+                    i += (
+                        2
+                        if glob[i] == "\\" and i + 1 < n
+                        else 3
+                        if i + 2 < n and glob[i + 1] == "-"
+                        else 1
+                    )
+            if not pieces or pieces[-1] != "*":
+                pieces.append("*")  # a character, or any run of them: one '*' covers both
+        else:
+            if c == "\\" and i + 1 < n:
+                i += 1
+            literal = glob[i]
+            if first and literal in "}~":
+                pieces.append("~")
+            pieces.append(glob_escape(literal))
+        first = False
+        i += 1
+    return "".join(pieces)
 
 
 class BaseLockBackend:
@@ -275,12 +380,22 @@ class BaseLockBackend:
         where inboxes are per lock (sharded pub/sub, see the Redis Cluster backend)."""
         return self.inbox_prefix
 
+    def key_pattern(self, glob: str) -> str:
+        """The SCAN MATCH pattern for the names matching ``glob``: every such name's key
+        matches it, and some other names' may (keep the names :func:`glob_match` keeps)."""
+        return f"{glob_escape(self.key_prefix)}{{{_tag_pattern(glob)}}}"
+
     def name_from_key(self, key: str) -> str | None:
         head = f"{self.key_prefix}{{"
         if key.startswith(head) and key.endswith("}"):
             tag = key[len(head) : -1]
             return tag[1:] if tag.startswith("~") else tag
         return None
+
+    def matching_name(self, key: str, glob: str) -> str | None:
+        """The lock name of a key SCAN found by :meth:`key_pattern`, if it matches ``glob``."""
+        name = self.name_from_key(key)
+        return name if name is not None and glob_match(glob, name) else None
 
     def check_kind(self, kind: Kind) -> None:
         """Raise NotImplementedError (before any I/O) for a lock kind this backend lacks."""

@@ -375,13 +375,13 @@ class RedisBackend(BaseLockBackend):
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """A page by ``SCAN`` (never ``KEYS``): the scan's cursor is the page's cursor, and
         the page's locks are inspected in one pipelined round trip."""
-        pattern = f"{self.key_prefix}{{{match}}}"
+        pattern = self.key_pattern(match)
         names: list[str] = []
         position, count = parse_cursor(cursor), size  # BadCursor for a crafted one
         with self.round_trip(match):
             while True:
                 position, keys = self.client.scan(position, match=pattern, count=count)
-                names += [n for n in (self.name_from_key(text(k)) for k in keys) if n is not None]
+                names += [n for k in keys if (n := self.matching_name(text(k), match)) is not None]
                 if position == 0 or len(names) >= size:
                     break
                 count = min(count * 2, 10_000)  # few matches: look further per round trip
@@ -396,11 +396,11 @@ class RedisBackend(BaseLockBackend):
         return [i for i in infos if i is not None], (str(position) if position else None)
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
-        pattern = f"{self.key_prefix}{{{match}}}"
+        pattern = self.key_pattern(match)
         with self.round_trip(match):
             keys = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
         for key in keys:
-            name = self.name_from_key(key)
+            name = self.matching_name(key, match)
             info = self.inspect(name) if name is not None else None
             if info is not None:
                 yield info
@@ -502,10 +502,9 @@ class RedisBackend(BaseLockBackend):
     def queued_names(self, match: str = "*") -> list[str]:
         suffix = ":queued"
         with self.round_trip(match):
-            keys = [
-                text(k) for k in self.client.scan_iter(match=queued_key(self, match), count=1000)
-            ]
-        names = (self.name_from_key(key[: -len(suffix)]) for key in keys if key.endswith(suffix))
+            pattern = self.key_pattern(match) + suffix
+            keys = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
+        names = (self.matching_name(key[: -len(suffix)], match) for key in keys)
         return sorted({n for n in names if n is not None})
 
     # -- leases: semaphores and read-write locks ---------------------------------------------
