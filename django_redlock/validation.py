@@ -30,6 +30,10 @@ def check_name(name: Any) -> str:
         raise TypeError(f"lock name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("lock name must not be empty")
+    if "\0" in name:  # a fenced block's row could not store it (PostgreSQL text refuses NUL)
+        raise ValueError(
+            f"lock name must not contain a NUL character (at index {name.index(chr(0))})"
+        )
     size = len(_utf8(name, "lock name"))
     if size > MAX_NAME_BYTES:
         raise ValueError(f"lock name is {size} bytes long; the limit is {MAX_NAME_BYTES} bytes")
@@ -40,7 +44,7 @@ def fit_name(name: str, keep: int = 200) -> str:
     """A name built from data (a URL, task arguments): kept if short, else its first
     ``keep`` characters and a SHA-256 of the whole, so any input gives a valid, stable name."""
     raw = _utf8(name, "lock name")
-    if len(raw) <= keep:
+    if len(raw) <= keep or "\0" in name:  # (a NUL is refused wherever it is)
         return check_name(name)
     return check_name(f"{name[: keep // 4]}~sha256:{hashlib.sha256(raw).hexdigest()}")
 

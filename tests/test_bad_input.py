@@ -40,6 +40,7 @@ BAD_LOCKS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"name": b"bytes"}, TypeError, "str"),
     ({"name": "é" * 513}, ValueError, "1024 bytes"),
     ({"name": "bad\udc80surrogate"}, ValueError, "not valid text"),
+    ({"name": "a\x00b"}, ValueError, "NUL character"),  # a fenced block's row cannot hold it
     ({"ttl": 30 * 24 * 3600 + 1}, ValueError, "at most 2592000"),
     ({"ttl": 1e15}, ValueError, "at most"),  # ms would overflow Redis: never reaches it
     ({"blocking": False, "timeout": 0.2}, ValueError, "blocking=False"),
@@ -398,6 +399,9 @@ def test_long_names_from_data_are_hashed_stably() -> None:
     assert fit_name("short") == "short"
     with pytest.raises(ValueError, match="not valid text"):
         fit_name("\udc80" * 300)
+    for nul in ("a\x00b", "x" * 5000 + "\x00"):  # hashed or not, a NUL is refused
+        with pytest.raises(ValueError, match="NUL"):
+            fit_name(nul)
 
 
 def _shared_db_warnings(locks_config: dict[str, Any], caches: dict[str, Any]) -> list[str]:
