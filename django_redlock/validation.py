@@ -25,6 +25,20 @@ def _utf8(text: str, what: str) -> bytes:
         raise ValueError(f"{what} is not valid text: {exc.reason} at index {exc.start}") from None
 
 
+def check_text(text: Any, what: str) -> str:
+    """A str that Redis can store as it is (UTF-8: no lone surrogate, as a non-UTF-8
+    command-line argument or a crafted JSON string gives)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, not {type(text).__name__}")
+    _utf8(text, what)
+    return text
+
+
+def check_glob(glob: Any) -> str:
+    """A glob over lock names (``--match``, ``iter_locks``, ``page``): text Redis can take."""
+    return check_text(glob, "the glob")
+
+
 def check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise TypeError(f"lock name must be a str, not {type(name).__name__}")

@@ -196,3 +196,19 @@ def test_celery_singleton_clear_locks_takes_its_prefix_literally(backend: str, p
     assert markers.read(keeper, f"{prefix}queued") is None
     assert keeper.is_locked("jobx")
     other.release()
+
+
+def test_a_glob_that_is_not_text_is_refused_before_any_redis_call(backend: str) -> None:
+    keeper = locks[backend]
+    for call in (
+        lambda: list(keeper.iter_locks("bad\udcff*")),
+        lambda: keeper.page("bad\udcff*", None, 10),
+        lambda: markers.names(keeper, "bad\udcff*"),
+    ):
+        try:
+            with pytest.raises(ValueError, match="the glob is not valid text"):
+                call()
+        except NotImplementedError:  # no queue markers
+            pass
+    with pytest.raises(TypeError, match="the glob must be a str"):
+        list(keeper.iter_locks(b"x*"))  # type: ignore[arg-type]

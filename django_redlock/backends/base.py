@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 
 from ..acl import mask
-from ..validation import MAX_TTL
+from ..validation import MAX_TTL, check_glob
 from ..waiters import ReleaseHub
 from .cursors import BadCursor as BadCursor  # (it lived here: still importable from here)
 from .cursors import parse_cursor
@@ -205,6 +205,7 @@ def _glob_parts(glob: str) -> list[str | None]:
 
 @functools.lru_cache(maxsize=256)
 def _glob_regex(glob: str) -> re.Pattern[str]:
+    check_glob(glob)  # TypeError/ValueError before any Redis call (key_pattern compiles it)
     return re.compile("".join(".*" if p is None else p for p in _glob_parts(glob)), re.DOTALL)
 
 
@@ -383,6 +384,7 @@ class BaseLockBackend:
     def key_pattern(self, glob: str) -> str:
         """The SCAN MATCH pattern for the names matching ``glob``: every such name's key
         matches it, and some other names' may (keep the names :func:`glob_match` keeps)."""
+        _glob_regex(glob)
         return f"{glob_escape(self.key_prefix)}{{{_tag_pattern(glob)}}}"
 
     def name_from_key(self, key: str) -> str | None:

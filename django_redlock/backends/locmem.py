@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..exceptions import LockError
+from ..validation import check_glob
 from ..waiters import ReleaseHub
 from .base import (
     Attempt,
@@ -357,6 +358,7 @@ class LocMemBackend(BaseLockBackend):
         return self._op(name, work)
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
+        check_glob(match)
         with self._store.mutex:
             names = [n for n in [*self._store.holds, *self._store.leased] if glob_match(match, n)]
         for name in names:
@@ -410,6 +412,7 @@ class LocMemBackend(BaseLockBackend):
         return self._op(name, work)
 
     def queued_names(self, match: str = "*") -> list[str]:
+        check_glob(match)
         now = time.monotonic()
         with self._store.mutex:
             noted = list(self._store.queued.items())
