@@ -131,6 +131,10 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/?db=abc"}}, r"\['LOCATION'\].*database"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "unix:///s?db=-1"}}, r"\['LOCATION'\].*database"),
     (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": {"db": "abc"}}},
+        r"\['q'\]\['OPTIONS'\]\['db'\] must be a Redis database number",
+    ),
+    (
         {"q": {"BACKEND": REDLOCK, "LOCATION": ["redis://a/0", "redis://b/x"]}},
         r"\['q'\]\['LOCATION'\].*'redis://b/x'.*database",
     ),
@@ -309,17 +313,22 @@ def test_a_django_redis_option_fails_at_startup_not_inside_redis_py() -> None:
     assert "DJANGO_REDLOCK['jobs']['OPTIONS']['CLIENT_CLASS']" in result.stderr
 
 
-@pytest.mark.parametrize("backend", [REDIS, REDLOCK])
+@pytest.mark.parametrize(
+    ("backend", "where"),
+    [(REDIS, "/16"), (REDLOCK, "/16"), (REDIS, "?db=16"), (REDIS, "OPTIONS"), (REDLOCK, "OPTIONS")],
+)
 def test_a_database_the_server_lacks_fails_manage_py_check(
-    backend: str, redis_server: Any, tmp_path: Any
+    backend: str, where: str, redis_server: Any, tmp_path: Any
 ) -> None:
     """LOCATION /16 on a 16-database server: every manage.py command died with a bare
     ResponseError from AppConfig.ready(); now it names the alias and the key."""
-    url = f"redis://127.0.0.1:{redis_server.port}/16"
+    url = f"redis://127.0.0.1:{redis_server.port}" + ("" if where == "OPTIONS" else where)
     location = repr([url] * 3 if "Redlock" in backend else url)
+    options = {"db": 16} if where == "OPTIONS" else {}
     (tmp_path / "db16_settings.py").write_text(
         "INSTALLED_APPS = ['django_redlock']\n"
-        f"DJANGO_REDLOCK = {{'jobs': {{'BACKEND': {backend!r}, 'LOCATION': {location}}}}}\n"
+        f"DJANGO_REDLOCK = {{'jobs': {{'BACKEND': {backend!r}, 'LOCATION': {location},"
+        f" 'OPTIONS': {options!r}}}}}\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}",
            "DJANGO_SETTINGS_MODULE": "db16_settings"}  # fmt: skip
@@ -331,7 +340,8 @@ def test_a_database_the_server_lacks_fails_manage_py_check(
     assert "ResponseError" not in result.stderr, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("django.core.exceptions.ImproperlyConfigured: DJANGO_REDLOCK['jobs']")
-    assert "['LOCATION']" in last and "DB index is out of range" in last
+    key = "['OPTIONS']['db']" if where == "OPTIONS" else "['LOCATION']"
+    assert key in last and "DB index is out of range" in last
 
 
 GOOD_OPTIONS: list[tuple[str, dict[str, Any]]] = [

@@ -426,10 +426,10 @@ class RedisBackend(BaseLockBackend):
                 raise
             # A database the server lacks (/16 on a 16-database server): every command
             # would fail, so startup refuses, naming the setting.
+            at = f" at {mask(self.location)}" if isinstance(self.location, str) else ""
             raise ImproperlyConfigured(
-                f"{self.database_setting} names a database the server at"
-                f" {mask(str(self.location))} does not have ({exc}): use one below its"
-                " `databases` setting (16 by default: 0-15)"
+                f"{self.database_setting} names a database the server{at} does not have"
+                f" ({exc}): use one below its `databases` setting (16 by default: 0-15)"
             ) from None
         if self.missing_permission is not None:
             logger.warning("redlock: %s", self.missing_permission)
@@ -439,13 +439,18 @@ class RedisBackend(BaseLockBackend):
 
     @property
     def database_setting(self) -> str:
-        """The setting that chose this backend's database, for startup's errors."""
+        """The setting that chose this backend's database, for startup's errors: the URL's
+        path or ?db=, else OPTIONS['db'] (Sentinel: always; its URLs name sentinels)."""
         where = self.location_setting or f"DJANGO_REDLOCK[{self.alias!r}]['LOCATION']"
-        parts = urlsplit(str(self.location))
-        no_db = parts.scheme == "unix" or not parts.path.strip("/")  # (unix: the path is a file)
-        if "db" in self.options and no_db and "db=" not in parts.query:
-            return f"{where.split(']')[0]}]['OPTIONS']['db']"
-        return where
+        if "CACHE" in self.params or not self.location:  # a django-redis cache's connection
+            cache = self.params.get("CACHE", "default")
+            return f"CACHES[{cache!r}]['LOCATION'] (the cache of DJANGO_REDLOCK[{self.alias!r}])"
+        if isinstance(self.location, str):
+            parts = urlsplit(self.location)
+            in_url = (parts.scheme != "unix" and parts.path.strip("/")) or "db=" in parts.query
+            if in_url or "db" not in self.options:
+                return where
+        return where.split("['LOCATION']")[0] + "['OPTIONS']['db']"
 
     def check_permissions(self) -> MissingPermission | None:
         """Whether the Redis user lacks a permission the app needs (see :func:`acl.check`);
