@@ -212,3 +212,35 @@ def test_a_glob_that_is_not_text_is_refused_before_any_redis_call(backend: str) 
             pass
     with pytest.raises(TypeError, match="the glob must be a str"):
         list(keeper.iter_locks(b"x*"))  # type: ignore[arg-type]
+
+
+def test_the_rule_reads_globs_as_redis_does_and_its_pattern_misses_no_key(
+    redis_server: Any,
+) -> None:
+    """Random globs and names over the characters that matter: for ASCII names and globs
+    (where a character is a byte) glob_match agrees with Redis's own SCAN MATCH, and every
+    matching name's key matches key_pattern (names with 'é' included)."""
+    import random
+
+    client = redis_server.client(db=11)
+    keys = BaseLockBackend("globs", {"KEY_PREFIX": "p"})
+    rnd = random.Random(48)
+    alphabet = "ab}~-^[]\\*?{é"
+    names = sorted({"".join(rnd.choices(alphabet, k=rnd.randint(1, 4))) for _ in range(300)})
+    try:
+        for name in names:
+            client.set("N" + name, 1)
+            client.set(keys.key(name), 1)
+        for _ in range(500):
+            glob = "".join(rnd.choices(alphabet, k=rnd.randint(0, 7)))
+            ascii_names = {n for n in names if n.isascii()}
+            redis_says = {k.decode()[1:] for k in client.scan_iter(match="N" + glob, count=10_000)}
+            ours = {n for n in names if glob_match(glob, n)}
+            if glob.isascii():  # (Redis reads a non-ASCII range by signed bytes)
+                assert redis_says & ascii_names == ours & ascii_names, glob
+            found = {
+                k.decode() for k in client.scan_iter(match=keys.key_pattern(glob), count=10_000)
+            }
+            assert {keys.key(n) for n in ours} <= found, glob
+    finally:
+        client.flushdb()

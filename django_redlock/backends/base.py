@@ -150,12 +150,12 @@ def refence_least(client_us: int | None = None) -> int:
 
 # -- name globs ------------------------------------------------------------------------------
 # `redlock list/purge/top --match`, the admin's search and the compat shims' prefixes select
-# names by a glob: Redis's glob syntax (``*``, ``?``, ``[abc]``, ``[^a-z]``, ``\\`` quotes the
+# names by a glob: Redis's glob syntax (`*`, `?`, `[abc]`, `[a-z]`, `[^abc]`, `\` quotes the
 # next character), read over the name's characters. The one rule turning it into keys:
-# ``key_pattern`` gives SCAN MATCH a pattern that every matching name's key matches (a
-# superset: ``?`` and a class become ``*``, since Redis matches bytes and a character may
-# be several; a leading literal ``}`` or ``~`` gets key()'s ``~``), then ``glob_match``
-# keeps exactly the names that match. LocMem uses ``glob_match`` alone.
+# `key_pattern` gives SCAN MATCH a pattern that every matching name's key matches (a
+# superset: `?` and a class become `*`, since Redis matches bytes and a character may be
+# several; a leading literal `}` or `~` gets key()'s `~`), then `glob_match` keeps exactly
+# the names that match. LocMem uses `glob_match` alone.
 
 
 def glob_escape(text: str) -> str:
@@ -163,41 +163,47 @@ def glob_escape(text: str) -> str:
     return "".join(f"\\{c}" if c in GLOB_SPECIAL else c for c in text)
 
 
+def _glob_class(glob: str, i: int) -> tuple[str, int]:
+    """The class whose '[' is at ``glob[i]``: its regex, and the index of its ']' (the
+    glob's length if unclosed: it runs to the end). As Redis's stringmatchlen() reads it:
+    '^' first negates, '\\' quotes, 'a-z' is a range (ends in either order), '[]' matches
+    nothing."""
+    i += 1
+    negate = glob[i : i + 1] == "^"
+    i += negate
+    items: list[str] = []
+    while i < len(glob) and glob[i] != "]":
+        if glob[i] == "\\" and i + 1 < len(glob):
+            items.append(re.escape(glob[i + 1]))
+            i += 2
+        elif i + 2 < len(glob) and glob[i + 1] == "-":
+            low, high = sorted((glob[i], glob[i + 2]))
+            items.append(f"{re.escape(low)}-{re.escape(high)}")
+            i += 3
+        else:
+            items.append(re.escape(glob[i]))
+            i += 1
+    body = "".join(items)
+    if negate:
+        return (f"[^{body}]" if body else "(?s:.)"), i
+    return (f"[{body}]" if body else "(?!)"), i
+
+
 def _glob_parts(glob: str) -> list[str | None]:
-    """The glob as regex pieces, one per element (None: a literal ``*``), as Redis's
-    stringmatchlen() reads it (an unclosed ``[`` runs to the end; ``[]`` matches nothing)."""
+    """The glob as regex pieces, one per element (None for a `*`)."""
     parts: list[str | None] = []
-    i, n = 0, len(glob)
-    while i < n:
+    i = 0
+    while i < len(glob):
         c = glob[i]
         if c == "*":
             parts.append(None)
         elif c == "?":
             parts.append(".")
         elif c == "[":
-            i += 1
-            negate = i < n and glob[i] == "^"
-            i += negate
-            items: list[str] = []
-            while i < n and glob[i] != "]":
-                if glob[i] == "\\" and i + 1 < n:
-                    items.append(re.escape(glob[i + 1]))
-                    i += 2
-                elif i + 2 < n and glob[i + 1] == "-":
-                    low, high = sorted((glob[i], glob[i + 2]))
-                    items.append(f"{re.escape(low)}-{re.escape(high)}")
-                    i += 3
-                else:
-                    items.append(re.escape(glob[i]))
-                    i += 1
-            body = "".join(items)
-            if negate:
-                parts.append(f"[^{body}]" if body else "(?s:.)")
-            else:
-                parts.append(f"[{body}]" if body else "(?!)")
+            part, i = _glob_class(glob, i)
+            parts.append(part)
         else:
-            if c == "\\" and i + 1 < n:
-                i += 1
+            i += c == "\\" and i + 1 < len(glob)  # a quoted character
             parts.append(re.escape(glob[i]))
         i += 1
     return parts
@@ -218,32 +224,20 @@ def _tag_pattern(glob: str) -> str:
     """A SCAN MATCH pattern over a key's hash tag that the tag of every name matching
     ``glob`` matches (see key(): names starting with '}' or '~' have a '~' in front)."""
     pieces: list[str] = []
-    first = True
-    i, n = 0, len(glob)
-    while i < n:
+    i = 0
+    while i < len(glob):
         c = glob[i]
         if c in "*?[":
-            if c == "[":  # skip to the class's end, as _glob_parts reads it
-                i += 1
-                i += i < n and glob[i] == "^"
-                while i < n and glob[i] != "]":
-                    i += (
-                        2
-                        if glob[i] == "\\" and i + 1 < n
-                        else 3
-                        if i + 2 < n and glob[i + 1] == "-"
-                        else 1
-                    )
+            if c == "[":
+                i = _glob_class(glob, i)[1]
             if not pieces or pieces[-1] != "*":
                 pieces.append("*")  # a character, or any run of them: one '*' covers both
         else:
-            if c == "\\" and i + 1 < n:
-                i += 1
-            literal = glob[i]
-            if first and literal in "}~":
+            first = i == 0
+            i += c == "\\" and i + 1 < len(glob)  # a quoted character
+            if first and glob[i] in "}~":
                 pieces.append("~")
-            pieces.append(glob_escape(literal))
-        first = False
+            pieces.append(glob_escape(glob[i]))
         i += 1
     return "".join(pieces)
 
