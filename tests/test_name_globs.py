@@ -212,6 +212,8 @@ def test_a_glob_that_is_not_text_is_refused_before_any_redis_call(backend: str) 
             pass
     with pytest.raises(TypeError, match="the glob must be a str"):
         list(keeper.iter_locks(b"x*"))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="the glob must be a str"):
+        keeper.page(["x*"], None, 10)  # type: ignore[arg-type]
 
 
 def test_the_rule_reads_globs_as_redis_does_and_its_pattern_misses_no_key(

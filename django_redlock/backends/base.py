@@ -209,9 +209,13 @@ def _glob_parts(glob: str) -> list[str | None]:
     return parts
 
 
-@functools.lru_cache(maxsize=256)
 def _glob_regex(glob: str) -> re.Pattern[str]:
     check_glob(glob)  # TypeError/ValueError before any Redis call (key_pattern compiles it)
+    return _compiled(glob)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(glob: str) -> re.Pattern[str]:
     return re.compile("".join(".*" if p is None else p for p in _glob_parts(glob)), re.DOTALL)
 
 
