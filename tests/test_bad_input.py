@@ -368,6 +368,22 @@ def test_good_options_pass_the_check_and_redis_py_takes_them(
     pool.make_connection()  # a TypeError here is what the check must catch
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h",
+        "redis://h/",
+        "redis://h/3",
+        "redis://h/3/",
+        "redis://h/?db=3",
+        "unix:///tmp/r.sock?db=2",
+        "rediss://h/%31",
+    ],
+)
+def test_good_database_parts_pass(url: str) -> None:
+    LockHandler({"q": {"BACKEND": REDIS, "LOCATION": url}}).settings  # noqa: B018
+
+
 def test_startup_with_redis_down_only_warns() -> None:
     """`migrate` and friends must not need Redis: a down server is a warning at startup."""
     url = f"redis://127.0.0.1:{free_port()}/0"

@@ -332,8 +332,8 @@ class BaseLockBackend:
                 raise bad("LOCATION", f"has {url!r}: the port is not a number 0-65535") from None
             # redis-py reads '/3x' or '/abc' as database 0 without a word, and '?db=abc' fails
             # inside it: the database part is a number or absent.
-            path = "" if parts.scheme == "unix" else unquote(parts.path)
-            dbs = [path[1:]] if path not in ("", "/") else []
+            path = "" if parts.scheme == "unix" else unquote(parts.path).strip("/")
+            dbs = [path] if path else []
             dbs += parse_qs(parts.query).get("db", [])
             if not all(db.isascii() and db.isdigit() for db in dbs):
                 raise bad(
