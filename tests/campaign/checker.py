@@ -128,7 +128,16 @@ class Report:
             f" {s['clients']} client processes",
             f"  liveness judged over {s['quiet_waits']} timed-out waits in quiet time"
             f" ({s['quiet_seconds']:.1f} s quiet)",
+            f"  time: {s.get('unavailable', 0)} BackendUnavailable judged (slowest"
+            f" {s.get('slowest_error', 0):.3f} s from its call or fault), {s.get('handoffs', 0)}"
+            f" hand-offs judged (slowest {s.get('slowest_handoff', 0):.3f} s),"
+            f" {s.get('interrupts', 0)} interrupts caught",
         ]
+        if s.get("roundtrips"):
+            r = s["roundtrips"]
+            lines.append(f"  round trips: {r['ops']} quiet acquire+release, script calls per"
+                         f" node per op {r['per_op']} (2 expected); node clock skews (ms)"
+                         f" {[round(k * 1000, 1) for k in s.get('skews', [])]}")  # fmt: skip
         if s.get("throughput"):
             lines.append(describe_throughput(s["throughput"]))
         if "database" in s:
@@ -224,6 +233,9 @@ def check(
     lost_replies: int = 0,
     limit: int = 1,
     database: Any = None,
+    socket_timeout: float = 0.0,
+    killed_at_stop: dict[str, float] | None = None,
+    roundtrips: dict[str, Any] | None = None,
 ) -> Report:
     events = sorted(events, key=lambda e: e["t"])
     holds = _holds(events)
@@ -559,6 +571,15 @@ def check(
         )
         violate("keys-leaked", stopping, f"keys left after every client stopped: {listing}")
 
+    # -- time: errors, hand-offs, holds on servers that answered, round trips ----------------
+    timing = Timing(
+        backend=backend, kind=kind, ttl=ttl, nodes=nodes, holds=holds, events=events,
+        applied=applied, paused=paused, quiet=quiet, stopping=stopping,
+        socket_timeout=socket_timeout, data_loss=data_loss,
+    )  # fmt: skip
+    for prop, t, message, clients in timing.judge(killed_at_stop or {}, roundtrips):
+        violate(prop, t, message, *clients)
+
     # -- the database resource (kind "database"): its committed history ----------------------
     if database is not None:
         from .database import judge
@@ -585,6 +606,8 @@ def check(
         "quiet_waits": quiet_waits,
         "quiet_seconds": quiet_seconds,
         "errors": Counter(h.error for h in holds.values() if h.error),
+        "interrupts": counts["intr"],
+        **timing.stats,
     }
     if database is not None:
         stats["database"] = database_stats
@@ -676,3 +699,246 @@ def _history(
         lines = sorted(near, key=lambda x: x[0])
     body = "\n".join(f"  {t - origin:8.3f}  {text}" for t, text in lines)
     return f"VIOLATION {v.prop} at {v.t - origin:.3f} s: {v.message}\n{body}"
+
+
+# -- time (issue #43): error latency, hand-off, holds on servers that answered, round trips ------
+
+#: A node fault that makes the server not answer at all (the others delay or cut messages).
+SILENT = {"server_pause", "majority_pause", "clog", "black_hole", "majority_black_hole", "busy",
+          "server_down"}  # fmt: skip
+#: Slack for a shared, loaded machine on top of each bound.
+SLACK = 0.1
+#: A free lock is taken by a live waiter within this long (plain locks, quiet time).
+HANDOFF = 0.5
+#: A healthy Redlock: script calls per node per acquire and release (one round trip each).
+ROUND_TRIPS = 2.0
+
+
+class Timing:
+    """The properties about time, judged from the history:
+
+    * ``error-latency``: a ``BackendUnavailable`` came more than 1.5 socket timeouts (plus
+      SLACK) after its call began or after the fault that silenced the server began,
+      whichever is later (a blocking acquire: only when the server was silent from before
+      the call to its error: a waiter asleep when the fault began learns of it at its next
+      try); ``call-hung``: a client still inside a call (its last event an acquire's start)
+      when the run ended, past the call's timeout plus 1.5 socket timeouts;
+    * ``handoff-slow``: in quiet time, a plain lock released (``rel_ok``) while another
+      client's blocking acquire waited, and nobody took it within HANDOFF s (plus SLACK);
+    * ``lost-on-healthy``: a hold reported lost (``lock_lost``) though its servers answered
+      throughout (no fault on them, or on one Redlock node at most, from a TTL before its
+      acquire to the loss; its client not paused or interrupted meanwhile);
+    * ``round-trips``: on a quiet, healthy Redlock (its nodes' clocks skewed a few ms), a node
+      served more than ROUND_TRIPS script calls per acquire and release (roundtrips.py).
+    """
+
+    def __init__(
+        self, *, backend: str, kind: str, ttl: float, nodes: int, holds: dict[Any, Hold],
+        events: list[dict[str, Any]], applied: list[Any], paused: dict[str, Any],
+        quiet: Any, stopping: float, socket_timeout: float, data_loss: set[str],
+    ) -> None:  # fmt: skip
+        self.backend, self.kind, self.ttl, self.nodes = backend, kind, ttl, nodes
+        self.holds, self.events, self.applied, self.paused = holds, events, applied, paused
+        self.quiet, self.stopping, self.socket_timeout = quiet, stopping, socket_timeout
+        self.data_loss = data_loss
+        self.stats: dict[str, Any] = {}
+        self.found: list[tuple[str, float, str, set[str]]] = []
+        self.node_faults = [
+            f for f in self.applied if isinstance(f.target, tuple) and f.target != ("side",)
+        ]
+        self.interrupted: dict[str, list[float]] = defaultdict(list)
+        for ev in self.events:
+            if ev["e"] == "intr":
+                self.interrupted[ev["c"]].append(ev["t"])
+        for f in self.applied:
+            if f.kind == "client_interrupt" and f.client:
+                self.interrupted[f.client].append(f.started)
+
+    def judge(
+        self, killed: dict[str, float], roundtrips: dict[str, Any] | None
+    ) -> list[tuple[str, float, str, set[str]]]:
+        if self.socket_timeout:
+            self.error_latency()
+            self.hung(killed)
+        if self.kind in ("plain", "reentrant"):
+            self.handoff()
+        if self.kind != "database":
+            self.lost_on_healthy()
+        if roundtrips is not None:
+            self.round_trips(roundtrips)
+        return self.found
+
+    def _paused(self, client: str, a: float, b: float) -> bool:
+        return any(s < b and a < e for s, e in self.paused.get(client, []))
+
+    def _silent(self, t: float) -> list[Any]:
+        return [
+            f
+            for f in self.node_faults
+            if f.kind in SILENT and f.started <= t <= (f.healed or self.stopping)
+        ]
+
+    def error_latency(self) -> None:
+        bound = 1.5 * self.socket_timeout + SLACK
+        judged, slowest = 0, 0.0
+        for ev in self.events:
+            if ev.get("err") != "BackendUnavailable":
+                continue
+            t, client = ev["t"], ev["c"]
+            hold = self.holds.get((client, ev.get("h", -1)))
+            if ev["e"] == "acq_err" and hold is not None:
+                since = hold.start
+                if hold.mode == "block":  # silent from before the call to its error
+                    before = {id(f) for f in self._silent(since)}
+                    if not any(id(f) in before for f in self._silent(t)):
+                        continue
+            elif "since" in ev:
+                since = ev["since"]
+            else:
+                continue
+            if self._paused(client, since - 0.05, t):
+                continue
+            began = [f.started for f in self.node_faults if f.started <= t]
+            ref = max([since, *[b for b in began if b >= since]])
+            judged += 1
+            slowest = max(slowest, t - ref)
+            if t - ref > bound:
+                what = "after its call began" if ref == since else "after a fault began"
+                self.found.append(
+                    (
+                        "error-latency",
+                        t,
+                        f"{client}/h{ev.get('h')}: {ev['e']}"
+                        f" BackendUnavailable {t - ref:.3f} s {what} (call from"
+                        f" {since:.3f}), over 1.5 socket timeouts"
+                        f" ({self.socket_timeout:g} s) + {SLACK:g}",
+                        {client},
+                    )
+                )
+        self.stats["unavailable"] = judged
+        self.stats["slowest_error"] = slowest
+
+    def hung(self, killed: dict[str, float]) -> None:
+        last: dict[str, dict[str, Any]] = {}
+        for ev in self.events:
+            last[ev["c"]] = ev
+        for client, when in killed.items():
+            ev = last.get(client) or {}
+            if ev.get("e") != "acq":
+                continue
+            limit = ev["t"] + (ev.get("timeout") or 0.0) + 1.5 * self.socket_timeout + 1.0
+            if when > limit and not self._paused(client, ev["t"], when):
+                self.found.append(
+                    (
+                        "call-hung",
+                        when,
+                        f"{client}/h{ev['h']}: an acquire"
+                        f" ({ev['mode']} {ev.get('timeout')}) began at {ev['t']:.3f}"
+                        f" and had not returned when the client was killed at"
+                        f" {when:.3f}",
+                        {client},
+                    )
+                )
+
+    def handoff(self) -> None:
+        limit = HANDOFF + SLACK
+        takes = sorted(h.end for h in self.holds.values() if h.outcome == "ok" and h.end)
+        unknown = [h for h in self.holds.values() if h.outcome not in ("ok", "no")]
+        judged, slowest = 0, 0.0
+        for ev in self.events:
+            if ev["e"] != "rel_ok":
+                continue
+            t = ev["t"]
+            if not self.quiet(t - 0.05 - self.ttl, t + limit):
+                continue
+            waiters = [
+                h
+                for h in self.holds.values()
+                if h.mode == "block"
+                and h.client != ev["c"]
+                and h.start <= t - 0.05
+                and h.start + (h.timeout or 0) >= t + limit + 0.1
+                and (h.end is None or h.end >= t)
+                and not self._paused(h.client, h.start, t + limit)
+                and not any(
+                    h.start - 0.05 <= i <= t + limit for i in self.interrupted.get(h.client, [])
+                )
+            ]
+            if not waiters:
+                continue
+            # An acquire that raised or was cut short may have taken it (unknown): unjudged.
+            if any(h.start < t + limit and (h.end or h.last_seen) > t for h in unknown):
+                continue
+            i = bisect.bisect_right(takes, t)
+            taken = takes[i] if i < len(takes) else float("inf")
+            judged += 1
+            slowest = max(slowest, min(taken - t, 9.9))
+            if taken - t > limit:
+                w = waiters[0]
+                self.found.append(
+                    (
+                        "handoff-slow",
+                        t,
+                        f"{ev['c']}/h{ev['h']} released at"
+                        f" {t:.3f} while {w.client}/h{w.hold} waited (since"
+                        f" {w.start:.3f}, timeout {w.timeout:g} s); nobody took the"
+                        f" lock for {taken - t:.3f} s (bound {HANDOFF:g} s), in quiet"
+                        " time",
+                        {ev["c"], w.client},
+                    )
+                )
+        self.stats["handoffs"] = judged
+        self.stats["slowest_handoff"] = slowest
+
+    def lost_on_healthy(self) -> None:
+        for h in self.holds.values():
+            if h.outcome != "ok" or h.lost is None or h.end is None:
+                continue
+            a, b = h.start - self.ttl, h.lost + 0.1
+            faulted = {
+                i
+                for f in self.node_faults
+                for i in f.target
+                if f.started < b and a < (f.healed or self.stopping)
+            }
+            if len(faulted) > (0 if self.nodes == 1 else 1):
+                continue
+            if self._paused(h.client, a, b) or any(
+                a <= i <= b for i in self.interrupted.get(h.client, [])
+            ):
+                continue
+            self.found.append(
+                (
+                    "lost-on-healthy",
+                    h.lost,
+                    f"{h.label()} was reported lost at"
+                    f" {h.lost:.3f} (held since {h.end:.3f}), though its servers"
+                    f" answered throughout (faulted nodes: {sorted(faulted) or 'none'})",
+                    {h.client},
+                )
+            )
+
+    def round_trips(self, probe: dict[str, Any]) -> None:
+        ops = max(1, int(probe["ops"]))
+        per_op = [round(c / ops, 2) for c in probe["calls"]]
+        self.stats["roundtrips"] = {"ops": probe["ops"], "per_op": per_op}
+        if probe["ops"] < 10:
+            self.found.append(
+                (
+                    "round-trips",
+                    self.stopping,
+                    f"the quiet probe took the lock only {probe['ops']} times of 40",
+                    set(),
+                )
+            )
+        elif max(per_op) > ROUND_TRIPS + 0.15:
+            self.found.append(
+                (
+                    "round-trips",
+                    self.stopping,
+                    f"a quiet, healthy Redlock served"
+                    f" {per_op} script calls per node per acquire and release"
+                    f" ({ROUND_TRIPS:g} expected: one round trip each)",
+                    set(),
+                )
+            )

@@ -20,6 +20,7 @@ SIGTERM asks the client to finish its hold and exit.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -51,10 +52,9 @@ class Log:
 
 
 def setup(config: dict[str, Any]) -> None:
-    options = {
-        "socket_timeout": config["socket_timeout"],
-        "socket_connect_timeout": config["socket_timeout"],
-    }
+    # CAMPAIGN_BREAK=latency (a self-test): the client waits 3 socket timeouts, not one.
+    timeout = config["socket_timeout"] * (3 if config.get("break") == "latency" else 1)
+    options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if config["backend"] == "redlock":
         options["restart_guard"] = config["restart_guard"]
         alias = {
@@ -140,10 +140,11 @@ def maybe_extend(lk: Any, hold: int, rng: random.Random, log: Any, ttl: float) -
     if rng.random() >= 0.25:
         return
     new = ttl * rng.choice((0.6, 0.8, 1.0))
+    t0 = time.time()
     try:
         lk.extend(new)
     except LockError as exc:
-        log("ext_err", h=hold, ttl=new, err=type(exc).__name__, msg=str(exc)[:300])
+        log("ext_err", h=hold, ttl=new, err=type(exc).__name__, msg=str(exc)[:300], since=t0)
         return
     log("ext", h=hold, ttl=new)
 
@@ -258,12 +259,14 @@ def main() -> None:
     from django_redlock import LockError, LockLost, lock, read_write_lock, semaphore
     from django_redlock.signals import lock_lost
 
-    from . import database
+    from . import database, interrupts
     from .resource import Resource
 
     cid = config["id"]
     log = Log(config["log"], cid)
     rng = random.Random(config["seed"])
+    armed = interrupts.Interrupts(config.get("interrupt_flag") or "", random.Random(rng.random()))
+    broken = config.get("break") or ""
     resource = Resource(Redis.from_url(config["resource_url"], socket_timeout=10))
     inspector = Inspector(config)
     kind = config["kind"]
@@ -304,10 +307,11 @@ def main() -> None:
         # locked() of a semaphore or a read lock may well be False while holding (a permit
         # left; no writer): only owned() says whether this hold is held.
         question = "owned" if role in ("s", "r") else rng.choice(["owned", "locked"])
+        t0 = time.time()
         try:
             answer = getattr(lk, question)()
         except LockError as exc:
-            log("ask", h=hold, q=question, err=type(exc).__name__, msg=str(exc)[:300])
+            log("ask", h=hold, q=question, err=type(exc).__name__, msg=str(exc)[:300], since=t0)
             return
         log("ask", h=hold, q=question, answer=answer)
         if answer is False:
@@ -320,70 +324,85 @@ def main() -> None:
     flag = config.get("throughput_flag") or ""
     hold = 0
     while not stop.is_set():
-        if side is not None:
-            side.keep()
-        hold += 1
-        prefix = f"{cid}h{hold}."
-        if flag and os.path.exists(flag):  # the throughput phase (Redlock: plain locks)
-            quick_hold(lock(config["name"], ttl=ttl, token_prefix=prefix), hold, cid, rng,
-                       resource, log, LockError, LockLost)  # fmt: skip
-            continue
-        if kind == "database" and rng.random() < 0.5:  # with lock(..., atomic=...): a hold
-            database.run_with(config, hold, prefix, rng, log, check, holds)
-            time.sleep(rng.uniform(0, 0.03))
-            continue
-        if kind == "semaphore":
-            role = "s"
-            lk = semaphore(config["name"], config["limit"], ttl=ttl, token_prefix=prefix)
-        elif kind == "write":
-            role = "x" if rng.random() < 0.6 else "r"
-            rw = read_write_lock(config["name"], ttl=ttl)
-            lk = rw.write(token_prefix=prefix) if role == "x" else rw.read(token_prefix=prefix)
-            if role == "r":
-                prefix = ""  # a read's token is its owner's (reads are reentrant): its fence
-        elif kind == "database":
-            role = "x"
-            lk = database.held_lock(config, prefix, rng)
-        else:
-            role = "x"
-            lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair,
-                      token_prefix=prefix)  # fmt: skip
-        blocking = rng.random() < 0.8
-        timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
-        log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
+        current = None  # the hold an interrupt (KeyboardInterrupt) may cut short
         try:
-            got = lk.acquire(blocking=blocking, timeout=timeout)
-        except LockError as exc:
-            log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
-            time.sleep(rng.uniform(0.01, 0.1))
-            continue
-        if not got:
-            log("acq_no", h=hold)
-            time.sleep(rng.uniform(0, 0.02))
-            continue
-        fence = lk.fence
-        holds[id(lk)] = (hold, prefix, fence)
-        log("acq_ok", h=hold, fence=fence)
-        check(hold, "acquired", prefix, fence)
-        if fence is None:
-            log("bad", h=hold, what="acquired, but fence is None")
-            fence = -1
-        try:
-            if kind == "database":  # one fenced transaction (lk.atomic()) in the hold
-                # A re-fence (a clock step) gives the hold a new fence: the servers have it.
-                fence = database.run_held(lk, hold, fence, cid, rng, log, ttl)
-                holds[id(lk)] = (hold, prefix, fence)
+            if side is not None:
+                side.keep()
+            hold += 1
+            prefix = f"{cid}h{hold}."
+            if flag and os.path.exists(flag):  # the throughput phase (Redlock: plain locks)
+                quick_hold(lock(config["name"], ttl=ttl, token_prefix=prefix), hold, cid, rng,
+                           resource, log, LockError, LockLost)  # fmt: skip
+                continue
+            if kind == "database" and rng.random() < 0.5:  # with lock(..., atomic=...): a hold
+                with armed.armed(1.0):
+                    database.run_with(config, hold, prefix, rng, log, check, holds)
+                time.sleep(rng.uniform(0, 0.03))
+                continue
+            if kind == "semaphore":
+                role = "s"
+                lk = semaphore(config["name"], config["limit"], ttl=ttl, token_prefix=prefix)
+            elif kind == "write":
+                role = "x" if rng.random() < 0.6 else "r"
+                rw = read_write_lock(config["name"], ttl=ttl)
+                lk = rw.write(token_prefix=prefix) if role == "x" else rw.read(token_prefix=prefix)
+                if role == "r":
+                    prefix = ""  # a read's token is its owner's (reads are reentrant): its fence
+            elif kind == "database":
+                role = "x"
+                lk = database.held_lock(config, prefix, rng)
             else:
-                hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
-                          functools.partial(ask, lk, hold, prefix, fence, role), role,
-                          functools.partial(expiry, prefix, fence))  # fmt: skip
-        except LockError as exc:
-            log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
-        check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
-        released = release(lk, hold, rng, log, LockError, LockLost)
-        if released:
-            check(hold, "released", prefix, fence)
-        time.sleep(rng.uniform(0, 0.03))
+                role = "x"
+                lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair,
+                          token_prefix=prefix)  # fmt: skip
+            current = lk
+            blocking = rng.random() < 0.8
+            timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
+            log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
+            try:
+                with armed.armed(timeout or 0.05):
+                    got = lk.acquire(blocking=blocking, timeout=timeout)
+            except LockError as exc:
+                log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+                time.sleep(rng.uniform(0.01, 0.1))
+                continue
+            if not got:
+                log("acq_no", h=hold)
+                time.sleep(rng.uniform(0, 0.02))
+                continue
+            fence = lk.fence
+            holds[id(lk)] = (hold, prefix, fence)
+            log("acq_ok", h=hold, fence=fence)
+            check(hold, "acquired", prefix, fence)
+            if fence is None:
+                log("bad", h=hold, what="acquired, but fence is None")
+                fence = -1
+            try:
+                if kind == "database":  # one fenced transaction (lk.atomic()) in the hold
+                    # A re-fence (a clock step) gives the hold a new fence: the servers have it.
+                    with armed.armed(0.5):
+                        fence = database.run_held(lk, hold, fence, cid, rng, log, ttl)
+                    holds[id(lk)] = (hold, prefix, fence)
+                else:
+                    with armed.armed(0.3):
+                        hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
+                                  functools.partial(ask, lk, hold, prefix, fence, role), role,
+                                  functools.partial(expiry, prefix, fence), broken,
+                                  inspector)  # fmt: skip
+            except LockError as exc:
+                log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+            check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
+            if broken == "handoff" and kind == "plain":  # a self-test: a release that tells
+                released = release_quietly(lk, hold, log, inspector)  # no waiter
+            else:
+                with armed.armed(0.01):
+                    released = release(lk, hold, rng, log, LockError, LockLost)
+            if released:
+                check(hold, "released", prefix, fence)
+            time.sleep(rng.uniform(0, 0.03))
+        except KeyboardInterrupt:  # an asynchronous exception (interrupts.py): go on
+            interrupts.caught(log, hold, current, LockError)
+
     log("stop")
 
 
@@ -400,6 +419,8 @@ def hold_body(
     ask: Any,
     role: str,
     expiry: Any,
+    broken: str = "",
+    inspector: Any = None,
 ) -> None:
     def write(phase: str) -> None:
         until = expiry() if role == "s" else None
@@ -424,6 +445,11 @@ def hold_body(
                 lk.release()
                 log("unnest", h=hold)
         write("work")
+        if broken == "lost" and not reentrant and role == "x" and rng.random() < 0.3:
+            # A self-test: the hold's key deleted behind the client's back (a server that
+            # answered throughout, yet the hold is lost).
+            inspector.nodes[0].delete(inspector.key)
+            time.sleep(0.8 * ttl)
         if rng.random() < 0.2:
             ask()
         maybe_extend(lk, hold, rng, log, ttl)
@@ -460,18 +486,32 @@ def quick_hold(
     release(lk, hold, rng, log, error, lost)
 
 
+def release_quietly(lk: Any, hold: int, log: Log, inspector: Inspector) -> bool:
+    """CAMPAIGN_BREAK=handoff: the hold's key deleted straight from the server, with no word
+    to its waiters (they sleep until its expiry); then the object let go of it quietly."""
+    t0 = time.time()
+    inspector.nodes[0].delete(inspector.key)
+    log("rel_ok", h=hold, attempt=0, since=t0)
+    with contextlib.suppress(Exception):
+        lk.release()
+    return True
+
+
 def release(lk: Any, hold: int, rng: random.Random, log: Log, error: Any, lost: Any) -> bool:
     """Release; after an unknown outcome, try once more half of the time."""
     for attempt in range(2):
+        t0 = time.time()  # the call's start: BackendUnavailable within 1.5 socket timeouts
         try:
             lk.release()
-            log("rel_ok", h=hold, attempt=attempt)
+            log("rel_ok", h=hold, attempt=attempt, since=t0)
             return True
         except lost as exc:
-            log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300], attempt=attempt)
+            log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300], attempt=attempt,
+                since=t0)  # fmt: skip
             return False
         except error as exc:
-            log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300], attempt=attempt)
+            log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300], attempt=attempt,
+                since=t0)  # fmt: skip
             if rng.random() < 0.5:
                 return False
             time.sleep(0.05)

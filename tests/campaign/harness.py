@@ -61,8 +61,13 @@ class Run:
         self._launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher")
         self.rng = random.Random(seed * 7919 + 1)  # the nemesis' own choices at run time
         nodes = 5 if backend == "redlock" else 1
-        # Clock faults: each lock server under libfaketime, with a clock of its own.
-        self.clocks = [FakeClock() for _ in range(nodes)] if clock_faults(kind) else []
+        # Clock faults: each lock server under libfaketime, with a clock of its own; on
+        # Redlock, each node's clock skewed a few ms for the whole run (skews()).
+        under_faketime = clock_faults(kind) or skewed(backend)
+        self.clocks = [FakeClock() for _ in range(nodes)] if under_faketime else []
+        self.skews = skews(seed, nodes) if skewed(backend) else []
+        for clock, skew in zip(self.clocks, self.skews, strict=False):
+            clock.step(skew)
         self.servers = [self.launch(self.lock_server(i).start) for i in range(nodes)]
         self.proxies = [Proxy(s.port, f"node{i}") for i, s in enumerate(self.servers)]
         self.resource_server = self.launch(RedisServer().start)
@@ -80,6 +85,7 @@ class Run:
         self.client_of: dict[int, str] = {}  # pid -> client id
         self._slots = threading.RLock()  # the nemesis and the main loop both (re)spawn
         self.throughput_flag = self.dir / "throughput"  # exists during the throughput phase
+        self.roundtrips_error = ""
 
     def lock_server(self, i: int) -> RedisServer:
         if not self.clocks:
@@ -116,6 +122,8 @@ class Run:
             "database": self.database.settings() if self.database else None,
             "log": str(self.dir / f"{cid}.jsonl"),
             "throughput_flag": str(self.throughput_flag),
+            "interrupt_flag": str(self.dir / f"interrupt-{cid}"),
+            "break": os.environ.get("CAMPAIGN_BREAK", ""),
         }
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with open(self.dir / f"{cid}.stderr", "wb") as err:
@@ -148,18 +156,50 @@ class Run:
                 if slot not in self.killed and proc is not None and proc.poll() is not None:
                     self.spawn(slot)
 
-    def stop_clients(self, grace: float) -> None:
+    def stop_clients(self, grace: float) -> dict[str, float]:
+        """SIGTERM every client; those still running after ``grace`` s are killed: their
+        ids and when (the checker asks whether a call of theirs hung)."""
+        for flag in self.dir.glob("interrupt-*"):
+            flag.unlink(missing_ok=True)
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
+        killed = {}
         for proc in self.procs:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                killed[self.client_of[proc.pid]] = time.time()
                 proc.kill()
                 proc.wait()
+        return killed
+
+    def started(self, cid: str) -> bool:
+        """Whether the client logged its start (its signal handlers are in place)."""
+        path = self.dir / f"{cid}.jsonl"
+        return path.exists() and b'"start"' in path.read_bytes()[:300]
+
+    def roundtrips(self) -> dict[str, Any] | None:
+        """Redlock: the script calls per node of a quiet probe (roundtrips.py), or None when
+        it failed (its error in ``roundtrips_error``)."""
+        config = {
+            "id": "probe", "backend": self.backend, "kind": "plain", "name": self.name,
+            "ttl": TTL, "socket_timeout": SOCKET_TIMEOUT[self.backend],
+            "restart_guard": RESTART_GUARD, "lock_urls": [p.url for p in self.proxies],
+            "direct_urls": [s.url for s in self.servers], "database": None,
+            "break": os.environ.get("CAMPAIGN_BREAK", ""),
+        }  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.campaign.roundtrips", json.dumps(config)],
+            cwd=ROOT, env=env, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            self.roundtrips_error = done.stderr.decode("utf-8", "replace")[-2000:]
+            return None
+        return dict(json.loads(done.stdout.decode().strip().splitlines()[-1]))
 
     # -- faults ------------------------------------------------------------------------------
 
@@ -170,6 +210,9 @@ class Run:
             return
         if kind == "side_pause":
             return self.side_server.pause()
+        if kind == "client_interrupt":
+            self.interrupt(fault)
+            return
         if kind.startswith("client_"):
             with self._slots:
                 proc = self.clients[target]
@@ -195,6 +238,8 @@ class Run:
                 server.kill()
             elif kind == "script_flush":
                 server.client(socket_timeout=2).script_flush()
+            elif kind == "busy":
+                busy(server, fault.duration)
             elif kind == "latency":
                 proxy.latency = fault.arg
             elif kind in ("black_hole", "majority_black_hole"):
@@ -213,6 +258,10 @@ class Run:
             return
         if kind == "side_pause":
             return self.side_server.resume()
+        if kind == "client_interrupt":
+            if fault.client:
+                (self.dir / f"interrupt-{fault.client}").unlink(missing_ok=True)
+            return
         if kind == "client_kill":
             with self._slots:
                 if target in self.killed:
@@ -230,12 +279,29 @@ class Run:
                 server.resume()
             elif kind == "server_down":
                 self.launch(server.start)
+            elif kind == "busy":
+                fault.note = kill_script(server)
             elif kind == "lose_replies":
                 lost = proxy.lost_replies
                 proxy.heal()
                 fault.note = f"({lost} replies lost through node{i} so far)"
             else:
                 proxy.heal()
+
+    def interrupt(self, fault: Fault) -> None:
+        """An asynchronous exception in a client now (SIGUSR1), and more at random moments
+        of its calls while the fault lasts (the flag file: see interrupts.py)."""
+        with self._slots:
+            proc = self.clients[fault.target]
+            if proc is None or proc.poll() is not None:
+                fault.note = "(client already gone)"
+                return
+            fault.client = fault.note = self.client_of[proc.pid]
+            if not self.started(fault.client):  # no handler yet: the signal would kill it
+                fault.note += " (not started)"
+                return
+            (self.dir / f"interrupt-{fault.client}").touch()
+            proc.send_signal(signal.SIGUSR1)
 
     def apply_clock(self, fault: Fault) -> None:
         """Step the nodes' wall clocks: back for "clock_back", else forward."""
@@ -296,6 +362,61 @@ class Run:
         return events
 
 
+#: A script that keeps a server busy (BUSY to everyone else) for ARGV[1] microseconds at most;
+#: it writes nothing, so SCRIPT KILL ends it.
+BUSY_SCRIPT = """
+local t0 = redis.call('TIME')
+local limit = tonumber(ARGV[1])
+while true do
+  local t = redis.call('TIME')
+  if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > limit then return 0 end
+end
+"""
+#: How long a script runs before the server answers BUSY to others (its default: 5 s).
+BUSY_THRESHOLD_MS = 50
+
+
+def busy(server: RedisServer, seconds: float) -> None:
+    """The ``busy`` fault: a long script on the lock server (its heal kills it)."""
+    client = server.client(socket_timeout=2)
+    client.config_set("lua-time-limit", BUSY_THRESHOLD_MS)
+    runner = server.client(socket_timeout=seconds + 5)
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # killed: "ERR ... killed by user"
+            runner.eval(BUSY_SCRIPT, 0, int((seconds + 1.0) * 1e6))
+
+    threading.Thread(target=run, name="busy-script", daemon=True).start()
+    time.sleep(BUSY_THRESHOLD_MS / 1000 + 0.02)  # BUSY from now on
+
+
+def kill_script(server: RedisServer) -> str:
+    """SCRIPT KILL until the server says no script runs."""
+    client = server.client(socket_timeout=2)
+    for _ in range(50):
+        try:
+            client.script_kill()
+        except Exception as exc:
+            if "NOTBUSY" in str(exc) or "No scripts in execution" in str(exc):
+                return "(killed)"
+        time.sleep(0.02)
+    return "(still busy?)"
+
+
+def skewed(backend: str) -> bool:
+    """Whether a run skews its nodes' clocks (Redlock, when a server that starts under
+    libfaketime is installed, unless CAMPAIGN_EXCLUDE names "skew")."""
+    excluded = "skew" in os.environ.get("CAMPAIGN_EXCLUDE", "").split(",")
+    return backend == "redlock" and not excluded and faketime_server() is not None
+
+
+def skews(seed: int, nodes: int) -> list[float]:
+    """Each node's clock offset (s) for a whole run: a few ms ahead or behind, as NTP leaves
+    hosts; drawn from a generator of its own (the fault plan of a seed stays what it was)."""
+    rng = random.Random(seed * 15485863 + 11)
+    return [rng.choice((-1, 1)) * rng.uniform(0.001, 0.006) for _ in range(nodes)]
+
+
 def clock_faults(kind: str) -> bool:
     """Whether a run of ``kind`` steps its servers' clocks: fenced transactions only (the
     database keeps order through a step; Redis's own holds and fences may not), on servers
@@ -309,7 +430,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
     nodes = len(run.servers)
     exclude = frozenset(filter(None, os.environ.get("CAMPAIGN_EXCLUDE", "").split(",")))
     plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD, exclude,
-                     clock=bool(run.clocks))  # fmt: skip
+                     clock=clock_faults(kind))  # fmt: skip
     nemesis = Nemesis(plan, run)
     try:
         if plan.phase is not None:
@@ -328,7 +449,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
                 run.throughput_flag.unlink(missing_ok=True)
         nemesis.stop()  # heals whatever is still faulted
         stopping = time.time()
-        run.stop_clients(grace=4.0 + 2 * TTL)
+        killed = run.stop_clients(grace=4.0 + 2 * TTL)
         # What the clients left behind must be gone within its TTL (fair waiters that died:
         # their lease); whatever has no TTL, or outlives that bound, leaked.
         waiter_lease = WAITER_LEASE if kind in WAITER_LEASES else 0.0
@@ -339,6 +460,8 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
                 break
             time.sleep(0.2)
             leftover = run.leftover_keys()
+        # Redlock: one script call per node per acquire and one per release, in quiet time.
+        roundtrips = run.roundtrips() if backend == "redlock" else None
         events = run.events()
         report = check(
             backend=backend,
@@ -359,7 +482,14 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
             lost_replies=sum(p.lost_replies for p in run.proxies),
             limit=LIMIT if kind == "semaphore" else 1,
             database=run.database.history() if run.database else None,
+            socket_timeout=SOCKET_TIMEOUT[backend],
+            killed_at_stop=killed,
+            roundtrips=roundtrips,
         )
+        if backend == "redlock" and roundtrips is None:
+            report.harness_errors.append(f"round-trip probe failed: {run.roundtrips_error}")
+        if run.skews:
+            report.stats["skews"] = run.skews
         report.exclude = ",".join(sorted(exclude))
         rates = throughput.judge(plan.phase, events, started, plan.faults)
         if rates is not None:

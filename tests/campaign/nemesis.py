@@ -28,12 +28,14 @@ STORM = 6.0
 CALM = 4.0
 
 #: (fault, weight); node faults target one lock server or the proxy in front of it.
-CLIENT_FAULTS = [("client_kill", 1.0), ("client_pause", 1.5)]
+#: "client_interrupt": asynchronous exceptions in a client (interrupts.py).
+CLIENT_FAULTS = [("client_kill", 1.0), ("client_pause", 1.5), ("client_interrupt", 1.5)]
 NODE_FAULTS = [
     ("server_pause", 1.0),
     ("server_restart", 0.7),
     ("server_down", 0.5),
     ("script_flush", 1.0),
+    ("busy", 0.8),  # a long script: BUSY to everyone until SCRIPT KILL
     ("latency", 1.0),
     ("black_hole", 1.5),
     ("lose_replies", 3.0),
@@ -155,6 +157,10 @@ def make_plan(
                 duration = rng.uniform(0.1, 1.2 * ttl)
             elif kind == "clog":
                 duration = rng.uniform(2.0, 4.0)
+            elif kind == "busy":
+                duration = rng.uniform(0.5, 2.0)
+            elif kind == "client_interrupt":
+                duration = rng.uniform(1.0, 3.0)
             elif kind == "server_down":
                 duration = rng.uniform(0.2, 1.0)
             elif kind == "latency":

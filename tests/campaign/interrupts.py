@@ -1,0 +1,85 @@
+"""Asynchronous exceptions in the clients: the nemesis' ``interrupt`` move.
+
+A client's SIGUSR1 and SIGALRM handlers raise ``KeyboardInterrupt`` (as Ctrl-C, a raising
+signal handler or Celery's soft time limit do) wherever the main thread is: in the lock's
+acquire, its wait, a fenced block, a release, or the client's own code. The nemesis sends
+SIGUSR1 once at the fault's start and, for the fault's duration, puts a flag file there:
+while it exists, the client arms a timer (SIGALRM) before some of its calls, at a random
+moment within the call (half of them within its first 5 ms: the set-up and the first try;
+the others anywhere in the call's expected time: the wait, its wake-up and clean-up).
+
+The client catches the interrupt at the top of its loop, logs it (``intr``, with the
+library's innermost frame it hit), releases what it was holding if it can (``intr_rel``;
+as a ``with`` block would), and goes on. Its hold then follows the documented rule:
+released, or left to its TTL; and a waiter it abandoned must not strand the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import sys
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+#: The share of calls armed while the flag exists.
+ARMED = 0.5
+
+
+class Interrupts:
+    def __init__(self, flag: str, rng: random.Random) -> None:
+        self.flag = flag
+        self.rng = rng
+        signal.signal(signal.SIGUSR1, _raise)
+        signal.signal(signal.SIGALRM, _raise)
+
+    @contextlib.contextmanager
+    def armed(self, horizon: float) -> Iterator[None]:
+        """A call that may be interrupted at a random moment within ``horizon`` s."""
+        if not self.flag or not os.path.exists(self.flag) or self.rng.random() >= ARMED:
+            yield
+            return
+        if self.rng.random() < 0.5:
+            delay = self.rng.uniform(0.0002, 0.005)
+        else:
+            delay = self.rng.uniform(0.0002, max(0.001, horizon))
+        signal.setitimer(signal.ITIMER_REAL, delay)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _raise(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def where() -> str:
+    """The innermost frame of the library the interrupt went through (else the client's)."""
+    tb = sys.exc_info()[2]
+    found = "client"
+    for frame in traceback.extract_tb(tb):
+        if "django_redlock" in frame.filename:
+            name = frame.filename.rsplit("django_redlock/", 1)[-1]
+            found = f"{name}:{frame.name}:{frame.lineno}"
+    return found
+
+
+def caught(log: Any, hold: int, current: Any, error: type[Exception]) -> None:
+    """The loop's top caught an interrupt: log it, release what it held (if it can)."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    log("intr", h=hold, where=where())
+    if current is None:
+        return
+    for _ in range(3):  # an interrupt in this release too: try again
+        try:
+            current.release()
+            log("intr_rel", h=hold, ok=True)
+        except error as exc:
+            log("intr_rel", h=hold, ok=False, err=type(exc).__name__)
+        except KeyboardInterrupt:
+            continue
+        return
