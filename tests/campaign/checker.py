@@ -891,8 +891,10 @@ class Timing:
         self.stats["slowest_handoff"] = slowest
 
     def lost_on_healthy(self) -> None:
+        held = {(ev["c"], ev["h"]) for ev in self.events  # lost-but-held says it already
+                if ev["e"] == "check" and ev["when"] == "lost" and ev["found"] is True}  # fmt: skip
         for h in self.holds.values():
-            if h.outcome != "ok" or h.lost is None or h.end is None:
+            if h.outcome != "ok" or h.lost is None or h.end is None or h.key in held:
                 continue
             a, b = h.start - self.ttl, h.lost + 0.1
             faulted = {

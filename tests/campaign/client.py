@@ -401,7 +401,12 @@ def main() -> None:
                 check(hold, "released", prefix, fence)
             time.sleep(rng.uniform(0, 0.03))
         except KeyboardInterrupt:  # an asynchronous exception (interrupts.py): go on
-            interrupts.caught(log, hold, current, LockError)
+            while True:
+                try:
+                    interrupts.caught(log, hold, current, LockError)
+                    break
+                except KeyboardInterrupt:  # the end of a burst
+                    continue
 
     log("stop")
 

@@ -6,7 +6,11 @@ acquire, its wait, a fenced block, a release, or the client's own code. The neme
 SIGUSR1 once at the fault's start and, for the fault's duration, puts a flag file there:
 while it exists, the client arms a timer (SIGALRM) before some of its calls, at a random
 moment within the call (half of them within its first 5 ms: the set-up and the first try;
-the others anywhere in the call's expected time: the wait, its wake-up and clean-up).
+the others anywhere in the call's expected time: the wait, its wake-up and clean-up); half
+the armed calls get a burst: an interrupt every 20-100 us for 0.5-5 ms from then on, so that
+more land while the first unwinds (the clean-up in ``finally`` blocks, a leave not yet
+sent), as a second Ctrl-C or a soft time limit followed by the hard one would. Past its
+window the timer's signals raise nothing (the loop's top disarms it).
 
 The client catches the interrupt at the top of its loop, logs it (``intr``, with the
 library's innermost frame it hit), releases what it was holding if it can (``intr_rel``;
@@ -21,12 +25,13 @@ import os
 import random
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from typing import Any
 
 #: The share of calls armed while the flag exists.
-ARMED = 0.5
+ARMED = 0.7
 
 
 class Interrupts:
@@ -34,7 +39,7 @@ class Interrupts:
         self.flag = flag
         self.rng = rng
         signal.signal(signal.SIGUSR1, _raise)
-        signal.signal(signal.SIGALRM, _raise)
+        signal.signal(signal.SIGALRM, _timer)
 
     @contextlib.contextmanager
     def armed(self, horizon: float) -> Iterator[None]:
@@ -46,15 +51,28 @@ class Interrupts:
             delay = self.rng.uniform(0.0002, 0.005)
         else:
             delay = self.rng.uniform(0.0002, max(0.001, horizon))
-        signal.setitimer(signal.ITIMER_REAL, delay)
+        burst = self.rng.random() < 0.5
+        interval = self.rng.uniform(0.00002, 0.0001) if burst else 0.0
+        window = delay + (self.rng.uniform(0.0005, 0.005) if burst else 0.01)
+        _state["until"] = time.monotonic() + window
+        signal.setitimer(signal.ITIMER_REAL, delay, interval)
         try:
             yield
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
 
+#: Until when (monotonic) the timer's signals raise.
+_state = {"until": 0.0}
+
+
 def _raise(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _timer(signum: int, frame: Any) -> None:
+    if time.monotonic() < _state["until"]:
+        raise KeyboardInterrupt("timer")
 
 
 def where() -> str:
@@ -70,8 +88,14 @@ def where() -> str:
 
 def caught(log: Any, hold: int, current: Any, error: type[Exception]) -> None:
     """The loop's top caught an interrupt: log it, release what it held (if it can)."""
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    log("intr", h=hold, where=where())
+    place = where()
+    while True:  # a burst may still be landing (for its few ms at most)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            break
+        except KeyboardInterrupt:
+            continue
+    log("intr", h=hold, where=place)
     if current is None:
         return
     for _ in range(3):  # an interrupt in this release too: try again

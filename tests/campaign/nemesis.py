@@ -29,7 +29,7 @@ CALM = 4.0
 
 #: (fault, weight); node faults target one lock server or the proxy in front of it.
 #: "client_interrupt": asynchronous exceptions in a client (interrupts.py).
-CLIENT_FAULTS = [("client_kill", 1.0), ("client_pause", 1.5), ("client_interrupt", 1.5)]
+CLIENT_FAULTS = [("client_kill", 1.0), ("client_pause", 1.5), ("client_interrupt", 2.0)]
 NODE_FAULTS = [
     ("server_pause", 1.0),
     ("server_restart", 0.7),

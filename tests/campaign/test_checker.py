@@ -69,7 +69,14 @@ class History:
                   client=client)
         )  # fmt: skip
 
-    def judge(self, nodes: int = 1, kind: str = "plain", limit: int = 1) -> set[str]:
+    def judge(
+        self,
+        nodes: int = 1,
+        kind: str = "plain",
+        limit: int = 1,
+        killed: dict[str, float] | None = None,
+        roundtrips: dict[str, Any] | None = None,
+    ) -> set[str]:
         # The resource's log is in its own time order, whatever order the holds were made up.
         ordered = sorted(self.writes, key=lambda w: w.t)
         writes = [dataclasses.replace(w, seq=i) for i, w in enumerate(ordered)]
@@ -78,7 +85,8 @@ class History:
             ttl=1.0, nodes=nodes, started=T0, stopping=T0 + 30,
             events=sorted(self.events, key=lambda e: e["t"]), writes=writes,
             faults=self.faults, data_loss=DATA_LOSS, leftover={}, harness_errors=[],
-            waiter_lease=0.0, limit=limit,
+            waiter_lease=0.0, limit=limit, socket_timeout=0.3, killed_at_stop=killed,
+            roundtrips=roundtrips,
         )  # fmt: skip
         return {v.prop for v in report.violations}
 
@@ -327,3 +335,82 @@ def test_a_reader_behind_a_waiting_writer_is_not_starved() -> None:
     h.ev(3.65, "c4", "acq_no", h=1)  # behind the waiting writer: right
     h.ev(4.1, "c2", "acq_no", h=1)
     assert h.judge(kind="write") == set()
+
+
+# -- time (issue #43) --------------------------------------------------------------------------
+
+
+def test_backend_unavailable_later_than_one_and_a_half_socket_timeouts() -> None:
+    h = History()
+    h.fault("server_pause", (0,), 1.0, 3.0)
+    h.ev(1.5, "c1", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(2.1, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")  # 0.6 s: two timeouts
+    assert h.judge() == {"error-latency"}
+    h.events[-1]["t"] = T0 + 1.8  # one socket timeout: fine
+    assert h.judge() == set()
+
+
+def test_backend_unavailable_timed_from_the_fault_not_the_call() -> None:
+    h = History()
+    h.hold("c1", 1, 0.5, 0.51, 1, 0.6)
+    h.ev(1.0, "c1", "check", h=2, when="releasing", found=True, t0=T0 + 1.0, t1=T0 + 1.0)
+    h.fault("black_hole", (0,), 1.2, 2.0)
+    h.ev(1.9, "c1", "rel_err", h=2, err="BackendUnavailable", msg="", attempt=0, since=T0 + 1.0)
+    assert h.judge() == {"error-latency"}  # 0.7 s after the server went silent
+    h.events[-1]["t"] = T0 + 1.45
+    assert h.judge() == set()
+
+
+def test_a_waiter_asleep_when_the_server_went_silent_is_not_judged() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="block", timeout=3.0)
+    h.fault("server_pause", (0,), 1.5, 3.0)  # it learns of it at its next try
+    h.ev(2.5, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")
+    assert h.judge() == set()
+
+
+def test_a_call_that_never_returned() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 1, 1.1)
+    h.ev(2.0, "c1", "acq", h=2, mode="block", timeout=1.0)
+    assert h.judge(killed={"c1": T0 + 9.0}) == {"call-hung"}
+    assert h.judge(killed={"c1": T0 + 3.0}) == set()  # within its timeout and slack
+
+
+def test_a_free_lock_not_handed_to_its_waiter() -> None:
+    h = History()
+    h.ev(1.0, "c2", "acq", h=1, mode="block", timeout=3.0)
+    h.hold("c1", 1, 0.9, 0.95, 1, 1.5)
+    h.ev(2.4, "c2", "acq_ok", h=1, fence=2)  # 0.9 s after the release
+    assert h.judge() == {"handoff-slow"}
+    h.events[-1]["t"] = T0 + 1.7
+    assert h.judge() == set()
+
+
+def test_a_hold_lost_on_a_server_that_answered_throughout() -> None:
+    h = History()
+    h.hold("c1", 1, 5.0, 5.01, 1, 6.5)
+    h.ev(6.0, "c1", "lost", h=1, reason="expired", fence=1)
+    h.ev(6.0, "c1", "check", h=1, when="lost", found=False, t0=T0 + 6.0, t1=T0 + 6.0)
+    assert h.judge() == {"lost-on-healthy"}
+    h.fault("server_pause", (0,), 5.5, 5.9)  # a server that stopped answering: excused
+    assert h.judge() == set()
+
+
+def test_one_redlock_node_faulted_costs_no_hold() -> None:
+    h = History()
+    h.hold("c1", 1, 5.0, 5.01, 1, 6.5)
+    h.ev(6.0, "c1", "lost", h=1, reason="expired", fence=1)
+    h.ev(6.0, "c1", "check", h=1, when="lost", found=False, t0=T0 + 6.0, t1=T0 + 6.0)
+    h.fault("server_pause", (3,), 5.5, 5.9)
+    assert "lost-on-healthy" in h.judge(nodes=5)
+    h.fault("server_pause", (1,), 5.2, 5.4)  # two nodes: a quorum's tolerance used up
+    assert "lost-on-healthy" not in h.judge(nodes=5)
+
+
+def test_more_than_one_script_call_per_node_per_operation() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 1, 1.1)
+    assert h.judge(nodes=5, roundtrips={"ops": 40, "calls": [80] * 5}) == set()
+    found = h.judge(nodes=5, roundtrips={"ops": 40, "calls": [80, 120, 80, 80, 120]})
+    assert found == {"round-trips"}
