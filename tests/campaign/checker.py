@@ -869,7 +869,9 @@ class Timing:
             # An acquire that raised or was cut short may have taken it (unknown): unjudged.
             if any(h.start < t + limit and (h.end or h.last_seen) > t for h in unknown):
                 continue
-            i = bisect.bisect_right(takes, t)
+            # A take logged before the release's own rel_ok (the release call had returned
+            # on the server): from the release call's start.
+            i = bisect.bisect_left(takes, ev.get("since", t))
             taken = takes[i] if i < len(takes) else float("inf")
             judged += 1
             slowest = max(slowest, min(taken - t, 9.9))

@@ -52,8 +52,8 @@ class Log:
 
 
 def setup(config: dict[str, Any]) -> None:
-    # CAMPAIGN_BREAK=latency (a self-test): the client waits 3 socket timeouts, not one.
-    timeout = config["socket_timeout"] * (3 if config.get("break") == "latency" else 1)
+    # CAMPAIGN_BREAK=latency (a self-test): the client waits 2 socket timeouts, not one.
+    timeout = config["socket_timeout"] * (2 if config.get("break") == "latency" else 1)
     options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if config["backend"] == "redlock":
         options["restart_guard"] = config["restart_guard"]
