@@ -744,8 +744,9 @@ class Timing:
         self.stats: dict[str, Any] = {}
         self.found: list[tuple[str, float, str, set[str]]] = []
         self.node_faults = [
-            f for f in self.applied if isinstance(f.target, tuple) and f.target != ("side",)
-        ]
+            f for f in self.applied
+            if isinstance(f.target, tuple) and all(isinstance(i, int) for i in f.target)
+        ]  # fmt: skip
         self.interrupted: dict[str, list[float]] = defaultdict(list)
         for ev in self.events:
             if ev["e"] == "intr":

@@ -67,6 +67,7 @@ CALLBACK_FAIL_RATE = 0.1  # blocks registering an on_commit callback that raises
 #: psycopg's IsolationLevel values: READ COMMITTED, REPEATABLE READ, SERIALIZABLE.
 LEVELS = {2: "read committed", 3: "repeatable read", 4: "serializable"}
 DAWDLE_RATE = 0.1  # holds whose lock is not renewed, their holder idling past the TTL
+NEST_RATE = 0.5  # held blocks with a nested block of the same hold inside
 SCHEMA = [
     "CREATE TABLE campaign_counter (id integer PRIMARY KEY, value bigint NOT NULL)",
     "INSERT INTO campaign_counter VALUES (1, 0)",
@@ -120,6 +121,11 @@ class Database:
         )  # fmt: skip
         if done.returncode:
             raise RuntimeError(f"migrate failed ({done.returncode}): {done.stderr[-3000:]}")
+        # The clients go through a proxy that loses and delays COMMIT replies (pgproxy.py);
+        # the harness reads the history straight from the server.
+        from .pgproxy import PgProxy
+
+        self.proxy = PgProxy(self.server.port)
 
     def connect(self, name: str = NAME) -> Any:
         import psycopg
@@ -132,7 +138,10 @@ class Database:
     def settings(self) -> dict[str, Any]:
         """The clients' DATABASES entry. A hung wait fails, never freezes a client."""
         options = "-c lock_timeout=20000 -c idle_in_transaction_session_timeout=30000"
-        return self.server.settings(NAME, OPTIONS={"connect_timeout": 5, "options": options})
+        entry = self.server.settings(NAME, OPTIONS={"connect_timeout": 5, "options": options})
+        if getattr(self, "proxy", None) is not None:
+            entry.update(HOST="127.0.0.1", PORT=str(self.proxy.port))
+        return dict(entry)
 
     def history(self) -> History:
         with self.connect() as conn:
@@ -144,6 +153,7 @@ class Database:
         return History([Row(*row) for row in rows], int(counter))
 
     def close(self) -> None:
+        self.proxy.close()
         self.server.stop()
 
 
@@ -282,8 +292,9 @@ def _failed(log: Any, hold: int, fence: int | None, exc: BaseException, when: st
     elif isinstance(exc, DatabaseError) and "could not serialize" in str(exc):
         log("db_serial", h=hold, fence=fence, msg=str(exc)[:300])  # nothing committed
         connections[ALIAS].close()
-    elif isinstance(exc, DatabaseError):  # the commit's outcome may be unknown
-        log("db_err", h=hold, fence=fence, when=when, err=type(exc).__name__, msg=str(exc)[:300])
+    elif isinstance(exc, DatabaseError):  # "nothing committed" (CommitOutcomeUnknown: unknown)
+        log("db_failed", h=hold, fence=fence, when=when, err=type(exc).__name__,
+            msg=str(exc)[:300])  # fmt: skip
         connections[ALIAS].close()  # a broken connection is not reused
     else:
         raise exc
@@ -304,6 +315,10 @@ def run_held(lk: Any, hold: int, fence: int, cid: str, rng: random.Random, log: 
             if not unfenced:
                 fence = refenced(log, hold, fence, checked_fence(lk))
             seen = increment(hold, cid, fence, "held", rng, ttl)
+            if not unfenced and rng.random() < NEST_RATE:
+                with lk.atomic():  # a nested block of the same hold (a savepoint)
+                    checked_fence(lk)
+                log("db_nested", h=hold)
     except Exception as exc:
         _failed(log, hold, fence, exc, "body")
         return fence
@@ -474,7 +489,7 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
         elif e == "db_prune":
             outcome["prunes"] += 1
             outcome["pruned"] += ev["n"]
-        elif e in ("db_stale", "db_abort", "db_refused", "db_serial"):
+        elif e in ("db_stale", "db_abort", "db_refused", "db_serial", "db_failed"):
             outcome[e[3:]] += 1
             if key in by_hold:
                 found.append((
@@ -506,7 +521,8 @@ def judge(history: History, events: list[dict[str, Any]]) -> tuple[list[tuple[An
         "refenced": len(refences),
         "aborted": outcome["abort"],
         "refused": outcome["refused"],
-        "errors": outcome["error"],
+        "errors": outcome["error"] + outcome["failed"],
+        "unknown": outcome["error"],
         "serialization": outcome["serial"],
         "prunes": outcome["prunes"],
         "pruned": outcome["pruned"],

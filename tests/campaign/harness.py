@@ -213,6 +213,16 @@ class Run:
         if kind == "client_interrupt":
             self.interrupt(fault)
             return
+        if fault.target == ("db",):
+            proxy = self.database.proxy  # type: ignore[union-attr]
+            if kind == "db_reset":
+                fault.note = f"({proxy.cut_all()} connections cut)"
+            elif kind == "commit_lost":
+                proxy.fault_commit("cut")
+            else:
+                during = self.interrupt_all if kind == "commit_interrupted" else None
+                proxy.fault_commit("late", fault.arg, during)
+            return
         if kind.startswith("client_"):
             with self._slots:
                 proc = self.clients[target]
@@ -262,6 +272,11 @@ class Run:
             if fault.client:
                 (self.dir / f"interrupt-{fault.client}").unlink(missing_ok=True)
             return
+        if fault.target == ("db",):
+            if kind != "db_reset":
+                self.database.proxy.disarm()  # type: ignore[union-attr]
+                fault.note = f"({self.database.proxy.faulted} COMMIT replies faulted so far)"  # type: ignore[union-attr]
+            return
         if kind == "client_kill":
             with self._slots:
                 if target in self.killed:
@@ -302,6 +317,14 @@ class Run:
                 return
             (self.dir / f"interrupt-{fault.client}").touch()
             proc.send_signal(signal.SIGUSR1)
+
+    def interrupt_all(self) -> None:
+        """An interrupt in every client that can take one (a COMMIT is late meanwhile)."""
+        for proc in list(self.procs):
+            cid = self.client_of.get(proc.pid, "")
+            if proc.poll() is None and cid and self.started(cid):
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGUSR1)
 
     def apply_clock(self, fault: Fault) -> None:
         """Step the nodes' wall clocks: back for "clock_back", else forward."""
@@ -430,7 +453,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
     nodes = len(run.servers)
     exclude = frozenset(filter(None, os.environ.get("CAMPAIGN_EXCLUDE", "").split(",")))
     plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD, exclude,
-                     clock=clock_faults(kind))  # fmt: skip
+                     clock=clock_faults(kind), database=kind == "database")  # fmt: skip
     nemesis = Nemesis(plan, run)
     try:
         if plan.phase is not None:

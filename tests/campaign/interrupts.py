@@ -76,13 +76,15 @@ def _timer(signum: int, frame: Any) -> None:
 
 
 def where() -> str:
-    """The innermost frame of the library the interrupt went through (else the client's)."""
+    """The innermost frame of the library or Django the interrupt went through (else the
+    client's)."""
     tb = sys.exc_info()[2]
     found = "client"
     for frame in traceback.extract_tb(tb):
-        if "django_redlock" in frame.filename:
-            name = frame.filename.rsplit("django_redlock/", 1)[-1]
-            found = f"{name}:{frame.name}:{frame.lineno}"
+        for package in ("django_redlock/", "django/"):
+            if package in frame.filename:
+                name = package + frame.filename.rsplit(package, 1)[-1]
+                found = f"{name}:{frame.name}:{frame.lineno}"
     return found
 
 

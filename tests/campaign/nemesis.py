@@ -108,6 +108,7 @@ def make_plan(
     guard: float,
     exclude: frozenset[str] = frozenset(),
     clock: bool = False,
+    database: bool = False,
 ) -> Plan:
     """The faults of one run. ``exclude`` leaves fault kinds out (to isolate a finding);
     ``clock``: the servers run under libfaketime, and the clock faults join the rest."""
@@ -208,6 +209,8 @@ def make_plan(
             plan.faults.append(Fault(kind, target, t, duration, arg))
     if "side_pause" not in exclude:
         plan.faults += side_faults(seed, plan.storms)
+    if database:
+        plan.faults += database_faults(seed, plan.storms, exclude)
     plan.faults.sort(key=lambda f: f.at)
     return plan
 
@@ -248,6 +251,34 @@ def side_faults(seed: int, windows: list[tuple[float, float]]) -> list[Fault]:
         if rng.random() < 0.67 and end - start > length + 0.2:
             at = start + rng.uniform(0.1, end - start - length - 0.1)
             found.append(Fault("side_pause", ("side",), at, length))
+    return found
+
+
+#: The kind "database": faults of the proxy in front of PostgreSQL (pgproxy.py), armed for the
+#: next COMMIT while they last: its reply lost (the connection cut after the server
+#: committed), late (held ``arg`` s), or late while every client gets an interrupt (a time
+#: limit firing during a slow COMMIT); and every connection reset.
+DATABASE_FAULTS = [("commit_lost", 2.0), ("commit_late", 1.0), ("commit_interrupted", 1.5),
+                   ("db_reset", 0.5)]  # fmt: skip
+
+
+def database_faults(
+    seed: int, windows: list[tuple[float, float]], exclude: frozenset[str]
+) -> list[Fault]:
+    """Four to eight database faults per storm, from a generator of their own."""
+    rng = random.Random(seed * 7727 + 5)
+    found = []
+    for start, end in windows:
+        t = start
+        for _ in range(rng.randint(4, 8)):
+            t += rng.uniform(0.1, 0.6)
+            kind = rng.choices([k for k, _ in DATABASE_FAULTS], [w for _, w in DATABASE_FAULTS])[0]
+            duration = 0.0 if kind == "db_reset" else rng.uniform(0.3, 1.0)
+            if t + duration + 2.0 > end or kind in exclude:
+                continue
+            hold = rng.uniform(0.5, 2.0) if kind != "commit_lost" else 0.0
+            found.append(Fault(kind, ("db",), t, duration, hold))
+            t += duration + hold
     return found
 
 
