@@ -289,3 +289,46 @@ def raise_lock_error(kind: str) -> None:
     """Raise it out of a task: the caller's ``.get()`` rebuilds it from the result backend
     (Celery's JSON serializer keeps an exception's type, module and ``args`` alone)."""
     raise lock_errors()[kind]
+
+
+# -- an exception (a soft time limit's) right after the lock is taken, before the body's guard
+
+
+def _interrupt_once(flag: str) -> None:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    if redis().delete(flag):
+        raise SoftTimeLimitExceeded("injected between the acquire and the run (test)")
+
+
+def _inject_interrupts() -> None:
+    """Wrap two calls made once the lock is taken and before the body runs (the queue
+    marker's clear, the run's start) so that a test's flag makes them raise, as a soft time
+    limit firing on that line would."""
+    from django_redlock.contrib import celery as contrib_celery
+    from django_redlock.contrib import single as contrib_single
+
+    clear, run_held = contrib_single.clear_queued_marker, contrib_celery.run_held
+
+    def clear_then(config: Any, key: str, task_id: str) -> None:
+        if key.startswith("soft-gap:"):
+            _interrupt_once(f"{key}:interrupt-at-marker")
+        clear(config, key, task_id)
+
+    def run_then(held: Any, *args: Any, **kwargs: Any) -> Any:
+        if held.name.startswith("soft-gap:"):
+            _interrupt_once(f"{held.name}:interrupt-at-run")
+        return run_held(held, *args, **kwargs)
+
+    contrib_single.clear_queued_marker = clear_then  # type: ignore[assignment]
+    contrib_celery.run_held = run_then  # type: ignore[assignment]
+
+
+_inject_interrupts()
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="soft-gap:{name}", ttl=30, dedupe_queued=True)
+def soft_gap(self: Any, name: str) -> str:
+    redis().rpush(f"soft-gap:{name}:ran", self.request.id)
+    return "ran"

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Task, current_task
-from celery.exceptions import Ignore, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.local import Proxy
 from celery.signals import task_failure, task_revoked
 from celery.states import READY_STATES
@@ -47,11 +47,15 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     describe_holder,
     duplicate,
     hold_of,
+    holds_task,
+    let_go,
+    new_hold,
     run_held,
     single_instance,
     skip_result,
     skipped,
     take,
+    task_id_of,
 )
 
 logger = logging.getLogger("django_redlock")
@@ -139,19 +143,27 @@ def run_task(
         )  # fmt: skip
         return skip_result(config, task, key, task_id, duplicate_of)
     attempt = int(getattr(task.request, "retries", 0) or 0) if task_id else 0
-    held, acquired, info = take(config, key, task_id, task_name, attempt)
     coalesce = config.on_duplicate == "coalesce" and task is not None
-    if not acquired:
-        own = attempts_holding(info, task_id)
-        if task_id and own:
-            return _redelivered(config, task, key, task_id, own[0])
-        if coalesce:
-            return _coalesce(config, task, key, task_id, info, call_args, kwargs)
-        return duplicate(config, task, key, task_id, info)
+    held = new_hold(config, key, task_id, attempt)
+    acquired = False
+    # One guard from before the acquire to the end of the run: a soft time limit (or any
+    # exception) at any line once the lock is taken releases it (run_held's own guard starts
+    # only inside it).
     try:
+        _, acquired, info = take(config, key, task_id, task_name, attempt, held)
+        if not acquired:
+            own = attempts_holding(info, task_id)
+            if task_id and own:
+                return _redelivered(config, task, key, task_id, own[0])
+            if coalesce:
+                return _coalesce(config, task, key, task_id, info, call_args, kwargs)
+            return duplicate(config, task, key, task_id, info)
         return run_held(held, body, (), {}, config.atomic)
+    except BaseException:
+        let_go(held)
+        raise
     finally:
-        if coalesce:
+        if coalesce and acquired:
             _follow_up(config, task, key)
 
 
@@ -188,7 +200,7 @@ def _coalesce(
     )  # fmt: skip
     if backend.inspect(key) is None:  # the run ended before the note: queue it ourselves
         _follow_up(config, task, key)
-    result = skip_result(config, task, key, task_id, info.holder.get("k") if info else None)
+    result = skip_result(config, task, key, task_id, task_id_of(info.holder) if info else None)
     return {**result, "coalesced": True}
 
 
@@ -275,14 +287,13 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     # A hold's token is "<task id>.<attempt>.<random>": compare the whole id, or stopping
     # task "abc" would release task "abc.1"'s hold.
     if info is not None and info.holders:  # limit=N: the task's own permit
-        mine = [h.token for h in info.holders if (hold_of(h.token) or ("",))[0] == task_id]
+        mine = [h.token for h in info.holders if holds_task(h.token, task_id) is not None]
         if not mine or mine[0] is None:
             return False
         released = backend.execute(backend.op_lease_release(key, mine[0])) >= 0
         logger.info("redlock: released a permit of %r, held by stopped task %s", key, task_id)
         return released
-    holder = hold_of(info.token if info is not None else None)
-    if info is None or info.token is None or holder is None or holder[0] != task_id:
+    if info is None or info.token is None or holds_task(info.token, task_id) is None:
         return False
     released = backend.execute(backend.op_release(key, info.token, Kind())) >= 0
     logger.info("redlock: released %r, held by stopped task %s", key, task_id)
@@ -314,7 +325,9 @@ def _on_failure(
     sender: Any = None, task_id: str = "", exception: Any = None, args: Any = None,
     kwargs: Any = None, **_: Any,
 ) -> None:  # fmt: skip
-    if isinstance(exception, (TimeLimitExceeded, WorkerLostError)):
+    # A soft time limit too: a run that failed with it holds nothing any more (its run
+    # released on the way out; this is the second try, should that release have failed).
+    if isinstance(exception, (TimeLimitExceeded, SoftTimeLimitExceeded, WorkerLostError)):
         _quietly(sender, task_id, args, kwargs)
 
 
@@ -369,7 +382,7 @@ class SingleInstanceTask(Task):
         )
         if not retrying and self.dedupes_running():
             running = backend.inspect(key)
-            holder = running.holder.get("k") if running is not None else None
+            holder = task_id_of(running.holder) if running is not None else None
             if holder:
                 return self._not_queued(key, str(holder), args, kwargs, promised, options)
         task_id = promised or uuid_text()
@@ -502,7 +515,7 @@ class SingleInstanceTask(Task):
             # The marker, then the hold: a run takes the lock before it clears its marker.
             noted = markers.read(backend, key)
             running = backend.inspect(key)
-            if running is not None and running.holder.get("k") == task_id:
+            if running is not None and task_id_of(running.holder) == task_id:
                 return False  # it started: its run holds the key
             if noted is None or noted[0] != task_id:
                 # Its marker went meanwhile, and no run of it holds the key: it ran already,
@@ -646,7 +659,7 @@ def release_lock(task: Any, *args: Any, **kwargs: Any) -> Released:
         return Released.NOT_HELD
     outcome = backend.force_release(key, info.token, None if info.token else info.fence)
     if outcome:
-        holder = info.holder.get("k")
+        holder = task_id_of(info.holder)
         detail = f"by {task.name}.release_lock(); held by task {holder}"
         logger.warning("redlock: force-released %r on %r %s", key, config.using, detail)
         recorder.record("force_release", key, config.using, detail)
