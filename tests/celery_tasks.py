@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
+from celery.signals import task_prerun
 
 from django_redlock import locks, single_instance
 from django_redlock.contrib.celery import SingleInstanceTask
@@ -332,3 +333,47 @@ _inject_interrupts()
 def soft_gap(self: Any, name: str) -> str:
     redis().rpush(f"soft-gap:{name}:ran", self.request.id)
     return "ran"
+
+
+# -- coalesce: duplicates whose notes land after the run ended ---------------------------------
+
+
+def _pause_late_notes() -> None:
+    """Hold a duplicate's note of a ``coalesce-late:`` key until the moment a test set (so
+    the run ends first, and the duplicates note at once), and list the notes in the order
+    written."""
+    from django_redlock.backends import markers
+
+    mark = markers.mark
+
+    def paused(backend: Any, name: str, task_id: str, ttl_ms: int) -> str | None:
+        if not (name.startswith("coalesce-late:") and name.endswith(":coalesce")):
+            return mark(backend, name, task_id, ttl_ms)
+        tag = json.loads(task_id)["args"][1] if task_id.startswith("{") else None
+        until = redis().get(f"coalesce-late-pause-until:{tag}") if tag else None
+        if until:  # a note (not another marker's value) the test holds back
+            time.sleep(max(0.0, float(until) - time.time()))
+        found = mark(backend, name, task_id, ttl_ms)
+        if found is None and task_id.startswith("{"):
+            redis().rpush(f"{name}:noted", json.loads(task_id)["args"][1])
+        return found
+
+    markers.mark = paused
+
+
+_pause_late_notes()
+
+
+@task_prerun.connect
+def _start_late(sender: Any = None, **_: Any) -> None:
+    """Hold back the start of a ``coalesced_late`` run until the moment a test set."""
+    if getattr(sender, "name", "").endswith(".coalesced_late"):
+        until = redis().get("coalesce-late-start-after")
+        if until:
+            time.sleep(max(0.0, float(until) - time.time()))
+
+
+@shared_task(bind=True)
+@single_instance(key="coalesce-late:{name}", ttl=10, on_duplicate="coalesce", countdown=0.5)
+def coalesced_late(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce-late:{name}", tag, seconds)

@@ -194,7 +194,7 @@ class QueueOnce(SingleInstanceTask):
         key = self.get_key(args, kwargs)
         call = super().__call__
         return run_task(self.single_instance_config(), self, self.name, key, args, kwargs,
-                        lambda: call(*args, **kwargs))  # fmt: skip
+                        lambda: call(*args, **kwargs), lambda a, k: call(*a, **k))  # fmt: skip
 
     # -- celery-once's methods ---------------------------------------------------------------
 
