@@ -377,3 +377,17 @@ def _start_late(sender: Any = None, **_: Any) -> None:
 @single_instance(key="coalesce-late:{name}", ttl=10, on_duplicate="coalesce", countdown=0.5)
 def coalesced_late(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
     return body(f"coalesce-late:{name}", tag, seconds)
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="dedupe-slow:{name}", ttl=10, dedupe_queued=True)
+def deduped_slow_start(self: Any, name: str) -> str:
+    return body(f"dedupe-slow:{name}", self.request.id, 0.1)
+
+
+@task_prerun.connect
+def _start_slowly(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    """A run that starts 2.5 s after its worker took (and acknowledged) its message."""
+    if getattr(sender, "name", "").endswith(".deduped_slow_start"):
+        redis().set(f"dedupe-slow-started:{task_id}", 1)
+        time.sleep(2.5)

@@ -16,11 +16,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import django
 import pytest
 import redis
+from celery.beat import PersistentScheduler, ScheduleEntry
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
@@ -535,3 +537,92 @@ def test_a_clocked_one_off_is_sent_once_across_a_takeover(
         assert [pid for _, pid in once.seen] == [first]
     finally:
         once.close()
+
+
+_ROWS: dict[str, SimpleNamespace] = {}
+
+
+class _RowEntry(ScheduleEntry):
+    """An entry with a row (``model``), shared by the entries that follow it, as
+    django-celery-beat's."""
+
+    @property
+    def model(self) -> SimpleNamespace:
+        return _ROWS.setdefault(self.name, SimpleNamespace(total_run_count=0, last_run_at=None))
+
+
+class _Rows(PersistentScheduler):
+    """As django-celery-beat's DatabaseScheduler keeps its rows: reserve() counts the run on
+    the entry's row and marks it dirty; sync() writes the dirty rows (noted here)."""
+
+    Entry = _RowEntry
+
+    def setup_schedule(self) -> None:
+        self._dirty: set[str] = set()
+        self.written: list[str] = []
+        super().setup_schedule()
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)
+        entry.model.total_run_count += 1
+        self._dirty.add(entry.name)
+        return new_entry
+
+    def sync(self) -> None:
+        self.written.extend(sorted(self._dirty))
+        self._dirty.clear()
+        super().sync()
+
+
+class _RowsLocked(beat.LeaderMixin, _Rows):
+    standby_wait = 0.05
+    sent: list[str]
+
+    @property
+    def producer(self) -> None:  # type: ignore[override]
+        return None
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        self.sent.append(entry.name)
+
+
+def test_a_beat_that_stepped_down_writes_no_stale_row(tmp_path: Path) -> None:
+    # The leader lost its lock (paused past its TTL; another beat leads): the run it reserves
+    # when it wakes is refused. It must not count it on the row, nor write its stale rows
+    # over the leader's (django-celery-beat's rows are shared by every beat).
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 0.2}}
+    name = f"beat-rows-{next(_runs)}"
+    _ROWS.clear()
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "local", "ttl": 1, "name": name}):
+        one = _RowsLocked(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent = []
+        other = lock(name, ttl=30, using="local")
+        try:
+            deadline = time.monotonic() + 5
+            while not one.sent:
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            one.sync()
+            row = one.schedule["e"].model
+            counted, sent = row.total_run_count, len(one.sent)
+            assert counted == sent and one.written == ["e"]
+            backend = locks["local"]
+            info = backend.inspect(name)
+            assert info is not None
+            backend.force_release(name, info.token, None)  # its hold is gone...
+            assert other.acquire(blocking=False)  # ...and another beat leads
+            one._pause_until = 0.0
+            one.schedule["e"].last_run_at -= datetime.timedelta(seconds=1)  # due now
+            one._heap = None
+            one.tick()  # reserves "e", its claim refused: steps down
+            assert not one.leads and len(one.sent) == sent
+            assert one.schedule["e"].model.total_run_count == counted  # not counted
+            one.sync()
+            assert one.written == ["e"]  # nothing written since it stepped down
+        finally:
+            if other.token is not None:
+                other.release()
+            one.close()

@@ -567,3 +567,23 @@ def test_coalesce_with_dedupe_queued_runs_the_last_call_s_arguments(
     wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
     time.sleep(1.0)  # nothing more follows
     assert r.lrange(f"coalesce-dd:{name}:ran", 0, -1) == ["t0", "t2"]
+
+
+def test_a_message_taken_by_a_worker_whose_run_starts_late_still_counts(
+    prefork: Worker, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # Acknowledged as its child took it, and its run takes the key 2.5 s later: meanwhile
+    # the message is neither in the queue, nor unacknowledged, nor holding the key. Not gone:
+    # a delay() then is deduplicated to it, and the body runs once.
+    broker = redis_server.client(db=1, decode_responses=True)
+    name = uuid.uuid4().hex[:8]
+    first = prefork.send(celery_tasks.deduped_slow_start, name)
+    # Its child took it (accepted: acknowledged) and waits 2.5 s before the run.
+    wait_for(lambda: redis(redis_server).get(f"dedupe-slow-started:{first.id}"))
+    assert broker.llen(prefork.queue) == 0
+    assert not any(first.id in v for v in broker.hvals("unacked"))
+    assert not locks["default"].is_locked(f"dedupe-slow:{name}")
+    assert prefork.send(celery_tasks.deduped_slow_start, name).id == first.id
+    assert first.get(timeout=30) == "ran"
+    time.sleep(0.5)
+    assert redis(redis_server).lrange(f"dedupe-slow:{name}:ran", 0, -1) == [first.id]

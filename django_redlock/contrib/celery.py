@@ -30,7 +30,7 @@ from typing import Any, cast
 from celery import Task, current_task
 from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.local import Proxy
-from celery.signals import task_failure, task_revoked
+from celery.signals import task_failure, task_received, task_revoked
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
@@ -581,6 +581,10 @@ class SingleInstanceTask(Task):
     message_check_every = 2.0
     #: The pause between the two looks that find a message gone (see :meth:`message_gone`).
     message_check_pause = 1.0
+    #: How long (seconds) a message a worker took counts as on its way to its run, neither
+    #: in the broker nor holding the key (acknowledged early, its run not started yet: a
+    #: busy child, slow prerun handlers). A worker dying with it is found out after that.
+    message_start_grace = 60.0
 
     def _stale(self, key: str, task_id: str) -> bool:
         """Whether the marker naming ``task_id`` is stale: its task ended, or its message
@@ -646,6 +650,8 @@ class SingleInstanceTask(Task):
             sent = markers.read(backend, sent_name(key, task_id))
             if sent is None:  # not (yet) published, or by a producer that notes nothing
                 return False
+            if markers.read(backend, received_name(key, task_id)) is not None:
+                return False  # a worker took it lately: its run is on its way
             queue = sent[0]
             if message_queued(self.app, queue, task_id) is not False:
                 _remember_found(key, task_id)
@@ -658,6 +664,8 @@ class SingleInstanceTask(Task):
             running = backend.inspect(key)
             if running is not None and task_id_of(running.holder) == task_id:
                 return False  # it started: its run holds the key
+            if markers.read(backend, received_name(key, task_id)) is not None:
+                return False  # a worker took it meanwhile (between the list and the hash)
             if noted is None or noted[0] != task_id:
                 # Its marker went meanwhile, and no run of it holds the key: it ran already,
                 # or another caller took it for gone. The caller marks again, and obeys
@@ -752,6 +760,30 @@ class SingleInstanceTask(Task):
     def release_lock(self, *args: Any, **kwargs: Any) -> Released:
         """Force-release the lock of a call with these arguments (see :func:`release_lock`)."""
         return release_lock(self, *args, **kwargs)
+
+
+def received_name(key: str, task_id: str) -> str:
+    """The name of the note that a worker took ``task_id``'s message (see
+    :data:`SingleInstanceTask.message_start_grace`)."""
+    return f"{key}:received:{task_id}"
+
+
+@task_received.connect
+def _on_received(request: Any = None, **_: Any) -> None:
+    """A worker took a deduplicated call's message (before it acknowledges it): noted for
+    ``message_start_grace``, so that a look for the message between its early acknowledgement
+    and its run taking the key does not take it for gone (and queue the call again)."""
+    task = getattr(request, "task", None)
+    config = _config_of(task) if task is not None else None
+    task_id = getattr(request, "id", None)
+    if config is None or not config.dedupe_queued or not task_id:
+        return
+    try:
+        key = lock_key(task, *(request.args or ()), **(request.kwargs or {}))
+        grace = float(getattr(task, "message_start_grace", 60.0))
+        markers.mark(locks[config.using], received_name(key, str(task_id)), "1", to_ms(grace))
+    except (TypeError, ValueError, LockError) as exc:  # then the two looks decide, as before
+        logger.info("redlock: could not note task %s as taken by a worker: %s", task_id, exc)
 
 
 def sent_name(key: str, task_id: str) -> str:
