@@ -185,6 +185,7 @@ def run_task(
                 body = functools.partial(body_for, args, kw)
         return run_held(held, body, (), {}, config.atomic)
     except BaseException:
+        acquired = acquired or held.token is not None  # taken, then interrupted: it ends too
         let_go(held)
         raise
     finally:
