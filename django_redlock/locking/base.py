@@ -42,7 +42,13 @@ from .holds import (
     untake,
 )
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
-from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
+from .templates import (
+    callable_name,
+    is_async_callable,
+    name_template,
+    refuse_generator,
+    refuse_generator_result,
+)
 
 logger = logging.getLogger("django_redlock")
 
@@ -1070,13 +1076,14 @@ class BaseLock:
         decorator = f"@{self.noun}(...)"
         refuse_generator(func, decorator)
         name_for = name_template(self.name, inspect.signature(func), callable_name(func))
-        if inspect.iscoroutinefunction(func):
+        if is_async_callable(func):  # the rule: templates.py, "async callables"
             self.check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:
                 async with self._with_name(name_for(args, kwargs)):
-                    return await func(*args, **kwargs)
+                    result = func(*args, **kwargs)
+                    return await result if inspect.isawaitable(result) else result
 
             return cast(F, locked_acall)
 

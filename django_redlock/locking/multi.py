@@ -56,7 +56,13 @@ from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
 from .lock import Lock
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
-from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
+from .templates import (
+    callable_name,
+    is_async_callable,
+    name_template,
+    refuse_generator,
+    refuse_generator_result,
+)
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -587,13 +593,14 @@ class MultiLock:
         signature = inspect.signature(func)
         builders = [name_template(n, signature, callable_name(func)) for n in self.names]
         options = self._options()
-        if inspect.iscoroutinefunction(func):
+        if is_async_callable(func):  # the rule: templates.py, "async callables"
             self.check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:
                 async with MultiLock(*(build(args, kwargs) for build in builders), **options):
-                    return await func(*args, **kwargs)
+                    result = func(*args, **kwargs)
+                    return await result if inspect.isawaitable(result) else result
 
             return cast(F, locked_acall)
 
