@@ -6,7 +6,6 @@ import functools
 import inspect
 import logging
 import math
-import string
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, TypeVar, cast
@@ -25,7 +24,12 @@ from .fencing import database_of
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
 from .locking.steps import drive
-from .locking.templates import is_async_callable, refuse_generator, refuse_generator_result
+from .locking.templates import (
+    is_async_callable,
+    refuse_generator,
+    refuse_generator_result,
+    template_fields,
+)
 from .validation import check_limit, check_name, check_optional_seconds, fit_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -232,7 +236,7 @@ class _NotInRequest(Exception):
 
 
 def _fields(template: str) -> list[str]:
-    return [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    return [field for field in template_fields(template) if field]
 
 
 def _is_async_view(view: Any) -> bool:
@@ -254,9 +258,7 @@ def _is_async_view(view: Any) -> bool:
 def _roots(template: str) -> list[str]:
     """The names a template's fields start from (``request`` of ``{request.user.pk}``)."""
     roots = []
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is None:
-            continue
+    for field in template_fields(template):  # those nested in a format spec too
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise ValueError(
@@ -280,7 +282,7 @@ async def _load_user(request: Any) -> None:
 def _per_visitor_fields(template: str) -> list[str]:
     """The fields that tell one visitor from another: ``request.user...`` and
     ``request.session.session_key``."""
-    fields = [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    fields = [field for field in template_fields(template) if field]
     return [f for f in fields if f.startswith("request.user") or f == "request.session.session_key"]
 
 

@@ -11,6 +11,19 @@ from collections.abc import Callable
 from ..validation import check_name
 
 
+def template_fields(template: str) -> list[str]:
+    """Every replacement field of a ``str.format`` template, with those nested in a format
+    spec (``{user_id:>{width}}`` names ``user_id`` and ``width``). ValueError for a
+    template ``str.format`` cannot parse."""
+    fields = []
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is not None:
+            fields.append(field)
+            if spec and "{" in spec:  # str.format nests one level: the spec's own fields
+                fields += [f for _, f, _, _ in string.Formatter().parse(spec) if f is not None]
+    return fields
+
+
 def name_template(
     template: str, signature: inspect.Signature, where: str
 ) -> Callable[[tuple, dict], str]:
@@ -21,12 +34,15 @@ def name_template(
     """
     params = signature.parameters
     extra = next((p.name for p in params.values() if p.kind is p.VAR_KEYWORD), None)
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is None:
-            continue
+    for field in template_fields(template):
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise ValueError(f"lock name template {template!r}: use argument names, not {{}}")
+        if root == extra:  # its keywords are lent by name; the dict itself is not a value
+            raise ValueError(
+                f"lock name template {template!r} uses {root!r}, the **{root} of {where}"
+                f"{signature}: name one of its keyword arguments instead ({{user_id}})"
+            )
         if root not in params and extra is None:
             raise ValueError(
                 f"lock name template {template!r} uses {root!r}, which is not an argument"
