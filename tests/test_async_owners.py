@@ -4,6 +4,7 @@ code never changes which task or thread owns the caller's holds."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import Callable
 
@@ -109,3 +110,26 @@ def _catch(func: Callable[[], None], errors: list[BaseException]) -> None:
         func()
     except BaseException as exc:
         errors.append(exc)
+
+
+def test_a_reentrant_aacquire_run_as_a_task_of_its_own_is_refused(name: str) -> None:
+    """``asyncio.wait_for(lk.aacquire(), t)`` before Python 3.12 (and ``create_task``,
+    ``gather``) runs the acquire as a task of its own, which would own the hold and end at
+    once: True, yet no one's to release, expiring unseen. Refused before any Redis call."""
+
+    async def scenario() -> None:
+        lk = lock(name, using=ALIAS, reentrant=True, ttl=5)
+        with pytest.raises(LockError, match="task of its own"):
+            await asyncio.create_task(lk.aacquire())
+        with pytest.raises(LockError, match="task of its own"):
+            await asyncio.gather(lk.aacquire())
+        if sys.version_info < (3, 12):  # wait_for wraps it in a task there
+            with pytest.raises(LockError, match="task of its own"):
+                await asyncio.wait_for(lk.aacquire(), 5)
+        assert not await lk.alocked()
+        async with asyncio.timeout(5):  # the way that works on every version
+            assert await lk.aacquire()
+        assert await lk.aowned()
+        await lk.arelease()
+
+    asyncio.run(scenario())

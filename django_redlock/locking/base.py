@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -661,7 +662,23 @@ class BaseLock:
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         self.check_async()
         blocking, timeout = self._check_acquire(blocking, timeout)
+        if self.reentrant:
+            self._refuse_a_task_of_its_own(sys._getframe())
         return await self._adrive(self._acquire(blocking, timeout))
+
+    def _refuse_a_task_of_its_own(self, frame: Any) -> None:
+        """A reentrant hold belongs to the task that takes it. An ``aacquire()`` that is the
+        whole of its task (``asyncio.wait_for`` before Python 3.12, ``gather``,
+        ``create_task``) would be held by a task that ends as it returns: True, yet nobody
+        could ever release it or see it as theirs. LockError, before any Redis call."""
+        task = asyncio.current_task()
+        if task is not None and getattr(task.get_coro(), "cr_frame", None) is frame:
+            raise LockError(
+                f"{self.describe()}: this aacquire() runs as a task of its own (asyncio.wait_for"
+                " before Python 3.12, gather, create_task), which would own the reentrant hold"
+                " and end at once; await it in the task that uses the lock, with"
+                " aacquire(timeout=...) or `async with asyncio.timeout(...)`"
+            )
 
     # -- release, extend, adopt --------------------------------------------------------------
 
