@@ -111,6 +111,12 @@ def owner_id() -> str:
     return made.id
 
 
+def lend_owner(task: asyncio.Task[Any]) -> None:
+    """Make ``task`` (just created, not started) the current owner: a helper task that
+    finishes this owner's release after a cancellation."""
+    _task_ids[task] = owner_id()
+
+
 _PID = [str(os.getpid())]
 
 

@@ -25,7 +25,7 @@ from .. import fencing, observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
-from ..identity import holder_meta, new_token, new_waiter_id, owner_id
+from ..identity import holder_meta, lend_owner, new_token, new_waiter_id, owner_id
 from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import check_bool, check_name, check_optional_seconds, check_ttl, to_ms
@@ -52,6 +52,9 @@ from .templates import (
 )
 
 logger = logging.getLogger("django_redlock")
+#: Releases an interrupted ``async with`` left to finish (see ``_finish_release_later``):
+#: the event loop keeps only weak references to tasks.
+_finishing: set[asyncio.Task[None]] = set()
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -1084,6 +1087,29 @@ class BaseLock:
         except LockNotOwned:
             if exc_type is None:
                 raise
+        except asyncio.CancelledError:
+            self._finish_release_later()
+            raise
+
+    def _finish_release_later(self) -> None:
+        """A cancellation (often a second one) interrupted ``async with``'s release, e.g.
+        while it waited for a pooled connection: the release is unknown, and renewal has
+        stopped. Finish it in a task of its own, acting as this owner, instead of leaving
+        the hold to run out at its TTL while the next waiter waits."""
+        hold = self._holds.get(self._owner())
+        if hold is None or not hold.releasing:  # released, or a nested level (counted)
+            return
+        task = asyncio.get_running_loop().create_task(self._adrive(self._release()))
+        lend_owner(task)
+        _finishing.add(task)
+        task.add_done_callback(self._release_finished)
+
+    def _release_finished(self, task: asyncio.Task[None]) -> None:
+        _finishing.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not isinstance(error, LockNotOwned):  # it runs out at its TTL
+            what = self.describe()
+            logger.warning("redlock: %s: finishing an interrupted release: %s", what, error)
 
     def _with_name(self: B, name: str) -> B:
         return type(self)(name, **self._init_kwargs())
