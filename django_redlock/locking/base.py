@@ -1115,7 +1115,11 @@ class BaseLock:
         return type(self)(name, **self._init_kwargs())
 
     def __call__(self, func: F) -> F:
-        """Use as a decorator: the name is a ``str.format`` template over the arguments."""
+        """Use as a decorator: the name is a ``str.format`` template over the arguments.
+
+        An async callable (any: templates.py's rule) gets an async wrapper that awaits it
+        while the lock is held; a sync call that returns an awaitable or a generator anyway
+        is refused (TypeError, nothing of it run) before the release."""
         decorator = f"@{self.noun}(...)"
         refuse_generator(func, decorator)
         name_for = name_template(self.name, inspect.signature(func), callable_name(func))

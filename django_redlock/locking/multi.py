@@ -588,7 +588,11 @@ class MultiLock:
                 "atomic": self.database or False}  # fmt: skip
 
     def __call__(self, func: F) -> F:
-        """Use as a decorator: each name is a ``str.format`` template over the arguments."""
+        """Use as a decorator: each name is a ``str.format`` template over the arguments.
+
+        An async callable (any: templates.py's rule) gets an async wrapper that awaits it
+        while the lock is held; a sync call that returns an awaitable or a generator anyway
+        is refused (TypeError, nothing of it run) before the release."""
         refuse_generator(func, "@lock_all(...)")
         signature = inspect.signature(func)
         builders = [name_template(n, signature, callable_name(func)) for n in self.names]
