@@ -12,6 +12,7 @@ import pytest
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client, RequestFactory, override_settings
+from django.utils.decorators import method_decorator
 
 from django_redlock import lock, lock_view
 from django_redlock.testing import RedisServer
@@ -199,3 +200,31 @@ def test_a_missing_query_parameter_answers_400() -> None:
     """``{request.GET[cart]}`` with no ``cart``: the client's to fix (not a 500)."""
     response = Client().get("/checkout-down/")
     assert response.status_code == 400 and b"cart" in response.content
+
+
+def test_waiting_for_an_async_class_based_views_lock_does_not_stall_the_loop() -> None:
+    """``timeout=1`` on a busy lock: the wait is the asyncio one (before, the thread driver
+    waited in the event loop's own thread, and nothing else ran for the whole second)."""
+    from tests.urls import SlowAsyncView
+
+    view = method_decorator(lock_view("stall:{request.method}", timeout=1), name="dispatch")(
+        type("Waiting", (SlowAsyncView,), {})
+    ).as_view()
+
+    async def scenario() -> tuple[int, int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        response = await view(RequestFactory().get("/"))
+        ticker.cancel()
+        return response.status_code, ticks
+
+    with lock("stall:GET", ttl=5):
+        status, ticks = asyncio.run(scenario())
+    assert status == 409 and ticks >= 10
