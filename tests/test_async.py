@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.test import AsyncClient, Client, override_settings
 
-from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, locks
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, lock_all, locks
 from django_redlock.testing import RedisServer
 
 
@@ -167,9 +167,9 @@ def test_inside_django_views_sync_and_async() -> None:
     assert response.content == b"held 1"
 
 
-@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("kind", ["plain", "reentrant", "lock_all"])
 def test_a_second_cancellation_during_async_withs_release_still_releases(
-    redis_factory: Callable[..., RedisServer], name: str, reentrant: bool
+    redis_factory: Callable[..., RedisServer], name: str, kind: str
 ) -> None:
     """The body is cancelled; then, while the release waits for the pool's only connection
     (busy with a command to a paused server), the task is cancelled again. The release is
@@ -186,7 +186,12 @@ def test_a_second_cancellation_during_async_withs_release_still_releases(
             entered = asyncio.Event()
 
             async def holder() -> None:
-                async with lock(name, using="one", ttl=20, reentrant=reentrant):
+                held = (
+                    lock_all(name, f"{name}:b", using="one", ttl=20)
+                    if kind == "lock_all"
+                    else lock(name, using="one", ttl=20, reentrant=kind == "reentrant")
+                )
+                async with held:
                     entered.set()
                     await asyncio.sleep(100)
 

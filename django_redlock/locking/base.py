@@ -52,7 +52,7 @@ from .templates import (
 )
 
 logger = logging.getLogger("django_redlock")
-#: Releases an interrupted ``async with`` left to finish (see ``_finish_release_later``):
+#: Releases an interrupted ``async with`` left to finish (see ``finish_release_later``):
 #: the event loop keeps only weak references to tasks.
 _finishing: set[asyncio.Task[None]] = set()
 
@@ -1088,14 +1088,15 @@ class BaseLock:
             if exc_type is None:
                 raise
         except asyncio.CancelledError:
-            self._finish_release_later()
+            self.finish_release_later()
             raise
 
-    def _finish_release_later(self) -> None:
-        """A cancellation (often a second one) interrupted ``async with``'s release, e.g.
-        while it waited for a pooled connection: the release is unknown, and renewal has
-        stopped. Finish it in a task of its own, acting as this owner, instead of leaving
-        the hold to run out at its TTL while the next waiter waits."""
+    def finish_release_later(self) -> None:
+        """Internal API (``async with``, ``lock_all``'s too). A cancellation (often a second
+        one) interrupted the release, e.g. while it waited for a pooled connection: the
+        release is unknown, and renewal has stopped. Finish it in a task of its own, acting
+        as this owner, instead of leaving the hold to run out at its TTL while the next
+        waiter waits."""
         hold = self._holds.get(self._owner())
         if hold is None or not hold.releasing:  # released, or a nested level (counted)
             return

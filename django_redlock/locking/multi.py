@@ -33,6 +33,7 @@ The rules, and who owns what:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -544,6 +545,10 @@ class MultiLock:
         except LockNotOwned:
             if exc_type is None:
                 raise
+        except asyncio.CancelledError:  # cancelled during the release: finished all the same
+            for held in self.locks:
+                held.finish_release_later()
+            raise
 
     def _open_block(self, using: str) -> None:
         """The fenced block of ``with``: opened once every name is held, before the body."""
