@@ -48,7 +48,10 @@ def process_id() -> str:
 #   with a ContextVar token, which knows its Context). Each ``sync_to_async`` or
 #   ``asyncio.to_thread`` call runs in a fresh copy: it is an owner of its own (two tasks'
 #   sync halves, even in asgiref's one shared thread, never share one), and a slot it copies
-#   back is ignored by everyone else. A thread's own code keeps its id through those copies.
+#   back is ignored by everyone else. A thread's own code keeps its id through those copies;
+#   a call nested back onto it (async_to_sync, then sync_to_async) is a call of its own. (A
+#   copied slot cannot tell the task it reached from that task's children: sharing it would
+#   let two tasks' sync halves hold one reentrant lock; a new owner per call never does.)
 
 _process = {"id": secrets.token_urlsafe(12)}
 _serial = itertools.count(1)
