@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import LockError, LockNotOwnedError
 from redis.retry import Retry
 
-from django_redlock import BackendUnavailable
+from django_redlock import BackendUnavailable, MissingPermission
 from django_redlock import LockError as OurLockError
 from django_redlock.compat import Redis, RedisPyLock
 from django_redlock.testing import RedisServer
@@ -239,3 +239,22 @@ def test_a_lost_hold_names_the_clients_own_backend(client: Any, name: str) -> No
     cause = caught.value.__cause__
     assert cause is not None and "'default'" not in str(cause), str(cause)
     assert f"{client.connection_pool.connection_kwargs['port']}" in str(cause)
+
+
+def test_a_user_without_the_permission_gets_redis_pys_no_permission_error(
+    redis_server: RedisServer, name: str
+) -> None:
+    """Beside redis-py's own Lock, for a Redis user that may not SET."""
+    from tests.conftest import restrict
+
+    restrict(redis_server, "noset", "pw", "~* &* +@all -set")
+    client = redis.Redis(port=redis_server.port, username="noset", password="pw")
+    try:
+        theirs = _raised(client.lock(f"{name}:theirs").acquire)
+        ours = _raised(client.lock(name, lock_class=RedisPyLock).acquire)
+    finally:
+        client.close()
+        redis_server.client().execute_command("ACL", "DELUSER", "noset")
+    assert isinstance(theirs, redis.exceptions.NoPermissionError), theirs
+    assert isinstance(ours, redis.exceptions.NoPermissionError), ours
+    assert isinstance(ours, MissingPermission)

@@ -30,11 +30,12 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import LockError as RedisLockError
 from redis.exceptions import LockNotOwnedError as RedisLockNotOwnedError
+from redis.exceptions import NoPermissionError as RedisNoPermissionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..backends.base import BaseLockBackend
 from ..backends.redis import RedisBackend
-from ..exceptions import BackendUnavailable, LockError, LockNotOwned
+from ..exceptions import BackendUnavailable, LockError, LockNotOwned, MissingPermission
 from ..locking import Lock
 
 logger = logging.getLogger("django_redlock")
@@ -84,6 +85,11 @@ class TimeoutUnavailable(BackendUnavailable, RedisTimeoutError):
     a :class:`~django_redlock.BackendUnavailable` with ``timed_out``."""
 
 
+class PermissionRefused(MissingPermission, RedisNoPermissionError):
+    """The client's Redis user may not do what the lock needs (redis-py's Lock:
+    ``redis.exceptions.NoPermissionError``); a :class:`~django_redlock.MissingPermission`."""
+
+
 class DropInLockError(LockError, RedisLockError):
     """Any other refusal of ours (redis-py's Lock: ``redis.exceptions.LockError``), such as a
     thread waiting with no timeout for a lock it holds itself; a
@@ -97,6 +103,10 @@ def _as_redis_py(name: str) -> Iterator[None]:
         yield
     except (RedisLockError, LockNotOwned, RedisConnectionError, RedisTimeoutError):
         raise
+    except RedisNoPermissionError:
+        raise
+    except MissingPermission as exc:
+        raise PermissionRefused(str(exc), exc.needs, exc.rule) from exc
     except BackendUnavailable as exc:
         unavailable = TimeoutUnavailable if exc.timed_out else ConnectionUnavailable
         raise unavailable(str(exc), exc.timed_out) from exc
@@ -307,6 +317,7 @@ __all__ = [
     "ConnectionUnavailable",
     "DropInLockError",
     "LockError",
+    "PermissionRefused",
     "Redis",
     "RedisPyLock",
     "TimeoutUnavailable",
