@@ -13,7 +13,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -666,7 +665,7 @@ class BaseLock:
         self.check_async()
         blocking, timeout = self._check_acquire(blocking, timeout)
         if self.reentrant:
-            self._refuse_a_task_of_its_own(sys._getframe())
+            self._refuse_a_task_of_its_own(inspect.currentframe())
         return await self._adrive(self._acquire(blocking, timeout))
 
     def _refuse_a_task_of_its_own(self, frame: Any) -> None:
