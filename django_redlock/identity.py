@@ -80,8 +80,9 @@ class _Slot:
         return True
 
 
-#: How many slots copied back over one another a thread looks through for its own (nested
-#: sync_to_async / async_to_sync calls deeper than this make the thread a new owner).
+#: How many slots copied back over one another a thread looks through for its own, newest
+#: first, besides the oldest (a thread's own code, under the calls nested in it): each
+#: sync_to_async call's first owner_id tries this many before it makes its own.
 _DEPTH = 8
 _owner: ContextVar[_Slot | None] = ContextVar("redlock_owner", default=None)
 _here: ContextVar[None] = ContextVar("redlock_owner_context", default=None)
@@ -99,6 +100,7 @@ def owner_id() -> str:
         return found
     thread = threading.current_thread()
     slot = first = _owner.get()
+    last = None
     for _ in range(_DEPTH):  # the slots copied back over this Context's own one, newest first
         if slot is None:
             break
@@ -107,8 +109,16 @@ def owner_id() -> str:
                 _owner.set(slot)
             return slot.id
         last, slot = slot, slot.before
-    if slot is not None:
-        last.before = None  # older ones stay unreachable from here (memory stays bounded)
+    if slot is not None and last is not None:
+        # Longer than _DEPTH: keep the oldest (a thread's own code, under the calls nested
+        # in it) and drop the middle, so that a chain stays at most _DEPTH + 1 long.
+        oldest = slot
+        while oldest.before is not None:
+            oldest = oldest.before
+        if oldest.counts_here(thread):
+            _owner.set(oldest)
+            return oldest.id
+        last.before = oldest
     made = _Slot(f"{_process['id']}:{next(_serial)}", thread, first)
     _owner.set(made)
     return made.id

@@ -133,3 +133,25 @@ def test_a_reentrant_aacquire_run_as_a_task_of_its_own_is_refused(name: str) -> 
         await lk.arelease()
 
     asyncio.run(scenario())
+
+
+def test_a_thread_keeps_its_owner_through_many_nested_calls(name: str) -> None:
+    """More nested calls than the slots a Context looks through: each copies its own owner
+    back over the thread's; the thread's own stays found (the oldest is kept)."""
+
+    async def audit() -> None:
+        await sync_to_async(_audit)()
+
+    def thread() -> None:
+        with lock(name, using=ALIAS, reentrant=True, ttl=5) as held:
+            for _ in range(20):
+                async_to_sync(audit)()
+            assert held.owned()
+            with lock(name, using=ALIAS, reentrant=True, timeout=0):
+                pass
+
+    errors: list[BaseException] = []
+    worker = threading.Thread(target=lambda: _catch(thread, errors))
+    worker.start()
+    worker.join()
+    assert not errors, errors
