@@ -38,7 +38,7 @@ from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import HOST
 from ..identity import current_task as holder_task
 from ..locking import BaseLock, Lock, Semaphore, name_template
-from ..locking.templates import refuse_generator
+from ..locking.templates import callable_name, is_async_callable, refuse_generator
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported: their old path
 from ..validation import (
     MAX_TTL,
@@ -640,10 +640,10 @@ def check_decorated(func: Any) -> None:
     if not callable(func):
         raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
     refuse_generator(func, "@single_instance(...)")
-    if inspect.iscoroutinefunction(func):
+    if is_async_callable(func):  # the rule: locking/templates.py, "async callables"
         raise TypeError(
-            f"@single_instance decorates a plain function, not the coroutine function"
-            f" {func.__qualname__}: its lock would be released before the coroutine runs"
+            f"@single_instance decorates a plain function, not the async callable"
+            f" {callable_name(func)!r}: its lock would be released before the coroutine runs"
         )
 
 
