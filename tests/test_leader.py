@@ -46,7 +46,7 @@ def test_three_candidates_one_leads_and_a_sigkilled_leader_is_followed_within_th
     candidates = [child("lead", "--name", name, "--ttl", "3") for _ in range(3)]
     for each in candidates:
         each.expect("CAMPAIGNING")
-    first, fence = leading(candidates, 10)
+    first, fence = leading(candidates, 60)
     time.sleep(0.3)
     assert not any(c.poll() for c in candidates if c is not first)  # nobody else leads
     # A fourth process names the leader.
@@ -54,8 +54,8 @@ def test_three_candidates_one_leads_and_a_sigkilled_leader_is_followed_within_th
     first.process.kill()
     killed = time.monotonic()
     rest = [c for c in candidates if c is not first]
-    second, fence2 = leading(rest, 6)
-    assert time.monotonic() - killed < 3 + 1  # within the TTL (plus a loaded machine's second)
+    second, fence2 = leading(rest, 10)
+    assert time.monotonic() - killed < 3 + 2  # within the TTL (plus a loaded machine's seconds)
     assert fence2 > fence
     assert child("who", "--name", name).expect("LEADER") == f"True {second.process.pid} {fence2}"
 
@@ -64,9 +64,10 @@ def test_resigning_hands_over_at_once_not_after_a_ttl(
     child: Callable[..., Child], name: str
 ) -> None:
     candidates = [child("lead", "--name", name, "--ttl", "30") for _ in range(2)]
-    first, fence = leading(candidates, 10)
+    for each in candidates:
+        each.expect("CAMPAIGNING")
+    first, fence = leading(candidates, 60)
     other = next(c for c in candidates if c is not first)
-    other.expect("CAMPAIGNING")
     time.sleep(0.2)  # the other waits for it
     first.send("resign")
     first.expect("RESIGNED")

@@ -109,9 +109,21 @@ def _pdeathsig() -> Callable[[int], int] | None:
         return None
 
 
-def _preexec(prctl: Callable[..., int] | None, parent: int) -> Callable[[], None]:
+def _foreground() -> bool:
+    """Whether exec runs in its terminal's foreground (then so must its child's group)."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _preexec(prctl: Callable[..., int] | None, parent: int, foreground: bool) -> Callable[[], None]:
     def setup() -> None:
         os.setpgid(0, 0)  # its own group: exec signals the group, the terminal does not
+        if foreground:  # as a shell does, in the child too: it may read before exec's turn
+            signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            os.tcsetpgrp(0, os.getpid())
+            signal.signal(signal.SIGTTOU, signal.SIG_DFL)
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != parent:  # exec died before the prctl: nothing would kill us
@@ -150,22 +162,34 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
         env = {
             **os.environ,
             "REDLOCK_NAME": opts.name,
-            "REDLOCK_FENCE": str(held.fence),
+            "REDLOCK_FENCE": "" if held.fence is None else str(held.fence),
             "REDLOCK_BACKEND": opts.backend,
         }
         if pending:
             return _release(held, keeper, say, 128 + pending[0])
+        # In a terminal's foreground, the child's group takes the terminal while it runs (it
+        # may read it; Ctrl-C reaches it directly), and gives it back to exec's at the end.
+        foreground = _foreground()
+        if foreground:
+            previous[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         try:
             child = subprocess.Popen(
-                opts.command, env=env, preexec_fn=_preexec(_pdeathsig(), os.getpid())
+                opts.command,
+                env=env,
+                preexec_fn=_preexec(_pdeathsig(), os.getpid(), foreground),
             )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             say(f"could not run {opts.command[0]!r}: {exc}")
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             return _release(held, keeper, say, code)
         for signum in pending:  # came while it was being started
             forward(signum, None)
-        return _supervise(opts, held, keeper, child, say)
+        try:
+            return _supervise(opts, held, keeper, child, say)
+        finally:
+            if foreground:
+                with contextlib.suppress(OSError):
+                    os.tcsetpgrp(0, os.getpgrp())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
