@@ -187,6 +187,21 @@ def test_signals_are_forwarded_and_the_child_status_passed_through(
     assert not locks["redis"].is_locked(name)
 
 
+def test_a_signal_while_waiting_ends_the_wait_and_leaves_nothing_held(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    name = f"{prefix}-waiting"
+    with lock(name, using="redis", ttl=30):
+        waiting = execs(name, "--wait", "120", *child(redis_server, "run", prefix, "0"))
+        info = lambda: locks["redis"].inspect(name)  # noqa: E731
+        wait_for(lambda: info() is not None and info().waiters, what="a waiter")  # type: ignore[union-attr]
+        waiting.process.send_signal(signal.SIGTERM)
+        code, err = waiting.finish()
+        assert code == 128 + signal.SIGTERM and "interrupted" in err, err
+    assert not locks["redis"].is_locked(name)  # nothing taken by the interrupted wait
+    assert redis_server.client().llen(f"{prefix}:peaks") == 0  # nothing run
+
+
 def test_exit_status_and_a_signal_death_pass_through(
     redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
 ) -> None:

@@ -132,33 +132,55 @@ def _preexec(prctl: Callable[..., int] | None, parent: int, foreground: bool) ->
     return setup
 
 
+class _Interrupted(BaseException):
+    """A signal while the lock was being taken (a BaseException, as KeyboardInterrupt: the
+    take gives back whatever it may have been granted)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
     """Take the lock, run the child under it, release; the exit status. ``say`` writes a
     line to stderr."""
     what = f"{opts.name!r} on {opts.backend!r}"
-    try:
-        taken = held.acquire(timeout=opts.wait) if opts.wait > 0 else held.acquire(blocking=False)
-    except LockError as exc:  # no answer (or no quorum): nothing was run
-        say(f"could not take {what}: {exc}")
-        return EXIT_UNAVAILABLE
-    if not taken:
-        waited = f" within {opts.wait:g} s" if opts.wait else ""
-        say(f"{what} is held elsewhere{waited}: {' '.join(opts.command)} not run")
-        return opts.conflict_exit_code
-    # Stop a third of the TTL (or the grace) before an unrenewed hold could expire.
-    keeper = Keeper(held, margin=opts.grace).start()
+    taking = True  # until the lock is ours: a signal ends the take (nothing is left held)
     pending: list[int] = []  # signals that came before the child existed
     child: subprocess.Popen[bytes] | None = None
 
-    def forward(signum: int, frame: object) -> None:
+    def on_signal(signum: int, frame: object) -> None:
+        if taking:
+            raise _Interrupted(signum)
         if child is None:
             pending.append(signum)
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signum)
+        elif child.returncode is None:  # its group id is not reused while it is unreaped
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
     try:
+        try:
+            if opts.wait > 0:
+                taken = held.acquire(timeout=opts.wait)
+            else:
+                taken = held.acquire(blocking=False)
+            taking = False
+        except _Interrupted as exc:
+            if held.token is not None:  # taken just before the signal: give it back
+                with contextlib.suppress(LockError):
+                    held.release()
+            say(f"interrupted (signal {exc.signum}) while taking {what}: nothing run")
+            return 128 + exc.signum
+        except LockError as exc:  # no answer (or no quorum): nothing was run
+            say(f"could not take {what}: {exc}")
+            return EXIT_UNAVAILABLE
+        if not taken:
+            waited = f" within {opts.wait:g} s" if opts.wait else ""
+            say(f"{what} is held elsewhere{waited}: {' '.join(opts.command)} not run")
+            return opts.conflict_exit_code
+        # Stop the grace (at most two thirds of the TTL) before an unrenewed hold could expire.
+        keeper = Keeper(held, margin=opts.grace).start()
         env = {
             **os.environ,
             "REDLOCK_NAME": opts.name,
@@ -183,7 +205,7 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             return _release(held, keeper, say, code)
         for signum in pending:  # came while it was being started
-            forward(signum, None)
+            on_signal(signum, None)
         try:
             return _supervise(opts, held, keeper, child, say)
         finally:
