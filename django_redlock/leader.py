@@ -180,12 +180,13 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         self,
         name: str,
         *,
-        using: str = DEFAULT_LOCK_ALIAS,
+        using: str | None = None,
         ttl: float | None = None,
         timeout: float | None = None,
         stop: threading.Event | None = None,
     ) -> None:
         # Every argument is checked here, before any Redis call.
+        using = DEFAULT_LOCK_ALIAS if using is None else using
         self.lock = Lock(name, using=using, ttl=ttl, timeout=timeout, auto_renew=False)
         self.timeout = self.lock.timeout
         self._stop = stop
@@ -255,9 +256,11 @@ class LeaderInfo:
     acquired_at: datetime | None
 
 
-def current_leader(name: str, *, using: str = DEFAULT_LOCK_ALIAS) -> LeaderInfo | None:
-    """Who leads ``name`` on ``using`` now, from any process: None when nobody does."""
+def current_leader(name: str, *, using: str | None = None) -> LeaderInfo | None:
+    """Who leads ``name`` on ``using`` (default: the default alias) now, from any process:
+    None when nobody does."""
     check_name(name)
+    using = DEFAULT_LOCK_ALIAS if using is None else using
     info = locks[using].inspect(name)
     if info is None:
         return None
@@ -278,7 +281,7 @@ def run_as_leader(
     name: str,
     target: Callable[[Term], object],
     *,
-    using: str = DEFAULT_LOCK_ALIAS,
+    using: str | None = None,
     ttl: float | None = None,
     stop: threading.Event | None = None,
     standby_wait: float = 5.0,
