@@ -320,6 +320,18 @@ def test_a_loss_is_a_lock_incident_and_said_on_stderr(tmp_path: Path) -> None:
     assert incident.kind == "lost" and incident.backend == "redis"
 
 
+@pytest.mark.parametrize("kind", [[], ["--fair"], ["--limit", "2"], ["--limit", "2", "--fair"]])
+def test_each_kind_runs_the_command_and_releases(kind: list[str], tmp_path: Path) -> None:
+    name = f"exec-kind-{next(_runs)}"
+    out = tmp_path / "env"
+    code, err = run(name, "--backend", "redis", "--ttl", "5", *kind, "--", "sh", "-c",
+                    f"echo $REDLOCK_NAME $REDLOCK_BACKEND $REDLOCK_FENCE > {out}")  # fmt: skip
+    assert code == 0, err
+    got_name, backend, fence = out.read_text().split()
+    assert (got_name, backend) == (name, "redis") and int(fence) > 0
+    assert not locks["redis"].is_locked(name)
+
+
 def test_a_lock_held_in_this_process_is_a_conflict() -> None:
     with lock("exec-held", using="redis"):
         code, err = run("exec-held", "--backend", "redis", "--", "true")

@@ -87,7 +87,6 @@ class Command(BaseCommand):
                 name, help=summary, description=summary,
                 epilog=f"exit codes: {EXIT_CODES[name]}", **kwargs,
             )  # fmt: skip
-            _common_options(parser)
             return parser
 
         listing = action("list", "List held locks across the backends (SCAN-paged).")
@@ -202,6 +201,8 @@ class Command(BaseCommand):
             "--conflict-exit-code", type=int, default=exec_action.EXIT_CONFLICT, metavar="N",
             help="exit status when the lock is held elsewhere (default: 75, EX_TEMPFAIL)",
         )  # fmt: skip
+        for each in sub.choices.values():  # after each action's own options in its --help
+            _common_options(each)
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"].replace("-", "_")
