@@ -170,21 +170,21 @@ def test_exec_sigkilled_takes_its_child_along(
     assert time.monotonic() - gone < 1
 
 
-@pytest.mark.parametrize(
-    ("sent", "status"),
-    [(signal.SIGINT, 40 + signal.SIGINT), (signal.SIGTERM, 40 + signal.SIGTERM),
-     (signal.SIGHUP, 40 + signal.SIGHUP)],
-)  # fmt: skip
 def test_signals_are_forwarded_and_the_child_status_passed_through(
-    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str, sent: int, status: int
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
 ) -> None:
     client = redis_server.client()
-    name = f"{prefix}-sig"
-    running = execs(name, *child(redis_server, "trap", prefix))
-    wait_for(lambda: client.llen(f"{prefix}:pids"), what="child")
-    running.process.send_signal(sent)
-    assert running.finish() == (status, "")
-    assert not locks["redis"].is_locked(name)
+    sent = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    running = {
+        signum: execs(f"{prefix}-{signum}", *child(redis_server, "trap", f"{prefix}-{signum}"))
+        for signum in sent
+    }  # at once: each starts in its own time
+    for signum, each in running.items():
+        wait_for(lambda: client.llen(f"{prefix}-{signum}:pids"), what="child")  # noqa: B023
+        each.process.send_signal(signum)
+    for signum, each in running.items():
+        assert each.finish() == (40 + signum, "")  # the trapping child's exit status
+        assert not locks["redis"].is_locked(f"{prefix}-{signum}")
 
 
 def test_a_signal_while_waiting_ends_the_wait_and_leaves_nothing_held(
@@ -330,6 +330,14 @@ def test_each_kind_runs_the_command_and_releases(kind: list[str], tmp_path: Path
     got_name, backend, fence = out.read_text().split()
     assert (got_name, backend) == (name, "redis") and int(fence) > 0
     assert not locks["redis"].is_locked(name)
+
+
+def test_a_command_that_cannot_be_started_leaves_nothing_held_or_renewed() -> None:
+    name = f"exec-unstartable-{next(_runs)}"
+    code, err = run(name, "--backend", "redis", "--", "echo\0oops")  # Popen: ValueError
+    assert code == 126 and "could not run" in err, err
+    assert not locks["redis"].is_locked(name)
+    assert not [t for t in threading.enumerate() if t.name.startswith("redlock-keeper")]
 
 
 def test_a_lock_held_in_this_process_is_a_conflict() -> None:

@@ -181,37 +181,46 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             return opts.conflict_exit_code
         # Stop the grace (at most two thirds of the TTL) before an unrenewed hold could expire.
         keeper = Keeper(held, margin=opts.grace).start()
-        env = {
-            **os.environ,
-            "REDLOCK_NAME": opts.name,
-            "REDLOCK_FENCE": "" if held.fence is None else str(held.fence),
-            "REDLOCK_BACKEND": opts.backend,
-        }
-        if pending:
-            return _release(held, keeper, say, 128 + pending[0])
-        # In a terminal's foreground, the child's group takes the terminal while it runs (it
-        # may read it; Ctrl-C reaches it directly), and gives it back to exec's at the end.
-        foreground = _foreground()
-        if foreground:
-            previous[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         try:
-            child = subprocess.Popen(
-                opts.command,
-                env=env,
-                preexec_fn=_preexec(_pdeathsig(), os.getpid(), foreground),
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            say(f"could not run {opts.command[0]!r}: {exc}")
-            code = 127 if isinstance(exc, FileNotFoundError) else 126
-            return _release(held, keeper, say, code)
-        for signum in pending:  # came while it was being started
-            on_signal(signum, None)
-        try:
-            return _supervise(opts, held, keeper, child, say)
-        finally:
+            env = {
+                **os.environ,
+                "REDLOCK_NAME": opts.name,
+                "REDLOCK_FENCE": "" if held.fence is None else str(held.fence),
+                "REDLOCK_BACKEND": opts.backend,
+            }
+            if pending:
+                return _release(held, keeper, say, 128 + pending[0])
+            # In a terminal's foreground, the child's group takes the terminal while it runs (it
+            # may read it; Ctrl-C reaches it directly), and gives it back to exec's at the end.
+            foreground = _foreground()
             if foreground:
-                with contextlib.suppress(OSError):
-                    os.tcsetpgrp(0, os.getpgrp())
+                previous[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            try:
+                child = subprocess.Popen(
+                    opts.command,
+                    env=env,
+                    preexec_fn=_preexec(_pdeathsig(), os.getpid(), foreground),
+                )
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                say(f"could not run {opts.command[0]!r}: {exc}")
+                code = 127 if isinstance(exc, FileNotFoundError) else 126
+                return _release(held, keeper, say, code)
+            for signum in pending:  # came while it was being started
+                on_signal(signum, None)
+            try:
+                return _supervise(opts, held, keeper, child, say)
+            finally:
+                if foreground:
+                    with contextlib.suppress(OSError):
+                        os.tcsetpgrp(0, os.getpgrp())
+        except BaseException:
+            # Anything unforeseen: no child left running, no hold left renewed.
+            if child is not None and child.returncode is None:
+                _terminate(child, 0)
+            keeper.stop()
+            with contextlib.suppress(LockError):
+                held.release()
+            raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
