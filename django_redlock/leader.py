@@ -196,7 +196,13 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         # Leadership ends a third of the TTL before the hold could expire unrenewed.
         keeper = self._keeper = Keeper(self.lock, self.lock.lock_ttl / 3, self._stop)
         term = Term(self.lock.name, self.lock.using, self.lock.fence or 0, keeper)
-        keeper.start()
+        try:
+            keeper.start()
+        except BaseException:  # no thread (interpreter shutdown, a thread limit): resign
+            self._keeper = None
+            with contextlib.suppress(LockError):
+                self.lock.release()
+            raise
         logger.info("redlock: leading %r on %r (fence %s)", term.name, term.using, term.fence)
         return term
 

@@ -173,3 +173,17 @@ def test_a_backend_that_stops_answering_ends_the_term_before_the_hold_could_expi
         assert time.monotonic() - paused < 2 + 0.2  # the TTL less a third
         assert "did not answer" in term.reason
         paused_alias.resume()  # the release at the end answered at once
+
+
+def test_a_term_that_cannot_start_its_renewals_resigns(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_redlock.leader import Keeper
+
+    def no_thread(self: Keeper) -> Keeper:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(Keeper, "start", no_thread)
+    with pytest.raises(RuntimeError), leader(name, using="redis"):
+        pass
+    assert current_leader(name, using="redis") is None  # not held unrenewed for a TTL
