@@ -180,8 +180,9 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             say(f"{what} is held elsewhere{waited}: {' '.join(opts.command)} not run")
             return opts.conflict_exit_code
         # Stop the grace (at most two thirds of the TTL) before an unrenewed hold could expire.
-        keeper = Keeper(held, margin=opts.grace).start()
+        keeper = Keeper(held, margin=opts.grace)
         try:
+            keeper.start()
             env = {
                 **os.environ,
                 "REDLOCK_NAME": opts.name,
