@@ -157,16 +157,23 @@ def test_a_loss_terminates_the_child_and_exits_76(
     assert not alive(pid)
 
 
-def test_exec_sigkilled_takes_its_child_along(
+def test_exec_sigkilled_takes_its_child_along_and_what_the_child_started(
     redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
 ) -> None:
     client = redis_server.client()
-    running = execs(f"{prefix}-k", *child(redis_server, "trap", prefix))
-    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
-    running.process.kill()
-    running.process.wait()
+    direct = execs(f"{prefix}-k", *child(redis_server, "trap", prefix))
+    # A shell that starts the trapping child in the background: a grandchild of exec.
+    trap = " ".join(map(shlex.quote, child(redis_server, "trap", prefix)[1:]))
+    shell = execs(f"{prefix}-k2", "--", "sh", "-c", f"{trap} & wait")
+    pids = [int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+            for _ in range(2)]  # fmt: skip
+    direct.process.kill()
+    shell.process.kill()
+    for each in (direct, shell):
+        each.process.wait()
     gone = time.monotonic()
-    wait_for(lambda: not alive(pid), timeout=1, what="child's end")
+    for pid in pids:
+        wait_for(lambda: not alive(pid), timeout=1, what="child's end")  # noqa: B023
     assert time.monotonic() - gone < 1
 
 

@@ -206,11 +206,13 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
                 say(f"could not run {opts.command[0]!r}: {exc}")
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 return _release(held, keeper, say, code)
+            guard = _guard(child.pid)
             for signum in pending:  # came while it was being started
                 on_signal(signum, None)
             try:
                 return _supervise(opts, held, keeper, child, say)
             finally:
+                _dismiss(guard)
                 if foreground:
                     with contextlib.suppress(OSError):
                         os.tcsetpgrp(0, os.getpgrp())
@@ -226,6 +228,45 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         recorder.flush(5)
+
+
+# The guard, a process of its own: SIGKILL to the command's process group once exec's end of
+# its stdin closes without a "done" (exec was killed), so that what the command started dies
+# with it too (the kernel's parent-death signal reaches the command alone). It ignores the
+# signals a terminal sends to exec's group.
+_GUARD = """import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+if sys.stdin.buffer.read() != b"done":
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _guard(pgid: int) -> subprocess.Popen[bytes] | None:
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-S", "-c", _GUARD, str(pgid)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # the command still dies with exec (Linux)
+        return None
+
+
+def _dismiss(guard: subprocess.Popen[bytes] | None) -> None:
+    if guard is None or guard.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        guard.stdin.write(b"done")
+    with contextlib.suppress(OSError):
+        guard.stdin.close()
+    try:
+        guard.wait(5)
+    except subprocess.TimeoutExpired:
+        guard.kill()
+        guard.wait()
 
 
 def _supervise(
