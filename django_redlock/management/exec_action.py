@@ -3,9 +3,10 @@ process holds a lock (or one of ``--limit`` permits), like ``flock(1)`` across h
 
 The child runs in its own process group with ``REDLOCK_NAME``, ``REDLOCK_FENCE`` and
 ``REDLOCK_BACKEND`` in its environment. The hold is renewed by a :class:`~..leader.Keeper`
-while it runs. SIGINT, SIGTERM and SIGHUP sent to ``exec`` go to the child's group. On
-Linux the child gets SIGKILL if ``exec`` dies (``PR_SET_PDEATHSIG``, set in the child
-between fork and exec, from ``exec``'s main thread: the signal follows the forking thread).
+while it runs. SIGINT, SIGTERM and SIGHUP sent to ``exec`` go to the child's group. If
+``exec`` dies, a guard process kills the child's group (:data:`_GUARD`), and on Linux the
+child gets SIGKILL from the kernel at once (``PR_SET_PDEATHSIG``, set in the child between
+fork and exec, from ``exec``'s main thread: the signal follows the forking thread).
 
 Exit status: the child's (128 + N when signal N ended it); :data:`EXIT_CONFLICT` (or
 ``--conflict-exit-code``) when the lock was not taken, nothing run; :data:`EXIT_UNAVAILABLE`

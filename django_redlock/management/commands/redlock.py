@@ -169,8 +169,8 @@ class Command(BaseCommand):
             " host: one runs, the others exit 75 without running it. The command gets"
             " REDLOCK_NAME, REDLOCK_FENCE and REDLOCK_BACKEND; the hold is renewed while it"
             " runs; SIGINT, SIGTERM and SIGHUP are forwarded to it; if the hold is lost it is"
-            " stopped (SIGTERM to its process group, SIGKILL after --grace); on Linux it is"
-            " killed if exec itself is.",
+            " stopped (SIGTERM to its process group, SIGKILL after --grace); it is killed"
+            " (its process group) if exec itself is.",
             usage="%(prog)s NAME [options] -- COMMAND [ARG ...]",
         )
         run.add_argument("name", metavar="NAME", help="the lock's name")
