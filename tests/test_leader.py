@@ -55,7 +55,7 @@ def test_three_candidates_one_leads_and_a_sigkilled_leader_is_followed_within_th
     killed = time.monotonic()
     rest = [c for c in candidates if c is not first]
     second, fence2 = leading(rest, 10)
-    assert time.monotonic() - killed < 3 + 2  # within the TTL (plus a loaded machine's seconds)
+    assert time.monotonic() - killed < 3 + 3  # within the TTL (plus a loaded machine's seconds)
     assert fence2 > fence
     assert child("who", "--name", name).expect("LEADER") == f"True {second.process.pid} {fence2}"
 
@@ -83,7 +83,7 @@ def test_a_force_release_sets_term_lost_within_a_renewal_period(name: str) -> No
         assert locks["redis"].force_release(name)
         released = time.monotonic()
         assert term.lost.wait(2)
-        assert time.monotonic() - released < 1 + 0.5  # a renewal every second
+        assert time.monotonic() - released < 1 + 1  # a renewal every second (and a loaded machine)
         assert "expired or was released" in term.reason
         with pytest.raises(LockLost, match="ended"):
             term.check()
@@ -170,7 +170,7 @@ def test_a_backend_that_stops_answering_ends_the_term_before_the_hold_could_expi
         paused_alias.pause()
         paused = time.monotonic()
         assert term.lost.wait(4)
-        assert time.monotonic() - paused < 2 + 0.2  # the TTL less a third
+        assert time.monotonic() - paused < 3  # by the TTL less a third after the last renewal sent
         assert "did not answer" in term.reason
         paused_alias.resume()  # the release at the end answered at once
 
