@@ -51,7 +51,8 @@ DRIFT_MS = 2
 #: At most this many SCAN round trips per page of held locks (the admin's, ``redlock list``).
 PAGE_SCANS = 12
 #: An acquire proposes a fence this far above its own clock (us): above every node's clock
-#: while the clocks agree within it, so the nodes' fences agree (no lagging counter to raise).
+#: and below every node's cap (its clock + twice this, redlock_acquire.lua) while the clocks
+#: agree within it either way, so the nodes' fences agree (no lagging counter to raise).
 FENCE_LEAD_US = 1_000_000
 _ACQUIRE = script("redlock_acquire")
 __all__ = ["BREAKER_SECONDS", "RedlockBackend"]
