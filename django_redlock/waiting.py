@@ -60,6 +60,7 @@ class PubSubHub(ReleaseHub):
         self._inbox: str | None = None  # subscribed once, for the life of the process
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
+        self._reading: Any = None  # the connection the reader reads (close() takes it away)
         self._confirmed: dict[str, Confirmation] = {}
         self._closed = False
         _pubsub_hubs.add(self)
@@ -118,7 +119,20 @@ class PubSubHub(ReleaseHub):
 
     def _read_forever(self) -> None:
         pubsub = self._pubsub
+        try:
+            self._read_until_closed(pubsub)
+        finally:
+            # close() took the connection away while get_message() read it, and redis-py's
+            # failure callback connected it again (handed back to the pool by then): closed
+            # here, not left to the garbage collector.
+            connection = getattr(pubsub, "connection", None) or self._reading
+            if self._closed and connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.disconnect()
+
+    def _read_until_closed(self, pubsub: Any) -> None:
         while not self._closed:
+            self._reading = getattr(pubsub, "connection", None) or self._reading
             try:
                 message = pubsub.get_message(timeout=1.0)
             except Exception as exc:
@@ -173,9 +187,14 @@ class PubSubHub(ReleaseHub):
     def close(self) -> None:
         self._closed = True
         pubsub, self._pubsub = self._pubsub, None
+        thread, self._thread = self._thread, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
                 pubsub.close()
+        if thread is not None and thread is not threading.current_thread():
+            # Woken at once (its socket is shut): it closes what its reconnect opened. A
+            # reconnect to a dead server waits for the connect timeout at most.
+            thread.join(self.confirm_timeout + 1.0)
         super().close()
 
     def _forget_after_fork(self) -> None:
@@ -183,6 +202,7 @@ class PubSubHub(ReleaseHub):
         # not be shared: start from nothing.
         self._pubsub = None
         self._thread = None
+        self._reading = None
         self._inbox = None  # the child has a process id of its own
         self._mutex = threading.Lock()
         self._waiters = {}
@@ -314,11 +334,23 @@ class ShardedPubSubHub(PubSubHub):
         return channel in self._inboxes
 
     def _read_shard(self, name: str, pubsub: Any) -> None:
+        seen: list[Any] = []
+        try:
+            self._read_shard_until_closed(name, pubsub, seen)
+        finally:  # as PubSubHub._read_forever: what a reconnect opened after close()
+            connection = getattr(pubsub, "connection", None) or (seen[0] if seen else None)
+            if self._closed and connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.disconnect()
+
+    def _read_shard_until_closed(self, name: str, pubsub: Any, seen: list[Any]) -> None:
         failures = 0
         while not self._closed:
             shard = self._shards.get(name)
             if shard is None or shard.pubsub is not pubsub:
                 return  # closed, or replaced by a new connection to the node
+            if (connection := getattr(pubsub, "connection", None)) is not None:
+                seen[:] = [connection]
             try:
                 message = pubsub.get_message(timeout=1.0)
             except Exception as exc:
@@ -404,6 +436,9 @@ class ShardedPubSubHub(PubSubHub):
         for shard in shards:
             with contextlib.suppress(Exception):
                 shard.pubsub.close()
+        for shard in shards:  # each closes what its reconnect opened (see PubSubHub.close)
+            if shard.thread is not threading.current_thread():
+                shard.thread.join(self.confirm_timeout + 1.0)
         ReleaseHub.close(self)
 
     def _forget_after_fork(self) -> None:
