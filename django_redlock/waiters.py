@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
@@ -20,6 +21,7 @@ logger = logging.getLogger("django_redlock")
 
 class AnyWaiter(Protocol):
     baton: bool
+    unconfirmed: bool
 
     def wake(self) -> None: ...
 
@@ -27,11 +29,14 @@ class AnyWaiter(Protocol):
 class Waiter:
     """A waiting thread; woken by a message on its channel."""
 
-    __slots__ = ("_event", "baton")
+    __slots__ = ("_event", "baton", "unconfirmed")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.baton = False  # woken for a release, and not yet tried since
+        #: The server did not confirm the subscription within the hub's confirm timeout
+        #: (its socket timeout): the wait's set-up used it up (see ReleaseHub.watch).
+        self.unconfirmed = False
 
     def wake(self) -> None:
         self._event.set()
@@ -64,13 +69,14 @@ def _settle(future: asyncio.Future[None]) -> None:
 class AsyncWaiter:
     """A waiting asyncio task; may be woken from any thread."""
 
-    __slots__ = ("_future", "_loop", "_woken", "baton")
+    __slots__ = ("_future", "_loop", "_woken", "baton", "unconfirmed")
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._woken = False
         self._future: asyncio.Future[None] | None = None
         self.baton = False
+        self.unconfirmed = False
 
     def wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
@@ -115,7 +121,11 @@ class Confirmation:
             callback()
 
     def wait(self, timeout: float) -> None:
-        self._event.wait(timeout)
+        self._event.wait(max(0.0, timeout))
+
+    @property
+    def confirmed(self) -> bool:
+        return self._event.is_set()
 
     async def async_wait(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -142,6 +152,11 @@ class ReleaseHub:
     """
 
     confirm_timeout = 0.0
+    #: Whether a subscription the server did not confirm in time means the server does not
+    #: answer (one server: the wait raises, its try would wait a second socket timeout).
+    #: False for a quorum's hub: the other nodes' subscriptions wake the waiter, and its
+    #: try asks every node within the node timeout.
+    confirm_needed = True
     #: The most waiter ids kept by :meth:`abandon` (the oldest is forgotten first).
     ABANDONED_MAX = 1000
 
@@ -155,12 +170,16 @@ class ReleaseHub:
         """Wait on ``channel``: a lock's release channel, or (``by_id``) the waiter's own id
         (``lock`` names the lock, for hubs whose inboxes are per lock)."""
         waiter = Waiter()
+        # One deadline for the subscribe (a connect's handshake) and every confirmation (a
+        # quorum's hub waits for several).
+        deadline = time.monotonic() + self.confirm_timeout
         confirmations = self.join(channel, waiter, by_id, lock)
         try:
             for confirmed in confirmations:
-                confirmed.wait(self.confirm_timeout)
+                confirmed.wait(deadline - time.monotonic())
                 if confirmed.error is not None:
                     raise confirmed.error
+            waiter.unconfirmed = self._unconfirmed(confirmations)
             yield waiter
         finally:
             self.leave(channel, waiter)
@@ -170,15 +189,23 @@ class ReleaseHub:
         self, channel: str, by_id: bool = False, lock: str = ""
     ) -> AsyncIterator[AsyncWaiter]:
         waiter = AsyncWaiter()
+        deadline = time.monotonic() + self.confirm_timeout
         confirmations = self.join(channel, waiter, by_id, lock)
         try:
             for confirmed in confirmations:
-                await confirmed.async_wait(self.confirm_timeout)
+                await confirmed.async_wait(deadline - time.monotonic())
                 if confirmed.error is not None:
                     raise confirmed.error
+            waiter.unconfirmed = self._unconfirmed(confirmations)
             yield waiter
         finally:
             self.leave(channel, waiter)
+
+    def _unconfirmed(self, confirmations: list[Confirmation]) -> bool:
+        """Whether the server failed to confirm within the confirm timeout: the wait's
+        set-up used up the socket timeout, and its try must not wait another (the caller
+        raises BackendUnavailable). Never for a quorum's hub (``confirm_needed``)."""
+        return self.confirm_needed and not all(c.confirmed for c in confirmations)
 
     def join(
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
@@ -279,6 +306,8 @@ class ReleaseHub:
 
 class CompositeHub(ReleaseHub):
     """Waiters woken by a message from any of several hubs (Redlock's nodes)."""
+
+    confirm_needed = False
 
     def __init__(self, hubs: list[ReleaseHub], confirm_timeout: float) -> None:
         super().__init__()

@@ -20,6 +20,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from .forks import after_fork_in_child
 from .identity import process_id
 from .waiters import AnyWaiter, AsyncWaiter, CompositeHub, Confirmation, ReleaseHub, Waiter
@@ -39,6 +41,13 @@ __all__ = [
 logger = logging.getLogger("django_redlock")
 
 _pubsub_hubs: weakref.WeakSet[PubSubHub] = weakref.WeakSet()
+
+
+def _unanswered(exc: Exception) -> Confirmation | None:
+    """A subscribe that failed: a time-out (the server did not answer the connect's
+    handshake) is a confirmation that never comes, so the wait raises instead of trying
+    (its try would wait another socket timeout); any other failure, nothing to wait for."""
+    return Confirmation() if isinstance(exc, (RedisTimeoutError, TimeoutError)) else None
 
 
 class PubSubHub(ReleaseHub):
@@ -75,7 +84,7 @@ class PubSubHub(ReleaseHub):
             pubsub.subscribe(channel)
         except Exception as exc:  # the reader thread reconnects; waiters fall back to TTL waits
             logger.debug("redlock: subscribe to %s failed: %s", channel, exc)
-            return None
+            return _unanswered(exc)
         # Only once the server confirmed can a re-try not miss the release message.
         return confirmed
 
@@ -93,7 +102,7 @@ class PubSubHub(ReleaseHub):
             with self._mutex:
                 self._inbox = None
                 self._confirmed.pop(inbox, None)
-            return None
+            return _unanswered(exc)
         return confirmed
 
     def _unsubscribe(self, channel: str) -> None:
@@ -257,7 +266,8 @@ class ShardedPubSubHub(PubSubHub):
             if not first:
                 return self._confirmed.get(channel)
             confirmed = self._confirmed[channel] = Confirmation()
-        return confirmed if self._ssubscribe(channel) else None
+        failed = self._ssubscribe(channel)
+        return confirmed if failed is None else _unanswered(failed)
 
     def _join(
         self, channel: str, waiter: AnyWaiter, by_id: bool, lock: str = ""
@@ -273,7 +283,8 @@ class ShardedPubSubHub(PubSubHub):
             if count:
                 return self._confirmed.get(inbox)
             confirmed = self._confirmed[inbox] = Confirmation()
-        return confirmed if self._ssubscribe(inbox) else None
+        failed = self._ssubscribe(inbox)
+        return confirmed if failed is None else _unanswered(failed)
 
     def _leave(self, channel: str, waiter: AnyWaiter) -> None:
         super()._leave(channel, waiter)
@@ -288,19 +299,20 @@ class ShardedPubSubHub(PubSubHub):
             self._inboxes.pop(inbox, None)
         self._unsubscribe(inbox)
 
-    def _ssubscribe(self, channel: str) -> bool:
+    def _ssubscribe(self, channel: str) -> Exception | None:
+        """Subscribe ``channel`` on the node of its slot: None, or what failed."""
         try:
             node = self._cluster.get_node_from_key(channel)
             with self._mutex:
                 if self._closed:
-                    return False
+                    return RuntimeError("the hub is closed")
                 shard = self._shard(node)
                 self._node_of[channel] = node.name
             shard.pubsub.ssubscribe(channel)
         except Exception as exc:  # the channel's waiters fall back to their timer
             logger.debug("redlock: ssubscribe to %s failed: %s", channel, exc)
-            return False
-        return True
+            return exc
+        return None
 
     def _unsubscribe(self, channel: str) -> None:
         with self._mutex:
@@ -423,7 +435,7 @@ class ShardedPubSubHub(PubSubHub):
             if node is not None and (node.name != name or only is not None):
                 with self._mutex:
                     self._node_of.pop(channel, None)
-                moved = self._ssubscribe(channel) or moved
+                moved = self._ssubscribe(channel) is None or moved
         if moved or only is not None:
             self.notify_all()
 

@@ -103,12 +103,27 @@ def _drive(backend: BaseLockBackend, steps: Steps[T], error: BaseException | Non
             elif isinstance(step, Watch):
                 watching = backend.hub.watch(*step)
                 reply = (watching, watching.__enter__())
+                if reply[1].unconfirmed:
+                    watching.__exit__(None, None, None)
+                    raise _unconfirmed(backend, step)
             else:
                 step.handle[0].__exit__(None, None, None)
         except BaseException as exc:
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
             error = exc
+
+
+def _unconfirmed(backend: BaseLockBackend, step: Watch) -> BackendUnavailable:
+    """A wait's set-up and its first try share one socket timeout: a server that did not
+    confirm the subscription within it does not answer, and the try would wait another.
+    Raised into the steps at the ``Watch`` (nothing registered on the server yet)."""
+    timeout = backend.hub.confirm_timeout
+    return BackendUnavailable(
+        f"lock {step.lock or step.channel!r}: backend {backend.alias!r} did not confirm the"
+        f" wait's subscription within {timeout:g} s",
+        timed_out=True,
+    )
 
 
 async def adrive(backend: BaseLockBackend, steps: Steps[T]) -> T:
@@ -128,6 +143,9 @@ async def adrive(backend: BaseLockBackend, steps: Steps[T]) -> T:
             elif isinstance(step, Watch):
                 watching = backend.hub.awatch(*step)
                 reply = (watching, await watching.__aenter__())
+                if reply[1].unconfirmed:
+                    await watching.__aexit__(None, None, None)
+                    raise _unconfirmed(backend, step)
             else:
                 await step.handle[0].__aexit__(None, None, None)
         except GeneratorExit:
