@@ -157,7 +157,8 @@ class ReleaseHub:
     #: False for a quorum's hub: the other nodes' subscriptions wake the waiter, and its
     #: try asks every node within the node timeout.
     confirm_needed = True
-    #: The most waiter ids kept by :meth:`abandon` (the oldest is forgotten first).
+    #: The most waiter ids kept by :meth:`abandon`: over it, the oldest not watched any more
+    #: is left at once (its leave runs), never forgotten.
     ABANDONED_MAX = 1000
 
     def __init__(self) -> None:
@@ -246,8 +247,39 @@ class ReleaseHub:
         waiter stops watching."""
         with self._mutex:
             self._abandoned[waiter_id] = leave
-            while len(self._abandoned) > self.ABANDONED_MAX:
-                del self._abandoned[next(iter(self._abandoned))]
+            over = len(self._abandoned) - self.ABANDONED_MAX
+            evicted: list[tuple[str, Callable[[], object]]] = []
+            if over > 0:  # the oldest not watched any more: left now, not forgotten
+                for old in list(self._abandoned):
+                    if len(evicted) >= over:
+                        break
+                    if old not in self._waiters:
+                        evicted.append((old, self._abandoned.pop(old)))
+        if evicted:
+            self._start_leaves(evicted)
+
+    def settle(self, waiter_id: str) -> None:
+        """``waiter_id`` left the server's waiters (its leave was answered, or it took the
+        hold): no leave is owed for it any more."""
+        with self._mutex:
+            self._abandoned.pop(waiter_id, None)
+
+    def _start_leaves(self, leaves: list[tuple[str, Callable[[], object]]]) -> None:
+        """Leaves dropped from the registry (over ABANDONED_MAX) are sent now, in a thread:
+        forgotten, a wake-up for one would be heard by nobody, and the lock's next waiter
+        would sleep until the hold's expiry."""
+
+        def run() -> None:
+            for waiter_id, leave in leaves:
+                try:
+                    leave()
+                except Exception as exc:  # its entry lapses on the server
+                    logger.debug("redlock: leave of waiter %s failed: %s", waiter_id, exc)
+
+        try:
+            threading.Thread(target=run, daemon=True, name="redlock-leave").start()
+        except Exception as exc:  # no thread to be had: they lapse on the server
+            logger.debug("redlock: %d leaves not started: %s", len(leaves), exc)
 
     def notify(self, channel: str) -> None:
         """A release: wake the longest-waiting waiter that is not already about to try.
@@ -344,3 +376,7 @@ class CompositeHub(ReleaseHub):
 
         for hub in self.hubs:
             hub.abandon(waiter_id, once)
+
+    def settle(self, waiter_id: str) -> None:
+        for hub in self.hubs:
+            hub.settle(waiter_id)
