@@ -499,3 +499,28 @@ def test_an_acquire_s_undo_reaches_a_node_that_turned_slow_meanwhile(
         while _held_on(servers[:3], key) and time.monotonic() < until:
             time.sleep(0.05)
         assert not _held_on(servers[:3], key), "the undo did not reach every node"
+
+
+def test_a_new_connection_to_a_node_paused_since_it_answered_delays_no_other_node(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """A node that answered lately (warm) but has no connection kept was connected in the
+    request thread, before the later nodes were sent theirs: paused meanwhile, its handshake
+    held the whole fan-out for the node timeout (1 s here). Made in a thread, it costs the
+    others nothing."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("sync", servers, socket_timeout=1, socket_connect_timeout=1):
+        backend = backend_of("sync")
+        check_replies(backend, "warm")
+        time.sleep(0.05)
+        servers[0].pause()
+        try:
+            backend.io.close()  # no connection kept; the nodes still count as answering
+            assert backend.io.health.warm(0)
+            started = time.monotonic()
+            held = lock(name, using="sync", ttl=10)
+            assert held.acquire(blocking=False)
+            assert time.monotonic() - started < 0.5
+        finally:
+            servers[0].resume()
+        held.release()

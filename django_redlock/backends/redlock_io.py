@@ -108,7 +108,7 @@ DRAIN_IDLE = 0.5
 #: that never arrives expires at its TTL, as before).
 OWED_MAX = 1000
 #: How often the debt collector looks whether a node owed writes answers again.
-OWED_POLL = 0.05
+OWED_POLL = 0.1
 
 
 class _Pending:
@@ -809,14 +809,16 @@ class NodeIO:
                 elif (connection := self._kept_one(i, me)) is not None:
                     kept.append((i, connection))  # sent on below, once seen open
                 else:
-                    self._send_new(fan, i, flights, replies, me)
+                    # In a thread: a connect (its handshake) to a node paused since it last
+                    # answered waits for the timeout, and the nodes after it would wait too.
+                    connecting[i] = self._connector(i, me)
             watch = Watch()  # polls the kept connections now, and every connection later
             if kept:
                 closed = watch.busy({i: stream_of(connection) for i, connection in kept})
                 for i, connection in kept:
                     if i in closed:  # by the server meanwhile (a restart, a timeout)
                         self.drop(i, connection, me, failed=False)
-                        self._send_new(fan, i, flights, replies, me)
+                        connecting[i] = self._connector(i, me)
                     else:
                         self._send(fan, i, connection, None, flights, replies, me)
             self._collect(fan, flights, connecting, replies, started, me, watch)
