@@ -440,12 +440,22 @@ class Debts:
     def pay_before_up(self, i: int) -> None:
         """The probe found node i back: send its debts before it counts as up. Raises
         (the node stays down) when one gets no answer."""
-        ops = self.take(i)
+        self._pay(i, self.take(i), True)
+
+    def _pay(self, i: int, ops: list[Op[Any]], undo: bool) -> None:
+        """Send ``ops`` to node i in order. No answer: the rest are owed again, and the
+        BackendUnavailable is raised. Any other error (a refusal) drops that one: asked
+        again, the node would refuse it again."""
         for n, op in enumerate(ops):
             try:
                 self._io.nodes[i].execute(op)
+            except BackendUnavailable:
+                self.restore(i, ops[n:], undo)
+                raise
+            except Exception as exc:
+                logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
             except BaseException:
-                self.restore(i, ops[n:], False)
+                self.restore(i, ops[n:], undo)
                 raise
 
     def collect(self) -> None:
@@ -473,13 +483,8 @@ class Debts:
                 slow = io.slow(time.monotonic(), io.slow_after)
                 for i in range(len(io.nodes)):
                     if self._owed[i] and not io.health.is_down(i) and i not in slow:
-                        ops = self.take(i, undo=False)
-                        for n, op in enumerate(ops):
-                            try:
-                                io.nodes[i].execute(op)
-                            except Exception:
-                                self.restore(i, ops[n:], False)
-                                break
+                        with contextlib.suppress(BackendUnavailable):
+                            self._pay(i, self.take(i, undo=False), False)
             except Exception:  # never dies with debts owed: log, go on
                 logger.exception("django_redlock: the Redlock debt collector failed; going on")
             time.sleep(OWED_POLL)
