@@ -121,6 +121,12 @@ def _watching(backend: BaseLockBackend, step: Watch) -> Any:
     return backend.hub.watch(step.channel, step.by_id, step.lock)
 
 
+def _not_watching(backend: BaseLockBackend, step: Watch) -> None:
+    """The watch failed (a refused subscription): nothing registered, no leave owed."""
+    if step.leave is not None:
+        backend.hub.settle(step.channel)
+
+
 def _drive(
     backend: BaseLockBackend, steps: Steps[T], error: BaseException | None, watches: list[Any]
 ) -> T:
@@ -138,7 +144,11 @@ def _drive(
                 reply = step.waiter.wait(step.seconds)
             elif isinstance(step, Watch):
                 watching = _watching(backend, step)
-                reply = (watching, watching.__enter__(), step.channel)
+                try:
+                    reply = (watching, watching.__enter__(), step.channel)
+                except Exception:
+                    _not_watching(backend, step)
+                    raise
                 watches.append((step.channel, reply[1]))
                 if reply[1].unconfirmed:
                     _unconfirmed_exit(backend, step, watches)
@@ -204,7 +214,11 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
                     leave = functools.partial(backend.execute, step.leave)
                     backend.hub.abandon(step.channel, leave)
                 watching = backend.hub.awatch(step.channel, step.by_id, step.lock)
-                reply = (watching, await watching.__aenter__(), step.channel)
+                try:
+                    reply = (watching, await watching.__aenter__(), step.channel)
+                except Exception:
+                    _not_watching(backend, step)
+                    raise
                 watches.append((step.channel, reply[1]))
                 if reply[1].unconfirmed:
                     _unconfirmed_exit(backend, step, watches)
