@@ -896,8 +896,11 @@ class NodeIO:
         commands = _commands(fan[i].request)
         flight.count = len(commands)
         # What node i is owed goes first, on this connection: nothing sent after it
-        # overtakes it. Its replies are read and dropped, as a lane's earlier ones.
-        owed = self.debts.take(i)
+        # overtakes it. Its replies are read and dropped, as a lane's earlier ones. Not to
+        # a node still down: a connection dropped when it went down may hold requests the
+        # node has not read yet (the acquire a release undoes), and this one could overtake
+        # them; its probe pays once the node answers (after those).
+        owed = [] if self.health.is_down(i) else self.debts.take(i)
         if owed:
             debts = [c for op in owed for c in _commands(op.request)]
             flight.skip += len(debts)
