@@ -2,8 +2,9 @@
 -- _hold; leases_wake is in _permits_wake, after _wake and _queue). Every hold of such a name is a lease: the name's own key is a
 -- sorted set of token -> expiry (server ms), and a hash beside it (key .. ':h') has each
 -- lease's 'fence|acquired-ms|count|mode|holder' (mode: s permit, r read, w write), plus
--- ':limit' (a semaphore's limit at the last grant) and ':writer' (a read-write lock's
--- writer). A lease is live while its expiry is in the future on the server's clock, so a
+-- ':limit' (a semaphore's limit at the last grant), ':writer' (a read-write lock's writer)
+-- and ':kind' ('s' semaphore, 'rw' read-write lock: the last grant's; one name is one kind
+-- at a time, so while any lease lives it is the kind of every live lease). A lease is live while its expiry is in the future on the server's clock, so a
 -- crashed holder's lease frees at its TTL whatever the clients' clocks say.
 local LEASES_PRUNE_MAX = 100 -- per call: a crowd of expired leases never blocks Redis long
 
@@ -45,7 +46,10 @@ end
 -- mode are wanted and it is a permit or a write ('s', 'w': one hold each, no fence read).
 local function lease_mine(leases, details, token, now, expiry, mode)
   if expiry == nil then
-    expiry = redis.call('ZSCORE', leases, token)
+    expiry = redis.pcall('ZSCORE', leases, token)
+    if wrongtype(expiry) then -- the name is a lock's now (a plain, reentrant or fair one)
+      return 0, nil, nil
+    end
   end
   expiry = tonumber(expiry)
   if not expiry or expiry <= now then
