@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import LockError, lock, lock_all, read_write_lock, semaphore
+from django_redlock import LockError, lock, lock_all, locks, read_write_lock, semaphore
 
 Maker = Callable[[str, str], Any]
 
@@ -79,3 +79,26 @@ def test_expired_leases_do_not_keep_a_lock_out(alias: str, name: str) -> None:
     assert taker.acquire(blocking=False)
     assert taker.owned()
     taker.release()
+
+
+@pytest.mark.parametrize("shorten", ["release", "extend", "force"])
+def test_a_name_whose_leases_ended_is_free_for_every_look(
+    alias: str, name: str, shorten: str
+) -> None:
+    """The longest lease goes (released, extended shorter, force-released) and the rest
+    expire: the name's key goes with them, so a lock's locked() and ttl() and the backend's
+    is_locked() say free, as LocMem does, instead of seeing a set of expired leases."""
+    long = semaphore(name, 2, using=alias, ttl=10, auto_renew=False)
+    short = semaphore(name, 2, using=alias, ttl=0.2, auto_renew=False)
+    assert long.acquire(blocking=False) and short.acquire(blocking=False)
+    if shorten == "release":
+        long.release()
+    elif shorten == "extend":
+        long.extend(0.2)
+    else:
+        assert locks[alias].force_release(name, token=long.token)
+    time.sleep(0.35)
+    plain = lock(name, using=alias)
+    assert not plain.locked()
+    assert plain.ttl() is None
+    assert not locks[alias].is_locked(name)

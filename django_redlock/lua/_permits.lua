@@ -34,6 +34,26 @@ local function leases_grow(leases, details, ttl)
   end
 end
 
+-- After a lease was removed or shortened (it may have been the longest): both keys live
+-- exactly as long as the longest lease left, so the name's key exists only while a lease
+-- lives (a lock's EXISTS and PTTL of the name never see a stale set: one name, one kind).
+-- `gone`: the expiry the lease had, if one: a key that outlives it had a longer lease, which
+-- is still there (one PTTL, the common case of a release among holders).
+local function leases_trim(leases, details, now, gone)
+  local pttl = redis.call('PTTL', leases)
+  if gone and pttl > tonumber(gone) - now + 1 then
+    return
+  end
+  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')[2]
+  if last then
+    local keep = math.max(1, tonumber(last) - now)
+    if pttl > keep then
+      redis.call('PEXPIRE', leases, keep)
+      redis.call('PEXPIRE', details, keep)
+    end
+  end
+end
+
 -- Gone with the last lease: no keys left but the fence counter.
 local function leases_drop_if_empty(leases, details)
   if redis.call('ZCARD', leases) == 0 then
@@ -99,7 +119,11 @@ local function lease_extend(leases, details, token, ttl, now, at_least)
   end
   if not at_least or expiry < now + ttl then
     redis.call('ZADD', leases, 'XX', ms_text(now + ttl), token)
-    leases_grow(leases, details, ttl)
+    if expiry > now + ttl then
+      leases_trim(leases, details, now, expiry) -- shortened: it may have been the longest
+    else
+      leases_grow(leases, details, ttl)
+    end
   end
   return 1
 end
