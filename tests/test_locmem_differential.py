@@ -1,6 +1,6 @@
 """LocMem against a real Redis: the same random sequences of public calls (every kind, one
-name shared by several kinds, expiry, extend, adopt, force release), run step by step on
-both, must give the same answers. testing.md promises LocMem has the Redis backends'
+name shared by several kinds, blocking tries, expiry, extend, adopt, force release), run step
+by step on both, must give the same answers. testing.md promises LocMem has the Redis backends'
 semantics; the next divergence fails here.
 
 Time is made deterministic for expiry: short holds have a TTL of SHORT seconds, the steps
@@ -23,6 +23,7 @@ from django_redlock.backends.base import Released
 
 BACKENDS = ("local", "redis")
 SHORT, MARGIN = 0.3, 0.12
+WAIT = 0.03  # a blocking try's timeout: well inside a step budget
 SEEDS = range(int(os.environ.get("DIFFERENTIAL_SEEDS", "12")))  # more: set it
 STEPS = 40
 
@@ -76,6 +77,8 @@ class World:
         obj = self.objects[args[0]]
         if what == "acquire":
             return _outcome(lambda: obj.acquire(blocking=False))
+        if what == "wait":  # registers (or queues) as a waiter, then leaves
+            return _outcome(lambda: obj.acquire(timeout=WAIT))
         if what == "adopt":
             token = self.objects[args[1]].token
             if token is None:
@@ -92,7 +95,7 @@ def _plan(rng: random.Random) -> tuple[list[tuple[str, int, float]], list[tuple[
     specs = [
         (rng.choice(list(KINDS)), rng.randrange(2), rng.choice((SHORT, 10.0))) for _ in range(7)
     ]
-    calls = ["acquire"] * 6 + ["release"] * 3 + ["extend", "owned", "locked", "ttl"]
+    calls = ["acquire"] * 6 + ["release"] * 3 + ["wait", "extend", "owned", "locked", "ttl"]
     calls += ["hold_count", "available", "fence_none"]
     steps: list[tuple[Any, ...]] = []
     for _ in range(STEPS):
