@@ -74,7 +74,8 @@ end
 -- exclude each other as holds of one lock) found the name's key of another type: the kind
 -- whose live leases hold it ('semaphore', 'read-write lock': the ':kind' its last grant
 -- wrote in the details), or false. A sorted set of expired leases only is dropped with its
--- details (their holders can renew none of them), so the name is free for the lock. Runs
+-- details (their holders can renew none of them), so the name is free for the lock: then
+-- the second value is true. Runs
 -- only after a read of the key failed with WRONGTYPE: a free name or a lock of the same kind
 -- costs nothing here.
 local function other_kind(lock, now)
@@ -84,7 +85,7 @@ local function other_kind(lock, now)
   local details = lock .. ':h'
   if redis.call('ZCOUNT', lock, '(' .. string.format('%d', now), '+inf') == 0 then
     redis.call('DEL', lock, details)
-    return false
+    return false, true
   end
   return redis.call('HGET', details, ':kind') == 's' and 'semaphore' or 'read-write lock'
 end

@@ -47,8 +47,10 @@ end
 
 -- Ours already: a re-entry, or the reply to an earlier try was lost.
 local count, fence, wrong = hold_mine(lock, token, reentrant and 'hash' or 'string')
+local dropped = false
 if wrong then
-  local other = other_kind(lock, now)
+  local other
+  other, dropped = other_kind(lock, now)
   if other then
     return {-2, other}
   end
@@ -67,7 +69,7 @@ end
 if not fair and not queued then
   -- A plain lock was tried above already: its SET NX found it held.
   -- (again, for a plain lock, when other_kind dropped a set of expired leases)
-  fence = (reentrant or wrong) and hold_take(lock, counter, token, ttl, meta, reentrant, now)
+  fence = (reentrant or dropped) and hold_take(lock, counter, token, ttl, meta, reentrant, now)
   if fence then
     if registered then
       redis.call('ZREM', waiting, waiter)

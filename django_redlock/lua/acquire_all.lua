@@ -21,12 +21,15 @@ for i = 1, n do
   local lock = KEYS[5 * i - 4]
   if redis.call('EXISTS', lock) == 1 then
     local count, fence, wrong = hold_mine(lock, token, 'string')
-    local other = wrong and other_kind(lock, now)
+    local other, dropped = false, false
+    if wrong then
+      other, dropped = other_kind(lock, now)
+    end
     if other then
       clash = clash or {i, other}
     elseif count > 0 then
       fences[i] = fence
-    elseif not wrong or redis.call('EXISTS', lock) == 1 then -- (expired leases: dropped)
+    elseif not dropped then -- (a set of expired leases was: the name is free)
       busy = busy or i
     end
   elseif redis.call('EXISTS', KEYS[5 * i - 2]) == 1 then
