@@ -4,8 +4,10 @@
 -- lease's 'fence|acquired-ms|count|mode|holder' (mode: s permit, r read, w write), plus
 -- ':limit' (a semaphore's limit at the last grant), ':writer' (a read-write lock's writer)
 -- and ':kind' ('s' semaphore, 'rw' read-write lock: the last grant's; one name is one kind
--- at a time, so while any lease lives it is the kind of every live lease). A lease is live while its expiry is in the future on the server's clock, so a
--- crashed holder's lease frees at its TTL whatever the clients' clocks say.
+-- at a time, so while any lease lives it is the kind of every live lease). A lease is live
+-- while its expiry is in the future on the server's clock, so a crashed holder's lease frees
+-- at its TTL whatever the clients' clocks say. The set and the hash live exactly as long as
+-- the longest lease (leases_grow, leases_trim).
 local LEASES_PRUNE_MAX = 100 -- per call: a crowd of expired leases never blocks Redis long
 
 local function ms_text(ms)
