@@ -4,6 +4,7 @@ every backend alike, at once: it never grants beside the other kind and never wa
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -102,3 +103,18 @@ def test_a_name_whose_leases_ended_is_free_for_every_look(
     assert not plain.locked()
     assert plain.ttl() is None
     assert not locks[alias].is_locked(name)
+
+
+def test_the_asyncio_api_says_the_same(alias: str, name: str) -> None:
+    async def clash() -> None:
+        holder = semaphore(name, 2, using=alias, ttl=10)
+        assert await holder.aacquire(blocking=False)
+        try:
+            with pytest.raises(LockError, match="another kind, a semaphore"):
+                await lock(name, using=alias).aacquire(timeout=5)
+            with pytest.raises(LockError, match="another kind, a semaphore"):
+                await read_write_lock(name, using=alias).write().aacquire(timeout=5)
+        finally:
+            await holder.arelease()
+
+    asyncio.run(clash())
