@@ -100,12 +100,14 @@ def caught(log: Any, hold: int, current: Any, error: type[Exception]) -> None:
     log("intr", h=hold, where=place)
     if current is None:
         return
-    for _ in range(3):  # an interrupt in this release too: try again
+    # Every level it took (a reentrant re-entry cut short leaves two), as each ``with``
+    # block's exit would: until the object says it holds no more.
+    for _ in range(6):
         try:
             current.release()
             log("intr_rel", h=hold, ok=True)
         except error as exc:
             log("intr_rel", h=hold, ok=False, err=type(exc).__name__)
-        except KeyboardInterrupt:
+            return
+        except KeyboardInterrupt:  # the end of a burst: try again
             continue
-        return
