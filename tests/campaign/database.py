@@ -62,6 +62,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "campaign"
 ALIAS = "default"
+#: The pruner's alias: the same database, not through the proxy (its COMMITs, many a second,
+#: would take the COMMIT faults meant for the blocks).
+PRUNER = "pruner"
 ABORT_RATE = 0.05
 CALLBACK_FAIL_RATE = 0.1  # blocks registering an on_commit callback that raises
 #: psycopg's IsolationLevel values: READ COMMITTED, REPEATABLE READ, SERIALIZABLE.
@@ -135,6 +138,10 @@ class Database:
             autocommit=True, connect_timeout=10,
         )  # fmt: skip
 
+    def direct(self) -> dict[str, Any]:
+        """Where the server itself is (the pruner goes there, not through the proxy)."""
+        return {"HOST": self.server.host, "PORT": str(self.server.port)}
+
     def settings(self) -> dict[str, Any]:
         """The clients' DATABASES entry. A hung wait fails, never freezes a client."""
         options = "-c lock_timeout=20000 -c idle_in_transaction_session_timeout=30000"
@@ -193,7 +200,8 @@ def database_settings(config: dict[str, Any]) -> dict[str, Any]:
         return {}
     entry = dict(config["database"])
     entry["OPTIONS"] = {**entry.get("OPTIONS", {}), "isolation_level": isolation_of(config)}
-    return {ALIAS: entry}
+    direct = dict(entry, **(config.get("database_direct") or {}))
+    return {ALIAS: entry, PRUNER: direct}
 
 
 def start_pruner(config: dict[str, Any], log: Any, stop: Any) -> None:
@@ -221,10 +229,10 @@ def start_pruner(config: dict[str, Any], log: Any, stop: Any) -> None:
         while not stop.wait(rng.uniform(0.1, 0.6)):
             age = datetime.timedelta(seconds=rng.uniform(0.02, 0.5))
             try:
-                log("db_prune", n=prune_fences(ALIAS, age), age=age.total_seconds())
+                log("db_prune", n=prune_fences(PRUNER, age), age=age.total_seconds())
             except DatabaseError as exc:
                 log("db_prune_err", err=type(exc).__name__, msg=str(exc)[:300])
-                connections[ALIAS].close()
+                connections[PRUNER].close()
 
     threading.Thread(target=prune, daemon=True, name="pruner").start()
 

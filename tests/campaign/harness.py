@@ -120,6 +120,7 @@ class Run:
             "resource_url": self.resource_server.url,
             "side_url": self.side_server.url,
             "database": self.database.settings() if self.database else None,
+            "database_direct": self.database.direct() if self.database else None,
             "log": str(self.dir / f"{cid}.jsonl"),
             "throughput_flag": str(self.throughput_flag),
             "interrupt_flag": str(self.dir / f"interrupt-{cid}"),
