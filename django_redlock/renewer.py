@@ -536,11 +536,13 @@ class Renewer:
         self._declare_losses()  # a loss the exception cut short
 
     def _failed(self, bucket: _Bucket, exc: Exception) -> Exception:
-        from .exceptions import BackendUnavailable, QuorumNotReached
+        from .exceptions import BackendRefused, BackendUnavailable, QuorumNotReached
 
-        if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
+        if isinstance(exc, (BackendUnavailable, QuorumNotReached, BackendRefused)):
             observe.backend_error(bucket.backend)
-        if not isinstance(exc, BackendUnavailable):  # a bug must not kill the watchdog
+        if isinstance(exc, BackendRefused):  # the server's refusal, in its words: no answer
+            logger.warning("redlock: renewing on %s: %s", bucket.backend.describe(), exc)
+        elif not isinstance(exc, BackendUnavailable):  # a bug must not kill the watchdog
             logger.exception("redlock: renewing on %s failed", bucket.backend.describe())
         return exc
 

@@ -20,7 +20,7 @@ from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import acl, fast_path, scripts
-from ..exceptions import BackendUnavailable, LockError, MissingPermission
+from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingPermission
 from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub
@@ -43,6 +43,24 @@ T = TypeVar("T")
 
 #: Errors that mean "Redis did not answer", as opposed to "Redis said no".
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+
+#: The refusal table: an error reply about the server, not the lock, by its first word.
+#: For now (BackendUnavailable: the same call may be answered later; whether this one ran
+#: is unknown, as for a timeout) ...
+UNAVAILABLE_FOR_NOW = {
+    "BUSY": "is busy running a script or function (until it ends, or SCRIPT KILL)",
+    "LOADING": "is loading its data set",
+    "MASTERDOWN": "is a replica that lost its link to its master",
+    "NOREPLICAS": "has too few good replicas to accept a write (min-replicas-to-write)",
+    "READONLY": "is a read-only replica (a failover under way?)",
+    "TRYAGAIN": "cannot serve the lock's keys during a slot migration",
+    "CLUSTERDOWN": "is in a cluster that is down",
+}
+#: ... or refused (BackendRefused); any other error reply is refused too, in its own words.
+REFUSED = {
+    "OOM": "is out of memory (maxmemory reached, and its policy evicts nothing)",
+    "MISCONF": "refuses writes after a failed snapshot (stop-writes-on-bgsave-error)",
+}
 
 
 def text(value: Any) -> Any:
@@ -165,13 +183,26 @@ class RedisBackend(BaseLockBackend):
             raise self._unavailable(name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
-                raise
+                raise self.server_error(name, exc) from exc
             raise self.refusal_error(name, exc) from exc
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
         timed_out = isinstance(exc, (RedisTimeoutError, TimeoutError))
         message = f"lock {name!r}: backend {self.describe()} is unavailable: {exc}"
         return BackendUnavailable(message, timed_out=timed_out)
+
+    def server_error(self, name: str, exc: ResponseError) -> LockError:
+        """An error reply that is not an ACL's, as the refusal table says: BackendUnavailable
+        (for now) or BackendRefused, in the server's own words. Internal API (the Cluster's
+        and Sentinel's replies)."""
+        code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
+        said = str(exc) if str(exc).startswith(code) else f"{code} {exc}"
+        if code in UNAVAILABLE_FOR_NOW:
+            return BackendUnavailable(
+                f"lock {name!r}: backend {self.describe()} {UNAVAILABLE_FOR_NOW[code]}: {said}"
+            )
+        what = REFUSED.get(code, "refused the command")
+        return BackendRefused(f"lock {name!r}: backend {self.describe()} {what}: {said}", code)
 
     def refusal_error(self, name: str, exc: BaseException) -> MissingPermission:
         """An ACL's refusal as a MissingPermission; a script's command it does not name is
@@ -198,8 +229,8 @@ class RedisBackend(BaseLockBackend):
                 reply = scripts.run(client, request)
             elif isinstance(request, list):
                 reply = scripts.run_many(client, request)
-                refused = acl.first_refused(reply)
-                if refused is not None:
+                refused = acl.first_refused(reply) or _first_error(reply)
+                if refused is not None:  # translated below, as if raised
                     raise refused
             else:
                 reply = fast_path.command(client, *request)
@@ -207,7 +238,7 @@ class RedisBackend(BaseLockBackend):
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
-                raise
+                raise self.server_error(op.name, exc) from exc
             raise self.refusal_error(op.name, exc) from exc
         return op.parse(reply)
 
@@ -219,8 +250,8 @@ class RedisBackend(BaseLockBackend):
                 reply = await scripts.arun(client, request)
             elif isinstance(request, list):
                 reply = await scripts.arun_many(client, request)
-                refused = acl.first_refused(reply)
-                if refused is not None:
+                refused = acl.first_refused(reply) or _first_error(reply)
+                if refused is not None:  # translated below, as if raised
                     raise refused
             else:
                 reply = await client.execute_command(*request)
@@ -228,7 +259,7 @@ class RedisBackend(BaseLockBackend):
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
-                raise
+                raise self.server_error(op.name, exc) from exc
             raise await self._arefused(op.name, exc) from exc
         return op.parse(reply)
 
@@ -611,6 +642,11 @@ def renewed(replies: list[Any]) -> list[bool | None]:
         if isinstance(reply, Exception):
             raise reply
     return [bool(reply) for reply in replies]
+
+
+def _first_error(replies: list[Any]) -> BaseException | None:
+    """A pipeline's first error reply (every one is the server's, as for one command)."""
+    return next((r for r in replies if isinstance(r, ResponseError)), None)
 
 
 def _none(reply: Any) -> None:
