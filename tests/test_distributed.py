@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from redis.exceptions import ResponseError
 
-from django_redlock import BackendUnavailable, QuorumNotReached, lock, locks
+from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks
 from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
@@ -282,3 +283,67 @@ def test_a_cluster_failover_costs_no_call_and_a_cluster_down_is_unavailable(name
             locks["c"].close()
     finally:
         stop_all([*masters, *replicas])
+
+
+def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shard is a backend for the watchdog: one master paused longer than the TTL (a
+    fork for BGSAVE, a VM pause) never costs a hold on another master. The renewal of a
+    batch spanning every shard went through redis-py's cluster pipeline, which re-sent each
+    timed-out command on its own (7 socket timeouts per try): every hold of the healthy
+    masters expired behind the paused one and was declared lost; the failed try was logged
+    as a watchdog bug (a raw redis TimeoutError)."""
+    import logging
+
+    from django_redlock.signals import lock_lost
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost)
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            held = [lock(f"{name}:{i}", using="c", ttl=3) for i in range(300)]
+            for each in held:
+                assert each.acquire(blocking=False)
+            client = nodes[0].client()
+            owners = {}
+            for each in held:
+                slot = client.execute_command("CLUSTER", "KEYSLOT", backend.key(each.name))
+                owners[each.name] = next(n for n in nodes if _serves(n, slot))
+            paused = owners[held[0].name]
+            healthy = [each for each in held if owners[each.name] is not paused]
+            assert len(healthy) > 100
+            caplog.set_level(logging.WARNING, logger="django_redlock")
+            paused.pause()
+            try:
+                time.sleep(4.5)  # 1.5 TTLs
+                gone = [
+                    each.name
+                    for each in healthy
+                    if owners[each.name].client().pttl(backend.key(each.name)) < 0
+                ]
+                assert not gone, f"{len(gone)} holds on healthy masters expired"
+            finally:
+                paused.resume()
+            assert not [n for n in lost if n in {each.name for each in healthy}]
+            assert all(each.owned() for each in healthy)
+            bugs = [r for r in caplog.records if r.exc_info]
+            assert not bugs, f"logged as the watchdog's bugs: {bugs[0].getMessage()}"
+            for each in held:
+                with contextlib.suppress(LockError):
+                    each.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)

@@ -12,16 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
 import redis.retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    ClusterError,
+    MovedError,
+    NoScriptError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from .. import acl, wire
-from ..exceptions import BackendUnavailable
+from ..exceptions import BackendUnavailable, LockError
 from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
@@ -123,6 +133,128 @@ class RedisClusterBackend(RedisBackend):
     def socket_timeout(self) -> float:
         return float(self._cluster_options()["socket_timeout"])
 
+    # -- the watchdog: a shard is a backend ---------------------------------------------------
+    # Each master's holds are renewed on their own (renewer.py asks renewal_shard, and gives
+    # each master's batches a worker of their own), each batch straight on its master's
+    # connection in one pipelined try bounded by the socket timeout: never through the
+    # cluster pipeline, whose per-command retry loop re-sent each timed-out renewal to a
+    # paused master on its own (seven socket timeouts per try), while the holds of the
+    # healthy masters, in the same batch, expired behind it.
+
+    def renewal_shard(self, name: str) -> Hashable:
+        client = self._client
+        if client is None:
+            return None
+        try:
+            return str(client.get_node_from_key(self.key(name)).name)  # the slot cache only
+        except Exception:  # a slot not known yet: renewed with the other unknowns
+            return None
+
+    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | None]:
+        """Each lock's renew.lua on the master its slot is on (several masters: at once, a
+        thread each): True or False as answered, None where no answer came (that master
+        paused, down or refusing for now: tried again soon; unknown is not lost). Raises
+        BackendUnavailable (or BackendRefused) only when no lock got an answer."""
+        client = self.client
+        results: list[bool | None] = [None] * len(renewals)
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, renewal in enumerate(renewals):
+            try:
+                node = client.get_node_from_key(self.key(renewal.name))
+            except SlotNotCoveredError:
+                continue  # no answer for it; the next try finds the slot, once it is served
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        failures: list[LockError] = []
+
+        def renew_on(node: Any, indices: list[int]) -> None:
+            try:
+                self._renew_on(node, renewals, indices, results)
+            except LockError as exc:
+                failures.append(exc)
+
+        parts = list(groups.values())
+        threads = [threading.Thread(target=renew_on, args=part, daemon=True) for part in parts[1:]]
+        for thread in threads:
+            thread.start()
+        if parts:
+            renew_on(*parts[0])
+        for thread in threads:
+            thread.join()
+        if failures and all(result is None for result in results):
+            raise failures[0]
+        return results
+
+    def _renew_on(
+        self, node: Any, renewals: Sequence[Renewal], indices: list[int], results: list[Any]
+    ) -> None:
+        """Renew ``renewals[indices]``, on ``node`` (results filled in place); a lock whose
+        slot moved (MOVED, ASK) is followed once, to the node named. Raises the error of a
+        try that got no answer at all."""
+        client = self.client
+        name = renewals[indices[0]].name
+        try:
+            replies = self._send_renewals(node, renewals, indices, asking=False)
+        except self.unavailable_errors as exc:
+            # Paused, down, or failed over: ask the cluster where the slots are now (the
+            # failed node last), so the next try goes to a new master if there is one.
+            try:
+                client.nodes_manager.initialize(last_failed_node_name=node.name)
+            except Exception as failed:
+                logger.info("redlock: the cluster's slots could not be read again: %s", failed)
+            raise self._unavailable(name, exc) from exc
+        moved: dict[str, tuple[Any, list[int]]] = {}
+        asked: dict[str, tuple[Any, list[int]]] = {}
+        refusal: LockError | None = None
+        for i, reply in zip(indices, replies, strict=True):
+            if isinstance(reply, list):
+                results[i] = bool(reply[0])
+            elif isinstance(reply, (MovedError, AskError)):
+                reply.host = reply.host or node.host  # a node that does not know its address
+                if isinstance(reply, MovedError):
+                    client.nodes_manager.move_slot(reply)
+                    target = client.get_node_from_key(self.key(renewals[i].name))
+                    table = moved
+                else:
+                    target = client.get_node(reply.host, reply.port)
+                    table = asked
+                if target is not None:
+                    table.setdefault(target.name, (target, []))[1].append(i)
+            elif isinstance(reply, ResponseError):  # BUSY, OOM, ...: no answer for it
+                refusal = refusal or self.server_error(renewals[i].name, reply)
+            else:
+                results[i] = bool(reply)
+        for table, asking in ((moved, False), (asked, True)):
+            for target, followed in table.values():
+                try:
+                    again = self._send_renewals(target, renewals, followed, asking=asking)
+                except self.unavailable_errors:
+                    continue  # no answer for those: tried again soon
+                for i, reply in zip(followed, again, strict=True):
+                    if isinstance(reply, list):
+                        results[i] = bool(reply[0])
+        if refusal is not None and all(results[i] is None for i in indices):
+            raise refusal
+
+    def _send_renewals(
+        self, node: Any, renewals: Sequence[Renewal], indices: list[int], asking: bool
+    ) -> list[Any]:
+        """One pipelined try on ``node``'s own connection (a slot being imported: each
+        script after ASKING): the replies of the scripts, errors as values."""
+        renew = script("renew")
+        requests = [
+            ("EVALSHA", renew.sha, 1, self.key(renewals[i].name), renewals[i].token,
+             renewals[i].ttl_ms)
+            for i in indices
+        ]  # fmt: skip
+        redis_node = self.client.get_redis_connection(node)
+        self.round_trips += 1
+        replies = _pipelined(redis_node, requests, asking)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            redis_node.script_load(renew.source)  # a restarted or new master
+            self.round_trips += 1
+            replies = _pipelined(redis_node, requests, asking)
+        return replies
+
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         # A batch spans slots: one renew.lua per lock (never shortens, as a whole batch's),
         # pipelined (routed to each lock's node); each replies a list of one.
@@ -176,6 +308,18 @@ def _has_sharded_pubsub(client: Any) -> bool:
         logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)
         return False
     return True
+
+
+def _pipelined(client: Any, requests: list[tuple[Any, ...]], asking: bool) -> list[Any]:
+    """``requests`` in one pipeline (no retry: the node's client has none), errors as values;
+    each after ASKING when ``asking`` (only the scripts' replies are returned)."""
+    pipe = client.pipeline(transaction=False)
+    for request in requests:
+        if asking:
+            pipe.execute_command("ASKING")
+        pipe.execute_command(*request)
+    replies = list(pipe.execute(raise_on_error=False))
+    return replies[1::2] if asking else replies
 
 
 def _renewed_each(replies: list[Any]) -> list[bool | None]:
