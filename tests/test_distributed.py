@@ -347,3 +347,60 @@ def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
     finally:
         lock_lost.disconnect(on_lost)
         stop_all(nodes)
+
+
+def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
+    """Resharding is not an outage. While a lock's slot is MIGRATING, every lock script names
+    a key the source does not have (a queue), so Redis answers TRYAGAIN; redis-py gave up
+    after 16 redirections (about 0.1 s) and a try on a held lock, the holder's release and
+    owned() raised BackendUnavailable ("TTL exhausted"). A move of 0.6 s: each answers."""
+    from .test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 2.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name))
+            holder = lock(name, using="c", ttl=30)
+            assert holder.acquire(blocking=False)
+
+            def moving(seconds: float) -> Any:
+                """Start moving the slot to another node; the move ends ``seconds`` later."""
+                import threading
+
+                source = next(n for n in nodes if _serves(n, slot))
+                target = next(n for n in nodes if n is not source)
+                src, dst = source.client(), target.client()
+                src_id = src.execute_command("CLUSTER", "MYID").decode()
+                dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+                dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+                src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+
+                def finish() -> None:
+                    time.sleep(seconds)
+                    migrate_slot(nodes, slot, source, target)
+
+                thread = threading.Thread(target=finish)
+                thread.start()
+                return thread
+
+            for call, expected in (
+                (lambda: lock(name, using="c").acquire(blocking=False), False),
+                (holder.owned, True),
+                (lambda: holder.release() or True, True),
+            ):
+                mover = moving(0.6)
+                try:
+                    began = time.monotonic()
+                    assert call() is expected
+                    assert time.monotonic() - began < 2.0
+                finally:
+                    mover.join(10)
+            assert not lock(name, using="c").locked()
+            backend.close()
+    finally:
+        stop_all(nodes)

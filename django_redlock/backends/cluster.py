@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -41,6 +42,7 @@ from .redis import UNAVAILABLE, RedisBackend, renewed, text
 
 T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
+MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
 
 
 class RedisClusterBackend(RedisBackend):
@@ -267,6 +269,24 @@ class RedisClusterBackend(RedisBackend):
         return super(RedisBackend, self).page(match, cursor, size)
 
     def execute(self, op: Op[T]) -> T:
+        # A slot being migrated (resharding) answers TRYAGAIN to every script that names a
+        # key the source no longer has or never had (a queue, a fence moved first): nothing
+        # ran. redis-py gives up after 16 redirections (about 0.1 s, "TTL exhausted"); a
+        # migration is not an outage: tried again until one socket timeout has passed.
+        give_up: float | None = None
+        while True:
+            try:
+                return self._execute(op)
+            except BackendUnavailable as exc:
+                if not _migrating(exc.__cause__):
+                    raise
+                now = time.monotonic()
+                give_up = now + self.socket_timeout if give_up is None else give_up
+                if now >= give_up:
+                    raise
+            time.sleep(min(MIGRATION_PAUSE, max(give_up - now, 0.0)))
+
+    def _execute(self, op: Op[T]) -> T:
         try:
             return super().execute(op)
         except BackendUnavailable as exc:
@@ -308,6 +328,14 @@ def _has_sharded_pubsub(client: Any) -> bool:
         logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)
         return False
     return True
+
+
+def _migrating(error: BaseException | None) -> bool:
+    """Whether redis-py gave up on a slot under migration (nothing was run): TRYAGAIN, or
+    its redirections ran out (raised only after MOVED, ASK or TRYAGAIN answers)."""
+    return isinstance(error, TryAgainError) or (
+        type(error) is ClusterError and "TTL exhausted" in str(error)
+    )
 
 
 def _pipelined(client: Any, requests: list[tuple[Any, ...]], asking: bool) -> list[Any]:
