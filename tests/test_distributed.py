@@ -404,3 +404,54 @@ def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
             backend.close()
     finally:
         stop_all(nodes)
+
+
+def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
+    """Each master's renewals go straight to it: a hold whose slot moved to another master
+    (MOVED), then whose master failed over and stopped (refused: the slots are read again),
+    is renewed where it is now, never declared lost."""
+    from django_redlock.signals import lock_lost
+
+    from .test_sharded import migrate_slot
+
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    masters = [RedisServer(args=args).start() for _ in range(3)]
+    replicas = [RedisServer(args=args).start() for _ in range(3)]
+    lost: list[Any] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock)
+
+    lock_lost.connect(on_lost)
+    try:
+        create_cluster(masters, replicas=replicas)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": masters[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = masters[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            held = lock(name, using="c", ttl=2)
+            assert held.acquire(blocking=False)
+            i = next(i for i, m in enumerate(masters) if _serves(m, slot))
+            j = (i + 1) % 3
+            migrate_slot(masters, slot, masters[i], masters[j])
+            time.sleep(3)  # 1.5 TTLs: renewed on the new owner, after a MOVED
+            assert masters[j].client().pttl(key) > 0
+            assert not lost
+            replicas[j].client().execute_command("CLUSTER", "FAILOVER")
+            deadline = time.monotonic() + 30
+            while _master_port(masters[(j + 1) % 3], slot) != replicas[j].port:
+                assert time.monotonic() < deadline, "the replica never took over"
+                time.sleep(0.1)
+            masters[j].stop()
+            time.sleep(3)  # refused: the slots read again, renewed on the new master
+            assert replicas[j].client().pttl(key) > 0
+            assert not lost
+            assert held.owned()
+            held.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all([*masters, *replicas])
