@@ -183,3 +183,27 @@ def test_min_replicas_with_a_refused_write_is_not_a_type_error(
         finally:
             server.close()
             locks["replicated"].close()
+
+
+def test_a_busy_server_is_no_answer_for_the_watchdog(
+    refusing: str, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Renewals refused with BUSY for half a TTL are no answer: the hold stays held and
+    renewed once the script ends, and nothing is logged as the watchdog's own bug (each
+    refused renewal was, with redis-py's ResponseError)."""
+    import logging
+
+    held = lock(name, using=refusing, ttl=3)
+    assert held.acquire(blocking=False)
+    server = server_of(refusing, name)
+    caplog.set_level(logging.WARNING, logger="django_redlock")
+    try:
+        with busy(server):
+            time.sleep(1.5)  # a renewal falls due (every second) and is refused
+    finally:
+        server.close()
+    time.sleep(1.0)  # renewed since
+    assert held.owned()
+    bugs = [r for r in caplog.records if r.exc_info]
+    assert not bugs, f"logged as the watchdog's bugs: {bugs[0].getMessage()}"
+    held.release()

@@ -211,14 +211,8 @@ class RedisClusterBackend(RedisBackend):
             if isinstance(reply, list):
                 results[i] = bool(reply[0])
             elif isinstance(reply, (MovedError, AskError)):
-                reply.host = reply.host or node.host  # a node that does not know its address
-                if isinstance(reply, MovedError):
-                    client.nodes_manager.move_slot(reply)
-                    target = client.get_node_from_key(self.key(renewals[i].name))
-                    table = moved
-                else:
-                    target = client.get_node(reply.host, reply.port)
-                    table = asked
+                table = moved if isinstance(reply, MovedError) else asked
+                target = self._redirected(reply, node, renewals[i].name)
                 if target is not None:
                     table.setdefault(target.name, (target, []))[1].append(i)
             elif isinstance(reply, ResponseError):  # BUSY, OOM, ...: no answer for it
@@ -229,13 +223,27 @@ class RedisClusterBackend(RedisBackend):
             for target, followed in table.values():
                 try:
                     again = self._send_renewals(target, renewals, followed, asking=asking)
-                except self.unavailable_errors:
+                except (*self.unavailable_errors, LockError):
                     continue  # no answer for those: tried again soon
                 for i, reply in zip(followed, again, strict=True):
                     if isinstance(reply, list):
                         results[i] = bool(reply[0])
         if refusal is not None and all(results[i] is None for i in indices):
             raise refusal
+
+    def _redirected(self, reply: AskError, node: Any, name: str) -> Any:
+        """The node a MOVED or ASK names (a MOVED updates the slot cache), or None if it is
+        not known: that lock gets no answer this time."""
+        client = self.client
+        reply.host = reply.host or node.host  # a node that does not know its own address
+        try:
+            if isinstance(reply, MovedError):
+                client.nodes_manager.move_slot(reply)
+                return client.get_node_from_key(self.key(name))
+            return client.get_node(reply.host, reply.port)
+        except Exception as exc:  # the slot cache in flux (a refresh): tried again soon
+            logger.info("redlock: a redirect of %r could not be followed: %s", name, exc)
+            return None
 
     def _send_renewals(
         self, node: Any, renewals: Sequence[Renewal], indices: list[int], asking: bool
@@ -252,7 +260,10 @@ class RedisClusterBackend(RedisBackend):
         self.round_trips += 1
         replies = _pipelined(redis_node, requests, asking)
         if any(isinstance(r, NoScriptError) for r in replies):
-            redis_node.script_load(renew.source)  # a restarted or new master
+            try:
+                redis_node.script_load(renew.source)  # a restarted or new master
+            except ResponseError as exc:  # BUSY, ...: the refusal table's
+                raise self.server_error(renewals[indices[0]].name, exc) from exc
             self.round_trips += 1
             replies = _pipelined(redis_node, requests, asking)
         return replies
