@@ -455,3 +455,54 @@ def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
     finally:
         lock_lost.disconnect(on_lost)
         stop_all([*masters, *replicas])
+
+
+@pytest.mark.xfail(
+    strict=False,  # timing: the take may come after the other replica moved
+    reason="not fixed: a take right after the sentinels named a new master is granted on the"
+    " old one, confirmed (min_replicas) by a replica about to follow the new master",
+)
+def test_a_thread_connected_before_a_sentinel_failover_uses_the_new_master(name: str) -> None:
+    """A thread's connection made before SENTINEL FAILOVER still reaches the old master until
+    the sentinels demote it (seconds). With two replicas and min_replicas=1, its take right
+    after the sentinels named the new master is granted on the old master, confirmed by the
+    replica that then follows the new master and drops it: a grant the failover loses. (With
+    one replica the takes raise QuorumNotReached until the old master is demoted and has
+    synced from the new one, about 15 s here, on the new master too: nothing to gain there.)
+    What would fix it: moving every connection on the sentinels' +switch-master."""
+    group = start_sentinel_group(replicas=2)
+    master, new, sentinel = group[0], group[1], group[3]
+    try:
+        with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):
+            with lock(name, using="s"):
+                pass  # this thread's connection, to the old master
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                    break
+                except ResponseError:
+                    assert time.monotonic() < deadline, "the sentinel never accepted it"
+                    time.sleep(0.2)
+            while master_port(sentinel) not in (new.port, group[2].port):
+                assert time.monotonic() < deadline, "no failover"
+                time.sleep(0.05)
+            began = time.monotonic()
+            while True:
+                try:
+                    held = lock(name, using="s")
+                    if held.acquire(blocking=False):
+                        break
+                except (QuorumNotReached, BackendUnavailable):
+                    pass
+                assert time.monotonic() < deadline, "never acquired on the new master"
+                time.sleep(0.05)
+            took = time.monotonic() - began
+            port = master_port(sentinel)
+            promoted = next(s for s in group[1:3] if s.port == port)
+            assert promoted.client().exists(locks["s"].key(name))  # on the new master
+            held.release()
+            assert master.client().info("replication")["role"] == "master" or took < 8
+            assert took < 8.0, f"acquired {took:.1f} s after the sentinels named the new master"
+    finally:
+        stop_all(group)
