@@ -506,3 +506,48 @@ def test_a_thread_connected_before_a_sentinel_failover_uses_the_new_master(name:
             assert took < 8.0, f"acquired {took:.1f} s after the sentinels named the new master"
     finally:
         stop_all(group)
+
+
+def test_a_cluster_no_node_of_which_answers_is_unavailable(name: str) -> None:
+    """redis-py's cluster client raises its own RedisClusterUnreachableError (no RedisError)
+    when it cannot read the slots from any node: at the first call of a backend whose nodes
+    are down, and for a command's timeout while every node is paused. Both raised it raw
+    from every call (acquire, locked, lock_all, the admin's pages). BackendUnavailable; a
+    timeout stays a timeout (the server may still run what it was sent)."""
+    from django_redlock import lock_all
+
+    dead = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+            "LOCATION": "redis://127.0.0.1:9/0", "OPTIONS": {"socket_timeout": 0.5}}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "dead": dead}):
+        for call in (
+            lambda: lock(name, using="dead").acquire(blocking=False),
+            lambda: lock(name, using="dead").locked(),
+            lambda: lock_all(name, f"{name}:2", using="dead", blocking=False).__enter__(),
+            lambda: locks["dead"].page("*", None, 10),
+        ):
+            with pytest.raises(BackendUnavailable, match="cannot be connected"):
+                call()
+        locks["dead"].close()
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            with lock(name, using="c"):
+                pass  # the slots are known
+            for node in nodes:
+                node.pause()
+            try:
+                for _ in range(3):  # the third runs the refresh the others asked for
+                    with pytest.raises(BackendUnavailable) as raised:
+                        lock(name, using="c").acquire(blocking=False)
+                    assert raised.value.timed_out
+            finally:
+                for node in nodes:
+                    node.resume()
+            locks["c"].close()
+    finally:
+        stop_all(nodes)

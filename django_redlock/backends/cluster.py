@@ -26,10 +26,12 @@ from redis.exceptions import (
     ClusterError,
     MovedError,
     NoScriptError,
+    RedisClusterException,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import acl, wire
 from ..exceptions import BackendUnavailable, LockError
@@ -66,13 +68,16 @@ class RedisClusterBackend(RedisBackend):
     publishes_releases = True
 
     #: Also the cluster's own "no answer": down (CLUSTERDOWN, during a failover), a slot no
-    #: node serves, TRYAGAIN, and redirects that never settled (a slot migration's TTL).
+    #: node serves, TRYAGAIN, redirects that never settled (a slot migration's TTL), and
+    #: redis-py's cluster errors (no node reachable to read the slots from, the slots not
+    #: all served), which are no RedisError.
     unavailable_errors = (
         *UNAVAILABLE,
         ClusterDownError,
         SlotNotCoveredError,
         TryAgainError,
         ClusterError,
+        RedisClusterException,
     )
 
     def _cluster_options(self) -> dict[str, Any]:
@@ -88,9 +93,21 @@ class RedisClusterBackend(RedisBackend):
             # same: redis-py does not count them as retries; a refused connection is tried
             # once more (execute()).
             options["retry"] = redis.retry.Retry(NoBackoff(), 0)
-        client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
+        try:  # reads the slots from a node: the first call's round trip
+            client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
+        except self.unavailable_errors as exc:
+            raise self._unavailable("(connecting)", exc) from exc
         self._sharded = _has_sharded_pubsub(client)
         return client
+
+    def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
+        error = super()._unavailable(name, exc)
+        # redis-py raises a command's timeout as "unreachable" while the slots cannot be
+        # read from any node: the command was sent, and the server may still run it.
+        cause = exc.__cause__ if isinstance(exc, RedisClusterException) else None
+        if isinstance(cause, (TimeoutError, RedisTimeoutError)):
+            return BackendUnavailable(str(error), timed_out=True)
+        return error
 
     @property
     def sharded(self) -> bool:
