@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install browser terminal redis postgresql test lint format docs demo bench tox soak clean
+.PHONY: install versions browser terminal redis postgresql test lint format docs demo bench tox soak clean
 
 install: $(STAMP)
 
@@ -105,8 +105,27 @@ PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --durations=30
 # two processes there.
 PYTEST_AGAIN = $(BIN)/pytest -n 2 --dist loadfile
 
-test: lint docs browser terminal redis postgresql
+# The lowest redis-py setup.cfg allows: the tests of what we rely on in redis-py's behaviour
+# (wire.py's internals, the fast path, node streams, Redlock I/O, connections, TLS, Cluster and
+# Sentinel) run on it as well, so a fix for a new redis-py cannot break the old. It is put
+# ahead of the venv's own on PYTHONPATH (`pip install --target`, no dependencies: everything
+# else is the venv's), so no second venv is built.
+LOWEST_REDIS := $(shell sed -n 's/.*redis\[hiredis\]>=\([0-9.]*\).*/\1/p' setup.cfg)
+LOWEST_DIR := $(VENV)/redis-py-$(LOWEST_REDIS)
+REDIS_PY_TESTS = tests/test_wire.py tests/test_fast_path.py tests/test_node_stream.py \
+	tests/test_redlock_io.py tests/test_connections.py tests/test_tls.py tests/test_distributed.py
+
+$(LOWEST_DIR): $(STAMP)
+	rm -rf $(LOWEST_DIR)
+	$(BIN)/python -m pip install --quiet --no-deps --target $(LOWEST_DIR) "redis==$(LOWEST_REDIS)"
+
+versions: $(STAMP) redis
+	@$(BIN)/python -m tests.versions
+
+test: versions lint docs browser terminal redis postgresql $(LOWEST_DIR)
 	$(PYTEST)
+	@echo "redis-py's behaviour again, on the lowest redis-py setup.cfg allows ($(LOWEST_REDIS))"
+	PYTHONPATH=$(LOWEST_DIR) $(PYTEST_AGAIN) $(REDIS_PY_TESTS)
 	@bundled=$$($(REDIS_62)); if [ -n "$$bundled" ]; then \
 		echo "the backends' behaviour again, on $$bundled"; \
 		REDIS_SERVER=$$bundled $(PYTEST_AGAIN) -m every_redis; \

@@ -41,10 +41,10 @@ class StaleFence(LockLost):
 
 
 class CommitOutcomeUnknown(LockError):
-    """The connection to the database failed during a fenced transaction's COMMIT, and the
-    database could not be asked afterwards whether it committed: it may have, or not. Not
-    safe to retry blindly (the work may be applied twice); check what the block wrote first.
-    The original database error is its ``__cause__``."""
+    """A fenced transaction's COMMIT did not answer (its reply lost, or the wait for it
+    interrupted), and the database could not prove afterwards whether it committed: it may
+    have, or not. Not safe to retry blindly (the work may be applied twice); check what the
+    block wrote first. The exception out of the COMMIT is its ``__cause__``."""
 
 
 class QuorumNotReached(LockError):

@@ -42,29 +42,47 @@ def row_key(backend: str, name: str) -> str:
 
 
 def commit_outcome(
-    using: str, key: str, fence: int, touched: datetime.datetime | None, wait: float
+    using: str,
+    backend: str,
+    name: str,
+    fence: int,
+    touched: datetime.datetime | None,
+    again: bool,
+    wait: float,
 ) -> bool | None:
-    """Whether a fenced transaction whose COMMIT's reply was lost committed, asked on a new
-    connection: True if the lock's row (key ``key``) carries ``fence`` (and ``touched``, unless
-    None: a hold's blocks share its fence), False if not, None if the database did not answer.
+    """Whether a fenced transaction whose COMMIT's outcome is unknown (its reply lost or
+    interrupted) committed, asked on a new connection: True or False only when the rows prove
+    it, None when they cannot (or the database did not answer).
+
+    ``fence`` and ``touched`` are what the block's upsert wrote in the lock's row (``touched``
+    None: the fence is the block's alone, re-fenced in it); ``again``: the row already carried
+    ``fence`` before the block (an earlier block of the same hold). Once a block committed,
+    the row's fence never drops below its fence (later blocks only raise it; a row pruned and
+    created again starts at or above the backend's floor, which rose to the pruned fence), and
+    a later block's upsert keeps the fence it overwrote in ``previous``. So: the row carries
+    the block's fence and mark, committed; a fence below, or the hold's fence without the
+    mark, not; a later fence whose ``previous`` is the block's (fresh) fence, committed; one
+    whose ``previous`` is below it, not; anything else (later blocks on top, the row gone or
+    created again while the floor is at or above the fence: a prune ran), unknown.
+
     On PostgreSQL the read locks the row (``FOR SHARE``, at most ``wait`` seconds): a server
-    still finishing that transaction holds it, and the answer comes once the transaction
-    ended, either way."""
+    still finishing that transaction holds it, and the answer comes once it ended."""
     from .models import Fence
 
     connection = connections.create_connection(using)
     try:
         qn = connection.ops.quote_name
-        sql = f"SELECT {qn('fence')}, {qn('touched')} FROM {qn(Fence._meta.db_table)}"
-        sql += f" WHERE {qn('key')} = %s"
+        columns = f"{qn('fence')}, {qn('previous')}, {qn('touched')}"
+        sql = f"SELECT {columns} FROM {qn(Fence._meta.db_table)} WHERE {qn('key')} = %s"
         with connection.cursor() as cursor:
             postgresql = connection.vendor == "postgresql"
             if postgresql:  # the bound for this read only (a pooled connection keeps GUCs)
                 cursor.execute("BEGIN")
                 cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_bound(wait)])
-                sql += " FOR SHARE"
-            cursor.execute(sql, [key])
+            cursor.execute(sql + (" FOR SHARE" if postgresql else ""), [row_key(backend, name)])
             row = cursor.fetchone()
+            cursor.execute(sql, [row_key(backend, "")])  # the floor: a prune ran?
+            floor = cursor.fetchone()
             if postgresql:
                 cursor.execute("COMMIT")
             expected = (
@@ -77,9 +95,19 @@ def commit_outcome(
     finally:
         with contextlib.suppress(DatabaseError):
             connection.close()
-    if row is None or int(row[0]) != fence:
+    pruned = floor is not None and int(floor[0]) >= fence  # a row with this fence may be gone
+    if row is None:
+        return None if pruned else False
+    recorded, previous = int(row[0]), row[1]
+    if recorded == fence:  # the hold's fence: this block's only with its mark
+        return touched is None or row[2] == expected or str(row[2]) == str(expected)
+    if recorded < fence:
         return False
-    return touched is None or row[1] == expected or str(row[1]) == str(expected)
+    if previous is None:  # the row was created after this block: ours never was, or pruned
+        return None if pruned else False
+    if int(previous) == fence:  # the next block overwrote this hold's fence
+        return None if again else True
+    return False if int(previous) < fence else None
 
 
 def check_fence(
@@ -91,13 +119,15 @@ def check_fence(
     refence: Callable[[int], int] | None = None,
     wait: float | None = None,
     now: datetime.datetime | None = None,
-) -> None:
+) -> bool:
     """Record ``fence`` as the newest of lock ``name`` on ``backend``, or raise StaleFence if
-    a larger one is recorded. In a transaction: the row stays locked until it ends. One
-    statement when the row exists; two or three the first time (the floor of
-    ``prune-fences``). ``wait``: at most so many seconds for a row another transaction holds
-    (PostgreSQL's ``lock_timeout``; SQLite's own timeout and other databases' lock wait
-    timeouts bound it too), then ``LockNotAcquired``; None: the database's own bound.
+    a larger one is recorded; whether the row already carried ``fence`` (an earlier block of
+    the same hold recorded it: :func:`commit_outcome` needs to know). In a transaction: the
+    row stays locked until it ends. One statement when the row exists; two or three the first
+    time (the floor of ``prune-fences``). ``wait``: at most so many seconds for a row another
+    transaction holds (PostgreSQL's ``lock_timeout``; SQLite's own timeout and other
+    databases' lock wait timeouts bound it too), then ``LockNotAcquired``; None: the
+    database's own bound.
 
     A larger fence recorded does not yet make the hold stale: the Redis server's clock may
     have gone back while the name's counter was lost. ``refence(recorded)`` (see
@@ -111,9 +141,9 @@ def check_fence(
         if connection.vendor in ("postgresql", "sqlite") and (
             connection.features.can_return_columns_from_insert  # SQLite >= 3.35
         ):
-            outcome = _upsert(connection, key, backend, name, fence, now, wait)
+            outcome, previous = _upsert(connection, key, backend, name, fence, now, wait)
         else:
-            outcome = _portable(using, key, backend, name, fence, now)
+            outcome, previous = _portable(using, key, backend, name, fence, now)
         # A name's first row, or one pruned: fences below the floor are older than the rows
         # prune-fences forgot, so they may be below what those rows held.
         floor = _floor(using, backend, wait) if outcome == "new" else None
@@ -129,18 +159,17 @@ def check_fence(
     if outcome == "new":
         recorded = floor
         if recorded is None or recorded <= fence:
-            return
+            return False
     elif outcome == "stale":
         recorded = _recorded(using, key)
     else:
-        return
+        return previous == fence
     assert recorded is not None  # the row is locked: it cannot have gone meanwhile
     # Redis's Lua numbers are exact below 2**53 (the clock's us reach it in year 2255): no
     # re-fence can pass a recorded fence beyond that.
     refenced = refence(recorded) if refence is not None and recorded < FENCE_LIMIT else -1
     if refenced > recorded:  # current in Redis: check the new fence (once: no re-fence then)
-        check_fence(using, backend, name, refenced, describe, wait=wait)
-        return
+        return check_fence(using, backend, name, refenced, describe, wait=wait, now=now)
     message = stale_message(
         describe or repr(name), using, fence, recorded, outcome == "new", refenced
     )
@@ -184,7 +213,8 @@ def _lock_timeout(exc: BaseException) -> bool:
 
 def _upsert(
     connection: Any, key: str, backend: str, name: str, fence: int, now: Any, wait: float | None
-) -> str:
+) -> tuple[str, int | None]:
+    """("new", None), ("newest", the fence the row had) or ("stale", None)."""
     bounded = wait is not None and connection.vendor == "postgresql"
     sql = _upsert_sql(connection, bounded)
     touched = connection.ops.adapt_datetimefield_value(now)
@@ -197,8 +227,8 @@ def _upsert(
         if row is None and bounded:  # RETURNING did not run: restore lock_timeout here
             cursor.execute(_RESTORE)
     if row is None:
-        return "stale"
-    return "new" if row[0] is None else "newest"
+        return "stale", None
+    return ("new", None) if row[0] is None else ("newest", int(row[0]))
 
 
 _UPSERT_SQL: dict[tuple[str, bool], str] = {}  # the text is built once, not per block
@@ -246,7 +276,9 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
     return _UPSERT_SQL.setdefault((connection.vendor, bounded), sql)
 
 
-def _portable(using: str, key: str, backend: str, name: str, fence: int, now: Any) -> str:
+def _portable(
+    using: str, key: str, backend: str, name: str, fence: int, now: Any
+) -> tuple[str, int | None]:
     """Other databases: SELECT ... FOR UPDATE, then UPDATE or INSERT (Django's ORM)."""
     from .models import Fence
 
@@ -255,15 +287,15 @@ def _portable(using: str, key: str, backend: str, name: str, fence: int, now: An
         found = list(rows.select_for_update().filter(key=key).values_list("fence", flat=True))
         if found:
             if found[0] > fence:
-                return "stale"
+                return "stale", None
             rows.filter(key=key).update(fence=fence, previous=found[0], touched=now)
-            return "newest"
+            return "newest", found[0]
         try:
             with transaction.atomic(using=using):  # a savepoint: a concurrent insert may win
                 rows.create(key=key, backend=backend, name=name, fence=fence, touched=now)
         except IntegrityError:
             continue  # then lock its row and compare
-        return "new"
+        return "new", None
 
 
 def _floor(using: str, backend: str, wait: float | None) -> int | None:

@@ -11,8 +11,8 @@ once the previous holder's transaction ended, whatever became of that hold in Re
 The block is a state machine (docs/topics/fencing.md draws it): waiting in Redis, holding,
 row locked, committed, released. Its one rule for callers: **a block that raises committed
 nothing; a block that returns committed** (a savepoint, inside an outer transaction), save
-``CommitOutcomeUnknown``: the connection failed during the COMMIT and the database could not
-be asked afterwards. So:
+``CommitOutcomeUnknown``: the COMMIT did not answer and the rows cannot prove either way (and
+an interrupt, which says "stop"). So:
 
 * the wait for the row is bounded (:func:`row_wait`): a cycle through Redis and the database
   (one thread holds a lock in Redis and waits for a row, the other holds the row and waits
@@ -20,8 +20,12 @@ be asked afterwards. So:
 * a transaction the body left unable to commit (PostgreSQL's aborted state after a caught
   error, Django's ``needs_rollback``, SQLite's own rollback inside the body) is rolled back
   and raised, never reported as committed;
-* a COMMIT whose reply was lost is settled from the lock's row, read on a new connection
-  (:func:`commit_outcome`): the block's upsert wrote its fence there, in the same transaction;
+* a COMMIT whose reply was lost or interrupted (any exception out of it) is settled from the
+  lock's row, read on a new connection (:func:`commit_outcome`): the block's upsert wrote its
+  fence and mark there, in the same transaction, and a later block's keeps it in
+  ``previous``; nested blocks of the row write the outer block's mark;
+* blocks exited out of order by hand are refused and rolled back (Django's exits would mix
+  their savepoints up); a connection with autocommit off is refused;
 * once the COMMIT happened (a first robust ``on_commit`` marks it), nothing is raised as if it
   had not: an ``on_commit`` callback's error is logged, and a lost hold at the release too
   (the lost-hold rule: raising would invite a retry, which would apply the work twice).
@@ -41,8 +45,6 @@ from typing import Any, Protocol
 
 from django.db import (
     DEFAULT_DB_ALIAS,
-    InterfaceError,
-    OperationalError,
     connections,
     transaction,
 )
@@ -50,7 +52,7 @@ from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from .exceptions import CommitOutcomeUnknown, LockError, LockNotOwned
-from .fence_table import check_fence, commit_outcome, row_key
+from .fence_table import check_fence, commit_outcome
 from .fence_table import prune_fences as prune_fences  # its old path
 
 logger = logging.getLogger("django_redlock")
@@ -132,7 +134,8 @@ class _Committed:
 
 @contextlib.contextmanager
 def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[None]:
-    """``lock.atomic(using)``: see :meth:`~.locking.base.BaseLock.atomic`.
+    """``lock.atomic(using)``: see :meth:`~.locking.base.BaseLock.atomic`; docs/topics/fencing.md
+    tabulates every way out.
 
     Raises (nothing committed): ``StaleFence``; ``LockNotAcquired`` when the row stayed
     locked past :func:`row_wait`; the body's exception; ``TransactionManagementError`` when
@@ -140,66 +143,164 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
     failed. Returns once committed: an ``on_commit`` callback's ``Exception`` is then logged,
     not raised (a ``BaseException`` such as ``KeyboardInterrupt`` still propagates).
 
-    The connection lost during the COMMIT (an ``OperationalError`` or ``InterfaceError`` from
-    the outermost transaction's exit, the commit marker not run): the server may have
-    committed. :func:`commit_outcome` asks on a new connection whether the lock's row carries
-    this block's fence and time (the upsert wrote them in the same transaction): yes, the
-    block returns as committed (a warning logged; its ``on_commit`` callbacks did not run);
-    no, the database's error (nothing committed); no answer, ``CommitOutcomeUnknown``."""
+    Any ``Exception`` out of the outermost transaction's exit before the commit marker ran (a
+    lost connection; an exception a signal handler raised while the COMMIT's reply was late,
+    which Django turns into ``ProgrammingError``; the COMMIT's own error) leaves the COMMIT's
+    outcome to be learnt: :func:`~.fence_table.commit_outcome` reads the lock's row on a new
+    connection. Committed: the block returns (a warning logged; its ``on_commit`` callbacks
+    did not run). Not committed: the exception, as it came. Not provable either way:
+    ``CommitOutcomeUnknown``."""
     if not lock.exclusive:
         raise TypeError(
             f"{lock.describe()} is shared by several holders at once: a fenced transaction"
             " needs an exclusive lock (a lock, or the write of a read-write lock)"
         )
     using = check_database(using) if using is not None else lock.database or DEFAULT_DB_ALIAS
+    refuse_manual_commit(using, lock.describe())
     _owner, hold = lock.current_hold()  # LockNotOwned / LockLost, before the database is touched
     if hold.fence is None:
         raise LockError(f"{lock.describe()}: this hold has no fencing token to record")
     committed = _Committed()
     outermost = not connections[using].in_atomic_block  # its exit is the COMMIT
-    touched = timezone.now()  # the row's time: with the fence, this block's mark in the row
-    fence, exiting = hold.fence, False
+    # The row's time: with the fence, this block's mark in the row. A block nested in one of
+    # the same row (a re-entry, lk.atomic() inside) writes the outer block's mark: the outer
+    # COMMIT's outcome check looks for it.
+    marks, row = _marks(), (using, lock.using, lock.name)
+    touched = marks.get(row) or timezone.now()
+    own_mark = row not in marks
+    marks[row] = touched
+    fence, again, exiting, misnested = hold.fence, False, False, False
     try:
         with transaction.atomic(using=using):
-            check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
-                        lock.refencer(hold), wait=row_wait(lock), now=touched)  # fmt: skip
+            depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
+            again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
+                                lock.refencer(hold), wait=row_wait(lock), now=touched)  # fmt: skip
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
-            yield
+            try:
+                yield
+            finally:  # blocks exited out of order, by hand: Django's exits mix them up
+                inside = len(connections[using].savepoint_ids) - depth
+                misnested = inside > 0
+            if inside:
+                where = "before a block opened inside it" if misnested else "after its outer one"
+                raise LockError(
+                    f"{lock.describe()}: its fenced block was left {where} (exited out of"
+                    " order, by hand): rolled back, nothing committed"
+                )
             refuse_unfinished(using, lock.describe())
             exiting = outermost  # from here on, only the COMMIT can fail
-    except Exception as exc:
+    except BaseException as exc:
+        if misnested and connections[using].in_atomic_block:
+            # Django's exit rolled back to the inner block's savepoint and kept the
+            # transaction open: marked for rollback, the inner blocks' exits commit nothing.
+            connections[using].needs_rollback = True
         if committed.done:
-            pass
-        elif exiting and isinstance(exc, (OperationalError, InterfaceError)):
-            # Re-fenced in the block: the new fence is this block's alone, whatever the time.
-            mark = None if hold.fence != fence else touched
-            outcome = commit_outcome(using, row_key(lock.using, lock.name), hold.fence, mark,
-                                     min(max(row_wait(lock), 5.0), 60.0))  # fmt: skip
-            if outcome is None:
-                raise CommitOutcomeUnknown(
-                    f"{lock.describe()}: the connection to database {using!r} failed during"
-                    f" the COMMIT of its fenced transaction ({exc}), and the database could not"
-                    " be asked whether it committed: the outcome is UNKNOWN. Do not retry"
-                    " blindly: check what the block wrote first."
-                ) from exc
-            if not outcome:
-                raise  # the row does not carry this block's fence: nothing committed
-            logger.warning(
-                "redlock: %s: the connection failed during the COMMIT of its fenced transaction"
-                " (%s), yet the lock's row carries its fence: it committed (its on_commit"
-                " callbacks did not run)",
+            if not isinstance(exc, Exception):
+                raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
+            # The COMMIT happened; an on_commit callback raised after it. Raising now would
+            # say "not committed" and invite a retry that applies the work twice.
+            logger.exception(
+                "redlock: %s: its fenced transaction committed; then an on_commit callback raised",
                 lock.describe(),
-                exc,
             )
             return
-        else:
-            raise  # nothing committed
-        # The COMMIT happened; an on_commit callback raised after it. Raising now would say
-        # "not committed" and invite a retry that applies the work twice.
-        logger.exception(
-            "redlock: %s: its fenced transaction committed; then an on_commit callback raised",
+        if not exiting:
+            raise  # rolled back: nothing committed
+        _drop_unfinished(using)  # a COMMIT cut short leaves Django's connection unusable
+        # Re-fenced in the block: the new fence is this block's alone, whatever the time.
+        mark = None if hold.fence != fence else touched
+        outcome = commit_outcome(using, lock.using, lock.name, hold.fence, mark,
+                                 again and hold.fence == fence,
+                                 min(max(row_wait(lock), 5.0), 60.0))  # fmt: skip
+        interrupt = _interrupt_in(exc)
+        if interrupt is not None:
+            # "Stop", not "failed": the interrupt goes on, whatever the outcome (logged).
+            said = {True: "it committed", False: "nothing committed", None: "UNKNOWN"}
+            logger.warning(
+                "redlock: %s: %s interrupted the COMMIT of its fenced transaction: %s",
+                lock.describe(),
+                type(interrupt).__name__,
+                said[outcome],
+            )
+            if interrupt is exc:
+                raise
+            raise interrupt from None  # Django's exit had made it a database error
+        if outcome is None:
+            raise CommitOutcomeUnknown(
+                f"{lock.describe()}: the COMMIT of its fenced transaction on database {using!r}"
+                f" did not answer ({type(exc).__name__}: {exc}), and the database could not"
+                " prove whether it committed: the outcome is UNKNOWN. Do not retry blindly:"
+                " check what the block wrote first."
+            ) from exc
+        if not outcome:
+            raise  # the rows prove that this block's fence was never committed
+        logger.warning(
+            "redlock: %s: the COMMIT of its fenced transaction did not answer (%s: %s), yet"
+            " the lock's row proves that it committed (its on_commit callbacks did not run)",
             lock.describe(),
+            type(exc).__name__,
+            exc,
         )
+    finally:
+        if own_mark:
+            marks.pop(row, None)
+
+
+def refuse_manual_commit(using: str, describe: str) -> None:
+    """Raise ``LockError`` when the connection of ``using`` has autocommit off (Django's
+    ``set_autocommit(False)``, or ``AUTOCOMMIT: False``): ``atomic()`` then neither starts
+    nor commits a transaction, and a fenced block would return as committed with nothing
+    committed. No I/O: called before the lock is taken."""
+    connection = connections[using]
+    if connection.in_atomic_block:  # an outermost atomic() found autocommit off: no COMMIT
+        manual = not connection.commit_on_exit
+    elif connection.connection is not None:
+        manual = not connection.autocommit
+    else:  # a new connection takes the setting
+        manual = not connection.settings_dict.get("AUTOCOMMIT", True)
+    if manual:
+        raise LockError(
+            f"{describe}: database {using!r}'s connection has autocommit off"
+            " (transaction.set_autocommit(False), or AUTOCOMMIT: False): Django's atomic() then"
+            " commits nothing, so a fenced transaction cannot end at a COMMIT; turn autocommit"
+            " back on (or commit yourself, then use the lock without atomic=)"
+        )
+
+
+def _drop_unfinished(using: str) -> None:
+    """Close the connection when the COMMIT's exit left it unfinished: an exception while
+    the reply was awaited leaves the driver mid-COMMIT and Django with autocommit off, and
+    every later use would fail (or be refused as autocommit off). A COMMIT the server got
+    completes all the same; one it got only part of is rolled back when the socket closes."""
+    connection = connections[using]
+    unfinished = not connection.in_atomic_block and not connection.autocommit
+    if unfinished and connection.connection is not None:
+        with contextlib.suppress(Exception):
+            connection.close()
+
+
+def _interrupt_in(exc: BaseException) -> BaseException | None:
+    """The ``KeyboardInterrupt``/``SystemExit``-like exception ``exc`` is, or that Django's
+    exit turned into a database error (``can't change 'autocommit' now``): its context."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if not isinstance(seen, Exception):
+            return seen
+        seen = seen.__context__
+    return None
+
+
+_local = threading.local()
+
+
+def _marks() -> dict[tuple[str, str, str], Any]:
+    """This thread's open fenced blocks' marks, by (database, backend, lock name)."""
+    marks = getattr(_local, "marks", None)
+    if marks is None:
+        marks = _local.marks = {}
+    return marks
 
 
 def refuse_unfinished(using: str, describe: str) -> None:

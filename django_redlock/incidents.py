@@ -123,12 +123,16 @@ def prune() -> int:
     cutoff = timezone.now() - timedelta(days=float(options["KEEP_DAYS"]))
     deleted, _ = LockIncident.objects.filter(created_at__lt=cutoff).delete()
     keep = int(options["MAX_ROWS"])
+    # By age, as the newest are listed: ids follow insertion, not created_at (hosts whose
+    # clocks differ write rows out of time order), so the rows beyond the newest MAX_ROWS
+    # are picked by the same ordering, never by an id cut-off.
     newest = LockIncident.objects.order_by("-created_at", "-id").values_list("id", flat=True)
-    boundary = list(newest[keep : keep + 1])
-    if boundary:
-        extra, _ = LockIncident.objects.filter(id__lte=boundary[0]).delete()
+    while True:
+        beyond = list(newest[keep : keep + 500])
+        if not beyond:
+            return deleted
+        extra, _ = LockIncident.objects.filter(id__in=beyond).delete()
         deleted += extra
-    return deleted
 
 
 # -- signal receivers ----------------------------------------------------------------------

@@ -65,6 +65,9 @@ acquire_ended: Any = _nothing
 hold_started: Any = _nothing
 #: ``hold_ended(lock, hold)``: the lock object let go of a hold (released or lost).
 hold_ended: Any = _nothing
+#: ``hold_unsure(lock, hold)``: the release of a hold got no answer: the lock object no
+#: longer counts it (it ends at its TTL at the latest, or a retried release ends it).
+hold_unsure: Any = _nothing
 #: ``lost(lock)``: a hold was declared lost.
 lost: Any = _nothing
 #: ``renewed(backend, count, results)``: a renewal batch of ``count`` holds was settled.
@@ -72,8 +75,8 @@ renewed: Any = _nothing
 #: ``backend_error(backend)``: a round trip got no answer (unavailable, no quorum).
 backend_error: Any = _nothing
 
-HOOKS = ("acquire_started", "acquire_ended", "hold_started", "hold_ended", "lost", "renewed",
-         "backend_error")  # fmt: skip
+HOOKS = ("acquire_started", "acquire_ended", "hold_started", "hold_ended", "hold_unsure", "lost",
+         "renewed", "backend_error")  # fmt: skip
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -185,6 +188,9 @@ class Metrics:
         return [family for metric in self.collectors for family in metric.describe()]
 
     def collect(self) -> list[Any]:
+        # Holds whose Lock object was collected end here too: in a quiet process no hook may
+        # come for a long time, and the gauge says what this process holds now.
+        settle_abandoned()
         events.apply()
         return [family for metric in self.collectors for family in metric.collect()]
 
@@ -281,6 +287,9 @@ class Events:
     def __init__(self) -> None:
         self.queue: deque[tuple[Any, Any]] = deque()
         self.deferred = True
+        # One applier at a time: two scrapes sharing the queue could apply a hold's end
+        # before its start (the gauge at -1 for a moment).
+        self.applying = threading.Lock()
 
     def __call__(self, action: Any, value: Any) -> None:
         if self.deferred:
@@ -291,6 +300,10 @@ class Events:
             action([value])
 
     def apply(self) -> None:
+        with self.applying:
+            self._apply()
+
+    def _apply(self) -> None:
         queue = self.queue
         batches: dict[Any, list[Any]] = {}
         while queue:
@@ -331,6 +344,34 @@ class Held:
 
 _abandoned: deque[tuple[Held, float]] = deque()
 _pid = [os.getpid()]  # this process's (reset after a fork): os.getpid() per hold costs
+_ending = threading.Lock()  # one ender per Held: a scrape and a hook may settle at once
+
+
+def _end(held: Held, now: float, how: str) -> None:
+    """Count ``held`` as ended at ``now`` (monotonic), once whoever calls it."""
+    with _ending:
+        if held.ended:
+            return
+        held.ended = True
+    seconds = now - held.started
+    if held.family.held is not None:
+        events(held.family.on_ended, seconds)
+    if held.span is not None:
+        held.span.set_attribute("redlock.held_ms", round(seconds * 1000, 3))
+        if how != "released or lost":
+            held.span.set_attribute("redlock.ended", how)
+        held.span.end()
+
+
+def settle_abandoned() -> None:
+    """End the holds whose Lock object was collected while holding (queued by ``__del__``,
+    which must not count: it may run while its thread holds a metric's lock)."""
+    while _abandoned:
+        try:
+            held, at = _abandoned.popleft()
+        except IndexError:
+            return
+        _end(held, at, "abandoned: its Lock object was collected while held")
 
 
 class Observer:
@@ -452,25 +493,21 @@ class Observer:
         if _abandoned:
             self._settle_abandoned()
 
+    def hold_unsure(self, lock: Any, hold: Any) -> None:
+        # Not a hold this process holds any more: nobody renews it, nothing counts it, and
+        # its owner's next operation releases it again if need be. Ended now for the gauge
+        # and the span; the histogram counts it from acquired to the unanswered release.
+        held = getattr(hold, "observed", None)
+        if held is not None and not held.ended:
+            _end(held, time.monotonic(), "release unanswered: gone at its TTL at the latest")
+        if _abandoned:
+            self._settle_abandoned()
+
     def _end(self, held: Held, now: float, how: str) -> None:
-        held.ended = True
-        seconds = now - held.started
-        if held.family.held is not None:
-            events(held.family.on_ended, seconds)
-        if held.span is not None:
-            held.span.set_attribute("redlock.held_ms", round(seconds * 1000, 3))
-            if how != "released or lost":
-                held.span.set_attribute("redlock.ended", how)
-            held.span.end()
+        _end(held, now, how)
 
     def _settle_abandoned(self) -> None:
-        while _abandoned:
-            try:
-                held, at = _abandoned.popleft()
-            except IndexError:
-                return
-            if not held.ended:
-                self._end(held, at, "abandoned: its Lock object was collected while held")
+        settle_abandoned()
 
     def lost(self, lock: Any) -> None:
         family = self.family(lock)
@@ -579,8 +616,11 @@ def configure(settings: Any = None) -> Observer | None:
 def _forget_after_fork() -> None:
     # The child holds none of its parent's holds: its gauge starts at zero (in multiprocess
     # mode the child writes its own file, which starts at zero anyway).
+    global _ending
     _abandoned.clear()
     events.queue.clear()  # the parent's events: the parent counts them
+    events.applying = threading.Lock()  # a parent's thread may have held them at the fork
+    _ending = threading.Lock()
     _pid[0] = os.getpid()
     if _metrics is not None:
         _metrics.held.clear()

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from . import wire
 from .forks import after_fork_in_child
 from .identity import process_id
 from .waiters import AnyWaiter, AsyncWaiter, CompositeHub, Confirmation, ReleaseHub, Waiter
@@ -173,9 +175,9 @@ class PubSubHub(ReleaseHub):
     def close(self) -> None:
         self._closed = True
         pubsub, self._pubsub = self._pubsub, None
+        thread, self._thread = self._thread, None
         if pubsub is not None:
-            with contextlib.suppress(Exception):
-                pubsub.close()
+            _stop_reader(pubsub, thread, self.confirm_timeout)
         super().close()
 
     def _forget_after_fork(self) -> None:
@@ -188,6 +190,25 @@ class PubSubHub(ReleaseHub):
         self._waiters = {}
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
         self._confirmed = {}
+
+
+def _stop_reader(pubsub: Any, thread: threading.Thread | None, timeout: float) -> None:
+    """Close ``pubsub`` once its reader ``thread`` has stopped reading it.
+
+    A reader whose read fails reconnects its connection (redis-py's failure callback, even
+    with no retries left) before it sees the hub closed: had the connection been closed and
+    handed back to the pool first, that reconnect would come after the backend disconnected
+    the pool, and the socket would be left for the garbage collector. So its socket is shut
+    down (the reader wakes at once), the reader is awaited (for at most ``timeout``: a
+    reconnect to a paused server), and only then is the pub/sub closed."""
+    sock = wire.socket_or_none(getattr(pubsub, "connection", None))
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout)
+    with contextlib.suppress(Exception):
+        pubsub.close()
 
 
 class _Shard:
@@ -402,8 +423,7 @@ class ShardedPubSubHub(PubSubHub):
         with self._mutex:
             shards, self._shards = list(self._shards.values()), {}
         for shard in shards:
-            with contextlib.suppress(Exception):
-                shard.pubsub.close()
+            _stop_reader(shard.pubsub, shard.thread, self.confirm_timeout)
         ReleaseHub.close(self)
 
     def _forget_after_fork(self) -> None:

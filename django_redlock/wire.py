@@ -4,9 +4,9 @@ on is named here, behind a small function that says why, and what redis-py does 
 No other module of the package says ``_sock``, ``_command_packer``, ``Retry._retries``,
 ``HiredisRespSerializer`` or the names we plant on redis-py's objects
 (``tests/test_layers.py`` checks it). Everything here holds on every redis-py the package
-supports (setup.cfg: ``redis>=5.3``; checked against 5.3 and 8.1): ``tests/test_wire.py``
-checks each assumption on the installed one, so a redis-py that changed one fails there, by
-name, instead of as a hang or a mixed-up reply on the fast path.
+supports (setup.cfg's range; ``make test`` runs the newest it allows and the lowest):
+``tests/test_wire.py`` checks each assumption on the installed one, so a redis-py that changed
+one fails there, by name, instead of as a hang or a mixed-up reply on the fast path.
 
 What we rely on, and why the public API does not do:
 
@@ -30,6 +30,12 @@ What we rely on, and why the public API does not do:
   class (``NoScriptError``, ``BusyLoadingError``...); :func:`reply_reader` gives a hiredis
   reader of ours the same mapping, so a Redlock fan-out reads its replies without redis-py's
   per-reply layers and gets what ``read_response`` would.
+* ``RedisCluster.nodes_manager.initialize()``: re-read the cluster's slots now. redis-py up to
+  8.1 did it while handling a refused connection; 8.2 only asks for it, run by a later
+  command at most once a second (``topology_refresh_min_interval``), so a retry right after
+  a failover went to the old master again (:func:`refresh_slots`). ``move_slot(error)``:
+  point a slot at the node a ``MOVED`` named (:func:`follow_moved`), for the watchdog's
+  renewals, which go straight to each master's connection.
 """
 
 from __future__ import annotations
@@ -278,9 +284,32 @@ def reply_reader(conn: Any, not_enough: Any) -> tuple[Any, Any, Any] | None:
     return sock, hiredis.Reader(**options), getattr(hiredis, "PushNotification", None)
 
 
+def refresh_slots(client: Any, failed: str | None = None) -> None:
+    """Re-read which node serves which slot of cluster ``client``, now (a direct
+    ``NodesManager.initialize()``: never paced, in redis-py 5.3 to 8.2). Called after a
+    refused connect, before the one retry that follows it; and by the watchdog after a
+    master's renewals got no answer, with that node's name as ``failed``: asked last (a
+    paused node would cost a socket timeout), where redis-py can be told so (8.2)."""
+    if failed is not None:
+        try:
+            client.nodes_manager.initialize(last_failed_node_name=failed)
+            return
+        except TypeError:  # redis-py before 8.2: no such argument (nothing was sent)
+            pass
+    client.nodes_manager.initialize()
+
+
+def follow_moved(client: Any, error: Any) -> None:
+    """Point ``error``'s slot (a ``MovedError`` a command got) at the node it names in
+    cluster ``client``'s slot cache, as redis-py does for its own commands
+    (``NodesManager.move_slot``): the watchdog sends renewals straight to a master's
+    connection, outside redis-py's redirect handling."""
+    client.nodes_manager.move_slot(error)
+
+
 def refused_at_connect(exc: BaseException | None) -> bool:
     """Whether redis-py's ``ConnectionError`` ``exc`` is a connection that never opened (the
-    server refused it): nothing was sent. redis-py (5.x to 8.1) raises it while handling the
+    server refused it): nothing was sent. redis-py (5.x to 8.2) raises it while handling the
     ``OSError`` of ``connect()``, which is then its ``__context__``."""
     return isinstance(exc, redis.exceptions.ConnectionError) and isinstance(
         exc.__context__, ConnectionRefusedError

@@ -52,7 +52,9 @@ def _server() -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"redis-server: {_server()}"
+    from .versions import line
+
+    return line()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -3,6 +3,7 @@ in the task lock's fenced transaction, on the tests' PostgreSQL."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import shared_task
@@ -49,3 +50,14 @@ def fenced_sale_with_mail(self: Any, ticket: int, buyer: str) -> bool:
 
 def _mail_server_down() -> None:
     raise ConnectionError("the mail server is down")
+
+
+@shared_task(bind=True, base=SingleInstanceTask, autoretry_for=(Exception,), max_retries=2,
+             default_retry_delay=0, soft_time_limit=1)  # fmt: skip
+@single_instance(key="fenced-slow:{ticket}", ttl=5, on_duplicate="raise", atomic="postgres")
+def fenced_sale_slow_commit(self: Any, ticket: int, buyer: str) -> bool:
+    """Sell a seat, then commit close to the soft time limit (the test's proxy holds the
+    COMMIT's reply back: the limit fires while the reply is late)."""
+    sold = sell_one("postgres", ticket, buyer)
+    time.sleep(0.5)
+    return sold

@@ -3,6 +3,11 @@
 ``lose_replies(n)``: the next ``n`` replies from the server are swallowed and the client's
 connection is cut, after the server has executed the command: the client sees a connection
 error for a command that took effect (an unknown outcome), as when a network drops a reply.
+
+In front of a PostgreSQL, ``fault_commit(...)``: the next COMMIT goes to the server, whose
+reply is read and held back (``hold`` seconds, ``during()`` run meanwhile), then either the
+client's connection is cut (``"cut"``: the server committed, the client never hears so) or
+the reply is forwarded late (``"late"``: time for a signal handler to interrupt the wait).
 """
 
 from __future__ import annotations
@@ -10,8 +15,29 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from django_redlock.testing import free_port
+
+#: A COMMIT in PostgreSQL's simple query protocol (psycopg and libpq send it so): 'Q', the
+#: length (itself included), the text.
+COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+
+
+@dataclass
+class CommitFault:
+    how: str  # "cut" or "late"
+    hold: float
+    during: Callable[[], None] | None
+
+
+class _Link:
+    """One client connection's state, shared by its two pumps."""
+
+    def __init__(self) -> None:
+        self.commit: CommitFault | None = None  # a COMMIT went up with this fault
 
 
 class LossyProxy:
@@ -22,6 +48,8 @@ class LossyProxy:
         self._mutex = threading.Lock()
         self._to_lose = 0
         self.lost = 0  # replies lost so far
+        self._commit_fault: CommitFault | None = None
+        self.commits_faulted = 0  # COMMIT replies cut or held back so far
         self._sockets: list[socket.socket] = []
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -34,6 +62,15 @@ class LossyProxy:
         with self._mutex:
             self._to_lose = count
 
+    def fault_commit(
+        self, how: str = "cut", hold: float = 0.0, during: Callable[[], None] | None = None
+    ) -> None:
+        """The next COMMIT's reply, once the server sent it: held ``hold`` s (``during()`` run
+        meanwhile), then cut (``"cut"``) or forwarded (``"late"``)."""
+        assert how in ("cut", "late")
+        with self._mutex:
+            self._commit_fault = CommitFault(how, hold, during)
+
     def _accept(self) -> None:
         while not self._closed:
             try:
@@ -43,15 +80,28 @@ class LossyProxy:
             server = socket.create_connection(("127.0.0.1", self.target_port))
             with self._mutex:
                 self._sockets += [client, server]
-            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+            link = _Link()
+            for args in ((client, server, False, link), (server, client, True, link)):
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool, link: _Link) -> None:
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
+                if not replies and COMMIT in data:
+                    with self._mutex:  # marked before it goes up: its reply comes after
+                        link.commit, self._commit_fault = self._commit_fault, None
+                if replies and link.commit is not None:  # the server answered the COMMIT
+                    fault, link.commit = link.commit, None
+                    with self._mutex:
+                        self.commits_faulted += 1
+                    time.sleep(fault.hold)
+                    if fault.during is not None:
+                        fault.during()
+                    if fault.how == "cut":
+                        break
                 if replies:
                     with self._mutex:
                         lose = self._to_lose > 0

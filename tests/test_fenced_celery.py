@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from django_redlock.contrib.celery import release_lock
-from django_redlock.testing import RedisServer
+from django_redlock.testing import PostgresServer, RedisServer
 from tests import celery_app, fenced_tasks
 
 from .fenced_child import open_shop, sales
+from .proxy import LossyProxy
 from .test_celery import Worker
 from .test_fenced_postgres import PG, eventually, waiting_on_a_row
 
@@ -69,3 +70,29 @@ def test_a_callback_failing_after_the_commit_does_not_make_autoretry_sell_twice(
     open_shop(PG, 1, 5)
     assert worker.send(fenced_tasks.fenced_sale_with_mail, 1, "a").get(timeout=60) is True
     assert sales(PG) == [("a", 5)]
+
+
+def test_a_soft_time_limit_during_a_late_commit_does_not_make_autoretry_sell_twice(
+    redis_server: RedisServer, postgres_server: PostgresServer, postgres_env: dict[str, str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The worker reaches PostgreSQL through a proxy that holds the COMMIT's reply back; the
+    soft time limit fires meanwhile. Django's exit turned it into ProgrammingError, passed on
+    as "nothing committed": autoretry_for sold again. The block committed: the task succeeds
+    once."""
+    proxy = LossyProxy(postgres_server.port)
+    celery_app.configure(redis_server.url)
+    env = {**postgres_env, "REDLOCK_TEST_PG_PORT": str(proxy.port)}
+    started = Worker(redis_server.url, "prefork", 1, "fenced", tmp_path / "worker.log", env)
+    try:
+        open_shop(PG, 1, 5)
+        proxy.fault_commit("late", hold=4.0)
+        result = started.send(fenced_tasks.fenced_sale_slow_commit, 1, "a")
+        assert result.get(timeout=60) is True
+        assert proxy.commits_faulted == 1 and sales(PG) == [("a", 5)]
+        log = (tmp_path / "worker.log").read_text()
+        assert "Soft time limit (1s) exceeded" in log and "proves that it committed" in log
+    finally:
+        started.stop()
+        proxy.close()
+        gc.collect()

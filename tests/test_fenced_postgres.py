@@ -17,7 +17,6 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, IntegrityError, OperationalError, connections, transaction
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.signals import pre_delete
 from django.http import HttpRequest, HttpResponse
 from django.test import Client, override_settings
@@ -25,17 +24,15 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import path
 from django.utils import timezone
 
-from django_redlock import CommitOutcomeUnknown, StaleFence, lock, lock_view, locks, read_write_lock
+from django_redlock import StaleFence, lock, lock_view, locks, read_write_lock
 from django_redlock.fence_table import prune_fences, row_key
 from django_redlock.models import Fence
 from django_redlock.testing import RedisServer
 
 from .conftest import Child
 from .fenced_child import open_shop, sales, sell_one
-from .proxy import LossyProxy
 
 PG = "postgres"
-PROXIED = "postgres_proxied"
 pytestmark = pytest.mark.django_db(databases=["default", PG], transaction=True)
 
 
@@ -452,69 +449,7 @@ def test_a_failing_on_commit_callback_leaves_a_committed_block_committed(name: s
     assert sales(PG) == [("a", 5)] and not lock(name).locked()
 
 
-# -- the COMMIT's reply lost -------------------------------------------------------------------
-
-
-@pytest.fixture
-def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[LossyProxy]:
-    """Database alias ``PROXIED``: the test PostgreSQL through a proxy that loses replies."""
-    proxy = LossyProxy(int(connections[PG].settings_dict["PORT"]))
-    connections.settings[PROXIED] = {**connections[PG].settings_dict, "PORT": str(proxy.port)}
-    # The test case lets only its own aliases (re)connect: add this one for the test's time
-    # (Django's patched ensure_connection holds the test case class in its closure).
-    patched = BaseDatabaseWrapper.ensure_connection
-    case = next(c.cell_contents for c in patched.__closure__ or ()
-                if isinstance(c.cell_contents, type))  # fmt: skip
-    monkeypatch.setattr(case, "databases", {*case.databases, PROXIED})
-    try:
-        yield proxy
-    finally:
-        with contextlib.suppress(DatabaseError):
-            connections[PROXIED].close()
-        del connections[PROXIED]
-        del connections.settings[PROXIED]
-        proxy.close()
-
-
-def test_a_commit_whose_reply_is_lost_returns_as_committed(
-    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The server committed; the client saw its connection fail. The lock's row carries the
-    block's fence (written in the same transaction): the block committed, and says so. Saying
-    "nothing committed" would make the retry recipe sell twice."""
-    open_shop(PG, 1, 5)
-    with lock(name, ttl=30, atomic=PROXIED):
-        sell_one(PROXIED, 1, "a")
-        proxied.lose_replies(1)  # the COMMIT's
-    assert proxied.lost == 1 and sales(PG) == [("a", 5)] and not lock(name).locked()
-    assert "it committed" in caplog.text
-
-
-def test_a_lost_commit_whose_outcome_cannot_be_learned_raises_outcome_unknown(
-    name: str, proxied: LossyProxy
-) -> None:
-    open_shop(PG, 1, 5)
-    with pytest.raises(CommitOutcomeUnknown, match="UNKNOWN"), lock(name, ttl=30, atomic=PROXIED):
-        sell_one(PROXIED, 1, "a")
-        proxied.lose_replies(100)  # the COMMIT's, and every reply to the question after it
-    assert sales(PG) == [("a", 5)] and not lock(name).locked()  # it had committed
-
-
-def test_a_commit_cut_before_the_server_got_it_raises_and_committed_nothing(
-    name: str, proxied: LossyProxy
-) -> None:
-    """The second block of one hold: the row carries the hold's fence from the first block,
-    but not this block's time, so the lost COMMIT is not taken for a committed one."""
-    open_shop(PG, 1, 5)
-    held = lock(name, ttl=30)
-    held.acquire()
-    with held.atomic(using=PROXIED):
-        pass
-    with pytest.raises(OperationalError), held.atomic(using=PROXIED):
-        sell_one(PROXIED, 1, "a")
-        proxied.cut()  # the COMMIT never reaches the server, which rolls back
-    held.release()
-    assert sales(PG) == []
+# (A COMMIT's reply lost, interrupted, or cut: tests/test_fenced_outcomes.py.)
 
 
 # -- a wait cycle through Redis and PostgreSQL --------------------------------------------------

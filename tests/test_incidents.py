@@ -111,6 +111,20 @@ def test_prune_keeps_recent_and_at_most_max_rows() -> None:
     assert LockIncident.objects.count() == 4
 
 
+def test_prune_beyond_max_rows_goes_by_age_not_by_id() -> None:
+    # Two hosts whose clocks differ: the later row (higher id) says it happened earlier.
+    newest = LockIncidentFactory.create()
+    behind = LockIncidentFactory.create()
+    older = LockIncidentFactory.create()
+    now = timezone.now()
+    LockIncident.objects.filter(pk=newest.pk).update(created_at=now)
+    LockIncident.objects.filter(pk=behind.pk).update(created_at=now - timedelta(seconds=20))
+    LockIncident.objects.filter(pk=older.pk).update(created_at=now - timedelta(seconds=10))
+    with override_settings(DJANGO_REDLOCK_INCIDENTS={"KEEP_DAYS": 30, "MAX_ROWS": 2}):
+        assert prune() == 1
+    assert set(LockIncident.objects.values_list("pk", flat=True)) == {newest.pk, older.pk}
+
+
 def test_a_writer_behind_drops_beyond_the_limit_and_never_blocks() -> None:
     """The database is slow: incidents beyond the queue's bound are dropped and counted, and
     ``record`` (called on the lock path) returns at once."""

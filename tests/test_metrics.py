@@ -254,3 +254,63 @@ def test_a_hold_whose_lock_object_was_collected_ends_its_gauge() -> None:
     with lock("obs:next", using="local"):  # the next hook counts the abandoned hold as ended
         assert sample("redlock_held", backend="local") == 1
     assert sample("redlock_held", backend="local") == 0
+
+
+def test_a_collected_holding_lock_ends_its_gauge_at_the_next_scrape() -> None:
+    import gc
+
+    leaked = lock("obs:leak-scrape", using="local", auto_renew=False)
+    leaked.acquire()
+    assert sample("redlock_held", backend="local") == 1
+    del leaked
+    gc.collect()
+    # No other lock operation in this (quiet) process: the scrape itself settles it.
+    assert sample("redlock_held", backend="local") == 0
+
+
+def test_a_release_that_got_no_answer_is_no_longer_counted_held(redis_factory: Any) -> None:
+    server: RedisServer = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url,
+              "OPTIONS": {"socket_timeout": 0.3, "socket_connect_timeout": 0.3}}  # fmt: skip
+    from django.conf import settings
+
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "mute": config}):
+        before = Snapshot()
+        held = lock("obs:mute", using="mute", ttl=5)
+        held.acquire()
+        assert sample("redlock_held", backend="mute") == 1
+        server.kill()
+        with pytest.raises(BackendUnavailable):
+            held.release()
+        # Nobody renews it, nothing counts it: it runs out at its TTL at the latest.
+        assert sample("redlock_held", backend="mute") == 0
+        assert before.moved()["redlock_hold_seconds_count{backend=mute,kind=plain}"] == 1
+        server.start()  # back, empty: a retried release finds it gone, which is no loss
+        held.release()
+        moved = before.moved()
+    assert sample("redlock_held", backend="mute") == 0
+    assert moved["redlock_hold_seconds_count{backend=mute,kind=plain}"] == 1
+    assert "redlock_lost_total{backend=mute}" not in moved
+
+
+def test_two_scrapes_at_once_never_read_the_gauge_below_zero() -> None:
+    import threading
+
+    stop, lowest = threading.Event(), [0.0]
+
+    def scrape() -> None:
+        while not stop.is_set():
+            lowest[0] = min(lowest[0], sample("redlock_held", backend="local"))
+
+    scrapers = [threading.Thread(target=scrape) for _ in range(2)]
+    for thread in scrapers:
+        thread.start()
+    try:
+        for i in range(3000):
+            with lock(f"obs:churn:{i % 7}", using="local", auto_renew=False):
+                pass
+    finally:
+        stop.set()
+        for thread in scrapers:
+            thread.join()
+    assert lowest[0] >= 0

@@ -5,6 +5,7 @@ that changed one of these fails here, by name (see wire.py's docstring for why e
 from __future__ import annotations
 
 import socket
+import threading
 
 import pytest
 import redis
@@ -207,3 +208,72 @@ def test_no_reply_reader_for_a_socket_without_a_timeout(redis_server: RedisServe
         assert wire.reply_reader(conn, None) is None
     finally:
         conn.disconnect()
+
+
+def test_a_refused_connect_is_told_from_a_cut_connection(redis_server: RedisServer) -> None:
+    # What RedisClusterBackend.execute retries: a connect the server refused (nothing sent).
+    with socket.socket() as probe:  # a free port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    refused = redis.Redis(port=port, socket_connect_timeout=1)
+    with pytest.raises(redis.exceptions.ConnectionError) as caught:
+        refused.ping()
+    assert wire.refused_at_connect(caught.value)
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=5, retry=Retry(NoBackoff(), 0))
+    killer = threading.Timer(
+        0.3, lambda: redis_server.client().client_kill_filter(_type="normal", skipme=True)
+    )
+    killer.start()
+    with pytest.raises(redis.exceptions.ConnectionError) as cut:
+        client.blpop(["wire-test-nothing"], timeout=4)  # cut by the server after it was sent
+    killer.join()
+    assert not wire.refused_at_connect(cut.value)
+
+
+def _slot_queries(nodes: list[RedisServer]) -> int:
+    stats = [node.client().info("commandstats") for node in nodes]
+    return sum(
+        s.get(k, {}).get("calls", 0) for s in stats for k in ("cmdstat_cluster|slots",
+                                                             "cmdstat_cluster|shards")
+    )  # fmt: skip
+
+
+def test_refresh_slots_reads_the_cluster_s_slots_again_at_once(
+    cluster_nodes: list[RedisServer],
+) -> None:
+    # redis-py 8.2 paces the refresh a refused connect asks for (once a second): the retry
+    # after a failover needs the slots read now, whatever the last refresh was.
+    client = redis.cluster.RedisCluster.from_url(cluster_nodes[0].url)
+    try:
+        before = _slot_queries(cluster_nodes)
+        wire.refresh_slots(client)
+        wire.refresh_slots(client)
+        assert _slot_queries(cluster_nodes) >= before + 2
+        assert client.ping()
+    finally:
+        client.close()
+
+
+def test_a_failed_pub_sub_read_may_reconnect_and_a_close_after_it_closes_that(
+    redis_server: RedisServer,
+) -> None:
+    # Why waiting's hub waits for its reader before closing the pub/sub (_stop_reader): the
+    # reader's failed read may reconnect the connection (redis-py 8's failure callback does,
+    # even with no retries left; 5.3's did not), which must not happen after the pool was
+    # disconnected. A close after the read has ended leaves nothing connected.
+    client = redis.Redis.from_url(redis_server.url, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+    pubsub = client.pubsub()
+    try:
+        pubsub.subscribe("wire-test")
+        assert pubsub.get_message(timeout=2)["type"] == "subscribe"
+        conn = pubsub.connection
+        wire.socket_of(conn).shutdown(socket.SHUT_RDWR)
+        with pytest.raises(redis.exceptions.ConnectionError):
+            pubsub.get_message(timeout=1)
+        if redis.VERSION >= (8,):
+            assert wire.socket_of(conn) is not None  # connected again, by the failed read
+        pubsub.close()
+        assert wire.socket_of(conn) is None
+    finally:
+        pubsub.close()
+        client.close()

@@ -18,6 +18,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
+import redis.exceptions
 import redis.retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
@@ -77,6 +78,8 @@ class RedisClusterBackend(RedisBackend):
         SlotNotCoveredError,
         TryAgainError,
         ClusterError,
+        # Its base: redis-py 8.2's RedisClusterUnreachableError (a command that failed to
+        # connect after a refresh that reached no node), "Cluster cannot be connected".
         RedisClusterException,
     )
 
@@ -217,7 +220,7 @@ class RedisClusterBackend(RedisBackend):
             # Paused, down, or failed over: ask the cluster where the slots are now (the
             # failed node last), so the next try goes to a new master if there is one.
             try:
-                client.nodes_manager.initialize(last_failed_node_name=node.name)
+                wire.refresh_slots(client, failed=node.name)
             except Exception as failed:
                 logger.info("redlock: the cluster's slots could not be read again: %s", failed)
             raise self._unavailable(name, exc) from exc
@@ -255,7 +258,7 @@ class RedisClusterBackend(RedisBackend):
         reply.host = reply.host or node.host  # a node that does not know its own address
         try:
             if isinstance(reply, MovedError):
-                client.nodes_manager.move_slot(reply)
+                wire.follow_moved(client, reply)
                 return client.get_node_from_key(self.key(name))
             return client.get_node(reply.host, reply.port)
         except Exception as exc:  # the slot cache in flux (a refresh): tried again soon
@@ -320,8 +323,18 @@ class RedisClusterBackend(RedisBackend):
         except BackendUnavailable as exc:
             if not wire.refused_at_connect(exc.__cause__):
                 raise
-        # A master gone after a failover: redis-py re-read the slots on that refusal, and
-        # nothing was sent (the connection never opened), so one more try is safe.
+        # A master gone after a failover: nothing was sent (the connection never opened), so
+        # one more try is safe, once the slots are read again (redis-py 8.2 no longer does it
+        # on the refusal itself).
+        refresh_errors: tuple[type[Exception], ...] = (
+            *self.unavailable_errors,
+            RedisClusterException,
+        )
+        try:
+            wire.refresh_slots(self.client)
+        except refresh_errors as exc:
+            # RedisClusterException: no node answered the slots query.
+            raise self._unavailable(op.name, exc) from exc
         return super().execute(op)
 
     async def aexecute(self, op: Op[T]) -> T:

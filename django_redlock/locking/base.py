@@ -782,6 +782,7 @@ class BaseLock:
                 with self._mutex:
                     hold.depth = 0
                     self._believe(owner, -1, unsure=True)
+                observe.hold_unsure(self, hold)  # not a hold this process holds any more
             raise
         with self._mutex:
             mine = self._holds.get(owner) is hold  # else lost meanwhile, and declared then
@@ -1005,6 +1006,8 @@ class BaseLock:
 
     def __enter__(self: B) -> B:
         self._check_sync_wait(self.blocking, self._timeout())
+        if self.database is not None:  # autocommit off: refused before the lock is taken
+            fencing.refuse_manual_commit(self.database, self.describe())
         if not self._drive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
         if self.database is not None:

@@ -15,13 +15,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .server import die_with_parent, free_port
+from .server import free_port, popen
 
 
 def find_postgres_bin() -> Path:
@@ -87,7 +86,7 @@ class PostgresServer:
                 "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync",
             )  # fmt: skip
         log = (self.dir / "postgres.log").open("ab")
-        self.process = subprocess.Popen(
+        self.process = popen(
             [
                 str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port),
                 "-h", self.host, "-k", str(self.dir),
@@ -96,7 +95,6 @@ class PostgresServer:
                 "-c", "max_connections=200",
             ],
             stdout=log, stderr=subprocess.STDOUT, user=self.run_as,
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )  # fmt: skip
         log.close()
         self.wait_ready(timeout)

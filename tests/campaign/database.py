@@ -267,9 +267,11 @@ def _failed(log: Any, hold: int, fence: int | None, exc: BaseException, when: st
     """A block that raised: what it raised, logged for the checker."""
     from django.db import DatabaseError, connections
 
-    from django_redlock import LockError, StaleFence
+    from django_redlock import CommitOutcomeUnknown, LockError, StaleFence
 
-    if isinstance(exc, StaleFence):
+    if isinstance(exc, CommitOutcomeUnknown):  # either way: not a refusal
+        log("db_err", h=hold, fence=fence, when=when, err=type(exc).__name__, msg=str(exc)[:300])
+    elif isinstance(exc, StaleFence):
         log("db_stale", h=hold, fence=fence, recorded=exc.recorded)
     elif isinstance(exc, Abort):
         log("db_abort", h=hold, fence=fence)
