@@ -5,6 +5,7 @@ nor a TypeError from a reply read as if it were an answer; on Redis, Sentinel an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -94,6 +95,7 @@ def _run_forever(client: redis.Redis) -> None:
 def every_call(alias: str, name: str, held: Any) -> dict[str, Callable[[], Any]]:
     return {
         "acquire": lambda: lock(f"{name}:new", using=alias).acquire(blocking=False),
+        "aacquire": lambda: asyncio.run(lock(f"{name}:a", using=alias).aacquire(blocking=False)),
         "semaphore": lambda: semaphore(f"{name}:sem", 2, using=alias).acquire(blocking=False),
         "owned": held.owned,
         "locked": held.locked,
@@ -152,7 +154,7 @@ def test_too_few_replicas_is_unavailable(refusing: str, name: str) -> None:
     server = server_of(refusing, name)
     try:
         with configured(server, **{"min-replicas-to-write": 5}):
-            for call in ("acquire", "semaphore", "extend", "release"):
+            for call in ("acquire", "aacquire", "semaphore", "extend", "release"):
                 with pytest.raises(BackendUnavailable, match="NOREPLICAS"):
                     every_call(refusing, name, held)[call]()
     finally:
