@@ -209,3 +209,30 @@ def test_a_busy_server_is_no_answer_for_the_watchdog(
     bugs = [r for r in caplog.records if r.exc_info]
     assert not bugs, f"logged as the watchdog's bugs: {bugs[0].getMessage()}"
     held.release()
+
+
+def test_a_redlock_node_refusing_is_no_answer(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """A Redlock node's refusal is that node's no answer, in the table's words: its error
+    reply was parsed as an answer (bool(ResponseError) is True), so with 2 of 3 nodes BUSY
+    extend() said done and locked() said held, one node answering."""
+    from django_redlock import QuorumNotReached
+
+    nodes = [redis_factory() for _ in range(3)]
+    config = {"BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+              "LOCATION": [n.url for n in nodes], "OPTIONS": {"socket_timeout": 2.0}}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "r": config}):
+        held = lock(name, using="r", ttl=30, auto_renew=False)
+        assert held.acquire(blocking=False)
+        first, second = (redis.Redis(port=n.port, socket_timeout=30) for n in nodes[:2])
+        try:
+            with busy(first), busy(second):
+                for call in (lambda: held.extend(20), held.locked, held.owned, held.release):
+                    with pytest.raises(QuorumNotReached, match="busy running a script"):
+                        call()
+        finally:
+            first.close()
+            second.close()
+        held.release()
+        locks["r"].close()
