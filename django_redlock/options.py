@@ -111,6 +111,12 @@ def check_options(
                 f"DJANGO_REDLOCK[{alias!r}]['OPTIONS'][{key!r}] must be a number of seconds"
                 f" > 0, not {value!r}"
             )
+    db = options.get("db")
+    if db is not None and (isinstance(db, bool) or not isinstance(db, int) or db < 0):
+        raise ImproperlyConfigured(
+            f"DJANGO_REDLOCK[{alias!r}]['OPTIONS']['db'] must be a Redis database number (an"
+            f" int >= 0), not {db!r}"
+        )
     size = options.get("max_connections")
     if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
         raise ImproperlyConfigured(

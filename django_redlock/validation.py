@@ -25,11 +25,29 @@ def _utf8(text: str, what: str) -> bytes:
         raise ValueError(f"{what} is not valid text: {exc.reason} at index {exc.start}") from None
 
 
+def check_text(text: Any, what: str) -> str:
+    """A str that Redis can store as it is (UTF-8: no lone surrogate, as a non-UTF-8
+    command-line argument or a crafted JSON string gives)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, not {type(text).__name__}")
+    _utf8(text, what)
+    return text
+
+
+def check_glob(glob: Any) -> str:
+    """A glob over lock names (``--match``, ``iter_locks``, ``page``): text Redis can take."""
+    return check_text(glob, "the glob")
+
+
 def check_name(name: Any) -> str:
     if not isinstance(name, str):
         raise TypeError(f"lock name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("lock name must not be empty")
+    if "\0" in name:  # a fenced block's row could not store it (PostgreSQL text refuses NUL)
+        raise ValueError(
+            f"lock name must not contain a NUL character (at index {name.index(chr(0))})"
+        )
     size = len(_utf8(name, "lock name"))
     if size > MAX_NAME_BYTES:
         raise ValueError(f"lock name is {size} bytes long; the limit is {MAX_NAME_BYTES} bytes")
@@ -40,7 +58,7 @@ def fit_name(name: str, keep: int = 200) -> str:
     """A name built from data (a URL, task arguments): kept if short, else its first
     ``keep`` characters and a SHA-256 of the whole, so any input gives a valid, stable name."""
     raw = _utf8(name, "lock name")
-    if len(raw) <= keep:
+    if len(raw) <= keep or "\0" in name:  # (a NUL is refused wherever it is)
         return check_name(name)
     return check_name(f"{name[: keep // 4]}~sha256:{hashlib.sha256(raw).hexdigest()}")
 

@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import sync_to_async
+from django.core.exceptions import BadRequest
 from django.http import HttpRequest, HttpResponse
 
 from .exceptions import BackendUnavailable, LockError, LockNotAcquired, StaleFence
@@ -54,7 +55,8 @@ def lock_view(
     ``"checkout:{request.user.pk}"``, checked against the view's parameters when it is
     decorated (a view taking ``**kwargs``: per request). A name over 200 bytes (a long URL
     value) is shortened to its start and a hash (:func:`~.validation.fit_name`), so any URL
-    works. Works on sync and async function views, and on class-based views through
+    works (one whose value holds a NUL, which no lock name may, is answered 400). Works on
+    sync and async function views, and on class-based views through
     ``method_decorator(lock_view(...), name="dispatch")``. A Redis that does not answer
     gives 503.
     """
@@ -118,7 +120,11 @@ class _ViewGuard:
             ) from exc
         if self.per_visitor:
             _check_visitor(name, self.per_visitor, request, view, text)
-        return self.build(fit_name(text))
+        try:
+            fitted = fit_name(text)
+        except ValueError as exc:  # a URL value no name may hold (a NUL): the request's fault
+            raise BadRequest(f"lock_view: {exc}") from None
+        return self.build(fitted)
 
     def busy(self, seconds_left: float | None) -> HttpResponse:
         text = "This is being done already; try again shortly."

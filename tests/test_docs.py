@@ -184,6 +184,41 @@ def test_the_reference_covers_every_public_name(built: Path) -> None:
     assert {f"redlock {a}" for a in _subcommands()} == set(ours["std:djadmin"])
 
 
+def test_every_name_the_package_exports_and_every_signal_is_in_the_reference(
+    built: Path,
+) -> None:
+    """``django_redlock.__all__`` and every Signal in ``signals.py`` (documented where users
+    import it from: the package, ``signals`` or ``contrib.celery``), so a new export or
+    signal without a reference entry fails here, not when a reader looks for it."""
+    from django.dispatch import Signal
+
+    import django_redlock
+    from django_redlock import signals
+
+    ours = _inventory(built / "objects.inv")
+    python = {name for kind, items in ours.items() if kind.startswith("py:") for name in items}
+    exported = [f"django_redlock.{n}" for n in django_redlock.__all__]
+    assert [n for n in exported if n not in python] == []
+    sent = [n for n, value in vars(signals).items() if isinstance(value, Signal)]
+    assert sent
+    homes = ("django_redlock.signals.", "django_redlock.contrib.celery.")
+    assert [n for n in sent if not any(home + n in python for home in homes)] == []
+
+
+def test_every_how_to_view_keyed_on_the_user_lets_only_users_in() -> None:
+    """A view keyed on ``request.user`` refuses anonymous visitors with a ValueError (a 500):
+    every how-to that shows one puts ``@login_required`` above it."""
+    found = 0
+    for page in sorted((DOCS / "howto").glob("*.md")):
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+            for decorators in re.findall(r"((?:^@.*\n)+)(?:async )?def ", block, re.M):
+                if "@lock_view(" in decorators and "request.user" in decorators:
+                    found += 1
+                    first = decorators.index("@lock_view(")
+                    assert "@login_required" in decorators[:first], (page.name, decorators)
+    assert found >= 2
+
+
 def _headings(html: str) -> list[str]:
     """The text of a built page's headings (h1-h4), tags and the permalink sign removed."""
     found = re.findall(r"<h[1-4][^>]*>(.*?)</h[1-4]>", html, re.S)

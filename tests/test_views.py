@@ -8,7 +8,7 @@ import pytest
 from django.http import HttpRequest, HttpResponse
 from django.test import AsyncClient, Client
 
-from django_redlock import lock, lock_view
+from django_redlock import lock, lock_view, locks
 from django_redlock.validation import fit_name
 
 pytestmark = pytest.mark.django_db
@@ -69,6 +69,16 @@ def test_any_url_value_makes_a_lock_name(path: str, value: str) -> None:
     with lock(fit_name(f"long:{value}"), ttl=10):  # the view's lock: long names are hashed
         assert Client().get(f"/long/{path}/").status_code == 409
     assert Client().get("/long/short/").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["a%00b", "%00", "x" * 1500 + "%00"])
+def test_a_url_value_holding_a_nul_is_a_bad_request(path: str) -> None:
+    """It passed the name check, took the lock, and a fenced view then failed in PostgreSQL
+    (text cannot hold NUL): a 500. No lock name may hold a NUL: a 400, before any Redis call."""
+    before = locks["default"].round_trips
+    response = Client().get(f"/long/{path}/")
+    assert response.status_code == 400
+    assert locks["default"].round_trips == before
 
 
 def test_template_is_checked_against_the_view_at_decoration() -> None:

@@ -11,8 +11,10 @@ beside this contract) and page cursors (:mod:`.cursors`).
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import math
+import re
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,7 +24,7 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 
 from ..acl import mask
-from ..validation import MAX_TTL
+from ..validation import MAX_TTL, check_glob
 from ..waiters import ReleaseHub
 from .cursors import BadCursor as BadCursor  # (it lived here: still importable from here)
 from .cursors import parse_cursor
@@ -46,7 +48,11 @@ def on_close(hook: Callable[[BaseLockBackend], None]) -> None:
 #: Redis's Lua numbers are exact below 2**53 (fence_table.FENCE_LIMIT).
 LUA_EXACT = 2**53
 DEFAULT_KEY_PREFIX = "redlock"
-PREFIX_FORBIDDEN = "*?[]\\"  # glob characters: keys are found by SCAN MATCH
+# Glob characters (keys are found by SCAN MATCH) and braces (a key's hash tag is the first
+# {...}: a prefix 'a:{b' would put alias a:{b's lock 'x' at the key of another alias's lock
+# 'b:{x', listed and purged through it).
+PREFIX_FORBIDDEN = "*?[]\\{}"
+GLOB_SPECIAL = "*?[]\\"
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
@@ -142,6 +148,104 @@ def refence_least(client_us: int | None = None) -> int:
     return min(now + REFENCE_MARGIN_US, LUA_EXACT - 1)
 
 
+# -- name globs ------------------------------------------------------------------------------
+# `redlock list/purge/top --match`, the admin's search and the compat shims' prefixes select
+# names by a glob: Redis's glob syntax (`*`, `?`, `[abc]`, `[a-z]`, `[^abc]`, `\` quotes the
+# next character), read over the name's characters. The one rule turning it into keys:
+# `key_pattern` gives SCAN MATCH a pattern that every matching name's key matches (a
+# superset: `?` and a class become `*`, since Redis matches bytes and a character may be
+# several; a leading literal `}` or `~` gets key()'s `~`), then `glob_match` keeps exactly
+# the names that match. LocMem uses `glob_match` alone.
+
+
+def glob_escape(text: str) -> str:
+    """A glob matching exactly ``text``."""
+    return "".join(f"\\{c}" if c in GLOB_SPECIAL else c for c in text)
+
+
+def _glob_class(glob: str, i: int) -> tuple[str, int]:
+    """The class whose '[' is at ``glob[i]``: its regex, and the index of its ']' (the
+    glob's length if unclosed: it runs to the end). As Redis's stringmatchlen() reads it:
+    '^' first negates, '\\' quotes, 'a-z' is a range (ends in either order), '[]' matches
+    nothing."""
+    i += 1
+    negate = glob[i : i + 1] == "^"
+    i += negate
+    items: list[str] = []
+    while i < len(glob) and glob[i] != "]":
+        if glob[i] == "\\" and i + 1 < len(glob):
+            items.append(re.escape(glob[i + 1]))
+            i += 2
+        elif i + 2 < len(glob) and glob[i + 1] == "-":
+            low, high = sorted((glob[i], glob[i + 2]))
+            items.append(f"{re.escape(low)}-{re.escape(high)}")
+            i += 3
+        else:
+            items.append(re.escape(glob[i]))
+            i += 1
+    body = "".join(items)
+    if negate:
+        return (f"[^{body}]" if body else "(?s:.)"), i
+    return (f"[{body}]" if body else "(?!)"), i
+
+
+def _glob_parts(glob: str) -> list[str | None]:
+    """The glob as regex pieces, one per element (None for a `*`)."""
+    parts: list[str | None] = []
+    i = 0
+    while i < len(glob):
+        c = glob[i]
+        if c == "*":
+            parts.append(None)
+        elif c == "?":
+            parts.append(".")
+        elif c == "[":
+            part, i = _glob_class(glob, i)
+            parts.append(part)
+        else:
+            i += c == "\\" and i + 1 < len(glob)  # a quoted character
+            parts.append(re.escape(glob[i]))
+        i += 1
+    return parts
+
+
+def _glob_regex(glob: str) -> re.Pattern[str]:
+    check_glob(glob)  # TypeError/ValueError before any Redis call (key_pattern compiles it)
+    return _compiled(glob)
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(glob: str) -> re.Pattern[str]:
+    return re.compile("".join(".*" if p is None else p for p in _glob_parts(glob)), re.DOTALL)
+
+
+def glob_match(glob: str, name: str) -> bool:
+    """Whether lock ``name`` matches the name glob ``glob`` (the rule above)."""
+    return _glob_regex(glob).fullmatch(name) is not None
+
+
+def _tag_pattern(glob: str) -> str:
+    """A SCAN MATCH pattern over a key's hash tag that the tag of every name matching
+    ``glob`` matches (see key(): names starting with '}' or '~' have a '~' in front)."""
+    pieces: list[str] = []
+    i = 0
+    while i < len(glob):
+        c = glob[i]
+        if c in "*?[":
+            if c == "[":
+                i = _glob_class(glob, i)[1]
+            if not pieces or pieces[-1] != "*":
+                pieces.append("*")  # a character, or any run of them: one '*' covers both
+        else:
+            first = i == 0
+            i += c == "\\" and i + 1 < len(glob)  # a quoted character
+            if first and glob[i] in "}~":
+                pieces.append("~")
+            pieces.append(glob_escape(glob[i]))
+        i += 1
+    return "".join(pieces)
+
+
 class BaseLockBackend:
     """A small base, like Django's ``BaseCache``: settings and key layout here, I/O below."""
 
@@ -207,7 +311,7 @@ class BaseLockBackend:
 
     @classmethod
     def _check_location(cls, location: Any, bad: Any) -> None:
-        from urllib.parse import urlsplit
+        from urllib.parse import parse_qs, unquote, urlsplit
 
         urls = location if cls.location_is_list else [location]
         if cls.location_is_list and (not isinstance(location, (list, tuple)) or not location):
@@ -226,6 +330,16 @@ class BaseLockBackend:
                 parts.port  # noqa: B018 - raises ValueError for a bad port
             except ValueError:
                 raise bad("LOCATION", f"has {url!r}: the port is not a number 0-65535") from None
+            # redis-py reads '/3x' or '/abc' as database 0 without a word, and '?db=abc' fails
+            # inside it: the database part is a number or absent.
+            path = "" if parts.scheme == "unix" else unquote(parts.path).strip("/")
+            dbs = [path] if path else []
+            dbs += parse_qs(parts.query).get("db", [])
+            if not all(db.isascii() and db.isdigit() for db in dbs):
+                raise bad(
+                    "LOCATION",
+                    f"has {url!r}: the database (the path, or ?db=) must be a number such as /0",
+                )
 
     # -- key layout --------------------------------------------------------------------------
     # Every key of one lock shares the hash tag {name}, so a cluster keeps them in one slot.
@@ -265,12 +379,23 @@ class BaseLockBackend:
         where inboxes are per lock (sharded pub/sub, see the Redis Cluster backend)."""
         return self.inbox_prefix
 
+    def key_pattern(self, glob: str) -> str:
+        """The SCAN MATCH pattern for the names matching ``glob``: every such name's key
+        matches it, and some other names' may (keep the names :func:`glob_match` keeps)."""
+        _glob_regex(glob)
+        return f"{glob_escape(self.key_prefix)}{{{_tag_pattern(glob)}}}"
+
     def name_from_key(self, key: str) -> str | None:
         head = f"{self.key_prefix}{{"
         if key.startswith(head) and key.endswith("}"):
             tag = key[len(head) : -1]
             return tag[1:] if tag.startswith("~") else tag
         return None
+
+    def matching_name(self, key: str, glob: str) -> str | None:
+        """The lock name of a key SCAN found by :meth:`key_pattern`, if it matches ``glob``."""
+        name = self.name_from_key(key)
+        return name if name is not None and glob_match(glob, name) else None
 
     def check_kind(self, kind: Kind) -> None:
         """Raise NotImplementedError (before any I/O) for a lock kind this backend lacks."""

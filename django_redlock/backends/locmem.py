@@ -7,7 +7,6 @@ Django's locmem cache, so two aliases with one LOCATION see the same locks.
 
 from __future__ import annotations
 
-import fnmatch
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..exceptions import LockError
+from ..validation import check_glob
 from ..waiters import ReleaseHub
 from .base import (
     Attempt,
@@ -24,6 +24,7 @@ from .base import (
     Op,
     Released,
     Renewal,
+    glob_match,
     refence_least,
 )
 from .replies import lease_info, lock_info
@@ -357,12 +358,9 @@ class LocMemBackend(BaseLockBackend):
         return self._op(name, work)
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
+        check_glob(match)
         with self._store.mutex:
-            names = [
-                n
-                for n in [*self._store.holds, *self._store.leased]
-                if fnmatch.fnmatchcase(n, match)
-            ]
+            names = [n for n in [*self._store.holds, *self._store.leased] if glob_match(match, n)]
         for name in names:
             info = self.inspect(name)
             if info is not None:
@@ -414,10 +412,11 @@ class LocMemBackend(BaseLockBackend):
         return self._op(name, work)
 
     def queued_names(self, match: str = "*") -> list[str]:
+        check_glob(match)
         now = time.monotonic()
         with self._store.mutex:
             noted = list(self._store.queued.items())
-        return sorted(n for n, (_, until) in noted if until > now and fnmatch.fnmatchcase(n, match))
+        return sorted(n for n, (_, until) in noted if until > now and glob_match(match, n))
 
     # -- leases: semaphores and read-write locks ---------------------------------------------
     # lua/permit_*.lua and lua/_permits.lua, in this process. Waiters of a lease wait on the

@@ -14,12 +14,14 @@ from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
+from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import acl, fast_path, scripts
+from ..acl import mask
 from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingPermission
 from ..options import check_options, pool_options
 from ..scripts import Call, script
@@ -404,13 +406,13 @@ class RedisBackend(BaseLockBackend):
     def page(self, match: str, cursor: str | None, size: int) -> tuple[list[LockInfo], str | None]:
         """A page by ``SCAN`` (never ``KEYS``): the scan's cursor is the page's cursor, and
         the page's locks are inspected in one pipelined round trip."""
-        pattern = f"{self.key_prefix}{{{match}}}"
+        pattern = self.key_pattern(match)
         names: list[str] = []
         position, count = parse_cursor(cursor), size  # BadCursor for a crafted one
         with self.round_trip(match):
             while True:
                 position, keys = self.client.scan(position, match=pattern, count=count)
-                names += [n for n in (self.name_from_key(text(k)) for k in keys) if n is not None]
+                names += [n for k in keys if (n := self.matching_name(text(k), match)) is not None]
                 if position == 0 or len(names) >= size:
                     break
                 count = min(count * 2, 10_000)  # few matches: look further per round trip
@@ -425,11 +427,11 @@ class RedisBackend(BaseLockBackend):
         return [i for i in infos if i is not None], (str(position) if position else None)
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
-        pattern = f"{self.key_prefix}{{{match}}}"
+        pattern = self.key_pattern(match)
         with self.round_trip(match):
             keys = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
         for key in keys:
-            name = self.name_from_key(key)
+            name = self.matching_name(key, match)
             info = self.inspect(name) if name is not None else None
             if info is not None:
                 yield info
@@ -450,8 +452,40 @@ class RedisBackend(BaseLockBackend):
             logger.warning("redlock: could not load the Lua scripts at startup: %s", exc)
         except MissingPermission as exc:
             self.missing_permission, self.permissions_checked = exc, True
+        except (ResponseError, BackendRefused) as exc:
+            said = exc.__cause__ if isinstance(exc, BackendRefused) else exc
+            if "DB index" not in str(said):
+                if isinstance(exc, BackendRefused):  # the table's (OOM, ...): as unavailable
+                    logger.warning("redlock: could not load the Lua scripts at startup: %s", exc)
+                    return
+                raise
+            # A database the server lacks (/16 on a 16-database server): every command
+            # would fail, so startup refuses, naming the setting.
+            at = f" at {mask(self.location)}" if isinstance(self.location, str) else ""
+            raise ImproperlyConfigured(
+                f"{self.database_setting} names a database the server{at} does not have"
+                f" ({said}): use one below its `databases` setting (16 by default: 0-15)"
+            ) from None
         if self.missing_permission is not None:
             logger.warning("redlock: %s", self.missing_permission)
+
+    #: The setting naming this backend's URL (a Redlock node's: an item of its list).
+    location_setting = ""
+
+    @property
+    def database_setting(self) -> str:
+        """The setting that chose this backend's database, for startup's errors: the URL's
+        path or ?db=, else OPTIONS['db'] (Sentinel: always; its URLs name sentinels)."""
+        where = self.location_setting or f"DJANGO_REDLOCK[{self.alias!r}]['LOCATION']"
+        if "CACHE" in self.params or not self.location:  # a django-redis cache's connection
+            cache = self.params.get("CACHE", "default")
+            return f"CACHES[{cache!r}]['LOCATION'] (the cache of DJANGO_REDLOCK[{self.alias!r}])"
+        if isinstance(self.location, str):
+            parts = urlsplit(self.location)
+            in_url = (parts.scheme != "unix" and parts.path.strip("/")) or "db=" in parts.query
+            if in_url or "db" not in self.options:
+                return where
+        return where.split("['LOCATION']")[0] + "['OPTIONS']['db']"
 
     def check_permissions(self) -> MissingPermission | None:
         """Whether the Redis user lacks a permission the app needs (see :func:`acl.check`);
@@ -508,10 +542,9 @@ class RedisBackend(BaseLockBackend):
     def queued_names(self, match: str = "*") -> list[str]:
         suffix = ":queued"
         with self.round_trip(match):
-            keys = [
-                text(k) for k in self.client.scan_iter(match=queued_key(self, match), count=1000)
-            ]
-        names = (self.name_from_key(key[: -len(suffix)]) for key in keys if key.endswith(suffix))
+            pattern = self.key_pattern(match) + suffix
+            keys = [text(k) for k in self.client.scan_iter(match=pattern, count=1000)]
+        names = (self.matching_name(key[: -len(suffix)], match) for key in keys)
         return sorted({n for n in names if n is not None})
 
     # -- leases: semaphores and read-write locks ---------------------------------------------

@@ -89,8 +89,9 @@ class RedlockBackend(BaseLockBackend):
             )
             for i, url in enumerate(self.location)  # type: ignore[arg-type]
         ]
-        for node in self.nodes:  # our waiters listen on the nodes' release channels
+        for i, node in enumerate(self.nodes):  # our waiters listen on the nodes' channels
             node.publishes_releases = True
+            node.location_setting = f"DJANGO_REDLOCK[{alias!r}]['LOCATION'][{i}]"
         self.quorum = len(self.nodes) // 2 + 1
         self.io = NodeIO(self.nodes, self.quorum)
         self._hub: QuorumHub | None = None
@@ -601,7 +602,7 @@ class RedlockBackend(BaseLockBackend):
         node), and a lock is listed unless a node scanned before has it: once in all.
         """
         index, position, scanned = self._page_cursor(cursor)
-        pattern = f"{self.key_prefix}{{{match}}}"
+        pattern = self.key_pattern(match)
         needed = len(self.nodes) - self.quorum + 1
         found: list[LockInfo] = []
         pending: list[tuple[int, str]] = []  # (node it was found on, name), to inspect
@@ -617,7 +618,7 @@ class RedlockBackend(BaseLockBackend):
                 index, position = index + 1, 0  # its majority holds are on the other nodes
             else:
                 for key in keys:
-                    name = self.name_from_key(text(key))
+                    name = self.matching_name(text(key), match)
                     if name is not None and name not in seen:
                         seen.add(name)
                         pending.append((index, name))

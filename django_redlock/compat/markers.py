@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from ..backends import markers
+from ..backends.base import glob_escape
 from ..handler import locks
 
 logger = logging.getLogger("django_redlock")
@@ -63,7 +64,7 @@ def clear_key(using: str, key: str, by: str) -> bool:
 def clear_prefix(using: str, prefix: str) -> int:
     """Free every key starting with ``prefix`` (markers and holds); how many went."""
     backend = locks[using]
-    match = "".join(f"[{c}]" if c in "*?[]" else c for c in prefix) + "*"
+    match = glob_escape(prefix) + "*"
     names = set(markers.names(backend, match))
     names.update(info.name for info in backend.iter_locks(match))
     # A backend that cannot answer raises (BackendUnavailable): nothing is reported cleared

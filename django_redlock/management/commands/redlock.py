@@ -8,11 +8,12 @@ purge not confirmed), 2 bad usage, 3 a backend did not answer.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import time
 from argparse import ArgumentParser, ArgumentTypeError
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -27,13 +28,14 @@ from ...fencing import check_database
 from ...handler import locks
 from ...health import Health, contention_order, ping, summarise
 from ...incidents import prune, recorder
+from ...validation import check_glob, check_name
 
 NOTHING, UNAVAILABLE = 1, 3
 EXIT_CODES = {
     "list": "0 listed (every backend answered); 2 an unknown --backend; 3 a backend did not"
     " answer (it is named, and the others are still listed)",
     "release": "0 released; 1 not held, or held by another hold than --fence; 2 an unknown"
-    " --backend; 3 the backend did not answer",
+    " --backend, or a name no lock can have; 3 the backend did not answer",
     "purge": "0 released what was listed (a lock that changed hands since is left alone, and"
     " named); 1 nothing matched, or not confirmed; 2 an unknown --backend; 3 a backend did"
     " not answer",
@@ -156,7 +158,7 @@ class Command(BaseCommand):
         return found, failed
 
     def do_list(self, options: dict[str, Any]) -> None:
-        found, failed = self._collect(options["backend"], options["match"])
+        found, failed = self._collect(options["backend"], _checked(check_glob, options["match"]))
         if options["json"]:
             rows = [
                 {"name": i.name, "backend": i.backend, "kind": i.kind, "holder": i.holder,
@@ -177,7 +179,7 @@ class Command(BaseCommand):
 
     def do_release(self, options: dict[str, Any]) -> None:
         alias = self._aliases(options["backend"])[0]
-        name, fence = options["name"], options["fence"]
+        name, fence = _checked(check_name, options["name"]), options["fence"]
         try:
             released = locks[alias].force_release(name, fence=fence)
         except LockError as exc:
@@ -194,7 +196,7 @@ class Command(BaseCommand):
         self.stdout.write(f"released {name!r} on {alias!r}")
 
     def do_purge(self, options: dict[str, Any]) -> None:
-        found, failed = self._collect(options["backend"], options["match"])
+        found, failed = self._collect(options["backend"], _checked(check_glob, options["match"]))
         if not found:
             self.stdout.write(
                 "no held lock matches" + (" on the backends that answered" * bool(failed))
@@ -248,6 +250,12 @@ class Command(BaseCommand):
             raise CommandError("not confirmed", returncode=NOTHING)
 
     def do_top(self, options: dict[str, Any]) -> None:
+        _checked(check_glob, options["match"])
+        if not math.isfinite(options["interval"]):  # sleep(nan) raises, sleep(inf) never ends
+            raise CommandError(
+                f"--interval must be a finite number of seconds, not {options['interval']}",
+                returncode=2,
+            )
         aliases = self._aliases(options["backend"])
         if options["once"]:
             frame, healths = top_frame(aliases, options)
@@ -282,6 +290,23 @@ class Command(BaseCommand):
         self.stdout.write(f"deleted {deleted} fence {rows} from database {using!r}")
 
 
+def _checked(check: Callable[[Any], str], value: Any) -> str:
+    """``value`` through a validation check; its complaint as bad usage (exit 2), before any
+    Redis call."""
+    try:
+        return check(value)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(str(exc), returncode=2) from None
+
+
+def _printable(text: str) -> str:
+    """A cell as the terminal may show it: control characters (an escape sequence in a lock
+    name built from a URL could erase its row and draw another) written as Python escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _table(found: list[LockInfo]) -> str:
     if not found:
         return "no held locks"
@@ -291,9 +316,7 @@ def _table(found: list[LockInfo]) -> str:
          str(i.waiters), "" if i.fence is None else str(i.fence), _holder(i))
         for i in found
     ]  # fmt: skip
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in [header, *rows])  # fmt: skip
+    return _columns(header, rows)
 
 
 def _age(value: str) -> timedelta:
@@ -381,6 +404,7 @@ def _seconds(value: float | None) -> str:
 
 
 def _columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    rows = [[_printable(cell) for cell in row] for row in rows]
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in [header, *rows])  # fmt: skip
