@@ -561,3 +561,47 @@ def test_a_cluster_no_node_of_which_answers_is_unavailable(name: str) -> None:
             locks["c"].close()
     finally:
         stop_all(nodes)
+
+
+def test_a_take_during_a_long_slot_migration_waits_within_its_timeout(name: str) -> None:
+    """A move longer than the socket timeout: a one-off try says False (not taken: nothing
+    ran), and a waiter keeps waiting within its own timeout and takes the lock once the
+    move ended and the holder let go. Both raised BackendUnavailable ("TTL exhausted")."""
+    import threading
+
+    from .test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name))
+            holder = lock(name, using="c", ttl=30)
+            assert holder.acquire(blocking=False)
+            source = next(n for n in nodes if _serves(n, slot))
+            target = next(n for n in nodes if n is not source)
+            src, dst = source.client(), target.client()
+            src_id = src.execute_command("CLUSTER", "MYID").decode()
+            dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            got: list[bool] = []
+            waiter = threading.Thread(
+                target=lambda: got.append(lock(name, using="c").acquire(timeout=15))
+            )
+            try:
+                waiter.start()
+                assert lock(name, using="c").acquire(blocking=False) is False
+                time.sleep(2.5)  # 2.5 socket timeouts into the move
+            finally:
+                migrate_slot(nodes, slot, source, target)
+            holder.release()
+            waiter.join(15)
+            assert got == [True]
+            backend.close()
+    finally:
+        stop_all(nodes)

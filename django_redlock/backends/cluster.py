@@ -40,12 +40,13 @@ from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub, ShardedPubSubHub
-from .base import Op, Renewal
+from .base import Attempt, Kind, Op, Renewal
 from .redis import UNAVAILABLE, RedisBackend, renewed, text
 
 T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
 MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
+MIGRATION_WAIT_MS = 100  # a take refused by a longer migration: its caller tries again then
 
 
 class RedisClusterBackend(RedisBackend):
@@ -314,8 +315,43 @@ class RedisClusterBackend(RedisBackend):
                 now = time.monotonic()
                 give_up = now + self.socket_timeout if give_up is None else give_up
                 if now >= give_up:
+                    if isinstance(op.parse, _Take):  # not taken (nothing ran): the caller
+                        return op.parse.not_yet  # type: ignore[return-value]  # waits on
                     raise
             time.sleep(min(MIGRATION_PAUSE, max(give_up - now, 0.0)))
+
+    # A take that a migration longer than the socket timeout refused is "not taken, try again
+    # in a moment": a waiter keeps waiting within its own timeout, a one-off try says False.
+    def op_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        kind: Kind,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+    ) -> Op[Attempt]:
+        op = super().op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms)
+        return Op(op.name, op.request, _Take(op.parse))
+
+    def op_lease_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        mode: str,
+        limit: int = 0,
+        fair: bool = False,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+        reader: str = "",
+    ) -> Op[Attempt]:
+        op = super().op_lease_acquire(
+            name, token, ttl_ms, meta, mode, limit, fair, waiter, wait_ms, reader
+        )
+        return Op(op.name, op.request, _Take(op.parse))
 
     def _execute(self, op: Op[T]) -> T:
         try:
@@ -369,6 +405,18 @@ def _has_sharded_pubsub(client: Any) -> bool:
         logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)
         return False
     return True
+
+
+class _Take:
+    """A take's reply parser, marked as a take (see ``execute``)."""
+
+    not_yet = Attempt(False, None, MIGRATION_WAIT_MS)
+
+    def __init__(self, parse: Any) -> None:
+        self.parse = parse
+
+    def __call__(self, reply: Any) -> Attempt:
+        return self.parse(reply)
 
 
 def _migrating(error: BaseException | None) -> bool:
