@@ -13,6 +13,7 @@ from .exceptions import (
     StaleFence,
 )
 from .handler import DEFAULT_LOCK_ALIAS, locks
+from .leader import LeaderInfo, Term, current_leader, leader, run_as_leader
 from .locking import (
     Lock,
     MultiLock,
@@ -41,6 +42,7 @@ __all__ = [
     "BackendRefused",
     "BackendUnavailable",
     "CommitOutcomeUnknown",
+    "LeaderInfo",
     "Lock",
     "LockError",
     "LockLost",
@@ -52,11 +54,15 @@ __all__ = [
     "ReadWriteLock",
     "Semaphore",
     "StaleFence",
+    "Term",
+    "current_leader",
+    "leader",
     "lock",
     "lock_all",
     "lock_view",
     "locks",
     "read_write_lock",
+    "run_as_leader",
     "semaphore",
     "single_instance",
 ]

@@ -37,32 +37,97 @@ def process_id() -> str:
 
 
 # -- reentrant owners --------------------------------------------------------------------------
-# An owner is one thread or one asyncio task of one process, on any host. The id lives in a
-# ContextVar, not a threading.local, so two tasks on one loop are two owners. A ContextVar is
-# copied into child tasks (and into threads started by asgiref's sync_to_async), so each id
-# remembers which task or thread it was made for; anyone else gets an id of its own.
+# An owner is one asyncio task, or one thread's run of sync code, of one process, on any host.
+#
+# The rule under asgiref (SPEC: a lock taken inside sync_to_async / async_to_sync code never
+# changes which task or thread owns the caller's holds): asgiref copies every ContextVar a call
+# changed back into its caller, and from there into every task the caller creates later. So:
+# - a task's id is kept by the task itself (a weak map), never read from a ContextVar: nothing
+#   a thread sets can make it someone else;
+# - sync code's id is a ContextVar slot that counts only in the Context that made it (checked
+#   with a ContextVar token, which knows its Context). Each ``sync_to_async`` or
+#   ``asyncio.to_thread`` call runs in a fresh copy: it is an owner of its own (two tasks'
+#   sync halves, even in asgiref's one shared thread, never share one), and a slot it copies
+#   back is ignored by everyone else. A thread's own code keeps its id through those copies;
+#   a call nested back onto it (async_to_sync, then sync_to_async) is a call of its own. (A
+#   copied slot cannot tell the task it reached from that task's children: sharing it would
+#   let two tasks' sync halves hold one reentrant lock; a new owner per call never does.)
 
 _process = {"id": secrets.token_urlsafe(12)}
 _serial = itertools.count(1)
 _tokens = itertools.count(1)
-_owner: ContextVar[tuple[str, weakref.ref[Any]] | None] = ContextVar("redlock_owner", default=None)
+_task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
 
 
-def _current_actor() -> Any:
-    loop = asyncio._get_running_loop()  # None outside a loop, without raising
-    task = asyncio.current_task(loop) if loop is not None else None
-    return task if task is not None else threading.current_thread()
+class _Slot:
+    """One sync owner: its id, its thread, and the token of the Context it counts in (renewed
+    at each check: a token resets once). ``before``: the slot this one replaced there."""
+
+    __slots__ = ("before", "id", "thread", "token")
+
+    def __init__(self, id: str, thread: threading.Thread, before: _Slot | None) -> None:
+        self.id, self.thread, self.before = id, weakref.ref(thread), before
+        self.token = _here.set(None)
+
+    def counts_here(self, thread: threading.Thread) -> bool:
+        if self.thread() is not thread or not self.id.startswith(f"{_process['id']}:"):
+            return False
+        try:
+            _here.reset(self.token)  # ValueError: made in another Context (a copy)
+        except (ValueError, RuntimeError):
+            return False
+        self.token = _here.set(None)
+        return True
+
+
+#: How many slots copied back over one another a thread looks through for its own, newest
+#: first, besides the oldest (a thread's own code, under the calls nested in it): each
+#: sync_to_async call's first owner_id tries this many before it makes its own.
+_DEPTH = 8
+_owner: ContextVar[_Slot | None] = ContextVar("redlock_owner", default=None)
+_here: ContextVar[None] = ContextVar("redlock_owner_context", default=None)
 
 
 def owner_id() -> str:
-    """The reentrant owner id of the current thread or asyncio task."""
-    actor = _current_actor()
-    slot = _owner.get()
-    prefix = f"{_process['id']}:"
-    if slot is None or slot[1]() is not actor or not slot[0].startswith(prefix):
-        slot = (f"{prefix}{next(_serial)}", weakref.ref(actor))
-        _owner.set(slot)
-    return slot[0]
+    """The reentrant owner id of the current asyncio task, or of the current thread's sync
+    code (see the rule above)."""
+    loop = asyncio._get_running_loop()  # None outside a loop, without raising
+    task = asyncio.current_task(loop) if loop is not None else None
+    if task is not None:
+        found = _task_ids.get(task)
+        if found is None:
+            found = _task_ids[task] = f"{_process['id']}:{next(_serial)}"
+        return found
+    thread = threading.current_thread()
+    slot = first = _owner.get()
+    last = None
+    for _ in range(_DEPTH):  # the slots copied back over this Context's own one, newest first
+        if slot is None:
+            break
+        if slot.counts_here(thread):
+            if slot is not first:
+                _owner.set(slot)
+            return slot.id
+        last, slot = slot, slot.before
+    if slot is not None and last is not None:
+        # Longer than _DEPTH: keep the oldest (a thread's own code, under the calls nested
+        # in it) and drop the middle, so that a chain stays at most _DEPTH + 1 long.
+        oldest = slot
+        while oldest.before is not None:
+            oldest = oldest.before
+        if oldest.counts_here(thread):
+            _owner.set(oldest)
+            return oldest.id
+        last.before = oldest
+    made = _Slot(f"{_process['id']}:{next(_serial)}", thread, first)
+    _owner.set(made)
+    return made.id
+
+
+def lend_owner(task: asyncio.Task[Any]) -> None:
+    """Make ``task`` (just created, not started) the current owner: a helper task that
+    finishes this owner's release after a cancellation."""
+    _task_ids[task] = owner_id()
 
 
 _PID = [str(os.getpid())]
@@ -72,6 +137,7 @@ def _new_process_id() -> None:
     _process["id"] = secrets.token_urlsafe(12)
     _PID[0] = str(os.getpid())
     _metas.clear()
+    _task_ids.clear()
 
 
 # A forked child is another owner, even for the thread that forked it.
@@ -111,6 +177,12 @@ def group_meta(meta: str, group: str, size: int) -> str:
 def parse_holder(meta: str) -> dict[str, str]:
     """The fields :func:`holder_meta` wrote, by their one-letter names; empty ones left out."""
     return {k: v for k, v in zip(HOLDER_FIELDS, meta.split(FIELD), strict=False) if v}
+
+
+def _current_actor() -> Any:
+    loop = asyncio._get_running_loop()  # None outside a loop, without raising
+    task = asyncio.current_task(loop) if loop is not None else None
+    return task if task is not None else threading.current_thread()
 
 
 def _actor_name() -> str:

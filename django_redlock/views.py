@@ -6,21 +6,31 @@ import functools
 import inspect
 import logging
 import math
-import string
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import BadRequest
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
-from .exceptions import BackendUnavailable, LockError, LockNotAcquired, StaleFence
+from .exceptions import (
+    BackendUnavailable,
+    LockError,
+    LockNotAcquired,
+    QuorumNotReached,
+    StaleFence,
+)
 from .fencing import database_of
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
 from .locking.steps import drive
-from .locking.templates import refuse_generator
+from .locking.templates import (
+    is_async_callable,
+    refuse_generator,
+    refuse_generator_result,
+    template_fields,
+)
 from .validation import check_limit, check_name, check_optional_seconds, fit_name
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,10 +65,12 @@ def lock_view(
     ``"checkout:{request.user.pk}"``, checked against the view's parameters when it is
     decorated (a view taking ``**kwargs``: per request). A name over 200 bytes (a long URL
     value) is shortened to its start and a hash (:func:`~.validation.fit_name`), so any URL
-    works (one whose value holds a NUL, which no lock name may, is answered 400). Works on
-    sync and async function views, and on class-based views through
-    ``method_decorator(lock_view(...), name="dispatch")``. A Redis that does not answer
-    gives 503.
+    works (one whose value holds a NUL, which no lock name may, is answered 400); a
+    parameter, header or cookie the template reads that the request lacks: 400.
+    Works on sync and async views (any async callable: locking/templates.py's rule), and on
+    class-based views, async ones too, through ``method_decorator(lock_view(...),
+    name="dispatch")``. A Redis that does not answer (Redlock: no majority) gives 503. Any
+    ``StreamingHttpResponse`` is produced after the release: the lock covers the view only.
     """
     return _ViewGuard(name, timeout, status, ttl, using, limit, atomic).decorate
 
@@ -104,7 +116,8 @@ class _ViewGuard:
 
     def make(self, view: Any, request: HttpRequest, kwargs: dict[str, Any]) -> BaseLock:
         """The lock of this request: the template filled from ``request`` and the URL
-        kwargs (ValueError naming what is missing), fitted to a key's length."""
+        kwargs (ValueError naming what is missing; a parameter, header or cookie the
+        client did not send: 400), fitted to a key's length."""
         name = self.name
         try:
             text = name.format(request=request, **kwargs)
@@ -115,6 +128,10 @@ class _ViewGuard:
                     f"lock_view template {name!r} uses {missing[0]!r}, which this request's URL"
                     f" does not give to {_where(view)} (URL kwargs: {', '.join(kwargs) or 'none'})"
                 ) from None
+            if isinstance(exc, KeyError) and any(
+                field.startswith(_CLIENT_SENT) for field in _fields(name)
+            ):  # the request lacks what the client was to send: theirs to fix, not a 500
+                raise _NotInRequest(f"this request gives no {exc} for the lock's name") from None
             raise ValueError(
                 f"lock_view template {name!r} failed for this request to {_where(view)}: {exc!r}"
             ) from exc
@@ -125,6 +142,16 @@ class _ViewGuard:
         except ValueError as exc:  # a URL value no name may hold (a NUL): the request's fault
             raise BadRequest(f"lock_view: {exc}") from None
         return self.build(fitted)
+
+    def request_lock(
+        self, view: Any, request: HttpRequest, kwargs: dict[str, Any]
+    ) -> BaseLock | HttpResponse:
+        """:meth:`make`'s lock, or a 400 when the request lacks a parameter, header or
+        cookie that the template reads (``{request.GET[cart]}`` with no ``cart``)."""
+        try:
+            return self.make(view, request, kwargs)
+        except _NotInRequest as exc:
+            return HttpResponseBadRequest(str(exc).capitalize())
 
     def busy(self, seconds_left: float | None) -> HttpResponse:
         text = "This is being done already; try again shortly."
@@ -139,7 +166,7 @@ class _ViewGuard:
     def decorate(self, view: F) -> F:
         refuse_generator(view, "@lock_view(...)")
         _check_roots(self.name, self.roots, view)
-        if inspect.iscoroutinefunction(view):
+        if _is_async_view(view):  # the rule: locking/templates.py, "async callables"
             self.build(self.name).check_async()  # atomic=: Django's transactions are sync
 
             @functools.wraps(view)
@@ -159,14 +186,17 @@ class _ViewGuard:
     ) -> Any:
         if self.uses_user:  # request.user is loaded lazily, by a query: not in a loop
             await _load_user(request)
-        held = self.make(view, request, kwargs)
+        held = self.request_lock(view, request, kwargs)
+        if isinstance(held, HttpResponse):
+            return held
         try:
             if not await held.aacquire(timeout=self.timeout):
                 return self.busy(await held.attl())
-        except BackendUnavailable:
+        except (BackendUnavailable, QuorumNotReached):  # Redlock: no majority answered
             return self.unavailable()
         try:
-            return await view(request, *args, **kwargs)
+            result = view(request, *args, **kwargs)  # dispatch() returns the handler's coroutine
+            return await result if inspect.isawaitable(result) else result
         finally:
             try:
                 await held.arelease()
@@ -177,11 +207,13 @@ class _ViewGuard:
         self, view: Any, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         # The thread driver explicitly: a sync view may run where a loop is running.
-        held = self.make(view, request, kwargs)
+        held = self.request_lock(view, request, kwargs)
+        if isinstance(held, HttpResponse):
+            return held
         try:
             if not drive(held.backend, held.acquire_steps(True, self.timeout)):
                 return self.busy(drive(held.backend, held.ttl_steps()))
-        except BackendUnavailable:
+        except (BackendUnavailable, QuorumNotReached):  # Redlock: no majority answered
             return self.unavailable()
         try:
             with ExitStack() as fenced:
@@ -191,7 +223,9 @@ class _ViewGuard:
                     except (StaleFence, LockNotAcquired) as exc:  # the view did not run
                         logger.warning("redlock: %s", exc)  # (its row stayed locked)
                         return self.busy(None)
-                return view(request, *args, **kwargs)
+                result = view(request, *args, **kwargs)
+                refuse_generator_result(result, view, "@lock_view(...)")  # before the release
+                return result
         finally:
             try:
                 drive(held.backend, held.release_steps())
@@ -199,12 +233,38 @@ class _ViewGuard:
                 logger.warning("redlock: %s", exc)
 
 
+#: Template fields the client fills (a missing one answers 400), unlike URL kwargs.
+_CLIENT_SENT = ("request.GET", "request.POST", "request.COOKIES", "request.headers", "request.META")
+
+
+class _NotInRequest(Exception):
+    """The request lacks a parameter, header or cookie the template reads."""
+
+
+def _fields(template: str) -> list[str]:
+    return [field for field in template_fields(template) if field]
+
+
+def _is_async_view(view: Any) -> bool:
+    """An async callable (:func:`~.locking.templates.is_async_callable`), or a bound method
+    of an async class-based view: ``method_decorator(..., name="dispatch")`` hands over
+    ``View.dispatch``, which is sync and returns the async handler's coroutine (the lock
+    must be held while it is awaited)."""
+    if is_async_callable(view):
+        return True
+    while isinstance(view, functools.partial):
+        view = view.func
+    instance = getattr(view, "__self__", None)
+    try:
+        return getattr(instance, "view_is_async", False) is True
+    except Exception:  # Django's mixed-handlers ImproperlyConfigured: its own error later
+        return False
+
+
 def _roots(template: str) -> list[str]:
     """The names a template's fields start from (``request`` of ``{request.user.pk}``)."""
     roots = []
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is None:
-            continue
+    for field in template_fields(template):  # those nested in a format spec too
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise ValueError(
@@ -228,7 +288,7 @@ async def _load_user(request: Any) -> None:
 def _per_visitor_fields(template: str) -> list[str]:
     """The fields that tell one visitor from another: ``request.user...`` and
     ``request.session.session_key``."""
-    fields = [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    fields = [field for field in template_fields(template) if field]
     return [f for f in fields if f.startswith("request.user") or f == "request.session.session_key"]
 
 

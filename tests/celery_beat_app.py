@@ -10,6 +10,20 @@ from celery import Celery
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.celery_beat_settings")
 django.setup()
 
+if os.environ.get("BEAT_SLOW_ONE_OFF_SAVE"):  # a slow database write of a one-off's row
+    import time
+
+    from django_celery_beat.models import PeriodicTask
+
+    _save = PeriodicTask.save
+
+    def _slow_save(self: PeriodicTask, *args: object, **kwargs: object) -> None:
+        if self.one_off:
+            time.sleep(float(os.environ["BEAT_SLOW_ONE_OFF_SAVE"]))
+        _save(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    PeriodicTask.save = _slow_save  # type: ignore[method-assign]
+
 app = Celery("beat-tests")
 _base = os.environ["REDLOCK_TEST_REDIS"].rsplit("/", 1)[0]
 app.conf.update(

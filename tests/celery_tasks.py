@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
+from celery.signals import task_prerun
 
 from django_redlock import locks, single_instance
 from django_redlock.contrib.celery import SingleInstanceTask
@@ -289,3 +290,104 @@ def raise_lock_error(kind: str) -> None:
     """Raise it out of a task: the caller's ``.get()`` rebuilds it from the result backend
     (Celery's JSON serializer keeps an exception's type, module and ``args`` alone)."""
     raise lock_errors()[kind]
+
+
+# -- an exception (a soft time limit's) right after the lock is taken, before the body's guard
+
+
+def _interrupt_once(flag: str) -> None:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    if redis().delete(flag):
+        raise SoftTimeLimitExceeded("injected between the acquire and the run (test)")
+
+
+def _inject_interrupts() -> None:
+    """Wrap two calls made once the lock is taken and before the body runs (the queue
+    marker's clear, the run's start) so that a test's flag makes them raise, as a soft time
+    limit firing on that line would."""
+    from django_redlock.contrib import celery as contrib_celery
+    from django_redlock.contrib import single as contrib_single
+
+    clear, run_held = contrib_single.clear_queued_marker, contrib_celery.run_held
+
+    def clear_then(config: Any, key: str, task_id: str) -> None:
+        if key.startswith("soft-gap:"):
+            _interrupt_once(f"{key}:interrupt-at-marker")
+        clear(config, key, task_id)
+
+    def run_then(held: Any, *args: Any, **kwargs: Any) -> Any:
+        if held.name.startswith("soft-gap:"):
+            _interrupt_once(f"{held.name}:interrupt-at-run")
+        return run_held(held, *args, **kwargs)
+
+    contrib_single.clear_queued_marker = clear_then  # type: ignore[assignment]
+    contrib_celery.run_held = run_then  # type: ignore[assignment]
+
+
+_inject_interrupts()
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="soft-gap:{name}", ttl=30, dedupe_queued=True)
+def soft_gap(self: Any, name: str) -> str:
+    redis().rpush(f"soft-gap:{name}:ran", self.request.id)
+    return "ran"
+
+
+# -- coalesce: duplicates whose notes land after the run ended ---------------------------------
+
+
+def _pause_late_notes() -> None:
+    """Hold a duplicate's note of a ``coalesce-late:`` key until the moment a test set (so
+    the run ends first, and the duplicates note at once), and list the notes in the order
+    written."""
+    from django_redlock.backends import markers
+
+    mark = markers.mark
+
+    def paused(backend: Any, name: str, task_id: str, ttl_ms: int) -> str | None:
+        if not (name.startswith("coalesce-late:") and name.endswith(":coalesce")):
+            return mark(backend, name, task_id, ttl_ms)
+        tag = json.loads(task_id)["args"][1] if task_id.startswith("{") else None
+        until = redis().get(f"coalesce-late-pause-until:{tag}") if tag else None
+        if until:  # a note (not another marker's value) the test holds back
+            time.sleep(max(0.0, float(until) - time.time()))
+        found = mark(backend, name, task_id, ttl_ms)
+        if found is None and task_id.startswith("{"):
+            redis().rpush(f"{name}:noted", json.loads(task_id)["args"][1])
+        return found
+
+    markers.mark = paused
+
+
+_pause_late_notes()
+
+
+@task_prerun.connect
+def _start_late(sender: Any = None, **_: Any) -> None:
+    """Hold back the start of a ``coalesced_late`` run until the moment a test set."""
+    if getattr(sender, "name", "").endswith(".coalesced_late"):
+        until = redis().get("coalesce-late-start-after")
+        if until:
+            time.sleep(max(0.0, float(until) - time.time()))
+
+
+@shared_task(bind=True)
+@single_instance(key="coalesce-late:{name}", ttl=10, on_duplicate="coalesce", countdown=0.5)
+def coalesced_late(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce-late:{name}", tag, seconds)
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(key="dedupe-slow:{name}", ttl=10, dedupe_queued=True)
+def deduped_slow_start(self: Any, name: str) -> str:
+    return body(f"dedupe-slow:{name}", self.request.id, 0.1)
+
+
+@task_prerun.connect
+def _start_slowly(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    """A run that starts 2.5 s after its worker took (and acknowledged) its message."""
+    if getattr(sender, "name", "").endswith(".deduped_slow_start"):
+        redis().set(f"dedupe-slow-started:{task_id}", 1)
+        time.sleep(2.5)

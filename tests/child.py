@@ -207,6 +207,47 @@ def lease(args: argparse.Namespace) -> None:
             return
 
 
+def lead(args: argparse.Namespace) -> None:
+    """A leader candidate: ``LEADING <fence>`` once it leads, ``LOST <reason>`` when
+    leadership ends; ``resign`` on stdin leaves the block, ``exit`` ends the process."""
+    from django_redlock import leader
+
+    commands: list[str] = []
+    arrived = threading.Event()
+
+    def read() -> None:
+        for line in sys.stdin:
+            commands.append(line.strip())
+            arrived.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    say("CAMPAIGNING")
+    with leader(args.name, ttl=args.ttl) as term:
+        say("LEADING", term.fence)
+        while not term.lost.is_set() and "resign" not in commands:
+            arrived.wait(0.01)
+            arrived.clear()
+        if term.lost.is_set():
+            say("LOST", term.reason)
+    say("RESIGNED")
+    while "exit" not in commands:
+        arrived.wait(0.1)
+        arrived.clear()
+
+
+def who(args: argparse.Namespace) -> None:
+    """``LEADER <host> <pid> <fence>`` from current_leader(), or ``NOBODY``."""
+    import socket
+
+    from django_redlock import current_leader
+
+    now = current_leader(args.name)
+    if now is None:
+        say("NOBODY")
+    else:
+        say("LEADER", now.host == socket.gethostname(), now.pid, now.fence)
+
+
 def main() -> None:
     # The test that waits too long for a line asks for every thread's stack (conftest.Child).
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -251,10 +292,15 @@ def main() -> None:
     p.add_argument("--ttl", type=float, default=30.0)
     p.add_argument("--timeout", type=float, default=30.0)
     p.add_argument("--no-renew", action="store_true")
+    p = sub.add_parser("lead")
+    p.add_argument("--name", required=True)
+    p.add_argument("--ttl", type=float, default=3.0)
+    p = sub.add_parser("who")
+    p.add_argument("--name", required=True)
     args = parser.parse_args()
     setup(args.url, args.backend, args.nodes)
     actions = {"sell": sell, "hold": hold, "queue": queue, "contend": contend,
-               "sem_cycles": sem_cycles, "lease": lease}  # fmt: skip
+               "sem_cycles": sem_cycles, "lease": lease, "lead": lead, "who": who}  # fmt: skip
     actions[args.action](args)
 
 

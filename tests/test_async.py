@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable
 
 import pytest
-from django.test import AsyncClient, Client
+from django.conf import settings
+from django.test import AsyncClient, Client, override_settings
 
-from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, locks
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, lock, lock_all, locks
 from django_redlock.testing import RedisServer
 
 
@@ -162,3 +165,53 @@ def test_inside_django_views_sync_and_async() -> None:
     assert Client().get("/locked-sync/").content == b"held 1"
     response = asyncio.run(AsyncClient().get("/locked-async/"))
     assert response.content == b"held 1"
+
+
+@pytest.mark.parametrize("kind", ["plain", "reentrant", "lock_all"])
+def test_a_second_cancellation_during_async_withs_release_still_releases(
+    redis_factory: Callable[..., RedisServer], name: str, kind: str
+) -> None:
+    """The body is cancelled; then, while the release waits for the pool's only connection
+    (busy with a command to a paused server), the task is cancelled again. The release is
+    finished anyway, not left to the lock's TTL while the next waiter waits."""
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"max_connections": 1, "socket_timeout": 3},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "one": config}):
+
+        async def scenario() -> float:
+            entered = asyncio.Event()
+
+            async def holder() -> None:
+                held = (
+                    lock_all(name, f"{name}:b", using="one", ttl=20)
+                    if kind == "lock_all"
+                    else lock(name, using="one", ttl=20, reentrant=kind == "reentrant")
+                )
+                async with held:
+                    entered.set()
+                    await asyncio.sleep(100)
+
+            task = asyncio.create_task(holder())
+            await entered.wait()
+            server.pause()
+            busy = asyncio.create_task(lock(f"{name}:other", using="one").alocked())
+            await asyncio.sleep(0.2)  # it has the only connection, waiting for an answer
+            task.cancel()  # the body ends: the release waits for the connection
+            await asyncio.sleep(0.2)
+            task.cancel()  # and again, during the release
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            server.resume()
+            with contextlib.suppress(Exception):
+                await busy
+            started = time.monotonic()
+            assert await lock(name, using="one").aacquire(timeout=15)
+            return time.monotonic() - started
+
+        waited = asyncio.run(scenario())
+        locks["one"].close()
+    assert waited < 2, f"the next holder waited {waited:.1f} s"

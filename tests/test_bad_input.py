@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_redlock import BackendUnavailable, lock, locks
+from django_redlock import BackendUnavailable, lock, lock_all, lock_view, locks
 from django_redlock.handler import LockHandler
 from django_redlock.testing import free_port
 
@@ -414,6 +414,21 @@ def test_templates_over_var_keyword_arguments(down: str) -> None:
     assert names == [7]
     with pytest.raises(ValueError, match=r"report:\{user_id\}.*failed.*user_id"):
         build(other=1)
+
+
+def test_templates_that_would_fail_every_call_fail_at_decoration(down: str) -> None:
+    """A field nested in a format spec is checked like any other; ``{kwargs}`` over
+    ``**kwargs`` names the dict itself, which no call lends by that name."""
+    with pytest.raises(ValueError, match="'width'"):
+        lock("report:{user_id:>{width}}", using=down)(lambda user_id: None)
+    padded = lock("report:{user_id:>{width}}", using="local")(lambda user_id, width: user_id)
+    assert padded(7, width=3) == 7  # and a nested field that is an argument works
+    with pytest.raises(ValueError, match=r"\*\*kwargs"):
+        lock("report:{kwargs}", using=down)(lambda a, **kwargs: None)
+    with pytest.raises(ValueError, match=r"\*\*kwargs"):
+        lock_all("a:{kwargs[x]}", using=down)(lambda **kwargs: None)
+    with pytest.raises(ValueError, match="'width'"):
+        lock_view("v:{request.path:>{width}}")(lambda request: None)
 
 
 def test_long_names_from_data_are_hashed_stably() -> None:

@@ -16,11 +16,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import django
 import pytest
 import redis
+from celery.beat import PersistentScheduler, ScheduleEntry
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
@@ -435,3 +437,192 @@ def test_the_new_leader_keeps_the_pace_after_a_takeover(
     assert {pid for _, pid in counted} == {leader_pid(name)} != {first}
     gaps = [b - a for a, b in itertools.pairwise(t for t, _ in counted)]
     assert min(gaps) > 0.5, shown  # never one due run sent twice
+
+
+def _clock_ahead() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=10)
+
+
+def _clock() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+@pytest.mark.parametrize("alias", ["local", "default"])
+def test_a_leader_whose_clock_ran_ahead_makes_the_next_skip_nothing(
+    tmp_path: Path, alias: str
+) -> None:
+    # The first leader's clock is 10 minutes ahead: its records are in the next leader's
+    # future. Trusted, they held every run back for 10 minutes; taken as now, the next
+    # leader keeps the 0.2 s pace.
+    from celery import Celery
+    from celery.schedules import schedule
+
+    apps = []
+    for now in (_clock_ahead, _clock):
+        app = Celery("in-process", set_as_current=False)
+        every = schedule(datetime.timedelta(seconds=0.2), nowfun=now, app=app)
+        app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": every}}
+        apps.append(app)
+    name = f"beat-ahead-{next(_runs)}-{os.getpid()}"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": alias, "ttl": 1, "name": name}):
+        one, two = (
+            Recording(app=app, schedule_filename=str(tmp_path / f"s{i}"))
+            for i, app in enumerate(apps)
+        )
+        one.sent, two.sent = [], []
+        try:
+            deadline = time.monotonic() + 5
+            while len(one.sent) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            one.close()
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:
+                time.sleep(max(0.0, min(two.tick(), 0.05)))
+            assert two.leads
+            assert len(two.sent) >= 4, two.sent  # about 7
+            backend = locks[alias]
+            recorded = backend.execute(beat.read_op(backend, name, "e"))
+            assert recorded is not None and recorded <= beat.to_micros(_clock())
+        finally:
+            one.close()
+            two.close()
+
+
+_ONE_OFF = """
+import datetime, sys
+import django
+django.setup()
+from django.utils import timezone
+from django_celery_beat.models import ClockedSchedule, PeriodicTask
+at = timezone.now() + datetime.timedelta(seconds=2)
+PeriodicTask.objects.create(
+    name="once", task="tests.beat.once", one_off=True, queue=sys.argv[1],
+    clocked=ClockedSchedule.objects.create(clocked_time=at),
+)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(WITHOUT_DCB, reason="needs django-celery-beat")
+def test_a_clocked_one_off_is_sent_once_across_a_takeover(
+    start_beats: Callable[..., tuple[list[Beat], Sends, str]], tmp_path: Path,
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    # The leader sends the one-off, then is killed while its database write switching it
+    # off is under way (slowed to 10 s): the next leader must not send it again.
+    monkeypatch.setenv("BEAT_SLOW_ONE_OFF_SAVE", "10")
+    beats, sends, name = start_beats("database", 2)
+    by_pid = {b.pid: b for b in beats}
+    sends.wait(1, 60)
+    once = Sends(redis_server.client(db=1), f"{sends.queue}-once")
+    try:
+        env = {
+            **os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_REDIS": redis_server.url,
+            "DJANGO_SETTINGS_MODULE": "tests.celery_beat_settings",
+            "BEAT_DB": str(tmp_path / "beat.sqlite3"),
+        }  # fmt: skip
+        env.pop("BEAT_SLOW_ONE_OFF_SAVE")
+        subprocess.run([sys.executable, "-c", _ONE_OFF, once.queue], cwd=ROOT, env=env, check=True)
+        once.wait(1, 30)
+        first = leader_pid(name)
+        time.sleep(1.0)  # its write switching the one-off off is under way
+        by_pid[first].signal(signal.SIGKILL)
+        killed = time.monotonic()
+        while leader_pid(name) == first:
+            assert time.monotonic() - killed < TTL + 10, logs(beats)
+            time.sleep(0.05)
+        time.sleep(5.0)  # the new leader looked at the one-off (still enabled in the table)
+        assert len(once.seen) == 1, logs(beats)
+        assert [pid for _, pid in once.seen] == [first]
+    finally:
+        once.close()
+
+
+_ROWS: dict[str, SimpleNamespace] = {}
+
+
+class _RowEntry(ScheduleEntry):
+    """An entry with a row (``model``), shared by the entries that follow it, as
+    django-celery-beat's."""
+
+    @property
+    def model(self) -> SimpleNamespace:
+        return _ROWS.setdefault(self.name, SimpleNamespace(total_run_count=0, last_run_at=None))
+
+
+class _Rows(PersistentScheduler):
+    """As django-celery-beat's DatabaseScheduler keeps its rows: reserve() counts the run on
+    the entry's row and marks it dirty; sync() writes the dirty rows (noted here)."""
+
+    Entry = _RowEntry
+
+    def setup_schedule(self) -> None:
+        self._dirty: set[str] = set()
+        self.written: list[str] = []
+        super().setup_schedule()
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)
+        entry.model.total_run_count += 1
+        self._dirty.add(entry.name)
+        return new_entry
+
+    def sync(self) -> None:
+        self.written.extend(sorted(self._dirty))
+        self._dirty.clear()
+        super().sync()
+
+
+class _RowsLocked(beat.LeaderMixin, _Rows):
+    standby_wait = 0.05
+    sent: list[str]
+
+    @property
+    def producer(self) -> None:  # type: ignore[override]
+        return None
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        self.sent.append(entry.name)
+
+
+def test_a_beat_that_stepped_down_writes_no_stale_row(tmp_path: Path) -> None:
+    # The leader lost its lock (paused past its TTL; another beat leads): the run it reserves
+    # when it wakes is refused. It must not count it on the row, nor write its stale rows
+    # over the leader's (django-celery-beat's rows are shared by every beat).
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 0.2}}
+    name = f"beat-rows-{next(_runs)}"
+    _ROWS.clear()
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "local", "ttl": 1, "name": name}):
+        one = _RowsLocked(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent = []
+        other = lock(name, ttl=30, using="local")
+        try:
+            deadline = time.monotonic() + 5
+            while not one.sent:
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            one.sync()
+            row = one.schedule["e"].model
+            counted, sent = row.total_run_count, len(one.sent)
+            assert counted == sent and one.written == ["e"]
+            backend = locks["local"]
+            info = backend.inspect(name)
+            assert info is not None
+            backend.force_release(name, info.token, None)  # its hold is gone...
+            assert other.acquire(blocking=False)  # ...and another beat leads
+            one._pause_until = 0.0
+            one.schedule["e"].last_run_at -= datetime.timedelta(seconds=1)  # due now
+            one._heap = None
+            one.tick()  # reserves "e", its claim refused: steps down
+            assert not one.leads and len(one.sent) == sent
+            assert one.schedule["e"].model.total_run_count == counted  # not counted
+            one.sync()
+            assert one.written == ["e"]  # nothing written since it stepped down
+        finally:
+            if other.token is not None:
+                other.release()
+            one.close()

@@ -828,3 +828,73 @@ def test_acks_late_past_the_visibility_timeout_runs_the_body_once(
     assert "skipped a redelivered message" in late.log.read_text()
     assert redis(redis_server).lrange(f"redeliver:{name}:ran", 0, -1) == [result.id]
     late.stop()
+
+
+# -- an exception at any line once the lock is taken ------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["marker", "run"])
+def test_a_soft_time_limit_right_after_the_acquire_releases(
+    prefork: Worker, redis_server: RedisServer, where: str
+) -> None:
+    # SoftTimeLimitExceeded raised once the lock is taken and before the run's body (while
+    # the queue marker is cleared, or as the run starts): the hold must go, not stay renewed
+    # by the watchdog for the child's life (every later call would find it held).
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    r = redis(redis_server)
+    name = f"{where}-{uuid.uuid4().hex[:6]}"
+    r.set(f"soft-gap:{name}:interrupt-at-{where}", 1)
+    failed = prefork.send(celery_tasks.soft_gap, name)
+    with pytest.raises(SoftTimeLimitExceeded):
+        failed.get(timeout=30)
+    ended = time.monotonic()
+    while locks["default"].is_locked(f"soft-gap:{name}"):
+        assert time.monotonic() - ended < 5, "still held (its TTL is 30 s, renewed)"
+        time.sleep(0.05)
+    assert r.lrange(f"soft-gap:{name}:ran", 0, -1) == []
+    again = prefork.send(celery_tasks.soft_gap, name)
+    assert again.get(timeout=30) == "ran"
+    assert r.lrange(f"soft-gap:{name}:ran", 0, -1) == [again.id]
+
+
+# -- the task-id rule: any task id Celery accepts ---------------------------------------------
+
+ODD_TASK_IDS = ["customer|42", "x" * 300, "a\x1fb", "#not-a-hash", "b64:YQ==", "tâche.1.2", "t\n1"]
+
+
+@pytest.mark.parametrize("task_id", ODD_TASK_IDS, ids=range(len(ODD_TASK_IDS)))
+def test_any_task_id_celery_accepts_runs_and_is_named(
+    prefork: Worker, redis_server: RedisServer, task_id: str
+) -> None:
+    # A caller's own task id ("|", over 200 chars, the holder's field separator...) runs its
+    # body, and a delay() while it runs is deduplicated to that very id.
+    name = uuid.uuid4().hex[:8]
+    task_id = f"{task_id}-{name}"
+    first = prefork.send(celery_tasks.deduped, name, 1.5, task_id=task_id)
+    wait_for(lambda: locks["default"].is_locked(f"dedupe:{name}"))
+    second = prefork.send(celery_tasks.deduped, name, 0.1)
+    assert second.id == task_id
+    assert first.get(timeout=30) == "ran"
+    assert redis(redis_server).lrange(f"dedupe:{name}:ran", 0, -1) == [task_id]
+
+
+def test_hold_tokens_carry_odd_task_ids() -> None:
+    from django_redlock.contrib.single import (
+        _prefix,
+        holder_id,
+        holds_task,
+        task_id_of,
+        token_id,
+    )
+    from django_redlock.locking.base import check_token_prefix
+
+    for task_id in [*ODD_TASK_IDS, "abc", "abc.1", "#" + "0" * 40]:
+        prefix = _prefix(task_id, 3)
+        assert check_token_prefix(prefix) == prefix  # a valid token prefix, whatever the id
+        assert holds_task(f"{prefix}Xy12", task_id) == 3
+        assert holds_task(f"{prefix}Xy12", task_id + "z") is None
+        assert "\x1f" not in holder_id(task_id)
+        assert task_id_of({"k": holder_id(task_id)}) == task_id
+    assert token_id("abc") == "abc"
+    assert token_id("#" + "0" * 40) != "#" + "0" * 40  # a raw id never looks like a hash

@@ -493,3 +493,97 @@ def test_a_message_the_broker_lost_no_longer_counts(
     again = task.apply_async(("lost",), queue="lost")
     assert again.id != first.id
     assert task.apply_async(("lost",), queue="lost").id == again.id
+
+
+@pytest.fixture(scope="module")
+def wide(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=4)
+
+
+def test_coalesce_duplicates_noting_after_the_run_ended_make_one_more_run(
+    wide: Worker, redis_server: RedisServer
+) -> None:
+    # Two duplicates find the key held; the run ends before either wrote its note. The
+    # first note (t1) queues the follow-up, which starts late (held back 0.3 s); the second
+    # (t2) is written 0.15 s after the first, while that follow-up waits: it must not queue
+    # another run. Exactly one more run follows, with the arguments of the note written last.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    first = wide.send(celery_tasks.coalesced_late, name, "t0", 0.5)
+    wait_for(lambda: r.lrange(f"coalesce-late:{name}:ran", 0, -1))
+    moment = time.time() + 1.5
+    r.set("coalesce-late-pause-until:t1", moment)
+    r.set("coalesce-late-pause-until:t2", moment + 0.15)
+    try:
+        duplicates = [wide.send(celery_tasks.coalesced_late, name, f"t{i}", 0.3) for i in (1, 2)]
+        assert first.get(timeout=30) == "ran"
+        time.sleep(0.5)  # both duplicates wait to write their notes
+        r.set("coalesce-late-start-after", moment + 0.3)
+        for each in duplicates:
+            assert each.get(timeout=30)["coalesced"] is True
+        wait_for(lambda: len(r.lrange(f"coalesce-late:{name}:ran", 0, -1)) >= 2)
+    finally:
+        r.delete("coalesce-late-pause-until:t1", "coalesce-late-pause-until:t2")
+        r.delete("coalesce-late-start-after")
+    wait_for(lambda: not locks["default"].is_locked(f"coalesce-late:{name}"))
+    time.sleep(1.5)  # nothing more follows
+    assert r.lrange(f"coalesce-late:{name}:ran", 0, -1) == ["t0", "t2"]
+    assert r.lrange(f"coalesce-late:{name}:coalesce:noted", 0, -1) == ["t1", "t2"]
+    assert int(r.get(f"coalesce-late:{name}:peak")) == 1
+
+
+def test_coalesce_behind_a_plain_lock_runs_once_it_is_free(
+    wide: Worker, redis_server: RedisServer
+) -> None:
+    # The key is held by a plain lock() (no run of the task, whose end would queue the
+    # follow-up): the noted call runs once the lock is free (looked at every countdown).
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    with lock(f"coalesce-late:{name}", ttl=30):
+        value = wide.send(celery_tasks.coalesced_late, name, "t1", 0.1).get(timeout=30)
+        assert value["coalesced"] is True
+        time.sleep(1.5)
+        assert r.lrange(f"coalesce-late:{name}:ran", 0, -1) == []
+    wait_for(lambda: r.lrange(f"coalesce-late:{name}:ran", 0, -1) == ["t1"], timeout=15)
+    time.sleep(1.0)
+    assert r.lrange(f"coalesce-late:{name}:ran", 0, -1) == ["t1"]
+
+
+def test_coalesce_with_dedupe_queued_runs_the_last_call_s_arguments(
+    wide: Worker, redis_server: RedisServer
+) -> None:
+    # While the key runs, one call is queued; later calls dedupe to it and their arguments
+    # are not dropped: the queued run runs the last call's.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    first = wide.send(celery_tasks.coalesced_deduped, name, "t0", 2.0)
+    wait_for(lambda: r.lrange(f"coalesce-dd:{name}:ran", 0, -1))
+    # (A countdown keeps the queued call waiting while the next one is made.)
+    second = wide.send(celery_tasks.coalesced_deduped, name, "t1", 0.1, countdown=1)
+    third = wide.send(celery_tasks.coalesced_deduped, name, "t2", 0.1, countdown=1)
+    assert third.id == second.id  # deduplicated to the queued call
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: len(r.lrange(f"coalesce-dd:{name}:ran", 0, -1)) == 2)
+    wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
+    time.sleep(1.0)  # nothing more follows
+    assert r.lrange(f"coalesce-dd:{name}:ran", 0, -1) == ["t0", "t2"]
+
+
+def test_a_message_taken_by_a_worker_whose_run_starts_late_still_counts(
+    prefork: Worker, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # Acknowledged as its child took it, and its run takes the key 2.5 s later: meanwhile
+    # the message is neither in the queue, nor unacknowledged, nor holding the key. Not gone:
+    # a delay() then is deduplicated to it, and the body runs once.
+    broker = redis_server.client(db=1, decode_responses=True)
+    name = uuid.uuid4().hex[:8]
+    first = prefork.send(celery_tasks.deduped_slow_start, name)
+    # Its child took it (accepted: acknowledged) and waits 2.5 s before the run.
+    wait_for(lambda: redis(redis_server).get(f"dedupe-slow-started:{first.id}"))
+    assert broker.llen(prefork.queue) == 0
+    assert not any(first.id in v for v in broker.hvals("unacked"))
+    assert not locks["default"].is_locked(f"dedupe-slow:{name}")
+    assert prefork.send(celery_tasks.deduped_slow_start, name).id == first.id
+    assert first.get(timeout=30) == "ran"
+    time.sleep(0.5)
+    assert redis(redis_server).lrange(f"dedupe-slow:{name}:ran", 0, -1) == [first.id]

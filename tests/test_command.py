@@ -7,6 +7,7 @@ import io
 import json
 from collections.abc import Callable
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -147,10 +148,11 @@ def test_every_subcommand_documents_its_options_and_exit_codes() -> None:
 
     parser = Command().create_parser("manage.py", "redlock")
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    actions = {"list", "release", "purge", "prune-incidents", "prune-fences", "top"}
+    actions = {"list", "release", "purge", "prune-incidents", "prune-fences", "top", "exec"}
     assert set(sub.choices) == actions
     for name, subparser in sub.choices.items():
-        assert "exit codes: 0" in subparser.format_help(), name
+        own = "the command's own" if name == "exec" else "0"
+        assert f"exit codes: {own}" in subparser.format_help(), name
         for action in subparser._actions:
             assert action.help, (name, action.dest)
 
@@ -238,3 +240,52 @@ def test_control_characters_in_names_are_escaped_on_the_terminal(alias: str) -> 
         assert escaped in text, text
         assert not any(c in text for c in "\x1b\r\u202e"), repr(text)
     assert not holder.locked()  # purge released it: its name is the lock's, not the escape
+
+
+# Each action with its required arguments: Django's common options go after these.
+ACTION_ARGS = {
+    "list": [], "release": ["n"], "purge": ["--match", "x*"], "prune-incidents": [],
+    "prune-fences": ["--older-than", "30d"], "top": ["--once"], "exec": ["n"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("action", sorted(ACTION_ARGS))
+def test_django_common_options_after_every_action(action: str) -> None:
+    """`redlock list --settings=...` as with every Django command, not only before it."""
+    from django_redlock.management.commands.redlock import Command
+
+    parser = Command().create_parser("manage.py", "redlock")
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert set(sub.choices) == set(ACTION_ARGS)  # a new action is tested here too
+    common = ["--settings", "tests.settings", "--pythonpath", "/tmp", "--traceback", "-v", "2",
+              "--no-color", "--skip-checks"]  # fmt: skip
+    command = ["--", "true", "--settings", "child's"] if action == "exec" else []
+    options = parser.parse_args([action, *ACTION_ARGS[action], *common, *command])
+    assert options.action == action
+    assert options.settings == "tests.settings" and options.pythonpath == "/tmp"
+    assert options.verbosity == 2
+    assert options.traceback and options.no_color and options.skip_checks
+    # Before the action they still work, and the action's own value wins when both are given.
+    options = parser.parse_args(["-v", "0", action, *ACTION_ARGS[action], *command])
+    assert options.verbosity == 0 and options.settings is None
+    options = parser.parse_args(["-v", "0", action, *ACTION_ARGS[action], "-v", "3", *command])
+    assert options.verbosity == 3
+    if action == "exec":
+        assert options.command == ["true", "--settings", "child's"]
+
+
+def test_common_options_after_the_action_from_a_shell(redis_server: Any) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "REDLOCK_TEST_REDIS": redis_server.url}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "redlock", "list", "--backend", "redis",
+         "--settings=tests.exec_settings", "-v", "0", "--traceback"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and "no held locks" in done.stdout, done.stderr

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 from django.core.cache import caches
 from django.test import override_settings
+from redis.backoff import NoBackoff
 from redis.exceptions import LockError, LockNotOwnedError
+from redis.retry import Retry
 
+from django_redlock import BackendUnavailable, MissingPermission
+from django_redlock import LockError as OurLockError
 from django_redlock.compat import Redis, RedisPyLock
 from django_redlock.testing import RedisServer
 
@@ -171,3 +175,86 @@ def test_the_client_class_makes_every_lock_ours(redis_server: RedisServer, name:
         with lk:
             assert lk.owned() and lk.fence is not None
         assert not lk.locked()
+
+
+def _raised(call: Callable[[], object]) -> BaseException | None:
+    try:
+        call()
+    except Exception as exc:
+        return exc
+    return None
+
+
+@pytest.mark.parametrize("outage", ["killed", "paused"])
+def test_an_unreachable_server_raises_what_redis_pys_lock_raises(
+    redis_factory: Callable[..., RedisServer], name: str, outage: str
+) -> None:
+    """Beside redis-py's own Lock: each call raises an instance of the class redis-py's
+    raises (ConnectionError, or TimeoutError for a server that stopped answering), which is
+    also our BackendUnavailable."""
+    server = redis_factory()
+    client = redis.Redis(  # no retries: one socket timeout per call, for both
+        port=server.port,
+        socket_timeout=0.5,
+        socket_connect_timeout=0.5,
+        retry=Retry(NoBackoff(), 0),
+    )
+    theirs = client.lock(f"{name}:theirs")
+    ours = client.lock(name, lock_class=RedisPyLock)
+    assert theirs.acquire() and ours.acquire()
+    server.kill() if outage == "killed" else server.pause()
+    try:
+        for call in ("acquire", "locked", "release"):
+            if call == "release":
+                expected, got = _raised(theirs.release), _raised(ours.release)
+            else:  # a lock on another name, each (ours would see it waits for itself)
+                expected = _raised(getattr(client.lock(f"{name}:b:theirs"), call))
+                got = _raised(getattr(client.lock(f"{name}:b", lock_class=RedisPyLock), call))
+            assert isinstance(expected, redis.RedisError), (call, expected)
+            assert isinstance(got, type(expected)), (call, outage, expected, got)
+            assert isinstance(got, BackendUnavailable), (call, got)
+    finally:
+        if outage == "paused":
+            server.resume()
+        client.close()
+
+
+def test_a_self_wait_raises_redis_pys_lock_error(client: Any, name: str) -> None:
+    """Two drop-in locks on one name in one thread, the second waiting with no timeout: ours
+    says so at once (redis-py's would wait forever), as a redis-py LockError, and ours."""
+    held = client.lock(name, lock_class=RedisPyLock)
+    assert held.acquire()
+    with pytest.raises(LockError, match="itself") as caught:
+        client.lock(name, lock_class=RedisPyLock).acquire()
+    assert isinstance(caught.value, OurLockError)
+    held.release()
+
+
+def test_a_lost_hold_names_the_clients_own_backend(client: Any, name: str) -> None:
+    lk = client.lock(name, timeout=0.2, lock_class=RedisPyLock)
+    assert lk.acquire()
+    time.sleep(0.4)
+    with pytest.raises(LockNotOwnedError) as caught:
+        lk.release()
+    cause = caught.value.__cause__
+    assert cause is not None and "'default'" not in str(cause), str(cause)
+    assert f"{client.connection_pool.connection_kwargs['port']}" in str(cause)
+
+
+def test_a_user_without_the_permission_gets_redis_pys_no_permission_error(
+    redis_server: RedisServer, name: str
+) -> None:
+    """Beside redis-py's own Lock, for a Redis user that may not SET."""
+    from tests.conftest import restrict
+
+    restrict(redis_server, "noset", "pw", "~* &* +@all -set")
+    client = redis.Redis(port=redis_server.port, username="noset", password="pw")
+    try:
+        theirs = _raised(client.lock(f"{name}:theirs").acquire)
+        ours = _raised(client.lock(name, lock_class=RedisPyLock).acquire)
+    finally:
+        client.close()
+        redis_server.client().execute_command("ACL", "DELUSER", "noset")
+    assert isinstance(theirs, redis.exceptions.NoPermissionError), theirs
+    assert isinstance(ours, redis.exceptions.NoPermissionError), ours
+    assert isinstance(ours, MissingPermission)

@@ -126,7 +126,9 @@ PUBLIC = {
             "locks", "lock", "semaphore", "read_write_lock", "single_instance", "lock_view",
             "LockError", "LockNotAcquired", "LockNotOwned", "LockLost", "QuorumNotReached",
             "BackendUnavailable", "StaleFence", "Lock", "Semaphore", "ReadWriteLock",
-            "DEFAULT_LOCK_ALIAS", "lock_all", "MultiLock")),
+            "DEFAULT_LOCK_ALIAS", "lock_all", "MultiLock", "leader", "current_leader",
+            "run_as_leader", "Term", "LeaderInfo")),
+        *(f"django_redlock.Term.{n}" for n in ("fence", "lost", "reason", "check")),
         *(f"django_redlock.Lock.{n}" for n in (
             "acquire", "release", "extend", "owned", "locked", "ttl", "fence", "token", "adopt",
             "hold_count", "lost", "atomic", "aacquire", "arelease", "aextend", "aowned",
@@ -381,13 +383,20 @@ def test_every_install_command_is_the_install_page_s() -> None:
                     assert "/" in target, f"{page.name}: {line.strip()}"
 
 
+#: Django's options every action takes too: named once, above the actions.
+COMMON_OPTIONS = ("-v", "--verbosity", "--settings", "--pythonpath", "--traceback", "--no-color",
+                  "--force-color", "--skip-checks")  # fmt: skip
+
+
 def test_the_command_reference_names_every_option() -> None:
     text = (DOCS / "ref" / "commands.md").read_text()
+    intro = text.split("{djadmin}", 1)[0]
+    assert all(option in intro for option in COMMON_OPTIONS)
     for name, parser in _subcommands().items():
         section = text.split(f"{{djadmin}} redlock {name}", 1)[1].split("{djadmin}", 1)[0]
         for action in parser._actions:
             for option in action.option_strings:
-                if option not in ("-h", "--help"):
+                if option not in ("-h", "--help", *COMMON_OPTIONS):
                     assert option in section, f"redlock {name} {option}"
 
 
@@ -444,6 +453,8 @@ def _check_redlock(args: list[str], synopsis: bool) -> None:
     commands = _subcommands()
     assert args and args[0] in commands, f"no redlock action {args[:1]}"
     parser = commands[args[0]]
+    if args[0] == "exec" and "--" in args:  # the command run under the lock is its own
+        args = args[: args.index("--")]
     if synopsis:  # "list [--backend ALIAS] ...": every option named exists
         known = {o for a in parser._actions for o in a.option_strings}
         named = [w.strip("[]") for w in args[1:] if w.strip("[]").startswith("--")]

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from django.test import AsyncClient, Client
+from django.test import AsyncClient, Client, RequestFactory, override_settings
+from django.utils.decorators import method_decorator
 
 from django_redlock import lock, lock_view, locks
+from django_redlock.testing import RedisServer
 from django_redlock.validation import fit_name
 
 pytestmark = pytest.mark.django_db
@@ -127,3 +134,107 @@ def test_limit_lets_n_requests_in() -> None:
         lock_view("x", limit=True)
     with pytest.raises(ValueError, match="limit"):
         lock_view("x", limit=0)
+
+
+def _concurrent_statuses(path: str) -> list[int]:
+    async def scenario() -> list[int]:
+        client = AsyncClient()
+        responses = await asyncio.gather(*(client.get(path) for _ in range(3)))
+        return sorted(r.status_code for r in responses)
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("path", ["/slow-async/", "/slow-async-as-view/"])
+def test_an_async_class_based_view_runs_under_its_lock(path: str) -> None:
+    """``method_decorator(lock_view(...), name="dispatch")`` on an async view: View.dispatch
+    is sync and returns the handler's coroutine, awaited while the lock is held. And
+    ``lock_view`` over ``AsyncView.as_view()`` (marked the asyncio way)."""
+    from tests.urls import SLOW_INSIDE
+
+    SLOW_INSIDE.peak = 0
+    assert _concurrent_statuses(path) == [200, 409, 409]
+    assert SLOW_INSIDE.peak == 1
+    assert not lock("slow:GET").locked()
+    with lock("slow:GET", ttl=5):  # busy: the 409, not a 500 from awaiting a response
+        response = asyncio.run(AsyncClient().get(path))
+    assert response.status_code == 409 and 1 <= int(response["Retry-After"]) <= 5
+
+
+def test_an_async_class_based_view_on_a_real_server(live_server: Any) -> None:
+    """The same through a real server (threads; an event loop per request)."""
+    from tests.urls import SLOW_INSIDE
+
+    SLOW_INSIDE.peak = 0
+
+    def get(_: int) -> int:
+        try:
+            with urllib.request.urlopen(f"{live_server.url}/slow-async/", timeout=10) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    with ThreadPoolExecutor(3) as pool:
+        statuses = sorted(pool.map(get, range(3)))
+    assert statuses == [200, 409, 409] and SLOW_INSIDE.peak == 1
+
+
+def test_redlock_without_a_majority_answers_503(redis_server: RedisServer) -> None:
+    """Redlock raises QuorumNotReached (not BackendUnavailable) with most nodes down."""
+    nodes = [
+        f"redis://127.0.0.1:{redis_server.port}/0",
+        "redis://127.0.0.1:9/0",
+        "redis://127.0.0.1:9/1",
+    ]
+    quorum = {
+        "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+        "LOCATION": nodes,
+        "OPTIONS": {"socket_connect_timeout": 0.3},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "quorum": quorum}):
+
+        @lock_view("quorum:{request.method}", using="quorum")
+        def sync_view(request: HttpRequest) -> HttpResponse:
+            return HttpResponse("ran")
+
+        @lock_view("quorum:{request.method}", using="quorum")
+        async def async_view(request: HttpRequest) -> HttpResponse:
+            return HttpResponse("ran")
+
+        request = RequestFactory().get("/")
+        assert sync_view(request).status_code == 503
+        assert asyncio.run(async_view(request)).status_code == 503
+
+
+def test_a_missing_query_parameter_answers_400() -> None:
+    """``{request.GET[cart]}`` with no ``cart``: the client's to fix (not a 500)."""
+    response = Client().get("/checkout-down/")
+    assert response.status_code == 400 and b"cart" in response.content
+
+
+def test_waiting_for_an_async_class_based_views_lock_does_not_stall_the_loop() -> None:
+    """``timeout=1`` on a busy lock: the wait is the asyncio one (before, the thread driver
+    waited in the event loop's own thread, and nothing else ran for the whole second)."""
+    from tests.urls import SlowAsyncView
+
+    view = method_decorator(lock_view("stall:{request.method}", timeout=1), name="dispatch")(
+        type("Waiting", (SlowAsyncView,), {})
+    ).as_view()
+
+    async def scenario() -> tuple[int, int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.05)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        response = await view(RequestFactory().get("/"))
+        ticker.cancel()
+        return response.status_code, ticks
+
+    with lock("stall:GET", ttl=5):
+        status, ticks = asyncio.run(scenario())
+    assert status == 409 and ticks >= 10

@@ -1,3 +1,6 @@
+import asyncio
+import threading
+
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
@@ -53,6 +56,39 @@ class ReportView(View):
         return HttpResponse("report")
 
 
+class Inside:
+    """How many bodies of a view run at once (``peak``), across threads and loops."""
+
+    def __init__(self) -> None:
+        self.mutex, self.now, self.peak = threading.Lock(), 0, 0
+
+    def __enter__(self) -> None:
+        with self.mutex:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.mutex:
+            self.now -= 1
+
+
+SLOW_INSIDE = Inside()
+
+
+class SlowAsyncView(View):
+    """An async class-based view (``as_view()`` carries asgiref's coroutine marker)."""
+
+    async def get(self, request: HttpRequest) -> HttpResponse:
+        with SLOW_INSIDE:
+            await asyncio.sleep(0.4)
+        return HttpResponse("slow")
+
+
+@method_decorator(lock_view("slow:{request.method}", ttl=20), name="dispatch")
+class LockedSlowAsyncView(SlowAsyncView):
+    """Decorated the way docs/topics/views.md shows class-based views."""
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("locked-sync/", locked_sync),
@@ -62,6 +98,8 @@ urlpatterns = [
     path("checkout-down/", checkout_down),
     path("checkout-down-async/<int:user_id>/", checkout_down_async),
     path("report/", ReportView.as_view()),
+    path("slow-async/", LockedSlowAsyncView.as_view()),
+    path("slow-async-as-view/", lock_view("slow:{request.method}")(SlowAsyncView.as_view())),
     path("long/<str:value>/", long_value),
     path("order/<int:order_id>/", any_kwargs),
     path("order-without-id/<int:user_id>/", any_kwargs),

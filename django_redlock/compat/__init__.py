@@ -21,16 +21,21 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace, TracebackType
 from typing import Any
 
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import LockError as RedisLockError
 from redis.exceptions import LockNotOwnedError as RedisLockNotOwnedError
+from redis.exceptions import NoPermissionError as RedisNoPermissionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..backends.base import BaseLockBackend
 from ..backends.redis import RedisBackend
-from ..exceptions import LockError, LockNotOwned
+from ..exceptions import BackendUnavailable, LockError, LockNotOwned, MissingPermission
 from ..locking import Lock
 
 logger = logging.getLogger("django_redlock")
@@ -62,6 +67,51 @@ def _backend(client: Any) -> RedisBackend:
         if backend is None:
             backend = _backends[client] = _ClientBackend(client)
         return backend
+
+
+# -- errors: what redis-py's Lock raises, and still ours -----------------------------------------
+# A drop-in raises what the original raises: code written for redis-py catches
+# redis.exceptions.ConnectionError / TimeoutError / LockError. Each class below is also the
+# matching django_redlock error, so code written for this app catches it too.
+
+
+class ConnectionUnavailable(BackendUnavailable, RedisConnectionError):
+    """The Redis could not be reached or the connection was cut (redis-py's Lock:
+    ``redis.exceptions.ConnectionError``); a :class:`~django_redlock.BackendUnavailable`."""
+
+
+class TimeoutUnavailable(BackendUnavailable, RedisTimeoutError):
+    """No answer within the socket timeout (redis-py's Lock: ``redis.exceptions.TimeoutError``);
+    a :class:`~django_redlock.BackendUnavailable` with ``timed_out``."""
+
+
+class PermissionRefused(MissingPermission, RedisNoPermissionError):
+    """The client's Redis user may not do what the lock needs (redis-py's Lock:
+    ``redis.exceptions.NoPermissionError``); a :class:`~django_redlock.MissingPermission`."""
+
+
+class DropInLockError(LockError, RedisLockError):
+    """Any other refusal of ours (redis-py's Lock: ``redis.exceptions.LockError``), such as a
+    thread waiting with no timeout for a lock it holds itself; a
+    :class:`~django_redlock.LockError`."""
+
+
+@contextmanager
+def _as_redis_py(name: str) -> Iterator[None]:
+    """Our errors raised as the classes above (LockNotOwned: each method's own message)."""
+    try:
+        yield
+    except (RedisLockError, LockNotOwned, RedisConnectionError, RedisTimeoutError):
+        raise
+    except RedisNoPermissionError:
+        raise
+    except MissingPermission as exc:
+        raise PermissionRefused(str(exc), exc.needs, exc.rule) from exc
+    except BackendUnavailable as exc:
+        unavailable = TimeoutUnavailable if exc.timed_out else ConnectionUnavailable
+        raise unavailable(str(exc), exc.timed_out) from exc
+    except LockError as exc:
+        raise DropInLockError(str(exc), lock_name=name) from exc
 
 
 class _Local(threading.local):
@@ -109,9 +159,13 @@ class RedisPyLock:
         self._new()
 
     def _new(self) -> _Held:
+        # Named after the client's own backend (messages, lock_lost, incidents), not "default".
+        using = _backend(self.redis).alias
         if self.timeout:  # redis-py's timeout: the hold expires after it, unless extended
-            return _Held(self.redis, self.name, ttl=float(self.timeout), auto_renew=False)
-        return _Held(self.redis, self.name)  # no timeout: renewed while held
+            return _Held(
+                self.redis, self.name, ttl=float(self.timeout), auto_renew=False, using=using
+            )
+        return _Held(self.redis, self.name, using=using)  # no timeout: renewed while held
 
     def _held(self) -> _Held | None:
         return self.local.held
@@ -155,7 +209,9 @@ class RedisPyLock:
                 raise ValueError(f"token must be non-empty text without '|', not {token!r}")
             held.use_token(text)
         timeout = None if blocking_timeout is None else max(0.0, float(blocking_timeout))
-        if not held.acquire(blocking=bool(blocking), timeout=timeout if blocking else None):
+        with _as_redis_py(self.name):
+            acquired = held.acquire(blocking=bool(blocking), timeout=timeout if blocking else None)
+        if not acquired:
             return False
         self.local.held = held
         self.local.token = held.token.encode() if held.token is not None else None
@@ -163,12 +219,14 @@ class RedisPyLock:
 
     def locked(self) -> bool:
         """Whether anyone holds the lock."""
-        return self._new().locked()
+        with _as_redis_py(self.name):
+            return self._new().locked()
 
     def owned(self) -> bool:
         """Whether this lock (in this thread, with ``thread_local``) holds it now."""
         held = self._held()
-        return held is not None and held.owned()
+        with _as_redis_py(self.name):
+            return held is not None and held.owned()
 
     def release(self) -> None:
         held = self._held()
@@ -179,7 +237,8 @@ class RedisPyLock:
             )
         self.local.held = self.local.token = None
         try:
-            held.release()
+            with _as_redis_py(self.name):
+                held.release()
         except LockNotOwned as exc:
             raise RedisLockNotOwnedError(
                 "Cannot release a lock that's no longer owned", lock_name=self.name
@@ -193,10 +252,11 @@ class RedisPyLock:
         if self.timeout is None:
             raise RedisLockError("Cannot extend a lock with no timeout", lock_name=self.name)
         try:
-            ttl = float(additional_time)
-            if not replace_ttl:
-                ttl += held.ttl() or 0.0
-            held.extend(ttl)
+            with _as_redis_py(self.name):
+                ttl = float(additional_time)
+                if not replace_ttl:
+                    ttl += held.ttl() or 0.0
+                held.extend(ttl)
         except LockNotOwned as exc:
             raise RedisLockNotOwnedError(
                 "Cannot extend a lock that's no longer owned", lock_name=self.name
@@ -211,7 +271,8 @@ class RedisPyLock:
         if self.timeout is None:
             raise RedisLockError("Cannot reacquire a lock with no timeout", lock_name=self.name)
         try:
-            held.extend(float(self.timeout))
+            with _as_redis_py(self.name):
+                held.extend(float(self.timeout))
         except LockNotOwned as exc:
             raise RedisLockNotOwnedError(
                 "Cannot reacquire a lock that's no longer owned", lock_name=self.name
@@ -252,4 +313,12 @@ class Redis(redis.Redis):
         )
 
 
-__all__ = ["LockError", "Redis", "RedisPyLock"]
+__all__ = [
+    "ConnectionUnavailable",
+    "DropInLockError",
+    "LockError",
+    "PermissionRefused",
+    "Redis",
+    "RedisPyLock",
+    "TimeoutUnavailable",
+]

@@ -36,7 +36,7 @@ from celery.utils import uuid as uuid_text
 from ..backends import markers
 from ..contrib.celery import SingleInstanceTask, run_task
 from ..contrib.single import AlreadyQueued as BaseAlreadyQueued
-from ..contrib.single import SingleInstance
+from ..contrib.single import SingleInstance, task_id_of
 from ..handler import locks
 from ..validation import to_ms
 from .markers import clear_key, seconds_left
@@ -98,7 +98,7 @@ class OnceBackend:
         backend = locks[self.using]
         running = backend.inspect(key)
         if running is not None:
-            raise AlreadyQueued(float(running.ttl or 0.0), str(running.holder.get("k") or ""))
+            raise AlreadyQueued(float(running.ttl or 0.0), str(task_id_of(running.holder) or ""))
         task_id = task_id or uuid_text()
         found = markers.mark(backend, key, task_id, to_ms(timeout))
         if found is not None and found != task_id:
@@ -194,7 +194,7 @@ class QueueOnce(SingleInstanceTask):
         key = self.get_key(args, kwargs)
         call = super().__call__
         return run_task(self.single_instance_config(), self, self.name, key, args, kwargs,
-                        lambda: call(*args, **kwargs))  # fmt: skip
+                        lambda: call(*args, **kwargs), lambda a, k: call(*a, **k))  # fmt: skip
 
     # -- celery-once's methods ---------------------------------------------------------------
 

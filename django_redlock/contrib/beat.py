@@ -236,6 +236,24 @@ def _claimed(reply: Any) -> tuple[int, int | None]:
     return outcome, (_run_of(reply[1]) if len(reply) > 1 else None)
 
 
+#: A one-off's record lasts as long as a record can (it is the proof it was sent).
+MAX_TTL_MS = to_ms(MAX_TTL)
+
+
+def one_off_record(entry: Any) -> str | None:
+    """The record name of a one-off entry's run (django-celery-beat's ``one_off``, as its
+    ``clocked`` schedules are), or None. A clocked schedule ignores the last run, so a run is
+    claimed only if this record does not exist: the one-off is switched off by a database
+    write after the send, which a leader killed first never makes. The name carries the row's
+    last change, so a one-off enabled again (saved) runs again."""
+    model = getattr(entry, "model", None)
+    if model is None or not getattr(model, "one_off", False):
+        return None
+    changed = getattr(model, "date_changed", None)
+    stamp = to_micros(changed) if isinstance(changed, datetime.datetime) else ""
+    return f"{entry.name}:once:{getattr(model, 'pk', '')}:{stamp}"
+
+
 def to_micros(moment: datetime.datetime) -> int:
     """Exact (no float) microseconds since the epoch: what every beat compares."""
     return (maybe_make_aware(moment) - EPOCH) // datetime.timedelta(microseconds=1)
@@ -253,6 +271,7 @@ class _Claimed:
     new: int
     ttl_ms: int
     new_entry: Any
+    record: str | None = None  # the record's entry name, when not the entry's (a one-off)
 
 
 class LeaderMixin(Scheduler):
@@ -271,6 +290,7 @@ class LeaderMixin(Scheduler):
         self._leader: Lock | None = None
         self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
         self._unsure: dict[str, int] = {}  # entry name -> a claimed run whose reply was lost
+        self._counts: dict[str, int] = {}  # entry name -> its run count before reserve()
         self._pause_until = 0.0
         self._standing_by = False
         super().__init__(*args, **kwargs)
@@ -329,7 +349,34 @@ class LeaderMixin(Scheduler):
         for name, entry in list(self.schedule.items()):
             recorded = self._backend.execute(read_op(self._backend, self.redlock.name, name))
             if recorded is not None:
-                self._set_last_run(entry, recorded)
+                self._set_last_run(entry, self._not_future(name, entry, recorded))
+
+    def _not_future(self, name: str, entry: Any, recorded: int) -> int:
+        """``recorded``, or this beat's now when it is later than that: a record from the
+        future was written by a leader whose clock runs ahead, and trusted it would hold every
+        run back until this clock reaches it. It is rewritten as now (by this leader's token,
+        only if unchanged), so the next leader starts from it too. (Beat hosts' clocks should
+        agree: a run is sent by the leader's clock; this keeps a clock ahead from skipping
+        runs after it is gone.)"""
+        now = to_micros(entry.default_now())
+        lock = self._leader
+        if recorded <= now or lock is None or lock.token is None:
+            return recorded
+        op = claim_op(self._backend, self.redlock.name, lock.token, name, recorded, now,
+                      self._record_ttl_ms(entry))  # fmt: skip
+        try:
+            outcome, _ = self._backend.execute(op)
+        except LockError as exc:  # unknown: now here; the next claim finds the record again
+            logger.warning("beat: could not rewrite %r's record from the future: %s", name, exc)
+            return now
+        if outcome != CLAIMED:
+            return recorded  # not leading any more: the next claim steps down
+        logger.warning(
+            "beat: the last run of %r on record is %.3f s in this beat's future (a beat whose"
+            " clock runs ahead sent it): taken as now",
+            name, (recorded - now) / 1e6,
+        )  # fmt: skip
+        return now
 
     def _set_last_run(self, entry: Any, micros: int) -> None:
         """``entry``'s last run, and that of the schedule's entry of that name, which a heap
@@ -346,6 +393,9 @@ class LeaderMixin(Scheduler):
     # -- claiming each send --------------------------------------------------------------------
 
     def reserve(self, entry: Any) -> Any:
+        model = getattr(entry, "model", None)  # django-celery-beat's reserve counts the run
+        if model is not None:
+            self._counts[entry.name] = model.total_run_count
         new_entry = super().reserve(entry)
         schedule = self.schedule
         if schedule.get(entry.name) is entry:
@@ -377,8 +427,10 @@ class LeaderMixin(Scheduler):
             self._set_last_run(claimed.new_entry, claimed.prev)
         self._heap = None
         self._pause_until = time.monotonic() + 1.0  # the broker may need a moment
-        op = unclaim_op(self._backend, self.redlock.name, claimed.token, entry.name,
-                        claimed.prev, claimed.new, claimed.ttl_ms)  # fmt: skip
+        self._restore_count(claimed.new_entry, entry.name)
+        op = unclaim_op(self._backend, self.redlock.name, claimed.token,
+                        claimed.record or entry.name, claimed.prev, claimed.new,
+                        claimed.ttl_ms)  # fmt: skip
         try:
             self._backend.execute(op)
         except LockError as exc:  # the next leader may then take that run as sent
@@ -399,7 +451,11 @@ class LeaderMixin(Scheduler):
         else:
             self._set_last_run(new_entry, new)
         ttl_ms = self._record_ttl_ms(new_entry)
-        op = claim_op(self._backend, self.redlock.name, token, entry.name, prev, new, ttl_ms)
+        once = one_off_record(entry)
+        if once is not None:  # its last run means nothing: claimed only if none is on record
+            op = claim_op(self._backend, self.redlock.name, token, once, None, new, MAX_TTL_MS)
+        else:
+            op = claim_op(self._backend, self.redlock.name, token, entry.name, prev, new, ttl_ms)
         try:
             outcome, recorded = self._backend.execute(op)
         except LockError as exc:
@@ -410,11 +466,16 @@ class LeaderMixin(Scheduler):
             self._pause_until = time.monotonic() + 1.0
             return None
         if outcome == CLAIMED:
+            self._counts.pop(entry.name, None)
+            if once is not None:
+                return _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
             return _Claimed(token, prev, new, ttl_ms, new_entry)
         if outcome == ALREADY_SENT:
             logger.info("beat: %r was sent already by another beat: not sending", entry.name)
-            if recorded is not None:
-                self._set_last_run(new_entry, recorded)
+            if recorded is not None and once is None:
+                self._set_last_run(new_entry, self._not_future(entry.name, new_entry, recorded))
+            if once is not None:
+                self._counts.pop(entry.name, None)  # run once, on record: disabled next
             self._heap = None  # its next due time follows the recorded run
             return None
         self._undo(entry, new_entry, prev)
@@ -425,7 +486,24 @@ class LeaderMixin(Scheduler):
         """Keep ``entry`` due: the run reserved was not sent, the next leader sends it."""
         if prev is not None:
             self._set_last_run(new_entry, prev)
+        self._restore_count(new_entry, entry.name)
         self._heap = None
+
+    def _restore_count(self, new_entry: Any, name: str) -> None:
+        """A run not sent is not counted (a one-off counted once is disabled unsent)."""
+        count = self._counts.pop(name, None)
+        model = getattr(new_entry, "model", None)
+        if count is not None and model is not None:
+            model.total_run_count = count
+
+    def sync(self) -> None:
+        # Only the leader writes the schedule's store (django-celery-beat's rows, shared by
+        # every beat): one that stepped down would write its stale copy over the leader's.
+        if not self.leads:
+            dirty = getattr(self, "_dirty", None)
+            if isinstance(dirty, set):
+                dirty.clear()
+        super().sync()
 
     def _record_ttl_ms(self, new_entry: Any) -> int:
         """A record lasts two periods of its entry (at least a minute, at most 30 days): long

@@ -17,18 +17,20 @@ free and take it: it then looks at the other permits, and gives its own back.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import functools
 import inspect
 import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from celery import Task, current_task
-from celery.exceptions import Ignore, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
 from celery.local import Proxy
-from celery.signals import task_failure, task_revoked
+from celery.signals import task_failure, task_received, task_revoked
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
@@ -47,11 +49,15 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     describe_holder,
     duplicate,
     hold_of,
+    holds_task,
+    let_go,
+    new_hold,
     run_held,
     single_instance,
     skip_result,
     skipped,
     take,
+    task_id_of,
 )
 
 logger = logging.getLogger("django_redlock")
@@ -118,18 +124,26 @@ def _run(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
             " base=SingleInstanceTask) (without it every delay() is enqueued)"
         )
     key = config.key_for(task_name, call_args, kwargs, bound=bound)
-    return run_task(config, task, task_name, key, call_args, kwargs, lambda: func(*args, **kwargs))
+
+    def body_for(noted: tuple, noted_kwargs: dict) -> Any:  # a follow-up's noted call
+        return func(*((args[0], *noted) if bound else noted), **noted_kwargs)
+
+    return run_task(config, task, task_name, key, call_args, kwargs,
+                    lambda: func(*args, **kwargs), body_for)  # fmt: skip
 
 
 def run_task(
     config: SingleInstance, task: Any, task_name: str, key: str, call_args: tuple,
     kwargs: dict, body: Callable[[], Any],
+    body_for: Callable[[tuple, dict], Any] | None = None,
 ) -> Any:  # fmt: skip
     """One run of ``task`` (None: a direct call) under ``key``'s lock: ``body()`` runs only
     with the key held, and the hold goes on every outcome. A duplicate does what
     ``config.on_duplicate`` says; a copy of a live run's message is skipped (a dead run's
-    copy runs). ``call_args``/``kwargs``: the call as queued (for ``coalesce``). The
-    ``@single_instance`` decorator and the migration shims' ``__call__`` both come here."""
+    copy runs). ``call_args``/``kwargs``: the call as queued (for ``coalesce``);
+    ``body_for(args, kwargs)``: the body over other arguments (a coalesced follow-up runs
+    the call noted last). The ``@single_instance`` decorator and the migration shims'
+    ``__call__`` both come here."""
     task_id = task.request.id if task is not None else None
     duplicate_of = _duplicate_of(task)
     if duplicate_of:  # published only so the promised id resolves: report, run nothing
@@ -139,34 +153,101 @@ def run_task(
         )  # fmt: skip
         return skip_result(config, task, key, task_id, duplicate_of)
     attempt = int(getattr(task.request, "retries", 0) or 0) if task_id else 0
-    held, acquired, info = take(config, key, task_id, task_name, attempt)
     coalesce = config.on_duplicate == "coalesce" and task is not None
-    if not acquired:
-        own = attempts_holding(info, task_id)
-        if task_id and own:
-            return _redelivered(config, task, key, task_id, own[0])
-        if coalesce:
-            return _coalesce(config, task, key, task_id, info, call_args, kwargs)
-        return duplicate(config, task, key, task_id, info)
+    # A follow-up's retry runs its own message's call (as any retry does).
+    follow_up = coalesce and attempt == 0 and _is_follow_up(task)
+    if follow_up:
+        _clear_next(config, key, task_id)  # before the take: see the rules above _coalesce
+    held = new_hold(config, key, task_id, attempt)
+    acquired = False
+    # One guard from before the acquire to the end of the run: a soft time limit (or any
+    # exception) at any line once the lock is taken releases it (run_held's own guard starts
+    # only inside it).
     try:
+        _, acquired, info = take(config, key, task_id, task_name, attempt, held)
+        if not acquired:
+            own = attempts_holding(info, task_id)
+            if task_id and own:
+                return _redelivered(config, task, key, task_id, own[0])
+            if follow_up:  # the note stays: the holder's end (or a later look) queues it
+                return _follow_up_waits(config, task, key, task_id, info)
+            if coalesce:
+                return _coalesce(config, task, key, task_id, info, call_args, kwargs)
+            return duplicate(config, task, key, task_id, info)
+        if follow_up:
+            call = _take_note(config, key)
+            if call is None:  # another follow-up ran it: nothing left to run
+                let_go(held)
+                result = skip_result(config, task, key, task_id, None)
+                return {**result, "coalesced": True}
+            args, kw = tuple(call["args"]), dict(call["kwargs"])
+            if body_for is not None:
+                body = functools.partial(body_for, args, kw)
         return run_held(held, body, (), {}, config.atomic)
+    except BaseException:
+        acquired = acquired or held.token is not None  # taken, then interrupted: it ends too
+        let_go(held)
+        raise
     finally:
-        if coalesce:
-            _follow_up(config, task, key)
+        if coalesce and acquired:
+            _queue_follow_up(config, task, key)
 
 
 # -- on_duplicate="coalesce": one more run after the current one, with the last arguments ----
 #
 # A duplicate notes its call (arguments and queue) under "<key>:coalesce", replacing any
-# earlier note, then looks at the key again; a run, once it released the key, takes the note
-# (compare-and-delete: one taker) and queues that call. The orders (duplicate: note, then look;
-# run: release, then take) leave no gap: a duplicate that looks while the run still holds the
-# key noted before the run takes; one that looks after the release takes its note itself. The
-# note is stored with the queue-marker operations, so it works on every backend.
+# earlier note. A follow-up is a message (header FOLLOW_UP) that, once it holds the key, takes
+# the note then (compare-and-delete) and runs that call: so every note written before it
+# starts, the last one's arguments, makes one run. At most one follow-up is queued at a time:
+# "<key>:coalesce:next" names it from its publish until it starts, when it clears that name
+# before it takes the key. It is queued (unless one is) whenever a note may be left behind:
+# by a run of the key, after its release; by a duplicate, after its note, if the key is free
+# then (the run ended before the note) or held by something that queues nothing (a plain
+# lock(), another task: then after ``countdown``, and it looks again); by the worker's main
+# process for a run it stopped. The orders (note, then look; release, then queue; clear the
+# name, then take) leave no note without a follow-up to come. The note and the name are kept
+# with the queue-marker operations, so it works on every backend.
+
+#: The header of a coalesced follow-up's message: it runs the call noted last for its key.
+FOLLOW_UP = "redlock_follow_up"
 
 
 def _pending_name(key: str) -> str:
     return f"{key}:coalesce"
+
+
+def _next_name(config: SingleInstance, key: str) -> str:
+    # With dedupe_queued, the queue marker: the follow-up is the key's queued call.
+    return key if config.dedupe_queued else f"{key}:coalesce:next"
+
+
+def _is_follow_up(task: Any) -> bool:
+    request = task.request
+    return bool(getattr(request, FOLLOW_UP, None) or (request.headers or {}).get(FOLLOW_UP))
+
+
+def note_call(config: SingleInstance, key: str, args: Any, kwargs: Any, queue: Any,
+              task_id: str | None) -> None:  # fmt: skip
+    """Note a call under ``key`` for the next follow-up, replacing any note (the last call's
+    arguments win)."""
+    backend = locks[config.using]
+    note = json.dumps(
+        {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id}
+    )
+    ttl_ms = to_ms(config.dedupe_ttl)
+    for _ in range(10):
+        found = markers.mark(backend, _pending_name(key), note, ttl_ms)
+        if found is None or found == note:
+            return
+        markers.clear(backend, _pending_name(key), found)
+    raise LockError(f"could not note the coalesced call of {key!r}: notes kept changing")
+
+
+def _coalesces(task: Any, info: Any) -> bool:
+    """Whether the holder ``info`` is a run of this coalescing task (whose end queues the
+    follow-up); not a plain ``lock()`` or another task."""
+    holds = (info.holders or [info]) if info is not None else []
+    return any(h.holder.get("k") and h.holder.get("n") == task.name for h in holds)
 
 
 def _coalesce(
@@ -175,53 +256,112 @@ def _coalesce(
 ) -> Any:  # fmt: skip
     backend = locks[config.using]
     queue = (getattr(task.request, "delivery_info", None) or {}).get("routing_key")
-    note = json.dumps({"args": list(args), "kwargs": kwargs, "queue": queue, "id": task_id})
-    ttl_ms = to_ms(config.dedupe_ttl)
-    for _ in range(10):  # replace the note found (the last duplicate's call wins)
-        found = markers.mark(backend, _pending_name(key), note, ttl_ms)
-        if found is None or found == note:
-            break
-        markers.clear(backend, _pending_name(key), found)
+    note_call(config, key, args, kwargs, queue, task_id)
     logger.info(
         "redlock: coalesced duplicate: task %s not run now: %r is held by %s; one more run"
         " follows", task_id, key, describe_holder(info),
     )  # fmt: skip
-    if backend.inspect(key) is None:  # the run ended before the note: queue it ourselves
-        _follow_up(config, task, key)
-    result = skip_result(config, task, key, task_id, info.holder.get("k") if info else None)
+    _queue_unless_followed(config, task, key, backend.inspect(key))
+    result = skip_result(config, task, key, task_id, task_id_of(info.holder) if info else None)
     return {**result, "coalesced": True}
 
 
-def _follow_up(config: SingleInstance, task: Any, key: str) -> None:
-    """Queue the call noted by a duplicate, if any (taken once: compare-and-delete). Never
-    raises into the run that calls it: a publish that fails puts the note back (a newer note
-    noted meanwhile wins), for the next run of the key that ends."""
-    backend = locks[config.using]
-    name = _pending_name(key)
+def _queue_unless_followed(config: SingleInstance, task: Any, key: str, holder: Any) -> None:
+    """After a note: queue its follow-up unless the key's holder will (a run of this task
+    queues it at its end)."""
+    if holder is None:  # the run ended before the note: queue it now
+        _queue_follow_up(config, task, key)
+    elif not _coalesces(task, holder):  # nobody would: look again after countdown
+        _queue_follow_up(config, task, key, countdown=config.countdown)
+
+
+def _follow_up_waits(
+    config: SingleInstance, task: Any, key: str, task_id: str | None, info: Any
+) -> Any:
+    """A follow-up that found the key held: the note stays, for the follow-up the holder's
+    end queues (or one after ``countdown``, for a holder that queues none)."""
+    logger.info(
+        "redlock: the coalesced follow-up %s waits: %r is held by %s",
+        task_id, key, describe_holder(info),
+    )  # fmt: skip
+    _queue_unless_followed(config, task, key, info)
+    result = skip_result(config, task, key, task_id, task_id_of(info.holder) if info else None)
+    return {**result, "coalesced": True}
+
+
+def _clear_next(config: SingleInstance, key: str, task_id: str | None) -> None:
+    if not task_id:
+        return
     try:
-        probe = f"redlock-take:{uuid_text()}"
-        found = markers.mark(backend, name, probe, 1000)
-        if found is None:  # nothing noted (our probe is): take it back
-            markers.clear(backend, name, probe)
+        markers.clear(locks[config.using], _next_name(config, key), task_id)
+    except LockError as exc:  # it then expires; a stale one is replaced (see below)
+        logger.warning("redlock: could not clear the follow-up mark of %r: %s", key, exc)
+
+
+def _take_note(config: SingleInstance, key: str) -> dict[str, Any] | None:
+    """The call noted last for ``key``, taken (compare-and-delete: one taker), or None."""
+    backend = locks[config.using]
+    for _ in range(10):
+        found = markers.read(backend, _pending_name(key))
+        if found is None:
+            return None
+        if markers.clear(backend, _pending_name(key), found[0]):
+            return cast(dict[str, Any], json.loads(found[0]))
+    return None
+
+
+def _queue_follow_up(
+    config: SingleInstance, task: Any, key: str, countdown: float | None = None
+) -> None:
+    """Queue a follow-up for the call noted under ``key``, if one is noted and no follow-up
+    is queued already (a mark naming a task that ended is stale: replaced). Never raises into
+    the run that calls it: a publish that fails leaves the note for the next run's end."""
+    backend = locks[config.using]
+    name = _next_name(config, key)
+    try:
+        noted = markers.read(backend, _pending_name(key))
+        if noted is None:
             return
-        if not markers.clear(backend, name, found):
-            return  # another taker (or a newer note, whose duplicate looks again) has it
-        if found.startswith("redlock-take:"):
-            return  # another taker's probe, gone now
-        call = json.loads(found)
-        options = {"queue": call["queue"]} if call.get("queue") else {}
+        follow_id = uuid_text()
+        ttl_ms = to_ms(config.dedupe_ttl + (countdown or 0.0))
+        for _ in range(3):
+            queued = markers.mark(backend, name, follow_id, ttl_ms)
+            if queued is None:
+                break
+            stale = _task_ended(task, queued)
+            if not stale and config.dedupe_queued and isinstance(task, SingleInstanceTask):
+                stale = task._stale(key, queued)  # a purged message's marker too
+            if not stale:
+                return  # queued and not started: it takes the note when it runs
+            markers.clear(backend, name, queued)
+        else:
+            return
+        call = json.loads(noted[0])
+        options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+        if countdown:
+            options["countdown"] = countdown
         try:
-            queued = task.apply_async(tuple(call["args"]), call["kwargs"], **options)
-        except Exception as exc:  # the broker refused it: put the note back, never lose it
-            markers.mark(backend, name, found, to_ms(config.dedupe_ttl))
+            task.apply_async(tuple(call["args"]), call["kwargs"], task_id=follow_id,
+                             headers={FOLLOW_UP: "1"}, **options)  # fmt: skip
+        except Exception as exc:  # the broker refused it: the note stays, never lost
+            with contextlib.suppress(LockError):
+                markers.clear(backend, name, follow_id)
             logger.warning(
-                "redlock: could not queue the coalesced call of %r (%s): noted again, for the"
-                " next run of the key", key, exc,
+                "redlock: could not queue the coalesced call of %r (%s): it stays noted, for"
+                " the next run of the key", key, exc,
             )  # fmt: skip
             return
-        logger.info("redlock: queued the coalesced call of %r as task %s", key, queued.id)
-    except LockError as exc:  # the note stays until its TTL; the next run takes it
+        logger.info("redlock: queued the coalesced call of %r as task %s", key, follow_id)
+    except LockError as exc:  # the note stays until its TTL; the next run's end queues it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
+
+
+def _task_ended(task: Any, task_id: str) -> bool:
+    """Whether ``task_id`` has a final state (unknown: not ended, its mark expires)."""
+    try:
+        return task.AsyncResult(task_id).state in READY_STATES
+    except Exception:
+        return False
 
 
 def _duplicate_of(task: Any) -> str | None:
@@ -275,14 +415,13 @@ def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
     # A hold's token is "<task id>.<attempt>.<random>": compare the whole id, or stopping
     # task "abc" would release task "abc.1"'s hold.
     if info is not None and info.holders:  # limit=N: the task's own permit
-        mine = [h.token for h in info.holders if (hold_of(h.token) or ("",))[0] == task_id]
+        mine = [h.token for h in info.holders if holds_task(h.token, task_id) is not None]
         if not mine or mine[0] is None:
             return False
         released = backend.execute(backend.op_lease_release(key, mine[0])) >= 0
         logger.info("redlock: released a permit of %r, held by stopped task %s", key, task_id)
         return released
-    holder = hold_of(info.token if info is not None else None)
-    if info is None or info.token is None or holder is None or holder[0] != task_id:
+    if info is None or info.token is None or holds_task(info.token, task_id) is None:
         return False
     released = backend.execute(backend.op_release(key, info.token, Kind())) >= 0
     logger.info("redlock: released %r, held by stopped task %s", key, task_id)
@@ -314,7 +453,9 @@ def _on_failure(
     sender: Any = None, task_id: str = "", exception: Any = None, args: Any = None,
     kwargs: Any = None, **_: Any,
 ) -> None:  # fmt: skip
-    if isinstance(exception, (TimeLimitExceeded, WorkerLostError)):
+    # A soft time limit too: a run that failed with it holds nothing any more (its run
+    # released on the way out; this is the second try, should that release have failed).
+    if isinstance(exception, (TimeLimitExceeded, SoftTimeLimitExceeded, WorkerLostError)):
         _quietly(sender, task_id, args, kwargs)
 
 
@@ -328,7 +469,7 @@ def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
         return
     config = _config_of(task)
     if released and config is not None and config.on_duplicate == "coalesce":
-        _follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
+        _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
 
 
 # -- queue-time deduplication ---------------------------------------------------------------
@@ -361,15 +502,29 @@ class SingleInstanceTask(Task):
             return super().apply_async(args, kwargs, **options)
         key = lock_key(self, *(args or ()), **(kwargs or {}))
         backend = locks[config.using]
+        headers = options.get("headers") or {}
+        if headers.get(FOLLOW_UP):  # a coalesced follow-up: its queuer marked it already
+            sent = super().apply_async(args, kwargs, **options)
+            if options.get("task_id") and not self.app.conf.task_always_eager:
+                ttl_ms = to_ms(self.queue_marker_ttl(options))
+                self._note_sent(key, options["task_id"], args, kwargs, options, ttl_ms)
+            return sent
         promised = options.pop("task_id", None)
         # self.retry() sends the running task's own id again: that call was accepted already,
         # so it is never deduplicated (to itself, or to the holder it waits for).
         retrying = (promised is not None and promised == self.request.id) or bool(
             options.get("retries")
         )
+        if config.on_duplicate == "coalesce" and not retrying:
+            # Noted first, and queued as a follow-up (which runs the call noted last): a call
+            # deduplicated to it while it waits in the queue puts its arguments in the note,
+            # where they run (not dropped).
+            queue = options.get("queue")
+            note_call(config, key, args, kwargs, getattr(queue, "name", queue), None)
+            options["headers"] = {**headers, FOLLOW_UP: "1"}
         if not retrying and self.dedupes_running():
             running = backend.inspect(key)
-            holder = running.holder.get("k") if running is not None else None
+            holder = task_id_of(running.holder) if running is not None else None
             if holder:
                 return self._not_queued(key, str(holder), args, kwargs, promised, options)
         task_id = promised or uuid_text()
@@ -427,6 +582,10 @@ class SingleInstanceTask(Task):
     message_check_every = 2.0
     #: The pause between the two looks that find a message gone (see :meth:`message_gone`).
     message_check_pause = 1.0
+    #: How long (seconds) a message a worker took counts as on its way to its run, neither
+    #: in the broker nor holding the key (acknowledged early, its run not started yet: a
+    #: busy child, slow prerun handlers). A worker dying with it is found out after that.
+    message_start_grace = 60.0
 
     def _stale(self, key: str, task_id: str) -> bool:
         """Whether the marker naming ``task_id`` is stale: its task ended, or its message
@@ -492,6 +651,8 @@ class SingleInstanceTask(Task):
             sent = markers.read(backend, sent_name(key, task_id))
             if sent is None:  # not (yet) published, or by a producer that notes nothing
                 return False
+            if markers.read(backend, received_name(key, task_id)) is not None:
+                return False  # a worker took it lately: its run is on its way
             queue = sent[0]
             if message_queued(self.app, queue, task_id) is not False:
                 _remember_found(key, task_id)
@@ -502,8 +663,10 @@ class SingleInstanceTask(Task):
             # The marker, then the hold: a run takes the lock before it clears its marker.
             noted = markers.read(backend, key)
             running = backend.inspect(key)
-            if running is not None and running.holder.get("k") == task_id:
+            if running is not None and task_id_of(running.holder) == task_id:
                 return False  # it started: its run holds the key
+            if markers.read(backend, received_name(key, task_id)) is not None:
+                return False  # a worker took it meanwhile (between the list and the hash)
             if noted is None or noted[0] != task_id:
                 # Its marker went meanwhile, and no run of it holds the key: it ran already,
                 # or another caller took it for gone. The caller marks again, and obeys
@@ -600,6 +763,30 @@ class SingleInstanceTask(Task):
         return release_lock(self, *args, **kwargs)
 
 
+def received_name(key: str, task_id: str) -> str:
+    """The name of the note that a worker took ``task_id``'s message (see
+    :data:`SingleInstanceTask.message_start_grace`)."""
+    return f"{key}:received:{task_id}"
+
+
+@task_received.connect
+def _on_received(request: Any = None, **_: Any) -> None:
+    """A worker took a deduplicated call's message (before it acknowledges it): noted for
+    ``message_start_grace``, so that a look for the message between its early acknowledgement
+    and its run taking the key does not take it for gone (and queue the call again)."""
+    task = getattr(request, "task", None)
+    config = _config_of(task) if task is not None else None
+    task_id = getattr(request, "id", None)
+    if config is None or not config.dedupe_queued or not task_id:
+        return
+    try:
+        key = lock_key(task, *(request.args or ()), **(request.kwargs or {}))
+        grace = float(getattr(task, "message_start_grace", 60.0))
+        markers.mark(locks[config.using], received_name(key, str(task_id)), "1", to_ms(grace))
+    except (TypeError, ValueError, LockError) as exc:  # then the two looks decide, as before
+        logger.info("redlock: could not note task %s as taken by a worker: %s", task_id, exc)
+
+
 def sent_name(key: str, task_id: str) -> str:
     """The name of the note that ``task_id``'s message under ``key`` was published (its value:
     the queue), kept beside the queue marker with the same TTL."""
@@ -646,7 +833,7 @@ def release_lock(task: Any, *args: Any, **kwargs: Any) -> Released:
         return Released.NOT_HELD
     outcome = backend.force_release(key, info.token, None if info.token else info.fence)
     if outcome:
-        holder = info.holder.get("k")
+        holder = task_id_of(info.holder)
         detail = f"by {task.name}.release_lock(); held by task {holder}"
         logger.warning("redlock: force-released %r on %r %s", key, config.using, detail)
         recorder.record("force_release", key, config.using, detail)

@@ -13,6 +13,7 @@ task id.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import decimal
@@ -37,7 +38,7 @@ from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import HOST
 from ..identity import current_task as holder_task
 from ..locking import BaseLock, Lock, Semaphore, name_template
-from ..locking.templates import refuse_generator
+from ..locking.templates import callable_name, is_async_callable, refuse_generator
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported: their old path
 from ..validation import (
     MAX_TTL,
@@ -266,8 +267,7 @@ def _free_dead_runs(held: BaseLock, info: LockInfo, task_id: str | None) -> bool
     freed = False
     backend = held.backend
     for hold in info.holders or [info]:
-        found = hold_of(hold.token)
-        if hold.token is None or found is None or found[0] != task_id:
+        if hold.token is None or holds_task(hold.token, task_id) is None:
             continue
         if not run_died(backend, held.name, hold):
             continue
@@ -336,11 +336,11 @@ def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Loc
             info = held.backend.inspect(held.name)
             earlier = False
             for lease in info.holders if info is not None else []:
-                other = hold_of(lease.token)
-                if lease.token == held.token or other is None or other[0] != task_id:
+                other = holds_task(lease.token, task_id)
+                if lease.token == held.token or other is None:
                     continue
-                if other[1] == attempt and run_died(held.backend, held.name, lease):
-                    assert lease.token is not None  # hold_of() found a task in it
+                if other == attempt and run_died(held.backend, held.name, lease):
+                    assert lease.token is not None  # holds_task() found the task in it
                     held.backend.execute(held.backend.op_lease_release(held.name, lease.token))
                     logger.warning(
                         "redlock: released a permit of %r, held by task %s whose run died",
@@ -350,7 +350,7 @@ def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Loc
                 # The same attempt that took its permit first runs (of copies taking permits
                 # at once, each sees the other and one, by fence order, stays); a later
                 # attempt runs rather than an older one; an earlier one is on its way out.
-                if other[1] > attempt or (other[1] == attempt and (lease.fence or 0) < mine):
+                if other > attempt or (other == attempt and (lease.fence or 0) < mine):
                     held.release()
                     return False, info
                 earlier = True
@@ -372,18 +372,77 @@ def attempts_holding(info: LockInfo | None, task_id: str | None) -> list[int]:
     if info is None or not task_id:
         return []
     holds = info.holders or [info]
-    parsed = [hold_of(hold.token) for hold in holds]
-    return [found[1] for found in parsed if found is not None and found[0] == task_id]
+    found = [holds_task(hold.token, task_id) for hold in holds]
+    return [attempt for attempt in found if attempt is not None]
+
+
+# -- the task-id rule ------------------------------------------------------------------------
+#
+# Any text Celery accepts as a task id works (callers choose them: ``apply_async(task_id=)``,
+# canvas ids). Two places carry it, each with its own limits:
+#
+# * the hold token, ``<token id>.<attempt>.<random>``: a token holds no "|" and is at most 200
+#   chars, so an id that is long (> 150), holds "|" or a control char, or starts with "#" is
+#   carried as "#" + its SHA-256 (:func:`token_id`); comparisons go through it, never the raw
+#   id (:func:`holds_task`).
+# * the holder's task field "k": fields are split on "\x1f", so an id holding one (or starting
+#   with "b64:") is carried as "b64:" + its urlsafe base64 (:func:`holder_id`), read back by
+#   :func:`task_id_of` (the admin and ``redlock list`` show that form for such ids).
+
+HASHED = "#"
+ENCODED = "b64:"
+MAX_TOKEN_ID = 150
+
+
+def token_id(task_id: str) -> str:
+    """The form of ``task_id`` in a hold token (see the task-id rule above)."""
+    plain = (
+        len(task_id) <= MAX_TOKEN_ID
+        and not task_id.startswith(HASHED)
+        and task_id.isprintable()
+        and "|" not in task_id
+    )
+    if plain:
+        return task_id
+    return HASHED + hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def holds_task(token: str | None, task_id: str | None) -> int | None:
+    """The attempt of ``task_id`` that the hold ``token`` is, or None (not that task's)."""
+    found = hold_of(token)
+    if found is None or not task_id or found[0] != token_id(task_id):
+        return None
+    return found[1]
+
+
+def holder_id(task_id: str) -> str:
+    """The form of ``task_id`` in the holder's "k" field (see the task-id rule above)."""
+    if "\x1f" in task_id or task_id.startswith(ENCODED):
+        raw = task_id.encode("utf-8", "surrogatepass")
+        return ENCODED + base64.urlsafe_b64encode(raw).decode("ascii")
+    return task_id
+
+
+def task_id_of(holder: dict[str, str]) -> str | None:
+    """The task id a holder names (its "k" field, decoded), or None."""
+    found = holder.get("k")
+    if not found:
+        return None
+    if found.startswith(ENCODED):
+        with contextlib.suppress(ValueError):
+            return base64.urlsafe_b64decode(found[len(ENCODED) :]).decode("utf-8", "surrogatepass")
+    return found
 
 
 def _prefix(task_id: str | None, attempt: int = 0) -> str | None:
-    # "<task id>.<attempt>." then the random part, which never contains a ".".
-    return f"{task_id}.{attempt}." if task_id else None
+    # "<token id>.<attempt>." then the random part, which never contains a ".".
+    return f"{token_id(task_id)}.{attempt}." if task_id else None
 
 
 def hold_of(token: str | None) -> tuple[str, int] | None:
-    """The task id and attempt (``request.retries``) a task's hold token names:
-    ``<task id>.<attempt>.<random>`` (task ids may contain dots; the other parts do not)."""
+    """The task id (in its token form, :func:`token_id`) and attempt (``request.retries``) a
+    task's hold token names: ``<token id>.<attempt>.<random>`` (task ids may contain dots;
+    the other parts do not)."""
     if not token:
         return None
     head, dot, _ = token.rpartition(".")
@@ -416,7 +475,7 @@ def describe_holder(info: LockInfo | None) -> str:
     for hold in holds:
         who = hold.holder
         if who.get("k"):
-            named.append(f"task {who['k']}")
+            named.append(f"task {task_id_of(who)}")
         else:
             named.append(
                 f"a lock() outside any task (pid {who.get('p', '?')} on {who.get('h', '?')},"
@@ -431,7 +490,7 @@ def duplicate(
     """What a call that found ``key`` held (by ``info``) does, as ``config.on_duplicate``
     says: raise ``LockNotAcquired``, ``task.retry()``, or skip (the sentinel returned)."""
     holds = (info.holders or [info]) if info is not None else []
-    holder = ", ".join(str(h.holder["k"]) for h in holds if h.holder.get("k")) or None
+    holder = ", ".join(str(task_id_of(h.holder)) for h in holds if h.holder.get("k")) or None
     message = f"task {task_id} not run: {key!r} is held by {describe_holder(info)}"
     if config.on_duplicate == "raise":
         raise LockNotAcquired(f"{message} (backend {config.using!r})")
@@ -477,29 +536,48 @@ def clear_queued_marker(config: SingleInstance, key: str, task_id: str) -> None:
 # -- one run: take the lock, run the body, release (the same for Celery and Django Tasks) ---
 
 
+def new_hold(config: SingleInstance, key: str, task_id: str | None, attempt: int = 0) -> BaseLock:
+    """The lock (or semaphore) object of one run of ``key``, not taken yet (no I/O)."""
+    if config.limit is None:
+        return Lock(key, ttl=config.ttl, using=config.using,
+                    token_prefix=_prefix(task_id, attempt), atomic=config.atomic)  # fmt: skip
+    return Semaphore(key, config.limit, ttl=config.ttl, using=config.using,
+                     token_prefix=_prefix(task_id, attempt))  # fmt: skip
+
+
+def let_go(held: BaseLock) -> None:
+    """Release ``held`` if it holds (an exception on the way out of a run: never raises)."""
+    if held.token is not None:
+        with contextlib.suppress(LockError):
+            held.release()
+
+
 def take(
-    config: SingleInstance, key: str, task_id: str | None, task_name: str, attempt: int = 0
-) -> tuple[BaseLock, bool, LockInfo | None]:
+    config: SingleInstance, key: str, task_id: str | None, task_name: str, attempt: int = 0,
+    held: BaseLock | None = None,
+) -> tuple[BaseLock, bool, LockInfo | None]:  # fmt: skip
     """Take ``key``'s lock for one run (its holder names the run: ``task_id``, ``task_name``)
     and clear the run's queue marker; return the lock, whether it is held, and if not, who
-    holds it."""
-    held: BaseLock
-    if config.limit is None:
-        held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id, attempt),
-                    atomic=config.atomic)  # fmt: skip
-    else:
-        held = Semaphore(key, config.limit, ttl=config.ttl, using=config.using,
-                         token_prefix=_prefix(task_id, attempt))  # fmt: skip
-    marker = holder_task.set((task_id, task_name) if task_id else None)
+    holds it. ``held``: the object to take (:func:`new_hold`), made by a caller that guards
+    the whole run with :func:`let_go` (an exception such as a soft time limit may come at any
+    line once the lock is taken: nothing between the acquire and that guard may leave it held
+    and renewed)."""
+    if held is None:
+        held = new_hold(config, key, task_id, attempt)
     try:
-        acquired, info = _take(held, task_id, attempt)
-    finally:
-        holder_task.reset(marker)
-    if config.dedupe_queued and task_id:
-        # Not queued any more. Cleared once the lock is taken, so a delay() meanwhile finds
-        # the marker or the hold. (One that looked for the hold before it was taken and marks
-        # after this still enqueues a duplicate: the lock then excludes it, nothing is lost.)
-        clear_queued_marker(config, key, task_id)
+        marker = holder_task.set((holder_id(task_id), task_name) if task_id else None)
+        try:
+            acquired, info = _take(held, task_id, attempt)
+        finally:
+            holder_task.reset(marker)
+        if config.dedupe_queued and task_id:
+            # Not queued any more. Cleared once the lock is taken, so a delay() meanwhile
+            # finds the marker or the hold. (One that looked for the hold before it was taken
+            # and marks after this still enqueues a duplicate: the lock then excludes it.)
+            clear_queued_marker(config, key, task_id)
+    except BaseException:
+        let_go(held)
+        raise
     return held, acquired, info
 
 
@@ -562,10 +640,10 @@ def check_decorated(func: Any) -> None:
     if not callable(func):
         raise TypeError(f"@single_instance decorates a function, not {type(func).__name__}")
     refuse_generator(func, "@single_instance(...)")
-    if inspect.iscoroutinefunction(func):
+    if is_async_callable(func):  # the rule: locking/templates.py, "async callables"
         raise TypeError(
-            f"@single_instance decorates a plain function, not the coroutine function"
-            f" {func.__qualname__}: its lock would be released before the coroutine runs"
+            f"@single_instance decorates a plain function, not the async callable"
+            f" {callable_name(func)!r}: its lock would be released before the coroutine runs"
         )
 
 
@@ -585,10 +663,15 @@ def run_direct(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
     func = config.func
     task_name = f"{func.__module__}.{func.__qualname__}"
     key = config.key_for(task_name, args, kwargs, bound=False)
-    held, acquired, info = take(config, key, None, task_name)
-    if not acquired:
-        return duplicate(config, None, key, None, info)
-    return run_held(held, func, args, kwargs, config.atomic)
+    held = new_hold(config, key, None)
+    try:
+        _, acquired, info = take(config, key, None, task_name, held=held)
+        if not acquired:
+            return duplicate(config, None, key, None, info)
+        return run_held(held, func, args, kwargs, config.atomic)
+    except BaseException:
+        let_go(held)  # an interrupt before run_held's own guard
+        raise
 
 
 __all__ = [
@@ -599,9 +682,14 @@ __all__ = [
     "duplicate_not_queued",
     "duplicate_skipped",
     "hold_of",
+    "holder_id",
+    "holds_task",
+    "new_hold",
     "register_adapter",
     "run_held",
     "single_instance",
     "skipped",
     "take",
+    "task_id_of",
+    "token_id",
 ]

@@ -24,7 +24,7 @@ from .. import fencing, observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
-from ..identity import holder_meta, new_token, new_waiter_id, owner_id
+from ..identity import holder_meta, lend_owner, new_token, new_waiter_id, owner_id
 from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import check_bool, check_name, check_optional_seconds, check_ttl, to_ms
@@ -42,9 +42,18 @@ from .holds import (
     untake,
 )
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
-from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
+from .templates import (
+    callable_name,
+    is_async_callable,
+    name_template,
+    refuse_generator,
+    refuse_generator_result,
+)
 
 logger = logging.getLogger("django_redlock")
+#: Releases an interrupted ``async with`` left to finish (see ``finish_release_later``):
+#: the event loop keeps only weak references to tasks.
+_finishing: set[asyncio.Task[None]] = set()
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -655,7 +664,23 @@ class BaseLock:
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         self.check_async()
         blocking, timeout = self._check_acquire(blocking, timeout)
+        if self.reentrant:
+            self._refuse_a_task_of_its_own(inspect.currentframe())
         return await self._adrive(self._acquire(blocking, timeout))
+
+    def _refuse_a_task_of_its_own(self, frame: Any) -> None:
+        """A reentrant hold belongs to the task that takes it. An ``aacquire()`` that is the
+        whole of its task (``asyncio.wait_for`` before Python 3.12, ``gather``,
+        ``create_task``) would be held by a task that ends as it returns: True, yet nobody
+        could ever release it or see it as theirs. LockError, before any Redis call."""
+        task = asyncio.current_task()
+        if task is not None and getattr(task.get_coro(), "cr_frame", None) is frame:
+            raise LockError(
+                f"{self.describe()}: this aacquire() runs as a task of its own (asyncio.wait_for"
+                " before Python 3.12, gather, create_task), which would own the reentrant hold"
+                " and end at once; await it in the task that uses the lock, with"
+                " aacquire(timeout=...) or `async with asyncio.timeout(...)`"
+            )
 
     # -- release, extend, adopt --------------------------------------------------------------
 
@@ -1064,22 +1089,51 @@ class BaseLock:
         except LockNotOwned:
             if exc_type is None:
                 raise
+        except asyncio.CancelledError:
+            self.finish_release_later()
+            raise
+
+    def finish_release_later(self) -> None:
+        """Internal API (``async with``, ``lock_all``'s too). A cancellation (often a second
+        one) interrupted the release, e.g. while it waited for a pooled connection: the
+        release is unknown, and renewal has stopped. Finish it in a task of its own, acting
+        as this owner, instead of leaving the hold to run out at its TTL while the next
+        waiter waits."""
+        hold = self._holds.get(self._owner())
+        if hold is None or not hold.releasing:  # released, or a nested level (counted)
+            return
+        task = asyncio.get_running_loop().create_task(self._adrive(self._release()))
+        lend_owner(task)
+        _finishing.add(task)
+        task.add_done_callback(self._release_finished)
+
+    def _release_finished(self, task: asyncio.Task[None]) -> None:
+        _finishing.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not isinstance(error, LockNotOwned):  # it runs out at its TTL
+            what = self.describe()
+            logger.warning("redlock: %s: finishing an interrupted release: %s", what, error)
 
     def _with_name(self: B, name: str) -> B:
         return type(self)(name, **self._init_kwargs())
 
     def __call__(self, func: F) -> F:
-        """Use as a decorator: the name is a ``str.format`` template over the arguments."""
+        """Use as a decorator: the name is a ``str.format`` template over the arguments.
+
+        An async callable (any: templates.py's rule) gets an async wrapper that awaits it
+        while the lock is held; a sync call that returns an awaitable or a generator anyway
+        is refused (TypeError, nothing of it run) before the release."""
         decorator = f"@{self.noun}(...)"
         refuse_generator(func, decorator)
         name_for = name_template(self.name, inspect.signature(func), callable_name(func))
-        if inspect.iscoroutinefunction(func):
+        if is_async_callable(func):  # the rule: templates.py, "async callables"
             self.check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:
                 async with self._with_name(name_for(args, kwargs)):
-                    return await func(*args, **kwargs)
+                    result = func(*args, **kwargs)
+                    return await result if inspect.isawaitable(result) else result
 
             return cast(F, locked_acall)
 

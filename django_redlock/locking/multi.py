@@ -33,6 +33,7 @@ The rules, and who owns what:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -56,7 +57,13 @@ from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
 from .lock import Lock
 from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
-from .templates import callable_name, name_template, refuse_generator, refuse_generator_result
+from .templates import (
+    callable_name,
+    is_async_callable,
+    name_template,
+    refuse_generator,
+    refuse_generator_result,
+)
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -538,6 +545,10 @@ class MultiLock:
         except LockNotOwned:
             if exc_type is None:
                 raise
+        except asyncio.CancelledError:  # cancelled during the release: finished all the same
+            for held in self.locks:
+                held.finish_release_later()
+            raise
 
     def _open_block(self, using: str) -> None:
         """The fenced block of ``with``: opened once every name is held, before the body."""
@@ -582,18 +593,23 @@ class MultiLock:
                 "atomic": self.database or False}  # fmt: skip
 
     def __call__(self, func: F) -> F:
-        """Use as a decorator: each name is a ``str.format`` template over the arguments."""
+        """Use as a decorator: each name is a ``str.format`` template over the arguments.
+
+        An async callable (any: templates.py's rule) gets an async wrapper that awaits it
+        while the lock is held; a sync call that returns an awaitable or a generator anyway
+        is refused (TypeError, nothing of it run) before the release."""
         refuse_generator(func, "@lock_all(...)")
         signature = inspect.signature(func)
         builders = [name_template(n, signature, callable_name(func)) for n in self.names]
         options = self._options()
-        if inspect.iscoroutinefunction(func):
+        if is_async_callable(func):  # the rule: templates.py, "async callables"
             self.check_async()
 
             @functools.wraps(func)
             async def locked_acall(*args: Any, **kwargs: Any) -> Any:
                 async with MultiLock(*(build(args, kwargs) for build in builders), **options):
-                    return await func(*args, **kwargs)
+                    result = func(*args, **kwargs)
+                    return await result if inspect.isawaitable(result) else result
 
             return cast(F, locked_acall)
 

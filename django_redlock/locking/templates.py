@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import string
 from collections.abc import Callable
 
 from ..validation import check_name
+
+
+def template_fields(template: str) -> list[str]:
+    """Every replacement field of a ``str.format`` template, with those nested in a format
+    spec (``{user_id:>{width}}`` names ``user_id`` and ``width``). ValueError for a
+    template ``str.format`` cannot parse."""
+    fields = []
+    for _, field, spec, _ in string.Formatter().parse(template):
+        if field is not None:
+            fields.append(field)
+            if spec and "{" in spec:  # str.format nests one level: the spec's own fields
+                fields += [f for _, f, _, _ in string.Formatter().parse(spec) if f is not None]
+    return fields
 
 
 def name_template(
@@ -20,12 +34,15 @@ def name_template(
     """
     params = signature.parameters
     extra = next((p.name for p in params.values() if p.kind is p.VAR_KEYWORD), None)
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is None:
-            continue
+    for field in template_fields(template):
         root = field.split(".", 1)[0].split("[", 1)[0]
         if not root or root.isdigit():
             raise ValueError(f"lock name template {template!r}: use argument names, not {{}}")
+        if root == extra:  # its keywords are lent by name; the dict itself is not a value
+            raise ValueError(
+                f"lock name template {template!r} uses {root!r}, the **{root} of {where}"
+                f"{signature}: name one of its keyword arguments instead ({{user_id}})"
+            )
         if root not in params and extra is None:
             raise ValueError(
                 f"lock name template {template!r} uses {root!r}, which is not an argument"
@@ -97,10 +114,63 @@ def refuse_generator(func: Callable[..., object], decorator: str) -> None:
         )
 
 
+# -- async callables -----------------------------------------------------------------------------
+# The rule every decorator here keeps (@lock, @semaphore, @lock_all, lock_view,
+# @single_instance): a body must run while the lock is held. An async callable's body runs
+# when its result is awaited, after a sync wrapper's call returned (and released). So each
+# decorator asks :func:`is_async_callable` (not inspect.iscoroutinefunction alone) and wraps
+# an async callable in an async wrapper that awaits it under the lock (or, @single_instance,
+# refuses it); and a sync wrapper whose call returns an awaitable anyway (a sync function
+# returning a coroutine) refuses it, closed unstarted, inside the lock's block, as it refuses
+# a generator: :func:`refuse_generator_result`.
+
+_ASYNCIO_MARKER = getattr(asyncio.coroutines, "_is_coroutine", None)
+
+
+def _marked_async(obj: object) -> bool:
+    """A coroutine function, or marked as one: inspect's own mark (3.12+), or asyncio's,
+    which asgiref's ``markcoroutinefunction`` sets before 3.12 (``sync_to_async(f)``,
+    Django's async ``View.as_view()``)."""
+    if inspect.iscoroutinefunction(obj):
+        return True
+    return _ASYNCIO_MARKER is not None and getattr(obj, "_is_coroutine", None) is _ASYNCIO_MARKER
+
+
+def is_async_callable(func: object) -> bool:
+    """Whether calling ``func`` gives an awaitable to run its body: a coroutine function, a
+    callable marked as one (asyncio's or asgiref's marker), an object with an ``async def
+    __call__``, and a partial, bound method, static or class method of any of these. A
+    ``functools.wraps`` wrapper is judged by itself, not by what it wraps: a sync wrapper's
+    call does not await."""
+    obj = func
+    for _ in range(16):  # a few steps at most: a partial of a partial of an object...
+        if _marked_async(obj):
+            return True
+        if isinstance(obj, functools.partial):
+            obj = obj.func
+        elif isinstance(obj, (staticmethod, classmethod)) or inspect.ismethod(obj):
+            obj = obj.__func__
+        elif inspect.isroutine(obj) or isinstance(obj, type) or not callable(obj):
+            return False
+        else:  # a callable object: its class's __call__
+            obj = type(obj).__call__
+    return False
+
+
 def refuse_generator_result(result: object, func: object, decorator: str) -> None:
     """Raise TypeError (inside the lock's block: it rolls back and releases) if a call
-    returned a generator or async generator, closed unstarted: its body would run after the
-    release, outside the transaction. The decoration-time check cannot see every callable."""
+    returned a generator or async generator, or an awaitable (a coroutine), closed unstarted:
+    its body would run after the release, outside the transaction. The decoration-time check
+    cannot see every callable."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        raise TypeError(
+            f"{decorator}: {callable_name(func)!r} returned an awaitable"
+            f" ({type(result).__name__}): its body would run when awaited, after the lock"
+            " was released; refused, nothing of it ran. Decorate the async function itself"
+            " (async def), or lock inside it (`async with lock(...)`)."
+        )
     if inspect.isgenerator(result) or inspect.isasyncgen(result):
         kind = "an async generator" if inspect.isasyncgen(result) else "a generator"
         if inspect.isgenerator(result):

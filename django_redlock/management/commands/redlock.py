@@ -1,8 +1,9 @@
 """``manage.py redlock list|release|purge|prune-incidents|prune-fences|top``: the admin's
-page, from a shell.
+page, from a shell; ``redlock exec NAME -- COMMAND``: a command run under a lock.
 
 Exit codes scripts can trust: 0 done, 1 nothing to do (no such lock, nothing matched,
-purge not confirmed), 2 bad usage, 3 a backend did not answer.
+purge not confirmed), 2 bad usage, 3 a backend did not answer; ``exec`` has its own (see
+:mod:`..exec_action`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import re
 import sys
 import time
-from argparse import ArgumentParser, ArgumentTypeError
+from argparse import SUPPRESS, ArgumentParser, ArgumentTypeError, Namespace
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -29,6 +30,7 @@ from ...handler import locks
 from ...health import Health, contention_order, ping, summarise
 from ...incidents import prune, recorder
 from ...validation import check_glob, check_name
+from .. import exec_action
 
 NOTHING, UNAVAILABLE = 1, 3
 EXIT_CODES = {
@@ -44,6 +46,13 @@ EXIT_CODES = {
     " later); 2 bad usage (an age without its unit, an unknown --database)",
     "top": "0 done (Ctrl-C, or --once); 2 an unknown --backend; 3 (--once) a backend did not"
     " answer",
+    "exec": f"the command's own (128 + N when signal N ended it); {exec_action.EXIT_CONFLICT}"
+    f" the lock was not taken, nothing run (or --conflict-exit-code);"
+    f" {exec_action.EXIT_UNAVAILABLE} the backend could not answer (before the command ran,"
+    f" or for so long while it ran that the hold may have expired: the command was stopped);"
+    f" {exec_action.EXIT_LOST} the hold was lost while the command ran (it was stopped:"
+    f" SIGTERM to its process group, SIGKILL after --grace); 2 bad usage; 126 or 127 the"
+    f" command could not be run",
 }
 
 
@@ -54,13 +63,33 @@ class Command(BaseCommand):
         " 3 a backend did not answer. `manage.py redlock ACTION --help` for each action."
     )
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> ArgumentParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parse = parser.parse_args
+
+        def parse_args(args: Sequence[str] | None = None, namespace: Any = None) -> Namespace:
+            # `exec NAME [options] -- COMMAND ...`: everything after the first `--` is the
+            # command's (argparse's own `--` handling differs across Python versions).
+            given = list(sys.argv[2:] if args is None else args)
+            before, command = exec_action.parse_command(given)
+            options = parse(before, namespace)
+            if options.action != "exec":
+                return parse(given, namespace) if command else options
+            options.command = command
+            return options
+
+        parser.parse_args = parse_args
+        return parser
+
     def add_arguments(self, parser: ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-        def action(name: str, summary: str) -> ArgumentParser:
-            return sub.add_parser(
-                name, help=summary, description=summary, epilog=f"exit codes: {EXIT_CODES[name]}"
-            )
+        def action(name: str, summary: str, **kwargs: Any) -> ArgumentParser:
+            parser = sub.add_parser(
+                name, help=summary, description=summary,
+                epilog=f"exit codes: {EXIT_CODES[name]}", **kwargs,
+            )  # fmt: skip
+            return parser
 
         listing = action("list", "List held locks across the backends (SCAN-paged).")
         listing.add_argument(
@@ -136,9 +165,64 @@ class Command(BaseCommand):
             " what one refresh costs Redis",
         )  # fmt: skip
 
+        run = action(
+            "exec",
+            "Run COMMAND while holding the lock NAME (or one of --limit permits), from any"
+            " host: one runs, the others exit 75 without running it. The command gets"
+            " REDLOCK_NAME, REDLOCK_FENCE and REDLOCK_BACKEND; the hold is renewed while it"
+            " runs; SIGINT, SIGTERM and SIGHUP are forwarded to it; if the hold is lost it is"
+            " stopped (SIGTERM to its process group, SIGKILL after --grace); it is killed"
+            " (its process group) if exec itself is.",
+            usage="%(prog)s NAME [options] -- COMMAND [ARG ...]",
+        )
+        run.add_argument("name", metavar="NAME", help="the lock's name")
+        run.add_argument(
+            "--backend", default="default", metavar="ALIAS",
+            help="the DJANGO_REDLOCK alias (default: default)",
+        )  # fmt: skip
+        run.add_argument(
+            "--ttl", type=float, metavar="SECONDS",
+            help="the hold's TTL, renewed every third of it (default: the backend's TTL)",
+        )  # fmt: skip
+        run.add_argument(
+            "--wait", type=float, default=0.0, metavar="SECONDS",
+            help="wait up to SECONDS for the lock (default: 0, one try)",
+        )  # fmt: skip
+        run.add_argument(
+            "--limit", type=int, metavar="N",
+            help="take one of N permits (a semaphore): at most N commands at once",
+        )  # fmt: skip
+        run.add_argument(
+            "--fair", action="store_true", help="waiters take it in arrival order (FIFO)"
+        )
+        run.add_argument(
+            "--grace", type=float, default=10.0, metavar="SECONDS",
+            help="after a loss, seconds between SIGTERM and SIGKILL (default: 10)",
+        )  # fmt: skip
+        run.add_argument(
+            "--conflict-exit-code", type=int, default=exec_action.EXIT_CONFLICT, metavar="N",
+            help="exit status when the lock is held elsewhere (default: 75, EX_TEMPFAIL)",
+        )  # fmt: skip
+        for each in sub.choices.values():  # after each action's own options in its --help
+            _common_options(each)
+
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"].replace("-", "_")
         getattr(self, f"do_{action}")(options)
+
+    def do_exec(self, options: dict[str, Any]) -> None:
+        try:
+            opts, held = exec_action.check(options)
+        except exec_action.UsageError as exc:
+            raise CommandError(str(exc), returncode=exec_action.EXIT_USAGE) from None
+
+        def say(message: str) -> None:
+            self.stderr.write(f"redlock exec: {message}")
+            self.stderr.flush()
+
+        code = exec_action.run(opts, held, say)
+        if code:
+            sys.exit(code)
 
     def _aliases(self, only: str | None) -> list[str]:
         if only and only not in locks.settings:
@@ -305,6 +389,35 @@ def _printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _common_options(parser: ArgumentParser) -> None:
+    """Django's common options after the action too (``redlock list --settings=...``), as
+    every Django command takes them; given there, they override those before the action."""
+    parser.add_argument(
+        "-v",
+        "--verbosity",
+        type=int,
+        choices=[0, 1, 2, 3],
+        default=SUPPRESS,
+        help="verbosity level; 0=minimal, 1=normal, 2=verbose, 3=very verbose",
+    )
+    parser.add_argument("--settings", default=SUPPRESS, help="a settings module's Python path")
+    parser.add_argument("--pythonpath", default=SUPPRESS, help="a directory for the Python path")
+    parser.add_argument(
+        "--traceback",
+        action="store_true",
+        default=SUPPRESS,
+        help="a full stack trace on CommandError",
+    )
+    parser.add_argument(
+        "--no-color", action="store_true", default=SUPPRESS, help="no colors in the output"
+    )
+    parser.add_argument(
+        "--force-color", action="store_true", default=SUPPRESS, help="colors in the output"
+    )
+    parser.add_argument("--skip-checks", action="store_true", default=SUPPRESS,
+                        help="skip the system checks")  # fmt: skip
 
 
 def _table(found: list[LockInfo]) -> str:

@@ -1,0 +1,324 @@
+"""Leader election: one process of a fleet leads a name at a time.
+
+``with leader("ingest") as term:`` takes the lock of that name (waiting up to ``timeout``),
+keeps it renewed from a thread of its own (:class:`Keeper`), and resigns (releases) the
+moment the block ends, so the next candidate leads at once rather than after a TTL.
+``term.lost`` is set the moment leadership ends without the block ending:
+
+* the backend answered that the hold is gone (it expired in a pause, was force-released in
+  the admin, the server restarted empty): the ``lock_lost`` notification, as for any lock;
+* or no renewal was confirmed for the hold's TTL less a margin (the backend did not answer):
+  the hold *may* be gone and another candidate may lead, so this one must stop acting. The
+  lock itself never calls that lost (no answer is not a loss); a leader must not bet on it.
+
+The Keeper is what ``manage.py redlock exec`` renews its hold with too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from .exceptions import (
+    BackendUnavailable,
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    QuorumNotReached,
+)
+from .handler import DEFAULT_LOCK_ALIAS, locks
+from .locking import BaseLock, Lock
+from .validation import check_name
+
+logger = logging.getLogger("django_redlock")
+
+#: Seconds between renewals that got no answer (never more than a third of the TTL).
+RETRY = 0.5
+
+
+class Keeper:
+    """Renews a held lock (taken with ``auto_renew=False``) every third of its TTL, until
+    :meth:`stop`. ``lost`` is set, and ``reason`` and ``unknown`` say why, when the backend
+    answers that the hold is gone (``unknown`` False), or when no renewal was confirmed for
+    the TTL less ``margin`` seconds (``unknown`` True: the backend did not answer; the hold
+    may still be there). A renewal counts from when it was *sent*: the server set the TTL at
+    some point after that. Each renewal runs in a thread of its own, so a renewal that waits
+    for its answer (up to a socket timeout) never delays that deadline."""
+
+    def __init__(self, held: BaseLock, margin: float, stop: threading.Event | None = None) -> None:
+        self.lock = held
+        self.ttl = float(held.lock_ttl)
+        self.margin = min(max(margin, 0.0), self.ttl * 2 / 3)
+        # Two renewals at least before giving up on unanswered ones.
+        self.period = min(self.ttl / 3, (self.ttl - self.margin) / 2)
+        self.lost = threading.Event()
+        self.reason = ""
+        self.unknown = False
+        self._outside_stop = stop  # another reason to end (run_as_leader's stop)
+        self._stop = threading.Event()
+        self._mutex = threading.Lock()
+        self._confirmed_until = time.monotonic() + self.ttl  # the acquire returned just now
+        self._next_at = time.monotonic() + self.period
+        self._renewal: threading.Thread | None = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"redlock-keeper {held.name}", daemon=True
+        )
+
+    def start(self) -> Keeper:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Renew no more; waits for a renewal in flight (at most one socket timeout)."""
+        self._stop.set()
+        for thread in (self._thread, self._renewal):
+            if (
+                thread is not None
+                and thread.is_alive()
+                and thread is not threading.current_thread()
+            ):
+                thread.join()
+
+    def end(self, reason: str, unknown: bool) -> None:
+        """Set ``lost`` (once: the first reason stays)."""
+        with self._mutex:
+            if self.lost.is_set():
+                return
+            self.reason, self.unknown = reason, unknown
+            self.lost.set()
+
+    def _run(self) -> None:
+        while not self.lost.is_set():
+            with self._mutex:
+                due, give_up_at = self._next_at, self._confirmed_until - self.margin
+            wait = min(due, give_up_at) - time.monotonic()
+            if self._stop.wait(min(max(wait, 0.0), 0.25)):
+                return
+            if self._outside_stop is not None and self._outside_stop.is_set():
+                return self.end("stopped", unknown=False)
+            now = time.monotonic()
+            if now >= give_up_at:
+                return self.end(
+                    f"no renewal confirmed for {self.ttl - self.margin:g} s (the backend did"
+                    " not answer)",
+                    unknown=True,
+                )
+            if now >= due and (self._renewal is None or not self._renewal.is_alive()):
+                self._renewal = threading.Thread(
+                    target=self._renew, name=f"redlock-keeper-renew {self.lock.name}", daemon=True
+                )
+                self._renewal.start()
+
+    def _renew(self) -> None:
+        sent = time.monotonic()
+        try:
+            self.lock.extend()
+        except LockNotOwned as exc:  # LockLost too: the backend said it is gone
+            if not self._stop.is_set():  # not our own release racing this renewal
+                self.end(self.lock.lost or str(exc), unknown=False)
+            return
+        except LockError as exc:  # no answer: unknown, try again soon
+            logger.warning("redlock: renewing %s: %s", self.lock.describe(), exc)
+            retry = time.monotonic() + min(RETRY, self.period)
+        except Exception:  # a bug: keep trying rather than drop the hold silently
+            logger.exception("redlock: renewing %s failed", self.lock.describe())
+            retry = time.monotonic() + min(RETRY, self.period)
+        else:
+            with self._mutex:
+                self._confirmed_until = max(self._confirmed_until, sent + self.ttl)
+                self._next_at = sent + self.period
+            return
+        with self._mutex:
+            self._next_at = retry
+
+
+class Term:
+    """One process's leadership of a name: from the campaign won to the resignation."""
+
+    def __init__(self, name: str, using: str, fence: int, keeper: Keeper) -> None:
+        self.name, self.using = name, using
+        #: The hold's fencing token: strictly larger than every earlier leader's.
+        self.fence = fence
+        self._keeper = keeper
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set the moment leadership ends (see the module's doc); never cleared."""
+        return self._keeper.lost
+
+    @property
+    def reason(self) -> str:
+        """Why leadership ended: empty while leading."""
+        return self._keeper.reason if self._keeper.lost.is_set() else ""
+
+    def check(self) -> None:
+        """Raise :class:`LockLost` once leadership is lost."""
+        if self.lost.is_set():
+            raise LockLost(f"leadership of {self.name!r} on {self.using!r} ended: {self.reason}")
+
+    def __repr__(self) -> str:
+        state = f"lost: {self.reason}" if self.lost.is_set() else "leading"
+        return f"<Term {self.name!r} on {self.using!r} fence {self.fence} ({state})>"
+
+
+class leader:  # lower case: used as a function: ``with leader("ingest") as term``
+    """Campaign for ``name`` on backend ``using``; ``with`` / ``async with`` give a
+    :class:`Term` once this process leads (``LockNotAcquired`` after ``timeout`` seconds;
+    None: wait as long as it takes). Leaving the block resigns at once. ``stop``: an event
+    that, once set, ends the term as a loss would (``term.lost``, reason "stopped")."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        using: str | None = None,
+        ttl: float | None = None,
+        timeout: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        # Every argument is checked here, before any Redis call.
+        using = DEFAULT_LOCK_ALIAS if using is None else using
+        self.lock = Lock(name, using=using, ttl=ttl, timeout=timeout, auto_renew=False)
+        self.timeout = self.lock.timeout
+        self._stop = stop
+        self._keeper: Keeper | None = None
+
+    def _lead(self) -> Term:
+        # Leadership ends a third of the TTL before the hold could expire unrenewed.
+        keeper = self._keeper = Keeper(self.lock, self.lock.lock_ttl / 3, self._stop)
+        term = Term(self.lock.name, self.lock.using, self.lock.fence or 0, keeper)
+        try:
+            keeper.start()
+        except BaseException:  # no thread (interpreter shutdown, a thread limit): resign
+            self._keeper = None
+            with contextlib.suppress(LockError):
+                self.lock.release()
+            raise
+        logger.info("redlock: leading %r on %r (fence %s)", term.name, term.using, term.fence)
+        return term
+
+    def _not_leading(self) -> LockNotAcquired:
+        return LockNotAcquired(f"{self.lock.describe()}: not leading within {self.timeout:g} s")
+
+    def __enter__(self) -> Term:
+        if not self.lock.acquire(timeout=self.timeout):
+            raise self._not_leading()
+        return self._lead()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._end_term()
+        with contextlib.suppress(LockNotOwned):  # lost already: term.lost said so
+            self.lock.release()
+
+    async def __aenter__(self) -> Term:
+        if not await self.lock.aacquire(timeout=self.timeout):
+            raise self._not_leading()
+        return self._lead()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # The keeper may be in a renewal (up to a socket timeout): not on the event loop.
+        await asyncio.get_running_loop().run_in_executor(None, self._end_term)
+        with contextlib.suppress(LockNotOwned):
+            await self.lock.arelease()
+
+    def _end_term(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()
+            keeper.end("resigned", unknown=False)
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    """Who leads a name now, as the backend says."""
+
+    name: str
+    using: str
+    fence: int | None
+    host: str | None
+    pid: int | None
+    #: The holder's fields as the admin shows them (host, pid, thread, task).
+    holder: dict[str, Any]
+    ttl: float | None
+    acquired_at: datetime | None
+
+
+def current_leader(name: str, *, using: str | None = None) -> LeaderInfo | None:
+    """Who leads ``name`` on ``using`` (default: the default alias) now, from any process:
+    None when nobody does."""
+    check_name(name)
+    using = DEFAULT_LOCK_ALIAS if using is None else using
+    info = locks[using].inspect(name)
+    if info is None:
+        return None
+    pid = info.holder.get("p")
+    return LeaderInfo(
+        name=name,
+        using=using,
+        fence=info.fence,
+        host=info.holder.get("h"),
+        pid=int(pid) if pid is not None and str(pid).isdigit() else None,
+        holder=dict(info.holder),
+        ttl=info.ttl,
+        acquired_at=info.acquired_at,
+    )
+
+
+def run_as_leader(
+    name: str,
+    target: Callable[[Term], object],
+    *,
+    using: str | None = None,
+    ttl: float | None = None,
+    stop: threading.Event | None = None,
+    standby_wait: float = 5.0,
+    retry: float = 1.0,
+) -> None:
+    """Campaign for ``name``; while leading, run ``target(term)``, which should return soon
+    after ``term.lost`` is set (or let ``term.check()``'s ``LockLost`` out); then campaign
+    again, until ``stop`` is set (which sets ``term.lost`` too). Without ``stop`` a standby
+    waits for the lock as long as it takes (woken by the leader's release, never polling);
+    with one, it waits ``standby_wait`` seconds at a time to look at ``stop`` in between
+    (each such wait that ends without leading is an ``acquire_timeout`` lock incident). A
+    campaign or resignation the backend does not answer is tried again after ``retry``
+    seconds. ``target``'s own exceptions (but ``LockLost``) resign and propagate."""
+    timeout = None if stop is None else standby_wait
+    campaign = leader(name, using=using, ttl=ttl, timeout=timeout, stop=stop)  # checked here
+    while stop is None or not stop.is_set():
+        try:
+            with campaign as term:
+                try:
+                    target(term)
+                except LockLost:
+                    if not term.lost.is_set():
+                        raise  # another lock's loss: the target's own error
+        except LockNotAcquired:
+            continue  # still a standby: look at stop, campaign again
+        except (BackendUnavailable, QuorumNotReached) as exc:
+            logger.warning("redlock: campaign for %r on %r: %s", name, using, exc)
+            if stop is None:
+                time.sleep(retry)
+            else:
+                stop.wait(retry)
+
+
+__all__ = ["Keeper", "LeaderInfo", "Term", "current_leader", "leader", "run_as_leader"]

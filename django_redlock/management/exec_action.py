@@ -1,0 +1,338 @@
+"""``manage.py redlock exec NAME [options] -- COMMAND [ARG ...]``: run a command while this
+process holds a lock (or one of ``--limit`` permits), like ``flock(1)`` across hosts.
+
+The child runs in its own process group with ``REDLOCK_NAME``, ``REDLOCK_FENCE`` and
+``REDLOCK_BACKEND`` in its environment. The hold is renewed by a :class:`~..leader.Keeper`
+while it runs. SIGINT, SIGTERM and SIGHUP sent to ``exec`` go to the child's group. If
+``exec`` dies, a guard process kills the child's group (:data:`_GUARD`), and on Linux the
+child gets SIGKILL from the kernel at once (``PR_SET_PDEATHSIG``, set in the child between
+fork and exec, from ``exec``'s main thread: the signal follows the forking thread).
+
+Exit status: the child's (128 + N when signal N ended it); :data:`EXIT_CONFLICT` (or
+``--conflict-exit-code``) when the lock was not taken, nothing run; :data:`EXIT_UNAVAILABLE`
+when the backend could not answer (before the child ran, or for so long while it ran that
+the hold may have expired: the child was then stopped); :data:`EXIT_LOST` when the backend
+answered that the hold was gone while the child ran (it was stopped); 2 bad usage, before
+any Redis call; 126/127 the command could not be run (not executable / not found).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import LockError, LockNotOwned
+from ..handler import locks
+from ..incidents import recorder
+from ..leader import Keeper
+from ..locking import BaseLock, lock, semaphore
+
+EXIT_CONFLICT = 75  # EX_TEMPFAIL: cron wrappers read it as "try again later"
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE
+EXIT_LOST = 76  # the hold was lost while the child ran; the child was stopped
+EXIT_USAGE = 2
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1
+
+
+class UsageError(ValueError):
+    """Bad usage: exit 2, before any Redis call."""
+
+
+@dataclass
+class Options:
+    name: str
+    command: list[str]
+    backend: str
+    ttl: float | None
+    wait: float
+    limit: int | None
+    fair: bool
+    grace: float
+    conflict_exit_code: int
+
+
+def check(options: dict[str, Any]) -> tuple[Options, BaseLock]:
+    """The options, and the lock object they describe; :class:`UsageError` without a Redis call."""
+    command = list(options.get("command") or [])
+    if not command:
+        raise UsageError("no command: `redlock exec NAME [options] -- COMMAND [ARG ...]`")
+    alias = options["backend"]
+    if alias not in locks.settings:
+        raise UsageError(f"unknown backend {alias!r}; known: {', '.join(locks.settings)}")
+    opts = Options(
+        name=options["name"], command=command, backend=alias, ttl=options["ttl"],
+        wait=options["wait"], limit=options["limit"], fair=options["fair"],
+        grace=options["grace"], conflict_exit_code=options["conflict_exit_code"],
+    )  # fmt: skip
+    if opts.wait < 0:
+        raise UsageError(f"--wait is seconds >= 0, not {opts.wait:g}")
+    if opts.grace < 0:
+        raise UsageError(f"--grace is seconds >= 0, not {opts.grace:g}")
+    if opts.limit is not None and opts.limit < 1:
+        raise UsageError(f"--limit is a number of permits >= 1, not {opts.limit}")
+    if not 0 <= opts.conflict_exit_code <= 255:
+        raise UsageError(f"--conflict-exit-code is 0 to 255, not {opts.conflict_exit_code}")
+    try:
+        held: BaseLock
+        if opts.limit is None:
+            held = lock(opts.name, using=alias, ttl=opts.ttl, fair=opts.fair, auto_renew=False)
+        else:
+            held = semaphore(
+                opts.name, opts.limit, using=alias, ttl=opts.ttl, fair=opts.fair, auto_renew=False
+            )
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        raise UsageError(str(exc)) from None
+    return opts, held
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: 128 + N for signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _pdeathsig() -> Callable[[int], int] | None:
+    """libc's prctl, looked up before the fork (nothing is loaded between fork and exec)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        return libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _foreground() -> bool:
+    """Whether exec runs in its terminal's foreground (then so must its child's group)."""
+    try:
+        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _preexec(prctl: Callable[..., int] | None, parent: int, foreground: bool) -> Callable[[], None]:
+    def setup() -> None:
+        os.setpgid(0, 0)  # its own group: exec signals the group, the terminal does not
+        if foreground:  # as a shell does, in the child too: it may read before exec's turn
+            signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            os.tcsetpgrp(0, os.getpid())
+            signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # exec died before the prctl: nothing would kill us
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+class _Interrupted(BaseException):
+    """A signal while the lock was being taken (a BaseException, as KeyboardInterrupt: the
+    take gives back whatever it may have been granted)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
+    """Take the lock, run the child under it, release; the exit status. ``say`` writes a
+    line to stderr."""
+    what = f"{opts.name!r} on {opts.backend!r}"
+    taking = True  # until the lock is ours: a signal ends the take (nothing is left held)
+    pending: list[int] = []  # signals that came before the child existed
+    child: subprocess.Popen[bytes] | None = None
+
+    def on_signal(signum: int, frame: object) -> None:
+        if taking:
+            raise _Interrupted(signum)
+        if child is None:
+            pending.append(signum)
+        elif child.returncode is None:  # its group id is not reused while it is unreaped
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signum)
+
+    previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
+    try:
+        try:
+            if opts.wait > 0:
+                taken = held.acquire(timeout=opts.wait)
+            else:
+                taken = held.acquire(blocking=False)
+            taking = False
+        except _Interrupted as exc:
+            if held.token is not None:  # taken just before the signal: give it back
+                with contextlib.suppress(LockError):
+                    held.release()
+            say(f"interrupted (signal {exc.signum}) while taking {what}: nothing run")
+            return 128 + exc.signum
+        except LockError as exc:  # no answer (or no quorum): nothing was run
+            say(f"could not take {what}: {exc}")
+            return EXIT_UNAVAILABLE
+        if not taken:
+            waited = f" within {opts.wait:g} s" if opts.wait else ""
+            say(f"{what} is held elsewhere{waited}: {' '.join(opts.command)} not run")
+            return opts.conflict_exit_code
+        # Stop the grace (at most two thirds of the TTL) before an unrenewed hold could expire.
+        keeper = Keeper(held, margin=opts.grace)
+        try:
+            keeper.start()
+            env = {
+                **os.environ,
+                "REDLOCK_NAME": opts.name,
+                "REDLOCK_FENCE": "" if held.fence is None else str(held.fence),
+                "REDLOCK_BACKEND": opts.backend,
+            }
+            if pending:
+                return _release(held, keeper, say, 128 + pending[0])
+            # In a terminal's foreground, the child's group takes the terminal while it runs (it
+            # may read it; Ctrl-C reaches it directly), and gives it back to exec's at the end.
+            foreground = _foreground()
+            if foreground:
+                previous[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            try:
+                child = subprocess.Popen(
+                    opts.command,
+                    env=env,
+                    preexec_fn=_preexec(_pdeathsig(), os.getpid(), foreground),
+                )
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                say(f"could not run {opts.command[0]!r}: {exc}")
+                code = 127 if isinstance(exc, FileNotFoundError) else 126
+                return _release(held, keeper, say, code)
+            guard = _guard(child.pid)
+            for signum in pending:  # came while it was being started
+                on_signal(signum, None)
+            try:
+                return _supervise(opts, held, keeper, child, say)
+            finally:
+                _dismiss(guard)
+                if foreground:
+                    with contextlib.suppress(OSError):
+                        os.tcsetpgrp(0, os.getpgrp())
+        except BaseException:
+            # Anything unforeseen: no child left running, no hold left renewed.
+            if child is not None and child.returncode is None:
+                _terminate(child, 0)
+            keeper.stop()
+            with contextlib.suppress(LockError):
+                held.release()
+            raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        recorder.flush(5)
+
+
+# The guard, a process of its own: SIGKILL to the command's process group once exec's end of
+# its stdin closes without a "done" (exec was killed), so that what the command started dies
+# with it too (the kernel's parent-death signal reaches the command alone). It ignores the
+# signals a terminal sends to exec's group.
+_GUARD = """import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+if sys.stdin.buffer.read() != b"done":
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _guard(pgid: int) -> subprocess.Popen[bytes] | None:
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-S", "-c", _GUARD, str(pgid)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # the command still dies with exec (Linux)
+        return None
+
+
+def _dismiss(guard: subprocess.Popen[bytes] | None) -> None:
+    if guard is None or guard.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        guard.stdin.write(b"done")
+    with contextlib.suppress(OSError):
+        guard.stdin.close()
+    try:
+        guard.wait(5)
+    except subprocess.TimeoutExpired:
+        guard.kill()
+        guard.wait()
+
+
+def _supervise(
+    opts: Options,
+    held: BaseLock,
+    keeper: Keeper,
+    child: subprocess.Popen[bytes],
+    say: Callable[[str], None],
+) -> int:
+    while True:
+        try:
+            returncode = child.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            if keeper.lost.wait(0.05):
+                break
+            continue
+        return _release(held, keeper, say, exit_status(returncode))
+    # The hold is gone (or may be): the child must not go on without it.
+    why = "may have expired" if keeper.unknown else "was lost"
+    say(
+        f"the hold of {opts.name!r} on {opts.backend!r} {why} ({keeper.reason}): SIGTERM to"
+        f" the command's process group, SIGKILL after {opts.grace:g} s"
+    )
+    _terminate(child, opts.grace)
+    keeper.stop()
+    if keeper.unknown:
+        # Our hold may still be there: let it go if the backend answers (else it expires).
+        with contextlib.suppress(LockError):
+            held.release()
+        return EXIT_UNAVAILABLE
+    return EXIT_LOST
+
+
+def _terminate(child: subprocess.Popen[bytes], grace: float) -> None:
+    _killpg(child.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=grace)
+    # The group too: what the child started may outlive it.
+    _killpg(child.pid, signal.SIGKILL)
+    child.wait()
+
+
+def _killpg(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _release(held: BaseLock, keeper: Keeper, say: Callable[[str], None], code: int) -> int:
+    keeper.stop()
+    if keeper.lost.is_set() and not keeper.unknown:
+        say(f"the hold of {held.name!r} was lost before the command ended: {keeper.reason}")
+        return EXIT_LOST
+    try:
+        held.release()
+    except LockNotOwned as exc:  # gone before the child ended: it ran part of the time unheld
+        say(f"the hold of {held.name!r} was lost before the command ended: {exc}")
+        return EXIT_LOST
+    except LockError as exc:  # no answer: the hold runs out at its TTL
+        say(f"could not release {held.name!r} (it expires at its TTL): {exc}")
+    return code
+
+
+def parse_command(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``[..., "--", *command]`` -> the arguments before ``--`` and the command after it."""
+    if "--" not in args:
+        return list(args), []
+    at = list(args).index("--")
+    return list(args[:at]), list(args[at + 1 :])
