@@ -194,6 +194,8 @@ class RedisClusterBackend(RedisBackend):
                 self._renew_on(node, renewals, indices, results)
             except LockError as exc:
                 failures.append(exc)
+            except Exception:  # a bug: logged as the watchdog's, its holds no answer
+                logger.exception("redlock: renewing on %s (%s) failed", self.describe(), node.name)
 
         parts = list(groups.values())
         threads = [threading.Thread(target=renew_on, args=part, daemon=True) for part in parts[1:]]
