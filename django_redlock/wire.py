@@ -302,9 +302,15 @@ def refresh_slots(client: Any, failed: str | None = None) -> None:
 def follow_moved(client: Any, error: Any) -> None:
     """Point ``error``'s slot (a ``MovedError`` a command got) at the node it names in
     cluster ``client``'s slot cache, as redis-py does for its own commands
-    (``NodesManager.move_slot``): the watchdog sends renewals straight to a master's
-    connection, outside redis-py's redirect handling."""
-    client.nodes_manager.move_slot(error)
+    (``NodesManager.move_slot``; before 8.2 ``update_moved_exception``, applied by the next
+    ``get_node_from_slot``): the watchdog sends renewals straight to a master's connection,
+    outside redis-py's redirect handling."""
+    nodes = client.nodes_manager
+    if hasattr(nodes, "move_slot"):
+        nodes.move_slot(error)
+    else:
+        nodes.update_moved_exception(error)
+        nodes.get_node_from_slot(error.slot_id)
 
 
 def refused_at_connect(exc: BaseException | None) -> bool:

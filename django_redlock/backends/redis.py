@@ -58,6 +58,14 @@ UNAVAILABLE_FOR_NOW = {
     "TRYAGAIN": "cannot serve the lock's keys during a slot migration",
     "CLUSTERDOWN": "is in a cluster that is down",
 }
+#: The codes redis-py strips from the messages of its own classes (before 8.2's status_code).
+_CODES = (
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+)
 #: ... or refused (BackendRefused); any other error reply is refused too, in its own words.
 REFUSED = {
     "OOM": "is out of memory (maxmemory reached, and its policy evicts nothing)",
@@ -197,7 +205,11 @@ class RedisBackend(BaseLockBackend):
         """An error reply that is not an ACL's, as the refusal table says: BackendUnavailable
         (for now) or BackendRefused, in the server's own words. Internal API (the Cluster's
         and Sentinel's replies)."""
-        code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
+        code = (
+            getattr(exc, "status_code", None)  # redis-py 8.2
+            or next((c for cls, c in _CODES if isinstance(exc, cls)), None)  # stripped before
+            or str(exc).split(" ", 1)[0]
+        )
         said = str(exc) if str(exc).startswith(code) else f"{code} {exc}"
         if code in UNAVAILABLE_FOR_NOW:
             return BackendUnavailable(
