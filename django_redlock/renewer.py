@@ -145,8 +145,10 @@ class _Entry:
     bucket: _Bucket | None = None
     shard: Hashable = None  # the backend's part its hold was on when taken (see _join)
     locks: weakref.WeakSet[Lock] = field(default_factory=weakref.WeakSet)
-    # Weak references whose callbacks tell the renewer that a holding Lock was collected.
-    watches: list[weakref.ref[Lock]] = field(default_factory=list)
+    # Weak references whose callbacks tell the renewer that a holding Lock was collected, by
+    # the object's id: one per object holding now (remove() and the sweep drop the others),
+    # so a long hold joined by many objects in turn keeps no trail of dead references.
+    watches: dict[int, weakref.ref[Lock]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -347,7 +349,7 @@ class Renewer:
                 self._set_cap(entry, stop_at)  # renewed as long as any of its objects asks
         if lock not in entry.locks:
             entry.locks.add(lock)
-            entry.watches.append(weakref.ref(lock, self._on_collected))
+            entry.watches[id(lock)] = weakref.ref(lock, self._on_collected)
         return entry.bucket.due if entry.bucket is not None else None
 
     def remove(self, lock: Lock, token: str) -> None:
@@ -356,6 +358,9 @@ class Renewer:
             entry = self._entries.get(key)
             if entry is not None:
                 entry.locks.discard(lock)
+                watch = entry.watches.get(id(lock))
+                if watch is not None and watch() is lock:
+                    del entry.watches[id(lock)]
                 if not entry.locks:
                     self._drop(key)
 
@@ -366,7 +371,8 @@ class Renewer:
         """The sizes of the renewer's tables (tests, diagnostics)."""
         with self._mutex:
             return {"entries": len(self._entries), "open": len(self._open),
-                    "schedule": len(self._schedule), "caps": len(self._caps)}  # fmt: skip
+                    "schedule": len(self._schedule), "caps": len(self._caps),
+                    "watches": sum(len(e.watches) for e in self._entries.values())}  # fmt: skip
 
     def _wake(self, due: float) -> None:
         """A hold falls due at ``due``: make sure the runner looks at it in time."""
@@ -384,8 +390,12 @@ class Renewer:
         """
         self._collected = False
         self._take_pending()
-        for key in [k for k, entry in self._entries.items() if not entry.locks]:
-            self._drop(key)  # no Lock object holds it any more: let it run out
+        for key, entry in list(self._entries.items()):
+            if not entry.locks:
+                self._drop(key)  # no Lock object holds it any more: let it run out
+            else:
+                for each in [i for i, watch in entry.watches.items() if watch() is None]:
+                    del entry.watches[each]
 
     def _next(self) -> list[Batch] | float:
         """The buckets due now (marked in flight), or how long to sleep until one is due."""

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
@@ -20,6 +21,7 @@ logger = logging.getLogger("django_redlock")
 
 class AnyWaiter(Protocol):
     baton: bool
+    unconfirmed: bool
 
     def wake(self) -> None: ...
 
@@ -27,11 +29,14 @@ class AnyWaiter(Protocol):
 class Waiter:
     """A waiting thread; woken by a message on its channel."""
 
-    __slots__ = ("_event", "baton")
+    __slots__ = ("_event", "baton", "unconfirmed")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.baton = False  # woken for a release, and not yet tried since
+        #: The server did not confirm the subscription within the hub's confirm timeout
+        #: (its socket timeout): the wait's set-up used it up (see ReleaseHub.watch).
+        self.unconfirmed = False
 
     def wake(self) -> None:
         self._event.set()
@@ -64,13 +69,14 @@ def _settle(future: asyncio.Future[None]) -> None:
 class AsyncWaiter:
     """A waiting asyncio task; may be woken from any thread."""
 
-    __slots__ = ("_future", "_loop", "_woken", "baton")
+    __slots__ = ("_future", "_loop", "_woken", "baton", "unconfirmed")
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._woken = False
         self._future: asyncio.Future[None] | None = None
         self.baton = False
+        self.unconfirmed = False
 
     def wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
@@ -115,7 +121,11 @@ class Confirmation:
             callback()
 
     def wait(self, timeout: float) -> None:
-        self._event.wait(timeout)
+        self._event.wait(max(0.0, timeout))
+
+    @property
+    def confirmed(self) -> bool:
+        return self._event.is_set()
 
     async def async_wait(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -142,7 +152,13 @@ class ReleaseHub:
     """
 
     confirm_timeout = 0.0
-    #: The most waiter ids kept by :meth:`abandon` (the oldest is forgotten first).
+    #: Whether a subscription the server did not confirm in time means the server does not
+    #: answer (one server: the wait raises, its try would wait a second socket timeout).
+    #: False for a quorum's hub: the other nodes' subscriptions wake the waiter, and its
+    #: try asks every node within the node timeout.
+    confirm_needed = True
+    #: The most waiter ids kept by :meth:`abandon`: over it, the oldest not watched any more
+    #: is left at once (its leave runs), never forgotten.
     ABANDONED_MAX = 1000
 
     def __init__(self) -> None:
@@ -155,12 +171,16 @@ class ReleaseHub:
         """Wait on ``channel``: a lock's release channel, or (``by_id``) the waiter's own id
         (``lock`` names the lock, for hubs whose inboxes are per lock)."""
         waiter = Waiter()
+        # One deadline for the subscribe (a connect's handshake) and every confirmation (a
+        # quorum's hub waits for several).
+        deadline = time.monotonic() + self.confirm_timeout
         confirmations = self.join(channel, waiter, by_id, lock)
         try:
             for confirmed in confirmations:
-                confirmed.wait(self.confirm_timeout)
+                confirmed.wait(deadline - time.monotonic())
                 if confirmed.error is not None:
                     raise confirmed.error
+            waiter.unconfirmed = self._unconfirmed(confirmations)
             yield waiter
         finally:
             self.leave(channel, waiter)
@@ -170,15 +190,23 @@ class ReleaseHub:
         self, channel: str, by_id: bool = False, lock: str = ""
     ) -> AsyncIterator[AsyncWaiter]:
         waiter = AsyncWaiter()
+        deadline = time.monotonic() + self.confirm_timeout
         confirmations = self.join(channel, waiter, by_id, lock)
         try:
             for confirmed in confirmations:
-                await confirmed.async_wait(self.confirm_timeout)
+                await confirmed.async_wait(deadline - time.monotonic())
                 if confirmed.error is not None:
                     raise confirmed.error
+            waiter.unconfirmed = self._unconfirmed(confirmations)
             yield waiter
         finally:
             self.leave(channel, waiter)
+
+    def _unconfirmed(self, confirmations: list[Confirmation]) -> bool:
+        """Whether the server failed to confirm within the confirm timeout: the wait's
+        set-up used up the socket timeout, and its try must not wait another (the caller
+        raises BackendUnavailable). Never for a quorum's hub (``confirm_needed``)."""
+        return self.confirm_needed and not all(c.confirmed for c in confirmations)
 
     def join(
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
@@ -219,8 +247,39 @@ class ReleaseHub:
         waiter stops watching."""
         with self._mutex:
             self._abandoned[waiter_id] = leave
-            while len(self._abandoned) > self.ABANDONED_MAX:
-                del self._abandoned[next(iter(self._abandoned))]
+            over = len(self._abandoned) - self.ABANDONED_MAX
+            evicted: list[tuple[str, Callable[[], object]]] = []
+            if over > 0:  # the oldest not watched any more: left now, not forgotten
+                for old in list(self._abandoned):
+                    if len(evicted) >= over:
+                        break
+                    if old not in self._waiters:
+                        evicted.append((old, self._abandoned.pop(old)))
+        if evicted:
+            self._start_leaves(evicted)
+
+    def settle(self, waiter_id: str) -> None:
+        """``waiter_id`` left the server's waiters (its leave was answered, or it took the
+        hold): no leave is owed for it any more."""
+        with self._mutex:
+            self._abandoned.pop(waiter_id, None)
+
+    def _start_leaves(self, leaves: list[tuple[str, Callable[[], object]]]) -> None:
+        """Leaves dropped from the registry (over ABANDONED_MAX) are sent now, in a thread:
+        forgotten, a wake-up for one would be heard by nobody, and the lock's next waiter
+        would sleep until the hold's expiry."""
+
+        def run() -> None:
+            for waiter_id, leave in leaves:
+                try:
+                    leave()
+                except Exception as exc:  # its entry lapses on the server
+                    logger.debug("redlock: leave of waiter %s failed: %s", waiter_id, exc)
+
+        try:
+            threading.Thread(target=run, daemon=True, name="redlock-leave").start()
+        except Exception as exc:  # no thread to be had: they lapse on the server
+            logger.debug("redlock: %d leaves not started: %s", len(leaves), exc)
 
     def notify(self, channel: str) -> None:
         """A release: wake the longest-waiting waiter that is not already about to try.
@@ -280,6 +339,8 @@ class ReleaseHub:
 class CompositeHub(ReleaseHub):
     """Waiters woken by a message from any of several hubs (Redlock's nodes)."""
 
+    confirm_needed = False
+
     def __init__(self, hubs: list[ReleaseHub], confirm_timeout: float) -> None:
         super().__init__()
         self.hubs = hubs
@@ -315,3 +376,7 @@ class CompositeHub(ReleaseHub):
 
         for hub in self.hubs:
             hub.abandon(waiter_id, once)
+
+    def settle(self, waiter_id: str) -> None:
+        for hub in self.hubs:
+            hub.settle(waiter_id)

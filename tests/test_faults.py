@@ -415,3 +415,52 @@ def _late_reply(server: RedisServer, config: dict[str, object], name: str) -> No
         assert held.acquire(blocking=False)  # the same token: it finds its hold
         held.release()
         assert lock(name, using="late").locked() is False
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "async"])
+def test_a_server_that_stops_answering_during_a_wait_s_set_up_costs_one_socket_timeout(
+    redis_factory: Callable[..., RedisServer],
+    name: str,
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first try says "busy", then the server stops answering as the wait subscribes:
+    the set-up waited a socket timeout for the confirmation, then the try another (2.0 s with
+    1.0 s). They share one deadline: BackendUnavailable within one socket timeout."""
+    from django_redlock.waiting import PubSubHub
+
+    server = redis_factory()
+    socket_timeout = 1.0
+    backend_settings = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": socket_timeout},
+    }
+    for method in ("_subscribe", "_subscribe_inbox"):  # the server stops as the wait sets up
+        original = getattr(PubSubHub, method)
+
+        def pausing(hub: Any, *args: Any, _original: Any = original) -> Any:
+            server.pause()
+            return _original(hub, *args)
+
+        monkeypatch.setattr(PubSubHub, method, pausing)
+    with _alias("stops", backend_settings):
+        holder = lock(name, using="stops", ttl=30, auto_renew=False, fair=kind == "fair")
+        holder.acquire()
+        waiter = lock(name, using="stops", fair=kind == "fair")
+        started = time.monotonic()
+        try:
+            with pytest.raises(BackendUnavailable) as raised:
+                if kind == "async":
+                    asyncio.run(waiter.aacquire(timeout=10))
+                else:
+                    waiter.acquire(timeout=10)
+            elapsed = time.monotonic() - started
+        finally:
+            server.resume()
+        assert raised.value.timed_out
+        assert elapsed < 1.5 * socket_timeout, elapsed
+        monkeypatch.undo()
+        holder.release()
+        assert waiter.acquire(timeout=5)  # nothing was left in the way
+        waiter.release()

@@ -832,13 +832,15 @@ def test_the_release_of_a_set_wakes_each_name_s_waiters(any_alias: str) -> None:
     assert all(when - released < 5 for when in woke.values())  # not the 30 s TTL
 
 
-def test_a_name_held_by_another_kind_is_busy() -> None:
-    from django_redlock import semaphore
+def test_a_name_held_by_another_kind_of_lock_is_busy_and_a_semaphores_an_error() -> None:
+    from django_redlock import LockError, semaphore
 
     with lock("ok:r", using="redis", reentrant=True), semaphore("ok:s", limit=2, using="redis"):
-        for busy in ("ok:r", "ok:s"):
-            assert not lock_all("ok:a", busy, using="redis").acquire(blocking=False)
-            assert held_names("redis", ["ok:a"]) == []
+        assert not lock_all("ok:a", "ok:r", using="redis").acquire(blocking=False)
+        assert held_names("redis", ["ok:a"]) == []
+        with pytest.raises(LockError, match="another kind, a semaphore"):
+            lock_all("ok:a", "ok:s", using="redis").acquire(blocking=False)  # one kind a name
+        assert held_names("redis", ["ok:a"]) == []
 
 
 def test_a_free_name_with_a_fair_queue_is_left_to_its_queue(redis_server: RedisServer) -> None:

@@ -306,3 +306,30 @@ def test_a_read_re_entry_after_an_unnoticed_loss_is_lost(alias: str, name: str) 
         reader.release()
     assert reader.acquire(blocking=False)
     reader.release()
+
+
+def test_a_write_after_a_read_re_entry_whose_reply_was_lost(
+    lossy: tuple[ReadWriteLock, LossyProxy], name: str
+) -> None:
+    """The owner holds a read, re-enters it and the re-entry's reply is lost (the server
+    counts 2, the owner 1). Its write then settles the read to 1, in read mode: the read
+    lease stays (a write-mode release would delete it whole), and the write is refused as
+    the upgrade it is, with the owner's read still held."""
+    rw, proxy = lossy
+    reader = rw.read()
+    assert reader.acquire(blocking=False)
+    proxy.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        rw.read().acquire()  # went through: the server counts two reads
+    with pytest.raises(LockError, match="upgrade"):
+        rw.write().acquire(blocking=False)
+    [held] = read_write_lock(name, using="redis").holders()
+    assert (held.kind, held.hold_count) == ("read", 1)
+    assert reader.owned()
+    other = threading.Thread(target=lambda: got.append(rw.write().acquire(blocking=False)))
+    got: list[bool] = []
+    other.start()
+    other.join()
+    assert got == [False]  # another thread's writer waits for the read
+    reader.release()
+    assert rw.holders() == []

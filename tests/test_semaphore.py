@@ -247,3 +247,18 @@ def test_threads_never_exceed_the_limit(alias: str, name: str) -> None:
         t.join(60)
     assert peak[0] == 3 and len(set(fences)) == len(fences) == 8 * 15
     assert semaphore(name, 3, using=alias).available() == 3
+
+
+def test_ttl_of_an_expired_permit_is_not_another_holders(alias: str, name: str) -> None:
+    """A permit that expired while its object still believes it holds it has no time left:
+    ttl() says None, not another holder's time."""
+    sem = semaphore(name, 2, using=alias, ttl=0.2, auto_renew=False)
+    assert sem.acquire(blocking=False)
+    time.sleep(0.3)
+    other = semaphore(name, 2, using=alias, ttl=20)
+    assert other.acquire(blocking=False)
+    assert sem.ttl() is None
+    ttl = other.ttl()
+    assert ttl is not None and 19 < ttl <= 20
+    assert 19 < (semaphore(name, 2, using=alias).ttl() or 0) <= 20  # a non-holder: the name's
+    other.release()

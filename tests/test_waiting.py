@@ -59,15 +59,31 @@ def test_a_wake_up_for_an_abandoned_waiter_runs_its_leave_once() -> None:
         assert ran == ["p.1"]
 
 
-def test_abandoned_waiters_are_bounded() -> None:
+def test_abandoned_waiters_over_the_bound_are_left_at_once() -> None:
+    """The registry is bounded; the oldest entry over the bound was forgotten, so a wake-up
+    for it was heard by nobody and the lock's next waiter slept until the hold's expiry:
+    it is left at once instead (its leave runs), and never twice."""
     hub = ReleaseHub()
     ran: list[int] = []
     for i in range(hub.ABANDONED_MAX + 1):
         hub.abandon(f"p.{i}", lambda i=i: ran.append(i))
-    hub.notify("p.0")  # the oldest, forgotten
+    time.sleep(0.2)
+    assert ran == [0]  # the oldest, left now
+    hub.notify("p.0")
     hub.notify(f"p.{hub.ABANDONED_MAX}")
     time.sleep(0.2)
-    assert ran == [hub.ABANDONED_MAX]
+    assert ran == [0, hub.ABANDONED_MAX]
+
+
+def test_a_waiter_still_watching_is_never_left_for_the_bound() -> None:
+    hub = ReleaseHub()
+    ran: list[int] = []
+    with hub.watch("p.live", by_id=True):
+        hub.abandon("p.live", lambda: ran.append(-1))  # a waiter's leave, held from its start
+        for i in range(hub.ABANDONED_MAX):
+            hub.abandon(f"p.{i}", lambda i=i: ran.append(i))
+        time.sleep(0.2)
+        assert ran == [0]  # not the live one, though older
 
 
 def test_a_leave_for_an_abandoned_waiter_that_fails_is_tried_at_the_next_wake_up() -> None:

@@ -748,3 +748,39 @@ def test_a_redlock_renewal_never_shortens_a_hold_and_an_extend_sets_its_ttl(
     }
     with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "quorum": config}):
         _renewal_never_shortens(lock(name, using="quorum", ttl=10, auto_renew=False), "quorum")
+
+
+def test_a_long_hold_keeps_one_watch_per_object_holding_it(name: str) -> None:
+    """Under one long reentrant hold, objects that join its renewal (an extend) and leave it
+    (released, or collected while holding) leave no weak reference behind in the renewer's
+    entry."""
+
+    def watches_become(count: int) -> int:
+        deadline = time.monotonic() + 3
+        while thread_renewer.tables()["watches"] != count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return thread_renewer.tables()["watches"]
+
+    before = thread_renewer.tables()["watches"]  # other tests' holds: counted relatively
+    outer = lock(name, reentrant=True, ttl=10)
+    assert outer.acquire()
+    try:
+        for _ in range(3):
+            nested = [lock(name, reentrant=True, ttl=10) for _ in range(40)]
+            for each in nested:
+                assert each.acquire()
+                each.extend()  # joins the owner's entry in the renewer
+            assert watches_become(before + 41) == before + 41  # the renewer took them in
+            for each in nested:
+                each.release()
+            assert watches_become(before + 1) == before + 1
+        for _ in range(40):
+            each = lock(name, reentrant=True, ttl=10)
+            assert each.acquire()
+            each.extend()  # then collected while holding (the next one replaces it)
+        del each
+        gc.collect()
+        assert watches_become(before + 1) == before + 1
+        assert outer.owned()
+    finally:
+        outer.release()

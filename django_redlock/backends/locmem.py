@@ -27,7 +27,7 @@ from .base import (
     glob_match,
     refence_least,
 )
-from .replies import lease_info, lock_info
+from .replies import CLASH_KINDS, kind_clash, lease_info, lock_info
 
 T = TypeVar("T")
 
@@ -69,6 +69,7 @@ class _Lease:
 class _Leases:
     leases: dict[str, _Lease] = field(default_factory=dict)  # token -> lease
     limit: int | None = None  # a semaphore's, at its last grant
+    kind: str = "s"  # the last grant's: "s" a semaphore, "rw" a read-write lock
     writer: str | None = None
     writers: dict[str, float] = field(default_factory=dict)  # waiting writers' deadlines
 
@@ -99,6 +100,19 @@ class _Store:
             del self.holds[name]
             return None
         return hold
+
+    def other_kind(self, name: str, now: float) -> str | None:
+        """One name is one kind at a time (as other_kind in lua/_hold.lua): the kind whose
+        live leases hold ``name``, for a lock; None when none lives (then leases that are
+        all expired are dropped, waiting writers kept)."""
+        leased = self.leased.get(name)
+        if leased is None:
+            return None
+        if leased.prune(now) > 0:
+            return "semaphore" if leased.kind == "s" else "read-write lock"
+        if not leased.writers:
+            del self.leased[name]
+        return None
 
     def take(self, name: str, token: str, ttl_ms: int, meta: str, reentrant: bool) -> int:
         # As the scripts do: above the counter and at least the clock in ms x 1000.
@@ -186,6 +200,9 @@ class LocMemBackend(BaseLockBackend):
         waiter = waiter or token
 
         def work(store: _Store, now: float) -> tuple[Attempt, list[str]]:
+            other = store.other_kind(name, now)
+            if other is not None:
+                raise kind_clash(name, self.alias, f"{kind.label} lock", other)
             hold = store.live(name, now)
             if hold is not None and token in hold.owners:  # re-entry, or a retried try
                 if kind.reentrant:
@@ -317,20 +334,31 @@ class LocMemBackend(BaseLockBackend):
         return self._op(name, work)
 
     def op_locked(self, name: str) -> Op[bool]:
-        return self._op(name, lambda store, now: (store.live(name, now) is not None, []))
+        """Whether the name's key exists in Redis terms: a hold, or live leases."""
+
+        def work(store: _Store, now: float) -> tuple[bool, list[str]]:
+            leased = store.leased.get(name)
+            live = leased is not None and leased.prune(now) > 0
+            return store.live(name, now) is not None or live, []
+
+        return self._op(name, work)
 
     def op_pttl(self, name: str) -> Op[int | None]:
         def work(store: _Store, now: float) -> tuple[int | None, list[str]]:
             hold = store.live(name, now)
+            leased = store.leased.get(name)
+            if hold is None and leased is not None and leased.prune(now) > 0:
+                last = max(lease.expires for lease in leased.leases.values())
+                return round((last - now) * 1000), []
             return (None if hold is None else hold.ms_left(now)), []
 
         return self._op(name, work)
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         def work(store: _Store, now: float) -> tuple[LockInfo | None, list[str]]:
-            if name in store.leased:
-                return self._lease_info(store, name, now), []
             hold = store.live(name, now)
+            if hold is None and name in store.leased:
+                return self._lease_info(store, name, now), []
             if hold is None:
                 return None, []
             waiters = len(store.prune(name, now)[0])
@@ -342,9 +370,9 @@ class LocMemBackend(BaseLockBackend):
         self, name: str, token: str | None = None, fence: int | None = None
     ) -> Op[Released]:
         def work(store: _Store, now: float) -> tuple[Released, list[str]]:
-            if name in store.leased:
-                return self._force_release_leases(store, name, token, fence, now)
             hold = store.live(name, now)
+            if hold is None and name in store.leased:
+                return self._force_release_leases(store, name, token, fence, now)
             if hold is None:
                 return Released.NOT_HELD, []
             # As force_release.lua: a token names a plain hold, a fence any hold.
@@ -452,18 +480,18 @@ class LocMemBackend(BaseLockBackend):
 
         def work(store: _Store, now: float) -> tuple[Attempt, list[str]]:
             if store.live(name, now) is not None:
-                raise LockError(
-                    f"{name!r} on backend {self.alias!r} is a lock of another kind, not a"
-                    " semaphore or read-write lock: use another name"
-                )
+                raise kind_clash(name, self.alias, CLASH_KINDS[mode], "lock")
             leased = store.leased.setdefault(name, _Leases())
             used = leased.prune(now)
             lease = leased.leases.get(token)
             if lease is not None:  # a reentrant read, or a retried try
                 if mode == "r":
                     lease.count += 1
-                lease.expires = max(lease.expires, now + ttl_ms / 1000)
+                lease.expires = now + ttl_ms / 1000  # as lease_extend: exactly the TTL
                 return Attempt(True, lease.fence, lease.count), []
+            if used > 0 and (leased.kind == "s") != (mode == "s"):
+                held = "semaphore" if leased.kind == "s" else "read-write lock"
+                raise kind_clash(name, self.alias, CLASH_KINDS[mode], held)
             if mode == "w" and reader in leased.leases:
                 raise LockError(
                     f"read-write lock {name!r} on backend {self.alias!r}: this owner holds a"
@@ -484,6 +512,7 @@ class LocMemBackend(BaseLockBackend):
                 leased.leases[token] = _Lease(
                     now + ttl_ms / 1000, fence, int(time.time() * 1000), mode, meta
                 )
+                leased.kind = "s" if mode == "s" else "rw"
                 if mode == "s":
                     leased.limit = limit  # new grants obey the latest limit
                 elif mode == "w":

@@ -38,7 +38,7 @@ from .base import (
 )
 from .cursors import parse_cursor
 from .markers import queued_key
-from .replies import lease_info, lock_info
+from .replies import CLASH_KINDS, kind_clash, lease_info, lock_info
 
 logger = logging.getLogger("django_redlock")
 T = TypeVar("T")
@@ -293,7 +293,8 @@ class RedisBackend(BaseLockBackend):
         args: list[Any] = [token, ttl_ms, meta, _FLAG[kind.reentrant], _FLAG[kind.fair]]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
             args += [waiter or token, wait_ms, inbox]
-        return Op(name, Call(_ACQUIRE, (key, fence, queue, deadlines, waiting), args), _attempt)
+        call = Call(_ACQUIRE, (key, fence, queue, deadlines, waiting), args)
+        return Op(name, call, lock_attempt(name, self.alias, kind))
 
     def _keys(self, name: str) -> tuple[str, str, str, str, str, str, str]:
         """A lock's keys, its release channel and inbox prefix, built once per name (a few
@@ -330,7 +331,7 @@ class RedisBackend(BaseLockBackend):
             key, fence, queue, deadlines, waiting, _, _ = self._keys(name)
             keys += [key, fence, queue, deadlines, waiting]
         args = [token, ttl_ms, meta, waiter, self.inbox_for(names[0])]  # one inbox prefix
-        return Op(names[0], Call(script("acquire_all"), keys, args), _taken_all)
+        return Op(names[0], Call(script("acquire_all"), keys, args), taken_all(names, self.alias))
 
     def op_release_all(self, names: Sequence[str], token: str) -> Op[list[Any]]:
         """Release every one of ``names`` that ``token`` holds (plain locks), in one round trip
@@ -585,7 +586,7 @@ class RedisBackend(BaseLockBackend):
         args: list[Any] = [token, ttl_ms, meta, mode, limit, _flag(fair)]
         if mode != "s" or waiter is not None or wait_ms >= 0:  # not a permit's one-off try
             args += [waiter or token, wait_ms, self.inbox_for(name), reader]
-        return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self))
+        return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self, mode))
 
     def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:
         args = [token, self.inbox_for(name), mode] if mode else [token, self.inbox_for(name)]
@@ -631,16 +632,13 @@ def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
     return client, generator
 
 
-def lease_attempt(name: str, backend: BaseLockBackend) -> Any:
+def lease_attempt(name: str, backend: BaseLockBackend, mode: str) -> Any:
     """permit_acquire.lua's reply: an Attempt, or a LockError for a refused try."""
 
     def parse(reply: Any) -> Attempt:
         code = int(reply[0])
         if code == -2:
-            raise LockError(
-                f"{name!r} on backend {backend.alias!r} is a lock of another kind (a Redis"
-                f" {text(reply[1])}), not a semaphore or read-write lock: use another name"
-            )
+            raise kind_clash(name, backend.alias, CLASH_KINDS[mode], reply[1])
         if code == -3:
             raise LockError(
                 f"read-write lock {name!r} on backend {backend.alias!r}: this owner holds a"
@@ -667,10 +665,29 @@ class TakenAll(NamedTuple):
     wait_ms: int = -1
 
 
-def _taken_all(reply: Any) -> TakenAll:
-    if int(reply[0]):
-        return TakenAll(True, tuple(int(f) for f in reply[1:]))
-    return TakenAll(False, (), int(reply[1]) - 1, int(reply[2]))
+def taken_all(names: Sequence[str], alias: str) -> Any:
+    """acquire_all.lua's reply: a TakenAll, or a LockError when a name is another kind's."""
+
+    def parse(reply: Any) -> TakenAll:
+        code = int(reply[0])
+        if code == -2:
+            raise kind_clash(names[int(reply[1]) - 1], alias, "plain lock", reply[2])
+        if code:
+            return TakenAll(True, tuple(int(f) for f in reply[1:]))
+        return TakenAll(False, (), int(reply[1]) - 1, int(reply[2]))
+
+    return parse
+
+
+def lock_attempt(name: str, alias: str, kind: Kind) -> Any:
+    """acquire.lua's reply: an Attempt, or a LockError when another kind holds the name."""
+
+    def parse(reply: Any) -> Attempt:
+        if int(reply[0]) == -2:
+            raise kind_clash(name, alias, f"{kind.label} lock", reply[1])
+        return _attempt(reply)
+
+    return parse
 
 
 def _attempt(reply: Any) -> Attempt:

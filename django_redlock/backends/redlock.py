@@ -51,7 +51,8 @@ DRIFT_MS = 2
 #: At most this many SCAN round trips per page of held locks (the admin's, ``redlock list``).
 PAGE_SCANS = 12
 #: An acquire proposes a fence this far above its own clock (us): above every node's clock
-#: while the clocks agree within it, so the nodes' fences agree (no lagging counter to raise).
+#: and below every node's cap (its clock + twice this, redlock_acquire.lua) while the clocks
+#: agree within it either way, so the nodes' fences agree (no lagging counter to raise).
 FENCE_LEAD_US = 1_000_000
 _ACQUIRE = script("redlock_acquire")
 __all__ = ["BREAKER_SECONDS", "RedlockBackend"]
@@ -167,10 +168,14 @@ class RedlockBackend(BaseLockBackend):
             replies = await self.io.afan_out(ops if isinstance(ops, Fan) else Fan(ops))
 
     def _each(
-        self, build: Any, decided: Callable[[Replies], bool] | None = None, complete: bool = False
+        self,
+        build: Any,
+        decided: Callable[[Replies], bool] | None = None,
+        complete: bool = False,
+        owed: str = "",
     ) -> Fan:
         """An op for every node; see :class:`.redlock_io.Fan` for the rest."""
-        return Fan([build(node) for node in self.nodes], decided, complete)
+        return Fan([build(node) for node in self.nodes], decided, complete, owed=owed)
 
     def _majority_answered(self, replies: Replies) -> bool:
         return self._answered(replies) >= self.quorum
@@ -278,8 +283,11 @@ class RedlockBackend(BaseLockBackend):
                 return Attempt(True, fence, 1)
         # Not ours: undo on every node, including those that did not answer (a lost reply
         # may have set the key there). A straggler is not waited for: this thread's next
-        # request to it (the next try, with this token) is written behind the undo.
-        yield self._each(lambda n: n.op_release(name, token, Kind()), self._majority_answered)
+        # request to it (the next try, with this token) is written behind the undo. A node
+        # skipped as down is owed it: sent before any later request to it (redlock_io.Debts).
+        yield self._each(
+            lambda n: n.op_release(name, token, Kind()), self._majority_answered, owed="undo"
+        )
         if self._answered(replies) < self.quorum:
             raise self._unreachable(name, replies, "acquire")
         return Attempt(False, None, self._wait_hint(replies, bool(granted)))
@@ -310,9 +318,15 @@ class RedlockBackend(BaseLockBackend):
         def steps() -> Steps[int]:
             # Deleted wherever our token still is; but the hold was ours only if a majority
             # still had it (else it was lost, and someone else may hold the majority now).
-            # A node skipped as down is asked too when the others cannot decide.
+            # A node skipped as down is asked too when the others cannot decide; else it is
+            # owed the release, sent when it answers again (redlock_io.Debts): a hold left
+            # there would outlast the release by its TTL, and a few such nodes would refuse
+            # the free lock to everyone.
             replies = yield self._each(
-                lambda n: n.op_release(name, token, kind), self._deciding(_released), True
+                lambda n: n.op_release(name, token, kind),
+                self._deciding(_released),
+                True,
+                owed="release",
             )
             return 0 if self._decide(name, replies, _released(replies), "release") else -1
 

@@ -99,9 +99,13 @@ class Health:
                 self._down[i] = time.monotonic()
 
 
-def probe(health: Health, i: int, node: RedisBackend) -> None:
+def probe(
+    health: Health, i: int, node: RedisBackend, before_up: Callable[[int], None] | None = None
+) -> None:
     """PING node i on a connection of its pool (any reply, even an error, means it is back);
-    run in a thread of its own: on a paused node it waits for the node's timeouts."""
+    run in a thread of its own: on a paused node it waits for the node's timeouts.
+    ``before_up(i)`` runs once it answered, before the node counts as up again (the writes
+    owed to it: see redlock_io); raising, the node stays down."""
     pool = node.client.connection_pool
     ok = False
     try:
@@ -118,14 +122,22 @@ def probe(health: Health, i: int, node: RedisBackend) -> None:
         connection.disconnect()
     finally:
         pool.release(connection)
+        if ok and before_up is not None:
+            try:
+                before_up(i)
+            except Exception:
+                ok = False
         health.probed(i, ok)
 
 
-def start_probes(health: Health, nodes: list[RedisBackend]) -> None:
+def start_probes(
+    health: Health, nodes: list[RedisBackend], before_up: Callable[[int], None] | None = None
+) -> None:
     for i in health.due():
         threading.Thread(
-            target=probe, args=(health, i, nodes[i]), name="redlock-probe", daemon=True
-        ).start()
+            target=probe, args=(health, i, nodes[i], before_up), name="redlock-probe",
+            daemon=True,
+        ).start()  # fmt: skip
 
 
 class NodeHub(PubSubHub):

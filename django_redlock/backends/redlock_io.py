@@ -17,7 +17,11 @@ timeout is down, whichever request noticed. A drainer thread reads the replies n
 for and keeps the connection for the next fan-out, or closes it once the oldest is overdue
 (the node is then down, see :mod:`.redlock_health`). A node whose lane is overdue is skipped
 while the other nodes can make a quorum without it; a late grant left there expires at its
-TTL. A node not connected yet is connected in a thread (a connect to a paused node waits for
+TTL. A release or an acquire's undo must reach every node all the same (a hold left on a
+node would outlive the release by its TTL, and a few such nodes refuse the free lock): its
+fan-out writes to slow nodes too, without waiting for them, and a node skipped as down, or
+not connected in time, is owed the write (:class:`Debts`). A node not connected yet is
+connected in a thread (a connect to a paused node waits for
 its timeout): every request that finds that connect under way waits for it, never counting
 the node unasked.
 
@@ -100,6 +104,11 @@ CONNECT_POLL = 0.001
 DRAIN_POLL = 0.002
 #: An idle drainer wakes this often (its heartbeat: one that stopped is replaced).
 DRAIN_IDLE = 0.5
+#: At most this many writes owed per node (the oldest are dropped: a hold left by a release
+#: that never arrives expires at its TTL, as before).
+OWED_MAX = 1000
+#: How often the debt collector looks whether a node owed writes answers again.
+OWED_POLL = 0.1
 
 
 class _Pending:
@@ -126,6 +135,10 @@ class Fan(list[Any]):
     ``complete``: when the replies do not decide it (or, with no ``decided``, fewer than a
     quorum answered), the nodes skipped as down or slow are asked too, and waited for
     within the node timeout: a release that needs a node's vote gets it.
+    ``owed`` ("release", "undo"): a node not sent its op (skipped as down or slow, or still
+    being connected when the others decided) is owed it, and gets it later (:class:`Debts`):
+    a release decided without a node still reaches it, or its hold there would outlive the
+    release by its whole TTL, and enough such nodes would refuse a free lock.
     ``enough(replies)``: whether, undecided, the replies may stop the wait once the nodes
     still silent count as slow (``NodeIO.slow_after`` since the requests went out), or at
     once (with the grace) when one of them is still being connected (a connect not done when
@@ -140,11 +153,14 @@ class Fan(list[Any]):
         decided: Callable[[Replies], bool] | None = None,
         complete: bool = False,
         enough: Callable[[Replies], bool] | None = None,
+        owed: str = "",
     ) -> None:
         super().__init__(ops)
         self.decided = decided
         self.complete = complete
         self.enough = enough
+        #: "release" or "undo": a write every node must get, asked or not (see ``Debts``).
+        self.owed = owed
 
 
 def answered(reply: Any) -> bool:
@@ -357,6 +373,137 @@ class Lanes:
             self._io.drop(i, connection, reader)  # still the reader's: not kept, interrupted
 
 
+@dataclass(eq=False, slots=True)
+class Debt:
+    op: Op[Any]
+    undo: bool  # an acquire's undo: its token may be tried again (see Debts)
+
+
+class Debts:
+    """The writes owed to each node: releases (and acquires' undos) the other nodes decided
+    without it. Each goes out with the next request to the node, before it on the same
+    connection (so a later request, from any thread, never overtakes it), or, when the node
+    is down, from the probe that finds it back, before it counts as up (no request is sent
+    to it before then, unless a quorum needs it). A release of a node that answers but is
+    slow is sent by the collector thread once the node is no longer slow; an undo is not
+    sent that way: the acquire it undoes may be tried again with its token, and the
+    collector's connection could let the undo overtake the retry's grant. Sent twice, a
+    release deletes nothing more (its token is gone). Lost with the process: the hold on
+    that node then expires at its TTL, as before."""
+
+    def __init__(self, io: NodeIO) -> None:
+        self._io = io
+        self._lock = threading.Lock()
+        self._owed: list[deque[Debt]] = [deque() for _ in io.nodes]
+        self._collector: object | None = None
+        self._beat = 0.0
+
+    def owe(self, i: int, op: Op[Any], kind: str) -> None:
+        with self._lock:
+            owed = self._owed[i]
+            owed.append(Debt(op, kind == "undo"))
+            while len(owed) > OWED_MAX:
+                owed.popleft()
+        self.collect()
+
+    def take(self, i: int, undo: bool = True) -> list[Op[Any]]:
+        """Node i's debts (``undo`` False: its releases only), taken off the books."""
+        owed = self._owed[i]
+        if not owed:
+            return []
+        with self._lock:
+            taken = [d.op for d in owed if undo or not d.undo]
+            kept = [d for d in owed if not undo and d.undo]
+            owed.clear()
+            owed.extend(kept)
+        return taken
+
+    def forgive(self, i: int, op: Op[Any]) -> None:
+        """``op`` is being sent to node i after all (a fan-out's second phase)."""
+        with self._lock:
+            owed = self._owed[i]
+            for debt in list(owed):
+                if debt.op is op:
+                    owed.remove(debt)
+
+    def restore(self, i: int, ops: list[Op[Any]], undo: bool) -> None:
+        """Debts taken whose send failed: owed again, ahead of the newer ones."""
+        if ops:
+            with self._lock:
+                self._owed[i].extendleft(Debt(op, undo) for op in reversed(ops))
+            self.collect()
+
+    @property
+    def any(self) -> bool:
+        return any(self._owed)
+
+    def pay_before_up(self, i: int) -> None:
+        """The probe found node i back: send its debts before it counts as up. Raises
+        (the node stays down) when one gets no answer."""
+        self._pay(i, self.take(i), True)
+
+    def _pay(self, i: int, ops: list[Op[Any]], undo: bool) -> None:
+        """Send ``ops`` to node i in order. No answer: the rest are owed again, and the
+        BackendUnavailable is raised. Any other error (a refusal) drops that one: asked
+        again, the node would refuse it again."""
+        for n, op in enumerate(ops):
+            try:
+                self._io.nodes[i].execute(op)
+            except BackendUnavailable:
+                self.restore(i, ops[n:], undo)
+                raise
+            except Exception as exc:
+                logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
+            except BaseException:
+                self.restore(i, ops[n:], undo)
+                raise
+
+    def collect(self) -> None:
+        """Start the collector when debts are owed and none runs (or it stopped beating)."""
+        if not self.any:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self._collector is not None and now - self._beat < 2 * self._io.timeout + 1:
+                return
+            token = self._collector = object()
+            self._beat = now
+        _thread.start_new_thread(self._collect, (token,))
+
+    def _collect(self, token: object) -> None:
+        io = self._io
+        while self._collector is token:
+            self._beat = time.monotonic()
+            with self._lock:
+                if not self.any:
+                    self._collector = None
+                    return
+            try:
+                start_probes(io.health, io.nodes, self.pay_before_up)  # no request may come
+                slow = io.slow(time.monotonic(), io.slow_after)
+                for i in range(len(io.nodes)):
+                    if self._owed[i] and not io.health.is_down(i) and i not in slow:
+                        with contextlib.suppress(BackendUnavailable):
+                            self._pay(i, self.take(i, undo=False), False)
+            except Exception:  # never dies with debts owed: log, go on
+                logger.exception("django_redlock: the Redlock debt collector failed; going on")
+            time.sleep(OWED_POLL)
+
+    def close(self) -> None:
+        """The backend closes: what is still owed is dropped (those holds expire at their
+        TTL), and the collector stops."""
+        with self._lock:
+            for owed in self._owed:
+                owed.clear()
+            self._collector = None
+
+    def forget(self) -> None:
+        """After a fork: the parent's debts are its own to pay."""
+        self._lock = threading.Lock()
+        self._owed = [deque() for _ in self._io.nodes]
+        self._collector = None
+
+
 class Connector:
     """A connect to node i in a thread: a connect to a paused node waits for its timeouts.
 
@@ -447,6 +594,7 @@ class NodeIO:
         self.quorum = quorum
         self.health = Health(len(nodes))
         self.lanes = Lanes(self)
+        self.debts = Debts(self)
         self._mutex = threading.Lock()
         self._connectors: dict[int, Connector] = {}
         self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
@@ -541,6 +689,7 @@ class NodeIO:
         if self._pid != os.getpid():  # a forked child: the parent's connections are not ours
             self._pid = os.getpid()
             self.lanes.forget()
+            self.debts.forget()
             self._mutex = threading.Lock()
             self._connectors, self._tasks = {}, {}
             self._new_kept()  # copies of the parent's sockets
@@ -600,9 +749,12 @@ class NodeIO:
 
     def _plan(self, fan: Fan) -> tuple[Replies, list[int]]:
         self._check_fork()
-        start_probes(self.health, self.nodes)
+        start_probes(self.health, self.nodes, self.debts.pay_before_up)
         self.lanes.watch()  # a drainer an interrupt killed is replaced
+        self.debts.collect()  # a collector an interrupt killed is replaced
         skipping = self._skipping()
+        if fan.owed:  # a slow node is written to all the same (not waited for): in order
+            skipping &= self.health.down()
         replies: Replies = []
         asked = []
         for i, op in enumerate(fan):
@@ -610,10 +762,16 @@ class NodeIO:
                 replies.append(None)
             elif i in skipping:
                 replies.append(self._unasked(i, op))
+                self._unsent(fan, i)
             else:
                 replies.append(PENDING)
                 asked.append(i)
         return replies, asked
+
+    def _unsent(self, fan: Fan, i: int) -> None:
+        """Node i was not sent ``fan``'s op: owed it, if the op must reach every node."""
+        if fan.owed:
+            self.debts.owe(i, fan[i], fan.owed)
 
     def _second(self, fan: Fan, replies: Replies) -> list[int]:
         """Phase two of a ``complete`` fan-out: the skipped nodes, when they are needed."""
@@ -622,6 +780,8 @@ class NodeIO:
         skipped = [i for i, reply in enumerate(replies) if isinstance(reply, Unasked)]
         for i in skipped:
             replies[i] = PENDING
+            if fan.owed:
+                self.debts.forgive(i, fan[i])
         return skipped
 
     # -- threads -----------------------------------------------------------------------------
@@ -654,14 +814,16 @@ class NodeIO:
                 elif (connection := self._kept_one(i, me)) is not None:
                     kept.append((i, connection))  # sent on below, once seen open
                 else:
-                    self._send_new(fan, i, flights, replies, me)
+                    # In a thread: a connect (its handshake) to a node paused since it last
+                    # answered waits for the timeout, and the nodes after it would wait too.
+                    connecting[i] = self._connector(i, me)
             watch = Watch()  # polls the kept connections now, and every connection later
             if kept:
                 closed = watch.busy({i: stream_of(connection) for i, connection in kept})
                 for i, connection in kept:
                     if i in closed:  # by the server meanwhile (a restart, a timeout)
                         self.drop(i, connection, me, failed=False)
-                        self._send_new(fan, i, flights, replies, me)
+                        connecting[i] = self._connector(i, me)
                     else:
                         self._send(fan, i, connection, None, flights, replies, me)
             self._collect(fan, flights, connecting, replies, started, me, watch)
@@ -701,6 +863,7 @@ class NodeIO:
         except UNAVAILABLE as exc:
             self.health.failed(i)
             replies[i] = _unavailable(self.nodes[i], fan[i], exc)
+            self._unsent(fan, i)
             return
         self._send(fan, i, connection, None, flights, replies, me)
 
@@ -732,6 +895,16 @@ class NodeIO:
             flight = flights[i] = Flight(connection, lane.stream, lane.unread, 0, lane.since, now)
         commands = _commands(fan[i].request)
         flight.count = len(commands)
+        # What node i is owed goes first, on this connection: nothing sent after it
+        # overtakes it. Its replies are read and dropped, as a lane's earlier ones. Not to
+        # a node still down: a connection dropped when it went down may hold requests the
+        # node has not read yet (the acquire a release undoes), and this one could overtake
+        # them; its probe pays once the node answers (after those).
+        owed = [] if self.health.is_down(i) else self.debts.take(i)
+        if owed:
+            debts = [c for op in owed for c in _commands(op.request)]
+            flight.skip += len(debts)
+            commands = debts + commands
         owners.using(connection, me)
         try:
             flight.stream.send(b"".join(pack_many(connection, commands)))
@@ -740,6 +913,8 @@ class NodeIO:
             del flights[i]
             self.health.failed(i)
             replies[i] = _unavailable(self.nodes[i], fan[i], exc)
+            self.debts.restore(i, owed, False)
+            self._unsent(fan, i)
 
     def _connected(
         self,
@@ -760,6 +935,7 @@ class NodeIO:
             self._send_new(fan, i, flights, replies, me, self.checkout)
         elif connection is None:
             replies[i] = _unavailable(self.nodes[i], fan[i], connector.error)
+            self._unsent(fan, i)
 
     def _collect(
         self,
@@ -788,6 +964,7 @@ class NodeIO:
                     self.health.failed(i)
                     error = TimeoutError("the connect did not finish in time")
                     replies[i] = _unavailable(self.nodes[i], fan[i], error)
+                    self._unsent(fan, i)
                     changed = True
             now = time.monotonic()
             for i, flight in list(flights.items()):
@@ -840,6 +1017,7 @@ class NodeIO:
             connector.leave(me)
             del connecting[i]
             replies[i] = self._unawaited(i, fan[i])
+            self._unsent(fan, i)  # still connecting: never written
 
     def _parsed(self, i: int, op: Op[Any], raw: list[Any]) -> Any:
         if len(raw) == 1 and not isinstance(raw[0], Exception) and not isinstance(op.request, list):
@@ -933,7 +1111,9 @@ class NodeIO:
         return reply
 
     def close(self) -> None:
-        """Close the lanes' and the kept connections (those in use close with their fan-out)."""
+        """Close the lanes' and the kept connections (those in use close with their fan-out).
+        The writes still owed are dropped: their holds expire at their TTL."""
+        self.debts.close()
         self.lanes.close()
         self.lanes = Lanes(self)
         closer = Owner("close")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ..exceptions import LockError
 from ..identity import parse_holder
 from .base import Kind, LockInfo
 
@@ -98,3 +99,21 @@ def lease_info(
 
 
 _EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
+
+
+#: What a lease's mode letter is a hold of, in a kind clash's message.
+CLASH_KINDS = {"s": "semaphore", "r": "read-write lock (a read)", "w": "read-write lock (a write)"}
+
+
+def kind_clash(name: str, alias: str, asking: str, held: Any) -> LockError:
+    """The error for one name used as two kinds (one name is one kind at a time): ``held``,
+    the kind a script found holding it ('lock', 'semaphore', 'read-write lock'), and
+    ``asking``, the caller's. Raised before anything is granted or waited for."""
+    held = held.decode() if isinstance(held, bytes) else str(held)
+    if held == "lock":
+        held = "lock (plain, reentrant or fair)"
+    return LockError(
+        f"{name!r} on backend {alias!r} is held as another kind, a {held}: a {asking} cannot"
+        " take it (one name is one kind at a time: a lock, a semaphore or a read-write"
+        " lock); use another name"
+    )

@@ -468,10 +468,12 @@ class BaseLock:
         leaves the queue or the waiters' set (:func:`~.steps.leave_waiters`: not after a try
         that got no answer in time; a leave not sent or not answered is sent when a wake-up
         still comes for the waiter, else its entry lapses: a fair queue's place at its
-        lease, at most :data:`WAITER_LEASE`, a plain waiter with the waiters' set)."""
+        lease, at most :data:`WAITER_LEASE`, a plain waiter with the waiters' set). The hub
+        holds the leave from before the first try (see :class:`~.steps.Watch`): an interrupt
+        at any line of the clean-up still leaves through it."""
         queued = self.queued
         if waiter:
-            handle = yield Watch(waiter, True, self.name)
+            handle = yield Watch(waiter, True, self.name, self._op_leave(waiter))
         else:
             handle = yield Watch(self.backend.channel(self.name), False)
         attempt = Attempt(False)
@@ -487,6 +489,8 @@ class BaseLock:
                 attempt = yield self._op_acquire(token, ttl_ms, meta, waiter, wait_ms)
                 handle[1].baton = False  # tried: a wake-up we were handed is used up
                 if attempt.acquired:
+                    if waiter:  # taken: out of the server's waiters, nothing to leave
+                        self.backend.hub.settle(waiter)
                     return attempt
                 remaining = float("inf") if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:

@@ -31,13 +31,15 @@ class LeaseLock(BaseLock):
         re-entered and kept alive by the owner's later reads nor held against its write as an
         upgrade. What settle.lua does for a reentrant lock's hash, with the lease scripts
         (the read's token is its owner's; only the owner changes its count). A server count
-        below the belief (the read expired) is left alone, as settle.lua does."""
+        below the belief (the read expired) is left alone, as settle.lua does. Always in
+        read mode, whoever runs it: a write's own (mode "w") release would take a read lease
+        for a count of one and delete it whole."""
         count = unsettled(self.backend, self.name, owner)
         if count is None:
             return
         held = yield self._op_hold_count(owner)
         for _ in range(held - count):
-            yield self._op_release(owner)
+            yield self.backend.op_lease_release(self.name, owner, "r")
         settled(self.backend, self.name, owner, count)
 
     def _check_backend(self) -> None:
@@ -81,13 +83,17 @@ class LeaseLock(BaseLock):
         return self._op_with_info(fence)
 
     def _op_pttl(self) -> Op[int | None]:
-        """This owner's lease's ms left if it holds one, else until the first lease ends."""
+        """This owner's lease's ms left if it holds one, else until the first lease ends.
+        None when it believes it holds one that is gone (expired): another lease's time is
+        not its own."""
         hold = self._holds.get(self._owner())
 
         def pttl(info: LockInfo | None) -> int | None:
             if info is None:
                 return None
             mine = _lease_of(info, hold.token) if hold else None
+            if hold and mine is None:
+                return None
             leases = [mine] if mine else info.holders
             return round(min(lease.ttl or 0.0 for lease in leases) * 1000)
 

@@ -9,6 +9,7 @@ running event loop, so ``lk.acquire()`` and ``await lk.aacquire()`` share every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 from collections.abc import Generator
@@ -23,11 +24,18 @@ Steps = Generator[Any, Any, T]
 
 
 class Watch(NamedTuple):
-    """Start watching for wake-ups: the reply is ``(context, waiter)``."""
+    """Start watching for wake-ups: the reply is ``(context, waiter)``.
+
+    ``leave``: a waiter with an id (``channel``) registers on the server with its tries; its
+    leave is left to the hub from before the first of them (:meth:`~..waiters.ReleaseHub.
+    abandon`), so a clean-up cut short at any line, by an interrupt, still leaves through
+    the hub when a wake-up comes for it. A leave answered, or the hold taken, settles it.
+    The driver stops watching should the steps end without :class:`Unwatch`."""
 
     channel: str  # the lock's release channel, or the waiter's id
     by_id: bool
     lock: str = ""  # the lock's name (hubs with an inbox per lock need it)
+    leave: Op[Any] | None = None
 
 
 class Sleep(NamedTuple):
@@ -60,6 +68,7 @@ def leave_waiters(
             backend.hub.abandon(waiter, functools.partial(backend.execute, leave))
             raise
         else:
+            backend.hub.settle(waiter)  # left: no wake-up comes for it any more
             return
     backend.hub.abandon(waiter, functools.partial(backend.execute, leave))
 
@@ -78,16 +87,49 @@ def drive(backend: BaseLockBackend, steps: Steps[T]) -> T:
     half-way, they never see a close (whose clean-up could not yield). What the steps raise
     comes out."""
     error: BaseException | None = None
-    while True:  # again only after an interrupt between two steps
+    watches: list[Any] = []  # entered and not yet left
+    try:
+        while True:  # again only after an interrupt between two steps
+            try:
+                return _drive(backend, steps, error, watches)
+            except BaseException as exc:
+                if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
+                    raise  # the steps' own outcome (they are done), or nothing started yet
+                error = exc
+    finally:
+        _leave_watches(backend, watches)
+
+
+def _leave_watches(backend: BaseLockBackend, watches: list[Any]) -> None:
+    """Stop the watches the steps left open (an interrupt skipped their ``Unwatch``): a
+    waiter left registered in the hub would take its wake-ups, and nobody would leave for
+    it. Another interrupt meanwhile does not stop this (each leave is idempotent)."""
+    for _ in range(100):
         try:
-            return _drive(backend, steps, error)
-        except BaseException as exc:
-            if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
-                raise  # the steps' own outcome (they are done), or nothing started yet
-            error = exc
+            while watches:
+                channel, waiter = watches[-1]
+                backend.hub.leave(channel, waiter)
+                watches.pop()
+            return
+        except BaseException:
+            continue
 
 
-def _drive(backend: BaseLockBackend, steps: Steps[T], error: BaseException | None) -> T:
+def _watching(backend: BaseLockBackend, step: Watch) -> Any:
+    if step.leave is not None:  # from before its first try (see Watch)
+        backend.hub.abandon(step.channel, functools.partial(backend.execute, step.leave))
+    return backend.hub.watch(step.channel, step.by_id, step.lock)
+
+
+def _not_watching(backend: BaseLockBackend, step: Watch) -> None:
+    """The watch failed (a refused subscription): nothing registered, no leave owed."""
+    if step.leave is not None:
+        backend.hub.settle(step.channel)
+
+
+def _drive(
+    backend: BaseLockBackend, steps: Steps[T], error: BaseException | None, watches: list[Any]
+) -> T:
     reply: Any = None
     while True:
         try:
@@ -101,18 +143,60 @@ def _drive(backend: BaseLockBackend, steps: Steps[T], error: BaseException | Non
             elif isinstance(step, Sleep):
                 reply = step.waiter.wait(step.seconds)
             elif isinstance(step, Watch):
-                watching = backend.hub.watch(*step)
-                reply = (watching, watching.__enter__())
+                watching = _watching(backend, step)
+                try:
+                    reply = (watching, watching.__enter__(), step.channel)
+                except Exception:
+                    _not_watching(backend, step)
+                    raise
+                watches.append((step.channel, reply[1]))
+                if reply[1].unconfirmed:
+                    _unconfirmed_exit(backend, step, watches)
+                    watching.__exit__(None, None, None)
+                    raise _unconfirmed(backend, step)
             else:
                 step.handle[0].__exit__(None, None, None)
+                _left(watches, step.handle)
         except BaseException as exc:
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
             error = exc
 
 
+def _left(watches: list[Any], handle: Any) -> None:
+    with contextlib.suppress(ValueError):
+        watches.remove((handle[2], handle[1]))
+
+
+def _unconfirmed_exit(backend: BaseLockBackend, step: Watch, watches: list[Any]) -> None:
+    """Nothing registered on the server yet: no leave is owed."""
+    if step.leave is not None:
+        backend.hub.settle(step.channel)
+    watches.pop()
+
+
+def _unconfirmed(backend: BaseLockBackend, step: Watch) -> BackendUnavailable:
+    """A wait's set-up and its first try share one socket timeout: a server that did not
+    confirm the subscription within it does not answer, and the try would wait another.
+    Raised into the steps at the ``Watch`` (nothing registered on the server yet)."""
+    timeout = backend.hub.confirm_timeout
+    return BackendUnavailable(
+        f"lock {step.lock or step.channel!r}: backend {backend.alias!r} did not confirm the"
+        f" wait's subscription within {timeout:g} s",
+        timed_out=True,
+    )
+
+
 async def adrive(backend: BaseLockBackend, steps: Steps[T]) -> T:
     """:func:`drive` on the running event loop."""
+    watches: list[Any] = []  # entered and not yet left
+    try:
+        return await _adrive(backend, steps, watches)
+    finally:
+        _leave_watches(backend, watches)
+
+
+async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any]) -> T:
     reply, error = None, None
     while True:
         try:
@@ -126,10 +210,23 @@ async def adrive(backend: BaseLockBackend, steps: Steps[T]) -> T:
             elif isinstance(step, Sleep):
                 reply = await step.waiter.wait(step.seconds)
             elif isinstance(step, Watch):
-                watching = backend.hub.awatch(*step)
-                reply = (watching, await watching.__aenter__())
+                if step.leave is not None:  # from before its first try (see Watch)
+                    leave = functools.partial(backend.execute, step.leave)
+                    backend.hub.abandon(step.channel, leave)
+                watching = backend.hub.awatch(step.channel, step.by_id, step.lock)
+                try:
+                    reply = (watching, await watching.__aenter__(), step.channel)
+                except Exception:
+                    _not_watching(backend, step)
+                    raise
+                watches.append((step.channel, reply[1]))
+                if reply[1].unconfirmed:
+                    _unconfirmed_exit(backend, step, watches)
+                    await watching.__aexit__(None, None, None)
+                    raise _unconfirmed(backend, step)
             else:
                 await step.handle[0].__aexit__(None, None, None)
+                _left(watches, step.handle)
         except GeneratorExit:
             # This coroutine is being closed (a loop torn down with the task pending, the
             # task collected): nothing can be awaited any more, and throwing the exit into

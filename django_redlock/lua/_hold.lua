@@ -25,19 +25,24 @@ end
 -- How many holds `token` has on `lock` (0: none), and the hold's fence. `kind`: the key's
 -- TYPE if the caller has it, else the type the caller's hold would have ('string': plain,
 -- 'hash': reentrant), read without asking for the TYPE. A key of another type (a name taken by
--- both kinds) holds nothing of the caller's: its read is an error, caught, and the answer 0.
+-- both kinds) holds nothing of the caller's: its read is an error, caught, and the answer 0
+-- (the third value then true: see other_kind).
 local function hold_mine(lock, token, kind)
   kind = kind or redis.call('TYPE', lock).ok
   if kind == 'string' then
     local value = redis.pcall('GET', lock)
-    wrongtype(value) -- raises an ACL's refusal; a WRONGTYPE error is no string: none held
+    if wrongtype(value) then -- raises an ACL's refusal; a WRONGTYPE error is no string
+      return 0, nil, true
+    end
     if type(value) == 'string' and string.sub(value, 1, #token + 1) == token .. '|' then
       return 1, tonumber(string.match(value, '^[^|]*|(%d+)'))
     end
   elseif kind == 'hash' then
     local count = redis.pcall('HGET', lock, token)
-    wrongtype(count)
-    count = tonumber(count) -- an error table: nil
+    if wrongtype(count) then
+      return 0, nil, true
+    end
+    count = tonumber(count)
     if count then
       return count, tonumber(redis.call('HGET', lock, ':fence'))
     end
@@ -63,6 +68,26 @@ local FENCE_MEMORY_MS = 60000
 
 local function fence_keep(counter, text, ttl)
   redis.call('SET', counter, text, 'PX', math.max(tonumber(ttl), FENCE_MEMORY_MS))
+end
+
+-- One name is one kind at a time. A lock (plain, reentrant or fair: a string or hash, which
+-- exclude each other as holds of one lock) found the name's key of another type: the kind
+-- whose live leases hold it ('semaphore', 'read-write lock': the ':kind' its last grant
+-- wrote in the details), or false. A sorted set of expired leases only is dropped with its
+-- details (their holders can renew none of them), so the name is free for the lock: then
+-- the second value is true. Runs
+-- only after a read of the key failed with WRONGTYPE: a free name or a lock of the same kind
+-- costs nothing here.
+local function other_kind(lock, now)
+  if redis.call('TYPE', lock).ok ~= 'zset' then
+    return false
+  end
+  local details = lock .. ':h'
+  if redis.call('ZCOUNT', lock, '(' .. string.format('%d', now), '+inf') == 0 then
+    redis.call('DEL', lock, details)
+    return false, true
+  end
+  return redis.call('HGET', details, ':kind') == 's' and 'semaphore' or 'read-write lock'
 end
 
 -- Take a free lock with the next fence. Returns the fence, or nil when the lock is held.

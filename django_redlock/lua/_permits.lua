@@ -2,9 +2,12 @@
 -- _hold; leases_wake is in _permits_wake, after _wake and _queue). Every hold of such a name is a lease: the name's own key is a
 -- sorted set of token -> expiry (server ms), and a hash beside it (key .. ':h') has each
 -- lease's 'fence|acquired-ms|count|mode|holder' (mode: s permit, r read, w write), plus
--- ':limit' (a semaphore's limit at the last grant) and ':writer' (a read-write lock's
--- writer). A lease is live while its expiry is in the future on the server's clock, so a
--- crashed holder's lease frees at its TTL whatever the clients' clocks say.
+-- ':limit' (a semaphore's limit at the last grant), ':writer' (a read-write lock's writer)
+-- and ':kind' ('s' semaphore, 'rw' read-write lock: the last grant's; one name is one kind
+-- at a time, so while any lease lives it is the kind of every live lease). A lease is live
+-- while its expiry is in the future on the server's clock, so a crashed holder's lease frees
+-- at its TTL whatever the clients' clocks say. The set and the hash live exactly as long as
+-- the longest lease (leases_grow, leases_trim).
 local LEASES_PRUNE_MAX = 100 -- per call: a crowd of expired leases never blocks Redis long
 
 local function ms_text(ms)
@@ -33,6 +36,26 @@ local function leases_grow(leases, details, ttl)
   end
 end
 
+-- After a lease was removed or shortened (it may have been the longest): both keys live
+-- exactly as long as the longest lease left, so the name's key exists only while a lease
+-- lives (a lock's EXISTS and PTTL of the name never see a stale set: one name, one kind).
+-- `gone`: the expiry the lease had, if one: a key that outlives it had a longer lease, which
+-- is still there (one PTTL, the common case of a release among holders).
+local function leases_trim(leases, details, now, gone)
+  local pttl = redis.call('PTTL', leases)
+  if gone and pttl > tonumber(gone) - now + 1 then
+    return
+  end
+  local last = redis.call('ZRANGE', leases, -1, -1, 'WITHSCORES')[2]
+  if last then
+    local keep = math.max(1, tonumber(last) - now)
+    if pttl > keep then
+      redis.call('PEXPIRE', leases, keep)
+      redis.call('PEXPIRE', details, keep)
+    end
+  end
+end
+
 -- Gone with the last lease: no keys left but the fence counter.
 local function leases_drop_if_empty(leases, details)
   if redis.call('ZCARD', leases) == 0 then
@@ -45,7 +68,10 @@ end
 -- mode are wanted and it is a permit or a write ('s', 'w': one hold each, no fence read).
 local function lease_mine(leases, details, token, now, expiry, mode)
   if expiry == nil then
-    expiry = redis.call('ZSCORE', leases, token)
+    expiry = redis.pcall('ZSCORE', leases, token)
+    if wrongtype(expiry) then -- the name is a lock's now (a plain, reentrant or fair one)
+      return 0, nil, nil
+    end
   end
   expiry = tonumber(expiry)
   if not expiry or expiry <= now then
@@ -95,7 +121,11 @@ local function lease_extend(leases, details, token, ttl, now, at_least)
   end
   if not at_least or expiry < now + ttl then
     redis.call('ZADD', leases, 'XX', ms_text(now + ttl), token)
-    leases_grow(leases, details, ttl)
+    if expiry > now + ttl then
+      leases_trim(leases, details, now, expiry) -- shortened: it may have been the longest
+    else
+      leases_grow(leases, details, ttl)
+    end
   end
   return 1
 end

@@ -9,7 +9,10 @@
 -- semaphore's permit was freed (no writers to look for), else nil.
 local function leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now,
                            mode)
-  local used = redis.call('ZCOUNT', leases, '(' .. ms_text(now), '+inf')
+  local used = redis.pcall('ZCOUNT', leases, '(' .. ms_text(now), '+inf')
+  if wrongtype(used) then
+    return -- a lock of another kind holds the name: its release wakes its waiters
+  end
   if mode ~= 's' then
     if writers_waiting(writers, now) > 0 then
       if used == 0 then -- the first writer (by deadline) only; a dead one's lease runs out

@@ -6,7 +6,8 @@
 --       inbox channel prefix: all three left out for a one-off try],
 --       [restart guard ms, last, with the node marker].
 -- Returns {1, fence, hold count} when held by the caller, else {0, ms until something may
--- change (-1: unknown, wait for a message)}.
+-- change (-1: unknown, wait for a message)}; {-2, kind} when live leases of another kind
+-- (a semaphore, a read-write lock) hold the name (see other_kind in _hold.lua).
 -- The helpers for waiting and queueing are spliced in after the common case (a plain lock,
 -- free, nobody queued) has returned: taking a free lock never defines them.
 --! include _hold
@@ -45,7 +46,15 @@ end
 --! include _queue
 
 -- Ours already: a re-entry, or the reply to an earlier try was lost.
-local count, fence = hold_mine(lock, token, reentrant and 'hash' or 'string')
+local count, fence, wrong = hold_mine(lock, token, reentrant and 'hash' or 'string')
+local dropped = false
+if wrong then
+  local other
+  other, dropped = other_kind(lock, now)
+  if other then
+    return {-2, other}
+  end
+end
 if count > 0 then
   if reentrant then
     count = redis.call('HINCRBY', lock, token, 1)
@@ -59,7 +68,8 @@ end
 
 if not fair and not queued then
   -- A plain lock was tried above already: its SET NX found it held.
-  fence = reentrant and hold_take(lock, counter, token, ttl, meta, true, now)
+  -- (again, for a plain lock, when other_kind dropped a set of expired leases)
+  fence = (reentrant or dropped) and hold_take(lock, counter, token, ttl, meta, reentrant, now)
   if fence then
     if registered then
       redis.call('ZREM', waiting, waiter)

@@ -4,7 +4,9 @@
 -- ARGV: token (the same for every name), ttl ms, holder metadata, waiter id ('': a one-off
 --       try that never registers), inbox channel prefix.
 -- Returns {1, fence of name 1, ..., fence of name n} when the caller holds every name, else
--- {0, i, ms until name i may change (-1: wait for a message)}, the caller then holding none.
+-- {0, i, ms until name i may change (-1: wait for a message)}, the caller then holding none;
+-- {-2, i, kind} when live leases of another kind hold name i (other_kind in _hold.lua),
+-- the caller then holding none.
 -- A name held with the token already (an earlier try whose reply was lost took it) counts as
 -- taken. A waiter registers on the first busy name only; a release of it wakes the waiter
 -- (lua/_wake.lua), which tries the whole set again. Nothing is held while waiting, so two
@@ -13,20 +15,29 @@
 local token, ttl, meta, waiter, inbox = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local n = #KEYS / 5
 local now = now_ms()
-local busy
+local busy, clash
 local fences = {}
 for i = 1, n do
   local lock = KEYS[5 * i - 4]
   if redis.call('EXISTS', lock) == 1 then
-    local count, fence = hold_mine(lock, token, 'string')
-    if count > 0 then
+    local count, fence, wrong = hold_mine(lock, token, 'string')
+    local other, dropped = false, false
+    if wrong then
+      other, dropped = other_kind(lock, now)
+    end
+    if other then
+      clash = clash or {i, other}
+    elseif count > 0 then
       fences[i] = fence
-    else
+    elseif not dropped then -- (a set of expired leases was: the name is free)
       busy = busy or i
     end
   elseif redis.call('EXISTS', KEYS[5 * i - 2]) == 1 then
     busy = busy or i -- free, but a fair queue waits for it: its head goes first
   end
+end
+if clash then
+  busy = clash[1] -- no wait: the caller raises, holding none
 end
 
 if not busy then
@@ -69,6 +80,12 @@ for i = 1, n do
 end
 
 local base = 5 * busy - 5
+if clash then
+  if waiter ~= '' then
+    redis.call('ZREM', KEYS[base + 5], waiter)
+  end
+  return {-2, busy, clash[2]}
+end
 local hint = redis.call('PTTL', KEYS[base + 1])
 if hint < 0 then
   -- Free but queued for: sleep at most until the queue's head's place lapses.

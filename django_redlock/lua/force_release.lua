@@ -57,6 +57,7 @@ if kind == 'zset' then
   end
   leases_wake(leases, details, KEYS[2], KEYS[5], KEYS[3], KEYS[4], writers, ARGV[1], now)
   leases_drop_if_empty(leases, details)
+  leases_trim(leases, details, now)
   return 1
 end
 if token ~= '' or fence ~= '' then

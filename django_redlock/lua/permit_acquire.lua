@@ -7,8 +7,11 @@
 --       the caller's read token (w: a reader asking to write is refused, or it would wait
 --       for itself forever): the four left out by a permit's one-off try].
 -- Returns {1, fence, hold count} when held by the caller; {0, ms until something may change
--- (-1: wait for a message)}; {-2, type} when the name is a lock of another kind; {-3} for
--- a read-to-write upgrade.
+-- (-1: wait for a message)}; {-2, kind} when another kind holds the name ('lock': a plain,
+-- reentrant or fair one; 'semaphore'; 'read-write lock'); {-3} for a read-to-write upgrade.
+-- One name is one kind at a time: a lock's key is a string or hash (WRONGTYPE here), and a
+-- semaphore's and a read-write lock's live leases are told apart by the details' ':kind'
+-- (see _permits.lua), looked up only when the name has leases already.
 -- The waiting, queueing and waking helpers are spliced in after the common case (a permit
 -- free, nobody queued) has returned: taking a free permit never defines them.
 --! include _hold
@@ -24,19 +27,28 @@ local waiter, wait = ARGV[7] or token, tonumber(ARGV[8] or '-1')
 local inbox, reader = ARGV[9] or '', ARGV[10] or ''
 local now = now_ms()
 
--- A lock of another kind has this name (a string or hash: WRONGTYPE). A semaphore counts its
--- leases first, expired ones too: with none at all, none is ours (no ZSCORE to look for it).
-local expiry, all
+-- A lock has this name (a string or hash: WRONGTYPE). A semaphore counts its leases first,
+-- expired ones too: with none at all, none is ours (no ZSCORE to look for it), and none is
+-- a read-write lock's.
+local expiry, all = false, nil
 if mode == 's' then
   all = redis.pcall('ZCARD', leases)
   if wrongtype(all) then
-    return {-2, redis.call('TYPE', leases).ok}
+    return {-2, 'lock'}
   end
-  expiry = all > 0 and redis.call('ZSCORE', leases, token)
+  if all > 0 then
+    if redis.call('HGET', details, ':kind') == 'rw' then
+      all = leases_prune(leases, details, now)
+      if all > 0 then
+        return {-2, 'read-write lock'}
+      end
+    end
+    expiry = all > 0 and redis.call('ZSCORE', leases, token)
+  end
 else
   expiry = redis.pcall('ZSCORE', leases, token)
   if wrongtype(expiry) then
-    return {-2, redis.call('TYPE', leases).ok}
+    return {-2, 'lock'}
   end
 end
 
@@ -60,13 +72,18 @@ if used >= limit then
   used = leases_prune(leases, details, now)
 end
 local fresh = mode == 's' and used == 0 -- no live lease: keys just made get the TTL at once
+-- A read-write lock's try on a name with live leases: a semaphore's? (One HGET, only when
+-- leases live; HMGET with the writer's would save nothing a Redis user's ACL must allow.)
+if mode ~= 's' and used > 0 and redis.call('HGET', details, ':kind') == 's' then
+  return {-2, 'semaphore'}
+end
 if mode == 'w' and reader ~= '' and lease_mine(leases, details, reader, now) > 0 then
   return {-3}
 end
 local queued = redis.call('EXISTS', queue) == 1
 if mode == 's' and used < limit and not queued then -- new grants obey the latest limit
   fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ':limit',
-                     limit)
+                     limit, ':kind', 's')
   if wait >= 0 then
     redis.call('ZREM', waiting, waiter)
   end
@@ -94,13 +111,14 @@ end
 if free then
   if mode == 's' then -- new grants obey the latest limit
     fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ':limit',
-                       limit)
+                       limit, ':kind', 's')
   elseif mode == 'w' then
     fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, false, ':writer',
-                       token)
+                       token, ':kind', 'rw')
     redis.call('ZREM', writers, waiter)
   else
-    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, false)
+    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, false, ':kind',
+                       'rw')
   end
   if head and head == waiter then
     redis.call('LPOP', queue)

@@ -15,7 +15,11 @@ if channel == leases then
 end
 local token, inbox = ARGV[1], ARGV[2]
 local now = now_ms()
-local count, _, mode = lease_mine(leases, details, token, now, nil, ARGV[3])
+local expiry = redis.pcall('ZSCORE', leases, token)
+if wrongtype(expiry) then -- the name is a lock's now: this lease is long gone
+  return -1
+end
+local count, _, mode = lease_mine(leases, details, token, now, expiry, ARGV[3])
 if count == 0 then
   return -1
 end
@@ -26,10 +30,13 @@ redis.call('ZREM', leases, token)
 if channel == '' and redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[7]) == 0 then
   if redis.call('ZCARD', leases) == 0 then -- the details go with the last lease
     redis.call('DEL', details)
-  elseif mode == 'w' then
-    redis.call('HDEL', details, token, ':writer')
   else
-    redis.call('HDEL', details, token)
+    if mode == 'w' then
+      redis.call('HDEL', details, token, ':writer')
+    else
+      redis.call('HDEL', details, token)
+    end
+    leases_trim(leases, details, now, expiry)
   end
   return 0
 end
@@ -44,4 +51,5 @@ end
 leases_wake(leases, details, channel, KEYS[4], KEYS[5], KEYS[6], KEYS[7], inbox, now,
             mode == 's' and 's' or nil)
 leases_drop_if_empty(leases, details)
+leases_trim(leases, details, now, expiry)
 return 0

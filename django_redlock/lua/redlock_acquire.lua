@@ -4,9 +4,10 @@
 -- Returns {1, fence, 1} when held by the caller (taken now, or already: a lost reply), else
 -- {0, ms until it may be free (-1: unknown)}.
 -- The fence is max(counter + 1, this server's clock in us, the proposal (at most that clock
--- + 1 s)): the acquirer
--- proposes one above every node's clock, so nodes whose counters agree return the same fence
--- and no node lags (docs/topics/backends.md, "Fences on Redlock").
+-- + 2 s)): the acquirer proposes its clock + 1 s, above every node's clock and below every
+-- node's cap while the clocks agree within 1 s either way, so nodes whose counters agree
+-- return the same fence and no node lags (docs/topics/backends.md, "Fencing across the
+-- quorum").
 --! include _hold
 local lock, counter, marker = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, meta, proposal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
@@ -15,10 +16,11 @@ local now = now_ms()
 
 --! include _restart_guard
 
--- A proposal counts only up to this node's clock + 1 s (FENCE_LEAD_US): an acquirer whose
--- clock runs ahead must not lift fences above what this node's clock reaches before the
--- counter is forgotten, or a later fence, from the clock, would be smaller.
-proposal = math.min(proposal, now_us + 1000000)
+-- A proposal counts only up to this node's clock + 2 s (twice FENCE_LEAD_US: a node up to
+-- 1 s behind the acquirer still grants its proposal): an acquirer whose clock runs far ahead
+-- must not lift fences above what this node's clock reaches long before the counter is
+-- forgotten (FENCE_MEMORY_MS), or a later fence, from the clock, would be smaller.
+proposal = math.min(proposal, now_us + 2000000)
 local fence = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, now_us, proposal)
 local text = string.format('%d', fence)
 local value = token .. '|' .. text .. '|' .. string.format('%d', now) .. '|' .. meta
