@@ -1,6 +1,7 @@
 """Distributed locks on Redis for Django and Celery."""
 
 from .exceptions import (
+    BackendRefused,
     BackendUnavailable,
     CommitOutcomeUnknown,
     LockError,
@@ -38,6 +39,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "DEFAULT_LOCK_ALIAS",
+    "BackendRefused",
     "BackendUnavailable",
     "CommitOutcomeUnknown",
     "LeaderInfo",

@@ -66,6 +66,23 @@ class BackendUnavailable(LockError):
         return str(self.args[0])
 
 
+class BackendRefused(LockError):
+    """The lock's Redis answered with a refusal about itself, not about the lock: out of
+    memory (``OOM``), writes stopped after a failed snapshot (``MISCONF``), or an error reply
+    no other exception names. ``code`` is the reply's first word (``"OOM"``), and the message
+    says what the server said. Refusals that last only for now (``BUSY``, ``NOREPLICAS``,
+    ``LOADING``, ...) are :class:`BackendUnavailable` instead. The call may or may not have
+    taken effect (a script refused halfway): an acquire's hold, if any, runs out at its TTL.
+    """
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message, code)  # args: see the module's docstring
+        self.code = code
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class MissingPermission(LockError):
     """The backend's Redis user may not do what an operation needs (an ACL refused it).
 

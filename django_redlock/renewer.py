@@ -36,9 +36,12 @@ The rules (each is tested in tests/test_watchdog.py):
   one round trip at most, never until the next period.
 * **One backend never delays another**: one scheduler thread (``redlock-renewer``) decides
   what is due and hands each batch to its backend's worker thread, which alone waits for
-  that backend; a paused Redis holds up its own worker and nobody else's. Idle workers end,
-  and a closed backend's worker (:meth:`ThreadRenewer.retire`, from ``close()``) ends as soon
-  as it renews no hold of that backend.
+  that backend; a paused Redis holds up its own worker and nobody else's. **A shard is a
+  backend here**: a backend whose holds live on separate servers (a Cluster's masters)
+  names each hold's shard when it joins (``renewal_shard``), and holds of one shard are
+  batched and renewed by a worker of their own: a paused master holds up only its holds.
+  Idle workers end, and a closed backend's workers (:meth:`ThreadRenewer.retire`, from
+  ``close()``) end as soon as they renew no hold of that backend.
 * **A loss is declared** only when a backend answered that a token no longer holds its
   lock, by the worker that got the answer, to each Lock object in the entry, after dropping
   it (under the renewer's mutex, so once). The object declares it (``lock_lost``, warning)
@@ -91,7 +94,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -140,6 +143,7 @@ class _Entry:
     stop_at: float | None  # the cap on renewing (monotonic), if any
     set_at: float  # when the TTL in `renewal` was set: older news does not replace it
     bucket: _Bucket | None = None
+    shard: Hashable = None  # the backend's part its hold was on when taken (see _join)
     locks: weakref.WeakSet[Lock] = field(default_factory=weakref.WeakSet)
     # Weak references whose callbacks tell the renewer that a holding Lock was collected, by
     # the object's id: one per object holding now (remove() and the sweep drop the others),
@@ -157,6 +161,7 @@ class _Bucket:
 
     backend: BaseLockBackend
     ttl_ms: int
+    shard: Hashable  # the backend's part (a Cluster's master): its own batches and worker
     interval: float  # seconds between renewals: a third of the TTL
     closes: float  # new holds may join until then
     due: float  # monotonic time of the next renewal (inf while a batch is in flight)
@@ -186,7 +191,8 @@ class Renewer:
     def __init__(self) -> None:
         self._entries: dict[HoldKey, _Entry] = {}
         self._mutex = threading.RLock()
-        self._open: dict[tuple[int, int], _Bucket] = {}  # (backend id, ttl ms): joinable
+        # (backend id, ttl ms, shard): joinable
+        self._open: dict[tuple[int, int, Hashable], _Bucket] = {}
         # (due, serial, bucket): the next renewals in order. An item whose bucket has a new
         # due time or no members is stale and skipped, so rescheduling is just another push.
         self._schedule: list[tuple[float, int, _Bucket]] = []
@@ -215,13 +221,14 @@ class Renewer:
 
     def _join(self, entry: _Entry, backend: BaseLockBackend, now: float) -> None:
         """Put a hold taken at ``now`` into a batch: the open one, or a new one."""
-        ttl_ms = entry.renewal.ttl_ms
-        bucket = self._open.get((id(backend), ttl_ms))
+        ttl_ms, shard = entry.renewal.ttl_ms, entry.shard
+        bucket = self._open.get((id(backend), ttl_ms, shard))
         if bucket is None or now > bucket.closes or len(bucket.members) >= BATCH:
             interval = ttl_ms / 3000
-            bucket = self._open[id(backend), ttl_ms] = _Bucket(
+            bucket = self._open[id(backend), ttl_ms, shard] = _Bucket(
                 backend=backend,
                 ttl_ms=ttl_ms,
+                shard=shard,
                 interval=interval,
                 closes=now + interval / 2,  # first renewal: a sixth to a third of the TTL in
                 due=now + interval,
@@ -241,7 +248,7 @@ class Renewer:
             bucket.members.pop(entry.key, None)
             bucket.changed()
             if not bucket.members:
-                key = (id(bucket.backend), bucket.ttl_ms)
+                key = (id(bucket.backend), bucket.ttl_ms, bucket.shard)
                 if self._open.get(key) is bucket:
                     del self._open[key]
         return bucket
@@ -317,6 +324,7 @@ class Renewer:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(key, lock.backend, renewal, None, now)
+            entry.shard = lock.backend.renewal_shard(renewal.name)
             if owner is not None:
                 self._owners[key] = weakref.ref(owner)
             self._set_cap(entry, stop_at)
@@ -546,11 +554,13 @@ class Renewer:
         self._declare_losses()  # a loss the exception cut short
 
     def _failed(self, bucket: _Bucket, exc: Exception) -> Exception:
-        from .exceptions import BackendUnavailable, QuorumNotReached
+        from .exceptions import BackendRefused, BackendUnavailable, QuorumNotReached
 
-        if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
+        if isinstance(exc, (BackendUnavailable, QuorumNotReached, BackendRefused)):
             observe.backend_error(bucket.backend)
-        if not isinstance(exc, BackendUnavailable):  # a bug must not kill the watchdog
+        if isinstance(exc, BackendRefused):  # the server's refusal, in its words: no answer
+            logger.warning("redlock: renewing on %s: %s", bucket.backend.describe(), exc)
+        elif not isinstance(exc, BackendUnavailable):  # a bug must not kill the watchdog
             logger.exception("redlock: renewing on %s failed", bucket.backend.describe())
         return exc
 
@@ -568,6 +578,7 @@ class _Worker:
     """The thread that alone waits for one backend's renewals, and its queue of batches."""
 
     backend: BaseLockBackend
+    shard: Hashable
     cond: threading.Condition
     queue: deque[Batch] = field(default_factory=deque)
     thread: threading.Thread | None = None
@@ -576,13 +587,14 @@ class _Worker:
 
 class ThreadRenewer(Renewer):
     """Renews sync and asyncio holds from daemon threads (they never keep the interpreter
-    alive): a scheduler, and a worker per backend that has batches due."""
+    alive): a scheduler, and a worker per backend (per shard of a backend that has shards:
+    a Cluster's masters) that has batches due."""
 
     def __init__(self) -> None:
         super().__init__()
         self._cond = threading.Condition(self._mutex)
         self._thread: threading.Thread | None = None
-        self._workers: dict[int, _Worker] = {}  # by backend id
+        self._workers: dict[tuple[int, Hashable], _Worker] = {}  # by backend id and shard
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
         # Holds just taken, as (taken at, Lock, renewal, stop_at). Most holds are released
         # long before their first renewal (TTL/3): those never cost more than this append.
@@ -633,10 +645,10 @@ class ThreadRenewer(Renewer):
         """``backend`` was closed: its worker ends as soon as no hold of it is renewed
         (at once if none is), instead of after :data:`WORKER_IDLE`."""
         with self._mutex:
-            worker = self._workers.get(id(backend))
-            if worker is not None and worker.backend is backend:
-                worker.retired = True
-                worker.cond.notify()
+            for worker in list(self._workers.values()):
+                if worker.backend is backend:
+                    worker.retired = True
+                    worker.cond.notify()
 
     def _renews_on(self, backend: BaseLockBackend) -> bool:
         return any(entry.backend is backend for entry in self._entries.values())
@@ -703,19 +715,21 @@ class ThreadRenewer(Renewer):
                     self._thread = None
 
     def _hand(self, batch: Batch) -> None:
-        """Give a batch to its backend's worker (started if it has none)."""
+        """Give a batch to its backend's (shard's) worker (started if it has none)."""
         bucket = batch[0]
+        key = (id(bucket.backend), bucket.shard)
         with self._mutex:
-            worker = self._workers.get(id(bucket.backend))
+            worker = self._workers.get(key)
             if worker is None:
-                worker = _Worker(bucket.backend, threading.Condition(self._mutex))
-                self._workers[id(bucket.backend)] = worker
+                worker = _Worker(bucket.backend, bucket.shard, threading.Condition(self._mutex))
+                self._workers[key] = worker
             worker.queue.append(batch)
             if worker.thread is None or not worker.thread.is_alive():
                 worker.thread = threading.Thread(
                     target=self._work,
                     args=(worker,),
-                    name=f"redlock-renew {bucket.backend.alias}",
+                    name=f"redlock-renew {bucket.backend.alias}"
+                    + ("" if bucket.shard is None else f" {bucket.shard}"),
                     daemon=True,
                 )
                 worker.thread.start()
@@ -749,8 +763,9 @@ class ThreadRenewer(Renewer):
             with self._mutex:
                 if worker.thread is me:
                     worker.thread = None
-                    if self._workers.get(id(worker.backend)) is worker:
-                        del self._workers[id(worker.backend)]
+                    key = (id(worker.backend), worker.shard)
+                    if self._workers.get(key) is worker:
+                        del self._workers[key]
                     now = time.monotonic()
                     while worker.queue:  # not sent: due again, for the next worker
                         bucket = worker.queue.popleft()[0]

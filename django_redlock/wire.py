@@ -33,7 +33,9 @@ What we rely on, and why the public API does not do:
 * ``RedisCluster.nodes_manager.initialize()``: re-read the cluster's slots now. redis-py up to
   8.1 did it while handling a refused connection; 8.2 only asks for it, run by a later
   command at most once a second (``topology_refresh_min_interval``), so a retry right after
-  a failover went to the old master again (:func:`refresh_slots`).
+  a failover went to the old master again (:func:`refresh_slots`). ``move_slot(error)``:
+  point a slot at the node a ``MOVED`` named (:func:`follow_moved`), for the watchdog's
+  renewals, which go straight to each master's connection.
 """
 
 from __future__ import annotations
@@ -282,11 +284,33 @@ def reply_reader(conn: Any, not_enough: Any) -> tuple[Any, Any, Any] | None:
     return sock, hiredis.Reader(**options), getattr(hiredis, "PushNotification", None)
 
 
-def refresh_slots(client: Any) -> None:
+def refresh_slots(client: Any, failed: str | None = None) -> None:
     """Re-read which node serves which slot of cluster ``client``, now (a direct
     ``NodesManager.initialize()``: never paced, in redis-py 5.3 to 8.2). Called after a
-    refused connect, before the one retry that follows it."""
+    refused connect, before the one retry that follows it; and by the watchdog after a
+    master's renewals got no answer, with that node's name as ``failed``: asked last (a
+    paused node would cost a socket timeout), where redis-py can be told so (8.2)."""
+    if failed is not None:
+        try:
+            client.nodes_manager.initialize(last_failed_node_name=failed)
+            return
+        except TypeError:  # redis-py before 8.2: no such argument (nothing was sent)
+            pass
     client.nodes_manager.initialize()
+
+
+def follow_moved(client: Any, error: Any) -> None:
+    """Point ``error``'s slot (a ``MovedError`` a command got) at the node it names in
+    cluster ``client``'s slot cache, as redis-py does for its own commands
+    (``NodesManager.move_slot``; before 8.2 ``update_moved_exception``, applied by the next
+    ``get_node_from_slot``): the watchdog sends renewals straight to a master's connection,
+    outside redis-py's redirect handling."""
+    nodes = client.nodes_manager
+    if hasattr(nodes, "move_slot"):
+        nodes.move_slot(error)
+    else:
+        nodes.update_moved_exception(error)
+        nodes.get_node_from_slot(error.slot_id)
 
 
 def refused_at_connect(exc: BaseException | None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from redis.exceptions import ResponseError
 
-from django_redlock import BackendUnavailable, QuorumNotReached, lock, locks
+from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks
 from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
@@ -282,3 +283,325 @@ def test_a_cluster_failover_costs_no_call_and_a_cluster_down_is_unavailable(name
             locks["c"].close()
     finally:
         stop_all([*masters, *replicas])
+
+
+def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shard is a backend for the watchdog: one master paused longer than the TTL (a
+    fork for BGSAVE, a VM pause) never costs a hold on another master. The renewal of a
+    batch spanning every shard went through redis-py's cluster pipeline, which re-sent each
+    timed-out command on its own (7 socket timeouts per try): every hold of the healthy
+    masters expired behind the paused one and was declared lost; the failed try was logged
+    as a watchdog bug (a raw redis TimeoutError)."""
+    import logging
+
+    from django_redlock.signals import lock_lost
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost)
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            held = [lock(f"{name}:{i}", using="c", ttl=3) for i in range(300)]
+            for each in held:
+                assert each.acquire(blocking=False)
+            client = nodes[0].client()
+            owners = {}
+            for each in held:
+                slot = client.execute_command("CLUSTER", "KEYSLOT", backend.key(each.name))
+                owners[each.name] = next(n for n in nodes if _serves(n, slot))
+            paused = owners[held[0].name]
+            healthy = [each for each in held if owners[each.name] is not paused]
+            assert len(healthy) > 100
+            caplog.set_level(logging.WARNING, logger="django_redlock")
+            paused.pause()
+            try:
+                # One batch over every master (as after a resharding): each master's part at
+                # once, the paused one's no answer (None) within one socket timeout.
+                from django_redlock.backends.base import Renewal
+
+                batch = [Renewal(e.name, e.current_hold()[1].token, 3000) for e in held]
+                began = time.monotonic()
+                results = backend.renew_many(batch)
+                assert time.monotonic() - began < 0.5 + 0.4
+                for each, result in zip(held, results, strict=True):
+                    assert result is (None if owners[each.name] is paused else True)
+                time.sleep(4.5)  # 1.5 TTLs
+                gone = [
+                    each.name
+                    for each in healthy
+                    if owners[each.name].client().pttl(backend.key(each.name)) < 0
+                ]
+                assert not gone, f"{len(gone)} holds on healthy masters expired"
+            finally:
+                paused.resume()
+            assert not [n for n in lost if n in {each.name for each in healthy}]
+            assert all(each.owned() for each in healthy)
+            bugs = [r for r in caplog.records if r.exc_info]
+            assert not bugs, f"logged as the watchdog's bugs: {bugs[0].getMessage()}"
+            for each in held:
+                with contextlib.suppress(LockError):
+                    each.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)
+
+
+def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
+    """Resharding is not an outage. While a lock's slot is MIGRATING, every lock script names
+    a key the source does not have (a queue), so Redis answers TRYAGAIN; redis-py gave up
+    after 16 redirections (about 0.1 s) and a try on a held lock, the holder's release and
+    owned() raised BackendUnavailable ("TTL exhausted"). A move of 0.6 s: each answers."""
+    from .test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 2.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name))
+            holder = lock(name, using="c", ttl=30)
+            assert holder.acquire(blocking=False)
+
+            def moving(seconds: float) -> Any:
+                """Start moving the slot to another node; the move ends ``seconds`` later."""
+                import threading
+
+                source = next(n for n in nodes if _serves(n, slot))
+                target = next(n for n in nodes if n is not source)
+                src, dst = source.client(), target.client()
+                src_id = src.execute_command("CLUSTER", "MYID").decode()
+                dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+                dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+                src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+
+                def finish() -> None:
+                    time.sleep(seconds)
+                    migrate_slot(nodes, slot, source, target)
+
+                thread = threading.Thread(target=finish)
+                thread.start()
+                return thread
+
+            for call, expected in (
+                (lambda: lock(name, using="c").acquire(blocking=False), False),
+                (holder.owned, True),
+                (lambda: holder.release() or True, True),
+            ):
+                mover = moving(0.6)
+                try:
+                    began = time.monotonic()
+                    assert call() is expected
+                    assert time.monotonic() - began < 2.0
+                finally:
+                    mover.join(10)
+            assert not lock(name, using="c").locked()
+            backend.close()
+    finally:
+        stop_all(nodes)
+
+
+def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
+    """Each master's renewals go straight to it: a hold whose slot moved to another master
+    (MOVED), then whose master failed over and stopped (refused: the slots are read again),
+    is renewed where it is now, never declared lost."""
+    from django_redlock.signals import lock_lost
+
+    from .test_sharded import migrate_slot
+
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    masters = [RedisServer(args=args).start() for _ in range(3)]
+    replicas = [RedisServer(args=args).start() for _ in range(3)]
+    lost: list[Any] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock)
+
+    lock_lost.connect(on_lost)
+    try:
+        create_cluster(masters, replicas=replicas)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": masters[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = masters[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            held = lock(name, using="c", ttl=2)
+            assert held.acquire(blocking=False)
+            i = next(i for i, m in enumerate(masters) if _serves(m, slot))
+            j = (i + 1) % 3
+            migrate_slot(masters, slot, masters[i], masters[j])
+            time.sleep(3)  # 1.5 TTLs: renewed on the new owner, after a MOVED
+            assert masters[j].client().pttl(key) > 0
+            assert not lost
+            replicas[j].client().execute_command("CLUSTER", "FAILOVER")
+            deadline = time.monotonic() + 30
+            while _master_port(masters[(j + 1) % 3], slot) != replicas[j].port:
+                assert time.monotonic() < deadline, "the replica never took over"
+                time.sleep(0.1)
+            masters[j].stop()
+            time.sleep(3)  # refused: the slots read again, renewed on the new master
+            assert replicas[j].client().pttl(key) > 0
+            assert not lost
+            assert held.owned()
+            held.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all([*masters, *replicas])
+
+
+@pytest.mark.xfail(
+    strict=False,  # timing: the take may come after the other replica moved
+    reason="not fixed: a take right after the sentinels named a new master is granted on the"
+    " old one, confirmed (min_replicas) by a replica about to follow the new master",
+)
+def test_a_thread_connected_before_a_sentinel_failover_uses_the_new_master(name: str) -> None:
+    """A thread's connection made before SENTINEL FAILOVER still reaches the old master until
+    the sentinels demote it (seconds). With two replicas and min_replicas=1, its take right
+    after the sentinels named the new master is granted on the old master, confirmed by the
+    replica that then follows the new master and drops it: a grant the failover loses. (With
+    one replica the takes raise QuorumNotReached until the old master is demoted and has
+    synced from the new one, about 15 s here, on the new master too: nothing to gain there.)
+    What would fix it: moving every connection on the sentinels' +switch-master."""
+    group = start_sentinel_group(replicas=2)
+    master, new, sentinel = group[0], group[1], group[3]
+    try:
+        with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):
+            with lock(name, using="s"):
+                pass  # this thread's connection, to the old master
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                    break
+                except ResponseError:
+                    assert time.monotonic() < deadline, "the sentinel never accepted it"
+                    time.sleep(0.2)
+            while master_port(sentinel) not in (new.port, group[2].port):
+                assert time.monotonic() < deadline, "no failover"
+                time.sleep(0.05)
+            began = time.monotonic()
+            while True:
+                try:
+                    held = lock(name, using="s")
+                    if held.acquire(blocking=False):
+                        break
+                except (QuorumNotReached, BackendUnavailable):
+                    pass
+                assert time.monotonic() < deadline, "never acquired on the new master"
+                time.sleep(0.05)
+            took = time.monotonic() - began
+            port = master_port(sentinel)
+            promoted = next(s for s in group[1:3] if s.port == port)
+            assert promoted.client().exists(locks["s"].key(name))  # on the new master
+            held.release()
+            assert master.client().info("replication")["role"] == "master" or took < 8
+            assert took < 8.0, f"acquired {took:.1f} s after the sentinels named the new master"
+    finally:
+        stop_all(group)
+
+
+def test_a_cluster_no_node_of_which_answers_is_unavailable(name: str) -> None:
+    """redis-py's cluster client raises its own RedisClusterUnreachableError (no RedisError)
+    when it cannot read the slots from any node: at the first call of a backend whose nodes
+    are down, and for a command's timeout while every node is paused. Both raised it raw
+    from every call (acquire, locked, lock_all, the admin's pages). BackendUnavailable; a
+    timeout stays a timeout (the server may still run what it was sent)."""
+    from django_redlock import lock_all
+
+    dead = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+            "LOCATION": "redis://127.0.0.1:9/0", "OPTIONS": {"socket_timeout": 0.5}}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "dead": dead}):
+        for call in (
+            lambda: lock(name, using="dead").acquire(blocking=False),
+            lambda: lock(name, using="dead").locked(),
+            lambda: lock_all(name, f"{name}:2", using="dead", blocking=False).__enter__(),
+            lambda: locks["dead"].page("*", None, 10),
+        ):
+            with pytest.raises(BackendUnavailable, match="cannot be connected"):
+                call()
+        locks["dead"].close()
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            with lock(name, using="c"):
+                pass  # the slots are known
+            for node in nodes:
+                node.pause()
+            try:
+                for _ in range(3):  # the third runs the refresh the others asked for
+                    with pytest.raises(BackendUnavailable) as raised:
+                        lock(name, using="c").acquire(blocking=False)
+                    assert raised.value.timed_out
+            finally:
+                for node in nodes:
+                    node.resume()
+            locks["c"].close()
+    finally:
+        stop_all(nodes)
+
+
+def test_a_take_during_a_long_slot_migration_waits_within_its_timeout(name: str) -> None:
+    """A move longer than the socket timeout: a one-off try says False (not taken: nothing
+    ran), and a waiter keeps waiting within its own timeout and takes the lock once the
+    move ended and the holder let go. Both raised BackendUnavailable ("TTL exhausted")."""
+    import threading
+
+    from .test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name))
+            holder = lock(name, using="c", ttl=30)
+            assert holder.acquire(blocking=False)
+            source = next(n for n in nodes if _serves(n, slot))
+            target = next(n for n in nodes if n is not source)
+            src, dst = source.client(), target.client()
+            src_id = src.execute_command("CLUSTER", "MYID").decode()
+            dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            got: list[bool] = []
+            waiter = threading.Thread(
+                target=lambda: got.append(lock(name, using="c").acquire(timeout=15))
+            )
+            try:
+                waiter.start()
+                assert lock(name, using="c").acquire(blocking=False) is False
+                time.sleep(2.5)  # 2.5 socket timeouts into the move
+            finally:
+                migrate_slot(nodes, slot, source, target)
+            holder.release()
+            waiter.join(15)
+            assert got == [True]
+            backend.close()
+    finally:
+        stop_all(nodes)

@@ -16,7 +16,7 @@ import itertools
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
@@ -500,6 +500,13 @@ class BaseLockBackend:
 
     def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | None]:
         return self.execute(self.op_renew(renewals))
+
+    def renewal_shard(self, name: str) -> Hashable:
+        """The part of the backend that lock ``name``'s keys are on, as far as known
+        without a round trip (None: the backend is one part). The watchdog renews each
+        part's holds in batches of their own, on a worker of their own (renewer.py's "a
+        shard is a backend"); a hold whose keys move later is still renewed where they are."""
+        return None
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:
         raise NotImplementedError

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import redis.cluster
@@ -20,30 +22,31 @@ import redis.exceptions
 import redis.retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
+    AskError,
     ClusterDownError,
     ClusterError,
+    MovedError,
+    NoScriptError,
     RedisClusterException,
+    ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import acl, wire
-from ..exceptions import BackendUnavailable
+from ..exceptions import BackendUnavailable, LockError
 from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub, ShardedPubSubHub
-from .base import Op, Renewal
+from .base import Attempt, Kind, Op, Renewal
 from .redis import UNAVAILABLE, RedisBackend, renewed, text
 
 T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
-
-
-def _optional(name: str) -> tuple[type[Exception], ...]:
-    """redis-py's exception class ``name``, where the installed version has it."""
-    cls = getattr(redis.exceptions, name, None)
-    return (cls,) if cls is not None else ()
+MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
+MIGRATION_WAIT_MS = 100  # a take refused by a longer migration: its caller tries again then
 
 
 class RedisClusterBackend(RedisBackend):
@@ -67,15 +70,18 @@ class RedisClusterBackend(RedisBackend):
     publishes_releases = True
 
     #: Also the cluster's own "no answer": down (CLUSTERDOWN, during a failover), a slot no
-    #: node serves, TRYAGAIN, and redirects that never settled (a slot migration's TTL).
+    #: node serves, TRYAGAIN, redirects that never settled (a slot migration's TTL), and
+    #: redis-py's cluster errors (no node reachable to read the slots from, the slots not
+    #: all served), which are no RedisError.
     unavailable_errors = (
         *UNAVAILABLE,
         ClusterDownError,
         SlotNotCoveredError,
         TryAgainError,
         ClusterError,
-        # redis-py 8.2: a command that failed to connect after a refresh that reached no node.
-        *_optional("RedisClusterUnreachableError"),
+        # Its base: redis-py 8.2's RedisClusterUnreachableError (a command that failed to
+        # connect after a refresh that reached no node), "Cluster cannot be connected".
+        RedisClusterException,
     )
 
     def _cluster_options(self) -> dict[str, Any]:
@@ -91,9 +97,21 @@ class RedisClusterBackend(RedisBackend):
             # same: redis-py does not count them as retries; a refused connection is tried
             # once more (execute()).
             options["retry"] = redis.retry.Retry(NoBackoff(), 0)
-        client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
+        try:  # reads the slots from a node: the first call's round trip
+            client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
+        except self.unavailable_errors as exc:
+            raise self._unavailable("(connecting)", exc) from exc
         self._sharded = _has_sharded_pubsub(client)
         return client
+
+    def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
+        error = super()._unavailable(name, exc)
+        # redis-py raises a command's timeout as "unreachable" while the slots cannot be
+        # read from any node: the command was sent, and the server may still run it.
+        cause = exc.__cause__ if isinstance(exc, RedisClusterException) else None
+        if isinstance(cause, (TimeoutError, RedisTimeoutError)):
+            return BackendUnavailable(str(error), timed_out=True)
+        return error
 
     @property
     def sharded(self) -> bool:
@@ -138,6 +156,141 @@ class RedisClusterBackend(RedisBackend):
     def socket_timeout(self) -> float:
         return float(self._cluster_options()["socket_timeout"])
 
+    # -- the watchdog: a shard is a backend ---------------------------------------------------
+    # Each master's holds are renewed on their own (renewer.py asks renewal_shard, and gives
+    # each master's batches a worker of their own), each batch straight on its master's
+    # connection in one pipelined try bounded by the socket timeout: never through the
+    # cluster pipeline, whose per-command retry loop re-sent each timed-out renewal to a
+    # paused master on its own (seven socket timeouts per try), while the holds of the
+    # healthy masters, in the same batch, expired behind it.
+
+    def renewal_shard(self, name: str) -> Hashable:
+        client = self._client
+        if client is None:
+            return None
+        try:
+            return str(client.get_node_from_key(self.key(name)).name)  # the slot cache only
+        except Exception:  # a slot not known yet: renewed with the other unknowns
+            return None
+
+    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | None]:
+        """Each lock's renew.lua on the master its slot is on (several masters: at once, a
+        thread each): True or False as answered, None where no answer came (that master
+        paused, down or refusing for now: tried again soon; unknown is not lost). Raises
+        BackendUnavailable (or BackendRefused) only when no lock got an answer."""
+        client = self.client
+        results: list[bool | None] = [None] * len(renewals)
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, renewal in enumerate(renewals):
+            try:
+                node = client.get_node_from_key(self.key(renewal.name))
+            except SlotNotCoveredError:
+                continue  # no answer for it; the next try finds the slot, once it is served
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        failures: list[LockError] = []
+
+        def renew_on(node: Any, indices: list[int]) -> None:
+            try:
+                self._renew_on(node, renewals, indices, results)
+            except LockError as exc:
+                failures.append(exc)
+            except Exception:  # a bug: logged as the watchdog's, its holds no answer
+                logger.exception("redlock: renewing on %s (%s) failed", self.describe(), node.name)
+
+        parts = list(groups.values())
+        threads = [threading.Thread(target=renew_on, args=part, daemon=True) for part in parts[1:]]
+        for thread in threads:
+            thread.start()
+        if parts:
+            renew_on(*parts[0])
+        for thread in threads:
+            thread.join()
+        if failures and all(result is None for result in results):
+            raise failures[0]
+        return results
+
+    def _renew_on(
+        self, node: Any, renewals: Sequence[Renewal], indices: list[int], results: list[Any]
+    ) -> None:
+        """Renew ``renewals[indices]``, on ``node`` (results filled in place); a lock whose
+        slot moved (MOVED, ASK) is followed once, to the node named. Raises the error of a
+        try that got no answer at all."""
+        client = self.client
+        name = renewals[indices[0]].name
+        try:
+            replies = self._send_renewals(node, renewals, indices, asking=False)
+        except self.unavailable_errors as exc:
+            # Paused, down, or failed over: ask the cluster where the slots are now (the
+            # failed node last), so the next try goes to a new master if there is one.
+            try:
+                wire.refresh_slots(client, failed=node.name)
+            except Exception as failed:
+                logger.info("redlock: the cluster's slots could not be read again: %s", failed)
+            raise self._unavailable(name, exc) from exc
+        moved: dict[str, tuple[Any, list[int]]] = {}
+        asked: dict[str, tuple[Any, list[int]]] = {}
+        refusal: LockError | None = None
+        for i, reply in zip(indices, replies, strict=True):
+            if isinstance(reply, list):
+                results[i] = bool(reply[0])
+            elif isinstance(reply, (MovedError, AskError)):
+                table = moved if isinstance(reply, MovedError) else asked
+                target = self._redirected(reply, node, renewals[i].name)
+                if target is not None:
+                    table.setdefault(target.name, (target, []))[1].append(i)
+            elif isinstance(reply, ResponseError):  # BUSY, OOM, ...: no answer for it
+                refusal = refusal or self.server_error(renewals[i].name, reply)
+            else:
+                results[i] = bool(reply)
+        for table, asking in ((moved, False), (asked, True)):
+            for target, followed in table.values():
+                try:
+                    again = self._send_renewals(target, renewals, followed, asking=asking)
+                except (*self.unavailable_errors, LockError):
+                    continue  # no answer for those: tried again soon
+                for i, reply in zip(followed, again, strict=True):
+                    if isinstance(reply, list):
+                        results[i] = bool(reply[0])
+        if refusal is not None and all(results[i] is None for i in indices):
+            raise refusal
+
+    def _redirected(self, reply: AskError, node: Any, name: str) -> Any:
+        """The node a MOVED or ASK names (a MOVED updates the slot cache), or None if it is
+        not known: that lock gets no answer this time."""
+        client = self.client
+        reply.host = reply.host or node.host  # a node that does not know its own address
+        try:
+            if isinstance(reply, MovedError):
+                wire.follow_moved(client, reply)
+                return client.get_node_from_key(self.key(name))
+            return client.get_node(reply.host, reply.port)
+        except Exception as exc:  # the slot cache in flux (a refresh): tried again soon
+            logger.info("redlock: a redirect of %r could not be followed: %s", name, exc)
+            return None
+
+    def _send_renewals(
+        self, node: Any, renewals: Sequence[Renewal], indices: list[int], asking: bool
+    ) -> list[Any]:
+        """One pipelined try on ``node``'s own connection (a slot being imported: each
+        script after ASKING): the replies of the scripts, errors as values."""
+        renew = script("renew")
+        requests = [
+            ("EVALSHA", renew.sha, 1, self.key(renewals[i].name), renewals[i].token,
+             renewals[i].ttl_ms)
+            for i in indices
+        ]  # fmt: skip
+        redis_node = self.client.get_redis_connection(node)
+        self.round_trips += 1
+        replies = _pipelined(redis_node, requests, asking)
+        if any(isinstance(r, NoScriptError) for r in replies):
+            try:
+                redis_node.script_load(renew.source)  # a restarted or new master
+            except ResponseError as exc:  # BUSY, ...: the refusal table's
+                raise self.server_error(renewals[indices[0]].name, exc) from exc
+            self.round_trips += 1
+            replies = _pipelined(redis_node, requests, asking)
+        return replies
+
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         # A batch spans slots: one renew.lua per lock (never shortens, as a whole batch's),
         # pipelined (routed to each lock's node); each replies a list of one.
@@ -150,6 +303,59 @@ class RedisClusterBackend(RedisBackend):
         return super(RedisBackend, self).page(match, cursor, size)
 
     def execute(self, op: Op[T]) -> T:
+        # A slot being migrated (resharding) answers TRYAGAIN to every script that names a
+        # key the source no longer has or never had (a queue, a fence moved first): nothing
+        # ran. redis-py gives up after 16 redirections (about 0.1 s, "TTL exhausted"); a
+        # migration is not an outage: tried again until one socket timeout has passed.
+        give_up: float | None = None
+        while True:
+            try:
+                return self._execute(op)
+            except BackendUnavailable as exc:
+                if not _migrating(exc.__cause__):
+                    raise
+                now = time.monotonic()
+                give_up = now + self.socket_timeout if give_up is None else give_up
+                if now >= give_up:
+                    if isinstance(op.parse, _Take):  # not taken (nothing ran): the caller
+                        return op.parse.not_yet  # type: ignore[return-value]  # waits on
+                    raise
+            time.sleep(min(MIGRATION_PAUSE, max(give_up - now, 0.0)))
+
+    # A take that a migration longer than the socket timeout refused is "not taken, try again
+    # in a moment": a waiter keeps waiting within its own timeout, a one-off try says False.
+    def op_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        kind: Kind,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+    ) -> Op[Attempt]:
+        op = super().op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms)
+        return Op(op.name, op.request, _Take(op.parse))
+
+    def op_lease_acquire(
+        self,
+        name: str,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        mode: str,
+        limit: int = 0,
+        fair: bool = False,
+        waiter: str | None = None,
+        wait_ms: int = -1,
+        reader: str = "",
+    ) -> Op[Attempt]:
+        op = super().op_lease_acquire(
+            name, token, ttl_ms, meta, mode, limit, fair, waiter, wait_ms, reader
+        )
+        return Op(op.name, op.request, _Take(op.parse))
+
+    def _execute(self, op: Op[T]) -> T:
         try:
             return super().execute(op)
         except BackendUnavailable as exc:
@@ -201,6 +407,38 @@ def _has_sharded_pubsub(client: Any) -> bool:
         logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)
         return False
     return True
+
+
+class _Take:
+    """A take's reply parser, marked as a take (see ``execute``)."""
+
+    not_yet = Attempt(False, None, MIGRATION_WAIT_MS)
+
+    def __init__(self, parse: Any) -> None:
+        self.parse = parse
+
+    def __call__(self, reply: Any) -> Attempt:
+        return self.parse(reply)
+
+
+def _migrating(error: BaseException | None) -> bool:
+    """Whether redis-py gave up on a slot under migration (nothing was run): TRYAGAIN, or
+    its redirections ran out (raised only after MOVED, ASK or TRYAGAIN answers)."""
+    return isinstance(error, TryAgainError) or (
+        type(error) is ClusterError and "TTL exhausted" in str(error)
+    )
+
+
+def _pipelined(client: Any, requests: list[tuple[Any, ...]], asking: bool) -> list[Any]:
+    """``requests`` in one pipeline (no retry: the node's client has none), errors as values;
+    each after ASKING when ``asking`` (only the scripts' replies are returned)."""
+    pipe = client.pipeline(transaction=False)
+    for request in requests:
+        if asking:
+            pipe.execute_command("ASKING")
+        pipe.execute_command(*request)
+    replies = list(pipe.execute(raise_on_error=False))
+    return replies[1::2] if asking else replies
 
 
 def _renewed_each(replies: list[Any]) -> list[bool | None]:

@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import acl, fast_path, scripts
 from ..acl import mask
-from ..exceptions import BackendUnavailable, LockError, MissingPermission
+from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingPermission
 from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub
@@ -45,6 +45,32 @@ T = TypeVar("T")
 
 #: Errors that mean "Redis did not answer", as opposed to "Redis said no".
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+
+#: The refusal table: an error reply about the server, not the lock, by its first word.
+#: For now (BackendUnavailable: the same call may be answered later; whether this one ran
+#: is unknown, as for a timeout) ...
+UNAVAILABLE_FOR_NOW = {
+    "BUSY": "is busy running a script or function (until it ends, or SCRIPT KILL)",
+    "LOADING": "is loading its data set",
+    "MASTERDOWN": "is a replica that lost its link to its master",
+    "NOREPLICAS": "has too few good replicas to accept a write (min-replicas-to-write)",
+    "READONLY": "is a read-only replica (a failover under way?)",
+    "TRYAGAIN": "cannot serve the lock's keys during a slot migration",
+    "CLUSTERDOWN": "is in a cluster that is down",
+}
+#: The codes redis-py strips from the messages of its own classes (before 8.2's status_code).
+_CODES = (
+    (redis.exceptions.OutOfMemoryError, "OOM"),
+    (redis.exceptions.ReadOnlyError, "READONLY"),
+    (redis.exceptions.MasterDownError, "MASTERDOWN"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+)
+#: ... or refused (BackendRefused); any other error reply is refused too, in its own words.
+REFUSED = {
+    "OOM": "is out of memory (maxmemory reached, and its policy evicts nothing)",
+    "MISCONF": "refuses writes after a failed snapshot (stop-writes-on-bgsave-error)",
+}
 
 
 def text(value: Any) -> Any:
@@ -167,13 +193,30 @@ class RedisBackend(BaseLockBackend):
             raise self._unavailable(name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
-                raise
+                raise self.server_error(name, exc) from exc
             raise self.refusal_error(name, exc) from exc
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
         timed_out = isinstance(exc, (RedisTimeoutError, TimeoutError))
         message = f"lock {name!r}: backend {self.describe()} is unavailable: {exc}"
         return BackendUnavailable(message, timed_out=timed_out)
+
+    def server_error(self, name: str, exc: ResponseError) -> LockError:
+        """An error reply that is not an ACL's, as the refusal table says: BackendUnavailable
+        (for now) or BackendRefused, in the server's own words. Internal API (the Cluster's
+        and Sentinel's replies)."""
+        code = (
+            getattr(exc, "status_code", None)  # redis-py 8.2
+            or next((c for cls, c in _CODES if isinstance(exc, cls)), None)  # stripped before
+            or str(exc).split(" ", 1)[0]
+        )
+        said = str(exc) if str(exc).startswith(code) else f"{code} {exc}"
+        if code in UNAVAILABLE_FOR_NOW:
+            return BackendUnavailable(
+                f"lock {name!r}: backend {self.describe()} {UNAVAILABLE_FOR_NOW[code]}: {said}"
+            )
+        what = REFUSED.get(code, "refused the command")
+        return BackendRefused(f"lock {name!r}: backend {self.describe()} {what}: {said}", code)
 
     def refusal_error(self, name: str, exc: BaseException) -> MissingPermission:
         """An ACL's refusal as a MissingPermission; a script's command it does not name is
@@ -200,8 +243,8 @@ class RedisBackend(BaseLockBackend):
                 reply = scripts.run(client, request)
             elif isinstance(request, list):
                 reply = scripts.run_many(client, request)
-                refused = acl.first_refused(reply)
-                if refused is not None:
+                refused = acl.first_refused(reply) or _first_error(reply)
+                if refused is not None:  # translated below, as if raised
                     raise refused
             else:
                 reply = fast_path.command(client, *request)
@@ -209,7 +252,7 @@ class RedisBackend(BaseLockBackend):
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
-                raise
+                raise self.server_error(op.name, exc) from exc
             raise self.refusal_error(op.name, exc) from exc
         return op.parse(reply)
 
@@ -221,8 +264,8 @@ class RedisBackend(BaseLockBackend):
                 reply = await scripts.arun(client, request)
             elif isinstance(request, list):
                 reply = await scripts.arun_many(client, request)
-                refused = acl.first_refused(reply)
-                if refused is not None:
+                refused = acl.first_refused(reply) or _first_error(reply)
+                if refused is not None:  # translated below, as if raised
                     raise refused
             else:
                 reply = await client.execute_command(*request)
@@ -230,7 +273,7 @@ class RedisBackend(BaseLockBackend):
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
             if acl.refusal(exc) is None:
-                raise
+                raise self.server_error(op.name, exc) from exc
             raise await self._arefused(op.name, exc) from exc
         return op.parse(reply)
 
@@ -422,15 +465,19 @@ class RedisBackend(BaseLockBackend):
             logger.warning("redlock: could not load the Lua scripts at startup: %s", exc)
         except MissingPermission as exc:
             self.missing_permission, self.permissions_checked = exc, True
-        except ResponseError as exc:
-            if "DB index" not in str(exc):
+        except (ResponseError, BackendRefused) as exc:
+            said = exc.__cause__ if isinstance(exc, BackendRefused) else exc
+            if "DB index" not in str(said):
+                if isinstance(exc, BackendRefused):  # the table's (OOM, ...): as unavailable
+                    logger.warning("redlock: could not load the Lua scripts at startup: %s", exc)
+                    return
                 raise
             # A database the server lacks (/16 on a 16-database server): every command
             # would fail, so startup refuses, naming the setting.
             at = f" at {mask(self.location)}" if isinstance(self.location, str) else ""
             raise ImproperlyConfigured(
                 f"{self.database_setting} names a database the server{at} does not have"
-                f" ({exc}): use one below its `databases` setting (16 by default: 0-15)"
+                f" ({said}): use one below its `databases` setting (16 by default: 0-15)"
             ) from None
         if self.missing_permission is not None:
             logger.warning("redlock: %s", self.missing_permission)
@@ -657,6 +704,11 @@ def renewed(replies: list[Any]) -> list[bool | None]:
         if isinstance(reply, Exception):
             raise reply
     return [bool(reply) for reply in replies]
+
+
+def _first_error(replies: list[Any]) -> BaseException | None:
+    """A pipeline's first error reply (every one is the server's, as for one command)."""
+    return next((r for r in replies if isinstance(r, ResponseError)), None)
 
 
 def _none(reply: Any) -> None:

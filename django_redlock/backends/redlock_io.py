@@ -71,7 +71,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .. import acl
 from ..exceptions import BackendUnavailable
@@ -1034,6 +1034,9 @@ class NodeIO:
                 return self.nodes[i].execute(op)
             except Exception as exc:
                 return exc
+        error = next((r for r in raw if isinstance(r, ResponseError)), None)
+        if error is not None:  # BUSY, OOM, ...: this node's refusal, never parsed as a reply
+            return self.nodes[i].server_error(op.name, error)  # (bool(error) is True)
         try:
             return op.parse(raw if isinstance(op.request, list) else raw[0])
         except Exception as exc:
