@@ -7,7 +7,7 @@ SIGUSR1 once at the fault's start and, for the fault's duration, puts a flag fil
 while it exists, the client arms a timer (SIGALRM) before some of its calls, at a random
 moment within the call (half of them within its first 5 ms: the set-up and the first try;
 the others anywhere in the call's expected time: the wait, its wake-up and clean-up); half
-the armed calls get a burst: an interrupt every 20-100 us for 0.5-5 ms from then on, so that
+the armed calls get a burst: an interrupt every 5-100 us for 0.5-5 ms from then on, so that
 more land while the first unwinds (the clean-up in ``finally`` blocks, a leave not yet
 sent), as a second Ctrl-C or a soft time limit followed by the hard one would. Past its
 window the timer's signals raise nothing (the loop's top disarms it).
@@ -52,7 +52,7 @@ class Interrupts:
         else:
             delay = self.rng.uniform(0.0002, max(0.001, horizon))
         burst = self.rng.random() < 0.5
-        interval = self.rng.uniform(0.00002, 0.0001) if burst else 0.0
+        interval = self.rng.uniform(0.000005, 0.0001) if burst else 0.0
         window = delay + (self.rng.uniform(0.0005, 0.005) if burst else 0.01)
         _state["until"] = time.monotonic() + window
         signal.setitimer(signal.ITIMER_REAL, delay, interval)

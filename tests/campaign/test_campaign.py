@@ -2,7 +2,7 @@
 to a fenced resource while a seeded nemesis kills, pauses and restarts clients and servers
 and loses replies; the checker then judges the whole history.
 
-``make test`` runs every backend and kind with a fixed seed, about 70 s of campaign in all;
+``make test`` runs every backend and kind with a fixed seed, 70 s of faults (about 100 s in all);
 ``make soak SECONDS=600 SEED=123`` shares SECONDS among them with one seed (environment:
 CAMPAIGN_SECONDS, CAMPAIGN_SEED, and optionally CAMPAIGN_BACKEND / CAMPAIGN_KIND).
 """
