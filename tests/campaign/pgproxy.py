@@ -3,7 +3,7 @@ replies, and cut connections.
 
 ``fault_commit("cut")``: the next COMMIT goes to the server, whose reply is read and then the
 client's connection is cut (the server committed; the client never hears so). ``"late"``: the
-reply is held ``hold`` seconds (``during()`` run meanwhile: the harness interrupts the clients
+reply is held ``hold`` seconds (``during()`` run halfway: the harness interrupts the clients
 then, as a time limit firing during a slow COMMIT would), then forwarded. ``cut_all()``:
 every connection reset. Psycopg sends COMMIT in the simple query protocol: 'Q', the length,
 the text.
@@ -95,9 +95,11 @@ class PgProxy:
                     fault, link.commit = link.commit, None
                     with self._mutex:
                         self.faulted += 1
-                    time.sleep(fault.hold)
+                    # during() halfway: its interrupt lands while the client waits.
+                    time.sleep(fault.hold / 2)
                     if fault.during is not None:
                         fault.during()
+                    time.sleep(fault.hold / 2)
                     if fault.how == "cut":
                         break
                 sink.sendall(data)
