@@ -400,7 +400,7 @@ def main() -> None:
             if released:
                 check(hold, "released", prefix, fence)
             time.sleep(rng.uniform(0, 0.03))
-        except KeyboardInterrupt:  # an asynchronous exception (interrupts.py): go on
+        except (KeyboardInterrupt, interrupts.TimeLimit):  # asynchronous (interrupts.py)
             while True:
                 try:
                     interrupts.caught(log, hold, current, LockError)

@@ -287,12 +287,18 @@ def _failed(log: Any, hold: int, fence: int | None, exc: BaseException, when: st
 
     from django_redlock import CommitOutcomeUnknown, LockError, StaleFence
 
+    from .interrupts import TimeLimit
+
     if isinstance(exc, CommitOutcomeUnknown):  # either way: not a refusal
         log("db_err", h=hold, fence=fence, when=when, err=type(exc).__name__, msg=str(exc)[:300])
     elif isinstance(exc, StaleFence):
         log("db_stale", h=hold, fence=fence, recorded=exc.recorded)
     elif isinstance(exc, Abort):
         log("db_abort", h=hold, fence=fence)
+    elif isinstance(exc, TimeLimit):  # a time limit's exception: "nothing committed"
+        log("db_failed", h=hold, fence=fence, when=when, err=type(exc).__name__,
+            msg=str(exc)[:300])  # fmt: skip
+        connections[ALIAS].close()
     elif isinstance(exc, CallbackFailed):  # the block committed, and said it did not
         log("db_raised_after_commit", h=hold, fence=fence, msg=str(exc)[:300])
     elif isinstance(exc, LockError):  # not held, or its row wait ran out: nothing committed

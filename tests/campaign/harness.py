@@ -320,12 +320,13 @@ class Run:
             proc.send_signal(signal.SIGUSR1)
 
     def interrupt_all(self) -> None:
-        """An interrupt in every client that can take one (a COMMIT is late meanwhile)."""
+        """A soft time limit (SIGUSR2: interrupts.TimeLimit) in every client that can take
+        one, while a COMMIT is late."""
         for proc in list(self.procs):
             cid = self.client_of.get(proc.pid, "")
             if proc.poll() is None and cid and self.started(cid):
                 with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGUSR1)
+                    proc.send_signal(signal.SIGUSR2)
 
     def apply_clock(self, fault: Fault) -> None:
         """Step the nodes' wall clocks: back for "clock_back", else forward."""

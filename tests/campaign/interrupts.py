@@ -30,6 +30,14 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
+try:  # what a Celery task's soft time limit raises (an Exception, not a BaseException)
+    from celery.exceptions import SoftTimeLimitExceeded as TimeLimit
+except ImportError:  # pragma: no cover - celery is a test dependency
+
+    class TimeLimit(Exception):  # type: ignore[no-redef]
+        pass
+
+
 #: The share of calls armed while the flag exists.
 ARMED = 0.7
 
@@ -39,6 +47,7 @@ class Interrupts:
         self.flag = flag
         self.rng = rng
         signal.signal(signal.SIGUSR1, _raise)
+        signal.signal(signal.SIGUSR2, _time_limit)
         signal.signal(signal.SIGALRM, _timer)
 
     @contextlib.contextmanager
@@ -68,6 +77,10 @@ _state = {"until": 0.0}
 
 def _raise(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _time_limit(signum: int, frame: Any) -> None:
+    raise TimeLimit("soft time limit (campaign)")
 
 
 def _timer(signum: int, frame: Any) -> None:
