@@ -41,6 +41,9 @@ Liveness (only in quiet time, when no fault has been active for a while):
 * ``keys-leaked``: after the clients stopped, keys other than fence counters remained
   beyond their TTLs (or had none).
 
+Time (error latency, a call that hung, hand-off, a hold lost on servers that answered,
+Redlock's round trips): see :class:`Timing`.
+
 A paused holder whose write the resource *rejects* after its lock expired is fencing doing
 its job, and is counted, not reported.
 """
