@@ -16,7 +16,7 @@ from django.core.exceptions import BadRequest
 from django.http import HttpRequest, HttpResponse
 
 from .exceptions import BackendUnavailable, LockError, LockNotAcquired, StaleFence
-from .fencing import database_of
+from .fencing import database_of, refuse_manual_commit
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
 from .locking.steps import drive
@@ -178,6 +178,8 @@ class _ViewGuard:
     ) -> Any:
         # The thread driver explicitly: a sync view may run where a loop is running.
         held = self.make(view, request, kwargs)
+        if self.database is not None:  # autocommit off: refused before the lock is taken
+            refuse_manual_commit(self.database, held.describe())
         try:
             if not drive(held.backend, held.acquire_steps(True, self.timeout)):
                 return self.busy(drive(held.backend, held.ttl_steps()))
@@ -195,7 +197,7 @@ class _ViewGuard:
         finally:
             try:
                 drive(held.backend, held.release_steps())
-            except LockError as exc:  # it runs out at its TTL; the answer stands
+            except Exception as exc:  # it runs out at its TTL; the answer stands
                 logger.warning("redlock: %s", exc)
 
 

@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 from ..backends import markers
 from ..backends.base import Kind, LockInfo
 from ..exceptions import LockError, LockNotAcquired
-from ..fencing import database_of, release_after_commit
+from ..fencing import database_of, refuse_manual_commit, release_after_commit
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import HOST
 from ..identity import current_task as holder_task
@@ -484,6 +484,8 @@ def take(
     and clear the run's queue marker; return the lock, whether it is held, and if not, who
     holds it."""
     held: BaseLock
+    if config.atomic is not None:  # autocommit off: refused before the lock is taken
+        refuse_manual_commit(config.atomic, f"@single_instance lock {key!r}")
     if config.limit is None:
         held = Lock(key, ttl=config.ttl, using=config.using, token_prefix=_prefix(task_id, attempt),
                     atomic=config.atomic)  # fmt: skip
