@@ -164,6 +164,7 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
         raise LockError(f"{lock.describe()}: this hold has no fencing token to record")
     committed = _Committed()
     outermost = not connections[using].in_atomic_block  # its exit is the COMMIT
+    outer_savepoints = len(connections[using].savepoint_ids)
     # An exception already being handled where the block runs (it runs in an ``except:``) is
     # not one that interrupted this block's COMMIT.
     handled = sys.exc_info()[1]
@@ -206,6 +207,10 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
             # the transaction would stay open, the next block a savepoint of it.
             _abandon(using)
             raise
+        elif len(connections[using].savepoint_ids) > outer_savepoints and not misnested:
+            # The same, nested: the block's savepoint was left (the outer exit would take it
+            # for its own, and commit what the block wrote): rolled back to it here.
+            _roll_back_to(using, outer_savepoints)
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
@@ -315,6 +320,22 @@ def _abandon(using: str) -> None:
         connection.closed_in_transaction = False
         connection.run_on_commit = []
     connection.connection = None  # closed inside the transaction: reconnect when next used
+
+
+def _roll_back_to(using: str, depth: int) -> None:
+    """Roll back to the savepoint at ``depth`` (a nested block's exit that never ran) and
+    drop it and those after it, as Django's exit would have; failing that, the transaction
+    is marked for rollback: it cannot commit what the block wrote."""
+    connection = connections[using]
+    sid = connection.savepoint_ids[depth]
+    del connection.savepoint_ids[depth:]
+    try:
+        if sid is None:
+            raise TransactionManagementError("no savepoint")
+        connection.savepoint_rollback(sid)
+        connection.savepoint_commit(sid)
+    except Exception:
+        connection.needs_rollback = True
 
 
 def _backend_pid(using: str) -> int | None:

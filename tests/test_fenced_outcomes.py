@@ -507,7 +507,7 @@ def test_a_time_limit_during_a_first_block_s_slow_commit_waits_for_its_end(
 # -- Django's atomic() cut short before its COMMIT or rollback ran -----------------------------
 
 
-@pytest.mark.parametrize("where", ["__exit__", "__enter__"])
+@pytest.mark.parametrize("where", ["__exit__", "__enter__", "nested __exit__"])
 def test_an_exception_on_django_s_atomic_first_lines_rolls_back_and_leaves_no_transaction(
     name: str, where: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -516,6 +516,7 @@ def test_an_exception_on_django_s_atomic_first_lines_rolls_back_and_leaves_no_tr
     thread's next fenced block became a savepoint of it and returned as committed, nothing
     committed, and the row stayed locked for the next holder. Now rolled back, raised."""
     open_shop(PG, 1, 5)
+    nested, where = where.startswith("nested"), where.split()[-1]
     original = getattr(transaction.Atomic, where)
     armed = [False]
 
@@ -528,7 +529,15 @@ def test_an_exception_on_django_s_atomic_first_lines_rolls_back_and_leaves_no_tr
         return original(self, *args)
 
     monkeypatch.setattr(transaction.Atomic, where, cut_short)
-    if where == "__exit__":
+    if nested:  # the block's savepoint was kept: the outer transaction committed the sale
+        with (
+            transaction.atomic(using=PG),
+            pytest.raises(TimeLimit),
+            lock(name, ttl=30, atomic=PG),
+        ):
+            sell_one(PG, 1, "a")
+            armed[0] = True
+    elif where == "__exit__":
         with pytest.raises(TimeLimit), lock(name, ttl=30, atomic=PG):
             sell_one(PG, 1, "a")
             armed[0] = True
