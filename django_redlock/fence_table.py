@@ -83,7 +83,7 @@ def commit_outcome(
         with connection.cursor() as cursor:
             postgresql = connection.vendor == "postgresql"
             if postgresql:
-                ended = pid is not None and _ended(cursor, pid, wait)
+                ended = pid is not None and _ended(connection, cursor, pid, wait)
                 if pid is not None and not ended:
                     return None  # still in it: its rows are locked, or not yet visible
             else:
@@ -122,11 +122,15 @@ def commit_outcome(
     return False if int(previous) < fence else None
 
 
-def _ended(cursor: Any, pid: int, wait: float) -> bool:
+def _ended(connection: Any, cursor: Any, pid: int, wait: float) -> bool:
     """Whether PostgreSQL's server process ``pid`` is in no transaction (or gone), waiting
     at most ``wait`` seconds: a transaction holds its virtual transaction id's lock until it
     ended, its COMMIT included (run in autocommit: each poll is a new snapshot). A pid that
-    is another process's by now is gone (ours ended) or busy (unknown): never a wrong yes."""
+    is another process's by now is gone (ours ended) or busy (unknown): never a wrong yes.
+    Behind a pooler (PgBouncer) the pid the driver was told is not the server's: then no."""
+    cursor.execute("SELECT pg_backend_pid()")
+    if pid_of(connection) != cursor.fetchone()[0]:
+        return False
     deadline = time.monotonic() + wait
     pause = 0.01
     while True:
@@ -140,6 +144,16 @@ def _ended(cursor: Any, pid: int, wait: float) -> bool:
             return False
         time.sleep(pause)
         pause = min(pause * 2, 0.2)
+
+
+def pid_of(connection: Any) -> int | None:
+    """The server process the driver of ``connection`` was told it talks to (no I/O)."""
+    raw = connection.connection
+    with contextlib.suppress(Exception):
+        info = getattr(raw, "info", None)  # psycopg 3
+        pid = int(info.backend_pid if info is not None else raw.get_backend_pid())
+        return pid if pid > 0 else None
+    return None
 
 
 def check_fence(

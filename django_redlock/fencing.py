@@ -54,7 +54,7 @@ from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from .exceptions import CommitOutcomeUnknown, LockError, LockNotOwned
-from .fence_table import check_fence, commit_outcome
+from .fence_table import check_fence, commit_outcome, pid_of
 from .fence_table import prune_fences as prune_fences  # its old path
 
 logger = logging.getLogger("django_redlock")
@@ -341,14 +341,9 @@ def _roll_back_to(using: str, depth: int) -> None:
 def _backend_pid(using: str) -> int | None:
     """The PostgreSQL server process of ``using``'s connection (no I/O), or None."""
     connection = connections[using]
-    raw = connection.connection
-    if connection.vendor != "postgresql" or raw is None:
+    if connection.vendor != "postgresql" or connection.connection is None:
         return None
-    with contextlib.suppress(Exception):
-        info = getattr(raw, "info", None)  # psycopg 3
-        pid = info.backend_pid if info is not None else raw.get_backend_pid()
-        return int(pid) if pid else None
-    return None
+    return pid_of(connection)
 
 
 def _interrupt_in(exc: BaseException, handled: BaseException | None) -> BaseException | None:
@@ -474,7 +469,8 @@ def leave_block(
     an ``on_commit`` callback after the COMMIT: released all the same, and raised."""
     blocks = _blocks()
     index = max(i for i, (held, _) in enumerate(blocks) if held is lock)
-    stack = blocks[index][1]
+    entry = blocks[index]
+    stack = entry[1]
     try:
         del blocks[index]
         stack.__exit__(exc_type, exc, tb)
@@ -482,6 +478,7 @@ def leave_block(
         # An interrupt before the block's exit ran: exited now (a no-op once it ran), so
         # its transaction does not stay open until the stack is collected.
         with contextlib.suppress(BaseException):
+            blocks[:] = [each for each in blocks if each is not entry]
             stack.__exit__(type(error), error, error.__traceback__)
         with contextlib.suppress(LockError):
             lock.release()
