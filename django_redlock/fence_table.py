@@ -15,6 +15,7 @@ import contextlib
 import datetime
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,7 @@ def commit_outcome(
     touched: datetime.datetime | None,
     again: bool,
     wait: float,
+    pid: int | None = None,
 ) -> bool | None:
     """Whether a fenced transaction whose COMMIT's outcome is unknown (its reply lost or
     interrupted) committed, asked on a new connection: True or False only when the rows prove
@@ -66,7 +68,11 @@ def commit_outcome(
     created again while the floor is at or above the fence: a prune ran), unknown.
 
     On PostgreSQL the read locks the row (``FOR SHARE``, at most ``wait`` seconds): a server
-    still finishing that transaction holds it, and the answer comes once it ended."""
+    still finishing that transaction holds it, and the answer comes once it ended. A row the
+    transaction INSERTed is neither seen nor waited for until it ended, though: no row proves
+    nothing only once the block's server process ``pid`` is known to be out of that
+    transaction (:func:`_ended`, at most ``wait`` seconds); else the outcome is unknown. (On
+    SQLite the COMMIT ran in this process: it ended before the exception came out.)"""
     from .models import Fence
 
     connection = connections.create_connection(using)
@@ -76,6 +82,12 @@ def commit_outcome(
         sql = f"SELECT {columns} FROM {qn(Fence._meta.db_table)} WHERE {qn('key')} = %s"
         with connection.cursor() as cursor:
             postgresql = connection.vendor == "postgresql"
+            if postgresql:
+                ended = pid is not None and _ended(connection, cursor, pid, wait)
+                if pid is not None and not ended:
+                    return None  # still in it: its rows are locked, or not yet visible
+            else:
+                ended = connection.vendor == "sqlite"
             if postgresql:  # the bound for this read only (a pooled connection keeps GUCs)
                 cursor.execute("BEGIN")
                 cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_bound(wait)])
@@ -96,8 +108,8 @@ def commit_outcome(
         with contextlib.suppress(DatabaseError):
             connection.close()
     pruned = floor is not None and int(floor[0]) >= fence  # a row with this fence may be gone
-    if row is None:
-        return None if pruned else False
+    if row is None:  # never written, or written by a COMMIT not known to have ended
+        return None if pruned or not ended else False
     recorded, previous = int(row[0]), row[1]
     if recorded == fence:  # the hold's fence: this block's only with its mark
         return touched is None or row[2] == expected or str(row[2]) == str(expected)
@@ -108,6 +120,40 @@ def commit_outcome(
     if int(previous) == fence:  # the next block overwrote this hold's fence
         return None if again else True
     return False if int(previous) < fence else None
+
+
+def _ended(connection: Any, cursor: Any, pid: int, wait: float) -> bool:
+    """Whether PostgreSQL's server process ``pid`` is in no transaction (or gone), waiting
+    at most ``wait`` seconds: a transaction holds its virtual transaction id's lock until it
+    ended, its COMMIT included (run in autocommit: each poll is a new snapshot). A pid that
+    is another process's by now is gone (ours ended) or busy (unknown): never a wrong yes.
+    Behind a pooler (PgBouncer) the pid the driver was told is not the server's: then no."""
+    cursor.execute("SELECT pg_backend_pid()")
+    if pid_of(connection) != cursor.fetchone()[0]:
+        return False
+    deadline = time.monotonic() + wait
+    pause = 0.01
+    while True:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s AND locktype = 'virtualxid')",
+            [pid],
+        )
+        if not cursor.fetchone()[0]:
+            return True
+        if time.monotonic() + pause > deadline:
+            return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def pid_of(connection: Any) -> int | None:
+    """The server process the driver of ``connection`` was told it talks to (no I/O)."""
+    raw = connection.connection
+    with contextlib.suppress(Exception):
+        info = getattr(raw, "info", None)  # psycopg 3
+        pid = int(info.backend_pid if info is not None else raw.get_backend_pid())
+        return pid if pid > 0 else None
+    return None
 
 
 def check_fence(

@@ -37,7 +37,9 @@ The SQL of the fence table (record and check, the read after a lost COMMIT, prun
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -52,7 +54,7 @@ from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from .exceptions import CommitOutcomeUnknown, LockError, LockNotOwned
-from .fence_table import check_fence, commit_outcome
+from .fence_table import check_fence, commit_outcome, pid_of
 from .fence_table import prune_fences as prune_fences  # its old path
 
 logger = logging.getLogger("django_redlock")
@@ -162,19 +164,24 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
         raise LockError(f"{lock.describe()}: this hold has no fencing token to record")
     committed = _Committed()
     outermost = not connections[using].in_atomic_block  # its exit is the COMMIT
+    outer_savepoints = len(connections[using].savepoint_ids)
+    # An exception already being handled where the block runs (it runs in an ``except:``) is
+    # not one that interrupted this block's COMMIT.
+    handled = sys.exc_info()[1]
     # The row's time: with the fence, this block's mark in the row. A block nested in one of
     # the same row (a re-entry, lk.atomic() inside) writes the outer block's mark: the outer
     # COMMIT's outcome check looks for it.
     marks, row = _marks(), (using, lock.using, lock.name)
-    touched = marks.get(row) or timezone.now()
+    touched = marks.get(row) or _new_mark()
     own_mark = row not in marks
     marks[row] = touched
-    fence, again, exiting, misnested = hold.fence, False, False, False
+    fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     try:
         with transaction.atomic(using=using):
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), now=touched)  # fmt: skip
+            pid = _backend_pid(using) if outermost else None  # whose COMMIT may be in flight
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
             try:
                 yield
@@ -194,6 +201,16 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
             # Django's exit rolled back to the inner block's savepoint and kept the
             # transaction open: marked for rollback, the inner blocks' exits commit nothing.
             connections[using].needs_rollback = True
+        elif outermost and connections[using].in_atomic_block:
+            # Django's enter or exit was cut short before it left the transaction (an
+            # exception from a signal handler on its first lines): no COMMIT was sent, and
+            # the transaction would stay open, the next block a savepoint of it.
+            _abandon(using)
+            raise
+        elif len(connections[using].savepoint_ids) > outer_savepoints and not misnested:
+            # The same, nested: the block's savepoint was left (the outer exit would take it
+            # for its own, and commit what the block wrote): rolled back to it here.
+            _roll_back_to(using, outer_savepoints)
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
@@ -204,15 +221,16 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
                 lock.describe(),
             )
             return
+        if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
+            _drop_unfinished(using)
         if not exiting:
             raise  # rolled back: nothing committed
-        _drop_unfinished(using)  # a COMMIT cut short leaves Django's connection unusable
         # Re-fenced in the block: the new fence is this block's alone, whatever the time.
         mark = None if hold.fence != fence else touched
         outcome = commit_outcome(using, lock.using, lock.name, hold.fence, mark,
                                  again and hold.fence == fence,
-                                 min(max(row_wait(lock), 5.0), 60.0))  # fmt: skip
-        interrupt = _interrupt_in(exc)
+                                 min(max(row_wait(lock), 5.0), 60.0), pid)  # fmt: skip
+        interrupt = _interrupt_in(exc, handled)
         if interrupt is not None:
             # "Stop", not "failed": the interrupt goes on, whatever the outcome (logged).
             said = {True: "it committed", False: "nothing committed", None: "UNKNOWN"}
@@ -279,12 +297,62 @@ def _drop_unfinished(using: str) -> None:
             connection.close()
 
 
-def _interrupt_in(exc: BaseException) -> BaseException | None:
+def _abandon(using: str) -> None:
+    """Roll back a transaction Django's ``atomic()`` left open (its enter or exit cut short
+    before it committed or rolled back), and leave the connection as after an exit: out of
+    any atomic block, autocommit on. Closed instead when that fails (the server then rolls
+    back)."""
+    connection = connections[using]
+    connection.in_atomic_block = False
+    connection.savepoint_ids = []
+    connection.needs_rollback = False
+    connection.commit_on_exit = True
+    try:
+        if connection.connection is not None and not connection.closed_in_transaction:
+            connection.rollback()
+            connection.set_autocommit(True)
+            return
+    except Exception:  # the connection is broken: dropped, the server rolls back
+        with contextlib.suppress(Exception):
+            connection.close()
+        return
+    finally:
+        connection.closed_in_transaction = False
+        connection.run_on_commit = []
+    connection.connection = None  # closed inside the transaction: reconnect when next used
+
+
+def _roll_back_to(using: str, depth: int) -> None:
+    """Roll back to the savepoint at ``depth`` (a nested block's exit that never ran) and
+    drop it and those after it, as Django's exit would have; failing that, the transaction
+    is marked for rollback: it cannot commit what the block wrote."""
+    connection = connections[using]
+    sid = connection.savepoint_ids[depth]
+    del connection.savepoint_ids[depth:]
+    try:
+        if sid is None:
+            raise TransactionManagementError("no savepoint")
+        connection.savepoint_rollback(sid)
+        connection.savepoint_commit(sid)
+    except Exception:
+        connection.needs_rollback = True
+
+
+def _backend_pid(using: str) -> int | None:
+    """The PostgreSQL server process of ``using``'s connection (no I/O), or None."""
+    connection = connections[using]
+    if connection.vendor != "postgresql" or connection.connection is None:
+        return None
+    return pid_of(connection)
+
+
+def _interrupt_in(exc: BaseException, handled: BaseException | None) -> BaseException | None:
     """The ``KeyboardInterrupt``/``SystemExit``-like exception ``exc`` is, or that Django's
-    exit turned into a database error (``can't change 'autocommit' now``): its context."""
+    exit turned into a database error (``can't change 'autocommit' now``): its context, up to
+    ``handled``, the exception the block ran while handling (an older one, not this COMMIT's)."""
     seen: BaseException | None = exc
     for _ in range(8):
-        if seen is None:
+        if seen is None or seen is handled:
             return None
         if not isinstance(seen, Exception):
             return seen
@@ -293,6 +361,21 @@ def _interrupt_in(exc: BaseException) -> BaseException | None:
 
 
 _local = threading.local()
+
+_mark_lock = threading.Lock()
+_last_mark: list[datetime.datetime] = []
+
+
+def _new_mark() -> datetime.datetime:
+    """A block's mark: the time, yet never one this process gave before (a frozen or stepped
+    clock would give two blocks of a hold one mark, and a lost COMMIT of the second would be
+    taken for the first's): 1 us after the last when the clock did not move past it."""
+    now = timezone.now()
+    with _mark_lock:
+        if _last_mark and _last_mark[0].tzinfo == now.tzinfo and now <= _last_mark[0]:
+            now = _last_mark[0] + datetime.timedelta(microseconds=1)
+        _last_mark[:] = [now]
+    return now
 
 
 def _marks() -> dict[tuple[str, str, str], Any]:
@@ -363,13 +446,16 @@ def enter_block(lock: FencedLock) -> None:
     stack = contextlib.ExitStack()
     try:
         stack.enter_context(fenced_transaction(lock))
-    except BaseException:
+        _blocks().append((lock, stack))
+    except BaseException as exc:
         # StaleFence, the row wait ran out, or the database failed: nothing committed. Free
-        # the lock for others (a stale hold is most likely lost: that is logged).
+        # the lock for others (a stale hold is most likely lost: that is logged). An
+        # interrupt once the block was open: rolled back now, not when collected.
+        with contextlib.suppress(BaseException):
+            stack.__exit__(type(exc), exc, exc.__traceback__)
         with contextlib.suppress(LockError):
             lock.release()
         raise
-    _blocks().append((lock, stack))
 
 
 def leave_block(
@@ -383,10 +469,17 @@ def leave_block(
     an ``on_commit`` callback after the COMMIT: released all the same, and raised."""
     blocks = _blocks()
     index = max(i for i, (held, _) in enumerate(blocks) if held is lock)
-    _, stack = blocks.pop(index)
+    entry = blocks[index]
+    stack = entry[1]
     try:
+        del blocks[index]
         stack.__exit__(exc_type, exc, tb)
-    except BaseException:  # nothing committed (or an interrupt after the COMMIT)
+    except BaseException as error:  # nothing committed (or an interrupt after the COMMIT)
+        # An interrupt before the block's exit ran: exited now (a no-op once it ran), so
+        # its transaction does not stay open until the stack is collected.
+        with contextlib.suppress(BaseException):
+            blocks[:] = [each for each in blocks if each is not entry]
+            stack.__exit__(type(error), error, error.__traceback__)
         with contextlib.suppress(LockError):
             lock.release()
         raise
@@ -402,12 +495,17 @@ def release_after_commit(lock: FencedLock) -> None:
     """Release after a fenced block committed (the lost-hold rule): whatever the release
     finds (lost, or no answer: the hold then runs out at its TTL), nothing is raised. The
     commit stands, in fence order (the lock's row was locked from the check to the commit),
-    and raising would invite a retry that applies the work twice."""
+    and raising would invite a retry that applies the work twice. So is any ``Exception``
+    raised meanwhile (a signal handler's: Celery's soft time limit, ``autoretry_for``'s
+    trigger): logged, the block returns; an interrupt (``KeyboardInterrupt``) propagates."""
     try:
         lock.release()
     except LockError as exc:
         logger.warning("redlock: %s: its fenced transaction committed; then: %s",
                        lock.describe(), exc)  # fmt: skip
+    except Exception:
+        logger.exception("redlock: %s: its fenced transaction committed; then the release"
+                         " raised (the hold runs out at its TTL)", lock.describe())  # fmt: skip
 
 
 def _blocks() -> list[tuple[FencedLock, contextlib.ExitStack]]:

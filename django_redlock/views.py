@@ -21,7 +21,7 @@ from .exceptions import (
     QuorumNotReached,
     StaleFence,
 )
-from .fencing import database_of
+from .fencing import database_of, refuse_manual_commit
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
 from .locking.steps import drive
@@ -210,6 +210,8 @@ class _ViewGuard:
         held = self.request_lock(view, request, kwargs)
         if isinstance(held, HttpResponse):
             return held
+        if self.database is not None:  # autocommit off: refused before the lock is taken
+            refuse_manual_commit(self.database, held.describe())
         try:
             if not drive(held.backend, held.acquire_steps(True, self.timeout)):
                 return self.busy(drive(held.backend, held.ttl_steps()))
@@ -229,7 +231,7 @@ class _ViewGuard:
         finally:
             try:
                 drive(held.backend, held.release_steps())
-            except LockError as exc:  # it runs out at its TTL; the answer stands
+            except Exception as exc:  # it runs out at its TTL; the answer stands
                 logger.warning("redlock: %s", exc)
 
 

@@ -306,6 +306,7 @@ def test_every_lock_error_survives_the_json_result_backend() -> None:
     with_fields = [
         *celery_tasks.lock_errors().values(),
         exceptions.BackendUnavailable("cut"),  # not timed out
+        exceptions.BackendRefused("lock 'x': the server refused: OOM command not allowed", "OOM"),
         redlock_io.Unasked("node 'a' was not asked", True),
         redlock_io.Unawaited("node 'b' was not waited for"),
     ]

@@ -26,10 +26,21 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.test import override_settings
+from django.test import RequestFactory, override_settings
+from django.utils import timezone
 
-from django_redlock import CommitOutcomeUnknown, LockError, lock
+from django_redlock import (
+    CommitOutcomeUnknown,
+    LockError,
+    lock,
+    lock_all,
+    lock_view,
+    locks,
+    single_instance,
+)
 from django_redlock.fence_table import prune_fences
+from django_redlock.locking import Lock
+from django_redlock.signals import lock_acquired
 from django_redlock.testing import RedisServer
 
 from .fenced_child import open_shop, sales, sell_one
@@ -446,3 +457,209 @@ def test_an_interrupt_during_a_late_commit_reply_goes_on_and_logs_the_outcome(
     assert sales(PG) == [("a", 5)] and not lock(name).locked()
     said = f"{interrupt.__name__} interrupted the COMMIT of its fenced transaction: it committed"
     assert said in caplog.text
+
+
+# -- a name's first block: its row INSERTed by a COMMIT still running -------------------------
+
+
+def slow_commit(delay: float, fails: bool) -> None:
+    """This transaction's COMMIT runs a deferred trigger: ``delay`` seconds, then an error
+    (``fails``: the COMMIT rolls back) or none."""
+    with connections[PG].cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS outcome_slow (fails boolean, delay float)")
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION outcome_slow() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN PERFORM pg_sleep(NEW.delay); IF NEW.fails THEN RAISE EXCEPTION 'refused';"
+            " END IF; RETURN NULL; END $$"
+        )
+        cursor.execute("DROP TRIGGER IF EXISTS outcome_slow ON outcome_slow")
+        cursor.execute(
+            "CREATE CONSTRAINT TRIGGER outcome_slow AFTER INSERT ON outcome_slow DEFERRABLE"
+            " INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION outcome_slow()"
+        )
+        cursor.execute("INSERT INTO outcome_slow VALUES (%s, %s)", [fails, delay])
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["committed", "refused"])
+def test_a_time_limit_during_a_first_block_s_slow_commit_waits_for_its_end(
+    name: str, fails: bool
+) -> None:
+    """The name's first block INSERTs its row: a read on a new connection neither sees nor
+    waits for a row whose transaction is still committing, and took "no row" for "nothing
+    committed" (the block raised ``ProgrammingError`` and the sale had committed). The check
+    now first waits until the block's server process left the transaction: then the row
+    proves either way."""
+    open_shop(PG, 1, 5)
+    with contextlib.ExitStack() as stack:
+        after = stack.enter_context(signal_raises(TimeLimit))
+        if fails:
+            stack.enter_context(pytest.raises(DatabaseError))
+        with lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "a")
+            slow_commit(1.5, fails)
+            after(0.5)  # while the COMMIT runs the trigger
+    assert sales(PG) == ([] if fails else [("a", 5)]) and not lock(name).locked()
+    with lock(name, ttl=30, atomic=PG):  # the connection is usable again
+        sell_one(PG, 1, "b")
+    assert sales(PG)[-1][0] == "b"
+
+
+# -- Django's atomic() cut short before its COMMIT or rollback ran -----------------------------
+
+
+@pytest.mark.parametrize("where", ["__exit__", "__enter__", "nested __exit__"])
+def test_an_exception_on_django_s_atomic_first_lines_rolls_back_and_leaves_no_transaction(
+    name: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handler's exception before ``Atomic.__exit__`` left the block (or after
+    ``__enter__`` opened it, before the ``with`` took it) kept the transaction open: the
+    thread's next fenced block became a savepoint of it and returned as committed, nothing
+    committed, and the row stayed locked for the next holder. Now rolled back, raised."""
+    open_shop(PG, 1, 5)
+    nested, where = where.startswith("nested"), where.split()[-1]
+    original = getattr(transaction.Atomic, where)
+    armed = [False]
+
+    def cut_short(self: Any, *args: Any) -> Any:
+        if where == "__enter__":
+            original(self, *args)
+        if armed[0]:
+            armed[0] = False
+            raise TimeLimit()
+        return original(self, *args)
+
+    monkeypatch.setattr(transaction.Atomic, where, cut_short)
+    if nested:  # the block's savepoint was kept: the outer transaction committed the sale
+        with (
+            transaction.atomic(using=PG),
+            pytest.raises(TimeLimit),
+            lock(name, ttl=30, atomic=PG),
+        ):
+            sell_one(PG, 1, "a")
+            armed[0] = True
+    elif where == "__exit__":
+        with pytest.raises(TimeLimit), lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "a")
+            armed[0] = True
+    else:
+        armed[0] = True
+        with pytest.raises(TimeLimit), lock(name, ttl=30, atomic=PG):
+            pytest.fail("the body ran")
+    monkeypatch.undo()
+    assert not connections[PG].in_atomic_block and sales(PG) == []
+    with lock(f"{name}:other", ttl=30, atomic=PG):  # the same thread's next block
+        sell_one(PG, 1, "b")
+    got: list[str] = []
+
+    def next_holder() -> None:
+        with lock(name, ttl=30, timeout=3, atomic=PG):
+            sell_one(PG, 1, "c")
+        got.append("c")
+
+    in_thread(next_holder).join(20)
+    assert got == ["c"] and sales(PG) == [("b", 5), ("c", 4)]
+
+
+# -- a frozen clock (freezegun, time-machine) ------------------------------------------------
+
+
+def test_a_frozen_clock_gives_each_block_of_a_hold_its_own_mark(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two blocks of one hold under ``timezone.now()`` returning one time wrote one mark; the
+    second's COMMIT lost before the server got it was taken for the first's: "committed",
+    nothing committed."""
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+    open_shop(PG, 1, 5)
+    held = lock(name, ttl=30)
+    held.acquire()
+    with held.atomic(using=PROXIED):
+        pass
+    with pytest.raises(OperationalError), held.atomic(using=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.cut()  # the COMMIT never reaches the server, which rolls back
+    held.release()
+    assert sales(PG) == []
+
+
+# -- an old interrupt being handled where the block runs --------------------------------------
+
+
+def test_a_block_run_while_an_old_interrupt_is_handled_does_not_raise_it_again(
+    name: str, proxied: LossyProxy
+) -> None:
+    """The lost reply's error has the handled ``KeyboardInterrupt`` as its context: it is not
+    one that interrupted this COMMIT (the committed block raised it again)."""
+    open_shop(PG, 1, 5)
+    raised: BaseException | None = None
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        try:
+            with lock(name, ttl=30, atomic=PROXIED):
+                sell_one(PROXIED, 1, "a")
+                proxied.fault_commit("cut")
+        except BaseException as exc:  # (a KeyboardInterrupt would end the test run)
+            raised = exc
+    assert raised is None and proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
+
+
+# -- an exception at the release after the COMMIT ---------------------------------------------
+
+
+def test_a_time_limit_at_the_release_after_the_commit_does_not_make_single_instance_rerun(
+    name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A soft time limit while the release waits for Redis: the body committed; raised, the
+    run looked failed, and a retry (``autoretry_for``) sold twice."""
+    open_shop(PG, 1, 5)
+    release = Lock.release
+
+    def slow_release(self: Any) -> None:
+        monkeypatch.setattr(Lock, "release", release)
+        raise TimeLimit()
+
+    @single_instance(key=name, ttl=30, atomic=PG)
+    def sell() -> str:
+        sell_one(PG, 1, "a")
+        monkeypatch.setattr(Lock, "release", slow_release)
+        return "sold"
+
+    assert sell() == "sold" and sales(PG) == [("a", 5)]
+    assert "committed; then the release raised" in caplog.text
+    locks["default"].force_release(name)
+
+
+def test_autocommit_off_is_refused_before_any_lock_is_taken_by_the_helpers(name: str) -> None:
+    """lock_all(atomic=), @single_instance(atomic=) and @lock_view(atomic=) took their locks
+    first, then refused (and released): a waiter saw the lock taken for nothing."""
+    taken: list[str] = []
+
+    def on_acquired(sender: Any, lock: Any, **kwargs: Any) -> None:
+        taken.append(lock.name)
+
+    @single_instance(key=f"{name}:task", ttl=30, atomic=PG)
+    def task() -> None:
+        pytest.fail("the task ran")
+
+    def view(request: Any) -> Any:
+        pytest.fail("the view ran")
+
+    lock_acquired.connect(on_acquired, weak=False)
+    transaction.set_autocommit(False, using=PG)
+    try:
+        with (
+            pytest.raises(LockError, match="autocommit off"),
+            lock_all(f"{name}:a", f"{name}:b", ttl=30, atomic=PG),
+        ):
+            pytest.fail("the body ran")
+        with pytest.raises(LockError, match="autocommit off"):
+            task()
+        with pytest.raises(LockError, match="autocommit off"):
+            lock_view(f"{name}:view", atomic=PG)(view)(RequestFactory().get("/"))
+    finally:
+        lock_acquired.disconnect(on_acquired)
+        transaction.rollback(using=PG)
+        transaction.set_autocommit(True, using=PG)
+    assert taken == []

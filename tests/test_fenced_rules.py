@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -436,16 +438,66 @@ def test_a_failed_commit_releases_and_commits_nothing(
 def test_an_exception_at_the_release_after_the_commit(
     name: str, raised: type[BaseException], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A LockError there is the lost-hold rule (tests/test_fenced.py): logged. Anything else
-    is not the lock's to hide: it propagates, the sale committed all the same."""
+    """A LockError there is the lost-hold rule (tests/test_fenced.py): logged. So is any other
+    ``Exception`` (a signal handler's, as Celery's soft time limit): raised, it would say
+    "not committed" and a retry would sell twice (it propagated). An interrupt (``Boom``, not
+    an ``Exception``) propagates; the sale committed all the same."""
     held = lock(name, ttl=30, atomic=True)
 
     def release() -> None:
         raise raised()
 
-    with pytest.raises(raised), held:
+    interrupt = not issubclass(raised, Exception)
+    with pytest.raises(raised) if interrupt else contextlib.nullcontext(), held:
         sell_one(DB, 1, "a")
         monkeypatch.setattr(held, "release", release)
     monkeypatch.undo()
     assert sales(DB) == [("a", 10)]
     locks["default"].force_release(name)
+
+
+@pytest.mark.parametrize(
+    ("function", "line"),
+    [
+        ("leave_block", "stack.__exit__(exc_type, exc, tb)"),
+        ("enter_block", "_blocks().append((lock, stack))"),
+    ],
+)
+def test_an_exception_between_the_block_and_its_with_rolls_back_and_releases_at_once(
+    name: str, function: str, line: str
+) -> None:
+    """A signal handler's exception in ``with``'s own code, between the lock and its fenced
+    block (the exit not yet run, or the block opened and not yet recorded): the block's
+    transaction stayed open (the row locked, the lock held) until the garbage collector
+    closed it. Now rolled back and released before the exception leaves."""
+    open_shop(DB, 1, 10)
+    code = getattr(fencing, function).__code__
+    source, first = inspect.getsourcelines(getattr(fencing, function))
+    target = first + next(i for i, text in enumerate(source) if line in text)
+    armed = [function == "enter_block"]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == target and armed[0]:
+            armed[0] = False
+            raise Boom()
+        return local
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is code else None
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        with pytest.raises(Boom) as raised, lock(name, ttl=30, atomic=True):
+            sell_one(DB, 1, "a")
+            armed[0] = True
+    finally:
+        sys.settrace(previous)
+    # While the exception lives (its traceback keeps the frames: a caller logs it, Celery
+    # stores it), not only once the collector closed what it kept.
+    assert raised.value is not None
+    assert not connection.in_atomic_block and not lock(name).locked()
+    assert sales(DB) == []
+    with lock(name, ttl=30, atomic=True):
+        sell_one(DB, 1, "b")
+    assert sales(DB) == [("b", 10)]

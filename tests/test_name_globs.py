@@ -113,13 +113,14 @@ def test_the_rule_matches_the_hand_worked_answers() -> None:
 
 def test_every_backend_lists_exactly_the_names_a_glob_matches(held: str) -> None:
     backend = locks[held]
+    ours = set(NAMES)  # the session's shared servers may hold other tests' names meanwhile
     for glob, names in GLOBS:
-        assert {info.name for info in backend.iter_locks(glob)} == names, glob
+        assert {info.name for info in backend.iter_locks(glob)} & ours == names, glob
         paged: list[str] = []
         cursor: str | None = None
         while True:
             found, cursor = backend.page(glob, cursor, 3)
-            paged += [info.name for info in found]
+            paged += [info.name for info in found if info.name in ours]
             if cursor is None:
                 break
         assert sorted(paged) == sorted(names), glob

@@ -141,7 +141,8 @@ def test_majority_down_fails_fast_and_leaves_nothing(
     for server in nodes[:3]:
         server.kill()
     started = time.monotonic()
-    with pytest.raises(QuorumNotReached, match="2 of 5 nodes answered"):
+    # 2 of 5 answer at most: decided as soon as three refused, maybe before the last replies.
+    with pytest.raises(QuorumNotReached, match=r"only [0-2] of 5 nodes answered, 3 needed"):
         lock("m", using="quorum").acquire()
     assert time.monotonic() - started < 2 * NODE_TIMEOUT + 0.2
     assert not keys(nodes[3]) and not keys(nodes[4])

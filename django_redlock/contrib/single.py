@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 from ..backends import markers
 from ..backends.base import Kind, LockInfo
 from ..exceptions import LockError, LockNotAcquired
-from ..fencing import database_of, release_after_commit
+from ..fencing import database_of, refuse_manual_commit, release_after_commit
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import HOST
 from ..identity import current_task as holder_task
@@ -562,6 +562,8 @@ def take(
     the whole run with :func:`let_go` (an exception such as a soft time limit may come at any
     line once the lock is taken: nothing between the acquire and that guard may leave it held
     and renewed)."""
+    if config.atomic is not None:  # autocommit off: refused before the lock is taken
+        refuse_manual_commit(config.atomic, f"@single_instance lock {key!r}")
     if held is None:
         held = new_hold(config, key, task_id, attempt)
     try:

@@ -49,7 +49,7 @@ from .. import observe
 from ..backends.base import BaseLockBackend, Op
 from ..backends.redis import RedisBackend, TakenAll
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
-from ..fencing import check_database, database_of
+from ..fencing import check_database, database_of, refuse_manual_commit
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import group_meta, holder_meta, new_token, new_waiter_id, owner_id
 from ..scripts import Call, script
@@ -471,6 +471,8 @@ class MultiLock:
         return self.timeout if self.blocking else None
 
     def __enter__(self) -> MultiLock:
+        if self.database is not None:  # autocommit off: refused before the lock is taken
+            refuse_manual_commit(self.database, self.describe())
         try:
             if not self.acquire(self.blocking, self._timeout()):
                 raise self._not_acquired(self._timeout())
@@ -583,7 +585,7 @@ class MultiLock:
             return
         try:  # committed: whatever the release finds, raising would invite a second run
             self.release()
-        except LockError as error:
+        except Exception as error:  # a lost hold, a soft time limit: the commit stands
             logger.warning("redlock: %s: its fenced transaction committed; then: %s",
                            self.describe(), error)  # fmt: skip
 
