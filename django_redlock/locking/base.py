@@ -785,6 +785,9 @@ class BaseLock:
                     del self._orphans[owner]
             raise LockLost(f"{self.describe()} was lost: {self._lost or 'it expired'}")
         owner, hold = self.current_hold()
+        if hold.releasing and self.reentrant:
+            yield from self._finish_unsure_release(owner, hold)
+            return
         if hold.depth <= 1:
             # Whatever the release's fate (Redis may not answer), stop renewing: at worst
             # the hold runs out at its TTL, and release() can be called again meanwhile.
@@ -806,7 +809,8 @@ class BaseLock:
                     self._believe(owner, -1, unsure=True)
             else:
                 # Kept for a retry, which is then no loss if it finds the token gone. Not
-                # counted any more: the owner's next operation releases it if need be.
+                # counted any more: the owner's next operation (a reentrant retry too:
+                # _finish_unsure_release) settles the count, releasing it if need be.
                 hold.releasing = True
                 with self._mutex:
                     hold.depth = 0
@@ -827,6 +831,19 @@ class BaseLock:
                 self._declare_lost(reason)
             raise LockLost(f"{self.describe()} was lost before release: {self._lost or reason}")
         if left <= 0:
+            logger.debug("redlock: released %s", self.describe())
+            lock_released.send_robust(sender=type(self), lock=self)
+
+    def _finish_unsure_release(self, owner: str, hold: Hold) -> Steps[None]:
+        """A reentrant release retried after no answer: its level is already out of the
+        count this process believes, so settling that count is the whole release, whether
+        the server ran the first one or not. Sent again, the release would count twice
+        and could free the name under a level the owner still holds. Never a loss: a
+        count gone on the server is settled as nothing."""
+        yield from self._settle(owner)
+        with self._mutex:
+            self._forget(owner, hold)
+        if not believed(self.backend, self.name, owner):
             logger.debug("redlock: released %s", self.describe())
             lock_released.send_robust(sender=type(self), lock=self)
 
