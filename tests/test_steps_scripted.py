@@ -328,6 +328,41 @@ def test_a_reentry_nests_in_the_hold_and_keeps_its_fence(sent: dict[str, list[An
     assert lk.token is None and sent["lost"] == []
 
 
+@pytest.mark.parametrize("retries", [0, 1, 2])
+def test_a_nested_release_with_no_answer_counts_once_retried_or_not(
+    retries: int, sent: dict[str, list[Any]]
+) -> None:
+    """Three objects of one owner nested; the inner release gets no answer, whether the
+    server ran it or not (the client cannot tell). A retry only settles the count this
+    process knows (2): sending the release again would count it twice. The ``retries``-th
+    retry is answered (the ones before lose the settle's reply too)."""
+    outer, middle, inner = (Lock("scripted:once", using=ALIAS, auto_renew=False, ttl=10,
+                                 reentrant=True) for _ in range(3))  # fmt: skip
+    for count, lk in enumerate((outer, middle, inner), 1):
+        assert scripted(lk.acquire_steps(False, None), server(fence=5, count=count))[0]
+    with pytest.raises(BackendUnavailable):
+        scripted(inner.release_steps(), failing(0, lost_reply, server()))
+    for attempt in range(retries):
+        answer = server() if attempt == retries - 1 else failing(0, lost_reply, server())
+        try:
+            _, seen = scripted(inner.release_steps(), answer)
+        except BackendUnavailable:
+            seen = []
+            assert attempt < retries - 1
+        else:
+            assert [(script_of(s), s.request.args[1]) for s in seen] == [("settle", 2)]
+    if retries:
+        with pytest.raises(LockNotOwned):
+            scripted(inner.release_steps(), server())
+    _, seen = scripted(middle.release_steps(), lambda i, s: 1)  # one level left
+    names = [script_of(s) for s in seen]
+    assert names == (["release"] if retries else ["settle", "release"])
+    assert outer.token is not None and outer.fence == 5
+    _, seen = scripted(outer.release_steps(), server())
+    assert [script_of(s) for s in seen] == ["release"] and outer.token is None
+    assert sent["lost"] == []
+
+
 @pytest.mark.parametrize("reply", [[1, 6, 2], [1, 5, 1]], ids=["new-fence", "count-of-one"])
 def test_a_reentry_into_a_hold_that_is_gone_is_a_loss_declared_once(
     reply: list[int], sent: dict[str, list[Any]]

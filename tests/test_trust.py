@@ -23,6 +23,7 @@ from django_redlock import (
     QuorumNotReached,
     lock,
     locks,
+    read_write_lock,
 )
 from django_redlock.signals import lock_lost
 from django_redlock.testing import RedisServer
@@ -296,6 +297,28 @@ def test_waiting_for_a_lock_one_holds_oneself_fails_at_once(alias: str, name: st
         assert got == [False]
 
 
+@pytest.mark.parametrize("options", [{"auto_renew": False}, {"max_hold": 20}],
+                         ids=["not-renewed", "max-hold"])  # fmt: skip
+def test_waiting_for_a_lock_one_holds_unrenewed_fails_at_once(
+    alias: str, name: str, options: dict[str, Any]
+) -> None:
+    """Not renewed for good, it would still wait for itself until it runs out (then lost)."""
+    held = lock(name, using=alias, ttl=10, **options)
+    assert held.acquire()
+    with pytest.raises(LockError, match="wait for itself"):
+        lock(name, using=alias, ttl=10, **options).acquire()
+    held.extend(20)  # still refused after an extend
+    with pytest.raises(LockError, match="wait for itself"):
+        lock(name, using=alias, ttl=10, **options).acquire()
+    held.release()
+    ran_out = lock(name, using=alias, ttl=0.3, auto_renew=False)
+    assert ran_out.acquire()
+    time.sleep(0.5)  # it ran out: waiting for it is no wait for oneself
+    again = lock(name, using=alias, ttl=10)
+    assert again.acquire()
+    again.release()
+
+
 def test_waiting_for_itself_in_asyncio(alias: str, name: str) -> None:
     async def scenario() -> None:
         async with lock(name, using=alias):
@@ -456,6 +479,65 @@ def test_reentrant_counts_stay_true_across_lost_replies(
     assert again.acquire(timeout=1)  # a fresh hold, not a re-entry of the old one
     assert again.fence is not None and fence is not None and again.fence > fence
     again.release()
+    assert not locks["redis"].is_locked(name)
+    assert losses == []
+
+
+def _reentrant_holds(kind: str, name: str, using: str) -> Any:
+    if kind == "reentrant":
+        return lock(name, using=using, reentrant=True, ttl=10, auto_renew=False)
+    return read_write_lock(name, using=using, ttl=10, auto_renew=False).read()
+
+
+def _rival_of(kind: str, name: str) -> Any:
+    """Another owner's hold that the name's holds of ``kind`` exclude."""
+    if kind == "reentrant":
+        return lock(name, using="redis", reentrant=True, ttl=10, auto_renew=False)
+    return read_write_lock(name, using="redis", ttl=10, auto_renew=False).write()
+
+
+@pytest.mark.parametrize("retried", [True, False], ids=["retried", "not-retried"])
+@pytest.mark.parametrize("kind", ["reentrant", "read"])
+def test_an_unanswered_nested_release_counts_once(
+    proxied: LossyProxy, name: str, losses: list[str], kind: str, retried: bool
+) -> None:
+    """Three objects of one owner nested; the inner one's release gets no answer (it went
+    through). Retried or not, it counts once: the outer level is still held after the
+    middle one's release, and another owner cannot take the name."""
+    outer, middle, inner = (_reentrant_holds(kind, name, "lossy") for _ in range(3))
+    assert outer.acquire(blocking=False) and middle.acquire(blocking=False)
+    assert inner.acquire(blocking=False)
+    proxied.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        inner.release()
+    if retried:
+        inner.release()  # "calling it again succeeds either way"
+        with pytest.raises(LockNotOwned):
+            inner.release()  # and it was one release, not two
+    middle.release()
+    rival: list[bool] = []
+    other = threading.Thread(
+        target=lambda: rival.append(_rival_of(kind, name).acquire(blocking=False))
+    )
+    other.start()
+    other.join()
+    assert rival == [False]
+    assert outer.owned()
+    outer.release()
+    assert not locks["redis"].is_locked(name)
+    assert losses == []
+
+
+@pytest.mark.parametrize("kind", ["reentrant", "read"])
+def test_a_retried_release_of_the_last_level_frees_the_name(
+    proxied: LossyProxy, name: str, losses: list[str], kind: str
+) -> None:
+    held = _reentrant_holds(kind, name, "lossy")
+    assert held.acquire(blocking=False)
+    proxied.lose_replies(1)
+    with pytest.raises(BackendUnavailable):
+        held.release()
+    held.release()
     assert not locks["redis"].is_locked(name)
     assert losses == []
 

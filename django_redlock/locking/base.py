@@ -36,6 +36,7 @@ from .holds import (
     holds_it,
     refence_of,
     refenced,
+    retake,
     settled,
     take,
     unsettled,
@@ -550,10 +551,11 @@ class BaseLock:
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     self._holds[owner] = hold
-                    renewed = self.auto_renew and self.max_hold is None
-                    if self.exclusive and not self.reentrant and renewed:
-                        # Renewed for as long as it is held (or its object lives).
-                        hold.taken = take(self.backend, self.name, actor, self)
+                    if self.exclusive and not self.reentrant:
+                        # Renewed for as long as it is held (or its object lives), or
+                        # until it runs out.
+                        until = self._runs_out(hold, ttl_ms, adopted or time.monotonic())
+                        hold.taken = take(self.backend, self.name, actor, self, until)
                 hold.depth += 1
                 self._lost = None
                 if self.auto_renew and hold.renewer is None:
@@ -564,6 +566,15 @@ class BaseLock:
                 self._rebelieve(owner, count)
                 raise
         return hold
+
+    def _runs_out(self, hold: Hold, ttl_ms: int, since: float) -> float | None:
+        """When ``hold``, its TTL set at ``since``, runs out if it is not renewed for good
+        (monotonic, at the latest); None when it is renewed while held."""
+        if self.auto_renew and hold.stop_at is None:
+            return None
+        if self.auto_renew and hold.stop_at is not None:  # renewed up to max_hold
+            since = max(since, hold.stop_at)
+        return since + ttl_ms / 1000
 
     def _rebelieve(self, owner: str, count: int) -> None:
         """Back to the reentrant ``count`` the owner had before :meth:`_record` (its last
@@ -785,6 +796,9 @@ class BaseLock:
                     del self._orphans[owner]
             raise LockLost(f"{self.describe()} was lost: {self._lost or 'it expired'}")
         owner, hold = self.current_hold()
+        if hold.releasing and self.reentrant:
+            yield from self._finish_unsure_release(owner, hold)
+            return
         if hold.depth <= 1:
             # Whatever the release's fate (Redis may not answer), stop renewing: at worst
             # the hold runs out at its TTL, and release() can be called again meanwhile.
@@ -806,7 +820,8 @@ class BaseLock:
                     self._believe(owner, -1, unsure=True)
             else:
                 # Kept for a retry, which is then no loss if it finds the token gone. Not
-                # counted any more: the owner's next operation releases it if need be.
+                # counted any more: the owner's next operation (a reentrant retry too:
+                # _finish_unsure_release) settles the count, releasing it if need be.
                 hold.releasing = True
                 with self._mutex:
                     hold.depth = 0
@@ -827,6 +842,19 @@ class BaseLock:
                 self._declare_lost(reason)
             raise LockLost(f"{self.describe()} was lost before release: {self._lost or reason}")
         if left <= 0:
+            logger.debug("redlock: released %s", self.describe())
+            lock_released.send_robust(sender=type(self), lock=self)
+
+    def _finish_unsure_release(self, owner: str, hold: Hold) -> Steps[None]:
+        """A reentrant release retried after no answer: its level is already out of the
+        count this process believes, so settling that count is the whole release, whether
+        the server ran the first one or not. Sent again, the release would count twice
+        and could free the name under a level the owner still holds. Never a loss: a
+        count gone on the server is settled as nothing."""
+        yield from self._settle(owner)
+        with self._mutex:
+            self._forget(owner, hold)
+        if not believed(self.backend, self.name, owner):
             logger.debug("redlock: released %s", self.describe())
             lock_released.send_robust(sender=type(self), lock=self)
 
@@ -855,6 +883,10 @@ class BaseLock:
             raise LockLost(f"{self.describe()} could not be extended: {self._lost}")
         if seconds is not None:
             self.lock_ttl = seconds
+        if hold.taken is not None:
+            until = self._runs_out(hold, ttl_ms, sent)
+            if until is not None:
+                retake(hold.taken, until)
         if hold.renewer is not None:
             # The owner too: this may reach the renewer before the acquire's own news does.
             lives = _actor() if self.reentrant else None
