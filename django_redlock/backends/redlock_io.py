@@ -197,6 +197,7 @@ class Flight:
         for entry in lane.owed:
             entry[0] -= lane.got
         self.owed, lane.owed = lane.owed + self.owed, []
+        self.read, lane.read = lane.read + self.read, []
 
     def note(self, at: int, count: int, op: Op[Any], kind: str) -> None:
         self.owed.append([at, count, op, kind, []])
@@ -424,8 +425,8 @@ class Debts:
     collector's connection could let the undo overtake the retry's grant. One written whose
     reply does not prove it ran is owed again (:meth:`NodeIO.owe_back`): a node in CLIENT
     PAUSE frees what it read when the overdue connection is closed, a busy one answers BUSY.
-    Sent twice, a release deletes nothing more (its token is gone). Lost with the process: the hold on
-    that node then expires at its TTL, as before."""
+    Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
+    the hold on that node then expires at its TTL, as before."""
 
     def __init__(self, io: NodeIO) -> None:
         self._io = io
