@@ -160,11 +160,15 @@ class ReleaseHub:
     #: The most waiter ids kept by :meth:`abandon`: over it, the oldest not watched any more
     #: is left at once (its leave runs), never forgotten.
     ABANDONED_MAX = 1000
+    #: An id abandoned this recently is never left by the eviction: its waiter is still
+    #: setting up (it is abandoned just before it starts watching).
+    SETTING_UP = 1.0
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
         self._abandoned: dict[str, Callable[[], object]] = {}  # waiter id -> its leave
+        self._abandoned_at: dict[str, float] = {}  # waiter id -> when (monotonic)
 
     @contextlib.contextmanager
     def watch(self, channel: str, by_id: bool = False, lock: str = "") -> Iterator[Waiter]:
@@ -245,16 +249,22 @@ class ReleaseHub:
         ``waiter_id``, ``leave`` runs then, in a thread of its own (it takes the id out and
         wakes the next waiter); failing, it is kept for the next wake-up. Call it before the
         waiter stops watching."""
+        now = time.monotonic()
         with self._mutex:
             self._abandoned[waiter_id] = leave
+            self._abandoned_at[waiter_id] = now
             over = len(self._abandoned) - self.ABANDONED_MAX
             evicted: list[tuple[str, Callable[[], object]]] = []
             if over > 0:  # the oldest not watched any more: left now, not forgotten
                 for old in list(self._abandoned):
                     if len(evicted) >= over:
                         break
-                    if old not in self._waiters:
+                    # Not one still setting up (not watching yet): its leave would take
+                    # it out of the lock's queue before it even waited.
+                    at = self._abandoned_at.get(old, 0.0)
+                    if old not in self._waiters and now - at >= self.SETTING_UP:
                         evicted.append((old, self._abandoned.pop(old)))
+                        self._abandoned_at.pop(old, None)
         if evicted:
             self._start_leaves(evicted)
 
@@ -263,6 +273,7 @@ class ReleaseHub:
         hold): no leave is owed for it any more."""
         with self._mutex:
             self._abandoned.pop(waiter_id, None)
+            self._abandoned_at.pop(waiter_id, None)
 
     def _start_leaves(self, leaves: list[tuple[str, Callable[[], object]]]) -> None:
         """Leaves dropped from the registry (over ABANDONED_MAX) are sent now, in a thread:
@@ -296,6 +307,7 @@ class ReleaseHub:
                 chosen.baton = True
             else:
                 leave = self._abandoned.pop(channel, None)
+                self._abandoned_at.pop(channel, None)
         if group:
             chosen.wake()
         elif leave is not None:

@@ -213,6 +213,7 @@ class PubSubHub(ReleaseHub):
         self._mutex = threading.Lock()
         self._waiters = {}
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
+        self._abandoned_at = {}
         self._confirmed = {}
 
 

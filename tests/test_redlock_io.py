@@ -501,6 +501,106 @@ def test_an_acquire_s_undo_reaches_a_node_that_turned_slow_meanwhile(
         assert not _held_on(servers[:3], key), "the undo did not reach every node"
 
 
+def _until_gone(servers: list[RedisServer], key: str, name: str, alias: str) -> None:
+    until = time.monotonic() + 6
+    while _held_on(servers, key) and time.monotonic() < until:
+        lock(f"{name}:tick", using=alias).locked()  # requests that carry what is owed
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["ALL", "WRITE"])
+def test_a_release_written_to_a_node_in_client_pause_still_reaches_it(
+    three: list[RedisServer], name: str, mode: str
+) -> None:
+    """CLIENT PAUSE (what Redis's FAILOVER uses): the paused node reads the release into its
+    query buffer and frees it when its connection, overdue, is closed. The release, written
+    and never answered, was not owed: the hold stayed on that node for its whole TTL."""
+    with quorum_alias("owed", three):
+        backend = backend_of("owed")
+        key = backend.nodes[0].key(name)
+        holder = lock(name, using="owed", ttl=60, auto_renew=False)
+        assert holder.acquire(blocking=False)
+        three[2].client().execute_command("CLIENT", "PAUSE", 700, mode)
+        holder.release()
+        time.sleep(0.8)
+        _until_gone(three, key, name, "owed")
+        assert not _held_on(three, key), "the paused node kept the released hold"
+
+
+def test_an_async_release_to_a_node_in_client_pause_still_reaches_it(
+    three: list[RedisServer], name: str
+) -> None:
+    with quorum_alias("owed", three):
+        backend = backend_of("owed")
+        key = backend.nodes[0].key(name)
+        holder = lock(name, using="owed", ttl=60, auto_renew=False)
+
+        async def hold_and_release() -> None:
+            assert await holder.aacquire(blocking=False)
+            three[2].client().execute_command("CLIENT", "PAUSE", 700, "ALL")
+            await holder.arelease()
+            await asyncio.sleep(0.8)  # the request to the paused node ends meanwhile
+
+        asyncio.run(hold_and_release())
+        _until_gone(three, key, name, "owed")
+        assert not _held_on(three, key), "the paused node kept the released hold"
+
+
+def test_a_release_a_busy_node_refused_still_reaches_it(
+    three: list[RedisServer], name: str
+) -> None:
+    """A node busy with a long script answers the release BUSY (it did not run): read
+    later by the drainer, that reply was dropped, and the hold stayed for its TTL."""
+    with quorum_alias("owed", three):
+        backend = backend_of("owed")
+        key = backend.nodes[0].key(name)
+        holder = lock(name, using="owed", ttl=60, auto_renew=False)
+        assert holder.acquire(blocking=False)
+        admin = three[2].client(socket_timeout=5)
+        admin.config_set("busy-reply-threshold", 50)
+        spin = (
+            "local t = redis.call('TIME') local s = t[1] + t[2] / 1e6 while true do"
+            " local n = redis.call('TIME') if n[1] + n[2] / 1e6 - s > 1 then break end end"
+        )
+        busy = threading.Thread(target=admin.eval, args=(spin, 0))
+        busy.start()
+        try:
+            time.sleep(0.2)  # past the threshold: the node answers BUSY
+            holder.release()
+        finally:
+            busy.join()
+        _until_gone(three, key, name, "owed")
+        assert not _held_on(three, key), "the busy node kept the released hold"
+
+
+def test_a_release_owed_before_a_thousand_more_still_reaches_the_node(
+    three: list[RedisServer], name: str
+) -> None:
+    """Past OWED_MAX writes owed to a down node, the oldest were dropped: the releases of
+    holds it took before it stopped answering (those after are of holds taken without it)."""
+    with quorum_alias("owed", three):
+        backend = backend_of("owed")
+        key = backend.nodes[0].key(name)
+        holder = lock(name, using="owed", ttl=60, auto_renew=False)
+        assert holder.acquire(blocking=False)
+        three[2].pause()
+        try:
+            deadline = time.monotonic() + 10
+            while not backend.io.health.is_down(2):
+                assert time.monotonic() < deadline, "the paused node never counted as down"
+                lock(f"{name}:probe", using="owed").locked()
+                time.sleep(0.05)
+            holder.release()
+            for n in range(1100):
+                other = lock(f"{name}:{n % 7}", using="owed", ttl=60, auto_renew=False)
+                assert other.acquire(blocking=False)
+                other.release()
+        finally:
+            three[2].resume()
+        _until_gone(three, key, name, "owed")
+        assert not _held_on(three, key), "the release owed first was dropped"
+
+
 def test_a_new_connection_to_a_node_paused_since_it_answered_delays_no_other_node(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -64,6 +65,7 @@ def test_abandoned_waiters_over_the_bound_are_left_at_once() -> None:
     for it was heard by nobody and the lock's next waiter slept until the hold's expiry:
     it is left at once instead (its leave runs), and never twice."""
     hub = ReleaseHub()
+    hub.SETTING_UP = 0.0  # abandoned long ago: none still setting up
     ran: list[int] = []
     for i in range(hub.ABANDONED_MAX + 1):
         hub.abandon(f"p.{i}", lambda i=i: ran.append(i))
@@ -77,6 +79,7 @@ def test_abandoned_waiters_over_the_bound_are_left_at_once() -> None:
 
 def test_a_waiter_still_watching_is_never_left_for_the_bound() -> None:
     hub = ReleaseHub()
+    hub.SETTING_UP = 0.0
     ran: list[int] = []
     with hub.watch("p.live", by_id=True):
         hub.abandon("p.live", lambda: ran.append(-1))  # a waiter's leave, held from its start
@@ -84,6 +87,23 @@ def test_a_waiter_still_watching_is_never_left_for_the_bound() -> None:
             hub.abandon(f"p.{i}", lambda i=i: ran.append(i))
         time.sleep(0.2)
         assert ran == [0]  # not the live one, though older
+
+
+def test_a_waiter_still_setting_up_is_never_left_for_the_bound() -> None:
+    """Past ABANDONED_MAX waiters watching in one process, the newest one's leave (held from
+    before its first try, abandoned just before it starts watching) was the one left at
+    once, not being watched yet: a fair waiter lost its queue place as it joined."""
+    hub = ReleaseHub()
+    ran: list[str] = []
+    with contextlib.ExitStack() as watching:
+        for i in range(hub.ABANDONED_MAX):
+            hub.abandon(f"p.{i}", lambda i=i: ran.append(str(i)))
+            watching.enter_context(hub.watch(f"p.{i}", by_id=True))
+        hub.abandon("p.new", lambda: ran.append("new"))
+        with hub.watch("p.new", by_id=True):
+            time.sleep(0.2)
+            assert ran == []
+    assert len(hub._abandoned) == hub.ABANDONED_MAX + 1  # all kept: each may be woken
 
 
 def test_a_leave_for_an_abandoned_waiter_that_fails_is_tried_at_the_next_wake_up() -> None:

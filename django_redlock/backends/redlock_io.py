@@ -104,8 +104,10 @@ CONNECT_POLL = 0.001
 DRAIN_POLL = 0.002
 #: An idle drainer wakes this often (its heartbeat: one that stopped is replaced).
 DRAIN_IDLE = 0.5
-#: At most this many writes owed per node (the oldest are dropped: a hold left by a release
-#: that never arrives expires at its TTL, as before).
+#: At most this many writes owed per node (the newest are dropped: a hold left by a release
+#: that never arrives expires at its TTL, as before). The newest, as the oldest are likely
+#: the ones for holds the node took before it stopped answering; a release owed since then
+#: is mostly for a hold taken without it.
 OWED_MAX = 1000
 #: How often the debt collector looks whether a node owed writes answers again.
 OWED_POLL = 0.1
@@ -179,10 +181,36 @@ class Flight:
     since: float  # when the request of the oldest unread reply was sent
     sent: float  # when this request was sent
     raw: list[Any] = field(default_factory=list)
+    #: The writes every node must get (releases, undos) among the unread replies, in order:
+    #: [first reply's position, replies, op, kind, replies read]. A position counts from
+    #: this Flight's first unread reply. One whose replies are all read is moved to ``read``.
+    owed: list[list[Any]] = field(default_factory=list)
+    read: list[tuple[Op[Any], str, list[Any]]] = field(default_factory=list)
+    got: int = 0  # replies read by this Flight
 
     @property
     def unread(self) -> int:
         return self.skip + self.count - len(self.raw)
+
+    def carry(self, lane: Flight) -> None:
+        """Take over ``lane``'s owed writes still unread (this Flight reads on from it)."""
+        for entry in lane.owed:
+            entry[0] -= lane.got
+        self.owed, lane.owed = lane.owed + self.owed, []
+        self.read, lane.read = lane.read + self.read, []
+
+    def note(self, at: int, count: int, op: Op[Any], kind: str) -> None:
+        self.owed.append([at, count, op, kind, []])
+
+    def _seen(self, reply: Any) -> None:
+        at = self.got
+        self.got += 1
+        if self.owed and self.owed[0][0] <= at:
+            entry = self.owed[0]
+            entry[4].append(reply)
+            if len(entry[4]) >= entry[1]:
+                self.owed.pop(0)
+                self.read.append((entry[2], entry[3], entry[4]))
 
     def deadline(self, timeout: float) -> float:
         return self.since + timeout
@@ -194,12 +222,14 @@ class Flight:
         while self.skip:
             if (reply := next_reply()) is NOT_YET:
                 return False
+            self._seen(reply)
             self.skip -= 1
             if not self.skip:
                 self.since = self.sent
         while len(raw) < self.count:
             if (reply := next_reply()) is NOT_YET:
                 return False
+            self._seen(reply)
             raw.append(reply)
         return True
 
@@ -264,6 +294,7 @@ class Lanes:
             closed = self._closed
         if old is not None and old is not flight:  # (a lane the drainer kept meanwhile)
             self._io.drop(i, old.connection, old)
+            self._io.owe_back(i, old, unread=True)
         if closed:
             self._io.drop(i, flight.connection, flight)
             return
@@ -356,14 +387,18 @@ class Lanes:
         try:
             if seen.read_ready(reader):
                 self._io.give_back(i, connection, reader)
+                self._io.owe_back(i, seen)
             elif now >= seen.deadline(timeout):
                 self._io.drop(i, connection, reader)
                 self._io.health.failed(i)
+                self._io.owe_back(i, seen, unread=True)  # a paused node frees what it read
             else:
                 keep = True
+                self._io.owe_back(i, seen)
         except Exception:  # a connection error, or a reply that cannot be parsed
             self._io.drop(i, connection, reader)
             self._io.health.failed(i)
+            self._io.owe_back(i, seen, unread=True)
         finally:
             with self._lock:
                 self._reading.discard(key)
@@ -387,9 +422,11 @@ class Debts:
     to it before then, unless a quorum needs it). A release of a node that answers but is
     slow is sent by the collector thread once the node is no longer slow; an undo is not
     sent that way: the acquire it undoes may be tried again with its token, and the
-    collector's connection could let the undo overtake the retry's grant. Sent twice, a
-    release deletes nothing more (its token is gone). Lost with the process: the hold on
-    that node then expires at its TTL, as before."""
+    collector's connection could let the undo overtake the retry's grant. One written whose
+    reply does not prove it ran is owed again (:meth:`NodeIO.owe_back`): a node in CLIENT
+    PAUSE frees what it read when the overdue connection is closed, a busy one answers BUSY.
+    Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
+    the hold on that node then expires at its TTL, as before."""
 
     def __init__(self, io: NodeIO) -> None:
         self._io = io
@@ -403,7 +440,26 @@ class Debts:
             owed = self._owed[i]
             owed.append(Debt(op, kind == "undo"))
             while len(owed) > OWED_MAX:
-                owed.popleft()
+                owed.pop()
+        self.collect()
+
+    def take_kinds(self, i: int) -> list[tuple[Op[Any], str]]:
+        """Node i's debts with their kinds, taken off the books."""
+        owed = self._owed[i]
+        if not owed:
+            return []
+        with self._lock:
+            taken = [(d.op, "undo" if d.undo else "release") for d in owed]
+            owed.clear()
+        return taken
+
+    def reowe(self, i: int, items: list[tuple[Op[Any], str]]) -> None:
+        """Writes sent whose reply did not prove they ran: owed again, ahead of newer ones."""
+        with self._lock:
+            owed = self._owed[i]
+            owed.extendleft(Debt(op, kind == "undo") for op, kind in reversed(items))
+            while len(owed) > OWED_MAX:
+                owed.pop()
         self.collect()
 
     def take(self, i: int, undo: bool = True) -> list[Op[Any]]:
@@ -768,6 +824,31 @@ class NodeIO:
                 asked.append(i)
         return replies, asked
 
+    def owe_back(self, i: int, flight: Flight, unread: bool = False) -> None:
+        """The writes every node must get among ``flight``'s replies read whose reply does
+        not prove they ran (BUSY, LOADING, ...: refused for now), and, ``unread``, those
+        whose reply will never be read (its connection is closed: a node in CLIENT PAUSE,
+        or BUSY, frees what it read and did not run): owed again, ahead of newer debts."""
+        again = [(op, kind) for op, kind, got in flight.read if not self._ran(i, got)]
+        flight.read.clear()
+        if unread:
+            again += [(entry[2], entry[3]) for entry in flight.owed]
+            flight.owed.clear()
+        if again:
+            self.debts.reowe(i, again)
+
+    def _ran(self, i: int, replies: list[Any]) -> bool:
+        for reply in replies:
+            if isinstance(reply, NoScriptError) or (
+                isinstance(reply, Exception) and not isinstance(reply, ResponseError)
+            ):
+                return False
+            if isinstance(reply, ResponseError) and acl.first_refused([reply]) is None:
+                refusal = self.nodes[i].server_error("", reply)
+                if isinstance(refusal, BackendUnavailable):  # for now: asked again, it may run
+                    return False
+        return True
+
     def _unsent(self, fan: Fan, i: int) -> None:
         """Node i was not sent ``fan``'s op: owed it, if the op must reach every node."""
         if fan.owed:
@@ -828,6 +909,9 @@ class NodeIO:
                         self._send(fan, i, connection, None, flights, replies, me)
             self._collect(fan, flights, connecting, replies, started, me, watch)
         except BaseException:
+            with contextlib.suppress(BaseException):  # (the first exception is raised)
+                for i, flight in list(flights.items()):
+                    self.owe_back(i, flight, unread=True)
             self._abandon(me, connecting)
             raise
 
@@ -893,6 +977,7 @@ class NodeIO:
             flight = flights[i] = Flight(connection, stream_of(connection), 0, 0, now, now)
         else:
             flight = flights[i] = Flight(connection, lane.stream, lane.unread, 0, lane.since, now)
+            flight.carry(lane)
         commands = _commands(fan[i].request)
         flight.count = len(commands)
         # What node i is owed goes first, on this connection: nothing sent after it
@@ -900,11 +985,17 @@ class NodeIO:
         # a node still down: a connection dropped when it went down may hold requests the
         # node has not read yet (the acquire a release undoes), and this one could overtake
         # them; its probe pays once the node answers (after those).
-        owed = [] if self.health.is_down(i) else self.debts.take(i)
+        owed = [] if self.health.is_down(i) else self.debts.take_kinds(i)
         if owed:
-            debts = [c for op in owed for c in _commands(op.request)]
-            flight.skip += len(debts)
+            debts = []
+            for op, kind in owed:
+                sent = _commands(op.request)
+                flight.note(flight.skip, len(sent), op, kind)
+                flight.skip += len(sent)
+                debts += sent
             commands = debts + commands
+        if fan.owed:  # a reply that does not prove it ran leaves it owed (see owe_back)
+            flight.note(flight.skip, flight.count, fan[i], fan.owed)
         owners.using(connection, me)
         try:
             flight.stream.send(b"".join(pack_many(connection, commands)))
@@ -913,8 +1004,7 @@ class NodeIO:
             del flights[i]
             self.health.failed(i)
             replies[i] = _unavailable(self.nodes[i], fan[i], exc)
-            self.debts.restore(i, owed, False)
-            self._unsent(fan, i)
+            self.owe_back(i, flight, unread=True)
 
     def _connected(
         self,
@@ -979,7 +1069,9 @@ class NodeIO:
                     del flights[i]
                     self.health.failed(i)
                     replies[i] = _unavailable(self.nodes[i], fan[i], exc)
+                    self.owe_back(i, flight, unread=True)
                     continue
+                self.owe_back(i, flight, unread=not done and overdue)
                 if done:
                     self.give_back(i, flight.connection, me)
                     del flights[i]
@@ -1055,7 +1147,7 @@ class NodeIO:
     async def _aask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        tasks = {loop.create_task(self._anode(i, fan[i])): i for i in indexes}
+        tasks = {loop.create_task(self._anode(i, fan[i], fan.owed)): i for i in indexes}
         waiting = set(tasks)
         grace_end: float | None = None
         patience = None if fan.enough is None else started + self.slow_after
@@ -1094,7 +1186,7 @@ class NodeIO:
             if not tasks:
                 self._tasks.pop(i, None)
 
-    async def _anode(self, i: int, op: Op[Any]) -> Any:
+    async def _anode(self, i: int, op: Op[Any], owed: str = "") -> Any:
         loop = asyncio.get_running_loop()
         with self._mutex:
             earlier = [t for t in self._tasks.get(i, {}) if t.get_loop() is loop]
@@ -1104,6 +1196,8 @@ class NodeIO:
             reply = await self.nodes[i].aexecute(op)
         except BackendUnavailable as exc:
             self.health.failed(i)
+            if owed:  # not proven to have run (no answer, BUSY, ...): the node is owed it
+                self.debts.owe(i, op, owed)
             return exc
         except Exception as exc:
             return exc
