@@ -9,7 +9,8 @@ child gets SIGKILL from the kernel at once (``PR_SET_PDEATHSIG``, set in the chi
 fork and exec, from ``exec``'s main thread: the signal follows the forking thread).
 
 Exit status: the child's (128 + N when signal N ended it); :data:`EXIT_CONFLICT` (or
-``--conflict-exit-code``) when the lock was not taken, nothing run; :data:`EXIT_UNAVAILABLE`
+``--conflict-exit-code``) when the lock was not taken (held elsewhere, or as another kind),
+nothing run; :data:`EXIT_UNAVAILABLE`
 when the backend could not answer (before the child ran, or for so long while it ran that
 the hold may have expired: the child was then stopped); :data:`EXIT_LOST` when the backend
 answered that the hold was gone while the child ran (it was stopped); 2 bad usage, before
