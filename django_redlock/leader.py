@@ -20,6 +20,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -162,15 +163,28 @@ class Keeper:
             self._next_at = retry
 
 
+def _answered_soon(held: BaseLock, before: float) -> bool:
+    return time.monotonic() - before <= float(held.lock_ttl) / 6
+
+
 def hold_start(held: BaseLock, before: float) -> float:
     """When a hold just taken counts from (monotonic): ``before``, taken just before the take
     was sent, when the take answered soon; after a long wait (the try that won was sent at
-    some unknown point of it), from a renewal sent now. Raises what the renewal raises
-    (``LockNotOwned``: it expired already)."""
-    if time.monotonic() - before <= float(held.lock_ttl) / 6:
+    some unknown point of it) or a late answer, from a renewal sent now. Raises what the
+    renewal raises (``LockNotOwned``: it expired already)."""
+    if _answered_soon(held, before):
         return before
     sent = time.monotonic()
     held.extend()
+    return sent
+
+
+async def ahold_start(held: BaseLock, before: float) -> float:
+    """:func:`hold_start` on the event loop."""
+    if _answered_soon(held, before):
+        return before
+    sent = time.monotonic()
+    await held.aextend()
     return sent
 
 
@@ -196,6 +210,9 @@ def _resign_all() -> None:
 
 
 atexit.register(_resign_all)
+# A forked child's exit must not resign its parent's terms.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_terms.clear)
 
 
 class Term:
@@ -249,20 +266,16 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         self._stop = stop
         self._keeper: Keeper | None = None
 
-    def _lead(self, before: float) -> Term:
+    def _lead(self, since: float) -> Term:
+        # Leadership ends a third of the TTL before the hold could expire unrenewed.
+        keeper = self._keeper = Keeper(self.lock, self.lock.lock_ttl / 3, self._stop, since)
+        term = Term(self.lock.name, self.lock.using, self.lock.fence or 0, keeper)
         try:
-            since = hold_start(self.lock, before)
-            # Leadership ends a third of the TTL before the hold could expire unrenewed.
-            keeper = Keeper(self.lock, self.lock.lock_ttl / 3, self._stop, since=since)
-            self._keeper = keeper
-            term = Term(self.lock.name, self.lock.using, self.lock.fence or 0, keeper)
             keeper.start()
-        except BaseException as exc:  # no thread (interpreter shutdown...), no hold: resign
+        except BaseException:  # no thread (interpreter shutdown, a thread limit): resign
             self._keeper = None
             with contextlib.suppress(LockError):
                 self.lock.release()
-            if isinstance(exc, LockNotOwned):  # expired before it was confirmed
-                raise self._not_leading() from exc
             raise
         _terms.add(self)
         logger.info("redlock: leading %r on %r (fence %s)", term.name, term.using, term.fence)
@@ -275,7 +288,15 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         before = time.monotonic()  # the hold counts from before its take was sent
         if not self.lock.acquire(timeout=self.timeout):
             raise self._not_leading()
-        return self._lead(before)
+        try:
+            since = hold_start(self.lock, before)
+        except LockNotOwned as exc:  # gone before its confirming renewal: not leading
+            raise self._not_leading() from exc
+        except BaseException:  # unconfirmed: resign
+            with contextlib.suppress(LockError):
+                self.lock.release()
+            raise
+        return self._lead(since)
 
     def __exit__(
         self,
@@ -291,7 +312,15 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         before = time.monotonic()
         if not await self.lock.aacquire(timeout=self.timeout):
             raise self._not_leading()
-        return self._lead(before)
+        try:
+            since = await ahold_start(self.lock, before)
+        except LockNotOwned as exc:
+            raise self._not_leading() from exc
+        except BaseException:
+            with contextlib.suppress(LockError):
+                await self.lock.arelease()
+            raise
+        return self._lead(since)
 
     async def __aexit__(
         self,

@@ -231,3 +231,25 @@ def test_a_take_whose_answer_came_late_is_counted_from_its_send(
             assert time.monotonic() < expires - 0.1, (now.ttl, term.reason)
         finally:
             paused_alias.resume()
+
+
+def test_an_async_take_whose_answer_came_late_is_confirmed_by_a_renewal(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    campaign = leader(name, using="redis", ttl=2)
+    take = campaign.lock.aacquire
+
+    async def late(*args: object, **kwargs: object) -> bool:
+        taken = await take(*args, **kwargs)  # type: ignore[arg-type]
+        await asyncio.sleep(0.6)  # more than a sixth of the TTL
+        return taken
+
+    monkeypatch.setattr(campaign.lock, "aacquire", late)
+
+    async def main() -> float | None:
+        async with campaign:
+            now = current_leader(name, using="redis")
+            return None if now is None else now.ttl
+
+    left = asyncio.run(main())
+    assert left is not None and left > 1.7  # renewed on entry, not 1.4 s left
