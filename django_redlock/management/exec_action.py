@@ -142,7 +142,11 @@ def _preexec(
     def setup() -> None:
         os.setpgid(0, 0)  # its own group: exec signals the group, the terminal does not
         if guard is not None:  # the guard kills this group from now on if exec dies
-            os.write(guard, b"%d\n" % os.getpid())
+            # Best effort: a guard already gone (EPIPE) leaves the parent-death signal.
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+            with contextlib.suppress(OSError):
+                os.write(guard, b"%d\n" % os.getpid())
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         if foreground:  # as a shell does, in the child too: it may read before exec's turn
             signal.signal(signal.SIGTTOU, signal.SIG_IGN)
             os.tcsetpgrp(0, os.getpid())
