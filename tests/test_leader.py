@@ -253,3 +253,19 @@ def test_an_async_take_whose_answer_came_late_is_confirmed_by_a_renewal(
 
     left = asyncio.run(main())
     assert left is not None and left > 1.7  # renewed on entry, not 1.4 s left
+
+
+def test_a_renewal_awaiting_its_answer_is_not_waited_for_by_spinning(
+    paused_alias: RedisServer, name: str
+) -> None:
+    """While a renewal waits for an answer that does not come, the keeper sleeps until its
+    give-up time: it does not spin a core (which on a loaded machine starves the rest)."""
+    with leader(name, using="paused", ttl=3) as term:
+        paused_alias.pause()
+        try:
+            cpu = time.process_time()
+            assert term.lost.wait(4)
+            used = time.process_time() - cpu
+        finally:
+            paused_alias.resume()
+    assert used < 0.3, used  # a spinning keeper: most of the second between renewal and give-up
