@@ -17,10 +17,13 @@ The Keeper is what ``manage.py redlock exec`` renews its hold with too.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -54,7 +57,13 @@ class Keeper:
     some point after that. Each renewal runs in a thread of its own, so a renewal that waits
     for its answer (up to a socket timeout) never delays that deadline."""
 
-    def __init__(self, held: BaseLock, margin: float, stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        held: BaseLock,
+        margin: float,
+        stop: threading.Event | None = None,
+        since: float | None = None,
+    ) -> None:
         self.lock = held
         self.ttl = float(held.lock_ttl)
         self.margin = min(max(margin, 0.0), self.ttl * 2 / 3)
@@ -66,8 +75,12 @@ class Keeper:
         self._outside_stop = stop  # another reason to end (run_as_leader's stop)
         self._stop = threading.Event()
         self._mutex = threading.Lock()
-        self._confirmed_until = time.monotonic() + self.ttl  # the acquire returned just now
-        self._next_at = time.monotonic() + self.period
+        # The hold counts from when its take was sent (``since``: see hold_start), not from
+        # when the answer came: the server set its TTL at some point in between.
+        since = time.monotonic() if since is None else since
+        self._confirmed_until = since + self.ttl
+        self._next_at = since + self.period
+        self._awake = time.monotonic()  # the loop's last turn: a long gap is a pause of ours
         self._renewal: threading.Thread | None = None
         self._thread = threading.Thread(
             target=self._run, name=f"redlock-keeper {held.name}", daemon=True
@@ -100,13 +113,22 @@ class Keeper:
         while not self.lost.is_set():
             with self._mutex:
                 due, give_up_at = self._next_at, self._confirmed_until - self.margin
+            if self._renewal is not None and self._renewal.is_alive():
+                due = give_up_at  # its answer is awaited: no spinning meanwhile
             wait = min(due, give_up_at) - time.monotonic()
             if self._stop.wait(min(max(wait, 0.0), 0.25)):
                 return
             if self._outside_stop is not None and self._outside_stop.is_set():
                 return self.end("stopped", unknown=False)
             now = time.monotonic()
+            stalled, self._awake = now - self._awake, now
             if now >= give_up_at:
+                if stalled > self.period:  # not the backend: this process did not run
+                    return self.end(
+                        f"this process did not run for {stalled:.1f} s (paused): no renewal"
+                        f" confirmed for {self.ttl - self.margin:g} s",
+                        unknown=True,
+                    )
                 return self.end(
                     f"no renewal confirmed for {self.ttl - self.margin:g} s (the backend did"
                     " not answer)",
@@ -139,6 +161,58 @@ class Keeper:
             return
         with self._mutex:
             self._next_at = retry
+
+
+def _answered_soon(held: BaseLock, before: float) -> bool:
+    return time.monotonic() - before <= float(held.lock_ttl) / 6
+
+
+def hold_start(held: BaseLock, before: float) -> float:
+    """When a hold just taken counts from (monotonic): ``before``, taken just before the take
+    was sent, when the take answered soon; after a long wait (the try that won was sent at
+    some unknown point of it) or a late answer, from a renewal sent now. Raises what the
+    renewal raises (``LockNotOwned``: it expired already)."""
+    if _answered_soon(held, before):
+        return before
+    sent = time.monotonic()
+    held.extend()
+    return sent
+
+
+async def ahold_start(held: BaseLock, before: float) -> float:
+    """:func:`hold_start` on the event loop."""
+    if _answered_soon(held, before):
+        return before
+    sent = time.monotonic()
+    await held.aextend()
+    return sent
+
+
+# The terms of this process, resigned at its clean exit (atexit) so that the next candidate
+# leads at once, even for a term led from a daemon thread still in its block.
+_terms: weakref.WeakSet[leader] = weakref.WeakSet()
+EXIT_RESIGN = 2.0  # seconds the exit waits for the resignations at most
+
+
+def _resign_all() -> None:
+    campaigns = list(_terms)
+    if not campaigns:
+        return
+    threads = [
+        threading.Thread(target=campaign._resign_at_exit, name="redlock-resign", daemon=True)
+        for campaign in campaigns
+    ]
+    deadline = time.monotonic() + EXIT_RESIGN
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_resign_all)
+# A forked child's exit must not resign its parent's terms.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_terms.clear)
 
 
 class Term:
@@ -192,9 +266,9 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         self._stop = stop
         self._keeper: Keeper | None = None
 
-    def _lead(self) -> Term:
+    def _lead(self, since: float) -> Term:
         # Leadership ends a third of the TTL before the hold could expire unrenewed.
-        keeper = self._keeper = Keeper(self.lock, self.lock.lock_ttl / 3, self._stop)
+        keeper = self._keeper = Keeper(self.lock, self.lock.lock_ttl / 3, self._stop, since)
         term = Term(self.lock.name, self.lock.using, self.lock.fence or 0, keeper)
         try:
             keeper.start()
@@ -203,6 +277,7 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
             with contextlib.suppress(LockError):
                 self.lock.release()
             raise
+        _terms.add(self)
         logger.info("redlock: leading %r on %r (fence %s)", term.name, term.using, term.fence)
         return term
 
@@ -210,9 +285,18 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         return LockNotAcquired(f"{self.lock.describe()}: not leading within {self.timeout:g} s")
 
     def __enter__(self) -> Term:
+        before = time.monotonic()  # the hold counts from before its take was sent
         if not self.lock.acquire(timeout=self.timeout):
             raise self._not_leading()
-        return self._lead()
+        try:
+            since = hold_start(self.lock, before)
+        except LockNotOwned as exc:  # gone before its confirming renewal: not leading
+            raise self._not_leading() from exc
+        except BaseException:  # unconfirmed: resign
+            with contextlib.suppress(LockError):
+                self.lock.release()
+            raise
+        return self._lead(since)
 
     def __exit__(
         self,
@@ -225,9 +309,18 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
             self.lock.release()
 
     async def __aenter__(self) -> Term:
+        before = time.monotonic()
         if not await self.lock.aacquire(timeout=self.timeout):
             raise self._not_leading()
-        return self._lead()
+        try:
+            since = await ahold_start(self.lock, before)
+        except LockNotOwned as exc:
+            raise self._not_leading() from exc
+        except BaseException:
+            with contextlib.suppress(LockError):
+                await self.lock.arelease()
+            raise
+        return self._lead(since)
 
     async def __aexit__(
         self,
@@ -241,10 +334,20 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
             await self.lock.arelease()
 
     def _end_term(self) -> None:
+        _terms.discard(self)
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.stop()
             keeper.end("resigned", unknown=False)
+
+    def _resign_at_exit(self) -> None:
+        keeper = self._keeper
+        if keeper is None:
+            return
+        keeper.end("the process exits", unknown=False)  # stop acting first, then resign
+        keeper.stop()
+        with contextlib.suppress(LockError):
+            self.lock.release()
 
 
 @dataclass(frozen=True)
@@ -321,4 +424,12 @@ def run_as_leader(
                 stop.wait(retry)
 
 
-__all__ = ["Keeper", "LeaderInfo", "Term", "current_leader", "leader", "run_as_leader"]
+__all__ = [
+    "Keeper",
+    "LeaderInfo",
+    "Term",
+    "current_leader",
+    "hold_start",
+    "leader",
+    "run_as_leader",
+]

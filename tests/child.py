@@ -209,7 +209,8 @@ def lease(args: argparse.Namespace) -> None:
 
 def lead(args: argparse.Namespace) -> None:
     """A leader candidate: ``LEADING <fence>`` once it leads, ``LOST <reason>`` when
-    leadership ends; ``resign`` on stdin leaves the block, ``exit`` ends the process."""
+    leadership ends; ``resign`` on stdin leaves the block, ``exit`` ends the process
+    (``--in-thread``: leading from a daemon thread, which exit leaves in its block)."""
     from django_redlock import leader
 
     commands: list[str] = []
@@ -221,15 +222,22 @@ def lead(args: argparse.Namespace) -> None:
             arrived.set()
 
     threading.Thread(target=read, daemon=True).start()
+
+    def campaign() -> None:
+        with leader(args.name, ttl=args.ttl) as term:
+            say("LEADING", term.fence)
+            while not term.lost.is_set() and "resign" not in commands:
+                arrived.wait(0.01)
+                arrived.clear()
+            if term.lost.is_set():
+                say("LOST", term.reason)
+        say("RESIGNED")
+
     say("CAMPAIGNING")
-    with leader(args.name, ttl=args.ttl) as term:
-        say("LEADING", term.fence)
-        while not term.lost.is_set() and "resign" not in commands:
-            arrived.wait(0.01)
-            arrived.clear()
-        if term.lost.is_set():
-            say("LOST", term.reason)
-    say("RESIGNED")
+    if args.in_thread:  # "exit" ends the process cleanly, the daemon thread still leading
+        threading.Thread(target=campaign, daemon=True).start()
+    else:
+        campaign()
     while "exit" not in commands:
         arrived.wait(0.1)
         arrived.clear()
@@ -295,6 +303,7 @@ def main() -> None:
     p = sub.add_parser("lead")
     p.add_argument("--name", required=True)
     p.add_argument("--ttl", type=float, default=3.0)
+    p.add_argument("--in-thread", action="store_true", help="lead from a daemon thread")
     p = sub.add_parser("who")
     p.add_argument("--name", required=True)
     args = parser.parse_args()

@@ -21,7 +21,7 @@ import redis
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_redlock import lock, locks
+from django_redlock import lock, locks, semaphore
 from django_redlock.management import exec_action
 from django_redlock.models import LockIncident
 from django_redlock.testing import RedisServer
@@ -290,6 +290,12 @@ def run(*args: str) -> tuple[int, str]:
         (["n", "--backend", "down", "--wait", "-1", "--", "true"], "--wait"),
         (["n", "--backend", "down", "--grace", "-1", "--", "true"], "--grace"),
         (["n", "--backend", "down", "--ttl", "0", "--", "true"], "ttl"),
+        (["n", "--backend", "down", "--grace", "nan", "--", "true"], "--grace is a finite"),
+        (["n", "--backend", "down", "--grace", "inf", "--", "true"], "--grace is a finite"),
+        (["n", "--backend", "down", "--wait", "nan", "--", "true"], "--wait is a finite"),
+        (["n", "--backend", "down", "--wait", "inf", "--", "true"], "--wait is a finite"),
+        (["n", "--backend", "down", "--ttl", "nan", "--", "true"], "--ttl is a finite"),
+        (["n", "--backend", "down", "--ttl", "inf", "--", "true"], "--ttl is a finite"),
         (["n", "--backend", "down", "--conflict-exit-code", "256", "--", "true"], "0 to 255"),
         (["", "--backend", "down", "--", "true"], "name"),
     ],
@@ -351,6 +357,73 @@ def test_a_lock_held_in_this_process_is_a_conflict() -> None:
     with lock("exec-held", using="redis"):
         code, err = run("exec-held", "--backend", "redis", "--", "true")
     assert code == 75 and "held elsewhere" in err
+
+
+def test_a_name_held_as_another_kind_is_a_conflict() -> None:
+    with semaphore("exec-kind-clash", 3, using="redis"):
+        code, err = run("exec-kind-clash", "--backend", "redis", "--", "true")
+    assert code == 75 and "another kind" in err and "true not run" in err, err
+
+
+def test_the_guard_exists_before_the_command_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No moment when the command runs (and may start others in its group) unguarded: an
+    exec killed then would leave them running."""
+    started = tmp_path / "started"
+    seen: list[bool] = []
+    real = exec_action._guard
+
+    def slow_guard(*args: Any) -> Any:
+        time.sleep(0.5)  # had the command started, it would have touched the file by now
+        seen.append(started.exists())
+        return real(*args)
+
+    monkeypatch.setattr(exec_action, "_guard", slow_guard)
+    code, err = run(f"exec-guard-{next(_runs)}", "--backend", "redis", "--", "touch",
+                    str(started))  # fmt: skip
+    assert code == 0 and seen == [False] and started.exists(), (err, seen)
+
+
+def test_no_answer_with_grace_0_stops_the_child_before_the_hold_could_expire(
+    redis_factory: Callable[..., RedisServer], prefix: str
+) -> None:
+    """--grace 0 still leaves a safety margin before the hold could run out: for polling,
+    the kill and the scheduler."""
+    server = redis_factory()
+    name = f"{prefix}-grace0"
+    running = Exec(server.url, name, "--backend", "default", "--ttl", "2", "--grace", "0",
+                   *child(server, "trap", prefix))  # fmt: skip
+    client = redis.Redis.from_url(server.url)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    ttl = client.pttl(f"redlock:{{{name}}}") / 1000
+    server.pause()
+    try:
+        expires = time.monotonic() + ttl
+        while alive(pid) and time.monotonic() < expires + 1:
+            time.sleep(0.005)
+        assert time.monotonic() < expires - 0.1, ttl  # a margin left, not the hold's end
+        code, err = running.finish()
+    finally:
+        server.resume()
+    assert code == 69 and "may have expired" in err, err
+
+
+def test_a_pause_of_exec_longer_than_the_ttl_is_a_loss_76(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """Paused (SIGSTOP) past its TTL, exec finds on waking that the hold is gone: the
+    backend answered all along, so that is a loss (76), not "no answer" (69)."""
+    running = Exec(redis_server.url, f"{prefix}-stopped", "--ttl", "1", "--grace", "0.2",
+                   *child(redis_server, "trap", prefix))  # fmt: skip
+    client = redis.Redis.from_url(redis_server.url)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    running.process.send_signal(signal.SIGSTOP)
+    time.sleep(2)  # the hold expires meanwhile
+    running.process.send_signal(signal.SIGCONT)
+    code, err = running.finish(30)
+    assert code == 76 and "paused" in err, err
+    assert not alive(pid)
 
 
 def test_no_answer_while_the_child_runs_stops_it_before_the_hold_could_expire(

@@ -76,6 +76,24 @@ def test_resigning_hands_over_at_once_not_after_a_ttl(
     assert time.monotonic() - resigned < 2  # woken by the release, far below the 30 s TTL
 
 
+def test_a_leader_whose_process_exits_cleanly_is_followed_at_once(
+    child: Callable[..., Child], name: str
+) -> None:
+    """A term led from a daemon thread still in its block when the process exits: resigned
+    at the exit (atexit), not left to run out its TTL."""
+    first = child("lead", "--name", name, "--ttl", "30", "--in-thread")
+    first.expect("CAMPAIGNING")
+    assert first.expect("LEADING")
+    other = child("lead", "--name", name, "--ttl", "30")
+    other.expect("CAMPAIGNING")
+    time.sleep(0.2)  # the other waits for it
+    first.send("exit")
+    assert first.process.wait(10) == 0
+    exited = time.monotonic()
+    other.expect("LEADING", timeout=5)
+    assert time.monotonic() - exited < 3  # far below the 30 s TTL
+
+
 def test_a_force_release_sets_term_lost_within_a_renewal_period(name: str) -> None:
     with leader(name, using="redis", ttl=3) as term:
         assert isinstance(term, Term) and not term.lost.is_set() and term.reason == ""
@@ -187,3 +205,67 @@ def test_a_term_that_cannot_start_its_renewals_resigns(
     with pytest.raises(RuntimeError), leader(name, using="redis"):
         pass
     assert current_leader(name, using="redis") is None  # not held unrenewed for a TTL
+
+
+def test_a_take_whose_answer_came_late_is_counted_from_its_send(
+    paused_alias: RedisServer, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold's TTL runs from when the server took it, before its answer arrived: a term
+    must end before the hold could expire, counted from the take's send, not its answer."""
+    campaign = leader(name, using="paused", ttl=2)
+    take = campaign.lock.acquire
+
+    def late(*args: object, **kwargs: object) -> bool:
+        taken = take(*args, **kwargs)  # type: ignore[arg-type]
+        time.sleep(1.0)  # the answer arrived late (or this process was slow to see it)
+        return taken
+
+    monkeypatch.setattr(campaign.lock, "acquire", late)
+    with campaign as term:
+        now = current_leader(name, using="paused")
+        assert now is not None and now.ttl is not None
+        expires = time.monotonic() + now.ttl
+        paused_alias.pause()  # no renewal lands from now on
+        try:
+            assert term.lost.wait(3)
+            assert time.monotonic() < expires - 0.1, (now.ttl, term.reason)
+        finally:
+            paused_alias.resume()
+
+
+def test_an_async_take_whose_answer_came_late_is_confirmed_by_a_renewal(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    campaign = leader(name, using="redis", ttl=2)
+    take = campaign.lock.aacquire
+
+    async def late(*args: object, **kwargs: object) -> bool:
+        taken = await take(*args, **kwargs)  # type: ignore[arg-type]
+        await asyncio.sleep(0.6)  # more than a sixth of the TTL
+        return taken
+
+    monkeypatch.setattr(campaign.lock, "aacquire", late)
+
+    async def main() -> float | None:
+        async with campaign:
+            now = current_leader(name, using="redis")
+            return None if now is None else now.ttl
+
+    left = asyncio.run(main())
+    assert left is not None and left > 1.7  # renewed on entry, not 1.4 s left
+
+
+def test_a_renewal_awaiting_its_answer_is_not_waited_for_by_spinning(
+    paused_alias: RedisServer, name: str
+) -> None:
+    """While a renewal waits for an answer that does not come, the keeper sleeps until its
+    give-up time: it does not spin a core (which on a loaded machine starves the rest)."""
+    with leader(name, using="paused", ttl=3) as term:
+        paused_alias.pause()
+        try:
+            cpu = time.process_time()
+            assert term.lost.wait(4)
+            used = time.process_time() - cpu
+        finally:
+            paused_alias.resume()
+    assert used < 0.3, used  # a spinning keeper: most of the second between renewal and give-up

@@ -9,7 +9,8 @@ child gets SIGKILL from the kernel at once (``PR_SET_PDEATHSIG``, set in the chi
 fork and exec, from ``exec``'s main thread: the signal follows the forking thread).
 
 Exit status: the child's (128 + N when signal N ended it); :data:`EXIT_CONFLICT` (or
-``--conflict-exit-code``) when the lock was not taken, nothing run; :data:`EXIT_UNAVAILABLE`
+``--conflict-exit-code``) when the lock was not taken (held elsewhere, or as another kind),
+nothing run; :data:`EXIT_UNAVAILABLE`
 when the backend could not answer (before the child ran, or for so long while it ran that
 the hold may have expired: the child was then stopped); :data:`EXIT_LOST` when the backend
 answered that the hold was gone while the child ran (it was stopped); 2 bad usage, before
@@ -21,18 +22,27 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import math
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..exceptions import LockError, LockNotOwned
+from ..exceptions import (
+    BackendRefused,
+    BackendUnavailable,
+    LockError,
+    LockNotOwned,
+    MissingPermission,
+    QuorumNotReached,
+)
 from ..handler import locks
 from ..incidents import recorder
-from ..leader import Keeper
+from ..leader import Keeper, hold_start
 from ..locking import BaseLock, lock, semaphore
 
 EXIT_CONFLICT = 75  # EX_TEMPFAIL: cron wrappers read it as "try again later"
@@ -41,6 +51,11 @@ EXIT_LOST = 76  # the hold was lost while the child ran; the child was stopped
 EXIT_USAGE = 2
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PR_SET_PDEATHSIG = 1
+# Unanswered renewals are given up on at least this long (or this share of the TTL) plus
+# --grace before the hold could expire: covers POLL, the kill and a late scheduler.
+SAFETY = 0.2
+SAFETY_SHARE = 0.1
+POLL = 0.02  # seconds between looks at the child's end
 
 
 class UsageError(ValueError):
@@ -73,6 +88,9 @@ def check(options: dict[str, Any]) -> tuple[Options, BaseLock]:
         wait=options["wait"], limit=options["limit"], fair=options["fair"],
         grace=options["grace"], conflict_exit_code=options["conflict_exit_code"],
     )  # fmt: skip
+    for flag, value in (("--wait", opts.wait), ("--grace", opts.grace), ("--ttl", opts.ttl)):
+        if value is not None and not math.isfinite(value):  # nan compares False to all
+            raise UsageError(f"{flag} is a finite number of seconds, not {value}")
     if opts.wait < 0:
         raise UsageError(f"--wait is seconds >= 0, not {opts.wait:g}")
     if opts.grace < 0:
@@ -118,9 +136,17 @@ def _foreground() -> bool:
         return False
 
 
-def _preexec(prctl: Callable[..., int] | None, parent: int, foreground: bool) -> Callable[[], None]:
+def _preexec(
+    prctl: Callable[..., int] | None, parent: int, foreground: bool, guard: int | None
+) -> Callable[[], None]:
     def setup() -> None:
         os.setpgid(0, 0)  # its own group: exec signals the group, the terminal does not
+        if guard is not None:  # the guard kills this group from now on if exec dies
+            # Best effort: a guard already gone (EPIPE) leaves the parent-death signal.
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+            with contextlib.suppress(OSError):
+                os.write(guard, b"%d\n" % os.getpid())
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         if foreground:  # as a shell does, in the child too: it may read before exec's turn
             signal.signal(signal.SIGTTOU, signal.SIG_IGN)
             os.tcsetpgrp(0, os.getpid())
@@ -162,6 +188,7 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
     previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
     try:
         try:
+            before = time.monotonic()  # the hold counts from before its take was sent
             if opts.wait > 0:
                 taken = held.acquire(timeout=opts.wait)
             else:
@@ -173,15 +200,35 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
                     held.release()
             say(f"interrupted (signal {exc.signum}) while taking {what}: nothing run")
             return 128 + exc.signum
-        except LockError as exc:  # no answer (or no quorum): nothing was run
-            say(f"could not take {what}: {exc}")
+        except (BackendUnavailable, QuorumNotReached, BackendRefused, MissingPermission) as exc:
+            say(f"could not take {what}: {exc}")  # no answer (or no quorum): nothing run
             return EXIT_UNAVAILABLE
+        except LockError as exc:  # held as another kind: a conflict, nothing run
+            say(f"{exc}: {' '.join(opts.command)} not run")
+            return opts.conflict_exit_code
         if not taken:
             waited = f" within {opts.wait:g} s" if opts.wait else ""
             say(f"{what} is held elsewhere{waited}: {' '.join(opts.command)} not run")
             return opts.conflict_exit_code
-        # Stop the grace (at most two thirds of the TTL) before an unrenewed hold could expire.
-        keeper = Keeper(held, margin=opts.grace)
+        # Give up on unanswered renewals the grace plus a safety margin (polling, the kill,
+        # the last renewal's delivery) before an unrenewed hold could expire.
+        ttl = float(held.lock_ttl)
+        safety = max(SAFETY, ttl * SAFETY_SHARE)
+        margin = min(opts.grace + safety, ttl * 2 / 3)
+        grace = max(0.0, margin - safety)  # SIGTERM to SIGKILL, within the margin
+        guard: subprocess.Popen[bytes] | None = None
+        try:
+            keeper = Keeper(held, margin=margin, since=hold_start(held, before))
+        except BaseException as exc:
+            with contextlib.suppress(LockError):
+                held.release()
+            if isinstance(exc, LockNotOwned):  # expired before it was confirmed: not run
+                say(f"{what} was taken and lost at once: {exc}: {' '.join(opts.command)} not run")
+                return opts.conflict_exit_code
+            if isinstance(exc, LockError):
+                say(f"could not confirm the hold of {what}: {exc}")
+                return EXIT_UNAVAILABLE
+            raise
         try:
             keeper.start()
             env = {
@@ -197,23 +244,24 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             foreground = _foreground()
             if foreground:
                 previous[signal.SIGTTOU] = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            # The guard first: once the child has its group, there is no moment without one.
+            guard = _guard()
+            guard_fd = None if guard is None or guard.stdin is None else guard.stdin.fileno()
             try:
                 child = subprocess.Popen(
                     opts.command,
                     env=env,
-                    preexec_fn=_preexec(_pdeathsig(), os.getpid(), foreground),
+                    preexec_fn=_preexec(_pdeathsig(), os.getpid(), foreground, guard_fd),
                 )
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 say(f"could not run {opts.command[0]!r}: {exc}")
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 return _release(held, keeper, say, code)
-            guard = _guard(child.pid)
             for signum in pending:  # came while it was being started
                 on_signal(signum, None)
             try:
-                return _supervise(opts, held, keeper, child, say)
+                return _supervise(opts, held, keeper, child, say, grace)
             finally:
-                _dismiss(guard)
                 if foreground:
                     with contextlib.suppress(OSError):
                         os.tcsetpgrp(0, os.getpgrp())
@@ -225,31 +273,35 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             with contextlib.suppress(LockError):
                 held.release()
             raise
+        finally:
+            _dismiss(guard)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         recorder.flush(5)
 
 
-# The guard, a process of its own: SIGKILL to the command's process group once exec's end of
-# its stdin closes without a "done" (exec was killed), so that what the command started dies
-# with it too (the kernel's parent-death signal reaches the command alone). It ignores the
-# signals a terminal sends to exec's group.
+# The guard, a process of its own, started before the command: the command writes its
+# process group's id to the guard's stdin (between its setpgid and its exec); SIGKILL to that
+# group once exec's end of that stdin closes without a "done" (exec was killed), so that what
+# the command started dies with it too (the kernel's parent-death signal reaches the command
+# alone). It ignores the signals a terminal sends to exec's group.
 _GUARD = """import os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGHUP, signal.SIG_IGN)
-if sys.stdin.buffer.read() != b"done":
+said = sys.stdin.buffer.read().split(b"\\n")
+if said[-1] != b"done" and said[0].isdigit():
     try:
-        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+        os.killpg(int(said[0]), signal.SIGKILL)
     except OSError:
         pass
 """
 
 
-def _guard(pgid: int) -> subprocess.Popen[bytes] | None:
+def _guard() -> subprocess.Popen[bytes] | None:
     try:
         return subprocess.Popen(
-            [sys.executable, "-S", "-c", _GUARD, str(pgid)],
+            [sys.executable, "-S", "-c", _GUARD],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):  # the command still dies with exec (Linux)
@@ -276,27 +328,33 @@ def _supervise(
     keeper: Keeper,
     child: subprocess.Popen[bytes],
     say: Callable[[str], None],
+    grace: float,
 ) -> int:
     while True:
-        try:
-            returncode = child.wait(timeout=0.05)
-        except subprocess.TimeoutExpired:
-            if keeper.lost.wait(0.05):
-                break
-            continue
-        return _release(held, keeper, say, exit_status(returncode))
+        returncode = child.poll()
+        if returncode is not None:
+            return _release(held, keeper, say, exit_status(returncode))
+        if keeper.lost.wait(POLL):  # the child's end is seen within POLL, a loss at once
+            break
     # The hold is gone (or may be): the child must not go on without it.
     why = "may have expired" if keeper.unknown else "was lost"
     say(
         f"the hold of {opts.name!r} on {opts.backend!r} {why} ({keeper.reason}): SIGTERM to"
-        f" the command's process group, SIGKILL after {opts.grace:g} s"
+        f" the command's process group, SIGKILL after {grace:g} s"
     )
-    _terminate(child, opts.grace)
+    _terminate(child, grace)
     keeper.stop()
     if keeper.unknown:
         # Our hold may still be there: let it go if the backend answers (else it expires).
-        with contextlib.suppress(LockError):
+        # The backend's answer that it is gone (it expired while this process was paused,
+        # say) is a loss; only no answer stays unknown.
+        try:
             held.release()
+        except LockNotOwned as exc:
+            say(f"the backend says the hold of {held.name!r} is gone: {exc}")
+            return EXIT_LOST
+        except LockError:
+            pass
         return EXIT_UNAVAILABLE
     return EXIT_LOST
 

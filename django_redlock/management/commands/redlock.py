@@ -47,7 +47,8 @@ EXIT_CODES = {
     "top": "0 done (Ctrl-C, or --once); 2 an unknown --backend; 3 (--once) a backend did not"
     " answer",
     "exec": f"the command's own (128 + N when signal N ended it); {exec_action.EXIT_CONFLICT}"
-    f" the lock was not taken, nothing run (or --conflict-exit-code);"
+    f" the lock was not taken (held elsewhere, or as another kind), nothing run (or"
+    f" --conflict-exit-code);"
     f" {exec_action.EXIT_UNAVAILABLE} the backend could not answer (before the command ran,"
     f" or for so long while it ran that the hold may have expired: the command was stopped);"
     f" {exec_action.EXIT_LOST} the hold was lost while the command ran (it was stopped:"
@@ -197,7 +198,8 @@ class Command(BaseCommand):
         )
         run.add_argument(
             "--grace", type=float, default=10.0, metavar="SECONDS",
-            help="after a loss, seconds between SIGTERM and SIGKILL (default: 10)",
+            help="after a loss, seconds between SIGTERM and SIGKILL (default: 10; with no"
+            " answer from the backend, it and a safety margin fit in two thirds of the TTL)",
         )  # fmt: skip
         run.add_argument(
             "--conflict-exit-code", type=int, default=exec_action.EXIT_CONFLICT, metavar="N",
