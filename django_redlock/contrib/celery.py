@@ -28,7 +28,13 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from celery import Task, current_task
-from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import (
+    Ignore,
+    Reject,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
+    WorkerLostError,
+)
 from celery.local import Proxy
 from celery.signals import task_failure, task_received, task_revoked
 from celery.states import READY_STATES
@@ -40,7 +46,7 @@ from ..backends.base import Kind, Released
 from ..exceptions import LockError
 from ..handler import locks
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
-from ..validation import to_ms
+from ..validation import MAX_TTL, to_ms
 from .single import (  # the core shared with Django's Tasks framework (re-exported here)
     AlreadyQueued,
     SingleInstance,
@@ -58,6 +64,7 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     skipped,
     take,
     task_id_of,
+    token_id,
 )
 
 logger = logging.getLogger("django_redlock")
@@ -183,6 +190,13 @@ def run_task(
             args, kw = tuple(call["args"]), dict(call["kwargs"])
             if body_for is not None:
                 body = functools.partial(body_for, args, kw)
+        if task_id and _acks_late(task):
+            # Taken after the run of this very message ended (its copy, put back by the
+            # broker while it ran, reached a worker only after its release): never again.
+            if _ran_already(config, key, task_id, attempt):
+                let_go(held)
+                return _redelivered(config, task, key, task_id, attempt, ended=True)
+            body = _noting_done(config, task, key, task_id, attempt, body)
         return run_held(held, body, (), {}, config.atomic)
     except BaseException:
         acquired = acquired or held.token is not None  # taken, then interrupted: it ends too
@@ -373,19 +387,93 @@ def _duplicate_of(task: Any) -> str | None:
     return str(found) if found else None
 
 
-def _redelivered(config: SingleInstance, task: Any, key: str, task_id: str, attempt: int) -> Any:
-    """The message of a running task, delivered again (``acks_late`` past the broker's
-    visibility timeout): never run twice. ``Ignore`` stores nothing, so the task's result
-    stays the running attempt's."""
-    logger.warning(
-        "redlock: skipped a redelivered message: task %s runs already (attempt %s holds %r)",
-        task_id, attempt, key,
-    )  # fmt: skip
+def _redelivered(
+    config: SingleInstance, task: Any, key: str, task_id: str, attempt: int, ended: bool = False
+) -> Any:
+    """The message of a running (``ended``: finished) task, delivered again (``acks_late``
+    past the broker's visibility timeout): never run twice. ``Ignore`` stores nothing, so
+    the task's result stays the attempt's that ran."""
+    if ended:
+        logger.warning(
+            "redlock: skipped a redelivered message: task %s ran already (attempt %s, %r)",
+            task_id, attempt, key,
+        )  # fmt: skip
+    else:
+        logger.warning(
+            "redlock: skipped a redelivered message: task %s runs already (attempt %s holds"
+            " %r)", task_id, attempt, key,
+        )  # fmt: skip
     duplicate_skipped.send_robust(
         sender=task, key=key, task_id=task_id, holder_task_id=task_id, using=config.using,
         redelivered=True,
     )  # fmt: skip
     raise Ignore()
+
+
+# -- acks_late: a message put back while its run went on, taken after that run ended --------
+#
+# The broker restores an unacknowledged message after its visibility timeout, while its task
+# still runs; a worker may take that copy only once the run released the key (one child, or
+# every child busy). The hold is gone then, so the run notes, before it releases, that this
+# attempt of its task ran ("<key>:done:<task id>.<attempt>"); a run that takes the key and
+# finds that note is such a copy. Only for acks_late tasks (an early-acknowledged message is
+# never put back once a run started), and not for Reject (the body asked to run it again).
+
+
+def _acks_late(task: Any) -> bool:
+    return bool(getattr(task, "acks_late", False))
+
+
+def _done_name(key: str, task_id: str, attempt: int) -> str:
+    return f"{key}:done:{token_id(task_id)}.{attempt}"
+
+
+def done_ttl(task: Any) -> float:
+    """How long (seconds) a finished run's note lasts: twice the broker's visibility timeout
+    (a copy put back waits in the queue), at least an hour."""
+    options = getattr(task.app.conf, "broker_transport_options", None) or {}
+    try:
+        visibility = float(options.get("visibility_timeout") or 3600)
+    except (TypeError, ValueError):
+        visibility = 3600.0
+    return min(max(2 * visibility, 3600.0), MAX_TTL)
+
+
+def _ran_already(config: SingleInstance, key: str, task_id: str, attempt: int) -> bool:
+    try:
+        return markers.read(locks[config.using], _done_name(key, task_id, attempt)) is not None
+    except LockError as exc:  # unknown: it runs (at least once, as without the note)
+        logger.warning("redlock: could not look whether task %s ran already: %s", task_id, exc)
+        return False
+
+
+def _noting_done(
+    config: SingleInstance, task: Any, key: str, task_id: str, attempt: int,
+    body: Callable[[], Any],
+) -> Callable[[], Any]:  # fmt: skip
+    """``body``, noting at its end (before the release) that this attempt ran."""
+
+    def note() -> None:
+        try:
+            markers.mark(
+                locks[config.using], _done_name(key, task_id, attempt), "1",
+                to_ms(done_ttl(task)),
+            )  # fmt: skip
+        except LockError as exc:  # a copy may then run again (at least once)
+            logger.warning("redlock: could not note task %s as done: %s", task_id, exc)
+
+    def run() -> Any:
+        try:
+            result = body()
+        except Reject:
+            raise
+        except BaseException:
+            note()
+            raise
+        note()
+        return result
+
+    return run
 
 
 # -- the worker's main process: release what a killed child held ----------------------------
