@@ -587,3 +587,94 @@ def test_a_message_taken_by_a_worker_whose_run_starts_late_still_counts(
     assert first.get(timeout=30) == "ran"
     time.sleep(0.5)
     assert redis(redis_server).lrange(f"dedupe-slow:{name}:ran", 0, -1) == [first.id]
+
+
+# -- coalesce: the follow-up mark never outlives the message it names --------------------------
+
+
+@shared_task(bind=True, name="tests.test_celery_dedupe.nesting")
+@single_instance(key="nesting:{name}", ttl=10, on_duplicate="coalesce")
+def nesting(self: Any, name: str, tag: str, duplicate: str | None = None) -> str:
+    if duplicate is not None:  # a duplicate arrives while the key runs (as from a 2nd worker)
+        nesting.apply((name, duplicate), task_id=f"dup-{duplicate}-{uuid.uuid4().hex[:6]}")
+    return tag
+
+
+def follow_ups(redis_server: RedisServer, name: str) -> list[str]:
+    """The ``nesting`` follow-ups of ``name`` waiting in the default queue (no worker reads
+    it): their arguments' tags."""
+    import json
+
+    found = []
+    for raw in redis_server.client(db=1).lrange("celery", 0, -1):
+        message = json.loads(raw)
+        headers = message["headers"]
+        if headers.get("redlock_follow_up") and f"'{name}'" in headers.get("argsrepr", ""):
+            found.append(headers["argsrepr"])
+    return found
+
+
+def test_coalesce_follow_up_purged_from_the_broker_no_longer_counts(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # A run's duplicate queued a follow-up; the queue is purged. Its mark names a message
+    # that is gone: the next run's duplicate must queue one again, not obey it for an hour.
+    name = uuid.uuid4().hex[:8]
+    nesting.apply((name, "t0", "t1"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]
+    celery_app.app.control.purge()
+    nesting.apply((name, "t2", "t3"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't3')"]
+    celery_app.app.control.purge()
+
+
+def test_coalesce_soft_time_limit_between_the_mark_and_the_publish(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SoftTimeLimitExceeded (a signal handler: any line) after the follow-up was marked and
+    # before it was published: the mark must not stay naming a message never sent (every
+    # later run would obey it, and the noted call would not run for an hour).
+    import json
+    import types
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    strikes = [1]
+
+    def loads(text: str) -> Any:  # the first line after the mark reads the note
+        if strikes:
+            strikes.pop()
+            raise SoftTimeLimitExceeded("soft time limit")
+        return json.loads(text)
+
+    monkeypatch.setattr(contrib, "json", types.SimpleNamespace(dumps=json.dumps, loads=loads))
+    failed = nesting.apply((name, "t0", "t1"))
+    assert not strikes
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]  # by the failure's handler
+    celery_app.app.control.purge()
+
+
+def test_coalesce_mark_of_a_follow_up_never_sent_goes_stale(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A queuer SIGKILLed between the mark and the publish: no handler runs. A mark never noted
+    # as sent is stale after FOLLOW_UP_PUBLISH_GRACE: a later run queues the noted call.
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"nesting:{name}"
+    backend = locks["default"]
+    contrib.note_call(nesting.run.__redlock__, key, [name, "t1"], {}, None, None)
+    markers.mark(backend, f"{key}:coalesce:next", "never-sent", 3_600_000)
+    nesting.apply((name, "t2"))  # a run's end: the mark is young, obeyed
+    assert follow_ups(redis_server, name) == []
+    monkeypatch.setattr(contrib, "FOLLOW_UP_PUBLISH_GRACE", 0.0)
+    time.sleep(0.01)
+    nesting.apply((name, "t3"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]
+    celery_app.app.control.purge()

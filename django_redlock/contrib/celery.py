@@ -342,32 +342,66 @@ def _queue_follow_up(
             queued = markers.mark(backend, name, follow_id, ttl_ms)
             if queued is None:
                 break
-            stale = _task_ended(task, queued)
-            if not stale and config.dedupe_queued and isinstance(task, SingleInstanceTask):
-                stale = task._stale(key, queued)  # a purged message's marker too
-            if not stale:
+            if not _next_stale(config, task, key, queued):
                 return  # queued and not started: it takes the note when it runs
             markers.clear(backend, name, queued)
         else:
             return
-        call = json.loads(noted[0])
-        options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
-        if countdown:
-            options["countdown"] = countdown
         try:
-            task.apply_async(tuple(call["args"]), call["kwargs"], task_id=follow_id,
-                             headers={FOLLOW_UP: "1"}, **options)  # fmt: skip
-        except Exception as exc:  # the broker refused it: the note stays, never lost
+            call = json.loads(noted[0])
+            options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            if countdown:
+                options["countdown"] = countdown
+            args, kwargs = tuple(call["args"]), call["kwargs"]
+            task.apply_async(args, kwargs, task_id=follow_id, headers={FOLLOW_UP: "1"}, **options)
+        except BaseException as exc:  # refused, or a soft time limit: no mark without a message
             with contextlib.suppress(LockError):
                 markers.clear(backend, name, follow_id)
+            if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
+                raise  # the run fails with it; its failure handler queues the follow-up
             logger.warning(
                 "redlock: could not queue the coalesced call of %r (%s): it stays noted, for"
                 " the next run of the key", key, exc,
             )  # fmt: skip
             return
+        if not (config.dedupe_queued and isinstance(task, SingleInstanceTask)):
+            # (With dedupe_queued, apply_async notes it.) Only a mark noted as sent is looked
+            # for in the broker; one never noted is stale after FOLLOW_UP_PUBLISH_GRACE.
+            queue = routed_queue(task, args, kwargs, options)
+            if queue is not None:
+                with contextlib.suppress(LockError):
+                    markers.mark(backend, sent_name(name, follow_id), queue, ttl_ms)
         logger.info("redlock: queued the coalesced call of %r as task %s", key, follow_id)
     except LockError as exc:  # the note stays until its TTL; the next run's end queues it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
+
+
+#: Seconds after which a follow-up mark whose message was never noted as sent is stale: its
+#: queuer died (or a soft time limit struck) between the mark and the publish.
+FOLLOW_UP_PUBLISH_GRACE = 30.0
+
+
+def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> bool:
+    """Whether the follow-up mark naming ``queued`` no longer stands for a message to come:
+    its task ended, its message is gone from the broker (purged), or it was never sent. A
+    wrong "stale" only queues one follow-up more, which finds the note taken and runs
+    nothing; a wrong "not stale" would strand the note."""
+    if _task_ended(task, queued):
+        return True
+    deduped = config.dedupe_queued and isinstance(task, SingleInstanceTask)
+    if deduped and task._stale(key, queued):  # a purged message's marker too
+        return True
+    backend = locks[config.using]
+    name = _next_name(config, key)
+    sent = markers.read(backend, sent_name(name, queued))
+    if sent is None:
+        mark = markers.read(backend, name)
+        left = mark[1] if mark is not None and mark[0] == queued else None
+        # Its TTL was dedupe_ttl (+ countdown) when marked: this much less, and it is older.
+        return left is not None and left < to_ms(config.dedupe_ttl - FOLLOW_UP_PUBLISH_GRACE)
+    from .broker import message_queued
+
+    return message_queued(task.app, sent[0], queued) is False
 
 
 def _task_ended(task: Any, task_id: str) -> bool:
@@ -551,12 +585,14 @@ def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
     """Release a stopped run's hold; with ``coalesce``, queue the call a duplicate noted
     meanwhile (the killed run never got to its own follow-up)."""
     try:
-        released = release_task_hold(task, task_id, args, kwargs)
+        release_task_hold(task, task_id, args, kwargs)
     except LockError as exc:  # the hold then frees itself at its TTL
         logger.warning("redlock: could not release stopped task %s's lock: %s", task_id, exc)
         return
     config = _config_of(task)
-    if released and config is not None and config.on_duplicate == "coalesce":
+    # Whether it released or not (a soft time limit's run let go on its way out, and may
+    # have been stopped before it queued): a note left must have a follow-up.
+    if config is not None and config.on_duplicate == "coalesce":
         _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
 
 
@@ -699,27 +735,7 @@ class SingleInstanceTask(Task):
             logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
 
     def _queue_of(self, args: Any, kwargs: Any, options: dict[str, Any]) -> str | None:
-        """The queue Celery routes this call to (as ``send_task`` does), when that names the
-        one list the message is in: a queue on a direct exchange, by its own routing key.
-        An exchange or routing key of the call's own (a topic exchange...) may send it
-        elsewhere: None (nothing is noted, the marker is obeyed)."""
-        wanted = dict(options)
-        if "queue" not in wanted and getattr(self, "queue", None):
-            wanted["queue"] = self.queue
-        try:
-            routed = self.app.amqp.router.route(wanted, self.name, args, kwargs, task_type=self)
-        except Exception:  # a router of the user's that refuses: nothing noted
-            return None
-        queue = routed.get("queue")
-        exchange = getattr(queue, "exchange", None)
-        if not getattr(queue, "name", None) or exchange is None or exchange.type != "direct":
-            return None
-        named = routed.get("exchange", exchange)
-        if getattr(named, "name", named) != exchange.name:
-            return None
-        if routed.get("routing_key", queue.routing_key) != queue.routing_key:
-            return None
-        return str(queue.name)
+        return routed_queue(self, args, kwargs, options)
 
     def message_gone(self, key: str, task_id: str) -> bool:
         """Whether the message of ``task_id``, which ``key``'s marker names, can no longer
@@ -849,6 +865,30 @@ class SingleInstanceTask(Task):
     def release_lock(self, *args: Any, **kwargs: Any) -> Released:
         """Force-release the lock of a call with these arguments (see :func:`release_lock`)."""
         return release_lock(self, *args, **kwargs)
+
+
+def routed_queue(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> str | None:
+    """The queue Celery routes this call to (as ``send_task`` does), when that names the one
+    list the message is in: a queue on a direct exchange, by its own routing key. An exchange
+    or routing key of the call's own (a topic exchange...) may send it elsewhere: None
+    (nothing is noted, the marker is obeyed)."""
+    wanted = dict(options)
+    if "queue" not in wanted and getattr(task, "queue", None):
+        wanted["queue"] = task.queue
+    try:
+        routed = task.app.amqp.router.route(wanted, task.name, args, kwargs, task_type=task)
+    except Exception:  # a router of the user's that refuses: nothing noted
+        return None
+    queue = routed.get("queue")
+    exchange = getattr(queue, "exchange", None)
+    if not getattr(queue, "name", None) or exchange is None or exchange.type != "direct":
+        return None
+    named = routed.get("exchange", exchange)
+    if getattr(named, "name", named) != exchange.name:
+        return None
+    if routed.get("routing_key", queue.routing_key) != queue.routing_key:
+        return None
+    return str(queue.name)
 
 
 def received_name(key: str, task_id: str) -> str:
