@@ -678,3 +678,28 @@ def test_coalesce_mark_of_a_follow_up_never_sent_goes_stale(
     nesting.apply((name, "t3"))
     assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]
     celery_app.app.control.purge()
+
+
+RETRIED: list[str] = []
+
+
+@shared_task(bind=True, max_retries=1, name="tests.test_celery_dedupe.retrying")
+@single_instance(key="retrying:{name}", ttl=10, on_duplicate="coalesce")
+def retrying(self: Any, name: str, tag: str) -> str:
+    RETRIED.append(f"{tag}:{self.request.retries}")
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)  # a transient error: run this call again
+    return tag
+
+
+def test_coalesce_follow_up_s_retry_runs_the_noted_call(broker: None) -> None:
+    # A follow-up queued with call B runs the call noted last, D. Its self.retry() must run D
+    # again, not its own message's superseded B.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    RETRIED.clear()
+    config = retrying.run.__redlock__
+    contrib.note_call(config, f"retrying:{name}", [name, "D"], {}, None, None)
+    retrying.apply((name, "B"), headers={"redlock_follow_up": "1"})
+    assert RETRIED == ["D:0", "D:1"]

@@ -188,6 +188,8 @@ def run_task(
                 result = skip_result(config, task, key, task_id, None)
                 return {**result, "coalesced": True}
             args, kw = tuple(call["args"]), dict(call["kwargs"])
+            # self.retry() sends the request's arguments: the call it runs, not its message's.
+            task.request.args, task.request.kwargs = list(args), dict(kw)
             if body_for is not None:
                 body = functools.partial(body_for, args, kw)
         if task_id and _acks_late(task):
