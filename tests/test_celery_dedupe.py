@@ -703,3 +703,26 @@ def test_coalesce_follow_up_s_retry_runs_the_noted_call(broker: None) -> None:
     contrib.note_call(config, f"retrying:{name}", [name, "D"], {}, None, None)
     retrying.apply((name, "B"), headers={"redlock_follow_up": "1"})
     assert RETRIED == ["D:0", "D:1"]
+
+
+def test_coalesce_note_of_a_run_whose_whole_worker_was_killed_runs(
+    start_worker: Callable[..., Worker], redis_server: RedisServer, tmp_path: Any
+) -> None:
+    # The whole worker (main process and children) is SIGKILLed while the run holds the key
+    # and a duplicate's call is noted: no end of the run, no main process queues it. A worker
+    # started later on that queue finds the note left and runs it (once the dead hold, TTL
+    # 10 s, is gone).
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    dead = start_worker(pool="prefork", concurrency=2)
+    first = dead.send(celery_tasks.coalesced, name, "t0", 40.0)
+    wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1))
+    value = dead.send(celery_tasks.coalesced, name, "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    dead.kill()
+    assert first.id
+    later = Worker(redis_server.url, "solo", 1, dead.queue, tmp_path / "later.log")
+    try:
+        wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1) == ["t0", "t1"], timeout=45)
+    finally:
+        later.stop()

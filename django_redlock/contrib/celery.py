@@ -36,7 +36,7 @@ from celery.exceptions import (
     WorkerLostError,
 )
 from celery.local import Proxy
-from celery.signals import task_failure, task_received, task_revoked
+from celery.signals import task_failure, task_received, task_revoked, worker_ready
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
@@ -163,7 +163,9 @@ def run_task(
     coalesce = config.on_duplicate == "coalesce" and task is not None
     # A follow-up's retry runs its own message's call (as any retry does).
     follow_up = coalesce and attempt == 0 and _is_follow_up(task)
-    if follow_up:
+    if follow_up and _is_poll(task):  # its mark goes first: a look from now on polls again
+        _clear_mark(config, _poll_name(key), task_id)
+    elif follow_up:
         _clear_next(config, key, task_id)  # before the take: see the rules above _coalesce
     held = new_hold(config, key, task_id, attempt)
     acquired = False
@@ -237,19 +239,28 @@ def _next_name(config: SingleInstance, key: str) -> str:
     return key if config.dedupe_queued else f"{key}:coalesce:next"
 
 
-def _is_follow_up(task: Any) -> bool:
+def _follow_up_kind(task: Any) -> Any:
     request = task.request
-    return bool(getattr(request, FOLLOW_UP, None) or (request.headers or {}).get(FOLLOW_UP))
+    return getattr(request, FOLLOW_UP, None) or (request.headers or {}).get(FOLLOW_UP)
+
+
+def _is_follow_up(task: Any) -> bool:
+    return bool(_follow_up_kind(task))
+
+
+def _is_poll(task: Any) -> bool:
+    return bool(_follow_up_kind(task) == POLL)
 
 
 def note_call(config: SingleInstance, key: str, args: Any, kwargs: Any, queue: Any,
-              task_id: str | None) -> None:  # fmt: skip
+              task_id: str | None, task_name: str | None = None) -> None:  # fmt: skip
     """Note a call under ``key`` for the next follow-up, replacing any note (the last call's
-    arguments win)."""
+    arguments win). ``task_name``: lets a starting worker find the task of a note left."""
     backend = locks[config.using]
     note = json.dumps(
-        {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id}
-    )
+        {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id,
+         "task": task_name}
+    )  # fmt: skip
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.mark(backend, _pending_name(key), note, ttl_ms)
@@ -272,7 +283,7 @@ def _coalesce(
 ) -> Any:  # fmt: skip
     backend = locks[config.using]
     queue = (getattr(task.request, "delivery_info", None) or {}).get("routing_key")
-    note_call(config, key, args, kwargs, queue, task_id)
+    note_call(config, key, args, kwargs, queue, task_id, task.name)
     logger.info(
         "redlock: coalesced duplicate: task %s not run now: %r is held by %s; one more run"
         " follows", task_id, key, describe_holder(info),
@@ -282,13 +293,67 @@ def _coalesce(
     return {**result, "coalesced": True}
 
 
-def _queue_unless_followed(config: SingleInstance, task: Any, key: str, holder: Any) -> None:
+def _queue_unless_followed(
+    config: SingleInstance, task: Any, key: str, holder: Any, poll: bool = False
+) -> None:
     """After a note: queue its follow-up unless the key's holder will (a run of this task
-    queues it at its end)."""
+    queues it at its end; ``poll``: a follow-up that found it held polls, should that run's
+    whole worker have died)."""
     if holder is None:  # the run ended before the note: queue it now
         _queue_follow_up(config, task, key)
     elif not _coalesces(task, holder):  # nobody would: look again after countdown
         _queue_follow_up(config, task, key, countdown=config.countdown)
+    elif poll:  # its end will; should its whole worker die first, a poll finds the key free
+        _queue_poll(config, task, key)
+
+
+# A poll (header FOLLOW_UP = POLL) is a follow-up sent ``ttl`` seconds late: a holder whose
+# worker died outright (no end, no main process to queue for it) has lost its hold by then.
+# It runs the note if the key is free; held by a run again, it polls again. One at a time per
+# key ("<key>:coalesce:poll", which expires soon after the poll was due). A poll that meets a
+# follow-up runs nothing: the note is taken once.
+
+#: The FOLLOW_UP header's value on a poll.
+POLL = "poll"
+
+
+def _poll_name(key: str) -> str:
+    return f"{key}:coalesce:poll"
+
+
+def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
+    backend = locks[config.using]
+    after = float(config.ttl or 60.0) + 1.0  # a dead holder's hold has expired by then
+    try:
+        noted = markers.read(backend, _pending_name(key))
+        if noted is None:
+            return
+        poll_id = uuid_text()
+        ttl_ms = to_ms(after + FOLLOW_UP_PUBLISH_GRACE)
+        if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
+            return  # one is coming
+        try:
+            call = json.loads(noted[0])
+            options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            task.apply_async(tuple(call["args"]), call["kwargs"], task_id=poll_id,
+                             headers={FOLLOW_UP: POLL}, countdown=after, **options)  # fmt: skip
+        except BaseException as exc:
+            with contextlib.suppress(LockError):
+                markers.clear(backend, _poll_name(key), poll_id)
+            if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
+                raise
+            logger.warning("redlock: could not queue a poll of %r: %s", key, exc)
+    except LockError as exc:  # the holder's end (or the next run) queues it still
+        logger.warning("redlock: could not queue a poll of %r: %s", key, exc)
+
+
+def _clear_mark(config: SingleInstance, name: str, task_id: str | None) -> None:
+    if not task_id:
+        return
+    try:
+        markers.clear(locks[config.using], name, task_id)
+    except LockError as exc:  # it then expires
+        logger.warning("redlock: could not clear the mark %r: %s", name, exc)
 
 
 def _follow_up_waits(
@@ -300,7 +365,7 @@ def _follow_up_waits(
         "redlock: the coalesced follow-up %s waits: %r is held by %s",
         task_id, key, describe_holder(info),
     )  # fmt: skip
-    _queue_unless_followed(config, task, key, info)
+    _queue_unless_followed(config, task, key, info, poll=True)
     result = skip_result(config, task, key, task_id, task_id_of(info.holder) if info else None)
     return {**result, "coalesced": True}
 
@@ -646,7 +711,7 @@ class SingleInstanceTask(Task):
             # deduplicated to it while it waits in the queue puts its arguments in the note,
             # where they run (not dropped).
             queue = options.get("queue")
-            note_call(config, key, args, kwargs, getattr(queue, "name", queue), None)
+            note_call(config, key, args, kwargs, getattr(queue, "name", queue), None, self.name)
             options["headers"] = {**headers, FOLLOW_UP: "1"}
         if not retrying and self.dedupes_running():
             running = backend.inspect(key)
@@ -915,6 +980,37 @@ def _on_received(request: Any = None, **_: Any) -> None:
         markers.mark(locks[config.using], received_name(key, str(task_id)), "1", to_ms(grace))
     except (TypeError, ValueError, LockError) as exc:  # then the two looks decide, as before
         logger.info("redlock: could not note task %s as taken by a worker: %s", task_id, exc)
+
+
+@worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """A worker starts: queue the follow-up of every coalesced note left behind (its run's
+    whole worker died: no end, no main process queued it). A follow-up that finds the key
+    held waits as any does."""
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    try:
+        tasks = dict(app.tasks)
+        aliases = set()
+        for task in tasks.values():
+            config = _config_of(task)
+            if config is not None and config.on_duplicate == "coalesce":
+                aliases.add(config.using)
+        for alias in sorted(aliases):
+            backend = locks[alias]
+            for name in markers.names(backend, "*:coalesce"):
+                found = markers.read(backend, name)
+                try:
+                    note = json.loads(found[0]) if found is not None else {}
+                    task = tasks.get(note.get("task") or "")
+                except (ValueError, AttributeError, TypeError):  # not a note of ours
+                    continue
+                config = _config_of(task) if task is not None else None
+                if config is not None and config.using == alias:
+                    _queue_follow_up(config, task, name[: -len(":coalesce")])
+    except Exception as exc:  # the next run of each key queues its note still
+        logger.warning("redlock: could not look for coalesced calls left behind: %s", exc)
 
 
 def sent_name(key: str, task_id: str) -> str:
