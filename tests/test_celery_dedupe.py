@@ -726,3 +726,19 @@ def test_coalesce_note_of_a_run_whose_whole_worker_was_killed_runs(
         wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1) == ["t0", "t1"], timeout=45)
     finally:
         later.stop()
+
+
+def test_a_queued_task_revoked_no_longer_counts(broker: None, look_every_time: None) -> None:
+    # Revoked while it waits in the queue (no worker has reached it: a busy worker discards it
+    # only after its run): the next delay() queues, not returns the revoked task's result.
+    task = celery_tasks.deduped
+    name = uuid.uuid4().hex[:8]
+    first = task.apply_async((name,))
+    assert task.apply_async((name,)).id == first.id
+    celery_app.app.control.revoke(first.id)
+    again = task.apply_async((name,))
+    assert again.id != first.id
+    assert task.apply_async((name,)).id == again.id
+    again.revoke()  # AsyncResult.revoke goes through the app's control too
+    assert task.apply_async((name,)).id not in (first.id, again.id)
+    celery_app.app.control.purge()

@@ -691,6 +691,7 @@ class SingleInstanceTask(Task):
         config = _config_of(self)
         if config is None or not config.dedupe_queued:
             return super().apply_async(args, kwargs, **options)
+        watch_revokes(self.app)
         key = lock_key(self, *(args or ()), **(kwargs or {}))
         backend = locks[config.using]
         headers = options.get("headers") or {}
@@ -779,9 +780,15 @@ class SingleInstanceTask(Task):
     message_start_grace = 60.0
 
     def _stale(self, key: str, task_id: str) -> bool:
-        """Whether the marker naming ``task_id`` is stale: its task ended, or its message
-        can no longer run."""
-        return self._ended(task_id) or self.message_gone(key, task_id)
+        """Whether the marker naming ``task_id`` is stale: its task ended, was revoked (by
+        this app's ``control.revoke``), or its message can no longer run."""
+        config = self.single_instance_config()
+        assert config is not None
+        return (
+            self._ended(task_id)
+            or was_revoked(config.using, task_id)
+            or self.message_gone(key, task_id)
+        )
 
     def _note_sent(
         self, key: str, task_id: str, args: Any, kwargs: Any, options: dict[str, Any],
@@ -956,6 +963,66 @@ def routed_queue(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> 
     if routed.get("routing_key", queue.routing_key) != queue.routing_key:
         return None
     return str(queue.name)
+
+
+# -- a queued call revoked: no longer queued -----------------------------------------------
+#
+# A revoke is a broadcast to the workers; the one that holds the message discards it only
+# when it reaches it (a busy worker: after its run). Meanwhile the queue marker names a call
+# that will never run. So the app's ``control.revoke`` (which ``AsyncResult.revoke`` calls
+# too) notes each id it revoked, in every backend a dedupe_queued task of the app uses; a
+# marker naming a noted id is stale. A revoke from another process (``celery control
+# revoke``) is not seen: its marker goes when a worker discards the message.
+
+
+def revoked_name(task_id: str) -> str:
+    return f"redlock-revoked:{token_id(task_id)}"
+
+
+def was_revoked(using: str, task_id: str) -> bool:
+    try:
+        return markers.read(locks[using], revoked_name(task_id)) is not None
+    except LockError:  # unknown: the other checks decide
+        return False
+
+
+def note_revoked(app: Any, task_ids: Any) -> None:
+    """Note ``task_ids`` (an id or a list) as revoked, for ``app``'s dedupe_queued tasks."""
+    ids = [task_ids] if isinstance(task_ids, str) else list(task_ids or ())
+    ttl: dict[str, float] = {}
+    for task in list(app.tasks.values()):
+        try:
+            config = _config_of(task)
+        except Exception:  # a hook of the user's that cannot answer: not ours to note
+            continue
+        if config is not None and config.dedupe_queued:
+            ttl[config.using] = max(ttl.get(config.using, 0.0), config.dedupe_ttl)
+    for using, seconds in ttl.items():
+        for task_id in ids:
+            try:
+                markers.mark(locks[using], revoked_name(str(task_id)), "1", to_ms(seconds))
+            except LockError as exc:  # its marker goes when a worker discards the message
+                logger.warning("redlock: could not note task %s as revoked: %s", task_id, exc)
+
+
+def watch_revokes(app: Any) -> None:
+    """Make ``app.control.revoke`` note what it revokes (once per app)."""
+    control = app.control
+    if getattr(control, "redlock_notes_revokes", False):
+        return
+    revoke = control.revoke
+
+    @functools.wraps(revoke)
+    def noting(task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        result = revoke(task_id, *args, **kwargs)
+        try:
+            note_revoked(app, task_id)
+        except Exception as exc:  # the revoke itself went out: never fail it
+            logger.warning("redlock: could not note a revoke: %s", exc)
+        return result
+
+    control.revoke = noting
+    control.redlock_notes_revokes = True
 
 
 def received_name(key: str, task_id: str) -> str:
