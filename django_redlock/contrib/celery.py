@@ -12,7 +12,8 @@ A hold's token is ``<task id>.<attempt>.<random>`` (the attempt is ``request.ret
 run that finds its own task id holding the key can tell a retry that arrived before the
 earlier attempt released (it waits for it) from its own message delivered again while it runs
 (a duplicate: skipped, never a second run). With ``limit=N`` such a copy may find a permit
-free and take it: it then looks at the other permits, and gives its own back.
+free and take it: it then looks at the other permits, and gives its own back. A copy taken
+only after its run ended (``acks_late``) finds that run's "done" note: skipped as well.
 """
 
 from __future__ import annotations
