@@ -742,3 +742,23 @@ def test_a_queued_task_revoked_no_longer_counts(broker: None, look_every_time: N
     again.revoke()  # AsyncResult.revoke goes through the app's control too
     assert task.apply_async((name,)).id not in (first.id, again.id)
     celery_app.app.control.purge()
+
+
+EAGER_RUNS: list[str] = []
+
+
+@shared_task(bind=True, acks_late=True, name="tests.test_celery_dedupe.late_eager")
+@single_instance(key="late-eager:{name}", ttl=10)
+def late_eager(self: Any, name: str) -> str:
+    EAGER_RUNS.append(self.request.id)
+    return "ran"
+
+
+def test_an_eager_run_of_an_acks_late_task_runs_again_under_its_id(broker: None) -> None:
+    # apply() has no message the broker could put back: the "done" note of acks_late runs
+    # does not make a second apply() of the same id a redelivered copy.
+    EAGER_RUNS.clear()
+    task_id = f"eager-{uuid.uuid4().hex[:6]}"
+    assert late_eager.apply(("e",), task_id=task_id).result == "ran"
+    assert late_eager.apply(("e",), task_id=task_id).result == "ran"
+    assert [task_id, task_id] == EAGER_RUNS

@@ -523,7 +523,8 @@ def _redelivered(
 
 
 def _acks_late(task: Any) -> bool:
-    return bool(getattr(task, "acks_late", False))
+    # An eager run (apply()) has no message to come back: the same id may run again.
+    return bool(getattr(task, "acks_late", False)) and not task.request.is_eager
 
 
 def _done_name(key: str, task_id: str, attempt: int) -> str:
