@@ -831,6 +831,25 @@ def test_acks_late_past_the_visibility_timeout_runs_the_body_once(
     late.stop()
 
 
+def test_acks_late_copy_taken_after_the_run_ended_does_not_run_again(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # One child: the copy the broker puts back while the 5 s run goes on is taken only once
+    # that run acknowledged and released the key. The hold is gone then: the copy must still
+    # be known as the same message (same task id and attempt), never a second run.
+    late = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
+    name = f"late-one-{uuid.uuid4().hex[:6]}"
+    result = late.send(celery_tasks.redelivered, name, 5.0)
+    assert result.get(timeout=60) == "ran"
+    r = redis(redis_server)
+    runs = f"redeliver:{name}:ran"
+    wait_for(lambda: "ran already" in late.log.read_text() or r.llen(runs) > 1, timeout=20)
+    time.sleep(1)
+    assert r.lrange(runs, 0, -1) == [result.id]
+    assert result.get(timeout=5) == "ran"  # the copy stored nothing over it
+    late.stop()
+
+
 # -- an exception at any line once the lock is taken ------------------------------------------
 
 
@@ -890,12 +909,13 @@ def test_hold_tokens_carry_odd_task_ids() -> None:
     )
     from django_redlock.locking.base import check_token_prefix
 
-    for task_id in [*ODD_TASK_IDS, "abc", "abc.1", "#" + "0" * 40]:
+    for task_id in [*ODD_TASK_IDS, "abc", "abc.1", "#" + "0" * 40, "\ud800", "a\udfffb"]:
         prefix = _prefix(task_id, 3)
         assert check_token_prefix(prefix) == prefix  # a valid token prefix, whatever the id
         assert holds_task(f"{prefix}Xy12", task_id) == 3
         assert holds_task(f"{prefix}Xy12", task_id + "z") is None
         assert "\x1f" not in holder_id(task_id)
+        holder_id(task_id).encode("utf-8")  # what Redis takes
         assert task_id_of({"k": holder_id(task_id)}) == task_id
     assert token_id("abc") == "abc"
     assert token_id("#" + "0" * 40) != "#" + "0" * 40  # a raw id never looks like a hash

@@ -587,3 +587,178 @@ def test_a_message_taken_by_a_worker_whose_run_starts_late_still_counts(
     assert first.get(timeout=30) == "ran"
     time.sleep(0.5)
     assert redis(redis_server).lrange(f"dedupe-slow:{name}:ran", 0, -1) == [first.id]
+
+
+# -- coalesce: the follow-up mark never outlives the message it names --------------------------
+
+
+@shared_task(bind=True, name="tests.test_celery_dedupe.nesting")
+@single_instance(key="nesting:{name}", ttl=10, on_duplicate="coalesce")
+def nesting(self: Any, name: str, tag: str, duplicate: str | None = None) -> str:
+    if duplicate is not None:  # a duplicate arrives while the key runs (as from a 2nd worker)
+        nesting.apply((name, duplicate), task_id=f"dup-{duplicate}-{uuid.uuid4().hex[:6]}")
+    return tag
+
+
+def follow_ups(redis_server: RedisServer, name: str) -> list[str]:
+    """The ``nesting`` follow-ups of ``name`` waiting in the default queue (no worker reads
+    it): their arguments' tags."""
+    import json
+
+    found = []
+    for raw in redis_server.client(db=1).lrange("celery", 0, -1):
+        message = json.loads(raw)
+        headers = message["headers"]
+        if headers.get("redlock_follow_up") and f"'{name}'" in headers.get("argsrepr", ""):
+            found.append(headers["argsrepr"])
+    return found
+
+
+def test_coalesce_follow_up_purged_from_the_broker_no_longer_counts(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # A run's duplicate queued a follow-up; the queue is purged. Its mark names a message
+    # that is gone: the next run's duplicate must queue one again, not obey it for an hour.
+    name = uuid.uuid4().hex[:8]
+    nesting.apply((name, "t0", "t1"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]
+    celery_app.app.control.purge()
+    nesting.apply((name, "t2", "t3"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't3')"]
+    celery_app.app.control.purge()
+
+
+def test_coalesce_soft_time_limit_between_the_mark_and_the_publish(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SoftTimeLimitExceeded (a signal handler: any line) after the follow-up was marked and
+    # before it was published: the mark must not stay naming a message never sent (every
+    # later run would obey it, and the noted call would not run for an hour).
+    import json
+    import types
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    strikes = [1]
+
+    def loads(text: str) -> Any:  # the first line after the mark reads the note
+        if strikes:
+            strikes.pop()
+            raise SoftTimeLimitExceeded("soft time limit")
+        return json.loads(text)
+
+    monkeypatch.setattr(contrib, "json", types.SimpleNamespace(dumps=json.dumps, loads=loads))
+    failed = nesting.apply((name, "t0", "t1"))
+    assert not strikes
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]  # by the failure's handler
+    celery_app.app.control.purge()
+
+
+def test_coalesce_mark_of_a_follow_up_never_sent_goes_stale(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A queuer SIGKILLed between the mark and the publish: no handler runs. A mark never noted
+    # as sent is stale after FOLLOW_UP_PUBLISH_GRACE: a later run queues the noted call.
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"nesting:{name}"
+    backend = locks["default"]
+    contrib.note_call(nesting.run.__redlock__, key, [name, "t1"], {}, None, None)
+    markers.mark(backend, f"{key}:coalesce:next", "never-sent", 3_600_000)
+    nesting.apply((name, "t2"))  # a run's end: the mark is young, obeyed
+    assert follow_ups(redis_server, name) == []
+    monkeypatch.setattr(contrib, "FOLLOW_UP_PUBLISH_GRACE", 0.0)
+    time.sleep(0.01)
+    nesting.apply((name, "t3"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]
+    celery_app.app.control.purge()
+
+
+RETRIED: list[str] = []
+
+
+@shared_task(bind=True, max_retries=1, name="tests.test_celery_dedupe.retrying")
+@single_instance(key="retrying:{name}", ttl=10, on_duplicate="coalesce")
+def retrying(self: Any, name: str, tag: str) -> str:
+    RETRIED.append(f"{tag}:{self.request.retries}")
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)  # a transient error: run this call again
+    return tag
+
+
+def test_coalesce_follow_up_s_retry_runs_the_noted_call(broker: None) -> None:
+    # A follow-up queued with call B runs the call noted last, D. Its self.retry() must run D
+    # again, not its own message's superseded B.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    RETRIED.clear()
+    config = retrying.run.__redlock__
+    contrib.note_call(config, f"retrying:{name}", [name, "D"], {}, None, None)
+    retrying.apply((name, "B"), headers={"redlock_follow_up": "1"})
+    assert RETRIED == ["D:0", "D:1"]
+
+
+def test_coalesce_note_of_a_run_whose_whole_worker_was_killed_runs(
+    start_worker: Callable[..., Worker], redis_server: RedisServer, tmp_path: Any
+) -> None:
+    # The whole worker (main process and children) is SIGKILLed while the run holds the key
+    # and a duplicate's call is noted: no end of the run, no main process queues it. A worker
+    # started later on that queue finds the note left and runs it (once the dead hold, TTL
+    # 10 s, is gone).
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    dead = start_worker(pool="prefork", concurrency=2)
+    first = dead.send(celery_tasks.coalesced, name, "t0", 40.0)
+    wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1))
+    value = dead.send(celery_tasks.coalesced, name, "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    dead.kill()
+    assert first.id
+    later = Worker(redis_server.url, "solo", 1, dead.queue, tmp_path / "later.log")
+    try:
+        wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1) == ["t0", "t1"], timeout=45)
+    finally:
+        later.stop()
+
+
+def test_a_queued_task_revoked_no_longer_counts(broker: None, look_every_time: None) -> None:
+    # Revoked while it waits in the queue (no worker has reached it: a busy worker discards it
+    # only after its run): the next delay() queues, not returns the revoked task's result.
+    task = celery_tasks.deduped
+    name = uuid.uuid4().hex[:8]
+    first = task.apply_async((name,))
+    assert task.apply_async((name,)).id == first.id
+    celery_app.app.control.revoke(first.id)
+    again = task.apply_async((name,))
+    assert again.id != first.id
+    assert task.apply_async((name,)).id == again.id
+    again.revoke()  # AsyncResult.revoke goes through the app's control too
+    assert task.apply_async((name,)).id not in (first.id, again.id)
+    celery_app.app.control.purge()
+
+
+EAGER_RUNS: list[str] = []
+
+
+@shared_task(bind=True, acks_late=True, name="tests.test_celery_dedupe.late_eager")
+@single_instance(key="late-eager:{name}", ttl=10)
+def late_eager(self: Any, name: str) -> str:
+    EAGER_RUNS.append(self.request.id)
+    return "ran"
+
+
+def test_an_eager_run_of_an_acks_late_task_runs_again_under_its_id(broker: None) -> None:
+    # apply() has no message the broker could put back: the "done" note of acks_late runs
+    # does not make a second apply() of the same id a redelivered copy.
+    EAGER_RUNS.clear()
+    task_id = f"eager-{uuid.uuid4().hex[:6]}"
+    assert late_eager.apply(("e",), task_id=task_id).result == "ran"
+    assert late_eager.apply(("e",), task_id=task_id).result == "ran"
+    assert [task_id, task_id] == EAGER_RUNS

@@ -449,3 +449,21 @@ def test_a_group_of_singleton_duplicates_finishes(app: Celery, worker: Worker) -
     values = group(members).apply_async().get(timeout=60)
     assert values.count("ran") == 1
     assert sum(1 for v in values if skipped(v)) == 2
+
+
+def test_existing_task_id_decodes_an_encoded_holder() -> None:
+    # A running task whose id the holder field carries encoded ("\x1f" in it): the shims'
+    # existing_task_id() names the task, not its encoded form.
+    from django_redlock import lock
+    from django_redlock.compat.markers import existing_task_id
+    from django_redlock.contrib.single import holder_id
+    from django_redlock.identity import current_task
+
+    task_id = f"odd\x1fid-{uuid.uuid4().hex[:6]}"
+    key = f"encoded-holder:{task_id[-6:]}"
+    marker_ = current_task.set((holder_id(task_id), "tests.odd"))
+    try:
+        with lock(key, ttl=10):
+            assert existing_task_id("default", key) == task_id
+    finally:
+        current_task.reset(marker_)

@@ -434,3 +434,18 @@ def test_a_deleted_queued_run_no_longer_counts() -> None:
     assert again.id != first.id
     assert later.enqueue(31).id == again.id
     DBTaskResult.objects.filter(id=again.id).delete()
+
+
+def test_an_exception_right_after_the_take_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An asynchronous exception (a signal handler's, KeyboardInterrupt) landing between the
+    # take and the run's own guard must not leave the key held and renewed.
+    from django_redlock.contrib import tasks as contrib
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(contrib, "run_held", interrupted)
+    key = lock_key(tasks_jobs.without_context, 11)
+    with pytest.raises(KeyboardInterrupt):
+        tasks_jobs.without_context.enqueue(11)  # a run of the task (the immediate backend)
+    assert not locks["default"].is_locked(key)

@@ -9,6 +9,7 @@ import logging
 
 from ..backends import markers
 from ..backends.base import glob_escape
+from ..contrib.single import task_id_of
 from ..handler import locks
 
 logger = logging.getLogger("django_redlock")
@@ -27,7 +28,7 @@ def existing_task_id(using: str, key: str) -> str | None:
     if noted is not None:
         return noted[0]
     info = locks[using].inspect(key)
-    holder = info.holder.get("k") if info is not None else None
+    holder = task_id_of(info.holder) if info is not None else None
     return str(holder) if holder else None
 
 

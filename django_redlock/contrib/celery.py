@@ -12,7 +12,8 @@ A hold's token is ``<task id>.<attempt>.<random>`` (the attempt is ``request.ret
 run that finds its own task id holding the key can tell a retry that arrived before the
 earlier attempt released (it waits for it) from its own message delivered again while it runs
 (a duplicate: skipped, never a second run). With ``limit=N`` such a copy may find a permit
-free and take it: it then looks at the other permits, and gives its own back.
+free and take it: it then looks at the other permits, and gives its own back. A copy taken
+only after its run ended (``acks_late``) finds that run's "done" note: skipped as well.
 """
 
 from __future__ import annotations
@@ -28,9 +29,15 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from celery import Task, current_task
-from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import (
+    Ignore,
+    Reject,
+    SoftTimeLimitExceeded,
+    TimeLimitExceeded,
+    WorkerLostError,
+)
 from celery.local import Proxy
-from celery.signals import task_failure, task_received, task_revoked
+from celery.signals import task_failure, task_received, task_revoked, worker_ready
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
@@ -40,7 +47,7 @@ from ..backends.base import Kind, Released
 from ..exceptions import LockError
 from ..handler import locks
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
-from ..validation import to_ms
+from ..validation import MAX_TTL, to_ms
 from .single import (  # the core shared with Django's Tasks framework (re-exported here)
     AlreadyQueued,
     SingleInstance,
@@ -58,6 +65,7 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     skipped,
     take,
     task_id_of,
+    token_id,
 )
 
 logger = logging.getLogger("django_redlock")
@@ -156,7 +164,9 @@ def run_task(
     coalesce = config.on_duplicate == "coalesce" and task is not None
     # A follow-up's retry runs its own message's call (as any retry does).
     follow_up = coalesce and attempt == 0 and _is_follow_up(task)
-    if follow_up:
+    if follow_up and _is_poll(task):  # its mark goes first: a look from now on polls again
+        _clear_mark(config, _poll_name(key), task_id)
+    elif follow_up:
         _clear_next(config, key, task_id)  # before the take: see the rules above _coalesce
     held = new_hold(config, key, task_id, attempt)
     acquired = False
@@ -181,8 +191,17 @@ def run_task(
                 result = skip_result(config, task, key, task_id, None)
                 return {**result, "coalesced": True}
             args, kw = tuple(call["args"]), dict(call["kwargs"])
+            # self.retry() sends the request's arguments: the call it runs, not its message's.
+            task.request.args, task.request.kwargs = list(args), dict(kw)
             if body_for is not None:
                 body = functools.partial(body_for, args, kw)
+        if task_id and _acks_late(task):
+            # Taken after the run of this very message ended (its copy, put back by the
+            # broker while it ran, reached a worker only after its release): never again.
+            if _ran_already(config, key, task_id, attempt):
+                let_go(held)
+                return _redelivered(config, task, key, task_id, attempt, ended=True)
+            body = _noting_done(config, task, key, task_id, attempt, body)
         return run_held(held, body, (), {}, config.atomic)
     except BaseException:
         acquired = acquired or held.token is not None  # taken, then interrupted: it ends too
@@ -221,19 +240,28 @@ def _next_name(config: SingleInstance, key: str) -> str:
     return key if config.dedupe_queued else f"{key}:coalesce:next"
 
 
-def _is_follow_up(task: Any) -> bool:
+def _follow_up_kind(task: Any) -> Any:
     request = task.request
-    return bool(getattr(request, FOLLOW_UP, None) or (request.headers or {}).get(FOLLOW_UP))
+    return getattr(request, FOLLOW_UP, None) or (request.headers or {}).get(FOLLOW_UP)
+
+
+def _is_follow_up(task: Any) -> bool:
+    return bool(_follow_up_kind(task))
+
+
+def _is_poll(task: Any) -> bool:
+    return bool(_follow_up_kind(task) == POLL)
 
 
 def note_call(config: SingleInstance, key: str, args: Any, kwargs: Any, queue: Any,
-              task_id: str | None) -> None:  # fmt: skip
+              task_id: str | None, task_name: str | None = None) -> None:  # fmt: skip
     """Note a call under ``key`` for the next follow-up, replacing any note (the last call's
-    arguments win)."""
+    arguments win). ``task_name``: lets a starting worker find the task of a note left."""
     backend = locks[config.using]
     note = json.dumps(
-        {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id}
-    )
+        {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id,
+         "task": task_name}
+    )  # fmt: skip
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.mark(backend, _pending_name(key), note, ttl_ms)
@@ -256,7 +284,7 @@ def _coalesce(
 ) -> Any:  # fmt: skip
     backend = locks[config.using]
     queue = (getattr(task.request, "delivery_info", None) or {}).get("routing_key")
-    note_call(config, key, args, kwargs, queue, task_id)
+    note_call(config, key, args, kwargs, queue, task_id, task.name)
     logger.info(
         "redlock: coalesced duplicate: task %s not run now: %r is held by %s; one more run"
         " follows", task_id, key, describe_holder(info),
@@ -266,13 +294,67 @@ def _coalesce(
     return {**result, "coalesced": True}
 
 
-def _queue_unless_followed(config: SingleInstance, task: Any, key: str, holder: Any) -> None:
+def _queue_unless_followed(
+    config: SingleInstance, task: Any, key: str, holder: Any, poll: bool = False
+) -> None:
     """After a note: queue its follow-up unless the key's holder will (a run of this task
-    queues it at its end)."""
+    queues it at its end; ``poll``: a follow-up that found it held polls, should that run's
+    whole worker have died)."""
     if holder is None:  # the run ended before the note: queue it now
         _queue_follow_up(config, task, key)
     elif not _coalesces(task, holder):  # nobody would: look again after countdown
         _queue_follow_up(config, task, key, countdown=config.countdown)
+    elif poll:  # its end will; should its whole worker die first, a poll finds the key free
+        _queue_poll(config, task, key)
+
+
+# A poll (header FOLLOW_UP = POLL) is a follow-up sent ``ttl`` seconds late: a holder whose
+# worker died outright (no end, no main process to queue for it) has lost its hold by then.
+# It runs the note if the key is free; held by a run again, it polls again. One at a time per
+# key ("<key>:coalesce:poll", which expires soon after the poll was due). A poll that meets a
+# follow-up runs nothing: the note is taken once.
+
+#: The FOLLOW_UP header's value on a poll.
+POLL = "poll"
+
+
+def _poll_name(key: str) -> str:
+    return f"{key}:coalesce:poll"
+
+
+def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
+    backend = locks[config.using]
+    after = float(config.ttl or 60.0) + 1.0  # a dead holder's hold has expired by then
+    try:
+        noted = markers.read(backend, _pending_name(key))
+        if noted is None:
+            return
+        poll_id = uuid_text()
+        ttl_ms = to_ms(after + FOLLOW_UP_PUBLISH_GRACE)
+        if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
+            return  # one is coming
+        try:
+            call = json.loads(noted[0])
+            options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            task.apply_async(tuple(call["args"]), call["kwargs"], task_id=poll_id,
+                             headers={FOLLOW_UP: POLL}, countdown=after, **options)  # fmt: skip
+        except BaseException as exc:
+            with contextlib.suppress(LockError):
+                markers.clear(backend, _poll_name(key), poll_id)
+            if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
+                raise
+            logger.warning("redlock: could not queue a poll of %r: %s", key, exc)
+    except LockError as exc:  # the holder's end (or the next run) queues it still
+        logger.warning("redlock: could not queue a poll of %r: %s", key, exc)
+
+
+def _clear_mark(config: SingleInstance, name: str, task_id: str | None) -> None:
+    if not task_id:
+        return
+    try:
+        markers.clear(locks[config.using], name, task_id)
+    except LockError as exc:  # it then expires
+        logger.warning("redlock: could not clear the mark %r: %s", name, exc)
 
 
 def _follow_up_waits(
@@ -284,7 +366,7 @@ def _follow_up_waits(
         "redlock: the coalesced follow-up %s waits: %r is held by %s",
         task_id, key, describe_holder(info),
     )  # fmt: skip
-    _queue_unless_followed(config, task, key, info)
+    _queue_unless_followed(config, task, key, info, poll=True)
     result = skip_result(config, task, key, task_id, task_id_of(info.holder) if info else None)
     return {**result, "coalesced": True}
 
@@ -328,32 +410,66 @@ def _queue_follow_up(
             queued = markers.mark(backend, name, follow_id, ttl_ms)
             if queued is None:
                 break
-            stale = _task_ended(task, queued)
-            if not stale and config.dedupe_queued and isinstance(task, SingleInstanceTask):
-                stale = task._stale(key, queued)  # a purged message's marker too
-            if not stale:
+            if not _next_stale(config, task, key, queued):
                 return  # queued and not started: it takes the note when it runs
             markers.clear(backend, name, queued)
         else:
             return
-        call = json.loads(noted[0])
-        options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
-        if countdown:
-            options["countdown"] = countdown
         try:
-            task.apply_async(tuple(call["args"]), call["kwargs"], task_id=follow_id,
-                             headers={FOLLOW_UP: "1"}, **options)  # fmt: skip
-        except Exception as exc:  # the broker refused it: the note stays, never lost
+            call = json.loads(noted[0])
+            options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            if countdown:
+                options["countdown"] = countdown
+            args, kwargs = tuple(call["args"]), call["kwargs"]
+            task.apply_async(args, kwargs, task_id=follow_id, headers={FOLLOW_UP: "1"}, **options)
+        except BaseException as exc:  # refused, or a soft time limit: no mark without a message
             with contextlib.suppress(LockError):
                 markers.clear(backend, name, follow_id)
+            if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
+                raise  # the run fails with it; its failure handler queues the follow-up
             logger.warning(
                 "redlock: could not queue the coalesced call of %r (%s): it stays noted, for"
                 " the next run of the key", key, exc,
             )  # fmt: skip
             return
+        if not (config.dedupe_queued and isinstance(task, SingleInstanceTask)):
+            # (With dedupe_queued, apply_async notes it.) Only a mark noted as sent is looked
+            # for in the broker; one never noted is stale after FOLLOW_UP_PUBLISH_GRACE.
+            queue = routed_queue(task, args, kwargs, options)
+            if queue is not None:
+                with contextlib.suppress(LockError):
+                    markers.mark(backend, sent_name(name, follow_id), queue, ttl_ms)
         logger.info("redlock: queued the coalesced call of %r as task %s", key, follow_id)
     except LockError as exc:  # the note stays until its TTL; the next run's end queues it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
+
+
+#: Seconds after which a follow-up mark whose message was never noted as sent is stale: its
+#: queuer died (or a soft time limit struck) between the mark and the publish.
+FOLLOW_UP_PUBLISH_GRACE = 30.0
+
+
+def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> bool:
+    """Whether the follow-up mark naming ``queued`` no longer stands for a message to come:
+    its task ended, its message is gone from the broker (purged), or it was never sent. A
+    wrong "stale" only queues one follow-up more, which finds the note taken and runs
+    nothing; a wrong "not stale" would strand the note."""
+    if _task_ended(task, queued):
+        return True
+    deduped = config.dedupe_queued and isinstance(task, SingleInstanceTask)
+    if deduped and task._stale(key, queued):  # a purged message's marker too
+        return True
+    backend = locks[config.using]
+    name = _next_name(config, key)
+    sent = markers.read(backend, sent_name(name, queued))
+    if sent is None:
+        mark = markers.read(backend, name)
+        left = mark[1] if mark is not None and mark[0] == queued else None
+        # Its TTL was dedupe_ttl (+ countdown) when marked: this much less, and it is older.
+        return left is not None and left < to_ms(config.dedupe_ttl - FOLLOW_UP_PUBLISH_GRACE)
+    from .broker import message_queued
+
+    return message_queued(task.app, sent[0], queued) is False
 
 
 def _task_ended(task: Any, task_id: str) -> bool:
@@ -373,19 +489,94 @@ def _duplicate_of(task: Any) -> str | None:
     return str(found) if found else None
 
 
-def _redelivered(config: SingleInstance, task: Any, key: str, task_id: str, attempt: int) -> Any:
-    """The message of a running task, delivered again (``acks_late`` past the broker's
-    visibility timeout): never run twice. ``Ignore`` stores nothing, so the task's result
-    stays the running attempt's."""
-    logger.warning(
-        "redlock: skipped a redelivered message: task %s runs already (attempt %s holds %r)",
-        task_id, attempt, key,
-    )  # fmt: skip
+def _redelivered(
+    config: SingleInstance, task: Any, key: str, task_id: str, attempt: int, ended: bool = False
+) -> Any:
+    """The message of a running (``ended``: finished) task, delivered again (``acks_late``
+    past the broker's visibility timeout): never run twice. ``Ignore`` stores nothing, so
+    the task's result stays the attempt's that ran."""
+    if ended:
+        logger.warning(
+            "redlock: skipped a redelivered message: task %s ran already (attempt %s, %r)",
+            task_id, attempt, key,
+        )  # fmt: skip
+    else:
+        logger.warning(
+            "redlock: skipped a redelivered message: task %s runs already (attempt %s holds"
+            " %r)", task_id, attempt, key,
+        )  # fmt: skip
     duplicate_skipped.send_robust(
         sender=task, key=key, task_id=task_id, holder_task_id=task_id, using=config.using,
         redelivered=True,
     )  # fmt: skip
     raise Ignore()
+
+
+# -- acks_late: a message put back while its run went on, taken after that run ended --------
+#
+# The broker restores an unacknowledged message after its visibility timeout, while its task
+# still runs; a worker may take that copy only once the run released the key (one child, or
+# every child busy). The hold is gone then, so the run notes, before it releases, that this
+# attempt of its task ran ("<key>:done:<task id>.<attempt>"); a run that takes the key and
+# finds that note is such a copy. Only for acks_late tasks (an early-acknowledged message is
+# never put back once a run started), and not for Reject (the body asked to run it again).
+
+
+def _acks_late(task: Any) -> bool:
+    # An eager run (apply()) has no message to come back: the same id may run again.
+    return bool(getattr(task, "acks_late", False)) and not task.request.is_eager
+
+
+def _done_name(key: str, task_id: str, attempt: int) -> str:
+    return f"{key}:done:{token_id(task_id)}.{attempt}"
+
+
+def done_ttl(task: Any) -> float:
+    """How long (seconds) a finished run's note lasts: twice the broker's visibility timeout
+    (a copy put back waits in the queue), at least an hour."""
+    options = getattr(task.app.conf, "broker_transport_options", None) or {}
+    try:
+        visibility = float(options.get("visibility_timeout") or 3600)
+    except (TypeError, ValueError):
+        visibility = 3600.0
+    return min(max(2 * visibility, 3600.0), MAX_TTL)
+
+
+def _ran_already(config: SingleInstance, key: str, task_id: str, attempt: int) -> bool:
+    try:
+        return markers.read(locks[config.using], _done_name(key, task_id, attempt)) is not None
+    except LockError as exc:  # unknown: it runs (at least once, as without the note)
+        logger.warning("redlock: could not look whether task %s ran already: %s", task_id, exc)
+        return False
+
+
+def _noting_done(
+    config: SingleInstance, task: Any, key: str, task_id: str, attempt: int,
+    body: Callable[[], Any],
+) -> Callable[[], Any]:  # fmt: skip
+    """``body``, noting at its end (before the release) that this attempt ran."""
+
+    def note() -> None:
+        try:
+            markers.mark(
+                locks[config.using], _done_name(key, task_id, attempt), "1",
+                to_ms(done_ttl(task)),
+            )  # fmt: skip
+        except LockError as exc:  # a copy may then run again (at least once)
+            logger.warning("redlock: could not note task %s as done: %s", task_id, exc)
+
+    def run() -> Any:
+        try:
+            result = body()
+        except Reject:
+            raise
+        except BaseException:
+            note()
+            raise
+        note()
+        return result
+
+    return run
 
 
 # -- the worker's main process: release what a killed child held ----------------------------
@@ -463,12 +654,14 @@ def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
     """Release a stopped run's hold; with ``coalesce``, queue the call a duplicate noted
     meanwhile (the killed run never got to its own follow-up)."""
     try:
-        released = release_task_hold(task, task_id, args, kwargs)
+        release_task_hold(task, task_id, args, kwargs)
     except LockError as exc:  # the hold then frees itself at its TTL
         logger.warning("redlock: could not release stopped task %s's lock: %s", task_id, exc)
         return
     config = _config_of(task)
-    if released and config is not None and config.on_duplicate == "coalesce":
+    # Whether it released or not (a soft time limit's run let go on its way out, and may
+    # have been stopped before it queued): a note left must have a follow-up.
+    if config is not None and config.on_duplicate == "coalesce":
         _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
 
 
@@ -500,6 +693,7 @@ class SingleInstanceTask(Task):
         config = _config_of(self)
         if config is None or not config.dedupe_queued:
             return super().apply_async(args, kwargs, **options)
+        watch_revokes(self.app)
         key = lock_key(self, *(args or ()), **(kwargs or {}))
         backend = locks[config.using]
         headers = options.get("headers") or {}
@@ -520,7 +714,7 @@ class SingleInstanceTask(Task):
             # deduplicated to it while it waits in the queue puts its arguments in the note,
             # where they run (not dropped).
             queue = options.get("queue")
-            note_call(config, key, args, kwargs, getattr(queue, "name", queue), None)
+            note_call(config, key, args, kwargs, getattr(queue, "name", queue), None, self.name)
             options["headers"] = {**headers, FOLLOW_UP: "1"}
         if not retrying and self.dedupes_running():
             running = backend.inspect(key)
@@ -588,9 +782,15 @@ class SingleInstanceTask(Task):
     message_start_grace = 60.0
 
     def _stale(self, key: str, task_id: str) -> bool:
-        """Whether the marker naming ``task_id`` is stale: its task ended, or its message
-        can no longer run."""
-        return self._ended(task_id) or self.message_gone(key, task_id)
+        """Whether the marker naming ``task_id`` is stale: its task ended, was revoked (by
+        this app's ``control.revoke``), or its message can no longer run."""
+        config = self.single_instance_config()
+        assert config is not None
+        return (
+            self._ended(task_id)
+            or was_revoked(config.using, task_id)
+            or self.message_gone(key, task_id)
+        )
 
     def _note_sent(
         self, key: str, task_id: str, args: Any, kwargs: Any, options: dict[str, Any],
@@ -611,27 +811,7 @@ class SingleInstanceTask(Task):
             logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
 
     def _queue_of(self, args: Any, kwargs: Any, options: dict[str, Any]) -> str | None:
-        """The queue Celery routes this call to (as ``send_task`` does), when that names the
-        one list the message is in: a queue on a direct exchange, by its own routing key.
-        An exchange or routing key of the call's own (a topic exchange...) may send it
-        elsewhere: None (nothing is noted, the marker is obeyed)."""
-        wanted = dict(options)
-        if "queue" not in wanted and getattr(self, "queue", None):
-            wanted["queue"] = self.queue
-        try:
-            routed = self.app.amqp.router.route(wanted, self.name, args, kwargs, task_type=self)
-        except Exception:  # a router of the user's that refuses: nothing noted
-            return None
-        queue = routed.get("queue")
-        exchange = getattr(queue, "exchange", None)
-        if not getattr(queue, "name", None) or exchange is None or exchange.type != "direct":
-            return None
-        named = routed.get("exchange", exchange)
-        if getattr(named, "name", named) != exchange.name:
-            return None
-        if routed.get("routing_key", queue.routing_key) != queue.routing_key:
-            return None
-        return str(queue.name)
+        return routed_queue(self, args, kwargs, options)
 
     def message_gone(self, key: str, task_id: str) -> bool:
         """Whether the message of ``task_id``, which ``key``'s marker names, can no longer
@@ -763,6 +943,90 @@ class SingleInstanceTask(Task):
         return release_lock(self, *args, **kwargs)
 
 
+def routed_queue(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> str | None:
+    """The queue Celery routes this call to (as ``send_task`` does), when that names the one
+    list the message is in: a queue on a direct exchange, by its own routing key. An exchange
+    or routing key of the call's own (a topic exchange...) may send it elsewhere: None
+    (nothing is noted, the marker is obeyed)."""
+    wanted = dict(options)
+    if "queue" not in wanted and getattr(task, "queue", None):
+        wanted["queue"] = task.queue
+    try:
+        routed = task.app.amqp.router.route(wanted, task.name, args, kwargs, task_type=task)
+    except Exception:  # a router of the user's that refuses: nothing noted
+        return None
+    queue = routed.get("queue")
+    exchange = getattr(queue, "exchange", None)
+    if not getattr(queue, "name", None) or exchange is None or exchange.type != "direct":
+        return None
+    named = routed.get("exchange", exchange)
+    if getattr(named, "name", named) != exchange.name:
+        return None
+    if routed.get("routing_key", queue.routing_key) != queue.routing_key:
+        return None
+    return str(queue.name)
+
+
+# -- a queued call revoked: no longer queued -----------------------------------------------
+#
+# A revoke is a broadcast to the workers; the one that holds the message discards it only
+# when it reaches it (a busy worker: after its run). Meanwhile the queue marker names a call
+# that will never run. So the app's ``control.revoke`` (which ``AsyncResult.revoke`` calls
+# too) notes each id it revoked, in every backend a dedupe_queued task of the app uses; a
+# marker naming a noted id is stale. A revoke from another process (``celery control
+# revoke``) is not seen: its marker goes when a worker discards the message.
+
+
+def revoked_name(task_id: str) -> str:
+    return f"redlock-revoked:{token_id(task_id)}"
+
+
+def was_revoked(using: str, task_id: str) -> bool:
+    try:
+        return markers.read(locks[using], revoked_name(task_id)) is not None
+    except LockError:  # unknown: the other checks decide
+        return False
+
+
+def note_revoked(app: Any, task_ids: Any) -> None:
+    """Note ``task_ids`` (an id or a list) as revoked, for ``app``'s dedupe_queued tasks."""
+    ids = [task_ids] if isinstance(task_ids, str) else list(task_ids or ())
+    ttl: dict[str, float] = {}
+    for task in list(app.tasks.values()):
+        try:
+            config = _config_of(task)
+        except Exception:  # a hook of the user's that cannot answer: not ours to note
+            continue
+        if config is not None and config.dedupe_queued:
+            ttl[config.using] = max(ttl.get(config.using, 0.0), config.dedupe_ttl)
+    for using, seconds in ttl.items():
+        for task_id in ids:
+            try:
+                markers.mark(locks[using], revoked_name(str(task_id)), "1", to_ms(seconds))
+            except LockError as exc:  # its marker goes when a worker discards the message
+                logger.warning("redlock: could not note task %s as revoked: %s", task_id, exc)
+
+
+def watch_revokes(app: Any) -> None:
+    """Make ``app.control.revoke`` note what it revokes (once per app)."""
+    control = app.control
+    if getattr(control, "redlock_notes_revokes", False):
+        return
+    revoke = control.revoke
+
+    @functools.wraps(revoke)
+    def noting(task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        result = revoke(task_id, *args, **kwargs)
+        try:
+            note_revoked(app, task_id)
+        except Exception as exc:  # the revoke itself went out: never fail it
+            logger.warning("redlock: could not note a revoke: %s", exc)
+        return result
+
+    control.revoke = noting
+    control.redlock_notes_revokes = True
+
+
 def received_name(key: str, task_id: str) -> str:
     """The name of the note that a worker took ``task_id``'s message (see
     :data:`SingleInstanceTask.message_start_grace`)."""
@@ -785,6 +1049,37 @@ def _on_received(request: Any = None, **_: Any) -> None:
         markers.mark(locks[config.using], received_name(key, str(task_id)), "1", to_ms(grace))
     except (TypeError, ValueError, LockError) as exc:  # then the two looks decide, as before
         logger.info("redlock: could not note task %s as taken by a worker: %s", task_id, exc)
+
+
+@worker_ready.connect
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """A worker starts: queue the follow-up of every coalesced note left behind (its run's
+    whole worker died: no end, no main process queued it). A follow-up that finds the key
+    held waits as any does."""
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    try:
+        tasks = dict(app.tasks)
+        aliases = set()
+        for task in tasks.values():
+            config = _config_of(task)
+            if config is not None and config.on_duplicate == "coalesce":
+                aliases.add(config.using)
+        for alias in sorted(aliases):
+            backend = locks[alias]
+            for name in markers.names(backend, "*:coalesce"):
+                found = markers.read(backend, name)
+                try:
+                    note = json.loads(found[0]) if found is not None else {}
+                    task = tasks.get(note.get("task") or "")
+                except (ValueError, AttributeError, TypeError):  # not a note of ours
+                    continue
+                config = _config_of(task) if task is not None else None
+                if config is not None and config.using == alias:
+                    _queue_follow_up(config, task, name[: -len(":coalesce")])
+    except Exception as exc:  # the next run of each key queues its note still
+        logger.warning("redlock: could not look for coalesced calls left behind: %s", exc)
 
 
 def sent_name(key: str, task_id: str) -> str:

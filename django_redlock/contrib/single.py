@@ -417,10 +417,19 @@ def holds_task(token: str | None, task_id: str | None) -> int | None:
 
 def holder_id(task_id: str) -> str:
     """The form of ``task_id`` in the holder's "k" field (see the task-id rule above)."""
-    if "\x1f" in task_id or task_id.startswith(ENCODED):
+    if "\x1f" in task_id or task_id.startswith(ENCODED) or not _utf8(task_id):
         raw = task_id.encode("utf-8", "surrogatepass")
         return ENCODED + base64.urlsafe_b64encode(raw).decode("ascii")
     return task_id
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (a lone surrogate does not: Redis cannot take it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def task_id_of(holder: dict[str, str]) -> str | None:

@@ -40,8 +40,11 @@ from .single import (
     SingleInstance,
     clear_queued_marker,
     duplicate,
+    let_go,
+    new_hold,
     run_held,
     take,
+    task_id_of,
 )
 
 logger = logging.getLogger("django_redlock")
@@ -128,10 +131,18 @@ def run(config: SingleInstance, current: tuple[Any, bool] | None, args: tuple, k
     if result is not None:
         _check_run(config, result.task)
     key = config.key_for(task_name, args[1:] if with_context else args, kwargs, bound=with_context)
-    held, acquired, info = take(config, key, task_id, task_name)
-    if not acquired:
-        return duplicate(config, result.task if result is not None else None, key, task_id, info)
-    return run_held(held, func, args, kwargs, config.atomic)
+    held = new_hold(config, key, task_id)
+    # One guard from before the acquire to the run (as Celery's path): an exception at any
+    # line once the lock is taken (an async exception, a signal handler's) releases it.
+    try:
+        _, acquired, info = take(config, key, task_id, task_name, 0, held)
+        if not acquired:
+            task = result.task if result is not None else None
+            return duplicate(config, task, key, task_id, info)
+        return run_held(held, func, args, kwargs, config.atomic)
+    except BaseException:
+        let_go(held)
+        raise
 
 
 class TasksAdapter:
@@ -238,7 +249,7 @@ def _enqueue_once(
         # call is queueing or running it right now. Waiting for its turn would wait for
         # ourselves.
         running = store.inspect(key)
-        holder = running.holder.get("k") if running is not None else None
+        holder = task_id_of(running.holder) if running is not None else None
         existing = _existing(backend, config, task, key, holder) if holder else None
         if existing is not None:
             return existing
@@ -255,7 +266,7 @@ def _enqueue_once(
     inside = _enqueuing.set(_enqueuing.get() | {key})
     try:
         running = store.inspect(key)
-        holder = running.holder.get("k") if running is not None else None
+        holder = task_id_of(running.holder) if running is not None else None
         existing = _existing(backend, config, task, key, holder) if holder else None
         if existing is not None:
             return existing
