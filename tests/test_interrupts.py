@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import LockNotOwned, lock, locks, read_write_lock, semaphore
+from django_redlock import LockNotOwned, lock, lock_all, locks, read_write_lock, semaphore
 from django_redlock.locking.base import WAITER_LEASE
 from django_redlock.signals import lock_lost
 
@@ -258,4 +258,71 @@ def test_a_cancelled_aacquire_and_arelease(
             assert not await make(name, alias).alocked()
 
     asyncio.run(scenario())
+    assert losses == []
+
+
+class ACancelTwice(ACancel):
+    """The ``at``-th awaited round trip is cancelled after the server ran it (its reply on
+    its way), and the next one (the hand-back of what it may have granted) before it is
+    sent: a task cancelled twice, e.g. by a timeout and then a shutdown."""
+
+    def __enter__(self) -> ACancelTwice:
+        aexecute = type(self.backend).aexecute
+
+        async def cancelling(op: Any) -> Any:
+            self.calls += 1
+            if self.calls == self.at + 1:
+                raise asyncio.CancelledError
+            reply = await aexecute(self.backend, op)
+            if self.calls == self.at:
+                raise asyncio.CancelledError
+            return reply
+
+        self.backend.aexecute = cancelling  # type: ignore[method-assign]
+        return self
+
+
+TWICE: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "plain": ("redis", KINDS["plain"]),
+    "reentrant": ("redis", KINDS["reentrant"]),
+    "lock_all": ("redis", lambda name, alias: lock_all(name, f"{name}:b", using=alias, ttl=10)),
+    "lock_all-in-order": (
+        "local",
+        lambda name, alias: lock_all(name, f"{name}:b", using=alias, ttl=10),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", TWICE)
+def test_a_second_cancellation_during_the_hand_back_still_frees_the_names(
+    kind: str, name: str, losses: list
+) -> None:
+    """Cancelled while a grant was on its way, then again during its hand-back (or the
+    release of the members already held): the object is thrown away, so no next try of
+    it comes. The hand-back is finished by a task of its own, not left to the TTL."""
+    alias, make = TWICE[kind]
+
+    async def scenario() -> list[int]:
+        probe = make(name, alias)
+        with ACancel(alias, 0, False) as counting:
+            await probe.aacquire()
+        acquiring = counting.calls
+        await probe.arelease()
+        left = []
+        for at in range(1, acquiring + 1):
+            with ACancelTwice(alias, at, True), pytest.raises(asyncio.CancelledError):
+                await make(name, alias).aacquire()
+            await asyncio.sleep(0.3)  # the hand-back's own task
+            if not await asyncio.create_task(free()):  # another owner
+                left.append(at)
+        return left
+
+    async def free() -> bool:
+        probe = make(name, alias)
+        if not await probe.aacquire(blocking=False):
+            return False
+        await probe.arelease()
+        return True
+
+    assert asyncio.run(scenario()) == []
     assert losses == []
