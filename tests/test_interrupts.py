@@ -9,6 +9,7 @@ next operation settles what the interruption left unsure), with no ghost in a fa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -325,4 +326,27 @@ def test_a_second_cancellation_during_the_hand_back_still_frees_the_names(
         return True
 
     assert asyncio.run(scenario()) == []
+    assert losses == []
+
+
+def test_a_retried_release_of_a_nested_reentrant_level_leaves_the_outer_one(
+    name: str, losses: list
+) -> None:
+    """A nested level's release is cancelled with its reply on its way, then retried (as
+    ``async with`` does in a task of its own after a second cancellation): the retry must
+    not release again, by the owner's token, the outer level of the same owner."""
+
+    async def scenario() -> None:
+        outer = lock(name, using="redis", ttl=10, reentrant=True)
+        inner = lock(name, using="redis", ttl=10, reentrant=True)
+        assert await outer.aacquire() and await inner.aacquire()
+        with ACancel("redis", 1, True), pytest.raises(asyncio.CancelledError):
+            await inner.arelease()
+        with contextlib.suppress(LockNotOwned):
+            await inner.arelease()  # the retry
+        assert await outer.aowned() and await lock(name, using="redis").alocked()
+        await outer.arelease()
+        assert not await lock(name, using="redis").alocked()
+
+    asyncio.run(scenario())
     assert losses == []

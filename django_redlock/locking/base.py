@@ -794,6 +794,15 @@ class BaseLock:
                     del self._orphans[owner]
             raise LockLost(f"{self.describe()} was lost: {self._lost or 'it expired'}")
         owner, hold = self.current_hold()
+        if self.reentrant and hold.releasing:
+            # A retry of a release whose reply was lost: its level is counted off already.
+            # Sent again, it could take another level of the owner's (the token is the
+            # owner's); settling the count to the truth finishes it.
+            yield from self._settle(owner)
+            with self._mutex:
+                if self._holds.get(owner) is hold:
+                    self._forget(owner, hold)
+            return
         if hold.depth <= 1:
             # Whatever the release's fate (Redis may not answer), stop renewing: at worst
             # the hold runs out at its TTL, and release() can be called again meanwhile.
