@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import itertools
 import os
 import secrets
 import socket
 import threading
 import weakref
-from contextvars import ContextVar
+from contextvars import Context, ContextVar
 from typing import Any
 
 from .forks import after_fork_in_child
@@ -44,14 +46,14 @@ def process_id() -> str:
 # changed back into its caller, and from there into every task the caller creates later. So:
 # - a task's id is kept by the task itself (a weak map), never read from a ContextVar: nothing
 #   a thread sets can make it someone else;
-# - sync code's id is a ContextVar slot that counts only in the Context that made it (checked
-#   with a ContextVar token, which knows its Context). Each ``sync_to_async`` or
-#   ``asyncio.to_thread`` call runs in a fresh copy: it is an owner of its own (two tasks'
-#   sync halves, even in asgiref's one shared thread, never share one), and a slot it copies
-#   back is ignored by everyone else. A thread's own code keeps its id through those copies;
-#   a call nested back onto it (async_to_sync, then sync_to_async) is a call of its own. (A
-#   copied slot cannot tell the task it reached from that task's children: sharing it would
-#   let two tasks' sync halves hold one reentrant lock; a new owner per call never does.)
+# - sync code's id is that of the Context it runs in, on this thread: kept in a weak map of
+#   the thread's own, keyed by the Context object itself (found through a ContextVar token,
+#   which holds it), never in a ContextVar (asgiref would copy it back into the caller).
+#   Each ``sync_to_async`` or ``asyncio.to_thread`` call runs in a fresh copy: it is an
+#   owner of its own (two tasks' sync halves, even in asgiref's one shared thread, never
+#   share one). A thread's own code runs in the thread's Context for the thread's life, so
+#   it keeps its id through any number of calls nested in it (async_to_sync, then
+#   sync_to_async back onto the thread); a call's id goes with its Context.
 
 _process = {"id": secrets.token_urlsafe(12)}
 _serial = itertools.count(1)
@@ -59,33 +61,19 @@ _tokens = itertools.count(1)
 _task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
 
 
-class _Slot:
-    """One sync owner: its id, its thread, and the token of the Context it counts in (renewed
-    at each check: a token resets once). ``before``: the slot this one replaced there."""
-
-    __slots__ = ("before", "id", "thread", "token")
-
-    def __init__(self, id: str, thread: threading.Thread, before: _Slot | None) -> None:
-        self.id, self.thread, self.before = id, weakref.ref(thread), before
-        self.token = _here.set(None)
-
-    def counts_here(self, thread: threading.Thread) -> bool:
-        if self.thread() is not thread or not self.id.startswith(f"{_process['id']}:"):
-            return False
-        try:
-            _here.reset(self.token)  # ValueError: made in another Context (a copy)
-        except (ValueError, RuntimeError):
-            return False
-        self.token = _here.set(None)
-        return True
-
-
-#: How many slots copied back over one another a thread looks through for its own, newest
-#: first, besides the oldest (a thread's own code, under the calls nested in it): each
-#: sync_to_async call's first owner_id tries this many before it makes its own.
-_DEPTH = 8
-_owner: ContextVar[_Slot | None] = ContextVar("redlock_owner", default=None)
+#: Per thread: the owner id of each Context sync code asked for one in.
+_contexts = threading.local()
 _here: ContextVar[None] = ContextVar("redlock_owner_context", default=None)
+
+
+def _current_context() -> Context:
+    """The running Context object itself (``copy_context`` would copy it): a token holds the
+    Context it was made in."""
+    token = _here.set(None)
+    try:
+        return next(ref for ref in gc.get_referents(token) if isinstance(ref, Context))
+    finally:
+        _here.reset(token)
 
 
 def owner_id() -> str:
@@ -98,30 +86,22 @@ def owner_id() -> str:
         if found is None:
             found = _task_ids[task] = f"{_process['id']}:{next(_serial)}"
         return found
-    thread = threading.current_thread()
-    slot = first = _owner.get()
-    last = None
-    for _ in range(_DEPTH):  # the slots copied back over this Context's own one, newest first
-        if slot is None:
-            break
-        if slot.counts_here(thread):
-            if slot is not first:
-                _owner.set(slot)
-            return slot.id
-        last, slot = slot, slot.before
-    if slot is not None and last is not None:
-        # Longer than _DEPTH: keep the oldest (a thread's own code, under the calls nested
-        # in it) and drop the middle, so that a chain stays at most _DEPTH + 1 long.
-        oldest = slot
-        while oldest.before is not None:
-            oldest = oldest.before
-        if oldest.counts_here(thread):
-            _owner.set(oldest)
-            return oldest.id
-        last.before = oldest
-    made = _Slot(f"{_process['id']}:{next(_serial)}", thread, first)
-    _owner.set(made)
-    return made.id
+    ids: dict[int, tuple[weakref.ref[Context], str]] | None = getattr(_contexts, "ids", None)
+    if ids is None:
+        ids = _contexts.ids = {}
+    context = _current_context()
+    key = id(context)
+    ref, found = ids.get(key, (None, ""))
+    if ref is None or ref() is not context or not found.startswith(f"{_process['id']}:"):
+        # New (or before a fork). By id: a Context is unhashable; the entry goes with it.
+        found = f"{_process['id']}:{next(_serial)}"
+        ids[key] = (weakref.ref(context, functools.partial(_forget, ids, key)), found)
+    return found
+
+
+def _forget(ids: dict[int, Any], key: int, ref: weakref.ref[Context]) -> None:
+    if key in ids and ids[key][0] is ref:  # not a newer Context at the same address
+        del ids[key]
 
 
 def lend_owner(task: asyncio.Task[Any]) -> None:

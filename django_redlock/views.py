@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -202,6 +203,9 @@ class _ViewGuard:
                 await held.arelease()
             except LockError as exc:  # it runs out at its TTL; the answer stands
                 logger.warning("redlock: %s", exc)
+            except asyncio.CancelledError:  # a disconnect: finished all the same, as async with
+                held.finish_release_later()
+                raise
 
     def run_sync(
         self, view: Any, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]

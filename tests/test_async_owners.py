@@ -12,6 +12,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
 from django_redlock import LockError, lock
+from django_redlock.identity import owner_id
 
 ALIAS = "redis"
 
@@ -149,6 +150,34 @@ def test_a_thread_keeps_its_owner_through_many_nested_calls(name: str) -> None:
             assert held.owned()
             with lock(name, using=ALIAS, reentrant=True, timeout=0):
                 pass
+
+    errors: list[BaseException] = []
+    worker = threading.Thread(target=lambda: _catch(thread, errors))
+    worker.start()
+    worker.join()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("earlier", [0, 1, 30], ids=lambda n: f"{n}-earlier-calls")
+@pytest.mark.parametrize("nested", [9, 40])
+def test_a_reused_thread_keeps_its_owner_for_life(name: str, earlier: int, nested: int) -> None:
+    """A WSGI thread that ran nested calls before its first own lock use (their owners copied
+    back into it), then, under a reentrant hold, one async_to_sync call with many nested
+    sync_to_async lock uses: the thread's owner never changes, and nothing is left held."""
+
+    async def helper(n: int) -> None:
+        for _ in range(n):
+            await sync_to_async(_audit)()
+
+    def thread() -> None:
+        async_to_sync(helper)(earlier)  # an earlier request's code on this thread
+        with lock(name, using=ALIAS, reentrant=True, ttl=5) as held:
+            before = owner_id()
+            async_to_sync(helper)(nested)
+            assert owner_id() == before and held.owned()
+            with lock(name, using=ALIAS, reentrant=True, timeout=0):  # nests: still its own
+                pass
+        assert not lock(name, using=ALIAS).locked()
 
     errors: list[BaseException] = []
     worker = threading.Thread(target=lambda: _catch(thread, errors))

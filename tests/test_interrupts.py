@@ -9,13 +9,14 @@ next operation settles what the interruption left unsure), with no ghost in a fa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from django_redlock import LockNotOwned, lock, locks, read_write_lock, semaphore
+from django_redlock import LockNotOwned, lock, lock_all, locks, read_write_lock, semaphore
 from django_redlock.locking.base import WAITER_LEASE
 from django_redlock.signals import lock_lost
 
@@ -256,6 +257,96 @@ def test_a_cancelled_aacquire_and_arelease(
             except LockNotOwned as exc:
                 assert type(exc) is LockNotOwned, exc
             assert not await make(name, alias).alocked()
+
+    asyncio.run(scenario())
+    assert losses == []
+
+
+class ACancelTwice(ACancel):
+    """The ``at``-th awaited round trip is cancelled after the server ran it (its reply on
+    its way), and the next one (the hand-back of what it may have granted) before it is
+    sent: a task cancelled twice, e.g. by a timeout and then a shutdown."""
+
+    def __enter__(self) -> ACancelTwice:
+        aexecute = type(self.backend).aexecute
+
+        async def cancelling(op: Any) -> Any:
+            self.calls += 1
+            if self.calls == self.at + 1:
+                raise asyncio.CancelledError
+            reply = await aexecute(self.backend, op)
+            if self.calls == self.at:
+                raise asyncio.CancelledError
+            return reply
+
+        self.backend.aexecute = cancelling  # type: ignore[method-assign]
+        return self
+
+
+TWICE: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "plain": ("redis", KINDS["plain"]),
+    "reentrant": ("redis", KINDS["reentrant"]),
+    "lock_all": ("redis", lambda name, alias: lock_all(name, f"{name}:b", using=alias, ttl=10)),
+    "lock_all-in-order": (
+        "local",
+        lambda name, alias: lock_all(name, f"{name}:b", using=alias, ttl=10),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", TWICE)
+def test_a_second_cancellation_during_the_hand_back_still_frees_the_names(
+    kind: str, name: str, losses: list
+) -> None:
+    """Cancelled while a grant was on its way, then again during its hand-back (or the
+    release of the members already held): the object is thrown away, so no next try of
+    it comes. The hand-back is finished by a task of its own, not left to the TTL."""
+    alias, make = TWICE[kind]
+
+    async def scenario() -> list[int]:
+        probe = make(name, alias)
+        with ACancel(alias, 0, False) as counting:
+            await probe.aacquire()
+        acquiring = counting.calls
+        await probe.arelease()
+        left = []
+        for at in range(1, acquiring + 1):
+            with ACancelTwice(alias, at, True), pytest.raises(asyncio.CancelledError):
+                await make(name, alias).aacquire()
+            await asyncio.sleep(0.3)  # the hand-back's own task
+            if not await asyncio.create_task(free()):  # another owner
+                left.append(at)
+        return left
+
+    async def free() -> bool:
+        probe = make(name, alias)
+        if not await probe.aacquire(blocking=False):
+            return False
+        await probe.arelease()
+        return True
+
+    assert asyncio.run(scenario()) == []
+    assert losses == []
+
+
+def test_a_retried_release_of_a_nested_reentrant_level_leaves_the_outer_one(
+    name: str, losses: list
+) -> None:
+    """A nested level's release is cancelled with its reply on its way, then retried (as
+    ``async with`` does in a task of its own after a second cancellation): the retry must
+    not release again, by the owner's token, the outer level of the same owner."""
+
+    async def scenario() -> None:
+        outer = lock(name, using="redis", ttl=10, reentrant=True)
+        inner = lock(name, using="redis", ttl=10, reentrant=True)
+        assert await outer.aacquire() and await inner.aacquire()
+        with ACancel("redis", 1, True), pytest.raises(asyncio.CancelledError):
+            await inner.arelease()
+        with contextlib.suppress(LockNotOwned):
+            await inner.arelease()  # the retry
+        assert await outer.aowned() and await lock(name, using="redis").alocked()
+        await outer.arelease()
+        assert not await lock(name, using="redis").alocked()
 
     asyncio.run(scenario())
     assert losses == []

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -238,3 +241,49 @@ def test_waiting_for_an_async_class_based_views_lock_does_not_stall_the_loop() -
     with lock("stall:GET", ttl=5):
         status, ticks = asyncio.run(scenario())
     assert status == 409 and ticks >= 10
+
+
+def test_an_async_views_release_cancelled_by_a_disconnect_is_finished_all_the_same(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The client leaves (Django's ASGI handler cancels the view's task) while the lock's
+    release waits for the pool's only connection, busy with a command to a paused server.
+    The release is finished by a task of its own, as ``async with`` does: the next request
+    is not refused until the lock's TTL."""
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"max_connections": 1, "socket_timeout": 3},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "one": config}):
+
+        async def scenario() -> float:
+            entered, leave = asyncio.Event(), asyncio.Event()
+
+            @lock_view(name, using="one", ttl=20)
+            async def view(request: HttpRequest) -> HttpResponse:
+                entered.set()
+                await leave.wait()
+                return HttpResponse("done")
+
+            task = asyncio.create_task(view(RequestFactory().get("/")))
+            await entered.wait()
+            server.pause()
+            busy = asyncio.create_task(lock(f"{name}:other", using="one").alocked())
+            await asyncio.sleep(0.2)  # it has the only connection, waiting for an answer
+            leave.set()  # the view returns: its release waits for the connection
+            await asyncio.sleep(0.2)
+            task.cancel()  # the client left
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            server.resume()
+            with contextlib.suppress(Exception):
+                await busy
+            started = time.monotonic()
+            assert await lock(name, using="one").aacquire(timeout=15)
+            return time.monotonic() - started
+
+        waited = asyncio.run(scenario())
+        locks["one"].close()
+    assert waited < 2, f"the next request waited {waited:.1f} s for the lock"

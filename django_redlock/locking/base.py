@@ -9,7 +9,6 @@ A hold is declared lost only when the backend answered that its token no longer 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
@@ -409,13 +408,23 @@ class BaseLock:
         the hold and takes it again). An error of the hand-back is not raised: the caller
         raises what interrupted it."""
         self._believe(owner, 0, unsure=True)
-        if self.reentrant:
-            with contextlib.suppress(Exception):
-                yield from self._settle(owner)
-        else:
+        if not self.reentrant:
             self._unsure_token = token  # kept should the hand-back fail
-            with contextlib.suppress(Exception):
-                yield self._op_release(token)
+        try:
+            yield from self._give_back(owner, token)
+        except asyncio.CancelledError:
+            # Cancelled again: this object is usually thrown away, so no next try comes.
+            self._finish_later(self._give_back(owner, token))
+            raise
+        except Exception:
+            pass
+
+    def _give_back(self, owner: str, token: str) -> Steps[None]:
+        if self.reentrant:
+            yield from self._settle(owner)
+        else:
+            yield self._op_release(token)
+            if self._unsure_token == token:
                 self._unsure_token = None
 
     def _nests_in_nothing(self, owner: str, current: Hold | None, attempt: Attempt) -> bool:
@@ -1138,7 +1147,11 @@ class BaseLock:
         hold = self._holds.get(self._owner())
         if hold is None or not hold.releasing:  # released, or a nested level (counted)
             return
-        task = asyncio.get_running_loop().create_task(self._adrive(self._release()))
+        self._finish_later(self._release())
+
+    def _finish_later(self, steps: Steps[None]) -> None:
+        """Drive ``steps`` (a release) in a task of their own, acting as this owner."""
+        task = asyncio.get_running_loop().create_task(self._adrive(steps))
         lend_owner(task)
         _finishing.add(task)
         task.add_done_callback(self._release_finished)

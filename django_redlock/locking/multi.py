@@ -39,7 +39,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -51,7 +51,7 @@ from ..backends.redis import RedisBackend, TakenAll
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..fencing import check_database, database_of, refuse_manual_commit
 from ..handler import DEFAULT_LOCK_ALIAS
-from ..identity import group_meta, holder_meta, new_token, new_waiter_id, owner_id
+from ..identity import group_meta, holder_meta, lend_owner, new_token, new_waiter_id, owner_id
 from ..scripts import Call, script
 from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
@@ -66,6 +66,8 @@ from .templates import (
 )
 
 logger = logging.getLogger("django_redlock")
+#: Give-backs interrupted by a cancellation left to finish: the loop keeps only weak references.
+_finishing: set[asyncio.Task[None]] = set()
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The most distinct names one ``lock_all`` takes: one script holds them all (5 keys each),
@@ -238,10 +240,7 @@ class MultiLock:
                 complete = True
         finally:
             if not complete:  # refused, an error, or cancelled
-                for lk in reversed(tried):
-                    if lk.token is not None:
-                        with contextlib.suppress(LockError):
-                            await lk.arelease()
+                await self._arelease_members(tried[::-1])
         return complete
 
     def check_async(self) -> None:
@@ -289,10 +288,38 @@ class MultiLock:
 
     async def _agive_back_held(self) -> None:
         """:meth:`_give_back_held` on the running event loop."""
-        for lk in reversed(self.locks):
-            if lk.token is not None:
-                with contextlib.suppress(LockError):
-                    await lk.arelease()
+        await self._arelease_members(self.locks[::-1])
+
+    async def _arelease_members(self, members: list[Lock]) -> None:
+        """Release each of ``members`` still held. Cancelled meanwhile (often a second
+        cancellation), the rest is finished by a task of its own, acting as this owner,
+        rather than left renewed or to run out at its TTL."""
+        for i, lk in enumerate(members):
+            if lk.token is None:  # an interrupted acquire gave its own back
+                continue
+            try:
+                await lk.arelease()
+            except LockError:
+                pass
+            except asyncio.CancelledError:
+                lk.finish_release_later()
+                rest = members[i + 1 :]
+                if rest:
+                    self._finish_later(self._arelease_members(rest))
+                raise
+
+    def _finish_later(self, release: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(release)
+        lend_owner(task)
+        _finishing.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        _finishing.discard(task)
+        error = None if task.cancelled() else task.exception()
+        if error is not None:  # what is left runs out at its TTL
+            what = self.describe()
+            logger.warning("redlock: %s: finishing an interrupted give-back: %s", what, error)
 
     def _backend(self) -> RedisBackend:
         backend = self.backend
@@ -352,8 +379,13 @@ class MultiLock:
             # failing that, or after a timeout (see the module's docstring), nothing renews
             # them and they run out at their TTL.
             if not (isinstance(exc, BackendUnavailable) and exc.timed_out):
-                with contextlib.suppress(Exception):
+                try:
                     yield from self._give_back(token)
+                except asyncio.CancelledError:  # again: this object is usually thrown away
+                    self._finish_later(adrive(self.backend, self._give_back(token)))
+                    raise
+                except Exception:
+                    pass
             raise
         return True
 
