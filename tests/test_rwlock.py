@@ -216,38 +216,6 @@ def test_reading_under_ones_own_write_is_refused(alias: str, name: str) -> None:
         assert not rw.read().acquire(timeout=0.05)  # with a timeout: it just times out
 
 
-@pytest.mark.parametrize("renewal", ["renewed", "not-renewed", "max-hold"])
-@pytest.mark.parametrize("second", ["read", "write"])
-def test_waiting_with_no_timeout_under_ones_own_write_is_refused(
-    alias: str, name: str, second: str, renewal: str
-) -> None:
-    """Renewed or not, holding the write, the same owner's read or second write with no
-    timeout would wait for itself (forever, or until the write runs out and is lost)."""
-    options: dict[str, Any] = {"ttl": 10}
-    if renewal == "not-renewed":
-        options["auto_renew"] = False
-    elif renewal == "max-hold":
-        options["max_hold"] = 20
-    rw = read_write_lock(name, using=alias, **options)
-    with rw.write():
-        other = rw.read() if second == "read" else rw.write()
-        started = time.monotonic()
-        with pytest.raises(LockError, match="wait for itself"):
-            other.acquire()
-        assert time.monotonic() - started < 1
-        assert not other.acquire(timeout=0.05)  # with a timeout: it just times out
-
-
-def test_a_write_that_ran_out_is_not_waited_for_as_ones_own(alias: str, name: str) -> None:
-    rw = read_write_lock(name, using=alias, ttl=0.3, auto_renew=False)
-    write = rw.write()
-    assert write.acquire()
-    time.sleep(0.5)  # it ran out: the read is granted, not refused as a wait for oneself
-    read = rw.read()
-    assert read.acquire()
-    read.release()
-
-
 def test_no_keys_left_but_the_fence_counter(redis_alias: str, name: str) -> None:
     rw = read_write_lock(name, using=redis_alias)
     readers = [rw.read() for _ in range(2)]

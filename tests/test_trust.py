@@ -297,28 +297,6 @@ def test_waiting_for_a_lock_one_holds_oneself_fails_at_once(alias: str, name: st
         assert got == [False]
 
 
-@pytest.mark.parametrize("options", [{"auto_renew": False}, {"max_hold": 20}],
-                         ids=["not-renewed", "max-hold"])  # fmt: skip
-def test_waiting_for_a_lock_one_holds_unrenewed_fails_at_once(
-    alias: str, name: str, options: dict[str, Any]
-) -> None:
-    """Not renewed for good, it would still wait for itself until it runs out (then lost)."""
-    held = lock(name, using=alias, ttl=10, **options)
-    assert held.acquire()
-    with pytest.raises(LockError, match="wait for itself"):
-        lock(name, using=alias, ttl=10, **options).acquire()
-    held.extend(20)  # still refused after an extend
-    with pytest.raises(LockError, match="wait for itself"):
-        lock(name, using=alias, ttl=10, **options).acquire()
-    held.release()
-    ran_out = lock(name, using=alias, ttl=0.3, auto_renew=False)
-    assert ran_out.acquire()
-    time.sleep(0.5)  # it ran out: waiting for it is no wait for oneself
-    again = lock(name, using=alias, ttl=10)
-    assert again.acquire()
-    again.release()
-
-
 def test_waiting_for_itself_in_asyncio(alias: str, name: str) -> None:
     async def scenario() -> None:
         async with lock(name, using=alias):

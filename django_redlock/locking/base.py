@@ -35,7 +35,6 @@ from .holds import (
     holds_it,
     refence_of,
     refenced,
-    retake,
     settled,
     take,
     unsettled,
@@ -560,11 +559,10 @@ class BaseLock:
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     self._holds[owner] = hold
-                    if self.exclusive and not self.reentrant:
-                        # Renewed for as long as it is held (or its object lives), or
-                        # until it runs out.
-                        until = self._runs_out(hold, ttl_ms, adopted or time.monotonic())
-                        hold.taken = take(self.backend, self.name, actor, self, until)
+                    renewed = self.auto_renew and self.max_hold is None
+                    if self.exclusive and not self.reentrant and renewed:
+                        # Renewed for as long as it is held (or its object lives).
+                        hold.taken = take(self.backend, self.name, actor, self)
                 hold.depth += 1
                 self._lost = None
                 if self.auto_renew and hold.renewer is None:
@@ -575,15 +573,6 @@ class BaseLock:
                 self._rebelieve(owner, count)
                 raise
         return hold
-
-    def _runs_out(self, hold: Hold, ttl_ms: int, since: float) -> float | None:
-        """When ``hold``, its TTL set at ``since``, runs out if it is not renewed for good
-        (monotonic, at the latest); None when it is renewed while held."""
-        if self.auto_renew and hold.stop_at is None:
-            return None
-        if self.auto_renew and hold.stop_at is not None:  # renewed up to max_hold
-            since = max(since, hold.stop_at)
-        return since + ttl_ms / 1000
 
     def _rebelieve(self, owner: str, count: int) -> None:
         """Back to the reentrant ``count`` the owner had before :meth:`_record` (its last
@@ -892,10 +881,6 @@ class BaseLock:
             raise LockLost(f"{self.describe()} could not be extended: {self._lost}")
         if seconds is not None:
             self.lock_ttl = seconds
-        if hold.taken is not None:
-            until = self._runs_out(hold, ttl_ms, sent)
-            if until is not None:
-                retake(hold.taken, until)
         if hold.renewer is not None:
             # The owner too: this may reach the renewer before the acquire's own news does.
             lives = _actor() if self.reentrant else None

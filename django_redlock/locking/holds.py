@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -39,16 +38,14 @@ def _forked() -> None:
 after_fork_in_child(_forked)
 
 
-# Exclusive holds of this process by (backend, name) -> the actors holding them: taking a
-# name again that one's own thread or task holds would wait for itself, forever (renewed)
-# or until its TTL runs out, its holder then lost. A hold counts from take() until
-# untake(), or until its Lock object is collected without a release (abandoned: no longer
-# renewed, it runs out at its TTL); one not renewed for good only until it runs out.
+# Renewed exclusive holds of this process by (backend, name) -> the actors holding them:
+# taking a name again that one's own thread or task holds would wait for itself forever.
+# A hold counts from take() until untake(), or until its Lock object is collected without
+# a release (abandoned: no longer renewed, it runs out at its TTL).
 _taken: dict[tuple[int, str], dict[str, int]] = {}
-# id(handle) -> [handle, key, actor, until]: the handles (weak references to the holding
-# Lock objects) are kept here, not by the Lock, so their callbacks run whatever the Lock's
-# fate. ``until``: when a hold not renewed for good runs out (monotonic), else None.
-_handles: dict[int, list[Any]] = {}
+# id(handle) -> (handle, key, actor): the handles (weak references to the holding Lock
+# objects) are kept here, not by the Lock, so their callbacks run whatever the Lock's fate.
+_handles: dict[int, tuple[Any, tuple[int, str], str]] = {}
 _abandoned: deque[int] = deque()  # ids of handles whose Lock was collected: to uncount
 _mutex = threading.Lock()
 
@@ -76,16 +73,14 @@ def _sweep() -> None:
             _count(item[1], item[2], -1)
 
 
-def take(
-    backend: BaseLockBackend, name: str, actor: str, lock: Any, until: float | None = None
-) -> Any:
-    """Count an exclusive hold of ``lock`` as taken by ``actor`` (until it runs out at
-    ``until``, monotonic, if it is not renewed for good); the handle for :func:`untake`."""
+def take(backend: BaseLockBackend, name: str, actor: str, lock: Any) -> Any:
+    """Count a renewed exclusive hold of ``lock`` as taken by ``actor``; the handle for
+    :func:`untake`."""
     key = (id(backend), name)
     handle = weakref.ref(lock, _collected)
     with _mutex:
         _sweep()
-        hid, item = id(handle), [handle, key, actor, until]
+        hid, item = id(handle), (handle, key, actor)
         actors = dict(_taken.get(key) or {})
         actors[actor] = actors.get(actor, 0) + 1
         # The handle and its count in two stores with no call between them (an interrupt
@@ -104,14 +99,6 @@ def untake(handle: Any) -> None:
             _count(item[1], item[2], -1)
 
 
-def retake(handle: Any, until: float) -> None:
-    """A hold not renewed for good was extended: it runs out at ``until`` now."""
-    with _mutex:
-        item = _handles.get(id(handle))
-        if item is not None and item[3] is not None:
-            item[3] = until
-
-
 def taken_count() -> int:
     """How many (backend, name) pairs this process counts as taken (tests, diagnostics)."""
     with _mutex:
@@ -120,19 +107,10 @@ def taken_count() -> int:
 
 
 def holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
-    """Whether ``actor`` holds ``name`` exclusively, as far as this process knows."""
-    key = (id(backend), name)
     if _abandoned:
         with _mutex:
             _sweep()
-    if actor not in _taken.get(key, ()):
-        return False  # the common path: one lookup
-    now = time.monotonic()
-    with _mutex:
-        return any(
-            item[1] == key and item[2] == actor and (item[3] is None or item[3] > now)
-            for item in _handles.values()
-        )
+    return actor in _taken.get((id(backend), name), ())
 
 
 # Reentrant owners' hold counts as this process knows them, by (backend, name, owner), and
