@@ -356,7 +356,10 @@ def test_redlock_nodes_skewed_either_way_within_the_drift_cost_one_round_trip(
                 held.release()
             time.sleep(0.05)
             calls = [script_calls(n.server) - b for n, b in zip(nodes, before, strict=True)]
-            assert calls == [40] * len(skews)
+            # One round trip each: 40 calls per node. At most one more per node is seen now and
+            # then (about 1 run in 3): an owed release sent again when its first reply was not
+            # read (redlock_io's owe_back), harmless but a call; a second fan-out would be 20.
+            assert all(40 <= c <= 41 for c in calls), calls
             assert fences == sorted(set(fences))
 
 
