@@ -20,7 +20,6 @@ import asyncio
 import atexit
 import contextlib
 import logging
-import os
 import threading
 import time
 import weakref
@@ -38,6 +37,7 @@ from .exceptions import (
     LockNotOwned,
     QuorumNotReached,
 )
+from .forks import after_fork_in_child
 from .handler import DEFAULT_LOCK_ALIAS, locks
 from .locking import BaseLock, Lock
 from .validation import check_name
@@ -211,8 +211,7 @@ def _resign_all() -> None:
 
 atexit.register(_resign_all)
 # A forked child's exit must not resign its parent's terms.
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_terms.clear)
+after_fork_in_child(_terms.clear)
 
 
 class Term:

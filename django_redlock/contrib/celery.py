@@ -984,7 +984,7 @@ def revoked_name(task_id: str) -> str:
 def was_revoked(using: str, task_id: str) -> bool:
     try:
         return markers.read(locks[using], revoked_name(task_id)) is not None
-    except LockError:  # unknown: the other checks decide
+    except Exception:  # unknown (or an alias not configured here): the other checks decide
         return False
 
 
@@ -1003,7 +1003,8 @@ def note_revoked(app: Any, task_ids: Any) -> None:
         for task_id in ids:
             try:
                 markers.mark(locks[using], revoked_name(str(task_id)), "1", to_ms(seconds))
-            except LockError as exc:  # its marker goes when a worker discards the message
+            except Exception as exc:  # unavailable, or an alias not configured here: its
+                # marker goes when a worker discards the message; the other aliases are noted
                 logger.warning("redlock: could not note task %s as revoked: %s", task_id, exc)
 
 
