@@ -502,7 +502,7 @@ def test_an_acquire_s_undo_reaches_a_node_that_turned_slow_meanwhile(
 
 
 def _until_gone(servers: list[RedisServer], key: str, name: str, alias: str) -> None:
-    until = time.monotonic() + 6
+    until = time.monotonic() + 15  # a loaded machine: the probe that pays it may come late
     while _held_on(servers, key) and time.monotonic() < until:
         lock(f"{name}:tick", using=alias).locked()  # requests that carry what is owed
         time.sleep(0.05)
