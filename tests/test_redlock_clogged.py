@@ -24,6 +24,7 @@ import redis
 
 from django_redlock import QuorumNotReached, lock, locks
 from django_redlock.backends.redlock import BREAKER_SECONDS, RedlockBackend
+from django_redlock.backends.redlock_io import OWED_POLL
 from django_redlock.testing import RedisServer
 
 from .campaign.proxy import Proxy
@@ -298,3 +299,26 @@ def test_a_release_waits_for_the_node_whose_vote_decides(proxied: list[Proxy]) -
 if __name__ == "__main__" and sys.argv[1:2] == ["sell"]:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sell(sys.argv[2].split(","), sys.argv[3], float(sys.argv[4]), float(sys.argv[5]))
+
+
+def script_gets(server: RedisServer) -> int:
+    """GETs run, by scripts too: every release script reads its key once."""
+    return int(server.client().info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+
+
+def test_a_release_to_a_node_that_forgot_its_scripts_runs_once(nodes: list[RedisServer]) -> None:
+    """NOSCRIPT: the node is taught the script and asked again, once. The release was also
+    owed back as "not proven to have run", so it ran twice, and when the owed copy came first
+    the release's own reply was "token gone": LockLost for a lock released cleanly (a
+    fresh-clone CI failure)."""
+    with quorum_alias("flushed", nodes[:1], socket_timeout=2):
+        server = nodes[0]
+        for i in range(4):
+            held = lock(f"f{i}", using="flushed", ttl=30, auto_renew=False)
+            assert held.acquire(blocking=False)
+            server.client().script_flush()
+            before = script_gets(server)
+            held.release()
+            time.sleep(3 * OWED_POLL + 0.2)  # an owed copy would have been paid by now
+            assert script_gets(server) - before == 1
+            assert not server.client().exists(locks["flushed"].key(f"f{i}"))

@@ -474,14 +474,6 @@ class Debts:
             owed.extend(kept)
         return taken
 
-    def forgive(self, i: int, op: Op[Any]) -> None:
-        """``op`` is being sent to node i after all (a fan-out's second phase)."""
-        with self._lock:
-            owed = self._owed[i]
-            for debt in list(owed):
-                if debt.op is op:
-                    owed.remove(debt)
-
     def restore(self, i: int, ops: list[Op[Any]], undo: bool) -> None:
         """Debts taken whose send failed: owed again, ahead of the newer ones."""
         if ops:
@@ -818,18 +810,29 @@ class NodeIO:
                 replies.append(None)
             elif i in skipping:
                 replies.append(self._unasked(i, op))
-                self._unsent(fan, i)
+                if not fan.complete:  # else owed once phase two is known not to ask it
+                    self._unsent(fan, i)
             else:
                 replies.append(PENDING)
                 asked.append(i)
         return replies, asked
 
-    def owe_back(self, i: int, flight: Flight, unread: bool = False) -> None:
+    def owe_back(
+        self, i: int, flight: Flight, unread: bool = False, retried: Op[Any] | None = None
+    ) -> None:
         """The writes every node must get among ``flight``'s replies read whose reply does
         not prove they ran (BUSY, LOADING, ...: refused for now), and, ``unread``, those
         whose reply will never be read (its connection is closed: a node in CLIENT PAUSE,
-        or BUSY, frees what it read and did not run): owed again, ahead of newer debts."""
-        again = [(op, kind) for op, kind, got in flight.read if not self._ran(i, got)]
+        or BUSY, frees what it read and did not run): owed again, ahead of newer debts.
+        ``retried``: the request's own op, about to be parsed; a NOSCRIPT reply to it is
+        not owed, as :meth:`_parsed` sends it again itself (owed too, it ran twice, and
+        the second release found its token gone: "lost")."""
+        again = [
+            (op, kind)
+            for op, kind, got in flight.read
+            if not self._ran(i, got)
+            and not (op is retried and any(isinstance(r, NoScriptError) for r in got))
+        ]
         flight.read.clear()
         if unread:
             again += [(entry[2], entry[3]) for entry in flight.owed]
@@ -855,21 +858,37 @@ class NodeIO:
             self.debts.owe(i, fan[i], fan.owed)
 
     def _second(self, fan: Fan, replies: Replies) -> list[int]:
-        """Phase two of a ``complete`` fan-out: the skipped nodes, when they are needed."""
-        if not fan.complete or self._settled(fan, replies):
+        """Phase two of a ``complete`` fan-out: the skipped nodes, when they are needed;
+        else they are owed the op. Owed only now, never before: a probe finding the node
+        back would pay the debt while phase two sent the op too, and the second reply
+        ("token gone") would turn a release into a loss."""
+        if not fan.complete:
             return []
         skipped = [i for i, reply in enumerate(replies) if isinstance(reply, Unasked)]
+        if self._settled(fan, replies):
+            self._owe_skipped(fan, replies)
+            return []
         for i in skipped:
             replies[i] = PENDING
-            if fan.owed:
-                self.debts.forgive(i, fan[i])
         return skipped
+
+    def _owe_skipped(self, fan: Fan, replies: Replies) -> None:
+        """A ``complete`` fan-out's skipped nodes are owed its op (phase two will not ask
+        them: settled without them, or the first phase raised)."""
+        if fan.complete:
+            for i, reply in enumerate(replies):
+                if isinstance(reply, Unasked):
+                    self._unsent(fan, i)
 
     # -- threads -----------------------------------------------------------------------------
 
     def fan_out(self, fan: Fan) -> Replies:
         replies, asked = self._plan(fan)
-        self._ask(fan, asked, replies)
+        try:
+            self._ask(fan, asked, replies)
+        except BaseException:
+            self._owe_skipped(fan, replies)
+            raise
         again = self._second(fan, replies)
         if again:
             self._ask(fan, again, replies)
@@ -1071,11 +1090,11 @@ class NodeIO:
                     replies[i] = _unavailable(self.nodes[i], fan[i], exc)
                     self.owe_back(i, flight, unread=True)
                     continue
-                self.owe_back(i, flight, unread=not done and overdue)
+                self.owe_back(i, flight, not done and overdue, fan[i] if done else None)
                 if done:
                     self.give_back(i, flight.connection, me)
                     del flights[i]
-                    replies[i] = self._parsed(i, fan[i], flight.raw)
+                    replies[i] = self._parsed(i, fan[i], flight.raw, fan.owed)
                 elif overdue:
                     self.drop(i, flight.connection, me)
                     del flights[i]
@@ -1111,7 +1130,7 @@ class NodeIO:
             replies[i] = self._unawaited(i, fan[i])
             self._unsent(fan, i)  # still connecting: never written
 
-    def _parsed(self, i: int, op: Op[Any], raw: list[Any]) -> Any:
+    def _parsed(self, i: int, op: Op[Any], raw: list[Any], owed: str = "") -> Any:
         if len(raw) == 1 and not isinstance(raw[0], Exception) and not isinstance(op.request, list):
             try:  # one reply, no error: the common case
                 return op.parse(raw[0])
@@ -1124,6 +1143,10 @@ class NodeIO:
             # This node forgot the scripts: teach it and ask again, on its own.
             try:
                 return self.nodes[i].execute(op)
+            except BackendUnavailable as exc:
+                if owed:  # not proven to have run: the node is owed it
+                    self.debts.owe(i, op, owed)
+                return exc
             except Exception as exc:
                 return exc
         error = next((r for r in raw if isinstance(r, ResponseError)), None)
@@ -1138,7 +1161,11 @@ class NodeIO:
 
     async def afan_out(self, fan: Fan) -> Replies:
         replies, asked = self._plan(fan)
-        await self._aask(fan, asked, replies)
+        try:
+            await self._aask(fan, asked, replies)
+        except BaseException:
+            self._owe_skipped(fan, replies)
+            raise
         again = self._second(fan, replies)
         if again:
             await self._aask(fan, again, replies)
