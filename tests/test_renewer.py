@@ -54,7 +54,7 @@ def _renewed_in_batches(alias: str, held: list[Lock]) -> None:
     # first rounds split while the holds' due times line up: more of them on a busy machine,
     # where taking the 1,000 locks spreads their due times over a whole period), not 6,000.
     print(f"1,000 holds, {periods:.0f} renewal periods: {trips} round trips")
-    assert trips <= periods * 20, trips
+    assert trips <= periods * 40, trips  # unbatched would be 6,000; loaded runs saw 123
     assert all(each.fence is not None for each in held)
     sample = held[::100]
     assert all(each.owned() for each in sample)
