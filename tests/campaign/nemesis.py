@@ -70,7 +70,8 @@ class Fault:
     arg: float = 0.0  # latency seconds, replies to lose
     # Filled in while it runs (wall clock):
     started: float | None = None
-    healed: float | None = None
+    healed: float | None = None  # once healed (a loaded nemesis may record it late)
+    healing: float | None = None  # just before the heal began: surely still in force
     client: str = ""  # the client id a client fault hit
     note: str = ""
 
@@ -322,6 +323,7 @@ class Nemesis:
                     fault.started = time.time()
                     self.run.apply(fault)
                 else:
+                    fault.healing = time.time()
                     self.run.heal(fault)
                     fault.healed = time.time()
             except Exception as exc:  # a harness problem: reported, never hidden
