@@ -512,6 +512,44 @@ def test_a_hold_after_one_that_did_not_write_asks_redis_once(alias: str, name: s
     assert [b for b, _ in sales(DB)] == ["first", "after", "next"]
 
 
+def test_lock_all_s_blocks_ask_redis_nothing_after_the_set_before_them_wrote(name: str) -> None:
+    """lock_all(atomic=): each member's row names the set taken before: an acquire and a
+    release of the whole set, no question per name."""
+    from django_redlock import lock_all
+
+    names = [f"{name}:a", f"{name}:b"]
+    with lock_all(*names, using="redis", atomic=True, timeout=5):
+        sell_one(DB, 1, "first")
+    before = trips("redis")
+    with lock_all(*names, using="redis", atomic=True, timeout=5) as held:
+        sell_one(DB, 1, "second")
+        fences = held.fences
+    assert trips("redis") - before == 2
+    for each in names:
+        assert recorded_on("redis", each) == fences[each]
+    assert [b for b, _ in sales(DB)] == ["first", "second"]
+
+
+def test_redlock_a_contender_that_took_one_node_does_not_cost_a_question(
+    name: str, redis_factory: Any
+) -> None:
+    """A contender that took one node and lost the vote leaves its token there as the last
+    hold: the token a majority names is the hold before this one, and the block asks
+    nothing."""
+    servers = [redis_factory() for _ in range(3)]
+    with alias_on("three", [s.url for s in servers], socket_timeout=1):
+        with lock(name, using="three", atomic=True, timeout=5):
+            sell_one(DB, 1, "first")
+        counter = locks["three"].fence_key(name)
+        value = servers[0].client().get(counter)
+        servers[0].client().set(counter, value.split(b"|")[0] + b"|contender", px=60000)
+        before = trips("three")
+        with lock(name, using="three", atomic=True, timeout=5):
+            sell_one(DB, 1, "second")
+        assert trips("three") - before == 2  # acquire, release: no re-fence
+    assert [b for b, _ in sales(DB)] == ["first", "second"]
+
+
 @pytest.mark.parametrize("nodes", [1, 3])
 def test_no_answer_to_the_question_about_an_unknown_writer_is_not_stale(
     name: str, redis_factory: Any, nodes: int
