@@ -2,8 +2,8 @@
 :class:`~.models.Fence` and refuses a stale one, reads a row back after a lost COMMIT, and
 prunes old rows under a floor. :mod:`.fencing` runs a fenced block around it.
 
-Rows: one per lock name (key :func:`row_key`), its newest recorded fence and when it was
-written; one per backend with ``name=""``: the floor, the largest fence ``prune-fences``
+Rows: one per lock name (key :func:`row_key`), its newest recorded fence, the token of the
+hold that wrote it and when; one per backend with ``name=""``: the floor, the largest fence ``prune-fences``
 deleted, below which a name's first row may not start. Every statement here runs on the
 caller's connection, inside its transaction (the row stays locked until that ends), except
 :func:`commit_outcome`, which asks on a new connection.

@@ -460,7 +460,9 @@ def trips(alias: str) -> int:
     return int(getattr(backend, "round_trips", 0))
 
 
-@pytest.mark.parametrize("form", ["with lock", "reentrant", "fair", "write", "single_instance"])
+@pytest.mark.parametrize(
+    "form", ["with lock", "decorator", "reentrant", "fair", "write", "single_instance"]
+)
 def test_every_fenced_form_asks_redis_nothing_after_the_hold_before_it_wrote(
     alias: str, name: str, form: str
 ) -> None:
@@ -658,6 +660,14 @@ def run_form(form: str, alias: str, name: str, buyer: str) -> None:
             sell_one(DB, 1, buyer)
 
         sell()
+        return
+    if form == "decorator":
+
+        @lock(name, using=alias, atomic=True, timeout=5)
+        def sell_decorated() -> None:
+            sell_one(DB, 1, buyer)
+
+        sell_decorated()
         return
     block: Any = {
         "with lock": lambda: lock(name, using=alias, atomic=True, timeout=5),
