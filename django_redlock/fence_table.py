@@ -3,10 +3,10 @@
 prunes old rows under a floor. :mod:`.fencing` runs a fenced block around it.
 
 Rows: one per lock name (key :func:`row_key`), its newest recorded fence, the token of the
-hold that wrote it and when; one per backend with ``name=""``: the floor, the largest fence ``prune-fences``
-deleted, below which a name's first row may not start. Every statement here runs on the
-caller's connection, inside its transaction (the row stays locked until that ends), except
-:func:`commit_outcome`, which asks on a new connection.
+hold that wrote it and when; one per backend with ``name=""``: the floor, the largest fence
+``prune-fences`` deleted, below which a name's first row may not start. Every statement here
+runs on the caller's connection, inside its transaction (the row stays locked until that
+ends), except :func:`commit_outcome`, which asks on a new connection.
 """
 
 from __future__ import annotations
