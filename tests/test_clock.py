@@ -472,9 +472,7 @@ def test_every_fenced_form_asks_redis_nothing_after_the_hold_before_it_wrote(
     for buyer in ("second", "third"):
         before = trips(alias)
         run_form(form, alias, name, buyer)
-        if alias != "local":
-            used = trips(alias) - before
-            assert used <= 2 or (alias == "cluster" and used <= 3), used
+        assert trips(alias) - before == 2  # LocMem counts its calls as round trips
     row = Fence.objects.get(key=row_key(alias, name))
     assert row.holder and row.previous is not None and row.fence > row.previous
     assert [b for b, _ in sales(DB)] == ["first", "second", "third"]
