@@ -2,11 +2,11 @@
 :class:`~.models.Fence` and refuses a stale one, reads a row back after a lost COMMIT, and
 prunes old rows under a floor. :mod:`.fencing` runs a fenced block around it.
 
-Rows: one per lock name (key :func:`row_key`), its newest recorded fence and when it was
-written; one per backend with ``name=""``: the floor, the largest fence ``prune-fences``
-deleted, below which a name's first row may not start. Every statement here runs on the
-caller's connection, inside its transaction (the row stays locked until that ends), except
-:func:`commit_outcome`, which asks on a new connection.
+Rows: one per lock name (key :func:`row_key`), its newest recorded fence, the token of the
+hold that wrote it and when; one per backend with ``name=""``: the floor, the largest fence
+``prune-fences`` deleted, below which a name's first row may not start. Every statement here
+runs on the caller's connection, inside its transaction (the row stays locked until that
+ends), except :func:`commit_outcome`, which asks on a new connection.
 """
 
 from __future__ import annotations
@@ -165,6 +165,9 @@ def check_fence(
     refence: Callable[[int], int] | None = None,
     wait: float | None = None,
     now: datetime.datetime | None = None,
+    token: str | None = None,
+    prior: str | None = None,
+    current: bool = False,
 ) -> bool:
     """Record ``fence`` as the newest of lock ``name`` on ``backend``, or raise StaleFence if
     a larger one is recorded; whether the row already carried ``fence`` (an earlier block of
@@ -179,17 +182,32 @@ def check_fence(
     have gone back while the name's counter was lost. ``refence(recorded)`` (see
     :func:`refencer`) then asks Redis, and a hold still current comes back with a fence above
     the recorded one, checked again here while the row stays locked; only a hold that is not
-    current (``refence`` answers 0 or -1) raises StaleFence."""
+    current (``refence`` answers 0 or -1) raises StaleFence.
+
+    A smaller fence recorded does not yet make the hold the newer one either: after such a
+    step a hold granted *after* this one (while this one was lost) may have recorded a smaller
+    fence. The row keeps its writer's ``token``. Written by this hold, or by ``prior`` (the
+    hold Redis gave a fence just before this one), it was granted before this hold: the block
+    goes on, with no question to Redis. Any other writer (or none known: a row written before
+    tokens were kept, a name's first row once ``prune-fences`` left a floor) costs one
+    ``refence``: a hold current in Redis was granted after every writer, and goes on with its
+    new fence; one that is not is refused. ``token`` None (or ``current``: the hold was
+    just found current, with the row locked): the fence alone decides."""
     connection = connections[using]
     now = timezone.now() if now is None else now  # the row's ``touched``
     key = row_key(backend, name)
+    holder = None if token is None else holder_of(token)
+    # The writers that need no question to Redis; None: any writer.
+    known = None if current or holder is None else (holder, prior and holder_of(prior))
     try:
         if connection.vendor in ("postgresql", "sqlite") and (
             connection.features.can_return_columns_from_insert  # SQLite >= 3.35
         ):
-            outcome, previous = _upsert(connection, key, backend, name, fence, now, wait)
+            outcome, previous = _upsert(
+                connection, key, backend, name, fence, now, wait, holder, known
+            )
         else:
-            outcome, previous = _portable(using, key, backend, name, fence, now)
+            outcome, previous = _portable(using, key, backend, name, fence, now, holder, known)
         # A name's first row, or one pruned: fences below the floor are older than the rows
         # prune-fences forgot, so they may be below what those rows held.
         floor = _floor(using, backend, wait) if outcome == "new" else None
@@ -204,29 +222,56 @@ def check_fence(
         raise
     if outcome == "new":
         recorded = floor
-        if recorded is None or recorded <= fence:
+        if recorded is None or (recorded <= fence and known is None):
             return False
     elif outcome == "stale":
         recorded = _recorded(using, key)
     else:
         return previous == fence
     assert recorded is not None  # the row is locked: it cannot have gone meanwhile
+    # Not refused by the fence: by the row's writer, not known to be granted before this hold.
+    unsure = recorded <= fence
     # Redis's Lua numbers are exact below 2**53 (the clock's us reach it in year 2255): no
     # re-fence can pass a recorded fence beyond that.
-    refenced = refence(recorded) if refence is not None and recorded < FENCE_LIMIT else -1
-    if refenced > recorded:  # current in Redis: check the new fence (once: no re-fence then)
-        return check_fence(using, backend, name, refenced, describe, wait=wait, now=now)
+    top = max(recorded, fence)
+    refenced = refence(top) if refence is not None and top < FENCE_LIMIT else -1
+    if refenced > top:  # current in Redis: check the new fence (once: no re-fence then)
+        return check_fence(using, backend, name, refenced, describe, wait=wait, now=now,
+                           token=token, current=True)  # fmt: skip
     message = stale_message(
-        describe or repr(name), using, fence, recorded, outcome == "new", refenced
+        describe or repr(name), using, fence, recorded, outcome == "new", refenced, unsure
     )
     raise StaleFence(message, fence, recorded)
 
 
+def holder_of(token: str) -> str:
+    """What a row keeps of a hold's token (the column's 64 characters: a longer token, one a
+    compat shim was given, by its hash)."""
+    if len(token) <= 64:
+        return token
+    return "#" + hashlib.sha256(token.encode()).hexdigest()[:63]
+
+
 def stale_message(
-    describe: str, using: str, fence: int, recorded: int, floor: bool, refenced: int
+    describe: str,
+    using: str,
+    fence: int,
+    recorded: int,
+    floor: bool,
+    refenced: int,
+    unsure: bool = False,
 ) -> str:
-    """What StaleFence says: whose fence is recorded, and why this hold is outdated."""
+    """What StaleFence says: whose fence is recorded, and why this hold is outdated.
+    ``unsure``: the recorded fence is not above this one, but its writer may have been
+    granted the lock after this hold (a clock gone back hands out smaller fences)."""
     what = f"the floor {recorded} left by prune-fences" if floor else f"fence {recorded} recorded"
+    if unsure:
+        why = "this hold is not current any more" if refenced == 0 else "a later hold has the lock"
+        return (
+            f"{describe}: {what} in database {using!r} is not above fence {fence}, yet it may"
+            " come from a hold granted after this one (after the Redis server's clock went"
+            f" back), and {why}: this hold is outdated; nothing was committed"
+        )
     if recorded >= FENCE_LIMIT:
         why = f"no fence Redis hands out can pass it (they are exact below {FENCE_LIMIT})"
     elif refenced == 0:
@@ -258,15 +303,25 @@ def _lock_timeout(exc: BaseException) -> bool:
 
 
 def _upsert(
-    connection: Any, key: str, backend: str, name: str, fence: int, now: Any, wait: float | None
+    connection: Any,
+    key: str,
+    backend: str,
+    name: str,
+    fence: int,
+    now: Any,
+    wait: float | None,
+    holder: str | None = None,
+    known: tuple[str, str | None] | None = None,
 ) -> tuple[str, int | None]:
-    """("new", None), ("newest", the fence the row had) or ("stale", None)."""
+    """("new", None), ("newest", the fence the row had) or ("stale", None): a larger fence
+    recorded, or (``known`` given) a writer other than those two tokens."""
     bounded = wait is not None and connection.vendor == "postgresql"
     sql = _upsert_sql(connection, bounded)
     touched = connection.ops.adapt_datetimefield_value(now)
-    params: list[Any] = [key, backend, name, fence, touched]
+    params: list[Any] = [key, backend, name, fence, holder, touched]
     if bounded:
         params.append(_bound(wait))  # type: ignore[arg-type]
+    params += [known is None, *(known or (None, None))]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -296,16 +351,20 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
     qn = connection.ops.quote_name
     table = qn(Fence._meta.db_table)
     key_, fence_, previous, at = qn("key"), qn("fence"), qn("previous"), qn("touched")
-    columns = f"{key_}, {qn('backend')}, {qn('name')}, {fence_}, {previous}, {at}"
-    # The WHERE false on a conflict: no row returned (the row is locked all the same).
+    holder = qn("holder")
+    columns = f"{key_}, {qn('backend')}, {qn('name')}, {fence_}, {holder}, {previous}, {at}"
+    # The WHERE false on a conflict: no row returned (the row is locked all the same). The
+    # writer is checked only when asked (not after a re-fence): this hold's own, or the hold
+    # given a fence before it (NULL compares as false: an unknown writer is not trusted).
     conflict = (
         f" ON CONFLICT ({key_}) DO UPDATE SET {previous} = {table}.{fence_},"
-        f" {fence_} = EXCLUDED.{fence_}, {at} = EXCLUDED.{at}"
-        f" WHERE {table}.{fence_} <= EXCLUDED.{fence_}"
+        f" {fence_} = EXCLUDED.{fence_}, {holder} = EXCLUDED.{holder}, {at} = EXCLUDED.{at}"
+        f" WHERE {table}.{fence_} <= EXCLUDED.{fence_} AND (%s OR {table}.{holder} = %s"
+        f" OR {table}.{holder} = %s)"
     )
     if not bounded:
         sql = (
-            f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, NULL, %s){conflict}"
+            f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, %s, NULL, %s){conflict}"
             f" RETURNING {previous}"
         )
     else:
@@ -313,7 +372,7 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
         # wait on the row, having saved the transaction's own (the nesting orders the two
         # calls), and RETURNING, evaluated once the row is locked, restores it.
         sql = (
-            f"INSERT INTO {table} ({columns}) SELECT %s, %s, %s, %s, NULL, %s"
+            f"INSERT INTO {table} ({columns}) SELECT %s, %s, %s, %s, %s, NULL, %s"
             f" WHERE set_config('lock_timeout', %s || left(set_config('{_SAVED}',"
             f" current_setting('lock_timeout'), true), 0), true) IS NOT NULL{conflict}"
             f" RETURNING {previous}, set_config('lock_timeout', current_setting('{_SAVED}'),"
@@ -323,22 +382,32 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
 
 
 def _portable(
-    using: str, key: str, backend: str, name: str, fence: int, now: Any
+    using: str,
+    key: str,
+    backend: str,
+    name: str,
+    fence: int,
+    now: Any,
+    holder: str | None = None,
+    known: tuple[str, str | None] | None = None,
 ) -> tuple[str, int | None]:
     """Other databases: SELECT ... FOR UPDATE, then UPDATE or INSERT (Django's ORM)."""
     from .models import Fence
 
     rows = Fence.objects.using(using)
     while True:
-        found = list(rows.select_for_update().filter(key=key).values_list("fence", flat=True))
+        found = list(rows.select_for_update().filter(key=key).values_list("fence", "holder"))
         if found:
-            if found[0] > fence:
+            recorded, writer = found[0]
+            if recorded > fence or (known is not None and (writer is None or writer not in known)):
                 return "stale", None
-            rows.filter(key=key).update(fence=fence, previous=found[0], touched=now)
-            return "newest", found[0]
+            rows.filter(key=key).update(fence=fence, holder=holder, previous=recorded, touched=now)
+            return "newest", recorded
         try:
             with transaction.atomic(using=using):  # a savepoint: a concurrent insert may win
-                rows.create(key=key, backend=backend, name=name, fence=fence, touched=now)
+                rows.create(
+                    key=key, backend=backend, name=name, fence=fence, holder=holder, touched=now
+                )
         except IntegrityError:
             continue  # then lock its row and compare
         return "new", None

@@ -64,6 +64,8 @@ class FencedHold(Protocol):
     """What a fenced block reads and writes of a hold (``locking.holds.Hold``)."""
 
     fence: int | None
+    token: str
+    prior: str | None
 
 
 class FencedLock(Protocol):
@@ -180,7 +182,8 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
         with transaction.atomic(using=using):
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
-                                lock.refencer(hold), wait=row_wait(lock), now=touched)  # fmt: skip
+                                lock.refencer(hold), wait=row_wait(lock), now=touched,
+                                token=hold.token, prior=hold.prior)  # fmt: skip
             pid = _backend_pid(using) if outermost else None  # whose COMMIT may be in flight
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
             try:

@@ -58,6 +58,9 @@ class Fence(models.Model):
     fence = models.BigIntegerField()
     #: The fence this row held before the last check (None: the row was new).
     previous = models.BigIntegerField(null=True, blank=True)
+    #: The token of the hold that recorded ``fence`` (None: unknown), so a later block can tell
+    #: that hold was granted before its own (``fence_table.check_fence``).
+    holder = models.CharField(max_length=64, null=True, blank=True)
     #: Not indexed: every block rewrites it, and an index on it would make each upsert a
     #: non-HOT update on PostgreSQL (new index entries, a dead tuple per block). Only
     #: ``prune-fences`` reads it, with a sequential scan.

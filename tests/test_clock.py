@@ -228,34 +228,48 @@ def test_a_stale_holder_from_before_a_backward_step_is_still_refused(one: Clocke
     assert [b for b, _ in sales(DB)] == ["later", "fresh"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a fence above the recorded one is accepted without asking Redis, though the"
-    " row's (lower-fenced) holder may be the current one after a backward step",
-)
 def test_a_stale_holder_above_the_current_holder_s_fence_after_a_backward_step_is_refused(
     one: Clocked, name: str
 ) -> None:
     """A holds (its fence from before the step); Redis loses its data and its clock goes
     back; B takes the lock with a smaller fence, commits a block and still holds it. A's
-    block finds B's smaller fence recorded and commits after B's: a stale holder let through
-    because a clock went back (SPEC, "Fenced transactions")."""
+    block finds B's smaller fence recorded, but B's token, not the hold's given a fence
+    before A's: it asks Redis (one round trip), and A is not current: refused, before and
+    after B's release (it once committed after B's: SPEC, "Fenced transactions")."""
+    stale_above_the_current_holder([one], name)
+
+
+def stale_above_the_current_holder(nodes: list[Clocked], name: str) -> None:
     stale = lock(name, using="clocked", ttl=60, auto_renew=False)
     assert stale.acquire()
-    one.flush()
-    one.step(-HOUR)
+    for node in nodes:
+        node.flush()
+        node.step(-HOUR)
     current = lock(name, using="clocked", ttl=60, atomic=True)
     assert current.acquire()
     with current.atomic():
         sell_one(DB, 1, "current")
     assert stale.fence is not None and current.fence is not None
     assert stale.fence > current.fence
+    fence = current.fence
     try:
-        with pytest.raises(StaleFence), stale.atomic():
+        before = round_trips()
+        later = r"granted after this one.*a later hold has the"
+        with pytest.raises(StaleFence, match=later), stale.atomic():
             sell_one(DB, 1, "stale")
+        assert round_trips() - before == 1  # the question to Redis
     finally:
         current.release()
+    with pytest.raises(StaleFence, match="not current any more"), stale.atomic():
+        sell_one(DB, 1, "stale")
     assert [b for b, _ in sales(DB)] == ["current"]
+    assert recorded(name) == fence
+
+
+def test_redlock_a_stale_holder_above_the_current_holder_s_fence_is_refused(
+    three: list[Clocked], name: str
+) -> None:
+    stale_above_the_current_holder(three, name)
 
 
 def test_a_re_fence_gives_the_hold_its_new_fence_in_redis(one: Clocked, name: str) -> None:
@@ -275,7 +289,8 @@ def test_a_re_fence_gives_the_hold_its_new_fence_in_redis(one: Clocked, name: st
     assert held.fence > top and recorded(name) == held.fence
     info = locks["clocked"].inspect(name)
     assert info is not None and info.fence == held.fence
-    assert int(one.server.client().get(locks["clocked"].fence_key(name))) == held.fence
+    counter = one.server.client().get(locks["clocked"].fence_key(name))
+    assert counter == f"{held.fence}|{held.token}".encode()  # the fence, and the last hold
     held.release()
 
 
@@ -406,6 +421,232 @@ def test_every_backend_refuses_a_hold_not_current(alias: str, name: str) -> None
     assert sales(DB) == []
 
 
+def recorded_by(alias: str, name: str, fence: int, holder: str | None) -> None:
+    """Record ``fence`` for ``name`` as written by the hold of token ``holder``."""
+    Fence.objects.update_or_create(
+        key=row_key(alias, name),
+        defaults={"backend": alias, "name": name, "fence": fence, "holder": holder,
+                  "touched": timezone.now()},
+    )  # fmt: skip
+
+
+def test_every_backend_refuses_a_stale_hold_above_a_later_holder_s_recorded_fence(
+    alias: str, name: str
+) -> None:
+    """A smaller fence recorded by a hold this one does not know to be older (a later hold,
+    given a smaller fence after the clock went back): a hold no longer current is refused,
+    nothing committed; one still current is re-fenced above both and commits."""
+    old = lock(name, using=alias, ttl=30, auto_renew=False)  # no watchdog finds it lost
+    assert old.acquire() and old.fence is not None
+    recorded_by(alias, name, old.fence - 3_600_000_000, "a-later-hold")
+    assert locks[alias].force_release(name)
+    stale = r"granted after this one.*not current any more"
+    with pytest.raises(StaleFence, match=stale), old.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert sales(DB) == [] and recorded_on(alias, name) == old.fence - 3_600_000_000
+    with lock(name, using=alias, ttl=30, timeout=5) as current:
+        fence = current.fence
+        assert fence is not None
+        recorded_by(alias, name, fence - 3_600_000_000, "a-hold-not-known")
+        with current.atomic():
+            sell_one(DB, 1, "current")
+        refenced = current.fence
+        assert refenced is not None and refenced > fence
+    assert sales(DB) == [("current", 10)] and recorded_on(alias, name) == refenced
+
+
+def trips(alias: str) -> int:
+    backend = locks[alias]
+    return int(getattr(backend, "round_trips", 0))
+
+
+@pytest.mark.parametrize(
+    "form", ["with lock", "decorator", "reentrant", "fair", "write", "single_instance"]
+)
+def test_every_fenced_form_asks_redis_nothing_after_the_hold_before_it_wrote(
+    alias: str, name: str, form: str
+) -> None:
+    """The common path: each hold's block finds the token of the hold given a fence just
+    before it in the row: an acquire and a release each, no question to Redis."""
+    run_form(form, alias, name, "first")
+    for buyer in ("second", "third"):
+        before = trips(alias)
+        run_form(form, alias, name, buyer)
+        assert trips(alias) - before == 2  # LocMem counts its calls as round trips
+    row = Fence.objects.get(key=row_key(alias, name))
+    assert row.holder and row.previous is not None and row.fence > row.previous
+    assert [b for b, _ in sales(DB)] == ["first", "second", "third"]
+
+
+def test_a_hold_after_one_that_did_not_write_asks_redis_once(alias: str, name: str) -> None:
+    """A hold that never recorded (the lock taken without atomic=) stands between the row's
+    writer and this hold: one question to Redis, and the block commits."""
+    from django_redlock.fence_table import check_fence
+
+    run_form("with lock", alias, name, "first")
+    with lock(name, using=alias):
+        pass
+    calls: list[int] = []
+    held = lock(name, using=alias, ttl=30, atomic=True, timeout=5)
+    refencer = held.refencer
+
+    def counted(hold: Any) -> Any:
+        refence = refencer(hold)
+
+        def ask(recorded: int) -> int:
+            calls.append(recorded)
+            return int(refence(recorded))
+
+        return ask
+
+    held.refencer = counted  # type: ignore[method-assign]
+    with held:
+        sell_one(DB, 1, "after")
+    assert len(calls) == 1 and check_fence is not None
+    held = lock(name, using=alias, ttl=30, atomic=True, timeout=5)
+    calls.clear()
+    held.refencer = counted  # type: ignore[method-assign]
+    with held:  # its prior wrote: no question
+        sell_one(DB, 1, "next")
+    assert calls == []
+    assert [b for b, _ in sales(DB)] == ["first", "after", "next"]
+
+
+def test_lock_all_s_blocks_ask_redis_nothing_after_the_set_before_them_wrote(name: str) -> None:
+    """lock_all(atomic=): each member's row names the set taken before: an acquire and a
+    release of the whole set, no question per name."""
+    from django_redlock import lock_all
+
+    names = [f"{name}:a", f"{name}:b"]
+    with lock_all(*names, using="redis", atomic=True, timeout=5):
+        sell_one(DB, 1, "first")
+    before = trips("redis")
+    with lock_all(*names, using="redis", atomic=True, timeout=5) as held:
+        sell_one(DB, 1, "second")
+        fences = held.fences
+    assert trips("redis") - before == 2
+    for each in names:
+        assert recorded_on("redis", each) == fences[each]
+    assert [b for b, _ in sales(DB)] == ["first", "second"]
+
+
+def test_redlock_a_contender_that_took_one_node_does_not_cost_a_question(
+    name: str, redis_factory: Any
+) -> None:
+    """A contender that took one node and lost the vote leaves its token there as the last
+    hold: the token a majority names is the hold before this one, and the block asks
+    nothing."""
+    servers = [redis_factory() for _ in range(3)]
+    with alias_on("three", [s.url for s in servers], socket_timeout=1):
+        with lock(name, using="three", atomic=True, timeout=5):
+            sell_one(DB, 1, "first")
+        counter = locks["three"].fence_key(name)
+        value = servers[0].client().get(counter)
+        servers[0].client().set(counter, value.split(b"|")[0] + b"|contender", px=60000)
+        before = trips("three")
+        with lock(name, using="three", atomic=True, timeout=5):
+            sell_one(DB, 1, "second")
+        assert trips("three") - before == 2  # acquire, release: no re-fence
+    assert [b for b, _ in sales(DB)] == ["first", "second"]
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_no_answer_to_the_question_about_an_unknown_writer_is_not_stale(
+    name: str, redis_factory: Any, nodes: int
+) -> None:
+    """The row's writer is not known to be older, and Redis does not answer whether the hold
+    is current (paused; on Redlock, a majority): the block raises BackendUnavailable
+    (QuorumNotReached), never StaleFence; the question comes before the body, so the
+    transaction is rolled back and nothing is committed. The hold is still the holder's, and
+    its next block asks again and commits."""
+    from django_redlock import BackendUnavailable, QuorumNotReached
+
+    servers = [redis_factory() for _ in range(nodes)]
+    with alias_on("flaky", [s.url for s in servers], socket_timeout=0.3):
+        held = lock(name, using="flaky", ttl=30)
+        assert held.acquire() and held.fence is not None
+        recorded_by("flaky", name, held.fence - 3_600_000_000, "a-hold-not-known")
+        for server in servers[: nodes // 2 + 1]:
+            server.pause()
+        try:
+            unknown = BackendUnavailable if nodes == 1 else QuorumNotReached
+            with pytest.raises(unknown) as raised, held.atomic():
+                pytest.fail("the body ran")
+            assert not isinstance(raised.value, StaleFence)
+        finally:
+            for server in servers:
+                server.resume()
+        assert sales(DB) == [] and held.owned()
+        assert recorded_on("flaky", name) == held.fence - 3_600_000_000  # rolled back
+        with held.atomic():
+            sell_one(DB, 1, "held")
+        held.release()
+    assert sales(DB) == [("held", 10)]
+
+
+def test_a_lost_reply_to_the_question_commits_nothing_and_the_next_block_asks_again(
+    name: str, redis_factory: Any
+) -> None:
+    """The question's reply lost (Redis answered, the client never read it: the hold may
+    carry a new fence in Redis): BackendUnavailable before the body, nothing committed; the
+    next block asks again and commits."""
+    from django_redlock import BackendUnavailable
+
+    server = redis_factory()
+    with alias_on("flaky", [server.url], socket_timeout=0.5):
+        held = lock(name, using="flaky", ttl=30)
+        assert held.acquire() and held.fence is not None
+        recorded_by("flaky", name, held.fence - 3_600_000_000, "a-hold-not-known")
+        backend = locks["flaky"]
+        real = backend.op_refence
+
+        def answered_then_lost(*args: Any, **kwargs: Any) -> Any:
+            backend.execute(real(*args, **kwargs))  # Redis ran it...
+            raise BackendUnavailable("the reply was lost")  # ...and its reply never came
+
+        backend.op_refence = answered_then_lost  # type: ignore[method-assign]
+        try:
+            with pytest.raises(BackendUnavailable), held.atomic():
+                pytest.fail("the body ran")
+        finally:
+            del backend.op_refence
+        assert sales(DB) == [] and held.owned()
+        with held.atomic():
+            sell_one(DB, 1, "held")
+        held.release()
+    assert sales(DB) == [("held", 10)]
+
+
+def test_a_row_written_before_tokens_were_kept_asks_redis_once(alias: str, name: str) -> None:
+    """A row of the migration's (no holder): its writer is unknown, one question, and the
+    row then carries the hold's token."""
+    with lock(name, using=alias, ttl=30) as held:
+        assert held.fence is not None
+        recorded_by(alias, name, held.fence - 1, None)
+        with held.atomic():
+            sell_one(DB, 1, "held")
+        assert Fence.objects.get(key=row_key(alias, name)).holder == held.token
+    assert sales(DB) == [("held", 10)]
+
+
+def test_a_stale_hold_is_refused_once_prune_fences_deleted_a_later_holder_s_row(
+    alias: str, name: str
+) -> None:
+    """A name with no row while the backend has a floor (prune-fences deleted rows): the row
+    may have been a later holder's, with a smaller fence. A hold no longer current is
+    refused; a current one asks once and commits."""
+    old = lock(name, using=alias, ttl=30, auto_renew=False)  # no watchdog finds it lost
+    assert old.acquire() and old.fence is not None
+    Fence.objects.create(key=row_key(alias, ""), backend=alias, name="",
+                         fence=old.fence - 3_600_000_000, touched=timezone.now())  # fmt: skip
+    assert locks[alias].force_release(name)
+    with pytest.raises(StaleFence, match="not current any more"), old.atomic():
+        pytest.fail("the stale holder's body ran")
+    with lock(name, using=alias, ttl=30, atomic=True, timeout=5):
+        sell_one(DB, 1, "current")
+    assert sales(DB) == [("current", 10)]
+
+
 def run_form(form: str, alias: str, name: str, buyer: str) -> None:
     """One fenced block of ``form`` on lock ``name``: a sale by ``buyer``."""
     from django_redlock import read_write_lock, single_instance
@@ -417,6 +658,14 @@ def run_form(form: str, alias: str, name: str, buyer: str) -> None:
             sell_one(DB, 1, buyer)
 
         sell()
+        return
+    if form == "decorator":
+
+        @lock(name, using=alias, atomic=True, timeout=5)
+        def sell_decorated() -> None:
+            sell_one(DB, 1, buyer)
+
+        sell_decorated()
         return
     block: Any = {
         "with lock": lambda: lock(name, using=alias, atomic=True, timeout=5),
@@ -515,7 +764,7 @@ def test_redlock_re_fence_takes_the_largest_node_fence_and_lifts_the_others(
         fence = backend.execute(backend.op_refence(name, token, recorded))
         assert fence == ahead_of_it + 1
         for server in servers:
-            assert int(server.client().get(backend.fence_key(name))) >= fence
+            assert int(server.client().get(backend.fence_key(name)).split(b"|")[0]) >= fence
         info = backend.inspect(name)
         assert info is not None and info.fence == fence
         # Not on a majority any more: not current (another token has it on none: 0).

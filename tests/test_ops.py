@@ -90,7 +90,8 @@ def test_a_plain_lock_takes_a_fence_above_a_counter_ahead_of_the_clock(
     held = lock("ahead", using="redis", auto_renew=False)
     held.acquire()
     assert held.fence == 2_000_000_000_000_000
-    assert client.get(backend.fence_key("ahead")) == b"2000000000000000"
+    # The counter keeps the last hold's token beside the fence ('fence|token').
+    assert client.get(backend.fence_key("ahead")) == f"2000000000000000|{held.token}".encode()
     info = backend.inspect("ahead")
     assert info is not None and info.fence == held.fence and info.token == held.token
     assert 0 < client.pttl(backend.key("ahead")) <= round(held.lock_ttl * 1000)
@@ -101,7 +102,7 @@ def test_a_plain_lock_takes_a_fence_above_a_counter_ahead_of_the_clock(
     client.set(backend.fence_key("behind"), 5)
     with lock("behind", using="redis", auto_renew=False) as behind:
         assert behind.fence is not None and behind.fence > 10**15
-        assert client.get(backend.fence_key("behind")) == str(behind.fence).encode()
+        assert client.get(backend.fence_key("behind")) == f"{behind.fence}|{behind.token}".encode()
 
 
 @pytest.mark.django_db

@@ -87,6 +87,9 @@ class Attempt(NamedTuple):
     fence: int | None = None
     # Held: the hold count. Not held: ms until something may change (-1: wait for a message).
     count_or_wait: int = -1
+    #: Held: the token of the exclusive hold given a fence just before this one (None: not
+    #: known), which a fenced block compares with the token recorded in its lock's row.
+    prior: str | None = None
 
 
 class Renewal(NamedTuple):

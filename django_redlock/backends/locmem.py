@@ -88,6 +88,7 @@ class _Store:
     mutex: threading.Lock = field(default_factory=threading.Lock)
     holds: dict[str, _Hold] = field(default_factory=dict)
     fences: dict[str, int] = field(default_factory=dict)
+    lasts: dict[str, str] = field(default_factory=dict)  # the last exclusive hold's token
     queues: dict[str, list[str]] = field(default_factory=dict)
     deadlines: dict[str, dict[str, float]] = field(default_factory=dict)
     hub: ReleaseHub = field(default_factory=ReleaseHub)
@@ -114,14 +115,15 @@ class _Store:
             del self.leased[name]
         return None
 
-    def take(self, name: str, token: str, ttl_ms: int, meta: str, reentrant: bool) -> int:
+    def take(self, name: str, token: str, ttl_ms: int, meta: str, reentrant: bool) -> Attempt:
         # As the scripts do: above the counter and at least the clock in ms x 1000.
         fence = max(self.fences.get(name, 0) + 1, time.time_ns() // 1000)
         self.fences[name] = fence
+        prior, self.lasts[name] = self.lasts.get(name), token
         expires = time.monotonic() + ttl_ms / 1000
         at_ms = int(time.time() * 1000)
         self.holds[name] = _Hold({token: 1}, reentrant, fence, at_ms, meta, expires)
-        return fence
+        return Attempt(True, fence, 1, prior)
 
     def prune(self, name: str, now: float) -> tuple[list[str], dict[str, float]]:
         """Drop the waiters at the head whose deadline passed (they gave up or died)."""
@@ -212,9 +214,7 @@ class LocMemBackend(BaseLockBackend):
             queued = bool(store.queues.get(name))  # a fair queue: every kind takes turns
             if not kind.fair and not queued:
                 if hold is None:
-                    return Attempt(
-                        True, store.take(name, token, ttl_ms, meta, kind.reentrant), 1
-                    ), []
+                    return store.take(name, token, ttl_ms, meta, kind.reentrant), []
                 return Attempt(False, None, hold.ms_left(now)), []
             queue, deadlines = store.prune(name, now)
             head = queue[0] if queue else None
@@ -222,7 +222,7 @@ class LocMemBackend(BaseLockBackend):
                 if head is not None:
                     queue.pop(0)
                     del deadlines[waiter]
-                return Attempt(True, store.take(name, token, ttl_ms, meta, kind.reentrant), 1), []
+                return store.take(name, token, ttl_ms, meta, kind.reentrant), []
             if kind.fair and wait_ms >= 0:
                 if waiter not in deadlines:
                     queue.append(waiter)
@@ -265,6 +265,7 @@ class LocMemBackend(BaseLockBackend):
                     return -1 if other else 0, []
             fence = max(store.fences.get(name, 0) + 1, least, recorded + 1)
             store.fences[name] = fence
+            store.lasts[name] = token  # current: the last hold granted
             hold.fence = fence
             return fence, []
 
@@ -509,6 +510,9 @@ class LocMemBackend(BaseLockBackend):
             if free:
                 fence = max(store.fences.get(name, 0) + 1, time.time_ns() // 1000)
                 store.fences[name] = fence
+                prior = store.lasts.get(name) if mode == "w" else None
+                if mode == "w":  # only a writer records fences (as permit_acquire.lua)
+                    store.lasts[name] = token
                 leased.leases[token] = _Lease(
                     now + ttl_ms / 1000, fence, int(time.time() * 1000), mode, meta
                 )
@@ -523,7 +527,7 @@ class LocMemBackend(BaseLockBackend):
                     deadlines.pop(waiter, None)
                 chain = mode == "r" or head is not None  # as permit_acquire.lua says why
                 wake = self._leases_wake(store, name, now) if chain else []
-                return Attempt(True, fence, 1), wake
+                return Attempt(True, fence, 1, prior), wake
             if wait_ms >= 0 and mode == "w":
                 leased.writers[waiter] = now + wait_ms / 1000
             elif wait_ms >= 0 and mode == "s" and fair:

@@ -663,6 +663,7 @@ class TakenAll(NamedTuple):
     fences: tuple[int, ...] = ()
     busy: int = 0  # index into the names
     wait_ms: int = -1
+    priors: tuple[str | None, ...] = ()  # each name's Attempt.prior
 
 
 def taken_all(names: Sequence[str], alias: str) -> Any:
@@ -673,7 +674,10 @@ def taken_all(names: Sequence[str], alias: str) -> Any:
         if code == -2:
             raise kind_clash(names[int(reply[1]) - 1], alias, "plain lock", reply[2])
         if code:
-            return TakenAll(True, tuple(int(f) for f in reply[1:]))
+            n = len(names)
+            fences = tuple(int(f) for f in reply[1 : n + 1])
+            priors = tuple(prior_of(reply[n + 1 + i : n + 2 + i]) for i in range(n))
+            return TakenAll(True, fences, priors=priors)
         return TakenAll(False, (), int(reply[1]) - 1, int(reply[2]))
 
     return parse
@@ -692,8 +696,13 @@ def lock_attempt(name: str, alias: str, kind: Kind) -> Any:
 
 def _attempt(reply: Any) -> Attempt:
     if int(reply[0]):
-        return Attempt(True, int(reply[1]), int(reply[2]))
+        return Attempt(True, int(reply[1]), int(reply[2]), prior_of(reply[3:4]))
     return Attempt(False, None, int(reply[1]))
+
+
+def prior_of(reply: Any) -> str | None:
+    """The prior token of an acquire's reply (its last item, if any): None when '' or left out."""
+    return str(text(reply[0])) or None if reply else None
 
 
 def renewed(replies: list[Any]) -> list[bool | None]:

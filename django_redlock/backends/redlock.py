@@ -13,7 +13,7 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -38,7 +38,7 @@ from .base import (
     Renewal,
 )
 from .cursors import BadCursor, parse_cursor
-from .redis import UNAVAILABLE, RedisBackend, text
+from .redis import UNAVAILABLE, RedisBackend, prior_of, text
 from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub
 from .redlock_io import PENDING, Fan, NodeIO, answered
 
@@ -269,8 +269,9 @@ class RedlockBackend(BaseLockBackend):
         if len(granted) >= self.quorum and validity > 0:
             fence = max(r.fence or 0 for _, r in granted)
             behind = {i for i, r in granted if (r.fence or 0) < fence}
+            prior = self._prior(r.prior for _, r in granted)
             if not behind:
-                return Attempt(True, fence, 1)
+                return Attempt(True, fence, 1, prior)
             # Lift the lagging counters, so every later majority sees at least this fence.
             lifted = yield [
                 n.op_raise_fence(name, fence) if i in behind else None
@@ -280,7 +281,7 @@ class RedlockBackend(BaseLockBackend):
             elapsed_ms = (time.monotonic() - started) * 1000
             still_valid = ttl_ms - elapsed_ms - self._drift_ms(ttl_ms) > 0  # after 2 trips
             if at_fence >= self.quorum and still_valid:
-                return Attempt(True, fence, 1)
+                return Attempt(True, fence, 1, prior)
         # Not ours: undo on every node, including those that did not answer (a lost reply
         # may have set the key there). A straggler is not waited for: this thread's next
         # request to it (the next try, with this token) is written behind the undo. A node
@@ -291,6 +292,13 @@ class RedlockBackend(BaseLockBackend):
         if self._answered(replies) < self.quorum:
             raise self._unreachable(name, replies, "acquire")
         return Attempt(False, None, self._wait_hint(replies, bool(granted)))
+
+    def _prior(self, priors: Iterable[str | None]) -> str | None:
+        """The hold given a fence before this one: the token a majority of the nodes name (a
+        contender that took one node and lost the vote leaves its token there), else None."""
+        counts = Counter(p for p in priors if p is not None)
+        top = counts.most_common(1)
+        return top[0][0] if top and top[0][1] >= self.quorum else None
 
     def _node_acquire(
         self, node: RedisBackend, name: str, token: str, ttl_ms: int, meta: str, proposal: int
@@ -721,7 +729,7 @@ class RedlockBackend(BaseLockBackend):
 def _attempt(reply: Any) -> Attempt:
     """redlock_acquire.lua's reply."""
     if int(reply[0]):
-        return Attempt(True, int(reply[1]), int(reply[2]))
+        return Attempt(True, int(reply[1]), int(reply[2]), prior_of(reply[3:4]))
     return Attempt(False, None, int(reply[1]))
 
 

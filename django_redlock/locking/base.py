@@ -555,7 +555,7 @@ class BaseLock:
             count = believed(self.backend, self.name, owner) if self.reentrant else 0
             try:
                 if hold is None:
-                    hold = Hold(token, attempt.fence, actor)
+                    hold = Hold(token, attempt.fence, actor, prior=attempt.prior)
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     self._holds[owner] = hold
@@ -631,7 +631,7 @@ class BaseLock:
             logger.debug("redlock: acquired %s, fence %s", self.describe(), attempt.fence)
             lock_acquired.send_robust(sender=type(self), lock=self, fence=attempt.fence)
 
-    def took(self, token: str, fence: int | None, ttl_ms: int) -> None:
+    def took(self, token: str, fence: int | None, ttl_ms: int, prior: str | None = None) -> None:
         """Internal API (``lock_all``): record a new hold, ``token``'s with ``fence``, taken
         for this object by another operation (one script for several names), as if
         :meth:`acquire` had taken it: renewed by the watchdog, signalled, counted. Only on a
@@ -639,7 +639,7 @@ class BaseLock:
         """
         if self.reentrant or not self.exclusive or "" in self._holds:
             raise LockError(f"{self.describe()}: took() records a new plain hold only")
-        attempt = Attempt(True, fence, 1)
+        attempt = Attempt(True, fence, 1, prior)
         self._announce_held(self._record("", owner_id(), token, ttl_ms, attempt), attempt)
 
     def release_steps(self) -> Steps[None]:

@@ -23,6 +23,7 @@ class Hold:
     releasing: bool = False  # a release was sent whose outcome is unknown
     taken: Any = None  # its handle in the registry below (until its release is sent)
     observed: Any = None  # what metrics and spans keep of it (observe.Held)
+    prior: str | None = None  # the token of the hold given a fence before it (Attempt.prior)
 
 
 #: Which process this is, as a count of forks: checked on every lock operation, where

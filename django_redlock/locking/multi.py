@@ -368,8 +368,9 @@ class MultiLock:
                 refused = observe.TIMEOUT if blocking and timeout else observe.BUSY
                 self._acquire_ended(started, refused, spans)
                 return False
-            for lk, fence in zip(self.locks, taken.fences, strict=True):
-                lk.took(token, fence, ttl_ms)
+            priors = taken.priors or (None,) * len(self.locks)
+            for lk, fence, prior in zip(self.locks, taken.fences, priors, strict=True):
+                lk.took(token, fence, ttl_ms, prior)
             self._acquire_ended(started, observe.ACQUIRED, spans, taken.fences)
         except BaseException as exc:
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT  # as lock()

@@ -56,9 +56,25 @@ end
 -- fence handed out before, unless the server's clock went back meanwhile (ms x 1000 tied
 -- within the millisecond of a flush). Always written and read as integer text: a Lua number
 -- turned into text directly would lose digits ('1.76e+15').
+-- The counter's value is 'fence|token': the last fence handed out, and the token of the last
+-- exclusive hold given one (a fenced block records it in the database: a block finding the
+-- token of the hold taken before its own there knows that no later hold committed, without
+-- asking Redis). A bare 'fence' (written before the token was kept) reads with token ''.
+local function fence_read(counter)
+  local value = redis.call('GET', counter)
+  if not value then
+    return 0, ''
+  end
+  local fence, last = string.match(value, '^(%d+)|?(.*)$')
+  return tonumber(fence) or 0, last or ''
+end
+
+-- The next fence (a number, and as text), and the token of the last hold given one ('':
+-- none known): the hold granted before this one.
 local function fence_next(counter)
-  local fence = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, now_us)
-  return fence, string.format('%d', fence)
+  local last, prior = fence_read(counter)
+  local fence = math.max(last + 1, now_us)
+  return fence, string.format('%d', fence), prior
 end
 
 -- How long a name's counter outlives its last fence: the clock carries fences past a lost
@@ -66,8 +82,10 @@ end
 -- this could hand out a smaller one. A name used once leaves no key behind for ever.
 local FENCE_MEMORY_MS = 60000
 
-local function fence_keep(counter, text, ttl)
-  redis.call('SET', counter, text, 'PX', math.max(tonumber(ttl), FENCE_MEMORY_MS))
+-- `token`: the exclusive hold just given `text` (a shared lease keeps the last one's: it never
+-- records a fence in the database).
+local function fence_keep(counter, text, ttl, token)
+  redis.call('SET', counter, text .. '|' .. token, 'PX', math.max(tonumber(ttl), FENCE_MEMORY_MS))
 end
 
 -- One name is one kind at a time. A lock (plain, reentrant or fair: a string or hash, which
@@ -90,7 +108,8 @@ local function other_kind(lock, now)
   return redis.call('HGET', details, ':kind') == 's' and 'semaphore' or 'read-write lock'
 end
 
--- Take a free lock with the next fence. Returns the fence, or nil when the lock is held.
+-- Take a free lock with the next fence. Returns the fence and the token of the hold given a
+-- fence before it ('': unknown), or nil when the lock is held.
 -- The counter is read before the lock is written (a held lock costs no write), and written
 -- after: one GETSET after the SET NX would save a call, but costs two more writes whenever
 -- the name was taken in the same ms already (fence = counter + 1 then), half the time at a
@@ -100,7 +119,7 @@ local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
     return nil
   end
   local at = string.format('%d', now)
-  local fence, text = fence_next(counter)
+  local fence, text, prior = fence_next(counter)
   if reentrant then
     redis.call('HSET', lock, token, 1, ':fence', text, ':at', at, ':meta', meta)
     redis.call('PEXPIRE', lock, ttl)
@@ -108,8 +127,8 @@ local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
                         'NX', 'PX', ttl) then
     return nil
   end
-  fence_keep(counter, text, ttl)
-  return fence
+  fence_keep(counter, text, ttl, token)
+  return fence, prior
 end
 
 -- Whether waiters listen on the release channel: Redis 6 clusters and Redlock's nodes. ''

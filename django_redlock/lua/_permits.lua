@@ -97,19 +97,20 @@ end
 -- Take a lease with the next fence of the name (the lock's fence helper and counter);
 -- `...`: more fields of the details hash to set at once (':limit', ':writer'). `fresh`: the
 -- name had no live lease (keys just made: their TTL is set without looking it up first).
+-- Returns the fence and, for a writer, the token of the last exclusive hold given one before.
 local function lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ...)
-  local fence, text = fence_next(counter)
+  local fence, text, prior = fence_next(counter)
   redis.call('ZADD', leases, ms_text(now + ttl), token)
   redis.call('HSET', details, token, text .. '|' .. ms_text(now) .. '|1|' .. mode .. '|' .. meta,
              ...)
-  fence_keep(counter, text, ttl)
+  fence_keep(counter, text, ttl, mode == 'w' and token or prior) -- only a writer records
   if fresh then
     redis.call('PEXPIRE', leases, ttl)
     redis.call('PEXPIRE', details, ttl)
   else
     leases_grow(leases, details, ttl)
   end
-  return fence
+  return fence, mode == 'w' and prior or ''
 end
 
 -- Extend `token`'s live lease to ttl ms from now; 1 if extended, 0 if it holds none.

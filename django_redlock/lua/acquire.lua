@@ -5,8 +5,9 @@
 --       [waiter id, wait ms (-1: a one-off try that never queues or registers),
 --       inbox channel prefix: all three left out for a one-off try],
 --       [restart guard ms, last, with the node marker].
--- Returns {1, fence, hold count} when held by the caller, else {0, ms until something may
--- change (-1: unknown, wait for a message)}; {-2, kind} when live leases of another kind
+-- Returns {1, fence, hold count, token of the hold given a fence before this one ('':
+-- unknown, or a re-entry)} when held by the caller, else {0, ms until something may change
+-- (-1: unknown, wait for a message)}; {-2, kind} when live leases of another kind
 -- (a semaphore, a read-write lock) hold the name (see other_kind in _hold.lua).
 -- The helpers for waiting and queueing are spliced in after the common case (a plain lock,
 -- free, nobody queued) has returned: taking a free lock never defines them.
@@ -34,12 +35,12 @@ local queued = redis.call('EXISTS', queue) == 1
 
 -- Plain and not fair: the classic SET NX PX, tried first.
 if not reentrant and not fair and not queued then
-  local fence = hold_take(lock, counter, token, ttl, meta, false, now)
+  local fence, prior = hold_take(lock, counter, token, ttl, meta, false, now)
   if fence then
     if registered then
       redis.call('ZREM', waiting, waiter)
     end
-    return {1, fence, 1}
+    return {1, fence, 1, prior}
   end
 end
 --! include _wake
@@ -69,12 +70,15 @@ end
 if not fair and not queued then
   -- A plain lock was tried above already: its SET NX found it held.
   -- (again, for a plain lock, when other_kind dropped a set of expired leases)
-  fence = (reentrant or dropped) and hold_take(lock, counter, token, ttl, meta, reentrant, now)
+  local prior
+  if reentrant or dropped then
+    fence, prior = hold_take(lock, counter, token, ttl, meta, reentrant, now)
+  end
   if fence then
     if registered then
       redis.call('ZREM', waiting, waiter)
     end
-    return {1, fence, 1}
+    return {1, fence, 1, prior}
   end
   local pttl = redis.call('PTTL', lock)
   if registered then
@@ -88,7 +92,8 @@ end
 queue_prune(queue, deadlines, now)
 local head = redis.call('LINDEX', queue, 0)
 if (not head or (fair and head == waiter)) and redis.call('EXISTS', lock) == 0 then
-  fence = hold_take(lock, counter, token, ttl, meta, reentrant, now)
+  local prior
+  fence, prior = hold_take(lock, counter, token, ttl, meta, reentrant, now)
   if head then
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, waiter)
@@ -96,7 +101,7 @@ if (not head or (fair and head == waiter)) and redis.call('EXISTS', lock) == 0 t
   if registered then
     redis.call('ZREM', waiting, waiter)
   end
-  return {1, fence, 1}
+  return {1, fence, 1, prior}
 end
 if fair and wait >= 0 then
   queue_join(queue, deadlines, waiter, now, wait)

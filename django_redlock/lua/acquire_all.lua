@@ -3,7 +3,8 @@
 --       plain waiters.
 -- ARGV: token (the same for every name), ttl ms, holder metadata, waiter id ('': a one-off
 --       try that never registers), inbox channel prefix.
--- Returns {1, fence of name 1, ..., fence of name n} when the caller holds every name, else
+-- Returns {1, fence of name 1, ..., fence of name n, then for each name the token of the hold
+-- given a fence before it ('': unknown, or held already)} when the caller holds every name, else
 -- {0, i, ms until name i may change (-1: wait for a message)}, the caller then holding none;
 -- {-2, i, kind} when live leases of another kind hold name i (other_kind in _hold.lua),
 -- the caller then holding none.
@@ -16,7 +17,7 @@ local token, ttl, meta, waiter, inbox = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV
 local n = #KEYS / 5
 local now = now_ms()
 local busy, clash
-local fences = {}
+local fences, priors = {}, {}
 for i = 1, n do
   local lock = KEYS[5 * i - 4]
   if redis.call('EXISTS', lock) == 1 then
@@ -43,14 +44,19 @@ end
 if not busy then
   for i = 1, n do
     local base = 5 * i - 5
+    priors[i] = ''
     if fences[i] then
       redis.call('PEXPIRE', KEYS[base + 1], ttl)
     else
-      fences[i] = hold_take(KEYS[base + 1], KEYS[base + 2], token, ttl, meta, false, now)
+      fences[i], priors[i] = hold_take(KEYS[base + 1], KEYS[base + 2], token, ttl, meta, false,
+                                       now)
     end
     if waiter ~= '' then
       redis.call('ZREM', KEYS[base + 5], waiter)
     end
+  end
+  for i = 1, n do
+    fences[n + i] = priors[i]
   end
   return {1, unpack(fences)}
 end

@@ -6,7 +6,8 @@
 --       wait ms (-1: a one-off try that never queues or registers), inbox channel prefix,
 --       the caller's read token (w: a reader asking to write is refused, or it would wait
 --       for itself forever): the four left out by a permit's one-off try].
--- Returns {1, fence, hold count} when held by the caller; {0, ms until something may change
+-- Returns {1, fence, hold count, token of the exclusive hold given a fence before (a writer's;
+-- '': unknown)} when held by the caller; {0, ms until something may change
 -- (-1: wait for a message)}; {-2, kind} when another kind holds the name ('lock': a plain,
 -- reentrant or fair one; 'semaphore'; 'read-write lock'); {-3} for a read-to-write upgrade.
 -- One name is one kind at a time: a lock's key is a string or hash (WRONGTYPE here), and a
@@ -109,11 +110,12 @@ else
 end
 
 if free then
+  local prior = ''
   if mode == 's' then -- new grants obey the latest limit
     fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ':limit',
                        limit, ':kind', 's')
   elseif mode == 'w' then
-    fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, false, ':writer',
+    fence, prior = lease_take(leases, details, counter, token, ttl, meta, mode, now, false, ':writer',
                        token, ':kind', 'rw')
     redis.call('ZREM', writers, waiter)
   else
@@ -133,7 +135,7 @@ if free then
   if mode == 'r' or head then
     leases_wake(leases, details, channel, waiting, queue, deadlines, writers, inbox, now)
   end
-  return {1, fence, 1}
+  return {1, fence, 1, prior}
 end
 
 -- Wait. A writer keeps a lease on its place (new readers are refused while it lives), a

@@ -2,7 +2,8 @@
 -- later majority (which shares a node with this one) hands out a larger fence.
 -- KEYS: fence counter.  ARGV: fence.  Returns 1.
 --! include _hold
-if (tonumber(redis.call('GET', KEYS[1])) or 0) < tonumber(ARGV[1]) then
-  fence_keep(KEYS[1], ARGV[1], 0)
+local last, token = fence_read(KEYS[1])
+if last < tonumber(ARGV[1]) then
+  fence_keep(KEYS[1], ARGV[1], 0, token) -- the last hold stays the last
 end
 return 1

@@ -1,7 +1,8 @@
 -- Redlock: take a plain lock on one node, with a fence the nodes of a majority agree on.
 -- KEYS: lock, fence counter [, node marker (the restart guard)].
 -- ARGV: token, ttl ms, holder metadata, proposed fence [, restart guard ms, with the marker].
--- Returns {1, fence, 1} when held by the caller (taken now, or already: a lost reply), else
+-- Returns {1, fence, 1, token of the hold given a fence before on this node ('': unknown, or
+-- held already)} when held by the caller (taken now, or already: a lost reply), else
 -- {0, ms until it may be free (-1: unknown)}.
 -- The fence is max(counter + 1, this server's clock in us, the proposal (at most that clock
 -- + 2 s)): the acquirer proposes its clock + 1 s, above every node's clock and below every
@@ -21,12 +22,13 @@ local now = now_ms()
 -- must not lift fences above what this node's clock reaches long before the counter is
 -- forgotten (FENCE_MEMORY_MS), or a later fence, from the clock, would be smaller.
 proposal = math.min(proposal, now_us + 2000000)
-local fence = math.max((tonumber(redis.call('GET', counter)) or 0) + 1, now_us, proposal)
+local last, prior = fence_read(counter)
+local fence = math.max(last + 1, now_us, proposal)
 local text = string.format('%d', fence)
 local value = token .. '|' .. text .. '|' .. string.format('%d', now) .. '|' .. meta
 if redis.call('SET', lock, value, 'NX', 'PX', ttl) then
-  fence_keep(counter, text, ttl)
-  return {1, fence, 1}
+  fence_keep(counter, text, ttl, token)
+  return {1, fence, 1, prior}
 end
 -- Ours already: the reply to an earlier try was lost.
 local count, held = hold_mine(lock, token, 'string')

@@ -46,5 +46,6 @@ else
   -- SET drops the TTL: give back what was left (the key lives: PTTL > 0).
   redis.call('SET', lock, token .. '|' .. text .. rest, 'PX', math.max(ttl, 1))
 end
-fence_keep(counter, text, math.max(ttl, 1))
+-- The last hold given a fence is this one: current, so granted after every other.
+fence_keep(counter, text, math.max(ttl, 1), token)
 return text
