@@ -115,7 +115,7 @@ $(LOWEST_DIR): $(STAMP)
 	$(BIN)/python -m pip install --quiet --no-deps --target $(LOWEST_DIR) "redis==$(LOWEST_REDIS)"
 
 versions: $(STAMP) redis
-	@$(BIN)/python -m tests.versions
+	@$(BIN)/python -m tests.support.versions
 
 test: versions lint docs browser terminal redis postgresql $(LOWEST_DIR)
 	$(PYTEST)

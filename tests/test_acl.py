@@ -453,7 +453,7 @@ def test_no_password_in_pages_listings_logs_metrics_or_spans(
     from django.test import Client
     from prometheus_client import REGISTRY, generate_latest
 
-    from .factories import UserFactory
+    from .support.factories import UserFactory
 
     caplog.set_level("DEBUG")
     server.add_user("locks", SECRET, *rule_of(RedisBackend).split())

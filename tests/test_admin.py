@@ -19,7 +19,7 @@ from django.test import Client
 from django_redlock import LockLost, lock, locks
 
 from .conftest import Child
-from .factories import UserFactory
+from .support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 URL = "/admin/django_redlock/heldlock/"
@@ -165,7 +165,7 @@ def test_release_needs_post_and_csrf() -> None:
 
 
 def test_incident_admin_is_read_only() -> None:
-    from .factories import LockIncidentFactory
+    from .support.factories import LockIncidentFactory
 
     LockIncidentFactory(name="invoice:9", kind="lost")
     client = client_for(superuser=True)

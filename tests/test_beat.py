@@ -46,7 +46,7 @@ class Beat:
     def __init__(self, env: dict[str, str], scheduler: str, schedule: Path, log: Path) -> None:
         self.log = log
         command = [
-            sys.executable, "-m", "celery", "-A", "tests.celery_beat_app", "beat",
+            sys.executable, "-m", "celery", "-A", "tests.support.celery_beat_app", "beat",
             "-S", scheduler, "-s", str(schedule), "--pidfile=", "-l", "info",
         ]  # fmt: skip
         with log.open("ab") as out:
@@ -119,7 +119,7 @@ def start_beats(
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "REDLOCK_TEST_REDIS": redis_server.url,
-            "DJANGO_SETTINGS_MODULE": "tests.celery_beat_settings",
+            "DJANGO_SETTINGS_MODULE": "tests.support.celery_beat_settings",
             "BEAT_QUEUE": queue, "BEAT_LOCK": name, "BEAT_TTL": str(TTL),
         }  # fmt: skip
         if kind == "database":
@@ -519,7 +519,7 @@ def test_a_clocked_one_off_is_sent_once_across_a_takeover(
     try:
         env = {
             **os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_REDIS": redis_server.url,
-            "DJANGO_SETTINGS_MODULE": "tests.celery_beat_settings",
+            "DJANGO_SETTINGS_MODULE": "tests.support.celery_beat_settings",
             "BEAT_DB": str(tmp_path / "beat.sqlite3"),
         }  # fmt: skip
         env.pop("BEAT_SLOW_ONE_OFF_SAVE")

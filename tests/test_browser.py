@@ -22,8 +22,8 @@ from django_redlock import lock, locks, semaphore
 from django_redlock.testing import PostgresServer, free_port
 
 from .conftest import ROOT, Child
-from .demo_run import Demo
-from .factories import UserFactory
+from .support.demo_run import Demo
+from .support.factories import UserFactory
 
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_FLAGS = [

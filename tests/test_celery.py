@@ -34,7 +34,7 @@ from django_redlock.contrib.celery import (
     skipped,
 )
 from django_redlock.testing import RedisServer
-from tests import celery_app, celery_tasks
+from tests.support import celery_app, celery_tasks
 
 from .conftest import ROOT
 from .test_redlock import quorum_alias
@@ -53,12 +53,12 @@ class Worker:
         env = {
             **os.environ,
             **(env or {}),
-            "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+            "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
             "REDLOCK_TEST_REDIS": url,
             "PYTHONPATH": str(ROOT),
         }
         command = [
-            sys.executable, "-m", "celery", "-A", "tests.celery_app", "worker",
+            sys.executable, "-m", "celery", "-A", "tests.support.celery_app", "worker",
             "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{queue}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info",
         ]  # fmt: skip
@@ -193,7 +193,7 @@ def test_a_task_running_five_ttls_keeps_its_lock(worker: Worker, redis_server: R
     time.sleep(2.5)  # 2.5 TTLs in: the watchdog has renewed it
     info = locks["default"].inspect("long:a")
     assert info is not None and info.holder["k"] == first.id
-    assert info.holder["n"] == "tests.celery_tasks.long_task"
+    assert info.holder["n"] == "tests.support.celery_tasks.long_task"
     duplicate = worker.send(celery_tasks.long_task, "a", 0.1).get(timeout=30)
     assert skipped(duplicate)["holder_task_id"] == first.id  # skipped: still held
     assert first.get(timeout=30) == "ran"
@@ -367,7 +367,7 @@ def test_single_instance_above_the_task_decorator_fails_at_decoration() -> None:
         single_instance()(celery_tasks.keyed._get_current_object())
 
 
-BOUND_KEY = 'tests.celery_tasks.bound_other_name:{"customer_id":7,"seconds":1.0}'
+BOUND_KEY = 'tests.support.celery_tasks.bound_other_name:{"customer_id":7,"seconds":1.0}'
 
 
 def test_bound_task_key_comes_from_celery_not_the_parameter_name(
@@ -391,7 +391,7 @@ def test_default_keys_follow_how_celery_built_the_task() -> None:
         assert skipped(celery_tasks.bound_other_name(7, seconds=1.0))
     # bind=False and a first parameter named `self`: an argument like any other
     assert lock_key(celery_tasks.unbound_self, 1) != lock_key(celery_tasks.unbound_self, 3)
-    with lock('tests.celery_tasks.unbound_self:{"other":2,"self":1}', ttl=30):
+    with lock('tests.support.celery_tasks.unbound_self:{"other":2,"self":1}', ttl=30):
         assert skipped(celery_tasks.unbound_self(1))
         assert celery_tasks.unbound_self(3) == "ran"
 
@@ -421,7 +421,7 @@ def test_default_key_arguments_are_canonical_or_refused() -> None:
         lock_key(keyed, 1, b=[0, {"x": {1}}])
     with pytest.raises(TypeError, match=r"argument 'a' .*dict key 1"):
         lock_key(keyed, {1: "x"})
-    assert not locks["default"].is_locked("tests.celery_tasks.keyed:*")
+    assert not locks["default"].is_locked("tests.support.celery_tasks.keyed:*")
 
 
 # -- dedupe_queued on every backend, in this process: apply_async() publishes to a queue that no
@@ -690,7 +690,7 @@ def test_lock_key_is_the_same_in_every_process(
     customer = {"id": uuid.UUID(int=7), "tags": ("a", "b"), "limit": decimal.Decimal("1.5")}
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
     here = task.lock_key(customer, when, 0.2)
-    assert here.startswith(f"tests.celery_tasks.{task_name}:")
+    assert here.startswith(f"tests.support.celery_tasks.{task_name}:")
     for each in (_prefork[0], _threads):
         key, held = each.send(task, customer, when, 0.2).get(timeout=30)
         assert (key, held) == (here, True)  # and it is the key the run holds
@@ -744,7 +744,7 @@ def test_release_lock_forces_the_key_free(caplog: pytest.LogCaptureFixture) -> N
         assert task.release_lock("stuck")
     assert not locks["default"].is_locked(key)
     assert "force-released 'dedupe:stuck'" in caplog.text
-    assert "tests.celery_tasks.deduped.release_lock()" in caplog.text
+    assert "tests.support.celery_tasks.deduped.release_lock()" in caplog.text
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from kombu.exceptions import OperationalError
 from django_redlock import lock, locks, single_instance
 from django_redlock.contrib.celery import SingleInstanceTask, skipped
 from django_redlock.testing import RedisServer
-from tests import celery_app, celery_tasks
+from tests.support import celery_app, celery_tasks
 
 from .conftest import ROOT
 from .test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
@@ -311,11 +311,12 @@ def _purge(how: str, queue: str, redis_server: RedisServer) -> None:
         return
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
         "REDLOCK_TEST_REDIS": redis_server.url,
         "PYTHONPATH": str(ROOT),
     }
-    command = [sys.executable, "-m", "celery", "-A", "tests.celery_app", "purge", "-Q", queue, "-f"]
+    command = [sys.executable, "-m", "celery", "-A", "tests.support.celery_app",
+               "purge", "-Q", queue, "-f"]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Purged 1 message" in done.stdout, done.stdout

@@ -34,7 +34,7 @@ from django_redlock.testing import (
     bundled_valkey_server,
 )
 
-from .fenced_child import close_shop, open_shop, sales, sell_one
+from .support.fenced_child import close_shop, open_shop, sales, sell_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DB = DEFAULT_DB_ALIAS
@@ -651,7 +651,7 @@ def test_a_re_fence_whose_reply_was_lost_is_no_loss_of_the_owner_s_hold(
     owner's next re-entry finds it, on a count that went on: its own hold, not a loss."""
     from django_redlock import BackendUnavailable
 
-    from .proxy import LossyProxy
+    from .support.proxy import LossyProxy
 
     proxy = LossyProxy(redis_server.port)
     try:

@@ -14,7 +14,7 @@ from django.db import connections
 from django_redlock import StaleFence, lock, locks
 from django_redlock.testing import FakeClock, RedisServer, faketime_server
 
-from .fenced_child import open_shop, sales, sell_one
+from .support.fenced_child import open_shop, sales, sell_one
 from .test_clock import alias_on
 from .test_fenced_postgres import eventually, waiting_on_a_row
 

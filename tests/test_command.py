@@ -215,7 +215,7 @@ def test_a_non_utf8_argument_in_a_real_shell_is_exit_2_not_a_traceback() -> None
 
     from .conftest import ROOT
 
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.support.settings"}
     for args in ([b"list", b"--match", b"bad\xff*"], [b"release", b"bad\xff"]):
         result = subprocess.run(
             [sys.executable.encode(), b"-m", b"django", b"redlock", *args, b"--backend", b"local"],
@@ -257,12 +257,12 @@ def test_django_common_options_after_every_action(action: str) -> None:
     parser = Command().create_parser("manage.py", "redlock")
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     assert set(sub.choices) == set(ACTION_ARGS)  # a new action is tested here too
-    common = ["--settings", "tests.settings", "--pythonpath", "/tmp", "--traceback", "-v", "2",
-              "--no-color", "--skip-checks"]  # fmt: skip
+    common = ["--settings", "tests.support.settings", "--pythonpath", "/tmp", "--traceback",
+              "-v", "2", "--no-color", "--skip-checks"]  # fmt: skip
     command = ["--", "true", "--settings", "child's"] if action == "exec" else []
     options = parser.parse_args([action, *ACTION_ARGS[action], *common, *command])
     assert options.action == action
-    assert options.settings == "tests.settings" and options.pythonpath == "/tmp"
+    assert options.settings == "tests.support.settings" and options.pythonpath == "/tmp"
     assert options.verbosity == 2
     assert options.traceback and options.no_color and options.skip_checks
     # Before the action they still work, and the action's own value wins when both are given.
@@ -285,7 +285,7 @@ def test_common_options_after_the_action_from_a_shell(redis_server: Any) -> None
     env.pop("DJANGO_SETTINGS_MODULE", None)
     done = subprocess.run(
         [sys.executable, "-m", "django", "redlock", "list", "--backend", "redis",
-         "--settings=tests.exec_settings", "-v", "0", "--traceback"],
+         "--settings=tests.support.exec_settings", "-v", "0", "--traceback"],
         cwd=root, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0 and "no held locks" in done.stdout, done.stderr

@@ -28,8 +28,8 @@ from django_redlock.compat.celery_singleton import (
 from django_redlock.compat.markers import marker
 from django_redlock.contrib import celery as contrib_celery
 from django_redlock.testing import RedisServer
-from tests import celery_app
-from tests import celery_compat_tasks as tasks
+from tests.support import celery_app
+from tests.support import celery_compat_tasks as tasks
 
 from .test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
 

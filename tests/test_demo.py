@@ -22,7 +22,7 @@ import redis
 from django_redlock.testing import free_port
 
 from .conftest import ROOT
-from .demo_run import Demo, Shop
+from .support.demo_run import Demo, Shop
 
 SETTINGS = ROOT / "example_project/shop/settings.py"
 

@@ -32,8 +32,8 @@ from django_redlock.management.commands.redlock import Command as RedlockCommand
 from django_redlock.testing import RedisServer
 
 from .conftest import ROOT
-from .docs_runner import project_settings, run_group
-from .readme import DOCS, README, Block, apply_settings, blocks, github_anchors, pages
+from .support.docs_runner import project_settings, run_group
+from .support.readme import DOCS, README, Block, apply_settings, blocks, github_anchors, pages
 from .test_browser import browser  # noqa: F401  (the fixture: Debian's chromium)
 
 PAGES = pages()
@@ -429,7 +429,7 @@ def test_every_settings_block_is_valid(block: Block) -> None:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("group", RUNNABLE_GROUPS)
 def test_every_code_block_runs(group: str, redis_server: RedisServer, tmp_path: Path) -> None:
-    """A page's blocks run in order, as a reader runs them (tests/docs_runner.py)."""
+    """A page's blocks run in order, as a reader runs them (tests/support/docs_runner.py)."""
     shell = run_group(GROUPS[group], redis_server, tmp_path)
     if group == "tutorial":  # what the tutorial says happens, happens
         assert len(shell["tickets"]) == 5  # 8 buyers, 5 tickets, never more sold

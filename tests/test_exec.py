@@ -1,5 +1,5 @@
 """``manage.py redlock exec NAME -- COMMAND``: real ``exec`` processes on the suite's Redis,
-running tests/exec_child.py; and its bad usage and exit codes in this process."""
+running tests/support/exec_child.py; and its bad usage and exit codes in this process."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from django_redlock.models import LockIncident
 from django_redlock.testing import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-CHILD = str(ROOT / "tests" / "exec_child.py")
+CHILD = str(ROOT / "tests" / "support" / "exec_child.py")
 _runs = itertools.count()
 
 
@@ -38,7 +38,7 @@ class Exec:
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
-            "DJANGO_SETTINGS_MODULE": "tests.exec_settings",
+            "DJANGO_SETTINGS_MODULE": "tests.support.exec_settings",
             "REDLOCK_TEST_REDIS": url,
         }
         self.process = subprocess.Popen(
@@ -254,7 +254,8 @@ def test_in_a_terminal_the_command_can_read_it(redis_server: RedisServer, prefix
     terminal; exec hands it the terminal's foreground while it runs."""
     command = (f"{shlex.quote(sys.executable)} -m django redlock exec {prefix}-tty --"
                " sh -c 'read x; echo got $x; exit 4'")  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.exec_settings",
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "DJANGO_SETTINGS_MODULE": "tests.support.exec_settings",
            "REDLOCK_TEST_REDIS": redis_server.url}  # fmt: skip
     done = subprocess.run(
         ["script", "-qec", command, "/dev/null"], input="hello\n", env=env, cwd=ROOT,

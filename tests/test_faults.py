@@ -17,7 +17,7 @@ from django_redlock.backends.base import Renewal
 from django_redlock.testing import RedisServer
 
 from .conftest import Child
-from .settings import redlock_settings
+from .support.settings import redlock_settings
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -310,7 +310,7 @@ def test_a_wait_whose_connection_is_cut_still_leaves_the_waiters(
 ) -> None:
     # Not a time-out: the server answered the try (its reply was lost with the connection),
     # so the leave is tried, and takes the waiter out at once.
-    from .proxy import LossyProxy
+    from .support.proxy import LossyProxy
 
     proxy = LossyProxy(redis_server.port)
     config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}

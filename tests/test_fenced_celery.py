@@ -10,10 +10,10 @@ import pytest
 
 from django_redlock.contrib.celery import release_lock
 from django_redlock.testing import PostgresServer, RedisServer
-from tests import celery_app, fenced_tasks
+from tests.support import celery_app, fenced_tasks
 
-from .fenced_child import open_shop, sales
-from .proxy import LossyProxy
+from .support.fenced_child import open_shop, sales
+from .support.proxy import LossyProxy
 from .test_celery import Worker
 from .test_fenced_postgres import PG, eventually, waiting_on_a_row
 

@@ -3,7 +3,7 @@ docs/topics/fencing.md: committed (it returns), nothing committed (``StaleFence`
 exception, the database's error), or ``CommitOutcomeUnknown``; "nothing committed" only where
 it is proven. The faults come from a proxy between Django and the suite's PostgreSQL that
 forwards the COMMIT, reads the server's reply, then cuts the client or holds the reply back
-(``tests/proxy.py``)."""
+(``tests/support/proxy.py``)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ from django_redlock.locking import Lock
 from django_redlock.signals import lock_acquired
 from django_redlock.testing import RedisServer
 
-from .fenced_child import open_shop, sales, sell_one
-from .proxy import LossyProxy
+from .support.fenced_child import open_shop, sales, sell_one
+from .support.proxy import LossyProxy
 
 PG = "postgres"
 PROXIED = "postgres_proxied"

@@ -30,7 +30,7 @@ from django_redlock.models import Fence
 from django_redlock.testing import RedisServer
 
 from .conftest import Child
-from .fenced_child import open_shop, sales, sell_one
+from .support.fenced_child import open_shop, sales, sell_one
 
 PG = "postgres"
 pytestmark = pytest.mark.django_db(databases=["default", PG], transaction=True)
@@ -143,10 +143,10 @@ def test_buyers_in_threads_sell_exactly_the_stock(name: str, kind: str, monkeypa
 
 
 class Buyer(Child):
-    """A process of tests/fenced_child.py on the suite's Redis and the test's database."""
+    """A process of tests/support/fenced_child.py on the suite's Redis and the test's database."""
 
     def __init__(self, env: dict[str, str], url: str, *args: str) -> None:
-        super().__init__("--url", url, *args, module="tests.fenced_child", env=env)
+        super().__init__("--url", url, *args, module="tests.support.fenced_child", env=env)
 
 
 @pytest.fixture

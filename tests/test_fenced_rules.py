@@ -35,7 +35,7 @@ from django_redlock import (
 from django_redlock.fence_table import row_key
 from django_redlock.models import Fence
 
-from .fenced_child import open_shop, sales, sell_one
+from .support.fenced_child import open_shop, sales, sell_one
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DB = DEFAULT_DB_ALIAS

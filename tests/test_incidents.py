@@ -18,7 +18,7 @@ from django_redlock.incidents import Recorder, prune, recorder
 from django_redlock.models import LockIncident
 from django_redlock.signals import lock_lost
 
-from .factories import LockIncidentFactory
+from .support.factories import LockIncidentFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

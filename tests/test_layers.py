@@ -132,7 +132,7 @@ def test_the_core_gets_its_adapters_from_the_package_celerys_once_imported() -> 
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-        env={"DJANGO_SETTINGS_MODULE": "tests.settings", "PATH": "/usr/bin:/bin"},
+        env={"DJANGO_SETTINGS_MODULE": "tests.support.settings", "PATH": "/usr/bin:/bin"},
     ).stdout.split("\n")  # fmt: skip
     assert out[0] == "['TasksAdapter', '_OnceCeleryIsImported'] False"
 

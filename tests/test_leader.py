@@ -1,5 +1,6 @@
 """Leader election (``django_redlock.leader``): candidates in real processes
-(tests/child.py ``lead`` and ``who``), and the term's loss, resignation and asyncio form here."""
+(tests/support/child.py ``lead`` and ``who``), and the
+term's loss, resignation and asyncio form here."""
 
 from __future__ import annotations
 

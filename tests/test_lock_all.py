@@ -30,7 +30,7 @@ from django_redlock.signals import lock_lost
 from django_redlock.testing import RedisServer
 
 from .conftest import Child
-from .proxy import LossyProxy
+from .support.proxy import LossyProxy
 
 REDIS = "django_redlock.backends.redis.RedisBackend"
 # Every backend that keeps all names on one server takes a set in one script.
@@ -361,10 +361,10 @@ def test_a_lock_all_object_is_not_taken_twice() -> None:
 
 
 class MultiChild(Child):
-    """A process of tests/multi_child.py."""
+    """A process of tests/support/multi_child.py."""
 
     def __init__(self, url: str, *args: str, env: dict[str, str] | None = None) -> None:
-        super().__init__("--url", url, *args, module="tests.multi_child", env=env)
+        super().__init__("--url", url, *args, module="tests.support.multi_child", env=env)
 
 
 @pytest.fixture
@@ -576,7 +576,7 @@ def eventually(condition: Callable[[], Any], what: str, seconds: float = 30.0) -
 def test_postgresql_a_holder_paused_before_its_block_commits_nothing(
     multi_child: Callable[..., MultiChild], postgres_env: dict[str, str]
 ) -> None:
-    from .fenced_child import open_shop, sales, sell_one
+    from .support.fenced_child import open_shop, sales, sell_one
 
     names = ["pg:a", "pg:b"]
     open_shop(PG, 1, 5)
@@ -601,7 +601,7 @@ def test_postgresql_the_next_set_holder_starts_after_a_paused_holder_s_transacti
 ) -> None:
     from django.db import connections
 
-    from .fenced_child import open_shop, sales, sell_one
+    from .support.fenced_child import open_shop, sales, sell_one
     from .test_fenced_postgres import waiting_on_a_row
 
     names = ["pg:a", "pg:b"]
@@ -726,7 +726,7 @@ def test_waiting_forever_for_a_name_this_thread_holds_is_refused() -> None:
 def test_the_admin_shows_each_name_with_the_same_holder_marked_as_one_multi_lock() -> None:
     from django.test import Client
 
-    from .factories import UserFactory
+    from .support.factories import UserFactory
 
     client = Client()
     client.force_login(UserFactory(is_superuser=True))

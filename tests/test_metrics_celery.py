@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from django_redlock.testing import RedisServer
-from tests import celery_app, celery_tasks
+from tests.support import celery_app, celery_tasks
 
 from .test_celery import Worker
 

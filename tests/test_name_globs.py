@@ -163,7 +163,7 @@ def test_purge_releases_only_what_its_glob_matches(held: str) -> None:
 def test_the_admin_search_finds_names_the_key_encoding_marks(held: str) -> None:
     from django.test import Client
 
-    from .factories import UserFactory
+    from .support.factories import UserFactory
 
     client = Client()
     client.force_login(UserFactory(is_superuser=True))

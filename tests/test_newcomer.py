@@ -32,7 +32,7 @@ from django_redlock import lock, lock_view
 from django_redlock.testing import RedisServer, free_port
 
 from .conftest import ROOT
-from .readme import as_settings_py, newcomer_settings
+from .support.readme import as_settings_py, newcomer_settings
 
 
 def _w002(**settings: object) -> list[checks.CheckMessage]:
@@ -374,7 +374,7 @@ def test_lock_view_on_request_user_in_an_async_view() -> None:
     from django.contrib.auth.middleware import AuthenticationMiddleware
     from django.contrib.sessions.middleware import SessionMiddleware
 
-    from .factories import UserFactory
+    from .support.factories import UserFactory
 
     user = UserFactory(username="async-user")
 

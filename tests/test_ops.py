@@ -15,7 +15,7 @@ from django_redlock.backends.base import Released
 from django_redlock.backends.redlock import RedlockBackend
 from django_redlock.testing import RedisServer
 
-from .factories import UserFactory
+from .support.factories import UserFactory
 
 
 @pytest.fixture

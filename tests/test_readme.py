@@ -17,8 +17,15 @@ from django_redlock.checks import check_shared_cache_db, check_unknown_settings
 from django_redlock.testing import RedisServer
 
 from .conftest import ROOT
-from .docs_runner import LOCMEM, PLACEHOLDERS, on_server, project_settings, run_group
-from .readme import README, Block, apply_settings, github_anchors, newcomer_settings, python_blocks
+from .support.docs_runner import LOCMEM, PLACEHOLDERS, on_server, project_settings, run_group
+from .support.readme import (
+    README,
+    Block,
+    apply_settings,
+    github_anchors,
+    newcomer_settings,
+    python_blocks,
+)
 
 BLOCKS = python_blocks()
 SETTINGS = [b for b in BLOCKS if b.is_settings]

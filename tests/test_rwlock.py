@@ -22,7 +22,7 @@ from django_redlock import (
     semaphore,
 )
 
-from .proxy import LossyProxy
+from .support.proxy import LossyProxy
 
 
 def test_readers_overlap_writer_excludes(alias: str, name: str) -> None:

@@ -24,7 +24,7 @@ from django_redlock.admin import Row
 from django_redlock.contrib.single import skipped
 from django_redlock.contrib.tasks import lock_key
 from django_redlock.testing import RedisServer
-from tests import tasks_jobs
+from tests.support import tasks_jobs
 
 from .conftest import ROOT
 
@@ -51,11 +51,11 @@ class Worker:
         self.worker_id, self.log = worker_id, log
         env = {
             **os.environ,
-            "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+            "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
             "REDLOCK_TEST_REDIS": url,
             "PYTHONPATH": str(ROOT),
             # The queue is the test database pytest-django made (under pytest-xdist its name
-            # has the test process's suffix): tests/settings.py reads it from this variable.
+            # has the test process's suffix): tests/support/settings.py reads it from this variable.
             f"REDLOCK_TASKS_DB{os.environ.get('PYTEST_XDIST_WORKER', '')}": tasks_test_db(),
         }
         command = [
@@ -146,7 +146,7 @@ def test_a_second_run_of_a_held_key_is_skipped(
     # The holder of the key names the task result id: the admin and `redlock list` show it.
     info = locks["default"].inspect("tasks:overlap:skip")
     assert info is not None and info.holder["k"] == str(first.id)
-    assert info.holder["n"] == "tests.tasks_jobs.overlap_skip"
+    assert info.holder["n"] == "tests.support.tasks_jobs.overlap_skip"
     assert str(first.id) in Row(info).holder_title
     out = io.StringIO()
     call_command("redlock", "list", "--backend", "default", stdout=out)
@@ -281,9 +281,9 @@ def test_a_killed_worker_s_key_frees_at_its_ttl(
 def test_the_holder_names_the_task_result_id_with_and_without_context() -> None:
     result = tasks_jobs.with_context.enqueue(1)
     seen = result.return_value
-    assert seen["key"] == 'tests.tasks_jobs.with_context:{"a":1,"b":2}'  # no context in it
+    assert seen["key"] == 'tests.support.tasks_jobs.with_context:{"a":1,"b":2}'  # no context in it
     assert seen["holder"]["k"] == seen["id"] == str(result.id)
-    assert seen["holder"]["n"] == "tests.tasks_jobs.with_context"
+    assert seen["holder"]["n"] == "tests.support.tasks_jobs.with_context"
     assert lock_key(tasks_jobs.with_context, a=1) == seen["key"]  # defaults applied
 
     plain = tasks_jobs.without_context.enqueue(3)

@@ -105,7 +105,8 @@ def test_live_under_tmux_refreshes_and_shows_the_contended_lock_first(
     tmux = shutil.which("tmux")
     assert tmux, "tmux is missing: `make test` installs it (apt-get install tmux)"
     session = f"redlock-top-{os.getpid()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
            "REDLOCK_TEST_REDIS": redis_server.url}  # fmt: skip
     command = f"{sys.executable} -m django redlock top --backend redis --interval 0.5"
     subprocess.run([tmux, "new-session", "-d", "-s", session, "-x", "160", "-y", "40", command],

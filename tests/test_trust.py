@@ -29,7 +29,7 @@ from django_redlock.signals import lock_lost
 from django_redlock.testing import RedisServer
 
 from .conftest import Child
-from .proxy import LossyProxy
+from .support.proxy import LossyProxy
 
 REDIS = "django_redlock.backends.redis.RedisBackend"
 REDLOCK = "django_redlock.backends.redlock.RedlockBackend"

@@ -153,7 +153,7 @@ def test_an_async_class_based_view_runs_under_its_lock(path: str) -> None:
     """``method_decorator(lock_view(...), name="dispatch")`` on an async view: View.dispatch
     is sync and returns the handler's coroutine, awaited while the lock is held. And
     ``lock_view`` over ``AsyncView.as_view()`` (marked the asyncio way)."""
-    from tests.urls import SLOW_INSIDE
+    from tests.support.urls import SLOW_INSIDE
 
     SLOW_INSIDE.peak = 0
     assert _concurrent_statuses(path) == [200, 409, 409]
@@ -166,7 +166,7 @@ def test_an_async_class_based_view_runs_under_its_lock(path: str) -> None:
 
 def test_an_async_class_based_view_on_a_real_server(live_server: Any) -> None:
     """The same through a real server (threads; an event loop per request)."""
-    from tests.urls import SLOW_INSIDE
+    from tests.support.urls import SLOW_INSIDE
 
     SLOW_INSIDE.peak = 0
 
@@ -218,7 +218,7 @@ def test_a_missing_query_parameter_answers_400() -> None:
 def test_waiting_for_an_async_class_based_views_lock_does_not_stall_the_loop() -> None:
     """``timeout=1`` on a busy lock: the wait is the asyncio one (before, the thread driver
     waited in the event loop's own thread, and nothing else ran for the whole second)."""
-    from tests.urls import SlowAsyncView
+    from tests.support.urls import SlowAsyncView
 
     view = method_decorator(lock_view("stall:{request.method}", timeout=1), name="dispatch")(
         type("Waiting", (SlowAsyncView,), {})

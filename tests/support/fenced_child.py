@@ -1,12 +1,12 @@
 """The ticket shop of the fenced-transaction tests, and a buyer run as its own process:
-``python -m tests.fenced_child --url REDIS ACTION ...`` (PostgreSQL from the environment
-``tests.settings`` reads: REDLOCK_TEST_PG_PORT, REDLOCK_TEST_PG_NAME).
+``python -m tests.support.fenced_child --url REDIS ACTION ...`` (PostgreSQL from the environment
+``tests.support.settings`` reads: REDLOCK_TEST_PG_PORT, REDLOCK_TEST_PG_NAME).
 
 The sale is the classic read-modify-write of Django code (``ticket.stock -= 1; save()``), in
 plain SQL so that no test app is needed. ``measure`` reproduces the oversell of a lock taken
 inside ``transaction.atomic()`` and released before the commit (README: "Locks and database
 transactions"); without ``--url`` it starts a PostgreSQL and a redis-server of its own:
-``python -m tests.fenced_child measure [--atomic] [--gap 0.01] [--runs 5]``.
+``python -m tests.support.fenced_child measure [--atomic] [--gap 0.01] [--runs 5]``.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def say(*words: object) -> None:
 
 
 def setup(url: str) -> None:
-    from tests.settings import DATABASES, redlock_settings
+    from tests.support.settings import DATABASES, redlock_settings
 
     config = redlock_settings(url)
     settings.configure(

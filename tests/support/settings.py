@@ -25,7 +25,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
 ]
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = "tests.support.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
@@ -102,7 +102,7 @@ if find_spec("django_tasks_db"):
         "TEST": {"NAME": TASKS_DB, "DEPENDENCIES": []},
         "OPTIONS": {"timeout": 30},  # the workers and the tests take turns writing
     }
-    DATABASE_ROUTERS = ["tests.tasks_router.TasksRouter"]
+    DATABASE_ROUTERS = ["tests.support.tasks_router.TasksRouter"]
     _TASKS = "django.tasks" if find_spec("django.tasks") else "django_tasks"
     TASKS = {
         "default": {

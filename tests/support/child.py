@@ -1,4 +1,4 @@
-"""A lock client run as its own process by the tests: ``python -m tests.child ACTION ...``.
+"""A lock client run as its own process by the tests: ``python -m tests.support.child ACTION ...``.
 
 It prints one line per event (``ACQUIRED <fence>``, ``LOST``, ...) and takes commands on stdin,
 so tests can pause, kill and question a real holder.
@@ -20,7 +20,7 @@ from django.conf import settings
 
 
 def setup(url: str, backend: str, nodes: str | None = None) -> None:
-    from tests.settings import redlock_settings
+    from tests.support.settings import redlock_settings
 
     config = redlock_settings(url)
     aliases = config["DJANGO_REDLOCK"]

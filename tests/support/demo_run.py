@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 
 class Shop:

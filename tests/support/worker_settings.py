@@ -2,7 +2,7 @@
 
 import os
 
-from tests.settings import *  # noqa: F403
-from tests.settings import redlock_settings
+from tests.support.settings import *  # noqa: F403
+from tests.support.settings import redlock_settings
 
 globals().update(redlock_settings(os.environ["REDLOCK_TEST_REDIS"]))

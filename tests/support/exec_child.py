@@ -1,5 +1,5 @@
 """The command that ``manage.py redlock exec`` runs in tests/test_exec.py (plain Python and
-redis-py, no Django): ``python tests/exec_child.py ACTION URL PREFIX [SECONDS]``.
+redis-py, no Django): ``python tests/support/exec_child.py ACTION URL PREFIX [SECONDS]``.
 
 * ``run``: count itself in ``PREFIX:now`` (``PREFIX:peaks`` gets the count it saw), push its
   ``REDLOCK_FENCE`` to ``PREFIX:fences``, sleep SECONDS (``gate``: until ``PREFIX:go`` is

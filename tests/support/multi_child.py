@@ -1,5 +1,5 @@
 """A ``lock_all`` client run as its own process by tests/test_lock_all.py:
-``python -m tests.multi_child --url REDIS ACTION ...``; one line per event on stdout.
+``python -m tests.support.multi_child --url REDIS ACTION ...``; one line per event on stdout.
 
 * ``contend --names a,b --rounds N --start KEY`` (``--nodes URLS``: on a Redlock quorum of
   them; the counter stays on --url): once KEY exists, N times take every name and check,
@@ -7,8 +7,9 @@
   <outages>`` (errors of the lock service, waited out).
 * ``hold --names a,b --ttl S``: take them, say ``HELD <fences>``, wait (to be SIGKILLed).
 * ``paused --names a,b --ttl S --when before|inside [--no-renew]`` (PostgreSQL from the
-  environment, as tests/fenced_child.py): take them, then ("before") say ``ACQUIRED``, wait for
-  a line and run the fenced block, or ("inside") run it, say ``INSIDE`` and wait in it. Says
+  environment, as tests/support/fenced_child.py): take them, then ("before") say
+  ``ACQUIRED``, wait for a line and run the fenced block, or ("inside") run it, say ``INSIDE``
+  and wait in it. Says
   ``COMMITTED``, or ``REFUSED <error>``.
 """
 

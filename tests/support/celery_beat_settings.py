@@ -2,8 +2,8 @@
 
 import os
 
-from tests.worker_settings import *  # noqa: F403
-from tests.worker_settings import INSTALLED_APPS
+from tests.support.worker_settings import *  # noqa: F403
+from tests.support.worker_settings import INSTALLED_APPS
 
 DJANGO_REDLOCK_BEAT = {
     "using": "default",

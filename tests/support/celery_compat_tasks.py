@@ -10,7 +10,7 @@ from celery import shared_task
 
 from django_redlock.compat.celery_once import QueueOnce
 from django_redlock.compat.celery_singleton import Singleton
-from tests.celery_tasks import body, redis
+from tests.support.celery_tasks import body, redis
 
 
 class ExpectedTaskFail(Exception):

@@ -3,13 +3,13 @@ the suite's settings on the suite's Redis ($REDLOCK_TEST_REDIS), no incident dat
 
 import os
 
-from tests.settings import *  # noqa: F403
-from tests.settings import redlock_settings
+from tests.support.settings import *  # noqa: F403
+from tests.support.settings import redlock_settings
 
 globals().update(redlock_settings(os.environ["REDLOCK_TEST_REDIS"]))
 DJANGO_REDLOCK_INCIDENTS = {"KINDS": []}
 # The suite's aliases share one Redis database on purpose: not the point here.
 SILENCED_SYSTEM_CHECKS = ["django_redlock.W001", "django_redlock.W004"]
-# tests/urls.py names "down" (nobody listens there): here an alias that needs no server, so
+# tests/support/urls.py names "down" (nobody listens there): here an alias that needs no server, so
 # that these processes print no startup warning about it.
 DJANGO_REDLOCK["down"] = {"BACKEND": "django_redlock.backends.locmem.LocMemBackend"}  # noqa: F405

@@ -4,10 +4,15 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.worker_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.worker_settings")
 
 app = Celery(
-    "tests", include=["tests.celery_tasks", "tests.celery_compat_tasks", "tests.fenced_tasks"]
+    "tests",
+    include=[
+        "tests.support.celery_tasks",
+        "tests.support.celery_compat_tasks",
+        "tests.support.fenced_tasks",
+    ],
 )
 
 

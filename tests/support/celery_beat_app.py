@@ -7,7 +7,7 @@ import os
 import django
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.celery_beat_settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.celery_beat_settings")
 django.setup()
 
 if os.environ.get("BEAT_SLOW_ONE_OFF_SAVE"):  # a slow database write of a one-off's row

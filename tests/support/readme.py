@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .conftest import ROOT
+from ..conftest import ROOT
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
