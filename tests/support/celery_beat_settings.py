@@ -1,4 +1,5 @@
-"""Settings of the ``celery beat`` processes the beat tests start (``tests/test_beat.py``)."""
+"""Settings of the ``celery beat`` processes the beat tests start
+(``tests/celery/test_beat.py``)."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""Run a page's Python blocks as a reader would (tests/test_docs.py, test_readme.py).
+"""Run a page's Python blocks as a reader would (tests/docs/test_docs.py, test_readme.py).
 
 The blocks of a group (a README section, a docs page, or the whole tutorial) run in order:
 

@@ -1,4 +1,4 @@
-"""The command that ``manage.py redlock exec`` runs in tests/test_exec.py (plain Python and
+"""The command that ``manage.py redlock exec`` runs in tests/leader/test_exec.py (plain Python and
 redis-py, no Django): ``python tests/support/exec_child.py ACTION URL PREFIX [SECONDS]``.
 
 * ``run``: count itself in ``PREFIX:now`` (``PREFIX:peaks`` gets the count it saw), push its

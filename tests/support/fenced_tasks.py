@@ -1,4 +1,4 @@
-"""Celery tasks of the fenced-transaction tests (tests/test_fenced_celery.py): a ticket sale
+"""Celery tasks of the fenced-transaction tests (tests/fenced/test_fenced_celery.py): a ticket sale
 in the task lock's fenced transaction, on the tests' PostgreSQL."""
 
 from __future__ import annotations

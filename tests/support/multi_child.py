@@ -1,4 +1,4 @@
-"""A ``lock_all`` client run as its own process by tests/test_lock_all.py:
+"""A ``lock_all`` client run as its own process by tests/locks/test_lock_all.py:
 ``python -m tests.support.multi_child --url REDIS ACTION ...``; one line per event on stdout.
 
 * ``contend --names a,b --rounds N --start KEY`` (``--nodes URLS``: on a Redlock quorum of

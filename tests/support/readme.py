@@ -1,5 +1,5 @@
 """The code blocks of the README and of the docs/ pages, as the tests run them
-(tests/test_readme.py, test_docs.py, test_newcomer.py).
+(tests/docs/test_readme.py, test_docs.py, test_newcomer.py).
 
 A fence is ```` ```python ```` (or another language), or MyST's ```` ```{code-block} python ````
 with option lines (``:caption: shop/models.py``: the block is that file of the reader's

@@ -85,8 +85,8 @@ def redlock_settings(url: str) -> dict[str, object]:
 globals().update(redlock_settings("redis://127.0.0.1:9/0"))
 
 
-# Django's Tasks framework (tests/test_tasks.py): django-tasks-db's queue lives in a SQLite file
-# of its own (the "tasks" database), shared with the db_worker processes the tests start.
+# Django's Tasks framework (tests/tasks/test_tasks.py): django-tasks-db's queue lives in a SQLite
+# file of its own (the "tasks" database), shared with the db_worker processes the tests start.
 if find_spec("django_tasks_db"):
     # One file per test process: under pytest-xdist each worker (PYTEST_XDIST_WORKER, which the
     # db_workers it starts inherit with this variable) has its own.
