@@ -106,16 +106,17 @@ PYTEST_AGAIN = $(BIN)/pytest -n 2 --dist loadfile
 # else is the venv's), so no second venv is built.
 LOWEST_REDIS := $(shell sed -n 's/.*redis\[hiredis\]>=\([0-9.]*\).*/\1/p' setup.cfg)
 LOWEST_DIR := $(VENV)/redis-py-$(LOWEST_REDIS)
-REDIS_PY_TESTS = tests/test_wire.py tests/test_fast_path.py tests/test_node_stream.py \
-	tests/test_redlock_io.py tests/test_connections.py tests/test_tls.py tests/test_distributed.py \
-	tests/test_refusals.py
+REDIS_PY_TESTS = tests/backends/test_wire.py tests/backends/test_fast_path.py \
+	tests/redlock/test_node_stream.py tests/redlock/test_redlock_io.py \
+	tests/backends/test_connections.py tests/backends/test_tls.py \
+	tests/backends/test_distributed.py tests/backends/test_refusals.py
 
 $(LOWEST_DIR): $(STAMP)
 	rm -rf $(LOWEST_DIR)
 	$(BIN)/python -m pip install --quiet --no-deps --target $(LOWEST_DIR) "redis==$(LOWEST_REDIS)"
 
 versions: $(STAMP) redis
-	@$(BIN)/python -m tests.versions
+	@$(BIN)/python -m tests.support.versions
 
 test: versions lint docs browser terminal redis postgresql $(LOWEST_DIR)
 	$(PYTEST)

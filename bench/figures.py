@@ -3,7 +3,7 @@
 One source: ``bench/results.json``, which ``bench/run.py`` writes at the end of a full run.
 The docs quote a figure with the Sphinx role ``{bench}`name``` (docs/_ext/redlock_docs.py);
 the README with an inline generated span ``<!-- bench: name -->...<!-- /bench -->``, which
-``python -m bench.figures`` rewrites (tests/test_readme.py fails while one differs). A figure
+``python -m bench.figures`` rewrites (tests/docs/test_readme.py fails while one differs). A figure
 with a target it missed says so wherever it is quoted: ``0.78 x (target >= 0.95 x:
 missed)`` (with a times sign).
 

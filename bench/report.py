@@ -3,7 +3,7 @@ machine and versions.
 
 ``python -m bench.report`` remakes bench/README.md from bench/results.json alone (no
 measuring), as a full `make bench` run does after writing that file; the suite checks that
-the two agree (tests/test_docs.py).
+the two agree (tests/docs/test_docs.py).
 """
 
 from __future__ import annotations

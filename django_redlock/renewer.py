@@ -6,7 +6,7 @@ backend and TTL taken close together form a batch (a bucket, up to :data:`BATCH`
 renewed in one round trip, so 1,000 held locks cost a few round trips per period, and the
 schedule is kept per bucket, so its Python work does not grow with the holds.
 
-The rules (each is tested in tests/test_watchdog.py):
+The rules (each is tested in tests/watchdog/test_watchdog.py):
 
 * **One entry per hold**, keyed by (backend, name, token), with the Lock objects that hold
   it (weakly), the TTL last set, and the cap. Several objects may share a token (a reentrant

@@ -3,10 +3,10 @@ on is named here, behind a small function that says why, and what redis-py does 
 
 No other module of the package says ``_sock``, ``_command_packer``, ``Retry._retries``,
 ``HiredisRespSerializer`` or the names we plant on redis-py's objects
-(``tests/test_layers.py`` checks it). Everything here holds on every redis-py the package
-supports (setup.cfg's range; ``make test`` runs the newest it allows and the lowest):
-``tests/test_wire.py`` checks each assumption on the installed one, so a redis-py that changed
-one fails there, by name, instead of as a hang or a mixed-up reply on the fast path.
+(``tests/package/test_layers.py`` checks it). Everything here holds on every redis-py the
+package supports (setup.cfg's range; ``make test`` runs the newest it allows and the lowest):
+``tests/backends/test_wire.py`` checks each assumption on the installed one, so a redis-py
+that changed one fails there, by name, instead of as a hang or a mixed-up reply on the fast path.
 
 What we rely on, and why the public API does not do:
 

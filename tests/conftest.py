@@ -28,7 +28,7 @@ from django_redlock.testing import (
     redis_server_version,
 )
 
-from .settings import redlock_settings
+from .support.settings import redlock_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # "acl": a RedisBackend as a Redis user limited to its keys, channels and commands.
@@ -52,7 +52,7 @@ def _server() -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    from .versions import line
+    from .support.versions import line
 
     return line()
 
@@ -256,7 +256,7 @@ def name(request: pytest.FixtureRequest) -> str:
 
 
 class Child:
-    """A lock client in another process (``tests/child.py``), driven line by line.
+    """A lock client in another process (``tests/support/child.py``), driven line by line.
 
     Every wait for a line ends, at the latest a little before the test's time is up
     (``deadline``); a child that misses it has its threads' stacks dumped (SIGUSR1:
@@ -267,7 +267,7 @@ class Child:
         self,
         *args: str,
         deadline: float = math.inf,
-        module: str = "tests.child",
+        module: str = "tests.support.child",
         env: dict[str, str] | None = None,
     ) -> None:
         self.deadline = deadline

@@ -1,0 +1,607 @@
+"""Sentinel (failover, min_replicas) and Cluster (slots) with real servers the suite starts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+from redis.exceptions import ResponseError
+
+from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks
+from django_redlock.testing import RedisServer
+from django_redlock.testing.server import create_cluster
+
+from ..conftest import start_sentinel_group, stop_all
+
+
+@pytest.fixture
+def group() -> Iterator[list[RedisServer]]:
+    """A master, one replica, two sentinels: ours alone, so it may fail over."""
+    servers = start_sentinel_group()
+    yield servers
+    stop_all(servers)
+
+
+def sentinel_alias(servers: list[RedisServer], **options: Any) -> Any:
+    config = {
+        "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+        "LOCATION": [s.url for s in servers[2:]],
+        "OPTIONS": {"service_name": "mymaster", **options},
+    }
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "s": config})
+
+
+def master_port(sentinel: RedisServer) -> int:
+    _host, port = sentinel.client().execute_command(
+        "SENTINEL", "get-master-addr-by-name", "mymaster"
+    )
+    return int(port)
+
+
+def test_locks_survive_a_sentinel_failover(group: list[RedisServer]) -> None:
+    master, replica, sentinel = group[0], group[1], group[2]
+    with sentinel_alias(group):
+        with lock("after", using="s") as held:
+            before = held.fence
+            assert before is not None
+        deadline = time.monotonic() + 30
+        while True:  # refused (NOGOODSLAVE) until the sentinel has fresh news of the replica
+            try:
+                sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                break
+            except ResponseError:
+                assert time.monotonic() < deadline, "the sentinel never accepted the failover"
+                time.sleep(0.2)
+        while master_port(sentinel) != replica.port:
+            assert time.monotonic() < deadline, "no failover"
+            time.sleep(0.1)
+        # Until the old master is demoted it still takes writes on open connections: the
+        # window in which an asynchronous failover can lose a lock (see the docs).
+        while master.client().info("replication")["role"] != "slave":
+            assert time.monotonic() < deadline, "the old master was never demoted"
+            time.sleep(0.1)
+        while True:  # the client finds the new master by itself
+            try:
+                after = lock("after", using="s")
+                assert after.acquire(blocking=False)
+                break
+            except BackendUnavailable:
+                assert time.monotonic() < deadline, "the client never found the new master"
+                time.sleep(0.1)
+        assert replica.client().exists(locks["s"].key("after"))  # on the promoted replica
+        assert after.fence is not None and after.fence > before  # the fence went on growing
+        after.release()
+
+
+def test_min_replicas_waits_for_the_replica(group: list[RedisServer]) -> None:
+    master, replica = group[0], group[1]
+    with sentinel_alias(group, min_replicas=1, min_replicas_timeout=1.0):
+        with lock("r", using="s") as held:  # the replica confirms: held
+            assert held.fence is not None
+            assert replica.client().exists(locks["s"].key("r"))  # WAIT made sure of it
+        replica.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                lock("r", using="s").acquire(blocking=False)
+            assert time.monotonic() - started < 1.0 + 0.8
+            assert not master.client().exists(locks["s"].key("r"))  # released again
+        finally:
+            replica.resume()
+
+
+def test_min_replicas_confirms_a_permit(group: list[RedisServer]) -> None:
+    from django_redlock import semaphore
+
+    master, replica = group[0], group[1]
+    with sentinel_alias(group, min_replicas=1, min_replicas_timeout=1.0):
+        with semaphore("p", 2, using="s") as held:
+            assert held.fence is not None
+            assert replica.client().exists(locks["s"].key("p"))  # WAIT made sure of it
+        replica.pause()
+        try:
+            with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                semaphore("p", 2, using="s").acquire(blocking=False)
+            assert not master.client().exists(locks["s"].key("p"))  # handed back
+        finally:
+            replica.resume()
+
+
+def test_min_replicas_counts_the_replicas_that_have_the_acquire(group: list[RedisServer]) -> None:
+    """A master that does not know the scripts yet (just started, restarted, promoted by a
+    failover) answers the acquire NOSCRIPT: the WAIT sent with it then counted the replicas
+    that had this connection's earlier writes (none: any replica), not the acquire's. Here
+    the only replica is paused: nothing may be confirmed."""
+    from django_redlock import semaphore
+
+    master, replica = group[0], group[1]
+    tries = [lambda: lock("n", using="s").acquire(blocking=False),
+             lambda: semaphore("n", 2, using="s").acquire(blocking=False),
+             lambda: asyncio.run(lock("n", using="s").aacquire(blocking=False))]  # fmt: skip
+    replica.pause()
+    try:
+        for attempt in tries:
+            master.client().script_flush()
+            with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):  # new pool
+                with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                    attempt()
+                assert not master.client().exists(locks["s"].key("n"))  # released again
+    finally:
+        replica.resume()
+
+
+def test_cluster_keeps_a_semaphore_in_one_slot(
+    cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
+) -> None:
+    from django_redlock import read_write_lock, semaphore
+
+    backend = locks["cluster"]  # the session's cluster, never flushed: names of this test's own
+    keys = [backend.key(name), backend.details_key(name), backend.fence_key(name),
+            backend.waiting_key(name), backend.writers_key(name)]  # fmt: skip
+    slots = {cluster_nodes[0].client().execute_command("CLUSTER", "KEYSLOT", k) for k in keys}
+    assert len(slots) == 1
+    rw = read_write_lock(f"{name}:rw", using="cluster")
+    with semaphore(name, 2, using="cluster"), rw.write():
+        assert backend.inspect(name) is not None
+
+
+def test_cluster_keeps_each_lock_in_one_slot(
+    cluster_nodes: list[RedisServer], _cluster_alias: None
+) -> None:
+    backend = locks["cluster"]
+    for name in ("invoice:42", "}odd", "~tilde", "{braces}"):
+        keys = [backend.key(name), backend.fence_key(name), backend.queue_key(name),
+                backend.deadlines_key(name)]  # fmt: skip
+        slots = {cluster_nodes[0].client().execute_command("CLUSTER", "KEYSLOT", k) for k in keys}
+        assert len(slots) == 1, (name, keys)
+        with lock(name, using="cluster", fair=True) as held:
+            assert held.fence is not None and backend.name_from_key(backend.key(name)) == name
+
+
+def test_cluster_spreads_locks_over_the_masters(
+    cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
+) -> None:
+    held = [lock(f"{name}:spread:{i}", using="cluster") for i in range(60)]
+    for each in held:
+        assert each.acquire(blocking=False)
+    pattern = f"redlock:{{{name}:spread:*}}"  # the session's cluster keeps other tests' keys
+    per_node = [len(node.client().keys(pattern)) for node in cluster_nodes]
+    assert sum(per_node) == 60 and all(count > 0 for count in per_node), per_node
+    for each in held:
+        each.release()
+
+
+def test_min_replicas_timeout_longer_than_the_socket_s_is_refused() -> None:
+    """WAIT answers after min_replicas_timeout: a socket that gives up first would call every
+    slow replica "unavailable". Refused when the backend is built, before any Redis call."""
+    config = {
+        "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+        "LOCATION": ["redis://127.0.0.1:9"],  # nothing listens: no call is made
+        "OPTIONS": {"service_name": "m", "min_replicas": 1, "min_replicas_timeout": 2.0,
+                    "socket_timeout": 1.5},
+    }  # fmt: skip
+    refused = pytest.raises(ImproperlyConfigured, match=r"min_replicas_timeout.*2 s.*1\.5 s")
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "bad": config}), refused:
+        locks["bad"]
+
+
+def test_a_paused_cluster_master_is_unavailable_within_the_socket_timeout(name: str) -> None:
+    """redis-py's cluster client retried a timed-out command three times, re-reading the slots
+    in between: 22 s for a paused master with a 2 s socket timeout. A cluster of its own: a
+    paused master must not disturb the session's cluster (its node timeout is long enough
+    that nobody marks the paused one failed)."""
+    from django_redlock import lock_all
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            with lock(name, using="c"):
+                pass  # the slots are known, the scripts loaded
+            key = locks["c"].key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            owner = next(n for n in nodes if _serves(n, slot))
+            owner.pause()
+            try:
+                attempts = (
+                    lambda: lock(name, using="c", ttl=2, timeout=1).acquire(),
+                    lambda: lock_all(name, using="c", ttl=2, timeout=1).__enter__(),
+                )
+                for attempt in attempts:
+                    began = time.monotonic()
+                    with pytest.raises(BackendUnavailable):
+                        attempt()
+                    assert time.monotonic() - began < 3.0  # one socket timeout, not four
+            finally:
+                owner.resume()
+            # Back once it answers. The paused server may still run what it was sent: a hold
+            # of a token nobody knows, for its TTL (unknown is not lost).
+            with lock(name, using="c", timeout=10) as held:
+                assert held.fence is not None
+            locks["c"].close()
+    finally:
+        stop_all(nodes)
+
+
+def _serves(node: RedisServer, slot: int) -> bool:
+    """Whether ``node`` is the master of ``slot``, as it says."""
+    return _master_port(node, slot) == node.port
+
+
+def _master_port(node: RedisServer, slot: int) -> int | None:
+    """The port of ``slot``'s master as ``node`` knows it (CLUSTER SLOTS: start, end,
+    [host, port, id], ...)."""
+    for start, end, master, *_ in node.client().execute_command("CLUSTER", "SLOTS"):
+        if start <= slot <= end:
+            return int(master[1])
+    return None
+
+
+def test_a_cluster_failover_costs_no_call_and_a_cluster_down_is_unavailable(name: str) -> None:
+    """A command is tried once on a Cluster (above), but after a failover a master's old
+    address refuses the connection: nothing was sent, the client re-read the slots, and the
+    call is tried again, so the first lock after a failover is not an error. A cluster that is
+    down (CLUSTERDOWN) is BackendUnavailable, never redis-py's own ClusterDownError."""
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    masters = [RedisServer(args=args).start() for _ in range(3)]
+    replicas = [RedisServer(args=args).start() for _ in range(3)]
+    try:
+        create_cluster(masters, replicas=replicas)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": masters[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            with lock(name, using="c"):
+                pass  # the client knows the slots
+            slot = masters[0].client().execute_command("CLUSTER", "KEYSLOT", locks["c"].key(name))
+            i = next(i for i, m in enumerate(masters) if _serves(m, slot))
+            old, new, other = masters[i], replicas[i], masters[(i + 1) % 3]
+            new.client().execute_command("CLUSTER", "FAILOVER")
+            deadline = time.monotonic() + 30
+            while _master_port(other, slot) != new.port:  # the others know the new master
+                assert time.monotonic() < deadline, "the replica never took over"
+                time.sleep(0.1)
+            old.stop()  # the client still has it as the slot's master: refused
+            with lock(name, using="c", timeout=5) as held:
+                assert held.fence is not None
+            # Down: the new master gives its slot up (the cluster needs every slot served).
+            new.client().execute_command("CLUSTER", "DELSLOTS", slot)
+            while b"cluster_state:fail" not in new.client().execute_command("CLUSTER", "INFO"):
+                assert time.monotonic() < deadline + 30, "the cluster never went down"
+                time.sleep(0.1)
+            with pytest.raises(BackendUnavailable):
+                lock(name, using="c").acquire(blocking=False)
+            locks["c"].close()
+    finally:
+        stop_all([*masters, *replicas])
+
+
+def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shard is a backend for the watchdog: one master paused longer than the TTL (a
+    fork for BGSAVE, a VM pause) never costs a hold on another master. The renewal of a
+    batch spanning every shard went through redis-py's cluster pipeline, which re-sent each
+    timed-out command on its own (7 socket timeouts per try): every hold of the healthy
+    masters expired behind the paused one and was declared lost; the failed try was logged
+    as a watchdog bug (a raw redis TimeoutError)."""
+    import logging
+
+    from django_redlock.signals import lock_lost
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost)
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            held = [lock(f"{name}:{i}", using="c", ttl=3) for i in range(300)]
+            for each in held:
+                assert each.acquire(blocking=False)
+            client = nodes[0].client()
+            owners = {}
+            for each in held:
+                slot = client.execute_command("CLUSTER", "KEYSLOT", backend.key(each.name))
+                owners[each.name] = next(n for n in nodes if _serves(n, slot))
+            paused = owners[held[0].name]
+            healthy = [each for each in held if owners[each.name] is not paused]
+            assert len(healthy) > 100
+            caplog.set_level(logging.WARNING, logger="django_redlock")
+            paused.pause()
+            try:
+                # One batch over every master (as after a resharding): each master's part at
+                # once, the paused one's no answer (None) within one socket timeout.
+                from django_redlock.backends.base import Renewal
+
+                batch = [Renewal(e.name, e.current_hold()[1].token, 3000) for e in held]
+                began = time.monotonic()
+                results = backend.renew_many(batch)
+                assert time.monotonic() - began < 0.5 + 0.4
+                for each, result in zip(held, results, strict=True):
+                    assert result is (None if owners[each.name] is paused else True)
+                time.sleep(4.5)  # 1.5 TTLs
+                gone = [
+                    each.name
+                    for each in healthy
+                    if owners[each.name].client().pttl(backend.key(each.name)) < 0
+                ]
+                assert not gone, f"{len(gone)} holds on healthy masters expired"
+            finally:
+                paused.resume()
+            assert not [n for n in lost if n in {each.name for each in healthy}]
+            assert all(each.owned() for each in healthy)
+            bugs = [r for r in caplog.records if r.exc_info]
+            assert not bugs, f"logged as the watchdog's bugs: {bugs[0].getMessage()}"
+            for each in held:
+                with contextlib.suppress(LockError):
+                    each.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)
+
+
+def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
+    """Resharding is not an outage. While a lock's slot is MIGRATING, every lock script names
+    a key the source does not have (a queue), so Redis answers TRYAGAIN; redis-py gave up
+    after 16 redirections (about 0.1 s) and a try on a held lock, the holder's release and
+    owned() raised BackendUnavailable ("TTL exhausted"). A move of 0.6 s: each answers."""
+    from ..waiting.test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 2.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name))
+            holder = lock(name, using="c", ttl=30)
+            assert holder.acquire(blocking=False)
+
+            def moving(seconds: float) -> Any:
+                """Start moving the slot to another node; the move ends ``seconds`` later."""
+                import threading
+
+                source = next(n for n in nodes if _serves(n, slot))
+                target = next(n for n in nodes if n is not source)
+                src, dst = source.client(), target.client()
+                src_id = src.execute_command("CLUSTER", "MYID").decode()
+                dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+                dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+                src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+
+                def finish() -> None:
+                    time.sleep(seconds)
+                    migrate_slot(nodes, slot, source, target)
+
+                thread = threading.Thread(target=finish)
+                thread.start()
+                return thread
+
+            for call, expected in (
+                (lambda: lock(name, using="c").acquire(blocking=False), False),
+                (holder.owned, True),
+                (lambda: holder.release() or True, True),
+            ):
+                mover = moving(0.6)
+                try:
+                    began = time.monotonic()
+                    assert call() is expected
+                    assert time.monotonic() - began < 2.0
+                finally:
+                    mover.join(10)
+            assert not lock(name, using="c").locked()
+            backend.close()
+    finally:
+        stop_all(nodes)
+
+
+def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
+    """Each master's renewals go straight to it: a hold whose slot moved to another master
+    (MOVED), then whose master failed over and stopped (refused: the slots are read again),
+    is renewed where it is now, never declared lost."""
+    from django_redlock.signals import lock_lost
+
+    from ..waiting.test_sharded import migrate_slot
+
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    masters = [RedisServer(args=args).start() for _ in range(3)]
+    replicas = [RedisServer(args=args).start() for _ in range(3)]
+    lost: list[Any] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock)
+
+    lock_lost.connect(on_lost)
+    try:
+        create_cluster(masters, replicas=replicas)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": masters[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = masters[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            held = lock(name, using="c", ttl=2)
+            assert held.acquire(blocking=False)
+            i = next(i for i, m in enumerate(masters) if _serves(m, slot))
+            j = (i + 1) % 3
+            migrate_slot(masters, slot, masters[i], masters[j])
+            time.sleep(3)  # 1.5 TTLs: renewed on the new owner, after a MOVED
+            assert masters[j].client().pttl(key) > 0
+            assert not lost
+            replicas[j].client().execute_command("CLUSTER", "FAILOVER")
+            deadline = time.monotonic() + 30
+            while _master_port(masters[(j + 1) % 3], slot) != replicas[j].port:
+                assert time.monotonic() < deadline, "the replica never took over"
+                time.sleep(0.1)
+            masters[j].stop()
+            time.sleep(3)  # refused: the slots read again, renewed on the new master
+            assert replicas[j].client().pttl(key) > 0
+            assert not lost
+            assert held.owned()
+            held.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all([*masters, *replicas])
+
+
+@pytest.mark.xfail(
+    strict=False,  # timing: the take may come after the other replica moved
+    reason="not fixed: a take right after the sentinels named a new master is granted on the"
+    " old one, confirmed (min_replicas) by a replica about to follow the new master",
+)
+def test_a_thread_connected_before_a_sentinel_failover_uses_the_new_master(name: str) -> None:
+    """A thread's connection made before SENTINEL FAILOVER still reaches the old master until
+    the sentinels demote it (seconds). With two replicas and min_replicas=1, its take right
+    after the sentinels named the new master is granted on the old master, confirmed by the
+    replica that then follows the new master and drops it: a grant the failover loses. (With
+    one replica the takes raise QuorumNotReached until the old master is demoted and has
+    synced from the new one, about 15 s here, on the new master too: nothing to gain there.)
+    What would fix it: moving every connection on the sentinels' +switch-master."""
+    group = start_sentinel_group(replicas=2)
+    master, new, sentinel = group[0], group[1], group[3]
+    try:
+        with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):
+            with lock(name, using="s"):
+                pass  # this thread's connection, to the old master
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                    break
+                except ResponseError:
+                    assert time.monotonic() < deadline, "the sentinel never accepted it"
+                    time.sleep(0.2)
+            while master_port(sentinel) not in (new.port, group[2].port):
+                assert time.monotonic() < deadline, "no failover"
+                time.sleep(0.05)
+            began = time.monotonic()
+            while True:
+                try:
+                    held = lock(name, using="s")
+                    if held.acquire(blocking=False):
+                        break
+                except (QuorumNotReached, BackendUnavailable):
+                    pass
+                assert time.monotonic() < deadline, "never acquired on the new master"
+                time.sleep(0.05)
+            took = time.monotonic() - began
+            port = master_port(sentinel)
+            promoted = next(s for s in group[1:3] if s.port == port)
+            assert promoted.client().exists(locks["s"].key(name))  # on the new master
+            held.release()
+            assert master.client().info("replication")["role"] == "master" or took < 8
+            assert took < 8.0, f"acquired {took:.1f} s after the sentinels named the new master"
+    finally:
+        stop_all(group)
+
+
+def test_a_cluster_no_node_of_which_answers_is_unavailable(name: str) -> None:
+    """redis-py's cluster client raises its own RedisClusterUnreachableError (no RedisError)
+    when it cannot read the slots from any node: at the first call of a backend whose nodes
+    are down, and for a command's timeout while every node is paused. Both raised it raw
+    from every call (acquire, locked, lock_all, the admin's pages). BackendUnavailable; a
+    timeout stays a timeout (the server may still run what it was sent)."""
+    from django_redlock import lock_all
+
+    dead = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+            "LOCATION": "redis://127.0.0.1:9/0", "OPTIONS": {"socket_timeout": 0.5}}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "dead": dead}):
+        for call in (
+            lambda: lock(name, using="dead").acquire(blocking=False),
+            lambda: lock(name, using="dead").locked(),
+            lambda: lock_all(name, f"{name}:2", using="dead", blocking=False).__enter__(),
+            lambda: locks["dead"].page("*", None, 10),
+        ):
+            with pytest.raises(BackendUnavailable, match="cannot be connected"):
+                call()
+        locks["dead"].close()
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            with lock(name, using="c"):
+                pass  # the slots are known
+            for node in nodes:
+                node.pause()
+            try:
+                for _ in range(3):  # the third runs the refresh the others asked for
+                    with pytest.raises(BackendUnavailable) as raised:
+                        lock(name, using="c").acquire(blocking=False)
+                    assert raised.value.timed_out
+            finally:
+                for node in nodes:
+                    node.resume()
+            locks["c"].close()
+    finally:
+        stop_all(nodes)
+
+
+def test_a_take_during_a_long_slot_migration_waits_within_its_timeout(name: str) -> None:
+    """A move longer than the socket timeout: a one-off try says False (not taken: nothing
+    ran), and a waiter keeps waiting within its own timeout and takes the lock once the
+    move ended and the holder let go. Both raised BackendUnavailable ("TTL exhausted")."""
+    import threading
+
+    from ..waiting.test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name))
+            holder = lock(name, using="c", ttl=30)
+            assert holder.acquire(blocking=False)
+            source = next(n for n in nodes if _serves(n, slot))
+            target = next(n for n in nodes if n is not source)
+            src, dst = source.client(), target.client()
+            src_id = src.execute_command("CLUSTER", "MYID").decode()
+            dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+            got: list[bool] = []
+            waiter = threading.Thread(
+                target=lambda: got.append(lock(name, using="c").acquire(timeout=15))
+            )
+            try:
+                waiter.start()
+                assert lock(name, using="c").acquire(blocking=False) is False
+                time.sleep(2.5)  # 2.5 socket timeouts into the move
+            finally:
+                migrate_slot(nodes, slot, source, target)
+            holder.release()
+            waiter.join(15)
+            assert got == [True]
+            backend.close()
+    finally:
+        stop_all(nodes)

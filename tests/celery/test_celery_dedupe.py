@@ -1,0 +1,765 @@
+"""Queue markers that never outlive their message, canvas members of ``dedupe_queued`` tasks,
+and a prefork child SIGKILLed mid-run: real workers and a real Redis broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from celery import chord, group, shared_task
+from kombu.exceptions import OperationalError
+
+from django_redlock import lock, locks, single_instance
+from django_redlock.contrib.celery import SingleInstanceTask, skipped
+from django_redlock.testing import RedisServer
+from tests.support import celery_app, celery_tasks
+
+from ..conftest import ROOT
+from .test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
+
+__all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
+
+
+@pytest.fixture(scope="module")
+def prefork(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=2)
+
+
+@pytest.mark.parametrize("task_name", ["lost_child", "lost_child_limited"])
+def test_a_killed_prefork_child_s_requeued_message_runs(
+    task_name: str, start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # acks_late + reject_on_worker_lost: the child is SIGKILLed mid-body, Celery requeues the
+    # message (same id, retries 0) at once. The dead run's hold (TTL 60 s) must not make the
+    # copy a "redelivery beside a live run": it runs, well before the TTL.
+    worker = start_worker(pool="prefork", concurrency=2)
+    task = getattr(celery_tasks, task_name)
+    r = redis(redis_server)
+    result = worker.send(task, task_name)
+    (entry,) = wait_for(lambda: r.lrange(f"lost:{task_name}", 0, -1))
+    task_id, pid = entry.rsplit(":", 1)
+    assert task_id == result.id
+    killed = time.monotonic()
+    os.kill(int(pid), signal.SIGKILL)
+    assert result.get(timeout=40) == "ran"
+    assert time.monotonic() - killed < 40  # the hold's TTL is 60 s: not freed by expiry
+    entries = r.lrange(f"lost:{task_name}", 0, -1)
+    assert [e.rsplit(":", 1)[0] for e in entries] == [result.id, result.id]
+    assert "whose run died" in worker.log.read_text()
+    worker.stop()
+
+
+def test_a_copy_beside_a_live_run_is_still_skipped(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # The liveness check does not turn a redelivery beside a live run into a second run.
+    worker = start_worker(pool="prefork", concurrency=2)
+    task_id = str(uuid.uuid4())
+    first = worker.send(celery_tasks.redelivered, "live", 2.0, task_id=task_id)
+    r = redis(redis_server)
+    wait_for(lambda: r.lrange("redeliver:live:ran", 0, -1))
+    worker.send(celery_tasks.redelivered, "live", 2.0, task_id=task_id)
+    assert first.get(timeout=30) == "ran"
+    time.sleep(0.5)
+    assert r.lrange("redeliver:live:ran", 0, -1) == [task_id]
+    worker.stop()
+
+
+def test_a_failed_publish_leaves_no_marker(broker: None) -> None:
+    task = celery_tasks.deduped
+    dead = celery_app.app.connection_for_write("redis://127.0.0.1:1/1")
+    with pytest.raises(OperationalError):
+        task.apply_async(("pub",), queue=NOBODY, countdown=60, task_id="never-queued",
+                         connection=dead, retry=False)  # fmt: skip
+    second = task.apply_async(("pub",), queue=NOBODY, countdown=60)
+    assert second.id != "never-queued"  # queued, not the AsyncResult of a lost message
+    assert task.apply_async(("pub",), queue=NOBODY).id == second.id  # deduped as usual
+
+
+def test_an_expired_queued_task_no_longer_counts(broker: None) -> None:
+    task = celery_tasks.deduped
+    first = task.apply_async(("exp",), queue=NOBODY, expires=1)
+    assert task.apply_async(("exp",), queue=NOBODY).id == first.id
+    time.sleep(1.5)  # it cannot run any more: its marker went with it
+    assert task.apply_async(("exp",), queue=NOBODY).id != first.id
+
+
+def test_a_revoked_queued_task_no_longer_counts(prefork: Worker) -> None:
+    task = celery_tasks.deduped
+    first = prefork.send(task, "rev", 0.1, countdown=2)
+    assert prefork.send(task, "rev", 0.1).id == first.id
+    first.revoke()  # no terminate: the worker discards the message at its ETA
+    wait_for(lambda: first.state == "REVOKED")
+    again = prefork.send(task, "rev", 0.1)
+    assert again.id != first.id
+    assert again.get(timeout=30) == "ran"
+
+
+def test_a_marker_of_a_task_with_a_final_state_is_stale(broker: None) -> None:
+    # Revoked or finished while nothing cleared its marker (the worker died at that moment):
+    # the result backend's final state makes the marker stale.
+    task = celery_tasks.deduped
+    first = task.apply_async(("final",), queue=NOBODY)
+    assert task.apply_async(("final",), queue=NOBODY).id == first.id
+    task.backend.mark_as_revoked(first.id, "revoked")
+    assert task.apply_async(("final",), queue=NOBODY).id != first.id
+
+
+def _members(worker: Worker, name: str, n: int) -> list[Any]:
+    # Each runs 4 s: the worker's two children take the third member once one of the first
+    # two is done (the duplicate, skipped at once), and on a loaded machine that start came
+    # more than 1 s after the runner's, when the key was free again (a second "ran").
+    return [celery_tasks.member.s(name, 4.0).set(queue=worker.queue) for _ in range(n)]
+
+
+def test_a_group_of_deduplicated_calls_resolves(prefork: Worker, redis_server: RedisServer) -> None:
+    result = group(_members(prefork, "g", 3)).apply_async()
+    values = result.get(timeout=30)
+    ran = [v for v in values if v == "ran"]
+    skips = [skipped(v) for v in values if v != "ran"]
+    assert len(ran) == 1 and len(skips) == 2
+    runner = redis(redis_server).lrange("member:g:ran", 0, -1)
+    assert all(s is not None and s["holder_task_id"] == runner[0] for s in skips)
+    assert [r.id for r in result.results] == [r.id for r in result.results if r.ready()]
+
+
+def test_a_chord_of_deduplicated_calls_runs_its_callback(prefork: Worker) -> None:
+    callback = celery_tasks.collect.s().set(queue=prefork.queue)
+    result = chord(_members(prefork, "c", 3))(callback)
+    values = result.get(timeout=30)
+    assert values.count("ran") == 1
+    assert sum(1 for v in values if skipped(v)) == 2
+
+
+def test_held_by_a_plain_lock_names_it(prefork: Worker) -> None:
+    with lock("overlap:raise", ttl=30):
+        failed = prefork.send(celery_tasks.overlap_raise, "x").get(timeout=30, propagate=False)
+    assert "held by task None" not in str(failed)
+    assert f"a lock() outside any task (pid {os.getpid()}" in str(failed)
+    assert not locks["default"].is_locked("overlap:raise")
+
+
+def test_coalesce_runs_once_more_with_the_last_duplicate_s_arguments(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced, "c", "t0", 3.0)
+    wait_for(lambda: r.lrange("coalesce:c:ran", 0, -1))
+    # Five duplicates while it runs, one after another (so "the last" is well defined).
+    for i in range(1, 6):
+        value = prefork.send(celery_tasks.coalesced, "c", f"t{i}", 0.5).get(timeout=30)
+        assert skipped(value) is not None and value["coalesced"] is True
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: len(r.lrange("coalesce:c:ran", 0, -1)) == 2)
+    wait_for(lambda: not locks["default"].is_locked("coalesce:c"))
+    time.sleep(1.0)  # nothing more follows
+    assert r.lrange("coalesce:c:ran", 0, -1) == ["t0", "t5"]  # exactly 2 runs, the last's args
+    assert int(r.get("coalesce:c:peak")) == 1  # in sequence, never at once
+
+
+def test_coalesce_with_no_duplicate_runs_once(prefork: Worker, redis_server: RedisServer) -> None:
+    r = redis(redis_server)
+    assert prefork.send(celery_tasks.coalesced, "one", "t0", 0.1).get(timeout=30) == "ran"
+    time.sleep(1.0)
+    assert r.lrange("coalesce:one:ran", 0, -1) == ["t0"]
+
+
+def test_coalesce_does_not_combine_with_limit() -> None:
+    with pytest.raises(ValueError, match="coalesce"):
+        single_instance(on_duplicate="coalesce", limit=2)
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.celery.test_celery_dedupe.shared_x")
+@single_instance(key="shared:{n}", ttl=5, dedupe_queued=True)
+def shared_x(self: Any, n: int) -> str:
+    return "x"
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.celery.test_celery_dedupe.shared_y")
+@single_instance(key="shared:{n}", ttl=5, dedupe_queued=True)
+def shared_y(self: Any, n: int) -> str:
+    return "y"
+
+
+def test_two_tasks_sharing_a_key_dedupe_each_other(broker: None) -> None:
+    # Decided and documented: the key is the identity. Two task names whose key templates
+    # give one key are one unit of work, queued and run once at a time (give each its own key
+    # to keep them apart).
+    queued = shared_x.apply_async((1,), queue=NOBODY)
+    assert shared_y.apply_async((1,), queue=NOBODY).id == queued.id
+    assert shared_y.apply_async((2,), queue=NOBODY).id != queued.id  # another key
+
+
+def test_marker_read_and_list_ops(alias: str) -> None:
+    _marker_read_and_list(alias)
+
+
+def test_marker_read_and_list_ops_on_a_quorum(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    from ..redlock.test_redlock import quorum_alias
+
+    nodes = [redis_factory() for _ in range(3)]
+    with quorum_alias("quorum", nodes):
+        _marker_read_and_list("quorum")
+        locks["quorum"].execute(locks["quorum"].op_mark_queued("rm:q", "t9", 60_000))
+        nodes[0].client().flushall()  # a minority forgot it: the majority still answers
+        assert locks["quorum"].execute(locks["quorum"].op_read_queued("rm:q"))[0] == "t9"
+        nodes[1].client().flushall()  # no majority any more
+        assert locks["quorum"].execute(locks["quorum"].op_read_queued("rm:q")) is None
+
+
+def _marker_read_and_list(alias: str) -> None:
+    backend = locks[alias]
+    assert backend.execute(backend.op_read_queued("rm:a")) is None
+    assert backend.execute(backend.op_mark_queued("rm:a", "t1", 60_000)) is None
+    assert backend.execute(backend.op_mark_queued("rm:b", "t2", 60_000)) is None
+    task_id, left = backend.execute(backend.op_read_queued("rm:a"))
+    assert task_id == "t1" and 50_000 < left <= 60_000
+    assert backend.queued_names("rm:*") == ["rm:a", "rm:b"]
+    assert backend.execute(backend.op_clear_queued("rm:a", "t1")) is True
+    assert backend.execute(backend.op_read_queued("rm:a")) is None
+    assert backend.queued_names("rm:*") == ["rm:b"]
+    backend.execute(backend.op_clear_queued("rm:b", "t2"))
+
+
+def test_run_died_tells_a_live_holder_from_a_dead_one(
+    child: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rule behind a requeued copy: a holder on this host is dead when its pid is gone;
+    # one elsewhere when its watchdog stops renewing (a paused or dead process) and the hold
+    # runs out. Real processes: SIGSTOP, SIGKILL.
+    from django_redlock.contrib import single
+
+    holder = child("hold", "--name", "died:x", "--ttl", "1")
+    holder.expect("ACQUIRED")
+    backend = locks["default"]
+    info = backend.inspect("died:x")
+    assert info is not None and str(info.holder["p"]) == str(holder.process.pid)
+    assert single.run_died(backend, "died:x", info) is False  # this host, alive
+    monkeypatch.setattr(single, "HOST", "another-host")  # from here, the holder is remote
+    assert single.run_died(backend, "died:x", info) is False  # renewed: alive
+    os.kill(holder.process.pid, signal.SIGSTOP)  # no renewal any more
+    try:
+        assert single.run_died(backend, "died:x", backend.inspect("died:x")) is True
+    finally:
+        os.kill(holder.process.pid, signal.SIGCONT)
+    holder.process.kill()
+    holder.process.wait()
+    monkeypatch.undo()
+    dead = child("hold", "--name", "died:y", "--ttl", "30")
+    dead.expect("ACQUIRED")
+    info = backend.inspect("died:y")
+    dead.process.kill()  # SIGKILL
+    dead.process.wait()
+    assert single.run_died(backend, "died:y", info) is True  # this host: the pid is gone
+    backend.force_release("died:y", info.token, None)
+
+
+def test_coalesce_follows_a_run_whose_child_was_killed(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The run's child is SIGKILLed: it never reaches its own follow-up. The worker's main
+    # process, releasing the dead run's hold (WorkerLostError), queues the noted call.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_killed, "k", "t0", 30.0)
+    (pid,) = wait_for(lambda: r.lrange("coalesce-killed:k:pids", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_killed, "k", "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    os.kill(int(pid), signal.SIGKILL)
+    first.get(timeout=30, propagate=False)
+    # The hold's TTL is 30 s: t1 runs well before it, queued by the main process.
+    wait_for(lambda: r.lrange("coalesce-killed:k:ran", 0, -1) == ["t0", "t1"], timeout=20)
+
+
+def test_coalesce_with_dedupe_queued_runs_a_call_made_during_a_run(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # dedupe_queued deduplicated a delay() made while the key ran to the running task: with
+    # coalesce that call's arguments were never run (lost). A call during a run is queued
+    # (one running plus one queued); calls while that one is queued dedupe to it.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_deduped, "d", "t0", 2.0)
+    wait_for(lambda: r.lrange("coalesce-dd:d:ran", 0, -1))
+    second = prefork.send(celery_tasks.coalesced_deduped, "d", "t1", 0.1)
+    assert second.id != first.id  # queued, not the running task's result
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: len(r.lrange("coalesce-dd:d:ran", 0, -1)) == 2)
+    wait_for(lambda: not locks["default"].is_locked("coalesce-dd:d"))
+    time.sleep(1.0)  # nothing more follows
+    assert r.lrange("coalesce-dd:d:ran", 0, -1) == ["t0", "t1"]
+    assert int(r.get("coalesce-dd:d:peak")) == 1
+
+
+# -- a purged message's marker: the broker is asked (Redis) -----------------------------------
+
+
+def _purge(how: str, queue: str, redis_server: RedisServer) -> None:
+    if how == "control":
+        assert celery_app.app.control.purge() == 1
+        return
+    if how == "channel":  # what `celery purge -Q` does, in this process
+        with celery_app.app.connection_for_write() as connection:
+            assert connection.default_channel.queue_purge(queue) == 1
+        return
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
+        "REDLOCK_TEST_REDIS": redis_server.url,
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, "-m", "celery", "-A", "tests.support.celery_app",
+               "purge", "-Q", queue, "-f"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Purged 1 message" in done.stdout, done.stdout
+
+
+@pytest.fixture
+def look_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A message found in the broker is not looked for again for message_check_every seconds
+    # (a loop of delay() calls reads the queue once); these tests look at once.
+    monkeypatch.setattr(SingleInstanceTask, "message_check_every", 0.0)
+
+
+@pytest.mark.parametrize("how", ["control", "cli"])
+def test_a_purged_queued_task_no_longer_counts(
+    how: str, broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # app.control.purge() empties the queues the app consumes from: the default one here
+    # (no worker of the tests reads it); `celery purge -Q` the one named.
+    task = celery_tasks.deduped
+    name = f"purged-{how}"
+    options = {"queue": name} if how == "cli" else {}
+    first = task.apply_async((name,), **options)
+    assert task.apply_async((name,), **options).id == first.id  # in its queue: deduplicated
+    _purge(how, name, redis_server)
+    again = task.apply_async((name,), **options)
+    assert again.id != first.id  # not the AsyncResult of a message that will never run
+    assert task.apply_async((name,), **options).id == again.id  # deduplicated as usual
+    _purge(how, name, redis_server)
+
+
+def test_a_message_a_worker_holds_for_its_eta_still_counts(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # Taken from the queue by a worker that waits for its ETA: in the broker's unacked hash,
+    # not in the queue. Still queued: deduplicated, and run once.
+    broker = redis_server.client(db=1, decode_responses=True)
+    first = prefork.send(celery_tasks.deduped, "eta", 0.1, countdown=6)
+    wait_for(lambda: any(first.id in v for v in broker.hvals("unacked")))
+    assert broker.llen(prefork.queue) == 0
+    assert prefork.send(celery_tasks.deduped, "eta", 0.1).id == first.id
+    assert first.get(timeout=30) == "ran"
+    assert redis(redis_server).lrange("dedupe:eta:ran", 0, -1) == [first.id]
+
+
+def test_a_purged_message_found_moments_ago_counts_until_the_next_look(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Longer than the default (2 s), so that a loaded machine's slow purge still falls inside.
+    monkeypatch.setattr(SingleInstanceTask, "message_check_every", 4.0)
+    task = celery_tasks.deduped
+    first = task.apply_async(("recheck",))
+    assert task.apply_async(("recheck",)).id == first.id  # found in the queue just now
+    assert celery_app.app.control.purge() == 1
+    assert task.apply_async(("recheck",)).id == first.id  # not looked for again yet
+    time.sleep(SingleInstanceTask.message_check_every)
+    again = task.apply_async(("recheck",))
+    assert again.id != first.id
+    celery_app.app.control.purge()
+
+
+def test_a_marker_the_broker_cannot_vouch_for_is_obeyed(
+    broker: None, monkeypatch: pytest.MonkeyPatch, look_every_time: None
+) -> None:
+    # Unknown is not gone: a marker with no note that its message was sent (a publish in
+    # progress, a producer of an earlier version), or a queue too long to read, is obeyed
+    # (until its TTL).
+    from django_redlock.contrib import broker as broker_check
+
+    task = celery_tasks.deduped
+    backend = locks["default"]
+    key = task.lock_key("unnoted")
+    backend.execute(backend.op_mark_queued(key, "published-elsewhere", 60_000))
+    assert task.apply_async(("unnoted",), queue="unnoted").id == "published-elsewhere"
+    backend.execute(backend.op_clear_queued(key, "published-elsewhere"))
+    monkeypatch.setattr(broker_check, "MOST_MESSAGES", 1)  # more than 1 message: not read
+    first = task.apply_async(("long",))
+    assert celery_app.app.control.purge() == 1
+    task.apply_async(("other-1",))
+    task.apply_async(("other-2",))
+    assert task.apply_async(("long",)).id == first.id  # purged, but the queue is "too long"
+    monkeypatch.setattr(broker_check, "MOST_MESSAGES", 1000)
+    assert task.apply_async(("long",)).id != first.id  # read now: gone
+    celery_app.app.control.purge()
+
+
+def test_a_message_in_a_priority_list_counts(
+    broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # kombu keeps a Redis queue in one list per priority step ("<queue>\x06\x166"...): the
+    # look covers them all, and a purge of them frees the key.
+    task = celery_tasks.deduped
+    queue = "prioritised"
+    first = task.apply_async(("prio",), queue=queue, priority=6)
+    lists = redis_server.client(db=1).keys(f"{queue}*")
+    assert lists == [f"{queue}\x06\x166".encode()]  # not the base list
+    assert task.apply_async(("prio",), queue=queue, priority=6).id == first.id
+    _purge("channel", queue, redis_server)
+    assert task.apply_async(("prio",), queue=queue, priority=6).id != first.id
+    _purge("channel", queue, redis_server)
+
+
+def test_only_a_plainly_routed_call_is_noted_as_sent(broker: None) -> None:
+    # A routing key of the call's own may send the message to another queue than the one
+    # routed by name: nothing is noted, so the marker is obeyed (never taken for gone).
+    from django_redlock.contrib.celery import sent_name
+
+    task = celery_tasks.deduped
+    backend = locks["default"]
+    plain = task.apply_async(("routed",), queue="routed")
+    assert backend.execute(backend.op_read_queued(sent_name("dedupe:routed", plain.id)))[0] == (
+        "routed"
+    )
+    keyed = task.apply_async(("keyed",), queue="routed", routing_key="elsewhere")
+    assert backend.execute(backend.op_read_queued(sent_name("dedupe:keyed", keyed.id))) is None
+    celery_app.app.control.purge()
+    assert task.apply_async(("keyed",), queue="routed").id == keyed.id  # obeyed
+
+
+def test_coalesce_keeps_the_note_when_the_follow_up_cannot_be_published(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The run took the note, then the broker refused the follow-up: the run's own outcome
+    # stands (no OperationalError in its place) and the note is put back, so the noted call
+    # runs after the next run of the key instead of being lost.
+    r = redis(redis_server)
+    first = prefork.send(celery_tasks.coalesced_flaky, "f", "t0", 1.5)
+    wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_flaky, "f", "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    r.set("flaky-publish", 1)
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: not r.exists("flaky-publish"))  # the follow-up's publish was refused
+    assert prefork.send(celery_tasks.coalesced_flaky, "f", "t2", 0.1).get(timeout=30) == "ran"
+    wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1) == ["t0", "t2", "t1"])
+
+
+def test_callers_racing_past_a_purged_marker_get_one_new_task(
+    broker: None, look_every_time: None
+) -> None:
+    # Six callers find the marker's message gone at once. Whoever replaces the marker first
+    # queues; the others obey the new marker. None gets the purged task's id, and one new
+    # message is queued.
+    import threading
+
+    task = celery_tasks.deduped
+    first = task.apply_async(("race",))
+    assert celery_app.app.control.purge() == 1
+    got: list[str] = []
+    start = threading.Barrier(6)
+
+    def call() -> None:
+        start.wait()
+        got.append(task.apply_async(("race",)).id)
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert len(got) == 6 and first.id not in got
+    assert len(set(got)) == 1
+    assert celery_app.app.control.purge() == 1
+
+
+def test_a_message_the_broker_lost_no_longer_counts(
+    broker: None, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # The broker's Redis lost the queue (a restart without persistence, a failover to a
+    # replica that had not got it, someone's DEL): nobody was told, as with a purge. (Only
+    # that queue's list goes here: the module's worker keeps its own keys on that Redis.)
+    task = celery_tasks.deduped
+    first = task.apply_async(("lost",), queue="lost")
+    assert task.apply_async(("lost",), queue="lost").id == first.id
+    assert redis_server.client(db=1).delete("lost") == 1
+    again = task.apply_async(("lost",), queue="lost")
+    assert again.id != first.id
+    assert task.apply_async(("lost",), queue="lost").id == again.id
+
+
+@pytest.fixture(scope="module")
+def wide(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=4)
+
+
+def test_coalesce_duplicates_noting_after_the_run_ended_make_one_more_run(
+    wide: Worker, redis_server: RedisServer
+) -> None:
+    # Two duplicates find the key held; the run ends before either wrote its note. The
+    # first note (t1) queues the follow-up, which starts late (held back 0.3 s); the second
+    # (t2) is written 0.15 s after the first, while that follow-up waits: it must not queue
+    # another run. Exactly one more run follows, with the arguments of the note written last.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    first = wide.send(celery_tasks.coalesced_late, name, "t0", 0.5)
+    wait_for(lambda: r.lrange(f"coalesce-late:{name}:ran", 0, -1))
+    moment = time.time() + 1.5
+    r.set("coalesce-late-pause-until:t1", moment)
+    r.set("coalesce-late-pause-until:t2", moment + 0.15)
+    try:
+        duplicates = [wide.send(celery_tasks.coalesced_late, name, f"t{i}", 0.3) for i in (1, 2)]
+        assert first.get(timeout=30) == "ran"
+        time.sleep(0.5)  # both duplicates wait to write their notes
+        r.set("coalesce-late-start-after", moment + 0.3)
+        for each in duplicates:
+            assert each.get(timeout=30)["coalesced"] is True
+        wait_for(lambda: len(r.lrange(f"coalesce-late:{name}:ran", 0, -1)) >= 2)
+    finally:
+        r.delete("coalesce-late-pause-until:t1", "coalesce-late-pause-until:t2")
+        r.delete("coalesce-late-start-after")
+    wait_for(lambda: not locks["default"].is_locked(f"coalesce-late:{name}"))
+    time.sleep(1.5)  # nothing more follows
+    assert r.lrange(f"coalesce-late:{name}:ran", 0, -1) == ["t0", "t2"]
+    assert r.lrange(f"coalesce-late:{name}:coalesce:noted", 0, -1) == ["t1", "t2"]
+    assert int(r.get(f"coalesce-late:{name}:peak")) == 1
+
+
+def test_coalesce_behind_a_plain_lock_runs_once_it_is_free(
+    wide: Worker, redis_server: RedisServer
+) -> None:
+    # The key is held by a plain lock() (no run of the task, whose end would queue the
+    # follow-up): the noted call runs once the lock is free (looked at every countdown).
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    with lock(f"coalesce-late:{name}", ttl=30):
+        value = wide.send(celery_tasks.coalesced_late, name, "t1", 0.1).get(timeout=30)
+        assert value["coalesced"] is True
+        time.sleep(1.5)
+        assert r.lrange(f"coalesce-late:{name}:ran", 0, -1) == []
+    wait_for(lambda: r.lrange(f"coalesce-late:{name}:ran", 0, -1) == ["t1"], timeout=15)
+    time.sleep(1.0)
+    assert r.lrange(f"coalesce-late:{name}:ran", 0, -1) == ["t1"]
+
+
+def test_coalesce_with_dedupe_queued_runs_the_last_call_s_arguments(
+    wide: Worker, redis_server: RedisServer
+) -> None:
+    # While the key runs, one call is queued; later calls dedupe to it and their arguments
+    # are not dropped: the queued run runs the last call's.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    first = wide.send(celery_tasks.coalesced_deduped, name, "t0", 2.0)
+    wait_for(lambda: r.lrange(f"coalesce-dd:{name}:ran", 0, -1))
+    # (A countdown keeps the queued call waiting while the next one is made.)
+    second = wide.send(celery_tasks.coalesced_deduped, name, "t1", 0.1, countdown=1)
+    third = wide.send(celery_tasks.coalesced_deduped, name, "t2", 0.1, countdown=1)
+    assert third.id == second.id  # deduplicated to the queued call
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: len(r.lrange(f"coalesce-dd:{name}:ran", 0, -1)) == 2)
+    wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
+    time.sleep(1.0)  # nothing more follows
+    assert r.lrange(f"coalesce-dd:{name}:ran", 0, -1) == ["t0", "t2"]
+
+
+def test_a_message_taken_by_a_worker_whose_run_starts_late_still_counts(
+    prefork: Worker, redis_server: RedisServer, look_every_time: None
+) -> None:
+    # Acknowledged as its child took it, and its run takes the key 2.5 s later: meanwhile
+    # the message is neither in the queue, nor unacknowledged, nor holding the key. Not gone:
+    # a delay() then is deduplicated to it, and the body runs once.
+    broker = redis_server.client(db=1, decode_responses=True)
+    name = uuid.uuid4().hex[:8]
+    first = prefork.send(celery_tasks.deduped_slow_start, name)
+    # Its child took it (accepted: acknowledged) and waits 2.5 s before the run.
+    wait_for(lambda: redis(redis_server).get(f"dedupe-slow-started:{first.id}"))
+    assert broker.llen(prefork.queue) == 0
+    assert not any(first.id in v for v in broker.hvals("unacked"))
+    assert not locks["default"].is_locked(f"dedupe-slow:{name}")
+    assert prefork.send(celery_tasks.deduped_slow_start, name).id == first.id
+    assert first.get(timeout=30) == "ran"
+    time.sleep(0.5)
+    assert redis(redis_server).lrange(f"dedupe-slow:{name}:ran", 0, -1) == [first.id]
+
+
+# -- coalesce: the follow-up mark never outlives the message it names --------------------------
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.nesting")
+@single_instance(key="nesting:{name}", ttl=10, on_duplicate="coalesce")
+def nesting(self: Any, name: str, tag: str, duplicate: str | None = None) -> str:
+    if duplicate is not None:  # a duplicate arrives while the key runs (as from a 2nd worker)
+        nesting.apply((name, duplicate), task_id=f"dup-{duplicate}-{uuid.uuid4().hex[:6]}")
+    return tag
+
+
+def follow_ups(redis_server: RedisServer, name: str) -> list[str]:
+    """The ``nesting`` follow-ups of ``name`` waiting in the default queue (no worker reads
+    it): their arguments' tags."""
+    import json
+
+    found = []
+    for raw in redis_server.client(db=1).lrange("celery", 0, -1):
+        message = json.loads(raw)
+        headers = message["headers"]
+        if headers.get("redlock_follow_up") and f"'{name}'" in headers.get("argsrepr", ""):
+            found.append(headers["argsrepr"])
+    return found
+
+
+def test_coalesce_follow_up_purged_from_the_broker_no_longer_counts(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # A run's duplicate queued a follow-up; the queue is purged. Its mark names a message
+    # that is gone: the next run's duplicate must queue one again, not obey it for an hour.
+    name = uuid.uuid4().hex[:8]
+    nesting.apply((name, "t0", "t1"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]
+    celery_app.app.control.purge()
+    nesting.apply((name, "t2", "t3"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't3')"]
+    celery_app.app.control.purge()
+
+
+def test_coalesce_soft_time_limit_between_the_mark_and_the_publish(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SoftTimeLimitExceeded (a signal handler: any line) after the follow-up was marked and
+    # before it was published: the mark must not stay naming a message never sent (every
+    # later run would obey it, and the noted call would not run for an hour).
+    import json
+    import types
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    strikes = [1]
+
+    def loads(text: str) -> Any:  # the first line after the mark reads the note
+        if strikes:
+            strikes.pop()
+            raise SoftTimeLimitExceeded("soft time limit")
+        return json.loads(text)
+
+    monkeypatch.setattr(contrib, "json", types.SimpleNamespace(dumps=json.dumps, loads=loads))
+    failed = nesting.apply((name, "t0", "t1"))
+    assert not strikes
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]  # by the failure's handler
+    celery_app.app.control.purge()
+
+
+def test_coalesce_mark_of_a_follow_up_never_sent_goes_stale(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A queuer SIGKILLed between the mark and the publish: no handler runs. A mark never noted
+    # as sent is stale after FOLLOW_UP_PUBLISH_GRACE: a later run queues the noted call.
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"nesting:{name}"
+    backend = locks["default"]
+    contrib.note_call(nesting.run.__redlock__, key, [name, "t1"], {}, None, None)
+    markers.mark(backend, f"{key}:coalesce:next", "never-sent", 3_600_000)
+    nesting.apply((name, "t2"))  # a run's end: the mark is young, obeyed
+    assert follow_ups(redis_server, name) == []
+    monkeypatch.setattr(contrib, "FOLLOW_UP_PUBLISH_GRACE", 0.0)
+    time.sleep(0.01)
+    nesting.apply((name, "t3"))
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]
+    celery_app.app.control.purge()
+
+
+RETRIED: list[str] = []
+
+
+@shared_task(bind=True, max_retries=1, name="tests.celery.test_celery_dedupe.retrying")
+@single_instance(key="retrying:{name}", ttl=10, on_duplicate="coalesce")
+def retrying(self: Any, name: str, tag: str) -> str:
+    RETRIED.append(f"{tag}:{self.request.retries}")
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)  # a transient error: run this call again
+    return tag
+
+
+def test_coalesce_follow_up_s_retry_runs_the_noted_call(broker: None) -> None:
+    # A follow-up queued with call B runs the call noted last, D. Its self.retry() must run D
+    # again, not its own message's superseded B.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    RETRIED.clear()
+    config = retrying.run.__redlock__
+    contrib.note_call(config, f"retrying:{name}", [name, "D"], {}, None, None)
+    retrying.apply((name, "B"), headers={"redlock_follow_up": "1"})
+    assert RETRIED == ["D:0", "D:1"]
+
+
+def test_coalesce_note_of_a_run_whose_whole_worker_was_killed_runs(
+    start_worker: Callable[..., Worker], redis_server: RedisServer, tmp_path: Any
+) -> None:
+    # The whole worker (main process and children) is SIGKILLed while the run holds the key
+    # and a duplicate's call is noted: no end of the run, no main process queues it. A worker
+    # started later on that queue finds the note left and runs it (once the dead hold, TTL
+    # 10 s, is gone).
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    dead = start_worker(pool="prefork", concurrency=2)
+    first = dead.send(celery_tasks.coalesced, name, "t0", 40.0)
+    wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1))
+    value = dead.send(celery_tasks.coalesced, name, "t1", 0.1).get(timeout=30)
+    assert value["coalesced"] is True
+    dead.kill()
+    assert first.id
+    later = Worker(redis_server.url, "solo", 1, dead.queue, tmp_path / "later.log")
+    try:
+        wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1) == ["t0", "t1"], timeout=45)
+    finally:
+        later.stop()
+
+
+def test_a_queued_task_revoked_no_longer_counts(broker: None, look_every_time: None) -> None:
+    # Revoked while it waits in the queue (no worker has reached it: a busy worker discards it
+    # only after its run): the next delay() queues, not returns the revoked task's result.
+    task = celery_tasks.deduped
+    name = uuid.uuid4().hex[:8]
+    first = task.apply_async((name,))
+    assert task.apply_async((name,)).id == first.id
+    celery_app.app.control.revoke(first.id)
+    again = task.apply_async((name,))
+    assert again.id != first.id
+    assert task.apply_async((name,)).id == again.id
+    again.revoke()  # AsyncResult.revoke goes through the app's control too
+    assert task.apply_async((name,)).id not in (first.id, again.id)
+    celery_app.app.control.purge()
+
+
+EAGER_RUNS: list[str] = []
+
+
+@shared_task(bind=True, acks_late=True, name="tests.celery.test_celery_dedupe.late_eager")
+@single_instance(key="late-eager:{name}", ttl=10)
+def late_eager(self: Any, name: str) -> str:
+    EAGER_RUNS.append(self.request.id)
+    return "ran"
+
+
+def test_an_eager_run_of_an_acks_late_task_runs_again_under_its_id(broker: None) -> None:
+    # apply() has no message the broker could put back: the "done" note of acks_late runs
+    # does not make a second apply() of the same id a redelivered copy.
+    EAGER_RUNS.clear()
+    task_id = f"eager-{uuid.uuid4().hex[:6]}"
+    assert late_eager.apply(("e",), task_id=task_id).result == "ran"
+    assert late_eager.apply(("e",), task_id=task_id).result == "ran"
+    assert [task_id, task_id] == EAGER_RUNS

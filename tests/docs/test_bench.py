@@ -1,0 +1,57 @@
+"""The bench harness runs as `make bench` runs it (``python bench/run.py``), one scenario at a
+time with ``BENCH_ONLY``: the fenced-purchases scenario, briefly, on its own PostgreSQL and
+Redis. No figure of speed is asserted (those are the bench's); what must hold whatever the
+machine's load: no lost update, no buyer of ours waiting on a row, the fence's statements."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from ..conftest import ROOT
+
+
+def bench_only(scenario: str, **knobs: str) -> dict[str, Any]:
+    """The figures ``BENCH_ONLY=scenario python bench/run.py`` prints (it writes no file)."""
+    env = {**os.environ, "BENCH_ONLY": scenario, **knobs}
+    done = subprocess.run(
+        [sys.executable, "bench/run.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=400, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = "\n".join(line for line in done.stdout.splitlines() if not line.startswith("bench:"))
+    return json.loads(printed)
+
+
+@pytest.mark.timeout(450)
+def test_fenced_purchases_scenario_runs_alone_and_reports() -> None:
+    from bench.report import report
+
+    results = bench_only(
+        "fenced", BENCH_CONTENDED_ROUNDS="1", BENCH_FENCED_SECONDS="0.5", BENCH_ROUNDS="1",
+        BENCH_SECONDS="0.05",
+    )  # fmt: skip
+    assert list(results) == ["fenced"]
+    fenced = results["fenced"]
+    ours, theirs = fenced["lock(atomic=True)"], fenced["select_for_update"]
+    assert ours["purchases"] > 0 and theirs["purchases"] > 0
+    assert ours["samples"] > 0 and theirs["samples"] > 0
+    assert fenced["lost_updates"] == 0
+    # Ours wait in Redis: no session ever waits on a row, and at most the holder is in a
+    # transaction.
+    assert ours["lock_waits_peak"] == 0
+    assert ours["in_transaction_peak"] <= 1
+    assert fenced["cost"]["statements_per_block"] == 1
+    assert fenced["cost"]["statements_first_block"] == 2
+
+    # The report's row, from the committed figures of the other scenarios and these.
+    committed = json.loads((ROOT / "bench" / "results.json").read_text())
+    text = report({**committed, **results}, {"machine": "test"}, 1.0)
+    row = next(line for line in text.splitlines() if line.startswith("| fenced purchases"))
+    assert "fence ≤ 2 statements: 2 **met**" in row
+    assert "lost updates 0" in row

@@ -1,0 +1,665 @@
+"""What leaving a fenced block reports, one test per row of the outcome table in
+docs/topics/fencing.md: committed (it returns), nothing committed (``StaleFence``, the body's
+exception, the database's error), or ``CommitOutcomeUnknown``; "nothing committed" only where
+it is proven. The faults come from a proxy between Django and the suite's PostgreSQL that
+forwards the COMMIT, reads the server's reply, then cuts the client or holds the reply back
+(``tests/support/proxy.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connections,
+    transaction,
+)
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.test import RequestFactory, override_settings
+from django.utils import timezone
+
+from django_redlock import (
+    CommitOutcomeUnknown,
+    LockError,
+    lock,
+    lock_all,
+    lock_view,
+    locks,
+    single_instance,
+)
+from django_redlock.fence_table import prune_fences
+from django_redlock.locking import Lock
+from django_redlock.signals import lock_acquired
+from django_redlock.testing import RedisServer
+
+from ..support.fenced_child import open_shop, sales, sell_one
+from ..support.proxy import LossyProxy
+
+PG = "postgres"
+PROXIED = "postgres_proxied"
+pytestmark = pytest.mark.django_db(databases=["default", PG], transaction=True)
+
+
+@pytest.fixture
+def proxied(monkeypatch: pytest.MonkeyPatch) -> Iterator[LossyProxy]:
+    """Database alias ``PROXIED``: the test PostgreSQL through a proxy that loses replies."""
+    proxy = LossyProxy(int(connections[PG].settings_dict["PORT"]))
+    connections.settings[PROXIED] = {**connections[PG].settings_dict, "PORT": str(proxy.port)}
+    # The test case lets only its own aliases (re)connect: add this one for the test's time
+    # (Django's patched ensure_connection holds the test case class in its closure).
+    patched = BaseDatabaseWrapper.ensure_connection
+    case = next(c.cell_contents for c in patched.__closure__ or ()
+                if isinstance(c.cell_contents, type))  # fmt: skip
+    monkeypatch.setattr(case, "databases", {*case.databases, PROXIED})
+    try:
+        yield proxy
+    finally:
+        with contextlib.suppress(DatabaseError):
+            connections[PROXIED].close()
+        del connections[PROXIED]
+        del connections.settings[PROXIED]
+        proxy.close()
+
+
+@pytest.fixture
+def failover(redis_factory: Callable[..., RedisServer]) -> Iterator[RedisServer]:
+    """Backend alias ``failover``: a Redis of its own, to be flushed (a failover to an empty
+    replica: the holds and counters gone)."""
+    server = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "failover": config}):
+        yield server
+
+
+def in_thread(target: Callable[[], None]) -> threading.Thread:
+    def body() -> None:
+        try:
+            target()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+# -- the COMMIT answered ---------------------------------------------------------------------
+
+
+def test_a_commit_answered_returns_and_committed(name: str) -> None:
+    open_shop(PG, 1, 5)
+    with lock(name, ttl=30, atomic=PG):
+        sell_one(PG, 1, "a")
+    assert sales(PG) == [("a", 5)] and not lock(name).locked()
+
+
+def test_the_body_s_exception_rolls_back_and_is_raised(name: str) -> None:
+    open_shop(PG, 1, 5)
+    with pytest.raises(ZeroDivisionError), lock(name, ttl=30, atomic=PG):
+        sell_one(PG, 1, "a")
+        1 / 0  # noqa: B018
+    assert sales(PG) == [] and not lock(name).locked()
+
+
+def test_a_commit_refused_by_the_database_raises_its_error_and_committed_nothing(
+    name: str,
+) -> None:
+    """A deferred constraint fails at the COMMIT: the server answered, so the rows prove that
+    nothing committed, and the database's error is raised as it came."""
+    with connections[PG].cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS outcome_deferred"
+            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )
+        cursor.execute("DELETE FROM outcome_deferred")
+    open_shop(PG, 1, 5)
+    with pytest.raises(IntegrityError), lock(name, ttl=30, atomic=PG):
+        sell_one(PG, 1, "a")
+        with connections[PG].cursor() as cursor:
+            cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")
+    assert sales(PG) == [] and not lock(name).locked()
+    with lock(name, ttl=30, atomic=PG):  # the connection is usable again
+        sell_one(PG, 1, "b")
+    assert sales(PG) == [("b", 5)]
+
+
+# -- the COMMIT's reply lost ---------------------------------------------------------------
+
+
+def test_a_commit_whose_reply_is_lost_returns_as_committed(
+    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server committed; the client saw its connection fail. The lock's row carries the
+    block's fence (written in the same transaction): the block committed, and says so. Saying
+    "nothing committed" would make the retry recipe sell twice."""
+    open_shop(PG, 1, 5)
+    with lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("cut")
+    assert proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
+    assert not lock(name).locked() and "proves that it committed" in caplog.text
+
+
+def test_a_lost_commit_whose_outcome_cannot_be_learned_raises_outcome_unknown(
+    name: str, proxied: LossyProxy
+) -> None:
+    open_shop(PG, 1, 5)
+    with pytest.raises(CommitOutcomeUnknown, match="UNKNOWN"), lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.lose_replies(100)  # the COMMIT's, and every reply to the question after it
+    assert sales(PG) == [("a", 5)] and not lock(name).locked()  # it had committed
+
+
+def test_a_commit_cut_before_the_server_got_it_raises_and_committed_nothing(
+    name: str, proxied: LossyProxy
+) -> None:
+    """The second block of one hold: the row carries the hold's fence from the first block,
+    but not this block's time, so the lost COMMIT is not taken for a committed one."""
+    open_shop(PG, 1, 5)
+    held = lock(name, ttl=30)
+    held.acquire()
+    with held.atomic(using=PROXIED):
+        pass
+    with pytest.raises(OperationalError), held.atomic(using=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.cut()  # the COMMIT never reaches the server, which rolls back
+    held.release()
+    assert sales(PG) == []
+
+
+# -- nested blocks of one hold -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nesting", ["atomic inside", "reentry"])
+def test_a_lost_commit_after_a_nested_block_of_the_same_hold_returns_as_committed(
+    name: str, proxied: LossyProxy, nesting: str
+) -> None:
+    """The inner block's upsert keeps the outer block's mark in the row: the outer COMMIT's
+    outcome check finds it (it found the inner block's time, and said "not committed")."""
+    open_shop(PG, 1, 5)
+    if nesting == "reentry":
+        held = lock(name, ttl=30, reentrant=True, atomic=PROXIED)
+        with held:
+            with held:
+                sell_one(PROXIED, 1, "a")
+            proxied.fault_commit("cut")
+    else:
+        held = lock(name, ttl=30)
+        with held, held.atomic(PROXIED):
+            with held.atomic(PROXIED):
+                sell_one(PROXIED, 1, "a")
+            proxied.fault_commit("cut")
+    assert proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
+    assert not lock(name).locked()
+
+
+# -- a hold lost meanwhile, and the next holder's block on top -------------------------------
+
+
+def run_a_and_b(
+    name: str,
+    proxied: LossyProxy,
+    server: RedisServer,
+    *,
+    second_block: bool = False,
+    reaches_server: bool = True,
+) -> tuple[type[BaseException] | None, int, int]:
+    """A holds the lock and is in its block when Redis fails over to an empty replica; B
+    takes the lock and waits for A's row; A's COMMIT reply is lost after the server committed
+    (or the COMMIT never reaches the server), and B commits on top before A asks. (A's error
+    or None, A's fence, B's fence.)"""
+    old = lock(name, using="failover", ttl=30, auto_renew=False)
+    assert old.acquire()
+    if second_block:
+        with old.atomic(PROXIED):
+            pass
+    b_done = threading.Event()
+    fences: list[int] = []
+
+    def b() -> None:
+        with lock(name, using="failover", ttl=30, atomic=PG, timeout=20) as new:
+            sell_one(PG, 1, "b")
+            fences.append(new.fence or 0)
+        b_done.set()
+
+    raised: type[BaseException] | None = None  # A's error, or None
+    thread: threading.Thread | None = None
+    try:
+        with old.atomic(PROXIED):
+            sell_one(PROXIED, 1, "a")
+            server.client().flushall()  # the replica promoted had nothing
+            time.sleep(0.002)  # (a fence in the same ms)
+            thread = in_thread(b)
+            deadline = time.monotonic() + 20
+            while not lock(name, using="failover").locked():  # B holds it, waits for the row
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            if reaches_server:
+                proxied.fault_commit("cut", during=lambda: b_done.wait(20))
+            else:
+                proxied.cut()  # rolled back at the server; B goes on, and commits
+                assert b_done.wait(20)
+    except Exception as exc:
+        raised = type(exc)
+    assert thread is not None
+    thread.join(20)
+    assert b_done.is_set()
+    return raised, old.fence or 0, fences[0]
+
+
+def test_a_lost_hold_s_lost_commit_under_the_next_holder_s_fence_returns_as_committed(
+    name: str, proxied: LossyProxy, failover: RedisServer
+) -> None:
+    """B's larger fence in the row proves only that B committed after A's transaction ended;
+    the row's ``previous`` is A's fence, so A committed (A's first block of its hold)."""
+    open_shop(PG, 1, 5)
+    raised, a, b = run_a_and_b(name, proxied, failover)
+    assert raised is None and b > a and sales(PG) == [("a", 5), ("b", 4)]
+
+
+def test_a_lost_hold_s_lost_commit_under_the_next_holder_s_fence_is_unknown_after_an_earlier_block(
+    name: str, proxied: LossyProxy, failover: RedisServer
+) -> None:
+    """The hold's second block: its fence in ``previous`` may be the first block's, which
+    committed for sure; whether this one did, the rows cannot tell."""
+    open_shop(PG, 1, 5)
+    raised, a, b = run_a_and_b(name, proxied, failover, second_block=True)
+    assert raised is CommitOutcomeUnknown and b > a and sales(PG) == [("a", 5), ("b", 4)]
+
+
+def test_a_lost_hold_s_commit_that_never_reached_the_server_raises_under_the_next_holder(
+    name: str, proxied: LossyProxy, failover: RedisServer
+) -> None:
+    """B created the row A's insert never committed: nothing of A committed, proven."""
+    open_shop(PG, 1, 5)
+    raised, a, b = run_a_and_b(name, proxied, failover, reaches_server=False)
+    assert raised is OperationalError and b > a and sales(PG) == [("b", 5)]
+
+
+# -- an exception raised by a signal handler while the COMMIT's reply is late -----------------
+
+
+class TimeLimit(Exception):
+    """As Celery's SoftTimeLimitExceeded: raised by a signal handler, anywhere."""
+
+
+@contextlib.contextmanager
+def signal_raises(raised: type[BaseException]) -> Iterator[Callable[[float], None]]:
+    """``after(seconds)``: SIGUSR1 (Celery's soft time limit signal) to this process then,
+    from a timer thread; its handler raises ``raised`` in the main thread. (SIGALRM is
+    pytest-timeout's.)"""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise raised()
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    timers: list[threading.Timer] = []
+
+    def after(seconds: float) -> None:
+        timers.append(threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGUSR1)))
+        timers[-1].start()
+
+    try:
+        yield after
+    finally:
+        for timer in timers:
+            timer.cancel()
+            timer.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_time_limit_during_a_late_commit_reply_returns_as_committed(
+    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Django turns the handler's exception into ``ProgrammingError: can't change
+    'autocommit' now``; the server committed: the block says so (it said "the database's
+    error, nothing committed", and released the lock). Its connection is usable again."""
+    open_shop(PG, 1, 5)
+    with signal_raises(TimeLimit) as after, lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("late", hold=2.0)
+        after(0.5)  # while the COMMIT's reply is held back
+    assert proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
+    assert not lock(name).locked() and "proves that it committed" in caplog.text
+    with lock(name, ttl=30, atomic=PROXIED):  # neither broken nor left with autocommit off
+        sell_one(PROXIED, 1, "b")
+    assert sales(PG) == [("a", 5), ("b", 4)]
+
+
+# -- a prune between the COMMIT and the outcome check ------------------------------------------
+
+
+def test_a_prune_deleting_the_row_before_the_outcome_check_makes_the_outcome_unknown(
+    name: str, proxied: LossyProxy
+) -> None:
+    """The row is gone, the floor carries its fence: the row may have been this block's,
+    committed and pruned (it said "not committed")."""
+    open_shop(PG, 1, 5)
+
+    def prune() -> None:
+        try:
+            assert prune_fences(PG, datetime.timedelta(0)) >= 1
+        finally:
+            connections.close_all()
+
+    with pytest.raises(CommitOutcomeUnknown), lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("cut", during=prune)
+    assert sales(PG) == [("a", 5)] and not lock(name).locked()
+
+
+# -- autocommit off --------------------------------------------------------------------------
+
+
+def test_autocommit_off_is_refused_before_the_lock_is_taken(name: str) -> None:
+    """atomic() neither begins nor commits then: the block returned as committed, nothing
+    committed."""
+    open_shop(PG, 1, 5)
+    transaction.set_autocommit(False, using=PG)
+    try:
+        with pytest.raises(LockError, match="autocommit off"), lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "a")
+        assert not lock(name).locked()
+        held = lock(name, ttl=30)
+        held.acquire()
+        with pytest.raises(LockError, match="autocommit off"), held.atomic(PG):
+            sell_one(PG, 1, "a")
+        held.release()
+        with (
+            transaction.atomic(using=PG),  # an outer atomic() without a COMMIT of its own
+            pytest.raises(LockError, match="autocommit off"),
+            lock(name, atomic=PG),
+        ):
+            pass
+    finally:
+        transaction.rollback(using=PG)
+        transaction.set_autocommit(True, using=PG)
+    assert sales(PG) == []
+
+
+# -- blocks exited out of order, by hand -----------------------------------------------------
+
+
+@pytest.mark.parametrize("outer", ["outermost", "in a transaction"])
+def test_a_fenced_block_exited_before_one_opened_inside_it_commits_nothing(
+    name: str, outer: str
+) -> None:
+    """Django's exit of the outer block released the inner block's savepoint and kept the
+    transaction open: the outer block returned as committed and was released before any
+    COMMIT. Now both roll back, and both say so."""
+    open_shop(PG, 1, 5)
+    a, b = lock(f"{name}:a", ttl=30, atomic=PG), lock(f"{name}:b", ttl=30, atomic=PG)
+    with transaction.atomic(using=PG) if outer != "outermost" else contextlib.nullcontext():
+        a.__enter__()
+        sell_one(PG, 1, "a")
+        b.__enter__()
+        sell_one(PG, 1, "b")
+        with pytest.raises(LockError, match="out of order"):
+            a.__exit__(None, None, None)
+        assert not a.locked()
+        with pytest.raises(LockError, match="after its outer one"):
+            b.__exit__(None, None, None)
+        assert not b.locked()
+    assert sales(PG) == []
+    with lock(f"{name}:a", ttl=30, atomic=PG):  # the connection is usable again
+        sell_one(PG, 1, "c")
+    assert sales(PG) == [("c", 5)]
+
+
+def test_a_fenced_block_left_by_its_body_s_exception_before_one_inside_it_commits_nothing(
+    name: str,
+) -> None:
+    open_shop(PG, 1, 5)
+    a, b = lock(f"{name}:a", ttl=30, atomic=PG), lock(f"{name}:b", ttl=30, atomic=PG)
+    a.__enter__()
+    sell_one(PG, 1, "a")
+    b.__enter__()
+    sell_one(PG, 1, "b")
+    with pytest.raises(ZeroDivisionError):
+        try:
+            1 / 0  # noqa: B018
+        except ZeroDivisionError as exc:
+            a.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+    with pytest.raises(LockError, match="after its outer one"):
+        b.__exit__(None, None, None)
+    assert sales(PG) == [] and not a.locked() and not b.locked()
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_during_a_late_commit_reply_goes_on_and_logs_the_outcome(
+    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture, interrupt: type
+) -> None:
+    """An interrupt says "stop", not "failed": it comes out as itself, released, the outcome
+    learnt and logged (it was not learnt; had Django's exit turned the interrupt into
+    ``ProgrammingError``, as it does an ``Exception``, the block returned as committed,
+    swallowing it)."""
+    open_shop(PG, 1, 5)
+    with (
+        signal_raises(interrupt) as after,
+        pytest.raises(interrupt),
+        lock(name, ttl=30, atomic=PROXIED),
+    ):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("late", hold=2.0)
+        after(0.5)  # while the COMMIT's reply is held back
+    assert sales(PG) == [("a", 5)] and not lock(name).locked()
+    said = f"{interrupt.__name__} interrupted the COMMIT of its fenced transaction: it committed"
+    assert said in caplog.text
+
+
+# -- a name's first block: its row INSERTed by a COMMIT still running -------------------------
+
+
+def slow_commit(delay: float, fails: bool) -> None:
+    """This transaction's COMMIT runs a deferred trigger: ``delay`` seconds, then an error
+    (``fails``: the COMMIT rolls back) or none."""
+    with connections[PG].cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS outcome_slow (fails boolean, delay float)")
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION outcome_slow() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN PERFORM pg_sleep(NEW.delay); IF NEW.fails THEN RAISE EXCEPTION 'refused';"
+            " END IF; RETURN NULL; END $$"
+        )
+        cursor.execute("DROP TRIGGER IF EXISTS outcome_slow ON outcome_slow")
+        cursor.execute(
+            "CREATE CONSTRAINT TRIGGER outcome_slow AFTER INSERT ON outcome_slow DEFERRABLE"
+            " INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION outcome_slow()"
+        )
+        cursor.execute("INSERT INTO outcome_slow VALUES (%s, %s)", [fails, delay])
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["committed", "refused"])
+def test_a_time_limit_during_a_first_block_s_slow_commit_waits_for_its_end(
+    name: str, fails: bool
+) -> None:
+    """The name's first block INSERTs its row: a read on a new connection neither sees nor
+    waits for a row whose transaction is still committing, and took "no row" for "nothing
+    committed" (the block raised ``ProgrammingError`` and the sale had committed). The check
+    now first waits until the block's server process left the transaction: then the row
+    proves either way."""
+    open_shop(PG, 1, 5)
+    with contextlib.ExitStack() as stack:
+        after = stack.enter_context(signal_raises(TimeLimit))
+        if fails:
+            stack.enter_context(pytest.raises(DatabaseError))
+        with lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "a")
+            slow_commit(1.5, fails)
+            after(0.5)  # while the COMMIT runs the trigger
+    assert sales(PG) == ([] if fails else [("a", 5)]) and not lock(name).locked()
+    with lock(name, ttl=30, atomic=PG):  # the connection is usable again
+        sell_one(PG, 1, "b")
+    assert sales(PG)[-1][0] == "b"
+
+
+# -- Django's atomic() cut short before its COMMIT or rollback ran -----------------------------
+
+
+@pytest.mark.parametrize("where", ["__exit__", "__enter__", "nested __exit__"])
+def test_an_exception_on_django_s_atomic_first_lines_rolls_back_and_leaves_no_transaction(
+    name: str, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handler's exception before ``Atomic.__exit__`` left the block (or after
+    ``__enter__`` opened it, before the ``with`` took it) kept the transaction open: the
+    thread's next fenced block became a savepoint of it and returned as committed, nothing
+    committed, and the row stayed locked for the next holder. Now rolled back, raised."""
+    open_shop(PG, 1, 5)
+    nested, where = where.startswith("nested"), where.split()[-1]
+    original = getattr(transaction.Atomic, where)
+    armed = [False]
+
+    def cut_short(self: Any, *args: Any) -> Any:
+        if where == "__enter__":
+            original(self, *args)
+        if armed[0]:
+            armed[0] = False
+            raise TimeLimit()
+        return original(self, *args)
+
+    monkeypatch.setattr(transaction.Atomic, where, cut_short)
+    if nested:  # the block's savepoint was kept: the outer transaction committed the sale
+        with (
+            transaction.atomic(using=PG),
+            pytest.raises(TimeLimit),
+            lock(name, ttl=30, atomic=PG),
+        ):
+            sell_one(PG, 1, "a")
+            armed[0] = True
+    elif where == "__exit__":
+        with pytest.raises(TimeLimit), lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "a")
+            armed[0] = True
+    else:
+        armed[0] = True
+        with pytest.raises(TimeLimit), lock(name, ttl=30, atomic=PG):
+            pytest.fail("the body ran")
+    monkeypatch.undo()
+    assert not connections[PG].in_atomic_block and sales(PG) == []
+    with lock(f"{name}:other", ttl=30, atomic=PG):  # the same thread's next block
+        sell_one(PG, 1, "b")
+    got: list[str] = []
+
+    def next_holder() -> None:
+        with lock(name, ttl=30, timeout=3, atomic=PG):
+            sell_one(PG, 1, "c")
+        got.append("c")
+
+    in_thread(next_holder).join(20)
+    assert got == ["c"] and sales(PG) == [("b", 5), ("c", 4)]
+
+
+# -- a frozen clock (freezegun, time-machine) ------------------------------------------------
+
+
+def test_a_frozen_clock_gives_each_block_of_a_hold_its_own_mark(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two blocks of one hold under ``timezone.now()`` returning one time wrote one mark; the
+    second's COMMIT lost before the server got it was taken for the first's: "committed",
+    nothing committed."""
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+    open_shop(PG, 1, 5)
+    held = lock(name, ttl=30)
+    held.acquire()
+    with held.atomic(using=PROXIED):
+        pass
+    with pytest.raises(OperationalError), held.atomic(using=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.cut()  # the COMMIT never reaches the server, which rolls back
+    held.release()
+    assert sales(PG) == []
+
+
+# -- an old interrupt being handled where the block runs --------------------------------------
+
+
+def test_a_block_run_while_an_old_interrupt_is_handled_does_not_raise_it_again(
+    name: str, proxied: LossyProxy
+) -> None:
+    """The lost reply's error has the handled ``KeyboardInterrupt`` as its context: it is not
+    one that interrupted this COMMIT (the committed block raised it again)."""
+    open_shop(PG, 1, 5)
+    raised: BaseException | None = None
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        try:
+            with lock(name, ttl=30, atomic=PROXIED):
+                sell_one(PROXIED, 1, "a")
+                proxied.fault_commit("cut")
+        except BaseException as exc:  # (a KeyboardInterrupt would end the test run)
+            raised = exc
+    assert raised is None and proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
+
+
+# -- an exception at the release after the COMMIT ---------------------------------------------
+
+
+def test_a_time_limit_at_the_release_after_the_commit_does_not_make_single_instance_rerun(
+    name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A soft time limit while the release waits for Redis: the body committed; raised, the
+    run looked failed, and a retry (``autoretry_for``) sold twice."""
+    open_shop(PG, 1, 5)
+    release = Lock.release
+
+    def slow_release(self: Any) -> None:
+        monkeypatch.setattr(Lock, "release", release)
+        raise TimeLimit()
+
+    @single_instance(key=name, ttl=30, atomic=PG)
+    def sell() -> str:
+        sell_one(PG, 1, "a")
+        monkeypatch.setattr(Lock, "release", slow_release)
+        return "sold"
+
+    assert sell() == "sold" and sales(PG) == [("a", 5)]
+    assert "committed; then the release raised" in caplog.text
+    locks["default"].force_release(name)
+
+
+def test_autocommit_off_is_refused_before_any_lock_is_taken_by_the_helpers(name: str) -> None:
+    """lock_all(atomic=), @single_instance(atomic=) and @lock_view(atomic=) took their locks
+    first, then refused (and released): a waiter saw the lock taken for nothing."""
+    taken: list[str] = []
+
+    def on_acquired(sender: Any, lock: Any, **kwargs: Any) -> None:
+        taken.append(lock.name)
+
+    @single_instance(key=f"{name}:task", ttl=30, atomic=PG)
+    def task() -> None:
+        pytest.fail("the task ran")
+
+    def view(request: Any) -> Any:
+        pytest.fail("the view ran")
+
+    lock_acquired.connect(on_acquired, weak=False)
+    transaction.set_autocommit(False, using=PG)
+    try:
+        with (
+            pytest.raises(LockError, match="autocommit off"),
+            lock_all(f"{name}:a", f"{name}:b", ttl=30, atomic=PG),
+        ):
+            pytest.fail("the body ran")
+        with pytest.raises(LockError, match="autocommit off"):
+            task()
+        with pytest.raises(LockError, match="autocommit off"):
+            lock_view(f"{name}:view", atomic=PG)(view)(RequestFactory().get("/"))
+    finally:
+        lock_acquired.disconnect(on_acquired)
+        transaction.rollback(using=PG)
+        transaction.set_autocommit(True, using=PG)
+    assert taken == []

@@ -1,0 +1,449 @@
+"""``manage.py redlock exec NAME -- COMMAND``: real ``exec`` processes on the suite's Redis,
+running tests/support/exec_child.py; and its bad usage and exit codes in this process."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_redlock import lock, locks, semaphore
+from django_redlock.management import exec_action
+from django_redlock.models import LockIncident
+from django_redlock.testing import RedisServer
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = str(ROOT / "tests" / "support" / "exec_child.py")
+_runs = itertools.count()
+
+
+class Exec:
+    """One ``python -m django redlock exec ...`` process."""
+
+    def __init__(self, url: str, *args: str) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SETTINGS_MODULE": "tests.support.exec_settings",
+            "REDLOCK_TEST_REDIS": url,
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "django", "redlock", "exec", *args],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def finish(self, timeout: float = 120) -> tuple[int, str]:
+        _, err = self.process.communicate(timeout=timeout)
+        return self.process.returncode, err
+
+
+@pytest.fixture
+def execs(redis_server: RedisServer) -> Iterator[Callable[..., Exec]]:
+    started: list[Exec] = []
+
+    def start(*args: str) -> Exec:
+        started.append(Exec(redis_server.url, *args))
+        return started[-1]
+
+    yield start
+    for each in started:
+        if each.process.poll() is None:
+            each.process.kill()
+        each.process.communicate()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"exec-test-{next(_runs)}"
+
+
+def child(redis_server: RedisServer, action: str, prefix: str, *args: str) -> list[str]:
+    return ["--", sys.executable, CHILD, action, redis_server.url, prefix, *args]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "it") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.02)
+    return value
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet is dead)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_one_runs_the_other_exits_75_and_a_waiter_runs_after(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    client = redis_server.client()
+    name = f"{prefix}-job"
+    first = execs(name, *child(redis_server, "run", prefix, "gate"))  # runs until "go"
+    wait_for(lambda: client.llen(f"{prefix}:peaks"), what="first child")
+    second = execs(name, *child(redis_server, "run", prefix, "0"))
+    other = execs(name, "--conflict-exit-code", "9", *child(redis_server, "run", prefix, "0"))
+    code, err = second.finish()
+    assert code == 75 and "held elsewhere" in err, err
+    assert other.finish()[0] == 9
+    waiter = execs(name, "--wait", "120", *child(redis_server, "run", prefix, "0"))
+    client.set(f"{prefix}:go", 1)
+    code, err = first.finish()
+    assert code == 0 and "redlock exec" not in err, err
+    assert waiter.finish()[0] == 0
+    assert [int(p) for p in client.lrange(f"{prefix}:peaks", 0, -1)] == [1, 1]
+    fences = [int(f) for f in client.lrange(f"{prefix}:fences", 0, -1)]
+    assert fences[0] < fences[1]  # strictly increasing, in the order the children ran
+    assert client.lrange(f"{prefix}:env", 0, -1) == [f"{name} default".encode()] * 2
+    assert not locks["redis"].is_locked(name)  # released at the child's end
+
+
+def test_limit_2_with_five_runs_at_most_two_at_once(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    client = redis_server.client()
+    name = f"{prefix}-report"
+    args = (name, "--limit", "2", "--wait", "120", *child(redis_server, "run", prefix, "gate"))
+    five = [execs(*args) for _ in range(5)]
+    wait_for(lambda: client.llen(f"{prefix}:peaks") >= 2, timeout=120, what="two children")
+    time.sleep(0.5)  # the other three are waiting (or still starting): none runs
+    assert sorted(int(p) for p in client.lrange(f"{prefix}:peaks", 0, -1)) == [1, 2]
+    client.set(f"{prefix}:go", 1)
+    assert [each.finish()[0] for each in five] == [0] * 5
+    peaks = [int(p) for p in client.lrange(f"{prefix}:peaks", 0, -1)]
+    assert len(peaks) == 5 and max(peaks) == 2, peaks
+    fences = [int(f) for f in client.lrange(f"{prefix}:fences", 0, -1)]
+    assert len(set(fences)) == 5
+
+
+@pytest.mark.parametrize("how", ["force_release", "flushdb"])
+def test_a_loss_terminates_the_child_and_exits_76(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str, how: str
+) -> None:
+    client = redis_server.client()
+    name = f"{prefix}-lost"
+    # --ttl 3: renewed every second; --grace 1: the trapping child exits at its SIGTERM.
+    running = execs(name, "--ttl", "3", "--grace", "1", *child(redis_server, "trap", prefix))
+    pid, group = map(int, wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split())
+    assert group == pid and group != os.getpgid(0)  # its own process group
+    started = time.monotonic()
+    if how == "force_release":
+        assert locks["redis"].force_release(name)
+    else:
+        client.flushdb()
+    code, err = running.finish()
+    # Noticed within a renewal period (1 s), the child gone at its SIGTERM (a loaded
+    # machine's seconds on top).
+    assert time.monotonic() - started < 6, err
+    assert code == exec_action.EXIT_LOST == 76 and "was lost" in err, err
+    assert not alive(pid)
+
+
+def test_exec_sigkilled_takes_its_child_along_and_what_the_child_started(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    client = redis_server.client()
+    direct = execs(f"{prefix}-k", *child(redis_server, "trap", prefix))
+    # A shell that starts the trapping child in the background: a grandchild of exec.
+    trap = " ".join(map(shlex.quote, child(redis_server, "trap", prefix)[1:]))
+    shell = execs(f"{prefix}-k2", "--", "sh", "-c", f"{trap} & wait")
+    pids = [int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+            for _ in range(2)]  # fmt: skip
+    direct.process.kill()
+    shell.process.kill()
+    for each in (direct, shell):
+        each.process.wait()
+    gone = time.monotonic()
+    for pid in pids:
+        wait_for(lambda: not alive(pid), timeout=1, what="child's end")  # noqa: B023
+    assert time.monotonic() - gone < 1
+
+
+def test_signals_are_forwarded_and_the_child_status_passed_through(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    client = redis_server.client()
+    sent = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    running = {
+        signum: execs(f"{prefix}-{signum}", *child(redis_server, "trap", f"{prefix}-{signum}"))
+        for signum in sent
+    }  # at once: each starts in its own time
+    for signum, each in running.items():
+        wait_for(lambda: client.llen(f"{prefix}-{signum}:pids"), what="child")  # noqa: B023
+        each.process.send_signal(signum)
+    for signum, each in running.items():
+        assert each.finish() == (40 + signum, "")  # the trapping child's exit status
+        assert not locks["redis"].is_locked(f"{prefix}-{signum}")
+
+
+def test_a_signal_while_waiting_ends_the_wait_and_leaves_nothing_held(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    name = f"{prefix}-waiting"
+    with lock(name, using="redis", ttl=30):
+        waiting = execs(name, "--wait", "120", *child(redis_server, "run", prefix, "0"))
+        info = lambda: locks["redis"].inspect(name)  # noqa: E731
+        wait_for(lambda: info() is not None and info().waiters, what="a waiter")  # type: ignore[union-attr]
+        waiting.process.send_signal(signal.SIGTERM)
+        code, err = waiting.finish()
+        assert code == 128 + signal.SIGTERM and "interrupted" in err, err
+    assert not locks["redis"].is_locked(name)  # nothing taken by the interrupted wait
+    assert redis_server.client().llen(f"{prefix}:peaks") == 0  # nothing run
+
+
+def test_exit_status_and_a_signal_death_pass_through(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    three = execs(f"{prefix}-a", "--", "sh", "-c", "exit 3")
+    killed = execs(f"{prefix}-b", "--", "sh", "-c", "kill -KILL $$")
+    missing = execs(f"{prefix}-c", "--", "/nonexistent/command")
+    assert three.finish()[0] == 3
+    assert killed.finish()[0] == 128 + signal.SIGKILL
+    code, err = missing.finish()
+    assert code == 127 and "could not run" in err
+
+
+def test_a_cron_loop_on_three_hosts_never_runs_two_at_once(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """Each "host" starts `exec` again as soon as the last one ended, for 8 s."""
+    client = redis_server.client()
+    name = f"{prefix}-cron"
+    ends = time.monotonic() + 8
+    codes: list[int] = []
+
+    def host() -> None:
+        while time.monotonic() < ends:
+            code, err = execs(name, *child(redis_server, "run", prefix, "0.3")).finish()
+            codes.append(code)
+            assert code in (0, 75), err
+
+    hosts = [threading.Thread(target=host) for _ in range(3)]
+    for each in hosts:
+        each.start()
+    for each in hosts:
+        each.join()
+    peaks = [int(p) for p in client.lrange(f"{prefix}:peaks", 0, -1)]
+    assert peaks and max(peaks) == 1, peaks
+    assert codes.count(0) == len(peaks) and set(codes) <= {0, 75}
+    fences = [int(f) for f in client.lrange(f"{prefix}:fences", 0, -1)]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="script(1) makes the terminal")
+def test_in_a_terminal_the_command_can_read_it(redis_server: RedisServer, prefix: str) -> None:
+    """In its own process group, the child would be stopped (SIGTTIN) by reading its
+    terminal; exec hands it the terminal's foreground while it runs."""
+    command = (f"{shlex.quote(sys.executable)} -m django redlock exec {prefix}-tty --"
+               " sh -c 'read x; echo got $x; exit 4'")  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "DJANGO_SETTINGS_MODULE": "tests.support.exec_settings",
+           "REDLOCK_TEST_REDIS": redis_server.url}  # fmt: skip
+    done = subprocess.run(
+        ["script", "-qec", command, "/dev/null"], input="hello\n", env=env, cwd=ROOT,
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 4 and "got hello" in done.stdout, done.stdout + done.stderr
+
+
+# -- in this process: bad usage, no answer, the incident ------------------------------------------
+
+
+def run(*args: str) -> tuple[int, str]:
+    """``redlock exec ...`` in this process: its exit status and stderr."""
+    from io import StringIO
+
+    err = StringIO()
+    try:
+        call_command("redlock", "exec", *args, stderr=err)
+    except CommandError as exc:
+        return exc.returncode, str(exc)
+    except SystemExit as exc:
+        return int(exc.code or 0), err.getvalue()
+    return 0, err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["n", "--backend", "down"], "no command"),
+        (["n", "--backend", "down", "--"], "no command"),
+        (["n", "--backend", "nope", "--", "true"], "unknown backend 'nope'"),
+        (["n", "--backend", "down", "--limit", "0", "--", "true"], "--limit"),
+        (["n", "--backend", "down", "--wait", "-1", "--", "true"], "--wait"),
+        (["n", "--backend", "down", "--grace", "-1", "--", "true"], "--grace"),
+        (["n", "--backend", "down", "--ttl", "0", "--", "true"], "ttl"),
+        (["n", "--backend", "down", "--grace", "nan", "--", "true"], "--grace is a finite"),
+        (["n", "--backend", "down", "--grace", "inf", "--", "true"], "--grace is a finite"),
+        (["n", "--backend", "down", "--wait", "nan", "--", "true"], "--wait is a finite"),
+        (["n", "--backend", "down", "--wait", "inf", "--", "true"], "--wait is a finite"),
+        (["n", "--backend", "down", "--ttl", "nan", "--", "true"], "--ttl is a finite"),
+        (["n", "--backend", "down", "--ttl", "inf", "--", "true"], "--ttl is a finite"),
+        (["n", "--backend", "down", "--conflict-exit-code", "256", "--", "true"], "0 to 255"),
+        (["", "--backend", "down", "--", "true"], "name"),
+    ],
+)
+def test_bad_usage_exits_2_before_any_redis_call(args: list[str], says: str) -> None:
+    # On the "down" alias: a Redis call would be exit 69, not 2.
+    code, text = run(*args)
+    assert code == 2 and says in text, text
+
+
+def test_a_backend_that_cannot_answer_exits_69_and_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    code, err = run("n", "--backend", "down", "--", "touch", str(marker))
+    assert code == exec_action.EXIT_UNAVAILABLE == 69 and "could not take" in err, err
+    assert not marker.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_loss_is_a_lock_incident_and_said_on_stderr(tmp_path: Path) -> None:
+    name = f"exec-incident-{next(_runs)}"
+    started = tmp_path / "started"
+    releaser = threading.Thread(
+        target=lambda: (
+            wait_for(started.exists, what="child"),
+            locks["redis"].force_release(name),
+        )
+    )
+    releaser.start()
+    command = f"touch {started}; exec sleep 30"
+    code, err = run(name, "--backend", "redis", "--ttl", "3", "--grace", "1", "--", "sh", "-c",
+                    command)  # fmt: skip
+    releaser.join()
+    assert code == 76 and "SIGTERM to the command's process group" in err, err
+    incident = LockIncident.objects.get(name=name)
+    assert incident.kind == "lost" and incident.backend == "redis"
+
+
+@pytest.mark.parametrize("kind", [[], ["--fair"], ["--limit", "2"], ["--limit", "2", "--fair"]])
+def test_each_kind_runs_the_command_and_releases(kind: list[str], tmp_path: Path) -> None:
+    name = f"exec-kind-{next(_runs)}"
+    out = tmp_path / "env"
+    code, err = run(name, "--backend", "redis", "--ttl", "5", *kind, "--", "sh", "-c",
+                    f"echo $REDLOCK_NAME $REDLOCK_BACKEND $REDLOCK_FENCE > {out}")  # fmt: skip
+    assert code == 0, err
+    got_name, backend, fence = out.read_text().split()
+    assert (got_name, backend) == (name, "redis") and int(fence) > 0
+    assert not locks["redis"].is_locked(name)
+
+
+def test_a_command_that_cannot_be_started_leaves_nothing_held_or_renewed() -> None:
+    name = f"exec-unstartable-{next(_runs)}"
+    code, err = run(name, "--backend", "redis", "--", "echo\0oops")  # Popen: ValueError
+    assert code == 126 and "could not run" in err, err
+    assert not locks["redis"].is_locked(name)
+    assert not [t for t in threading.enumerate() if t.name.startswith("redlock-keeper")]
+
+
+def test_a_lock_held_in_this_process_is_a_conflict() -> None:
+    with lock("exec-held", using="redis"):
+        code, err = run("exec-held", "--backend", "redis", "--", "true")
+    assert code == 75 and "held elsewhere" in err
+
+
+def test_a_name_held_as_another_kind_is_a_conflict() -> None:
+    with semaphore("exec-kind-clash", 3, using="redis"):
+        code, err = run("exec-kind-clash", "--backend", "redis", "--", "true")
+    assert code == 75 and "another kind" in err and "true not run" in err, err
+
+
+def test_the_guard_exists_before_the_command_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No moment when the command runs (and may start others in its group) unguarded: an
+    exec killed then would leave them running."""
+    started = tmp_path / "started"
+    seen: list[bool] = []
+    real = exec_action._guard
+
+    def slow_guard(*args: Any) -> Any:
+        time.sleep(0.5)  # had the command started, it would have touched the file by now
+        seen.append(started.exists())
+        return real(*args)
+
+    monkeypatch.setattr(exec_action, "_guard", slow_guard)
+    code, err = run(f"exec-guard-{next(_runs)}", "--backend", "redis", "--", "touch",
+                    str(started))  # fmt: skip
+    assert code == 0 and seen == [False] and started.exists(), (err, seen)
+
+
+def test_no_answer_with_grace_0_stops_the_child_before_the_hold_could_expire(
+    redis_factory: Callable[..., RedisServer], prefix: str
+) -> None:
+    """--grace 0 still leaves a safety margin before the hold could run out: for polling,
+    the kill and the scheduler."""
+    server = redis_factory()
+    name = f"{prefix}-grace0"
+    running = Exec(server.url, name, "--backend", "default", "--ttl", "2", "--grace", "0",
+                   *child(server, "trap", prefix))  # fmt: skip
+    client = redis.Redis.from_url(server.url)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    ttl = client.pttl(f"redlock:{{{name}}}") / 1000
+    server.pause()
+    try:
+        expires = time.monotonic() + ttl
+        while alive(pid) and time.monotonic() < expires + 1:
+            time.sleep(0.005)
+        assert time.monotonic() < expires - 0.1, ttl  # a margin left, not the hold's end
+        code, err = running.finish()
+    finally:
+        server.resume()
+    assert code == 69 and "may have expired" in err, err
+
+
+def test_a_pause_of_exec_longer_than_the_ttl_is_a_loss_76(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """Paused (SIGSTOP) past its TTL, exec finds on waking that the hold is gone: the
+    backend answered all along, so that is a loss (76), not "no answer" (69)."""
+    running = Exec(redis_server.url, f"{prefix}-stopped", "--ttl", "1", "--grace", "0.2",
+                   *child(redis_server, "trap", prefix))  # fmt: skip
+    client = redis.Redis.from_url(redis_server.url)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    running.process.send_signal(signal.SIGSTOP)
+    time.sleep(2)  # the hold expires meanwhile
+    running.process.send_signal(signal.SIGCONT)
+    code, err = running.finish(30)
+    assert code == 76 and "paused" in err, err
+    assert not alive(pid)
+
+
+def test_no_answer_while_the_child_runs_stops_it_before_the_hold_could_expire(
+    redis_factory: Callable[..., RedisServer], prefix: str
+) -> None:
+    """A Redis that stops answering (SIGSTOP) is not a loss, but the hold may run out
+    unrenewed: the child is stopped before it could, and exec says 69."""
+    server = redis_factory()
+    running = Exec(server.url, f"{prefix}-paused", "--backend", "default", "--ttl", "3", "--grace",
+                   "1", *child(server, "trap", prefix))  # fmt: skip
+    client = redis.Redis.from_url(server.url)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    server.pause()
+    try:
+        paused = time.monotonic()
+        # The hold was confirmed at most 1 s before the pause: it could expire 3 s after that.
+        wait_for(lambda: not alive(pid), timeout=3.5, what="child's end")
+        assert time.monotonic() - paused < 3
+        code, err = running.finish()  # after its renewal's and release's socket timeouts
+    finally:
+        server.resume()
+    assert code == 69 and "may have expired" in err, err

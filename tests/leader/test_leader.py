@@ -1,0 +1,272 @@
+"""Leader election (``django_redlock.leader``): candidates in real processes
+(tests/support/child.py ``lead`` and ``who``), and the
+term's loss, resignation and asyncio form here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redlock import (
+    BackendUnavailable,
+    LockLost,
+    LockNotAcquired,
+    Term,
+    current_leader,
+    leader,
+    locks,
+    run_as_leader,
+)
+from django_redlock.testing import RedisServer
+
+from ..conftest import Child
+
+
+def leading(candidates: list[Child], timeout: float) -> tuple[Child, int]:
+    """The one candidate that says LEADING within ``timeout`` s, and its fence."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for each in candidates:
+            line = each.poll()
+            if line is not None and line.startswith("LEADING"):
+                return each, int(line.split()[1])
+        time.sleep(0.01)
+    raise AssertionError(f"nobody led within {timeout:g} s: {[c.seen for c in candidates]}")
+
+
+def test_three_candidates_one_leads_and_a_sigkilled_leader_is_followed_within_the_ttl(
+    child: Callable[..., Child], name: str
+) -> None:
+    candidates = [child("lead", "--name", name, "--ttl", "3") for _ in range(3)]
+    for each in candidates:
+        each.expect("CAMPAIGNING")
+    first, fence = leading(candidates, 60)
+    time.sleep(0.3)
+    assert not any(c.poll() for c in candidates if c is not first)  # nobody else leads
+    # A fourth process names the leader.
+    assert child("who", "--name", name).expect("LEADER") == f"True {first.process.pid} {fence}"
+    first.process.kill()
+    killed = time.monotonic()
+    rest = [c for c in candidates if c is not first]
+    second, fence2 = leading(rest, 10)
+    assert time.monotonic() - killed < 3 + 3  # within the TTL (plus a loaded machine's seconds)
+    assert fence2 > fence
+    assert child("who", "--name", name).expect("LEADER") == f"True {second.process.pid} {fence2}"
+
+
+def test_resigning_hands_over_at_once_not_after_a_ttl(
+    child: Callable[..., Child], name: str
+) -> None:
+    candidates = [child("lead", "--name", name, "--ttl", "30") for _ in range(2)]
+    for each in candidates:
+        each.expect("CAMPAIGNING")
+    first, fence = leading(candidates, 60)
+    other = next(c for c in candidates if c is not first)
+    time.sleep(0.2)  # the other waits for it
+    first.send("resign")
+    first.expect("RESIGNED")
+    resigned = time.monotonic()
+    assert int(other.expect("LEADING", timeout=5)) > fence
+    assert time.monotonic() - resigned < 2  # woken by the release, far below the 30 s TTL
+
+
+def test_a_leader_whose_process_exits_cleanly_is_followed_at_once(
+    child: Callable[..., Child], name: str
+) -> None:
+    """A term led from a daemon thread still in its block when the process exits: resigned
+    at the exit (atexit), not left to run out its TTL."""
+    first = child("lead", "--name", name, "--ttl", "30", "--in-thread")
+    first.expect("CAMPAIGNING")
+    assert first.expect("LEADING")
+    other = child("lead", "--name", name, "--ttl", "30")
+    other.expect("CAMPAIGNING")
+    time.sleep(0.2)  # the other waits for it
+    first.send("exit")
+    assert first.process.wait(10) == 0
+    exited = time.monotonic()
+    other.expect("LEADING", timeout=5)
+    assert time.monotonic() - exited < 3  # far below the 30 s TTL
+
+
+def test_a_force_release_sets_term_lost_within_a_renewal_period(name: str) -> None:
+    with leader(name, using="redis", ttl=3) as term:
+        assert isinstance(term, Term) and not term.lost.is_set() and term.reason == ""
+        term.check()
+        assert locks["redis"].force_release(name)
+        released = time.monotonic()
+        assert term.lost.wait(2)
+        assert time.monotonic() - released < 1 + 1  # a renewal every second (and a loaded machine)
+        assert "expired or was released" in term.reason
+        with pytest.raises(LockLost, match="ended"):
+            term.check()
+    # Leaving a lost term raises nothing: the loss was told by term.lost.
+
+
+def test_leaving_resigns_and_current_leader_follows(name: str) -> None:
+    assert current_leader(name, using="redis") is None
+    with leader(name, using="redis", ttl=5) as term:
+        now = current_leader(name, using="redis")
+        assert now is not None and now.fence == term.fence and now.pid == os.getpid()
+        with pytest.raises(LockNotAcquired), leader(name, using="redis", timeout=0.2):
+            pass
+    assert term.lost.is_set() and term.reason == "resigned"
+    assert current_leader(name, using="redis") is None
+    with leader(name, using="redis") as again:
+        assert again.fence > term.fence
+
+
+def test_async_with(name: str) -> None:
+    async def main() -> tuple[int, bool]:
+        async with leader(name, using="redis", ttl=3) as term:
+            assert current_leader(name, using="redis") is not None
+            return term.fence, term.lost.is_set()
+
+    fence, lost = asyncio.run(main())
+    assert fence > 0 and not lost
+    assert current_leader(name, using="redis") is None
+
+
+def test_bad_arguments_fail_before_any_redis_call() -> None:
+    with pytest.raises(ValueError, match="ttl"):
+        leader("x", using="down", ttl=0)
+    with pytest.raises(ValueError, match="timeout"):
+        leader("x", using="down", timeout=-1)
+    with pytest.raises(TypeError):
+        current_leader(5, using="down")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        run_as_leader("", lambda term: None, using="down")
+    with pytest.raises(BackendUnavailable):
+        current_leader("x", using="down")
+
+
+def test_run_as_leader_campaigns_again_after_a_loss_until_stopped(name: str) -> None:
+    stop = threading.Event()
+    fences: list[int] = []
+
+    def target(term: Term) -> None:
+        fences.append(term.fence)
+        if len(fences) < 3:
+            locks["redis"].force_release(name)  # lose the first two terms
+        elif len(fences) == 3:
+            stop.set()
+        while True:
+            term.check()  # LockLost once lost or stopped: run_as_leader campaigns again
+            time.sleep(0.01)
+
+    thread = threading.Thread(
+        target=run_as_leader, args=(name, target), kwargs={"using": "redis", "ttl": 3, "stop": stop}
+    )
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive()
+    assert len(fences) == 3 and fences == sorted(set(fences))
+    assert current_leader(name, using="redis") is None  # resigned when stopped
+
+
+@pytest.fixture
+def paused_alias(redis_factory: Callable[..., RedisServer]) -> Iterator[RedisServer]:
+    server = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "paused": config}):
+        yield server
+        server.resume()
+        locks["paused"].close()
+
+
+def test_a_backend_that_stops_answering_ends_the_term_before_the_hold_could_expire(
+    paused_alias: RedisServer, name: str
+) -> None:
+    """No answer is not a loss for the lock; but a leader that cannot renew must stop
+    before the hold could run out and another candidate lead."""
+    with leader(name, using="paused", ttl=3) as term:
+        paused_alias.pause()
+        paused = time.monotonic()
+        assert term.lost.wait(4)
+        assert time.monotonic() - paused < 3  # by the TTL less a third after the last renewal sent
+        assert "did not answer" in term.reason
+        paused_alias.resume()  # the release at the end answered at once
+
+
+def test_a_term_that_cannot_start_its_renewals_resigns(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django_redlock.leader import Keeper
+
+    def no_thread(self: Keeper) -> Keeper:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(Keeper, "start", no_thread)
+    with pytest.raises(RuntimeError), leader(name, using="redis"):
+        pass
+    assert current_leader(name, using="redis") is None  # not held unrenewed for a TTL
+
+
+def test_a_take_whose_answer_came_late_is_counted_from_its_send(
+    paused_alias: RedisServer, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hold's TTL runs from when the server took it, before its answer arrived: a term
+    must end before the hold could expire, counted from the take's send, not its answer."""
+    campaign = leader(name, using="paused", ttl=2)
+    take = campaign.lock.acquire
+
+    def late(*args: object, **kwargs: object) -> bool:
+        taken = take(*args, **kwargs)  # type: ignore[arg-type]
+        time.sleep(1.0)  # the answer arrived late (or this process was slow to see it)
+        return taken
+
+    monkeypatch.setattr(campaign.lock, "acquire", late)
+    with campaign as term:
+        now = current_leader(name, using="paused")
+        assert now is not None and now.ttl is not None
+        expires = time.monotonic() + now.ttl
+        paused_alias.pause()  # no renewal lands from now on
+        try:
+            assert term.lost.wait(3)
+            assert time.monotonic() < expires - 0.1, (now.ttl, term.reason)
+        finally:
+            paused_alias.resume()
+
+
+def test_an_async_take_whose_answer_came_late_is_confirmed_by_a_renewal(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    campaign = leader(name, using="redis", ttl=2)
+    take = campaign.lock.aacquire
+
+    async def late(*args: object, **kwargs: object) -> bool:
+        taken = await take(*args, **kwargs)  # type: ignore[arg-type]
+        await asyncio.sleep(0.6)  # more than a sixth of the TTL
+        return taken
+
+    monkeypatch.setattr(campaign.lock, "aacquire", late)
+
+    async def main() -> float | None:
+        async with campaign:
+            now = current_leader(name, using="redis")
+            return None if now is None else now.ttl
+
+    left = asyncio.run(main())
+    assert left is not None and left > 1.7  # renewed on entry, not 1.4 s left
+
+
+def test_a_renewal_awaiting_its_answer_is_not_waited_for_by_spinning(
+    paused_alias: RedisServer, name: str
+) -> None:
+    """While a renewal waits for an answer that does not come, the keeper sleeps until its
+    give-up time: it does not spin a core (which on a loaded machine starves the rest)."""
+    with leader(name, using="paused", ttl=3) as term:
+        paused_alias.pause()
+        try:
+            cpu = time.process_time()
+            assert term.lost.wait(4)
+            used = time.process_time() - cpu
+        finally:
+            paused_alias.resume()
+    assert used < 0.3, used  # a spinning keeper: most of the second between renewal and give-up

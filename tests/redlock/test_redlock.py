@@ -1,0 +1,262 @@
+"""The Redlock quorum over 5 real redis-servers, under faults."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redlock import LockNotOwned, QuorumNotReached, lock, locks
+from django_redlock.backends import markers
+from django_redlock.backends.redlock import RedlockBackend
+from django_redlock.testing import RedisServer
+
+from ..conftest import Child
+
+NODE_TIMEOUT = 0.1
+
+
+@pytest.fixture
+def nodes(redis_factory: Callable[..., RedisServer]) -> list[RedisServer]:
+    return [redis_factory() for _ in range(5)]
+
+
+def quorum_alias(alias: str, servers: list[RedisServer], **options: Any) -> Any:
+    config = {
+        "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+        "LOCATION": [server.url for server in servers],
+        "OPTIONS": options,
+    }
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config})
+
+
+@pytest.fixture
+def quorum(nodes: list[RedisServer]) -> Iterator[RedlockBackend]:
+    with quorum_alias("quorum", nodes):
+        backend = locks["quorum"]
+        assert isinstance(backend, RedlockBackend)
+        yield backend
+
+
+def occupy(server: RedisServer, backend: RedlockBackend, name: str) -> None:
+    """Another client's hold on one node."""
+    server.client().set(backend.key(name), 'other|7|0|{"h":"elsewhere"}', px=30000)
+
+
+def keys(server: RedisServer) -> set[bytes]:
+    return {k for k in server.client().keys("*") if not k.endswith(b":f")}
+
+
+def test_quorum_rule_for_every_subset(quorum: RedlockBackend, nodes: list[RedisServer]) -> None:
+    for size in range(6):
+        for taken in itertools.combinations(range(5), size):
+            name = f"subset:{'-'.join(map(str, taken)) or 'none'}"
+            for i in taken:
+                occupy(nodes[i], quorum, name)
+            held = lock(name, using="quorum")
+            got = held.acquire(blocking=False)
+            assert got == (5 - size >= 3), taken
+            if got:
+                held.release()
+            # Either way nothing of ours is left on any node.
+            for server in nodes:
+                value = server.client().get(quorum.key(name))
+                assert value is None or value.startswith(b"other|")
+
+
+def test_acquire_release_fence_ttl_and_waiting(
+    quorum: RedlockBackend, nodes: list[RedisServer]
+) -> None:
+    first = lock("w", using="quorum", ttl=10)
+    assert first.acquire()
+    ttl = first.ttl()
+    assert ttl is not None and 9 < ttl < 10  # the quorum's validity, drift taken off
+    assert first.owned() and first.locked()
+    woke: list[float] = []
+    second = lock("w", using="quorum", ttl=10)
+
+    def wait() -> None:
+        assert second.acquire(timeout=10)
+        woke.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.4)
+    released = time.monotonic()
+    first.release()
+    thread.join(10)
+    assert woke and woke[0] - released < 0.2  # woken by pub/sub, not by the 10 s TTL
+    assert second.fence is not None and first.fence is None
+    second.extend(20)
+    ttl = second.ttl()
+    assert ttl is not None and ttl > 19
+    second.release()
+    assert all(not keys(server) for server in nodes)
+
+
+def test_only_plain_locks_on_redlock(quorum: RedlockBackend) -> None:
+    with pytest.raises(NotImplementedError, match="plain locks only"):
+        lock("x", using="quorum", reentrant=True)
+    with pytest.raises(NotImplementedError, match="plain locks only"):
+        lock("x", using="quorum", fair=True)
+
+
+def test_fence_grows_across_different_majorities(
+    quorum: RedlockBackend, nodes: list[RedisServer]
+) -> None:
+    ahead = int(time.time() * 1000 + 3_600_000) * 1000  # an hour ahead of the clock fences
+    nodes[0].client().set(quorum.fence_key("f"), ahead)  # node 0 is ahead of the others
+    with lock("f", using="quorum") as held:
+        assert held.fence == ahead + 1
+    nodes[0].kill()  # the next majority does not include node 0
+    with lock("f", using="quorum") as held:
+        assert held.fence is not None and held.fence > ahead + 1
+
+
+def test_one_paused_node_costs_about_one_node_timeout(
+    quorum: RedlockBackend, nodes: list[RedisServer]
+) -> None:
+    lock("warm", using="quorum").acquire()  # connections exist before the pause
+    nodes[1].pause()
+    try:
+        started = time.monotonic()
+        held = lock("p", using="quorum")
+        assert held.acquire(blocking=False)
+        assert time.monotonic() - started < NODE_TIMEOUT + 0.15
+        held.release()
+    finally:
+        nodes[1].resume()
+
+
+def test_majority_down_fails_fast_and_leaves_nothing(
+    quorum: RedlockBackend, nodes: list[RedisServer]
+) -> None:
+    for server in nodes[:3]:
+        server.kill()
+    started = time.monotonic()
+    # 2 of 5 answer at most: decided as soon as three refused, maybe before the last replies.
+    with pytest.raises(QuorumNotReached, match=r"only [0-2] of 5 nodes answered, 3 needed"):
+        lock("m", using="quorum").acquire()
+    assert time.monotonic() - started < 2 * NODE_TIMEOUT + 0.2
+    assert not keys(nodes[3]) and not keys(nodes[4])
+
+
+def test_majority_paused_fails_within_about_a_node_timeout(
+    quorum: RedlockBackend, nodes: list[RedisServer]
+) -> None:
+    lock("warm", using="quorum").acquire()
+    for server in nodes[:3]:
+        server.pause()
+    try:
+        started = time.monotonic()
+        with pytest.raises(QuorumNotReached):
+            lock("m", using="quorum").acquire(timeout=5)
+        assert time.monotonic() - started < 2 * NODE_TIMEOUT + 0.3  # acquire + clean-up
+    finally:
+        for server in nodes[:3]:
+            server.resume()
+    assert not keys(nodes[3]) - {quorum.key("warm").encode()}
+
+
+@pytest.mark.timeout(300)  # 25 s on a quiet machine; a loaded 2-core one is far slower
+def test_ticket_sale_through_faults(
+    nodes: list[RedisServer], redis_server: RedisServer, child: Callable[..., Child]
+) -> None:
+    store = redis_server.client()
+    store.set("stock", 150)
+    urls = ",".join(server.url for server in nodes)
+    sellers = [
+        child("sell", "--name", "q-tickets", "--stock", "stock", "--ledger", "sold", nodes=urls)
+        for _ in range(5)
+    ]
+    time.sleep(1.0)
+    nodes[0].kill()  # gone for good
+    time.sleep(0.3)
+    nodes[1].pause()  # stops answering
+    time.sleep(0.3)
+    nodes[2].restart()  # back, empty
+    sold = [int(seller.expect("SOLD").split()[0]) for seller in sellers]
+    nodes[1].resume()
+    ledger = [int(ticket) for ticket in store.lrange("sold", 0, -1)]
+    assert sum(sold) == 150 and int(store.get("stock")) == 0
+    assert sorted(ledger) == list(range(1, 151))  # none oversold, none lost
+
+
+def test_paused_client_past_ttl(
+    nodes: list[RedisServer], quorum: RedlockBackend, child: Callable[..., Child]
+) -> None:
+    urls = ",".join(server.url for server in nodes)
+    holder = child("hold", "--name", "c", "--ttl", "0.6", nodes=urls)
+    old_fence = int(holder.expect("ACQUIRED"))
+    holder.signal(signal.SIGSTOP)
+    try:
+        time.sleep(1.0)
+        new = lock("c", using="quorum", ttl=30)
+        assert new.acquire(blocking=False)
+        assert new.fence is not None and new.fence > old_fence
+    finally:
+        holder.signal(signal.SIGCONT)
+    holder.send("release")
+    assert holder.expect("NOT_OWNED") in ("LockNotOwned", "LockLost")
+    assert new.owned()
+    new.release()
+
+
+def test_crash_restart_hazard_and_the_guard(redis_factory: Callable[..., RedisServer]) -> None:
+    servers = [redis_factory() for _ in range(5)]
+    # Without the guard: three nodes restart empty and a second client wins a majority
+    # while the first still believes it holds the lock.
+    with quorum_alias("bare", servers):
+        first = lock("h", using="bare", ttl=30)
+        assert first.acquire(blocking=False)
+        for server in servers[:3]:
+            server.restart()
+        second = lock("h", using="bare", ttl=30)
+        assert second.acquire(blocking=False)  # the hazard: two holders
+        second.release()
+    for server in servers:
+        server.client().flushall()
+    # With the guard: a node that lost its data votes no until the guard has passed.
+    with quorum_alias("guarded", servers, restart_guard=1.5):
+        backend = locks["guarded"]
+        assert isinstance(backend, RedlockBackend)
+        backend.prepare()  # what AppConfig.ready does: a new deployment, all nodes trusted
+        first = lock("h", using="guarded", ttl=30)
+        assert first.acquire(blocking=False)
+        for server in servers[:3]:
+            server.restart()
+        second = lock("h", using="guarded", ttl=30)
+        assert not second.acquire(blocking=False)  # safe: the empty nodes abstain
+        time.sleep(1.6)
+        assert second.acquire(blocking=False)  # after the guard (set it >= your TTLs)
+        with pytest.raises(LockNotOwned):
+            first.release()
+        second.release()
+
+
+def test_queue_marker_needs_a_majority(quorum: RedlockBackend, nodes: list[RedisServer]) -> None:
+    marker = markers.queued_key(quorum, "q")
+    nodes[0].client().set(marker, "stale", px=30000)  # a minority's leftover: outvoted
+    assert quorum.execute(quorum.op_mark_queued("q", "t1", 30000)) is None
+    for node in nodes[:3]:  # a majority has another task queued: that one is the answer
+        node.client().set(marker, "other", px=30000)
+    assert quorum.execute(quorum.op_mark_queued("q", "t2", 30000)) == "other"
+    assert [n.client().get(marker) for n in nodes[3:]] == [b"t1", b"t1"]  # t2 taken back
+    for node in nodes[:2]:  # no majority either way: noted, enqueued (never dropped)
+        node.client().set(marker, "x", px=30000)
+    for node in nodes[2:4]:
+        node.client().set(marker, "y", px=30000)
+    nodes[4].client().delete(marker)
+    assert quorum.execute(quorum.op_mark_queued("q", "t3", 30000)) is None
+    assert quorum.execute(quorum.op_clear_queued("q", "t3")) is True
+    for node in nodes[:3]:
+        node.stop()
+    with pytest.raises(QuorumNotReached):
+        quorum.execute(quorum.op_mark_queued("q", "t4", 30000))

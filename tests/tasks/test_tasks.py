@@ -1,0 +1,451 @@
+"""@single_instance under Django's Tasks framework: real db_worker processes (django-tasks-db,
+the ORM-backed backend) on the suite's Redis and a SQLite queue they share with the tests;
+the ImmediateBackend in this process for what needs no worker."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from django_redlock import locks, single_instance
+from django_redlock.admin import Row
+from django_redlock.contrib.single import skipped
+from django_redlock.contrib.tasks import lock_key
+from django_redlock.testing import RedisServer
+from tests.support import tasks_jobs
+
+from ..conftest import ROOT
+
+try:
+    from django.tasks import TaskResultStatus, task
+except ImportError:
+    from django_tasks import TaskResultStatus, task
+
+pytestmark = pytest.mark.django_db(databases=["tasks"], transaction=True)
+
+WORKERS = 3
+
+
+def tasks_test_db() -> str:
+    from django.db import connections
+
+    return str(connections["tasks"].settings_dict["NAME"])
+
+
+class Worker:
+    """``manage.py db_worker`` in its own session, so a test can SIGKILL it."""
+
+    def __init__(self, url: str, worker_id: str, log: Path) -> None:
+        self.worker_id, self.log = worker_id, log
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
+            "REDLOCK_TEST_REDIS": url,
+            "PYTHONPATH": str(ROOT),
+            # The queue is the test database pytest-django made (under pytest-xdist its name
+            # has the test process's suffix): tests/support/settings.py reads it from this variable.
+            f"REDLOCK_TASKS_DB{os.environ.get('PYTEST_XDIST_WORKER', '')}": tasks_test_db(),
+        }
+        command = [
+            sys.executable, "-m", "django", "db_worker", "--backend", "default",
+            "--interval", "0.05", "--no-startup-delay", "--no-reload", "--worker-id", worker_id,
+        ]  # fmt: skip
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while b"Starting worker" not in self.log.read_bytes():
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            assert time.monotonic() < deadline, self.log.read_text()[-3000:]
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="module")
+def workers(
+    django_db_setup: Any, redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Worker]]:
+    """Three workers for the module (started at once): two runs of a key can overlap, and a
+    third worker is free while two hold a limit=2 key."""
+    logs = tmp_path_factory.mktemp("db_worker")
+    started = [Worker(redis_server.url, f"w{i}", logs / f"w{i}.log") for i in range(WORKERS)]
+    try:
+        for worker in started:
+            worker.wait_ready()
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+def redis(server: RedisServer) -> Any:
+    return server.client(decode_responses=True)
+
+
+def wait_for(what: Callable[[], Any], message: str, seconds: float = 60) -> Any:
+    deadline = time.monotonic() + seconds
+    while not (value := what()):
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
+    return value
+
+
+def finished(result: Any) -> Any:
+    """``result`` once its run ended (refreshed from the queue's database)."""
+
+    def done() -> bool:
+        result.refresh()
+        return bool(result.is_finished)
+
+    wait_for(done, f"task result {result.id} did not finish")
+    return result
+
+
+def running(r: Any, group: str, count: int) -> list[str]:
+    """The tags of the runs of ``group`` that started, once ``count`` did."""
+    return wait_for(lambda: (ran := r.lrange(f"{group}:ran", 0, -1)) and len(ran) >= count and ran,
+                    f"{count} runs of {group} did not start")  # fmt: skip
+
+
+# -- one run at a time, on real workers -----------------------------------------------------
+
+
+def test_a_second_run_of_a_held_key_is_skipped(
+    workers: list[Worker], redis_server: RedisServer
+) -> None:
+    r = redis(redis_server)
+    first = tasks_jobs.overlap_skip.enqueue("first")
+    running(r, "skip", 1)
+    # The holder of the key names the task result id: the admin and `redlock list` show it.
+    info = locks["default"].inspect("tasks:overlap:skip")
+    assert info is not None and info.holder["k"] == str(first.id)
+    assert info.holder["n"] == "tests.support.tasks_jobs.overlap_skip"
+    assert str(first.id) in Row(info).holder_title
+    out = io.StringIO()
+    call_command("redlock", "list", "--backend", "default", stdout=out)
+    assert f"task {first.id}" in out.getvalue()
+
+    seconds = [tasks_jobs.overlap_skip.enqueue(f"second{i}") for i in range(2)]
+    for second in seconds:
+        finished(second)
+        assert second.status == TaskResultStatus.SUCCESSFUL
+        assert skipped(second.return_value) == {
+            "redlock": "duplicate_skipped", "key": "tasks:overlap:skip",
+            "task_id": str(second.id), "holder_task_id": str(first.id),
+        }  # fmt: skip
+    r.set("skip:open", 1)
+    assert finished(first).return_value == "ran"
+    assert r.lrange("skip:ran", 0, -1) == ["first"] and int(r.get("skip:peak")) == 1
+    assert locks["default"].inspect("tasks:overlap:skip") is None  # released
+
+    again = finished(tasks_jobs.overlap_skip.enqueue("again"))  # the key is free again
+    assert again.return_value == "ran"
+
+
+def test_a_second_run_of_a_held_key_raises(
+    workers: list[Worker], redis_server: RedisServer
+) -> None:
+    r = redis(redis_server)
+    first = tasks_jobs.overlap_raise.enqueue("first")
+    running(r, "raise", 1)
+    second = finished(tasks_jobs.overlap_raise.enqueue("second"))
+    assert second.status == TaskResultStatus.FAILED
+    assert second.errors[0].exception_class_path == "django_redlock.exceptions.LockNotAcquired"
+    assert str(first.id) in second.errors[0].traceback  # names the holder
+    r.set("raise:open", 1)
+    assert finished(first).status == TaskResultStatus.SUCCESSFUL
+    assert r.lrange("raise:ran", 0, -1) == ["first"]
+
+
+def test_limit_2_of_6_runs_has_peak_2(workers: list[Worker], redis_server: RedisServer) -> None:
+    r = redis(redis_server)
+    results = [tasks_jobs.limited.enqueue(str(i)) for i in range(6)]
+    running(r, "limited", 2)
+    # The third worker runs the other four meanwhile: all permits are taken, so it skips them.
+    wait_for(lambda: sum(_skipped(x) for x in results) == 4, "the other four were not skipped")
+    info = locks["default"].inspect("tasks:limited")
+    assert info is not None and len(info.holders) == 2
+    r.set("limited:open", 1)
+    outcomes = [finished(x).return_value for x in results]
+    assert outcomes.count("ran") == 2 and int(r.get("limited:peak")) == 2
+    holders = {str(x.id) for x in results if x.return_value == "ran"}
+    for outcome in outcomes:
+        if outcome != "ran":  # a skipped run names the two holders
+            assert set(outcome["holder_task_id"].split(", ")) == holders
+
+
+def _skipped(result: Any) -> bool:
+    result.refresh()
+    return result.is_finished and skipped(result.return_value) is not None
+
+
+# -- queue-time dedupe ------------------------------------------------------------------------
+
+
+def test_dedupe_queued_returns_the_first_result_while_queued_and_running(
+    workers: list[Worker], redis_server: RedisServer
+) -> None:
+    r = redis(redis_server)
+    blockers = [tasks_jobs.blocker.enqueue(str(i)) for i in range(WORKERS)]
+    running(r, "block", WORKERS)  # every worker is busy: what is enqueued now stays queued
+
+    first = tasks_jobs.deduped.enqueue(1)
+    again = tasks_jobs.deduped.enqueue(n=1)  # the same key (f(1) and f(n=1) are one)
+    assert again.id == first.id and again.status == TaskResultStatus.READY
+    other = tasks_jobs.deduped.enqueue(2)  # another key is queued
+    assert other.id != first.id
+
+    r.set("block:open", 1)
+    running(r, "dedupe", 2)
+    assert sorted(r.lrange("dedupe:ran", 0, -1)) == ["1", "2"]
+    while_running = tasks_jobs.deduped.enqueue(1)
+    assert while_running.id == first.id and while_running.status == TaskResultStatus.RUNNING
+
+    r.set("dedupe:open", 1)
+    assert finished(first).return_value == "ran" and finished(other).return_value == "ran"
+    assert all(finished(b).return_value == "ran" for b in blockers)
+    # The run ended: the next enqueue is queued, and runs.
+    later = tasks_jobs.deduped.enqueue(1, fail=True)
+    assert later.id != first.id
+    assert finished(later).status == TaskResultStatus.FAILED
+    # A failed run frees the key as well.
+    last = finished(tasks_jobs.deduped.enqueue(1))
+    assert last.id not in (first.id, later.id) and last.return_value == "ran"
+    assert r.lrange("dedupe:ran", 0, -1)[2:] == ["1", "1"]
+
+
+def test_aenqueue_dedupes_as_enqueue(workers: list[Worker], redis_server: RedisServer) -> None:
+    first = asyncio.run(tasks_jobs.deduped.aenqueue(9))
+    again = asyncio.run(tasks_jobs.deduped.aenqueue(n=9))  # queued or running: the same run
+    assert again.id == first.id
+    redis(redis_server).set("dedupe:open", 1)
+    assert finished(first).return_value == "ran"
+
+
+# -- a killed worker (last: it kills one of the module's workers) --------------------------
+
+
+def test_a_killed_worker_s_key_frees_at_its_ttl(
+    workers: list[Worker], redis_server: RedisServer
+) -> None:
+    r = redis(redis_server)
+    first = tasks_jobs.killed.enqueue(7)
+    running(r, "killed", 1)
+    first.refresh()
+    (victim,) = [w for w in workers if w.worker_id in first.worker_ids]
+    victim.kill()
+    killed_at = time.monotonic()
+    key = lock_key(tasks_jobs.killed, 7)
+    info = locks["default"].inspect(key)
+    assert info is not None and info.holder["k"] == str(first.id)  # held on, until its TTL
+    assert tasks_jobs.killed.enqueue(7).id == first.id  # still its run: deduplicated
+    wait_for(lambda: locks["default"].inspect(key) is None, "the key was not freed", 30)
+    assert time.monotonic() - killed_at < 2 + 5  # ttl=2, plus the slack of a busy machine
+
+    r.set("killed:open", 1)
+    after = tasks_jobs.killed.enqueue(7)  # the key is free: a new run
+    assert after.id != first.id
+    assert finished(after).return_value == "ran"
+
+
+# -- in this process (ImmediateBackend) ------------------------------------------------------
+
+
+def test_the_holder_names_the_task_result_id_with_and_without_context() -> None:
+    result = tasks_jobs.with_context.enqueue(1)
+    seen = result.return_value
+    assert seen["key"] == 'tests.support.tasks_jobs.with_context:{"a":1,"b":2}'  # no context in it
+    assert seen["holder"]["k"] == seen["id"] == str(result.id)
+    assert seen["holder"]["n"] == "tests.support.tasks_jobs.with_context"
+    assert lock_key(tasks_jobs.with_context, a=1) == seen["key"]  # defaults applied
+
+    plain = tasks_jobs.without_context.enqueue(3)
+    assert plain.return_value["holder"]["k"] == str(plain.id)
+    assert locks["default"].inspect(seen["key"]) is None  # released
+
+
+def test_a_run_inside_a_run_of_the_same_key_raises() -> None:
+    outer = tasks_jobs.nested.enqueue(False)
+    status, errors = json.loads(outer.return_value)
+    assert status == TaskResultStatus.FAILED
+    assert errors == ["django_redlock.exceptions.LockNotAcquired"]
+
+
+def test_a_direct_call_runs_under_the_lock_without_a_task_id() -> None:
+    seen = tasks_jobs.without_context.func(5)
+    assert seen["holder"] is not None and "k" not in seen["holder"]
+
+
+def test_retry_and_an_unwrapped_dedupe_fail_the_run_with_the_reason() -> None:
+    for job, reason in [(tasks_jobs.retrying, "has none"), (tasks_jobs.dedupe_unwrapped, "WRAPS")]:
+        result = job.enqueue()
+        assert result.status == TaskResultStatus.FAILED
+        assert result.errors[0].exception_class_path == "builtins.TypeError"
+        assert reason in result.errors[0].traceback
+
+
+# -- bad input, at import ---------------------------------------------------------------------
+
+
+def module_level(customer_id: int) -> None:
+    """A function for the tests below to decorate (Tasks refuse functions in functions)."""
+
+
+def test_above_task_is_a_type_error_naming_the_right_order() -> None:
+    built = task(backend="immediate")(module_level)
+    with pytest.raises(TypeError, match=r"directly under Django's @task(.|\n)*@task\(\)\n"):
+        single_instance()(built)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"on_duplicate": "ignore"}, ValueError, "on_duplicate must be one of"),
+        ({"key": "sync:{user_id}"}, ValueError, "'user_id', which is not an argument"),
+        ({"key": "sync:{}"}, ValueError, "use argument names"),
+        ({"ttl": 0}, ValueError, "ttl"),
+        ({"limit": 2, "dedupe_queued": True}, ValueError, "does not combine"),
+    ],
+)
+def test_bad_options_fail_at_import(options: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        task(backend="immediate")(single_instance(**options)(module_level))
+
+
+def test_retry_on_a_deduping_backend_fails_at_import() -> None:
+    with pytest.raises(TypeError, match="has none"):
+        task()(single_instance(on_duplicate="retry")(module_level))
+
+
+def test_a_coroutine_function_is_refused() -> None:
+    async def coroutine() -> None: ...
+
+    with pytest.raises(TypeError, match="coroutine"):
+        single_instance()(coroutine)
+
+
+def test_lock_key_refuses_an_undecorated_task() -> None:
+    with pytest.raises(TypeError, match="not a Django task decorated"):
+        lock_key(task(backend="immediate")(module_level), 1)
+
+
+# -- the dedupe wrapper: transparent, and no wait for its own turn -----------------------------
+
+IMMEDIATE = f"{task.__module__.rsplit('.', 1)[0]}.backends.immediate.ImmediateBackend"
+
+
+@pytest.fixture
+def dedupe_immediate(settings: Any) -> Iterator[str]:
+    settings.TASKS = {
+        **settings.TASKS,
+        "dedupe_immediate": {
+            "BACKEND": "django_redlock.contrib.tasks.DedupeQueuedBackend",
+            "WRAPS": IMMEDIATE,
+        },
+    }
+    yield "dedupe_immediate"
+
+
+def test_a_task_enqueuing_its_own_key_under_immediate_is_already_queued(
+    dedupe_immediate: str,
+) -> None:
+    # The outer enqueue() runs the task inside its turn on the key: the inner enqueue() of the
+    # same key must not wait for that turn (30 s, then LockNotAcquired).
+    result = tasks_jobs.next_page.using(backend=dedupe_immediate).enqueue(1)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == ["AlreadyQueued", str(result.id)]  # the run that holds it
+    assert locks["default"].inspect("tasks:next-page") is None
+    again = tasks_jobs.next_page.using(backend=dedupe_immediate).enqueue(2)
+    assert again.return_value == ["ran", 2]  # nothing left queued or held
+
+
+def test_the_dedupe_wrapper_keeps_the_backend_s_class(dedupe_immediate: str) -> None:
+    # Receivers connected with sender=<the wrapped backend class> still fire.
+    from django.utils.module_loading import import_string
+
+    immediate = import_string(IMMEDIATE)
+    signals = import_string(f"{IMMEDIATE.split('.backends.')[0]}.signals")
+    backends = import_string(f"{IMMEDIATE.split('.backends.')[0]}.task_backends")
+    seen: list[Any] = []
+
+    def receiver(sender: Any, task_result: Any, **_: Any) -> None:
+        seen.append((sender, task_result.id))
+
+    signals.task_enqueued.connect(receiver, sender=immediate)
+    try:
+        for job in (tasks_jobs.next_page, tasks_jobs.without_context):
+            args = (2,) if job is tasks_jobs.next_page else (1,)
+            result = job.using(backend=dedupe_immediate).enqueue(*args)
+            assert (immediate, result.id) in seen, job
+    finally:
+        signals.task_enqueued.disconnect(receiver, sender=immediate)
+    assert type(backends[dedupe_immediate]) is immediate
+    from django_tasks_db import DatabaseBackend
+
+    assert type(backends["default"]) is DatabaseBackend  # the db_worker's wrapped backend
+
+
+def test_coalesce_is_refused_on_django_tasks() -> None:
+    with pytest.raises(TypeError, match="coalesce"):
+        task()(single_instance(on_duplicate="coalesce")(module_level))
+
+
+def test_a_deleted_queued_run_no_longer_counts() -> None:
+    # The Tasks analog of a purge: the queued row is deleted (prune_db_task_results, the
+    # admin). Its marker would last an hour past run_after; the next enqueue() asks the
+    # backend, finds no such result, and queues anew.
+    import datetime
+
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult
+
+    later = tasks_jobs.deduped.using(run_after=timezone.now() + datetime.timedelta(hours=1))
+    first = later.enqueue(31)
+    assert later.enqueue(31).id == first.id  # queued: deduplicated
+    DBTaskResult.objects.filter(id=first.id).delete()
+    again = later.enqueue(31)
+    assert again.id != first.id
+    assert later.enqueue(31).id == again.id
+    DBTaskResult.objects.filter(id=again.id).delete()
+
+
+def test_an_exception_right_after_the_take_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An asynchronous exception (a signal handler's, KeyboardInterrupt) landing between the
+    # take and the run's own guard must not leave the key held and renewed.
+    from django_redlock.contrib import tasks as contrib
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(contrib, "run_held", interrupted)
+    key = lock_key(tasks_jobs.without_context, 11)
+    with pytest.raises(KeyboardInterrupt):
+        tasks_jobs.without_context.enqueue(11)  # a run of the task (the immediate backend)
+    assert not locks["default"].is_locked(key)

