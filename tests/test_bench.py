@@ -55,3 +55,24 @@ def test_fenced_purchases_scenario_runs_alone_and_reports() -> None:
     row = next(line for line in text.splitlines() if line.startswith("| fenced purchases"))
     assert "fence ≤ 2 statements: 2 **met**" in row
     assert "lost updates 0" in row
+
+
+@pytest.mark.timeout(120)
+def test_redis_cpu_scenario_measures_each_command_inside_a_script() -> None:
+    """The cost model's figures come from the bench's own server: each probe script's usec
+    per call, and each command's inside a script (its probe less the empty script's)."""
+    from bench.calibration import BASE, PROBES
+    from bench.report import calibration_rows
+
+    results = bench_only("redis cpu", BENCH_CPU_ROUNDS="1", BENCH_CPU_BLOCK="20",
+                         BENCH_CPU_CYCLES="50")  # fmt: skip
+    calibration = results["redis_cpu"]["calibration"]
+    assert set(calibration["usec_per_call"]) == set(PROBES)
+    assert all(usec > 0 for usec in calibration["usec_per_call"].values())
+    commands = {name for name in PROBES if not name.startswith("empty")}
+    assert set(calibration["usec_in_script"]) == commands
+    for name in commands:
+        expected = calibration["usec_per_call"][name] - calibration["usec_per_call"][BASE]
+        assert calibration["usec_in_script"][name] == pytest.approx(expected)
+    [row] = calibration_rows(results["redis_cpu"])
+    assert "inside a script: SET PX" in row[2]
