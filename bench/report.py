@@ -23,6 +23,8 @@ from bench.harness import (
     CPU_CYCLES,
     CPU_ROUNDS,
     HERE,
+    PAIRED_ROUNDS,
+    PAIRED_TURN,
     ROUNDS,
     SECONDS,
 )
@@ -43,6 +45,15 @@ def lock_all_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     trips = max(v["round_trips"]["lock_all"] for v in figures.values())
     return [("lock_all of 2 and of 10 names vs one by one, single node", "cycles/s; round trips per cycle",
              "<br>".join(parts), f"2 round trips whatever the size: {trips:.0f} {verdict(trips == 2)}")]  # fmt: skip
+
+
+def paired_text(uncontended: dict[str, Any]) -> str:
+    """The uncontended ratios of neighbouring short turns, once a run has measured them."""
+    pairs = uncontended.get("paired")
+    if not pairs:
+        return ""
+    return (f"; report: paired {PAIRED_TURN:g} s turns, median of {PAIRED_ROUNDS}: "
+            f"{pairs['redis-py Lock']:.2f} × redis-py, {pairs['raw SET NX PX + EVALSHA']:.2f} × raw")  # fmt: skip
 
 
 def calibration_rows(redis_cpu: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -82,7 +93,8 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"≥ 0.95 × raw: {ours / r['raw SET NX PX + EVALSHA']:.2f} × {verdict(ours >= 0.95 * r['raw SET NX PX + EVALSHA'])}; "
          f"≥ 1.0 × redis-py: {ours / r['redis-py Lock']:.2f} × {verdict(ours >= r['redis-py Lock'])}; "
          f"≥ 1.0 × python-redis-lock: {ours / r['python-redis-lock']:.2f} × {verdict(ours >= r['python-redis-lock'])}; "
-         f"2 round trips: {u['round_trips']:.2f} {verdict(abs(u['round_trips'] - 2) < 1e-9)}"),
+         f"2 round trips: {u['round_trips']:.2f} {verdict(abs(u['round_trips'] - 2) < 1e-9)}"
+         + paired_text(u)),
         ("uncontended cycle, where the time goes", "µs per cycle, wall / client CPU, the cases taking turns",
          "; ".join(f"{name.strip()} {v['wall_us']:.0f} / {v['cpu_us']:.0f}" for name, v in results["floor"].items()),
          "report (see below)"),
@@ -188,6 +200,9 @@ Absolute numbers on a shared 2-core machine are noise: read the ratios.
 How each figure is taken (one module per scenario in `bench/scenarios/`, `bench/contender.py`):
 
 - *raw* is the floor: `SET NX PX` + a compare-and-delete `EVALSHA`, on our backend's own client.
+- Uncontended, *paired*: ours and the anchors take turns of {PAIRED_TURN:g} s ({PAIRED_ROUNDS}
+  rounds, the order reversed every other round); each ratio is the median of the ratios of
+  neighbouring turns, which share the machine's load where rates taken seconds apart do not.
 - Round trips are counted by the backend; *commands per acquisition* are the commands each
   contending process sent (counted in redis-py's connection), divided by its acquisitions.
 - Redis CPU: `INFO cpu` (`used_cpu_user` + `used_cpu_sys` of the redis-server) around turns of

@@ -76,3 +76,28 @@ def test_redis_cpu_scenario_measures_each_command_inside_a_script() -> None:
         assert calibration["usec_in_script"][name] == pytest.approx(expected)
     [row] = calibration_rows(results["redis_cpu"])
     assert "inside a script: SET PX" in row[2]
+
+
+def test_paired_turns_give_the_subject_s_ratio_over_each_other_case() -> None:
+    """The uncontended scenario's paired ratios (bench/harness.py): one per other case, the
+    subject's rate over it; and the report's row quotes them once a run has them."""
+    import math
+
+    from bench.harness import paired
+    from bench.report import paired_text
+
+    calls = {"a": 0, "b": 0, "c": 0}
+
+    def case(name: str) -> Any:
+        def work() -> None:
+            calls[name] += 1
+
+        return work
+
+    ratios = paired({name: case(name) for name in calls}, "a", turn=0.005, rounds=3)
+    assert set(ratios) == {"b", "c"}
+    assert all(math.isfinite(r) and r > 0 for r in ratios.values())
+    assert all(count > 0 for count in calls.values())
+    assert paired_text({}) == ""
+    text = paired_text({"paired": {"redis-py Lock": 0.9, "raw SET NX PX + EVALSHA": 0.8}})
+    assert "0.90 \u00d7 redis-py, 0.80 \u00d7 raw" in text
