@@ -122,7 +122,9 @@ them.
   process, turns of 0.1 s, each ratio the median of 40 neighbouring pairs, the code before
   and after taking turns, three runs each on a shared machine at load average 6-17 (so
   lower than on a quiet one): before 0.75, 0.79, 0.61 x redis-py and 0.59, 0.61, 0.57 x
-  raw; after 0.86, 0.94, 0.86 x redis-py and 0.74, 0.77, 0.77 x raw. Each change added to
+  raw; after 0.86, 0.94, 0.86 x redis-py and 0.74, 0.77, 0.77 x raw (three more pairs at
+  load 4-8, the final code: before 0.78, 0.81, 0.80 x and 0.67, 0.71, 0.72 x; after 0.88,
+  0.87, 0.90 x and 0.75, 0.77, 0.78 x). Each change added to
   the one before (turns of 0.1 s, 30 pairs, three rounds over the six trees, vs redis-py):
   before 0.75, 0.80, 0.79; the name and kind caches 0.78, 0.75, 0.75; ops and calls not
   frozen 0.81, 0.79, 0.83; no settle step, log or signal call 0.81, 0.84, 0.83; the owner
@@ -279,7 +281,8 @@ REDLOCK_NOTE = """- **Redlock ({redlock.vs_pottery} pottery and {redlock.vs_sing
   apply here too; against pottery N=5 in the same process (turns of 0.2 s, the median of 20
   neighbouring pairs, the code before and after taking turns, load average 6-17): before
   4.03, 3.56, 4.89, 4.11 x, after 4.11, 4.14, 4.32 x (and 1.56 x once, when the load
-  spiked), a gain inside the noise. Some runs of either failed with `QuorumNotReached`: on
+  spiked); three more pairs at load 4-8: before 3.74, 4.26, 3.71 x, after 4.05, 4.16, 5.33 x.
+  A gain of a few per cent, inside the noise; 5 x not reached. Some runs of either failed with `QuorumNotReached`: on
   the loaded machine three nodes stayed silent past the 0.1 s node timeout. A cProfile of
   1,500 cycles shows no single client-side cost to cut: the ten `write`s (about 28 us each
   in wall time, each waking a redis-server) and the `poll`s lead, and the Python is spread
