@@ -104,9 +104,39 @@ them.
   our scripts also take longer than `SET` and the raw compare-and-delete (the fence counter,
   the server clock, the fair-queue check, the holder metadata). Reaching 0.95 x raw would
   take the Lock object under 10 µs, which is less than its watchdog hand-over and
-  bookkeeping alone: we keep them. Done this session: a connection per thread (no pool
-  checkout per command), hiredis packing, keys built once per name, a fork counter instead
-  of `os.getpid()`, no tracer-provider lookup per acquire when none is set.
+  bookkeeping alone: we keep them. Done in an earlier session: a connection per thread (no
+  pool checkout per command), hiredis packing, keys built once per name, a fork counter
+  instead of `os.getpid()`, no tracer-provider lookup per acquire when none is set. Done in
+  session 13 (issue 46), profiled with cProfile and `time.process_time` loops against a
+  real redis-server: what every cycle paid and only some need. A name is checked once per
+  process (a bounded set), the four lock kinds are made once, an op and its script call are
+  no longer frozen dataclasses (about 0.3 us each to make, two of each per cycle), a plain
+  lock makes no settle step (only a reentrant count is ever settled), the debug log builds no
+  message and the `lock_acquired` / `lock_released` signals are not called while nobody
+  listens, the owner id's look-up makes no generator, and the acquire's arguments are made as
+  text (the packer converted the key count, TTL and wait on every call). The `Lock` object
+  with its round trips answered in-process went from 42.6 to 35.1 us of client CPU (the
+  fastest of 10 turns each, the code before and after run back to back; auto_renew=False
+  39.2 to 31.9, metrics and spans off 36.3 to 28.6); round trips and commands per cycle
+  unchanged (2 and 2: `EVALSHA` each). Against redis-py's `Lock` and raw in the same
+  process, turns of 0.1 s, each ratio the median of 40 neighbouring pairs, the code before
+  and after taking turns, three runs each on a shared machine at load average 6-17 (so
+  lower than on a quiet one): before 0.75, 0.79, 0.61 x redis-py and 0.59, 0.61, 0.57 x
+  raw; after 0.86, 0.94, 0.86 x redis-py and 0.74, 0.77, 0.77 x raw (three more pairs at
+  load 4-8, the final code: before 0.78, 0.81, 0.80 x and 0.67, 0.71, 0.72 x; after 0.88,
+  0.87, 0.90 x and 0.75, 0.77, 0.78 x). Each change added to
+  the one before (turns of 0.1 s, 30 pairs, three rounds over the six trees, vs redis-py):
+  before 0.75, 0.80, 0.79; the name and kind caches 0.78, 0.75, 0.75; ops and calls not
+  frozen 0.81, 0.79, 0.83; no settle step, log or signal call 0.81, 0.84, 0.83; the owner
+  id's loop 0.87, 0.78, 0.87; arguments as text 0.90, 0.85, 0.87 (vs raw, from 0.65-0.67 to
+  0.73-0.79). What is left of the
+  object's 35 us, from the same in-process cases: metrics and spans' hooks 6 us (three
+  queued events, two family look-ups and the hold's `Held` per cycle; the histograms are
+  counted at the scrape), the watchdog hand-over 3-4 us (the hold registered with the
+  renewer and counted as taken by its thread, for the self-wait check), the owner id 2-3 us
+  (a reentrant owner is the running `Context`, found through a `ContextVar` token: the
+  self-wait check needs it for plain locks too), the constructor's argument checks 2.2 us,
+  and the rest the two generator-driven steps and the hold's record.
 - **Redis CPU per uncontended cycle ({redis_cpu.ratio} raw in the full run, target 1.3 x:
   {redis_cpu.ratio:verdict}. The run before it gave 1.22 x, and four side runs 1.18-1.29 x, on
   Redis 7.0; an earlier session's side runs on 6.2 gave 1.26-1.68 x: the machine's state tips
@@ -122,21 +152,35 @@ them.
   1.7-2.3 x. The per-turn ratios (p10/p50/p90 in the table) show the spread inside one run.
   A busy production Redis, with many clients per `epoll_wait`, pays less per round trip, so
   the commandstats difference is the better guide there: ours costs Redis about 14-16 us
-  more per cycle. (2) That difference is the script's `redis.call`s: Redis 6.2 spends about
-  1-1.3 us on each (argument objects, command lookup, the call's bookkeeping, converting the
-  reply for Lua), whatever the command. Ours makes 8 (TIME, EXISTS of the fair queue, GET and
-  SET of the fence counter, SET NX PX; GET, DEL, EXISTS of the waiters) against the raw
-  cycle's 2 in a script and 1 outside; each of the 5 extra is a product feature (the server
-  clock for the fence and the admin's acquired-at, the fence counter, fair queues, wake-ups).
-  Cut: the release's TYPE, its PUBLISH to a release channel nobody listens to outside a
-  Cluster or a Redlock, its ZRANGE of the waiters and EXISTS of the queue (one EXISTS of
-  both now decides whether anyone waits), the second SET NX of a held plain lock, and the
-  definition of the waiting and queueing helpers (Lua closures, about 0.1 us each) on the
-  common path. Tried and dropped: a GETSET of the counter after the SET NX (one call fewer
-  only when the name was not already taken in the same millisecond, two more writes when it
-  was: half the time at a few thousand holds a second). Left: a string marker key beside the
-  fair queue, read with the counter in one MGET, would save one more call (about 1 us) at the
-  price of a key every fair waiter must keep in step with the queue.
+  more per cycle. (2) That difference is what the scripts do, and the costs are not the
+  same for every call. The cost model, measured on this run's own server (Redis 7.0.15) by
+  `bench/calibration.py` (its row in the table after the next full run; three side runs this
+  session, `BENCH_ONLY="redis cpu"`, `INFO commandstats` usec per `EVALSHA` call): being a
+  script costs 1.0-1.1 us empty, 1.2-1.5 us with one key and one argument, 2.2-2.6 us with
+  acquire.lua's 5 keys and 5 arguments (about 0.25 us per key or argument: each becomes a
+  Lua string). Inside a script, on top of that: a write with a TTL (`SET ... PX`) 2.0-2.2 us;
+  a key made and dropped (`SET NX PX`, then `DEL`) 2.9-3.1 us; a refused `SET NX PX` 1.2-1.4
+  us; `TIME` 1.0-1.5 us; a read (`EXISTS`, `GET`) 0.6-0.9 us; a `DEL` of a missing key or a
+  `PUBLISH` nobody hears 0.6-0.8 us. Direct, `SET NX PX` is 1.0 us. So the old rule of thumb
+  (Redis 6.2: about 1-1.3 us per `redis.call`, whatever the command) is wrong on Redis 7:
+  writes with a TTL cost three times a read, the script's keys and arguments cost before its
+  first call, and cutting reads buys little. In the same side runs: acquire.lua 11.5-12.5
+  us, release.lua 5.7-6.8 us, against raw `SET NX PX` 1.0 us and the raw compare-and-delete
+  3.3-4.5 us (a 1-key script, a `GET` and a `DEL`); per cycle 20-24 us against 4.5-5.4, and
+  `INFO cpu` 35-37 us against 15-18 (1.96-2.38 x). The acquire is about its shape (2.2-2.6),
+  `TIME` (1-1.5), the fair-queue `EXISTS` (0.7), the counter's `GET` and `SET ... PX` (0.7
+  and 2.1) and the lock's own `SET NX PX` on a free key (2-3), plus the Lua between them; the
+  release about its shape, a `GET` and a `DEL` of the lock, and the waiters' `EXISTS`. Each
+  call beyond raw's is a product feature (the server clock for the fence and the admin's
+  acquired-at, the fence counter and its TTL, fair queues, wake-ups); the fence counter's
+  write with its TTL is the largest single one. Cut earlier: the release's TYPE, its PUBLISH
+  to a release channel nobody listens to outside a Cluster or a Redlock, its ZRANGE of the
+  waiters and EXISTS of the queue (one EXISTS of both now decides whether anyone waits), the
+  second SET NX of a held plain lock, and the definition of the waiting and queueing helpers
+  (Lua closures, about 0.1 us each) on the common path. Tried and dropped: a GETSET of the
+  counter after the SET NX (one call fewer only when the name was not already taken in the
+  same millisecond, two more writes when it was: half the time at a few thousand holds a
+  second).
 - **Fair worst wait ({contended.fair.worst_wait} in the full run, target
   {contended.fair.worst_wait:verdict}: 2 x a FIFO ideal, see the table; 13-22 ms in earlier
   runs).** The ideal is 7
@@ -171,7 +215,8 @@ them.
   sends ZREMRANGEBYSCORE, ZADD and ZCARD in a MULTI and a ZREM: 3.9-4.4 us of Redis time per
   cycle (`INFO commandstats`). Our two scripts take 28.7-32.6 us per cycle (35 us before):
   permit_acquire.lua 19-20 us (22.5 before), permit_release.lua 11 us (16.4-19.2 before).
-  They make 15 `redis.call`s at 1-1.3 us each, for what the recipe leaves out: expiry on the
+  They make 15 `redis.call`s (writes with a TTL about 2 us each, reads under 1 us, `TIME`
+  about 1 us: the cost model above), for what the recipe leaves out: expiry on the
   server's clock (`TIME` in both), a fence from the name's counter (GET, SET), the holder's
   details for the admin (HSET, HDEL or DEL), the key TTLs that make a crashed holder's keys
   go (two PEXPIREs when the name had no lease), the fair-queue check, the check that the
@@ -232,5 +277,15 @@ REDLOCK_NOTE = """- **Redlock ({redlock.vs_pottery} pottery and {redlock.vs_sing
   rate 1.2 x (the code before and after, on the same servers, taking turns). 0.5 x single needs the ten node
   requests at about 7 µs of Python each: out of reach in CPython with a tracked owner per
   connection; a fan-out in C (or one reader thread for the whole process, sans-IO as the lock
-  core already is) is what is left.
+  core already is) is what is left. Session 13 (issue 46): the `Lock` object's cuts above
+  apply here too; against pottery N=5 in the same process (turns of 0.2 s, the median of 20
+  neighbouring pairs, the code before and after taking turns, load average 6-17): before
+  4.03, 3.56, 4.89, 4.11 x, after 4.11, 4.14, 4.32 x (and 1.56 x once, when the load
+  spiked); three more pairs at load 4-8: before 3.74, 4.26, 3.71 x, after 4.05, 4.16, 5.33 x.
+  A gain of a few per cent, inside the noise; 5 x not reached. Some runs of either failed with `QuorumNotReached`: on
+  the loaded machine three nodes stayed silent past the 0.1 s node timeout. A cProfile of
+  1,500 cycles shows no single client-side cost to cut: the ten `write`s (about 28 us each
+  in wall time, each waking a redis-server) and the `poll`s lead, and the Python is spread
+  over the node requests' steps (owner moves, lane checks, the reply reads; 191
+  `isinstance` and 54 `getattr` calls per cycle, none from one place).
 """

@@ -99,6 +99,30 @@ def interleaved(cases: dict[str, Callable[[], Any]], seconds: float = SECONDS) -
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
+#: Paired turns: the cases take turns of PAIRED_TURN seconds, PAIRED_ROUNDS rounds.
+PAIRED_TURN = float(os.environ.get("BENCH_PAIRED_TURN", "0.1"))
+PAIRED_ROUNDS = int(os.environ.get("BENCH_PAIRED_ROUNDS", "40"))
+
+
+def paired(
+    cases: dict[str, Callable[[], Any]], subject: str, turn: float = PAIRED_TURN,
+    rounds: int = PAIRED_ROUNDS,
+) -> dict[str, float]:  # fmt: skip
+    """``subject``'s rate over each other case's: the median over ``rounds`` of the ratio of
+    neighbouring turns (the order reversed every other round). On a shared machine whose
+    load drifts over seconds, a ratio of two medians taken seconds apart carries the drift;
+    neighbouring turns share most of it."""
+    for work in cases.values():
+        work()  # warm up: connections, scripts
+    names = list(cases)
+    ratios: dict[str, list[float]] = {name: [] for name in names if name != subject}
+    for i in range(rounds):
+        rates = {name: rate(cases[name], turn) for name in (names if i % 2 else names[::-1])}
+        for name in ratios:
+            ratios[name].append(rates[subject] / rates[name])
+    return {name: statistics.median(values) for name, values in ratios.items()}
+
+
 @contextlib.contextmanager
 def redis_servers() -> Iterator[tuple[Any, list[Any]]]:
     """One redis-server, and 5 for the quorum: (single, nodes), stopped on the way out."""

@@ -23,6 +23,8 @@ from bench.harness import (
     CPU_CYCLES,
     CPU_ROUNDS,
     HERE,
+    PAIRED_ROUNDS,
+    PAIRED_TURN,
     ROUNDS,
     SECONDS,
 )
@@ -43,6 +45,30 @@ def lock_all_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     trips = max(v["round_trips"]["lock_all"] for v in figures.values())
     return [("lock_all of 2 and of 10 names vs one by one, single node", "cycles/s; round trips per cycle",
              "<br>".join(parts), f"2 round trips whatever the size: {trips:.0f} {verdict(trips == 2)}")]  # fmt: skip
+
+
+def paired_text(uncontended: dict[str, Any]) -> str:
+    """The uncontended ratios of neighbouring short turns, once a run has measured them."""
+    pairs = uncontended.get("paired")
+    if not pairs:
+        return ""
+    return (f"; report: paired {PAIRED_TURN:g} s turns, median of {PAIRED_ROUNDS}: "
+            f"{pairs['redis-py Lock']:.2f} × redis-py, {pairs['raw SET NX PX + EVALSHA']:.2f} × raw")  # fmt: skip
+
+
+def calibration_rows(redis_cpu: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """What a script and each command inside one cost Redis (bench/calibration.py), once a
+    run has measured it."""
+    calibration = redis_cpu.get("calibration")
+    if not calibration:
+        return []
+    per_call, inside = calibration["usec_per_call"], calibration["usec_in_script"]
+    scripts = "; ".join(f"{name} {usec:.2f}" for name, usec in per_call.items()
+                        if name.startswith("empty"))  # fmt: skip
+    commands = "; ".join(f"{name} {usec:.2f}" for name, usec in inside.items())
+    return [("Redis's cost of a script and of each command inside one",
+             "INFO commandstats µs per EVALSHA call, each probe alone; a command: its probe less the empty script's",
+             f"{scripts}<br>inside a script: {commands}", "report (the cost model below)")]  # fmt: skip
 
 
 def report(results: dict[str, Any], environment: dict[str, str], took: float) -> str:
@@ -67,7 +93,8 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"≥ 0.95 × raw: {ours / r['raw SET NX PX + EVALSHA']:.2f} × {verdict(ours >= 0.95 * r['raw SET NX PX + EVALSHA'])}; "
          f"≥ 1.0 × redis-py: {ours / r['redis-py Lock']:.2f} × {verdict(ours >= r['redis-py Lock'])}; "
          f"≥ 1.0 × python-redis-lock: {ours / r['python-redis-lock']:.2f} × {verdict(ours >= r['python-redis-lock'])}; "
-         f"2 round trips: {u['round_trips']:.2f} {verdict(abs(u['round_trips'] - 2) < 1e-9)}"),
+         f"2 round trips: {u['round_trips']:.2f} {verdict(abs(u['round_trips'] - 2) < 1e-9)}"
+         + paired_text(u)),
         ("uncontended cycle, where the time goes", "µs per cycle, wall / client CPU, the cases taking turns",
          "; ".join(f"{name.strip()} {v['wall_us']:.0f} / {v['cpu_us']:.0f}" for name, v in results["floor"].items()),
          "report (see below)"),
@@ -88,6 +115,7 @@ def report(results: dict[str, Any], environment: dict[str, str], took: float) ->
          f"acquire.lua {rcu['acquire.lua']:.1f}, release.lua {rcu['release.lua']:.1f}, "
          f"raw SET NX PX {rcu['raw SET NX PX']:.1f}, raw compare-and-delete {rcu['raw compare-and-delete']:.1f}",
          f"≤ 1.3 × raw (INFO cpu, {rc['cycles']:,} cycles each): {rc['cpu_ratio']:.2f} × {verdict(rc['cpu_ratio'] <= 1.3)}"),
+        *calibration_rows(rc),
         ("contended, 8 processes, zero-length hold", "acq/s; hand-off p50/p99; worst wait; commands/acq; Redis CPU/acq",
          "<br>".join(f"{lib}: {s['per_second']:,.0f}/s; {s['handoff_p50_ms']:.2f}/{s['handoff_p99_ms']:.2f} ms; "
                      f"worst {s['worst_wait_ms']:.0f} ms (p99 {s['wait_p99_ms']:.0f} ms); "
@@ -172,6 +200,9 @@ Absolute numbers on a shared 2-core machine are noise: read the ratios.
 How each figure is taken (one module per scenario in `bench/scenarios/`, `bench/contender.py`):
 
 - *raw* is the floor: `SET NX PX` + a compare-and-delete `EVALSHA`, on our backend's own client.
+- Uncontended, *paired*: ours and the anchors take turns of {PAIRED_TURN:g} s ({PAIRED_ROUNDS}
+  rounds, the order reversed every other round); each ratio is the median of the ratios of
+  neighbouring turns, which share the machine's load where rates taken seconds apart do not.
 - Round trips are counted by the backend; *commands per acquisition* are the commands each
   contending process sent (counted in redis-py's connection), divided by its acquisitions.
 - Redis CPU: `INFO cpu` (`used_cpu_user` + `used_cpu_sys` of the redis-server) around turns of
@@ -181,6 +212,11 @@ How each figure is taken (one module per scenario in `bench/scenarios/`, `bench/
   MULTI's inside its `EXEC`): the time inside the commands, less noisy. Each script's usec per
   call comes from {CPU_CYCLES:,} calls of it alone. Contended: `INFO cpu` over each run, divided
   by its acquisitions.
+- A script's and a command's cost (`bench/calibration.py`): probe scripts (empty, with 0, 1
+  and 5 keys and as many arguments; one command each with 1 key and 1 argument) run alone,
+  {CPU_CYCLES:,} calls each after `CONFIG RESETSTAT`, taking turns over 3 rounds; the median
+  `EVALSHA` usec per call. A command's cost inside a script is its probe's less the empty
+  script's of the same shape.
 - Hand-off latency: from one holder's release call to the next holder's acquisition,
   across processes (one monotonic clock). *FIFO ideal* worst wait: 7 hand-off cycles.
 - Worst wait: the longest wait of any acquisition but each process's first (which includes

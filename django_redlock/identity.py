@@ -71,7 +71,10 @@ def _current_context() -> Context:
     Context it was made in."""
     token = _here.set(None)
     try:
-        return next(ref for ref in gc.get_referents(token) if isinstance(ref, Context))
+        for ref in gc.get_referents(token):  # a loop, not next(genexpr): every acquire asks
+            if type(ref) is Context:
+                return ref
+        raise RuntimeError("a ContextVar token without its Context")  # pragma: no cover
     finally:
         _here.reset(token)
 
@@ -86,17 +89,20 @@ def owner_id() -> str:
         if found is None:
             found = _task_ids[task] = f"{_process['id']}:{next(_serial)}"
         return found
-    ids: dict[int, tuple[weakref.ref[Context], str]] | None = getattr(_contexts, "ids", None)
+    # id(Context) -> (a weak reference to it, its owner id, the process id it was made in)
+    ids: dict[int, tuple[weakref.ref[Context], str, str]] | None = getattr(_contexts, "ids", None)
     if ids is None:
         ids = _contexts.ids = {}
     context = _current_context()
     key = id(context)
-    ref, found = ids.get(key, (None, ""))
-    if ref is None or ref() is not context or not found.startswith(f"{_process['id']}:"):
+    entry = ids.get(key)
+    process = _process["id"]
+    if entry is None or entry[0]() is not context or entry[2] is not process:
         # New (or before a fork). By id: a Context is unhashable; the entry goes with it.
-        found = f"{_process['id']}:{next(_serial)}"
-        ids[key] = (weakref.ref(context, functools.partial(_forget, ids, key)), found)
-    return found
+        found = f"{process}:{next(_serial)}"
+        ids[key] = (weakref.ref(context, functools.partial(_forget, ids, key)), found, process)
+        return found
+    return entry[1]
 
 
 def _forget(ids: dict[int, Any], key: int, ref: weakref.ref[Context]) -> None:

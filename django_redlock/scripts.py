@@ -56,9 +56,9 @@ def all_scripts() -> list[Script]:
     return [script(name) for name in names]
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, slots=True)  # not frozen: every lock operation makes one or more
 class Call:
-    """One script invocation: what a pipeline batches."""
+    """One script invocation: what a pipeline batches. Never changed once made."""
 
     script: Script
     keys: Sequence[str]
@@ -66,7 +66,8 @@ class Call:
 
     def evalsha(self, client: Any) -> Any:
         # Not client.evalsha(): that one checks for deprecated arguments on every call.
-        return command(client, "EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+        keys = self.keys  # the count as text: the packer then converts nothing (wire.texts)
+        return command(client, "EVALSHA", self.script.sha, str(len(keys)), *keys, *self.args)
 
 
 def _is_noscript(result: object) -> bool:

@@ -39,7 +39,23 @@ def check_glob(glob: Any) -> str:
     return check_text(glob, "the glob")
 
 
+#: Names checked already: a lock is usually made for each use (``with lock(name)``), over a
+#: few names. Only str is ever kept (a str subclass could hash or compare its own way).
+_checked_names: set[str] = set()
+
+
 def check_name(name: Any) -> str:
+    if type(name) is str and name in _checked_names:
+        return name
+    _check_name(name)
+    if type(name) is str:
+        if len(_checked_names) >= 4096:  # names built from data: keep it bounded
+            _checked_names.clear()
+        _checked_names.add(name)
+    return name
+
+
+def _check_name(name: Any) -> None:
     if not isinstance(name, str):
         raise TypeError(f"lock name must be a str, not {type(name).__name__}")
     if not name:
@@ -51,7 +67,6 @@ def check_name(name: Any) -> str:
     size = len(_utf8(name, "lock name"))
     if size > MAX_NAME_BYTES:
         raise ValueError(f"lock name is {size} bytes long; the limit is {MAX_NAME_BYTES} bytes")
-    return name
 
 
 def fit_name(name: str, keep: int = 200) -> str:

@@ -1,10 +1,12 @@
-"""Redis's CPU per uncontended cycle, ours against the raw floor, and each script alone."""
+"""Redis's CPU per uncontended cycle, ours against the raw floor, each script alone, and what
+a script and each command inside one cost on this server (bench/calibration.py)."""
 
 from __future__ import annotations
 
 import secrets
 from typing import Any
 
+from bench.calibration import calibrate
 from bench.harness import CPU_CYCLES, RELEASE_LUA, command_usec, redis_cost
 
 
@@ -52,8 +54,18 @@ def redis_cpu(results: dict[str, Any]) -> None:
     def per_call(entry: tuple[int, float]) -> float:
         return entry[1] / max(entry[0], 1)
 
+    calibration = calibrate(client)
+    print("bench: Redis's usec per EVALSHA call:", flush=True)
+    for name, usec in calibration["usec_per_call"].items():
+        print(f"bench:   {usec:5.2f}  {name}", flush=True)
+    print(
+        "bench: a command's usec inside a script (its probe less the empty script's):", flush=True
+    )
+    for name, usec in calibration["usec_in_script"].items():
+        print(f"bench:   {usec:5.2f}  {name}", flush=True)
     results["redis_cpu"] = {
         **cost,
+        "calibration": calibration,
         "usec_per_call": {
             "acquire.lua": per_call(acquire_stats),
             "release.lua": per_call(release_stats),

@@ -61,9 +61,10 @@ def _same(reply: Any) -> Any:
     return reply
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, slots=True)  # not frozen: every lock operation makes two or more
 class Op(Generic[T_co]):
-    """One round trip: ``request`` is backend-specific, ``parse`` turns the reply into T."""
+    """One round trip: ``request`` is backend-specific, ``parse`` turns the reply into T.
+    Never changed once made (not frozen only because that costs every operation)."""
 
     name: str  # the lock concerned, for error messages
     request: Any

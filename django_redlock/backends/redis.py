@@ -290,9 +290,10 @@ class RedisBackend(BaseLockBackend):
         wait_ms: int = -1,
     ) -> Op[Attempt]:
         key, fence, queue, deadlines, waiting, _, inbox = self._keys(name)
-        args: list[Any] = [token, ttl_ms, meta, _FLAG[kind.reentrant], _FLAG[kind.fair]]
+        # As text: the packer then takes the arguments as they are (see wire.texts).
+        args: list[Any] = [token, str(ttl_ms), meta, _FLAG[kind.reentrant], _FLAG[kind.fair]]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
-            args += [waiter or token, wait_ms, inbox]
+            args += [waiter or token, str(wait_ms), inbox]
         call = Call(_ACQUIRE, (key, fence, queue, deadlines, waiting), args)
         return Op(name, call, lock_attempt(name, self.alias, kind))
 

@@ -322,7 +322,8 @@ class BaseLock:
                 f"{self.describe()} was lost ({self._lost or 'expired'}): this acquire would"
                 " nest in a hold that is gone; release the outer levels first"
             )
-        yield from self._settle(owner)
+        if self.reentrant:  # only a reentrant count is ever left to settle
+            yield from self._settle(owner)
         stale = self._holds.get(owner)
         if stale is not None and stale.releasing:
             # This object's release got no answer and was not retried: finish it first (a
@@ -628,8 +629,10 @@ class BaseLock:
         """A hold just recorded: metrics, span, log and ``lock_acquired`` for a new one."""
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
             observe.hold_started(self, hold)
-            logger.debug("redlock: acquired %s, fence %s", self.describe(), attempt.fence)
-            lock_acquired.send_robust(sender=type(self), lock=self, fence=attempt.fence)
+            if logger.isEnabledFor(logging.DEBUG):  # describe() is not free
+                logger.debug("redlock: acquired %s, fence %s", self.describe(), attempt.fence)
+            if lock_acquired.receivers:  # none, mostly: the call alone costs every hold
+                lock_acquired.send_robust(sender=type(self), lock=self, fence=attempt.fence)
 
     def took(self, token: str, fence: int | None, ttl_ms: int, prior: str | None = None) -> None:
         """Internal API (``lock_all``): record a new hold, ``token``'s with ``fence``, taken
@@ -804,7 +807,8 @@ class BaseLock:
             with self._mutex:
                 self._untake(hold)
         try:
-            yield from self._settle(owner)
+            if self.reentrant:  # only a reentrant count is ever left to settle
+                yield from self._settle(owner)
             left = yield self._op_release(hold.token)
         except BaseException:
             # No answer, or interrupted while one was on its way (KeyboardInterrupt, a time
@@ -840,7 +844,13 @@ class BaseLock:
                 self._declare_lost(reason)
             raise LockLost(f"{self.describe()} was lost before release: {self._lost or reason}")
         if left <= 0:
+            self._announce_released()
+
+    def _announce_released(self) -> None:
+        """A hold freed: the log and ``lock_released``."""
+        if logger.isEnabledFor(logging.DEBUG):  # describe() is not free
             logger.debug("redlock: released %s", self.describe())
+        if lock_released.receivers:  # none, mostly: the call alone costs every release
             lock_released.send_robust(sender=type(self), lock=self)
 
     def _finish_unsure_release(self, owner: str, hold: Hold) -> Steps[None]:
@@ -853,8 +863,7 @@ class BaseLock:
         with self._mutex:
             self._forget(owner, hold)
         if not believed(self.backend, self.name, owner):
-            logger.debug("redlock: released %s", self.describe())
-            lock_released.send_robust(sender=type(self), lock=self)
+            self._announce_released()
 
     def release(self) -> None:
         """Release one hold; LockNotOwned (or its subclass LockLost) if it is not ours.

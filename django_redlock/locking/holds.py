@@ -94,7 +94,8 @@ def take(backend: BaseLockBackend, name: str, actor: str, lock: Any) -> Any:
 
 def untake(handle: Any) -> None:
     with _mutex:
-        _sweep()
+        if _abandoned:
+            _sweep()
         item = _handles.pop(id(handle), None)
         if item is not None:
             _count(item[1], item[2], -1)

@@ -11,6 +11,9 @@ from ..handler import DEFAULT_LOCK_ALIAS
 from ..validation import check_bool
 from .base import BaseLock
 
+#: The four kinds, made once (every Lock names one).
+_KINDS = {(r, f): Kind(r, f) for r in (False, True) for f in (False, True)}
+
 
 class Lock(BaseLock):
     """A named lock on one backend; not acquired until :meth:`acquire` or ``with``.
@@ -38,7 +41,10 @@ class Lock(BaseLock):
         atomic: bool | str | None = None,
     ) -> None:
         self.database = database_of(atomic)
-        self.kind = Kind(check_bool(reentrant, "reentrant"), check_bool(fair, "fair"))
+        kind = _KINDS.get((reentrant, fair)) if type(reentrant) is type(fair) is bool else None
+        if kind is None:  # not two bools: the checks say which
+            kind = Kind(check_bool(reentrant, "reentrant"), check_bool(fair, "fair"))
+        self.kind = kind
         self.reentrant, self.queued = self.kind
         super().__init__(
             name,

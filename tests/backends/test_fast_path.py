@@ -413,3 +413,27 @@ def test_interrupts_never_use_up_a_sentinel_backend_s_connections(
             other = lock(f"{name}:{i}", using="s1", auto_renew=False)
             assert other.acquire(blocking=False)
             other.release()
+
+
+def test_an_uncontended_cycle_reaches_the_packer_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every argument of an acquire's and a release's EVALSHA is made as text (the key
+    count, the TTL, the wait), so the packer takes them as they are: nothing converted on
+    every call, and no number for hiredis to convert (see wire.texts)."""
+    from django_redlock import wire
+
+    sent: list[tuple[object, ...]] = []
+    pack = wire.pack
+
+    def recording(conn: object, args: tuple[object, ...]) -> object:
+        sent.append(args)
+        return pack(conn, args)
+
+    monkeypatch.setattr(wire, "pack", recording)
+    with lock("fast:text"):
+        pass
+    with lock("fast:text", blocking=False):
+        pass
+    scripts = [args for args in sent if args[0] == "EVALSHA"]
+    assert len(scripts) >= 4  # and again after a NOSCRIPT, if the server had to load them
+    for args in scripts:
+        assert all(type(arg) is str for arg in args), args

@@ -55,3 +55,49 @@ def test_fenced_purchases_scenario_runs_alone_and_reports() -> None:
     row = next(line for line in text.splitlines() if line.startswith("| fenced purchases"))
     assert "fence ≤ 2 statements: 2 **met**" in row
     assert "lost updates 0" in row
+
+
+@pytest.mark.timeout(120)
+def test_redis_cpu_scenario_measures_each_command_inside_a_script() -> None:
+    """The cost model's figures come from the bench's own server: each probe script's usec
+    per call, and each command's inside a script (its probe less the empty script's)."""
+    from bench.calibration import BASE, PROBES
+    from bench.report import calibration_rows
+
+    results = bench_only("redis cpu", BENCH_CPU_ROUNDS="1", BENCH_CPU_BLOCK="20",
+                         BENCH_CPU_CYCLES="50")  # fmt: skip
+    calibration = results["redis_cpu"]["calibration"]
+    assert set(calibration["usec_per_call"]) == set(PROBES)
+    assert all(usec > 0 for usec in calibration["usec_per_call"].values())
+    commands = {name for name in PROBES if not name.startswith("empty")}
+    assert set(calibration["usec_in_script"]) == commands
+    for name in commands:
+        expected = calibration["usec_per_call"][name] - calibration["usec_per_call"][BASE]
+        assert calibration["usec_in_script"][name] == pytest.approx(expected)
+    [row] = calibration_rows(results["redis_cpu"])
+    assert "inside a script: SET PX" in row[2]
+
+
+def test_paired_turns_give_the_subject_s_ratio_over_each_other_case() -> None:
+    """The uncontended scenario's paired ratios (bench/harness.py): one per other case, the
+    subject's rate over it; and the report's row quotes them once a run has them."""
+    import math
+
+    from bench.harness import paired
+    from bench.report import paired_text
+
+    calls = {"a": 0, "b": 0, "c": 0}
+
+    def case(name: str) -> Any:
+        def work() -> None:
+            calls[name] += 1
+
+        return work
+
+    ratios = paired({name: case(name) for name in calls}, "a", turn=0.005, rounds=3)
+    assert set(ratios) == {"b", "c"}
+    assert all(math.isfinite(r) and r > 0 for r in ratios.values())
+    assert all(count > 0 for count in calls.values())
+    assert paired_text({}) == ""
+    text = paired_text({"paired": {"redis-py Lock": 0.9, "raw SET NX PX + EVALSHA": 0.8}})
+    assert "0.90 \u00d7 redis-py, 0.80 \u00d7 raw" in text
