@@ -17,6 +17,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +53,51 @@ def _unanswered(exc: Exception) -> Confirmation | None:
     return Confirmation() if isinstance(exc, (RedisTimeoutError, TimeoutError)) else None
 
 
+class _Liveness:
+    """Whether a pub/sub connection's server still answers, while someone waits on it.
+
+    A waiter sleeps without asking the server anything, and a paused server (SIGSTOP, a
+    stalled network) sends nothing that could wake it. So while any waiter listens, the
+    reader PINGs after a quarter of the socket timeout without hearing from the server (a
+    healthy connection's messages count: one PING per connection, not per waiter, and
+    none while nobody waits); a PING unanswered for a whole socket timeout makes the
+    waiters' wait raise. A reply (any message) clears it."""
+
+    SHARE = 0.25  # of the socket timeout: silence before a PING
+
+    __slots__ = ("heard_at", "ping_at", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.heard_at = time.monotonic()
+        self.ping_at: float | None = None  # a PING awaits its answer since
+
+    def heard(self) -> None:
+        self.heard_at, self.ping_at = time.monotonic(), None
+
+    def step(self, pubsub: Any, waiting: bool) -> tuple[float, bool]:
+        """PING if due; returns how long to read for, and whether the server just went
+        silent (a PING unanswered for the socket timeout: a new round starts)."""
+        now = time.monotonic()
+        if not waiting or not getattr(pubsub, "subscribed", False):
+            # Nobody to tell (or no subscription, whose connection would not read the
+            # PONG): no PING, and the silence starts over.
+            self.heard_at, self.ping_at = now, None
+            return 1.0, False
+        if self.ping_at is None:
+            due = self.heard_at + self.timeout * self.SHARE
+            if now < due:
+                return min(1.0, due - now), False
+            pubsub.ping()
+            self.ping_at = now
+            return min(1.0, self.timeout), False
+        late = self.ping_at + self.timeout
+        if now < late:
+            return min(1.0, late - now), False
+        self.heard_at, self.ping_at = now, None
+        return min(1.0, self.timeout * self.SHARE), True
+
+
 class PubSubHub(ReleaseHub):
     """One pub/sub connection per backend per process, read by one daemon thread."""
 
@@ -74,6 +120,7 @@ class PubSubHub(ReleaseHub):
         self._reading: Any = None  # the connection the reader reads (close() takes it away)
         self._confirmed: dict[str, Confirmation] = {}
         self._closed = False
+        self._silent = False  # declared unheard, and nothing heard since
         _pubsub_hubs.add(self)
 
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
@@ -142,10 +189,17 @@ class PubSubHub(ReleaseHub):
                     connection.disconnect()
 
     def _read_until_closed(self, pubsub: Any) -> None:
+        alive = _Liveness(self.confirm_timeout)
         while not self._closed:
             self._reading = getattr(pubsub, "connection", None) or self._reading
             try:
-                message = pubsub.get_message(timeout=1.0)
+                with self._mutex:
+                    waiting = bool(self._waiters)
+                wait, silent = alive.step(pubsub, waiting)
+                if silent:
+                    self._silent = True
+                    self.declare_unheard()
+                message = pubsub.get_message(timeout=wait)
             except Exception as exc:
                 if self._closed:
                     return
@@ -159,6 +213,10 @@ class PubSubHub(ReleaseHub):
                 threading.Event().wait(0.1)
                 continue
             if message is not None:
+                alive.heard()
+                if self._silent:
+                    self._silent = False
+                    self.declare_heard()
                 self._handle(message)
 
     def _refuse(self, pubsub: Any, error: BaseException) -> None:
@@ -210,6 +268,7 @@ class PubSubHub(ReleaseHub):
         self._thread = None
         self._reading = None
         self._inbox = None  # the child has a process id of its own
+        self._silent = False
         self._mutex = threading.Lock()
         self._waiters = {}
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
@@ -372,8 +431,19 @@ class ShardedPubSubHub(PubSubHub):
                 with contextlib.suppress(Exception):
                     connection.disconnect()
 
+    def _waiters_on(self, name: str) -> list[AnyWaiter]:
+        """The waiters listening on node ``name`` (under the mutex)."""
+        return [
+            waiter
+            for channel, group in self._waiters.items()
+            if self._node_of.get(self._inbox_by_waiter.get(channel, channel)) == name
+            for waiter in group
+        ]
+
     def _read_shard_until_closed(self, name: str, pubsub: Any, seen: list[Any]) -> None:
         failures = 0
+        alive = _Liveness(self.confirm_timeout)
+        silent = False  # declared unheard, and nothing heard since
         while not self._closed:
             shard = self._shards.get(name)
             if shard is None or shard.pubsub is not pubsub:
@@ -381,7 +451,13 @@ class ShardedPubSubHub(PubSubHub):
             if (connection := getattr(pubsub, "connection", None)) is not None:
                 seen[:] = [connection]
             try:
-                message = pubsub.get_message(timeout=1.0)
+                with self._mutex:
+                    waiters = self._waiters_on(name)
+                wait, went_silent = alive.step(pubsub, bool(waiters))
+                if went_silent:
+                    silent = True
+                    self.declare_unheard(waiters)
+                message = pubsub.get_message(timeout=wait)
             except Exception as exc:
                 if self._closed:
                     return
@@ -408,6 +484,12 @@ class ShardedPubSubHub(PubSubHub):
                 self.notify_all()
             if message is None:
                 continue
+            alive.heard()
+            if silent:
+                silent = False
+                with self._mutex:
+                    waiters = self._waiters_on(name)
+                self.declare_heard(waiters)
             if message["type"] == "sunsubscribe":
                 channel = message["channel"]
                 channel = channel.decode() if isinstance(channel, bytes) else channel

@@ -167,12 +167,5 @@ class QuorumHub(CompositeHub):
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
     ) -> list[Confirmation]:
         usable = self._usable()
-        confirmations: list[Confirmation] = []
-        for i, hub in enumerate(self.hubs):
-            if i not in usable:
-                continue
-            try:
-                confirmations += hub.join(channel, waiter, by_id, lock)
-            except Exception as exc:  # a node that fails wakes nobody; the others do
-                logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
-        return confirmations
+        hubs = [hub for i, hub in enumerate(self.hubs) if i in usable]
+        return self.join_hubs(hubs, channel, waiter, by_id, lock)
