@@ -75,25 +75,26 @@ class _Liveness:
     def heard(self) -> None:
         self.heard_at, self.ping_at = time.monotonic(), None
 
-    def step(self, pubsub: Any, waiting: bool) -> tuple[float, bool]:
+    def step(self, pubsub: Any, waiting: Callable[[], bool]) -> tuple[float, bool]:
         """PING if due; returns how long to read for, and whether the server just went
-        silent (a PING unanswered for the socket timeout: a new round starts)."""
+        silent (a PING unanswered for the socket timeout: a new round starts). ``waiting``
+        (whether anyone listens here) is asked only when a PING or the verdict is due."""
         now = time.monotonic()
-        if not waiting or not getattr(pubsub, "subscribed", False):
-            # Nobody to tell (or no subscription, whose connection would not read the
-            # PONG): no PING, and the silence starts over.
-            self.heard_at, self.ping_at = now, None
-            return 1.0, False
         if self.ping_at is None:
             due = self.heard_at + self.timeout * self.SHARE
             if now < due:
                 return min(1.0, due - now), False
+        elif now < self.ping_at + self.timeout:
+            return min(1.0, self.ping_at + self.timeout - now), False
+        if not waiting() or not getattr(pubsub, "subscribed", False):
+            # Nobody to tell (or no subscription, whose connection would not read the
+            # PONG): no PING, and the silence starts over.
+            self.heard_at, self.ping_at = now, None
+            return min(1.0, self.timeout * self.SHARE), False
+        if self.ping_at is None:
             pubsub.ping()
             self.ping_at = now
             return min(1.0, self.timeout), False
-        late = self.ping_at + self.timeout
-        if now < late:
-            return min(1.0, late - now), False
         self.heard_at, self.ping_at = now, None
         return min(1.0, self.timeout * self.SHARE), True
 
@@ -193,9 +194,7 @@ class PubSubHub(ReleaseHub):
         while not self._closed:
             self._reading = getattr(pubsub, "connection", None) or self._reading
             try:
-                with self._mutex:
-                    waiting = bool(self._waiters)
-                wait, silent = alive.step(pubsub, waiting)
+                wait, silent = alive.step(pubsub, lambda: bool(self._waiters))
                 if silent:
                     self._silent = True
                     self.declare_unheard()
@@ -431,6 +430,10 @@ class ShardedPubSubHub(PubSubHub):
                 with contextlib.suppress(Exception):
                     connection.disconnect()
 
+    def _listened_on(self, name: str) -> bool:
+        with self._mutex:
+            return bool(self._waiters_on(name))
+
     def _waiters_on(self, name: str) -> list[AnyWaiter]:
         """The waiters listening on node ``name`` (under the mutex)."""
         return [
@@ -451,11 +454,11 @@ class ShardedPubSubHub(PubSubHub):
             if (connection := getattr(pubsub, "connection", None)) is not None:
                 seen[:] = [connection]
             try:
-                with self._mutex:
-                    waiters = self._waiters_on(name)
-                wait, went_silent = alive.step(pubsub, bool(waiters))
+                wait, went_silent = alive.step(pubsub, lambda: self._listened_on(name))
                 if went_silent:
                     silent = True
+                    with self._mutex:
+                        waiters = self._waiters_on(name)
                     self.declare_unheard(waiters)
                 message = pubsub.get_message(timeout=wait)
             except Exception as exc:

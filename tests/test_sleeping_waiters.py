@@ -205,3 +205,43 @@ def test_a_sleeping_redlock_waiter_outlives_a_node_paused_for_good(
     assert ended - released < 2.0
     got.release()
     assert locks["sleepy"] is not None
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_sleeping_waiter_on_a_cluster_raises_once_its_lock_s_node_stops_answering(
+    name: str, fair: bool
+) -> None:
+    """Sharded pub/sub (Redis 7+): the waiter listens on the node of its lock's slot, whose
+    connection PINGs while it waits."""
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        config = {
+            "BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+            "LOCATION": nodes[0].url,
+            "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
+        }
+        with _alias("sleepy", config):
+            backend = locks["sleepy"]
+            slot = int(nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
+            ranges = nodes[0].client().execute_command("CLUSTER", "SLOTS")
+            port = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
+            owner = next(node for node in nodes if node.port == port)
+            held, take = holder_and_waiter("fair" if fair else "lock", name)
+            thread, outcome = start(take)
+            paused = time.monotonic()
+            owner.pause()
+            try:
+                thread.join(SOCKET_TIMEOUT + 5)
+            finally:
+                owner.resume()
+            assert not thread.is_alive(), "the waiter slept on"
+            error, ended = outcome
+            assert isinstance(error, BackendUnavailable) and error.timed_out, error
+            assert ended - paused < SOCKET_TIMEOUT + MARGIN, ended - paused
+            held.release()
+    finally:
+        for node in nodes:
+            node.stop()
