@@ -108,6 +108,25 @@ def test_a_sleeping_waiter_raises_within_one_socket_timeout_of_a_pause(
     held.release()
 
 
+@pytest.mark.parametrize("kind", ["lock", "fair", "async"])
+def test_a_sleeping_waiter_raises_at_once_when_the_server_is_killed(
+    one: list[RedisServer], name: str, kind: str
+) -> None:
+    """SIGKILL closes the connection: the hub's reader fails, every waiter tries again at
+    once, and the try is refused."""
+    (server,) = one
+    held, take = holder_and_waiter(kind, name)
+    thread, outcome = start(take)
+    killed = time.monotonic()
+    server.kill()
+    thread.join(SOCKET_TIMEOUT + 5)
+    assert not thread.is_alive(), "the waiter slept on"
+    error, ended = outcome
+    assert isinstance(error, BackendUnavailable), error
+    assert ended - killed < SOCKET_TIMEOUT + MARGIN, ended - killed
+    del held  # its server is gone: nothing to release
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_sleeping_waiter_outlives_a_pause_shorter_than_the_socket_timeout(
     one: list[RedisServer], name: str, kind: str
