@@ -18,7 +18,7 @@ from django_redlock import BackendUnavailable, lock, lock_all, locks, semaphore
 from django_redlock.testing import RedisServer
 
 SOCKET_TIMEOUT = 1.0
-MARGIN = 0.6  # the PING goes a quarter of the socket timeout after the last message, + load
+MARGIN = 0.75  # the PING goes a quarter of the socket timeout after the last message; + load
 
 
 def _alias(alias: str, config: dict[str, object]) -> Any:
