@@ -102,6 +102,12 @@ class _Liveness:
 class PubSubHub(ReleaseHub):
     """One pub/sub connection per backend per process, read by one daemon thread."""
 
+    #: Whether a failed connection counts against the waiters as a silent server (until it
+    #: is heard again): a quorum's node (a killed node wakes nobody, and the waiters' try
+    #: still gets a majority's answer). Not one server: its waiters look again at once,
+    #: and their try says whether it is back (a restart's reset is not an outage).
+    failure_is_unheard = False
+
     def __init__(
         self,
         make_pubsub: Callable[[], Any],
@@ -207,6 +213,9 @@ class PubSubHub(ReleaseHub):
                     self._refuse(pubsub, refused)
                     return
                 logger.debug("redlock: pub/sub connection failed: %s", exc)
+                if self.failure_is_unheard and not self._silent:
+                    self._silent = True
+                    self.declare_unheard()
                 # A release may have been missed: let every waiter look again.
                 self.notify_all()
                 threading.Event().wait(0.1)

@@ -205,6 +205,28 @@ def test_a_sleeping_redlock_waiter_raises_once_a_quorum_stops_answering(
     held.release()
 
 
+def test_a_sleeping_redlock_waiter_counts_a_killed_node_as_silent(
+    quorum: list[RedisServer], name: str
+) -> None:
+    """One node killed (its connection fails: no PING to go unanswered), then another
+    paused: no majority answers any more, and the waiter raises."""
+    _held, take = holder_and_waiter("lock", name)
+    thread, outcome = start(take)
+    quorum[0].kill()
+    try:
+        time.sleep(0.5)
+        assert thread.is_alive(), outcome  # the other two still make a majority
+        paused = time.monotonic()
+        quorum[1].pause()
+        thread.join(SOCKET_TIMEOUT + 5)
+    finally:
+        quorum[1].resume()
+    assert not thread.is_alive(), "the waiter slept on"
+    error, ended = outcome
+    assert isinstance(error, BackendUnavailable) and error.timed_out, error
+    assert ended - paused < SOCKET_TIMEOUT + MARGIN, ended - paused
+
+
 def test_a_sleeping_redlock_waiter_outlives_a_node_paused_for_good(
     quorum: list[RedisServer], name: str
 ) -> None:

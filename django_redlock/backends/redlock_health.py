@@ -144,6 +144,8 @@ class NodeHub(PubSubHub):
     """A node's release channel. A node that is down wakes nobody when its connection fails:
     the releases it misses are heard on the other nodes (any majority of them publishes)."""
 
+    failure_is_unheard = True
+
     def __init__(self, node: RedisBackend, quiet: Callable[[], bool]) -> None:
         super().__init__(node.client.pubsub, node.socket_timeout, node.inbox_prefix)
         self._quiet = quiet
