@@ -37,6 +37,7 @@ from bench.scenarios.observability import observability
 from bench.scenarios.quorum import quorum
 from bench.scenarios.redis_cpu import redis_cpu
 from bench.scenarios.semaphores import semaphores
+from bench.scenarios.skewed_clocks import skewed_clocks
 from bench.scenarios.uncontended import uncontended
 from bench.scenarios.watchdog import watchdog
 
@@ -68,6 +69,7 @@ def main() -> None:
                 "semaphore_10ms")),
             ("fenced purchases", lambda: fenced(results, single.url)),
             ("lock_all", lambda: lock_all_scenario(results)),
+            ("skewed clocks", lambda: skewed_clocks(results)),
             # Last: it installs an OpenTelemetry SDK tracer provider, for the process (it
             # cannot be taken back), and every in-process scenario after it would record
             # spans (the semaphore's cycle measured 0.71 x the recipe after it, 0.83 x before).

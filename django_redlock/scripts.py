@@ -167,6 +167,14 @@ async def arun_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> lis
     return results
 
 
+def teach(client: Any, requests: Sequence[Any]) -> None:
+    """Load the scripts of ``requests`` (their ``Call`` ones) into ``client``'s server: one
+    that answered NOSCRIPT elsewhere (a Redlock fan-out's connection), so the op sent again
+    runs at once instead of answering NOSCRIPT a second time. Used by ``redlock_io``."""
+    for needed in {call.script for call in requests if isinstance(call, Call)}:
+        _load(client, needed)
+
+
 def register(client: Any) -> None:
     """Teach a server (a cluster: every primary) every script, when the app is ready."""
     for each in all_scripts():

@@ -22,14 +22,22 @@ logger = logging.getLogger("django_redlock")
 class AnyWaiter(Protocol):
     baton: bool
     unconfirmed: bool
+    unheard: set[object]
+    unheard_limit: int
 
     def wake(self) -> None: ...
+
+
+def unheard(waiter: AnyWaiter) -> bool:
+    """Whether the servers ``waiter`` listens on went silent (:meth:`ReleaseHub.
+    declare_unheard`): one server, or too many of a quorum's nodes for a majority."""
+    return len(waiter.unheard) >= waiter.unheard_limit
 
 
 class Waiter:
     """A waiting thread; woken by a message on its channel."""
 
-    __slots__ = ("_event", "baton", "unconfirmed")
+    __slots__ = ("_event", "baton", "unconfirmed", "unheard", "unheard_limit")
 
     def __init__(self) -> None:
         self._event = threading.Event()
@@ -37,6 +45,10 @@ class Waiter:
         #: The server did not confirm the subscription within the hub's confirm timeout
         #: (its socket timeout): the wait's set-up used it up (see ReleaseHub.watch).
         self.unconfirmed = False
+        #: The hubs whose server left a PING unanswered for a socket timeout while this
+        #: waiter slept, and how many of them make the wait fail (see :func:`unheard`).
+        self.unheard: set[object] = set()
+        self.unheard_limit = 1
 
     def wake(self) -> None:
         self._event.set()
@@ -69,7 +81,7 @@ def _settle(future: asyncio.Future[None]) -> None:
 class AsyncWaiter:
     """A waiting asyncio task; may be woken from any thread."""
 
-    __slots__ = ("_future", "_loop", "_woken", "baton", "unconfirmed")
+    __slots__ = ("_future", "_loop", "_woken", "baton", "unconfirmed", "unheard", "unheard_limit")
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -77,6 +89,8 @@ class AsyncWaiter:
         self._future: asyncio.Future[None] | None = None
         self.baton = False
         self.unconfirmed = False
+        self.unheard: set[object] = set()
+        self.unheard_limit = 1
 
     def wake(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
@@ -325,6 +339,34 @@ class ReleaseHub:
             logger.debug("redlock: leave of abandoned waiter %s failed: %s", waiter_id, exc)
             self.abandon(waiter_id, leave)
 
+    def declare_unheard(self, waiters: list[AnyWaiter] | None = None) -> None:
+        """This hub's server left a PING unanswered for a socket timeout: ``waiters`` (else
+        every waiter) are told, and woken once as many hubs as they need went silent
+        (:func:`unheard`); their wait raises instead of sleeping until its next try."""
+        if waiters is None:
+            with self._mutex:
+                waiters = [w for group in self._waiters.values() for w in group]
+        for waiter in waiters:
+            waiter.unheard.add(self)
+            if unheard(waiter):
+                waiter.wake()
+
+    def declare_heard(self, waiters: list[AnyWaiter] | None = None) -> None:
+        """This hub's server answered again (a quorum's node back before the waiters gave
+        up): it no longer counts against them."""
+        if waiters is None:
+            with self._mutex:
+                waiters = [w for group in self._waiters.values() for w in group]
+        for waiter in waiters:
+            waiter.unheard.discard(self)
+
+    def unheard_error(self, alias: str, lock: str) -> str:
+        """What a waiter whose server went silent says (see :func:`unheard`)."""
+        return (
+            f"lock {lock!r}: backend {alias!r} did not answer the wait's PING within"
+            f" {self.confirm_timeout:g} s"
+        )
+
     def notify_all(self) -> None:
         """Something may have been missed (a lost connection): everyone looks again."""
         with self._mutex:
@@ -361,13 +403,31 @@ class CompositeHub(ReleaseHub):
     def join(
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
     ) -> list[Confirmation]:
+        return self.join_hubs(list(self.hubs), channel, waiter, by_id, lock)
+
+    def join_hubs(
+        self, hubs: list[ReleaseHub], channel: str, waiter: AnyWaiter, by_id: bool, lock: str
+    ) -> list[Confirmation]:
+        """Join ``hubs`` (a QuorumHub's usable ones): the waiter fails as unheard once so
+        many of all the hubs are out (not joined, or silent) that no majority can answer."""
         confirmations: list[Confirmation] = []
-        for hub in self.hubs:
+        joined = 0
+        for hub in hubs:
             try:
                 confirmations += hub.join(channel, waiter, by_id, lock)
             except Exception as exc:  # a node that is down wakes nobody; the others do
                 logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
+            else:
+                joined += 1
+        quorum = len(self.hubs) // 2 + 1
+        waiter.unheard_limit = max(1, joined - quorum + 1)
         return confirmations
+
+    def unheard_error(self, alias: str, lock: str) -> str:
+        return (
+            f"lock {lock!r}: backend {alias!r}: too few nodes answered the wait's PING within"
+            f" {self.confirm_timeout:g} s for a quorum"
+        )
 
     def leave(self, channel: str, waiter: AnyWaiter) -> None:
         for hub in self.hubs:

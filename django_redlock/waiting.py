@@ -17,6 +17,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -52,8 +53,60 @@ def _unanswered(exc: Exception) -> Confirmation | None:
     return Confirmation() if isinstance(exc, (RedisTimeoutError, TimeoutError)) else None
 
 
+class _Liveness:
+    """Whether a pub/sub connection's server still answers, while someone waits on it.
+
+    A waiter sleeps without asking the server anything, and a paused server (SIGSTOP, a
+    stalled network) sends nothing that could wake it. So while any waiter listens, the
+    reader PINGs after a quarter of the socket timeout without hearing from the server (a
+    healthy connection's messages count: one PING per connection, not per waiter, and
+    none while nobody waits); a PING unanswered for a whole socket timeout makes the
+    waiters' wait raise. A reply (any message) clears it."""
+
+    SHARE = 0.25  # of the socket timeout: silence before a PING
+
+    __slots__ = ("heard_at", "ping_at", "timeout")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.heard_at = time.monotonic()
+        self.ping_at: float | None = None  # a PING awaits its answer since
+
+    def heard(self) -> None:
+        self.heard_at, self.ping_at = time.monotonic(), None
+
+    def step(self, pubsub: Any, waiting: Callable[[], bool]) -> tuple[float, bool]:
+        """PING if due; returns how long to read for, and whether the server just went
+        silent (a PING unanswered for the socket timeout: a new round starts). ``waiting``
+        (whether anyone listens here) is asked only when a PING or the verdict is due."""
+        now = time.monotonic()
+        if self.ping_at is None:
+            due = self.heard_at + self.timeout * self.SHARE
+            if now < due:
+                return min(1.0, due - now), False
+        elif now < self.ping_at + self.timeout:
+            return min(1.0, self.ping_at + self.timeout - now), False
+        if not waiting() or not getattr(pubsub, "subscribed", False):
+            # Nobody to tell (or no subscription, whose connection would not read the
+            # PONG): no PING, and the silence starts over.
+            self.heard_at, self.ping_at = now, None
+            return min(1.0, self.timeout * self.SHARE), False
+        if self.ping_at is None:
+            pubsub.ping()
+            self.ping_at = now
+            return min(1.0, self.timeout), False
+        self.heard_at, self.ping_at = now, None
+        return min(1.0, self.timeout * self.SHARE), True
+
+
 class PubSubHub(ReleaseHub):
     """One pub/sub connection per backend per process, read by one daemon thread."""
+
+    #: Whether a failed connection counts against the waiters as a silent server (until it
+    #: is heard again): a quorum's node (a killed node wakes nobody, and the waiters' try
+    #: still gets a majority's answer). Not one server: its waiters look again at once,
+    #: and their try says whether it is back (a restart's reset is not an outage).
+    failure_is_unheard = False
 
     def __init__(
         self,
@@ -74,6 +127,7 @@ class PubSubHub(ReleaseHub):
         self._reading: Any = None  # the connection the reader reads (close() takes it away)
         self._confirmed: dict[str, Confirmation] = {}
         self._closed = False
+        self._silent = False  # declared unheard, and nothing heard since
         _pubsub_hubs.add(self)
 
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
@@ -142,10 +196,15 @@ class PubSubHub(ReleaseHub):
                     connection.disconnect()
 
     def _read_until_closed(self, pubsub: Any) -> None:
+        alive = _Liveness(self.confirm_timeout)
         while not self._closed:
             self._reading = getattr(pubsub, "connection", None) or self._reading
             try:
-                message = pubsub.get_message(timeout=1.0)
+                wait, silent = alive.step(pubsub, lambda: bool(self._waiters))
+                if silent:
+                    self._silent = True
+                    self.declare_unheard()
+                message = pubsub.get_message(timeout=wait)
             except Exception as exc:
                 if self._closed:
                     return
@@ -154,11 +213,18 @@ class PubSubHub(ReleaseHub):
                     self._refuse(pubsub, refused)
                     return
                 logger.debug("redlock: pub/sub connection failed: %s", exc)
+                if self.failure_is_unheard and not self._silent:
+                    self._silent = True
+                    self.declare_unheard()
                 # A release may have been missed: let every waiter look again.
                 self.notify_all()
                 threading.Event().wait(0.1)
                 continue
             if message is not None:
+                alive.heard()
+                if self._silent:
+                    self._silent = False
+                    self.declare_heard()
                 self._handle(message)
 
     def _refuse(self, pubsub: Any, error: BaseException) -> None:
@@ -210,6 +276,7 @@ class PubSubHub(ReleaseHub):
         self._thread = None
         self._reading = None
         self._inbox = None  # the child has a process id of its own
+        self._silent = False
         self._mutex = threading.Lock()
         self._waiters = {}
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
@@ -372,8 +439,23 @@ class ShardedPubSubHub(PubSubHub):
                 with contextlib.suppress(Exception):
                     connection.disconnect()
 
+    def _listened_on(self, name: str) -> bool:
+        with self._mutex:
+            return bool(self._waiters_on(name))
+
+    def _waiters_on(self, name: str) -> list[AnyWaiter]:
+        """The waiters listening on node ``name`` (under the mutex)."""
+        return [
+            waiter
+            for channel, group in self._waiters.items()
+            if self._node_of.get(self._inbox_by_waiter.get(channel, channel)) == name
+            for waiter in group
+        ]
+
     def _read_shard_until_closed(self, name: str, pubsub: Any, seen: list[Any]) -> None:
         failures = 0
+        alive = _Liveness(self.confirm_timeout)
+        silent = False  # declared unheard, and nothing heard since
         while not self._closed:
             shard = self._shards.get(name)
             if shard is None or shard.pubsub is not pubsub:
@@ -381,7 +463,13 @@ class ShardedPubSubHub(PubSubHub):
             if (connection := getattr(pubsub, "connection", None)) is not None:
                 seen[:] = [connection]
             try:
-                message = pubsub.get_message(timeout=1.0)
+                wait, went_silent = alive.step(pubsub, lambda: self._listened_on(name))
+                if went_silent:
+                    silent = True
+                    with self._mutex:
+                        waiters = self._waiters_on(name)
+                    self.declare_unheard(waiters)
+                message = pubsub.get_message(timeout=wait)
             except Exception as exc:
                 if self._closed:
                     return
@@ -408,6 +496,12 @@ class ShardedPubSubHub(PubSubHub):
                 self.notify_all()
             if message is None:
                 continue
+            alive.heard()
+            if silent:
+                silent = False
+                with self._mutex:
+                    waiters = self._waiters_on(name)
+                self.declare_heard(waiters)
             if message["type"] == "sunsubscribe":
                 channel = message["channel"]
                 channel = channel.decode() if isinstance(channel, bytes) else channel

@@ -144,6 +144,8 @@ class NodeHub(PubSubHub):
     """A node's release channel. A node that is down wakes nobody when its connection fails:
     the releases it misses are heard on the other nodes (any majority of them publishes)."""
 
+    failure_is_unheard = True
+
     def __init__(self, node: RedisBackend, quiet: Callable[[], bool]) -> None:
         super().__init__(node.client.pubsub, node.socket_timeout, node.inbox_prefix)
         self._quiet = quiet
@@ -167,12 +169,5 @@ class QuorumHub(CompositeHub):
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
     ) -> list[Confirmation]:
         usable = self._usable()
-        confirmations: list[Confirmation] = []
-        for i, hub in enumerate(self.hubs):
-            if i not in usable:
-                continue
-            try:
-                confirmations += hub.join(channel, waiter, by_id, lock)
-            except Exception as exc:  # a node that fails wakes nobody; the others do
-                logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
-        return confirmations
+        hubs = [hub for i, hub in enumerate(self.hubs) if i in usable]
+        return self.join_hubs(hubs, channel, waiter, by_id, lock)

@@ -75,7 +75,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from .. import acl
 from ..exceptions import BackendUnavailable
-from ..scripts import Call
+from ..scripts import Call, teach
 from ..wire import new_connection, node_of, pack_many, socket_or_none, stream_of, tag_node
 from . import owners
 from .base import Op
@@ -1140,8 +1140,16 @@ class NodeIO:
         if refused is not None:  # this node's user may not: say what it lacks
             return self.nodes[i].refusal_error(op.name, refused)
         if any(isinstance(r, NoScriptError) for r in raw):
-            # This node forgot the scripts: teach it and ask again, on its own.
+            # This node forgot the scripts: teach it and ask again, on its own. Taught
+            # first: asked at once, it answered NOSCRIPT again (a script call more).
             try:
+                requests = op.request if isinstance(op.request, list) else [op.request]
+                try:
+                    teach(self.nodes[i].client, requests)
+                except UNAVAILABLE as exc:  # the op did not run: as its own no answer
+                    raise _unavailable(self.nodes[i], op, exc) from exc
+                except Exception:  # refused (an ACL): the op's own call says so
+                    pass
                 return self.nodes[i].execute(op)
             except BackendUnavailable as exc:
                 if owed:  # not proven to have run: the node is owed it

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 from .. import observe
 from ..backends.base import BaseLockBackend, Op
 from ..exceptions import BackendUnavailable, QuorumNotReached
+from ..waiters import unheard
 
 T = TypeVar("T")
 Steps = Generator[Any, Any, T]
@@ -39,10 +40,12 @@ class Watch(NamedTuple):
 
 
 class Sleep(NamedTuple):
-    """Sleep until woken or ``seconds`` pass: the reply is whether it was woken."""
+    """Sleep until woken or ``seconds`` pass: the reply is whether it was woken. A server
+    that goes silent meanwhile raises BackendUnavailable here (see ``_check_heard``)."""
 
     waiter: Any
     seconds: float
+    lock: str = ""  # the lock's name, for the error
 
 
 class Unwatch(NamedTuple):
@@ -142,6 +145,7 @@ def _drive(
                 reply = backend.execute(step)
             elif isinstance(step, Sleep):
                 reply = step.waiter.wait(step.seconds)
+                _check_heard(backend, step)
             elif isinstance(step, Watch):
                 watching = _watching(backend, step)
                 try:
@@ -166,6 +170,17 @@ def _drive(
 def _left(watches: list[Any], handle: Any) -> None:
     with contextlib.suppress(ValueError):
         watches.remove((handle[2], handle[1]))
+
+
+def _check_heard(backend: BaseLockBackend, step: Sleep) -> None:
+    """A sleeping waiter whose server went silent (its hub's PING unanswered for a socket
+    timeout, or a quorum's nodes too many for a majority) raises now, not at its next try,
+    which would come only when the sleep ends. Raised into the steps at the ``Sleep``, as
+    a try that got no answer in time (no leave is sent: the hub sends it on a wake-up)."""
+    if unheard(step.waiter):
+        raise BackendUnavailable(
+            backend.hub.unheard_error(backend.alias, step.lock), timed_out=True
+        )
 
 
 def _unconfirmed_exit(backend: BaseLockBackend, step: Watch, watches: list[Any]) -> None:
@@ -209,6 +224,7 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
                 reply = await backend.aexecute(step)
             elif isinstance(step, Sleep):
                 reply = await step.waiter.wait(step.seconds)
+                _check_heard(backend, step)
             elif isinstance(step, Watch):
                 if step.leave is not None:  # from before its first try (see Watch)
                     leave = functools.partial(backend.execute, step.leave)

@@ -395,6 +395,29 @@ def test_one_script_call_per_node_per_acquire_and_release(
             assert mine == sorted(set(mine))
 
 
+def test_a_node_that_forgot_its_scripts_is_taught_before_it_is_asked_again(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    """NOSCRIPT (a restart, SCRIPT FLUSH): the node is taught the op's script, then asked
+    again: one script call more. Asked again first, it answered NOSCRIPT a second time (3
+    calls for an acquire; under libfaketime a node whose warm-up reply came late cost the
+    skewed-clock test 42 calls instead of 40)."""
+    server = redis_factory()
+    with quorum_alias("forgot", [server]):
+        check_replies(backend_of("forgot"), "warm")
+        for n in range(3):
+            server.client().script_flush()
+            before = script_calls(server)
+            held = lock(f"f{n}", using="forgot", ttl=10)
+            assert held.acquire(blocking=False)
+            assert script_calls(server) - before == 2  # NOSCRIPT, then the script's run
+            server.client().script_flush()
+            before = script_calls(server)
+            held.release()
+            assert script_calls(server) - before == 2
+            assert not held.locked()
+
+
 def test_an_acquirer_whose_clock_runs_ahead_does_not_lift_fences_above_the_nodes_clocks(
     redis_factory: Callable[..., RedisServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,0 +1,288 @@
+"""A waiter asleep between two tries notices a server that stops answering within about one
+socket timeout (its hub PINGs the wait's pub/sub connection while anyone waits), and one
+that only pauses for less keeps waiting and gets the lock. Real servers, SIGSTOP/SIGCONT."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redlock import BackendUnavailable, lock, lock_all, locks, semaphore
+from django_redlock.testing import RedisServer
+
+SOCKET_TIMEOUT = 1.0
+MARGIN = 0.75  # the PING goes a quarter of the socket timeout after the last message; + load
+
+
+def _alias(alias: str, config: dict[str, object]) -> Any:
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config})
+
+
+@pytest.fixture
+def one(redis_factory: Callable[..., RedisServer]) -> Iterator[list[RedisServer]]:
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
+    }
+    with _alias("sleepy", config):
+        yield [server]
+
+
+@pytest.fixture
+def quorum(redis_factory: Callable[..., RedisServer]) -> Iterator[list[RedisServer]]:
+    servers = [redis_factory() for _ in range(3)]
+    config = {
+        "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+        "LOCATION": [server.url for server in servers],
+        "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
+    }
+    with _alias("sleepy", config):
+        yield servers
+
+
+def holder_and_waiter(kind: str, name: str) -> tuple[Any, Callable[[], Any]]:
+    """A hold of ``name`` for 60 s (not renewed: no renewal to notice the pause), and a
+    blocking take of it with a 30 s timeout, of that kind."""
+    if kind == "semaphore":
+        held = semaphore(name, 1, using="sleepy", ttl=60, auto_renew=False)
+        assert held.acquire()
+        wanted = semaphore(name, 1, using="sleepy", ttl=60)
+        return held, lambda: wanted.acquire(timeout=30) and wanted
+    held = lock(name, using="sleepy", ttl=60, auto_renew=False, fair=kind == "fair")
+    assert held.acquire()
+    if kind == "lock_all":
+        many = lock_all(name, name + ":other", using="sleepy", timeout=30)
+        return held, lambda: many.acquire() and many
+    waiter = lock(name, using="sleepy", fair=kind == "fair")
+    if kind == "async":
+        return held, lambda: asyncio.run(waiter.aacquire(timeout=30)) and waiter
+    return held, lambda: waiter.acquire(timeout=30) and waiter
+
+
+def start(take: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(take())
+        except BaseException as exc:
+            outcome.append(exc)
+        outcome.append(time.monotonic())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)  # it tried, subscribed, tried again, and sleeps (the hold has 60 s left)
+    assert thread.is_alive()
+    return thread, outcome
+
+
+KINDS = ["lock", "fair", "lock_all", "async", "semaphore"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_sleeping_waiter_raises_within_one_socket_timeout_of_a_pause(
+    one: list[RedisServer], name: str, kind: str
+) -> None:
+    (server,) = one
+    held, take = holder_and_waiter(kind, name)
+    thread, outcome = start(take)
+    paused = time.monotonic()
+    server.pause()
+    try:
+        thread.join(SOCKET_TIMEOUT + 5)
+    finally:
+        server.resume()
+    assert not thread.is_alive(), "the waiter slept on"
+    error, ended = outcome
+    assert isinstance(error, BackendUnavailable) and error.timed_out, error
+    assert ended - paused < SOCKET_TIMEOUT + MARGIN, ended - paused
+    held.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "async"])
+def test_a_sleeping_waiter_raises_at_once_when_the_server_is_killed(
+    one: list[RedisServer], name: str, kind: str
+) -> None:
+    """SIGKILL closes the connection: the hub's reader fails, every waiter tries again at
+    once, and the try is refused."""
+    (server,) = one
+    held, take = holder_and_waiter(kind, name)
+    thread, outcome = start(take)
+    killed = time.monotonic()
+    server.kill()
+    thread.join(SOCKET_TIMEOUT + 5)
+    assert not thread.is_alive(), "the waiter slept on"
+    error, ended = outcome
+    assert isinstance(error, BackendUnavailable), error
+    assert ended - killed < SOCKET_TIMEOUT + MARGIN, ended - killed
+    del held  # its server is gone: nothing to release
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_sleeping_waiter_outlives_a_pause_shorter_than_the_socket_timeout(
+    one: list[RedisServer], name: str, kind: str
+) -> None:
+    (server,) = one
+    held, take = holder_and_waiter(kind, name)
+    thread, outcome = start(take)
+    for _ in range(2):  # twice: a PING is due and sent while it is paused
+        server.pause()
+        time.sleep(SOCKET_TIMEOUT * 0.7)
+        server.resume()
+        time.sleep(0.3)
+    assert thread.is_alive(), outcome
+    released = time.monotonic()
+    held.release()
+    thread.join(10)
+    got, ended = outcome
+    assert not isinstance(got, BaseException), got
+    assert ended - released < 1.0  # woken by the release
+    got.release()
+
+
+def test_idle_waiters_cost_one_ping_per_quarter_socket_timeout_whatever_their_number(
+    one: list[RedisServer], name: str
+) -> None:
+    """Commands per second of N idle waiters of a healthy Redis: the PINGs are the hub's
+    (one connection per process), not the waiters'; no waiter is woken by them."""
+    (server,) = one
+    held = lock(name, using="sleepy", ttl=60, auto_renew=False)
+    assert held.acquire()
+
+    def take_and_give_back() -> None:
+        with lock(name, using="sleepy", timeout=30):
+            pass
+
+    threads = [threading.Thread(target=take_and_give_back) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    client = server.client()
+    client.config_resetstat()
+    time.sleep(3.0)
+    stats = client.info("commandstats")
+    calls = {
+        k[len("cmdstat_") :]: v["calls"]
+        for k, v in stats.items()
+        if not k.startswith(("cmdstat_config", "cmdstat_info"))  # the measuring client's
+    }
+    # 3 s of silence: a PING each 0.25 s at most (12), and nothing else: no waiter tried.
+    assert set(calls) <= {"ping"}, calls
+    assert 6 <= calls.get("ping", 0) <= 13, calls
+    held.release()
+    for thread in threads:
+        thread.join(30)
+
+
+def test_a_sleeping_redlock_waiter_raises_once_a_quorum_stops_answering(
+    quorum: list[RedisServer], name: str
+) -> None:
+    held, take = holder_and_waiter("lock", name)
+    thread, outcome = start(take)
+    quorum[0].pause()  # one node of three: the others still make a majority
+    try:
+        time.sleep(SOCKET_TIMEOUT + 1.0)
+        assert thread.is_alive(), outcome
+        paused = time.monotonic()
+        quorum[1].pause()  # now no majority answers
+        thread.join(SOCKET_TIMEOUT + 5)
+    finally:
+        quorum[1].resume()
+        quorum[0].resume()
+    assert not thread.is_alive(), "the waiter slept on"
+    error, ended = outcome
+    assert isinstance(error, BackendUnavailable) and error.timed_out, error
+    assert ended - paused < SOCKET_TIMEOUT + MARGIN, ended - paused
+    held.release()
+
+
+def test_a_sleeping_redlock_waiter_counts_a_killed_node_as_silent(
+    quorum: list[RedisServer], name: str
+) -> None:
+    """One node killed (its connection fails: no PING to go unanswered), then another
+    paused: no majority answers any more, and the waiter raises."""
+    _held, take = holder_and_waiter("lock", name)
+    thread, outcome = start(take)
+    quorum[0].kill()
+    try:
+        time.sleep(0.5)
+        assert thread.is_alive(), outcome  # the other two still make a majority
+        paused = time.monotonic()
+        quorum[1].pause()
+        thread.join(SOCKET_TIMEOUT + 5)
+    finally:
+        quorum[1].resume()
+    assert not thread.is_alive(), "the waiter slept on"
+    error, ended = outcome
+    assert isinstance(error, BackendUnavailable) and error.timed_out, error
+    assert ended - paused < SOCKET_TIMEOUT + MARGIN, ended - paused
+
+
+def test_a_sleeping_redlock_waiter_outlives_a_node_paused_for_good(
+    quorum: list[RedisServer], name: str
+) -> None:
+    held, take = holder_and_waiter("lock", name)
+    thread, outcome = start(take)
+    quorum[2].pause()
+    try:
+        time.sleep(SOCKET_TIMEOUT * 2.5)
+        assert thread.is_alive(), outcome
+        released = time.monotonic()
+        held.release()
+        thread.join(10)
+    finally:
+        quorum[2].resume()
+    got, ended = outcome
+    assert not isinstance(got, BaseException), got
+    assert ended - released < 2.0
+    got.release()
+    assert locks["sleepy"] is not None
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_sleeping_waiter_on_a_cluster_raises_once_its_lock_s_node_stops_answering(
+    name: str, fair: bool
+) -> None:
+    """Sharded pub/sub (Redis 7+): the waiter listens on the node of its lock's slot, whose
+    connection PINGs while it waits."""
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        config = {
+            "BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+            "LOCATION": nodes[0].url,
+            "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
+        }
+        with _alias("sleepy", config):
+            backend = locks["sleepy"]
+            slot = int(nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
+            ranges = nodes[0].client().execute_command("CLUSTER", "SLOTS")
+            port = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
+            owner = next(node for node in nodes if node.port == port)
+            held, take = holder_and_waiter("fair" if fair else "lock", name)
+            thread, outcome = start(take)
+            paused = time.monotonic()
+            owner.pause()
+            try:
+                thread.join(SOCKET_TIMEOUT + 5)
+            finally:
+                owner.resume()
+            assert not thread.is_alive(), "the waiter slept on"
+            error, ended = outcome
+            assert isinstance(error, BackendUnavailable) and error.timed_out, error
+            assert ended - paused < SOCKET_TIMEOUT + MARGIN, ended - paused
+            held.release()
+    finally:
+        for node in nodes:
+            node.stop()
