@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+from .celery_kind import run_celery
+from .cluster import run_cluster
 from .harness import run_campaign
 
 #: (backend, kind, seed, share of the time): Redlock offers plain locks only, and gets the
@@ -27,6 +29,8 @@ COMBINATIONS = [
     ("redis", "write", 15, 1.0),
     ("redis", "database", 29, 1.0),  # its plan steps the clock (a snapshot restore)
     ("redlock", "plain", 21, 2.0),
+    ("cluster", "cluster", 23, 1.0),  # cluster.py: one master paused past the TTL
+    ("celery", "celery", 24, 1.0),  # celery_kind.py: workers, soft time limits, coalesce
 ]
 #: Run only when CAMPAIGN_KIND names their kind (not in `make test`'s 70 s).
 ON_REQUEST = [("redlock", "database", 22, 2.0)]
@@ -55,7 +59,12 @@ MIN_SECONDS = 8.0
     ],
 )
 def test_campaign(backend: str, kind: str, seed: int, seconds: float) -> None:
-    report = run_campaign(backend, kind, seed, seconds)
+    if kind == "cluster":
+        report = run_cluster(seed, seconds)
+    elif kind == "celery":
+        report = run_celery(seed, seconds)
+    else:
+        report = run_campaign(backend, kind, seed, seconds)
     print("\n" + report.summary())
     assert report.ok, report.details()
     # A run that did nothing proves nothing: clients ran, held and wrote, and faults came.
