@@ -120,11 +120,12 @@ def run_celery(seed: int, seconds: float) -> KindReport:
             episode += 1
             if rng.random() < 0.5:  # skip calls, some jolted
                 for _ in range(rng.randint(1, 3)):
-                    jolt = None
+                    jolt = None  # within 3 ms, or 3 round trips under latency
                     if "jolt" not in skipped and rng.random() < 0.6:
                         burst = rng.random() < 0.5 and bursts
-                        jolt = {"delay": rng.uniform(0, 3000), "count": rng.randint(3, 60)
-                                if burst else 1, "every": rng.uniform(5, 100)}  # fmt: skip
+                        jolt = {"delay": rng.uniform(0, 3000 + 6e6 * want),
+                                "count": rng.randint(3, 60) if burst else 1,
+                                "every": rng.uniform(5, 100)}  # fmt: skip
                         faults["jolt"] += 1
                     send("skip", f"k{rng.randrange(SKIP_KEYS)}", f"e{episode}",
                          rng.uniform(0.02, 0.4), jolt)  # fmt: skip
