@@ -154,7 +154,7 @@ def run_cluster(seed: int, seconds: float) -> KindReport:
         plan = (
             []
             if "master_pause" in excluded()
-            else storms(seed, seconds, calm=(1.0, 2.5), storm=(1.5 * TTL, 2.5 * TTL), tail=2 * TTL)
+            else storms(seed, seconds, calm=(0.5, 1.5), storm=(1.5 * TTL, 2 * TTL), tail=TTL)
         )
         for start, length in plan:
             _sleep_until(origin + start)
