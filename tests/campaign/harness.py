@@ -217,12 +217,12 @@ class Run:
         if fault.target == ("db",):
             proxy = self.database.proxy  # type: ignore[union-attr]
             if kind == "db_reset":
-                fault.note = f"({proxy.cut_all()} connections cut)"
+                fault.note = f"({proxy.cut()} connections cut)"
             elif kind == "commit_lost":
                 proxy.fault_commit("cut")
-            else:
+            else:  # held; a time limit in every client halfway (commit_interrupted)
                 during = self.interrupt_all if kind == "commit_interrupted" else None
-                proxy.fault_commit("late", fault.arg, during)
+                proxy.fault_commit("late", fault.arg / 2, during, after=fault.arg / 2)
             return
         if kind.startswith("client_"):
             with self._slots:
@@ -276,7 +276,9 @@ class Run:
         if fault.target == ("db",):
             if kind != "db_reset":
                 self.database.proxy.disarm()  # type: ignore[union-attr]
-                fault.note = f"({self.database.proxy.faulted} COMMIT replies faulted so far)"  # type: ignore[union-attr]
+                fault.note = (
+                    f"({self.database.proxy.commits_faulted} COMMIT replies faulted so far)"  # type: ignore[union-attr]
+                )
             return
         if kind == "client_kill":
             with self._slots:
