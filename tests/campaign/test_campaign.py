@@ -16,6 +16,7 @@ import pytest
 from .celery_kind import run_celery
 from .cluster import run_cluster
 from .harness import run_campaign
+from .longttl import run_longttl
 
 #: (backend, kind, seed, share of the time): Redlock offers plain locks only, and gets the
 #: most time: its faults need a hold to meet them on the right nodes. "semaphore": permits
@@ -34,7 +35,10 @@ COMBINATIONS = [
     ("cluster", "cluster", 23, 0.6),  # cluster.py: one master paused past the TTL
     ("celery", "celery", 24, 0.6),  # celery_kind.py: workers, soft time limits, coalesce
 ]
-OWN_KINDS = ("cluster", "celery")
+OWN_KINDS = ("cluster", "celery", "long-ttl")
+#: Under `make soak` (CAMPAIGN_SECONDS given) or when CAMPAIGN_KIND names them: not in `make
+#: test`'s budget. "long-ttl" (longttl.py): Redlock holds of 20 s, single-node pauses.
+SOAK = [("redlock", "long-ttl", 25, 0.6)]
 #: Run only when CAMPAIGN_KIND names their kind (not in `make test`'s 70 s).
 ON_REQUEST = [("redlock", "database", 22, 2.0)]
 DEFAULT_SECONDS = 70.0
@@ -43,7 +47,9 @@ ONLY_BACKEND = os.environ.get("CAMPAIGN_BACKEND")
 ONLY_KIND = os.environ.get("CAMPAIGN_KIND")
 CASES = [
     (backend, kind, int(SEED) if SEED else seed, share)
-    for backend, kind, seed, share in COMBINATIONS + (ON_REQUEST if ONLY_KIND else [])
+    for backend, kind, seed, share in COMBINATIONS
+    + (ON_REQUEST if ONLY_KIND else [])
+    + (SOAK if ONLY_KIND or os.environ.get("CAMPAIGN_SECONDS") else [])
     if backend == (ONLY_BACKEND or backend) and kind == (ONLY_KIND or kind)
 ]
 TOTAL = float(os.environ.get("CAMPAIGN_SECONDS") or DEFAULT_SECONDS)
@@ -78,6 +84,8 @@ def test_campaign(backend: str, kind: str, seed: int, seconds: float) -> None:
         report = run_cluster(seed, seconds)
     elif kind == "celery":
         report = run_celery(seed, seconds)
+    elif kind == "long-ttl":
+        report = run_longttl(seed, seconds)
     else:
         report = run_campaign(backend, kind, seed, seconds)
     print("\n" + report.summary())
