@@ -11,7 +11,9 @@ Two client processes, each on a lock name of its own (nobody else ever holds it)
 ``acquire(blocking=False)``, a short hold (10-100 ms), ``release()``. Property
 ``free-lock-refused``: an acquire answered False while every node had been up for 0.5 s, by
 a client holding nothing whose last release returned without error (a release that raised
-may have left its hold: the next TTL is not judged). ``not-lock-error`` as elsewhere.
+may have left its hold: the next TTL is not judged). ``error-one-node-down``: an acquire or
+release that raised while at most one node was paused (from 0.5 s before the call): five nodes
+tolerate two. ``not-lock-error`` as elsewhere.
 
 The client is this module run as ``python -m tests.campaign.longttl CONFIG_JSON``.
 """
@@ -84,11 +86,12 @@ def client(config: dict[str, Any]) -> None:
         log("acq_ok" if got else "acq_no", h=hold)
         if got:
             time.sleep(rng.uniform(0.01, 0.1))
+            since = time.time()
             try:
                 lk.release()
                 log("rel_ok", h=hold)
             except LockError as exc:
-                log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:200])
+                log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:200], since=since)
             except Exception as exc:
                 log("bad", h=hold, what=f"release raised {type(exc).__name__}: {exc}"[:400])
         time.sleep(rng.uniform(0.01, 0.05))
@@ -187,6 +190,15 @@ def check(
             began[(c, ev["h"])] = ev["t"]
         elif e == "rel_err" or e == "acq_err":
             doubtful_until[c] = ev["t"] + TTL
+            # Five nodes tolerate two down: with one paused at most, no call may fail.
+            start = began.get((c, ev["h"]), ev["t"]) if e == "acq_err" else ev.get("since", 0)
+            down = {p[0] for p in pauses if p[1] < ev["t"] and p[2] > start - SETTLE}
+            if len(down) <= 1:
+                violations.append(Violation(
+                    "error-one-node-down", ev["t"],
+                    f"{c}/h{ev['h']}: {e[:3]} raised {ev['err']}: {ev['msg']} (nodes paused from"
+                    f" {SETTLE:g} s before the call: {sorted(down) or 'none'})", {c},
+                ))  # fmt: skip
         elif e == "bad":
             violations.append(Violation("not-lock-error", ev["t"], f"{c}: {ev['what']}", {c}))
         elif e == "acq_no":
