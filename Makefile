@@ -154,7 +154,7 @@ redis-server:
 # The fault campaign for as long as asked (seconds in all, shared by the backends and kinds
 # selected: CAMPAIGN_BACKEND=redis|redlock|cluster|celery, CAMPAIGN_KIND=plain|reentrant|fair|
 # semaphore|write|database|cluster|celery|long-ttl), one seed. `make test` runs it for about
-# 80 s of faults with fixed seeds (tests/campaign/README.md).
+# 76 s of faults with fixed seeds (tests/campaign/README.md).
 SECONDS ?= 600
 SEED ?= 1
 soak: $(STAMP)
