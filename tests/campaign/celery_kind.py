@@ -19,7 +19,10 @@ Properties, from the workers' own logs:
   jolt's ``SoftTimeLimitExceeded``.
 
 ``CAMPAIGN_EXCLUDE=jolt,latency`` leaves the moves out; ``CAMPAIGN_INCLUDE=jolt_burst`` makes
-half the jolts bursts (off by default: see the README).
+half the jolts bursts (off by default: see the README). Self-tests, each a broken worker
+that must make its property fail: ``CAMPAIGN_BREAK=stranded`` (a jolted call leaves a hold of
+its key renewed: ``stranded``), ``coalesce`` (the first duplicate of each episode queues one
+more run itself: ``coalesce-extra-run``).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from celery import Celery  # noqa: E402
 from celery.exceptions import SoftTimeLimitExceeded  # noqa: E402
 from celery.signals import task_postrun, task_prerun  # noqa: E402
 
-from django_redlock import single_instance  # noqa: E402
+from django_redlock import lock, single_instance  # noqa: E402
 from django_redlock.contrib.celery import SingleInstanceTask  # noqa: E402
 
 app = Celery("campaign", broker=CONFIG["broker_url"], backend=CONFIG["result_url"])
@@ -54,6 +54,9 @@ app.conf.update(
 )
 
 _fds: dict[int, int] = {}
+#: CAMPAIGN_BREAK=stranded | coalesce (self-tests, celery_kind.py): a broken worker.
+BREAK = os.environ.get("CAMPAIGN_BREAK", "")
+_leaked: list[Any] = []
 
 
 def log(event: str, **fields: Any) -> None:
@@ -95,10 +98,22 @@ class Jolted(SingleInstanceTask):  # type: ignore[misc]
             every = float(jolt["every"]) / 1e6 if jolt["count"] > 1 else 0.0
             signal.setitimer(signal.ITIMER_REAL, max(1e-6, float(jolt["delay"]) / 1e6), every)
         try:
-            return super().__call__(*args, **kwargs)
+            result = super().__call__(*args, **kwargs)
+        except SoftTimeLimitExceeded:
+            _Jolt.armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            if BREAK == "stranded":  # self-test: a hold left renewed, as issue #41's was
+                _leaked.append(lock(f"campaign-{self.name.rsplit('.', 1)[-1]}:{kwargs['key']}"))
+                _leaked[-1].acquire(blocking=False)
+            raise
         finally:
             _Jolt.armed = False
             signal.setitimer(signal.ITIMER_REAL, 0)
+        # Self-test: the first duplicate of an episode queues one more run than the rule's.
+        coalesced = isinstance(result, dict) and result.get("coalesced")
+        if BREAK == "coalesce" and coalesced and kwargs.get("tag") == "dup0":
+            self.apply_async(kwargs={**kwargs, "tag": "extra"}, queue="campaign", countdown=2.0)
+        return result
 
 
 def body(key: str, tag: str, seconds: float, task_id: str) -> str:
