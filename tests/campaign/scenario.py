@@ -1,7 +1,7 @@
-"""What the Cluster and Celery kinds share (cluster.py, celery_kind.py): their report, a
-client log of JSON lines, and a seeded plan of storms and calms.
+"""What the Cluster, Celery and long-TTL kinds share (cluster.py, celery_kind.py, longttl.py):
+their report, a client log of JSON lines, and a seeded plan of storms and calms.
 
-Both kinds run beside the main harness (harness.py) rather than inside it: their servers,
+These kinds run beside the main harness (harness.py) rather than inside it: their servers,
 clients and properties are their own, and their reports answer what test_campaign.py asks
 of any report (``ok``, ``summary()``, ``details()``, ``stats``, ``faults``).
 """
