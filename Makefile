@@ -153,8 +153,9 @@ redis-server:
 			|| true; } >/dev/null 2>&1; }
 
 # The fault campaign for as long as asked (seconds in all, shared by the backends and kinds
-# selected: CAMPAIGN_BACKEND=redis|redlock, CAMPAIGN_KIND=plain|reentrant|fair|semaphore|
-# write|database), one seed. `make test` runs it for about 70 s with fixed seeds.
+# selected: CAMPAIGN_BACKEND=redis|redlock|cluster|celery, CAMPAIGN_KIND=plain|reentrant|fair|
+# semaphore|write|database|cluster|celery|long-ttl), one seed. `make test` runs it for about
+# 76 s of faults with fixed seeds (tests/campaign/README.md).
 SECONDS ?= 600
 SEED ?= 1
 soak: $(STAMP)

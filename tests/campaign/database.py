@@ -124,11 +124,11 @@ class Database:
         )  # fmt: skip
         if done.returncode:
             raise RuntimeError(f"migrate failed ({done.returncode}): {done.stderr[-3000:]}")
-        # The clients go through a proxy that loses and delays COMMIT replies (pgproxy.py);
+        # The clients go through a proxy that loses and delays COMMIT replies (tests/proxy.py);
         # the harness reads the history straight from the server.
-        from .pgproxy import PgProxy
+        from ..proxy import LossyProxy
 
-        self.proxy = PgProxy(self.server.port)
+        self.proxy = LossyProxy(self.server.port)
 
     def connect(self, name: str = NAME) -> Any:
         import psycopg

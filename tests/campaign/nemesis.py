@@ -255,7 +255,7 @@ def side_faults(seed: int, windows: list[tuple[float, float]]) -> list[Fault]:
     return found
 
 
-#: The kind "database": faults of the proxy in front of PostgreSQL (pgproxy.py), armed for the
+#: The kind "database": faults of the proxy in front of PostgreSQL (tests/proxy.py), armed for the
 #: next COMMIT while they last: its reply lost (the connection cut after the server
 #: committed), late (held ``arg`` s), or late while every client gets an interrupt (a time
 #: limit firing during a slow COMMIT); and every connection reset.

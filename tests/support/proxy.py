@@ -8,6 +8,8 @@ In front of a PostgreSQL, ``fault_commit(...)``: the next COMMIT goes to the ser
 reply is read and held back (``hold`` seconds, ``during()`` run meanwhile), then either the
 client's connection is cut (``"cut"``: the server committed, the client never hears so) or
 the reply is forwarded late (``"late"``: time for a signal handler to interrupt the wait).
+``disarm()`` takes back a fault no COMMIT met yet; ``cut()`` resets every connection. The
+fault campaign's ``database`` kind runs its PostgreSQL behind one (tests/campaign/README.md).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class CommitFault:
     how: str  # "cut" or "late"
     hold: float
     during: Callable[[], None] | None
+    after: float = 0.0  # held this much longer once during() ran
 
 
 class _Link:
@@ -63,13 +66,19 @@ class LossyProxy:
             self._to_lose = count
 
     def fault_commit(
-        self, how: str = "cut", hold: float = 0.0, during: Callable[[], None] | None = None
-    ) -> None:
-        """The next COMMIT's reply, once the server sent it: held ``hold`` s (``during()`` run
-        meanwhile), then cut (``"cut"``) or forwarded (``"late"``)."""
+        self, how: str = "cut", hold: float = 0.0, during: Callable[[], None] | None = None,
+        after: float = 0.0,
+    ) -> None:  # fmt: skip
+        """The next COMMIT's reply, once the server sent it: held ``hold`` s, ``during()`` run,
+        held ``after`` s more, then cut (``"cut"``) or forwarded (``"late"``)."""
         assert how in ("cut", "late")
         with self._mutex:
-            self._commit_fault = CommitFault(how, hold, during)
+            self._commit_fault = CommitFault(how, hold, during, after)
+
+    def disarm(self) -> None:
+        """Take back a COMMIT fault that no COMMIT met yet."""
+        with self._mutex:
+            self._commit_fault = None
 
     def _accept(self) -> None:
         while not self._closed:
@@ -77,7 +86,11 @@ class LossyProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(("127.0.0.1", self.target_port))
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # the server is down: this client is cut, the next may pass
+                client.close()
+                continue
             with self._mutex:
                 self._sockets += [client, server]
             link = _Link()
@@ -100,6 +113,7 @@ class LossyProxy:
                     time.sleep(fault.hold)
                     if fault.during is not None:
                         fault.during()
+                    time.sleep(fault.after)
                     if fault.how == "cut":
                         break
                 if replies:
@@ -118,13 +132,15 @@ class LossyProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
-    def cut(self) -> None:
-        """Cut every connection open through the proxy (new ones are still accepted)."""
+    def cut(self) -> int:
+        """Cut every connection open through the proxy (new ones are still accepted); how
+        many client connections there were."""
         with self._mutex:
             sockets, self._sockets = self._sockets, []
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        return len(sockets) // 2
 
     def close(self) -> None:
         self._closed = True
