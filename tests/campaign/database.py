@@ -126,7 +126,7 @@ class Database:
             raise RuntimeError(f"migrate failed ({done.returncode}): {done.stderr[-3000:]}")
         # The clients go through a proxy that loses and delays COMMIT replies (tests/proxy.py);
         # the harness reads the history straight from the server.
-        from ..proxy import LossyProxy
+        from ..support.proxy import LossyProxy
 
         self.proxy = LossyProxy(self.server.port)
 
