@@ -48,6 +48,27 @@ logger = logging.getLogger("django_redlock")
 RETRY = 0.5
 
 
+class Ending(threading.Event):
+    """A keeper's ``lost``: set by its thread, and seen set by any look once the give-up
+    time has passed, before that thread has had its turn (a process paused past its lease
+    wakes with every thread at once: its first look must say the term is over)."""
+
+    def __init__(self, keeper: Keeper) -> None:
+        super().__init__()
+        self._keeper = weakref.ref(keeper)
+
+    def is_set(self) -> bool:
+        if not super().is_set():
+            keeper = self._keeper()
+            if keeper is not None:
+                keeper.overdue()
+        return super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        # A wait that timed out may have slept through the give-up time (a pause): look.
+        return self.is_set() or super().wait(timeout) or self.is_set()
+
+
 class Keeper:
     """Renews a held lock (taken with ``auto_renew=False``) every third of its TTL, until
     :meth:`stop`. ``lost`` is set, and ``reason`` and ``unknown`` say why, when the backend
@@ -69,7 +90,7 @@ class Keeper:
         self.margin = min(max(margin, 0.0), self.ttl * 2 / 3)
         # Two renewals at least before giving up on unanswered ones.
         self.period = min(self.ttl / 3, (self.ttl - self.margin) / 2)
-        self.lost = threading.Event()
+        self.lost: threading.Event = Ending(self)
         self.reason = ""
         self.unknown = False
         self._outside_stop = stop  # another reason to end (run_as_leader's stop)
@@ -104,13 +125,36 @@ class Keeper:
     def end(self, reason: str, unknown: bool) -> None:
         """Set ``lost`` (once: the first reason stays)."""
         with self._mutex:
-            if self.lost.is_set():
+            if threading.Event.is_set(self.lost):  # the flag: no overdue() under the mutex
                 return
             self.reason, self.unknown = reason, unknown
             self.lost.set()
 
+    def overdue(self) -> bool:
+        """End the term (``lost``, ``unknown``) if no renewal was confirmed for the TTL less
+        the margin: whoever looks first, this keeper's thread or a look at ``lost``."""
+        with self._mutex:
+            give_up_at = self._confirmed_until - self.margin
+        now = time.monotonic()
+        if now < give_up_at:
+            return False
+        stalled = now - self._awake  # since the keeper's last turn
+        if stalled > self.period:  # not the backend: this process did not run
+            self.end(
+                f"this process did not run for {stalled:.1f} s (paused): no renewal"
+                f" confirmed for {self.ttl - self.margin:g} s",
+                unknown=True,
+            )
+        else:
+            self.end(
+                f"no renewal confirmed for {self.ttl - self.margin:g} s (the backend did"
+                " not answer)",
+                unknown=True,
+            )
+        return True
+
     def _run(self) -> None:
-        while not self.lost.is_set():
+        while not threading.Event.is_set(self.lost):  # the flag: overdue() is looked at below
             with self._mutex:
                 due, give_up_at = self._next_at, self._confirmed_until - self.margin
             if self._renewal is not None and self._renewal.is_alive():
@@ -120,20 +164,9 @@ class Keeper:
                 return
             if self._outside_stop is not None and self._outside_stop.is_set():
                 return self.end("stopped", unknown=False)
-            now = time.monotonic()
-            stalled, self._awake = now - self._awake, now
-            if now >= give_up_at:
-                if stalled > self.period:  # not the backend: this process did not run
-                    return self.end(
-                        f"this process did not run for {stalled:.1f} s (paused): no renewal"
-                        f" confirmed for {self.ttl - self.margin:g} s",
-                        unknown=True,
-                    )
-                return self.end(
-                    f"no renewal confirmed for {self.ttl - self.margin:g} s (the backend did"
-                    " not answer)",
-                    unknown=True,
-                )
+            if self.overdue():
+                return
+            now = self._awake = time.monotonic()
             if now >= due and (self._renewal is None or not self._renewal.is_alive()):
                 self._renewal = threading.Thread(
                     target=self._renew, name=f"redlock-keeper-renew {self.lock.name}", daemon=True
@@ -284,6 +317,13 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         return LockNotAcquired(f"{self.lock.describe()}: not leading within {self.timeout:g} s")
 
     def __enter__(self) -> Term:
+        return self.campaign()
+
+    def campaign(self) -> Term:
+        """What ``with`` does, for code that cannot hold a ``with`` block open (a scheduler
+        that leads across its ticks): the :class:`Term` once this process leads
+        (``LockNotAcquired`` after ``timeout``). :meth:`resign` ends it. One object
+        campaigns for one term at a time."""
         before = time.monotonic()  # the hold counts from before its take was sent
         if not self.lock.acquire(timeout=self.timeout):
             raise self._not_leading()
@@ -303,7 +343,16 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.resign()
+
+    def resign(self) -> None:
+        """End the term (``term.lost``, "resigned") and release the lock, so the next
+        candidate leads at once. A hold lost already raises nothing (``term.lost`` told
+        it). No answer raises ``BackendUnavailable``: the hold then runs out at its TTL,
+        and this object's next campaign finishes the release first."""
         self._end_term()
+        if self.lock.token is None:
+            return  # not leading (never, or lost and declared so)
         with contextlib.suppress(LockNotOwned):  # lost already: term.lost said so
             self.lock.release()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +59,25 @@ def test_three_candidates_one_leads_and_a_sigkilled_leader_is_followed_within_th
     assert time.monotonic() - killed < 3 + 3  # within the TTL (plus a loaded machine's seconds)
     assert fence2 > fence
     assert child("who", "--name", name).expect("LEADER") == f"True {second.process.pid} {fence2}"
+
+
+def test_a_leader_paused_past_its_lease_sees_term_lost_at_its_first_look_after_waking(
+    child: Callable[..., Child], name: str
+) -> None:
+    """SIGSTOP past the lease: another candidate leads. The woken leader's first look at
+    ``term.lost`` must say so, before its keeper thread has had a turn (it said "leading"
+    for one more step of work, beside the new leader)."""
+    first = child("lead", "--name", name, "--ttl", "2", "--work")
+    first.expect("CAMPAIGNING")
+    first.expect("LEADING")
+    time.sleep(0.5)
+    os.kill(first.process.pid, signal.SIGSTOP)
+    time.sleep(2.5)  # the lease ran out
+    resumed = time.monotonic()  # CLOCK_MONOTONIC: the same clock in every process (Linux)
+    os.kill(first.process.pid, signal.SIGCONT)
+    assert "paused" in first.expect("LOST", timeout=10)
+    last_false = float(first.expect("LAST_FALSE", timeout=5))
+    assert last_false < resumed, f"said leading {last_false - resumed:.4f} s after waking"
 
 
 def test_resigning_hands_over_at_once_not_after_a_ttl(
