@@ -20,6 +20,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -56,8 +57,11 @@ class Ending(threading.Event):
     def __init__(self, keeper: Keeper) -> None:
         super().__init__()
         self._keeper = weakref.ref(keeper)
+        self._pid = os.getpid()
 
     def is_set(self) -> bool:
+        if os.getpid() != self._pid:  # a forked child: the parent renews, not this process
+            return True
         if not super().is_set():
             keeper = self._keeper()
             if keeper is not None:
@@ -121,6 +125,13 @@ class Keeper:
                 and thread is not threading.current_thread()
             ):
                 thread.join()
+
+    def forked(self) -> None:
+        """In a forked child: the term is the parent's (its thread renews it, not ours).
+        ``lost`` says so by the pid; no lock is taken (one may have been held at the fork)."""
+        self._mutex = threading.Lock()
+        self.reason = "this process is a fork of the leader: the term is its parent's"
+        self.unknown = False
 
     def end(self, reason: str, unknown: bool) -> None:
         """Set ``lost`` (once: the first reason stays)."""
@@ -243,8 +254,17 @@ def _resign_all() -> None:
 
 
 atexit.register(_resign_all)
-# A forked child's exit must not resign its parent's terms.
-after_fork_in_child(_terms.clear)
+
+
+@after_fork_in_child
+def _forked() -> None:
+    """A forked child leads none of its parent's terms (``term.lost`` says so at once), and
+    its exit resigns none of them."""
+    for campaign in list(_terms):
+        keeper = campaign._keeper
+        if keeper is not None:
+            keeper.forked()
+    _terms.clear()
 
 
 class Term:

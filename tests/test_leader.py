@@ -289,3 +289,39 @@ def test_a_renewal_awaiting_its_answer_is_not_waited_for_by_spinning(
         finally:
             paused_alias.resume()
     assert used < 0.3, used  # a spinning keeper: most of the second between renewal and give-up
+
+
+def test_a_forked_child_does_not_lead_and_its_exit_resigns_nothing(name: str) -> None:
+    """A child forked inside the block is not the leader: its parent renews the hold. It
+    must not believe it leads (it would for ever: no keeper of its own), nor release the
+    parent's hold when it leaves the block."""
+    read, write = os.pipe()
+    said, pid = "", -1
+    try:
+        with leader(name, using="redis", ttl=3) as term:
+            pid = os.fork()
+            if pid == 0:  # the child looks, then leaves the block (resigning) and exits
+                said = f"{term.lost.is_set()} {term.lost.wait(0.05)} {term.reason}"
+                try:
+                    term.check()
+                except LockLost:
+                    said += " | check raised"
+            else:
+                os.close(write)
+                _, status = os.waitpid(pid, 0)
+                with os.fdopen(read) as pipe:
+                    said = pipe.read()
+                assert status == 0
+                assert not term.lost.is_set()  # the parent leads on
+                now = current_leader(name, using="redis")
+                assert now is not None and now.pid == os.getpid() and now.fence == term.fence
+    except BaseException as exc:
+        if pid == 0:
+            said = f"error {exc!r}"
+        else:
+            raise
+    if pid == 0:
+        os.write(write, said.encode())
+        os._exit(0)
+    assert said.startswith("True True "), said
+    assert "fork" in said and said.endswith("| check raised"), said
