@@ -116,15 +116,14 @@ class Keeper:
         return self
 
     def stop(self) -> None:
-        """Renew no more; waits for a renewal in flight (at most one socket timeout)."""
+        """Renew no more (the keeper's thread ends within a quarter second). A renewal
+        awaiting its answer is not waited for: it can only extend this hold's own token,
+        which the release that follows ends, and its answer is ignored from now on; waiting
+        made a resignation on a backend that stopped answering take two socket timeouts."""
         self._stop.set()
-        for thread in (self._thread, self._renewal):
-            if (
-                thread is not None
-                and thread.is_alive()
-                and thread is not threading.current_thread()
-            ):
-                thread.join()
+        thread = self._thread
+        if thread.is_alive() and thread is not threading.current_thread():
+            thread.join()
 
     def forked(self) -> None:
         """In a forked child: the term is the parent's (its thread renews it, not ours).
@@ -193,7 +192,8 @@ class Keeper:
                 self.end(self.lock.lost or str(exc), unknown=False)
             return
         except LockError as exc:  # no answer: unknown, try again soon
-            logger.warning("redlock: renewing %s: %s", self.lock.describe(), exc)
+            if not self._stop.is_set():  # else the term ended meanwhile: nothing to say
+                logger.warning("redlock: renewing %s: %s", self.lock.describe(), exc)
             retry = time.monotonic() + min(RETRY, self.period)
         except Exception:  # a bug: keep trying rather than drop the hold silently
             logger.exception("redlock: renewing %s failed", self.lock.describe())
@@ -396,7 +396,7 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # The keeper may be in a renewal (up to a socket timeout): not on the event loop.
+        # The keeper's thread may take a quarter second to end: not on the event loop.
         await asyncio.get_running_loop().run_in_executor(None, self._end_term)
         with contextlib.suppress(LockNotOwned):
             await self.lock.arelease()
@@ -474,22 +474,39 @@ def run_as_leader(
     seconds. ``target``'s own exceptions (but ``LockLost``) resign and propagate."""
     timeout = None if stop is None else standby_wait
     campaign = leader(name, using=using, ttl=ttl, timeout=timeout, stop=stop)  # checked here
+
+    def pause(exc: LockError) -> None:
+        logger.warning("redlock: campaign for %r on %r: %s", name, using, exc)
+        if stop is None:
+            time.sleep(retry)
+        else:
+            stop.wait(retry)
+
     while stop is None or not stop.is_set():
         try:
-            with campaign as term:
-                try:
-                    target(term)
-                except LockLost:
-                    if not term.lost.is_set():
-                        raise  # another lock's loss: the target's own error
+            term = campaign.campaign()
         except LockNotAcquired:
             continue  # still a standby: look at stop, campaign again
         except (BackendUnavailable, QuorumNotReached) as exc:
-            logger.warning("redlock: campaign for %r on %r: %s", name, using, exc)
-            if stop is None:
-                time.sleep(retry)
-            else:
-                stop.wait(retry)
+            pause(exc)
+            continue
+        # The target's errors are its own, whatever their class (its own lock's
+        # LockNotAcquired too): resigned, then raised; only its term's LockLost is not.
+        try:
+            target(term)
+        except LockLost:
+            if not term.lost.is_set():
+                with contextlib.suppress(LockError):
+                    campaign.resign()
+                raise  # another lock's loss: the target's own error
+        except BaseException:
+            with contextlib.suppress(LockError):
+                campaign.resign()
+            raise
+        try:
+            campaign.resign()
+        except (BackendUnavailable, QuorumNotReached) as exc:  # finished by the next campaign
+            pause(exc)
 
 
 __all__ = [

@@ -325,3 +325,60 @@ def test_a_forked_child_does_not_lead_and_its_exit_resigns_nothing(name: str) ->
         os._exit(0)
     assert said.startswith("True True "), said
     assert "fork" in said and said.endswith("| check raised"), said
+
+
+def test_resigning_on_a_backend_that_stopped_answering_takes_one_socket_timeout(
+    paused_alias: RedisServer, name: str
+) -> None:
+    """A renewal awaiting its answer when the term ends is not waited for (it can only
+    renew our own token, which the release ends): the resignation's BackendUnavailable
+    comes within one socket timeout (2 s), not two."""
+    campaign = leader(name, using="paused", ttl=3)  # a renewal every second
+    term = campaign.campaign()
+    time.sleep(0.8)
+    paused_alias.pause()
+    time.sleep(0.5)  # the renewal sent at 1 s awaits its answer
+    resigning = time.monotonic()
+    with pytest.raises(BackendUnavailable):
+        campaign.resign()
+    took = time.monotonic() - resigning
+    assert term.lost.is_set() and term.reason == "resigned"
+    assert took < 2.0 + 0.5, took
+    paused_alias.resume()
+
+
+TARGET_ERRORS = [
+    ValueError("the target's"),
+    LockNotAcquired("the target's own lock"),
+    BackendUnavailable("the target's own backend"),
+]
+
+
+@pytest.mark.parametrize("error", TARGET_ERRORS)
+def test_run_as_leader_resigns_and_raises_what_its_target_raises(
+    name: str, error: Exception
+) -> None:
+    """The target's own errors end the campaign (resigned at once), even those that look
+    like a campaign's (LockNotAcquired, BackendUnavailable): they were retried silently."""
+    calls: list[int] = []
+
+    def target(term: Term) -> None:
+        calls.append(term.fence)
+        raise error
+
+    stop = threading.Event()
+    outcome: list[BaseException] = []
+
+    def campaign() -> None:
+        try:
+            run_as_leader(name, target, using="redis", ttl=3, stop=stop, retry=0.1)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=campaign)
+    thread.start()
+    thread.join(5)
+    stop.set()
+    thread.join(5)
+    assert outcome == [error] and len(calls) == 1, (outcome, calls)
+    assert current_leader(name, using="redis") is None
