@@ -80,7 +80,9 @@ class Keeper:
     the TTL less ``margin`` seconds (``unknown`` True: the backend did not answer; the hold
     may still be there). A renewal counts from when it was *sent*: the server set the TTL at
     some point after that. Each renewal runs in a thread of its own, so a renewal that waits
-    for its answer (up to a socket timeout) never delays that deadline."""
+    for its answer (up to a socket timeout) never delays that deadline.
+    ``on_confirmed(until)`` hears each renewal confirmed: the hold lasts at least until
+    ``until`` (monotonic)."""
 
     def __init__(
         self,
@@ -88,8 +90,12 @@ class Keeper:
         margin: float,
         stop: threading.Event | None = None,
         since: float | None = None,
+        on_confirmed: Callable[[float], None] | None = None,
     ) -> None:
         self.lock = held
+        # Told each new confirmed_until (monotonic), from the renewal's thread; its errors
+        # are logged, never the keeper's end.
+        self._on_confirmed = on_confirmed
         self.ttl = float(held.lock_ttl)
         self.margin = min(max(margin, 0.0), self.ttl * 2 / 3)
         # Two renewals at least before giving up on unanswered ones.
@@ -110,6 +116,12 @@ class Keeper:
         self._thread = threading.Thread(
             target=self._run, name=f"redlock-keeper {held.name}", daemon=True
         )
+
+    @property
+    def confirmed_until(self) -> float:
+        """Until when (monotonic) the hold lasts at least, as the last renewal confirmed."""
+        with self._mutex:
+            return self._confirmed_until
 
     def start(self) -> Keeper:
         self._thread.start()
@@ -200,8 +212,13 @@ class Keeper:
             retry = time.monotonic() + min(RETRY, self.period)
         else:
             with self._mutex:
-                self._confirmed_until = max(self._confirmed_until, sent + self.ttl)
+                self._confirmed_until = until = max(self._confirmed_until, sent + self.ttl)
                 self._next_at = sent + self.period
+            if self._on_confirmed is not None and not self._stop.is_set():
+                try:
+                    self._on_confirmed(until)
+                except Exception:
+                    logger.exception("redlock: telling a renewal of %s", self.lock.describe())
             return
         with self._mutex:
             self._next_at = retry

@@ -177,6 +177,29 @@ def test_exec_sigkilled_takes_its_child_along_and_what_the_child_started(
     assert time.monotonic() - gone < 1
 
 
+def test_exec_paused_past_its_lease_does_not_leave_its_child_running_unheld(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """``exec`` SIGSTOPped (a debugger, an operator, a frozen process): its child, in a
+    group of its own, ran on after the hold expired, beside the next host's. The guard
+    kills it before the hold could expire (it knows each confirmed renewal's deadline)."""
+    client = redis_server.client()
+    name = f"{prefix}-paused"
+    running = execs(name, "--ttl", "2", "--grace", "0", *child(redis_server, "trap", prefix))
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    running.process.send_signal(signal.SIGSTOP)
+    try:
+        paused = time.monotonic()
+        wait_for(lambda: not alive(pid), timeout=4, what="child's end")
+        # The last renewal confirmed before the pause: its hold expires within the TTL.
+        assert time.monotonic() - paused < 2, time.monotonic() - paused
+        time.sleep(max(0.0, paused + 2.5 - time.monotonic()))  # past the lease
+    finally:
+        running.process.send_signal(signal.SIGCONT)
+    code, err = running.finish()
+    assert code == exec_action.EXIT_LOST, err  # woken: the hold had gone, the child with it
+
+
 def test_signals_are_forwarded_and_the_child_status_passed_through(
     redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
 ) -> None:
