@@ -176,6 +176,13 @@ class Keeper:
         return True
 
     def _run(self) -> None:
+        try:
+            self._keep()
+        except BaseException as exc:  # no renewal thread (a thread limit), a bug: never silent
+            logger.exception("redlock: the keeper of %s failed", self.lock.describe())
+            self.end(f"the renewals stopped: {exc!r}", unknown=True)
+
+    def _keep(self) -> None:
         while not threading.Event.is_set(self.lost):  # the flag: overdue() is looked at below
             with self._mutex:
                 due, give_up_at = self._next_at, self._confirmed_until - self.margin

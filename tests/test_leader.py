@@ -382,3 +382,24 @@ def test_run_as_leader_resigns_and_raises_what_its_target_raises(
     thread.join(5)
     assert outcome == [error] and len(calls) == 1, (outcome, calls)
     assert current_leader(name, using="redis") is None
+
+
+def test_a_renewal_that_cannot_get_a_thread_ends_the_term(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread for a renewal (a thread limit): the keeper died with the error, nothing
+    renewed the hold, and a ``term.lost.wait()`` waited for ever after it expired."""
+    start = threading.Thread.start
+
+    def no_renewal_thread(self: threading.Thread) -> None:
+        if self.name.startswith("redlock-keeper-renew"):
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", no_renewal_thread)
+    with leader(name, using="redis", ttl=1.5) as term:
+        woke = threading.Event()
+        waiter = threading.Thread(target=lambda: term.lost.wait() and woke.set(), daemon=True)
+        start(waiter)
+        assert woke.wait(3), "term.lost.wait() never returned"
+        assert "thread" in term.reason, term.reason
