@@ -367,7 +367,10 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         """What ``with`` does, for code that cannot hold a ``with`` block open (a scheduler
         that leads across its ticks): the :class:`Term` once this process leads
         (``LockNotAcquired`` after ``timeout``). :meth:`resign` ends it. One object
-        campaigns for one term at a time."""
+        campaigns for one term at a time: a term still leading is ``LockError``; one that
+        ended (lost, stopped) is resigned first (its hold may still be there)."""
+        if self._ended():
+            self.resign()
         before = time.monotonic()  # the hold counts from before its take was sent
         if not self.lock.acquire(timeout=self.timeout):
             raise self._not_leading()
@@ -400,7 +403,19 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         with contextlib.suppress(LockNotOwned):  # lost already: term.lost said so
             self.lock.release()
 
+    def _ended(self) -> bool:
+        """Whether a term of this object ended without being resigned (LockError if one
+        still leads)."""
+        keeper = self._keeper
+        if keeper is None:
+            return False
+        if not keeper.lost.is_set():
+            raise LockError(f"{self.lock.describe()}: leading already (resign() first)")
+        return True
+
     async def __aenter__(self) -> Term:
+        if self._ended():
+            await self.__aexit__(None, None, None)
         before = time.monotonic()
         if not await self.lock.aacquire(timeout=self.timeout):
             raise self._not_leading()
@@ -422,6 +437,8 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
     ) -> None:
         # The keeper's thread may take a quarter second to end: not on the event loop.
         await asyncio.get_running_loop().run_in_executor(None, self._end_term)
+        if self.lock.token is None:
+            return  # not leading (never, or lost and declared so)
         with contextlib.suppress(LockNotOwned):
             await self.lock.arelease()
 

@@ -403,3 +403,24 @@ def test_a_renewal_that_cannot_get_a_thread_ends_the_term(
         start(waiter)
         assert woke.wait(3), "term.lost.wait() never returned"
         assert "thread" in term.reason, term.reason
+
+
+def test_campaigning_again_after_a_term_ended_unanswered_leads_again(
+    paused_alias: RedisServer, name: str
+) -> None:
+    """A term ended because the backend did not answer, its hold still there: the same
+    object's next campaign() resigns it first, then leads (it refused: "already held by
+    this object")."""
+    election = leader(name, using="paused", ttl=1.5, timeout=5)
+    term = election.campaign()
+    paused_alias.pause()
+    try:
+        assert term.lost.wait(3) and "did not answer" in term.reason
+    finally:
+        paused_alias.resume()
+    again = election.campaign()
+    try:
+        assert not again.lost.is_set() and again.fence > term.fence
+    finally:
+        election.resign()
+    assert current_leader(name, using="paused") is None
