@@ -348,6 +348,9 @@ class _Deadlines:
             self._send()
 
     def attach(self, fd: int | None, until: float) -> None:
+        if fd is not None:  # a guard that stopped reading never blocks a renewal's thread
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, False)
         with self._mutex:
             self._fd, self._until = fd, max(self._until, until)
             self._send()
