@@ -11,7 +11,12 @@ moment the block ends, so the next candidate leads at once rather than after a T
   the hold *may* be gone and another candidate may lead, so this one must stop acting. The
   lock itself never calls that lost (no answer is not a loss); a leader must not bet on it.
 
-The Keeper is what ``manage.py redlock exec`` renews its hold with too.
+Every look at ``term.lost`` checks the second deadline itself (:class:`Ending`): a process
+paused past it sees the term over at its first look, before the keeper's thread has run. A
+forked child's ``term.lost`` is set at once: its parent leads, not it.
+
+The Keeper is what ``manage.py redlock exec`` renews its hold with too, and Celery beat's
+schedulers (``contrib.beat``) lead with :meth:`leader.campaign` and :meth:`leader.resign`.
 """
 
 from __future__ import annotations
