@@ -50,7 +50,8 @@ from .validation import check_name
 
 logger = logging.getLogger("django_redlock")
 
-#: Seconds between renewals that got no answer (never more than a third of the TTL).
+#: Seconds between renewals that got no answer (at most half a renewal period: the retry lands
+#: before the give-up time, which is two periods after the last confirmed renewal).
 RETRY = 0.5
 
 
@@ -218,10 +219,10 @@ class Keeper:
         except LockError as exc:  # no answer: unknown, try again soon
             if not self._stop.is_set():  # else the term ended meanwhile: nothing to say
                 logger.warning("redlock: renewing %s: %s", self.lock.describe(), exc)
-            retry = time.monotonic() + min(RETRY, self.period)
+            retry = time.monotonic() + min(RETRY, self.period / 2)
         except Exception:  # a bug: keep trying rather than drop the hold silently
             logger.exception("redlock: renewing %s failed", self.lock.describe())
-            retry = time.monotonic() + min(RETRY, self.period)
+            retry = time.monotonic() + min(RETRY, self.period / 2)
         else:
             with self._mutex:
                 self._confirmed_until = until = max(self._confirmed_until, sent + self.ttl)

@@ -424,3 +424,34 @@ def test_campaigning_again_after_a_term_ended_unanswered_leads_again(
     finally:
         election.resign()
     assert current_leader(name, using="paused") is None
+
+
+def test_lost_replies_of_a_renewal_and_of_the_resignation(
+    redis_server: RedisServer, name: str
+) -> None:
+    """A renewal whose reply is lost is sent again: the term goes on. A resignation whose
+    reply is lost raises BackendUnavailable, but it ran: nobody leads, and the same object
+    campaigns again (finishing that release first)."""
+    from .proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+            with leader(name, using="lossy", ttl=1.5) as term:  # a renewal every 0.5 s
+                proxy.lose_replies(1)  # the next renewal's
+                assert not term.lost.wait(2.5), term.reason
+            election = leader(name, using="lossy", ttl=30)  # no renewal within the test
+            term = election.campaign()
+            proxy.lose_replies(1)  # the release's
+            with pytest.raises(BackendUnavailable):
+                election.resign()
+            assert term.lost.is_set() and term.reason == "resigned"
+            assert current_leader(name, using="redis") is None  # it ran
+            again = election.campaign()
+            assert again.fence > term.fence and not again.lost.is_set()
+            election.resign()
+            assert current_leader(name, using="redis") is None
+            locks["lossy"].close()
+    finally:
+        proxy.close()
