@@ -3,6 +3,7 @@ running tests/exec_child.py; and its bad usage and exit codes in this process.""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shlex
@@ -198,6 +199,33 @@ def test_exec_paused_past_its_lease_does_not_leave_its_child_running_unheld(
         running.process.send_signal(signal.SIGCONT)
     code, err = running.finish()
     assert code == exec_action.EXIT_LOST, err  # woken: the hold had gone, the child with it
+
+
+def test_what_the_command_left_in_its_group_does_not_run_on_unheld(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """A command that exits leaving a process of its group behind (``cmd &``): that
+    process ran on after exec released the lock. It gets SIGTERM before the release."""
+    client = redis_server.client()
+    # The command starts the trap in its group, waits for it to say its pid, exits 3.
+    script = (
+        "import subprocess, sys, time, redis\n"
+        f"subprocess.Popen({child(redis_server, 'trap', prefix)[1:]!r})\n"
+        f"r = redis.Redis.from_url({redis_server.url!r})\n"
+        f"while not r.llen({prefix + ':pids'!r}):\n"
+        "    time.sleep(0.02)\n"
+        "sys.exit(3)\n"
+    )
+    running = execs(f"{prefix}-left", "--grace", "5", "--", sys.executable, "-c", script)
+    code = running.process.wait(60)  # not its output's end: the trap holds exec's stderr
+    pid = int(client.lindex(f"{prefix}:pids", 0).split()[0])
+    try:
+        assert code == 3  # the command's own status
+        assert not alive(pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert "left" in running.finish()[1]
 
 
 def test_signals_are_forwarded_and_the_child_status_passed_through(

@@ -403,6 +403,8 @@ def _supervise(
     while True:
         returncode = child.poll()
         if returncode is not None:
+            if _end_leftovers(child.pid, grace, keeper, say):
+                break  # the hold ended while they were being stopped
             return _release(held, keeper, say, exit_status(returncode))
         if keeper.lost.wait(POLL):  # the child's end is seen within POLL, a loss at once
             break
@@ -427,6 +429,35 @@ def _supervise(
             pass
         return EXIT_UNAVAILABLE
     return EXIT_LOST
+
+
+def _group_runs(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # only members this process cannot signal are left
+        return False
+    return True
+
+
+def _end_leftovers(pgid: int, grace: float, keeper: Keeper, say: Callable[[str], None]) -> bool:
+    """The command ended; what it left running in its group (``cmd &``) must not run on
+    once the hold is released: SIGTERM, SIGKILL after ``grace``, still under the hold.
+    Whether the hold ended meanwhile (the caller then handles it as a loss)."""
+    if not _group_runs(pgid):
+        return False
+    say(
+        f"the command left processes running in its group: SIGTERM to them, SIGKILL after"
+        f" {grace:g} s, before the release"
+    )
+    _killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _group_runs(pgid) and time.monotonic() < deadline:
+        if keeper.lost.wait(POLL):
+            break
+    _killpg(pgid, signal.SIGKILL)
+    return keeper.lost.is_set()
 
 
 def _terminate(child: subprocess.Popen[bytes], grace: float) -> None:
