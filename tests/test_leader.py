@@ -455,3 +455,21 @@ def test_lost_replies_of_a_renewal_and_of_the_resignation(
             locks["lossy"].close()
     finally:
         proxy.close()
+
+
+def test_a_redis_restarted_empty_ends_the_term_within_a_renewal_period(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "restarted": config}):
+        try:
+            with leader(name, using="restarted", ttl=3) as term:
+                server.restart()  # empty: the hold is gone
+                restarted = time.monotonic()
+                assert term.lost.wait(3)
+                assert time.monotonic() - restarted < 1 + 1  # a renewal a second, a retry
+                assert "expired or was released" in term.reason, term.reason
+            assert current_leader(name, using="restarted") is None
+        finally:
+            locks["restarted"].close()
