@@ -53,6 +53,8 @@ logger = logging.getLogger("django_redlock")
 #: Seconds between renewals that got no answer (at most half a renewal period: the retry lands
 #: before the give-up time, which is two periods after the last confirmed renewal).
 RETRY = 0.5
+#: Seconds a resignation waits for a renewal awaiting its answer (see :meth:`Keeper.stop`).
+SETTLE = 0.1
 
 
 class Ending(threading.Event):
@@ -135,13 +137,19 @@ class Keeper:
 
     def stop(self) -> None:
         """Renew no more (the keeper's thread ends within a quarter second). A renewal
-        awaiting its answer is not waited for: it can only extend this hold's own token,
-        which the release that follows ends, and its answer is ignored from now on; waiting
-        made a resignation on a backend that stopped answering take two socket timeouts."""
+        awaiting its answer is waited for :data:`SETTLE` seconds at most: one answered by
+        then cannot meet the release that follows (its "gone", processed after the
+        release ran, would be told as a loss); one still unanswered can only extend this
+        hold's own token, which that release ends. Waiting for it longer made a resignation
+        on a backend that stopped answering take two socket timeouts."""
         self._stop.set()
-        thread = self._thread
-        if thread.is_alive() and thread is not threading.current_thread():
-            thread.join()
+        for thread, wait in ((self._thread, None), (self._renewal, SETTLE)):
+            if (
+                thread is not None
+                and thread.is_alive()
+                and thread is not threading.current_thread()
+            ):
+                thread.join(wait)
 
     def forked(self) -> None:
         """In a forked child: the term is the parent's (its thread renews it, not ours).
