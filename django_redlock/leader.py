@@ -11,7 +11,12 @@ moment the block ends, so the next candidate leads at once rather than after a T
   the hold *may* be gone and another candidate may lead, so this one must stop acting. The
   lock itself never calls that lost (no answer is not a loss); a leader must not bet on it.
 
-The Keeper is what ``manage.py redlock exec`` renews its hold with too.
+Every look at ``term.lost`` checks the second deadline itself (:class:`Ending`): a process
+paused past it sees the term over at its first look, before the keeper's thread has run. A
+forked child's ``term.lost`` is set at once: its parent leads, not it.
+
+The Keeper is what ``manage.py redlock exec`` renews its hold with too, and Celery beat's
+schedulers (``contrib.beat``) lead with :meth:`leader.campaign` and :meth:`leader.resign`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
@@ -44,8 +50,35 @@ from .validation import check_name
 
 logger = logging.getLogger("django_redlock")
 
-#: Seconds between renewals that got no answer (never more than a third of the TTL).
+#: Seconds between renewals that got no answer (at most half a renewal period: the retry lands
+#: before the give-up time, which is two periods after the last confirmed renewal).
 RETRY = 0.5
+#: Seconds a resignation waits for a renewal awaiting its answer (see :meth:`Keeper.stop`).
+SETTLE = 0.1
+
+
+class Ending(threading.Event):
+    """A keeper's ``lost``: set by its thread, and seen set by any look once the give-up
+    time has passed, before that thread has had its turn (a process paused past its lease
+    wakes with every thread at once: its first look must say the term is over)."""
+
+    def __init__(self, keeper: Keeper) -> None:
+        super().__init__()
+        self._keeper = weakref.ref(keeper)
+        self._pid = os.getpid()
+
+    def is_set(self) -> bool:
+        if os.getpid() != self._pid:  # a forked child: the parent renews, not this process
+            return True
+        if not super().is_set():
+            keeper = self._keeper()
+            if keeper is not None:
+                keeper.overdue()
+        return super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        # A wait that timed out may have slept through the give-up time (a pause): look.
+        return self.is_set() or super().wait(timeout) or self.is_set()
 
 
 class Keeper:
@@ -55,7 +88,9 @@ class Keeper:
     the TTL less ``margin`` seconds (``unknown`` True: the backend did not answer; the hold
     may still be there). A renewal counts from when it was *sent*: the server set the TTL at
     some point after that. Each renewal runs in a thread of its own, so a renewal that waits
-    for its answer (up to a socket timeout) never delays that deadline."""
+    for its answer (up to a socket timeout) never delays that deadline.
+    ``on_confirmed(until)`` hears each renewal confirmed: the hold lasts at least until
+    ``until`` (monotonic)."""
 
     def __init__(
         self,
@@ -63,13 +98,17 @@ class Keeper:
         margin: float,
         stop: threading.Event | None = None,
         since: float | None = None,
+        on_confirmed: Callable[[float], None] | None = None,
     ) -> None:
         self.lock = held
+        # Told each new confirmed_until (monotonic), from the renewal's thread; its errors
+        # are logged, never the keeper's end.
+        self._on_confirmed = on_confirmed
         self.ttl = float(held.lock_ttl)
         self.margin = min(max(margin, 0.0), self.ttl * 2 / 3)
         # Two renewals at least before giving up on unanswered ones.
         self.period = min(self.ttl / 3, (self.ttl - self.margin) / 2)
-        self.lost = threading.Event()
+        self.lost: threading.Event = Ending(self)
         self.reason = ""
         self.unknown = False
         self._outside_stop = stop  # another reason to end (run_as_leader's stop)
@@ -86,31 +125,79 @@ class Keeper:
             target=self._run, name=f"redlock-keeper {held.name}", daemon=True
         )
 
+    @property
+    def confirmed_until(self) -> float:
+        """Until when (monotonic) the hold lasts at least, as the last renewal confirmed."""
+        with self._mutex:
+            return self._confirmed_until
+
     def start(self) -> Keeper:
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Renew no more; waits for a renewal in flight (at most one socket timeout)."""
+        """Renew no more (the keeper's thread ends within a quarter second). A renewal
+        awaiting its answer is waited for :data:`SETTLE` seconds at most: one answered by
+        then cannot meet the release that follows (its "gone", processed after the
+        release ran, would be told as a loss); one still unanswered can only extend this
+        hold's own token, which that release ends. Waiting for it longer made a resignation
+        on a backend that stopped answering take two socket timeouts."""
         self._stop.set()
-        for thread in (self._thread, self._renewal):
+        for thread, wait in ((self._thread, None), (self._renewal, SETTLE)):
             if (
                 thread is not None
                 and thread.is_alive()
                 and thread is not threading.current_thread()
             ):
-                thread.join()
+                thread.join(wait)
+
+    def forked(self) -> None:
+        """In a forked child: the term is the parent's (its thread renews it, not ours).
+        ``lost`` says so by the pid; no lock is taken (one may have been held at the fork)."""
+        self._mutex = threading.Lock()
+        self.reason = "this process is a fork of the leader: the term is its parent's"
+        self.unknown = False
 
     def end(self, reason: str, unknown: bool) -> None:
         """Set ``lost`` (once: the first reason stays)."""
         with self._mutex:
-            if self.lost.is_set():
+            if threading.Event.is_set(self.lost):  # the flag: no overdue() under the mutex
                 return
             self.reason, self.unknown = reason, unknown
             self.lost.set()
 
+    def overdue(self) -> bool:
+        """End the term (``lost``, ``unknown``) if no renewal was confirmed for the TTL less
+        the margin: whoever looks first, this keeper's thread or a look at ``lost``."""
+        with self._mutex:
+            give_up_at = self._confirmed_until - self.margin
+        now = time.monotonic()
+        if now < give_up_at:
+            return False
+        stalled = now - self._awake  # since the keeper's last turn
+        if stalled > self.period:  # not the backend: this process did not run
+            self.end(
+                f"this process did not run for {stalled:.1f} s (paused): no renewal"
+                f" confirmed for {self.ttl - self.margin:g} s",
+                unknown=True,
+            )
+        else:
+            self.end(
+                f"no renewal confirmed for {self.ttl - self.margin:g} s (the backend did"
+                " not answer)",
+                unknown=True,
+            )
+        return True
+
     def _run(self) -> None:
-        while not self.lost.is_set():
+        try:
+            self._keep()
+        except BaseException as exc:  # no renewal thread (a thread limit), a bug: never silent
+            logger.exception("redlock: the keeper of %s failed", self.lock.describe())
+            self.end(f"the renewals stopped: {exc!r}", unknown=True)
+
+    def _keep(self) -> None:
+        while not threading.Event.is_set(self.lost):  # the flag: overdue() is looked at below
             with self._mutex:
                 due, give_up_at = self._next_at, self._confirmed_until - self.margin
             if self._renewal is not None and self._renewal.is_alive():
@@ -120,20 +207,9 @@ class Keeper:
                 return
             if self._outside_stop is not None and self._outside_stop.is_set():
                 return self.end("stopped", unknown=False)
-            now = time.monotonic()
-            stalled, self._awake = now - self._awake, now
-            if now >= give_up_at:
-                if stalled > self.period:  # not the backend: this process did not run
-                    return self.end(
-                        f"this process did not run for {stalled:.1f} s (paused): no renewal"
-                        f" confirmed for {self.ttl - self.margin:g} s",
-                        unknown=True,
-                    )
-                return self.end(
-                    f"no renewal confirmed for {self.ttl - self.margin:g} s (the backend did"
-                    " not answer)",
-                    unknown=True,
-                )
+            if self.overdue():
+                return
+            now = self._awake = time.monotonic()
             if now >= due and (self._renewal is None or not self._renewal.is_alive()):
                 self._renewal = threading.Thread(
                     target=self._renew, name=f"redlock-keeper-renew {self.lock.name}", daemon=True
@@ -149,15 +225,21 @@ class Keeper:
                 self.end(self.lock.lost or str(exc), unknown=False)
             return
         except LockError as exc:  # no answer: unknown, try again soon
-            logger.warning("redlock: renewing %s: %s", self.lock.describe(), exc)
-            retry = time.monotonic() + min(RETRY, self.period)
+            if not self._stop.is_set():  # else the term ended meanwhile: nothing to say
+                logger.warning("redlock: renewing %s: %s", self.lock.describe(), exc)
+            retry = time.monotonic() + min(RETRY, self.period / 2)
         except Exception:  # a bug: keep trying rather than drop the hold silently
             logger.exception("redlock: renewing %s failed", self.lock.describe())
-            retry = time.monotonic() + min(RETRY, self.period)
+            retry = time.monotonic() + min(RETRY, self.period / 2)
         else:
             with self._mutex:
-                self._confirmed_until = max(self._confirmed_until, sent + self.ttl)
+                self._confirmed_until = until = max(self._confirmed_until, sent + self.ttl)
                 self._next_at = sent + self.period
+            if self._on_confirmed is not None and not self._stop.is_set():
+                try:
+                    self._on_confirmed(until)
+                except Exception:
+                    logger.exception("redlock: telling a renewal of %s", self.lock.describe())
             return
         with self._mutex:
             self._next_at = retry
@@ -210,8 +292,17 @@ def _resign_all() -> None:
 
 
 atexit.register(_resign_all)
-# A forked child's exit must not resign its parent's terms.
-after_fork_in_child(_terms.clear)
+
+
+@after_fork_in_child
+def _forked() -> None:
+    """A forked child leads none of its parent's terms (``term.lost`` says so at once), and
+    its exit resigns none of them."""
+    for campaign in list(_terms):
+        keeper = campaign._keeper
+        if keeper is not None:
+            keeper.forked()
+    _terms.clear()
 
 
 class Term:
@@ -284,6 +375,16 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         return LockNotAcquired(f"{self.lock.describe()}: not leading within {self.timeout:g} s")
 
     def __enter__(self) -> Term:
+        return self.campaign()
+
+    def campaign(self) -> Term:
+        """What ``with`` does, for code that cannot hold a ``with`` block open (a scheduler
+        that leads across its ticks): the :class:`Term` once this process leads
+        (``LockNotAcquired`` after ``timeout``). :meth:`resign` ends it. One object
+        campaigns for one term at a time: a term still leading is ``LockError``; one that
+        ended (lost, stopped) is resigned first (its hold may still be there)."""
+        if self._ended():
+            self.resign()
         before = time.monotonic()  # the hold counts from before its take was sent
         if not self.lock.acquire(timeout=self.timeout):
             raise self._not_leading()
@@ -303,11 +404,32 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.resign()
+
+    def resign(self) -> None:
+        """End the term (``term.lost``, "resigned") and release the lock, so the next
+        candidate leads at once. A hold lost already raises nothing (``term.lost`` told
+        it). No answer raises ``BackendUnavailable``: the hold then runs out at its TTL,
+        and this object's next campaign finishes the release first."""
         self._end_term()
+        if self.lock.token is None:
+            return  # not leading (never, or lost and declared so)
         with contextlib.suppress(LockNotOwned):  # lost already: term.lost said so
             self.lock.release()
 
+    def _ended(self) -> bool:
+        """Whether a term of this object ended without being resigned (LockError if one
+        still leads)."""
+        keeper = self._keeper
+        if keeper is None:
+            return False
+        if not keeper.lost.is_set():
+            raise LockError(f"{self.lock.describe()}: leading already (resign() first)")
+        return True
+
     async def __aenter__(self) -> Term:
+        if self._ended():
+            await self.__aexit__(None, None, None)
         before = time.monotonic()
         if not await self.lock.aacquire(timeout=self.timeout):
             raise self._not_leading()
@@ -327,8 +449,10 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # The keeper may be in a renewal (up to a socket timeout): not on the event loop.
+        # The keeper's thread may take a quarter second to end: not on the event loop.
         await asyncio.get_running_loop().run_in_executor(None, self._end_term)
+        if self.lock.token is None:
+            return  # not leading (never, or lost and declared so)
         with contextlib.suppress(LockNotOwned):
             await self.lock.arelease()
 
@@ -405,22 +529,39 @@ def run_as_leader(
     seconds. ``target``'s own exceptions (but ``LockLost``) resign and propagate."""
     timeout = None if stop is None else standby_wait
     campaign = leader(name, using=using, ttl=ttl, timeout=timeout, stop=stop)  # checked here
+
+    def pause(exc: LockError) -> None:
+        logger.warning("redlock: campaign for %r on %r: %s", name, using, exc)
+        if stop is None:
+            time.sleep(retry)
+        else:
+            stop.wait(retry)
+
     while stop is None or not stop.is_set():
         try:
-            with campaign as term:
-                try:
-                    target(term)
-                except LockLost:
-                    if not term.lost.is_set():
-                        raise  # another lock's loss: the target's own error
+            term = campaign.campaign()
         except LockNotAcquired:
             continue  # still a standby: look at stop, campaign again
         except (BackendUnavailable, QuorumNotReached) as exc:
-            logger.warning("redlock: campaign for %r on %r: %s", name, using, exc)
-            if stop is None:
-                time.sleep(retry)
-            else:
-                stop.wait(retry)
+            pause(exc)
+            continue
+        # The target's errors are its own, whatever their class (its own lock's
+        # LockNotAcquired too): resigned, then raised; only its term's LockLost is not.
+        try:
+            target(term)
+        except LockLost:
+            if not term.lost.is_set():
+                with contextlib.suppress(LockError):
+                    campaign.resign()
+                raise  # another lock's loss: the target's own error
+        except BaseException:
+            with contextlib.suppress(LockError):
+                campaign.resign()
+            raise
+        try:
+            campaign.resign()
+        except (BackendUnavailable, QuorumNotReached) as exc:  # finished by the next campaign
+            pause(exc)
 
 
 __all__ = [

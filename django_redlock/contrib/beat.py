@@ -5,9 +5,12 @@
 django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"using": "default",
 "ttl": 30}``.
 
-* The leader holds the lock ``DJANGO_REDLOCK_BEAT["name"]`` (default ``"celery-beat"``),
-  renewed by the watchdog. Standbys wait for it (woken by its release, or at its expiry): when
-  the leader dies, another leads within the TTL.
+* The leader is elected by :mod:`django_redlock.leader` (the same campaign, renewal,
+  loss and resignation as ``with leader(name)``) on the lock ``DJANGO_REDLOCK_BEAT["name"]``
+  (default ``"celery-beat"``). Standbys wait for it (woken by its release, or at its expiry):
+  when the leader dies, another leads within the TTL; when it shuts down, at once. A leader
+  whose term ends (the hold gone, or no renewal confirmed for two thirds of the TTL) sends
+  nothing more and campaigns again.
 * Every send is decided by one script that, atomically, checks that this process still holds
   the lock and records the entry's new ``last_run_at`` (compare-and-set against the one the
   decision was based on). So a leader that was paused or cut off and lost the lock sends
@@ -40,9 +43,10 @@ from django.core.exceptions import ImproperlyConfigured
 from ..backends.base import BaseLockBackend, Op
 from ..backends.locmem import LocMemBackend
 from ..backends.redis import RedisBackend, text
-from ..exceptions import LockError
+from ..exceptions import LockError, LockNotAcquired
 from ..handler import DEFAULT_LOCK_ALIAS, locks
-from ..locking import Lock
+from ..leader import Term, current_leader
+from ..leader import leader as campaign_for
 from ..scripts import Call, Script
 from ..validation import MAX_TTL, check_name, to_ms
 
@@ -287,7 +291,13 @@ class LeaderMixin(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.redlock = beat_settings()  # at startup: a bad setting never reaches a tick
         self._backend = _backend(self.redlock)
-        self._leader: Lock | None = None
+        config = self.redlock
+        # One campaign object for the scheduler's life: a resignation that got no answer is
+        # finished by its next campaign, before it waits for the lock again.
+        self._campaign = campaign_for(
+            config.name, using=config.using, ttl=config.ttl, timeout=self.standby_wait
+        )
+        self._term: Term | None = None
         self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
         self._unsure: dict[str, int] = {}  # entry name -> a claimed run whose reply was lost
         self._counts: dict[str, int] = {}  # entry name -> its run count before reserve()
@@ -299,8 +309,12 @@ class LeaderMixin(Scheduler):
 
     @property
     def leads(self) -> bool:
-        """Whether this scheduler holds the leader lock (as far as it knows)."""
-        return self._leader is not None and self._leader.token is not None
+        """Whether this scheduler leads (its term has not ended, as far as it knows)."""
+        return self._term is not None and not self._term.lost.is_set()
+
+    def _token(self) -> str | None:
+        """The leader hold's token while this scheduler leads; None once its term ended."""
+        return self._campaign.lock.token if self.leads else None
 
     def tick(self, *args: Any, **kwargs: Any) -> Any:
         wait = self._pause_until - time.monotonic()
@@ -311,38 +325,45 @@ class LeaderMixin(Scheduler):
         return super().tick(*args, **kwargs)
 
     def _elect(self) -> bool:
-        if self._leader is not None:  # held once, lost since
-            self._step_down("the lock was lost")
+        if self._term is not None:  # led once, ended since
+            self._step_down(self._term.reason or "the lock was lost")
         config = self.redlock
-        lock = Lock(config.name, ttl=config.ttl, using=config.using)
         if not self._standing_by:
             logger.info("beat: standing by for the lock %r on %r", config.name, config.using)
             self._standing_by = True
         try:
-            if not lock.acquire(timeout=self.standby_wait):
-                return False
-            self._leader = lock
+            self._term = self._campaign.campaign()
+        except LockNotAcquired:
+            return False
+        except LockError as exc:
+            logger.warning("beat: could not take the lead: %s", exc)
+            self._pause_until = time.monotonic() + 1.0
+            return False
+        try:
             self._load_records()
         except LockError as exc:
-            logger.warning("beat: could not take or start the lead: %s", exc)
+            logger.warning("beat: could not start the lead: %s", exc)
             self._step_down(str(exc))
             self._pause_until = time.monotonic() + 1.0
             return False
         self._standing_by = False
         self._heap = None  # due times from the recorded runs
         logger.info(
-            "beat: leading (lock %r on %r, fence %s)", config.name, config.using, lock.fence
-        )
+            "beat: leading (lock %r on %r, fence %s)", config.name, config.using,
+            self._term.fence,
+        )  # fmt: skip
         return True
 
     def _step_down(self, why: str) -> None:
-        lock, self._leader = self._leader, None
+        term, self._term = self._term, None
         self._claims.clear()
         self._unsure.clear()  # claims of the old hold's token: the next leader decides anew
-        if lock is not None:
+        if term is not None:
             logger.warning("beat: not leading any more (%s): sending nothing", why)
+            # Resigned at once; no answer: the hold runs out at its TTL, and the next
+            # campaign finishes the release first.
             with contextlib.suppress(LockError):
-                lock.release()
+                self._campaign.resign()
 
     def _load_records(self) -> None:
         """Start from the last run every entry has on record, whoever sent it."""
@@ -359,10 +380,10 @@ class LeaderMixin(Scheduler):
         agree: a run is sent by the leader's clock; this keeps a clock ahead from skipping
         runs after it is gone.)"""
         now = to_micros(entry.default_now())
-        lock = self._leader
-        if recorded <= now or lock is None or lock.token is None:
+        token = self._token()
+        if recorded <= now or token is None:
             return recorded
-        op = claim_op(self._backend, self.redlock.name, lock.token, name, recorded, now,
+        op = claim_op(self._backend, self.redlock.name, token, name, recorded, now,
                       self._record_ttl_ms(entry))  # fmt: skip
         try:
             outcome, _ = self._backend.execute(op)
@@ -437,12 +458,11 @@ class LeaderMixin(Scheduler):
             logger.warning("beat: could not take back the claim of %r: %s", entry.name, exc)
 
     def _claim(self, entry: Any, new_entry: Any) -> _Claimed | None:
-        lock = self._leader
-        token = lock.token if lock is not None else None
+        token = self._token()
         prev = to_micros(entry.last_run_at) if entry.last_run_at else None
-        if token is None:
+        if token is None:  # the term ended (told by the keeper): send nothing
             self._undo(entry, new_entry, prev)
-            self._step_down("the lock was lost")
+            self._step_down(self._term.reason if self._term is not None else "not leading")
             return None
         # A claim whose reply was lost is tried again as it was (the script sees it is ours).
         new = self._unsure.pop(entry.name, None)
@@ -518,10 +538,9 @@ class LeaderMixin(Scheduler):
         try:
             super().close()
         finally:
-            lock, self._leader = self._leader, None
-            if lock is not None and lock.token is not None:
-                with contextlib.suppress(LockError):
-                    lock.release()  # a standby takes over now, not at the TTL
+            self._term = None
+            with contextlib.suppress(LockError):
+                self._campaign.resign()  # a standby takes over now, not at the TTL
 
     @property
     def info(self) -> str:
@@ -535,13 +554,13 @@ class LockedScheduler(LeaderMixin, PersistentScheduler):
 
 
 def leader(config: BeatSettings | None = None) -> dict[str, Any] | None:
-    """Who leads now: the holder's host, pid and fence (None when nobody does)."""
+    """Who leads now: the holder's host, pid and fence (None when nobody does); as
+    :func:`~django_redlock.current_leader` of the beat's lock says."""
     config = config or beat_settings()
-    info = locks[config.using].inspect(config.name)
-    if info is None:
+    now = current_leader(config.name, using=config.using)
+    if now is None:
         return None
-    return {"host": info.holder.get("h"), "pid": info.holder.get("p"), "fence": info.fence,
-            "ttl": info.ttl}  # fmt: skip
+    return {"host": now.host, "pid": now.holder.get("p"), "fence": now.fence, "ttl": now.ttl}
 
 
 def __getattr__(name: str) -> Any:

@@ -6,7 +6,9 @@ The child runs in its own process group with ``REDLOCK_NAME``, ``REDLOCK_FENCE``
 while it runs. SIGINT, SIGTERM and SIGHUP sent to ``exec`` go to the child's group. If
 ``exec`` dies, a guard process kills the child's group (:data:`_GUARD`), and on Linux the
 child gets SIGKILL from the kernel at once (``PR_SET_PDEATHSIG``, set in the child between
-fork and exec, from ``exec``'s main thread: the signal follows the forking thread).
+fork and exec, from ``exec``'s main thread: the signal follows the forking thread). If
+``exec`` stops running without dying (SIGSTOP, a debugger) the guard kills the group too,
+before the hold could expire: ``exec`` tells it each renewal confirmed.
 
 Exit status: the child's (128 + N when signal N ended it); :data:`EXIT_CONFLICT` (or
 ``--conflict-exit-code``) when the lock was not taken (held elsewhere, or as another kind),
@@ -27,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -217,8 +220,12 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
         margin = min(opts.grace + safety, ttl * 2 / 3)
         grace = max(0.0, margin - safety)  # SIGTERM to SIGKILL, within the margin
         guard: subprocess.Popen[bytes] | None = None
+        # The guard's deadline: when exec itself would have sent SIGKILL had it run.
+        deadlines = _Deadlines(safety)
         try:
-            keeper = Keeper(held, margin=margin, since=hold_start(held, before))
+            keeper = Keeper(
+                held, margin=margin, since=hold_start(held, before), on_confirmed=deadlines.tell
+            )
         except BaseException as exc:
             with contextlib.suppress(LockError):
                 held.release()
@@ -247,6 +254,7 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             # The guard first: once the child has its group, there is no moment without one.
             guard = _guard()
             guard_fd = None if guard is None or guard.stdin is None else guard.stdin.fileno()
+            deadlines.attach(guard_fd, keeper.confirmed_until)
             try:
                 child = subprocess.Popen(
                     opts.command,
@@ -274,7 +282,7 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
                 held.release()
             raise
         finally:
-            _dismiss(guard)
+            _dismiss(guard, deadlines)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -282,20 +290,83 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
 
 
 # The guard, a process of its own, started before the command: the command writes its
-# process group's id to the guard's stdin (between its setpgid and its exec); SIGKILL to that
-# group once exec's end of that stdin closes without a "done" (exec was killed), so that what
-# the command started dies with it too (the kernel's parent-death signal reaches the command
-# alone). It ignores the signals a terminal sends to exec's group.
-_GUARD = """import os, signal, sys
+# process group's id to the guard's stdin (a line of digits, between its setpgid and its exec),
+# and exec each deadline ("D <monotonic seconds>": the hold is confirmed until then, less the
+# safety margin). SIGKILL to that group once exec's end of that stdin closes without a "done"
+# (exec was killed), so that what the command started dies with it too (the kernel's
+# parent-death signal reaches the command alone); and once a deadline passes with no later
+# one (exec stopped running: SIGSTOP, a debugger; it would have stopped the command by then),
+# so that the command never runs on after the hold could expire. CLOCK_MONOTONIC is one clock
+# for every process of the host. It ignores the signals a terminal sends to exec's group.
+_GUARD = """import os, select, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGHUP, signal.SIG_IGN)
-said = sys.stdin.buffer.read().split(b"\\n")
-if said[-1] != b"done" and said[0].isdigit():
-    try:
-        os.killpg(int(said[0]), signal.SIGKILL)
-    except OSError:
-        pass
+fd, said, group, deadline, due = sys.stdin.fileno(), b"", None, None, False
+def kill():
+    if group is not None:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
+while True:
+    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if not select.select([fd], [], [], wait)[0]:
+        due, deadline = True, None
+        kill()
+        continue
+    chunk = os.read(fd, 4096)
+    if not chunk:
+        break
+    said += chunk
+    *lines, said = said.split(b"\\n")
+    for line in lines:
+        if line.isdigit():
+            group = int(line)
+            if due:
+                kill()
+        elif line.startswith(b"D "):
+            at = float(line[2:])
+            deadline = at if deadline is None else max(deadline, at)
+if said != b"done":
+    kill()
 """
+
+
+class _Deadlines:
+    """Tells the guard each deadline (from the keeper's renewal thread), until finished."""
+
+    def __init__(self, safety: float) -> None:
+        self.safety = safety
+        self._mutex = threading.Lock()
+        self._fd: int | None = None
+        self._until = 0.0
+        self._done = False
+
+    def tell(self, until: float) -> None:
+        with self._mutex:
+            self._until = max(self._until, until)
+            self._send()
+
+    def attach(self, fd: int | None, until: float) -> None:
+        if fd is not None:  # a guard that stopped reading never blocks a renewal's thread
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, False)
+        with self._mutex:
+            self._fd, self._until = fd, max(self._until, until)
+            self._send()
+
+    def _send(self) -> None:
+        if self._fd is not None and not self._done:
+            with contextlib.suppress(OSError):  # a guard gone: the parent-death signal stays
+                os.write(self._fd, b"D %.6f\n" % (self._until - self.safety))
+
+    def finish(self) -> None:
+        """Say "done": the guard leaves the group alone; no deadline is sent after it."""
+        with self._mutex:
+            if self._fd is not None and not self._done:
+                with contextlib.suppress(OSError):
+                    os.write(self._fd, b"done")
+            self._done = True
 
 
 def _guard() -> subprocess.Popen[bytes] | None:
@@ -308,11 +379,10 @@ def _guard() -> subprocess.Popen[bytes] | None:
         return None
 
 
-def _dismiss(guard: subprocess.Popen[bytes] | None) -> None:
+def _dismiss(guard: subprocess.Popen[bytes] | None, deadlines: _Deadlines) -> None:
+    deadlines.finish()  # first: no deadline written after "done", nor to a closed fd
     if guard is None or guard.stdin is None:
         return
-    with contextlib.suppress(OSError):
-        guard.stdin.write(b"done")
     with contextlib.suppress(OSError):
         guard.stdin.close()
     try:
@@ -333,6 +403,8 @@ def _supervise(
     while True:
         returncode = child.poll()
         if returncode is not None:
+            if _end_leftovers(child.pid, grace, keeper, say):
+                break  # the hold ended while they were being stopped
             return _release(held, keeper, say, exit_status(returncode))
         if keeper.lost.wait(POLL):  # the child's end is seen within POLL, a loss at once
             break
@@ -357,6 +429,35 @@ def _supervise(
             pass
         return EXIT_UNAVAILABLE
     return EXIT_LOST
+
+
+def _group_runs(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # only members this process cannot signal are left
+        return False
+    return True
+
+
+def _end_leftovers(pgid: int, grace: float, keeper: Keeper, say: Callable[[str], None]) -> bool:
+    """The command ended; what it left running in its group (``cmd &``) must not run on
+    once the hold is released: SIGTERM, SIGKILL after ``grace``, still under the hold.
+    Whether the hold ended meanwhile (the caller then handles it as a loss)."""
+    if not _group_runs(pgid):
+        return False
+    say(
+        f"the command left processes running in its group: SIGTERM to them, SIGKILL after"
+        f" {grace:g} s, before the release"
+    )
+    _killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _group_runs(pgid) and time.monotonic() < deadline:
+        if keeper.lost.wait(POLL):
+            break
+    _killpg(pgid, signal.SIGKILL)
+    return keeper.lost.is_set()
 
 
 def _terminate(child: subprocess.Popen[bytes], grace: float) -> None:

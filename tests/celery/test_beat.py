@@ -537,6 +537,8 @@ def test_a_clocked_one_off_is_sent_once_across_a_takeover(
         assert [pid for _, pid in once.seen] == [first]
     finally:
         once.close()
+        for each in beats:  # not SIGTERM: its shutdown's sync saves the one-off, slowed to 10 s
+            each.process.kill()
 
 
 _ROWS: dict[str, SimpleNamespace] = {}

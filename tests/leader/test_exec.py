@@ -3,6 +3,7 @@ running tests/support/exec_child.py; and its bad usage and exit codes in this pr
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shlex
@@ -175,6 +176,57 @@ def test_exec_sigkilled_takes_its_child_along_and_what_the_child_started(
     for pid in pids:
         wait_for(lambda: not alive(pid), timeout=1, what="child's end")  # noqa: B023
     assert time.monotonic() - gone < 1
+
+
+def test_exec_paused_past_its_lease_does_not_leave_its_child_running_unheld(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """``exec`` SIGSTOPped (a debugger, an operator, a frozen process): its child, in a
+    group of its own, ran on after the hold expired, beside the next host's. The guard
+    kills it before the hold could expire (it knows each confirmed renewal's deadline)."""
+    client = redis_server.client()
+    name = f"{prefix}-paused"
+    running = execs(name, "--ttl", "2", "--grace", "0", *child(redis_server, "trap", prefix))
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    running.process.send_signal(signal.SIGSTOP)
+    try:
+        paused = time.monotonic()
+        time.sleep(0.05)  # a renewal on its way lands: the hold's end is known from now on
+        expires = time.monotonic() + client.pttl(f"redlock:{{{name}}}") / 1000
+        wait_for(lambda: not alive(pid), timeout=4, what="child's end")
+        assert time.monotonic() < expires, time.monotonic() - paused
+        time.sleep(max(0.0, paused + 2.5 - time.monotonic()))  # past the lease
+    finally:
+        running.process.send_signal(signal.SIGCONT)
+    code, err = running.finish()
+    assert code == exec_action.EXIT_LOST, err  # woken: the hold had gone, the child with it
+
+
+def test_what_the_command_left_in_its_group_does_not_run_on_unheld(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """A command that exits leaving a process of its group behind (``cmd &``): that
+    process ran on after exec released the lock. It gets SIGTERM before the release."""
+    client = redis_server.client()
+    # The command starts the trap in its group, waits for it to say its pid, exits 3.
+    script = (
+        "import subprocess, sys, time, redis\n"
+        f"subprocess.Popen({child(redis_server, 'trap', prefix)[1:]!r})\n"
+        f"r = redis.Redis.from_url({redis_server.url!r})\n"
+        f"while not r.llen({prefix + ':pids'!r}):\n"
+        "    time.sleep(0.02)\n"
+        "sys.exit(3)\n"
+    )
+    running = execs(f"{prefix}-left", "--grace", "5", "--", sys.executable, "-c", script)
+    code = running.process.wait(60)  # not its output's end: the trap holds exec's stderr
+    pid = int(client.lindex(f"{prefix}:pids", 0).split()[0])
+    try:
+        assert code == 3  # the command's own status
+        assert not alive(pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert "left" in running.finish()[1]
 
 
 def test_signals_are_forwarded_and_the_child_status_passed_through(

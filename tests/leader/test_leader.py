@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,6 +60,25 @@ def test_three_candidates_one_leads_and_a_sigkilled_leader_is_followed_within_th
     assert time.monotonic() - killed < 3 + 3  # within the TTL (plus a loaded machine's seconds)
     assert fence2 > fence
     assert child("who", "--name", name).expect("LEADER") == f"True {second.process.pid} {fence2}"
+
+
+def test_a_leader_paused_past_its_lease_sees_term_lost_at_its_first_look_after_waking(
+    child: Callable[..., Child], name: str
+) -> None:
+    """SIGSTOP past the lease: another candidate leads. The woken leader's first look at
+    ``term.lost`` must say so, before its keeper thread has had a turn (it said "leading"
+    for one more step of work, beside the new leader)."""
+    first = child("lead", "--name", name, "--ttl", "2", "--work")
+    first.expect("CAMPAIGNING")
+    first.expect("LEADING")
+    time.sleep(0.5)
+    os.kill(first.process.pid, signal.SIGSTOP)
+    time.sleep(2.5)  # the lease ran out
+    resumed = time.monotonic()  # CLOCK_MONOTONIC: the same clock in every process (Linux)
+    os.kill(first.process.pid, signal.SIGCONT)
+    assert "paused" in first.expect("LOST", timeout=10)
+    last_false = float(first.expect("LAST_FALSE", timeout=5))
+    assert last_false < resumed, f"said leading {last_false - resumed:.4f} s after waking"
 
 
 def test_resigning_hands_over_at_once_not_after_a_ttl(
@@ -270,3 +290,187 @@ def test_a_renewal_awaiting_its_answer_is_not_waited_for_by_spinning(
         finally:
             paused_alias.resume()
     assert used < 0.3, used  # a spinning keeper: most of the second between renewal and give-up
+
+
+def test_a_forked_child_does_not_lead_and_its_exit_resigns_nothing(name: str) -> None:
+    """A child forked inside the block is not the leader: its parent renews the hold. It
+    must not believe it leads (it would for ever: no keeper of its own), nor release the
+    parent's hold when it leaves the block."""
+    read, write = os.pipe()
+    said, pid = "", -1
+    try:
+        with leader(name, using="redis", ttl=3) as term:
+            pid = os.fork()
+            if pid == 0:  # the child looks, then leaves the block (resigning) and exits
+                said = f"{term.lost.is_set()} {term.lost.wait(0.05)} {term.reason}"
+                try:
+                    term.check()
+                except LockLost:
+                    said += " | check raised"
+            else:
+                os.close(write)
+                _, status = os.waitpid(pid, 0)
+                with os.fdopen(read) as pipe:
+                    said = pipe.read()
+                assert status == 0
+                assert not term.lost.is_set()  # the parent leads on
+                now = current_leader(name, using="redis")
+                assert now is not None and now.pid == os.getpid() and now.fence == term.fence
+    except BaseException as exc:
+        if pid == 0:
+            said = f"error {exc!r}"
+        else:
+            raise
+    if pid == 0:
+        os.write(write, said.encode())
+        os._exit(0)
+    assert said.startswith("True True "), said
+    assert "fork" in said and said.endswith("| check raised"), said
+
+
+def test_resigning_on_a_backend_that_stopped_answering_takes_one_socket_timeout(
+    paused_alias: RedisServer, name: str
+) -> None:
+    """A renewal awaiting its answer when the term ends is not waited for (it can only
+    renew our own token, which the release ends): the resignation's BackendUnavailable
+    comes within one socket timeout (2 s), not two."""
+    campaign = leader(name, using="paused", ttl=3)  # a renewal every second
+    term = campaign.campaign()
+    time.sleep(0.8)
+    paused_alias.pause()
+    time.sleep(0.5)  # the renewal sent at 1 s awaits its answer
+    resigning = time.monotonic()
+    with pytest.raises(BackendUnavailable):
+        campaign.resign()
+    took = time.monotonic() - resigning
+    assert term.lost.is_set() and term.reason == "resigned"
+    assert took < 2.0 + 1.0, took  # waiting for the renewal too: 3.7 s
+    paused_alias.resume()
+
+
+TARGET_ERRORS = [
+    ValueError("the target's"),
+    LockNotAcquired("the target's own lock"),
+    BackendUnavailable("the target's own backend"),
+]
+
+
+@pytest.mark.parametrize("error", TARGET_ERRORS)
+def test_run_as_leader_resigns_and_raises_what_its_target_raises(
+    name: str, error: Exception
+) -> None:
+    """The target's own errors end the campaign (resigned at once), even those that look
+    like a campaign's (LockNotAcquired, BackendUnavailable): they were retried silently."""
+    calls: list[int] = []
+
+    def target(term: Term) -> None:
+        calls.append(term.fence)
+        raise error
+
+    stop = threading.Event()
+    outcome: list[BaseException] = []
+
+    def campaign() -> None:
+        try:
+            run_as_leader(name, target, using="redis", ttl=3, stop=stop, retry=0.1)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=campaign)
+    thread.start()
+    thread.join(5)
+    stop.set()
+    thread.join(5)
+    assert outcome == [error] and len(calls) == 1, (outcome, calls)
+    assert current_leader(name, using="redis") is None
+
+
+def test_a_renewal_that_cannot_get_a_thread_ends_the_term(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread for a renewal (a thread limit): the keeper died with the error, nothing
+    renewed the hold, and a ``term.lost.wait()`` waited for ever after it expired."""
+    start = threading.Thread.start
+
+    def no_renewal_thread(self: threading.Thread) -> None:
+        if self.name.startswith("redlock-keeper-renew"):
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", no_renewal_thread)
+    with leader(name, using="redis", ttl=1.5) as term:
+        woke = threading.Event()
+        waiter = threading.Thread(target=lambda: term.lost.wait() and woke.set(), daemon=True)
+        start(waiter)
+        assert woke.wait(3), "term.lost.wait() never returned"
+        assert "thread" in term.reason, term.reason
+
+
+def test_campaigning_again_after_a_term_ended_unanswered_leads_again(
+    paused_alias: RedisServer, name: str
+) -> None:
+    """A term ended because the backend did not answer, its hold still there: the same
+    object's next campaign() resigns it first, then leads (it refused: "already held by
+    this object")."""
+    election = leader(name, using="paused", ttl=1.5, timeout=5)
+    term = election.campaign()
+    paused_alias.pause()
+    try:
+        assert term.lost.wait(3) and "did not answer" in term.reason
+    finally:
+        paused_alias.resume()
+    again = election.campaign()
+    try:
+        assert not again.lost.is_set() and again.fence > term.fence
+    finally:
+        election.resign()
+    assert current_leader(name, using="paused") is None
+
+
+def test_lost_replies_of_a_renewal_and_of_the_resignation(
+    redis_server: RedisServer, name: str
+) -> None:
+    """A renewal whose reply is lost is sent again: the term goes on. A resignation whose
+    reply is lost raises BackendUnavailable, but it ran: nobody leads, and the same object
+    campaigns again (finishing that release first)."""
+    from .proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+            with leader(name, using="lossy", ttl=1.5) as term:  # a renewal every 0.5 s
+                proxy.lose_replies(1)  # the next renewal's
+                assert not term.lost.wait(2.5), term.reason
+            election = leader(name, using="lossy", ttl=30)  # no renewal within the test
+            term = election.campaign()
+            proxy.lose_replies(1)  # the release's
+            with pytest.raises(BackendUnavailable):
+                election.resign()
+            assert term.lost.is_set() and term.reason == "resigned"
+            assert current_leader(name, using="redis") is None  # it ran
+            again = election.campaign()
+            assert again.fence > term.fence and not again.lost.is_set()
+            election.resign()
+            assert current_leader(name, using="redis") is None
+            locks["lossy"].close()
+    finally:
+        proxy.close()
+
+
+def test_a_redis_restarted_empty_ends_the_term_within_a_renewal_period(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "restarted": config}):
+        try:
+            with leader(name, using="restarted", ttl=3) as term:
+                server.restart()  # empty: the hold is gone
+                restarted = time.monotonic()
+                assert term.lost.wait(3)
+                assert time.monotonic() - restarted < 1 + 1  # a renewal a second, a retry
+                assert "expired or was released" in term.reason, term.reason
+            assert current_leader(name, using="restarted") is None
+        finally:
+            locks["restarted"].close()

@@ -226,6 +226,18 @@ def lead(args: argparse.Namespace) -> None:
     def campaign() -> None:
         with leader(args.name, ttl=args.ttl) as term:
             say("LEADING", term.fence)
+            if args.work:  # 5 ms steps of work, term.lost looked at before each
+                last_false = 0.0
+                while True:
+                    until = time.monotonic() + 0.005
+                    while time.monotonic() < until:
+                        pass
+                    looked = time.monotonic()
+                    if term.lost.is_set():
+                        break
+                    last_false = looked
+                say("LOST", term.reason)
+                say("LAST_FALSE", last_false)  # the last look that said "leading"
             while not term.lost.is_set() and "resign" not in commands:
                 arrived.wait(0.01)
                 arrived.clear()
@@ -304,6 +316,7 @@ def main() -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--ttl", type=float, default=3.0)
     p.add_argument("--in-thread", action="store_true", help="lead from a daemon thread")
+    p.add_argument("--work", action="store_true", help="busy steps until term.lost")
     p = sub.add_parser("who")
     p.add_argument("--name", required=True)
     args = parser.parse_args()
