@@ -391,3 +391,38 @@ def _start_slowly(sender: Any = None, task_id: str = "", **_: Any) -> None:
     if getattr(sender, "name", "").endswith(".deduped_slow_start"):
         redis().set(f"dedupe-slow-started:{task_id}", 1)
         time.sleep(2.5)
+
+
+# -- a run stopped from the worker's main process while its body may still run ---------------
+
+
+@shared_task(bind=True)
+@single_instance(key="stop-cleans:{name}", ttl=5)
+def cleans_up_when_stopped(self: Any, name: str, cleanup: float = 3.0) -> str:
+    # revoke(terminate=True, signal="SIGUSR1") raises SoftTimeLimitExceeded here: the body
+    # cleans up (still writing) before it ends.
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    redis().eval(ENTER, 2, f"stop-cleans:{name}:inside", f"stop-cleans:{name}:peak")
+    try:
+        redis().rpush(f"stop-cleans:{name}:ran", self.request.id)
+        try:
+            time.sleep(30)
+        except SoftTimeLimitExceeded:
+            redis().rpush(f"stop-cleans:{name}:soft", self.request.id)
+            time.sleep(cleanup)
+        return "ran"
+    finally:
+        redis().decr(f"stop-cleans:{name}:inside")
+
+
+@shared_task(bind=True, time_limit=1.5)
+@single_instance(key="hard-limit:{name}", ttl=10)
+def hard_limited(self: Any, name: str) -> None:
+    # Writes until the hard time limit kills it.
+    import os
+
+    redis().rpush(f"hard-limit:{name}:pids", os.getpid())
+    while True:
+        redis().set(f"hard-limit:{name}:last", repr(time.time()))
+        time.sleep(0.001)

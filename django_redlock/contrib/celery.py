@@ -24,6 +24,8 @@ import functools
 import inspect
 import json
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -46,6 +48,7 @@ from ..backends import markers
 from ..backends.base import Kind, Released
 from ..exceptions import LockError
 from ..handler import locks
+from ..identity import HOST
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
 from ..validation import MAX_TTL, to_ms
 from .single import (  # the core shared with Django's Tasks framework (re-exported here)
@@ -596,27 +599,123 @@ def _decorated(task: Any) -> SingleInstance | None:
 
 
 def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
-    """Release ``task_id``'s hold on its key, if it still has it (compare-and-delete)."""
+    """Release ``task_id``'s hold on its key if the run that took it is over (compare-and-
+    delete): its process is this one (a failure handler runs after the body) or, on this host,
+    is gone. A hold whose process still runs (a revoke's SIGUSR1 that the body catches, a hard
+    time limit announced before the kill) or that another host took (a copy of the message
+    killed there, beside the live run) is left: see :func:`_release_when_over`."""
     config = _config_of(task)
     if config is None or not task_id:
         return False
     key = lock_key(task, *(args or ()), **(kwargs or {}))
     backend = locks[config.using]
-    info = backend.inspect(key)
-    # A hold's token is "<task id>.<attempt>.<random>": compare the whole id, or stopping
-    # task "abc" would release task "abc.1"'s hold.
-    if info is not None and info.holders:  # limit=N: the task's own permit
-        mine = [h.token for h in info.holders if holds_task(h.token, task_id) is not None]
-        if not mine or mine[0] is None:
-            return False
-        released = backend.execute(backend.op_lease_release(key, mine[0])) >= 0
-        logger.info("redlock: released a permit of %r, held by stopped task %s", key, task_id)
-        return released
-    if info is None or info.token is None or holds_task(info.token, task_id) is None:
-        return False
-    released = backend.execute(backend.op_release(key, info.token, Kind())) >= 0
-    logger.info("redlock: released %r, held by stopped task %s", key, task_id)
+    released = False
+    for hold, permit in _task_holds(backend, key, task_id):
+        if _run_state(hold) == "over":
+            released = _release_hold(backend, key, hold, permit, task_id) or released
     return released
+
+
+def _task_holds(backend: Any, key: str, task_id: str) -> list[tuple[Any, bool]]:
+    """``task_id``'s holds on ``key`` (a lock's one hold, a semaphore's permits), each with
+    whether it is a permit. A hold's token is "<task id>.<attempt>.<random>": the whole id is
+    compared, or stopping task "abc" would release task "abc.1"'s hold."""
+    info = backend.inspect(key)
+    if info is None:
+        return []
+    if info.holders:
+        return [(h, True) for h in info.holders if holds_task(h.token, task_id) is not None]
+    return [(info, False)] if holds_task(info.token, task_id) is not None else []
+
+
+def _release_hold(backend: Any, key: str, hold: Any, permit: bool, task_id: str) -> bool:
+    if permit:
+        released = backend.execute(backend.op_lease_release(key, hold.token)) >= 0
+    else:
+        released = backend.execute(backend.op_release(key, hold.token, Kind())) >= 0
+    if released:
+        logger.info("redlock: released %r, held by stopped task %s", key, task_id)
+    return bool(released)
+
+
+def _run_state(hold: Any) -> str:
+    """Whether the process that took ``hold`` is "over" (this very process, whose run ended:
+    its failure handler is called after the body; or on this host and gone, a zombie too),
+    still "running" (on this host), or "elsewhere" (another host: only its TTL tells)."""
+    who = hold.holder
+    pid = str(who.get("p", ""))
+    if who.get("h") != HOST or not pid.isdigit():
+        return "elsewhere"
+    if int(pid) == os.getpid():
+        return "over"
+    return "running" if _alive(int(pid)) else "over"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` may still run code: it exists and is no zombie (a killed pool child
+    stays one until the pool reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[:1] != [b"Z"]
+    except OSError:  # gone meanwhile, or no /proc: the kill() above answered
+        return os.path.exists(f"/proc/{pid}") or not os.path.isdir("/proc")
+
+
+#: How long (seconds) the worker's main process watches a stopped run's process before it
+#: leaves its hold to the hold's own end (its run's release, or its TTL once the process died).
+WATCH_STOPPED_RUN = 600.0
+
+
+def _release_when_over(
+    task: Any, task_id: str, args: Any, kwargs: Any, then: Callable[[], None] | None = None
+) -> None:
+    """Release ``task_id``'s holds once the process running each is gone, in a thread of
+    the worker's main process (never while a body may run: a revoke's SIGUSR1 raises
+    ``SoftTimeLimitExceeded`` in it, which it may catch and go on; a hard time limit fails
+    the task before the child is killed). A hold released by its own run, or taken
+    elsewhere, is left alone. ``then``: called once nothing is left to watch."""
+    config = _config_of(task)
+    if config is None or not task_id:
+        if then is not None:
+            then()
+        return
+    key = lock_key(task, *(args or ()), **(kwargs or {}))
+    backend = locks[config.using]
+
+    def watch() -> None:
+        try:
+            deadline = time.monotonic() + WATCH_STOPPED_RUN
+            while True:
+                holds = [(h, p) for h, p in _task_holds(backend, key, task_id)
+                         if _run_state(h) != "elsewhere"]  # fmt: skip
+                for hold, permit in holds:
+                    if _run_state(hold) == "over":
+                        _release_hold(backend, key, hold, permit, task_id)
+                running = [h for h, _ in holds if _run_state(h) == "running"]
+                if not running or time.monotonic() >= deadline:
+                    break
+                pids = {int(h.holder["p"]) for h in running}
+                # The pids are watched here (cheap), Redis once a second (released meanwhile?).
+                look = time.monotonic() + 1.0
+                while time.monotonic() < look and all(_alive(pid) for pid in pids):
+                    time.sleep(0.02)
+        except LockError as exc:  # the hold then frees itself at its TTL (its process died)
+            logger.warning("redlock: could not release stopped task %s's lock: %s", task_id, exc)
+        except Exception:  # a thread's error would be lost: logged
+            logger.exception("redlock: releasing stopped task %s's lock failed", task_id)
+        if then is not None:
+            then()
+
+    if not any(_run_state(h) == "running" for h, _ in _task_holds(backend, key, task_id)):
+        watch()  # nothing to wait for: at once, in the handler
+        return
+    threading.Thread(target=watch, name=f"redlock-stopped-{task_id}", daemon=True).start()
 
 
 @task_revoked.connect
@@ -651,18 +750,20 @@ def _on_failure(
 
 
 def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
-    """Release a stopped run's hold; with ``coalesce``, queue the call a duplicate noted
-    meanwhile (the killed run never got to its own follow-up)."""
+    """Release a stopped run's hold once its process is gone; with ``coalesce``, then queue
+    the call a duplicate noted meanwhile (the killed run never got to its own follow-up)."""
+    config = _config_of(task)
+
+    def follow_up() -> None:
+        # Whether it released or not (a soft time limit's run let go on its way out, and may
+        # have been stopped before it queued): a note left must have a follow-up.
+        if config is not None and config.on_duplicate == "coalesce":
+            _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
+
     try:
-        release_task_hold(task, task_id, args, kwargs)
+        _release_when_over(task, task_id, args, kwargs, then=follow_up)
     except LockError as exc:  # the hold then frees itself at its TTL
         logger.warning("redlock: could not release stopped task %s's lock: %s", task_id, exc)
-        return
-    config = _config_of(task)
-    # Whether it released or not (a soft time limit's run let go on its way out, and may
-    # have been stopped before it queued): a note left must have a follow-up.
-    if config is not None and config.on_duplicate == "coalesce":
-        _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
 
 
 # -- queue-time deduplication ---------------------------------------------------------------
