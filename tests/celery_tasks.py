@@ -426,3 +426,37 @@ def hard_limited(self: Any, name: str) -> None:
     while True:
         redis().set(f"hard-limit:{name}:last", repr(time.time()))
         time.sleep(0.001)
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+@single_instance(key="coalesce-lost:{name}", ttl=30, on_duplicate="coalesce")
+def coalesced_lost(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
+    # A call tagged "slow..." waits to be killed the first time it runs.
+    import os
+
+    redis().rpush(f"coalesce-lost:{name}:pids", f"{tag}:{os.getpid()}")
+    if tag.startswith("slow") and redis().incr(f"coalesce-lost:{name}:{tag}") == 1:
+        seconds = 60.0
+    return body(f"coalesce-lost:{name}", tag, seconds)
+
+
+# acks_late (the worker's REDLOCK_TEST_REDELIVER): a copy of a finished run's message meets
+# the key held by someone else.
+
+
+@shared_task(bind=True)
+@single_instance(key="late-copy-coalesce:{name}", ttl=10, on_duplicate="coalesce", countdown=0.5)
+def late_copy_coalesce(self: Any, name: str, seconds: float = 4.0) -> str:
+    return body(f"late-copy-coalesce:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True, max_retries=None)
+@single_instance(key="late-copy-retry:{name}", ttl=10, on_duplicate="retry", countdown=0.5)
+def late_copy_retry(self: Any, name: str, seconds: float = 4.0) -> str:
+    return body(f"late-copy-retry:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True)
+@single_instance(key="late-copy-skip:{name}", ttl=10, on_duplicate="skip")
+def late_copy_skip(self: Any, name: str, seconds: float = 4.0) -> str:
+    return body(f"late-copy-skip:{name}", self.request.id, seconds)

@@ -173,6 +173,9 @@ def run_task(
         _clear_next(config, key, task_id)  # before the take: see the rules above _coalesce
     held = new_hold(config, key, task_id, attempt)
     acquired = False
+    # acks_late: a copy of this very message put back while its run went on, taken after that
+    # run ended (see _ran_already), is looked for before anything else it would do.
+    late = bool(task_id) and _acks_late(task)
     # One guard from before the acquire to the end of the run: a soft time limit (or any
     # exception) at any line once the lock is taken releases it (run_held's own guard starts
     # only inside it).
@@ -182,29 +185,33 @@ def run_task(
             own = attempts_holding(info, task_id)
             if task_id and own:
                 return _redelivered(config, task, key, task_id, own[0])
+            if late and _ran_already(config, key, cast(str, task_id), attempt):
+                # Not noted, retried nor skipped over its run's stored result: it ran.
+                return _redelivered(config, task, key, cast(str, task_id), attempt, ended=True)
             if follow_up:  # the note stays: the holder's end (or a later look) queues it
                 return _follow_up_waits(config, task, key, task_id, info)
             if coalesce:
                 return _coalesce(config, task, key, task_id, info, call_args, kwargs)
             return duplicate(config, task, key, task_id, info)
+        if late and _ran_already(config, key, cast(str, task_id), attempt):
+            # Before a follow-up claims the note: a later duplicate's call is not its own.
+            let_go(held)
+            return _redelivered(config, task, key, cast(str, task_id), attempt, ended=True)
         if follow_up:
-            call = _take_note(config, key)
-            if call is None:  # another follow-up ran it: nothing left to run
+            claimed = _claim_note(config, key, cast(str, task_id))
+            if claimed is None:  # another follow-up ran it: nothing left to run
                 let_go(held)
                 result = skip_result(config, task, key, task_id, None)
                 return {**result, "coalesced": True}
+            call, text = claimed
             args, kw = tuple(call["args"]), dict(call["kwargs"])
             # self.retry() sends the request's arguments: the call it runs, not its message's.
             task.request.args, task.request.kwargs = list(args), dict(kw)
             if body_for is not None:
                 body = functools.partial(body_for, args, kw)
-        if task_id and _acks_late(task):
-            # Taken after the run of this very message ended (its copy, put back by the
-            # broker while it ran, reached a worker only after its release): never again.
-            if _ran_already(config, key, task_id, attempt):
-                let_go(held)
-                return _redelivered(config, task, key, task_id, attempt, ended=True)
-            body = _noting_done(config, task, key, task_id, attempt, body)
+            body = _running_note(config, key, text, body, _code_of(config.func))
+        if late:
+            body = _noting_done(config, task, key, cast(str, task_id), attempt, body)
         return run_held(held, body, (), {}, config.atomic)
     except BaseException:
         acquired = acquired or held.token is not None  # taken, then interrupted: it ends too
@@ -218,9 +225,12 @@ def run_task(
 # -- on_duplicate="coalesce": one more run after the current one, with the last arguments ----
 #
 # A duplicate notes its call (arguments and queue) under "<key>:coalesce", replacing any
-# earlier note. A follow-up is a message (header FOLLOW_UP) that, once it holds the key, takes
-# the note then (compare-and-delete) and runs that call: so every note written before it
-# starts, the last one's arguments, makes one run. At most one follow-up is queued at a time:
+# earlier note in one step. A follow-up is a message (header FOLLOW_UP) that, once it holds the
+# key, claims the note (compare-and-set: marked taken by its task id) and runs that call; the
+# note goes once its body ran (compare-and-delete: a note written meanwhile stays), so a
+# follow-up killed or interrupted before that leaves it to its message's copy (same task id)
+# or to the next follow-up. So every note written before it starts, the last one's
+# arguments, makes one run. At most one follow-up is queued at a time:
 # "<key>:coalesce:next" names it from its publish until it starts, when it clears that name
 # before it takes the key. It is queued (unless one is) whenever a note may be left behind:
 # by a run of the key, after its release; by a duplicate, after its note, if the key is free
@@ -270,7 +280,10 @@ def note_call(config: SingleInstance, key: str, args: Any, kwargs: Any, queue: A
         found = markers.mark(backend, _pending_name(key), note, ttl_ms)
         if found is None or found == note:
             return
-        markers.clear(backend, _pending_name(key), found)
+        # In one step (compare-and-set): the earlier note is never gone before this one is
+        # written (a soft time limit between a delete and a write lost both calls).
+        if markers.swap(backend, _pending_name(key), found, note, ttl_ms):
+            return
     raise LockError(f"could not note the coalesced call of {key!r}: notes kept changing")
 
 
@@ -383,16 +396,77 @@ def _clear_next(config: SingleInstance, key: str, task_id: str | None) -> None:
         logger.warning("redlock: could not clear the follow-up mark of %r: %s", key, exc)
 
 
-def _take_note(config: SingleInstance, key: str) -> dict[str, Any] | None:
-    """The call noted last for ``key``, taken (compare-and-delete: one taker), or None."""
+def _claim_note(
+    config: SingleInstance, key: str, task_id: str
+) -> tuple[dict[str, Any], str] | None:
+    """The call noted last for ``key``, claimed by the follow-up ``task_id`` (compare-and-set:
+    the note marked "taken" by it, not deleted, until its body ended: see
+    :func:`_running_note`), with the note's claimed text; None if there is none. A note that
+    another follow-up claimed is claimed again: this run holds the key, so that one is not
+    running it (stopped before its body ended: killed, a soft time limit). A note claimed by
+    ``task_id`` itself is its message's copy coming back (``acks_late``, a killed child):
+    it runs."""
     backend = locks[config.using]
+    ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return None
-        if markers.clear(backend, _pending_name(key), found[0]):
-            return cast(dict[str, Any], json.loads(found[0]))
+        call = cast(dict[str, Any], json.loads(found[0]))
+        if call.get("taken") == task_id:
+            return call, found[0]
+        claimed = json.dumps({**call, "taken": task_id})
+        if markers.swap(backend, _pending_name(key), found[0], claimed, ttl_ms):
+            return call, claimed
     return None
+
+
+def _code_of(func: Any) -> Any:
+    return getattr(func, "__code__", None)  # the first frame a started body has
+
+
+def _entered(exc: BaseException, code: Any) -> bool:
+    """Whether ``exc`` came from within the function of ``code`` (its body started), not
+    from the lines on the way to it (a soft time limit there: the body never ran)."""
+    if code is None:
+        return True  # cannot tell: taken as run (at most once, as without the claim)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _running_note(
+    config: SingleInstance, key: str, claimed: str, body: Callable[[], Any], code: Any
+) -> Callable[[], Any]:
+    """``body`` (a follow-up's run of the claimed note), deleting the note once the body ran
+    (before the release: a follow-up taking the key then must not find it). A body that
+    never started (an interrupt on the way to it), or a ``Reject`` asking to run it again,
+    leaves it claimed: the message's copy, or the next follow-up, runs it."""
+
+    def drop() -> None:
+        try:
+            markers.clear(locks[config.using], _pending_name(key), claimed)
+        except LockError as exc:  # the call may then run once more (at least once)
+            logger.warning("redlock: could not clear the coalesced call of %r: %s", key, exc)
+
+    def run() -> Any:
+        try:
+            result = body()
+        except Reject as exc:
+            if not exc.requeue:
+                drop()
+            raise
+        except BaseException as exc:
+            if _entered(exc, code):
+                drop()
+            raise
+        drop()
+        return result
+
+    return run
 
 
 def _queue_follow_up(
