@@ -924,3 +924,56 @@ def test_acks_late_copy_of_a_finished_run_meeting_another_holder_does_not_run_ag
     assert r.lrange(f"{group}:ran", 0, -1) == [result.id]
     assert AsyncResult(result.id).get(timeout=5) == "ran"
     late.stop()
+
+
+# -- dedupe_queued: a marker whose write's reply was lost --------------------------------------
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.test_celery_dedupe.deduped_cut")
+@single_instance(key="dedupe-cut:{name}", ttl=5, using="cut", dedupe_queued=True)
+def deduped_cut(self: Any, name: str) -> str:
+    return name
+
+
+def test_a_marker_whose_write_s_reply_was_lost_is_not_obeyed(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server wrote the queue marker; its reply was lost with the connection: delay()
+    # raises and publishes nothing. The marker names a message never sent: the next delay()
+    # must queue (it returned that phantom's AsyncResult for the marker's hour).
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.backends import markers
+    from django_redlock.exceptions import LockError
+
+    from .proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    name = uuid.uuid4().hex[:8]
+    real = markers.mark
+
+    def lossy(backend: Any, marked: str, *args: Any) -> Any:
+        if marked == f"dedupe-cut:{name}" and not proxy.lost:
+            proxy.lose_replies(1)
+        return real(backend, marked, *args)
+
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "cut": config}):
+            # Connected, the script loaded: the reply lost is the mark's.
+            assert markers.mark(locks["cut"], f"warm:{name}", "w", 1000) is None
+            monkeypatch.setattr(markers, "mark", lossy)
+            with pytest.raises(LockError):
+                deduped_cut.apply_async((name,), queue=NOBODY)
+            assert proxy.lost == 1
+            monkeypatch.undo()
+            second = deduped_cut.apply_async((name,), queue=NOBODY)
+            assert markers.read(locks["cut"], f"dedupe-cut:{name}")[0] == second.id
+            import json
+
+            sent = [json.loads(raw)["headers"]["id"]
+                    for raw in redis_server.client(db=1).lrange(NOBODY, 0, -1)]  # fmt: skip
+            assert second.id in sent  # published: not the AsyncResult of a message never sent
+    finally:
+        proxy.close()

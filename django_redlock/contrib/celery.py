@@ -899,13 +899,23 @@ class SingleInstanceTask(Task):
         task_id = promised or uuid_text()
         ttl_ms = to_ms(self.queue_marker_ttl(options))
         queued = None
-        for _ in range(3):  # again after clearing a stale marker
-            queued = markers.mark(backend, key, task_id, ttl_ms)
-            if queued is None or queued == task_id or retrying or not self._stale(key, queued):
-                break
-            clear_queued_marker(config, key, queued)
-        else:  # stale markers each time: queue it unmarked (never dropped; the lock excludes)
-            queued = task_id
+        try:
+            for _ in range(3):  # again after clearing a stale marker
+                queued = markers.mark(backend, key, task_id, ttl_ms)
+                if queued is None or queued == task_id or retrying:
+                    break
+                if not self._stale(key, queued):
+                    break
+                clear_queued_marker(config, key, queued)
+            else:  # stale markers each time: queue it unmarked (never dropped; the lock excludes)
+                queued = task_id
+        except BaseException:
+            # The mark's reply lost (or an interrupt): it may be written, naming a message
+            # that is never published, and with no "sent" note it would be obeyed for its
+            # TTL. Ours only (compare-and-delete); a failure to clear is logged.
+            if not retrying:
+                clear_queued_marker(config, key, task_id)
+            raise
         if queued is not None and queued != task_id and not retrying:
             return self._not_queued(key, queued, args, kwargs, promised, options)
         try:
