@@ -4,9 +4,10 @@ Placed directly under ``@shared_task`` / ``@app.task`` (above them it raises Typ
 would run the undecorated function). The lock is taken before the body runs, renewed by the
 watchdog while it runs, and released on every outcome: success, exception, ``self.retry()``
 (before the retry is scheduled), ``Ignore``, ``Reject``, soft time limit. A revoke with
-``terminate=True`` or a hard time limit kills the body mid-run; the worker's main process then
-releases the hold whose token carries that task's id. A worker killed outright leaves a lock
-that frees itself after its TTL: seconds, not hours.
+``terminate=True`` or a hard time limit stops the body mid-run; the worker's main process then
+releases the hold whose token carries that task's id, once the process that took it is gone
+(never while a body may still run; a hold another host took is left to its TTL). A worker
+killed outright leaves a lock that frees itself after its TTL: seconds, not hours.
 
 A hold's token is ``<task id>.<attempt>.<random>`` (the attempt is ``request.retries``). So a
 run that finds its own task id holding the key can tell a retry that arrived before the
