@@ -358,7 +358,19 @@ def _pause_late_notes() -> None:
             redis().rpush(f"{name}:noted", json.loads(task_id)["args"][1])
         return found
 
+    swap = markers.swap
+
+    def noting(backend: Any, name: str, expected: str, value: str, ttl_ms: int) -> bool:
+        swapped = swap(backend, name, expected, value, ttl_ms)
+        # A note replacing another (not a follow-up claiming one: that one is "taken").
+        if swapped and name.startswith("coalesce-late:") and value.startswith("{"):
+            note = json.loads(value)
+            if "taken" not in note:
+                redis().rpush(f"{name}:noted", note["args"][1])
+        return swapped
+
     markers.mark = paused
+    markers.swap = noting
 
 
 _pause_late_notes()
