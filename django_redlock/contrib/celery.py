@@ -444,8 +444,9 @@ def _running_note(
 ) -> Callable[[], Any]:
     """``body`` (a follow-up's run of the claimed note), deleting the note once the body ran
     (before the release: a follow-up taking the key then must not find it). A body that
-    never started (an interrupt on the way to it), or a ``Reject`` asking to run it again,
-    leaves it claimed: the message's copy, or the next follow-up, runs it."""
+    never started (a soft time limit, or SIGTERM's ``SystemExit``, on the way to it), or a
+    ``Reject`` asking to run it again, leaves it claimed: the message's copy, or the next
+    follow-up, runs it."""
 
     def drop() -> None:
         try:
@@ -461,7 +462,11 @@ def _running_note(
                 drop()
             raise
         except BaseException as exc:
-            if _entered(exc, code):
+            # Kept only for an interrupt on the way to the body; an error there (the fenced
+            # block's database down...) fails the call visibly, as it did, rather than
+            # queueing it again and again.
+            interrupt = isinstance(exc, SoftTimeLimitExceeded) or not isinstance(exc, Exception)
+            if not interrupt or _entered(exc, code):
                 drop()
             raise
         drop()
