@@ -409,7 +409,8 @@ class LocMemBackend(BaseLockBackend):
             self._store.hub.notify(self.channel(name))
 
     # -- queue markers (the task dedupe's: see .markers) -------------------------------------
-    # The semantics of lua/mark_queued.lua and lua/clear_marker.lua, in this process.
+    # The semantics of lua/mark_queued.lua, clear_marker.lua and swap_marker.lua, in this
+    # process.
 
     def op_mark_queued(self, name: str, task_id: str, ttl_ms: int) -> Op[str | None]:
         def work(store: _Store, now: float) -> tuple[str | None, list[str]]:
@@ -428,6 +429,16 @@ class LocMemBackend(BaseLockBackend):
                 return False, []
             del store.queued[name]
             return noted[1] > now, []  # an expired one was gone already
+
+        return self._op(name, work)
+
+    def op_swap_queued(self, name: str, expected: str, value: str, ttl_ms: int) -> Op[bool]:
+        def work(store: _Store, now: float) -> tuple[bool, list[str]]:
+            noted = store.queued.get(name)
+            if noted is None or noted[1] <= now or noted[0] != expected:
+                return False, []
+            store.queued[name] = (value, now + ttl_ms / 1000)
+            return True, []
 
         return self._op(name, work)
 

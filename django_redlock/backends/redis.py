@@ -550,6 +550,10 @@ class RedisBackend(BaseLockBackend):
     def op_clear_queued(self, name: str, task_id: str) -> Op[bool]:
         return Op(name, Call(script("clear_marker"), [queued_key(self, name)], [task_id]), bool)
 
+    def op_swap_queued(self, name: str, expected: str, value: str, ttl_ms: int) -> Op[bool]:
+        call = Call(script("swap_marker"), [queued_key(self, name)], [expected, value, ttl_ms])
+        return Op(name, call, bool)
+
     def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
         return Op(name, Call(script("read_marker"), [queued_key(self, name)], []), _marker)
 

@@ -586,6 +586,28 @@ class RedlockBackend(BaseLockBackend):
 
         return Op(name, _Quorum(steps()))
 
+    def op_swap_queued(self, name: str, expected: str, value: str, ttl_ms: int) -> Op[bool]:
+        """Replace ``expected`` by ``value`` on every node that holds it; True when a majority
+        did. Else the nodes that did are put back (a minority holding ``value`` would leave no
+        majority for either). Fewer than a quorum of answers: QuorumNotReached."""
+
+        def steps() -> Steps[bool]:
+            replies = yield self._each(
+                lambda n: n.op_swap_queued(name, expected, value, ttl_ms), complete=True
+            )
+            swapped = [reply is True for reply in replies]
+            if sum(swapped) >= self.quorum:
+                return True
+            yield [
+                node.op_swap_queued(name, value, expected, ttl_ms) if mine else None
+                for node, mine in zip(self.nodes, swapped, strict=True)
+            ]
+            if self._answered(replies) < self.quorum:
+                raise self._unreachable(name, replies, "replace a marker")
+            return False
+
+        return Op(name, _Quorum(steps()))
+
     def op_read_queued(self, name: str) -> Op[tuple[str, int] | None]:
         """The task id a majority of nodes have noted, with the least time left among them;
         None without such a majority. Fewer than a quorum of answers: QuorumNotReached."""

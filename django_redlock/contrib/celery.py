@@ -4,9 +4,10 @@ Placed directly under ``@shared_task`` / ``@app.task`` (above them it raises Typ
 would run the undecorated function). The lock is taken before the body runs, renewed by the
 watchdog while it runs, and released on every outcome: success, exception, ``self.retry()``
 (before the retry is scheduled), ``Ignore``, ``Reject``, soft time limit. A revoke with
-``terminate=True`` or a hard time limit kills the body mid-run; the worker's main process then
-releases the hold whose token carries that task's id. A worker killed outright leaves a lock
-that frees itself after its TTL: seconds, not hours.
+``terminate=True`` or a hard time limit stops the body mid-run; the worker's main process then
+releases the hold whose token carries that task's id, once the process that took it is gone
+(never while a body may still run; a hold another host took is left to its TTL). A worker
+killed outright leaves a lock that frees itself after its TTL: seconds, not hours.
 
 A hold's token is ``<task id>.<attempt>.<random>`` (the attempt is ``request.retries``). So a
 run that finds its own task id holding the key can tell a retry that arrived before the
@@ -24,6 +25,8 @@ import functools
 import inspect
 import json
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -46,6 +49,7 @@ from ..backends import markers
 from ..backends.base import Kind, Released
 from ..exceptions import LockError
 from ..handler import locks
+from ..identity import HOST
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
 from ..validation import MAX_TTL, to_ms
 from .single import (  # the core shared with Django's Tasks framework (re-exported here)
@@ -170,6 +174,9 @@ def run_task(
         _clear_next(config, key, task_id)  # before the take: see the rules above _coalesce
     held = new_hold(config, key, task_id, attempt)
     acquired = False
+    # acks_late: a copy of this very message put back while its run went on, taken after that
+    # run ended (see _ran_already), is looked for before anything else it would do.
+    late = bool(task_id) and _acks_late(task)
     # One guard from before the acquire to the end of the run: a soft time limit (or any
     # exception) at any line once the lock is taken releases it (run_held's own guard starts
     # only inside it).
@@ -179,29 +186,33 @@ def run_task(
             own = attempts_holding(info, task_id)
             if task_id and own:
                 return _redelivered(config, task, key, task_id, own[0])
+            if late and _ran_already(config, key, cast(str, task_id), attempt):
+                # Not noted, retried nor skipped over its run's stored result: it ran.
+                return _redelivered(config, task, key, cast(str, task_id), attempt, ended=True)
             if follow_up:  # the note stays: the holder's end (or a later look) queues it
                 return _follow_up_waits(config, task, key, task_id, info)
             if coalesce:
                 return _coalesce(config, task, key, task_id, info, call_args, kwargs)
             return duplicate(config, task, key, task_id, info)
+        if late and _ran_already(config, key, cast(str, task_id), attempt):
+            # Before a follow-up claims the note: a later duplicate's call is not its own.
+            let_go(held)
+            return _redelivered(config, task, key, cast(str, task_id), attempt, ended=True)
         if follow_up:
-            call = _take_note(config, key)
-            if call is None:  # another follow-up ran it: nothing left to run
+            claimed = _claim_note(config, key, cast(str, task_id))
+            if claimed is None:  # another follow-up ran it: nothing left to run
                 let_go(held)
                 result = skip_result(config, task, key, task_id, None)
                 return {**result, "coalesced": True}
+            call, text = claimed
             args, kw = tuple(call["args"]), dict(call["kwargs"])
             # self.retry() sends the request's arguments: the call it runs, not its message's.
             task.request.args, task.request.kwargs = list(args), dict(kw)
             if body_for is not None:
                 body = functools.partial(body_for, args, kw)
-        if task_id and _acks_late(task):
-            # Taken after the run of this very message ended (its copy, put back by the
-            # broker while it ran, reached a worker only after its release): never again.
-            if _ran_already(config, key, task_id, attempt):
-                let_go(held)
-                return _redelivered(config, task, key, task_id, attempt, ended=True)
-            body = _noting_done(config, task, key, task_id, attempt, body)
+            body = _running_note(config, key, text, body, _code_of(config.func))
+        if late:
+            body = _noting_done(config, task, key, cast(str, task_id), attempt, body)
         return run_held(held, body, (), {}, config.atomic)
     except BaseException:
         acquired = acquired or held.token is not None  # taken, then interrupted: it ends too
@@ -215,9 +226,12 @@ def run_task(
 # -- on_duplicate="coalesce": one more run after the current one, with the last arguments ----
 #
 # A duplicate notes its call (arguments and queue) under "<key>:coalesce", replacing any
-# earlier note. A follow-up is a message (header FOLLOW_UP) that, once it holds the key, takes
-# the note then (compare-and-delete) and runs that call: so every note written before it
-# starts, the last one's arguments, makes one run. At most one follow-up is queued at a time:
+# earlier note in one step. A follow-up is a message (header FOLLOW_UP) that, once it holds the
+# key, claims the note (compare-and-set: marked taken by its task id) and runs that call; the
+# note goes once its body ran (compare-and-delete: a note written meanwhile stays), so a
+# follow-up killed or interrupted before that leaves it to its message's copy (same task id)
+# or to the next follow-up. So every note written before it starts, the last one's
+# arguments, makes one run. At most one follow-up is queued at a time:
 # "<key>:coalesce:next" names it from its publish until it starts, when it clears that name
 # before it takes the key. It is queued (unless one is) whenever a note may be left behind:
 # by a run of the key, after its release; by a duplicate, after its note, if the key is free
@@ -267,7 +281,10 @@ def note_call(config: SingleInstance, key: str, args: Any, kwargs: Any, queue: A
         found = markers.mark(backend, _pending_name(key), note, ttl_ms)
         if found is None or found == note:
             return
-        markers.clear(backend, _pending_name(key), found)
+        # In one step (compare-and-set): the earlier note is never gone before this one is
+        # written (a soft time limit between a delete and a write lost both calls).
+        if markers.swap(backend, _pending_name(key), found, note, ttl_ms):
+            return
     raise LockError(f"could not note the coalesced call of {key!r}: notes kept changing")
 
 
@@ -380,16 +397,82 @@ def _clear_next(config: SingleInstance, key: str, task_id: str | None) -> None:
         logger.warning("redlock: could not clear the follow-up mark of %r: %s", key, exc)
 
 
-def _take_note(config: SingleInstance, key: str) -> dict[str, Any] | None:
-    """The call noted last for ``key``, taken (compare-and-delete: one taker), or None."""
+def _claim_note(
+    config: SingleInstance, key: str, task_id: str
+) -> tuple[dict[str, Any], str] | None:
+    """The call noted last for ``key``, claimed by the follow-up ``task_id`` (compare-and-set:
+    the note marked "taken" by it, not deleted, until its body ended: see
+    :func:`_running_note`), with the note's claimed text; None if there is none. A note that
+    another follow-up claimed is claimed again: this run holds the key, so that one is not
+    running it (stopped before its body ended: killed, a soft time limit). A note claimed by
+    ``task_id`` itself is its message's copy coming back (``acks_late``, a killed child):
+    it runs."""
     backend = locks[config.using]
+    ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return None
-        if markers.clear(backend, _pending_name(key), found[0]):
-            return cast(dict[str, Any], json.loads(found[0]))
+        call = cast(dict[str, Any], json.loads(found[0]))
+        if call.get("taken") == task_id:
+            return call, found[0]
+        claimed = json.dumps({**call, "taken": task_id})
+        if markers.swap(backend, _pending_name(key), found[0], claimed, ttl_ms):
+            return call, claimed
     return None
+
+
+def _code_of(func: Any) -> Any:
+    return getattr(func, "__code__", None)  # the first frame a started body has
+
+
+def _entered(exc: BaseException, code: Any) -> bool:
+    """Whether ``exc`` came from within the function of ``code`` (its body started), not
+    from the lines on the way to it (a soft time limit there: the body never ran)."""
+    if code is None:
+        return True  # cannot tell: taken as run (at most once, as without the claim)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _running_note(
+    config: SingleInstance, key: str, claimed: str, body: Callable[[], Any], code: Any
+) -> Callable[[], Any]:
+    """``body`` (a follow-up's run of the claimed note), deleting the note once the body ran
+    (before the release: a follow-up taking the key then must not find it). A body that
+    never started (a soft time limit, or SIGTERM's ``SystemExit``, on the way to it), or a
+    ``Reject`` asking to run it again, leaves it claimed: the message's copy, or the next
+    follow-up, runs it."""
+
+    def drop() -> None:
+        try:
+            markers.clear(locks[config.using], _pending_name(key), claimed)
+        except LockError as exc:  # the call may then run once more (at least once)
+            logger.warning("redlock: could not clear the coalesced call of %r: %s", key, exc)
+
+    def run() -> Any:
+        try:
+            result = body()
+        except Reject as exc:
+            if not exc.requeue:
+                drop()
+            raise
+        except BaseException as exc:
+            # Kept only for an interrupt on the way to the body; an error there (the fenced
+            # block's database down...) fails the call visibly, as it did, rather than
+            # queueing it again and again.
+            interrupt = isinstance(exc, SoftTimeLimitExceeded) or not isinstance(exc, Exception)
+            if not interrupt or _entered(exc, code):
+                drop()
+            raise
+        drop()
+        return result
+
+    return run
 
 
 def _queue_follow_up(
@@ -596,27 +679,123 @@ def _decorated(task: Any) -> SingleInstance | None:
 
 
 def release_task_hold(task: Any, task_id: str, args: Any, kwargs: Any) -> bool:
-    """Release ``task_id``'s hold on its key, if it still has it (compare-and-delete)."""
+    """Release ``task_id``'s hold on its key if the run that took it is over (compare-and-
+    delete): its process is this one (a failure handler runs after the body) or, on this host,
+    is gone. A hold whose process still runs (a revoke's SIGUSR1 that the body catches, a hard
+    time limit announced before the kill) or that another host took (a copy of the message
+    killed there, beside the live run) is left: see :func:`_release_when_over`."""
     config = _config_of(task)
     if config is None or not task_id:
         return False
     key = lock_key(task, *(args or ()), **(kwargs or {}))
     backend = locks[config.using]
-    info = backend.inspect(key)
-    # A hold's token is "<task id>.<attempt>.<random>": compare the whole id, or stopping
-    # task "abc" would release task "abc.1"'s hold.
-    if info is not None and info.holders:  # limit=N: the task's own permit
-        mine = [h.token for h in info.holders if holds_task(h.token, task_id) is not None]
-        if not mine or mine[0] is None:
-            return False
-        released = backend.execute(backend.op_lease_release(key, mine[0])) >= 0
-        logger.info("redlock: released a permit of %r, held by stopped task %s", key, task_id)
-        return released
-    if info is None or info.token is None or holds_task(info.token, task_id) is None:
-        return False
-    released = backend.execute(backend.op_release(key, info.token, Kind())) >= 0
-    logger.info("redlock: released %r, held by stopped task %s", key, task_id)
+    released = False
+    for hold, permit in _task_holds(backend, key, task_id):
+        if _run_state(hold) == "over":
+            released = _release_hold(backend, key, hold, permit, task_id) or released
     return released
+
+
+def _task_holds(backend: Any, key: str, task_id: str) -> list[tuple[Any, bool]]:
+    """``task_id``'s holds on ``key`` (a lock's one hold, a semaphore's permits), each with
+    whether it is a permit. A hold's token is "<task id>.<attempt>.<random>": the whole id is
+    compared, or stopping task "abc" would release task "abc.1"'s hold."""
+    info = backend.inspect(key)
+    if info is None:
+        return []
+    if info.holders:
+        return [(h, True) for h in info.holders if holds_task(h.token, task_id) is not None]
+    return [(info, False)] if holds_task(info.token, task_id) is not None else []
+
+
+def _release_hold(backend: Any, key: str, hold: Any, permit: bool, task_id: str) -> bool:
+    if permit:
+        released = backend.execute(backend.op_lease_release(key, hold.token)) >= 0
+    else:
+        released = backend.execute(backend.op_release(key, hold.token, Kind())) >= 0
+    if released:
+        logger.info("redlock: released %r, held by stopped task %s", key, task_id)
+    return bool(released)
+
+
+def _run_state(hold: Any) -> str:
+    """Whether the process that took ``hold`` is "over" (this very process, whose run ended:
+    its failure handler is called after the body; or on this host and gone, a zombie too),
+    still "running" (on this host), or "elsewhere" (another host: only its TTL tells)."""
+    who = hold.holder
+    pid = str(who.get("p", ""))
+    if who.get("h") != HOST or not pid.isdigit():
+        return "elsewhere"
+    if int(pid) == os.getpid():
+        return "over"
+    return "running" if _alive(int(pid)) else "over"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` may still run code: it exists and is no zombie (a killed pool child
+    stays one until the pool reaps it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[:1] != [b"Z"]
+    except OSError:  # gone meanwhile, or no /proc: the kill() above answered
+        return os.path.exists(f"/proc/{pid}") or not os.path.isdir("/proc")
+
+
+#: How long (seconds) the worker's main process watches a stopped run's process before it
+#: leaves its hold to the hold's own end (its run's release, or its TTL once the process died).
+WATCH_STOPPED_RUN = 600.0
+
+
+def _release_when_over(
+    task: Any, task_id: str, args: Any, kwargs: Any, then: Callable[[], None] | None = None
+) -> None:
+    """Release ``task_id``'s holds once the process running each is gone, in a thread of
+    the worker's main process (never while a body may run: a revoke's SIGUSR1 raises
+    ``SoftTimeLimitExceeded`` in it, which it may catch and go on; a hard time limit fails
+    the task before the child is killed). A hold released by its own run, or taken
+    elsewhere, is left alone. ``then``: called once nothing is left to watch."""
+    config = _config_of(task)
+    if config is None or not task_id:
+        if then is not None:
+            then()
+        return
+    key = lock_key(task, *(args or ()), **(kwargs or {}))
+    backend = locks[config.using]
+
+    def watch() -> None:
+        try:
+            deadline = time.monotonic() + WATCH_STOPPED_RUN
+            while True:
+                holds = [(h, p) for h, p in _task_holds(backend, key, task_id)
+                         if _run_state(h) != "elsewhere"]  # fmt: skip
+                for hold, permit in holds:
+                    if _run_state(hold) == "over":
+                        _release_hold(backend, key, hold, permit, task_id)
+                running = [h for h, _ in holds if _run_state(h) == "running"]
+                if not running or time.monotonic() >= deadline:
+                    break
+                pids = {int(h.holder["p"]) for h in running}
+                # The pids are watched here (cheap), Redis once a second (released meanwhile?).
+                look = time.monotonic() + 1.0
+                while time.monotonic() < look and all(_alive(pid) for pid in pids):
+                    time.sleep(0.02)
+        except LockError as exc:  # the hold then frees itself at its TTL (its process died)
+            logger.warning("redlock: could not release stopped task %s's lock: %s", task_id, exc)
+        except Exception:  # a thread's error would be lost: logged
+            logger.exception("redlock: releasing stopped task %s's lock failed", task_id)
+        if then is not None:
+            then()
+
+    if not any(_run_state(h) == "running" for h, _ in _task_holds(backend, key, task_id)):
+        watch()  # nothing to wait for: at once, in the handler
+        return
+    threading.Thread(target=watch, name=f"redlock-stopped-{task_id}", daemon=True).start()
 
 
 @task_revoked.connect
@@ -651,18 +830,20 @@ def _on_failure(
 
 
 def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
-    """Release a stopped run's hold; with ``coalesce``, queue the call a duplicate noted
-    meanwhile (the killed run never got to its own follow-up)."""
+    """Release a stopped run's hold once its process is gone; with ``coalesce``, then queue
+    the call a duplicate noted meanwhile (the killed run never got to its own follow-up)."""
+    config = _config_of(task)
+
+    def follow_up() -> None:
+        # Whether it released or not (a soft time limit's run let go on its way out, and may
+        # have been stopped before it queued): a note left must have a follow-up.
+        if config is not None and config.on_duplicate == "coalesce":
+            _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
+
     try:
-        release_task_hold(task, task_id, args, kwargs)
+        _release_when_over(task, task_id, args, kwargs, then=follow_up)
     except LockError as exc:  # the hold then frees itself at its TTL
         logger.warning("redlock: could not release stopped task %s's lock: %s", task_id, exc)
-        return
-    config = _config_of(task)
-    # Whether it released or not (a soft time limit's run let go on its way out, and may
-    # have been stopped before it queued): a note left must have a follow-up.
-    if config is not None and config.on_duplicate == "coalesce":
-        _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
 
 
 # -- queue-time deduplication ---------------------------------------------------------------
@@ -724,13 +905,23 @@ class SingleInstanceTask(Task):
         task_id = promised or uuid_text()
         ttl_ms = to_ms(self.queue_marker_ttl(options))
         queued = None
-        for _ in range(3):  # again after clearing a stale marker
-            queued = markers.mark(backend, key, task_id, ttl_ms)
-            if queued is None or queued == task_id or retrying or not self._stale(key, queued):
-                break
-            clear_queued_marker(config, key, queued)
-        else:  # stale markers each time: queue it unmarked (never dropped; the lock excludes)
-            queued = task_id
+        try:
+            for _ in range(3):  # again after clearing a stale marker
+                queued = markers.mark(backend, key, task_id, ttl_ms)
+                if queued is None or queued == task_id or retrying:
+                    break
+                if not self._stale(key, queued):
+                    break
+                clear_queued_marker(config, key, queued)
+            else:  # stale markers each time: queue it unmarked (never dropped; the lock excludes)
+                queued = task_id
+        except BaseException:
+            # The mark's reply lost (or an interrupt): it may be written, naming a message
+            # that is never published, and with no "sent" note it would be obeyed for its
+            # TTL. Ours only (compare-and-delete); a failure to clear is logged.
+            if not retrying:
+                clear_queued_marker(config, key, task_id)
+            raise
         if queued is not None and queued != task_id and not retrying:
             return self._not_queued(key, queued, args, kwargs, promised, options)
         try:

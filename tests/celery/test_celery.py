@@ -919,3 +919,98 @@ def test_hold_tokens_carry_odd_task_ids() -> None:
         assert task_id_of({"k": holder_id(task_id)}) == task_id
     assert token_id("abc") == "abc"
     assert token_id("#" + "0" * 40) != "#" + "0" * 40  # a raw id never looks like a hash
+
+
+# -- a run stopped from the worker's main process: released only once its process is gone ---
+
+
+def test_a_revoke_by_sigusr1_keeps_the_lock_while_the_body_cleans_up(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # SIGUSR1 raises SoftTimeLimitExceeded in the body, which may catch it and go on: the
+    # worker's main process must not release the hold meanwhile (a second run would start).
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    key = f"stop-cleans:{name}"
+    first = prefork.send(celery_tasks.cleans_up_when_stopped, name)
+    wait_for(lambda: r.lrange(f"{key}:ran", 0, -1))
+    first.revoke(terminate=True, signal="SIGUSR1")
+    wait_for(lambda: r.lrange(f"{key}:soft", 0, -1), timeout=10)
+    time.sleep(0.5)
+    assert r.get(f"{key}:inside") == "1"
+    assert locks["default"].is_locked(key), "released while the body still runs"
+    second = prefork.send(celery_tasks.cleans_up_when_stopped, name, 0.1)
+    assert skipped(second.get(timeout=30))
+    wait_for(lambda: not locks["default"].is_locked(key), timeout=10)
+    assert r.get(f"{key}:peak") == "1"
+
+
+def test_a_hard_time_limit_releases_only_once_the_child_is_gone(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # Celery fails the task (task_failure) before billiard kills the child: a release then
+    # lets another holder in while the body still writes. Whoever takes the key next must
+    # see no write of it after the acquire.
+    r = redis(redis_server)
+    for _ in range(4):
+        name = uuid.uuid4().hex[:8]
+        key = f"hard-limit:{name}"
+        result = prefork.send(celery_tasks.hard_limited, name)
+        wait_for(lambda: r.lrange(f"{key}:pids", 0, -1))  # noqa: B023
+        held = lock(key, ttl=10)
+        assert held.acquire(timeout=20)
+        taken = time.time()
+        time.sleep(0.2)
+        assert float(r.get(f"{key}:last")) < taken, "the killed body wrote after the acquire"
+        held.release()
+        result.get(timeout=10, propagate=False)
+
+
+def _hold_in_a_child(
+    redis_server: RedisServer, name: str, prefix: str, host: str | None = None
+) -> subprocess.Popen[str]:
+    """A process (named ``host``, if given) holding ``name`` until it is killed."""
+    code = (
+        "import socket, sys, django\n"
+        f"if {host!r}: socket.gethostname = lambda: {host!r}\n"
+        "django.setup()\n"
+        "from django_redlock import lock\n"
+        f"held = lock({name!r}, ttl=30, token_prefix={prefix!r}, auto_renew=False)\n"
+        "assert held.acquire(blocking=False)\n"
+        "print('held', flush=True); sys.stdin.read()\n"
+    )
+    env = {
+        **os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.worker_settings",
+        "REDLOCK_TEST_REDIS": redis_server.url,
+    }  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None and child.stdout.readline() == "held\n"
+    return child
+
+
+def test_release_task_hold_leaves_a_live_process_and_another_hosts_hold(
+    redis_server: RedisServer,
+) -> None:
+    # A copy of a running task's message, killed on another worker, fails there with
+    # WorkerLostError for the same task id: its main process must not release the live run's
+    # hold (on another host, or a process of this host that still runs). A hold of this
+    # host's process that is gone is released.
+    from django_redlock.contrib.celery import release_task_hold
+
+    task = celery_tasks.outcome._get_current_object()
+    for where, host in (("live", None), ("elsewhere", "another-host")):
+        child = _hold_in_a_child(redis_server, f"outcome:{where}", "t1.0.", host)
+        try:
+            assert not release_task_hold(task, "t1", [where], {})
+            assert locks["default"].is_locked(f"outcome:{where}")
+        finally:
+            child.kill()
+            child.wait()
+    assert release_task_hold(task, "t1", ["live"], {})  # its process is gone: released
+    assert not locks["default"].is_locked("outcome:live")
+    assert not release_task_hold(task, "t1", ["elsewhere"], {})  # only its TTL tells there
+    assert locks["default"].is_locked("outcome:elsewhere")
+    release_lock(task, "elsewhere")

@@ -214,6 +214,11 @@ def test_marker_read_and_list_ops_on_a_quorum(
         assert locks["quorum"].execute(locks["quorum"].op_read_queued("rm:q"))[0] == "t9"
         nodes[1].client().flushall()  # no majority any more
         assert locks["quorum"].execute(locks["quorum"].op_read_queued("rm:q")) is None
+        # A swap a majority cannot make is put back where it was made.
+        assert not locks["quorum"].execute(
+            locks["quorum"].op_swap_queued("rm:q", "t9", "u", 60_000)
+        )
+        assert nodes[2].client().get(locks["quorum"].nodes[2].key("rm:q") + ":queued") == b"t9"
 
 
 def _marker_read_and_list(alias: str) -> None:
@@ -227,7 +232,14 @@ def _marker_read_and_list(alias: str) -> None:
     assert backend.execute(backend.op_clear_queued("rm:a", "t1")) is True
     assert backend.execute(backend.op_read_queued("rm:a")) is None
     assert backend.queued_names("rm:*") == ["rm:b"]
-    backend.execute(backend.op_clear_queued("rm:b", "t2"))
+    # swap: compare-and-set, in one step (a coalesced call's note replaced or claimed).
+    assert backend.execute(backend.op_swap_queued("rm:b", "t1", "t3", 60_000)) is False
+    assert backend.execute(backend.op_swap_queued("rm:c", "t1", "t3", 60_000)) is False
+    assert backend.execute(backend.op_read_queued("rm:c")) is None
+    assert backend.execute(backend.op_swap_queued("rm:b", "t2", "t3", 30_000)) is True
+    task_id, left = backend.execute(backend.op_read_queued("rm:b"))
+    assert task_id == "t3" and 20_000 < left <= 30_000
+    backend.execute(backend.op_clear_queued("rm:b", "t3"))
 
 
 def test_run_died_tells_a_live_holder_from_a_dead_one(
@@ -763,3 +775,206 @@ def test_an_eager_run_of_an_acks_late_task_runs_again_under_its_id(broker: None)
     assert late_eager.apply(("e",), task_id=task_id).result == "ran"
     assert late_eager.apply(("e",), task_id=task_id).result == "ran"
     assert [task_id, task_id] == EAGER_RUNS
+
+
+# -- coalesce: a noted call survives until a follow-up's body ran it --------------------------
+
+
+def _interrupt_after_note_writes(monkeypatch: pytest.MonkeyPatch, key: str) -> list[int]:
+    """Raise SoftTimeLimitExceeded (as a signal handler does: at any line) right after the
+    first write (a delete or a replace) of ``key``'s coalesce note; the list empties then."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+
+    strikes = [1]
+    for op in ("clear", "swap"):
+        real = getattr(markers, op, None)
+        if real is None:
+            continue
+
+        def interrupted(backend: Any, name: str, *args: Any, real: Any = real) -> Any:
+            done = real(backend, name, *args)
+            if name == f"{key}:coalesce" and strikes:
+                strikes.pop()
+                raise SoftTimeLimitExceeded("soft time limit")
+            return done
+
+        monkeypatch.setattr(markers, op, interrupted)
+    return strikes
+
+
+def test_coalesce_a_note_replaced_by_a_later_one_is_never_gone_in_between(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # D1 was coalesced (its caller told so); D2's note replaces it, and a soft time limit
+    # strikes in between: one of the two calls must stay noted (it was: neither).
+    import json
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"nesting:{name}"
+    config = nesting.run.__redlock__
+    contrib.note_call(config, key, [name, "d1"], {}, None, "d1")
+    strikes = _interrupt_after_note_writes(monkeypatch, key)
+    with pytest.raises(SoftTimeLimitExceeded):
+        contrib.note_call(config, key, [name, "d2"], {}, None, "d2")
+    assert not strikes
+    monkeypatch.undo()
+    noted = markers.read(locks["default"], f"{key}:coalesce")
+    assert noted is not None, "both calls lost"
+    assert json.loads(noted[0])["args"] in ([name, "d1"], [name, "d2"])
+
+
+def test_coalesce_follow_up_interrupted_before_its_body_leaves_the_call_to_run(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A follow-up takes the noted call, then a soft time limit strikes before its body ran:
+    # the call must stay noted, with a follow-up queued to run it (it was deleted: lost).
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"nesting:{name}"
+    contrib.note_call(nesting.run.__redlock__, key, [name, "d1"], {}, None, "d1")
+    strikes = _interrupt_after_note_writes(monkeypatch, key)
+    failed = nesting.apply((name, "f"), task_id=f"f-{name}", headers={contrib.FOLLOW_UP: "1"})
+    assert not strikes
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
+    monkeypatch.undo()
+    assert markers.read(locks["default"], f"{key}:coalesce") is not None
+    assert follow_ups(redis_server, name) == [f"('{name}', 'd1')"]
+    celery_app.app.control.purge()
+
+
+def test_coalesce_follow_up_whose_child_was_killed_runs_again(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # acks_late + reject_on_worker_lost: the follow-up's child is SIGKILLed mid-body; its
+    # message comes back (as a plain task's does) and must find the call it was running.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    group = f"coalesce-lost:{name}"
+    run = prefork.send(celery_tasks.coalesced_lost, name, "t0", 1.5)
+    wait_for(lambda: r.lrange(f"{group}:ran", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_lost, name, "slow1").get(timeout=30)
+    assert value["coalesced"] is True
+    assert run.get(timeout=30) == "ran"
+    slow = wait_for(lambda: [p for p in r.lrange(f"{group}:pids", 0, -1) if p.startswith("slow1:")])
+    time.sleep(0.3)
+    os.kill(int(slow[0].split(":")[1]), signal.SIGKILL)
+    wait_for(lambda: r.lrange(f"{group}:ran", 0, -1).count("slow1") == 2, timeout=40)
+    wait_for(lambda: not locks["default"].is_locked(group), timeout=10)
+    assert r.lrange(f"{group}:ran", 0, -1) == ["t0", "slow1", "slow1"]
+
+
+def test_coalesce_copy_of_a_finished_follow_up_leaves_a_later_call_noted(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # acks_late: follow-up F1's message is put back while it runs; its copy is taken once F1
+    # ended, after a later duplicate D2 noted its call. The copy is F1 again (skipped): it
+    # must not take D2's note first (D2's call was lost).
+    r = redis(redis_server)
+    a = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
+    b = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
+    name = uuid.uuid4().hex[:8]
+    ran = f"coalesce:{name}:ran"
+    run = b.send(celery_tasks.coalesced, name, "r", 1.5)
+    wait_for(lambda: r.lrange(ran, 0, -1))
+    assert a.send(celery_tasks.coalesced, name, "d1", 6.0).get(timeout=30)["coalesced"]
+    wait_for(lambda: "d1" in r.lrange(ran, 0, -1), timeout=30)
+    time.sleep(1.0)
+    assert b.send(celery_tasks.coalesced, name, "d2", 0.1).get(timeout=30)["coalesced"]
+    blocker = b.send(celery_tasks.coalesced, f"{name}-blocker", "x", 8.0)  # F2 waits behind
+    wait_for(lambda: "d2" in r.lrange(ran, 0, -1), timeout=40)
+    assert r.lrange(ran, 0, -1) == ["r", "d1", "d2"]
+    assert run.get(timeout=5) == "ran"
+    blocker.get(timeout=30)
+    a.stop()
+    b.stop()
+
+
+@pytest.mark.parametrize("mode", ["coalesce", "retry", "skip"])
+def test_acks_late_copy_of_a_finished_run_meeting_another_holder_does_not_run_again(
+    start_worker: Callable[..., Worker], redis_server: RedisServer, mode: str
+) -> None:
+    # The copy the broker put back while the run went on is taken after it ended, while a
+    # plain lock() holds the key: it is that finished run (skipped), not a duplicate to note,
+    # retry, or skip over the run's stored result.
+    from celery.result import AsyncResult
+
+    r = redis(redis_server)
+    late = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
+    task = getattr(celery_tasks, f"late_copy_{mode}")
+    name = uuid.uuid4().hex[:8]
+    group = f"late-copy-{mode}:{name}"
+    result = late.send(task, name)
+    wait_for(lambda: r.lrange(f"{group}:ran", 0, -1))
+    other = lock(group, ttl=10)
+    assert other.acquire(timeout=20)  # the moment the run releases
+    assert result.get(timeout=10) == "ran"
+    time.sleep(2.5)  # the copy arrives and meets this lock()
+    other.release()
+    time.sleep(6.0)  # a follow-up or retry of it would run now
+    assert r.lrange(f"{group}:ran", 0, -1) == [result.id]
+    assert AsyncResult(result.id).get(timeout=5) == "ran"
+    late.stop()
+
+
+# -- dedupe_queued: a marker whose write's reply was lost --------------------------------------
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.test_celery_dedupe.deduped_cut")
+@single_instance(key="dedupe-cut:{name}", ttl=5, using="cut", dedupe_queued=True)
+def deduped_cut(self: Any, name: str) -> str:
+    return name
+
+
+def test_a_marker_whose_write_s_reply_was_lost_is_not_obeyed(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server wrote the queue marker; its reply was lost with the connection: delay()
+    # raises and publishes nothing. The marker names a message never sent: the next delay()
+    # must queue (it returned that phantom's AsyncResult for the marker's hour).
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.backends import markers
+    from django_redlock.exceptions import LockError
+
+    from .proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    name = uuid.uuid4().hex[:8]
+    real = markers.mark
+
+    def lossy(backend: Any, marked: str, *args: Any) -> Any:
+        if marked == f"dedupe-cut:{name}" and not proxy.lost:
+            proxy.lose_replies(1)
+        return real(backend, marked, *args)
+
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "cut": config}):
+            # Connected, the script loaded: the reply lost is the mark's.
+            assert markers.mark(locks["cut"], f"warm:{name}", "w", 1000) is None
+            monkeypatch.setattr(markers, "mark", lossy)
+            with pytest.raises(LockError):
+                deduped_cut.apply_async((name,), queue=NOBODY)
+            assert proxy.lost == 1
+            monkeypatch.undo()
+            second = deduped_cut.apply_async((name,), queue=NOBODY)
+            assert markers.read(locks["cut"], f"dedupe-cut:{name}")[0] == second.id
+            import json
+
+            sent = [json.loads(raw)["headers"]["id"]
+                    for raw in redis_server.client(db=1).lrange(NOBODY, 0, -1)]  # fmt: skip
+            assert second.id in sent  # published: not the AsyncResult of a message never sent
+    finally:
+        proxy.close()

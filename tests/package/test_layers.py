@@ -306,7 +306,13 @@ def test_the_script_layer_and_the_fast_path_are_a_module_each() -> None:
 
 # -- the backend contract ---------------------------------------------------------------
 
-MARKER_OPS = {"op_mark_queued", "op_clear_queued", "op_read_queued", "queued_names"}
+MARKER_OPS = {
+    "op_mark_queued",
+    "op_clear_queued",
+    "op_swap_queued",
+    "op_read_queued",
+    "queued_names",
+}
 
 
 def test_the_backend_contract_keeps_no_task_markers_nor_page_cursors() -> None:

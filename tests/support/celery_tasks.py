@@ -358,7 +358,19 @@ def _pause_late_notes() -> None:
             redis().rpush(f"{name}:noted", json.loads(task_id)["args"][1])
         return found
 
+    swap = markers.swap
+
+    def noting(backend: Any, name: str, expected: str, value: str, ttl_ms: int) -> bool:
+        swapped = swap(backend, name, expected, value, ttl_ms)
+        # A note replacing another (not a follow-up claiming one: that one is "taken").
+        if swapped and name.startswith("coalesce-late:") and value.startswith("{"):
+            note = json.loads(value)
+            if "taken" not in note:
+                redis().rpush(f"{name}:noted", note["args"][1])
+        return swapped
+
     markers.mark = paused
+    markers.swap = noting
 
 
 _pause_late_notes()
@@ -391,3 +403,72 @@ def _start_slowly(sender: Any = None, task_id: str = "", **_: Any) -> None:
     if getattr(sender, "name", "").endswith(".deduped_slow_start"):
         redis().set(f"dedupe-slow-started:{task_id}", 1)
         time.sleep(2.5)
+
+
+# -- a run stopped from the worker's main process while its body may still run ---------------
+
+
+@shared_task(bind=True)
+@single_instance(key="stop-cleans:{name}", ttl=5)
+def cleans_up_when_stopped(self: Any, name: str, cleanup: float = 3.0) -> str:
+    # revoke(terminate=True, signal="SIGUSR1") raises SoftTimeLimitExceeded here: the body
+    # cleans up (still writing) before it ends.
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    redis().eval(ENTER, 2, f"stop-cleans:{name}:inside", f"stop-cleans:{name}:peak")
+    try:
+        redis().rpush(f"stop-cleans:{name}:ran", self.request.id)
+        try:
+            time.sleep(30)
+        except SoftTimeLimitExceeded:
+            redis().rpush(f"stop-cleans:{name}:soft", self.request.id)
+            time.sleep(cleanup)
+        return "ran"
+    finally:
+        redis().decr(f"stop-cleans:{name}:inside")
+
+
+@shared_task(bind=True, time_limit=1.5)
+@single_instance(key="hard-limit:{name}", ttl=10)
+def hard_limited(self: Any, name: str) -> None:
+    # Writes until the hard time limit kills it.
+    import os
+
+    redis().rpush(f"hard-limit:{name}:pids", os.getpid())
+    while True:
+        redis().set(f"hard-limit:{name}:last", repr(time.time()))
+        time.sleep(0.001)
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+@single_instance(key="coalesce-lost:{name}", ttl=30, on_duplicate="coalesce")
+def coalesced_lost(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
+    # A call tagged "slow..." waits to be killed the first time it runs.
+    import os
+
+    redis().rpush(f"coalesce-lost:{name}:pids", f"{tag}:{os.getpid()}")
+    if tag.startswith("slow") and redis().incr(f"coalesce-lost:{name}:{tag}") == 1:
+        seconds = 60.0
+    return body(f"coalesce-lost:{name}", tag, seconds)
+
+
+# acks_late (the worker's REDLOCK_TEST_REDELIVER): a copy of a finished run's message meets
+# the key held by someone else.
+
+
+@shared_task(bind=True)
+@single_instance(key="late-copy-coalesce:{name}", ttl=10, on_duplicate="coalesce", countdown=0.5)
+def late_copy_coalesce(self: Any, name: str, seconds: float = 4.0) -> str:
+    return body(f"late-copy-coalesce:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True, max_retries=None)
+@single_instance(key="late-copy-retry:{name}", ttl=10, on_duplicate="retry", countdown=0.5)
+def late_copy_retry(self: Any, name: str, seconds: float = 4.0) -> str:
+    return body(f"late-copy-retry:{name}", self.request.id, seconds)
+
+
+@shared_task(bind=True)
+@single_instance(key="late-copy-skip:{name}", ttl=10, on_duplicate="skip")
+def late_copy_skip(self: Any, name: str, seconds: float = 4.0) -> str:
+    return body(f"late-copy-skip:{name}", self.request.id, seconds)
