@@ -930,7 +930,7 @@ def test_acks_late_copy_of_a_finished_run_meeting_another_holder_does_not_run_ag
 # -- dedupe_queued: a marker whose write's reply was lost --------------------------------------
 
 
-@shared_task(bind=True, base=SingleInstanceTask, name="tests.test_celery_dedupe.deduped_cut")
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.celery.test_celery_dedupe.deduped_cut")
 @single_instance(key="dedupe-cut:{name}", ttl=5, using="cut", dedupe_queued=True)
 def deduped_cut(self: Any, name: str) -> str:
     return name
