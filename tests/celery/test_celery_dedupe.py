@@ -948,7 +948,7 @@ def test_a_marker_whose_write_s_reply_was_lost_is_not_obeyed(
     from django_redlock.backends import markers
     from django_redlock.exceptions import LockError
 
-    from .proxy import LossyProxy
+    from ..support.proxy import LossyProxy
 
     proxy = LossyProxy(redis_server.port)
     config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}

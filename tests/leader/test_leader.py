@@ -433,7 +433,7 @@ def test_lost_replies_of_a_renewal_and_of_the_resignation(
     """A renewal whose reply is lost is sent again: the term goes on. A resignation whose
     reply is lost raises BackendUnavailable, but it ran: nobody leads, and the same object
     campaigns again (finishing that release first)."""
-    from .proxy import LossyProxy
+    from ..support.proxy import LossyProxy
 
     proxy = LossyProxy(redis_server.port)
     config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
