@@ -980,7 +980,8 @@ def _hold_in_a_child(
         "print('held', flush=True); sys.stdin.read()\n"
     )
     env = {
-        **os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
+        **os.environ, "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "tests.support.worker_settings",
         "REDLOCK_TEST_REDIS": redis_server.url,
     }  # fmt: skip
     child = subprocess.Popen(
