@@ -332,6 +332,14 @@ def node_at(client: Any, host: str, port: int) -> Any:
     return node
 
 
+def sentinel_master(pool: Any) -> tuple[str, int]:
+    """Where the sentinels say the master of a Sentinel client's ``pool`` is now
+    (``SentinelConnectionPool.get_master_address()``, redis-py 5.3 to 8.2: asks them, and
+    closes the pool's idle connections when the master moved)."""
+    host, port = pool.get_master_address()
+    return str(host), int(port)
+
+
 def refused_at_connect(exc: BaseException | None) -> bool:
     """Whether redis-py's ``ConnectionError`` ``exc`` is a connection that never opened (the
     server refused it): nothing was sent. redis-py (5.x to 8.2) raises it while handling the

@@ -7,7 +7,9 @@ LOCATION: the sentinels' URLs. OPTIONS: ``service_name`` (required), ``min_repli
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -20,13 +22,16 @@ import redis.sentinel
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
-from .. import acl, fast_path
+from .. import acl, fast_path, wire
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..options import check_options, sentinel_options
 from .base import Attempt, Kind, Op
 from .redis import RedisBackend, TakenAll
 
 T = TypeVar("T")
+logger = logging.getLogger("django_redlock")
+MASTER_CHECK = 1.0  # seconds between looks at where the sentinels say the master is
+MASTER_CHECK_FAILED = 5.0  # ... after a look that found no answer
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
 
 
@@ -88,6 +93,9 @@ class SentinelBackend(RedisBackend):
         self.min_replicas = int(own.get("min_replicas", 0))
         self.min_replicas_timeout = float(own.get("min_replicas_timeout", 0.5))
         self.sentinel_kwargs = dict(own.get("sentinel_kwargs") or {})
+        self._master: tuple[str, int] | None = None  # where the last look found the master
+        self._next_look = 0.0
+        self._looking = threading.Lock()
         if self.min_replicas and self.min_replicas_timeout >= self.socket_timeout:
             # WAIT's reply comes after min_replicas_timeout: a socket that gives up first
             # turns every slow replica into "unavailable" instead of QuorumNotReached.
@@ -190,7 +198,36 @@ class SentinelBackend(RedisBackend):
 
         return Op(name, [op.request, wait], parse)
 
+    def _look_for_master(self) -> None:
+        """At most once a second (from any operation, a renewal included): ask the sentinels
+        where the master is, and move each thread's connection to another address there
+        before its next command. A connection outlives a failover: after a planned one
+        (SENTINEL FAILOVER) the old master takes writes until it is demoted, seconds later,
+        so renewals kept its copy of a hold alive while the promoted master's ran out, and
+        another client took the name there (two holders); owned() said True."""
+        now = time.monotonic()
+        if now < self._next_look or not self._looking.acquire(False):
+            return  # another thread is looking
+        try:
+            if now < self._next_look or self._client is None:
+                return
+            pool = self._client.connection_pool
+            try:
+                master = wire.sentinel_master(pool)  # also closes its idle connections
+            except Exception as exc:  # no sentinel answered: connections stay where they are
+                logger.info("redlock: %s: where is the master? %s", self.describe(), exc)
+                self._next_look = time.monotonic() + MASTER_CHECK_FAILED
+                return
+            self._next_look = time.monotonic() + MASTER_CHECK
+            if master != self._master:
+                if self._master is not None:
+                    fast_path.moved_threads(pool, master)
+                self._master = master
+        finally:
+            self._looking.release()
+
     def execute(self, op: Op[T]) -> T:
+        self._look_for_master()
         if fast_path.on_thread_connection(self.client):
             # Nothing checked out of the pool: no permit to wait for, nor to lose should an
             # interrupt land while one is taken or given back (it would be gone for good).
