@@ -103,7 +103,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import observe
-from .backends.base import BaseLockBackend, Renewal, on_close
+from .backends.base import BaseLockBackend, Renewal, on_close, on_moved
 from .forks import after_fork_in_child
 
 
@@ -392,6 +392,17 @@ class Renewer:
                     del entry.watches[id(lock)]
                 if not entry.locks:
                     self._drop(key)
+
+    def renew_now(self, backend: BaseLockBackend) -> None:
+        """Renew every hold of ``backend`` at once (its server moved: a Sentinel failover;
+        a renewal sent before may have reached only the old master)."""
+        now = time.monotonic()
+        with self._mutex:
+            buckets = {id(e.bucket): e.bucket for e in self._entries.values()
+                       if e.backend is backend and e.bucket is not None}  # fmt: skip
+            for bucket in buckets.values():
+                self._due_now(bucket, now)
+        self._wake(now)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -836,6 +847,7 @@ class ThreadRenewer(Renewer):
 
 thread_renewer = ThreadRenewer()
 on_close(thread_renewer.retire)  # a closed backend's watchdog worker ends
+on_moved(thread_renewer.renew_now)  # a Sentinel failover: renewed on the new master now
 
 
 after_fork_in_child(thread_renewer._forget_after_fork)

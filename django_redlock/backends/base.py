@@ -45,6 +45,24 @@ def on_close(hook: Callable[[BaseLockBackend], None]) -> None:
         _close_hooks.append(hook)
 
 
+_moved_hooks: list[Callable[[BaseLockBackend], None]] = []
+
+
+def on_moved(hook: Callable[[BaseLockBackend], None]) -> None:
+    """Run ``hook(backend)`` when a backend's server moved under its open connections (a
+    Sentinel failover, see :func:`moved`): the renewer registers its ``renew_now``."""
+    if hook not in _moved_hooks:
+        _moved_hooks.append(hook)
+
+
+def moved(backend: BaseLockBackend) -> None:
+    """``backend``'s connections now go to another server (a Sentinel's new master): its
+    holds are renewed there at once (what a renewal sent before may have reached the old
+    one only)."""
+    for hook in _moved_hooks:
+        hook(backend)
+
+
 #: Redis's Lua numbers are exact below 2**53 (fence_table.FENCE_LIMIT).
 LUA_EXACT = 2**53
 DEFAULT_KEY_PREFIX = "redlock"
