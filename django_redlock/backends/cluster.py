@@ -270,7 +270,12 @@ class RedisClusterBackend(RedisBackend):
             replies = self._send_renewals(node, renewals, indices, asking)
         except self.unavailable_errors as exc:
             # Paused, down, or failed over: ask the cluster where the slots are now (the
-            # failed node last), so the next try goes to a new master if there is one.
+            # failed node last), so the next try goes to a new master if there is one. An
+            # ASK's note for it is dropped: its slot's master (as now read) decides again.
+            asked = self._asked
+            if asked:
+                for each in [n for n, at in list(asked.items()) if at == (node.host, node.port)]:
+                    asked.pop(each, None)
             try:
                 wire.refresh_slots(client, failed=node.name)
             except Exception as failed:
