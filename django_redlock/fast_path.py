@@ -107,6 +107,7 @@ def _exchange(
                 poller is None
                 or bound.dirty
                 or socket_of(conn) is not bound.socket
+                or bound.moves != bound.registry.moves
                 or poller.poll(0)
             ):
                 _recheck(bound, conn)
@@ -207,9 +208,13 @@ class _Registry:
     backend was closed; nothing is kept any more, and each command's connection is closed
     after it."""
 
-    __slots__ = ("__weakref__", "closed", "everyone", "kept", "local", "spares")
+    __slots__ = ("__weakref__", "closed", "everyone", "kept", "local", "master", "moves", "spares")
 
     def __init__(self) -> None:
+        # Where the server is now (a Sentinel's master, after a failover: see moved_threads),
+        # and how many times it moved: a thread's connection elsewhere is made again.
+        self.master: tuple[str, int] | None = None
+        self.moves = 0
         self.kept: Any = owners.Owner("kept") if _CHECK else None  # the spares' owner
         self.local = threading.local()
         self.spares: deque[tuple[int, Any]] = deque()
@@ -229,13 +234,14 @@ class _Bound:
     """
 
     __slots__ = (
-        "__weakref__", "claim", "connection", "dirty", "flight", "idle", "pid", "poller",
-        "registry", "socket",
+        "__weakref__", "claim", "connection", "dirty", "flight", "idle", "moves", "pid",
+        "poller", "registry", "socket",
     )  # fmt: skip
 
     def __init__(self, pool: Any, registry: _Registry) -> None:
         self.registry = registry
         self.pid, self.dirty, self.claim = _PID, False, threading.Lock()
+        self.moves = -1  # its (perhaps kept) connection's server not checked yet
         self.socket: Any = None  # the socket the poller watches
         self.poller: Any = None
         # Owners as the debug check writes them on the connection: tokens, not this object
@@ -358,13 +364,35 @@ def _recheck(bound: _Bound, conn: Any) -> None:
     connection's, which asks the sentinels where the master is now. One poll(0) on a poller
     kept per socket: a third of what redis-py's ``can_read()`` costs."""
     sock = socket_of(conn)
-    if sock is not None and (bound.dirty or _stale(bound, conn, sock)):
+    if sock is not None and (bound.dirty or _elsewhere(bound, conn) or _stale(bound, conn, sock)):
         conn.disconnect()
         sock = None
     if sock is None:
         bound.dirty = True  # the handshake's replies are due until connect() returns
         conn.connect()
         bound.dirty = False
+
+
+def _elsewhere(bound: _Bound, conn: Any) -> bool:
+    """Whether ``conn`` is connected to a server the pool's has moved from (a Sentinel's old
+    master, see :func:`moved_threads`)."""
+    registry = bound.registry
+    if bound.moves == registry.moves:
+        return False
+    bound.moves, master = registry.moves, registry.master
+    return master is not None and (str(conn.host), int(conn.port)) != master
+
+
+def moved_threads(pool: Any, master: tuple[str, int]) -> None:
+    """``pool``'s server is now at ``master`` (a Sentinel failover): each thread's connection
+    to another address is made again before its next command (by its own thread, under its
+    claim: never closed under a command), and the kept ones are closed."""
+    registry = wire.planted_pool_threads(pool)
+    if registry is None:
+        return
+    registry.master = (str(master[0]), int(master[1]))
+    registry.moves += 1
+    _drain(registry)
 
 
 def _stale(bound: _Bound, conn: Any, sock: Any) -> bool:

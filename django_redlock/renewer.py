@@ -39,7 +39,11 @@ The rules (each is tested in tests/watchdog/test_watchdog.py):
   that backend; a paused Redis holds up its own worker and nobody else's. **A shard is a
   backend here**: a backend whose holds live on separate servers (a Cluster's masters)
   names each hold's shard when it joins (``renewal_shard``), and holds of one shard are
-  batched and renewed by a worker of their own: a paused master holds up only its holds.
+  batched and renewed by a worker of their own, which sends to that shard only: a paused
+  master holds up only its holds. A hold whose keys moved (the backend's
+  ``renewal_epoch`` changed: a slot moved, a failover) is asked its shard again before its
+  batch's next renewal or as that batch settles, and moves to its new shard's batches,
+  renewed at once.
   Idle workers end, and a closed backend's workers (:meth:`ThreadRenewer.retire`, from
   ``close()``) end as soon as they renew no hold of that backend.
 * **A loss is declared** only when a backend answered that a token no longer holds its
@@ -99,7 +103,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import observe
-from .backends.base import BaseLockBackend, Renewal, on_close
+from .backends.base import BaseLockBackend, Renewal, on_close, on_moved
 from .forks import after_fork_in_child
 
 
@@ -162,6 +166,7 @@ class _Bucket:
     backend: BaseLockBackend
     ttl_ms: int
     shard: Hashable  # the backend's part (a Cluster's master): its own batches and worker
+    epoch: int  # the backend's renewal_epoch its members' shards were found at (at least)
     interval: float  # seconds between renewals: a third of the TTL
     closes: float  # new holds may join until then
     due: float  # monotonic time of the next renewal (inf while a batch is in flight)
@@ -219,8 +224,10 @@ class Renewer:
             bucket.due = now
             self._plan(bucket)
 
-    def _join(self, entry: _Entry, backend: BaseLockBackend, now: float) -> None:
-        """Put a hold taken at ``now`` into a batch: the open one, or a new one."""
+    def _join(self, entry: _Entry, backend: BaseLockBackend, now: float, epoch: int = -1) -> None:
+        """Put a hold taken at ``now`` into a batch: the open one, or a new one. ``epoch``:
+        the backend's :attr:`~.BaseLockBackend.renewal_epoch` read before ``entry.shard``
+        was found (-1: unknown, its shard is asked again at the batch's next renewal)."""
         ttl_ms, shard = entry.renewal.ttl_ms, entry.shard
         bucket = self._open.get((id(backend), ttl_ms, shard))
         if bucket is None or now > bucket.closes or len(bucket.members) >= BATCH:
@@ -229,6 +236,7 @@ class Renewer:
                 backend=backend,
                 ttl_ms=ttl_ms,
                 shard=shard,
+                epoch=epoch,
                 interval=interval,
                 closes=now + interval / 2,  # first renewal: a sixth to a third of the TTL in
                 due=now + interval,
@@ -237,9 +245,29 @@ class Renewer:
             self._plan(bucket)
         elif not bucket.members and bucket.flying is None:
             self._plan(bucket)  # its schedule item may have been dropped while it was empty
+        bucket.epoch = min(bucket.epoch, epoch)
         bucket.members[entry.key] = entry
         bucket.changed()
         entry.bucket = bucket
+
+    def _reshard(self, bucket: _Bucket, now: float) -> None:
+        """A hold whose keys moved to another part of the backend since it joined (a
+        Cluster's slot moved, its master failed over: the backend's renewal_epoch changed)
+        leaves ``bucket`` for a batch of the part it is on now, renewed there at once by
+        that part's worker: a worker never waits for another part. Per hold work only after
+        such a change (called locked)."""
+        backend = bucket.backend
+        epoch = backend.renewal_epoch
+        if bucket.epoch == epoch:
+            return
+        bucket.epoch = epoch
+        for entry in list(bucket.members.values()):
+            shard = backend.renewal_shard(entry.renewal.name)
+            if shard != entry.shard:
+                self._leave(entry)
+                entry.shard = shard
+                self._join(entry, backend, now, epoch)
+                self._due_now(entry.bucket, now)  # type: ignore[arg-type]
 
     def _leave(self, entry: _Entry) -> _Bucket | None:
         """Take an entry out of its bucket; an emptied bucket is not joinable any more."""
@@ -324,18 +352,19 @@ class Renewer:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry(key, lock.backend, renewal, None, now)
+            epoch = lock.backend.renewal_epoch  # first: a change while it is asked is seen
             entry.shard = lock.backend.renewal_shard(renewal.name)
             if owner is not None:
                 self._owners[key] = weakref.ref(owner)
             self._set_cap(entry, stop_at)
-            self._join(entry, lock.backend, now)
+            self._join(entry, lock.backend, now, epoch)
         else:
             if entry.renewal.ttl_ms != renewal.ttl_ms and now >= entry.set_at:
                 old = self._leave(entry)
                 if old is not None and old.flying is not None:
                     old.moved = True  # its batch may land after this TTL: settle renews
                 entry.renewal = renewal
-                self._join(entry, lock.backend, now)
+                self._join(entry, lock.backend, now, old.epoch if old is not None else -1)
                 if old is not None and since is not None and old.settled_at >= since:
                     # The old TTL's batch settled after this extend was sent: it may have
                     # landed after it. Renew with the new TTL at once.
@@ -363,6 +392,17 @@ class Renewer:
                     del entry.watches[id(lock)]
                 if not entry.locks:
                     self._drop(key)
+
+    def renew_now(self, backend: BaseLockBackend) -> None:
+        """Renew every hold of ``backend`` at once (its server moved: a Sentinel failover;
+        a renewal sent before may have reached only the old master)."""
+        now = time.monotonic()
+        with self._mutex:
+            buckets = {id(e.bucket): e.bucket for e in self._entries.values()
+                       if e.backend is backend and e.bucket is not None}  # fmt: skip
+            for bucket in buckets.values():
+                self._due_now(bucket, now)
+        self._wake(now)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -425,6 +465,9 @@ class Renewer:
                         break
                     return min(at - now, IDLE_WAKE)  # a second at most: see soon()
                 heapq.heappop(schedule)
+                self._reshard(bucket, now)  # holds moved to another part go to its batches
+                if not bucket.members:
+                    continue
                 bucket.due = math.inf  # in flight: any other item of it is stale
                 bucket.flying = me
                 due.append((bucket, *bucket.snapshot()))
@@ -448,7 +491,13 @@ class Renewer:
         with self._mutex:
             bucket.flying = None
             bucket.settled_at = now
-            if isinstance(results, BaseException) or None in results:
+            self._reshard(bucket, now)  # first: a hold found elsewhere got None here
+            if isinstance(results, BaseException) or (
+                None in results
+                and any(
+                    r is None and e.bucket is bucket for e, r in zip(entries, results, strict=True)
+                )
+            ):
                 # No answer (for some): unknown is not lost. Try again soon, for as long as
                 # it takes: only an answer that the token is gone makes a loss. Past the TTL
                 # the hold may have run out (fencing is what protects the work then): say so.
@@ -520,7 +569,10 @@ class Renewer:
         started = time.monotonic()
         results: list[bool | None] | BaseException = RuntimeError("renewal interrupted")
         try:
-            results = bucket.backend.renew_many(renewals)
+            if bucket.shard is None:
+                results = bucket.backend.renew_many(renewals)
+            else:  # this part's holds only: a worker never waits for another part
+                results = bucket.backend.renew_many(renewals, shard=bucket.shard)
         except Exception as exc:
             results = self._failed(bucket, exc)
         finally:
@@ -795,6 +847,7 @@ class ThreadRenewer(Renewer):
 
 thread_renewer = ThreadRenewer()
 on_close(thread_renewer.retire)  # a closed backend's watchdog worker ends
+on_moved(thread_renewer.renew_now)  # a Sentinel failover: renewed on the new master now
 
 
 after_fork_in_child(thread_renewer._forget_after_fork)

@@ -35,7 +35,9 @@ What we rely on, and why the public API does not do:
   command at most once a second (``topology_refresh_min_interval``), so a retry right after
   a failover went to the old master again (:func:`refresh_slots`). ``move_slot(error)``:
   point a slot at the node a ``MOVED`` named (:func:`follow_moved`), for the watchdog's
-  renewals, which go straight to each master's connection.
+  renewals, which go straight to each master's connection. ``nodes_manager.nodes_cache``: the
+  nodes redis-py knows by name, where a node an ASK named is added if it serves no slot yet
+  (:func:`node_at`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from types import FunctionType
 from typing import Any, TypeVar
 
 import redis.client
+import redis.cluster
 import redis.connection
 import redis.exceptions
 from redis.utils import HIREDIS_AVAILABLE
@@ -311,6 +314,30 @@ def follow_moved(client: Any, error: Any) -> None:
     else:
         nodes.update_moved_exception(error)
         nodes.get_node_from_slot(error.slot_id)
+
+
+def node_at(client: Any, host: str, port: int) -> Any:
+    """Cluster ``client``'s node at ``host``:``port``, added to its nodes if it does not know
+    it: a node that serves no slot yet (a new node a slot is being moved to, named by an ASK)
+    is in no ``CLUSTER SLOTS`` reply, and redis-py (5.3 to 8.2) then follows an ASK to
+    ``None``. Added as ``NodesManager.move_slot`` adds a node a ``MOVED`` names (a primary in
+    ``nodes_cache``), without touching the slots; the next read of the slots drops it."""
+    nodes = client.nodes_manager
+    remap = getattr(nodes, "remap_host_port", None)  # redis-py 5.1+: address remapping
+    host, port = remap(host, port) if remap is not None else (host, port)
+    node = nodes.get_node(host=host, port=port)
+    if node is None:
+        node = redis.cluster.ClusterNode(host, port, redis.cluster.PRIMARY)
+        node = nodes.nodes_cache.setdefault(node.name, node)  # one step: no lock needed
+    return node
+
+
+def sentinel_master(pool: Any) -> tuple[str, int]:
+    """Where the sentinels say the master of a Sentinel client's ``pool`` is now
+    (``SentinelConnectionPool.get_master_address()``, redis-py 5.3 to 8.2: asks them, and
+    closes the pool's idle connections when the master moved)."""
+    host, port = pool.get_master_address()
+    return str(host), int(port)
 
 
 def refused_at_connect(exc: BaseException | None) -> bool:

@@ -45,6 +45,24 @@ def on_close(hook: Callable[[BaseLockBackend], None]) -> None:
         _close_hooks.append(hook)
 
 
+_moved_hooks: list[Callable[[BaseLockBackend], None]] = []
+
+
+def on_moved(hook: Callable[[BaseLockBackend], None]) -> None:
+    """Run ``hook(backend)`` when a backend's server moved under its open connections (a
+    Sentinel failover, see :func:`moved`): the renewer registers its ``renew_now``."""
+    if hook not in _moved_hooks:
+        _moved_hooks.append(hook)
+
+
+def moved(backend: BaseLockBackend) -> None:
+    """``backend``'s connections now go to another server (a Sentinel's new master): its
+    holds are renewed there at once (what a renewal sent before may have reached the old
+    one only)."""
+    for hook in _moved_hooks:
+        hook(backend)
+
+
 #: Redis's Lua numbers are exact below 2**53 (fence_table.FENCE_LIMIT).
 LUA_EXACT = 2**53
 DEFAULT_KEY_PREFIX = "redlock"
@@ -69,6 +87,14 @@ class Op(Generic[T_co]):
     name: str  # the lock concerned, for error messages
     request: Any
     parse: Callable[[Any], T_co] = _same
+    # When the caller gives up (monotonic), if it has a timeout: a backend that tries again
+    # on its own (a Cluster's slot being migrated) stops by then. The first try is always made.
+    deadline: float | None = None
+
+
+def by_deadline(deadline: float | None, op: Op[T]) -> Op[T]:
+    """``op``, given up by ``deadline`` (see :attr:`Op.deadline`; None: as it is)."""
+    return op if deadline is None else replace(op, deadline=deadline)
 
 
 class Kind(NamedTuple):
@@ -502,14 +528,23 @@ class BaseLockBackend:
     def is_locked(self, name: str) -> bool:
         return self.execute(self.op_locked(name))
 
-    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | None]:
+    def renew_many(self, renewals: Sequence[Renewal], shard: Hashable = None) -> list[bool | None]:
+        """Renew each hold: True or False as answered, None where no answer came. ``shard``
+        (a :meth:`renewal_shard` answer): send only to that part; a hold no longer there gets
+        None, and :attr:`renewal_epoch` changes so that the watchdog moves it."""
         return self.execute(self.op_renew(renewals))
+
+    #: Changes whenever :meth:`renewal_shard` may answer differently for a held lock (a
+    #: Cluster's slot moved, a master failed over): the watchdog then asks again for each
+    #: hold of a batch, and moves those whose part changed to that part's batches.
+    renewal_epoch = 0
 
     def renewal_shard(self, name: str) -> Hashable:
         """The part of the backend that lock ``name``'s keys are on, as far as known
         without a round trip (None: the backend is one part). The watchdog renews each
         part's holds in batches of their own, on a worker of their own (renewer.py's "a
-        shard is a backend"); a hold whose keys move later is still renewed where they are."""
+        shard is a backend"); a hold whose keys move later is moved to its new part's
+        batches (see :attr:`renewal_epoch`)."""
         return None
 
     def iter_locks(self, match: str = "*") -> Iterator[LockInfo]:

@@ -47,6 +47,8 @@ T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
 MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
 MIGRATION_WAIT_MS = 100  # a take refused by a longer migration: its caller tries again then
+REDIRECTIONS = 4  # MOVED, ASK, TRYAGAIN answers redis-py follows per command (see make_client)
+ASKED_MAX = 10_000  # locks remembered as asked elsewhere (an ASK) before the notes are reset
 
 
 class RedisClusterBackend(RedisBackend):
@@ -101,6 +103,11 @@ class RedisClusterBackend(RedisBackend):
             client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
         except self.unavailable_errors as exc:
             raise self._unavailable("(connecting)", exc) from exc
+        # redis-py follows up to RedisClusterRequestTTL redirections per command (16), and
+        # a TRYAGAIN (a slot being migrated) is one: its 16 tries, sleeping 0.05 s for the
+        # last 8, took 0.4 s, whatever the caller's timeout. A few cover any chain of MOVED
+        # and ASK; execute() tries a migration again itself, within the caller's deadline.
+        client.RedisClusterRequestTTL = REDIRECTIONS
         self._sharded = _has_sharded_pubsub(client)
         return client
 
@@ -162,36 +169,72 @@ class RedisClusterBackend(RedisBackend):
     # connection in one pipelined try bounded by the socket timeout: never through the
     # cluster pipeline, whose per-command retry loop re-sent each timed-out renewal to a
     # paused master on its own (seven socket timeouts per try), while the holds of the
-    # healthy masters, in the same batch, expired behind it.
+    # healthy masters, in the same batch, expired behind it. A worker sends only to its own
+    # master: a hold found elsewhere (its slot moved: a MOVED, an ASK, the slots read again)
+    # gets no answer there, renewal_epoch changes, and the renewer moves it to the batches of
+    # the master it is on now, renewed at once by that master's worker. A master's worker
+    # never waits for another master (it did: a moved hold was followed there, and a paused
+    # new owner held up the old owner's holds for a socket timeout per try).
+
+    _epoch = 0  # renewal_epoch: changed whenever a hold is found off its shard
+    _asked: dict[str, tuple[str, int]] | None = None  # name: where an ASK sent its keys
+
+    @property
+    def renewal_epoch(self) -> int:  # type: ignore[override]
+        return self._epoch
+
+    def _moved(self) -> None:
+        self._epoch += 1  # a race loses an increment at worst: any change is noticed
 
     def renewal_shard(self, name: str) -> Hashable:
         client = self._client
         if client is None:
             return None
+        asked = (self._asked or {}).get(name)
+        if asked is not None:
+            return f"{asked[0]}:{asked[1]}"  # redis-py's node name
         try:
             return str(client.get_node_from_key(self.key(name)).name)  # the slot cache only
         except Exception:  # a slot not known yet: renewed with the other unknowns
             return None
 
-    def renew_many(self, renewals: Sequence[Renewal]) -> list[bool | None]:
-        """Each lock's renew.lua on the master its slot is on (several masters: at once, a
-        thread each): True or False as answered, None where no answer came (that master
-        paused, down or refusing for now: tried again soon; unknown is not lost). Raises
+    def _renewal_node(self, client: Any, name: str) -> tuple[Any, bool]:
+        """Where ``name``'s hold is renewed (its slot's master, or the node an ASK named:
+        then each script after ASKING), and whether after ASKING. Raises
+        SlotNotCoveredError for a slot nobody serves."""
+        asked = (self._asked or {}).get(name)
+        if asked is not None:
+            return wire.node_at(client, *asked), True
+        return client.get_node_from_key(self.key(name)), False
+
+    def renew_many(self, renewals: Sequence[Renewal], shard: Hashable = None) -> list[bool | None]:
+        """Each lock's renew.lua on the master its slot is on: True or False as answered,
+        None where no answer came (that master paused, down or refusing for now: tried again
+        soon; unknown is not lost). With ``shard`` (a master's name), only that master's
+        holds are sent; the others get None (the renewer moves them). Without it, each
+        master at once, a thread each, and a MOVED or ASK is followed once. Raises
         BackendUnavailable (or BackendRefused) only when no lock got an answer."""
         client = self.client
         results: list[bool | None] = [None] * len(renewals)
-        groups: dict[str, tuple[Any, list[int]]] = {}
+        groups: dict[str, tuple[Any, list[int], list[bool]]] = {}
         for i, renewal in enumerate(renewals):
             try:
-                node = client.get_node_from_key(self.key(renewal.name))
+                node, asking = self._renewal_node(client, renewal.name)
             except SlotNotCoveredError:
                 continue  # no answer for it; the next try finds the slot, once it is served
-            groups.setdefault(node.name, (node, []))[1].append(i)
+            if shard is not None and node.name != shard:
+                self._moved()  # not on this master any more: the renewer moves it
+                continue
+            group = groups.setdefault(node.name, (node, [], []))
+            group[1].append(i)
+            group[2].append(asking)
+        if shard is None and groups:
+            self._moved()  # holds of no known shard: the renewer may place them now
         failures: list[LockError] = []
 
-        def renew_on(node: Any, indices: list[int]) -> None:
+        def renew_on(node: Any, indices: list[int], asking: list[bool]) -> None:
             try:
-                self._renew_on(node, renewals, indices, results)
+                self._renew_on(node, renewals, indices, asking, results, follow=shard is None)
             except LockError as exc:
                 failures.append(exc)
             except Exception:  # a bug: logged as the watchdog's, its holds no answer
@@ -210,69 +253,94 @@ class RedisClusterBackend(RedisBackend):
         return results
 
     def _renew_on(
-        self, node: Any, renewals: Sequence[Renewal], indices: list[int], results: list[Any]
+        self,
+        node: Any,
+        renewals: Sequence[Renewal],
+        indices: list[int],
+        asking: list[bool],
+        results: list[Any],
+        follow: bool,
     ) -> None:
-        """Renew ``renewals[indices]``, on ``node`` (results filled in place); a lock whose
-        slot moved (MOVED, ASK) is followed once, to the node named. Raises the error of a
-        try that got no answer at all."""
+        """Renew ``renewals[indices]`` on ``node`` (results filled in place). A lock whose
+        slot moved (MOVED, ASK) is noted where it is now, and followed there once if
+        ``follow``. Raises the error of a try that got no answer at all."""
         client = self.client
         name = renewals[indices[0]].name
         try:
-            replies = self._send_renewals(node, renewals, indices, asking=False)
+            replies = self._send_renewals(node, renewals, indices, asking)
         except self.unavailable_errors as exc:
             # Paused, down, or failed over: ask the cluster where the slots are now (the
-            # failed node last), so the next try goes to a new master if there is one.
+            # failed node last), so the next try goes to a new master if there is one. An
+            # ASK's note for it is dropped: its slot's master (as now read) decides again.
+            asked = self._asked
+            if asked:
+                for each in [n for n, at in list(asked.items()) if at == (node.host, node.port)]:
+                    asked.pop(each, None)
             try:
                 wire.refresh_slots(client, failed=node.name)
             except Exception as failed:
                 logger.info("redlock: the cluster's slots could not be read again: %s", failed)
+            else:
+                self._moved()
             raise self._unavailable(name, exc) from exc
-        moved: dict[str, tuple[Any, list[int]]] = {}
-        asked: dict[str, tuple[Any, list[int]]] = {}
+        redirected: dict[str, tuple[Any, list[int], list[bool]]] = {}
         refusal: LockError | None = None
         for i, reply in zip(indices, replies, strict=True):
             if isinstance(reply, list):
                 results[i] = bool(reply[0])
             elif isinstance(reply, (MovedError, AskError)):
-                table = moved if isinstance(reply, MovedError) else asked
                 target = self._redirected(reply, node, renewals[i].name)
                 if target is not None:
-                    table.setdefault(target.name, (target, []))[1].append(i)
+                    group = redirected.setdefault(target.name, (target, [], []))
+                    group[1].append(i)
+                    group[2].append(isinstance(reply, AskError))
             elif isinstance(reply, ResponseError):  # BUSY, OOM, ...: no answer for it
                 refusal = refusal or self.server_error(renewals[i].name, reply)
             else:
                 results[i] = bool(reply)
-        for table, asking in ((moved, False), (asked, True)):
-            for target, followed in table.values():
-                try:
-                    again = self._send_renewals(target, renewals, followed, asking=asking)
-                except (*self.unavailable_errors, LockError):
-                    continue  # no answer for those: tried again soon
-                for i, reply in zip(followed, again, strict=True):
-                    if isinstance(reply, list):
-                        results[i] = bool(reply[0])
+        for target, followed, asks in redirected.values() if follow else ():
+            try:
+                again = self._send_renewals(target, renewals, followed, asks)
+            except (*self.unavailable_errors, LockError):
+                continue  # no answer for those: tried again soon
+            for i, reply in zip(followed, again, strict=True):
+                if isinstance(reply, list):
+                    results[i] = bool(reply[0])
         if refusal is not None and all(results[i] is None for i in indices):
             raise refusal
 
     def _redirected(self, reply: AskError, node: Any, name: str) -> Any:
-        """The node a MOVED or ASK names (a MOVED updates the slot cache), or None if it is
-        not known: that lock gets no answer this time."""
+        """The node a MOVED or ASK names, noted for ``name`` (a MOVED updates the slot cache,
+        an ASK is remembered for that lock until a MOVED comes for it), or None if it cannot
+        be: that lock gets no answer this time."""
         client = self.client
         reply.host = reply.host or node.host  # a node that does not know its own address
         try:
             if isinstance(reply, MovedError):
                 wire.follow_moved(client, reply)
-                return client.get_node_from_key(self.key(name))
-            return client.get_node(reply.host, reply.port)
+                if self._asked:
+                    self._asked.pop(name, None)
+                target = client.get_node_from_key(self.key(name))
+            else:
+                # A slot being moved, the key already on the importing node, which may own
+                # no slot yet (a new node: in no CLUSTER SLOTS reply, unknown to redis-py).
+                target = wire.node_at(client, reply.host, reply.port)
+                asked = self._asked if self._asked is not None else {}
+                if len(asked) >= ASKED_MAX:
+                    asked.clear()  # released holds' notes; a live one is told again
+                asked[name] = (target.host, target.port)
+                self._asked = asked
         except Exception as exc:  # the slot cache in flux (a refresh): tried again soon
             logger.info("redlock: a redirect of %r could not be followed: %s", name, exc)
             return None
+        self._moved()
+        return target
 
     def _send_renewals(
-        self, node: Any, renewals: Sequence[Renewal], indices: list[int], asking: bool
+        self, node: Any, renewals: Sequence[Renewal], indices: list[int], asking: list[bool]
     ) -> list[Any]:
-        """One pipelined try on ``node``'s own connection (a slot being imported: each
-        script after ASKING): the replies of the scripts, errors as values."""
+        """One pipelined try on ``node``'s own connection (a key on a slot being imported:
+        its script after ASKING): the replies of the scripts, errors as values."""
         renew = script("renew")
         requests = [
             ("EVALSHA", renew.sha, 1, self.key(renewals[i].name), renewals[i].token,
@@ -305,9 +373,12 @@ class RedisClusterBackend(RedisBackend):
     def execute(self, op: Op[T]) -> T:
         # A slot being migrated (resharding) answers TRYAGAIN to every script that names a
         # key the source no longer has or never had (a queue, a fence moved first): nothing
-        # ran. redis-py gives up after 16 redirections (about 0.1 s, "TTL exhausted"); a
-        # migration is not an outage: tried again until one socket timeout has passed.
-        give_up: float | None = None
+        # ran. redis-py gives up after REDIRECTIONS tries (about 0.1 s, "TTL exhausted"); a
+        # migration is not an outage: tried again until one socket timeout has passed, or
+        # the caller's deadline (a waiter's timeout: it tries again later, within it).
+        give_up = time.monotonic() + self.socket_timeout
+        if op.deadline is not None:
+            give_up = min(give_up, op.deadline)
         while True:
             try:
                 return self._execute(op)
@@ -315,7 +386,6 @@ class RedisClusterBackend(RedisBackend):
                 if not _migrating(exc.__cause__):
                     raise
                 now = time.monotonic()
-                give_up = now + self.socket_timeout if give_up is None else give_up
                 if now >= give_up:
                     if isinstance(op.parse, _Take):  # not taken (nothing ran): the caller
                         return op.parse.not_yet  # type: ignore[return-value]  # waits on
@@ -356,6 +426,37 @@ class RedisClusterBackend(RedisBackend):
         return Op(op.name, op.request, _Take(op.parse))
 
     def _execute(self, op: Op[T]) -> T:
+        try:
+            return self._execute_refused_once(op)
+        except AttributeError as exc:
+            # redis-py (up to 8.2) follows an ASK to a node it does not know as None: a new
+            # node a slot is being moved to serves no slot yet. Nothing ran (the ASK says
+            # the source did not; the target was never reached): learn the node, try again.
+            if not self._learn_asked(op.name):
+                raise self._unavailable(op.name, exc) from exc
+        try:
+            return self._execute_refused_once(op)
+        except AttributeError as exc:  # the node forgotten again (the slots read meanwhile)
+            raise self._unavailable(op.name, exc) from exc
+
+    def _learn_asked(self, name: str) -> bool:
+        """Whether ``name``'s slot's master answers ASK for its key (an ``EXISTS``, which runs
+        nothing), naming a node now known to the client."""
+        client, key = self.client, self.key(name)
+        try:
+            node = client.get_node_from_key(key)
+            client.get_redis_connection(node).execute_command("EXISTS", key)
+        except AskError as ask:
+            try:
+                wire.node_at(client, ask.host or node.host, ask.port)
+            except Exception:  # unreachable as far as known; the caller says unavailable
+                return False
+            return True
+        except Exception:  # no ASK: the caller says unavailable
+            return False
+        return False
+
+    def _execute_refused_once(self, op: Op[T]) -> T:
         try:
             return super().execute(op)
         except BackendUnavailable as exc:
@@ -429,16 +530,23 @@ def _migrating(error: BaseException | None) -> bool:
     )
 
 
-def _pipelined(client: Any, requests: list[tuple[Any, ...]], asking: bool) -> list[Any]:
+def _pipelined(client: Any, requests: list[tuple[Any, ...]], asking: list[bool]) -> list[Any]:
     """``requests`` in one pipeline (no retry: the node's client has none), errors as values;
-    each after ASKING when ``asking`` (only the scripts' replies are returned)."""
+    each after ASKING where ``asking`` says (only the scripts' replies are returned)."""
     pipe = client.pipeline(transaction=False)
-    for request in requests:
-        if asking:
+    for request, ask in zip(requests, asking, strict=True):
+        if ask:
             pipe.execute_command("ASKING")
         pipe.execute_command(*request)
     replies = list(pipe.execute(raise_on_error=False))
-    return replies[1::2] if asking else replies
+    if not any(asking):
+        return replies
+    out, at = [], 0
+    for ask in asking:
+        at += ask  # skip ASKING's OK
+        out.append(replies[at])
+        at += 1
+    return out
 
 
 def _renewed_each(replies: list[Any]) -> list[bool | None]:

@@ -7,7 +7,9 @@ LOCATION: the sentinels' URLs. OPTIONS: ``service_name`` (required), ``min_repli
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -20,13 +22,17 @@ import redis.sentinel
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
-from .. import acl, fast_path
+from .. import acl, fast_path, wire
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..options import check_options, sentinel_options
-from .base import Attempt, Kind, Op
+from .base import Attempt, Kind, Op, moved
 from .redis import RedisBackend, TakenAll
 
 T = TypeVar("T")
+logger = logging.getLogger("django_redlock")
+MASTER_CHECK = 1.0  # seconds between looks at where the sentinels say the master is
+MASTER_CHECK_FAILED = 5.0  # ... after a look that found no answer
+LOOKER_IDLE = 60.0  # the looker ends after this long without an operation
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
 
 
@@ -88,6 +94,10 @@ class SentinelBackend(RedisBackend):
         self.min_replicas = int(own.get("min_replicas", 0))
         self.min_replicas_timeout = float(own.get("min_replicas_timeout", 0.5))
         self.sentinel_kwargs = dict(own.get("sentinel_kwargs") or {})
+        self._master: tuple[str, int] | None = None  # where the last look found the master
+        self._looker: threading.Thread | None = None  # see _look_for_master
+        self._looking = threading.Lock()
+        self._used = 0.0  # when an operation last ran (monotonic)
         if self.min_replicas and self.min_replicas_timeout >= self.socket_timeout:
             # WAIT's reply comes after min_replicas_timeout: a socket that gives up first
             # turns every slow replica into "unavailable" instead of QuorumNotReached.
@@ -190,7 +200,55 @@ class SentinelBackend(RedisBackend):
 
         return Op(name, [op.request, wait], parse)
 
+    def _look_for_master(self) -> None:
+        """Keep the looker running while the backend is used (every operation, a renewal
+        included, calls this): a thread of the backend's that asks the sentinels where the
+        master is once a second, and moves each thread's connection to another address there
+        before its next command. A connection outlives a failover: after a planned one
+        (SENTINEL FAILOVER) the old master takes writes until it is demoted, seconds later,
+        so renewals kept its copy of a hold alive while the promoted master's ran out, and
+        another client took the name there (two holders); owned() said True. In a thread of
+        its own: slow or paused sentinels never delay an operation."""
+        self._used = time.monotonic()
+        looker = self._looker
+        if (looker is None or not looker.is_alive()) and self._looking.acquire(False):
+            try:  # (not waited for: a thread that is starting it is enough)
+                looker = self._looker
+                if looker is None or not looker.is_alive():
+                    looker = threading.Thread(
+                        target=_look, args=(weakref.ref(self),), daemon=True,
+                        name=f"redlock-sentinel {self.alias}",
+                    )  # fmt: skip
+                    self._looker = looker
+                    looker.start()
+            finally:
+                self._looking.release()
+
+    def _look_once(self) -> float:
+        """Where is the master now? Connections elsewhere are moved. Returns the pause
+        until the next look."""
+        client = self._client
+        if client is None:
+            return MASTER_CHECK
+        pool = client.connection_pool
+        try:
+            master = wire.sentinel_master(pool)  # also closes its idle connections
+        except Exception as exc:  # no sentinel answered: connections stay where they are
+            logger.info("redlock: %s: where is the master? %s", self.describe(), exc)
+            return MASTER_CHECK_FAILED
+        if master != self._master:
+            if self._master is not None:
+                fast_path.moved_threads(pool, master)
+                moved(self)  # its holds renewed there now, not at their next period
+            self._master = master
+        return MASTER_CHECK
+
+    def close(self) -> None:
+        self._looker = None  # it ends at its next look
+        super().close()
+
     def execute(self, op: Op[T]) -> T:
+        self._look_for_master()
         if fast_path.on_thread_connection(self.client):
             # Nothing checked out of the pool: no permit to wait for, nor to lose should an
             # interrupt land while one is taken or given back (it would be gone for good).
@@ -261,3 +319,23 @@ class SentinelBackend(RedisBackend):
                 f"DJANGO_REDLOCK[{alias!r}]['OPTIONS']['min_replicas_timeout'] must be seconds"
                 f" > 0, not {wait!r}"
             )
+
+
+def _look(ref: weakref.ref[SentinelBackend]) -> None:
+    """The looker thread (see ``SentinelBackend._look_for_master``): ends when its backend is
+    closed or collected, or after LOOKER_IDLE without an operation (the next one starts it)."""
+    me = threading.current_thread()
+    while True:
+        backend = ref()
+        if backend is None or backend._looker is not me:
+            return
+        if time.monotonic() - backend._used > LOOKER_IDLE:
+            backend._looker = None
+            return
+        try:
+            pause = backend._look_once()
+        except Exception:  # a bug must not end the looks
+            logger.exception("redlock: %s: looking for the master failed", backend.describe())
+            pause = MASTER_CHECK_FAILED
+        del backend  # not kept alive by a sleeping looker
+        time.sleep(pause)

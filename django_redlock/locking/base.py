@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from .. import fencing, observe
-from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal
+from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal, by_deadline
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
 from ..identity import holder_meta, lend_owner, new_token, new_waiter_id, owner_id
@@ -373,9 +373,14 @@ class BaseLock:
         token, kept should the hand-back fail. Each reports its outcome and re-raises."""
         attempt = Attempt(False)
         try:
-            attempt = yield self._op_acquire(token, ttl_ms, meta, None, -1)
-            if not attempt.acquired and blocking and timeout != 0:
-                deadline = None if timeout is None else started + timeout
+            deadline = None if timeout is None or not blocking else started + timeout
+            attempt = yield by_deadline(deadline, self._op_acquire(token, ttl_ms, meta, None, -1))
+            if (
+                not attempt.acquired
+                and blocking
+                and timeout != 0
+                and (deadline is None or time.monotonic() < deadline)  # not used up by the try
+            ):
                 # A waiter with an id is woken by that id alone; else by the release channel.
                 queued = self.queued or self.backend.wakes_one
                 waiter = new_waiter_id() if queued else None
@@ -496,7 +501,8 @@ class BaseLock:
                     wait_ms = to_ms(min(max(remaining, 0.0), WAITER_LEASE))
                 else:  # registered (with an id) or not
                     wait_ms = 0 if waiter else -1
-                attempt = yield self._op_acquire(token, ttl_ms, meta, waiter, wait_ms)
+                take = self._op_acquire(token, ttl_ms, meta, waiter, wait_ms)
+                attempt = yield by_deadline(deadline, take)
                 handle[1].baton = False  # tried: a wake-up we were handed is used up
                 if attempt.acquired:
                     if waiter:  # taken: out of the server's waiters, nothing to leave
@@ -516,7 +522,7 @@ class BaseLock:
         finally:
             try:
                 if waiter and not attempt.acquired:
-                    leave = self._op_leave(waiter)
+                    leave = by_deadline(deadline, self._op_leave(waiter))
                     yield from leave_waiters(self.backend, waiter, leave, unanswered)
             finally:  # an interrupt in the leave too: a wake-up for the id runs the leave
                 yield Unwatch(handle)
