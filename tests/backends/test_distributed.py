@@ -629,7 +629,7 @@ def test_a_paused_master_a_slot_moved_to_costs_no_hold_on_the_master_it_came_fro
 
     from django_redlock.signals import lock_lost
 
-    from .test_sharded import migrate_slot
+    from ..waiting.test_sharded import migrate_slot
 
     nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
              .start() for _ in range(3)]  # fmt: skip
