@@ -413,11 +413,17 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         and this object's next campaign finishes the release first."""
         try:
             self._end_term()
-        finally:  # a KeyboardInterrupt in the keeper's join: released all the same
-            if self.lock.token is not None:  # else not leading (never, or lost and said so)
-                with contextlib.suppress(LockNotOwned):  # lost already: term.lost said so
-                    self.lock.release()
-            _terms.discard(self)  # only once released: until then the exit resigns it
+        except BaseException:  # a KeyboardInterrupt in the keeper's join: released all the
+            with contextlib.suppress(LockError):  # same; it goes on (the exit tries again)
+                self._release()
+            raise
+        self._release()
+
+    def _release(self) -> None:
+        if self.lock.token is not None:  # else not leading (never, or lost and said so)
+            with contextlib.suppress(LockNotOwned):  # lost already: term.lost said so
+                self.lock.release()
+        _terms.discard(self)  # only once released: until then the exit resigns it
 
     def _ended(self) -> bool:
         """Whether a term of this object ended without being resigned (LockError if one
