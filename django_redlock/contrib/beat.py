@@ -441,10 +441,11 @@ class LeaderMixin(Scheduler):
             return
         beat_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
         again = self._resend.pop(entry.name, None)
-        task_id = again[1] if again is not None and again[0] == claimed.prev else None
         options = entry.options
+        task_id = None
         if "task_id" not in options:  # an id of the entry's own is kept
-            task_id = task_id or str(uuid.uuid4())
+            same = again is not None and again[0] == claimed.prev  # the run that raised
+            task_id = again[1] if same and again is not None else str(uuid.uuid4())
             entry.options = {**options, "task_id": task_id}
         try:
             # Not super().apply_entry(), which logs a failed publish and moves on: the run
