@@ -411,11 +411,19 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         candidate leads at once. A hold lost already raises nothing (``term.lost`` told
         it). No answer raises ``BackendUnavailable``: the hold then runs out at its TTL,
         and this object's next campaign finishes the release first."""
-        self._end_term()
-        if self.lock.token is None:
-            return  # not leading (never, or lost and declared so)
-        with contextlib.suppress(LockNotOwned):  # lost already: term.lost said so
-            self.lock.release()
+        try:
+            self._end_term()
+        except BaseException:  # a KeyboardInterrupt in the keeper's join: released all the
+            with contextlib.suppress(LockError):  # same; it goes on (the exit tries again)
+                self._release()
+            raise
+        self._release()
+
+    def _release(self) -> None:
+        if self.lock.token is not None:  # else not leading (never, or lost and said so)
+            with contextlib.suppress(LockNotOwned):  # lost already: term.lost said so
+                self.lock.release()
+        _terms.discard(self)  # only once released: until then the exit resigns it
 
     def _ended(self) -> bool:
         """Whether a term of this object ended without being resigned (LockError if one
@@ -449,28 +457,46 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # A cancellation while leaving (a shutdown, an asyncio.timeout around the block)
+        # waits for the resignation, then goes on: else the next candidate waits a TTL.
+        resigning = asyncio.ensure_future(self._aresign())
+        cancelled = False
+        while True:
+            try:
+                await asyncio.shield(resigning)
+                break
+            except asyncio.CancelledError:
+                if resigning.done():
+                    raise
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _aresign(self) -> None:
         # The keeper's thread may take a quarter second to end: not on the event loop.
         await asyncio.get_running_loop().run_in_executor(None, self._end_term)
-        if self.lock.token is None:
-            return  # not leading (never, or lost and declared so)
-        with contextlib.suppress(LockNotOwned):
-            await self.lock.arelease()
+        if self.lock.token is not None:  # else not leading (never, or lost and said so)
+            with contextlib.suppress(LockNotOwned):
+                await self.lock.arelease()
+        _terms.discard(self)  # only once released: until then the exit resigns it
 
     def _end_term(self) -> None:
-        _terms.discard(self)
-        keeper, self._keeper = self._keeper, None
+        keeper = self._keeper
         if keeper is not None:
-            keeper.stop()
-            keeper.end("resigned", unknown=False)
+            try:
+                keeper.stop()
+            finally:  # interrupted in its join: ended all the same
+                self._keeper = None
+                keeper.end("resigned", unknown=False)
 
     def _resign_at_exit(self) -> None:
         keeper = self._keeper
-        if keeper is None:
-            return
-        keeper.end("the process exits", unknown=False)  # stop acting first, then resign
-        keeper.stop()
-        with contextlib.suppress(LockError):
-            self.lock.release()
+        if keeper is not None:
+            keeper.end("the process exits", unknown=False)  # stop acting first, then resign
+            keeper.stop()
+        if self.lock.token is not None:  # also a resignation cut short before its release
+            with contextlib.suppress(LockError):
+                self.lock.release()
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,16 @@ django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"usin
   the lock and records the entry's new ``last_run_at`` (compare-and-set against the one the
   decision was based on). So a leader that was paused or cut off and lost the lock sends
   nothing when it wakes, and a new leader starts from the last recorded run of every entry:
-  no due entry is sent twice and none is skipped across a takeover (runs that fell due while
-  nobody led are sent once, late, as Celery does after a downtime).
+  no due entry is decided twice and none is skipped across a takeover (runs that fell due
+  while nobody led are sent once, late, as Celery does after a downtime).
 * A publish that fails takes its claim back: the run stays due and is sent once the broker
-  answers. One window remains, inherent to any broker: a leader that decided a send and is
-  killed (or paused past its TTL) before the message reaches the broker loses (or delays)
-  that one run; it is never sent twice.
+  answers, under the same task id (a publish may fail after the broker stored the message: a
+  lost reply; a consumer that drops a task id it saw already then runs it once).
+* Two windows remain, inherent to any broker. A leader that decided a send and is killed (or
+  paused past its TTL) before the message reaches the broker loses (or delays) that one run.
+  A publish that raised although the broker stored the message is sent again: with the same
+  task id by this leader, with a new one by the next leader if this one's term ends first.
+  Publishing is at least once, not exactly once.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import hashlib
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -301,6 +306,9 @@ class LeaderMixin(Scheduler):
         self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
         self._unsure: dict[str, int] = {}  # entry name -> a claimed run whose reply was lost
         self._counts: dict[str, int] = {}  # entry name -> its run count before reserve()
+        # entry name -> (the run before, task id) of a publish that raised: the same run is
+        # sent again under the same id (the broker may have stored the first message).
+        self._resend: dict[str, tuple[int | None, str]] = {}
         self._pause_until = 0.0
         self._standing_by = False
         super().__init__(*args, **kwargs)
@@ -432,14 +440,25 @@ class LeaderMixin(Scheduler):
         if claimed is None:
             return
         beat_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
+        again = self._resend.pop(entry.name, None)
+        options = entry.options
+        task_id = None
+        if "task_id" not in options:  # an id of the entry's own is kept
+            same = again is not None and again[0] == claimed.prev  # the run that raised
+            task_id = again[1] if same and again is not None else str(uuid.uuid4())
+            entry.options = {**options, "task_id": task_id}
         try:
             # Not super().apply_entry(), which logs a failed publish and moves on: the run
             # was claimed, and would be lost.
             result = self.apply_async(entry, producer=producer, advance=False)
         except Exception as exc:
             beat_logger.error("Message Error: %s", exc, exc_info=True)
+            if task_id is not None:
+                self._resend[entry.name] = (claimed.prev, task_id)
             self._unclaim(entry, claimed)
             return
+        finally:
+            entry.options = options
         beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
 
     def _unclaim(self, entry: Any, claimed: _Claimed) -> None:

@@ -297,10 +297,13 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
 # parent-death signal reaches the command alone); and once a deadline passes with no later
 # one (exec stopped running: SIGSTOP, a debugger; it would have stopped the command by then),
 # so that the command never runs on after the hold could expire. CLOCK_MONOTONIC is one clock
-# for every process of the host. It ignores the signals a terminal sends to exec's group.
+# for every process of the host. It runs in a session of its own, so that what is sent to
+# exec's group (kill -9 -PGID, timeout -s KILL, a supervisor's killasgroup, SIGSTOP, a
+# terminal's signals) does not reach it, and ignores SIGINT, SIGHUP and SIGTERM besides: it
+# ends by itself once exec's end of the pipe closes.
 _GUARD = """import os, select, signal, sys, time
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-signal.signal(signal.SIGHUP, signal.SIG_IGN)
+for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+    signal.signal(signum, signal.SIG_IGN)
 fd, said, group, deadline, due = sys.stdin.fileno(), b"", None, None, False
 def kill():
     if group is not None:
@@ -374,6 +377,7 @@ def _guard() -> subprocess.Popen[bytes] | None:
         return subprocess.Popen(
             [sys.executable, "-S", "-c", _GUARD],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # out of reach of what is sent to exec's group
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):  # the command still dies with exec (Linux)
         return None

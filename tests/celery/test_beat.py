@@ -409,6 +409,50 @@ def test_a_run_whose_publish_failed_is_sent_later_not_skipped(tmp_path: Path) ->
             one.close()
 
 
+class Landed(Recording):
+    """Its first publish raises after the broker stored the message (a lost reply)."""
+
+    failures = 1
+    ids: list[str | None]
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        self.ids.append(entry.options.get("task_id"))
+        super().apply_async(entry, producer, advance)
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the reply was lost")
+
+
+def test_a_publish_that_raised_after_it_landed_is_sent_again_under_the_same_task_id(
+    tmp_path: Path,
+) -> None:
+    """Publishing is at least once: a publish that raised may have been stored. Its run was
+    sent again under a new task id, which no consumer could tell from another run."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 30.0}}
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "local", "ttl": 5, "name": "beat-l"}):
+        one = Landed(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent, one.ids = [], []
+        try:
+            entry = one.schedule["e"]
+            entry.last_run_at -= datetime.timedelta(seconds=31)  # due now
+            one.tick()  # leads
+            deadline = time.monotonic() + 5
+            while len(one.sent) < 2:
+                assert time.monotonic() < deadline, "the failed run was never sent again"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert one.sent[0] == one.sent[1]  # the same run
+            assert one.ids[0] is not None and one.ids == [one.ids[0]] * 2, one.ids
+            assert "task_id" not in one.schedule["e"].options  # the entry's own options kept
+            time.sleep(0.2)
+            one.tick()
+            assert len(one.sent) == 2  # not a third time
+        finally:
+            one.close()
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("kind", ["persistent", DATABASE])
 def test_the_new_leader_keeps_the_pace_after_a_takeover(

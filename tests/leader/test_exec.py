@@ -35,7 +35,7 @@ _runs = itertools.count()
 class Exec:
     """One ``python -m django redlock exec ...`` process."""
 
-    def __init__(self, url: str, *args: str) -> None:
+    def __init__(self, url: str, *args: str, group: bool = False) -> None:
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -45,6 +45,7 @@ class Exec:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "django", "redlock", "exec", *args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=group,  # a group of its own (its id exec's pid), as a job's
         )  # fmt: skip
 
     def finish(self, timeout: float = 120) -> tuple[int, str]:
@@ -56,8 +57,8 @@ class Exec:
 def execs(redis_server: RedisServer) -> Iterator[Callable[..., Exec]]:
     started: list[Exec] = []
 
-    def start(*args: str) -> Exec:
-        started.append(Exec(redis_server.url, *args))
+    def start(*args: str, group: bool = False) -> Exec:
+        started.append(Exec(redis_server.url, *args, group=group))
         return started[-1]
 
     yield start
@@ -200,6 +201,80 @@ def test_exec_paused_past_its_lease_does_not_leave_its_child_running_unheld(
         running.process.send_signal(signal.SIGCONT)
     code, err = running.finish()
     assert code == exec_action.EXIT_LOST, err  # woken: the hold had gone, the child with it
+
+
+def grandchild(redis_server: RedisServer, action: str, prefix: str) -> list[str]:
+    """A shell that starts the child in the background (a grandchild of exec, in the
+    command's group, that the parent-death signal does not reach) and waits for it."""
+    started = " ".join(map(shlex.quote, child(redis_server, action, prefix)[1:]))
+    return ["--", "sh", "-c", f"trap '' TERM; {started} & wait"]
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_exec_sigkilled_with_its_whole_group_takes_what_the_child_started(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """``kill -9 -PGID``, ``timeout -s KILL``, a supervisor's killasgroup: the guard shared
+    exec's group and died with it, the grandchild ran on unheld beside the next run's."""
+    client = redis_server.client()
+    running = execs(f"{prefix}-kg", *grandchild(redis_server, "trap", prefix), group=True)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    try:
+        os.killpg(running.process.pid, signal.SIGKILL)
+        running.process.wait()
+        wait_for(lambda: not alive(pid), timeout=1, what="grandchild's end")
+    finally:
+        kill_all([pid])
+
+
+def test_exec_sigtermed_with_its_group_then_sigkilled_takes_what_the_child_started(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """SIGTERM to the job's group (a graceful stop) killed the guard (it ignored SIGINT and
+    SIGHUP only) while exec waited for a command slow to stop; exec then SIGKILLed (the OOM
+    killer): nothing was left to end the command's group."""
+    client = redis_server.client()
+    running = execs(f"{prefix}-tg", *grandchild(redis_server, "stubborn", prefix), group=True)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    try:
+        os.killpg(running.process.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        assert alive(pid)  # it ignores SIGTERM: exec waits out the grace
+        running.process.kill()
+        running.process.wait()
+        wait_for(lambda: not alive(pid), timeout=1, what="grandchild's end")
+    finally:
+        kill_all([pid])
+
+
+def test_exec_stopped_with_its_group_does_not_leave_its_child_running_unheld(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """SIGSTOP to exec's group (``kill -STOP %1``) stopped the guard too: the command, in
+    a group of its own, ran on past the hold's end."""
+    client = redis_server.client()
+    name = f"{prefix}-sg"
+    running = execs(name, "--ttl", "2", "--grace", "0", *child(redis_server, "trap", prefix),
+                    group=True)  # fmt: skip
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    os.killpg(running.process.pid, signal.SIGSTOP)
+    try:
+        paused = time.monotonic()
+        time.sleep(0.05)  # a renewal on its way lands: the hold's end is known from now on
+        expires = time.monotonic() + client.pttl(f"redlock:{{{name}}}") / 1000
+        wait_for(lambda: not alive(pid), timeout=4, what="child's end")
+        assert time.monotonic() < expires
+        time.sleep(max(0.0, paused + 2.5 - time.monotonic()))  # past the lease
+    finally:
+        os.killpg(running.process.pid, signal.SIGCONT)
+        kill_all([pid])
+    code, err = running.finish()
+    assert code == exec_action.EXIT_LOST, err
 
 
 def test_what_the_command_left_in_its_group_does_not_run_on_unheld(

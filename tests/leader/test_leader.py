@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from django_redlock import (
     locks,
     run_as_leader,
 )
+from django_redlock.leader import Keeper, _resign_all
 from django_redlock.testing import RedisServer
 
 from ..conftest import Child
@@ -150,6 +152,61 @@ def test_async_with(name: str) -> None:
 
     fence, lost = asyncio.run(main())
     assert fence > 0 and not lost
+    assert current_leader(name, using="redis") is None
+
+
+def test_async_with_cancelled_while_leaving_still_resigns(name: str) -> None:
+    """A cancellation that lands while the block is left (a shutdown, an asyncio.timeout
+    around it) skipped the release: the next candidate waited a whole TTL."""
+
+    async def main() -> bool:
+        me = asyncio.current_task()
+        assert me is not None
+        with pytest.raises(asyncio.CancelledError):
+            async with leader(name, using="redis", ttl=30):
+                asyncio.get_running_loop().call_soon(me.cancel)  # at the exit's first await
+        if sys.version_info >= (3, 11):
+            me.uncancel()  # the cancellation was taken: this task goes on
+        try:
+            async with leader(name, using="redis", timeout=1):
+                return True
+        except LockNotAcquired:
+            return False
+
+    assert asyncio.run(main()), "the next candidate did not lead at once"
+    assert current_leader(name, using="redis") is None
+
+
+def test_an_interrupt_while_resigning_still_releases(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C landing in the keeper's join while ``with`` resigns skipped the release; and
+    the term, forgotten before its release, was not resigned at the exit either."""
+    real_stop = Keeper.stop
+
+    def stop_interrupted(self: Keeper) -> None:
+        real_stop(self)
+        raise KeyboardInterrupt  # the signal lands at the end of the join
+
+    monkeypatch.setattr(Keeper, "stop", stop_interrupted)
+    with pytest.raises(KeyboardInterrupt), leader(name, using="redis", ttl=30) as term:
+        pass
+    assert term.lost.is_set() and term.reason == "resigned"
+    assert current_leader(name, using="redis") is None
+    monkeypatch.undo()
+    # Interrupted in the release itself: the exit's resignation finishes it.
+    campaign = leader(name, using="redis", ttl=30)
+    real_release = campaign.lock.release
+
+    def release_interrupted(*args: object, **kwargs: object) -> bool:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(campaign.lock, "release", release_interrupted)
+    with pytest.raises(KeyboardInterrupt), campaign:
+        pass
+    assert current_leader(name, using="redis") is not None
+    monkeypatch.setattr(campaign.lock, "release", real_release)
+    _resign_all()  # what the interpreter's exit runs
     assert current_leader(name, using="redis") is None
 
 

@@ -6,6 +6,8 @@ redis-py, no Django): ``python tests/support/exec_child.py ACTION URL PREFIX [SE
   set), count itself out.
 * ``trap``: exit 40 + N on signal N (SIGINT, SIGTERM, SIGHUP); say its pid and process group
   in ``PREFIX:pids``; sleep until a signal.
+* ``stubborn``: ignore SIGINT, SIGTERM and SIGHUP; say its pid and group as ``trap``; sleep
+  until killed.
 """
 
 import os
@@ -30,9 +32,12 @@ if action == "run":
     else:
         time.sleep(float(until))
     client.decr(f"{prefix}:now")
-elif action == "trap":
+elif action in ("trap", "stubborn"):
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, lambda n, f: os._exit(40 + n))
+        if action == "trap":
+            signal.signal(signum, lambda n, f: os._exit(40 + n))
+        else:
+            signal.signal(signum, signal.SIG_IGN)
     client.rpush(f"{prefix}:pids", f"{os.getpid()} {os.getpgid(0)}")
     while True:
         time.sleep(1)
