@@ -184,6 +184,10 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), now=touched,
                                 token=hold.token, prior=hold.prior)  # fmt: skip
+            # The fence this block wrote (its check may have re-fenced the hold): the outcome
+            # is asked with it, not with the hold's fence at the end, which a block nested on
+            # another database may have re-fenced again (that row is not this one).
+            fence = hold.fence
             pid = _backend_pid(using) if outermost else None  # whose COMMIT may be in flight
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
             try:
@@ -228,10 +232,9 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
             _drop_unfinished(using)
         if not exiting:
             raise  # rolled back: nothing committed
-        # Re-fenced in the block: the new fence is this block's alone, whatever the time.
-        mark = None if hold.fence != fence else touched
-        outcome = commit_outcome(using, lock.using, lock.name, hold.fence, mark,
-                                 again and hold.fence == fence,
+        # A block nested on this row and re-fenced after this one's check wrote a larger
+        # fence with this block's mark, and this fence in ``previous``: found all the same.
+        outcome = commit_outcome(using, lock.using, lock.name, fence, touched, again,
                                  min(max(row_wait(lock), 5.0), 60.0), pid)  # fmt: skip
         interrupt = _interrupt_in(exc, handled)
         if interrupt is not None:

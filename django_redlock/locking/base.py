@@ -368,8 +368,8 @@ class BaseLock:
         """One try that never queues or registers, then (``blocking``) the wait: the answer.
 
         No answer (``LockError``: the try may have taken it): the token is kept for the next
-        try, or a reentrant count marked unsure (settled first next time). Interrupted
-        (``BaseException``, a reply perhaps on its way): the hold is handed back with the
+        try, or a reentrant count marked unsure (settled first next time). Interrupted (any
+        other exception, a reply perhaps on its way): the hold is handed back with the
         token, kept should the hand-back fail. Each reports its outcome and re-raises."""
         attempt = Attempt(False)
         try:
@@ -389,13 +389,12 @@ class BaseLock:
                 self._unsure_token = token
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             raise
-        except Exception:
-            observe.acquire_ended(self, started, observe.ERROR, None, span)
-            raise
-        except BaseException:
-            observe.acquire_ended(self, started, observe.TIMEOUT, None, span)  # cancelled
-            # Cancelled or interrupted while a reply was on its way: the server may have
-            # granted the hold, so hand it back (the token is ours alone).
+        except BaseException as exc:
+            # Cancelled or interrupted while a reply was on its way or being parsed (an
+            # ``Exception`` too: a signal handler's, Celery's soft time limit): the server may
+            # have granted the hold, so hand it back (the token is ours alone).
+            failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
+            observe.acquire_ended(self, started, failed, None, span)
             yield from self._hand_back(owner, token)
             raise
         return attempt
