@@ -1083,6 +1083,18 @@ class BaseLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # The try on one line holds from its first instruction: an exception a signal handler
+        # raises on any line of the exit (Celery's soft time limit) still ends a fenced block
+        # (rolled back; once committed, it returns) and releases (fencing.leave_failed).
+        try: return self._exit(exc_type, exc, tb)  # noqa: E701  # fmt: skip
+        except BaseException as error: return self._exit_failed(error)  # noqa: E701  # fmt: skip
+
+    def _exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self.database is not None:
             return fencing.leave_block(self, exc_type, exc, tb)
         try:
@@ -1091,6 +1103,11 @@ class BaseLock:
             if exc_type is None:
                 raise
             # The body's own exception says more; the loss is logged.
+
+    def _exit_failed(self, error: BaseException) -> None:
+        if self.database is None:
+            raise error
+        fencing.leave_failed(self, error)
 
     def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
         """This held lock's fenced transaction: ``transaction.atomic(using=using)`` (default:
