@@ -59,7 +59,7 @@ from django.db import (
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from .exceptions import CommitOutcomeUnknown, LockError, LockNotOwned
+from .exceptions import CommitOutcomeUnknown, LockError, LockLost, LockNotOwned
 from .fence_table import check_fence, commit_outcome, pid_of
 from .fence_table import prune_fences as prune_fences  # its old path
 
@@ -660,10 +660,13 @@ def _release(lock: FencedLock, depth: int | None) -> None:
     if depth is not None:
         try:
             _owner, hold = lock.current_hold()
+        except LockLost:
+            pass  # the release says so (logged)
         except LockError:
-            return  # released, or lost
-        if hold.depth < depth:
-            return
+            return  # released
+        else:
+            if hold.depth < depth:
+                return
     lock.release()
 
 
