@@ -2,7 +2,8 @@
 ``KeyboardInterrupt``) on a line of a fenced block's exit: every line of ``with lock``'s exit
 (``BaseLock.__exit__``, ``fencing.leave_block``), of the block's own exit and its steps after
 the body, of the release after the COMMIT, of Django's ``Atomic.__exit__`` and of
-``@single_instance(atomic=)``'s run, and at the entry of every function those lines call.
+``@single_instance(atomic=)``'s run and ``lock_all``'s exit, and at the entry of every function
+those lines call.
 
 The rules checked after each one, on PostgreSQL (docs/topics/fencing.md's outcome table):
 a block that returned committed, one that raised committed nothing (a soft time limit once
@@ -22,9 +23,10 @@ from typing import Any
 import pytest
 from django.db import connections, transaction
 
-from django_redlock import fencing, lock, single_instance
+from django_redlock import fencing, lock, lock_all, single_instance
 from django_redlock.contrib import single
 from django_redlock.locking.base import BaseLock
+from django_redlock.locking.multi import MultiLock
 
 from ..support.fenced_child import open_shop, sales, sell_one
 
@@ -56,6 +58,7 @@ EXIT = (
     | _codes(transaction.Atomic, "__exit__")
     | _codes(single, "run_held")  # @single_instance(atomic=): Celery's and Django Tasks' runs
     | _codes(contextlib.ExitStack, "__exit__")
+    | _codes(MultiLock, "__exit__", "_exit", "_leave_block", "_leave_members")
 )
 WATCHED = EXIT | STEPS
 
@@ -118,7 +121,10 @@ def run_block(name: str, how: str, buyer: str, tracer: Interrupter) -> str:
     held = lock(name, ttl=30, atomic=PG)
     sys.settrace(tracer)
     try:
-        if how == "@single_instance":
+        if how == "lock_all":
+            with lock_all(name, f"{name}:b", ttl=30, atomic=PG):
+                body()
+        elif how == "@single_instance":
             single_instance(key=name, ttl=30, atomic=PG)(body)()
         elif how == "atomic()":
             held.acquire()
@@ -146,7 +152,9 @@ def points(name: str, how: str) -> int:
 
 
 @pytest.mark.parametrize("error", [TimeLimit, Interrupt], ids=["time limit", "interrupt"])
-@pytest.mark.parametrize("how", ["with lock", "body raises", "atomic()", "@single_instance"])
+@pytest.mark.parametrize(
+    "how", ["with lock", "body raises", "atomic()", "@single_instance", "lock_all"]
+)
 def test_an_exception_on_any_line_of_a_fenced_block_s_exit(
     name: str, how: str, error: type[BaseException]
 ) -> None:
@@ -158,15 +166,16 @@ def test_an_exception_on_any_line_of_a_fenced_block_s_exit(
         buyer = f"b{at}"
         tracer = Interrupter(at, error)
         out = run_block(name, how, buyer, tracer)
-        committed = buyer in [who for who, _ in sales(PG)]
         where = (at, tracer.fired, out)
-        if committed:
-            expected.append(buyer)
         in_transaction = connections[PG].in_atomic_block
         if in_transaction:  # so that the next point starts clean
             fencing._abandon(PG)  # type: ignore[attr-defined]
         assert not in_transaction, where
+        committed = buyer in [who for who, _ in sales(PG)]
+        if committed:
+            expected.append(buyer)
         assert not lock(name).locked(), where  # released now, not renewed on
+        assert not lock(f"{name}:b").locked(), where
         if error is Interrupt and tracer.fired:  # "stop": it goes on, committed or not
             assert out == "Interrupt", where
         if how == "body raises":
