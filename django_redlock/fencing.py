@@ -28,7 +28,11 @@ an interrupt, which says "stop"). So:
   their savepoints up); a connection with autocommit off is refused;
 * once the COMMIT happened (a first robust ``on_commit`` marks it), nothing is raised as if it
   had not: an ``on_commit`` callback's error is logged, and a lost hold at the release too
-  (the lost-hold rule: raising would invite a retry, which would apply the work twice).
+  (the lost-hold rule: raising would invite a retry, which would apply the work twice);
+* an exception a signal handler raises on any line of the exit (a soft time limit) is
+  caught from the exit's first instruction (:class:`FencedTransaction`, :func:`leave_failed`):
+  before the COMMIT, rolled back and raised; after it, logged (an interrupt goes on); the
+  lock released at once either way.
 
 The SQL of the fence table (record and check, the read after a lost COMMIT, pruning) is
 :mod:`.fence_table`'s; this module runs the block around it.
@@ -38,22 +42,24 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import inspect
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from django.db import (
     DEFAULT_DB_ALIAS,
+    DatabaseError,
     connections,
     transaction,
 )
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from .exceptions import CommitOutcomeUnknown, LockError, LockNotOwned
+from .exceptions import CommitOutcomeUnknown, LockError, LockLost, LockNotOwned
 from .fence_table import check_fence, commit_outcome, pid_of
 from .fence_table import prune_fences as prune_fences  # its old path
 
@@ -66,6 +72,7 @@ class FencedHold(Protocol):
     fence: int | None
     token: str
     prior: str | None
+    depth: int
 
 
 class FencedLock(Protocol):
@@ -128,7 +135,8 @@ def row_wait(lock: FencedLock) -> float:
 
 class _Committed:
     """Set by the block's first ``on_commit`` callback (robust: it cannot fail): Django runs
-    the callbacks after the COMMIT, in order, so once this is set the COMMIT happened."""
+    the callbacks after the COMMIT, in order, so once this is set the COMMIT happened. (Set
+    too when a lost COMMIT's outcome check proved it.)"""
 
     done = False
 
@@ -136,10 +144,89 @@ class _Committed:
         self.done = True
 
 
-@contextlib.contextmanager
-def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[None]:
+def fenced_transaction(lock: FencedLock, using: str | None = None) -> FencedTransaction:
     """``lock.atomic(using)``: see :meth:`~.locking.base.BaseLock.atomic`; docs/topics/fencing.md
-    tabulates every way out.
+    tabulates every way out. Its steps: :func:`_fenced_steps`; its exit:
+    :class:`FencedTransaction`."""
+    return FencedTransaction(lock, using)
+
+
+class FencedTransaction:
+    """A fenced block as a context manager, whose exit holds against an exception a signal
+    handler raises on any of its lines (Celery's soft time limit, ``SIGALRM``): one that lands
+    before the block's exit ran rolls it back and goes on (nothing committed); once the
+    COMMIT happened, an ``Exception`` is logged and the block returns (raising would invite a
+    retry that applies the work twice), a ``BaseException`` goes on."""
+
+    def __init__(self, lock: FencedLock, using: str | None = None) -> None:
+        self.lock = lock
+        self.committed = _Committed()
+        self.depth = 0  # ``with lock``: the hold's depth once it opened this block
+        self.left = False  # ``with lock``: committed or rolled back, and released
+        self._steps = _fenced_steps(lock, using, self.committed)
+
+    # Each try below is on one line with what it runs: it then holds from the line's first
+    # instruction (a ``try:`` line of its own is an instruction before the protected range,
+    # where an exception raised on that line would escape it).
+    def __enter__(self) -> None:
+        try: return next(self._steps)  # noqa: E701  # fmt: skip
+        except BaseException as error: self._stop(error)  # noqa: E701  # fmt: skip
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        try: return self._leave(exc)  # noqa: E701  # fmt: skip
+        except BaseException as error: return self._settle(error)  # noqa: E701  # fmt: skip
+
+    def _stop(self, error: BaseException) -> NoReturn:
+        """An exception as the block opened: rolled back with it, if it had opened."""
+        steps = self._steps
+        if inspect.getgeneratorstate(steps) == inspect.GEN_SUSPENDED:
+            with contextlib.suppress(StopIteration):
+                steps.throw(error)
+        raise error
+
+    def _leave(self, exc: BaseException | None) -> bool:
+        """Resume the steps after the body (``contextlib.contextmanager``'s exit)."""
+        if exc is None:
+            try:
+                next(self._steps)
+            except StopIteration:
+                return False
+            raise RuntimeError("a fenced block's steps did not stop")
+        try:
+            self._steps.throw(exc)
+        except StopIteration as stop:
+            return stop is not exc
+        except BaseException as raised:
+            if raised is exc:
+                return False  # the body's exception goes on: ``with`` raises it
+            raise
+        raise RuntimeError("a fenced block's steps did not stop after an exception")
+
+    def _settle(self, error: BaseException) -> bool:
+        """``error`` came out of the exit: the block's outcome, or an exception that landed on
+        a line of the exit. Before the steps resumed: they roll back with it. Once committed:
+        an ``Exception`` is logged, and the block returns."""
+        steps = self._steps
+        if inspect.getgeneratorstate(steps) == inspect.GEN_SUSPENDED:
+            with contextlib.suppress(StopIteration):
+                steps.throw(error)  # rolled back: raises (nothing of it committed)
+        if self.committed.done and isinstance(error, Exception):
+            logger.warning("redlock: %s: its fenced transaction committed; then %s: %s (logged,"
+                           " not raised: the block returns)", self.lock.describe(),
+                           type(error).__name__, error)  # fmt: skip
+            return False
+        raise error
+
+
+def _fenced_steps(
+    lock: FencedLock, using: str | None, committed: _Committed
+) -> Generator[None, None, None]:
+    """The fenced block's steps, up to the body (``yield``) and after it.
 
     Raises (nothing committed): ``StaleFence``; ``LockNotAcquired`` when the row stayed
     locked past :func:`row_wait`; the body's exception; ``TransactionManagementError`` when
@@ -164,7 +251,6 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
     _owner, hold = lock.current_hold()  # LockNotOwned / LockLost, before the database is touched
     if hold.fence is None:
         raise LockError(f"{lock.describe()}: this hold has no fencing token to record")
-    committed = _Committed()
     outermost = not connections[using].in_atomic_block  # its exit is the COMMIT
     outer_savepoints = len(connections[using].savepoint_ids)
     # An exception already being handled where the block runs (it runs in an ``except:``) is
@@ -184,6 +270,10 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), now=touched,
                                 token=hold.token, prior=hold.prior)  # fmt: skip
+            # The fence this block wrote (its check may have re-fenced the hold): the outcome
+            # is asked with it, not with the hold's fence at the end, which a block nested on
+            # another database may have re-fenced again (that row is not this one).
+            fence = hold.fence
             pid = _backend_pid(using) if outermost else None  # whose COMMIT may be in flight
             transaction.on_commit(committed, using=using, robust=True)  # first: marks COMMIT
             try:
@@ -226,12 +316,14 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
             return
         if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
             _drop_unfinished(using)
-        if not exiting:
-            raise  # rolled back: nothing committed
-        # Re-fenced in the block: the new fence is this block's alone, whatever the time.
-        mark = None if hold.fence != fence else touched
-        outcome = commit_outcome(using, lock.using, lock.name, hold.fence, mark,
-                                 again and hold.fence == fence,
+        if not exiting:  # rolled back: nothing committed
+            interrupt = _interrupt_in(exc, handled)
+            if isinstance(exc, DatabaseError) and interrupt is not None:
+                raise interrupt from None  # Django's rollback had made it a database error
+            raise
+        # A block nested on this row and re-fenced after this one's check wrote a larger
+        # fence with this block's mark, and this fence in ``previous``: found all the same.
+        outcome = commit_outcome(using, lock.using, lock.name, fence, touched, again,
                                  min(max(row_wait(lock), 5.0), 60.0), pid)  # fmt: skip
         interrupt = _interrupt_in(exc, handled)
         if interrupt is not None:
@@ -255,6 +347,7 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
             ) from exc
         if not outcome:
             raise  # the rows prove that this block's fence was never committed
+        committed.done = True  # first: an exception from here on finds it committed
         logger.warning(
             "redlock: %s: the COMMIT of its fenced transaction did not answer (%s: %s), yet"
             " the lock's row proves that it committed (its on_commit callbacks did not run)",
@@ -263,8 +356,17 @@ def fenced_transaction(lock: FencedLock, using: str | None = None) -> Iterator[N
             exc,
         )
     finally:
-        if own_mark:
-            marks.pop(row, None)
+        # On one line (see FencedTransaction), and again should it be cut short: a mark left
+        # behind would be every later block's of the row on this thread.
+        try: _forget_mark(marks, row, own_mark)  # noqa: E701  # fmt: skip
+        finally: _forget_mark(marks, row, own_mark)  # noqa: E701  # fmt: skip
+
+
+def _forget_mark(
+    marks: dict[tuple[str, str, str], Any], row: tuple[str, str, str], own: bool
+) -> None:
+    if own:
+        marks.pop(row, None)
 
 
 def refuse_manual_commit(using: str, describe: str) -> None:
@@ -446,16 +548,19 @@ _open = threading.local()
 
 def enter_block(lock: FencedLock) -> None:
     """After the acquire: open the fenced block, or release the lock and raise."""
-    stack = contextlib.ExitStack()
+    block = FencedTransaction(lock)
     try:
-        stack.enter_context(fenced_transaction(lock))
-        _blocks().append((lock, stack))
+        block.__enter__()
+        block.depth = lock.current_hold()[1].depth
+        _blocks().append(block)
     except BaseException as exc:
         # StaleFence, the row wait ran out, or the database failed: nothing committed. Free
         # the lock for others (a stale hold is most likely lost: that is logged). An
         # interrupt once the block was open: rolled back now, not when collected.
         with contextlib.suppress(BaseException):
-            stack.__exit__(type(exc), exc, exc.__traceback__)
+            block.__exit__(type(exc), exc, exc.__traceback__)
+        with contextlib.suppress(ValueError):
+            _blocks().remove(block)
         with contextlib.suppress(LockError):
             lock.release()
         raise
@@ -469,49 +574,103 @@ def leave_block(
 ) -> None:
     """Commit (or roll back), then release: never the release first. The fenced transaction
     raises only when nothing committed, save a ``BaseException`` (``KeyboardInterrupt``) from
-    an ``on_commit`` callback after the COMMIT: released all the same, and raised."""
+    an ``on_commit`` callback after the COMMIT. The caller's ``try`` holds from its first
+    instruction: any exception out of here, whichever line it landed on, goes to
+    :func:`leave_failed`, which finishes the exit."""
     blocks = _blocks()
-    index = max(i for i, (held, _) in enumerate(blocks) if held is lock)
-    entry = blocks[index]
-    stack = entry[1]
-    try:
-        del blocks[index]
-        stack.__exit__(exc_type, exc, tb)
-    except BaseException as error:  # nothing committed (or an interrupt after the COMMIT)
-        # An interrupt before the block's exit ran: exited now (a no-op once it ran), so
-        # its transaction does not stay open until the stack is collected.
-        with contextlib.suppress(BaseException):
-            blocks[:] = [each for each in blocks if each is not entry]
-            stack.__exit__(type(error), error, error.__traceback__)
-        with contextlib.suppress(LockError):
-            lock.release()
-        raise
+    block = _innermost(lock)
+    block.__exit__(exc_type, exc, tb)  # raises: nothing committed (or an interrupt after it)
     if exc_type is None:
-        release_after_commit(lock)
+        release_after_commit(lock, block.depth)
+    else:  # rolled back: as any lock's `with`, the body's exception says more than a loss
+        with contextlib.suppress(LockNotOwned):
+            lock.release()
+    block.left = True
+    del blocks[blocks.index(block)]  # last: no instruction after it can be interrupted
+
+
+def leave_failed(lock: FencedLock, error: BaseException) -> None:
+    """``error`` came out of :func:`leave_block` (its outcome, or an exception a signal handler
+    raised on any of its lines): finish the exit. Not yet ended, the block rolls back with
+    it; committed, an ``Exception`` is logged and the block returns; the lock's level of
+    this block is released if it is still held. Raises what the block's exit says."""
+    blocks = _blocks()
+    block = next((each for each in reversed(blocks) if each.lock is lock), None)
+    if block is None:
+        raise error
+    outcome: BaseException | None = error
+    if not block.left:
+        try:
+            block.__exit__(type(error), error, error.__traceback__)
+        except BaseException as raised:  # nothing committed (or an interrupt after it)
+            outcome = raised
+        else:  # committed, an Exception after the COMMIT (logged): the block returns
+            swallowed = block.committed.done and isinstance(error, Exception)
+            outcome = None if swallowed else error
+        with contextlib.suppress(BaseException):
+            _release_level(lock, block, committed=outcome is None)
+    elif block.committed.done and isinstance(error, Exception):  # after all of it
+        logger.warning("redlock: %s: its fenced transaction committed and the lock was"
+                       " released; then %s: %s (logged, not raised)", lock.describe(),
+                       type(error).__name__, error)  # fmt: skip
+        outcome = None
+    block.left = True
+    with contextlib.suppress(ValueError):
+        blocks.remove(block)
+    if outcome is not None:
+        raise outcome
+
+
+def _release_level(lock: FencedLock, block: FencedTransaction, committed: bool) -> None:
+    """Release ``block``'s level of the lock unless that is done (or the hold is gone)."""
+    if committed:
+        release_after_commit(lock, block.depth)
         return
-    # Rolled back: as any lock's `with`, the body's exception says more than a loss.
-    with contextlib.suppress(LockNotOwned):
-        lock.release()
+    with contextlib.suppress(LockError):
+        _release(lock, block.depth)
 
 
-def release_after_commit(lock: FencedLock) -> None:
+def _innermost(lock: FencedLock) -> FencedTransaction:
+    return next(each for each in reversed(_blocks()) if each.lock is lock)
+
+
+def release_after_commit(lock: FencedLock, depth: int | None = None) -> None:
     """Release after a fenced block committed (the lost-hold rule): whatever the release
     finds (lost, or no answer: the hold then runs out at its TTL), nothing is raised. The
     commit stands, in fence order (the lock's row was locked from the check to the commit),
     and raising would invite a retry that applies the work twice. So is any ``Exception``
     raised meanwhile (a signal handler's: Celery's soft time limit, ``autoretry_for``'s
-    trigger): logged, the block returns; an interrupt (``KeyboardInterrupt``) propagates."""
-    try:
-        lock.release()
+    trigger): logged, the block returns, and the release is tried once more (the watchdog
+    would renew the hold on); an interrupt (``KeyboardInterrupt``) propagates. ``depth``: the
+    hold's depth at the block (a level released already is not released again)."""
+    # On one line: the try holds from its first instruction (see FencedTransaction).
+    try: _release(lock, depth)  # noqa: E701  # fmt: skip
     except LockError as exc:
         logger.warning("redlock: %s: its fenced transaction committed; then: %s",
                        lock.describe(), exc)  # fmt: skip
     except Exception:
         logger.exception("redlock: %s: its fenced transaction committed; then the release"
-                         " raised (the hold runs out at its TTL)", lock.describe())  # fmt: skip
+                         " raised (tried once more)", lock.describe())  # fmt: skip
+        with contextlib.suppress(Exception):
+            _release(lock, depth)
 
 
-def _blocks() -> list[tuple[FencedLock, contextlib.ExitStack]]:
+def _release(lock: FencedLock, depth: int | None) -> None:
+    """Release the lock, unless its level at ``depth`` (None: the current one) is released."""
+    if depth is not None:
+        try:
+            _owner, hold = lock.current_hold()
+        except LockLost:
+            pass  # the release says so (logged)
+        except LockError:
+            return  # released
+        else:
+            if hold.depth < depth:
+                return
+    lock.release()
+
+
+def _blocks() -> list[FencedTransaction]:
     blocks = getattr(_open, "blocks", None)
     if blocks is None:
         blocks = _open.blocks = []

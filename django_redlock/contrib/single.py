@@ -33,7 +33,12 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 from ..backends import markers
 from ..backends.base import Kind, LockInfo
 from ..exceptions import LockError, LockNotAcquired
-from ..fencing import database_of, refuse_manual_commit, release_after_commit
+from ..fencing import (
+    database_of,
+    fenced_transaction,
+    refuse_manual_commit,
+    release_after_commit,
+)
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..identity import HOST
 from ..identity import current_task as holder_task
@@ -598,18 +603,29 @@ def run_held(
     """Run the body under ``held`` and release it on every outcome; with ``atomic`` (a
     database alias) in the hold's fenced transaction, which ends before the release. Celery's
     and Django Tasks' runs both come through here."""
+    block = None if atomic is None else fenced_transaction(held, atomic)  # held.atomic()
+    result: Any = None
     try:
-        with contextlib.ExitStack() as fenced:
-            if atomic is not None:  # committed (or rolled back) before the release
-                fenced.enter_context(held.atomic(atomic))
+        if block is None:
             result = func(*args, **kwargs)
-    except BaseException:  # Retry, Ignore, Reject, SoftTimeLimitExceeded, errors: all release
-        with contextlib.suppress(LockError):  # the body's exception says more
+        else:
+            with block:  # committed (or rolled back) before the release
+                result = func(*args, **kwargs)
+            release_after_commit(held)  # committed: a lost hold is logged, never raised
+            return result
+    except BaseException as exc:  # Retry, Ignore, Reject, SoftTimeLimitExceeded, errors
+        if block is not None and block.committed.done and isinstance(exc, Exception):
+            # A soft time limit on a line after the COMMIT: raising would make the run look
+            # failed, and autoretry_for would apply the committed work again.
+            logger.warning("redlock: %s: its fenced transaction committed; then %s: %s"
+                           " (logged, not raised)", held.describe(), type(exc).__name__,
+                           exc)  # fmt: skip
+            if held.token is not None:  # not released yet
+                release_after_commit(held)
+            return result
+        with contextlib.suppress(LockError):  # the body's exception says more: all release
             held.release()
         raise
-    if atomic is not None:
-        release_after_commit(held)  # committed: a lost hold is logged, never raised
-        return result
     held.release()  # LockLost if the hold was lost meanwhile: the task fails visibly
     return result
 

@@ -368,8 +368,8 @@ class BaseLock:
         """One try that never queues or registers, then (``blocking``) the wait: the answer.
 
         No answer (``LockError``: the try may have taken it): the token is kept for the next
-        try, or a reentrant count marked unsure (settled first next time). Interrupted
-        (``BaseException``, a reply perhaps on its way): the hold is handed back with the
+        try, or a reentrant count marked unsure (settled first next time). Interrupted (any
+        other exception, a reply perhaps on its way): the hold is handed back with the
         token, kept should the hand-back fail. Each reports its outcome and re-raises."""
         attempt = Attempt(False)
         try:
@@ -394,13 +394,12 @@ class BaseLock:
                 self._unsure_token = token
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             raise
-        except Exception:
-            observe.acquire_ended(self, started, observe.ERROR, None, span)
-            raise
-        except BaseException:
-            observe.acquire_ended(self, started, observe.TIMEOUT, None, span)  # cancelled
-            # Cancelled or interrupted while a reply was on its way: the server may have
-            # granted the hold, so hand it back (the token is ours alone).
+        except BaseException as exc:
+            # Cancelled or interrupted while a reply was on its way or being parsed (an
+            # ``Exception`` too: a signal handler's, Celery's soft time limit): the server may
+            # have granted the hold, so hand it back (the token is ours alone).
+            failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
+            observe.acquire_ended(self, started, failed, None, span)
             yield from self._hand_back(owner, token)
             raise
         return attempt
@@ -1090,6 +1089,18 @@ class BaseLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # The try on one line holds from its first instruction: an exception a signal handler
+        # raises on any line of the exit (Celery's soft time limit) still ends a fenced block
+        # (rolled back; once committed, it returns) and releases (fencing.leave_failed).
+        try: return self._exit(exc_type, exc, tb)  # noqa: E701  # fmt: skip
+        except BaseException as error: return self._exit_failed(error)  # noqa: E701  # fmt: skip
+
+    def _exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self.database is not None:
             return fencing.leave_block(self, exc_type, exc, tb)
         try:
@@ -1098,6 +1109,11 @@ class BaseLock:
             if exc_type is None:
                 raise
             # The body's own exception says more; the loss is logged.
+
+    def _exit_failed(self, error: BaseException) -> None:
+        if self.database is None:
+            raise error
+        fencing.leave_failed(self, error)
 
     def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
         """This held lock's fenced transaction: ``transaction.atomic(using=using)`` (default:

@@ -49,7 +49,13 @@ from .. import observe
 from ..backends.base import BaseLockBackend, Op
 from ..backends.redis import RedisBackend, TakenAll
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
-from ..fencing import check_database, database_of, refuse_manual_commit
+from ..fencing import (
+    FencedTransaction,
+    check_database,
+    database_of,
+    fenced_transaction,
+    refuse_manual_commit,
+)
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import group_meta, holder_meta, lend_owner, new_token, new_waiter_id, owner_id
 from ..scripts import Call, script
@@ -113,6 +119,12 @@ def check_names(names: Sequence[Any]) -> list[str]:
     return distinct
 
 
+def _details(
+    exc: BaseException | None,
+) -> tuple[type[BaseException] | None, BaseException | None, TracebackType | None]:
+    return (None, None, None) if exc is None else (type(exc), exc, exc.__traceback__)
+
+
 class MultiLock:
     """Several names held together: all of them, or none. Use with ``with`` or as a
     decorator (each name a ``str.format`` template over the arguments), or by hand
@@ -154,7 +166,7 @@ class MultiLock:
         self.backend = self.locks[0].backend  # one alias for all: one backend
         self.lock_ttl = self.locks[0].lock_ttl
         self.together = one_server(self.backend)
-        self._block: contextlib.ExitStack | None = None
+        self._block: list[FencedTransaction] | None = None  # each member's, in order
 
     def __repr__(self) -> str:
         state = "held" if self.held() else "free"
@@ -506,6 +518,7 @@ class MultiLock:
     def __enter__(self) -> MultiLock:
         if self.database is not None:  # autocommit off: refused before the lock is taken
             refuse_manual_commit(self.database, self.describe())
+        self._block = None  # a previous block's, left
         try:
             if not self.acquire(self.blocking, self._timeout()):
                 raise self._not_acquired(self._timeout())
@@ -516,7 +529,8 @@ class MultiLock:
             # Up to the body, an exception (an interrupt on the way back from the take, on
             # any line) leaves nothing held nor open: the body's ``with`` never exits it.
             if self._block is not None:
-                self._leave_block(type(exc), exc, exc.__traceback__)
+                with contextlib.suppress(BaseException):
+                    self._exit_failed(exc)
             else:
                 self._give_back_held()
             raise
@@ -527,8 +541,14 @@ class MultiLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._block is not None:
-            self._leave_block(exc_type, exc, tb)
+        # The try on one line holds from its first instruction (as BaseLock.__exit__'s): an
+        # exception a signal handler raises on any line of the exit still ends the block.
+        try: return self._exit(exc_type, exc)  # noqa: E701  # fmt: skip
+        except BaseException as error: return self._exit_failed(error)  # noqa: E701  # fmt: skip
+
+    def _exit(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
+        if self.database is not None:
+            self._leave_block(exc_type, exc)
             return
         try:
             self.release()
@@ -536,6 +556,28 @@ class MultiLock:
             if exc_type is None:
                 raise
             # The body's own exception says more; the loss is logged and signalled.
+
+    def _exit_failed(self, error: BaseException) -> None:
+        """An exception out of :meth:`_exit`, from any line: finish the fenced block (each
+        member not yet left, innermost first), release, and raise what the block says:
+        nothing committed, the exception; committed, an ``Exception`` logged, an interrupt
+        raised."""
+        members = self._block
+        if self.database is None or members is None:
+            raise error
+        pending = self._leave_members(members, error)  # (all left: ``error`` itself)
+        committed = members[0].committed.done
+        if pending is None or (committed and isinstance(pending, Exception)):
+            if pending is not None:
+                logger.warning("redlock: %s: its fenced transaction committed; then %s: %s"
+                               " (logged, not raised)", self.describe(),
+                               type(pending).__name__, pending)  # fmt: skip
+            with contextlib.suppress(Exception):
+                self.release()
+            return
+        with contextlib.suppress(LockError):
+            self.release()
+        raise pending
 
     @contextlib.contextmanager
     def atomic(self, using: str | None = None) -> Iterator[None]:
@@ -586,32 +628,49 @@ class MultiLock:
             raise
 
     def _open_block(self, using: str) -> None:
-        """The fenced block of ``with``: opened once every name is held, before the body."""
+        """The fenced block of ``with``: opened once every name is held, before the body:
+        each member's own block, in the canonical order (see :meth:`atomic`)."""
+        members: list[FencedTransaction] = []
         try:
-            with contextlib.ExitStack() as opening:
-                opening.enter_context(self.atomic(using))
-                self._block = opening.pop_all()
-        except BaseException:
+            for lk in self.locks:
+                block = fenced_transaction(lk, using)
+                block.__enter__()
+                members.append(block)
+            self._block = members
+        except BaseException as exc:
             # StaleFence, or the database failed: nothing committed. Free every name.
+            with contextlib.suppress(BaseException):
+                self._leave_members(members, exc)
             with contextlib.suppress(LockError):
                 self.release()
             raise
 
-    def _leave_block(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    @staticmethod
+    def _leave_members(
+        members: list[FencedTransaction], pending: BaseException | None
+    ) -> BaseException | None:
+        """Exit each member's block not yet left, innermost first, passing the exception on
+        as ``ExitStack`` does: what is left to raise (``pending`` itself: it goes on)."""
+        for block in reversed(members):
+            # Again when cut short before its exit ran (once it ran, an exit is a no-op).
+            for _ in range(3):
+                if block.left:
+                    break
+                try:
+                    if block.__exit__(*_details(pending)):
+                        pending = None
+                    block.left = True
+                except BaseException as raised:
+                    pending = raised
+        return pending
+
+    def _leave_block(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         """Commit (or roll back), then release: never the release first."""
-        block, self._block = self._block, None
-        assert block is not None
-        try:
-            block.__exit__(exc_type, exc, tb)
-        except BaseException:  # the commit failed: nothing committed
-            with contextlib.suppress(LockError):
-                self.release()
-            raise
+        members = self._block
+        assert members is not None
+        pending = self._leave_members(members, exc)
+        if pending is not None and pending is not exc:  # nothing committed (or an interrupt)
+            raise pending  # _exit_failed releases
         if exc_type is not None:
             with contextlib.suppress(LockNotOwned):
                 self.release()
@@ -621,6 +680,10 @@ class MultiLock:
         except Exception as error:  # a lost hold, a soft time limit: the commit stands
             logger.warning("redlock: %s: its fenced transaction committed; then: %s",
                            self.describe(), error)  # fmt: skip
+            with contextlib.suppress(Exception):  # once more: else the watchdog renews on
+                self.release()
+        # self._block stays (every member left): an exception after this line is
+        # _exit_failed's to settle by the members' outcome.
 
     def _options(self) -> dict[str, Any]:
         return {"ttl": self.lock_ttl, "timeout": self.timeout, "blocking": self.blocking,

@@ -204,6 +204,49 @@ def test_a_lost_commit_after_a_nested_block_of_the_same_hold_returns_as_committe
     assert not lock(name).locked()
 
 
+def written_by_another_hold(name: str, using: str) -> None:
+    """Lock ``name``'s row on ``using``: written by a hold that is not the next one's
+    ``prior`` (a hold in between recorded nothing), so the next hold's block there re-fences."""
+    for records in (True, False):
+        other = lock(name, ttl=30)
+        other.acquire()
+        if records:
+            with other.atomic(using):
+                pass
+        other.release()
+
+
+@pytest.mark.parametrize(
+    "refences", ["nested on another database", "itself, then nested", "reentrant, another object"]
+)
+def test_a_lost_commit_after_a_nested_block_re_fenced_the_hold_returns_as_committed(
+    name: str, proxied: LossyProxy, refences: str
+) -> None:
+    """A block nested on another database re-fenced the hold: the outer COMMIT's outcome was
+    asked with the hold's new fence, not the one the outer block wrote, found the smaller
+    one in the row, and said "nothing committed" for a committed block."""
+    open_shop(PG, 1, 5)
+    written_by_another_hold(name, "default")  # the nested block re-fences
+    if refences.startswith("itself"):
+        written_by_another_hold(name, PG)  # the outer block's check re-fences too
+    reentrant = refences.startswith("reentrant")
+    held = lock(name, ttl=30, reentrant=reentrant)
+    held.acquire()
+    fences = [held.fence]
+    with held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "a")
+        fences.append(held.fence)
+        inner = lock(name, ttl=30, reentrant=True) if reentrant else held
+        with inner if reentrant else contextlib.nullcontext(), inner.atomic("default"):
+            pass
+        fences.append(held.fence)  # (a reentrant hold takes the other object's new fence)
+        proxied.fault_commit("cut")
+    held.release()
+    assert fences[2] > fences[1] and (fences[1] > fences[0]) == refences.startswith("itself")
+    assert proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
+    assert not lock(name).locked()
+
+
 # -- a hold lost meanwhile, and the next holder's block on top -------------------------------
 
 

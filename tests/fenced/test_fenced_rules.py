@@ -459,8 +459,8 @@ def test_an_exception_at_the_release_after_the_commit(
 @pytest.mark.parametrize(
     ("function", "line"),
     [
-        ("leave_block", "stack.__exit__(exc_type, exc, tb)"),
-        ("enter_block", "_blocks().append((lock, stack))"),
+        ("leave_block", "block.__exit__(exc_type, exc, tb)"),
+        ("enter_block", "_blocks().append(block)"),
     ],
 )
 def test_an_exception_between_the_block_and_its_with_rolls_back_and_releases_at_once(

@@ -38,8 +38,11 @@ class Interrupt:
     """The backend's ``at``-th round trip raises: before its request is sent, or (``lost``)
     after the server ran it, as if its reply were lost."""
 
-    def __init__(self, alias: str, at: int, lost: bool) -> None:
+    def __init__(
+        self, alias: str, at: int, lost: bool, error: type[BaseException] = Interrupted
+    ) -> None:
         self.backend, self.at, self.lost, self.calls = locks[alias], at, lost, 0
+        self.error = error
 
     def __enter__(self) -> Interrupt:
         execute = type(self.backend).execute
@@ -47,10 +50,10 @@ class Interrupt:
         def interrupting(op: Any) -> Any:
             self.calls += 1
             if self.calls == self.at and not self.lost:
-                raise Interrupted
+                raise self.error
             reply = execute(self.backend, op)
             if self.calls == self.at:
-                raise Interrupted
+                raise self.error
             return reply
 
         self.backend.execute = interrupting  # type: ignore[method-assign]
@@ -102,6 +105,39 @@ def test_an_interrupted_acquire(alias: str, kind: str, lost: bool, name: str, lo
         if lk.owned():
             assert make(name, alias).locked()
         settle_and_check_free(lk, make(name, alias))
+    assert losses == []
+
+
+class TimeLimit(Exception):
+    """Celery's ``SoftTimeLimitExceeded``: an ``Exception`` a signal handler raises."""
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_time_limit_as_an_acquire_s_reply_came_hands_the_hold_back_at_once(
+    alias: str, kind: str, name: str, losses: list
+) -> None:
+    """An ``Exception`` (not a ``LockError``) while the reply was parsed was raised with no
+    hand-back: the name stayed held by nobody until its TTL, and the next caller waited."""
+    make = KINDS[kind]
+    probe = make(name, alias)
+    n = round_trips(alias, probe.acquire)
+    probe.release()
+
+    async def aacquire(lk: Any) -> None:
+        with ACancel(alias, at, True, TimeLimit), pytest.raises(TimeLimit):
+            await lk.aacquire()
+
+    for at in range(1, n + 1):
+        for asynchronous in (False, True):
+            lk = make(name, alias)
+            if asynchronous:
+                asyncio.run(aacquire(lk))
+            else:
+                with Interrupt(alias, at, True, TimeLimit), pytest.raises(TimeLimit):
+                    lk.acquire()
+            assert not lk.owned() and not make(name, alias).locked(), (at, asynchronous)
+            settle_and_check_free(lk, make(name, alias))
     assert losses == []
 
 
@@ -197,8 +233,11 @@ class ACancel:
     """The asyncio twin of :class:`Interrupt`: the ``at``-th awaited round trip is cancelled,
     before its request is sent or after its reply is lost."""
 
-    def __init__(self, alias: str, at: int, lost: bool) -> None:
+    def __init__(
+        self, alias: str, at: int, lost: bool, error: type[BaseException] = asyncio.CancelledError
+    ) -> None:
         self.backend, self.at, self.lost, self.calls = locks[alias], at, lost, 0
+        self.error = error
 
     def __enter__(self) -> ACancel:
         aexecute = type(self.backend).aexecute
@@ -206,10 +245,10 @@ class ACancel:
         async def cancelling(op: Any) -> Any:
             self.calls += 1
             if self.calls == self.at and not self.lost:
-                raise asyncio.CancelledError
+                raise self.error
             reply = await aexecute(self.backend, op)
             if self.calls == self.at:
-                raise asyncio.CancelledError
+                raise self.error
             return reply
 
         self.backend.aexecute = cancelling  # type: ignore[method-assign]

@@ -1,0 +1,205 @@
+"""An exception a signal handler raises (Celery's soft time limit, an ``Exception``; or a
+``KeyboardInterrupt``) on a line of a fenced block's exit: every line of ``with lock``'s exit
+(``BaseLock.__exit__``, ``fencing.leave_block``), of the block's own exit and its steps after
+the body, of the release after the COMMIT, of Django's ``Atomic.__exit__`` and of
+``@single_instance(atomic=)``'s run and ``lock_all``'s exit, and at the entry of every function
+those lines call.
+
+The rules checked after each one, on PostgreSQL (docs/topics/fencing.md's outcome table):
+a block that returned committed, one that raised committed nothing (a soft time limit once
+the COMMIT happened is logged, and the block returns: ``autoretry_for`` must not run the
+committed work again); the connection is out of any transaction (the thread's next fenced
+block commits); and the lock is released at once, not renewed on by the watchdog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from types import CodeType, FrameType
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+
+from django_redlock import fencing, lock, lock_all, single_instance
+from django_redlock.contrib import single
+from django_redlock.locking.base import BaseLock
+from django_redlock.locking.multi import MultiLock
+
+from ..support.fenced_child import open_shop, sales, sell_one
+
+PG = "postgres"
+pytestmark = pytest.mark.django_db(databases=["default", PG], transaction=True)
+
+
+class TimeLimit(Exception):
+    """Celery's ``SoftTimeLimitExceeded``: an ``Exception`` a signal handler raises."""
+
+
+class Interrupt(KeyboardInterrupt):
+    """An interrupt (``BaseException``): after the COMMIT it goes on, the COMMIT stands."""
+
+
+def _codes(owner: Any, *names: str) -> set[CodeType]:
+    # getattr: the test runs against older code too (to show it failed before the fix).
+    found = (getattr(owner, n, None) for n in names)
+    return {f.__code__ for f in found if f is not None and hasattr(f, "__code__")}
+
+
+STEPS = _codes(fencing, "_fenced_steps") or {
+    fencing.fenced_transaction.__wrapped__.__code__  # type: ignore[attr-defined]
+}
+EXIT = (
+    _codes(BaseLock, "__exit__", "_exit")
+    | _codes(fencing, "leave_block", "release_after_commit", "_release", "_forget_mark")
+    | _codes(getattr(fencing, "FencedTransaction", object), "__exit__", "_leave")
+    | _codes(transaction.Atomic, "__exit__")
+    | _codes(single, "run_held")  # @single_instance(atomic=): Celery's and Django Tasks' runs
+    | _codes(contextlib.ExitStack, "__exit__")
+    | _codes(MultiLock, "__exit__", "_exit", "_leave_block", "_leave_members")
+)
+WATCHED = EXIT | STEPS
+
+
+def _quiet_lines(code: CodeType) -> set[int]:
+    """As in tests/interrupts/test_record_interrupts.py: a ``with`` statement's own line and
+    a bare ``try:`` line, where no signal is looked for, are left out."""
+    lines, first = inspect.getsourcelines(code)
+    return {
+        first + i
+        for i, line in enumerate(lines)
+        if line.lstrip().startswith("with ") or line.strip() == "try:"
+    }
+
+
+QUIET = {code: _quiet_lines(code) for code in WATCHED}
+
+
+class Interrupter:
+    """A tracer that raises ``error`` at the ``at``-th point (None: counts them) once armed
+    (the body ended): each line of the watched frames, and each entry into a function they
+    call."""
+
+    def __init__(self, at: int | None, error: type[BaseException]) -> None:
+        self.at, self.error, self.armed, self.points = at, error, False, 0
+        self.fired: str | None = None
+
+    def _point(self, frame: FrameType) -> None:
+        self.points += 1
+        if self.points == self.at:
+            self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
+            raise self.error(self.fired)
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code in WATCHED:
+            return self._line
+        back = frame.f_back
+        collected = frame.f_code.co_name == "__del__"  # its exception is only printed
+        if self.armed and back is not None and back.f_code in WATCHED and not collected:
+            self._point(frame)  # at the callee's entry
+        return None
+
+    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and self.armed and frame.f_lineno not in QUIET[frame.f_code]:
+            self._point(frame)
+        return self._line
+
+
+def run_block(name: str, how: str, buyer: str, tracer: Interrupter) -> str:
+    """One fenced block that sells a ticket, with ``tracer`` armed at the body's end:
+    "returned", or the name of what it raised."""
+
+    def body() -> None:
+        sell_one(PG, 1, buyer)
+        if how == "body raises":
+            tracer.armed = True
+            raise ValueError("the body failed")
+        tracer.armed = True
+
+    held = lock(name, ttl=30, atomic=PG)
+    sys.settrace(tracer)
+    try:
+        if how == "lock_all":
+            with lock_all(name, f"{name}:b", ttl=30, atomic=PG):
+                body()
+        elif how == "@single_instance":
+            single_instance(key=name, ttl=30, atomic=PG)(body)()
+        elif how == "atomic()":
+            held.acquire()
+            try:
+                with held.atomic(PG):
+                    body()
+            finally:
+                sys.settrace(None)
+                held.release()
+        else:
+            with held:
+                body()
+        return "returned"
+    except BaseException as exc:
+        return type(exc).__name__
+    finally:
+        sys.settrace(None)
+
+
+def points(name: str, how: str) -> int:
+    counting = Interrupter(None, TimeLimit)
+    out = run_block(name, how, "count", counting)
+    assert out == ("ValueError" if how == "body raises" else "returned"), out
+    return counting.points
+
+
+@pytest.mark.parametrize("error", [TimeLimit, Interrupt], ids=["time limit", "interrupt"])
+@pytest.mark.parametrize(
+    "how", ["with lock", "body raises", "atomic()", "@single_instance", "lock_all"]
+)
+def test_an_exception_on_any_line_of_a_fenced_block_s_exit(
+    name: str, how: str, error: type[BaseException]
+) -> None:
+    open_shop(PG, 1, 10_000)
+    n = points(name, how)
+    assert n > 20
+    expected = ["count"] if how != "body raises" else []
+    for at in range(1, n + 1):
+        buyer = f"b{at}"
+        tracer = Interrupter(at, error)
+        out = run_block(name, how, buyer, tracer)
+        where = (at, tracer.fired, out)
+        in_transaction = connections[PG].in_atomic_block
+        if in_transaction:  # so that the next point starts clean
+            fencing._abandon(PG)  # type: ignore[attr-defined]
+        assert not in_transaction, where
+        committed = buyer in [who for who, _ in sales(PG)]
+        if committed:
+            expected.append(buyer)
+        assert not lock(name).locked(), where  # released now, not renewed on
+        assert not lock(f"{name}:b").locked(), where
+        if error is Interrupt and tracer.fired:  # "stop": it goes on, committed or not
+            assert out == "Interrupt", where
+        if how == "body raises":
+            assert out != "returned" and not committed, where
+        elif out == "returned":
+            assert committed, where
+        else:  # raised: nothing committed, save an interrupt after the COMMIT (it goes on)
+            assert not committed or out == error.__name__ == "Interrupt", where
+    # The thread's next fenced block commits (its connection is not in a stale transaction).
+    with lock(f"{name}:next", ttl=30, atomic=PG):
+        sell_one(PG, 1, "next")
+    assert [who for who, _ in sales(PG)] == [*expected, "next"]
+
+
+def test_the_interrupter_reaches_the_release_after_the_commit(name: str) -> None:
+    """The points include the release after the COMMIT (the window of a committed block
+    raising, which autoretry_for then ran again)."""
+    open_shop(PG, 1, 5)
+    seen: set[str] = set()
+
+    class Watching(Interrupter):
+        def _point(self, frame: FrameType) -> None:
+            seen.add(frame.f_code.co_name)
+            super()._point(frame)
+
+    run_block(name, "with lock", "a", Watching(None, TimeLimit))
+    assert {"release_after_commit", "leave_block", "__exit__"} <= seen
