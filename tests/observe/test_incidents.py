@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -67,7 +68,8 @@ def test_a_quorum_failure_is_recorded(redis_factory: Any) -> None:
     with override_settings(DJANGO_REDLOCK=aliases), pytest.raises(QuorumNotReached):
         lock("quorum:x", using="q").acquire()
     (incident,) = incidents("quorum_failure")
-    assert incident.backend == "q" and "1 of 3 nodes answered" in incident.detail
+    # 0 of 3 when a loaded machine's live node answered after the dead ones decided it.
+    assert incident.backend == "q" and re.search(r"only [01] of 3 nodes answered", incident.detail)
 
 
 def test_a_skipped_duplicate_is_recorded() -> None:

@@ -3,6 +3,7 @@ should move it, on real redis-servers; no label is ever a lock name."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -105,7 +106,9 @@ def test_a_scripted_sequence_moves_every_metric_by_exactly_what_happened(
         time.sleep(0.01)
     with pytest.raises(BackendUnavailable):
         lock("obs:down", using="down").acquire()  # a backend error
-    moved = before.moved()
+    # This test's backends only: the process's other holds (an earlier test's, on a server
+    # it killed) may end meanwhile, on their own aliases (seen in a full run).
+    moved = {k: v for k, v in before.moved().items() if re.search(r"backend=(redis|down)[,}]", k)}
     assert moved == {
         "redlock_acquisitions_total{backend=redis,kind=plain,outcome=acquired}": 6,
         "redlock_acquisitions_total{backend=redis,kind=plain,outcome=busy}": 1,
