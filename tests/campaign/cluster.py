@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .checker import Violation
-from .scenario import KindReport, Log, excluded, read_logs, storms
+from .scenario import KindReport, Log, excluded, read_logs, setup_django, storms
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 1.5
@@ -47,21 +47,8 @@ CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-node-timeout", "30000")
 
 
 def client(config: dict[str, Any]) -> None:
-    import django
-    from django.conf import settings
-
     options = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT}
-    settings.configure(
-        INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_redlock"],
-        DATABASES={},
-        DJANGO_REDLOCK_INCIDENTS={"KINDS": []},
-        DJANGO_REDLOCK_METRICS=False,
-        DJANGO_REDLOCK={"default": {
-            "BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
-            "LOCATION": config["url"], "OPTIONS": options, "TTL": TTL}},
-        USE_TZ=True,
-    )  # fmt: skip
-    django.setup()
+    setup_django("django_redlock.backends.cluster.RedisClusterBackend", config["url"], options, TTL)
     from django_redlock import LockError, LockLost, lock, locks
     from django_redlock.signals import lock_lost
 

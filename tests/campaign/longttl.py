@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .checker import Violation
-from .scenario import KindReport, Log, excluded, read_logs, storms
+from .scenario import KindReport, Log, excluded, read_logs, setup_django, storms
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 20.0
@@ -46,22 +46,9 @@ SETTLE = 0.5
 
 
 def client(config: dict[str, Any]) -> None:
-    import django
-    from django.conf import settings
-
     options = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": SOCKET_TIMEOUT,
                "restart_guard": TTL}  # fmt: skip
-    settings.configure(
-        INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_redlock"],
-        DATABASES={},
-        DJANGO_REDLOCK_INCIDENTS={"KINDS": []},
-        DJANGO_REDLOCK_METRICS=False,
-        DJANGO_REDLOCK={"default": {
-            "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
-            "LOCATION": config["urls"], "OPTIONS": options, "TTL": TTL}},
-        USE_TZ=True,
-    )  # fmt: skip
-    django.setup()
+    setup_django("django_redlock.backends.redlock.RedlockBackend", config["urls"], options, TTL)
     from django_redlock import LockError, lock
 
     log = Log(config["log"], config["id"])

@@ -79,6 +79,23 @@ class Log:
             os.write(self.fd, (json.dumps(record, default=str) + "\n").encode())
 
 
+def setup_django(backend: str, location: Any, options: dict[str, Any], ttl: float) -> None:
+    """A client process's Django: one ``default`` alias, no database, no metrics."""
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_redlock"],
+        DATABASES={},
+        DJANGO_REDLOCK_INCIDENTS={"KINDS": []},
+        DJANGO_REDLOCK_METRICS=False,
+        DJANGO_REDLOCK={"default": {
+            "BACKEND": backend, "LOCATION": location, "OPTIONS": options, "TTL": ttl}},
+        USE_TZ=True,
+    )  # fmt: skip
+    django.setup()
+
+
 def read_logs(paths: list[Any]) -> list[dict[str, Any]]:
     events = []
     for path in paths:
