@@ -48,7 +48,7 @@ def _region(where: str) -> set[int]:
     lines, first = _lines(WAIT)
     numbered = [(first + i, line) for i, line in enumerate(lines)]
     watch = max(n for n, line in numbered if "yield Watch(" in line)
-    first_try = min(n for n, line in numbered if "yield self._op_acquire(" in line)
+    first_try = min(n for n, line in numbered if "yield by_deadline(deadline, take)" in line)
     cleanup = max(n for n, line in numbered if line.startswith("        finally:"))
     if where == "set-up":
         picked = {n for n, _ in numbered if watch < n <= first_try}
