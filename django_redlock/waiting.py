@@ -519,10 +519,16 @@ class ShardedPubSubHub(PubSubHub):
                     self._refuse_shard(name, pubsub, refused)
                     return
                 logger.debug("redlock: sharded pub/sub connection to %s failed: %s", name, exc)
-                # Nobody is woken into the outage: waiters look again once their channels are
-                # subscribed again, here (reconnected) or on the slot's new owner (_moved).
+                # Waiters look again once their channels are subscribed again, here
+                # (reconnected) or on the slot's new owner (_moved).
                 failures += 1
+                refused = not _connected(pubsub)  # redis-py's reconnect failed too
                 self._moved(name)
+                if refused and failures == 1:
+                    # A killed node: its waiters (the channels still here) try at once, and
+                    # their try says whether the slot has an answering owner; no PING could
+                    # go unanswered on a connection that cannot be made.
+                    self._wake_on(name)
                 with self._mutex:
                     if name not in self._node_of.values():  # nothing left here: stop
                         if self._shards.get(name) is shard:
@@ -552,6 +558,13 @@ class ShardedPubSubHub(PubSubHub):
                     self._moved(name, channel)
                 continue
             self._handle(message)
+
+    def _wake_on(self, name: str) -> None:
+        with self._mutex:
+            waiters = self._waiters_on(name)
+        for waiter in waiters:
+            waiter.baton = True
+            waiter.wake()
 
     def _refuse_shard(self, name: str, pubsub: Any, error: BaseException) -> None:
         """The node refused a subscription (an ACL): as :meth:`PubSubHub._refuse`, for the

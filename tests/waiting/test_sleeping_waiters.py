@@ -5,6 +5,7 @@ that only pauses for less keeps waiting and gets the lock. Real servers, SIGSTOP
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -340,3 +341,40 @@ def test_waits_after_a_silent_verdict_work_once_the_connection_is_made_again(
             assert outcome[0] is True, outcome
     finally:
         proxy.close()
+
+
+def test_a_sleeping_waiter_on_a_cluster_tries_at_once_when_its_lock_s_node_is_killed(
+    name: str,
+) -> None:
+    """SIGKILL closes the node's sharded pub/sub connection and its reconnect is refused: no
+    PING can go unanswered, so the waiters on that node are woken to try, and the try is
+    refused (as for a single killed server)."""
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        config = {
+            "BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+            "LOCATION": nodes[0].url,
+            "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
+        }
+        with _alias("sleepy", config):
+            backend = locks["sleepy"]
+            slot = int(nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
+            ranges = nodes[0].client().execute_command("CLUSTER", "SLOTS")
+            port = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
+            owner = next(node for node in nodes if node.port == port)
+            _held, take = holder_and_waiter("lock", name)
+            thread, outcome = start(take)
+            killed = time.monotonic()
+            owner.kill()
+            thread.join(SOCKET_TIMEOUT + 5)
+            assert not thread.is_alive(), "the waiter slept on"
+            error, ended = outcome
+            assert isinstance(error, BackendUnavailable), error
+            assert ended - killed < SOCKET_TIMEOUT + MARGIN, ended - killed
+    finally:
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
