@@ -522,9 +522,9 @@ class ShardedPubSubHub(PubSubHub):
                 # Waiters look again once their channels are subscribed again, here
                 # (reconnected) or on the slot's new owner (_moved).
                 failures += 1
-                refused = not _connected(pubsub)  # redis-py's reconnect failed too
+                unreachable = not _connected(pubsub)  # redis-py's reconnect failed too
                 self._moved(name)
-                if refused and failures == 1:
+                if unreachable and failures == 1:
                     # A killed node: its waiters (the channels still here) try at once, and
                     # their try says whether the slot has an answering owner; no PING could
                     # go unanswered on a connection that cannot be made.
