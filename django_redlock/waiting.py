@@ -130,6 +130,16 @@ class PubSubHub(ReleaseHub):
         self._silent = False  # declared unheard, and nothing heard since
         _pubsub_hubs.add(self)
 
+    def join(
+        self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
+    ) -> list[Confirmation]:
+        confirmations = super().join(channel, waiter, by_id, lock)
+        if self.failure_is_unheard and self._silent:
+            # A quorum's node already unheard counts against a waiter that joins (one woken
+            # to try, say): the verdict is not declared again.
+            waiter.unheard.add(self)
+        return confirmations
+
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
         with self._mutex:
             if not first:
@@ -166,7 +176,13 @@ class PubSubHub(ReleaseHub):
             if self._confirmed.pop(channel, None) is None:
                 return  # never subscribed: a waiter woken by id, through the inbox
             pubsub = self._pubsub
-        if pubsub is not None:
+        if pubsub is not None and (self._silent or not _connected(pubsub)):
+            # Unheard (its connection dropped or failed): no subscription left on the
+            # server, and sending would reconnect here, waiting for a server that may not
+            # answer. Forgotten, so the reader's reconnect does not subscribe it again.
+            with contextlib.suppress(Exception):
+                pubsub.channels.pop(channel, None)
+        elif pubsub is not None:
             try:
                 pubsub.unsubscribe(channel)
             except Exception as exc:
@@ -204,6 +220,11 @@ class PubSubHub(ReleaseHub):
                 if silent:
                     self._silent = True
                     self.declare_unheard()
+                    # The server may be fine and only this connection dead (a firewall
+                    # dropped the idle flow): dropped, the next read reconnects, and a
+                    # reconnect that works is heard (its subscriptions' confirmations).
+                    _drop_connection(pubsub)
+                    continue
                 message = pubsub.get_message(timeout=wait)
             except Exception as exc:
                 if self._closed:
@@ -213,11 +234,15 @@ class PubSubHub(ReleaseHub):
                     self._refuse(pubsub, refused)
                     return
                 logger.debug("redlock: pub/sub connection failed: %s", exc)
-                if self.failure_is_unheard and not self._silent:
+                was_silent = self._silent
+                # A connection killed on a node that answers (CLIENT KILL, a proxy's restart)
+                # was connected again by redis-py: not unheard. Only a failed reconnect is.
+                if self.failure_is_unheard and not self._silent and not _connected(pubsub):
                     self._silent = True
                     self.declare_unheard()
-                # A release may have been missed: let every waiter look again.
-                self.notify_all()
+                if not was_silent:  # (an unheard server's failed reconnects: told already)
+                    # A release may have been missed: let every waiter look again.
+                    self.notify_all()
                 threading.Event().wait(0.1)
                 continue
             if message is not None:
@@ -225,6 +250,7 @@ class PubSubHub(ReleaseHub):
                 if self._silent:
                     self._silent = False
                     self.declare_heard()
+                    self.notify_all()  # a release may have been missed meanwhile
                 self._handle(message)
 
     def _refuse(self, pubsub: Any, error: BaseException) -> None:
@@ -282,6 +308,21 @@ class PubSubHub(ReleaseHub):
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
         self._abandoned_at = {}
         self._confirmed = {}
+
+
+def _connected(pubsub: Any) -> bool:
+    """Whether ``pubsub``'s connection has a socket (after a failure: redis-py's reconnect
+    worked, so the server answered its handshake)."""
+    return wire.socket_or_none(getattr(pubsub, "connection", None)) is not None
+
+
+def _drop_connection(pubsub: Any) -> None:
+    """Disconnect ``pubsub``'s connection: its next read connects again and subscribes its
+    channels again (redis-py's connect callback)."""
+    connection = getattr(pubsub, "connection", None)
+    if connection is not None:
+        with contextlib.suppress(Exception):
+            connection.disconnect()
 
 
 def _stop_reader(pubsub: Any, thread: threading.Thread | None, timeout: float) -> None:
@@ -478,10 +519,16 @@ class ShardedPubSubHub(PubSubHub):
                     self._refuse_shard(name, pubsub, refused)
                     return
                 logger.debug("redlock: sharded pub/sub connection to %s failed: %s", name, exc)
-                # Nobody is woken into the outage: waiters look again once their channels are
-                # subscribed again, here (reconnected) or on the slot's new owner (_moved).
+                # Waiters look again once their channels are subscribed again, here
+                # (reconnected) or on the slot's new owner (_moved).
                 failures += 1
+                unreachable = not _connected(pubsub)  # redis-py's reconnect failed too
                 self._moved(name)
+                if unreachable and failures == 1:
+                    # A killed node: its waiters (the channels still here) try at once, and
+                    # their try says whether the slot has an answering owner; no PING could
+                    # go unanswered on a connection that cannot be made.
+                    self._wake_on(name)
                 with self._mutex:
                     if name not in self._node_of.values():  # nothing left here: stop
                         if self._shards.get(name) is shard:
@@ -511,6 +558,13 @@ class ShardedPubSubHub(PubSubHub):
                     self._moved(name, channel)
                 continue
             self._handle(message)
+
+    def _wake_on(self, name: str) -> None:
+        with self._mutex:
+            waiters = self._waiters_on(name)
+        for waiter in waiters:
+            waiter.baton = True
+            waiter.wake()
 
     def _refuse_shard(self, name: str, pubsub: Any, error: BaseException) -> None:
         """The node refused a subscription (an ACL): as :meth:`PubSubHub._refuse`, for the

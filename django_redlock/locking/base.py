@@ -811,11 +811,34 @@ class BaseLock:
             self._stop_renewing(hold)
             with self._mutex:
                 self._untake(hold)
+        was_releasing = hold.releasing  # a retry: a token found gone is then no loss
+        if not self.reentrant:
+            # Marked before sending: an interrupt at any line once the server answered (a
+            # signal's KeyboardInterrupt) leaves a hold whose retried release finding the
+            # token gone is no loss. (A reentrant level's fate is settled by its count.)
+            hold.releasing = True
+        left: int | None = None  # the server's answer, once it came
         try:
             if self.reentrant:  # only a reentrant count is ever left to settle
                 yield from self._settle(owner)
             left = yield self._op_release(hold.token)
+            with self._mutex:
+                mine = self._holds.get(owner) is hold  # else lost meanwhile, declared then
+                if mine:
+                    if hold.depth > 0:
+                        hold.depth -= 1
+                        self._believe(owner, -1)
+                    if left <= 0 or hold.depth <= 0:
+                        self._forget(owner, hold)
         except BaseException:
+            if left is not None:
+                if not self.reentrant:
+                    # Interrupted once the server answered: the name is released (or was
+                    # gone), so the hold is not reported held (forgetting twice is nothing).
+                    with self._mutex:
+                        hold.depth = 0
+                        self._forget(owner, hold)
+                raise
             # No answer, or interrupted while one was on its way (KeyboardInterrupt, a time
             # limit): the release may have gone through. Either way the outcome is unknown.
             if hold.depth > 1:
@@ -835,15 +858,7 @@ class BaseLock:
                     self._believe(owner, -1, unsure=True)
                 observe.hold_unsure(self, hold)  # not a hold this process holds any more
             raise
-        with self._mutex:
-            mine = self._holds.get(owner) is hold  # else lost meanwhile, and declared then
-            if mine:
-                if hold.depth > 0:
-                    hold.depth -= 1
-                    self._believe(owner, -1)
-                if left <= 0 or hold.depth <= 0:
-                    self._forget(owner, hold)
-        if left < 0 and not hold.releasing:
+        if left < 0 and not was_releasing:
             reason = "it expired or was released by someone else"
             if mine:  # whoever took the hold out of this object declares the loss: once
                 self._declare_lost(reason)

@@ -389,3 +389,62 @@ def test_a_retried_release_of_a_nested_reentrant_level_leaves_the_outer_one(
 
     asyncio.run(scenario())
     assert losses == []
+
+
+@pytest.mark.parametrize("alias", ALIASES)
+def test_a_release_interrupted_at_any_line_after_the_reply_is_no_loss(
+    alias: str, name: str, losses: list
+) -> None:
+    """A KeyboardInterrupt (a signal) at each line of a plain lock's release once the server
+    answered: the hold is not reported held while the name is free, and the release retried
+    (as the docs say) raises at most ``LockNotOwned``, never ``LockLost``."""
+    import linecache
+    import sys
+    from types import FrameType
+
+    from django_redlock.locking.base import BaseLock
+
+    code = BaseLock._release.__code__
+    at = 0
+    while at < 100:
+        at += 1
+        lk = lock(name, using=alias, ttl=10)
+        assert lk.acquire()
+        seen = [0]
+
+        def tracer(
+            frame: FrameType, event: str, arg: object, seen: list[int] = seen, at: int = at
+        ) -> Any:
+            if frame.f_code is not code:
+                return None
+            text = linecache.getline(code.co_filename, frame.f_lineno).strip()
+            # (Not at a `with` line: there the tracer would also run as the block exits,
+            # before its __exit__, which a real signal does not skip.)
+            if (
+                event == "line"
+                and frame.f_locals.get("left") is not None
+                and not text.startswith("with ")
+            ):
+                seen[0] += 1
+                if seen[0] == at:
+                    raise Interrupted
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            lk.release()
+        except Interrupted:
+            pass
+        finally:
+            sys.settrace(None)
+        if seen[0] < at:
+            break  # every line after the reply was tried
+        if not lock(name, using=alias).locked():
+            assert lk.token is None, at
+        try:
+            lk.release()
+        except LockNotOwned as exc:
+            assert type(exc) is LockNotOwned, (at, exc)
+        assert not lock(name, using=alias).locked()
+    assert at > 3
+    assert losses == []

@@ -28,6 +28,12 @@ from django_redlock.testing import free_port
 COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
 
 
+def _subscribes(data: bytes) -> bool:
+    """Whether a client's bytes carry a SUBSCRIBE command (not a script that names one)."""
+    upper = data.upper()
+    return b"\r\nSUBSCRIBE\r\n" in upper and b"EVAL" not in upper and b"SCRIPT" not in upper
+
+
 @dataclass
 class CommitFault:
     how: str  # "cut" or "late"
@@ -41,6 +47,8 @@ class _Link:
 
     def __init__(self) -> None:
         self.commit: CommitFault | None = None  # a COMMIT went up with this fault
+        self.subscriber = False  # the client sent a SUBSCRIBE
+        self.dead = False  # black-holed: nothing passes either way
 
 
 class LossyProxy:
@@ -54,6 +62,7 @@ class LossyProxy:
         self._commit_fault: CommitFault | None = None
         self.commits_faulted = 0  # COMMIT replies cut or held back so far
         self._sockets: list[socket.socket] = []
+        self._links: list[_Link] = []
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -94,6 +103,8 @@ class LossyProxy:
             with self._mutex:
                 self._sockets += [client, server]
             link = _Link()
+            with self._mutex:
+                self._links.append(link)
             for args in ((client, server, False, link), (server, client, True, link)):
                 threading.Thread(target=self._pump, args=args, daemon=True).start()
 
@@ -103,6 +114,10 @@ class LossyProxy:
                 data = source.recv(65536)
                 if not data:
                     break
+                if not replies and _subscribes(data):
+                    link.subscriber = True
+                if link.dead:
+                    continue  # dropped silently, the connection left open
                 if not replies and COMMIT in data:
                     with self._mutex:  # marked before it goes up: its reply comes after
                         link.commit, self._commit_fault = self._commit_fault, None
@@ -131,6 +146,13 @@ class LossyProxy:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def blackhole_subscribers(self) -> None:
+        """Every pub/sub connection open now goes silent both ways without being closed (a
+        firewall that forgot an idle flow); the others, and new ones, pass."""
+        with self._mutex:
+            for link in self._links:
+                link.dead = link.dead or link.subscriber
 
     def cut(self) -> int:
         """Cut every connection open through the proxy (new ones are still accepted); how

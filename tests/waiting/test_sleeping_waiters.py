@@ -5,6 +5,7 @@ that only pauses for less keeps waiting and gets the lock. Real servers, SIGSTOP
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -286,3 +287,94 @@ def test_a_sleeping_waiter_on_a_cluster_raises_once_its_lock_s_node_stops_answer
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_a_sleeping_redlock_waiter_outlives_its_nodes_pub_sub_connections_being_killed(
+    quorum: list[RedisServer], name: str
+) -> None:
+    """CLIENT KILL of two nodes' pub/sub connections: redis-py connects them again at once
+    and the nodes answer, so no node counts as unheard and the wait goes on."""
+    held, take = holder_and_waiter("lock", name)
+    thread, outcome = start(take)
+    for server in quorum[:2]:
+        assert server.client().execute_command("CLIENT", "KILL", "TYPE", "pubsub") >= 1
+    time.sleep(SOCKET_TIMEOUT * 2.5)
+    assert thread.is_alive(), outcome
+    held.release()
+    thread.join(10)
+    got, _ended = outcome
+    assert not isinstance(got, BaseException), got
+    got.release()
+
+
+def test_waits_after_a_silent_verdict_work_once_the_connection_is_made_again(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The process's pub/sub connection goes silent (a black-holed idle flow) while Redis
+    answers: the waiter of the time raises (it cannot tell), but the hub drops that
+    connection, and the later waits sleep on a new one instead of failing for ever."""
+    from ..support.proxy import LossyProxy
+
+    server = redis_factory()
+    proxy = LossyProxy(server.port)
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": proxy.url,
+        "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
+    }
+    try:
+        with _alias("sleepy", config):
+            held, take = holder_and_waiter("lock", name)
+            thread, outcome = start(take)
+            proxy.blackhole_subscribers()
+            thread.join(SOCKET_TIMEOUT + 5)
+            error, _ended = outcome
+            assert isinstance(error, BackendUnavailable), error
+            for _ in range(2):
+                waiter = lock(name, using="sleepy")
+                began = time.monotonic()
+                assert waiter.acquire(timeout=SOCKET_TIMEOUT * 2) is False
+                assert time.monotonic() - began >= SOCKET_TIMEOUT * 2 - 0.1
+            thread, outcome = start(lambda: lock(name, using="sleepy").acquire(timeout=10))
+            held.release()
+            thread.join(10)
+            assert outcome[0] is True, outcome
+    finally:
+        proxy.close()
+
+
+def test_a_sleeping_waiter_on_a_cluster_tries_at_once_when_its_lock_s_node_is_killed(
+    name: str,
+) -> None:
+    """SIGKILL closes the node's sharded pub/sub connection and its reconnect is refused: no
+    PING can go unanswered, so the waiters on that node are woken to try, and the try is
+    refused (as for a single killed server)."""
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        config = {
+            "BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+            "LOCATION": nodes[0].url,
+            "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
+        }
+        with _alias("sleepy", config):
+            backend = locks["sleepy"]
+            slot = int(nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
+            ranges = nodes[0].client().execute_command("CLUSTER", "SLOTS")
+            port = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
+            owner = next(node for node in nodes if node.port == port)
+            _held, take = holder_and_waiter("lock", name)
+            thread, outcome = start(take)
+            killed = time.monotonic()
+            owner.kill()
+            thread.join(SOCKET_TIMEOUT + 5)
+            assert not thread.is_alive(), "the waiter slept on"
+            error, ended = outcome
+            assert isinstance(error, BackendUnavailable), error
+            assert ended - killed < SOCKET_TIMEOUT + MARGIN, ended - killed
+    finally:
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
