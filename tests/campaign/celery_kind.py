@@ -69,7 +69,11 @@ def run_celery(seed: int, seconds: float) -> KindReport:
     # Off unless asked (CAMPAIGN_INCLUDE=jolt_burst): it finds a hold left renewed on this
     # branch (README, "What it finds on this branch"); Celery's own limit fires once.
     bursts = "jolt_burst" in os.environ.get("CAMPAIGN_INCLUDE", "").split(",")
-    app = Celery("campaign-producer", broker=f"{broker.url.rsplit('/', 1)[0]}/1")
+    # Not the current app: the suite's shared tasks (tests/support/fenced_tasks.py) resolve
+    # to the current app, and would publish to this run's broker once it is gone.
+    app = Celery(
+        "campaign-producer", broker=f"{broker.url.rsplit('/', 1)[0]}/1", set_as_current=False
+    )
     app.conf.broker_connection_retry_on_startup = True
     try:
         config = {"lock_url": proxy.url, "broker_url": f"{broker.url.rsplit('/', 1)[0]}/1",
@@ -165,6 +169,7 @@ def run_celery(seed: int, seconds: float) -> KindReport:
         report.exclude = ",".join(sorted(skipped))
         return report
     finally:
+        app.close()
         for worker in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.pid, signal.SIGKILL)
