@@ -811,12 +811,9 @@ class BaseLock:
             self._stop_renewing(hold)
             with self._mutex:
                 self._untake(hold)
-        was_releasing = hold.releasing  # a retry: a token found gone is then no loss
-        if not self.reentrant:
-            # Marked before sending: an interrupt at any line once the server answered (a
-            # signal's KeyboardInterrupt) leaves a hold whose retried release finding the
-            # token gone is no loss. (A reentrant level's fate is settled by its count.)
-            hold.releasing = True
+        # A retry of a release whose outcome was unknown: a token found gone is then no loss.
+        # (Not marked before sending: the watchdog's loss report must still land meanwhile.)
+        was_releasing = hold.releasing
         left: int | None = None  # the server's answer, once it came
         try:
             if self.reentrant:  # only a reentrant count is ever left to settle
