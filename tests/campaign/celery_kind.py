@@ -56,6 +56,7 @@ WORKERS = (("prefork", 3), ("prefork", 3), ("solo", 1))
 
 def run_celery(seed: int, seconds: float) -> KindReport:
     from celery import Celery
+    from celery import _state as celery_state
 
     from django_redlock.testing import RedisServer
 
@@ -69,8 +70,10 @@ def run_celery(seed: int, seconds: float) -> KindReport:
     # Off unless asked (CAMPAIGN_INCLUDE=jolt_burst): it finds a hold left renewed on this
     # branch (README, "What it finds on this branch"); Celery's own limit fires once.
     bursts = "jolt_burst" in os.environ.get("CAMPAIGN_INCLUDE", "").split(",")
-    # Not the current app: the suite's shared tasks (tests/support/fenced_tasks.py) resolve
-    # to the current app, and would publish to this run's broker once it is gone.
+    # Not the current app, and the one before made current again at the end whatever made
+    # this one current meanwhile: the suite's shared tasks (tests/support/fenced_tasks.py)
+    # resolve to the current app, and would publish to this run's broker once it is gone.
+    previous = celery_state.get_current_app()
     app = Celery(
         "campaign-producer", broker=f"{broker.url.rsplit('/', 1)[0]}/1", set_as_current=False
     )
@@ -170,6 +173,7 @@ def run_celery(seed: int, seconds: float) -> KindReport:
         return report
     finally:
         app.close()
+        previous.set_current()
         for worker in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.pid, signal.SIGKILL)
