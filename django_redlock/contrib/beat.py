@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import logging
 import math
 import time
@@ -52,7 +51,7 @@ from ..exceptions import LockError, LockNotAcquired
 from ..handler import DEFAULT_LOCK_ALIAS, locks
 from ..leader import Term, current_leader
 from ..leader import leader as campaign_for
-from ..scripts import Call, Script
+from ..scripts import Call, script
 from ..validation import MAX_TTL, check_name, to_ms
 
 logger = logging.getLogger("django_redlock")
@@ -64,35 +63,11 @@ EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 # Outcomes of a claim.
 NOT_LEADER, ALREADY_SENT, CLAIMED = 0, 1, 2
 
-# Atomic with the send decision: the leader check and the record of the entry's new run.
-# KEYS: the leader lock, the entry's record.  ARGV: token, the last run the decision is
-# based on ('' if none), the new run, the record's TTL in ms.
-# Returns {0} not the leader, {1, record} another run is recorded, {2} claimed.
-_CLAIM = """
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then return {0} end
-local held = redis.call('GET', KEYS[1])
-if string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|' then return {0} end
-local record = redis.call('GET', KEYS[2])
-if record then
-  local at, by = string.match(record, '^([^|]*)|(.*)$')
-  if at == ARGV[3] and by == ARGV[1] then return {2} end
-  if at ~= ARGV[2] then return {1, record} end
-end
-redis.call('SET', KEYS[2], ARGV[3] .. '|' .. ARGV[1], 'PX', ARGV[4])
-return {2}
-"""
-CLAIM = Script("beat_claim", _CLAIM, hashlib.sha1(_CLAIM.encode()).hexdigest())
-
-# A claimed run whose message could not be published: the record goes back to the run before
-# it (only if it is still this claim), so the run stays due and is sent when the broker is back.
-# KEYS: the record.  ARGV: token, the run before ('' if none), the claimed run, TTL in ms.
-_UNCLAIM = """
-if redis.call('GET', KEYS[1]) ~= ARGV[3] .. '|' .. ARGV[1] then return 0 end
-if ARGV[2] == '' then return redis.call('DEL', KEYS[1]) end
-redis.call('SET', KEYS[1], ARGV[2] .. '|' .. ARGV[1], 'PX', ARGV[4])
-return 1
-"""
-UNCLAIM = Script("beat_unclaim", _UNCLAIM, hashlib.sha1(_UNCLAIM.encode()).hexdigest())
+# The leader check and the record of an entry's run, atomic with the send decision
+# (lua/beat_claim.lua); a claim whose message could not be published handed back
+# (lua/beat_unclaim.lua): each script's KEYS/ARGV contract is in its file.
+CLAIM = script("beat_claim")
+UNCLAIM = script("beat_unclaim")
 
 
 @dataclass(frozen=True)
