@@ -68,6 +68,7 @@ SENTINEL_COMMANDS: dict[str, tuple[str, ...]] = {"wait": ("WAIT", "0", "0")}
 #: pub/sub (Redis 7+) for the wake-ups.
 CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
     "cluster|slots": ("CLUSTER", "SLOTS"),
+    "asking": ("ASKING",),  # a slot on the move answers ASK: redis-py then sends ASKING
     "command": ("COMMAND",),
     "spublish": ("SPUBLISH", SHARD_CHANNEL, "m"),
     "ssubscribe": ("SSUBSCRIBE", SHARD_CHANNEL),

@@ -353,6 +353,52 @@ def test_a_cluster_with_only_the_rule(cluster_nodes: list[RedisServer]) -> None:
         held.release()
 
 
+def test_a_cluster_user_with_only_the_rule_follows_an_ask(cluster_nodes: list[RedisServer]) -> None:
+    """A slot on the move answers ASK for a key already moved: redis-py then sends ASKING to
+    the node the slot moves to. The rule lacked +asking, so a hold on a moving slot could not
+    be renewed (MissingPermission: the hold ran out) until the move ended."""
+    for node in cluster_nodes:
+        node.add_user("locks", SECRET, *rule_of(RedisClusterBackend).split())
+    config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+              "LOCATION": cluster_nodes[0].url_for("locks", SECRET)}  # fmt: skip
+    with aliases(mine=config):
+        key = locks["mine"].key("moving")
+        slot = cluster_nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+        owner = next(
+            n for n in cluster_nodes
+            for start, end, *_ in n.client().execute_command("CLUSTER", "SLOTS")
+            if start <= slot <= end and int(_[0][1]) == n.port
+        )  # fmt: skip
+        target = next(n for n in cluster_nodes if n is not owner)
+        ids = {
+            n.port: n.client().execute_command("CLUSTER", "MYID").decode() for n in cluster_nodes
+        }
+        held = lock("moving", using="mine", ttl=1)
+        assert held.acquire(blocking=False)
+        target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner.port])
+        owner.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target.port])
+        try:
+            owner.client().execute_command(
+                "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", key
+            )
+            time.sleep(1.5)  # the watchdog renews it on the target, after ASKING
+            pipe = target.client().pipeline(transaction=False)
+            pipe.execute_command("ASKING")
+            pipe.pttl(key)
+            assert pipe.execute()[1] > 0
+            assert held.lost is None
+        finally:
+            for node in cluster_nodes:  # the move ends: the slot is the target's
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target.port])
+            for name in owner.client().keys("*{moving}*"):  # left behind: not moved
+                owner.client().delete(name)
+        held.release()
+    for name in target.client().keys("*{moving}*"):  # the slot goes back where it was
+        target.client().delete(name)
+    for node in cluster_nodes:
+        node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[owner.port])
+
+
 # -- each permission taken away ------------------------------------------------------------
 
 
