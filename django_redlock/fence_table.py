@@ -16,7 +16,7 @@ import datetime
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from django.db import (
@@ -51,6 +51,9 @@ def commit_outcome(
     again: bool,
     wait: float,
     pid: int | None = None,
+    *,
+    ended_marks: Collection[datetime.datetime] = (),
+    alone: bool = False,
 ) -> bool | None:
     """Whether a fenced transaction whose COMMIT's outcome is unknown (its reply lost or
     interrupted) committed, asked on a new connection: True or False only when the rows prove
@@ -63,7 +66,11 @@ def commit_outcome(
     created again starts at or above the backend's floor, which rose to the pruned fence), and
     a later block's upsert keeps the fence it overwrote in ``previous``. So: the row carries
     the block's fence and mark, committed; a fence below, or the hold's fence without the
-    mark, not; a later fence whose ``previous`` is the block's (fresh) fence, committed; one
+    mark, not only when that mark is one of ``ended_marks`` (blocks that ended before this one
+    began: their marks are never written after its upsert), else unknown (another block of the
+    hold, in another thread or process, may have written on top of this one); a later fence
+    whose ``previous`` is the block's (fresh) fence, committed if the block was ``alone`` (no
+    other block of its hold ran meanwhile: the fence could be theirs), else unknown; one
     whose ``previous`` is below it, not; anything else (later blocks on top, the row gone or
     created again while the floor is at or above the fence: a prune ran), unknown.
 
@@ -97,9 +104,9 @@ def commit_outcome(
             floor = cursor.fetchone()
             if postgresql:
                 cursor.execute("COMMIT")
-            expected = (
-                None if touched is None else connection.ops.adapt_datetimefield_value(touched)
-            )
+            adapt = connection.ops.adapt_datetimefield_value
+            expected = None if touched is None else adapt(touched)
+            earlier = [adapt(mark) for mark in ended_marks]
     except DatabaseError:
         logger.warning("redlock: database %r did not answer after a lost COMMIT", using,
                        exc_info=True)  # fmt: skip
@@ -112,14 +119,21 @@ def commit_outcome(
         return None if pruned or not ended else False
     recorded, previous = int(row[0]), row[1]
     if recorded == fence:  # the hold's fence: this block's only with its mark
-        return touched is None or row[2] == expected or str(row[2]) == str(expected)
+        if touched is None or _same(row[2], expected):
+            return True
+        return False if any(_same(row[2], mark) for mark in earlier) else None
     if recorded < fence:
         return False
     if previous is None:  # the row was created after this block: ours never was, or pruned
         return None if pruned else False
     if int(previous) == fence:  # the next block overwrote this hold's fence
-        return None if again else True
+        return True if alone and not again else None
     return False if int(previous) < fence else None
+
+
+def _same(found: Any, mark: Any) -> bool:
+    """Whether the row's ``touched`` is ``mark`` (as the database adapted it)."""
+    return bool(found == mark or str(found) == str(mark))
 
 
 def _ended(connection: Any, cursor: Any, pid: int, wait: float) -> bool:

@@ -40,6 +40,7 @@ The SQL of the fence table (record and check, the read after a lost COMMIT, prun
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import inspect
@@ -136,9 +137,11 @@ def row_wait(lock: FencedLock) -> float:
 class _Committed:
     """Set by the block's first ``on_commit`` callback (robust: it cannot fail): Django runs
     the callbacks after the COMMIT, in order, so once this is set the COMMIT happened. (Set
-    too when a lost COMMIT's outcome check proved it.)"""
+    too when a lost COMMIT's outcome check proved it.) ``pending``: the COMMIT was sent and
+    its outcome not yet settled: an ``Exception`` escaping the block then says "unknown"."""
 
     done = False
+    pending = False
 
     def __call__(self) -> None:
         self.done = True
@@ -220,6 +223,10 @@ class FencedTransaction:
                            " not raised: the block returns)", self.lock.describe(),
                            type(error).__name__, error)  # fmt: skip
             return False
+        if self.committed.pending and isinstance(error, Exception):
+            # Landed while the COMMIT's outcome was being settled (a signal handler's, on a
+            # line the check's retry does not cover): not "nothing committed".
+            raise _unknown(self.lock.describe(), error) from error
         raise error
 
 
@@ -263,6 +270,9 @@ def _fenced_steps(
     touched = marks.get(row) or _new_mark()
     own_mark = row not in marks
     marks[row] = touched
+    # This process's other blocks of the row (other threads' blocks of the same hold write
+    # the same fence with their own marks): what the outcome check may conclude from them.
+    seen = _open_block(row, hold.token, touched) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     try:
         with transaction.atomic(using=using):
@@ -288,7 +298,7 @@ def _fenced_steps(
                     " order, by hand): rolled back, nothing committed"
                 )
             refuse_unfinished(using, lock.describe())
-            exiting = outermost  # from here on, only the COMMIT can fail
+            exiting = committed.pending = outermost  # from here on, only the COMMIT can fail
     except BaseException as exc:
         if misnested and connections[using].in_atomic_block:
             # Django's exit rolled back to the inner block's savepoint and kept the
@@ -298,6 +308,7 @@ def _fenced_steps(
             # Django's enter or exit was cut short before it left the transaction (an
             # exception from a signal handler on its first lines): no COMMIT was sent, and
             # the transaction would stay open, the next block a savepoint of it.
+            committed.pending = False
             _abandon(using)
             raise
         elif len(connections[using].savepoint_ids) > outer_savepoints and not misnested:
@@ -323,8 +334,11 @@ def _fenced_steps(
             raise
         # A block nested on this row and re-fenced after this one's check wrote a larger
         # fence with this block's mark, and this fence in ``previous``: found all the same.
-        outcome = commit_outcome(using, lock.using, lock.name, fence, touched, again,
-                                 min(max(row_wait(lock), 5.0), 60.0), pid)  # fmt: skip
+        ended, alone = seen.concluded(hold.token) if seen is not None else ((), False)
+        outcome, stopped = _check(lambda: commit_outcome(
+            using, lock.using, lock.name, fence, touched, again,
+            min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended, alone=alone,
+        ))  # fmt: skip
         interrupt = _interrupt_in(exc, handled)
         if interrupt is not None:
             # "Stop", not "failed": the interrupt goes on, whatever the outcome (logged).
@@ -339,14 +353,15 @@ def _fenced_steps(
                 raise
             raise interrupt from None  # Django's exit had made it a database error
         if outcome is None:
-            raise CommitOutcomeUnknown(
-                f"{lock.describe()}: the COMMIT of its fenced transaction on database {using!r}"
-                f" did not answer ({type(exc).__name__}: {exc}), and the database could not"
-                " prove whether it committed: the outcome is UNKNOWN. Do not retry blindly:"
-                " check what the block wrote first."
-            ) from exc
+            committed.pending = False  # settled: unknown, said below
+            if stopped is not None:
+                raise _unknown(lock.describe(), stopped) from stopped
+            raise _unknown(lock.describe(), exc, using) from exc
         if not outcome:
-            raise  # the rows prove that this block's fence was never committed
+            committed.pending = False  # settled: the rows prove it never committed
+            if stopped is not None:
+                raise stopped from exc  # it said "stop": nothing committed, proven
+            raise
         committed.done = True  # first: an exception from here on finds it committed
         logger.warning(
             "redlock: %s: the COMMIT of its fenced transaction did not answer (%s: %s), yet"
@@ -355,18 +370,57 @@ def _fenced_steps(
             type(exc).__name__,
             exc,
         )
+        if stopped is not None:  # committed: raising it would invite a retry (logged)
+            logger.warning("redlock: %s: %s interrupted the outcome check of its fenced"
+                           " transaction, asked again: it committed (logged, not raised)",
+                           lock.describe(), type(stopped).__name__)  # fmt: skip
     finally:
         # On one line (see FencedTransaction), and again should it be cut short: a mark left
         # behind would be every later block's of the row on this thread.
-        try: _forget_mark(marks, row, own_mark)  # noqa: E701  # fmt: skip
-        finally: _forget_mark(marks, row, own_mark)  # noqa: E701  # fmt: skip
+        try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
+        finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
 
 
 def _forget_mark(
-    marks: dict[tuple[str, str, str], Any], row: tuple[str, str, str], own: bool
+    marks: dict[tuple[str, str, str], Any],
+    row: tuple[str, str, str],
+    own: bool,
+    seen: _Seen | None,
 ) -> None:
     if own:
         marks.pop(row, None)
+    if seen is not None:
+        seen.close()
+
+
+def _check(ask: Callable[[], bool | None]) -> tuple[bool | None, Exception | None]:
+    """A lost COMMIT's outcome check, and the ``Exception`` a signal handler raised during it
+    (Celery's soft time limit, while the check waits for the row): then asked once more, as
+    the exit's other steps are, since escaping would say "nothing committed" for a block that
+    may have committed. Interrupted again: unknown (None). Each try on one line (see
+    :class:`FencedTransaction`); an exception between them finds ``committed.pending``."""
+    stopped: Exception | None = None
+    try: return ask(), None  # noqa: E701  # fmt: skip
+    except Exception as error: stopped = error  # noqa: E701  # fmt: skip
+    try: return ask(), stopped  # noqa: E701  # fmt: skip
+    except Exception: return _check_cut_short(stopped)  # noqa: E701  # fmt: skip
+
+
+def _check_cut_short(stopped: Exception) -> tuple[None, Exception]:
+    logger.warning("redlock: the outcome check of a lost COMMIT, asked again after %s, was cut"
+                   " short: the outcome is unknown", type(stopped).__name__,
+                   exc_info=True)  # fmt: skip
+    return None, stopped
+
+
+def _unknown(describe: str, error: BaseException, using: str | None = None) -> CommitOutcomeUnknown:
+    where = "" if using is None else f" on database {using!r}"
+    return CommitOutcomeUnknown(
+        f"{describe}: the COMMIT of its fenced transaction{where} did not answer, or its"
+        f" outcome check was cut short ({type(error).__name__}: {error}), and the database"
+        " could not prove whether it committed: the outcome is UNKNOWN. Do not retry blindly:"
+        " check what the block wrote first."
+    )
 
 
 def refuse_manual_commit(using: str, describe: str) -> None:
@@ -481,6 +535,78 @@ def _new_mark() -> datetime.datetime:
             now = _last_mark[0] + datetime.timedelta(microseconds=1)
         _last_mark[:] = [now]
     return now
+
+
+class _Seen:
+    """A block's view of this process's other blocks of its row, for its outcome check (when
+    the row carries its fence with another mark, or a later fence over its own).
+
+    ``ended``: the marks of the row's blocks that had ended when this one began: written, if
+    at all, before this block's upsert, and never again after it (a mark is a block's own, and
+    its nested blocks'), so the row showing one proves this block's write is not there.
+    ``alone``: no other block of the same hold (same fence, another thread's connection) was
+    open when this one began, and none began until its check: else the fence in the row (or
+    in a later block's ``previous``) may be theirs. Per process: a hold adopted by another
+    process writes marks this one never saw (unknown, not "not committed")."""
+
+    def __init__(
+        self, row: tuple[str, str, str], token: str, mark: Any, ended: tuple[Any, ...]
+    ) -> None:
+        self.row, self.token, self.mark, self.ended = row, token, mark, ended
+        self.others = 0  # the hold's blocks of the row open when this one began
+        self.began = 0  # how many of them had begun, this one included
+        self.open = True
+
+    def concluded(self, token: str) -> tuple[tuple[Any, ...], bool]:
+        """(``ended``, ``alone``) for the check of a block of the hold ``token``."""
+        with _seen_lock:
+            count = _holds_open.get((self.row, self.token))
+            alone = (
+                token == self.token and self.others == 0
+                and count is not None and count[1] == self.began
+            )  # fmt: skip
+        return self.ended, alone
+
+    def close(self) -> None:
+        """The block ended: its mark joins the row's ended ones (idempotent)."""
+        with _seen_lock:
+            if not self.open:
+                return
+            self.open = False
+            key = (self.row, self.token)
+            count = _holds_open.get(key)
+            if count is not None:
+                count[0] -= 1
+                if count[0] <= 0:
+                    del _holds_open[key]
+            ended = _ended_marks.pop(self.row, None) or collections.deque(maxlen=_ENDED_KEPT)
+            ended.append(self.mark)
+            _ended_marks[self.row] = ended  # the newest last: the oldest row is dropped first
+            while len(_ended_marks) > _ROWS_KEPT:
+                _ended_marks.popitem(last=False)
+
+
+def _open_block(row: tuple[str, str, str], token: str, mark: Any) -> _Seen:
+    """Register a block (the outermost of its row on this thread) of hold ``token``."""
+    with _seen_lock:
+        seen = _Seen(row, token, mark, tuple(_ended_marks.get(row, ())))
+        count = _holds_open.setdefault((row, token), [0, 0])
+        seen.others = count[0]
+        count[0] += 1
+        count[1] += 1
+        seen.began = count[1]
+    return seen
+
+
+_seen_lock = threading.Lock()
+#: (row, hold token) -> [blocks open, blocks begun while any was open]
+_holds_open: dict[tuple[tuple[str, str, str], str], list[int]] = {}
+#: row -> the marks of its latest ended blocks (bounded: a proof forgotten says "unknown")
+_ended_marks: collections.OrderedDict[tuple[str, str, str], collections.deque[Any]] = (
+    collections.OrderedDict()
+)
+_ENDED_KEPT = 8
+_ROWS_KEPT = 4096
 
 
 def _marks() -> dict[tuple[str, str, str], Any]:

@@ -380,6 +380,38 @@ def test_a_time_limit_during_a_late_commit_reply_returns_as_committed(
     assert sales(PG) == [("a", 5), ("b", 4)]
 
 
+def test_a_time_limit_during_the_outcome_check_of_a_lost_commit_returns_as_committed(
+    name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outcome check waits for the next holder's transaction (the row is locked); a soft
+    time limit there escaped the block as itself, an ``Exception``: "nothing committed, retry"
+    for a committed block. The check is asked again, and proves it committed."""
+    open_shop(PG, 1, 5)
+    next_done = threading.Event()
+
+    def next_holder() -> None:
+        with lock(name, ttl=30, timeout=20, atomic=PG):  # waits for the lost hold's row
+            sell_one(PG, 1, "n")
+            time.sleep(2.0)  # the row stays locked: the outcome check waits
+        next_done.set()
+
+    thread: threading.Thread | None = None
+    with signal_raises(TimeLimit) as after, lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        locks["default"].force_release(name)  # the hold lost mid-block
+        thread = in_thread(next_holder)
+        deadline = time.monotonic() + 20
+        while not lock(name).locked():  # the next holder holds it, waits for the row
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proxied.fault_commit("cut", hold=0.3, during=lambda: after(1.0))  # during the check
+    assert thread is not None
+    thread.join(20)
+    assert next_done.is_set() and proxied.commits_faulted == 1
+    assert sales(PG) == [("a", 5), ("n", 4)] and "proves that it committed" in caplog.text
+    assert "TimeLimit" in caplog.text  # the time limit is logged, not lost
+
+
 # -- a prune between the COMMIT and the outcome check ------------------------------------------
 
 
@@ -601,6 +633,35 @@ def test_an_exception_on_django_s_atomic_first_lines_rolls_back_and_leaves_no_tr
 
     in_thread(next_holder).join(20)
     assert got == ["c"] and sales(PG) == [("b", 5), ("c", 4)]
+
+
+# -- blocks of one hold in two threads (a plain Lock handed to another thread) -------------------
+
+
+def test_a_lost_commit_while_another_thread_s_block_of_the_hold_committed_is_unknown(
+    name: str, proxied: LossyProxy
+) -> None:
+    """B1's COMMIT committed, its reply held back; B2, another thread's block of the same
+    hold (the same fence), commits on top. The row shows the hold's fence with B2's mark: it
+    said "not committed" for a committed block. Which of the two wrote last cannot tell
+    whether B1 committed: unknown."""
+    open_shop(PG, 1, 5)
+    held = lock(name, ttl=30)
+    held.acquire()
+    with held.atomic(PROXIED):  # an earlier block: the row carries the hold's fence
+        pass
+    other: list[str] = []
+
+    def b2() -> None:
+        with held.atomic(PG):
+            sell_one(PG, 1, "b2")
+        other.append("committed")
+
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "b1")
+        proxied.fault_commit("cut", hold=0.3, during=lambda: in_thread(b2).join(20))
+    held.release()
+    assert other == ["committed"] and sales(PG) == [("b1", 5), ("b2", 4)]
 
 
 # -- a frozen clock (freezegun, time-machine) ------------------------------------------------
