@@ -272,7 +272,7 @@ def _fenced_steps(
     marks[row] = touched
     # This process's other blocks of the row (other threads' blocks of the same hold write
     # the same fence with their own marks): what the outcome check may conclude from them.
-    seen = _open_block(row, hold.token, touched) if own_mark else None
+    seen = _open_block(row[1:], hold.token, touched) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     try:
         with transaction.atomic(using=using):
@@ -549,9 +549,7 @@ class _Seen:
     in a later block's ``previous``) may be theirs. Per process: a hold adopted by another
     process writes marks this one never saw (unknown, not "not committed")."""
 
-    def __init__(
-        self, row: tuple[str, str, str], token: str, mark: Any, ended: tuple[Any, ...]
-    ) -> None:
+    def __init__(self, row: tuple[str, str], token: str, mark: Any, ended: tuple[Any, ...]) -> None:
         self.row, self.token, self.mark, self.ended = row, token, mark, ended
         self.others = 0  # the hold's blocks of the row open when this one began
         self.began = 0  # how many of them had begun, this one included
@@ -586,8 +584,9 @@ class _Seen:
                 _ended_marks.popitem(last=False)
 
 
-def _open_block(row: tuple[str, str, str], token: str, mark: Any) -> _Seen:
-    """Register a block (the outermost of its row on this thread) of hold ``token``."""
+def _open_block(row: tuple[str, str], token: str, mark: Any) -> _Seen:
+    """Register a block (the outermost of its row on this thread) of hold ``token``; ``row``:
+    (backend, lock name), whatever the database alias (two aliases may be one database)."""
     with _seen_lock:
         seen = _Seen(row, token, mark, tuple(_ended_marks.get(row, ())))
         count = _holds_open.setdefault((row, token), [0, 0])
@@ -600,9 +599,9 @@ def _open_block(row: tuple[str, str, str], token: str, mark: Any) -> _Seen:
 
 _seen_lock = threading.Lock()
 #: (row, hold token) -> [blocks open, blocks begun while any was open]
-_holds_open: dict[tuple[tuple[str, str, str], str], list[int]] = {}
+_holds_open: dict[tuple[tuple[str, str], str], list[int]] = {}
 #: row -> the marks of its latest ended blocks (bounded: a proof forgotten says "unknown")
-_ended_marks: collections.OrderedDict[tuple[str, str, str], collections.deque[Any]] = (
+_ended_marks: collections.OrderedDict[tuple[str, str], collections.deque[Any]] = (
     collections.OrderedDict()
 )
 _ENDED_KEPT = 8

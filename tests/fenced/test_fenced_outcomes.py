@@ -664,6 +664,51 @@ def test_a_lost_commit_while_another_thread_s_block_of_the_hold_committed_is_unk
     assert other == ["committed"] and sales(PG) == [("b1", 5), ("b2", 4)]
 
 
+def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_not_committed(
+    name: str, proxied: LossyProxy
+) -> None:
+    """B1's COMMIT is refused (rolled back), its reply late; meanwhile B2, another thread's
+    block of the same hold, commits the hold's fence, the hold is lost and the next holder
+    commits on top: its ``previous`` is the hold's fence, B2's. B1 returned as committed,
+    nothing of it committed; now unknown (the rows cannot tell B1's fence from B2's)."""
+    with connections[PG].cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS outcome_deferred"
+            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )
+        cursor.execute("DELETE FROM outcome_deferred")
+    open_shop(PG, 1, 5)
+    with lock(name, ttl=30, atomic=PG):  # the row exists, written by the hold before
+        pass
+    held = lock(name, ttl=30)
+    held.acquire()
+    done: list[str] = []
+
+    def b2() -> None:
+        with held.atomic(PG):
+            sell_one(PG, 1, "b2")
+        done.append("b2")
+
+    def next_holder() -> None:
+        with lock(name, ttl=30, timeout=5, atomic=PG):
+            sell_one(PG, 1, "n")
+        done.append("n")
+
+    def meanwhile() -> None:
+        in_thread(b2).join(20)
+        locks["default"].force_release(name)  # the hold lost
+        in_thread(next_holder).join(20)
+
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "b1")
+        with connections[PROXIED].cursor() as cursor:
+            cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")  # refused at COMMIT
+        proxied.fault_commit("late", hold=0.1, during=meanwhile)
+    with contextlib.suppress(LockError):
+        held.release()
+    assert done == ["b2", "n"] and sales(PG) == [("b2", 5), ("n", 4)]
+
+
 # -- a frozen clock (freezegun, time-machine) ------------------------------------------------
 
 
