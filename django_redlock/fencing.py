@@ -23,7 +23,10 @@ an interrupt, which says "stop"). So:
 * a COMMIT whose reply was lost or interrupted (any exception out of it) is settled from the
   lock's row, read on a new connection (:func:`commit_outcome`): the block's upsert wrote its
   fence and mark there, in the same transaction, and a later block's keeps it in
-  ``previous``; nested blocks of the row write the outer block's mark;
+  ``previous``; nested blocks of the row write the outer block's mark; other blocks of the
+  same hold (other threads) make a mark other than its own prove nothing (:class:`_Seen`);
+  an ``Exception`` during that read (a soft time limit) has it asked again (:func:`_check`),
+  never raised as "nothing committed";
 * blocks exited out of order by hand are refused and rolled back (Django's exits would mix
   their savepoints up); a connection with autocommit off is refused;
 * once the COMMIT happened (a first robust ``on_commit`` marks it), nothing is raised as if it
@@ -63,6 +66,7 @@ from django.utils import timezone
 from .exceptions import CommitOutcomeUnknown, LockError, LockLost, LockNotOwned
 from .fence_table import check_fence, commit_outcome, pid_of
 from .fence_table import prune_fences as prune_fences  # its old path
+from .forks import after_fork_in_child
 
 logger = logging.getLogger("django_redlock")
 
@@ -247,7 +251,8 @@ def _fenced_steps(
     outcome to be learnt: :func:`~.fence_table.commit_outcome` reads the lock's row on a new
     connection. Committed: the block returns (a warning logged; its ``on_commit`` callbacks
     did not run). Not committed: the exception, as it came. Not provable either way:
-    ``CommitOutcomeUnknown``."""
+    ``CommitOutcomeUnknown``. An ``Exception`` raised during the check (a signal handler's)
+    has it asked once more: its answer stands; cut short again, ``CommitOutcomeUnknown``."""
     if not lock.exclusive:
         raise TypeError(
             f"{lock.describe()} is shared by several holders at once: a fenced transaction"
@@ -606,6 +611,14 @@ _ended_marks: collections.OrderedDict[tuple[str, str], collections.deque[Any]] =
 )
 _ENDED_KEPT = 8
 _ROWS_KEPT = 4096
+
+
+@after_fork_in_child
+def _new_locks_in_child() -> None:
+    """A lock another thread held at the fork would never be released in the child. (The
+    counts stay: a parent's block still open counts as another block of its hold.)"""
+    global _seen_lock, _mark_lock
+    _seen_lock, _mark_lock = threading.Lock(), threading.Lock()
 
 
 def _marks() -> dict[tuple[str, str, str], Any]:

@@ -664,7 +664,7 @@ def test_a_lost_commit_while_another_thread_s_block_of_the_hold_committed_is_unk
     assert other == ["committed"] and sales(PG) == [("b1", 5), ("b2", 4)]
 
 
-def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_not_committed(
+def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_unknown(
     name: str, proxied: LossyProxy
 ) -> None:
     """B1's COMMIT is refused (rolled back), its reply late; meanwhile B2, another thread's
