@@ -380,6 +380,46 @@ def test_a_time_limit_during_a_late_commit_reply_returns_as_committed(
     assert sales(PG) == [("a", 5), ("b", 4)]
 
 
+def lost_commit_checked_under_the_next_holder(
+    name: str, proxied: LossyProxy, limits: list[float], row_held: float
+) -> BaseException | None:
+    """A's hold is lost mid-block and the next holder N waits for A's row; A's COMMIT commits,
+    its reply is cut; N then holds the row ``row_held`` s, so A's outcome check waits for it;
+    a ``TimeLimit`` lands ``limits`` s after the cut (during the check). What A's block raised,
+    or None."""
+    n_done = threading.Event()
+
+    def next_holder() -> None:
+        with lock(name, ttl=30, timeout=20, atomic=PG):  # waits for the lost hold's row
+            sell_one(PG, 1, "n")
+            time.sleep(row_held)  # the row stays locked: the outcome check waits
+        n_done.set()
+
+    def during() -> None:
+        for seconds in limits:
+            after(seconds)
+
+    thread: threading.Thread | None = None
+    raised: BaseException | None = None
+    with signal_raises(TimeLimit) as after:
+        try:
+            with lock(name, ttl=30, atomic=PROXIED):
+                sell_one(PROXIED, 1, "a")
+                locks["default"].force_release(name)  # the hold lost mid-block
+                thread = in_thread(next_holder)
+                deadline = time.monotonic() + 20
+                while not lock(name).locked():  # N holds it, waits for the row
+                    assert time.monotonic() < deadline
+                    time.sleep(0.01)
+                proxied.fault_commit("cut", during=during)
+        except Exception as exc:
+            raised = exc
+    assert thread is not None
+    thread.join(20)
+    assert n_done.is_set() and proxied.commits_faulted == 1
+    return raised
+
+
 def test_a_time_limit_during_the_outcome_check_of_a_lost_commit_returns_as_committed(
     name: str, proxied: LossyProxy, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -387,29 +427,19 @@ def test_a_time_limit_during_the_outcome_check_of_a_lost_commit_returns_as_commi
     time limit there escaped the block as itself, an ``Exception``: "nothing committed, retry"
     for a committed block. The check is asked again, and proves it committed."""
     open_shop(PG, 1, 5)
-    next_done = threading.Event()
+    raised = lost_commit_checked_under_the_next_holder(name, proxied, [1.0], row_held=2.0)
+    assert raised is None and sales(PG) == [("a", 5), ("n", 4)]
+    assert "proves that it committed" in caplog.text
+    assert "TimeLimit interrupted the outcome check" in caplog.text  # logged, not lost
 
-    def next_holder() -> None:
-        with lock(name, ttl=30, timeout=20, atomic=PG):  # waits for the lost hold's row
-            sell_one(PG, 1, "n")
-            time.sleep(2.0)  # the row stays locked: the outcome check waits
-        next_done.set()
 
-    thread: threading.Thread | None = None
-    with signal_raises(TimeLimit) as after, lock(name, ttl=30, atomic=PROXIED):
-        sell_one(PROXIED, 1, "a")
-        locks["default"].force_release(name)  # the hold lost mid-block
-        thread = in_thread(next_holder)
-        deadline = time.monotonic() + 20
-        while not lock(name).locked():  # the next holder holds it, waits for the row
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        proxied.fault_commit("cut", hold=0.3, during=lambda: after(1.0))  # during the check
-    assert thread is not None
-    thread.join(20)
-    assert next_done.is_set() and proxied.commits_faulted == 1
-    assert sales(PG) == [("a", 5), ("n", 4)] and "proves that it committed" in caplog.text
-    assert "TimeLimit" in caplog.text  # the time limit is logged, not lost
+def test_a_check_cut_short_twice_by_time_limits_is_unknown(name: str, proxied: LossyProxy) -> None:
+    """A second time limit during the check asked again: the outcome is not learnt, and the
+    block says so (``CommitOutcomeUnknown``, from the time limit), never "nothing committed"."""
+    open_shop(PG, 1, 5)
+    raised = lost_commit_checked_under_the_next_holder(name, proxied, [1.0, 1.6], row_held=2.8)
+    assert isinstance(raised, CommitOutcomeUnknown) and isinstance(raised.__cause__, TimeLimit)
+    assert sales(PG) == [("a", 5), ("n", 4)]
 
 
 # -- a prune between the COMMIT and the outcome check ------------------------------------------
