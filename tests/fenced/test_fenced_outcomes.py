@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from django.utils import timezone
 from django_redlock import (
     CommitOutcomeUnknown,
     LockError,
+    fencing,
     lock,
     lock_all,
     lock_view,
@@ -440,6 +442,73 @@ def test_a_check_cut_short_twice_by_time_limits_is_unknown(name: str, proxied: L
     raised = lost_commit_checked_under_the_next_holder(name, proxied, [1.0, 1.6], row_held=2.8)
     assert isinstance(raised, CommitOutcomeUnknown) and isinstance(raised.__cause__, TimeLimit)
     assert sales(PG) == [("a", 5), ("n", 4)]
+
+
+class CheckInterrupter:
+    """A tracer that raises ``TimeLimit`` at the ``at``-th point once armed (None: counts
+    them): each line of the fenced block's steps, of the outcome check's retry and of the
+    block's exit, and each entry into a function they call."""
+
+    def __init__(self, at: int | None) -> None:
+        self.at, self.armed, self.points, self.fired = at, False, 0, ""
+        # getattr: the test runs against older code too (to show it failed before the fix).
+        found = [getattr(fencing, "_fenced_steps", None), getattr(fencing, "_check", None),
+                 fencing.FencedTransaction._settle, fencing.FencedTransaction._leave]  # fmt: skip
+        self.codes = {f.__code__ for f in found if f is not None}
+
+    def _point(self, frame: Any) -> None:
+        self.points += 1
+        if self.points == self.at:
+            self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
+            raise TimeLimit(self.fired)
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code in self.codes:
+            return self._line
+        back = frame.f_back
+        if self.armed and back is not None and back.f_code in self.codes:
+            self._point(frame)  # at the callee's entry
+        return None
+
+    def _line(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and self.armed:
+            self._point(frame)
+        return self._line
+
+
+def test_a_time_limit_on_any_line_after_a_lost_commit_never_says_nothing_committed(
+    name: str, proxied: LossyProxy
+) -> None:
+    """The COMMIT committed, its reply lost: an ``Exception`` a signal handler raises on any
+    line from there (the outcome check, its retry, the decision) leaves the block as
+    committed or as ``CommitOutcomeUnknown``, never as itself ("nothing committed")."""
+    open_shop(PG, 1, 10_000)
+
+    def run(tracer: CheckInterrupter, buyer: str) -> str:
+        def arm() -> None:
+            tracer.armed = True  # the COMMIT reached the server, which committed
+
+        sys.settrace(tracer)
+        try:
+            with lock(name, ttl=30, atomic=PROXIED):
+                sell_one(PROXIED, 1, buyer)
+                proxied.fault_commit("cut", during=arm)
+            return "returned"
+        except Exception as exc:
+            return type(exc).__name__
+        finally:
+            sys.settrace(None)
+
+    counting = CheckInterrupter(None)
+    assert run(counting, "count") == "returned"
+    assert counting.points > 10, counting.points
+    for at in range(1, counting.points + 1):
+        tracer = CheckInterrupter(at)
+        out = run(tracer, f"b{at}")
+        where = (at, tracer.fired, out)
+        assert f"b{at}" in [who for who, _ in sales(PG)], where
+        assert out in ("returned", "CommitOutcomeUnknown"), where
+        assert not lock(name).locked() and not connections[PROXIED].in_atomic_block, where
 
 
 # -- a prune between the COMMIT and the outcome check ------------------------------------------
