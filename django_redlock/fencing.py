@@ -230,7 +230,8 @@ class FencedTransaction:
         if self.committed.pending and isinstance(error, Exception):
             # Landed while the COMMIT's outcome was being settled (a signal handler's, on a
             # line the check's retry does not cover): not "nothing committed".
-            raise _unknown(self.lock.describe(), error) from error
+            cut = "was not answered, and its outcome check was cut short"
+            raise _unknown(self.lock.describe(), error, cut) from error
         raise error
 
 
@@ -360,8 +361,9 @@ def _fenced_steps(
         if outcome is None:
             committed.pending = False  # settled: unknown, said below
             if stopped is not None:
-                raise _unknown(lock.describe(), stopped) from stopped
-            raise _unknown(lock.describe(), exc, using) from exc
+                cut = "was not answered, and its outcome check was cut short twice"
+                raise _unknown(lock.describe(), stopped, cut) from stopped
+            raise _unknown(lock.describe(), exc, f"on database {using!r} did not answer") from exc
         if not outcome:
             committed.pending = False  # settled: the rows prove it never committed
             if stopped is not None:
@@ -418,13 +420,11 @@ def _check_cut_short(stopped: Exception) -> tuple[None, Exception]:
     return None, stopped
 
 
-def _unknown(describe: str, error: BaseException, using: str | None = None) -> CommitOutcomeUnknown:
-    where = "" if using is None else f" on database {using!r}"
+def _unknown(describe: str, error: BaseException, what: str) -> CommitOutcomeUnknown:
     return CommitOutcomeUnknown(
-        f"{describe}: the COMMIT of its fenced transaction{where} did not answer, or its"
-        f" outcome check was cut short ({type(error).__name__}: {error}), and the database"
-        " could not prove whether it committed: the outcome is UNKNOWN. Do not retry blindly:"
-        " check what the block wrote first."
+        f"{describe}: the COMMIT of its fenced transaction {what} ({type(error).__name__}:"
+        f" {error}), and the database could not prove whether it committed: the outcome is"
+        " UNKNOWN. Do not retry blindly: check what the block wrote first."
     )
 
 
