@@ -294,6 +294,64 @@ def test_a_re_fence_gives_the_hold_its_new_fence_in_redis(one: Clocked, name: st
     held.release()
 
 
+def test_fences_keep_increasing_across_a_restart_empty_after_a_re_fence(
+    one: Clocked, name: str
+) -> None:
+    """No clock step: after a restart empty, the row's writer is unknown to the next hold, so
+    its block asks Redis (a re-fence). That question must not leave the name's counter ahead
+    of the server's clock: Redis restarted empty again within the second, the next hold's
+    fence (from the clock) must still be above it (SPEC: strictly increasing, across
+    restarts; the fault campaign's seed 405 found one below)."""
+    with lock(name, using="clocked", atomic=True, timeout=5):
+        sell_one(DB, 1, "first")
+    one.flush()  # restarted empty: the counter, and the token of the last hold, gone
+    with lock(name, using="clocked", ttl=30, timeout=5) as fresh:
+        granted = fresh.fence
+        with fresh.atomic():  # the row's writer unknown: one question, re-fenced
+            sell_one(DB, 1, "fresh")
+        refenced = fresh.fence
+    assert granted is not None and refenced is not None and refenced > granted
+    assert recorded(name) == refenced
+    one.flush()  # restarted empty again
+    later = lock(name, using="clocked", ttl=30, auto_renew=False)
+    assert later.acquire()
+    try:
+        assert later.fence is not None and later.fence > refenced
+    finally:
+        later.release()
+    with lock(name, using="clocked", atomic=True, timeout=5):
+        sell_one(DB, 1, "later")
+    assert [b for b, _ in sales(DB)] == ["first", "fresh", "later"]
+
+
+def test_a_stale_holder_above_a_re_fence_that_only_asked_is_still_refused(
+    one: Clocked, name: str
+) -> None:
+    """A re-fence that only asked whether the hold is current (the recorded fence below the
+    hold's, its writer unknown) gives no margin above the client's clock. A stale holder
+    whose unrecorded fence is above that new fence (the clock went back half a second while
+    the counter was lost) is still refused: the row's writer is a hold it does not know to
+    be older, and Redis says it is not current."""
+    one.step(-HOUR)
+    with lock(name, using="clocked", atomic=True, timeout=5):
+        sell_one(DB, 1, "first")  # a fence an hour old by now
+    one.step(HOUR)
+    stale = lock(name, using="clocked", ttl=1, auto_renew=False)
+    assert stale.acquire()  # a fence never recorded
+    one.step(2)  # read while expired: Redis deletes the stale hold
+    assert not one.server.client().exists(locks["clocked"].key(name))
+    one.flush()
+    one.step(-2.5)  # half a second behind real time now
+    with lock(name, using="clocked", ttl=30, atomic=True, timeout=5) as fresh:
+        sell_one(DB, 1, "fresh")  # above the recorded fence, its writer unknown: asks
+        assert fresh.fence is not None and stale.fence is not None
+        with pytest.raises(StaleFence, match="a later hold has the lock"), stale.atomic():
+            pytest.fail("the stale holder's body ran")
+    with pytest.raises(StaleFence, match="not current any more"), stale.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert [b for b, _ in sales(DB)] == ["first", "fresh"]
+
+
 # -- a 3-node Redlock ---------------------------------------------------------------------------
 
 
