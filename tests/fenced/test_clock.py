@@ -294,8 +294,19 @@ def test_a_re_fence_gives_the_hold_its_new_fence_in_redis(one: Clocked, name: st
     held.release()
 
 
+def exclusive(kind: str, name: str) -> Any:
+    """A hold of ``kind`` on ``name`` through the clocked alias, not yet acquired."""
+    from django_redlock import read_write_lock
+
+    if kind == "write":
+        return read_write_lock(name, using="clocked").write(ttl=30, timeout=5)
+    reentrant, fair = kind == "reentrant", kind == "fair"
+    return lock(name, using="clocked", ttl=30, timeout=5, reentrant=reentrant, fair=fair)
+
+
+@pytest.mark.parametrize("kind", ["", "reentrant", "fair", "write"])
 def test_fences_keep_increasing_across_a_restart_empty_after_a_re_fence(
-    one: Clocked, name: str
+    one: Clocked, name: str, kind: str
 ) -> None:
     """No clock step: after a restart empty, the row's writer is unknown to the next hold, so
     its block asks Redis (a re-fence). That question must not leave the name's counter ahead
@@ -305,7 +316,7 @@ def test_fences_keep_increasing_across_a_restart_empty_after_a_re_fence(
     with lock(name, using="clocked", atomic=True, timeout=5):
         sell_one(DB, 1, "first")
     one.flush()  # restarted empty: the counter, and the token of the last hold, gone
-    with lock(name, using="clocked", ttl=30, timeout=5) as fresh:
+    with exclusive(kind, name) as fresh:
         granted = fresh.fence
         with fresh.atomic():  # the row's writer unknown: one question, re-fenced
             sell_one(DB, 1, "fresh")
@@ -313,7 +324,7 @@ def test_fences_keep_increasing_across_a_restart_empty_after_a_re_fence(
     assert granted is not None and refenced is not None and refenced > granted
     assert recorded(name) == refenced
     one.flush()  # restarted empty again
-    later = lock(name, using="clocked", ttl=30, auto_renew=False)
+    later = exclusive(kind, name)
     assert later.acquire()
     try:
         assert later.fence is not None and later.fence > refenced
