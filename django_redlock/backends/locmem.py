@@ -263,7 +263,9 @@ class LocMemBackend(BaseLockBackend):
                 hold = leased.leases.get(token) if leased else None
                 if hold is None:
                     return -1 if other else 0, []
-            fence = max(store.fences.get(name, 0) + 1, least, recorded + 1)
+            fence = max(store.fences.get(name, 0) + 1, time.time_ns() // 1000, recorded + 1)
+            if recorded > hold.fence:  # the clock went back: see refence.lua
+                fence = max(fence, least)
             store.fences[name] = fence
             store.lasts[name] = token  # current: the last hold granted
             hold.fence = fence

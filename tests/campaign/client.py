@@ -213,7 +213,7 @@ class Inspector:
             if value[0] is None or value[1] is None:
                 return None
             meta = value[1].decode("utf-8", "replace").split("\x1f")
-            ours = int(value[0]) == fence and len(meta) > 1 and meta[1] == self.pid
+            ours = fence in (None, int(value[0])) and len(meta) > 1 and meta[1] == self.pid
             return int(pttl) if ours else None
         if value is None:
             return None
@@ -221,7 +221,10 @@ class Inspector:
         if not parts[0].startswith(prefix):
             return None
         # Redlock nodes keep their own counters: only the token says it is this hold there.
-        if len(self.nodes) == 1 and (len(parts) < 2 or parts[1] != str(fence)):
+        # Fence None: not known to the client (a re-fence whose reply was lost), the token
+        # alone says it.
+        mismatch = len(parts) < 2 or parts[1] != str(fence)
+        if len(self.nodes) == 1 and fence is not None and mismatch:
             return None
         return int(pttl)
 

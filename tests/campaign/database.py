@@ -315,9 +315,10 @@ def _failed(log: Any, hold: int, fence: int | None, exc: BaseException, when: st
 
 
 def run_held(lk: Any, hold: int, fence: int, cid: str, rng: random.Random, log: Any,
-             ttl: float) -> int:  # fmt: skip
+             ttl: float) -> int | None:  # fmt: skip
     """The held form's block: ``with lk.atomic()`` inside a hold taken by ``acquire()``. The
-    hold's fence after it (a re-fence raises it)."""
+    hold's fence after it (a re-fence raises it); None when a re-fence may have given the
+    hold a fence the client was not told (see :func:`fence_unknown`)."""
     from django.db import transaction
 
     unfenced = bool(os.environ.get("CAMPAIGN_DB_UNFENCED"))
@@ -335,9 +336,23 @@ def run_held(lk: Any, hold: int, fence: int, cid: str, rng: random.Random, log: 
                 log("db_nested", h=hold)
     except Exception as exc:
         _failed(log, hold, fence, exc, "body")
-        return fence
+        return None if fence_unknown(exc) else fence
     log("db_ok", h=hold, fence=fence, seen=seen)
     return fence
+
+
+def fence_unknown(exc: BaseException) -> bool:
+    """Whether a block that raised ``exc`` may have left its hold with a fence it was not
+    told: a re-fence Redis ran whose reply was lost (BackendUnavailable, QuorumNotReached),
+    or cut short by a time limit. The hold is the same (its token), its fence in Redis the
+    new one (docs/topics/fencing.md: "the owner's next re-entry finds the larger fence")."""
+    from django_redlock import LockError, LockNotAcquired, StaleFence
+
+    from .interrupts import TimeLimit
+
+    if isinstance(exc, (StaleFence, LockNotAcquired)):  # no re-fence ran, or it answered
+        return False
+    return isinstance(exc, (LockError, TimeLimit))
 
 
 def checked_fence(lk: Any) -> int:

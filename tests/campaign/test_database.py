@@ -141,3 +141,27 @@ def test_the_campaign_check_reports_the_database() -> None:
     assert "database: 4 fenced transactions committed (counter 3" in report.summary()
     assert "VIOLATION lost-update" in report.details()
     assert check(events=clean().events, database=clean().history(), **common).ok
+
+
+def test_a_hold_whose_re_fence_reply_was_lost_is_found_by_its_token(redis_server: Any) -> None:
+    """A held-form block that raised BackendUnavailable (or QuorumNotReached, or a time limit)
+    may have had its re-fence run in Redis, its reply lost: the hold's fence there is then
+    one the client was not told. Its direct checks match the hold by its token alone (seed
+    409 reported a release-hid-loss for a hold that was there, under its new fence); a fence
+    the client knows must still match, on a single server."""
+    from django_redlock import BackendUnavailable, LockNotAcquired, QuorumNotReached, StaleFence
+
+    from .client import Inspector
+    from .database import fence_unknown
+    from .interrupts import TimeLimit
+
+    assert fence_unknown(BackendUnavailable("lost")) and fence_unknown(QuorumNotReached("q"))
+    assert fence_unknown(TimeLimit())
+    assert not fence_unknown(StaleFence("stale", 2, 3)) and not fence_unknown(LockNotAcquired("w"))
+    assert not fence_unknown(ValueError("the body's"))
+    inspector = Inspector({"direct_urls": [redis_server.url], "name": "fenced", "kind": "database"})
+    redis_server.client().set("redlock:{fenced}", "c1h3.x|1002|0|meta", px=5000)  # re-fenced
+    assert inspector.holds("c1h3.", 1002, False)[0] is True
+    assert inspector.holds("c1h3.", 1001, False)[0] is False  # the fence granted: not this
+    assert inspector.holds("c1h3.", None, False)[0] is True  # unknown: the token says
+    assert inspector.holds("c1h4.", None, False)[0] is False

@@ -294,6 +294,110 @@ def test_a_re_fence_gives_the_hold_its_new_fence_in_redis(one: Clocked, name: st
     held.release()
 
 
+def exclusive(kind: str, name: str) -> Any:
+    """A hold of ``kind`` on ``name`` through the clocked alias, not yet acquired."""
+    from django_redlock import read_write_lock
+
+    if kind == "write":
+        return read_write_lock(name, using="clocked").write(ttl=30, timeout=5)
+    reentrant, fair = kind == "reentrant", kind == "fair"
+    return lock(name, using="clocked", ttl=30, timeout=5, reentrant=reentrant, fair=fair)
+
+
+@pytest.mark.parametrize("kind", ["", "reentrant", "fair", "write"])
+def test_fences_keep_increasing_across_a_restart_empty_after_a_re_fence(
+    one: Clocked, name: str, kind: str
+) -> None:
+    """No clock step: after a restart empty, the row's writer is unknown to the next hold, so
+    its block asks Redis (a re-fence). That question must not leave the name's counter ahead
+    of the server's clock: Redis restarted empty again within the second, the next hold's
+    fence (from the clock) must still be above it (SPEC: strictly increasing, across
+    restarts; the fault campaign's seed 405 found one below)."""
+    with lock(name, using="clocked", atomic=True, timeout=5):
+        sell_one(DB, 1, "first")
+    one.flush()  # restarted empty: the counter, and the token of the last hold, gone
+    with exclusive(kind, name) as fresh:
+        granted = fresh.fence
+        with fresh.atomic():  # the row's writer unknown: one question, re-fenced
+            sell_one(DB, 1, "fresh")
+        refenced = fresh.fence
+    assert granted is not None and refenced is not None and refenced > granted
+    assert recorded(name) == refenced
+    one.flush()  # restarted empty again
+    later = exclusive(kind, name)
+    assert later.acquire()
+    try:
+        assert later.fence is not None and later.fence > refenced
+    finally:
+        later.release()
+    with lock(name, using="clocked", atomic=True, timeout=5):
+        sell_one(DB, 1, "later")
+    assert [b for b, _ in sales(DB)] == ["first", "fresh", "later"]
+
+
+def stale_above_a_question(one: Clocked, name: str) -> Any:
+    """A hold recorded an hour ago; then a hold whose fence is never recorded expires, the
+    counter is lost and the clock goes back 5 s: the stale hold, its fence above the next
+    hold's, and that one above the recorded fence."""
+    one.step(-HOUR)
+    # A TTL of 2 h: the counter (and its last token) outlives the step forward.
+    with lock(name, using="clocked", ttl=2 * HOUR, atomic=True, timeout=5):
+        sell_one(DB, 1, "first")  # a fence an hour old by now
+    one.step(HOUR)
+    stale = lock(name, using="clocked", ttl=1, auto_renew=False)
+    assert stale.acquire()  # a fence never recorded; the hold before it: the first one
+    one.step(2)  # read while expired: Redis deletes the stale hold
+    assert not one.server.client().exists(locks["clocked"].key(name))
+    one.flush()
+    one.step(-7)  # 5 s behind real time now
+    return stale
+
+
+def test_a_stale_holder_above_a_re_fence_that_only_asked_is_still_refused(
+    one: Clocked, name: str
+) -> None:
+    """A re-fence that only asked whether the hold is current (the recorded fence below the
+    hold's, its writer unknown) gives no margin above the client's clock. A stale holder
+    whose unrecorded fence is above that new fence (the clock went back while the counter
+    was lost) is still refused: the row's writer is a hold it does not know to be older,
+    and Redis says it is not current."""
+    stale = stale_above_a_question(one, name)
+    with lock(name, using="clocked", ttl=30, atomic=True, timeout=5) as fresh:
+        sell_one(DB, 1, "fresh")  # above the recorded fence, its writer unknown: asks
+        assert fresh.fence is not None and stale.fence is not None
+        assert fresh.fence < stale.fence
+        with pytest.raises(StaleFence, match="a later hold has the lock"), stale.atomic():
+            pytest.fail("the stale holder's body ran")
+    with pytest.raises(StaleFence, match="not current any more"), stale.atomic():
+        pytest.fail("the stale holder's body ran")
+    assert [b for b, _ in sales(DB)] == ["first", "fresh"]
+
+
+def test_a_stale_holder_above_a_re_fence_that_only_asked_commits_first_as_the_older_hold(
+    one: Clocked, name: str
+) -> None:
+    """The same, but the current hold's block rolled back: the row's writer is still the hold
+    given a fence before the stale one, which commits, as the older hold. The current hold's
+    next block finds that fence above its own and is re-fenced above it: commits in grant
+    order, fences growing along them."""
+    stale = stale_above_a_question(one, name)
+    current = lock(name, using="clocked", ttl=30, auto_renew=False)
+    assert current.acquire()
+    with pytest.raises(ZeroDivisionError), current.atomic():
+        raise ZeroDivisionError  # asked and re-fenced, then rolled back: nothing committed
+    assert current.fence is not None and stale.fence is not None
+    assert current.fence < stale.fence
+    try:
+        with stale.atomic():
+            sell_one(DB, 1, "stale")
+        with current.atomic():  # a fence above its own recorded: the clock went back
+            sell_one(DB, 1, "current")
+        assert current.fence > stale.fence and recorded(name) == current.fence
+    finally:
+        current.release()
+    assert [b for b, _ in sales(DB)] == ["first", "stale", "current"]
+
+
 # -- a 3-node Redlock ---------------------------------------------------------------------------
 
 
