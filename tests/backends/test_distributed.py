@@ -855,3 +855,78 @@ def test_after_a_planned_sentinel_failover_the_watchdog_renews_on_the_new_master
             locks["s"].close()
     finally:
         stop_all(group)
+
+
+def _fail_over(sentinel: RedisServer, new: RedisServer) -> None:
+    """SENTINEL FAILOVER (a planned one), returned once the sentinels name ``new``."""
+    deadline = time.monotonic() + 30
+    while True:  # refused (NOGOODSLAVE) until the sentinel has fresh news of the replica
+        try:
+            sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+            break
+        except ResponseError:
+            assert time.monotonic() < deadline, "the sentinel never accepted the failover"
+            time.sleep(0.2)
+    while master_port(sentinel) != new.port:
+        assert time.monotonic() < deadline, "no failover"
+        time.sleep(0.05)
+
+
+def test_after_a_planned_sentinel_failover_an_asyncio_take_lands_on_the_new_master(
+    name: str,
+) -> None:
+    """An event loop's pooled connection stayed on the old master, which takes writes until
+    the sentinels demote it (seconds): an asyncio take 1.5 s after the switch was granted
+    there while a thread took the same name on the new master (two holders). The backend's
+    look at the sentinels (once a second) now moves every loop's connections too."""
+    group = start_sentinel_group()
+    old, new, sentinel = group[0], group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            key = locks["s"].key(name)
+
+            async def main() -> None:
+                warm = lock(f"{name}:warm", using="s")
+                assert await warm.aacquire(blocking=False)  # the loop's connection, to old
+                await warm.arelease()
+                _fail_over(sentinel, new)
+                await asyncio.sleep(1.5)  # past the backend's next look
+                assert old.client().info("replication")["role"] == "master"  # still writable
+                held = lock(name, using="s", ttl=10)
+                assert await held.aacquire(blocking=False)
+                on_new, on_old = new.client().exists(key), old.client().exists(key)
+                await held.arelease()
+                assert (on_new, on_old) == (1, 0)
+
+            asyncio.run(main())
+            locks["s"].close()
+    finally:
+        stop_all(group)
+
+
+def test_after_a_planned_sentinel_failover_an_asyncio_release_reaches_the_new_master(
+    name: str,
+) -> None:
+    """As above for a hold taken before the switch: its arelease() 1.5 s after it deleted
+    the old master's copy, while the new master's, renewed there by the watchdog, blocked
+    the name for its TTL."""
+    group = start_sentinel_group()
+    old, new, sentinel = group[0], group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            key = locks["s"].key(name)
+
+            async def main() -> None:
+                held = lock(name, using="s", ttl=15)
+                assert await held.aacquire(blocking=False)
+                _fail_over(sentinel, new)  # (a planned failover waits for the replica)
+                await asyncio.sleep(1.5)
+                assert old.client().info("replication")["role"] == "master"
+                assert await held.aowned()
+                await held.arelease()
+                assert new.client().pttl(key) == -2  # released where the hold is
+
+            asyncio.run(main())
+            locks["s"].close()
+    finally:
+        stop_all(group)
