@@ -5,16 +5,19 @@ Waiters use sharded pub/sub on Redis 7+ (``SPUBLISH`` from the scripts, ``SSUBSC
 node that owns the lock's slot): a release's wake-up stays on that shard instead of being
 broadcast over the cluster bus to every node, as classic ``PUBLISH`` is. When a node runs Redis
 6.x (found once per backend, from every node's ``INFO``) they use classic pub/sub. Async operations
-run the sync cluster client in a worker thread (see ``aexecute``).
+run the sync cluster client in worker threads, a pool per master (see ``aexecute``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import os
 import threading
 import time
 from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import redis.cluster
@@ -48,6 +51,7 @@ logger = logging.getLogger("django_redlock")
 MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
 MIGRATION_WAIT_MS = 100  # a take refused by a longer migration: its caller tries again then
 REDIRECTIONS = 4  # MOVED, ASK, TRYAGAIN answers redis-py follows per command (see make_client)
+ASYNC_THREADS = 32  # worker threads per master for asyncio calls (fewer with max_connections)
 ASKED_MAX = 10_000  # locks remembered as asked elsewhere (an ASK) before the notes are reset
 
 
@@ -476,15 +480,81 @@ class RedisClusterBackend(RedisBackend):
             raise self._unavailable(op.name, exc) from exc
         return super().execute(op)
 
+    # -- asyncio: the sync client in worker threads ---------------------------------------
+    # redis.asyncio's cluster client (redis-py 8.1) breaks when many tasks set up connections
+    # at once ('NoneType' object has no attribute 'writelines', seen with 50 contending
+    # tasks); the sync client, run in a worker thread, does not. The threads are the
+    # backend's, a pool per master (as the watchdog's workers): on the loop's default
+    # executor (min(32, cpus + 4) threads) the calls to one paused master filled every
+    # thread, and a healthy master's call waited behind them for socket timeouts.
+
+    _executors: tuple[int, dict[Hashable, ThreadPoolExecutor]] = (0, {})
+    _unfinished: dict[str, list[Future[Any]]] | None = None  # name: cancelled calls' threads
+
+    def _executor(self, name: str) -> ThreadPoolExecutor:
+        pid, executors = self._executors
+        if pid != os.getpid():  # a forked child: the parent's threads are not here
+            executors = {}
+            self._executors = (os.getpid(), executors)
+        shard = self.renewal_shard(name)  # the slot cache only: no I/O
+        executor = executors.get(shard)
+        if executor is None:
+            with self._setup:
+                executor = executors.get(shard)
+                if executor is None:
+                    size = int(self._cluster_options().get("max_connections") or ASYNC_THREADS)
+                    executor = executors[shard] = ThreadPoolExecutor(
+                        min(size, ASYNC_THREADS), f"redlock-cluster {self.alias} {shard}"
+                    )
+        return executor
+
     async def aexecute(self, op: Op[T]) -> T:
-        # redis.asyncio's cluster client (redis-py 8.1) breaks when many tasks set up
-        # connections at once ('NoneType' object has no attribute 'writelines', seen with
-        # 50 contending tasks); the sync client, run in a worker thread, does not.
-        return await asyncio.to_thread(self.execute, op)
+        if self._unfinished:
+            await self._after_unfinished(op.name)
+        context = contextvars.copy_context()  # as asyncio.to_thread: the caller's context
+        future = self._executor(op.name).submit(context.run, self.execute, op)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # Not stopped if it had started (a thread cannot be): its command may still be
+            # sent after this. What this task sends next for the name (the hand-back of a
+            # take cancelled in flight) waits for it, never overtakes it: a release landing
+            # first left the take's hold to nobody for its TTL.
+            if not future.done():
+                self._note_unfinished(op.name, future)
+            raise
+
+    def _note_unfinished(self, name: str, future: Future[Any]) -> None:
+        with self._setup:
+            unfinished = self._unfinished if self._unfinished is not None else {}
+            unfinished.setdefault(name, []).append(future)
+            self._unfinished = unfinished
+
+        def done(_: Future[Any]) -> None:
+            with self._setup:
+                left = [f for f in unfinished.get(name, ()) if not f.done()]
+                if left:
+                    unfinished[name] = left
+                else:
+                    unfinished.pop(name, None)
+
+        future.add_done_callback(done)
+
+    async def _after_unfinished(self, name: str) -> None:
+        """Wait for the threads of cancelled calls of ``name`` still running (each ends
+        within its socket timeout); their outcome is not this call's."""
+        pending = [f for f in (self._unfinished or {}).get(name, ()) if not f.done()]
+        if pending:
+            await asyncio.wait([asyncio.wrap_future(f) for f in pending])
 
     def close(self) -> None:
         super().close()
         self._sharded = None
+        pid, executors = self._executors
+        self._executors = (0, {})
+        if pid == os.getpid():
+            for executor in executors.values():
+                executor.shutdown(wait=False)  # its threads end once their call has
 
     @classmethod
     def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:

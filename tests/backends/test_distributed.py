@@ -930,3 +930,100 @@ def test_after_a_planned_sentinel_failover_an_asyncio_release_reaches_the_new_ma
             locks["s"].close()
     finally:
         stop_all(group)
+
+
+def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str) -> None:
+    """An asyncio call on a Cluster runs in a worker thread, which a cancel does not stop: a
+    take retried there during a slot migration (TRYAGAIN) was cancelled, its hand-back was
+    answered at once (nothing held yet), then the take landed once the move ended: the name
+    was held by nobody for its TTL. The hand-back now waits for the take's thread."""
+    from ..waiting.test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 2.0):
+            backend = locks["c"]
+            with lock(name, using="c"):
+                pass  # leaves its fence key: a take during the move answers TRYAGAIN
+            key = backend.key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            source = next(n for n in nodes if _serves(n, slot))
+            target = next(n for n in nodes if n is not source)
+            src_id = source.client().execute_command("CLUSTER", "MYID").decode()
+            dst_id = target.client().execute_command("CLUSTER", "MYID").decode()
+            target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+
+            async def main() -> None:
+                task = asyncio.create_task(lock(name, using="c", ttl=20).aacquire(timeout=5))
+                await asyncio.sleep(0.2)  # its take is being retried in its thread
+                task.cancel()
+                await asyncio.sleep(0.3)  # (the hand-back was answered by now)
+                ending = asyncio.create_task(
+                    asyncio.to_thread(migrate_slot, nodes, slot, source, target)
+                )
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await ending
+
+            asyncio.run(main())
+            assert target.client().pttl(key) == -2  # handed back where it landed
+            other = lock(name, using="c")
+            assert other.acquire(blocking=False)
+            other.release()
+            backend.close()
+    finally:
+        stop_all(nodes)
+
+
+def test_asyncio_calls_to_a_paused_cluster_master_do_not_delay_another_master_s(
+    name: str,
+) -> None:
+    """Asyncio calls on a Cluster ran on the loop's default executor (min(32, cpus + 4)
+    threads): tasks trying names on a paused master filled it, and a one-off try on a
+    healthy master waited behind them for socket timeouts. Each master has threads of its
+    own now."""
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 1.0):
+            backend = locks["c"]
+            with lock(name, using="c"):
+                pass  # the slots are known, the scripts loaded
+
+            def owner(each: str) -> RedisServer:
+                slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(each))
+                return next(n for n in nodes if _serves(n, slot))
+
+            paused = owner(name)
+            names = (f"{name}:{i}" for i in itertools.count())
+            on_paused = [each for each in itertools.islice(names, 300) if owner(each) is paused]
+            healthy = next(each for each in names if owner(each) is not paused)
+
+            async def main() -> float:
+                async def attempt(each: str) -> None:
+                    with contextlib.suppress(BackendUnavailable):
+                        await lock(each, using="c", ttl=5).aacquire(blocking=False)
+
+                tasks = [asyncio.create_task(attempt(each)) for each in on_paused[:40]]
+                await asyncio.sleep(0.05)  # every thread the loop has is waiting on it
+                began = time.monotonic()
+                other = lock(healthy, using="c", ttl=5)
+                assert await other.aacquire(blocking=False)
+                took = time.monotonic() - began
+                await other.arelease()
+                await asyncio.gather(*tasks)
+                return took
+
+            paused.pause()
+            try:
+                took = asyncio.run(main())
+            finally:
+                paused.resume()
+            assert took < 0.5, f"the healthy master's take took {took:.2f} s"
+            backend.close()
+    finally:
+        stop_all(nodes)
