@@ -181,7 +181,15 @@ class RedisClusterBackend(RedisBackend):
     # new owner held up the old owner's holds for a socket timeout per try).
 
     _epoch = 0  # renewal_epoch: changed whenever a hold is found off its shard
-    _asked: dict[str, tuple[str, int]] | None = None  # name: where an ASK sent its keys
+    # name: (the hold's token, where an ASK sent its key, sure). The hold's, not the name's:
+    # a note kept per name outlived the hold and its migration, and a later hold of the name
+    # was renewed after ASKING on a node importing the slot again, answered 0 there (its key
+    # still on the source), and was declared lost. A 0 after ASKING is a loss only when the
+    # note is ``sure``: its ASK came after a 0 there sent the hold back to the slot's owner
+    # (keys move one way during a migration: gone from the source then, and from the target
+    # now, it is gone). Otherwise the note becomes a doubt (no node): no answer this time,
+    # renewed on the slot's owner next, which answers or sends it on again.
+    _asked: dict[str, tuple[str, str | None, int, bool]] | None = None
 
     @property
     def renewal_epoch(self) -> int:  # type: ignore[override]
@@ -195,20 +203,25 @@ class RedisClusterBackend(RedisBackend):
         if client is None:
             return None
         asked = (self._asked or {}).get(name)
-        if asked is not None:
-            return f"{asked[0]}:{asked[1]}"  # redis-py's node name
+        if asked is not None and asked[1] is not None:  # (another hold's: see _renewal_node)
+            return f"{asked[1]}:{asked[2]}"  # redis-py's node name
         try:
             return str(client.get_node_from_key(self.key(name)).name)  # the slot cache only
         except Exception:  # a slot not known yet: renewed with the other unknowns
             return None
 
-    def _renewal_node(self, client: Any, name: str) -> tuple[Any, bool]:
-        """Where ``name``'s hold is renewed (its slot's master, or the node an ASK named:
-        then each script after ASKING), and whether after ASKING. Raises
+    def _renewal_node(self, client: Any, renewal: Renewal) -> tuple[Any, bool]:
+        """Where ``renewal``'s hold is renewed (its slot's master, or the node an ASK for it
+        named: then each script after ASKING), and whether after ASKING. Raises
         SlotNotCoveredError for a slot nobody serves."""
-        asked = (self._asked or {}).get(name)
-        if asked is not None:
-            return wire.node_at(client, *asked), True
+        name, asked = renewal.name, self._asked
+        note = asked.get(name) if asked else None
+        if note is not None and note[0] != renewal.token:
+            asked.pop(name, None)  # type: ignore[union-attr]  # another hold's: not this one's
+            self._moved()  # its shard as renewal_shard said is wrong: placed again
+            note = None
+        if note is not None and note[1] is not None:
+            return wire.node_at(client, note[1], note[2]), True
         return client.get_node_from_key(self.key(name)), False
 
     def renew_many(self, renewals: Sequence[Renewal], shard: Hashable = None) -> list[bool | None]:
@@ -223,7 +236,7 @@ class RedisClusterBackend(RedisBackend):
         groups: dict[str, tuple[Any, list[int], list[bool]]] = {}
         for i, renewal in enumerate(renewals):
             try:
-                node, asking = self._renewal_node(client, renewal.name)
+                node, asking = self._renewal_node(client, renewal)
             except SlotNotCoveredError:
                 continue  # no answer for it; the next try finds the slot, once it is served
             if shard is not None and node.name != shard:
@@ -278,7 +291,8 @@ class RedisClusterBackend(RedisBackend):
             # ASK's note for it is dropped: its slot's master (as now read) decides again.
             asked = self._asked
             if asked:
-                for each in [n for n, at in list(asked.items()) if at == (node.host, node.port)]:
+                at = (node.host, node.port)
+                for each in [n for n, note in list(asked.items()) if note[1:3] == at]:
                     asked.pop(each, None)
             try:
                 wire.refresh_slots(client, failed=node.name)
@@ -289,11 +303,11 @@ class RedisClusterBackend(RedisBackend):
             raise self._unavailable(name, exc) from exc
         redirected: dict[str, tuple[Any, list[int], list[bool]]] = {}
         refusal: LockError | None = None
-        for i, reply in zip(indices, replies, strict=True):
+        for i, ask, reply in zip(indices, asking, replies, strict=True):
             if isinstance(reply, list):
-                results[i] = bool(reply[0])
+                results[i] = self._answered(renewals[i], bool(reply[0]), ask)
             elif isinstance(reply, (MovedError, AskError)):
-                target = self._redirected(reply, node, renewals[i].name)
+                target = self._redirected(reply, node, renewals[i])
                 if target is not None:
                     group = redirected.setdefault(target.name, (target, [], []))
                     group[1].append(i)
@@ -313,11 +327,28 @@ class RedisClusterBackend(RedisBackend):
         if refusal is not None and all(results[i] is None for i in indices):
             raise refusal
 
-    def _redirected(self, reply: AskError, node: Any, name: str) -> Any:
-        """The node a MOVED or ASK names, noted for ``name`` (a MOVED updates the slot cache,
-        an ASK is remembered for that lock until a MOVED comes for it), or None if it cannot
-        be: that lock gets no answer this time."""
-        client = self.client
+    def _answered(self, renewal: Renewal, renewed: bool, asking: bool) -> bool | None:
+        """A renewal's answer, None (no answer) for a 0 after ASKING by a note not sure yet
+        (see ``_asked``): the note becomes a doubt, and the hold goes back to its slot's
+        owner."""
+        asked = self._asked
+        note = asked.get(renewal.name) if asked else None
+        if renewed or not asking:
+            if note is not None and note[1] is None and renewed:
+                asked.pop(renewal.name, None)  # type: ignore[union-attr]  # doubt answered
+            return renewed
+        if note is not None and note[0] == renewal.token and note[3]:
+            return False
+        if asked is not None:
+            asked[renewal.name] = (renewal.token, None, 0, False)
+        self._moved()
+        return None
+
+    def _redirected(self, reply: AskError, node: Any, renewal: Renewal) -> Any:
+        """The node a MOVED or ASK names, noted for ``renewal``'s hold (a MOVED updates the
+        slot cache, an ASK is remembered for that hold until a MOVED comes for it), or None
+        if it cannot be: that lock gets no answer this time."""
+        client, name = self.client, renewal.name
         reply.host = reply.host or node.host  # a node that does not know its own address
         try:
             if isinstance(reply, MovedError):
@@ -332,7 +363,9 @@ class RedisClusterBackend(RedisBackend):
                 asked = self._asked if self._asked is not None else {}
                 if len(asked) >= ASKED_MAX:
                     asked.clear()  # released holds' notes; a live one is told again
-                asked[name] = (target.host, target.port)
+                before = asked.get(name)  # a doubt of this hold's: this ASK makes it sure
+                sure = before is not None and before[0] == renewal.token and before[1] is None
+                asked[name] = (renewal.token, target.host, target.port, sure)
                 self._asked = asked
         except Exception as exc:  # the slot cache in flux (a refresh): tried again soon
             logger.info("redlock: a redirect of %r could not be followed: %s", name, exc)
@@ -362,6 +395,13 @@ class RedisClusterBackend(RedisBackend):
             self.round_trips += 1
             replies = _pipelined(redis_node, requests, asking)
         return replies
+
+    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+        asked = self._asked
+        note = asked.get(name) if asked else None
+        if note is not None and note[0] == token:
+            asked.pop(name, None)  # type: ignore[union-attr]  # the hold it described ends
+        return super().op_release(name, token, kind)
 
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         # A batch spans slots: one renew.lua per lock (never shortens, as a whole batch's),

@@ -1027,3 +1027,109 @@ def test_asyncio_calls_to_a_paused_cluster_master_do_not_delay_another_master_s(
             backend.close()
     finally:
         stop_all(nodes)
+
+
+def test_an_old_ask_note_does_not_make_the_watchdog_declare_a_live_hold_lost(name: str) -> None:
+    """The watchdog noted where an ASK sent a lock's key (per name), and the note outlived
+    the hold and the migration: hold 1's slot moved A -> B (renewed on B after ASKING), hold
+    1 released, the slot moved back, hold 2 taken on A, then a new move A -> B began (B
+    importing, the key still on A): hold 2 was renewed on B after ASKING, B answered 0, and
+    hold 2 was declared lost while its key sat on A. The note is the hold's now, and a 0
+    after ASKING is checked on the slot's owner before a loss is declared."""
+    from django_redlock.signals import lock_lost
+
+    from ..waiting.test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 0.5):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            a = next(n for n in nodes if _serves(n, slot))
+            b = next(n for n in nodes if n is not a)
+            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
+
+            def start_moving() -> None:  # A -> B, no key moved yet
+                b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+                a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
+
+            first = lock(name, using="c", ttl=1.5)
+            assert first.acquire(blocking=False)
+            start_moving()
+            a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", key)
+            time.sleep(1.2)  # renewed once: A answered ASK, renewed on B after ASKING
+            for node in (b, a, *[n for n in nodes if n not in (a, b)]):
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", id_b)
+            first.release()
+            migrate_slot(nodes, slot, b, a)  # back, no key in it
+            second = lock(name, using="c", ttl=1.5)
+            assert second.acquire(blocking=False)
+            start_moving()
+            time.sleep(2.0)  # four renewal periods
+            assert lost == [] and a.client().pttl(key) > 0
+            for node in (a, b):  # the move called off
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            assert second.owned()
+            second.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)
+
+
+def test_a_hold_gone_from_the_node_importing_its_slot_is_still_declared_lost(name: str) -> None:
+    """The other side of the rule above: a 0 after ASKING is checked on the slot's owner,
+    whose ASK then makes the next 0 a loss: a hold whose key is gone during a migration is
+    declared lost a renewal or two later, not left unknown."""
+    from django_redlock.signals import lock_lost
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 0.5):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            a = next(n for n in nodes if _serves(n, slot))
+            b = next(n for n in nodes if n is not a)
+            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
+            held = lock(name, using="c", ttl=1.5)
+            assert held.acquire(blocking=False)
+            b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+            a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
+            a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", key)
+            time.sleep(1.0)  # renewed on B after ASKING
+            assert lost == []
+            pipe = b.client().pipeline(transaction=False)
+            pipe.execute_command("ASKING")
+            pipe.delete(key)
+            assert pipe.execute()[1] == 1  # the hold is gone
+            deadline = time.monotonic() + 3.0
+            while not lost:
+                assert time.monotonic() < deadline, "never declared lost"
+                time.sleep(0.05)
+            assert lost == [name]
+            for node in (a, b):
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)
