@@ -533,9 +533,9 @@ class RedisClusterBackend(RedisBackend):
 
     def _executor(self, name: str) -> ThreadPoolExecutor:
         pid, executors = self._executors
-        if pid != os.getpid():  # a forked child: the parent's threads are not here
-            executors = {}
-            self._executors = (os.getpid(), executors)
+        if pid != os.getpid():  # a forked child: the parent's threads are not here (nor will
+            executors = {}  # its unfinished calls ever finish here)
+            self._executors, self._unfinished = (os.getpid(), executors), None
         shard = self.renewal_shard(name)  # the slot cache only: no I/O
         executor = executors.get(shard)
         if executor is None:
@@ -549,10 +549,14 @@ class RedisClusterBackend(RedisBackend):
         return executor
 
     async def aexecute(self, op: Op[T]) -> T:
+        executor = self._executor(op.name)
         if self._unfinished:
             await self._after_unfinished(op.name)
         context = contextvars.copy_context()  # as asyncio.to_thread: the caller's context
-        future = self._executor(op.name).submit(context.run, self.execute, op)
+        try:
+            future = executor.submit(context.run, self.execute, op)
+        except RuntimeError:  # shut down by a close() meanwhile: the backend's next threads
+            future = self._executor(op.name).submit(context.run, self.execute, op)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
