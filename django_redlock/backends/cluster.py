@@ -181,15 +181,15 @@ class RedisClusterBackend(RedisBackend):
     # new owner held up the old owner's holds for a socket timeout per try).
 
     _epoch = 0  # renewal_epoch: changed whenever a hold is found off its shard
-    # name: (the hold's token, where an ASK sent its key, sure). The hold's, not the name's:
-    # a note kept per name outlived the hold and its migration, and a later hold of the name
-    # was renewed after ASKING on a node importing the slot again, answered 0 there (its key
-    # still on the source), and was declared lost. A 0 after ASKING is a loss only when the
-    # note is ``sure``: its ASK came after a 0 there sent the hold back to the slot's owner
-    # (keys move one way during a migration: gone from the source then, and from the target
-    # now, it is gone). Otherwise the note becomes a doubt (no node): no answer this time,
-    # renewed on the slot's owner next, which answers or sends it on again.
-    _asked: dict[str, tuple[str, str | None, int, bool]] | None = None
+    _asked: dict[str, tuple[str, int]] | None = None  # name: where an ASK sent its keys
+    # A note outlives what it described (a hold released, its slot moved back and moving
+    # again: the key still on the source), so a 0 after ASKING is a loss only for a hold
+    # doubted since (here: (name, token): sure). The first such 0 is no answer: the note is
+    # dropped, the hold doubted and renewed on its slot's owner next, which answers, or sends
+    # it on with an ASK (sure then: keys move one way during a migration, so a key gone from
+    # the source at that ASK and from the target after it is gone). The notes stay per name:
+    # a semaphore's permits share one key.
+    _doubted: dict[tuple[str, str], bool] | None = None
 
     @property
     def renewal_epoch(self) -> int:  # type: ignore[override]
@@ -203,25 +203,20 @@ class RedisClusterBackend(RedisBackend):
         if client is None:
             return None
         asked = (self._asked or {}).get(name)
-        if asked is not None and asked[1] is not None:  # (another hold's: see _renewal_node)
-            return f"{asked[1]}:{asked[2]}"  # redis-py's node name
+        if asked is not None:
+            return f"{asked[0]}:{asked[1]}"  # redis-py's node name
         try:
             return str(client.get_node_from_key(self.key(name)).name)  # the slot cache only
         except Exception:  # a slot not known yet: renewed with the other unknowns
             return None
 
-    def _renewal_node(self, client: Any, renewal: Renewal) -> tuple[Any, bool]:
-        """Where ``renewal``'s hold is renewed (its slot's master, or the node an ASK for it
-        named: then each script after ASKING), and whether after ASKING. Raises
+    def _renewal_node(self, client: Any, name: str) -> tuple[Any, bool]:
+        """Where ``name``'s hold is renewed (its slot's master, or the node an ASK named:
+        then each script after ASKING), and whether after ASKING. Raises
         SlotNotCoveredError for a slot nobody serves."""
-        name, asked = renewal.name, self._asked
-        note = asked.get(name) if asked else None
-        if note is not None and note[0] != renewal.token:
-            asked.pop(name, None)  # type: ignore[union-attr]  # another hold's: not this one's
-            self._moved()  # its shard as renewal_shard said is wrong: placed again
-            note = None
-        if note is not None and note[1] is not None:
-            return wire.node_at(client, note[1], note[2]), True
+        asked = (self._asked or {}).get(name)
+        if asked is not None:
+            return wire.node_at(client, *asked), True
         return client.get_node_from_key(self.key(name)), False
 
     def renew_many(self, renewals: Sequence[Renewal], shard: Hashable = None) -> list[bool | None]:
@@ -236,7 +231,7 @@ class RedisClusterBackend(RedisBackend):
         groups: dict[str, tuple[Any, list[int], list[bool]]] = {}
         for i, renewal in enumerate(renewals):
             try:
-                node, asking = self._renewal_node(client, renewal)
+                node, asking = self._renewal_node(client, renewal.name)
             except SlotNotCoveredError:
                 continue  # no answer for it; the next try finds the slot, once it is served
             if shard is not None and node.name != shard:
@@ -291,8 +286,7 @@ class RedisClusterBackend(RedisBackend):
             # ASK's note for it is dropped: its slot's master (as now read) decides again.
             asked = self._asked
             if asked:
-                at = (node.host, node.port)
-                for each in [n for n, note in list(asked.items()) if note[1:3] == at]:
+                for each in [n for n, at in list(asked.items()) if at == (node.host, node.port)]:
                     asked.pop(each, None)
             try:
                 wire.refresh_slots(client, failed=node.name)
@@ -328,19 +322,24 @@ class RedisClusterBackend(RedisBackend):
             raise refusal
 
     def _answered(self, renewal: Renewal, renewed: bool, asking: bool) -> bool | None:
-        """A renewal's answer, None (no answer) for a 0 after ASKING by a note not sure yet
-        (see ``_asked``): the note becomes a doubt, and the hold goes back to its slot's
-        owner."""
-        asked = self._asked
-        note = asked.get(renewal.name) if asked else None
-        if renewed or not asking:
-            if note is not None and note[1] is None and renewed:
-                asked.pop(renewal.name, None)  # type: ignore[union-attr]  # doubt answered
+        """A renewal's answer; None (no answer) for a 0 after ASKING of a hold not doubted
+        since its note (see ``_doubted``): it is doubted now, and renewed on its slot's
+        owner next."""
+        doubted, hold = self._doubted, (renewal.name, renewal.token)
+        if not asking or renewed:
+            if doubted and renewed:
+                doubted.pop(hold, None)  # (not asking: its owner's 0 is a loss as ever)
             return renewed
-        if note is not None and note[0] == renewal.token and note[3]:
+        if doubted and doubted.get(hold):
+            doubted.pop(hold, None)
             return False
-        if asked is not None:
-            asked[renewal.name] = (renewal.token, None, 0, False)
+        doubted = self._doubted if self._doubted is not None else {}
+        if len(doubted) >= ASKED_MAX:
+            doubted.clear()  # ended holds' doubts; a live one is doubted again
+        doubted[hold] = False
+        self._doubted = doubted
+        if self._asked:
+            self._asked.pop(renewal.name, None)  # the slot's owner decides again
         self._moved()
         return None
 
@@ -363,10 +362,11 @@ class RedisClusterBackend(RedisBackend):
                 asked = self._asked if self._asked is not None else {}
                 if len(asked) >= ASKED_MAX:
                     asked.clear()  # released holds' notes; a live one is told again
-                before = asked.get(name)  # a doubt of this hold's: this ASK makes it sure
-                sure = before is not None and before[0] == renewal.token and before[1] is None
-                asked[name] = (renewal.token, target.host, target.port, sure)
+                asked[name] = (target.host, target.port)
                 self._asked = asked
+                doubted, hold = self._doubted, (name, renewal.token)
+                if doubted and hold in doubted:
+                    doubted[hold] = True  # an ASK since its doubt: the target's 0 is a loss
         except Exception as exc:  # the slot cache in flux (a refresh): tried again soon
             logger.info("redlock: a redirect of %r could not be followed: %s", name, exc)
             return None
@@ -397,10 +397,10 @@ class RedisClusterBackend(RedisBackend):
         return replies
 
     def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
-        asked = self._asked
-        note = asked.get(name) if asked else None
-        if note is not None and note[0] == token:
-            asked.pop(name, None)  # type: ignore[union-attr]  # the hold it described ends
+        if self._asked:  # a lock's one hold ends: its note must not outlive it
+            self._asked.pop(name, None)
+        if self._doubted:
+            self._doubted.pop((name, token), None)
         return super().op_release(name, token, kind)
 
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:

@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from redis.exceptions import ResponseError
 
-from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks
+from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks, semaphore
 from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
@@ -1129,6 +1129,53 @@ def test_a_hold_gone_from_the_node_importing_its_slot_is_still_declared_lost(nam
             assert lost == [name]
             for node in (a, b):
                 node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)
+
+
+def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
+    name: str,
+) -> None:
+    """Several holds of one name (a semaphore's permits) share its key: an ASK for one is
+    where the others are too, and renewing them there, each in turn, loses none."""
+    from django_redlock.signals import lock_lost
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 0.5):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            a = next(n for n in nodes if _serves(n, slot))
+            b = next(n for n in nodes if n is not a)
+            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
+            permits = [semaphore(name, 3, using="c", ttl=1.5) for _ in range(3)]
+            for permit in permits:
+                assert permit.acquire(blocking=False)
+            b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+            a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
+            while keys := a.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                a.client().execute_command(
+                    "MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", *keys
+                )
+            time.sleep(2.5)  # five renewal periods
+            assert lost == []
+            for node in (b, a, *[n for n in nodes if n not in (a, b)]):
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", id_b)
+            for permit in permits:
+                assert permit.owned()
+                permit.release()
             backend.close()
     finally:
         lock_lost.disconnect(on_lost)
