@@ -38,6 +38,10 @@ What we rely on, and why the public API does not do:
   renewals, which go straight to each master's connection. ``nodes_manager.nodes_cache``: the
   nodes redis-py knows by name, where a node an ASK named is added if it serves no slot yet
   (:func:`node_at`).
+* ``redis.asyncio`` ``ConnectionPool.ensure_connection(connection)``: called on each
+  connection the pool hands out, before its command (5.3 to 8.2). A Sentinel pool of ours
+  (:class:`AsyncSentinelPool`) closes there a connection to an address that is no longer the
+  master, so it connects again, asking the sentinels: redis-py asks them only on a connect.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from collections.abc import Callable, Sequence
 from types import FunctionType
 from typing import Any, TypeVar
 
+import redis.asyncio.sentinel
 import redis.client
 import redis.cluster
 import redis.connection
@@ -338,6 +343,33 @@ def sentinel_master(pool: Any) -> tuple[str, int]:
     closes the pool's idle connections when the master moved)."""
     host, port = pool.get_master_address()
     return str(host), int(port)
+
+
+class AsyncSentinelPool(redis.asyncio.sentinel.SentinelConnectionPool):
+    """redis.asyncio's Sentinel pool, its connections moved to the master the backend's
+    looker found (``master``, set from its thread: one attribute, read on the loop): a
+    pooled connection stayed on the old master, which takes writes until the sentinels
+    demote it (seconds), so takes and releases landed there after the switch."""
+
+    master: tuple[str, int] | None = None
+
+    async def ensure_connection(self, connection: Any) -> None:
+        master = self.master
+        if (
+            master is not None
+            and connection.is_connected
+            and (str(connection.host), int(connection.port)) != master
+        ):
+            await connection.disconnect()  # ours now (checked out): never under a command
+        await super().ensure_connection(connection)
+
+
+def moved_async_pool(client: Any, master: tuple[str, int]) -> None:
+    """A ``redis.asyncio`` Sentinel client's connections go to ``master`` from their next
+    command on (see :class:`AsyncSentinelPool`); callable from any thread."""
+    pool = client.connection_pool
+    if isinstance(pool, AsyncSentinelPool):
+        pool.master = master
 
 
 def refused_at_connect(exc: BaseException | None) -> bool:

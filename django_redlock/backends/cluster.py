@@ -5,16 +5,19 @@ Waiters use sharded pub/sub on Redis 7+ (``SPUBLISH`` from the scripts, ``SSUBSC
 node that owns the lock's slot): a release's wake-up stays on that shard instead of being
 broadcast over the cluster bus to every node, as classic ``PUBLISH`` is. When a node runs Redis
 6.x (found once per backend, from every node's ``INFO``) they use classic pub/sub. Async operations
-run the sync cluster client in a worker thread (see ``aexecute``).
+run the sync cluster client in worker threads, a pool per master (see ``aexecute``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
+import os
 import threading
 import time
 from collections.abc import Hashable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import redis.cluster
@@ -48,6 +51,7 @@ logger = logging.getLogger("django_redlock")
 MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
 MIGRATION_WAIT_MS = 100  # a take refused by a longer migration: its caller tries again then
 REDIRECTIONS = 4  # MOVED, ASK, TRYAGAIN answers redis-py follows per command (see make_client)
+ASYNC_THREADS = 32  # worker threads per master for asyncio calls (fewer with max_connections)
 ASKED_MAX = 10_000  # locks remembered as asked elsewhere (an ASK) before the notes are reset
 
 
@@ -178,6 +182,14 @@ class RedisClusterBackend(RedisBackend):
 
     _epoch = 0  # renewal_epoch: changed whenever a hold is found off its shard
     _asked: dict[str, tuple[str, int]] | None = None  # name: where an ASK sent its keys
+    # A note outlives what it described (a hold released, its slot moved back and moving
+    # again: the key still on the source), so a 0 after ASKING is a loss only for a hold
+    # doubted since (here: (name, token): sure). The first such 0 is no answer: the note is
+    # dropped, the hold doubted and renewed on its slot's owner next, which answers, or sends
+    # it on with an ASK (sure then: keys move one way during a migration, so a key gone from
+    # the source at that ASK and from the target after it is gone). The notes stay per name:
+    # a semaphore's permits share one key.
+    _doubted: dict[tuple[str, str], bool] | None = None
 
     @property
     def renewal_epoch(self) -> int:  # type: ignore[override]
@@ -285,11 +297,11 @@ class RedisClusterBackend(RedisBackend):
             raise self._unavailable(name, exc) from exc
         redirected: dict[str, tuple[Any, list[int], list[bool]]] = {}
         refusal: LockError | None = None
-        for i, reply in zip(indices, replies, strict=True):
+        for i, ask, reply in zip(indices, asking, replies, strict=True):
             if isinstance(reply, list):
-                results[i] = bool(reply[0])
+                results[i] = self._answered(renewals[i], bool(reply[0]), ask)
             elif isinstance(reply, (MovedError, AskError)):
-                target = self._redirected(reply, node, renewals[i].name)
+                target = self._redirected(reply, node, renewals[i])
                 if target is not None:
                     group = redirected.setdefault(target.name, (target, [], []))
                     group[1].append(i)
@@ -309,11 +321,33 @@ class RedisClusterBackend(RedisBackend):
         if refusal is not None and all(results[i] is None for i in indices):
             raise refusal
 
-    def _redirected(self, reply: AskError, node: Any, name: str) -> Any:
-        """The node a MOVED or ASK names, noted for ``name`` (a MOVED updates the slot cache,
-        an ASK is remembered for that lock until a MOVED comes for it), or None if it cannot
-        be: that lock gets no answer this time."""
-        client = self.client
+    def _answered(self, renewal: Renewal, renewed: bool, asking: bool) -> bool | None:
+        """A renewal's answer; None (no answer) for a 0 after ASKING of a hold not doubted
+        since its note (see ``_doubted``): it is doubted now, and renewed on its slot's
+        owner next."""
+        doubted, hold = self._doubted, (renewal.name, renewal.token)
+        if not asking or renewed:
+            if doubted and renewed:
+                doubted.pop(hold, None)  # (not asking: its owner's 0 is a loss as ever)
+            return renewed
+        if doubted and doubted.get(hold):
+            doubted.pop(hold, None)
+            return False
+        doubted = self._doubted if self._doubted is not None else {}
+        if len(doubted) >= ASKED_MAX:
+            doubted.clear()  # ended holds' doubts; a live one is doubted again
+        doubted[hold] = False
+        self._doubted = doubted
+        if self._asked:
+            self._asked.pop(renewal.name, None)  # the slot's owner decides again
+        self._moved()
+        return None
+
+    def _redirected(self, reply: AskError, node: Any, renewal: Renewal) -> Any:
+        """The node a MOVED or ASK names, noted for ``renewal``'s hold (a MOVED updates the
+        slot cache, an ASK is remembered for that hold until a MOVED comes for it), or None
+        if it cannot be: that lock gets no answer this time."""
+        client, name = self.client, renewal.name
         reply.host = reply.host or node.host  # a node that does not know its own address
         try:
             if isinstance(reply, MovedError):
@@ -330,6 +364,9 @@ class RedisClusterBackend(RedisBackend):
                     asked.clear()  # released holds' notes; a live one is told again
                 asked[name] = (target.host, target.port)
                 self._asked = asked
+                doubted, hold = self._doubted, (name, renewal.token)
+                if doubted and hold in doubted:
+                    doubted[hold] = True  # an ASK since its doubt: the target's 0 is a loss
         except Exception as exc:  # the slot cache in flux (a refresh): tried again soon
             logger.info("redlock: a redirect of %r could not be followed: %s", name, exc)
             return None
@@ -358,6 +395,13 @@ class RedisClusterBackend(RedisBackend):
             self.round_trips += 1
             replies = _pipelined(redis_node, requests, asking)
         return replies
+
+    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+        if self._asked:  # a lock's one hold ends: its note must not outlive it
+            self._asked.pop(name, None)
+        if self._doubted:
+            self._doubted.pop((name, token), None)
+        return super().op_release(name, token, kind)
 
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         # A batch spans slots: one renew.lua per lock (never shortens, as a whole batch's),
@@ -476,15 +520,85 @@ class RedisClusterBackend(RedisBackend):
             raise self._unavailable(op.name, exc) from exc
         return super().execute(op)
 
+    # -- asyncio: the sync client in worker threads ---------------------------------------
+    # redis.asyncio's cluster client (redis-py 8.1) breaks when many tasks set up connections
+    # at once ('NoneType' object has no attribute 'writelines', seen with 50 contending
+    # tasks); the sync client, run in a worker thread, does not. The threads are the
+    # backend's, a pool per master (as the watchdog's workers): on the loop's default
+    # executor (min(32, cpus + 4) threads) the calls to one paused master filled every
+    # thread, and a healthy master's call waited behind them for socket timeouts.
+
+    _executors: tuple[int, dict[Hashable, ThreadPoolExecutor]] = (0, {})
+    _unfinished: dict[str, list[Future[Any]]] | None = None  # name: cancelled calls' threads
+
+    def _executor(self, name: str) -> ThreadPoolExecutor:
+        pid, executors = self._executors
+        if pid != os.getpid():  # a forked child: the parent's threads are not here (nor will
+            executors = {}  # its unfinished calls ever finish here)
+            self._executors, self._unfinished = (os.getpid(), executors), None
+        shard = self.renewal_shard(name)  # the slot cache only: no I/O
+        executor = executors.get(shard)
+        if executor is None:
+            with self._setup:
+                executor = executors.get(shard)
+                if executor is None:
+                    size = int(self._cluster_options().get("max_connections") or ASYNC_THREADS)
+                    executor = executors[shard] = ThreadPoolExecutor(
+                        min(size, ASYNC_THREADS), f"redlock-cluster {self.alias} {shard}"
+                    )
+        return executor
+
     async def aexecute(self, op: Op[T]) -> T:
-        # redis.asyncio's cluster client (redis-py 8.1) breaks when many tasks set up
-        # connections at once ('NoneType' object has no attribute 'writelines', seen with
-        # 50 contending tasks); the sync client, run in a worker thread, does not.
-        return await asyncio.to_thread(self.execute, op)
+        executor = self._executor(op.name)
+        if self._unfinished:
+            await self._after_unfinished(op.name)
+        context = contextvars.copy_context()  # as asyncio.to_thread: the caller's context
+        try:
+            future = executor.submit(context.run, self.execute, op)
+        except RuntimeError:  # shut down by a close() meanwhile: the backend's next threads
+            future = self._executor(op.name).submit(context.run, self.execute, op)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # Not stopped if it had started (a thread cannot be): its command may still be
+            # sent after this. What this task sends next for the name (the hand-back of a
+            # take cancelled in flight) waits for it, never overtakes it: a release landing
+            # first left the take's hold to nobody for its TTL.
+            if not future.done():
+                self._note_unfinished(op.name, future)
+            raise
+
+    def _note_unfinished(self, name: str, future: Future[Any]) -> None:
+        with self._setup:
+            unfinished = self._unfinished if self._unfinished is not None else {}
+            unfinished.setdefault(name, []).append(future)
+            self._unfinished = unfinished
+
+        def done(_: Future[Any]) -> None:
+            with self._setup:
+                left = [f for f in unfinished.get(name, ()) if not f.done()]
+                if left:
+                    unfinished[name] = left
+                else:
+                    unfinished.pop(name, None)
+
+        future.add_done_callback(done)
+
+    async def _after_unfinished(self, name: str) -> None:
+        """Wait for the threads of cancelled calls of ``name`` still running (each ends
+        within its socket timeout); their outcome is not this call's."""
+        pending = [f for f in (self._unfinished or {}).get(name, ()) if not f.done()]
+        if pending:
+            await asyncio.wait([asyncio.wrap_future(f) for f in pending])
 
     def close(self) -> None:
         super().close()
         self._sharded = None
+        pid, executors = self._executors
+        self._executors = (0, {})
+        if pid == os.getpid():
+            for executor in executors.values():
+                executor.shutdown(wait=False)  # its threads end once their call has
 
     @classmethod
     def check_options(cls, alias: str, params: Mapping[str, Any]) -> None:

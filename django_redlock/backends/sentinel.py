@@ -131,7 +131,12 @@ class SentinelBackend(RedisBackend):
         sentinel = redis.asyncio.sentinel.Sentinel(
             self._sentinels(), sentinel_kwargs=sentinel_kwargs
         )
-        return sentinel.master_for(self.service_name, **options)
+        client = sentinel.master_for(
+            self.service_name, connection_pool_class=wire.AsyncSentinelPool, **options
+        )
+        if self._master is not None:  # a loop that starts after a failover: there at once
+            wire.moved_async_pool(client, self._master)
+        return client
 
     @property
     def socket_timeout(self) -> float:
@@ -229,7 +234,9 @@ class SentinelBackend(RedisBackend):
         until the next look."""
         client = self._client
         if client is None:
-            return MASTER_CHECK
+            if not self._aclients:
+                return MASTER_CHECK
+            client = self.client  # asyncio's alone: the sentinels are asked through it
         pool = client.connection_pool
         try:
             master = wire.sentinel_master(pool)  # also closes its idle connections
@@ -237,10 +244,17 @@ class SentinelBackend(RedisBackend):
             logger.info("redlock: %s: where is the master? %s", self.describe(), exc)
             return MASTER_CHECK_FAILED
         if master != self._master:
-            if self._master is not None:
+            before, self._master = self._master, master
+            if before is not None:
                 fast_path.moved_threads(pool, master)
+                # Each event loop's pool too: asyncio's connections made before the switch
+                # stayed on the old master (takes, releases, owned() answered there). Under
+                # the lock a new loop's client is made under: it is listed, or sees _master.
+                with self._setup:
+                    aclients = [entry[0] for entry in self._aclients.values()]
+                for aclient in aclients:
+                    wire.moved_async_pool(aclient, master)
                 moved(self)  # its holds renewed there now, not at their next period
-            self._master = master
         return MASTER_CHECK
 
     def close(self) -> None:
@@ -273,6 +287,7 @@ class SentinelBackend(RedisBackend):
         return result
 
     async def aexecute(self, op: Op[T]) -> T:
+        self._look_for_master()
         loop = asyncio.get_running_loop()
         gate = self._agates.get(loop)
         if gate is None:

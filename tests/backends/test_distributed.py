@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 from redis.exceptions import ResponseError
 
-from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks
+from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks, semaphore
 from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
@@ -855,3 +855,328 @@ def test_after_a_planned_sentinel_failover_the_watchdog_renews_on_the_new_master
             locks["s"].close()
     finally:
         stop_all(group)
+
+
+def _fail_over(sentinel: RedisServer, new: RedisServer) -> None:
+    """SENTINEL FAILOVER (a planned one), returned once the sentinels name ``new``."""
+    deadline = time.monotonic() + 30
+    while True:  # refused (NOGOODSLAVE) until the sentinel has fresh news of the replica
+        try:
+            sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+            break
+        except ResponseError:
+            assert time.monotonic() < deadline, "the sentinel never accepted the failover"
+            time.sleep(0.2)
+    while master_port(sentinel) != new.port:
+        assert time.monotonic() < deadline, "no failover"
+        time.sleep(0.05)
+
+
+def test_after_a_planned_sentinel_failover_an_asyncio_take_lands_on_the_new_master(
+    name: str,
+) -> None:
+    """An event loop's pooled connection stayed on the old master, which takes writes until
+    the sentinels demote it (seconds): an asyncio take 1.5 s after the switch was granted
+    there while a thread took the same name on the new master (two holders). The backend's
+    look at the sentinels (once a second) now moves every loop's connections too."""
+    group = start_sentinel_group()
+    old, new, sentinel = group[0], group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            key = locks["s"].key(name)
+
+            async def main() -> None:
+                warm = lock(f"{name}:warm", using="s")
+                assert await warm.aacquire(blocking=False)  # the loop's connection, to old
+                await warm.arelease()
+                _fail_over(sentinel, new)
+                await asyncio.sleep(1.5)  # past the backend's next look
+                assert old.client().info("replication")["role"] == "master"  # still writable
+                held = lock(name, using="s", ttl=10)
+                assert await held.aacquire(blocking=False)
+                on_new, on_old = new.client().exists(key), old.client().exists(key)
+                await held.arelease()
+                assert (on_new, on_old) == (1, 0)
+
+            asyncio.run(main())
+            locks["s"].close()
+    finally:
+        stop_all(group)
+
+
+def test_after_a_planned_sentinel_failover_an_asyncio_release_reaches_the_new_master(
+    name: str,
+) -> None:
+    """As above for a hold taken before the switch: its arelease() 1.5 s after it deleted
+    the old master's copy, while the new master's, renewed there by the watchdog, blocked
+    the name for its TTL."""
+    group = start_sentinel_group()
+    old, new, sentinel = group[0], group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            key = locks["s"].key(name)
+
+            async def main() -> None:
+                held = lock(name, using="s", ttl=15)
+                assert await held.aacquire(blocking=False)
+                _fail_over(sentinel, new)  # (a planned failover waits for the replica)
+                await asyncio.sleep(1.5)
+                assert old.client().info("replication")["role"] == "master"
+                assert await held.aowned()
+                await held.arelease()
+                assert new.client().pttl(key) == -2  # released where the hold is
+
+            asyncio.run(main())
+            locks["s"].close()
+    finally:
+        stop_all(group)
+
+
+def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str) -> None:
+    """An asyncio call on a Cluster runs in a worker thread, which a cancel does not stop: a
+    take retried there during a slot migration (TRYAGAIN) was cancelled, its hand-back was
+    answered at once (nothing held yet), then the take landed once the move ended: the name
+    was held by nobody for its TTL. The hand-back now waits for the take's thread."""
+    from ..waiting.test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 2.0):
+            backend = locks["c"]
+            with lock(name, using="c"):
+                pass  # leaves its fence key: a take during the move answers TRYAGAIN
+            key = backend.key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            source = next(n for n in nodes if _serves(n, slot))
+            target = next(n for n in nodes if n is not source)
+            src_id = source.client().execute_command("CLUSTER", "MYID").decode()
+            dst_id = target.client().execute_command("CLUSTER", "MYID").decode()
+            target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+            source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+
+            async def main() -> None:
+                task = asyncio.create_task(lock(name, using="c", ttl=20).aacquire(timeout=5))
+                await asyncio.sleep(0.2)  # its take is being retried in its thread
+                task.cancel()
+                await asyncio.sleep(0.3)  # (the hand-back was answered by now)
+                ending = asyncio.create_task(
+                    asyncio.to_thread(migrate_slot, nodes, slot, source, target)
+                )
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await ending
+
+            asyncio.run(main())
+            assert target.client().pttl(key) == -2  # handed back where it landed
+            other = lock(name, using="c")
+            assert other.acquire(blocking=False)
+            other.release()
+            backend.close()
+    finally:
+        stop_all(nodes)
+
+
+def test_asyncio_calls_to_a_paused_cluster_master_do_not_delay_another_master_s(
+    name: str,
+) -> None:
+    """Asyncio calls on a Cluster ran on the loop's default executor (min(32, cpus + 4)
+    threads): tasks trying names on a paused master filled it, and a one-off try on a
+    healthy master waited behind them for socket timeouts. Each master has threads of its
+    own now."""
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 1.0):
+            backend = locks["c"]
+            with lock(name, using="c"):
+                pass  # the slots are known, the scripts loaded
+
+            def owner(each: str) -> RedisServer:
+                slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(each))
+                return next(n for n in nodes if _serves(n, slot))
+
+            paused = owner(name)
+            names = (f"{name}:{i}" for i in itertools.count())
+            on_paused = [each for each in itertools.islice(names, 300) if owner(each) is paused]
+            healthy = next(each for each in names if owner(each) is not paused)
+
+            async def main() -> float:
+                async def attempt(each: str) -> None:
+                    with contextlib.suppress(BackendUnavailable):
+                        await lock(each, using="c", ttl=5).aacquire(blocking=False)
+
+                tasks = [asyncio.create_task(attempt(each)) for each in on_paused[:40]]
+                await asyncio.sleep(0.05)  # every thread the loop has is waiting on it
+                began = time.monotonic()
+                other = lock(healthy, using="c", ttl=5)
+                assert await other.aacquire(blocking=False)
+                took = time.monotonic() - began
+                await other.arelease()
+                await asyncio.gather(*tasks)
+                return took
+
+            paused.pause()
+            try:
+                took = asyncio.run(main())
+            finally:
+                paused.resume()
+            assert took < 0.5, f"the healthy master's take took {took:.2f} s"
+            backend.close()
+    finally:
+        stop_all(nodes)
+
+
+def test_an_old_ask_note_does_not_make_the_watchdog_declare_a_live_hold_lost(name: str) -> None:
+    """The watchdog noted where an ASK sent a lock's key (per name), and the note outlived
+    the hold and the migration: hold 1's slot moved A -> B (renewed on B after ASKING), hold
+    1 released, the slot moved back, hold 2 taken on A, then a new move A -> B began (B
+    importing, the key still on A): hold 2 was renewed on B after ASKING, B answered 0, and
+    hold 2 was declared lost while its key sat on A. The note is the hold's now, and a 0
+    after ASKING is checked on the slot's owner before a loss is declared."""
+    from django_redlock.signals import lock_lost
+
+    from ..waiting.test_sharded import migrate_slot
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 0.5):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            a = next(n for n in nodes if _serves(n, slot))
+            b = next(n for n in nodes if n is not a)
+            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
+
+            def start_moving() -> None:  # A -> B, no key moved yet
+                b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+                a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
+
+            first = lock(name, using="c", ttl=1.5)
+            assert first.acquire(blocking=False)
+            start_moving()
+            a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", key)
+            time.sleep(1.2)  # renewed once: A answered ASK, renewed on B after ASKING
+            for node in (b, a, *[n for n in nodes if n not in (a, b)]):
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", id_b)
+            first.release()
+            migrate_slot(nodes, slot, b, a)  # back, no key in it
+            second = lock(name, using="c", ttl=1.5)
+            assert second.acquire(blocking=False)
+            start_moving()
+            time.sleep(2.0)  # four renewal periods
+            assert lost == [] and a.client().pttl(key) > 0
+            for node in (a, b):  # the move called off
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            assert second.owned()
+            second.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)
+
+
+def test_a_hold_gone_from_the_node_importing_its_slot_is_still_declared_lost(name: str) -> None:
+    """The other side of the rule above: a 0 after ASKING is checked on the slot's owner,
+    whose ASK then makes the next 0 a loss: a hold whose key is gone during a migration is
+    declared lost a renewal or two later, not left unknown."""
+    from django_redlock.signals import lock_lost
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 0.5):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            a = next(n for n in nodes if _serves(n, slot))
+            b = next(n for n in nodes if n is not a)
+            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
+            held = lock(name, using="c", ttl=1.5)
+            assert held.acquire(blocking=False)
+            b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+            a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
+            a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", key)
+            time.sleep(1.0)  # renewed on B after ASKING
+            assert lost == []
+            pipe = b.client().pipeline(transaction=False)
+            pipe.execute_command("ASKING")
+            pipe.delete(key)
+            assert pipe.execute()[1] == 1  # the hold is gone
+            deadline = time.monotonic() + 3.0
+            while not lost:
+                assert time.monotonic() < deadline, "never declared lost"
+                time.sleep(0.05)
+            assert lost == [name]
+            for node in (a, b):
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)
+
+
+def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
+    name: str,
+) -> None:
+    """Several holds of one name (a semaphore's permits) share its key: an ASK for one is
+    where the others are too, and renewing them there, each in turn, loses none."""
+    from django_redlock.signals import lock_lost
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 0.5):
+            backend = locks["c"]
+            key = backend.key(name)
+            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
+            a = next(n for n in nodes if _serves(n, slot))
+            b = next(n for n in nodes if n is not a)
+            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
+            permits = [semaphore(name, 3, using="c", ttl=1.5) for _ in range(3)]
+            for permit in permits:
+                assert permit.acquire(blocking=False)
+            b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+            a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
+            while keys := a.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                a.client().execute_command(
+                    "MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", *keys
+                )
+            time.sleep(2.5)  # five renewal periods
+            assert lost == []
+            for node in (b, a, *[n for n in nodes if n not in (a, b)]):
+                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", id_b)
+            for permit in permits:
+                assert permit.owned()
+                permit.release()
+            backend.close()
+    finally:
+        lock_lost.disconnect(on_lost)
+        stop_all(nodes)

@@ -277,3 +277,27 @@ def test_a_failed_pub_sub_read_may_reconnect_and_a_close_after_it_closes_that(
     finally:
         pubsub.close()
         client.close()
+
+
+def test_an_asyncio_pool_checks_each_connection_it_hands_out(redis_server: RedisServer) -> None:
+    """AsyncSentinelPool moves a connection to the new master in ensure_connection: the
+    pool must call it on every connection it hands out, a pooled one included."""
+    import asyncio
+
+    import redis.asyncio
+
+    seen: list[object] = []
+
+    class Pool(redis.asyncio.ConnectionPool):
+        async def ensure_connection(self, connection: object) -> None:
+            seen.append(connection)
+            await super().ensure_connection(connection)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(connection_pool=Pool.from_url(redis_server.url))
+        await client.ping()
+        await client.ping()  # the pooled connection, handed out again
+        await client.aclose(close_connection_pool=True)
+
+    asyncio.run(main())
+    assert len(seen) == 2 and seen[0] is seen[1]
