@@ -468,7 +468,7 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
                 if resigning.done():
                     raise
                 cancelled = True
-            except BaseException as exc:  # the resignation failed (no answer)
+            except Exception as exc:  # the resignation failed (no answer)
                 if not cancelled:
                     raise
                 # The cancellation goes on all the same: the task asked for it.
