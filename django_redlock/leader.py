@@ -361,14 +361,13 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         keeper = self._keeper = Keeper(self.lock, self.lock.lock_ttl / 3, self._stop, since)
         term = Term(self.lock.name, self.lock.using, self.lock.fence or 0, keeper)
         try:
+            _terms.add(self)  # from here the exit resigns it, whatever happens next
             keeper.start()
-        except BaseException:  # no thread (interpreter shutdown, a thread limit): resign
-            self._keeper = None
-            with contextlib.suppress(LockError):
-                self.lock.release()
+            logger.info("redlock: leading %r on %r (fence %s)", term.name, term.using, term.fence)
+        except BaseException:  # no thread, a Ctrl-C, a logging filter that raised: the
+            with contextlib.suppress(LockError):  # caller is told it does not lead, so resign
+                self.resign()
             raise
-        _terms.add(self)
-        logger.info("redlock: leading %r on %r (fence %s)", term.name, term.using, term.fence)
         return term
 
     def _not_leading(self) -> LockNotAcquired:
@@ -469,6 +468,12 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
                 if resigning.done():
                     raise
                 cancelled = True
+            except Exception as exc:  # the resignation failed (no answer)
+                if not cancelled:
+                    raise
+                # The cancellation goes on all the same: the task asked for it.
+                logger.warning("redlock: resigning %s failed: %s", self.lock.describe(), exc)
+                raise asyncio.CancelledError from exc
         if cancelled:
             raise asyncio.CancelledError
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import heapq
 import logging
 import math
 import time
@@ -38,8 +39,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from celery.beat import PersistentScheduler, Scheduler
+from celery.beat import PersistentScheduler, Scheduler, event_t
 from celery.beat import logger as beat_logger
+from celery.schedules import schedstate
 from celery.utils.time import maybe_make_aware
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -62,6 +64,11 @@ EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 # Outcomes of a claim.
 NOT_LEADER, ALREADY_SENT, CLAIMED = 0, 1, 2
+
+# An entry whose publish failed is tried again after this long, doubled at each failure in a
+# row up to BACKOFF_MAX: the other due entries are sent meanwhile.
+BACKOFF = 1.0
+BACKOFF_MAX = 30.0
 
 # The leader check and the record of an entry's run, atomic with the send decision
 # (lua/beat_claim.lua); a claim whose message could not be published handed back
@@ -284,6 +291,9 @@ class LeaderMixin(Scheduler):
         # entry name -> (the run before, task id) of a publish that raised: the same run is
         # sent again under the same id (the broker may have stored the first message).
         self._resend: dict[str, tuple[int | None, str]] = {}
+        # entry name -> (monotonic time it may be tried again, its delay): a failed publish.
+        self._backoff: dict[str, tuple[float, float]] = {}
+        self._failed = False  # a publish failed in this tick
         self._pause_until = 0.0
         self._standing_by = False
         super().__init__(*args, **kwargs)
@@ -305,7 +315,38 @@ class LeaderMixin(Scheduler):
             return wait
         if not self.leads and not self._elect():
             return 0.0  # waited for the lock already: try again at once
-        return super().tick(*args, **kwargs)
+        self._failed = False
+        wait = super().tick(*args, **kwargs)
+        if self._failed:  # its entry was pushed back due: later than the others due now
+            self._hold_back()
+            return 0.0
+        return wait
+
+    def populate_heap(self, *args: Any, **kwargs: Any) -> None:
+        super().populate_heap(*args, **kwargs)
+        self._hold_back()
+
+    def is_due(self, entry: Any) -> Any:
+        left = self._backoff_left(entry.name)
+        if left > 0:
+            return schedstate(is_due=False, next=left)
+        return super().is_due(entry)
+
+    def _backoff_left(self, name: str) -> float:
+        backoff = self._backoff.get(name)
+        return 0.0 if backoff is None else backoff[0] - time.monotonic()
+
+    def _hold_back(self) -> None:
+        """Put every entry backing off after a failed publish at its retry time in the heap:
+        due at once, it would be tried before the others due, fail again, and starve them."""
+        heap = self._heap
+        if not heap or not self._backoff:
+            return
+        for i, event in enumerate(heap):
+            left = self._backoff_left(event[2].name)
+            if left > 0:
+                heap[i] = event_t(self._when(event[2], left), event[1], event[2])
+        heapq.heapify(heap)
 
     def _elect(self) -> bool:
         if self._term is not None:  # led once, ended since
@@ -434,22 +475,31 @@ class LeaderMixin(Scheduler):
             return
         finally:
             entry.options = options
+        self._backoff.pop(entry.name, None)
         beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
 
     def _unclaim(self, entry: Any, claimed: _Claimed) -> None:
-        """A claimed run not published: back on record as not sent, and due again here."""
+        """A claimed run not published: back on record as not sent, and due again here,
+        after a delay of its own (the broker may need a moment; a message it will never
+        take must not hold back the other entries)."""
         if claimed.prev is not None:
             self._set_last_run(claimed.new_entry, claimed.prev)
-        self._heap = None
-        self._pause_until = time.monotonic() + 1.0  # the broker may need a moment
+        before = self._backoff.get(entry.name)
+        delay = BACKOFF if before is None else min(before[1] * 2, BACKOFF_MAX)
         self._restore_count(claimed.new_entry, entry.name)
         op = unclaim_op(self._backend, self.redlock.name, claimed.token,
                         claimed.record or entry.name, claimed.prev, claimed.new,
                         claimed.ttl_ms)  # fmt: skip
         try:
             self._backend.execute(op)
-        except LockError as exc:  # the next leader may then take that run as sent
+        except LockError as exc:
+            # Unknown: the record may still be this claim. The same run is claimed again
+            # as it was (by this token the script grants it again), not taken as sent.
             logger.warning("beat: could not take back the claim of %r: %s", entry.name, exc)
+            self._unsure[entry.name] = claimed.new
+        finally:  # from the failure's end: an unanswered unclaim took a socket timeout
+            self._backoff[entry.name] = (time.monotonic() + delay, delay)
+            self._failed = True
 
     def _claim(self, entry: Any, new_entry: Any) -> _Claimed | None:
         token = self._token()

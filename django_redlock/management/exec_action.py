@@ -59,6 +59,9 @@ PR_SET_PDEATHSIG = 1
 SAFETY = 0.2
 SAFETY_SHARE = 0.1
 POLL = 0.02  # seconds between looks at the child's end
+# The shortest hold exec can cover: a renewal every third of it, with the safety margin and
+# the kill inside it (a shorter one would start the command only to kill it at once).
+MIN_TTL = 1.0
 
 
 class UsageError(ValueError):
@@ -112,6 +115,11 @@ def check(options: dict[str, Any]) -> tuple[Options, BaseLock]:
             )
     except (TypeError, ValueError, NotImplementedError) as exc:
         raise UsageError(str(exc)) from None
+    if float(held.lock_ttl) < MIN_TTL:  # the backend's TTL too, when --ttl is not given
+        raise UsageError(
+            f"--ttl is at least {MIN_TTL:g} s for exec (a renewal every third of it, a safety"
+            f" margin of {SAFETY:g} s before it ends), not {float(held.lock_ttl):g}"
+        )
     return opts, held
 
 

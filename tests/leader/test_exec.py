@@ -424,6 +424,9 @@ def run(*args: str) -> tuple[int, str]:
         (["n", "--backend", "down", "--wait", "inf", "--", "true"], "--wait is a finite"),
         (["n", "--backend", "down", "--ttl", "nan", "--", "true"], "--ttl is a finite"),
         (["n", "--backend", "down", "--ttl", "inf", "--", "true"], "--ttl is a finite"),
+        # Below exec's safety margin: the command would be started only to be killed.
+        (["n", "--backend", "down", "--ttl", "0.1", "--", "true"], "--ttl is at least 1 s"),
+        (["n", "--backend", "down", "--ttl", "0.99", "--", "true"], "--ttl is at least 1 s"),
         (["n", "--backend", "down", "--conflict-exit-code", "256", "--", "true"], "0 to 255"),
         (["", "--backend", "down", "--", "true"], "name"),
     ],

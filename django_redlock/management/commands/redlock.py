@@ -183,7 +183,8 @@ class Command(BaseCommand):
         )  # fmt: skip
         run.add_argument(
             "--ttl", type=float, metavar="SECONDS",
-            help="the hold's TTL, renewed every third of it (default: the backend's TTL)",
+            help="the hold's TTL, at least 1, renewed every third of it (default: the"
+            " backend's TTL)",
         )  # fmt: skip
         run.add_argument(
             "--wait", type=float, default=0.0, metavar="SECONDS",

@@ -1,0 +1,99 @@
+"""Leader election when something raises at an awkward line: after the take, while leaving."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redlock import current_leader, leader, locks
+from django_redlock.leader import _terms
+from django_redlock.testing import RedisServer
+
+
+@pytest.fixture
+def paused_alias(redis_factory: Callable[..., RedisServer]) -> Iterator[RedisServer]:
+    server = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "paused": config}):
+        yield server
+        server.resume()
+        locks["paused"].close()
+
+
+class RaiseOnLeading(logging.Filter):
+    """Raises at the "leading" log line, as a Ctrl-C landing there (or a broken filter) does."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "leading" in record.getMessage():
+            raise self.error
+        return True
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("a logging filter")])
+def test_an_exception_after_the_take_resigns_before_it_propagates(
+    name: str, error: BaseException
+) -> None:
+    """The campaign raised after its keeper started: the caller was told it did not lead
+    while the keeper renewed the hold for the life of the process (nobody else could lead)."""
+    log = logging.getLogger("django_redlock")
+    level = log.level
+    log.setLevel(logging.INFO)
+    raising = RaiseOnLeading(error)
+    log.addFilter(raising)
+    campaign = leader(name, using="redis", ttl=30)
+    try:
+        with pytest.raises(type(error)), campaign:
+            pytest.fail("the block ran")
+    finally:
+        log.removeFilter(raising)
+        log.setLevel(level)
+    assert current_leader(name, using="redis") is None  # handed back, not renewed on
+    assert campaign not in _terms
+    with leader(name, using="redis", timeout=1) as term:  # the next candidate, at once
+        assert not term.lost.is_set()
+    with campaign as term:  # and this object campaigns again ("leading already" before)
+        assert not term.lost.is_set()
+
+
+def test_a_cancellation_during_an_unanswered_resignation_goes_on(
+    paused_alias: RedisServer, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The resignation's BackendUnavailable replaced the cancellation: the task ended with
+    it, never cancelled."""
+
+    async def main() -> tuple[asyncio.Task[None], BaseException]:
+        left = asyncio.Event()
+
+        async def body() -> None:
+            async with leader(name, using="paused", ttl=30):
+                paused_alias.pause()  # the resignation gets no answer
+                left.set()
+
+        task = asyncio.ensure_future(body())
+        await left.wait()
+        await asyncio.sleep(0.2)  # the resignation is under way
+        task.cancel()
+        try:
+            await task
+        except BaseException as exc:  # what the task ended with
+            return task, exc
+        pytest.fail("the task ended normally")
+
+    with caplog.at_level(logging.WARNING, logger="django_redlock"):
+        task, ended = asyncio.run(main())
+    assert isinstance(ended, asyncio.CancelledError), repr(ended)
+    assert task.cancelled()
+    if sys.version_info >= (3, 11):
+        assert task.cancelling() == 1
+    assert "resigning" in caplog.text and "unavailable" in caplog.text, caplog.text
+    paused_alias.resume()
