@@ -853,6 +853,54 @@ def test_coalesce_follow_up_interrupted_before_its_body_leaves_the_call_to_run(
     celery_app.app.control.purge()
 
 
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.fenced_coalesced")
+@single_instance(key="fenced-coalesced:{name}", ttl=10, on_duplicate="coalesce", atomic="default")
+def fenced_coalesced(self: Any, name: str, tag: str) -> bool:
+    from ..support.fenced_child import sell_one
+
+    return sell_one("default", 1, tag)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coalesce_fenced_follow_up_stopped_at_its_commit_leaves_the_call_to_run(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fenced follow-up runs the noted call d1; its process stops as Django sends the
+    # COMMIT (SIGKILL, OOM: here SystemExit, the transaction rolled back): nothing committed.
+    # It had deleted the note inside its transaction, before the COMMIT: the next follow-up
+    # found nothing to run, and d1 was lost.
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    from ..support.fenced_child import open_shop, sales
+
+    open_shop("default", 1, 5)
+    name = uuid.uuid4().hex[:8]
+    note = f"fenced-coalesced:{name}:coalesce"
+    contrib.note_call(fenced_coalesced.run.__redlock__, note[: -len(":coalesce")],
+                      [name, "d1"], {}, None, "d1", fenced_coalesced.name)  # fmt: skip
+    at_commit: list[bool] = []
+
+    def stopped(self: Any) -> None:
+        at_commit.append(markers.read(locks["default"], note) is not None)
+        self.connection.rollback()  # as the server does for a process that died
+        raise SystemExit(1)
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "commit", stopped)
+    with pytest.raises(SystemExit):
+        fenced_coalesced.apply((name, "f1"), task_id=f"f1-{name}", headers={contrib.FOLLOW_UP: "1"})
+    monkeypatch.undo()
+    assert at_commit == [True] and sales("default") == []
+    assert markers.read(locks["default"], note) is not None  # still noted: it runs
+    celery_app.app.control.purge()
+    fenced_coalesced.apply((name, "f2"), task_id=f"f2-{name}", headers={contrib.FOLLOW_UP: "1"})
+    assert sales("default") == [("d1", 5)]
+    assert markers.read(locks["default"], note) is None  # committed: the note went with it
+    celery_app.app.control.purge()
+
+
 def test_coalesce_follow_up_whose_child_was_killed_runs_again(
     prefork: Worker, redis_server: RedisServer
 ) -> None:
