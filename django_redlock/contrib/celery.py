@@ -553,6 +553,8 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
         left = mark[1] if mark is not None and mark[0] == queued else None
         # Its TTL was dedupe_ttl (+ countdown) when marked: this much less, and it is older.
         return left is not None and left < to_ms(config.dedupe_ttl - FOLLOW_UP_PUBLISH_GRACE)
+    if not sent[0]:  # published to no queue by name (see SingleInstanceTask._note_sent)
+        return False
     from .broker import message_queued
 
     return message_queued(task.app, sent[0], queued) is False
@@ -907,7 +909,9 @@ class SingleInstanceTask(Task):
         """Queue the call unless its key is queued or running already.
 
         The queue marker names the queued task id and never outlives its message: it is
-        cleared if the publish raises (the error propagates; the next call queues), its TTL
+        cleared if the publish raises (the error propagates; the next call queues, and so
+        does a call that met it while that publish was in progress: see
+        :meth:`_published`), its TTL
         ends with the message's ``expires``, a worker discarding the message (revoked or
         expired) clears it, and a marker whose task has a final state (``SUCCESS``,
         ``FAILURE``, ``REVOKED``...) is stale: replaced, not obeyed. A caller that chose the
@@ -954,7 +958,7 @@ class SingleInstanceTask(Task):
                 queued = markers.mark(backend, key, task_id, ttl_ms)
                 if queued is None or queued == task_id or retrying:
                     break
-                if not self._stale(key, queued):
+                if not self._stale(key, queued) and self._published(key, queued):
                     break
                 clear_queued_marker(config, key, queued)
             else:  # stale markers each time: queue it unmarked (never dropped; the lock excludes)
@@ -1027,16 +1031,50 @@ class SingleInstanceTask(Task):
             or self.message_gone(key, task_id)
         )
 
+    #: How long (seconds) a call that meets the marker of a publish in progress (not noted as
+    #: sent yet) waits for that publish: see :meth:`_published`.
+    publish_wait = 5.0
+
+    def _published(self, key: str, task_id: str) -> bool:
+        """Whether the marker naming ``task_id`` stands for a message that was published:
+        noted as sent, now or within ``publish_wait`` seconds (its publish in progress), or
+        run already (its run took the key). False once the marker went otherwise (that
+        publish failed, and its producer cleared it), or still not sent after the wait (its
+        producer died between the mark and the publish): the caller queues the call itself,
+        and at worst two messages run one after the other (the lock keeps them apart), where
+        obeying such a marker lost the call."""
+        config = self.single_instance_config()
+        assert config is not None
+        backend = locks[config.using]
+        deadline = time.monotonic() + self.publish_wait
+        pause = 0.005
+        while True:  # a Redis that cannot answer: its LockError goes to the caller
+            if markers.read(backend, sent_name(key, task_id)) is not None:
+                return True
+            noted = markers.read(backend, key)
+            if noted is None or noted[0] != task_id:
+                running = backend.inspect(key)
+                holder = task_id_of(running.holder) if running is not None else None
+                return holder == task_id or self._ended(task_id)
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "redlock: the queue marker of %r names task %s, not published after %.1f"
+                    " s: queued anew", key, task_id, self.publish_wait,
+                )  # fmt: skip
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
     def _note_sent(
         self, key: str, task_id: str, args: Any, kwargs: Any, options: dict[str, Any],
         ttl_ms: int,
     ) -> None:  # fmt: skip
         """Note, beside the marker and as long, that ``task_id``'s message was published and
-        to which queue: only such a marker is checked against the broker (a marker of a
-        publish in progress, or of a producer that notes nothing, is obeyed)."""
-        queue = self._queue_of(args, kwargs, options)
-        if queue is None:
-            return
+        to which queue: only such a marker is checked against the broker; one routed to no
+        queue by name (an exchange or routing key of the call's own) is noted with an empty
+        queue (published, never looked for). A marker without the note is a publish in
+        progress (see :meth:`_published`)."""
+        queue = self._queue_of(args, kwargs, options) or ""
         config = self.single_instance_config()
         assert config is not None
         backend = locks[config.using]
@@ -1064,7 +1102,7 @@ class SingleInstanceTask(Task):
         backend = locks[config.using]
         try:
             sent = markers.read(backend, sent_name(key, task_id))
-            if sent is None:  # not (yet) published, or by a producer that notes nothing
+            if sent is None or not sent[0]:  # not (yet) published, or to no queue by name
                 return False
             if markers.read(backend, received_name(key, task_id)) is not None:
                 return False  # a worker took it lately: its run is on its way
