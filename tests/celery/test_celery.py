@@ -907,6 +907,46 @@ def test_acks_late_fenced_run_stopped_at_its_commit_runs_again(
     assert sales("default") == [(buyer, 5)]
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("outcome", ["committed", "unknown"])
+def test_acks_late_fenced_run_whose_commit_reply_was_lost_is_not_run_again(
+    broker: None, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    # The COMMIT went through and its reply was lost. The row proves it committed (the block
+    # returns; its on_commit callbacks, the note's among them, did not run), or cannot tell
+    # (CommitOutcomeUnknown: the task fails, for someone to check). Either way a copy of the
+    # message must not sell again: unknown is not "nothing committed".
+    from celery.exceptions import Ignore
+    from django.db import OperationalError
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from django_redlock import CommitOutcomeUnknown, fencing
+
+    from ..support.fenced_child import open_shop, sales
+
+    open_shop("default", 1, 5)
+    buyer = uuid.uuid4().hex[:8]
+    task_id = f"sale-{buyer}"
+    real = BaseDatabaseWrapper.commit
+
+    def reply_lost(self: Any) -> None:
+        real(self)
+        raise OperationalError("the COMMIT's reply was lost")
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "commit", reply_lost)
+    if outcome == "unknown":
+        monkeypatch.setattr(fencing, "commit_outcome", lambda *args, **kwargs: None)
+        with pytest.raises(CommitOutcomeUnknown):
+            deliver(late_fenced_sale, task_id, buyer)
+    else:
+        assert deliver(late_fenced_sale, task_id, buyer) is True
+    monkeypatch.undo()
+    assert sales("default") == [(buyer, 5)]
+    with pytest.raises(Ignore):  # the message's copy
+        deliver(late_fenced_sale, task_id, buyer)
+    assert sales("default") == [(buyer, 5)]
+
+
 STOPS: list[type[BaseException]] = []
 
 
