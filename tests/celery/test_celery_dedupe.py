@@ -972,6 +972,33 @@ def test_coalesce_fenced_follow_up_stopped_at_its_commit_leaves_the_call_to_run(
     celery_app.app.control.purge()
 
 
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.stopping")
+@single_instance(key="stopping:{name}", ttl=10, on_duplicate="coalesce")
+def stopping(self: Any, name: str, tag: str) -> str:
+    if tag == "stop":
+        raise SystemExit(1)  # sys.exit() in a signal handler, mid-body
+    return tag
+
+
+def test_coalesce_follow_up_stopped_mid_body_leaves_the_call_to_run(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # SystemExit mid-body: Celery records nothing, the child exits (its message comes back,
+    # or the main process queues a follow-up). The follow-up had deleted the note on its way
+    # out: the next one found nothing, and the call was lost.
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    note = f"stopping:{name}:coalesce"
+    contrib.note_call(stopping.run.__redlock__, f"stopping:{name}", [name, "stop"], {}, None,
+                      "d1", stopping.name)  # fmt: skip
+    with pytest.raises(SystemExit):
+        stopping.apply((name, "f"), task_id=f"f1-{name}", headers={contrib.FOLLOW_UP: "1"})
+    assert markers.read(locks["default"], note) is not None
+    celery_app.app.control.purge()
+
+
 def test_coalesce_follow_up_whose_child_was_killed_runs_again(
     prefork: Worker, redis_server: RedisServer
 ) -> None:
