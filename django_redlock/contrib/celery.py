@@ -665,11 +665,13 @@ class _Ending:
     step is given the exception the run raised (None: it returned), and they run once.
 
     Settled: the body returned (in a fenced transaction: once its COMMIT happened), or the
-    run raised an ``Exception``, which Celery records (a failure, a retry; a fenced block's
-    COMMIT that failed, or whose outcome is unknown: the task fails with it, and a copy
-    must not run the work again blindly). Never settled: a run stopped (``SystemExit``,
-    ``KeyboardInterrupt``: Celery records nothing, the child exits; a process killed), nor
-    a fenced run stopped before its COMMIT: its message comes back and runs."""
+    run raised an ``Exception``, which Celery records as the task's outcome (a failure, a
+    retry). So does a fenced block's COMMIT that failed (a copy beside the retry that
+    ``autoretry_for`` queues would do the work twice) or whose outcome is unknown (the task
+    fails with ``CommitOutcomeUnknown``; a copy would run the work again blindly). Never
+    settled: a run stopped (``SystemExit``, ``KeyboardInterrupt``: Celery records nothing,
+    the child exits; a process killed), mid-body or before its COMMIT: its message comes
+    back and runs."""
 
     def __init__(self) -> None:
         self.steps: list[Callable[[BaseException | None], None]] = []
