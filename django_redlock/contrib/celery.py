@@ -44,6 +44,7 @@ from celery.signals import task_failure, task_received, task_revoked, worker_rea
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
+from django.db import connections, transaction
 
 from ..backends import markers
 from ..backends.base import Kind, Released
@@ -174,6 +175,7 @@ def run_task(
         _clear_next(config, key, task_id)  # before the take: see the rules above _coalesce
     held = new_hold(config, key, task_id, attempt)
     acquired = False
+    ending = _Ending()  # the follow-up's note dropped, the run noted done: once it settled
     # acks_late: a copy of this very message put back while its run went on, taken after that
     # run ended (see _ran_already), is looked for before anything else it would do.
     late = bool(task_id) and _acks_late(task)
@@ -210,10 +212,22 @@ def run_task(
             task.request.args, task.request.kwargs = list(args), dict(kw)
             if body_for is not None:
                 body = functools.partial(body_for, args, kw)
-            body = _running_note(config, key, text, body, _code_of(config.func))
+            ending.steps.append(_dropping_note(config, key, text, _code_of(config.func)))
         if late:
-            body = _noting_done(config, task, key, cast(str, task_id), attempt, body)
-        return run_held(held, body, (), {}, config.atomic)
+            ending.steps.append(_noting_done(config, task, key, cast(str, task_id), attempt))
+        if not ending.steps:
+            return run_held(held, body, (), {}, config.atomic)
+        # Inside an outer transaction the block's callbacks run at the outer COMMIT.
+        outer = config.atomic is not None and connections[config.atomic].in_atomic_block
+        try:
+            result = run_held(held, _settling(config, body, ending), (), {}, config.atomic)
+        except Exception as exc:
+            if ending.returned:  # fenced: the COMMIT failed, or its outcome is unknown
+                ending(exc)
+            raise
+        if ending.returned and not outer:  # committed; its callbacks did not run (a lost
+            ending()  # reply the row proved committed): noted now, after the release
+        return result
     except BaseException:
         acquired = acquired or held.token is not None  # taken, then interrupted: it ends too
         let_go(held)
@@ -228,10 +242,11 @@ def run_task(
 # A duplicate notes its call (arguments and queue) under "<key>:coalesce", replacing any
 # earlier note in one step. A follow-up is a message (header FOLLOW_UP) that, once it holds the
 # key, claims the note (compare-and-set: marked taken by its task id) and runs that call; the
-# note goes once its body ran (compare-and-delete: a note written meanwhile stays), so a
-# follow-up killed or interrupted before that leaves it to its message's copy (same task id)
-# or to the next follow-up. So every note written before it starts, the last one's
-# arguments, makes one run. At most one follow-up is queued at a time:
+# note goes once its run settled (see _Ending: with atomic=, after its COMMIT; compare-
+# and-delete: a note written meanwhile stays), so a follow-up killed, stopped or interrupted
+# before that leaves it to its message's copy (same task id) or to the next follow-up. So
+# every note written before it starts, the last one's arguments, makes one run. At most one
+# follow-up is queued at a time:
 # "<key>:coalesce:next" names it from its publish until it starts, when it clears that name
 # before it takes the key. It is queued (unless one is) whenever a note may be left behind:
 # by a run of the key, after its release; by a duplicate, after its note, if the key is free
@@ -439,40 +454,28 @@ def _entered(exc: BaseException, code: Any) -> bool:
     return False
 
 
-def _running_note(
-    config: SingleInstance, key: str, claimed: str, body: Callable[[], Any], code: Any
-) -> Callable[[], Any]:
-    """``body`` (a follow-up's run of the claimed note), deleting the note once the body ran
-    (before the release: a follow-up taking the key then must not find it). A body that
-    never started (a soft time limit, or SIGTERM's ``SystemExit``, on the way to it), or a
-    ``Reject`` asking to run it again, leaves it claimed: the message's copy, or the next
-    follow-up, runs it."""
+def _dropping_note(
+    config: SingleInstance, key: str, claimed: str, code: Any
+) -> Callable[[BaseException | None], None]:
+    """A follow-up's step once its run settled (see :class:`_Ending`): the note it claimed
+    deleted (before the release: a follow-up taking the key then must not find it). A body
+    that never started (a soft time limit on the way to it), or a ``Reject`` asking to run
+    it again, leaves it claimed: the message's copy, or the next follow-up, runs it. (A run
+    stopped, or a fenced one whose COMMIT did not happen, never settles: it stays too.)"""
 
-    def drop() -> None:
+    def drop(exc: BaseException | None) -> None:
+        if isinstance(exc, Reject) and exc.requeue:
+            return
+        # An error on the way to the body (the fenced block's database down...) fails the
+        # call visibly, as it did, rather than queueing it again and again.
+        if isinstance(exc, SoftTimeLimitExceeded) and not _entered(exc, code):
+            return
         try:
             markers.clear(locks[config.using], _pending_name(key), claimed)
         except LockError as exc:  # the call may then run once more (at least once)
             logger.warning("redlock: could not clear the coalesced call of %r: %s", key, exc)
 
-    def run() -> Any:
-        try:
-            result = body()
-        except Reject as exc:
-            if not exc.requeue:
-                drop()
-            raise
-        except BaseException as exc:
-            # Kept only for an interrupt on the way to the body; an error there (the fenced
-            # block's database down...) fails the call visibly, as it did, rather than
-            # queueing it again and again.
-            interrupt = isinstance(exc, SoftTimeLimitExceeded) or not isinstance(exc, Exception)
-            if not interrupt or _entered(exc, code):
-                drop()
-            raise
-        drop()
-        return result
-
-    return run
+    return drop
 
 
 def _queue_follow_up(
@@ -550,6 +553,8 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
         left = mark[1] if mark is not None and mark[0] == queued else None
         # Its TTL was dedupe_ttl (+ countdown) when marked: this much less, and it is older.
         return left is not None and left < to_ms(config.dedupe_ttl - FOLLOW_UP_PUBLISH_GRACE)
+    if not sent[0]:  # published to no queue by name (see SingleInstanceTask._note_sent)
+        return False
     from .broker import message_queued
 
     return message_queued(task.app, sent[0], queued) is False
@@ -601,8 +606,10 @@ def _redelivered(
 # still runs; a worker may take that copy only once the run released the key (one child, or
 # every child busy). The hold is gone then, so the run notes, before it releases, that this
 # attempt of its task ran ("<key>:done:<task id>.<attempt>"); a run that takes the key and
-# finds that note is such a copy. Only for acks_late tasks (an early-acknowledged message is
-# never put back once a run started), and not for Reject (the body asked to run it again).
+# finds that note is such a copy. Noted only once the run settled (see _Ending): a run
+# killed or stopped mid-body, or before its fenced COMMIT, has its requeued copy run. Only
+# for acks_late tasks (an early-acknowledged message is never put back once a run started),
+# and not for Reject (the body asked to run it again).
 
 
 def _acks_late(task: Any) -> bool:
@@ -634,12 +641,14 @@ def _ran_already(config: SingleInstance, key: str, task_id: str, attempt: int) -
 
 
 def _noting_done(
-    config: SingleInstance, task: Any, key: str, task_id: str, attempt: int,
-    body: Callable[[], Any],
-) -> Callable[[], Any]:  # fmt: skip
-    """``body``, noting at its end (before the release) that this attempt ran."""
+    config: SingleInstance, task: Any, key: str, task_id: str, attempt: int
+) -> Callable[[BaseException | None], None]:
+    """A run's step once it settled (see :class:`_Ending`): noting that this attempt ran.
+    Not for ``Reject`` (the body asked to run it again)."""
 
-    def note() -> None:
+    def note(exc: BaseException | None) -> None:
+        if isinstance(exc, Reject):
+            return
         try:
             markers.mark(
                 locks[config.using], _done_name(key, task_id, attempt), "1",
@@ -648,15 +657,54 @@ def _noting_done(
         except LockError as exc:  # a copy may then run again (at least once)
             logger.warning("redlock: could not note task %s as done: %s", task_id, exc)
 
+    return note
+
+
+class _Ending:
+    """What a run does once its outcome is settled, before its release where it can: each
+    step is given the exception the run raised (None: it returned), and they run once.
+
+    Settled: the body returned (in a fenced transaction: once its COMMIT happened), or the
+    run raised an ``Exception``, which Celery records as the task's outcome (a failure, a
+    retry). So does a fenced block's COMMIT that failed (a copy beside the retry that
+    ``autoretry_for`` queues would do the work twice) or whose outcome is unknown (the task
+    fails with ``CommitOutcomeUnknown``; a copy would run the work again blindly). Never
+    settled: a run stopped (``SystemExit``, ``KeyboardInterrupt``: Celery records nothing,
+    the child exits; a process killed), mid-body or before its COMMIT: its message comes
+    back and runs."""
+
+    def __init__(self) -> None:
+        self.steps: list[Callable[[BaseException | None], None]] = []
+        self.returned = False  # the body returned (a fenced block's COMMIT comes after)
+        self.settled = False
+
+    def __call__(self, exc: BaseException | None = None) -> None:
+        if self.settled:
+            return
+        for step in self.steps:
+            step(exc)
+        self.settled = True  # last: steps cut short run again after the release
+
+
+def _settling(
+    config: SingleInstance, body: Callable[[], Any], ending: _Ending
+) -> Callable[[], Any]:
+    """``body``, settling ``ending`` when it raises an ``Exception`` or, once it returned:
+    at once, or in a fenced transaction at its COMMIT (an ``on_commit`` callback: Django
+    runs it after the COMMIT and before the release; a transaction rolled back, or a
+    process killed before its COMMIT, never runs it)."""
+
     def run() -> Any:
+        if config.atomic is not None:
+            transaction.on_commit(ending, using=config.atomic, robust=True)
         try:
             result = body()
-        except Reject:
+        except Exception as exc:
+            ending(exc)
             raise
-        except BaseException:
-            note()
-            raise
-        note()
+        ending.returned = True
+        if config.atomic is None:
+            ending()
         return result
 
     return run
@@ -863,7 +911,9 @@ class SingleInstanceTask(Task):
         """Queue the call unless its key is queued or running already.
 
         The queue marker names the queued task id and never outlives its message: it is
-        cleared if the publish raises (the error propagates; the next call queues), its TTL
+        cleared if the publish raises (the error propagates; the next call queues, and so
+        does a call that met it while that publish was in progress: see
+        :meth:`_published`), its TTL
         ends with the message's ``expires``, a worker discarding the message (revoked or
         expired) clears it, and a marker whose task has a final state (``SUCCESS``,
         ``FAILURE``, ``REVOKED``...) is stale: replaced, not obeyed. A caller that chose the
@@ -910,7 +960,7 @@ class SingleInstanceTask(Task):
                 queued = markers.mark(backend, key, task_id, ttl_ms)
                 if queued is None or queued == task_id or retrying:
                     break
-                if not self._stale(key, queued):
+                if not self._stale(key, queued) and self._published(key, queued):
                     break
                 clear_queued_marker(config, key, queued)
             else:  # stale markers each time: queue it unmarked (never dropped; the lock excludes)
@@ -983,16 +1033,50 @@ class SingleInstanceTask(Task):
             or self.message_gone(key, task_id)
         )
 
+    #: How long (seconds) a call that meets the marker of a publish in progress (not noted as
+    #: sent yet) waits for that publish: see :meth:`_published`.
+    publish_wait = 5.0
+
+    def _published(self, key: str, task_id: str) -> bool:
+        """Whether the marker naming ``task_id`` stands for a message that was published:
+        noted as sent, now or within ``publish_wait`` seconds (its publish in progress), or
+        run already (its run took the key). False once the marker went otherwise (that
+        publish failed, and its producer cleared it), or still not sent after the wait (its
+        producer died between the mark and the publish): the caller queues the call itself,
+        and at worst two messages run one after the other (the lock keeps them apart), where
+        obeying such a marker lost the call."""
+        config = self.single_instance_config()
+        assert config is not None
+        backend = locks[config.using]
+        deadline = time.monotonic() + self.publish_wait
+        pause = 0.005
+        while True:  # a Redis that cannot answer: its LockError goes to the caller
+            if markers.read(backend, sent_name(key, task_id)) is not None:
+                return True
+            noted = markers.read(backend, key)
+            if noted is None or noted[0] != task_id:
+                running = backend.inspect(key)
+                holder = task_id_of(running.holder) if running is not None else None
+                return holder == task_id or self._ended(task_id)
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "redlock: the queue marker of %r names task %s, not published after %.1f"
+                    " s: queued anew", key, task_id, self.publish_wait,
+                )  # fmt: skip
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+
     def _note_sent(
         self, key: str, task_id: str, args: Any, kwargs: Any, options: dict[str, Any],
         ttl_ms: int,
     ) -> None:  # fmt: skip
         """Note, beside the marker and as long, that ``task_id``'s message was published and
-        to which queue: only such a marker is checked against the broker (a marker of a
-        publish in progress, or of a producer that notes nothing, is obeyed)."""
-        queue = self._queue_of(args, kwargs, options)
-        if queue is None:
-            return
+        to which queue: only such a marker is checked against the broker; one routed to no
+        queue by name (an exchange or routing key of the call's own) is noted with an empty
+        queue (published, never looked for). A marker without the note is a publish in
+        progress (see :meth:`_published`)."""
+        queue = self._queue_of(args, kwargs, options) or ""
         config = self.single_instance_config()
         assert config is not None
         backend = locks[config.using]
@@ -1020,7 +1104,7 @@ class SingleInstanceTask(Task):
         backend = locks[config.using]
         try:
             sent = markers.read(backend, sent_name(key, task_id))
-            if sent is None:  # not (yet) published, or by a producer that notes nothing
+            if sent is None or not sent[0]:  # not (yet) published, or to no queue by name
                 return False
             if markers.read(backend, received_name(key, task_id)) is not None:
                 return False  # a worker took it lately: its run is on its way

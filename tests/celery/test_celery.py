@@ -850,6 +850,131 @@ def test_acks_late_copy_taken_after_the_run_ended_does_not_run_again(
     late.stop()
 
 
+def deliver(task: Any, task_id: str, *args: Any) -> Any:
+    """Run ``task``'s body as a worker runs a delivery of its message ``task_id`` (attempt
+    0, not eager: ``acks_late`` applies); a copy of it is the same call again."""
+    task.push_request(id=task_id, retries=0, is_eager=False, headers={}, args=list(args),
+                      kwargs={}, delivery_info={"routing_key": "celery"})  # fmt: skip
+    try:
+        return task.run(*args)
+    finally:
+        task.pop_request()
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True,
+             name="tests.celery.test_celery.late_fenced_sale")  # fmt: skip
+@single_instance(key="late-fenced-sale:{buyer}", ttl=10, atomic="default")
+def late_fenced_sale(self: Any, buyer: str) -> bool:
+    from ..support.fenced_child import sell_one
+
+    return sell_one("default", 1, buyer)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_acks_late_fenced_run_stopped_at_its_commit_runs_again(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process stops as Django sends the COMMIT (SIGKILL, OOM, a hard time limit: here
+    # SystemExit, which Celery records nothing for either). Nothing committed, and its
+    # message comes back (reject_on_worker_lost): the copy must run. The run had noted
+    # itself "done" inside its transaction, before the COMMIT: the copy was skipped, the
+    # sale lost.
+    from celery.exceptions import Ignore
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from ..support.fenced_child import open_shop, sales
+
+    open_shop("default", 1, 5)
+    buyer = uuid.uuid4().hex[:8]
+    task_id = f"sale-{buyer}"
+    noted = f"late-fenced-sale:{buyer}:done:{task_id}.0"
+    at_commit: list[bool] = []
+
+    def stopped(self: Any) -> None:
+        at_commit.append(locks["default"].client.exists(f"redlock:{{{noted}}}:queued") > 0)
+        self.connection.rollback()  # as the server does for a process that died
+        raise SystemExit(1)
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "commit", stopped)
+    with pytest.raises(SystemExit):
+        deliver(late_fenced_sale, task_id, buyer)
+    monkeypatch.undo()
+    assert at_commit == [False] and sales("default") == []
+    assert deliver(late_fenced_sale, task_id, buyer) is True  # the message came back: it runs
+    assert sales("default") == [(buyer, 5)]
+    with pytest.raises(Ignore):  # committed and noted: a later copy is skipped
+        deliver(late_fenced_sale, task_id, buyer)
+    assert sales("default") == [(buyer, 5)]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("outcome", ["committed", "unknown"])
+def test_acks_late_fenced_run_whose_commit_reply_was_lost_is_not_run_again(
+    broker: None, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    # The COMMIT went through and its reply was lost. The row proves it committed (the block
+    # returns; its on_commit callbacks, the note's among them, did not run), or cannot tell
+    # (CommitOutcomeUnknown: the task fails, for someone to check). Either way a copy of the
+    # message must not sell again: unknown is not "nothing committed".
+    from celery.exceptions import Ignore
+    from django.db import OperationalError
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from django_redlock import CommitOutcomeUnknown, fencing
+
+    from ..support.fenced_child import open_shop, sales
+
+    open_shop("default", 1, 5)
+    buyer = uuid.uuid4().hex[:8]
+    task_id = f"sale-{buyer}"
+    real = BaseDatabaseWrapper.commit
+
+    def reply_lost(self: Any) -> None:
+        real(self)
+        raise OperationalError("the COMMIT's reply was lost")
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "commit", reply_lost)
+    if outcome == "unknown":
+        monkeypatch.setattr(fencing, "commit_outcome", lambda *args, **kwargs: None)
+        with pytest.raises(CommitOutcomeUnknown):
+            deliver(late_fenced_sale, task_id, buyer)
+    else:
+        assert deliver(late_fenced_sale, task_id, buyer) is True
+    monkeypatch.undo()
+    assert sales("default") == [(buyer, 5)]
+    with pytest.raises(Ignore):  # the message's copy
+        deliver(late_fenced_sale, task_id, buyer)
+    assert sales("default") == [(buyer, 5)]
+
+
+STOPS: list[type[BaseException]] = []
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True,
+             name="tests.celery.test_celery.late_stopped")  # fmt: skip
+@single_instance(key="late-stopped:{name}", ttl=10)
+def late_stopped(self: Any, name: str) -> str:
+    if STOPS:
+        raise STOPS.pop()("stopped mid-body")
+    return name
+
+
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt])
+def test_acks_late_run_stopped_mid_body_runs_again(broker: None, stop: type[BaseException]) -> None:
+    # sys.exit() in a signal handler, or KeyboardInterrupt, mid-body: Celery records nothing,
+    # the child exits and its message comes back. The run noted itself "done" on its way
+    # out: the copy was skipped, and the body never completed.
+    from celery.exceptions import Ignore
+
+    name = uuid.uuid4().hex[:8]
+    STOPS[:] = [stop]
+    with pytest.raises(stop):
+        deliver(late_stopped, f"stopped-{name}", name)
+    assert deliver(late_stopped, f"stopped-{name}", name) == name  # the copy runs
+    with pytest.raises(Ignore):  # and, once it ran, a later copy does not
+        deliver(late_stopped, f"stopped-{name}", name)
+
+
 # -- an exception at any line once the lock is taken ------------------------------------------
 
 

@@ -3,6 +3,7 @@ and a prefork child SIGKILLed mid-run: real workers and a real Redis broker."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -392,15 +393,16 @@ def test_a_purged_message_found_moments_ago_counts_until_the_next_look(
 def test_a_marker_the_broker_cannot_vouch_for_is_obeyed(
     broker: None, monkeypatch: pytest.MonkeyPatch, look_every_time: None
 ) -> None:
-    # Unknown is not gone: a marker with no note that its message was sent (a publish in
-    # progress, a producer of an earlier version), or a queue too long to read, is obeyed
-    # (until its TTL).
+    # Unknown is not gone: a marker whose message was sent to no queue by name (an exchange
+    # or routing key of its own), or a queue too long to read, is obeyed (until its TTL).
     from django_redlock.contrib import broker as broker_check
+    from django_redlock.contrib.celery import sent_name
 
     task = celery_tasks.deduped
     backend = locks["default"]
     key = task.lock_key("unnoted")
     backend.execute(backend.op_mark_queued(key, "published-elsewhere", 60_000))
+    backend.execute(backend.op_mark_queued(sent_name(key, "published-elsewhere"), "", 60_000))
     assert task.apply_async(("unnoted",), queue="unnoted").id == "published-elsewhere"
     backend.execute(backend.op_clear_queued(key, "published-elsewhere"))
     monkeypatch.setattr(broker_check, "MOST_MESSAGES", 1)  # more than 1 message: not read
@@ -432,7 +434,8 @@ def test_a_message_in_a_priority_list_counts(
 
 def test_only_a_plainly_routed_call_is_noted_as_sent(broker: None) -> None:
     # A routing key of the call's own may send the message to another queue than the one
-    # routed by name: nothing is noted, so the marker is obeyed (never taken for gone).
+    # routed by name: noted as sent to no queue, so the marker is obeyed (never taken for
+    # gone).
     from django_redlock.contrib.celery import sent_name
 
     task = celery_tasks.deduped
@@ -442,9 +445,77 @@ def test_only_a_plainly_routed_call_is_noted_as_sent(broker: None) -> None:
         "routed"
     )
     keyed = task.apply_async(("keyed",), queue="routed", routing_key="elsewhere")
-    assert backend.execute(backend.op_read_queued(sent_name("dedupe:keyed", keyed.id))) is None
+    assert backend.execute(backend.op_read_queued(sent_name("dedupe:keyed", keyed.id)))[0] == ""
     celery_app.app.control.purge()
     assert task.apply_async(("keyed",), queue="routed").id == keyed.id  # obeyed
+
+
+def test_a_call_meeting_a_publish_in_progress_that_fails_is_queued(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # P1 marked the key and publishes; P2's delay() meets that marker; P1's publish then
+    # fails (P1 clears its marker and raises). P2 was deduplicated to P1's task, which was
+    # never published: P2's call lost, silently.
+    import threading
+
+    from celery import Task
+
+    task = celery_tasks.deduped
+    name = uuid.uuid4().hex[:8]
+    in_flight = threading.Event()
+    real = Task.apply_async
+    failed: list[BaseException] = []
+
+    def publish(self: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        if threading.current_thread().name == f"p1-{name}":
+            in_flight.set()
+            time.sleep(0.5)  # P2 meets the marker meanwhile
+            raise OperationalError("the broker's connection was reset during the publish")
+        return real(self, args, kwargs, **options)
+
+    def producer() -> None:
+        try:
+            task.apply_async((name,), queue=NOBODY)
+        except OperationalError as exc:
+            failed.append(exc)
+
+    monkeypatch.setattr(Task, "apply_async", publish)
+    p1 = threading.Thread(target=producer, name=f"p1-{name}")
+    p1.start()
+    assert in_flight.wait(10)
+    started = time.monotonic()
+    second = task.apply_async((name,), queue=NOBODY)
+    waited = time.monotonic() - started
+    p1.join(10)
+    monkeypatch.undo()
+    assert failed  # P1 was told
+    sent = [json.loads(raw)["headers"]["id"]
+            for raw in redis_server.client(db=1).lrange(NOBODY, 0, -1)]  # fmt: skip
+    assert second.id in sent  # P2's call was published
+    assert waited < SingleInstanceTask.publish_wait  # it learned of the failure, not a timeout
+    celery_app.app.control.purge()
+
+
+def test_a_marker_never_published_is_queued_anew_after_the_publish_wait(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The producer died between its mark and its publish: the marker names a message that
+    # never comes. The next delay() waits for that publish (publish_wait), then queues; the
+    # call after it deduplicates to that one. (Obeyed, every call was lost for the TTL.)
+    monkeypatch.setattr(SingleInstanceTask, "publish_wait", 0.3, raising=False)
+    task = celery_tasks.deduped
+    backend = locks["default"]
+    name = uuid.uuid4().hex[:8]
+    backend.execute(backend.op_mark_queued(task.lock_key(name), "never-published", 60_000))
+    started = time.monotonic()
+    queued = task.apply_async((name,), queue=NOBODY)
+    assert 0.3 <= time.monotonic() - started < 5
+    assert queued.id != "never-published"
+    sent = [json.loads(raw)["headers"]["id"]
+            for raw in redis_server.client(db=1).lrange(NOBODY, 0, -1)]  # fmt: skip
+    assert queued.id in sent
+    assert task.apply_async((name,), queue=NOBODY).id == queued.id
+    celery_app.app.control.purge()
 
 
 def test_coalesce_keeps_the_note_when_the_follow_up_cannot_be_published(
@@ -850,6 +921,81 @@ def test_coalesce_follow_up_interrupted_before_its_body_leaves_the_call_to_run(
     monkeypatch.undo()
     assert markers.read(locks["default"], f"{key}:coalesce") is not None
     assert follow_ups(redis_server, name) == [f"('{name}', 'd1')"]
+    celery_app.app.control.purge()
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.fenced_coalesced")
+@single_instance(key="fenced-coalesced:{name}", ttl=10, on_duplicate="coalesce", atomic="default")
+def fenced_coalesced(self: Any, name: str, tag: str) -> bool:
+    from ..support.fenced_child import sell_one
+
+    return sell_one("default", 1, tag)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coalesce_fenced_follow_up_stopped_at_its_commit_leaves_the_call_to_run(
+    broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fenced follow-up runs the noted call d1; its process stops as Django sends the
+    # COMMIT (SIGKILL, OOM: here SystemExit, the transaction rolled back): nothing committed.
+    # It had deleted the note inside its transaction, before the COMMIT: the next follow-up
+    # found nothing to run, and d1 was lost.
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    from ..support.fenced_child import open_shop, sales
+
+    open_shop("default", 1, 5)
+    name = uuid.uuid4().hex[:8]
+    note = f"fenced-coalesced:{name}:coalesce"
+    contrib.note_call(fenced_coalesced.run.__redlock__, note[: -len(":coalesce")],
+                      [name, "d1"], {}, None, "d1", fenced_coalesced.name)  # fmt: skip
+    at_commit: list[bool] = []
+
+    def stopped(self: Any) -> None:
+        at_commit.append(markers.read(locks["default"], note) is not None)
+        self.connection.rollback()  # as the server does for a process that died
+        raise SystemExit(1)
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "commit", stopped)
+    with pytest.raises(SystemExit):
+        fenced_coalesced.apply((name, "f1"), task_id=f"f1-{name}", headers={contrib.FOLLOW_UP: "1"})
+    monkeypatch.undo()
+    assert at_commit == [True] and sales("default") == []
+    assert markers.read(locks["default"], note) is not None  # still noted: it runs
+    celery_app.app.control.purge()
+    fenced_coalesced.apply((name, "f2"), task_id=f"f2-{name}", headers={contrib.FOLLOW_UP: "1"})
+    assert sales("default") == [("d1", 5)]
+    assert markers.read(locks["default"], note) is None  # committed: the note went with it
+    celery_app.app.control.purge()
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.stopping")
+@single_instance(key="stopping:{name}", ttl=10, on_duplicate="coalesce")
+def stopping(self: Any, name: str, tag: str) -> str:
+    if tag == "stop":
+        raise SystemExit(1)  # sys.exit() in a signal handler, mid-body
+    return tag
+
+
+def test_coalesce_follow_up_stopped_mid_body_leaves_the_call_to_run(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # SystemExit mid-body: Celery records nothing, the child exits (its message comes back,
+    # or the main process queues a follow-up). The follow-up had deleted the note on its way
+    # out: the next one found nothing, and the call was lost.
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    note = f"stopping:{name}:coalesce"
+    contrib.note_call(stopping.run.__redlock__, f"stopping:{name}", [name, "stop"], {}, None,
+                      "d1", stopping.name)  # fmt: skip
+    with pytest.raises(SystemExit):
+        stopping.apply((name, "f"), task_id=f"f1-{name}", headers={contrib.FOLLOW_UP: "1"})
+    assert markers.read(locks["default"], note) is not None
     celery_app.app.control.purge()
 
 
