@@ -1007,9 +1007,7 @@ class BaseLock:
                 # Our own release freed it: one whose reply was lost, or one sent before
                 # the answer came (``found``: when it came; None, now).
                 began = hold.release_began
-                ours = hold.releasing or (
-                    began is not None and (found is None or found >= began)
-                )
+                ours = hold.releasing or (began is not None and (found is None or found >= began))
                 if not ours:  # first: from here on the loss is this object's
                     self._undeclared[token] = (reason, owner, hold)
                 self._forget(owner, hold)
