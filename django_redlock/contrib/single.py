@@ -605,10 +605,20 @@ def guarded(held: BaseLock, run: Callable[[], T]) -> T:
     during the clean-up rather than a time limit before it."""
     try: return run()  # noqa: E701  # fmt: skip
     except BaseException:  # (entered without a call: no signal runs on the way in)
-        # Twice, each on one line: a signal pending since the unwinding runs at the first
-        # call, which may be let_go's own entry, before its try.
+        # A signal pending since the unwinding runs at the first call, let_go's own entry,
+        # before its try: so again, each try on one line reached by falling through (a
+        # loop's back-edge would be such a place too), once per exception landing there.
+        interrupted: BaseException | None = None
         try: interrupted = let_go(held)  # noqa: E701  # fmt: skip
         except BaseException as error: interrupted = error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
         try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
         except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
         if interrupted is not None and not isinstance(interrupted, Exception):

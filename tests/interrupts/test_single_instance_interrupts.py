@@ -19,7 +19,7 @@ import inspect
 import sys
 import uuid
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from celery import shared_task
@@ -30,7 +30,7 @@ from django_redlock.contrib import single
 from django_redlock.locking.base import BaseLock
 from tests.support import celery_app  # noqa: F401  # the app the shared task binds to
 
-COUNT = 12  # interrupts in a burst, one at each point (the campaign's: 3 to 60)
+COUNT = 6  # exceptions in a row, each at the next point (the campaign's bursts: 3 to 60, spaced)
 
 
 class TimeLimit(Exception):
@@ -75,42 +75,59 @@ QUIET = {code: _quiet_lines(code) for code in WATCHED}
 
 
 class Burst:
-    """A tracer that, once armed, raises at the points ``start`` .. ``start + COUNT - 1``
-    (None: counts the points).
+    """Once armed, raises at the points ``start`` .. ``start + COUNT - 1`` (None: counts
+    the points): a line of the watched code that calls or loops back (the tracer), a call's
+    entry from it and a C call's return in it (the profile function).
 
-    Python unsets a tracer that raised; a profile function (which Python leaves set) puts it
-    back at the next call or return, on the frames of the watched code still running."""
+    Python unsets a hook that raised. Each puts the other back at its next event (on the
+    frames of the watched code still running), so the point right after a hit, a call's
+    entry, where a signal pending since the unwinding runs, is never missed."""
 
     def __init__(self, start: int | None) -> None:
         self.start, self.armed, self.points, self.fired = start, False, 0, 0
-        self.unset = False
+        self.trace_unset = self.profile_unset = False
 
-    def _point(self) -> None:
+    def _point(self) -> bool:
         self.points += 1
-        if self.start is not None and self.start <= self.points < self.start + COUNT:
-            self.fired, self.unset = self.fired + 1, True
-            raise TimeLimit(f"burst {self.fired}")
+        return self.start is not None and self.start <= self.points < self.start + COUNT
+
+    def _raise(self) -> NoReturn:
+        self.fired += 1
+        raise TimeLimit(f"burst {self.fired}")
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if not self.unset:
+        if self.trace_unset:
+            self.trace_unset = False
+            sys.settrace(self)
+            running: FrameType | None = frame
+            while running is not None:
+                if running.f_code in WATCHED:
+                    running.f_trace = self._line
+                running = running.f_back
+        if not self.armed:
             return
-        self.unset = False
-        sys.settrace(self)
-        running: FrameType | None = frame
-        while running is not None:
-            if running.f_code in WATCHED:
-                running.f_trace = self._line
-            running = running.f_back
+        back = frame.f_back
+        entry = event == "call" and back is not None and back.f_code in WATCHED
+        returned = event == "c_return" and frame.f_code in WATCHED
+        if (entry or returned) and self._point():
+            self.profile_unset = True
+            self._raise()
+
+    def _put_back(self) -> None:
+        if self.profile_unset:
+            self.profile_unset = False
+            sys.setprofile(self.profile)
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
-        back = frame.f_back
-        if self.armed and back is not None and back.f_code in WATCHED:
-            self._point()  # at the callee's entry
+        self._put_back()
         return self._line if frame.f_code in WATCHED else None
 
     def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "line" and self.armed and frame.f_lineno not in QUIET[frame.f_code]:
-            self._point()
+        self._put_back()
+        quiet = event != "line" or not self.armed or frame.f_lineno in QUIET[frame.f_code]
+        if not quiet and self._point():
+            self.trace_unset = True
+            self._raise()
         return self._line
 
 
