@@ -40,6 +40,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar, cast
 
@@ -650,7 +651,7 @@ class MultiLock:
             self.release()
         raise pending
 
-    def atomic(self, using: str | None = None) -> MultiBlock:
+    def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
         """This held multi-lock's fenced transaction, in ``using`` (default: the ``atomic=``
         database, else Django's default): every member's own fenced block
         (:meth:`Lock.atomic <django_redlock.Lock.atomic>`), nested in the canonical order, so
@@ -660,7 +661,7 @@ class MultiLock:
         ``LockNotAcquired`` when a row stayed locked past the wait, ... ``LockNotOwned`` (or
         ``LockLost``) when not every name is held, before the database is touched. Its exit
         holds against an exception a signal handler raises on any of its lines, as a single
-        block's does (:class:`MultiBlock`)."""
+        block's does."""
         using = check_database(using) if using is not None else self.database or DEFAULT_DB_ALIAS
         return MultiBlock(self, using)
 
