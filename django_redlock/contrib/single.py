@@ -572,8 +572,8 @@ def let_go(
     """Release ``held`` if it holds (on the way out of a run). Never raises: a ``LockError``
     (lost, no answer) leaves the hold to its TTL, no longer renewed; an exception a signal
     handler raises meanwhile, a burst of them too, is returned (the first) and the release
-    tried again, as the fenced exit's release is (:func:`guarded` calls it twice, so that
-    one landing at its entry is covered too)."""
+    tried again, as the fenced exit's release is (:func:`guarded` calls it again should one
+    land at its entry, before its first try)."""
     # CPython runs a signal's handler only at a function's entry, a call's return or a
     # loop's back-edge. So each call here is in a try on one line (it holds from the line's
     # first instruction), the handlers call nothing but the last, and the next try is reached
@@ -604,7 +604,7 @@ def guarded(held: BaseLock, run: Callable[[], T]) -> T:
     the run raised; an interrupt (a ``BaseException`` that is no ``Exception``) that came
     during the clean-up rather than a time limit before it."""
     try: return run()  # noqa: E701  # fmt: skip
-    except BaseException:  # (entered without a call: no signal runs on the way in)
+    except BaseException as first:  # (entered without a call: no signal runs on the way in)
         # A signal pending since the unwinding runs at the first call, let_go's own entry,
         # before its try: so again, each try on one line reached by falling through (a
         # loop's back-edge would be such a place too), once per exception landing there.
@@ -622,7 +622,7 @@ def guarded(held: BaseLock, run: Callable[[], T]) -> T:
         try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
         except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
         if interrupted is not None and not isinstance(interrupted, Exception):
-            raise interrupted from None
+            raise interrupted from first  # an interrupt says more than a time limit before it
         raise
 
 
@@ -633,7 +633,7 @@ def take(
     """Take ``key``'s lock for one run (its holder names the run: ``task_id``, ``task_name``)
     and clear the run's queue marker; return the lock, whether it is held, and if not, who
     holds it. ``held``: the object to take (:func:`new_hold`), made by a caller that guards
-    the whole run with :func:`let_go` (an exception such as a soft time limit may come at any
+    the whole run with :func:`guarded` (an exception such as a soft time limit may come at any
     line once the lock is taken: nothing between the acquire and that guard may leave it held
     and renewed)."""
     if config.atomic is not None:  # autocommit off: refused before the lock is taken
