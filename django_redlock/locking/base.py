@@ -905,7 +905,9 @@ class BaseLock:
         sent = time.monotonic()  # a renewal settled after this may have landed after it
         extended = yield self._op_extend(hold.token, ttl_ms)
         if not extended:
-            self.mark_lost(hold.token, "it expired or was released by someone else")
+            # When the answer came: a release begun after it (another thread's) did not cause it.
+            found = time.monotonic()
+            self.mark_lost(hold.token, "it expired or was released by someone else", found=found)
             if hold.releasing or hold.release_began is not None:
                 raise LockNotOwned(f"{self.describe()} was released")
             raise LockLost(f"{self.describe()} could not be extended: {self._lost}")
