@@ -1006,14 +1006,15 @@ class BaseLock:
                 self._lost = reason
             else:
                 hold = self._holds[owner]
-                # Our own release freed it: one whose reply was lost, or one sent before
-                # the answer came (``found``: when it came; None, now).
                 began = hold.release_began
-                ours = hold.releasing or (began is not None and (found is None or found >= began))
-                if not ours:  # first: from here on the loss is this object's
+                if not hold.releasing and began is not None and (found is None or found >= began):
+                    # Answered once our release was sent (``found``: when; None, now): that
+                    # release's answer decides, the hold stays for it (-1: a loss before it).
+                    return
+                if not hold.releasing:  # first: from here on the loss is this object's
                     self._undeclared[token] = (reason, owner, hold)
                 self._forget(owner, hold)
-                if ours:
+                if hold.releasing:  # our own release, whose reply was lost, freed it
                     return
                 self._lost = reason
         if later is None:

@@ -602,3 +602,32 @@ def test_a_loss_found_before_the_resignation_began_is_still_reported(name: str) 
         election.resign()  # a lost term: nothing raised, nothing reported again
     assert len(lost) == 1 and "expired or was released" in lost[0], lost
     assert held.lost is not None and term.lost.is_set()
+
+
+def test_a_real_loss_met_by_a_renewal_during_the_resignation_is_reported_once(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Force-released, then the renewal and the resignation's release both find the token
+    gone, the renewal's answer read while the release is on its way: the release's answer
+    (-1: gone before it) reports the loss, once."""
+    election = leader(name, using="redis", ttl=30)
+    term = election.campaign()
+    held = election.lock
+    renewal = held._extend(None)
+    extend = next(renewal)
+    backend = held.backend
+    real = backend.execute
+
+    def releasing(op: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = real(op, *args, **kwargs)
+        monkeypatch.setattr(backend, "execute", real)
+        with contextlib.suppress(LockNotOwned):
+            renewal.send(real(extend))
+        return reply
+
+    with _losses() as lost:
+        assert locks["redis"].force_release(name)
+        monkeypatch.setattr(backend, "execute", releasing)
+        election.resign()  # a lost term: nothing raised
+    assert len(lost) == 1 and "expired or was released" in lost[0], lost
+    assert held.lost is not None and term.lost.is_set()
