@@ -118,10 +118,15 @@ class Lock(Protocol):
         asked before a hold's first renewal (it may have been released meanwhile)."""
 
     def mark_lost(
-        self, token: str, reason: str, later: Callable[[Callable[[], None]], None] | None = None
+        self,
+        token: str,
+        reason: str,
+        later: Callable[[Callable[[], None]], None] | None = None,
+        found: float | None = None,
     ) -> None:
         """The backend answered that ``token`` holds nothing: the object drops the hold and
-        is lost from now on; its notification runs in ``later`` (the notifier thread)."""
+        is lost from now on; its notification runs in ``later`` (the notifier thread).
+        ``found``: when that answer came (monotonic; None: now)."""
 
 
 logger = logging.getLogger("django_redlock")
@@ -153,6 +158,7 @@ class _Entry:
     # the object's id: one per object holding now (remove() and the sweep drop the others),
     # so a long hold joined by many objects in turn keeps no trail of dead references.
     watches: dict[int, weakref.ref[Lock]] = field(default_factory=dict)
+    found_lost: float = 0.0  # when a renewal's answer said it is gone (monotonic)
 
 
 @dataclass(eq=False)
@@ -531,6 +537,8 @@ class Renewer:
                     if entry.bucket is not bucket and entry.bucket is not None:
                         self._due_now(entry.bucket, now)
             lost = [entry for entry in lost if entry.bucket is bucket]
+            for entry in lost:
+                entry.found_lost = now  # a release begun after this did not cause it
             self._losses.extend(lost)  # first: a loss dropped is a loss to declare
             for entry in lost:
                 self._drop(entry.key)
@@ -553,7 +561,7 @@ class Renewer:
                     return
                 entry = self._losses[0]
             for lock in list(entry.locks):
-                lock.mark_lost(entry.renewal.token, LOST, self._notify)
+                lock.mark_lost(entry.renewal.token, LOST, self._notify, entry.found_lost)
             with self._mutex:
                 if self._losses and self._losses[0] is entry:  # not by another thread
                     self._losses.popleft()

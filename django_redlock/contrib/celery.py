@@ -60,6 +60,7 @@ from .single import (  # the core shared with Django's Tasks framework (re-expor
     clear_queued_marker,
     describe_holder,
     duplicate,
+    guarded,
     hold_of,
     holds_task,
     let_go,
@@ -180,9 +181,11 @@ def run_task(
     # run ended (see _ran_already), is looked for before anything else it would do.
     late = bool(task_id) and _acks_late(task)
     # One guard from before the acquire to the end of the run: a soft time limit (or any
-    # exception) at any line once the lock is taken releases it (run_held's own guard starts
-    # only inside it).
-    try:
+    # exception, a burst of them too) at any line once the lock is taken releases it, and
+    # the watchdog renews nothing after the run (run_held's own guard starts only inside it).
+
+    def run() -> Any:
+        nonlocal acquired, body
         _, acquired, info = take(config, key, task_id, task_name, attempt, held)
         if not acquired:
             own = attempts_holding(info, task_id)
@@ -198,12 +201,12 @@ def run_task(
             return duplicate(config, task, key, task_id, info)
         if late and _ran_already(config, key, cast(str, task_id), attempt):
             # Before a follow-up claims the note: a later duplicate's call is not its own.
-            let_go(held)
+            _released_or_raise(held)
             return _redelivered(config, task, key, cast(str, task_id), attempt, ended=True)
         if follow_up:
             claimed = _claim_note(config, key, cast(str, task_id))
             if claimed is None:  # another follow-up ran it: nothing left to run
-                let_go(held)
+                _released_or_raise(held)
                 result = skip_result(config, task, key, task_id, None)
                 return {**result, "coalesced": True}
             call, text = claimed
@@ -228,12 +231,11 @@ def run_task(
         if ending.returned and not outer:  # committed; its callbacks did not run (a lost
             ending()  # reply the row proved committed): noted now, after the release
         return result
-    except BaseException:
-        acquired = acquired or held.token is not None  # taken, then interrupted: it ends too
-        let_go(held)
-        raise
+
+    try:
+        return guarded(held, run)
     finally:
-        if coalesce and acquired:
+        if coalesce and acquired:  # taken, then interrupted: it ends too
             _queue_follow_up(config, task, key)
 
 
@@ -258,6 +260,14 @@ def run_task(
 
 #: The header of a coalesced follow-up's message: it runs the call noted last for its key.
 FOLLOW_UP = "redlock_follow_up"
+
+
+def _released_or_raise(held: Any) -> None:
+    """Release ``held`` now (a run that ends without its body); an interrupt meanwhile goes
+    on once it is released."""
+    interrupted = let_go(held)
+    if interrupted is not None:
+        raise interrupted
 
 
 def _pending_name(key: str) -> str:

@@ -55,6 +55,7 @@ from ..validation import (
 
 logger = logging.getLogger("django_redlock")
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 ON_DUPLICATE = ("skip", "raise", "retry", "coalesce")
 #: Keys longer than this are hashed (and say so): Redis keys stay short, names stay readable.
@@ -559,11 +560,70 @@ def new_hold(config: SingleInstance, key: str, task_id: str | None, attempt: int
                      token_prefix=_prefix(task_id, attempt))  # fmt: skip
 
 
-def let_go(held: BaseLock) -> None:
-    """Release ``held`` if it holds (an exception on the way out of a run: never raises)."""
+#: How many exceptions a signal handler raises (a burst of soft time limits, a user's
+#: ``SIGALRM`` timeout on top) the way out of a run outlasts, each costing one try of the
+#: release; past them the hold runs out at its TTL, no longer renewed once a try began.
+LET_GO_TRIES = 64
+
+
+def let_go(
+    held: BaseLock, tries: int = LET_GO_TRIES, interrupted: BaseException | None = None
+) -> BaseException | None:
+    """Release ``held`` if it holds (on the way out of a run). Never raises: a ``LockError``
+    (lost, no answer) leaves the hold to its TTL, no longer renewed; an exception a signal
+    handler raises meanwhile, a burst of them too, is returned (the first) and the release
+    tried again, as the fenced exit's release is (:func:`guarded` calls it again should one
+    land at its entry, before its first try)."""
+    # CPython runs a signal's handler only at a function's entry, a call's return or a
+    # loop's back-edge. So each call here is in a try on one line (it holds from the line's
+    # first instruction), the handlers call nothing but the last, and the next try is reached
+    # by falling through: a loop's back-edge is where a signal pending since the last
+    # exception's unwinding would run, outside any try (the campaign's bursts landed at the
+    # first such place, every time). Each exception costs a try; a deeper call tries again.
+    try: return _release_held(held, interrupted)  # noqa: E701  # fmt: skip
+    except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+    if tries <= 0:
+        return interrupted
+    try: return let_go(held, tries - 1, interrupted)  # noqa: E701  # fmt: skip
+    except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+    try: return let_go(held, tries - 1, interrupted)  # noqa: E701  # fmt: skip
+    except BaseException as error: return let_go(held, tries - 1, interrupted or error)  # noqa: E701  # fmt: skip
+
+
+def _release_held(held: BaseLock, interrupted: BaseException | None) -> BaseException | None:
     if held.token is not None:
-        with contextlib.suppress(LockError):
-            held.release()
+        with contextlib.suppress(LockError):  # lost, or no answer: left to its TTL
+            held.release()  # stops the renewal before anything is sent
+    return interrupted
+
+
+def guarded(held: BaseLock, run: Callable[[], T]) -> T:
+    """``run()`` (which takes ``held`` and runs the body), ``held`` released on every way
+    out: an exception at any line once it is taken (a soft time limit), and a burst of them
+    during the clean-up, leave no hold renewed after the run (:func:`let_go`). Raises what
+    the run raised; an interrupt (a ``BaseException`` that is no ``Exception``) that came
+    during the clean-up rather than a time limit before it."""
+    try: return run()  # noqa: E701  # fmt: skip
+    except BaseException as first:  # (entered without a call: no signal runs on the way in)
+        # A signal pending since the unwinding runs at the first call, let_go's own entry,
+        # before its try: so again, each try on one line reached by falling through (a
+        # loop's back-edge would be such a place too), once per exception landing there.
+        interrupted: BaseException | None = None
+        try: interrupted = let_go(held)  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+        try: interrupted = let_go(held) or interrupted  # noqa: E701  # fmt: skip
+        except BaseException as error: interrupted = interrupted or error  # noqa: E701  # fmt: skip
+        if interrupted is not None and not isinstance(interrupted, Exception):
+            raise interrupted from first  # an interrupt says more than a time limit before it
+        raise
 
 
 def take(
@@ -573,7 +633,7 @@ def take(
     """Take ``key``'s lock for one run (its holder names the run: ``task_id``, ``task_name``)
     and clear the run's queue marker; return the lock, whether it is held, and if not, who
     holds it. ``held``: the object to take (:func:`new_hold`), made by a caller that guards
-    the whole run with :func:`let_go` (an exception such as a soft time limit may come at any
+    the whole run with :func:`guarded` (an exception such as a soft time limit may come at any
     line once the lock is taken: nothing between the acquire and that guard may leave it held
     and renewed)."""
     if config.atomic is not None:  # autocommit off: refused before the lock is taken
@@ -691,14 +751,14 @@ def run_direct(config: SingleInstance, args: tuple, kwargs: dict) -> Any:
     task_name = f"{func.__module__}.{func.__qualname__}"
     key = config.key_for(task_name, args, kwargs, bound=False)
     held = new_hold(config, key, None)
-    try:
+
+    def run() -> Any:
         _, acquired, info = take(config, key, None, task_name, held=held)
         if not acquired:
             return duplicate(config, None, key, None, info)
         return run_held(held, func, args, kwargs, config.atomic)
-    except BaseException:
-        let_go(held)  # an interrupt before run_held's own guard
-        raise
+
+    return guarded(held, run)
 
 
 __all__ = [

@@ -40,7 +40,7 @@ from .single import (
     SingleInstance,
     clear_queued_marker,
     duplicate,
-    let_go,
+    guarded,
     new_hold,
     run_held,
     take,
@@ -133,16 +133,17 @@ def run(config: SingleInstance, current: tuple[Any, bool] | None, args: tuple, k
     key = config.key_for(task_name, args[1:] if with_context else args, kwargs, bound=with_context)
     held = new_hold(config, key, task_id)
     # One guard from before the acquire to the run (as Celery's path): an exception at any
-    # line once the lock is taken (an async exception, a signal handler's) releases it.
-    try:
+    # line once the lock is taken (an async exception, a signal handler's, a burst of them)
+    # releases it.
+
+    def run() -> Any:
         _, acquired, info = take(config, key, task_id, task_name, 0, held)
         if not acquired:
             task = result.task if result is not None else None
             return duplicate(config, task, key, task_id, info)
         return run_held(held, func, args, kwargs, config.atomic)
-    except BaseException:
-        let_go(held)
-        raise
+
+    return guarded(held, run)
 
 
 class TasksAdapter:

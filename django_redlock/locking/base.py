@@ -812,12 +812,16 @@ class BaseLock:
             with self._mutex:
                 self._untake(hold)
         # A retry of a release whose outcome was unknown: a token found gone is then no loss.
-        # (Not marked before sending: the watchdog's loss report must still land meanwhile.)
         was_releasing = hold.releasing
         left: int | None = None  # the server's answer, once it came
         try:
             if self.reentrant:  # only a reentrant count is ever left to settle
                 yield from self._settle(owner)
+            if hold.depth <= 1:
+                # Marked before it is sent: a renewal (the watchdog's, a leader's keeper's)
+                # answered "gone" from now on met this release, no loss; one answered before
+                # is still reported (mark_lost compares the times).
+                hold.release_began = time.monotonic()
             left = yield self._op_release(hold.token)
             with self._mutex:
                 mine = self._holds.get(owner) is hold  # else lost meanwhile, declared then
@@ -901,8 +905,10 @@ class BaseLock:
         sent = time.monotonic()  # a renewal settled after this may have landed after it
         extended = yield self._op_extend(hold.token, ttl_ms)
         if not extended:
-            self.mark_lost(hold.token, "it expired or was released by someone else")
-            if hold.releasing:
+            # When the answer came: a release begun after it (another thread's) did not cause it.
+            found = time.monotonic()
+            self.mark_lost(hold.token, "it expired or was released by someone else", found=found)
+            if hold.releasing or hold.release_began is not None:
                 raise LockNotOwned(f"{self.describe()} was released")
             raise LockLost(f"{self.describe()} could not be extended: {self._lost}")
         if seconds is not None:
@@ -972,13 +978,19 @@ class BaseLock:
         lock_lost.send_robust(sender=type(self), lock=self, reason=reason)
 
     def mark_lost(
-        self, token: str, reason: str, later: Callable[[Callable[[], None]], None] | None = None
+        self,
+        token: str,
+        reason: str,
+        later: Callable[[Callable[[], None]], None] | None = None,
+        found: float | None = None,
     ) -> None:
         """``token``'s hold is gone: decided here, under the mutex, so once per object (the
         hold leaves the object: ``owned()`` is False, ``lost`` says why, from now on). The
         notification runs now, or is handed to ``later`` (the watchdog's notifier thread).
         Internal: the watchdog's protocol (:class:`~django_redlock.renewer.Lock`) and this
-        class's own queries; only for an answer that the token holds nothing.
+        class's own queries; only for an answer that the token holds nothing. ``found``:
+        when that answer came (monotonic; None: now); one that came once this object's
+        release began is that release's doing, no loss.
 
         An exception after the hold left the object and before its declaration was handed
         over leaves the loss noted as undeclared: telling the object again (the watchdog
@@ -994,6 +1006,11 @@ class BaseLock:
                 self._lost = reason
             else:
                 hold = self._holds[owner]
+                began = hold.release_began
+                if not hold.releasing and began is not None and (found is None or found >= began):
+                    # Answered once our release was sent (``found``: when; None, now): that
+                    # release's answer decides, the hold stays for it (-1: a loss before it).
+                    return
                 if not hold.releasing:  # first: from here on the loss is this object's
                     self._undeclared[token] = (reason, owner, hold)
                 self._forget(owner, hold)

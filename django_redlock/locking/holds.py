@@ -21,6 +21,9 @@ class Hold:
     renewer: Any = None  # the Renewer renewing it, if any
     stop_at: float | None = None  # when renewing stops (monotonic): acquisition + max_hold
     releasing: bool = False  # a release was sent whose outcome is unknown
+    # When the release that frees it began (monotonic; marked before it is sent): a "gone"
+    # answered after that is this release's doing, no loss.
+    release_began: float | None = None
     taken: Any = None  # its handle in the registry below (until its release is sent)
     observed: Any = None  # what metrics and spans keep of it (observe.Held)
     prior: str | None = None  # the token of the hold given a fence before it (Attempt.prior)

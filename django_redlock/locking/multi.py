@@ -39,9 +39,10 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS
 
@@ -123,6 +124,77 @@ def _details(
     exc: BaseException | None,
 ) -> tuple[type[BaseException] | None, BaseException | None, TracebackType | None]:
     return (None, None, None) if exc is None else (type(exc), exc, exc.__traceback__)
+
+
+class MultiBlock:
+    """:meth:`MultiLock.atomic`'s block: each member's fenced block, opened in the canonical
+    order and left innermost first. Its exit holds against an exception a signal handler
+    raises on any of its lines (a soft time limit), as a single block's does
+    (:class:`~..fencing.FencedTransaction`): every member not yet left is left with it, by
+    the same steps as ``lock_all(atomic=)``'s exit (:meth:`MultiLock._leave_members`). Before
+    the COMMIT, rolled back and raised; once committed, an ``Exception`` is logged and the
+    block returns, an interrupt goes on. The names stay held: the caller releases them."""
+
+    def __init__(self, multi: MultiLock, using: str) -> None:
+        self.multi, self.using = multi, using
+        self.members: list[FencedTransaction] = []
+
+    # Each try on one line with what it runs: it holds from the line's first instruction.
+    def __enter__(self) -> None:
+        try: return self._open()  # noqa: E701  # fmt: skip
+        except BaseException as error: self._not_opened(error)  # noqa: E701  # fmt: skip
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        try: return self._leave(exc)  # noqa: E701  # fmt: skip
+        except BaseException as error: return self._settle(error)  # noqa: E701  # fmt: skip
+
+    def _open(self) -> None:
+        multi = self.multi
+        missing = [lk.name for lk in multi.locks if lk.fence is None]
+        if missing:
+            lost = [lk.name for lk in multi.locks if lk.lost is not None and lk.token is None]
+            error = LockLost if lost else LockNotOwned
+            raise error(f"{multi.describe()}: {', '.join(map(repr, missing))} not held"
+                        f"{' (lost)' if lost else ''}")  # fmt: skip
+        for lk in multi.locks:  # canonical order: the rows are locked in that order
+            block = fenced_transaction(lk, self.using)
+            self.members.append(block)  # first: one opened is left whatever comes next
+            block.__enter__()
+
+    def _not_opened(self, error: BaseException) -> NoReturn:
+        """StaleFence, the database failed, an interrupt: nothing committed; the members
+        opened are rolled back with it (one that never opened leaves as it came)."""
+        with contextlib.suppress(BaseException):
+            MultiLock._leave_members(self.members, error)
+        raise error
+
+    def _leave(self, exc: BaseException | None) -> bool:
+        pending = MultiLock._leave_members(self.members, exc)
+        if pending is None:
+            return exc is not None  # a member's exit swallowed it: committed (logged)
+        if pending is exc:
+            return False  # the body's exception goes on: ``with`` raises it
+        raise pending  # nothing committed (or an interrupt after the COMMIT)
+
+    def _settle(self, error: BaseException) -> bool:
+        """``error`` came out of :meth:`_leave`: its outcome, or an exception that landed on
+        one of its lines. Members not yet left roll back with it; once committed, an
+        ``Exception`` is logged and the block returns."""
+        pending = MultiLock._leave_members(self.members, error)
+        committed = bool(self.members) and self.members[0].committed.done
+        if pending is None or (committed and isinstance(pending, Exception)):
+            if pending is not None:
+                logger.warning("redlock: %s: its fenced transaction committed; then %s: %s"
+                               " (logged, not raised: the block returns)",
+                               self.multi.describe(), type(pending).__name__,
+                               pending)  # fmt: skip
+            return False
+        raise pending
 
 
 class MultiLock:
@@ -579,8 +651,7 @@ class MultiLock:
             self.release()
         raise pending
 
-    @contextlib.contextmanager
-    def atomic(self, using: str | None = None) -> Iterator[None]:
+    def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
         """This held multi-lock's fenced transaction, in ``using`` (default: the ``atomic=``
         database, else Django's default): every member's own fenced block
         (:meth:`Lock.atomic <django_redlock.Lock.atomic>`), nested in the canonical order, so
@@ -588,18 +659,11 @@ class MultiLock:
         of it: every name's row locked in that order, until the one COMMIT. Raises as a
         single fenced block does, nothing committed: ``StaleFence`` for any name,
         ``LockNotAcquired`` when a row stayed locked past the wait, ... ``LockNotOwned`` (or
-        ``LockLost``) when not every name is held, before the database is touched."""
+        ``LockLost``) when not every name is held, before the database is touched. Its exit
+        holds against an exception a signal handler raises on any of its lines, as a single
+        block's does."""
         using = check_database(using) if using is not None else self.database or DEFAULT_DB_ALIAS
-        missing = [lk.name for lk in self.locks if lk.fence is None]
-        if missing:
-            lost = [lk.name for lk in self.locks if lk.lost is not None and lk.token is None]
-            error = LockLost if lost else LockNotOwned
-            raise error(f"{self.describe()}: {', '.join(map(repr, missing))} not held"
-                        f"{' (lost)' if lost else ''}")  # fmt: skip
-        with contextlib.ExitStack() as blocks:
-            for lk in self.locks:  # canonical order: the rows are locked in that order
-                blocks.enter_context(lk.atomic(using))
-            yield
+        return MultiBlock(self, using)
 
     async def __aenter__(self) -> MultiLock:
         try:

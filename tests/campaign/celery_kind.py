@@ -67,8 +67,8 @@ def run_celery(seed: int, seconds: float) -> KindReport:
     faults: Counter[str] = Counter()
     errors: list[str] = []
     skipped = excluded()
-    # Off unless asked (CAMPAIGN_INCLUDE=jolt_burst): it finds a hold left renewed on this
-    # branch (README, "What it finds on this branch"); Celery's own limit fires once.
+    # Off unless asked (CAMPAIGN_INCLUDE=jolt_burst): it found a hold left renewed (README,
+    # "Found by the bursts"); Celery's own limit fires once.
     bursts = "jolt_burst" in os.environ.get("CAMPAIGN_INCLUDE", "").split(",")
     # Not the current app, and the one before made current again at the end whatever made
     # this one current meanwhile: the suite's shared tasks (tests/support/fenced_tasks.py)

@@ -203,3 +203,84 @@ def test_the_interrupter_reaches_the_release_after_the_commit(name: str) -> None
 
     run_block(name, "with lock", "a", Watching(None, TimeLimit))
     assert {"release_after_commit", "leave_block", "__exit__"} <= seen
+
+
+# -- MultiLock.atomic() used directly: one case per phase of its exit ---------------------------
+
+MEMBER_EXIT = getattr(fencing, "FencedTransaction", object).__exit__.__code__
+
+
+class AtMemberExit:
+    """Raises ``error`` once the body ended, at one phase of the multi-lock block's exit:
+    "first" (the innermost member's exit, at its entry), "between" (the outer member's exit,
+    at its entry: the inner one's ran, its savepoint released), "after" (the first line run
+    once the outer member's exit, the COMMIT, returned)."""
+
+    def __init__(self, phase: str, error: type[BaseException]) -> None:
+        self.phase, self.error, self.armed = phase, error, False
+        self.entered = self.returned = 0
+        self.fired: str | None = None
+
+    def _fire(self, where: str) -> None:
+        self.fired = where
+        raise self.error(where)
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if not self.armed or self.fired or frame.f_code is not MEMBER_EXIT:
+            return None
+        self.entered += 1
+        if (self.phase, self.entered) in (("first", 1), ("between", 2)):
+            self._fire(f"{self.phase}: member exit {self.entered}")
+        return self._member
+
+    def _member(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "return" and not self.fired:
+            self.returned += 1
+            caller = frame.f_back
+            if self.phase == "after" and self.returned == 2 and caller is not None:
+                caller.f_trace, caller.f_trace_lines = self._after, True
+        return self._member
+
+    def _after(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and not self.fired:
+            self._fire(f"after: {frame.f_code.co_name}:{frame.f_lineno}")
+        return None
+
+
+@pytest.mark.parametrize("error", [TimeLimit, Interrupt], ids=["time limit", "interrupt"])
+@pytest.mark.parametrize("phase", ["first", "between", "after"])
+def test_an_exception_in_each_phase_of_a_multi_lock_atomic_exit(
+    name: str, phase: str, error: type[BaseException]
+) -> None:
+    """``held.atomic()`` of a ``lock_all`` taken without ``atomic=`` (its own exit, not the
+    ``with lock_all(atomic=)`` one): the same rules, each member's block left."""
+    open_shop(PG, 1, 10)
+    held = lock_all(name, f"{name}:b", ttl=30)
+    tracer = AtMemberExit(phase, error)
+    with held:
+        sys.settrace(tracer)
+        try:
+            with held.atomic(PG):
+                sell_one(PG, 1, "a")
+                tracer.armed = True
+            out = "returned"
+        except BaseException as exc:
+            out = type(exc).__name__
+        finally:
+            sys.settrace(None)
+        in_transaction = connections[PG].in_atomic_block
+        if in_transaction:  # so that the next test starts clean
+            fencing._abandon(PG)  # type: ignore[attr-defined]
+    where = (phase, tracer.fired, out)
+    assert tracer.fired, where
+    assert not in_transaction, where  # every member's block left: no transaction open
+    committed = "a" in [who for who, _ in sales(PG)]
+    if out == "returned":
+        assert committed, where
+    else:  # raised: nothing committed, save an interrupt after the COMMIT (it goes on)
+        assert out == error.__name__, where
+        assert not committed or error is Interrupt, where
+    assert not lock(name).locked() and not lock(f"{name}:b").locked()  # released by `with`
+    with lock(f"{name}:next", ttl=30, atomic=PG):  # the thread's next fenced block commits
+        sell_one(PG, 1, "next")
+    assert "next" in [who for who, _ in sales(PG)]

@@ -5,12 +5,14 @@ term's loss, resignation and asyncio form here."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -20,6 +22,7 @@ from django_redlock import (
     BackendUnavailable,
     LockLost,
     LockNotAcquired,
+    LockNotOwned,
     Term,
     current_leader,
     leader,
@@ -531,3 +534,100 @@ def test_a_redis_restarted_empty_ends_the_term_within_a_renewal_period(
             assert current_leader(name, using="restarted") is None
         finally:
             locks["restarted"].close()
+
+
+@contextlib.contextmanager
+def _losses() -> Iterator[list[str]]:
+    """The ``lock_lost`` notifications sent meanwhile (their reasons)."""
+    from django_redlock.signals import lock_lost
+
+    seen: list[str] = []
+
+    def heard(sender: Any, lock: Any, reason: str, **_: Any) -> None:
+        seen.append(reason)
+
+    lock_lost.connect(heard, weak=False)
+    try:
+        yield seen
+    finally:
+        lock_lost.disconnect(heard)
+
+
+def test_a_renewal_answered_after_the_resignation_began_is_no_loss(
+    name: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keeper's renewal looked the hold up; the resignation's release ran on Redis, and
+    before its reply was read the renewal reached Redis and was answered "gone" (the
+    release's doing). No ``lock_lost``, no warning: the release was marked before it was
+    sent."""
+    election = leader(name, using="redis", ttl=30)  # no renewal of the keeper's own meanwhile
+    term = election.campaign()
+    held = election.lock
+    renewal = held._extend(None)  # as the keeper's renewal thread runs it
+    extend = next(renewal)  # the hold looked up, the extend about to be sent
+    backend, raised = held.backend, []
+    real = backend.execute
+
+    def releasing(op: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = real(op, *args, **kwargs)  # the release ran; its reply is not read yet
+        monkeypatch.setattr(backend, "execute", real)
+        answer = real(extend)
+        assert answer is False  # the renewal finds the token gone
+        try:
+            renewal.send(answer)
+        except LockNotOwned as exc:
+            raised.append(exc)
+        return reply
+
+    with _losses() as lost, caplog.at_level("WARNING", logger="django_redlock"):
+        monkeypatch.setattr(backend, "execute", releasing)
+        election.resign()
+    assert lost == [], lost
+    assert not [r for r in caplog.records if "lost" in r.getMessage()], caplog.text
+    assert len(raised) == 1 and "was released" in str(raised[0]), raised  # told as released
+    assert term.reason == "resigned" and held.lost is None
+    assert current_leader(name, using="redis") is None
+
+
+def test_a_loss_found_before_the_resignation_began_is_still_reported(name: str) -> None:
+    election = leader(name, using="redis", ttl=30)
+    term = election.campaign()
+    held = election.lock
+    renewal = held._extend(None)
+    op = next(renewal)
+    with _losses() as lost:
+        assert locks["redis"].force_release(name)  # lost for real, before any resignation
+        with pytest.raises(LockLost):
+            renewal.send(held.backend.execute(op))
+        election.resign()  # a lost term: nothing raised, nothing reported again
+    assert len(lost) == 1 and "expired or was released" in lost[0], lost
+    assert held.lost is not None and term.lost.is_set()
+
+
+def test_a_real_loss_met_by_a_renewal_during_the_resignation_is_reported_once(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Force-released, then the renewal and the resignation's release both find the token
+    gone, the renewal's answer read while the release is on its way: the release's answer
+    (-1: gone before it) reports the loss, once."""
+    election = leader(name, using="redis", ttl=30)
+    term = election.campaign()
+    held = election.lock
+    renewal = held._extend(None)
+    extend = next(renewal)
+    backend = held.backend
+    real = backend.execute
+
+    def releasing(op: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = real(op, *args, **kwargs)
+        monkeypatch.setattr(backend, "execute", real)
+        with contextlib.suppress(LockNotOwned):
+            renewal.send(real(extend))
+        return reply
+
+    with _losses() as lost:
+        assert locks["redis"].force_release(name)
+        monkeypatch.setattr(backend, "execute", releasing)
+        election.resign()  # a lost term: nothing raised
+    assert len(lost) == 1 and "expired or was released" in lost[0], lost
+    assert held.lost is not None and term.lost.is_set()
