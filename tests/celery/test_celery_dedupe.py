@@ -22,7 +22,7 @@ from django_redlock.testing import RedisServer
 from tests.support import celery_app, celery_tasks
 
 from ..conftest import ROOT
-from .test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
+from .test_celery import NO_RETRY, NOBODY, Worker, broker, redis, start_worker, wait_for
 
 __all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
 
@@ -74,7 +74,7 @@ def test_a_copy_beside_a_live_run_is_still_skipped(
 
 def test_a_failed_publish_leaves_no_marker(broker: None) -> None:
     task = celery_tasks.deduped
-    dead = celery_app.app.connection_for_write("redis://127.0.0.1:1/1")
+    dead = celery_app.app.connection_for_write("redis://127.0.0.1:1/1", transport_options=NO_RETRY)
     with pytest.raises(OperationalError):
         task.apply_async(("pub",), queue=NOBODY, countdown=60, task_id="never-queued",
                          connection=dead, retry=False)  # fmt: skip

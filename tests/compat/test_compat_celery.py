@@ -31,7 +31,7 @@ from django_redlock.testing import RedisServer
 from tests.support import celery_app
 from tests.support import celery_compat_tasks as tasks
 
-from ..celery.test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
+from ..celery.test_celery import NO_RETRY, NOBODY, Worker, broker, redis, start_worker, wait_for
 
 __all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
 
@@ -119,7 +119,7 @@ def test_singleton_get_existing_task_id(app: Celery) -> None:
 def test_singleton_failed_publish_clears_the_lock_and_reraises(app: Celery) -> None:
     task = tasks.singleton_simple
     lock = task.generate_lock(task.name, task_args=[1, 2, 3])  # the name the task uses
-    dead = app.connection_for_write("redis://127.0.0.1:1/1")
+    dead = app.connection_for_write("redis://127.0.0.1:1/1", transport_options=NO_RETRY)
     with pytest.raises(OperationalError):
         task.apply_async(args=[1, 2, 3], connection=dead, retry=False)
     assert task.get_existing_task_id(lock) is None
@@ -401,7 +401,7 @@ def test_once_backend_raise_or_lock_and_clear_lock(app: Celery) -> None:
 
 
 def test_once_a_failed_publish_frees_the_key(app: Celery) -> None:
-    dead = app.connection_for_write("redis://127.0.0.1:1/1")
+    dead = app.connection_for_write("redis://127.0.0.1:1/1", transport_options=NO_RETRY)
     with pytest.raises(OperationalError):
         tasks.args_example.apply_async((7, 8), connection=dead, retry=False)
     assert marker("default", "qo_args_example_a-7_b-8") is None
