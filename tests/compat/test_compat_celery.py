@@ -31,7 +31,7 @@ from django_redlock.testing import RedisServer
 from tests.support import celery_app
 from tests.support import celery_compat_tasks as tasks
 
-from ..celery.test_celery import NOBODY, Worker, broker, redis, start_worker, wait_for
+from ..celery.test_celery import NO_RETRY, NOBODY, Worker, broker, redis, start_worker, wait_for
 
 __all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
 
@@ -119,7 +119,7 @@ def test_singleton_get_existing_task_id(app: Celery) -> None:
 def test_singleton_failed_publish_clears_the_lock_and_reraises(app: Celery) -> None:
     task = tasks.singleton_simple
     lock = task.generate_lock(task.name, task_args=[1, 2, 3])  # the name the task uses
-    dead = app.connection_for_write("redis://127.0.0.1:1/1")
+    dead = app.connection_for_write("redis://127.0.0.1:1/1", transport_options=NO_RETRY)
     with pytest.raises(OperationalError):
         task.apply_async(args=[1, 2, 3], connection=dead, retry=False)
     assert task.get_existing_task_id(lock) is None
@@ -401,7 +401,7 @@ def test_once_backend_raise_or_lock_and_clear_lock(app: Celery) -> None:
 
 
 def test_once_a_failed_publish_frees_the_key(app: Celery) -> None:
-    dead = app.connection_for_write("redis://127.0.0.1:1/1")
+    dead = app.connection_for_write("redis://127.0.0.1:1/1", transport_options=NO_RETRY)
     with pytest.raises(OperationalError):
         tasks.args_example.apply_async((7, 8), connection=dead, retry=False)
     assert marker("default", "qo_args_example_a-7_b-8") is None
@@ -420,13 +420,17 @@ def redis_list(name: str) -> list[str]:
     return [v.decode() for v in client.lrange(name, 0, -1)]
 
 
+TTL = 5.0  # the killed worker's default TTL
+
+
 def test_singleton_a_killed_worker_frees_the_key_within_its_ttl(
     app: Celery, start_worker: Callable[..., Worker], redis_server: RedisServer
 ) -> None:
     # celery-singleton kept a killed worker's key until lock_expiry, or for ever. Here the
     # running task holds a lock renewed by its watchdog: killed, the lock runs out at its TTL
-    # (the backend's default, 30 s), and the key is free again.
-    victim = start_worker(pool="prefork", concurrency=1)
+    # (the backend's default: this worker's alias sets 5 s, where the backend's own is 30 s),
+    # and the key is free again.
+    victim = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_DEFAULT_TTL=str(TTL))
     task = tasks.singleton_slow
     first = victim.send(task, "kill", 120.0)
     wait_for(lambda: redis(redis_server).lrange("singleton:kill:ran", 0, -1))
@@ -434,8 +438,10 @@ def test_singleton_a_killed_worker_frees_the_key_within_its_ttl(
     assert task.get_existing_task_id(lock) == first.id  # running: its hold names it
     victim.kill()  # SIGKILL, main process and child
     killed = time.monotonic()
+    info = locks["default"].inspect(lock)
+    assert info is not None and 0 < (info.ttl or 0) <= TTL  # held with the alias's TTL
     wait_for(lambda: task.get_existing_task_id(lock) is None, timeout=60)
-    assert time.monotonic() - killed < 30 + 5
+    assert time.monotonic() - killed < TTL + 5
     assert send(task, "kill", 120.0).id != first.id  # queued anew
 
 

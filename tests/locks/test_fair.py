@@ -49,9 +49,8 @@ def test_threads_acquire_in_arrival_order(alias: str, name: str) -> None:
     assert order == list(range(6))
 
 
-@pytest.mark.parametrize("run", range(2))
 def test_processes_acquire_in_arrival_order(
-    redis_alias: str, redis_server: RedisServer, child: Callable[..., Child], name: str, run: int
+    redis_alias: str, redis_server: RedisServer, child: Callable[..., Child], name: str
 ) -> None:
     holder = lock(name, using=redis_alias, fair=True)
     holder.acquire()

@@ -460,15 +460,3 @@ def coalesced_lost(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
 @single_instance(key="late-copy-coalesce:{name}", ttl=10, on_duplicate="coalesce", countdown=0.5)
 def late_copy_coalesce(self: Any, name: str, seconds: float = 4.0) -> str:
     return body(f"late-copy-coalesce:{name}", self.request.id, seconds)
-
-
-@shared_task(bind=True, max_retries=None)
-@single_instance(key="late-copy-retry:{name}", ttl=10, on_duplicate="retry", countdown=0.5)
-def late_copy_retry(self: Any, name: str, seconds: float = 4.0) -> str:
-    return body(f"late-copy-retry:{name}", self.request.id, seconds)
-
-
-@shared_task(bind=True)
-@single_instance(key="late-copy-skip:{name}", ttl=10, on_duplicate="skip")
-def late_copy_skip(self: Any, name: str, seconds: float = 4.0) -> str:
-    return body(f"late-copy-skip:{name}", self.request.id, seconds)

@@ -613,11 +613,11 @@ class _Interrupt(BaseException):
     """An asynchronous exception (a signal handler's) in a watchdog thread."""
 
 
-def _settle_interrupted_at(renewer: Renewer, point: int) -> tuple[bool, str]:
+def _settle_interrupted_at(renewer: Renewer, point: int, ttl: float) -> tuple[bool, str]:
     """Settle the batch that finds the hold gone, with an exception raised at the
     ``point``-th line of Renewer._settle (the worker then heals, as ThreadRenewer's does):
     whether it fired, and where."""
-    time.sleep(0.25)  # a third of the TTL: the batch falls due
+    time.sleep(ttl / 3 + 0.05)  # a third of the TTL: the batch falls due
     due = renewer._next()
     assert not isinstance(due, float), due
     [(bucket, entries, renewals)] = due
@@ -650,15 +650,16 @@ def test_an_exception_in_settle_after_a_loss_was_decided_still_declares_it(name:
     exception lands, the object learns it lost the hold (token None, ``lost`` set) and
     lock_lost fires once, at the latest after the heal and one more renewal period."""
     failed = []
+    ttl = 0.3  # force-released at once: the TTL sets only the renewal period, and the time
     for point in itertools.count(1):
         renewer = Renewer()
-        lk = _held_by(renewer, f"{name}:{point}", 0.6)
+        lk = _held_by(renewer, f"{name}:{point}", ttl)
         locks["redis"].force_release(lk.name)  # gone: the next renewal finds out
         with _losses() as lost:
-            fired, where = _settle_interrupted_at(renewer, point)
+            fired, where = _settle_interrupted_at(renewer, point, ttl)
             if not fired:
                 break  # past the last line: every line was tried
-            _run_renewer(renewer, 0.4)  # the next period, if the loss was not decided yet
+            _run_renewer(renewer, ttl * 0.8)  # the next period, if the loss was not decided yet
             mine = [each for each, _ in lost if each is lk]
         if lk.token is not None or lk.lost is None or len(mine) != 1:
             failed.append(f"{where}: token={lk.token} lost={lk.lost!r} signals={len(mine)}")

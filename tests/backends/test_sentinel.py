@@ -1,0 +1,334 @@
+"""Sentinel (failover, min_replicas) with real servers the suite starts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+from redis.exceptions import ResponseError
+
+from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks
+from django_redlock.testing import RedisServer
+
+from ..conftest import start_sentinel_group, stop_all
+
+
+@pytest.fixture
+def group() -> Iterator[list[RedisServer]]:
+    """A master, one replica, two sentinels: ours alone, so it may fail over."""
+    servers = start_sentinel_group()
+    yield servers
+    stop_all(servers)
+
+
+def sentinel_alias(servers: list[RedisServer], **options: Any) -> Any:
+    config = {
+        "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+        "LOCATION": [s.url for s in servers[2:]],
+        "OPTIONS": {"service_name": "mymaster", **options},
+    }
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "s": config})
+
+
+def master_port(sentinel: RedisServer) -> int:
+    _host, port = sentinel.client().execute_command(
+        "SENTINEL", "get-master-addr-by-name", "mymaster"
+    )
+    return int(port)
+
+
+def test_locks_survive_a_sentinel_failover(group: list[RedisServer]) -> None:
+    master, replica, sentinel = group[0], group[1], group[2]
+    with sentinel_alias(group):
+        with lock("after", using="s") as held:
+            before = held.fence
+            assert before is not None
+        deadline = time.monotonic() + 30
+        while True:  # refused (NOGOODSLAVE) until the sentinel has fresh news of the replica
+            try:
+                sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                break
+            except ResponseError:
+                assert time.monotonic() < deadline, "the sentinel never accepted the failover"
+                time.sleep(0.2)
+        while master_port(sentinel) != replica.port:
+            assert time.monotonic() < deadline, "no failover"
+            time.sleep(0.1)
+        # Until the old master is demoted it still takes writes on open connections: the
+        # window in which an asynchronous failover can lose a lock (see the docs).
+        while master.client().info("replication")["role"] != "slave":
+            assert time.monotonic() < deadline, "the old master was never demoted"
+            time.sleep(0.1)
+        while True:  # the client finds the new master by itself
+            try:
+                after = lock("after", using="s")
+                assert after.acquire(blocking=False)
+                break
+            except BackendUnavailable:
+                assert time.monotonic() < deadline, "the client never found the new master"
+                time.sleep(0.1)
+        assert replica.client().exists(locks["s"].key("after"))  # on the promoted replica
+        assert after.fence is not None and after.fence > before  # the fence went on growing
+        after.release()
+
+
+def test_min_replicas_waits_for_the_replica(group: list[RedisServer]) -> None:
+    master, replica = group[0], group[1]
+    with sentinel_alias(group, min_replicas=1, min_replicas_timeout=1.0):
+        with lock("r", using="s") as held:  # the replica confirms: held
+            assert held.fence is not None
+            assert replica.client().exists(locks["s"].key("r"))  # WAIT made sure of it
+        replica.pause()
+        try:
+            started = time.monotonic()
+            with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                lock("r", using="s").acquire(blocking=False)
+            assert time.monotonic() - started < 1.0 + 0.8
+            assert not master.client().exists(locks["s"].key("r"))  # released again
+        finally:
+            replica.resume()
+
+
+def test_min_replicas_confirms_a_permit(group: list[RedisServer]) -> None:
+    from django_redlock import semaphore
+
+    master, replica = group[0], group[1]
+    with sentinel_alias(group, min_replicas=1, min_replicas_timeout=1.0):
+        with semaphore("p", 2, using="s") as held:
+            assert held.fence is not None
+            assert replica.client().exists(locks["s"].key("p"))  # WAIT made sure of it
+        replica.pause()
+        try:
+            with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                semaphore("p", 2, using="s").acquire(blocking=False)
+            assert not master.client().exists(locks["s"].key("p"))  # handed back
+        finally:
+            replica.resume()
+
+
+def test_min_replicas_counts_the_replicas_that_have_the_acquire(group: list[RedisServer]) -> None:
+    """A master that does not know the scripts yet (just started, restarted, promoted by a
+    failover) answers the acquire NOSCRIPT: the WAIT sent with it then counted the replicas
+    that had this connection's earlier writes (none: any replica), not the acquire's. Here
+    the only replica is paused: nothing may be confirmed."""
+    from django_redlock import semaphore
+
+    master, replica = group[0], group[1]
+    tries = [lambda: lock("n", using="s").acquire(blocking=False),
+             lambda: semaphore("n", 2, using="s").acquire(blocking=False),
+             lambda: asyncio.run(lock("n", using="s").aacquire(blocking=False))]  # fmt: skip
+    replica.pause()
+    try:
+        for attempt in tries:
+            master.client().script_flush()
+            with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):  # new pool
+                with pytest.raises(QuorumNotReached, match="only 0 of the 1 replicas"):
+                    attempt()
+                assert not master.client().exists(locks["s"].key("n"))  # released again
+    finally:
+        replica.resume()
+
+
+def test_min_replicas_timeout_longer_than_the_socket_s_is_refused() -> None:
+    """WAIT answers after min_replicas_timeout: a socket that gives up first would call every
+    slow replica "unavailable". Refused when the backend is built, before any Redis call."""
+    config = {
+        "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+        "LOCATION": ["redis://127.0.0.1:9"],  # nothing listens: no call is made
+        "OPTIONS": {"service_name": "m", "min_replicas": 1, "min_replicas_timeout": 2.0,
+                    "socket_timeout": 1.5},
+    }  # fmt: skip
+    refused = pytest.raises(ImproperlyConfigured, match=r"min_replicas_timeout.*2 s.*1\.5 s")
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "bad": config}), refused:
+        locks["bad"]
+
+
+@pytest.mark.xfail(
+    strict=False,  # timing: the take may come after the backend's next look at the sentinels
+    reason="not fixed: the backend looks where the master is at most once a second, so a take"
+    " within that second of the switch may still be granted on the old master, confirmed"
+    " (min_replicas) by a replica about to follow the new one (+switch-master would close it)",
+)
+def test_a_thread_connected_before_a_sentinel_failover_uses_the_new_master(name: str) -> None:
+    """A thread's connection made before SENTINEL FAILOVER still reaches the old master until
+    the sentinels demote it (seconds). With two replicas and min_replicas=1, its take right
+    after the sentinels named the new master is granted on the old master, confirmed by the
+    replica that then follows the new master and drops it: a grant the failover loses. (With
+    one replica the takes raise QuorumNotReached until the old master is demoted and has
+    synced from the new one, about 15 s here, on the new master too: nothing to gain there.)
+    Now each thread's connection moves at the backend's next look at the sentinels (at most
+    once a second); what would close the rest: moving them on the sentinels' +switch-master."""
+    group = start_sentinel_group(replicas=2)
+    master, new, sentinel = group[0], group[1], group[3]
+    try:
+        with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):
+            with lock(name, using="s"):
+                pass  # this thread's connection, to the old master
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                    break
+                except ResponseError:
+                    assert time.monotonic() < deadline, "the sentinel never accepted it"
+                    time.sleep(0.2)
+            while master_port(sentinel) not in (new.port, group[2].port):
+                assert time.monotonic() < deadline, "no failover"
+                time.sleep(0.05)
+            began = time.monotonic()
+            while True:
+                try:
+                    held = lock(name, using="s")
+                    if held.acquire(blocking=False):
+                        break
+                except (QuorumNotReached, BackendUnavailable):
+                    pass
+                assert time.monotonic() < deadline, "never acquired on the new master"
+                time.sleep(0.05)
+            took = time.monotonic() - began
+            port = master_port(sentinel)
+            promoted = next(s for s in group[1:3] if s.port == port)
+            assert promoted.client().exists(locks["s"].key(name))  # on the new master
+            held.release()
+            assert master.client().info("replication")["role"] == "master" or took < 8
+            assert took < 8.0, f"acquired {took:.1f} s after the sentinels named the new master"
+    finally:
+        stop_all(group)
+
+
+def test_after_a_planned_sentinel_failover_the_watchdog_renews_on_the_new_master(name: str) -> None:
+    """SENTINEL FAILOVER: the old master takes writes until the sentinels demote it (about
+    10 s here). The watchdog's connection stayed on it: its renewals kept the old copy alive
+    while the promoted master's ran out at its TTL, another client took the name there, and
+    the first holder's owned() said True: two holders at once. Each thread's connection now
+    moves to the new master at the backend's next look at the sentinels (once a second)."""
+    import threading
+
+    group = start_sentinel_group()
+    replica, sentinel = group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            first = lock(name, using="s", ttl=3)
+            assert first.acquire(blocking=False)
+            key = locks["s"].key(name)
+            time.sleep(1.5)  # renewed once, and replicated
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                    break
+                except ResponseError:
+                    assert time.monotonic() < deadline, "the sentinel never accepted it"
+                    time.sleep(0.2)
+            while master_port(sentinel) != replica.port:
+                assert time.monotonic() < deadline, "no failover"
+                time.sleep(0.05)
+            assert replica.client().exists(key)
+            ends = time.monotonic() + 8  # past the old master's copy's TTL, twice over
+            while time.monotonic() < ends:
+                took: list[Any] = []
+
+                def take(took: list[Any] = took) -> None:  # its own thread: a new connection
+                    other = lock(name, using="s", ttl=30)
+                    try:
+                        took.append(other.acquire(blocking=False) and other)
+                    except LockError:
+                        took.append(False)
+
+                thread = threading.Thread(target=take)
+                thread.start()
+                thread.join(10)
+                if took and took[0]:
+                    took[0].release()
+                    raise AssertionError(
+                        f"another client took the name on the new master; first.owned() ="
+                        f" {first.owned()}"
+                    )
+                time.sleep(0.2)
+            assert replica.client().pttl(key) > 0  # renewed there
+            assert first.owned()
+            first.release()
+            locks["s"].close()
+    finally:
+        stop_all(group)
+
+
+def _fail_over(sentinel: RedisServer, new: RedisServer) -> None:
+    """SENTINEL FAILOVER (a planned one), returned once the sentinels name ``new``."""
+    deadline = time.monotonic() + 30
+    while True:  # refused (NOGOODSLAVE) until the sentinel has fresh news of the replica
+        try:
+            sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+            break
+        except ResponseError:
+            assert time.monotonic() < deadline, "the sentinel never accepted the failover"
+            time.sleep(0.2)
+    while master_port(sentinel) != new.port:
+        assert time.monotonic() < deadline, "no failover"
+        time.sleep(0.05)
+
+
+def test_after_a_planned_sentinel_failover_an_asyncio_take_lands_on_the_new_master(
+    name: str,
+) -> None:
+    """An event loop's pooled connection stayed on the old master, which takes writes until
+    the sentinels demote it (seconds): an asyncio take 1.5 s after the switch was granted
+    there while a thread took the same name on the new master (two holders). The backend's
+    look at the sentinels (once a second) now moves every loop's connections too."""
+    group = start_sentinel_group()
+    old, new, sentinel = group[0], group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            key = locks["s"].key(name)
+
+            async def main() -> None:
+                warm = lock(f"{name}:warm", using="s")
+                assert await warm.aacquire(blocking=False)  # the loop's connection, to old
+                await warm.arelease()
+                _fail_over(sentinel, new)
+                await asyncio.sleep(1.5)  # past the backend's next look
+                assert old.client().info("replication")["role"] == "master"  # still writable
+                held = lock(name, using="s", ttl=10)
+                assert await held.aacquire(blocking=False)
+                on_new, on_old = new.client().exists(key), old.client().exists(key)
+                await held.arelease()
+                assert (on_new, on_old) == (1, 0)
+
+            asyncio.run(main())
+            locks["s"].close()
+    finally:
+        stop_all(group)
+
+
+def test_after_a_planned_sentinel_failover_an_asyncio_release_reaches_the_new_master(
+    name: str,
+) -> None:
+    """As above for a hold taken before the switch: its arelease() 1.5 s after it deleted
+    the old master's copy, while the new master's, renewed there by the watchdog, blocked
+    the name for its TTL."""
+    group = start_sentinel_group()
+    old, new, sentinel = group[0], group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            key = locks["s"].key(name)
+
+            async def main() -> None:
+                held = lock(name, using="s", ttl=15)
+                assert await held.aacquire(blocking=False)
+                _fail_over(sentinel, new)  # (a planned failover waits for the replica)
+                await asyncio.sleep(1.5)
+                assert old.client().info("replication")["role"] == "master"
+                assert await held.aowned()
+                await held.arelease()
+                assert new.client().pttl(key) == -2  # released where the hold is
+
+            asyncio.run(main())
+            locks["s"].close()
+    finally:
+        stop_all(group)
