@@ -263,6 +263,7 @@ class _Claimed:
     ttl_ms: int
     new_entry: Any
     record: str | None = None  # the record's entry name, when not the entry's (a one-off)
+    count: int | None = None  # the row's run count before reserve(): restored if not sent
 
 
 class LeaderMixin(Scheduler):
@@ -286,7 +287,12 @@ class LeaderMixin(Scheduler):
         )
         self._term: Term | None = None
         self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
-        self._unsure: dict[str, int] = {}  # entry name -> a claimed run whose reply was lost
+        # entry name -> a claim whose reply (or whose take-back's) was lost: nothing was
+        # published. Claimed again as it was while this term lasts ...
+        self._unsure: dict[str, _Claimed] = {}
+        # ... and taken back after it ended (beat_unclaim.lua checks the record, not the lead),
+        # at every tick until Redis answers: else the next leader reads it as sent.
+        self._takeback: dict[str, _Claimed] = {}
         self._counts: dict[str, int] = {}  # entry name -> its run count before reserve()
         # entry name -> (the run before, task id) of a publish that raised: the same run is
         # sent again under the same id (the broker may have stored the first message).
@@ -351,6 +357,9 @@ class LeaderMixin(Scheduler):
     def _elect(self) -> bool:
         if self._term is not None:  # led once, ended since
             self._step_down(self._term.reason or "the lock was lost")
+        if self._takeback and not self._take_back():  # before any records are read
+            self._pause_until = time.monotonic() + 1.0
+            return False
         config = self.redlock
         if not self._standing_by:
             logger.info("beat: standing by for the lock %r on %r", config.name, config.using)
@@ -381,13 +390,32 @@ class LeaderMixin(Scheduler):
     def _step_down(self, why: str) -> None:
         term, self._term = self._term, None
         self._claims.clear()
-        self._unsure.clear()  # claims of the old hold's token: the next leader decides anew
+        # Claims of the old token not published: taken back (first thing at the next tick),
+        # so whoever leads next finds the run not sent.
+        self._takeback.update(self._unsure)
+        self._unsure.clear()
+        self._backoff.clear()  # a delay of this term's: the next one starts afresh
         if term is not None:
             logger.warning("beat: not leading any more (%s): sending nothing", why)
             # Resigned at once; no answer: the hold runs out at its TTL, and the next
             # campaign finishes the release first.
             with contextlib.suppress(LockError):
                 self._campaign.resign()
+
+    def _take_back(self) -> bool:
+        """Take back the claims of ended terms that were not published; False: Redis did not
+        answer (they are tried again)."""
+        for name, claimed in list(self._takeback.items()):
+            op = unclaim_op(self._backend, self.redlock.name, claimed.token,
+                            claimed.record or name, claimed.prev, claimed.new,
+                            claimed.ttl_ms)  # fmt: skip
+            try:
+                self._backend.execute(op)
+            except LockError as exc:
+                logger.warning("beat: could not take back the claim of %r yet: %s", name, exc)
+                return False
+            del self._takeback[name]  # taken back, or the record moved on: nothing to undo
+        return True
 
     def _load_records(self) -> None:
         """Start from the last run every entry has on record, whoever sent it."""
@@ -486,7 +514,7 @@ class LeaderMixin(Scheduler):
             self._set_last_run(claimed.new_entry, claimed.prev)
         before = self._backoff.get(entry.name)
         delay = BACKOFF if before is None else min(before[1] * 2, BACKOFF_MAX)
-        self._restore_count(claimed.new_entry, entry.name)
+        self._restore_count(claimed.new_entry, entry.name, claimed.count)
         op = unclaim_op(self._backend, self.redlock.name, claimed.token,
                         claimed.record or entry.name, claimed.prev, claimed.new,
                         claimed.ttl_ms)  # fmt: skip
@@ -496,7 +524,7 @@ class LeaderMixin(Scheduler):
             # Unknown: the record may still be this claim. The same run is claimed again
             # as it was (by this token the script grants it again), not taken as sent.
             logger.warning("beat: could not take back the claim of %r: %s", entry.name, exc)
-            self._unsure[entry.name] = claimed.new
+            self._unsure[entry.name] = claimed
         finally:  # from the failure's end: an unanswered unclaim took a socket timeout
             self._backoff[entry.name] = (time.monotonic() + delay, delay)
             self._failed = True
@@ -509,10 +537,11 @@ class LeaderMixin(Scheduler):
             self._step_down(self._term.reason if self._term is not None else "not leading")
             return None
         # A claim whose reply was lost is tried again as it was (the script sees it is ours).
-        new = self._unsure.pop(entry.name, None)
-        if new is None:
+        unsure = self._unsure.pop(entry.name, None)
+        if unsure is None:
             new = to_micros(new_entry.last_run_at)
         else:
+            new = unsure.new
             self._set_last_run(new_entry, new)
         ttl_ms = self._record_ttl_ms(new_entry)
         once = one_off_record(entry)
@@ -525,15 +554,19 @@ class LeaderMixin(Scheduler):
         except LockError as exc:
             # Unknown: not sent now, claimed again (the same run) after a pause.
             logger.warning("beat: could not claim %r, trying again: %s", entry.name, exc)
-            self._unsure[entry.name] = new
+            if once is not None:
+                self._unsure[entry.name] = _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
+            else:
+                self._unsure[entry.name] = _Claimed(token, prev, new, ttl_ms, new_entry)
             self._undo(entry, new_entry, prev)
             self._pause_until = time.monotonic() + 1.0
             return None
         if outcome == CLAIMED:
-            self._counts.pop(entry.name, None)
+            # The count reserve() added stays only once the publish is done (apply_entry).
+            count = self._counts.pop(entry.name, None)
             if once is not None:
-                return _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
-            return _Claimed(token, prev, new, ttl_ms, new_entry)
+                return _Claimed(token, None, new, MAX_TTL_MS, new_entry, once, count)
+            return _Claimed(token, prev, new, ttl_ms, new_entry, count=count)
         if outcome == ALREADY_SENT:
             logger.info("beat: %r was sent already by another beat: not sending", entry.name)
             if recorded is not None and once is None:
@@ -553,9 +586,10 @@ class LeaderMixin(Scheduler):
         self._restore_count(new_entry, entry.name)
         self._heap = None
 
-    def _restore_count(self, new_entry: Any, name: str) -> None:
+    def _restore_count(self, new_entry: Any, name: str, count: int | None = None) -> None:
         """A run not sent is not counted (a one-off counted once is disabled unsent)."""
-        count = self._counts.pop(name, None)
+        before = self._counts.pop(name, None)
+        count = before if count is None else count
         model = getattr(new_entry, "model", None)
         if count is not None and model is not None:
             model.total_run_count = count
@@ -583,6 +617,9 @@ class LeaderMixin(Scheduler):
             super().close()
         finally:
             self._term = None
+            self._takeback.update(self._unsure)
+            self._unsure.clear()
+            self._take_back()  # once: a claim left on record reads as sent to the next leader
             with contextlib.suppress(LockError):
                 self._campaign.resign()  # a standby takes over now, not at the TTL
 
