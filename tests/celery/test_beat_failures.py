@@ -254,3 +254,47 @@ def test_a_claim_not_taken_back_before_the_term_ended_is_taken_back_after(
             assert [beat.to_micros(at) for _, at in one.sent] == [before]  # that run, once
         finally:
             one.close()
+
+
+class FailingOnce(Recording):
+    failures = 1
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the broker is down")
+        super().apply_async(entry, producer, advance)
+
+
+def test_a_new_term_does_not_keep_the_last_terms_publish_delay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delay after a failed publish carried over into the beat's next term: an entry due
+    at once waited out the old term's backoff (up to 30 s)."""
+    from celery import Celery
+
+    monkeypatch.setattr(beat, "BACKOFF", 30.0)
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    name = "beat-backoff"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "local", "ttl": 1, "name": name}):
+        one = FailingOnce(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent = []
+        try:
+            one.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+            deadline = time.monotonic() + 5
+            while one.failures:  # failed: tried again in 30 s
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            backend = locks["local"]
+            info = backend.inspect(name)
+            assert info is not None
+            backend.force_release(name, info.token, None)  # the term ends
+            while one.leads:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            while not one.sent:  # the next term sends it at once
+                assert time.monotonic() < deadline, "the run waited for the old term's delay"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+        finally:
+            one.close()
