@@ -575,6 +575,8 @@ class LeaderMixin(Scheduler):
                 self._counts.pop(entry.name, None)  # run once, on record: disabled next
             self._heap = None  # its next due time follows the recorded run
             return None
+        if unsure is not None:  # refused, but maybe on record from before: taken back
+            self._unsure[entry.name] = unsure
         self._undo(entry, new_entry, prev)
         self._step_down("another beat took the lock")
         return None

@@ -18,6 +18,8 @@ from django_redlock import locks
 from django_redlock.contrib import beat
 from django_redlock.testing import RedisServer
 
+from ..support.proxy import LossyProxy
+
 
 class Recording(beat.LockedScheduler):
     """A LockedScheduler that notes its sends instead of publishing them."""
@@ -296,5 +298,70 @@ def test_a_new_term_does_not_keep_the_last_terms_publish_delay(
             while not one.sent:  # the next term sends it at once
                 assert time.monotonic() < deadline, "the run waited for the old term's delay"
                 time.sleep(max(0.0, min(one.tick(), 0.05)))
+        finally:
+            one.close()
+
+
+@pytest.fixture
+def lossy_alias(redis_server: RedisServer) -> Iterator[LossyProxy]:
+    """Alias ``lossy``: the suite's Redis through a proxy that loses replies on demand."""
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+        try:
+            yield proxy
+        finally:
+            locks["lossy"].close()
+            proxy.close()
+
+
+class ClaimReplyLost(Recording):
+    """The reply to its first claim is lost (the claim took effect); then its hold is
+    force-released, so its retry of that claim is refused: the term ends."""
+
+    proxy: LossyProxy
+    armed = True
+
+    def reserve(self, entry: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            self.proxy.lose_replies(1)
+        return super().reserve(entry)
+
+
+def test_a_claim_whose_reply_was_lost_is_taken_back_when_the_term_ends(
+    lossy_alias: LossyProxy, tmp_path: Path
+) -> None:
+    """The claim landed, its reply lost; the note to claim it again was dropped as the term
+    ended, so the next leader (this beat, under a new token) read the run as sent."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    name = "beat-claim-lost"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "lossy", "ttl": 30, "name": name}):
+        one = ClaimReplyLost(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent, one.proxy = [], lossy_alias
+        try:
+            entry = one.schedule["e"]
+            entry.last_run_at -= datetime.timedelta(seconds=61)  # due now
+            before = beat.to_micros(entry.last_run_at)
+            backend = locks["lossy"]
+            # The claim script loaded first: the reply lost is the claim's, not a NOSCRIPT.
+            backend.execute(beat.claim_op(backend, name, "nobody", "x", None, 1, 1000))
+            deadline = time.monotonic() + 10
+            while not lossy_alias.lost:
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert not one.sent
+            recorded = backend.execute(beat.read_op(backend, name, "e"))
+            assert recorded is not None and recorded > before  # the claim took effect
+            info = backend.inspect(name)
+            assert info is not None
+            backend.force_release(name, info.token, None)  # the term ends
+            while not one.sent:
+                assert time.monotonic() < deadline, "the run was never sent"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert [beat.to_micros(at) for _, at in one.sent] == [before]  # that run, once
         finally:
             one.close()
