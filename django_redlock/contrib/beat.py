@@ -65,6 +65,11 @@ EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 # Outcomes of a claim.
 NOT_LEADER, ALREADY_SENT, CLAIMED = 0, 1, 2
 
+# For this long after it takes the lead (plus twice the TTL), a leader reads the records again
+# once a second: a beat whose term ended takes back the claims it never published as soon as
+# Redis answers it, which may be just after this leader read them as sent.
+RECHECK = 10.0
+
 # An entry whose publish failed is tried again after this long, doubled at each failure in a
 # row up to BACKOFF_MAX: the other due entries are sent meanwhile.
 BACKOFF = 1.0
@@ -302,6 +307,7 @@ class LeaderMixin(Scheduler):
         self._failed = False  # a publish failed in this tick
         self._pause_until = 0.0
         self._standing_by = False
+        self._recheck = (0.0, 0.0)  # (monotonic time of the next reading, of the last)
         super().__init__(*args, **kwargs)
 
     # -- leading -------------------------------------------------------------------------------
@@ -322,6 +328,7 @@ class LeaderMixin(Scheduler):
         if not self.leads and not self._elect():
             return 0.0  # waited for the lock already: try again at once
         self._failed = False
+        self._recheck_records()
         wait = super().tick(*args, **kwargs)
         if self._failed:  # its entry was pushed back due: later than the others due now
             self._hold_back()
@@ -381,6 +388,8 @@ class LeaderMixin(Scheduler):
             return False
         self._standing_by = False
         self._heap = None  # due times from the recorded runs
+        now = time.monotonic()
+        self._recheck = (now + 1.0, now + RECHECK + 2 * config.ttl)
         logger.info(
             "beat: leading (lock %r on %r, fence %s)", config.name, config.using,
             self._term.fence,
@@ -423,6 +432,24 @@ class LeaderMixin(Scheduler):
             recorded = self._backend.execute(read_op(self._backend, self.redlock.name, name))
             if recorded is not None:
                 self._set_last_run(entry, self._not_future(name, entry, recorded))
+
+    def _recheck_records(self) -> None:
+        """Soon after taking the lead: a record gone back to an earlier run (a claim taken
+        back by the beat that made it, after this one read it) makes the run due again."""
+        at, until = self._recheck
+        now = time.monotonic()
+        if now < at or at > until:
+            return
+        self._recheck = (now + 1.0, until)
+        for name, entry in list(self.schedule.items()):
+            try:
+                recorded = self._backend.execute(read_op(self._backend, self.redlock.name, name))
+            except LockError:
+                return  # read again in a second; a claim meets the same Redis anyway
+            last = to_micros(entry.last_run_at) if entry.last_run_at else None
+            if recorded is not None and last is not None and recorded < last:
+                self._set_last_run(entry, recorded)
+                self._heap = None
 
     def _not_future(self, name: str, entry: Any, recorded: int) -> int:
         """``recorded``, or this beat's now when it is later than that: a record from the

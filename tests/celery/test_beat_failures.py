@@ -365,3 +365,43 @@ def test_a_claim_whose_reply_was_lost_is_taken_back_when_the_term_ends(
             assert [beat.to_micros(at) for _, at in one.sent] == [before]  # that run, once
         finally:
             one.close()
+
+
+def test_a_standby_that_led_first_sends_a_run_taken_back_after_it_read_it(
+    quick_alias: RedisServer, tmp_path: Path
+) -> None:
+    """Redis answers again; the standby leads and reads the old leader's unpublished claim as
+    sent before the old leader takes it back: the run waited for the next period."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    config = {"using": "quick", "ttl": 1.5, "name": "beat-takeback-late"}
+    with override_settings(DJANGO_REDLOCK_BEAT=config):
+        one = BrokerStopsPastTheTerm(app=app, schedule_filename=str(tmp_path / "a"))
+        one.sent, one.server = [], quick_alias
+        two = Recording(app=app, schedule_filename=str(tmp_path / "b"))
+        two.sent = []
+        try:
+            for each in (one, two):
+                each.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+            before = beat.to_micros(one.schedule["e"].last_run_at)
+            deadline = time.monotonic() + 10
+            while one.failures or one.leads:  # publish and take-back fail; the term ends
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            while not two.leads:  # the standby leads first: it reads the claim as sent
+                assert time.monotonic() < deadline
+                two.tick()
+                time.sleep(0.05)
+            assert not two.sent
+            while one._unsure or one._takeback:  # then the old leader takes its claim back
+                assert time.monotonic() < deadline
+                one.tick()
+            while not two.sent:
+                assert time.monotonic() < deadline, "the run was never sent"
+                time.sleep(max(0.0, min(two.tick(), 0.05)))
+            assert [beat.to_micros(at) for _, at in two.sent] == [before] and not one.sent
+        finally:
+            one.close()
+            two.close()
