@@ -65,6 +65,11 @@ EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 # Outcomes of a claim.
 NOT_LEADER, ALREADY_SENT, CLAIMED = 0, 1, 2
 
+# For this long after it takes the lead (plus twice the TTL), a leader reads the records again
+# once a second: a beat whose term ended takes back the claims it never published as soon as
+# Redis answers it, which may be just after this leader read them as sent.
+RECHECK = 10.0
+
 # An entry whose publish failed is tried again after this long, doubled at each failure in a
 # row up to BACKOFF_MAX: the other due entries are sent meanwhile.
 BACKOFF = 1.0
@@ -263,6 +268,7 @@ class _Claimed:
     ttl_ms: int
     new_entry: Any
     record: str | None = None  # the record's entry name, when not the entry's (a one-off)
+    count: int | None = None  # the row's run count before reserve(): restored if not sent
 
 
 class LeaderMixin(Scheduler):
@@ -286,7 +292,12 @@ class LeaderMixin(Scheduler):
         )
         self._term: Term | None = None
         self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
-        self._unsure: dict[str, int] = {}  # entry name -> a claimed run whose reply was lost
+        # entry name -> a claim whose reply (or whose take-back's) was lost: nothing was
+        # published. Claimed again as it was while this term lasts ...
+        self._unsure: dict[str, _Claimed] = {}
+        # ... and taken back after it ended (beat_unclaim.lua checks the record, not the lead),
+        # at every tick until Redis answers: else the next leader reads it as sent.
+        self._takeback: dict[str, _Claimed] = {}
         self._counts: dict[str, int] = {}  # entry name -> its run count before reserve()
         # entry name -> (the run before, task id) of a publish that raised: the same run is
         # sent again under the same id (the broker may have stored the first message).
@@ -296,6 +307,7 @@ class LeaderMixin(Scheduler):
         self._failed = False  # a publish failed in this tick
         self._pause_until = 0.0
         self._standing_by = False
+        self._recheck = (0.0, 0.0)  # (monotonic time of the next reading, of the last)
         super().__init__(*args, **kwargs)
 
     # -- leading -------------------------------------------------------------------------------
@@ -316,6 +328,7 @@ class LeaderMixin(Scheduler):
         if not self.leads and not self._elect():
             return 0.0  # waited for the lock already: try again at once
         self._failed = False
+        self._recheck_records()
         wait = super().tick(*args, **kwargs)
         if self._failed:  # its entry was pushed back due: later than the others due now
             self._hold_back()
@@ -351,6 +364,9 @@ class LeaderMixin(Scheduler):
     def _elect(self) -> bool:
         if self._term is not None:  # led once, ended since
             self._step_down(self._term.reason or "the lock was lost")
+        if self._takeback and not self._take_back():  # before any records are read
+            self._pause_until = time.monotonic() + 1.0
+            return False
         config = self.redlock
         if not self._standing_by:
             logger.info("beat: standing by for the lock %r on %r", config.name, config.using)
@@ -372,6 +388,8 @@ class LeaderMixin(Scheduler):
             return False
         self._standing_by = False
         self._heap = None  # due times from the recorded runs
+        now = time.monotonic()
+        self._recheck = (now + 1.0, now + RECHECK + 2 * config.ttl)
         logger.info(
             "beat: leading (lock %r on %r, fence %s)", config.name, config.using,
             self._term.fence,
@@ -381,7 +399,11 @@ class LeaderMixin(Scheduler):
     def _step_down(self, why: str) -> None:
         term, self._term = self._term, None
         self._claims.clear()
-        self._unsure.clear()  # claims of the old hold's token: the next leader decides anew
+        # Claims of the old token not published: taken back (first thing at the next tick),
+        # so whoever leads next finds the run not sent.
+        self._takeback.update(self._unsure)
+        self._unsure.clear()
+        self._backoff.clear()  # a delay of this term's: the next one starts afresh
         if term is not None:
             logger.warning("beat: not leading any more (%s): sending nothing", why)
             # Resigned at once; no answer: the hold runs out at its TTL, and the next
@@ -389,12 +411,45 @@ class LeaderMixin(Scheduler):
             with contextlib.suppress(LockError):
                 self._campaign.resign()
 
+    def _take_back(self) -> bool:
+        """Take back the claims of ended terms that were not published; False: Redis did not
+        answer (they are tried again)."""
+        for name, claimed in list(self._takeback.items()):
+            op = unclaim_op(self._backend, self.redlock.name, claimed.token,
+                            claimed.record or name, claimed.prev, claimed.new,
+                            claimed.ttl_ms)  # fmt: skip
+            try:
+                self._backend.execute(op)
+            except LockError as exc:
+                logger.warning("beat: could not take back the claim of %r yet: %s", name, exc)
+                return False
+            del self._takeback[name]  # taken back, or the record moved on: nothing to undo
+        return True
+
     def _load_records(self) -> None:
         """Start from the last run every entry has on record, whoever sent it."""
         for name, entry in list(self.schedule.items()):
             recorded = self._backend.execute(read_op(self._backend, self.redlock.name, name))
             if recorded is not None:
                 self._set_last_run(entry, self._not_future(name, entry, recorded))
+
+    def _recheck_records(self) -> None:
+        """Soon after taking the lead: a record gone back to an earlier run (a claim taken
+        back by the beat that made it, after this one read it) makes the run due again."""
+        at, until = self._recheck
+        now = time.monotonic()
+        if now < at or at > until:
+            return
+        self._recheck = (now + 1.0, until)
+        for name, entry in list(self.schedule.items()):
+            try:
+                recorded = self._backend.execute(read_op(self._backend, self.redlock.name, name))
+            except LockError:
+                return  # read again in a second; a claim meets the same Redis anyway
+            last = to_micros(entry.last_run_at) if entry.last_run_at else None
+            if recorded is not None and last is not None and recorded < last:
+                self._set_last_run(entry, recorded)
+                self._heap = None
 
     def _not_future(self, name: str, entry: Any, recorded: int) -> int:
         """``recorded``, or this beat's now when it is later than that: a record from the
@@ -486,7 +541,7 @@ class LeaderMixin(Scheduler):
             self._set_last_run(claimed.new_entry, claimed.prev)
         before = self._backoff.get(entry.name)
         delay = BACKOFF if before is None else min(before[1] * 2, BACKOFF_MAX)
-        self._restore_count(claimed.new_entry, entry.name)
+        self._restore_count(claimed.new_entry, entry.name, claimed.count)
         op = unclaim_op(self._backend, self.redlock.name, claimed.token,
                         claimed.record or entry.name, claimed.prev, claimed.new,
                         claimed.ttl_ms)  # fmt: skip
@@ -496,7 +551,7 @@ class LeaderMixin(Scheduler):
             # Unknown: the record may still be this claim. The same run is claimed again
             # as it was (by this token the script grants it again), not taken as sent.
             logger.warning("beat: could not take back the claim of %r: %s", entry.name, exc)
-            self._unsure[entry.name] = claimed.new
+            self._unsure[entry.name] = claimed
         finally:  # from the failure's end: an unanswered unclaim took a socket timeout
             self._backoff[entry.name] = (time.monotonic() + delay, delay)
             self._failed = True
@@ -509,10 +564,11 @@ class LeaderMixin(Scheduler):
             self._step_down(self._term.reason if self._term is not None else "not leading")
             return None
         # A claim whose reply was lost is tried again as it was (the script sees it is ours).
-        new = self._unsure.pop(entry.name, None)
-        if new is None:
+        unsure = self._unsure.pop(entry.name, None)
+        if unsure is None:
             new = to_micros(new_entry.last_run_at)
         else:
+            new = unsure.new
             self._set_last_run(new_entry, new)
         ttl_ms = self._record_ttl_ms(new_entry)
         once = one_off_record(entry)
@@ -525,15 +581,19 @@ class LeaderMixin(Scheduler):
         except LockError as exc:
             # Unknown: not sent now, claimed again (the same run) after a pause.
             logger.warning("beat: could not claim %r, trying again: %s", entry.name, exc)
-            self._unsure[entry.name] = new
+            if once is not None:
+                self._unsure[entry.name] = _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
+            else:
+                self._unsure[entry.name] = _Claimed(token, prev, new, ttl_ms, new_entry)
             self._undo(entry, new_entry, prev)
             self._pause_until = time.monotonic() + 1.0
             return None
         if outcome == CLAIMED:
-            self._counts.pop(entry.name, None)
+            # The count reserve() added stays only once the publish is done (apply_entry).
+            count = self._counts.pop(entry.name, None)
             if once is not None:
-                return _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
-            return _Claimed(token, prev, new, ttl_ms, new_entry)
+                return _Claimed(token, None, new, MAX_TTL_MS, new_entry, once, count)
+            return _Claimed(token, prev, new, ttl_ms, new_entry, count=count)
         if outcome == ALREADY_SENT:
             logger.info("beat: %r was sent already by another beat: not sending", entry.name)
             if recorded is not None and once is None:
@@ -542,6 +602,8 @@ class LeaderMixin(Scheduler):
                 self._counts.pop(entry.name, None)  # run once, on record: disabled next
             self._heap = None  # its next due time follows the recorded run
             return None
+        if unsure is not None:  # refused, but maybe on record from before: taken back
+            self._unsure[entry.name] = unsure
         self._undo(entry, new_entry, prev)
         self._step_down("another beat took the lock")
         return None
@@ -553,9 +615,10 @@ class LeaderMixin(Scheduler):
         self._restore_count(new_entry, entry.name)
         self._heap = None
 
-    def _restore_count(self, new_entry: Any, name: str) -> None:
+    def _restore_count(self, new_entry: Any, name: str, count: int | None = None) -> None:
         """A run not sent is not counted (a one-off counted once is disabled unsent)."""
-        count = self._counts.pop(name, None)
+        before = self._counts.pop(name, None)
+        count = before if count is None else count
         model = getattr(new_entry, "model", None)
         if count is not None and model is not None:
             model.total_run_count = count
@@ -583,6 +646,9 @@ class LeaderMixin(Scheduler):
             super().close()
         finally:
             self._term = None
+            self._takeback.update(self._unsure)
+            self._unsure.clear()
+            self._take_back()  # once: a claim left on record reads as sent to the next leader
             with contextlib.suppress(LockError):
                 self._campaign.resign()  # a standby takes over now, not at the TTL
 

@@ -6,15 +6,19 @@ import datetime
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from celery.beat import PersistentScheduler, ScheduleEntry
 from django.conf import settings
 from django.test import override_settings
 
 from django_redlock import locks
 from django_redlock.contrib import beat
 from django_redlock.testing import RedisServer
+
+from ..support.proxy import LossyProxy
 
 
 class Recording(beat.LockedScheduler):
@@ -128,3 +132,276 @@ def test_an_entry_whose_publish_always_fails_does_not_hold_back_the_others(
             assert 1 <= one.tries <= 3, one.tries
         finally:
             one.close()
+
+
+_ROWS: dict[str, SimpleNamespace] = {}
+
+
+class _RowEntry(ScheduleEntry):
+    """An entry with a row (``model``) shared by the entries that follow it, as
+    django-celery-beat's: its reserve() counts the run on the row."""
+
+    @property
+    def model(self) -> SimpleNamespace:
+        return _ROWS.setdefault(self.name, SimpleNamespace(total_run_count=0, last_run_at=None))
+
+
+class CountedFailingOnce(beat.LeaderMixin, PersistentScheduler):
+    """Counts each reserved run on the entry's row; its first publish fails (broker down)."""
+
+    Entry = _RowEntry
+    standby_wait = 0.05
+    failures = 1
+    sent: list[str]
+
+    @property
+    def producer(self) -> None:  # type: ignore[override]
+        return None
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)
+        entry.model.total_run_count += 1
+        return new_entry
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the broker is down")
+        self.sent.append(entry.name)
+
+
+def test_a_run_whose_publish_failed_is_not_counted_on_its_row(tmp_path: Path) -> None:
+    """The claim's success dropped the count from before reserve(), so the failed publish had
+    none to restore: a periodic row counted a run never sent, and a one-off (its count above
+    0) was switched off by django-celery-beat as done, never sent."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    _ROWS.clear()
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "local", "ttl": 5, "name": "beat-count"}):
+        one = CountedFailingOnce(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent = []
+        try:
+            one.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+            deadline = time.monotonic() + 5
+            while one.failures:
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert _ROWS["e"].total_run_count == 0  # reserved, not sent: not counted
+            while not one.sent:  # tried again after its 1 s delay
+                assert time.monotonic() < deadline, "the run was never sent"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert _ROWS["e"].total_run_count == 1 and one.sent == ["e"]
+        finally:
+            one.close()
+
+
+@pytest.fixture
+def quick_alias(redis_factory: Callable[..., RedisServer]) -> Iterator[RedisServer]:
+    """An alias whose calls give up after 0.5 s (a term of 1.5 s ends within a second)."""
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+    }  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "quick": config}):
+        yield server
+        locks["quick"].close()
+
+
+class BrokerStopsPastTheTerm(Recording):
+    """Its first publish fails as the one Redis (broker and lock backend) stops answering for
+    2.5 s, past the leader's 1.5 s TTL. CLIENT PAUSE, not SIGSTOP: the calls that time out
+    meanwhile are dropped with their connections, never run late."""
+
+    server: RedisServer
+    failures = 1
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            self.server.client().execute_command("CLIENT", "PAUSE", "2500", "ALL")
+            raise ConnectionError("the broker is down")
+        super().apply_async(entry, producer, advance)
+
+
+def test_a_claim_not_taken_back_before_the_term_ended_is_taken_back_after(
+    quick_alias: RedisServer, tmp_path: Path
+) -> None:
+    """The take-back got no answer, then the term ended: its note was dropped, the claim
+    stayed on record, and the next leader (this beat, under a new token) read the run as
+    sent: skipped until the next period."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    config = {"using": "quick", "ttl": 1.5, "name": "beat-takeback"}
+    with override_settings(DJANGO_REDLOCK_BEAT=config):
+        one = BrokerStopsPastTheTerm(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent, one.server = [], quick_alias
+        try:
+            entry = one.schedule["e"]
+            entry.last_run_at -= datetime.timedelta(seconds=61)  # due now
+            before = beat.to_micros(entry.last_run_at)
+            deadline = time.monotonic() + 10
+            while one.failures or one.leads:  # publish and take-back fail; the term ends
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            first = one._campaign.lock.token
+            while not one.sent:
+                assert time.monotonic() < deadline, "the run was never sent"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert one.leads and one._campaign.lock.token != first  # a new term
+            assert [beat.to_micros(at) for _, at in one.sent] == [before]  # that run, once
+        finally:
+            one.close()
+
+
+class FailingOnce(Recording):
+    failures = 1
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("the broker is down")
+        super().apply_async(entry, producer, advance)
+
+
+def test_a_new_term_does_not_keep_the_last_terms_publish_delay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delay after a failed publish carried over into the beat's next term: an entry due
+    at once waited out the old term's backoff (up to 30 s)."""
+    from celery import Celery
+
+    monkeypatch.setattr(beat, "BACKOFF", 30.0)
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    name = "beat-backoff"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "local", "ttl": 1, "name": name}):
+        one = FailingOnce(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent = []
+        try:
+            one.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+            deadline = time.monotonic() + 5
+            while one.failures:  # failed: tried again in 30 s
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            backend = locks["local"]
+            info = backend.inspect(name)
+            assert info is not None
+            backend.force_release(name, info.token, None)  # the term ends
+            while one.leads:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            while not one.sent:  # the next term sends it at once
+                assert time.monotonic() < deadline, "the run waited for the old term's delay"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+        finally:
+            one.close()
+
+
+@pytest.fixture
+def lossy_alias(redis_server: RedisServer) -> Iterator[LossyProxy]:
+    """Alias ``lossy``: the suite's Redis through a proxy that loses replies on demand."""
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+        try:
+            yield proxy
+        finally:
+            locks["lossy"].close()
+            proxy.close()
+
+
+class ClaimReplyLost(Recording):
+    """The reply to its first claim is lost (the claim took effect); then its hold is
+    force-released, so its retry of that claim is refused: the term ends."""
+
+    proxy: LossyProxy
+    armed = True
+
+    def reserve(self, entry: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            self.proxy.lose_replies(1)
+        return super().reserve(entry)
+
+
+def test_a_claim_whose_reply_was_lost_is_taken_back_when_the_term_ends(
+    lossy_alias: LossyProxy, tmp_path: Path
+) -> None:
+    """The claim landed, its reply lost; the note to claim it again was dropped as the term
+    ended, so the next leader (this beat, under a new token) read the run as sent."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    name = "beat-claim-lost"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "lossy", "ttl": 30, "name": name}):
+        one = ClaimReplyLost(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent, one.proxy = [], lossy_alias
+        try:
+            entry = one.schedule["e"]
+            entry.last_run_at -= datetime.timedelta(seconds=61)  # due now
+            before = beat.to_micros(entry.last_run_at)
+            backend = locks["lossy"]
+            # The claim script loaded first: the reply lost is the claim's, not a NOSCRIPT.
+            backend.execute(beat.claim_op(backend, name, "nobody", "x", None, 1, 1000))
+            deadline = time.monotonic() + 10
+            while not lossy_alias.lost:
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert not one.sent
+            recorded = backend.execute(beat.read_op(backend, name, "e"))
+            assert recorded is not None and recorded > before  # the claim took effect
+            info = backend.inspect(name)
+            assert info is not None
+            backend.force_release(name, info.token, None)  # the term ends
+            while not one.sent:
+                assert time.monotonic() < deadline, "the run was never sent"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert [beat.to_micros(at) for _, at in one.sent] == [before]  # that run, once
+        finally:
+            one.close()
+
+
+def test_a_standby_that_led_first_sends_a_run_taken_back_after_it_read_it(
+    quick_alias: RedisServer, tmp_path: Path
+) -> None:
+    """Redis answers again; the standby leads and reads the old leader's unpublished claim as
+    sent before the old leader takes it back: the run waited for the next period."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    config = {"using": "quick", "ttl": 1.5, "name": "beat-takeback-late"}
+    with override_settings(DJANGO_REDLOCK_BEAT=config):
+        one = BrokerStopsPastTheTerm(app=app, schedule_filename=str(tmp_path / "a"))
+        one.sent, one.server = [], quick_alias
+        two = Recording(app=app, schedule_filename=str(tmp_path / "b"))
+        two.sent = []
+        try:
+            for each in (one, two):
+                each.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+            before = beat.to_micros(one.schedule["e"].last_run_at)
+            deadline = time.monotonic() + 10
+            while one.failures or one.leads:  # publish and take-back fail; the term ends
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            while not two.leads:  # the standby leads first: it reads the claim as sent
+                assert time.monotonic() < deadline
+                two.tick()
+                time.sleep(0.05)
+            assert not two.sent
+            while one._unsure or one._takeback:  # then the old leader takes its claim back
+                assert time.monotonic() < deadline
+                one.tick()
+            while not two.sent:
+                assert time.monotonic() < deadline, "the run was never sent"
+                time.sleep(max(0.0, min(two.tick(), 0.05)))
+            assert [beat.to_micros(at) for _, at in two.sent] == [before] and not one.sent
+        finally:
+            one.close()
+            two.close()
