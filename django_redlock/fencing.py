@@ -78,6 +78,7 @@ class FencedHold(Protocol):
     token: str
     prior: str | None
     depth: int
+    releasing: bool
 
 
 class FencedLock(Protocol):
@@ -340,7 +341,10 @@ def _fenced_steps(
             raise
         # A block nested on this row and re-fenced after this one's check wrote a larger
         # fence with this block's mark, and this fence in ``previous``: found all the same.
-        ended, alone = seen.concluded(hold.token) if seen is not None else ((), False)
+        # ``alone`` is asked once the row was read: a block of the hold that another thread
+        # began during the check (before the read) may have written the fence found there.
+        ended = seen.ended if seen is not None else ()
+        alone = seen.alone_for(hold.token) if seen is not None else _never_alone
         outcome, stopped = _check(lambda: commit_outcome(
             using, lock.using, lock.name, fence, touched, again,
             min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended, alone=alone,
@@ -386,6 +390,10 @@ def _fenced_steps(
         # behind would be every later block's of the row on this thread.
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
         finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
+
+
+def _never_alone() -> bool:
+    return False
 
 
 def _forget_mark(
@@ -561,7 +569,8 @@ class _Seen:
         self.open = True
 
     def concluded(self, token: str) -> tuple[tuple[Any, ...], bool]:
-        """(``ended``, ``alone``) for the check of a block of the hold ``token``."""
+        """(``ended``, ``alone``) for the check of a block of the hold ``token``: ``alone``
+        as of now, so asked only once the row was read (:meth:`alone_for`)."""
         with _seen_lock:
             count = _holds_open.get((self.row, self.token))
             alone = (
@@ -569,6 +578,10 @@ class _Seen:
                 and count is not None and count[1] == self.began
             )  # fmt: skip
         return self.ended, alone
+
+    def alone_for(self, token: str) -> Callable[[], bool]:
+        """``alone`` for :func:`~.fence_table.commit_outcome`, which asks it after its read."""
+        return lambda: self.concluded(token)[1]
 
     def close(self) -> None:
         """The block ended: its mark joins the row's ended ones (idempotent)."""
@@ -803,7 +816,9 @@ def _release(lock: FencedLock, depth: int | None) -> None:
         except LockError:
             return  # released
         else:
-            if hold.depth < depth:
+            # A release begun and cut short before its reply (depth 0, ``releasing``) is
+            # this level's: sent again (no loss if it had gone through).
+            if hold.depth < depth and not hold.releasing:
                 return
     lock.release()
 
