@@ -53,7 +53,7 @@ def commit_outcome(
     pid: int | None = None,
     *,
     ended_marks: Collection[datetime.datetime] = (),
-    alone: bool = False,
+    alone: bool | Callable[[], bool] = False,
 ) -> bool | None:
     """Whether a fenced transaction whose COMMIT's outcome is unknown (its reply lost or
     interrupted) committed, asked on a new connection: True or False only when the rows prove
@@ -70,7 +70,8 @@ def commit_outcome(
     began: their marks are never written after its upsert), else unknown (another block of the
     hold, in another thread or process, may have written on top of this one); a later fence
     whose ``previous`` is the block's (fresh) fence, committed if the block was ``alone`` (no
-    other block of its hold ran meanwhile: the fence could be theirs), else unknown; one
+    other block of its hold ran meanwhile: the fence could be theirs; a callable is asked
+    after the row was read, so a block begun during the check counts), else unknown; one
     whose ``previous`` is below it, not; anything else (later blocks on top, the row gone or
     created again while the floor is at or above the fence: a prune ran), unknown.
 
@@ -127,7 +128,9 @@ def commit_outcome(
     if previous is None:  # the row was created after this block: ours never was, or pruned
         return None if pruned else False
     if int(previous) == fence:  # the next block overwrote this hold's fence
-        return True if alone and not again else None
+        if again:
+            return None
+        return True if (alone() if callable(alone) else alone) else None
     return False if int(previous) < fence else None
 
 

@@ -78,6 +78,7 @@ class FencedHold(Protocol):
     token: str
     prior: str | None
     depth: int
+    releasing: bool
 
 
 class FencedLock(Protocol):
@@ -280,6 +281,7 @@ def _fenced_steps(
     # the same fence with their own marks): what the outcome check may conclude from them.
     seen = _open_block(row[1:], hold.token, touched) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
+    proved_hooks: list[Callable[[], None]] = []
     try:
         with transaction.atomic(using=using):
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
@@ -304,6 +306,7 @@ def _fenced_steps(
                     " order, by hand): rolled back, nothing committed"
                 )
             refuse_unfinished(using, lock.describe())
+            proved_hooks = _proved_hooks(using) if outermost else []  # this transaction's
             exiting = committed.pending = outermost  # from here on, only the COMMIT can fail
     except BaseException as exc:
         if misnested and connections[using].in_atomic_block:
@@ -340,7 +343,10 @@ def _fenced_steps(
             raise
         # A block nested on this row and re-fenced after this one's check wrote a larger
         # fence with this block's mark, and this fence in ``previous``: found all the same.
-        ended, alone = seen.concluded(hold.token) if seen is not None else ((), False)
+        # ``alone`` is asked once the row was read: a block of the hold that another thread
+        # began during the check (before the read) may have written the fence found there.
+        ended = seen.ended if seen is not None else ()
+        alone = seen.alone_for(hold.token) if seen is not None else _never_alone
         outcome, stopped = _check(lambda: commit_outcome(
             using, lock.using, lock.name, fence, touched, again,
             min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended, alone=alone,
@@ -381,11 +387,49 @@ def _fenced_steps(
             logger.warning("redlock: %s: %s interrupted the outcome check of its fenced"
                            " transaction, asked again: it committed (logged, not raised)",
                            lock.describe(), type(stopped).__name__)  # fmt: skip
+        _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
     finally:
         # On one line (see FencedTransaction), and again should it be cut short: a mark left
         # behind would be every later block's of the row on this thread.
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
         finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
+
+
+class _ProvedHook:
+    """An ``on_commit`` callback that also runs when a lost COMMIT is proved committed."""
+
+    def __init__(self, func: Callable[[], None]) -> None:
+        self.func = func
+
+    def __call__(self) -> None:
+        self.func()
+
+
+def on_commit_or_proved(func: Callable[[], None], using: str) -> None:
+    """``transaction.on_commit(func, using, robust=True)``; in a fenced block whose COMMIT's
+    reply was lost and whose row proved it committed (Django then runs no callback), ``func``
+    runs too, before the release (an ``Exception`` from it logged), as it would have."""
+    transaction.on_commit(_ProvedHook(func), using=using, robust=True)
+
+
+def _proved_hooks(using: str) -> list[Callable[[], None]]:
+    """The transaction's :func:`on_commit_or_proved` callbacks, read before its COMMIT
+    (Django drops them when the COMMIT fails). No I/O."""
+    pending = connections[using].run_on_commit
+    return [entry[1] for entry in pending if isinstance(entry[1], _ProvedHook)]
+
+
+def _run_proved(describe: str, hooks: list[Callable[[], None]]) -> None:
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:
+            logger.exception("redlock: %s: a callback of its fenced transaction, proved"
+                             " committed, raised", describe)  # fmt: skip
+
+
+def _never_alone() -> bool:
+    return False
 
 
 def _forget_mark(
@@ -561,7 +605,8 @@ class _Seen:
         self.open = True
 
     def concluded(self, token: str) -> tuple[tuple[Any, ...], bool]:
-        """(``ended``, ``alone``) for the check of a block of the hold ``token``."""
+        """(``ended``, ``alone``) for the check of a block of the hold ``token``: ``alone``
+        as of now, so asked only once the row was read (:meth:`alone_for`)."""
         with _seen_lock:
             count = _holds_open.get((self.row, self.token))
             alone = (
@@ -569,6 +614,10 @@ class _Seen:
                 and count is not None and count[1] == self.began
             )  # fmt: skip
         return self.ended, alone
+
+    def alone_for(self, token: str) -> Callable[[], bool]:
+        """``alone`` for :func:`~.fence_table.commit_outcome`, which asks it after its read."""
+        return lambda: self.concluded(token)[1]
 
     def close(self) -> None:
         """The block ended: its mark joins the row's ended ones (idempotent)."""
@@ -803,7 +852,9 @@ def _release(lock: FencedLock, depth: int | None) -> None:
         except LockError:
             return  # released
         else:
-            if hold.depth < depth:
+            # A release begun and cut short before its reply (depth 0, ``releasing``) is
+            # this level's: sent again (no loss if it had gone through).
+            if hold.depth < depth and not hold.releasing:
                 return
     lock.release()
 

@@ -44,11 +44,12 @@ from celery.signals import task_failure, task_received, task_revoked, worker_rea
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
-from django.db import connections, transaction
+from django.db import connections
 
 from ..backends import markers
 from ..backends.base import Kind, Released
 from ..exceptions import LockError
+from ..fencing import on_commit_or_proved
 from ..handler import locks
 from ..identity import HOST
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
@@ -215,7 +216,7 @@ def run_task(
             task.request.args, task.request.kwargs = list(args), dict(kw)
             if body_for is not None:
                 body = functools.partial(body_for, args, kw)
-            ending.steps.append(_dropping_note(config, key, text, _code_of(config.func)))
+            ending.steps.append(_dropping_note(config, key, text, ending))
         if late:
             ending.steps.append(_noting_done(config, task, key, cast(str, task_id), attempt))
         if not ending.steps:
@@ -228,8 +229,8 @@ def run_task(
             if ending.returned:  # fenced: the COMMIT failed, or its outcome is unknown
                 ending(exc)
             raise
-        if ending.returned and not outer:  # committed; its callbacks did not run (a lost
-            ending()  # reply the row proved committed): noted now, after the release
+        if ending.returned and not outer:  # committed, its note cut short (a lost reply's
+            ending()  # proof runs it before the release: on_commit_or_proved): noted now
         return result
 
     try:
@@ -447,38 +448,23 @@ def _claim_note(
     return None
 
 
-def _code_of(func: Any) -> Any:
-    return getattr(func, "__code__", None)  # the first frame a started body has
-
-
-def _entered(exc: BaseException, code: Any) -> bool:
-    """Whether ``exc`` came from within the function of ``code`` (its body started), not
-    from the lines on the way to it (a soft time limit there: the body never ran)."""
-    if code is None:
-        return True  # cannot tell: taken as run (at most once, as without the claim)
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code is code:
-            return True
-        tb = tb.tb_next
-    return False
-
-
 def _dropping_note(
-    config: SingleInstance, key: str, claimed: str, code: Any
+    config: SingleInstance, key: str, claimed: str, ending: _Ending
 ) -> Callable[[BaseException | None], None]:
     """A follow-up's step once its run settled (see :class:`_Ending`): the note it claimed
     deleted (before the release: a follow-up taking the key then must not find it). A body
-    that never started (a soft time limit on the way to it), or a ``Reject`` asking to run
-    it again, leaves it claimed: the message's copy, or the next follow-up, runs it. (A run
-    stopped, or a fenced one whose COMMIT did not happen, never settles: it stays too.)"""
+    that never started (a soft time limit on the way to it: ``ending.entered`` unset; not
+    read from the traceback, which a limit after the body returned has no frame of either),
+    or a ``Reject`` asking to run it again, leaves it claimed: the message's copy, or the
+    next follow-up, runs it. (A run stopped, or a fenced one whose COMMIT did not happen,
+    never settles: it stays too.)"""
 
     def drop(exc: BaseException | None) -> None:
         if isinstance(exc, Reject) and exc.requeue:
             return
         # An error on the way to the body (the fenced block's database down...) fails the
         # call visibly, as it did, rather than queueing it again and again.
-        if isinstance(exc, SoftTimeLimitExceeded) and not _entered(exc, code):
+        if isinstance(exc, SoftTimeLimitExceeded) and not ending.entered:
             return
         try:
             markers.clear(locks[config.using], _pending_name(key), claimed)
@@ -685,6 +671,7 @@ class _Ending:
 
     def __init__(self) -> None:
         self.steps: list[Callable[[BaseException | None], None]] = []
+        self.entered = False  # the body was called: an exception from here on ends a run
         self.returned = False  # the body returned (a fenced block's COMMIT comes after)
         self.settled = False
 
@@ -706,13 +693,16 @@ def _settling(
 
     def run() -> Any:
         if config.atomic is not None:
-            transaction.on_commit(ending, using=config.atomic, robust=True)
+            # Also at a lost COMMIT the row proved committed: before the release, so a
+            # copy taking the key then finds the run noted.
+            on_commit_or_proved(ending, using=config.atomic)
         try:
+            ending.entered = True  # set before the call: no line between them and the body
             result = body()
+            ending.returned = True  # in the try: a time limit on it ends the run settled
         except Exception as exc:
             ending(exc)
             raise
-        ending.returned = True
         if config.atomic is None:
             ending()
         return result

@@ -950,6 +950,48 @@ def test_acks_late_fenced_run_whose_commit_reply_was_lost_is_not_run_again(
     assert sales("default") == [(buyer, 5)]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_acks_late_fenced_run_whose_commit_reply_was_lost_is_noted_before_its_release(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The COMMIT's reply lost, the row proves it committed: the run was noted done only after
+    # run_held released the key. A copy of the message (another worker) taking the key in
+    # between found it free and no note: it sold again.
+    from django.db import OperationalError
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from django_redlock.locking import Lock
+
+    from ..support.fenced_child import open_shop, sales
+
+    open_shop("default", 1, 5)
+    buyer = uuid.uuid4().hex[:8]
+    task_id = f"sale-{buyer}"
+    real_commit, real_release = BaseDatabaseWrapper.commit, Lock.release
+    copy: list[str] = []
+
+    def reply_lost(self: Any) -> None:
+        real_commit(self)
+        raise OperationalError("the COMMIT's reply was lost")
+
+    def copy_taken_at_release(self: Any) -> None:
+        real_release(self)
+        if copy or not self.name.startswith("late-fenced-sale:"):
+            return
+        copy.append("taken")  # once (the copy releases too)
+        monkeypatch.setattr(BaseDatabaseWrapper, "commit", real_commit)
+        try:  # here, as another worker would: the key is free, the block over
+            copy.append(repr(deliver(late_fenced_sale, task_id, buyer)))
+        except Exception as exc:
+            copy.append(type(exc).__name__)
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "commit", reply_lost)
+    monkeypatch.setattr(Lock, "release", copy_taken_at_release)
+    assert deliver(late_fenced_sale, task_id, buyer) is True
+    monkeypatch.undo()
+    assert copy == ["taken", "Ignore"] and sales("default") == [(buyer, 5)]
+
+
 STOPS: list[type[BaseException]] = []
 
 

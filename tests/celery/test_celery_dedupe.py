@@ -3,6 +3,7 @@ and a prefork child SIGKILLed mid-run: real workers and a real Redis broker."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -922,6 +923,75 @@ def test_coalesce_follow_up_interrupted_before_its_body_leaves_the_call_to_run(
     assert markers.read(locks["default"], f"{key}:coalesce") is not None
     assert follow_ups(redis_server, name) == [f"('{name}', 'd1')"]
     celery_app.app.control.purge()
+
+
+COUNTED_RUNS: list[str] = []
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.counted")
+@single_instance(key="counted:{name}", ttl=10, on_duplicate="coalesce")
+def counted(self: Any, name: str, tag: str) -> str:
+    COUNTED_RUNS.append(tag)
+    return tag
+
+
+@pytest.mark.parametrize("where", ["drop", "returned"])
+def test_coalesce_time_limit_after_the_follow_up_s_body_returned_runs_the_call_once(
+    broker: None, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A soft time limit once the follow-up's body returned: on the note's delete ("drop"), or
+    # on the line right after the body ("returned"). The traceback had no frame of the body,
+    # so it "never started": the note was kept, and the next follow-up ran the call again.
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"counted:{name}"
+    COUNTED_RUNS.clear()
+    contrib.note_call(counted.run.__redlock__, key, [name, "d1"], {}, None, "d1")
+    monkeypatch.setattr(contrib, "_queue_follow_up", lambda *args, **kwargs: None)
+    strikes = [1]
+    if where == "drop":
+        clear = markers.clear
+
+        def interrupted(backend: Any, marker: str, *args: Any) -> Any:
+            if marker == f"{key}:coalesce" and strikes:
+                strikes.pop()
+                raise SoftTimeLimitExceeded("soft time limit")  # before the delete is sent
+            return clear(backend, marker, *args)
+
+        monkeypatch.setattr(markers, "clear", interrupted)
+        tracer = None
+    else:
+        run = contrib._settling(counted.run.__redlock__, lambda: None, contrib._Ending())
+        code = run.__code__
+        source, first = inspect.getsourcelines(code)
+        line = first + next(i for i, text in enumerate(source) if "ending.returned = True" in text)
+
+        def on_line(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_lineno == line and strikes:
+                strikes.pop()
+                raise SoftTimeLimitExceeded("soft time limit")
+            return on_line
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            # By name: in a full run the task's module object may not be this one (seen).
+            found = frame.f_code
+            same = (found.co_qualname, found.co_filename) == (code.co_qualname, code.co_filename)
+            return on_line if same and strikes else None
+
+    sys.settrace(tracer)
+    try:
+        first_run = counted.apply((name, "f"), task_id=f"f1-{name}",
+                                  headers={contrib.FOLLOW_UP: "1"})  # fmt: skip
+    finally:
+        sys.settrace(None)
+    assert not strikes and isinstance(first_run.result, SoftTimeLimitExceeded), first_run.result
+    counted.apply((name, "f"), task_id=f"f2-{name}", headers={contrib.FOLLOW_UP: "1"})
+    assert COUNTED_RUNS == ["d1"]
+    assert markers.read(locks["default"], f"{key}:coalesce") is None
 
 
 @shared_task(bind=True, name="tests.celery.test_celery_dedupe.fenced_coalesced")

@@ -808,6 +808,49 @@ def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_un
     assert done == ["b2", "n"] and sales(PG) == [("b2", 5), ("n", 4)]
 
 
+def test_a_lost_commit_whose_check_meets_another_thread_s_block_of_the_hold_is_unknown(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B1's COMMIT never reaches the server (rolled back). Its outcome check begins with B1
+    alone; before the row is read, B2, another thread's block of the same hold, commits the
+    hold's fence, the hold is lost and the next holder commits on top (``previous``: the
+    hold's fence, B2's). ``alone`` was decided before the check: "committed", nothing of B1
+    committed; the rows cannot tell B1's fence from B2's: unknown."""
+    open_shop(PG, 1, 5)
+    with lock(name, ttl=30, atomic=PG):  # the row exists, written by the hold before
+        pass
+    held = lock(name, ttl=30)
+    held.acquire()
+    done: list[str] = []
+
+    def b2() -> None:
+        with held.atomic(PG):
+            sell_one(PG, 1, "b2")
+        done.append("b2")
+
+    def next_holder() -> None:
+        with lock(name, ttl=30, timeout=5, atomic=PG):
+            sell_one(PG, 1, "n")
+        done.append("n")
+
+    check = fencing.commit_outcome
+
+    def meanwhile_then_check(*args: Any, **kwargs: Any) -> bool | None:
+        if not done:  # the check's waits (the pid poll, FOR SHARE) stand in for this
+            in_thread(b2).join(20)
+            locks["default"].force_release(name)  # the hold lost
+            in_thread(next_holder).join(20)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(fencing, "commit_outcome", meanwhile_then_check)
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "b1")
+        proxied.cut()  # the COMMIT never reaches the server, which rolls back
+    with contextlib.suppress(LockError):
+        held.release()
+    assert done == ["b2", "n"] and sales(PG) == [("b2", 5), ("n", 4)]
+
+
 # -- a frozen clock (freezegun, time-machine) ------------------------------------------------
 
 
@@ -877,6 +920,37 @@ def test_a_time_limit_at_the_release_after_the_commit_does_not_make_single_insta
     assert sell() == "sold" and sales(PG) == [("a", 5)]
     assert "committed; then the release raised" in caplog.text
     locks["default"].force_release(name)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["lock", "reentrant"])
+def test_a_time_limit_in_the_release_after_the_commit_has_it_sent_again(
+    name: str, reentrant: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release's Redis call is cut short before its reply (the release began: the hold
+    counted out, marked releasing). The promised second try saw the level released and sent
+    nothing: the name stayed held until its TTL."""
+    open_shop(PG, 1, 5)
+    backend = locks["default"]
+    op_release, execute = backend.op_release, backend.execute
+    releases: list[Any] = []
+
+    def noted(*args: Any) -> Any:
+        releases.append(op_release(*args))
+        return releases[-1]
+
+    def cut_once(op: Any) -> Any:
+        if releases and op is releases[0] and len(releases) == 1:
+            releases.append(None)  # once
+            raise TimeLimit()  # before the call is sent: a signal handler's, on any line
+        return execute(op)
+
+    monkeypatch.setattr(backend, "op_release", noted)
+    monkeypatch.setattr(backend, "execute", cut_once)
+    held = lock(name, ttl=30, reentrant=reentrant, atomic=PG)
+    with held:
+        sell_one(PG, 1, "a")
+    assert len(releases) >= 2, releases
+    assert sales(PG) == [("a", 5)] and not lock(name).locked() and not held.owned()
 
 
 def test_autocommit_off_is_refused_before_any_lock_is_taken_by_the_helpers(name: str) -> None:
