@@ -16,6 +16,7 @@ from django.test import override_settings
 from redis.exceptions import ResponseError
 
 from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks, semaphore
+from django_redlock.backends import sentinel as sentinel_backend
 from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
@@ -1180,3 +1181,53 @@ def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
     finally:
         lock_lost.disconnect(on_lost)
         stop_all(nodes)
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_a_take_after_an_idle_spell_and_a_failover_lands_on_the_new_master(
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The looker ends after LOOKER_IDLE without an operation; the next one restarted it but
+    ran at once on its old connection: after a failover during the idle spell, a take was
+    granted on the old master (still writable) while others took the name on the new one.
+    The operation that restarts the looker now waits for its first look."""
+    monkeypatch.setattr(sentinel_backend, "LOOKER_IDLE", 0.2)  # (60 s by default)
+    group = start_sentinel_group()
+    old, new, sentinel = group[0], group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            backend, key = locks["s"], locks["s"].key(name)
+
+            def idle_then_fail_over() -> None:
+                deadline = time.monotonic() + 10
+                while backend._looker is not None:  # the looker ended: idle
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+                _fail_over(sentinel, new)
+                while master_port(group[3]) != new.port:  # each sentinel knows
+                    assert time.monotonic() < deadline + 20
+                    time.sleep(0.05)
+                assert old.client().info("replication")["role"] == "master"  # writable
+
+            if how == "sync":
+                warm = lock(f"{name}:warm", using="s")
+                assert warm.acquire(blocking=False)  # this thread's connection, to old
+                warm.release()
+                idle_then_fail_over()
+                held = lock(name, using="s", ttl=10)
+                assert held.acquire(blocking=False)
+            else:
+
+                async def main() -> Any:
+                    warm = lock(f"{name}:warm", using="s")
+                    assert await warm.aacquire(blocking=False)  # the loop's, to old
+                    await warm.arelease()
+                    await asyncio.to_thread(idle_then_fail_over)
+                    held = lock(name, using="s", ttl=10)
+                    assert await held.aacquire(blocking=False)
+
+                asyncio.run(main())
+            assert (new.client().exists(key), old.client().exists(key)) == (1, 0)
+            backend.close()
+    finally:
+        stop_all(group)
