@@ -595,7 +595,9 @@ class RedisClusterBackend(RedisBackend):
         super().close()
         self._sharded = None
         pid, executors = self._executors
-        self._executors = (0, {})
+        # Its pid kept: a close() is no fork, the threads of cancelled calls still run and
+        # the next call of their name (a hand-back) must still wait for them.
+        self._executors = (pid, {})
         if pid == os.getpid():
             for executor in executors.values():
                 executor.shutdown(wait=False)  # its threads end once their call has

@@ -933,11 +933,14 @@ def test_after_a_planned_sentinel_failover_an_asyncio_release_reaches_the_new_ma
         stop_all(group)
 
 
-def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str) -> None:
+@pytest.mark.parametrize("close", [False, True], ids=["", "closed-between"])
+def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str, close: bool) -> None:
     """An asyncio call on a Cluster runs in a worker thread, which a cancel does not stop: a
     take retried there during a slot migration (TRYAGAIN) was cancelled, its hand-back was
     answered at once (nothing held yet), then the take landed once the move ended: the name
-    was held by nobody for its TTL. The hand-back now waits for the take's thread."""
+    was held by nobody for its TTL. The hand-back now waits for the take's thread, also after
+    a close() between the cancel and the hand-back (it looked like a fork, which forgot the
+    take's thread)."""
     from ..waiting.test_sharded import migrate_slot
 
     nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
@@ -961,6 +964,8 @@ def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str) -> No
                 task = asyncio.create_task(lock(name, using="c", ttl=20).aacquire(timeout=5))
                 await asyncio.sleep(0.2)  # its take is being retried in its thread
                 task.cancel()
+                if close:
+                    backend.close()  # (locks.close_all() racing the task's hand-back)
                 await asyncio.sleep(0.3)  # (the hand-back was answered by now)
                 ending = asyncio.create_task(
                     asyncio.to_thread(migrate_slot, nodes, slot, source, target)
@@ -968,6 +973,7 @@ def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str) -> No
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
                 await ending
+                await asyncio.sleep(0.5)  # (a take not waited for lands by now)
 
             asyncio.run(main())
             assert target.client().pttl(key) == -2  # handed back where it landed
