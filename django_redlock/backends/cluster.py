@@ -103,6 +103,12 @@ class RedisClusterBackend(RedisBackend):
             # same: redis-py does not count them as retries; a refused connection is tried
             # once more (execute()).
             options["retry"] = redis.retry.Retry(NoBackoff(), 0)
+        if options.get("max_connections") and "connection_pool_class" not in options:
+            # redis-py's node pools refuse a caller past max_connections ("Too many
+            # connections"): a burst on a healthy cluster failed. Blocking ones make it wait
+            # for a connection, as long as the socket timeout (then: unavailable, not sent).
+            options["connection_pool_class"] = redis.BlockingConnectionPool
+            options.setdefault("timeout", options["socket_timeout"])
         try:  # reads the slots from a node: the first call's round trip
             client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
         except self.unavailable_errors as exc:
@@ -542,7 +548,10 @@ class RedisClusterBackend(RedisBackend):
             with self._setup:
                 executor = executors.get(shard)
                 if executor is None:
-                    size = int(self._cluster_options().get("max_connections") or ASYNC_THREADS)
+                    # Two of the master's max_connections left to the waiters' pub/sub and
+                    # the renewals (the pool is theirs too; a caller past it waits).
+                    limit = int(self._cluster_options().get("max_connections") or 0)
+                    size = max(1, limit - 2) if limit else ASYNC_THREADS
                     executor = executors[shard] = ThreadPoolExecutor(
                         min(size, ASYNC_THREADS), f"redlock-cluster {self.alias} {shard}"
                     )

@@ -1237,3 +1237,49 @@ def test_a_take_after_an_idle_spell_and_a_failover_lands_on_the_new_master(
             backend.close()
     finally:
         stop_all(group)
+
+
+def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name: str) -> None:
+    """redis-py's cluster node pools refuse a caller past max_connections: a burst of 40
+    callers (threads, or asyncio tasks, whose worker threads share the pool with the waiters'
+    pub/sub and the renewals) on a healthy cluster got BackendUnavailable ("Too many
+    connections"). A caller now waits for a free connection, as on one Redis."""
+    import threading
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes")).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 2.0,
+                  "socket_connect_timeout": 2.0, "max_connections": 4}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            errors: list[Exception] = []
+
+            def take() -> None:
+                try:
+                    with lock(name, using="c", ttl=5, timeout=20):
+                        time.sleep(0.002)
+                except LockError as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=take) for _ in range(40)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+
+            async def atake() -> None:
+                try:
+                    async with lock(name, using="c", ttl=5, timeout=20):
+                        await asyncio.sleep(0.002)
+                except LockError as exc:
+                    errors.append(exc)
+
+            async def main() -> None:
+                await asyncio.gather(*(atake() for _ in range(40)))
+
+            asyncio.run(main())
+            assert errors == []
+            locks["c"].close()
+    finally:
+        stop_all(nodes)
