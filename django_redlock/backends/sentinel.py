@@ -322,8 +322,21 @@ class SentinelBackend(RedisBackend):
         gate = self._agates.get(loop)
         if gate is None:
             gate = self._agates[loop] = asyncio.Semaphore(self._limit)
-        async with gate:
+        if gate.locked():  # as execute(): a permit waited for a socket timeout at most
+            try:
+                await asyncio.wait_for(gate.acquire(), self.socket_timeout)
+            except TimeoutError:
+                busy = f"all {self._limit} connections busy"
+                raise BackendUnavailable(
+                    f"lock {op.name!r}: backend {self.alias!r}: {busy}",
+                    timed_out=True,  # nothing sent: nothing to give back either
+                ) from None
+        else:
+            await gate.acquire()
+        try:
             return await self._aexecute(op)
+        finally:
+            gate.release()
 
     async def _aexecute(self, op: Op[T]) -> T:
         result = await super().aexecute(op)

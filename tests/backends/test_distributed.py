@@ -1283,3 +1283,38 @@ def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name:
             locks["c"].close()
     finally:
         stop_all(nodes)
+
+
+def test_asyncio_calls_queued_for_a_paused_sentinel_master_are_unavailable_in_time(
+    group: list[RedisServer],
+) -> None:
+    """Asyncio calls wait for one of max_connections permits of their event loop: that wait
+    had no bound, so with the master paused 30 calls over 5 permits came out in rounds of a
+    socket timeout (6 s for 1 s). It is bounded by the socket timeout, as a thread's is."""
+    master = group[0]
+    with sentinel_alias(group, socket_timeout=1.0, max_connections=5):
+        outcomes: list[tuple[str, float]] = []
+
+        async def one(i: int, began: float) -> None:
+            try:
+                await lock(f"gate{i}", using="s").aacquire(blocking=False)
+                outcome = "granted"
+            except BackendUnavailable:
+                outcome = "unavailable"
+            outcomes.append((outcome, time.monotonic() - began))
+
+        async def main() -> None:
+            warm = lock("gate-warm", using="s")
+            assert await warm.aacquire(blocking=False)
+            await warm.arelease()
+            master.pause()
+            try:
+                began = time.monotonic()
+                await asyncio.gather(*(one(i, began) for i in range(30)))
+            finally:
+                master.resume()
+
+        asyncio.run(main())
+        assert {outcome for outcome, _ in outcomes} == {"unavailable"}
+        assert max(took for _, took in outcomes) < 2.0 + 0.5  # a socket timeout queued, one sent
+        locks["s"].close()
