@@ -566,14 +566,25 @@ class RedisClusterBackend(RedisBackend):
             future = executor.submit(context.run, self.execute, op)
         except RuntimeError:  # shut down by a close() meanwhile: the backend's next threads
             future = self._executor(op.name).submit(context.run, self.execute, op)
+        waited = asyncio.wrap_future(future)
         try:
-            return await asyncio.wrap_future(future)
+            await asyncio.wait([waited], timeout=self.socket_timeout)
+            if not waited.done() and future.cancel():
+                # Queued a socket timeout behind the master's busy threads (a paused master):
+                # unavailable within the socket timeout, as a thread's call. Never started:
+                # cancelled, nothing was or will be sent.
+                raise BackendUnavailable(
+                    f"lock {op.name!r}: backend {self.alias!r}: not sent: every thread for"
+                    f" its master was busy for {self.socket_timeout:g} s",
+                    timed_out=True,
+                )
+            return await waited
         except asyncio.CancelledError:
             # Not stopped if it had started (a thread cannot be): its command may still be
             # sent after this. What this task sends next for the name (the hand-back of a
             # take cancelled in flight) waits for it, never overtakes it: a release landing
             # first left the take's hold to nobody for its TTL.
-            if not future.done():
+            if not future.cancel() and not future.done():
                 self._note_unfinished(op.name, future)
             raise
 

@@ -1318,3 +1318,55 @@ def test_asyncio_calls_queued_for_a_paused_sentinel_master_are_unavailable_in_ti
         assert {outcome for outcome, _ in outcomes} == {"unavailable"}
         assert max(took for _, took in outcomes) < 2.0 + 0.5  # a socket timeout queued, one sent
         locks["s"].close()
+
+
+def test_asyncio_calls_queued_for_a_paused_cluster_master_are_unavailable_in_time(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asyncio calls to one master run on its threads: with the master paused they came out
+    in rounds of a socket timeout (40 calls over 4 threads: 5 s for 0.5 s). A call that waited
+    a socket timeout without starting is now unavailable (never sent)."""
+    from django_redlock.backends import cluster
+
+    monkeypatch.setattr(cluster, "ASYNC_THREADS", 4)  # (32 by default: the same in rounds)
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 0.5):
+            backend = locks["c"]
+            with lock(name, using="c"):
+                pass  # the slots are known, the scripts loaded
+
+            def owner(each: str) -> RedisServer:
+                slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(each))
+                return next(n for n in nodes if _serves(n, slot))
+
+            paused = owner(name)
+            names = (f"{name}:{i}" for i in itertools.count())
+            on_paused = [each for each in itertools.islice(names, 200) if owner(each) is paused]
+            assert len(on_paused) >= 40
+            outcomes: list[tuple[str, float]] = []
+
+            async def one(i: int, began: float) -> None:
+                try:
+                    await lock(on_paused[i], using="c").aacquire(blocking=False)
+                    outcome = "granted"
+                except BackendUnavailable:
+                    outcome = "unavailable"
+                outcomes.append((outcome, time.monotonic() - began))
+
+            async def main() -> None:
+                began = time.monotonic()
+                await asyncio.gather(*(one(i, began) for i in range(40)))
+
+            paused.pause()
+            try:
+                asyncio.run(main())
+            finally:
+                paused.resume()
+            assert {outcome for outcome, _ in outcomes} == {"unavailable"}
+            assert max(took for _, took in outcomes) < 2 * 0.5 + 0.4  # queued, then sent
+            backend.close()
+    finally:
+        stop_all(nodes)
