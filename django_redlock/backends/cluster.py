@@ -103,6 +103,12 @@ class RedisClusterBackend(RedisBackend):
             # same: redis-py does not count them as retries; a refused connection is tried
             # once more (execute()).
             options["retry"] = redis.retry.Retry(NoBackoff(), 0)
+        if options.get("max_connections") and "connection_pool_class" not in options:
+            # redis-py's node pools refuse a caller past max_connections ("Too many
+            # connections"): a burst on a healthy cluster failed. Blocking ones make it wait
+            # for a connection, as long as the socket timeout (then: unavailable, not sent).
+            options["connection_pool_class"] = redis.BlockingConnectionPool
+            options.setdefault("timeout", options["socket_timeout"])
         try:  # reads the slots from a node: the first call's round trip
             client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
         except self.unavailable_errors as exc:
@@ -542,7 +548,10 @@ class RedisClusterBackend(RedisBackend):
             with self._setup:
                 executor = executors.get(shard)
                 if executor is None:
-                    size = int(self._cluster_options().get("max_connections") or ASYNC_THREADS)
+                    # Two of the master's max_connections left to the waiters' pub/sub and
+                    # the renewals (the pool is theirs too; a caller past it waits).
+                    limit = int(self._cluster_options().get("max_connections") or 0)
+                    size = max(1, limit - 2) if limit else ASYNC_THREADS
                     executor = executors[shard] = ThreadPoolExecutor(
                         min(size, ASYNC_THREADS), f"redlock-cluster {self.alias} {shard}"
                     )
@@ -557,14 +566,25 @@ class RedisClusterBackend(RedisBackend):
             future = executor.submit(context.run, self.execute, op)
         except RuntimeError:  # shut down by a close() meanwhile: the backend's next threads
             future = self._executor(op.name).submit(context.run, self.execute, op)
+        waited = asyncio.wrap_future(future)
         try:
-            return await asyncio.wrap_future(future)
+            await asyncio.wait([waited], timeout=self.socket_timeout)
+            if not waited.done() and future.cancel():
+                # Queued a socket timeout behind the master's busy threads (a paused master):
+                # unavailable within the socket timeout, as a thread's call. Never started:
+                # cancelled, nothing was or will be sent.
+                raise BackendUnavailable(
+                    f"lock {op.name!r}: backend {self.alias!r}: not sent: every thread for"
+                    f" its master was busy for {self.socket_timeout:g} s",
+                    timed_out=True,
+                )
+            return await waited
         except asyncio.CancelledError:
             # Not stopped if it had started (a thread cannot be): its command may still be
             # sent after this. What this task sends next for the name (the hand-back of a
             # take cancelled in flight) waits for it, never overtakes it: a release landing
             # first left the take's hold to nobody for its TTL.
-            if not future.done():
+            if not future.cancel() and not future.done():
                 self._note_unfinished(op.name, future)
             raise
 
@@ -595,7 +615,9 @@ class RedisClusterBackend(RedisBackend):
         super().close()
         self._sharded = None
         pid, executors = self._executors
-        self._executors = (0, {})
+        # Its pid kept: a close() is no fork, the threads of cancelled calls still run and
+        # the next call of their name (a hand-back) must still wait for them.
+        self._executors = (pid, {})
         if pid == os.getpid():
             for executor in executors.values():
                 executor.shutdown(wait=False)  # its threads end once their call has

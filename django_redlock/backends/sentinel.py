@@ -98,6 +98,8 @@ class SentinelBackend(RedisBackend):
         self._looker: threading.Thread | None = None  # see _look_for_master
         self._looking = threading.Lock()
         self._used = 0.0  # when an operation last ran (monotonic)
+        self._looker_ran = False
+        self._first_look: threading.Event | None = None  # set by a restarted looker's 1st look
         if self.min_replicas and self.min_replicas_timeout >= self.socket_timeout:
             # WAIT's reply comes after min_replicas_timeout: a socket that gives up first
             # turns every slow replica into "unavailable" instead of QuorumNotReached.
@@ -205,7 +207,7 @@ class SentinelBackend(RedisBackend):
 
         return Op(name, [op.request, wait], parse)
 
-    def _look_for_master(self) -> None:
+    def _look_for_master(self) -> threading.Event | None:
         """Keep the looker running while the backend is used (every operation, a renewal
         included, calls this): a thread of the backend's that asks the sentinels where the
         master is once a second, and moves each thread's connection to another address there
@@ -213,25 +215,45 @@ class SentinelBackend(RedisBackend):
         (SENTINEL FAILOVER) the old master takes writes until it is demoted, seconds later,
         so renewals kept its copy of a hold alive while the promoted master's ran out, and
         another client took the name there (two holders); owned() said True. In a thread of
-        its own: slow or paused sentinels never delay an operation."""
+        its own: slow or paused sentinels never delay an operation, except the ones that
+        meet a looker restarted after LOOKER_IDLE: they wait for its first look (up to the
+        socket timeout), as their connections may point at a master demoted meanwhile.
+        Returns that first look's event while it is pending, else None."""
         self._used = time.monotonic()
         looker = self._looker
         if (looker is None or not looker.is_alive()) and self._looking.acquire(False):
             try:  # (not waited for: a thread that is starting it is enough)
                 looker = self._looker
                 if looker is None or not looker.is_alive():
+                    # A restart after an idle spell: the connections are as old as the last
+                    # look, a failover may have happened since (the first start has fresh
+                    # connections, made through the sentinels).
+                    first = threading.Event() if self._looker_ran else None
+                    self._looker_ran = True
                     looker = threading.Thread(
-                        target=_look, args=(weakref.ref(self),), daemon=True,
+                        target=_look, args=(weakref.ref(self), first), daemon=True,
                         name=f"redlock-sentinel {self.alias}",
                     )  # fmt: skip
+                    self._first_look = first
                     self._looker = looker
                     looker.start()
             finally:
                 self._looking.release()
+        return self._first_look
 
-    def _look_once(self) -> float:
-        """Where is the master now? Connections elsewhere are moved. Returns the pause
-        until the next look."""
+    def _stale(self, first: threading.Event | None) -> None:
+        logger.warning(
+            "redlock: %s: no look at the sentinels within %g s after an idle spell: the"
+            " operation goes to the master found before it",
+            self.describe(),
+            self.socket_timeout,
+        )
+        if self._first_look is first:
+            self._first_look = None  # said once; operations go on as before
+
+    def _look_once(self, after_idle: bool = False) -> float:
+        """Where is the master now? Connections elsewhere are moved (after an idle spell
+        even if no look found one before). Returns the pause until the next look."""
         client = self._client
         if client is None:
             if not self._aclients:
@@ -245,7 +267,7 @@ class SentinelBackend(RedisBackend):
             return MASTER_CHECK_FAILED
         if master != self._master:
             before, self._master = self._master, master
-            if before is not None:
+            if before is not None or after_idle:
                 fast_path.moved_threads(pool, master)
                 # Each event loop's pool too: asyncio's connections made before the switch
                 # stayed on the old master (takes, releases, owned() answered there). Under
@@ -262,7 +284,9 @@ class SentinelBackend(RedisBackend):
         super().close()
 
     def execute(self, op: Op[T]) -> T:
-        self._look_for_master()
+        first = self._look_for_master()
+        if first is not None and not first.wait(self.socket_timeout):
+            self._stale(first)
         if fast_path.on_thread_connection(self.client):
             # Nothing checked out of the pool: no permit to wait for, nor to lose should an
             # interrupt land while one is taken or given back (it would be gone for good).
@@ -287,13 +311,32 @@ class SentinelBackend(RedisBackend):
         return result
 
     async def aexecute(self, op: Op[T]) -> T:
-        self._look_for_master()
+        first = self._look_for_master()
+        if first is not None:
+            deadline = time.monotonic() + self.socket_timeout
+            while not first.is_set() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # (a thread's event: polled, the loop runs on)
+            if not first.is_set():
+                self._stale(first)
         loop = asyncio.get_running_loop()
         gate = self._agates.get(loop)
         if gate is None:
             gate = self._agates[loop] = asyncio.Semaphore(self._limit)
-        async with gate:
+        if gate.locked():  # as execute(): a permit waited for a socket timeout at most
+            try:
+                await asyncio.wait_for(gate.acquire(), self.socket_timeout)
+            except TimeoutError:
+                busy = f"all {self._limit} connections busy"
+                raise BackendUnavailable(
+                    f"lock {op.name!r}: backend {self.alias!r}: {busy}",
+                    timed_out=True,  # nothing sent: nothing to give back either
+                ) from None
+        else:
+            await gate.acquire()
+        try:
             return await self._aexecute(op)
+        finally:
+            gate.release()
 
     async def _aexecute(self, op: Op[T]) -> T:
         result = await super().aexecute(op)
@@ -336,7 +379,7 @@ class SentinelBackend(RedisBackend):
             )
 
 
-def _look(ref: weakref.ref[SentinelBackend]) -> None:
+def _look(ref: weakref.ref[SentinelBackend], first: threading.Event | None = None) -> None:
     """The looker thread (see ``SentinelBackend._look_for_master``): ends when its backend is
     closed or collected, or after LOOKER_IDLE without an operation (the next one starts it)."""
     me = threading.current_thread()
@@ -348,9 +391,14 @@ def _look(ref: weakref.ref[SentinelBackend]) -> None:
             backend._looker = None
             return
         try:
-            pause = backend._look_once()
+            pause = backend._look_once(after_idle=first is not None)
         except Exception:  # a bug must not end the looks
             logger.exception("redlock: %s: looking for the master failed", backend.describe())
             pause = MASTER_CHECK_FAILED
+        if first is not None:  # done, found or not (a failed look was logged)
+            first.set()
+            if backend._first_look is first:
+                backend._first_look = None
+            first = None
         del backend  # not kept alive by a sleeping looker
         time.sleep(pause)

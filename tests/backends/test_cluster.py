@@ -614,11 +614,14 @@ def test_a_waiter_s_timeout_bounds_its_tries_during_a_slot_migration(name: str) 
         stop_all(nodes)
 
 
-def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str) -> None:
+@pytest.mark.parametrize("close", [False, True], ids=["", "closed-between"])
+def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str, close: bool) -> None:
     """An asyncio call on a Cluster runs in a worker thread, which a cancel does not stop: a
     take retried there during a slot migration (TRYAGAIN) was cancelled, its hand-back was
     answered at once (nothing held yet), then the take landed once the move ended: the name
-    was held by nobody for its TTL. The hand-back now waits for the take's thread."""
+    was held by nobody for its TTL. The hand-back now waits for the take's thread, also after
+    a close() between the cancel and the hand-back (it looked like a fork, which forgot the
+    take's thread)."""
     from ..waiting.test_sharded import migrate_slot
 
     nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
@@ -642,6 +645,8 @@ def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str) -> No
                 task = asyncio.create_task(lock(name, using="c", ttl=20).aacquire(timeout=5))
                 await asyncio.sleep(0.2)  # its take is being retried in its thread
                 task.cancel()
+                if close:
+                    backend.close()  # (locks.close_all() racing the task's hand-back)
                 await asyncio.sleep(0.3)  # (the hand-back was answered by now)
                 ending = asyncio.create_task(
                     asyncio.to_thread(migrate_slot, nodes, slot, source, target)
@@ -649,6 +654,7 @@ def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str) -> No
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
                 await ending
+                await asyncio.sleep(0.5)  # (a take not waited for lands by now)
 
             asyncio.run(main())
             assert target.client().pttl(key) == -2  # handed back where it landed
@@ -861,4 +867,102 @@ def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
             backend.close()
     finally:
         lock_lost.disconnect(on_lost)
+        stop_all(nodes)
+
+
+def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name: str) -> None:
+    """redis-py's cluster node pools refuse a caller past max_connections: a burst of 40
+    callers (threads, or asyncio tasks, whose worker threads share the pool with the waiters'
+    pub/sub and the renewals) on a healthy cluster got BackendUnavailable ("Too many
+    connections"). A caller now waits for a free connection, as on one Redis."""
+    import threading
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes")).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 2.0,
+                  "socket_connect_timeout": 2.0, "max_connections": 4}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            errors: list[Exception] = []
+
+            def take() -> None:
+                try:
+                    with lock(name, using="c", ttl=5, timeout=20):
+                        time.sleep(0.002)
+                except LockError as exc:
+                    errors.append(exc)
+
+            threads = [threading.Thread(target=take) for _ in range(40)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+
+            async def atake() -> None:
+                try:
+                    async with lock(name, using="c", ttl=5, timeout=20):
+                        await asyncio.sleep(0.002)
+                except LockError as exc:
+                    errors.append(exc)
+
+            async def main() -> None:
+                await asyncio.gather(*(atake() for _ in range(40)))
+
+            asyncio.run(main())
+            assert errors == []
+            locks["c"].close()
+    finally:
+        stop_all(nodes)
+
+
+def test_asyncio_calls_queued_for_a_paused_cluster_master_are_unavailable_in_time(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asyncio calls to one master run on its threads: with the master paused they came out
+    in rounds of a socket timeout (40 calls over 4 threads: 5 s for 0.5 s). A call that waited
+    a socket timeout without starting is now unavailable (never sent)."""
+    from django_redlock.backends import cluster
+
+    monkeypatch.setattr(cluster, "ASYNC_THREADS", 4)  # (32 by default: the same in rounds)
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        with _cluster_config(nodes, 0.5):
+            backend = locks["c"]
+            with lock(name, using="c"):
+                pass  # the slots are known, the scripts loaded
+
+            def owner(each: str) -> RedisServer:
+                slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(each))
+                return next(n for n in nodes if _serves(n, slot))
+
+            paused = owner(name)
+            names = (f"{name}:{i}" for i in itertools.count())
+            on_paused = [each for each in itertools.islice(names, 200) if owner(each) is paused]
+            assert len(on_paused) >= 40
+            outcomes: list[tuple[str, float]] = []
+
+            async def one(i: int, began: float) -> None:
+                try:
+                    await lock(on_paused[i], using="c").aacquire(blocking=False)
+                    outcome = "granted"
+                except BackendUnavailable:
+                    outcome = "unavailable"
+                outcomes.append((outcome, time.monotonic() - began))
+
+            async def main() -> None:
+                began = time.monotonic()
+                await asyncio.gather(*(one(i, began) for i in range(40)))
+
+            paused.pause()
+            try:
+                asyncio.run(main())
+            finally:
+                paused.resume()
+            assert {outcome for outcome, _ in outcomes} == {"unavailable"}
+            assert max(took for _, took in outcomes) < 2 * 0.5 + 0.4  # queued, then sent
+            backend.close()
+    finally:
         stop_all(nodes)

@@ -14,6 +14,7 @@ from django.test import override_settings
 from redis.exceptions import ResponseError
 
 from django_redlock import BackendUnavailable, LockError, QuorumNotReached, lock, locks
+from django_redlock.backends import sentinel as sentinel_backend
 from django_redlock.testing import RedisServer
 
 from ..conftest import start_sentinel_group, stop_all
@@ -332,3 +333,88 @@ def test_after_a_planned_sentinel_failover_an_asyncio_release_reaches_the_new_ma
             locks["s"].close()
     finally:
         stop_all(group)
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_a_take_after_an_idle_spell_and_a_failover_lands_on_the_new_master(
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The looker ends after LOOKER_IDLE without an operation; the next one restarted it but
+    ran at once on its old connection: after a failover during the idle spell, a take was
+    granted on the old master (still writable) while others took the name on the new one.
+    The operation that restarts the looker now waits for its first look."""
+    monkeypatch.setattr(sentinel_backend, "LOOKER_IDLE", 0.2)  # (60 s by default)
+    group = start_sentinel_group()
+    old, new, sentinel = group[0], group[1], group[2]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            backend, key = locks["s"], locks["s"].key(name)
+
+            def idle_then_fail_over() -> None:
+                deadline = time.monotonic() + 10
+                while backend._looker is not None:  # the looker ended: idle
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+                _fail_over(sentinel, new)
+                while master_port(group[3]) != new.port:  # each sentinel knows
+                    assert time.monotonic() < deadline + 20
+                    time.sleep(0.05)
+                assert old.client().info("replication")["role"] == "master"  # writable
+
+            if how == "sync":
+                warm = lock(f"{name}:warm", using="s")
+                assert warm.acquire(blocking=False)  # this thread's connection, to old
+                warm.release()
+                idle_then_fail_over()
+                held = lock(name, using="s", ttl=10)
+                assert held.acquire(blocking=False)
+            else:
+
+                async def main() -> Any:
+                    warm = lock(f"{name}:warm", using="s")
+                    assert await warm.aacquire(blocking=False)  # the loop's, to old
+                    await warm.arelease()
+                    await asyncio.to_thread(idle_then_fail_over)
+                    held = lock(name, using="s", ttl=10)
+                    assert await held.aacquire(blocking=False)
+
+                asyncio.run(main())
+            assert (new.client().exists(key), old.client().exists(key)) == (1, 0)
+            backend.close()
+    finally:
+        stop_all(group)
+
+
+def test_asyncio_calls_queued_for_a_paused_sentinel_master_are_unavailable_in_time(
+    group: list[RedisServer],
+) -> None:
+    """Asyncio calls wait for one of max_connections permits of their event loop: that wait
+    had no bound, so with the master paused 30 calls over 5 permits came out in rounds of a
+    socket timeout (6 s for 1 s). It is bounded by the socket timeout, as a thread's is."""
+    master = group[0]
+    with sentinel_alias(group, socket_timeout=1.0, max_connections=5):
+        outcomes: list[tuple[str, float]] = []
+
+        async def one(i: int, began: float) -> None:
+            try:
+                await lock(f"gate{i}", using="s").aacquire(blocking=False)
+                outcome = "granted"
+            except BackendUnavailable:
+                outcome = "unavailable"
+            outcomes.append((outcome, time.monotonic() - began))
+
+        async def main() -> None:
+            warm = lock("gate-warm", using="s")
+            assert await warm.aacquire(blocking=False)
+            await warm.arelease()
+            master.pause()
+            try:
+                began = time.monotonic()
+                await asyncio.gather(*(one(i, began) for i in range(30)))
+            finally:
+                master.resume()
+
+        asyncio.run(main())
+        assert {outcome for outcome, _ in outcomes} == {"unavailable"}
+        assert max(took for _, took in outcomes) < 2.0 + 0.5  # a socket timeout queued, one sent
+        locks["s"].close()
