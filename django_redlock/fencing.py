@@ -50,9 +50,10 @@ import inspect
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Generator
 from types import TracebackType
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -106,6 +107,9 @@ class FencedLock(Protocol):
     def release(self) -> None: ...
 
 
+Held = TypeVar("Held", bound=FencedLock)
+
+
 def database_of(atomic: Any) -> str | None:
     """The database alias ``atomic=`` names (True: Django's default), or None for no fenced
     transaction. Checked when the lock is built, before any Redis call."""
@@ -146,6 +150,9 @@ class _Committed:
 
     done = False
     pending = False
+    steps: weakref.ReferenceType[Generator[None, None, None]] | None = None  # the block's
+    # Its ``with`` holds it: its opening returned to the ``with``, and its exit has not begun.
+    live = False
 
     def __call__(self) -> None:
         self.done = True
@@ -168,16 +175,23 @@ class FencedTransaction:
     def __init__(self, lock: FencedLock, using: str | None = None) -> None:
         self.lock = lock
         self.committed = _Committed()
+        self.by_lock = False  # opened by ``with lock`` (enter_block), which marks it live
         self.depth = 0  # ``with lock``: the hold's depth once it opened this block
         self.left = False  # ``with lock``: committed or rolled back, and released
         self._steps = _fenced_steps(lock, using, self.committed)
+        self.committed.steps = weakref.ref(self._steps)
 
     # Each try below is on one line with what it runs: it then holds from the line's first
     # instruction (a ``try:`` line of its own is an instruction before the protected range,
     # where an exception raised on that line would escape it).
     def __enter__(self) -> None:
-        try: return next(self._steps)  # noqa: E701  # fmt: skip
+        try: self._open()  # noqa: E701  # fmt: skip
         except BaseException as error: self._stop(error)  # noqa: E701  # fmt: skip
+
+    def _open(self) -> None:
+        next(self._steps)
+        if not self.by_lock:  # ``with lk.atomic()``: the ``with`` has it from here on
+            self.committed.live = True
 
     def __exit__(
         self,
@@ -185,6 +199,7 @@ class FencedTransaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        self.committed.live = False  # its exit began (not a call: nothing interrupts it)
         try: return self._leave(exc)  # noqa: E701  # fmt: skip
         except BaseException as error: return self._settle(error)  # noqa: E701  # fmt: skip
 
@@ -260,6 +275,7 @@ def _fenced_steps(
             " needs an exclusive lock (a lock, or the write of a read-write lock)"
         )
     using = check_database(using) if using is not None else lock.database or DEFAULT_DB_ALIAS
+    drop_abandoned(using)  # a block whose steps ended and left their transaction open
     refuse_manual_commit(using, lock.describe())
     _owner, hold = lock.current_hold()  # LockNotOwned / LockLost, before the database is touched
     if hold.fence is None:
@@ -281,7 +297,10 @@ def _fenced_steps(
     seen = _open_block(row[1:], hold.token, touched) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     try:
-        with transaction.atomic(using=using):
+        atomic = transaction.atomic(using=using)
+        if outermost:  # known as a fenced block's, should its exit never run (drop_abandoned)
+            _opened()[using] = (weakref.ref(atomic), committed)
+        with atomic:
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), now=touched,
@@ -382,6 +401,8 @@ def _fenced_steps(
                            " transaction, asked again: it committed (logged, not raised)",
                            lock.describe(), type(stopped).__name__)  # fmt: skip
     finally:
+        if outermost:  # the transaction ended as it should: nothing to roll back later
+            _ended_clean(using)
         # On one line (see FencedTransaction), and again should it be cut short: a mark left
         # behind would be every later block's of the row on this thread.
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
@@ -461,6 +482,68 @@ def _drop_unfinished(using: str) -> None:
             connection.close()
 
 
+def drop_abandoned(using: str) -> None:
+    """Roll back the transaction a fenced block of this thread opened on ``using`` and
+    abandoned: exceptions a signal handler raised (a burst of interrupts, time limits) cut its
+    opening short before its ``with`` had it, or its exit's clean-up (Django's
+    ``Atomic.__exit__`` included, at its first line). Left open, the thread's next blocks would
+    be savepoints of it, reported committed while nothing ever commits. Called as a block
+    opens: a block that is not running (in its body, or an ``on_commit`` callback) and whose
+    ``with`` does not hold it never will again."""
+    opened = _opened().get(using)
+    if opened is None:
+        return
+    atomic, committed = opened[0](), opened[1]
+    steps = committed.steps() if committed.steps is not None else None
+    state = inspect.GEN_CLOSED if steps is None else inspect.getgeneratorstate(steps)
+    if state == inspect.GEN_RUNNING or (state == inspect.GEN_SUSPENDED and committed.live):
+        return  # open: this block runs inside it
+    del _opened()[using]
+    connection = connections[using]
+    blocks = connection.atomic_blocks
+    # Only its transaction, nothing opened on top of it since (that is left as it is).
+    ours = not connection.savepoint_ids and (not blocks or blocks == [atomic])
+    logged = False
+    if steps is not None and state == inspect.GEN_SUSPENDED and ours:  # its exit never ran
+        logged = _log_abandoned(using)
+        with contextlib.suppress(Exception):
+            steps.close()  # rolled back as Django's exit rolls back
+    if connection.in_atomic_block:  # left open by Django's exit cut short (or its enter)
+        if not ours:
+            return
+    elif connection.connection is None or connection.autocommit:
+        return  # ended as Django's exit ends it
+    # else Django's enter or exit was cut short between autocommit and the atomic block flag
+    if not logged:
+        _log_abandoned(using)
+    _abandon(using)
+
+
+def _log_abandoned(using: str) -> bool:
+    logger.warning(
+        "redlock: database %r: a fenced block's transaction was left open (its opening or exit"
+        " was cut short by exceptions a signal handler raised): rolled back now, nothing of it"
+        " committed",
+        using,
+    )
+    return True
+
+
+def _ended_clean(using: str) -> None:
+    connection = connections[using]
+    if not connection.in_atomic_block and (connection.connection is None or connection.autocommit):
+        _opened().pop(using, None)
+
+
+def _opened() -> dict[str, tuple[weakref.ReferenceType[Any], _Committed]]:
+    """The outermost transaction (Django's ``Atomic``) a fenced block of this thread opened,
+    by database alias, and that block's state."""
+    opened = getattr(_local, "opened", None)
+    if opened is None:
+        opened = _local.opened = {}
+    return opened
+
+
 def _abandon(using: str) -> None:
     """Roll back a transaction Django's ``atomic()`` left open (its enter or exit cut short
     before it committed or rolled back), and leave the connection as after an exit: out of
@@ -469,6 +552,7 @@ def _abandon(using: str) -> None:
     connection = connections[using]
     connection.in_atomic_block = False
     connection.savepoint_ids = []
+    connection.atomic_blocks = []
     connection.needs_rollback = False
     connection.commit_on_exit = True
     try:
@@ -684,13 +768,17 @@ def _aborted(connection: Any) -> bool:
 _open = threading.local()
 
 
-def enter_block(lock: FencedLock) -> None:
-    """After the acquire: open the fenced block, or release the lock and raise."""
+def enter_block(lock: Held) -> Held:
+    """After the acquire: open the fenced block, or release the lock and raise. Returns
+    ``lock`` (``with``'s value)."""
     block = FencedTransaction(lock)
+    block.by_lock = True
     try:
         block.__enter__()
         block.depth = lock.current_hold()[1].depth
         _blocks().append(block)
+        # Live, and returned to the ``with``: one line, nothing in between can be interrupted.
+        block.committed.live = True; return lock  # noqa: E702  # fmt: skip
     except BaseException as exc:
         # StaleFence, the row wait ran out, or the database failed: nothing committed. Free
         # the lock for others (a stale hold is most likely lost: that is logged). An

@@ -1088,11 +1088,14 @@ class BaseLock:
     def __enter__(self: B) -> B:
         self._check_sync_wait(self.blocking, self._timeout())
         if self.database is not None:  # autocommit off: refused before the lock is taken
+            fencing.drop_abandoned(self.database)  # (not a block's leftover transaction)
             fencing.refuse_manual_commit(self.database, self.describe())
         if not self._drive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
         if self.database is not None:
-            fencing.enter_block(self)
+            # Returned as it is opened: no line between the block's opening and the ``with``
+            # (an exception there would leave the block's transaction open, its exit never run).
+            return fencing.enter_block(self)
         return self
 
     def __exit__(
