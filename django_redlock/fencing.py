@@ -91,6 +91,7 @@ class FencedLock(Protocol):
     blocking: bool
     timeout: float | None
     lock_ttl: float
+    fenced_withs: int  # its ``with`` blocks open: counted in here, out as their exit begins
 
     @property
     def exclusive(self) -> bool: ...
@@ -151,8 +152,11 @@ class _Committed:
     done = False
     pending = False
     steps: weakref.ReferenceType[Generator[None, None, None]] | None = None  # the block's
-    # Its ``with`` holds it: its opening returned to the ``with``, and its exit has not begun.
+    # Its ``with`` holds it: its opening returned to the ``with``, and its exit has not begun
+    # (``with lock``: nor that of the lock's ``with`` at ``level``, its own).
     live = False
+    lock: FencedLock | None = None
+    level = 0
 
     def __call__(self) -> None:
         self.done = True
@@ -496,7 +500,10 @@ def drop_abandoned(using: str) -> None:
     atomic, committed = opened[0](), opened[1]
     steps = committed.steps() if committed.steps is not None else None
     state = inspect.GEN_CLOSED if steps is None else inspect.getgeneratorstate(steps)
-    if state == inspect.GEN_RUNNING or (state == inspect.GEN_SUSPENDED and committed.live):
+    held = committed.live and (
+        committed.lock is None or committed.lock.fenced_withs >= committed.level
+    )
+    if state == inspect.GEN_RUNNING or (state == inspect.GEN_SUSPENDED and held):
         return  # open: this block runs inside it
     del _opened()[using]
     connection = connections[using]
@@ -772,13 +779,14 @@ def enter_block(lock: Held) -> Held:
     """After the acquire: open the fenced block, or release the lock and raise. Returns
     ``lock`` (``with``'s value)."""
     block = FencedTransaction(lock)
-    block.by_lock = True
+    block.by_lock, held = True, block.committed
+    held.lock = lock
     try:
         block.__enter__()
         block.depth = lock.current_hold()[1].depth
         _blocks().append(block)
-        # Live, and returned to the ``with``: one line, nothing in between can be interrupted.
-        block.committed.live = True; return lock  # noqa: E702  # fmt: skip
+        # Live, counted in, returned to the ``with``: one line, no call (nothing interrupts).
+        held.live = True; lock.fenced_withs += 1; held.level = lock.fenced_withs; return lock  # noqa: E702  # fmt: skip
     except BaseException as exc:
         # StaleFence, the row wait ran out, or the database failed: nothing committed. Free
         # the lock for others (a stale hold is most likely lost: that is logged). An

@@ -9,7 +9,9 @@ One interrupt, or two, leave no transaction open: the connection is out of any a
 at once (not when the garbage collector gets to the block). Whatever a burst left, the
 thread's next fenced block is a transaction of its own whose COMMIT commits, not a savepoint
 of a leftover one that is never committed (the fault campaign's ``commit-lost``, seed 402:
-12 blocks in a row reported committed, none was).
+12 blocks in a row reported committed, none was). So too after a burst on the block's exit,
+from its second point on: at the first instruction of ``BaseLock.__exit__`` (Python looks for
+signals as a function starts) nothing of the exit ran, and the ``with lock`` block stays open.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ WATCHED = (
     | _codes(fencing.FencedTransaction, "__init__", "__enter__", "_stop")
     | _codes(transaction.Atomic, "__enter__")
     | _codes(fence_table, "check_fence", "_upsert")
+    # The exit (armed once the body ended, in exit sweeps only).
+    | _codes(BaseLock, "__exit__", "_exit", "_exit_failed")
+    | _codes(fencing, "leave_block", "leave_failed", "release_after_commit", "_release_level")
+    | _codes(fencing.FencedTransaction, "__exit__", "_leave", "_settle")
+    | _codes(transaction.Atomic, "__exit__")
 )
 QUIET = {  # a ``with`` statement's own line and a bare ``try:``: no signal is looked for there
     code: {
@@ -94,12 +101,15 @@ class Interrupter:
                 frame = frame.f_back  # type: ignore[assignment]
 
 
-def run_block(name: str, form: str, buyer: str, tracer: Interrupter) -> str:
-    """One fenced block selling a seat, ``tracer`` armed from the entry to the body."""
+def run_block(name: str, form: str, buyer: str, tracer: Interrupter, exiting: bool = False) -> str:
+    """One fenced block selling a seat, ``tracer`` armed from the entry to the body (or, when
+    ``exiting``, from the body's end)."""
+    armed = not exiting
 
     def body() -> None:
         tracer.armed = False
         sell_one(PG, 1, buyer)
+        tracer.armed = exiting
 
     held = lock(name, ttl=30, atomic=PG)
     try:
@@ -107,13 +117,13 @@ def run_block(name: str, form: str, buyer: str, tracer: Interrupter) -> str:
             held.acquire()
             sys.settrace(tracer)
             sys.setprofile(tracer.revive if tracer.then == 0 else None)
-            tracer.armed = True
+            tracer.armed = armed
             with held.atomic(PG):
                 body()
         else:
             sys.settrace(tracer)
             sys.setprofile(tracer.revive if tracer.then == 0 else None)
-            tracer.armed = True
+            tracer.armed = armed
             with held:
                 body()
         return "returned"
@@ -162,3 +172,24 @@ def test_an_interrupt_on_any_line_of_a_fenced_block_s_entry(name: str, form: str
             expected.append(f"{buyer}+")
             assert not left_open, where
             assert [who for who, _ in sales(PG)] == expected, where
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("form", ["atomic()", "with lock"])
+def test_a_burst_of_interrupts_on_a_fenced_block_s_exit(name: str, form: str) -> None:
+    """Whatever a burst on the exit cut short, the thread's next block is a transaction of its
+    own: its COMMIT commits."""
+    open_shop(PG, 1, 100_000)
+    counting = Interrupter(None)
+    assert run_block(name, form, "count", counting, exiting=True) == "returned"
+    assert counting.points > 20
+    for at in range(2, counting.points + 1):
+        tracer = Interrupter(at, 0)
+        out = run_block(name, form, f"b{at}", tracer, exiting=True)
+        where = (at, tracer.fired[:300], out)
+        assert run_block(name, form, f"b{at}+", Interrupter(None)) == "returned", where
+        left_open = connections[PG].in_atomic_block
+        if left_open:
+            fencing._abandon(PG)  # type: ignore[attr-defined]
+        assert not left_open, where
+        assert [who for who, _ in sales(PG)][-1] == f"b{at}+", where
