@@ -35,7 +35,11 @@ an interrupt, which says "stop"). So:
 * an exception a signal handler raises on any line of the exit (a soft time limit) is
   caught from the exit's first instruction (:class:`FencedTransaction`, :func:`leave_failed`):
   before the COMMIT, rolled back and raised; after it, logged (an interrupt goes on); the
-  lock released at once either way.
+  lock released at once either way;
+* a block a burst of such exceptions abandoned (its opening, or its exit's clean-up, Django's
+  ``Atomic.__exit__`` included, cut short at every line) leaves its transaction open: the
+  thread's next block rolls it back as it opens (:func:`drop_abandoned`), rather than run as a
+  savepoint of it and return "committed" with nothing ever committed.
 
 The SQL of the fence table (record and check, the read after a lost COMMIT, pruning) is
 :mod:`.fence_table`'s; this module runs the block around it.
