@@ -50,6 +50,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import dis
 import inspect
 import logging
 import sys
@@ -161,6 +162,7 @@ class _Committed:
     live = False
     lock: FencedLock | None = None
     level = 0
+    where: Any = None  # ``with lock``: the frame running its ``with`` statement, if known
 
     def __call__(self) -> None:
         self.done = True
@@ -409,6 +411,7 @@ def _fenced_steps(
                            " transaction, asked again: it committed (logged, not raised)",
                            lock.describe(), type(stopped).__name__)  # fmt: skip
     finally:
+        committed.where = None  # (not kept alive by the block)
         if outermost:  # the transaction ended as it should: nothing to roll back later
             _ended_clean(using)
         # On one line (see FencedTransaction), and again should it be cut short: a mark left
@@ -504,9 +507,10 @@ def drop_abandoned(using: str) -> None:
     atomic, committed = opened[0](), opened[1]
     steps = committed.steps() if committed.steps is not None else None
     state = inspect.GEN_CLOSED if steps is None else inspect.getgeneratorstate(steps)
-    held = committed.live and (
-        committed.lock is None or committed.lock.fenced_withs >= committed.level
-    )
+    lock = committed.lock
+    held = committed.live and (lock is None or lock.fenced_withs >= committed.level)
+    if held and committed.where is not None:  # its ``with`` ran in a frame that returned since
+        held = _on_stack(committed.where)
     if state == inspect.GEN_RUNNING or (state == inspect.GEN_SUSPENDED and held):
         return  # open: this block runs inside it
     del _opened()[using]
@@ -519,6 +523,8 @@ def drop_abandoned(using: str) -> None:
         logged = _log_abandoned(using)
         with contextlib.suppress(Exception):
             steps.close()  # rolled back as Django's exit rolls back
+        if lock is not None:  # ``with lock``: its level of the lock released, as its exit would
+            _drop_block(lock, committed)
     if connection.in_atomic_block:  # left open by Django's exit cut short (or its enter)
         if not ours:
             return
@@ -528,6 +534,47 @@ def drop_abandoned(using: str) -> None:
     if not logged:
         _log_abandoned(using)
     _abandon(using)
+
+
+#: The instruction a frame is at while a ``with`` statement calls ``__enter__``.
+_WITH_OPS = {dis.opmap[name] for name in ("BEFORE_WITH", "SETUP_WITH") if name in dis.opmap}
+
+
+#: Frames that leave the stack while their ``with`` goes on: generators, coroutines.
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _with_frame(frame: Any) -> Any:
+    """``frame`` (the caller of ``BaseLock.__enter__``) if it runs a ``with`` statement on the
+    lock and stays on the stack while it runs (not a generator's), else None
+    (``ExitStack.enter_context``, a ``@contextmanager``: frames off the stack while the block
+    is open)."""
+    try:
+        code = frame.f_code
+        if code.co_flags & _SUSPENDS or code.co_code[frame.f_lasti] not in _WITH_OPS:
+            return None
+    except (AttributeError, IndexError):
+        return None
+    return frame
+
+
+def _on_stack(frame: Any) -> bool:
+    """Whether ``frame`` is this thread's running code (it or a caller of it)."""
+    here = sys._getframe(1)
+    while here is not None:
+        if here is frame:
+            return True
+        here = here.f_back  # type: ignore[assignment]
+    return False
+
+
+def _drop_block(lock: FencedLock, committed: _Committed) -> None:
+    blocks = _blocks()
+    for block in [each for each in blocks if each.committed is committed]:
+        block.left = True
+        blocks.remove(block)
+        with contextlib.suppress(Exception):
+            _release_level(lock, block, committed=False)
 
 
 def _log_abandoned(using: str) -> bool:
@@ -784,7 +831,7 @@ def enter_block(lock: Held) -> Held:
     ``lock`` (``with``'s value)."""
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
-    held.lock = lock
+    held.lock, held.where = lock, _with_frame(sys._getframe(2))
     try:
         block.__enter__()
         block.depth = lock.current_hold()[1].depth
