@@ -90,6 +90,9 @@ def _time_limit(signum: int, frame: Any) -> None:
 def _timer(signum: int, frame: Any) -> None:
     if time.monotonic() < _state["until"]:
         raise KeyboardInterrupt("timer")
+    # Past its window: no more. Left firing every few us until the loop's top disarms it,
+    # on a loaded machine each handler was interrupted by the next (RecursionError, seed 405).
+    signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def where() -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
+from . import interrupts
 from .interrupts import TimeLimit, caught
 
 
@@ -38,3 +40,18 @@ def test_a_soft_time_limit_during_the_release_after_an_interrupt_is_retried() ->
         assert not lock.held
         assert [e for e, _ in events] == ["intr", "intr_rel", "intr_rel"]
         assert events[-1][1]["err"] == "Released"
+
+
+def test_the_timer_past_its_window_disarms_itself() -> None:
+    """A burst's timer fires every 5-100 us until the loop's top disarms it: past its window
+    each signal's handler now disarms it, else on a loaded machine handlers nested in handlers
+    until a ``RecursionError`` killed the client (``client-crash``, seed 405)."""
+    previous = signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    try:
+        interrupts._state["until"] = 0.0
+        signal.setitimer(signal.ITIMER_REAL, 60, 60)
+        interrupts._timer(signal.SIGALRM, None)
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
