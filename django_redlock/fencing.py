@@ -35,7 +35,11 @@ an interrupt, which says "stop"). So:
 * an exception a signal handler raises on any line of the exit (a soft time limit) is
   caught from the exit's first instruction (:class:`FencedTransaction`, :func:`leave_failed`):
   before the COMMIT, rolled back and raised; after it, logged (an interrupt goes on); the
-  lock released at once either way.
+  lock released at once either way;
+* a block a burst of such exceptions abandoned (its opening, or its exit's clean-up, Django's
+  ``Atomic.__exit__`` included, cut short at every line) leaves its transaction open: the
+  thread's next block rolls it back as it opens (:func:`drop_abandoned`), rather than run as a
+  savepoint of it and return "committed" with nothing ever committed.
 
 The SQL of the fence table (record and check, the read after a lost COMMIT, pruning) is
 :mod:`.fence_table`'s; this module runs the block around it.
@@ -46,13 +50,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import dis
 import inspect
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Generator
 from types import TracebackType
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -91,6 +97,7 @@ class FencedLock(Protocol):
     blocking: bool
     timeout: float | None
     lock_ttl: float
+    fenced_withs: int  # its ``with`` blocks open: counted in here, out as their exit begins
 
     @property
     def exclusive(self) -> bool: ...
@@ -105,6 +112,9 @@ class FencedLock(Protocol):
         """``hold``'s re-fence: see :meth:`~.locking.base.BaseLock.refencer`."""
 
     def release(self) -> None: ...
+
+
+Held = TypeVar("Held", bound=FencedLock)
 
 
 def database_of(atomic: Any) -> str | None:
@@ -147,6 +157,13 @@ class _Committed:
 
     done = False
     pending = False
+    steps: weakref.ReferenceType[Generator[None, None, None]] | None = None  # the block's
+    # Its ``with`` holds it: its opening returned to the ``with``, and its exit has not begun
+    # (``with lock``: nor that of the lock's ``with`` at ``level``, its own).
+    live = False
+    lock: FencedLock | None = None
+    level = 0
+    where: Any = None  # ``with lock``: the frame running its ``with`` statement, if known
 
     def __call__(self) -> None:
         self.done = True
@@ -169,16 +186,23 @@ class FencedTransaction:
     def __init__(self, lock: FencedLock, using: str | None = None) -> None:
         self.lock = lock
         self.committed = _Committed()
+        self.by_lock = False  # opened by ``with lock`` (enter_block), which marks it live
         self.depth = 0  # ``with lock``: the hold's depth once it opened this block
         self.left = False  # ``with lock``: committed or rolled back, and released
         self._steps = _fenced_steps(lock, using, self.committed)
+        self.committed.steps = weakref.ref(self._steps)
 
     # Each try below is on one line with what it runs: it then holds from the line's first
     # instruction (a ``try:`` line of its own is an instruction before the protected range,
     # where an exception raised on that line would escape it).
     def __enter__(self) -> None:
-        try: return next(self._steps)  # noqa: E701  # fmt: skip
+        try: self._open()  # noqa: E701  # fmt: skip
         except BaseException as error: self._stop(error)  # noqa: E701  # fmt: skip
+
+    def _open(self) -> None:
+        next(self._steps)
+        if not self.by_lock:  # ``with lk.atomic()``: the ``with`` has it from here on
+            self.committed.live = True
 
     def __exit__(
         self,
@@ -186,6 +210,7 @@ class FencedTransaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        self.committed.live = False  # its exit began (not a call: nothing interrupts it)
         try: return self._leave(exc)  # noqa: E701  # fmt: skip
         except BaseException as error: return self._settle(error)  # noqa: E701  # fmt: skip
 
@@ -261,6 +286,7 @@ def _fenced_steps(
             " needs an exclusive lock (a lock, or the write of a read-write lock)"
         )
     using = check_database(using) if using is not None else lock.database or DEFAULT_DB_ALIAS
+    drop_abandoned(using)  # a block whose steps ended and left their transaction open
     refuse_manual_commit(using, lock.describe())
     _owner, hold = lock.current_hold()  # LockNotOwned / LockLost, before the database is touched
     if hold.fence is None:
@@ -283,7 +309,10 @@ def _fenced_steps(
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     proved_hooks: list[Callable[[], None]] = []
     try:
-        with transaction.atomic(using=using):
+        atomic = transaction.atomic(using=using)
+        if outermost:  # known as a fenced block's, should its exit never run (drop_abandoned)
+            _opened()[using] = (weakref.ref(atomic), committed)
+        with atomic:
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), now=touched,
@@ -389,6 +418,9 @@ def _fenced_steps(
                            lock.describe(), type(stopped).__name__)  # fmt: skip
         _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
     finally:
+        committed.where = None  # (not kept alive by the block)
+        if outermost:  # the transaction ended as it should: nothing to roll back later
+            _ended_clean(using)
         # On one line (see FencedTransaction), and again should it be cut short: a mark left
         # behind would be every later block's of the row on this thread.
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
@@ -505,6 +537,115 @@ def _drop_unfinished(using: str) -> None:
             connection.close()
 
 
+def drop_abandoned(using: str) -> None:
+    """Roll back the transaction a fenced block of this thread opened on ``using`` and
+    abandoned: exceptions a signal handler raised (a burst of interrupts, time limits) cut its
+    opening short before its ``with`` had it, or its exit's clean-up (Django's
+    ``Atomic.__exit__`` included, at its first line). Left open, the thread's next blocks would
+    be savepoints of it, reported committed while nothing ever commits. Called as a block
+    opens: a block that is not running (in its body, or an ``on_commit`` callback) and whose
+    ``with`` does not hold it never will again."""
+    opened = _opened().get(using)
+    if opened is None:
+        return
+    atomic, committed = opened[0](), opened[1]
+    steps = committed.steps() if committed.steps is not None else None
+    state = inspect.GEN_CLOSED if steps is None else inspect.getgeneratorstate(steps)
+    lock = committed.lock
+    held = committed.live and (lock is None or lock.fenced_withs >= committed.level)
+    if held and committed.where is not None:  # its ``with`` ran in a frame that returned since
+        held = _on_stack(committed.where)
+    if state == inspect.GEN_RUNNING or (state == inspect.GEN_SUSPENDED and held):
+        return  # open: this block runs inside it
+    del _opened()[using]
+    connection = connections[using]
+    blocks = connection.atomic_blocks
+    # Only its transaction, nothing opened on top of it since (that is left as it is).
+    ours = not connection.savepoint_ids and (not blocks or blocks == [atomic])
+    logged = False
+    if steps is not None and state == inspect.GEN_SUSPENDED and ours:  # its exit never ran
+        logged = _log_abandoned(using)
+        with contextlib.suppress(Exception):
+            steps.close()  # rolled back as Django's exit rolls back
+        if lock is not None:  # ``with lock``: its level of the lock released, as its exit would
+            _drop_block(lock, committed)
+    if connection.in_atomic_block:  # left open by Django's exit cut short (or its enter)
+        if not ours:
+            return
+    elif connection.connection is None or connection.autocommit:
+        return  # ended as Django's exit ends it
+    # else Django's enter or exit was cut short between autocommit and the atomic block flag
+    if not logged:
+        _log_abandoned(using)
+    _abandon(using)
+
+
+#: The instruction a frame is at while a ``with`` statement calls ``__enter__``.
+_WITH_OPS = {dis.opmap[name] for name in ("BEFORE_WITH", "SETUP_WITH") if name in dis.opmap}
+
+
+#: Frames that leave the stack while their ``with`` goes on: generators, coroutines.
+_SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _with_frame(frame: Any) -> Any:
+    """``frame`` (the caller of ``BaseLock.__enter__``) if it runs a ``with`` statement on the
+    lock and stays on the stack while it runs (not a generator's), else None
+    (``ExitStack.enter_context``, a ``@contextmanager``: frames off the stack while the block
+    is open)."""
+    try:
+        code = frame.f_code
+        if code.co_flags & _SUSPENDS or code.co_code[frame.f_lasti] not in _WITH_OPS:
+            return None
+    except (AttributeError, IndexError):
+        return None
+    return frame
+
+
+def _on_stack(frame: Any) -> bool:
+    """Whether ``frame`` is this thread's running code (it or a caller of it)."""
+    here = sys._getframe(1)
+    while here is not None:
+        if here is frame:
+            return True
+        here = here.f_back  # type: ignore[assignment]
+    return False
+
+
+def _drop_block(lock: FencedLock, committed: _Committed) -> None:
+    blocks = _blocks()
+    for block in [each for each in blocks if each.committed is committed]:
+        block.left = True
+        blocks.remove(block)
+        with contextlib.suppress(Exception):
+            _release_level(lock, block, committed=False)
+
+
+def _log_abandoned(using: str) -> bool:
+    logger.warning(
+        "redlock: database %r: a fenced block's transaction was left open (its opening or exit"
+        " was cut short by exceptions a signal handler raised): rolled back now, nothing of it"
+        " committed",
+        using,
+    )
+    return True
+
+
+def _ended_clean(using: str) -> None:
+    connection = connections[using]
+    if not connection.in_atomic_block and (connection.connection is None or connection.autocommit):
+        _opened().pop(using, None)
+
+
+def _opened() -> dict[str, tuple[weakref.ReferenceType[Any], _Committed]]:
+    """The outermost transaction (Django's ``Atomic``) a fenced block of this thread opened,
+    by database alias, and that block's state."""
+    opened = getattr(_local, "opened", None)
+    if opened is None:
+        opened = _local.opened = {}
+    return opened
+
+
 def _abandon(using: str) -> None:
     """Roll back a transaction Django's ``atomic()`` left open (its enter or exit cut short
     before it committed or rolled back), and leave the connection as after an exit: out of
@@ -513,6 +654,7 @@ def _abandon(using: str) -> None:
     connection = connections[using]
     connection.in_atomic_block = False
     connection.savepoint_ids = []
+    connection.atomic_blocks = []
     connection.needs_rollback = False
     connection.commit_on_exit = True
     try:
@@ -733,13 +875,18 @@ def _aborted(connection: Any) -> bool:
 _open = threading.local()
 
 
-def enter_block(lock: FencedLock) -> None:
-    """After the acquire: open the fenced block, or release the lock and raise."""
+def enter_block(lock: Held) -> Held:
+    """After the acquire: open the fenced block, or release the lock and raise. Returns
+    ``lock`` (``with``'s value)."""
     block = FencedTransaction(lock)
+    block.by_lock, held = True, block.committed
+    held.lock, held.where = lock, _with_frame(sys._getframe(2))
     try:
         block.__enter__()
         block.depth = lock.current_hold()[1].depth
         _blocks().append(block)
+        # Live, counted in, returned to the ``with``: one line, no call (nothing interrupts).
+        held.live = True; lock.fenced_withs += 1; held.level = lock.fenced_withs; return lock  # noqa: E702  # fmt: skip
     except BaseException as exc:
         # StaleFence, the row wait ran out, or the database failed: nothing committed. Free
         # the lock for others (a stale hold is most likely lost: that is logged). An

@@ -1105,11 +1105,14 @@ class BaseLock:
     def __enter__(self: B) -> B:
         self._check_sync_wait(self.blocking, self._timeout())
         if self.database is not None:  # autocommit off: refused before the lock is taken
+            fencing.drop_abandoned(self.database)  # (not a block's leftover transaction)
             fencing.refuse_manual_commit(self.database, self.describe())
         if not self._drive(self._acquire(self.blocking, self._timeout())):
             raise self._not_acquired()
         if self.database is not None:
-            fencing.enter_block(self)
+            # Returned as it is opened: no line between the block's opening and the ``with``
+            # (an exception there would leave the block's transaction open, its exit never run).
+            return fencing.enter_block(self)
         return self
 
     def __exit__(
@@ -1121,7 +1124,9 @@ class BaseLock:
         # The try on one line holds from its first instruction: an exception a signal handler
         # raises on any line of the exit (Celery's soft time limit) still ends a fenced block
         # (rolled back; once committed, it returns) and releases (fencing.leave_failed).
-        try: return self._exit(exc_type, exc, tb)  # noqa: E701  # fmt: skip
+        # First, no call before it: a fenced block's exit began (should every line of it be
+        # cut short, the thread's next block rolls it back: fencing.drop_abandoned).
+        try: self.fenced_withs -= self.database is not None; return self._exit(exc_type, exc, tb)  # noqa: E701, E702  # fmt: skip
         except BaseException as error: return self._exit_failed(error)  # noqa: E701  # fmt: skip
 
     def _exit(
@@ -1143,6 +1148,9 @@ class BaseLock:
         if self.database is None:
             raise error
         fencing.leave_failed(self, error)
+
+    #: ``with`` blocks of this object open (``atomic=``: fencing.enter_block counts them in).
+    fenced_withs = 0
 
     def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
         """This held lock's fenced transaction: ``transaction.atomic(using=using)`` (default:

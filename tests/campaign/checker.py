@@ -276,7 +276,10 @@ def check(
             a = granted[i]
             epoch = clock_epoch(steps, a.start)
             leader = best_in.get(epoch)
-            if a.fence is not None and (leader is None or a.fence > (leader.fence or 0)):
+            # A step logged within its slack after A's acquire began may have come before or
+            # after the grant (its line is written once done): A leads neither epoch.
+            sure = epoch == clock_epoch(steps, a.start - 0.05) == clock_epoch(steps, a.end or 0)
+            if sure and a.fence is not None and (leader is None or a.fence > (leader.fence or 0)):
                 best_in[epoch] = a
             i += 1
         best = best_in.get(clock_epoch(steps, b.end or b.start))

@@ -403,12 +403,12 @@ def main() -> None:
             if released:
                 check(hold, "released", prefix, fence)
             time.sleep(rng.uniform(0, 0.03))
-        except (KeyboardInterrupt, interrupts.TimeLimit):  # asynchronous (interrupts.py)
+        except interrupts.RAISED:  # asynchronous (interrupts.py)
             while True:
                 try:
                     interrupts.caught(log, hold, current, LockError)
                     break
-                except KeyboardInterrupt:  # the end of a burst
+                except interrupts.RAISED:  # the end of a burst, or a soft time limit
                     continue
 
     log("stop")

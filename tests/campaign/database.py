@@ -576,7 +576,7 @@ def summary(stats: dict[str, Any]) -> str:
     return (
         f"  database: {stats['committed']} fenced transactions committed (counter"
         f" {stats['counter']}; {forms} blocks), {stats['stale']} refused by StaleFence,"
-        f" {stats.get('refenced', 0)} re-fenced after a clock step,"
+        f" {stats.get('refenced', 0)} re-fenced,"
         f" {stats['refused']} not held (or row wait ran out), {stats['aborted']} rolled back"
         f" on purpose, {stats.get('serialization', 0)} serialization failures,"
         f" {stats['errors']} database errors; {stats.get('prunes', 0)} prunes deleted"

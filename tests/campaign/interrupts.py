@@ -41,6 +41,10 @@ except ImportError:  # pragma: no cover - celery is a test dependency
 #: The share of calls armed while the flag exists.
 ARMED = 0.7
 
+#: What the campaign raises in a client (SIGUSR1 and the timer; SIGUSR2: commit_interrupted's
+#: soft time limit, sent to every client): the loop's top catches these, and retries with them.
+RAISED = (KeyboardInterrupt, TimeLimit)
+
 
 class Interrupts:
     def __init__(self, flag: str, rng: random.Random) -> None:
@@ -86,6 +90,9 @@ def _time_limit(signum: int, frame: Any) -> None:
 def _timer(signum: int, frame: Any) -> None:
     if time.monotonic() < _state["until"]:
         raise KeyboardInterrupt("timer")
+    # Past its window: no more. Left firing every few us until the loop's top disarms it,
+    # on a loaded machine each handler was interrupted by the next (RecursionError, seed 405).
+    signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def where() -> str:
@@ -108,7 +115,7 @@ def caught(log: Any, hold: int, current: Any, error: type[Exception]) -> None:
         try:
             signal.setitimer(signal.ITIMER_REAL, 0)
             break
-        except KeyboardInterrupt:
+        except RAISED:
             continue
     log("intr", h=hold, where=place)
     if current is None:
@@ -122,5 +129,5 @@ def caught(log: Any, hold: int, current: Any, error: type[Exception]) -> None:
         except error as exc:
             log("intr_rel", h=hold, ok=False, err=type(exc).__name__)
             return
-        except KeyboardInterrupt:  # the end of a burst: try again
+        except RAISED:  # the end of a burst, or a soft time limit: try again
             continue

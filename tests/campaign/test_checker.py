@@ -126,6 +126,20 @@ def test_a_fence_behind_one_granted_earlier() -> None:
     assert h.judge() == {"fence-behind"}
 
 
+def test_a_fence_granted_just_before_a_logged_clock_step_is_of_the_epoch_before() -> None:
+    """clock_restore's heal (the clock back, the server restarted empty) is logged once done:
+    a hold granted 30 ms before that line got its fence from the clock ahead, and a hold after
+    the step a smaller one (seed 403). Within the step's slack a hold leads no epoch; a hold
+    clearly before the step still leads its own."""
+    h = History()
+    h.fault("clock_restore", (0,), 0.5, 1.25)
+    h.hold("c1", 1, 1.20, 1.21, 5_000, 1.22)  # the clock 2 s ahead
+    h.hold("c2", 1, 1.26, 1.27, 3_000, 1.3)  # back, the counter gone
+    assert h.judge(kind="database") == set()
+    h.hold("c1", 2, 1.4, 1.41, 2_000, 1.5)  # behind the one before it, in one epoch
+    assert h.judge(kind="database") == {"fence-behind"}
+
+
 def test_interleaved_sections_accepted_by_the_resource() -> None:
     h = History()
     h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)

@@ -1,0 +1,222 @@
+"""An exception a signal handler raises (``KeyboardInterrupt``, Celery's soft time limit) on a
+line of a fenced block's entry: every line from ``lk.atomic()`` / ``with lock(..., atomic=)``
+to the body's first line (the block's steps, Django's ``Atomic.__enter__``, the fence check)
+and the entry of every function those lines call; then a second one a few points later, or
+one at every point from there on (a burst: more land while the first unwinds, and the
+clean-up itself never finishes: Django's ``Atomic.__exit__`` cut short at its first line).
+
+One interrupt, or two, leave no transaction open: the connection is out of any atomic block
+at once (not when the garbage collector gets to the block). Whatever a burst left, the
+thread's next fenced block is a transaction of its own whose COMMIT commits, not a savepoint
+of a leftover one that is never committed (the fault campaign's ``commit-lost``, seed 402:
+12 blocks in a row reported committed, none was). So too after a burst on the block's exit,
+from its first point on (there, at the first instruction of ``BaseLock.__exit__``, where
+Python looks for signals as a function starts, nothing of the exit ran: the ``with``
+statement's frame, gone from the stack, tells the block is abandoned).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from types import CodeType, FrameType
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+
+from django_redlock import fence_table, fencing, lock
+from django_redlock.locking.base import BaseLock
+
+from ..support.fenced_child import open_shop, sales, sell_one
+
+PG = "postgres"
+pytestmark = pytest.mark.django_db(databases=["default", PG], transaction=True)
+
+
+def _codes(owner: Any, *names: str) -> set[CodeType]:
+    found = (getattr(owner, n, None) for n in names)
+    return {f.__code__ for f in found if f is not None and hasattr(f, "__code__")}
+
+
+WATCHED = (
+    _codes(BaseLock, "__enter__", "atomic")
+    | _codes(fencing, "fenced_transaction", "enter_block", "_fenced_steps", "_abandon")
+    | _codes(fencing.FencedTransaction, "__init__", "__enter__", "_stop")
+    | _codes(transaction.Atomic, "__enter__")
+    | _codes(fence_table, "check_fence", "_upsert")
+    # The exit (armed once the body ended, in exit sweeps only).
+    | _codes(BaseLock, "__exit__", "_exit", "_exit_failed")
+    | _codes(fencing, "leave_block", "leave_failed", "release_after_commit", "_release_level")
+    | _codes(fencing.FencedTransaction, "__exit__", "_leave", "_settle")
+    | _codes(transaction.Atomic, "__exit__")
+)
+QUIET = {  # a ``with`` statement's own line and a bare ``try:``: no signal is looked for there
+    code: {
+        first + i
+        for i, line in enumerate(inspect.getsourcelines(code)[0])
+        if line.lstrip().startswith("with ") or line.strip() == "try:"
+    }
+    for code in WATCHED
+    for first in [inspect.getsourcelines(code)[1]]
+}
+
+
+class Interrupter:
+    """Raises ``KeyboardInterrupt`` at the ``at``-th point once armed (None: counts them),
+    and again ``then`` points later (0: at every point from there on): each line of the
+    watched frames, and each entry into a function they call."""
+
+    def __init__(self, at: int | None, then: int | None = None) -> None:
+        self.at, self.then, self.armed, self.points, self.fired = at, then, False, 0, ""
+
+    def _point(self, frame: FrameType) -> None:
+        self.points += 1
+        at, then = self.at, self.then
+        burst = at is not None and then == 0 and self.points > at
+        if self.points == at or burst or (at and then and self.points == at + then):
+            self.fired += f" {frame.f_code.co_name}:{frame.f_lineno}"
+            raise KeyboardInterrupt(self.fired)
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code in WATCHED:
+            return self._line
+        back = frame.f_back
+        if self.armed and back is not None and back.f_code in WATCHED:
+            self._point(frame)  # at the callee's entry
+        return None
+
+    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and self.armed and frame.f_lineno not in QUIET[frame.f_code]:
+            self._point(frame)
+        return self._line
+
+    def revive(self, frame: FrameType, event: str, arg: Any) -> None:
+        """The profile hook of a burst: a trace function that raised is unset; put back at
+        the next call or return, on the watched frames running, so that the burst goes on."""
+        if self.armed and sys.gettrace() is None:
+            sys.settrace(self)
+            while frame is not None:
+                if frame.f_code in WATCHED:
+                    frame.f_trace = self._line
+                frame = frame.f_back  # type: ignore[assignment]
+
+
+def run_block(name: str, form: str, buyer: str, tracer: Interrupter, exiting: bool = False) -> str:
+    """One fenced block selling a seat, ``tracer`` armed from the entry to the body (or, when
+    ``exiting``, from the body's end)."""
+    armed = not exiting
+
+    def body() -> None:
+        tracer.armed = False
+        sell_one(PG, 1, buyer)
+        tracer.armed = exiting
+
+    held = lock(name, ttl=30, atomic=PG)
+    try:
+        if form == "atomic()":
+            held.acquire()
+            sys.settrace(tracer)
+            sys.setprofile(tracer.revive if tracer.then == 0 else None)
+            tracer.armed = armed
+            with held.atomic(PG):
+                body()
+        else:
+            sys.settrace(tracer)
+            sys.setprofile(tracer.revive if tracer.then == 0 else None)
+            tracer.armed = armed
+            with held:
+                body()
+        return "returned"
+    except BaseException as exc:
+        return type(exc).__name__
+    finally:
+        tracer.armed = False
+        sys.setprofile(None)
+        sys.settrace(None)
+        if held.owned():
+            held.release()
+
+
+# A block a burst abandoned may be finalized by the garbage collector while a burst goes on.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("form", ["atomic()", "with lock"])
+def test_an_interrupt_on_any_line_of_a_fenced_block_s_entry(name: str, form: str) -> None:
+    open_shop(PG, 1, 100_000)
+    counting = Interrupter(None)
+    assert run_block(name, form, "count", counting) == "returned"
+    n = counting.points
+    assert n > 20
+    expected = ["count"]
+    for at in range(1, n + 1):
+        for then in (None, 1, 3, 0):
+            buyer = f"b{at}.{then}"
+            tracer = Interrupter(at, then)
+            out = run_block(name, form, buyer, tracer)
+            where = (at, then, tracer.fired[:300], out)
+            if not tracer.fired:  # this run's entry had fewer points (no re-fence)
+                assert out == "returned", where
+                expected.append(buyer)
+                continue
+            assert out == "KeyboardInterrupt", where
+            if then != 0:  # a burst may cut every clean-up short: the next block's part
+                left_open = connections[PG].in_atomic_block
+                if left_open:  # so that the next point starts clean
+                    fencing._abandon(PG)  # type: ignore[attr-defined]
+                assert not left_open, where
+                assert connections[PG].get_autocommit(), where
+            # The thread's next fenced block commits, in a transaction of its own.
+            assert run_block(name, form, f"{buyer}+", Interrupter(None)) == "returned", where
+            left_open = connections[PG].in_atomic_block
+            if left_open:
+                fencing._abandon(PG)  # type: ignore[attr-defined]
+            expected.append(f"{buyer}+")
+            assert not left_open, where
+            assert [who for who, _ in sales(PG)] == expected, where
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("form", ["atomic()", "with lock"])
+def test_a_burst_of_interrupts_on_a_fenced_block_s_exit(name: str, form: str) -> None:
+    """Whatever a burst on the exit cut short, the thread's next block is a transaction of its
+    own: its COMMIT commits."""
+    open_shop(PG, 1, 100_000)
+    counting = Interrupter(None)
+    assert run_block(name, form, "count", counting, exiting=True) == "returned"
+    assert counting.points > 20
+    for at in range(1, counting.points + 1):
+        tracer = Interrupter(at, 0)
+        out = run_block(name, form, f"b{at}", tracer, exiting=True)
+        where = (at, tracer.fired[:300], out)
+        assert run_block(name, form, f"b{at}+", Interrupter(None)) == "returned", where
+        left_open = connections[PG].in_atomic_block
+        if left_open:
+            fencing._abandon(PG)  # type: ignore[attr-defined]
+        assert not left_open, where
+        assert [who for who, _ in sales(PG)][-1] == f"b{at}+", where
+
+
+def test_a_block_opened_inside_another_s_body_leaves_it_open(name: str) -> None:
+    """The outer block's ``with`` runs in a frame off the stack while its body runs (a
+    ``@contextmanager``, an ``ExitStack``): a block opened inside that body does not take the
+    outer one for abandoned; both commit."""
+    open_shop(PG, 1, 100)
+
+    @contextlib.contextmanager
+    def shop() -> Any:
+        with lock(name, ttl=30, atomic=PG):
+            yield
+
+    with shop():
+        sell_one(PG, 1, "outer")
+        with lock(f"{name}:b", ttl=30, atomic=PG):
+            sell_one(PG, 1, "inner")
+        sell_one(PG, 1, "outer again")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(lock(name, ttl=30, atomic=PG))
+        sell_one(PG, 1, "stacked")
+        with lock(f"{name}:b", ttl=30, atomic=PG):
+            sell_one(PG, 1, "inner 2")
+    assert not connections[PG].in_atomic_block
+    assert [who for who, _ in sales(PG)] == ["outer", "inner", "outer again", "stacked", "inner 2"]
