@@ -275,8 +275,30 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
                 return _release(held, keeper, say, code)
             for signum in pending:  # came while it was being started
                 on_signal(signum, None)
+
+            running = child
+
+            def tend_guard() -> None:
+                """A guard that died (the OOM killer, an operator's kill) is replaced at once:
+                without one, exec stopped later (SIGSTOP) would leave the command running on
+                past the hold."""
+                nonlocal guard
+                if guard is None or guard.poll() is None:
+                    return
+                # Told the group and deadline in its arguments: exec stopped right after the
+                # start leaves a guard that knows them all the same.
+                new = _guard(running.pid, deadlines.deadline())
+                if new is None or new.stdin is None:
+                    return
+                old, guard = guard, new
+                deadlines.attach(new.stdin.fileno(), keeper.confirmed_until)
+                if old.stdin is not None:
+                    with contextlib.suppress(OSError):
+                        old.stdin.close()
+                say("the guard process was gone: a new one watches the command")
+
             try:
-                return _supervise(opts, held, keeper, child, say, grace)
+                return _supervise(opts, held, keeper, child, say, grace, tend_guard)
             finally:
                 if foreground:
                     with contextlib.suppress(OSError):
@@ -313,6 +335,8 @@ _GUARD = """import os, select, signal, sys, time
 for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
     signal.signal(signum, signal.SIG_IGN)
 fd, said, group, deadline, due = sys.stdin.fileno(), b"", None, None, False
+if len(sys.argv) == 3:  # a replacement: the group and its deadline known from the start
+    group, deadline = int(sys.argv[1]), float(sys.argv[2])
 def kill():
     if group is not None:
         try:
@@ -366,6 +390,11 @@ class _Deadlines:
             self._fd, self._until = fd, max(self._until, until)
             self._send()
 
+    def deadline(self) -> float:
+        """The last deadline told (the guard's kill time)."""
+        with self._mutex:
+            return self._until - self.safety
+
     def _send(self) -> None:
         if self._fd is not None and not self._done:
             with contextlib.suppress(OSError):  # a guard gone: the parent-death signal stays
@@ -380,10 +409,11 @@ class _Deadlines:
             self._done = True
 
 
-def _guard() -> subprocess.Popen[bytes] | None:
+def _guard(group: int | None = None, deadline: float = 0.0) -> subprocess.Popen[bytes] | None:
+    known = [] if group is None else [str(group), f"{deadline:.6f}"]
     try:
         return subprocess.Popen(
-            [sys.executable, "-S", "-c", _GUARD],
+            [sys.executable, "-S", "-c", _GUARD, *known],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,  # out of reach of what is sent to exec's group
         )  # fmt: skip
@@ -411,9 +441,11 @@ def _supervise(
     child: subprocess.Popen[bytes],
     say: Callable[[str], None],
     grace: float,
+    tend_guard: Callable[[], None] = lambda: None,
 ) -> int:
     while True:
         returncode = child.poll()
+        tend_guard()
         if returncode is not None:
             if _end_leftovers(child.pid, grace, keeper, say):
                 break  # the hold ended while they were being stopped

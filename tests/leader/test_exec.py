@@ -203,6 +203,38 @@ def test_exec_paused_past_its_lease_does_not_leave_its_child_running_unheld(
     assert code == exec_action.EXIT_LOST, err  # woken: the hold had gone, the child with it
 
 
+def test_a_guard_killed_before_exec_is_paused_is_replaced(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """The guard killed (the OOM killer, an operator), then exec SIGSTOPped past its lease:
+    nothing stopped the command, which ran on beside the next host's. exec replaces a guard
+    that died, and the new one stops the command before the hold could expire."""
+    client = redis_server.client()
+    name = f"{prefix}-guard-gone"
+    running = execs(name, "--ttl", "2", "--grace", "0", *child(redis_server, "trap", prefix))
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    children = Path(f"/proc/{running.process.pid}/task/{running.process.pid}/children")
+    (guard,) = [int(p) for p in children.read_text().split() if int(p) != pid]
+    os.kill(guard, signal.SIGKILL)
+    wait_for(
+        lambda: any(int(p) not in (pid, guard) for p in children.read_text().split()),
+        timeout=2, what="a new guard",
+    )  # fmt: skip
+    running.process.send_signal(signal.SIGSTOP)
+    try:
+        paused = time.monotonic()
+        time.sleep(0.05)  # a renewal on its way lands: the hold's end is known from now on
+        expires = time.monotonic() + client.pttl(f"redlock:{{{name}}}") / 1000
+        wait_for(lambda: not alive(pid), timeout=4, what="child's end")
+        assert time.monotonic() < expires, time.monotonic() - paused
+        time.sleep(max(0.0, paused + 2.5 - time.monotonic()))  # past the lease
+    finally:
+        running.process.send_signal(signal.SIGCONT)
+        kill_all([pid])
+    code, err = running.finish()
+    assert code == exec_action.EXIT_LOST and "a new one watches the command" in err, err
+
+
 def grandchild(redis_server: RedisServer, action: str, prefix: str) -> list[str]:
     """A shell that starts the child in the background (a grandchild of exec, in the
     command's group, that the parent-death signal does not reach) and waits for it."""
