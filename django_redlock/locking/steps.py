@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeVar, cast
 from .. import observe
 from ..backends.base import BaseLockBackend, Op
 from ..exceptions import BackendUnavailable, QuorumNotReached
-from ..waiters import unheard
+from ..waiters import AsyncWaiter, Waiter, unheard
 
 T = TypeVar("T")
 Steps = Generator[Any, Any, T]
@@ -142,10 +142,10 @@ def _leave_watches(backend: BaseLockBackend, watches: list[Any]) -> None:
             continue
 
 
-def _watching(backend: BaseLockBackend, step: Watch) -> Any:
+def _watching(backend: BaseLockBackend, step: Watch, waiter: Waiter) -> Any:
     if step.leave is not None:  # from before its first try (see Watch)
         backend.hub.abandon(step.channel, functools.partial(backend.execute, step.leave))
-    return backend.hub.watch(step.channel, step.by_id, step.lock)
+    return backend.hub.watch(step.channel, step.by_id, step.lock, waiter)
 
 
 def _not_watching(backend: BaseLockBackend, step: Watch) -> None:
@@ -171,16 +171,17 @@ def _drive(
                 reply = step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
             elif isinstance(step, Watch):
-                watching = _watching(backend, step)
+                waiter = Waiter()
+                watches.append((step.channel, waiter))  # left by the driver, should it be cut
+                watching = _watching(backend, step, waiter)
                 try:
                     reply = (watching, watching.__enter__(), step.channel)
                 except Exception:
                     _not_watching(backend, step)
+                    watches.remove((step.channel, waiter))
                     raise
-                watches.append((step.channel, reply[1]))
                 if reply[1].unconfirmed:
-                    _unconfirmed_exit(backend, step, watches)
-                    watching.__exit__(None, None, None)
+                    _unconfirmed_exit(backend, step, watching, watches)
                     raise _unconfirmed(backend, step)
             else:
                 step.handle[0].__exit__(None, None, None)
@@ -207,10 +208,14 @@ def _check_heard(backend: BaseLockBackend, step: Sleep) -> None:
         )
 
 
-def _unconfirmed_exit(backend: BaseLockBackend, step: Watch, watches: list[Any]) -> None:
-    """Nothing registered on the server yet: no leave is owed."""
+def _unconfirmed_exit(
+    backend: BaseLockBackend, step: Watch, watching: Any, watches: list[Any]
+) -> None:
+    """Nothing registered on the server yet: no leave is owed. The watch is left before
+    the driver forgets it (an interrupt between them: the driver leaves it again)."""
     if step.leave is not None:
         backend.hub.settle(step.channel)
+    watching.__exit__(None, None, None)
     watches.pop()
 
 
@@ -255,19 +260,23 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
                 reply = await step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
             elif isinstance(step, Watch):
+                awaiter = AsyncWaiter()
+                watches.append((step.channel, awaiter))  # as in _drive
                 if step.leave is not None:  # from before its first try (see Watch)
                     leave = functools.partial(backend.execute, step.leave)
                     backend.hub.abandon(step.channel, leave)
-                watching = backend.hub.awatch(step.channel, step.by_id, step.lock)
+                watching = backend.hub.awatch(step.channel, step.by_id, step.lock, awaiter)
                 try:
                     reply = (watching, await watching.__aenter__(), step.channel)
                 except Exception:
                     _not_watching(backend, step)
+                    watches.remove((step.channel, awaiter))
                     raise
-                watches.append((step.channel, reply[1]))
                 if reply[1].unconfirmed:
-                    _unconfirmed_exit(backend, step, watches)
+                    if step.leave is not None:
+                        backend.hub.settle(step.channel)
                     await watching.__aexit__(None, None, None)
+                    watches.pop()
                     raise _unconfirmed(backend, step)
             else:
                 await step.handle[0].__aexit__(None, None, None)
