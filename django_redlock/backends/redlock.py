@@ -290,10 +290,13 @@ class RedlockBackend(BaseLockBackend):
         # Behind a holder of a majority the undo wakes nobody: whoever our key refused is
         # refused by that hold too, and woken by its release; a waiter woken by its own undo
         # (the node the hold missed) tried again at once, for the whole hold.
+        # Too few nodes answered (QuorumNotReached below): the undo is not waited for at
+        # all, the caller gets the error within one node timeout, not after a second one.
         held = self._held_by_one(replies)
+        reachable = self._answered(replies) >= self.quorum
         yield self._each(
             lambda n: self._node_undo(n, name, token, quiet=held),
-            self._majority_answered,
+            self._majority_answered if reachable else _at_once,
             owed="undo",
         )
         if self._answered(replies) < self.quorum:
@@ -788,6 +791,11 @@ def _token_of(value: Any) -> str | None:
 
 
 # The votes of each check, counted from the replies so far.
+
+
+def _at_once(replies: Replies) -> bool:
+    """Decided before any reply: the requests go out (or are owed), none is waited for."""
+    return True
 
 
 def _granted(replies: Replies) -> int:
