@@ -185,15 +185,21 @@ class ReleaseHub:
         self._abandoned_at: dict[str, float] = {}  # waiter id -> when (monotonic)
 
     @contextlib.contextmanager
-    def watch(self, channel: str, by_id: bool = False, lock: str = "") -> Iterator[Waiter]:
+    def watch(
+        self, channel: str, by_id: bool = False, lock: str = "", waiter: Waiter | None = None
+    ) -> Iterator[Waiter]:
         """Wait on ``channel``: a lock's release channel, or (``by_id``) the waiter's own id
-        (``lock`` names the lock, for hubs whose inboxes are per lock)."""
-        waiter = Waiter()
+        (``lock`` names the lock, for hubs whose inboxes are per lock). ``waiter``: the one
+        to register (the caller's, so that it can leave should it never get this one back).
+
+        The join is inside the ``try``: an interrupt at any line of it (a waiter in some
+        hubs, a channel subscribed) is undone by the leave (which undoes a part too)."""
+        waiter = Waiter() if waiter is None else waiter
         # One deadline for the subscribe (a connect's handshake) and every confirmation (a
         # quorum's hub waits for several).
         deadline = time.monotonic() + self.confirm_timeout
-        confirmations = self.join(channel, waiter, by_id, lock)
         try:
+            confirmations = self.join(channel, waiter, by_id, lock)
             for confirmed in confirmations:
                 confirmed.wait(deadline - time.monotonic())
                 if confirmed.error is not None:
@@ -205,12 +211,13 @@ class ReleaseHub:
 
     @contextlib.asynccontextmanager
     async def awatch(
-        self, channel: str, by_id: bool = False, lock: str = ""
+        self, channel: str, by_id: bool = False, lock: str = "", waiter: AsyncWaiter | None = None
     ) -> AsyncIterator[AsyncWaiter]:
-        waiter = AsyncWaiter()
+        """:meth:`watch` in an event loop."""
+        waiter = AsyncWaiter() if waiter is None else waiter
         deadline = time.monotonic() + self.confirm_timeout
-        confirmations = self.join(channel, waiter, by_id, lock)
         try:
+            confirmations = self.join(channel, waiter, by_id, lock)
             for confirmed in confirmations:
                 await confirmed.async_wait(deadline - time.monotonic())
                 if confirmed.error is not None:

@@ -55,6 +55,7 @@ PAGE_SCANS = 12
 #: agree within it either way, so the nodes' fences agree (no lagging counter to raise).
 FENCE_LEAD_US = 1_000_000
 _ACQUIRE = script("redlock_acquire")
+_RELEASE = script("release")
 __all__ = ["BREAKER_SECONDS", "RedlockBackend"]
 
 
@@ -286,12 +287,37 @@ class RedlockBackend(BaseLockBackend):
         # may have set the key there). A straggler is not waited for: this thread's next
         # request to it (the next try, with this token) is written behind the undo. A node
         # skipped as down is owed it: sent before any later request to it (redlock_io.Debts).
+        # Behind a holder of a majority the undo wakes nobody: whoever our key refused is
+        # refused by that hold too, and woken by its release; a waiter woken by its own undo
+        # (the node the hold missed) tried again at once, for the whole hold.
+        # Too few nodes answered (QuorumNotReached below): the undo is not waited for at
+        # all, the caller gets the error within one node timeout, not after a second one.
+        held = self._held_by_one(replies)
+        reachable = self._answered(replies) >= self.quorum
         yield self._each(
-            lambda n: n.op_release(name, token, Kind()), self._majority_answered, owed="undo"
+            lambda n: self._node_undo(n, name, token, quiet=held),
+            self._majority_answered if reachable else _at_once,
+            owed="undo",
         )
         if self._answered(replies) < self.quorum:
             raise self._unreachable(name, replies, "acquire")
-        return Attempt(False, None, self._wait_hint(replies, bool(granted)))
+        return Attempt(False, None, self._wait_hint(replies, bool(granted) and not held))
+
+    def _held_by_one(self, replies: Replies) -> bool:
+        """Whether one holder has a majority of the nodes (their refusals name it)."""
+        holders = Counter(
+            r.prior for r in replies if isinstance(r, Attempt) and not r.acquired and r.prior
+        )
+        return bool(holders) and holders.most_common(1)[0][1] >= self.quorum
+
+    def _node_undo(self, node: RedisBackend, name: str, token: str, quiet: bool) -> Op[int]:
+        """The release of our key on one node; ``quiet``: without waking the lock's waiters
+        (release.lua publishes nowhere when the channel given is the lock's own key)."""
+        if not quiet:
+            return node.op_release(name, token, Kind())
+        key = node.key(name)
+        keys = [key, key, node.waiting_key(name), node.queue_key(name), node.deadlines_key(name)]
+        return Op(name, Call(_RELEASE, keys, [token, node.inbox_for(name), "0"]), int)
 
     def _prior(self, priors: Iterable[str | None]) -> str | None:
         """The hold given a fence before this one: the token a majority of the nodes name (a
@@ -749,10 +775,11 @@ class RedlockBackend(BaseLockBackend):
 
 
 def _attempt(reply: Any) -> Attempt:
-    """redlock_acquire.lua's reply."""
+    """redlock_acquire.lua's reply. Refused: ``prior`` carries the digest of the holder's
+    token (None: unknown), to count the nodes one holder has."""
     if int(reply[0]):
         return Attempt(True, int(reply[1]), int(reply[2]), prior_of(reply[3:4]))
-    return Attempt(False, None, int(reply[1]))
+    return Attempt(False, None, int(reply[1]), prior_of(reply[2:3]))
 
 
 def _token_of(value: Any) -> str | None:
@@ -764,6 +791,11 @@ def _token_of(value: Any) -> str | None:
 
 
 # The votes of each check, counted from the replies so far.
+
+
+def _at_once(replies: Replies) -> bool:
+    """Decided before any reply: the requests go out (or are owed), none is waited for."""
+    return True
 
 
 def _granted(replies: Replies) -> int:

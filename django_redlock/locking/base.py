@@ -40,7 +40,17 @@ from .holds import (
     unsettled,
     untake,
 )
-from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
+from .steps import (
+    Sleep,
+    Steps,
+    Unwatch,
+    Watch,
+    adrive,
+    drive,
+    in_event_loop,
+    leave_waiters,
+    undo_take,
+)
 from .templates import (
     callable_name,
     is_async_callable,
@@ -228,6 +238,28 @@ class BaseLock:
     async def _adrive(self, steps: Steps[T]) -> T:
         return await adrive(self.backend, steps)
 
+    def _take(self, blocking: bool, timeout: float | None) -> bool:
+        return drive(self.backend, self._acquire(blocking, timeout), self._undo_take())
+
+    async def _atake(self, blocking: bool, timeout: float | None) -> bool:
+        return await adrive(self.backend, self._acquire(blocking, timeout), self._undo_take())
+
+    def _undo_take(self) -> Callable[[], Steps[None]]:
+        """The hand-back of an acquire that raised (an interrupt as its steps ended, on a
+        line of the driver or of their own after the record): the hold it recorded is
+        released, since its caller believes nothing taken (docs: faq, "at any line of an
+        acquire ... leaves nothing held")."""
+        owner = self._owner()
+        before = self._holds.get(owner)
+        depth = 0 if before is None else before.depth
+
+        def undo() -> Steps[None]:
+            mine = self._holds.get(owner)
+            if mine is not None and (mine is not before or mine.depth > depth):
+                yield from self._release()
+
+        return undo
+
     # -- reentrant counts after lost replies --------------------------------------------------
 
     def _believe(self, owner: str, delta: int, unsure: bool = False) -> None:
@@ -289,7 +321,7 @@ class BaseLock:
                 hold = self._record(owner, actor, token, ttl_ms, attempt)
         except BaseException as exc:
             # Granted and not recorded (_record undid its steps): hand it back. Recorded (an
-            # interrupt as _record returned): held and renewed, kept.
+            # interrupt as _record returned): released by the driver (_undo_take).
             mine = self._holds.get(owner)
             recorded = mine is not None and (mine is not held or mine.depth > depth)
             if attempt.acquired and not recorded:
@@ -680,14 +712,14 @@ class BaseLock:
         """
         blocking, timeout = self._check_acquire(blocking, timeout)
         self._check_sync_wait(blocking, timeout)
-        return self._drive(self._acquire(blocking, timeout))
+        return self._take(blocking, timeout)
 
     async def aacquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         self.check_async()
         blocking, timeout = self._check_acquire(blocking, timeout)
         if self.reentrant:
             self._refuse_a_task_of_its_own(inspect.currentframe())
-        return await self._adrive(self._acquire(blocking, timeout))
+        return await self._atake(blocking, timeout)
 
     def _refuse_a_task_of_its_own(self, frame: Any) -> None:
         """A reentrant hold belongs to the task that takes it. An ``aacquire()`` that is the
@@ -1107,13 +1139,26 @@ class BaseLock:
         if self.database is not None:  # autocommit off: refused before the lock is taken
             fencing.drop_abandoned(self.database)  # (not a block's leftover transaction)
             fencing.refuse_manual_commit(self.database, self.describe())
-        if not self._drive(self._acquire(self.blocking, self._timeout())):
+        undo = self._undo_take()
+        if not drive(self.backend, self._acquire(self.blocking, self._timeout()), undo):
             raise self._not_acquired()
+        # One line, as __exit__'s: an interrupt on any line from here on, the ``with`` block
+        # never entered, hands the hold back (a fenced block's own failures release it).
+        try: return self._entered()  # noqa: E701  # fmt: skip
+        except BaseException:
+            self._taken_back(undo)
+            raise
+
+    def _entered(self: B) -> B:
         if self.database is not None:
             # Returned as it is opened: no line between the block's opening and the ``with``
             # (an exception there would leave the block's transaction open, its exit never run).
             return fencing.enter_block(self)
         return self
+
+    def _taken_back(self, undo: Callable[[], Steps[None]]) -> None:
+        if self.database is None:  # else enter_block released it, or the block is open
+            undo_take(self.backend, undo)
 
     def __exit__(
         self,
@@ -1172,9 +1217,13 @@ class BaseLock:
 
     async def __aenter__(self: B) -> B:
         self.check_async()
-        if not await self._adrive(self._acquire(self.blocking, self._timeout())):
+        undo = self._undo_take()
+        if not await adrive(self.backend, self._acquire(self.blocking, self._timeout()), undo):
             raise self._not_acquired()
-        return self
+        try: return self  # noqa: E701  # fmt: skip
+        except BaseException:
+            undo_take(self.backend, undo)
+            raise
 
     async def __aexit__(
         self,

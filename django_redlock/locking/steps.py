@@ -12,16 +12,18 @@ import asyncio
 import contextlib
 import functools
 import inspect
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple, TypeVar, cast
 
 from .. import observe
 from ..backends.base import BaseLockBackend, Op
 from ..exceptions import BackendUnavailable, QuorumNotReached
-from ..waiters import unheard
+from ..waiters import AsyncWaiter, Waiter, unheard
 
 T = TypeVar("T")
 Steps = Generator[Any, Any, T]
+#: What :func:`drive` runs to hand back what finished steps took, their outcome lost.
+Undo = Callable[[], Steps[None]]
 
 
 class Watch(NamedTuple):
@@ -81,26 +83,48 @@ def in_event_loop() -> bool:
     return asyncio._get_running_loop() is not None
 
 
-def drive(backend: BaseLockBackend, steps: Steps[T]) -> T:
+def drive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = None) -> T:
     """Run ``steps`` to the end in this thread; errors of a step are thrown into them.
 
     So is an interrupt (KeyboardInterrupt from a signal handler, a time limit) that lands on
     a line of the driver between two steps, the steps being suspended: a reply they never got
     may have granted something, and only they know what to hand back. Never abandoned
     half-way, they never see a close (whose clean-up could not yield). What the steps raise
-    comes out."""
-    error: BaseException | None = None
-    watches: list[Any] = []  # entered and not yet left
+    comes out.
+
+    One that lands once they are done (on the lines that return their outcome) cuts that
+    outcome from the caller: ``undo`` gives the steps that hand back what they took (an
+    acquire's hold: the caller, told of the interrupt, believes nothing held), run before
+    the interrupt comes out. It also runs when the steps raised: it looks at what they
+    recorded, not at how they ended."""
     try:
-        while True:  # again only after an interrupt between two steps
-            try:
-                return _drive(backend, steps, error, watches)
-            except BaseException as exc:
-                if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
-                    raise  # the steps' own outcome (they are done), or nothing started yet
-                error = exc
-    finally:
-        _leave_watches(backend, watches)
+        watches: list[Any] = []  # entered and not yet left
+        try:
+            return _drive_all(backend, steps, watches)
+        finally:
+            _leave_watches(backend, watches)
+    except BaseException:
+        if undo is not None:
+            undo_take(backend, undo)
+        raise
+
+
+def undo_take(backend: BaseLockBackend, undo: Undo) -> None:
+    """Run ``undo`` (see :func:`drive`). An error of the hand-back is not raised: the
+    caller raises what interrupted it."""
+    with contextlib.suppress(Exception):
+        drive(backend, undo())
+
+
+def _drive_all(backend: BaseLockBackend, steps: Steps[T], watches: list[Any]) -> T:
+    error: BaseException | None = None
+    while True:  # again only after an interrupt between two steps
+        try:
+            return _drive(backend, steps, error, watches)
+        except BaseException as exc:
+            if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
+                raise  # the steps' own outcome (they are done), or nothing started yet
+            error = exc
 
 
 def _leave_watches(backend: BaseLockBackend, watches: list[Any]) -> None:
@@ -118,10 +142,10 @@ def _leave_watches(backend: BaseLockBackend, watches: list[Any]) -> None:
             continue
 
 
-def _watching(backend: BaseLockBackend, step: Watch) -> Any:
+def _watching(backend: BaseLockBackend, step: Watch, waiter: Waiter) -> Any:
     if step.leave is not None:  # from before its first try (see Watch)
         backend.hub.abandon(step.channel, functools.partial(backend.execute, step.leave))
-    return backend.hub.watch(step.channel, step.by_id, step.lock)
+    return backend.hub.watch(step.channel, step.by_id, step.lock, waiter)
 
 
 def _not_watching(backend: BaseLockBackend, step: Watch) -> None:
@@ -147,16 +171,17 @@ def _drive(
                 reply = step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
             elif isinstance(step, Watch):
-                watching = _watching(backend, step)
+                waiter = Waiter()
+                watches.append((step.channel, waiter))  # left by the driver, should it be cut
+                watching = _watching(backend, step, waiter)
                 try:
                     reply = (watching, watching.__enter__(), step.channel)
                 except Exception:
                     _not_watching(backend, step)
+                    watches.remove((step.channel, waiter))
                     raise
-                watches.append((step.channel, reply[1]))
                 if reply[1].unconfirmed:
-                    _unconfirmed_exit(backend, step, watches)
-                    watching.__exit__(None, None, None)
+                    _unconfirmed_exit(backend, step, watching, watches)
                     raise _unconfirmed(backend, step)
             else:
                 step.handle[0].__exit__(None, None, None)
@@ -183,10 +208,14 @@ def _check_heard(backend: BaseLockBackend, step: Sleep) -> None:
         )
 
 
-def _unconfirmed_exit(backend: BaseLockBackend, step: Watch, watches: list[Any]) -> None:
-    """Nothing registered on the server yet: no leave is owed."""
+def _unconfirmed_exit(
+    backend: BaseLockBackend, step: Watch, watching: Any, watches: list[Any]
+) -> None:
+    """Nothing registered on the server yet: no leave is owed. The watch is left before
+    the driver forgets it (an interrupt between them: the driver leaves it again)."""
     if step.leave is not None:
         backend.hub.settle(step.channel)
+    watching.__exit__(None, None, None)
     watches.pop()
 
 
@@ -202,13 +231,18 @@ def _unconfirmed(backend: BaseLockBackend, step: Watch) -> BackendUnavailable:
     )
 
 
-async def adrive(backend: BaseLockBackend, steps: Steps[T]) -> T:
+async def adrive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = None) -> T:
     """:func:`drive` on the running event loop."""
-    watches: list[Any] = []  # entered and not yet left
     try:
-        return await _adrive(backend, steps, watches)
-    finally:
-        _leave_watches(backend, watches)
+        watches: list[Any] = []  # entered and not yet left
+        try:
+            return await _adrive(backend, steps, watches)
+        finally:
+            _leave_watches(backend, watches)
+    except BaseException:
+        if undo is not None:
+            undo_take(backend, undo)  # synchronous: a cancelled task awaits nothing more
+        raise
 
 
 async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any]) -> T:
@@ -226,19 +260,23 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
                 reply = await step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
             elif isinstance(step, Watch):
+                awaiter = AsyncWaiter()
+                watches.append((step.channel, awaiter))  # as in _drive
                 if step.leave is not None:  # from before its first try (see Watch)
                     leave = functools.partial(backend.execute, step.leave)
                     backend.hub.abandon(step.channel, leave)
-                watching = backend.hub.awatch(step.channel, step.by_id, step.lock)
+                watching = backend.hub.awatch(step.channel, step.by_id, step.lock, awaiter)
                 try:
                     reply = (watching, await watching.__aenter__(), step.channel)
                 except Exception:
                     _not_watching(backend, step)
+                    watches.remove((step.channel, awaiter))
                     raise
-                watches.append((step.channel, reply[1]))
                 if reply[1].unconfirmed:
-                    _unconfirmed_exit(backend, step, watches)
+                    if step.leave is not None:
+                        backend.hub.settle(step.channel)
                     await watching.__aexit__(None, None, None)
+                    watches.pop()
                     raise _unconfirmed(backend, step)
             else:
                 await step.handle[0].__aexit__(None, None, None)

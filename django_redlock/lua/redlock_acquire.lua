@@ -3,7 +3,8 @@
 -- ARGV: token, ttl ms, holder metadata, proposed fence [, restart guard ms, with the marker].
 -- Returns {1, fence, 1, token of the hold given a fence before on this node ('': unknown, or
 -- held already)} when held by the caller (taken now, or already: a lost reply), else
--- {0, ms until it may be free (-1: unknown)}.
+-- {0, ms until it may be free (-1: unknown), a digest of the holder's token ('': unknown)}:
+-- the acquirer counts the nodes one holder has (a majority: held, not a split vote).
 -- The fence is max(counter + 1, this server's clock in us, the proposal (at most that clock
 -- + 2 s)): the acquirer proposes its clock + 1 s, above every node's clock and below every
 -- node's cap while the clocks agree within 1 s either way, so nodes whose counters agree
@@ -36,4 +37,6 @@ if count > 0 then
   redis.call('PEXPIRE', lock, ttl)
   return {1, held, 1}
 end
-return {0, redis.call('PTTL', lock)}
+local value = redis.pcall('GET', lock)  -- a reentrant hold (a hash) by the same name: ''
+local holder = type(value) == 'string' and redis.sha1hex(string.match(value, '^[^|]*')) or ''
+return {0, redis.call('PTTL', lock), holder}
