@@ -532,6 +532,8 @@ class ShardedPubSubHub(PubSubHub):
                 # (reconnected) or on the slot's new owner (_moved).
                 failures += 1
                 unreachable = not _connected(pubsub)  # redis-py's reconnect failed too
+                if isinstance(exc, ResponseError):  # BUSY to a (re-)SSUBSCRIBE: as PubSubHub
+                    _drop_connection(pubsub)
                 self._moved(name)
                 if unreachable and failures == 1:
                     # A killed node: its waiters (the channels still here) try at once, and
