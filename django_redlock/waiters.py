@@ -426,9 +426,13 @@ class CompositeHub(ReleaseHub):
                 logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
             else:
                 joined += 1
-        quorum = len(self.hubs) // 2 + 1
-        waiter.unheard_limit = max(1, joined - quorum + 1)
+        waiter.unheard_limit = self.unheard_limit(joined)
         return confirmations
+
+    def unheard_limit(self, joined: int) -> int:
+        """How many of the ``joined`` hubs going silent leave no majority of all the hubs."""
+        quorum = len(self.hubs) // 2 + 1
+        return max(1, joined - quorum + 1)
 
     def unheard_error(self, alias: str, lock: str) -> str:
         return (

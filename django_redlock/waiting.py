@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import wire
@@ -240,6 +241,14 @@ class PubSubHub(ReleaseHub):
                 if self.failure_is_unheard and not self._silent and not _connected(pubsub):
                     self._silent = True
                     self.declare_unheard()
+                if isinstance(exc, ResponseError):
+                    # A refusal for now (BUSY: a long script) of a SUBSCRIBE, the first or
+                    # redis-py's re-subscribe after a reconnect: redis-py counts the channel
+                    # as subscribed, and its confirmation would never come. Dropped, the
+                    # next read connects again and subscribes every channel that still has
+                    # waiters (on_connect), until the server takes it; each confirmation
+                    # pending meanwhile is then set.
+                    _drop_connection(pubsub)
                 if not was_silent:  # (an unheard server's failed reconnects: told already)
                     # A release may have been missed: let every waiter look again.
                     self.notify_all()
@@ -523,6 +532,8 @@ class ShardedPubSubHub(PubSubHub):
                 # (reconnected) or on the slot's new owner (_moved).
                 failures += 1
                 unreachable = not _connected(pubsub)  # redis-py's reconnect failed too
+                if isinstance(exc, ResponseError):  # BUSY to a (re-)SSUBSCRIBE: as PubSubHub
+                    _drop_connection(pubsub)
                 self._moved(name)
                 if unreachable and failures == 1:
                     # A killed node: its waiters (the channels still here) try at once, and

@@ -135,6 +135,7 @@ class RedlockBackend(BaseLockBackend):
                 for i, node in enumerate(self.nodes)
             ]
             self._hub = QuorumHub(hubs, self.node_timeout, self.io.usable)
+            health.on_up(self._hub.node_up)
         return self._hub
 
     @property

@@ -37,7 +37,20 @@ class Health:
         self.size = size
         self.breaker = breaker
         self._mutex = threading.Lock()
+        self._listeners: list[Callable[[int], None]] = []  # told when a down node is back
         self._forget()
+
+    def on_up(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(i)`` whenever down node i is up again (on the thread that heard
+        it, an operation's or a probe's: the listener must not wait)."""
+        self._listeners.append(listener)
+
+    def _back(self, i: int) -> None:
+        for listener in self._listeners:
+            try:
+                listener(i)
+            except Exception as exc:  # a listener's failure never fails the operation
+                logger.debug("redlock: telling that node %d is back failed: %s", i, exc)
 
     def _forget(self) -> None:
         self._pid = os.getpid()
@@ -65,8 +78,10 @@ class Health:
         if i in self._warm and i not in self._down:
             return  # nothing to change (the common case: no lock taken)
         with self._mutex:
-            self._down.pop(i, None)
+            back = self._down.pop(i, None) is not None
             self._warm.add(i)
+        if back:
+            self._back(i)
 
     def failed(self, i: int) -> None:
         with self._mutex:
@@ -90,13 +105,16 @@ class Health:
         return due
 
     def probed(self, i: int, ok: bool) -> None:
+        back = False
         with self._mutex:
             self._probing.discard(i)
             if ok:
-                self._down.pop(i, None)
+                back = self._down.pop(i, None) is not None
                 self._warm.add(i)
             elif i in self._down:
                 self._down[i] = time.monotonic()
+        if back:
+            self._back(i)
 
 
 def probe(
@@ -155,19 +173,113 @@ class NodeHub(PubSubHub):
             super().notify_all()
 
 
+class _Partial:
+    """A waiter that has not joined every node's hub yet."""
+
+    __slots__ = ("by_id", "channel", "claimed", "joined", "lock", "waiter")
+
+    def __init__(self, channel: str, waiter: AnyWaiter, by_id: bool, lock: str) -> None:
+        self.channel, self.waiter, self.by_id, self.lock = channel, waiter, by_id, lock
+        self.claimed: set[int] = set()  # nodes being joined, or joined
+        self.joined: set[int] = set()
+
+
 class QuorumHub(CompositeHub):
     """Waiters listen on the nodes that answer: subscribing on a paused node would wait for
-    its confirmation (or for a connect) that never comes."""
+    its confirmation (or for a connect) that never comes. A node that comes back while they
+    wait (:meth:`node_up`) is joined then: otherwise their count of silent nodes would stay
+    measured against the nodes of their start, and one more pause among those would end the
+    wait while a majority answers."""
 
     def __init__(
         self, hubs: list[Any], confirm_timeout: float, usable: Callable[[], set[int]]
     ) -> None:
         super().__init__(hubs, confirm_timeout)
         self._usable = usable
+        self._pid = os.getpid()
+        self._partial_mutex = threading.Lock()
+        self._partial: dict[tuple[str, AnyWaiter], _Partial] = {}
 
     def join(
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
     ) -> list[Confirmation]:
-        usable = self._usable()
-        hubs = [hub for i, hub in enumerate(self.hubs) if i in usable]
-        return self.join_hubs(hubs, channel, waiter, by_id, lock)
+        entry = _Partial(channel, waiter, by_id, lock)
+        with self._partial_mutex:
+            self._check_fork()
+            # Registered first: a node back from now on is joined by node_up, one back
+            # before is in the usable set.
+            self._partial[(channel, waiter)] = entry
+        usable = self._usable()  # (not under the mutex: node_up comes from the I/O's threads)
+        with self._partial_mutex:
+            todo = [i for i in sorted(usable) if i not in entry.claimed]
+            entry.claimed.update(todo)
+        confirmations: list[Confirmation] = []
+        for i in todo:
+            try:
+                confirmations += self.hubs[i].join(channel, waiter, by_id, lock)
+            except Exception as exc:  # a node that is down wakes nobody; the others do
+                logger.debug("redlock: watching %s on node %d failed: %s", channel, i, exc)
+                with self._partial_mutex:
+                    entry.claimed.discard(i)
+            else:
+                self._joined(entry, i)
+        with self._partial_mutex:
+            if not entry.joined:  # (else set by _joined)
+                waiter.unheard_limit = self.unheard_limit(0)
+        return confirmations
+
+    def _joined(self, entry: _Partial, i: int) -> bool:
+        """Count node i as joined by ``entry``'s waiter; False if the waiter left."""
+        with self._partial_mutex:
+            key = (entry.channel, entry.waiter)
+            if self._partial.get(key) is not entry:
+                return False
+            entry.joined.add(i)
+            entry.waiter.unheard_limit = self.unheard_limit(len(entry.joined))
+            if len(entry.joined) == len(self.hubs):
+                del self._partial[key]
+            return True
+
+    def node_up(self, i: int) -> None:
+        """Node i answers again: the waiters that did not join it join it now (in a thread:
+        this runs on the thread that heard the node)."""
+        with self._partial_mutex:
+            self._check_fork()
+            entries = [e for e in self._partial.values() if i not in e.claimed]
+            for entry in entries:
+                entry.claimed.add(i)
+        if not entries:
+            return
+        try:
+            threading.Thread(
+                target=self._join_late, args=(i, entries), name="redlock-rejoin", daemon=True
+            ).start()
+        except Exception as exc:  # no thread to be had: they stay on the nodes they have
+            logger.debug("redlock: joining node %d's waiters not started: %s", i, exc)
+            with self._partial_mutex:
+                for entry in entries:
+                    entry.claimed.discard(i)
+
+    def _join_late(self, i: int, entries: list[_Partial]) -> None:
+        hub = self.hubs[i]
+        for entry in entries:
+            try:
+                hub.join(entry.channel, entry.waiter, entry.by_id, entry.lock)
+            except Exception as exc:
+                logger.debug("redlock: watching %s on node %d failed: %s", entry.channel, i, exc)
+                with self._partial_mutex:
+                    entry.claimed.discard(i)
+                continue
+            if not self._joined(entry, i):  # it left meanwhile: not left registered here
+                hub.leave(entry.channel, entry.waiter)
+
+    def leave(self, channel: str, waiter: AnyWaiter) -> None:
+        with self._partial_mutex:
+            self._partial.pop((channel, waiter), None)
+        super().leave(channel, waiter)
+
+    def _check_fork(self) -> None:
+        """(Under the mutex.) A forked child has none of the parent's waiters."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._partial = {}

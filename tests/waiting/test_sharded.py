@@ -323,3 +323,50 @@ def test_a_failover_leaves_no_waiter_asleep(name: str) -> None:
     finally:
         for server in masters + replicas:
             server.stop()
+
+
+def test_a_waiter_whose_resubscribe_is_refused_busy_is_woken_once_the_script_ends(
+    name: str,
+) -> None:
+    """The lock's node runs a long script (BUSY) when the shard's pub/sub connection breaks:
+    redis-py connects again and its re-SSUBSCRIBE is refused. Once the script ends, the
+    channels are subscribed again, and the sleeping waiter is woken by the release."""
+    import socket
+
+    import redis
+
+    from django_redlock import wire
+
+    from ..support.busy import busy
+
+    backend: Any = locks["cluster"]
+    if not getattr(backend, "sharded", False):
+        pytest.skip("sharded pub/sub: Redis 7+")
+    assert backend.socket_timeout >= 1.0  # the script's BUSY must not outlast it
+    held = lock(name, using="cluster", ttl=60, auto_renew=False)
+    assert held.acquire()
+    got: list[float] = []
+
+    def wait() -> None:
+        waiter = lock(name, using="cluster")
+        if waiter.acquire(timeout=10):
+            got.append(time.monotonic())
+            waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)  # it tried, subscribed and sleeps (the hold has 60 s left)
+    node = backend.client.get_node_from_key(backend.key(name))
+    shard = backend.hub._shards[node.name]
+    server = redis.Redis(host=node.host, port=node.port, socket_timeout=30)
+    with busy(server):
+        sock = wire.socket_or_none(shard.pubsub.connection)
+        assert sock is not None
+        sock.shutdown(socket.SHUT_RDWR)
+        time.sleep(0.3)
+    time.sleep(0.5)  # the reader subscribes again
+    released = time.monotonic()
+    held.release()
+    thread.join(15)
+    server.close()
+    assert got and got[0] - released < 1.0, got and got[0] - released
