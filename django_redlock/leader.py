@@ -412,9 +412,12 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         and this object's next campaign finishes the release first."""
         try:
             self._end_term()
-        except BaseException:  # a KeyboardInterrupt in the keeper's join: released all the
-            with contextlib.suppress(LockError):  # same; it goes on (the exit tries again)
-                self._release()
+        except BaseException:  # a KeyboardInterrupt in the keeper's join (or before it):
+            keeper = self._keeper  # the term ends before its lock goes, all the same
+            if keeper is not None:
+                keeper.end("resigned", unknown=False)
+            with contextlib.suppress(LockError):  # released; it goes on (the exit tries
+                self._release()  # again)
             raise
         self._release()
 

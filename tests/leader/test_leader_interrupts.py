@@ -6,6 +6,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -97,3 +98,27 @@ def test_a_cancellation_during_an_unanswered_resignation_goes_on(
         assert task.cancelling() == 1
     assert "resigning" in caplog.text and "unavailable" in caplog.text, caplog.text
     paused_alias.resume()
+
+
+def test_a_resignation_interrupted_at_its_start_still_ends_the_term(name: str) -> None:
+    """An interrupt (Ctrl-C) on entering the term's end: the hold was released (the next
+    candidate led at once) while ``term.lost`` stayed unset, so a worker watching it went on
+    beside the new leader until the old keeper's next renewal was refused."""
+    campaign = leader(name, using="redis", ttl=30)
+    term = campaign.campaign()
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_name == "_end_term":
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            campaign.resign()
+    finally:
+        sys.settrace(None)
+    assert term.lost.is_set() and current_leader(name, using="redis") is None
+    with leader(name, using="redis", timeout=1) as new:
+        assert not new.lost.is_set()
