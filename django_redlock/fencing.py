@@ -602,13 +602,21 @@ def _with_frame(frame: Any) -> Any:
     return frame
 
 
+def _frame_above(depth: int) -> Any:
+    """The frame ``depth`` calls above the caller's (``sys._getframe(depth)`` there)."""
+    frame = inspect.currentframe()
+    for _ in range(depth + 1):
+        frame = frame.f_back if frame is not None else None
+    return frame
+
+
 def _on_stack(frame: Any) -> bool:
     """Whether ``frame`` is this thread's running code (it or a caller of it)."""
-    here = sys._getframe(1)
+    here = _frame_above(1)
     while here is not None:
         if here is frame:
             return True
-        here = here.f_back  # type: ignore[assignment]
+        here = here.f_back
     return False
 
 
@@ -875,12 +883,13 @@ def _aborted(connection: Any) -> bool:
 _open = threading.local()
 
 
-def enter_block(lock: Held) -> Held:
+def enter_block(lock: Held, depth: int = 2) -> Held:
     """After the acquire: open the fenced block, or release the lock and raise. Returns
-    ``lock`` (``with``'s value)."""
+    ``lock`` (``with``'s value). ``depth``: how many calls above this one the ``with``
+    statement runs (``__enter__`` and what it calls to get here)."""
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
-    held.lock, held.where = lock, _with_frame(sys._getframe(2))
+    held.lock, held.where = lock, _with_frame(_frame_above(depth))
     try:
         block.__enter__()
         block.depth = lock.current_hold()[1].depth

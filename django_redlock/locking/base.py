@@ -1153,7 +1153,7 @@ class BaseLock:
         if self.database is not None:
             # Returned as it is opened: no line between the block's opening and the ``with``
             # (an exception there would leave the block's transaction open, its exit never run).
-            return fencing.enter_block(self)
+            return fencing.enter_block(self, depth=3)  # with -> __enter__ -> _entered
         return self
 
     def _taken_back(self, undo: Callable[[], Steps[None]]) -> None:
