@@ -31,7 +31,10 @@ from .redis import RedisBackend, TakenAll
 T = TypeVar("T")
 logger = logging.getLogger("django_redlock")
 MASTER_CHECK = 1.0  # seconds between looks at where the sentinels say the master is
-MASTER_CHECK_FAILED = 5.0  # ... after a look that found no answer
+# ... after a look that found no master: as often, for redis-py says "no master" also when
+# the sentinels answered that it is down (every unplanned failover, until the promotion), and
+# a look 5 s later left takes on the old master for seconds after the switch.
+MASTER_CHECK_FAILED = 1.0
 LOOKER_IDLE = 60.0  # the looker ends after this long without an operation
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
 
