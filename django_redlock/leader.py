@@ -364,11 +364,11 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
             _terms.add(self)  # from here the exit resigns it, whatever happens next
             keeper.start()
             logger.info("redlock: leading %r on %r (fence %s)", term.name, term.using, term.fence)
+            return term  # inside the try: an exception on this line resigns too
         except BaseException:  # no thread, a Ctrl-C, a logging filter that raised: the
             with contextlib.suppress(LockError):  # caller is told it does not lead, so resign
                 self.resign()
             raise
-        return term
 
     def _not_leading(self) -> LockNotAcquired:
         return LockNotAcquired(f"{self.lock.describe()}: not leading within {self.timeout:g} s")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import linecache
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -122,3 +123,27 @@ def test_a_resignation_interrupted_at_its_start_still_ends_the_term(name: str) -
     assert term.lost.is_set() and current_leader(name, using="redis") is None
     with leader(name, using="redis", timeout=1) as new:
         assert not new.lost.is_set()
+
+
+def test_an_exception_on_the_campaign_s_last_line_resigns(name: str) -> None:
+    """An exception (a tracer's; a signal cannot land there on CPython 3.11) on ``_lead``'s
+    ``return term``: the caller was told it did not lead while the keeper renewed on."""
+    campaign = leader(name, using="redis", ttl=30)
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != "_lead":
+            return None
+        if event == "line" and "return term" in linecache.getline(
+            frame.f_code.co_filename, frame.f_lineno
+        ):
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            campaign.campaign()
+    finally:
+        sys.settrace(None)
+    assert current_leader(name, using="redis") is None and campaign not in _terms
