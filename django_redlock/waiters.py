@@ -253,9 +253,14 @@ class ReleaseHub:
 
     def _leave(self, channel: str, waiter: AnyWaiter) -> None:
         with self._mutex:
-            group = self._waiters.get(channel, {})
-            group.pop(waiter, None)
-            last = not group and self._waiters.pop(channel, None) is not None
+            group = self._waiters.get(channel)
+            if group is not None:
+                group.pop(waiter, None)
+                if not group:
+                    del self._waiters[channel]
+            # Nobody left, whoever took the group out: a leave cut short after that (an
+            # interrupt) and tried again still unsubscribes (_unsubscribe is idempotent).
+            last = channel not in self._waiters
         if waiter.baton:  # woken, but gone before trying: the next one tries instead
             waiter.baton = False
             self.notify(channel)

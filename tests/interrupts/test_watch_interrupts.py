@@ -134,3 +134,45 @@ def test_an_interrupt_at_any_line_of_a_wait_s_watch_leaves_nothing_registered(
         while any(channel in hub._pubsub.channels for hub in _hubs(alias) if hub._pubsub):
             assert time.monotonic() < deadline, "a release channel stayed subscribed"
             time.sleep(0.02)
+
+
+def test_an_interrupt_in_a_wait_s_leave_still_unsubscribes_on_the_next_try(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """An interrupt in the hub's leave right after it took the lock's group out: the leave
+    tried again found nobody to take out and left the release channel subscribed for the
+    life of the process (one more per interrupted lock name)."""
+    with quorum_alias("quorum", [redis_factory() for _ in range(3)]):
+        _leave_interrupted(name)
+
+
+def _leave_interrupted(name: str) -> None:
+    holder = lock(name, using="quorum", ttl=30, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    fired: list[int] = []
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code is not ReleaseHub._leave.__code__:
+            return None
+        if (
+            event == "line"
+            and not fired
+            and "if waiter.baton" in _source(frame.f_code.co_filename, frame.f_lineno)
+        ):
+            fired.append(frame.f_lineno)
+            raise Interrupt
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        waiter = lock(name, using="quorum", ttl=30)
+        assert not waiter.acquire(timeout=0.2)  # the driver leaves again after the interrupt
+    except Interrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    holder.release()
+    assert fired
+    channel = locks["quorum"].channel(name)
+    assert not _registered("quorum")
+    assert not [h for h in _hubs("quorum") if channel in getattr(h, "_confirmed", {})]
