@@ -3,10 +3,10 @@
 prunes old rows under a floor. :mod:`.fencing` runs a fenced block around it.
 
 Rows: one per lock name (key :func:`row_key`), its newest recorded fence, the token of the
-hold that wrote it and when; one per backend with ``name=""``: the floor, the largest fence
-``prune-fences`` deleted, below which a name's first row may not start. Every statement here
-runs on the caller's connection, inside its transaction (the row stays locked until that
-ends), except :func:`commit_outcome`, which asks on a new connection.
+hold that wrote it, when, and the writing block's mark; one per backend with ``name=""``: the
+floor, the largest fence ``prune-fences`` deleted, below which a name's first row may not
+start. Every statement here runs on the caller's connection, inside its transaction (the row
+stays locked until that ends), except :func:`commit_outcome`, which asks on a new connection.
 """
 
 from __future__ import annotations
@@ -47,19 +47,19 @@ def commit_outcome(
     backend: str,
     name: str,
     fence: int,
-    touched: datetime.datetime | None,
+    mark: int | None,
     again: bool,
     wait: float,
     pid: int | None = None,
     *,
-    ended_marks: Collection[datetime.datetime] = (),
+    ended_marks: Collection[int] = (),
     alone: bool | Callable[[], bool] = False,
 ) -> bool | None:
     """Whether a fenced transaction whose COMMIT's outcome is unknown (its reply lost or
     interrupted) committed, asked on a new connection: True or False only when the rows prove
     it, None when they cannot (or the database did not answer).
 
-    ``fence`` and ``touched`` are what the block's upsert wrote in the lock's row (``touched``
+    ``fence`` and ``mark`` are what the block's upsert wrote in the lock's row (``mark``
     None: the fence is the block's alone, re-fenced in it); ``again``: the row already carried
     ``fence`` before the block (an earlier block of the same hold). Once a block committed,
     the row's fence never drops below its fence (later blocks only raise it; a row pruned and
@@ -86,7 +86,7 @@ def commit_outcome(
     connection = connections.create_connection(using)
     try:
         qn = connection.ops.quote_name
-        columns = f"{qn('fence')}, {qn('previous')}, {qn('touched')}"
+        columns = f"{qn('fence')}, {qn('previous')}, {qn('mark')}"
         sql = f"SELECT {columns} FROM {qn(Fence._meta.db_table)} WHERE {qn('key')} = %s"
         with connection.cursor() as cursor:
             postgresql = connection.vendor == "postgresql"
@@ -105,9 +105,6 @@ def commit_outcome(
             floor = cursor.fetchone()
             if postgresql:
                 cursor.execute("COMMIT")
-            adapt = connection.ops.adapt_datetimefield_value
-            expected = None if touched is None else adapt(touched)
-            earlier = [adapt(mark) for mark in ended_marks]
     except DatabaseError:
         logger.warning("redlock: database %r did not answer after a lost COMMIT", using,
                        exc_info=True)  # fmt: skip
@@ -120,9 +117,10 @@ def commit_outcome(
         return None if pruned or not ended else False
     recorded, previous = int(row[0]), row[1]
     if recorded == fence:  # the hold's fence: this block's only with its mark
-        if touched is None or _same(row[2], expected):
+        found = None if row[2] is None else int(row[2])
+        if mark is None or found == mark:
             return True
-        return False if any(_same(row[2], mark) for mark in earlier) else None
+        return False if found is not None and found in ended_marks else None
     if recorded < fence:
         return False
     if previous is None:  # the row was created after this block: ours never was, or pruned
@@ -132,11 +130,6 @@ def commit_outcome(
             return None
         return True if (alone() if callable(alone) else alone) else None
     return False if int(previous) < fence else None
-
-
-def _same(found: Any, mark: Any) -> bool:
-    """Whether the row's ``touched`` is ``mark`` (as the database adapted it)."""
-    return bool(found == mark or str(found) == str(mark))
 
 
 def _ended(connection: Any, cursor: Any, pid: int, wait: float) -> bool:
@@ -185,6 +178,7 @@ def check_fence(
     token: str | None = None,
     prior: str | None = None,
     current: bool = False,
+    mark: int | None = None,
 ) -> bool:
     """Record ``fence`` as the newest of lock ``name`` on ``backend``, or raise StaleFence if
     a larger one is recorded; whether the row already carried ``fence`` (an earlier block of
@@ -209,7 +203,8 @@ def check_fence(
     tokens were kept, a name's first row once ``prune-fences`` left a floor) costs one
     ``refence``: a hold current in Redis was granted after every writer, and goes on with its
     new fence; one that is not is refused. ``token`` None (or ``current``: the hold was
-    just found current, with the row locked): the fence alone decides."""
+    just found current, with the row locked): the fence alone decides. ``mark``: the
+    block's, kept in the row for :func:`commit_outcome` (None: none)."""
     connection = connections[using]
     now = timezone.now() if now is None else now  # the row's ``touched``
     key = row_key(backend, name)
@@ -221,10 +216,12 @@ def check_fence(
             connection.features.can_return_columns_from_insert  # SQLite >= 3.35
         ):
             outcome, previous = _upsert(
-                connection, key, backend, name, fence, now, wait, holder, known
+                connection, key, backend, name, fence, now, wait, holder, known, mark
             )
         else:
-            outcome, previous = _portable(using, key, backend, name, fence, now, holder, known)
+            outcome, previous = _portable(
+                using, key, backend, name, fence, now, holder, known, mark
+            )
         # A name's first row, or one pruned: fences below the floor are older than the rows
         # prune-fences forgot, so they may be below what those rows held.
         floor = _floor(using, backend, wait) if outcome == "new" else None
@@ -254,7 +251,7 @@ def check_fence(
     refenced = refence(top) if refence is not None and top < FENCE_LIMIT else -1
     if refenced > top:  # current in Redis: check the new fence (once: no re-fence then)
         return check_fence(using, backend, name, refenced, describe, wait=wait, now=now,
-                           token=token, current=True)  # fmt: skip
+                           token=token, current=True, mark=mark)  # fmt: skip
     message = stale_message(
         describe or repr(name), using, fence, recorded, outcome == "new", refenced, unsure
     )
@@ -329,13 +326,14 @@ def _upsert(
     wait: float | None,
     holder: str | None = None,
     known: tuple[str, str | None] | None = None,
+    mark: int | None = None,
 ) -> tuple[str, int | None]:
     """("new", None), ("newest", the fence the row had) or ("stale", None): a larger fence
     recorded, or (``known`` given) a writer other than those two tokens."""
     bounded = wait is not None and connection.vendor == "postgresql"
     sql = _upsert_sql(connection, bounded)
     touched = connection.ops.adapt_datetimefield_value(now)
-    params: list[Any] = [key, backend, name, fence, holder, touched]
+    params: list[Any] = [key, backend, name, fence, holder, touched, mark]
     if bounded:
         params.append(_bound(wait))  # type: ignore[arg-type]
     params += [known is None, *(known or (None, None))]
@@ -368,20 +366,21 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
     qn = connection.ops.quote_name
     table = qn(Fence._meta.db_table)
     key_, fence_, previous, at = qn("key"), qn("fence"), qn("previous"), qn("touched")
-    holder = qn("holder")
-    columns = f"{key_}, {qn('backend')}, {qn('name')}, {fence_}, {holder}, {previous}, {at}"
+    holder, mark = qn("holder"), qn("mark")
+    columns = ", ".join([key_, qn("backend"), qn("name"), fence_, holder, previous, at, mark])
     # The WHERE false on a conflict: no row returned (the row is locked all the same). The
     # writer is checked only when asked (not after a re-fence): this hold's own, or the hold
     # given a fence before it (NULL compares as false: an unknown writer is not trusted).
     conflict = (
         f" ON CONFLICT ({key_}) DO UPDATE SET {previous} = {table}.{fence_},"
-        f" {fence_} = EXCLUDED.{fence_}, {holder} = EXCLUDED.{holder}, {at} = EXCLUDED.{at}"
+        f" {fence_} = EXCLUDED.{fence_}, {holder} = EXCLUDED.{holder}, {at} = EXCLUDED.{at},"
+        f" {mark} = EXCLUDED.{mark}"
         f" WHERE {table}.{fence_} <= EXCLUDED.{fence_} AND (%s OR {table}.{holder} = %s"
         f" OR {table}.{holder} = %s)"
     )
     if not bounded:
         sql = (
-            f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, %s, NULL, %s){conflict}"
+            f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, %s, NULL, %s, %s){conflict}"
             f" RETURNING {previous}"
         )
     else:
@@ -389,7 +388,7 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
         # wait on the row, having saved the transaction's own (the nesting orders the two
         # calls), and RETURNING, evaluated once the row is locked, restores it.
         sql = (
-            f"INSERT INTO {table} ({columns}) SELECT %s, %s, %s, %s, %s, NULL, %s"
+            f"INSERT INTO {table} ({columns}) SELECT %s, %s, %s, %s, %s, NULL, %s, %s"
             f" WHERE set_config('lock_timeout', %s || left(set_config('{_SAVED}',"
             f" current_setting('lock_timeout'), true), 0), true) IS NOT NULL{conflict}"
             f" RETURNING {previous}, set_config('lock_timeout', current_setting('{_SAVED}'),"
@@ -407,6 +406,7 @@ def _portable(
     now: Any,
     holder: str | None = None,
     known: tuple[str, str | None] | None = None,
+    mark: int | None = None,
 ) -> tuple[str, int | None]:
     """Other databases: SELECT ... FOR UPDATE, then UPDATE or INSERT (Django's ORM)."""
     from .models import Fence
@@ -418,13 +418,14 @@ def _portable(
             recorded, writer = found[0]
             if recorded > fence or (known is not None and (writer is None or writer not in known)):
                 return "stale", None
-            rows.filter(key=key).update(fence=fence, holder=holder, previous=recorded, touched=now)
+            rows.filter(key=key).update(
+                fence=fence, holder=holder, previous=recorded, touched=now, mark=mark
+            )
             return "newest", recorded
         try:
             with transaction.atomic(using=using):  # a savepoint: a concurrent insert may win
-                rows.create(
-                    key=key, backend=backend, name=name, fence=fence, holder=holder, touched=now
-                )
+                rows.create(key=key, backend=backend, name=name, fence=fence, holder=holder,
+                            touched=now, mark=mark)  # fmt: skip
         except IntegrityError:
             continue  # then lock its row and compare
         return "new", None

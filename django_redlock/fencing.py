@@ -49,10 +49,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime
 import dis
 import inspect
 import logging
+import secrets
 import sys
 import threading
 import weakref
@@ -67,7 +67,6 @@ from django.db import (
     transaction,
 )
 from django.db.transaction import TransactionManagementError
-from django.utils import timezone
 
 from .exceptions import CommitOutcomeUnknown, LockError, LockLost, LockNotOwned
 from .fence_table import check_fence, commit_outcome, pid_of
@@ -296,16 +295,17 @@ def _fenced_steps(
     # An exception already being handled where the block runs (it runs in an ``except:``) is
     # not one that interrupted this block's COMMIT.
     handled = sys.exc_info()[1]
-    # The row's time: with the fence, this block's mark in the row. A block nested in one of
-    # the same row (a re-entry, lk.atomic() inside) writes the outer block's mark: the outer
-    # COMMIT's outcome check looks for it.
+    # With the fence, this block's mark in the row. A block nested in one of the same row (a
+    # re-entry, lk.atomic() inside) writes the outer block's mark: the outer COMMIT's outcome
+    # check looks for it.
     marks, row = _marks(), (using, lock.using, lock.name)
-    touched = marks.get(row) or _new_mark()
-    own_mark = row not in marks
-    marks[row] = touched
+    outer_mark = marks.get(row)
+    mark = _new_mark() if outer_mark is None else outer_mark
+    own_mark = outer_mark is None
+    marks[row] = mark
     # This process's other blocks of the row (other threads' blocks of the same hold write
     # the same fence with their own marks): what the outcome check may conclude from them.
-    seen = _open_block(row[1:], hold.token, touched) if own_mark else None
+    seen = _open_block(row[1:], hold.token, mark) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     proved_hooks: list[Callable[[], None]] = []
     try:
@@ -315,8 +315,8 @@ def _fenced_steps(
         with atomic:
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
-                                lock.refencer(hold), wait=row_wait(lock), now=touched,
-                                token=hold.token, prior=hold.prior)  # fmt: skip
+                                lock.refencer(hold), wait=row_wait(lock), token=hold.token,
+                                prior=hold.prior, mark=mark)  # fmt: skip
             # The fence this block wrote (its check may have re-fenced the hold): the outcome
             # is asked with it, not with the hold's fence at the end, which a block nested on
             # another database may have re-fenced again (that row is not this one).
@@ -377,7 +377,7 @@ def _fenced_steps(
         ended = seen.ended if seen is not None else ()
         alone = seen.alone_for(hold.token) if seen is not None else _never_alone
         outcome, stopped = _check(lambda: commit_outcome(
-            using, lock.using, lock.name, fence, touched, again,
+            using, lock.using, lock.name, fence, mark, again,
             min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended, alone=alone,
         ))  # fmt: skip
         interrupt = _interrupt_in(exc, handled)
@@ -720,20 +720,14 @@ def _interrupt_in(exc: BaseException, handled: BaseException | None) -> BaseExce
 
 _local = threading.local()
 
-_mark_lock = threading.Lock()
-_last_mark: list[datetime.datetime] = []
 
-
-def _new_mark() -> datetime.datetime:
-    """A block's mark: the time, yet never one this process gave before (a frozen or stepped
-    clock would give two blocks of a hold one mark, and a lost COMMIT of the second would be
-    taken for the first's): 1 us after the last when the clock did not move past it."""
-    now = timezone.now()
-    with _mark_lock:
-        if _last_mark and _last_mark[0].tzinfo == now.tzinfo and now <= _last_mark[0]:
-            now = _last_mark[0] + datetime.timedelta(microseconds=1)
-        _last_mark[:] = [now]
-    return now
+def _new_mark() -> int:
+    """A block's mark: 63 bits from the OS's random source, so no two blocks share one, in
+    any process (a hold adopted by another; a forked child's differ from its parent's),
+    whatever the clocks do (a time, even made unique per process, is not: under a frozen or
+    stepped clock two processes gave blocks of one hold the same, and a lost COMMIT's check
+    took another block's write for this one's, or an ended block's for proof of none)."""
+    return secrets.randbits(63)
 
 
 class _Seen:
@@ -816,8 +810,8 @@ _ROWS_KEPT = 4096
 def _new_locks_in_child() -> None:
     """A lock another thread held at the fork would never be released in the child. (The
     counts stay: a parent's block still open counts as another block of its hold.)"""
-    global _seen_lock, _mark_lock
-    _seen_lock, _mark_lock = threading.Lock(), threading.Lock()
+    global _seen_lock
+    _seen_lock = threading.Lock()
 
 
 def _marks() -> dict[tuple[str, str, str], Any]:

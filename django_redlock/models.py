@@ -65,6 +65,9 @@ class Fence(models.Model):
     #: non-HOT update on PostgreSQL (new index entries, a dead tuple per block). Only
     #: ``prune-fences`` reads it, with a sequential scan.
     touched = models.DateTimeField()
+    #: The mark of the fenced block that wrote ``fence`` (random, unique per block whatever
+    #: the clocks do): a lost COMMIT's outcome check looks for it (None: written before marks).
+    mark = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         verbose_name = "lock fence"

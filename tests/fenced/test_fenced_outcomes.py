@@ -874,6 +874,94 @@ def test_a_frozen_clock_gives_each_block_of_a_hold_its_own_mark(
     assert sales(PG) == []
 
 
+def _adopter(name: str, token: str) -> Callable[[], int]:
+    """A forked child that ``adopt()``s the hold ``token`` and, once told (the returned
+    callable, which waits for it), runs a block of it on ``PG``: its exit code (0: committed).
+    The child's clock is the parent's, and its marks start from what the parent had made."""
+    connections.close_all()  # (the child would share the parent's sockets)
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: ended by the alarm should it hang
+        code = 3
+        try:
+            signal.alarm(20)
+            os.read(ready_r, 1)
+            adopted = lock(name, ttl=30)
+            adopted.adopt(token)
+            with adopted.atomic(PG):
+                sell_one(PG, 1, "child")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(ready_r)
+
+    def run() -> int:
+        os.write(ready_w, b"x")
+        os.close(ready_w)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    return run
+
+
+def test_a_refused_commit_under_another_process_s_block_of_the_hold_is_unknown(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen clock (freezegun) in two processes sharing a hold (a forked child adopts it):
+    each made its marks unique only among its own, so the child's block and this process's
+    next one wrote the same mark. This block's COMMIT is refused, its reply late; the child's
+    block commits on top meanwhile: the row showed the hold's fence with "this block's" mark,
+    and it returned as committed, nothing of it committed. Another process's block of the hold
+    on top: unknown."""
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+    with connections[PG].cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS outcome_deferred"
+            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )
+        cursor.execute("DELETE FROM outcome_deferred")
+    open_shop(PG, 1, 5)
+    held = lock(name, ttl=30)
+    held.acquire()
+    with held.atomic(PROXIED):  # an earlier block: the row carries the hold's fence
+        pass
+    child = _adopter(name, held.token or "")
+    exits: list[int] = []
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "parent")
+        with connections[PROXIED].cursor() as cursor:
+            cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")  # refused at COMMIT
+        proxied.fault_commit("late", hold=0.1, during=lambda: exits.append(child()))
+    held.release()
+    assert exits == [0] and sales(PG) == [("child", 5)]
+
+
+def test_a_lost_commit_under_another_process_s_block_of_the_hold_after_a_clock_step_is_unknown(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wall clock steps back (NTP) in two processes sharing a hold (a forked child adopts
+    it): the child's first block and this process's first block after the fork had one mark.
+    This process's second block commits, its reply lost; the child's block commits on top
+    meanwhile, with the first block's mark: the check took it for an ended block's and said
+    "nothing committed" for a committed block. Another process's block on top: unknown."""
+    open_shop(PG, 1, 5)
+    held = lock(name, ttl=30)
+    held.acquire()
+    with held.atomic(PROXIED):  # an earlier block, the real clock
+        pass
+    stepped = timezone.now() - datetime.timedelta(seconds=30)
+    monkeypatch.setattr(timezone, "now", lambda: stepped)
+    child = _adopter(name, held.token or "")
+    with held.atomic(PROXIED):  # ended before the next block began
+        pass
+    exits: list[int] = []
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "parent")
+        proxied.fault_commit("cut", hold=0.1, during=lambda: exits.append(child()))
+    held.release()
+    assert exits == [0] and sales(PG) == [("parent", 5), ("child", 4)]
+
+
 # -- an old interrupt being handled where the block runs --------------------------------------
 
 

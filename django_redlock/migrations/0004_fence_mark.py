@@ -1,0 +1,15 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("django_redlock", "0003_fence_holder"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="fence",
+            name="mark",
+            field=models.BigIntegerField(blank=True, null=True),
+        ),
+    ]
