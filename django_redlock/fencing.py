@@ -57,7 +57,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Generator
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from django.db import (
@@ -602,17 +602,9 @@ def _with_frame(frame: Any) -> Any:
     return frame
 
 
-def _frame_above(depth: int) -> Any:
-    """The frame ``depth`` calls above the caller's (``sys._getframe(depth)`` there)."""
-    frame = inspect.currentframe()
-    for _ in range(depth + 1):
-        frame = frame.f_back if frame is not None else None
-    return frame
-
-
 def _on_stack(frame: Any) -> bool:
     """Whether ``frame`` is this thread's running code (it or a caller of it)."""
-    here = _frame_above(1)
+    here = inspect.currentframe()
     while here is not None:
         if here is frame:
             return True
@@ -877,13 +869,13 @@ def _aborted(connection: Any) -> bool:
 _open = threading.local()
 
 
-def enter_block(lock: Held, depth: int = 2) -> Held:
+def enter_block(lock: Held, where: FrameType | None) -> Held:
     """After the acquire: open the fenced block, or release the lock and raise. Returns
-    ``lock`` (``with``'s value). ``depth``: how many calls above this one the ``with``
-    statement runs (``__enter__`` and what it calls to get here)."""
+    ``lock`` (``with``'s value). ``where``: the frame that called ``__enter__`` (the ``with``
+    statement's, when :func:`_with_frame` finds it is one)."""
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
-    held.lock, held.where = lock, _with_frame(_frame_above(depth))
+    held.lock, held.where = lock, _with_frame(where)
     try:
         block.__enter__()
         block.depth = lock.current_hold()[1].depth

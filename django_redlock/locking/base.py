@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, TypeVar, cast
 
 from .. import fencing, observe
@@ -1135,6 +1135,9 @@ class BaseLock:
         return self.timeout if self.blocking else None
 
     def __enter__(self: B) -> B:
+        # A fenced block tells from the ``with`` statement's frame (this call's caller, taken
+        # here, not counted from further down) when its ``with`` is gone.
+        where = getattr(inspect.currentframe(), "f_back", None) if self.database else None
         self._check_sync_wait(self.blocking, self._timeout())
         if self.database is not None:  # autocommit off: refused before the lock is taken
             fencing.drop_abandoned(self.database)  # (not a block's leftover transaction)
@@ -1144,21 +1147,17 @@ class BaseLock:
             raise self._not_acquired()
         # One line, as __exit__'s: an interrupt on any line from here on, the ``with`` block
         # never entered, hands the hold back (a fenced block's own failures release it).
-        try: return self._entered()  # noqa: E701  # fmt: skip
+        try: return self._entered(where)  # noqa: E701  # fmt: skip
         except BaseException:
-            self._taken_back(undo)
+            undo_take(self.backend, undo)
             raise
 
-    def _entered(self: B) -> B:
+    def _entered(self: B, where: FrameType | None) -> B:
         if self.database is not None:
             # Returned as it is opened: no line between the block's opening and the ``with``
             # (an exception there would leave the block's transaction open, its exit never run).
-            return fencing.enter_block(self, depth=3)  # with -> __enter__ -> _entered
+            return fencing.enter_block(self, where)
         return self
-
-    def _taken_back(self, undo: Callable[[], Steps[None]]) -> None:
-        if self.database is None:  # else enter_block released it, or the block is open
-            undo_take(self.backend, undo)
 
     def __exit__(
         self,

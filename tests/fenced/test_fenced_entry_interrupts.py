@@ -41,7 +41,7 @@ def _codes(owner: Any, *names: str) -> set[CodeType]:
 
 
 WATCHED = (
-    _codes(BaseLock, "__enter__", "atomic")
+    _codes(BaseLock, "__enter__", "_entered", "atomic")
     | _codes(fencing, "fenced_transaction", "enter_block", "_fenced_steps", "_abandon")
     | _codes(fencing.FencedTransaction, "__init__", "__enter__", "_stop")
     | _codes(transaction.Atomic, "__enter__")
@@ -105,7 +105,8 @@ class Interrupter:
 
 def run_block(name: str, form: str, buyer: str, tracer: Interrupter, exiting: bool = False) -> str:
     """One fenced block selling a seat, ``tracer`` armed from the entry to the body (or, when
-    ``exiting``, from the body's end)."""
+    ``exiting``, from the body's end). ``with lock`` raising with the lock still held (its
+    ``with`` never exits it): `` (held)`` after the exception's name."""
     armed = not exiting
 
     def body() -> None:
@@ -130,7 +131,9 @@ def run_block(name: str, form: str, buyer: str, tracer: Interrupter, exiting: bo
                 body()
         return "returned"
     except BaseException as exc:
-        return type(exc).__name__
+        tracer.armed = False
+        held_on = form == "with lock" and held.owned()
+        return type(exc).__name__ + (" (held)" if held_on else "")
     finally:
         tracer.armed = False
         sys.setprofile(None)
@@ -159,7 +162,9 @@ def test_an_interrupt_on_any_line_of_a_fenced_block_s_entry(name: str, form: str
                 assert out == "returned", where
                 expected.append(buyer)
                 continue
-            assert out == "KeyboardInterrupt", where
+            # One interrupt leaves nothing held (two may cut the hand-back itself short).
+            two = then is not None
+            assert out == "KeyboardInterrupt" or (two and out.endswith("(held)")), where
             if then != 0:  # a burst may cut every clean-up short: the next block's part
                 left_open = connections[PG].in_atomic_block
                 if left_open:  # so that the next point starts clean
