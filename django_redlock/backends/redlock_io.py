@@ -1226,7 +1226,15 @@ class NodeIO:
         with self._mutex:
             earlier = [t for t in self._tasks.get(i, {}) if t.get_loop() is loop]
         if earlier:  # in order: a request never overtakes one left behind on this node
-            await asyncio.wait(earlier)
+            # For one node timeout at most: a node that did not answer them by then, or
+            # that failed them (down), is not sent this one, nor waited for again (a chain
+            # of stragglers cost a timeout each). Not sent, a release or an undo is owed.
+            await asyncio.wait(earlier, timeout=self.timeout)
+            if any(not t.done() for t in earlier) or self.health.is_down(i):
+                if owed:
+                    self.debts.owe(i, op, owed)
+                why = "down" if self.health.is_down(i) else "its earlier requests unanswered"
+                return _unavailable(self.nodes[i], op, why)
         try:
             reply = await self.nodes[i].aexecute(op)
         except BackendUnavailable as exc:
