@@ -137,6 +137,14 @@ class Confirmation:
     def wait(self, timeout: float) -> None:
         self._event.wait(max(0.0, timeout))
 
+    def then(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this is set (now, if it is)."""
+        with self._mutex:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
     @property
     def confirmed(self) -> bool:
         return self._event.is_set()
@@ -232,6 +240,17 @@ class ReleaseHub:
         set-up used up the socket timeout, and its try must not wait another (the caller
         raises BackendUnavailable). Never for a quorum's hub (``confirm_needed``)."""
         return self.confirm_needed and not all(c.confirmed for c in confirmations)
+
+    def joins_at_once(self) -> bool:
+        """Whether :meth:`join` returns without waiting for the server (no connect to make:
+        a subscribe is then only written)."""
+        return True
+
+    def unconfirmed_error(self, alias: str, lock: str) -> str:
+        return (
+            f"lock {lock!r}: backend {alias!r} did not confirm the wait's subscription within"
+            f" {self.confirm_timeout:g} s"
+        )
 
     def join(
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
