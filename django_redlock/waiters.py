@@ -176,8 +176,8 @@ class ReleaseHub:
     confirm_timeout = 0.0
     #: Whether a subscription the server did not confirm in time means the server does not
     #: answer (one server: the wait raises, its try would wait a second socket timeout).
-    #: False for a quorum's hub: the other nodes' subscriptions wake the waiter, and its
-    #: try asks every node within the node timeout.
+    #: False for a plain composite of hubs: any of them may wake the waiter. (A Redlock's
+    #: QuorumHub returns one confirmation, set once a quorum of nodes confirmed: needed.)
     confirm_needed = True
     #: The most waiter ids kept by :meth:`abandon`: over it, the oldest not watched any more
     #: is left at once (its leave runs), never forgotten.
@@ -238,7 +238,7 @@ class ReleaseHub:
     def _unconfirmed(self, confirmations: list[Confirmation]) -> bool:
         """Whether the server failed to confirm within the confirm timeout: the wait's
         set-up used up the socket timeout, and its try must not wait another (the caller
-        raises BackendUnavailable). Never for a quorum's hub (``confirm_needed``)."""
+        raises BackendUnavailable). Never for a hub that does not need it (``confirm_needed``)."""
         return self.confirm_needed and not all(c.confirmed for c in confirmations)
 
     def joins_at_once(self) -> bool:
