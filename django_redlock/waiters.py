@@ -137,6 +137,14 @@ class Confirmation:
     def wait(self, timeout: float) -> None:
         self._event.wait(max(0.0, timeout))
 
+    def then(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this is set (now, if it is)."""
+        with self._mutex:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
     @property
     def confirmed(self) -> bool:
         return self._event.is_set()
@@ -168,8 +176,8 @@ class ReleaseHub:
     confirm_timeout = 0.0
     #: Whether a subscription the server did not confirm in time means the server does not
     #: answer (one server: the wait raises, its try would wait a second socket timeout).
-    #: False for a quorum's hub: the other nodes' subscriptions wake the waiter, and its
-    #: try asks every node within the node timeout.
+    #: False for a plain composite of hubs: any of them may wake the waiter. (A Redlock's
+    #: QuorumHub returns one confirmation, set once a quorum of nodes confirmed: needed.)
     confirm_needed = True
     #: The most waiter ids kept by :meth:`abandon`: over it, the oldest not watched any more
     #: is left at once (its leave runs), never forgotten.
@@ -230,8 +238,19 @@ class ReleaseHub:
     def _unconfirmed(self, confirmations: list[Confirmation]) -> bool:
         """Whether the server failed to confirm within the confirm timeout: the wait's
         set-up used up the socket timeout, and its try must not wait another (the caller
-        raises BackendUnavailable). Never for a quorum's hub (``confirm_needed``)."""
+        raises BackendUnavailable). Never for a hub that does not need it (``confirm_needed``)."""
         return self.confirm_needed and not all(c.confirmed for c in confirmations)
+
+    def joins_at_once(self) -> bool:
+        """Whether :meth:`join` returns without waiting for the server (no connect to make:
+        a subscribe is then only written)."""
+        return True
+
+    def unconfirmed_error(self, alias: str, lock: str) -> str:
+        return (
+            f"lock {lock!r}: backend {alias!r} did not confirm the wait's subscription within"
+            f" {self.confirm_timeout:g} s"
+        )
 
     def join(
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""

@@ -141,6 +141,12 @@ class PubSubHub(ReleaseHub):
             waiter.unheard.add(self)
         return confirmations
 
+    def joins_at_once(self) -> bool:
+        # Connected: a subscribe only writes. Else it connects first, and a connect's
+        # handshake with a paused server waits for the socket timeout.
+        pubsub = self._pubsub
+        return pubsub is not None and _connected(pubsub)
+
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
         with self._mutex:
             if not first:

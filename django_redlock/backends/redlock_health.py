@@ -184,12 +184,66 @@ class _Partial:
         self.joined: set[int] = set()
 
 
+class _Enough(Confirmation):
+    """Set once ``needed`` of the nodes joined confirmed their subscriptions, or once that
+    can no longer be (nodes whose join failed outright, a refused connect: the try then
+    says what answers, at once). A node that does not answer stays open: the set-up's
+    deadline then ends the wait (see QuorumHub)."""
+
+    def __init__(self, needed: int, nodes: int) -> None:
+        super().__init__()
+        self._count = threading.Lock()
+        self.needed, self.confirmed_nodes, self.open = needed, 0, nodes
+        self._check()
+
+    def track(self, confirmations: list[Confirmation]) -> None:
+        """A node joined: ``confirmations`` (none: nothing subscribed there) to wait for."""
+        if not confirmations:
+            self.failed()
+            return
+        left = [len(confirmations)]
+
+        def one() -> None:
+            error = next((c.error for c in confirmations if c.error is not None), None)
+            if error is not None:  # refused (an ACL): the wait raises it
+                self.fail(error)
+                return
+            with self._count:
+                left[0] -= 1
+                if left[0]:
+                    return
+                self.confirmed_nodes += 1
+            self._check()
+
+        for confirmed in confirmations:
+            confirmed.then(one)
+
+    def failed(self) -> None:
+        with self._count:
+            self.open -= 1
+        self._check()
+
+    def _check(self) -> None:
+        with self._count:
+            done = self.confirmed_nodes >= self.needed or self.open < self.needed
+        if done:
+            self.set()
+
+
 class QuorumHub(CompositeHub):
     """Waiters listen on the nodes that answer: subscribing on a paused node would wait for
     its confirmation (or for a connect) that never comes. A node that comes back while they
     wait (:meth:`node_up`) is joined then: otherwise their count of silent nodes would stay
     measured against the nodes of their start, and one more pause among those would end the
-    wait while a majority answers."""
+    wait while a majority answers.
+
+    A wait's set-up and its try share one node timeout. The set-up waits for a quorum of
+    confirmations, not for every node's (a node paused since it last answered would hold it
+    for its timeout); a node that needs a connect first (its handshake waits for a paused
+    node's timeout) is joined in a thread, not in turn in the caller's. Fewer than a quorum
+    confirmed within the timeout: the wait raises (its try would wait for the same nodes)."""
+
+    confirm_needed = True  # a quorum's: see _Enough
 
     def __init__(
         self, hubs: list[Any], confirm_timeout: float, usable: Callable[[], set[int]]
@@ -199,6 +253,12 @@ class QuorumHub(CompositeHub):
         self._pid = os.getpid()
         self._partial_mutex = threading.Lock()
         self._partial: dict[tuple[str, AnyWaiter], _Partial] = {}
+
+    def unconfirmed_error(self, alias: str, lock: str) -> str:
+        return (
+            f"lock {lock!r}: backend {alias!r}: too few nodes confirmed the wait's"
+            f" subscription within {self.confirm_timeout:g} s for a quorum"
+        )
 
     def join(
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""
@@ -213,20 +273,25 @@ class QuorumHub(CompositeHub):
         with self._partial_mutex:
             todo = [i for i in sorted(usable) if i not in entry.claimed]
             entry.claimed.update(todo)
-        confirmations: list[Confirmation] = []
+        enough = _Enough(min(len(self.hubs) // 2 + 1, len(todo)), len(todo))
         for i in todo:
+            if not self.hubs[i].joins_at_once():
+                self._start(self._join_late, i, [entry], enough)
+                continue
             try:
-                confirmations += self.hubs[i].join(channel, waiter, by_id, lock)
+                confirmations = self.hubs[i].join(channel, waiter, by_id, lock)
             except Exception as exc:  # a node that is down wakes nobody; the others do
                 logger.debug("redlock: watching %s on node %d failed: %s", channel, i, exc)
                 with self._partial_mutex:
                     entry.claimed.discard(i)
+                enough.failed()
             else:
                 self._joined(entry, i)
+                enough.track(confirmations)
         with self._partial_mutex:
             if not entry.joined:  # (else set by _joined)
                 waiter.unheard_limit = self.unheard_limit(0)
-        return confirmations
+        return [enough]
 
     def _joined(self, entry: _Partial, i: int) -> bool:
         """Count node i as joined by ``entry``'s waiter; False if the waiter left."""
@@ -248,30 +313,44 @@ class QuorumHub(CompositeHub):
             entries = [e for e in self._partial.values() if i not in e.claimed]
             for entry in entries:
                 entry.claimed.add(i)
-        if not entries:
-            return
+        if entries:
+            self._start(self._join_late, i, entries, None)
+
+    def _start(
+        self, join: Callable[..., None], i: int, entries: list[_Partial], enough: _Enough | None
+    ) -> None:
+        """Join node i's hub for ``entries`` in a thread (a connect may wait for a paused
+        node's timeout)."""
         try:
             threading.Thread(
-                target=self._join_late, args=(i, entries), name="redlock-rejoin", daemon=True
+                target=join, args=(i, entries, enough), name="redlock-join", daemon=True
             ).start()
         except Exception as exc:  # no thread to be had: they stay on the nodes they have
             logger.debug("redlock: joining node %d's waiters not started: %s", i, exc)
             with self._partial_mutex:
                 for entry in entries:
                     entry.claimed.discard(i)
+            if enough is not None:
+                enough.failed()
 
-    def _join_late(self, i: int, entries: list[_Partial]) -> None:
+    def _join_late(self, i: int, entries: list[_Partial], enough: _Enough | None) -> None:
         hub = self.hubs[i]
         for entry in entries:
             try:
-                hub.join(entry.channel, entry.waiter, entry.by_id, entry.lock)
+                confirmations = hub.join(entry.channel, entry.waiter, entry.by_id, entry.lock)
             except Exception as exc:
                 logger.debug("redlock: watching %s on node %d failed: %s", entry.channel, i, exc)
                 with self._partial_mutex:
                     entry.claimed.discard(i)
+                if enough is not None:
+                    enough.failed()
                 continue
             if not self._joined(entry, i):  # it left meanwhile: not left registered here
                 hub.leave(entry.channel, entry.waiter)
+                if enough is not None:
+                    enough.failed()
+            elif enough is not None:
+                enough.track(confirmations)
 
     def leave(self, channel: str, waiter: AnyWaiter) -> None:
         with self._partial_mutex:

@@ -1210,9 +1210,7 @@ class NodeIO:
             for task in waiting:  # they go on; the node's next request waits for them
                 i = tasks[task]
                 replies[i] = self._unawaited(i, fan[i])
-                with self._mutex:
-                    self._tasks.setdefault(i, {})[task] = started
-                task.add_done_callback(functools.partial(self._task_done, i))
+                self._straggling(i, task, started)
 
     def _task_done(self, i: int, task: asyncio.Task[Any]) -> None:
         with self._mutex:
@@ -1225,8 +1223,47 @@ class NodeIO:
         loop = asyncio.get_running_loop()
         with self._mutex:
             earlier = [t for t in self._tasks.get(i, {}) if t.get_loop() is loop]
-        if earlier:  # in order: a request never overtakes one left behind on this node
+        if not earlier:
+            return await self._asend(i, op, owed)
+        # In order: a request never overtakes one left behind on this node. Waited for one
+        # node timeout at most (one after another, stragglers cost a timeout each): a
+        # release or an undo goes on behind them in the background (never lost, never
+        # overtaking them, and what comes next waits for it in turn); any other request is
+        # not sent to a node that has not answered them by then, or that they found down.
+        if owed:
+            behind = loop.create_task(self._abehind(earlier, i, op, owed))
+            self._straggling(i, behind, time.monotonic())
+            await asyncio.wait([behind], timeout=self.timeout)
+            return behind.result() if behind.done() else self._unawaited(i, op)
+        await asyncio.wait(earlier, timeout=self.timeout)
+        if all(t.done() for t in earlier) and not self.health.is_down(i):
+            return await self._asend(i, op, owed)
+        why = "down" if self.health.is_down(i) else "its earlier requests unanswered"
+        return _unavailable(self.nodes[i], op, why)
+
+    async def _abehind(
+        self, earlier: list[asyncio.Task[Any]], i: int, op: Op[Any], owed: str
+    ) -> Any:
+        """``op``, a write every node must get, sent once ``earlier`` are done (each ends
+        within a node timeout or two). To a node they found down it is owed instead: paid
+        before the node counts as up again (Debts). Cancelled (its loop closing), owed."""
+        try:
             await asyncio.wait(earlier)
+            if self.health.is_down(i):
+                self.debts.owe(i, op, owed)
+                return _unavailable(self.nodes[i], op, "down")
+            return await self._asend(i, op, owed)
+        except asyncio.CancelledError:
+            self.debts.owe(i, op, owed)  # maybe sent: twice, a release deletes nothing more
+            raise
+
+    def _straggling(self, i: int, task: asyncio.Task[Any], since: float) -> None:
+        """``task``, a request to node i nobody waits for: the node's next one waits for it."""
+        with self._mutex:
+            self._tasks.setdefault(i, {})[task] = since
+        task.add_done_callback(functools.partial(self._task_done, i))
+
+    async def _asend(self, i: int, op: Op[Any], owed: str) -> Any:
         try:
             reply = await self.nodes[i].aexecute(op)
         except BackendUnavailable as exc:

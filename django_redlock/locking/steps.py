@@ -223,12 +223,8 @@ def _unconfirmed(backend: BaseLockBackend, step: Watch) -> BackendUnavailable:
     """A wait's set-up and its first try share one socket timeout: a server that did not
     confirm the subscription within it does not answer, and the try would wait another.
     Raised into the steps at the ``Watch`` (nothing registered on the server yet)."""
-    timeout = backend.hub.confirm_timeout
-    return BackendUnavailable(
-        f"lock {step.lock or step.channel!r}: backend {backend.alias!r} did not confirm the"
-        f" wait's subscription within {timeout:g} s",
-        timed_out=True,
-    )
+    message = backend.hub.unconfirmed_error(backend.alias, step.lock or step.channel)
+    return BackendUnavailable(message, timed_out=True)
 
 
 async def adrive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = None) -> T:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,6 +82,11 @@ def _hubs(alias: str) -> list[ReleaseHub]:
 
 
 def _registered(alias: str) -> list[str]:
+    # A Redlock node whose pub/sub connection is not open yet is joined in a thread
+    # (QuorumHub.join), which leaves what it registered once it sees the waiter gone.
+    for thread in threading.enumerate():
+        if thread.name == "redlock-join":
+            thread.join(5)
     return [c for hub in _hubs(alias) for c, group in hub._waiters.items() if group]
 
 

