@@ -197,6 +197,12 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signum)
 
+    # The backend gave startup no answer a moment ago: a take would wait a socket timeout
+    # more, and the promise is 69 within one (nothing taken, nothing run).
+    unanswered = locks[opts.backend].unanswered_at_startup()
+    if unanswered is not None:
+        say(f"could not take {what}: {unanswered}")
+        return EXIT_UNAVAILABLE
     previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
     try:
         try:

@@ -609,6 +609,33 @@ def test_no_answer_with_grace_0_stops_the_child_before_the_hold_could_expire(
     assert code == 69 and "may have expired" in err, err
 
 
+def test_a_paused_redis_gives_69_within_one_socket_timeout(
+    redis_factory: Callable[..., RedisServer], prefix: str
+) -> None:
+    """exec against a Redis that does not answer (SIGSTOP) waited for the startup's script
+    load of each alias (three here, one server), one socket timeout each, then for the
+    take: 8 s for a promise of BackendUnavailable (69) within one socket timeout (2 s). The
+    aliases are prepared at once, and a backend that did not answer them is not asked
+    again."""
+    server = redis_factory()
+    name = f"{prefix}-unanswered"
+
+    def timed() -> tuple[float, int, str]:
+        started = time.monotonic()
+        code, err = Exec(server.url, name, "--", "true").finish()
+        return time.monotonic() - started, code, err
+
+    baseline, code, err = timed()  # Django's startup, on this machine now
+    assert code == 0, err
+    server.pause()
+    try:
+        took, code, err = timed()
+    finally:
+        server.resume()
+    assert code == 69 and "could not take" in err, err
+    assert took - baseline < 2 + 1, (took, baseline)
+
+
 def test_a_pause_of_exec_longer_than_the_ttl_is_a_loss_76(
     redis_server: RedisServer, prefix: str
 ) -> None:
