@@ -20,6 +20,9 @@ django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"usin
 * A publish that fails takes its claim back: the run stays due and is sent once the broker
   answers, under the same task id (a publish may fail after the broker stored the message: a
   lost reply; a consumer that drops a task id it saw already then runs it once).
+* A publish the broker does not finish within a third of the TTL (:data:`PUBLISH_SHARE`) is
+  abandoned as one that raised (its outcome unknown), and the lead resigned: a leader hung
+  on its broker link would renew the lead and send nothing, forever.
 * Two windows remain, inherent to any broker. A leader that decided a send and is killed (or
   paused past its TTL) before the message reaches the broker loses (or delays) that one run.
   A publish that raised although the broker stored the message is sent again: with the same
@@ -34,6 +37,7 @@ import datetime
 import heapq
 import logging
 import math
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -74,6 +78,17 @@ RECHECK = 10.0
 # row up to BACKOFF_MAX: the other due entries are sent meanwhile.
 BACKOFF = 1.0
 BACKOFF_MAX = 30.0
+
+# A publish is given this share of the lead's TTL. Celery's Redis broker has no socket
+# timeout by default: a publish on a connection that stopped answering (a failover, a paused
+# server, a NAT that dropped it) waits forever, while the keeper renews the lead: nobody
+# would send. One that takes longer is abandoned, its claim taken back, and the lead resigned.
+PUBLISH_SHARE = 1 / 3
+
+
+class PublishTimeout(Exception):
+    """A publish the broker did not finish within its time (its outcome is unknown)."""
+
 
 # The leader check and the record of an entry's run, atomic with the send decision
 # (lua/beat_claim.lua); a claim whose message could not be published handed back
@@ -521,7 +536,15 @@ class LeaderMixin(Scheduler):
         try:
             # Not super().apply_entry(), which logs a failed publish and moves on: the run
             # was claimed, and would be lost.
-            result = self.apply_async(entry, producer=producer, advance=False)
+            result = self._publish(entry, producer)
+        except PublishTimeout as exc:
+            beat_logger.error("Message Error: %s", exc)
+            if task_id is not None:
+                self._resend[entry.name] = (claimed.prev, task_id)
+            self._unclaim(entry, claimed)  # at least once: the next leader sends it
+            self._forget_connection()
+            self._step_down(str(exc))
+            return
         except Exception as exc:
             beat_logger.error("Message Error: %s", exc, exc_info=True)
             if task_id is not None:
@@ -532,6 +555,38 @@ class LeaderMixin(Scheduler):
             entry.options = options
         self._backoff.pop(entry.name, None)
         beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
+
+    def _publish(self, entry: Any, producer: Any) -> Any:
+        """``apply_async`` in a thread of its own, waited for a share of the lead's TTL
+        (:data:`PUBLISH_SHARE`); ``PublishTimeout`` after that (the thread is left to end
+        whenever the broker answers or drops the connection)."""
+        limit = self.redlock.ttl * PUBLISH_SHARE
+        outcome: list[tuple[bool, Any]] = []
+
+        def publish() -> None:
+            try:
+                outcome.append((True, self.apply_async(entry, producer=producer, advance=False)))
+            except BaseException as exc:  # raised in the scheduler's thread, below
+                outcome.append((False, exc))
+
+        thread = threading.Thread(target=publish, name="redlock-beat-publish", daemon=True)
+        thread.start()
+        thread.join(limit)
+        if not outcome:
+            raise PublishTimeout(
+                f"the broker did not take {entry.name!r} within {limit:g} s (a third of the"
+                " lead's TTL): resigning the lead"
+            )
+        done, value = outcome[0]
+        if done:
+            return value
+        raise value
+
+    def _forget_connection(self) -> None:
+        """Celery's cached producer and connection are in use by a publish that hangs: the
+        next publish (this beat's, should it lead again) gets a connection of its own."""
+        for name in ("producer", "connection"):
+            self.__dict__.pop(name, None)
 
     def _unclaim(self, entry: Any, claimed: _Claimed) -> None:
         """A claimed run not published: back on record as not sent, and due again here,

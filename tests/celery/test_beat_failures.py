@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -405,3 +406,47 @@ def test_a_standby_that_led_first_sends_a_run_taken_back_after_it_read_it(
         finally:
             one.close()
             two.close()
+
+
+def test_a_leader_whose_broker_hangs_mid_publish_resigns(
+    redis_factory: Callable[..., RedisServer], tmp_path: Path, name: str
+) -> None:
+    """Celery's Redis broker has no socket timeout by default: a publish on a broker that
+    stopped answering (paused here, after a first publish went through) waited forever while
+    the keeper renewed the lead, so no standby could take over and nothing was sent. The
+    publish is given a third of the TTL; then its claim is taken back and the lead resigned."""
+    from celery import Celery
+
+    broker = redis_factory()
+    app = Celery("in-process", set_as_current=False, broker=broker.url)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 1.0}}
+    app.conf.broker_connection_retry = False
+    ttl = 3.0
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "redis", "ttl": ttl, "name": name}):
+        one = beat.LockedScheduler(app=app, schedule_filename=str(tmp_path / "s"))
+        one.standby_wait = 0.05
+        client = broker.client()
+        ended, stop = threading.Event(), threading.Event()
+        try:
+            deadline = time.monotonic() + 10
+            while not client.llen("celery"):  # leads, and a first publish goes through
+                assert time.monotonic() < deadline, "nothing was sent"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert one.leads
+            broker.pause()
+
+            def ticks() -> None:
+                while one.leads and not stop.is_set():
+                    time.sleep(max(0.0, min(one.tick(), 0.05)))
+                ended.set()
+
+            threading.Thread(target=ticks, daemon=True).start()
+            # The next run falls due within a second; its publish is abandoned a third of
+            # the TTL later (a loaded machine's second on top).
+            assert ended.wait(1 + ttl / 3 + 1.5), "the leader still hangs in its publish"
+            assert locks["redis"].inspect(name) is None  # resigned: a standby leads at once
+        finally:
+            stop.set()
+            broker.resume()
+            ended.wait(10)  # the hung publish (before the fix) ends with the broker back
+            one.close()
