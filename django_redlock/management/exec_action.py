@@ -272,6 +272,7 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             deadlines.attach(guard_fd, keeper.confirmed_until)
             # exec's child is the parent of the command (see _PARENT), told the deadlines too.
             told, tell = os.pipe()
+            deadlines.attach(tell, keeper.confirmed_until, own=True)  # closed by _dismiss
             try:
                 child = subprocess.Popen(
                     [sys.executable, "-I", "-S", "-c", _PARENT, str(told),
@@ -280,13 +281,11 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
                     preexec_fn=_preexec(_pdeathsig(), os.getpid(), foreground, guard_fd),
                 )  # fmt: skip
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
-                os.close(tell)
                 say(f"could not run {opts.command[0]!r}: {exc}")
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 return _release(held, keeper, say, code)
             finally:
                 os.close(told)
-            deadlines.attach(tell, keeper.confirmed_until, own=True)
             for signum in pending:  # came while it was being started
                 on_signal(signum, None)
 
