@@ -456,8 +456,10 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
                 raise self._not_leading() from exc
             return self._lead(since)  # inside the try, as campaign()'s
         except BaseException:
-            # Not awaited: a second cancellation must not cut the resignation short.
-            self._abandon()
+            # Resigned as a block's end is (off the event loop's thread, finished whatever
+            # cancels the task meanwhile); what raised here is what the caller is told.
+            with contextlib.suppress(LockError, asyncio.CancelledError):
+                await self.__aexit__(None, None, None)
             raise
 
     async def __aexit__(
