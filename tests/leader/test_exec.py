@@ -633,7 +633,7 @@ def test_a_paused_redis_gives_69_within_one_socket_timeout(
     finally:
         server.resume()
     assert code == 69 and "could not take" in err, err
-    assert took - baseline < 2 + 1, (took, baseline)
+    assert took - baseline < 2 + 1.5, (took, baseline)  # 8 s before
 
 
 def test_a_pause_of_exec_longer_than_the_ttl_is_a_loss_76(
