@@ -370,6 +370,12 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
                 self.resign()
             raise
 
+    def _abandon(self) -> None:
+        """A campaign that raised before handing its term over: the caller is told it does
+        not lead, so nothing may stay held or renewed (a hidden leader until the exit)."""
+        with contextlib.suppress(LockError):
+            self.resign()
+
     def _not_leading(self) -> LockNotAcquired:
         return LockNotAcquired(f"{self.lock.describe()}: not leading within {self.timeout:g} s")
 
@@ -388,14 +394,14 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         if not self.lock.acquire(timeout=self.timeout):
             raise self._not_leading()
         try:
-            since = hold_start(self.lock, before)
-        except LockNotOwned as exc:  # gone before its confirming renewal: not leading
-            raise self._not_leading() from exc
-        except BaseException:  # unconfirmed: resign
-            with contextlib.suppress(LockError):
-                self.lock.release()
+            try:
+                since = hold_start(self.lock, before)
+            except LockNotOwned as exc:  # gone before its confirming renewal: not leading
+                raise self._not_leading() from exc
+            return self._lead(since)  # inside the try: an exception on this line resigns
+        except BaseException:  # unconfirmed, or raised before the term was handed over
+            self._abandon()
             raise
-        return self._lead(since)
 
     def __exit__(
         self,
@@ -444,14 +450,17 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         if not await self.lock.aacquire(timeout=self.timeout):
             raise self._not_leading()
         try:
-            since = await ahold_start(self.lock, before)
-        except LockNotOwned as exc:
-            raise self._not_leading() from exc
+            try:
+                since = await ahold_start(self.lock, before)
+            except LockNotOwned as exc:
+                raise self._not_leading() from exc
+            return self._lead(since)  # inside the try, as campaign()'s
         except BaseException:
-            with contextlib.suppress(LockError):
-                await self.lock.arelease()
+            # Resigned as a block's end is (off the event loop's thread, finished whatever
+            # cancels the task meanwhile); what raised here is what the caller is told.
+            with contextlib.suppress(LockError, asyncio.CancelledError):
+                await self.__aexit__(None, None, None)
             raise
-        return self._lead(since)
 
     async def __aexit__(
         self,

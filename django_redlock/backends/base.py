@@ -15,6 +15,7 @@ import functools
 import itertools
 import math
 import re
+import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +25,7 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 from django.core.exceptions import ImproperlyConfigured
 
 from ..acl import mask
+from ..exceptions import LockError
 from ..validation import MAX_TTL, check_glob
 from ..waiters import ReleaseHub
 from .cursors import BadCursor as BadCursor  # (it lived here: still importable from here)
@@ -563,6 +565,12 @@ class BaseLockBackend:
     def prepare(self) -> None:
         """Called when the app is ready: warm up what can be warmed (never required)."""
 
+    def unanswered_at_startup(self) -> LockError | None:
+        """What :meth:`prepare` got when the backend did not answer it, less than a socket
+        timeout ago: ``redlock exec`` then exits at once, since a take would wait as long
+        again. None when it answered (or long ago, or was never asked)."""
+        return None
+
     def close(self) -> None:
         """Release connections and threads (a subclass's close() ends with this one's):
         then every :func:`on_close` hook runs (the renewer's watchdog worker for this backend
@@ -639,3 +647,32 @@ class Released(enum.Enum):
     def of(cls, reply: Any) -> Released:
         """force_release.lua's reply: 1, 0 or -1."""
         return cls(int(reply))
+
+
+def prepare_each(backends: Sequence[BaseLockBackend]) -> None:
+    """:meth:`~BaseLockBackend.prepare` each, all at once (a thread each): a startup whose
+    servers do not answer waits one socket timeout, not one per backend. The first error
+    (in their order) is raised once all have ended."""
+    if len(backends) < 2:
+        for backend in backends:
+            backend.prepare()
+        return
+    errors: list[BaseException | None] = [None] * len(backends)
+
+    def prepare(i: int) -> None:
+        try:
+            backends[i].prepare()
+        except BaseException as exc:  # raised in the caller's thread, below
+            errors[i] = exc
+
+    threads = [
+        threading.Thread(target=prepare, args=(i,), name=f"redlock-prepare {b.alias}", daemon=True)
+        for i, b in enumerate(backends)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for error in errors:
+        if error is not None:
+            raise error

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import weakref
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -457,12 +458,16 @@ class RedisBackend(BaseLockBackend):
     #: Whether the startup check ran (the server answered it).
     permissions_checked = False
 
+    #: When (monotonic) :meth:`prepare` got no answer, and what it got.
+    _unanswered: tuple[float, BackendUnavailable] | None = None
+
     def prepare(self) -> None:
         try:
             with self.round_trip("(startup)"):
                 scripts.register(self.client)
             self.check_permissions()
         except BackendUnavailable as exc:
+            self._unanswered = (time.monotonic(), exc)
             logger.warning("redlock: could not load the Lua scripts at startup: %s", exc)
         except MissingPermission as exc:
             self.missing_permission, self.permissions_checked = exc, True
@@ -482,6 +487,12 @@ class RedisBackend(BaseLockBackend):
             ) from None
         if self.missing_permission is not None:
             logger.warning("redlock: %s", self.missing_permission)
+
+    def unanswered_at_startup(self) -> LockError | None:
+        if self._unanswered is None:
+            return None
+        at, exc = self._unanswered
+        return exc if time.monotonic() - at < self.socket_timeout else None
 
     #: The setting naming this backend's URL (a Redlock node's: an item of its list).
     location_setting = ""

@@ -36,6 +36,7 @@ from .base import (
     Op,
     Released,
     Renewal,
+    prepare_each,
 )
 from .cursors import BadCursor, parse_cursor
 from .redis import UNAVAILABLE, RedisBackend, prior_of, text
@@ -530,10 +531,19 @@ class RedlockBackend(BaseLockBackend):
                 return
 
     def prepare(self) -> None:
-        for node in self.nodes:
-            node.prepare()
+        prepare_each(self.nodes)
         if self.restart_guard:
             self.mark_nodes()
+
+    def unanswered_at_startup(self) -> LockError | None:
+        silent = [e for e in (n.unanswered_at_startup() for n in self.nodes) if e is not None]
+        if len(self.nodes) - len(silent) >= self.quorum:
+            return None
+        return BackendUnavailable(
+            f"backend {self.alias!r} (Redlock): {len(silent)} of {len(self.nodes)} nodes did"
+            f" not answer at startup (a quorum is {self.quorum}): {silent[0]}",
+            timed_out=any(getattr(e, "timed_out", False) for e in silent),
+        )
 
     def mark_nodes(self) -> None:
         """Set up the restart guard's markers (done when the app is ready).

@@ -20,6 +20,9 @@ django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"usin
 * A publish that fails takes its claim back: the run stays due and is sent once the broker
   answers, under the same task id (a publish may fail after the broker stored the message: a
   lost reply; a consumer that drops a task id it saw already then runs it once).
+* A publish the broker does not finish within half the TTL (:data:`PUBLISH_SHARE`) is
+  abandoned as one that raised (its outcome unknown), and the lead resigned: a leader hung
+  on its broker link would renew the lead and send nothing, forever.
 * Two windows remain, inherent to any broker. A leader that decided a send and is killed (or
   paused past its TTL) before the message reaches the broker loses (or delays) that one run.
   A publish that raised although the broker stored the message is sent again: with the same
@@ -34,6 +37,7 @@ import datetime
 import heapq
 import logging
 import math
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -45,6 +49,7 @@ from celery.schedules import schedstate
 from celery.utils.time import maybe_make_aware
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 
 from ..backends.base import BaseLockBackend, Op
 from ..backends.locmem import LocMemBackend
@@ -74,6 +79,23 @@ RECHECK = 10.0
 # row up to BACKOFF_MAX: the other due entries are sent meanwhile.
 BACKOFF = 1.0
 BACKOFF_MAX = 30.0
+
+# A publish (with its connection, for a new link) is given this share of the lead's TTL.
+# Celery's Redis broker has no socket timeout by default: a publish on a connection that
+# stopped answering (a failover, a paused server, a NAT that dropped it) waits forever, while
+# the keeper renews the lead: nobody would send. One that takes longer is abandoned, its
+# claim taken back, and the lead resigned: a standby leads within the TTL of the hang.
+PUBLISH_SHARE = 1 / 2
+
+
+class PublishTimeout(Exception):
+    """A publish the broker did not finish within its time (its outcome is unknown)."""
+
+
+#: The producer Celery's tick passes on: connected in the publish's thread (connecting to a
+#: Redis broker sends a PING, which waits as long as a publish).
+IN_PUBLISH: Any = object()
+
 
 # The leader check and the record of an entry's run, atomic with the send decision
 # (lua/beat_claim.lua); a claim whose message could not be published handed back
@@ -308,6 +330,12 @@ class LeaderMixin(Scheduler):
         self._pause_until = 0.0
         self._standing_by = False
         self._recheck = (0.0, 0.0)  # (monotonic time of the next reading, of the last)
+        # The broker link publishes go through: (its generation, connection, producer),
+        # made in a publish's thread. A publish abandoned (it hung) ends its generation: a
+        # thread still hung on it never hands its link to a later publish.
+        self._link: tuple[int, Any, Any] | None = None
+        self._generation = 0
+        self._link_mutex = threading.Lock()
         super().__init__(*args, **kwargs)
 
     # -- leading -------------------------------------------------------------------------------
@@ -521,7 +549,15 @@ class LeaderMixin(Scheduler):
         try:
             # Not super().apply_entry(), which logs a failed publish and moves on: the run
             # was claimed, and would be lost.
-            result = self.apply_async(entry, producer=producer, advance=False)
+            result = self._publish(entry, producer)
+        except PublishTimeout as exc:
+            beat_logger.error("Message Error: %s", exc)
+            if task_id is not None:
+                self._resend[entry.name] = (claimed.prev, task_id)
+            self._unclaim(entry, claimed)  # at least once: the next leader sends it
+            self._forget_connection()
+            self._step_down(str(exc))
+            return
         except Exception as exc:
             beat_logger.error("Message Error: %s", exc, exc_info=True)
             if task_id is not None:
@@ -532,6 +568,72 @@ class LeaderMixin(Scheduler):
             entry.options = options
         self._backoff.pop(entry.name, None)
         beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
+
+    def _publish(self, entry: Any, producer: Any) -> Any:
+        """``apply_async`` in a thread of its own, waited for a share of the lead's TTL
+        (:data:`PUBLISH_SHARE`); ``PublishTimeout`` after that (the thread is left to end
+        whenever the broker answers or drops the connection)."""
+        limit = self.redlock.ttl * PUBLISH_SHARE
+        outcome: list[tuple[bool, Any]] = []
+        generation = self._generation
+
+        def publish() -> None:
+            try:
+                used = self._producer(generation) if producer is IN_PUBLISH else producer
+                outcome.append((True, self.apply_async(entry, producer=used, advance=False)))
+            except BaseException as exc:  # raised in the scheduler's thread, below
+                outcome.append((False, exc))
+            finally:  # what a publish signal's receiver opened in this thread
+                connections.close_all()
+
+        thread = threading.Thread(target=publish, name="redlock-beat-publish", daemon=True)
+        thread.start()
+        thread.join(limit)
+        if not outcome:
+            raise PublishTimeout(
+                f"the broker did not take {entry.name!r} within {limit:g} s (half the lead's"
+                " TTL): resigning the lead"
+            )
+        done, value = outcome[0]
+        if done:
+            return value
+        raise value
+
+    @property
+    def producer(self) -> Any:
+        """Not Celery's producer, connected in the scheduler's thread (a Redis broker's
+        connection sends a PING, which waits as long as a publish): :data:`IN_PUBLISH`, for
+        a producer of :meth:`_producer`'s, made in the publish's thread."""
+        return IN_PUBLISH
+
+    def _producer(self, generation: int) -> Any:
+        """The producer of the current broker link, made on first use (in the calling
+        publish's thread). ``PublishTimeout`` if ``generation`` ended meanwhile."""
+        with self._link_mutex:
+            link = self._link
+            if link is not None and link[0] == generation:
+                return link[2]
+        connection = self.app.connection_for_write()
+        producer = self.Producer(connection, auto_declare=False)
+        with self._link_mutex:
+            if generation == self._generation and self._link is None:
+                self._link = (generation, connection, producer)
+                return producer
+        _release(connection)  # made by a publish abandoned meanwhile: nobody uses it
+        raise PublishTimeout("abandoned")
+
+    def _forget_connection(self) -> None:
+        """The broker link is in use by a publish that hangs: the next publish (this
+        beat's, should it lead again) makes a link of its own. The old one is released in a
+        thread of its own (it may block), which also ends the hung publish where the
+        transport closes its socket (redis-py shuts it down)."""
+        with self._link_mutex:
+            self._generation += 1
+            link, self._link = self._link, None
+        if link is not None:
+            threading.Thread(
+                target=_release, args=(link[1],), name="redlock-beat-release", daemon=True
+            ).start()
 
     def _unclaim(self, entry: Any, claimed: _Claimed) -> None:
         """A claimed run not published: back on record as not sent, and due again here,
@@ -645,6 +747,7 @@ class LeaderMixin(Scheduler):
         try:
             super().close()
         finally:
+            self._forget_connection()
             self._term = None
             self._takeback.update(self._unsure)
             self._unsure.clear()
@@ -657,6 +760,11 @@ class LeaderMixin(Scheduler):
         config = self.redlock
         lead = f"    . leader lock -> {config.name!r} on {config.using!r}, ttl {config.ttl:g}s"
         return "\n".join(x for x in (super().info, lead) if x)
+
+
+def _release(connection: Any) -> None:
+    with contextlib.suppress(Exception):  # a link given up on: its errors are of no use
+        connection.release()
 
 
 class LockedScheduler(LeaderMixin, PersistentScheduler):

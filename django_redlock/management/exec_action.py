@@ -1,14 +1,15 @@
 """``manage.py redlock exec NAME [options] -- COMMAND [ARG ...]``: run a command while this
 process holds a lock (or one of ``--limit`` permits), like ``flock(1)`` across hosts.
 
-The child runs in its own process group with ``REDLOCK_NAME``, ``REDLOCK_FENCE`` and
-``REDLOCK_BACKEND`` in its environment. The hold is renewed by a :class:`~..leader.Keeper`
-while it runs. SIGINT, SIGTERM and SIGHUP sent to ``exec`` go to the child's group. If
-``exec`` dies, a guard process kills the child's group (:data:`_GUARD`), and on Linux the
-child gets SIGKILL from the kernel at once (``PR_SET_PDEATHSIG``, set in the child between
-fork and exec, from ``exec``'s main thread: the signal follows the forking thread). If
-``exec`` stops running without dying (SIGSTOP, a debugger) the guard kills the group too,
-before the hold could expire: ``exec`` tells it each renewal confirmed.
+The command runs in its own process group with ``REDLOCK_NAME``, ``REDLOCK_FENCE`` and
+``REDLOCK_BACKEND`` in its environment, as the child of exec's child (:data:`_PARENT`, the
+group's leader). The hold is renewed by a :class:`~..leader.Keeper` while it runs. SIGINT,
+SIGTERM and SIGHUP sent to ``exec`` go to the group. If ``exec`` dies, a guard process kills
+the group (:data:`_GUARD`), and on Linux the command's parent gets SIGKILL from the kernel at
+once, and the command after it (``PR_SET_PDEATHSIG``, set between fork and exec, in
+``exec``'s main thread: the signal follows the forking thread). If ``exec`` stops running
+without dying (SIGSTOP, a debugger) the guard and the command's parent both kill the group
+before the hold could expire: ``exec`` tells them each renewal confirmed.
 
 Exit status: the child's (128 + N when signal N ended it); :data:`EXIT_CONFLICT` (or
 ``--conflict-exit-code``) when the lock was not taken (held elsewhere, or as another kind),
@@ -196,6 +197,12 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signum)
 
+    # The backend gave startup no answer a moment ago: a take would wait a socket timeout
+    # more, and the promise is 69 within one (nothing taken, nothing run).
+    unanswered = locks[opts.backend].unanswered_at_startup()
+    if unanswered is not None:
+        say(f"could not take {what}: {unanswered}")
+        return EXIT_UNAVAILABLE
     previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
     try:
         try:
@@ -263,16 +270,22 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
             guard = _guard()
             guard_fd = None if guard is None or guard.stdin is None else guard.stdin.fileno()
             deadlines.attach(guard_fd, keeper.confirmed_until)
+            # exec's child is the parent of the command (see _PARENT), told the deadlines too.
+            told, tell = os.pipe()
+            deadlines.attach(tell, keeper.confirmed_until, own=True)  # closed by _dismiss
             try:
                 child = subprocess.Popen(
-                    opts.command,
-                    env=env,
+                    [sys.executable, "-I", "-S", "-c", _PARENT, str(told),
+                     f"{deadlines.deadline():.6f}", *opts.command],
+                    env=env, pass_fds=(told,),
                     preexec_fn=_preexec(_pdeathsig(), os.getpid(), foreground, guard_fd),
-                )
+                )  # fmt: skip
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
                 say(f"could not run {opts.command[0]!r}: {exc}")
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 return _release(held, keeper, say, code)
+            finally:
+                os.close(told)
             for signum in pending:  # came while it was being started
                 on_signal(signum, None)
 
@@ -367,13 +380,88 @@ if said != b"done":
 """
 
 
+# The command's parent: exec's child, leader of the command's process group (exec's preexec
+# made it so), started as ``_PARENT FD DEADLINE COMMAND...``. It runs the command with the
+# parent-death signal (Linux) set to SIGKILL, and SIGKILLs its group (itself included) once the
+# deadline (monotonic) passes with no later one read from FD ("D <seconds>" lines from exec,
+# as the guard's), or once FD closes (exec died). So a command runs on past the hold's end
+# only if exec, the guard and this process all stop, the last without dying: exec stopped
+# (SIGSTOP) and the guard killed left nobody to stop it. It ignores SIGINT, SIGTERM and
+# SIGHUP (exec forwards them to the group: they are the command's), and ends as the command
+# did: its status, or its signal. Isolated (-I -S): no module of the working directory.
+_PARENT = """import os, select, signal, subprocess, sys, time
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+for signum in FORWARDED:
+    signal.signal(signum, signal.SIG_IGN)
+fd, deadline, command = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+prctl = None
+if sys.platform.startswith("linux"):
+    try:
+        import ctypes, ctypes.util
+        prctl = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).prctl
+    except (OSError, AttributeError, ImportError):
+        prctl = None
+me = os.getpid()
+def setup():
+    for signum in FORWARDED:
+        signal.signal(signum, signal.SIG_DFL)
+    if prctl is not None:
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != me:  # this process died before the prctl
+            os.kill(os.getpid(), signal.SIGKILL)
+def kill():
+    try:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os._exit(137)
+try:
+    child = subprocess.Popen(command, preexec_fn=setup)
+except (OSError, ValueError, subprocess.SubprocessError) as exc:
+    sys.stderr.write(f"redlock exec: could not run {command[0]!r}: {exc}\\n")
+    sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
+try:
+    ended = os.pidfd_open(child.pid)
+except (AttributeError, OSError):
+    ended = None  # looked at every 50 ms
+said = b""
+while child.poll() is None:
+    wait = deadline - time.monotonic()
+    if wait <= 0:
+        kill()
+    watched = [fd] if ended is None else [fd, ended]
+    ready = select.select(watched, [], [], wait if ended is not None else min(wait, 0.05))[0]
+    if fd in ready:
+        chunk = os.read(fd, 4096)
+        if not chunk:  # exec died
+            kill()
+        said += chunk
+        *lines, said = said.split(b"\\n")
+        for line in lines:
+            if line.startswith(b"D "):
+                deadline = max(deadline, float(line[2:]))
+code = child.returncode
+if code < 0:  # end as the command did, without a core file of this process
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        signal.signal(-code, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL's cannot be set (nor needs to be)
+        pass
+    os.kill(os.getpid(), -code)
+    os._exit(128 - code)
+sys.exit(code)
+"""
+
+
 class _Deadlines:
-    """Tells the guard each deadline (from the keeper's renewal thread), until finished."""
+    """Tells the guard and the command's parent each deadline (from the keeper's renewal
+    thread), until finished."""
 
     def __init__(self, safety: float) -> None:
         self.safety = safety
         self._mutex = threading.Lock()
-        self._fd: int | None = None
+        self._fd: int | None = None  # the guard's (replaced with it)
+        self._parent: int | None = None  # the command's parent's (ours: closed at finish)
         self._until = 0.0
         self._done = False
 
@@ -382,12 +470,17 @@ class _Deadlines:
             self._until = max(self._until, until)
             self._send()
 
-    def attach(self, fd: int | None, until: float) -> None:
-        if fd is not None:  # a guard that stopped reading never blocks a renewal's thread
+    def attach(self, fd: int | None, until: float, own: bool = False) -> None:
+        """The guard's fd (``own``: the command's parent's, which this object closes)."""
+        if fd is not None:  # a reader that stopped reading never blocks a renewal's thread
             with contextlib.suppress(OSError):
                 os.set_blocking(fd, False)
         with self._mutex:
-            self._fd, self._until = fd, max(self._until, until)
+            if own:
+                self._parent = fd
+            else:
+                self._fd = fd
+            self._until = max(self._until, until)
             self._send()
 
     def deadline(self) -> float:
@@ -396,17 +489,25 @@ class _Deadlines:
             return self._until - self.safety
 
     def _send(self) -> None:
-        if self._fd is not None and not self._done:
-            with contextlib.suppress(OSError):  # a guard gone: the parent-death signal stays
-                os.write(self._fd, b"D %.6f\n" % (self._until - self.safety))
+        if self._done:
+            return
+        for fd in (self._fd, self._parent):
+            if fd is not None:
+                with contextlib.suppress(OSError):  # gone: the others (and the kernel) stay
+                    os.write(fd, b"D %.6f\n" % (self._until - self.safety))
 
     def finish(self) -> None:
-        """Say "done": the guard leaves the group alone; no deadline is sent after it."""
+        """Say "done": the guard leaves the group alone; no deadline is sent after it. The
+        command's parent is gone by then (or killed with its group): its fd is closed."""
         with self._mutex:
             if self._fd is not None and not self._done:
                 with contextlib.suppress(OSError):
                     os.write(self._fd, b"done")
             self._done = True
+            if self._parent is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._parent)
+                self._parent = None
 
 
 def _guard(group: int | None = None, deadline: float = 0.0) -> subprocess.Popen[bytes] | None:

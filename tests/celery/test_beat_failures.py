@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -405,3 +406,62 @@ def test_a_standby_that_led_first_sends_a_run_taken_back_after_it_read_it(
         finally:
             one.close()
             two.close()
+
+
+class StepsDown(beat.LockedScheduler):
+    """Notes each term it ends."""
+
+    standby_wait = 0.05
+    ended: list[str]
+
+    def _step_down(self, why: str) -> None:
+        if self._term is not None:
+            self.ended.append(why)
+        super()._step_down(why)
+
+
+def test_a_leader_whose_broker_hangs_mid_publish_resigns(
+    redis_factory: Callable[..., RedisServer], tmp_path: Path, name: str
+) -> None:
+    """Celery's Redis broker has no socket timeout by default: a publish on a broker that
+    stopped answering (paused here, after a first publish went through) waited forever while
+    the keeper renewed the lead, so no standby could take over and nothing was sent. The
+    publish is given half the TTL; then its claim is taken back and the lead resigned.
+    Led again, the beat connects anew (a PING, which waits as long) in the publish's time."""
+    from celery import Celery
+
+    broker = redis_factory()
+    app = Celery("in-process", set_as_current=False, broker=broker.url)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 1.0}}
+    ttl = 3.0
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "redis", "ttl": ttl, "name": name}):
+        one = StepsDown(app=app, schedule_filename=str(tmp_path / "s"))
+        one.ended = []
+        client = broker.client()
+        stop = threading.Event()
+
+        def ticks() -> None:
+            while not stop.is_set():
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+
+        try:
+            deadline = time.monotonic() + 10
+            while not client.llen("celery"):  # leads, and a first publish goes through
+                assert time.monotonic() < deadline, "nothing was sent"
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            assert one.leads
+            broker.pause()
+            threading.Thread(target=ticks, daemon=True).start()
+            for terms, what in ((1, "its publish"), (2, "connecting anew")):
+                # The run falls due within a second (at once the second time); its publish is
+                # abandoned half the TTL later (a loaded machine's second on top).
+                deadline = time.monotonic() + 1 + ttl / 2 + 1.5
+                while len(one.ended) < terms:
+                    assert time.monotonic() < deadline, f"the leader still hangs in {what}"
+                    time.sleep(0.01)
+                assert "did not take 'e'" in one.ended[-1], one.ended
+        finally:
+            stop.set()
+            broker.resume()
+            time.sleep(0.5)  # a hung tick (before the fix) ends with the broker back
+            one.close()

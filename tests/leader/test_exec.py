@@ -145,7 +145,9 @@ def test_a_loss_terminates_the_child_and_exits_76(
     # --ttl 3: renewed every second; --grace 1: the trapping child exits at its SIGTERM.
     running = execs(name, "--ttl", "3", "--grace", "1", *child(redis_server, "trap", prefix))
     pid, group = map(int, wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split())
-    assert group == pid and group != os.getpgid(0)  # its own process group
+    # Its own process group, led by its parent (exec's child)
+    assert group != os.getpgid(0) and group != os.getpgid(running.process.pid)
+    assert int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == group
     started = time.monotonic()
     if how == "force_release":
         assert locks["redis"].force_release(name)
@@ -212,12 +214,12 @@ def test_a_guard_killed_before_exec_is_paused_is_replaced(
     client = redis_server.client()
     name = f"{prefix}-guard-gone"
     running = execs(name, "--ttl", "2", "--grace", "0", *child(redis_server, "trap", prefix))
-    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    pid, group = map(int, wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split())
     children = Path(f"/proc/{running.process.pid}/task/{running.process.pid}/children")
-    (guard,) = [int(p) for p in children.read_text().split() if int(p) != pid]
+    (guard,) = [int(p) for p in children.read_text().split() if int(p) not in (pid, group)]
     os.kill(guard, signal.SIGKILL)
     wait_for(
-        lambda: any(int(p) not in (pid, guard) for p in children.read_text().split()),
+        lambda: any(int(p) not in (pid, group, guard) for p in children.read_text().split()),
         timeout=2, what="a new guard",
     )  # fmt: skip
     running.process.send_signal(signal.SIGSTOP)
@@ -233,6 +235,41 @@ def test_a_guard_killed_before_exec_is_paused_is_replaced(
         kill_all([pid])
     code, err = running.finish()
     assert code == exec_action.EXIT_LOST and "a new one watches the command" in err, err
+
+
+def test_exec_stopped_then_its_guard_killed_does_not_run_two_commands_at_once(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """exec SIGSTOPped, then its guard SIGKILLed: only exec replaced a dead guard, and a
+    stopped exec could not, so the command ran on past the hold's end, beside the next
+    exec's. The command's parent (exec's child, in the command's group) watches the hold's
+    deadline too, and its death takes the command along (the parent-death signal)."""
+    client = redis_server.client()
+    name = f"{prefix}-stopped-unguarded"
+    first = execs(name, "--ttl", "2", "--grace", "0", *child(redis_server, "trap", prefix))
+    pid, group = map(int, wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split())
+    children = Path(f"/proc/{first.process.pid}/task/{first.process.pid}/children")
+    (guard,) = [int(p) for p in children.read_text().split() if int(p) not in (pid, group)]
+    first.process.send_signal(signal.SIGSTOP)
+    os.kill(guard, signal.SIGKILL)
+    try:
+        # The next run's command says whether the first one still runs when it starts.
+        check = (
+            "import sys\n"
+            "try:\n"
+            f"    state = open('/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0]\n"
+            "except OSError:\n"
+            "    state = 'gone'\n"
+            "sys.exit(0 if state in ('gone', 'Z') else 3)\n"
+        )
+        second = execs(name, "--wait", "30", "--", sys.executable, "-c", check)
+        code, err = second.finish(60)
+        assert code == 0, f"the first command ran on beside the second: {err}"
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+        kill_all([pid])
+    code, err = first.finish()
+    assert code in (exec_action.EXIT_LOST, 128 + signal.SIGKILL), (code, err)
 
 
 def grandchild(redis_server: RedisServer, action: str, prefix: str) -> list[str]:
@@ -570,6 +607,33 @@ def test_no_answer_with_grace_0_stops_the_child_before_the_hold_could_expire(
     finally:
         server.resume()
     assert code == 69 and "may have expired" in err, err
+
+
+def test_a_paused_redis_gives_69_within_one_socket_timeout(
+    redis_factory: Callable[..., RedisServer], prefix: str
+) -> None:
+    """exec against a Redis that does not answer (SIGSTOP) waited for the startup's script
+    load of each alias (three here, one server), one socket timeout each, then for the
+    take: 8 s for a promise of BackendUnavailable (69) within one socket timeout (2 s). The
+    aliases are prepared at once, and a backend that did not answer them is not asked
+    again."""
+    server = redis_factory()
+    name = f"{prefix}-unanswered"
+
+    def timed() -> tuple[float, int, str]:
+        started = time.monotonic()
+        code, err = Exec(server.url, name, "--", "true").finish()
+        return time.monotonic() - started, code, err
+
+    baseline, code, err = timed()  # Django's startup, on this machine now
+    assert code == 0, err
+    server.pause()
+    try:
+        took, code, err = timed()
+    finally:
+        server.resume()
+    assert code == 69 and "could not take" in err, err
+    assert took - baseline < 2 + 1.5, (took, baseline)  # 8 s before
 
 
 def test_a_pause_of_exec_longer_than_the_ttl_is_a_loss_76(

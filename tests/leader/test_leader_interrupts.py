@@ -147,3 +147,41 @@ def test_an_exception_on_the_campaign_s_last_line_resigns(name: str) -> None:
     finally:
         sys.settrace(None)
     assert current_leader(name, using="redis") is None and campaign not in _terms
+
+
+def raise_at(function: str, line: str) -> Callable[..., Any]:
+    """A tracer that raises KeyboardInterrupt once ``function`` is about to run ``line``."""
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != function:
+            return None
+        if event == "line" and line in linecache.getline(frame.f_code.co_filename, frame.f_lineno):
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return tracer
+
+    return tracer
+
+
+@pytest.mark.parametrize("entry", ["campaign", "__aenter__"])
+def test_an_exception_on_the_entry_s_return_line_resigns(name: str, entry: str) -> None:
+    """An exception (a tracer's) on the entry's ``return self._lead(since)``, the lock taken
+    and confirmed: outside the guard that resigns, the caller was told it did not lead while
+    the lock stayed held (nobody led, nobody else could, for a TTL)."""
+    campaign = leader(name, using="redis", ttl=30)
+
+    async def enter() -> None:
+        await campaign.__aenter__()
+
+    sys.settrace(raise_at(entry, "return self._lead(since)"))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if entry == "campaign":
+                campaign.campaign()
+            else:
+                asyncio.run(enter())
+    finally:
+        sys.settrace(None)
+    assert current_leader(name, using="redis") is None and campaign not in _terms
+    with leader(name, using="redis", timeout=1) as term:  # the next candidate, at once
+        assert not term.lost.is_set()
