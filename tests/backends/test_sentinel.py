@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -151,12 +153,6 @@ def test_min_replicas_timeout_longer_than_the_socket_s_is_refused() -> None:
         locks["bad"]
 
 
-@pytest.mark.xfail(
-    strict=False,  # timing: the take may come after the backend's next look at the sentinels
-    reason="not fixed: the backend looks where the master is at most once a second, so a take"
-    " within that second of the switch may still be granted on the old master, confirmed"
-    " (min_replicas) by a replica about to follow the new one (+switch-master would close it)",
-)
 def test_a_thread_connected_before_a_sentinel_failover_uses_the_new_master(name: str) -> None:
     """A thread's connection made before SENTINEL FAILOVER still reaches the old master until
     the sentinels demote it (seconds). With two replicas and min_replicas=1, its take right
@@ -164,8 +160,9 @@ def test_a_thread_connected_before_a_sentinel_failover_uses_the_new_master(name:
     replica that then follows the new master and drops it: a grant the failover loses. (With
     one replica the takes raise QuorumNotReached until the old master is demoted and has
     synced from the new one, about 15 s here, on the new master too: nothing to gain there.)
-    Now each thread's connection moves at the backend's next look at the sentinels (at most
-    once a second); what would close the rest: moving them on the sentinels' +switch-master."""
+    Each thread's connection moved only at the backend's next look at the sentinels (once a
+    second, and SENTINEL MASTERS, which it asks, names the old master until the failover
+    ends): they now move when a sentinel announces it (+promoted-slave, +switch-master)."""
     group = start_sentinel_group(replicas=2)
     master, new, sentinel = group[0], group[1], group[3]
     try:
@@ -385,6 +382,88 @@ def test_a_take_after_an_idle_spell_and_a_failover_lands_on_the_new_master(
             backend.close()
     finally:
         stop_all(group)
+
+
+def test_a_child_forked_while_the_looker_was_being_started_starts_its_own(
+    group: list[RedisServer], name: str
+) -> None:
+    """The lock that lets one thread start the looker was copied held into a child forked
+    while another thread held it (starting the looker: its window): the child's operations
+    then never started one, nor listened to the sentinels, and went on to whatever master
+    its connections had for as long as the child lived."""
+    with sentinel_alias(group, socket_timeout=1.0):
+        backend = locks["s"]
+        with lock(f"{name}:parent", using="s"):
+            pass
+        holding, forked = threading.Event(), threading.Event()
+
+        def starting_the_looker() -> None:
+            with backend._looking:
+                holding.set()
+                forked.wait(10)
+
+        thread = threading.Thread(target=starting_the_looker)
+        thread.start()
+        assert holding.wait(10)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                with lock(f"{name}:child", using="s"):
+                    pass
+                looker = backend._looker
+                code = 0 if looker is not None and looker.is_alive() else 2
+            finally:
+                os.write(write, b"x")
+                os._exit(code)
+        forked.set()
+        thread.join()
+        os.read(read, 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child started no looker"
+        backend.close()
+
+
+def test_the_listeners_come_back_after_a_lost_connection_and_end_with_close(
+    group: list[RedisServer], name: str
+) -> None:
+    """The backend listens to each sentinel for announced switches (see the failover tests
+    above): a listener whose connection is lost connects again, a paused sentinel delays no
+    operation, and close() ends them all."""
+    sentinels = group[2:]
+
+    def listeners() -> list[int]:
+        return [
+            len(s.client().execute_command("CLIENT", "LIST", "TYPE", "pubsub").splitlines())
+            for s in sentinels
+        ]
+
+    def until(wanted: list[int]) -> None:
+        deadline = time.monotonic() + 5
+        while listeners() != wanted:
+            assert time.monotonic() < deadline, f"{listeners()} listeners, not {wanted}"
+            time.sleep(0.05)
+
+    with sentinel_alias(group, socket_timeout=1.0):
+        backend = locks["s"]
+        with lock(name, using="s"):
+            pass
+        until([1, 1])
+        for sentinel in sentinels:
+            sentinel.client().execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        until([1, 1])  # back (a second later)
+        sentinels[0].pause()
+        try:
+            began = time.monotonic()
+            for i in range(5):
+                with lock(f"{name}:{i}", using="s"):
+                    pass
+            assert time.monotonic() - began < 0.5
+        finally:
+            sentinels[0].resume()
+        backend.close()
+        until([0, 0])
 
 
 @pytest.mark.xfail(
