@@ -97,6 +97,59 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
         return self.heard.current(await super().discover_master(service_name), asked=True)
 
 
+class _Listening:
+    """The listeners' sockets (see ``_listen``), and the lock each holds from reading an
+    announcement until it is applied: what an operation checks first (``unheard``). Each
+    thread polls with a poller of its own (one poll object refuses concurrent calls), made
+    again when the sockets change."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._entries: dict[object, tuple[Any, threading.Lock]] = {}
+        # (the locks, the sockets): replaced whole, so a reader sees one or the other
+        self._state: tuple[tuple[threading.Lock, ...], tuple[Any, ...]] = ((), ())
+        self._local = threading.local()
+
+    def put(self, key: object, sock: Any, handling: threading.Lock) -> None:
+        with self._mutex:
+            if self._entries.get(key, (None,))[0] is not sock:
+                self._entries[key] = (sock, handling)
+                self._publish()
+
+    def drop(self, key: object) -> None:
+        """Before its socket is closed: a closed descriptor may be reused by another."""
+        with self._mutex:
+            if self._entries.pop(key, None) is not None:
+                self._publish()
+
+    def _publish(self) -> None:
+        entries = list(self._entries.values())
+        self._state = (tuple(lock for _, lock in entries), tuple(sock for sock, _ in entries))
+
+    def unheard(self) -> bool:
+        """Whether an announcement is here and not applied yet: on a socket, or being
+        applied. A closed socket: not waited for."""
+        state = self._state
+        handlings, socks = state
+        if not socks:
+            return False
+        for handling in handlings:
+            if handling.locked():
+                return True
+        try:
+            if not hasattr(select, "poll"):
+                return bool(select.select(list(socks), [], [], 0)[0])
+            local = self._local
+            if getattr(local, "state", None) is not state:
+                poller = select.poll()
+                for sock in socks:
+                    poller.register(sock, select.POLLIN)
+                local.poller, local.state = poller, state
+            return bool(local.poller.poll(0))
+        except (OSError, ValueError, TypeError):  # closed meanwhile by its listener
+            return False
+
+
 class _Replicated(NamedTuple):
     attempt: Attempt | TakenAll  # the take's own reply: whether it took is .acquired
     replicas: int
@@ -161,8 +214,7 @@ class SentinelBackend(RedisBackend):
         self._moving = threading.Lock()  # a look's move and an announced switch's, one at a time
         self._wake = threading.Event()  # set: the looker looks now
         self._heard = _Heard()
-        # Each listener's socket, and the lock it holds while it applies what it read.
-        self._listening: dict[object, tuple[Any, threading.Lock]] = {}
+        self._listening = _Listening()
         _backends.add(self)
         self._used = 0.0  # when an operation last ran (monotonic)
         self._looker_ran = False
@@ -395,20 +447,10 @@ class SentinelBackend(RedisBackend):
         super().close()
 
     def _unheard(self) -> bool:
-        """Whether a sentinel's announcement is here and not applied yet: its bytes are on a
-        listener's socket, or the listener is applying it. (Sent before the reply to any
-        question asked after the switch, it is here before that reply: a take that follows
-        the answer is sent where the announcement says.) A closed socket: not waited for."""
-        listening = self._listening
-        if not listening:
-            return False
-        entries = list(listening.values())
-        if any(handling.locked() for _sock, handling in entries):
-            return True
-        try:
-            return bool(select.select([sock for sock, _ in entries], [], [], 0)[0])
-        except (OSError, ValueError, TypeError):  # closed meanwhile by its listener
-            return False
+        """Whether a sentinel's announcement is here and not applied yet. (Sent before the
+        reply to any question asked after the switch, it is here before that reply: a take
+        that follows the answer is sent where the announcement says.)"""
+        return self._listening.unheard()
 
     def execute(self, op: Op[T]) -> T:
         first = self._look_for_master()
@@ -580,8 +622,8 @@ def _listen(
                 sock = wire.socket_of(pubsub.connection)
                 if sock is None:
                     raise redis.ConnectionError("not connected")
-                listening[me] = (sock, handling)
-                if not select.select([sock], [], [], LISTEN_POLL)[0]:
+                listening.put(me, sock, handling)
+                if not _readable(sock, LISTEN_POLL):
                     continue
                 with handling:
                     while True:
@@ -593,7 +635,7 @@ def _listen(
                         elif message.get("type") == "message":
                             _heard(ref, message)
             except Exception as exc:  # gone, refused (an ACL without the channels), reset
-                listening.pop(me, None)
+                listening.drop(me)
                 if not said:  # a refusal is the setup's: a warning (a sentinel down: news)
                     said = True
                     logger.log(
@@ -609,9 +651,20 @@ def _listen(
     finally:
         backend = ref()
         if backend is not None:
-            backend._listening.pop(me, None)
+            backend._listening.drop(me)
         if pubsub is not None:
             pubsub.close()
+
+
+def _readable(sock: Any, timeout: float) -> bool:
+    """Whether ``sock`` has something to read (or was closed) within ``timeout`` seconds.
+    poll(), not select(): a process with a thousand files open has descriptors select()
+    refuses."""
+    if not hasattr(select, "poll"):
+        return bool(select.select([sock], [], [], timeout)[0])
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
 
 
 def _heard(ref: weakref.ref[SentinelBackend], message: dict[str, Any]) -> None:
@@ -634,4 +687,4 @@ def _after_fork_in_child() -> None:
         backend._looking = threading.Lock()
         backend._moving = threading.Lock()
         backend._wake = threading.Event()
-        backend._listening = {}  # the parent's listeners' (the sockets are shared)
+        backend._listening = _Listening()  # the parent's listeners' (the sockets are shared)
