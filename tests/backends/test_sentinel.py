@@ -202,6 +202,56 @@ def test_a_thread_connected_before_a_sentinel_failover_uses_the_new_master(name:
         stop_all(group)
 
 
+def test_an_event_loop_connected_before_a_sentinel_failover_uses_the_new_master(
+    name: str,
+) -> None:
+    """As above for an event loop's pooled connection: its take right after the sentinels
+    named the new master went to the old one until the backend's next look (up to a second,
+    more while SENTINEL MASTERS named the old master); the announcement moves it now."""
+    group = start_sentinel_group(replicas=2)
+    master, sentinel = group[0], group[3]
+    try:
+        with sentinel_alias(group[:2] + group[3:], min_replicas=1, min_replicas_timeout=0.5):
+
+            def switched() -> None:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        sentinel.client().execute_command("SENTINEL", "FAILOVER", "mymaster")
+                        break
+                    except ResponseError:
+                        assert time.monotonic() < deadline, "the sentinel never accepted it"
+                        time.sleep(0.2)
+                while master_port(sentinel) == master.port:
+                    assert time.monotonic() < deadline, "no failover"
+                    time.sleep(0.05)
+
+            async def main() -> Any:
+                warm = lock(f"{name}:warm", using="s")
+                assert await warm.aacquire(blocking=False)  # the loop's connection, to old
+                await warm.arelease()
+                await asyncio.to_thread(switched)
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        held = lock(name, using="s")
+                        if await held.aacquire(blocking=False):
+                            return held
+                    except (QuorumNotReached, BackendUnavailable):
+                        pass
+                    assert time.monotonic() < deadline, "never acquired"
+                    await asyncio.sleep(0.05)
+
+            held = asyncio.run(main())
+            key = locks["s"].key(name)
+            promoted = next(s for s in group[1:3] if s.port == master_port(sentinel))
+            assert (promoted.client().exists(key), master.client().exists(key)) == (1, 0)
+            held.release()
+            locks["s"].close()
+    finally:
+        stop_all(group)
+
+
 def test_after_a_planned_sentinel_failover_the_watchdog_renews_on_the_new_master(name: str) -> None:
     """SENTINEL FAILOVER: the old master takes writes until the sentinels demote it (about
     10 s here). The watchdog's connection stayed on it: its renewals kept the old copy alive
