@@ -337,7 +337,9 @@ class SentinelBackend(RedisBackend):
         its own: slow or paused sentinels never delay an operation, except the ones that
         meet a looker restarted after LOOKER_IDLE: they wait for its first look (up to the
         socket timeout), as their connections may point at a master demoted meanwhile.
-        Returns that first look's event while it is pending, else None."""
+        The looker starts a listener per sentinel (``_listen``), which moves the connections
+        as soon as a sentinel announces a switch. Returns that first look's event while it
+        is pending, else None."""
         self._used = time.monotonic()
         looker = self._looker
         if (looker is None or not looker.is_alive()) and self._looking.acquire(False):
