@@ -76,8 +76,17 @@ CLUSTER_COMMANDS: dict[str, tuple[str, ...]] = {
 }
 #: The commands whose refusal may be of their channel, not of the command.
 CHANNEL_COMMANDS = {"subscribe", "publish", "ssubscribe", "spublish"}
-#: What the app asks the sentinels themselves (their own users, in ``sentinel_kwargs``).
-SENTINEL_OWN_COMMANDS = ("sentinel|masters", "sentinel|get-master-addr-by-name", "ping")
+#: What the app asks the sentinels themselves (their own users, in ``sentinel_kwargs``),
+#: and the channels of theirs it listens to: the switches they announce.
+SENTINEL_OWN_COMMANDS = (
+    "sentinel|masters", "sentinel|get-master-addr-by-name", "ping", "subscribe",
+)  # fmt: skip
+SENTINEL_CHANNELS = ("+promoted-slave", "+switch-master")
+#: Their user's rules (``ACL SETUSER sentinel-locks reset resetchannels on >PASSWORD ...``).
+SENTINEL_OWN_RULES = (
+    *(f"+{command}" for command in SENTINEL_OWN_COMMANDS),
+    *(f"&{channel}" for channel in SENTINEL_CHANNELS),
+)
 
 
 class RedisUser(Protocol):

@@ -155,7 +155,9 @@ def _aside(
     conn = _spare(registry, owner) or _new(pool, owner)
     clean = False
     try:
-        if socket_of(conn) is not None and _unusable(conn):
+        # A kept connection may be to a server the pool's has moved from: kept by a thread
+        # that ended after the move without a command since (its check is per command).
+        if socket_of(conn) is not None and (_moved_from(registry, conn) or _unusable(conn)):
             conn.disconnect()
         if socket_of(conn) is None:
             conn.connect()  # the connection's own: a Sentinel one asks where the master is
@@ -175,6 +177,11 @@ def _aside(
             _keep(registry, conn, owner)
         else:  # a reply (or a handshake's) may be on its way: never kept
             conn.disconnect()
+
+
+def _moved_from(registry: _Registry, conn: Any) -> bool:
+    master = registry.master
+    return master is not None and (str(conn.host), int(conn.port)) != master
 
 
 def _unusable(conn: Any) -> bool:
@@ -379,8 +386,8 @@ def _elsewhere(bound: _Bound, conn: Any) -> bool:
     registry = bound.registry
     if bound.moves == registry.moves:
         return False
-    bound.moves, master = registry.moves, registry.master
-    return master is not None and (str(conn.host), int(conn.port)) != master
+    bound.moves = registry.moves
+    return _moved_from(registry, conn)
 
 
 def moved_threads(pool: Any, master: tuple[str, int]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import threading
 import time
 import weakref
@@ -24,6 +25,7 @@ from redis.backoff import NoBackoff
 
 from .. import acl, fast_path, wire
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
+from ..forks import after_fork_in_child
 from ..options import check_options, sentinel_options
 from .base import Attempt, Kind, Op, moved
 from .redis import RedisBackend, TakenAll
@@ -36,7 +38,116 @@ MASTER_CHECK = 1.0  # seconds between looks at where the sentinels say the maste
 # a look 5 s later left takes on the old master for seconds after the switch.
 MASTER_CHECK_FAILED = 1.0
 LOOKER_IDLE = 60.0  # the looker ends after this long without an operation
+# After a sentinel announced a switch, a look that names the old master is answered with the
+# new one until a look names the new one, for this long at most: the other sentinels learn of
+# the switch from the leader's hello messages (every 2 s), and the leader's SENTINEL MASTERS
+# names the old master until every replica follows the new one: they would send us back.
+SWITCH_TRUSTED = 30.0
+LISTEN_POLL = 1.0  # how often a listener checks that its backend is still used
+HEARD_WAIT = 0.25  # how long an operation waits for an announcement already here to apply
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Switch(NamedTuple):
+    old: tuple[str, int]
+    new: tuple[str, int]
+    until: float  # monotonic
+
+
+class _Heard:
+    """The last switch a sentinel announced: until it is old, an answer naming the old
+    master is stale (that sentinel has not heard yet), and the new master is used instead.
+    Shared by the backend and its (sync and asyncio) Sentinel clients; one attribute,
+    replaced whole."""
+
+    switch: _Switch | None = None
+
+    def current(self, address: Any, asked: bool = False) -> Any:
+        """``address``, or the announced master if it names the old one. ``asked``: it is a
+        sentinel's answer, which, naming the new master, ends the correction."""
+        switch = self.switch
+        if switch is None:
+            return address
+        named = (str(address[0]), int(address[1]))
+        if named == switch.old and time.monotonic() < switch.until:
+            return switch.new
+        if asked and named == switch.new and self.switch is switch:
+            self.switch = None  # the sentinels asked know: no need to correct them any more
+        return address
+
+
+class _Sentinel(redis.sentinel.Sentinel):
+    """redis-py's Sentinel client, its answer corrected by an announced switch (see _Heard):
+    connections ask it where the master is when they connect."""
+
+    heard = _Heard()
+
+    def discover_master(self, service_name: str) -> Any:
+        return self.heard.current(super().discover_master(service_name), asked=True)
+
+
+class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
+    heard = _Heard()
+
+    async def discover_master(self, service_name: str) -> Any:
+        return self.heard.current(await super().discover_master(service_name), asked=True)
+
+
+class _Listening:
+    """The listeners' sockets (see ``_listen``), and the lock each holds from reading an
+    announcement until it is applied: what an operation checks first (``unheard``). Each
+    thread polls with a poller of its own (one poll object refuses concurrent calls), made
+    again when the sockets change."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._entries: dict[object, tuple[Any, threading.Lock]] = {}
+        # (the locks, the sockets): replaced whole, so a reader sees one or the other
+        self._state: tuple[tuple[threading.Lock, ...], tuple[Any, ...]] = ((), ())
+        self._local = threading.local()
+
+    def put(self, key: object, sock: Any, handling: threading.Lock) -> None:
+        with self._mutex:
+            if self._entries.get(key, (None,))[0] is not sock:
+                self._entries[key] = (sock, handling)
+                self._publish()
+
+    def drop(self, key: object) -> None:
+        """Before its socket is closed: a closed descriptor may be reused by another."""
+        with self._mutex:
+            if self._entries.pop(key, None) is not None:
+                self._publish()
+
+    def _publish(self) -> None:
+        entries = list(self._entries.values())
+        self._state = (tuple(lock for _, lock in entries), tuple(sock for sock, _ in entries))
+
+    def unheard(self) -> bool:
+        """Whether an announcement is here and not applied yet: on a socket, or being
+        applied. A closed socket: not waited for."""
+        state = self._state
+        handlings, socks = state
+        if not socks:
+            return False
+        for handling in handlings:
+            if handling.locked():
+                return True
+        try:
+            if not hasattr(select, "poll"):
+                return bool(select.select(list(socks), [], [], 0)[0])
+            local = self._local
+            if getattr(local, "state", None) is not state:
+                poller = select.poll()
+                for sock in socks:
+                    poller.register(sock, select.POLLIN)
+                local.poller, local.state = poller, state
+            return bool(local.poller.poll(0))
+        except (OSError, ValueError, TypeError):  # closed meanwhile by its listener
+            return False
 
 
 class _Replicated(NamedTuple):
@@ -100,6 +211,11 @@ class SentinelBackend(RedisBackend):
         self._master: tuple[str, int] | None = None  # where the last look found the master
         self._looker: threading.Thread | None = None  # see _look_for_master
         self._looking = threading.Lock()
+        self._moving = threading.Lock()  # a look's move and an announced switch's, one at a time
+        self._wake = threading.Event()  # set: the looker looks now
+        self._heard = _Heard()
+        self._listening = _Listening()
+        _backends.add(self)
         self._used = 0.0  # when an operation last ran (monotonic)
         self._looker_ran = False
         self._first_look: threading.Event | None = None  # set by a restarted looker's 1st look
@@ -128,14 +244,14 @@ class SentinelBackend(RedisBackend):
 
     def make_client(self) -> Any:
         options, sentinel_kwargs = self._options(redis.retry.Retry(NoBackoff(), 0))
-        sentinel = redis.sentinel.Sentinel(self._sentinels(), sentinel_kwargs=sentinel_kwargs)
+        sentinel = _Sentinel(self._sentinels(), sentinel_kwargs=sentinel_kwargs)
+        sentinel.heard = self._heard
         return sentinel.master_for(self.service_name, **options)
 
     def make_async_client(self) -> Any:
         options, sentinel_kwargs = self._options(redis.asyncio.retry.Retry(NoBackoff(), 0))
-        sentinel = redis.asyncio.sentinel.Sentinel(
-            self._sentinels(), sentinel_kwargs=sentinel_kwargs
-        )
+        sentinel = _AsyncSentinel(self._sentinels(), sentinel_kwargs=sentinel_kwargs)
+        sentinel.heard = self._heard
         client = sentinel.master_for(
             self.service_name, connection_pool_class=wire.AsyncSentinelPool, **options
         )
@@ -221,7 +337,9 @@ class SentinelBackend(RedisBackend):
         its own: slow or paused sentinels never delay an operation, except the ones that
         meet a looker restarted after LOOKER_IDLE: they wait for its first look (up to the
         socket timeout), as their connections may point at a master demoted meanwhile.
-        Returns that first look's event while it is pending, else None."""
+        The looker starts a listener per sentinel (``_listen``), which moves the connections
+        as soon as a sentinel announces a switch. Returns that first look's event while it
+        is pending, else None."""
         self._used = time.monotonic()
         looker = self._looker
         if (looker is None or not looker.is_alive()) and self._looking.acquire(False):
@@ -268,28 +386,82 @@ class SentinelBackend(RedisBackend):
         except Exception as exc:  # no sentinel answered: connections stay where they are
             logger.info("redlock: %s: where is the master? %s", self.describe(), exc)
             return MASTER_CHECK_FAILED
-        if master != self._master:
-            before, self._master = self._master, master
-            if before is not None or after_idle:
-                fast_path.moved_threads(pool, master)
-                # Each event loop's pool too: asyncio's connections made before the switch
-                # stayed on the old master (takes, releases, owned() answered there). Under
-                # the lock a new loop's client is made under: it is listed, or sees _master.
-                with self._setup:
-                    aclients = [entry[0] for entry in self._aclients.values()]
-                for aclient in aclients:
-                    wire.moved_async_pool(aclient, master)
-                moved(self)  # its holds renewed there now, not at their next period
+        self._move(pool, master, after_idle)
         return MASTER_CHECK
 
+    def _move(self, pool: Any, master: tuple[str, int], force: bool) -> None:
+        """The master is at ``master``: connections elsewhere move there before their next
+        command (the first look's answer moves nothing unless ``force``: they are new)."""
+        with self._moving:
+            # (a look's answer that came before a switch was announced, moved after it,
+            # must not send them back)
+            master = self._heard.current(master)
+            if master == self._master:
+                return
+            before, self._master = self._master, master
+            if before is None and not force:
+                return
+            fast_path.moved_threads(pool, master)
+            # Each event loop's pool too: asyncio's connections made before the switch
+            # stayed on the old master (takes, releases, owned() answered there). Under
+            # the lock a new loop's client is made under: it is listed, or sees _master.
+            with self._setup:
+                aclients = [entry[0] for entry in self._aclients.values()]
+            for aclient in aclients:
+                wire.moved_async_pool(aclient, master)
+        moved(self)  # its holds renewed there now, not at their next period
+
+    def _heard_switch(self, channel: Any, message: Any) -> None:
+        """A sentinel announced a switch: connections move now, not at the next look (up to
+        a second later, while the old master still grants takes a failover loses). Heard:
+        ``+promoted-slave slave <ip>:<port> <ip> <port> @ <name> <old ip> <old port>`` (the
+        failover's leader, once the replica took the master's role: from then on the
+        failover goes on to its end, and SENTINEL GET-MASTER-ADDR-BY-NAME names it, while
+        SENTINEL MASTERS, which redis-py asks, names the old one until the end, seconds
+        later), and ``+switch-master <name> <old ip> <old port> <ip> <port>`` (each sentinel,
+        at the end, or when it hears of it)."""
+        fields = _text(message).split()
+        if _text(channel) == "+promoted-slave" and len(fields) == 8:
+            service, old, new = fields[5], fields[6:8], fields[2:4]
+        elif _text(channel) == "+switch-master" and len(fields) == 5:
+            service, old, new = fields[0], fields[1:3], fields[3:5]
+        else:
+            return
+        if service != self.service_name or not old[1].isdigit() or not new[1].isdigit():
+            return
+        master = (new[0], int(new[1]))
+        until = time.monotonic() + SWITCH_TRUSTED
+        self._heard.switch = _Switch((old[0], int(old[1])), master, until)
+        client = self._client
+        if client is None:
+            if not self._aclients:
+                return
+            client = self.client
+        logger.info(
+            "redlock: %s: a sentinel announced the master at %s:%d", self.describe(), *master
+        )
+        self._move(client.connection_pool, master, force=True)
+        self._wake.set()  # the pool's idle connections: the looker's look closes them
+
     def close(self) -> None:
-        self._looker = None  # it ends at its next look
+        self._looker = None  # it ends at its next look, its listeners within LISTEN_POLL
+        self._wake.set()
         super().close()
+
+    def _unheard(self) -> bool:
+        """Whether a sentinel's announcement is here and not applied yet. (Sent before the
+        reply to any question asked after the switch, it is here before that reply: a take
+        that follows the answer is sent where the announcement says.)"""
+        return self._listening.unheard()
 
     def execute(self, op: Op[T]) -> T:
         first = self._look_for_master()
         if first is not None and not first.wait(self.socket_timeout):
             self._stale(first)
+        if self._unheard():
+            deadline = time.monotonic() + HEARD_WAIT
+            while self._unheard() and time.monotonic() < deadline:
+                time.sleep(0.001)
         if fast_path.on_thread_connection(self.client):
             # Nothing checked out of the pool: no permit to wait for, nor to lose should an
             # interrupt land while one is taken or given back (it would be gone for good).
@@ -321,6 +493,10 @@ class SentinelBackend(RedisBackend):
                 await asyncio.sleep(0.01)  # (a thread's event: polled, the loop runs on)
             if not first.is_set():
                 self._stale(first)
+        if self._unheard():
+            deadline = time.monotonic() + HEARD_WAIT
+            while self._unheard() and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
         loop = asyncio.get_running_loop()
         gate = self._agates.get(loop)
         if gate is None:
@@ -386,6 +562,16 @@ def _look(ref: weakref.ref[SentinelBackend], first: threading.Event | None = Non
     """The looker thread (see ``SentinelBackend._look_for_master``): ends when its backend is
     closed or collected, or after LOOKER_IDLE without an operation (the next one starts it)."""
     me = threading.current_thread()
+    backend = ref()
+    if backend is None:
+        return
+    kwargs = backend._options(redis.retry.Retry(NoBackoff(), 0))[1]
+    for host, port in backend._sentinels():
+        threading.Thread(
+            target=_listen, args=(ref, me, host, port, kwargs), daemon=True,
+            name=f"redlock-sentinel {backend.alias} {host}:{port}",
+        ).start()  # fmt: skip
+    del backend
     while True:
         backend = ref()
         if backend is None or backend._looker is not me:
@@ -393,6 +579,8 @@ def _look(ref: weakref.ref[SentinelBackend], first: threading.Event | None = Non
         if time.monotonic() - backend._used > LOOKER_IDLE:
             backend._looker = None
             return
+        wake = backend._wake  # (a new one in a forked child)
+        wake.clear()  # before the look: a switch heard during it is looked at again
         try:
             pause = backend._look_once(after_idle=first is not None)
         except Exception:  # a bug must not end the looks
@@ -404,4 +592,101 @@ def _look(ref: weakref.ref[SentinelBackend], first: threading.Event | None = Non
                 backend._first_look = None
             first = None
         del backend  # not kept alive by a sleeping looker
-        time.sleep(pause)
+        wake.wait(pause)
+
+
+def _listen(
+    ref: weakref.ref[SentinelBackend], looker: threading.Thread, host: str, port: int,
+    kwargs: dict[str, Any],
+) -> None:  # fmt: skip
+    """A listener thread of ``looker``'s, one per sentinel: hears the sentinel announce a
+    switch (see ``SentinelBackend._heard_switch``) and moves the connections at once. It
+    ends with its looker. Nothing waits for it but an operation that finds an announcement
+    already here (``SentinelBackend._unheard``), for HEARD_WAIT at most: a sentinel that is
+    paused, gone or not one (no announcement ever comes) only leaves the periodic looks to
+    find the switch; a connection that fails is made again a second later."""
+    pubsub: Any = None
+    said = False  # a failure logged: not again until it works
+    kwargs = {"retry": redis.retry.Retry(NoBackoff(), 0), **kwargs}
+    me = object()  # this listener's entry in the backend's _listening
+    handling = threading.Lock()  # held from reading an announcement until it is applied
+    try:
+        while True:
+            backend = ref()
+            if backend is None or backend._looker is not looker:
+                return
+            describe, listening = backend.describe(), backend._listening
+            del backend
+            try:
+                if pubsub is None:
+                    pubsub = redis.Redis(host=host, port=port, **kwargs).pubsub()
+                    pubsub.subscribe(*acl.SENTINEL_CHANNELS)
+                sock = wire.socket_of(pubsub.connection)
+                if sock is None:
+                    raise redis.ConnectionError("not connected")
+                listening.put(me, sock, handling)
+                if not _readable(sock, LISTEN_POLL):
+                    continue
+                with handling:
+                    while True:
+                        message = pubsub.get_message(timeout=0)
+                        if message is None:
+                            break
+                        if message.get("type") == "subscribe":
+                            said = False
+                        elif message.get("type") == "message":
+                            _heard(ref, message)
+            except Exception as exc:  # gone, refused (an ACL without the channels), reset
+                listening.drop(me)
+                if not said:  # a refusal is the setup's: a warning (a sentinel down: news)
+                    said = True
+                    logger.log(
+                        logging.WARNING if isinstance(exc, redis.ResponseError) else logging.INFO,
+                        "redlock: %s: not listening to the sentinel at %s:%d (%s): a switch"
+                        " is found by the looks at the sentinels, once a second",
+                        describe, host, port, exc,
+                    )  # fmt: skip
+                if pubsub is not None:
+                    pubsub.close()
+                pubsub = None
+                time.sleep(LISTEN_POLL)
+    finally:
+        backend = ref()
+        if backend is not None:
+            backend._listening.drop(me)
+        if pubsub is not None:
+            pubsub.close()
+
+
+def _readable(sock: Any, timeout: float) -> bool:
+    """Whether ``sock`` has something to read (or was closed) within ``timeout`` seconds.
+    poll(), not select(): a process with a thousand files open has descriptors select()
+    refuses."""
+    if not hasattr(select, "poll"):
+        return bool(select.select([sock], [], [], timeout)[0])
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
+
+
+def _heard(ref: weakref.ref[SentinelBackend], message: dict[str, Any]) -> None:
+    backend = ref()
+    if backend is not None:
+        try:
+            backend._heard_switch(message["channel"], message["data"])
+        except Exception:  # a bug must not end the listening
+            logger.exception("redlock: %s: a switch announced", backend.describe())
+
+
+_backends: weakref.WeakSet[SentinelBackend] = weakref.WeakSet()
+
+
+@after_fork_in_child
+def _after_fork_in_child() -> None:
+    """A backend's locks may have been held by another thread of the parent at the fork:
+    held for good in the child, whose operations would then never start a looker."""
+    for backend in list(_backends):
+        backend._looking = threading.Lock()
+        backend._moving = threading.Lock()
+        backend._wake = threading.Event()
+        backend._listening = _Listening()  # the parent's listeners' (the sockets are shared)

@@ -92,7 +92,7 @@ def test_the_docs_give_each_backend_s_acl_line() -> None:
         params = {"OPTIONS": {"service_name": "m"}} if cls is SentinelBackend else {}
         line = f"{start} {rule_of(cls, **params)}"
         assert line in section, f"{cls.__name__}: {line}"
-    sentinel_own = " ".join(f"+{c}" for c in acl.SENTINEL_OWN_COMMANDS)
+    sentinel_own = " ".join(acl.SENTINEL_OWN_RULES)
     assert f"ACL SETUSER sentinel-locks reset resetchannels on >PASSWORD {sentinel_own}" in section
     for forbidden in ("@all", "@dangerous", "@admin", "+keys", "+flush", "+config", "+info"):
         assert forbidden not in rule_of(RedisClusterBackend)
@@ -304,7 +304,7 @@ def test_django_redis_with_its_cache_s_user(server: RedisServer) -> None:
 def test_sentinel_with_its_own_users(server: RedisServer, sentinel_group: SentinelServer) -> None:
     rule = rule_of(SentinelBackend, OPTIONS={"service_name": "m"})
     server.add_user("locks", SECRET, *rule.split())
-    sentinel_group.add_user("sentinel-locks", SECRET, *(f"+{c}" for c in acl.SENTINEL_OWN_COMMANDS))
+    sentinel_group.add_user("sentinel-locks", SECRET, *acl.SENTINEL_OWN_RULES)
     config = {
         "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
         "LOCATION": [sentinel_group.url_for("sentinel-locks", SECRET).replace("/0", "")],
@@ -314,6 +314,14 @@ def test_sentinel_with_its_own_users(server: RedisServer, sentinel_group: Sentin
     with aliases(mine=config):
         assert locks["mine"].check_permissions() is None
         exercise("mine")
+        # ... and it listens to the sentinel's announcements of a switch, as that user.
+        deadline = time.monotonic() + 5
+        admin = sentinel_group.client()
+        while not any(
+            c["user"] == "sentinel-locks" and "P" in c["flags"] for c in admin.client_list()
+        ):
+            assert time.monotonic() < deadline, "not listening to the sentinel"
+            time.sleep(0.05)
 
 
 def test_redlock_nodes_with_only_the_rule(server: RedisServer) -> None:

@@ -12,7 +12,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_redlock import BackendUnavailable, LockError, lock, locks, semaphore
+from django_redlock import BackendUnavailable, LockError, fast_path, lock, locks, semaphore, wire
 from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
@@ -45,6 +45,22 @@ def test_cluster_keeps_each_lock_in_one_slot(
         assert len(slots) == 1, (name, keys)
         with lock(name, using="cluster", fair=True) as held:
             assert held.fence is not None and backend.name_from_key(backend.key(name)) == name
+
+
+def test_cluster_commands_never_take_the_single_node_fast_path(
+    cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
+) -> None:
+    """The fast path's per-thread and kept connections (fast_path.py) are checked for a
+    Sentinel's master switch, not for a slot move: a Cluster's commands, renewals included,
+    must never go through them, only through redis-py's cluster client (its slot table,
+    MOVED and ASK) and each node's own pool."""
+    backend = locks["cluster"]
+    with lock(name, using="cluster", ttl=1):
+        time.sleep(0.6)  # renewed meanwhile
+    assert not fast_path.on_thread_connection(backend.client)
+    pools = [node.redis_connection.connection_pool for node in backend.client.get_nodes()
+             if node.redis_connection is not None]  # fmt: skip
+    assert pools and all(wire.planted_pool_threads(pool) is None for pool in pools)
 
 
 def test_cluster_spreads_locks_over_the_masters(

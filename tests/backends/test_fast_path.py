@@ -131,6 +131,53 @@ def test_a_thread_s_first_command_after_a_failover_goes_to_the_new_master(name: 
         stop_all(group)
 
 
+def test_a_command_aside_after_a_failover_skips_a_kept_connection_to_the_old_master(
+    name: str,
+) -> None:
+    """A thread that ended after the failover left its connection, still to the old master
+    (it ran no command since), to the kept set; a command aside (a handler's, while its
+    thread's connection is mid-command) took it as it was, and its take was granted on the
+    old master, which takes writes until the sentinels demote it (seconds)."""
+    group = start_sentinel_group()
+    try:
+        old, new = group[0], group[1]
+        config = {"BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+                  "LOCATION": [s.url for s in group[2:]],
+                  "OPTIONS": {"service_name": "mymaster"}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "s": config}):
+            backend, key = locks["s"], locks["s"].key(name)
+            # This thread's own connection, made now: the kept one is left for the command aside.
+            claim = fast_path._bound(backend.client.connection_pool).claim
+            go = threading.Event()
+
+            def earlier() -> None:
+                with lock(f"{name}:earlier", using="s", auto_renew=False):
+                    pass  # its connection, to the old master
+                go.wait(30)  # ... until after the switch: then kept
+
+            thread = threading.Thread(target=earlier)
+            thread.start()
+            _failover(group[2:], to=new)
+            deadline = time.monotonic() + 10
+            while backend._master != ("127.0.0.1", new.port):
+                assert time.monotonic() < deadline, "the backend never moved"
+                time.sleep(0.05)
+            go.set()
+            thread.join()
+            assert old.client().info("replication")["role"] == "master"  # still writable
+            assert claim.acquire(False)  # this thread's connection "mid-command": aside
+            try:
+                held = lock(name, using="s", auto_renew=False)
+                assert held.acquire(blocking=False)
+            finally:
+                claim.release()
+            assert (new.client().exists(key), old.client().exists(key)) == (1, 0)
+            held.release()
+            backend.close()
+    finally:
+        stop_all(group)
+
+
 def test_closing_a_backend_while_threads_run_commands(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:

@@ -42,7 +42,7 @@ def server(tls: TLSFiles) -> Iterator[RedisServer]:
 def sentinel(server: RedisServer) -> Iterator[SentinelServer]:
     """A sentinel over TLS that asks its clients for no certificate, with a user of its own."""
     started = SentinelServer(server, password=ADMIN, tls_auth_clients=False).start()
-    started.add_user("sentinel-locks", SECRET, *(f"+{c}" for c in acl.SENTINEL_OWN_COMMANDS))
+    started.add_user("sentinel-locks", SECRET, *acl.SENTINEL_OWN_RULES)
     yield started
     started.stop()
 

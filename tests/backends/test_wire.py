@@ -301,3 +301,25 @@ def test_an_asyncio_pool_checks_each_connection_it_hands_out(redis_server: Redis
 
     asyncio.run(main())
     assert len(seen) == 2 and seen[0] is seen[1]
+
+
+def test_an_asyncio_sentinel_pool_connects_outside_its_lock() -> None:
+    """redis-py before 7.2 connected (and checked) a connection under the asyncio pool's
+    lock: with the master paused, calls connected one after the other, a socket timeout each
+    (4 s for the fifth of five, with a 1 s timeout). AsyncSentinelPool lets the lock go
+    first, on every redis-py."""
+    import asyncio
+
+    held: list[bool] = []
+
+    class Pool(wire.AsyncSentinelPool):
+        async def ensure_connection(self, connection: object) -> None:
+            held.append(self._lock.locked())  # (connects nothing: no server needed)
+
+    async def main() -> None:
+        pool = Pool("mymaster", sentinel_manager=None)
+        connection = await pool.get_connection()
+        await pool.release(connection)
+
+    asyncio.run(main())
+    assert held == [False]
