@@ -232,8 +232,11 @@ def _claimed(reply: Any) -> tuple[int, int | None]:
     return outcome, (_run_of(reply[1]) if len(reply) > 1 else None)
 
 
-#: A one-off's record lasts as long as a record can (it is the proof it was sent).
+#: A one-off's record lasts 30 days (it is the proof it was sent, until a leader disables it).
 MAX_TTL_MS = to_ms(MAX_TTL)
+
+#: The longest an entry's record lasts: two periods are kept, up to this (Redis takes it).
+RECORD_TTL_MAX = 100 * 365 * 86400.0
 
 
 def one_off_record(entry: Any) -> str | None:
@@ -633,13 +636,17 @@ class LeaderMixin(Scheduler):
         super().sync()
 
     def _record_ttl_ms(self, new_entry: Any) -> int:
-        """A record lasts two periods of its entry (at least a minute, at most 30 days): long
-        enough for the next leader to find it, short enough to vanish with the entry."""
+        """A record lasts two periods of its entry (at least a minute): long enough for the
+        next leader to find it, short enough to vanish with the entry. Not capped at a lock's
+        30 days: a monthly or yearly entry's record gone before its next run is a run the next
+        leader sends again (only a period past RECORD_TTL_MAX, a century, is cut)."""
         try:
             due_in = float(new_entry.schedule.is_due(new_entry.last_run_at)[1])
         except Exception:  # a schedule that cannot say: a day
             due_in = 86400.0
-        return to_ms(min(MAX_TTL, max(60.0, 2 * due_in + 2 * self.redlock.ttl)))
+        if not math.isfinite(due_in):
+            due_in = RECORD_TTL_MAX
+        return to_ms(min(RECORD_TTL_MAX, max(60.0, 2 * due_in + 2 * self.redlock.ttl)))
 
     def close(self) -> None:
         try:
