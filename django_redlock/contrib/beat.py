@@ -19,7 +19,9 @@ django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"usin
   while nobody led are sent once, late, as Celery does after a downtime).
 * A publish that fails takes its claim back: the run stays due and is sent once the broker
   answers, under the same task id (a publish may fail after the broker stored the message: a
-  lost reply; a consumer that drops a task id it saw already then runs it once).
+  lost reply; a consumer that drops a task id it saw already then runs it once). So does a
+  shutdown that lands in a claim or its publish (Celery's SIGTERM handler closes the
+  scheduler, then raises SystemExit there): close() takes back every claim not published.
 * Two windows remain, inherent to any broker. A leader that decided a send and is killed (or
   paused past its TTL) before the message reaches the broker loses (or delays) that one run.
   A publish that raised although the broker stored the message is sent again: with the same
@@ -294,7 +296,10 @@ class LeaderMixin(Scheduler):
             config.name, using=config.using, ttl=config.ttl, timeout=self.standby_wait
         )
         self._term: Term | None = None
-        self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
+        # entry name -> may the run be sent. A claim is here from before it is sent until its
+        # publish is done (or it is handed back): close() takes back what is left, the claim
+        # or publish a shutdown cut short (Celery's SIGTERM handler closes, then SystemExit).
+        self._claims: dict[str, _Claimed | None] = {}
         # entry name -> a claim whose reply (or whose take-back's) was lost: nothing was
         # published. Claimed again as it was while this term lasts ...
         self._unsure: dict[str, _Claimed] = {}
@@ -510,8 +515,9 @@ class LeaderMixin(Scheduler):
         return new_entry
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        claimed = self._claims.pop(entry.name, None)
+        claimed = self._claims.get(entry.name)
         if claimed is None:
+            self._claims.pop(entry.name, None)
             return
         beat_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
         again = self._resend.pop(entry.name, None)
@@ -530,9 +536,11 @@ class LeaderMixin(Scheduler):
             if task_id is not None:
                 self._resend[entry.name] = (claimed.prev, task_id)
             self._unclaim(entry, claimed)
+            self._claims.pop(entry.name, None)  # handed back, or in _unsure
             return
         finally:
             entry.options = options
+        self._claims.pop(entry.name, None)  # published
         self._backoff.pop(entry.name, None)
         beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
 
@@ -577,17 +585,17 @@ class LeaderMixin(Scheduler):
         once = one_off_record(entry)
         if once is not None:  # its last run means nothing: claimed only if none is on record
             op = claim_op(self._backend, self.redlock.name, token, once, None, new, MAX_TTL_MS)
+            pending = _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
         else:
             op = claim_op(self._backend, self.redlock.name, token, entry.name, prev, new, ttl_ms)
+            pending = _Claimed(token, prev, new, ttl_ms, new_entry)
+        self._claims[entry.name] = pending  # from before it is sent (see close())
         try:
             outcome, recorded = self._backend.execute(op)
         except LockError as exc:
             # Unknown: not sent now, claimed again (the same run) after a pause.
             logger.warning("beat: could not claim %r, trying again: %s", entry.name, exc)
-            if once is not None:
-                self._unsure[entry.name] = _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
-            else:
-                self._unsure[entry.name] = _Claimed(token, prev, new, ttl_ms, new_entry)
+            self._unsure[entry.name] = pending
             self._undo(entry, new_entry, prev)
             self._pause_until = time.monotonic() + 1.0
             return None
@@ -653,11 +661,22 @@ class LeaderMixin(Scheduler):
             super().close()
         finally:
             self._term = None
+            # A claim a shutdown cut short (its reply on its way, or its publish under way:
+            # Celery's SIGTERM handler closes, then raises SystemExit there) is not published.
+            cut = {name: claimed for name, claimed in self._claims.items() if claimed}
+            self._claims.clear()
             self._takeback.update(self._unsure)
+            self._takeback.update(cut)
             self._unsure.clear()
-            self._take_back()  # once: a claim left on record reads as sent to the next leader
+            # Once: a claim left on record reads as sent to the next leader.
+            answered = self._take_back()
             with contextlib.suppress(LockError):
                 self._campaign.resign()  # a standby takes over now, not at the TTL
+            if cut and answered:
+                # A claim still on its way (on another connection) may have landed after its
+                # take-back; resigned, none lands any more (its script checks the lead).
+                self._takeback.update(cut)
+                self._take_back()
 
     @property
     def info(self) -> str:
