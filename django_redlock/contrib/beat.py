@@ -657,14 +657,19 @@ class LeaderMixin(Scheduler):
         return to_ms(min(RECORD_TTL_MAX, max(60.0, 2 * due_in + 2 * self.redlock.ttl)))
 
     def close(self) -> None:
+        # A claim a shutdown cut short (its reply on its way, or its publish under way:
+        # Celery's SIGTERM handler closes, then raises SystemExit there) is not published: its
+        # entry (and row: run, count) as before it, before super().close() writes the store.
+        cut = {name: claimed for name, claimed in self._claims.items() if claimed}
+        self._claims.clear()
         try:
+            for name, claimed in cut.items():
+                if claimed.prev is not None:
+                    self._set_last_run(claimed.new_entry, claimed.prev)
+                self._restore_count(claimed.new_entry, name, claimed.count)
             super().close()
         finally:
             self._term = None
-            # A claim a shutdown cut short (its reply on its way, or its publish under way:
-            # Celery's SIGTERM handler closes, then raises SystemExit there) is not published.
-            cut = {name: claimed for name, claimed in self._claims.items() if claimed}
-            self._claims.clear()
             self._takeback.update(self._unsure)
             self._takeback.update(cut)
             self._unsure.clear()

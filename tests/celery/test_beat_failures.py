@@ -410,9 +410,23 @@ def test_a_standby_that_led_first_sends_a_run_taken_back_after_it_read_it(
 
 class ShutDownMidSend(Recording):
     """Celery's SIGTERM handler lands in its first send (``service.sync()`` closes the
-    scheduler, then ``SystemExit``): in the publish, or as the claim's reply comes back."""
+    scheduler, then ``SystemExit``): in the publish, or as the claim's reply comes back.
+    Each reserved run is counted on its row; ``synced``: the row's count at each write of
+    the schedule's store once the signal came."""
 
-    at: str
+    Entry = _RowEntry
+    at = "nowhere yet"  # "publish", "claim"; "" once the signal came
+    synced: list[int] = []
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)
+        entry.model.total_run_count += 1
+        return new_entry
+
+    def sync(self) -> None:
+        if not self.at:
+            self.synced.append(_ROWS["e"].total_run_count)
+        super().sync()
 
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
         if self.at == "publish":
@@ -437,8 +451,9 @@ def test_a_shutdown_in_the_middle_of_a_send_leaves_the_run_to_the_next_leader(
     app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
     name = f"beat-shutdown-{at}-{os.getpid()}"
     with override_settings(DJANGO_REDLOCK_BEAT={"using": "default", "ttl": 30, "name": name}):
+        _ROWS.clear()
         one = ShutDownMidSend(app=app, schedule_filename=str(tmp_path / "a"))
-        one.sent, one.at = [], at
+        one.sent, one.at, one.synced = [], at, []
         two = Recording(app=app, schedule_filename=str(tmp_path / "b"))
         two.sent = []
         backend = locks["default"]
@@ -458,6 +473,7 @@ def test_a_shutdown_in_the_middle_of_a_send_leaves_the_run_to_the_next_leader(
             with pytest.raises(SystemExit):
                 one.tick()  # leads, claims the run: the SIGTERM
             one.close()  # Celery's beat closes again on its way out
+            assert one.synced and set(one.synced) == {0}  # the store: the run not sent
             deadline = time.monotonic() + 5
             while not two.sent:
                 assert time.monotonic() < deadline, "the run was never sent"
