@@ -19,7 +19,9 @@ django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"usin
   while nobody led are sent once, late, as Celery does after a downtime).
 * A publish that fails takes its claim back: the run stays due and is sent once the broker
   answers, under the same task id (a publish may fail after the broker stored the message: a
-  lost reply; a consumer that drops a task id it saw already then runs it once).
+  lost reply; a consumer that drops a task id it saw already then runs it once). So does a
+  shutdown that lands in a claim or its publish (Celery's SIGTERM handler closes the
+  scheduler, then raises SystemExit there): close() takes back every claim not published.
 * A publish the broker does not finish within half the TTL (:data:`PUBLISH_SHARE`) is
   abandoned as one that raised (its outcome unknown), and the lead resigned: a leader hung
   on its broker link would renew the lead and send nothing, forever.
@@ -254,8 +256,11 @@ def _claimed(reply: Any) -> tuple[int, int | None]:
     return outcome, (_run_of(reply[1]) if len(reply) > 1 else None)
 
 
-#: A one-off's record lasts as long as a record can (it is the proof it was sent).
+#: A one-off's record lasts 30 days (it is the proof it was sent, until a leader disables it).
 MAX_TTL_MS = to_ms(MAX_TTL)
+
+#: The longest an entry's record lasts: two periods are kept, up to this (Redis takes it).
+RECORD_TTL_MAX = 100 * 365 * 86400.0
 
 
 def one_off_record(entry: Any) -> str | None:
@@ -313,7 +318,10 @@ class LeaderMixin(Scheduler):
             config.name, using=config.using, ttl=config.ttl, timeout=self.standby_wait
         )
         self._term: Term | None = None
-        self._claims: dict[str, _Claimed | None] = {}  # entry name -> may the run be sent
+        # entry name -> may the run be sent. A claim is here from before it is sent until its
+        # publish is done (or it is handed back): close() takes back what is left, the claim
+        # or publish a shutdown cut short (Celery's SIGTERM handler closes, then SystemExit).
+        self._claims: dict[str, _Claimed | None] = {}
         # entry name -> a claim whose reply (or whose take-back's) was lost: nothing was
         # published. Claimed again as it was while this term lasts ...
         self._unsure: dict[str, _Claimed] = {}
@@ -535,8 +543,9 @@ class LeaderMixin(Scheduler):
         return new_entry
 
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
-        claimed = self._claims.pop(entry.name, None)
+        claimed = self._claims.get(entry.name)
         if claimed is None:
+            self._claims.pop(entry.name, None)
             return
         beat_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
         again = self._resend.pop(entry.name, None)
@@ -555,6 +564,7 @@ class LeaderMixin(Scheduler):
             if task_id is not None:
                 self._resend[entry.name] = (claimed.prev, task_id)
             self._unclaim(entry, claimed)  # at least once: the next leader sends it
+            self._claims.pop(entry.name, None)  # handed back, or in _unsure
             self._forget_connection()
             self._step_down(str(exc))
             return
@@ -563,9 +573,11 @@ class LeaderMixin(Scheduler):
             if task_id is not None:
                 self._resend[entry.name] = (claimed.prev, task_id)
             self._unclaim(entry, claimed)
+            self._claims.pop(entry.name, None)  # handed back, or in _unsure
             return
         finally:
             entry.options = options
+        self._claims.pop(entry.name, None)  # published
         self._backoff.pop(entry.name, None)
         beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
 
@@ -676,17 +688,17 @@ class LeaderMixin(Scheduler):
         once = one_off_record(entry)
         if once is not None:  # its last run means nothing: claimed only if none is on record
             op = claim_op(self._backend, self.redlock.name, token, once, None, new, MAX_TTL_MS)
+            pending = _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
         else:
             op = claim_op(self._backend, self.redlock.name, token, entry.name, prev, new, ttl_ms)
+            pending = _Claimed(token, prev, new, ttl_ms, new_entry)
+        self._claims[entry.name] = pending  # from before it is sent (see close())
         try:
             outcome, recorded = self._backend.execute(op)
         except LockError as exc:
             # Unknown: not sent now, claimed again (the same run) after a pause.
             logger.warning("beat: could not claim %r, trying again: %s", entry.name, exc)
-            if once is not None:
-                self._unsure[entry.name] = _Claimed(token, None, new, MAX_TTL_MS, new_entry, once)
-            else:
-                self._unsure[entry.name] = _Claimed(token, prev, new, ttl_ms, new_entry)
+            self._unsure[entry.name] = pending
             self._undo(entry, new_entry, prev)
             self._pause_until = time.monotonic() + 1.0
             return None
@@ -735,25 +747,45 @@ class LeaderMixin(Scheduler):
         super().sync()
 
     def _record_ttl_ms(self, new_entry: Any) -> int:
-        """A record lasts two periods of its entry (at least a minute, at most 30 days): long
-        enough for the next leader to find it, short enough to vanish with the entry."""
+        """A record lasts two periods of its entry (at least a minute): long enough for the
+        next leader to find it, short enough to vanish with the entry. Not capped at a lock's
+        30 days: a monthly or yearly entry's record gone before its next run is a run the next
+        leader sends again (only a period past RECORD_TTL_MAX, a century, is cut)."""
         try:
             due_in = float(new_entry.schedule.is_due(new_entry.last_run_at)[1])
         except Exception:  # a schedule that cannot say: a day
             due_in = 86400.0
-        return to_ms(min(MAX_TTL, max(60.0, 2 * due_in + 2 * self.redlock.ttl)))
+        if not math.isfinite(due_in):
+            due_in = RECORD_TTL_MAX
+        return to_ms(min(RECORD_TTL_MAX, max(60.0, 2 * due_in + 2 * self.redlock.ttl)))
 
     def close(self) -> None:
+        # A claim a shutdown cut short (its reply on its way, or its publish under way:
+        # Celery's SIGTERM handler closes, then raises SystemExit there) is not published: its
+        # entry (and row: run, count) as before it, before super().close() writes the store.
+        cut = {name: claimed for name, claimed in self._claims.items() if claimed}
+        self._claims.clear()
         try:
+            for name, claimed in cut.items():
+                if claimed.prev is not None:
+                    self._set_last_run(claimed.new_entry, claimed.prev)
+                self._restore_count(claimed.new_entry, name, claimed.count)
             super().close()
         finally:
             self._forget_connection()
             self._term = None
             self._takeback.update(self._unsure)
+            self._takeback.update(cut)
             self._unsure.clear()
-            self._take_back()  # once: a claim left on record reads as sent to the next leader
+            # Once: a claim left on record reads as sent to the next leader.
+            answered = self._take_back()
             with contextlib.suppress(LockError):
                 self._campaign.resign()  # a standby takes over now, not at the TTL
+            if cut and answered:
+                # A claim still on its way (on another connection) may have landed after its
+                # take-back; resigned, none lands any more (its script checks the lead).
+                self._takeback.update(cut)
+                self._take_back()
 
     @property
     def info(self) -> str:

@@ -310,16 +310,20 @@ class BaseLock:
         ttl_ms, meta = to_ms(self.lock_ttl), self._meta()
         held = self._holds.get(owner)  # before: to tell whether an interrupt came after a record
         depth = 0 if held is None else held.depth
-        attempt = yield from self._try_or_wait(
-            owner, token, ttl_ms, meta, blocking, timeout, started, span
-        )
+        attempt: Attempt | None = None
         try:
+            # In the try: no line between the grant and the record is unguarded.
+            attempt = yield from self._try_or_wait(
+                owner, token, ttl_ms, meta, blocking, timeout, started, span
+            )
             hold: Hold | None = None
             current = self._holds.get(owner) if self.reentrant else None
             refused = self._nests_in_nothing(owner, current, attempt)
             if attempt.acquired and not refused:
                 hold = self._record(owner, actor, token, ttl_ms, attempt)
         except BaseException as exc:
+            if attempt is None:
+                raise  # the take's own: _try_or_wait handed back what it may have been granted
             # Granted and not recorded (_record undid its steps): hand it back. Recorded (an
             # interrupt as _record returned): released by the driver (_undo_take).
             mine = self._holds.get(owner)
@@ -417,6 +421,7 @@ class BaseLock:
                 queued = self.queued or self.backend.wakes_one
                 waiter = new_waiter_id() if queued else None
                 attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline)
+            return attempt  # in the try: an interrupt here hands the grant back too
         except LockError:
             # No answer (BackendUnavailable, QuorumNotReached): the try may have taken the
             # lock. The next try uses the same token, and finds the hold if it did.
@@ -434,7 +439,6 @@ class BaseLock:
             observe.acquire_ended(self, started, failed, None, span)
             yield from self._hand_back(owner, token)
             raise
-        return attempt
 
     def _hand_back(self, owner: str, token: str) -> Steps[None]:
         """Give back a hold the server may have granted that this object does not hold (an

@@ -535,6 +535,44 @@ def test_a_leader_whose_clock_ran_ahead_makes_the_next_skip_nothing(
             two.close()
 
 
+def _new_year() -> datetime.datetime:
+    return datetime.datetime(2027, 1, 1, 0, 0, 5, tzinfo=datetime.timezone.utc)
+
+
+def test_a_yearly_entry_s_run_stays_on_record_until_after_its_next_run(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    # The record is the next leader's start: capped at 30 days, a yearly entry's was gone
+    # eleven months before its next run, and a takeover then sent the last run again.
+    from celery import Celery
+    from celery.schedules import crontab
+
+    utc = datetime.timezone.utc
+    app = Celery("in-process", set_as_current=False)
+    app.conf.timezone = "UTC"
+    app.conf.result_expires = None  # no daily celery.backend_cleanup entry
+    yearly = crontab(
+        minute=0, hour=0, day_of_month=1, month_of_year=1,
+        nowfun=_new_year,
+    )  # fmt: skip
+    app.conf.beat_schedule = {"yearly": {"task": "tests.beat.tick", "schedule": yearly}}
+    name = f"beat-yearly-{next(_runs)}-{os.getpid()}"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "default", "ttl": 1, "name": name}):
+        one = Recording(app=app, schedule_filename=str(tmp_path / "s"))
+        one.sent = []
+        try:
+            one.schedule["yearly"].last_run_at = datetime.datetime(2026, 1, 1, tzinfo=utc)
+            deadline = time.monotonic() + 5
+            while not one.sent:
+                assert time.monotonic() < deadline
+                time.sleep(max(0.0, min(one.tick(), 0.05)))
+            key = beat.record_key(locks["default"], name, "yearly")
+            kept = redis_server.client().pttl(key) / 1000 / 86400
+            assert kept >= 2 * 365 - 1, f"the run is on record for {kept:.1f} days"
+        finally:
+            one.close()
+
+
 _ONE_OFF = """
 import datetime, sys
 import django

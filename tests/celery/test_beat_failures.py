@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -465,3 +466,80 @@ def test_a_leader_whose_broker_hangs_mid_publish_resigns(
             broker.resume()
             time.sleep(0.5)  # a hung tick (before the fix) ends with the broker back
             one.close()
+
+
+class ShutDownMidSend(Recording):
+    """Celery's SIGTERM handler lands in its first send (``service.sync()`` closes the
+    scheduler, then ``SystemExit``): in the publish, or as the claim's reply comes back.
+    Each reserved run is counted on its row; ``synced``: the row's count at each write of
+    the schedule's store once the signal came."""
+
+    Entry = _RowEntry
+    at = "nowhere yet"  # "publish", "claim"; "" once the signal came
+    synced: list[int] = []
+
+    def reserve(self, entry: Any) -> Any:
+        new_entry = super().reserve(entry)
+        entry.model.total_run_count += 1
+        return new_entry
+
+    def sync(self) -> None:
+        if not self.at:
+            self.synced.append(_ROWS["e"].total_run_count)
+        super().sync()
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        if self.at == "publish":
+            self.sigterm()
+        super().apply_async(entry, producer, advance)
+
+    def sigterm(self) -> None:
+        self.at = ""
+        self.close()
+        raise SystemExit()
+
+
+@pytest.mark.parametrize("at", ["publish", "claim"])
+def test_a_shutdown_in_the_middle_of_a_send_leaves_the_run_to_the_next_leader(
+    at: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SystemExit is no Exception: nothing took the claim back, close() did not know it, and
+    the standby, leading at once, read the run as sent: skipped until the next period."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    name = f"beat-shutdown-{at}-{os.getpid()}"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "default", "ttl": 30, "name": name}):
+        _ROWS.clear()
+        one = ShutDownMidSend(app=app, schedule_filename=str(tmp_path / "a"))
+        one.sent, one.at, one.synced = [], at, []
+        two = Recording(app=app, schedule_filename=str(tmp_path / "b"))
+        two.sent = []
+        backend = locks["default"]
+        real = backend.execute
+
+        def execute(op: Any) -> Any:
+            reply = real(op)
+            if one.at == "claim" and op.parse is beat._claimed:
+                one.sigterm()  # the claim ran on the server; its reply is cut off
+            return reply
+
+        monkeypatch.setattr(backend, "execute", execute)
+        try:
+            for each in (one, two):
+                each.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+            before = beat.to_micros(one.schedule["e"].last_run_at)
+            with pytest.raises(SystemExit):
+                one.tick()  # leads, claims the run: the SIGTERM
+            one.close()  # Celery's beat closes again on its way out
+            assert one.synced and set(one.synced) == {0}  # the store: the run not sent
+            deadline = time.monotonic() + 5
+            while not two.sent:
+                assert time.monotonic() < deadline, "the run was never sent"
+                time.sleep(max(0.0, min(two.tick(), 0.05)))
+            assert not one.sent
+            assert [beat.to_micros(run) for _, run in two.sent] == [before]  # that run, once
+        finally:
+            one.close()
+            two.close()

@@ -66,7 +66,7 @@ class Interrupter:
 
     def __init__(self, at: int | None, watched: set[CodeType], from_grant: bool) -> None:
         self.at, self.watched, self.armed = at, watched | RECORDING, not from_grant
-        for code in self.watched:
+        for code in self.watched | {GRANT}:
             _WITH.setdefault(code, _quiet_lines(code))
         self.points = 0
         self.fired: str | None = None
@@ -89,8 +89,16 @@ class Interrupter:
         return None
 
     def _grant(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "return" and isinstance(arg, Attempt) and arg.acquired:
-            self.armed = True  # the backend granted the hold: from here on
+        if event == "line":
+            # The backend granted the hold: from the next line of the take on (its return
+            # line was a point where nothing handed the grant back).
+            attempt = frame.f_locals.get("attempt")
+            if not self.armed and isinstance(attempt, Attempt) and attempt.acquired:
+                self.armed = True
+            if self.armed and frame.f_lineno not in _WITH[GRANT]:
+                self._point(frame)
+        elif event == "return" and isinstance(arg, Attempt) and arg.acquired:
+            self.armed = True
         return self._grant
 
     def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
