@@ -154,8 +154,9 @@ them.
   the commandstats difference is the better guide there: ours costs Redis about 14-16 us
   more per cycle. (2) That difference is what the scripts do, and the costs are not the
   same for every call. The cost model, measured on this run's own server (Redis 7.0.15) by
-  `bench/calibration.py` (its row in the table after the next full run; three side runs this
-  session, `BENCH_ONLY="redis cpu"`, `INFO commandstats` usec per `EVALSHA` call): being a
+  `bench/calibration.py` (its two rows in the table: the probes, and the model's sum for a
+  cycle's two scripts beside what they measure; three side runs in session 13,
+  `BENCH_ONLY="redis cpu"`, `INFO commandstats` usec per `EVALSHA` call): being a
   script costs 1.0-1.1 us empty, 1.2-1.5 us with one key and one argument, 2.2-2.6 us with
   acquire.lua's 5 keys and 5 arguments (about 0.25 us per key or argument: each becomes a
   Lua string). Inside a script, on top of that: a write with a TTL (`SET ... PX`) 2.0-2.2 us;
@@ -170,7 +171,17 @@ them.
   `INFO cpu` 35-37 us against 15-18 (1.96-2.38 x). The acquire is about its shape (2.2-2.6),
   `TIME` (1-1.5), the fair-queue `EXISTS` (0.7), the counter's `GET` and `SET ... PX` (0.7
   and 2.1) and the lock's own `SET NX PX` on a free key (2-3), plus the Lua between them; the
-  release about its shape, a `GET` and a `DEL` of the lock, and the waiters' `EXISTS`. Each
+  release about its shape, a `GET` and a `DEL` of the lock, and the waiters' `EXISTS`.
+  Session 15 (issue 46) added the probes the leaner designs would use, a `SET ... PX ...
+  GET` (one write that also reads the old counter) and an `EXISTS` of 3 keys, and the
+  release's shape (5 keys, 3 arguments), and sums the model for a cycle: in a side run, SET
+  PX 2.4 us, SET PX GET 1.9, SET NX PX + DEL 3.1, TIME 1.1, GET 0.65, EXISTS 0.54 and of 3
+  keys 0.77; the shapes 2.5 and 2.2; the model's cycle 16.0 us against the scripts' 20.6
+  measured (acquire.lua 13.8, release.lua 6.7): about 4.5 us of a cycle is the Lua between
+  the calls (the value's text, the fence's arithmetic and formatting, the argument reads),
+  not the calls. So a `SET PX GET` in place of the counter's `GET` and `SET PX` would save
+  about 1 us, and one `EXISTS` of 3 keys in place of two about 0.3: the floor the issue
+  names is within about 2 us of today's acquire. Each
   call beyond raw's is a product feature (the server clock for the fence and the admin's
   acquired-at, the fence counter and its TTL, fair queues, wake-ups); the fence counter's
   write with its TTL is the largest single one. Cut earlier: the release's TYPE, its PUBLISH
