@@ -137,6 +137,21 @@ them.
   (a reentrant owner is the running `Context`, found through a `ContextVar` token: the
   self-wait check needs it for plain locks too), the constructor's argument checks 2.2 us,
   and the rest the two generator-driven steps and the hold's record.
+  Session 15 (issue 46), measured in one process with the code before (a copy of the package
+  under another name, its own backend alias) and after taking turns, 40 pairs of neighbouring
+  turns, the median of their ratios, three runs at load average 5-7: the `Lock` object with
+  its round trips answered in-process 0.88, 0.90, 0.87 x before's client CPU (about 4-9 us
+  less of 39-47), and a whole `with lock()` cycle on a real Redis 0.93, 0.95, 0.97 x. What
+  went: one metrics event for a new hold instead of two (and one family look-up and clock
+  reading), histograms counted a batch at a time at the scrape (prometheus_client's
+  `observe` walks the buckets and takes a lock per move: about 1 us per value, now 0.05), the
+  constructor's checks of arguments left at their defaults, the generator of a plain lock's
+  pre-acquire checks (one check applies), the hold's `__dict__`, and a dict copy in the
+  self-wait registry. Against the anchors in the same runs (`BENCH_ONLY=uncontended`,
+  load 7): 0.88, 0.88, 0.86 x redis-py and 0.79, 0.76, 0.75 x raw, the targets (1.1 x and
+  0.95 x) not reached: the object still costs about 30 us of client CPU per cycle in-process
+  (the watchdog hand-over 7 of them, metrics 4), on top of a wire path already cheaper than
+  raw's, and no single step left is above 2 us.
 - **Redis CPU per uncontended cycle ({redis_cpu.ratio} raw in the full run, target 1.3 x:
   {redis_cpu.ratio:verdict}. The run before it gave 1.22 x, and four side runs 1.18-1.29 x, on
   Redis 7.0; an earlier session's side runs on 6.2 gave 1.26-1.68 x: the machine's state tips
@@ -252,6 +267,20 @@ them.
   `redlock list` (host name, process id and thread name, about a byte per character of each:
   the method above), and the fence counter is a key of its own that outlives the hold, so
   that fences keep growing. A shorter host or thread name makes it smaller; nothing was cut.
+  Session 15 (issue 46) measured where the bytes go (`MEMORY USAGE` on Redis 7.0.15 with
+  jemalloc, keys named as the bench's, `SET` of values of each length): a string key counts
+  its dict entry, its name and its value rounded up to jemalloc's size classes, so a value of
+  up to 12 bytes costs 88 B, up to 28 bytes 104 B, up to 44 bytes 120 B (stored with its
+  object header in one allocation), up to 60 bytes 136 B, and the plain lock's 67-byte value
+  152 B; the counter's 34-byte `fence|token` 120 B. Both values hold the 17-character token
+  (the counter's is what a fenced block compares with its row's writer), so each key costs
+  at least 104 B and the two at least 208 B, whatever the encoding of the rest; with today's
+  16-digit fence and no holder details or acquired-at at all, 120 + 120 = 240 B. The holder
+  details and the acquired-at cost 32 B of today's 272. Under 200 B takes one key while
+  held (the counter written at the release only: a crashed holder's token would then never
+  reach it, and a fenced block after it would compare with the one before) or a token under
+  13 characters (fewer random bits): each a promise weakened, so the target stays missed.
+  (The 224 B of earlier runs was before the counter kept the token.)
 """
 
 
