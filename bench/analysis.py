@@ -137,6 +137,21 @@ them.
   (a reentrant owner is the running `Context`, found through a `ContextVar` token: the
   self-wait check needs it for plain locks too), the constructor's argument checks 2.2 us,
   and the rest the two generator-driven steps and the hold's record.
+  Session 15 (issue 46), measured in one process with the code before (a copy of the package
+  under another name, its own backend alias) and after taking turns, 40 pairs of neighbouring
+  turns, the median of their ratios, three runs at load average 5-7: the `Lock` object with
+  its round trips answered in-process 0.88, 0.90, 0.87 x before's client CPU (about 4-9 us
+  less of 39-47), and a whole `with lock()` cycle on a real Redis 0.93, 0.95, 0.97 x. What
+  went: one metrics event for a new hold instead of two (and one family look-up and clock
+  reading), histograms counted a batch at a time at the scrape (prometheus_client's
+  `observe` walks the buckets and takes a lock per move: about 1 us per value, now 0.05), the
+  constructor's checks of arguments left at their defaults, the generator of a plain lock's
+  pre-acquire checks (one check applies), the hold's `__dict__`, and a dict copy in the
+  self-wait registry. Against the anchors in the same runs (`BENCH_ONLY=uncontended`,
+  load 7): 0.88, 0.88, 0.86 x redis-py and 0.79, 0.76, 0.75 x raw, the targets (1.1 x and
+  0.95 x) not reached: the object still costs about 30 us of client CPU per cycle in-process
+  (the watchdog hand-over 7 of them, metrics 4), on top of a wire path already cheaper than
+  raw's, and no single step left is above 2 us.
 - **Redis CPU per uncontended cycle ({redis_cpu.ratio} raw in the full run, target 1.3 x:
   {redis_cpu.ratio:verdict}. The run before it gave 1.22 x, and four side runs 1.18-1.29 x, on
   Redis 7.0; an earlier session's side runs on 6.2 gave 1.26-1.68 x: the machine's state tips
@@ -154,8 +169,9 @@ them.
   the commandstats difference is the better guide there: ours costs Redis about 14-16 us
   more per cycle. (2) That difference is what the scripts do, and the costs are not the
   same for every call. The cost model, measured on this run's own server (Redis 7.0.15) by
-  `bench/calibration.py` (its row in the table after the next full run; three side runs this
-  session, `BENCH_ONLY="redis cpu"`, `INFO commandstats` usec per `EVALSHA` call): being a
+  `bench/calibration.py` (its two rows in the table: the probes, and the model's sum for a
+  cycle's two scripts beside what they measure; three side runs in session 13,
+  `BENCH_ONLY="redis cpu"`, `INFO commandstats` usec per `EVALSHA` call): being a
   script costs 1.0-1.1 us empty, 1.2-1.5 us with one key and one argument, 2.2-2.6 us with
   acquire.lua's 5 keys and 5 arguments (about 0.25 us per key or argument: each becomes a
   Lua string). Inside a script, on top of that: a write with a TTL (`SET ... PX`) 2.0-2.2 us;
@@ -170,7 +186,17 @@ them.
   `INFO cpu` 35-37 us against 15-18 (1.96-2.38 x). The acquire is about its shape (2.2-2.6),
   `TIME` (1-1.5), the fair-queue `EXISTS` (0.7), the counter's `GET` and `SET ... PX` (0.7
   and 2.1) and the lock's own `SET NX PX` on a free key (2-3), plus the Lua between them; the
-  release about its shape, a `GET` and a `DEL` of the lock, and the waiters' `EXISTS`. Each
+  release about its shape, a `GET` and a `DEL` of the lock, and the waiters' `EXISTS`.
+  Session 15 (issue 46) added the probes the leaner designs would use, a `SET ... PX ...
+  GET` (one write that also reads the old counter) and an `EXISTS` of 3 keys, and the
+  release's shape (5 keys, 3 arguments), and sums the model for a cycle: in a side run, SET
+  PX 2.4 us, SET PX GET 1.9, SET NX PX + DEL 3.1, TIME 1.1, GET 0.65, EXISTS 0.54 and of 3
+  keys 0.77; the shapes 2.5 and 2.2; the model's cycle 16.0 us against the scripts' 20.6
+  measured (acquire.lua 13.8, release.lua 6.7): about 4.5 us of a cycle is the Lua between
+  the calls (the value's text, the fence's arithmetic and formatting, the argument reads),
+  not the calls. So a `SET PX GET` in place of the counter's `GET` and `SET PX` would save
+  about 1 us, and one `EXISTS` of 3 keys in place of two about 0.3: the floor the issue
+  names is within about 2 us of today's acquire. Each
   call beyond raw's is a product feature (the server clock for the fence and the admin's
   acquired-at, the fence counter and its TTL, fair queues, wake-ups); the fence counter's
   write with its TTL is the largest single one. Cut earlier: the release's TYPE, its PUBLISH
@@ -241,6 +267,20 @@ them.
   `redlock list` (host name, process id and thread name, about a byte per character of each:
   the method above), and the fence counter is a key of its own that outlives the hold, so
   that fences keep growing. A shorter host or thread name makes it smaller; nothing was cut.
+  Session 15 (issue 46) measured where the bytes go (`MEMORY USAGE` on Redis 7.0.15 with
+  jemalloc, keys named as the bench's, `SET` of values of each length): a string key counts
+  its dict entry, its name and its value rounded up to jemalloc's size classes, so a value of
+  up to 12 bytes costs 88 B, up to 28 bytes 104 B, up to 44 bytes 120 B (stored with its
+  object header in one allocation), up to 60 bytes 136 B, and the plain lock's 67-byte value
+  152 B; the counter's 34-byte `fence|token` 120 B. Both values hold the 17-character token
+  (the counter's is what a fenced block compares with its row's writer), so each key costs
+  at least 104 B and the two at least 208 B, whatever the encoding of the rest; with today's
+  16-digit fence and no holder details or acquired-at at all, 120 + 120 = 240 B. The holder
+  details and the acquired-at cost 32 B of today's 272. Under 200 B takes one key while
+  held (the counter written at the release only: a crashed holder's token would then never
+  reach it, and a fenced block after it would compare with the one before) or a token under
+  13 characters (fewer random bits): each a promise weakened, so the target stays missed.
+  (The 224 B of earlier runs was before the counter kept the token.)
 """
 
 

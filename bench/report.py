@@ -66,9 +66,20 @@ def calibration_rows(redis_cpu: dict[str, Any]) -> list[tuple[str, str, str, str
     scripts = "; ".join(f"{name} {usec:.2f}" for name, usec in per_call.items()
                         if name.startswith("empty"))  # fmt: skip
     commands = "; ".join(f"{name} {usec:.2f}" for name, usec in inside.items())
-    return [("Redis's cost of a script and of each command inside one",
+    rows = [("Redis's cost of a script and of each command inside one",
              "INFO commandstats µs per EVALSHA call, each probe alone; a command: its probe less the empty script's",
              f"{scripts}<br>inside a script: {commands}", "report (the cost model below)")]  # fmt: skip
+    model, measured = calibration.get("model"), redis_cpu.get("usec_per_call", {})
+    if model and "acquire.lua" in measured:
+        scripts_us = measured["acquire.lua"] + measured["release.lua"]
+        rows.append(("the cost model against our two scripts, uncontended cycle",
+                     "µs: the probes' sum (shapes + calls + the lock's key made and dropped); measured",
+                     f"model {model['cycle']:.1f} (shapes {model['acquire shape']:.1f} + {model['release shape']:.1f}, "
+                     f"calls {model['calls']:.1f}, key {model['lock key made and dropped']:.1f}); "
+                     f"measured {scripts_us:.1f} (acquire.lua {measured['acquire.lua']:.1f}, release.lua {measured['release.lua']:.1f}): "
+                     f"{scripts_us - model['cycle']:+.1f} is the Lua between the calls",
+                     "report"))  # fmt: skip
+    return rows
 
 
 def report(results: dict[str, Any], environment: dict[str, str], took: float) -> str:

@@ -165,14 +165,9 @@ def parse_holder(meta: str) -> dict[str, str]:
     return {k: v for k, v in zip(HOLDER_FIELDS, meta.split(FIELD), strict=False) if v}
 
 
-def _current_actor() -> Any:
+def _actor_name() -> str:
     loop = asyncio._get_running_loop()  # None outside a loop, without raising
     task = asyncio.current_task(loop) if loop is not None else None
-    return task if task is not None else threading.current_thread()
-
-
-def _actor_name() -> str:
-    actor = _current_actor()
-    if isinstance(actor, asyncio.Task):
-        return f"{threading.current_thread().name}/{actor.get_name()}"
-    return str(actor.name)
+    if task is not None:
+        return f"{threading.current_thread().name}/{task.get_name()}"
+    return str(threading.current_thread().name)

@@ -29,6 +29,7 @@ import re
 import threading
 import time
 import weakref
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -63,6 +64,9 @@ acquire_started: Any = _nothing
 acquire_ended: Any = _nothing
 #: ``hold_started(lock, hold)``: a new hold (not a re-entry) was recorded.
 hold_started: Any = _nothing
+#: ``acquired(lock, started, fence, span, hold)``: ``acquire_ended`` (acquired) and
+#: ``hold_started`` of a new hold, in one call (every uncontended acquire makes it).
+acquired: Any = _nothing
 #: ``hold_ended(lock, hold)``: the lock object let go of a hold (released or lost).
 hold_ended: Any = _nothing
 #: ``hold_unsure(lock, hold)``: the release of a hold got no answer: the lock object no
@@ -75,8 +79,8 @@ renewed: Any = _nothing
 #: ``backend_error(backend)``: a round trip got no answer (unavailable, no quorum).
 backend_error: Any = _nothing
 
-HOOKS = ("acquire_started", "acquire_ended", "hold_started", "hold_ended", "hold_unsure", "lost",
-         "renewed", "backend_error")  # fmt: skip
+HOOKS = ("acquire_started", "acquire_ended", "hold_started", "acquired", "hold_ended",
+         "hold_unsure", "lost", "renewed", "backend_error")  # fmt: skip
 
 
 # -- settings --------------------------------------------------------------------------------
@@ -206,7 +210,7 @@ class Family:
 
     __slots__ = ("acquired", "backend", "busy", "error", "group", "held", "hold", "kind",
                  "lost", "on_acquired", "on_busy", "on_ended", "on_error", "on_held", "on_lost",
-                 "on_timeout", "timeout", "wait")  # fmt: skip
+                 "on_taken", "on_timeout", "timeout", "wait")  # fmt: skip
     # prometheus_client's children, or None each when metrics are off (spans only)
     acquired: Any
     busy: Any
@@ -223,6 +227,7 @@ class Family:
     on_held: Any
     on_ended: Any
     on_lost: Any
+    on_taken: Any
 
     def __init__(self, metrics: Metrics | None, backend: str, kind: str, group: str) -> None:
         self.backend, self.kind, self.group = backend, kind, group
@@ -244,22 +249,25 @@ class Family:
         self.on_acquired, self.on_busy = self._acquired, self._busy
         self.on_timeout, self.on_error = self._timed_out, self._failed
         self.on_held, self.on_ended, self.on_lost = self._held, self._ended, self._lost
+        self.on_taken = self._taken
 
     # What events do to the metrics, a batch of one kind at a time: a counter moves once
-    # per batch; a histogram takes each value.
+    # per batch; a histogram takes the batch at once (observe_all).
 
     def _acquired(self, waits: list[float]) -> None:
         self.acquired.inc(len(waits))
-        for waited in waits:
-            self.wait.observe(waited)
+        observe_all(self.wait, waits)
+
+    def _taken(self, waits: list[float]) -> None:  # acquired, and a new hold
+        self._acquired(waits)
+        self.held.inc(len(waits))
 
     def _busy(self, values: list[Any]) -> None:
         self.busy.inc(len(values))
 
     def _timed_out(self, waits: list[float]) -> None:
         self.timeout.inc(len(waits))
-        for waited in waits:
-            self.wait.observe(waited)
+        observe_all(self.wait, waits)
 
     def _failed(self, values: list[Any]) -> None:
         self.error.inc(len(values))
@@ -269,11 +277,30 @@ class Family:
 
     def _ended(self, durations: list[float]) -> None:
         self.held.dec(len(durations))
-        for seconds in durations:
-            self.hold.observe(seconds)
+        observe_all(self.hold, durations)
 
     def _lost(self, values: list[Any]) -> None:
         self.lost.inc(len(values))
+
+
+def observe_all(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values``, each bucket and the sum moved once:
+    one observe walks the buckets and takes a lock per move, which cost more than the rest
+    of a hold's metrics (prometheus_client's own attributes; without them, one by one)."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(values) < 2:
+        for value in values:
+            histogram.observe(value)
+        return
+    counts: dict[int, int] = {}
+    for value in values:  # observe's bucket: the first bound >= value (the last is +Inf)
+        index = bisect_left(bounds, value)
+        counts[index] = counts.get(index, 0) + 1
+    total.inc(sum(values))
+    for index, count in counts.items():
+        buckets[index].inc(count)
 
 
 class Events:
@@ -328,9 +355,9 @@ class Held:
 
     __slots__ = ("__weakref__", "ended", "family", "pid", "span", "started")
 
-    def __init__(self, family: Family, span: Any) -> None:
+    def __init__(self, family: Family, span: Any, started: float | None = None) -> None:
         self.family, self.span = family, span
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self.pid = _pid[0]
         self.ended = False
 
@@ -340,6 +367,18 @@ class Held:
         # thread holds a metric's lock.
         if not self.ended and self.pid == _pid[0]:
             _abandoned.append((self, time.monotonic()))
+
+
+def _end_acquire_span(span: Any, outcome: str, waited: float, fence: int | None) -> None:
+    span.set_attribute("redlock.outcome", outcome)
+    span.set_attribute("redlock.waited_ms", round(waited * 1000, 3))
+    if fence is not None:
+        span.set_attribute("redlock.fence", fence)
+    if outcome is ERROR:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, "the backend did not answer"))
+    span.end()
 
 
 _abandoned: deque[tuple[Held, float]] = deque()
@@ -458,29 +497,35 @@ class Observer:
             else:
                 events(family.on_error, None)
         if span is not None:
-            span.set_attribute("redlock.outcome", outcome)
-            span.set_attribute("redlock.waited_ms", round(waited * 1000, 3))
-            if fence is not None:
-                span.set_attribute("redlock.fence", fence)
-            if outcome is ERROR:
-                from opentelemetry.trace import Status, StatusCode
-
-                span.set_status(Status(StatusCode.ERROR, "the backend did not answer"))
-            span.end()
+            _end_acquire_span(span, outcome, waited, fence)
 
     def hold_started(self, lock: Any, hold: Any) -> None:
         if _abandoned:
             self._settle_abandoned()
         family = self.family(lock)
-        span = None
-        if self.tracer is not None:
-            attributes = self.attributes(lock, family)
-            if hold.fence is not None:
-                attributes["redlock.fence"] = hold.fence
-            span = self.tracer.start_span("redlock.hold", attributes=attributes)
         if self.metrics is not None:
             events(family.on_held, None)
-        hold.observed = Held(family, span)
+        hold.observed = Held(family, self._hold_span(lock, family, hold))
+
+    def acquired(self, lock: Any, started: float, fence: int | None, span: Any, hold: Any) -> None:
+        # acquire_ended(ACQUIRED) then hold_started: one family, one clock reading, one event.
+        if _abandoned:
+            self._settle_abandoned()
+        now = time.monotonic()
+        family = self.family(lock)
+        if self.metrics is not None:
+            events(family.on_taken, now - started)
+        if span is not None:
+            _end_acquire_span(span, ACQUIRED, now - started, fence)
+        hold.observed = Held(family, self._hold_span(lock, family, hold), now)
+
+    def _hold_span(self, lock: Any, family: Family, hold: Any) -> Any:
+        if self.tracer is None:
+            return None
+        attributes = self.attributes(lock, family)
+        if hold.fence is not None:
+            attributes["redlock.fence"] = hold.fence
+        return self.tracer.start_span("redlock.hold", attributes=attributes)
 
     def hold_ended(self, lock: Any, hold: Any) -> None:
         held = getattr(hold, "observed", None)

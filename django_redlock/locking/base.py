@@ -26,7 +26,14 @@ from ..handler import locks
 from ..identity import holder_meta, lend_owner, new_token, new_waiter_id, owner_id
 from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
-from ..validation import check_bool, check_name, check_optional_seconds, check_ttl, to_ms
+from ..validation import (
+    check_bool,
+    check_name,
+    check_optional_seconds,
+    check_seconds,
+    check_ttl,
+    to_ms,
+)
 from . import holds
 from .holds import (
     Hold,
@@ -121,12 +128,15 @@ class BaseLock:
         token_prefix: str | None = None,
     ) -> None:
         self.name = check_name(name)
-        self.token_prefix = check_token_prefix(token_prefix)
-        ttl = check_ttl(ttl)
-        self.timeout = check_optional_seconds(timeout, "timeout", allow_zero=True)
-        self.blocking = check_bool(blocking, "blocking")
-        self.auto_renew = check_bool(auto_renew, "auto_renew")
-        self.max_hold = check_optional_seconds(max_hold, "max_hold")
+        # The defaults (None, True) pass without a call: a lock is usually made per use.
+        self.token_prefix = None if token_prefix is None else check_token_prefix(token_prefix)
+        ttl = None if ttl is None else check_ttl(ttl)
+        self.timeout = (
+            None if timeout is None else check_seconds(timeout, "timeout", allow_zero=True)
+        )
+        self.blocking = True if blocking is True else check_bool(blocking, "blocking")
+        self.auto_renew = True if auto_renew is True else check_bool(auto_renew, "auto_renew")
+        self.max_hold = None if max_hold is None else check_seconds(max_hold, "max_hold")
         if not self.blocking and self.timeout:
             raise ValueError("a timeout makes no sense with blocking=False")
         if not isinstance(using, str):
@@ -303,7 +313,10 @@ class BaseLock:
         reentrant count to settle); an interrupted try hands back what it may have taken."""
         owner = self._owner()
         actor = owner if self.reentrant else owner_id()
-        yield from self._prepare_acquire(owner, actor, blocking, timeout)
+        if self.reentrant or self._holds:
+            yield from self._prepare_acquire(owner, actor, blocking, timeout)
+        else:  # a plain lock this object does not hold: the one check that applies
+            self._refuse_self_wait(actor, blocking, timeout)
         started = time.monotonic()
         span = observe.acquire_started(self)
         token = owner if self.reentrant else self._next_token()
@@ -343,8 +356,12 @@ class BaseLock:
             if blocking and timeout:
                 acquire_timed_out.send_robust(sender=type(self), lock=self, timeout=timeout)
             return False
-        observe.acquire_ended(self, started, observe.ACQUIRED, attempt.fence, span)
-        self._announce_held(hold, attempt)
+        new = attempt.count_or_wait == 1  # not a re-entry
+        if new:  # both hooks in one call
+            observe.acquired(self, started, attempt.fence, span, hold)
+        else:
+            observe.acquire_ended(self, started, observe.ACQUIRED, attempt.fence, span)
+        self._announce_held(hold, attempt, observed=new)
         return True
 
     def _prepare_acquire(
@@ -374,16 +391,19 @@ class BaseLock:
                     f"{self.describe()} is already held by this object;"
                     " use reentrant=True to take it again"
                 )
-            if (
-                self.exclusive
-                and blocking
-                and timeout is None
-                and holds_it(self.backend, self.name, actor)
-            ):
-                raise LockError(
-                    f"{self.describe()} is held by this thread or task already: waiting for"
-                    " it with no timeout would wait for itself forever; use reentrant=True"
-                )
+            self._refuse_self_wait(actor, blocking, timeout)
+
+    def _refuse_self_wait(self, actor: str, blocking: bool, timeout: float | None) -> None:
+        if (
+            self.exclusive
+            and blocking
+            and timeout is None
+            and holds_it(self.backend, self.name, actor)
+        ):
+            raise LockError(
+                f"{self.describe()} is held by this thread or task already: waiting for"
+                " it with no timeout would wait for itself forever; use reentrant=True"
+            )
 
     def _next_token(self) -> str:
         """A plain hold's token: the one of a try whose answer was lost (the next try then
@@ -666,10 +686,12 @@ class BaseLock:
         hold.depth = depth
         self._lost = lost
 
-    def _announce_held(self, hold: Hold, attempt: Attempt) -> None:
-        """A hold just recorded: metrics, span, log and ``lock_acquired`` for a new one."""
+    def _announce_held(self, hold: Hold, attempt: Attempt, observed: bool = False) -> None:
+        """A hold just recorded: metrics, span (unless ``observed`` already), log and
+        ``lock_acquired`` for a new one."""
         if attempt.count_or_wait == 1:  # a new hold, not a re-entry
-            observe.hold_started(self, hold)
+            if not observed:
+                observe.hold_started(self, hold)
             if logger.isEnabledFor(logging.DEBUG):  # describe() is not free
                 logger.debug("redlock: acquired %s, fence %s", self.describe(), attempt.fence)
             if lock_acquired.receivers:  # none, mostly: the call alone costs every hold
@@ -827,7 +849,8 @@ class BaseLock:
     def renewed_by(self, renewer: Renewer, token: str) -> bool:
         """Whether a hold with this token is held and meant to be renewed by ``renewer``
         (internal: the watchdog's protocol, :class:`~django_redlock.renewer.Lock`)."""
-        return any(h.token == token and h.renewer is renewer for h in self._holds.values())
+        held = self._holds  # mostly empty: released before the renewer looked
+        return bool(held) and any(h.token == token and h.renewer is renewer for h in held.values())
 
     def _release(self) -> Steps[None]:
         owner = self._owner()

@@ -12,7 +12,7 @@ from ..backends.base import BaseLockBackend
 from ..forks import after_fork_in_child
 
 
-@dataclass
+@dataclass(slots=True)  # no __dict__: made and read on every acquire
 class Hold:
     token: str
     fence: int | None
@@ -83,10 +83,11 @@ def take(backend: BaseLockBackend, name: str, actor: str, lock: Any) -> Any:
     key = (id(backend), name)
     handle = weakref.ref(lock, _collected)
     with _mutex:
-        _sweep()
+        if _abandoned:
+            _sweep()
         hid, item = id(handle), (handle, key, actor)
-        actors = dict(_taken.get(key) or {})
-        actors[actor] = actors.get(actor, 0) + 1
+        old = _taken.get(key)  # a new dict, stored in one step below (no call between)
+        actors = {actor: 1} if old is None else {**old, actor: old.get(actor, 0) + 1}
         # The handle and its count in two stores with no call between them (an interrupt
         # lands at a call): both or neither. A handle without its count would uncount
         # another object's hold when collected; a count without its handle never goes.

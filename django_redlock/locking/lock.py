@@ -40,7 +40,7 @@ class Lock(BaseLock):
         token_prefix: str | None = None,
         atomic: bool | str | None = None,
     ) -> None:
-        self.database = database_of(atomic)
+        self.database = None if atomic is None else database_of(atomic)
         kind = _KINDS.get((reentrant, fair)) if type(reentrant) is type(fair) is bool else None
         if kind is None:  # not two bools: the checks say which
             kind = Kind(check_bool(reentrant, "reentrant"), check_bool(fair, "fair"))

@@ -102,7 +102,8 @@ def drive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = None) -
         try:
             return _drive_all(backend, steps, watches)
         finally:
-            _leave_watches(backend, watches)
+            if watches:
+                _leave_watches(backend, watches)
     except BaseException:
         if undo is not None:
             undo_take(backend, undo)

@@ -74,8 +74,21 @@ def test_redis_cpu_scenario_measures_each_command_inside_a_script() -> None:
     for name in commands:
         expected = calibration["usec_per_call"][name] - calibration["usec_per_call"][BASE]
         assert calibration["usec_in_script"][name] == pytest.approx(expected)
-    [row] = calibration_rows(results["redis_cpu"])
+    row, model_row = calibration_rows(results["redis_cpu"])
     assert "inside a script: SET PX" in row[2]
+    # The model's prediction of a cycle's two scripts, from the probes alone, beside what
+    # the scripts measure: the probes' sum, each part named.
+    model, per_call = calibration["model"], calibration["usec_per_call"]
+    assert model["cycle"] == pytest.approx(
+        model["acquire shape"] + model["release shape"] + model["calls"]
+        + model["lock key made and dropped"]
+    )  # fmt: skip
+    assert (
+        model["acquire shape"]
+        == per_call["empty script, 5 keys and 5 arguments (acquire.lua's shape)"]
+    )
+    assert f"model {model['cycle']:.1f}" in model_row[2]
+    assert "acquire.lua" in model_row[2] and "release.lua" in model_row[2]
 
 
 def test_paired_turns_give_the_subject_s_ratio_over_each_other_case() -> None:

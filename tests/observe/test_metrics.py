@@ -317,3 +317,45 @@ def test_two_scrapes_at_once_never_read_the_gauge_below_zero() -> None:
         for thread in scrapers:
             thread.join()
     assert lowest[0] >= 0
+
+
+def test_an_uncontended_hold_queues_one_metrics_event_to_take_and_one_to_end() -> None:
+    """Metrics are counted at the scrape from queued events: an acquire that takes a new hold
+    queues one (acquired, its wait and the gauge together), its release one; the scrape
+    counts all three as before."""
+    observe.events.apply()
+    before = Snapshot()
+    queued = len(observe.events.queue)
+    with lock("obs:a", using="redis"):
+        assert len(observe.events.queue) == queued + 1
+    assert len(observe.events.queue) == queued + 2
+    counted = {k: v for k, v in before.moved().items() if "_sum{" not in k}
+    assert counted == {
+        "redlock_acquisitions_total{backend=redis,kind=plain,outcome=acquired}": 1,
+        "redlock_wait_seconds_count{backend=redis,kind=plain}": 1,
+        "redlock_hold_seconds_count{backend=redis,kind=plain}": 1,
+    }
+
+
+def test_a_batch_of_observations_moves_a_histogram_as_one_observe_each() -> None:
+    """The scrape counts a batch of waits or hold times into a histogram at once: every
+    bucket, the count and the sum end as one ``observe`` per value would leave them."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    registry = CollectorRegistry()
+    histogram = Histogram("batch", "batch", ["way"], registry=registry,
+                          buckets=observe.WAIT_BUCKETS)  # fmt: skip
+    values = [0.0, 0.0005, 0.0004, 0.001, 0.003, 0.0025, 1.0, 7.5, 1e9, -1.0, 0.02, 0.02]
+    for value in values:
+        histogram.labels("one by one").observe(value)
+    observe.observe_all(histogram.labels("batch"), values)
+    observe.observe_all(histogram.labels("batch of one"), values[4:5])
+
+    def samples(way: str) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("le", "")): s.value for metric in registry.collect()
+                for s in metric.samples if s.labels.get("way") == way
+                and not s.name.endswith("_created")}  # fmt: skip
+
+    assert samples("batch") == pytest.approx(samples("one by one"))
+    assert samples("batch")[("batch_bucket", "0.001")] == 5  # cumulative; a bound is in its le
+    assert samples("batch of one")[("batch_count", "")] == 1
