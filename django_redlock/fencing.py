@@ -762,7 +762,7 @@ _ROWS_KEPT = 4096
 @after_fork_in_child
 def _new_locks_in_child() -> None:
     """A lock another thread held at the fork would never be released in the child. (The
-    counts stay: a parent's block still open counts as another block of its hold.)"""
+    ended marks stay: those blocks ended before any of the child's began.)"""
     global _seen_lock
     _seen_lock = threading.Lock()
 
