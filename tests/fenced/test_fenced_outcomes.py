@@ -40,8 +40,9 @@ from django_redlock import (
     locks,
     single_instance,
 )
-from django_redlock.fence_table import prune_fences
+from django_redlock.fence_table import commit_outcome, prune_fences, row_key
 from django_redlock.locking import Lock
+from django_redlock.models import Fence
 from django_redlock.signals import lock_acquired
 from django_redlock.testing import RedisServer
 
@@ -330,6 +331,24 @@ def test_a_lost_hold_s_commit_that_never_reached_the_server_raises_under_the_nex
     open_shop(PG, 1, 5)
     raised, a, b = run_a_and_b(name, proxied, failover, reaches_server=False)
     assert raised is OperationalError and b > a and sales(PG) == [("b", 5)]
+
+
+@pytest.mark.parametrize(
+    ("previous_mark", "outcome"),
+    [(5, True), (7, False), (8, None), (None, None)],
+    ids=["this-block-s", "an-ended-block-s", "another-block-s", "none-older-row"],
+)
+def test_the_next_holder_s_previous_mark_decides_whose_write_it_overwrote(
+    name: str, previous_mark: int | None, outcome: bool | None
+) -> None:
+    """The next holder's row (fence 20) over the hold's fence 10; this block's mark 5, an
+    ended block's 7: its ``previous_mark`` is this block's (committed), the ended block's
+    (not), another's (unknown), or none (a row a version before the column wrote: unknown)."""
+    Fence.objects.using(PG).create(
+        key=row_key("default", name), backend="default", name=name, fence=20, previous=10,
+        mark=9, previous_mark=previous_mark, touched=timezone.now(),
+    )  # fmt: skip
+    assert commit_outcome(PG, "default", name, 10, 5, False, 1.0, ended_marks=(7,)) is outcome
 
 
 def test_a_lost_hold_s_commit_that_never_reached_the_server_after_an_earlier_block_raises(
