@@ -3,10 +3,11 @@
 prunes old rows under a floor. :mod:`.fencing` runs a fenced block around it.
 
 Rows: one per lock name (key :func:`row_key`), its newest recorded fence, the token of the
-hold that wrote it, when, and the writing block's mark; one per backend with ``name=""``: the
-floor, the largest fence ``prune-fences`` deleted, below which a name's first row may not
-start. Every statement here runs on the caller's connection, inside its transaction (the row
-stays locked until that ends), except :func:`commit_outcome`, which asks on a new connection.
+hold that wrote it, when, the writing block's mark, and the fence and mark it overwrote; one
+per backend with ``name=""``: the floor, the largest fence ``prune-fences`` deleted, below
+which a name's first row may not start. Every statement here runs on the caller's
+connection, inside its transaction (the row stays locked until that ends), except
+:func:`commit_outcome`, which asks on a new connection.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ def commit_outcome(
     pid: int | None = None,
     *,
     ended_marks: Collection[int] = (),
-    alone: bool | Callable[[], bool] = False,
 ) -> bool | None:
     """Whether a fenced transaction whose COMMIT's outcome is unknown (its reply lost or
     interrupted) committed, asked on a new connection: True or False only when the rows prove
@@ -64,16 +64,17 @@ def commit_outcome(
     ``fence`` before the block (an earlier block of the same hold). Once a block committed,
     the row's fence never drops below its fence (later blocks only raise it; a row pruned and
     created again starts at or above the backend's floor, which rose to the pruned fence), and
-    a later block's upsert keeps the fence it overwrote in ``previous``. So: the row carries
-    the block's fence and mark, committed; a fence below, or the hold's fence without the
-    mark, not only when that mark is one of ``ended_marks`` (blocks that ended before this one
-    began: their marks are never written after its upsert), else unknown (another block of the
-    hold, in another thread or process, may have written on top of this one); a later fence
-    whose ``previous`` is the block's (fresh) fence, committed if the block was ``alone`` (no
-    other block of its hold ran meanwhile: the fence could be theirs; a callable is asked
-    after the row was read, so a block begun during the check counts), else unknown; one
-    whose ``previous`` is below it, not; anything else (later blocks on top, the row gone or
-    created again while the floor is at or above the fence: a prune ran), unknown.
+    a later block's upsert keeps the fence and mark it overwrote in ``previous`` and
+    ``previous_mark``. Only the block's transaction writes its mark (random, its nested blocks
+    share it). So: the mark in ``mark`` or ``previous_mark``, committed; a fence below, not;
+    the hold's fence with another mark, or a later fence whose ``previous`` is the hold's
+    fence with another ``previous_mark``: not when that mark is one of ``ended_marks`` (blocks
+    that ended before this one began: their marks are never written after its upsert), else
+    unknown (another block of the hold, in another thread or a process that adopted it, may
+    have written that fence after this one; NULL, a row older than the column: unknown); a
+    later fence whose ``previous`` is below the block's, not; anything else (later blocks on
+    top, the row gone or created again while the floor is at or above the fence: a prune
+    ran), unknown.
 
     On PostgreSQL the read locks the row (``FOR SHARE``, at most ``wait`` seconds): a server
     still finishing that transaction holds it, and the answer comes once it ended. A row the
@@ -86,7 +87,7 @@ def commit_outcome(
     connection = connections.create_connection(using)
     try:
         qn = connection.ops.quote_name
-        columns = f"{qn('fence')}, {qn('previous')}, {qn('mark')}"
+        columns = ", ".join(qn(c) for c in ("fence", "previous", "mark", "previous_mark"))
         sql = f"SELECT {columns} FROM {qn(Fence._meta.db_table)} WHERE {qn('key')} = %s"
         with connection.cursor() as cursor:
             postgresql = connection.vendor == "postgresql"
@@ -116,19 +117,23 @@ def commit_outcome(
     if row is None:  # never written, or written by a COMMIT not known to have ended
         return None if pruned or not ended else False
     recorded, previous = int(row[0]), row[1]
+    found, before = (None if m is None else int(m) for m in row[2:4])
+    if mark is not None and mark in (found, before):  # only this block's transaction writes it
+        return True
     if recorded == fence:  # the hold's fence: this block's only with its mark
-        found = None if row[2] is None else int(row[2])
-        if mark is None or found == mark:
+        if mark is None:
             return True
         return False if found is not None and found in ended_marks else None
     if recorded < fence:
         return False
     if previous is None:  # the row was created after this block: ours never was, or pruned
         return None if pruned else False
-    if int(previous) == fence:  # the next block overwrote this hold's fence
-        if again:
-            return None
-        return True if (alone() if callable(alone) else alone) else None
+    if int(previous) == fence:  # the next block overwrote this hold's fence: whose write?
+        if mark is None:
+            return None if again else True
+        # Another block of the hold (this process's, or one that adopted the hold) may have
+        # written this fence after this one: only an ended block's mark proves it did not.
+        return False if before is not None and before in ended_marks else None
     return False if int(previous) < fence else None
 
 
@@ -366,7 +371,7 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
     qn = connection.ops.quote_name
     table = qn(Fence._meta.db_table)
     key_, fence_, previous, at = qn("key"), qn("fence"), qn("previous"), qn("touched")
-    holder, mark = qn("holder"), qn("mark")
+    holder, mark, previous_mark = qn("holder"), qn("mark"), qn("previous_mark")
     columns = ", ".join([key_, qn("backend"), qn("name"), fence_, holder, previous, at, mark])
     # The WHERE false on a conflict: no row returned (the row is locked all the same). The
     # writer is checked only when asked (not after a re-fence): this hold's own, or the hold
@@ -374,7 +379,7 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
     conflict = (
         f" ON CONFLICT ({key_}) DO UPDATE SET {previous} = {table}.{fence_},"
         f" {fence_} = EXCLUDED.{fence_}, {holder} = EXCLUDED.{holder}, {at} = EXCLUDED.{at},"
-        f" {mark} = EXCLUDED.{mark}"
+        f" {mark} = EXCLUDED.{mark}, {previous_mark} = {table}.{mark}"
         f" WHERE {table}.{fence_} <= EXCLUDED.{fence_} AND (%s OR {table}.{holder} = %s"
         f" OR {table}.{holder} = %s)"
     )
@@ -413,14 +418,15 @@ def _portable(
 
     rows = Fence.objects.using(using)
     while True:
-        found = list(rows.select_for_update().filter(key=key).values_list("fence", "holder"))
+        found = list(
+            rows.select_for_update().filter(key=key).values_list("fence", "holder", "mark")
+        )
         if found:
-            recorded, writer = found[0]
+            recorded, writer, written = found[0]
             if recorded > fence or (known is not None and (writer is None or writer not in known)):
                 return "stale", None
-            rows.filter(key=key).update(
-                fence=fence, holder=holder, previous=recorded, touched=now, mark=mark
-            )
+            rows.filter(key=key).update(fence=fence, holder=holder, previous=recorded,
+                                        touched=now, mark=mark, previous_mark=written)  # fmt: skip
             return "newest", recorded
         try:
             with transaction.atomic(using=using):  # a savepoint: a concurrent insert may win

@@ -22,9 +22,10 @@ an interrupt, which says "stop"). So:
   and raised, never reported as committed;
 * a COMMIT whose reply was lost or interrupted (any exception out of it) is settled from the
   lock's row, read on a new connection (:func:`commit_outcome`): the block's upsert wrote its
-  fence and mark there, in the same transaction, and a later block's keeps it in
-  ``previous``; nested blocks of the row write the outer block's mark; other blocks of the
-  same hold (other threads) make a mark other than its own prove nothing (:class:`_Seen`);
+  fence and mark there, in the same transaction, and a later block's keeps both in
+  ``previous`` and ``previous_mark``; nested blocks of the row write the outer block's mark;
+  other blocks of the same hold (other threads, a process that adopted it) make a mark other
+  than its own prove nothing (:class:`_Seen`);
   an ``Exception`` during that read (a soft time limit) has it asked again (:func:`_check`),
   never raised as "nothing committed";
 * blocks exited out of order by hand are refused and rolled back (Django's exits would mix
@@ -305,7 +306,7 @@ def _fenced_steps(
     marks[row] = mark
     # This process's other blocks of the row (other threads' blocks of the same hold write
     # the same fence with their own marks): what the outcome check may conclude from them.
-    seen = _open_block(row[1:], hold.token, mark) if own_mark else None
+    seen = _open_block(row[1:], mark) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     proved_hooks: list[Callable[[], None]] = []
     try:
@@ -371,14 +372,11 @@ def _fenced_steps(
                 raise interrupt from None  # Django's rollback had made it a database error
             raise
         # A block nested on this row and re-fenced after this one's check wrote a larger
-        # fence with this block's mark, and this fence in ``previous``: found all the same.
-        # ``alone`` is asked once the row was read: a block of the hold that another thread
-        # began during the check (before the read) may have written the fence found there.
+        # fence with this block's mark: found all the same (the mark is the proof).
         ended = seen.ended if seen is not None else ()
-        alone = seen.alone_for(hold.token) if seen is not None else _never_alone
         outcome, stopped = _check(lambda: commit_outcome(
             using, lock.using, lock.name, fence, mark, again,
-            min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended, alone=alone,
+            min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
         ))  # fmt: skip
         interrupt = _interrupt_in(exc, handled)
         if interrupt is not None:
@@ -458,10 +456,6 @@ def _run_proved(describe: str, hooks: list[Callable[[], None]]) -> None:
         except Exception:
             logger.exception("redlock: %s: a callback of its fenced transaction, proved"
                              " committed, raised", describe)  # fmt: skip
-
-
-def _never_alone() -> bool:
-    return False
 
 
 def _forget_mark(
@@ -724,36 +718,17 @@ def _new_mark() -> int:
 
 class _Seen:
     """A block's view of this process's other blocks of its row, for its outcome check (when
-    the row carries its fence with another mark, or a later fence over its own).
+    the row, or a later block's ``previous_mark``, carries another mark than its own).
 
     ``ended``: the marks of the row's blocks that had ended when this one began: written, if
     at all, before this block's upsert, and never again after it (a mark is a block's own, and
-    its nested blocks'), so the row showing one proves this block's write is not there.
-    ``alone``: no other block of the same hold (same fence, another thread's connection) was
-    open when this one began, and none began until its check: else the fence in the row (or
-    in a later block's ``previous``) may be theirs. Per process: a hold adopted by another
-    process writes marks this one never saw (unknown, not "not committed")."""
+    its nested blocks'), so the row showing one proves this block's write is not there. Any
+    other mark (another thread's block of the same hold, or another process's that adopted
+    it: marks this one never saw) proves nothing: unknown, not "not committed"."""
 
-    def __init__(self, row: tuple[str, str], token: str, mark: Any, ended: tuple[Any, ...]) -> None:
-        self.row, self.token, self.mark, self.ended = row, token, mark, ended
-        self.others = 0  # the hold's blocks of the row open when this one began
-        self.began = 0  # how many of them had begun, this one included
+    def __init__(self, row: tuple[str, str], mark: Any, ended: tuple[Any, ...]) -> None:
+        self.row, self.mark, self.ended = row, mark, ended
         self.open = True
-
-    def concluded(self, token: str) -> tuple[tuple[Any, ...], bool]:
-        """(``ended``, ``alone``) for the check of a block of the hold ``token``: ``alone``
-        as of now, so asked only once the row was read (:meth:`alone_for`)."""
-        with _seen_lock:
-            count = _holds_open.get((self.row, self.token))
-            alone = (
-                token == self.token and self.others == 0
-                and count is not None and count[1] == self.began
-            )  # fmt: skip
-        return self.ended, alone
-
-    def alone_for(self, token: str) -> Callable[[], bool]:
-        """``alone`` for :func:`~.fence_table.commit_outcome`, which asks it after its read."""
-        return lambda: self.concluded(token)[1]
 
     def close(self) -> None:
         """The block ended: its mark joins the row's ended ones (idempotent)."""
@@ -761,12 +736,6 @@ class _Seen:
             if not self.open:
                 return
             self.open = False
-            key = (self.row, self.token)
-            count = _holds_open.get(key)
-            if count is not None:
-                count[0] -= 1
-                if count[0] <= 0:
-                    del _holds_open[key]
             ended = _ended_marks.pop(self.row, None) or collections.deque(maxlen=_ENDED_KEPT)
             ended.append(self.mark)
             _ended_marks[self.row] = ended  # the newest last: the oldest row is dropped first
@@ -774,22 +743,14 @@ class _Seen:
                 _ended_marks.popitem(last=False)
 
 
-def _open_block(row: tuple[str, str], token: str, mark: Any) -> _Seen:
-    """Register a block (the outermost of its row on this thread) of hold ``token``; ``row``:
-    (backend, lock name), whatever the database alias (two aliases may be one database)."""
+def _open_block(row: tuple[str, str], mark: Any) -> _Seen:
+    """Register a block (the outermost of its row on this thread); ``row``: (backend, lock
+    name), whatever the database alias (two aliases may be one database)."""
     with _seen_lock:
-        seen = _Seen(row, token, mark, tuple(_ended_marks.get(row, ())))
-        count = _holds_open.setdefault((row, token), [0, 0])
-        seen.others = count[0]
-        count[0] += 1
-        count[1] += 1
-        seen.began = count[1]
-    return seen
+        return _Seen(row, mark, tuple(_ended_marks.get(row, ())))
 
 
 _seen_lock = threading.Lock()
-#: (row, hold token) -> [blocks open, blocks begun while any was open]
-_holds_open: dict[tuple[tuple[str, str], str], list[int]] = {}
 #: row -> the marks of its latest ended blocks (bounded: a proof forgotten says "unknown")
 _ended_marks: collections.OrderedDict[tuple[str, str], collections.deque[Any]] = (
     collections.OrderedDict()
@@ -801,7 +762,7 @@ _ROWS_KEPT = 4096
 @after_fork_in_child
 def _new_locks_in_child() -> None:
     """A lock another thread held at the fork would never be released in the child. (The
-    counts stay: a parent's block still open counts as another block of its hold.)"""
+    ended marks stay: those blocks ended before any of the child's began.)"""
     global _seen_lock
     _seen_lock = threading.Lock()
 

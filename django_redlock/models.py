@@ -68,6 +68,9 @@ class Fence(models.Model):
     #: The mark of the fenced block that wrote ``fence`` (random, unique per block whatever
     #: the clocks do): a lost COMMIT's outcome check looks for it (None: written before marks).
     mark = models.BigIntegerField(null=True, blank=True)
+    #: ``mark`` as it was before the last check, beside ``previous``: whose write a later
+    #: block overwrote (None: unknown, a row new then or written before this column).
+    previous_mark = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         verbose_name = "lock fence"

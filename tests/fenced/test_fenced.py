@@ -288,6 +288,27 @@ def test_the_portable_path_for_other_databases(name: str, monkeypatch: Any) -> N
     assert len(sales(DB)) == 2
 
 
+@pytest.mark.parametrize("path", ["returning", "portable"])
+def test_a_block_keeps_the_fence_and_mark_it_overwrote(
+    name: str, monkeypatch: Any, path: str
+) -> None:
+    """Each block's write keeps what it overwrote (``previous``, ``previous_mark``): a lost
+    COMMIT's check looks there once another block wrote on top. "portable": the path of
+    databases without RETURNING."""
+    if path == "portable":
+        monkeypatch.setattr(connection.features, "can_return_columns_from_insert", False)
+    key = row_key("default", name)
+    with lock(name, atomic=True):
+        pass
+    first = Fence.objects.get(key=key)
+    assert first.mark is not None and (first.previous, first.previous_mark) == (None, None)
+    with lock(name, atomic=True):
+        pass
+    second = Fence.objects.get(key=key)
+    assert (second.previous, second.previous_mark) == (first.fence, first.mark)
+    assert second.mark not in (None, first.mark)
+
+
 # -- misuse: clear errors before any Redis call (backend "down" listens nowhere) ----------------
 
 

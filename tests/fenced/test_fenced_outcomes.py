@@ -40,8 +40,9 @@ from django_redlock import (
     locks,
     single_instance,
 )
-from django_redlock.fence_table import prune_fences
+from django_redlock.fence_table import commit_outcome, prune_fences, row_key
 from django_redlock.locking import Lock
+from django_redlock.models import Fence
 from django_redlock.signals import lock_acquired
 from django_redlock.testing import RedisServer
 
@@ -313,14 +314,14 @@ def test_a_lost_hold_s_lost_commit_under_the_next_holder_s_fence_returns_as_comm
     assert raised is None and b > a and sales(PG) == [("a", 5), ("b", 4)]
 
 
-def test_a_lost_hold_s_lost_commit_under_the_next_holder_s_fence_is_unknown_after_an_earlier_block(
+def test_a_lost_hold_s_lost_commit_under_the_next_holder_s_fence_after_an_earlier_block_returns(
     name: str, proxied: LossyProxy, failover: RedisServer
 ) -> None:
     """The hold's second block: its fence in ``previous`` may be the first block's, which
-    committed for sure; whether this one did, the rows cannot tell."""
+    committed for sure; ``previous_mark`` is this block's mark: it committed."""
     open_shop(PG, 1, 5)
     raised, a, b = run_a_and_b(name, proxied, failover, second_block=True)
-    assert raised is CommitOutcomeUnknown and b > a and sales(PG) == [("a", 5), ("b", 4)]
+    assert raised is None and b > a and sales(PG) == [("a", 5), ("b", 4)]
 
 
 def test_a_lost_hold_s_commit_that_never_reached_the_server_raises_under_the_next_holder(
@@ -329,6 +330,35 @@ def test_a_lost_hold_s_commit_that_never_reached_the_server_raises_under_the_nex
     """B created the row A's insert never committed: nothing of A committed, proven."""
     open_shop(PG, 1, 5)
     raised, a, b = run_a_and_b(name, proxied, failover, reaches_server=False)
+    assert raised is OperationalError and b > a and sales(PG) == [("b", 5)]
+
+
+@pytest.mark.parametrize(
+    ("previous_mark", "outcome"),
+    [(5, True), (7, False), (8, None), (None, None)],
+    ids=["this-block-s", "an-ended-block-s", "another-block-s", "none-older-row"],
+)
+def test_the_next_holder_s_previous_mark_decides_whose_write_it_overwrote(
+    name: str, previous_mark: int | None, outcome: bool | None
+) -> None:
+    """The next holder's row (fence 20) over the hold's fence 10; this block's mark 5, an
+    ended block's 7: its ``previous_mark`` is this block's (committed), the ended block's
+    (not), another's (unknown), or none (a row a version before the column wrote: unknown)."""
+    Fence.objects.using(PG).create(
+        key=row_key("default", name), backend="default", name=name, fence=20, previous=10,
+        mark=9, previous_mark=previous_mark, touched=timezone.now(),
+    )  # fmt: skip
+    assert commit_outcome(PG, "default", name, 10, 5, False, 1.0, ended_marks=(7,)) is outcome
+
+
+def test_a_lost_hold_s_commit_that_never_reached_the_server_after_an_earlier_block_raises(
+    name: str, proxied: LossyProxy, failover: RedisServer
+) -> None:
+    """The hold's second block: B's ``previous`` is the hold's fence, and its
+    ``previous_mark`` the first block's, which had ended when this one began (never written
+    after it): nothing of this block committed, proven."""
+    open_shop(PG, 1, 5)
+    raised, a, b = run_a_and_b(name, proxied, failover, second_block=True, reaches_server=False)
     assert raised is OperationalError and b > a and sales(PG) == [("b", 5)]
 
 
@@ -737,13 +767,13 @@ def test_an_exception_on_django_s_atomic_first_lines_rolls_back_and_leaves_no_tr
 # -- blocks of one hold in two threads (a plain Lock handed to another thread) -------------------
 
 
-def test_a_lost_commit_while_another_thread_s_block_of_the_hold_committed_is_unknown(
+def test_a_lost_commit_while_another_thread_s_block_of_the_hold_committed_returns(
     name: str, proxied: LossyProxy
 ) -> None:
     """B1's COMMIT committed, its reply held back; B2, another thread's block of the same
     hold (the same fence), commits on top. The row shows the hold's fence with B2's mark: it
-    said "not committed" for a committed block. Which of the two wrote last cannot tell
-    whether B1 committed: unknown."""
+    once said "not committed" for a committed block. B2's upsert kept the mark it overwrote,
+    B1's, in ``previous_mark``: committed."""
     open_shop(PG, 1, 5)
     held = lock(name, ttl=30)
     held.acquire()
@@ -756,7 +786,7 @@ def test_a_lost_commit_while_another_thread_s_block_of_the_hold_committed_is_unk
             sell_one(PG, 1, "b2")
         other.append("committed")
 
-    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+    with held.atomic(PROXIED):
         sell_one(PROXIED, 1, "b1")
         proxied.fault_commit("cut", hold=0.3, during=lambda: in_thread(b2).join(20))
     held.release()
@@ -936,14 +966,15 @@ def test_a_refused_commit_under_another_process_s_block_of_the_hold_is_unknown(
     assert exits == [0] and sales(PG) == [("child", 5)]
 
 
-def test_a_lost_commit_under_another_process_s_block_of_the_hold_after_a_clock_step_is_unknown(
+def test_a_lost_commit_under_another_process_s_block_of_the_hold_after_a_clock_step_returns(
     name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The wall clock steps back (NTP) in two processes sharing a hold (a forked child adopts
     it): the child's first block and this process's first block after the fork had one mark.
     This process's second block commits, its reply lost; the child's block commits on top
     meanwhile, with the first block's mark: the check took it for an ended block's and said
-    "nothing committed" for a committed block. Another process's block on top: unknown."""
+    "nothing committed" for a committed block. The child's upsert kept this block's mark in
+    ``previous_mark``: committed."""
     open_shop(PG, 1, 5)
     held = lock(name, ttl=30)
     held.acquire()
@@ -955,11 +986,63 @@ def test_a_lost_commit_under_another_process_s_block_of_the_hold_after_a_clock_s
     with held.atomic(PROXIED):  # ended before the next block began
         pass
     exits: list[int] = []
-    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+    with held.atomic(PROXIED):
         sell_one(PROXIED, 1, "parent")
         proxied.fault_commit("cut", hold=0.1, during=lambda: exits.append(child()))
     held.release()
     assert exits == [0] and sales(PG) == [("parent", 5), ("child", 4)]
+
+
+def test_a_refused_commit_under_another_process_s_block_and_the_next_holder_is_unknown(
+    name: str, proxied: LossyProxy
+) -> None:
+    """The hold was re-fenced by its block on another database (``default``, whose row's
+    writer was unknown), so this block's upsert is the first of that fence here. Its COMMIT
+    is refused, its reply late; meanwhile a forked child that ``adopt()``ed the hold commits
+    exactly that fence (its writer known: no question to Redis), the hold is lost and the
+    next holder commits on top, ``previous`` the hold's fence. This process saw no other
+    block of the hold and said "committed": nothing of it committed. The child's mark in
+    ``previous_mark``: unknown."""
+    with connections[PG].cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS outcome_deferred"
+            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )
+        cursor.execute("DELETE FROM outcome_deferred")
+    open_shop(PG, 1, 5)
+    with lock(name, ttl=30, atomic="default"):  # an older hold writes the row on default
+        pass
+    with lock(name, ttl=30, atomic=PG):  # the hold before this one writes it on PG
+        pass
+    held = lock(name, ttl=30)
+    held.acquire()
+    with held.atomic(PG):  # its writer is the prior hold: no question to Redis
+        pass
+    before = held.fence
+    with held.atomic("default"):  # its writer is unknown: the hold re-fenced
+        pass
+    assert (held.fence or 0) > (before or 0)
+    child = _adopter(name, held.token or "")
+    done: list[Any] = []
+
+    def next_holder() -> None:
+        with lock(name, ttl=30, timeout=5, atomic=PG):
+            sell_one(PG, 1, "n")
+        done.append("n")
+
+    def meanwhile() -> None:
+        done.append(child())
+        locks["default"].force_release(name)  # the hold lost
+        in_thread(next_holder).join(20)
+
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "parent")
+        with connections[PROXIED].cursor() as cursor:
+            cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")  # refused at COMMIT
+        proxied.fault_commit("late", hold=0.1, during=meanwhile)
+    with contextlib.suppress(LockError):
+        held.release()
+    assert done == [0, "n"] and sales(PG) == [("child", 5), ("n", 4)]
 
 
 # -- an old interrupt being handled where the block runs --------------------------------------
