@@ -181,10 +181,10 @@ def test_one_beat_of_three_sends_and_hands_over(
     by_pid = {b.pid: b for b in beats}
     sends.wait(1, 60)
     start = sends.seen[0][0]
-    time.sleep(10.2)
-    counted = sends.between(start, start + 10)
-    # 1-second entry for 10 s: 10 sends (one beat sending), not 20-30 (every beat sending).
-    assert 9 <= len(counted) <= 11, (len(counted), logs(beats))
+    time.sleep(5.2)
+    counted = sends.between(start, start + 5)
+    # 1-second entry for 5 s: 5 sends (one beat sending), not 10-15 (every beat sending).
+    assert 4 <= len(counted) <= 6, (len(counted), logs(beats))
     first = leader_pid(name)
     assert {pid for _, pid in counted} == {first}
 
@@ -476,10 +476,10 @@ def test_the_new_leader_keeps_the_pace_after_a_takeover(
         assert time.monotonic() < deadline, logs(beats)
         time.sleep(0.05)
     took_over = next(t for t, pid in sends.seen if t >= killed and pid != first)
-    time.sleep(8.5)
-    counted = sends.between(took_over, took_over + 8)
+    time.sleep(5.5)
+    counted = sends.between(took_over, took_over + 5)
     shown = ([round(t - took_over, 2) for t, _ in counted], logs(beats))
-    assert 6 <= len(counted) <= 9, shown  # 8 (about 1 s apart) with room for a busy machine
+    assert 3 <= len(counted) <= 6, shown  # 5 (about 1 s apart) with room for a busy machine
     assert {pid for _, pid in counted} == {leader_pid(name)} != {first}
     gaps = [b - a for a, b in itertools.pairwise(t for t, _ in counted)]
     assert min(gaps) > 0.5, shown  # never one due run sent twice
