@@ -519,7 +519,9 @@ def test_an_ask_to_a_node_that_serves_no_slot_yet_is_followed(name: str) -> None
 
     args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "30000")
     nodes = [RedisServer(args=args).start() for _ in range(3)]
-    new = RedisServer(args=args).start()
+    # Its node timeout is 30 s once it has joined: a master waits min(node timeout, 5 s) after
+    # it last saw itself in a minority before it says the cluster is ok (5 s for every run).
+    new = RedisServer(args=(*args[:3], "1000")).start()
     lost: list[str] = []
 
     def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
@@ -542,6 +544,7 @@ def test_an_ask_to_a_node_that_serves_no_slot_yet_is_followed(name: str) -> None
                       ).execute_command("CLUSTER", "INFO"):  # fmt: skip
                 assert time.monotonic() < deadline, "the new node never joined"
                 time.sleep(0.1)
+            new.client().config_set("cluster-node-timeout", 30000)
             source_id = source.client().execute_command("CLUSTER", "MYID").decode()
             new_id = new.client().execute_command("CLUSTER", "MYID").decode()
             new.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
