@@ -21,7 +21,6 @@ from typing import Any
 
 import django
 import pytest
-import redis
 from celery.beat import PersistentScheduler, ScheduleEntry
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -277,55 +276,6 @@ def test_redlock_is_refused_for_beat(redis_factory: Callable[..., RedisServer]) 
 
 
 @pytest.mark.timeout(120)
-def test_the_demo_runs_two_beats_and_shows_the_leader(tmp_path: Path) -> None:
-    import urllib.request
-
-    from django_redlock.testing import free_port
-
-    port = free_port()
-    env = {**os.environ, "DEMO_PORT": str(port), "SHOP_DB": f"{tmp_path}/shop.sqlite3"}
-    env.pop("REDIS_URL", None)
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    demo = subprocess.Popen(
-        [sys.executable, "example_project/demo.py"], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert demo.stdout is not None
-        lines: list[str] = []
-        for line in demo.stdout:
-            lines.append(line)
-            if "the shop is at" in line:
-                break
-        pids = next(re.search(r"pids (\d+), (\d+)", x) for x in lines if "two celery beats" in x)
-        assert pids is not None, "".join(lines)
-        beats = {pids.group(1), pids.group(2)}
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                home = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
-                shown = re.search(r"pid <strong>(\d+)</strong>", home.decode())
-                if shown is not None:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the home page never showed a beat leader"
-            time.sleep(0.3)
-        assert shown.group(1) in beats  # one of the demo's two beats leads
-        # The leader's first heartbeat (due 10 s after the beats start) runs on the worker.
-        url = next(re.search(r"redis-server .* at (\S+)", x) for x in lines if "redis-server" in x)
-        assert url is not None
-        shop_redis = redis.Redis.from_url(url.group(1).rsplit("/", 1)[0] + "/3")
-        while not shop_redis.llen("shop:heartbeats"):
-            assert time.monotonic() < deadline + 30, "no heartbeat ran on the demo's worker"
-            time.sleep(0.3)
-    finally:
-        demo.send_signal(signal.SIGINT)
-        output, _ = demo.communicate(timeout=60)
-    assert "demo: stopped" in output
-    assert "unregistered task" not in output, output
-
-
 class Recording(beat.LockedScheduler):
     """A LockedScheduler that notes its sends instead of publishing them."""
 
