@@ -120,7 +120,9 @@ def test_a_cluster_failover_costs_no_call_and_a_cluster_down_is_unavailable(name
     address refuses the connection: nothing was sent, the client re-read the slots, and the
     call is tried again, so the first lock after a failover is not an error. A cluster that is
     down (CLUSTERDOWN) is BackendUnavailable, never redis-py's own ClusterDownError."""
-    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    # No diskless-sync delay: Redis 7 waits 5 s for more replicas before the first sync.
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+            "--repl-diskless-sync-delay", "0")  # fmt: skip
     masters = [RedisServer(args=args).start() for _ in range(3)]
     replicas = [RedisServer(args=args).start() for _ in range(3)]
     try:
@@ -292,7 +294,9 @@ def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
 
     from ..waiting.test_sharded import migrate_slot
 
-    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    # No diskless-sync delay: Redis 7 waits 5 s for more replicas before the first sync.
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+            "--repl-diskless-sync-delay", "0")  # fmt: skip
     masters = [RedisServer(args=args).start() for _ in range(3)]
     replicas = [RedisServer(args=args).start() for _ in range(3)]
     lost: list[Any] = []
