@@ -136,7 +136,9 @@ def test_a_cluster_failover_costs_no_call_and_a_cluster_down_is_unavailable(name
     address refuses the connection: nothing was sent, the client re-read the slots, and the
     call is tried again, so the first lock after a failover is not an error. A cluster that is
     down (CLUSTERDOWN) is BackendUnavailable, never redis-py's own ClusterDownError."""
-    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    # No diskless-sync delay: Redis 7 waits 5 s for more replicas before the first sync.
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+            "--repl-diskless-sync-delay", "0")  # fmt: skip
     masters = [RedisServer(args=args).start() for _ in range(3)]
     replicas = [RedisServer(args=args).start() for _ in range(3)]
     try:
@@ -308,7 +310,9 @@ def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
 
     from ..waiting.test_sharded import migrate_slot
 
-    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000")
+    # No diskless-sync delay: Redis 7 waits 5 s for more replicas before the first sync.
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+            "--repl-diskless-sync-delay", "0")  # fmt: skip
     masters = [RedisServer(args=args).start() for _ in range(3)]
     replicas = [RedisServer(args=args).start() for _ in range(3)]
     lost: list[Any] = []
@@ -535,7 +539,9 @@ def test_an_ask_to_a_node_that_serves_no_slot_yet_is_followed(name: str) -> None
 
     args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "30000")
     nodes = [RedisServer(args=args).start() for _ in range(3)]
-    new = RedisServer(args=args).start()
+    # Its node timeout is 30 s once it has joined: a master waits min(node timeout, 5 s) after
+    # it last saw itself in a minority before it says the cluster is ok (5 s for every run).
+    new = RedisServer(args=(*args[:3], "1000")).start()
     lost: list[str] = []
 
     def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
@@ -558,6 +564,7 @@ def test_an_ask_to_a_node_that_serves_no_slot_yet_is_followed(name: str) -> None
                       ).execute_command("CLUSTER", "INFO"):  # fmt: skip
                 assert time.monotonic() < deadline, "the new node never joined"
                 time.sleep(0.1)
+            new.client().config_set("cluster-node-timeout", 30000)
             source_id = source.client().execute_command("CLUSTER", "MYID").decode()
             new_id = new.client().execute_command("CLUSTER", "MYID").decode()
             new.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)

@@ -21,7 +21,6 @@ from typing import Any
 
 import django
 import pytest
-import redis
 from celery.beat import PersistentScheduler, ScheduleEntry
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -181,10 +180,10 @@ def test_one_beat_of_three_sends_and_hands_over(
     by_pid = {b.pid: b for b in beats}
     sends.wait(1, 60)
     start = sends.seen[0][0]
-    time.sleep(10.2)
-    counted = sends.between(start, start + 10)
-    # 1-second entry for 10 s: 10 sends (one beat sending), not 20-30 (every beat sending).
-    assert 9 <= len(counted) <= 11, (len(counted), logs(beats))
+    time.sleep(5.2)
+    counted = sends.between(start, start + 5)
+    # 1-second entry for 5 s: 5 sends (one beat sending), not 10-15 (every beat sending).
+    assert 4 <= len(counted) <= 6, (len(counted), logs(beats))
     first = leader_pid(name)
     assert {pid for _, pid in counted} == {first}
 
@@ -277,55 +276,6 @@ def test_redlock_is_refused_for_beat(redis_factory: Callable[..., RedisServer]) 
 
 
 @pytest.mark.timeout(120)
-def test_the_demo_runs_two_beats_and_shows_the_leader(tmp_path: Path) -> None:
-    import urllib.request
-
-    from django_redlock.testing import free_port
-
-    port = free_port()
-    env = {**os.environ, "DEMO_PORT": str(port), "SHOP_DB": f"{tmp_path}/shop.sqlite3"}
-    env.pop("REDIS_URL", None)
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    demo = subprocess.Popen(
-        [sys.executable, "example_project/demo.py"], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert demo.stdout is not None
-        lines: list[str] = []
-        for line in demo.stdout:
-            lines.append(line)
-            if "the shop is at" in line:
-                break
-        pids = next(re.search(r"pids (\d+), (\d+)", x) for x in lines if "two celery beats" in x)
-        assert pids is not None, "".join(lines)
-        beats = {pids.group(1), pids.group(2)}
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                home = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
-                shown = re.search(r"pid <strong>(\d+)</strong>", home.decode())
-                if shown is not None:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the home page never showed a beat leader"
-            time.sleep(0.3)
-        assert shown.group(1) in beats  # one of the demo's two beats leads
-        # The leader's first heartbeat (due 10 s after the beats start) runs on the worker.
-        url = next(re.search(r"redis-server .* at (\S+)", x) for x in lines if "redis-server" in x)
-        assert url is not None
-        shop_redis = redis.Redis.from_url(url.group(1).rsplit("/", 1)[0] + "/3")
-        while not shop_redis.llen("shop:heartbeats"):
-            assert time.monotonic() < deadline + 30, "no heartbeat ran on the demo's worker"
-            time.sleep(0.3)
-    finally:
-        demo.send_signal(signal.SIGINT)
-        output, _ = demo.communicate(timeout=60)
-    assert "demo: stopped" in output
-    assert "unregistered task" not in output, output
-
-
 class Recording(beat.LockedScheduler):
     """A LockedScheduler that notes its sends instead of publishing them."""
 
@@ -476,10 +426,10 @@ def test_the_new_leader_keeps_the_pace_after_a_takeover(
         assert time.monotonic() < deadline, logs(beats)
         time.sleep(0.05)
     took_over = next(t for t, pid in sends.seen if t >= killed and pid != first)
-    time.sleep(8.5)
-    counted = sends.between(took_over, took_over + 8)
+    time.sleep(5.5)
+    counted = sends.between(took_over, took_over + 5)
     shown = ([round(t - took_over, 2) for t, _ in counted], logs(beats))
-    assert 6 <= len(counted) <= 9, shown  # 8 (about 1 s apart) with room for a busy machine
+    assert 3 <= len(counted) <= 6, shown  # 5 (about 1 s apart) with room for a busy machine
     assert {pid for _, pid in counted} == {leader_pid(name)} != {first}
     gaps = [b - a for a, b in itertools.pairwise(t for t, _ in counted)]
     assert min(gaps) > 0.5, shown  # never one due run sent twice

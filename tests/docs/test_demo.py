@@ -106,6 +106,19 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
             assert time.monotonic() < deadline + 30, "the demo's db_worker ran no stock count"
             time.sleep(0.2)
         assert locks_db.llen("demo:counts") == 1
+        # Two celery beats (LockedScheduler): the home page names the one that leads, and the
+        # leader's first heartbeat (due 10 s after the beats start) runs on the worker.
+        beats = next(
+            re.search(r"pids (\d+), (\d+)", x) for x in demo.lines if "two celery beats" in x
+        )
+        assert beats is not None, "".join(demo.lines)
+        while not (leader := re.search(r"pid <strong>(\d+)</strong>", demo.get("/"))):
+            assert time.monotonic() < deadline + 30, "the home page never showed a beat leader"
+            time.sleep(0.3)
+        assert leader.group(1) in beats.groups()
+        while not locks_db.llen("shop:heartbeats"):
+            assert time.monotonic() < deadline + 30, "no heartbeat ran on the demo's worker"
+            time.sleep(0.3)
         # Ctrl-C while a task runs: the sync again, until its task holds the lock.
         demo.post("/sync/")
         deadline = time.monotonic() + 30
@@ -121,7 +134,7 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
     stopping = output[output.index("demo: stopping") :].splitlines()
     assert len(stopping) == 1 and stopping[0].endswith("... demo: stopped."), output[-3000:]
     assert demo.process.returncode == 0
-    assert "Traceback" not in output
+    assert "Traceback" not in output and "unregistered task" not in output
     log = (tmp_path / "stop.log").read_text()  # what the processes said meanwhile
     assert f"Task shop.tasks.nightly_sync[{task.group(1)}] succeeded" in output + log
     for error in ("Traceback", "BackendUnavailable", "ConnectionError", "Error 111"):

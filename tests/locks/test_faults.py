@@ -26,13 +26,15 @@ def test_ticket_sale_never_oversells(
     redis_alias: str, redis_server: RedisServer, child: Callable[..., Child]
 ) -> None:
     client = redis_server.client()
-    client.set("stock", 200)
     sellers = [
         child(
             "sell", "--name", "tickets", "--stock", "stock", "--ledger", "sold", backend=redis_alias
         )
         for _ in range(6)
     ]
+    for seller in sellers:  # a seller that started late on a busy box found nothing left
+        seller.expect("READY")
+    client.set("stock", 200)
     sold = [int(seller.expect("SOLD").split()[0]) for seller in sellers]
     ledger = [int(ticket) for ticket in client.lrange("sold", 0, -1)]
     assert sum(sold) == 200

@@ -71,6 +71,9 @@ def sell(args: argparse.Namespace) -> None:
 
     client = locks["store"].client  # type: ignore[attr-defined]
     sold = outages = 0
+    say("READY")  # the sale opens when the stock is put in: every seller starts at once
+    while client.get(args.stock) is None:
+        time.sleep(0.01)
     while True:
         try:
             with lock(args.name, ttl=5):

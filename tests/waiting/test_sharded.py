@@ -355,9 +355,14 @@ def test_a_waiter_whose_resubscribe_is_refused_busy_is_woken_once_the_script_end
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.5)  # it tried, subscribed and sleeps (the hold has 60 s left)
     node = backend.client.get_node_from_key(backend.key(name))
-    shard = backend.hub._shards[node.name]
+    deadline = time.monotonic() + 10  # it tried, subscribed and sleeps (the hold has 60 s left)
+    while (shard := backend.hub._shards.get(node.name)) is None or wire.socket_or_none(
+        shard.pubsub.connection
+    ) is None:  # (a fixed 0.5 s was not enough on a loaded box)
+        assert time.monotonic() < deadline, "the waiter never subscribed"
+        time.sleep(0.05)
+    time.sleep(0.3)
     server = redis.Redis(host=node.host, port=node.port, socket_timeout=30)
     with busy(server):
         sock = wire.socket_or_none(shard.pubsub.connection)

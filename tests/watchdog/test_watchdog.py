@@ -463,8 +463,10 @@ def test_a_reentrant_hold_whose_thread_ended_unreleased_is_no_longer_renewed(nam
     thread.join()
     time.sleep(0.5)
     assert lk.locked()  # held (renewed, then let go)
-    time.sleep(3.5)  # the owner sweep (2 s), then the TTL (1 s)
-    assert not lk.locked(), "a dead thread's reentrant hold is renewed for ever"
+    # The owner sweep (2 s), then the TTL (1 s).
+    assert _within(3.5, lambda: not lk.locked()), (
+        "a dead thread's reentrant hold is renewed for ever"
+    )
     assert lk.acquire(blocking=False)  # this thread may take the name now
     lk.release()
     del thread
@@ -476,6 +478,16 @@ def test_a_reentrant_hold_of_a_live_thread_is_still_renewed(name: str) -> None:
     time.sleep(4.0)
     assert lk.owned()
     lk.release()
+
+
+def _within(seconds: float, check: Callable[[], bool]) -> bool:
+    """Whether ``check()`` comes true within ``seconds`` (looked at every 0.1 s)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _orphan_after_extend(lk: Any) -> None:
@@ -498,17 +510,20 @@ def test_a_reentrant_hold_extended_at_once_is_let_go_when_its_thread_ends(name: 
     _orphan_after_extend(lk)
     time.sleep(0.5)
     assert lk.locked()
-    time.sleep(7.0)  # the owner sweep (2 s), then the TTL (3.3 s), with room for a slow box
-    assert not lk.locked(), "an extended reentrant hold of a dead thread is renewed for ever"
+    # The owner sweep (2 s), then the TTL (3.3 s), with room for a slow box.
+    assert _within(7.0, lambda: not lk.locked()), (
+        "an extended reentrant hold of a dead thread is renewed for ever"
+    )
 
 
 def test_a_read_hold_extended_at_once_is_let_go_when_its_thread_ends(name: str) -> None:
     rw = read_write_lock(name, ttl=3.3)
     reader = rw.read()  # kept: a collected object's hold is let go anyway
     _orphan_after_extend(reader)
-    time.sleep(7.5)
     writer = rw.write()
-    assert writer.acquire(blocking=False), "a dead thread's extended read is renewed for ever"
+    assert _within(7.5, lambda: writer.acquire(blocking=False)), (
+        "a dead thread's extended read is renewed for ever"
+    )
     writer.release()
 
 
@@ -526,8 +541,9 @@ def test_an_asyncio_reentrant_hold_extended_at_once_is_let_go_when_its_task_ends
             await asyncio.create_task(take_extend_leave())
 
     asyncio.run(main())
-    time.sleep(7.5)
-    assert not lk.locked(), "an extended reentrant hold of a finished task is renewed for ever"
+    assert _within(7.5, lambda: not lk.locked()), (
+        "an extended reentrant hold of a finished task is renewed for ever"
+    )
 
 
 # -- a slow lock_lost receiver, closed backends --------------------------------------------------
