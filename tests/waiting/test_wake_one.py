@@ -69,8 +69,16 @@ def test_a_killed_waiting_process_does_not_stall_the_next(
     survivor = child("queue", "--name", name, "--order", f"{name}:order", "--tag", "1")
     survivor.expect("WAITING")
     _wait_for_waiters(name, 2)
+    channels = len(redis_server.client().pubsub_channels())
     doomed.process.send_signal(signal.SIGKILL)
     doomed.process.wait(5)
+    # Until the server has read the dead connection's end, a publish to its inbox counts it as
+    # a receiver: a release then, in that instant, is a wake-up lost to the dead (the next
+    # waiter sleeps to its deadline). The server drops it within ms on a quiet machine.
+    deadline = time.monotonic() + 10
+    while len(redis_server.client().pubsub_channels()) >= channels:
+        assert time.monotonic() < deadline, "the server never dropped the killed subscriber"
+        time.sleep(0.005)
     released = time.monotonic()
     holder.release()  # its wake-up finds no one in the dead process's inbox: the next is woken
     survivor.expect("DONE")
