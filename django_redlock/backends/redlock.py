@@ -40,7 +40,7 @@ from .base import (
 from .cursors import BadCursor, parse_cursor
 from .redis import UNAVAILABLE, RedisBackend, prior_of, text
 from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub
-from .redlock_io import PENDING, Fan, NodeIO, answered
+from .redlock_io import PENDING, Fan, NodeIO, Undo, answered
 
 T = TypeVar("T")
 Replies = list[Any]  # per node: the parsed reply, or the exception it raised
@@ -264,6 +264,7 @@ class RedlockBackend(BaseLockBackend):
             [self._node_acquire(n, name, token, ttl_ms, meta, proposal) for n in self.nodes],
             self._granting,
             enough=self._majority_answered,
+            regrant=True,  # the token may be a try's whose answer was lost: its undos are void
         )
         elapsed_ms = (time.monotonic() - started) * 1000
         granted = [(i, r) for i, r in enumerate(replies) if isinstance(r, Attempt) and r.acquired]
@@ -315,10 +316,11 @@ class RedlockBackend(BaseLockBackend):
         """The release of our key on one node; ``quiet``: without waking the lock's waiters
         (release.lua publishes nowhere when the channel given is the lock's own key)."""
         if not quiet:
-            return node.op_release(name, token, Kind())
+            op = node.op_release(name, token, Kind())
+            return Undo(op.name, op.request, op.parse)
         key = node.key(name)
         keys = [key, key, node.waiting_key(name), node.queue_key(name), node.deadlines_key(name)]
-        return Op(name, Call(_RELEASE, keys, [token, node.inbox_for(name), "0"]), int)
+        return Undo(name, Call(_RELEASE, keys, [token, node.inbox_for(name), "0"]), int)
 
     def _prior(self, priors: Iterable[str | None]) -> str | None:
         """The hold given a fence before this one: the token a majority of the nodes name (a
