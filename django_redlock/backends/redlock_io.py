@@ -1259,7 +1259,16 @@ class NodeIO:
         patience = None if fan.enough is None else started + self.slow_after
         try:
             while waiting:
+                # Asked before each wait, the first too (as _collect does): a fan-out decided
+                # before any reply (an undo not waited for) waits its grace, not a node.
                 now = time.monotonic()
+                if grace_end is None and fan.decided is not None:
+                    if fan.decided(replies):
+                        grace_end = now + max(GRACE, now - started)
+                    elif patience is not None and fan.enough is not None and fan.enough(replies):
+                        grace_end = max(now, patience)
+                if grace_end is not None and now >= grace_end:
+                    break
                 until = grace_end
                 if until is None and patience is not None and now < patience:
                     until = patience
@@ -1269,14 +1278,6 @@ class NodeIO:
                 )
                 for task in done:
                     replies[tasks[task]] = task.result()
-                now = time.monotonic()
-                if grace_end is None and fan.decided is not None:
-                    if fan.decided(replies):
-                        grace_end = now + max(GRACE, now - started)
-                    elif patience is not None and fan.enough is not None and fan.enough(replies):
-                        grace_end = max(now, patience)
-                if grace_end is not None and time.monotonic() >= grace_end:
-                    break
         finally:
             for task in waiting:  # they go on; the node's next request waits for them
                 i = tasks[task]
