@@ -68,7 +68,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -457,8 +457,11 @@ class Debts:
     hold): a fan-out of that try makes the earlier undos of its key and token void
     (:meth:`supersede`), before anything of it is sent; a void undo is dropped wherever it
     is owed, and never owed again (the retry re-grants or refreshes that hold, and its own
-    failure owes its own undo). Both drivers pay a node's debts before their request to it
-    (the asyncio one waits for their replies first: its connections are not the threads')."""
+    failure owes its own undo). One already written to a node and not answered yet (another
+    request carried it, on another connection: the node may run it after the try's grant)
+    keeps the try from that node: not asked, as if slow. Both drivers pay a node's debts
+    before their request to it (the asyncio one waits for their replies first: its
+    connections are not the threads')."""
 
     def __init__(self, io: NodeIO) -> None:
         self._io = io
@@ -469,6 +472,23 @@ class Debts:
         #: The undos not yet void that may still be sent (owed, or written and unanswered):
         #: gone once nothing refers to them.
         self._undos: weakref.WeakSet[Undo] = weakref.WeakSet()
+        #: Per node, the undos written to it whose reply has not been read.
+        self._sending: list[weakref.WeakSet[Undo]] = [weakref.WeakSet() for _ in io.nodes]
+
+    def sending(self, i: int, ops: Iterable[Op[Any]]) -> None:
+        """``ops`` are being written to node i (their replies are awaited)."""
+        undos = [op for op in ops if isinstance(op, Undo)]
+        if undos:
+            with self._lock:
+                self._sending[i].update(undos)
+
+    def settled(self, i: int, ops: Iterable[Op[Any]]) -> None:
+        """``ops``' replies from node i are read (or will never be): no longer in flight."""
+        undos = [op for op in ops if isinstance(op, Undo)]
+        if undos:
+            with self._lock:
+                for op in undos:
+                    self._sending[i].discard(op)
 
     def track(self, fan: Fan) -> None:
         """An undo fan-out's ops may be sent later (owed, or straggling): a retry voids them."""
@@ -477,11 +497,12 @@ class Debts:
                 if isinstance(op, Undo):
                     self._undos.add(op)
 
-    def supersede(self, fan: Fan) -> None:
+    def supersede(self, fan: Fan) -> set[int]:
         """``fan`` (an acquire) may re-grant the holds of its keys and tokens: the undos of
-        those not sent yet are void, and dropped from the books."""
-        if not self._undos:
-            return
+        those not sent yet are void, and dropped from the books. Returns the nodes where
+        one is written and not answered yet: not to be asked."""
+        if not self._undos and not any(self._sending):
+            return set()
         holds = {_hold_of(op) for op in fan if op is not None}
         with self._lock:
             for op in list(self._undos):
@@ -493,6 +514,11 @@ class Debts:
                     kept = [d for d in owed if not _void(d.op)]
                     owed.clear()
                     owed.extend(kept)
+            return {
+                i
+                for i, sending in enumerate(self._sending)
+                if any(_hold_of(op) in holds for op in sending)
+            }
 
     def owe(self, i: int, op: Op[Any], kind: str) -> None:
         if _void(op):
@@ -562,6 +588,7 @@ class Debts:
         for n, op in enumerate(ops):
             if _void(op):
                 continue
+            self.sending(i, [op])
             try:
                 self._io.nodes[i].execute(op)
             except BackendUnavailable:
@@ -572,6 +599,8 @@ class Debts:
             except BaseException:
                 self.restore(i, ops[n:], undo)
                 raise
+            finally:
+                self.settled(i, [op])
 
     def collect(self) -> None:
         """Start the collector when debts are owed and none runs (or it stopped beating)."""
@@ -611,12 +640,14 @@ class Debts:
             for owed in self._owed:
                 owed.clear()
             self._collector = None
+            self._sending = [weakref.WeakSet() for _ in self._io.nodes]
 
     def forget(self) -> None:
         """After a fork: the parent's debts are its own to pay."""
         self._lock = threading.Lock()
         self._owed = [deque() for _ in self._io.nodes]
         self._collector = None
+        self._sending = [weakref.WeakSet() for _ in self._io.nodes]
 
 
 class Connector:
@@ -847,8 +878,9 @@ class NodeIO:
             return down
         return set()
 
-    def _unasked(self, i: int, op: Op[Any]) -> Unasked:
-        why = "down (no answer lately)" if self.health.is_down(i) else "slow to answer"
+    def _unasked(self, i: int, op: Op[Any], why: str = "") -> Unasked:
+        if not why:
+            why = "down (no answer lately)" if self.health.is_down(i) else "slow to answer"
         return Unasked(f"lock {op.name!r}: node {self.nodes[i].alias!r} was not asked: {why}")
 
     def _unawaited(self, i: int, op: Op[Any]) -> Unawaited:
@@ -867,8 +899,9 @@ class NodeIO:
         start_probes(self.health, self.nodes, self.debts.pay_before_up)
         self.lanes.watch()  # a drainer an interrupt killed is replaced
         self.debts.collect()  # a collector an interrupt killed is replaced
-        if fan.regrant:  # before anything is sent: an undo owed must not follow it
-            self.debts.supersede(fan)
+        # Before anything is sent: an undo owed must not follow it, nor one under way (on
+        # another connection) run after it.
+        busy = self.debts.supersede(fan) if fan.regrant else set()
         if fan.owed == "undo":
             self.debts.track(fan)
         skipping = self._skipping()
@@ -879,8 +912,9 @@ class NodeIO:
         for i, op in enumerate(fan):
             if op is None:
                 replies.append(None)
-            elif i in skipping:
-                replies.append(self._unasked(i, op))
+            elif i in skipping or i in busy:
+                why = "an undo of its token is under way there" if i in busy else ""
+                replies.append(self._unasked(i, op, why))
                 if not fan.complete:  # else owed once phase two is known not to ask it
                     self._unsent(fan, i)
             else:
@@ -904,10 +938,14 @@ class NodeIO:
             if not self._ran(i, got)
             and not (op is retried and any(isinstance(r, NoScriptError) for r in got))
         ]
+        done = [op for op, _, _ in flight.read]
         flight.read.clear()
         if unread:
             again += [(entry[2], entry[3]) for entry in flight.owed]
+            done += [entry[2] for entry in flight.owed]
             flight.owed.clear()
+        if done:
+            self.debts.settled(i, done)
         if again:
             self.debts.reowe(i, again)
 
@@ -1086,6 +1124,8 @@ class NodeIO:
             commands = debts + commands
         if fan.owed:  # a reply that does not prove it ran leaves it owed (see owe_back)
             flight.note(flight.skip, flight.count, fan[i], fan.owed)
+        if owed or fan.owed == "undo":  # under way until owe_back reads or drops them
+            self.debts.sending(i, [op for op, _ in owed] + [fan[i]])
         owners.using(connection, me)
         try:
             flight.stream.send(b"".join(pack_many(connection, commands)))
@@ -1313,6 +1353,7 @@ class NodeIO:
                 if owed:
                     self.debts.owe(i, op, owed)
                 return _unavailable(self.nodes[i], op, failed)
+        self.debts.sending(i, [op])
         try:
             reply = await self.nodes[i].aexecute(op)
         except BackendUnavailable as exc:
@@ -1322,6 +1363,8 @@ class NodeIO:
             return exc
         except Exception as exc:
             return exc
+        finally:
+            self.debts.settled(i, [op])
         self.health.answered(i)
         return reply
 
@@ -1334,6 +1377,7 @@ class NodeIO:
         for n, (op, _) in enumerate(owed):
             if _void(op):  # a try with its token was sent meanwhile
                 continue
+            self.debts.sending(i, [op])
             try:
                 await self.nodes[i].aexecute(op)
             except BackendUnavailable as exc:
@@ -1345,6 +1389,8 @@ class NodeIO:
             except BaseException:  # cancelled: not proven to have run
                 self.debts.reowe(i, owed[n:])
                 raise
+            finally:
+                self.debts.settled(i, [op])
         return None
 
     def close(self) -> None:

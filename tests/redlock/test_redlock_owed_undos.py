@@ -5,12 +5,15 @@ driver; and the asyncio driver pays a node's debts before its own request to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
 from django_redlock import LockError, lock
+from django_redlock.backends.base import Kind
 from django_redlock.backends.redlock import RedlockBackend
 from django_redlock.testing import RedisServer
 
@@ -32,6 +35,16 @@ def _other_lock(name: str, alias: str) -> None:
     other = lock(name, using=alias, ttl=5, auto_renew=False)
     assert other.acquire(blocking=False)
     other.release()
+
+
+def _script_calls(server: RedisServer) -> int:
+    stats = server.client().info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def _try(name: str, alias: str) -> None:
+    with contextlib.suppress(LockError):
+        lock(name, using=alias, ttl=30, auto_renew=False).acquire(blocking=False)
 
 
 def _until_paid(backend: RedlockBackend, name: str, alias: str) -> None:
@@ -124,3 +137,37 @@ def test_an_undo_owed_to_a_node_that_answers_is_paid_by_the_next_async_request(
 
         asyncio.run(other())
         assert three[0].client().get(node.key(name)) is None, "the undo owed was not sent"
+
+
+def test_a_try_is_not_sent_to_a_node_where_an_undo_of_its_token_is_under_way(
+    three: list[RedisServer], name: str
+) -> None:
+    """Node 2 down, node 1 paused: another thread's request carried the undo owed to node 1,
+    written on its connection and not answered. A try with the same token, which needs node
+    1's vote, was written there on another connection: had the node resumed then, either
+    could run first, and the undo would delete the try's grant. Node 1 is not asked."""
+    with quorum_alias("busy", three, socket_timeout=0.5):
+        backend = backend_of("busy")
+        node = backend.nodes[1]
+        _other_lock(f"{name}:warm", "busy")
+        three[2].pause()
+        try:
+            until = time.monotonic() + 5
+            while not backend.io.health.is_down(2) and time.monotonic() < until:
+                with contextlib.suppress(LockError):
+                    lock(f"{name}:tick", using="busy").locked()
+            three[1].client().set(node.key(name), "tok|1|0|", px=30_000)  # a lost grant
+            backend.io.debts.owe(1, backend._node_undo(node, name, "tok", quiet=True), "undo")
+            three[1].pause()
+            try:
+                carrier = threading.Thread(target=_try, args=(f"{name}:other", "busy"))
+                carrier.start()  # its request to node 1 carries the undo first
+                time.sleep(0.05)
+                with pytest.raises(LockError) as raised:
+                    backend.execute(backend.op_acquire(name, "tok", 30_000, "", Kind()))
+                carrier.join()
+            finally:
+                three[1].resume()
+        finally:
+            three[2].resume()
+        assert f"node {node.alias!r} was not asked" in str(raised.value)
