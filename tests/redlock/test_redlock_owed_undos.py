@@ -37,9 +37,11 @@ def _other_lock(name: str, alias: str) -> None:
     other.release()
 
 
-def _script_calls(server: RedisServer) -> int:
-    stats = server.client().info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+def _assert_held(tokens: list[bytes], token: bytes) -> None:
+    """The retry's hold is on a majority (a node it did not ask, an undo being under way
+    there, may have lost the earlier try's grant to that undo: not counted)."""
+    assert sum(t == token for t in tokens) >= 2, f"an owed undo deleted the retry's: {tokens}"
+    assert set(tokens) <= {token, b"-"}, tokens
 
 
 def _try(name: str, alias: str) -> None:
@@ -96,9 +98,8 @@ def test_an_async_retry_s_grant_is_not_deleted_by_the_undo_its_failed_try_owed(
 
         assert asyncio.run(run())
         token = mine.token.encode()
-        assert _tokens(three, backend, name) == [token] * 3
         _until_paid(backend, f"{name}:sync", "adebt")  # sync requests carry what is owed
-        assert _tokens(three, backend, name) == [token] * 3, "an owed undo deleted the retry's"
+        _assert_held(_tokens(three, backend, name), token)
         other = lock(name, using="adebt", ttl=30, auto_renew=False)
         assert not other.acquire(blocking=False), "two holders at once"
         mine.release()
@@ -117,7 +118,9 @@ def test_a_sync_retry_s_grant_is_not_deleted_by_the_undo_its_failed_try_owed(
         assert mine.acquire(blocking=False)  # the same token
         token = mine.token.encode()
         _until_paid(backend, f"{name}:sync", "sdebt")
-        assert _tokens(three, backend, name) == [token] * 3, "an owed undo deleted the retry's"
+        _assert_held(_tokens(three, backend, name), token)
+        other = lock(name, using="sdebt", ttl=30, auto_renew=False)
+        assert not other.acquire(blocking=False), "two holders at once"
         mine.release()
 
 
@@ -134,6 +137,7 @@ def test_an_undo_owed_to_a_node_that_answers_is_paid_by_the_next_async_request(
 
         async def other() -> None:
             assert not await lock(f"{name}:other", using="apay").alocked()
+            await asyncio.sleep(0.3)  # a node not waited for still answers within the loop
 
         asyncio.run(other())
         assert three[0].client().get(node.key(name)) is None, "the undo owed was not sent"
