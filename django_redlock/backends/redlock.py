@@ -41,7 +41,7 @@ from .base import (
 from .cursors import BadCursor, parse_cursor
 from .redis import UNAVAILABLE, RedisBackend, prior_of, text
 from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub
-from .redlock_io import PENDING, Fan, NodeIO, answered
+from .redlock_io import PENDING, Fan, NodeIO, Undo, answered
 
 T = TypeVar("T")
 Replies = list[Any]  # per node: the parsed reply, or the exception it raised
@@ -265,6 +265,7 @@ class RedlockBackend(BaseLockBackend):
             [self._node_acquire(n, name, token, ttl_ms, meta, proposal) for n in self.nodes],
             self._granting,
             enough=self._majority_answered,
+            regrant=True,  # the token may be a try's whose answer was lost: its undos are void
         )
         elapsed_ms = (time.monotonic() - started) * 1000
         granted = [(i, r) for i, r in enumerate(replies) if isinstance(r, Attempt) and r.acquired]
@@ -294,32 +295,46 @@ class RedlockBackend(BaseLockBackend):
         # (the node the hold missed) tried again at once, for the whole hold.
         # Too few nodes answered (QuorumNotReached below): the undo is not waited for at
         # all, the caller gets the error within one node timeout, not after a second one.
+        # A holder whose refusals and the nodes that did not answer make a majority may
+        # hold the lock (our grant is on a node its hold missed: a node restarted empty):
+        # not a split vote, and our undo wakes nobody (it woke this waiter itself, which
+        # then tried again at once, for the whole hold). Not known either: looked at again
+        # within about a breaker period (two contenders beside a down node, each refused by
+        # the other's grant, are not left waiting for a hold that was undone).
         held = self._held_by_one(replies)
+        maybe = not held and self._held_by_one(replies, unknown=True)
         reachable = self._answered(replies) >= self.quorum
         yield self._each(
-            lambda n: self._node_undo(n, name, token, quiet=held),
+            lambda n: self._node_undo(n, name, token, quiet=held or maybe),
             self._majority_answered if reachable else _at_once,
             owed="undo",
         )
         if self._answered(replies) < self.quorum:
             raise self._unreachable(name, replies, "acquire")
-        return Attempt(False, None, self._wait_hint(replies, bool(granted) and not held))
+        hint = self._wait_hint(replies, bool(granted) and not (held or maybe))
+        if maybe:
+            again = round(random.uniform(0.5, 1.0) * BREAKER_SECONDS * 1000)
+            hint = again if hint < 0 else min(hint, again)
+        return Attempt(False, None, hint)
 
-    def _held_by_one(self, replies: Replies) -> bool:
-        """Whether one holder has a majority of the nodes (their refusals name it)."""
+    def _held_by_one(self, replies: Replies, unknown: bool = False) -> bool:
+        """Whether one holder has a majority of the nodes (their refusals name it);
+        ``unknown``: whether it may have, with the nodes that did not answer."""
         holders = Counter(
             r.prior for r in replies if isinstance(r, Attempt) and not r.acquired and r.prior
         )
-        return bool(holders) and holders.most_common(1)[0][1] >= self.quorum
+        extra = sum(1 for r in replies if r is not None and not answered(r)) if unknown else 0
+        return bool(holders) and holders.most_common(1)[0][1] + extra >= self.quorum
 
     def _node_undo(self, node: RedisBackend, name: str, token: str, quiet: bool) -> Op[int]:
         """The release of our key on one node; ``quiet``: without waking the lock's waiters
         (release.lua publishes nowhere when the channel given is the lock's own key)."""
         if not quiet:
-            return node.op_release(name, token, Kind())
+            op = node.op_release(name, token, Kind())
+            return Undo(op.name, op.request, op.parse)
         key = node.key(name)
         keys = [key, key, node.waiting_key(name), node.queue_key(name), node.deadlines_key(name)]
-        return Op(name, Call(_RELEASE, keys, [token, node.inbox_for(name), "0"]), int)
+        return Undo(name, Call(_RELEASE, keys, [token, node.inbox_for(name), "0"]), int)
 
     def _prior(self, priors: Iterable[str | None]) -> str | None:
         """The hold given a fence before this one: the token a majority of the nodes name (a
@@ -343,7 +358,7 @@ class RedlockBackend(BaseLockBackend):
         if split:  # others raced us for the same nodes: back off a random moment
             return random.randint(5, 50)
         left = sorted(r.count_or_wait for r in replies if isinstance(r, Attempt) and not r.acquired)
-        free = len(self.nodes) - len(left)
+        free = sum(1 for r in replies if isinstance(r, Attempt) and r.acquired)  # not unknown
         needed = self.quorum - free
         if needed <= 0:
             return 0

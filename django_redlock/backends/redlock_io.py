@@ -66,8 +66,9 @@ import os
 import select
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,22 @@ class Unawaited(BackendUnavailable):
     """A node asked, whose reply was not waited for: the others decided."""
 
 
+class Undo(Op[int]):
+    """An acquire's undo on one node: a release of its key and token (a script call whose
+    first key is the lock's key, whose first argument is the token). ``void`` once a try
+    with the same token was sent (see :meth:`Debts.supersede`): never sent after that."""
+
+    void = False
+
+
+def _hold_of(op: Op[Any]) -> tuple[str, Any] | None:
+    """The lock key and token a script call names (its first key and first argument)."""
+    call = op.request
+    if isinstance(call, Call) and call.keys and call.args:
+        return call.keys[0], call.args[0]
+    return None
+
+
 class Fan(list[Any]):
     """A step of a Redlock operation: an op per node (None: that node has none).
 
@@ -156,6 +173,7 @@ class Fan(list[Any]):
         complete: bool = False,
         enough: Callable[[Replies], bool] | None = None,
         owed: str = "",
+        regrant: bool = False,
     ) -> None:
         super().__init__(ops)
         self.decided = decided
@@ -163,6 +181,8 @@ class Fan(list[Any]):
         self.enough = enough
         #: "release" or "undo": a write every node must get, asked or not (see ``Debts``).
         self.owed = owed
+        #: An acquire whose token may be an earlier try's: that try's undos are void.
+        self.regrant = regrant
 
 
 def answered(reply: Any) -> bool:
@@ -408,6 +428,10 @@ class Lanes:
             self._io.drop(i, connection, reader)  # still the reader's: not kept, interrupted
 
 
+def _void(op: Op[Any]) -> bool:
+    return isinstance(op, Undo) and op.void
+
+
 @dataclass(eq=False, slots=True)
 class Debt:
     op: Op[Any]
@@ -426,7 +450,18 @@ class Debts:
     reply does not prove it ran is owed again (:meth:`NodeIO.owe_back`): a node in CLIENT
     PAUSE frees what it read when the overdue connection is closed, a busy one answers BUSY.
     Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
-    the hold on that node then expires at its TTL, as before."""
+    the hold on that node then expires at its TTL, as before.
+
+    An undo never deletes a later try's grant of the same token (the next try of a Lock
+    whose try got no answer reuses its token, and the node's "ours already" refreshes the
+    hold): a fan-out of that try makes the earlier undos of its key and token void
+    (:meth:`supersede`), before anything of it is sent; a void undo is dropped wherever it
+    is owed, and never owed again (the retry re-grants or refreshes that hold, and its own
+    failure owes its own undo). One already written to a node and not answered yet (another
+    request carried it, on another connection: the node may run it after the try's grant)
+    keeps the try from that node: not asked, as if slow. Both drivers pay a node's debts
+    before their request to it (the asyncio one waits for their replies first: its
+    connections are not the threads')."""
 
     def __init__(self, io: NodeIO) -> None:
         self._io = io
@@ -434,8 +469,60 @@ class Debts:
         self._owed: list[deque[Debt]] = [deque() for _ in io.nodes]
         self._collector: object | None = None
         self._beat = 0.0
+        #: The undos not yet void that may still be sent (owed, or written and unanswered):
+        #: gone once nothing refers to them.
+        self._undos: weakref.WeakSet[Undo] = weakref.WeakSet()
+        #: Per node, the undos written to it whose reply has not been read.
+        self._sending: list[weakref.WeakSet[Undo]] = [weakref.WeakSet() for _ in io.nodes]
+
+    def sending(self, i: int, ops: Iterable[Op[Any]]) -> None:
+        """``ops`` are being written to node i (their replies are awaited)."""
+        undos = [op for op in ops if isinstance(op, Undo)]
+        if undos:
+            with self._lock:
+                self._sending[i].update(undos)
+
+    def settled(self, i: int, ops: Iterable[Op[Any]]) -> None:
+        """``ops``' replies from node i are read (or will never be): no longer in flight."""
+        undos = [op for op in ops if isinstance(op, Undo)]
+        if undos:
+            with self._lock:
+                for op in undos:
+                    self._sending[i].discard(op)
+
+    def track(self, fan: Fan) -> None:
+        """An undo fan-out's ops may be sent later (owed, or straggling): a retry voids them."""
+        with self._lock:
+            for op in fan:
+                if isinstance(op, Undo):
+                    self._undos.add(op)
+
+    def supersede(self, fan: Fan) -> set[int]:
+        """``fan`` (an acquire) may re-grant the holds of its keys and tokens: the undos of
+        those not sent yet are void, and dropped from the books. Returns the nodes where
+        one is written and not answered yet: not to be asked."""
+        if not self._undos and not any(self._sending):
+            return set()
+        holds = {_hold_of(op) for op in fan if op is not None}
+        with self._lock:
+            for op in list(self._undos):
+                if _hold_of(op) in holds:
+                    op.void = True
+                    self._undos.discard(op)
+            for owed in self._owed:
+                if any(_void(d.op) for d in owed):
+                    kept = [d for d in owed if not _void(d.op)]
+                    owed.clear()
+                    owed.extend(kept)
+            return {
+                i
+                for i, sending in enumerate(self._sending)
+                if any(_hold_of(op) in holds for op in sending)
+            }
 
     def owe(self, i: int, op: Op[Any], kind: str) -> None:
+        if _void(op):
+            return
         with self._lock:
             owed = self._owed[i]
             owed.append(Debt(op, kind == "undo"))
@@ -449,12 +536,15 @@ class Debts:
         if not owed:
             return []
         with self._lock:
-            taken = [(d.op, "undo" if d.undo else "release") for d in owed]
+            taken = [(d.op, "undo" if d.undo else "release") for d in owed if not _void(d.op)]
             owed.clear()
         return taken
 
     def reowe(self, i: int, items: list[tuple[Op[Any], str]]) -> None:
         """Writes sent whose reply did not prove they ran: owed again, ahead of newer ones."""
+        items = [(op, kind) for op, kind in items if not _void(op)]
+        if not items:
+            return
         with self._lock:
             owed = self._owed[i]
             owed.extendleft(Debt(op, kind == "undo") for op, kind in reversed(items))
@@ -468,14 +558,15 @@ class Debts:
         if not owed:
             return []
         with self._lock:
-            taken = [d.op for d in owed if undo or not d.undo]
-            kept = [d for d in owed if not undo and d.undo]
+            taken = [d.op for d in owed if (undo or not d.undo) and not _void(d.op)]
+            kept = [d for d in owed if not undo and d.undo and not _void(d.op)]
             owed.clear()
             owed.extend(kept)
         return taken
 
     def restore(self, i: int, ops: list[Op[Any]], undo: bool) -> None:
         """Debts taken whose send failed: owed again, ahead of the newer ones."""
+        ops = [op for op in ops if not _void(op)]
         if ops:
             with self._lock:
                 self._owed[i].extendleft(Debt(op, undo) for op in reversed(ops))
@@ -495,6 +586,9 @@ class Debts:
         BackendUnavailable is raised. Any other error (a refusal) drops that one: asked
         again, the node would refuse it again."""
         for n, op in enumerate(ops):
+            if _void(op):
+                continue
+            self.sending(i, [op])
             try:
                 self._io.nodes[i].execute(op)
             except BackendUnavailable:
@@ -505,6 +599,8 @@ class Debts:
             except BaseException:
                 self.restore(i, ops[n:], undo)
                 raise
+            finally:
+                self.settled(i, [op])
 
     def collect(self) -> None:
         """Start the collector when debts are owed and none runs (or it stopped beating)."""
@@ -544,12 +640,14 @@ class Debts:
             for owed in self._owed:
                 owed.clear()
             self._collector = None
+            self._sending = [weakref.WeakSet() for _ in self._io.nodes]
 
     def forget(self) -> None:
         """After a fork: the parent's debts are its own to pay."""
         self._lock = threading.Lock()
         self._owed = [deque() for _ in self._io.nodes]
         self._collector = None
+        self._sending = [weakref.WeakSet() for _ in self._io.nodes]
 
 
 class Connector:
@@ -780,8 +878,9 @@ class NodeIO:
             return down
         return set()
 
-    def _unasked(self, i: int, op: Op[Any]) -> Unasked:
-        why = "down (no answer lately)" if self.health.is_down(i) else "slow to answer"
+    def _unasked(self, i: int, op: Op[Any], why: str = "") -> Unasked:
+        if not why:
+            why = "down (no answer lately)" if self.health.is_down(i) else "slow to answer"
         return Unasked(f"lock {op.name!r}: node {self.nodes[i].alias!r} was not asked: {why}")
 
     def _unawaited(self, i: int, op: Op[Any]) -> Unawaited:
@@ -800,6 +899,11 @@ class NodeIO:
         start_probes(self.health, self.nodes, self.debts.pay_before_up)
         self.lanes.watch()  # a drainer an interrupt killed is replaced
         self.debts.collect()  # a collector an interrupt killed is replaced
+        # Before anything is sent: an undo owed must not follow it, nor one under way (on
+        # another connection) run after it.
+        busy = self.debts.supersede(fan) if fan.regrant else set()
+        if fan.owed == "undo":
+            self.debts.track(fan)
         skipping = self._skipping()
         if fan.owed:  # a slow node is written to all the same (not waited for): in order
             skipping &= self.health.down()
@@ -808,8 +912,9 @@ class NodeIO:
         for i, op in enumerate(fan):
             if op is None:
                 replies.append(None)
-            elif i in skipping:
-                replies.append(self._unasked(i, op))
+            elif i in skipping or i in busy:
+                why = "an undo of its token is under way there" if i in busy else ""
+                replies.append(self._unasked(i, op, why))
                 if not fan.complete:  # else owed once phase two is known not to ask it
                     self._unsent(fan, i)
             else:
@@ -833,10 +938,14 @@ class NodeIO:
             if not self._ran(i, got)
             and not (op is retried and any(isinstance(r, NoScriptError) for r in got))
         ]
+        done = [op for op, _, _ in flight.read]
         flight.read.clear()
         if unread:
             again += [(entry[2], entry[3]) for entry in flight.owed]
+            done += [entry[2] for entry in flight.owed]
             flight.owed.clear()
+        if done:
+            self.debts.settled(i, done)
         if again:
             self.debts.reowe(i, again)
 
@@ -1015,6 +1124,8 @@ class NodeIO:
             commands = debts + commands
         if fan.owed:  # a reply that does not prove it ran leaves it owed (see owe_back)
             flight.note(flight.skip, flight.count, fan[i], fan.owed)
+        if owed or fan.owed == "undo":  # under way until owe_back reads or drops them
+            self.debts.sending(i, [op for op, _ in owed] + [fan[i]])
         owners.using(connection, me)
         try:
             flight.stream.send(b"".join(pack_many(connection, commands)))
@@ -1188,7 +1299,16 @@ class NodeIO:
         patience = None if fan.enough is None else started + self.slow_after
         try:
             while waiting:
+                # Asked before each wait, the first too (as _collect does): a fan-out decided
+                # before any reply (an undo not waited for) waits its grace, not a node.
                 now = time.monotonic()
+                if grace_end is None and fan.decided is not None:
+                    if fan.decided(replies):
+                        grace_end = now + max(GRACE, now - started)
+                    elif patience is not None and fan.enough is not None and fan.enough(replies):
+                        grace_end = max(now, patience)
+                if grace_end is not None and now >= grace_end:
+                    break
                 until = grace_end
                 if until is None and patience is not None and now < patience:
                     until = patience
@@ -1198,14 +1318,6 @@ class NodeIO:
                 )
                 for task in done:
                     replies[tasks[task]] = task.result()
-                now = time.monotonic()
-                if grace_end is None and fan.decided is not None:
-                    if fan.decided(replies):
-                        grace_end = now + max(GRACE, now - started)
-                    elif patience is not None and fan.enough is not None and fan.enough(replies):
-                        grace_end = max(now, patience)
-                if grace_end is not None and time.monotonic() >= grace_end:
-                    break
         finally:
             for task in waiting:  # they go on; the node's next request waits for them
                 i = tasks[task]
@@ -1264,6 +1376,13 @@ class NodeIO:
         task.add_done_callback(functools.partial(self._task_done, i))
 
     async def _asend(self, i: int, op: Op[Any], owed: str) -> Any:
+        if not self.health.is_down(i):  # held back for a node down, as in _send
+            failed = await self._apay(i)
+            if failed is not None:
+                if owed:
+                    self.debts.owe(i, op, owed)
+                return _unavailable(self.nodes[i], op, failed)
+        self.debts.sending(i, [op])
         try:
             reply = await self.nodes[i].aexecute(op)
         except BackendUnavailable as exc:
@@ -1273,8 +1392,35 @@ class NodeIO:
             return exc
         except Exception as exc:
             return exc
+        finally:
+            self.debts.settled(i, [op])
         self.health.answered(i)
         return reply
+
+    async def _apay(self, i: int) -> BackendUnavailable | None:
+        """Send what node i is owed, in order, each answered before the next (and before the
+        request that follows: asyncio's connections are not the threads', only waiting for
+        the reply keeps the order). No answer: that one and the rest are owed again, the
+        error is returned. A refusal drops that one (asked again, it would be refused)."""
+        owed = self.debts.take_kinds(i)
+        for n, (op, _) in enumerate(owed):
+            if _void(op):  # a try with its token was sent meanwhile
+                continue
+            self.debts.sending(i, [op])
+            try:
+                await self.nodes[i].aexecute(op)
+            except BackendUnavailable as exc:
+                self.health.failed(i)
+                self.debts.reowe(i, owed[n:])
+                return exc
+            except Exception as exc:
+                logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
+            except BaseException:  # cancelled: not proven to have run
+                self.debts.reowe(i, owed[n:])
+                raise
+            finally:
+                self.debts.settled(i, [op])
+        return None
 
     def close(self) -> None:
         """Close the lanes' and the kept connections (those in use close with their fan-out).

@@ -687,3 +687,33 @@ def test_an_async_call_after_a_failed_acquire_beside_a_paused_node_takes_one_tim
             lock(f"{name}:tick", using="astall").locked()
             time.sleep(0.05)
         assert three[0].client().get(key) is None, "the undo never reached the paused node"
+
+
+def test_an_async_try_with_every_node_paused_takes_one_timeout(
+    three: list[RedisServer], name: str
+) -> None:
+    """Every node stopped answering: the acquire waits one node timeout, then its undo (not
+    waited for: too few answered) is decided before any reply. The asyncio fan-out waited
+    for a first reply all the same, a second node timeout (1.0 s for a 0.5 s timeout; sync
+    0.5 s): it asks whether it is decided before its first wait too."""
+    from django_redlock.exceptions import LockError
+
+    with quorum_alias("apaused", three, socket_timeout=0.5, socket_connect_timeout=0.5):
+
+        async def run() -> float:
+            warm = lock(f"{name}:warm", using="apaused", ttl=10)
+            assert await warm.aacquire(blocking=False)
+            await warm.arelease()
+            for server in three:
+                server.pause()
+            started = time.monotonic()
+            with pytest.raises(LockError):
+                await lock(name, using="apaused", ttl=10).aacquire(blocking=False)
+            return time.monotonic() - started
+
+        try:
+            elapsed = asyncio.run(run())
+        finally:
+            for server in three:
+                server.resume()
+        assert elapsed < 0.8, f"took {elapsed:.2f} s for a 0.5 s socket timeout"

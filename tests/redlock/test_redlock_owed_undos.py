@@ -1,0 +1,177 @@
+"""An acquire's undo owed to a node (redlock_io.Debts) never deletes the grant of a later try
+with the same token (a Lock whose try got no answer tries again with its token), on either
+driver; and the asyncio driver pays a node's debts before its own request to it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from django_redlock import LockError, lock
+from django_redlock.backends.base import Kind
+from django_redlock.backends.redlock import RedlockBackend
+from django_redlock.testing import RedisServer
+
+from .test_redlock import quorum_alias
+from .test_redlock_io import backend_of
+
+
+@pytest.fixture
+def three(redis_factory: Callable[..., RedisServer]) -> list[RedisServer]:
+    return [redis_factory() for _ in range(3)]
+
+
+def _tokens(servers: list[RedisServer], backend: RedlockBackend, name: str) -> list[bytes]:
+    key = backend.nodes[0].key(name)
+    return [(s.client().get(key) or b"-").split(b"|")[0] for s in servers]
+
+
+def _other_lock(name: str, alias: str) -> None:
+    other = lock(name, using=alias, ttl=5, auto_renew=False)
+    assert other.acquire(blocking=False)
+    other.release()
+
+
+def _assert_held(tokens: list[bytes], token: bytes) -> None:
+    """The retry's hold is on a majority (a node it did not ask, an undo being under way
+    there, may have lost the earlier try's grant to that undo: not counted)."""
+    assert sum(t == token for t in tokens) >= 2, f"an owed undo deleted the retry's: {tokens}"
+    assert set(tokens) <= {token, b"-"}, tokens
+
+
+def _try(name: str, alias: str) -> None:
+    with contextlib.suppress(LockError):
+        lock(name, using=alias, ttl=30, auto_renew=False).acquire(blocking=False)
+
+
+def _until_paid(backend: RedlockBackend, name: str, alias: str) -> None:
+    """Sync requests (which carry what is owed) until nothing is owed (paid, or void)."""
+    until = time.monotonic() + 3
+    while backend.io.debts.any and time.monotonic() < until:
+        _other_lock(name, alias)
+        time.sleep(0.05)
+    _other_lock(name, alias)
+
+
+def _fail_beside_two_paused(servers: list[RedisServer], tries: Callable[[], object]) -> None:
+    """Nodes 1 and 2 stopped: the try gets QuorumNotReached, its undo is owed to both."""
+    servers[1].pause()
+    servers[2].pause()
+    try:
+        with pytest.raises(LockError):
+            tries()
+        time.sleep(0.7)  # the undo's requests to nodes 1 and 2 time out: owed
+    finally:
+        servers[1].resume()
+        servers[2].resume()
+    time.sleep(0.05)
+
+
+def test_an_async_retry_s_grant_is_not_deleted_by_the_undo_its_failed_try_owed(
+    three: list[RedisServer], name: str
+) -> None:
+    """The retry reused the token, asyncio requests sent nothing owed first, so the retry was
+    granted on every node with the undo of that very token still owed; the next sync request
+    paid it (the hold deleted on two nodes) and another client took the lock beside it."""
+    with quorum_alias("adebt", three, socket_timeout=0.5):
+        backend = backend_of("adebt")
+        mine = lock(name, using="adebt", ttl=30, auto_renew=False)
+
+        async def run() -> bool:
+            assert not await lock(f"{name}:warm", using="adebt").alocked()
+            three[1].pause()
+            three[2].pause()
+            try:
+                with pytest.raises(LockError):
+                    await mine.aacquire(blocking=False)
+                await asyncio.sleep(0.7)  # the undo's requests to nodes 1 and 2 time out: owed
+            finally:
+                three[1].resume()
+                three[2].resume()
+            await asyncio.sleep(0.05)
+            return await mine.aacquire(blocking=False)  # the same token: the same Lock
+
+        assert asyncio.run(run())
+        token = mine.token.encode()
+        _until_paid(backend, f"{name}:sync", "adebt")  # sync requests carry what is owed
+        _assert_held(_tokens(three, backend, name), token)
+        other = lock(name, using="adebt", ttl=30, auto_renew=False)
+        assert not other.acquire(blocking=False), "two holders at once"
+        mine.release()
+
+
+def test_a_sync_retry_s_grant_is_not_deleted_by_the_undo_its_failed_try_owed(
+    three: list[RedisServer], name: str
+) -> None:
+    """Sync: the undo owed to nodes still down is held back for them; the retry (which
+    needs their votes) was granted there first, and a later request paid the undo."""
+    with quorum_alias("sdebt", three, socket_timeout=0.5):
+        backend = backend_of("sdebt")
+        mine = lock(name, using="sdebt", ttl=30, auto_renew=False)
+        assert not lock(f"{name}:warm", using="sdebt").locked()
+        _fail_beside_two_paused(three, lambda: mine.acquire(blocking=False))
+        assert mine.acquire(blocking=False)  # the same token
+        token = mine.token.encode()
+        _until_paid(backend, f"{name}:sync", "sdebt")
+        _assert_held(_tokens(three, backend, name), token)
+        other = lock(name, using="sdebt", ttl=30, auto_renew=False)
+        assert not other.acquire(blocking=False), "two holders at once"
+        mine.release()
+
+
+def test_an_undo_owed_to_a_node_that_answers_is_paid_by_the_next_async_request(
+    three: list[RedisServer], name: str
+) -> None:
+    """In a process that only uses asyncio, an undo owed to a node counted up was never sent
+    (the collector sends releases only; only a sync request carried it)."""
+    with quorum_alias("apay", three, socket_timeout=0.5):
+        backend = backend_of("apay")
+        node = backend.nodes[0]
+        three[0].client().set(node.key(name), "tok|1|0|", px=30_000)
+        backend.io.debts.owe(0, backend._node_undo(node, name, "tok", quiet=True), "undo")
+
+        async def other() -> None:
+            assert not await lock(f"{name}:other", using="apay").alocked()
+            await asyncio.sleep(0.3)  # a node not waited for still answers within the loop
+
+        asyncio.run(other())
+        assert three[0].client().get(node.key(name)) is None, "the undo owed was not sent"
+
+
+def test_a_try_is_not_sent_to_a_node_where_an_undo_of_its_token_is_under_way(
+    three: list[RedisServer], name: str
+) -> None:
+    """Node 2 down, node 1 paused: another thread's request carried the undo owed to node 1,
+    written on its connection and not answered. A try with the same token, which needs node
+    1's vote, was written there on another connection: had the node resumed then, either
+    could run first, and the undo would delete the try's grant. Node 1 is not asked."""
+    with quorum_alias("busy", three, socket_timeout=0.5):
+        backend = backend_of("busy")
+        node = backend.nodes[1]
+        _other_lock(f"{name}:warm", "busy")
+        three[2].pause()
+        try:
+            until = time.monotonic() + 5
+            while not backend.io.health.is_down(2) and time.monotonic() < until:
+                with contextlib.suppress(LockError):
+                    lock(f"{name}:tick", using="busy").locked()
+            three[1].client().set(node.key(name), "tok|1|0|", px=30_000)  # a lost grant
+            backend.io.debts.owe(1, backend._node_undo(node, name, "tok", quiet=True), "undo")
+            three[1].pause()
+            try:
+                carrier = threading.Thread(target=_try, args=(f"{name}:other", "busy"))
+                carrier.start()  # its request to node 1 carries the undo first
+                time.sleep(0.05)
+                with pytest.raises(LockError) as raised:
+                    backend.execute(backend.op_acquire(name, "tok", 30_000, "", Kind()))
+                carrier.join()
+            finally:
+                three[1].resume()
+        finally:
+            three[2].resume()
+        assert f"node {node.alias!r} was not asked" in str(raised.value)
