@@ -166,13 +166,12 @@ class PubSubHub(ReleaseHub):
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
         # ``first`` is not trusted: the last waiter's leave may not have sent its unsubscribe
         # yet (_sync sends what the waiters need, in order, whoever comes first).
-        with self._mutex:
-            confirmed = self._confirmed.get(channel)
-            if confirmed is None:
-                confirmed = self._confirmed[channel] = Confirmation()
         failed = self._sync(channel)
-        # Only once the server confirmed can a re-try not miss the release message.
-        return confirmed if failed is None else _unanswered(failed)
+        if failed is not None:
+            return _unanswered(failed)
+        with self._mutex:  # decided subscribed by now (by us or another joiner)
+            # Only once the server confirmed can a re-try not miss the release message.
+            return self._confirmed.get(channel)
 
     def _wanted(self, channel: str) -> bool:
         """Whether ``channel`` has waiters here (under the mutex)."""
