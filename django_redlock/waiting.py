@@ -451,10 +451,23 @@ def _stop_reader(pubsub: Any, thread: threading.Thread | None, timeout: float) -
 class _Shard:
     """One node's pub/sub connection, read by its own daemon thread."""
 
-    __slots__ = ("pubsub", "thread")
+    __slots__ = ("pubsub", "thread", "unsubscribing")
 
     def __init__(self, pubsub: Any, thread: threading.Thread) -> None:
         self.pubsub, self.thread = pubsub, thread
+        #: Our SUNSUBSCRIBEs whose replies are not read yet, per channel: such a reply is
+        #: no slot move, even if the channel was subscribed again here meanwhile.
+        self.unsubscribing: dict[str, int] = {}
+
+
+def _count_off(counts: dict[str, int], channel: str) -> bool:
+    """Take one off ``channel``'s count; whether there was one."""
+    left = counts.get(channel, 0)
+    if left > 1:
+        counts[channel] = left - 1
+    elif left:
+        del counts[channel]
+    return left > 0
 
 
 class ShardedPubSubHub(PubSubHub):
@@ -540,11 +553,15 @@ class ShardedPubSubHub(PubSubHub):
         with self._mutex:
             name = self._node_of.pop(channel, None)
             shard = self._shards.get(name) if name is not None else None
+            if shard is not None:
+                shard.unsubscribing[channel] = shard.unsubscribing.get(channel, 0) + 1
         if shard is not None:
             try:
                 shard.pubsub.sunsubscribe(channel)
             except Exception as exc:
                 logger.debug("redlock: sunsubscribe from %s failed: %s", channel, exc)
+                with self._mutex:
+                    _count_off(shard.unsubscribing, channel)
 
     def _shard(self, node: Any) -> _Shard:
         """The node's connection and reader, started if need be (called under the mutex)."""
@@ -615,6 +632,8 @@ class ShardedPubSubHub(PubSubHub):
                     self._refuse_shard(name, pubsub, refused)
                     return
                 logger.debug("redlock: sharded pub/sub connection to %s failed: %s", name, exc)
+                with self._mutex:  # replies lost with the connection
+                    shard.unsubscribing.clear()
                 # Waiters look again once their channels are subscribed again, here
                 # (reconnected) or on the slot's new owner (_moved).
                 failures += 1
@@ -651,8 +670,11 @@ class ShardedPubSubHub(PubSubHub):
                 channel = message["channel"]
                 channel = channel.decode() if isinstance(channel, bytes) else channel
                 with self._mutex:
-                    ours = self._node_of.get(channel) == name
-                if ours:  # the server dropped it: its slot moved away from this node
+                    # The reply to our own SUNSUBSCRIBE (a leave) is no move, even with the
+                    # channel subscribed here again since (a waiter joined at once).
+                    dropped = not _count_off(shard.unsubscribing, channel)
+                    dropped = dropped and self._node_of.get(channel) == name
+                if dropped:  # the server dropped it: its slot moved away from this node
                     self._moved(name, channel)
                 continue
             self._handle(message)

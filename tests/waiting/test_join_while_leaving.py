@@ -153,3 +153,31 @@ def test_a_cluster_waiter_joining_while_the_last_one_leaves_hears_the_release(
     joiner = f"{name}:b" if by_id else channel
     _race(hub, target, joiner, where, watch, publish, subscribers)
     client.close()
+
+
+@pytest.mark.usefixtures("_cluster_alias")
+def test_a_cluster_waiter_joining_right_after_the_last_one_left_is_no_slot_move(
+    cluster_nodes: list[Any], name: str
+) -> None:
+    """The reply to a leave's SUNSUBSCRIBE, read once a waiter had subscribed the channel
+    again, was taken for the server dropping it (its slot moved): every such join read the
+    cluster's slot map again and woke every waiter of the process to try."""
+    hub = locks["cluster"].hub
+    if not isinstance(hub, ShardedPubSubHub):
+        pytest.skip("sharded pub/sub: Redis 7+")
+    channel = locks["cluster"].channel(name)
+
+    def slot_reads() -> int:
+        return sum(
+            int(node.client().info("commandstats").get("cmdstat_cluster|slots", {}).get("calls", 0))
+            for node in cluster_nodes
+        )
+
+    before = slot_reads()
+    for _ in range(20):
+        with hub.watch(channel):
+            pass
+        with hub.watch(channel) as waiter:
+            assert not waiter.unconfirmed
+    time.sleep(0.3)  # the last replies read
+    assert slot_reads() - before == 0
