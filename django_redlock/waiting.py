@@ -100,6 +100,16 @@ class _Liveness:
         return min(1.0, self.timeout * self.SHARE), True
 
 
+class _Sending:
+    """A channel's send lock, and how many threads hold or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
 class PubSubHub(ReleaseHub):
     """One pub/sub connection per backend per process, read by one daemon thread."""
 
@@ -127,6 +137,12 @@ class PubSubHub(ReleaseHub):
         self._thread: threading.Thread | None = None
         self._reading: Any = None  # the connection the reader reads (close() takes it away)
         self._confirmed: dict[str, Confirmation] = {}
+        # Each channel's subscription, kept in step with its waiters (_sync): the channels
+        # last decided subscribed, the send locks of channels being sent for, and the
+        # channels whose last send was cut short (what the server has is unknown).
+        self._subscribed: set[str] = set()
+        self._sending: dict[str, _Sending] = {}
+        self._doubtful: set[str] = set()
         self._closed = False
         self._silent = False  # declared unheard, and nothing heard since
         _pubsub_hubs.add(self)
@@ -148,18 +164,86 @@ class PubSubHub(ReleaseHub):
         return pubsub is not None and _connected(pubsub)
 
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
+        # ``first`` is not trusted: the last waiter's leave may not have sent its unsubscribe
+        # yet (_sync sends what the waiters need, in order, whoever comes first).
+        failed = self._sync(channel)
+        if failed is not None:
+            return _unanswered(failed)
+        with self._mutex:  # decided subscribed by now (by us or another joiner)
+            # Only once the server confirmed can a re-try not miss the release message.
+            return self._confirmed.get(channel)
+
+    def _wanted(self, channel: str) -> bool:
+        """Whether ``channel`` has waiters here (under the mutex)."""
+        return bool(self._waiters.get(channel))
+
+    def _settled(self, channel: str) -> bool:
+        """Whether the last subscribe or unsubscribe decided for ``channel`` is what its
+        waiters want, and was sent whole (under the mutex)."""
+        wanted = self._wanted(channel)
+        return wanted == (channel in self._subscribed) and channel not in self._doubtful
+
+    def _sync(self, channel: str) -> Exception | None:
+        """Subscribe or unsubscribe ``channel`` if its waiters want it otherwise than last
+        decided; returns a subscribe's failure, if one failed.
+
+        Each joiner and last leaver calls it after changing the waiters, and the sends for a
+        channel go out one at a time, each decided under the channel's send lock: so they
+        reach the server in the order decided, and the last one is what the waiters want
+        now. (Decided under the mutex alone and sent outside it, a leave's unsubscribe could
+        follow a join's subscribe and leave the joiner deaf to the release.) A joiner that
+        finds a subscribe decided already waits for nobody: it waits for its confirmation.
+        A send cut short (an interrupt) leaves the channel in doubt: the next sync sends
+        again, either way."""
         with self._mutex:
-            if not first:
-                return self._confirmed.get(channel)
-            confirmed = self._confirmed[channel] = Confirmation()
+            if self._settled(channel):
+                return None
+            sending = self._sending.get(channel)
+            if sending is None:
+                sending = self._sending[channel] = _Sending()
+            sending.users += 1
+        try:
+            with sending.lock:
+                sent = False
+                try:
+                    with self._mutex:
+                        if self._settled(channel):
+                            sent = True
+                            return None
+                        wanted = self._wanted(channel)
+                        self._doubtful.discard(channel)  # this send settles it
+                        if wanted:
+                            self._subscribed.add(channel)
+                            self._confirmed.setdefault(channel, Confirmation())
+                        else:  # a later subscribe's confirmation is its own, not this one's
+                            self._subscribed.discard(channel)
+                            self._confirmed.pop(channel, None)
+                    failed = None
+                    if wanted:
+                        failed = self._send_subscribe(channel)
+                    else:
+                        self._send_unsubscribe(channel)
+                    sent = True
+                    return failed
+                finally:
+                    if not sent:
+                        with self._mutex:
+                            self._doubtful.add(channel)
+        finally:
+            with self._mutex:  # (cut short, the entry stays: a few bytes, no harm)
+                sending.users -= 1
+                if not sending.users and self._sending.get(channel) is sending:
+                    del self._sending[channel]
+
+    def _send_subscribe(self, channel: str) -> Exception | None:
+        with self._mutex:
             pubsub = self._ensure_started()
         try:
             pubsub.subscribe(channel)
         except Exception as exc:  # the reader thread reconnects; waiters fall back to TTL waits
             logger.debug("redlock: subscribe to %s failed: %s", channel, exc)
-            return _unanswered(exc)
-        # Only once the server confirmed can a re-try not miss the release message.
-        return confirmed
+            return exc
+        return None
 
     def _subscribe_inbox(self) -> Confirmation | None:
         with self._mutex:
@@ -179,10 +263,11 @@ class PubSubHub(ReleaseHub):
         return confirmed
 
     def _unsubscribe(self, channel: str) -> None:
-        with self._mutex:
-            if self._confirmed.pop(channel, None) is None:
-                return  # never subscribed: a waiter woken by id, through the inbox
-            pubsub = self._pubsub
+        # Unsubscribed only if nobody joined since (a waiter woken by id: never subscribed).
+        self._sync(channel)
+
+    def _send_unsubscribe(self, channel: str) -> None:
+        pubsub = self._pubsub
         if pubsub is not None and (self._silent or not _connected(pubsub)):
             # Unheard (its connection dropped or failed): no subscription left on the
             # server, and sending would reconnect here, waiting for a server that may not
@@ -274,6 +359,7 @@ class PubSubHub(ReleaseHub):
         waiter starts a new connection (which subscribes if the ACL was fixed meanwhile)."""
         with self._mutex:
             pending, self._confirmed = list(self._confirmed.values()), {}
+            self._subscribed.clear()  # the next waiter of each channel subscribes anew
             self._inbox = None
             if self._pubsub is pubsub:
                 self._pubsub, self._thread = None, None
@@ -323,6 +409,9 @@ class PubSubHub(ReleaseHub):
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
         self._abandoned_at = {}
         self._confirmed = {}
+        self._subscribed = set()
+        self._sending = {}
+        self._doubtful = set()
 
 
 def _connected(pubsub: Any) -> bool:
@@ -362,10 +451,23 @@ def _stop_reader(pubsub: Any, thread: threading.Thread | None, timeout: float) -
 class _Shard:
     """One node's pub/sub connection, read by its own daemon thread."""
 
-    __slots__ = ("pubsub", "thread")
+    __slots__ = ("pubsub", "thread", "unsubscribing")
 
     def __init__(self, pubsub: Any, thread: threading.Thread) -> None:
         self.pubsub, self.thread = pubsub, thread
+        #: Our SUNSUBSCRIBEs whose replies are not read yet, per channel: such a reply is
+        #: no slot move, even if the channel was subscribed again here meanwhile.
+        self.unsubscribing: dict[str, int] = {}
+
+
+def _count_off(counts: dict[str, int], channel: str) -> bool:
+    """Take one off ``channel``'s count; whether there was one."""
+    left = counts.get(channel, 0)
+    if left > 1:
+        counts[channel] = left - 1
+    elif left:
+        del counts[channel]
+    return left > 0
 
 
 class ShardedPubSubHub(PubSubHub):
@@ -401,13 +503,11 @@ class ShardedPubSubHub(PubSubHub):
 
     # -- subscriptions -----------------------------------------------------------------------
 
-    def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
-        with self._mutex:
-            if not first:
-                return self._confirmed.get(channel)
-            confirmed = self._confirmed[channel] = Confirmation()
-        failed = self._ssubscribe(channel)
-        return confirmed if failed is None else _unanswered(failed)
+    def _wanted(self, channel: str) -> bool:
+        return bool(self._waiters.get(channel)) or self._inboxes.get(channel, 0) > 0
+
+    def _send_subscribe(self, channel: str) -> Exception | None:
+        return self._ssubscribe(channel)
 
     def _join(
         self, channel: str, waiter: AnyWaiter, by_id: bool, lock: str = ""
@@ -418,13 +518,8 @@ class ShardedPubSubHub(PubSubHub):
         with self._mutex:
             self._waiters.setdefault(channel, {})[waiter] = None
             self._inbox_by_waiter[channel] = inbox
-            count = self._inboxes.get(inbox, 0)
-            self._inboxes[inbox] = count + 1
-            if count:
-                return self._confirmed.get(inbox)
-            confirmed = self._confirmed[inbox] = Confirmation()
-        failed = self._ssubscribe(inbox)
-        return confirmed if failed is None else _unanswered(failed)
+            self._inboxes[inbox] = self._inboxes.get(inbox, 0) + 1
+        return self._subscribe(inbox, True)
 
     def _leave(self, channel: str, waiter: AnyWaiter) -> None:
         super()._leave(channel, waiter)
@@ -454,16 +549,19 @@ class ShardedPubSubHub(PubSubHub):
             return exc
         return None
 
-    def _unsubscribe(self, channel: str) -> None:
+    def _send_unsubscribe(self, channel: str) -> None:
         with self._mutex:
-            self._confirmed.pop(channel, None)
             name = self._node_of.pop(channel, None)
             shard = self._shards.get(name) if name is not None else None
+            if shard is not None:
+                shard.unsubscribing[channel] = shard.unsubscribing.get(channel, 0) + 1
         if shard is not None:
             try:
                 shard.pubsub.sunsubscribe(channel)
             except Exception as exc:
                 logger.debug("redlock: sunsubscribe from %s failed: %s", channel, exc)
+                with self._mutex:
+                    _count_off(shard.unsubscribing, channel)
 
     def _shard(self, node: Any) -> _Shard:
         """The node's connection and reader, started if need be (called under the mutex)."""
@@ -534,6 +632,8 @@ class ShardedPubSubHub(PubSubHub):
                     self._refuse_shard(name, pubsub, refused)
                     return
                 logger.debug("redlock: sharded pub/sub connection to %s failed: %s", name, exc)
+                with self._mutex:  # replies lost with the connection
+                    shard.unsubscribing.clear()
                 # Waiters look again once their channels are subscribed again, here
                 # (reconnected) or on the slot's new owner (_moved).
                 failures += 1
@@ -570,8 +670,11 @@ class ShardedPubSubHub(PubSubHub):
                 channel = message["channel"]
                 channel = channel.decode() if isinstance(channel, bytes) else channel
                 with self._mutex:
-                    ours = self._node_of.get(channel) == name
-                if ours:  # the server dropped it: its slot moved away from this node
+                    # The reply to our own SUNSUBSCRIBE (a leave) is no move, even with the
+                    # channel subscribed here again since (a waiter joined at once).
+                    dropped = not _count_off(shard.unsubscribing, channel)
+                    dropped = dropped and self._node_of.get(channel) == name
+                if dropped:  # the server dropped it: its slot moved away from this node
                     self._moved(name, channel)
                 continue
             self._handle(message)
@@ -590,6 +693,7 @@ class ShardedPubSubHub(PubSubHub):
             channels = [c for c, n in self._node_of.items() if n == name]
             pending = [self._confirmed.pop(c) for c in channels if c in self._confirmed]
             for channel in channels:
+                self._subscribed.discard(channel)  # its next waiter subscribes anew
                 self._node_of.pop(channel, None)
                 self._inboxes.pop(channel, None)
             shard = self._shards.get(name)
