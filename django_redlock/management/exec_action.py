@@ -14,8 +14,9 @@ before the hold could expire: ``exec`` tells them each renewal confirmed.
 Exit status: the child's (128 + N when signal N ended it); :data:`EXIT_CONFLICT` (or
 ``--conflict-exit-code``) when the lock was not taken (held elsewhere, or as another kind),
 nothing run; :data:`EXIT_UNAVAILABLE`
-when the backend could not answer (before the child ran, or for so long while it ran that
-the hold may have expired: the child was then stopped); :data:`EXIT_LOST` when the backend
+when the backend could not answer before the child ran, or when, while it ran, no renewal
+was confirmed for so long that the hold may have expired (the backend did not answer, or
+``exec`` itself was paused): the child was then stopped; :data:`EXIT_LOST` when the backend
 answered that the hold was gone while the child ran (it was stopped); 2 bad usage, before
 any Redis call; 126/127 the command could not be run (not executable / not found).
 """

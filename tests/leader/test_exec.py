@@ -655,6 +655,28 @@ def test_a_pause_of_exec_longer_than_the_ttl_is_a_loss_76(
     assert not alive(pid)
 
 
+def test_a_pause_of_exec_past_its_give_up_point_is_69_and_says_it_was_paused(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """Paused (SIGSTOP) for less than its TTL, but past the point where it gives up on
+    unconfirmed renewals, with Redis answering all along: exec cannot tell that the hold
+    lasted, so it stops the child and exits 69 (documented: the hold not kept confirmed),
+    its stderr saying it was paused, not that the backend did not answer; and it releases."""
+    name = f"{prefix}-short-pause"
+    # --ttl 4 --grace 2: gives up 1.6 s after the last confirmed renewal (a renewal every
+    # 0.8 s), the guard kills 3.6 s after it: a pause of 1.8 s lands between the two.
+    running = Exec(redis_server.url, name, "--ttl", "4", "--grace", "2",
+                   *child(redis_server, "trap", prefix))  # fmt: skip
+    client = redis.Redis.from_url(redis_server.url)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    running.process.send_signal(signal.SIGSTOP)
+    time.sleep(1.8)
+    running.process.send_signal(signal.SIGCONT)
+    code, err = running.finish(30)
+    assert code == 69 and "paused" in err and "may have expired" in err, err
+    assert not alive(pid) and not client.exists(f"redlock:{{{name}}}")
+
+
 def test_no_answer_while_the_child_runs_stops_it_before_the_hold_could_expire(
     redis_factory: Callable[..., RedisServer], prefix: str
 ) -> None:
