@@ -416,11 +416,13 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         candidate leads at once. A hold lost already raises nothing (``term.lost`` told
         it). No answer raises ``BackendUnavailable``: the hold then runs out at its TTL,
         and this object's next campaign finishes the release first."""
+        # Taken first: an interrupt after _end_term let go of it (its last line, or inside
+        # Keeper.end before ``lost`` was set) must still end the term below.
+        keeper = self._keeper
         try:
             self._end_term()
         except BaseException:  # a KeyboardInterrupt in the keeper's join (or before it):
-            keeper = self._keeper  # the term ends before its lock goes, all the same
-            if keeper is not None:
+            if keeper is not None:  # the term ends before its lock goes, all the same
                 keeper.end("resigned", unknown=False)
             with contextlib.suppress(LockError):  # released; it goes on (the exit tries
                 self._release()  # again)

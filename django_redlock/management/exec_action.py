@@ -14,8 +14,9 @@ before the hold could expire: ``exec`` tells them each renewal confirmed.
 Exit status: the child's (128 + N when signal N ended it); :data:`EXIT_CONFLICT` (or
 ``--conflict-exit-code``) when the lock was not taken (held elsewhere, or as another kind),
 nothing run; :data:`EXIT_UNAVAILABLE`
-when the backend could not answer (before the child ran, or for so long while it ran that
-the hold may have expired: the child was then stopped); :data:`EXIT_LOST` when the backend
+when the backend could not answer before the child ran, or when, while it ran, no renewal
+was confirmed for so long that the hold may have expired (the backend did not answer, or
+``exec`` itself was paused): the child was then stopped; :data:`EXIT_LOST` when the backend
 answered that the hold was gone while the child ran (it was stopped); 2 bad usage, before
 any Redis call; 126/127 the command could not be run (not executable / not found).
 """
@@ -63,6 +64,8 @@ POLL = 0.02  # seconds between looks at the child's end
 # The shortest hold exec can cover: a renewal every third of it, with the safety margin and
 # the kill inside it (a shorter one would start the command only to kill it at once).
 MIN_TTL = 1.0
+# How long exec gives back a take that got no answer before it exits 69 (see _take).
+GIVE_BACK = 1.0
 
 
 class UsageError(ValueError):
@@ -171,6 +174,43 @@ def _preexec(
     return setup
 
 
+def _take(opts: Options, held: BaseLock, what: str, say: Callable[[str], None]) -> int | None:
+    """Take the lock: None once it is ours, else the exit status (said why)."""
+    try:
+        taken = held.acquire(timeout=opts.wait) if opts.wait > 0 else held.acquire(blocking=False)
+    except (BackendUnavailable, QuorumNotReached) as exc:  # no answer: nothing run
+        _give_back_unanswered(held)
+        say(f"could not take {what}: {exc}")
+        return EXIT_UNAVAILABLE
+    except (BackendRefused, MissingPermission) as exc:  # refused (not run): nothing run
+        say(f"could not take {what}: {exc}")
+        return EXIT_UNAVAILABLE
+    except LockError as exc:  # held as another kind: a conflict, nothing run
+        say(f"{exc}: {' '.join(opts.command)} not run")
+        return opts.conflict_exit_code
+    if not taken:
+        waited = f" within {opts.wait:g} s" if opts.wait else ""
+        say(f"{what} is held elsewhere{waited}: {' '.join(opts.command)} not run")
+        return opts.conflict_exit_code
+    return None
+
+
+def _give_back_unanswered(held: BaseLock) -> None:
+    """A take that got no answer may have been granted, and exec exits: nobody would release
+    that hold before its TTL. The lock tries again with the same token (so it finds that
+    hold) and the hold found is released; for :data:`GIVE_BACK` seconds at most (a backend
+    that still does not answer: the hold, if any, runs out at its TTL)."""
+
+    def give_back() -> None:
+        with contextlib.suppress(LockError):
+            if held.acquire(blocking=False):
+                held.release()
+
+    thread = threading.Thread(target=give_back, name="redlock-exec-give-back", daemon=True)
+    thread.start()
+    thread.join(GIVE_BACK)
+
+
 class _Interrupted(BaseException):
     """A signal while the lock was being taken (a BaseException, as KeyboardInterrupt: the
     take gives back whatever it may have been granted)."""
@@ -189,7 +229,9 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
     child: subprocess.Popen[bytes] | None = None
 
     def on_signal(signum: int, frame: object) -> None:
-        if taking:
+        nonlocal taking
+        if taking:  # once: a second signal does not cut short the give-back and its say
+            taking = False
             raise _Interrupted(signum)
         if child is None:
             pending.append(signum)
@@ -203,14 +245,16 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
     if unanswered is not None:
         say(f"could not take {what}: {unanswered}")
         return EXIT_UNAVAILABLE
-    previous: dict[int, Any] = {sig: signal.signal(sig, on_signal) for sig in FORWARDED}
+    previous: dict[int, Any] = {}
     try:
+        # Inside the try, from the install on: a signal that comes at once is an
+        # _Interrupted handled below, and each handler replaced is put back.
         try:
+            for forwarded in FORWARDED:
+                previous[forwarded] = signal.getsignal(forwarded)
+                signal.signal(forwarded, on_signal)
             before = time.monotonic()  # the hold counts from before its take was sent
-            if opts.wait > 0:
-                taken = held.acquire(timeout=opts.wait)
-            else:
-                taken = held.acquire(blocking=False)
+            refused = _take(opts, held, what, say)
             taking = False
         except _Interrupted as exc:
             if held.token is not None:  # taken just before the signal: give it back
@@ -218,16 +262,8 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
                     held.release()
             say(f"interrupted (signal {exc.signum}) while taking {what}: nothing run")
             return 128 + exc.signum
-        except (BackendUnavailable, QuorumNotReached, BackendRefused, MissingPermission) as exc:
-            say(f"could not take {what}: {exc}")  # no answer (or no quorum): nothing run
-            return EXIT_UNAVAILABLE
-        except LockError as exc:  # held as another kind: a conflict, nothing run
-            say(f"{exc}: {' '.join(opts.command)} not run")
-            return opts.conflict_exit_code
-        if not taken:
-            waited = f" within {opts.wait:g} s" if opts.wait else ""
-            say(f"{what} is held elsewhere{waited}: {' '.join(opts.command)} not run")
-            return opts.conflict_exit_code
+        if refused is not None:
+            return refused
         # Give up on unanswered renewals the grace plus a safety margin (polling, the kill,
         # the last renewal's delivery) before an unrenewed hold could expire.
         ttl = float(held.lock_ttl)

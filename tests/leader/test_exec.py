@@ -27,6 +27,8 @@ from django_redlock.management import exec_action
 from django_redlock.models import LockIncident
 from django_redlock.testing import RedisServer
 
+from ..support.proxy import LossyProxy
+
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = str(ROOT / "tests" / "support" / "exec_child.py")
 _runs = itertools.count()
@@ -653,6 +655,28 @@ def test_a_pause_of_exec_longer_than_the_ttl_is_a_loss_76(
     assert not alive(pid)
 
 
+def test_a_pause_of_exec_past_its_give_up_point_is_69_and_says_it_was_paused(
+    redis_server: RedisServer, prefix: str
+) -> None:
+    """Paused (SIGSTOP) for less than its TTL, but past the point where it gives up on
+    unconfirmed renewals, with Redis answering all along: exec cannot tell that the hold
+    lasted, so it stops the child and exits 69 (documented: the hold not kept confirmed),
+    its stderr saying it was paused, not that the backend did not answer; and it releases."""
+    name = f"{prefix}-short-pause"
+    # --ttl 4 --grace 2: gives up 1.6 s after the last confirmed renewal (a renewal every
+    # 0.8 s), the guard kills 3.6 s after it: a pause of 1.8 s lands between the two.
+    running = Exec(redis_server.url, name, "--ttl", "4", "--grace", "2",
+                   *child(redis_server, "trap", prefix))  # fmt: skip
+    client = redis.Redis.from_url(redis_server.url)
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    running.process.send_signal(signal.SIGSTOP)
+    time.sleep(1.8)
+    running.process.send_signal(signal.SIGCONT)
+    code, err = running.finish(30)
+    assert code == 69 and "paused" in err and "may have expired" in err, err
+    assert not alive(pid) and not client.exists(f"redlock:{{{name}}}")
+
+
 def test_no_answer_while_the_child_runs_stops_it_before_the_hold_could_expire(
     redis_factory: Callable[..., RedisServer], prefix: str
 ) -> None:
@@ -673,3 +697,96 @@ def test_no_answer_while_the_child_runs_stops_it_before_the_hold_could_expire(
     finally:
         server.resume()
     assert code == 69 and "may have expired" in err, err
+
+
+@pytest.mark.parametrize("kind", [[], ["--limit", "1"]])
+def test_a_lost_reply_to_the_take_gives_the_hold_back_before_exiting_69(
+    redis_server: RedisServer, prefix: str, kind: list[str]
+) -> None:
+    """The take's reply lost, Redis healthy: exec exited 69 and left the hold the server had
+    granted it for its whole TTL, so every other exec of the name was refused (75) while no
+    command ran anywhere."""
+    name = f"{prefix}-lost-take"
+    proxy = LossyProxy(redis_server.port)
+    try:
+        proxy.mute_from(f"{{{name}}}".encode())
+        code, err = Exec(proxy.url, name, "--ttl", "30", *kind, "--", "true").finish()
+    finally:
+        proxy.close()
+    assert proxy.muted.is_set() and code == 69 and "could not take" in err, err
+    code, err = Exec(redis_server.url, name, "--ttl", "30", *kind, "--", "true").finish()
+    assert code == 0, err  # 75 before: "held elsewhere"
+
+
+@pytest.fixture
+def sigterm_ignored() -> Iterator[None]:
+    """This process's SIGTERM handler a no-op, should exec's not be installed when one comes."""
+    previous = signal.signal(signal.SIGTERM, lambda *args: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def exec_options(name: str, backend: str = "redis") -> dict[str, Any]:
+    return {
+        "name": name, "command": ["true"], "backend": backend, "ttl": 20.0, "wait": 0.0,
+        "limit": None, "fair": False, "grace": 0.5, "conflict_exit_code": 75,
+    }  # fmt: skip
+
+
+def test_a_signal_as_soon_as_exec_s_handlers_are_installed_ends_it_with_its_status(
+    sigterm_ignored: None,
+) -> None:
+    """A SIGTERM between the handlers' install and the take's ``try``: the handler's
+    _Interrupted left run(), and the command died with a traceback (exit 1), not 143."""
+    name = f"exec-early-signal-{next(_runs)}"
+    opts, held = exec_action.check(exec_options(name))
+    ours = signal.getsignal(signal.SIGTERM)
+    sent: list[int] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename != exec_action.__file__:
+            return None
+        if event == "line" and not sent and signal.getsignal(signal.SIGTERM) is not ours:
+            sent.append(frame.f_lineno)  # the first line run once exec's handler is in
+            os.kill(os.getpid(), signal.SIGTERM)
+        return tracer
+
+    said: list[str] = []
+    sys.settrace(tracer)
+    try:
+        code = exec_action.run(opts, held, said.append)
+    finally:
+        sys.settrace(None)
+    assert sent and code == 143 and "interrupted (signal 15)" in said[-1], (sent, said)
+    assert not locks["redis"].is_locked(name)
+
+
+@pytest.mark.parametrize("outcome", ["held elsewhere", "another kind", "unavailable"])
+def test_a_signal_while_exec_says_why_nothing_ran_ends_it_with_its_status(
+    sigterm_ignored: None, outcome: str
+) -> None:
+    """A SIGTERM while exec said why nothing ran (75, 69): in the take's error branches
+    (another kind, no answer) its handler still raised _Interrupted, which left run() (a
+    traceback, exit 1); after a refusal it was put off, and the status was 75."""
+    name = f"exec-say-signal-{next(_runs)}"
+    opts, held = exec_action.check(
+        exec_options(name, "down" if outcome == "unavailable" else "redis")
+    )
+    said: list[str] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        if len(said) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    holding: Any = {
+        "held elsewhere": lock(name, using="redis"),
+        "another kind": semaphore(name, 2, using="redis"),
+        "unavailable": contextlib.nullcontext(),
+    }[outcome]
+    with holding:
+        code = exec_action.run(opts, held, say)
+    assert code == 143 and "interrupted (signal 15)" in said[-1], said
+    assert len(said) == 2, said

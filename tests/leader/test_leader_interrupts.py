@@ -185,3 +185,33 @@ def test_an_exception_on_the_entry_s_return_line_resigns(name: str, entry: str) 
     assert current_leader(name, using="redis") is None and campaign not in _terms
     with leader(name, using="redis", timeout=1) as term:  # the next candidate, at once
         assert not term.lost.is_set()
+
+
+@pytest.mark.parametrize(
+    ("function", "line"),
+    [
+        ("_end_term", 'keeper.end("resigned", unknown=False)'),
+        ("end", "if threading.Event.is_set(self.lost)"),
+        ("end", "self.reason, self.unknown = reason, unknown"),
+        ("end", "self.lost.set()"),
+    ],
+)
+def test_a_resignation_interrupted_while_ending_the_term_still_ends_it(
+    name: str, function: str, line: str
+) -> None:
+    """An interrupt (Ctrl-C) after the term's keeper was let go of (``_end_term``'s last
+    line, or inside ``Keeper.end`` before ``lost`` was set): the resignation released the
+    hold (the next candidate led at once) while ``term.lost`` stayed unset for a renewal
+    period, the old leader's worker running on beside the new one."""
+    campaign = leader(name, using="redis", ttl=30)
+    term = campaign.campaign()
+    sys.settrace(raise_at(function, line))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            campaign.resign()
+    finally:
+        sys.settrace(None)
+    assert term.lost.is_set() and "resigned" in term.reason, term
+    assert current_leader(name, using="redis") is None and campaign not in _terms
+    with leader(name, using="redis", timeout=1) as new:
+        assert not new.lost.is_set()

@@ -8,7 +8,9 @@ In front of a PostgreSQL, ``fault_commit(...)``: the next COMMIT goes to the ser
 reply is read and held back (``hold`` seconds, ``during()`` run meanwhile), then either the
 client's connection is cut (``"cut"``: the server committed, the client never hears so) or
 the reply is forwarded late (``"late"``: time for a signal handler to interrupt the wait).
-``disarm()`` takes back a fault no COMMIT met yet; ``cut()`` resets every connection. The
+``disarm()`` takes back a fault no COMMIT met yet; ``cut()`` resets every connection.
+``mute_from(marker)``: the first request that contains ``marker`` goes to the server, and
+from it on its connection gets no reply, left open (the client's read times out). The
 fault campaign's ``database`` kind runs its PostgreSQL behind one (tests/campaign/README.md).
 """
 
@@ -49,6 +51,7 @@ class _Link:
         self.commit: CommitFault | None = None  # a COMMIT went up with this fault
         self.subscriber = False  # the client sent a SUBSCRIBE
         self.dead = False  # black-holed: nothing passes either way
+        self.muted = False  # no reply passes to the client from now on
 
 
 class LossyProxy:
@@ -60,6 +63,8 @@ class LossyProxy:
         self._to_lose = 0
         self.lost = 0  # replies lost so far
         self._commit_fault: CommitFault | None = None
+        self._mute_marker: bytes | None = None
+        self.muted = threading.Event()  # a request met the mute marker
         self.commits_faulted = 0  # COMMIT replies cut or held back so far
         self._sockets: list[socket.socket] = []
         self._links: list[_Link] = []
@@ -83,6 +88,12 @@ class LossyProxy:
         assert how in ("cut", "late")
         with self._mutex:
             self._commit_fault = CommitFault(how, hold, during, after)
+
+    def mute_from(self, marker: bytes) -> None:
+        """The first request containing ``marker``: executed, and no reply to it (nor to any
+        later one on its connection) reaches the client; the connection stays open."""
+        with self._mutex:
+            self._mute_marker = marker
 
     def disarm(self) -> None:
         """Take back a COMMIT fault that no COMMIT met yet."""
@@ -116,7 +127,12 @@ class LossyProxy:
                     break
                 if not replies and _subscribes(data):
                     link.subscriber = True
-                if link.dead:
+                if not replies and self._mute_marker is not None:
+                    with self._mutex:  # marked before it goes up: its reply comes after
+                        if self._mute_marker is not None and self._mute_marker in data:
+                            self._mute_marker, link.muted = None, True
+                            self.muted.set()
+                if link.dead or (replies and link.muted):
                     continue  # dropped silently, the connection left open
                 if not replies and COMMIT in data:
                     with self._mutex:  # marked before it goes up: its reply comes after
