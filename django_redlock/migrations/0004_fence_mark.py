@@ -12,4 +12,9 @@ class Migration(migrations.Migration):
             name="mark",
             field=models.BigIntegerField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name="fence",
+            name="previous_mark",
+            field=models.BigIntegerField(blank=True, null=True),
+        ),
     ]
