@@ -246,7 +246,11 @@ class SentinelBackend(RedisBackend):
         options, sentinel_kwargs = self._options(redis.retry.Retry(NoBackoff(), 0))
         sentinel = _Sentinel(self._sentinels(), sentinel_kwargs=sentinel_kwargs)
         sentinel.heard = self._heard
-        return sentinel.master_for(self.service_name, **options)
+        options.setdefault("connection_pool_class", wire.SentinelPool)
+        client = sentinel.master_for(self.service_name, **options)
+        if self._master is not None:  # made after a failover: its connections go there
+            wire.moved_sync_pool(client.connection_pool, self._master)
+        return client
 
     def make_async_client(self) -> Any:
         options, sentinel_kwargs = self._options(redis.asyncio.retry.Retry(NoBackoff(), 0))
@@ -402,6 +406,9 @@ class SentinelBackend(RedisBackend):
             if before is None and not force:
                 return
             fast_path.moved_threads(pool, master)
+            # The pool's connections (a tracer's or a retry's path) at their next checkout:
+            # set before an operation waiting for this announcement goes on (HEARD_WAIT).
+            wire.moved_sync_pool(pool, master)
             # Each event loop's pool too: asyncio's connections made before the switch
             # stayed on the old master (takes, releases, owned() answered there). Under
             # the lock a new loop's client is made under: it is listed, or sees _master.
@@ -441,7 +448,7 @@ class SentinelBackend(RedisBackend):
             "redlock: %s: a sentinel announced the master at %s:%d", self.describe(), *master
         )
         self._move(client.connection_pool, master, force=True)
-        self._wake.set()  # the pool's idle connections: the looker's look closes them
+        self._wake.set()  # a look now, to end the correction once the sentinels agree
 
     def close(self) -> None:
         self._looker = None  # it ends at its next look, its listeners within LISTEN_POLL

@@ -559,3 +559,57 @@ def test_asyncio_calls_queued_for_a_paused_sentinel_master_are_unavailable_in_ti
         assert {outcome for outcome, _ in outcomes} == {"unavailable"}
         assert max(took for _, took in outcomes) < 2.0 + 0.5  # a socket timeout queued, one sent
         locks["s"].close()
+
+
+@pytest.mark.parametrize("path", ["tracer", "retry"])
+def test_a_pooled_take_right_after_an_announced_switch_lands_on_the_new_master(
+    name: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With redis.Redis.execute_command wrapped (a tracer) or a ``retry`` option, commands go
+    through the Sentinel pool, not the fast path. An announced switch moved only the fast
+    path's connections: the pool's idle one was left to the looker's next look, and a take
+    made as soon as the announcement was applied was granted on the old master (still
+    writable) while the new master was free: two holders. The sentinel asked first is
+    paused as the announcement arrives, so no look comes to the rescue in time."""
+    import redis
+    import redis.backoff
+    import redis.retry
+
+    options: dict[str, Any] = {"socket_timeout": 1.0}
+    if path == "tracer":
+        own = redis.Redis.execute_command
+
+        def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return own(self, *args, **kwargs)
+
+        monkeypatch.setattr(redis.Redis, "execute_command", traced)
+    else:
+        options["retry"] = redis.retry.Retry(redis.backoff.NoBackoff(), 1)
+    applied = threading.Event()
+    heard_switch = sentinel_backend.SentinelBackend._heard_switch
+    group = start_sentinel_group()
+    old, new, first, second = group
+
+    def heard(self: Any, channel: Any, message: Any) -> None:
+        if not applied.is_set():
+            first.pause()
+        heard_switch(self, channel, message)
+        applied.set()
+
+    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+    try:
+        with sentinel_alias(group, **options):
+            warm = lock(f"{name}:warm", using="s")
+            assert warm.acquire(blocking=False)  # a pooled connection, to the old master
+            warm.release()
+            time.sleep(1.5)  # the listeners are listening
+            threading.Thread(target=_fail_over, args=(second, new), daemon=True).start()
+            assert applied.wait(30), "no switch announced"
+            held = lock(name, using="s", ttl=30)
+            assert held.acquire(blocking=False)
+            key = locks["s"].key(name)
+            assert (new.client().exists(key), old.client().exists(key)) == (1, 0)
+            locks["s"].close()
+    finally:
+        first.resume()
+        stop_all(group)
