@@ -697,3 +697,5 @@ def _after_fork_in_child() -> None:
         backend._moving = threading.Lock()
         backend._wake = threading.Event()
         backend._listening = _Listening()  # the parent's listeners' (the sockets are shared)
+        # Permits taken by the parent's threads mid-operation never come back here.
+        backend._gate = threading.BoundedSemaphore(backend._limit)

@@ -613,3 +613,46 @@ def test_a_pooled_take_right_after_an_announced_switch_lands_on_the_new_master(
     finally:
         first.resume()
         stop_all(group)
+
+
+def test_a_child_forked_while_threads_held_connection_permits_gets_them_all(
+    sentinel_group: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the pool (a tracer here), an operation holds one of max_connections permits
+    while it runs. A child forked while the parent's threads held them all inherited them
+    taken for good (those threads are not in the child): every operation there failed with
+    "all 2 connections busy" on an idle master."""
+    import redis
+
+    own = redis.Redis.execute_command
+
+    def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return own(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", traced)
+    with sentinel_alias(sentinel_group, socket_timeout=1.0, max_connections=2):
+        backend = locks["s"]
+        with lock(f"{name}:warm", using="s"):
+            pass
+        for _ in range(2):  # as two threads mid-operation do
+            assert backend._gate.acquire(timeout=1)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                held = lock(name, using="s")
+                code = 0 if held.acquire(blocking=False) else 2
+                held.release()
+            finally:
+                os.write(write, b"x")
+                os._exit(code)
+        try:
+            os.read(read, 1)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            for _ in range(2):
+                backend._gate.release()
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's take failed"
+        backend.close()
+
