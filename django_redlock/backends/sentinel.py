@@ -416,6 +416,9 @@ class SentinelBackend(RedisBackend):
                 aclients = [entry[0] for entry in self._aclients.values()]
             for aclient in aclients:
                 wire.moved_async_pool(aclient, master)
+            hub = self._hub  # its waiters' subscriptions too: a release there is heard
+            if hub is not None:
+                hub.moved()
         moved(self)  # its holds renewed there now, not at their next period
 
     def _heard_switch(self, channel: Any, message: Any) -> None:

@@ -656,3 +656,50 @@ def test_a_child_forked_while_threads_held_connection_permits_gets_them_all(
         assert os.waitstatus_to_exitcode(status) == 0, "the child's take failed"
         backend.close()
 
+
+def test_a_waiter_hears_a_release_on_the_new_master_after_a_switch(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter subscribed (the backend's one pub/sub connection) on the old master, which
+    stays a master for seconds after a planned failover: a release on the new master,
+    once the switch was announced, published to nobody there, and the waiter slept until
+    its next try (about 10 s) while the name was free. The announced switch moves the
+    pub/sub connection too, and the waiters look again once it is subscribed there."""
+    applied = threading.Event()
+    heard_switch = sentinel_backend.SentinelBackend._heard_switch
+
+    def heard(self: Any, channel: Any, message: Any) -> None:
+        heard_switch(self, channel, message)
+        applied.set()
+
+    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+    group = start_sentinel_group()
+    old, new, first, second = group
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            holder = lock(name, using="s", ttl=20)
+            assert holder.acquire(blocking=False)
+            got: dict[str, Any] = {}
+
+            def wait() -> None:
+                waiter = lock(name, using="s", ttl=20)
+                got["took"] = waiter.acquire(timeout=20)
+                got["at"] = time.monotonic()
+                waiter.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(1.0)  # subscribed, on the old master
+            _fail_over(first, new, second)
+            assert applied.wait(10), "no switch announced"
+            time.sleep(0.2)
+            assert old.client().info("replication")["role"] == "master"  # still (for seconds)
+            released = time.monotonic()
+            holder.release()
+            thread.join(25)
+            assert got["took"] is True
+            assert got["at"] - released < 2.0, f"woken {got['at'] - released:.1f} s after"
+            locks["s"].close()
+    finally:
+        stop_all(group)
+
