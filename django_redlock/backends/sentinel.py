@@ -66,6 +66,15 @@ class _Heard:
 
     switch: _Switch | None = None
 
+    def promoted(self) -> tuple[str, int] | None:
+        """The announced master while the announcement is trusted, else None: what to use
+        when the sentinels name no master (after an unplanned failover's promotion, SENTINEL
+        MASTERS names the old master, flagged down, until the failover ends)."""
+        switch = self.switch
+        if switch is not None and time.monotonic() < switch.until:
+            return switch.new
+        return None
+
     def current(self, address: Any, asked: bool = False) -> Any:
         """``address``, or the announced master if it names the old one. ``asked``: it is a
         sentinel's answer, which, naming the new master, ends the correction."""
@@ -87,14 +96,28 @@ class _Sentinel(redis.sentinel.Sentinel):
     heard = _Heard()
 
     def discover_master(self, service_name: str) -> Any:
-        return self.heard.current(super().discover_master(service_name), asked=True)
+        try:
+            found = super().discover_master(service_name)
+        except redis.sentinel.MasterNotFoundError:
+            promoted = self.heard.promoted()
+            if promoted is None:
+                raise
+            return promoted
+        return self.heard.current(found, asked=True)
 
 
 class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
     heard = _Heard()
 
     async def discover_master(self, service_name: str) -> Any:
-        return self.heard.current(await super().discover_master(service_name), asked=True)
+        try:
+            found = await super().discover_master(service_name)
+        except redis.asyncio.sentinel.MasterNotFoundError:  # as _Sentinel's
+            promoted = self.heard.promoted()
+            if promoted is None:
+                raise
+            return promoted
+        return self.heard.current(found, asked=True)
 
 
 class _Listening:

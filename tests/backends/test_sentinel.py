@@ -703,3 +703,60 @@ def test_a_waiter_hears_a_release_on_the_new_master_after_a_switch(
     finally:
         stop_all(group)
 
+
+def test_no_take_is_unavailable_once_an_unplanned_failover_s_promotion_is_heard(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A master killed: after the leader announced the promotion (+promoted-slave), a
+    connection made again asked the sentinels, whose SENTINEL MASTERS still named the old
+    master flagged down until the failover's end: redis-py said "No master found", and
+    takes were unavailable for tens of milliseconds although the new master was known."""
+    from django_redlock.testing import SentinelServer
+
+    heard_at: list[float] = []
+    heard_switch = sentinel_backend.SentinelBackend._heard_switch
+
+    def heard(self: Any, channel: Any, message: Any) -> None:
+        heard_switch(self, channel, message)
+        heard_at.append(time.monotonic())
+
+    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+    master = RedisServer(args=["--repl-diskless-sync-delay", "0"]).start()
+    replicas = [
+        RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start() for _ in range(2)
+    ]
+    sentinels = [SentinelServer(master, down_after=1).start() for _ in range(2)]
+    group = [master, *replicas, *sentinels]
+    try:
+        deadline = time.monotonic() + 30
+        for replica in replicas:
+            while replica.client().info("replication").get("master_link_status") != "up":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        for sentinel in sentinels:
+            while len(sentinel.client().execute_command("SENTINEL", "REPLICAS", "mymaster")) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        with sentinel_alias([*group[:2], *sentinels], socket_timeout=1.0):
+            with lock(f"{name}:warm", using="s"):
+                pass
+            time.sleep(1.5)  # the listeners are listening
+            master.kill()
+            while not heard_at:
+                assert time.monotonic() < deadline + 30, "no switch announced"
+                time.sleep(0.005)
+            failures = []
+            while True:
+                try:
+                    held = lock(name, using="s")
+                    assert held.acquire(blocking=False)
+                    held.release()
+                    break
+                except BackendUnavailable as exc:
+                    failures.append(str(exc))
+                assert time.monotonic() < heard_at[0] + 10
+                time.sleep(0.01)
+            assert not failures, failures[0]
+            locks["s"].close()
+    finally:
+        stop_all(group)
