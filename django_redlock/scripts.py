@@ -21,7 +21,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, ResponseError
 
 from .fast_path import command, commands
-from .wire import bare_execute, texts
+from .wire import bare_execute, cluster_node_of, texts
 
 INCLUDE = "--! include "
 
@@ -76,21 +76,30 @@ def _is_noscript(result: object) -> bool:
     )
 
 
-def _script_of(call: Call | tuple[Any, ...]) -> Script:
-    assert isinstance(call, Call)  # only script calls answer NOSCRIPT
-    return call.script
-
-
 def run(client: Any, call: Call) -> Any:
     """Run one script: one round trip, two when the server has to be taught it first."""
-    try:
-        return call.evalsha(client)
-    except NoScriptError:
-        _load(client, call.script)
-        return call.evalsha(client)
+    for tries in range(LOADS):
+        try:
+            return call.evalsha(client)
+        except NoScriptError:
+            if tries == LOADS - 1:
+                raise
+            _load(client, call.script, () if tries else call.keys)
+    raise AssertionError("unreachable")
 
 
-def _load(client: Any, needed: Script) -> None:
+# A cluster's script is loaded first on the node its key's slot cache names; if NOSCRIPT
+# comes again (an ASK or MOVED followed to a node that lacks it), on every primary.
+LOADS = 3
+
+
+def _load(client: Any, needed: Script, keys: Sequence[str] = ()) -> None:
+    # A cluster: only on the key's node (client.script_load() asks every primary, and a
+    # paused one then failed a call on a healthy master).
+    node = cluster_node_of(client, keys[0]) if keys else None
+    if node is not None:
+        client.execute_command("SCRIPT LOAD", needed.source, target_nodes=node)
+        return
     # As its own command (not client.script_load(), whose reply redis-py converts): on the
     # thread's connection, not one checked out of the pool.
     if bare_execute(client, "SCRIPT"):
@@ -101,11 +110,22 @@ def _load(client: Any, needed: Script) -> None:
 
 async def arun(client: Any, call: Call) -> Any:
     """:func:`run` on a ``redis.asyncio`` client."""
-    try:
-        return await call.evalsha(client)
-    except NoScriptError:
-        await client.script_load(call.script.source)
-        return await call.evalsha(client)
+    for tries in range(LOADS):
+        try:
+            return await call.evalsha(client)
+        except NoScriptError:
+            if tries == LOADS - 1:
+                raise
+            await _aload(client, call.script, () if tries else call.keys)
+    raise AssertionError("unreachable")
+
+
+async def _aload(client: Any, needed: Script, keys: Sequence[str] = ()) -> None:
+    node = cluster_node_of(client, keys[0]) if keys else None  # as _load
+    if node is not None:
+        await client.execute_command("SCRIPT LOAD", needed.source, target_nodes=node)
+    else:
+        await client.script_load(needed.source)
 
 
 def _pipeline(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> Any:
@@ -137,14 +157,35 @@ def _again(calls: Sequence[Call | tuple[Any, ...]], results: Sequence[Any]) -> l
 def run_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
     """Run many scripts in one pipelined round trip; errors come back as values."""
     results = commands(client, [_request(call) for call in calls])
-    missing = _again(calls, results)
-    if missing:
-        for needed in {_script_of(calls[i]) for i in missing if isinstance(calls[i], Call)}:
-            _load(client, needed)
+    for tries in range(LOADS - 1):  # as run(): the keys' nodes, then every primary
+        missing = _again(calls, results)
+        if not missing:
+            break
+        for needed, keys in _needed(client, calls, missing, everywhere=tries > 0):
+            _load(client, needed, keys)
         retried = commands(client, [_request(calls[i]) for i in missing])
         for i, result in zip(missing, retried, strict=True):
             results[i] = result
     return results
+
+
+def _needed(
+    client: Any,
+    calls: Sequence[Call | tuple[Any, ...]],
+    missing: Sequence[int],
+    everywhere: bool = False,
+) -> list[tuple[Script, tuple[str, ...]]]:
+    """Each script to load once per node (a cluster's: the node of a key of its calls that
+    answered NOSCRIPT; any other client's: its one server), with that key; ``everywhere``:
+    once, with no key (a cluster: every primary)."""
+    needed: dict[tuple[Script, Any], tuple[str, ...]] = {}
+    for i in missing:
+        call = calls[i]
+        if isinstance(call, Call):
+            keys = () if everywhere else tuple(call.keys[:1])
+            node = cluster_node_of(client, keys[0]) if keys else None
+            needed.setdefault((call.script, None if node is None else node.name), keys)
+    return [(script, keys) for (script, _), keys in needed.items()]
 
 
 def _request(call: Call | tuple[Any, ...]) -> tuple[Any, ...]:
@@ -156,10 +197,12 @@ def _request(call: Call | tuple[Any, ...]) -> tuple[Any, ...]:
 async def arun_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
     """:func:`run_many` on a ``redis.asyncio`` client."""
     results = list(await _pipeline(client, calls).execute(raise_on_error=False))
-    missing = _again(calls, results)
-    if missing:
-        for needed in {_script_of(calls[i]) for i in missing if isinstance(calls[i], Call)}:
-            await client.script_load(needed.source)
+    for tries in range(LOADS - 1):
+        missing = _again(calls, results)
+        if not missing:
+            break
+        for needed, keys in _needed(client, calls, missing, everywhere=tries > 0):
+            await _aload(client, needed, keys)
         pipe = _pipeline(client, [calls[i] for i in missing])
         retried = await pipe.execute(raise_on_error=False)
         for i, result in zip(missing, retried, strict=True):

@@ -280,6 +280,22 @@ class PubSubHub(ReleaseHub):
             except Exception as exc:
                 logger.debug("redlock: unsubscribe from %s failed: %s", channel, exc)
 
+    def moved(self) -> None:
+        """The server moved (a Sentinel switch): the connection is shut down, the reader
+        connects again (to where the pool says the server is now) and subscribes there, and
+        every waiter looks again once that is heard. Subscribed on the old address, it heard
+        no release made at the new one."""
+        with self._mutex:
+            pubsub = self._pubsub
+        if pubsub is None:
+            return
+        self._silent = True  # what is heard next (the new subscriptions) wakes every waiter
+        sock = wire.socket_or_none(getattr(pubsub, "connection", None))
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # (closed by the reader: never under its read)
+        self.notify_all()
+
     def _ensure_started(self) -> Any:
         if self._pubsub is None:
             self._pubsub = self._make_pubsub()

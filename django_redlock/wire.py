@@ -53,11 +53,13 @@ from collections.abc import Callable, Sequence
 from types import FunctionType
 from typing import Any, TypeVar
 
+import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.client
 import redis.cluster
 import redis.connection
 import redis.exceptions
+import redis.sentinel
 from redis.utils import HIREDIS_AVAILABLE
 
 if HIREDIS_AVAILABLE:
@@ -339,12 +341,55 @@ def node_at(client: Any, host: str, port: int) -> Any:
     return node
 
 
+def cluster_node_of(client: Any, key: str) -> Any:
+    """The primary that serves ``key`` for a cluster ``client`` (``redis.cluster`` or
+    ``redis.asyncio.cluster``), as the slot cache says; None for any other client."""
+    if isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster)):
+        return client.get_node_from_key(key)
+    return None
+
+
 def sentinel_master(pool: Any) -> tuple[str, int]:
     """Where the sentinels say the master of a Sentinel client's ``pool`` is now
     (``SentinelConnectionPool.get_master_address()``, redis-py 5.3 to 8.2: asks them, and
     closes the pool's idle connections when the master moved)."""
     host, port = pool.get_master_address()
     return str(host), int(port)
+
+
+class SentinelPool(redis.sentinel.SentinelConnectionPool):
+    """redis-py's Sentinel pool, its connections moved at checkout to the master the backend
+    found or heard announced (``master``, set from another thread: one attribute): an idle
+    connection stayed on the old master, which takes writes until the sentinels demote it,
+    so a take made right after the announcement was granted there (two holders). Checked
+    by the thread that checks it out: never closed under another's command."""
+
+    master: tuple[str, int] | None = None
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        connection: Any = super().get_connection(*args, **kwargs)
+        master = self.master
+        if master is None or (str(connection.host), int(connection.port)) == master:
+            return connection
+        try:  # straight there: a sentinel asked first may be the one that is paused
+            connection.disconnect()
+            connection.connect_to(master)
+        except BaseException:
+            self.release(connection)
+            raise
+        return connection
+
+
+def moved_sync_pool(pool: Any, master: tuple[str, int]) -> None:
+    """A Sentinel client's pooled connections go to ``master`` at their next checkout (see
+    :class:`SentinelPool`); callable from any thread."""
+    if isinstance(pool, SentinelPool):
+        pool.master = master
+        # Where redis-py's pool believes the master is (SentinelConnectionPoolProxy, 5.3 to
+        # 8.2): a connection elsewhere is closed when given back, not kept idle.
+        proxy = getattr(pool, "proxy", None)
+        if proxy is not None:
+            proxy.master_address = master
 
 
 class AsyncSentinelPool(redis.asyncio.sentinel.SentinelConnectionPool):

@@ -24,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .. import acl, fast_path, scripts
 from ..acl import mask
 from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingPermission
+from ..forks import after_fork_in_child
 from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub
@@ -110,6 +111,7 @@ class RedisBackend(BaseLockBackend):
         ] = weakref.WeakKeyDictionary()
         self._hub: PubSubHub | None = None
         self._setup = threading.RLock()
+        _backends.add(self)
         self._key_cache: dict[str, tuple[str, str, str, str, str, str, str]] = {}
 
     # -- connections -------------------------------------------------------------------------
@@ -615,6 +617,18 @@ class RedisBackend(BaseLockBackend):
 
     def op_leases(self, name: str) -> Op[LockInfo | None]:
         return self.op_inspect(name)
+
+
+_backends: weakref.WeakSet[RedisBackend] = weakref.WeakSet()
+
+
+@after_fork_in_child
+def _after_fork_in_child() -> None:
+    """``_setup`` may have been held by another thread of the parent at the fork (making
+    the client: a cluster's reads the slots over the network): held for good in the child,
+    whose first operation then waited forever."""
+    for backend in list(_backends):
+        backend._setup = threading.RLock()
 
 
 def _queued(reply: Any) -> str | None:

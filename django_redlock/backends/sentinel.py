@@ -66,6 +66,15 @@ class _Heard:
 
     switch: _Switch | None = None
 
+    def promoted(self) -> tuple[str, int] | None:
+        """The announced master while the announcement is trusted, else None: what to use
+        when the sentinels name no master (after an unplanned failover's promotion, SENTINEL
+        MASTERS names the old master, flagged down, until the failover ends)."""
+        switch = self.switch
+        if switch is not None and time.monotonic() < switch.until:
+            return switch.new
+        return None
+
     def current(self, address: Any, asked: bool = False) -> Any:
         """``address``, or the announced master if it names the old one. ``asked``: it is a
         sentinel's answer, which, naming the new master, ends the correction."""
@@ -87,14 +96,28 @@ class _Sentinel(redis.sentinel.Sentinel):
     heard = _Heard()
 
     def discover_master(self, service_name: str) -> Any:
-        return self.heard.current(super().discover_master(service_name), asked=True)
+        try:
+            found = super().discover_master(service_name)
+        except redis.sentinel.MasterNotFoundError:
+            promoted = self.heard.promoted()
+            if promoted is None:
+                raise
+            return promoted
+        return self.heard.current(found, asked=True)
 
 
 class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
     heard = _Heard()
 
     async def discover_master(self, service_name: str) -> Any:
-        return self.heard.current(await super().discover_master(service_name), asked=True)
+        try:
+            found = await super().discover_master(service_name)
+        except redis.asyncio.sentinel.MasterNotFoundError:  # as _Sentinel's
+            promoted = self.heard.promoted()
+            if promoted is None:
+                raise
+            return promoted
+        return self.heard.current(found, asked=True)
 
 
 class _Listening:
@@ -246,7 +269,11 @@ class SentinelBackend(RedisBackend):
         options, sentinel_kwargs = self._options(redis.retry.Retry(NoBackoff(), 0))
         sentinel = _Sentinel(self._sentinels(), sentinel_kwargs=sentinel_kwargs)
         sentinel.heard = self._heard
-        return sentinel.master_for(self.service_name, **options)
+        options.setdefault("connection_pool_class", wire.SentinelPool)
+        client = sentinel.master_for(self.service_name, **options)
+        if self._master is not None:  # made after a failover: its connections go there
+            wire.moved_sync_pool(client.connection_pool, self._master)
+        return client
 
     def make_async_client(self) -> Any:
         options, sentinel_kwargs = self._options(redis.asyncio.retry.Retry(NoBackoff(), 0))
@@ -402,6 +429,9 @@ class SentinelBackend(RedisBackend):
             if before is None and not force:
                 return
             fast_path.moved_threads(pool, master)
+            # The pool's connections (a tracer's or a retry's path) at their next checkout:
+            # set before an operation waiting for this announcement goes on (HEARD_WAIT).
+            wire.moved_sync_pool(pool, master)
             # Each event loop's pool too: asyncio's connections made before the switch
             # stayed on the old master (takes, releases, owned() answered there). Under
             # the lock a new loop's client is made under: it is listed, or sees _master.
@@ -409,6 +439,9 @@ class SentinelBackend(RedisBackend):
                 aclients = [entry[0] for entry in self._aclients.values()]
             for aclient in aclients:
                 wire.moved_async_pool(aclient, master)
+            hub = self._hub  # its waiters' subscriptions too: a release there is heard
+            if hub is not None:
+                hub.moved()
         moved(self)  # its holds renewed there now, not at their next period
 
     def _heard_switch(self, channel: Any, message: Any) -> None:
@@ -441,7 +474,7 @@ class SentinelBackend(RedisBackend):
             "redlock: %s: a sentinel announced the master at %s:%d", self.describe(), *master
         )
         self._move(client.connection_pool, master, force=True)
-        self._wake.set()  # the pool's idle connections: the looker's look closes them
+        self._wake.set()  # a look now, to end the correction once the sentinels agree
 
     def close(self) -> None:
         self._looker = None  # it ends at its next look, its listeners within LISTEN_POLL
@@ -690,3 +723,5 @@ def _after_fork_in_child() -> None:
         backend._moving = threading.Lock()
         backend._wake = threading.Event()
         backend._listening = _Listening()  # the parent's listeners' (the sockets are shared)
+        # Permits taken by the parent's threads mid-operation never come back here.
+        backend._gate = threading.BoundedSemaphore(backend._limit)

@@ -993,3 +993,64 @@ def test_asyncio_calls_queued_for_a_paused_cluster_master_are_unavailable_in_tim
             backend.close()
     finally:
         stop_all(nodes)
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_a_script_is_taught_to_its_own_master_only_while_another_is_paused(
+    name: str, how: str
+) -> None:
+    """A master that forgot the scripts (restarted, SCRIPT FLUSH) answers NOSCRIPT; the
+    script was then loaded through the cluster client, which sends SCRIPT LOAD to every
+    primary: with another master paused, a take, release or owned() on a healthy master
+    failed after a socket timeout. It is loaded on the key's node only."""
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            client = nodes[0].client()
+
+            def owner(each: str) -> RedisServer:
+                slot = client.execute_command("CLUSTER", "KEYSLOT", backend.key(each))
+                return next(n for n in nodes if _serves(n, slot))
+
+            healthy = owner(name)
+            paused = next(n for n in nodes if n is not healthy)
+            held = lock(name, using="c", ttl=10)
+
+            def flush_pause_and_use() -> float:
+                healthy.client().script_flush()  # as after a restart
+                paused.pause()
+                began = time.monotonic()
+                if how == "sync":
+                    assert held.acquire(blocking=False)
+                    assert held.owned()
+                    held.release()
+                return began
+
+            try:
+                if how == "sync":
+                    with lock(f"{name}:warm", using="c"):  # the client and its slots, made
+                        pass
+                    began = flush_pause_and_use()
+                else:
+
+                    async def main() -> float:
+                        async with lock(f"{name}:warm", using="c"):  # the loop's client
+                            pass
+                        began = flush_pause_and_use()
+                        assert await held.aacquire(blocking=False)
+                        assert await held.aowned()
+                        await held.arelease()
+                        return began
+
+                    began = asyncio.run(main())
+                assert time.monotonic() - began < 0.4
+            finally:
+                paused.resume()
+            backend.close()
+    finally:
+        stop_all(nodes)

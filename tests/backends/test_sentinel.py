@@ -559,3 +559,204 @@ def test_asyncio_calls_queued_for_a_paused_sentinel_master_are_unavailable_in_ti
         assert {outcome for outcome, _ in outcomes} == {"unavailable"}
         assert max(took for _, took in outcomes) < 2.0 + 0.5  # a socket timeout queued, one sent
         locks["s"].close()
+
+
+@pytest.mark.parametrize("path", ["tracer", "retry"])
+def test_a_pooled_take_right_after_an_announced_switch_lands_on_the_new_master(
+    name: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With redis.Redis.execute_command wrapped (a tracer) or a ``retry`` option, commands go
+    through the Sentinel pool, not the fast path. An announced switch moved only the fast
+    path's connections: the pool's idle one was left to the looker's next look, and a take
+    made as soon as the announcement was applied was granted on the old master (still
+    writable) while the new master was free: two holders. The sentinel asked first is
+    paused as the announcement arrives, so no look comes to the rescue in time."""
+    import redis
+    import redis.backoff
+    import redis.retry
+
+    options: dict[str, Any] = {"socket_timeout": 1.0}
+    if path == "tracer":
+        own = redis.Redis.execute_command
+
+        def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return own(self, *args, **kwargs)
+
+        monkeypatch.setattr(redis.Redis, "execute_command", traced)
+    else:
+        options["retry"] = redis.retry.Retry(redis.backoff.NoBackoff(), 1)
+    applied = threading.Event()
+    heard_switch = sentinel_backend.SentinelBackend._heard_switch
+    group = start_sentinel_group()
+    old, new, first, second = group
+
+    def heard(self: Any, channel: Any, message: Any) -> None:
+        if not applied.is_set():
+            first.pause()
+        heard_switch(self, channel, message)
+        applied.set()
+
+    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+    try:
+        with sentinel_alias(group, **options):
+            warm = lock(f"{name}:warm", using="s")
+            assert warm.acquire(blocking=False)  # a pooled connection, to the old master
+            warm.release()
+            time.sleep(1.5)  # the listeners are listening
+            threading.Thread(target=_fail_over, args=(second, new), daemon=True).start()
+            assert applied.wait(30), "no switch announced"
+            held = lock(name, using="s", ttl=30)
+            assert held.acquire(blocking=False)
+            key = locks["s"].key(name)
+            assert (new.client().exists(key), old.client().exists(key)) == (1, 0)
+            locks["s"].close()
+    finally:
+        first.resume()
+        stop_all(group)
+
+
+def test_a_child_forked_while_threads_held_connection_permits_gets_them_all(
+    sentinel_group: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the pool (a tracer here), an operation holds one of max_connections permits
+    while it runs. A child forked while the parent's threads held them all inherited them
+    taken for good (those threads are not in the child): every operation there failed with
+    "all 2 connections busy" on an idle master."""
+    import redis
+
+    own = redis.Redis.execute_command
+
+    def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return own(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "execute_command", traced)
+    with sentinel_alias(sentinel_group, socket_timeout=1.0, max_connections=2):
+        backend = locks["s"]
+        with lock(f"{name}:warm", using="s"):
+            pass
+        for _ in range(2):  # as two threads mid-operation do
+            assert backend._gate.acquire(timeout=1)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                held = lock(name, using="s")
+                code = 0 if held.acquire(blocking=False) else 2
+                held.release()
+            finally:
+                os.write(write, b"x")
+                os._exit(code)
+        try:
+            os.read(read, 1)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            for _ in range(2):
+                backend._gate.release()
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's take failed"
+        backend.close()
+
+
+def test_a_waiter_hears_a_release_on_the_new_master_after_a_switch(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter subscribed (the backend's one pub/sub connection) on the old master, which
+    stays a master for seconds after a planned failover: a release on the new master,
+    once the switch was announced, published to nobody there, and the waiter slept until
+    its next try (about 10 s) while the name was free. The announced switch moves the
+    pub/sub connection too, and the waiters look again once it is subscribed there."""
+    applied = threading.Event()
+    heard_switch = sentinel_backend.SentinelBackend._heard_switch
+
+    def heard(self: Any, channel: Any, message: Any) -> None:
+        heard_switch(self, channel, message)
+        applied.set()
+
+    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+    group = start_sentinel_group()
+    old, new, first, second = group
+    try:
+        with sentinel_alias(group, socket_timeout=1.0):
+            holder = lock(name, using="s", ttl=20)
+            assert holder.acquire(blocking=False)
+            got: dict[str, Any] = {}
+
+            def wait() -> None:
+                waiter = lock(name, using="s", ttl=20)
+                got["took"] = waiter.acquire(timeout=20)
+                got["at"] = time.monotonic()
+                waiter.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(1.0)  # subscribed, on the old master
+            _fail_over(first, new, second)
+            assert applied.wait(10), "no switch announced"
+            time.sleep(0.2)
+            assert old.client().info("replication")["role"] == "master"  # still (for seconds)
+            released = time.monotonic()
+            holder.release()
+            thread.join(25)
+            assert got["took"] is True
+            assert got["at"] - released < 2.0, f"woken {got['at'] - released:.1f} s after"
+            locks["s"].close()
+    finally:
+        stop_all(group)
+
+
+def test_no_take_is_unavailable_once_an_unplanned_failover_s_promotion_is_heard(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A master killed: after the leader announced the promotion (+promoted-slave), a
+    connection made again asked the sentinels, whose SENTINEL MASTERS still named the old
+    master flagged down until the failover's end: redis-py said "No master found", and
+    takes were unavailable for tens of milliseconds although the new master was known."""
+    from django_redlock.testing import SentinelServer
+
+    heard_at: list[float] = []
+    heard_switch = sentinel_backend.SentinelBackend._heard_switch
+
+    def heard(self: Any, channel: Any, message: Any) -> None:
+        heard_switch(self, channel, message)
+        heard_at.append(time.monotonic())
+
+    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+    master = RedisServer(args=["--repl-diskless-sync-delay", "0"]).start()
+    replicas = [
+        RedisServer(args=["--replicaof", "127.0.0.1", str(master.port)]).start() for _ in range(2)
+    ]
+    sentinels = [SentinelServer(master, down_after=1).start() for _ in range(2)]
+    group = [master, *replicas, *sentinels]
+    try:
+        deadline = time.monotonic() + 30
+        for replica in replicas:
+            while replica.client().info("replication").get("master_link_status") != "up":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        for sentinel in sentinels:
+            while len(sentinel.client().execute_command("SENTINEL", "REPLICAS", "mymaster")) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        with sentinel_alias([*group[:2], *sentinels], socket_timeout=1.0):
+            with lock(f"{name}:warm", using="s"):
+                pass
+            time.sleep(1.5)  # the listeners are listening
+            master.kill()
+            while not heard_at:
+                assert time.monotonic() < deadline + 30, "no switch announced"
+                time.sleep(0.005)
+            failures = []
+            while True:
+                try:
+                    held = lock(name, using="s")
+                    assert held.acquire(blocking=False)
+                    held.release()
+                    break
+                except BackendUnavailable as exc:
+                    failures.append(str(exc))
+                assert time.monotonic() < heard_at[0] + 10
+                time.sleep(0.01)
+            assert not failures, failures[0]
+            locks["s"].close()
+    finally:
+        stop_all(group)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import Any
 
 import pytest
 import redis
@@ -323,3 +324,29 @@ def test_an_asyncio_sentinel_pool_connects_outside_its_lock() -> None:
 
     asyncio.run(main())
     assert held == [False]
+
+
+def test_a_sentinel_pool_moves_a_connection_to_the_master_at_checkout(
+    redis_server: RedisServer, redis_factory: Any
+) -> None:
+    """SentinelPool: once told where the master is (an announced switch), a pooled
+    connection elsewhere is connected there at its next checkout, straight (no sentinel is
+    asked), and redis-py's pool then counts it as its own (kept idle when given back)."""
+    old = redis_factory()
+
+    class Sentinels:  # where the sentinels said the master was, when the pool connected
+        def discover_master(self, service_name: str) -> tuple[str, int]:
+            return ("127.0.0.1", old.port)
+
+    pool = wire.SentinelPool("mymaster", Sentinels())
+    connection = pool.get_connection()
+    assert connection.port == old.port
+    pool.release(connection)
+    wire.moved_sync_pool(pool, ("127.0.0.1", redis_server.port))
+    connection = pool.get_connection()
+    assert (connection.host, int(connection.port)) == ("127.0.0.1", redis_server.port)
+    connection.send_command("PING")
+    assert connection.read_response() in (b"PONG", "PONG")
+    pool.release(connection)
+    assert pool.get_connection() is connection  # kept
+    pool.disconnect()

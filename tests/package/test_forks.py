@@ -86,3 +86,47 @@ def test_the_fast_paths_thread_connections_know_the_child_is_another_process() -
     child = in_child(lambda: f"{fast_path._PID} {os.getpid()}").split()
     assert child[0] == child[1] != str(os.getpid())
     assert os.getpid() == fast_path._PID
+
+
+def test_a_child_forked_while_a_thread_made_the_client_makes_its_own(name: str) -> None:
+    """A backend's ``_setup`` lock is held while its client is made (a cluster's reads the
+    slots over the network, a socket timeout when a node is paused): a child forked then
+    inherited it held by a thread it does not have, and its first operation waited forever."""
+    import threading
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock import lock, locks
+
+    config = {**settings.DJANGO_REDLOCK["redis"]}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "fresh": config}):
+        backend = locks["fresh"]
+        assert backend._client is None, "made already"
+        making, forked = threading.Event(), threading.Event()
+
+        def making_the_client() -> None:
+            with backend._setup:  # as make_client() does, over the network
+                making.set()
+                forked.wait(10)
+
+        thread = threading.Thread(target=making_the_client)
+        thread.start()
+        assert making.wait(10)
+
+        def take() -> str:  # in the child's one thread (a new thread may reuse the ident
+            # of the parent's holder, which the lock then takes for its owner)
+            if not backend._setup.acquire(timeout=2):  # what the take would wait for
+                return "waiting"
+            backend._setup.release()
+            held = lock(name, using="fresh")
+            took = str(held.acquire(blocking=False))
+            held.release()
+            return took
+
+        try:
+            assert in_child(take) == "True"
+        finally:
+            forked.set()
+            thread.join()
+        backend.close()
