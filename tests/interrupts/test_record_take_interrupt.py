@@ -44,6 +44,10 @@ def _interrupted_at(at: int, name: str) -> bool:
                 raise Interrupt(f"entry of {frame.f_code.co_name}, in take()")
         return None
 
+    dropped = lock(f"{name}:dropped", ttl=5)  # a hold whose Lock is collected unreleased:
+    assert dropped.acquire(blocking=False)  # take() sweeps it first (a call out of take())
+    del dropped
+    gc.collect()
     first = lock(name, ttl=5)
     sys.settrace(tracer)
     try:
