@@ -488,16 +488,19 @@ def _queue_follow_up(
             return
         follow_id = uuid_text()
         ttl_ms = to_ms(config.dedupe_ttl + (countdown or 0.0))
-        for _ in range(3):
-            queued = markers.mark(backend, name, follow_id, ttl_ms)
-            if queued is None:
-                break
-            if not _next_stale(config, task, key, queued):
-                return  # queued and not started: it takes the note when it runs
-            markers.clear(backend, name, queued)
-        else:
-            return
+        # From the mark's send to the publish, any line may raise (a soft time limit, a
+        # lost reply): our mark, written or not, is cleared below, or remembered as unsent.
         try:
+            for _ in range(3):
+                queued = markers.mark(backend, name, follow_id, ttl_ms)
+                if queued is None:
+                    break
+                if not _next_stale(config, task, key, queued):
+                    return  # queued and not started: it takes the note when it runs
+                markers.clear(backend, name, queued)
+                _unsent_marks.discard(queued)
+            else:
+                return
             call = json.loads(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             if countdown:
@@ -505,8 +508,10 @@ def _queue_follow_up(
             args, kwargs = tuple(call["args"]), call["kwargs"]
             task.apply_async(args, kwargs, task_id=follow_id, headers={FOLLOW_UP: "1"}, **options)
         except BaseException as exc:  # refused, or a soft time limit: no mark without a message
+            _unsent_marks.add(follow_id)  # first: the clear may fail, or not be reached
             with contextlib.suppress(LockError):
                 markers.clear(backend, name, follow_id)
+                _unsent_marks.discard(follow_id)
             if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
                 raise  # the run fails with it; its failure handler queues the follow-up
             logger.warning(
@@ -526,6 +531,10 @@ def _queue_follow_up(
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
 
 
+#: Follow-up marks this process wrote, or may have, whose message was not published and whose
+#: clear failed or was cut short (a lost reply): stale at the next look, not after the grace.
+_unsent_marks: set[str] = set()
+
 #: Seconds after which a follow-up mark whose message was never noted as sent is stale: its
 #: queuer died (or a soft time limit struck) between the mark and the publish.
 FOLLOW_UP_PUBLISH_GRACE = 30.0
@@ -536,7 +545,7 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     its task ended, its message is gone from the broker (purged), or it was never sent. A
     wrong "stale" only queues one follow-up more, which finds the note taken and runs
     nothing; a wrong "not stale" would strand the note."""
-    if _task_ended(task, queued):
+    if queued in _unsent_marks or _task_ended(task, queued):
         return True
     deduped = config.dedupe_queued and isinstance(task, SingleInstanceTask)
     if deduped and task._stale(key, queued):  # a purged message's marker too

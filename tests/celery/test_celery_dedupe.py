@@ -18,7 +18,7 @@ import pytest
 from celery import chord, group, shared_task
 from kombu.exceptions import OperationalError
 
-from django_redlock import lock, locks, single_instance
+from django_redlock import LockError, lock, locks, single_instance
 from django_redlock.contrib.celery import SingleInstanceTask, skipped
 from django_redlock.testing import RedisServer
 from tests.support import celery_app, celery_tasks
@@ -738,6 +738,44 @@ def test_coalesce_soft_time_limit_between_the_mark_and_the_publish(
     monkeypatch.setattr(contrib, "json", types.SimpleNamespace(dumps=json.dumps, loads=loads))
     failed = nesting.apply((name, "t0", "t1"))
     assert not strikes
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]  # by the failure's handler
+    celery_app.app.control.purge()
+
+
+@pytest.mark.parametrize("outcome", ["written", "unknown"])
+def test_coalesce_soft_time_limit_inside_the_follow_up_mark(
+    outcome: str, broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SoftTimeLimitExceeded as the follow-up's mark is written (its reply not yet read): the
+    # mark stood for no message, and the failure handler obeyed it: the noted call was lost.
+    # "unknown": the mark's clear fails too; the same process must still not obey it.
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+
+    name = uuid.uuid4().hex[:8]
+    mark_name = f"nesting:{name}:coalesce:next"
+    strikes, clears = [1], [1] if outcome == "unknown" else []
+    real_mark, real_clear = markers.mark, markers.clear
+
+    def mark(backend: Any, name: str, *args: Any) -> Any:
+        done = real_mark(backend, name, *args)
+        if name == mark_name and strikes:
+            strikes.pop()
+            raise SoftTimeLimitExceeded("soft time limit")
+        return done
+
+    def clear(backend: Any, name: str, *args: Any) -> Any:
+        if name == mark_name and clears:
+            clears.pop()
+            raise LockError("no reply")
+        return real_clear(backend, name, *args)
+
+    monkeypatch.setattr(markers, "mark", mark)
+    monkeypatch.setattr(markers, "clear", clear)
+    failed = nesting.apply((name, "t0", "t1"))
+    assert not strikes and not clears
     assert isinstance(failed.result, SoftTimeLimitExceeded)
     assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]  # by the failure's handler
     celery_app.app.control.purge()
