@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import dis
 import functools
 import inspect
 import json
@@ -453,8 +454,8 @@ def _dropping_note(
 ) -> Callable[[BaseException | None], None]:
     """A follow-up's step once its run settled (see :class:`_Ending`): the note it claimed
     deleted (before the release: a follow-up taking the key then must not find it). A body
-    that never started (a soft time limit on the way to it: ``ending.entered`` unset; not
-    read from the traceback, which a limit after the body returned has no frame of either),
+    that never started (a soft time limit on the way to it: neither ``ending.entered``, see
+    :func:`_reached_body`, nor ``ending.returned`` set),
     or a ``Reject`` asking to run it again, leaves it claimed: the message's copy, or the
     next follow-up, runs it. (A run stopped, or a fenced one whose COMMIT did not happen,
     never settles: it stays too.)"""
@@ -464,7 +465,7 @@ def _dropping_note(
             return
         # An error on the way to the body (the fenced block's database down...) fails the
         # call visibly, as it did, rather than queueing it again and again.
-        if isinstance(exc, SoftTimeLimitExceeded) and not ending.entered:
+        if isinstance(exc, SoftTimeLimitExceeded) and not (ending.entered or ending.returned):
             return
         try:
             markers.clear(locks[config.using], _pending_name(key), claimed)
@@ -680,7 +681,7 @@ class _Ending:
 
     def __init__(self) -> None:
         self.steps: list[Callable[[BaseException | None], None]] = []
-        self.entered = False  # the body was called: an exception from here on ends a run
+        self.entered = False  # the body's frame was reached (set when it raised)
         self.returned = False  # the body returned (a fenced block's COMMIT comes after)
         self.settled = False
 
@@ -706,10 +707,10 @@ def _settling(
             # copy taking the key then finds the run noted.
             on_commit_or_proved(ending, using=config.atomic)
         try:
-            ending.entered = True  # set before the call: no line between them and the body
             result = body()
             ending.returned = True  # in the try: a time limit on it ends the run settled
         except Exception as exc:
+            ending.entered = ending.returned or _reached_body(exc)
             ending(exc)
             raise
         if config.atomic is None:
@@ -717,6 +718,42 @@ def _settling(
         return result
 
     return run
+
+
+def _reached_body(exc: BaseException) -> bool:
+    """Whether ``exc``, caught in ``_settling``'s ``run`` (its traceback's first frame), came
+    once the body was called: from the call's instruction on in ``run`` (a limit as the body
+    returned), or from a frame past this module's own (``body_for``): the body's, or what it
+    called. A flag set before the call could not say so: a soft time limit may strike at any
+    line of ours on the way in. The innermost frame is not counted: a soft time limit's is
+    its signal handler's."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    call = _call_offset(tb.tb_frame.f_code)
+    if call is None or tb.tb_lasti > call:
+        return True  # not found (unknown: as before), or past the call: the body returned
+    if tb.tb_lasti < call:
+        return False
+    deeper = tb.tb_next
+    if deeper is None or deeper.tb_next is None:
+        return True  # raised in run at the call's instruction, after the body returned
+    while deeper is not None and deeper.tb_next is not None:
+        if deeper.tb_frame.f_code.co_filename != __file__:
+            return True
+        deeper = deeper.tb_next
+    return False
+
+
+@functools.cache
+def _call_offset(code: Any) -> int | None:
+    """The offset of ``_settling``'s ``run``'s call of ``body``."""
+    seen = False
+    for instruction in dis.get_instructions(code):
+        seen = seen or instruction.argval == "body"
+        if seen and instruction.opname.startswith("CALL"):
+            return instruction.offset
+    return None
 
 
 # -- the worker's main process: release what a killed child held ----------------------------

@@ -963,6 +963,54 @@ def test_coalesce_follow_up_interrupted_before_its_body_leaves_the_call_to_run(
     celery_app.app.control.purge()
 
 
+@pytest.mark.parametrize(
+    "where", [("_run.<locals>.body_for", "return func("), ("_settling.<locals>.run", "body()")]
+)
+def test_coalesce_follow_up_interrupted_on_the_way_into_its_body_keeps_the_call(
+    where: tuple[str, str], broker: None, redis_server: RedisServer
+) -> None:
+    # A soft time limit at a library line between taking the note and the body's first
+    # frame (the follow-up's body_for, the call of it): the body never ran, so the call must
+    # stay noted, with a follow-up queued (it was deleted: lost).
+    import linecache
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"nesting:{name}"
+    qualname, text = where
+    strikes = [1]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_qualname != qualname or frame.f_code.co_filename != contrib.__file__:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            if event == "line" and text in line and strikes:
+                strikes.pop()
+                raise SoftTimeLimitExceeded("soft time limit")
+            return local
+
+        return local
+
+    contrib.note_call(nesting.run.__redlock__, key, [name, "d1"], {}, None, "d1")
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        failed = nesting.apply((name, "f"), task_id=f"f-{name}", headers={contrib.FOLLOW_UP: "1"})
+    finally:
+        sys.settrace(previous)
+    assert not strikes
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
+    assert markers.read(locks["default"], f"{key}:coalesce") is not None
+    assert follow_ups(redis_server, name) == [f"('{name}', 'd1')"]
+    celery_app.app.control.purge()
+
+
 COUNTED_RUNS: list[str] = []
 
 
