@@ -418,8 +418,13 @@ def _follow_up_waits(
 def _clear_next(config: SingleInstance, key: str, task_id: str | None) -> None:
     if not task_id:
         return
+    backend, name = locks[config.using], _next_name(config, key)
     try:
-        markers.clear(locks[config.using], _next_name(config, key), task_id)
+        markers.clear(backend, name, task_id)
+        # Its sent note vouches only for a mark naming it, which is gone: not kept an hour.
+        sent = markers.read(backend, sent_name(name, task_id))
+        if sent is not None:
+            markers.clear(backend, sent_name(name, task_id), sent[0])
     except LockError as exc:  # it then expires; a stale one is replaced (see below)
         logger.warning("redlock: could not clear the follow-up mark of %r: %s", key, exc)
 

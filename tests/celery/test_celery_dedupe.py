@@ -781,6 +781,26 @@ def test_coalesce_soft_time_limit_inside_the_follow_up_mark(
     celery_app.app.control.purge()
 
 
+def test_coalesce_follow_up_that_ran_leaves_no_sent_note(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # The note that a follow-up's message was sent only vouches for its mark: once the
+    # follow-up took the key (its mark cleared), it stayed for dedupe_ttl (an hour) anyway.
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    nesting.apply((name, "t0", "t1"))
+    (raw,) = redis_server.client(db=1).lrange("celery", 0, -1)
+    follow_id = json.loads(raw)["headers"]["id"]
+    sent = contrib.sent_name(f"nesting:{name}:coalesce:next", follow_id)
+    assert markers.read(locks["default"], sent) is not None
+    celery_app.app.control.purge()
+    ran = nesting.apply((name, "t1"), task_id=follow_id, headers={contrib.FOLLOW_UP: "1"})
+    assert ran.result == "t1"
+    assert markers.read(locks["default"], sent) is None
+
+
 def test_coalesce_mark_of_a_follow_up_never_sent_goes_stale(
     broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
