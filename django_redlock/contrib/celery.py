@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import dis
 import functools
 import inspect
 import json
@@ -417,8 +418,13 @@ def _follow_up_waits(
 def _clear_next(config: SingleInstance, key: str, task_id: str | None) -> None:
     if not task_id:
         return
+    backend, name = locks[config.using], _next_name(config, key)
     try:
-        markers.clear(locks[config.using], _next_name(config, key), task_id)
+        markers.clear(backend, name, task_id)
+        # Its sent note vouches only for a mark naming it, which is gone: not kept an hour.
+        sent = markers.read(backend, sent_name(name, task_id))
+        if sent is not None:
+            markers.clear(backend, sent_name(name, task_id), sent[0])
     except LockError as exc:  # it then expires; a stale one is replaced (see below)
         logger.warning("redlock: could not clear the follow-up mark of %r: %s", key, exc)
 
@@ -453,8 +459,8 @@ def _dropping_note(
 ) -> Callable[[BaseException | None], None]:
     """A follow-up's step once its run settled (see :class:`_Ending`): the note it claimed
     deleted (before the release: a follow-up taking the key then must not find it). A body
-    that never started (a soft time limit on the way to it: ``ending.entered`` unset; not
-    read from the traceback, which a limit after the body returned has no frame of either),
+    that never started (a soft time limit on the way to it: neither ``ending.entered``, see
+    :func:`_reached_body`, nor ``ending.returned`` set),
     or a ``Reject`` asking to run it again, leaves it claimed: the message's copy, or the
     next follow-up, runs it. (A run stopped, or a fenced one whose COMMIT did not happen,
     never settles: it stays too.)"""
@@ -464,7 +470,7 @@ def _dropping_note(
             return
         # An error on the way to the body (the fenced block's database down...) fails the
         # call visibly, as it did, rather than queueing it again and again.
-        if isinstance(exc, SoftTimeLimitExceeded) and not ending.entered:
+        if isinstance(exc, SoftTimeLimitExceeded) and not (ending.entered or ending.returned):
             return
         try:
             markers.clear(locks[config.using], _pending_name(key), claimed)
@@ -488,16 +494,19 @@ def _queue_follow_up(
             return
         follow_id = uuid_text()
         ttl_ms = to_ms(config.dedupe_ttl + (countdown or 0.0))
-        for _ in range(3):
-            queued = markers.mark(backend, name, follow_id, ttl_ms)
-            if queued is None:
-                break
-            if not _next_stale(config, task, key, queued):
-                return  # queued and not started: it takes the note when it runs
-            markers.clear(backend, name, queued)
-        else:
-            return
+        # From the mark's send to the publish, any line may raise (a soft time limit, a
+        # lost reply): our mark, written or not, is cleared below, or remembered as unsent.
         try:
+            for _ in range(3):
+                queued = markers.mark(backend, name, follow_id, ttl_ms)
+                if queued is None:
+                    break
+                if not _next_stale(config, task, key, queued):
+                    return  # queued and not started: it takes the note when it runs
+                markers.clear(backend, name, queued)
+                _unsent_marks.discard(queued)
+            else:
+                return
             call = json.loads(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             if countdown:
@@ -505,8 +514,10 @@ def _queue_follow_up(
             args, kwargs = tuple(call["args"]), call["kwargs"]
             task.apply_async(args, kwargs, task_id=follow_id, headers={FOLLOW_UP: "1"}, **options)
         except BaseException as exc:  # refused, or a soft time limit: no mark without a message
+            _unsent_marks.add(follow_id)  # first: the clear may fail, or not be reached
             with contextlib.suppress(LockError):
                 markers.clear(backend, name, follow_id)
+                _unsent_marks.discard(follow_id)
             if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
                 raise  # the run fails with it; its failure handler queues the follow-up
             logger.warning(
@@ -526,6 +537,10 @@ def _queue_follow_up(
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
 
 
+#: Follow-up marks this process wrote, or may have, whose message was not published and whose
+#: clear failed or was cut short (a lost reply): stale at the next look, not after the grace.
+_unsent_marks: set[str] = set()
+
 #: Seconds after which a follow-up mark whose message was never noted as sent is stale: its
 #: queuer died (or a soft time limit struck) between the mark and the publish.
 FOLLOW_UP_PUBLISH_GRACE = 30.0
@@ -536,7 +551,7 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     its task ended, its message is gone from the broker (purged), or it was never sent. A
     wrong "stale" only queues one follow-up more, which finds the note taken and runs
     nothing; a wrong "not stale" would strand the note."""
-    if _task_ended(task, queued):
+    if queued in _unsent_marks or _task_ended(task, queued):
         return True
     deduped = config.dedupe_queued and isinstance(task, SingleInstanceTask)
     if deduped and task._stale(key, queued):  # a purged message's marker too
@@ -671,7 +686,7 @@ class _Ending:
 
     def __init__(self) -> None:
         self.steps: list[Callable[[BaseException | None], None]] = []
-        self.entered = False  # the body was called: an exception from here on ends a run
+        self.entered = False  # the body's frame was reached (set when it raised)
         self.returned = False  # the body returned (a fenced block's COMMIT comes after)
         self.settled = False
 
@@ -697,10 +712,10 @@ def _settling(
             # copy taking the key then finds the run noted.
             on_commit_or_proved(ending, using=config.atomic)
         try:
-            ending.entered = True  # set before the call: no line between them and the body
             result = body()
             ending.returned = True  # in the try: a time limit on it ends the run settled
         except Exception as exc:
+            ending.entered = ending.returned or _reached_body(exc)
             ending(exc)
             raise
         if config.atomic is None:
@@ -708,6 +723,42 @@ def _settling(
         return result
 
     return run
+
+
+def _reached_body(exc: BaseException) -> bool:
+    """Whether ``exc``, caught in ``_settling``'s ``run`` (its traceback's first frame), came
+    once the body was called: from the call's instruction on in ``run`` (a limit as the body
+    returned), or from a frame past this module's own (``body_for``): the body's, or what it
+    called. A flag set before the call could not say so: a soft time limit may strike at any
+    line of ours on the way in. The innermost frame is not counted: a soft time limit's is
+    its signal handler's."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    call = _call_offset(tb.tb_frame.f_code)
+    if call is None or tb.tb_lasti > call:
+        return True  # not found (unknown: as before), or past the call: the body returned
+    if tb.tb_lasti < call:
+        return False
+    deeper = tb.tb_next
+    if deeper is None or deeper.tb_next is None:
+        return True  # raised in run at the call's instruction, after the body returned
+    while deeper is not None and deeper.tb_next is not None:
+        if deeper.tb_frame.f_code.co_filename != __file__:
+            return True
+        deeper = deeper.tb_next
+    return False
+
+
+@functools.cache
+def _call_offset(code: Any) -> int | None:
+    """The offset of ``_settling``'s ``run``'s call of ``body``."""
+    seen = False
+    for instruction in dis.get_instructions(code):
+        seen = seen or instruction.argval == "body"
+        if seen and instruction.opname.startswith("CALL"):
+            return instruction.offset
+    return None
 
 
 # -- the worker's main process: release what a killed child held ----------------------------

@@ -18,7 +18,7 @@ import pytest
 from celery import chord, group, shared_task
 from kombu.exceptions import OperationalError
 
-from django_redlock import lock, locks, single_instance
+from django_redlock import LockError, lock, locks, single_instance
 from django_redlock.contrib.celery import SingleInstanceTask, skipped
 from django_redlock.testing import RedisServer
 from tests.support import celery_app, celery_tasks
@@ -743,6 +743,64 @@ def test_coalesce_soft_time_limit_between_the_mark_and_the_publish(
     celery_app.app.control.purge()
 
 
+@pytest.mark.parametrize("outcome", ["written", "unknown"])
+def test_coalesce_soft_time_limit_inside_the_follow_up_mark(
+    outcome: str, broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SoftTimeLimitExceeded as the follow-up's mark is written (its reply not yet read): the
+    # mark stood for no message, and the failure handler obeyed it: the noted call was lost.
+    # "unknown": the mark's clear fails too; the same process must still not obey it.
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+
+    name = uuid.uuid4().hex[:8]
+    mark_name = f"nesting:{name}:coalesce:next"
+    strikes, clears = [1], [1] if outcome == "unknown" else []
+    real_mark, real_clear = markers.mark, markers.clear
+
+    def mark(backend: Any, name: str, *args: Any) -> Any:
+        done = real_mark(backend, name, *args)
+        if name == mark_name and strikes:
+            strikes.pop()
+            raise SoftTimeLimitExceeded("soft time limit")
+        return done
+
+    def clear(backend: Any, name: str, *args: Any) -> Any:
+        if name == mark_name and clears:
+            clears.pop()
+            raise LockError("no reply")
+        return real_clear(backend, name, *args)
+
+    monkeypatch.setattr(markers, "mark", mark)
+    monkeypatch.setattr(markers, "clear", clear)
+    failed = nesting.apply((name, "t0", "t1"))
+    assert not strikes and not clears
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
+    assert follow_ups(redis_server, name) == [f"('{name}', 't1')"]  # by the failure's handler
+    celery_app.app.control.purge()
+
+
+def test_coalesce_follow_up_that_ran_leaves_no_sent_note(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # The note that a follow-up's message was sent only vouches for its mark: once the
+    # follow-up took the key (its mark cleared), it stayed for dedupe_ttl (an hour) anyway.
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    nesting.apply((name, "t0", "t1"))
+    (raw,) = redis_server.client(db=1).lrange("celery", 0, -1)
+    follow_id = json.loads(raw)["headers"]["id"]
+    sent = contrib.sent_name(f"nesting:{name}:coalesce:next", follow_id)
+    assert markers.read(locks["default"], sent) is not None
+    celery_app.app.control.purge()
+    ran = nesting.apply((name, "t1"), task_id=follow_id, headers={contrib.FOLLOW_UP: "1"})
+    assert ran.result == "t1"
+    assert markers.read(locks["default"], sent) is None
+
+
 def test_coalesce_mark_of_a_follow_up_never_sent_goes_stale(
     broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -920,6 +978,54 @@ def test_coalesce_follow_up_interrupted_before_its_body_leaves_the_call_to_run(
     assert not strikes
     assert isinstance(failed.result, SoftTimeLimitExceeded)
     monkeypatch.undo()
+    assert markers.read(locks["default"], f"{key}:coalesce") is not None
+    assert follow_ups(redis_server, name) == [f"('{name}', 'd1')"]
+    celery_app.app.control.purge()
+
+
+@pytest.mark.parametrize(
+    "where", [("_run.<locals>.body_for", "return func("), ("_settling.<locals>.run", "body()")]
+)
+def test_coalesce_follow_up_interrupted_on_the_way_into_its_body_keeps_the_call(
+    where: tuple[str, str], broker: None, redis_server: RedisServer
+) -> None:
+    # A soft time limit at a library line between taking the note and the body's first
+    # frame (the follow-up's body_for, the call of it): the body never ran, so the call must
+    # stay noted, with a follow-up queued (it was deleted: lost).
+    import linecache
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"nesting:{name}"
+    qualname, text = where
+    strikes = [1]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_qualname != qualname or frame.f_code.co_filename != contrib.__file__:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            if event == "line" and text in line and strikes:
+                strikes.pop()
+                raise SoftTimeLimitExceeded("soft time limit")
+            return local
+
+        return local
+
+    contrib.note_call(nesting.run.__redlock__, key, [name, "d1"], {}, None, "d1")
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        failed = nesting.apply((name, "f"), task_id=f"f-{name}", headers={contrib.FOLLOW_UP: "1"})
+    finally:
+        sys.settrace(previous)
+    assert not strikes
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
     assert markers.read(locks["default"], f"{key}:coalesce") is not None
     assert follow_ups(redis_server, name) == [f"('{name}', 'd1')"]
     celery_app.app.control.purge()
