@@ -365,7 +365,8 @@ class Held:
         # A Lock object collected while it held (never released): the hold runs out at its
         # TTL. Counted as ended by the next hook, not here: a collection may run while this
         # thread holds a metric's lock.
-        if not self.ended and self.pid == _pid[0]:
+        # Half built (an interrupt in __init__): never counted as held, nothing to end.
+        if not getattr(self, "ended", True) and self.pid == _pid[0]:
             _abandoned.append((self, time.monotonic()))
 
 

@@ -371,3 +371,17 @@ def test_a_batch_of_observations_moves_a_histogram_as_one_observe_each() -> None
     assert samples("batch") == pytest.approx(samples("one by one"))
     assert samples("batch")[("batch_bucket", "0.001")] == 5  # cumulative; a bound is in its le
     assert samples("batch of one")[("batch_count", "")] == 1
+
+
+def test_a_half_built_hold_record_is_collected_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt inside ``Held.__init__`` (a signal's exception at its first line) leaves
+    an object with no attributes: collecting it printed "Exception ignored in Held.__del__:
+    AttributeError" and counted nothing; it now counts nothing quietly."""
+    import sys
+
+    ignored: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    half = observe.Held.__new__(observe.Held)  # as if __init__ was cut short at once
+    del half
+    gc.collect()
+    assert ignored == []
