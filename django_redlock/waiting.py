@@ -103,11 +103,12 @@ class _Liveness:
 class _Sending:
     """A channel's send lock, and how many threads hold or wait for it."""
 
-    __slots__ = ("lock", "users")
+    __slots__ = ("closing", "lock", "users")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.users = 0
+        self.closing = False  # its holder found the channel settled: no further look
 
 
 class PubSubHub(ReleaseHub):
@@ -183,7 +184,7 @@ class PubSubHub(ReleaseHub):
         wanted = self._wanted(channel)
         return wanted == (channel in self._subscribed) and channel not in self._doubtful
 
-    def _sync(self, channel: str) -> Exception | None:
+    def _sync(self, channel: str, wait: bool = True) -> Exception | None:
         """Subscribe or unsubscribe ``channel`` if its waiters want it otherwise than last
         decided; returns a subscribe's failure, if one failed.
 
@@ -191,44 +192,50 @@ class PubSubHub(ReleaseHub):
         channel go out one at a time, each decided under the channel's send lock: so they
         reach the server in the order decided, and the last one is what the waiters want
         now. (Decided under the mutex alone and sent outside it, a leave's unsubscribe could
-        follow a join's subscribe and leave the joiner deaf to the release.) A joiner that
-        finds a subscribe decided already waits for nobody: it waits for its confirmation.
-        A send cut short (an interrupt) leaves the channel in doubt: the next sync sends
-        again, either way."""
+        follow a join's subscribe and leave the joiner deaf to the release.) The holder of
+        the send lock looks again after each send until settled, so a leaver
+        (``wait=False``) that finds it held, its last look still to come, leaves its change
+        to the holder instead of waiting for a send to a paused server. A joiner that finds
+        a subscribe decided already waits for nobody: it waits for its confirmation. A send
+        cut short (an interrupt) leaves the channel in doubt: the next sync sends again."""
         with self._mutex:
             if self._settled(channel):
                 return None
             sending = self._sending.get(channel)
             if sending is None:
                 sending = self._sending[channel] = _Sending()
+            elif not wait and sending.lock.locked() and not sending.closing:
+                return None  # its holder's last look (under this mutex) is still to come
             sending.users += 1
         try:
             with sending.lock:
-                sent = False
-                try:
-                    with self._mutex:
-                        if self._settled(channel):
-                            sent = True
-                            return None
-                        wanted = self._wanted(channel)
-                        self._doubtful.discard(channel)  # this send settles it
-                        if wanted:
-                            self._subscribed.add(channel)
-                            self._confirmed.setdefault(channel, Confirmation())
-                        else:  # a later subscribe's confirmation is its own, not this one's
-                            self._subscribed.discard(channel)
-                            self._confirmed.pop(channel, None)
-                    failed = None
-                    if wanted:
-                        failed = self._send_subscribe(channel)
-                    else:
-                        self._send_unsubscribe(channel)
-                    sent = True
-                    return failed
-                finally:
-                    if not sent:
+                failed: Exception | None = None
+                while True:
+                    sent = False
+                    try:
                         with self._mutex:
-                            self._doubtful.add(channel)
+                            sending.closing = self._settled(channel)
+                            if sending.closing:
+                                sent = True
+                                return failed
+                            wanted = self._wanted(channel)
+                            self._doubtful.discard(channel)  # this send settles it
+                            if wanted:
+                                self._subscribed.add(channel)
+                                self._confirmed.setdefault(channel, Confirmation())
+                            else:  # a later subscribe's confirmation is its own
+                                self._subscribed.discard(channel)
+                                self._confirmed.pop(channel, None)
+                        failed = None
+                        if wanted:
+                            failed = self._send_subscribe(channel)
+                        else:
+                            self._send_unsubscribe(channel)
+                        sent = True
+                    finally:
+                        if not sent:
+                            with self._mutex:
+                                self._doubtful.add(channel)
         finally:
             with self._mutex:  # (cut short, the entry stays: a few bytes, no harm)
                 sending.users -= 1
@@ -263,8 +270,9 @@ class PubSubHub(ReleaseHub):
         return confirmed
 
     def _unsubscribe(self, channel: str) -> None:
-        # Unsubscribed only if nobody joined since (a waiter woken by id: never subscribed).
-        self._sync(channel)
+        # Unsubscribed only if nobody joined since (a waiter woken by id: never subscribed);
+        # not waiting for a send under way (to a paused server, say): its sender does it.
+        self._sync(channel, wait=False)
 
     def _send_unsubscribe(self, channel: str) -> None:
         pubsub = self._pubsub
