@@ -486,6 +486,8 @@ class Debts:
         """Node i's debts (not void) with their kinds, taken off the books and, with ``own``,
         marked as being written in the same step: a retry's :meth:`supersede` finds each
         undo either owed (made void, dropped) or under way (the node not asked)."""
+        if not self._owed[i] and not isinstance(own, Undo):
+            return []  # the common case: no lock taken
         with self._lock:
             owed = self._owed[i]
             taken = [(d.op, "undo" if d.undo else "release") for d in owed if not _void(d.op)]
