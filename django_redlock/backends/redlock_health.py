@@ -41,8 +41,9 @@ class Health:
         self._forget()
 
     def on_up(self, listener: Callable[[int], None]) -> None:
-        """Call ``listener(i)`` whenever down node i is up again (on the thread that heard
-        it, an operation's or a probe's: the listener must not wait)."""
+        """Call ``listener(i)`` whenever node i, down or not warm (its connection dropped),
+        answers again (on the thread that heard it, an operation's or a probe's: the
+        listener must not wait)."""
         self._listeners.append(listener)
 
     def _back(self, i: int) -> None:
@@ -78,9 +79,9 @@ class Health:
         if i in self._warm and i not in self._down:
             return  # nothing to change (the common case: no lock taken)
         with self._mutex:
-            back = self._down.pop(i, None) is not None
+            back = self._down.pop(i, None) is not None or i not in self._warm
             self._warm.add(i)
-        if back:
+        if back:  # warm again too: a waiter that left it out (see NodeIO.usable) joins it
             self._back(i)
 
     def failed(self, i: int) -> None:

@@ -482,6 +482,33 @@ class Debts:
             with self._lock:
                 self._sending[i].update(undos)
 
+    def take_sending(self, i: int, own: Op[Any] | None = None) -> list[tuple[Op[Any], str]]:
+        """Node i's debts (not void) with their kinds, taken off the books and, with ``own``,
+        marked as being written in the same step: a retry's :meth:`supersede` finds each
+        undo either owed (made void, dropped) or under way (the node not asked)."""
+        if not self._owed[i] and not isinstance(own, Undo):
+            return []  # the common case: no lock taken
+        with self._lock:
+            owed = self._owed[i]
+            taken = [(d.op, "undo" if d.undo else "release") for d in owed if not _void(d.op)]
+            owed.clear()
+            undos = [op for op, _ in taken if isinstance(op, Undo)]
+            if isinstance(own, Undo):
+                undos.append(own)
+            self._sending[i].update(undos)
+        return taken
+
+    def start(self, i: int, op: Op[Any]) -> bool:
+        """``op`` is about to be written to node i: False if it is a void undo (not to be
+        sent), else marked under way, in one step with the check (see :meth:`take_sending`)."""
+        if not isinstance(op, Undo):
+            return True
+        with self._lock:
+            if op.void:
+                return False
+            self._sending[i].add(op)
+        return True
+
     def settled(self, i: int, ops: Iterable[Op[Any]]) -> None:
         """``ops``' replies from node i are read (or will never be): no longer in flight."""
         undos = [op for op in ops if isinstance(op, Undo)]
@@ -586,9 +613,8 @@ class Debts:
         BackendUnavailable is raised. Any other error (a refusal) drops that one: asked
         again, the node would refuse it again."""
         for n, op in enumerate(ops):
-            if _void(op):
+            if not self.start(i, op):
                 continue
-            self.sending(i, [op])
             try:
                 self._io.nodes[i].execute(op)
             except BackendUnavailable:
@@ -842,10 +868,15 @@ class NodeIO:
 
     def usable(self) -> set[int]:
         """The nodes worth listening on for releases: up and answering. A waiter must hear
-        some node of any majority, so when too few are, those slow to answer are added."""
+        some node of any majority, so when too few are, those slow to answer are added, and
+        those whose connection was dropped (not down: an interrupted request's; the hub
+        joins them in a thread, and the wait fails within its timeout if a quorum does not
+        confirm)."""
         self._check_fork()
         down = self.health.down()
         up = {i for i in range(len(self.nodes)) if i not in down and self.health.warm(i)}
+        if len(up) < self.quorum:
+            up = {i for i in range(len(self.nodes)) if i not in down}
         quick = up - self.slow(time.monotonic(), self.slow_after)
         return quick if len(quick) > len(self.nodes) - self.quorum else up
 
@@ -1113,7 +1144,13 @@ class NodeIO:
         # a node still down: a connection dropped when it went down may hold requests the
         # node has not read yet (the acquire a release undoes), and this one could overtake
         # them; its probe pays once the node answers (after those).
-        owed = [] if self.health.is_down(i) else self.debts.take_kinds(i)
+        own = fan[i] if fan.owed == "undo" else None  # under way until owe_back settles it
+        if self.health.is_down(i):
+            owed = []
+            if own is not None:
+                self.debts.sending(i, [own])
+        else:
+            owed = self.debts.take_sending(i, own)
         if owed:
             debts = []
             for op, kind in owed:
@@ -1124,8 +1161,6 @@ class NodeIO:
             commands = debts + commands
         if fan.owed:  # a reply that does not prove it ran leaves it owed (see owe_back)
             flight.note(flight.skip, flight.count, fan[i], fan.owed)
-        if owed or fan.owed == "undo":  # under way until owe_back reads or drops them
-            self.debts.sending(i, [op for op, _ in owed] + [fan[i]])
         owners.using(connection, me)
         try:
             flight.stream.send(b"".join(pack_many(connection, commands)))
@@ -1359,15 +1394,18 @@ class NodeIO:
         """``op``, a write every node must get, sent once ``earlier`` are done (each ends
         within a node timeout or two). To a node they found down it is owed instead: paid
         before the node counts as up again (Debts). Cancelled (its loop closing), owed."""
+        self.debts.sending(i, [op])  # queued: a retry of its token does not ask node i
         try:
             await asyncio.wait(earlier)
-            if self.health.is_down(i):
-                self.debts.owe(i, op, owed)
-                return _unavailable(self.nodes[i], op, "down")
-            return await self._asend(i, op, owed)
         except asyncio.CancelledError:
-            self.debts.owe(i, op, owed)  # maybe sent: twice, a release deletes nothing more
+            self.debts.settled(i, [op])
+            self.debts.owe(i, op, owed)
             raise
+        self.debts.settled(i, [op])  # _asend marks it again (unless void meanwhile)
+        if self.health.is_down(i):
+            self.debts.owe(i, op, owed)
+            return _unavailable(self.nodes[i], op, "down")
+        return await self._asend(i, op, owed)  # owes it when cancelled
 
     def _straggling(self, i: int, task: asyncio.Task[Any], since: float) -> None:
         """``task``, a request to node i nobody waits for: the node's next one waits for it."""
@@ -1376,13 +1414,22 @@ class NodeIO:
         task.add_done_callback(functools.partial(self._task_done, i))
 
     async def _asend(self, i: int, op: Op[Any], owed: str) -> Any:
+        try:
+            return await self._asend_once(i, op, owed)
+        except asyncio.CancelledError:  # its loop closing: maybe sent, the connection dropped
+            if owed:  # twice, a release deletes nothing more (a retry voids an undo)
+                self.debts.owe(i, op, owed)
+            raise
+
+    async def _asend_once(self, i: int, op: Op[Any], owed: str) -> Any:
         if not self.health.is_down(i):  # held back for a node down, as in _send
             failed = await self._apay(i)
             if failed is not None:
                 if owed:
                     self.debts.owe(i, op, owed)
                 return _unavailable(self.nodes[i], op, failed)
-        self.debts.sending(i, [op])
+        if not self.debts.start(i, op):  # void (sent behind earlier tasks): not to be sent
+            return self._unasked(i, op, "a try of its token was sent meanwhile")
         try:
             reply = await self.nodes[i].aexecute(op)
         except BackendUnavailable as exc:
@@ -1404,9 +1451,8 @@ class NodeIO:
         error is returned. A refusal drops that one (asked again, it would be refused)."""
         owed = self.debts.take_kinds(i)
         for n, (op, _) in enumerate(owed):
-            if _void(op):  # a try with its token was sent meanwhile
+            if not self.debts.start(i, op):  # void: a try with its token was sent meanwhile
                 continue
-            self.debts.sending(i, [op])
             try:
                 await self.nodes[i].aexecute(op)
             except BackendUnavailable as exc:

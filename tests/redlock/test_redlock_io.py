@@ -569,6 +569,23 @@ def test_an_async_release_to_a_node_in_client_pause_still_reaches_it(
         assert not _held_on(three, key), "the paused node kept the released hold"
 
 
+def test_an_async_release_to_a_paused_node_is_owed_when_its_event_loop_ends(
+    three: list[RedisServer], name: str
+) -> None:
+    """asyncio.run() returned with the release's request to the paused node pending: the
+    loop cancelled it (redis-py dropped its connection, the node freed the unrun command) and
+    nothing owed it: the hold stayed on that node for its whole TTL."""
+    with quorum_alias("owed", three):
+        key = backend_of("owed").nodes[0].key(name)
+        holder = lock(name, using="owed", ttl=60, auto_renew=False)
+        assert asyncio.run(holder.aacquire(blocking=False))
+        three[2].client().execute_command("CLIENT", "PAUSE", 600, "ALL")
+        asyncio.run(holder.arelease())  # decided by nodes 0 and 1: returns, cancels the rest
+        time.sleep(0.7)
+        _until_gone(three, key, name, "owed")
+        assert not _held_on(three, key), "the paused node kept the released hold"
+
+
 def test_a_release_a_busy_node_refused_still_reaches_it(
     three: list[RedisServer], name: str
 ) -> None:

@@ -9,10 +9,12 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from django_redlock import LockError, lock
+from django_redlock.backends import redlock_io
 from django_redlock.backends.base import Kind
 from django_redlock.backends.redlock import RedlockBackend
 from django_redlock.testing import RedisServer
@@ -175,3 +177,66 @@ def test_a_try_is_not_sent_to_a_node_where_an_undo_of_its_token_is_under_way(
         finally:
             three[2].resume()
         assert f"node {node.alias!r} was not asked" in str(raised.value)
+
+
+def test_an_undo_another_thread_took_to_send_is_seen_by_a_retry_of_its_token(
+    three: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread's request took the undos owed to nodes 1 and 2 off the books and was
+    descheduled before marking them under way: the retry (same token) found them neither
+    owed nor under way, was granted on every node, and the undos written after it deleted
+    its grant on nodes 1 and 2: a second client took the lock beside it."""
+    with quorum_alias("race", three, socket_timeout=0.5):
+        backend = backend_of("race")
+        mine = lock(name, using="race", ttl=30, auto_renew=False)
+        for n in range(3):
+            _other_lock(f"{name}:warm{n}", "race")
+        three[1].pause()
+        three[2].pause()
+        try:
+            with pytest.raises(LockError):
+                mine.acquire(blocking=False)
+        finally:
+            three[1].resume()
+            three[2].resume()
+        until = time.monotonic() + 5
+        while (backend.io.health.down() or not all(backend.io.debts._owed[1:])) and (
+            time.monotonic() < until
+        ):
+            time.sleep(0.05)
+        assert all(backend.io.debts._owed[1:]), "the undo is owed to nodes 1 and 2"
+        taken = threading.Semaphore(0)
+        note = redlock_io.Flight.note
+
+        def slow_note(flight: redlock_io.Flight, at: int, count: int, op: Any, kind: str) -> None:
+            if (
+                threading.current_thread().name.startswith("bystander")
+                and isinstance(op, redlock_io.Undo)
+                and op.name == name
+            ):
+                taken.release()
+                time.sleep(1.0)  # descheduled right after taking the undo off the books
+            note(flight, at, count, op, kind)
+
+        monkeypatch.setattr(redlock_io.Flight, "note", slow_note)
+        bystanders = [
+            threading.Thread(
+                target=_other_lock, args=(f"{name}:by{n}", "race"), name=f"bystander{n}"
+            )
+            for n in range(2)
+        ]
+        for thread in bystanders:
+            thread.start()
+        for _ in range(2):
+            assert taken.acquire(timeout=5), "the bystanders took both undos"
+        try:  # the same token; refused by the nodes where an undo of it is under way
+            got = mine.acquire(blocking=False)
+        except LockError:
+            got = False
+        for thread in bystanders:
+            thread.join()
+        time.sleep(0.2)
+        other = lock(name, using="race", ttl=30, auto_renew=False)
+        assert not (got and other.acquire(blocking=False)), "two holders at once"
+        if got:
+            mine.release()

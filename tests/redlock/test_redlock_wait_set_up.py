@@ -9,6 +9,8 @@ confirmation that never came, and the try then waited for the same nodes again."
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -102,3 +104,64 @@ def test_a_node_paused_during_the_set_up_costs_the_wait_nothing(
     outcome, elapsed = _wait(three, [0], name, 0.3, use_async)
     assert outcome is False, outcome
     assert elapsed < 0.3 + SLACK, f"{elapsed:.2f} s"
+
+
+def test_a_waiter_joining_while_nodes_are_not_warm_still_hears_a_majority(
+    three: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread's request, interrupted while nodes 1 and 2 were paused, dropped its
+    connections to them (not warm, not down). A waiter joining then subscribed on node 0
+    alone, its set-up counted as confirmed with one node, and it never joined the others
+    when they answered again: the holder's hold (on nodes 1 and 2, node 0 restarted empty)
+    was released on them only, and the waiter slept until the hold's TTL."""
+    backend = locks["setup"]
+    for n in range(3):
+        _warm(f"{name}:{n}")
+    holder = lock(name, using="setup", ttl=8, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    three[0].client().delete(backend.nodes[0].key(name))  # node 0 restarted empty
+    gate, at_join = threading.Event(), threading.Event()
+    join = backend.hub.join
+
+    def gated_join(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "waiter" and not gate.is_set():
+            at_join.set()  # descheduled between its first try and its set-up
+            gate.wait(5)
+        return join(*args, **kwargs)
+
+    monkeypatch.setattr(backend.hub, "join", gated_join)
+    got: list[float] = []
+
+    def waiter() -> None:
+        other = lock(name, using="setup", ttl=8, auto_renew=False)
+        if other.acquire(timeout=10):
+            got.append(time.monotonic())
+            other.release()
+
+    thread = threading.Thread(target=waiter, name="waiter")
+    thread.start()
+    assert at_join.wait(5)
+
+    class Interrupt(Exception):
+        pass
+
+    def interrupt(*_: Any) -> None:
+        raise Interrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for server in three[1:]:
+            server.client().execute_command("CLIENT", "PAUSE", 300, "ALL")
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(Interrupt):
+            lock(f"{name}:other", using="setup").locked()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    gate.set()
+    time.sleep(1.0)
+    released = time.monotonic()
+    holder.release()
+    thread.join(12)
+    assert got, "the waiter did not get the free lock"
+    assert got[0] - released < 2.0, "the waiter was not woken by the release"
