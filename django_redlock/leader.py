@@ -464,20 +464,24 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         if self._ended():
             await self.__aexit__(None, None, None)
         before = time.monotonic()
-        if not await self.lock.aacquire(timeout=self.timeout):
-            raise self._not_leading()
-        try:
-            try:
-                since = await ahold_start(self.lock, before)
-            except LockNotOwned as exc:
-                raise self._not_leading() from exc
-            return self._lead(since)  # inside the try, as campaign()'s
+        try:  # from the grant on, as campaign()'s (no nested `try:` line outside it)
+            if not await self.lock.aacquire(timeout=self.timeout):
+                raise self._not_leading()
+            return self._lead(await self._asince(before))
         except BaseException:
+            if self.lock.token is None and self._keeper is None:
+                raise  # nothing taken (a refusal, a wait cut short): nothing to give back
             # Resigned as a block's end is (off the event loop's thread, finished whatever
             # cancels the task meanwhile); what raised here is what the caller is told.
             with contextlib.suppress(LockError, asyncio.CancelledError):
                 await self.__aexit__(None, None, None)
             raise
+
+    async def _asince(self, before: float) -> float:
+        try:
+            return await ahold_start(self.lock, before)
+        except LockNotOwned as exc:
+            raise self._not_leading() from exc
 
     async def __aexit__(
         self,

@@ -238,8 +238,10 @@ def raise_on_return_of(function: str, into: str) -> Callable[..., Any]:
 
 
 def after_the_take(frame: Any, event: str, arg: Any) -> Any:
-    """A tracer raising KeyboardInterrupt on campaign()'s first line after its take returned."""
-    if frame.f_code.co_name != "campaign":
+    """A tracer raising KeyboardInterrupt on the entry's first line after its take returned."""
+    if frame.f_code.co_name not in ("campaign", "__aenter__") or frame.f_code.co_filename != (
+        sys.modules[leader.__module__].__file__
+    ):
         return None
     lines = inspect.getsourcelines(frame.f_code)[0]
     taken = frame.f_code.co_firstlineno + next(i for i, t in enumerate(lines) if "acquire(" in t)
@@ -249,7 +251,7 @@ def after_the_take(frame: Any, event: str, arg: Any) -> Any:
     return after_the_take
 
 
-@pytest.mark.parametrize("spot", ["__enter__", "campaign", "run_as_leader"])
+@pytest.mark.parametrize("spot", ["__enter__", "campaign", "__aenter__", "run_as_leader"])
 def test_an_exception_between_the_take_and_the_block_resigns(name: str, spot: str) -> None:
     """An exception (a Ctrl-C) after the grant, before the caller owns the term: as
     campaign() returns to ``__enter__`` (``with`` never runs its exit) or to
@@ -257,7 +259,16 @@ def test_an_exception_between_the_take_and_the_block_resigns(name: str, spot: st
     was told it did not lead while the keeper renewed the hold on (a hidden leader), or the
     hold blocked the name for a TTL."""
     campaign = leader(name, using="redis", ttl=30)
-    tracer = after_the_take if spot == "campaign" else raise_on_return_of("campaign", spot)
+    tracer = (
+        after_the_take
+        if spot in ("campaign", "__aenter__")
+        else raise_on_return_of("campaign", spot)
+    )
+
+    async def enter() -> None:
+        async with campaign:
+            pytest.fail("the block ran")
+
     sys.settrace(tracer)
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -266,6 +277,8 @@ def test_an_exception_between_the_take_and_the_block_resigns(name: str, spot: st
                     pytest.fail("the block ran")
             elif spot == "campaign":
                 campaign.campaign()
+            elif spot == "__aenter__":
+                asyncio.run(enter())
             else:
                 run_as_leader(name, lambda term: pytest.fail("the target ran"), using="redis")
     finally:
