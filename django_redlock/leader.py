@@ -379,8 +379,20 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
     def _not_leading(self) -> LockNotAcquired:
         return LockNotAcquired(f"{self.lock.describe()}: not leading within {self.timeout:g} s")
 
+    def _began(self, before: Keeper | None) -> bool:
+        """Whether a term began since ``before`` was this object's keeper (a campaign's
+        caller that raised then never handed it on: it must resign)."""
+        keeper = self._keeper
+        return keeper is not None and keeper is not before
+
     def __enter__(self) -> Term:
-        return self.campaign()
+        before = self._keeper
+        try:
+            return self.campaign()  # a Ctrl-C as it returns lands here: `with` will not exit
+        except BaseException:
+            if self._began(before):  # not "leading already": that term is the caller's
+                self._abandon()
+            raise
 
     def campaign(self) -> Term:
         """What ``with`` does, for code that cannot hold a ``with`` block open (a scheduler
@@ -391,14 +403,11 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         if self._ended():
             self.resign()
         before = time.monotonic()  # the hold counts from before its take was sent
-        if not self.lock.acquire(timeout=self.timeout):
-            raise self._not_leading()
-        try:
-            try:
-                since = hold_start(self.lock, before)
-            except LockNotOwned as exc:  # gone before its confirming renewal: not leading
-                raise self._not_leading() from exc
-            return self._lead(since)  # inside the try: an exception on this line resigns
+        try:  # from the grant on, whatever raises gives the hold back (none: a no-op)
+            if not self.lock.acquire(timeout=self.timeout):
+                raise self._not_leading()
+            # No nested `try:` here: CPython 3.11 leaves its line outside this guard.
+            return self._lead(self._since(before))  # an exception on this line resigns
         except BaseException:  # unconfirmed, or raised before the term was handed over
             self._abandon()
             raise
@@ -410,6 +419,12 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         tb: TracebackType | None,
     ) -> None:
         self.resign()
+
+    def _since(self, before: float) -> float:
+        try:
+            return hold_start(self.lock, before)
+        except LockNotOwned as exc:  # gone before its confirming renewal: not leading
+            raise self._not_leading() from exc
 
     def resign(self) -> None:
         """End the term (``term.lost``, "resigned") and release the lock, so the next
@@ -449,20 +464,24 @@ class leader:  # lower case: used as a function: ``with leader("ingest") as term
         if self._ended():
             await self.__aexit__(None, None, None)
         before = time.monotonic()
-        if not await self.lock.aacquire(timeout=self.timeout):
-            raise self._not_leading()
-        try:
-            try:
-                since = await ahold_start(self.lock, before)
-            except LockNotOwned as exc:
-                raise self._not_leading() from exc
-            return self._lead(since)  # inside the try, as campaign()'s
+        try:  # from the grant on, as campaign()'s (no nested `try:` line outside it)
+            if not await self.lock.aacquire(timeout=self.timeout):
+                raise self._not_leading()
+            return self._lead(await self._asince(before))
         except BaseException:
+            if self.lock.token is None and self._keeper is None:
+                raise  # nothing taken (a refusal, a wait cut short): nothing to give back
             # Resigned as a block's end is (off the event loop's thread, finished whatever
             # cancels the task meanwhile); what raised here is what the caller is told.
             with contextlib.suppress(LockError, asyncio.CancelledError):
                 await self.__aexit__(None, None, None)
             raise
+
+    async def _asince(self, before: float) -> float:
+        try:
+            return await ahold_start(self.lock, before)
+        except LockNotOwned as exc:
+            raise self._not_leading() from exc
 
     async def __aexit__(
         self,
@@ -583,22 +602,28 @@ def run_as_leader(
             stop.wait(retry)
 
     while stop is None or not stop.is_set():
+        # One guard from the campaign to the target's end: a Ctrl-C as campaign() returns
+        # its term (or before the target got it) resigns too, else a hidden leader.
+        before = campaign._keeper
+        term: Term | None = None
         try:
             term = campaign.campaign()
-        except LockNotAcquired:
-            continue  # still a standby: look at stop, campaign again
-        except (BackendUnavailable, QuorumNotReached) as exc:
-            pause(exc)
-            continue
-        # The target's errors are its own, whatever their class (its own lock's
-        # LockNotAcquired too): resigned, then raised; only its term's LockLost is not.
-        try:
             target(term)
         except LockLost:
-            if not term.lost.is_set():
+            if term is None or not term.lost.is_set():
                 with contextlib.suppress(LockError):
                     campaign.resign()
                 raise  # another lock's loss: the target's own error
+        except (LockNotAcquired, BackendUnavailable, QuorumNotReached) as exc:
+            # The target's errors are its own, whatever their class (its own lock's
+            # LockNotAcquired too): resigned, then raised.
+            if term is not None or campaign._began(before):
+                with contextlib.suppress(LockError):
+                    campaign.resign()
+                raise
+            if not isinstance(exc, LockNotAcquired):  # else still a standby: campaign again
+                pause(exc)
+            continue
         except BaseException:
             with contextlib.suppress(LockError):
                 campaign.resign()

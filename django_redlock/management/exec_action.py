@@ -238,6 +238,7 @@ def run(opts: Options, held: BaseLock, say: Callable[[str], None]) -> int:
         elif child.returncode is None:  # its group id is not reused while it is unreaped
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signum)
+                os.killpg(child.pid, signal.SIGCONT)  # a stopped group would not act on it
 
     # The backend gave startup no answer a moment ago: a take would wait a socket timeout
     # more, and the promise is 69 within one (nothing taken, nothing run).
@@ -580,7 +581,16 @@ def _supervise(
     grace: float,
     tend_guard: Callable[[], None] = lambda: None,
 ) -> int:
+    said_stopped = False
     while True:
+        if _stopped(child.pid):  # Ctrl-Z: the shell waits for exec, which would renew on
+            if not said_stopped:
+                said_stopped = True
+                say(
+                    "the command was stopped (Ctrl-Z?): job control is not supported while"
+                    " holding the lock; it goes on (SIGCONT)"
+                )
+            _killpg(child.pid, signal.SIGCONT)
         returncode = child.poll()
         tend_guard()
         if returncode is not None:
@@ -648,6 +658,15 @@ def _terminate(child: subprocess.Popen[bytes], grace: float) -> None:
     # The group too: what the child started may outlive it.
     _killpg(child.pid, signal.SIGKILL)
     child.wait()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the child stopped since last asked (WSTOPPED only: it is never reaped here,
+    Popen's poll sees its end)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG) is not None
+    except ChildProcessError:  # reaped already
+        return False
 
 
 def _killpg(pgid: int, signum: int) -> None:

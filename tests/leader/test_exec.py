@@ -790,3 +790,24 @@ def test_a_signal_while_exec_says_why_nothing_ran_ends_it_with_its_status(
         code = exec_action.run(opts, held, say)
     assert code == 143 and "interrupted (signal 15)" in said[-1], said
     assert len(said) == 2, said
+
+
+def test_a_stopped_command_is_resumed_and_told_job_control_is_not_supported(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """Ctrl-Z (SIGTSTP to the command's group, the terminal's foreground): the command
+    stopped while exec renewed its hold on and the shell, waiting for exec, hung."""
+    client = redis_server.client()
+    name = f"{prefix}-tstp"
+    running = execs(name, "--ttl", "3", "--grace", "1", *child(redis_server, "trap", prefix))
+    pid, group = map(int, wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split())
+    os.killpg(group, signal.SIGTSTP)
+    try:
+        time.sleep(1)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state != "T", state
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    running.process.terminate()
+    _, err = running.finish()
+    assert "job control is not supported" in err and not alive(pid), err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import linecache
 import logging
 import sys
@@ -13,7 +14,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_redlock import current_leader, leader, locks
+from django_redlock import LockError, current_leader, leader, locks, run_as_leader
 from django_redlock.leader import _terms
 from django_redlock.testing import RedisServer
 
@@ -173,7 +174,7 @@ def test_an_exception_on_the_entry_s_return_line_resigns(name: str, entry: str) 
     async def enter() -> None:
         await campaign.__aenter__()
 
-    sys.settrace(raise_at(entry, "return self._lead(since)"))
+    sys.settrace(raise_at(entry, "return self._lead("))
     try:
         with pytest.raises(KeyboardInterrupt):
             if entry == "campaign":
@@ -215,3 +216,82 @@ def test_a_resignation_interrupted_while_ending_the_term_still_ends_it(
     assert current_leader(name, using="redis") is None and campaign not in _terms
     with leader(name, using="redis", timeout=1) as new:
         assert not new.lost.is_set()
+
+
+def raise_on_return_of(function: str, into: str) -> Callable[..., Any]:
+    """A tracer raising KeyboardInterrupt as ``function`` returns its value to ``into`` (where
+    a real Ctrl-C lands: the call's signal check in the caller's frame)."""
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code.co_name != function or frame.f_back.f_code.co_name != into:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return" and arg is not None:
+                sys.settrace(None)
+                raise KeyboardInterrupt
+            return local
+
+        return local
+
+    return tracer
+
+
+def after_the_take(frame: Any, event: str, arg: Any) -> Any:
+    """A tracer raising KeyboardInterrupt on the entry's first line after its take returned."""
+    if frame.f_code.co_name not in ("campaign", "__aenter__") or frame.f_code.co_filename != (
+        sys.modules[leader.__module__].__file__
+    ):
+        return None
+    lines = inspect.getsourcelines(frame.f_code)[0]
+    taken = frame.f_code.co_firstlineno + next(i for i, t in enumerate(lines) if "acquire(" in t)
+    if event == "line" and frame.f_lineno > taken + 1:  # past the take and its refusal
+        sys.settrace(None)
+        raise KeyboardInterrupt
+    return after_the_take
+
+
+@pytest.mark.parametrize("spot", ["__enter__", "campaign", "__aenter__", "run_as_leader"])
+def test_an_exception_between_the_take_and_the_block_resigns(name: str, spot: str) -> None:
+    """An exception (a Ctrl-C) after the grant, before the caller owns the term: as
+    campaign() returns to ``__enter__`` (``with`` never runs its exit) or to
+    run_as_leader() (before its target), or on campaign()'s line after the take. The caller
+    was told it did not lead while the keeper renewed the hold on (a hidden leader), or the
+    hold blocked the name for a TTL."""
+    campaign = leader(name, using="redis", ttl=30)
+    tracer = (
+        after_the_take
+        if spot in ("campaign", "__aenter__")
+        else raise_on_return_of("campaign", spot)
+    )
+
+    async def enter() -> None:
+        async with campaign:
+            pytest.fail("the block ran")
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if spot == "__enter__":
+                with campaign:
+                    pytest.fail("the block ran")
+            elif spot == "campaign":
+                campaign.campaign()
+            elif spot == "__aenter__":
+                asyncio.run(enter())
+            else:
+                run_as_leader(name, lambda term: pytest.fail("the target ran"), using="redis")
+    finally:
+        sys.settrace(None)
+    assert current_leader(name, using="redis") is None and campaign not in _terms
+    with leader(name, using="redis", timeout=1) as term:  # the next candidate, at once
+        assert not term.lost.is_set()
+
+
+def test_entering_while_leading_already_leaves_the_term_alone(name: str) -> None:
+    """``with`` on an object leading already is LockError, and its term goes on."""
+    campaign = leader(name, using="redis", ttl=30)
+    with campaign as term:
+        with pytest.raises(LockError, match="leading already"):
+            campaign.__enter__()
+        assert not term.lost.is_set() and current_leader(name, using="redis") is not None
