@@ -220,7 +220,10 @@ def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
                 batch = [Renewal(e.name, e.current_hold()[1].token, 3000) for e in held]
                 began = time.monotonic()
                 results = backend.renew_many(batch)
-                assert time.monotonic() - began < 0.5 + 0.4
+                # One socket timeout for this try; the watchdog's own try to the paused master
+                # (these holds are renewed) may be ahead of it on that master's worker: a
+                # second. (Before: 3.4-3.7 s, each command re-sent on its own.)
+                assert time.monotonic() - began < 2 * 0.5 + 0.4
                 for each, result in zip(held, results, strict=True):
                     assert result is (None if owners[each.name] is paused else True)
                 time.sleep(4.5)  # 1.5 TTLs
