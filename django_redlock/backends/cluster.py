@@ -674,7 +674,12 @@ def _pipelined(client: Any, requests: list[tuple[Any, ...]], asking: list[bool])
         if ask:
             pipe.execute_command("ASKING")
         pipe.execute_command(*request)
-    replies = list(pipe.execute(raise_on_error=False))
+    try:
+        replies = list(pipe.execute(raise_on_error=False))
+    except AttributeError as exc:
+        # redis-py 6: another thread's slot refresh closed this node's connections, the one
+        # in use too (its socket None mid-send): no answer, as a dropped connection.
+        raise redis.exceptions.ConnectionError(f"connection closed while in use: {exc}") from exc
     if not any(asking):
         return replies
     out, at = [], 0
