@@ -145,7 +145,8 @@ HANDOFFS_JS = """() => [...document.querySelectorAll("tr.handoff")].map(row => (
   skipped: row.classList.contains("skipped"), title: row.cells[2].title}))"""
 # The text of each cell of the rows matched, row by row.
 CELLS_JS = """rows => rows.map(row => [...row.cells].map(cell => cell.innerText.trim()))"""
-HOLDER = re.compile(r"(task \w+ [0-9a-f]{8}|[\w ._-]+)\npid \d+ on \S+")
+# (innerText drops the cell's line break while the row is re-laid out: "MainThreadpid 1 on vm")
+HOLDER = re.compile(r"(task \w+ [0-9a-f]{8}|[\w ._-]+)\n?pid \d+ on \S+")
 
 
 def _cards_fit_together(cards: dict[str, list[float]]) -> None:
