@@ -97,6 +97,44 @@ def in_thread(target: Callable[[], None]) -> threading.Thread:
     return thread
 
 
+def deferred_refusal() -> None:
+    """A table whose deferred unique constraint refuses a COMMIT (see ``refused_at_commit``)."""
+    with connections[PG].cursor() as cursor:
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS outcome_deferred"
+            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )
+        cursor.execute("DELETE FROM outcome_deferred")
+
+
+def refused_at_commit(using: str) -> None:
+    """Make the open transaction on ``using`` fail at its COMMIT, not before."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")
+
+
+def selling_next_holder(name: str, done: list[Any]) -> Callable[[], None]:
+    """The next holder: waits up to 5 s, sells one as "n" in its fenced block."""
+
+    def next_holder() -> None:
+        with lock(name, ttl=30, timeout=5, atomic=PG):
+            sell_one(PG, 1, "n")
+        done.append("n")
+
+    return next_holder
+
+
+def selling_block(held: Lock, done: list[Any]) -> Callable[[], None]:
+    """B2: another block of ``held``'s hold, selling one as "b2"."""
+
+    def b2() -> None:
+        with held.atomic(PG):
+            sell_one(PG, 1, "b2")
+        done.append("b2")
+
+    return b2
+
+
 # -- the COMMIT answered ---------------------------------------------------------------------
 
 
@@ -120,17 +158,11 @@ def test_a_commit_refused_by_the_database_raises_its_error_and_committed_nothing
 ) -> None:
     """A deferred constraint fails at the COMMIT: the server answered, so the rows prove that
     nothing committed, and the database's error is raised as it came."""
-    with connections[PG].cursor() as cursor:
-        cursor.execute(
-            "CREATE TABLE IF NOT EXISTS outcome_deferred"
-            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
-        )
-        cursor.execute("DELETE FROM outcome_deferred")
+    deferred_refusal()
     open_shop(PG, 1, 5)
     with pytest.raises(IntegrityError), lock(name, ttl=30, atomic=PG):
         sell_one(PG, 1, "a")
-        with connections[PG].cursor() as cursor:
-            cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")
+        refused_at_commit(PG)
     assert sales(PG) == [] and not lock(name).locked()
     with lock(name, ttl=30, atomic=PG):  # the connection is usable again
         sell_one(PG, 1, "b")
@@ -800,12 +832,7 @@ def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_un
     block of the same hold, commits the hold's fence, the hold is lost and the next holder
     commits on top: its ``previous`` is the hold's fence, B2's. B1 returned as committed,
     nothing of it committed; now unknown (the rows cannot tell B1's fence from B2's)."""
-    with connections[PG].cursor() as cursor:
-        cursor.execute(
-            "CREATE TABLE IF NOT EXISTS outcome_deferred"
-            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
-        )
-        cursor.execute("DELETE FROM outcome_deferred")
+    deferred_refusal()
     open_shop(PG, 1, 5)
     with lock(name, ttl=30, atomic=PG):  # the row exists, written by the hold before
         pass
@@ -813,15 +840,9 @@ def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_un
     held.acquire()
     done: list[str] = []
 
-    def b2() -> None:
-        with held.atomic(PG):
-            sell_one(PG, 1, "b2")
-        done.append("b2")
+    b2 = selling_block(held, done)
 
-    def next_holder() -> None:
-        with lock(name, ttl=30, timeout=5, atomic=PG):
-            sell_one(PG, 1, "n")
-        done.append("n")
+    next_holder = selling_next_holder(name, done)
 
     def meanwhile() -> None:
         in_thread(b2).join(20)
@@ -830,8 +851,7 @@ def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_un
 
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "b1")
-        with connections[PROXIED].cursor() as cursor:
-            cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")  # refused at COMMIT
+        refused_at_commit(PROXIED)
         proxied.fault_commit("late", hold=0.1, during=meanwhile)
     with contextlib.suppress(LockError):
         held.release()
@@ -853,15 +873,9 @@ def test_a_lost_commit_whose_check_meets_another_thread_s_block_of_the_hold_is_u
     held.acquire()
     done: list[str] = []
 
-    def b2() -> None:
-        with held.atomic(PG):
-            sell_one(PG, 1, "b2")
-        done.append("b2")
+    b2 = selling_block(held, done)
 
-    def next_holder() -> None:
-        with lock(name, ttl=30, timeout=5, atomic=PG):
-            sell_one(PG, 1, "n")
-        done.append("n")
+    next_holder = selling_next_holder(name, done)
 
     check = fencing.commit_outcome
 
@@ -944,12 +958,7 @@ def test_a_refused_commit_under_another_process_s_block_of_the_hold_is_unknown(
     on top: unknown."""
     frozen = timezone.now()
     monkeypatch.setattr(timezone, "now", lambda: frozen)
-    with connections[PG].cursor() as cursor:
-        cursor.execute(
-            "CREATE TABLE IF NOT EXISTS outcome_deferred"
-            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
-        )
-        cursor.execute("DELETE FROM outcome_deferred")
+    deferred_refusal()
     open_shop(PG, 1, 5)
     held = lock(name, ttl=30)
     held.acquire()
@@ -959,8 +968,7 @@ def test_a_refused_commit_under_another_process_s_block_of_the_hold_is_unknown(
     exits: list[int] = []
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "parent")
-        with connections[PROXIED].cursor() as cursor:
-            cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")  # refused at COMMIT
+        refused_at_commit(PROXIED)
         proxied.fault_commit("late", hold=0.1, during=lambda: exits.append(child()))
     held.release()
     assert exits == [0] and sales(PG) == [("child", 5)]
@@ -1003,12 +1011,7 @@ def test_a_refused_commit_under_another_process_s_block_and_the_next_holder_is_u
     next holder commits on top, ``previous`` the hold's fence. This process saw no other
     block of the hold and said "committed": nothing of it committed. The child's mark in
     ``previous_mark``: unknown."""
-    with connections[PG].cursor() as cursor:
-        cursor.execute(
-            "CREATE TABLE IF NOT EXISTS outcome_deferred"
-            " (id integer UNIQUE DEFERRABLE INITIALLY DEFERRED)"
-        )
-        cursor.execute("DELETE FROM outcome_deferred")
+    deferred_refusal()
     open_shop(PG, 1, 5)
     with lock(name, ttl=30, atomic="default"):  # an older hold writes the row on default
         pass
@@ -1025,10 +1028,7 @@ def test_a_refused_commit_under_another_process_s_block_and_the_next_holder_is_u
     child = _adopter(name, held.token or "")
     done: list[Any] = []
 
-    def next_holder() -> None:
-        with lock(name, ttl=30, timeout=5, atomic=PG):
-            sell_one(PG, 1, "n")
-        done.append("n")
+    next_holder = selling_next_holder(name, done)
 
     def meanwhile() -> None:
         done.append(child())
@@ -1037,8 +1037,7 @@ def test_a_refused_commit_under_another_process_s_block_and_the_next_holder_is_u
 
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "parent")
-        with connections[PROXIED].cursor() as cursor:
-            cursor.execute("INSERT INTO outcome_deferred VALUES (1), (1)")  # refused at COMMIT
+        refused_at_commit(PROXIED)
         proxied.fault_commit("late", hold=0.1, during=meanwhile)
     with contextlib.suppress(LockError):
         held.release()
