@@ -25,24 +25,6 @@ SMALL_SKEWS = {
 CYCLES = 300
 
 
-def _script_calls(server: Any) -> int:
-    stats = server.client().info("commandstats")
-    return sum(int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_evalsha", "cmdstat_eval"))
-
-
-def _settled(servers: list[Any]) -> list[int]:
-    """Each node's script calls once they stop changing (writes owed to a slow node paid)."""
-    calls = [_script_calls(s) for s in servers]
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        again = [_script_calls(s) for s in servers]
-        if again == calls:
-            break
-        calls = again
-    return calls
-
-
 def _wait_for_clock(server: Any, skew: float) -> None:
     """libfaketime reads its clock file on its own schedule: wait until TIME shows the skew."""
     deadline = time.monotonic() + 5
@@ -98,7 +80,7 @@ def _calls_per_cycle(executable: str, skews: list[float]) -> list[float]:
     from django_redlock.testing import FakeClock, RedisServer
 
     clocks: list[Any] = []
-    servers: list[Any] = []
+    servers: list[RedisServer] = []
     try:
         for skew in skews:
             clock = FakeClock()
@@ -118,12 +100,12 @@ def _calls_per_cycle(executable: str, skews: list[float]) -> list[float]:
                 warm = lock(f"skewed-{n}", using="skewed", ttl=10)
                 assert warm.acquire(blocking=False)
                 warm.release()
-            before = _settled(servers)
+            before = servers[0].settled_script_calls(*servers[1:])
             for n in range(CYCLES):
                 held = lock(f"skewed-{n % 3}", using="skewed", ttl=10)
                 assert held.acquire(blocking=False)
                 held.release()
-            after = _settled(servers)
+            after = servers[0].settled_script_calls(*servers[1:])
     finally:
         for server in servers:
             server.stop()

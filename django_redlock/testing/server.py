@@ -28,6 +28,9 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import quote
 
+#: The commands that run a script: a lock operation's round trip on a server.
+_SCRIPT_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
+
 
 def find_redis_server() -> str:
     """The path of a ``redis-server`` binary, or a RuntimeError that says how to get one."""
@@ -335,6 +338,27 @@ class RedisServer:
         if self.tls:
             options = {"ssl": True, **self.tls.client_options(), **options}
         return redis.Redis(host=self.host, port=self.port, **options)
+
+    def script_calls(self) -> int:
+        """How many scripts (EVAL, EVALSHA, FCALL and their read-only forms) this server ran
+        since its start or its last CONFIG RESETSTAT: round trips of the lock's scripts."""
+        stats = self.client().info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in _SCRIPT_COMMANDS)
+
+    def settled_script_calls(self, *others: RedisServer) -> list[int]:
+        """``script_calls()`` of this server and ``others`` once they stop changing for a
+        fifth of a second (up to 5 s): the writes a client still owes a slow node are paid
+        before a count starts or ends."""
+        servers = (self, *others)
+        calls = [s.script_calls() for s in servers]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            again = [s.script_calls() for s in servers]
+            if again == calls:
+                break
+            calls = again
+        return calls
 
     # -- faults ------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from django.db import DEFAULT_DB_ALIAS
 from django.test import override_settings
 from django.utils import timezone
 
-from django_redlock import StaleFence, lock, locks, scripts
+from django_redlock import StaleFence, lock, locks
 from django_redlock.fence_table import row_key
 from django_redlock.models import Fence
 from django_redlock.testing import (
@@ -435,70 +435,6 @@ def test_redlock_every_node_back_after_flushall(three: list[Clocked], name: str)
     with pytest.raises(StaleFence, match="not current any more"), stale.atomic():
         pytest.fail("the stale holder's body ran")
     assert [b for b, _ in sales(DB)] == ["first", "fresh", "next"]
-
-
-def script_calls(server: RedisServer) -> int:
-    stats = server.client().info("commandstats")
-    return sum(int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_evalsha", "cmdstat_eval"))
-
-
-def settled_calls(nodes: list[Clocked]) -> list[int]:
-    """Each node's script calls once they stop changing: the writes owed to a slow node
-    (a release decided by the others) are paid, not counted in the next measure."""
-    calls = [script_calls(n.server) for n in nodes]
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        again = [script_calls(n.server) for n in nodes]
-        if again == calls:
-            break
-        calls = again
-    return calls
-
-
-def test_redlock_nodes_skewed_either_way_within_the_drift_cost_one_round_trip(
-    executable: str, name: str
-) -> None:
-    """Each node caps the acquirer's proposal (its clock + 1 s) at its own clock + 2 s: nodes
-    up to 0.9 s behind or ahead all grant the proposal, the same fence, so an acquire and a
-    release are one script call each per node (the cap at + 1 s: a node behind by more than
-    the one-way latency granted another fence, and a second fan-out lifted it)."""
-    skews = [-0.9, -0.3, -0.001, 0.3, 0.9]
-    with clocked_servers(executable, len(skews)) as nodes:
-        for node, skew in zip(nodes, skews, strict=True):
-            node.clock.step(skew)
-        for node, skew in zip(nodes, skews, strict=True):
-            deadline = time.monotonic() + 5
-            while True:  # libfaketime reads its file on its own schedule
-                sec, usec = node.server.client().time()
-                if abs(sec + usec / 1e6 - time.time() - skew) < 0.05:
-                    break
-                assert time.monotonic() < deadline, "the server's clock did not step"
-                time.sleep(0.01)
-        with alias_on("clocked", [n.server.url for n in nodes], socket_timeout=2):
-            # The scripts are loaded as the app does for its aliases at startup: a node whose
-            # warm-up reply came after the others decided was never taught them, and its
-            # first counted acquire answered NOSCRIPT (a call more).
-            for node in nodes:
-                scripts.register(node.server.client())
-            warm = lock(f"{name}-warm", using="clocked", ttl=10)
-            assert warm.acquire(blocking=False)
-            warm.release()
-            before = settled_calls(nodes)  # a slow node's warm-up release is not counted
-            fences = []
-            for _ in range(20):
-                held = lock(name, using="clocked", ttl=10)
-                assert held.acquire(blocking=False)
-                fences.append(held.fence or 0)
-                held.release()
-            after = settled_calls(nodes)
-            calls = [a - b for a, b in zip(after, before, strict=True)]
-            # One round trip each: 40 calls per node (a second fan-out would make it 60).
-            assert calls == [40] * len(nodes), calls
-            assert fences == sorted(set(fences))
-
-
-# -- every backend, every fenced form: a recorded fence above a current hold's ------------------
 
 
 def ahead(alias: str, name: str, fence: int | None) -> int:

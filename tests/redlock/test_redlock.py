@@ -110,11 +110,6 @@ def test_acquire_release_fence_ttl_and_waiting(
     assert all(not keys(server) for server in nodes)
 
 
-def _script_calls(server: RedisServer) -> int:
-    stats = server.client().info("commandstats")
-    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha"))
-
-
 def test_a_waiter_sleeps_while_a_majority_holds_beside_a_node_the_hold_missed(
     quorum: RedlockBackend, nodes: list[RedisServer]
 ) -> None:
@@ -125,9 +120,9 @@ def test_a_waiter_sleeps_while_a_majority_holds_beside_a_node_the_hold_missed(
     assert holder.acquire()
     nodes[4].client().delete(quorum.key("missed"))
     waiter = lock("missed", using="quorum", ttl=30)
-    before = _script_calls(nodes[0])
+    before = nodes[0].script_calls()
     assert waiter.acquire(timeout=0.6) is False
-    calls = _script_calls(nodes[0]) - before  # each try and its undo
+    calls = nodes[0].script_calls() - before  # each try and its undo
     # The first try, the one after subscribing, the one at the deadline (and one spare).
     assert calls <= 8, f"{calls} script calls in 0.6 s"
     woke: list[float] = []

@@ -366,11 +366,6 @@ def test_a_move_by_a_non_owner_fails_loudly() -> None:
 # -- one round trip per acquire --------------------------------------------------------------
 
 
-def script_calls(server: RedisServer) -> int:
-    stats = server.client().info("commandstats")
-    return sum(int(stats.get(k, {}).get("calls", 0)) for k in ("cmdstat_evalsha", "cmdstat_eval"))
-
-
 def test_one_script_call_per_node_per_acquire_and_release(
     redis_factory: Callable[..., RedisServer],
 ) -> None:
@@ -380,7 +375,7 @@ def test_one_script_call_per_node_per_acquire_and_release(
     with quorum_alias("trips", servers):
         check_replies(backend_of("trips"), "warm")
         time.sleep(0.05)  # the warm-up's stragglers are read
-        before = [script_calls(s) for s in servers]
+        before = [s.script_calls() for s in servers]
         fences = []
         for n in range(50):
             held = lock(f"t{n % 3}", using="trips", ttl=10)
@@ -388,7 +383,7 @@ def test_one_script_call_per_node_per_acquire_and_release(
             fences.append((n % 3, held.fence or 0))
             held.release()
         time.sleep(0.05)
-        calls = [script_calls(s) - b for s, b in zip(servers, before, strict=True)]
+        calls = [s.script_calls() - b for s, b in zip(servers, before, strict=True)]
         assert calls == [100] * 5
         for name in range(3):
             mine = [f for n, f in fences if n == name]
@@ -407,14 +402,14 @@ def test_a_node_that_forgot_its_scripts_is_taught_before_it_is_asked_again(
         check_replies(backend_of("forgot"), "warm")
         for n in range(3):
             server.client().script_flush()
-            before = script_calls(server)
+            before = server.script_calls()
             held = lock(f"f{n}", using="forgot", ttl=10)
             assert held.acquire(blocking=False)
-            assert script_calls(server) - before == 2  # NOSCRIPT, then the script's run
+            assert server.script_calls() - before == 2  # NOSCRIPT, then the script's run
             server.client().script_flush()
-            before = script_calls(server)
+            before = server.script_calls()
             held.release()
-            assert script_calls(server) - before == 2
+            assert server.script_calls() - before == 2
             assert not held.locked()
 
 

@@ -15,11 +15,6 @@ from .test_redlock import quorum_alias
 from .test_redlock_io import backend_of
 
 
-def _script_calls(server: RedisServer) -> int:
-    stats = server.client().info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
-
-
 def test_a_waiter_beside_a_down_node_of_the_holder_s_majority_does_not_poll(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:
@@ -42,9 +37,9 @@ def test_a_waiter_beside_a_down_node_of_the_holder_s_majority_does_not_poll(
             waiter = lock(name, using="beside", ttl=30)
             with contextlib.suppress(LockError):  # node 2 found down on the way
                 assert not waiter.acquire(blocking=False)
-            before = _script_calls(servers[1])
+            before = servers[1].script_calls()
             assert not waiter.acquire(timeout=1.5)
-            calls = _script_calls(servers[1]) - before
+            calls = servers[1].script_calls() - before
         finally:
             servers[2].resume()
         assert calls <= 12, f"{calls} script calls on node 1 in 1.5 s: the waiter polled"
