@@ -54,6 +54,9 @@ REDIRECTIONS = 4  # MOVED, ASK, TRYAGAIN answers redis-py follows per command (s
 ASYNC_THREADS = 32  # worker threads per master for asyncio calls (fewer with max_connections)
 ASKED_MAX = 10_000  # locks remembered as asked elsewhere (an ASK) before the notes are reset
 
+# The parent's clients in a forked child (see forget_after_fork): kept, never collected.
+_inherited: list[Any] = []
+
 
 class RedisClusterBackend(RedisBackend):
     """LOCATION: the URL of any node of the cluster; the rest are discovered."""
@@ -118,7 +121,8 @@ class RedisClusterBackend(RedisBackend):
         # last 8, took 0.4 s, whatever the caller's timeout. A few cover any chain of MOVED
         # and ASK; execute() tries a migration again itself, within the caller's deadline.
         client.RedisClusterRequestTTL = REDIRECTIONS
-        self._sharded = _has_sharded_pubsub(client)
+        if self._sharded is None:  # known already in a forked child
+            self._sharded = _has_sharded_pubsub(client)
         return client
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
@@ -610,6 +614,20 @@ class RedisClusterBackend(RedisBackend):
         pending = [f for f in (self._unfinished or {}).get(name, ()) if not f.done()]
         if pending:
             await asyncio.wait([asyncio.wrap_future(f) for f in pending])
+
+    def forget_after_fork(self) -> None:
+        """The child makes a client of its own. redis-py's cluster client keeps locks that a
+        thread holds during network I/O (its slot map's, while reading the slots: the
+        watchdog after a try with no answer, a waiter's hub after a failover); one held by a
+        parent thread at the fork stays held in the child, whose first slot refresh then
+        waited forever. The hub holds the client too: made again. Whether the cluster
+        shards pub/sub is kept (the nodes did not change at the fork)."""
+        super().forget_after_fork()
+        if self._client is not None:
+            # Never closed nor collected here: its close() takes those locks.
+            _inherited.append(self._client)
+        self._client = None
+        self._hub = None
 
     def close(self) -> None:
         super().close()

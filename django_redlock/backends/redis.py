@@ -528,6 +528,13 @@ class RedisBackend(BaseLockBackend):
         call = Call(script("probe"), [self.key("probe")], args)
         return Op("(permissions)", call, lambda reply: acl.refused_commands(names, reply))
 
+    def forget_after_fork(self) -> None:
+        """In a forked child, before anything else runs there (no I/O, no lock taken):
+        ``_setup`` may have been held by another thread of the parent at the fork (making
+        the client: a cluster's reads the slots over the network): held for good in the
+        child, whose first operation then waited forever."""
+        self._setup = threading.RLock()
+
     def close(self) -> None:
         if self._hub is not None:
             self._hub.close()
@@ -624,11 +631,8 @@ _backends: weakref.WeakSet[RedisBackend] = weakref.WeakSet()
 
 @after_fork_in_child
 def _after_fork_in_child() -> None:
-    """``_setup`` may have been held by another thread of the parent at the fork (making
-    the client: a cluster's reads the slots over the network): held for good in the child,
-    whose first operation then waited forever."""
     for backend in list(_backends):
-        backend._setup = threading.RLock()
+        backend.forget_after_fork()
 
 
 def _queued(reply: Any) -> str | None:

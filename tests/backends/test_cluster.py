@@ -1057,3 +1057,47 @@ def test_a_script_is_taught_to_its_own_master_only_while_another_is_paused(
             backend.close()
     finally:
         stop_all(nodes)
+
+
+@pytest.mark.usefixtures("_cluster_alias")
+def test_a_child_forked_while_a_thread_reads_the_slots_has_a_client_of_its_own(
+    name: str,
+) -> None:
+    """redis-py's cluster client holds its slot map's lock while it reads the slots over the
+    network (the watchdog after a try with no answer, a waiter's hub after a failover). A
+    child forked then inherited the lock held for good: its first slot refresh (a refused
+    connection, a failover) waited forever. Here the lock is held at the fork, as by that
+    thread; the child's client, and every call through it, must be its own."""
+    import os
+    import signal
+    import threading as threads
+
+    backend = locks["cluster"]
+    with lock(name, using="cluster"):
+        pass  # the client made, the slots known
+    held, done = threads.Event(), threads.Event()
+
+    def reading_the_slots() -> None:
+        with backend.client.nodes_manager._initialization_lock:  # redis-py's, while it reads
+            held.set()
+            done.wait(10)
+
+    reader = threads.Thread(target=reading_the_slots)
+    reader.start()
+    try:
+        assert held.wait(5)
+        pid = os.fork()
+        if pid == 0:  # the child: a call stuck on the parent's lock is ended by the alarm
+            signal.alarm(5)
+            try:
+                wire.refresh_slots(locks["cluster"].client)  # as after a refused connection
+                with lock(name, using="cluster", timeout=2) as child_hold:
+                    assert child_hold.fence is not None
+            except BaseException:
+                os._exit(1)
+            os._exit(0)
+    finally:
+        done.set()
+        reader.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
