@@ -7,6 +7,7 @@ LOCATION: the sentinels' URLs. OPTIONS: ``service_name`` (required), ``min_repli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import select
 import threading
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 import redis
 import redis.asyncio
 import redis.asyncio.sentinel
+import redis.exceptions
 import redis.sentinel
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
@@ -62,9 +64,21 @@ class _Heard:
     """The last switch a sentinel announced: until it is old, an answer naming the old
     master is stale (that sentinel has not heard yet), and the new master is used instead.
     Shared by the backend and its (sync and asyncio) Sentinel clients; one attribute,
-    replaced whole."""
+    replaced whole. Also the master a sentinel named last (``found``), for when none
+    answers in time (see ``_Sentinel.discover_master``)."""
 
     switch: _Switch | None = None
+    found: tuple[str, int] | None = None
+    budget: float = 2.0  # the socket timeout: how long a look asks the sentinels in all
+
+    def known(self) -> tuple[str, int] | None:
+        """Where the master is as far as known, when no sentinel answers: the announced
+        one, else the one a sentinel named last (its answer corrected by an announcement)."""
+        promoted = self.promoted()
+        if promoted is not None:
+            return promoted
+        found = self.found
+        return None if found is None else self.current(found)
 
     def promoted(self) -> tuple[str, int] | None:
         """The announced master while the announcement is trusted, else None: what to use
@@ -89,35 +103,98 @@ class _Heard:
         return address
 
 
+# What a sentinel that does not answer raises (redis-py asks the next one then).
+_SILENT = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_REFUSED = (*_SILENT, redis.exceptions.ResponseError)
+_NotFound = redis.sentinel.MasterNotFoundError
+_AsyncNotFound = redis.asyncio.sentinel.MasterNotFoundError
+
+
 class _Sentinel(redis.sentinel.Sentinel):
     """redis-py's Sentinel client, its answer corrected by an announced switch (see _Heard):
-    connections ask it where the master is when they connect."""
+    connections ask it where the master is when they connect (a new thread's first one too).
+
+    The sentinels are asked one after another, as redis-py does, but for one socket timeout
+    in all once a master was found: each paused sentinel cost a new thread a whole socket
+    timeout, and when none answered it was refused though the master, found a moment
+    before, was healthy. When no sentinel answers (none said the master is down: that answer
+    is no silence), the master found last is used, as every existing connection does."""
 
     heard = _Heard()
 
     def discover_master(self, service_name: str) -> Any:
-        try:
-            found = super().discover_master(service_name)
-        except redis.sentinel.MasterNotFoundError:
-            promoted = self.heard.promoted()
-            if promoted is None:
-                raise
-            return promoted
-        return self.heard.current(found, asked=True)
+        heard, errors, answered = self.heard, [], False
+        deadline = time.monotonic() + heard.budget if heard.found is not None else None
+        for sentinel in list(self.sentinels):
+            if deadline is not None and time.monotonic() >= deadline:
+                errors.append(f"{sentinel}: not asked, {heard.budget:g} s spent")
+                break
+            try:
+                masters = sentinel.sentinel_masters()
+            except _REFUSED as exc:
+                answered = answered or not isinstance(exc, _SILENT)
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            answered = True
+            found = _master_in(self, masters, service_name, sentinel)
+            if found is not None:
+                return _found(heard, found)
+        return _not_found(heard, service_name, errors, answered, _NotFound)
 
 
 class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
     heard = _Heard()
 
-    async def discover_master(self, service_name: str) -> Any:
-        try:
-            found = await super().discover_master(service_name)
-        except redis.asyncio.sentinel.MasterNotFoundError:  # as _Sentinel's
-            promoted = self.heard.promoted()
-            if promoted is None:
-                raise
-            return promoted
-        return self.heard.current(found, asked=True)
+    async def discover_master(self, service_name: str) -> Any:  # as _Sentinel's
+        heard, errors, answered = self.heard, [], False
+        deadline = time.monotonic() + heard.budget if heard.found is not None else None
+        for sentinel in list(self.sentinels):
+            if deadline is not None and time.monotonic() >= deadline:
+                errors.append(f"{sentinel}: not asked, {heard.budget:g} s spent")
+                break
+            try:
+                masters = await sentinel.sentinel_masters()
+            except _REFUSED as exc:
+                answered = answered or not isinstance(exc, _SILENT)
+                errors.append(f"{sentinel} - {exc!r}")
+                continue
+            answered = True
+            found = _master_in(self, masters, service_name, sentinel)
+            if found is not None:
+                return _found(heard, found)
+        return _not_found(heard, service_name, errors, answered, _AsyncNotFound)
+
+
+def _master_in(manager: Any, masters: Any, service_name: str, sentinel: Any) -> Any:
+    """The master's address in one sentinel's SENTINEL MASTERS, if it names one up (that
+    sentinel is asked first from then on, as redis-py does), else None."""
+    state = masters.get(service_name)
+    if not state or not manager.check_master_state(state, service_name):
+        return None
+    sentinels = manager.sentinels
+    with contextlib.suppress(ValueError):  # another thread's swap came first
+        at = sentinels.index(sentinel)
+        sentinels[0], sentinels[at] = sentinel, sentinels[0]
+    forced = getattr(manager, "_force_master_ip", None)  # redis-py's force_master_ip
+    return (forced if forced is not None else state["ip"], state["port"])
+
+
+def _found(heard: _Heard, address: Any) -> Any:
+    found = heard.current(address, asked=True)
+    heard.found = (str(found[0]), int(found[1]))
+    return found
+
+
+def _not_found(
+    heard: _Heard, service_name: str, errors: list[str], answered: bool, error: type[Exception]
+) -> Any:
+    # A sentinel that answered without naming a master up (down, failing over): no master
+    # but an announced one. None answered: the master known, which answered a moment ago.
+    known = heard.promoted() if answered else heard.known()
+    if known is not None:
+        return known
+    detail = f" : {', '.join(errors)}" if errors else ""
+    raise error(f"No master found for {service_name!r}{detail}")
 
 
 class _Listening:
@@ -237,6 +314,7 @@ class SentinelBackend(RedisBackend):
         self._moving = threading.Lock()  # a look's move and an announced switch's, one at a time
         self._wake = threading.Event()  # set: the looker looks now
         self._heard = _Heard()
+        self._heard.budget = self.socket_timeout
         self._listening = _Listening()
         _backends.add(self)
         self._used = 0.0  # when an operation last ran (monotonic)

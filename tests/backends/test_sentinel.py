@@ -718,3 +718,48 @@ def test_no_take_is_unavailable_once_an_unplanned_failover_s_promotion_is_heard(
             locks["s"].close()
     finally:
         stop_all(group)
+
+
+@pytest.mark.parametrize("how", ["thread", "asyncio"])
+def test_with_every_sentinel_silent_a_new_thread_uses_the_master_found(
+    group: list[RedisServer], name: str, how: str
+) -> None:
+    """A new thread (or event loop) connects through the sentinels: with both paused, each
+    cost it a whole socket timeout, and then "No master found" (BackendUnavailable) though
+    the master, found a moment before, was healthy. It uses that master, the sentinels
+    asked for one socket timeout in all."""
+    sentinels = group[2:]
+    with sentinel_alias(group, socket_timeout=1.0, socket_connect_timeout=1.0):
+        with lock(name, using="s"):
+            pass  # the master found
+        for sentinel in sentinels:
+            sentinel.pause()
+        try:
+            outcome: list[Any] = []
+
+            def take() -> None:
+                began = time.monotonic()
+                try:
+                    if how == "asyncio":
+
+                        async def atake() -> bool:
+                            async with lock(f"{name}:new", using="s", timeout=0) as held:
+                                return held.fence is not None
+
+                        acquired = asyncio.run(atake())
+                    else:
+                        with lock(f"{name}:new", using="s", timeout=0) as held:
+                            acquired = held.fence is not None
+                    outcome.append(acquired)
+                except LockError as exc:
+                    outcome.append(exc)
+                outcome.append(time.monotonic() - began)
+
+            thread = threading.Thread(target=take)
+            thread.start()
+            thread.join(10)
+        finally:
+            for sentinel in sentinels:
+                sentinel.resume()
+        assert outcome[0] is True, outcome
+        assert outcome[1] < 1.6, f"{outcome[1]:.2f} s: more than one socket timeout"
