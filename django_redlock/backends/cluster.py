@@ -19,6 +19,7 @@ import time
 from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import redis.cluster
 import redis.exceptions
@@ -59,7 +60,8 @@ _inherited: list[Any] = []
 
 
 class RedisClusterBackend(RedisBackend):
-    """LOCATION: the URL of any node of the cluster; the rest are discovered."""
+    """LOCATION: the URL of any node of the cluster, or a list of several (seeds: the first
+    that answers is asked for the rest, which are then discovered)."""
 
     acl_commands = {**acl.COMMANDS, **acl.CLUSTER_COMMANDS}
 
@@ -93,6 +95,33 @@ class RedisClusterBackend(RedisBackend):
         RedisClusterException,
     )
 
+    @classmethod
+    def _check_location(cls, location: Any, bad: Any) -> None:
+        if not isinstance(location, (list, tuple)):
+            super()._check_location(location, bad)
+            return
+        if not location:
+            raise bad("LOCATION", "must be a Redis URL or a non-empty list of them, not []")
+        for url in location:
+            super()._check_location(url, bad)
+        first = urlsplit(location[0])
+        for url in location[1:]:
+            parts = urlsplit(url)
+            if (parts.scheme, parts.username, parts.password, parts.query) != (
+                first.scheme, first.username, first.password, first.query
+            ):  # fmt: skip
+                raise bad(
+                    "LOCATION",
+                    f"has {url!r}: every seed URL must have the first's scheme, user, password"
+                    " and options (the connections to every node use the first's)",
+                )
+
+    @property
+    def seed_urls(self) -> list[str]:
+        """LOCATION's URLs: the nodes the slots are read from at first."""
+        location = self.location
+        return [str(location)] if isinstance(location, str) else [str(u) for u in location]  # type: ignore[union-attr]
+
     def _cluster_options(self) -> dict[str, Any]:
         return {**self.default_options, **self.options}
 
@@ -112,8 +141,15 @@ class RedisClusterBackend(RedisBackend):
             # for a connection, as long as the socket timeout (then: unavailable, not sent).
             options["connection_pool_class"] = redis.BlockingConnectionPool
             options.setdefault("timeout", options["socket_timeout"])
+        urls = self.seed_urls
+        if len(urls) > 1:
+            # Seeds: the slots are read from the first that answers (the URLs' own options,
+            # user and password are the first's). One URL alone was a single point of
+            # failure for every process started while that node was gone.
+            seeds = [redis.cluster.ClusterNode(*_host_port(url)) for url in urls]
+            options["startup_nodes"] = [*seeds, *options.get("startup_nodes", ())]
         try:  # reads the slots from a node: the first call's round trip
-            client = redis.cluster.RedisCluster.from_url(str(self.location), **options)
+            client = redis.cluster.RedisCluster.from_url(urls[0], **options)
         except self.unavailable_errors as exc:
             raise self._unavailable("(connecting)", exc) from exc
         # redis-py follows up to RedisClusterRequestTTL redirections per command (16), and
@@ -645,6 +681,11 @@ class RedisClusterBackend(RedisBackend):
         # RedisCluster silently drops what it does not know: a typo would just be ignored.
         where = "redis-py's RedisCluster"
         check_options(alias, params.get("OPTIONS") or {}, cluster_options(), where)
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "localhost", parts.port or 6379
 
 
 def _has_sharded_pubsub(client: Any) -> bool:

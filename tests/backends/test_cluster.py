@@ -1101,3 +1101,34 @@ def test_a_child_forked_while_a_thread_reads_the_slots_has_a_client_of_its_own(
         reader.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_cluster_whose_first_seed_node_is_gone_is_reached_through_another(
+    cluster_nodes: list[RedisServer], name: str
+) -> None:
+    """LOCATION named one node, whose slots a new process read first: that node gone (its
+    replica promoted, the cluster healthy), every new process was unavailable. LOCATION may
+    list several seeds; the first that answers tells the rest."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    gone = "redis://127.0.0.1:9"  # nothing listens there: refused, as a dead node's port
+    config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+              "LOCATION": [gone, cluster_nodes[1].url, cluster_nodes[2].url],
+              "OPTIONS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "seeds": config}):
+        try:
+            names = [f"{name}:{i}" for i in range(12)]  # on every master
+            for each in names:
+                with lock(each, using="seeds", timeout=2) as held:
+                    assert held.fence is not None
+            nodes = {locks["seeds"].renewal_shard(each) for each in names}
+            assert len(nodes) == 3
+        finally:
+            locks["seeds"].close()
+    bad = [([], "non-empty list"), ([cluster_nodes[0].url, "redis://u:p@127.0.0.1:1"], "first's")]
+    for location, why in bad:
+        wrong = override_settings(
+            DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "seeds": {**config, "LOCATION": location}}
+        )
+        with pytest.raises(ImproperlyConfigured, match=why), wrong:  # raised as it changes
+            locks["seeds"]
