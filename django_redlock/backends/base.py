@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .. import identity
 from ..acl import mask
 from ..exceptions import LockError
 from ..validation import MAX_TTL, check_glob
@@ -410,6 +411,11 @@ class BaseLockBackend:
         """The inbox prefix the scripts get for lock ``name``: :attr:`inbox_prefix`, except
         where inboxes are per lock (sharded pub/sub, see the Redis Cluster backend)."""
         return self.inbox_prefix
+
+    def new_waiter_id(self) -> str:
+        """A new waiter's id (see :func:`~django_redlock.identity.new_waiter_id`): the
+        scripts wake it by its id; a backend may mark in it how the waiter listens."""
+        return identity.new_waiter_id()
 
     def key_pattern(self, glob: str) -> str:
         """The SCAN MATCH pattern for the names matching ``glob``: every such name's key

@@ -4,7 +4,8 @@ and the same scripts run unchanged. Locks of different names spread over the slo
 Waiters use sharded pub/sub on Redis 7+ (``SPUBLISH`` from the scripts, ``SSUBSCRIBE`` on the
 node that owns the lock's slot): a release's wake-up stays on that shard instead of being
 broadcast over the cluster bus to every node, as classic ``PUBLISH`` is. When a node runs Redis
-6.x (found once per backend, from every node's ``INFO``) they use classic pub/sub. Async operations
+6.x (found once per backend, at its first wait, from the nodes' ``HELLO``) they use classic
+pub/sub; a waiter's id says which, and a release wakes it that way. Async operations
 run the sync cluster client in worker threads, a pool per master (see ``aexecute``).
 """
 
@@ -65,19 +66,20 @@ class RedisClusterBackend(RedisBackend):
 
     acl_commands = {**acl.COMMANDS, **acl.CLUSTER_COMMANDS}
 
-    @property
-    def wakes_one(self) -> bool:  # type: ignore[override]
-        """On Redis 7+ a release wakes the earliest live waiter only, as on a single Redis:
-        ``SPUBLISH`` counts the receivers on the slot's node, where every waiter of the lock
-        subscribes. Classic ``PUBLISH`` counts one node's of the many that deliver it."""
-        return self.sharded
+    #: Every waiter registers by its id, and a release wakes the earliest live one: with
+    #: ``SPUBLISH`` (Redis 7+), which counts the receivers on the slot's node, where the
+    #: lock's sharded listeners subscribe. A classic listener (a process that uses classic
+    #: pub/sub) is reached by ``PUBLISH``, which counts one node's receivers of the many it
+    #: reaches: it is woken, kept, and the next waiter woken too (lua/_wake.lua).
+    wakes_one = True
 
-    #: Sharded pub/sub (Redis 7+): None until the first client is made.
+    #: Whether this process listens with sharded pub/sub (Redis 7+ on every node that
+    #: answered): None until the first wait asks (see ``sharded``).
     _sharded: bool | None = None
 
     #: Always the real channel: a cluster script's keys must share the lock's slot ('' is a
-    #: key of slot 0). On Redis 7+ the scripts announce nothing on it (lua/_hold.lua's
-    #: announces): every waiter is woken in its per-lock inbox.
+    #: key of slot 0). The scripts announce nothing on it (lua/_hold.lua's announces): every
+    #: waiter is woken by its id, where it listens.
     publishes_releases = True
 
     #: Also the cluster's own "no answer": down (CLUSTERDOWN, during a failover), a slot no
@@ -157,8 +159,6 @@ class RedisClusterBackend(RedisBackend):
         # last 8, took 0.4 s, whatever the caller's timeout. A few cover any chain of MOVED
         # and ASK; execute() tries a migration again itself, within the caller's deadline.
         client.RedisClusterRequestTTL = REDIRECTIONS
-        if self._sharded is None:  # known already in a forked child
-            self._sharded = _has_sharded_pubsub(client)
         return client
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
@@ -172,10 +172,23 @@ class RedisClusterBackend(RedisBackend):
 
     @property
     def sharded(self) -> bool:
-        """Whether waiters use sharded pub/sub: the cluster runs Redis 7 or later."""
+        """Whether this process's waiters listen with sharded pub/sub: the cluster runs
+        Redis 7 or later. Found at the first wait, not with the client: a paused node held
+        up a process's first call on a healthy one for its socket timeout. A release wakes
+        a waiter whichever way either process listens (lua/_wake.lua), so processes that
+        found out differently (a node silent then, a rolling upgrade) still wake each
+        other's waiters."""
         if self._sharded is None:
-            self.client  # noqa: B018 - making the client finds out
+            client = self.client
+            with self._setup:
+                if self._sharded is None:
+                    self._sharded = _has_sharded_pubsub(client, self.socket_timeout)
         return bool(self._sharded)
+
+    def new_waiter_id(self) -> str:
+        # '!': listens on its process's classic inbox (lua/_wake.lua's publish).
+        waiter_id = super().new_waiter_id()
+        return waiter_id if self.sharded else f"!{waiter_id}"
 
     def _lease_keys(self, name: str) -> list[str]:
         keys = super()._lease_keys(name)
@@ -185,10 +198,12 @@ class RedisClusterBackend(RedisBackend):
         return keys
 
     def inbox_for(self, name: str) -> str:
-        # A shard channel must hash to the script's slot: the inbox carries the lock's hash
-        # tag, and its last '*' tells the scripts to SPUBLISH (lua/_wake.lua's publish). It
-        # stays under KEY_PREFIX, so a Redis user limited to '&<prefix>*' may use it.
-        return f"{self.key(name)}:inbox*" if self.sharded else self.inbox_prefix
+        # Whichever way this process listens: a shard channel must hash to the script's
+        # slot, so the inbox carries the lock's hash tag, and its last '*' tells the scripts
+        # they run on a cluster (lua/_wake.lua's publish: each waiter is woken the way it
+        # listens). It stays under KEY_PREFIX, so a Redis user limited to '&<prefix>*' may
+        # use it.
+        return f"{self.key(name)}:inbox*"
 
     @property
     def hub(self) -> PubSubHub:
@@ -688,21 +703,37 @@ def _host_port(url: str) -> tuple[str, int]:
     return parts.hostname or "localhost", parts.port or 6379
 
 
-def _has_sharded_pubsub(client: Any) -> bool:
-    """Redis 7 or later (SSUBSCRIBE, SPUBLISH) on every node, by their ``HELLO`` (which every
-    user may send, unlike INFO): during a rolling upgrade from 6.x, a 6.x node would refuse
-    SPUBLISH. A node that does not say (unreachable) means classic pub/sub, which works
-    everywhere."""
-    try:
-        for node in client.get_nodes():
+def _has_sharded_pubsub(client: Any, timeout: float) -> bool:
+    """Redis 7 or later (SSUBSCRIBE, SPUBLISH) on every node that answers its ``HELLO``
+    (which every user may send, unlike INFO) within ``timeout``, all asked at once: during a
+    rolling upgrade from 6.x, a 6.x node would refuse SSUBSCRIBE. A node that does not
+    answer (paused) holds nobody up past ``timeout`` and decides nothing; when none answers,
+    classic pub/sub, which works everywhere."""
+    versions: list[int] = []
+
+    def ask(node: Any) -> None:
+        try:
             hello = client.get_redis_connection(node).execute_command("HELLO")
             version = hello.get("version", hello.get(b"version"))
-            if int(text(version).split(".")[0]) < 7:
-                return False
+            versions.append(int(text(version).split(".")[0]))
+        except Exception as exc:
+            logger.info("redlock: the Redis version of %s is unknown (%s)", node.name, exc)
+
+    try:
+        nodes = list(client.get_nodes())
     except Exception as exc:
         logger.info("redlock: Redis versions unknown (%s): classic pub/sub", exc)
         return False
-    return True
+    threads = [threading.Thread(target=ask, args=(node,), daemon=True) for node in nodes]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0.0))
+    answered = list(versions)
+    if len(answered) < len(nodes):
+        logger.info("redlock: %d of %d nodes told their version", len(answered), len(nodes))
+    return bool(answered) and min(answered) >= 7
 
 
 class _Take:

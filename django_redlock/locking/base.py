@@ -23,7 +23,7 @@ from .. import fencing, observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal, by_deadline
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
-from ..identity import holder_meta, lend_owner, new_token, new_waiter_id, owner_id
+from ..identity import holder_meta, lend_owner, new_token, owner_id
 from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import (
@@ -439,7 +439,7 @@ class BaseLock:
             ):
                 # A waiter with an id is woken by that id alone; else by the release channel.
                 queued = self.queued or self.backend.wakes_one
-                waiter = new_waiter_id() if queued else None
+                waiter = self.backend.new_waiter_id() if queued else None
                 attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline)
             return attempt  # in the try: an interrupt here hands the grant back too
         except LockError:

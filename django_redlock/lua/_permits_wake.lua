@@ -20,7 +20,7 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
           redis.call('PUBLISH', channel, 'released')
         end
         local first = redis.call('ZRANGE', writers, 0, 0)[1]
-        publish(inbox, inbox_of(inbox, first), first)
+        publish(inbox, first)
       end
       return
     end

@@ -24,7 +24,7 @@ end
 local function queue_wake_head(queue, inbox)
   local head = redis.call('LINDEX', queue, 0)
   if head then
-    publish(inbox, inbox_of(inbox, head), head)
+    publish(inbox, head)
   end
   return head
 end

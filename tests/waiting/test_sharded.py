@@ -375,3 +375,97 @@ def test_a_waiter_whose_resubscribe_is_refused_busy_is_woken_once_the_script_end
     thread.join(15)
     server.close()
     assert got and got[0] - released < 1.0, got and got[0] - released
+
+
+@pytest.mark.parametrize("fair", [False, True])
+@pytest.mark.parametrize("holder_sharded", [True, False])
+def test_processes_that_listen_differently_wake_each_other_s_waiters(
+    cluster_nodes: list[RedisServer], name: str, fair: bool, holder_sharded: bool
+) -> None:
+    """Each process finds out once whether it listens with sharded pub/sub: one that found a
+    6.x node (a rolling upgrade) or a node not answering listens classic, another sharded.
+    A release woke only waiters that listened the way the releasing process did: the
+    other's slept until the hold's TTL. Here a second alias of the same cluster listens
+    classic (as such a process does); each wakes the other's waiter at once."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    if version(cluster_nodes) < 7:
+        pytest.skip("Redis 6: every process listens classic")
+    config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+              "LOCATION": cluster_nodes[0].url}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "classic": config}):
+        classic = locks["classic"]
+        classic._sharded = False  # type: ignore[attr-defined]  # as a process that found so
+        try:
+            holder_alias, waiter_alias = (
+                ("cluster", "classic") if holder_sharded else ("classic", "cluster")
+            )
+            holder = lock(name, using=holder_alias, ttl=30, fair=fair)
+            assert holder.acquire(timeout=5)
+            got: list[float] = []
+
+            def wait() -> None:
+                waiter = lock(name, using=waiter_alias, ttl=30, fair=fair)
+                assert waiter.acquire(timeout=10)
+                got.append(time.monotonic())
+                waiter.release()
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            time.sleep(0.3)  # the waiter tried, registered and sleeps on a 30 s TTL
+            released = time.monotonic()
+            holder.release()
+            thread.join(15)
+            assert got, "the waiter never got the lock"
+            assert got[0] - released < 0.5, f"woken {got[0] - released:.2f} s after the release"
+        finally:
+            classic.close()
+
+
+def test_a_paused_node_does_not_delay_a_new_process_s_first_call_on_another(name: str) -> None:
+    """Whether waiters listen sharded was found with the client, by a HELLO to each node in
+    turn: a paused master held up a new process's first take on a healthy master for its
+    socket timeout. Found at the first wait now, from the nodes that answer within one
+    socket timeout."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.testing import create_cluster
+
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0,
+                  "socket_connect_timeout": 1.0}}  # fmt: skip
+        client = nodes[0].client()
+        slots = client.execute_command("CLUSTER", "SLOTS")
+
+        def port_of(candidate: str) -> int:
+            key = f"redlock:{{{candidate}}}"
+            slot = client.execute_command("CLUSTER", "KEYSLOT", key)
+            return int(next(s[2][1] for s in slots if s[0] <= slot <= s[1]))
+
+        paused = nodes[2]
+        healthy = next(f"{name}:{i}" for i in range(100) if port_of(f"{name}:{i}") == nodes[1].port)
+        paused.pause()
+        try:
+            with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "fresh": config}):
+                backend = locks["fresh"]
+                assert backend.key(healthy) == f"redlock:{{{healthy}}}"
+                began = time.monotonic()
+                with lock(healthy, using="fresh", timeout=0) as held:
+                    took = time.monotonic() - began
+                    assert held.fence is not None
+                    assert took < 0.5, f"the first take took {took:.2f} s"
+                    began = time.monotonic()
+                    assert backend.sharded is (version(nodes[:2]) >= 7)  # type: ignore[attr-defined]
+                    assert time.monotonic() - began < 1.5  # one socket timeout at most
+                backend.close()
+        finally:
+            paused.resume()
+    finally:
+        for node in nodes:
+            node.stop()
