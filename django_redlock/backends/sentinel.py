@@ -641,13 +641,21 @@ class SentinelBackend(RedisBackend):
         return not result.attempt.acquired or result.replicas >= self.min_replicas
 
     def _too_few(self, name: str, result: _Replicated) -> QuorumNotReached:
+        # A reentrant grant's count above 1 was a re-entry: its undo takes back that level
+        # only, and the hold it nested in stays (said so: "released" misled).
+        count = getattr(result.attempt, "count_or_wait", 1)
+        undone = (
+            "this re-entry was undone (the hold it nested in stays, as before)"
+            if isinstance(count, int) and count > 1
+            else "it was released"
+        )
         return quorum_failure(
             self.alias,
             name,
             QuorumNotReached(
                 f"lock {name!r}: backend {self.alias!r}: only {result.replicas} of the"
                 f" {self.min_replicas} replicas required confirmed the lock within"
-                f" {self.min_replicas_timeout:g} s; it was released"
+                f" {self.min_replicas_timeout:g} s; {undone}"
             ),
         )
 

@@ -763,3 +763,25 @@ def test_with_every_sentinel_silent_a_new_thread_uses_the_master_found(
                 sentinel.resume()
         assert outcome[0] is True, outcome
         assert outcome[1] < 1.6, f"{outcome[1]:.2f} s: more than one socket timeout"
+
+
+def test_a_re_entry_the_replicas_do_not_confirm_is_undone_alone_and_says_so(
+    group: list[RedisServer], name: str
+) -> None:
+    """min_replicas: a reentrant re-entry that no replica confirms is taken back, one level;
+    the hold it nested in stays. The error said "it was released", as if the lock were."""
+    master, replica = group[0], group[1]
+    with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5, socket_timeout=2.0):
+        held = lock(name, using="s", reentrant=True, ttl=30)
+        assert held.acquire(blocking=False)  # confirmed
+        replica.pause()
+        try:
+            with pytest.raises(QuorumNotReached) as refused:
+                held.acquire(blocking=False)
+        finally:
+            replica.resume()
+        assert "it was released" not in str(refused.value)
+        assert "re-entry was undone" in str(refused.value)
+        assert held.owned() and master.client().exists(locks["s"].key(name))
+        held.release()  # the one level left
+        assert not master.client().exists(locks["s"].key(name))
