@@ -610,7 +610,23 @@ class RedisClusterBackend(RedisBackend):
                     executor = executors[shard] = ThreadPoolExecutor(
                         min(size, ASYNC_THREADS), f"redlock-cluster {self.alias} {shard}"
                     )
+                    self._prune_executors(executors, shard)
         return executor
+
+    def _prune_executors(self, executors: dict[Hashable, ThreadPoolExecutor], new: Any) -> None:
+        """A master new to this process (a failover, a node replaced under another address):
+        the pools of nodes no longer masters are shut down, their threads ending once their
+        calls have (kept, they grew by a pool per node replaced over the process's life).
+        From the slot cache only: no I/O."""
+        client = self._client
+        if client is None:
+            return
+        try:
+            masters = {str(node.name) for node in client.get_primaries()}
+        except Exception:  # the slot map being read again: pruned next time
+            return
+        for shard in [s for s in executors if s is not None and s != new and s not in masters]:
+            executors.pop(shard).shutdown(wait=False)
 
     async def aexecute(self, op: Op[T]) -> T:
         executor = self._executor(op.name)

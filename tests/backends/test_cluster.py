@@ -1132,3 +1132,54 @@ def test_a_cluster_whose_first_seed_node_is_gone_is_reached_through_another(
         )
         with pytest.raises(ImproperlyConfigured, match=why), wrong:  # raised as it changes
             locks["seeds"]
+
+
+def test_asyncio_threads_of_a_master_replaced_by_another_end(name: str) -> None:
+    """asyncio calls run in a thread pool per master. A pool was kept for every node that
+    had ever been a master: each failover (a node replaced under a new address, as pods are)
+    added up to 32 threads for the life of the process. The old master's pool ends once
+    another node took its slots over."""
+    import threading as threads
+
+    args = ("--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+            "--repl-diskless-sync-delay", "0")  # fmt: skip
+    masters = [RedisServer(args=args).start() for _ in range(3)]
+    replica = RedisServer(args=args).start()
+    try:
+        create_cluster(masters, replicas=[replica])
+        with _cluster_config(masters, 1.0):
+            backend, client = locks["c"], masters[0].client()
+
+            def slot_of(candidate: str) -> int:
+                return int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(candidate)))
+
+            held_name = next(
+                f"{name}:{i}" for i in range(200) if _serves(masters[0], slot_of(f"{name}:{i}"))
+            )  # on the master that fails over
+            slot = slot_of(held_name)
+
+            async def take() -> None:
+                async with lock(held_name, using="c", timeout=5) as held:
+                    assert held.fence is not None
+
+            def pool_threads(port: int) -> int:
+                prefix = f"redlock-cluster c 127.0.0.1:{port}"
+                return sum(t.name.startswith(prefix) for t in threads.enumerate())
+
+            asyncio.run(take())
+            assert pool_threads(masters[0].port) >= 1
+            replica.client().execute_command("CLUSTER", "FAILOVER")
+            deadline = time.monotonic() + 30
+            while _master_port(masters[1], slot) != replica.port:
+                assert time.monotonic() < deadline, "the replica never took over"
+                time.sleep(0.1)
+            wire.refresh_slots(backend.client)  # as after the old master's refusal
+            asyncio.run(take())  # on the new master, in a pool of its own
+            assert pool_threads(replica.port) >= 1
+            deadline = time.monotonic() + 5
+            while pool_threads(masters[0].port):
+                assert time.monotonic() < deadline, "the old master's threads never ended"
+                time.sleep(0.05)
+            backend.close()
+    finally:
+        stop_all([*masters, replica])
