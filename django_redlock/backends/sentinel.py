@@ -71,6 +71,15 @@ class _Heard:
     found: tuple[str, int] | None = None
     budget: float = 2.0  # the socket timeout: how long a look asks the sentinels in all
 
+    def __init__(self) -> None:
+        # Set in the looker's thread while it looks: it asks every sentinel, however long,
+        # and learns the truth (no answer is "no master", not the master found last).
+        self.looking = threading.local()
+
+    def bounded(self) -> bool:
+        """Whether this look asks for one socket timeout at most, then uses ``found``."""
+        return self.found is not None and not getattr(self.looking, "on", False)
+
     def known(self) -> tuple[str, int] | None:
         """Where the master is as far as known, when no sentinel answers: the announced
         one, else the one a sentinel named last (its answer corrected by an announcement)."""
@@ -124,7 +133,8 @@ class _Sentinel(redis.sentinel.Sentinel):
 
     def discover_master(self, service_name: str) -> Any:
         heard, errors, answered = self.heard, [], False
-        deadline = time.monotonic() + heard.budget if heard.found is not None else None
+        bounded = heard.bounded()
+        deadline = time.monotonic() + heard.budget if bounded else None
         for sentinel in list(self.sentinels):
             if deadline is not None and time.monotonic() >= deadline:
                 errors.append(f"{sentinel}: not asked, {heard.budget:g} s spent")
@@ -139,7 +149,7 @@ class _Sentinel(redis.sentinel.Sentinel):
             found = _master_in(self, masters, service_name, sentinel)
             if found is not None:
                 return _found(heard, found)
-        return _not_found(heard, service_name, errors, answered, _NotFound)
+        return _not_found(heard, service_name, errors, answered or not bounded, _NotFound)
 
 
 class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
@@ -147,7 +157,8 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
 
     async def discover_master(self, service_name: str) -> Any:  # as _Sentinel's
         heard, errors, answered = self.heard, [], False
-        deadline = time.monotonic() + heard.budget if heard.found is not None else None
+        bounded = heard.bounded()
+        deadline = time.monotonic() + heard.budget if bounded else None
         for sentinel in list(self.sentinels):
             if deadline is not None and time.monotonic() >= deadline:
                 errors.append(f"{sentinel}: not asked, {heard.budget:g} s spent")
@@ -162,7 +173,7 @@ class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
             found = _master_in(self, masters, service_name, sentinel)
             if found is not None:
                 return _found(heard, found)
-        return _not_found(heard, service_name, errors, answered, _AsyncNotFound)
+        return _not_found(heard, service_name, errors, answered or not bounded, _AsyncNotFound)
 
 
 def _master_in(manager: Any, masters: Any, service_name: str, sentinel: Any) -> Any:
@@ -186,11 +197,16 @@ def _found(heard: _Heard, address: Any) -> Any:
 
 
 def _not_found(
-    heard: _Heard, service_name: str, errors: list[str], answered: bool, error: type[Exception]
+    heard: _Heard,
+    service_name: str,
+    errors: list[str],
+    announced_only: bool,
+    error: type[Exception],
 ) -> Any:
-    # A sentinel that answered without naming a master up (down, failing over): no master
-    # but an announced one. None answered: the master known, which answered a moment ago.
-    known = heard.promoted() if answered else heard.known()
+    # A sentinel that answered without naming a master up (down, failing over), or the
+    # looker's look: no master but an announced one. Else (no sentinel answered within the
+    # budget) the master found last, which answered a moment ago.
+    known = heard.promoted() if announced_only else heard.known()
     if known is not None:
         return known
     detail = f" : {', '.join(errors)}" if errors else ""
@@ -486,11 +502,14 @@ class SentinelBackend(RedisBackend):
                 return MASTER_CHECK
             client = self.client  # asyncio's alone: the sentinels are asked through it
         pool = client.connection_pool
+        self._heard.looking.on = True
         try:
             master = wire.sentinel_master(pool)  # also closes its idle connections
         except Exception as exc:  # no sentinel answered: connections stay where they are
             logger.info("redlock: %s: where is the master? %s", self.describe(), exc)
             return MASTER_CHECK_FAILED
+        finally:
+            self._heard.looking.on = False
         self._move(pool, master, after_idle)
         return MASTER_CHECK
 
