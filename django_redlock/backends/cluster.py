@@ -70,7 +70,8 @@ class RedisClusterBackend(RedisBackend):
     #: ``SPUBLISH`` (Redis 7+), which counts the receivers on the slot's node, where the
     #: lock's sharded listeners subscribe. A classic listener (a process that uses classic
     #: pub/sub) is reached by ``PUBLISH``, which counts one node's receivers of the many it
-    #: reaches: it is woken, kept, and the next waiter woken too (lua/_wake.lua).
+    #: reaches: counted 0, it is woken all the same and leaves the set (its try, if it
+    #: fails, registers it again), and the next waiter is woken too (lua/_wake.lua).
     wakes_one = True
 
     #: Whether this process listens with sharded pub/sub (Redis 7+ on every node that
