@@ -56,7 +56,8 @@ REDIRECTIONS = 4  # MOVED, ASK, TRYAGAIN answers redis-py follows per command (s
 ASYNC_THREADS = 32  # worker threads per master for asyncio calls (fewer with max_connections)
 ASKED_MAX = 10_000  # locks remembered as asked elsewhere (an ASK) before the notes are reset
 
-# The parent's clients in a forked child (see forget_after_fork): kept, never collected.
+# The parent's clients and hubs in a forked child (see forget_after_fork): kept, never
+# collected.
 _inherited: list[Any] = []
 
 
@@ -691,9 +692,8 @@ class RedisClusterBackend(RedisBackend):
         waited forever. The hub holds the client too: made again. Whether the cluster
         shards pub/sub is kept (the nodes did not change at the fork)."""
         super().forget_after_fork()
-        if self._client is not None:
-            # Never closed nor collected here: its close() takes those locks.
-            _inherited.append(self._client)
+        # Never closed nor collected here: their close() takes those locks.
+        _inherited.extend(each for each in (self._client, self._hub) if each is not None)
         self._client = None
         self._hub = None
 

@@ -1091,7 +1091,10 @@ def test_a_child_forked_while_a_thread_reads_the_slots_has_a_client_of_its_own(
             signal.alarm(5)
             try:
                 wire.refresh_slots(locks["cluster"].client)  # as after a refused connection
-                with lock(name, using="cluster", timeout=2) as child_hold:
+                first = lock(name, using="cluster")
+                assert first.acquire(timeout=2)
+                threads.Timer(0.2, first.release).start()
+                with lock(name, using="cluster", timeout=3) as child_hold:  # woken: its hub
                     assert child_hold.fence is not None
             except BaseException:
                 os._exit(1)
