@@ -250,6 +250,13 @@ def check(
 
     applied = [f for f in faults if f.started is not None]
     steps = clock_steps(applied)
+    # A counter written while a clock ran ahead keeps fences ahead of the clock after the
+    # step back, until it is lost: a restart that empties the server after a step is a step
+    # for fences (the documented case: the clock went back and the counter was lost).
+    epochs = sorted(
+        steps
+        + [f.started for f in applied if f.kind in data_loss and steps and f.started > steps[0]]
+    )
 
     # -- safety: fences --------------------------------------------------------------------
     by_fence: dict[int, list[Hold]] = defaultdict(list)
@@ -274,15 +281,15 @@ def check(
     for b in by_start:
         while i < len(granted) and (granted[i].end or 0) < b.start - 0.001:
             a = granted[i]
-            epoch = clock_epoch(steps, a.start)
+            epoch = clock_epoch(epochs, a.start)
             leader = best_in.get(epoch)
             # A step logged within its slack after A's acquire began may have come before or
             # after the grant (its line is written once done): A leads neither epoch.
-            sure = epoch == clock_epoch(steps, a.start - 0.05) == clock_epoch(steps, a.end or 0)
+            sure = epoch == clock_epoch(epochs, a.start - 0.05) == clock_epoch(epochs, a.end or 0)
             if sure and a.fence is not None and (leader is None or a.fence > (leader.fence or 0)):
                 best_in[epoch] = a
             i += 1
-        best = best_in.get(clock_epoch(steps, b.end or b.start))
+        best = best_in.get(clock_epoch(epochs, b.end or b.start))
         if best is not None and b.fence is not None and b.fence <= (best.fence or 0):
             violate(
                 "fence-behind",

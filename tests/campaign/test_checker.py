@@ -140,6 +140,24 @@ def test_a_fence_granted_just_before_a_logged_clock_step_is_of_the_epoch_before(
     assert h.judge(kind="database") == {"fence-behind"}
 
 
+def test_a_restart_after_a_clock_step_back_starts_a_fence_epoch() -> None:
+    """The counter written while the clock ran ahead carries its fences past the step back;
+    a later restart that empties the server loses it, and the clock's fences are below them
+    (seed 1606: server_down 0.16 s after such a hold). The documented case: the clock went
+    back and the counter was lost. Without the step, a restart is no excuse."""
+    h = History()
+    h.fault("clock_forward", (0,), 0.5, 1.0)
+    h.hold("c1", 1, 1.20, 1.21, 5_000, 1.22)  # the counter still ahead of the clock
+    h.fault("server_down", (0,), 1.3, 1.8)
+    h.hold("c2", 1, 1.9, 1.91, 3_000, 1.95)  # the counter gone: the clock's fence
+    assert h.judge(kind="database") == set()
+    h = History()
+    h.fault("server_down", (0,), 1.3, 1.8)
+    h.hold("c1", 1, 1.20, 1.21, 5_000, 1.22)
+    h.hold("c2", 1, 1.9, 1.91, 3_000, 1.95)
+    assert h.judge(kind="database") == {"fence-behind"}
+
+
 def test_interleaved_sections_accepted_by_the_resource() -> None:
     h = History()
     h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
