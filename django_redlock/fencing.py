@@ -51,6 +51,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dis
+import functools
 import inspect
 import logging
 import secrets
@@ -58,7 +59,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Generator
-from types import FrameType, TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from django.db import (
@@ -163,7 +164,11 @@ class _Committed:
     live = False
     lock: FencedLock | None = None
     level = 0
-    where: Any = None  # ``with lock``: the frame running its ``with`` statement, if known
+    where: Any = None  # its ``with`` statement (with_frame), if known
+    # Opened by the same ``with`` (``lock_all``'s other members: savepoints of this one), and
+    # what frees its locks, should that ``with`` abandon it: see :func:`drop_abandoned`.
+    nested: tuple[_Committed, ...] = ()
+    abandon: Callable[[], None] | None = None
 
     def __call__(self) -> None:
         self.done = True
@@ -200,6 +205,8 @@ class FencedTransaction:
         except BaseException as error: self._stop(error)  # noqa: E701  # fmt: skip
 
     def _open(self) -> None:
+        if not self.by_lock:  # ``with lk.atomic()``, run_held's: the caller of __enter__
+            self.committed.where = with_frame(sys._getframe(2))
         next(self._steps)
         if not self.by_lock:  # ``with lk.atomic()``: the ``with`` has it from here on
             self.committed.live = True
@@ -547,8 +554,8 @@ def drop_abandoned(using: str) -> None:
     state = inspect.GEN_CLOSED if steps is None else inspect.getgeneratorstate(steps)
     lock = committed.lock
     held = committed.live and (lock is None or lock.fenced_withs >= committed.level)
-    if held and committed.where is not None:  # its ``with`` ran in a frame that returned since
-        held = _on_stack(committed.where)
+    if held and committed.where is not None:  # its ``with`` returned or went past its body
+        held = not _with_left(committed.where)
     if state == inspect.GEN_RUNNING or (state == inspect.GEN_SUSPENDED and held):
         return  # open: this block runs inside it
     del _opened()[using]
@@ -557,12 +564,22 @@ def drop_abandoned(using: str) -> None:
     # Only its transaction, nothing opened on top of it since (that is left as it is).
     ours = not connection.savepoint_ids and (not blocks or blocks == [atomic])
     logged = False
+    if steps is not None and state == inspect.GEN_SUSPENDED and not ours:
+        for inner in reversed(committed.nested):  # its ``with``'s own savepoints: rolled back
+            inner_steps = inner.steps() if inner.steps is not None else None
+            if inner_steps is not None:
+                with contextlib.suppress(Exception):
+                    inner_steps.close()  # (a no-op once ended)
+        ours = not connection.savepoint_ids and (not blocks or blocks == [atomic])
     if steps is not None and state == inspect.GEN_SUSPENDED and ours:  # its exit never ran
         logged = _log_abandoned(using)
         with contextlib.suppress(Exception):
             steps.close()  # rolled back as Django's exit rolls back
         if lock is not None:  # ``with lock``: its level of the lock released, as its exit would
             _drop_block(lock, committed)
+        if committed.abandon is not None:  # ``lock_all``'s: its names released
+            with contextlib.suppress(Exception):
+                committed.abandon()
     if connection.in_atomic_block:  # left open by Django's exit cut short (or its enter)
         if not ours:
             return
@@ -582,28 +599,84 @@ _WITH_OPS = {dis.opmap[name] for name in ("BEFORE_WITH", "SETUP_WITH") if name i
 _SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
-def _with_frame(frame: Any) -> Any:
-    """``frame`` (the caller of ``BaseLock.__enter__``) if it runs a ``with`` statement on the
-    lock and stays on the stack while it runs (not a generator's), else None
+#: A ``with`` statement: its frame's id (not the frame: a block kept by its frame, as run_held's
+#: is, would make a cycle, and an abandoned block would wait for the garbage collector to be
+#: rolled back), the frame's code and the statement's offset in it.
+With = tuple[int, CodeType, int]
+
+
+def with_frame(frame: Any) -> With | None:
+    """The ``with`` statement ``frame`` (the caller of an ``__enter__``) runs, if it runs one
+    and stays on the stack while it runs (not a generator's), else None
     (``ExitStack.enter_context``, a ``@contextmanager``: frames off the stack while the block
     is open)."""
     try:
-        code = frame.f_code
-        if code.co_flags & _SUSPENDS or code.co_code[frame.f_lasti] not in _WITH_OPS:
+        code, at = frame.f_code, frame.f_lasti
+        if code.co_flags & _SUSPENDS or code.co_code[at] not in _WITH_OPS:
             return None
     except (AttributeError, IndexError):
         return None
-    return frame
+    return id(frame), code, at
 
 
-def _on_stack(frame: Any) -> bool:
-    """Whether ``frame`` is this thread's running code (it or a caller of it)."""
+def _with_left(where: With) -> bool:
+    """Whether the ``with`` statement ``where`` is done with its block: its frame returned, or
+    runs past the ``with``'s body (its exit began: the call of ``__exit__``, or code after the
+    statement, an ``except`` clause of the same function). Read from the frame's position, so
+    an exception raised as ``__exit__`` is entered, before any line of it ran, cannot hide it
+    (a flag set by the exit would never be set)."""
+    frame = _on_stack(where[0], where[1])
+    # (Another frame of that id and code is a later call: at its own ``with``, past the body.)
+    return frame is None or _in_body(frame, where[2]) is False
+
+
+def _in_body(frame: FrameType, start: int) -> bool | None:
+    """Whether ``frame`` runs inside the body of its ``with`` statement at offset ``start``
+    (the call of a function from there included); None when this Python cannot tell (no
+    exception table: 3.10). The body is what the ``with``'s handler (``PUSH_EXC_INFO``,
+    ``WITH_EXCEPT_START``) protects, directly or through handlers nested in it; neither its
+    exit's call nor the handler itself is."""
+    table = _exception_table(frame.f_code)
+    if table is None:
+        return None
+    handler = _handler_of(table, start + 2)  # the instruction after BEFORE_WITH
+    code = frame.f_code.co_code
+    if handler is None or code[handler : handler + 4 : 2] != _WITH_HANDLER:
+        return None
+    at: int | None = frame.f_lasti
+    seen: set[int] = set()
+    while at is not None and at not in seen:
+        seen.add(at)
+        at = _handler_of(table, at)
+        if at == handler:
+            return True
+    return False
+
+
+_WITH_HANDLER = bytes(dis.opmap.get(name, 0) for name in ("PUSH_EXC_INFO", "WITH_EXCEPT_START"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _exception_table(code: CodeType) -> tuple[tuple[int, int, int], ...] | None:
+    """``code``'s exception table: (start, end, handler) ranges (None before Python 3.11)."""
+    entries = getattr(dis.Bytecode(code), "exception_entries", None)
+    if entries is None or not _WITH_OPS:
+        return None
+    return tuple((entry.start, entry.end, entry.target) for entry in entries)
+
+
+def _handler_of(table: tuple[tuple[int, int, int], ...], at: int) -> int | None:
+    return next((handler for start, end, handler in table if start <= at < end), None)
+
+
+def _on_stack(frame: int, code: CodeType) -> FrameType | None:
+    """The frame of id ``frame`` running ``code`` in this thread's stack, if there is one."""
     here = inspect.currentframe()
     while here is not None:
-        if here is frame:
-            return True
+        if id(here) == frame and here.f_code is code:
+            return here
         here = here.f_back
-    return False
+    return None
 
 
 def _drop_block(lock: FencedLock, committed: _Committed) -> None:
@@ -611,6 +684,8 @@ def _drop_block(lock: FencedLock, committed: _Committed) -> None:
     for block in [each for each in blocks if each.committed is committed]:
         block.left = True
         blocks.remove(block)
+        if committed.level:  # its exit may never have counted it out: fewer are open now
+            lock.fenced_withs = min(lock.fenced_withs, committed.level - 1)
         with contextlib.suppress(Exception):
             _release_level(lock, block, committed=False)
 
@@ -836,7 +911,7 @@ def enter_block(lock: Held, where: FrameType | None) -> Held:
     statement's, when :func:`_with_frame` finds it is one)."""
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
-    held.lock, held.where = lock, _with_frame(where)
+    held.lock, held.where = lock, with_frame(where)
     try:
         block.__enter__()
         block.depth = lock.current_hold()[1].depth
@@ -868,6 +943,7 @@ def leave_block(
     instruction: any exception out of here, whichever line it landed on, goes to
     :func:`leave_failed`, which finishes the exit."""
     blocks = _blocks()
+    drop_left(lock)
     block = _innermost(lock)
     block.__exit__(exc_type, exc, tb)  # raises: nothing committed (or an interrupt after it)
     if exc_type is None:
@@ -885,6 +961,8 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
     it; committed, an ``Exception`` is logged and the block returns; the lock's level of
     this block is released if it is still held. Raises what the block's exit says."""
     blocks = _blocks()
+    with contextlib.suppress(Exception):
+        drop_left(lock)
     block = next((each for each in reversed(blocks) if each.lock is lock), None)
     if block is None:
         raise error
@@ -918,6 +996,36 @@ def _release_level(lock: FencedLock, block: FencedTransaction, committed: bool) 
         return
     with contextlib.suppress(LockError):
         _release(lock, block.depth)
+
+
+def drop_left(lock: FencedLock) -> None:
+    """As ``lock``'s ``with`` exits: roll back and release the blocks of this thread its
+    ``with`` statements left without their exit ever running (an exception raised as their
+    ``__exit__`` was entered: a reentrant re-entry's inside this one, another lock's nested
+    in it), rather than exit one of them in this one's place, or leave it open and its lock
+    renewed. The ``with`` exiting is ``lock``'s innermost block whose next outer one (if
+    any) still runs its body; every block above it whose ``with`` is left is abandoned."""
+    blocks = _blocks()
+    mine = [each for each in blocks if each.lock is lock]
+    if not mine:
+        return
+    at = len(mine) - 1
+    while at > 0 and _left(mine[at]) and _left(mine[at - 1]):
+        at -= 1
+    above = blocks[blocks.index(mine[at]) + 1 :]
+    for block in reversed(above):
+        if _left(block) and not block.left:
+            logger.warning("redlock: %s: its `with` was left without its exit (an exception"
+                           " raised as the exit was entered): its fenced block rolled back now,"
+                           " nothing of it committed", block.lock.describe())  # fmt: skip
+            with contextlib.suppress(Exception):
+                block._steps.close()  # rolled back to its savepoint, as its exit would
+            _drop_block(block.lock, block.committed)
+
+
+def _left(block: FencedTransaction) -> bool:
+    where = block.committed.where
+    return where is not None and _with_left(where)
 
 
 def _innermost(lock: FencedLock) -> FencedTransaction:
