@@ -169,6 +169,8 @@ class _Committed:
     # what frees its locks, should that ``with`` abandon it: see :func:`drop_abandoned`.
     nested: tuple[_Committed, ...] = ()
     abandon: Callable[[], None] | None = None
+    using: str | None = None  # its database, once its transaction (or savepoint) is opened
+    atomic: weakref.ReferenceType[Any] | None = None  # (its Django ``Atomic``)
 
     def __call__(self) -> None:
         self.done = True
@@ -318,6 +320,7 @@ def _fenced_steps(
     proved_hooks: list[Callable[[], None]] = []
     try:
         atomic = transaction.atomic(using=using)
+        committed.using, committed.atomic = using, weakref.ref(atomic)
         if outermost:  # known as a fenced block's, should its exit never run (drop_abandoned)
             _opened()[using] = (weakref.ref(atomic), committed)
         with atomic:
@@ -908,11 +911,12 @@ _open = threading.local()
 def enter_block(lock: Held, where: FrameType | None) -> Held:
     """After the acquire: open the fenced block, or release the lock and raise. Returns
     ``lock`` (``with``'s value). ``where``: the frame that called ``__enter__`` (the ``with``
-    statement's, when :func:`_with_frame` finds it is one)."""
+    statement's, when :func:`with_frame` finds it is one)."""
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
     held.lock, held.where = lock, with_frame(where)
     try:
+        drop_left_blocks()  # (this block is not among them yet)
         block.__enter__()
         block.depth = lock.current_hold()[1].depth
         _blocks().append(block)
@@ -943,7 +947,7 @@ def leave_block(
     instruction: any exception out of here, whichever line it landed on, goes to
     :func:`leave_failed`, which finishes the exit."""
     blocks = _blocks()
-    drop_left(lock)
+    _drop_left(lock)
     block = _innermost(lock)
     block.__exit__(exc_type, exc, tb)  # raises: nothing committed (or an interrupt after it)
     if exc_type is None:
@@ -962,7 +966,7 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
     this block is released if it is still held. Raises what the block's exit says."""
     blocks = _blocks()
     with contextlib.suppress(Exception):
-        drop_left(lock)
+        _drop_left(lock)
     block = next((each for each in reversed(blocks) if each.lock is lock), None)
     if block is None:
         raise error
@@ -998,29 +1002,73 @@ def _release_level(lock: FencedLock, block: FencedTransaction, committed: bool) 
         _release(lock, block.depth)
 
 
-def drop_left(lock: FencedLock) -> None:
-    """As ``lock``'s ``with`` exits: roll back and release the blocks of this thread its
+def _drop_left(lock: FencedLock) -> None:
+    """As ``lock``'s ``with`` exits: roll back and release the blocks of this thread their
     ``with`` statements left without their exit ever running (an exception raised as their
-    ``__exit__`` was entered: a reentrant re-entry's inside this one, another lock's nested
-    in it), rather than exit one of them in this one's place, or leave it open and its lock
-    renewed. The ``with`` exiting is ``lock``'s innermost block whose next outer one (if
-    any) still runs its body; every block above it whose ``with`` is left is abandoned."""
+    ``__exit__`` was entered: a reentrant re-entry inside this one, another lock's block
+    nested in it), rather than exit one of them in this one's place, or leave it open and its
+    lock renewed. The ``with`` exiting is ``lock``'s innermost open block, unless that block's
+    frame returned, or it is left and so is the next outer one of the same frame (its exit
+    would have come inside that one's body): then that outer one. Every open block above the
+    one exiting whose ``with`` is left is abandoned."""
     blocks = _blocks()
-    mine = [each for each in blocks if each.lock is lock]
+    mine = [each for each in blocks if each.lock is lock and _is_open(each)]
     if not mine:
         return
     at = len(mine) - 1
-    while at > 0 and _left(mine[at]) and _left(mine[at - 1]):
+    while at > 0 and _inside_left(mine[at], mine[at - 1]):
         at -= 1
-    above = blocks[blocks.index(mine[at]) + 1 :]
-    for block in reversed(above):
-        if _left(block) and not block.left:
-            logger.warning("redlock: %s: its `with` was left without its exit (an exception"
-                           " raised as the exit was entered): its fenced block rolled back now,"
-                           " nothing of it committed", block.lock.describe())  # fmt: skip
-            with contextlib.suppress(Exception):
-                block._steps.close()  # rolled back to its savepoint, as its exit would
-            _drop_block(block.lock, block.committed)
+    _drop_left_above(blocks[blocks.index(mine[at]) + 1 :])
+
+
+def drop_left_blocks() -> None:
+    """As a ``with lock`` block opens: roll back and release the thread's open ``with lock``
+    blocks (innermost first) whose ``with`` is left (an exception as their exit was entered,
+    caught in the same function, in an outer transaction: savepoints :func:`drop_abandoned`,
+    which looks at the outermost transaction, does not see)."""
+    _drop_left_above(list(_blocks()))
+
+
+def _drop_left_above(blocks: list[FencedTransaction]) -> None:
+    """Roll back and release each of ``blocks`` (innermost last) left by its ``with``, from the
+    innermost, while each is the last ``atomic()`` open on its connection (one opened on top of
+    it since and not closed is left as it is: Django's exits would mix their savepoints up)."""
+    for block in reversed(blocks):
+        if not _is_open(block):
+            continue
+        committed = block.committed
+        if not _left(block) or not _last_atomic(committed):
+            return
+        logger.warning("redlock: %s: its `with` was left without its exit (an exception raised"
+                       " as the exit was entered): its fenced block rolled back now, nothing of"
+                       " it committed", block.lock.describe())  # fmt: skip
+        with contextlib.suppress(Exception):
+            block._steps.close()  # rolled back (to its savepoint), as its exit would
+        _drop_block(block.lock, committed)
+
+
+def _is_open(block: FencedTransaction) -> bool:
+    return not block.left and inspect.getgeneratorstate(block._steps) == inspect.GEN_SUSPENDED
+
+
+def _last_atomic(committed: _Committed) -> bool:
+    atomic = committed.atomic() if committed.atomic is not None else None
+    if atomic is None or committed.using is None:
+        return False
+    opened = connections[committed.using].atomic_blocks
+    return bool(opened) and opened[-1] is atomic
+
+
+def _inside_left(inner: FencedTransaction, outer: FencedTransaction) -> bool:
+    """Whether ``inner`` (a later block of the same lock than ``outer``) was abandoned by its
+    ``with``, now that one of the two exits: its frame returned, or both are left in one frame
+    (``inner``'s exit is inside ``outer``'s body: the one exiting is ``outer``)."""
+    where, around = inner.committed.where, outer.committed.where
+    if where is None:
+        return False
+    if _on_stack(where[0], where[1]) is None:
+        return True
+    return around is not None and around[:2] == where[:2] and _left(inner) and _left(outer)
 
 
 def _left(block: FencedTransaction) -> bool:

@@ -17,7 +17,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 
@@ -219,3 +219,24 @@ def test_blocks_opened_inside_a_body_s_except_clause_stay_savepoints_of_it(name:
         "atomic()",
         "lock_all",
     ]
+
+
+def test_a_block_abandoned_inside_an_outer_transaction_is_rolled_back_to_its_savepoint(
+    name: str,
+) -> None:
+    """Inside an outer transaction the abandoned block is a savepoint: rolled back to it as the
+    next block opens (and its lock released), not committed with the outer transaction."""
+    open_shop(DB, 1, 10)
+    with transaction.atomic(using=DB):
+        try:
+            with lock(name, ttl=30, atomic=True):
+                sell_one(DB, 1, "body")
+                cut(BaseLock.__exit__.__code__)
+        except TimeLimit:
+            with lock(f"{name}:failures", ttl=30, atomic=True):
+                sell_one(DB, 1, "handler")
+            assert not lock(name).locked()
+        finally:
+            sys.settrace(None)
+    assert not connections[DB].in_atomic_block
+    assert [who for who, _ in sales(DB)] == ["handler"]
