@@ -38,9 +38,11 @@ an interrupt, which says "stop"). So:
   before the COMMIT, rolled back and raised; after it, logged (an interrupt goes on); the
   lock released at once either way;
 * a block a burst of such exceptions abandoned (its opening, or its exit's clean-up, Django's
-  ``Atomic.__exit__`` included, cut short at every line) leaves its transaction open: the
-  thread's next block rolls it back as it opens (:func:`drop_abandoned`), rather than run as a
-  savepoint of it and return "committed" with nothing ever committed.
+  ``Atomic.__exit__`` included, cut short at every line), or one such exception as its
+  ``__exit__`` was entered, leaves its transaction open: the thread's next block rolls it
+  back as it opens (:func:`drop_abandoned`), rather than run as a savepoint of it and return
+  "committed" with nothing ever committed. Abandoned: its ``with`` statement (recorded by
+  every entry, :func:`with_frame`) returned or runs past its body (:func:`_with_left`).
 
 The SQL of the fence table (record and check, the read after a lost COMMIT, pruning) is
 :mod:`.fence_table`'s; this module runs the block around it.
@@ -1027,6 +1029,19 @@ def drop_left_blocks() -> None:
     caught in the same function, in an outer transaction: savepoints :func:`drop_abandoned`,
     which looks at the outermost transaction, does not see)."""
     _drop_left_above(list(_blocks()))
+
+
+def drop_all_abandoned(**_: Any) -> None:
+    """Roll back and release every fenced block of this thread abandoned by its ``with`` (on
+    any database): connected to the end of a request (Django's ``request_finished``) and of a
+    Celery task (``task_postrun``), where every ``with`` of the work has ended, so that an
+    abandoned block's lock is not renewed until the thread's next fenced block. Blocks whose
+    ``with`` is not known (an ``ExitStack``'s) and those still in their body are left."""
+    with contextlib.suppress(Exception):
+        drop_left_blocks()
+    for using in list(_opened()):
+        with contextlib.suppress(Exception):
+            drop_abandoned(using)
 
 
 def _drop_left_above(blocks: list[FencedTransaction]) -> None:

@@ -17,6 +17,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import pytest
+from django.core.signals import request_finished
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
@@ -240,3 +241,26 @@ def test_a_block_abandoned_inside_an_outer_transaction_is_rolled_back_to_its_sav
             sys.settrace(None)
     assert not connections[DB].in_atomic_block
     assert [who for who, _ in sales(DB)] == ["handler"]
+
+
+def test_a_block_abandoned_with_no_next_block_is_let_go_at_the_request_s_end(name: str) -> None:
+    """No fenced block comes next in the thread: the end of the request (Django's
+    ``request_finished``; Celery's ``task_postrun`` alike) rolls the abandoned block back and
+    releases its lock, rather than leave it held and renewed until the thread's next block."""
+    open_shop(DB, 1, 10)
+
+    def work() -> None:
+        try:
+            with lock(name, ttl=30, atomic=True):
+                sell_one(DB, 1, "body")
+                cut(BaseLock.__exit__.__code__)
+        except TimeLimit:
+            pass  # handled: the work goes on, and ends
+        finally:
+            sys.settrace(None)
+
+    work()
+    assert lock(name).locked()  # (until the request's end)
+    request_finished.send(sender=None)
+    assert not lock(name).locked() and not connections[DB].in_atomic_block
+    assert sales(DB) == []
