@@ -210,7 +210,7 @@ class FencedTransaction:
 
     def _open(self) -> None:
         if not self.by_lock:  # ``with lk.atomic()``, run_held's: the caller of __enter__
-            self.committed.where = with_frame(sys._getframe(2))
+            self.committed.where = with_frame(frame_above(2))
         next(self._steps)
         if not self.by_lock:  # ``with lk.atomic()``: the ``with`` has it from here on
             self.committed.live = True
@@ -622,6 +622,14 @@ def with_frame(frame: Any) -> With | None:
     except (AttributeError, IndexError):
         return None
     return id(frame), code, at
+
+
+def frame_above(levels: int) -> FrameType | None:
+    """The frame ``levels`` calls above the caller of this function (0: the caller's own)."""
+    frame = inspect.currentframe()
+    for _ in range(levels + 1):
+        frame = frame.f_back if frame is not None else None
+    return frame
 
 
 def _with_left(where: With) -> bool:

@@ -38,7 +38,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
@@ -58,6 +57,7 @@ from ..fencing import (
     database_of,
     drop_abandoned,
     fenced_transaction,
+    frame_above,
     refuse_manual_commit,
     with_frame,
 )
@@ -165,7 +165,7 @@ class MultiBlock:
             error = LockLost if lost else LockNotOwned
             raise error(f"{multi.describe()}: {', '.join(map(repr, missing))} not held"
                         f"{' (lost)' if lost else ''}")  # fmt: skip
-        where = with_frame(sys._getframe(2))  # the ``with`` statement: the caller of __enter__
+        where = with_frame(frame_above(2))  # the ``with`` statement: the caller of __enter__
         for lk in multi.locks:  # canonical order: the rows are locked in that order
             block = fenced_transaction(lk, self.using)
             self.members.append(block)  # first: one opened is left whatever comes next
@@ -597,7 +597,7 @@ class MultiLock:
 
     def __enter__(self) -> MultiLock:
         # A fenced block tells from the ``with`` statement's frame when its ``with`` is left.
-        where = with_frame(sys._getframe(1)) if self.database is not None else None
+        where = with_frame(frame_above(1)) if self.database is not None else None
         if self.database is not None:  # autocommit off: refused before the lock is taken
             drop_abandoned(self.database)  # (not a block's leftover transaction)
             refuse_manual_commit(self.database, self.describe())
