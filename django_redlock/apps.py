@@ -36,6 +36,14 @@ class DjangoRedlockConfig(AppConfig):
         from .contrib.single import duplicate_skipped  # Celery's and Django Tasks' duplicates
 
         incidents.connect()
+        from django.core.signals import request_finished
+
+        from .fencing import drop_all_abandoned
+
+        # A fenced block abandoned by its ``with`` (an exception entering its exit) is rolled
+        # back and its lock released at the end of the request, not when the thread's next
+        # fenced block opens.
+        request_finished.connect(drop_all_abandoned, dispatch_uid="redlock-fenced-abandoned")
         duplicate_skipped.connect(
             incidents.on_duplicate, dispatch_uid="redlock-incidents-duplicate"
         )

@@ -233,6 +233,8 @@ def check_fence(
     except OperationalError as exc:
         if _lock_timeout(exc):
             waited = "the database's lock_timeout" if wait is None else f"{wait:g} s"
+            if connection.vendor == "sqlite":  # SQLite's own wait bounds it (its timeout)
+                waited = "SQLite's busy timeout"
             raise LockNotAcquired(
                 f"{describe or repr(name)}: its database row stayed locked by another"
                 f" transaction for {waited} (a previous holder's transaction outlived its hold:"
@@ -317,8 +319,19 @@ def _bound(wait: float) -> str:
 
 
 def _lock_timeout(exc: BaseException) -> bool:
+    """Whether the database gave up waiting for a lock: PostgreSQL's lock_timeout (55P03),
+    SQLite's busy timeout (SQLITE_BUSY, "database is locked": its only row wait)."""
     cause = exc.__cause__
-    return getattr(cause, "sqlstate", None) == "55P03" or getattr(cause, "pgcode", None) == "55P03"
+    if getattr(cause, "sqlstate", None) == "55P03" or getattr(cause, "pgcode", None) == "55P03":
+        return True
+    code = getattr(cause, "sqlite_errorcode", None)  # Python >= 3.11
+    if code is not None:
+        return bool(code & 0xFF == _SQLITE_BUSY)  # extended codes keep the primary low byte
+    sqlite = type(cause).__module__.startswith("sqlite3")  # (not imported where unused)
+    return sqlite and str(cause) == "database is locked"
+
+
+_SQLITE_BUSY = 5
 
 
 def _upsert(

@@ -38,9 +38,11 @@ an interrupt, which says "stop"). So:
   before the COMMIT, rolled back and raised; after it, logged (an interrupt goes on); the
   lock released at once either way;
 * a block a burst of such exceptions abandoned (its opening, or its exit's clean-up, Django's
-  ``Atomic.__exit__`` included, cut short at every line) leaves its transaction open: the
-  thread's next block rolls it back as it opens (:func:`drop_abandoned`), rather than run as a
-  savepoint of it and return "committed" with nothing ever committed.
+  ``Atomic.__exit__`` included, cut short at every line), or one such exception as its
+  ``__exit__`` was entered, leaves its transaction open: the thread's next block rolls it
+  back as it opens (:func:`drop_abandoned`), rather than run as a savepoint of it and return
+  "committed" with nothing ever committed. Abandoned: its ``with`` statement (recorded by
+  every entry, :func:`with_frame`) returned or runs past its body (:func:`_with_left`).
 
 The SQL of the fence table (record and check, the read after a lost COMMIT, pruning) is
 :mod:`.fence_table`'s; this module runs the block around it.
@@ -51,6 +53,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dis
+import functools
 import inspect
 import logging
 import secrets
@@ -58,7 +61,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Generator
-from types import FrameType, TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from django.db import (
@@ -163,7 +166,13 @@ class _Committed:
     live = False
     lock: FencedLock | None = None
     level = 0
-    where: Any = None  # ``with lock``: the frame running its ``with`` statement, if known
+    where: Any = None  # its ``with`` statement (with_frame), if known
+    # Opened by the same ``with`` (``lock_all``'s other members: savepoints of this one), and
+    # what frees its locks, should that ``with`` abandon it: see :func:`drop_abandoned`.
+    nested: tuple[_Committed, ...] = ()
+    abandon: Callable[[], None] | None = None
+    using: str | None = None  # its database, once its transaction (or savepoint) is opened
+    atomic: weakref.ReferenceType[Any] | None = None  # (its Django ``Atomic``)
 
     def __call__(self) -> None:
         self.done = True
@@ -200,6 +209,8 @@ class FencedTransaction:
         except BaseException as error: self._stop(error)  # noqa: E701  # fmt: skip
 
     def _open(self) -> None:
+        if not self.by_lock:  # ``with lk.atomic()``, run_held's: the caller of __enter__
+            self.committed.where = with_frame(frame_above(2))
         next(self._steps)
         if not self.by_lock:  # ``with lk.atomic()``: the ``with`` has it from here on
             self.committed.live = True
@@ -311,6 +322,7 @@ def _fenced_steps(
     proved_hooks: list[Callable[[], None]] = []
     try:
         atomic = transaction.atomic(using=using)
+        committed.using, committed.atomic = using, weakref.ref(atomic)
         if outermost:  # known as a fenced block's, should its exit never run (drop_abandoned)
             _opened()[using] = (weakref.ref(atomic), committed)
         with atomic:
@@ -547,8 +559,8 @@ def drop_abandoned(using: str) -> None:
     state = inspect.GEN_CLOSED if steps is None else inspect.getgeneratorstate(steps)
     lock = committed.lock
     held = committed.live and (lock is None or lock.fenced_withs >= committed.level)
-    if held and committed.where is not None:  # its ``with`` ran in a frame that returned since
-        held = _on_stack(committed.where)
+    if held and committed.where is not None:  # its ``with`` returned or went past its body
+        held = not _with_left(committed.where)
     if state == inspect.GEN_RUNNING or (state == inspect.GEN_SUSPENDED and held):
         return  # open: this block runs inside it
     del _opened()[using]
@@ -557,12 +569,22 @@ def drop_abandoned(using: str) -> None:
     # Only its transaction, nothing opened on top of it since (that is left as it is).
     ours = not connection.savepoint_ids and (not blocks or blocks == [atomic])
     logged = False
+    if steps is not None and state == inspect.GEN_SUSPENDED and not ours:
+        for inner in reversed(committed.nested):  # its ``with``'s own savepoints: rolled back
+            inner_steps = inner.steps() if inner.steps is not None else None
+            if inner_steps is not None:
+                with contextlib.suppress(Exception):
+                    inner_steps.close()  # (a no-op once ended)
+        ours = not connection.savepoint_ids and (not blocks or blocks == [atomic])
     if steps is not None and state == inspect.GEN_SUSPENDED and ours:  # its exit never ran
         logged = _log_abandoned(using)
         with contextlib.suppress(Exception):
             steps.close()  # rolled back as Django's exit rolls back
         if lock is not None:  # ``with lock``: its level of the lock released, as its exit would
             _drop_block(lock, committed)
+        if committed.abandon is not None:  # ``lock_all``'s: its names released
+            with contextlib.suppress(Exception):
+                committed.abandon()
     if connection.in_atomic_block:  # left open by Django's exit cut short (or its enter)
         if not ours:
             return
@@ -582,28 +604,92 @@ _WITH_OPS = {dis.opmap[name] for name in ("BEFORE_WITH", "SETUP_WITH") if name i
 _SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
-def _with_frame(frame: Any) -> Any:
-    """``frame`` (the caller of ``BaseLock.__enter__``) if it runs a ``with`` statement on the
-    lock and stays on the stack while it runs (not a generator's), else None
+#: A ``with`` statement: its frame's id (not the frame: a block kept by its frame, as run_held's
+#: is, would make a cycle, and an abandoned block would wait for the garbage collector to be
+#: rolled back), the frame's code and the statement's offset in it.
+With = tuple[int, CodeType, int]
+
+
+def with_frame(frame: Any) -> With | None:
+    """The ``with`` statement ``frame`` (the caller of an ``__enter__``) runs, if it runs one
+    and stays on the stack while it runs (not a generator's), else None
     (``ExitStack.enter_context``, a ``@contextmanager``: frames off the stack while the block
     is open)."""
     try:
-        code = frame.f_code
-        if code.co_flags & _SUSPENDS or code.co_code[frame.f_lasti] not in _WITH_OPS:
+        code, at = frame.f_code, frame.f_lasti
+        if code.co_flags & _SUSPENDS or code.co_code[at] not in _WITH_OPS:
             return None
     except (AttributeError, IndexError):
         return None
+    return id(frame), code, at
+
+
+def frame_above(levels: int) -> FrameType | None:
+    """The frame ``levels`` calls above the caller of this function (0: the caller's own)."""
+    frame = inspect.currentframe()
+    for _ in range(levels + 1):
+        frame = frame.f_back if frame is not None else None
     return frame
 
 
-def _on_stack(frame: Any) -> bool:
-    """Whether ``frame`` is this thread's running code (it or a caller of it)."""
+def _with_left(where: With) -> bool:
+    """Whether the ``with`` statement ``where`` is done with its block: its frame returned, or
+    runs past the ``with``'s body (its exit began: the call of ``__exit__``, or code after the
+    statement, an ``except`` clause of the same function). Read from the frame's position, so
+    an exception raised as ``__exit__`` is entered, before any line of it ran, cannot hide it
+    (a flag set by the exit would never be set)."""
+    frame = _on_stack(where[0], where[1])
+    # (Another frame of that id and code is a later call: at its own ``with``, past the body.)
+    return frame is None or _in_body(frame, where[2]) is False
+
+
+def _in_body(frame: FrameType, start: int) -> bool | None:
+    """Whether ``frame`` runs inside the body of its ``with`` statement at offset ``start``
+    (the call of a function from there included); None when this Python cannot tell (no
+    exception table: 3.10). The body is what the ``with``'s handler (``PUSH_EXC_INFO``,
+    ``WITH_EXCEPT_START``) protects, directly or through handlers nested in it; neither its
+    exit's call nor the handler itself is."""
+    table = _exception_table(frame.f_code)
+    if table is None:
+        return None
+    handler = _handler_of(table, start + 2)  # the instruction after BEFORE_WITH
+    code = frame.f_code.co_code
+    if handler is None or code[handler : handler + 4 : 2] != _WITH_HANDLER:
+        return None
+    at: int | None = frame.f_lasti
+    seen: set[int] = set()
+    while at is not None and at not in seen:
+        seen.add(at)
+        at = _handler_of(table, at)
+        if at == handler:
+            return True
+    return False
+
+
+_WITH_HANDLER = bytes(dis.opmap.get(name, 0) for name in ("PUSH_EXC_INFO", "WITH_EXCEPT_START"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _exception_table(code: CodeType) -> tuple[tuple[int, int, int], ...] | None:
+    """``code``'s exception table: (start, end, handler) ranges (None before Python 3.11)."""
+    entries = getattr(dis.Bytecode(code), "exception_entries", None)
+    if entries is None or not _WITH_OPS:
+        return None
+    return tuple((entry.start, entry.end, entry.target) for entry in entries)
+
+
+def _handler_of(table: tuple[tuple[int, int, int], ...], at: int) -> int | None:
+    return next((handler for start, end, handler in table if start <= at < end), None)
+
+
+def _on_stack(frame: int, code: CodeType) -> FrameType | None:
+    """The frame of id ``frame`` running ``code`` in this thread's stack, if there is one."""
     here = inspect.currentframe()
     while here is not None:
-        if here is frame:
-            return True
+        if id(here) == frame and here.f_code is code:
+            return here
         here = here.f_back
-    return False
+    return None
 
 
 def _drop_block(lock: FencedLock, committed: _Committed) -> None:
@@ -611,6 +697,8 @@ def _drop_block(lock: FencedLock, committed: _Committed) -> None:
     for block in [each for each in blocks if each.committed is committed]:
         block.left = True
         blocks.remove(block)
+        if committed.level:  # its exit may never have counted it out: fewer are open now
+            lock.fenced_withs = min(lock.fenced_withs, committed.level - 1)
         with contextlib.suppress(Exception):
             _release_level(lock, block, committed=False)
 
@@ -833,11 +921,12 @@ _open = threading.local()
 def enter_block(lock: Held, where: FrameType | None) -> Held:
     """After the acquire: open the fenced block, or release the lock and raise. Returns
     ``lock`` (``with``'s value). ``where``: the frame that called ``__enter__`` (the ``with``
-    statement's, when :func:`_with_frame` finds it is one)."""
+    statement's, when :func:`with_frame` finds it is one)."""
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
-    held.lock, held.where = lock, _with_frame(where)
+    held.lock, held.where = lock, with_frame(where)
     try:
+        drop_left_blocks()  # (this block is not among them yet)
         block.__enter__()
         block.depth = lock.current_hold()[1].depth
         _blocks().append(block)
@@ -868,6 +957,7 @@ def leave_block(
     instruction: any exception out of here, whichever line it landed on, goes to
     :func:`leave_failed`, which finishes the exit."""
     blocks = _blocks()
+    _drop_left(lock)
     block = _innermost(lock)
     block.__exit__(exc_type, exc, tb)  # raises: nothing committed (or an interrupt after it)
     if exc_type is None:
@@ -885,6 +975,8 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
     it; committed, an ``Exception`` is logged and the block returns; the lock's level of
     this block is released if it is still held. Raises what the block's exit says."""
     blocks = _blocks()
+    with contextlib.suppress(Exception):
+        _drop_left(lock)
     block = next((each for each in reversed(blocks) if each.lock is lock), None)
     if block is None:
         raise error
@@ -918,6 +1010,93 @@ def _release_level(lock: FencedLock, block: FencedTransaction, committed: bool) 
         return
     with contextlib.suppress(LockError):
         _release(lock, block.depth)
+
+
+def _drop_left(lock: FencedLock) -> None:
+    """As ``lock``'s ``with`` exits: roll back and release the blocks of this thread their
+    ``with`` statements left without their exit ever running (an exception raised as their
+    ``__exit__`` was entered: a reentrant re-entry inside this one, another lock's block
+    nested in it), rather than exit one of them in this one's place, or leave it open and its
+    lock renewed. The ``with`` exiting is ``lock``'s innermost open block, unless that block's
+    frame returned, or it is left and so is the next outer one of the same frame (its exit
+    would have come inside that one's body): then that outer one. Every open block above the
+    one exiting whose ``with`` is left is abandoned."""
+    blocks = _blocks()
+    mine = [each for each in blocks if each.lock is lock and _is_open(each)]
+    if not mine:
+        return
+    at = len(mine) - 1
+    while at > 0 and _inside_left(mine[at], mine[at - 1]):
+        at -= 1
+    _drop_left_above(blocks[blocks.index(mine[at]) + 1 :])
+
+
+def drop_left_blocks() -> None:
+    """As a ``with lock`` block opens: roll back and release the thread's open ``with lock``
+    blocks (innermost first) whose ``with`` is left (an exception as their exit was entered,
+    caught in the same function, in an outer transaction: savepoints :func:`drop_abandoned`,
+    which looks at the outermost transaction, does not see)."""
+    _drop_left_above(list(_blocks()))
+
+
+def drop_all_abandoned(**_: Any) -> None:
+    """Roll back and release every fenced block of this thread abandoned by its ``with`` (on
+    any database): connected to the end of a request (Django's ``request_finished``) and of a
+    Celery task (``task_postrun``), where every ``with`` of the work has ended, so that an
+    abandoned block's lock is not renewed until the thread's next fenced block. Blocks whose
+    ``with`` is not known (an ``ExitStack``'s) and those still in their body are left."""
+    with contextlib.suppress(Exception):
+        drop_left_blocks()
+    for using in list(_opened()):
+        with contextlib.suppress(Exception):
+            drop_abandoned(using)
+
+
+def _drop_left_above(blocks: list[FencedTransaction]) -> None:
+    """Roll back and release each of ``blocks`` (innermost last) left by its ``with``, from the
+    innermost, while each is the last ``atomic()`` open on its connection (one opened on top of
+    it since and not closed is left as it is: Django's exits would mix their savepoints up)."""
+    for block in reversed(blocks):
+        if not _is_open(block):
+            continue
+        committed = block.committed
+        if not _left(block) or not _last_atomic(committed):
+            return
+        logger.warning("redlock: %s: its `with` was left without its exit (an exception raised"
+                       " as the exit was entered): its fenced block rolled back now, nothing of"
+                       " it committed", block.lock.describe())  # fmt: skip
+        with contextlib.suppress(Exception):
+            block._steps.close()  # rolled back (to its savepoint), as its exit would
+        _drop_block(block.lock, committed)
+
+
+def _is_open(block: FencedTransaction) -> bool:
+    return not block.left and inspect.getgeneratorstate(block._steps) == inspect.GEN_SUSPENDED
+
+
+def _last_atomic(committed: _Committed) -> bool:
+    atomic = committed.atomic() if committed.atomic is not None else None
+    if atomic is None or committed.using is None:
+        return False
+    opened = connections[committed.using].atomic_blocks
+    return bool(opened) and opened[-1] is atomic
+
+
+def _inside_left(inner: FencedTransaction, outer: FencedTransaction) -> bool:
+    """Whether ``inner`` (a later block of the same lock than ``outer``) was abandoned by its
+    ``with``, now that one of the two exits: its frame returned, or both are left in one frame
+    (``inner``'s exit is inside ``outer``'s body: the one exiting is ``outer``)."""
+    where, around = inner.committed.where, outer.committed.where
+    if where is None:
+        return False
+    if _on_stack(where[0], where[1]) is None:
+        return True
+    return around is not None and around[:2] == where[:2] and _left(inner) and _left(outer)
+
+
+def _left(block: FencedTransaction) -> bool:
+    where = block.committed.where
+    return where is not None and _with_left(where)
 
 
 def _innermost(lock: FencedLock) -> FencedTransaction:

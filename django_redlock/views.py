@@ -8,7 +8,6 @@ import inspect
 import logging
 import math
 from collections.abc import Callable
-from contextlib import ExitStack
 from typing import Any, TypeVar, cast
 
 from asgiref.sync import sync_to_async
@@ -22,7 +21,7 @@ from .exceptions import (
     QuorumNotReached,
     StaleFence,
 )
-from .fencing import database_of, refuse_manual_commit
+from .fencing import database_of, drop_abandoned, refuse_manual_commit
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
 from .locking.steps import drive
@@ -215,6 +214,7 @@ class _ViewGuard:
         if isinstance(held, HttpResponse):
             return held
         if self.database is not None:  # autocommit off: refused before the lock is taken
+            drop_abandoned(self.database)  # (not a block's leftover transaction)
             refuse_manual_commit(self.database, held.describe())
         try:
             if not drive(held.backend, held.acquire_steps(True, self.timeout)):
@@ -222,21 +222,34 @@ class _ViewGuard:
         except (BackendUnavailable, QuorumNotReached):  # Redlock: no majority answered
             return self.unavailable()
         try:
-            with ExitStack() as fenced:
-                if self.database is not None:
-                    try:  # commits (or rolls back) before the release below
-                        fenced.enter_context(held.atomic())
-                    except (StaleFence, LockNotAcquired) as exc:  # the view did not run
-                        logger.warning("redlock: %s", exc)  # (its row stayed locked)
-                        return self.busy(None)
-                result = view(request, *args, **kwargs)
-                refuse_generator_result(result, view, "@lock_view(...)")  # before the release
-                return result
+            if self.database is None:
+                return self.run_view(view, request, args, kwargs)
+            ran = False
+            try:
+                # A ``with`` statement of its own (not an ExitStack's): its frame tells when
+                # its block is left (fencing.drop_abandoned), and an exception right after
+                # the block opened still exits it. Commits (or rolls back) before the release.
+                with held.atomic():
+                    ran = True
+                    return self.run_view(view, request, args, kwargs)
+            except (StaleFence, LockNotAcquired) as exc:
+                if ran:
+                    raise
+                logger.warning("redlock: %s", exc)  # the view did not run (its row stayed locked)
+                return self.busy(None)
         finally:
             try:
                 drive(held.backend, held.release_steps())
             except Exception as exc:  # it runs out at its TTL; the answer stands
                 logger.warning("redlock: %s", exc)
+
+    @staticmethod
+    def run_view(
+        view: Any, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        result = view(request, *args, **kwargs)
+        refuse_generator_result(result, view, "@lock_view(...)")  # before the release
+        return result
 
 
 #: Template fields the client fills (a missing one answers 400), unlike URL kwargs.

@@ -41,7 +41,7 @@ from celery.exceptions import (
     WorkerLostError,
 )
 from celery.local import Proxy
-from celery.signals import task_failure, task_received, task_revoked, worker_ready
+from celery.signals import task_failure, task_postrun, task_received, task_revoked, worker_ready
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
 from celery.utils.time import maybe_make_aware
@@ -50,7 +50,7 @@ from django.db import connections
 from ..backends import markers
 from ..backends.base import Kind, Released
 from ..exceptions import LockError
-from ..fencing import on_commit_or_proved
+from ..fencing import drop_all_abandoned, on_commit_or_proved
 from ..handler import locks
 from ..identity import HOST
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
@@ -915,6 +915,12 @@ def _on_revoked(
     except (TypeError, ValueError):  # arguments no key fits: nothing was noted
         return
     clear_queued_marker(config, key, str(request.id))  # logs a failure: it expires
+
+
+# A fenced block the task's ``with`` abandoned (a soft time limit entering its exit, caught by
+# the task) is rolled back and its lock released once the task ended, not at the thread's
+# next fenced block.
+task_postrun.connect(drop_all_abandoned, weak=False, dispatch_uid="redlock-fenced-abandoned")
 
 
 @task_failure.connect

@@ -35,6 +35,7 @@ from ..backends.base import Kind, LockInfo
 from ..exceptions import LockError, LockNotAcquired
 from ..fencing import (
     database_of,
+    drop_abandoned,
     fenced_transaction,
     refuse_manual_commit,
     release_after_commit,
@@ -637,6 +638,7 @@ def take(
     line once the lock is taken: nothing between the acquire and that guard may leave it held
     and renewed)."""
     if config.atomic is not None:  # autocommit off: refused before the lock is taken
+        drop_abandoned(config.atomic)  # (not a block's leftover transaction)
         refuse_manual_commit(config.atomic, f"@single_instance lock {key!r}")
     if held is None:
         held = new_hold(config, key, task_id, attempt)

@@ -52,10 +52,14 @@ from ..backends.redis import RedisBackend, TakenAll
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..fencing import (
     FencedTransaction,
+    With,
     check_database,
     database_of,
+    drop_abandoned,
     fenced_transaction,
+    frame_above,
     refuse_manual_commit,
+    with_frame,
 )
 from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import group_meta, holder_meta, lend_owner, new_token, new_waiter_id, owner_id
@@ -161,10 +165,14 @@ class MultiBlock:
             error = LockLost if lost else LockNotOwned
             raise error(f"{multi.describe()}: {', '.join(map(repr, missing))} not held"
                         f"{' (lost)' if lost else ''}")  # fmt: skip
+        where = with_frame(frame_above(2))  # the ``with`` statement: the caller of __enter__
         for lk in multi.locks:  # canonical order: the rows are locked in that order
             block = fenced_transaction(lk, self.using)
             self.members.append(block)  # first: one opened is left whatever comes next
             block.__enter__()
+        for block in self.members:  # once all opened: the ``with`` is not in its body yet
+            block.committed.where = where
+        self.members[0].committed.nested = tuple(each.committed for each in self.members[1:])
 
     def _not_opened(self, error: BaseException) -> NoReturn:
         """StaleFence, the database failed, an interrupt: nothing committed; the members
@@ -588,14 +596,17 @@ class MultiLock:
         return self.timeout if self.blocking else None
 
     def __enter__(self) -> MultiLock:
+        # A fenced block tells from the ``with`` statement's frame when its ``with`` is left.
+        where = with_frame(frame_above(1)) if self.database is not None else None
         if self.database is not None:  # autocommit off: refused before the lock is taken
+            drop_abandoned(self.database)  # (not a block's leftover transaction)
             refuse_manual_commit(self.database, self.describe())
         self._block = None  # a previous block's, left
         try:
             if not self.acquire(self.blocking, self._timeout()):
                 raise self._not_acquired(self._timeout())
             if self.database is not None:
-                self._open_block(self.database)
+                self._open_block(self.database, where)
             return self
         except BaseException as exc:
             # Up to the body, an exception (an interrupt on the way back from the take, on
@@ -691,15 +702,19 @@ class MultiLock:
                 held.finish_release_later()
             raise
 
-    def _open_block(self, using: str) -> None:
+    def _open_block(self, using: str, where: With | None = None) -> None:
         """The fenced block of ``with``: opened once every name is held, before the body:
         each member's own block, in the canonical order (see :meth:`atomic`)."""
         members: list[FencedTransaction] = []
         try:
             for lk in self.locks:
                 block = fenced_transaction(lk, using)
+                members.append(block)  # first: one opened is left whatever comes next
                 block.__enter__()
-                members.append(block)
+            for block in members:  # once all opened: the ``with`` is not in its body yet
+                block.committed.where = where
+            members[0].committed.nested = tuple(each.committed for each in members[1:])
+            members[0].committed.abandon = self._give_back_held  # its names, should it be left
             self._block = members
         except BaseException as exc:
             # StaleFence, or the database failed: nothing committed. Free every name.

@@ -20,14 +20,18 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
 import pytest
 from django.db import connections, transaction
+from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
 
-from django_redlock import fence_table, fencing, lock, locks
+from django_redlock import fence_table, fencing, lock, lock_all, lock_view, locks, single_instance
 from django_redlock.locking.base import BaseLock
+from django_redlock.locking.multi import MultiLock
 
 from ..support.fenced_child import open_shop, sales, sell_one
 
@@ -281,3 +285,152 @@ def test_a_with_off_the_stack_whose_whole_exit_was_cut_short_is_rolled_back_by_t
         if lock(name).locked():
             locks["default"].force_release(name)
     assert [who for who, _ in sales(PG)] == ["next"]
+
+
+class TimeLimit(Exception):
+    """Stands for Celery's SoftTimeLimitExceeded (an ``Exception``)."""
+
+
+def _first_member_opened(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` as the first member's block of ``lock_all(atomic=)``
+    returns from its opening to ``MultiLock._open_block`` (on the way back from the call)."""
+    if frame.f_code is fencing.FencedTransaction.__enter__.__code__:
+        back = frame.f_back
+        if back is not None and back.f_code is MultiLock._open_block.__code__:
+            return _raise_on_return
+    return None
+
+
+def _raise_on_return(frame: FrameType, event: str, arg: Any) -> Any:
+    if event == "return":
+        sys.settrace(None)
+        raise TimeLimit("the first member's block just opened")
+    return _raise_on_return
+
+
+def test_an_exception_as_lock_all_s_first_member_block_opened_rolls_it_back(name: str) -> None:
+    """Each member is in the list the clean-up rolls back before it opens: one that opened is
+    rolled back with the exception, and the names are released, not left to the next
+    block, which would run as a savepoint of it and return with nothing committed."""
+    open_shop(PG, 1, 100)
+    sys.settrace(_first_member_opened)
+    try:
+        with lock_all(name, f"{name}:b", ttl=30, atomic=PG):
+            sell_one(PG, 1, "not run")
+    except TimeLimit:  # (its traceback keeps the frames of the opening alive meanwhile)
+        sys.settrace(None)
+        left_open = connections[PG].in_atomic_block
+        with lock(f"{name}:next", ttl=30, atomic=PG):
+            sell_one(PG, 1, "next")
+    finally:
+        sys.settrace(None)
+    assert not left_open and not connections[PG].in_atomic_block
+    assert not lock(name).locked() and not lock(f"{name}:b").locked()
+    assert [who for who, _ in sales(PG)] == ["next"]
+
+
+def _leave_autocommit_off(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of two: Django's ``Atomic.__enter__`` cut after it turned autocommit off, then
+    the clean-up that would close the connection cut at its start. Left: no transaction open
+    (as Django counts), autocommit off."""
+    src, first = inspect.getsourcelines(transaction.Atomic.__enter__)
+    code = transaction.Atomic.__enter__.__code__
+    line = max(first + i for i, text in enumerate(src) if "in_atomic_block = True" in text)
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == line:
+            sys.settrace(None)
+            raise TimeLimit("after set_autocommit(False)")
+        return local
+
+    def cut(using: str) -> None:
+        raise TimeLimit("the clean-up's first line")
+
+    monkeypatch.setattr(fencing, "_drop_unfinished", cut)
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        with pytest.raises(TimeLimit), lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "cut")
+    finally:
+        sys.settrace(None)
+        monkeypatch.undo()
+    connection = connections[PG]
+    assert not connection.in_atomic_block and not connection.get_autocommit()
+
+
+def _next_lock_all(name: str) -> None:
+    with lock_all(f"{name}:m", f"{name}:n", ttl=30, atomic=PG):
+        sell_one(PG, 1, "next")
+
+
+def _next_task(name: str) -> None:
+    single_instance(key=f"{name}:task", ttl=30, atomic=PG)(lambda: sell_one(PG, 1, "next"))()
+
+
+def _next_view(name: str) -> None:
+    @lock_view(f"{name}:view", ttl=30, atomic=PG)
+    def view(request: HttpRequest) -> HttpResponse:
+        sell_one(PG, 1, "next")
+        return HttpResponse("sold")
+
+    assert view(RequestFactory().get("/")).status_code == 200
+
+
+@pytest.mark.parametrize("run", [_next_lock_all, _next_task, _next_view], ids=lambda f: f.__name__)
+def test_after_a_burst_left_autocommit_off_every_fenced_entry_rolls_the_leftover_back(
+    name: str, run: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leftover of an abandoned block is cleared by whatever fenced block comes next in
+    the thread (``lock_all``, ``@single_instance``, ``@lock_view``, not only ``lock()``):
+    not refused as "autocommit off", which the application never turned off."""
+    open_shop(PG, 1, 100)
+    _leave_autocommit_off(name, monkeypatch)
+    run(name)
+    assert not connections[PG].in_atomic_block and connections[PG].get_autocommit()
+    assert [who for who, _ in sales(PG)] == ["next"]
+
+
+class _FirstCallAfterOpening:
+    """Trace function: ``TimeLimit`` at the first function call once a fenced block's opening
+    (``FencedTransaction.__enter__``) returned: where Python next looks for signals."""
+
+    def __init__(self) -> None:
+        self.opened = False
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if self.opened:
+            sys.settrace(None)
+            raise TimeLimit(f"entering {frame.f_code.co_name}")
+        if frame.f_code is fencing.FencedTransaction.__enter__.__code__:
+            return self._local
+        return None
+
+    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "return":
+            self.opened = True
+        return self._local
+
+
+def test_an_exception_right_after_lock_view_s_block_opened_rolls_it_back(name: str) -> None:
+    """``@lock_view(atomic=)`` opens its block in a ``with`` statement of its own: an exception
+    at the next call after the opening (an ``ExitStack`` registered the block's exit in one)
+    is in the block's body, rolled back and released at once."""
+    open_shop(PG, 1, 100)
+
+    @lock_view(name, ttl=30, atomic=PG)
+    def view(request: HttpRequest) -> HttpResponse:
+        sell_one(PG, 1, "view")
+        return HttpResponse("sold")
+
+    request = RequestFactory().get("/")
+    sys.settrace(_FirstCallAfterOpening())
+    try:
+        with pytest.raises(TimeLimit) as raised:
+            view(request)
+    finally:
+        sys.settrace(None)
+    left_open = connections[PG].in_atomic_block  # (its traceback, kept, keeps the frames)
+    assert raised.value.__traceback__ is not None
+    if left_open:  # so that the next test starts clean
+        fencing._abandon(PG)  # type: ignore[attr-defined]
+    assert not left_open and not lock(name).locked() and sales(PG) == []

@@ -10,15 +10,23 @@ import functools
 import inspect
 import logging
 import signal
+import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connection, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    IntegrityError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 from django.db.transaction import TransactionManagementError
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from django.test import Client
+from django.test import Client, RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import path
 
@@ -501,3 +509,63 @@ def test_an_exception_between_the_block_and_its_with_rolls_back_and_releases_at_
     with lock(name, ttl=30, atomic=True):
         sell_one(DB, 1, "b")
     assert sales(DB) == [("b", 10)]
+
+
+# -- the wait for the lock's row --------------------------------------------------------------
+
+
+@pytest.fixture
+def sqlite_file(tmp_path: Any) -> Iterator[str]:
+    """A SQLite database in a file (the in-memory test database shares one cache between its
+    connections, where a second writer is refused at once: no wait to run out), waiting at
+    most 0.3 s for another connection's write lock."""
+    alias = "sqlite_file"
+    database = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(tmp_path / "fences.sqlite3"),
+        "OPTIONS": {"timeout": 0.3},
+    }
+    filled = connections.configure_settings({DB: dict(connections.settings[DB]), alias: database})
+    connections.settings[alias] = filled[alias]
+    connections[alias].connect()  # (pytest-django refuses to connect to an alias it does not know)
+    with connections[alias].schema_editor() as editor:
+        editor.create_model(Fence)
+    open_shop(alias, 1, 10)
+    try:
+        yield alias
+    finally:
+        connections[alias].close()
+        del connections[alias]
+        del connections.settings[alias]
+
+
+def test_sqlite_s_busy_timeout_on_the_row_is_lock_not_acquired(name: str, sqlite_file: str):
+    """The previous holder's transaction outlived its hold (released inside an outer
+    transaction that goes on; SQLite locks the whole database for a writer): the next
+    holder's wait for the row runs out at SQLite's busy timeout, ``LockNotAcquired`` (nothing
+    committed, the lock released), not the driver's "database is locked"; ``@lock_view``
+    answers its busy status."""
+    db = sqlite_file
+
+    @lock_view(name, ttl=30, atomic=db)
+    def view(request: HttpRequest) -> HttpResponse:
+        sell_one(db, 1, "view")
+        return HttpResponse("sold")
+
+    with lock(name, ttl=30, atomic=db):  # the row exists
+        sell_one(db, 1, "first")
+    previous = sqlite3.connect(connections.settings[db]["NAME"], isolation_level=None)
+    try:
+        previous.execute("BEGIN IMMEDIATE")  # the previous holder's outer transaction
+        previous.execute("UPDATE shop_ticket SET stock = stock")
+        with (
+            pytest.raises(LockNotAcquired, match="busy timeout"),
+            lock(name, ttl=30, atomic=db, timeout=5),
+        ):
+            sell_one(db, 1, "next")
+        assert not lock(name).locked()
+        assert view(RequestFactory().get("/")).status_code == 409
+    finally:
+        previous.execute("ROLLBACK")
+        previous.close()
+    assert [who for who, _ in sales(db)] == ["first"] and not lock(name).locked()

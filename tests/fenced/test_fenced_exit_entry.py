@@ -1,0 +1,266 @@
+"""An exception a signal handler raises as a fenced block's ``__exit__`` is entered (Celery's
+soft time limit, ``SIGALRM``: Python runs pending handlers as a function starts), before any
+line of the exit ran: the block's ``with`` statement is left, its transaction open and its
+lock held. Whatever opened the block (``with lock``, a reentrant re-entry, ``lk.atomic()``,
+``lock_all``, ``@single_instance``, ``@lock_view``), and wherever the exception is handled
+(an ``except`` clause of the function running the ``with``, or a caller), the thread's next
+fenced block is a transaction of its own whose COMMIT commits (not a savepoint of the
+abandoned one, reported committed while nothing ever commits), and the abandoned block's
+lock is not left held and renewed (docs/topics/fencing.md, "Abandoned").
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
+
+import pytest
+from django.core.signals import request_finished
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
+
+from django_redlock import fencing, lock, lock_all, lock_view, single_instance
+from django_redlock.locking.base import BaseLock
+from django_redlock.locking.multi import MultiBlock, MultiLock
+
+from ..support.fenced_child import open_shop, sales, sell_one
+
+pytestmark = pytest.mark.django_db(transaction=True)
+DB = DEFAULT_DB_ALIAS
+
+
+class TimeLimit(Exception):
+    """Stands for Celery's SoftTimeLimitExceeded (an ``Exception``)."""
+
+
+def at_entry_of(code: CodeType) -> Callable[[FrameType, str, Any], Any]:
+    """Trace function: ``TimeLimit`` as ``code`` starts (its frame has run nothing)."""
+
+    def trace(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is code:
+            sys.settrace(None)
+            raise TimeLimit(f"entering {code.co_qualname}")
+
+    return trace
+
+
+def cut(code: CodeType) -> None:
+    """From the body's last line: the exit's entry raises."""
+    sys.settrace(at_entry_of(code))
+
+
+def handler(name: str) -> None:
+    """What a task's ``except SoftTimeLimitExceeded:`` does: records it in a fenced block."""
+    with lock(f"{name}:failures", ttl=30, atomic=True):
+        sell_one(DB, 1, "handler")
+
+
+# Each with its ``except`` in the function running the ``with`` (its frame still on the stack).
+
+
+def with_lock(name: str) -> None:
+    try:
+        with lock(name, ttl=30, atomic=True):
+            sell_one(DB, 1, "body")
+            cut(BaseLock.__exit__.__code__)
+    except TimeLimit:
+        handler(name)
+
+
+def reentrant_inner(name: str) -> None:
+    held = lock(name, ttl=30, atomic=True, reentrant=True)
+    try:
+        with held:
+            sell_one(DB, 1, "body")
+            with held:
+                sell_one(DB, 1, "inner")
+                cut(BaseLock.__exit__.__code__)
+    except TimeLimit:
+        handler(name)
+
+
+def lk_atomic(name: str) -> None:
+    held = lock(name, ttl=30)
+    held.acquire()
+    try:
+        with held.atomic():
+            sell_one(DB, 1, "body")
+            cut(fencing.FencedTransaction.__exit__.__code__)
+    except TimeLimit:
+        handler(name)
+    finally:
+        held.release()
+
+
+def with_lock_all(name: str) -> None:
+    try:
+        with lock_all(name, f"{name}:2", ttl=30, atomic=True):
+            sell_one(DB, 1, "body")
+            cut(MultiLock.__exit__.__code__)
+    except TimeLimit:
+        handler(name)
+
+
+def lock_all_atomic(name: str) -> None:
+    held = lock_all(name, f"{name}:2", ttl=30)
+    held.acquire()
+    try:
+        with held.atomic():
+            sell_one(DB, 1, "body")
+            cut(MultiBlock.__exit__.__code__)
+    except TimeLimit:
+        handler(name)
+    finally:
+        held.release()
+
+
+# The ``with`` in the package's code; the exception handled by the caller.
+
+
+def task(name: str) -> None:
+    @single_instance(key=name, ttl=30, atomic=True)
+    def run() -> None:
+        sell_one(DB, 1, "body")
+        cut(fencing.FencedTransaction.__exit__.__code__)
+
+    try:
+        run()
+    except TimeLimit:
+        handler(name)
+
+
+def view(name: str) -> None:
+    @lock_view(name, ttl=30, atomic=True)
+    def buy(request: HttpRequest) -> HttpResponse:
+        sell_one(DB, 1, "body")
+        cut(fencing.FencedTransaction.__exit__.__code__)
+        return HttpResponse("sold")
+
+    try:
+        buy(RequestFactory().get("/"))
+    except TimeLimit:
+        handler(name)
+
+
+FORMS = {
+    "with lock": with_lock,
+    "reentrant inner with": reentrant_inner,
+    "lk.atomic()": lk_atomic,
+    "lock_all": with_lock_all,
+    "lock_all().atomic()": lock_all_atomic,
+    "@single_instance": task,
+    "@lock_view": view,
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_exception_entering_the_exit_leaves_the_next_block_a_transaction_of_its_own(
+    name: str, form: str
+) -> None:
+    open_shop(DB, 1, 10)
+    try:
+        FORMS[form](name)
+    finally:
+        sys.settrace(None)
+    # The handler's block committed on its own; the abandoned block's sales were rolled back.
+    assert not connections[DB].in_atomic_block and connections[DB].get_autocommit()
+    assert [who for who, _ in sales(DB)] == ["handler"]
+    # Nothing of the abandoned block's left held (renewed by the watchdog for ever).
+    assert not lock(name).locked() and not lock(f"{name}:2").locked()
+    blocks = fencing._blocks()  # type: ignore[attr-defined]
+    assert not [block for block in blocks if block.lock.name.startswith(name)]
+
+
+def test_the_same_with_in_a_loop_after_one_was_abandoned(name: str) -> None:
+    """The next round of a loop runs the same ``with`` statement in the same frame: its block
+    is a transaction of its own, the abandoned round's rolled back."""
+    open_shop(DB, 1, 10)
+    for round in range(2):
+        try:
+            with lock(name, ttl=30, atomic=True):
+                sell_one(DB, 1, f"round {round}")
+                if round == 0:
+                    cut(BaseLock.__exit__.__code__)
+        except TimeLimit:
+            pass
+        finally:
+            sys.settrace(None)
+    assert not connections[DB].in_atomic_block
+    assert [who for who, _ in sales(DB)] == ["round 1"] and not lock(name).locked()
+
+
+def test_blocks_opened_inside_a_body_s_except_clause_stay_savepoints_of_it(name: str) -> None:
+    """Not abandoned: the outer ``with`` still runs its body (an ``except`` clause inside it,
+    a nested ``with`` of the same function, a reentrant re-entry): the inner blocks are its
+    savepoints, and everything commits with it."""
+    open_shop(DB, 1, 10)
+    held = lock(name, ttl=30, atomic=True, reentrant=True)
+    with held:
+        sell_one(DB, 1, "outer")
+        try:
+            raise TimeLimit("caught in the body")
+        except TimeLimit:
+            with lock(f"{name}:b", ttl=30, atomic=True):
+                sell_one(DB, 1, "in except")
+        with held:
+            sell_one(DB, 1, "re-entry")
+            with held.atomic():
+                sell_one(DB, 1, "atomic()")
+        with lock_all(f"{name}:c", f"{name}:d", ttl=30, atomic=True):
+            sell_one(DB, 1, "lock_all")
+        assert connections[DB].in_atomic_block
+    assert not connections[DB].in_atomic_block and not held.locked()
+    assert [who for who, _ in sales(DB)] == [
+        "outer",
+        "in except",
+        "re-entry",
+        "atomic()",
+        "lock_all",
+    ]
+
+
+def test_a_block_abandoned_inside_an_outer_transaction_is_rolled_back_to_its_savepoint(
+    name: str,
+) -> None:
+    """Inside an outer transaction the abandoned block is a savepoint: rolled back to it as the
+    next block opens (and its lock released), not committed with the outer transaction."""
+    open_shop(DB, 1, 10)
+    with transaction.atomic(using=DB):
+        try:
+            with lock(name, ttl=30, atomic=True):
+                sell_one(DB, 1, "body")
+                cut(BaseLock.__exit__.__code__)
+        except TimeLimit:
+            with lock(f"{name}:failures", ttl=30, atomic=True):
+                sell_one(DB, 1, "handler")
+            assert not lock(name).locked()
+        finally:
+            sys.settrace(None)
+    assert not connections[DB].in_atomic_block
+    assert [who for who, _ in sales(DB)] == ["handler"]
+
+
+def test_a_block_abandoned_with_no_next_block_is_let_go_at_the_request_s_end(name: str) -> None:
+    """No fenced block comes next in the thread: the end of the request (Django's
+    ``request_finished``; Celery's ``task_postrun`` alike) rolls the abandoned block back and
+    releases its lock, rather than leave it held and renewed until the thread's next block."""
+    open_shop(DB, 1, 10)
+
+    def work() -> None:
+        try:
+            with lock(name, ttl=30, atomic=True):
+                sell_one(DB, 1, "body")
+                cut(BaseLock.__exit__.__code__)
+        except TimeLimit:
+            pass  # handled: the work goes on, and ends
+        finally:
+            sys.settrace(None)
+
+    work()
+    assert lock(name).locked()  # (until the request's end)
+    request_finished.send(sender=None)
+    assert not lock(name).locked() and not connections[DB].in_atomic_block
+    assert sales(DB) == []
