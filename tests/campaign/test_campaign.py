@@ -19,6 +19,7 @@ from .celery_kind import run_celery
 from .cluster import run_cluster
 from .harness import run_campaign
 from .longttl import run_longttl
+from .sentinel import run_sentinel
 
 #: (backend, kind, seed, share of the time): Redlock offers plain locks only, and gets the
 #: most time: its faults need a hold to meet them on the right nodes. "semaphore": permits
@@ -36,8 +37,9 @@ COMBINATIONS = [
     # (their processes start once the run began counting), 0.6 of a share under `make soak`.
     ("cluster", "cluster", 23, 0.6),  # cluster.py: one master paused past the TTL
     ("celery", "celery", 24, 0.6),  # celery_kind.py: workers, soft time limits, coalesce
+    ("sentinel", "sentinel", 26, 0.6),  # sentinel.py: failovers, master pauses and kills
 ]
-OWN_KINDS = ("cluster", "celery", "long-ttl")
+OWN_KINDS = ("cluster", "celery", "sentinel", "long-ttl")
 #: Under `make soak` (CAMPAIGN_SECONDS given) or when CAMPAIGN_KIND names them: not in `make
 #: test`'s budget. "long-ttl" (longttl.py): Redlock holds of 20 s, single-node pauses.
 SOAK = [("redlock", "long-ttl", 25, 0.6)]
@@ -91,6 +93,8 @@ def test_campaign(backend: str, kind: str, seed: int, seconds: float) -> None:
         from celery import current_app  # the suite's shared tasks still publish where they did
 
         assert current_app.main != "campaign-producer"
+    elif kind == "sentinel":
+        report = run_sentinel(seed, seconds)
     elif kind == "long-ttl":
         report = run_longttl(seed, seconds)
     else:
