@@ -239,8 +239,12 @@ class Group:
         return self.master if named < 0 else named
 
     def role(self, index: int) -> str:
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         try:
-            client = self.servers[index].client(socket_timeout=0.2)
+            # No retries: redis-py's default backs off for seconds on a server that is down.
+            client = self.servers[index].client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
             return str(client.execute_command("ROLE")[0].decode())
         except Exception:
             return "?"
@@ -251,6 +255,7 @@ class Group:
         # An old master stays one until the sentinels demote it (about 10 s): not a promotion.
         masters = {i for i in range(len(self.servers)) if self.role(i) == "master"}
         deadline = time.monotonic() + 10
+        asked, refused = time.time(), ""
         while True:  # refused (INPROG, NOGOODSLAVE) until the last one ended, the replicas known
             try:
                 self.sentinels[0].client(socket_timeout=1).execute_command(
@@ -258,6 +263,7 @@ class Group:
                 )
                 break
             except Exception as exc:
+                refused = f" (refused {time.time() - asked:.1f} s: {str(exc)[:40]})"
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the sentinel refused the failover: {exc}") from exc
                 time.sleep(0.05)
@@ -271,7 +277,7 @@ class Group:
             if named not in (-1, old):
                 now = time.time()
                 self.master = named
-                return (promoted or now, now, f"{old}->{named}")
+                return (promoted or now, now, f"{old}->{named}{refused}")
             if time.monotonic() > deadline + 20:
                 raise RuntimeError("the sentinels never named a new master")
             time.sleep(0.01)
