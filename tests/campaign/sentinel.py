@@ -550,7 +550,8 @@ def check(
     for f in applied:
         if f.kind in ("failover", "master_kill"):
             for hold in holds.values():
-                if "fence" in hold and hold["end"] < f.a - REPL and hold.get("last", 0) > f.b + 0.5:
+                if ("fence" in hold and hold["end"] < f.a - REPL and hold["last"] > f.b + 0.5
+                        and hold.get("lost", f.b) >= f.b):  # fmt: skip
                     across["lost" if "lost" in hold else "kept"] += 1
     lost = sum(1 for h in holds.values() if "lost" in h)
     accepted = sum(1 for history in writes.values() for w in history if w.accepted)
