@@ -160,7 +160,10 @@ def client(config: dict[str, Any]) -> None:
                 break
             # Now and then past the TTL: the watchdog renews (through the faults too).
             long_ = rng.random() < 0.2
-            time.sleep(rng.uniform(0.6, 1.4) * TTL if long_ else rng.uniform(0.02, 0.3))
+            work = rng.uniform(0.6, 1.4) * TTL if long_ else rng.uniform(0.02, 0.3)
+            ends = time.monotonic() + work
+            while not stopping and time.monotonic() < ends:  # SIGTERM: finish now
+                time.sleep(min(0.05, ends - time.monotonic()))
             if config.get("break") == "lost" and rng.random() < 0.1:
                 break_hold(name, hold)
         guarded(hold, "rel", lk.release)
@@ -303,7 +306,9 @@ def run_sentinel(seed: int, seconds: float) -> KindReport:
     applied: list[Fault] = []
     errors: list[str] = []
     try:
+        began = time.monotonic()
         group = Group()
+        phases = [time.monotonic() - began]
         env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(ROOT)}
         for i in range(CLIENTS):
             config = {"id": f"c{i + 1}", "seed": seed * 100 + i, "resource": resource.port,
@@ -317,6 +322,7 @@ def run_sentinel(seed: int, seconds: float) -> KindReport:
                     stderr=err,
                 ))  # fmt: skip
         _wait_started(directory, CLIENTS, timeout=60)
+        phases.append(time.monotonic() - began)
         moves = [m for m in MOVES if m not in excluded()]
         rng = random.Random(seed * 37 + 11)
         origin, started = time.monotonic(), time.time()
@@ -343,12 +349,15 @@ def run_sentinel(seed: int, seconds: float) -> KindReport:
                 tail = (directory / f"c{i + 1}.stderr").read_text()[-1500:]
                 errors.append(f"client c{i + 1} exited {proc.returncode}: {tail}")
         (directory / "faults.json").write_text(json.dumps([vars(f) for f in applied]))
+        phases.append(time.monotonic() - began)
         events = read_logs(sorted(directory.glob("c*.jsonl")))
         writes = {name: Resource(resource.client(db=i)).history() for i, name in enumerate(NAMES)}
         report = check(seed, seconds, events, writes, applied, stopping, started)
         report.faults, report.started = faults, started
         report.harness_errors += errors
         report.exclude = ",".join(sorted(excluded()))
+        report.lines.append(f"  time: servers up {phases[0]:.1f} s, clients {phases[1]:.1f} s,"
+                            f" clients stopped {phases[2]:.1f} s")  # fmt: skip
         return report
     finally:
         for proc in procs:
