@@ -489,7 +489,7 @@ def check(
             f"{hold['c']}/h{hold['h']}: hold of {hold['name']!r} (fence {hold.get('fence')})"
             f" confirmed by a replica, reported lost ({hold['reason']}) {t - hold['start']:.2f} s"
             f" after its acquire began; its master's disruptions meanwhile (from its acquire):"
-            f" {shown}, each under {GRACE:.2f} s", {hold["c"]},
+            f" {shown}{f', each under {GRACE:.2f} s' if near else ''}", {hold["c"]},
         ))  # fmt: skip
 
     # -- the resource, per name -------------------------------------------------------------
