@@ -28,9 +28,12 @@ Properties:
   sentinels' naming; a kill to the naming) were each shorter than ``GRACE`` (the TTL a
   renewal leaves, less slack), and it was not confirmed within a disruption (a take that may
   have landed on the old master, or been acknowledged by the replica not promoted);
-* ``take-unavailable``: an acquire begun at least ``LIVE_BOUND`` after the sentinels named
-  the new master (or after any other fault ended), with no fault since, raised
-  ``BackendUnavailable`` / ``QuorumNotReached``;
+* ``take-unavailable``: two acquires in a row of one client, begun at least ``LIVE_BOUND``
+  after the sentinels named the new master (or after any other fault ended), with no fault
+  since, raised ``BackendUnavailable`` / ``QuorumNotReached`` (one is counted);
+* ``waiter-starved``: a blocking take that timed out in quiet time (a TTL after a fault)
+  while the name was free for ``WAKE`` by every hold the clients know of (the wait's wake-up
+  on the new master);
 * ``not-lock-error``: nothing but ``LockError`` leaves the API.
 
 The client is this module run as ``python -m tests.campaign.sentinel CONFIG_JSON``.
@@ -77,6 +80,8 @@ GRACE = TTL * 2 / 3 - 0.3
 REPL = 0.2
 #: After a fault ended (a failover: the sentinels named the new master), takes succeed.
 LIVE_BOUND = 2.0
+#: A waiter is woken when the name is freed (a release publishes it): within this.
+WAKE = 0.5
 MOVES = ("failover", "master_pause", "master_kill", "replica_restart")
 UNKNOWN = ("BackendUnavailable", "QuorumNotReached")
 
@@ -448,7 +453,7 @@ def check(
         e = ev["e"]
         stats[e] += 1
         if e == "acq":
-            hold.update(start=ev["t"], name=ev["name"])
+            hold.update(start=ev["t"], name=ev["name"], blocking=ev.get("blocking", False))
         elif e == "acq_ok":
             hold.update(end=ev["t"], fence=ev["fence"])
         elif e in ("acq_err", "acq_no"):
@@ -461,6 +466,8 @@ def check(
             hold["reason"] = ev.get("reason", "")
         elif e == "w" and not ev["ok"]:
             stats["refused"] += 1
+        elif e in ("rel", "rel_err"):
+            hold[e] = ev["t"]
 
     disruptions = [f for f in applied if f.kind != "replica_restart"]
     # -- lost holds -------------------------------------------------------------------------
@@ -564,6 +571,38 @@ def check(
             f" first {since}", {hold["c"]},
         ))  # fmt: skip
 
+    # A waiter is woken when the name is freed: a blocking take that timed out while the
+    # name was free for WAKE (by every hold the clients know of), in quiet time (a TTL after
+    # a fault: a release sent to the old master leaves the new one's copy to its TTL).
+    occupied: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for hold in holds.values():
+        if "fence" in hold:  # held until released (a release that raised: its TTL more)
+            until = hold.get("rel", stopping + TTL) + (TTL if "rel_err" in hold else 0.0)
+            occupied[hold["name"]].append((hold["end"], until))
+        elif hold.get("outcome") == "acq_err":  # maybe taken: its TTL
+            occupied[hold["name"]].append((hold["start"], hold["end"] + TTL))
+    waited = 0
+    for hold in holds.values():
+        if hold.get("outcome") != "acq_no" or not hold.get("blocking"):
+            continue
+        t0, t1 = hold["start"], hold["end"]
+        if any(f.start <= t1 and over(f) + TTL + 0.5 > t0 for f in applied):
+            continue
+        waited += 1
+        free, at = 0.0, t0
+        for lo, hi in sorted(x for x in occupied[hold["name"]] if x[1] > t0 and x[0] < t1):
+            if lo > at:
+                free = max(free, lo - at)
+            at = max(at, hi)
+        free = max(free, t1 - at)
+        if free >= WAKE:
+            violations.append(Violation(
+                "waiter-starved", t1,
+                f"{hold['c']}/h{hold['h']}: a blocking take of {hold['name']!r} timed out after"
+                f" {t1 - t0:.2f} s in quiet time, the name free for {free:.2f} s of it (by every"
+                f" hold the clients know of)", {hold["c"]},
+            ))  # fmt: skip
+
     # How many holds confirmed before a failover or kill (outside its window) lived through it
     across: Counter[str] = Counter()
     for f in applied:
@@ -582,7 +621,8 @@ def check(
         f"  operations: {stats['acq']} acquires ({stats['acq_ok']} held, {stats['acq_no']} not"
         f" taken, {stats['acq_err']} errors), {stats['rel']} releases ({stats['rel_err']}"
         f" errors); {accepted} resource writes accepted, {stats['refused']} refused (stale"
-        f" fences), {quiet_errors} takes failed in quiet time; {lost} holds lost ({excused}"
+        f" fences), {quiet_errors} takes failed in quiet time, {waited} blocking takes timed"
+        f" out in quiet time (judged: waiter-starved); {lost} holds lost ({excused}"
         f" in a disruption of {GRACE:.2f} s or more, or"
         f" confirmed within one); holds confirmed before a failover or kill and held through"
         f" it: {across['kept']} kept, {across['lost']} lost")  # fmt: skip

@@ -481,3 +481,14 @@ def test_sentinel_a_later_hold_with_a_fence_not_above_is_behind() -> None:
     events = [*_held("c1", 1, 0.0, 0.01, 10), *_held("c2", 1, 0.5, 0.6, 9)]
     assert _sentinel(events, []) == ["fence-behind"]
     assert _sentinel([*_held("c1", 1, 0.0, 0.01, 10), *_held("c2", 1, 0.5, 0.6, 11)], []) == []
+
+
+def test_sentinel_a_waiter_not_woken_while_the_name_was_free_is_starved() -> None:
+    holder = [*_held("c1", 1, 4.0, 4.01, 10), (5.2, "c1", "rel", {"h": 1})]
+    waiter = [(5.0, "c2", "acq", {"h": 1, "name": "a", "blocking": True}),
+              (6.5, "c2", "acq_no", {"h": 1})]  # fmt: skip
+    faults = [_move("failover", 1.0, 1.9)]
+    assert _sentinel(holder + waiter, faults) == ["waiter-starved"]
+    other = [*_held("c3", 1, 5.1, 5.3, 11), (6.6, "c3", "rel", {"h": 1})]
+    assert _sentinel(holder + waiter + other, faults) == []  # someone else was woken
+    assert _sentinel(holder + waiter, [_move("failover", 1.0, 3.5)]) == []  # not quiet yet
