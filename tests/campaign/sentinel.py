@@ -51,6 +51,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -222,7 +223,7 @@ class Group:
 
     def synced(self, deadline: float) -> None:
         """Every replica of the master streams from it (a WAIT meanwhile would count none)."""
-        master = self.servers[self.master_index()]
+        master = self.servers[self.master]
         replicas = len(self.servers) - 1
         pipe = master.client(socket_timeout=35).pipeline(transaction=False)
         pipe.publish("__synced__", "")
@@ -242,23 +243,25 @@ class Group:
             return -1
         return next((i for i, s in enumerate(self.servers) if s.port == int(port)), -1)
 
-    def master_index(self) -> int:
-        named = self.named()
-        return self.master if named < 0 else named
-
-    def role(self, index: int) -> str:
+    def role(self, index: int, follows: bool = False) -> str:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
         try:
             # No retries: redis-py's default backs off for seconds on a server that is down.
             client = self.servers[index].client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0))
-            return str(client.execute_command("ROLE")[0].decode())
+            role = client.execute_command("ROLE")
+            if follows and role[0] == b"slave":  # the index of the server it follows
+                port = int(role[2])
+                of = next((i for i, s in enumerate(self.servers) if s.port == port), port)
+                return f"replica of {of} ({role[3].decode()})"
+            return str(role[0].decode())
         except Exception:
             return "?"
 
-    def fail_over(self, dead: float | None = None) -> tuple[float, float, str]:
-        """SENTINEL FAILOVER on the first sentinel: (promotion, naming, detail)."""
+    def fail_over(self, leader: int, dead: float | None = None) -> tuple[float, float, str]:
+        """SENTINEL FAILOVER on sentinel ``leader`` (the others hear of it within seconds):
+        (promotion, its naming of the new master, detail)."""
         old = self.master
         # An old master stays one until the sentinels demote it (about 10 s): not a promotion.
         masters = {i for i in range(len(self.servers)) if self.role(i) == "master"}
@@ -266,7 +269,7 @@ class Group:
         asked, refused = time.time(), ""
         while True:  # refused (INPROG, NOGOODSLAVE) until the last one ended, the replicas known
             try:
-                self.sentinels[0].client(socket_timeout=1).execute_command(
+                self.sentinels[leader].client(socket_timeout=1).execute_command(
                     "SENTINEL", "FAILOVER", SERVICE
                 )
                 break
@@ -277,7 +280,7 @@ class Group:
                 time.sleep(0.05)
         promoted: float | None = dead
         while True:
-            named = self.named()
+            named = self.named(leader)
             if promoted is None and any(
                 self.role(i) == "master" for i in range(len(self.servers)) if i not in masters
             ):
@@ -285,10 +288,19 @@ class Group:
             if named not in (-1, old):
                 now = time.time()
                 self.master = named
-                return (promoted or now, now, f"{old}->{named}{refused}")
+                return (promoted or now, now, f"{old}->{named} by s{leader}{refused}")
             if time.monotonic() > deadline + 20:
                 raise RuntimeError("the sentinels never named a new master")
             time.sleep(0.01)
+
+    def watch(self, path: Path, done: threading.Event) -> None:
+        """Until ``done``: every 0.1 s, what each sentinel names as master and each server's
+        role (a replica: the port it follows), as JSON lines (CAMPAIGN_KEEP keeps them)."""
+        with open(path, "w") as out:
+            while not done.wait(0.1):
+                named = [self.named(i) for i in range(len(self.sentinels))]
+                roles = [self.role(i, follows=True) for i in range(len(self.servers))]
+                out.write(json.dumps({"t": time.time(), "named": named, "roles": roles}) + "\n")
 
     def stop(self) -> None:
         for server in [*self.servers, *self.sentinels]:
@@ -317,7 +329,9 @@ def run_sentinel(seed: int, seconds: float) -> KindReport:
         env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or str(ROOT)}
         for i in range(CLIENTS):
             config = {"id": f"c{i + 1}", "seed": seed * 100 + i, "resource": resource.port,
-                      "sentinels": [s.url for s in group.sentinels],
+                      # Each client asks the sentinels in its own order: some ask the
+                      # failover's leader last (the others name the old master meanwhile).
+                      "sentinels": [s.url for s in group.sentinels[i:] + group.sentinels[:i]],
                       "log": str(directory / f"c{i + 1}.jsonl"),
                       "break": os.environ.get("CAMPAIGN_BREAK", "")}  # fmt: skip
             with open(directory / f"c{i + 1}.stderr", "wb") as err:
@@ -328,6 +342,9 @@ def run_sentinel(seed: int, seconds: float) -> KindReport:
                 ))  # fmt: skip
         _wait_started(directory, CLIENTS, timeout=60)
         phases.append(time.monotonic() - began)
+        watching = threading.Event()
+        watcher = threading.Thread(target=group.watch, args=(directory / "views.jsonl", watching))
+        watcher.start()
         moves = [m for m in MOVES if m not in excluded()]
         rng = random.Random(seed * 37 + 11)
         origin, started = time.monotonic(), time.time()
@@ -340,6 +357,8 @@ def run_sentinel(seed: int, seconds: float) -> KindReport:
             faults[move] += 1
         _sleep_until(origin + seconds)
         stopping = time.time()
+        watching.set()
+        watcher.join()
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
@@ -381,11 +400,12 @@ def run_sentinel(seed: int, seconds: float) -> KindReport:
 
 def _move(group: Group, move: str, length: float, rng: random.Random) -> Fault:
     began = time.time()
-    master = group.master_index()
-    group.master = master
+    # The harness's own record: a sentinel other than the last failover's leader may still
+    # name the old master for seconds (the sentinels fail over only when told).
+    master = group.master
     server = group.servers[master]
     if move == "failover":  # planned: the old master answers throughout
-        promoted, named, detail = group.fail_over()
+        promoted, named, detail = group.fail_over(rng.randrange(len(group.sentinels)))
         return Fault(move, began, promoted, named, time.time(), detail)
     if move == "master_pause":  # shorter than down-after: no failover
         pause = rng.uniform(0.2, 1.2) if rng.random() < 0.5 else rng.uniform(2.0, 3.5)
@@ -396,7 +416,7 @@ def _move(group: Group, move: str, length: float, rng: random.Random) -> Fault:
     if move == "master_kill":  # then a forced failover, and the old master back empty
         server.kill()
         killed = time.time()
-        _, named, detail = group.fail_over(dead=killed)
+        _, named, detail = group.fail_over(rng.randrange(len(group.sentinels)), dead=killed)
         server.extra_args = ["--repl-diskless-sync-delay", "0"]  # a master, empty
         server.start()
         return Fault(move, began, killed, named, time.time(), detail)
