@@ -24,8 +24,9 @@ Properties:
   this acquire began (fences are at least the server clock's microseconds, one host: they grow
   across failovers and restarts empty);
 * ``lost-on-healthy``: a hold reported lost (``lock_lost``, or ``LockLost`` at release) though
-  its master answered throughout, or its disruptions (a pause; a failover's promotion to the
-  sentinels' naming; a kill to the naming) were each shorter than ``GRACE`` (the TTL a
+  its master answered throughout, or its disruptions from its confirmation to the loss (a
+  pause; a failover's promotion to the sentinels' naming; a kill to the naming) were each
+  shorter than ``GRACE`` (the TTL a
   renewal leaves, less slack), and it was not confirmed within a disruption (a take that may
   have landed on the old master, or been acknowledged by the replica not promoted);
 * ``take-unavailable``: two acquires in a row of one client, begun at least ``LIVE_BOUND``
@@ -495,7 +496,9 @@ def check(
     for hold in holds.values():
         if "lost" not in hold or "fence" not in hold:
             continue
-        since, t = hold["start"] - TTL, hold["lost"]
+        # A disruption over before the acquire was confirmed cannot expire the hold: its key
+        # was written (and replicated: WAIT) after it.
+        since, t = hold["end"] - 0.05, hold["lost"]
         near = [f for f in disruptions if f.a < t and f.b > since]
         long_ = [f for f in near if f.b - f.a >= GRACE]
         # A take confirmed within a failover or kill (or just before it) may be on the old
