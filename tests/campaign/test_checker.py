@@ -446,3 +446,67 @@ def test_more_than_one_script_call_per_node_per_operation() -> None:
     assert h.judge(nodes=5, roundtrips={"ops": 40, "calls": [80] * 5}) == set()
     found = h.judge(nodes=5, roundtrips={"ops": 40, "calls": [80, 120, 80, 80, 120]})
     assert found == {"round-trips"}
+
+
+# -- the Sentinel kind's judge (sentinel.check) -------------------------------------------------
+
+
+def _sentinel(events: list[tuple[float, str, str, dict[str, Any]]], faults: list[Any]) -> list[str]:
+    from .sentinel import check as sentinel_check
+
+    history = [{"t": T0 + t, "c": c, "e": e, **fields} for t, c, e, fields in events]
+    report = sentinel_check(1, 20.0, history, {}, faults, stopping=T0 + 20.0, started=T0)
+    return sorted(v.prop for v in report.violations)
+
+
+def _move(kind: str, a: float, b: float) -> Any:
+    from .sentinel import Fault as Move
+
+    return Move(kind, T0 + a - 0.1, T0 + a, T0 + b, T0 + b)
+
+
+def _held(c: str, h: int, start: float, got: float, fence: int) -> list[Any]:
+    return [(start, c, "acq", {"h": h, "name": "a"}), (got, c, "acq_ok", {"h": h, "fence": fence})]
+
+
+def test_sentinel_a_hold_confirmed_before_a_failover_named_in_time_must_survive_it() -> None:
+    lost = [*_held("c1", 1, 0.0, 0.01, 10), (2.5, "c1", "lost", {"h": 1})]
+    assert _sentinel(lost, [_move("failover", 1.0, 1.9)]) == ["lost-on-healthy"]
+    assert _sentinel(lost, [_move("master_pause", 1.0, 1.3)]) == ["lost-on-healthy"]
+    assert _sentinel(lost, []) == ["lost-on-healthy"]
+    # The docs' windows: named too late for what the TTL left, a take within the failover
+    # (it may be on the old master), a long pause.
+    assert _sentinel(lost, [_move("failover", 1.0, 2.4)]) == []
+    within = [*_held("c1", 1, 1.5, 1.6, 10), (2.5, "c1", "lost", {"h": 1})]
+    assert _sentinel(within, [_move("failover", 1.0, 1.9)]) == []
+    assert _sentinel(lost, [_move("master_pause", 0.5, 2.4)]) == []
+
+
+def test_sentinel_takes_failing_one_after_the_other_in_quiet_time() -> None:
+    def failed(c: str, h: int, t: float) -> list[Any]:
+        err = {"h": h, "err": "BackendUnavailable", "msg": "no master"}
+        return [(t, c, "acq", {"h": h, "name": "a"}), (t + 0.5, c, "acq_err", err)]
+
+    faults = [_move("failover", 1.0, 1.9)]
+    assert _sentinel(failed("c1", 1, 5.0) + failed("c1", 2, 5.6), faults) == ["take-unavailable"]
+    assert _sentinel(failed("c1", 1, 5.0), faults) == []  # once: counted
+    assert _sentinel(failed("c1", 1, 2.5) + failed("c1", 2, 3.0), faults) == []  # within 2 s
+    between = failed("c1", 1, 5.0) + _held("c1", 2, 5.55, 5.56, 10) + failed("c1", 3, 5.6)
+    assert _sentinel(between, faults) == []
+
+
+def test_sentinel_a_later_hold_with_a_fence_not_above_is_behind() -> None:
+    events = [*_held("c1", 1, 0.0, 0.01, 10), *_held("c2", 1, 0.5, 0.6, 9)]
+    assert _sentinel(events, []) == ["fence-behind"]
+    assert _sentinel([*_held("c1", 1, 0.0, 0.01, 10), *_held("c2", 1, 0.5, 0.6, 11)], []) == []
+
+
+def test_sentinel_a_waiter_not_woken_while_the_name_was_free_is_starved() -> None:
+    holder = [*_held("c1", 1, 4.0, 4.01, 10), (5.2, "c1", "rel", {"h": 1})]
+    waiter = [(5.0, "c2", "acq", {"h": 1, "name": "a", "blocking": True}),
+              (6.5, "c2", "acq_no", {"h": 1})]  # fmt: skip
+    faults = [_move("failover", 1.0, 1.9)]
+    assert _sentinel(holder + waiter, faults) == ["waiter-starved"]
+    other = [*_held("c3", 1, 5.1, 5.3, 11), (6.6, "c3", "rel", {"h": 1})]
+    assert _sentinel(holder + waiter + other, faults) == []  # someone else was woken
+    assert _sentinel(holder + waiter, [_move("failover", 1.0, 3.5)]) == []  # not quiet yet
