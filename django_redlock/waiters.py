@@ -37,10 +37,15 @@ def unheard(waiter: AnyWaiter) -> bool:
 class Waiter:
     """A waiting thread; woken by a message on its channel."""
 
-    __slots__ = ("_event", "baton", "unconfirmed", "unheard", "unheard_limit")
+    __slots__ = ("_gate", "baton", "unconfirmed", "unheard", "unheard_limit")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        # Held while not woken: wake() releases it, the sleep takes it back. Not an Event,
+        # whose wait (a Condition in Python) re-takes a lock in a ``finally`` that a second
+        # interrupt can cut short (RuntimeError: release unlocked lock): a plain lock's
+        # acquire is one call an interrupt either completes or leaves undone.
+        self._gate = threading.Lock()
+        self._gate.acquire()
         self.baton = False  # woken for a release, and not yet tried since
         #: The server did not confirm the subscription within the hub's confirm timeout
         #: (its socket timeout): the wait's set-up used it up (see ReleaseHub.watch).
@@ -51,12 +56,11 @@ class Waiter:
         self.unheard_limit = 1
 
     def wake(self) -> None:
-        self._event.set()
+        with contextlib.suppress(RuntimeError):  # woken already (released, not taken back)
+            self._gate.release()
 
     def wait(self, timeout: float) -> bool:
-        woken = self._event.wait(max(0.0, timeout))
-        self._event.clear()
-        return woken
+        return self._gate.acquire(timeout=max(0.0, timeout))
 
 
 async def sleep_on(future: asyncio.Future[None], timeout: float) -> None:
