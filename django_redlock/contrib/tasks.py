@@ -262,8 +262,21 @@ def _enqueue_once(
     # Enqueues of a key take turns, so the marker can name the task result id, which the
     # backend makes only while it queues the run (an atomic note would need the id first).
     turn = Lock(f"{key}:enqueue", ttl=ENQUEUE_TTL, using=config.using)
-    if not turn.acquire(timeout=ENQUEUE_TTL):
-        raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
+    # The acquire inside the try: an interrupt as it returns (or on the next line) must not
+    # leave the turn held, blocking every enqueue of the key until its TTL.
+    try:
+        if not turn.acquire(timeout=ENQUEUE_TTL):
+            raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
+        return _enqueue_in_turn(backend, enqueue, config, task, args, kwargs, key, store)
+    finally:
+        if turn.token is not None:  # taken (not: refused, or handed back by the acquire)
+            turn.release()
+
+
+def _enqueue_in_turn(
+    backend: Any, enqueue: Any, config: SingleInstance, task: Any, args: tuple, kwargs: dict,
+    key: str, store: Any,
+) -> Any:  # fmt: skip
     inside = _enqueuing.set(_enqueuing.get() | {key})
     try:
         running = store.inspect(key)
@@ -297,7 +310,6 @@ def _enqueue_once(
         return result
     finally:
         _enqueuing.reset(inside)
-        turn.release()
 
 
 def _existing(backend: Any, config: SingleInstance, task: Any, key: str, found: str) -> Any:

@@ -449,3 +449,46 @@ def test_an_exception_right_after_the_take_releases(monkeypatch: pytest.MonkeyPa
     with pytest.raises(KeyboardInterrupt):
         tasks_jobs.without_context.enqueue(11)  # a run of the task (the immediate backend)
     assert not locks["default"].is_locked(key)
+
+
+def test_an_interrupt_as_the_enqueue_s_turn_is_taken_leaves_it_free() -> None:
+    # An interrupt (Ctrl-C, a SIGALRM handler that raises) as the enqueue's turn on the key is
+    # taken (at the return of its acquire): the turn must go with the call, not block every
+    # enqueue() of the key, in any process, for its 30 s TTL.
+    import datetime
+
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult
+
+    from django_redlock.locking.base import BaseLock
+
+    acquire = BaseLock.acquire.__code__
+    strikes = [1]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not acquire or not frame.f_locals["self"].name.endswith(":enqueue"):
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return" and arg is True and strikes:
+                strikes.pop()
+                raise KeyboardInterrupt("as the enqueue's turn was taken")
+            return local
+
+        return local
+
+    later = tasks_jobs.deduped.using(run_after=timezone.now() + datetime.timedelta(hours=1))
+    key = lock_key(tasks_jobs.deduped, 32)
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            later.enqueue(32)
+    finally:
+        sys.settrace(previous)
+    assert not strikes
+    assert not locks["default"].is_locked(f"{key}:enqueue"), "the turn is still held"
+    started = time.monotonic()
+    queued = later.enqueue(32)
+    assert time.monotonic() - started < 2.0
+    DBTaskResult.objects.filter(id=queued.id).delete()
