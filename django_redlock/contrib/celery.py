@@ -991,17 +991,23 @@ class SingleInstanceTask(Task):
         retrying = (promised is not None and promised == self.request.id) or bool(
             options.get("retries")
         )
-        if config.on_duplicate == "coalesce" and not retrying:
-            # Noted first, and queued as a follow-up (which runs the call noted last): a call
-            # deduplicated to it while it waits in the queue puts its arguments in the note,
-            # where they run (not dropped).
-            queue = options.get("queue")
+        coalesce = config.on_duplicate == "coalesce" and not retrying
+        queue = options.get("queue")
+
+        def note() -> None:
+            # Noted only once the call is accepted: queued (before its publish: its follow-up
+            # runs the call noted last), or joined to the queued call. A call turned away
+            # never replaces the arguments of one that was accepted.
             note_call(config, key, args, kwargs, getattr(queue, "name", queue), None, self.name)
+
+        if coalesce:  # queued as a follow-up, which runs the call noted last
             options["headers"] = {**headers, FOLLOW_UP: "1"}
         if not retrying and self.dedupes_running():
             running = backend.inspect(key)
             holder = task_id_of(running.holder) if running is not None else None
             if holder:
+                if coalesce and self.joins_queued_call():
+                    note()
                 return self._not_queued(key, str(holder), args, kwargs, promised, options)
         task_id = promised or uuid_text()
         ttl_ms = to_ms(self.queue_marker_ttl(options))
@@ -1024,8 +1030,14 @@ class SingleInstanceTask(Task):
                 clear_queued_marker(config, key, task_id)
             raise
         if queued is not None and queued != task_id and not retrying:
+            # Met only once that call's publish happened (see _published): its note is
+            # written, so this one, if it joins, comes after it.
+            if coalesce and self.joins_queued_call():
+                note()
             return self._not_queued(key, queued, args, kwargs, promised, options)
         try:
+            if coalesce:  # a lost reply: the call fails, its note may stay (at least once)
+                note()
             sent = super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             if queued is None:  # our marker: the message it names was never queued
@@ -1215,6 +1227,15 @@ class SingleInstanceTask(Task):
         to the running task would drop its arguments."""
         config = self.single_instance_config()
         return config is None or config.on_duplicate != "coalesce"
+
+    def joins_queued_call(self) -> bool:
+        """Whether a ``coalesce`` call that meets a queued (or running) call of its key joins
+        it: its arguments noted, to run in that call's place (the last call's arguments win),
+        and the caller handed that call's result. Not with ``dedupe_queued="raise"``: the call
+        is refused, and its arguments are not noted. A hook: celery-once's shim refuses every
+        such call."""
+        config = self.single_instance_config()
+        return config is not None and config.dedupe_queued != "raise"
 
     def _not_queued(
         self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,

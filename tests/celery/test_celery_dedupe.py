@@ -1302,3 +1302,30 @@ def test_a_marker_whose_write_s_reply_was_lost_is_not_obeyed(
             assert second.id in sent  # published: not the AsyncResult of a message never sent
     finally:
         proxy.close()
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.celery.test_celery_dedupe.refusing")
+@single_instance(key="refusing:{name}", ttl=10, on_duplicate="coalesce", dedupe_queued="raise")
+def refusing(self: Any, name: str, tag: str) -> str:
+    return tag
+
+
+def test_coalesce_with_dedupe_queued_raise_a_refused_call_never_replaces_the_queued_one(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # Call A is queued as the key's follow-up; call B is refused (AlreadyQueued): A must run
+    # with its own arguments (B's replaced them in the note A's follow-up runs).
+    from django_redlock.backends import markers
+    from django_redlock.contrib.celery import AlreadyQueued
+
+    name = uuid.uuid4().hex[:8]
+    queued = refusing.apply_async((name, "a"), queue=NOBODY)
+    with pytest.raises(AlreadyQueued) as caught:
+        refusing.apply_async((name, "b"), queue=NOBODY)
+    assert caught.value.task_id == queued.id
+    note = f"refusing:{name}:coalesce"
+    noted = markers.read(locks["default"], note)
+    assert noted is not None
+    markers.clear(locks["default"], note, noted[0])
+    assert json.loads(noted[0])["args"] == [name, "a"]
+    celery_app.app.control.purge()

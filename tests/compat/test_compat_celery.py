@@ -475,3 +475,27 @@ def test_existing_task_id_decodes_an_encoded_holder() -> None:
             assert existing_task_id("default", key) == task_id
     finally:
         current_task.reset(marker_)
+
+
+@pytest.mark.parametrize("graceful", [False, True])
+def test_once_unlock_before_run_a_refused_call_never_replaces_the_queued_call(
+    app: Celery, graceful: bool
+) -> None:
+    # Call A is queued; call B of the same key is refused (AlreadyQueued, or graceful None).
+    # A must run with its own arguments: B's replaced them in the note its follow-up runs.
+    from django_redlock.backends import markers
+
+    name = uuid.uuid4().hex[:8]
+    task = tasks.once_unlock_before_run
+    send(task, name, "a")
+    if graceful:
+        refused = send(task, name, "b", once={"graceful": True})
+        assert isinstance(refused, EagerResult) and refused.result is None
+    else:
+        with pytest.raises(AlreadyQueued):
+            send(task, name, "b")
+    note = f"{task.get_key((name, 'a'))}:coalesce"
+    noted = markers.read(locks["default"], note)
+    assert noted is not None
+    markers.clear(locks["default"], note, noted[0])
+    assert json.loads(noted[0])["args"] == [name, "a"]
