@@ -715,7 +715,7 @@ def _settling(
             result = body()
             ending.returned = True  # in the try: a time limit on it ends the run settled
         except Exception as exc:
-            ending.entered = ending.returned or _reached_body(exc)
+            ending.entered = ending.returned or _reached_body(exc, config.func)
             ending(exc)
             raise
         if config.atomic is None:
@@ -725,13 +725,15 @@ def _settling(
     return run
 
 
-def _reached_body(exc: BaseException) -> bool:
+def _reached_body(exc: BaseException, func: Any) -> bool:
     """Whether ``exc``, caught in ``_settling``'s ``run`` (its traceback's first frame), came
-    once the body was called: from the call's instruction on in ``run`` (a limit as the body
-    returned), or from a frame past this module's own (``body_for``): the body's, or what it
-    called. A flag set before the call could not say so: a soft time limit may strike at any
-    line of ours on the way in. The innermost frame is not counted: a soft time limit's is
-    its signal handler's."""
+    once the body (``func``, the function the call runs) was called: from the call's
+    instruction on in ``run`` (a limit as the body returned), or from ``func``'s own frame
+    or a frame it called. The frames on the way in (``body_for``, a shim's wrapper, the task
+    class's ``__call__``) are not the body: a limit there leaves the call to run (at least
+    once). A flag set before the call could not say so: a soft time limit may strike at any
+    line on the way in. The innermost frame is not counted: a soft time limit's is its
+    signal handler's."""
     tb = exc.__traceback__
     if tb is None:
         return False
@@ -740,14 +742,24 @@ def _reached_body(exc: BaseException) -> bool:
         return True  # not found (unknown: as before), or past the call: the body returned
     if tb.tb_lasti < call:
         return False
+    frames = []
     deeper = tb.tb_next
-    if deeper is None or deeper.tb_next is None:
-        return True  # raised in run at the call's instruction, after the body returned
     while deeper is not None and deeper.tb_next is not None:
-        if deeper.tb_frame.f_code.co_filename != __file__:
-            return True
+        frames.append(deeper)
         deeper = deeper.tb_next
-    return False
+    if not frames:
+        return True  # raised in run at the call's instruction, after the body returned
+    body = _code_of(func)
+    if body is None:  # not a function: any frame past this module's is the body's (as before)
+        return any(f.tb_frame.f_code.co_filename != __file__ for f in frames)
+    # Else on the way in; or on the way out of a frame in between once the body returned (a
+    # task class's __call__): the call then runs once more (at least once).
+    return any(f.tb_frame.f_code is body for f in frames)
+
+
+def _code_of(func: Any) -> Any:
+    """The code of the frame a call of ``func`` opens (a method's function's), if known."""
+    return getattr(getattr(func, "__func__", func), "__code__", None)
 
 
 @functools.cache
