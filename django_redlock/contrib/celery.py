@@ -375,9 +375,10 @@ def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
             return
         poll_id = uuid_text()
         ttl_ms = to_ms(after + FOLLOW_UP_PUBLISH_GRACE)
-        if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
-            return  # one is coming
+        # The mark in the try: an interrupt (or a lost reply) as it is written clears it.
         try:
+            if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
+                return  # one is coming
             call = json.loads(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             task.apply_async(tuple(call["args"]), call["kwargs"], task_id=poll_id,
