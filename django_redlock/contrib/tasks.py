@@ -277,8 +277,8 @@ def _enqueue_in_turn(
     backend: Any, enqueue: Any, config: SingleInstance, task: Any, args: tuple, kwargs: dict,
     key: str, store: Any,
 ) -> Any:  # fmt: skip
-    inside = _enqueuing.set(_enqueuing.get() | {key})
     try:
+        _enqueuing.set(_enqueuing.get() | {key})
         running = store.inspect(key)
         holder = task_id_of(running.holder) if running is not None else None
         existing = _existing(backend, config, task, key, holder) if holder else None
@@ -309,7 +309,9 @@ def _enqueue_in_turn(
             clear_queued_marker(config, key, str(result.id))
         return result
     finally:
-        _enqueuing.reset(inside)
+        # By value, not by the set()'s token: an interrupt as set() returned leaves no token,
+        # and the key must not stay noted (this context's later enqueues of it were refused).
+        _enqueuing.set(_enqueuing.get() - {key})
 
 
 def _existing(backend: Any, config: SingleInstance, task: Any, key: str, found: str) -> Any:

@@ -492,3 +492,38 @@ def test_an_interrupt_as_the_enqueue_s_turn_is_taken_leaves_it_free() -> None:
     queued = later.enqueue(32)
     assert time.monotonic() - started < 2.0
     DBTaskResult.objects.filter(id=queued.id).delete()
+
+
+def test_an_interrupt_as_the_enqueue_notes_its_key_leaves_later_enqueues_alone() -> None:
+    # An interrupt as the enqueue noted, in this context, that it is enqueuing the key (at the
+    # return of the context variable's set(), before its token was kept): the note stayed,
+    # and every later enqueue() of the key in this thread was refused as its own re-entry.
+    import datetime
+
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult
+
+    from django_redlock.contrib import tasks as contrib
+
+    strikes = [1]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if (
+            event == "c_return" and strikes and getattr(arg, "__name__", "") == "set"
+            and getattr(arg, "__self__", None) is contrib._enqueuing
+        ):  # fmt: skip
+            strikes.pop()
+            raise KeyboardInterrupt("as the key was noted")
+
+    later = tasks_jobs.deduped.using(run_after=timezone.now() + datetime.timedelta(hours=1))
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            later.enqueue(33)
+    finally:
+        sys.setprofile(previous)
+    assert not strikes
+    assert contrib._enqueuing.get() == frozenset()
+    queued = later.enqueue(33)  # not AlreadyQueued ("enqueued or run by this very call")
+    DBTaskResult.objects.filter(id=queued.id).delete()
