@@ -527,3 +527,38 @@ def test_an_interrupt_as_the_enqueue_notes_its_key_leaves_later_enqueues_alone()
     assert contrib._enqueuing.get() == frozenset()
     queued = later.enqueue(33)  # not AlreadyQueued ("enqueued or run by this very call")
     DBTaskResult.objects.filter(id=queued.id).delete()
+
+
+def test_an_interrupt_as_a_run_names_its_task_leaves_later_holds_unnamed() -> None:
+    # An interrupt as the run's take named its task for the hold (at the return of the context
+    # variable's set(), before its token was kept): the name stayed, and every later hold in
+    # this thread (a plain lock() too) named that task as its holder.
+    from django_redlock import identity, lock
+
+    strikes = [1]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if (
+            event == "c_return" and strikes and getattr(arg, "__name__", "") == "set"
+            and getattr(arg, "__self__", None) is identity.current_task
+        ):  # fmt: skip
+            strikes.pop()
+            raise KeyboardInterrupt("as the run's task was named")
+
+    key = lock_key(tasks_jobs.without_context, 12)
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tasks_jobs.without_context.enqueue(12)  # a run of the task (the immediate backend)
+    finally:
+        sys.setprofile(previous)
+    assert not strikes
+    assert not locks["default"].is_locked(key)
+    try:
+        assert identity.current_task.get() is None
+        with lock(f"{key}:plain", ttl=5) as held:
+            info = locks["default"].inspect(held.name)
+            assert info is not None and not info.holder.get("k"), info.holder
+    finally:
+        identity.current_task.set(None)  # failed: the later tests' holds not named either
