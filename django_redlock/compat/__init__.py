@@ -132,6 +132,17 @@ class _Held(Lock):
         return _backend(self._client)
 
 
+def _hand_back(held: _Held) -> None:
+    """Release ``held`` if it took its hold: its taker was interrupted before it could pass it
+    on, so nobody else would (a hold with no timeout is renewed while the object lives)."""
+    if held.token is None:
+        return
+    try:
+        held.release()
+    except LockError as exc:  # not held any more, or no answer: it expires at its TTL
+        logger.warning("redlock: could not hand back %r after an interrupt: %s", held.name, exc)
+
+
 class RedisPyLock:
     """redis-py's ``redis.lock.Lock``, on django-redlock (see the module's docstring)."""
 
@@ -171,8 +182,18 @@ class RedisPyLock:
         return self.local.held
 
     def __enter__(self) -> RedisPyLock:
-        if self.acquire():
-            return self
+        before = self._held()
+        try:
+            if self.acquire():
+                return self
+        except BaseException:
+            # Interrupted once acquire() took the hold (as it returned): __exit__ never runs,
+            # and the watchdog would renew the hold for as long as this object lives.
+            held = self._held()
+            if held is not None and held is not before:
+                self.local.held = self.local.token = None
+                _hand_back(held)
+            raise
         raise RedisLockError(
             "Unable to acquire lock within the time specified", lock_name=self.name
         )
@@ -209,12 +230,21 @@ class RedisPyLock:
                 raise ValueError(f"token must be non-empty text without '|', not {token!r}")
             held.use_token(text)
         timeout = None if blocking_timeout is None else max(0.0, float(blocking_timeout))
-        with _as_redis_py(self.name):
-            acquired = held.acquire(blocking=bool(blocking), timeout=timeout if blocking else None)
-        if not acquired:
-            return False
-        self.local.held = held
-        self.local.token = held.token.encode() if held.token is not None else None
+        try:
+            with _as_redis_py(self.name):
+                acquired = held.acquire(
+                    blocking=bool(blocking), timeout=timeout if blocking else None
+                )
+            if not acquired:
+                return False
+            self.local.held = held
+            self.local.token = held.token.encode() if held.token is not None else None
+        except BaseException:
+            # An interrupt once the hold was taken: the caller is told nothing was acquired.
+            if self.local.held is held:
+                self.local.held = self.local.token = None
+            _hand_back(held)
+            raise
         return True
 
     def locked(self) -> bool:

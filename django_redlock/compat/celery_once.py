@@ -166,6 +166,9 @@ class QueueOnce(SingleInstanceTask):
     def dedupes_running(self) -> bool:
         return not self.unlock_before_run()
 
+    def joins_queued_call(self) -> bool:
+        return False  # celery-once refuses it (AlreadyQueued, or graceful None): not noted
+
     def queue_marker_ttl(self, options: dict[str, Any]) -> float:
         # celery-once's timeout is the whole wait (never past expires=).
         return min(super().queue_marker_ttl(options), self._timeout())

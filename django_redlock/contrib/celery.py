@@ -375,9 +375,10 @@ def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
             return
         poll_id = uuid_text()
         ttl_ms = to_ms(after + FOLLOW_UP_PUBLISH_GRACE)
-        if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
-            return  # one is coming
+        # The mark in the try: an interrupt (or a lost reply) as it is written clears it.
         try:
+            if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
+                return  # one is coming
             call = json.loads(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             task.apply_async(tuple(call["args"]), call["kwargs"], task_id=poll_id,
@@ -715,7 +716,7 @@ def _settling(
             result = body()
             ending.returned = True  # in the try: a time limit on it ends the run settled
         except Exception as exc:
-            ending.entered = ending.returned or _reached_body(exc)
+            ending.entered = ending.returned or _reached_body(exc, config.func)
             ending(exc)
             raise
         if config.atomic is None:
@@ -725,13 +726,15 @@ def _settling(
     return run
 
 
-def _reached_body(exc: BaseException) -> bool:
+def _reached_body(exc: BaseException, func: Any) -> bool:
     """Whether ``exc``, caught in ``_settling``'s ``run`` (its traceback's first frame), came
-    once the body was called: from the call's instruction on in ``run`` (a limit as the body
-    returned), or from a frame past this module's own (``body_for``): the body's, or what it
-    called. A flag set before the call could not say so: a soft time limit may strike at any
-    line of ours on the way in. The innermost frame is not counted: a soft time limit's is
-    its signal handler's."""
+    once the body (``func``, the function the call runs) was called: from the call's
+    instruction on in ``run`` (a limit as the body returned), or from ``func``'s own frame
+    or a frame it called. The frames on the way in (``body_for``, a shim's wrapper, the task
+    class's ``__call__``) are not the body: a limit there leaves the call to run (at least
+    once). A flag set before the call could not say so: a soft time limit may strike at any
+    line on the way in. The innermost frame is not counted: a soft time limit's is its
+    signal handler's."""
     tb = exc.__traceback__
     if tb is None:
         return False
@@ -740,14 +743,24 @@ def _reached_body(exc: BaseException) -> bool:
         return True  # not found (unknown: as before), or past the call: the body returned
     if tb.tb_lasti < call:
         return False
+    frames = []
     deeper = tb.tb_next
-    if deeper is None or deeper.tb_next is None:
-        return True  # raised in run at the call's instruction, after the body returned
     while deeper is not None and deeper.tb_next is not None:
-        if deeper.tb_frame.f_code.co_filename != __file__:
-            return True
+        frames.append(deeper)
         deeper = deeper.tb_next
-    return False
+    if not frames:
+        return True  # raised in run at the call's instruction, after the body returned
+    body = _code_of(func)
+    if body is None:  # not a function: any frame past this module's is the body's (as before)
+        return any(f.tb_frame.f_code.co_filename != __file__ for f in frames)
+    # Else on the way in; or on the way out of a frame in between once the body returned (a
+    # task class's __call__): the call then runs once more (at least once).
+    return any(f.tb_frame.f_code is body for f in frames)
+
+
+def _code_of(func: Any) -> Any:
+    """The code of the frame a call of ``func`` opens (a method's function's), if known."""
+    return getattr(getattr(func, "__func__", func), "__code__", None)
 
 
 @functools.cache
@@ -997,17 +1010,23 @@ class SingleInstanceTask(Task):
         retrying = (promised is not None and promised == self.request.id) or bool(
             options.get("retries")
         )
-        if config.on_duplicate == "coalesce" and not retrying:
-            # Noted first, and queued as a follow-up (which runs the call noted last): a call
-            # deduplicated to it while it waits in the queue puts its arguments in the note,
-            # where they run (not dropped).
-            queue = options.get("queue")
+        coalesce = config.on_duplicate == "coalesce" and not retrying
+        queue = options.get("queue")
+
+        def note() -> None:
+            # Noted only once the call is accepted: queued (before its publish: its follow-up
+            # runs the call noted last), or joined to the queued call. A call turned away
+            # never replaces the arguments of one that was accepted.
             note_call(config, key, args, kwargs, getattr(queue, "name", queue), None, self.name)
+
+        if coalesce:  # queued as a follow-up, which runs the call noted last
             options["headers"] = {**headers, FOLLOW_UP: "1"}
         if not retrying and self.dedupes_running():
             running = backend.inspect(key)
             holder = task_id_of(running.holder) if running is not None else None
             if holder:
+                if coalesce and self.joins_queued_call():
+                    note()
                 return self._not_queued(key, str(holder), args, kwargs, promised, options)
         task_id = promised or uuid_text()
         ttl_ms = to_ms(self.queue_marker_ttl(options))
@@ -1030,8 +1049,14 @@ class SingleInstanceTask(Task):
                 clear_queued_marker(config, key, task_id)
             raise
         if queued is not None and queued != task_id and not retrying:
+            # Met only once that call's publish happened (see _published): its note is
+            # written, so this one, if it joins, comes after it.
+            if coalesce and self.joins_queued_call():
+                note()
             return self._not_queued(key, queued, args, kwargs, promised, options)
         try:
+            if coalesce:  # a lost reply: the call fails, its note may stay (at least once)
+                note()
             sent = super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             if queued is None:  # our marker: the message it names was never queued
@@ -1221,6 +1246,15 @@ class SingleInstanceTask(Task):
         to the running task would drop its arguments."""
         config = self.single_instance_config()
         return config is None or config.on_duplicate != "coalesce"
+
+    def joins_queued_call(self) -> bool:
+        """Whether a ``coalesce`` call that meets a queued (or running) call of its key joins
+        it: its arguments noted, to run in that call's place (the last call's arguments win),
+        and the caller handed that call's result. Not with ``dedupe_queued="raise"``: the call
+        is refused, and its arguments are not noted. A hook: celery-once's shim refuses every
+        such call."""
+        config = self.single_instance_config()
+        return config is not None and config.dedupe_queued != "raise"
 
     def _not_queued(
         self, key: str, task_id: str, args: Any, kwargs: Any, promised: str | None,

@@ -642,12 +642,15 @@ def take(
         refuse_manual_commit(config.atomic, f"@single_instance lock {key!r}")
     if held is None:
         held = new_hold(config, key, task_id, attempt)
+    named = holder_task.get()
     try:
-        marker = holder_task.set((holder_id(task_id), task_name) if task_id else None)
         try:
+            holder_task.set((holder_id(task_id), task_name) if task_id else None)
             acquired, info = _take(held, task_id, attempt)
         finally:
-            holder_task.reset(marker)
+            # By value, not by the set()'s token: an interrupt as set() returned leaves no
+            # token, and every later hold in this context would name this run's task.
+            holder_task.set(named)
         if config.dedupe_queued and task_id:
             # Not queued any more. Cleared once the lock is taken, so a delay() meanwhile
             # finds the marker or the hold. (One that looked for the hold before it was taken

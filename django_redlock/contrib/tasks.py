@@ -262,10 +262,23 @@ def _enqueue_once(
     # Enqueues of a key take turns, so the marker can name the task result id, which the
     # backend makes only while it queues the run (an atomic note would need the id first).
     turn = Lock(f"{key}:enqueue", ttl=ENQUEUE_TTL, using=config.using)
-    if not turn.acquire(timeout=ENQUEUE_TTL):
-        raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
-    inside = _enqueuing.set(_enqueuing.get() | {key})
+    # The acquire inside the try: an interrupt as it returns (or on the next line) must not
+    # leave the turn held, blocking every enqueue of the key until its TTL.
     try:
+        if not turn.acquire(timeout=ENQUEUE_TTL):
+            raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
+        return _enqueue_in_turn(backend, enqueue, config, task, args, kwargs, key, store)
+    finally:
+        if turn.token is not None:  # taken (not: refused, or handed back by the acquire)
+            turn.release()
+
+
+def _enqueue_in_turn(
+    backend: Any, enqueue: Any, config: SingleInstance, task: Any, args: tuple, kwargs: dict,
+    key: str, store: Any,
+) -> Any:  # fmt: skip
+    try:
+        _enqueuing.set(_enqueuing.get() | {key})
         running = store.inspect(key)
         holder = task_id_of(running.holder) if running is not None else None
         existing = _existing(backend, config, task, key, holder) if holder else None
@@ -296,8 +309,9 @@ def _enqueue_once(
             clear_queued_marker(config, key, str(result.id))
         return result
     finally:
-        _enqueuing.reset(inside)
-        turn.release()
+        # By value, not by the set()'s token: an interrupt as set() returned leaves no token,
+        # and the key must not stay noted (this context's later enqueues of it were refused).
+        _enqueuing.set(_enqueuing.get() - {key})
 
 
 def _existing(backend: Any, config: SingleInstance, task: Any, key: str, found: str) -> Any:

@@ -1302,3 +1302,64 @@ def test_a_marker_whose_write_s_reply_was_lost_is_not_obeyed(
             assert second.id in sent  # published: not the AsyncResult of a message never sent
     finally:
         proxy.close()
+
+
+@shared_task(bind=True, base=SingleInstanceTask, name="tests.celery.test_celery_dedupe.refusing")
+@single_instance(key="refusing:{name}", ttl=10, on_duplicate="coalesce", dedupe_queued="raise")
+def refusing(self: Any, name: str, tag: str) -> str:
+    return tag
+
+
+def test_coalesce_with_dedupe_queued_raise_a_refused_call_never_replaces_the_queued_one(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # Call A is queued as the key's follow-up; call B is refused (AlreadyQueued): A must run
+    # with its own arguments (B's replaced them in the note A's follow-up runs).
+    from django_redlock.backends import markers
+    from django_redlock.contrib.celery import AlreadyQueued
+
+    name = uuid.uuid4().hex[:8]
+    queued = refusing.apply_async((name, "a"), queue=NOBODY)
+    with pytest.raises(AlreadyQueued) as caught:
+        refusing.apply_async((name, "b"), queue=NOBODY)
+    assert caught.value.task_id == queued.id
+    note = f"refusing:{name}:coalesce"
+    noted = markers.read(locks["default"], note)
+    assert noted is not None
+    markers.clear(locks["default"], note, noted[0])
+    assert json.loads(noted[0])["args"] == [name, "a"]
+    celery_app.app.control.purge()
+
+
+def test_coalesce_poll_interrupted_as_its_mark_is_written_leaves_no_mark(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A soft time limit as the poll's mark is written (its reply read, the message not yet
+    # published): the mark named a poll never sent, and no poll was queued for its TTL.
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    key = f"nesting:{name}"
+    config = nesting.run.__redlock__
+    contrib.note_call(config, key, [name, "d1"], {}, None, "d1")
+    real_mark, strikes = markers.mark, [1]
+
+    def mark(backend: Any, marker: str, *args: Any) -> Any:
+        written = real_mark(backend, marker, *args)
+        if marker == f"{key}:coalesce:poll" and strikes:
+            strikes.pop()
+            raise SoftTimeLimitExceeded("soft time limit")
+        return written
+
+    monkeypatch.setattr(markers, "mark", mark)
+    with pytest.raises(SoftTimeLimitExceeded):
+        contrib._queue_poll(config, nesting, key)
+    monkeypatch.undo()
+    assert not strikes
+    assert markers.read(locks["default"], f"{key}:coalesce:poll") is None
+    noted = markers.read(locks["default"], f"{key}:coalesce")
+    assert noted is not None
+    markers.clear(locks["default"], f"{key}:coalesce", noted[0])

@@ -258,3 +258,48 @@ def test_a_user_without_the_permission_gets_redis_pys_no_permission_error(
     assert isinstance(theirs, redis.exceptions.NoPermissionError), theirs
     assert isinstance(ours, redis.exceptions.NoPermissionError), ours
     assert isinstance(ours, MissingPermission)
+
+
+@pytest.mark.parametrize("where", ["taken", "returned"])
+def test_an_interrupt_as_the_hold_is_taken_hands_it_back(
+    client: Any, name: str, where: str
+) -> None:
+    # An interrupt (Ctrl-C, a soft time limit, a SIGALRM handler that raises) as the hold is
+    # taken: in acquire(), before the hold is noted ("taken"), or as acquire() returns into
+    # __enter__ ("returned"). The caller holds nothing, so nothing may stay held (it stayed:
+    # until its TTL, or renewed for as long as the lock object lived).
+    import sys
+
+    from django_redlock.locking.base import BaseLock
+
+    code, caller = {
+        "taken": (BaseLock.acquire.__code__, "acquire"),
+        "returned": (RedisPyLock.acquire.__code__, "__enter__"),
+    }[where]
+    strikes = [1]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code or frame.f_back.f_code.co_name != caller:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return" and arg is True and strikes:
+                strikes.pop()
+                raise KeyboardInterrupt("as the hold was taken")
+            return local
+
+        return local
+
+    lk = client.lock(name, lock_class=RedisPyLock)
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt), lk:
+            pytest.fail("the block ran")
+    finally:
+        sys.settrace(previous)
+    assert not strikes
+    assert not lk.owned() and lk.local.token is None
+    other = client.lock(name, lock_class=RedisPyLock)
+    assert other.acquire(blocking=False), "the interrupted hold is still held"
+    other.release()

@@ -475,3 +475,96 @@ def test_existing_task_id_decodes_an_encoded_holder() -> None:
             assert existing_task_id("default", key) == task_id
     finally:
         current_task.reset(marker_)
+
+
+@pytest.mark.parametrize("graceful", [False, True])
+def test_once_unlock_before_run_a_refused_call_never_replaces_the_queued_call(
+    app: Celery, graceful: bool
+) -> None:
+    # Call A is queued; call B of the same key is refused (AlreadyQueued, or graceful None).
+    # A must run with its own arguments: B's replaced them in the note its follow-up runs.
+    from django_redlock.backends import markers
+
+    name = uuid.uuid4().hex[:8]
+    task = tasks.once_unlock_before_run
+    send(task, name, "a")
+    if graceful:
+        refused = send(task, name, "b", once={"graceful": True})
+        assert isinstance(refused, EagerResult) and refused.result is None
+    else:
+        with pytest.raises(AlreadyQueued):
+            send(task, name, "b")
+    note = f"{task.get_key((name, 'a'))}:coalesce"
+    noted = markers.read(locks["default"], note)
+    assert noted is not None
+    markers.clear(locks["default"], note, noted[0])
+    assert json.loads(noted[0])["args"] == [name, "a"]
+
+
+def _once_follow_ups(redis_server: RedisServer, name: str) -> list[str]:
+    """The follow-ups of ``name`` waiting in the default queue (no worker reads it)."""
+    found = []
+    for raw in redis_server.client(db=1).lrange("celery", 0, -1):
+        headers = json.loads(raw)["headers"]
+        if headers.get(contrib_celery.FOLLOW_UP) and f"'{name}'" in headers.get("argsrepr", ""):
+            found.append(headers["argsrepr"])
+    return found
+
+
+@pytest.mark.parametrize("where", ["wrapper", "task-call", "body"])
+def test_once_unlock_before_run_follow_up_limited_on_the_way_into_its_body_keeps_the_call(
+    where: str, app: Celery, redis_server: RedisServer
+) -> None:
+    # A soft time limit in the shim's way into the task's run() (its follow-up wrapper, the
+    # entry of the task class's __call__): the body never ran, so the call must stay noted,
+    # with a follow-up queued (it was deleted: lost). In the body ("body"), the call is done.
+    import sys
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from django_redlock.backends import markers
+    from django_redlock.compat import celery_once as shim
+
+    task = tasks.once_unlock_before_run
+    name = uuid.uuid4().hex[:8]
+    key = task.get_key((name, "d1"))
+    run_code = task.run.__func__.__code__
+    strikes = [1]
+
+    def struck() -> None:
+        strikes.pop()
+        raise SoftTimeLimitExceeded("soft time limit")
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        back = frame.f_back
+        if not strikes:
+            return None
+        if where == "wrapper" and frame.f_code.co_filename == shim.__file__:
+            if frame.f_code.co_name == "<lambda>" and frame.f_code.co_varnames[:2] == ("a", "k"):
+                struck()
+        elif where == "task-call" and back is not None and back.f_code.co_filename == shim.__file__:
+            if back.f_code.co_name == "<lambda>" and frame.f_code is not run_code:
+                struck()
+        elif where == "body" and frame.f_code is run_code:
+            return lambda frame, event, arg: struck() if event == "line" and strikes else None
+        return None
+
+    contrib_celery.note_call(task.single_instance_config(), key, [name, "d1", 0], {}, None, "d1")
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        failed = task.apply((name, "f", 0), task_id=f"f-{name}",
+                            headers={contrib_celery.FOLLOW_UP: "1"})  # fmt: skip
+    finally:
+        sys.settrace(previous)
+    assert not strikes
+    assert isinstance(failed.result, SoftTimeLimitExceeded)
+    noted = markers.read(locks["default"], f"{key}:coalesce")
+    if where == "body":
+        assert noted is None
+        assert _once_follow_ups(redis_server, name) == []
+        return
+    assert noted is not None and json.loads(noted[0])["args"] == [name, "d1", 0]
+    markers.clear(locks["default"], f"{key}:coalesce", noted[0])
+    assert _once_follow_ups(redis_server, name) == [f"('{name}', 'd1', 0)"]
+    celery_app.app.control.purge()

@@ -449,3 +449,116 @@ def test_an_exception_right_after_the_take_releases(monkeypatch: pytest.MonkeyPa
     with pytest.raises(KeyboardInterrupt):
         tasks_jobs.without_context.enqueue(11)  # a run of the task (the immediate backend)
     assert not locks["default"].is_locked(key)
+
+
+def test_an_interrupt_as_the_enqueue_s_turn_is_taken_leaves_it_free() -> None:
+    # An interrupt (Ctrl-C, a SIGALRM handler that raises) as the enqueue's turn on the key is
+    # taken (at the return of its acquire): the turn must go with the call, not block every
+    # enqueue() of the key, in any process, for its 30 s TTL.
+    import datetime
+
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult
+
+    from django_redlock.locking.base import BaseLock
+
+    acquire = BaseLock.acquire.__code__
+    strikes = [1]
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not acquire or not frame.f_locals["self"].name.endswith(":enqueue"):
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "return" and arg is True and strikes:
+                strikes.pop()
+                raise KeyboardInterrupt("as the enqueue's turn was taken")
+            return local
+
+        return local
+
+    later = tasks_jobs.deduped.using(run_after=timezone.now() + datetime.timedelta(hours=1))
+    key = lock_key(tasks_jobs.deduped, 32)
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            later.enqueue(32)
+    finally:
+        sys.settrace(previous)
+    assert not strikes
+    assert not locks["default"].is_locked(f"{key}:enqueue"), "the turn is still held"
+    started = time.monotonic()
+    queued = later.enqueue(32)
+    assert time.monotonic() - started < 2.0
+    DBTaskResult.objects.filter(id=queued.id).delete()
+
+
+def test_an_interrupt_as_the_enqueue_notes_its_key_leaves_later_enqueues_alone() -> None:
+    # An interrupt as the enqueue noted, in this context, that it is enqueuing the key (at the
+    # return of the context variable's set(), before its token was kept): the note stayed,
+    # and every later enqueue() of the key in this thread was refused as its own re-entry.
+    import datetime
+
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult
+
+    from django_redlock.contrib import tasks as contrib
+
+    strikes = [1]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if (
+            event == "c_return" and strikes and getattr(arg, "__name__", "") == "set"
+            and getattr(arg, "__self__", None) is contrib._enqueuing
+        ):  # fmt: skip
+            strikes.pop()
+            raise KeyboardInterrupt("as the key was noted")
+
+    later = tasks_jobs.deduped.using(run_after=timezone.now() + datetime.timedelta(hours=1))
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            later.enqueue(33)
+    finally:
+        sys.setprofile(previous)
+    assert not strikes
+    assert contrib._enqueuing.get() == frozenset()
+    queued = later.enqueue(33)  # not AlreadyQueued ("enqueued or run by this very call")
+    DBTaskResult.objects.filter(id=queued.id).delete()
+
+
+def test_an_interrupt_as_a_run_names_its_task_leaves_later_holds_unnamed() -> None:
+    # An interrupt as the run's take named its task for the hold (at the return of the context
+    # variable's set(), before its token was kept): the name stayed, and every later hold in
+    # this thread (a plain lock() too) named that task as its holder.
+    from django_redlock import identity, lock
+
+    strikes = [1]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if (
+            event == "c_return" and strikes and getattr(arg, "__name__", "") == "set"
+            and getattr(arg, "__self__", None) is identity.current_task
+        ):  # fmt: skip
+            strikes.pop()
+            raise KeyboardInterrupt("as the run's task was named")
+
+    key = lock_key(tasks_jobs.without_context, 12)
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tasks_jobs.without_context.enqueue(12)  # a run of the task (the immediate backend)
+    finally:
+        sys.setprofile(previous)
+    assert not strikes
+    assert not locks["default"].is_locked(key)
+    try:
+        assert identity.current_task.get() is None
+        with lock(f"{key}:plain", ttl=5) as held:
+            info = locks["default"].inspect(held.name)
+            assert info is not None and not info.holder.get("k"), info.holder
+    finally:
+        identity.current_task.set(None)  # failed: the later tests' holds not named either
