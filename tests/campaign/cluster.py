@@ -424,6 +424,7 @@ def check(
     holds: dict[tuple[str, int], dict[str, Any]] = {}
     violations: list[Violation] = []
     stats: Counter[str] = Counter()
+    excused: Counter[str] = Counter()
     # Windows that excuse a loss on their shard: pauses, forced failovers, and planned ones
     # that took long enough to be pauses themselves.
     excuses = [*pauses, *((s, a, b) for s, a, b, forced in failovers
@@ -449,7 +450,11 @@ def check(
             hold["lost"] = ev["t"]
             shard = owner[hold["key"]]
             since = hold["start"] - TTL
+            if any(w[0] == shard and w[1] < ev["t"] and w[2] > since for w in pauses):
+                excused["pause"] += 1
+                continue
             if any(w[0] == shard and w[1] < ev["t"] and w[2] > since for w in excuses):
+                excused["failover"] += 1
                 continue
             planned = [round(b - a, 3) for s, a, b, _ in failovers
                        if s == shard and a < ev["t"] and b > since]  # fmt: skip
@@ -465,18 +470,21 @@ def check(
                    " acquire; its master answered throughout")
                 + f" (shards paused or failed over meanwhile: {others or 'none'})", {ev["c"]},
             ))  # fmt: skip
-    violations += _fences(holds)
+    fenced, overlaps = _fences(holds)
+    violations += fenced
     lost = sum(1 for h in holds.values() if "lost" in h)
-    lost_excused = lost - sum(1 for v in violations if v.prop.startswith("lost-on"))
     report = KindReport("cluster", "cluster", seed, seconds, {
         "clients": len({c for c, _ in holds}), "acq_ok": stats["acq_ok"],
         "writes": stats["rel"], "lost": lost,
     }, Counter(), violations)  # fmt: skip
     report.lines.append(
         f"  operations: {stats['acq']} acquires ({stats['acq_ok']} held, {stats['acq_err']}"
-        f" errors), {stats['rel']} releases ({stats['rel_err']} errors); {lost_excused} holds"
-        f" lost on a paused or failed-over master (allowed), {len(pauses)} master pauses of"
-        f" {[round(b - a, 1) for _, a, b in pauses]} s (TTL {TTL:g} s)")  # fmt: skip
+        f" errors, {stats['acq'] - stats['acq_ok'] - stats['acq_err']} refused as held),"
+        f" {stats['rel']} releases ({stats['rel_err']} errors); holds lost on a paused master"
+        f" {excused['pause']}, on a failed-over one {excused['failover']} (allowed); {overlaps}"
+        f" holds of a name taken while an earlier one, later reported lost, was still counted"
+        f" on; {len(pauses)} master pauses of {[round(b - a, 1) for _, a, b in pauses]} s"
+        f" (TTL {TTL:g} s)")  # fmt: skip
     if failovers:
         report.lines.append(
             "  failovers (shard, handed over in s, forced): "
@@ -485,9 +493,12 @@ def check(
     return report
 
 
-def _fences(holds: dict[tuple[str, int], dict[str, Any]]) -> list[Violation]:
-    """``fence-order`` and ``two-holders``, per name."""
+def _fences(holds: dict[tuple[str, int], dict[str, Any]]) -> tuple[list[Violation], int]:
+    """``fence-order`` and ``two-holders``, per name; and how many holds began while an
+    earlier one of their name, later reported lost, was still counted on (what the fences
+    are for)."""
     violations: list[Violation] = []
+    overlaps = 0
     by_name: dict[str, list[dict[str, Any]]] = {}
     for hold in holds.values():
         if "held" in hold:
@@ -508,6 +519,10 @@ def _fences(holds: dict[tuple[str, int], dict[str, Any]]) -> list[Violation]:
                         {a["client"], b["client"]},
                     ))  # fmt: skip
                     break
+        for a in group:
+            if "lost" in a:
+                ended = min(a["lost"], a.get("released", a["lost"]))
+                overlaps += sum(1 for b in group if a["held"] < b["held"] < ended)
         # Holds believed from the acquire's return to the release's call, never reported lost.
         kept = [h for h in group if "released" in h and "lost" not in h and "rel_err" not in h]
         latest: dict[str, Any] | None = None  # the kept hold released last so far
@@ -524,7 +539,7 @@ def _fences(holds: dict[tuple[str, int], dict[str, Any]]) -> list[Violation]:
                     f" {a['fence']}, {b['fence']}), and neither was ever reported lost",
                     {a["client"], b["client"]},
                 ))  # fmt: skip
-    return violations
+    return violations, overlaps
 
 
 if __name__ == "__main__":
