@@ -7,12 +7,14 @@ share), and a nemesis whose storms each make one move (``CAMPAIGN_EXCLUDE`` leav
 * ``failover``: ``CLUSTER FAILOVER`` on one master's replica, planned: the master stops
   taking writes, the replica catches up with its replication offset, then takes over, so a
   confirmed hold is on the new master. Healed by leaving it: the old master is the new one's
-  replica and the next failover of that shard fails back. One Redis refuses or stalls
-  (its masters vote about a master once per two node timeouts): after 2.5 s the harness
-  finishes it with ``TAKEOVER``, and the window counts as forced;
-* ``failover_force``: the master's replication link cut (``CLIENT KILL TYPE replica``), and
-  0.1-0.6 s later ``CLUSTER FAILOVER TAKEOVER`` (no handshake, no vote): the replica takes
-  over without what the master wrote meanwhile, as an asynchronous replica does, so holds of
+  replica and the next failover of that shard fails back. Masters vote about one master once
+  per two node timeouts, and a refused planned failover holds the master's writes back for
+  seconds: the planner picks a shard whose vote would be given, and one still not handed
+  over in 2.5 s is finished with ``TAKEOVER`` (``failover_stalled``: counted as forced);
+* ``failover_force``: the replica SIGSTOPped and its replication link cut by the master,
+  and 0.1-0.6 s later ``CLUSTER FAILOVER TAKEOVER`` (no handshake, no vote), sent before it
+  resumes: it takes over without what the master wrote meanwhile, as an asynchronous replica
+  can (on loopback a cut link alone is back within milliseconds, missing nothing), so holds of
   that shard may be lost (docs/topics/backends.md: Cluster loses locks "as Sentinel, per
   shard"); fences still grow (at least the server's clock in us).
 
