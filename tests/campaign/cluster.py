@@ -488,10 +488,19 @@ def check(
         f" on; {len(pauses)} master pauses of {[round(b - a, 1) for _, a, b in pauses]} s"
         f" (TTL {TTL:g} s)")  # fmt: skip
     if failovers:
+        # Holds confirmed before a planned failover of their shard and counted on after it.
+        through = Counter(
+            "lost" in h for h in holds.values() if "held" in h
+            for s, a, b, f in failovers
+            if not f and owner[h["key"]] == s and h["held"] < a
+            and min(h.get("released", stopping), h.get("lost", stopping)) > b
+        )  # fmt: skip
         report.lines.append(
             "  failovers (shard, handed over in s, forced): "
             + ", ".join(f"({s}, {b - a:.3f}, {'forced' if f else 'planned'})"
-                        for s, a, b, f in failovers))  # fmt: skip
+                        for s, a, b, f in failovers)
+            + f"; holds through a planned failover: {through[False] + through[True]}"
+            f" ({through[True]} later lost)")  # fmt: skip
     return report
 
 
