@@ -37,6 +37,8 @@ The client is this module run as ``python -m tests.campaign.cluster CONFIG_JSON`
 ``CAMPAIGN_BREAK=lost`` (self-test): each client deletes one of its own holds' keys on a
 healthy master now and then: ``lost-on-healthy`` must fail. ``CAMPAIGN_BREAK=fence``: each
 client now and then logs a fence 10 s below the one it got: ``fence-order`` must fail.
+``CAMPAIGN_BREAK=twice``: each client now and then counts a refused acquire as held:
+``two-holders`` must fail.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def client(config: dict[str, Any]) -> None:
     names = [f"{config['name']}:{k}" for k in range(NAMES)]
     held: dict[str, tuple[Any, int, float]] = {}  # name -> (lock, hold, release at)
     hold_of: dict[int, int] = {}  # id(lock) -> hold
+    fake: set[int] = set()  # CAMPAIGN_BREAK=twice: holds refused, yet counted on
     stopping = []
 
     def on_lost(sender: Any, lock: Any = None, **kwargs: Any) -> None:
@@ -121,7 +124,8 @@ def client(config: dict[str, Any]) -> None:
         for name, (lk, h, until) in list(held.items()):
             if stopping or now >= until:
                 log("rel", h=h)  # before the call: the hold is no longer counted on from here
-                guarded(h, "rel", lk.release)
+                if h not in fake:
+                    guarded(h, "rel", lk.release)
                 del held[name]
                 hold_of.pop(id(lk), None)
         if config.get("break") == "lost" and held and rng.random() < 0.01:
@@ -142,6 +146,10 @@ def client(config: dict[str, Any]) -> None:
                 if fence is not None and config.get("break") == "fence" and rng.random() < 0.1:
                     fence -= 10_000_000  # as if granted 10 s earlier
                 log("acq_ok", h=hold, fence=fence)
+            elif config.get("break") == "twice" and rng.random() < 0.1:
+                held[name] = (lk, hold, time.time() + rng.uniform(0.3, 4.0) * TTL)
+                fake.add(hold)
+                log("acq_ok", h=hold, fence=None)  # refused, yet counted on as held
             else:
                 hold_of.pop(id(lk), None)
         time.sleep(0.02)
