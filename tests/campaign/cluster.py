@@ -67,12 +67,18 @@ CLIENTS = 3
 HELD = 4  # holds each client keeps at once, on names spread over the masters
 NAMES = 16  # names shared by the clients
 MOVES = ("master_pause", "failover", "failover_force")
-#: No automatic failover, no "cluster down": a pause (at most 2 TTLs) stays well below the
-#: node timeout. Masters vote about one master once per two node timeouts, and a replica
-#: tries again four node timeouts after its last try: the planner waits for both.
+#: With replicas: no automatic failover, a pause (at most 2 TTLs) stays below the node
+#: timeout. Masters vote about one master once per two node timeouts, and a replica tries
+#: again four node timeouts after its last try: the planner waits for both. Without
+#: replicas, 30 s: a master marked failed would take the whole cluster down.
 NODE_TIMEOUT = 5.0
-CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-node-timeout", str(int(NODE_TIMEOUT * 1000)),
-                "--repl-diskless-sync-delay", "0")  # fmt: skip
+
+
+def cluster_args(node_timeout: float) -> tuple[str, ...]:
+    return ("--cluster-enabled", "yes", "--cluster-node-timeout", str(int(node_timeout * 1000)),
+            "--repl-diskless-sync-delay", "0")  # fmt: skip
+
+
 #: A planned failover handing over within this costs no hold; past it, it is a pause.
 PLANNED_WINDOW = TTL / 3
 #: A planned failover not done by then is finished with TAKEOVER (the window counts forced).
@@ -171,8 +177,8 @@ class Shards:
         self.clients = {n.port: n.client(socket_timeout=2) for p in self.pairs for n in p}
 
     def of(self, shard: int) -> tuple[Any, Any]:
-        """(master, replica) of a shard."""
-        pair = self.pairs[shard]
+        """(master, replica) of a shard; no replica: None."""
+        pair = [*self.pairs[shard], None]
         return pair[self.master[shard]], pair[1 - self.master[shard]]
 
     def slot(self, shard: int) -> int:
@@ -184,6 +190,15 @@ class Shards:
         return (now - self.tried.get(replica.port, -1e9) > 4 * NODE_TIMEOUT + 1
                 and now - self.voted.get(master.port, -1e9) > 2 * NODE_TIMEOUT + 1
                 and self.synced(shard))  # fmt: skip
+
+    def failed_over(self, shard: int) -> bool:
+        """Whether the shard's replica took over on its own (then it is the master now)."""
+        _, replica = self.of(shard)
+        with contextlib.suppress(Exception):
+            if replica and self.clients[replica.port].info("replication")["role"] == "master":
+                self.master[shard] = 1 - self.master[shard]
+                return True
+        return False
 
     def synced(self, shard: int) -> bool:
         _, replica = self.of(shard)
@@ -254,8 +269,9 @@ def run_cluster(seed: int, seconds: float) -> KindReport:
     moving = random.Random(seed * 37 + 11)
     moves = [moving.choice([m for m in MOVES if m not in excluded()]) for _ in plan]
     with_replicas = any(m.startswith("failover") for m in moves)
-    masters = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
-    replicas = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)] if with_replicas else []
+    args = cluster_args(NODE_TIMEOUT if with_replicas else 30.0)
+    masters = [RedisServer(args=args).start() for _ in range(3)]
+    replicas = [RedisServer(args=args).start() for _ in range(3)] if with_replicas else []
     procs: list[subprocess.Popen[bytes]] = []
     faults: Counter[str] = Counter()
     pauses: list[tuple[int, float, float]] = []  # (shard, from, to), wall clock
@@ -304,6 +320,9 @@ def run_cluster(seed: int, seconds: float) -> KindReport:
             _sleep_until(origin + start + length)
             master.resume()
             pauses.append((shard, began, time.time()))
+            if shards.failed_over(shard):  # a pause past the node timeout (a loaded machine)
+                failovers.append((shard, began, time.time(), True))
+                faults["auto_failover"] += 1
         _sleep_until(origin + seconds)
         stopping = time.time()
         for proc in procs:
