@@ -9,8 +9,10 @@ share), and a nemesis whose storms each make one move (``CAMPAIGN_EXCLUDE`` leav
   confirmed hold is on the new master. Healed by leaving it: the old master is the new one's
   replica and the next failover of that shard fails back. Masters vote about one master once
   per two node timeouts, and a refused planned failover holds the master's writes back for
-  seconds: the planner picks a shard whose vote would be given, and one still not handed
-  over in 2.5 s is finished with ``TAKEOVER`` (``failover_stalled``: counted as forced);
+  seconds, as does a fail-back asked before every node knew the old master demoted (1 s
+  after a failover): the planner picks a shard whose vote would be given and whose replica
+  every node knows as such (no shard ready: a pause instead), and one still not handed over
+  in 2.5 s is finished with ``TAKEOVER`` (``failover_stalled``: counted as forced);
 * ``failover_force``: the replica SIGSTOPped and its replication link cut by the master,
   and 0.1-0.6 s later ``CLUSTER FAILOVER TAKEOVER`` (no handshake, no vote), sent before it
   resumes: it takes over without what the master wrote meanwhile, as an asynchronous replica
@@ -189,7 +191,26 @@ class Shards:
         master, replica = self.of(shard)
         return (now - self.tried.get(replica.port, -1e9) > 4 * NODE_TIMEOUT + 1
                 and now - self.voted.get(master.port, -1e9) > 2 * NODE_TIMEOUT + 1
-                and self.synced(shard))  # fmt: skip
+                and self.synced(shard) and self.known(shard))  # fmt: skip
+
+    def known(self, shard: int) -> bool:
+        """Every node knows the shard's replica as its master's replica: a fail-back asked
+        before the old master's demotion reached them stalls (1 s after a failover: stalled
+        till the TAKEOVER; 2 s after: handed over in 0.06 s)."""
+        master, replica = self.of(shard)
+        try:
+            ids = {n.port: self.clients[n.port].execute_command("CLUSTER", "MYID").decode()
+                   for n in (master, replica)}  # fmt: skip
+            for node in self.clients.values():
+                for line in node.execute_command("CLUSTER", "NODES").decode().splitlines():
+                    fields = line.split()
+                    if fields[0] == ids[replica.port] and (
+                        "slave" not in fields[2] or fields[3] != ids[master.port]
+                    ):
+                        return False
+            return True
+        except Exception:
+            return False
 
     def failed_over(self, shard: int) -> bool:
         """Whether the shard's replica took over on its own (then it is the master now)."""
