@@ -35,7 +35,7 @@ COMBINATIONS = [
     ("redlock", "plain", 21, 2.0),
     # Kinds of their own (scenario.py), on top of the share of the others: 6 s in `make test`
     # (their processes start once the run began counting), 0.6 of a share under `make soak`.
-    ("cluster", "cluster", 23, 0.6),  # cluster.py: one master paused past the TTL
+    ("cluster", "cluster", 23, 0.6),  # cluster.py: master pauses, failovers (replicas)
     ("celery", "celery", 24, 0.6),  # celery_kind.py: workers, soft time limits, coalesce
     ("sentinel", "sentinel", 26, 0.6),  # sentinel.py: failovers, master pauses and kills
 ]
