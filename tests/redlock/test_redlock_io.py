@@ -390,6 +390,23 @@ def test_one_script_call_per_node_per_acquire_and_release(
             assert mine == sorted(set(mine))
 
 
+def test_one_script_call_per_node_per_acquire_of_a_held_name(
+    three: list[RedisServer], name: str
+) -> None:
+    """A name held on every node: the acquire's undo went to every node too, though each
+    answered "refused" (it holds nothing of this token), and waited for their replies: two
+    script calls per node. Only nodes that granted, or did not answer, are undone."""
+    with quorum_alias("busy", three):
+        backend = backend_of("busy")
+        check_replies(backend, "warm")
+        for server in three:
+            server.client().set(backend.nodes[0].key(name), "other|1|0|", px=30_000)
+        before = three[0].settled_script_calls(*three[1:])
+        assert not lock(name, using="busy").acquire(blocking=False)
+        after = three[0].settled_script_calls(*three[1:])
+        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]
+
+
 def test_a_node_that_forgot_its_scripts_is_taught_before_it_is_asked_again(
     redis_factory: Callable[..., RedisServer],
 ) -> None:
