@@ -40,7 +40,7 @@ from .base import (
 )
 from .cursors import BadCursor, parse_cursor
 from .redis import UNAVAILABLE, RedisBackend, prior_of, text
-from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub
+from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub, start_probes
 from .redlock_io import PENDING, Fan, NodeIO, Undo, answered
 
 T = TypeVar("T")
@@ -131,8 +131,12 @@ class RedlockBackend(BaseLockBackend):
     def hub(self) -> QuorumHub:
         if self._hub is None:
             health = self.io.health
+
+            def probe_down() -> None:  # (a reader's thread: the probes run in their own)
+                start_probes(health, self.nodes, self.io.debts.pay_before_up, now_too=True)
+
             hubs = [
-                NodeHub(node, lambda i=i: health.is_down(i))  # type: ignore[misc]
+                NodeHub(node, lambda i=i: health.is_down(i), probe_down)  # type: ignore[misc]
                 for i, node in enumerate(self.nodes)
             ]
             self._hub = QuorumHub(hubs, self.node_timeout, self.io.usable)
@@ -280,6 +284,7 @@ class RedlockBackend(BaseLockBackend):
         replies = yield Fan(
             [self._node_acquire(n, name, token, ttl_ms, meta, proposal) for n in self.nodes],
             self._granting,
+            complete=True,  # a node skipped as down is asked when the others fall short
             enough=self._majority_answered,
             regrant=True,  # the token may be a try's whose answer was lost: its undos are void
         )

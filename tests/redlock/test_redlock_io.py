@@ -465,6 +465,33 @@ if __name__ == "__main__" and sys.argv[1:2] == ["cold"]:
 # -- a write decided without a node still reaches it -----------------------------------------
 
 
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_node_skipped_as_down_is_asked_when_the_others_cannot_make_a_quorum(
+    three: list[RedisServer], name: str, driver: str
+) -> None:
+    """Node 0 counts as down (it answers again, and its breaker's second is not up), then
+    node 1 pauses: the acquire asked nodes 1 and 2 only, and when node 1 did not answer
+    raised QuorumNotReached while nodes 0 and 2 made a majority. The skipped node is asked
+    too once the nodes asked cannot make a quorum, within the same node timeout."""
+    with quorum_alias("skipped", three):
+        backend = backend_of("skipped")
+        check_replies(backend, "warm")
+        backend.io.health.failed(0)
+        three[1].pause()
+        try:
+            held = lock(name, using="skipped", ttl=10, auto_renew=False)
+            started = time.monotonic()
+            if driver == "sync":
+                assert held.acquire(blocking=False)
+            else:
+                assert asyncio.run(held.aacquire(blocking=False))
+            took = time.monotonic() - started
+            assert took < backend.io.timeout, f"{took:.3f} s"
+        finally:
+            three[1].resume()
+        held.release()
+
+
 def _held_on(servers: list[RedisServer], key: str) -> list[RedisServer]:
     return [s for s in servers if s.client().exists(key)]
 
