@@ -3,10 +3,12 @@ the release channels of the nodes that answer.
 
 A node that did not answer in time (or refused the connection) is *down*: operations skip it
 while the other nodes can still make a quorum, so a paused or dead minority node costs them
-nothing. It is not tried again by an operation: once the breaker's period is up, the next
+nothing. It is tried again by an operation only when the nodes it asked fall short of a
+quorum (see redlock_io's ``Fan.complete``): once the breaker's period is up, the next
 operation starts a probe (a PING on a connection of its own) in a thread, and the node is
 used again as soon as a probe is answered, so its recovery is noticed without anyone paying
-a timeout for it.
+a timeout for it. A waiter's node whose PING is slow to answer has the down nodes probed at
+once (``NodeHub.ping_slow``): the waiters join them before that node's silence counts.
 """
 
 from __future__ import annotations
