@@ -62,16 +62,20 @@ class _Liveness:
     reader PINGs after a quarter of the socket timeout without hearing from the server (a
     healthy connection's messages count: one PING per connection, not per waiter, and
     none while nobody waits); a PING unanswered for a whole socket timeout makes the
-    waiters' wait raise. A reply (any message) clears it."""
+    waiters' wait raise. A reply (any message) clears it. ``on_slow`` is called once
+    per PING still unanswered after a quarter of the timeout (a quorum's hub asks then the
+    nodes its waiters skipped: within the PING's deadline, see redlock_health)."""
 
-    SHARE = 0.25  # of the socket timeout: silence before a PING
+    SHARE = 0.25  # of the socket timeout: silence before a PING, and a PING's slowness
 
-    __slots__ = ("heard_at", "ping_at", "timeout")
+    __slots__ = ("heard_at", "on_slow", "ping_at", "slow_told", "timeout")
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, on_slow: Callable[[], None] | None = None) -> None:
         self.timeout = timeout
         self.heard_at = time.monotonic()
         self.ping_at: float | None = None  # a PING awaits its answer since
+        self.on_slow = on_slow
+        self.slow_told = False
 
     def heard(self) -> None:
         self.heard_at, self.ping_at = time.monotonic(), None
@@ -86,6 +90,12 @@ class _Liveness:
             if now < due:
                 return min(1.0, due - now), False
         elif now < self.ping_at + self.timeout:
+            if self.on_slow is not None and not self.slow_told:
+                slow_at = self.ping_at + self.timeout * self.SHARE
+                if now < slow_at:
+                    return min(1.0, slow_at - now), False
+                self.slow_told = True
+                self.on_slow()
             return min(1.0, self.ping_at + self.timeout - now), False
         if not waiting() or not getattr(pubsub, "subscribed", False):
             # Nobody to tell (or no subscription, whose connection would not read the
@@ -94,8 +104,8 @@ class _Liveness:
             return min(1.0, self.timeout * self.SHARE), False
         if self.ping_at is None:
             pubsub.ping()
-            self.ping_at = now
-            return min(1.0, self.timeout), False
+            self.ping_at, self.slow_told = now, False
+            return min(1.0, self.timeout * self.SHARE if self.on_slow else self.timeout), False
         self.heard_at, self.ping_at = now, None
         return min(1.0, self.timeout * self.SHARE), True
 
@@ -327,8 +337,12 @@ class PubSubHub(ReleaseHub):
                 with contextlib.suppress(Exception):
                     connection.disconnect()
 
+    #: Called on the reader's thread (it must not wait) when its PING has had no answer
+    #: for a quarter of the timeout; None: nothing to do then.
+    ping_slow: Callable[[], None] | None = None
+
     def _read_until_closed(self, pubsub: Any) -> None:
-        alive = _Liveness(self.confirm_timeout)
+        alive = _Liveness(self.confirm_timeout, self.ping_slow)
         while not self._closed:
             self._reading = getattr(pubsub, "connection", None) or self._reading
             try:

@@ -40,7 +40,7 @@ from .base import (
 )
 from .cursors import BadCursor, parse_cursor
 from .redis import UNAVAILABLE, RedisBackend, prior_of, text
-from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub
+from .redlock_health import BREAKER_SECONDS, NodeHub, QuorumHub, start_probes
 from .redlock_io import PENDING, Fan, NodeIO, Undo, answered
 
 T = TypeVar("T")
@@ -131,8 +131,12 @@ class RedlockBackend(BaseLockBackend):
     def hub(self) -> QuorumHub:
         if self._hub is None:
             health = self.io.health
+
+            def probe_down() -> None:  # (a reader's thread: the probes run in their own)
+                start_probes(health, self.nodes, self.io.debts.pay_before_up, now_too=True)
+
             hubs = [
-                NodeHub(node, lambda i=i: health.is_down(i))  # type: ignore[misc]
+                NodeHub(node, lambda i=i: health.is_down(i), probe_down)  # type: ignore[misc]
                 for i, node in enumerate(self.nodes)
             ]
             self._hub = QuorumHub(hubs, self.node_timeout, self.io.usable)
@@ -208,31 +212,47 @@ class RedlockBackend(BaseLockBackend):
         answered = self._answered(replies)
         return answered >= self.quorum or answered + pending < self.quorum
 
-    def _decide(self, name: str, replies: Replies, yes: int, doing: str) -> bool:
+    def _decide(
+        self, name: str, replies: Replies, yes: int, doing: str, had: str = "agreed"
+    ) -> bool:
         """True when ``yes`` nodes make a quorum, False when even every unanswered node
-        could not make one; else nobody can tell: QuorumNotReached."""
+        could not make one; else nobody can tell: QuorumNotReached (``had``: what the
+        ``yes`` nodes did, for its message)."""
         unknown = len(self.nodes) - self._answered(replies)
         if yes >= self.quorum:
             return True
         if yes + unknown < self.quorum:
             return False
-        raise self._unreachable(name, replies, doing)
+        raise self._unreachable(name, replies, doing, (yes, had))
 
     def _answered(self, replies: Replies) -> int:
         return sum(1 for reply in replies if answered(reply))
 
-    def _unreachable(self, name: str, replies: Replies, doing: str) -> LockError:
+    def _unreachable(
+        self, name: str, replies: Replies, doing: str, votes: tuple[int, str] | None = None
+    ) -> LockError:
+        """QuorumNotReached saying what was missing. ``votes``: how many answering nodes
+        did what (``had``): with a majority answering, too few of them did, and the silent
+        ones could have made the majority."""
         refused = next((r for r in replies if isinstance(r, MissingPermission)), None)
         if refused is not None:  # no quorum because a node's user may not: say what it lacks
             return refused
         errors = "; ".join(str(r) for r in replies if isinstance(r, BaseException))
+        count = self._answered(replies)
+        missing = f"only {count} of {len(self.nodes)} nodes answered, {self.quorum} needed"
+        if votes is not None and count >= self.quorum:
+            yes, had = votes
+            silent = [repr(self.nodes[i].alias) for i, r in enumerate(replies) if not answered(r)]
+            who = f"node {silent[0]}" if len(silent) == 1 else f"nodes {', '.join(silent)}"
+            missing = (
+                f"only {yes} of the {count} nodes that answered {had}, {self.quorum} needed,"
+                f" and {who} did not answer"
+            )
         return quorum_failure(
             self.alias,
             name,
             QuorumNotReached(
-                f"lock {name!r}: backend {self.alias!r} could not {doing}: only"
-                f" {self._answered(replies)} of {len(self.nodes)} nodes answered, {self.quorum}"
-                f" needed ({errors})"
+                f"lock {name!r}: backend {self.alias!r} could not {doing}: {missing} ({errors})"
             ),
         )
 
@@ -264,6 +284,7 @@ class RedlockBackend(BaseLockBackend):
         replies = yield Fan(
             [self._node_acquire(n, name, token, ttl_ms, meta, proposal) for n in self.nodes],
             self._granting,
+            complete=True,  # a node skipped as down is asked when the others fall short
             enough=self._majority_answered,
             regrant=True,  # the token may be a try's whose answer was lost: its undos are void
         )
@@ -286,10 +307,14 @@ class RedlockBackend(BaseLockBackend):
             still_valid = ttl_ms - elapsed_ms - self._drift_ms(ttl_ms) > 0  # after 2 trips
             if at_fence >= self.quorum and still_valid:
                 return Attempt(True, fence, 1, prior)
-        # Not ours: undo on every node, including those that did not answer (a lost reply
-        # may have set the key there). A straggler is not waited for: this thread's next
-        # request to it (the next try, with this token) is written behind the undo. A node
-        # skipped as down is owed it: sent before any later request to it (redlock_io.Debts).
+        # Not ours: undo on every node that granted or did not answer (a lost reply may
+        # have set the key there); not on one that refused: it holds nothing of this token
+        # (the script grants "ours already" first, and this thread's earlier requests with
+        # the token ran before it on that connection), so a refused acquire costs one
+        # script call per node, and nothing is waited for when every node refused. A
+        # straggler is not waited for: this thread's next request to it (the next try, with
+        # this token) is written behind the undo. A node skipped as down is owed it: sent
+        # before any later request to it (redlock_io.Debts).
         # Behind a holder of a majority the undo wakes nobody: whoever our key refused is
         # refused by that hold too, and woken by its release; a waiter woken by its own undo
         # (the node the hold missed) tried again at once, for the whole hold.
@@ -304,11 +329,16 @@ class RedlockBackend(BaseLockBackend):
         held = self._held_by_one(replies)
         maybe = not held and self._held_by_one(replies, unknown=True)
         reachable = self._answered(replies) >= self.quorum
-        yield self._each(
-            lambda n: self._node_undo(n, name, token, quiet=held or maybe),
-            self._majority_answered if reachable else _at_once,
+        undo = Fan(
+            [
+                None if _refused(reply) else self._node_undo(node, name, token, held or maybe)
+                for node, reply in zip(self.nodes, replies, strict=True)
+            ],
+            self._majority_answered if reachable else _at_once,  # (a refusal is an answer)
             owed="undo",
         )
+        if any(op is not None for op in undo):
+            yield undo
         if self._answered(replies) < self.quorum:
             raise self._unreachable(name, replies, "acquire")
         hint = self._wait_hint(replies, bool(granted) and not (held or maybe))
@@ -379,7 +409,8 @@ class RedlockBackend(BaseLockBackend):
                 True,
                 owed="release",
             )
-            return 0 if self._decide(name, replies, _released(replies), "release") else -1
+            had = "still had the hold"
+            return 0 if self._decide(name, replies, _released(replies), "release", had) else -1
 
         return Op(name, _Quorum(steps()))
 
@@ -414,7 +445,7 @@ class RedlockBackend(BaseLockBackend):
                 self._deciding(_refenced),
                 True,
             )
-            if not self._decide(name, replies, _refenced(replies), "re-fence"):
+            if not self._decide(name, replies, _refenced(replies), "re-fence", "still had it"):
                 taken = sum(1 for r in replies if r == -1) >= self.quorum
                 return -1 if taken else 0
             fence = max(r for r in replies if isinstance(r, int))
@@ -472,7 +503,7 @@ class RedlockBackend(BaseLockBackend):
             replies = yield self._each(
                 lambda n: n.op_hold_count(name, token), self._deciding(_holding), True
             )
-            return int(self._decide(name, replies, _holding(replies), "check"))
+            return int(self._decide(name, replies, _holding(replies), "check", "had the hold"))
 
         return Op(name, _Quorum(steps()))
 
@@ -482,7 +513,7 @@ class RedlockBackend(BaseLockBackend):
             replies = yield self._each(
                 lambda n: Op(name, ("GET", n.key(name)), _token_of), self._deciding(_most), True
             )
-            return self._decide(name, replies, _most(replies), "check")
+            return self._decide(name, replies, _most(replies), "check", "had one holder")
 
         return Op(name, _Quorum(steps()))
 
@@ -490,13 +521,17 @@ class RedlockBackend(BaseLockBackend):
         return Op(name, _Quorum(self._validity(name)))
 
     def _validity(self, name: str) -> Steps[int | None]:
-        """What is left of the majority's hold: the quorum-th longest PTTL, less drift."""
-        replies = yield self._each(lambda n: n.op_pttl(name), self._deciding(_timed), True)
-        pttls = sorted((r for r in replies if isinstance(r, int)), reverse=True)
-        if not self._decide(name, replies, len(pttls), "check"):
+        """What is left of the majority's hold: among the nodes that hold one token (a
+        majority: at most one token has one), the quorum-th longest PTTL, less drift. None
+        when no token has a majority (holds of different tokens make no hold)."""
+        replies = yield self._each(lambda n: n.op_inspect(name), self._deciding(_agreeing), True)
+        if not self._decide(name, replies, _agreeing(replies), "check", "had one holder"):
             return None
-        left = pttls[self.quorum - 1]
-        return max(0, round(left - self._drift_ms(left)))
+        info = self._agreed(replies)[0]
+        if info is None or info.ttl is None:  # (a hold without expiry: never written)
+            return None
+        left = info.ttl * 1000
+        return max(0, round(left - self._drift_ms(round(left))))
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         def steps() -> Steps[LockInfo | None]:
@@ -824,6 +859,11 @@ def _at_once(replies: Replies) -> bool:
     return True
 
 
+def _refused(reply: Any) -> bool:
+    """A node's acquire that ran and refused: it holds nothing of the token, no undo."""
+    return isinstance(reply, Attempt) and not reply.acquired
+
+
 def _granted(replies: Replies) -> int:
     """Nodes that granted the hold."""
     return sum(1 for r in replies if isinstance(r, Attempt) and r.acquired)
@@ -847,10 +887,6 @@ def _most(replies: Replies) -> int:
     """The most nodes that agree on one token (split votes hold nothing)."""
     tokens = [r for r in replies if isinstance(r, str)]
     return max((tokens.count(t) for t in set(tokens)), default=0)
-
-
-def _timed(replies: Replies) -> int:
-    return sum(1 for r in replies if isinstance(r, int))
 
 
 def _agreeing(replies: Replies) -> int:

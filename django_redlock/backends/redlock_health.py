@@ -3,10 +3,12 @@ the release channels of the nodes that answer.
 
 A node that did not answer in time (or refused the connection) is *down*: operations skip it
 while the other nodes can still make a quorum, so a paused or dead minority node costs them
-nothing. It is not tried again by an operation: once the breaker's period is up, the next
+nothing. It is tried again by an operation only when the nodes it asked fall short of a
+quorum (see redlock_io's ``Fan.complete``): once the breaker's period is up, the next
 operation starts a probe (a PING on a connection of its own) in a thread, and the node is
 used again as soon as a probe is answered, so its recovery is noticed without anyone paying
-a timeout for it.
+a timeout for it. A waiter's node whose PING is slow to answer has the down nodes probed at
+once (``NodeHub.ping_slow``): the waiters join them before that node's silence counts.
 """
 
 from __future__ import annotations
@@ -94,14 +96,16 @@ class Health:
         with self._mutex:
             self._warm.discard(i)
 
-    def due(self) -> list[int]:
-        """The down nodes to probe now (each marked as being probed)."""
+    def due(self, now_too: bool = False) -> list[int]:
+        """The down nodes to probe now (each marked as being probed); ``now_too``: those
+        whose breaker's period is not up yet too (another node falls silent)."""
         if not self._down:
             return []
         now = time.monotonic()
+        wait = 0.0 if now_too else self.breaker
         with self._mutex:
             due = [i for i, at in self._down.items()
-                   if now - at >= self.breaker and i not in self._probing]  # fmt: skip
+                   if now - at >= wait and i not in self._probing]  # fmt: skip
             self._probing.update(due)
         return due
 
@@ -150,9 +154,14 @@ def probe(
 
 
 def start_probes(
-    health: Health, nodes: list[RedisBackend], before_up: Callable[[int], None] | None = None
+    health: Health,
+    nodes: list[RedisBackend],
+    before_up: Callable[[int], None] | None = None,
+    now_too: bool = False,
 ) -> None:
-    for i in health.due():
+    """Probe the down nodes whose breaker's period is up (``now_too``: every down node
+    not being probed), each in a thread."""
+    for i in health.due(now_too):
         threading.Thread(
             target=probe, args=(health, i, nodes[i], before_up), name="redlock-probe",
             daemon=True,
@@ -165,9 +174,18 @@ class NodeHub(PubSubHub):
 
     failure_is_unheard = True
 
-    def __init__(self, node: RedisBackend, quiet: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        node: RedisBackend,
+        quiet: Callable[[], bool],
+        ping_slow: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(node.client.pubsub, node.socket_timeout, node.inbox_prefix)
         self._quiet = quiet
+        #: A PING slow to answer: the nodes the waiters skipped as down are probed at
+        #: once, and joined once they answer (QuorumHub.node_up), before this one's
+        #: silence is declared: a node skipped is not left out while the others fall short.
+        self.ping_slow = ping_slow
 
     def notify_all(self) -> None:
         if not self._quiet():

@@ -151,9 +151,12 @@ class Fan(list[Any]):
 
     ``decided(replies)`` tells whether the replies so far (PENDING for those to come, an
     exception for a node that failed) decide the operation; None: every reply is waited for.
-    ``complete``: when the replies do not decide it (or, with no ``decided``, fewer than a
-    quorum answered), the nodes skipped as down or slow are asked too, and waited for
-    within the node timeout: a release that needs a node's vote gets it.
+    ``complete``: the nodes skipped as down or slow are asked too once the nodes asked can
+    no longer make a quorum of answers (one failed, or is slow to answer), within the same
+    node timeout; and when the replies still do not decide it (or, with no ``decided``,
+    fewer than a quorum answered), in a second phase: a release that needs a node's vote
+    gets it, and an acquire beside a node skipped since its pause is not refused while
+    that node and the others make a majority.
     ``owed`` ("release", "undo"): a node not sent its op (skipped as down or slow, or still
     being connected when the others decided) is owed it, and gets it later (:class:`Debts`):
     a release decided without a node still reaches it, or its hold there would outlive the
@@ -183,6 +186,10 @@ class Fan(list[Any]):
         self.owed = owed
         #: An acquire whose token may be an earlier try's: that try's undos are void.
         self.regrant = regrant
+        #: (Set by the plan.) The nodes skipped as down or slow, which a ``complete`` fan
+        #: may still ask; not those where an undo of the token is under way (``busy``).
+        self.late: list[int] = []
+        self.busy: set[int] = set()
 
 
 def answered(reply: Any) -> bool:
@@ -946,6 +953,10 @@ class NodeIO:
             elif i in skipping or i in busy:
                 why = "an undo of its token is under way there" if i in busy else ""
                 replies.append(self._unasked(i, op, why))
+                if i in busy:  # never asked: the undo could run after this request
+                    fan.busy.add(i)
+                elif fan.complete:
+                    fan.late.append(i)
                 if not fan.complete:  # else owed once phase two is known not to ask it
                     self._unsent(fan, i)
             else:
@@ -1004,7 +1015,9 @@ class NodeIO:
         ("token gone") would turn a release into a loss."""
         if not fan.complete:
             return []
-        skipped = [i for i, reply in enumerate(replies) if isinstance(reply, Unasked)]
+        skipped = [
+            i for i, reply in enumerate(replies) if isinstance(reply, Unasked) and i not in fan.busy
+        ]
         if self._settled(fan, replies):
             self._owe_skipped(fan, replies)
             return []
@@ -1019,6 +1032,23 @@ class NodeIO:
             for i, reply in enumerate(replies):
                 if isinstance(reply, Unasked):
                     self._unsent(fan, i)
+
+    def _late(self, fan: Fan, replies: Replies, slow: bool) -> list[int]:
+        """The skipped nodes a ``complete`` fan-out asks now: those not asked yet, once the
+        nodes asked cannot make a quorum of answers (``slow``: those still silent count as
+        not answering). A node is skipped only while the others can still make a quorum:
+        one skipped since it paused, answering again before its breaker's second is up,
+        is asked when another node's pause leaves the others short, within the same
+        deadline (else a healthy majority was reported unreachable)."""
+        if not fan.late:
+            return []
+        late = [i for i in fan.late if isinstance(replies[i], Unasked)]
+        if not late:
+            return []
+        got = sum(1 for r in replies if r is not None and answered(r))
+        if not slow:
+            got += replies.count(PENDING)
+        return late if got < self.quorum else []
 
     # -- threads -----------------------------------------------------------------------------
 
@@ -1073,6 +1103,27 @@ class NodeIO:
                     self.owe_back(i, flight, unread=True)
             self._abandon(me, connecting)
             raise
+
+    def _ask_late(
+        self,
+        fan: Fan,
+        late: list[int],
+        flights: dict[int, Flight],
+        connecting: dict[int, Connector],
+        replies: Replies,
+        me: Owner,
+    ) -> None:
+        """Send ``fan``'s op to the skipped nodes ``late`` from within its collection: on
+        this thread's lane to the node, else on a connection made in a thread (a node
+        skipped as down has none it knows to work)."""
+        for i in late:
+            replies[i] = PENDING
+            self.nodes[i].round_trips += 1
+            lane = self.lanes.take(i, me)
+            if lane is not None:
+                self._send(fan, i, lane.connection, lane, flights, replies, me)
+            else:
+                connecting[i] = self._connector(i, me)
 
     def _abandon(self, me: Owner, connecting: dict[int, Connector]) -> None:
         """Close what ``me`` still owns, whatever line the exception hit, and leave the
@@ -1205,6 +1256,8 @@ class NodeIO:
         timeout = self.timeout
         grace_end = math.inf
         patience = None if fan.enough is None else started + self.slow_after
+        slow_at = started + self.slow_after  # the nodes still silent then count as slow
+        late_until: dict[int, float] = {}  # skipped nodes asked late: within our deadline
         ready: set[int] = set()
         changed = True  # a reply came (or a node failed) since decided() was last asked
         while True:
@@ -1213,7 +1266,9 @@ class NodeIO:
                     self._connected(fan, i, connector, flights, replies, me)
                     del connecting[i]
                     changed = True
-                elif time.monotonic() >= connector.deadline:
+                    if i in flights and i in late_until:
+                        flights[i].since = min(flights[i].since, late_until[i] - timeout)
+                elif time.monotonic() >= min(connector.deadline, late_until.get(i, math.inf)):
                     connector.leave(me)
                     del connecting[i]
                     self.health.failed(i)
@@ -1248,6 +1303,16 @@ class NodeIO:
                     error = TimeoutError(f"no answer within {timeout:g} s")
                     replies[i] = _unavailable(self.nodes[i], fan[i], error)
             now = time.monotonic()
+            late = self._late(fan, replies, now >= slow_at) if fan.late else []
+            if late:
+                until_late = max(started + timeout, now + self.slow_after)
+                for i in late:
+                    late_until[i] = until_late
+                self._ask_late(fan, late, flights, connecting, replies, me)
+                for i in late:
+                    if i in flights:  # overdue by our deadline, not one of its own
+                        flights[i].since = min(flights[i].since, until_late - timeout)
+                grace_end, changed = math.inf, True
             if grace_end == math.inf and fan.decided is not None and changed:
                 changed = False
                 enough = fan.enough is not None and fan.enough(replies)
@@ -1262,6 +1327,8 @@ class NodeIO:
             )
             if patience is not None and grace_end == math.inf and now < patience:
                 until = min(until, patience)
+            if fan.late and now < slow_at:
+                until = min(until, slow_at)
             if connecting:
                 until = min(until, now + CONNECT_POLL)
             waiting = {i: f.stream for i, f in flights.items()}
@@ -1332,11 +1399,22 @@ class NodeIO:
         waiting = set(tasks)
         grace_end: float | None = None
         patience = None if fan.enough is None else started + self.slow_after
+        slow_at = started + self.slow_after
         try:
-            while waiting:
+            while True:
                 # Asked before each wait, the first too (as _collect does): a fan-out decided
                 # before any reply (an undo not waited for) waits its grace, not a node.
                 now = time.monotonic()
+                late = self._late(fan, replies, now >= slow_at) if fan.late else []
+                for i in late:  # (as _collect: the nodes asked cannot make a quorum)
+                    replies[i] = PENDING
+                    self.nodes[i].round_trips += 1
+                    task = loop.create_task(self._anode(i, fan[i], fan.owed))
+                    tasks[task] = i
+                    waiting.add(task)
+                    grace_end = None
+                if not waiting:
+                    break
                 if grace_end is None and fan.decided is not None:
                     if fan.decided(replies):
                         grace_end = now + max(GRACE, now - started)
@@ -1347,6 +1425,8 @@ class NodeIO:
                 until = grace_end
                 if until is None and patience is not None and now < patience:
                     until = patience
+                if fan.late and now < slow_at:
+                    until = slow_at if until is None else min(until, slow_at)
                 timeout = None if until is None else max(0.0, until - now)
                 done, waiting = await asyncio.wait(
                     waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED

@@ -324,3 +324,50 @@ def test_queue_marker_needs_a_majority(quorum: RedlockBackend, nodes: list[Redis
         node.stop()
     with pytest.raises(QuorumNotReached):
         quorum.execute(quorum.op_mark_queued("q", "t4", 30000))
+
+
+def test_ttl_counts_the_nodes_of_one_holder_only(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """ttl() took the quorum-th longest PTTL across the nodes whatever token each held: with
+    one holder on node 0, another on node 1 and node 2 free, nobody holds the lock, yet
+    ttl() said 30 s. It reads the hold of one token on a majority, or None."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("split", servers):
+        backend = locks["split"]
+        key = backend.nodes[0].key(name)  # type: ignore[attr-defined]
+        servers[0].client().set(key, "a|1|0|", px=30_000)
+        servers[1].client().set(key, "b|1|0|", px=30_000)
+        probe = lock(name, using="split")
+        assert probe.locked() is False
+        assert probe.ttl() is None
+        # A holds nodes 0 and 1 (30 s and 10 s left), B node 2 (60 s): A's majority has
+        # 10 s left (less drift), not B's 60 s nor the 30 s counted across both tokens.
+        servers[1].client().set(key, "a|1|0|", px=10_000)
+        servers[2].client().set(key, "b|1|0|", px=60_000)
+        ttl = probe.ttl()
+        assert ttl is not None and 9 < ttl <= 10
+
+
+def test_an_undecided_release_says_what_was_missing(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Held on nodes 0 and 1, node 2's copy gone, node 1 paused: the release cannot tell
+    whether the hold was still ours. It said "only 2 of 3 nodes answered, 2 needed", which
+    reads as a contradiction: one answering node still had the hold, and node 1's silence
+    leaves the majority unknown."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("unclear", servers):
+        backend = locks["unclear"]
+        held = lock(name, using="unclear", ttl=30, auto_renew=False)
+        assert held.acquire(blocking=False)
+        servers[2].client().delete(backend.nodes[2].key(name))  # type: ignore[attr-defined]
+        servers[1].pause()
+        try:
+            with pytest.raises(QuorumNotReached) as raised:
+                held.release()
+        finally:
+            servers[1].resume()
+        message = str(raised.value)
+        assert "only 1 of the 2 nodes that answered still had the hold, 2 needed" in message
+        assert "node 'unclear[1]' did not answer" in message

@@ -390,6 +390,23 @@ def test_one_script_call_per_node_per_acquire_and_release(
             assert mine == sorted(set(mine))
 
 
+def test_one_script_call_per_node_per_acquire_of_a_held_name(
+    three: list[RedisServer], name: str
+) -> None:
+    """A name held on every node: the acquire's undo went to every node too, though each
+    answered "refused" (it holds nothing of this token), and waited for their replies: two
+    script calls per node. Only nodes that granted, or did not answer, are undone."""
+    with quorum_alias("busy", three):
+        backend = backend_of("busy")
+        check_replies(backend, "warm")
+        for server in three:
+            server.client().set(backend.nodes[0].key(name), "other|1|0|", px=30_000)
+        before = three[0].settled_script_calls(*three[1:])
+        assert not lock(name, using="busy").acquire(blocking=False)
+        after = three[0].settled_script_calls(*three[1:])
+        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]
+
+
 def test_a_node_that_forgot_its_scripts_is_taught_before_it_is_asked_again(
     redis_factory: Callable[..., RedisServer],
 ) -> None:
@@ -446,6 +463,33 @@ if __name__ == "__main__" and sys.argv[1:2] == ["cold"]:
 
 
 # -- a write decided without a node still reaches it -----------------------------------------
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_node_skipped_as_down_is_asked_when_the_others_cannot_make_a_quorum(
+    three: list[RedisServer], name: str, driver: str
+) -> None:
+    """Node 0 counts as down (it answers again, and its breaker's second is not up), then
+    node 1 pauses: the acquire asked nodes 1 and 2 only, and when node 1 did not answer
+    raised QuorumNotReached while nodes 0 and 2 made a majority. The skipped node is asked
+    too once the nodes asked cannot make a quorum, within the same node timeout."""
+    with quorum_alias("skipped", three):
+        backend = backend_of("skipped")
+        check_replies(backend, "warm")
+        backend.io.health.failed(0)
+        three[1].pause()
+        try:
+            held = lock(name, using="skipped", ttl=10, auto_renew=False)
+            started = time.monotonic()
+            if driver == "sync":
+                assert held.acquire(blocking=False)
+            else:
+                assert asyncio.run(held.aacquire(blocking=False))
+            took = time.monotonic() - started
+            assert took < backend.io.timeout, f"{took:.3f} s"
+        finally:
+            three[1].resume()
+        held.release()
 
 
 def _held_on(servers: list[RedisServer], key: str) -> list[RedisServer]:

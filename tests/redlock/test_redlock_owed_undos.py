@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -240,3 +241,31 @@ def test_an_undo_another_thread_took_to_send_is_seen_by_a_retry_of_its_token(
         assert not (got and other.acquire(blocking=False)), "two holders at once"
         if got:
             mine.release()
+
+
+def test_a_dead_reference_an_interrupt_left_in_the_undo_books_changes_nothing(
+    three: list[RedisServer], name: str
+) -> None:
+    """A KeyboardInterrupt landing in a WeakSet's removal callback (a signal storm) is
+    swallowed by Python ("Exception ignored in ... WeakSet._remove") and may leave the dead
+    reference in ``Debts``' sets of undos under way. A dead reference equals only itself and
+    iteration skips it: an acquire of the same key and token still asks every node (none
+    kept as "an undo under way"), one script call each, and nothing owed is sent."""
+    with quorum_alias("dead", three):
+        backend = backend_of("dead")
+        node = backend.nodes[0]
+        _other_lock(f"{name}:warm", "dead")
+        debts = backend.io.debts
+        for i in range(3):
+            undo = backend._node_undo(node, name, "tok", quiet=True)
+            # As if its callback never ran: a reference without one, its undo then gone.
+            debts._sending[i].data.add(weakref.ref(undo))
+            debts._undos.data.add(weakref.ref(undo))
+            del undo
+        assert all(debts._sending) and not list(debts._sending[0])  # dead, and still there
+        before = three[0].settled_script_calls(*three[1:])
+        got = backend.execute(backend.op_acquire(name, "tok", 30_000, "", Kind()))
+        after = three[0].settled_script_calls(*three[1:])
+        assert got.acquired
+        assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]
+        assert _tokens(three, backend, name) == [b"tok"] * 3

@@ -68,3 +68,37 @@ def test_a_waiter_joins_a_node_that_comes_back_while_it_waits(
     got, ended = outcome
     assert got is True, got
     assert ended - released < 2.0
+
+
+def test_a_waiter_asks_a_node_skipped_as_down_when_another_falls_silent(
+    nodes: list[RedisServer], name: str
+) -> None:
+    """The wait began while node 0 counted as down (it answers: its breaker's second was not
+    up, and no operation came to probe it), so it listened on nodes 1 and 2; node 1's pause
+    then ended the wait with "too few nodes answered the wait's PING", nodes 0 and 2 a
+    majority. A PING slow to answer has the skipped node probed at once, within the PING's
+    own deadline: the wait goes on, and ends at its timeout (False)."""
+    backend: Any = locks["back"]
+    held = lock(name, using="back", ttl=60, auto_renew=False)
+    assert held.acquire()
+    outcome: list[Any] = []
+
+    def wait() -> None:
+        waiter = lock(name, using="back")
+        try:
+            outcome.append(waiter.acquire(timeout=3))
+        except Exception as exc:
+            outcome.append(exc)
+
+    backend.io.health.failed(0)  # down when the wait starts: it listens on nodes 1 and 2
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.3)  # it tried, subscribed, and sleeps (the hold has 60 s left)
+    assert thread.is_alive(), outcome
+    nodes[1].pause()
+    try:
+        thread.join(10)
+    finally:
+        nodes[1].resume()
+    assert outcome == [False]
+    held.release()
