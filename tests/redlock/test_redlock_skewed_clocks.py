@@ -72,7 +72,8 @@ def skewed(request: pytest.FixtureRequest) -> Iterator[list[RedisServer]]:
 def test_one_script_call_per_node_per_acquire_and_release_with_clocks_apart(
     skewed: list[RedisServer], name: str
 ) -> None:
-    with quorum_alias("skewed", skewed, socket_timeout=2)  # no node skipped as slow under load:
+    # A 2 s node timeout: under load, no node answering late is skipped as slow.
+    with quorum_alias("skewed", skewed, socket_timeout=2):
         for server in skewed:
             scripts.register(server.client())  # as the app does at startup
         for n in range(3):  # connections made, every name's counter started
