@@ -253,20 +253,30 @@ class PubSubHub(ReleaseHub):
         return None
 
     def _subscribe_inbox(self) -> Confirmation | None:
-        with self._mutex:
-            if self._inbox is not None:
-                return self._confirmed.get(self._inbox)
-            inbox = self._inbox = f"{self._inbox_prefix}{process_id()}"
-            confirmed = self._confirmed[inbox] = Confirmation()
-            pubsub = self._ensure_started()
+        # The inbox counts as subscribed only once the SUBSCRIBE went out whole: anything
+        # that stops this before (an interrupt at any line, at the entry of any function
+        # called, inside redis-py's send) undoes the mark, so the next waiter subscribes
+        # again (marked, every later waiter of the process would wait on a deaf inbox).
+        inbox = f"{self._inbox_prefix}{process_id()}"
+        confirmed = Confirmation()
+        marked = sent = False
         try:
+            with self._mutex:
+                if self._inbox is not None:
+                    return self._confirmed.get(self._inbox)
+                self._inbox, self._confirmed[inbox], marked = inbox, confirmed, True
+                pubsub = self._ensure_started()
             pubsub.subscribe(inbox)
+            sent = True
         except Exception as exc:  # as in _subscribe; the next waiter subscribes again
             logger.debug("redlock: subscribe to %s failed: %s", inbox, exc)
-            with self._mutex:
-                self._inbox = None
-                self._confirmed.pop(inbox, None)
             return _unanswered(exc)
+        finally:
+            if marked and not sent:
+                with self._mutex:
+                    if self._inbox == inbox and self._confirmed.get(inbox) is confirmed:
+                        self._inbox = None
+                        del self._confirmed[inbox]
         return confirmed
 
     def _unsubscribe(self, channel: str) -> None:
@@ -467,7 +477,9 @@ def _stop_reader(pubsub: Any, thread: threading.Thread | None, timeout: float) -
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
     if thread is not None and thread is not threading.current_thread():
-        thread.join(timeout)
+        # (Never started: an interrupt at its start(); a later waiter started another.)
+        with contextlib.suppress(RuntimeError):
+            thread.join(timeout)
     with contextlib.suppress(Exception):
         pubsub.close()
 
