@@ -61,8 +61,9 @@ class _Liveness:
     stalled network) sends nothing that could wake it. So while any waiter listens, the
     reader PINGs after a quarter of the socket timeout without hearing from the server (a
     healthy connection's messages count: one PING per connection, not per waiter, and
-    none while nobody waits); a PING unanswered for a whole socket timeout makes the
-    waiters' wait raise. A reply (any message) clears it."""
+    none while nobody waits); a socket timeout without hearing anything (the PING's answer
+    included) makes the waiters' wait raise: within one socket timeout of the last thing
+    heard, so of the moment the server stopped (SPEC). A reply (any message) clears it."""
 
     SHARE = 0.25  # of the socket timeout: silence before a PING
 
@@ -76,17 +77,22 @@ class _Liveness:
     def heard(self) -> None:
         self.heard_at, self.ping_at = time.monotonic(), None
 
+    def _verdict_at(self, ping_at: float) -> float:
+        # One socket timeout after the last thing heard; a PING sent late (the reader was
+        # kept from running) still gets a quarter of one for its answer.
+        return max(self.heard_at + self.timeout, ping_at + self.timeout * self.SHARE)
+
     def step(self, pubsub: Any, waiting: Callable[[], bool]) -> tuple[float, bool]:
         """PING if due; returns how long to read for, and whether the server just went
-        silent (a PING unanswered for the socket timeout: a new round starts). ``waiting``
+        silent (nothing heard for the socket timeout: a new round starts). ``waiting``
         (whether anyone listens here) is asked only when a PING or the verdict is due."""
         now = time.monotonic()
         if self.ping_at is None:
             due = self.heard_at + self.timeout * self.SHARE
             if now < due:
                 return min(1.0, due - now), False
-        elif now < self.ping_at + self.timeout:
-            return min(1.0, self.ping_at + self.timeout - now), False
+        elif now < (verdict := self._verdict_at(self.ping_at)):
+            return min(1.0, verdict - now), False
         if not waiting() or not getattr(pubsub, "subscribed", False):
             # Nobody to tell (or no subscription, whose connection would not read the
             # PONG): no PING, and the silence starts over.
@@ -95,7 +101,7 @@ class _Liveness:
         if self.ping_at is None:
             pubsub.ping()
             self.ping_at = now
-            return min(1.0, self.timeout), False
+            return min(1.0, self._verdict_at(now) - now), False
         self.heard_at, self.ping_at = now, None
         return min(1.0, self.timeout * self.SHARE), True
 
