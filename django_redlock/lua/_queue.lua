@@ -20,13 +20,22 @@ local function queue_prune(queue, deadlines, now)
   end
 end
 
--- Wake only the waiter whose turn it is, in its process's inbox (no thundering herd).
-local function queue_wake_head(queue, inbox)
-  local head = redis.call('LINDEX', queue, 0)
-  if head then
-    publish(inbox, inbox_of(inbox, head), head)
+-- Wake only the waiter whose turn it is, in its process's inbox (no thundering herd). A head
+-- nobody hears (its process died: no subscriber, PUBLISH counts 0) is dropped and the next
+-- one woken, as wake_first does: else it would hold the queue until its deadline. (A live
+-- waiter dropped so, its process reconnecting, queues again at its next try.) This trusts
+-- publish()'s count, as wake_first does: where it is one node's (classic PUBLISH on a
+-- cluster), publish() must not answer 0 for a waiter that may hear it.
+local function queue_wake_head(queue, deadlines, inbox)
+  for _ = 1, PRUNE_MAX do
+    local head = redis.call('LINDEX', queue, 0)
+    if not head or publish(inbox, inbox_of(inbox, head), head) > 0 then
+      return head
+    end
+    redis.call('LPOP', queue)
+    redis.call('ZREM', deadlines, head)
   end
-  return head
+  return redis.call('LINDEX', queue, 0)
 end
 
 -- A waiter with a lease on its place: `set` maps waiter -> deadline (server ms); the set
@@ -56,6 +65,6 @@ local function lock_wake(waiting, queue, deadlines, inbox)
   wake_first(waiting, inbox)
   if redis.call('EXISTS', queue) == 1 then
     queue_prune(queue, deadlines, now_ms())
-    queue_wake_head(queue, inbox)
+    queue_wake_head(queue, deadlines, inbox)
   end
 end
