@@ -61,10 +61,12 @@ class _Liveness:
     stalled network) sends nothing that could wake it. So while any waiter listens, the
     reader PINGs after a quarter of the socket timeout without hearing from the server (a
     healthy connection's messages count: one PING per connection, not per waiter, and
-    none while nobody waits); a PING unanswered for a whole socket timeout makes the
-    waiters' wait raise. A reply (any message) clears it. ``on_slow`` is called once
-    per PING still unanswered after a quarter of the timeout (a quorum's hub asks then the
-    nodes its waiters skipped: within the PING's deadline, see redlock_health)."""
+    none while nobody waits); a socket timeout without hearing anything (the PING's answer
+    included) makes the waiters' wait raise: within one socket timeout of the last thing
+    heard, so of the moment the server stopped (SPEC). A reply (any message) clears it.
+    ``on_slow`` is called once per PING still unanswered after a quarter of the timeout (a
+    quorum's hub asks then the nodes its waiters skipped: within the PING's deadline, see
+    redlock_health)."""
 
     SHARE = 0.25  # of the socket timeout: silence before a PING, and a PING's slowness
 
@@ -80,23 +82,28 @@ class _Liveness:
     def heard(self) -> None:
         self.heard_at, self.ping_at = time.monotonic(), None
 
+    def _verdict_at(self, ping_at: float) -> float:
+        # One socket timeout after the last thing heard; a PING sent late (the reader was
+        # kept from running) still gets a quarter of one for its answer.
+        return max(self.heard_at + self.timeout, ping_at + self.timeout * self.SHARE)
+
     def step(self, pubsub: Any, waiting: Callable[[], bool]) -> tuple[float, bool]:
         """PING if due; returns how long to read for, and whether the server just went
-        silent (a PING unanswered for the socket timeout: a new round starts). ``waiting``
+        silent (nothing heard for the socket timeout: a new round starts). ``waiting``
         (whether anyone listens here) is asked only when a PING or the verdict is due."""
         now = time.monotonic()
         if self.ping_at is None:
             due = self.heard_at + self.timeout * self.SHARE
             if now < due:
                 return min(1.0, due - now), False
-        elif now < self.ping_at + self.timeout:
+        elif now < (verdict := self._verdict_at(self.ping_at)):
             if self.on_slow is not None and not self.slow_told:
                 slow_at = self.ping_at + self.timeout * self.SHARE
                 if now < slow_at:
                     return min(1.0, slow_at - now), False
                 self.slow_told = True
                 self.on_slow()
-            return min(1.0, self.ping_at + self.timeout - now), False
+            return min(1.0, verdict - now), False
         if not waiting() or not getattr(pubsub, "subscribed", False):
             # Nobody to tell (or no subscription, whose connection would not read the
             # PONG): no PING, and the silence starts over.
@@ -105,7 +112,8 @@ class _Liveness:
         if self.ping_at is None:
             pubsub.ping()
             self.ping_at, self.slow_told = now, False
-            return min(1.0, self.timeout * self.SHARE if self.on_slow else self.timeout), False
+            first = self.timeout * self.SHARE if self.on_slow else self._verdict_at(now) - now
+            return min(1.0, first), False
         self.heard_at, self.ping_at = now, None
         return min(1.0, self.timeout * self.SHARE), True
 
@@ -263,20 +271,30 @@ class PubSubHub(ReleaseHub):
         return None
 
     def _subscribe_inbox(self) -> Confirmation | None:
-        with self._mutex:
-            if self._inbox is not None:
-                return self._confirmed.get(self._inbox)
-            inbox = self._inbox = f"{self._inbox_prefix}{process_id()}"
-            confirmed = self._confirmed[inbox] = Confirmation()
-            pubsub = self._ensure_started()
+        # The inbox counts as subscribed only once the SUBSCRIBE went out whole: anything
+        # that stops this before (an interrupt at any line, at the entry of any function
+        # called, inside redis-py's send) undoes the mark, so the next waiter subscribes
+        # again (marked, every later waiter of the process would wait on a deaf inbox).
+        inbox = f"{self._inbox_prefix}{process_id()}"
+        confirmed = Confirmation()
+        marked = sent = False
         try:
+            with self._mutex:
+                if self._inbox is not None:
+                    return self._confirmed.get(self._inbox)
+                self._inbox, self._confirmed[inbox], marked = inbox, confirmed, True
+                pubsub = self._ensure_started()
             pubsub.subscribe(inbox)
+            sent = True
         except Exception as exc:  # as in _subscribe; the next waiter subscribes again
             logger.debug("redlock: subscribe to %s failed: %s", inbox, exc)
-            with self._mutex:
-                self._inbox = None
-                self._confirmed.pop(inbox, None)
             return _unanswered(exc)
+        finally:
+            if marked and not sent:
+                with self._mutex:
+                    if self._inbox == inbox and self._confirmed.get(inbox) is confirmed:
+                        self._inbox = None
+                        del self._confirmed[inbox]
         return confirmed
 
     def _unsubscribe(self, channel: str) -> None:
@@ -481,7 +499,9 @@ def _stop_reader(pubsub: Any, thread: threading.Thread | None, timeout: float) -
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
     if thread is not None and thread is not threading.current_thread():
-        thread.join(timeout)
+        # (Never started: an interrupt at its start(); a later waiter started another.)
+        with contextlib.suppress(RuntimeError):
+            thread.join(timeout)
     with contextlib.suppress(Exception):
         pubsub.close()
 

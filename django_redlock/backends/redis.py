@@ -536,19 +536,21 @@ class RedisBackend(BaseLockBackend):
         self._setup = threading.RLock()
 
     def close(self) -> None:
-        if self._hub is not None:
-            self._hub.close()
-            self._hub = None
-        if self._client is not None:
-            pool = getattr(self._client, "connection_pool", None)  # a cluster has one per node
+        # Both detached first: the hub's close wakes its waiters, which must find a new hub
+        # on a new client, not the closed ones.
+        hub, self._hub = self._hub, None
+        client, self._client = self._client, None
+        if hub is not None:
+            hub.close()
+        if client is not None:
+            pool = getattr(client, "connection_pool", None)  # a cluster has one per node
             if pool is not None:
                 fast_path.disconnect_threads(pool)
-            self._client.close()
+            client.close()
             if pool is not None:
                 # Ours (a cache's pool is let go before this: see DjangoRedisBackend.close):
                 # closed now, not when the garbage collector gets to its connections.
                 pool.disconnect()
-            self._client = None
         self._aclients = weakref.WeakKeyDictionary()
         super().close()
 

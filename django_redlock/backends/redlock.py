@@ -617,10 +617,10 @@ class RedlockBackend(BaseLockBackend):
                 continue
 
     def close(self) -> None:
-        if self._hub is not None:
-            for hub in self._hub.hubs:
+        quorum, self._hub = self._hub, None  # detached first: as RedisBackend.close
+        if quorum is not None:
+            for hub in quorum.hubs:
                 hub.close()
-            self._hub = None
         self.io.close()
         for node in self.nodes:
             node.close()

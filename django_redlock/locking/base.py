@@ -570,7 +570,7 @@ class BaseLock:
                 pause = max(hint / 1000, 0.001) if hint >= 0 else self.lock_ttl
                 if queued:  # come back before our place in the queue lapses
                     pause = min(pause, WAITER_LEASE / 2)
-                yield Sleep(handle[1], min(pause, remaining), self.name)
+                yield Sleep(handle[1], min(pause, remaining), self.name, handle)
         except BackendUnavailable as exc:
             unanswered = exc.timed_out
             raise

@@ -512,7 +512,7 @@ class MultiLock:
                     return taken
                 hint = taken.wait_ms
                 pause = max(hint / 1000, 0.001) if hint >= 0 else self.lock_ttl
-                yield Sleep(handle[1], min(pause, remaining), self.names[0])
+                yield Sleep(handle[1], min(pause, remaining), self.names[0], handle)
         except BackendUnavailable as exc:
             unanswered = exc.timed_out
             raise

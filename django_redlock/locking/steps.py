@@ -43,11 +43,14 @@ class Watch(NamedTuple):
 
 class Sleep(NamedTuple):
     """Sleep until woken or ``seconds`` pass: the reply is whether it was woken. A server
-    that goes silent meanwhile raises BackendUnavailable here (see ``_check_heard``)."""
+    that goes silent meanwhile raises BackendUnavailable here (see ``_check_heard``).
+    ``handle`` (what Watch replied): the watch moves to the backend's new hub, should the
+    backend have closed the one it was on meanwhile (see :class:`_Watching`)."""
 
     waiter: Any
     seconds: float
     lock: str = ""  # the lock's name, for the error
+    handle: Any = None
 
 
 class Unwatch(NamedTuple):
@@ -143,10 +146,60 @@ def _leave_watches(backend: BaseLockBackend, watches: list[Any]) -> None:
             continue
 
 
-def _watching(backend: BaseLockBackend, step: Watch, waiter: Waiter) -> Any:
-    if step.leave is not None:  # from before its first try (see Watch)
-        backend.hub.abandon(step.channel, functools.partial(backend.execute, step.leave))
-    return backend.hub.watch(step.channel, step.by_id, step.lock, waiter)
+class _Watching:
+    """A watch (the hub's context manager) that follows the backend's hub.
+
+    ``backend.close()`` (``locks.close_all()``, a settings change) closes its hub, which
+    wakes its waiters once and hears nothing more, while the backend stays in use with a
+    new hub made on demand: a waiter left on the closed one would sleep to the hold's
+    expiry. So after each sleep, a watch whose hub was replaced joins the new one (the
+    waiter's leave goes with it) before the next try, and leaves the closed one."""
+
+    def __init__(self, backend: BaseLockBackend, step: Watch, waiter: Any) -> None:
+        self.backend, self.step, self.waiter = backend, step, waiter
+        self.hub = backend.hub
+        self.cm = self._open()
+        self.entered = False  # (a watch never entered has nothing to leave)
+
+    def _open(self) -> Any:
+        step, backend = self.step, self.backend
+        if step.leave is not None:  # from before its first try (see Watch)
+            backend.hub.abandon(step.channel, functools.partial(backend.execute, step.leave))
+        if isinstance(self.waiter, AsyncWaiter):
+            return backend.hub.awatch(step.channel, step.by_id, step.lock, self.waiter)
+        return backend.hub.watch(step.channel, step.by_id, step.lock, self.waiter)
+
+    def moved(self) -> bool:
+        """Whether the backend's hub is not this watch's any more (then it leaves the old
+        one and opens a watch on the new one: enter it next)."""
+        hub = self.backend.hub
+        if hub is self.hub:
+            return False
+        if self.step.leave is not None:
+            # Its leave goes to the new hub: left on the closed one, the leave below (the
+            # wake-up the waiter holds, passed on) would run it, and the waiter lose its place.
+            self.hub.settle(self.step.channel)
+        if isinstance(self.waiter, AsyncWaiter):
+            _exit_now(self.cm)  # (the closed hub's registry only: nothing to await)
+        else:
+            self.cm.__exit__(None, None, None)
+        self.entered = False
+        self.hub, self.cm = hub, self._open()
+        return True
+
+    def __enter__(self) -> Any:
+        self.entered = True
+        return self.cm.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self.entered and self.cm.__exit__(*exc)
+
+    async def __aenter__(self) -> Any:
+        self.entered = True
+        return await self.cm.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return self.entered and await self.cm.__aexit__(*exc)
 
 
 def _not_watching(backend: BaseLockBackend, step: Watch) -> None:
@@ -171,10 +224,14 @@ def _drive(
             elif isinstance(step, Sleep):
                 reply = step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
+                if step.handle is not None and step.handle[0].moved():
+                    step.handle[0].__enter__()
+                    if step.waiter.unconfirmed:  # registered: a leave is owed (the hub's)
+                        raise _unconfirmed(backend, step.handle[0].step)
             elif isinstance(step, Watch):
                 waiter = Waiter()
                 watches.append((step.channel, waiter))  # left by the driver, should it be cut
-                watching = _watching(backend, step, waiter)
+                watching = _Watching(backend, step, waiter)
                 try:
                     reply = (watching, watching.__enter__(), step.channel)
                 except Exception:
@@ -256,13 +313,14 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
             elif isinstance(step, Sleep):
                 reply = await step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
+                if step.handle is not None and step.handle[0].moved():  # as in _drive
+                    await step.handle[0].__aenter__()
+                    if step.waiter.unconfirmed:
+                        raise _unconfirmed(backend, step.handle[0].step)
             elif isinstance(step, Watch):
                 awaiter = AsyncWaiter()
                 watches.append((step.channel, awaiter))  # as in _drive
-                if step.leave is not None:  # from before its first try (see Watch)
-                    leave = functools.partial(backend.execute, step.leave)
-                    backend.hub.abandon(step.channel, leave)
-                watching = backend.hub.awatch(step.channel, step.by_id, step.lock, awaiter)
+                watching = _Watching(backend, step, awaiter)
                 try:
                     reply = (watching, await watching.__aenter__(), step.channel)
                 except Exception:

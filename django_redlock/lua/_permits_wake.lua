@@ -37,7 +37,7 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
   end
   if redis.call('EXISTS', queue) == 1 then
     queue_prune(queue, deadlines, now)
-    queue_wake_head(queue, inbox)
+    queue_wake_head(queue, deadlines, inbox)
   else
     wake_first(waiting, inbox, true)
   end

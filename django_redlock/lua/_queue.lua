@@ -20,13 +20,26 @@ local function queue_prune(queue, deadlines, now)
   end
 end
 
--- Wake only the waiter whose turn it is, in its process's inbox (no thundering herd).
-local function queue_wake_head(queue, inbox)
-  local head = redis.call('LINDEX', queue, 0)
-  if head then
-    publish(inbox, head)
+-- Wake only the waiter whose turn it is, in its process's inbox (no thundering herd). A head
+-- nobody hears (its process died: no subscriber, PUBLISH counts 0) is dropped and the next
+-- one woken, as wake_first does: else it would hold the queue until its deadline. (A live
+-- waiter dropped so, its process reconnecting, queues again at its next try.) A count that
+-- is not all of them (classic PUBLISH on a cluster counts one node's subscribers) drops
+-- nobody: the head may hear it elsewhere, and keeps its place.
+local function queue_wake_head(queue, deadlines, inbox)
+  for _ = 1, PRUNE_MAX do
+    local head = redis.call('LINDEX', queue, 0)
+    if not head then
+      return head
+    end
+    local count, sure = publish(inbox, head)
+    if count > 0 or not sure then
+      return head
+    end
+    redis.call('LPOP', queue)
+    redis.call('ZREM', deadlines, head)
   end
-  return head
+  return redis.call('LINDEX', queue, 0)
 end
 
 -- A waiter with a lease on its place: `set` maps waiter -> deadline (server ms); the set
@@ -56,6 +69,6 @@ local function lock_wake(waiting, queue, deadlines, inbox)
   wake_first(waiting, inbox)
   if redis.call('EXISTS', queue) == 1 then
     queue_prune(queue, deadlines, now_ms())
-    queue_wake_head(queue, inbox)
+    queue_wake_head(queue, deadlines, inbox)
   end
 end

@@ -11,7 +11,7 @@ redis.call('ZREM', deadlines, ARGV[1])
 redis.call('ZREM', waiting, ARGV[1])
 queue_prune(queue, deadlines, now_ms())
 if redis.call('EXISTS', lock) == 0 then
-  queue_wake_head(queue, ARGV[2])
+  queue_wake_head(queue, deadlines, ARGV[2])
   wake_first(waiting, ARGV[2])
 end
 return 1

@@ -87,6 +87,40 @@ def test_a_killed_waiting_process_does_not_stall_the_next(
     assert _waiters(name) == 0
 
 
+def test_a_fair_queue_s_dead_head_is_skipped_at_the_release(name: str) -> None:
+    """A fair queue's head whose process died (nobody subscribed to its inbox: PUBLISH counts
+    0) is dropped at the release and the next head woken at once, not at the dead head's
+    deadline. (The dead head is written as a killed process leaves it: in the queue, its
+    deadline ahead.)"""
+    import threading
+
+    backend = locks["redis"]
+    client = backend.client
+    holder = lock(name, using="redis", ttl=30, fair=True)
+    assert holder.acquire(blocking=False)
+    dead = "deadprocess.1"  # no process with this id subscribes: its inbox has nobody
+    client.rpush(backend.queue_key(name), dead)
+    now_ms = int(time.time() * 1000)
+    client.zadd(backend.deadlines_key(name), {dead: now_ms + 20_000})
+    got: list[float] = []
+    waiter = lock(name, using="redis", ttl=30, fair=True)
+    thread = threading.Thread(
+        target=lambda: waiter.acquire(timeout=4) and got.append(time.monotonic())
+    )
+    thread.start()
+    deadline = time.monotonic() + 5
+    while client.llen(backend.queue_key(name)) < 2:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.005)
+    time.sleep(0.05)  # asleep
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert got and got[0] - released < 1.0, got and got[0] - released
+    waiter.release()
+    assert dead.encode() not in client.lrange(backend.queue_key(name), 0, -1)
+
+
 def test_a_plain_waiter_that_gives_up_leaves_no_registration(
     redis_server: RedisServer, name: str
 ) -> None:
