@@ -369,7 +369,7 @@ class BaseLock:
         if refused:
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             yield from self._refuse_reentry(owner, token, current)
-        self._sure(owner)  # recorded (or refused, handed back): the counts agree again
+        self._sure(owner)  # recorded, or not granted: the counts agree again
         if hold is None:
             outcome = observe.TIMEOUT if blocking and timeout else observe.BUSY
             observe.acquire_ended(self, started, outcome, None, span)
@@ -919,7 +919,9 @@ class BaseLock:
                     hold.depth = 0
                 observe.hold_unsure(self, hold)  # not a hold this process holds any more
             elif left is None and hold.releasing and not was_releasing:
-                observe.hold_unsure(self, hold)  # the reentrant level, out already (below)
+                observe.hold_unsure(self, hold)  # a reentrant last level, out already
+            # Else a reentrant level answered, out of the object before it was sent: the
+            # count stays unsure, and the owner's next operation settles it (a no-op).
             raise
         self._sure(owner)  # the answer is in the object: the counts agree again
         if left < 0 and not was_releasing:
