@@ -275,7 +275,7 @@ class BaseLock:
 
     def levels(self, owner: str) -> int:
         """How many levels of reentrant ``owner``'s hold this object holds (internal:
-        :mod:`.holds` counts the owner's hold from them). No I/O."""
+        ``holds`` counts the owner's hold from them). No I/O."""
         hold = self._holds_by_owner.get(owner)
         return 0 if hold is None else hold.depth
 
