@@ -54,8 +54,8 @@ class Burst:
         code = frame.f_code
         if code is self.armed_by:
             self.armed = True
-        if not code.co_filename.startswith(PACKAGE):
-            return None
+        if not code.co_filename.startswith(PACKAGE) or code.co_name == "__del__":
+            return None  # (the collector's __del__: Python ignores what it raises)
         self._point(frame, event)
         return self._line
 
@@ -79,6 +79,8 @@ class Burst:
 
     def _second(self, frame: FrameType, event: str, arg: Any) -> None:
         code = frame.f_code
+        if code.co_name == "__del__":  # the collector's: Python ignores what it raises
+            return
         if event == "call" and code.co_filename.startswith(PACKAGE) and self.fired is not None:
             self.fired.append(f"{code.co_name}:{frame.f_lineno}:entry")
             raise Interrupt("the second, in the clean-up")
