@@ -883,7 +883,7 @@ class BaseLock:
             with self._mutex:
                 self._untake(hold)
         # A retry of a release whose outcome was unknown: a token found gone is then no loss.
-        was_releasing = hold.releasing
+        was_releasing, depth = hold.releasing, hold.depth
         left: int | None = None  # the server's answer, once it came
         try:
             if self.reentrant:  # only a reentrant count is ever left to settle
@@ -918,8 +918,14 @@ class BaseLock:
                 with self._mutex:
                     hold.depth = 0
                 observe.hold_unsure(self, hold)  # not a hold this process holds any more
-            elif left is None and hold.releasing and not was_releasing:
-                observe.hold_unsure(self, hold)  # a reentrant last level, out already
+            elif left is None:
+                if hold.depth == depth:
+                    # Before the level left the object (the settle got no answer, or an
+                    # interrupt): out now, as if sent, so that an object dropped after this
+                    # error counts for nothing; the owner's next operation settles.
+                    self._unlevel(owner, hold)
+                if hold.releasing and not was_releasing:
+                    observe.hold_unsure(self, hold)  # a reentrant last level, out already
             # Else a reentrant level answered, out of the object before it was sent: the
             # count stays unsure, and the owner's next operation settles it (a no-op).
             raise
