@@ -37,14 +37,15 @@ from ..validation import (
 from . import holds
 from .holds import (
     Hold,
-    believe,
     believed,
     holds_it,
+    holds_levels,
     refence_of,
     refenced,
     settled,
     take,
     unsettled,
+    unsure,
     untake,
 )
 from .steps import (
@@ -265,16 +266,29 @@ class BaseLock:
 
         def undo() -> Steps[None]:
             mine = self._holds.get(owner)
-            if mine is not None and (mine is not before or mine.depth > depth):
+            if mine is not None and mine.depth > (depth if mine is before else 0):
                 yield from self._release()
 
         return undo
 
     # -- reentrant counts after lost replies --------------------------------------------------
 
-    def _believe(self, owner: str, delta: int, unsure: bool = False) -> None:
+    def levels(self, owner: str) -> int:
+        """How many levels of reentrant ``owner``'s hold this object holds (internal:
+        ``holds`` counts the owner's hold from them). No I/O."""
+        hold = self._holds_by_owner.get(owner)
+        return 0 if hold is None else hold.depth
+
+    def _unsure(self, owner: str) -> None:
         if self.reentrant:
-            believe(self.backend, self.name, owner, delta, unsure)
+            unsure(self.backend, self.name, owner)
+
+    def _sure(self, owner: str) -> None:
+        """The object's levels are up to date with the server's last answer: the owner's
+        count is sure again (a step of its own, after them: an interrupt before it leaves it
+        to settle)."""
+        if self.reentrant:
+            settled(self.backend, self.name, owner, believed(self.backend, self.name, owner))
 
     def _settle(self, owner: str) -> Steps[None]:
         """Before a reentrant owner's next operation: if a reply was lost, the server's count
@@ -324,6 +338,11 @@ class BaseLock:
         held = self._holds.get(owner)  # before: to tell whether an interrupt came after a record
         depth = 0 if held is None else held.depth
         attempt: Attempt | None = None
+        # Unsure from before the try until the outcome is in the object: the server changes
+        # the owner's count before this process does, and an interrupt (a burst: one more in
+        # the hand-back) may end the acquire in between. The owner's next operation then
+        # settles the count, whatever line the acquire ended on.
+        self._unsure(owner)
         try:
             # In the try: no line between the grant and the record is unguarded.
             attempt = yield from self._try_or_wait(
@@ -340,7 +359,7 @@ class BaseLock:
             # Granted and not recorded (_record undid its steps): hand it back. Recorded (an
             # interrupt as _record returned): released by the driver (_undo_take).
             mine = self._holds.get(owner)
-            recorded = mine is not None and (mine is not held or mine.depth > depth)
+            recorded = mine is not None and mine.depth > (depth if mine is held else 0)
             if attempt.acquired and not recorded:
                 failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
                 observe.acquire_ended(self, started, failed, None, span)
@@ -350,6 +369,7 @@ class BaseLock:
         if refused:
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             yield from self._refuse_reentry(owner, token, current)
+        self._sure(owner)  # recorded, or not granted: the counts agree again
         if hold is None:
             outcome = observe.TIMEOUT if blocking and timeout else observe.BUSY
             observe.acquire_ended(self, started, outcome, None, span)
@@ -446,7 +466,7 @@ class BaseLock:
             # No answer (BackendUnavailable, QuorumNotReached): the try may have taken the
             # lock. The next try uses the same token, and finds the hold if it did.
             if self.reentrant:
-                self._believe(owner, 0, unsure=True)  # maybe one too many now: settle
+                self._unsure(owner)  # maybe one too many now: settle
             else:
                 self._unsure_token = token
             observe.acquire_ended(self, started, observe.ERROR, None, span)
@@ -467,7 +487,7 @@ class BaseLock:
         token, kept for the next try should the release get no answer (that try then finds
         the hold and takes it again). An error of the hand-back is not raised: the caller
         raises what interrupted it."""
-        self._believe(owner, 0, unsure=True)
+        self._unsure(owner)
         if not self.reentrant:
             self._unsure_token = token  # kept should the hand-back fail
         try:
@@ -521,7 +541,7 @@ class BaseLock:
         try:
             yield self._op_release(token)
         except LockError:
-            self._believe(owner, 0, unsure=True)  # settled before the next operation
+            self._unsure(owner)  # settled before the next operation
         if current is not None:
             self.mark_lost(current.token, "it expired or was released by someone else")
         raise LockLost(
@@ -605,19 +625,23 @@ class BaseLock:
         the holder it came from (renewed by it, or run out at its TTL). Once this returns,
         the hold is complete: an exception in the announcement leaves it held and renewed.
 
-        The steps, in order: the hold into the object, counted as taken, one level more,
-        ``lost`` cleared, on the renewer's schedule (``soon``; ``add`` for an adoption, in
-        the renewer before adopt() returns), and last the reentrant count (put back to what
-        it was, should an interrupt land inside that step). Each undo works from the state
-        the step left (idempotent), whichever steps ran."""
+        The steps, in order: (a reentrant owner's) this object's levels counted in the
+        owner's count, the hold into the object with one level (or one level more: the
+        owner's count with it, one store), counted as taken, ``lost`` cleared, on the
+        renewer's schedule (``soon``; ``add`` for an adoption, in the renewer before adopt()
+        returns). Each undo works from the state the step left (idempotent), whichever steps
+        ran."""
         with self._mutex:
             hold = self._holds.get(owner)
             was = (hold, 0 if hold is None else hold.depth, self._lost)
             renewer = None if hold is None else hold.renewer
-            count = believed(self.backend, self.name, owner) if self.reentrant else 0
             try:
+                if self.reentrant:
+                    holds_levels(self.backend, self.name, owner, self)
                 if hold is None:
-                    hold = Hold(token, attempt.fence, actor, prior=attempt.prior)
+                    # Into the object with its level: one store (a hold without a level
+                    # would be reported held, and its release would give back another's).
+                    hold = Hold(token, attempt.fence, actor, depth=1, prior=attempt.prior)
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     self._holds[owner] = hold
@@ -625,24 +649,15 @@ class BaseLock:
                     if self.exclusive and not self.reentrant and renewed:
                         # Renewed for as long as it is held (or its object lives).
                         hold.taken = take(self.backend, self.name, actor, self)
-                hold.depth += 1
+                else:
+                    hold.depth += 1
                 self._lost = None
                 if self.auto_renew and hold.renewer is None:
                     self._renew_from_now(hold, ttl_ms, adopted)
-                self._believe(owner, 1)
             except BaseException:
                 self._unrecord(owner, hold, renewer, *was)
-                self._rebelieve(owner, count)
                 raise
         return hold
-
-    def _rebelieve(self, owner: str, count: int) -> None:
-        """Back to the reentrant ``count`` the owner had before :meth:`_record` (its last
-        step may have been interrupted inside, after the count went up)."""
-        if self.reentrant:
-            now = believed(self.backend, self.name, owner)
-            if now != count:
-                believe(self.backend, self.name, owner, count - now, False)
 
     def _renew_from_now(self, hold: Hold, ttl_ms: int, adopted: float | None) -> None:
         """Put ``hold`` on the watchdog's schedule (:meth:`_record`'s step)."""
@@ -831,8 +846,7 @@ class BaseLock:
         self._stop_renewing(hold)
         self._untake(hold)
         observe.hold_ended(self, hold)
-        self._believe(owner, -hold.depth)
-        hold.depth = 0
+        hold.depth = 0  # out of the owner's count already: out of the object
         return True
 
     def _let_go(self, owner: str, hold: Hold) -> None:
@@ -842,9 +856,7 @@ class BaseLock:
             self._orphans[owner] = hold.depth
         self._stop_renewing(hold)
         self._untake(hold)
-        if hold.depth:
-            self._believe(owner, -hold.depth)
-            hold.depth = 0
+        hold.depth = 0
 
     def renewed_by(self, renewer: Renewer, token: str) -> bool:
         """Whether a hold with this token is held and meant to be renewed by ``renewer``
@@ -871,7 +883,7 @@ class BaseLock:
             with self._mutex:
                 self._untake(hold)
         # A retry of a release whose outcome was unknown: a token found gone is then no loss.
-        was_releasing = hold.releasing
+        was_releasing, depth = hold.releasing, hold.depth
         left: int | None = None  # the server's answer, once it came
         try:
             if self.reentrant:  # only a reentrant count is ever left to settle
@@ -881,43 +893,43 @@ class BaseLock:
                 # answered "gone" from now on met this release, no loss; one answered before
                 # is still reported (mark_lost compares the times).
                 hold.release_began = time.monotonic()
+            if self.reentrant:
+                self._unlevel(owner, hold)
             left = yield self._op_release(hold.token)
             with self._mutex:
                 mine = self._holds.get(owner) is hold  # else lost meanwhile, declared then
                 if mine:
-                    if hold.depth > 0:
-                        hold.depth -= 1
-                        self._believe(owner, -1)
+                    if not self.reentrant:
+                        hold.depth = 0
                     if left <= 0 or hold.depth <= 0:
                         self._forget(owner, hold)
         except BaseException:
-            if left is not None:
-                if not self.reentrant:
-                    # Interrupted once the server answered: the name is released (or was
-                    # gone), so the hold is not reported held (forgetting twice is nothing).
-                    with self._mutex:
-                        hold.depth = 0
-                        self._forget(owner, hold)
-                raise
-            # No answer, or interrupted while one was on its way (KeyboardInterrupt, a time
-            # limit): the release may have gone through. Either way the outcome is unknown.
-            if hold.depth > 1:
-                # A nested reentrant release: count it as done; the server is told the
-                # count before the owner's next operation (sent again, the release could
-                # free the lock under the outer hold).
+            if left is not None and (left <= 0 or not self.reentrant):
+                # Interrupted once the server answered: the name is released (or was
+                # gone), so the hold is not reported held (forgetting twice is nothing).
                 with self._mutex:
-                    hold.depth -= 1
-                    self._believe(owner, -1, unsure=True)
-            else:
-                # Kept for a retry, which is then no loss if it finds the token gone. Not
-                # counted any more: the owner's next operation (a reentrant retry too:
-                # _finish_unsure_release) settles the count, releasing it if need be.
+                    hold.depth = 0
+                    self._forget(owner, hold)
+            elif left is None and not self.reentrant:
+                # No answer, or interrupted while one was on its way (KeyboardInterrupt, a
+                # time limit): the release may have gone through. Kept for a retry, which is
+                # then no loss if it finds the token gone.
                 hold.releasing = True
                 with self._mutex:
                     hold.depth = 0
-                    self._believe(owner, -1, unsure=True)
                 observe.hold_unsure(self, hold)  # not a hold this process holds any more
+            elif left is None:
+                if hold.depth == depth:
+                    # Before the level left the object (the settle got no answer, or an
+                    # interrupt): out now, as if sent, so that an object dropped after this
+                    # error counts for nothing; the owner's next operation settles.
+                    self._unlevel(owner, hold)
+                if hold.releasing and not was_releasing:
+                    observe.hold_unsure(self, hold)  # a reentrant last level, out already
+            # Else a reentrant level answered, out of the object before it was sent: the
+            # count stays unsure, and the owner's next operation settles it (a no-op).
             raise
+        self._sure(owner)  # the answer is in the object: the counts agree again
         if left < 0 and not was_releasing:
             reason = "it expired or was released by someone else"
             if mine:  # whoever took the hold out of this object declares the loss: once
@@ -925,6 +937,21 @@ class BaseLock:
             raise LockLost(f"{self.describe()} was lost before release: {self._lost or reason}")
         if left <= 0:
             self._announce_released()
+
+    def _unlevel(self, owner: str, hold: Hold) -> None:
+        """A reentrant release's level leaves the object before the release is sent (one
+        store), the owner's count marked unsure first: whatever line an interrupt (a burst
+        of them) ends the release on, the owner's next operation tells the server what the
+        objects hold, releasing the level if it was not. A nested level counts as released
+        (sent again, the release could free the lock under the outer levels); the last is
+        kept, ``releasing``, for a retry (:meth:`_finish_unsure_release`: it settles, no
+        second release), and is no hold this process holds any more."""
+        self._unsure(owner)
+        with self._mutex:
+            if hold.depth > 1:
+                hold.depth -= 1
+            else:  # one store: both or neither
+                hold.depth, hold.releasing = 0, True
 
     def _announce_released(self) -> None:
         """A hold freed: the log and ``lock_released``."""

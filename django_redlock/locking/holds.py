@@ -120,49 +120,69 @@ def holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
 
 
 # Reentrant owners' hold counts as this process knows them, by (backend, name, owner), and
-# whether the server may disagree (a reply was lost): then it is told before the owner's next
-# operation on that lock. An owner is a thread or task of this process, so only this
-# process changes its count, and its belief is the truth to restore.
+# whether the server may disagree: then it is told before the owner's next operation on that
+# lock. An owner is a thread or task of this process, so only this process changes its
+# count, and its belief is the truth to restore. The count is not kept apart: it is the sum
+# of the owner's levels in the Lock objects that recorded some (``BaseLock.levels``), so a
+# level taken or given up is one store in its object (a depth, a hold in or out), and an
+# interrupt at any line (a burst of them too) leaves the count what the objects hold. The
+# server's count changes first (a grant, a release's answer): the owner's count is marked
+# unsure before the request is sent, and settled once its object is up to date.
 # The owner's hold is one hold in Redis whichever Lock objects hold levels of it: a re-fence
 # through one of them gives it a new fence, which every other takes (refenced(), below).
-# -> [count, unsure, fence given by the last re-fence (0: none), a re-fence went unanswered]
+# -> [unsure, fence given by the last re-fence (0: none), a re-fence went unanswered,
+#     the Lock objects that recorded levels (weakly)]
 _believed: dict[tuple[int, str, str], list[Any]] = {}
 
 
-def _idle(entry: list[Any]) -> bool:
-    """Nothing held and nothing to tell the server: the entry (and its re-fence) can go."""
-    return bool(entry[0] == 0 and not entry[1])
+def _levels(entry: list[Any], owner: str) -> int:
+    return sum(lock.levels(owner) for lock in list(entry[3]))
 
 
-def believe(backend: BaseLockBackend, name: str, owner: str, delta: int, unsure: bool) -> None:
+def holds_levels(backend: BaseLockBackend, name: str, owner: str, lock: Any) -> None:
+    """``lock`` is to record a level of ``owner``'s reentrant hold: its levels count from
+    now on (called before the level goes in; again is nothing)."""
     key = (id(backend), name, owner)
     with _mutex:
-        entry = _believed.setdefault(key, [0, False, 0, False])
-        entry[0] = max(0, entry[0] + delta)
-        entry[1] = entry[1] or unsure
-        if _idle(entry):
-            del _believed[key]
+        entry = _believed.get(key)
+        if entry is None:
+            entry = _believed[key] = [False, 0, False, weakref.WeakSet()]
+        entry[3].add(lock)
+
+
+def unsure(backend: BaseLockBackend, name: str, owner: str) -> None:
+    """The server may disagree with the owner's count (a request sent whose answer is not in
+    its object yet, or lost): told before the owner's next operation (:func:`unsettled`)."""
+    key = (id(backend), name, owner)
+    with _mutex:
+        entry = _believed.get(key)
+        if entry is None:
+            entry = _believed[key] = [True, 0, False, weakref.WeakSet()]
+        entry[0] = True
 
 
 def believed(backend: BaseLockBackend, name: str, owner: str) -> int:
     """The owner's hold count as this process knows it (0: none)."""
     entry = _believed.get((id(backend), name, owner))
-    return 0 if entry is None else int(entry[0])
+    return 0 if entry is None else _levels(entry, owner)
 
 
 def unsettled(backend: BaseLockBackend, name: str, owner: str) -> int | None:
     """The count to tell the server, when it may disagree; else None."""
     entry = _believed.get((id(backend), name, owner))
-    return entry[0] if entry is not None and entry[1] else None
+    return _levels(entry, owner) if entry is not None and entry[0] else None
 
 
 def settled(backend: BaseLockBackend, name: str, owner: str, count: int) -> None:
+    """The server was told ``count`` (or agrees with it): sure again, unless the owner's
+    count changed meanwhile. An entry with nothing held and nothing to tell goes (and its
+    re-fence with it)."""
     key = (id(backend), name, owner)
     with _mutex:
         entry = _believed.get(key)
-        if entry is not None and entry[0] == count:  # nothing changed meanwhile
-            entry[1] = False
-            if _idle(entry):
+        if entry is not None and _levels(entry, owner) == count:  # nothing changed meanwhile
+            entry[0] = False
+            if count == 0:
                 del _believed[key]
 
 
@@ -172,19 +192,19 @@ def refenced(backend: BaseLockBackend, name: str, owner: str, fence: int | None)
     have a new fence, unknown here). Nothing when the owner holds nothing here."""
     with _mutex:
         entry = _believed.get((id(backend), name, owner))
-        if entry is None:
+        if entry is None or not _levels(entry, owner):
             return
         if fence is None:
-            entry[3] = True
+            entry[2] = True
         else:  # the hold's fence is known again
-            entry[2], entry[3] = max(entry[2], fence), False
+            entry[1], entry[2] = max(entry[1], fence), False
 
 
 def refence_of(backend: BaseLockBackend, name: str, owner: str) -> tuple[int, bool]:
     """The fence the last re-fence of ``owner``'s reentrant hold gave it (0: none), and
     whether a re-fence went unanswered since it holds levels here."""
     entry = _believed.get((id(backend), name, owner))
-    return (0, False) if entry is None else (int(entry[2]), bool(entry[3]))
+    return (0, False) if entry is None else (int(entry[1]), bool(entry[2]))
 
 
 def _forget_after_fork() -> None:

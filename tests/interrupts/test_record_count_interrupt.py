@@ -4,6 +4,9 @@ entry of ``holds._idle``, a Python function's entry, where CPython looks for a s
 ``_unrecord`` does not undo that step, so the owner believes one level it does not hold: the
 hand-back settles the server to that count (the grant is kept, not given back), and from then
 on every hold the owner takes and releases leaves one level behind on the server.
+
+The owner's count is now the sum of its objects' levels (no step of its own): the count step
+of a record is the one that puts the object among those counted (``holds.holds_levels``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 
 from django_redlock import lock
 from django_redlock.locking import holds
+from django_redlock.locking.base import BaseLock
 
 
 class Interrupt(BaseException):
@@ -30,12 +34,12 @@ def test_an_interrupt_in_the_count_step_of_a_record_gives_the_grant_back(name: s
         if (
             armed[0]
             and event == "call"
-            and frame.f_code is holds._idle.__code__
+            and frame.f_code is holds.holds_levels.__code__
             and back is not None
-            and back.f_locals.get("delta") == 1
+            and back.f_code is BaseLock._record.__code__
         ):
             armed[0] = False
-            raise Interrupt("entry of holds._idle, from the record's believe(+1)")
+            raise Interrupt("entry of holds.holds_levels, from the record")
         return None
 
     first = lock(name, ttl=5, reentrant=True)

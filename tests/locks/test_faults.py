@@ -475,3 +475,34 @@ def test_a_server_that_stops_answering_during_a_wait_s_set_up_costs_one_socket_t
         holder.release()
         assert waiter.acquire(timeout=5)  # nothing was left in the way
         waiter.release()
+
+
+def test_a_reentrant_release_whose_settle_gets_no_answer_leaves_nothing_held(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """A reentrant release begins with a settle (the count was unsure); no answer to it is a
+    release of unknown outcome, as one to the release itself: the level leaves the object,
+    and the owner's next operation settles the server. (Kept in the object, the level made
+    the owner's next take a re-entry of that hold, and its release left the hold held, as the
+    fault campaign saw with lost replies.)"""
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 0.3},
+    }
+    with _alias("paused", config):
+        held = lock(name, using="paused", reentrant=True, ttl=10)
+        held.acquire()
+        server.pause()
+        try:
+            with pytest.raises(BackendUnavailable):  # run once resumed: a level more
+                lock(name, using="paused", reentrant=True, ttl=10).acquire(blocking=False)
+            with pytest.raises(BackendUnavailable):  # its settle gets no answer
+                held.release()
+        finally:
+            server.resume()
+        time.sleep(0.2)  # the server runs what it was sent while paused
+        with lock(name, using="paused", reentrant=True, ttl=10):
+            pass
+        assert not server.client().exists(locks["paused"].key(name)), "left held"
