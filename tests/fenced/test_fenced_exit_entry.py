@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from types import CodeType, FrameType
 from typing import Any
 
@@ -190,6 +191,78 @@ def test_the_same_with_in_a_loop_after_one_was_abandoned(name: str) -> None:
             sys.settrace(None)
     assert not connections[DB].in_atomic_block
     assert [who for who, _ in sales(DB)] == ["round 1"] and not lock(name).locked()
+
+
+@pytest.mark.parametrize("kind", ["with lock", "lk.atomic()"])
+def test_the_same_with_run_again_with_no_fenced_block_opens_one_of_its_own(
+    name: str, kind: str
+) -> None:
+    """The next round runs the same ``with`` statement with a ``nullcontext()``: a block
+    opened in that round's body is in the statement's body again, yet the abandoned round's
+    block is not open around it (the frame's position cannot tell the two runs apart)."""
+    open_shop(DB, 1, 10)
+    held = lock(name, ttl=30, reentrant=True, atomic=kind == "with lock")
+    if kind == "lk.atomic()":
+        held.acquire()
+    code = (BaseLock if kind == "with lock" else fencing.FencedTransaction).__exit__
+    for round in range(2):
+        cm = (held if kind == "with lock" else held.atomic()) if round == 0 else nullcontext()
+        try:
+            with cm:
+                if round == 0:
+                    sell_one(DB, 1, "abandoned")
+                    cut(code.__code__)
+                else:
+                    with lock(f"{name}:b", ttl=30, atomic=True):
+                        sell_one(DB, 1, "round 1")
+        except TimeLimit:
+            pass
+        finally:
+            sys.settrace(None)
+    if kind == "lk.atomic()":
+        held.release()
+    assert not connections[DB].in_atomic_block
+    assert [who for who, _ in sales(DB)] == ["round 1"] and not held.locked()
+
+
+#: The frame ids of :func:`call_of`'s calls.
+FRAMES: list[int] = []
+
+
+def call_of(name: str, cm: Any, first: bool) -> None:
+    """One call of a function whose ``with`` is abandoned (first) or runs a nullcontext."""
+    FRAMES.append(id(sys._getframe()))
+    try:
+        with cm:
+            if first:
+                sell_one(DB, 1, "abandoned")
+                cut(BaseLock.__exit__.__code__)
+            else:
+                with lock(f"{name}:b", ttl=30, atomic=True):
+                    sell_one(DB, 1, "second call")
+    except TimeLimit:
+        pass
+    finally:
+        sys.settrace(None)
+
+
+def test_a_later_call_of_the_function_reusing_its_frame_opens_a_block_of_its_own(
+    name: str,
+) -> None:
+    """Two calls of one function: the second call's frame takes the first's id (CPython
+    reuses its memory), at the same ``with``, in its body."""
+    open_shop(DB, 1, 100)
+    for calls in range(1, 21):  # until the id is reused (nearly always at once)
+        FRAMES.clear()
+        call_of(f"{name}:{calls}", lock(f"{name}:{calls}", ttl=30, atomic=True), True)
+        call_of(f"{name}:{calls}", nullcontext(), False)
+        if FRAMES[0] == FRAMES[1]:
+            break
+    else:
+        pytest.skip("this Python gave the second call's frame another id each time")
+    assert not connections[DB].in_atomic_block
+    assert [who for who, _ in sales(DB)] == ["second call"] * calls
+    assert not lock(f"{name}:{calls}").locked()
 
 
 def test_blocks_opened_inside_a_body_s_except_clause_stay_savepoints_of_it(name: str) -> None:
