@@ -198,7 +198,8 @@ class _Committed:
     live = False
     lock: FencedLock | None = None
     level = 0
-    where: Any = None  # its ``with`` statement (with_frame), if known
+    _where: Any = None
+    _watch: weakref.ReferenceType[Any] | None = None
     # Opened by the same ``with`` (``lock_all``'s other members: savepoints of this one), and
     # what frees its locks, should that ``with`` abandon it: see :func:`drop_abandoned`.
     nested: tuple[_Committed, ...] = ()
@@ -208,6 +209,45 @@ class _Committed:
 
     def __call__(self) -> None:
         self.done = True
+
+    @property
+    def where(self) -> Any:
+        """Its ``with`` statement (:func:`with_frame`), if known."""
+        return self._where
+
+    @where.setter
+    def where(self, where: Any) -> None:
+        self._where, self._watch = where, None
+        bound = where[3]() if where is not None and where[3] is not None else None
+        if bound is not None:  # told the moment its ``with`` is left (see _with_gone)
+            self._watch = weakref.ref(bound, _with_gone(weakref.ref(self)))
+
+
+def _with_gone(committed: weakref.ReferenceType[_Committed]) -> Callable[[Any], None]:
+    """Called as a block's ``with`` statement is left (its exit token dies): a savepoint block
+    (inside an outer ``Atomic``: Django's ATOMIC_REQUESTS around a view) whose exit never
+    began (an exception entering it) is rolled back to its savepoint and its lock released at
+    once. Later is too late: the outer ``Atomic``'s exit would take the block's savepoint for
+    its own and leave the request's transaction open, nothing of it committed. (A block of
+    its own transaction waits for the thread's next block or the request's end, as before:
+    nothing can mistake its transaction meanwhile.)"""
+
+    def gone(_: Any) -> None:
+        block = committed()
+        if block is None or block.steps is None or block.atomic is None or block.using is None:
+            return
+        steps, atomic = block.steps(), block.atomic()
+        if steps is None or inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
+            return  # ended (its exit ran), or never opened
+        opened = connections[block.using].atomic_blocks
+        if not any(each is atomic for each in opened[1:]):
+            return  # its own transaction (or not Django's to mix up)
+        # A weakref callback cannot raise: what fails here is left to the next block or the
+        # request's end (an interrupt goes to sys.unraisablehook).
+        with contextlib.suppress(Exception):
+            drop_all_abandoned()
+
+    return gone
 
 
 def fenced_transaction(lock: FencedLock, using: str | None = None) -> FencedTransaction:

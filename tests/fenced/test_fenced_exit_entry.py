@@ -21,7 +21,8 @@ import pytest
 from django.core.signals import request_finished
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.http import HttpRequest, HttpResponse
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
+from django.urls import path
 
 from django_redlock import fencing, lock, lock_all, lock_view, single_instance
 from django_redlock.locking.base import BaseLock
@@ -337,3 +338,49 @@ def test_a_block_abandoned_with_no_next_block_is_let_go_at_the_request_s_end(nam
     request_finished.send(sender=None)
     assert not lock(name).locked() and not connections[DB].in_atomic_block
     assert sales(DB) == []
+
+
+def abandoning_view(request: HttpRequest) -> HttpResponse:
+    """Its fenced block abandoned (the exception caught by the view), then a sale of its own."""
+    try:
+        with lock(request.GET["name"], ttl=30, atomic=True):
+            sell_one(DB, 1, "abandoned")
+            cut(BaseLock.__exit__.__code__)
+    except TimeLimit:
+        pass
+    finally:
+        sys.settrace(None)
+    sell_one(DB, 1, "view")
+    return HttpResponse("ok")
+
+
+def next_view(request: HttpRequest) -> HttpResponse:
+    with lock(f"{request.GET['name']}:next", ttl=30, atomic=True):
+        sell_one(DB, 1, "next request")
+    return HttpResponse("ok")
+
+
+urlpatterns = [path("abandon/", abandoning_view), path("next/", next_view)]
+
+
+def test_with_atomic_requests_a_block_abandoned_in_a_view_is_rolled_back_as_its_with_is_left(
+    name: str, settings: Any
+) -> None:
+    """ATOMIC_REQUESTS: the view's transaction is an ``Atomic`` around it, the fenced block a
+    savepoint of it. Left open, Django's exit of the view's ``Atomic`` took the block's
+    savepoint for its own: the request's transaction stayed open (nothing of the view
+    committed, the lock held and renewed, later requests failing). The block is rolled back to
+    its savepoint and its lock released as its ``with`` statement is left."""
+    settings.ROOT_URLCONF = __name__
+    open_shop(DB, 1, 10)
+    connections[DB].settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        response = Client().get("/abandon/", {"name": name})
+        assert response.status_code == 200
+        assert not lock(name).locked()
+        assert not connections[DB].in_atomic_block
+        assert [who for who, _ in sales(DB)] == ["view"]  # the view's own sale committed
+        assert Client().get("/next/", {"name": name}).status_code == 200
+        assert [who for who, _ in sales(DB)] == ["view", "next request"]
+    finally:
+        connections[DB].settings_dict["ATOMIC_REQUESTS"] = False
