@@ -62,7 +62,7 @@ import threading
 import weakref
 from collections.abc import Callable, Generator
 from types import CodeType, FrameType, TracebackType
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar, cast
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -152,6 +152,38 @@ def row_wait(lock: FencedLock) -> float:
     return lock.timeout if lock.timeout is not None else lock.lock_ttl
 
 
+_EXIT_TOKEN = "_redlock_with_exit"
+
+
+class TrackedExit:
+    """A context manager's ``__exit__`` whose lookup by a ``with`` statement hands it a new
+    callable, kept on that statement's stack (and nowhere else) until the statement is left,
+    however (its exit ran, an exception entering it, the frame gone): a weak reference to it
+    dies at that moment. That tells one run of a statement from a later run of the same
+    statement in the same frame (a loop), or from a later call reusing the frame's id, which
+    the frame's position cannot. (A ``partial``: no frame of its own keeps it alive in a
+    traceback.)"""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.func = func
+
+    def __get__(self, obj: Any, cls: Any = None) -> Callable[..., Any]:
+        if obj is None:  # ``type(cm).__exit__`` (ExitStack): the function
+            return self.func
+        bound = functools.partial(self.func, obj)
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(obj, _EXIT_TOKEN, weakref.ref(bound))
+        return bound
+
+
+_Exit = TypeVar("_Exit", bound=Callable[..., Any])
+
+
+def tracked_exit(func: _Exit) -> _Exit:
+    """Decorate a context manager's ``__exit__`` as a :class:`TrackedExit`."""
+    return cast(_Exit, TrackedExit(func))
+
+
 class _Committed:
     """Set by the block's first ``on_commit`` callback (robust: it cannot fail): Django runs
     the callbacks after the COMMIT, in order, so once this is set the COMMIT happened. (Set
@@ -166,7 +198,8 @@ class _Committed:
     live = False
     lock: FencedLock | None = None
     level = 0
-    where: Any = None  # its ``with`` statement (with_frame), if known
+    _where: Any = None
+    _watch: weakref.ReferenceType[Any] | None = None
     # Opened by the same ``with`` (``lock_all``'s other members: savepoints of this one), and
     # what frees its locks, should that ``with`` abandon it: see :func:`drop_abandoned`.
     nested: tuple[_Committed, ...] = ()
@@ -176,6 +209,45 @@ class _Committed:
 
     def __call__(self) -> None:
         self.done = True
+
+    @property
+    def where(self) -> Any:
+        """Its ``with`` statement (:func:`with_frame`), if known."""
+        return self._where
+
+    @where.setter
+    def where(self, where: Any) -> None:
+        self._where, self._watch = where, None
+        bound = where[3]() if where is not None and where[3] is not None else None
+        if bound is not None:  # told the moment its ``with`` is left (see _with_gone)
+            self._watch = weakref.ref(bound, _with_gone(weakref.ref(self)))
+
+
+def _with_gone(committed: weakref.ReferenceType[_Committed]) -> Callable[[Any], None]:
+    """Called as a block's ``with`` statement is left (its exit token dies): a savepoint block
+    (inside an outer ``Atomic``: Django's ATOMIC_REQUESTS around a view) whose exit never
+    began (an exception entering it) is rolled back to its savepoint and its lock released at
+    once. Later is too late: the outer ``Atomic``'s exit would take the block's savepoint for
+    its own and leave the request's transaction open, nothing of it committed. (A block of
+    its own transaction waits for the thread's next block or the request's end, as before:
+    nothing can mistake its transaction meanwhile.)"""
+
+    def gone(_: Any) -> None:
+        block = committed()
+        if block is None or block.steps is None or block.atomic is None or block.using is None:
+            return
+        steps, atomic = block.steps(), block.atomic()
+        if steps is None or inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
+            return  # ended (its exit ran), or never opened
+        opened = connections[block.using].atomic_blocks
+        if not any(each is atomic for each in opened[1:]):
+            return  # its own transaction (or not Django's to mix up)
+        # A weakref callback cannot raise: what fails here is left to the next block or the
+        # request's end (an interrupt goes to sys.unraisablehook).
+        with contextlib.suppress(Exception):
+            drop_all_abandoned()
+
+    return gone
 
 
 def fenced_transaction(lock: FencedLock, using: str | None = None) -> FencedTransaction:
@@ -210,11 +282,12 @@ class FencedTransaction:
 
     def _open(self) -> None:
         if not self.by_lock:  # ``with lk.atomic()``, run_held's: the caller of __enter__
-            self.committed.where = with_frame(frame_above(2))
+            self.committed.where = with_frame(frame_above(2), self)
         next(self._steps)
         if not self.by_lock:  # ``with lk.atomic()``: the ``with`` has it from here on
             self.committed.live = True
 
+    @tracked_exit
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -606,22 +679,34 @@ _SUSPENDS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENER
 
 #: A ``with`` statement: its frame's id (not the frame: a block kept by its frame, as run_held's
 #: is, would make a cycle, and an abandoned block would wait for the garbage collector to be
-#: rolled back), the frame's code and the statement's offset in it.
-With = tuple[int, CodeType, int]
+#: rolled back), the frame's code, the statement's offset in it, and this run's exit token
+#: (see :class:`TrackedExit`; None when not known).
+With = tuple[int, CodeType, int, "weakref.ReferenceType[Any] | None"]
 
 
-def with_frame(frame: Any) -> With | None:
+def _exit_token(owner: Any) -> weakref.ReferenceType[Any] | None:
+    """The token of the ``__exit__`` a ``with`` statement took from ``owner`` just before
+    calling its ``__enter__`` (None if there is none alive: ``__enter__`` called by hand)."""
+    token = getattr(owner, _EXIT_TOKEN, None) if owner is not None else None
+    bound = token() if token is not None else None
+    if bound is None or not bound.args or bound.args[0] is not owner:
+        return None
+    return cast("weakref.ReferenceType[Any]", token)
+
+
+def with_frame(frame: Any, owner: Any = None) -> With | None:
     """The ``with`` statement ``frame`` (the caller of an ``__enter__``) runs, if it runs one
     and stays on the stack while it runs (not a generator's), else None
     (``ExitStack.enter_context``, a ``@contextmanager``: frames off the stack while the block
-    is open)."""
+    is open). ``owner``: the object whose ``__exit__`` (a :class:`TrackedExit`) the statement
+    took: its token is taken along, called before any other ``__exit__`` of ``owner``."""
     try:
         code, at = frame.f_code, frame.f_lasti
         if code.co_flags & _SUSPENDS or code.co_code[at] not in _WITH_OPS:
             return None
     except (AttributeError, IndexError):
         return None
-    return id(frame), code, at
+    return id(frame), code, at, _exit_token(owner)
 
 
 def frame_above(levels: int) -> FrameType | None:
@@ -638,8 +723,12 @@ def _with_left(where: With) -> bool:
     statement, an ``except`` clause of the same function). Read from the frame's position, so
     an exception raised as ``__exit__`` is entered, before any line of it ran, cannot hide it
     (a flag set by the exit would never be set)."""
+    token = where[3]
+    if token is not None and token() is None:  # this run of the statement is over
+        return True
     frame = _on_stack(where[0], where[1])
-    # (Another frame of that id and code is a later call: at its own ``with``, past the body.)
+    # With a live token the frame is the statement's own; without one (not known), another
+    # frame of that id and code is taken for a later call, at its own ``with``.
     return frame is None or _in_body(frame, where[2]) is False
 
 
@@ -918,13 +1007,13 @@ def _aborted(connection: Any) -> bool:
 _open = threading.local()
 
 
-def enter_block(lock: Held, where: FrameType | None) -> Held:
+def enter_block(lock: Held, where: With | None) -> Held:
     """After the acquire: open the fenced block, or release the lock and raise. Returns
-    ``lock`` (``with``'s value). ``where``: the frame that called ``__enter__`` (the ``with``
-    statement's, when :func:`with_frame` finds it is one)."""
+    ``lock`` (``with``'s value). ``where``: the ``with`` statement that called ``__enter__``
+    (:func:`with_frame`, taken as ``__enter__`` began), if known."""
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
-    held.lock, held.where = lock, with_frame(where)
+    held.lock, held.where = lock, where
     try:
         drop_left_blocks()  # (this block is not among them yet)
         block.__enter__()
@@ -1089,6 +1178,8 @@ def _inside_left(inner: FencedTransaction, outer: FencedTransaction) -> bool:
     where, around = inner.committed.where, outer.committed.where
     if where is None:
         return False
+    if where[3] is not None and where[3]() is None:  # its ``with`` is over
+        return True
     if _on_stack(where[0], where[1]) is None:
         return True
     return around is not None and around[:2] == where[:2] and _left(inner) and _left(outer)

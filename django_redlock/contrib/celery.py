@@ -294,25 +294,45 @@ def _is_poll(task: Any) -> bool:
     return bool(_follow_up_kind(task) == POLL)
 
 
-def note_call(config: SingleInstance, key: str, args: Any, kwargs: Any, queue: Any,
-              task_id: str | None, task_name: str | None = None) -> None:  # fmt: skip
+def note_call(
+    config: SingleInstance, key: str, args: Any, kwargs: Any, queue: Any,
+    task_id: str | None, task_name: str | None = None,
+) -> tuple[str, str | None]:  # fmt: skip
     """Note a call under ``key`` for the next follow-up, replacing any note (the last call's
-    arguments win). ``task_name``: lets a starting worker find the task of a note left."""
+    arguments win). ``task_name``: lets a starting worker find the task of a note left.
+    Returns the note written and the one it replaced (for :func:`unnote_call`)."""
     backend = locks[config.using]
     note = json.dumps(
         {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id,
-         "task": task_name}
+         "task": task_name, "call": uuid_text()}
     )  # fmt: skip
+    # "call": unique per note, so taking one back (unnote_call) never takes a later call's
+    # note with the same arguments.
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.mark(backend, _pending_name(key), note, ttl_ms)
-        if found is None or found == note:
-            return
+        if found is None:
+            return note, None
         # In one step (compare-and-set): the earlier note is never gone before this one is
         # written (a soft time limit between a delete and a write lost both calls).
         if markers.swap(backend, _pending_name(key), found, note, ttl_ms):
-            return
+            return note, found
     raise LockError(f"could not note the coalesced call of {key!r}: notes kept changing")
+
+
+def unnote_call(config: SingleInstance, key: str, note: str, previous: str | None) -> None:
+    """Take back a call's note (its publish failed: the caller is told, and calls again):
+    the note it replaced put back, only while the note is still this call's (compare-and-set:
+    a later call's note, or a follow-up's claim, stays). A failure is logged: the note then
+    runs once (at least once)."""
+    backend, name = locks[config.using], _pending_name(key)
+    try:
+        if previous is None:
+            markers.clear(backend, name, note)
+        else:
+            markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl))
+    except LockError as exc:
+        logger.warning("redlock: could not take back the coalesced call of %r: %s", key, exc)
 
 
 def _coalesces(task: Any, info: Any) -> bool:
@@ -1013,11 +1033,13 @@ class SingleInstanceTask(Task):
         coalesce = config.on_duplicate == "coalesce" and not retrying
         queue = options.get("queue")
 
-        def note() -> None:
+        def note() -> tuple[str, str | None]:
             # Noted only once the call is accepted: queued (before its publish: its follow-up
             # runs the call noted last), or joined to the queued call. A call turned away
             # never replaces the arguments of one that was accepted.
-            note_call(config, key, args, kwargs, getattr(queue, "name", queue), None, self.name)
+            return note_call(
+                config, key, args, kwargs, getattr(queue, "name", queue), None, self.name
+            )
 
         if coalesce:  # queued as a follow-up, which runs the call noted last
             options["headers"] = {**headers, FOLLOW_UP: "1"}
@@ -1054,13 +1076,18 @@ class SingleInstanceTask(Task):
             if coalesce and self.joins_queued_call():
                 note()
             return self._not_queued(key, queued, args, kwargs, promised, options)
+        noted = None
         try:
-            if coalesce:  # a lost reply: the call fails, its note may stay (at least once)
-                note()
+            if coalesce:
+                noted = note()
             sent = super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             if queued is None:  # our marker: the message it names was never queued
                 clear_queued_marker(config, key, task_id)
+            # The caller is told the call failed (and calls again): its arguments must not
+            # run. The note of a failed note() is left (a lost reply: at least once).
+            if noted is not None:
+                unnote_call(config, key, *noted)
             raise
         if queued is None and not self.app.conf.task_always_eager:  # eager: it ran already
             self._note_sent(key, task_id, args, kwargs, options, ttl_ms)

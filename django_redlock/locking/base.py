@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, TypeVar, cast
 
 from .. import fencing, observe
@@ -1191,7 +1191,9 @@ class BaseLock:
     def __enter__(self: B) -> B:
         # A fenced block tells from the ``with`` statement's frame (this call's caller, taken
         # here, not counted from further down) when its ``with`` is gone.
-        where = getattr(inspect.currentframe(), "f_back", None) if self.database else None
+        # First: its exit token (fencing.TrackedExit) before anything looks up an __exit__.
+        frame = getattr(inspect.currentframe(), "f_back", None) if self.database else None
+        where = fencing.with_frame(frame, self) if frame is not None else None
         self._check_sync_wait(self.blocking, self._timeout())
         if self.database is not None:  # autocommit off: refused before the lock is taken
             fencing.drop_abandoned(self.database)  # (not a block's leftover transaction)
@@ -1206,13 +1208,14 @@ class BaseLock:
             undo_take(self.backend, undo)
             raise
 
-    def _entered(self: B, where: FrameType | None) -> B:
+    def _entered(self: B, where: fencing.With | None) -> B:
         if self.database is not None:
             # Returned as it is opened: no line between the block's opening and the ``with``
             # (an exception there would leave the block's transaction open, its exit never run).
             return fencing.enter_block(self, where)
         return self
 
+    @fencing.tracked_exit
     def __exit__(
         self,
         exc_type: type[BaseException] | None,

@@ -59,6 +59,7 @@ from ..fencing import (
     fenced_transaction,
     frame_above,
     refuse_manual_commit,
+    tracked_exit,
     with_frame,
 )
 from ..handler import DEFAULT_LOCK_ALIAS
@@ -148,6 +149,7 @@ class MultiBlock:
         try: return self._open()  # noqa: E701  # fmt: skip
         except BaseException as error: self._not_opened(error)  # noqa: E701  # fmt: skip
 
+    @tracked_exit
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -165,7 +167,7 @@ class MultiBlock:
             error = LockLost if lost else LockNotOwned
             raise error(f"{multi.describe()}: {', '.join(map(repr, missing))} not held"
                         f"{' (lost)' if lost else ''}")  # fmt: skip
-        where = with_frame(frame_above(2))  # the ``with`` statement: the caller of __enter__
+        where = with_frame(frame_above(2), self)  # the ``with`` statement: the caller of __enter__
         for lk in multi.locks:  # canonical order: the rows are locked in that order
             block = fenced_transaction(lk, self.using)
             self.members.append(block)  # first: one opened is left whatever comes next
@@ -597,7 +599,7 @@ class MultiLock:
 
     def __enter__(self) -> MultiLock:
         # A fenced block tells from the ``with`` statement's frame when its ``with`` is left.
-        where = with_frame(frame_above(1)) if self.database is not None else None
+        where = with_frame(frame_above(1), self) if self.database is not None else None
         if self.database is not None:  # autocommit off: refused before the lock is taken
             drop_abandoned(self.database)  # (not a block's leftover transaction)
             refuse_manual_commit(self.database, self.describe())
@@ -618,6 +620,7 @@ class MultiLock:
                 self._give_back_held()
             raise
 
+    @tracked_exit
     def __exit__(
         self,
         exc_type: type[BaseException] | None,

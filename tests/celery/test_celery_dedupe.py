@@ -19,7 +19,8 @@ from celery import chord, group, shared_task
 from kombu.exceptions import OperationalError
 
 from django_redlock import LockError, lock, locks, single_instance
-from django_redlock.contrib.celery import SingleInstanceTask, skipped
+from django_redlock.backends import markers
+from django_redlock.contrib.celery import SingleInstanceTask, note_call, skipped
 from django_redlock.testing import RedisServer
 from tests.support import celery_app, celery_tasks
 
@@ -83,6 +84,25 @@ def test_a_failed_publish_leaves_no_marker(broker: None) -> None:
     second = task.apply_async(("pub",), queue=NOBODY, countdown=60)
     assert second.id != "never-queued"  # queued, not the AsyncResult of a lost message
     assert task.apply_async(("pub",), queue=NOBODY).id == second.id  # deduped as usual
+
+
+def test_a_coalesced_call_whose_publish_failed_leaves_no_note(broker: None) -> None:
+    # coalesce + dedupe_queued: the call's arguments were noted before its publish and left
+    # there when the publish raised: the running task's end then ran the failed call. The
+    # note it replaced comes back; with none, none stays.
+    task, key = celery_tasks.coalesced_deduped, "coalesce-dd:failed"
+    config = task.single_instance_config()
+    backend = locks["default"]
+    dead = celery_app.app.connection_for_write("redis://127.0.0.1:1/1", transport_options=NO_RETRY)
+    with pytest.raises(OperationalError):
+        task.apply_async(("failed", "C"), queue=NOBODY, connection=dead, retry=False)
+    assert markers.read(backend, f"{key}:coalesce") is None
+    earlier, _ = note_call(config, key, ("failed", "B"), {}, None, None, task.name)
+    with pytest.raises(OperationalError):
+        task.apply_async(("failed", "C"), queue=NOBODY, connection=dead, retry=False)
+    noted = markers.read(backend, f"{key}:coalesce")
+    assert noted is not None and noted[0] == earlier
+    assert json.loads(noted[0])["args"] == ["failed", "B"]
 
 
 def test_an_expired_queued_task_no_longer_counts(broker: None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from types import CodeType, FrameType
 from typing import Any
 
@@ -20,7 +21,8 @@ import pytest
 from django.core.signals import request_finished
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.http import HttpRequest, HttpResponse
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
+from django.urls import path
 
 from django_redlock import fencing, lock, lock_all, lock_view, single_instance
 from django_redlock.locking.base import BaseLock
@@ -192,6 +194,78 @@ def test_the_same_with_in_a_loop_after_one_was_abandoned(name: str) -> None:
     assert [who for who, _ in sales(DB)] == ["round 1"] and not lock(name).locked()
 
 
+@pytest.mark.parametrize("kind", ["with lock", "lk.atomic()"])
+def test_the_same_with_run_again_with_no_fenced_block_opens_one_of_its_own(
+    name: str, kind: str
+) -> None:
+    """The next round runs the same ``with`` statement with a ``nullcontext()``: a block
+    opened in that round's body is in the statement's body again, yet the abandoned round's
+    block is not open around it (the frame's position cannot tell the two runs apart)."""
+    open_shop(DB, 1, 10)
+    held = lock(name, ttl=30, reentrant=True, atomic=kind == "with lock")
+    if kind == "lk.atomic()":
+        held.acquire()
+    code = (BaseLock if kind == "with lock" else fencing.FencedTransaction).__exit__
+    for round in range(2):
+        cm = (held if kind == "with lock" else held.atomic()) if round == 0 else nullcontext()
+        try:
+            with cm:
+                if round == 0:
+                    sell_one(DB, 1, "abandoned")
+                    cut(code.__code__)
+                else:
+                    with lock(f"{name}:b", ttl=30, atomic=True):
+                        sell_one(DB, 1, "round 1")
+        except TimeLimit:
+            pass
+        finally:
+            sys.settrace(None)
+    if kind == "lk.atomic()":
+        held.release()
+    assert not connections[DB].in_atomic_block
+    assert [who for who, _ in sales(DB)] == ["round 1"] and not held.locked()
+
+
+#: The frame ids of :func:`call_of`'s calls.
+FRAMES: list[int] = []
+
+
+def call_of(name: str, cm: Any, first: bool) -> None:
+    """One call of a function whose ``with`` is abandoned (first) or runs a nullcontext."""
+    FRAMES.append(id(sys._getframe()))
+    try:
+        with cm:
+            if first:
+                sell_one(DB, 1, "abandoned")
+                cut(BaseLock.__exit__.__code__)
+            else:
+                with lock(f"{name}:b", ttl=30, atomic=True):
+                    sell_one(DB, 1, "second call")
+    except TimeLimit:
+        pass
+    finally:
+        sys.settrace(None)
+
+
+def test_a_later_call_of_the_function_reusing_its_frame_opens_a_block_of_its_own(
+    name: str,
+) -> None:
+    """Two calls of one function: the second call's frame takes the first's id (CPython
+    reuses its memory), at the same ``with``, in its body."""
+    open_shop(DB, 1, 100)
+    for calls in range(1, 21):  # until the id is reused (nearly always at once)
+        FRAMES.clear()
+        call_of(f"{name}:{calls}", lock(f"{name}:{calls}", ttl=30, atomic=True), True)
+        call_of(f"{name}:{calls}", nullcontext(), False)
+        if FRAMES[0] == FRAMES[1]:
+            break
+    else:
+        pytest.skip("this Python gave the second call's frame another id each time")
+    assert not connections[DB].in_atomic_block
+    assert [who for who, _ in sales(DB)] == ["second call"] * calls
+    assert not lock(f"{name}:{calls}").locked()
+
+
 def test_blocks_opened_inside_a_body_s_except_clause_stay_savepoints_of_it(name: str) -> None:
     """Not abandoned: the outer ``with`` still runs its body (an ``except`` clause inside it,
     a nested ``with`` of the same function, a reentrant re-entry): the inner blocks are its
@@ -264,3 +338,49 @@ def test_a_block_abandoned_with_no_next_block_is_let_go_at_the_request_s_end(nam
     request_finished.send(sender=None)
     assert not lock(name).locked() and not connections[DB].in_atomic_block
     assert sales(DB) == []
+
+
+def abandoning_view(request: HttpRequest) -> HttpResponse:
+    """Its fenced block abandoned (the exception caught by the view), then a sale of its own."""
+    try:
+        with lock(request.GET["name"], ttl=30, atomic=True):
+            sell_one(DB, 1, "abandoned")
+            cut(BaseLock.__exit__.__code__)
+    except TimeLimit:
+        pass
+    finally:
+        sys.settrace(None)
+    sell_one(DB, 1, "view")
+    return HttpResponse("ok")
+
+
+def next_view(request: HttpRequest) -> HttpResponse:
+    with lock(f"{request.GET['name']}:next", ttl=30, atomic=True):
+        sell_one(DB, 1, "next request")
+    return HttpResponse("ok")
+
+
+urlpatterns = [path("abandon/", abandoning_view), path("next/", next_view)]
+
+
+def test_with_atomic_requests_a_block_abandoned_in_a_view_is_rolled_back_as_its_with_is_left(
+    name: str, settings: Any
+) -> None:
+    """ATOMIC_REQUESTS: the view's transaction is an ``Atomic`` around it, the fenced block a
+    savepoint of it. Left open, Django's exit of the view's ``Atomic`` took the block's
+    savepoint for its own: the request's transaction stayed open (nothing of the view
+    committed, the lock held and renewed, later requests failing). The block is rolled back to
+    its savepoint and its lock released as its ``with`` statement is left."""
+    settings.ROOT_URLCONF = __name__
+    open_shop(DB, 1, 10)
+    connections[DB].settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        response = Client().get("/abandon/", {"name": name})
+        assert response.status_code == 200
+        assert not lock(name).locked()
+        assert not connections[DB].in_atomic_block
+        assert [who for who, _ in sales(DB)] == ["view"]  # the view's own sale committed
+        assert Client().get("/next/", {"name": name}).status_code == 200
+        assert [who for who, _ in sales(DB)] == ["view", "next request"]
+    finally:
+        connections[DB].settings_dict["ATOMIC_REQUESTS"] = False
