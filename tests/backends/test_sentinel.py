@@ -775,8 +775,9 @@ def _found_while_listening(backend: Any) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
 def test_after_an_idle_spell_silent_sentinels_never_send_a_take_to_the_master_found_before(
-    name: str, monkeypatch: pytest.MonkeyPatch
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With every sentinel silent, "the master found last" was used whatever its age: after
     an idle spell (looker and listeners ended), a failover, and the old master back on its
@@ -789,22 +790,40 @@ def test_after_an_idle_spell_silent_sentinels_never_send_a_take_to_the_master_fo
     try:
         with sentinel_alias(group, socket_timeout=1.0, socket_connect_timeout=1.0):
             backend, key = locks["s"], locks["s"].key(name)
-            warm = lock(f"{name}:warm", using="s")
-            assert warm.acquire(blocking=False)  # the master found, this thread connected
-            warm.release()
-            deadline = time.monotonic() + 10
-            while any(t.name.startswith("redlock-sentinel s") for t in threading.enumerate()):
-                assert time.monotonic() < deadline, "the looker and listeners never ended"
-                time.sleep(0.05)
-            _fail_over(sentinels[0], new, sentinels[1])
-            for sentinel in sentinels:
-                sentinel.pause()
-            old.kill()
-            old.start()  # back on its address, empty, a master
-            assert old.client().info("replication")["role"] == "master"
-            began = time.monotonic()
-            with pytest.raises(BackendUnavailable):
-                lock(name, using="s", ttl=10).acquire(blocking=False)
+
+            def idle_fail_over_and_back_empty() -> None:
+                deadline = time.monotonic() + 10
+                while any(t.name.startswith("redlock-sentinel s") for t in threading.enumerate()):
+                    assert time.monotonic() < deadline, "the looker and listeners never ended"
+                    time.sleep(0.05)
+                _fail_over(sentinels[0], new, sentinels[1])
+                for sentinel in sentinels:
+                    sentinel.pause()
+                old.kill()
+                old.start()  # back on its address, empty, a master
+                assert old.client().info("replication")["role"] == "master"
+
+            if how == "sync":
+                warm = lock(f"{name}:warm", using="s")
+                assert warm.acquire(blocking=False)  # the master found, this thread connected
+                warm.release()
+                idle_fail_over_and_back_empty()
+                began = time.monotonic()
+                with pytest.raises(BackendUnavailable):
+                    lock(name, using="s", ttl=10).acquire(blocking=False)
+            else:
+
+                async def main() -> float:
+                    warm = lock(f"{name}:warm", using="s")
+                    assert await warm.aacquire(blocking=False)  # the loop's connection
+                    await warm.arelease()
+                    await asyncio.to_thread(idle_fail_over_and_back_empty)
+                    began = time.monotonic()
+                    with pytest.raises(BackendUnavailable):
+                        await lock(name, using="s", ttl=10).aacquire(blocking=False)
+                    return began
+
+                began = asyncio.run(main())
             assert time.monotonic() - began < 5.0  # first look (1 s), then 2 sentinels x 1 s
             assert not old.client().exists(key)
             backend.close()
