@@ -455,6 +455,7 @@ class PubSubHub(ReleaseHub):
     def _forget_after_fork(self) -> None:
         # The reader thread does not exist in a forked child, and the parent's socket must
         # not be shared: start from nothing.
+        _close_inherited(self._pubsub)
         self._pubsub = None
         self._thread = None
         self._reading = None
@@ -795,10 +796,24 @@ class ShardedPubSubHub(PubSubHub):
 
     def _forget_after_fork(self) -> None:
         super()._forget_after_fork()
+        for shard in list(self._shards.values()):
+            _close_inherited(shard.pubsub)
         self._shards = {}
         self._node_of = {}
         self._inboxes = {}
         self._inbox_by_waiter = {}
+
+
+def _close_inherited(pubsub: Any) -> None:
+    """In a forked child: close its copy of the parent's pub/sub socket. Left open, the
+    server kept counting the subscription after the parent died (a release's PUBLISH or
+    SPUBLISH counted a dead waiter as listening, the next waiter slept until the TTL), and a
+    close() in the child that shut it down cut the parent's. The descriptor only: no
+    shutdown (it would end the parent's connection too), no I/O, no lock."""
+    sock = wire.socket_or_none(getattr(pubsub, "connection", None))
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.close()
 
 
 def _after_fork_in_child() -> None:

@@ -54,6 +54,9 @@ MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
 MIGRATION_WAIT_MS = 100  # a take refused by a longer migration: its caller tries again then
 REDIRECTIONS = 4  # MOVED, ASK, TRYAGAIN answers redis-py follows per command (see make_client)
 ASYNC_THREADS = 32  # worker threads per master for asyncio calls (fewer with max_connections)
+# How long a process's first wait waits for the nodes' versions (asked as the client is
+# made, one socket timeout at most): past it, classic pub/sub for the backend's life.
+PROBE_GRACE = 0.1
 ASKED_MAX = 10_000  # locks remembered as asked elsewhere (an ASK) before the notes are reset
 
 # The parent's clients and hubs in a forked child (see forget_after_fork): kept, never
@@ -75,9 +78,12 @@ class RedisClusterBackend(RedisBackend):
     #: fails, registers it again), and the next waiter is woken too (lua/_wake.lua).
     wakes_one = True
 
-    #: Whether this process listens with sharded pub/sub (Redis 7+ on every node that
-    #: answered): None until the first wait asks (see ``sharded``).
+    #: Whether this process listens with sharded pub/sub (Redis 7+ on every node, all of
+    #: them heard): None until the first wait decides (see ``sharded``).
     _sharded: bool | None = None
+    #: The client's probe of the nodes' versions (see ``make_client``): (the client, done,
+    #: its verdict once done).
+    _probe: tuple[Any, threading.Event, list[bool]] | None = None
 
     #: Always the real channel: a cluster script's keys must share the lock's slot ('' is a
     #: key of slot 0). The scripts announce nothing on it (lua/_hold.lua's announces): every
@@ -161,7 +167,26 @@ class RedisClusterBackend(RedisBackend):
         # last 8, took 0.4 s, whatever the caller's timeout. A few cover any chain of MOVED
         # and ASK; execute() tries a migration again itself, within the caller's deadline.
         client.RedisClusterRequestTTL = REDIRECTIONS
+        self._start_probe(client)
         return client
+
+    def _start_probe(self, client: Any) -> None:
+        """Ask the nodes' versions in a thread of its own, as the client is made: the first
+        wait (``sharded``) waited for it on the caller's thread (on asyncio: the loop) for a
+        whole socket timeout while a master was paused."""
+        done, timeout = threading.Event(), self.socket_timeout
+        verdict: list[bool] = []
+        self._probe = (client, done, verdict)
+
+        def probe() -> None:
+            try:
+                verdict.append(_has_sharded_pubsub(client, timeout))
+            finally:
+                done.set()
+
+        threading.Thread(
+            target=probe, daemon=True, name=f"redlock-cluster-versions {self.alias}"
+        ).start()
 
     def _unavailable(self, name: str, exc: Exception) -> BackendUnavailable:
         error = super()._unavailable(name, exc)
@@ -174,17 +199,22 @@ class RedisClusterBackend(RedisBackend):
 
     @property
     def sharded(self) -> bool:
-        """Whether this process's waiters listen with sharded pub/sub: the cluster runs
-        Redis 7 or later. Found at the first wait, not with the client: a paused node held
-        up a process's first call on a healthy one for its socket timeout. A release wakes
-        a waiter whichever way either process listens (lua/_wake.lua), so processes that
-        found out differently (a node silent then, a rolling upgrade) still wake each
-        other's waiters."""
+        """Whether this process's waiters listen with sharded pub/sub: every node of the
+        cluster told it runs Redis 7 or later. Decided at the first wait, for the backend's
+        life (a waiter's id and the hub it listens on must agree), from the probe started
+        with the client (``_start_probe``), waited for PROBE_GRACE at most: a probe not
+        done by then (a node paused), or a node that did not answer it, means classic
+        pub/sub, which works on every version (a 6.x node refuses SSUBSCRIBE and its
+        scripts cannot wake a sharded waiter). A release wakes a waiter whichever way either
+        process listens (lua/_wake.lua), so processes that decided differently still wake
+        each other's waiters."""
         if self._sharded is None:
             client = self.client
+            probe = self._probe
+            done = probe is not None and probe[0] is client and probe[1].wait(PROBE_GRACE)
             with self._setup:
                 if self._sharded is None:
-                    self._sharded = _has_sharded_pubsub(client, self.socket_timeout)
+                    self._sharded = bool(done and probe is not None and probe[2] == [True])
         return bool(self._sharded)
 
     def new_waiter_id(self) -> str:
@@ -724,8 +754,7 @@ def _has_sharded_pubsub(client: Any, timeout: float) -> bool:
     """Redis 7 or later (SSUBSCRIBE, SPUBLISH) on every node that answers its ``HELLO``
     (which every user may send, unlike INFO) within ``timeout``, all asked at once: during a
     rolling upgrade from 6.x, a 6.x node would refuse SSUBSCRIBE. A node that does not
-    answer (paused) holds nobody up past ``timeout`` and decides nothing; when none answers,
-    classic pub/sub, which works everywhere."""
+    answer (paused) may be a 6.x one: classic pub/sub then, which works everywhere."""
     versions: list[int] = []
 
     def ask(node: Any) -> None:
@@ -750,7 +779,7 @@ def _has_sharded_pubsub(client: Any, timeout: float) -> bool:
     answered = list(versions)
     if len(answered) < len(nodes):
         logger.info("redlock: %d of %d nodes told their version", len(answered), len(nodes))
-    return bool(answered) and min(answered) >= 7
+    return bool(nodes) and len(answered) == len(nodes) and min(answered) >= 7
 
 
 class _Take:

@@ -47,6 +47,10 @@ LOOKER_IDLE = 60.0  # the looker ends after this long without an operation
 SWITCH_TRUSTED = 30.0
 LISTEN_POLL = 1.0  # how often a listener checks that its backend is still used
 HEARD_WAIT = 0.25  # how long an operation waits for an announcement already here to apply
+# How long the master a sentinel named stays usable when no sentinel answers: a look period
+# and one look's slack. Older, it may be a master failed over and back, restarted empty on its
+# address, answering ROLE "master" (two holders): not used.
+FOUND_TRUSTED = 2 * MASTER_CHECK
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
 
 
@@ -65,11 +69,14 @@ class _Heard:
     master is stale (that sentinel has not heard yet), and the new master is used instead.
     Shared by the backend and its (sync and asyncio) Sentinel clients; one attribute,
     replaced whole. Also the master a sentinel named last (``found``), for when none
-    answers in time (see ``_Sentinel.discover_master``)."""
+    answers in time (see ``_Sentinel.discover_master``), while that cannot be stale
+    (``bounded``)."""
 
     switch: _Switch | None = None
     found: tuple[str, int] | None = None
+    found_at: float = float("-inf")  # monotonic: when a sentinel last named ``found``
     budget: float = 2.0  # the socket timeout: how long a look asks the sentinels in all
+    listening: _Listening | None = None  # the backend's listeners (for ``bounded``)
 
     def __init__(self) -> None:
         # Set in the looker's thread while it looks: it asks every sentinel, however long,
@@ -77,8 +84,17 @@ class _Heard:
         self.looking = threading.local()
 
     def bounded(self) -> bool:
-        """Whether this look asks for one socket timeout at most, then uses ``found``."""
-        return self.found is not None and not getattr(self.looking, "on", False)
+        """Whether this look asks for one socket timeout at most, then uses ``found``: only
+        while ``found`` cannot be stale, i.e. a sentinel named it within FOUND_TRUSTED and
+        the listeners were subscribed throughout since (a switch would have been heard).
+        Never after an idle spell (the listeners ended) nor a lost listener."""
+        if self.found is None or getattr(self.looking, "on", False):
+            return False
+        listening, found_at = self.listening, self.found_at
+        since = None if listening is None else listening.since
+        return (
+            since is not None and since <= found_at and time.monotonic() - found_at < FOUND_TRUSTED
+        )
 
     def known(self) -> tuple[str, int] | None:
         """Where the master is as far as known, when no sentinel answers: the announced
@@ -192,7 +208,7 @@ def _master_in(manager: Any, masters: Any, service_name: str, sentinel: Any) -> 
 
 def _found(heard: _Heard, address: Any) -> Any:
     found = heard.current(address, asked=True)
-    heard.found = (str(found[0]), int(found[1]))
+    heard.found, heard.found_at = (str(found[0]), int(found[1])), time.monotonic()
     return found
 
 
@@ -203,9 +219,9 @@ def _not_found(
     announced_only: bool,
     error: type[Exception],
 ) -> Any:
-    # A sentinel that answered without naming a master up (down, failing over), or the
-    # looker's look: no master but an announced one. Else (no sentinel answered within the
-    # budget) the master found last, which answered a moment ago.
+    # A sentinel that answered without naming a master up (down, failing over), the
+    # looker's look, or a ``found`` that may be stale: no master but an announced one. Else
+    # (no sentinel answered within the budget) the master a sentinel named a moment ago.
     known = heard.promoted() if announced_only else heard.known()
     if known is not None:
         return known
@@ -225,18 +241,26 @@ class _Listening:
         # (the locks, the sockets): replaced whole, so a reader sees one or the other
         self._state: tuple[tuple[threading.Lock, ...], tuple[Any, ...]] = ((), ())
         self._local = threading.local()
+        # monotonic: since when a listener has been subscribed with none lost (None: none)
+        self.since: float | None = None
 
     def put(self, key: object, sock: Any, handling: threading.Lock) -> None:
         with self._mutex:
             if self._entries.get(key, (None,))[0] is not sock:
+                if key in self._entries:
+                    self.since = None  # its socket was made again: something was lost
                 self._entries[key] = (sock, handling)
                 self._publish()
+            if self.since is None:
+                self.since = time.monotonic()
 
     def drop(self, key: object) -> None:
         """Before its socket is closed: a closed descriptor may be reused by another."""
         with self._mutex:
             if self._entries.pop(key, None) is not None:
                 self._publish()
+            # a switch may go unheard from now on: what was found before is not trusted
+            self.since = time.monotonic() if self._entries else None
 
     def _publish(self) -> None:
         entries = list(self._entries.values())
@@ -331,7 +355,7 @@ class SentinelBackend(RedisBackend):
         self._wake = threading.Event()  # set: the looker looks now
         self._heard = _Heard()
         self._heard.budget = self.socket_timeout
-        self._listening = _Listening()
+        self._listening = self._heard.listening = _Listening()
         _backends.add(self)
         self._used = 0.0  # when an operation last ran (monotonic)
         self._looker_ran = False
@@ -827,6 +851,7 @@ def _after_fork_in_child() -> None:
         backend._looking = threading.Lock()
         backend._moving = threading.Lock()
         backend._wake = threading.Event()
-        backend._listening = _Listening()  # the parent's listeners' (the sockets are shared)
+        # the parent's listeners' (the sockets are shared; none listens here)
+        backend._listening = backend._heard.listening = _Listening()
         # Permits taken by the parent's threads mid-operation never come back here.
         backend._gate = threading.BoundedSemaphore(backend._limit)

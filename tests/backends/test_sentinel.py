@@ -732,6 +732,7 @@ def test_with_every_sentinel_silent_a_new_thread_uses_the_master_found(
     with sentinel_alias(group, socket_timeout=1.0, socket_connect_timeout=1.0):
         with lock(name, using="s"):
             pass  # the master found
+        _found_while_listening(locks["s"])
         for sentinel in sentinels:
             sentinel.pause()
         try:
@@ -763,6 +764,73 @@ def test_with_every_sentinel_silent_a_new_thread_uses_the_master_found(
                 sentinel.resume()
         assert outcome[0] is True, outcome
         assert outcome[1] < 1.6, f"{outcome[1]:.2f} s: more than one socket timeout"
+
+
+def _found_while_listening(backend: Any) -> None:
+    """Returns once a sentinel named the master after the listeners subscribed: the only
+    case the master found is used when no sentinel answers (FOUND_TRUSTED after it)."""
+    deadline = time.monotonic() + 10
+    while (since := backend._listening.since) is None or backend._heard.found_at < since:
+        assert time.monotonic() < deadline, "no look at the sentinels after they listened"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_after_an_idle_spell_silent_sentinels_never_send_a_take_to_the_master_found_before(
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every sentinel silent, "the master found last" was used whatever its age: after
+    an idle spell (looker and listeners ended), a failover, and the old master back on its
+    address, empty and a master (ROLE proves nothing), a take was granted there while the
+    new master was the sentinels' (two holders). That master is used only while a sentinel
+    named it within FOUND_TRUSTED and the listeners were subscribed throughout since."""
+    monkeypatch.setattr(sentinel_backend, "LOOKER_IDLE", 0.2)  # (60 s by default)
+    group = start_sentinel_group()
+    old, new, sentinels = group[0], group[1], group[2:]
+    try:
+        with sentinel_alias(group, socket_timeout=1.0, socket_connect_timeout=1.0):
+            backend, key = locks["s"], locks["s"].key(name)
+
+            def idle_fail_over_and_back_empty() -> None:
+                deadline = time.monotonic() + 10
+                while any(t.name.startswith("redlock-sentinel s") for t in threading.enumerate()):
+                    assert time.monotonic() < deadline, "the looker and listeners never ended"
+                    time.sleep(0.05)
+                _fail_over(sentinels[0], new, sentinels[1])
+                for sentinel in sentinels:
+                    sentinel.pause()
+                old.kill()
+                old.start()  # back on its address, empty, a master
+                assert old.client().info("replication")["role"] == "master"
+
+            if how == "sync":
+                warm = lock(f"{name}:warm", using="s")
+                assert warm.acquire(blocking=False)  # the master found, this thread connected
+                warm.release()
+                idle_fail_over_and_back_empty()
+                began = time.monotonic()
+                with pytest.raises(BackendUnavailable):
+                    lock(name, using="s", ttl=10).acquire(blocking=False)
+            else:
+
+                async def main() -> float:
+                    warm = lock(f"{name}:warm", using="s")
+                    assert await warm.aacquire(blocking=False)  # the loop's connection
+                    await warm.arelease()
+                    await asyncio.to_thread(idle_fail_over_and_back_empty)
+                    began = time.monotonic()
+                    with pytest.raises(BackendUnavailable):
+                        await lock(name, using="s", ttl=10).aacquire(blocking=False)
+                    return began
+
+                began = asyncio.run(main())
+            assert time.monotonic() - began < 5.0  # first look (1 s), then 2 sentinels x 1 s
+            assert not old.client().exists(key)
+            backend.close()
+    finally:
+        for sentinel in group[2:]:
+            sentinel.resume()
+        stop_all(group)
 
 
 def test_a_re_entry_the_replicas_do_not_confirm_is_undone_alone_and_says_so(

