@@ -13,8 +13,9 @@ The floor, FLOOR x the healthy throughput of the same run: a quorum (3 of 5) nev
 clogged node, so an operation waits for it at most a grace of a few ms before the breaker
 skips it; expected is about 1 x (4 nodes to talk to instead of 5 even saves a little), and
 the floor leaves room for the noise of a shared 2-core machine between adjacent windows of
-a few seconds. A Redlock that waits for the clogged node's socket timeout (0.2 s here) on
-each operation, or on each per process and breaker period, falls far below (0.1 x or less).
+a few seconds (0.36-0.43 x under load, where the same case alone gives 0.73-0.97 x). A
+Redlock that waits for the clogged node's socket timeout (0.2 s here) on each operation, or
+on each per process and breaker period, falls far below (0.1 x or less).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-FLOOR = 0.5
+FLOOR = 0.3  # make test in 3 processes on 2 cores: 0.43 x seen (0.73-0.97 x alone)
 #: The clients start in the phase (the run's second 0 is when they all run): the first
 #: window opens once their connections are made.
 SETTLE = 1.0
