@@ -515,6 +515,10 @@ def test_a_paused_master_does_not_delay_a_first_wait_on_another(name: str, how: 
 
     nodes = _cluster(None, None, None)
     try:
+        if int(nodes[0].client().info("server")["redis_version"].split(".")[0]) < 7:
+            # Classic pub/sub only: a process listens on the node that owns its inbox's
+            # slot, and a pause of that node fails its waits (docs: backends, Cluster).
+            pytest.skip("Redis 6: no sharded pub/sub, the inbox's node is documented")
         config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
                   "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 3.0,
                   "socket_connect_timeout": 1.0}}  # fmt: skip
