@@ -47,6 +47,9 @@ def _renew_a_thousand(alias: str, name: str) -> None:
 
 def _renewed_in_batches(alias: str, held: list[Lock]) -> None:
     backend = locks[alias]
+    # Another test's hold in this process may still be renewed (one that lets a hold run
+    # out at its TTL): only these 1,000 must be gone from the watchdog at the end.
+    others = len(thread_renewer)
     for each in held:
         each.acquire()
     acquired_at = time.monotonic()
@@ -69,7 +72,7 @@ def _renewed_in_batches(alias: str, held: list[Lock]) -> None:
     assert time.monotonic() - acquired_at > 2 * 1.5  # they outlived their TTL twice
     for each in held:
         each.release()
-    assert len(thread_renewer) == 0
+    assert len(thread_renewer) <= others
 
 
 def test_a_hold_joining_a_batch_emptied_meanwhile_is_still_renewed(name: str) -> None:
