@@ -381,6 +381,9 @@ class SentinelBackend(RedisBackend):
             **_sentinel_url_kwargs(self.location[0]),  # type: ignore[index]
             **self.sentinel_kwargs,
         }
+        # redis-py below 8 gives the sentinel clients its default retries with a backoff of
+        # up to 10 s: a silent sentinel then cost 4 socket timeouts and the sleeps between.
+        sentinel_kwargs.setdefault("retry", retry)
         return options, sentinel_kwargs
 
     def make_client(self) -> Any:

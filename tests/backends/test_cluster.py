@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import pytest
-import redis
 from django.conf import settings
 from django.test import override_settings
 from redis.exceptions import ResponseError
@@ -19,12 +18,6 @@ from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
 from ..conftest import stop_all
-
-#: redis-py below 8 (make test's pass on the lowest redis-py setup.cfg allows, 6.0.0): today's
-#: tests of Sentinel's fallback and of a fork during a slot refresh fail there and are not
-#: yet understood (its Sentinel asks and cluster client's locking differ); expected failures
-#: on it until they are (session 16's note).
-OLD_REDIS_PY = int(redis.__version__.split(".")[0]) < 8
 
 
 def test_cluster_keeps_a_semaphore_in_one_slot(
@@ -1067,7 +1060,6 @@ def test_a_script_is_taught_to_its_own_master_only_while_another_is_paused(
         stop_all(nodes)
 
 
-@pytest.mark.xfail(OLD_REDIS_PY, reason="not yet understood on redis-py below 8", strict=False)
 @pytest.mark.usefixtures("_cluster_alias")
 def test_a_child_forked_while_a_thread_reads_the_slots_has_a_client_of_its_own(
     name: str,
@@ -1086,8 +1078,11 @@ def test_a_child_forked_while_a_thread_reads_the_slots_has_a_client_of_its_own(
         pass  # the client made, the slots known
     held, done = threads.Event(), threads.Event()
 
+    nodes = backend.client.nodes_manager  # redis-py's lock, held while it reads (below 8: _lock)
+    slots_lock = getattr(nodes, "_initialization_lock", None) or nodes._lock
+
     def reading_the_slots() -> None:
-        with backend.client.nodes_manager._initialization_lock:  # redis-py's, while it reads
+        with slots_lock:
             held.set()
             done.wait(10)
 

@@ -22,12 +22,6 @@ from django_redlock.testing import RedisServer
 
 from ..conftest import start_sentinel_group, stop_all
 
-#: redis-py below 8 (make test's pass on the lowest redis-py setup.cfg allows, 6.0.0): today's
-#: tests of Sentinel's fallback and of a fork during a slot refresh fail there and are not
-#: yet understood (its Sentinel asks and cluster client's locking differ); expected failures
-#: on it until they are (session 16's note).
-OLD_REDIS_PY = int(redis.__version__.split(".")[0]) < 8
-
 
 @pytest.fixture
 def group() -> Iterator[list[RedisServer]]:
@@ -536,7 +530,6 @@ def test_a_pooled_take_right_after_an_announced_switch_lands_on_the_new_master(
     made as soon as the announcement was applied was granted on the old master (still
     writable) while the new master was free: two holders. The sentinel asked first is
     paused as the announcement arrives, so no look comes to the rescue in time."""
-    import redis
     import redis.backoff
     import redis.retry
 
@@ -587,7 +580,6 @@ def test_a_child_forked_while_threads_held_connection_permits_gets_them_all(
     while it runs. A child forked while the parent's threads held them all inherited them
     taken for good (those threads are not in the child): every operation there failed with
     "all 2 connections busy" on an idle master."""
-    import redis
 
     own = redis.Redis.execute_command
 
@@ -727,7 +719,6 @@ def test_no_take_is_unavailable_once_an_unplanned_failover_s_promotion_is_heard(
         stop_all(group)
 
 
-@pytest.mark.xfail(OLD_REDIS_PY, reason="not yet understood on redis-py below 8", strict=False)
 @pytest.mark.parametrize("how", ["thread", "asyncio"])
 def test_with_every_sentinel_silent_a_new_thread_uses_the_master_found(
     group: list[RedisServer], name: str, how: str
@@ -783,7 +774,6 @@ def _found_while_listening(backend: Any) -> None:
         time.sleep(0.02)
 
 
-@pytest.mark.xfail(OLD_REDIS_PY, reason="not yet understood on redis-py below 8", strict=False)
 @pytest.mark.parametrize("how", ["sync", "asyncio"])
 def test_after_an_idle_spell_silent_sentinels_never_send_a_take_to_the_master_found_before(
     name: str, how: str, monkeypatch: pytest.MonkeyPatch
