@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -84,18 +85,14 @@ def test_a_paused_cluster_master_is_unavailable_within_the_socket_timeout(name: 
     that nobody marks the paused one failed)."""
     from django_redlock import lock_all
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
+    with _own_cluster() as nodes:
         config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
                   "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
         with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
             with lock(name, using="c"):
                 pass  # the slots are known, the scripts loaded
             key = locks["c"].key(name)
-            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
-            owner = next(n for n in nodes if _serves(n, slot))
+            _, owner = _slot_and_master(nodes, key)
             owner.pause()
             try:
                 attempts = (
@@ -114,8 +111,42 @@ def test_a_paused_cluster_master_is_unavailable_within_the_socket_timeout(name: 
             with lock(name, using="c", timeout=10) as held:
                 assert held.fence is not None
             locks["c"].close()
+
+
+@contextlib.contextmanager
+def _own_cluster() -> Iterator[list[RedisServer]]:
+    """Three masters of the test's own (a pause or a slot move must not disturb the session's
+    cluster), whose node timeout is long enough that nobody marks a paused one failed."""
+    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
+             .start() for _ in range(3)]  # fmt: skip
+    try:
+        create_cluster(nodes)
+        yield nodes
     finally:
         stop_all(nodes)
+
+
+@contextlib.contextmanager
+def _lost_names() -> Iterator[list[str]]:
+    """The names of the holds declared lost (lock_lost) meanwhile."""
+    from django_redlock.signals import lock_lost
+
+    lost: list[str] = []
+
+    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
+        lost.append(lock.name)
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        yield lost
+    finally:
+        lock_lost.disconnect(on_lost)
+
+
+def _slot_and_master(nodes: list[RedisServer], key: str) -> tuple[int, RedisServer]:
+    """``key``'s slot, and the node of ``nodes`` that is its master."""
+    slot = int(nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key))
+    return slot, next(n for n in nodes if _serves(n, slot))
 
 
 def _serves(node: RedisServer, slot: int) -> bool:
@@ -183,18 +214,7 @@ def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
     as a watchdog bug (a raw redis TimeoutError)."""
     import logging
 
-    from django_redlock.signals import lock_lost
-
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    lost: list[str] = []
-
-    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
-        lost.append(lock.name)
-
-    lock_lost.connect(on_lost)
-    try:
-        create_cluster(nodes)
+    with _own_cluster() as nodes, _lost_names() as lost:
         config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
                   "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
                   "socket_connect_timeout": 0.5}}  # fmt: skip
@@ -203,11 +223,8 @@ def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
             held = [lock(f"{name}:{i}", using="c", ttl=3) for i in range(300)]
             for each in held:
                 assert each.acquire(blocking=False)
-            client = nodes[0].client()
-            owners = {}
-            for each in held:
-                slot = client.execute_command("CLUSTER", "KEYSLOT", backend.key(each.name))
-                owners[each.name] = next(n for n in nodes if _serves(n, slot))
+            owners = {each.name: _slot_and_master(nodes, backend.key(each.name))[1]
+                      for each in held}  # fmt: skip
             paused = owners[held[0].name]
             healthy = [each for each in held if owners[each.name] is not paused]
             assert len(healthy) > 100
@@ -244,9 +261,6 @@ def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
                 with contextlib.suppress(LockError):
                     each.release()
             backend.close()
-    finally:
-        lock_lost.disconnect(on_lost)
-        stop_all(nodes)
 
 
 def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
@@ -256,10 +270,7 @@ def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
     owned() raised BackendUnavailable ("TTL exhausted"). A move of 0.6 s: each answers."""
     from ..waiting.test_sharded import migrate_slot
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
+    with _own_cluster() as nodes:
         config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
                   "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 2.0}}  # fmt: skip
         with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
@@ -302,8 +313,6 @@ def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
                     mover.join(10)
             assert not lock(name, using="c").locked()
             backend.close()
-    finally:
-        stop_all(nodes)
 
 
 def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
@@ -379,10 +388,7 @@ def test_a_cluster_no_node_of_which_answers_is_unavailable(name: str) -> None:
             with pytest.raises(BackendUnavailable, match="cannot be connected"):
                 call()
         locks["dead"].close()
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
+    with _own_cluster() as nodes:
         config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
                   "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
                   "socket_connect_timeout": 0.5}}  # fmt: skip
@@ -400,8 +406,6 @@ def test_a_cluster_no_node_of_which_answers_is_unavailable(name: str) -> None:
                 for node in nodes:
                     node.resume()
             locks["c"].close()
-    finally:
-        stop_all(nodes)
 
 
 def test_a_take_during_a_long_slot_migration_waits_within_its_timeout(name: str) -> None:
@@ -412,10 +416,7 @@ def test_a_take_during_a_long_slot_migration_waits_within_its_timeout(name: str)
 
     from ..waiting.test_sharded import migrate_slot
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
+    with _own_cluster() as nodes:
         config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
                   "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0}}  # fmt: skip
         with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
@@ -444,8 +445,6 @@ def test_a_take_during_a_long_slot_migration_waits_within_its_timeout(name: str)
             waiter.join(15)
             assert got == [True]
             backend.close()
-    finally:
-        stop_all(nodes)
 
 
 def _cluster_config(nodes: list[RedisServer], socket_timeout: float) -> Any:
@@ -465,71 +464,56 @@ def test_a_paused_master_a_slot_moved_to_costs_no_hold_on_the_master_it_came_fro
     the moved hold goes to its new master's batches and worker."""
     from redis.crc import key_slot
 
-    from django_redlock.signals import lock_lost
-
     from ..waiting.test_sharded import migrate_slot
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    lost: list[str] = []
-
-    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
-        lost.append(lock.name)
-
-    lock_lost.connect(on_lost)
-    try:
-        create_cluster(nodes)
-        with _cluster_config(nodes, 1.0):
-            backend = locks["c"]
-            source, target = nodes[0], nodes[1]
-            first = source.client().execute_command("CLUSTER", "SLOTS")
-            ranges = [(r[0], r[1]) for r in first if int(r[2][1]) == source.port]
-            slot, moved, staying = None, [], []
-            for i in itertools.count():  # three names on one slot of source's, twelve on others
-                each = f"{name}:{i}"
-                at = key_slot(backend.key(each).encode())
-                if not any(start <= at <= end for start, end in ranges):
-                    continue
-                slot = at if slot is None else slot
-                if at == slot and len(moved) < 3:
-                    moved.append(each)
-                elif at != slot and len(staying) < 12:
-                    staying.append(each)
-                if len(moved) == 3 and len(staying) == 12:
-                    break
-            held = []
-            for i in range(3):  # three batches, each with a hold of the slot that moves
-                for each in (moved[i], *staying[3 * i : 3 * i + 3]):
-                    held.append(lock(each, using="c", ttl=3))
-                    assert held[-1].acquire(blocking=False)
-                time.sleep(0.7)  # a new batch (one takes holds for TTL/6 s)
-            for each in staying[9:]:
+    with _own_cluster() as nodes, _lost_names() as lost, _cluster_config(nodes, 1.0):
+        backend = locks["c"]
+        source, target = nodes[0], nodes[1]
+        first = source.client().execute_command("CLUSTER", "SLOTS")
+        ranges = [(r[0], r[1]) for r in first if int(r[2][1]) == source.port]
+        slot, moved, staying = None, [], []
+        for i in itertools.count():  # three names on one slot of source's, twelve on others
+            each = f"{name}:{i}"
+            at = key_slot(backend.key(each).encode())
+            if not any(start <= at <= end for start, end in ranges):
+                continue
+            slot = at if slot is None else slot
+            if at == slot and len(moved) < 3:
+                moved.append(each)
+            elif at != slot and len(staying) < 12:
+                staying.append(each)
+            if len(moved) == 3 and len(staying) == 12:
+                break
+        held = []
+        for i in range(3):  # three batches, each with a hold of the slot that moves
+            for each in (moved[i], *staying[3 * i : 3 * i + 3]):
                 held.append(lock(each, using="c", ttl=3))
                 assert held[-1].acquire(blocking=False)
-            time.sleep(1.5)
-            migrate_slot(nodes, slot, source, target)
-            time.sleep(2.0)  # renewed on the new master, after a MOVED
-            assert not lost
-            lowest = 99999
-            target.pause()
-            try:
-                ends = time.monotonic() + 6
-                while time.monotonic() < ends:
-                    for each in staying:
-                        lowest = min(lowest, source.client().pttl(backend.key(each)))
-                    time.sleep(0.05)
-            finally:
-                target.resume()
-            time.sleep(1.0)
-            assert lowest > 0, f"a hold on the healthy master ran down to {lowest} ms"
-            assert not [n for n in lost if n in staying]
-            for each in held:
-                with contextlib.suppress(LockError):
-                    each.release()
-            backend.close()
-    finally:
-        lock_lost.disconnect(on_lost)
-        stop_all(nodes)
+            time.sleep(0.7)  # a new batch (one takes holds for TTL/6 s)
+        for each in staying[9:]:
+            held.append(lock(each, using="c", ttl=3))
+            assert held[-1].acquire(blocking=False)
+        time.sleep(1.5)
+        migrate_slot(nodes, slot, source, target)
+        time.sleep(2.0)  # renewed on the new master, after a MOVED
+        assert not lost
+        lowest = 99999
+        target.pause()
+        try:
+            ends = time.monotonic() + 6
+            while time.monotonic() < ends:
+                for each in staying:
+                    lowest = min(lowest, source.client().pttl(backend.key(each)))
+                time.sleep(0.05)
+        finally:
+            target.resume()
+        time.sleep(1.0)
+        assert lowest > 0, f"a hold on the healthy master ran down to {lowest} ms"
+        assert not [n for n in lost if n in staying]
+        for each in held:
+            with contextlib.suppress(LockError):
+                each.release()
+        backend.close()
 
 
 def test_an_ask_to_a_node_that_serves_no_slot_yet_is_followed(name: str) -> None:
@@ -559,8 +543,7 @@ def test_an_ask_to_a_node_that_serves_no_slot_yet_is_followed(name: str) -> None
             held = lock(name, using="c", ttl=2)
             assert held.acquire(blocking=False)
             key = backend.key(name)
-            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
-            source = next(n for n in nodes if _serves(n, slot))
+            slot, source = _slot_and_master(nodes, key)
             new.client().execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[0].port)
             deadline = time.monotonic() + 30
             while any(n.client().execute_command("CLUSTER", "NODES").count(b"master") < 4
@@ -610,35 +593,28 @@ def test_a_waiter_s_timeout_bounds_its_tries_during_a_slot_migration(name: str) 
     answered TRYAGAIN. Each was tried again for a whole socket timeout (2 s), then the wait
     tried once more after its deadline and left, another socket timeout each:
     acquire(timeout=0.2) took 7.3 s. The tries stop at the caller's deadline."""
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
-        with _cluster_config(nodes, 2.0):
-            backend = locks["c"]
-            holder = lock(name, using="c", ttl=30)
-            assert holder.acquire(blocking=False)
-            key = backend.key(name)
-            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
-            source = next(n for n in nodes if _serves(n, slot))
-            target = next(n for n in nodes if n is not source)
-            source_id = source.client().execute_command("CLUSTER", "MYID").decode()
-            target_id = target.client().execute_command("CLUSTER", "MYID").decode()
-            target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-            source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-            source.client().execute_command(
-                "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", key
-            )
-            for timeout in (0.2, 0.5, 1.0):
-                began = time.monotonic()
-                assert lock(name, using="c").acquire(timeout=timeout) is False
-                assert time.monotonic() - began < timeout + 0.5
-            for node in (target, source, *[n for n in nodes if n not in (source, target)]):
-                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-            holder.release()
-            backend.close()
-    finally:
-        stop_all(nodes)
+    with _own_cluster() as nodes, _cluster_config(nodes, 2.0):
+        backend = locks["c"]
+        holder = lock(name, using="c", ttl=30)
+        assert holder.acquire(blocking=False)
+        key = backend.key(name)
+        slot, source = _slot_and_master(nodes, key)
+        target = next(n for n in nodes if n is not source)
+        source_id = source.client().execute_command("CLUSTER", "MYID").decode()
+        target_id = target.client().execute_command("CLUSTER", "MYID").decode()
+        target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        source.client().execute_command(
+            "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", key
+        )
+        for timeout in (0.2, 0.5, 1.0):
+            began = time.monotonic()
+            assert lock(name, using="c").acquire(timeout=timeout) is False
+            assert time.monotonic() - began < timeout + 0.5
+        for node in (target, source, *[n for n in nodes if n not in (source, target)]):
+            node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        holder.release()
+        backend.close()
 
 
 @pytest.mark.parametrize("close", [False, True], ids=["", "closed-between"])
@@ -651,50 +627,43 @@ def test_a_cancelled_cluster_take_is_handed_back_after_it_lands(name: str, close
     take's thread)."""
     from ..waiting.test_sharded import migrate_slot
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
-        with _cluster_config(nodes, 2.0):
-            backend = locks["c"]
-            with lock(name, using="c"):
-                pass  # leaves its fence key: a take during the move answers TRYAGAIN
-            key = backend.key(name)
-            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
-            source = next(n for n in nodes if _serves(n, slot))
-            target = next(n for n in nodes if n is not source)
-            src_id = source.client().execute_command("CLUSTER", "MYID").decode()
-            dst_id = target.client().execute_command("CLUSTER", "MYID").decode()
-            target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
-            source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
+    with _own_cluster() as nodes, _cluster_config(nodes, 2.0):
+        backend = locks["c"]
+        with lock(name, using="c"):
+            pass  # leaves its fence key: a take during the move answers TRYAGAIN
+        key = backend.key(name)
+        slot, source = _slot_and_master(nodes, key)
+        target = next(n for n in nodes if n is not source)
+        src_id = source.client().execute_command("CLUSTER", "MYID").decode()
+        dst_id = target.client().execute_command("CLUSTER", "MYID").decode()
+        target.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
+        source.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
 
-            async def main() -> None:
-                task = asyncio.create_task(lock(name, using="c", ttl=20).aacquire(timeout=5))
-                await asyncio.sleep(0.2)  # its take is being retried in its thread
-                task.cancel()
-                if close:
-                    backend.close()  # (locks.close_all() racing the task's hand-back)
-                await asyncio.sleep(0.3)  # (the hand-back was answered by now)
-                ending = asyncio.create_task(
-                    asyncio.to_thread(migrate_slot, nodes, slot, source, target)
-                )
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                await ending
-                await asyncio.sleep(0.5)  # (a take not waited for lands by now)
+        async def main() -> None:
+            task = asyncio.create_task(lock(name, using="c", ttl=20).aacquire(timeout=5))
+            await asyncio.sleep(0.2)  # its take is being retried in its thread
+            task.cancel()
+            if close:
+                backend.close()  # (locks.close_all() racing the task's hand-back)
+            await asyncio.sleep(0.3)  # (the hand-back was answered by now)
+            ending = asyncio.create_task(
+                asyncio.to_thread(migrate_slot, nodes, slot, source, target)
+            )
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await ending
+            await asyncio.sleep(0.5)  # (a take not waited for lands by now)
 
-            asyncio.run(main())
-            from redis.cluster import RedisCluster
+        asyncio.run(main())
+        from redis.cluster import RedisCluster
 
-            cluster = RedisCluster(host="127.0.0.1", port=target.port)  # wherever it is now
-            assert cluster.pttl(key) == -2  # handed back where it landed
-            cluster.close()
-            other = lock(name, using="c")
-            assert other.acquire(blocking=False)
-            other.release()
-            backend.close()
-    finally:
-        stop_all(nodes)
+        cluster = RedisCluster(host="127.0.0.1", port=target.port)  # wherever it is now
+        assert cluster.pttl(key) == -2  # handed back where it landed
+        cluster.close()
+        other = lock(name, using="c")
+        assert other.acquire(blocking=False)
+        other.release()
+        backend.close()
 
 
 def test_asyncio_calls_to_a_paused_cluster_master_do_not_delay_another_master_s(
@@ -704,48 +673,41 @@ def test_asyncio_calls_to_a_paused_cluster_master_do_not_delay_another_master_s(
     threads): tasks trying names on a paused master filled it, and a one-off try on a
     healthy master waited behind them for socket timeouts. Each master has threads of its
     own now."""
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
-        with _cluster_config(nodes, 1.0):
-            backend = locks["c"]
-            with lock(name, using="c"):
-                pass  # the slots are known, the scripts loaded
+    with _own_cluster() as nodes, _cluster_config(nodes, 1.0):
+        backend = locks["c"]
+        with lock(name, using="c"):
+            pass  # the slots are known, the scripts loaded
 
-            def owner(each: str) -> RedisServer:
-                slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(each))
-                return next(n for n in nodes if _serves(n, slot))
+        def owner(each: str) -> RedisServer:
+            return _slot_and_master(nodes, backend.key(each))[1]
 
-            paused = owner(name)
-            names = (f"{name}:{i}" for i in itertools.count())
-            on_paused = [each for each in itertools.islice(names, 300) if owner(each) is paused]
-            healthy = next(each for each in names if owner(each) is not paused)
+        paused = owner(name)
+        names = (f"{name}:{i}" for i in itertools.count())
+        on_paused = [each for each in itertools.islice(names, 300) if owner(each) is paused]
+        healthy = next(each for each in names if owner(each) is not paused)
 
-            async def main() -> float:
-                async def attempt(each: str) -> None:
-                    with contextlib.suppress(BackendUnavailable):
-                        await lock(each, using="c", ttl=5).aacquire(blocking=False)
+        async def main() -> float:
+            async def attempt(each: str) -> None:
+                with contextlib.suppress(BackendUnavailable):
+                    await lock(each, using="c", ttl=5).aacquire(blocking=False)
 
-                tasks = [asyncio.create_task(attempt(each)) for each in on_paused[:40]]
-                await asyncio.sleep(0.05)  # every thread the loop has is waiting on it
-                began = time.monotonic()
-                other = lock(healthy, using="c", ttl=5)
-                assert await other.aacquire(blocking=False)
-                took = time.monotonic() - began
-                await other.arelease()
-                await asyncio.gather(*tasks)
-                return took
+            tasks = [asyncio.create_task(attempt(each)) for each in on_paused[:40]]
+            await asyncio.sleep(0.05)  # every thread the loop has is waiting on it
+            began = time.monotonic()
+            other = lock(healthy, using="c", ttl=5)
+            assert await other.aacquire(blocking=False)
+            took = time.monotonic() - began
+            await other.arelease()
+            await asyncio.gather(*tasks)
+            return took
 
-            paused.pause()
-            try:
-                took = asyncio.run(main())
-            finally:
-                paused.resume()
-            assert took < 0.5, f"the healthy master's take took {took:.2f} s"
-            backend.close()
-    finally:
-        stop_all(nodes)
+        paused.pause()
+        try:
+            took = asyncio.run(main())
+        finally:
+            paused.resume()
+        assert took < 0.5, f"the healthy master's take took {took:.2f} s"
+        backend.close()
 
 
 def test_an_old_ask_note_does_not_make_the_watchdog_declare_a_live_hold_lost(name: str) -> None:
@@ -755,103 +717,73 @@ def test_an_old_ask_note_does_not_make_the_watchdog_declare_a_live_hold_lost(nam
     importing, the key still on A): hold 2 was renewed on B after ASKING, B answered 0, and
     hold 2 was declared lost while its key sat on A. The note is the hold's now, and a 0
     after ASKING is checked on the slot's owner before a loss is declared."""
-    from django_redlock.signals import lock_lost
 
     from ..waiting.test_sharded import migrate_slot
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    lost: list[str] = []
+    with _own_cluster() as nodes, _lost_names() as lost, _cluster_config(nodes, 0.5):
+        backend = locks["c"]
+        key = backend.key(name)
+        slot, a = _slot_and_master(nodes, key)
+        b = next(n for n in nodes if n is not a)
+        id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+        id_b = b.client().execute_command("CLUSTER", "MYID").decode()
 
-    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
-        lost.append(lock.name)
+        def start_moving() -> None:  # A -> B, no key moved yet
+            b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+            a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
 
-    lock_lost.connect(on_lost, weak=False)
-    try:
-        create_cluster(nodes)
-        with _cluster_config(nodes, 0.5):
-            backend = locks["c"]
-            key = backend.key(name)
-            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
-            a = next(n for n in nodes if _serves(n, slot))
-            b = next(n for n in nodes if n is not a)
-            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
-            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
-
-            def start_moving() -> None:  # A -> B, no key moved yet
-                b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
-                a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
-
-            first = lock(name, using="c", ttl=1.5)
-            assert first.acquire(blocking=False)
-            start_moving()
-            a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", key)
-            time.sleep(1.2)  # renewed once: A answered ASK, renewed on B after ASKING
-            for node in (b, a, *[n for n in nodes if n not in (a, b)]):
-                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", id_b)
-            first.release()
-            migrate_slot(nodes, slot, b, a)  # back, no key in it
-            second = lock(name, using="c", ttl=1.5)
-            assert second.acquire(blocking=False)
-            start_moving()
-            time.sleep(2.0)  # four renewal periods
-            assert lost == [] and a.client().pttl(key) > 0
-            for node in (a, b):  # the move called off
-                node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
-            assert second.owned()
-            second.release()
-            backend.close()
-    finally:
-        lock_lost.disconnect(on_lost)
-        stop_all(nodes)
+        first = lock(name, using="c", ttl=1.5)
+        assert first.acquire(blocking=False)
+        start_moving()
+        a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", key)
+        time.sleep(1.2)  # renewed once: A answered ASK, renewed on B after ASKING
+        for node in (b, a, *[n for n in nodes if n not in (a, b)]):
+            node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", id_b)
+        first.release()
+        migrate_slot(nodes, slot, b, a)  # back, no key in it
+        second = lock(name, using="c", ttl=1.5)
+        assert second.acquire(blocking=False)
+        start_moving()
+        time.sleep(2.0)  # four renewal periods
+        assert lost == [] and a.client().pttl(key) > 0
+        for node in (a, b):  # the move called off
+            node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        assert second.owned()
+        second.release()
+        backend.close()
 
 
 def test_a_hold_gone_from_the_node_importing_its_slot_is_still_declared_lost(name: str) -> None:
     """The other side of the rule above: a 0 after ASKING is checked on the slot's owner,
     whose ASK then makes the next 0 a loss: a hold whose key is gone during a migration is
     declared lost a renewal or two later, not left unknown."""
-    from django_redlock.signals import lock_lost
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    lost: list[str] = []
-
-    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
-        lost.append(lock.name)
-
-    lock_lost.connect(on_lost, weak=False)
-    try:
-        create_cluster(nodes)
-        with _cluster_config(nodes, 0.5):
-            backend = locks["c"]
-            key = backend.key(name)
-            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
-            a = next(n for n in nodes if _serves(n, slot))
-            b = next(n for n in nodes if n is not a)
-            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
-            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
-            held = lock(name, using="c", ttl=1.5)
-            assert held.acquire(blocking=False)
-            b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
-            a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
-            a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", key)
-            time.sleep(1.0)  # renewed on B after ASKING
-            assert lost == []
-            pipe = b.client().pipeline(transaction=False)
-            pipe.execute_command("ASKING")
-            pipe.delete(key)
-            assert pipe.execute()[1] == 1  # the hold is gone
-            deadline = time.monotonic() + 3.0
-            while not lost:
-                assert time.monotonic() < deadline, "never declared lost"
-                time.sleep(0.05)
-            assert lost == [name]
-            for node in (a, b):
-                node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
-            backend.close()
-    finally:
-        lock_lost.disconnect(on_lost)
-        stop_all(nodes)
+    with _own_cluster() as nodes, _lost_names() as lost, _cluster_config(nodes, 0.5):
+        backend = locks["c"]
+        key = backend.key(name)
+        slot, a = _slot_and_master(nodes, key)
+        b = next(n for n in nodes if n is not a)
+        id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+        id_b = b.client().execute_command("CLUSTER", "MYID").decode()
+        held = lock(name, using="c", ttl=1.5)
+        assert held.acquire(blocking=False)
+        b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+        a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
+        a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", key)
+        time.sleep(1.0)  # renewed on B after ASKING
+        assert lost == []
+        pipe = b.client().pipeline(transaction=False)
+        pipe.execute_command("ASKING")
+        pipe.delete(key)
+        assert pipe.execute()[1] == 1  # the hold is gone
+        deadline = time.monotonic() + 3.0
+        while not lost:
+            assert time.monotonic() < deadline, "never declared lost"
+            time.sleep(0.05)
+        assert lost == [name]
+        for node in (a, b):
+            node.client().execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        backend.close()
 
 
 def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
@@ -859,46 +791,29 @@ def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
 ) -> None:
     """Several holds of one name (a semaphore's permits) share its key: an ASK for one is
     where the others are too, and renewing them there, each in turn, loses none."""
-    from django_redlock.signals import lock_lost
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    lost: list[str] = []
-
-    def on_lost(sender: Any, lock: Any, **kwargs: Any) -> None:
-        lost.append(lock.name)
-
-    lock_lost.connect(on_lost, weak=False)
-    try:
-        create_cluster(nodes)
-        with _cluster_config(nodes, 0.5):
-            backend = locks["c"]
-            key = backend.key(name)
-            slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", key)
-            a = next(n for n in nodes if _serves(n, slot))
-            b = next(n for n in nodes if n is not a)
-            id_a = a.client().execute_command("CLUSTER", "MYID").decode()
-            id_b = b.client().execute_command("CLUSTER", "MYID").decode()
-            permits = [semaphore(name, 3, using="c", ttl=1.5) for _ in range(3)]
-            for permit in permits:
-                assert permit.acquire(blocking=False)
-            b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
-            a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
-            while keys := a.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-                a.client().execute_command(
-                    "MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", *keys
-                )
-            time.sleep(2.5)  # five renewal periods
-            assert lost == []
-            for node in (b, a, *[n for n in nodes if n not in (a, b)]):
-                node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", id_b)
-            for permit in permits:
-                assert permit.owned()
-                permit.release()
-            backend.close()
-    finally:
-        lock_lost.disconnect(on_lost)
-        stop_all(nodes)
+    with _own_cluster() as nodes, _lost_names() as lost, _cluster_config(nodes, 0.5):
+        backend = locks["c"]
+        key = backend.key(name)
+        slot, a = _slot_and_master(nodes, key)
+        b = next(n for n in nodes if n is not a)
+        id_a = a.client().execute_command("CLUSTER", "MYID").decode()
+        id_b = b.client().execute_command("CLUSTER", "MYID").decode()
+        permits = [semaphore(name, 3, using="c", ttl=1.5) for _ in range(3)]
+        for permit in permits:
+            assert permit.acquire(blocking=False)
+        b.client().execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", id_a)
+        a.client().execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", id_b)
+        while keys := a.client().execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            a.client().execute_command("MIGRATE", "127.0.0.1", b.port, "", 0, 5000, "KEYS", *keys)
+        time.sleep(2.5)  # five renewal periods
+        assert lost == []
+        for node in (b, a, *[n for n in nodes if n not in (a, b)]):
+            node.client().execute_command("CLUSTER", "SETSLOT", slot, "NODE", id_b)
+        for permit in permits:
+            assert permit.owned()
+            permit.release()
+        backend.close()
 
 
 def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name: str) -> None:
@@ -956,47 +871,40 @@ def test_asyncio_calls_queued_for_a_paused_cluster_master_are_unavailable_in_tim
     from django_redlock.backends import cluster
 
     monkeypatch.setattr(cluster, "ASYNC_THREADS", 4)  # (32 by default: the same in rounds)
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
-        with _cluster_config(nodes, 0.5):
-            backend = locks["c"]
-            with lock(name, using="c"):
-                pass  # the slots are known, the scripts loaded
+    with _own_cluster() as nodes, _cluster_config(nodes, 0.5):
+        backend = locks["c"]
+        with lock(name, using="c"):
+            pass  # the slots are known, the scripts loaded
 
-            def owner(each: str) -> RedisServer:
-                slot = nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(each))
-                return next(n for n in nodes if _serves(n, slot))
+        def owner(each: str) -> RedisServer:
+            return _slot_and_master(nodes, backend.key(each))[1]
 
-            paused = owner(name)
-            names = (f"{name}:{i}" for i in itertools.count())
-            on_paused = [each for each in itertools.islice(names, 200) if owner(each) is paused]
-            assert len(on_paused) >= 40
-            outcomes: list[tuple[str, float]] = []
+        paused = owner(name)
+        names = (f"{name}:{i}" for i in itertools.count())
+        on_paused = [each for each in itertools.islice(names, 200) if owner(each) is paused]
+        assert len(on_paused) >= 40
+        outcomes: list[tuple[str, float]] = []
 
-            async def one(i: int, began: float) -> None:
-                try:
-                    await lock(on_paused[i], using="c").aacquire(blocking=False)
-                    outcome = "granted"
-                except BackendUnavailable:
-                    outcome = "unavailable"
-                outcomes.append((outcome, time.monotonic() - began))
-
-            async def main() -> None:
-                began = time.monotonic()
-                await asyncio.gather(*(one(i, began) for i in range(40)))
-
-            paused.pause()
+        async def one(i: int, began: float) -> None:
             try:
-                asyncio.run(main())
-            finally:
-                paused.resume()
-            assert {outcome for outcome, _ in outcomes} == {"unavailable"}
-            assert max(took for _, took in outcomes) < 2 * 0.5 + 0.4  # queued, then sent
-            backend.close()
-    finally:
-        stop_all(nodes)
+                await lock(on_paused[i], using="c").aacquire(blocking=False)
+                outcome = "granted"
+            except BackendUnavailable:
+                outcome = "unavailable"
+            outcomes.append((outcome, time.monotonic() - began))
+
+        async def main() -> None:
+            began = time.monotonic()
+            await asyncio.gather(*(one(i, began) for i in range(40)))
+
+        paused.pause()
+        try:
+            asyncio.run(main())
+        finally:
+            paused.resume()
+        assert {outcome for outcome, _ in outcomes} == {"unavailable"}
+        assert max(took for _, took in outcomes) < 2 * 0.5 + 0.4  # queued, then sent
+        backend.close()
 
 
 @pytest.mark.parametrize("how", ["sync", "asyncio"])
@@ -1007,19 +915,14 @@ def test_a_script_is_taught_to_its_own_master_only_while_another_is_paused(
     script was then loaded through the cluster client, which sends SCRIPT LOAD to every
     primary: with another master paused, a take, release or owned() on a healthy master
     failed after a socket timeout. It is loaded on the key's node only."""
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
-    try:
-        create_cluster(nodes)
+    with _own_cluster() as nodes:
         config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
                   "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5}}  # fmt: skip
         with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
             backend = locks["c"]
-            client = nodes[0].client()
 
             def owner(each: str) -> RedisServer:
-                slot = client.execute_command("CLUSTER", "KEYSLOT", backend.key(each))
-                return next(n for n in nodes if _serves(n, slot))
+                return _slot_and_master(nodes, backend.key(each))[1]
 
             healthy = owner(name)
             paused = next(n for n in nodes if n is not healthy)
@@ -1056,8 +959,6 @@ def test_a_script_is_taught_to_its_own_master_only_while_another_is_paused(
             finally:
                 paused.resume()
             backend.close()
-    finally:
-        stop_all(nodes)
 
 
 @pytest.mark.usefixtures("_cluster_alias")

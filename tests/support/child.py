@@ -92,32 +92,41 @@ def sell(args: argparse.Namespace) -> None:
     say("SOLD", sold, outages)
 
 
+def serve(box: list[Any]) -> None:
+    """Answer the commands on stdin about the hold in ``box``, its only reference."""
+    from django_redlock import LockError
+
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "release":
+            try:
+                box[0].release()
+                say("RELEASED")
+            except LockError as exc:
+                say("NOT_OWNED", type(exc).__name__)
+        elif command == "owned":
+            say("OWNED", box[0].owned())
+        elif command == "token":
+            say("TOKEN", box[0].token)
+        elif command == "drop":  # let go of the object, unreleased (a hand-over's end)
+            box.clear()
+            gc.collect()
+            say("DROPPED")
+        elif command == "exit":
+            return
+
+
 def hold(args: argparse.Namespace) -> None:
-    from django_redlock import LockError, lock
+    from django_redlock import lock
     from django_redlock.signals import lock_lost
 
     lock_lost.connect(lambda **kw: say("LOST", kw["reason"]), weak=False)
     held = lock(args.name, ttl=args.ttl, auto_renew=not args.no_renew)
     held.acquire()
     say("ACQUIRED", held.fence)
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "release":
-            try:
-                held.release()
-                say("RELEASED")
-            except LockError as exc:
-                say("NOT_OWNED", type(exc).__name__)
-        elif command == "owned":
-            say("OWNED", held.owned())
-        elif command == "token":
-            say("TOKEN", held.token)
-        elif command == "drop":  # let go of the object, unreleased (a hand-over's end)
-            del held
-            gc.collect()
-            say("DROPPED")
-        elif command == "exit":
-            return
+    box = [held]
+    del held  # the box's is the only reference: "drop" lets go of it
+    serve(box)
 
 
 def queue(args: argparse.Namespace) -> None:
@@ -175,7 +184,7 @@ def sem_cycles(args: argparse.Namespace) -> None:
 def lease(args: argparse.Namespace) -> None:
     """Hold a permit (or a read or write lock), wait for commands; or wait for one, then
     hold it (``--wait``), saying when it came (wall clock, to compare with the test's)."""
-    from django_redlock import LockError, read_write_lock, semaphore
+    from django_redlock import read_write_lock, semaphore
     from django_redlock.signals import lock_lost
 
     lock_lost.connect(lambda **kw: say("LOST", kw["reason"]), weak=False)
@@ -190,24 +199,9 @@ def lease(args: argparse.Namespace) -> None:
         say("TIMEOUT")
         return
     say("ACQUIRED", held.fence, time.time())
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "release":
-            try:
-                held.release()
-                say("RELEASED")
-            except LockError as exc:
-                say("NOT_OWNED", type(exc).__name__)
-        elif command == "owned":
-            say("OWNED", held.owned())
-        elif command == "token":
-            say("TOKEN", held.token)
-        elif command == "drop":  # let go of the object, unreleased (a hand-over's end)
-            del held
-            gc.collect()
-            say("DROPPED")
-        elif command == "exit":
-            return
+    box = [held]
+    del held  # the box's is the only reference: "drop" lets go of it
+    serve(box)
 
 
 def lead(args: argparse.Namespace) -> None:
