@@ -183,16 +183,9 @@ def test_exec_sigkilled_takes_its_child_along_and_what_the_child_started(
     assert time.monotonic() - gone < 1
 
 
-def test_exec_paused_past_its_lease_does_not_leave_its_child_running_unheld(
-    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
-) -> None:
-    """``exec`` SIGSTOPped (a debugger, an operator, a frozen process): its child, in a
-    group of its own, ran on after the hold expired, beside the next host's. The guard
-    kills it before the hold could expire (it knows each confirmed renewal's deadline)."""
-    client = redis_server.client()
-    name = f"{prefix}-paused"
-    running = execs(name, "--ttl", "2", "--grace", "0", *child(redis_server, "trap", prefix))
-    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+def _paused_past_the_lease(running: Exec, client: Any, name: str, pid: int) -> None:
+    """SIGSTOP ``exec`` past its 2 s lease: its command (``pid``) must end before the hold
+    could expire."""
     running.process.send_signal(signal.SIGSTOP)
     try:
         paused = time.monotonic()
@@ -203,6 +196,19 @@ def test_exec_paused_past_its_lease_does_not_leave_its_child_running_unheld(
         time.sleep(max(0.0, paused + 2.5 - time.monotonic()))  # past the lease
     finally:
         running.process.send_signal(signal.SIGCONT)
+
+
+def test_exec_paused_past_its_lease_does_not_leave_its_child_running_unheld(
+    redis_server: RedisServer, execs: Callable[..., Exec], prefix: str
+) -> None:
+    """``exec`` SIGSTOPped (a debugger, an operator, a frozen process): its child, in a
+    group of its own, ran on after the hold expired, beside the next host's. The guard
+    kills it before the hold could expire (it knows each confirmed renewal's deadline)."""
+    client = redis_server.client()
+    name = f"{prefix}-paused"
+    running = execs(name, "--ttl", "2", "--grace", "0", *child(redis_server, "trap", prefix))
+    pid = int(wait_for(lambda: client.lpop(f"{prefix}:pids"), what="child").split()[0])
+    _paused_past_the_lease(running, client, name, pid)
     code, err = running.finish()
     assert code == exec_action.EXIT_LOST, err  # woken: the hold had gone, the child with it
 
@@ -224,16 +230,9 @@ def test_a_guard_killed_before_exec_is_paused_is_replaced(
         lambda: any(int(p) not in (pid, group, guard) for p in children.read_text().split()),
         timeout=2, what="a new guard",
     )  # fmt: skip
-    running.process.send_signal(signal.SIGSTOP)
     try:
-        paused = time.monotonic()
-        time.sleep(0.05)  # a renewal on its way lands: the hold's end is known from now on
-        expires = time.monotonic() + client.pttl(f"redlock:{{{name}}}") / 1000
-        wait_for(lambda: not alive(pid), timeout=4, what="child's end")
-        assert time.monotonic() < expires, time.monotonic() - paused
-        time.sleep(max(0.0, paused + 2.5 - time.monotonic()))  # past the lease
+        _paused_past_the_lease(running, client, name, pid)
     finally:
-        running.process.send_signal(signal.SIGCONT)
         kill_all([pid])
     code, err = running.finish()
     assert code == exec_action.EXIT_LOST and "a new one watches the command" in err, err
