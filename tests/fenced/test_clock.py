@@ -606,6 +606,25 @@ def test_redlock_a_contender_that_took_one_node_does_not_cost_a_question(
     assert [b for b, _ in sales(DB)] == ["first", "second"]
 
 
+def _unanswered_block_is_unknown(held: Any, servers: list[Any]) -> None:
+    """A majority of ``servers`` paused: ``held``'s fenced block raises BackendUnavailable
+    (QuorumNotReached on Redlock), never StaleFence, before its body; nothing is sold and the
+    hold is still the holder's once they answer."""
+    from django_redlock import BackendUnavailable, QuorumNotReached
+
+    for server in servers[: len(servers) // 2 + 1]:
+        server.pause()
+    try:
+        unknown = BackendUnavailable if len(servers) == 1 else QuorumNotReached
+        with pytest.raises(unknown) as raised, held.atomic():
+            pytest.fail("the body ran")
+        assert not isinstance(raised.value, StaleFence)
+    finally:
+        for server in servers:
+            server.resume()
+    assert sales(DB) == [] and held.owned()
+
+
 @pytest.mark.parametrize("nodes", [1, 3])
 def test_no_answer_to_the_question_about_an_unknown_writer_is_not_stale(
     name: str, redis_factory: Any, nodes: int
@@ -615,24 +634,12 @@ def test_no_answer_to_the_question_about_an_unknown_writer_is_not_stale(
     (QuorumNotReached), never StaleFence; the question comes before the body, so the
     transaction is rolled back and nothing is committed. The hold is still the holder's, and
     its next block asks again and commits."""
-    from django_redlock import BackendUnavailable, QuorumNotReached
-
     servers = [redis_factory() for _ in range(nodes)]
     with alias_on("flaky", [s.url for s in servers], socket_timeout=0.3):
         held = lock(name, using="flaky", ttl=30)
         assert held.acquire() and held.fence is not None
         recorded_by("flaky", name, held.fence - 3_600_000_000, "a-hold-not-known")
-        for server in servers[: nodes // 2 + 1]:
-            server.pause()
-        try:
-            unknown = BackendUnavailable if nodes == 1 else QuorumNotReached
-            with pytest.raises(unknown) as raised, held.atomic():
-                pytest.fail("the body ran")
-            assert not isinstance(raised.value, StaleFence)
-        finally:
-            for server in servers:
-                server.resume()
-        assert sales(DB) == [] and held.owned()
+        _unanswered_block_is_unknown(held, servers)
         assert recorded_on("flaky", name) == held.fence - 3_600_000_000  # rolled back
         with held.atomic():
             sell_one(DB, 1, "held")
@@ -777,24 +784,12 @@ def test_a_re_fence_without_an_answer_is_unknown_not_stale(
     """Redis does not answer the re-fence (paused; on Redlock, a majority paused): the block
     raises BackendUnavailable (QuorumNotReached), not StaleFence, and commits nothing; the
     hold is still the holder's, and its next block re-fences and commits."""
-    from django_redlock import BackendUnavailable, QuorumNotReached
-
     servers = [redis_factory() for _ in range(nodes)]
     with alias_on("flaky", [s.url for s in servers], socket_timeout=0.3):
         held = lock(name, using="flaky", ttl=30)
         assert held.acquire()
         ahead("flaky", name, held.fence)
-        for server in servers[: nodes // 2 + 1]:
-            server.pause()
-        try:
-            unknown = BackendUnavailable if nodes == 1 else QuorumNotReached
-            with pytest.raises(unknown) as raised, held.atomic():
-                pytest.fail("the body ran")
-            assert not isinstance(raised.value, StaleFence)
-        finally:
-            for server in servers:
-                server.resume()
-        assert sales(DB) == [] and held.owned()
+        _unanswered_block_is_unknown(held, servers)
         with held.atomic():
             sell_one(DB, 1, "held")
         held.release()
