@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .server import free_port, popen
+from .server import ServerProcess, free_port, popen
 
 
 def find_postgres_bin() -> Path:
@@ -40,11 +40,13 @@ def find_postgres_bin() -> Path:
     )
 
 
-class PostgresServer:
+class PostgresServer(ServerProcess):
     """One ``postgres`` process with its own throwaway cluster; superuser ``postgres``, no
     password, on 127.0.0.1."""
 
     user = "postgres"
+    stop_signal = signal.SIGINT  # "fast" shutdown: clients cut off
+    stop_wait = 20.0
 
     def __init__(self, *, port: int | None = None, bindir: str | Path | None = None) -> None:
         self.bin = Path(bindir) if bindir else find_postgres_bin()
@@ -114,39 +116,12 @@ class PostgresServer:
         path = self.dir / "postgres.log"
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
-    # -- faults ------------------------------------------------------------------------------
+    # -- faults (the rest in ServerProcess) --------------------------------------------------
 
     def pause(self) -> None:
         """SIGSTOP the postmaster (its backends, serving connections, run on)."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGCONT)
+        super().pause()
 
     def kill(self) -> None:
         """SIGKILL the postmaster: its backends notice and exit; uncommitted work is gone."""
-        if self.process is not None and self.process.poll() is None:
-            self.resume()
-            self.process.kill()
-            self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.resume()
-            if self.process.poll() is None:
-                self.process.send_signal(signal.SIGINT)  # "fast" shutdown: clients cut off
-                try:
-                    self.process.wait(20)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait()
-            self.process = None
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().kill()

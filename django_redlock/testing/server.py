@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 #: The commands that run a script: a lock operation's round trip on a server.
@@ -227,7 +227,60 @@ def _spawner() -> _Spawner:
         return _spawners[0]
 
 
-class RedisServer:
+S = TypeVar("S", bound="ServerProcess")
+
+
+class ServerProcess:
+    """A test server's process and private folder, and the faults tests make it suffer."""
+
+    process: subprocess.Popen[bytes] | None
+    dir: Path
+    #: How ``stop()`` asks the server to end, and how long it waits before a SIGKILL.
+    stop_signal: int = signal.SIGTERM
+    stop_wait: float = 5.0
+
+    def start(self: S, timeout: float = 10.0) -> S:
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes, with whatever it held in memory."""
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
+            self.process.kill()
+            self.process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the server stops answering but keeps its connections open."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """End the server (``stop_signal``, then SIGKILL after ``stop_wait``) and remove its
+        folder."""
+        if self.process is not None:
+            self.resume()
+            if self.process.poll() is None:
+                self.process.send_signal(self.stop_signal)
+                try:
+                    self.process.wait(self.stop_wait)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+            self.process = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self: S) -> S:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RedisServer(ServerProcess):
     """One ``redis-server`` process with a private directory and no persistence by default.
 
     ``password``: the default user's (``--requirepass``); ``tls``: listen with TLS only
@@ -360,48 +413,12 @@ class RedisServer:
             calls = again
         return calls
 
-    # -- faults ------------------------------------------------------------------------------
-
-    def kill(self) -> None:
-        """SIGKILL: the server vanishes, with whatever it held in memory."""
-        if self.process is not None and self.process.poll() is None:
-            self.resume()
-            self.process.kill()
-            self.process.wait()
-
-    def pause(self) -> None:
-        """SIGSTOP: the server stops answering but keeps its connections open."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGCONT)
+    # -- faults (the rest in ServerProcess) --------------------------------------------------
 
     def restart(self) -> RedisServer:
         """Kill and start again on the same port: empty, unless ``persist`` kept the data."""
         self.kill()
         return self.start()
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        self.resume()
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class SentinelServer(RedisServer):
