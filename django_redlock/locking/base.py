@@ -171,7 +171,7 @@ class BaseLock:
 
     #: Whether a reentrant release sets the owner's count to the levels it holds (settling a
     #: count left unsure in the same round trip), so that no settle goes before it.
-    release_settles = False
+    _release_settles = False
 
     def _op_release(self, token: str) -> Op[int]:
         """Holds left after releasing one (0: freed); -1 when the token holds none."""
@@ -895,7 +895,7 @@ class BaseLock:
         was_releasing, depth = hold.releasing, hold.depth
         left: int | None = None  # the server's answer, once it came
         try:
-            if self.reentrant and not self.release_settles:  # else settled by the release
+            if self.reentrant and not self._release_settles:  # else settled by the release
                 yield from self._settle(owner)
             if hold.depth <= 1:
                 # Marked before it is sent: a renewal (the watchdog's, a leader's keeper's)

@@ -70,7 +70,7 @@ class Lock(BaseLock):
 
     #: A reentrant release sets the owner's count to its levels (:meth:`_order`): it settles
     #: a count left unsure in its own round trip.
-    release_settles = True
+    _release_settles = True
 
     def _order(self, owner: str, levels: int | None = None) -> Order | None:
         """A reentrant owner's write: its number, and the levels the owner holds (``levels``,

@@ -116,3 +116,26 @@ def test_a_release_whose_count_is_unsure_is_one_round_trip(
     outer.release()
     assert backend.round_trips - before == 1
     assert not lock(name, using=alias).locked()
+
+
+def test_a_re_entry_run_after_the_owner_s_last_release_is_counted_as_its_next_hold(
+    proxied: tuple[LossyProxy, str], name: str
+) -> None:
+    """The late re-entry finds the name free (the owner settled and released it since): it
+    takes it, as a plain lock's try that got no answer does, a hold nobody renews. The
+    owner's next hold of the name counts from the levels it holds, not on top of that one:
+    its release frees the name (added to it, the count was two, and the release left it held
+    for its TTL)."""
+    proxy, alias = proxied
+    outer = lock(name, using=alias, reentrant=True, ttl=10)
+    outer.acquire()
+    proxy.delay_from(script("acquire").sha.encode())
+    with pytest.raises(BackendUnavailable):
+        lock(name, using=alias, reentrant=True, ttl=10).acquire(blocking=False)
+    outer.release()  # settles and releases: freed
+    assert not lock(name, using=alias).locked()
+    proxy.let_go()  # the server runs the late re-entry now: a hold of the owner's
+    assert lock(name, using=alias).locked()
+    with lock(name, using=alias, reentrant=True, ttl=10) as again:
+        assert again.hold_count() == 1
+    assert not lock(name, using=alias).locked(), "left held after the owner's last release"
