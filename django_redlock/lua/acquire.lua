@@ -69,7 +69,8 @@ if count > 0 then
     count = levels + 1
     redis.call('HSET', lock, token, count, ':seq', seq)
   elseif reentrant then
-    count = redis.call('HINCRBY', lock, token, 1)
+    count = count + 1
+    redis.call('HSET', lock, token, count)
   end
   redis.call('PEXPIRE', lock, ttl)
   if registered then

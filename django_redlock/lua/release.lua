@@ -32,7 +32,8 @@ if seq then
     return levels
   end
 elseif count > 1 then
-  return redis.call('HINCRBY', lock, token, -1)
+  redis.call('HSET', lock, token, count - 1)
+  return count - 1
 end
 redis.call('DEL', lock)
 if not lock_freed(channel, waiting, queue, inbox) then
