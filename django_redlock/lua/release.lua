@@ -18,11 +18,12 @@ if channel == lock then
   channel = ''
 end
 local token, inbox = ARGV[1], ARGV[2]
-local count = hold_mine(lock, token, ARGV[3] == '0' and 'string' or ARGV[3] and 'hash' or nil)
+local kind = ARGV[3] or ''
+local count = hold_mine(lock, token, kind == '0' and 'string' or kind ~= '' and 'hash' or nil)
 if count == 0 then
   return -1
 end
-local seq, levels = order_read(ARGV[3])
+local seq, levels = order_read(kind)
 if seq then
   if order_stale(lock, seq) then
     return -3
