@@ -45,7 +45,6 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "hget": ("HGET", KEY, "f"),
     "hset": ("HSET", KEY, "f", "v"),
     "hdel": ("HDEL", KEY, "f"),
-    "hincrby": ("HINCRBY", KEY, "f", "1"),
     "hgetall": ("HGETALL", KEY),
     "lindex": ("LINDEX", KEY, "0"),
     "lpop": ("LPOP", KEY),

@@ -38,6 +38,15 @@ def process_id() -> str:
     return _process["id"]
 
 
+def write_seq() -> int:
+    """The next number of a reentrant owner's write (an acquire, a release, a settle): larger
+    than every one this process drew before, so each owner's writes, which it sends one after
+    another, are numbered in the order it sent them. The server keeps the newest it applied
+    and refuses an older one (lua/_hold.lua's ``order_stale``): a request that ran late (its
+    reply timed out, the owner moved on) changes nothing. An owner lives in one process."""
+    return next(_writes)
+
+
 # -- reentrant owners --------------------------------------------------------------------------
 # An owner is one asyncio task, or one thread's run of sync code, of one process, on any host.
 #
@@ -58,6 +67,7 @@ def process_id() -> str:
 _process = {"id": secrets.token_urlsafe(12)}
 _serial = itertools.count(1)
 _tokens = itertools.count(1)
+_writes = itertools.count(1)
 _task_ids: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
 
 

@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import identity
 from ..acl import mask
-from ..exceptions import LockError
+from ..exceptions import BackendUnavailable, LockError
 from ..validation import MAX_TTL, check_glob
 from ..waiters import ReleaseHub
 from .cursors import BadCursor as BadCursor  # (it lived here: still importable from here)
@@ -108,6 +108,23 @@ class Kind(NamedTuple):
     def label(self) -> str:
         words = [w for w, on in (("fair", self.fair), ("reentrant", self.reentrant)) if on]
         return " ".join(words) or "plain"
+
+
+#: A reentrant owner's ordered write: its number (``identity.write_seq``) and the levels the
+#: owner holds before it (an acquire) or once it is done (a release), which the server sets its
+#: count to. The server refuses a write older than one it applied (lua/_hold.lua's
+#: ``order_stale``): a request that ran late, after the owner's next, changes nothing.
+Order = tuple[int, int]
+
+
+def stale_write(name: str, alias: str) -> BackendUnavailable:
+    """A reentrant owner's write that the server refused as older than one it applied (read
+    only when two of the owner's writes were in flight at once): its outcome is the later
+    write's, unknown here, so the owner's next operation settles its count."""
+    return BackendUnavailable(
+        f"lock {name!r} on backend {alias!r}: this request ran after a later one of its owner"
+        " and did nothing; the owner's count is settled at its next operation"
+    )
 
 
 class Attempt(NamedTuple):
@@ -449,14 +466,18 @@ class BaseLockBackend:
         kind: Kind,
         waiter: str | None = None,
         wait_ms: int = -1,
+        order: Order | None = None,
     ) -> Op[Attempt]:
         """Take the lock. With ``wait_ms >= 0`` the caller is a waiter (``waiter`` is its id):
         a fair lock queues it until ``wait_ms``; a plain lock on a backend that
-        :attr:`wakes_one` registers it to be woken by the next release."""
+        :attr:`wakes_one` registers it to be woken by the next release. ``order``: a
+        reentrant owner's re-entry sets its count to the levels it holds + 1 (:data:`Order`)."""
         raise NotImplementedError
 
-    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
-        """Holds left after releasing one (0: freed); -1 when the token holds none."""
+    def op_release(self, name: str, token: str, kind: Kind, order: Order | None = None) -> Op[int]:
+        """Holds left after releasing one (0: freed); -1 when the token holds none.
+        ``order``: a reentrant owner's release sets its count to the levels it holds once
+        released (:data:`Order`), settling a count left unsure in the same round trip."""
         raise NotImplementedError
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
@@ -488,8 +509,9 @@ class BaseLockBackend:
         """Leave a fair lock's queue (gave up, cancelled)."""
         raise NotImplementedError
 
-    def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
-        """Set a reentrant owner's hold count (0: release all its holds), if it holds any."""
+    def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
+        """Set a reentrant owner's hold count (0: release all its holds), if it holds any.
+        ``seq``: the write's number (:data:`Order`; 0: unordered)."""
         raise NotImplementedError
 
     def op_hold_count(self, name: str, token: str) -> Op[int]:

@@ -45,7 +45,7 @@ from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
 from ..waiting import PubSubHub, ShardedPubSubHub
-from .base import Attempt, Kind, Op, Renewal
+from .base import Attempt, Kind, Op, Order, Renewal
 from .redis import UNAVAILABLE, RedisBackend, renewed, text
 
 T = TypeVar("T")
@@ -489,12 +489,12 @@ class RedisClusterBackend(RedisBackend):
             replies = _pipelined(redis_node, requests, asking)
         return replies
 
-    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+    def op_release(self, name: str, token: str, kind: Kind, order: Order | None = None) -> Op[int]:
         if self._asked:  # a lock's one hold ends: its note must not outlive it
             self._asked.pop(name, None)
         if self._doubted:
             self._doubted.pop((name, token), None)
-        return super().op_release(name, token, kind)
+        return super().op_release(name, token, kind, order)
 
     def op_renew(self, renewals: Sequence[Renewal]) -> Op[list[bool | None]]:
         # A batch spans slots: one renew.lua per lock (never shortens, as a whole batch's),
@@ -540,8 +540,9 @@ class RedisClusterBackend(RedisBackend):
         kind: Kind,
         waiter: str | None = None,
         wait_ms: int = -1,
+        order: Order | None = None,
     ) -> Op[Attempt]:
-        op = super().op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms)
+        op = super().op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms, order)
         return Op(op.name, op.request, _Take(op.parse))
 
     def op_lease_acquire(

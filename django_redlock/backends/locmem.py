@@ -22,6 +22,7 @@ from .base import (
     Kind,
     LockInfo,
     Op,
+    Order,
     Released,
     Renewal,
     glob_match,
@@ -198,7 +199,10 @@ class LocMemBackend(BaseLockBackend):
         kind: Kind,
         waiter: str | None = None,
         wait_ms: int = -1,
+        order: Order | None = None,
     ) -> Op[Attempt]:
+        # ``order``: as the scripts, a re-entry sets the owner's levels + 1 (nothing here runs
+        # late: each op runs whole, in order).
         waiter = waiter or token
 
         def work(store: _Store, now: float) -> tuple[Attempt, list[str]]:
@@ -208,7 +212,7 @@ class LocMemBackend(BaseLockBackend):
             hold = store.live(name, now)
             if hold is not None and token in hold.owners:  # re-entry, or a retried try
                 if kind.reentrant:
-                    hold.owners[token] += 1
+                    hold.owners[token] = order[1] + 1 if order else hold.owners[token] + 1
                 hold.expires = now + ttl_ms / 1000
                 return Attempt(True, hold.fence, hold.owners[token]), []
             queued = bool(store.queues.get(name))  # a fair queue: every kind takes turns
@@ -236,14 +240,15 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(name, work)
 
-    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+    def op_release(self, name: str, token: str, kind: Kind, order: Order | None = None) -> Op[int]:
         def work(store: _Store, now: float) -> tuple[int, list[str]]:
             hold = store.live(name, now)
             if hold is None or token not in hold.owners:
                 return -1, []
-            if hold.owners[token] > 1:
-                hold.owners[token] -= 1
-                return hold.owners[token], []
+            left = order[1] if order and kind.reentrant else hold.owners[token] - 1
+            if left > 0:
+                hold.owners[token] = left
+                return left, []
             del store.holds[name]
             return 0, self._freed(store, name, now)
 
@@ -304,7 +309,7 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(renewals[0].name if renewals else "", work)
 
-    def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
+    def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
         def work(store: _Store, now: float) -> tuple[int, list[str]]:
             hold = store.live(name, now)
             if hold is None or owner not in hold.owners:

@@ -34,9 +34,11 @@ from .base import (
     Kind,
     LockInfo,
     Op,
+    Order,
     Released,
     Renewal,
     refence_least,
+    stale_write,
 )
 from .cursors import parse_cursor
 from .markers import queued_key
@@ -84,6 +86,16 @@ def _flag(on: bool) -> str:
 
 
 _FLAG = {False: "0", True: "1"}
+
+
+def _kind_arg(kind: Kind, order: Order | None) -> str:
+    """acquire.lua's and release.lua's reentrant argument: '0', '1', or an ordered write's
+    'seq|levels' (lua/_hold.lua's order_read)."""
+    if order is None or not kind.reentrant:
+        return _FLAG[kind.reentrant]
+    return f"{order[0]}|{order[1]}"
+
+
 _ACQUIRE, _RELEASE = script("acquire"), script("release")
 
 
@@ -291,10 +303,11 @@ class RedisBackend(BaseLockBackend):
         kind: Kind,
         waiter: str | None = None,
         wait_ms: int = -1,
+        order: Order | None = None,
     ) -> Op[Attempt]:
         key, fence, queue, deadlines, waiting, _, inbox = self._keys(name)
         # As text: the packer then takes the arguments as they are (see wire.texts).
-        args: list[Any] = [token, str(ttl_ms), meta, _FLAG[kind.reentrant], _FLAG[kind.fair]]
+        args: list[Any] = [token, str(ttl_ms), meta, _kind_arg(kind, order), _FLAG[kind.fair]]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
             args += [waiter or token, str(wait_ms), inbox]
         call = Call(_ACQUIRE, (key, fence, queue, deadlines, waiting), args)
@@ -317,10 +330,11 @@ class RedisBackend(BaseLockBackend):
     def _release_channel(self, name: str) -> str:
         return self.channel(name) if self.publishes_releases else self.key(name)
 
-    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+    def op_release(self, name: str, token: str, kind: Kind, order: Order | None = None) -> Op[int]:
         key, _, queue, deadlines, waiting, channel, inbox = self._keys(name)
         keys = (key, channel, waiting, queue, deadlines)
-        return Op(name, Call(_RELEASE, keys, [token, inbox, _FLAG[kind.reentrant]]), int)
+        call = Call(_RELEASE, keys, [token, inbox, _kind_arg(kind, order)])
+        return Op(name, call, int if order is None else ordered_count(name, self.alias))
 
     def op_acquire_all(
         self, names: Sequence[str], token: str, ttl_ms: int, meta: str, waiter: str = ""
@@ -374,10 +388,11 @@ class RedisBackend(BaseLockBackend):
         call = Call(script("refence"), keys, [token, str(recorded), least])
         return Op(name, call, int)
 
-    def op_settle(self, name: str, owner: str, count: int) -> Op[int]:
+    def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
         keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
                 self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
-        return Op(name, Call(script("settle"), keys, [owner, count, self.inbox_for(name)]), int)
+        args = [owner, count, self.inbox_for(name), *([seq] if seq else [])]
+        return Op(name, Call(script("settle"), keys, args), ordered_count(name, self.alias))
 
     def op_leave(self, name: str, waiter: str) -> Op[None]:
         keys = [self.key(name), self.queue_key(name), self.deadlines_key(name),
@@ -723,9 +738,23 @@ def lock_attempt(name: str, alias: str, kind: Kind) -> Any:
     """acquire.lua's reply: an Attempt, or a LockError when another kind holds the name."""
 
     def parse(reply: Any) -> Attempt:
-        if int(reply[0]) == -2:
+        if int(reply[0]) < 0:
+            if int(reply[0]) == -3:
+                raise stale_write(name, alias)
             raise kind_clash(name, alias, f"{kind.label} lock", reply[1])
         return _attempt(reply)
+
+    return parse
+
+
+def ordered_count(name: str, alias: str) -> Any:
+    """release.lua's and settle.lua's count: an int, or a LockError for a late write."""
+
+    def parse(reply: Any) -> int:
+        count = int(reply)
+        if count == -3:
+            raise stale_write(name, alias)
+        return count
 
     return parse
 

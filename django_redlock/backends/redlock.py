@@ -34,6 +34,7 @@ from .base import (
     Kind,
     LockInfo,
     Op,
+    Order,
     Released,
     Renewal,
     prepare_each,
@@ -267,6 +268,7 @@ class RedlockBackend(BaseLockBackend):
         kind: Kind,
         waiter: str | None = None,
         wait_ms: int = -1,
+        order: Order | None = None,  # reentrant kinds only: refused here (check_kind)
     ) -> Op[Attempt]:
         return Op(name, _Quorum(self._acquire(name, token, ttl_ms, meta)))
 
@@ -395,7 +397,7 @@ class RedlockBackend(BaseLockBackend):
         hint = left[needed - 1] if needed <= len(left) else -1
         return hint if hint >= 0 else -1
 
-    def op_release(self, name: str, token: str, kind: Kind) -> Op[int]:
+    def op_release(self, name: str, token: str, kind: Kind, order: Order | None = None) -> Op[int]:
         def steps() -> Steps[int]:
             # Deleted wherever our token still is; but the hold was ours only if a majority
             # still had it (else it was lost, and someone else may hold the majority now).

@@ -28,8 +28,9 @@ from redis.backoff import NoBackoff
 from .. import acl, fast_path, wire
 from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..forks import after_fork_in_child
+from ..identity import write_seq
 from ..options import check_options, sentinel_options
-from .base import Attempt, Kind, Op, moved
+from .base import Attempt, Kind, Op, Order, moved
 from .redis import RedisBackend, TakenAll
 
 T = TypeVar("T")
@@ -420,12 +421,16 @@ class SentinelBackend(RedisBackend):
         kind: Kind,
         waiter: str | None = None,
         wait_ms: int = -1,
+        order: Order | None = None,
     ) -> Op[Attempt]:
-        op = super().op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms)
+        op = super().op_acquire(name, token, ttl_ms, meta, kind, waiter, wait_ms, order)
         if not self.min_replicas:
             return op
         wait = ("WAIT", self.min_replicas, round(self.min_replicas_timeout * 1000))
-        release = self.op_release(name, token, kind)
+        # The hand-back of a take too few replicas confirmed: an ordered re-entry's puts the
+        # owner's count back to its levels, as a later write.
+        undo = None if order is None else (write_seq(), order[1])
+        release = self.op_release(name, token, kind, undo)
 
         def parse(replies: list[Any]) -> Any:
             return _Replicated(op.parse(replies[0]), int(replies[1]), release)

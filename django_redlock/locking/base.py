@@ -23,7 +23,7 @@ from .. import fencing, observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal, by_deadline
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
-from ..identity import holder_meta, lend_owner, new_token, owner_id
+from ..identity import holder_meta, lend_owner, new_token, owner_id, write_seq
 from ..renewer import Renewer, thread_renewer
 from ..signals import acquire_timed_out, lock_acquired, lock_lost, lock_released
 from ..validation import (
@@ -169,9 +169,17 @@ class BaseLock:
     ) -> Op[Attempt]:
         raise NotImplementedError
 
+    #: Whether a reentrant release sets the owner's count to the levels it holds (settling a
+    #: count left unsure in the same round trip), so that no settle goes before it.
+    _release_settles = False
+
     def _op_release(self, token: str) -> Op[int]:
         """Holds left after releasing one (0: freed); -1 when the token holds none."""
         raise NotImplementedError
+
+    def _op_drop(self, token: str) -> Op[int]:
+        """Give back a hold the owner does not count (a re-entry refused), whole."""
+        return self._op_release(token)
 
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
@@ -192,8 +200,9 @@ class BaseLock:
         return self.backend.op_leave(self.name, waiter)
 
     def _op_settle(self, owner: str, count: int) -> Op[int]:
-        """Reentrant kinds: set ``owner``'s hold count on the server (see :meth:`_settle`)."""
-        return self.backend.op_settle(self.name, owner, count)
+        """Reentrant kinds: set ``owner``'s hold count on the server (see :meth:`_settle`),
+        as the owner's latest write (a request of its that runs late changes nothing)."""
+        return self.backend.op_settle(self.name, owner, count, write_seq())
 
     def _renewal(self, token: str, ttl_ms: int) -> Renewal:
         return Renewal(self.name, token, ttl_ms)
@@ -539,7 +548,7 @@ class BaseLock:
         """Hand the fresh hold back (no answer: settled before the owner's next operation),
         declare the old one lost, raise LockLost."""
         try:
-            yield self._op_release(token)
+            yield self._op_drop(token)
         except LockError:
             self._unsure(owner)  # settled before the next operation
         if current is not None:
@@ -886,7 +895,7 @@ class BaseLock:
         was_releasing, depth = hold.releasing, hold.depth
         left: int | None = None  # the server's answer, once it came
         try:
-            if self.reentrant:  # only a reentrant count is ever left to settle
+            if self.reentrant and not self._release_settles:  # else settled by the release
                 yield from self._settle(owner)
             if hold.depth <= 1:
                 # Marked before it is sent: a renewal (the watchdog's, a leader's keeper's)

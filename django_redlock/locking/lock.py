@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.base import Attempt, Kind, LockInfo, Op
+from ..backends.base import Attempt, Kind, LockInfo, Op, Order
 from ..fencing import database_of
 from ..handler import DEFAULT_LOCK_ALIAS
+from ..identity import write_seq
 from ..validation import check_bool
 from .base import BaseLock
+from .holds import believed
 
 #: The four kinds, made once (every Lock names one).
 _KINDS = {(r, f): Kind(r, f) for r in (False, True) for f in (False, True)}
@@ -66,13 +68,31 @@ class Lock(BaseLock):
         return {**super()._init_kwargs(), "reentrant": kind.reentrant, "fair": kind.fair,
                 "atomic": self.database}  # fmt: skip
 
+    #: A reentrant release sets the owner's count to its levels (:meth:`_order`): it settles
+    #: a count left unsure in its own round trip.
+    _release_settles = True
+
+    def _order(self, owner: str, levels: int | None = None) -> Order | None:
+        """A reentrant owner's write: its number, and the levels the owner holds (``levels``,
+        else as this process counts them now), which the server's count is set to (plus one
+        for an acquire). None for a plain lock."""
+        if not self.kind.reentrant:
+            return None
+        return write_seq(), believed(self.backend, self.name, owner) if levels is None else levels
+
     def _op_acquire(
         self, token: str, ttl_ms: int, meta: str, waiter: str | None, wait_ms: int
     ) -> Op[Attempt]:
-        return self.backend.op_acquire(self.name, token, ttl_ms, meta, self.kind, waiter, wait_ms)
+        order = self._order(token)  # a reentrant hold's token is its owner
+        return self.backend.op_acquire(
+            self.name, token, ttl_ms, meta, self.kind, waiter, wait_ms, order
+        )
 
     def _op_release(self, token: str) -> Op[int]:
-        return self.backend.op_release(self.name, token, self.kind)
+        return self.backend.op_release(self.name, token, self.kind, self._order(token))
+
+    def _op_drop(self, token: str) -> Op[int]:
+        return self.backend.op_release(self.name, token, self.kind, self._order(token, 0))
 
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
         return self.backend.op_extend(self.name, token, ttl_ms)

@@ -1,6 +1,6 @@
 -- Helpers for the lock's own key, spliced into scripts by `--! include _hold`.
 -- A plain hold is a string 'token|fence|acquired-ms|holder' (SET NX PX);
--- a reentrant hold is a hash {owner = count, ':fence', ':at', ':meta'}.
+-- a reentrant hold is a hash {owner = count, ':fence', ':at', ':meta', ':seq'}.
 
 -- The server's clock in ms (TTL arithmetic); the same reading in us is kept for fence_next.
 local now_us = 0
@@ -48,6 +48,26 @@ local function hold_mine(lock, token, kind)
     end
   end
   return 0, nil
+end
+
+-- A reentrant owner's writes are ordered: each carries a number its process drew after every
+-- earlier one (identity.write_seq), and the hold keeps the newest it applied in ':seq' (one
+-- owner per hold: one field). A request that ran late (it sat in a dead connection's buffer
+-- or a paused server's queue: its reply timed out, and the owner's settle, on another
+-- connection, ran first) is older than that: refused, it changes nothing. `seq` nil: an
+-- unordered write (none of the package's own).
+local function order_stale(lock, seq)
+  if not seq then
+    return false
+  end
+  local last = tonumber(redis.call('HGET', lock, ':seq'))
+  return last ~= nil and seq <= last
+end
+
+-- An ordered reentrant write's 'seq|count' (ARGV), as two numbers; nil for anything else.
+local function order_read(arg)
+  local seq, count = string.match(arg or '', '^(%d+)|(%d+)$')
+  return tonumber(seq), tonumber(count)
 end
 
 -- The next fence of a name: above its counter, and at least the server's clock in us. Two
@@ -109,7 +129,8 @@ local function other_kind(lock, now)
 end
 
 -- Take a free lock with the next fence. Returns the fence and the token of the hold given a
--- fence before it ('': unknown), or nil when the lock is held.
+-- fence before it ('': unknown), or nil when the lock is held. `reentrant`: false (plain),
+-- true, or the write's number (order_stale), kept in the hold.
 -- The counter is read before the lock is written (a held lock costs no write), and written
 -- after: one GETSET after the SET NX would save a call, but costs two more writes whenever
 -- the name was taken in the same ms already (fence = counter + 1 then), half the time at a
@@ -121,7 +142,8 @@ local function hold_take(lock, counter, token, ttl, meta, reentrant, now)
   local at = string.format('%d', now)
   local fence, text, prior = fence_next(counter)
   if reentrant then
-    redis.call('HSET', lock, token, 1, ':fence', text, ':at', at, ':meta', meta)
+    redis.call('HSET', lock, token, 1, ':fence', text, ':at', at, ':meta', meta,
+               ':seq', reentrant == true and 0 or reentrant)
     redis.call('PEXPIRE', lock, ttl)
   elseif not redis.call('SET', lock, token .. '|' .. text .. '|' .. at .. '|' .. meta,
                         'NX', 'PX', ttl) then

@@ -1,21 +1,25 @@
 -- Acquire a lock of any kind in one atomic step.
 -- KEYS: lock, fence counter, queue, deadlines, plain waiters
 --       [, node marker (Redlock's restart guard)].
--- ARGV: token, ttl ms, holder metadata, reentrant ('1'/'0'), fair ('1'/'0'),
+-- ARGV: token, ttl ms, holder metadata, reentrant ('0': plain; '1', or a reentrant owner's
+--       ordered write 'seq|levels': its number and the levels the owner holds before it, see
+--       order_stale in _hold.lua), fair ('1'/'0'),
 --       [waiter id, wait ms (-1: a one-off try that never queues or registers),
 --       inbox channel prefix: all three left out for a one-off try],
 --       [restart guard ms, last, with the node marker].
 -- Returns {1, fence, hold count, token of the hold given a fence before this one ('':
 -- unknown, or a re-entry)} when held by the caller, else {0, ms until something may change
 -- (-1: unknown, wait for a message)}; {-2, kind} when live leases of another kind
--- (a semaphore, a read-write lock) hold the name (see other_kind in _hold.lua).
+-- (a semaphore, a read-write lock) hold the name (see other_kind in _hold.lua); {-3} when an
+-- ordered write is older than one the hold applied (it ran late: nothing done).
 -- The helpers for waiting and queueing are spliced in after the common case (a plain lock,
 -- free, nobody queued) has returned: taking a free lock never defines them.
 --! include _hold
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local waiting, marker = KEYS[5], KEYS[6]
 local token, ttl, meta = ARGV[1], ARGV[2], ARGV[3]
-local reentrant, fair = ARGV[4] == '1', ARGV[5] == '1'
+local reentrant, fair = ARGV[4] ~= '0', ARGV[5] == '1'
+local seq, levels = order_read(ARGV[4])
 local given = #ARGV
 local guard = 0
 if marker then
@@ -57,8 +61,16 @@ if wrong then
   end
 end
 if count > 0 then
-  if reentrant then
-    count = redis.call('HINCRBY', lock, token, 1)
+  if seq then
+    -- Ordered: the owner's levels + 1, whatever a late write or a lost reply left here.
+    if order_stale(lock, seq) then
+      return {-3}
+    end
+    count = levels + 1
+    redis.call('HSET', lock, token, count, ':seq', seq)
+  elseif reentrant then
+    count = count + 1
+    redis.call('HSET', lock, token, count)
   end
   redis.call('PEXPIRE', lock, ttl)
   if registered then
@@ -72,7 +84,7 @@ if not fair and not queued then
   -- (again, for a plain lock, when other_kind dropped a set of expired leases)
   local prior
   if reentrant or dropped then
-    fence, prior = hold_take(lock, counter, token, ttl, meta, reentrant, now)
+    fence, prior = hold_take(lock, counter, token, ttl, meta, reentrant and (seq or true), now)
   end
   if fence then
     if registered then
@@ -93,7 +105,7 @@ queue_prune(queue, deadlines, now)
 local head = redis.call('LINDEX', queue, 0)
 if (not head or (fair and head == waiter)) and redis.call('EXISTS', lock) == 0 then
   local prior
-  fence, prior = hold_take(lock, counter, token, ttl, meta, reentrant, now)
+  fence, prior = hold_take(lock, counter, token, ttl, meta, reentrant and (seq or true), now)
   if head then
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, waiter)

@@ -3,9 +3,13 @@
 -- KEYS: lock, release channel (the lock's own key where nobody listens there: a key outside
 --       the prefix would be refused to a Redis user limited to it), plain waiters, queue,
 --       deadlines.
--- ARGV: token, inbox channel prefix[, the hold's kind: '0' plain, '1' reentrant (absent:
---       looked up)].
--- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
+-- ARGV: token, inbox channel prefix[, the hold's kind: '0' plain, '1' reentrant, or a
+--       reentrant owner's ordered write 'seq|levels': its number and the levels the owner
+--       holds once this one is released, which the hold is set to, so that a count a lost
+--       reply left unsure is settled in the same call (order_stale in _hold.lua); absent:
+--       looked up].
+-- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost);
+-- -3 when an ordered write is older than one the hold applied (it ran late: nothing done).
 -- The helpers for waking are spliced in after the common case has returned: a release of a
 -- lock nobody waits for never defines them.
 --! include _hold
@@ -14,13 +18,23 @@ if channel == lock then
   channel = ''
 end
 local token, inbox = ARGV[1], ARGV[2]
-local count = hold_mine(lock, token, ARGV[3] == '1' and 'hash' or ARGV[3] == '0' and 'string'
-                                     or nil)
+local kind = ARGV[3] or ''
+local count = hold_mine(lock, token, kind == '0' and 'string' or kind ~= '' and 'hash' or nil)
 if count == 0 then
   return -1
 end
-if count > 1 then
-  return redis.call('HINCRBY', lock, token, -1)
+local seq, levels = order_read(kind)
+if seq then
+  if order_stale(lock, seq) then
+    return -3
+  end
+  if levels > 0 then
+    redis.call('HSET', lock, token, levels, ':seq', seq)
+    return levels
+  end
+elseif count > 1 then
+  redis.call('HSET', lock, token, count - 1)
+  return count - 1
 end
 redis.call('DEL', lock)
 if not lock_freed(channel, waiting, queue, inbox) then

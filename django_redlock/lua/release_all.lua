@@ -21,7 +21,8 @@ for i = 1, #KEYS / 5 do
   if count == 0 then
     results[i] = -1
   elseif count > 1 then
-    results[i] = redis.call('HINCRBY', lock, token, -1)
+    redis.call('HSET', lock, token, count - 1)
+    results[i] = count - 1
   else
     redis.call('DEL', lock)
     if lock_freed(channel, waiting, queue, inbox) then

@@ -5,17 +5,27 @@
 -- (it expired, or someone else holds the lock) is left alone.
 -- KEYS: lock, release channel (the lock's own key where nobody listens there), plain waiters,
 --       queue, deadlines.
--- ARGV: owner, count, inbox channel prefix.  Returns the owner's count now (0: none).
+-- ARGV: owner, count, inbox channel prefix[, the write's number (order_stale in _hold.lua)].
+-- Returns the owner's count now (0: none); -3 when the write is older than one the hold
+-- applied (it ran late: nothing done).
 --! include _hold
 --! include _wake
 --! include _queue
 local lock, owner, count = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local channel = KEYS[2] ~= lock and KEYS[2] or ''
+local seq = tonumber(ARGV[4])
 if hold_mine(lock, owner, 'hash') == 0 then
   return 0
 end
+if order_stale(lock, seq) then
+  return -3
+end
 if count > 0 then
-  redis.call('HSET', lock, owner, count)
+  if seq then
+    redis.call('HSET', lock, owner, count, ':seq', seq)
+  else
+    redis.call('HSET', lock, owner, count)
+  end
   return count
 end
 redis.call('DEL', lock)

@@ -107,6 +107,27 @@ def test_min_replicas_confirms_a_permit(group: list[RedisServer]) -> None:
             replica.resume()
 
 
+def test_min_replicas_undoes_a_re_entry_and_keeps_the_outer_level(
+    group: list[RedisServer], name: str
+) -> None:
+    """A re-entry too few replicas confirmed is undone: its owner's count goes back to the
+    levels it holds (an ordered write, after the re-entry's), and the outer level's release
+    frees the name."""
+    master, replica = group[0], group[1]
+    with sentinel_alias(group, min_replicas=1, min_replicas_timeout=0.5):
+        outer = lock(name, using="s", reentrant=True)
+        outer.acquire()
+        replica.pause()
+        try:
+            with pytest.raises(QuorumNotReached, match="re-entry was undone"):
+                lock(name, using="s", reentrant=True).acquire(blocking=False)
+        finally:
+            replica.resume()
+        assert outer.hold_count() == 1
+        outer.release()
+        assert not master.client().exists(locks["s"].key(name))
+
+
 def test_min_replicas_counts_the_replicas_that_have_the_acquire(group: list[RedisServer]) -> None:
     """A master that does not know the scripts yet (just started, restarted, promoted by a
     failover) answers the acquire NOSCRIPT: the WAIT sent with it then counted the replicas

@@ -12,6 +12,9 @@ the reply is forwarded late (``"late"``: time for a signal handler to interrupt 
 ``mute_from(marker)``: the first request that contains ``marker`` goes to the server, and
 from it on its connection gets no reply, left open (the client's read times out). The
 fault campaign's ``database`` kind runs its PostgreSQL behind one (tests/campaign/README.md).
+``delay_from(marker)``: the first request that contains ``marker`` is held back (the client's
+read times out, and it drops the connection) until ``let_go()`` sends it on to the server, as
+a request stuck in a paused server's queue or a retransmission runs after the client's next.
 """
 
 from __future__ import annotations
@@ -64,6 +67,9 @@ class LossyProxy:
         self.lost = 0  # replies lost so far
         self._commit_fault: CommitFault | None = None
         self._mute_marker: bytes | None = None
+        self._delay_marker: bytes | None = None
+        self.delayed = threading.Event()  # a request met the delay marker, held back
+        self._let_go = threading.Event()
         self.muted = threading.Event()  # a request met the mute marker
         self.commits_faulted = 0  # COMMIT replies cut or held back so far
         self._sockets: list[socket.socket] = []
@@ -94,6 +100,18 @@ class LossyProxy:
         later one on its connection) reaches the client; the connection stays open."""
         with self._mutex:
             self._mute_marker = marker
+
+    def delay_from(self, marker: bytes) -> None:
+        """The first request containing ``marker`` waits here until :meth:`let_go`."""
+        with self._mutex:
+            self._delay_marker = marker
+            self._let_go.clear()
+
+    def let_go(self) -> None:
+        """Send the held-back request on to the server (which runs it), and wait a little for
+        that."""
+        self._let_go.set()
+        time.sleep(0.2)
 
     def disarm(self) -> None:
         """Take back a COMMIT fault that no COMMIT met yet."""
@@ -155,6 +173,14 @@ class LossyProxy:
                             self.lost += 1
                     if lose:  # the server did it; the client never hears so
                         break
+                if not replies and self._delay_marker is not None:
+                    with self._mutex:
+                        held = self._delay_marker is not None and self._delay_marker in data
+                        if held:
+                            self._delay_marker = None
+                    if held:
+                        self.delayed.set()
+                        self._let_go.wait(30)
                 sink.sendall(data)
         except OSError:
             pass
