@@ -1076,12 +1076,21 @@ class SingleInstanceTask(Task):
             if coalesce and self.joins_queued_call():
                 note()
             return self._not_queued(key, queued, args, kwargs, promised, options)
-        noted = None
+        noted = sent = None
+        noting = queued is None and not self.app.conf.task_always_eager  # eager: it ran already
         try:
             if coalesce:
                 noted = note()
             sent = super().apply_async(args, kwargs, task_id=task_id, **options)
+            if noting:
+                self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         except BaseException:
+            if sent is not None:
+                # Published, then an interrupt (at any line since): the marker stays, noted
+                # as sent (unnoted, it is taken for a publish that never came: queued anew).
+                if noting:
+                    self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
+                raise
             if queued is None:  # our marker: the message it names was never queued
                 clear_queued_marker(config, key, task_id)
             # The caller is told the call failed (and calls again): its arguments must not
@@ -1089,8 +1098,6 @@ class SingleInstanceTask(Task):
             if noted is not None:
                 unnote_call(config, key, *noted)
             raise
-        if queued is None and not self.app.conf.task_always_eager:  # eager: it ran already
-            self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         return sent
 
     def single_instance_config(self) -> SingleInstance | None:

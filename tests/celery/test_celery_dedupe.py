@@ -1383,3 +1383,41 @@ def test_coalesce_poll_interrupted_as_its_mark_is_written_leaves_no_mark(
     noted = markers.read(locks["default"], f"{key}:coalesce")
     assert noted is not None
     markers.clear(locks["default"], f"{key}:coalesce", noted[0])
+
+
+@pytest.mark.parametrize("task_name", ["deduped", "coalesced_deduped"])
+def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated(
+    task_name: str, broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The message was published; an interrupt (a soft time limit, a signal handler's
+    # exception) at any later line of the delay() (noting it sent) left the marker without
+    # its "sent" note: the next delay() took it for a publish in progress, waited
+    # publish_wait and published a second message while the first was queued.
+    from django_redlock.contrib.celery import SingleInstanceTask as Base
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    monkeypatch.setattr(SingleInstanceTask, "publish_wait", 0.3, raising=False)
+    task = getattr(celery_tasks, task_name)
+    apply = Base.apply_async.__code__
+    watched = {apply, Base._note_sent.__code__, markers.mark.__code__}
+    queue = redis_server.client(db=1)
+
+    def published(frame: Any) -> bool:
+        return frame.f_code is apply and frame.f_locals.get("sent") is not None
+
+    def case(tracer: LineInterrupter) -> None:
+        name = uuid.uuid4().hex[:8]
+        before = queue.llen(NOBODY)
+        extra = () if task_name == "deduped" else ("t1",)
+        interrupted(lambda: task.apply_async((name, *extra), queue=NOBODY), tracer)
+        assert queue.llen(NOBODY) == before + 1, tracer.fired
+        first = json.loads(queue.lindex(NOBODY, 0))["headers"]["id"]  # (pushed at the head)
+        again = task.apply_async((name, *extra), queue=NOBODY)
+        assert again.id == first, f"a second message, at {tracer.fired}"
+        assert queue.llen(NOBODY) == before + 1, tracer.fired
+
+    try:
+        points = every_point(case, lambda at: LineInterrupter(at, watched, published))
+    finally:
+        celery_app.app.control.purge()
+    assert len(points) >= 3, points
