@@ -323,16 +323,30 @@ def note_call(
 def unnote_call(config: SingleInstance, key: str, note: str, previous: str | None) -> None:
     """Take back a call's note (its publish failed: the caller is told, and calls again):
     the note it replaced put back, only while the note is still this call's (compare-and-set:
-    a later call's note, or a follow-up's claim, stays). A failure is logged: the note then
-    runs once (at least once)."""
+    a later call's note, or a follow-up's claim, stays). A replaced note a follow-up claimed
+    goes again if that follow-up's run ended meanwhile (its drop found this call's note: see
+    :func:`_ran_mark_name`); a follow-up still running drops it itself, one stopped leaves it
+    to run. A failure is logged: the note then runs once (at least once)."""
     backend, name = locks[config.using], _pending_name(key)
     try:
         if previous is None:
             markers.clear(backend, name, note)
-        else:
-            markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl))
+            return
+        if not markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl)):
+            return
+        claimer = json.loads(previous).get("taken")
+        if claimer and markers.read(backend, _ran_mark_name(key, claimer)) is not None:
+            markers.clear(backend, name, previous)
     except LockError as exc:
         logger.warning("redlock: could not take back the coalesced call of %r: %s", key, exc)
+
+
+def _ran_mark_name(key: str, task_id: str) -> str:
+    """Noted by a follow-up whose run ended while its claimed note was replaced (its drop
+    found another note): a failed call taking its note back must not put that one back, or
+    the call would run twice. The follow-up notes it, then drops its claim once more; the
+    taker puts it back, then looks for the mark: whichever comes last drops it."""
+    return f"{key}:coalesce:ran:{task_id}"
 
 
 def _coalesces(task: Any, info: Any) -> bool:
@@ -493,8 +507,16 @@ def _dropping_note(
         # call visibly, as it did, rather than queueing it again and again.
         if isinstance(exc, SoftTimeLimitExceeded) and not (ending.entered or ending.returned):
             return
+        backend = locks[config.using]
         try:
-            markers.clear(locks[config.using], _pending_name(key), claimed)
+            if markers.clear(backend, _pending_name(key), claimed):
+                return
+            # Replaced by a later call's note, which a failed publish may take back, putting
+            # this claim back (see unnote_call): noted as ended first, then dropped again.
+            task_id = json.loads(claimed)["taken"]
+            ttl_ms = to_ms(config.dedupe_ttl)
+            markers.mark(backend, _ran_mark_name(key, task_id), "1", ttl_ms)
+            markers.clear(backend, _pending_name(key), claimed)
         except LockError as exc:  # the call may then run once more (at least once)
             logger.warning("redlock: could not clear the coalesced call of %r: %s", key, exc)
 

@@ -1421,3 +1421,78 @@ def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated
     finally:
         celery_app.app.control.purge()
     assert len(points) >= 3, points
+
+
+@pytest.mark.parametrize("follow_up_ends", ["during the publish", "across the take-back", ""])
+def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_ran(
+    follow_up_ends: str, broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Follow-up A claimed its note and runs; B's delay() notes its call over A's claim and
+    # publishes; A ends meanwhile (its drop finds B's note: nothing dropped); B's publish
+    # raises, and B took its note back by putting A's claim back: A's call, which ran, was
+    # noted again and the next worker start ran it a second time. A follow-up that did not
+    # end (killed mid-run) must still find its claim put back (at least once). "across the
+    # take-back": A's drop fails during the publish, and A notes that it ended, and drops
+    # again, only once B took its note back.
+    import threading
+
+    from celery import Task
+
+    from django_redlock.contrib.celery import _claim_note, _dropping_note, _Ending
+
+    task = celery_tasks.coalesced_deduped
+    config = task.single_instance_config()
+    name = uuid.uuid4().hex[:8]
+    key, backend = f"coalesce-dd:{name}", locks["default"]
+    note_call(config, key, (name, "A"), {}, None, None, task.name)
+    claimed = _claim_note(config, key, "follow-up-a")
+    assert claimed is not None
+    ended = _Ending()
+    ended.steps.append(_dropping_note(config, key, claimed[1], ended))
+
+    drop = ended.steps[0].__code__
+    at_mark, go_on = threading.Event(), threading.Event()
+
+    def held_at_the_mark(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not drop:
+            return None
+
+        def line(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and "task_id" in frame.f_locals and not at_mark.is_set():
+                at_mark.set()  # its first clear failed: held before its mark
+                go_on.wait(10)
+            return line
+
+        return line
+
+    def end_across() -> None:
+        sys.settrace(held_at_the_mark)
+        try:
+            ended()
+        finally:
+            sys.settrace(None)
+
+    ending = threading.Thread(target=end_across)
+
+    def publish(self: Any, *args: Any, **options: Any) -> Any:
+        if follow_up_ends == "during the publish":
+            ended()  # A's run ends while B's publish hangs
+        elif follow_up_ends:
+            ending.start()
+            assert at_mark.wait(10)
+        raise OperationalError("the broker's connection was reset during the publish")
+
+    monkeypatch.setattr(Task, "apply_async", publish)
+    with pytest.raises(OperationalError):
+        task.apply_async((name, "B"), queue=NOBODY)
+    monkeypatch.undo()
+    if follow_up_ends == "across the take-back":
+        go_on.set()
+        ending.join(10)
+    noted = markers.read(backend, f"{key}:coalesce")
+    if follow_up_ends:
+        assert noted is None, json.loads(noted[0])  # A ran: nothing left to run
+    else:
+        assert noted is not None and noted[0] == claimed[1]  # A's call still to run
+        ended()  # it ends later: its claim goes
+        assert markers.read(backend, f"{key}:coalesce") is None
