@@ -960,16 +960,44 @@ def _on_revoked(
     worker discards the message), its queue marker goes, as it will never run."""
     if request is None:
         return
+    config = _config_of(sender)
+    key = None
+    if config is not None and request.id:
+        try:
+            key = lock_key(sender, *(request.args or ()), **(request.kwargs or {}))
+        except (TypeError, ValueError):  # arguments no key fits: nothing was noted
+            key = None
+    if key is not None and config is not None and config.on_duplicate == "coalesce":
+        # First: the stopped run's end queues a follow-up for any note left.
+        _drop_revoked_call(config, key, str(request.id), terminated)
     if terminated:
         _quietly(sender, request.id, request.args, request.kwargs)
-    config = _config_of(sender)
-    if config is None or not config.dedupe_queued or not request.id:
-        return
-    try:
-        key = lock_key(sender, *(request.args or ()), **(request.kwargs or {}))
-    except (TypeError, ValueError):  # arguments no key fits: nothing was noted
+    if key is None or config is None or not config.dedupe_queued:
         return
     clear_queued_marker(config, key, str(request.id))  # logs a failure: it expires
+
+
+def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminated: bool) -> None:
+    """A revoke is a cancel: the call a revoked follow-up runs (the note it claimed) or would
+    run (the note, unclaimed, while the follow-up mark names it: not started) goes, rather
+    than being run again by the next follow-up (compare-and-delete: a call noted since
+    stays, and runs). A follow-up merely killed (not revoked) keeps its call (at least once)."""
+    backend = locks[config.using]
+    try:
+        found = markers.read(backend, _pending_name(key))
+        if found is None:
+            return
+        taken = json.loads(found[0]).get("taken")
+        if taken != task_id:
+            if taken is not None or terminated:
+                return
+            mark = markers.read(backend, _next_name(config, key))
+            if mark is None or mark[0] != task_id:
+                return
+        if markers.clear(backend, _pending_name(key), found[0]):
+            logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
+    except (LockError, ValueError) as exc:  # then it runs once more (at least once)
+        logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)
 
 
 # A fenced block the task's ``with`` abandoned (a soft time limit entering its exit, caught by

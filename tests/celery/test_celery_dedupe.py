@@ -1496,3 +1496,37 @@ def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_
         assert noted is not None and noted[0] == claimed[1]  # A's call still to run
         ended()  # it ends later: its claim goes
         assert markers.read(backend, f"{key}:coalesce") is None
+
+
+def test_coalesce_a_call_revoked_with_terminate_does_not_run_again(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # coalesce + dedupe_queued: every call is a follow-up that claims its own note. A revoke
+    # with terminate=True stopped it; its claimed note stayed (as for a killed run, at least
+    # once), and the stopped run's end queued a follow-up that ran the revoked call again
+    # under a new task id. A revoke is a cancel: the call does not come back.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    first = prefork.send(celery_tasks.coalesced_deduped, name, "A", 4.0)
+    wait_for(lambda: r.lrange(f"coalesce-dd:{name}:ran", 0, -1))
+    celery_app.app.control.revoke(first.id, terminate=True)
+    wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
+    time.sleep(2.0)  # a follow-up, if queued, runs meanwhile
+    assert r.lrange(f"coalesce-dd:{name}:ran", 0, -1) == ["A"]
+    assert markers.read(locks["default"], f"coalesce-dd:{name}:coalesce") is None
+    after = prefork.send(celery_tasks.coalesced_deduped, name, "B", 0.1)
+    assert after.get(timeout=30) == "ran"  # the key works on
+
+
+def test_coalesce_a_queued_call_revoked_before_it_runs_leaves_no_note(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # Revoked while queued (held for its countdown): the worker discards it, and its noted
+    # call stayed, for the next run's end or the next worker start to run.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    queued = prefork.send(celery_tasks.coalesced_deduped, name, "Q", 0.1, countdown=1.5)
+    celery_app.app.control.revoke(queued.id)
+    wait_for(lambda: markers.read(locks["default"], f"coalesce-dd:{name}") is None)
+    assert markers.read(locks["default"], f"coalesce-dd:{name}:coalesce") is None
+    assert r.lrange(f"coalesce-dd:{name}:ran", 0, -1) == []
