@@ -332,13 +332,25 @@ def unnote_call(config: SingleInstance, key: str, note: str, previous: str | Non
         if previous is None:
             markers.clear(backend, name, note)
             return
-        if not markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl)):
-            return
-        claimer = json.loads(previous).get("taken")
-        if claimer and markers.read(backend, _ran_mark_name(key, claimer)) is not None:
-            markers.clear(backend, name, previous)
+        try:
+            if markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl)):
+                _drop_ended_claim(config, key, previous)
+        except BaseException:
+            # An interrupt at any line since the swap (done or not): an ended follow-up's
+            # claim put back is looked for still (compare-and-delete: else nothing happens).
+            with contextlib.suppress(LockError):
+                _drop_ended_claim(config, key, previous)
+            raise
     except LockError as exc:
         logger.warning("redlock: could not take back the coalesced call of %r: %s", key, exc)
+
+
+def _drop_ended_claim(config: SingleInstance, key: str, previous: str) -> None:
+    """Drop the note ``previous`` if it is a follow-up's claim and that follow-up ended."""
+    claimer = json.loads(previous).get("taken")
+    backend = locks[config.using]
+    if claimer and markers.read(backend, _ran_mark_name(key, claimer)) is not None:
+        markers.clear(backend, _pending_name(key), previous)
 
 
 def _ran_mark_name(key: str, task_id: str) -> str:

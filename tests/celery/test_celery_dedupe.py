@@ -1530,3 +1530,48 @@ def test_coalesce_a_queued_call_revoked_before_it_runs_leaves_no_note(
     wait_for(lambda: markers.read(locks["default"], f"coalesce-dd:{name}") is None)
     assert markers.read(locks["default"], f"coalesce-dd:{name}:coalesce") is None
     assert r.lrange(f"coalesce-dd:{name}:ran", 0, -1) == []
+
+
+def test_coalesce_an_interrupt_at_any_line_of_the_take_back_never_restores_a_call_that_ran(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above (A's follow-up ends during B's failing publish), with an interrupt at any
+    # line of B's take-back of its note: the note left is none, or B's own (a take-back cut
+    # short runs the failed call once: at least once), never A's claim (A ran).
+    from celery import Task
+
+    from django_redlock.contrib import celery as contrib
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    task = celery_tasks.coalesced_deduped
+    config = task.single_instance_config()
+    backend = locks["default"]
+    window = contrib.unnote_call.__code__
+    watched = {window, markers.swap.__code__, markers.read.__code__, markers.clear.__code__}
+    if hasattr(contrib, "_drop_ended_claim"):  # (the test runs against older code too)
+        watched.add(contrib._drop_ended_claim.__code__)
+
+    def case(tracer: LineInterrupter) -> None:
+        name = uuid.uuid4().hex[:8]
+        key = f"coalesce-dd:{name}"
+        note_call(config, key, (name, "A"), {}, None, None, task.name)
+        claimed = contrib._claim_note(config, key, "follow-up-a")
+        assert claimed is not None
+        ended = contrib._Ending()
+        ended.steps.append(contrib._dropping_note(config, key, claimed[1], ended))
+
+        def publish(self: Any, *args: Any, **options: Any) -> Any:
+            ended()  # A's run ends while B's publish hangs
+            raise OperationalError("the broker's connection was reset during the publish")
+
+        monkeypatch.setattr(Task, "apply_async", publish)
+        try:
+            interrupted(lambda: task.apply_async((name, "B"), queue=NOBODY), tracer)
+        except OperationalError:
+            pass  # not interrupted (the window's end)
+        finally:
+            monkeypatch.undo()
+        noted = markers.read(backend, f"{key}:coalesce")
+        assert noted is None or "taken" not in json.loads(noted[0]), tracer.fired
+
+    every_point(case, lambda at: LineInterrupter(at, watched, lambda f: f.f_code is window))
