@@ -312,8 +312,10 @@ def _enqueue_once(
     # Enqueues of a key take turns, so the marker can name the task result id, which the
     # backend makes only while it queues the run (an atomic note would need the id first).
     deadline = time.monotonic() + ENQUEUE_TTL
+    look = TURN_LOOK
     while True:
-        wait = min(TURN_LOOK, max(deadline - time.monotonic(), 0.0))
+        wait = min(look, max(deadline - time.monotonic(), 0.0))
+        look *= 2  # each wait that runs out is a timeout (metrics, incidents): a few at most
         turn = Lock(f"{key}:enqueue", ttl=ENQUEUE_TTL, timeout=wait, using=config.using)
         entered = False
         # A ``with``: an interrupt at any line (as the turn is taken, as the call returns)
@@ -337,7 +339,8 @@ def _enqueue_once(
             raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
 
 
-#: Seconds between looks at the key while another enqueue() of it has the turn.
+#: Seconds before the first look at the key while another enqueue() of it has the turn
+#: (doubled after each look).
 TURN_LOOK = 0.5
 
 
