@@ -21,7 +21,8 @@ django-celery-beat's ``DatabaseScheduler``), with ``DJANGO_REDLOCK_BEAT = {"usin
   answers, under the same task id (a publish may fail after the broker stored the message: a
   lost reply; a consumer that drops a task id it saw already then runs it once). So does a
   shutdown that lands in a claim or its publish (Celery's SIGTERM handler closes the
-  scheduler, then raises SystemExit there): close() takes back every claim not published.
+  scheduler, then raises SystemExit there): close() takes back every claim not published
+  (a publish under way in its thread is waited for, within its time, first).
 * A publish the broker does not finish within half the TTL (:data:`PUBLISH_SHARE`) is
   abandoned as one that raised (its outcome unknown), and the lead resigned: a leader hung
   on its broker link would renew the lead and send nothing, forever.
@@ -322,6 +323,9 @@ class LeaderMixin(Scheduler):
         # publish is done (or it is handed back): close() takes back what is left, the claim
         # or publish a shutdown cut short (Celery's SIGTERM handler closes, then SystemExit).
         self._claims: dict[str, _Claimed | None] = {}
+        # entry name -> (its publish's thread, its outcome, the monotonic time it is given up
+        # at): a shutdown waits for a publish under way rather than take back a sent run.
+        self._publishing: dict[str, tuple[threading.Thread, list[tuple[bool, Any]], float]] = {}
         # entry name -> a claim whose reply (or whose take-back's) was lost: nothing was
         # published. Claimed again as it was while this term lasts ...
         self._unsure: dict[str, _Claimed] = {}
@@ -599,8 +603,12 @@ class LeaderMixin(Scheduler):
                 connections.close_all()
 
         thread = threading.Thread(target=publish, name="redlock-beat-publish", daemon=True)
-        thread.start()
-        thread.join(limit)
+        self._publishing[entry.name] = (thread, outcome, time.monotonic() + limit)
+        try:
+            thread.start()
+            thread.join(limit)  # a SIGTERM's close() runs here: it waits for the thread
+        finally:
+            self._publishing.pop(entry.name, None)
         if not outcome:
             raise PublishTimeout(
                 f"the broker did not take {entry.name!r} within {limit:g} s (half the lead's"
@@ -763,6 +771,14 @@ class LeaderMixin(Scheduler):
         # A claim a shutdown cut short (its reply on its way, or its publish under way:
         # Celery's SIGTERM handler closes, then raises SystemExit there) is not published: its
         # entry (and row: run, count) as before it, before super().close() writes the store.
+        # A publish under way in its thread (the signal landed in the scheduler's wait for
+        # it) is waited for, within its time: taken back once it went through, the next
+        # leader would send the run again.
+        for name, (thread, outcome, until) in list(self._publishing.items()):
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, until - time.monotonic()))
+            if outcome and outcome[0][0]:
+                self._claims.pop(name, None)  # published
         cut = {name: claimed for name, claimed in self._claims.items() if claimed}
         self._claims.clear()
         try:

@@ -323,16 +323,42 @@ def note_call(
 def unnote_call(config: SingleInstance, key: str, note: str, previous: str | None) -> None:
     """Take back a call's note (its publish failed: the caller is told, and calls again):
     the note it replaced put back, only while the note is still this call's (compare-and-set:
-    a later call's note, or a follow-up's claim, stays). A failure is logged: the note then
-    runs once (at least once)."""
+    a later call's note, or a follow-up's claim, stays). A replaced note a follow-up claimed
+    goes again if that follow-up's run ended meanwhile (its drop found this call's note: see
+    :func:`_ran_mark_name`); a follow-up still running drops it itself, one stopped leaves it
+    to run. A failure is logged: the note then runs once (at least once)."""
     backend, name = locks[config.using], _pending_name(key)
     try:
         if previous is None:
             markers.clear(backend, name, note)
-        else:
-            markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl))
+            return
+        try:
+            if markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl)):
+                _drop_ended_claim(config, key, previous)
+        except BaseException:
+            # An interrupt at any line since the swap (done or not): an ended follow-up's
+            # claim put back is looked for still (compare-and-delete: else nothing happens).
+            with contextlib.suppress(LockError):
+                _drop_ended_claim(config, key, previous)
+            raise
     except LockError as exc:
         logger.warning("redlock: could not take back the coalesced call of %r: %s", key, exc)
+
+
+def _drop_ended_claim(config: SingleInstance, key: str, previous: str) -> None:
+    """Drop the note ``previous`` if it is a follow-up's claim and that follow-up ended."""
+    claimer = json.loads(previous).get("taken")
+    backend = locks[config.using]
+    if claimer and markers.read(backend, _ran_mark_name(key, claimer)) is not None:
+        markers.clear(backend, _pending_name(key), previous)
+
+
+def _ran_mark_name(key: str, task_id: str) -> str:
+    """Noted by a follow-up whose run ended while its claimed note was replaced (its drop
+    found another note): a failed call taking its note back must not put that one back, or
+    the call would run twice. The follow-up notes it, then drops its claim once more; the
+    taker puts it back, then looks for the mark: whichever comes last drops it."""
+    return f"{key}:coalesce:ran:{task_id}"
 
 
 def _coalesces(task: Any, info: Any) -> bool:
@@ -493,8 +519,16 @@ def _dropping_note(
         # call visibly, as it did, rather than queueing it again and again.
         if isinstance(exc, SoftTimeLimitExceeded) and not (ending.entered or ending.returned):
             return
+        backend = locks[config.using]
         try:
-            markers.clear(locks[config.using], _pending_name(key), claimed)
+            if markers.clear(backend, _pending_name(key), claimed):
+                return
+            # Replaced by a later call's note, which a failed publish may take back, putting
+            # this claim back (see unnote_call): noted as ended first, then dropped again.
+            task_id = json.loads(claimed)["taken"]
+            ttl_ms = to_ms(config.dedupe_ttl)
+            markers.mark(backend, _ran_mark_name(key, task_id), "1", ttl_ms)
+            markers.clear(backend, _pending_name(key), claimed)
         except LockError as exc:  # the call may then run once more (at least once)
             logger.warning("redlock: could not clear the coalesced call of %r: %s", key, exc)
 
@@ -938,16 +972,44 @@ def _on_revoked(
     worker discards the message), its queue marker goes, as it will never run."""
     if request is None:
         return
+    config = _config_of(sender)
+    key = None
+    if config is not None and request.id:
+        try:
+            key = lock_key(sender, *(request.args or ()), **(request.kwargs or {}))
+        except (TypeError, ValueError):  # arguments no key fits: nothing was noted
+            key = None
+    if key is not None and config is not None and config.on_duplicate == "coalesce":
+        # First: the stopped run's end queues a follow-up for any note left.
+        _drop_revoked_call(config, key, str(request.id), terminated)
     if terminated:
         _quietly(sender, request.id, request.args, request.kwargs)
-    config = _config_of(sender)
-    if config is None or not config.dedupe_queued or not request.id:
-        return
-    try:
-        key = lock_key(sender, *(request.args or ()), **(request.kwargs or {}))
-    except (TypeError, ValueError):  # arguments no key fits: nothing was noted
+    if key is None or config is None or not config.dedupe_queued:
         return
     clear_queued_marker(config, key, str(request.id))  # logs a failure: it expires
+
+
+def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminated: bool) -> None:
+    """A revoke is a cancel: the call a revoked follow-up runs (the note it claimed) or would
+    run (the note, unclaimed, while the follow-up mark names it: not started) goes, rather
+    than being run again by the next follow-up (compare-and-delete: a call noted since
+    stays, and runs). A follow-up merely killed (not revoked) keeps its call (at least once)."""
+    backend = locks[config.using]
+    try:
+        found = markers.read(backend, _pending_name(key))
+        if found is None:
+            return
+        taken = json.loads(found[0]).get("taken")
+        if taken != task_id:
+            if taken is not None or terminated:
+                return
+            mark = markers.read(backend, _next_name(config, key))
+            if mark is None or mark[0] != task_id:
+                return
+        if markers.clear(backend, _pending_name(key), found[0]):
+            logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
+    except (LockError, ValueError) as exc:  # then it runs once more (at least once)
+        logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)
 
 
 # A fenced block the task's ``with`` abandoned (a soft time limit entering its exit, caught by
@@ -1076,12 +1138,21 @@ class SingleInstanceTask(Task):
             if coalesce and self.joins_queued_call():
                 note()
             return self._not_queued(key, queued, args, kwargs, promised, options)
-        noted = None
+        noted = sent = None
+        noting = queued is None and not self.app.conf.task_always_eager  # eager: it ran already
         try:
             if coalesce:
                 noted = note()
             sent = super().apply_async(args, kwargs, task_id=task_id, **options)
+            if noting:
+                self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         except BaseException:
+            if sent is not None:
+                # Published, then an interrupt (at any line since): the marker stays, noted
+                # as sent (unnoted, it is taken for a publish that never came: queued anew).
+                if noting:
+                    self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
+                raise
             if queued is None:  # our marker: the message it names was never queued
                 clear_queued_marker(config, key, task_id)
             # The caller is told the call failed (and calls again): its arguments must not
@@ -1089,8 +1160,6 @@ class SingleInstanceTask(Task):
             if noted is not None:
                 unnote_call(config, key, *noted)
             raise
-        if queued is None and not self.app.conf.task_always_eager:  # eager: it ran already
-            self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         return sent
 
     def single_instance_config(self) -> SingleInstance | None:

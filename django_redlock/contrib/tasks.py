@@ -21,9 +21,12 @@ import json
 import logging
 import secrets
 import sys
+import threading
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Any
+from types import FrameType
+from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
@@ -52,10 +55,50 @@ logger = logging.getLogger("django_redlock")
 #: Django's own (6.0+) and the backport: either may run a task, and both may be installed.
 FRAMEWORKS = ("django.tasks", "django_tasks")
 
+
+class _Run(NamedTuple):
+    result: Any  # the TaskResult
+    frame: FrameType | None  # the frame that sent task_started (the worker's, running it)
+    thread: int
+
+
 #: The runs this thread is in, innermost last, each from ``task_started`` to ``task_finished``
-#: (the ImmediateBackend runs a task enqueued by a running one inside it).
-_current: ContextVar[tuple[Any, ...]] = ContextVar("redlock_task_runs", default=())
+#: (the ImmediateBackend runs a task enqueued by a running one inside it). A run whose sender's
+#: frame has returned without ``task_finished`` (a KeyboardInterrupt, which the ImmediateBackend
+#: passes on unreported; an interrupt at any line between the two signals) is over: dropped
+#: at the next look, never taken for the run a later call is in.
+_current: ContextVar[tuple[_Run, ...]] = ContextVar("redlock_task_runs", default=())
 _connected: set[str] = set()
+
+
+def _sender_frame() -> FrameType | None:
+    """The frame that sent the signal being received (past the dispatcher's own frames)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("django.dispatch"):
+        frame = frame.f_back
+    return frame
+
+
+def _live(run: _Run) -> bool:
+    """Whether ``run``'s sender is still running (its frame is one this call is inside). From
+    another thread nothing can be told: live."""
+    if run.frame is None or run.thread != threading.get_ident():
+        return True
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame is run.frame:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _runs() -> tuple[_Run, ...]:
+    """The runs this call is in (the ended ones dropped)."""
+    runs = _current.get()
+    live = tuple(run for run in runs if _live(run))
+    if len(live) != len(runs):
+        _current.set(live)
+    return live
 
 
 def _loaded(module: str) -> list[Any]:
@@ -78,14 +121,15 @@ def connect() -> None:
 
 def _started(sender: Any = None, task_result: Any = None, **_: Any) -> None:
     if task_result is not None:
-        _current.set((*_current.get(), task_result))
+        run = _Run(task_result, _sender_frame(), threading.get_ident())
+        _current.set((*_runs(), run))
 
 
 def _finished(sender: Any = None, task_result: Any = None, **_: Any) -> None:
     if task_result is None:
         return
-    runs = _current.get()
-    if runs and runs[-1].id == task_result.id:
+    runs = _runs()
+    if runs and runs[-1].result.id == task_result.id:
         _current.set(runs[:-1])
     _forget_queued(task_result)
 
@@ -114,10 +158,10 @@ def current_run(config: SingleInstance, args: tuple) -> tuple[Any, bool] | None:
     if first is not None and any(isinstance(first, base.TaskContext) for base in _loaded("base")):
         result = first.task_result
         return (result, True) if config_of(result.task.func) is config else None
-    runs = _current.get()
+    runs = _runs()
     # Another task's body calling this function directly is no run of this task.
-    if runs and config_of(runs[-1].task.func) is config:
-        return runs[-1], False
+    if runs and config_of(runs[-1].result.task.func) is config:
+        return runs[-1].result, False
     return None
 
 
@@ -195,7 +239,13 @@ RESERVED = "redlock-enqueuing:"
 
 #: The keys whose enqueue turn this context holds: an ``ImmediateBackend`` runs the task inside
 #: ``enqueue()``, and a run enqueuing its own key must not wait for the turn it is inside.
-_enqueuing: ContextVar[frozenset[str]] = ContextVar("redlock_enqueuing", default=frozenset())
+#: Each entry names its turn: one whose turn was let go is stale (an interrupt as the entry was
+#: taken out left it), so it never refuses a later enqueue.
+_enqueuing: ContextVar[tuple[tuple[str, Lock], ...]] = ContextVar("redlock_enqueuing", default=())
+
+
+def _in_turn(key: str) -> bool:
+    return any(k == key and turn.token is not None for k, turn in _enqueuing.get())
 
 
 class DedupeQueuedMixin:
@@ -245,7 +295,7 @@ def _enqueue_once(
     # The key the run will compute, from the arguments as the run gets them (JSON).
     key = config.key_for(task.module_path, *_as_stored(args, kwargs), bound=task.takes_context)
     store = locks[config.using]
-    if key in _enqueuing.get():
+    if _in_turn(key):
         # Inside this key's own enqueue (an ImmediateBackend running the task): the outer
         # call is queueing or running it right now. Waiting for its turn would wait for
         # ourselves.
@@ -261,24 +311,59 @@ def _enqueue_once(
         )
     # Enqueues of a key take turns, so the marker can name the task result id, which the
     # backend makes only while it queues the run (an atomic note would need the id first).
-    turn = Lock(f"{key}:enqueue", ttl=ENQUEUE_TTL, using=config.using)
-    # The acquire inside the try: an interrupt as it returns (or on the next line) must not
-    # leave the turn held, blocking every enqueue of the key until its TTL.
-    try:
-        if not turn.acquire(timeout=ENQUEUE_TTL):
+    deadline = time.monotonic() + ENQUEUE_TTL
+    look = TURN_LOOK
+    while True:
+        wait = min(look, max(deadline - time.monotonic(), 0.0))
+        look *= 2  # each wait that runs out is a timeout (metrics, incidents): a few at most
+        turn = Lock(f"{key}:enqueue", ttl=ENQUEUE_TTL, timeout=wait, using=config.using)
+        entered = False
+        # A ``with``: an interrupt at any line (as the turn is taken, as the call returns)
+        # lets it go, never leaving every enqueue of the key waiting behind it.
+        try:
+            with turn:
+                entered = True
+                return _enqueue_in_turn(
+                    backend, enqueue, config, task, args, kwargs, key, store, turn
+                )
+        except LockNotAcquired:
+            if entered:
+                raise
+        # Another enqueue() of the key has the turn. An ImmediateBackend runs the task inside
+        # it, for as long as the run lasts: that run is the existing one (looked at between
+        # waits, rather than waiting for the turn behind it).
+        existing = _queued_or_running(backend, config, task, key, store)
+        if existing is not None:
+            return existing
+        if time.monotonic() >= deadline:
             raise LockNotAcquired(f"{task.module_path}: {key!r} is being enqueued elsewhere")
-        return _enqueue_in_turn(backend, enqueue, config, task, args, kwargs, key, store)
-    finally:
-        if turn.token is not None:  # taken (not: refused, or handed back by the acquire)
-            turn.release()
+
+
+#: Seconds before the first look at the key while another enqueue() of it has the turn
+#: (doubled after each look).
+TURN_LOOK = 0.5
+
+
+def _queued_or_running(
+    backend: Any, config: SingleInstance, task: Any, key: str, store: Any
+) -> Any:
+    """The run that holds ``key``, or the one its marker names (queued), if any."""
+    running = store.inspect(key)
+    holder = task_id_of(running.holder) if running is not None else None
+    if holder:
+        existing = _existing(backend, config, task, key, holder)
+        if existing is not None:
+            return existing
+    found = markers.read(store, key)
+    return _existing(backend, config, task, key, found[0]) if found is not None else None
 
 
 def _enqueue_in_turn(
     backend: Any, enqueue: Any, config: SingleInstance, task: Any, args: tuple, kwargs: dict,
-    key: str, store: Any,
+    key: str, store: Any, turn: Lock,
 ) -> Any:  # fmt: skip
     try:
-        _enqueuing.set(_enqueuing.get() | {key})
+        _enqueuing.set((*_enqueuing.get(), (key, turn)))
         running = store.inspect(key)
         holder = task_id_of(running.holder) if running is not None else None
         existing = _existing(backend, config, task, key, holder) if holder else None
@@ -295,23 +380,37 @@ def _enqueue_in_turn(
             clear_queued_marker(config, key, found)  # gone, finished or abandoned
         else:
             raise LockError(f"{task.module_path}: could not note {key!r} as queued")
+        result = None
         try:
             result = enqueue(task, args, kwargs)
+            _name_run(config, store, task, key, reservation, result)
         except BaseException:
-            clear_queued_marker(config, key, reservation)
+            # Raised by enqueue(): nothing was queued. Once it returned (an interrupt at any
+            # later line): queued, so the marker must name the run, never stay a reservation
+            # (taken for abandoned: the next enqueue() would queue a second run).
+            if result is None:
+                clear_queued_marker(config, key, reservation)
+            else:
+                _name_run(config, store, task, key, reservation, result)
             raise
-        # Safe in two steps: every enqueue of the key waits for its turn, and a run clears
-        # only its own id.
-        clear_queued_marker(config, key, reservation)
-        wait = _queue_wait(task) + config.dedupe_ttl
-        markers.mark(store, key, str(result.id), to_ms(wait))
         if _already_finished(backend, result):  # it ran before its id was noted: nothing is queued
             clear_queued_marker(config, key, str(result.id))
         return result
     finally:
         # By value, not by the set()'s token: an interrupt as set() returned leaves no token,
         # and the key must not stay noted (this context's later enqueues of it were refused).
-        _enqueuing.set(_enqueuing.get() - {key})
+        _enqueuing.set(tuple(e for e in _enqueuing.get() if e[1] is not turn and e[1].token))
+
+
+def _name_run(
+    config: SingleInstance, store: Any, task: Any, key: str, reservation: str, result: Any
+) -> None:
+    """The reservation replaced by the queued run's id, in one step (compare-and-set), or
+    the id noted where the reservation expired (an enqueue() longer than its TTL: a run
+    inside it); a marker already naming it stays."""
+    ttl_ms = to_ms(_queue_wait(task) + config.dedupe_ttl)
+    if not markers.swap(store, key, reservation, str(result.id), ttl_ms):
+        markers.mark(store, key, str(result.id), ttl_ms)
 
 
 def _existing(backend: Any, config: SingleInstance, task: Any, key: str, found: str) -> Any:

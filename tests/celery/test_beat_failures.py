@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -541,5 +542,57 @@ def test_a_shutdown_in_the_middle_of_a_send_leaves_the_run_to_the_next_leader(
             assert not one.sent
             assert [beat.to_micros(run) for _, run in two.sent] == [before]  # that run, once
         finally:
+            one.close()
+            two.close()
+
+
+class PublishesAsSIGTERMLands(Recording):
+    """Its publish (in the publish's thread) goes through 0.3 s after Celery's SIGTERM handler
+    ran in the scheduler's thread, which waits for it: the handler closes the scheduler,
+    then raises SystemExit there."""
+
+    def apply_async(self, entry: Any, producer: Any = None, advance: bool = True, **_: Any) -> None:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.3)  # the broker takes it meanwhile
+        super().apply_async(entry, producer, advance)
+
+
+def test_a_shutdown_during_a_publish_that_goes_through_leaves_the_run_sent(
+    tmp_path: Path,
+) -> None:
+    """close() took back the claim of a publish still under way in its thread; the publish
+    went through, and the standby, leading at once, sent the same run again."""
+    from celery import Celery
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    name = f"beat-shutdown-publishing-{os.getpid()}"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "default", "ttl": 30, "name": name}):
+        one = PublishesAsSIGTERMLands(app=app, schedule_filename=str(tmp_path / "a"))
+        one.sent = []
+        two = Recording(app=app, schedule_filename=str(tmp_path / "b"))
+        two.sent = []
+
+        def sigterm(signum: int, frame: Any) -> None:
+            one.close()
+            raise SystemExit()
+
+        previous = signal.signal(signal.SIGUSR2, sigterm)
+        try:
+            for each in (one, two):
+                each.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+            with pytest.raises(SystemExit):
+                one.tick()  # leads, claims the run, publishes: the SIGTERM
+            deadline = time.monotonic() + 5
+            while not one.sent:  # it goes through (at once, once close() waited for it)
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            one.close()  # Celery's beat closes again on its way out
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:  # the standby leads at once
+                time.sleep(max(0.0, min(two.tick(), 0.05)))
+            assert two.sent == [], "the run was sent twice"
+        finally:
+            signal.signal(signal.SIGUSR2, previous)
             one.close()
             two.close()

@@ -1383,3 +1383,195 @@ def test_coalesce_poll_interrupted_as_its_mark_is_written_leaves_no_mark(
     noted = markers.read(locks["default"], f"{key}:coalesce")
     assert noted is not None
     markers.clear(locks["default"], f"{key}:coalesce", noted[0])
+
+
+@pytest.mark.parametrize("task_name", ["deduped", "coalesced_deduped"])
+def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated(
+    task_name: str, broker: None, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The message was published; an interrupt (a soft time limit, a signal handler's
+    # exception) at any later line of the delay() (noting it sent) left the marker without
+    # its "sent" note: the next delay() took it for a publish in progress, waited
+    # publish_wait and published a second message while the first was queued.
+    from django_redlock.contrib.celery import SingleInstanceTask as Base
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    monkeypatch.setattr(SingleInstanceTask, "publish_wait", 0.3, raising=False)
+    task = getattr(celery_tasks, task_name)
+    apply = Base.apply_async.__code__
+    watched = {apply, Base._note_sent.__code__, markers.mark.__code__}
+    queue = redis_server.client(db=1)
+
+    def published(frame: Any) -> bool:
+        return frame.f_code is apply and frame.f_locals.get("sent") is not None
+
+    def case(tracer: LineInterrupter) -> None:
+        name = uuid.uuid4().hex[:8]
+        before = queue.llen(NOBODY)
+        extra = () if task_name == "deduped" else ("t1",)
+        interrupted(lambda: task.apply_async((name, *extra), queue=NOBODY), tracer)
+        assert queue.llen(NOBODY) == before + 1, tracer.fired
+        first = json.loads(queue.lindex(NOBODY, 0))["headers"]["id"]  # (pushed at the head)
+        again = task.apply_async((name, *extra), queue=NOBODY)
+        assert again.id == first, f"a second message, at {tracer.fired}"
+        assert queue.llen(NOBODY) == before + 1, tracer.fired
+
+    try:
+        points = every_point(case, lambda at: LineInterrupter(at, watched, published))
+    finally:
+        celery_app.app.control.purge()
+    assert len(points) >= 3, points
+
+
+@pytest.mark.parametrize("follow_up_ends", ["during the publish", "across the take-back", ""])
+def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_ran(
+    follow_up_ends: str, broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Follow-up A claimed its note and runs; B's delay() notes its call over A's claim and
+    # publishes; A ends meanwhile (its drop finds B's note: nothing dropped); B's publish
+    # raises, and B took its note back by putting A's claim back: A's call, which ran, was
+    # noted again and the next worker start ran it a second time. A follow-up that did not
+    # end (killed mid-run) must still find its claim put back (at least once). "across the
+    # take-back": A's drop fails during the publish, and A notes that it ended, and drops
+    # again, only once B took its note back.
+    import threading
+
+    from celery import Task
+
+    from django_redlock.contrib.celery import _claim_note, _dropping_note, _Ending
+
+    task = celery_tasks.coalesced_deduped
+    config = task.single_instance_config()
+    name = uuid.uuid4().hex[:8]
+    key, backend = f"coalesce-dd:{name}", locks["default"]
+    note_call(config, key, (name, "A"), {}, None, None, task.name)
+    claimed = _claim_note(config, key, "follow-up-a")
+    assert claimed is not None
+    ended = _Ending()
+    ended.steps.append(_dropping_note(config, key, claimed[1], ended))
+
+    drop = ended.steps[0].__code__
+    at_mark, go_on = threading.Event(), threading.Event()
+
+    def held_at_the_mark(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not drop:
+            return None
+
+        def line(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and "task_id" in frame.f_locals and not at_mark.is_set():
+                at_mark.set()  # its first clear failed: held before its mark
+                go_on.wait(10)
+            return line
+
+        return line
+
+    def end_across() -> None:
+        sys.settrace(held_at_the_mark)
+        try:
+            ended()
+        finally:
+            sys.settrace(None)
+
+    ending = threading.Thread(target=end_across)
+
+    def publish(self: Any, *args: Any, **options: Any) -> Any:
+        if follow_up_ends == "during the publish":
+            ended()  # A's run ends while B's publish hangs
+        elif follow_up_ends:
+            ending.start()
+            assert at_mark.wait(10)
+        raise OperationalError("the broker's connection was reset during the publish")
+
+    monkeypatch.setattr(Task, "apply_async", publish)
+    with pytest.raises(OperationalError):
+        task.apply_async((name, "B"), queue=NOBODY)
+    monkeypatch.undo()
+    if follow_up_ends == "across the take-back":
+        go_on.set()
+        ending.join(10)
+    noted = markers.read(backend, f"{key}:coalesce")
+    if follow_up_ends:
+        assert noted is None, json.loads(noted[0])  # A ran: nothing left to run
+    else:
+        assert noted is not None and noted[0] == claimed[1]  # A's call still to run
+        ended()  # it ends later: its claim goes
+        assert markers.read(backend, f"{key}:coalesce") is None
+
+
+def test_coalesce_a_call_revoked_with_terminate_does_not_run_again(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # coalesce + dedupe_queued: every call is a follow-up that claims its own note. A revoke
+    # with terminate=True stopped it; its claimed note stayed (as for a killed run, at least
+    # once), and the stopped run's end queued a follow-up that ran the revoked call again
+    # under a new task id. A revoke is a cancel: the call does not come back.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    first = prefork.send(celery_tasks.coalesced_deduped, name, "A", 4.0)
+    wait_for(lambda: r.lrange(f"coalesce-dd:{name}:ran", 0, -1))
+    celery_app.app.control.revoke(first.id, terminate=True)
+    wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
+    time.sleep(2.0)  # a follow-up, if queued, runs meanwhile
+    assert r.lrange(f"coalesce-dd:{name}:ran", 0, -1) == ["A"]
+    assert markers.read(locks["default"], f"coalesce-dd:{name}:coalesce") is None
+    after = prefork.send(celery_tasks.coalesced_deduped, name, "B", 0.1)
+    assert after.get(timeout=30) == "ran"  # the key works on
+
+
+def test_coalesce_a_queued_call_revoked_before_it_runs_leaves_no_note(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # Revoked while queued (held for its countdown): the worker discards it, and its noted
+    # call stayed, for the next run's end or the next worker start to run.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    queued = prefork.send(celery_tasks.coalesced_deduped, name, "Q", 0.1, countdown=1.5)
+    celery_app.app.control.revoke(queued.id)
+    wait_for(lambda: markers.read(locks["default"], f"coalesce-dd:{name}") is None)
+    assert markers.read(locks["default"], f"coalesce-dd:{name}:coalesce") is None
+    assert r.lrange(f"coalesce-dd:{name}:ran", 0, -1) == []
+
+
+def test_coalesce_an_interrupt_at_any_line_of_the_take_back_never_restores_a_call_that_ran(
+    broker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above (A's follow-up ends during B's failing publish), with an interrupt at any
+    # line of B's take-back of its note: the note left is none, or B's own (a take-back cut
+    # short runs the failed call once: at least once), never A's claim (A ran).
+    from celery import Task
+
+    from django_redlock.contrib import celery as contrib
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    task = celery_tasks.coalesced_deduped
+    config = task.single_instance_config()
+    backend = locks["default"]
+    window = contrib.unnote_call.__code__
+    watched = {window, markers.swap.__code__, markers.read.__code__, markers.clear.__code__}
+    if hasattr(contrib, "_drop_ended_claim"):  # (the test runs against older code too)
+        watched.add(contrib._drop_ended_claim.__code__)
+
+    def case(tracer: LineInterrupter) -> None:
+        name = uuid.uuid4().hex[:8]
+        key = f"coalesce-dd:{name}"
+        note_call(config, key, (name, "A"), {}, None, None, task.name)
+        claimed = contrib._claim_note(config, key, "follow-up-a")
+        assert claimed is not None
+        ended = contrib._Ending()
+        ended.steps.append(contrib._dropping_note(config, key, claimed[1], ended))
+
+        def publish(self: Any, *args: Any, **options: Any) -> Any:
+            ended()  # A's run ends while B's publish hangs
+            raise OperationalError("the broker's connection was reset during the publish")
+
+        monkeypatch.setattr(Task, "apply_async", publish)
+        try:
+            interrupted(lambda: task.apply_async((name, "B"), queue=NOBODY), tracer)
+        except OperationalError:
+            pass  # not interrupted (the window's end)
+        finally:
+            monkeypatch.undo()
+        noted = markers.read(backend, f"{key}:coalesce")
+        assert noted is None or "taken" not in json.loads(noted[0]), tracer.fired
+
+    every_point(case, lambda at: LineInterrupter(at, watched, lambda f: f.f_code is window))

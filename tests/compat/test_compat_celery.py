@@ -568,3 +568,45 @@ def test_once_unlock_before_run_follow_up_limited_on_the_way_into_its_body_keeps
     markers.clear(locks["default"], f"{key}:coalesce", noted[0])
     assert _once_follow_ups(redis_server, name) == [f"('{name}', 'd1', 0)"]
     celery_app.app.control.purge()
+
+
+@pytest.mark.parametrize("shim", ["singleton", "once"])
+def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated(
+    shim: str, app: Celery, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shims queue through SingleInstanceTask.apply_async: an interrupt at any line after
+    # the publish (before the message was noted as sent) made the next call publish a
+    # second message after publish_wait, beside the queued one.
+    from django_redlock.backends import markers
+    from django_redlock.contrib.celery import SingleInstanceTask
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    monkeypatch.setattr(SingleInstanceTask, "publish_wait", 0.3, raising=False)
+    apply = SingleInstanceTask.apply_async.__code__
+    watched = {apply, SingleInstanceTask._note_sent.__code__, markers.mark.__code__}
+    queue = redis_server.client(db=1)
+    calls = [0]
+
+    def published(frame: Any) -> bool:
+        return frame.f_code is apply and frame.f_locals.get("sent") is not None
+
+    def case(tracer: LineInterrupter) -> None:
+        calls[0] += 1
+        args = (calls[0], 1000 + calls[0], 7) if shim == "singleton" else (calls[0], 1000)
+        task = tasks.singleton_simple if shim == "singleton" else tasks.args_example
+        before = queue.llen(NOBODY)
+        interrupted(lambda: task.apply_async(args, queue=NOBODY), tracer)
+        assert queue.llen(NOBODY) == before + 1, tracer.fired
+        first = json.loads(queue.lindex(NOBODY, 0))["headers"]["id"]  # (pushed at the head)
+        if shim == "singleton":
+            assert task.apply_async(args, queue=NOBODY).id == first, tracer.fired
+        else:
+            with pytest.raises(AlreadyQueued):
+                task.apply_async(args, queue=NOBODY)
+        assert queue.llen(NOBODY) == before + 1, f"a second message, at {tracer.fired}"
+
+    try:
+        points = every_point(case, lambda at: LineInterrupter(at, watched, published))
+    finally:
+        app.control.purge()
+    assert len(points) >= 3, points

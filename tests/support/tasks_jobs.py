@@ -138,3 +138,21 @@ def next_page(page: int) -> list[Any]:
     except AlreadyQueued as exc:
         return ["AlreadyQueued", exc.task_id]
     return ["enqueued"]
+
+
+@task(backend="immediate")
+@single_instance(key="tasks:slow-immediate", ttl=5, dedupe_queued=True)
+def slow_immediate(seconds: float) -> str:
+    """Runs ``seconds`` (a dedupe-wrapped ImmediateBackend: inside its enqueue())."""
+    time.sleep(seconds)
+    return "ran"
+
+
+@task(backend="immediate")
+@single_instance(key="tasks:interrupted", ttl=5)
+def holder_seen(interrupt: bool) -> dict[str, Any]:
+    """The holder of its key as its body sees it; ``interrupt``: Ctrl-C in the body."""
+    info = locks["default"].inspect("tasks:interrupted")
+    if interrupt:
+        raise KeyboardInterrupt("Ctrl-C in the body")
+    return dict(info.holder) if info is not None else {}

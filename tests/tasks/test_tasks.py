@@ -453,8 +453,8 @@ def test_an_exception_right_after_the_take_releases(monkeypatch: pytest.MonkeyPa
 
 def test_an_interrupt_as_the_enqueue_s_turn_is_taken_leaves_it_free() -> None:
     # An interrupt (Ctrl-C, a SIGALRM handler that raises) as the enqueue's turn on the key is
-    # taken (at the return of its acquire): the turn must go with the call, not block every
-    # enqueue() of the key, in any process, for its 30 s TTL.
+    # taken (at the return of the ``with``'s take): the turn must go with the call, not block
+    # every enqueue() of the key, in any process, for its 30 s TTL.
     import datetime
 
     from django.utils import timezone
@@ -462,7 +462,7 @@ def test_an_interrupt_as_the_enqueue_s_turn_is_taken_leaves_it_free() -> None:
 
     from django_redlock.locking.base import BaseLock
 
-    acquire = BaseLock.acquire.__code__
+    acquire = BaseLock._entered.__code__
     strikes = [1]
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
@@ -470,7 +470,7 @@ def test_an_interrupt_as_the_enqueue_s_turn_is_taken_leaves_it_free() -> None:
             return None
 
         def local(frame: Any, event: str, arg: Any) -> Any:
-            if event == "return" and arg is True and strikes:
+            if event == "return" and arg is frame.f_locals["self"] and strikes:
                 strikes.pop()
                 raise KeyboardInterrupt("as the enqueue's turn was taken")
             return local
@@ -524,7 +524,7 @@ def test_an_interrupt_as_the_enqueue_notes_its_key_leaves_later_enqueues_alone()
     finally:
         sys.setprofile(previous)
     assert not strikes
-    assert contrib._enqueuing.get() == frozenset()
+    assert contrib._enqueuing.get() == ()
     queued = later.enqueue(33)  # not AlreadyQueued ("enqueued or run by this very call")
     DBTaskResult.objects.filter(id=queued.id).delete()
 
@@ -562,3 +562,97 @@ def test_an_interrupt_as_a_run_names_its_task_leaves_later_holds_unnamed() -> No
             assert info is not None and not info.holder.get("k"), info.holder
     finally:
         identity.current_task.set(None)  # failed: the later tests' holds not named either
+
+
+def test_an_interrupt_at_any_line_after_the_backend_enqueued_leaves_the_run_deduplicated() -> None:
+    # The backend's enqueue() returned (the run is queued); an interrupt (Ctrl-C, a signal
+    # handler's exception) at any later line of the dedupe's enqueue (naming the run in the
+    # marker, the finished-run check, the turn's release) must leave the marker naming the
+    # run: a reservation left was taken for abandoned, and the next enqueue() queued a
+    # second run of the key.
+    import datetime
+
+    from django.utils import timezone
+    from django_tasks_db.models import DBTaskResult
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import tasks as contrib
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    later = tasks_jobs.deduped.using(run_after=timezone.now() + datetime.timedelta(hours=1))
+    window = contrib._enqueue_in_turn.__code__
+    watched = {window, contrib._enqueue_once.__code__, markers.swap.__code__, markers.mark.__code__}
+    if hasattr(contrib, "_name_run"):  # (the test runs against the code before the fix too)
+        watched.add(contrib._name_run.__code__)
+
+    def enqueued(frame: Any) -> bool:
+        return frame.f_code is window and frame.f_locals.get("result") is not None
+
+    runs: list[int] = [3400]
+
+    def case(tracer: LineInterrupter) -> None:
+        runs[0] += 1
+        before = set(DBTaskResult.objects.values_list("id", flat=True))
+        interrupted(lambda: later.enqueue(runs[0]), tracer)
+        queued = set(DBTaskResult.objects.values_list("id", flat=True)) - before
+        assert len(queued) == 1, tracer.fired
+        again = later.enqueue(runs[0])
+        assert {str(again.id)} == {str(q) for q in queued}, f"a second run, at {tracer.fired}"
+        DBTaskResult.objects.filter(id__in=queued | {again.id}).delete()
+
+    points = every_point(case, lambda at: LineInterrupter(at, watched, enqueued))
+    assert len(points) >= 3, points
+
+
+def test_an_enqueue_meeting_a_run_inside_another_enqueue_is_already_queued(
+    dedupe_immediate: str,
+) -> None:
+    # An ImmediateBackend runs the task inside enqueue(), so inside that call's turn on the
+    # key: a second enqueue() from another thread waited the turn's 30 s, then raised
+    # LockNotAcquired. The docs: a backend that keeps no results raises AlreadyQueued.
+    import threading
+
+    from django_redlock.contrib.single import AlreadyQueued
+
+    job = tasks_jobs.slow_immediate.using(backend=dedupe_immediate)
+    first = threading.Thread(target=lambda: job.enqueue(2.0))
+    first.start()
+    try:
+        wait_for(lambda: locks["default"].is_locked("tasks:slow-immediate"), "the first run")
+        started = time.monotonic()
+        with pytest.raises(AlreadyQueued):
+            job.enqueue(0.1)
+        assert time.monotonic() - started < 1.5
+    finally:
+        first.join(40)
+    assert job.enqueue(0.1).return_value == "ran"  # nothing left queued or held
+
+
+def test_a_run_interrupted_anywhere_is_no_longer_the_current_run() -> None:
+    # The ImmediateBackend passes a KeyboardInterrupt on without task_finished: the run stayed
+    # "current" in this thread for good, and every later direct call of the function ran as a
+    # run of that dead task (its hold naming the dead result id), the stack growing by one
+    # per interrupted run. In the body, and at every line of the backend's run of it.
+    from django_redlock.contrib import tasks as contrib
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    job = tasks_jobs.holder_seen
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            job.enqueue(True)
+    direct = job.func(False)
+    assert not direct.get("k"), direct  # a direct call: no task named
+    assert contrib._current.get() == ()
+
+    execute = type(job.get_backend())._execute_task.__code__
+
+    def case(tracer: LineInterrupter) -> None:
+        interrupted(lambda: job.enqueue(False), tracer)
+        direct = job.func(False)
+        assert not direct.get("k"), f"{direct} at {tracer.fired}"
+        assert contrib._current.get() == (), tracer.fired
+
+    points = every_point(
+        case, lambda at: LineInterrupter(at, {execute}, lambda f: "task_start_time" in f.f_locals)
+    )
+    assert len(points) >= 5, points
