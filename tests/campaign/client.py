@@ -262,11 +262,12 @@ def main() -> None:
     from django_redlock import LockError, LockLost, lock, read_write_lock, semaphore
     from django_redlock.signals import lock_lost
 
-    from . import database, interrupts
+    from . import database, interrupts, stall
     from .resource import Resource
 
     cid = config["id"]
     log = Log(config["log"], cid)
+    stall.watch(log)  # how long this process was not running: the timing judges subtract it
     rng = random.Random(config["seed"])
     armed = interrupts.Interrupts(config.get("interrupt_flag") or "", random.Random(rng.random()))
     broken = config.get("break") or ""
