@@ -836,7 +836,10 @@ class Timing:
             judged += 1
             stalled = self.stalls.overlap(client, ref, t)
             took = t - ref - stalled
-            self.stalls.count(stalled > 0, took <= bound < t - ref)
+            self.stalls.count(
+                stalled > 0, took <= bound < t - ref,
+                f"error-latency {client}/h{ev.get('h')}: {t - ref:.3f} s less {stalled:.3f} s",
+            )  # fmt: skip
             slowest = max(slowest, took)
             if took > bound:
                 what = "after its call began" if ref == since else "after a fault began"
@@ -920,7 +923,10 @@ class Timing:
                 self.stalls.overlap("harness", t, until),
             )
             took = taken - t - stalled
-            self.stalls.count(stalled > 0, took <= limit < taken - t)
+            self.stalls.count(
+                stalled > 0, took <= limit < taken - t,
+                f"handoff-slow {ev['c']}/h{ev['h']}: {taken - t:.3f} s less {stalled:.3f} s",
+            )  # fmt: skip
             slowest = max(slowest, min(took, 9.9))
             if took > limit:
                 w = waiters[0]

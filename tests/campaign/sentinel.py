@@ -589,7 +589,7 @@ def check(
         # Its process not running for STALLED of the call (stall.py): the machine's, not
         # counted against the backend (nor breaking a streak).
         if stalls.overlap(hold["c"], t0, t1) > STALLED:
-            stalls.count(True, hold["c"] in failed)
+            stalls.count(True, hold["c"] in failed, f"take-unavailable {hold['c']}/h{hold['h']}")
             continue
         quiet_errors += 1
         earlier = failed.setdefault(hold["c"], hold)
@@ -633,7 +633,9 @@ def check(
         raw = max(b - a for a, b in gaps)
         free, stalled = max((b - a - stalls.overlap(hold["c"], a, b), stalls.overlap(
             hold["c"], a, b)) for a, b in gaps)  # fmt: skip
-        stalls.count(raw >= WAKE and raw > free, raw >= WAKE > free)
+        stalls.count(raw >= WAKE and raw > free, raw >= WAKE > free,
+                     f"waiter-starved {hold['c']}/h{hold['h']}: free {raw:.2f} s, {free:.2f}"
+                     " s not stalled")  # fmt: skip
         if free >= WAKE:
             violations.append(Violation(
                 "waiter-starved", t1,

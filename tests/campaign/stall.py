@@ -80,6 +80,7 @@ class Stalls:
         self.ends = {c: [b for _, b, _ in s] for c, s in self.spans.items()}
         self.adjusted = 0  # judgements whose duration a stall shortened
         self.excused = 0  # of them, those that would have failed without
+        self.notes: list[str] = []  # what those were
 
     def overlap(self, client: str, a: float, b: float) -> float:
         """The idle time of ``client``'s process within [a, b] (s)."""
@@ -100,9 +101,13 @@ class Stalls:
             default=(0.0, ""),
         )
 
-    def count(self, adjusted: bool, excused: bool) -> None:
+    def count(self, adjusted: bool, excused: bool, what: str = "") -> None:
+        """One judgement: whether a stall shortened it, whether it passes only so (``what``
+        it was, for the report)."""
         self.adjusted += adjusted
         self.excused += excused
+        if excused:
+            self.notes.append(what)
 
     def describe(self) -> str:
         clients = [c for c in self.spans if c != "harness"]
@@ -113,5 +118,5 @@ class Stalls:
             f" {stall:.3f} s idle{f', {client}' if client else ''}),"
             f" {len(self.spans.get('harness', []))} in the harness (largest {harness:.3f} s);"
             f" {self.adjusted} timing judgements adjusted for them, {self.excused} of which"
-            " pass only so"
+            " pass only so" + "".join(f"\n    {note}" for note in self.notes[:5])
         )

@@ -127,7 +127,11 @@ def judge(phase: Phase | None, events: list[dict[str, Any]], started: float,
     rates["judged"] = bool(rates["healthy_seconds"] and rates["clogged_seconds"])
     rates["ok"] = not rates["judged"] or (bool(healthy) and rates["ratio"] >= FLOOR)
     rates["raw_ratio"] = raw["clogged"] / raw["healthy"] if raw["healthy"] else 0.0
-    stalls.count(False, rates["ok"] and rates["raw_ratio"] < FLOOR)
+    stalls.count(
+        False,
+        rates["ok"] and rates["raw_ratio"] < FLOOR,
+        f"clogged-throughput: {rates['raw_ratio']:.2f} x over all of the windows",
+    )
     return rates
 
 
