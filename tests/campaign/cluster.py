@@ -539,7 +539,7 @@ def check(
         f" holds of a name taken while an earlier one, later reported lost, was still counted"
         f" on; {len(pauses)} master pauses of {[round(b - a, 1) for _, a, b in pauses]} s"
         f" (TTL {TTL:g} s)")  # fmt: skip
-    report.lines.append(Stalls(events).describe())  # no property here is about time
+    report.lines.append(Stalls(events).describe(harness=False))  # no property here is about time
     if failovers:
         # Holds confirmed before a planned failover of their shard and counted on after it.
         through = Counter(

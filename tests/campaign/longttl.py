@@ -212,7 +212,7 @@ def check(
         f"  operations: {stats['acq']} acquires ({stats['acq_ok']} held, {stats['acq_no']} not,"
         f" {stats['acq_err']} errors), {stats['rel_ok']} releases ({stats['rel_err']} errors);"
         f" {len(pauses)} single-node pauses (TTL {TTL:g} s)")  # fmt: skip
-    report.lines.append(Stalls(events).describe())  # no property here is about time
+    report.lines.append(Stalls(events).describe(harness=False))  # no property here is about time
     return report
 
 

@@ -669,7 +669,7 @@ def check(
         f" in a disruption of {GRACE:.2f} s or more, or"
         f" confirmed within one); holds confirmed before a failover or kill and held through"
         f" it: {across['kept']} kept, {across['lost']} lost")  # fmt: skip
-    report.lines.append(stalls.describe())
+    report.lines.append(stalls.describe(harness=False))
     report.lines.append("  moves: " + "; ".join(
         f"{f.kind} {f.detail} at {f.start - started:.1f} s (disruption {f.b - f.a:.2f} s,"
         f" move {f.end - f.start:.2f} s)" for f in applied))  # fmt: skip

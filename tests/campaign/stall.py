@@ -109,14 +109,20 @@ class Stalls:
         if excused:
             self.notes.append(what)
 
-    def describe(self) -> str:
+    def describe(self, harness: bool = True) -> str:
+        """The report's line; ``harness``: whether the harness ran a probe (the main
+        harness, whose proxies carry the clients' requests; the other kinds have none)."""
         clients = [c for c in self.spans if c != "harness"]
         stall, client = self.largest(clients)
-        harness, _ = self.largest(["harness"])
+        own = (
+            f" {len(self.spans.get('harness', []))} in the harness (largest"
+            f" {self.largest(['harness'])[0]:.3f} s);"
+            if harness
+            else ";"
+        )
         return (
             f"  stalls: {sum(len(self.spans[c]) for c in clients)} in the clients (largest"
-            f" {stall:.3f} s idle{f', {client}' if client else ''}),"
-            f" {len(self.spans.get('harness', []))} in the harness (largest {harness:.3f} s);"
+            f" {stall:.3f} s idle{f', {client}' if client else ''}),{own}"
             f" {self.adjusted} timing judgements adjusted for them, {self.excused} of which"
             " pass only so" + "".join(f"\n    {note}" for note in self.notes[:5])
         )
