@@ -115,14 +115,14 @@ class Stalls:
         clients = [c for c in self.spans if c != "harness"]
         stall, client = self.largest(clients)
         own = (
-            f" {len(self.spans.get('harness', []))} in the harness (largest"
-            f" {self.largest(['harness'])[0]:.3f} s);"
+            f", {len(self.spans.get('harness', []))} in the harness (largest"
+            f" {self.largest(['harness'])[0]:.3f} s)"
             if harness
-            else ";"
+            else ""
         )
         return (
             f"  stalls: {sum(len(self.spans[c]) for c in clients)} in the clients (largest"
-            f" {stall:.3f} s idle{f', {client}' if client else ''}),{own}"
+            f" {stall:.3f} s idle{f', {client}' if client else ''}){own};"
             f" {self.adjusted} timing judgements adjusted for them, {self.excused} of which"
             " pass only so" + "".join(f"\n    {note}" for note in self.notes[:5])
         )
