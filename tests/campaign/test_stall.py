@@ -26,11 +26,13 @@ while spent < 0.02:  # size the CPU burn to this machine
     n *= 2
     t = time.process_time(); sum(range(n)); spent = time.process_time() - t
 n = int(n * float(sys.argv[1]) / spent)
-burn = time.time(); sum(range(n)); burn = (burn, time.time())
+burn, cpu = time.time(), time.process_time()
+sum(range(n))
+burn, cpu = (burn, time.time()), time.process_time() - cpu
 print("ready", flush=True)
 sys.stdin.readline()  # stopped and continued meanwhile
 time.sleep(0.1)
-print(json.dumps({"burn": burn, "events": events}), flush=True)
+print(json.dumps({"burn": burn, "cpu": cpu, "events": events}), flush=True)
 """
 
 
@@ -56,12 +58,14 @@ def test_a_stopped_process_stalls_and_its_own_cpu_burn_does_not() -> None:
     stalls = [e for e in out["events"] if e["e"] == "stall"]
     # The stop: about 0.4 s late, all of it idle (on a loaded machine, maybe a little more).
     stop = [e for e in stalls if e["s"] < resumed and e["t"] > stopped]
-    assert len(stop) == 1 and 0.35 < stop[0]["idle"] <= stop[0]["late"] < 1.5, stalls
-    # The burn: the probe woke late (the GIL held), but the process ran: next to no idle.
+    assert len(stop) == 1 and 0.35 < stop[0]["idle"] <= stop[0]["late"] < 5.0, stalls
+    # The burn: the probe woke late (the GIL held), but the process ran: the CPU it burnt is
+    # not idle (on a loaded machine the burn is descheduled too: that part is).
     a, b = out["burn"]
     burn = [e for e in stalls if e["s"] < b and e["t"] > a]
     assert burn and max(e["late"] for e in burn) > 0.1, stalls
-    assert sum(e["idle"] for e in burn) < 0.5 * sum(e["late"] for e in burn), burn
+    ran = sum(e["late"] - e["idle"] for e in burn)
+    assert ran > 0.7 * out["cpu"], (out["cpu"], burn)
 
 
 #: A campaign client's signal handling (interrupts.py) and the probe: 300 SIGUSR1 in bursts.
