@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .resource import Write
+from .stall import Stalls
 from .throughput import describe as describe_throughput
 
 UNKNOWN_ERRORS = ("BackendUnavailable", "QuorumNotReached")
@@ -136,6 +137,8 @@ class Report:
             f" hand-offs judged (slowest {s.get('slowest_handoff', 0):.3f} s),"
             f" {s.get('interrupts', 0)} interrupts caught",
         ]
+        if s.get("stalls"):
+            lines.append(s["stalls"].describe())
         if s.get("roundtrips"):
             r = s["roundtrips"]
             lines.append(f"  round trips: {r['ops']} quiet acquire+release, script calls per"
@@ -239,8 +242,10 @@ def check(
     socket_timeout: float = 0.0,
     killed_at_stop: dict[str, float] | None = None,
     roundtrips: dict[str, Any] | None = None,
+    harness_stalls: list[dict[str, Any]] | None = None,
 ) -> Report:
     events = sorted(events, key=lambda e: e["t"])
+    stalls = Stalls([*events, *(harness_stalls or [])])
     holds = _holds(events)
     granted = sorted((h for h in holds.values() if h.outcome == "ok"), key=lambda h: h.end or 0)
     violations: list[Violation] = []
@@ -594,7 +599,7 @@ def check(
     timing = Timing(
         backend=backend, kind=kind, ttl=ttl, nodes=nodes, holds=holds, events=events,
         applied=applied, paused=paused, quiet=quiet, stopping=stopping,
-        socket_timeout=socket_timeout, data_loss=data_loss,
+        socket_timeout=socket_timeout, data_loss=data_loss, stalls=stalls,
     )  # fmt: skip
     for prop, t, message, clients in timing.judge(killed_at_stop or {}, roundtrips):
         violate(prop, t, message, *clients)
@@ -626,6 +631,7 @@ def check(
         "quiet_seconds": quiet_seconds,
         "errors": Counter(h.error for h in holds.values() if h.error),
         "interrupts": counts["intr"],
+        "stalls": stalls,  # described when the report is printed (throughput counts too)
         **timing.stats,
     }
     if database is not None:
@@ -749,17 +755,24 @@ class Timing:
       acquire to the loss; its client not paused or interrupted meanwhile);
     * ``round-trips``: on a quiet, healthy Redlock (its nodes' clocks skewed a few ms), a node
       served more than ROUND_TRIPS script calls per acquire and release (roundtrips.py).
+
+    A bound on a duration (error-latency, handoff-slow) is measured against the duration
+    less the scheduling stalls (stall.py) of the process that had to act meanwhile: the
+    caller's own for an error, the waiters' (the least stalled of them) and the harness's
+    (its proxies carry every reply) for a hand-off. Nothing else is excused by a stall.
     """
 
     def __init__(
         self, *, backend: str, kind: str, ttl: float, nodes: int, holds: dict[Any, Hold],
         events: list[dict[str, Any]], applied: list[Any], paused: dict[str, Any],
         quiet: Any, stopping: float, socket_timeout: float, data_loss: set[str],
+        stalls: Stalls | None = None,
     ) -> None:  # fmt: skip
         self.backend, self.kind, self.ttl, self.nodes = backend, kind, ttl, nodes
         self.holds, self.events, self.applied, self.paused = holds, events, applied, paused
         self.quiet, self.stopping, self.socket_timeout = quiet, stopping, socket_timeout
         self.data_loss = data_loss
+        self.stalls = stalls if stalls is not None else Stalls(events)
         self.stats: dict[str, Any] = {}
         self.found: list[tuple[str, float, str, set[str]]] = []
         self.node_faults = [
@@ -821,17 +834,24 @@ class Timing:
             began = [f.started for f in self.node_faults if f.started <= t]
             ref = max([since, *[b for b in began if b >= since]])
             judged += 1
-            slowest = max(slowest, t - ref)
-            if t - ref > bound:
+            stalled = self.stalls.overlap(client, ref, t)
+            took = t - ref - stalled
+            self.stalls.count(
+                stalled > 0, took <= bound < t - ref,
+                f"error-latency {client}/h{ev.get('h')}: {t - ref:.3f} s less {stalled:.3f} s",
+            )  # fmt: skip
+            slowest = max(slowest, took)
+            if took > bound:
                 what = "after its call began" if ref == since else "after a fault began"
                 self.found.append(
                     (
                         "error-latency",
                         t,
                         f"{client}/h{ev.get('h')}: {ev['e']}"
-                        f" BackendUnavailable {t - ref:.3f} s {what} (call from"
-                        f" {since:.3f}), over 1.5 socket timeouts"
-                        f" ({self.socket_timeout:g} s) + {SLACK:g}",
+                        f" BackendUnavailable {took:.3f} s {what} (call from"
+                        f" {since:.3f}; {t - ref:.3f} s less {stalled:.3f} s its process"
+                        f" stalled), over 1.5 socket timeouts ({self.socket_timeout:g} s)"
+                        f" + {SLACK:g}",
                         {client},
                     )
                 )
@@ -841,7 +861,8 @@ class Timing:
     def hung(self, killed: dict[str, float]) -> None:
         last: dict[str, dict[str, Any]] = {}
         for ev in self.events:
-            last[ev["c"]] = ev
+            if ev["e"] != "stall":
+                last[ev["c"]] = ev
         for client, when in killed.items():
             ev = last.get(client) or {}
             if ev.get("e") != "acq":
@@ -894,8 +915,20 @@ class Timing:
             i = bisect.bisect_left(takes, ev.get("since", t))
             taken = takes[i] if i < len(takes) else float("inf")
             judged += 1
-            slowest = max(slowest, min(taken - t, 9.9))
-            if taken - t > limit:
+            # A live waiter takes it: the least stalled one (or the harness's proxies) says
+            # how long the machine held them all back.
+            until = min(taken, t + 9.9)
+            stalled = max(
+                min(self.stalls.overlap(h.client, t, until) for h in waiters),
+                self.stalls.overlap("harness", t, until),
+            )
+            took = taken - t - stalled
+            self.stalls.count(
+                stalled > 0, took <= limit < taken - t,
+                f"handoff-slow {ev['c']}/h{ev['h']}: {taken - t:.3f} s less {stalled:.3f} s",
+            )  # fmt: skip
+            slowest = max(slowest, min(took, 9.9))
+            if took > limit:
                 w = waiters[0]
                 self.found.append(
                     (
@@ -904,8 +937,8 @@ class Timing:
                         f"{ev['c']}/h{ev['h']} released at"
                         f" {t:.3f} while {w.client}/h{w.hold} waited (since"
                         f" {w.start:.3f}, timeout {w.timeout:g} s); nobody took the"
-                        f" lock for {taken - t:.3f} s (bound {HANDOFF:g} s), in quiet"
-                        " time",
+                        f" lock for {taken - t:.3f} s (less {stalled:.3f} s stalled; bound"
+                        f" {HANDOFF:g} s), in quiet time",
                         {ev["c"], w.client},
                     )
                 )

@@ -262,11 +262,12 @@ def main() -> None:
     from django_redlock import LockError, LockLost, lock, read_write_lock, semaphore
     from django_redlock.signals import lock_lost
 
-    from . import database, interrupts
+    from . import database, interrupts, stall
     from .resource import Resource
 
     cid = config["id"]
     log = Log(config["log"], cid)
+    stall.watch(log)  # how long this process was not running: the timing judges subtract it
     rng = random.Random(config["seed"])
     armed = interrupts.Interrupts(config.get("interrupt_flag") or "", random.Random(rng.random()))
     broken = config.get("break") or ""
@@ -366,6 +367,8 @@ def main() -> None:
                 with armed.armed(timeout or 0.05):
                     got = lk.acquire(blocking=blocking, timeout=timeout)
             except LockError as exc:
+                if broken == "spin" and type(exc).__name__ == "BackendUnavailable":
+                    spin(0.6)
                 log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
                 time.sleep(rng.uniform(0.01, 0.1))
                 continue
@@ -492,6 +495,20 @@ def quick_hold(
         ok, last = resource.write(cid, hold, fence, phase, "x", None)
         log("write", h=hold, phase=phase, fence=fence, ok=ok, last=last, role="x", expiry=None)
     release(lk, hold, rng, log, error, lost)
+
+
+def spin(seconds: float) -> None:
+    """CAMPAIGN_BREAK=spin (a self-test of the stall probe): the client's own code busy for
+    ``seconds`` of CPU with the GIL held (``sum`` over a range runs in C) before it reports
+    a ``BackendUnavailable``: its probe wakes that late, yet the process ran, so no stall
+    excuses it and ``error-latency`` must fail."""
+    n, spent = 100_000, 0.0
+    while spent < 0.02:
+        n *= 2
+        t = time.process_time()
+        sum(range(n))
+        spent = time.process_time() - t
+    sum(range(int(n * seconds / spent)))
 
 
 def release_quietly(lk: Any, hold: int, log: Log, inspector: Inspector) -> bool:

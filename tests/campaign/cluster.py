@@ -61,6 +61,7 @@ from typing import Any
 
 from .checker import Violation
 from .scenario import KindReport, Log, excluded, read_logs, setup_django, storms
+from .stall import Stalls, watch
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 1.5
@@ -97,6 +98,7 @@ def client(config: dict[str, Any]) -> None:
     from django_redlock.signals import lock_lost
 
     log = Log(config["log"], config["id"])
+    watch(log)  # scheduling stalls (stall.py)
     rng = random.Random(config["seed"])
     backend = locks["default"]
     names = [f"{config['name']}:{k}" for k in range(NAMES)]
@@ -537,6 +539,7 @@ def check(
         f" holds of a name taken while an earlier one, later reported lost, was still counted"
         f" on; {len(pauses)} master pauses of {[round(b - a, 1) for _, a, b in pauses]} s"
         f" (TTL {TTL:g} s)")  # fmt: skip
+    report.lines.append(Stalls(events).describe(harness=False))  # no property here is about time
     if failovers:
         # Holds confirmed before a planned failover of their shard and counted on after it.
         through = Counter(

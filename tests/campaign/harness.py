@@ -24,7 +24,7 @@ from typing import Any
 
 from django_redlock.testing import FakeClock, RedisServer, faketime_server
 
-from . import throughput
+from . import stall, throughput
 from .checker import Report, Violation, check
 from .database import Database
 from .nemesis import CLOCK, DATA_LOSS, Fault, Nemesis, make_plan
@@ -459,6 +459,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
     plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD, exclude,
                      clock=clock_faults(kind), database=kind == "database")  # fmt: skip
     nemesis = Nemesis(plan, run)
+    probe = stall.Recorder()  # the harness's own: its proxies carry the clients' requests
     try:
         if plan.phase is not None:
             run.throughput_flag.touch()  # the clients start in the throughput phase
@@ -514,13 +515,14 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
             socket_timeout=SOCKET_TIMEOUT[backend],
             killed_at_stop=killed,
             roundtrips=roundtrips,
+            harness_stalls=probe.events,
         )
         if backend == "redlock" and roundtrips is None:
             report.harness_errors.append(f"round-trip probe failed: {run.roundtrips_error}")
         if run.skews:
             report.stats["skews"] = run.skews
         report.exclude = ",".join(sorted(exclude))
-        rates = throughput.judge(plan.phase, events, started, plan.faults)
+        rates = throughput.judge(plan.phase, events, started, plan.faults, report.stats["stalls"])
         if rates is not None:
             report.stats["throughput"] = rates
             if not rates["ok"]:
@@ -530,6 +532,7 @@ def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
                 ))  # fmt: skip
         return report
     finally:
+        probe.stop.set()
         if nemesis.started:
             nemesis.stop()
         run.close()

@@ -35,6 +35,7 @@ from typing import Any
 
 from .checker import Violation
 from .scenario import KindReport, Log, excluded, read_logs, setup_django, storms
+from .stall import Stalls, watch
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 20.0
@@ -52,6 +53,7 @@ def client(config: dict[str, Any]) -> None:
     from django_redlock import LockError, lock
 
     log = Log(config["log"], config["id"])
+    watch(log)  # scheduling stalls (stall.py)
     rng = random.Random(config["seed"])
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -210,6 +212,7 @@ def check(
         f"  operations: {stats['acq']} acquires ({stats['acq_ok']} held, {stats['acq_no']} not,"
         f" {stats['acq_err']} errors), {stats['rel_ok']} releases ({stats['rel_err']} errors);"
         f" {len(pauses)} single-node pauses (TTL {TTL:g} s)")  # fmt: skip
+    report.lines.append(Stalls(events).describe(harness=False))  # no property here is about time
     return report
 
 

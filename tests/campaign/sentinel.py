@@ -62,6 +62,7 @@ from typing import Any
 from .checker import Violation
 from .resource import Resource, Write
 from .scenario import KindReport, Log, excluded, read_logs, setup_django, storms
+from .stall import Stalls, watch
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The sentinels look at a replica once a second during a failover: its promotion is named
@@ -84,6 +85,9 @@ REPL = 0.2
 LIVE_BOUND = 2.0
 #: A waiter is woken when the name is freed (a release publishes it): within this.
 WAKE = 0.5
+#: A take whose process stalled (stall.py) this long during the call is not judged by
+#: take-unavailable (a third of the WAIT's timeout).
+STALLED = 0.1
 MOVES = ("failover", "master_pause", "master_kill", "replica_restart")
 UNKNOWN = ("BackendUnavailable", "QuorumNotReached")
 
@@ -103,6 +107,7 @@ def client(config: dict[str, Any]) -> None:
     from django_redlock.signals import lock_lost
 
     log = Log(config["log"], config["id"])
+    watch(log)  # scheduling stalls (stall.py)
     rng = random.Random(config["seed"])
     backend = locks["default"]
     resources = {name: Resource(redis.Redis(port=config["resource"], db=i, socket_timeout=10))
@@ -466,6 +471,7 @@ def check(
     holds: dict[tuple[str, int], dict[str, Any]] = {}
     violations: list[Violation] = []
     stats: Counter[str] = Counter()
+    stalls = Stalls(events)
     for ev in events:
         if "h" not in ev:
             continue
@@ -580,6 +586,11 @@ def check(
         if hold.get("outcome") != "acq_err" or hold.get("err") not in UNKNOWN:
             failed.pop(hold["c"], None)
             continue
+        # Its process not running for STALLED of the call (stall.py): the machine's, not
+        # counted against the backend (nor breaking a streak).
+        if stalls.overlap(hold["c"], t0, t1) > STALLED:
+            stalls.count(True, hold["c"] in failed, f"take-unavailable {hold['c']}/h{hold['h']}")
+            continue
         quiet_errors += 1
         earlier = failed.setdefault(hold["c"], hold)
         if earlier is hold:
@@ -612,18 +623,27 @@ def check(
         if any(f.start <= t1 and over(f) + TTL + 0.5 > t0 for f in applied):
             continue
         waited += 1
-        free, at = 0.0, t0
+        gaps, at = [], t0
         for lo, hi in sorted(x for x in occupied[hold["name"]] if x[1] > t0 and x[0] < t1):
             if lo > at:
-                free = max(free, lo - at)
+                gaps.append((at, lo))
             at = max(at, hi)
-        free = max(free, t1 - at)
+        gaps.append((at, t1))
+        # A free span less the waiter's own stalls in it (not running: it could not take it).
+        raw = max(b - a for a, b in gaps)
+        free, stalled = max((b - a - stalls.overlap(hold["c"], a, b), stalls.overlap(
+            hold["c"], a, b)) for a, b in gaps)  # fmt: skip
+        stalls.count(raw >= WAKE and raw > free, raw >= WAKE > free,
+                     f"waiter-starved {hold['c']}/h{hold['h']}: free {raw:.2f} s, {free:.2f}"
+                     " s not stalled")  # fmt: skip
         if free >= WAKE:
             violations.append(Violation(
                 "waiter-starved", t1,
                 f"{hold['c']}/h{hold['h']}: a blocking take of {hold['name']!r} timed out after"
-                f" {t1 - t0:.2f} s in quiet time, the name free for {free:.2f} s of it (by every"
-                f" hold the clients know of)", {hold["c"]},
+                f" {t1 - t0:.2f} s in quiet time, the name free for {free + stalled:.2f} s of"
+                f" it (by every hold the clients know of), {stalled:.2f} s of which its"
+                " process stalled",
+                {hold["c"]},
             ))  # fmt: skip
 
     # How many holds confirmed before a failover or kill (outside its window) lived through it
@@ -649,6 +669,7 @@ def check(
         f" in a disruption of {GRACE:.2f} s or more, or"
         f" confirmed within one); holds confirmed before a failover or kill and held through"
         f" it: {across['kept']} kept, {across['lost']} lost")  # fmt: skip
+    report.lines.append(stalls.describe(harness=False))
     report.lines.append("  moves: " + "; ".join(
         f"{f.kind} {f.detail} at {f.start - started:.1f} s (disruption {f.b - f.a:.2f} s,"
         f" move {f.end - f.start:.2f} s)" for f in applied))  # fmt: skip

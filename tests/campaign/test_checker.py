@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any
+
+import pytest
 
 from .checker import check
 from .nemesis import DATA_LOSS, Fault
@@ -88,7 +91,14 @@ class History:
             waiter_lease=0.0, limit=limit, socket_timeout=0.3, killed_at_stop=killed,
             roundtrips=roundtrips,
         )  # fmt: skip
+        self.report = report
         return {v.prop for v in report.violations}
+
+    def stall(self, c: str, start: float, end: float, idle: float | None = None) -> None:
+        """The stall probe of ``c``'s process woke at ``end``, ``end - start`` s late, of
+        which ``idle`` (all of it unless said) the process was not running."""
+        late = end - start
+        self.ev(end, c, "stall", s=T0 + start, late=late, idle=late if idle is None else idle)
 
 
 def test_a_clean_history_passes() -> None:
@@ -510,3 +520,124 @@ def test_sentinel_a_waiter_not_woken_while_the_name_was_free_is_starved() -> Non
     other = [*_held("c3", 1, 5.1, 5.3, 11), (6.6, "c3", "rel", {"h": 1})]
     assert _sentinel(holder + waiter + other, faults) == []  # someone else was woken
     assert _sentinel(holder + waiter, [_move("failover", 1.0, 3.5)]) == []  # not quiet yet
+
+
+# -- scheduling stalls (stall.py): a timing bound judges the code, not the machine -------------
+
+
+def test_a_stall_of_the_caller_s_process_overlapping_the_call_excuses_exactly_its_length() -> None:
+    h = History()
+    h.fault("server_pause", (0,), 1.0, 3.0)
+    h.ev(1.5, "c1", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(2.2, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")  # 0.7 s: bound 0.55
+    assert h.judge() == {"error-latency"}
+    h.stall("c1", 1.6, 1.8)  # 0.2 s not running: 0.5 s of its own
+    assert h.judge() == set()
+    stalls = h.report.stats["stalls"]
+    assert (stalls.adjusted, stalls.excused) == (1, 1)
+    assert "1 timing judgements adjusted for them, 1 of which pass only so" in h.report.summary()
+    h.events.pop()
+    h.stall("c1", 1.6, 1.7)  # 0.1 s: 0.6 s of its own, still over
+    assert h.judge() == {"error-latency"}
+    message = h.report.histories[0]
+    assert "0.600 s after its call began" in message and "0.700 s less 0.100 s" in message
+    h.events.pop()
+    h.stall("c1", 1.3, 1.7)  # half before the call began: only its 0.2 s within counts
+    assert h.judge() == set()
+    h.events.pop()
+    h.stall("c1", 1.3, 1.6)  # 0.1 s within
+    assert h.judge() == {"error-latency"}
+
+
+def test_a_stall_excuses_nothing_of_another_process_or_of_the_process_s_own_cpu() -> None:
+    h = History()
+    h.fault("server_pause", (0,), 1.0, 3.0)
+    h.ev(1.5, "c1", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(2.2, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")
+    h.stall("c2", 1.6, 1.9)  # another client's
+    h.stall("harness", 1.6, 1.9)  # the harness's: a socket timeout is the caller's own clock
+    assert h.judge() == {"error-latency"}
+    h.stall("c1", 1.6, 1.9, idle=0.0)  # late while its own code ran (the GIL held in C)
+    assert h.judge() == {"error-latency"}
+    h.events.pop()
+    h.stall("c1", 1.6, 1.9, idle=0.1)  # a third of it not running: 0.1 s excused, not 0.3
+    assert h.judge() == {"error-latency"}
+    assert "0.700 s less 0.100 s" in h.report.histories[0]
+
+
+def test_a_stall_never_excuses_a_safety_property() -> None:
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 5, 1.5)
+    h.hold("c2", 1, 1.2, 1.21, 5, 1.6)  # the same fence granted twice
+    h.ev(2.0, "c1", "lost", h=2)
+    for c in ("c1", "c2"):
+        h.stall(c, 0.5, 2.5)
+    assert h.judge() >= {"fence-granted-twice"}
+    # A hold lost on a server that answered throughout: a stall (not a pause) is no excuse.
+    h = History()
+    h.hold("c1", 1, 1.0, 1.01, 1, 3.0)
+    h.ev(2.0, "c1", "lost", h=1)
+    h.ev(2.0, "c1", "check", h=1, when="lost", found=False, t0=T0 + 2.0, t1=T0 + 2.0)
+    assert h.judge() == {"lost-on-healthy"}
+    h.stall("c1", 1.2, 1.9)
+    assert h.judge() == {"lost-on-healthy"}
+
+
+def test_a_hand_off_is_judged_less_the_least_stalled_waiter_s_stall() -> None:
+    h = History()
+    h.ev(1.0, "c2", "acq", h=1, mode="block", timeout=3.0)
+    h.hold("c1", 1, 0.9, 0.95, 1, 1.5)
+    h.ev(2.4, "c2", "acq_ok", h=1, fence=2)  # 0.9 s after the release
+    h.stall("c2", 1.6, 2.0)  # the waiter not running for 0.4 s of it: 0.5 s of its own
+    assert h.judge() == set()
+    h.stall("harness", 1.6, 1.7)  # the harness less: the waiter's stall still says it
+    assert h.judge() == set()
+    h.events = [e for e in h.events if e["e"] != "stall"]
+    h.stall("c1", 1.6, 2.0)  # the releaser's stall after its release: no excuse
+    assert h.judge() == {"handoff-slow"}
+
+
+def test_the_clogged_window_s_rate_is_over_its_un_stalled_time() -> None:
+    from .nemesis import Fault as NodeFault
+    from .stall import Stalls
+    from .throughput import FLOOR, describe, judge, plan
+
+    phase = plan(20.0, 5, random.Random(1))
+    assert phase is not None
+    healthy, clogged = phase.windows[0], phase.windows[1]
+    clog = NodeFault("clog", (phase.node,), clogged.at, 2.0, started=T0 + clogged.at,
+                     healed=T0 + clogged.until)  # fmt: skip
+    events = [{"t": T0 + healthy.at + i / 50, "c": f"c{i % 2}", "e": "acq_ok"} for i in range(100)]
+    events += [{"t": T0 + clogged.at + i / 10, "c": f"c{i % 2}", "e": "acq_ok"} for i in range(20)]
+    events += [{"t": T0, "c": c, "e": "acq"} for c in ("c0", "c1")]
+    rates = judge(phase, events, T0, [clog])
+    assert rates is not None and not rates["ok"]  # 10 against 50 holds/s: 0.2 x
+    # Both clients and the harness not running for 0.8 s of the clogged window's 2 s (the
+    # same 0.8 s: counted once).
+    stall = [{"t": T0 + clogged.at + 1.1, "c": c, "e": "stall", "s": T0 + clogged.at + 0.3,
+              "late": 0.8, "idle": 0.8} for c in ("c0", "c1", "harness")]  # fmt: skip
+    stalls = Stalls(events + stall)
+    rates = judge(phase, events, T0, [clog], stalls)
+    assert rates is not None and rates["clogged_seconds"] == pytest.approx(1.2)
+    assert rates["ratio"] == pytest.approx(20 / 1.2 / 50) and rates["ratio"] >= FLOOR
+    assert rates["ok"] and rates["raw_ratio"] == pytest.approx(0.2)
+    assert stalls.excused == 1
+    # Stalled for more than half of itself: left out, and not judged without it.
+    stall[-1].update(s=T0 + clogged.at + 0.1, late=1.1, idle=1.1, t=T0 + clogged.at + 1.2)
+    rates = judge(phase, events, T0, [clog], Stalls(events + stall))
+    assert rates is not None and rates["skipped"] and not rates["judged"] and rates["ok"]
+    assert "NOT JUDGED" in describe(rates)
+
+
+def test_sentinel_a_waiter_s_stall_is_no_time_it_had_to_take_a_free_name() -> None:
+    holder = [*_held("c1", 1, 4.0, 4.01, 10), (5.2, "c1", "rel", {"h": 1})]
+    waiter = [(5.0, "c2", "acq", {"h": 1, "name": "a", "blocking": True}),
+              (6.5, "c2", "acq_no", {"h": 1})]  # fmt: skip
+    faults = [_move("failover", 1.0, 1.9)]
+    # Free from 5.2 s to 6.5 s: not running for 0.9 s of it leaves 0.4 s, under the 0.5 s.
+    stall = (6.1, "c2", "stall", {"s": T0 + 5.2, "late": 0.9, "idle": 0.9})
+    assert _sentinel(holder + waiter + [stall], faults) == []
+    short = (6.0, "c2", "stall", {"s": T0 + 5.7, "late": 0.3, "idle": 0.3})  # 1.0 s left
+    assert _sentinel(holder + waiter + [short], faults) == ["waiter-starved"]
+    held = (5.2, "c2", "stall", {"s": T0 + 5.0, "late": 0.2, "idle": 0.2})  # while it was held
+    assert _sentinel(holder + waiter + [held, short], faults) == ["waiter-starved"]
