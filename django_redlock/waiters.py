@@ -212,10 +212,19 @@ class ReleaseHub:
         deadline = time.monotonic() + self.confirm_timeout
         try:
             confirmations = self.join(channel, waiter, by_id, lock)
-            for confirmed in confirmations:
-                confirmed.wait(deadline - time.monotonic())
-                if confirmed.error is not None:
-                    raise confirmed.error
+            for _ in range(2):
+                for confirmed in confirmations:
+                    confirmed.wait(deadline - time.monotonic())
+                    if confirmed.error is not None:
+                        raise confirmed.error
+                # Time this process did not run (a full GC, CPU starvation) is not the
+                # nodes' silence: its readers stalled too, and may not have read the
+                # confirmations that came. Past the deadline by that long, they get as long
+                # again (one confirm_timeout at most) before a node counts as silent.
+                late = time.monotonic() - deadline
+                if all(c.confirmed for c in confirmations) or late <= 0:
+                    break
+                deadline = time.monotonic() + min(late, self.confirm_timeout)
             waiter.unconfirmed = self._unconfirmed(confirmations)
             yield waiter
         finally:
