@@ -1238,6 +1238,12 @@ class NodeIO:
             self.health.failed(i)
             replies[i] = _unavailable(self.nodes[i], fan[i], exc)
             self.owe_back(i, flight, unread=True)
+            return
+        # Its timeout counts from the write, not from before it: this thread may have
+        # stalled in between (a full GC), and a reply asked for just now is not overdue.
+        flight.sent = time.monotonic()
+        if lane is None:
+            flight.since = flight.sent
 
     def _connected(
         self,
@@ -1275,6 +1281,7 @@ class NodeIO:
         patience = None if fan.enough is None else started + self.slow_after
         slow_at = started + self.slow_after  # the nodes still silent then count as slow
         late_until: dict[int, float] = {}  # skipped nodes asked late: within our deadline
+        stalled: dict[int, float] = {}  # connects found past their deadline: until when
         ready: set[int] = set()
         changed = True  # a reply came (or a node failed) since decided() was last asked
         while True:
@@ -1284,8 +1291,18 @@ class NodeIO:
                     del connecting[i]
                     changed = True
                     if i in flights and i in late_until:
-                        flights[i].since = min(flights[i].since, late_until[i] - timeout)
-                elif time.monotonic() >= min(connector.deadline, late_until.get(i, math.inf)):
+                        until = max(late_until[i], stalled.get(i, 0.0))
+                        flights[i].since = min(flights[i].since, until - timeout)
+                elif (now := time.monotonic()) >= (
+                    due := min(connector.deadline, late_until.get(i, math.inf))
+                ):
+                    # Time this process did not run (a full GC, CPU starvation) is not the
+                    # node's: its connect's thread did not run either. Found past its
+                    # deadline by that long, it gets as long again (a node timeout at most),
+                    # as an overdue reply is read before its node counts as silent.
+                    until_stalled = stalled.setdefault(i, now + min(now - due, timeout))
+                    if now < until_stalled:
+                        continue
                     connector.leave(me)
                     del connecting[i]
                     self.health.failed(i)
