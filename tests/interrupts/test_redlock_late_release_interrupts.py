@@ -1,6 +1,6 @@
 """An interrupt (KeyboardInterrupt, a signal handler's exception) at every line of a Redlock
-release's late ask: the node skipped as down, asked once the nodes asked cannot make a quorum,
-is still sent the release or owed it.
+release's late ask (the node skipped as down, asked once the nodes asked cannot make a quorum),
+or as its second phase starts: that node is still sent the release or owed it.
 
 An interrupt while the release waited for that node's connect (or just before) left it neither
 sent nor owed: the released hold stayed there for its whole TTL (issue 42, item 3).
@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from django_redlock import LockError, lock
+from django_redlock.backends import redlock_io
 from django_redlock.testing import RedisServer
 
 from ..campaign.proxy import Proxy
+from ..redlock.test_redlock import quorum_alias
 from ..redlock.test_redlock_io import IO_FILES, alias_at, backend_of, check_replies
 
 
@@ -55,9 +57,9 @@ class LateInject:
         return self
 
 
-def _tick(name: str) -> None:
+def _tick(name: str, alias: str = "late") -> None:
     with contextlib.suppress(LockError):
-        lock(f"{name}:tick", using="late").locked()  # requests carry what is owed
+        lock(f"{name}:tick", using=alias).locked()  # requests carry what is owed
     time.sleep(0.01)
 
 
@@ -136,3 +138,38 @@ def test_an_interrupt_in_a_release_s_late_ask_leaves_no_node_neither_sent_nor_ow
         assert fired > 20, fired  # the late ask's lines were each hit once
         proxy.latency = 0.0
         check_replies(backend, "end")
+
+
+def test_an_interrupt_as_a_release_s_second_phase_starts_leaves_the_node_owed(
+    redis_factory: Callable[..., RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 2 counts as down, node 1 lost the hold: the first phase (nodes 0 and 1) cannot
+    decide, so the second asks node 2. An interrupt as that phase starts left node 2's
+    release PENDING, neither sent nor owed (fan_out owed only the nodes still skipped)."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("phase2", servers, socket_timeout=0.5):
+        backend = backend_of("phase2")
+        backend.io.health.breaker = 0.2  # a node counted down is probed again soon
+        key = backend.nodes[0].key(name)
+        held = lock(name, using="phase2", ttl=30, auto_renew=False)
+        assert held.acquire(blocking=False)
+        servers[1].client().delete(key)  # node 1 restarted empty
+        backend.io.health.failed(2)
+        ask = redlock_io.NodeIO._ask
+        asked: list[list[int]] = []
+
+        def interrupted_second(self: Any, fan: Any, indexes: list[int], replies: Any) -> None:
+            asked.append(list(indexes))
+            if len(asked) == 2:
+                raise KeyboardInterrupt("as the second phase starts")
+            ask(self, fan, indexes, replies)
+
+        monkeypatch.setattr(redlock_io.NodeIO, "_ask", interrupted_second)
+        with pytest.raises(KeyboardInterrupt):
+            held.release()
+        monkeypatch.undo()
+        assert asked == [[0, 1], [2]]
+        until = time.monotonic() + 3
+        while servers[2].client().exists(key) and time.monotonic() < until:
+            _tick(name, "phase2")
+        assert not servers[2].client().exists(key), "node 2 kept the released hold"
