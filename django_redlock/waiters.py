@@ -220,11 +220,12 @@ class ReleaseHub:
                 # Time this process did not run (a full GC, CPU starvation) is not the
                 # nodes' silence: its readers stalled too, and may not have read the
                 # confirmations that came. Past the deadline by that long, they get as long
-                # again (one confirm_timeout at most) before a node counts as silent.
+                # again; with replies come and unread (readers starved), a confirm_timeout.
                 late = time.monotonic() - deadline
-                if all(c.confirmed for c in confirmations) or late <= 0:
+                if all(c.confirmed for c in confirmations) or late < 0:
                     break
-                deadline = time.monotonic() + min(late, self.confirm_timeout)
+                more = self.confirm_timeout if self.unread() else late
+                deadline = time.monotonic() + min(more, self.confirm_timeout)
             waiter.unconfirmed = self._unconfirmed(confirmations)
             yield waiter
         finally:
@@ -258,6 +259,11 @@ class ReleaseHub:
         """Whether :meth:`join` returns without waiting for the server (no connect to make:
         a subscribe is then only written)."""
         return True
+
+    def unread(self) -> bool:
+        """Whether the server sent something this hub's reader has not read yet (it is
+        behind: starved, or paused with the process)."""
+        return False
 
     def unconfirmed_error(self, alias: str, lock: str) -> str:
         return (
@@ -465,6 +471,9 @@ class CompositeHub(ReleaseHub):
                 joined += 1
         waiter.unheard_limit = self.unheard_limit(joined)
         return confirmations
+
+    def unread(self) -> bool:
+        return any(hub.unread() for hub in self.hubs)
 
     def unheard_limit(self, joined: int) -> int:
         """How many of the ``joined`` hubs going silent leave no majority of all the hubs."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
 import time
@@ -184,6 +185,13 @@ class PubSubHub(ReleaseHub):
         # handshake with a paused server waits for the socket timeout.
         pubsub = self._pubsub
         return pubsub is not None and _connected(pubsub)
+
+    def unread(self) -> bool:
+        sock = wire.socket_or_none(getattr(self._pubsub, "connection", None))
+        try:
+            return sock is not None and bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):  # closed meanwhile
+            return False
 
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
         # ``first`` is not trusted: the last waiter's leave may not have sent its unsubscribe

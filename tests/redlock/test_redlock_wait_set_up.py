@@ -204,3 +204,45 @@ def test_a_pause_of_the_waiting_process_is_not_the_nodes_silence(
         assert waiter.acquire(timeout=3)
         monkeypatch.undo()
         waiter.release()
+
+
+def test_confirmations_come_and_unread_by_starved_readers_are_waited_for(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The hubs' readers starve (a fresh process's 150 threads on two cores: 13 of them got
+    BackendUnavailable on five healthy nodes) while the waiting thread runs on time: the
+    confirmations had come and sat unread in the sockets at the set-up's deadline. Replies
+    come and unread give the readers one more timeout before a node counts as silent."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("starved", servers, socket_timeout=0.5):
+        backend = locks["starved"]
+        holder = lock(name, using="starved", ttl=10, auto_renew=False)
+        assert holder.acquire(blocking=False)
+        assert not lock(name, using="starved").acquire(timeout=0.1)  # the readers run
+        entered = [threading.Event() for _ in servers]
+        release_at: list[float] = []
+        originals = []
+        for i, hub in enumerate(backend.hub.hubs):
+            pubsub = hub._pubsub
+            get_message = pubsub.get_message
+            originals.append((pubsub, get_message))
+
+            def starved(*args: Any, _i: int = i, _get: Any = get_message, **kwargs: Any) -> Any:
+                entered[_i].set()  # not reading until told
+                while not release_at or time.monotonic() < release_at[0]:
+                    time.sleep(0.005)
+                return _get(*args, **kwargs)
+
+            pubsub.get_message = starved
+        try:
+            for event in entered:
+                assert event.wait(5)  # every reader is past its last read
+            release_at.append(time.monotonic() + 0.75)  # past the set-up's 0.5 s
+            threading.Timer(1.0, holder.release).start()
+            waiter = lock(name, using="starved", ttl=10, auto_renew=False)
+            assert waiter.acquire(timeout=3)
+            waiter.release()
+        finally:
+            release_at.append(0.0)
+            for pubsub, get_message in originals:
+                pubsub.get_message = get_message
