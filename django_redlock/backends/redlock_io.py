@@ -708,8 +708,11 @@ class Connector:
         self.connection: Any = None
         self.error: BaseException | None = None
         # Waited for this long at most: a connect, then the handshake's reply (a thread that
-        # died, or hangs, must not hold its waiters for ever).
-        self.deadline = time.monotonic() + io.connect_timeout + io.timeout
+        # died, or hangs, must not hold its waiters for ever). Counted from when its thread
+        # starts to run: a starved process's threads start late, and that time is not the
+        # node's; one that has not started in twice that (killed first) is given up.
+        self._budget = io.connect_timeout + io.timeout
+        self.deadline = time.monotonic() + 2 * self._budget
 
     def start(self) -> None:
         """Start the connect's thread, once (not waiting for it to run: a thread killed
@@ -723,6 +726,7 @@ class Connector:
     def _run(self) -> None:
         connection: Any = None
         error: BaseException | None = None
+        self.deadline = time.monotonic() + self._budget
         try:
             connection = self._io.connect(self.i, self)
         except BaseException as exc:

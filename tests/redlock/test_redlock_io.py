@@ -815,6 +815,35 @@ def test_a_connect_whose_thread_could_not_run_is_not_late(
         held.release()
 
 
+def test_a_connect_whose_thread_started_late_is_not_late(
+    three: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A starved process (a fresh one's 250 threads on two cores) runs a connect's thread
+    0.3 s after it was started, past the connect's deadline (0.2 s) counted from then: the
+    connect "did not finish in time" though it never ran, and the acquire raised
+    QuorumNotReached on healthy nodes. The deadline counts from when the thread runs."""
+
+    def late_start(self: redlock_io.Connector) -> None:
+        def run() -> None:
+            time.sleep(0.3)  # not scheduled yet
+            self._run()
+
+        with self._mutex:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=run, daemon=True).start()
+
+    with quorum_alias("starved", three, socket_timeout=0.1):
+        backend = backend_of("starved")
+        monkeypatch.setattr(redlock_io.Connector, "start", late_start)
+        held = lock(name, using="starved", ttl=10, auto_renew=False)
+        assert held.acquire(blocking=False)
+        monkeypatch.undo()
+        assert backend.io.health.down() == set()
+        held.release()
+
+
 def test_a_request_sent_after_a_stall_is_not_overdue_at_once(
     three: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
