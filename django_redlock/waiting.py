@@ -322,7 +322,8 @@ class PubSubHub(ReleaseHub):
             # But the reader may have connected again already (a paused server's kernel
             # accepts) with redis-py's re-SUBSCRIBE waiting there, to run once the server
             # answers: so it is unsubscribed once the server is heard (_unsubscribe_forgotten).
-            self._forgotten.add(channel)
+            if self._silent:  # (cleared when heard: only an unheard hub keeps them)
+                self._forgotten.add(channel)
             with contextlib.suppress(Exception):
                 pubsub.channels.pop(channel, None)
         elif pubsub is not None:
