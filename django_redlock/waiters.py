@@ -212,10 +212,20 @@ class ReleaseHub:
         deadline = time.monotonic() + self.confirm_timeout
         try:
             confirmations = self.join(channel, waiter, by_id, lock)
-            for confirmed in confirmations:
-                confirmed.wait(deadline - time.monotonic())
-                if confirmed.error is not None:
-                    raise confirmed.error
+            for _ in range(2):
+                for confirmed in confirmations:
+                    confirmed.wait(deadline - time.monotonic())
+                    if confirmed.error is not None:
+                        raise confirmed.error
+                # Time this process did not run (a full GC, CPU starvation) is not the
+                # nodes' silence: its readers stalled too, and may not have read the
+                # confirmations that came. Past the deadline by that long, they get as long
+                # again; with replies come and unread (readers starved), a confirm_timeout.
+                late = time.monotonic() - deadline
+                if all(c.confirmed for c in confirmations) or late < 0:
+                    break
+                more = self.confirm_timeout if self.unread() else late
+                deadline = time.monotonic() + min(more, self.confirm_timeout)
             waiter.unconfirmed = self._unconfirmed(confirmations)
             yield waiter
         finally:
@@ -249,6 +259,11 @@ class ReleaseHub:
         """Whether :meth:`join` returns without waiting for the server (no connect to make:
         a subscribe is then only written)."""
         return True
+
+    def unread(self) -> bool:
+        """Whether the server sent something this hub's reader has not read yet (it is
+        behind: starved, or paused with the process)."""
+        return False
 
     def unconfirmed_error(self, alias: str, lock: str) -> str:
         return (
@@ -456,6 +471,9 @@ class CompositeHub(ReleaseHub):
                 joined += 1
         waiter.unheard_limit = self.unheard_limit(joined)
         return confirmations
+
+    def unread(self) -> bool:
+        return any(hub.unread() for hub in self.hubs)
 
     def unheard_limit(self, joined: int) -> int:
         """How many of the ``joined`` hubs going silent leave no majority of all the hubs."""

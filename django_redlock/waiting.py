@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
 import time
@@ -162,6 +163,9 @@ class PubSubHub(ReleaseHub):
         self._subscribed: set[str] = set()
         self._sending: dict[str, _Sending] = {}
         self._doubtful: set[str] = set()
+        # Channels forgotten unsent while unheard (_send_unsubscribe): unsubscribed once the
+        # server is heard again.
+        self._forgotten: set[str] = set()
         self._closed = False
         self._silent = False  # declared unheard, and nothing heard since
         _pubsub_hubs.add(self)
@@ -181,6 +185,13 @@ class PubSubHub(ReleaseHub):
         # handshake with a paused server waits for the socket timeout.
         pubsub = self._pubsub
         return pubsub is not None and _connected(pubsub)
+
+    def unread(self) -> bool:
+        sock = wire.socket_or_none(getattr(self._pubsub, "connection", None))
+        try:
+            return sock is not None and bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):  # closed meanwhile
+            return False
 
     def _subscribe(self, channel: str, first: bool) -> Confirmation | None:
         # ``first`` is not trusted: the last waiter's leave may not have sent its unsubscribe
@@ -308,6 +319,11 @@ class PubSubHub(ReleaseHub):
             # Unheard (its connection dropped or failed): no subscription left on the
             # server, and sending would reconnect here, waiting for a server that may not
             # answer. Forgotten, so the reader's reconnect does not subscribe it again.
+            # But the reader may have connected again already (a paused server's kernel
+            # accepts) with redis-py's re-SUBSCRIBE waiting there, to run once the server
+            # answers: so it is unsubscribed once the server is heard (_unsubscribe_forgotten).
+            if self._silent:  # (cleared when heard: only an unheard hub keeps them)
+                self._forgotten.add(channel)
             with contextlib.suppress(Exception):
                 pubsub.channels.pop(channel, None)
         elif pubsub is not None:
@@ -406,8 +422,20 @@ class PubSubHub(ReleaseHub):
                 if self._silent:
                     self._silent = False
                     self.declare_heard()
+                    self._unsubscribe_forgotten()
                     self.notify_all()  # a release may have been missed meanwhile
                 self._handle(message)
+
+    def _unsubscribe_forgotten(self) -> None:
+        """(The reader, once the server is heard again.) The channels forgotten while it was
+        unheard and still unwanted are unsubscribed: sent behind any re-SUBSCRIBE queued on
+        this connection, in step with the joiners (_sync; never waiting for a send)."""
+        with self._mutex:
+            forgotten, self._forgotten = self._forgotten, set()
+            stray = [c for c in forgotten if not self._wanted(c) and c not in self._subscribed]
+            self._doubtful.update(stray)  # what the server has is unknown: sent again
+        for channel in stray:
+            self._sync(channel, wait=False)
 
     def _refuse(self, pubsub: Any, error: BaseException) -> None:
         """The server refused a subscription (the user lacks SUBSCRIBE, or the channels): the
@@ -469,6 +497,7 @@ class PubSubHub(ReleaseHub):
         self._subscribed = set()
         self._sending = {}
         self._doubtful = set()
+        self._forgotten = set()
 
 
 def _connected(pubsub: Any) -> bool:

@@ -190,6 +190,10 @@ class Fan(list[Any]):
         #: may still ask; not those where an undo of the token is under way (``busy``).
         self.late: list[int] = []
         self.busy: set[int] = set()
+        #: The nodes to be sent their op (PENDING) that no Flight carries yet and nobody owes:
+        #: owed should an exception leave the fan-out (else an interrupt while one is being
+        #: connected left its release neither sent nor owed: the hold outlived it by its TTL).
+        self.unsent: set[int] = set()
 
 
 def answered(reply: Any) -> bool:
@@ -704,8 +708,11 @@ class Connector:
         self.connection: Any = None
         self.error: BaseException | None = None
         # Waited for this long at most: a connect, then the handshake's reply (a thread that
-        # died, or hangs, must not hold its waiters for ever).
-        self.deadline = time.monotonic() + io.connect_timeout + io.timeout
+        # died, or hangs, must not hold its waiters for ever). Counted from when its thread
+        # starts to run: a starved process's threads start late, and that time is not the
+        # node's; one that has not started in twice that (killed first) is given up.
+        self._budget = io.connect_timeout + io.timeout
+        self.deadline = time.monotonic() + 2 * self._budget
 
     def start(self) -> None:
         """Start the connect's thread, once (not waiting for it to run: a thread killed
@@ -719,6 +726,7 @@ class Connector:
     def _run(self) -> None:
         connection: Any = None
         error: BaseException | None = None
+        self.deadline = time.monotonic() + self._budget
         try:
             connection = self._io.connect(self.i, self)
         except BaseException as exc:
@@ -960,6 +968,7 @@ class NodeIO:
                 if not fan.complete:  # else owed once phase two is known not to ask it
                     self._unsent(fan, i)
             else:
+                fan.unsent.add(i)
                 replies.append(PENDING)
                 asked.append(i)
         return replies, asked
@@ -1007,6 +1016,7 @@ class NodeIO:
         """Node i was not sent ``fan``'s op: owed it, if the op must reach every node."""
         if fan.owed:
             self.debts.owe(i, fan[i], fan.owed)
+        fan.unsent.discard(i)  # (after: an exception between owes it twice, never not at all)
 
     def _second(self, fan: Fan, replies: Replies) -> list[int]:
         """Phase two of a ``complete`` fan-out: the skipped nodes, when they are needed;
@@ -1022,6 +1032,7 @@ class NodeIO:
             self._owe_skipped(fan, replies)
             return []
         for i in skipped:
+            fan.unsent.add(i)
             replies[i] = PENDING
         return skipped
 
@@ -1032,6 +1043,14 @@ class NodeIO:
             for i, reply in enumerate(replies):
                 if isinstance(reply, Unasked):
                     self._unsent(fan, i)
+
+    def _owe_unsent(self, fan: Fan, replies: Replies) -> None:
+        """An exception leaves the fan-out (either phase): the skipped nodes, and those it
+        was about to send to (``fan.unsent``: being connected, asked late, asked in phase
+        two), are owed its op. Those written to are owed by ``_ask``'s clean-up."""
+        skipped = {i for i, r in enumerate(replies) if isinstance(r, Unasked)}
+        for i in sorted((skipped if fan.complete else set()) | set(fan.unsent)):
+            self._unsent(fan, i)
 
     def _late(self, fan: Fan, replies: Replies, slow: bool) -> list[int]:
         """The skipped nodes a ``complete`` fan-out asks now: those not asked yet, once the
@@ -1056,12 +1075,12 @@ class NodeIO:
         replies, asked = self._plan(fan)
         try:
             self._ask(fan, asked, replies)
+            again = self._second(fan, replies)
+            if again:
+                self._ask(fan, again, replies)
         except BaseException:
-            self._owe_skipped(fan, replies)
+            self._owe_unsent(fan, replies)
             raise
-        again = self._second(fan, replies)
-        if again:
-            self._ask(fan, again, replies)
         return replies
 
     def _ask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
@@ -1117,6 +1136,7 @@ class NodeIO:
         this thread's lane to the node, else on a connection made in a thread (a node
         skipped as down has none it knows to work)."""
         for i in late:
+            fan.unsent.add(i)  # first: from here on, an exception owes it (fan_out)
             replies[i] = PENDING
             self.nodes[i].round_trips += 1
             lane = self.lanes.take(i, me)
@@ -1212,6 +1232,7 @@ class NodeIO:
             commands = debts + commands
         if fan.owed:  # a reply that does not prove it ran leaves it owed (see owe_back)
             flight.note(flight.skip, flight.count, fan[i], fan.owed)
+        fan.unsent.discard(i)  # the Flight carries it now (_ask's clean-up owes it back)
         owners.using(connection, me)
         try:
             flight.stream.send(b"".join(pack_many(connection, commands)))
@@ -1221,6 +1242,12 @@ class NodeIO:
             self.health.failed(i)
             replies[i] = _unavailable(self.nodes[i], fan[i], exc)
             self.owe_back(i, flight, unread=True)
+            return
+        # Its timeout counts from the write, not from before it: this thread may have
+        # stalled in between (a full GC), and a reply asked for just now is not overdue.
+        flight.sent = time.monotonic()
+        if lane is None:
+            flight.since = flight.sent
 
     def _connected(
         self,
@@ -1258,6 +1285,7 @@ class NodeIO:
         patience = None if fan.enough is None else started + self.slow_after
         slow_at = started + self.slow_after  # the nodes still silent then count as slow
         late_until: dict[int, float] = {}  # skipped nodes asked late: within our deadline
+        stalled: dict[int, float] = {}  # connects found past their deadline: until when
         ready: set[int] = set()
         changed = True  # a reply came (or a node failed) since decided() was last asked
         while True:
@@ -1267,8 +1295,18 @@ class NodeIO:
                     del connecting[i]
                     changed = True
                     if i in flights and i in late_until:
-                        flights[i].since = min(flights[i].since, late_until[i] - timeout)
-                elif time.monotonic() >= min(connector.deadline, late_until.get(i, math.inf)):
+                        until = max(late_until[i], stalled.get(i, 0.0))
+                        flights[i].since = min(flights[i].since, until - timeout)
+                elif (now := time.monotonic()) >= (
+                    due := min(connector.deadline, late_until.get(i, math.inf))
+                ):
+                    # Time this process did not run (a full GC, CPU starvation) is not the
+                    # node's: its connect's thread did not run either. Found past its
+                    # deadline by that long, it gets as long again (a node timeout at most),
+                    # as an overdue reply is read before its node counts as silent.
+                    until_stalled = stalled.setdefault(i, now + min(now - due, timeout))
+                    if now < until_stalled:
+                        continue
                     connector.leave(me)
                     del connecting[i]
                     self.health.failed(i)
@@ -1384,18 +1422,19 @@ class NodeIO:
         replies, asked = self._plan(fan)
         try:
             await self._aask(fan, asked, replies)
+            again = self._second(fan, replies)
+            if again:
+                await self._aask(fan, again, replies)
         except BaseException:
-            self._owe_skipped(fan, replies)
+            self._owe_unsent(fan, replies)
             raise
-        again = self._second(fan, replies)
-        if again:
-            await self._aask(fan, again, replies)
         return replies
 
     async def _aask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         tasks = {loop.create_task(self._anode(i, fan[i], fan.owed)): i for i in indexes}
+        fan.unsent.difference_update(indexes)  # each task owes its own op if it fails
         waiting = set(tasks)
         grace_end: float | None = None
         patience = None if fan.enough is None else started + self.slow_after

@@ -9,6 +9,7 @@ whose threads acquire at once.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import linecache
 import os
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from django_redlock import lock, locks
-from django_redlock.backends import owners
+from django_redlock.backends import owners, redlock_io
 from django_redlock.backends.owners import Owner
 from django_redlock.backends.redlock import RedlockBackend
 from django_redlock.backends.redlock_io import Fan
@@ -773,3 +774,98 @@ def test_an_async_try_with_every_node_paused_takes_one_timeout(
             for server in three:
                 server.resume()
         assert elapsed < 0.8, f"took {elapsed:.2f} s for a 0.5 s socket timeout"
+
+
+# -- time this process did not run is not counted against a node (issue 42) ------------------
+
+
+def hold_the_gil(seconds: float) -> None:
+    """A pause of this whole process (a full garbage collection, CPU starvation): no other
+    thread of it runs meanwhile (a PyDLL call keeps the GIL)."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
+
+
+def test_a_connect_whose_thread_could_not_run_is_not_late(
+    three: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh process (a node not warm is connected in a thread). This process stalls
+    0.3 s while the acquire waits for that connect, past its deadline (0.2 s): the connect's
+    thread could not run, yet the connect "did not finish in time", the healthy node was
+    marked down (all cold: QuorumNotReached on healthy nodes). A connect found late by as
+    long as this process stalled gets as long again."""
+    wait = redlock_io.Watch.wait
+    stalls: list[float] = []
+
+    def stalling_wait(self: Any, waiting: Any, timeout: float) -> Any:
+        io = backend_of("fresh").io
+        if io._connectors and not stalls and threading.current_thread() is threading.main_thread():
+            stalls.append(time.monotonic())
+            hold_the_gil(0.3)
+            return set()
+        return wait(self, waiting, timeout)
+
+    with quorum_alias("fresh", three, socket_timeout=0.1):
+        backend = backend_of("fresh")
+        monkeypatch.setattr(redlock_io.Watch, "wait", stalling_wait)
+        held = lock(name, using="fresh", ttl=10, auto_renew=False)
+        assert held.acquire(blocking=False)
+        monkeypatch.undo()
+        assert stalls, "no connect was waited for"
+        assert backend.io.health.down() == set()
+        held.release()
+
+
+def test_a_connect_whose_thread_started_late_is_not_late(
+    three: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A starved process (a fresh one's 250 threads on two cores) runs a connect's thread
+    0.3 s after it was started, past the connect's deadline (0.2 s) counted from then: the
+    connect "did not finish in time" though it never ran, and the acquire raised
+    QuorumNotReached on healthy nodes. The deadline counts from when the thread runs."""
+
+    def late_start(self: redlock_io.Connector) -> None:
+        def run() -> None:
+            time.sleep(0.3)  # not scheduled yet
+            self._run()
+
+        with self._mutex:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=run, daemon=True).start()
+
+    with quorum_alias("starved", three, socket_timeout=0.1):
+        backend = backend_of("starved")
+        monkeypatch.setattr(redlock_io.Connector, "start", late_start)
+        held = lock(name, using="starved", ttl=10, auto_renew=False)
+        assert held.acquire(blocking=False)
+        monkeypatch.undo()
+        assert backend.io.health.down() == set()
+        held.release()
+
+
+def test_a_request_sent_after_a_stall_is_not_overdue_at_once(
+    three: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's Flight was stamped before its write: this thread stalled 0.3 s between
+    (past the 0.1 s timeout), and the reply asked for just then was counted overdue at once:
+    "no answer within 0.1 s", a healthy node marked down. Its timeout counts from the write."""
+    with quorum_alias("stamp", three, socket_timeout=0.1):
+        backend = backend_of("stamp")
+        check_replies(backend, "warm")
+        pack = redlock_io.pack_many
+        sent: list[int] = []
+
+        def stalling_pack(connection: Any, commands: Any) -> Any:
+            sent.append(1)
+            if len(sent) == 3:  # the last node's write of the acquire
+                time.sleep(0.3)
+            return pack(connection, commands)
+
+        monkeypatch.setattr(redlock_io, "pack_many", stalling_pack)
+        held = lock(name, using="stamp", ttl=10, auto_renew=False)
+        assert held.acquire(blocking=False)
+        monkeypatch.undo()
+        assert len(sent) >= 3
+        assert backend.io.health.down() == set()
+        held.release()

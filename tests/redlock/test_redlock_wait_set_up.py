@@ -9,6 +9,7 @@ confirmation that never came, and the try then waited for the same nodes again."
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import signal
 import threading
 import time
@@ -165,3 +166,83 @@ def test_a_waiter_joining_while_nodes_are_not_warm_still_hears_a_majority(
     thread.join(12)
     assert got, "the waiter did not get the free lock"
     assert got[0] - released < 2.0, "the waiter was not woken by the release"
+
+
+def _hold_the_gil(seconds: float) -> None:
+    """A pause of this whole process (a full garbage collection, CPU starvation): no other
+    thread of it runs meanwhile (a PyDLL call keeps the GIL)."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
+
+
+def test_a_pause_of_the_waiting_process_is_not_the_nodes_silence(
+    redis_factory: Callable[..., RedisServer],
+    name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Healthy nodes confirm the wait's subscriptions within a millisecond, but this process
+    stalls 0.3 s (past the 0.1 s set-up deadline) right after subscribing: the confirmations
+    sat in the sockets, the hub's readers could not run, and nothing read them once the
+    deadline had passed: BackendUnavailable ("too few nodes confirmed") on healthy nodes.
+    What has come is read before a node counts as silent."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("stall", servers, socket_timeout=0.1):
+        backend = locks["stall"]
+        holder = lock(name, using="stall", ttl=10, auto_renew=False)
+        assert holder.acquire(blocking=False)
+        warm = lock(name, using="stall", ttl=10)
+        assert not warm.acquire(timeout=0.2)  # the pub/sub connections are open
+        join = backend.hub.join
+
+        def stalling_join(*args: Any, **kwargs: Any) -> Any:
+            out = join(*args, **kwargs)
+            _hold_the_gil(0.3)  # the SUBSCRIBEs are written; their replies come meanwhile
+            return out
+
+        monkeypatch.setattr(backend.hub, "join", stalling_join)
+        threading.Timer(0.5, holder.release).start()
+        waiter = lock(name, using="stall", ttl=10, auto_renew=False)
+        assert waiter.acquire(timeout=3)
+        monkeypatch.undo()
+        waiter.release()
+
+
+def test_confirmations_come_and_unread_by_starved_readers_are_waited_for(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The hubs' readers starve (a fresh process's 150 threads on two cores: 13 of them got
+    BackendUnavailable on five healthy nodes) while the waiting thread runs on time: the
+    confirmations had come and sat unread in the sockets at the set-up's deadline. Replies
+    come and unread give the readers one more timeout before a node counts as silent."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("starved", servers, socket_timeout=0.5):
+        backend = locks["starved"]
+        holder = lock(name, using="starved", ttl=10, auto_renew=False)
+        assert holder.acquire(blocking=False)
+        assert not lock(name, using="starved").acquire(timeout=0.1)  # the readers run
+        entered = [threading.Event() for _ in servers]
+        release_at: list[float] = []
+        originals = []
+        for i, hub in enumerate(backend.hub.hubs):
+            pubsub = hub._pubsub
+            get_message = pubsub.get_message
+            originals.append((pubsub, get_message))
+
+            def starved(*args: Any, _i: int = i, _get: Any = get_message, **kwargs: Any) -> Any:
+                entered[_i].set()  # not reading until told
+                while not release_at or time.monotonic() < release_at[0]:
+                    time.sleep(0.005)
+                return _get(*args, **kwargs)
+
+            pubsub.get_message = starved
+        try:
+            for event in entered:
+                assert event.wait(5)  # every reader is past its last read
+            release_at.append(time.monotonic() + 0.75)  # past the set-up's 0.5 s
+            threading.Timer(1.0, holder.release).start()
+            waiter = lock(name, using="starved", ttl=10, auto_renew=False)
+            assert waiter.acquire(timeout=3)
+            waiter.release()
+        finally:
+            release_at.append(0.0)
+            for pubsub, get_message in originals:
+                pubsub.get_message = get_message
