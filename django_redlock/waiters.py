@@ -195,6 +195,7 @@ class ReleaseHub:
         self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
         self._abandoned: dict[str, Callable[[], object]] = {}  # waiter id -> its leave
         self._abandoned_at: dict[str, float] = {}  # waiter id -> when (monotonic)
+        self._standing_by: dict[str, threading.Timer] = {}  # waiter id -> its hand-off timer
 
     @contextlib.contextmanager
     def watch(
@@ -367,6 +368,51 @@ class ReleaseHub:
                 logger.debug("redlock: leave of abandoned waiter %s not started: %s", channel, exc)
                 self.abandon(channel, leave)
 
+    def hear(self, message: str) -> None:
+        """A message in this process's inbox (lua/_wake.lua): ``<id>`` wakes waiter ``id``
+        (:meth:`notify`); ``<id>|s<ms>`` tells it to stand by (:meth:`stand_by`);
+        ``<id>|d`` to stand down (:meth:`stand_down`). Anything else is dropped: the reader
+        that calls this goes on reading whatever it gets."""
+        waiter_id, marked, what = message.partition("|")
+        if not marked:
+            self.notify(waiter_id)
+        elif what == "d":
+            self.stand_down(waiter_id)
+        elif what[:1] == "s" and what[1:].isdigit():
+            self.stand_by(waiter_id, int(what[1:]) / 1000)
+
+    def stand_by(self, waiter_id: str, delay: float) -> None:
+        """The bounded hand-off (HAND_OFF_MS in lua/_wake.lua): a release woke the waiter
+        ahead of ``waiter_id``, which may be paused and never take the lock. Unless told to
+        stand down first, ``waiter_id`` is woken in ``delay`` s like any wake-up
+        (:meth:`notify`: a waiter gone meanwhile passes it on, an abandoned one runs its
+        leave). Only for an id watched or abandoned here; once per id until it fires."""
+        with self._mutex:
+            known = waiter_id in self._waiters or waiter_id in self._abandoned
+            if not known or waiter_id in self._standing_by:
+                return
+            timer = threading.Timer(delay, self._stood_by, (waiter_id,))
+            timer.daemon = True
+            self._standing_by[waiter_id] = timer
+        try:
+            timer.start()
+        except Exception as exc:  # no thread to be had: it tries now (the server decides)
+            logger.debug("redlock: hand-off timer for waiter %s not started: %s", waiter_id, exc)
+            self._stood_by(waiter_id)
+
+    def _stood_by(self, waiter_id: str) -> None:
+        with self._mutex:  # either this or stand_down takes it out: one of them acts
+            due = self._standing_by.pop(waiter_id, None) is not None
+        if due:
+            self.notify(waiter_id)
+
+    def stand_down(self, waiter_id: str) -> None:
+        """The waiter ahead of ``waiter_id`` took the lock: no try at the hand-off delay."""
+        with self._mutex:
+            timer = self._standing_by.pop(waiter_id, None)
+        if timer is not None:
+            timer.cancel()
+
     def _run_leave(self, waiter_id: str, leave: Callable[[], object]) -> None:
         try:
             leave()
@@ -422,6 +468,10 @@ class ReleaseHub:
         """Called when the last waiter of a channel leaves."""
 
     def close(self) -> None:
+        with self._mutex:
+            timers, self._standing_by = list(self._standing_by.values()), {}
+        for timer in timers:  # the waiters are all woken below
+            timer.cancel()
         self.notify_all()
 
 

@@ -435,7 +435,7 @@ class PubSubHub(ReleaseHub):
         if message["type"] in ("message", "smessage"):
             if self._is_inbox(channel):  # addressed to one waiter, by its id
                 data = message["data"]
-                self.notify(data.decode() if isinstance(data, bytes) else data)
+                self.hear(data.decode() if isinstance(data, bytes) else data)
             else:
                 self.notify(channel)
         elif message["type"] in ("subscribe", "ssubscribe"):
@@ -465,6 +465,7 @@ class PubSubHub(ReleaseHub):
         self._waiters = {}
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
         self._abandoned_at = {}
+        self._standing_by = {}  # (their timers' threads are the parent's)
         self._confirmed = {}
         self._subscribed = set()
         self._sending = {}
