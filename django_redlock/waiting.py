@@ -28,7 +28,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import wire
 from .forks import after_fork_in_child
 from .identity import process_id
-from .waiters import AnyWaiter, AsyncWaiter, CompositeHub, Confirmation, ReleaseHub, Waiter
+from .waiters import (
+    AnyWaiter,
+    AsyncWaiter,
+    CompositeHub,
+    Confirmation,
+    ReleaseHub,
+    StandBys,
+    Waiter,
+)
 
 # The in-process part (django_redlock.waiters) was in this module: its names stay here too.
 __all__ = [
@@ -465,7 +473,7 @@ class PubSubHub(ReleaseHub):
         self._waiters = {}
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
         self._abandoned_at = {}
-        self._standing_by = {}  # (their timers' threads are the parent's)
+        self._standing_by = StandBys(self.notify)  # (the parent's thread is not here)
         self._confirmed = {}
         self._subscribed = set()
         self._sending = {}

@@ -103,4 +103,4 @@ def test_an_interrupt_at_any_line_of_a_wait_leaves_the_hand_off_bounded(
     hub = locks["default"].hub
     assert not failed, "\n".join(failed)
     assert not [c for c, group in hub._waiters.items() if group], "waiters left in the hub"
-    assert not hub._standing_by, hub._standing_by
+    assert not hub._standing_by.pending(), hub._standing_by.pending()

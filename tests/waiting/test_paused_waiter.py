@@ -18,6 +18,7 @@ import pytest
 
 from django_redlock import lock, locks
 from django_redlock.testing import RedisServer
+from django_redlock.waiters import ReleaseHub
 
 from ..conftest import Child
 
@@ -104,3 +105,23 @@ def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
     # came after the count).
     time.sleep(0.05)
     assert redis_server.script_calls() - before == 5, redis_server.script_calls() - before
+
+
+def test_the_hub_wakes_a_waiter_standing_by_unless_it_stands_down() -> None:
+    """In-process: '<id>|s<ms>' wakes the waiter after that many ms, through the hub (one
+    thread for all, gone once nothing is pending); '<id>|d' before then cancels it. Ids not
+    watched nor abandoned here, and messages of no known form, are dropped."""
+    hub = ReleaseHub()
+    with hub.watch("p.1", by_id=True) as one, hub.watch("p.2", by_id=True) as two:
+        started = time.monotonic()
+        for message in ("p.1|s100", "p.2|s100", "p.2|d", "p.1|s5000", "q.1|s10", "p.2|x"):
+            hub.hear(message)
+        assert one.wait(2.0)
+        assert 0.09 < time.monotonic() - started < 1.0
+        assert one.baton  # woken as a release wakes: a waiter gone passes it on
+        assert not two.wait(0.3)
+    deadline = time.monotonic() + 2
+    while any(t.name == "redlock-hand-off" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the hand-off thread outlived its last stand-by"
+        time.sleep(0.01)
+    assert hub._standing_by.pending() == []
