@@ -460,7 +460,7 @@ class ReleaseHub:
             self.notify(waiter_id)
         elif what == "d":
             self.stand_down(waiter_id)
-        elif what[:1] == "s" and what[1:].isdigit():
+        elif what[:1] == "s" and what[1:].isascii() and what[1:].isdigit():
             self.stand_by(waiter_id, int(what[1:]) / 1000)
 
     def stand_by(self, waiter_id: str, delay: float) -> None:

@@ -114,7 +114,7 @@ def test_the_hub_wakes_a_waiter_standing_by_unless_it_stands_down() -> None:
     hub = ReleaseHub()
     with hub.watch("p.1", by_id=True) as one, hub.watch("p.2", by_id=True) as two:
         started = time.monotonic()
-        for message in ("p.1|s100", "p.2|s100", "p.2|d", "p.1|s5000", "q.1|s10", "p.2|x"):
+        for message in ("p.1|s100", "p.2|s100", "p.2|d", "p.1|s5000", "q.1|s10", "p.2|x", "p.2|s²"):
             hub.hear(message)
         assert one.wait(2.0)
         assert 0.09 < time.monotonic() - started < 1.0
