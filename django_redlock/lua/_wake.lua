@@ -48,8 +48,10 @@ end
 
 -- A registered waiter took the lock: it leaves the set, and the one now first, told to stand
 -- by at the release (wake_first), stands down: it is woken at the next release instead.
-local function wait_took(waiting, waiter, inbox)
-  if redis.call('ZREM', waiting, waiter) == 1 and inbox then
+-- `popped`: the taker may have left the set already, at its wake-up (a semaphore's waiter).
+local function wait_took(waiting, waiter, inbox, popped)
+  local left = redis.call('ZREM', waiting, waiter) == 1
+  if (left or popped) and inbox and inbox ~= '' then
     local first = redis.call('ZRANGE', waiting, 0, 0)[1]
     if first then
       publish(inbox, first, first .. '|d')
@@ -64,8 +66,8 @@ end
 -- A classic listener on a cluster counted 0 may be alive elsewhere: it was woken all the
 -- same, leaves the set as a dead one would (its try, if it fails, registers it again), and
 -- the next one is woken too, up to UNCOUNTED_MAX such waiters per call.
--- With `hand_off` (a lock, not `pop`), the waiter after the one heard stands by (HAND_OFF_MS;
--- a dead one is dropped and the next told): a single waiter costs nothing more.
+-- With `hand_off`, the waiter after the one heard (the first left, with `pop`) stands by
+-- (HAND_OFF_MS; a dead one is dropped and the next told): a single waiter costs nothing more.
 local UNCOUNTED_MAX = 32
 local function wake_first(waiting, inbox, pop, hand_off)
   local uncounted = 0
@@ -86,11 +88,12 @@ local function wake_first(waiting, inbox, pop, hand_off)
       break
     end
   end
-  if not hand_off or pop or uncounted >= UNCOUNTED_MAX then
+  if not hand_off or uncounted >= UNCOUNTED_MAX then
     return
   end
+  local at = pop and 0 or 1
   for _ = 1, UNCOUNTED_MAX do
-    local after = redis.call('ZRANGE', waiting, 1, 1)[1]
+    local after = redis.call('ZRANGE', waiting, at, at)[1]
     if not after then
       return
     end

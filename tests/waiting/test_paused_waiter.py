@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from django_redlock import lock, locks
+from django_redlock import lock, locks, semaphore
 from django_redlock.testing import RedisServer
 from django_redlock.waiters import ReleaseHub
 
@@ -125,3 +125,58 @@ def test_the_hub_wakes_a_waiter_standing_by_unless_it_stands_down() -> None:
         assert time.monotonic() < deadline, "the hand-off thread outlived its last stand-by"
         time.sleep(0.01)
     assert hub._standing_by.pending() == []
+
+
+@pytest.mark.parametrize("paused", [True, False], ids=["paused", "live"])
+def test_a_semaphore_s_next_waiter_stands_by_and_down_as_a_lock_s(
+    redis_server: RedisServer, child: Callable[..., Child], name: str, paused: bool
+) -> None:
+    """A semaphore's release wakes one plain waiter per permit freed (it leaves the set as it
+    is woken): paused, it took the permit's only wake-up (5.8 s, the second's timeout, before
+    the hand-off). The next one stands by as a lock's does; when the first is live and holds
+    past the hand-off delay, the next stood down: the hand-off costs the scripts it did."""
+    holder = semaphore(name, 1, ttl=20, using="redis")
+    assert holder.acquire(blocking=False)
+    first = child(
+        "lease", "--name", name, "--kind", "sem", "--limit", "1", "--ttl", "20",
+        "--timeout", "30",
+    )  # fmt: skip
+    first.expect("WAITING")
+    _wait_for_waiters(name, 1)
+    got: list[float] = []
+
+    def second() -> None:
+        waiter = semaphore(name, 1, ttl=20, using="redis")
+        if waiter.acquire(timeout=6):
+            got.append(time.monotonic())
+            waiter.release()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    _wait_for_waiters(name, 2)
+    time.sleep(0.1)
+    if not paused:
+        before = redis_server.script_calls()
+        holder.release()
+        first.expect("ACQUIRED")
+        time.sleep(0.8)  # past the hand-off delay
+        first.send("release")
+        first.expect("RELEASED")
+        thread.join(10)
+        assert got, "the second waiter never got the permit"
+        time.sleep(0.05)
+        # The holder's release, the child's take and release, the thread's take and release.
+        assert redis_server.script_calls() - before == 5, redis_server.script_calls() - before
+        return
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.1)
+        released = time.monotonic()
+        holder.release()
+        thread.join(10)
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+    assert got and got[0] - released < 2.0, got and got[0] - released
+    first.expect("ACQUIRED")
+    first.send("release")
+    first.expect("RELEASED")
