@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import threading
 import time
@@ -168,6 +169,87 @@ class Confirmation:
         await sleep_on(done, timeout)
 
 
+class StandBys:
+    """Waiter ids told to stand by (the bounded hand-off, :meth:`ReleaseHub.stand_by`) and
+    when each is due. One daemon thread wakes them all, started on demand and gone once none
+    is pending: a timer thread per stand-by would cost every hand-off a thread's start."""
+
+    def __init__(self, due: Callable[[str], None]) -> None:
+        self._due = due
+        self._cond = threading.Condition(threading.Lock())
+        self._at: dict[str, float] = {}  # waiter id -> when (monotonic)
+        self._heap: list[tuple[float, str]] = []  # may hold entries removed since: skipped
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def add(self, waiter_id: str, delay: float) -> bool:
+        """Pending from now on (unless it is already); False when no thread could start."""
+        at = time.monotonic() + delay
+        with self._cond:
+            if waiter_id in self._at or self._closed:
+                return True
+            self._at[waiter_id] = at
+            heapq.heappush(self._heap, (at, waiter_id))
+            if self._thread is not None:
+                self._cond.notify()  # it may sleep past this one
+                return True
+            thread = threading.Thread(target=self._run, daemon=True, name="redlock-hand-off")
+            try:
+                thread.start()
+            except Exception:  # no thread to be had (a pids limit)
+                self._at.pop(waiter_id, None)
+                return False
+            self._thread = thread
+        return True
+
+    def remove(self, waiter_id: str) -> bool:
+        """Whether ``waiter_id`` was pending (it is not any more)."""
+        with self._cond:
+            return self._at.pop(waiter_id, None) is not None
+
+    def pending(self) -> list[str]:
+        with self._cond:
+            return list(self._at)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._at.clear()
+            self._heap.clear()
+            self._cond.notify()
+
+    def _take_due(self) -> list[str] | None:
+        """The ids due now, waiting for the first (None: nothing pending, the thread ends)."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                due: list[str] = []
+                while self._heap and (
+                    self._heap[0][0] <= now or self._at.get(self._heap[0][1]) != self._heap[0][0]
+                ):
+                    at, waiter_id = heapq.heappop(self._heap)
+                    if self._at.get(waiter_id) == at:
+                        del self._at[waiter_id]
+                        due.append(waiter_id)
+                if due:
+                    return due
+                if not self._heap or self._closed:
+                    self._thread = None  # under the lock: the next add starts another
+                    return None
+                self._cond.wait(self._heap[0][0] - now)
+
+    def _run(self) -> None:
+        while True:
+            due = self._take_due()
+            if due is None:
+                return
+            for waiter_id in due:
+                try:
+                    self._due(waiter_id)
+                except Exception as exc:  # the others are still woken
+                    logger.debug("redlock: hand-off to waiter %s failed: %s", waiter_id, exc)
+
+
 class ReleaseHub:
     """In-process waiter registry; a release calls :meth:`notify`.
 
@@ -195,6 +277,7 @@ class ReleaseHub:
         self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
         self._abandoned: dict[str, Callable[[], object]] = {}  # waiter id -> its leave
         self._abandoned_at: dict[str, float] = {}  # waiter id -> when (monotonic)
+        self._standing_by = StandBys(self.notify)
 
     @contextlib.contextmanager
     def watch(
@@ -382,6 +465,35 @@ class ReleaseHub:
                 logger.debug("redlock: leave of abandoned waiter %s not started: %s", channel, exc)
                 self.abandon(channel, leave)
 
+    def hear(self, message: str) -> None:
+        """A message in this process's inbox (lua/_wake.lua): ``<id>`` wakes waiter ``id``
+        (:meth:`notify`); ``<id>|s<ms>`` tells it to stand by (:meth:`stand_by`);
+        ``<id>|d`` to stand down (:meth:`stand_down`). Anything else is dropped: the reader
+        that calls this goes on reading whatever it gets."""
+        waiter_id, marked, what = message.partition("|")
+        if not marked:
+            self.notify(waiter_id)
+        elif what == "d":
+            self.stand_down(waiter_id)
+        elif what[:1] == "s" and what[1:].isascii() and what[1:].isdigit():
+            self.stand_by(waiter_id, int(what[1:]) / 1000)
+
+    def stand_by(self, waiter_id: str, delay: float) -> None:
+        """The bounded hand-off (HAND_OFF_MS in lua/_wake.lua): a release woke the waiter
+        ahead of ``waiter_id``, which may be paused and never take the lock. Unless told to
+        stand down first, ``waiter_id`` is woken in ``delay`` s like any wake-up
+        (:meth:`notify`: a waiter gone meanwhile passes it on, an abandoned one runs its
+        leave). Only for an id watched or abandoned here; once per id until it fires."""
+        with self._mutex:
+            known = waiter_id in self._waiters or waiter_id in self._abandoned
+        if known and not self._standing_by.add(waiter_id, delay):
+            logger.debug("redlock: no hand-off thread: waiter %s tries now", waiter_id)
+            self.notify(waiter_id)  # a try early: the server decides
+
+    def stand_down(self, waiter_id: str) -> None:
+        """The waiter ahead of ``waiter_id`` took the lock: no try at the hand-off delay."""
+        self._standing_by.remove(waiter_id)
+
     def _run_leave(self, waiter_id: str, leave: Callable[[], object]) -> None:
         try:
             leave()
@@ -437,6 +549,7 @@ class ReleaseHub:
         """Called when the last waiter of a channel leaves."""
 
     def close(self) -> None:
+        self._standing_by.close()  # its waiters are all woken below
         self.notify_all()
 
 

@@ -29,7 +29,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import wire
 from .forks import after_fork_in_child
 from .identity import process_id
-from .waiters import AnyWaiter, AsyncWaiter, CompositeHub, Confirmation, ReleaseHub, Waiter
+from .waiters import (
+    AnyWaiter,
+    AsyncWaiter,
+    CompositeHub,
+    Confirmation,
+    ReleaseHub,
+    StandBys,
+    Waiter,
+)
 
 # The in-process part (django_redlock.waiters) was in this module: its names stay here too.
 __all__ = [
@@ -463,7 +471,7 @@ class PubSubHub(ReleaseHub):
         if message["type"] in ("message", "smessage"):
             if self._is_inbox(channel):  # addressed to one waiter, by its id
                 data = message["data"]
-                self.notify(data.decode() if isinstance(data, bytes) else data)
+                self.hear(data.decode() if isinstance(data, bytes) else data)
             else:
                 self.notify(channel)
         elif message["type"] in ("subscribe", "ssubscribe"):
@@ -493,6 +501,7 @@ class PubSubHub(ReleaseHub):
         self._waiters = {}
         self._abandoned = {}  # the parent's ids: its inbox, never heard here
         self._abandoned_at = {}
+        self._standing_by = StandBys(self.notify)  # (the parent's thread is not here)
         self._confirmed = {}
         self._subscribed = set()
         self._sending = {}

@@ -41,6 +41,7 @@ REDIS_ALIASES = ("redis", "cache")
 EVERY_REDIS = (
     "test_lock.py", "test_fair.py", "test_reentrant.py", "test_semaphore.py", "test_rwlock.py",
     "test_trust.py", "test_wake_one.py", "test_waiting.py", "test_sharded.py", "test_kinds.py",
+    "test_paused_waiter.py",
 )  # fmt: skip
 # Sentinel and the ACL user run the scripts the "redis" alias runs, over the same kind of
 # connection: what is theirs on another server (Sentinel's discovery, the ACL rule's commands

@@ -39,6 +39,6 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
     queue_prune(queue, deadlines, now)
     queue_wake_head(queue, deadlines, inbox)
   else
-    wake_first(waiting, inbox, true)
+    wake_first(waiting, inbox, true, mode == 's') -- a permit freed: handed off with a bound
   end
 end

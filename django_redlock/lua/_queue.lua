@@ -26,20 +26,59 @@ end
 -- waiter dropped so, its process reconnecting, queues again at its next try.) A count that
 -- is not all of them (classic PUBLISH on a cluster counts one node's subscribers) drops
 -- nobody: the head may hear it elsewhere, and keeps its place.
-local function queue_wake_head(queue, deadlines, inbox)
+-- With `hand_off` (a lock freed, at server ms `now`) and someone behind the head, the hand-off
+-- is bounded (HAND_OFF_MS in _wake.lua): the head's deadline comes down to now + HAND_OFF_MS
+-- (a live head takes its turn before; a paused one is dropped by the next try after it), and
+-- the next in line stands by, to try then (a dead one is dropped, the one after told).
+local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
+  local head
   for _ = 1, PRUNE_MAX do
-    local head = redis.call('LINDEX', queue, 0)
+    head = redis.call('LINDEX', queue, 0)
     if not head then
       return head
     end
     local count, sure = publish(inbox, head)
     if count > 0 or not sure then
-      return head
+      break
     end
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, head)
+    head = nil
   end
-  return redis.call('LINDEX', queue, 0)
+  if not head then
+    return redis.call('LINDEX', queue, 0)
+  end
+  if not hand_off then
+    return head
+  end
+  for _ = 1, PRUNE_MAX do
+    local after = redis.call('LINDEX', queue, 1)
+    if not after then
+      return head
+    end
+    local count, sure = stand_by(inbox, after)
+    if count > 0 or not sure then
+      break
+    end
+    redis.call('LREM', queue, 1, after) -- found at once: it is second
+    redis.call('ZREM', deadlines, after)
+  end
+  local soon = now + HAND_OFF_MS
+  if (tonumber(redis.call('ZSCORE', deadlines, head)) or soon) > soon then
+    redis.call('ZADD', deadlines, soon, head)
+  end
+  return head
+end
+
+-- A fair waiter at the head took the lock: it leaves the queue, and the new head, told to
+-- stand by at the release (queue_wake_head), stands down.
+local function queue_took(queue, deadlines, waiter, inbox)
+  redis.call('LPOP', queue)
+  redis.call('ZREM', deadlines, waiter)
+  local head = inbox and redis.call('LINDEX', queue, 0)
+  if head then
+    publish(inbox, head, head .. '|d')
+  end
 end
 
 -- A waiter with a lease on its place: `set` maps waiter -> deadline (server ms); the set
@@ -65,10 +104,12 @@ end
 -- Wake whoever waits for a lock just freed (see lock_freed in _hold.lua): the earliest
 -- registered plain waiter, and the head of the fair queue if the name has one (a plain try may
 -- have taken a free lock before a fair waiter queued, whatever kind is freed).
+-- Either hands off with a bound (HAND_OFF_MS in _wake.lua).
 local function lock_wake(waiting, queue, deadlines, inbox)
-  wake_first(waiting, inbox)
+  wake_first(waiting, inbox, false, true)
   if redis.call('EXISTS', queue) == 1 then
-    queue_prune(queue, deadlines, now_ms())
-    queue_wake_head(queue, deadlines, inbox)
+    local now = now_ms()
+    queue_prune(queue, deadlines, now)
+    queue_wake_head(queue, deadlines, inbox, true, now)
   end
 end

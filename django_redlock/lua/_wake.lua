@@ -10,21 +10,53 @@
 -- process uses classic pub/sub: it found a node below Redis 7, or one did not answer), any
 -- other on '<prefix><process id>' with SSUBSCRIBE on the lock's shard (Redis 7+), so SPUBLISH
 -- reaches it without crossing the cluster bus. Elsewhere (one server, a Redlock node):
--- PUBLISH to '<prefix><process id>'. Returns the receivers counted, and whether that count
--- is all of them: a classic PUBLISH on a cluster reaches subscribers on every node but
+-- PUBLISH to '<prefix><process id>'. `message`: what is sent (the waiter's id when left out:
+-- a wake-up; see HAND_OFF_MS for the others). Returns the receivers counted, and whether that
+-- count is all of them: a classic PUBLISH on a cluster reaches subscribers on every node but
 -- counts this node's only.
-local function publish(inbox, waiter)
+local function publish(inbox, waiter, message)
+  message = message or waiter
   if string.byte(inbox, -1) ~= 42 then
-    return redis.call('PUBLISH', inbox .. string.match(waiter, '^[^.]*'), waiter), true
+    return redis.call('PUBLISH', inbox .. string.match(waiter, '^[^.]*'), message), true
   end
   if string.byte(waiter, 1) == 33 then -- '!'
     local classic = string.match(inbox, '^[^{]*') .. 'inbox:' .. string.match(waiter, '^!([^.]*)')
-    return redis.call('PUBLISH', classic, waiter), false
+    return redis.call('PUBLISH', classic, message), false
   end
   if not redis.REDIS_VERSION_NUM then -- Redis 6 (no SPUBLISH): no sharded listener here
     return 0, true
   end
-  return redis.call('SPUBLISH', inbox .. string.match(waiter, '^[^.]*'), waiter), true
+  return redis.call('SPUBLISH', inbox .. string.match(waiter, '^[^.]*'), message), true
+end
+
+-- The bounded hand-off. A waiter woken at a release may not take the lock: its process is
+-- paused (SIGSTOP, a long GC, a frozen container) yet its socket still counts as a receiver.
+-- So a release that wakes one waiter while others wait also tells the next one to stand by:
+-- '<id>|s<ms>'. That waiter's process wakes it HAND_OFF_MS later (its hub's timer), unless it
+-- hears '<id>|d' first: a waiter's take sends that to the new first waiter (wait_took,
+-- queue_took). A live hand-off costs no try more; a paused one costs the next waiter
+-- HAND_OFF_MS, not the hold's TTL. 500 ms: some 300 times a loaded machine's hand-off
+-- (make bench: p99 1-2 ms on 2 shared cores), so a live waiter slowed by load or a GC
+-- normally takes within it; a waiter later than that lets the next one try (a plain lock
+-- promises no order; a fair queue's late head queues again, at the back).
+local HAND_OFF_MS = 500
+
+-- Tell `waiter` to stand by (see HAND_OFF_MS): the receivers counted, and whether that is all.
+local function stand_by(inbox, waiter)
+  return publish(inbox, waiter, waiter .. '|s' .. HAND_OFF_MS)
+end
+
+-- A registered waiter took the lock: it leaves the set, and the one now first, told to stand
+-- by at the release (wake_first), stands down: it is woken at the next release instead.
+-- `popped`: the taker may have left the set already, at its wake-up (a semaphore's waiter).
+local function wait_took(waiting, waiter, inbox, popped)
+  local left = redis.call('ZREM', waiting, waiter) == 1
+  if (left or popped) and inbox and inbox ~= '' then
+    local first = redis.call('ZRANGE', waiting, 0, 0)[1]
+    if first then
+      publish(inbox, first, first .. '|d')
+    end
+  end
 end
 
 -- A plain lock's waiters register in a sorted set (by arrival) as they try. A release wakes
@@ -34,8 +66,10 @@ end
 -- A classic listener on a cluster counted 0 may be alive elsewhere: it was woken all the
 -- same, leaves the set as a dead one would (its try, if it fails, registers it again), and
 -- the next one is woken too, up to UNCOUNTED_MAX such waiters per call.
+-- With `hand_off`, the waiter after the one heard (the first left, with `pop`) stands by
+-- (HAND_OFF_MS; a dead one is dropped and the next told): a single waiter costs nothing more.
 local UNCOUNTED_MAX = 32
-local function wake_first(waiting, inbox, pop)
+local function wake_first(waiting, inbox, pop, hand_off)
   local uncounted = 0
   while true do
     local first = redis.call('ZRANGE', waiting, 0, 0)[1]
@@ -51,8 +85,23 @@ local function wake_first(waiting, inbox, pop)
       uncounted = uncounted + 1
     end
     if heard or uncounted >= UNCOUNTED_MAX then
+      break
+    end
+  end
+  if not hand_off or uncounted >= UNCOUNTED_MAX then
+    return
+  end
+  local at = pop and 0 or 1
+  for _ = 1, UNCOUNTED_MAX do
+    local after = redis.call('ZRANGE', waiting, at, at)[1]
+    if not after then
       return
     end
+    local count, sure = stand_by(inbox, after)
+    if count > 0 or not sure then
+      return
+    end
+    redis.call('ZREM', waiting, after)
   end
 end
 

@@ -13,7 +13,9 @@
 -- (a semaphore, a read-write lock) hold the name (see other_kind in _hold.lua); {-3} when an
 -- ordered write is older than one the hold applied (it ran late: nothing done).
 -- The helpers for waiting and queueing are spliced in after the common case (a plain lock,
--- free, nobody queued) has returned: taking a free lock never defines them.
+-- free, nobody queued, a one-off try) has returned: taking a free lock never defines them.
+-- A registered waiter's or a queue head's take tells the next waiter to stand down (the
+-- bounded hand-off: HAND_OFF_MS in _wake.lua).
 --! include _hold
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local waiting, marker = KEYS[5], KEYS[6]
@@ -25,9 +27,9 @@ local guard = 0
 if marker then
   guard, given = tonumber(ARGV[given]) or 0, given - 1
 end
-local waiter, wait = token, -1
+local waiter, wait, inbox = token, -1, nil
 if given >= 7 then
-  waiter, wait = ARGV[6], tonumber(ARGV[7])
+  waiter, wait, inbox = ARGV[6], tonumber(ARGV[7]), ARGV[8]
 end
 local registered = not fair and wait >= 0 -- a plain waiter: registered to be woken
 local now = now_ms()
@@ -37,18 +39,24 @@ local now = now_ms()
 -- A name whose fair queue has waiters is taken in queue order, whatever kind tries.
 local queued = redis.call('EXISTS', queue) == 1
 
--- Plain and not fair: the classic SET NX PX, tried first.
+-- Plain and not fair: the classic SET NX PX, tried first. Taken by a registered waiter: the
+-- waiters' set is seen to below (wait_took, once the helpers are in).
+local took
 if not reentrant and not fair and not queued then
   local fence, prior = hold_take(lock, counter, token, ttl, meta, false, now)
   if fence then
-    if registered then
-      redis.call('ZREM', waiting, waiter)
+    if not registered then
+      return {1, fence, 1, prior}
     end
-    return {1, fence, 1, prior}
+    took = {1, fence, 1, prior}
   end
 end
 --! include _wake
 --! include _queue
+if took then
+  wait_took(waiting, waiter, inbox)
+  return took
+end
 
 -- Ours already: a re-entry, or the reply to an earlier try was lost.
 local count, fence, wrong = hold_mine(lock, token, reentrant and 'hash' or 'string')
@@ -74,7 +82,7 @@ if count > 0 then
   end
   redis.call('PEXPIRE', lock, ttl)
   if registered then
-    redis.call('ZREM', waiting, waiter)
+    wait_took(waiting, waiter, inbox)
   end
   return {1, fence, count}
 end
@@ -88,7 +96,7 @@ if not fair and not queued then
   end
   if fence then
     if registered then
-      redis.call('ZREM', waiting, waiter)
+      wait_took(waiting, waiter, inbox)
     end
     return {1, fence, 1, prior}
   end
@@ -107,11 +115,10 @@ if (not head or (fair and head == waiter)) and redis.call('EXISTS', lock) == 0 t
   local prior
   fence, prior = hold_take(lock, counter, token, ttl, meta, reentrant and (seq or true), now)
   if head then
-    redis.call('LPOP', queue)
-    redis.call('ZREM', deadlines, waiter)
+    queue_took(queue, deadlines, waiter, inbox)
   end
   if registered then
-    redis.call('ZREM', waiting, waiter)
+    wait_took(waiting, waiter, inbox)
   end
   return {1, fence, 1, prior}
 end

@@ -9,9 +9,10 @@ local lock, queue, deadlines, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 redis.call('LREM', queue, 0, ARGV[1])
 redis.call('ZREM', deadlines, ARGV[1])
 redis.call('ZREM', waiting, ARGV[1])
-queue_prune(queue, deadlines, now_ms())
-if redis.call('EXISTS', lock) == 0 then
-  queue_wake_head(queue, deadlines, ARGV[2])
-  wake_first(waiting, ARGV[2])
+local now = now_ms()
+queue_prune(queue, deadlines, now)
+if redis.call('EXISTS', lock) == 0 then -- handed off with a bound, as at a release
+  queue_wake_head(queue, deadlines, ARGV[2], true, now)
+  wake_first(waiting, ARGV[2], false, true)
 end
 return 1

@@ -14,7 +14,9 @@
 -- semaphore's and a read-write lock's live leases are told apart by the details' ':kind'
 -- (see _permits.lua), looked up only when the name has leases already.
 -- The waiting, queueing and waking helpers are spliced in after the common case (a permit
--- free, nobody queued) has returned: taking a free permit never defines them.
+-- free, nobody queued, a one-off try) has returned: taking a free permit never defines them.
+-- A registered semaphore waiter's take tells the next waiter to stand down (the bounded
+-- hand-off: HAND_OFF_MS in _wake.lua).
 --! include _hold
 --! include _permits
 local leases, details, counter, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -82,17 +84,22 @@ if mode == 'w' and reader ~= '' and lease_mine(leases, details, reader, now) > 0
   return {-3}
 end
 local queued = redis.call('EXISTS', queue) == 1
+local took -- a registered waiter's take: the waiter after it stands down (wait_took, below)
 if mode == 's' and used < limit and not queued then -- new grants obey the latest limit
   fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ':limit',
                      limit, ':kind', 's')
-  if wait >= 0 then
-    redis.call('ZREM', waiting, waiter)
+  if wait < 0 then
+    return {1, fence, 1}
   end
-  return {1, fence, 1}
+  took = {1, fence, 1}
 end
 --! include _wake
 --! include _queue
 --! include _permits_wake
+if took then
+  wait_took(waiting, waiter, inbox, true)
+  return took
+end
 local writers_ahead = mode ~= 's' and writers_waiting(writers, now) or 0
 local head = false
 if queued then
@@ -126,7 +133,9 @@ if free then
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, waiter)
   end
-  if wait >= 0 then
+  if wait >= 0 and mode == 's' then
+    wait_took(waiting, waiter, inbox, true)
+  elseif wait >= 0 then
     redis.call('ZREM', waiting, waiter)
   end
   -- A release woke one waiter per lease it freed; only waiters it could not name are woken

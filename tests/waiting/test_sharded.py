@@ -7,6 +7,7 @@ path its server version takes, by the nodes' commandstats and cluster-bus counte
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -231,6 +232,56 @@ def test_a_release_wakes_one_waiting_process_on_a_redis_7_cluster(
     assert order == [0, 1, 2, 3]
     assert not client.exists(backend.waiting_key(name))
     client.delete(order_key)
+
+
+def test_a_paused_first_waiter_on_a_cluster_stalls_the_next_for_the_hand_off_only(
+    cluster_nodes: list[RedisServer], child: Callable[..., Child], name: str
+) -> None:
+    """test_paused_waiter.py on a Cluster: the paused process's inbox (sharded on Redis 7,
+    classic on 6) still counts as a receiver; the release tells the next waiter to stand by
+    there too. (The attack's script: 16.55 s after the release, the hold's TTL 20 s.)"""
+    backend = locks["cluster"]
+
+    def waiting() -> int:
+        info = backend.inspect(name)
+        return 0 if info is None else info.waiters
+
+    def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while waiting() != count:
+            assert time.monotonic() < deadline, f"never {count} waiters: {waiting()}"
+            time.sleep(0.005)
+
+    holder = lock(name, using="cluster", ttl=20)
+    assert holder.acquire(blocking=False)
+    first = child(
+        "queue", "--name", name, "--order", f"{{{name}}}:order", "--tag", "0",
+        url=cluster_nodes[0].url, backend="cluster",
+    )  # fmt: skip
+    first.expect("WAITING")
+    wait_for(1)
+    got: list[float] = []
+
+    def second() -> None:
+        waiter = lock(name, using="cluster", ttl=20)
+        if waiter.acquire(timeout=6):
+            got.append(time.monotonic())
+            waiter.release()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    wait_for(2)
+    time.sleep(0.1)
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.1)
+        released = time.monotonic()
+        holder.release()
+        thread.join(10)
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+    assert got and got[0] - released < 2.0, got and got[0] - released
+    first.expect("DONE")
 
 
 def test_a_cluster_with_a_redis_6_node_uses_classic_pub_sub(name: str) -> None:

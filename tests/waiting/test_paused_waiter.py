@@ -1,0 +1,182 @@
+"""A waiter woken at a release that does not take the lock (its process paused: SIGSTOP, a long
+GC, a frozen container) stalls the next waiter for the hand-off delay only, not for the hold's
+TTL; and when the woken waiter is live, the next one neither barges nor tries once more.
+
+A paused process's socket still counts as a subscriber, so the release's PUBLISH says it was
+heard: the release also tells the next waiter to stand by (lua/_wake.lua's hand-off), and the
+woken waiter's take tells it to stand down.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from django_redlock import lock, locks, semaphore
+from django_redlock.testing import RedisServer
+from django_redlock.waiters import ReleaseHub
+
+from ..conftest import Child
+
+KINDS = [pytest.param(False, id="plain"), pytest.param(True, id="fair")]
+
+
+def _wait_for_waiters(name: str, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        info = locks["redis"].inspect(name)
+        if info is not None and info.waiters == count:
+            return
+        assert time.monotonic() < deadline, f"never {count} waiters: {info}"
+        time.sleep(0.005)
+
+
+def _first_a_child_then_a_thread(
+    name: str, child: Callable[..., Child], fair: bool, hold: float
+) -> tuple[Child, threading.Thread, list[tuple[float, list[bytes]]]]:
+    """A child process waits first, a thread of this process second (both asleep). The
+    thread, once it holds the lock, notes when and what order the child wrote."""
+    kind = ["--fair"] if fair else []
+    first = child(
+        "queue", "--name", name, "--order", f"{name}:order", "--tag", "0",
+        "--hold", str(hold), *kind,
+    )  # fmt: skip
+    first.expect("WAITING")
+    _wait_for_waiters(name, 1)
+    got: list[tuple[float, list[bytes]]] = []
+    client = locks["redis"].client  # type: ignore[attr-defined]
+
+    def second() -> None:
+        waiter = lock(name, using="redis", ttl=20, fair=fair)
+        if waiter.acquire(timeout=6):
+            got.append((time.monotonic(), client.lrange(f"{name}:order", 0, -1)))
+            waiter.release()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    _wait_for_waiters(name, 2)
+    time.sleep(0.1)  # both asleep on the holder's TTL
+    return first, thread, got
+
+
+@pytest.mark.parametrize("fair", KINDS)
+def test_a_paused_first_waiter_stalls_the_next_for_the_hand_off_delay_only(
+    child: Callable[..., Child], name: str, fair: bool
+) -> None:
+    holder = lock(name, using="redis", ttl=20, fair=fair)
+    assert holder.acquire(blocking=False)
+    first, thread, got = _first_a_child_then_a_thread(name, child, fair, hold=0.02)
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.1)
+        released = time.monotonic()
+        holder.release()  # wakes the paused child: heard (its socket is open), never taken
+        thread.join(10)
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+    assert got, "the live waiter never got the free lock"
+    lag = got[0][0] - released
+    assert lag < 2.0, lag  # the hand-off delay and a margin; the TTL was 20 s
+    assert got[0][1] == []  # the paused one had not taken it
+    first.expect("DONE")  # resumed, it takes its turn after
+
+
+@pytest.mark.parametrize("fair", KINDS)
+def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
+    redis_server: RedisServer, child: Callable[..., Child], name: str, fair: bool
+) -> None:
+    """The woken waiter holds longer than the hand-off delay: the next one, told to stand by
+    at the release, was told to stand down by the take (no try of its own before it is
+    woken by the child's release): the hand-off costs the scripts it cost before."""
+    holder = lock(name, using="redis", ttl=20, fair=fair)
+    assert holder.acquire(blocking=False)
+    first, thread, got = _first_a_child_then_a_thread(name, child, fair, hold=0.8)
+    before = redis_server.script_calls()
+    holder.release()
+    first.expect("DONE")
+    thread.join(10)
+    assert got, "the second waiter never got the lock"
+    assert got[0][1] == [b"0"]  # in turn: the child first
+    # The holder's release, the child's take and release, the thread's take (its release
+    # came after the count).
+    time.sleep(0.05)
+    assert redis_server.script_calls() - before == 5, redis_server.script_calls() - before
+
+
+def test_the_hub_wakes_a_waiter_standing_by_unless_it_stands_down() -> None:
+    """In-process: '<id>|s<ms>' wakes the waiter after that many ms, through the hub (one
+    thread for all, gone once nothing is pending); '<id>|d' before then cancels it. Ids not
+    watched nor abandoned here, and messages of no known form, are dropped."""
+    hub = ReleaseHub()
+    with hub.watch("p.1", by_id=True) as one, hub.watch("p.2", by_id=True) as two:
+        started = time.monotonic()
+        for message in ("p.1|s100", "p.2|s100", "p.2|d", "p.1|s5000", "q.1|s10", "p.2|x", "p.2|s²"):
+            hub.hear(message)
+        assert one.wait(2.0)
+        assert 0.09 < time.monotonic() - started < 1.0
+        assert one.baton  # woken as a release wakes: a waiter gone passes it on
+        assert not two.wait(0.3)
+    deadline = time.monotonic() + 2
+    while any(t.name == "redlock-hand-off" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the hand-off thread outlived its last stand-by"
+        time.sleep(0.01)
+    assert hub._standing_by.pending() == []
+
+
+@pytest.mark.parametrize("paused", [True, False], ids=["paused", "live"])
+def test_a_semaphore_s_next_waiter_stands_by_and_down_as_a_lock_s(
+    redis_server: RedisServer, child: Callable[..., Child], name: str, paused: bool
+) -> None:
+    """A semaphore's release wakes one plain waiter per permit freed (it leaves the set as it
+    is woken): paused, it took the permit's only wake-up (5.8 s, the second's timeout, before
+    the hand-off). The next one stands by as a lock's does; when the first is live and holds
+    past the hand-off delay, the next stood down: the hand-off costs the scripts it did."""
+    holder = semaphore(name, 1, ttl=20, using="redis")
+    assert holder.acquire(blocking=False)
+    first = child(
+        "lease", "--name", name, "--kind", "sem", "--limit", "1", "--ttl", "20",
+        "--timeout", "30",
+    )  # fmt: skip
+    first.expect("WAITING")
+    _wait_for_waiters(name, 1)
+    got: list[float] = []
+
+    def second() -> None:
+        waiter = semaphore(name, 1, ttl=20, using="redis")
+        if waiter.acquire(timeout=6):
+            got.append(time.monotonic())
+            waiter.release()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    _wait_for_waiters(name, 2)
+    time.sleep(0.1)
+    if not paused:
+        before = redis_server.script_calls()
+        holder.release()
+        first.expect("ACQUIRED")
+        time.sleep(0.8)  # past the hand-off delay
+        first.send("release")
+        first.expect("RELEASED")
+        thread.join(10)
+        assert got, "the second waiter never got the permit"
+        time.sleep(0.05)
+        # The holder's release, the child's take and release, the thread's take and release.
+        assert redis_server.script_calls() - before == 5, redis_server.script_calls() - before
+        return
+    first.process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(0.1)
+        released = time.monotonic()
+        holder.release()
+        thread.join(10)
+    finally:
+        first.process.send_signal(signal.SIGCONT)
+    assert got and got[0] - released < 2.0, got and got[0] - released
+    first.expect("ACQUIRED")
+    first.send("release")
+    first.expect("RELEASED")
