@@ -19,6 +19,10 @@ from typing import Protocol
 logger = logging.getLogger("django_redlock")
 
 
+#: Leaves owed for abandoned waiter ids, and when each was abandoned (monotonic).
+Owed = dict[str, tuple[Callable[[], object], float]]
+
+
 class AnyWaiter(Protocol):
     baton: bool
     unconfirmed: bool
@@ -195,6 +199,8 @@ class ReleaseHub:
         self._waiters: dict[str, dict[AnyWaiter, None]] = {}  # ordered: longest waiting first
         self._abandoned: dict[str, Callable[[], object]] = {}  # waiter id -> its leave
         self._abandoned_at: dict[str, float] = {}  # waiter id -> when (monotonic)
+        #: Set by :meth:`hand_over`: where leaves owed here go from then on.
+        self._heir: Callable[[Owed], None] | None = None
 
     @contextlib.contextmanager
     def watch(
@@ -299,9 +305,23 @@ class ReleaseHub:
         wakes the next waiter); failing, it is kept for the next wake-up. Call it before the
         waiter stops watching."""
         now = time.monotonic()
+        if self._keep(waiter_id, leave, now):
+            self._evict(now)
+
+    def _keep(self, waiter_id: str, leave: Callable[[], object], at: float) -> bool:
+        """Register an owed leave, here or with the heir (closed); whether here."""
         with self._mutex:
-            self._abandoned[waiter_id] = leave
-            self._abandoned_at[waiter_id] = now
+            heir = self._heir
+            if heir is None:
+                self._abandoned[waiter_id] = leave
+                self._abandoned_at[waiter_id] = at
+        if heir is not None:  # closed: this hub hears no wake-up any more
+            heir({waiter_id: (leave, at)})
+        return heir is None
+
+    def _evict(self, now: float) -> None:
+        """Leave now the oldest ids over ABANDONED_MAX (see :meth:`abandon`)."""
+        with self._mutex:
             over = len(self._abandoned) - self.ABANDONED_MAX
             evicted: list[tuple[str, Callable[[], object]]] = []
             if over > 0:  # the oldest not watched any more: left now, not forgotten
@@ -317,6 +337,34 @@ class ReleaseHub:
         if evicted:
             self._start_leaves(evicted)
 
+    def hand_over(self, heir: Callable[[Owed], None]) -> None:
+        """Close() hands its owed leaves to the next hub: a closed hub hears no wake-up, and
+        a new one that does not know an abandoned id would let the wake-up for it (the
+        server's first in line) fall on nobody, every later hand-off of that lock waiting
+        out the hold's TTL. ``heir`` gets them now, and any leave owed here later."""
+        with self._mutex:
+            self._heir = heir
+            owed = {
+                i: (leave, self._abandoned_at.get(i, 0.0)) for i, leave in self._abandoned.items()
+            }
+            self._abandoned, self._abandoned_at = {}, {}
+        if owed:
+            heir(owed)
+
+    def take_over(self, owed: Owed) -> None:
+        """Leaves owed by a closed hub of the same backend (:meth:`hand_over`), oldest first."""
+        with self._mutex:
+            heir = self._heir
+            if heir is None:
+                fresh = {i: owed[i][0] for i in owed if i not in self._abandoned}
+                self._abandoned = {**fresh, **self._abandoned}
+                for waiter_id in fresh:
+                    self._abandoned_at[waiter_id] = owed[waiter_id][1]
+        if heir is not None:  # closed meanwhile: on to the next one
+            heir(owed)
+            return
+        self._evict(time.monotonic())
+
     def settle(self, waiter_id: str) -> None:
         """``waiter_id`` left the server's waiters (its leave was answered, or it took the
         hold): no leave is owed for it any more."""
@@ -327,19 +375,24 @@ class ReleaseHub:
     def _start_leaves(self, leaves: list[tuple[str, Callable[[], object]]]) -> None:
         """Leaves dropped from the registry (over ABANDONED_MAX) are sent now, in a thread:
         forgotten, a wake-up for one would be heard by nobody, and the lock's next waiter
-        would sleep until the hold's expiry."""
+        would sleep until the hold's expiry. One that fails, or is not started, is kept
+        (over the cap, evicted again by a later abandon): a plain lock's entry does not
+        lapse on the server while other waiters keep its set alive."""
 
         def run() -> None:
             for waiter_id, leave in leaves:
                 try:
                     leave()
-                except Exception as exc:  # its entry lapses on the server
+                except Exception as exc:
                     logger.debug("redlock: leave of waiter %s failed: %s", waiter_id, exc)
+                    self._keep(waiter_id, leave, time.monotonic())
 
         try:
             threading.Thread(target=run, daemon=True, name="redlock-leave").start()
-        except Exception as exc:  # no thread to be had: they lapse on the server
+        except Exception as exc:  # no thread to be had: kept for a wake-up or a later try
             logger.debug("redlock: %d leaves not started: %s", len(leaves), exc)
+            for waiter_id, leave in leaves:
+                self._keep(waiter_id, leave, time.monotonic())
 
     def notify(self, channel: str) -> None:
         """A release: wake the longest-waiting waiter that is not already about to try.

@@ -243,17 +243,17 @@ class RedisClusterBackend(RedisBackend):
             with self._setup:
                 if self._hub is None:
                     if self.sharded:
-                        self._hub = ShardedPubSubHub(
+                        self._hub = self._adopt(ShardedPubSubHub(
                             self.client,
                             self.socket_timeout,
                             lambda name: f"{self.inbox_for(name)}{process_id()}",
                             self._refusal,
-                        )
+                        ))  # fmt: skip
                     else:
-                        self._hub = PubSubHub(
+                        self._hub = self._adopt(PubSubHub(
                             self.client.pubsub, self.socket_timeout, self.inbox_prefix,
                             self._refusal,
-                        )  # fmt: skip
+                        ))  # fmt: skip
         return self._hub
 
     @property

@@ -27,6 +27,7 @@ from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingP
 from ..forks import after_fork_in_child
 from ..options import check_options, pool_options
 from ..scripts import Call, script
+from ..waiters import Owed
 from ..waiting import PubSubHub
 from .base import (
     Attempt,
@@ -110,6 +111,7 @@ class RedisBackend(BaseLockBackend):
             asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None, None]]
         ] = weakref.WeakKeyDictionary()
         self._hub: PubSubHub | None = None
+        self._owed: Owed = {}  # leaves owed by closed hubs, for the next one (_owe)
         self._setup = threading.RLock()
         _backends.add(self)
         self._key_cache: dict[str, tuple[str, str, str, str, str, str, str]] = {}
@@ -172,11 +174,27 @@ class RedisBackend(BaseLockBackend):
         if self._hub is None:
             with self._setup:
                 if self._hub is None:
-                    self._hub = PubSubHub(
+                    self._hub = self._adopt(PubSubHub(
                         self.client.pubsub, self.socket_timeout, self.inbox_prefix,
                         self._refusal,
-                    )  # fmt: skip
+                    ))  # fmt: skip
         return self._hub
+
+    def _adopt(self, hub: PubSubHub) -> PubSubHub:
+        """A new hub takes the leaves its closed predecessors still owe (under ``_setup``)."""
+        owed, self._owed = self._owed, {}
+        hub.take_over(owed)
+        return hub
+
+    def _owe(self, owed: Owed) -> None:
+        """Leaves a closed hub owes (close() hands its owed leaves to the next hub): to the
+        current hub, else kept for the next one made."""
+        with self._setup:
+            hub = self._hub
+            if hub is None:
+                self._owed.update(owed)
+                return
+        hub.take_over(owed)  # (closed meanwhile: it hands them on to us again)
 
     def _refusal(self, exc: BaseException) -> MissingPermission | None:
         """``exc`` as a MissingPermission, if it is an ACL's refusal (else None)."""
@@ -534,6 +552,7 @@ class RedisBackend(BaseLockBackend):
         the client: a cluster's reads the slots over the network): held for good in the
         child, whose first operation then waited forever."""
         self._setup = threading.RLock()
+        self._owed = {}  # the parent's waiter ids: its inbox, never heard here
 
     def close(self) -> None:
         # Both detached first: the hub's close wakes its waiters, which must find a new hub
@@ -542,6 +561,7 @@ class RedisBackend(BaseLockBackend):
         client, self._client = self._client, None
         if hub is not None:
             hub.close()
+            hub.hand_over(self._owe)
         if client is not None:
             pool = getattr(client, "connection_pool", None)  # a cluster has one per node
             if pool is not None:

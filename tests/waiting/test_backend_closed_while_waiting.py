@@ -8,10 +8,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
 from django_redlock import lock, locks
+from django_redlock.exceptions import BackendUnavailable
+from django_redlock.testing import RedisServer
+
+from ..locks.test_faults import _alias
 
 
 @pytest.mark.parametrize("mode", ["plain", "fair", "async"])
@@ -48,3 +53,57 @@ def test_a_waiter_asleep_when_the_backend_closes_is_woken_by_the_next_release(
     waiter.release()
     hub = backend.hub
     assert not any(hub._waiters.values()), hub._waiters
+
+
+def test_close_hands_the_leaves_it_owes_to_the_next_hub(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    # A waiter whose wait ended on the hub's PING verdict (the server paused) sent no leave:
+    # its hub owes it, run at the wake-up the server still sends its id. close() must hand
+    # that leave to the backend's next hub: else the next release wakes the dead id, nobody
+    # here takes it out, and the live waiter sleeps to the hold's TTL (7.4 s of 8 before).
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 1.0},
+    }
+    with _alias("owed", config):
+        backend = locks["owed"]
+        holder = lock(name, using="owed", ttl=8, auto_renew=False)
+        assert holder.acquire(blocking=False)
+        failed: list[BaseException] = []
+
+        def first() -> None:
+            try:
+                lock(name, using="owed", ttl=8).acquire(timeout=20)
+            except BackendUnavailable as exc:
+                failed.append(exc)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        time.sleep(0.3)  # registered, asleep
+        server.pause()
+        try:
+            thread.join(5)
+        finally:
+            server.resume()
+        assert failed, "the wait did not end on the paused server"
+        client = server.client()
+        assert client.zcard(backend.waiting_key(name)) == 1  # its leave was not sent
+        backend.close()
+        waiter = lock(name, using="owed", ttl=8)
+        got: list[float] = []
+
+        def second() -> None:
+            if waiter.acquire(timeout=10):
+                got.append(time.monotonic())
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.3)
+        released = time.monotonic()
+        holder.release()
+        thread.join(12)
+        assert got and got[0] - released < 1.0, [g - released for g in got]
+        waiter.release()
