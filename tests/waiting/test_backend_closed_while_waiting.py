@@ -107,3 +107,22 @@ def test_close_hands_the_leaves_it_owes_to_the_next_hub(
         thread.join(12)
         assert got and got[0] - released < 1.0, [g - released for g in got]
         waiter.release()
+
+
+def test_a_redlock_close_hands_each_nodes_owed_leaves_to_its_next_hub(
+    redis_factory: Callable[..., RedisServer],
+) -> None:
+    servers = [redis_factory() for _ in range(3)]
+    config = {
+        "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+        "LOCATION": [server.url for server in servers],
+    }
+    with _alias("owedq", config):
+        backend = locks["owedq"]
+        ran = threading.Event()
+        backend.hub.abandon("p.gone", ran.set)
+        backend.close()
+        hubs = backend.hub.hubs
+        assert all("p.gone" in hub._abandoned for hub in hubs)
+        hubs[1].notify("p.gone")  # the wake-up, heard on one node: its leave runs
+        assert ran.wait(5)
