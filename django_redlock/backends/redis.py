@@ -571,7 +571,13 @@ class RedisBackend(BaseLockBackend):
                 # Ours (a cache's pool is let go before this: see DjangoRedisBackend.close):
                 # closed now, not when the garbage collector gets to its connections.
                 pool.disconnect()
-        self._aclients = weakref.WeakKeyDictionary()
+        aclients, self._aclients = self._aclients, weakref.WeakKeyDictionary()
+        options = {**self.default_options, **self.options}
+        # A command in flight has its connection for a socket timeout, after one for a free
+        # connection (the blocking pool's), then a little for the loop to get to it.
+        after = 2 * float(options.get("socket_timeout") or 2.0) + 1.0
+        for loop, entry in list(aclients.items()):
+            _retire(loop, entry, after)
         super().close()
 
     @classmethod
@@ -686,6 +692,38 @@ def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
     with contextlib.suppress(StopIteration):
         step.send(None)  # runs up to the yield: nothing in it awaits
     return client, generator
+
+
+_retiring: set[asyncio.Task[None]] = set()  # (a loop keeps only weak references to tasks)
+
+
+def _retire(
+    loop: asyncio.AbstractEventLoop, entry: tuple[Any, AsyncGenerator[None, None]], after: float
+) -> None:
+    """Close a closed backend's async client on its loop without cutting a command in
+    flight: its idle connections now, the rest ``after`` the last command could have ended
+    (dropped instead, its closer was finalised at once and closed the connections still in
+    use: an arelease() in flight failed with "Connection closed", on a healthy server). A
+    loop that ends first closes it at its shutdown, as any client of the loop."""
+    client, closer = entry
+
+    async def retire() -> None:
+        try:
+            pool = getattr(client, "connection_pool", None)
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    await pool.disconnect(inuse_connections=False)
+            await asyncio.sleep(after)
+        finally:  # (cancelled by the loop's shutdown too: else collected, closed too late)
+            await closer.aclose()  # its finally closes the client and its pool
+
+    def start() -> None:
+        task = loop.create_task(retire())
+        _retiring.add(task)
+        task.add_done_callback(_retiring.discard)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nothing of it in use
+        loop.call_soon_threadsafe(start)
 
 
 def lease_attempt(name: str, backend: BaseLockBackend, mode: str) -> Any:

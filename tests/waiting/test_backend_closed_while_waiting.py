@@ -126,3 +126,42 @@ def test_a_redlock_close_hands_each_nodes_owed_leaves_to_its_next_hub(
         assert all("p.gone" in hub._abandoned for hub in hubs)
         hubs[1].notify("p.gone")  # the wake-up, heard on one node: its leave runs
         assert ran.wait(5)
+
+
+def test_close_lets_an_asyncio_command_in_flight_finish(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    # A thread's command keeps its connection through close() (it closes when done); an
+    # asyncio task's lost it: the dropped client's closer was finalised and disconnected
+    # the connection in use, and arelease() on a healthy server raised "Connection closed
+    # by server", the hold left to its TTL. Its connection is still closed once done.
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 0.5},
+    }
+    with _alias("inflight", config):
+        backend = locks["inflight"]
+        held = lock(name, using="inflight", ttl=30, auto_renew=False)
+        admin = server.client()
+
+        async def flow() -> None:
+            assert await held.aacquire(blocking=False)
+            admin.execute_command("CLIENT", "PAUSE", "300", "ALL")
+            await asyncio.sleep(0.05)
+            closing = threading.Timer(0.1, backend.close)
+            closing.start()
+            try:
+                await held.arelease()  # answered once the pause ends
+            finally:
+                closing.join()
+            # The loop lives on (a server's): the closed client's connection is closed
+            # once no command can still be using it (2 socket timeouts and 1 s), not kept.
+            until = time.monotonic() + 4
+            while len(admin.client_list()) > 1 and time.monotonic() < until:
+                await asyncio.sleep(0.1)
+            assert len(admin.client_list()) == 1, admin.client_list()
+
+        asyncio.run(flow())
+        assert not admin.exists(backend.key(name))
