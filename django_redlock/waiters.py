@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -67,6 +68,20 @@ class Waiter:
         return self._gate.acquire(timeout=max(0.0, timeout))
 
 
+def start_thread(thread: threading.Thread) -> None:
+    """``thread.start()``, an interrupt burst coming out as the interrupt: start() waits on
+    an Event for the thread to run, and a second interrupt landing in its Condition's
+    ``finally`` made it raise ``RuntimeError: release unlocked lock`` instead (the thread
+    runs all the same)."""
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        interrupt = exc.__context__
+        if isinstance(interrupt, BaseException) and not isinstance(interrupt, Exception):
+            raise interrupt from None
+        raise
+
+
 async def sleep_on(future: asyncio.Future[None], timeout: float) -> None:
     """Wait until ``future`` is done or ``timeout`` passes.
 
@@ -121,10 +136,16 @@ class AsyncWaiter:
 
 
 class Confirmation:
-    """Set when the server confirmed a subscription; awaitable from threads and tasks."""
+    """Set when the server confirmed a subscription; awaitable from threads and tasks.
+
+    A thread waits on a plain lock of its own, not an Event: an Event's wait (a Condition)
+    re-takes a lock in a ``finally`` that a second interrupt of a burst cuts short, and
+    ``RuntimeError: release unlocked lock`` came out of acquire() instead of the interrupt.
+    A lock's acquire is one call an interrupt completes or leaves undone; the lock is the
+    waiter's own, so an interrupt in one waiter's wait never holds up another's."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._set = False
         self._callbacks: list[Callable[[], None]] = []
         self._mutex = threading.Lock()
         self.error: BaseException | None = None  # the server refused the subscription
@@ -137,25 +158,32 @@ class Confirmation:
 
     def set(self) -> None:
         with self._mutex:
-            self._event.set()
+            self._set = True
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
 
     def wait(self, timeout: float) -> None:
-        self._event.wait(max(0.0, timeout))
+        gate = threading.Lock()
+        gate.acquire()
+        opened = functools.partial(_open_gate, gate)
+        self.then(opened)
+        if gate.acquire(timeout=max(0.0, timeout)):
+            return
+        with self._mutex, contextlib.suppress(ValueError):  # not confirmed in time
+            self._callbacks.remove(opened)
 
     def then(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once this is set (now, if it is)."""
         with self._mutex:
-            if not self._event.is_set():
+            if not self._set:
                 self._callbacks.append(callback)
                 return
         callback()
 
     @property
     def confirmed(self) -> bool:
-        return self._event.is_set()
+        return self._set
 
     async def async_wait(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -166,10 +194,15 @@ class Confirmation:
                 loop.call_soon_threadsafe(_settle, done)
 
         with self._mutex:
-            if self._event.is_set():
+            if self._set:
                 return
             self._callbacks.append(wake)
         await sleep_on(done, timeout)
+
+
+def _open_gate(gate: threading.Lock) -> None:
+    with contextlib.suppress(RuntimeError):  # opened already
+        gate.release()
 
 
 class ReleaseHub:
@@ -388,7 +421,7 @@ class ReleaseHub:
                     self._keep(waiter_id, leave, time.monotonic())
 
         try:
-            threading.Thread(target=run, daemon=True, name="redlock-leave").start()
+            start_thread(threading.Thread(target=run, daemon=True, name="redlock-leave"))
         except Exception as exc:  # no thread to be had: kept for a wake-up or a later try
             logger.debug("redlock: %d leaves not started: %s", len(leaves), exc)
             for waiter_id, leave in leaves:
@@ -414,8 +447,8 @@ class ReleaseHub:
             chosen.wake()
         elif leave is not None:
             try:  # on the pub/sub reader's thread: whatever happens, it goes on reading
-                threading.Thread(target=self._run_leave, args=(channel, leave), daemon=True,
-                                 name="redlock-leave").start()  # fmt: skip
+                start_thread(threading.Thread(target=self._run_leave, args=(channel, leave),
+                                              daemon=True, name="redlock-leave"))  # fmt: skip
             except Exception as exc:  # no thread to be had (a pids limit): kept for later
                 logger.debug("redlock: leave of abandoned waiter %s not started: %s", channel, exc)
                 self.abandon(channel, leave)

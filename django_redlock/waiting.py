@@ -28,7 +28,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import wire
 from .forks import after_fork_in_child
 from .identity import process_id
-from .waiters import AnyWaiter, AsyncWaiter, CompositeHub, Confirmation, ReleaseHub, Waiter
+from .waiters import (
+    AnyWaiter,
+    AsyncWaiter,
+    CompositeHub,
+    Confirmation,
+    ReleaseHub,
+    Waiter,
+    start_thread,
+)
 
 # The in-process part (django_redlock.waiters) was in this module: its names stay here too.
 __all__ = [
@@ -333,13 +341,17 @@ class PubSubHub(ReleaseHub):
         self.notify_all()
 
     def _ensure_started(self) -> Any:
+        if self._closed:
+            # A join on a closed hub (its waiter moves to the backend's next hub) starts no
+            # connection and no reader: nobody would read its confirmation.
+            raise RuntimeError("the hub is closed")
         if self._pubsub is None:
             self._pubsub = self._make_pubsub()
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
                 target=self._read_forever, name="redlock-pubsub", daemon=True
             )
-            self._thread.start()
+            start_thread(self._thread)
         return self._pubsub
 
     def _read_forever(self) -> None:
@@ -450,7 +462,18 @@ class PubSubHub(ReleaseHub):
         thread, self._thread = self._thread, None
         if pubsub is not None:
             _stop_reader(pubsub, thread, self.confirm_timeout)
+        self._end_confirmations()
         super().close()
+
+    def _end_confirmations(self) -> None:
+        """A wait being set up on a closed hub waits for no confirmation (nobody reads it
+        any more, and a healthy server would be reported silent): it goes on at once, and
+        its watch moves to the backend's next hub (steps.py's _Watching). A join that comes
+        later is refused (_ensure_started)."""
+        with self._mutex:
+            pending = list(self._confirmed.values())
+        for confirmed in pending:
+            confirmed.set()
 
     def _forget_after_fork(self) -> None:
         # The reader thread does not exist in a forked child, and the parent's socket must
@@ -634,7 +657,7 @@ class ShardedPubSubHub(PubSubHub):
                 daemon=True,
             )
             shard = self._shards[node.name] = _Shard(pubsub, thread)
-            thread.start()
+            start_thread(thread)
         return shard
 
     # -- reading -----------------------------------------------------------------------------
@@ -792,6 +815,7 @@ class ShardedPubSubHub(PubSubHub):
             shards, self._shards = list(self._shards.values()), {}
         for shard in shards:
             _stop_reader(shard.pubsub, shard.thread, self.confirm_timeout)
+        self._end_confirmations()
         ReleaseHub.close(self)
 
     def _forget_after_fork(self) -> None:

@@ -153,7 +153,9 @@ class _Watching:
     wakes its waiters once and hears nothing more, while the backend stays in use with a
     new hub made on demand: a waiter left on the closed one would sleep to the hold's
     expiry. So after each sleep, a watch whose hub was replaced joins the new one (the
-    waiter's leave goes with it) before the next try, and leaves the closed one."""
+    waiter's leave goes with it) before the next try, and leaves the closed one; so does
+    one whose hub closed during its set-up, before its first sleep (a closed hub confirms
+    no subscription: it ends the pending ones, and refuses a join)."""
 
     def __init__(self, backend: BaseLockBackend, step: Watch, waiter: Any) -> None:
         self.backend, self.step, self.waiter = backend, step, waiter
@@ -234,6 +236,8 @@ def _drive(
                 watching = _Watching(backend, step, waiter)
                 try:
                     reply = (watching, watching.__enter__(), step.channel)
+                    while watching.moved():  # the hub closed during the set-up
+                        reply = (watching, watching.__enter__(), step.channel)
                 except Exception:
                     _not_watching(backend, step)
                     watches.remove((step.channel, waiter))
@@ -323,6 +327,8 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
                 watching = _Watching(backend, step, awaiter)
                 try:
                     reply = (watching, await watching.__aenter__(), step.channel)
+                    while watching.moved():  # as in _drive
+                        reply = (watching, await watching.__aenter__(), step.channel)
                 except Exception:
                     _not_watching(backend, step)
                     watches.remove((step.channel, awaiter))

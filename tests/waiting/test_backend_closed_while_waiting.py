@@ -9,12 +9,15 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from django_redlock import lock, locks
 from django_redlock.exceptions import BackendUnavailable
+from django_redlock.locking import steps
 from django_redlock.testing import RedisServer
+from django_redlock.waiting import PubSubHub
 
 from ..locks.test_faults import _alias
 
@@ -165,3 +168,101 @@ def test_close_lets_an_asyncio_command_in_flight_finish(
 
         asyncio.run(flow())
         assert not admin.exists(backend.key(name))
+
+
+def _private(
+    redis_factory: Callable[..., RedisServer], alias: str, timeout: float
+) -> tuple[RedisServer, Any]:
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": timeout},
+    }
+    return server, _alias(alias, config)
+
+
+def _wait_across_a_close(name: str, alias: str, mode: str, release_after: float) -> float:
+    """A waiter of ``name``: how long after the holder's release it got the lock."""
+    holder = lock(name, using=alias, ttl=30, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    waiter = lock(name, using=alias, ttl=10)
+    got: list[object] = []
+
+    def take() -> None:
+        try:
+            if mode == "async":
+                got.append(asyncio.run(waiter.aacquire(timeout=8)))
+            else:
+                got.append(waiter.acquire(timeout=8))
+            got.append(time.monotonic())
+        except Exception as exc:
+            got.append(exc)
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    time.sleep(release_after)
+    released = time.monotonic()
+    holder.release()
+    thread.join(12)
+    assert got and got[0] is True, got
+    waiter.release()
+    return float(got[1]) - released  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_wait_joining_a_hub_closed_before_its_join_moves_to_the_next_hub(
+    redis_factory: Callable[..., RedisServer],
+    name: str,
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # close() between the watch's opening (on the backend's hub) and its join: the join
+    # on the closed hub started a pub/sub connection and a reader that stopped at once,
+    # nobody read the confirmation, and the wait raised "did not confirm the wait's
+    # subscription" after a socket timeout, on a healthy server.
+    _, settings = _private(redis_factory, "closedjoin", 1.0)
+    with settings:
+        backend = locks["closedjoin"]
+        entering = steps._Watching.__enter__ if mode == "sync" else steps._Watching.__aenter__
+        closed: list[object] = []
+
+        def close_first(self: Any) -> Any:
+            if not closed:
+                closed.append(backend.hub)
+                backend.close()  # a close_all() from another thread, landing here
+            return entering(self)
+
+        monkeypatch.setattr(steps._Watching, entering.__name__, close_first)
+        assert _wait_across_a_close(name, "closedjoin", mode, 1.5) < 1.0
+        assert closed and not closed[0]._pubsub  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_wait_whose_confirmation_is_pending_at_close_moves_to_the_next_hub(
+    redis_factory: Callable[..., RedisServer],
+    name: str,
+    mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The inbox's SUBSCRIBE on its way (its answer 0.3 s late: a CLIENT PAUSE) when close()
+    # runs: the wait waited for the closed hub's confirmation, which never came.
+    server, settings = _private(redis_factory, "closedsetup", 2.0)
+    with settings:
+        backend = locks["closedsetup"]
+        admin = server.client()
+        subscribing = PubSubHub._subscribe_inbox
+        fired = threading.Event()
+
+        def slow_subscribe(self: PubSubHub) -> Any:
+            if not fired.is_set():
+                fired.set()
+                self._ensure_started().subscribe("warm")  # connected: the SUBSCRIBE is sent
+                time.sleep(0.1)
+                admin.execute_command("CLIENT", "PAUSE", "300", "ALL")
+                threading.Timer(0.1, backend.close).start()
+            return subscribing(self)
+
+        monkeypatch.setattr(PubSubHub, "_subscribe_inbox", slow_subscribe)
+        assert _wait_across_a_close(name, "closedsetup", mode, 2.5) < 1.0
+        assert fired.is_set()
