@@ -284,6 +284,11 @@ class ReleaseHub:
         raises BackendUnavailable). Never for a hub that does not need it (``confirm_needed``)."""
         return self.confirm_needed and not all(c.confirmed for c in confirmations)
 
+    def heard_until(self) -> float | None:
+        """When a waiter's try must be answered by (monotonic), this hub's server being
+        silent since it was last heard; None: no bound (see ``PubSubHub.heard_until``)."""
+        return None
+
     def joins_at_once(self) -> bool:
         """Whether :meth:`join` returns without waiting for the server (no connect to make:
         a subscribe is then only written)."""

@@ -95,6 +95,11 @@ class _Liveness:
         # kept from running) still gets a quarter of one for its answer.
         return max(self.heard_at + self.timeout, ping_at + self.timeout * self.SHARE)
 
+    def verdict_due(self) -> float:
+        """The earliest the verdict can come if nothing more is heard (monotonic)."""
+        ping_at = self.ping_at
+        return self._verdict_at(time.monotonic() if ping_at is None else ping_at)
+
     def step(self, pubsub: Any, waiting: Callable[[], bool]) -> tuple[float, bool]:
         """PING if due; returns how long to read for, and whether the server just went
         silent (nothing heard for the socket timeout: a new round starts). ``waiting``
@@ -172,6 +177,7 @@ class PubSubHub(ReleaseHub):
         self._doubtful: set[str] = set()
         self._closed = False
         self._silent = False  # declared unheard, and nothing heard since
+        self._alive: _Liveness | None = None  # the reader's, while it reads
         _pubsub_hubs.add(self)
 
     def join(
@@ -371,8 +377,17 @@ class PubSubHub(ReleaseHub):
     #: for a quarter of the timeout; None: nothing to do then.
     ping_slow: Callable[[], None] | None = None
 
+    def heard_until(self) -> float | None:
+        """A waiter's try ends by its hub's PING verdict: one socket timeout from the moment
+        the server stopped, whatever step (SPEC). The try goes on another connection, whose
+        full socket timeout, started after the stop, would end up to twice that after it;
+        and a verdict that comes while the waiter is in its try would never reach it (it is
+        told only when it sleeps). None: no verdict to come (no reader)."""
+        alive = self._alive
+        return None if alive is None or self._closed else alive.verdict_due()
+
     def _read_until_closed(self, pubsub: Any) -> None:
-        alive = _Liveness(self.confirm_timeout, self.ping_slow)
+        alive = self._alive = _Liveness(self.confirm_timeout, self.ping_slow)
         while not self._closed:
             self._reading = getattr(pubsub, "connection", None) or self._reading
             try:

@@ -298,6 +298,34 @@ class RedisBackend(BaseLockBackend):
             raise await self._arefused(op.name, exc) from exc
         return op.parse(reply)
 
+    def execute_by(self, op: Op[T], deadline: float | None) -> T:
+        # On the thread's own connection (the fast path); through redis-py's pool, as
+        # execute() (a connection checked out cannot be bounded without redis-py's insides).
+        if deadline is None:
+            return self.execute(op)
+        with fast_path.answered_by(deadline):
+            return self.execute(op)
+
+    async def aexecute_by(self, op: Op[T], deadline: float | None) -> T:
+        if deadline is None:
+            return await self.aexecute(op)
+        # Not asyncio.wait_for (a cancellation racing the result can be lost, Python < 3.12):
+        # the caller's cancellation reaches the command through the except below.
+        command = asyncio.ensure_future(self.aexecute(op))
+        try:
+            done, _ = await asyncio.wait({command}, timeout=max(0.0, deadline - time.monotonic()))
+        except BaseException:
+            command.cancel()
+            raise
+        if not done:
+            command.cancel()  # (redis-py drops the connection of a command cut short)
+            raise BackendUnavailable(
+                f"lock {op.name!r}: backend {self.describe()} is unavailable: no answer"
+                " before the wait's server went silent for the socket timeout",
+                timed_out=True,
+            )
+        return command.result()
+
     # -- ops ---------------------------------------------------------------------------------
 
     def op_acquire(

@@ -222,7 +222,10 @@ def _drive(
         reply = error = None
         try:
             if isinstance(step, Op):
-                reply = backend.execute(step)
+                if watches:  # a waiter's try, place renewal or leave: see _tried_by
+                    reply = backend.execute_by(step, _tried_by(backend))
+                else:
+                    reply = backend.execute(step)
             elif isinstance(step, Sleep):
                 reply = step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
@@ -252,6 +255,14 @@ def _drive(
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
             error = exc
+
+
+def _tried_by(backend: BaseLockBackend) -> float | None:
+    """When a command sent while waiting must be answered by: its hub's PING verdict. The
+    rule is one socket timeout from the moment the server stopped, whatever step: a try
+    sent after the stop, with a full socket timeout of its own, ended up to two after it,
+    and the verdict reaches only a waiter asleep."""
+    return backend.hub.heard_until()
 
 
 def _left(watches: list[Any], handle: Any) -> None:
@@ -313,7 +324,10 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
         reply = error = None
         try:
             if isinstance(step, Op):
-                reply = await backend.aexecute(step)
+                if watches:  # as in _drive
+                    reply = await backend.aexecute_by(step, _tried_by(backend))
+                else:
+                    reply = await backend.aexecute(step)
             elif isinstance(step, Sleep):
                 reply = await step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
