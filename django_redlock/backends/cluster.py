@@ -660,6 +660,14 @@ class RedisClusterBackend(RedisBackend):
         for shard in [s for s in executors if s is not None and s != new and s not in masters]:
             executors.pop(shard).shutdown(wait=False)
 
+    def execute_by(self, op: Op[T], deadline: float | None) -> T:
+        return self.execute(op)  # (redis-py's cluster client: no thread connection to bound)
+
+    async def aexecute_by(self, op: Op[T], deadline: float | None) -> T:
+        # Not cut short by the deadline: a cancelled call's thread runs on (see
+        # _after_unfinished), its own socket timeout bounds it.
+        return await self.aexecute(op)
+
     async def aexecute(self, op: Op[T]) -> T:
         executor = self._executor(op.name)
         if self._unfinished:
