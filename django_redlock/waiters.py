@@ -379,11 +379,16 @@ class ReleaseHub:
         """Close() hands its owed leaves to the next hub: a closed hub hears no wake-up, and
         a new one that does not know an abandoned id would let the wake-up for it (the
         server's first in line) fall on nobody, every later hand-off of that lock waiting
-        out the hold's TTL. ``heir`` gets them now, and any leave owed here later."""
+        out the hold's TTL. ``heir`` gets them now, and any leave owed here later. Not
+        those of waiters still watching here: each takes its own to the next hub as it
+        moves (steps.py's _Watching), and handed over first, a wake-up that reached the next
+        hub before the waiter would run its leave and drop a live waiter from the queue."""
         with self._mutex:
             self._heir = heir
             owed = {
-                i: (leave, self._abandoned_at.get(i, 0.0)) for i, leave in self._abandoned.items()
+                i: (leave, self._abandoned_at.get(i, 0.0))
+                for i, leave in self._abandoned.items()
+                if i not in self._waiters
             }
             self._abandoned, self._abandoned_at = {}, {}
         if owed:

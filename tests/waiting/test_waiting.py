@@ -170,3 +170,17 @@ def test_a_wake_up_for_an_abandoned_waiter_when_no_thread_can_start_keeps_the_le
     assert not done.is_set()
     hub.notify("p.1")
     assert done.wait(5)
+
+
+def test_a_closed_hub_hands_over_the_leaves_of_waiters_gone_not_of_those_watching() -> None:
+    """A watching waiter moves to the next hub with its own leave; handed over too, a
+    wake-up reaching the next hub before the waiter would run it and drop a live waiter."""
+    hub, heir = ReleaseHub(), ReleaseHub()
+    hub.abandon("p.gone", lambda: None)
+    with hub.watch("p.live", by_id=True):
+        hub.abandon("p.live", lambda: None)
+        hub.close()
+        hub.hand_over(heir.take_over)
+        assert set(heir._abandoned) == {"p.gone"}
+        hub.abandon("p.late", lambda: None)  # abandoned after the close: to the heir
+    assert set(heir._abandoned) == {"p.gone", "p.late"}
