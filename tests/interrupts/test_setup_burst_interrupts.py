@@ -170,3 +170,85 @@ def test_a_burst_in_a_waits_set_up_comes_out_of_acquire_as_the_interrupt(
         assert later.acquire(timeout=5)
         assert time.monotonic() - started < 1.3
         later.release()
+
+
+class _Burst:
+    """The first interrupt at the ``at``-th line run (in ``threading.py`` and
+    ``waiters.py``), the second at the next call after it, wherever (a call is where CPython
+    runs signal handlers): a trace function that raises is unset, a profile function is
+    not touched by it."""
+
+    FILES = (threading.__file__, Confirmation.wait.__code__.co_filename)
+
+    def __init__(self, at: int) -> None:
+        self.at, self.lines, self.fired = at, 0, 0
+
+    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename not in self.FILES:
+            return None
+        return self.line
+
+    def line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and not self.fired:
+            text = _line(frame.f_code.co_filename, frame.f_lineno).strip()
+            if text == "try:" or text.startswith("with "):
+                # As test_watch_interrupts: no signal is looked for at a ``try:``, and a
+                # ``with`` line runs again to leave its block, __exit__ called first.
+                return self.line
+            self.lines += 1
+            if self.lines == self.at:
+                self.fired = 1
+                raise Interrupt(f"first, at {frame.f_code.co_name}:{frame.f_lineno}")
+        return self.line
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if self.fired == 1 and event == "call":
+            self.fired = 2
+            sys.setprofile(None)
+            raise Interrupt(f"second, entering {frame.f_code.co_name}")
+
+
+@pytest.mark.parametrize("what", ["confirmation", "thread_start"])
+def test_a_burst_at_any_line_of_a_set_up_wait_comes_out_as_the_interrupt(what: str) -> None:
+    failed: list[str] = []
+    for at in range(1, 200):
+        burst = _Burst(at)
+        confirmed = Confirmation()
+        if what == "confirmation":
+            setter = threading.Timer(0.02, confirmed.set)
+            setter.start()
+
+            def call(confirmed: Confirmation = confirmed) -> None:
+                confirmed.wait(1)
+
+        else:
+            thread = threading.Thread(target=lambda: None, daemon=True)
+
+            def call(confirmed: Confirmation = confirmed, thread: Any = thread) -> None:
+                start_thread(thread)
+
+        sys.setprofile(burst.profile)
+        sys.settrace(burst.trace)
+        try:
+            call()
+        except Interrupt:
+            pass
+        except BaseException as exc:  # RuntimeError: release unlocked lock
+            failed.append(f"line {at}: {exc!r}")
+        finally:
+            sys.settrace(None)
+            sys.setprofile(None)
+        if what == "confirmation":
+            # (An Event's burst could leave its lock taken: the setter, the hub's reader
+            # thread, then hung on it for good.)
+            setter.join(5)
+            assert not setter.is_alive(), f"line {at}: the setter hangs"
+            confirmed.wait(1)  # still usable, and set
+            assert confirmed.confirmed
+        # (A thread start() cut short may never run: the burst can leave its Event's lock
+        # taken. The hub then finds its reader not alive, and the next join starts another.)
+        if not burst.fired:  # past the last line
+            break
+    else:
+        pytest.fail("the sweep never reached the end of the wait")
+    assert not failed, failed
