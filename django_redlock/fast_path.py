@@ -47,6 +47,7 @@ import os
 import select
 import socket
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -59,6 +60,42 @@ from . import wire
 from .backends import owners
 from .forks import after_fork_in_child
 from .wire import bare_execute, socket_of, texts
+
+_until = threading.local()  # .deadline: when this thread's commands must be answered by
+
+
+@contextlib.contextmanager
+def answered_by(deadline: float) -> Any:
+    """This thread's commands on its own connection wait for their replies until
+    ``deadline`` (monotonic) at the latest, not a whole socket timeout: a waiter's try ends
+    with its hub's PING verdict (see ``PubSubHub.heard_until``). Nested: the earliest."""
+    outer = getattr(_until, "deadline", None)
+    _until.deadline = deadline if outer is None else min(outer, deadline)
+    try:
+        yield
+    finally:
+        _until.deadline = outer
+
+
+def _bound_reads(conn: Any) -> Any:
+    """Shorten the reads of ``conn`` to this thread's deadline, if any: the socket whose
+    timeout was changed (put back by :func:`_unbound_reads`), else None."""
+    deadline = getattr(_until, "deadline", None)
+    sock = socket_of(conn)
+    if deadline is None or sock is None:
+        return None
+    full = getattr(conn, "socket_timeout", None)
+    left = max(0.001, deadline - time.monotonic())
+    if full is not None and left >= full:
+        return None
+    sock.settimeout(left)
+    return sock
+
+
+def _unbound_reads(conn: Any, sock: Any) -> None:
+    if sock is not None and socket_of(conn) is sock:  # (a closed one is made anew)
+        with contextlib.suppress(OSError):
+            sock.settimeout(getattr(conn, "socket_timeout", None))
 
 
 def command(client: Any, *args: Any) -> Any:
@@ -112,12 +149,16 @@ def _exchange(
             ):
                 _recheck(bound, conn)
             bound.dirty = True  # from the first byte sent until the last reply is read
-            if many is None:
-                conn.send_packed_command(wire.pack(conn, args))  # type: ignore[arg-type]
-                reply = conn.read_response()
-            else:
-                conn.send_packed_command(wire.pack_many(conn, many))
-                reply = [_reply(conn) for _ in many]
+            bounded = _bound_reads(conn)
+            try:
+                if many is None:
+                    conn.send_packed_command(wire.pack(conn, args))  # type: ignore[arg-type]
+                    reply = conn.read_response()
+                else:
+                    conn.send_packed_command(wire.pack_many(conn, many))
+                    reply = [_reply(conn) for _ in many]
+            finally:
+                _unbound_reads(conn, bounded)
         except ResponseError:
             bound.dirty = False  # an answer: the connection is in step
             raise

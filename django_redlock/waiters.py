@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 import threading
@@ -18,6 +19,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
 logger = logging.getLogger("django_redlock")
+
+
+#: Leaves owed for abandoned waiter ids, and when each was abandoned (monotonic).
+Owed = dict[str, tuple[Callable[[], object], float]]
 
 
 class AnyWaiter(Protocol):
@@ -62,6 +67,20 @@ class Waiter:
 
     def wait(self, timeout: float) -> bool:
         return self._gate.acquire(timeout=max(0.0, timeout))
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """``thread.start()``, an interrupt burst coming out as the interrupt: start() waits on
+    an Event for the thread to run, and a second interrupt landing in its Condition's
+    ``finally`` made it raise ``RuntimeError: release unlocked lock`` instead (the thread
+    runs all the same)."""
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        interrupt = exc.__context__
+        if isinstance(interrupt, BaseException) and not isinstance(interrupt, Exception):
+            raise interrupt from None
+        raise
 
 
 async def sleep_on(future: asyncio.Future[None], timeout: float) -> None:
@@ -118,10 +137,16 @@ class AsyncWaiter:
 
 
 class Confirmation:
-    """Set when the server confirmed a subscription; awaitable from threads and tasks."""
+    """Set when the server confirmed a subscription; awaitable from threads and tasks.
+
+    A thread waits on a plain lock of its own, not an Event: an Event's wait (a Condition)
+    re-takes a lock in a ``finally`` that a second interrupt of a burst cuts short, and
+    ``RuntimeError: release unlocked lock`` came out of acquire() instead of the interrupt.
+    A lock's acquire is one call an interrupt completes or leaves undone; the lock is the
+    waiter's own, so an interrupt in one waiter's wait never holds up another's."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._set = False
         self._callbacks: list[Callable[[], None]] = []
         self._mutex = threading.Lock()
         self.error: BaseException | None = None  # the server refused the subscription
@@ -134,25 +159,32 @@ class Confirmation:
 
     def set(self) -> None:
         with self._mutex:
-            self._event.set()
+            self._set = True
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
 
     def wait(self, timeout: float) -> None:
-        self._event.wait(max(0.0, timeout))
+        gate = threading.Lock()
+        gate.acquire()
+        opened = functools.partial(_open_gate, gate)
+        self.then(opened)
+        if gate.acquire(timeout=max(0.0, timeout)):
+            return
+        with self._mutex, contextlib.suppress(ValueError):  # not confirmed in time
+            self._callbacks.remove(opened)
 
     def then(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once this is set (now, if it is)."""
         with self._mutex:
-            if not self._event.is_set():
+            if not self._set:
                 self._callbacks.append(callback)
                 return
         callback()
 
     @property
     def confirmed(self) -> bool:
-        return self._event.is_set()
+        return self._set
 
     async def async_wait(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()
@@ -163,7 +195,7 @@ class Confirmation:
                 loop.call_soon_threadsafe(_settle, done)
 
         with self._mutex:
-            if self._event.is_set():
+            if self._set:
                 return
             self._callbacks.append(wake)
         await sleep_on(done, timeout)
@@ -250,6 +282,11 @@ class StandBys:
                     logger.debug("redlock: hand-off to waiter %s failed: %s", waiter_id, exc)
 
 
+def _open_gate(gate: threading.Lock) -> None:
+    with contextlib.suppress(RuntimeError):  # opened already
+        gate.release()
+
+
 class ReleaseHub:
     """In-process waiter registry; a release calls :meth:`notify`.
 
@@ -278,6 +315,8 @@ class ReleaseHub:
         self._abandoned: dict[str, Callable[[], object]] = {}  # waiter id -> its leave
         self._abandoned_at: dict[str, float] = {}  # waiter id -> when (monotonic)
         self._standing_by = StandBys(self.notify)
+        #: Set by :meth:`hand_over`: where leaves owed here go from then on.
+        self._heir: Callable[[Owed], None] | None = None
 
     @contextlib.contextmanager
     def watch(
@@ -338,6 +377,11 @@ class ReleaseHub:
         raises BackendUnavailable). Never for a hub that does not need it (``confirm_needed``)."""
         return self.confirm_needed and not all(c.confirmed for c in confirmations)
 
+    def heard_until(self) -> float | None:
+        """When a waiter's try must be answered by (monotonic), this hub's server being
+        silent since it was last heard; None: no bound (see ``PubSubHub.heard_until``)."""
+        return None
+
     def joins_at_once(self) -> bool:
         """Whether :meth:`join` returns without waiting for the server (no connect to make:
         a subscribe is then only written)."""
@@ -397,9 +441,23 @@ class ReleaseHub:
         wakes the next waiter); failing, it is kept for the next wake-up. Call it before the
         waiter stops watching."""
         now = time.monotonic()
+        if self._keep(waiter_id, leave, now):
+            self._evict(now)
+
+    def _keep(self, waiter_id: str, leave: Callable[[], object], at: float) -> bool:
+        """Register an owed leave, here or with the heir (closed); whether here."""
         with self._mutex:
-            self._abandoned[waiter_id] = leave
-            self._abandoned_at[waiter_id] = now
+            heir = self._heir
+            if heir is None:
+                self._abandoned[waiter_id] = leave
+                self._abandoned_at[waiter_id] = at
+        if heir is not None:  # closed: this hub hears no wake-up any more
+            heir({waiter_id: (leave, at)})
+        return heir is None
+
+    def _evict(self, now: float) -> None:
+        """Leave now the oldest ids over ABANDONED_MAX (see :meth:`abandon`)."""
+        with self._mutex:
             over = len(self._abandoned) - self.ABANDONED_MAX
             evicted: list[tuple[str, Callable[[], object]]] = []
             if over > 0:  # the oldest not watched any more: left now, not forgotten
@@ -415,6 +473,39 @@ class ReleaseHub:
         if evicted:
             self._start_leaves(evicted)
 
+    def hand_over(self, heir: Callable[[Owed], None]) -> None:
+        """Close() hands its owed leaves to the next hub: a closed hub hears no wake-up, and
+        a new one that does not know an abandoned id would let the wake-up for it (the
+        server's first in line) fall on nobody, every later hand-off of that lock waiting
+        out the hold's TTL. ``heir`` gets them now, and any leave owed here later. Not
+        those of waiters still watching here: each takes its own to the next hub as it
+        moves (steps.py's _Watching), and handed over first, a wake-up that reached the next
+        hub before the waiter would run its leave and drop a live waiter from the queue."""
+        with self._mutex:
+            self._heir = heir
+            owed = {
+                i: (leave, self._abandoned_at.get(i, 0.0))
+                for i, leave in self._abandoned.items()
+                if i not in self._waiters
+            }
+            self._abandoned, self._abandoned_at = {}, {}
+        if owed:
+            heir(owed)
+
+    def take_over(self, owed: Owed) -> None:
+        """Leaves owed by a closed hub of the same backend (:meth:`hand_over`), oldest first."""
+        with self._mutex:
+            heir = self._heir
+            if heir is None:
+                fresh = {i: owed[i][0] for i in owed if i not in self._abandoned}
+                self._abandoned = {**fresh, **self._abandoned}
+                for waiter_id in fresh:
+                    self._abandoned_at[waiter_id] = owed[waiter_id][1]
+        if heir is not None:  # closed meanwhile: on to the next one
+            heir(owed)
+            return
+        self._evict(time.monotonic())
+
     def settle(self, waiter_id: str) -> None:
         """``waiter_id`` left the server's waiters (its leave was answered, or it took the
         hold): no leave is owed for it any more."""
@@ -425,19 +516,24 @@ class ReleaseHub:
     def _start_leaves(self, leaves: list[tuple[str, Callable[[], object]]]) -> None:
         """Leaves dropped from the registry (over ABANDONED_MAX) are sent now, in a thread:
         forgotten, a wake-up for one would be heard by nobody, and the lock's next waiter
-        would sleep until the hold's expiry."""
+        would sleep until the hold's expiry. One that fails, or is not started, is kept
+        (over the cap, evicted again by a later abandon): a plain lock's entry does not
+        lapse on the server while other waiters keep its set alive."""
 
         def run() -> None:
             for waiter_id, leave in leaves:
                 try:
                     leave()
-                except Exception as exc:  # its entry lapses on the server
+                except Exception as exc:
                     logger.debug("redlock: leave of waiter %s failed: %s", waiter_id, exc)
+                    self._keep(waiter_id, leave, time.monotonic())
 
         try:
-            threading.Thread(target=run, daemon=True, name="redlock-leave").start()
-        except Exception as exc:  # no thread to be had: they lapse on the server
+            start_thread(threading.Thread(target=run, daemon=True, name="redlock-leave"))
+        except Exception as exc:  # no thread to be had: kept for a wake-up or a later try
             logger.debug("redlock: %d leaves not started: %s", len(leaves), exc)
+            for waiter_id, leave in leaves:
+                self._keep(waiter_id, leave, time.monotonic())
 
     def notify(self, channel: str) -> None:
         """A release: wake the longest-waiting waiter that is not already about to try.
@@ -459,8 +555,8 @@ class ReleaseHub:
             chosen.wake()
         elif leave is not None:
             try:  # on the pub/sub reader's thread: whatever happens, it goes on reading
-                threading.Thread(target=self._run_leave, args=(channel, leave), daemon=True,
-                                 name="redlock-leave").start()  # fmt: skip
+                start_thread(threading.Thread(target=self._run_leave, args=(channel, leave),
+                                              daemon=True, name="redlock-leave"))  # fmt: skip
             except Exception as exc:  # no thread to be had (a pids limit): kept for later
                 logger.debug("redlock: leave of abandoned waiter %s not started: %s", channel, exc)
                 self.abandon(channel, leave)

@@ -37,6 +37,7 @@ from .waiters import (
     ReleaseHub,
     StandBys,
     Waiter,
+    start_thread,
 )
 
 # The in-process part (django_redlock.waiters) was in this module: its names stay here too.
@@ -95,6 +96,11 @@ class _Liveness:
         # One socket timeout after the last thing heard; a PING sent late (the reader was
         # kept from running) still gets a quarter of one for its answer.
         return max(self.heard_at + self.timeout, ping_at + self.timeout * self.SHARE)
+
+    def verdict_due(self) -> float:
+        """The earliest the verdict can come if nothing more is heard (monotonic)."""
+        ping_at = self.ping_at
+        return self._verdict_at(time.monotonic() if ping_at is None else ping_at)
 
     def step(self, pubsub: Any, waiting: Callable[[], bool]) -> tuple[float, bool]:
         """PING if due; returns how long to read for, and whether the server just went
@@ -176,6 +182,7 @@ class PubSubHub(ReleaseHub):
         self._forgotten: set[str] = set()
         self._closed = False
         self._silent = False  # declared unheard, and nothing heard since
+        self._alive: _Liveness | None = None  # the reader's, while it reads
         _pubsub_hubs.add(self)
 
     def join(
@@ -357,13 +364,17 @@ class PubSubHub(ReleaseHub):
         self.notify_all()
 
     def _ensure_started(self) -> Any:
+        if self._closed:
+            # A join on a closed hub (its waiter moves to the backend's next hub) starts no
+            # connection and no reader: nobody would read its confirmation.
+            raise RuntimeError("the hub is closed")
         if self._pubsub is None:
             self._pubsub = self._make_pubsub()
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(
                 target=self._read_forever, name="redlock-pubsub", daemon=True
             )
-            self._thread.start()
+            start_thread(self._thread)
         return self._pubsub
 
     def _read_forever(self) -> None:
@@ -383,8 +394,17 @@ class PubSubHub(ReleaseHub):
     #: for a quarter of the timeout; None: nothing to do then.
     ping_slow: Callable[[], None] | None = None
 
+    def heard_until(self) -> float | None:
+        """A waiter's try ends by its hub's PING verdict: one socket timeout from the moment
+        the server stopped, whatever step (SPEC). The try goes on another connection, whose
+        full socket timeout, started after the stop, would end up to twice that after it;
+        and a verdict that comes while the waiter is in its try would never reach it (it is
+        told only when it sleeps). None: no verdict to come (no reader)."""
+        alive = self._alive
+        return None if alive is None or self._closed else alive.verdict_due()
+
     def _read_until_closed(self, pubsub: Any) -> None:
-        alive = _Liveness(self.confirm_timeout, self.ping_slow)
+        alive = self._alive = _Liveness(self.confirm_timeout, self.ping_slow)
         while not self._closed:
             self._reading = getattr(pubsub, "connection", None) or self._reading
             try:
@@ -486,7 +506,18 @@ class PubSubHub(ReleaseHub):
         thread, self._thread = self._thread, None
         if pubsub is not None:
             _stop_reader(pubsub, thread, self.confirm_timeout)
+        self._end_confirmations()
         super().close()
+
+    def _end_confirmations(self) -> None:
+        """A wait being set up on a closed hub waits for no confirmation (nobody reads it
+        any more, and a healthy server would be reported silent): it goes on at once, and
+        its watch moves to the backend's next hub (steps.py's _Watching). A join that comes
+        later is refused (_ensure_started)."""
+        with self._mutex:
+            pending = list(self._confirmed.values())
+        for confirmed in pending:
+            confirmed.set()
 
     def _forget_after_fork(self) -> None:
         # The reader thread does not exist in a forked child, and the parent's socket must
@@ -672,7 +703,7 @@ class ShardedPubSubHub(PubSubHub):
                 daemon=True,
             )
             shard = self._shards[node.name] = _Shard(pubsub, thread)
-            thread.start()
+            start_thread(thread)
         return shard
 
     # -- reading -----------------------------------------------------------------------------
@@ -830,6 +861,7 @@ class ShardedPubSubHub(PubSubHub):
             shards, self._shards = list(self._shards.values()), {}
         for shard in shards:
             _stop_reader(shard.pubsub, shard.thread, self.confirm_timeout)
+        self._end_confirmations()
         ReleaseHub.close(self)
 
     def _forget_after_fork(self) -> None:

@@ -539,6 +539,16 @@ class BaseLockBackend:
     async def aexecute(self, op: Op[T]) -> T:
         raise NotImplementedError
 
+    def execute_by(self, op: Op[T], deadline: float | None) -> T:
+        """:meth:`execute`, answered by ``deadline`` (monotonic) at the latest where the
+        backend can bound it (else as :meth:`execute`): a waiter's try, by its hub's PING
+        verdict (``ReleaseHub.heard_until``)."""
+        return self.execute(op)
+
+    async def aexecute_by(self, op: Op[T], deadline: float | None) -> T:
+        """:meth:`aexecute`, as :meth:`execute_by`."""
+        return await self.aexecute(op)
+
     @property
     def hub(self) -> ReleaseHub:
         """Where waiters of this backend in this process are woken."""

@@ -243,17 +243,17 @@ class RedisClusterBackend(RedisBackend):
             with self._setup:
                 if self._hub is None:
                     if self.sharded:
-                        self._hub = ShardedPubSubHub(
+                        self._hub = self._adopt(ShardedPubSubHub(
                             self.client,
                             self.socket_timeout,
                             lambda name: f"{self.inbox_for(name)}{process_id()}",
                             self._refusal,
-                        )
+                        ))  # fmt: skip
                     else:
-                        self._hub = PubSubHub(
+                        self._hub = self._adopt(PubSubHub(
                             self.client.pubsub, self.socket_timeout, self.inbox_prefix,
                             self._refusal,
-                        )  # fmt: skip
+                        ))  # fmt: skip
         return self._hub
 
     @property
@@ -660,6 +660,14 @@ class RedisClusterBackend(RedisBackend):
             return
         for shard in [s for s in executors if s is not None and s != new and s not in masters]:
             executors.pop(shard).shutdown(wait=False)
+
+    def execute_by(self, op: Op[T], deadline: float | None) -> T:
+        return self.execute(op)  # (redis-py's cluster client: no thread connection to bound)
+
+    async def aexecute_by(self, op: Op[T], deadline: float | None) -> T:
+        # Not cut short by the deadline: a cancelled call's thread runs on (see
+        # _after_unfinished), its own socket timeout bounds it.
+        return await self.aexecute(op)
 
     async def aexecute(self, op: Op[T]) -> T:
         executor = self._executor(op.name)

@@ -27,6 +27,7 @@ from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingP
 from ..forks import after_fork_in_child
 from ..options import check_options, pool_options
 from ..scripts import Call, script
+from ..waiters import Owed
 from ..waiting import PubSubHub
 from .base import (
     Attempt,
@@ -122,6 +123,7 @@ class RedisBackend(BaseLockBackend):
             asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None, None]]
         ] = weakref.WeakKeyDictionary()
         self._hub: PubSubHub | None = None
+        self._owed: Owed = {}  # leaves owed by closed hubs, for the next one (_owe)
         self._setup = threading.RLock()
         _backends.add(self)
         self._key_cache: dict[str, tuple[str, str, str, str, str, str, str]] = {}
@@ -184,11 +186,27 @@ class RedisBackend(BaseLockBackend):
         if self._hub is None:
             with self._setup:
                 if self._hub is None:
-                    self._hub = PubSubHub(
+                    self._hub = self._adopt(PubSubHub(
                         self.client.pubsub, self.socket_timeout, self.inbox_prefix,
                         self._refusal,
-                    )  # fmt: skip
+                    ))  # fmt: skip
         return self._hub
+
+    def _adopt(self, hub: PubSubHub) -> PubSubHub:
+        """A new hub takes the leaves its closed predecessors still owe (under ``_setup``)."""
+        owed, self._owed = self._owed, {}
+        hub.take_over(owed)
+        return hub
+
+    def _owe(self, owed: Owed) -> None:
+        """Leaves a closed hub owes (close() hands its owed leaves to the next hub): to the
+        current hub, else kept for the next one made."""
+        with self._setup:
+            hub = self._hub
+            if hub is None:
+                self._owed.update(owed)
+                return
+        hub.take_over(owed)  # (closed meanwhile: it hands them on to us again)
 
     def _refusal(self, exc: BaseException) -> MissingPermission | None:
         """``exc`` as a MissingPermission, if it is an ACL's refusal (else None)."""
@@ -291,6 +309,34 @@ class RedisBackend(BaseLockBackend):
                 raise self.server_error(op.name, exc) from exc
             raise await self._arefused(op.name, exc) from exc
         return op.parse(reply)
+
+    def execute_by(self, op: Op[T], deadline: float | None) -> T:
+        # On the thread's own connection (the fast path); through redis-py's pool, as
+        # execute() (a connection checked out cannot be bounded without redis-py's insides).
+        if deadline is None:
+            return self.execute(op)
+        with fast_path.answered_by(deadline):
+            return self.execute(op)
+
+    async def aexecute_by(self, op: Op[T], deadline: float | None) -> T:
+        if deadline is None:
+            return await self.aexecute(op)
+        # Not asyncio.wait_for (a cancellation racing the result can be lost, Python < 3.12):
+        # the caller's cancellation reaches the command through the except below.
+        command = asyncio.ensure_future(self.aexecute(op))
+        try:
+            done, _ = await asyncio.wait({command}, timeout=max(0.0, deadline - time.monotonic()))
+        except BaseException:
+            command.cancel()
+            raise
+        if not done:
+            command.cancel()  # (redis-py drops the connection of a command cut short)
+            raise BackendUnavailable(
+                f"lock {op.name!r}: backend {self.describe()} is unavailable: no answer"
+                " before the wait's server went silent for the socket timeout",
+                timed_out=True,
+            )
+        return command.result()
 
     # -- ops ---------------------------------------------------------------------------------
 
@@ -549,6 +595,7 @@ class RedisBackend(BaseLockBackend):
         the client: a cluster's reads the slots over the network): held for good in the
         child, whose first operation then waited forever."""
         self._setup = threading.RLock()
+        self._owed = {}  # the parent's waiter ids: its inbox, never heard here
 
     def close(self) -> None:
         # Both detached first: the hub's close wakes its waiters, which must find a new hub
@@ -557,6 +604,7 @@ class RedisBackend(BaseLockBackend):
         client, self._client = self._client, None
         if hub is not None:
             hub.close()
+            hub.hand_over(self._owe)
         if client is not None:
             pool = getattr(client, "connection_pool", None)  # a cluster has one per node
             if pool is not None:
@@ -566,7 +614,13 @@ class RedisBackend(BaseLockBackend):
                 # Ours (a cache's pool is let go before this: see DjangoRedisBackend.close):
                 # closed now, not when the garbage collector gets to its connections.
                 pool.disconnect()
-        self._aclients = weakref.WeakKeyDictionary()
+        aclients, self._aclients = self._aclients, weakref.WeakKeyDictionary()
+        options = {**self.default_options, **self.options}
+        # A command in flight has its connection for a socket timeout, after one for a free
+        # connection (the blocking pool's), then a little for the loop to get to it.
+        after = 2 * float(options.get("socket_timeout") or 2.0) + 1.0
+        for loop, entry in list(aclients.items()):
+            _retire(loop, entry, after)
         super().close()
 
     @classmethod
@@ -681,6 +735,38 @@ def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
     with contextlib.suppress(StopIteration):
         step.send(None)  # runs up to the yield: nothing in it awaits
     return client, generator
+
+
+_retiring: set[asyncio.Task[None]] = set()  # (a loop keeps only weak references to tasks)
+
+
+def _retire(
+    loop: asyncio.AbstractEventLoop, entry: tuple[Any, AsyncGenerator[None, None]], after: float
+) -> None:
+    """Close a closed backend's async client on its loop without cutting a command in
+    flight: its idle connections now, the rest ``after`` the last command could have ended
+    (dropped instead, its closer was finalised at once and closed the connections still in
+    use: an arelease() in flight failed with "Connection closed", on a healthy server). A
+    loop that ends first closes it at its shutdown, as any client of the loop."""
+    client, closer = entry
+
+    async def retire() -> None:
+        try:
+            pool = getattr(client, "connection_pool", None)
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    await pool.disconnect(inuse_connections=False)
+            await asyncio.sleep(after)
+        finally:  # (cancelled by the loop's shutdown too: else collected, closed too late)
+            await closer.aclose()  # its finally closes the client and its pool
+
+    def start() -> None:
+        task = loop.create_task(retire())
+        _retiring.add(task)
+        task.add_done_callback(_retiring.discard)
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nothing of it in use
+        loop.call_soon_threadsafe(start)
 
 
 def lease_attempt(name: str, backend: BaseLockBackend, mode: str) -> Any:

@@ -10,7 +10,9 @@ On failure it is released on the nodes asked, since a lost reply may have set th
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -28,6 +30,7 @@ from ..exceptions import (
 )
 from ..options import check_options, pool_options
 from ..scripts import Call, script
+from ..waiters import Owed
 from .base import (
     Attempt,
     BaseLockBackend,
@@ -99,6 +102,9 @@ class RedlockBackend(BaseLockBackend):
         self.quorum = len(self.nodes) // 2 + 1
         self.io = NodeIO(self.nodes, self.quorum)
         self._hub: QuorumHub | None = None
+        # Leaves owed by closed node hubs, per node, for the next ones (see _owe).
+        self._owed: dict[int, Owed] = {}
+        self._owing = threading.Lock()
 
     @classmethod
     def check_params(cls, alias: str, params: Any) -> None:
@@ -140,7 +146,10 @@ class RedlockBackend(BaseLockBackend):
                 NodeHub(node, lambda i=i: health.is_down(i), probe_down)  # type: ignore[misc]
                 for i, node in enumerate(self.nodes)
             ]
-            self._hub = QuorumHub(hubs, self.node_timeout, self.io.usable)
+            with self._owing:
+                for i, hub in enumerate(hubs):
+                    hub.take_over(self._owed.pop(i, {}))
+                self._hub = QuorumHub(hubs, self.node_timeout, self.io.usable)
             health.on_up(self._hub.node_up)
         return self._hub
 
@@ -618,11 +627,21 @@ class RedlockBackend(BaseLockBackend):
             except (*UNAVAILABLE, ResponseError):
                 continue
 
+    def _owe(self, node: int, owed: Owed) -> None:
+        """Leaves a closed node hub owes: to that node's next hub (as RedisBackend._owe)."""
+        with self._owing:
+            quorum = self._hub
+            if quorum is None:
+                self._owed.setdefault(node, {}).update(owed)
+                return
+        quorum.hubs[node].take_over(owed)
+
     def close(self) -> None:
         quorum, self._hub = self._hub, None  # detached first: as RedisBackend.close
         if quorum is not None:
-            for hub in quorum.hubs:
+            for i, hub in enumerate(quorum.hubs):
                 hub.close()
+                hub.hand_over(functools.partial(self._owe, i))
         self.io.close()
         for node in self.nodes:
             node.close()

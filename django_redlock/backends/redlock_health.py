@@ -23,6 +23,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from ..waiters import start_thread
 from ..waiting import AnyWaiter, CompositeHub, Confirmation, PubSubHub
 from .redis import RedisBackend
 
@@ -162,10 +163,10 @@ def start_probes(
     """Probe the down nodes whose breaker's period is up (``now_too``: every down node
     not being probed), each in a thread."""
     for i in health.due(now_too):
-        threading.Thread(
+        start_thread(threading.Thread(
             target=probe, args=(health, i, nodes[i], before_up), name="redlock-probe",
             daemon=True,
-        ).start()  # fmt: skip
+        ))  # fmt: skip
 
 
 class NodeHub(PubSubHub):
@@ -341,9 +342,9 @@ class QuorumHub(CompositeHub):
         """Join node i's hub for ``entries`` in a thread (a connect may wait for a paused
         node's timeout)."""
         try:
-            threading.Thread(
+            start_thread(threading.Thread(
                 target=join, args=(i, entries, enough), name="redlock-join", daemon=True
-            ).start()
+            ))  # fmt: skip
         except Exception as exc:  # no thread to be had: they stay on the nodes they have
             logger.debug("redlock: joining node %d's waiters not started: %s", i, exc)
             with self._partial_mutex:

@@ -153,7 +153,9 @@ class _Watching:
     wakes its waiters once and hears nothing more, while the backend stays in use with a
     new hub made on demand: a waiter left on the closed one would sleep to the hold's
     expiry. So after each sleep, a watch whose hub was replaced joins the new one (the
-    waiter's leave goes with it) before the next try, and leaves the closed one."""
+    waiter's leave goes with it) before the next try, and leaves the closed one; so does
+    one whose hub closed during its set-up, before its first sleep (a closed hub confirms
+    no subscription: it ends the pending ones, and refuses a join)."""
 
     def __init__(self, backend: BaseLockBackend, step: Watch, waiter: Any) -> None:
         self.backend, self.step, self.waiter = backend, step, waiter
@@ -220,7 +222,10 @@ def _drive(
         reply = error = None
         try:
             if isinstance(step, Op):
-                reply = backend.execute(step)
+                if watches:  # a waiter's try, place renewal or leave: see _tried_by
+                    reply = backend.execute_by(step, _tried_by(backend))
+                else:
+                    reply = backend.execute(step)
             elif isinstance(step, Sleep):
                 reply = step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
@@ -234,6 +239,8 @@ def _drive(
                 watching = _Watching(backend, step, waiter)
                 try:
                     reply = (watching, watching.__enter__(), step.channel)
+                    while watching.moved():  # the hub closed during the set-up
+                        reply = (watching, watching.__enter__(), step.channel)
                 except Exception:
                     _not_watching(backend, step)
                     watches.remove((step.channel, waiter))
@@ -248,6 +255,14 @@ def _drive(
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
             error = exc
+
+
+def _tried_by(backend: BaseLockBackend) -> float | None:
+    """When a command sent while waiting must be answered by: its hub's PING verdict. The
+    rule is one socket timeout from the moment the server stopped, whatever step: a try
+    sent after the stop, with a full socket timeout of its own, ended up to two after it,
+    and the verdict reaches only a waiter asleep."""
+    return backend.hub.heard_until()
 
 
 def _left(watches: list[Any], handle: Any) -> None:
@@ -309,7 +324,10 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
         reply = error = None
         try:
             if isinstance(step, Op):
-                reply = await backend.aexecute(step)
+                if watches:  # as in _drive
+                    reply = await backend.aexecute_by(step, _tried_by(backend))
+                else:
+                    reply = await backend.aexecute(step)
             elif isinstance(step, Sleep):
                 reply = await step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
@@ -323,6 +341,8 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
                 watching = _Watching(backend, step, awaiter)
                 try:
                     reply = (watching, await watching.__aenter__(), step.channel)
+                    while watching.moved():  # as in _drive
+                        reply = (watching, await watching.__aenter__(), step.channel)
                 except Exception:
                     _not_watching(backend, step)
                     watches.remove((step.channel, awaiter))

@@ -408,3 +408,43 @@ def test_a_sleeping_waiter_raises_within_one_socket_timeout_of_the_last_message_
     assert isinstance(error, BackendUnavailable) and error.timed_out, error
     assert ended - heard < SOCKET_TIMEOUT + 0.15, ended - heard  # (a quarter more: 1.25)
     held.release()
+
+
+@pytest.mark.parametrize("mode", ["thread", "task", "fair_renewal"])
+def test_a_waiters_try_to_a_stopped_server_raises_within_one_socket_timeout(
+    one: list[RedisServer], name: str, mode: str
+) -> None:
+    # The server stops 0.5 s before the waiter's next try (its timer: the hold's expiry; or a
+    # fair waiter's place renewal, every 2.5 s). The try, sent after the stop with a socket
+    # timeout of its own, raised 1.5 socket timeouts after it; the hub's PING verdict only
+    # reaches a waiter asleep. The rule: one socket timeout from the stop, whatever step.
+    fair = mode == "fair_renewal"
+    holder = lock(name, using="sleepy", ttl=60 if fair else 2.0, auto_renew=False, fair=fair)
+    assert holder.acquire(blocking=False)
+    expiry = time.monotonic() + (2.5 if fair else 2.0)  # the next try
+    ended: list[float] = []
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        waiter = lock(name, using="sleepy", ttl=10, fair=fair)
+        try:
+            if mode == "task":
+                asyncio.run(waiter.aacquire(timeout=30))
+            else:
+                waiter.acquire(timeout=30)
+        except BackendUnavailable as exc:
+            errors.append(exc)
+        ended.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(max(0.0, expiry - 0.5 - time.monotonic()))
+    server = one[0]
+    server.pause()
+    stopped = time.monotonic()
+    try:
+        thread.join(10)
+    finally:
+        server.resume()
+    assert errors, ended
+    assert ended[0] - stopped < SOCKET_TIMEOUT + 0.2, ended[0] - stopped

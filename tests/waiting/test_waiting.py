@@ -77,6 +77,30 @@ def test_abandoned_waiters_over_the_bound_are_left_at_once() -> None:
     assert ran == [0, hub.ABANDONED_MAX]
 
 
+def test_an_abandoned_waiter_left_for_the_bound_whose_leave_fails_is_kept() -> None:
+    """Its leave sent at once failed (the server away): it was dropped, "its entry lapses on
+    the server", but a plain lock's waiters set lapses only when nobody waits: the next
+    release woke the dead id, nobody here ran its leave, the next waiter slept to the TTL.
+    Kept (over the bound), the wake-up for it runs the leave again."""
+    hub = ReleaseHub()
+    hub.SETTING_UP = 0.0
+    tries: list[int] = []
+
+    def leave() -> None:
+        tries.append(0)
+        if len(tries) == 1:
+            raise ConnectionError("the server is away")
+
+    hub.abandon("p.old", leave)
+    for i in range(hub.ABANDONED_MAX):
+        hub.abandon(f"p.{i}", lambda: None)
+    time.sleep(0.2)
+    assert tries == [0]  # left at once, and failed
+    hub.notify("p.old")
+    time.sleep(0.2)
+    assert tries == [0, 0]
+
+
 def test_a_waiter_still_watching_is_never_left_for_the_bound() -> None:
     hub = ReleaseHub()
     hub.SETTING_UP = 0.0
@@ -146,3 +170,17 @@ def test_a_wake_up_for_an_abandoned_waiter_when_no_thread_can_start_keeps_the_le
     assert not done.is_set()
     hub.notify("p.1")
     assert done.wait(5)
+
+
+def test_a_closed_hub_hands_over_the_leaves_of_waiters_gone_not_of_those_watching() -> None:
+    """A watching waiter moves to the next hub with its own leave; handed over too, a
+    wake-up reaching the next hub before the waiter would run it and drop a live waiter."""
+    hub, heir = ReleaseHub(), ReleaseHub()
+    hub.abandon("p.gone", lambda: None)
+    with hub.watch("p.live", by_id=True):
+        hub.abandon("p.live", lambda: None)
+        hub.close()
+        hub.hand_over(heir.take_over)
+        assert set(heir._abandoned) == {"p.gone"}
+        hub.abandon("p.late", lambda: None)  # abandoned after the close: to the heir
+    assert set(heir._abandoned) == {"p.gone", "p.late"}
