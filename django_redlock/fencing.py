@@ -393,12 +393,14 @@ def _fenced_steps(
     seen = _open_block(row[1:], mark) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     proved_hooks: list[Callable[[], None]] = []
+    scope: _Scope | None = None
     try:
         atomic = transaction.atomic(using=using)
         committed.using, committed.atomic = using, weakref.ref(atomic)
         if outermost:  # known as a fenced block's, should its exit never run (drop_abandoned)
             _opened()[using] = (weakref.ref(atomic), committed)
-        with atomic:
+        scope = _Scope(atomic, using)
+        with scope:
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), token=hold.token,
@@ -435,10 +437,12 @@ def _fenced_steps(
             committed.pending = False
             _abandon(using)
             raise
-        elif len(connections[using].savepoint_ids) > outer_savepoints and not misnested:
-            # The same, nested: the block's savepoint was left (the outer exit would take it
-            # for its own, and commit what the block wrote): rolled back to it here.
-            _roll_back_to(using, outer_savepoints)
+        elif not outermost and not misnested and scope is not None and not scope.exited:
+            # The same, nested: Django's exit of the block's savepoint did not finish (cut
+            # short, or never run): the block's writes must not commit with the outer
+            # transaction. Rolled back to the savepoint here, or, if it may have been
+            # released already, the outer transaction marked for rollback.
+            _undo_savepoint(using, outer_savepoints, scope)
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
@@ -843,20 +847,71 @@ def _abandon(using: str) -> None:
     connection.connection = None  # closed inside the transaction: reconnect when next used
 
 
-def _roll_back_to(using: str, depth: int) -> None:
-    """Roll back to the savepoint at ``depth`` (a nested block's exit that never ran) and
-    drop it and those after it, as Django's exit would have; failing that, the transaction
-    is marked for rollback: it cannot commit what the block wrote."""
+class _Scope:
+    """A fenced block's Django ``Atomic`` as its steps enter and leave it, and what is known of
+    its exit: ``sid``, the savepoint it opened (None: its own transaction, or none made);
+    ``exited``: Django's exit returned. Django's exit pops the savepoint's id before it
+    releases or rolls back to it, so an exception on one of its lines (a signal handler's)
+    leaves a savepoint no longer listed, neither released nor rolled back: the outer
+    transaction would commit the block's writes. :func:`_undo_savepoint` settles it."""
+
+    def __init__(self, atomic: Any, using: str) -> None:
+        self.atomic, self.using = atomic, using
+        self.sid: str | None = None
+        self.entered = self.exited = False
+
+    def __enter__(self) -> None:
+        self.atomic.__enter__()
+        ids = connections[self.using].savepoint_ids
+        self.sid = ids[-1] if ids else None
+        self.entered = True
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # ``exited`` unset by an exception on its line: the savepoint is then treated as
+        # possibly released (the outer transaction cannot commit): never the other way round.
+        self.atomic.__exit__(exc_type, exc, tb); self.exited = True  # noqa: E702  # fmt: skip
+
+
+def _undo_savepoint(using: str, depth: int, scope: _Scope) -> None:
+    """A nested block's savepoint whose exit did not finish (``scope.exited`` unset): rolled
+    back to it, whether Django's exit still lists it (cut short before its first lines, or
+    never run) or popped it already. A savepoint that is gone (released: ``ROLLBACK TO``
+    fails) or unknown marks the outer transaction for rollback: it cannot commit what the
+    block wrote, so the block's "nothing committed" holds."""
     connection = connections[using]
-    sid = connection.savepoint_ids[depth]
-    del connection.savepoint_ids[depth:]
+    blocks = connection.atomic_blocks
+    if blocks and blocks[-1] is scope.atomic:  # Django's exit never reached its first line
+        blocks.pop()
+    if len(connection.savepoint_ids) > depth:
+        _roll_back_to(using, depth)
+    elif scope.entered:
+        _roll_back_to(using, depth, scope.sid)
+
+
+def _roll_back_to(using: str, depth: int, sid: str | None = None) -> None:
+    """Roll back to the savepoint at ``depth`` (a nested block's exit that never ran) and
+    drop it and those after it, as Django's exit would have (``sid``: the savepoint, when its
+    id is no longer listed); failing that (or cut short), the transaction is marked for
+    rollback: it cannot commit what the block wrote."""
+    connection = connections[using]
+    if len(connection.savepoint_ids) > depth:
+        sid = connection.savepoint_ids[depth]
+        del connection.savepoint_ids[depth:]
+    done = False
     try:
-        if sid is None:
-            raise TransactionManagementError("no savepoint")
-        connection.savepoint_rollback(sid)
-        connection.savepoint_commit(sid)
-    except Exception:
-        connection.needs_rollback = True
+        with contextlib.suppress(Exception):
+            if sid is not None:
+                connection.savepoint_rollback(sid)
+                connection.savepoint_commit(sid)
+                done = True
+    finally:
+        if not done:
+            connection.needs_rollback = True
 
 
 def _backend_pid(using: str) -> int | None:
