@@ -224,28 +224,21 @@ class _Committed:
 
 
 def _with_gone(committed: weakref.ReferenceType[_Committed]) -> Callable[[Any], None]:
-    """Called as a block's ``with`` statement is left (its exit token dies): a savepoint block
-    (inside an outer ``Atomic``: Django's ATOMIC_REQUESTS around a view) whose exit never
-    began (an exception entering it) is rolled back to its savepoint and its lock released at
-    once. Later is too late: the outer ``Atomic``'s exit would take the block's savepoint for
-    its own and leave the request's transaction open, nothing of it committed. (A block of
-    its own transaction waits for the thread's next block or the request's end, as before:
-    nothing can mistake its transaction meanwhile.)"""
+    """Called as a block's ``with`` statement is left (its exit token dies: the statement's
+    stack entry is dropped as the statement ends, before the code after it runs): every block
+    of the thread whose ``with`` is left and whose exit never ended it (an exception as its
+    ``__exit__`` was entered, a burst cutting the exit short) is rolled back and its lock
+    released at once, whatever opened it (:func:`drop_left_scopes`). Later is too late: in
+    an outer transaction, the outer ``Atomic``'s exit would take the block's savepoint for its
+    own, or the ``except`` clause's writes would land in the abandoned savepoint (and be
+    rolled back with it); in its own transaction, the handler's autocommit writes would land
+    in the abandoned transaction."""
 
     def gone(_: Any) -> None:
-        block = committed()
-        if block is None or block.steps is None or block.atomic is None or block.using is None:
-            return
-        steps, atomic = block.steps(), block.atomic()
-        if steps is None or inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
-            return  # ended (its exit ran), or never opened
-        opened = connections[block.using].atomic_blocks
-        if not any(each is atomic for each in opened[1:]):
-            return  # its own transaction (or not Django's to mix up)
-        # A weakref callback cannot raise: what fails here is left to the next block or the
-        # request's end (an interrupt goes to sys.unraisablehook).
+        # A weakref callback cannot raise: what fails here is left to the thread's next
+        # block or the request's end (an interrupt goes to sys.unraisablehook).
         with contextlib.suppress(Exception):
-            drop_all_abandoned()
+            drop_left_scopes()
 
     return gone
 
@@ -370,7 +363,7 @@ def _fenced_steps(
             " needs an exclusive lock (a lock, or the write of a read-write lock)"
         )
     using = check_database(using) if using is not None else lock.database or DEFAULT_DB_ALIAS
-    drop_abandoned(using)  # a block whose steps ended and left their transaction open
+    _drop_abandoned(using)  # a block whose steps ended and left their transaction open
     refuse_manual_commit(using, lock.describe())
     _owner, hold = lock.current_hold()  # LockNotOwned / LockLost, before the database is touched
     if hold.fence is None:
@@ -401,6 +394,7 @@ def _fenced_steps(
             _opened()[using] = (weakref.ref(atomic), committed)
         scope = _Scope(atomic, using)
         with scope:
+            _live().append(committed)  # open: rolled back should its ``with`` abandon it
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), token=hold.token,
@@ -506,6 +500,8 @@ def _fenced_steps(
         _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
     finally:
         committed.where = None  # (not kept alive by the block)
+        with contextlib.suppress(ValueError):
+            _live().remove(committed)
         if outermost:  # the transaction ended as it should: nothing to roll back later
             _ended_clean(using)
         # On one line (see FencedTransaction), and again should it be cut short: a mark left
@@ -627,7 +623,16 @@ def drop_abandoned(using: str) -> None:
     ``Atomic.__exit__`` included, at its first line). Left open, the thread's next blocks would
     be savepoints of it, reported committed while nothing ever commits. Called as a block
     opens: a block that is not running (in its body, or an ``on_commit`` callback) and whose
-    ``with`` does not hold it never will again."""
+    ``with`` does not hold it never will again. Called by every opener before it takes its
+    lock: releases a block's end owed and could not make are made first (:func:`owe`)."""
+    pay_owed()
+    _drop_abandoned(using)
+
+
+def _drop_abandoned(using: str) -> None:
+    """:func:`drop_abandoned` without paying owed releases (a block's own opening, once its
+    lock is taken: a level owed and then taken again by a re-entry must not be released)."""
+    drop_left_scopes()
     opened = _opened().get(using)
     if opened is None:
         return
@@ -785,15 +790,59 @@ def _on_stack(frame: int, code: CodeType) -> FrameType | None:
     return None
 
 
+def _live() -> list[_Committed]:
+    """This thread's open fenced blocks (whatever opened them), innermost last."""
+    live = getattr(_local, "live", None)
+    if live is None:
+        live = _local.live = []
+    return live
+
+
+def drop_left_scopes() -> None:
+    """Roll back and release every open fenced block of this thread whose ``with`` statement
+    is left (:func:`_with_left`: its exit token died, its frame returned or runs past its
+    body), from the innermost, each while it is the last ``atomic()`` open on its connection
+    (one opened on top of it and not closed is left as it is: Django's exits would mix their
+    savepoints up). One rule for every opener: ``with lock`` (its level released),
+    ``lk.atomic()`` and ``@single_instance``/``@lock_view``'s (their caller releases),
+    ``lock_all`` (its names released once its first member is rolled back). Blocks whose
+    ``with`` is not known (an ``ExitStack``'s) are left to their exit."""
+    live = _live()
+    for committed in reversed(list(live)):
+        steps = committed.steps() if committed.steps is not None else None
+        if steps is None or inspect.getgeneratorstate(steps) == inspect.GEN_CLOSED:
+            with contextlib.suppress(ValueError):
+                live.remove(committed)  # ended (its clean-up was cut short)
+            continue
+        where = committed.where
+        if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED or where is None:
+            continue
+        if not _with_left(where) or not _last_atomic(committed):
+            continue
+        logger.warning("redlock: database %r: a fenced block's `with` was left without its exit"
+                       " (an exception raised as the exit was entered, or its exit cut short):"
+                       " rolled back now, nothing of it committed", committed.using)  # fmt: skip
+        committed.live = False
+        with contextlib.suppress(Exception):
+            steps.close()  # rolled back (to its savepoint), as its exit would
+        if committed.lock is not None:  # ``with lock``: its level of the lock released
+            _drop_block(committed.lock, committed)
+        if committed.abandon is not None:  # ``lock_all``'s: its names released
+            give_back, committed.abandon = committed.abandon, None
+            give_back()
+
+
 def _drop_block(lock: FencedLock, committed: _Committed) -> None:
     blocks = _blocks()
     for block in [each for each in blocks if each.committed is committed]:
+        debts = owe([lock], block.depth)  # first: a release cut short stays owed
         block.left = True
         blocks.remove(block)
         if committed.level:  # its exit may never have counted it out: fewer are open now
             lock.fenced_withs = min(lock.fenced_withs, committed.level - 1)
         with contextlib.suppress(Exception):
             _release_level(lock, block, committed=False)
+        paid(debts)
 
 
 def _log_abandoned(using: str) -> bool:
@@ -1133,8 +1182,10 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
         else:  # committed, an Exception after the COMMIT (logged): the block returns
             swallowed = block.committed.done and isinstance(error, Exception)
             outcome = None if swallowed else error
+        debts = owe([lock], block.depth)  # first: a release cut short stays owed
         with contextlib.suppress(BaseException):
             _release_level(lock, block, committed=outcome is None)
+        paid(debts)
     elif block.committed.done and isinstance(error, Exception):  # after all of it
         logger.warning("redlock: %s: its fenced transaction committed and the lock was"
                        " released; then %s: %s (logged, not raised)", lock.describe(),
@@ -1148,7 +1199,10 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
 
 
 def _release_level(lock: FencedLock, block: FencedTransaction, committed: bool) -> None:
-    """Release ``block``'s level of the lock unless that is done (or the hold is gone)."""
+    """Release ``block``'s level of the lock unless that is done (or the hold is gone). The
+    callers owe it first (:func:`owe`): an exception raised during the release (a burst: a
+    second time limit) leaves it to the thread's next fenced block or the request's or
+    task's end."""
     if committed:
         release_after_commit(lock, block.depth)
         return
@@ -1191,9 +1245,13 @@ def drop_all_abandoned(**_: Any) -> None:
     ``with`` is not known (an ``ExitStack``'s) and those still in their body are left."""
     with contextlib.suppress(Exception):
         drop_left_blocks()
+    with contextlib.suppress(Exception):
+        drop_left_scopes()
     for using in list(_opened()):
         with contextlib.suppress(Exception):
-            drop_abandoned(using)
+            _drop_abandoned(using)
+    with contextlib.suppress(Exception):
+        pay_owed()
 
 
 def _drop_left_above(blocks: list[FencedTransaction]) -> None:
@@ -1258,6 +1316,9 @@ def release_after_commit(lock: FencedLock, depth: int | None = None) -> None:
     trigger): logged, the block returns, and the release is tried once more (the watchdog
     would renew the hold on); an interrupt (``KeyboardInterrupt``) propagates. ``depth``: the
     hold's depth at the block (a level released already is not released again)."""
+    # Owed first (see owe): should both tries fail (no answer) or be cut short, the thread's
+    # next fenced block or the request's or task's end releases it.
+    debts = owe([lock], depth)
     # On one line: the try holds from its first instruction (see FencedTransaction).
     try: _release(lock, depth)  # noqa: E701  # fmt: skip
     except LockError as exc:
@@ -1268,6 +1329,77 @@ def release_after_commit(lock: FencedLock, depth: int | None = None) -> None:
                          " raised (tried once more)", lock.describe())  # fmt: skip
         with contextlib.suppress(Exception):
             _release(lock, depth)
+    paid(debts)  # (unless still held: no answer)
+
+
+class _Debt:
+    """A release a fenced block's end owes: ``lock``'s hold of ``token``, at ``depth`` (None:
+    the whole hold). Paid only while that very hold (and level) is still held: never a later
+    hold of the same lock object."""
+
+    def __init__(self, lock: FencedLock, token: str, depth: int | None) -> None:
+        self.lock, self.token, self.depth = lock, token, depth
+
+    def due(self) -> bool:
+        """Whether that hold (and level) is still held here. No I/O."""
+        try:
+            _owner, hold = self.lock.current_hold()
+        except LockError:
+            return False  # released, or lost
+        if hold.token != self.token:
+            return False  # that hold ended; this is another
+        return self.depth is None or hold.depth >= self.depth or hold.releasing
+
+    def pay(self) -> None:
+        """Release it if still held; a ``LockError`` (lost, not ours) settles it too."""
+        if self.due():
+            with contextlib.suppress(LockError):
+                _release(self.lock, self.depth)
+
+
+def _owed() -> list[_Debt]:
+    owed = getattr(_local, "owed", None)
+    if owed is None:
+        owed = _local.owed = []
+    return owed
+
+
+def owe(locks: Any, depth: int | None = None) -> list[_Debt]:
+    """Record, before releasing them, that each of ``locks``' current holds (at ``depth``) is
+    to be released, and return the records: :func:`paid` once the release is made. A release
+    cut short in between (a second time limit, an interrupt) or unanswered stays owed, and
+    :func:`pay_owed` makes it: the thread's next fenced block, as it opens, and the end of the
+    request (``request_finished``) or Celery task (``task_postrun``). No I/O."""
+    debts: list[_Debt] = []
+    for lk in locks:
+        with contextlib.suppress(LockError):
+            debts.append(_Debt(lk, lk.current_hold()[1].token, depth))
+    _owed().extend(debts)  # one call, after the look-ups: all owed, or none
+    return debts
+
+
+def paid(debts: list[_Debt]) -> None:
+    """The releases ``debts`` record were tried: those made (or settled: lost, not ours) are no
+    longer owed; one whose hold is still held (no answer: Redis keeps it, and the watchdog
+    renews it) stays owed. No I/O."""
+    owed = _owed()
+    for debt in debts:
+        if not debt.due():
+            with contextlib.suppress(ValueError):
+                owed.remove(debt)
+
+
+def pay_owed(**_: Any) -> None:
+    """Make this thread's owed releases (see :func:`owe`), oldest first; one that fails again
+    (no answer, cut short) stays owed."""
+    owed = _owed()
+    for debt in list(owed):
+        try:
+            debt.pay()
+        except Exception:
+            logger.warning("redlock: %s: a fenced block's release, owed, failed again (kept)",
+                           debt.lock.describe(), exc_info=True)  # fmt: skip
+        paid([debt])
 
 
 def _release(lock: FencedLock, depth: int | None) -> None:
