@@ -39,10 +39,21 @@ an interrupt, which says "stop"). So:
   lock released at once either way;
 * a block a burst of such exceptions abandoned (its opening, or its exit's clean-up, Django's
   ``Atomic.__exit__`` included, cut short at every line), or one such exception as its
-  ``__exit__`` was entered, leaves its transaction open: the thread's next block rolls it
-  back as it opens (:func:`drop_abandoned`), rather than run as a savepoint of it and return
-  "committed" with nothing ever committed. Abandoned: its ``with`` statement (recorded by
-  every entry, :func:`with_frame`) returned or runs past its body (:func:`_with_left`).
+  ``__exit__`` was entered, leaves its transaction (or savepoint) open: whatever opened it,
+  it is rolled back and its lock released the moment its ``with`` statement is left, before
+  the code after it runs (:func:`drop_left_scopes`, told by the statement's exit token:
+  :class:`TrackedExit`), not when the block is collected; cut short again, the thread's next
+  block as it opens (:func:`drop_abandoned`) or the request's or task's end does it, rather
+  than run as a savepoint of it and return "committed" with nothing ever committed.
+  Abandoned: its ``with`` statement (recorded by every entry, :func:`with_frame`) is over,
+  returned or runs past its body (:func:`_with_left`);
+* a nested block whose savepoint exit Django did not finish (it pops the savepoint's id before
+  it releases the savepoint) is rolled back to its savepoint, or, when the savepoint may be
+  released already, the outer transaction is marked for rollback (:func:`_undo_savepoint`):
+  a block that raised never has its writes commit with the outer transaction;
+* a block's release is owed before it is tried (:func:`owe`): cut short (a burst) or
+  unanswered, the thread's next block or the request's or task's end makes it, for that very
+  hold only.
 
 The SQL of the fence table (record and check, the read after a lost COMMIT, pruning) is
 :mod:`.fence_table`'s; this module runs the block around it.
@@ -204,6 +215,7 @@ class _Committed:
     # what frees its locks, should that ``with`` abandon it: see :func:`drop_abandoned`.
     nested: tuple[_Committed, ...] = ()
     abandon: Callable[[], None] | None = None
+    gives_back: tuple[FencedLock, ...] = ()  # (the locks ``abandon`` releases)
     using: str | None = None  # its database, once its transaction (or savepoint) is opened
     atomic: weakref.ReferenceType[Any] | None = None  # (its Django ``Atomic``)
 
@@ -822,6 +834,7 @@ def drop_left_scopes() -> None:
         logger.warning("redlock: database %r: a fenced block's `with` was left without its exit"
                        " (an exception raised as the exit was entered, or its exit cut short):"
                        " rolled back now, nothing of it committed", committed.using)  # fmt: skip
+        debts = _owe_for(committed)  # first: its release, cut short from here on, is owed
         committed.live = False
         with contextlib.suppress(Exception):
             steps.close()  # rolled back (to its savepoint), as its exit would
@@ -830,6 +843,16 @@ def drop_left_scopes() -> None:
         if committed.abandon is not None:  # ``lock_all``'s: its names released
             give_back, committed.abandon = committed.abandon, None
             give_back()
+        paid(debts)
+
+
+def _owe_for(committed: _Committed) -> list[_Debt]:
+    """The releases an abandoned block's clean-up is to make, owed (:func:`owe`): ``with
+    lock``'s level of its lock, ``lock_all``'s names (``lk.atomic()``'s lock is its caller's)."""
+    if committed.lock is not None:
+        depths = [each.depth for each in _blocks() if each.committed is committed]
+        return owe([committed.lock], depths[0]) if depths else []
+    return owe(committed.gives_back)
 
 
 def _drop_block(lock: FencedLock, committed: _Committed) -> None:

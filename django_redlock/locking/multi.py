@@ -728,6 +728,7 @@ class MultiLock:
                 block.committed.where = where
             members[0].committed.nested = tuple(each.committed for each in members[1:])
             members[0].committed.abandon = self._give_back_held  # its names, should it be left
+            members[0].committed.gives_back = tuple(self.locks)
             self._block = members
         except BaseException as exc:
             # StaleFence, or the database failed: nothing committed. Free every name.

@@ -129,3 +129,51 @@ def test_an_owed_release_never_releases_a_later_hold_of_the_same_lock(
     request_finished.send(sender=None)
     assert held.locked()
     held.release()
+
+
+class Interrupt(KeyboardInterrupt):
+    """An interrupt (a ``BaseException``: not suppressed by the clean-up)."""
+
+
+@pytest.mark.parametrize("how", ["with lock", "lock_all"])
+def test_an_interrupt_cutting_the_clean_up_as_the_with_is_left_short(
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented behaviour: the clean-up of an abandoned block runs as its ``with`` is
+    left, in a weak reference's callback, which cannot raise: an interrupt landing in it goes to
+    ``sys.unraisablehook``, not to the caller. The block is rolled back; its release, owed,
+    is made at the request's end (or by the thread's next fenced block)."""
+    open_shop(DB, 1, 10)
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    cut_release = [False]
+    owner, second = (
+        (fencing, "_drop_block") if how == "with lock" else (MultiLock, "_give_back_held")
+    )
+    real = getattr(owner, second)
+
+    def cut(*args: Any, **kwargs: Any) -> Any:
+        if not cut_release[0]:
+            cut_release[0] = True
+            raise Interrupt("during the clean-up")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, second, cut)
+    code = (MultiLock if how == "lock_all" else BaseLock).__exit__.__code__
+    tracer = Burst(monkeypatch, code, fencing, "_forget_mark")  # (its second never fires)
+    with transaction.atomic(using=DB):
+        try:
+            held = lock_all(name, f"{name}:2", ttl=30, atomic=True) if how == "lock_all" else None
+            with held if held is not None else lock(name, ttl=30, atomic=True):
+                sell_one(DB, 1, "body")
+                sys.settrace(tracer)
+        except TimeLimit:
+            sell_one(DB, 1, "handler")
+        finally:
+            sys.settrace(None)
+    assert cut_release[0] and [type(each.exc_value) for each in unraisable] == [Interrupt]
+    assert [who for who, _ in sales(DB)] == ["handler"]  # rolled back all the same
+    assert lock(name).locked()  # owed
+    request_finished.send(sender=None)
+    assert not lock(name).locked() and not lock(f"{name}:2").locked()
+    assert not fencing._owed()  # type: ignore[attr-defined]
