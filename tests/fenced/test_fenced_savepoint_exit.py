@@ -20,7 +20,8 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_redlock import lock
+from django_redlock import lock, lock_all
+from django_redlock.locking.multi import MultiLock
 
 from ..support.fenced_child import open_shop, sales, sell_one
 
@@ -149,3 +150,32 @@ def test_an_exception_once_django_s_exit_popped_the_savepoint_postgres(name: str
     with lock(f"{name}:next", ttl=30, atomic=PG):  # the thread's next fenced block commits
         sell_one(PG, 1, "next")
     assert [who for who, _ in sales(PG)] == ["outer inner", "next"]
+
+
+def test_lock_all_abandoned_in_a_caller_s_transaction_is_rolled_back_as_its_with_is_left_postgres(
+    name: str,
+) -> None:
+    """``lock_all(atomic=)`` inside a caller's transaction (a view under ATOMIC_REQUESTS), an
+    exception as its exit is entered, handled by the caller, which writes and commits: the
+    block's members are rolled back to their savepoints and both names released as its
+    ``with`` is left, before the ``except`` clause runs; the caller's writes commit."""
+    open_shop(PG, 1, 10)
+    exit_code = MultiLock.__exit__.__code__
+
+    def at_exit(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is exit_code:
+            raise TimeLimit("entering the exit")
+
+    with transaction.atomic(using=PG):
+        sell_one(PG, 1, "request")
+        try:
+            with lock_all(name, f"{name}:2", ttl=30, atomic=PG):
+                sell_one(PG, 1, "moved")
+                sys.settrace(at_exit)
+        except TimeLimit:
+            assert not lock(name).locked() and not lock(f"{name}:2").locked()
+            sell_one(PG, 1, "failure noted")
+        finally:
+            sys.settrace(None)
+    assert not connections[PG].in_atomic_block
+    assert [who for who, _ in sales(PG)] == ["request", "failure noted"]
