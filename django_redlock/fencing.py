@@ -1397,8 +1397,17 @@ def owe(locks: Any, depth: int | None = None) -> list[_Debt]:
     for lk in locks:
         with contextlib.suppress(LockError):
             debts.append(_Debt(lk, lk.current_hold()[1].token, depth))
-    _owed().extend(debts)  # one call, after the look-ups: all owed, or none
+    owed = _owed()
+    owed.extend(debts)  # one call, after the look-ups: all owed, or none
+    if len(owed) > _OWED_KEPT:  # (Redis down for long: bounded, the oldest given up)
+        logger.warning("redlock: %d fenced blocks' releases owed: the oldest given up (their"
+                       " holds stay held until released by hand or lost)",
+                       len(owed))  # fmt: skip
+        del owed[:-_OWED_KEPT]
     return debts
+
+
+_OWED_KEPT = 256
 
 
 def paid(debts: list[_Debt]) -> None:
