@@ -39,10 +39,21 @@ an interrupt, which says "stop"). So:
   lock released at once either way;
 * a block a burst of such exceptions abandoned (its opening, or its exit's clean-up, Django's
   ``Atomic.__exit__`` included, cut short at every line), or one such exception as its
-  ``__exit__`` was entered, leaves its transaction open: the thread's next block rolls it
-  back as it opens (:func:`drop_abandoned`), rather than run as a savepoint of it and return
-  "committed" with nothing ever committed. Abandoned: its ``with`` statement (recorded by
-  every entry, :func:`with_frame`) returned or runs past its body (:func:`_with_left`).
+  ``__exit__`` was entered, leaves its transaction (or savepoint) open: whatever opened it,
+  it is rolled back and its lock released the moment its ``with`` statement is left, before
+  the code after it runs (:func:`drop_left_scopes`, told by the statement's exit token:
+  :class:`TrackedExit`), not when the block is collected; cut short again, the thread's next
+  block as it opens (:func:`drop_abandoned`) or the request's or task's end does it, rather
+  than run as a savepoint of it and return "committed" with nothing ever committed.
+  Abandoned: its ``with`` statement (recorded by every entry, :func:`with_frame`) is over,
+  returned or runs past its body (:func:`_with_left`);
+* a nested block whose savepoint exit Django did not finish (it pops the savepoint's id before
+  it releases the savepoint) is rolled back to its savepoint, or, when the savepoint may be
+  released already, the outer transaction is marked for rollback (:func:`_undo_savepoint`):
+  a block that raised never has its writes commit with the outer transaction;
+* a block's release is owed before it is tried (:func:`owe`): cut short (a burst) or
+  unanswered, the thread's next block or the request's or task's end makes it, for that very
+  hold only.
 
 The SQL of the fence table (record and check, the read after a lost COMMIT, pruning) is
 :mod:`.fence_table`'s; this module runs the block around it.
@@ -204,6 +215,7 @@ class _Committed:
     # what frees its locks, should that ``with`` abandon it: see :func:`drop_abandoned`.
     nested: tuple[_Committed, ...] = ()
     abandon: Callable[[], None] | None = None
+    gives_back: tuple[FencedLock, ...] = ()  # (the locks ``abandon`` releases)
     using: str | None = None  # its database, once its transaction (or savepoint) is opened
     atomic: weakref.ReferenceType[Any] | None = None  # (its Django ``Atomic``)
 
@@ -224,28 +236,21 @@ class _Committed:
 
 
 def _with_gone(committed: weakref.ReferenceType[_Committed]) -> Callable[[Any], None]:
-    """Called as a block's ``with`` statement is left (its exit token dies): a savepoint block
-    (inside an outer ``Atomic``: Django's ATOMIC_REQUESTS around a view) whose exit never
-    began (an exception entering it) is rolled back to its savepoint and its lock released at
-    once. Later is too late: the outer ``Atomic``'s exit would take the block's savepoint for
-    its own and leave the request's transaction open, nothing of it committed. (A block of
-    its own transaction waits for the thread's next block or the request's end, as before:
-    nothing can mistake its transaction meanwhile.)"""
+    """Called as a block's ``with`` statement is left (its exit token dies: the statement's
+    stack entry is dropped as the statement ends, before the code after it runs): every block
+    of the thread whose ``with`` is left and whose exit never ended it (an exception as its
+    ``__exit__`` was entered, a burst cutting the exit short) is rolled back and its lock
+    released at once, whatever opened it (:func:`drop_left_scopes`). Later is too late: in
+    an outer transaction, the outer ``Atomic``'s exit would take the block's savepoint for its
+    own, or the ``except`` clause's writes would land in the abandoned savepoint (and be
+    rolled back with it); in its own transaction, the handler's autocommit writes would land
+    in the abandoned transaction."""
 
     def gone(_: Any) -> None:
-        block = committed()
-        if block is None or block.steps is None or block.atomic is None or block.using is None:
-            return
-        steps, atomic = block.steps(), block.atomic()
-        if steps is None or inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
-            return  # ended (its exit ran), or never opened
-        opened = connections[block.using].atomic_blocks
-        if not any(each is atomic for each in opened[1:]):
-            return  # its own transaction (or not Django's to mix up)
-        # A weakref callback cannot raise: what fails here is left to the next block or the
-        # request's end (an interrupt goes to sys.unraisablehook).
+        # A weakref callback cannot raise: what fails here is left to the thread's next
+        # block or the request's end (an interrupt goes to sys.unraisablehook).
         with contextlib.suppress(Exception):
-            drop_all_abandoned()
+            drop_left_scopes()
 
     return gone
 
@@ -370,7 +375,7 @@ def _fenced_steps(
             " needs an exclusive lock (a lock, or the write of a read-write lock)"
         )
     using = check_database(using) if using is not None else lock.database or DEFAULT_DB_ALIAS
-    drop_abandoned(using)  # a block whose steps ended and left their transaction open
+    _drop_abandoned(using)  # a block whose steps ended and left their transaction open
     refuse_manual_commit(using, lock.describe())
     _owner, hold = lock.current_hold()  # LockNotOwned / LockLost, before the database is touched
     if hold.fence is None:
@@ -393,12 +398,15 @@ def _fenced_steps(
     seen = _open_block(row[1:], mark) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     proved_hooks: list[Callable[[], None]] = []
+    scope: _Scope | None = None
     try:
         atomic = transaction.atomic(using=using)
         committed.using, committed.atomic = using, weakref.ref(atomic)
         if outermost:  # known as a fenced block's, should its exit never run (drop_abandoned)
             _opened()[using] = (weakref.ref(atomic), committed)
-        with atomic:
+        scope = _Scope(atomic, using)
+        with scope:
+            _live().append(committed)  # open: rolled back should its ``with`` abandon it
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
             again = check_fence(using, lock.using, lock.name, hold.fence, lock.describe(),
                                 lock.refencer(hold), wait=row_wait(lock), token=hold.token,
@@ -435,10 +443,12 @@ def _fenced_steps(
             committed.pending = False
             _abandon(using)
             raise
-        elif len(connections[using].savepoint_ids) > outer_savepoints and not misnested:
-            # The same, nested: the block's savepoint was left (the outer exit would take it
-            # for its own, and commit what the block wrote): rolled back to it here.
-            _roll_back_to(using, outer_savepoints)
+        elif not outermost and not misnested and scope is not None and not scope.exited:
+            # The same, nested: Django's exit of the block's savepoint did not finish (cut
+            # short, or never run): the block's writes must not commit with the outer
+            # transaction. Rolled back to the savepoint here, or, if it may have been
+            # released already, the outer transaction marked for rollback.
+            _undo_savepoint(using, outer_savepoints, scope)
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
@@ -502,6 +512,8 @@ def _fenced_steps(
         _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
     finally:
         committed.where = None  # (not kept alive by the block)
+        with contextlib.suppress(ValueError):
+            _live().remove(committed)
         if outermost:  # the transaction ended as it should: nothing to roll back later
             _ended_clean(using)
         # On one line (see FencedTransaction), and again should it be cut short: a mark left
@@ -623,7 +635,16 @@ def drop_abandoned(using: str) -> None:
     ``Atomic.__exit__`` included, at its first line). Left open, the thread's next blocks would
     be savepoints of it, reported committed while nothing ever commits. Called as a block
     opens: a block that is not running (in its body, or an ``on_commit`` callback) and whose
-    ``with`` does not hold it never will again."""
+    ``with`` does not hold it never will again. Called by every opener before it takes its
+    lock: releases a block's end owed and could not make are made first (:func:`owe`)."""
+    pay_owed()
+    _drop_abandoned(using)
+
+
+def _drop_abandoned(using: str) -> None:
+    """:func:`drop_abandoned` without paying owed releases (a block's own opening, once its
+    lock is taken: a level owed and then taken again by a re-entry must not be released)."""
+    drop_left_scopes()
     opened = _opened().get(using)
     if opened is None:
         return
@@ -781,15 +802,70 @@ def _on_stack(frame: int, code: CodeType) -> FrameType | None:
     return None
 
 
+def _live() -> list[_Committed]:
+    """This thread's open fenced blocks (whatever opened them), innermost last."""
+    live = getattr(_local, "live", None)
+    if live is None:
+        live = _local.live = []
+    return live
+
+
+def drop_left_scopes() -> None:
+    """Roll back and release every open fenced block of this thread whose ``with`` statement
+    is left (:func:`_with_left`: its exit token died, its frame returned or runs past its
+    body), from the innermost, each while it is the last ``atomic()`` open on its connection
+    (one opened on top of it and not closed is left as it is: Django's exits would mix their
+    savepoints up). One rule for every opener: ``with lock`` (its level released),
+    ``lk.atomic()`` and ``@single_instance``/``@lock_view``'s (their caller releases),
+    ``lock_all`` (its names released once its first member is rolled back). Blocks whose
+    ``with`` is not known (an ``ExitStack``'s) are left to their exit."""
+    live = _live()
+    for committed in reversed(list(live)):
+        steps = committed.steps() if committed.steps is not None else None
+        if steps is None or inspect.getgeneratorstate(steps) == inspect.GEN_CLOSED:
+            with contextlib.suppress(ValueError):
+                live.remove(committed)  # ended (its clean-up was cut short)
+            continue
+        where = committed.where
+        if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED or where is None:
+            continue
+        if not _with_left(where) or not _last_atomic(committed):
+            continue
+        logger.warning("redlock: database %r: a fenced block's `with` was left without its exit"
+                       " (an exception raised as the exit was entered, or its exit cut short):"
+                       " rolled back now, nothing of it committed", committed.using)  # fmt: skip
+        debts = _owe_for(committed)  # first: its release, cut short from here on, is owed
+        committed.live = False
+        with contextlib.suppress(Exception):
+            steps.close()  # rolled back (to its savepoint), as its exit would
+        if committed.lock is not None:  # ``with lock``: its level of the lock released
+            _drop_block(committed.lock, committed)
+        if committed.abandon is not None:  # ``lock_all``'s: its names released
+            give_back, committed.abandon = committed.abandon, None
+            give_back()
+        paid(debts)
+
+
+def _owe_for(committed: _Committed) -> list[_Debt]:
+    """The releases an abandoned block's clean-up is to make, owed (:func:`owe`): ``with
+    lock``'s level of its lock, ``lock_all``'s names (``lk.atomic()``'s lock is its caller's)."""
+    if committed.lock is not None:
+        depths = [each.depth for each in _blocks() if each.committed is committed]
+        return owe([committed.lock], depths[0]) if depths else []
+    return owe(committed.gives_back)
+
+
 def _drop_block(lock: FencedLock, committed: _Committed) -> None:
     blocks = _blocks()
     for block in [each for each in blocks if each.committed is committed]:
+        debts = owe([lock], block.depth)  # first: a release cut short stays owed
         block.left = True
         blocks.remove(block)
         if committed.level:  # its exit may never have counted it out: fewer are open now
             lock.fenced_withs = min(lock.fenced_withs, committed.level - 1)
         with contextlib.suppress(Exception):
             _release_level(lock, block, committed=False)
+        paid(debts)
 
 
 def _log_abandoned(using: str) -> bool:
@@ -843,20 +919,71 @@ def _abandon(using: str) -> None:
     connection.connection = None  # closed inside the transaction: reconnect when next used
 
 
-def _roll_back_to(using: str, depth: int) -> None:
-    """Roll back to the savepoint at ``depth`` (a nested block's exit that never ran) and
-    drop it and those after it, as Django's exit would have; failing that, the transaction
-    is marked for rollback: it cannot commit what the block wrote."""
+class _Scope:
+    """A fenced block's Django ``Atomic`` as its steps enter and leave it, and what is known of
+    its exit: ``sid``, the savepoint it opened (None: its own transaction, or none made);
+    ``exited``: Django's exit returned. Django's exit pops the savepoint's id before it
+    releases or rolls back to it, so an exception on one of its lines (a signal handler's)
+    leaves a savepoint no longer listed, neither released nor rolled back: the outer
+    transaction would commit the block's writes. :func:`_undo_savepoint` settles it."""
+
+    def __init__(self, atomic: Any, using: str) -> None:
+        self.atomic, self.using = atomic, using
+        self.sid: str | None = None
+        self.entered = self.exited = False
+
+    def __enter__(self) -> None:
+        self.atomic.__enter__()
+        ids = connections[self.using].savepoint_ids
+        self.sid = ids[-1] if ids else None
+        self.entered = True
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # ``exited`` unset by an exception on its line: the savepoint is then treated as
+        # possibly released (the outer transaction cannot commit): never the other way round.
+        self.atomic.__exit__(exc_type, exc, tb); self.exited = True  # noqa: E702  # fmt: skip
+
+
+def _undo_savepoint(using: str, depth: int, scope: _Scope) -> None:
+    """A nested block's savepoint whose exit did not finish (``scope.exited`` unset): rolled
+    back to it, whether Django's exit still lists it (cut short before its first lines, or
+    never run) or popped it already. A savepoint that is gone (released: ``ROLLBACK TO``
+    fails) or unknown marks the outer transaction for rollback: it cannot commit what the
+    block wrote, so the block's "nothing committed" holds."""
     connection = connections[using]
-    sid = connection.savepoint_ids[depth]
-    del connection.savepoint_ids[depth:]
+    blocks = connection.atomic_blocks
+    if blocks and blocks[-1] is scope.atomic:  # Django's exit never reached its first line
+        blocks.pop()
+    if len(connection.savepoint_ids) > depth:
+        _roll_back_to(using, depth)
+    elif scope.entered:
+        _roll_back_to(using, depth, scope.sid)
+
+
+def _roll_back_to(using: str, depth: int, sid: str | None = None) -> None:
+    """Roll back to the savepoint at ``depth`` (a nested block's exit that never ran) and
+    drop it and those after it, as Django's exit would have (``sid``: the savepoint, when its
+    id is no longer listed); failing that (or cut short), the transaction is marked for
+    rollback: it cannot commit what the block wrote."""
+    connection = connections[using]
+    if len(connection.savepoint_ids) > depth:
+        sid = connection.savepoint_ids[depth]
+        del connection.savepoint_ids[depth:]
+    done = False
     try:
-        if sid is None:
-            raise TransactionManagementError("no savepoint")
-        connection.savepoint_rollback(sid)
-        connection.savepoint_commit(sid)
-    except Exception:
-        connection.needs_rollback = True
+        with contextlib.suppress(Exception):
+            if sid is not None:
+                connection.savepoint_rollback(sid)
+                connection.savepoint_commit(sid)
+                done = True
+    finally:
+        if not done:
+            connection.needs_rollback = True
 
 
 def _backend_pid(using: str) -> int | None:
@@ -1078,8 +1205,10 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
         else:  # committed, an Exception after the COMMIT (logged): the block returns
             swallowed = block.committed.done and isinstance(error, Exception)
             outcome = None if swallowed else error
+        debts = owe([lock], block.depth)  # first: a release cut short stays owed
         with contextlib.suppress(BaseException):
             _release_level(lock, block, committed=outcome is None)
+        paid(debts)
     elif block.committed.done and isinstance(error, Exception):  # after all of it
         logger.warning("redlock: %s: its fenced transaction committed and the lock was"
                        " released; then %s: %s (logged, not raised)", lock.describe(),
@@ -1093,7 +1222,10 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
 
 
 def _release_level(lock: FencedLock, block: FencedTransaction, committed: bool) -> None:
-    """Release ``block``'s level of the lock unless that is done (or the hold is gone)."""
+    """Release ``block``'s level of the lock unless that is done (or the hold is gone). The
+    callers owe it first (:func:`owe`): an exception raised during the release (a burst: a
+    second time limit) leaves it to the thread's next fenced block or the request's or
+    task's end."""
     if committed:
         release_after_commit(lock, block.depth)
         return
@@ -1136,9 +1268,13 @@ def drop_all_abandoned(**_: Any) -> None:
     ``with`` is not known (an ``ExitStack``'s) and those still in their body are left."""
     with contextlib.suppress(Exception):
         drop_left_blocks()
+    with contextlib.suppress(Exception):
+        drop_left_scopes()
     for using in list(_opened()):
         with contextlib.suppress(Exception):
-            drop_abandoned(using)
+            _drop_abandoned(using)
+    with contextlib.suppress(Exception):
+        pay_owed()
 
 
 def _drop_left_above(blocks: list[FencedTransaction]) -> None:
@@ -1203,6 +1339,9 @@ def release_after_commit(lock: FencedLock, depth: int | None = None) -> None:
     trigger): logged, the block returns, and the release is tried once more (the watchdog
     would renew the hold on); an interrupt (``KeyboardInterrupt``) propagates. ``depth``: the
     hold's depth at the block (a level released already is not released again)."""
+    # Owed first (see owe): should both tries fail (no answer) or be cut short, the thread's
+    # next fenced block or the request's or task's end releases it.
+    debts = owe([lock], depth)
     # On one line: the try holds from its first instruction (see FencedTransaction).
     try: _release(lock, depth)  # noqa: E701  # fmt: skip
     except LockError as exc:
@@ -1213,6 +1352,86 @@ def release_after_commit(lock: FencedLock, depth: int | None = None) -> None:
                          " raised (tried once more)", lock.describe())  # fmt: skip
         with contextlib.suppress(Exception):
             _release(lock, depth)
+    paid(debts)  # (unless still held: no answer)
+
+
+class _Debt:
+    """A release a fenced block's end owes: ``lock``'s hold of ``token``, at ``depth`` (None:
+    the whole hold). Paid only while that very hold (and level) is still held: never a later
+    hold of the same lock object."""
+
+    def __init__(self, lock: FencedLock, token: str, depth: int | None) -> None:
+        self.lock, self.token, self.depth = lock, token, depth
+
+    def due(self) -> bool:
+        """Whether that hold (and level) is still held here. No I/O."""
+        try:
+            _owner, hold = self.lock.current_hold()
+        except LockError:
+            return False  # released, or lost
+        if hold.token != self.token:
+            return False  # that hold ended; this is another
+        return self.depth is None or hold.depth >= self.depth or hold.releasing
+
+    def pay(self) -> None:
+        """Release it if still held; a ``LockError`` (lost, not ours) settles it too."""
+        if self.due():
+            with contextlib.suppress(LockError):
+                _release(self.lock, self.depth)
+
+
+def _owed() -> list[_Debt]:
+    owed = getattr(_local, "owed", None)
+    if owed is None:
+        owed = _local.owed = []
+    return owed
+
+
+def owe(locks: Any, depth: int | None = None) -> list[_Debt]:
+    """Record, before releasing them, that each of ``locks``' current holds (at ``depth``) is
+    to be released, and return the records: :func:`paid` once the release is made. A release
+    cut short in between (a second time limit, an interrupt) or unanswered stays owed, and
+    :func:`pay_owed` makes it: the thread's next fenced block, as it opens, and the end of the
+    request (``request_finished``) or Celery task (``task_postrun``). No I/O."""
+    debts: list[_Debt] = []
+    for lk in locks:
+        with contextlib.suppress(LockError):
+            debts.append(_Debt(lk, lk.current_hold()[1].token, depth))
+    owed = _owed()
+    owed.extend(debts)  # one call, after the look-ups: all owed, or none
+    if len(owed) > _OWED_KEPT:  # (Redis down for long: bounded, the oldest given up)
+        logger.warning("redlock: %d fenced blocks' releases owed: the oldest given up (their"
+                       " holds stay held until released by hand or lost)",
+                       len(owed))  # fmt: skip
+        del owed[:-_OWED_KEPT]
+    return debts
+
+
+_OWED_KEPT = 256
+
+
+def paid(debts: list[_Debt]) -> None:
+    """The releases ``debts`` record were tried: those made (or settled: lost, not ours) are no
+    longer owed; one whose hold is still held (no answer: Redis keeps it, and the watchdog
+    renews it) stays owed. No I/O."""
+    owed = _owed()
+    for debt in debts:
+        if not debt.due():
+            with contextlib.suppress(ValueError):
+                owed.remove(debt)
+
+
+def pay_owed(**_: Any) -> None:
+    """Make this thread's owed releases (see :func:`owe`), oldest first; one that fails again
+    (no answer, cut short) stays owed."""
+    owed = _owed()
+    for debt in list(owed):
+        try:
+            debt.pay()
+        except Exception:
+            logger.warning("redlock: %s: a fenced block's release, owed, failed again (kept)",
+                           debt.lock.describe(), exc_info=True)  # fmt: skip
+        paid([debt])
 
 
 def _release(lock: FencedLock, depth: int | None) -> None:

@@ -58,6 +58,8 @@ from ..fencing import (
     drop_abandoned,
     fenced_transaction,
     frame_above,
+    owe,
+    paid,
     refuse_manual_commit,
     tracked_exit,
     with_frame,
@@ -374,11 +376,14 @@ class MultiLock:
 
     def _give_back_held(self) -> None:
         """Release every member recorded as held (an interrupt after the take recorded them,
-        before the caller learnt of it): none is left renewed."""
+        before the caller learnt of it): none is left renewed. Owed first (fencing.owe): cut
+        short or unanswered, the thread's next fenced block or the request's end finishes it."""
+        debts = owe(self.locks) if self.database is not None else []
         for lk in reversed(self.locks):
             if lk.token is not None:
                 with contextlib.suppress(LockError):
                     lk.release()
+        paid(debts)
 
     async def _agive_back_held(self) -> None:
         """:meth:`_give_back_held` on the running event loop."""
@@ -651,6 +656,9 @@ class MultiLock:
         members = self._block
         if self.database is None or members is None:
             raise error
+        # Owed first: a second exception entering the release (a burst) leaves it to the
+        # thread's next fenced block or the request's or task's end (fencing.owe).
+        debts = owe(self.locks)
         pending = self._leave_members(members, error)  # (all left: ``error`` itself)
         committed = members[0].committed.done
         if pending is None or (committed and isinstance(pending, Exception)):
@@ -660,9 +668,11 @@ class MultiLock:
                                type(pending).__name__, pending)  # fmt: skip
             with contextlib.suppress(Exception):
                 self.release()
+            paid(debts)
             return
         with contextlib.suppress(LockError):
             self.release()
+        paid(debts)
         raise pending
 
     def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
@@ -718,6 +728,7 @@ class MultiLock:
                 block.committed.where = where
             members[0].committed.nested = tuple(each.committed for each in members[1:])
             members[0].committed.abandon = self._give_back_held  # its names, should it be left
+            members[0].committed.gives_back = tuple(self.locks)
             self._block = members
         except BaseException as exc:
             # StaleFence, or the database failed: nothing committed. Free every name.
@@ -753,9 +764,11 @@ class MultiLock:
         pending = self._leave_members(members, exc)
         if pending is not None and pending is not exc:  # nothing committed (or an interrupt)
             raise pending  # _exit_failed releases
+        debts = owe(self.locks)  # a release cut short or unanswered stays owed
         if exc_type is not None:
             with contextlib.suppress(LockNotOwned):
                 self.release()
+            paid(debts)
             return
         try:  # committed: whatever the release finds, raising would invite a second run
             self.release()
@@ -764,6 +777,7 @@ class MultiLock:
                            self.describe(), error)  # fmt: skip
             with contextlib.suppress(Exception):  # once more: else the watchdog renews on
                 self.release()
+        paid(debts)
         # self._block stays (every member left): an exception after this line is
         # _exit_failed's to settle by the members' outcome.
 

@@ -54,8 +54,19 @@ def cut(code: CodeType) -> None:
     sys.settrace(at_entry_of(code))
 
 
+#: What an error reporter keeps of a handled exception (its traceback: every frame of it,
+#: the abandoned block's ``__exit__`` with it), while :data:`PLAIN` is set.
+KEPT: list[Any] = []
+#: Set: the handler writes with a plain statement (no fenced block of its own).
+PLAIN: list[bool] = []
+
+
 def handler(name: str) -> None:
     """What a task's ``except SoftTimeLimitExceeded:`` does: records it in a fenced block."""
+    if PLAIN:
+        KEPT.append(sys.exc_info()[1])
+        sell_one(DB, 1, "handler")
+        return
     with lock(f"{name}:failures", ttl=30, atomic=True):
         sell_one(DB, 1, "handler")
 
@@ -174,6 +185,32 @@ def test_an_exception_entering_the_exit_leaves_the_next_block_a_transaction_of_i
     assert not lock(name).locked() and not lock(f"{name}:2").locked()
     blocks = fencing._blocks()  # type: ignore[attr-defined]
     assert not [block for block in blocks if block.lock.name.startswith(name)]
+
+
+@pytest.mark.parametrize("outer", [False, True], ids=["own transaction", "in atomic()"])
+@pytest.mark.parametrize("form", FORMS)
+def test_the_except_clause_s_writes_after_an_abandoned_block_commit(
+    name: str, form: str, outer: bool
+) -> None:
+    """The abandoned block is rolled back (to its savepoint, inside the caller's transaction)
+    and its lock released as its ``with`` is left, before the ``except`` clause runs, whatever
+    opened it, and whatever keeps the block alive (here the handled exception, kept as an
+    error reporter keeps it: its traceback holds the block's ``__exit__`` frame): the
+    handler's plain write lands in the caller's transaction (or commits on its own), not in
+    the abandoned block's transaction or savepoint, rolled back with it later."""
+    open_shop(DB, 1, 10)
+    PLAIN.append(True)
+    try:
+        with transaction.atomic(using=DB) if outer else nullcontext():
+            FORMS[form](name)
+        assert not connections[DB].in_atomic_block and connections[DB].get_autocommit()
+        assert [who for who, _ in sales(DB)] == ["handler"]
+        assert not lock(name).locked() and not lock(f"{name}:2").locked()
+        assert len(KEPT) == 1  # (the block was alive all along)
+    finally:
+        sys.settrace(None)
+        PLAIN.clear()
+        KEPT.clear()
 
 
 def test_the_same_with_in_a_loop_after_one_was_abandoned(name: str) -> None:
@@ -317,10 +354,12 @@ def test_a_block_abandoned_inside_an_outer_transaction_is_rolled_back_to_its_sav
     assert [who for who, _ in sales(DB)] == ["handler"]
 
 
-def test_a_block_abandoned_with_no_next_block_is_let_go_at_the_request_s_end(name: str) -> None:
-    """No fenced block comes next in the thread: the end of the request (Django's
-    ``request_finished``; Celery's ``task_postrun`` alike) rolls the abandoned block back and
-    releases its lock, rather than leave it held and renewed until the thread's next block."""
+def test_a_block_abandoned_with_no_next_block_is_let_go_as_its_with_is_left(name: str) -> None:
+    """No fenced block comes next in the thread: the abandoned block (its own transaction) is
+    rolled back and its lock released as its ``with`` is left, before the ``except`` clause
+    runs (its writes would otherwise land in the abandoned transaction, and be lost), rather
+    than at the end of the request (Django's ``request_finished``; Celery's ``task_postrun``),
+    or left held and renewed until the thread's next block."""
     open_shop(DB, 1, 10)
 
     def work() -> None:
@@ -334,7 +373,7 @@ def test_a_block_abandoned_with_no_next_block_is_let_go_at_the_request_s_end(nam
             sys.settrace(None)
 
     work()
-    assert lock(name).locked()  # (until the request's end)
+    assert not lock(name).locked() and not connections[DB].in_atomic_block
     request_finished.send(sender=None)
     assert not lock(name).locked() and not connections[DB].in_atomic_block
     assert sales(DB) == []
