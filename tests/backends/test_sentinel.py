@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -935,6 +935,68 @@ def test_cut_off_from_the_sentinels_a_new_thread_never_takes_on_the_old_master_b
         stop_all(group)
 
 
+def _a_b_c_group(quorum: int = 1, down_after: float = 10) -> list[RedisServer]:
+    """A master A (never promoted), replicas B and C (B promoted first), two sentinels."""
+    from django_redlock.testing import SentinelServer
+
+    sync = ["--repl-diskless-sync-delay", "0"]
+    a = RedisServer(args=[*sync, "--replica-priority", "0"]).start()
+    b, c = (
+        RedisServer(args=["--replicaof", "127.0.0.1", str(a.port), *sync, "--replica-priority",
+                          str(priority)]).start()
+        for priority in (10, 100)
+    )  # fmt: skip
+    sentinels = [SentinelServer(a, quorum=quorum, down_after=down_after).start() for _ in range(2)]
+    deadline = time.monotonic() + 30
+    for replica in (b, c):
+        while replica.client().info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    for sentinel in sentinels:
+        while len(sentinel.client().execute_command("SENTINEL", "REPLICAS", "mymaster")) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    return [a, b, c, *sentinels]
+
+
+def _on_switch_heard_by_p(monkeypatch: pytest.MonkeyPatch, cut: Callable[[], Any]) -> None:
+    """``cut()`` runs as alias "p" hears a switch announced, before it is applied."""
+    heard_switch = sentinel_backend.SentinelBackend._heard_switch
+
+    def heard(self: Any, channel: Any, message: Any) -> None:
+        if self.alias == "p":
+            cut()
+        heard_switch(self, channel, message)
+
+    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+
+
+def _switch_twice_heard_once(name: str, group: list[RedisServer]) -> Any:
+    """A -> B, heard by "p" (which is cut then), then B -> C: "p"'s _Heard."""
+    _a, b, c, sentinels = group[0], group[1], group[2], group[3:]
+    with lock(f"{name}:warm", using="p"):
+        pass
+    _found_while_listening(locks["p"])
+    heard_p = locks["p"]._heard
+    _fail_over(sentinels[0], b, sentinels[1])
+    assert heard_p.switch is not None and heard_p.switch.new == ("127.0.0.1", b.port)
+    deadline = time.monotonic() + 30
+    while c.client().info("replication").get("master_port") != b.port or (
+        c.client().info("replication").get("master_link_status") != "up"
+    ):
+        assert time.monotonic() < deadline, "C never followed B"
+        time.sleep(0.05)
+    _fail_over(sentinels[1], c, sentinels[0])  # unheard by P
+    while not all(  # (ended: a failover that times out goes back to B)
+        (state := s.client().sentinel_master("mymaster"))["port"] == c.port
+        and "failover_in_progress" not in state["flags"]
+        for s in sentinels
+    ):
+        assert time.monotonic() < deadline, "the failover to C never ended"
+        time.sleep(0.05)
+    return heard_p
+
+
 @pytest.mark.parametrize("how", ["sync", "asyncio"])
 def test_cut_off_from_the_sentinels_a_new_thread_never_takes_on_a_master_announced_before(
     name: str, how: str, monkeypatch: pytest.MonkeyPatch
@@ -945,56 +1007,20 @@ def test_cut_off_from_the_sentinels_a_new_thread_never_takes_on_a_master_announc
     its address (a master), and a new thread's take was granted on B while Q held the name
     on C (two holders). An announced switch is used only when a sentinel answers that the
     master it announced away from is down: else BackendUnavailable."""
-    from django_redlock.testing import SentinelServer
-
-    sync = ["--repl-diskless-sync-delay", "0"]
-    a = RedisServer(args=[*sync, "--replica-priority", "0"]).start()  # never promoted
-    b, c = (
-        RedisServer(args=["--replicaof", "127.0.0.1", str(a.port), *sync, "--replica-priority",
-                          str(priority)]).start()
-        for priority in (10, 100)
-    )  # fmt: skip
-    sentinels = [SentinelServer(a, down_after=10).start() for _ in range(2)]
-    group = [a, b, c, *sentinels]
+    group = _a_b_c_group()
+    b, c, sentinels = group[1], group[2], group[3:]
     proxies = [LossyProxy(sentinel.port) for sentinel in sentinels]
-    heard_switch = sentinel_backend.SentinelBackend._heard_switch
-
-    def heard(self: Any, channel: Any, message: Any) -> None:
-        if self.alias == "p":
-            for proxy in proxies:
-                proxy.blackhole()  # P cut off right as it hears A -> B
-        heard_switch(self, channel, message)
-
-    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+    _on_switch_heard_by_p(monkeypatch, lambda: [proxy.blackhole() for proxy in proxies])
     try:
         deadline = time.monotonic() + 30
-        for replica in (b, c):
-            while replica.client().info("replication").get("master_link_status") != "up":
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-        for sentinel in sentinels:
-            while len(sentinel.client().execute_command("SENTINEL", "REPLICAS", "mymaster")) < 2:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
         with _cut_off_alias(sentinels, proxies):
-            with lock(f"{name}:warm", using="p"):
-                pass
-            _found_while_listening(locks["p"])
-            heard_p = locks["p"]._heard
-            _fail_over(sentinels[0], b, sentinels[1])
-            assert heard_p.switch is not None and heard_p.switch.new == ("127.0.0.1", b.port)
-            while c.client().info("replication").get("master_port") != b.port or (
-                c.client().info("replication").get("master_link_status") != "up"
-            ):
-                assert time.monotonic() < deadline + 30, "C never followed B"
-                time.sleep(0.05)
-            _fail_over(sentinels[1], c, sentinels[0])  # unheard by P
+            heard_p = _switch_twice_heard_once(name, group)
             while not (q := lock(name, using="q", ttl=30)).acquire(blocking=False):
                 assert time.monotonic() < deadline + 30
                 time.sleep(0.1)
             assert c.client().exists(locks["q"].key(name))  # Q holds the name on C
             b.kill()
-            b.extra_args = sync
+            b.extra_args = ["--repl-diskless-sync-delay", "0"]
             b.start()  # back on its address, empty, a master
             assert b.client().info("replication")["role"] == "master"
             while time.monotonic() - heard_p.found_at < sentinel_backend.FOUND_TRUSTED:
@@ -1004,6 +1030,43 @@ def test_cut_off_from_the_sentinels_a_new_thread_never_takes_on_a_master_announc
             assert isinstance(outcome, BackendUnavailable), outcome
             assert not b.client().exists(locks["p"].key(name))
             q.release()
+            for alias in ("p", "q"):
+                locks[alias].close()
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        stop_all(group)
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_a_master_announced_before_is_not_used_when_the_sentinels_say_another_is_down(
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sentinel answering that the master is down (an unplanned failover under way) sent
+    connections to the switch announced last, whichever master the answer named. P's pub/sub
+    flows silenced (a firewall that forgot idle flows) right as it heard A -> B, a second
+    switch B -> C unheard, C paused until the sentinels say it is down, B back empty on its
+    address (a master): P's looker moved every connection to B and a new thread's take was
+    granted there, on a master no sentinel names (C's holds come back with C). The switch
+    announced is used only when the answer names the master it switched from."""
+    group = _a_b_c_group(quorum=3, down_after=1)  # (C down, and no failover without quorum)
+    b, c, sentinels = group[1], group[2], group[3:]
+    proxies = [LossyProxy(sentinel.port) for sentinel in sentinels]
+    _on_switch_heard_by_p(monkeypatch, lambda: [p.blackhole_subscribers() for p in proxies])
+    try:
+        with _cut_off_alias(sentinels, proxies):
+            _switch_twice_heard_once(name, group)
+            c.pause()
+            deadline = time.monotonic() + 30
+            while not all(s.client().sentinel_master("mymaster")["is_sdown"] for s in sentinels):
+                assert time.monotonic() < deadline, "the sentinels never said C is down"
+                time.sleep(0.05)
+            b.kill()
+            b.extra_args = ["--repl-diskless-sync-delay", "0"]
+            b.start()  # back on its address, empty, a master
+            outcome = _take_in_a_new_thread(name, how)
+            assert isinstance(outcome, BackendUnavailable), str(outcome)
+            assert not b.client().exists(locks["p"].key(name))
             for alias in ("p", "q"):
                 locks[alias].close()
     finally:
