@@ -87,9 +87,9 @@ class _Heard:
         """Whether this look asks for one socket timeout at most, then uses ``found`` if no
         sentinel answers. Nothing short of a sentinel's answer proves ``found`` is not
         stale: cut off from the sentinels, the listeners stay subscribed and hear nothing,
-        and a failover, the old master back empty on its address (a master, its own new
-        run_id unknown to us) or not demoted yet (same run_id, ROLE master for seconds),
-        would take a take there (two holders). So only with min_replicas: a take there is
+        and after a failover the old master, back empty on its address (a master, a new
+        run_id) or not demoted yet (same run_id, ROLE master for seconds), grants a take
+        (two holders). So only with min_replicas: a take there is
         granted only once replicas confirm it, and a master failed over (its replicas follow
         the new one) or back empty has none (QuorumNotReached, released). And then only
         while a sentinel named it within FOUND_TRUSTED and the listeners were subscribed
