@@ -13,7 +13,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
@@ -48,9 +48,8 @@ LOOKER_IDLE = 60.0  # the looker ends after this long without an operation
 SWITCH_TRUSTED = 30.0
 LISTEN_POLL = 1.0  # how often a listener checks that its backend is still used
 HEARD_WAIT = 0.25  # how long an operation waits for an announcement already here to apply
-# How long the master a sentinel named stays usable when no sentinel answers: a look period
-# and one look's slack. Older, it may be a master failed over and back, restarted empty on its
-# address, answering ROLE "master" (two holders): not used.
+# How long the master a sentinel named stays usable when no sentinel answers (and only with
+# min_replicas, see _Heard.bounded): a look period and one look's slack.
 FOUND_TRUSTED = 2 * MASTER_CHECK
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
 
@@ -78,6 +77,7 @@ class _Heard:
     found_at: float = float("-inf")  # monotonic: when a sentinel last named ``found``
     budget: float = 2.0  # the socket timeout: how long a look asks the sentinels in all
     listening: _Listening | None = None  # the backend's listeners (for ``bounded``)
+    replicated: bool = False  # min_replicas >= 1: every take is confirmed by replicas
 
     def __init__(self) -> None:
         # Set in the looker's thread while it looks: it asks every sentinel, however long,
@@ -85,11 +85,17 @@ class _Heard:
         self.looking = threading.local()
 
     def bounded(self) -> bool:
-        """Whether this look asks for one socket timeout at most, then uses ``found``: only
-        while ``found`` cannot be stale, i.e. a sentinel named it within FOUND_TRUSTED and
-        the listeners were subscribed throughout since (a switch would have been heard).
-        Never after an idle spell (the listeners ended) nor a lost listener."""
-        if self.found is None or getattr(self.looking, "on", False):
+        """Whether this look asks for one socket timeout at most, then uses ``found`` if no
+        sentinel answers. Nothing short of a sentinel's answer proves ``found`` is not
+        stale: cut off from the sentinels, the listeners stay subscribed and hear nothing,
+        and after a failover the old master, back empty on its address (a master, a new
+        run_id) or not demoted yet (same run_id, ROLE master for seconds), grants a take
+        (two holders). So only with min_replicas: a take there is
+        granted only once replicas confirm it, and a master failed over (its replicas follow
+        the new one) or back empty has none (QuorumNotReached, released). And then only
+        while a sentinel named it within FOUND_TRUSTED and the listeners were subscribed
+        throughout since: never after an idle spell (the listeners ended) nor a lost one."""
+        if not self.replicated or self.found is None or getattr(self.looking, "on", False):
             return False
         listening, found_at = self.listening, self.found_at
         since = None if listening is None else listening.since
@@ -140,57 +146,104 @@ class _Sentinel(redis.sentinel.Sentinel):
     """redis-py's Sentinel client, its answer corrected by an announced switch (see _Heard):
     connections ask it where the master is when they connect (a new thread's first one too).
 
-    The sentinels are asked one after another, as redis-py does, but for one socket timeout
-    in all once a master was found: each paused sentinel cost a new thread a whole socket
-    timeout, and when none answered it was refused though the master, found a moment
-    before, was healthy. When no sentinel answers (none said the master is down: that answer
-    is no silence), the master found last is used, as every existing connection does."""
+    The sentinels are asked one after another, as redis-py does (the rules: ``_Look``).
+    With min_replicas, for one socket timeout in all once a master was found: each paused
+    sentinel cost a new thread a whole socket timeout, and when none answered it was
+    refused though the master, found a moment before, was healthy. Then, when no sentinel
+    answers, the master found last is used (see ``_Heard.bounded`` for why only then)."""
 
     heard = _Heard()
 
     def discover_master(self, service_name: str) -> Any:
-        heard, errors, answered = self.heard, [], False
-        bounded = heard.bounded()
-        deadline = time.monotonic() + heard.budget if bounded else None
-        for sentinel in list(self.sentinels):
-            if deadline is not None and time.monotonic() >= deadline:
-                errors.append(f"{sentinel}: not asked, {heard.budget:g} s spent")
-                break
+        look = _Look(self, service_name)
+        for sentinel in look.sentinels():
             try:
                 masters = sentinel.sentinel_masters()
             except _REFUSED as exc:
-                answered = answered or not isinstance(exc, _SILENT)
-                errors.append(f"{sentinel} - {exc!r}")
+                look.refused(sentinel, exc)
                 continue
-            answered = True
-            found = _master_in(self, masters, service_name, sentinel)
+            found = look.answered(sentinel, masters)
             if found is not None:
-                return _found(heard, found)
-        return _not_found(heard, service_name, errors, answered or not bounded, _NotFound)
+                return found
+        return look.end(_NotFound)
 
 
 class _AsyncSentinel(redis.asyncio.sentinel.Sentinel):
     heard = _Heard()
 
     async def discover_master(self, service_name: str) -> Any:  # as _Sentinel's
-        heard, errors, answered = self.heard, [], False
-        bounded = heard.bounded()
-        deadline = time.monotonic() + heard.budget if bounded else None
-        for sentinel in list(self.sentinels):
-            if deadline is not None and time.monotonic() >= deadline:
-                errors.append(f"{sentinel}: not asked, {heard.budget:g} s spent")
-                break
+        look = _Look(self, service_name)
+        for sentinel in look.sentinels():
             try:
                 masters = await sentinel.sentinel_masters()
             except _REFUSED as exc:
-                answered = answered or not isinstance(exc, _SILENT)
-                errors.append(f"{sentinel} - {exc!r}")
+                look.refused(sentinel, exc)
                 continue
-            answered = True
-            found = _master_in(self, masters, service_name, sentinel)
+            found = look.answered(sentinel, masters)
             if found is not None:
-                return _found(heard, found)
-        return _not_found(heard, service_name, errors, answered or not bounded, _AsyncNotFound)
+                return found
+        return look.end(_AsyncNotFound)
+
+
+class _Look:
+    """One look at the sentinels for a connection (the sync and asyncio clients' drivers
+    ask; the rules are here): which to ask, for how long, and what to use when none names
+    a master up."""
+
+    def __init__(self, manager: Any, service_name: str) -> None:
+        self.manager, self.service_name, self.heard = manager, service_name, manager.heard
+        self.errors: list[str] = []
+        self.refusal = False  # a sentinel answered with an error: no news of the master
+        self.down: list[Any] = []  # what the sentinels that answered named, not up
+        self.bounded = self.heard.bounded()
+
+    def sentinels(self) -> Iterator[Any]:
+        heard = self.heard
+        deadline = time.monotonic() + heard.budget if self.bounded else None
+        for sentinel in list(self.manager.sentinels):
+            if deadline is not None and time.monotonic() >= deadline:
+                self.errors.append(f"{sentinel}: not asked, {heard.budget:g} s spent")
+                return
+            yield sentinel
+
+    def refused(self, sentinel: Any, exc: Exception) -> None:
+        self.refusal = self.refusal or not isinstance(exc, _SILENT)
+        self.errors.append(f"{sentinel} - {exc!r}")
+
+    def answered(self, sentinel: Any, masters: Any) -> Any:
+        """The master's address if this sentinel names one up (then the look ends)."""
+        found = _master_in(self.manager, masters, self.service_name, sentinel)
+        if found is not None:
+            return _found(self.heard, found)
+        state = masters.get(self.service_name) or {}
+        self.down.append(_address(state.get("ip"), state.get("port")))
+        return None
+
+    def end(self, error: type[Exception]) -> Any:
+        """No sentinel named a master up. One answered, naming the old master of the switch
+        announced (flagged down: an unplanned failover, until its end): its new master.
+        None answered: the master found last, only while ``bounded`` (see
+        ``_Heard.bounded``), and never the switch announced alone: it may be SWITCH_TRUSTED
+        old, and a later switch and that master back empty go unheard by listeners cut off
+        from the sentinels (two holders). Anything else: no master."""
+        heard, known = self.heard, None
+        if self.down:
+            switch = heard.switch
+            if switch is not None and all(named == switch.old for named in self.down):
+                known = heard.promoted()
+        elif not self.refusal and self.bounded:
+            known = heard.known()
+        if known is not None:
+            return known
+        detail = f" : {', '.join(self.errors)}" if self.errors else ""
+        raise error(f"No master found for {self.service_name!r}{detail}")
+
+
+def _address(host: Any, port: Any) -> tuple[str, int] | None:
+    try:
+        return (_text(host), int(port))
+    except (TypeError, ValueError):
+        return None
 
 
 def _master_in(manager: Any, masters: Any, service_name: str, sentinel: Any) -> Any:
@@ -211,23 +264,6 @@ def _found(heard: _Heard, address: Any) -> Any:
     found = heard.current(address, asked=True)
     heard.found, heard.found_at = (str(found[0]), int(found[1])), time.monotonic()
     return found
-
-
-def _not_found(
-    heard: _Heard,
-    service_name: str,
-    errors: list[str],
-    announced_only: bool,
-    error: type[Exception],
-) -> Any:
-    # A sentinel that answered without naming a master up (down, failing over), the
-    # looker's look, or a ``found`` that may be stale: no master but an announced one. Else
-    # (no sentinel answered within the budget) the master a sentinel named a moment ago.
-    known = heard.promoted() if announced_only else heard.known()
-    if known is not None:
-        return known
-    detail = f" : {', '.join(errors)}" if errors else ""
-    raise error(f"No master found for {service_name!r}{detail}")
 
 
 class _Listening:
@@ -356,6 +392,7 @@ class SentinelBackend(RedisBackend):
         self._wake = threading.Event()  # set: the looker looks now
         self._heard = _Heard()
         self._heard.budget = self.socket_timeout
+        self._heard.replicated = self.min_replicas > 0
         self._listening = self._heard.listening = _Listening()
         _backends.add(self)
         self._used = 0.0  # when an operation last ran (monotonic)

@@ -6,7 +6,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from django_redlock.backends import sentinel as sentinel_backend
 from django_redlock.testing import RedisServer
 
 from ..conftest import start_sentinel_group, stop_all
+from ..support.proxy import LossyProxy
 
 
 @pytest.fixture
@@ -741,15 +742,19 @@ def test_no_take_is_unavailable_once_an_unplanned_failover_s_promotion_is_heard(
 
 
 @pytest.mark.parametrize("how", ["thread", "asyncio"])
+@pytest.mark.parametrize("min_replicas", [1, 0])
 def test_with_every_sentinel_silent_a_new_thread_uses_the_master_found(
-    group: list[RedisServer], name: str, how: str
+    group: list[RedisServer], name: str, how: str, min_replicas: int
 ) -> None:
     """A new thread (or event loop) connects through the sentinels: with both paused, each
     cost it a whole socket timeout, and then "No master found" (BackendUnavailable) though
-    the master, found a moment before, was healthy. It uses that master, the sentinels
-    asked for one socket timeout in all."""
+    the master, found a moment before, was healthy. With min_replicas it uses that master,
+    the sentinels asked for one socket timeout in all (a take there is granted only once a
+    replica confirms it). Without, nothing proves that master is not stale (see
+    test_cut_off_from_the_sentinels_...): BackendUnavailable, every sentinel asked once."""
     sentinels = group[2:]
-    with sentinel_alias(group, socket_timeout=1.0, socket_connect_timeout=1.0):
+    timeouts = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}
+    with sentinel_alias(group, min_replicas=min_replicas, **timeouts):
         with lock(name, using="s"):
             pass  # the master found
         _found_while_listening(locks["s"])
@@ -782,15 +787,25 @@ def test_with_every_sentinel_silent_a_new_thread_uses_the_master_found(
         finally:
             for sentinel in sentinels:
                 sentinel.resume()
-        assert outcome[0] is True, outcome
-        assert outcome[1] < 1.6, f"{outcome[1]:.2f} s: more than one socket timeout"
+        if min_replicas:
+            assert outcome[0] is True, outcome
+            assert outcome[1] < 1.6, f"{outcome[1]:.2f} s: more than one socket timeout"
+        else:
+            assert isinstance(outcome[0], BackendUnavailable), outcome
+            assert outcome[1] < 2.6, f"{outcome[1]:.2f} s: more than a socket timeout each"
 
 
 def _found_while_listening(backend: Any) -> None:
     """Returns once a sentinel named the master after the listeners subscribed: the only
-    case the master found is used when no sentinel answers (FOUND_TRUSTED after it)."""
+    case the master found is used when no sentinel answers (FOUND_TRUSTED after it). Every
+    sentinel's listener is connected (one that connects later, or fails to, resets it)."""
     deadline = time.monotonic() + 10
-    while (since := backend._listening.since) is None or backend._heard.found_at < since:
+    listening, sentinels = backend._listening, len(backend.location)
+    while (
+        len(listening._state[1]) < sentinels
+        or (since := listening.since) is None
+        or backend._heard.found_at < since
+    ):
         assert time.monotonic() < deadline, "no look at the sentinels after they listened"
         time.sleep(0.02)
 
@@ -850,6 +865,234 @@ def test_after_an_idle_spell_silent_sentinels_never_send_a_take_to_the_master_fo
     finally:
         for sentinel in group[2:]:
             sentinel.resume()
+        stop_all(group)
+
+
+def _cut_off_alias(sentinels: list[RedisServer], proxies: list[LossyProxy], **options: Any) -> Any:
+    """Two aliases of one group: "p" reaches the sentinels through ``proxies`` (which can
+    cut it off from them), "q" directly; the masters are reached directly by both."""
+
+    def config(urls: list[str]) -> dict[str, Any]:
+        return {
+            "BACKEND": "django_redlock.backends.sentinel.SentinelBackend",
+            "LOCATION": urls,
+            "OPTIONS": {
+                "service_name": "mymaster", "socket_timeout": 1.0,
+                "socket_connect_timeout": 1.0, **options,
+            },
+        }  # fmt: skip
+
+    aliases = {
+        "p": config([proxy.url for proxy in proxies]),
+        "q": config([sentinel.url for sentinel in sentinels]),
+    }
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, **aliases})
+
+
+def _take_in_a_new_thread(name: str, how: str, using: str = "p") -> Any:
+    """A take by a new thread (or a new event loop): its first connection asks the sentinels.
+    True, False or the LockError raised."""
+    outcome: list[Any] = []
+
+    def take() -> None:
+        try:
+            held = lock(name, using=using, ttl=30)
+            if how == "asyncio":
+                outcome.append(asyncio.run(held.aacquire(blocking=False)))
+            else:
+                outcome.append(held.acquire(blocking=False))
+        except LockError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(15)
+    assert outcome, "the take never returned"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+@pytest.mark.parametrize("min_replicas", [0, 1])
+def test_cut_off_from_the_sentinels_a_new_thread_never_takes_on_the_old_master_back_empty(
+    name: str, how: str, min_replicas: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no sentinel answering, the master a sentinel named within FOUND_TRUSTED was used
+    ("the listeners were subscribed since: a switch would have been heard"). Cut off from
+    the sentinels, the listeners stay subscribed and hear nothing: a failover, the old
+    master back empty on its address (a master), and a new thread's take was granted there
+    while Q held the name on the promoted master (two holders). Without min_replicas that
+    master is never used when no sentinel answers: BackendUnavailable. With min_replicas it
+    still is, and the take there is QuorumNotReached (no replica), released."""
+    monkeypatch.setattr(sentinel_backend, "FOUND_TRUSTED", 30.0)  # (no race with the window)
+    group = start_sentinel_group()
+    old, new, sentinels = group[0], group[1], group[2:]
+    proxies = [LossyProxy(sentinel.port) for sentinel in sentinels]
+    try:
+        with _cut_off_alias(sentinels, proxies, min_replicas=min_replicas):
+            q = lock(name, using="q", ttl=30)
+            assert q.acquire(blocking=False)
+            pipe = old.client().pipeline(transaction=False)  # Q's hold is on the replica
+            pipe.publish("__synced__", "").execute_command("WAIT", 1, 5000)
+            assert pipe.execute()[1] == 1
+            with lock(f"{name}:warm", using="p"):
+                pass
+            _found_while_listening(locks["p"])
+            for proxy in proxies:
+                proxy.blackhole()  # P cut off from the sentinels, its listeners subscribed
+            _fail_over(sentinels[0], new, sentinels[1])
+            old.kill()
+            old.start()  # back on its address, empty, a master
+            assert old.client().info("replication")["role"] == "master"
+            outcome = _take_in_a_new_thread(name, how)
+            expected = QuorumNotReached if min_replicas else BackendUnavailable
+            assert isinstance(outcome, expected), str(outcome)
+            assert not old.client().exists(locks["p"].key(name))
+            assert new.client().exists(locks["q"].key(name))  # Q's hold, on the master
+            for alias in ("p", "q"):
+                locks[alias].close()
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        stop_all(group)
+
+
+def _a_b_c_group(quorum: int = 1, down_after: float = 10) -> list[RedisServer]:
+    """A master A (never promoted), replicas B and C (B promoted first), two sentinels."""
+    from django_redlock.testing import SentinelServer
+
+    sync = ["--repl-diskless-sync-delay", "0"]
+    a = RedisServer(args=[*sync, "--replica-priority", "0"]).start()
+    b, c = (
+        RedisServer(args=["--replicaof", "127.0.0.1", str(a.port), *sync, "--replica-priority",
+                          str(priority)]).start()
+        for priority in (10, 100)
+    )  # fmt: skip
+    sentinels = [SentinelServer(a, quorum=quorum, down_after=down_after).start() for _ in range(2)]
+    deadline = time.monotonic() + 30
+    for replica in (b, c):
+        while replica.client().info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    for sentinel in sentinels:
+        while len(sentinel.client().execute_command("SENTINEL", "REPLICAS", "mymaster")) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    return [a, b, c, *sentinels]
+
+
+def _on_switch_heard_by_p(monkeypatch: pytest.MonkeyPatch, cut: Callable[[], Any]) -> None:
+    """``cut()`` runs as alias "p" hears a switch announced, before it is applied."""
+    heard_switch = sentinel_backend.SentinelBackend._heard_switch
+
+    def heard(self: Any, channel: Any, message: Any) -> None:
+        if self.alias == "p":
+            cut()
+        heard_switch(self, channel, message)
+
+    monkeypatch.setattr(sentinel_backend.SentinelBackend, "_heard_switch", heard)
+
+
+def _switch_twice_heard_once(name: str, group: list[RedisServer]) -> Any:
+    """A -> B, heard by "p" (which is cut then), then B -> C: "p"'s _Heard."""
+    _a, b, c, sentinels = group[0], group[1], group[2], group[3:]
+    with lock(f"{name}:warm", using="p"):
+        pass
+    _found_while_listening(locks["p"])
+    heard_p = locks["p"]._heard
+    _fail_over(sentinels[0], b, sentinels[1])
+    assert heard_p.switch is not None and heard_p.switch.new == ("127.0.0.1", b.port)
+    deadline = time.monotonic() + 30
+    while c.client().info("replication").get("master_port") != b.port or (
+        c.client().info("replication").get("master_link_status") != "up"
+    ):
+        assert time.monotonic() < deadline, "C never followed B"
+        time.sleep(0.05)
+    _fail_over(sentinels[1], c, sentinels[0])  # unheard by P
+    while not all(  # (ended: a failover that times out goes back to B)
+        (state := s.client().sentinel_master("mymaster"))["port"] == c.port
+        and "failover_in_progress" not in state["flags"]
+        for s in sentinels
+    ):
+        assert time.monotonic() < deadline, "the failover to C never ended"
+        time.sleep(0.05)
+    return heard_p
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_cut_off_from_the_sentinels_a_new_thread_never_takes_on_a_master_announced_before(
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no sentinel answering and the master found too old to use, a new connection
+    went to the master a sentinel had announced, for up to SWITCH_TRUSTED (30 s): a switch
+    A -> B heard, P cut off from the sentinels, a second one B -> C unheard, B back empty on
+    its address (a master), and a new thread's take was granted on B while Q held the name
+    on C (two holders). An announced switch is used only when a sentinel answers that the
+    master it announced away from is down: else BackendUnavailable."""
+    group = _a_b_c_group()
+    b, c, sentinels = group[1], group[2], group[3:]
+    proxies = [LossyProxy(sentinel.port) for sentinel in sentinels]
+    _on_switch_heard_by_p(monkeypatch, lambda: [proxy.blackhole() for proxy in proxies])
+    try:
+        deadline = time.monotonic() + 30
+        with _cut_off_alias(sentinels, proxies):
+            heard_p = _switch_twice_heard_once(name, group)
+            while not (q := lock(name, using="q", ttl=30)).acquire(blocking=False):
+                assert time.monotonic() < deadline + 30
+                time.sleep(0.1)
+            assert c.client().exists(locks["q"].key(name))  # Q holds the name on C
+            b.kill()
+            b.extra_args = ["--repl-diskless-sync-delay", "0"]
+            b.start()  # back on its address, empty, a master
+            assert b.client().info("replication")["role"] == "master"
+            while time.monotonic() - heard_p.found_at < sentinel_backend.FOUND_TRUSTED:
+                time.sleep(0.05)  # the master found too old: only the announced one is left
+            assert heard_p.switch is not None  # (P's looks never reached a sentinel since)
+            outcome = _take_in_a_new_thread(name, how)
+            assert isinstance(outcome, BackendUnavailable), outcome
+            assert not b.client().exists(locks["p"].key(name))
+            q.release()
+            for alias in ("p", "q"):
+                locks[alias].close()
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        stop_all(group)
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_a_master_announced_before_is_not_used_when_the_sentinels_say_another_is_down(
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sentinel answering that the master is down (an unplanned failover under way) sent
+    connections to the switch announced last, whichever master the answer named. P's pub/sub
+    flows silenced (a firewall that forgot idle flows) right as it heard A -> B, a second
+    switch B -> C unheard, C paused until the sentinels say it is down, B back empty on its
+    address (a master): P's looker moved every connection to B and a new thread's take was
+    granted there, on a master no sentinel names (C's holds come back with C). The switch
+    announced is used only when the answer names the master it switched from."""
+    group = _a_b_c_group(quorum=3, down_after=1)  # (C down, and no failover without quorum)
+    b, c, sentinels = group[1], group[2], group[3:]
+    proxies = [LossyProxy(sentinel.port) for sentinel in sentinels]
+    _on_switch_heard_by_p(monkeypatch, lambda: [p.blackhole_subscribers() for p in proxies])
+    try:
+        with _cut_off_alias(sentinels, proxies):
+            _switch_twice_heard_once(name, group)
+            c.pause()
+            deadline = time.monotonic() + 30
+            while not all(s.client().sentinel_master("mymaster")["is_sdown"] for s in sentinels):
+                assert time.monotonic() < deadline, "the sentinels never said C is down"
+                time.sleep(0.05)
+            b.kill()
+            b.extra_args = ["--repl-diskless-sync-delay", "0"]
+            b.start()  # back on its address, empty, a master
+            outcome = _take_in_a_new_thread(name, how)
+            assert isinstance(outcome, BackendUnavailable), str(outcome)
+            assert not b.client().exists(locks["p"].key(name))
+            for alias in ("p", "q"):
+                locks[alias].close()
+    finally:
+        for proxy in proxies:
+            proxy.close()
         stop_all(group)
 
 

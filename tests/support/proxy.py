@@ -9,6 +9,7 @@ reply is read and held back (``hold`` seconds, ``during()`` run meanwhile), then
 client's connection is cut (``"cut"``: the server committed, the client never hears so) or
 the reply is forwarded late (``"late"``: time for a signal handler to interrupt the wait).
 ``disarm()`` takes back a fault no COMMIT met yet; ``cut()`` resets every connection.
+``blackhole()``: every connection, open or new, silent both ways (a partition).
 ``mute_from(marker)``: the first request that contains ``marker`` goes to the server, and
 from it on its connection gets no reply, left open (the client's read times out). The
 fault campaign's ``database`` kind runs its PostgreSQL behind one (tests/campaign/README.md).
@@ -74,6 +75,7 @@ class LossyProxy:
         self.commits_faulted = 0  # COMMIT replies cut or held back so far
         self._sockets: list[socket.socket] = []
         self._links: list[_Link] = []
+        self._blackholed = False  # every connection, open or new, silent (see blackhole())
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -133,6 +135,7 @@ class LossyProxy:
                 self._sockets += [client, server]
             link = _Link()
             with self._mutex:
+                link.dead = self._blackholed
                 self._links.append(link)
             for args in ((client, server, False, link), (server, client, True, link)):
                 threading.Thread(target=self._pump, args=args, daemon=True).start()
@@ -195,6 +198,14 @@ class LossyProxy:
         with self._mutex:
             for link in self._links:
                 link.dead = link.dead or link.subscriber
+
+    def blackhole(self) -> None:
+        """Every connection, open now or made later, goes silent both ways without being
+        closed: the client cut off from the server (its reads time out)."""
+        with self._mutex:
+            self._blackholed = True
+            for link in self._links:
+                link.dead = True
 
     def cut(self) -> int:
         """Cut every connection open through the proxy (new ones are still accepted); how
