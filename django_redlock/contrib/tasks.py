@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import inspect
 import json
 import logging
 import secrets
@@ -73,7 +74,8 @@ _connected: set[str] = set()
 
 def _sender_frame() -> FrameType | None:
     """The frame that sent the signal being received (past the dispatcher's own frames)."""
-    frame: FrameType | None = sys._getframe(2)
+    here = inspect.currentframe()
+    frame = here.f_back.f_back if here is not None and here.f_back is not None else None
     while frame is not None and frame.f_globals.get("__name__", "").startswith("django.dispatch"):
         frame = frame.f_back
     return frame
@@ -84,7 +86,8 @@ def _live(run: _Run) -> bool:
     another thread nothing can be told: live."""
     if run.frame is None or run.thread != threading.get_ident():
         return True
-    frame: FrameType | None = sys._getframe(1)
+    here = inspect.currentframe()
+    frame = here.f_back if here is not None else None
     while frame is not None:
         if frame is run.frame:
             return True
