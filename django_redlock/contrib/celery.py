@@ -55,6 +55,7 @@ from ..handler import locks
 from ..identity import HOST
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
 from ..validation import MAX_TTL, to_ms
+from .broker import watched_publish
 from .single import (  # the core shared with Django's Tasks framework (re-exported here)
     AlreadyQueued,
     SingleInstance,
@@ -1081,10 +1082,17 @@ class SingleInstanceTask(Task):
         backend = locks[config.using]
         headers = options.get("headers") or {}
         if headers.get(FOLLOW_UP):  # a coalesced follow-up: its queuer marked it already
-            sent = super().apply_async(args, kwargs, **options)
-            if options.get("task_id") and not self.app.conf.task_always_eager:
-                ttl_ms = to_ms(self.queue_marker_ttl(options))
-                self._note_sent(key, options["task_id"], args, kwargs, options, ttl_ms)
+            follow_up = options.get("task_id")
+            if not follow_up or self.app.conf.task_always_eager:
+                return super().apply_async(args, kwargs, **options)
+            ttl_ms = to_ms(self.queue_marker_ttl(options))
+            watch = None
+            try:
+                with watched_publish(self.app, follow_up, options) as watch:
+                    sent = super().apply_async(args, kwargs, **options)
+            finally:  # sent: noted, whatever line an exception landed on after the publish
+                if watch is not None and watch.published:
+                    self._note_sent(key, follow_up, args, kwargs, options, ttl_ms)
             return sent
         promised = options.pop("task_id", None)
         # self.retry() sends the running task's own id again: that call was accepted already,
@@ -1138,18 +1146,24 @@ class SingleInstanceTask(Task):
             if coalesce and self.joins_queued_call():
                 note()
             return self._not_queued(key, queued, args, kwargs, promised, options)
-        noted = sent = None
-        noting = queued is None and not self.app.conf.task_always_eager  # eager: it ran already
+        noted = sent = watch = None
+        eager = self.app.conf.task_always_eager
+        noting = queued is None and not eager  # eager: it ran already
         try:
             if coalesce:
                 noted = note()
-            sent = super().apply_async(args, kwargs, task_id=task_id, **options)
+            if eager:
+                sent = super().apply_async(args, kwargs, task_id=task_id, **options)
+            else:
+                with watched_publish(self.app, task_id, options) as watch:
+                    sent = super().apply_async(args, kwargs, task_id=task_id, **options)
             if noting:
                 self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         except BaseException:
-            if sent is not None:
-                # Published, then an interrupt (at any line since): the marker stays, noted
-                # as sent (unnoted, it is taken for a publish that never came: queued anew).
+            if sent is not None or (watch is not None and watch.published):
+                # Published (the broker took it), then an exception at any line since (in
+                # Celery's after_task_publish receivers too): the marker stays, noted as
+                # sent (unnoted, it is taken for a publish that never came: queued anew).
                 if noting:
                     self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
                 raise

@@ -1393,17 +1393,26 @@ def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated
     # exception) at any later line of the delay() (noting it sent) left the marker without
     # its "sent" note: the next delay() took it for a publish in progress, waited
     # publish_wait and published a second message while the first was queued.
+    from django_redlock.contrib.broker import PublishWatch
     from django_redlock.contrib.celery import SingleInstanceTask as Base
-    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+    from tests.support.line_interrupts import (
+        LineInterrupter,
+        every_point,
+        interrupted,
+        publish_path,
+    )
 
     monkeypatch.setattr(SingleInstanceTask, "publish_wait", 0.3, raising=False)
     task = getattr(celery_tasks, task_name)
     apply = Base.apply_async.__code__
-    watched = {apply, Base._note_sent.__code__, markers.mark.__code__}
+    watched = {apply, Base._note_sent.__code__, markers.mark.__code__, *publish_path()}
+    sender = celery_app.app.amqp.send_task_message.__code__
     queue = redis_server.client(db=1)
 
-    def published(frame: Any) -> bool:
-        return frame.f_code is apply and frame.f_locals.get("sent") is not None
+    def published(frame: Any) -> bool:  # from the broker's publish on
+        if frame.f_code is PublishWatch.publish.__code__:
+            return bool(frame.f_locals["self"].published)
+        return frame.f_code is sender and "ret" in frame.f_locals  # kombu's publish returned
 
     def case(tracer: LineInterrupter) -> None:
         name = uuid.uuid4().hex[:8]
