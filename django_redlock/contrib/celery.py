@@ -486,7 +486,9 @@ def _claim_note(
     another follow-up claimed is claimed again: this run holds the key, so that one is not
     running it (stopped before its body ended: killed, a soft time limit). A note claimed by
     ``task_id`` itself is its message's copy coming back (``acks_late``, a killed child):
-    it runs."""
+    it runs. A note whose taker was revoked is a cancelled call: dropped, not run (the
+    revoke is noted as it reaches a worker, before the revoked run is stopped, whose exit
+    queues the follow-up that finds it: see :func:`_noting_revoke`)."""
     backend = locks[config.using]
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
@@ -494,8 +496,15 @@ def _claim_note(
         if found is None:
             return None
         call = cast(dict[str, Any], json.loads(found[0]))
-        if call.get("taken") == task_id:
+        taken = call.get("taken")
+        if taken == task_id:
             return call, found[0]
+        if taken is not None and was_revoked(config.using, str(taken)):
+            if markers.clear(backend, _pending_name(key), found[0]):  # (a later call stays)
+                logger.info("redlock: revoked task %s: its coalesced call of %r dropped",
+                            taken, key)  # fmt: skip
+                return None
+            continue
         claimed = json.dumps({**call, "taken": task_id})
         if markers.swap(backend, _pending_name(key), found[0], claimed, ttl_ms):
             return call, claimed
@@ -1473,7 +1482,7 @@ def note_revoked(app: Any, task_ids: Any) -> None:
             config = _config_of(task)
         except Exception:  # a hook of the user's that cannot answer: not ours to note
             continue
-        if config is not None and config.dedupe_queued:
+        if config is not None and (config.dedupe_queued or config.on_duplicate == "coalesce"):
             ttl[config.using] = max(ttl.get(config.using, 0.0), config.dedupe_ttl)
     for using, seconds in ttl.items():
         for task_id in ids:
@@ -1502,6 +1511,41 @@ def watch_revokes(app: Any) -> None:
 
     control.revoke = noting
     control.redlock_notes_revokes = True
+
+
+def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A worker's ``revoke``/``terminate`` control command that notes the revoke first
+    (see :func:`note_revoked`), before Celery stops the run: a revoke is a cancel, and the
+    stopped run's exit queues a follow-up that must find its call cancelled (Celery stores
+    REVOKED and sends ``task_revoked`` only after the kill: a slow result backend left that
+    follow-up time to run the call again). A revoke from any process (``celery control``
+    too) is seen."""
+
+    @functools.wraps(handler)
+    def noting(state: Any, *args: Any, **kwargs: Any) -> Any:
+        task_id = kwargs.get("task_id", args[0] if name == "revoke" and args else None)
+        if name == "terminate" and task_id is None and len(args) > 1:
+            task_id = args[1]
+        try:
+            note_revoked(state.app, task_id)
+        except Exception as exc:  # never fail the revoke; _on_revoked drops the call later
+            logger.warning("redlock: could not note a revoke: %s", exc)
+        return handler(state, *args, **kwargs)
+
+    noting.redlock_notes_revokes = True  # type: ignore[attr-defined]
+    return noting
+
+
+def _watch_revoke_commands() -> None:
+    from celery.worker.control import Panel
+
+    for name in ("revoke", "terminate"):
+        handler = Panel.data.get(name)
+        if handler is not None and not getattr(handler, "redlock_notes_revokes", False):
+            Panel.data[name] = _noting_revoke(handler, name)
+
+
+_watch_revoke_commands()
 
 
 def received_name(key: str, task_id: str) -> str:
