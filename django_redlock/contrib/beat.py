@@ -43,7 +43,7 @@ import math
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery.beat import PersistentScheduler, Scheduler, event_t
@@ -63,6 +63,7 @@ from ..leader import Term, current_leader
 from ..leader import leader as campaign_for
 from ..scripts import Call, script
 from ..validation import MAX_TTL, check_name, to_ms
+from .broker import PublishWatch
 
 logger = logging.getLogger("django_redlock")
 
@@ -297,6 +298,10 @@ class _Claimed:
     new_entry: Any
     record: str | None = None  # the record's entry name, when not the entry's (a one-off)
     count: int | None = None  # the row's run count before reserve(): restored if not sent
+    # Set in the publish's thread as the broker took the run's message: no signal lands
+    # there, so whatever line of the scheduler's a SIGTERM or exception lands on afterwards,
+    # the run is known as sent (never taken back and sent again by the next leader).
+    sent: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
 class LeaderMixin(Scheduler):
@@ -562,18 +567,22 @@ class LeaderMixin(Scheduler):
         try:
             # Not super().apply_entry(), which logs a failed publish and moves on: the run
             # was claimed, and would be lost.
-            result = self._publish(entry, producer)
+            result = self._publish(entry, producer, claimed, task_id or options.get("task_id"))
         except PublishTimeout as exc:
             beat_logger.error("Message Error: %s", exc)
-            if task_id is not None:
-                self._resend[entry.name] = (claimed.prev, task_id)
-            self._unclaim(entry, claimed)  # at least once: the next leader sends it
+            if not claimed.sent.is_set():  # (else it went through meanwhile: sent)
+                if task_id is not None:
+                    self._resend[entry.name] = (claimed.prev, task_id)
+                self._unclaim(entry, claimed)  # at least once: the next leader sends it
             self._claims.pop(entry.name, None)  # handed back, or in _unsure
             self._forget_connection()
             self._step_down(str(exc))
             return
         except Exception as exc:
             beat_logger.error("Message Error: %s", exc, exc_info=True)
+            if claimed.sent.is_set():  # raised after the broker took it: sent
+                self._claims.pop(entry.name, None)
+                return
             if task_id is not None:
                 self._resend[entry.name] = (claimed.prev, task_id)
             self._unclaim(entry, claimed)
@@ -585,10 +594,11 @@ class LeaderMixin(Scheduler):
         self._backoff.pop(entry.name, None)
         beat_logger.debug("%s sent. id->%s", entry.task, getattr(result, "id", None))
 
-    def _publish(self, entry: Any, producer: Any) -> Any:
+    def _publish(self, entry: Any, producer: Any, claimed: _Claimed, task_id: Any) -> Any:
         """``apply_async`` in a thread of its own, waited for a share of the lead's TTL
         (:data:`PUBLISH_SHARE`); ``PublishTimeout`` after that (the thread is left to end
-        whenever the broker answers or drops the connection)."""
+        whenever the broker answers or drops the connection). ``claimed.sent`` is set there
+        once the broker took ``task_id``'s message (or ``apply_async`` returned)."""
         limit = self.redlock.ttl * PUBLISH_SHARE
         outcome: list[tuple[bool, Any]] = []
         generation = self._generation
@@ -596,7 +606,11 @@ class LeaderMixin(Scheduler):
         def publish() -> None:
             try:
                 used = self._producer(generation) if producer is IN_PUBLISH else producer
-                outcome.append((True, self.apply_async(entry, producer=used, advance=False)))
+                if used is not None and isinstance(task_id, str):
+                    used = PublishWatch(used, task_id, claimed.sent.set)
+                result = self.apply_async(entry, producer=used, advance=False)
+                claimed.sent.set()
+                outcome.append((True, result))
             except BaseException as exc:  # raised in the scheduler's thread, below
                 outcome.append((False, exc))
             finally:  # what a publish signal's receiver opened in this thread
@@ -774,12 +788,15 @@ class LeaderMixin(Scheduler):
         # A publish under way in its thread (the signal landed in the scheduler's wait for
         # it) is waited for, within its time: taken back once it went through, the next
         # leader would send the run again.
-        for name, (thread, outcome, until) in list(self._publishing.items()):
+        for thread, _, until in list(self._publishing.values()):
             if thread is not threading.current_thread():
                 thread.join(max(0.0, until - time.monotonic()))
-            if outcome and outcome[0][0]:
-                self._claims.pop(name, None)  # published
-        cut = {name: claimed for name, claimed in self._claims.items() if claimed}
+        # Sent (the broker took it), whatever line the signal landed on since: not cut.
+        cut = {
+            name: claimed
+            for name, claimed in self._claims.items()
+            if claimed and not claimed.sent.is_set()
+        }
         self._claims.clear()
         try:
             for name, claimed in cut.items():

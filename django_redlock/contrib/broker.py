@@ -24,13 +24,67 @@ caller looks twice, a pause apart (see ``SingleInstanceTask.message_gone``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import Callable, Iterator
 from functools import cache
 from importlib import resources
 from typing import Any
 
 logger = logging.getLogger("django_redlock")
+
+
+class PublishWatch:
+    """A Celery producer, passed on, that notes when the broker took one task's message.
+
+    "Sent" is learnt from the publish itself, not from ``apply_async`` returning: after the
+    broker's publish, Celery still runs ``after_task_publish`` receivers and builds the
+    result, and an exception there (a signal handler's, a receiver's) would otherwise pass a
+    message that is queued for one never sent. An interrupt inside kombu's publish, after
+    the broker took it and before it returned, is unknown and taken as not sent (at worst
+    one more message: never a lost call)."""
+
+    def __init__(
+        self, producer: Any, task_id: str, on_sent: Callable[[], object] | None = None
+    ) -> None:
+        self._producer = producer
+        self._task_id = task_id
+        self._on_sent = on_sent
+        self.published = False
+
+    def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
+        sent = self._producer.publish(body, *args, **kwargs)
+        if _message_id(body, kwargs.get("headers")) == self._task_id:
+            self.published = True  # the first line after the broker took it
+            if self._on_sent is not None:
+                self._on_sent()
+        return sent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
+
+
+def _message_id(body: Any, headers: Any) -> Any:
+    if isinstance(headers, dict) and "id" in headers:  # task protocol 2
+        return headers["id"]
+    return body.get("id") if isinstance(body, dict) else None  # protocol 1
+
+
+@contextlib.contextmanager
+def watched_publish(app: Any, task_id: str, options: dict[str, Any]) -> Iterator[PublishWatch]:
+    """The producer ``options`` name (or ``connection``'s, or one from the app's pool, as
+    ``send_task`` would take), watched for ``task_id``'s message; ``options`` then carry it
+    as their ``producer``."""
+    producer = options.pop("producer", None)
+    connection = options.pop("connection", None)
+    if connection:  # as send_task does: the connection's producer, over any given
+        producer = app.amqp.Producer(connection, auto_declare=False)
+    with app.producer_or_acquire(producer) as taken:
+        watch = PublishWatch(taken, task_id)
+        options["producer"] = watch
+        yield watch
+
 
 #: Read at most this many messages (the queue's lists and the unacked hash together).
 MOST_MESSAGES = 1000

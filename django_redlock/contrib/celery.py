@@ -55,6 +55,7 @@ from ..handler import locks
 from ..identity import HOST
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
 from ..validation import MAX_TTL, to_ms
+from .broker import watched_publish
 from .single import (  # the core shared with Django's Tasks framework (re-exported here)
     AlreadyQueued,
     SingleInstance,
@@ -485,7 +486,9 @@ def _claim_note(
     another follow-up claimed is claimed again: this run holds the key, so that one is not
     running it (stopped before its body ended: killed, a soft time limit). A note claimed by
     ``task_id`` itself is its message's copy coming back (``acks_late``, a killed child):
-    it runs."""
+    it runs. A note whose taker was revoked is a cancelled call: dropped, not run (the
+    revoke is noted as it reaches a worker, before the revoked run is stopped, whose exit
+    queues the follow-up that finds it: see :func:`_noting_revoke`)."""
     backend = locks[config.using]
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
@@ -493,8 +496,15 @@ def _claim_note(
         if found is None:
             return None
         call = cast(dict[str, Any], json.loads(found[0]))
-        if call.get("taken") == task_id:
+        taken = call.get("taken")
+        if taken == task_id:
             return call, found[0]
+        if taken is not None and was_revoked(config.using, str(taken)):
+            if markers.clear(backend, _pending_name(key), found[0]):  # (a later call stays)
+                logger.info("redlock: revoked task %s: its coalesced call of %r dropped",
+                            taken, key)  # fmt: skip
+                return None
+            continue
         claimed = json.dumps({**call, "taken": task_id})
         if markers.swap(backend, _pending_name(key), found[0], claimed, ttl_ms):
             return call, claimed
@@ -1081,10 +1091,17 @@ class SingleInstanceTask(Task):
         backend = locks[config.using]
         headers = options.get("headers") or {}
         if headers.get(FOLLOW_UP):  # a coalesced follow-up: its queuer marked it already
-            sent = super().apply_async(args, kwargs, **options)
-            if options.get("task_id") and not self.app.conf.task_always_eager:
-                ttl_ms = to_ms(self.queue_marker_ttl(options))
-                self._note_sent(key, options["task_id"], args, kwargs, options, ttl_ms)
+            follow_up = options.get("task_id")
+            if not follow_up or self.app.conf.task_always_eager:
+                return super().apply_async(args, kwargs, **options)
+            ttl_ms = to_ms(self.queue_marker_ttl(options))
+            watch = None
+            try:
+                with watched_publish(self.app, follow_up, options) as watch:
+                    sent = super().apply_async(args, kwargs, **options)
+            finally:  # sent: noted, whatever line an exception landed on after the publish
+                if watch is not None and watch.published:
+                    self._note_sent(key, follow_up, args, kwargs, options, ttl_ms)
             return sent
         promised = options.pop("task_id", None)
         # self.retry() sends the running task's own id again: that call was accepted already,
@@ -1138,18 +1155,24 @@ class SingleInstanceTask(Task):
             if coalesce and self.joins_queued_call():
                 note()
             return self._not_queued(key, queued, args, kwargs, promised, options)
-        noted = sent = None
-        noting = queued is None and not self.app.conf.task_always_eager  # eager: it ran already
+        noted = sent = watch = None
+        eager = self.app.conf.task_always_eager
+        noting = queued is None and not eager  # eager: it ran already
         try:
             if coalesce:
                 noted = note()
-            sent = super().apply_async(args, kwargs, task_id=task_id, **options)
+            if eager:
+                sent = super().apply_async(args, kwargs, task_id=task_id, **options)
+            else:
+                with watched_publish(self.app, task_id, options) as watch:
+                    sent = super().apply_async(args, kwargs, task_id=task_id, **options)
             if noting:
                 self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         except BaseException:
-            if sent is not None:
-                # Published, then an interrupt (at any line since): the marker stays, noted
-                # as sent (unnoted, it is taken for a publish that never came: queued anew).
+            if sent is not None or (watch is not None and watch.published):
+                # Published (the broker took it), then an exception at any line since (in
+                # Celery's after_task_publish receivers too): the marker stays, noted as
+                # sent (unnoted, it is taken for a publish that never came: queued anew).
                 if noting:
                     self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
                 raise
@@ -1459,7 +1482,7 @@ def note_revoked(app: Any, task_ids: Any) -> None:
             config = _config_of(task)
         except Exception:  # a hook of the user's that cannot answer: not ours to note
             continue
-        if config is not None and config.dedupe_queued:
+        if config is not None and (config.dedupe_queued or config.on_duplicate == "coalesce"):
             ttl[config.using] = max(ttl.get(config.using, 0.0), config.dedupe_ttl)
     for using, seconds in ttl.items():
         for task_id in ids:
@@ -1488,6 +1511,41 @@ def watch_revokes(app: Any) -> None:
 
     control.revoke = noting
     control.redlock_notes_revokes = True
+
+
+def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """A worker's ``revoke``/``terminate`` control command that notes the revoke first
+    (see :func:`note_revoked`), before Celery stops the run: a revoke is a cancel, and the
+    stopped run's exit queues a follow-up that must find its call cancelled (Celery stores
+    REVOKED and sends ``task_revoked`` only after the kill: a slow result backend left that
+    follow-up time to run the call again). A revoke from any process (``celery control``
+    too) is seen."""
+
+    @functools.wraps(handler)
+    def noting(state: Any, *args: Any, **kwargs: Any) -> Any:
+        task_id = kwargs.get("task_id", args[0] if name == "revoke" and args else None)
+        if name == "terminate" and task_id is None and len(args) > 1:
+            task_id = args[1]
+        try:
+            note_revoked(state.app, task_id)
+        except Exception as exc:  # never fail the revoke; _on_revoked drops the call later
+            logger.warning("redlock: could not note a revoke: %s", exc)
+        return handler(state, *args, **kwargs)
+
+    noting.redlock_notes_revokes = True  # type: ignore[attr-defined]
+    return noting
+
+
+def _watch_revoke_commands() -> None:
+    from celery.worker.control import Panel
+
+    for name in ("revoke", "terminate"):
+        handler = Panel.data.get(name)
+        if handler is not None and not getattr(handler, "redlock_notes_revokes", False):
+            Panel.data[name] = _noting_revoke(handler, name)
+
+
+_watch_revoke_commands()
 
 
 def received_name(key: str, task_id: str) -> str:

@@ -387,17 +387,21 @@ def _enqueue_in_turn(
         try:
             result = enqueue(task, args, kwargs)
             _name_run(config, store, task, key, reservation, result)
+            if _already_finished(backend, result):  # it ran before its id was noted
+                clear_queued_marker(config, key, str(result.id))
         except BaseException:
             # Raised by enqueue(): nothing was queued. Once it returned (an interrupt at any
             # later line): queued, so the marker must name the run, never stay a reservation
-            # (taken for abandoned: the next enqueue() would queue a second run).
+            # (taken for abandoned: the next enqueue() would queue a second run); and a run
+            # over already (an ImmediateBackend's) is queued no more: a marker naming it
+            # (which that backend cannot look up) would refuse the key for dedupe_ttl.
             if result is None:
                 clear_queued_marker(config, key, reservation)
             else:
                 _name_run(config, store, task, key, reservation, result)
+                if _already_finished(backend, result):
+                    clear_queued_marker(config, key, str(result.id))
             raise
-        if _already_finished(backend, result):  # it ran before its id was noted: nothing is queued
-            clear_queued_marker(config, key, str(result.id))
         return result
     finally:
         # By value, not by the set()'s token: an interrupt as set() returned leaves no token,

@@ -596,3 +596,107 @@ def test_a_shutdown_during_a_publish_that_goes_through_leaves_the_run_sent(
             signal.signal(signal.SIGUSR2, previous)
             one.close()
             two.close()
+
+
+def test_a_shutdown_at_any_line_after_the_publish_went_through_leaves_the_run_sent(
+    tmp_path: Path,
+) -> None:
+    """Celery's SIGTERM handler (close(), then SystemExit) at each line of the scheduler's
+    thread from the broker taking the message to the end of apply_entry: once the publish
+    returned, close() took the claim back (apply_entry had not popped it yet) and the
+    standby, leading at once, sent the same run again."""
+    from celery import Celery
+
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    app = Celery("in-process", set_as_current=False)
+    app.conf.beat_schedule = {"e": {"task": "tests.beat.tick", "schedule": 60.0}}
+    watched = {beat.LeaderMixin.apply_entry.__code__, beat.LeaderMixin._publish.__code__}
+    runs = [0]
+
+    def case(tracer: LineInterrupter) -> None:
+        runs[0] += 1
+        name = f"beat-sigterm-sent-{os.getpid()}-{runs[0]}"
+        with override_settings(DJANGO_REDLOCK_BEAT={"using": "default", "ttl": 30, "name": name}):
+            one = Recording(app=app, schedule_filename=str(tmp_path / f"a{runs[0]}"))
+            two = Recording(app=app, schedule_filename=str(tmp_path / f"b{runs[0]}"))
+            one.sent, two.sent = [], []
+            real_point = tracer._point
+
+            def sigterm_at(frame: Any) -> None:
+                if tracer.points + 1 == tracer.at:
+                    one.close()  # Celery's handler closes, then raises there
+                real_point(frame)
+
+            tracer._point = sigterm_at  # type: ignore[method-assign]
+            tracer.armed_when = lambda frame: bool(one.sent)  # the broker took it
+            try:
+                for each in (one, two):
+                    each.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+                interrupted(one.tick, tracer)
+                one.close()  # Celery's beat closes again on its way out
+                assert one.sent, tracer.fired
+                deadline = time.monotonic() + 5
+                while not two.leads:  # the standby leads at once (one resigned)
+                    assert time.monotonic() < deadline, "the standby never led"
+                    two.tick()
+                for _ in range(3):
+                    two.tick()
+                assert two.sent == [], f"the run was sent twice, SIGTERM at {tracer.fired}"
+            finally:
+                one.close()
+                two.close()
+
+    points = every_point(case, lambda at: LineInterrupter(at, watched, lambda frame: False))
+    assert len(points) >= 3, points
+
+
+def test_a_publish_raising_after_the_broker_took_it_leaves_the_run_sent(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A real publish (the suite's Redis as broker) whose ``after_task_publish`` receiver
+    raises a BaseException (a signal handler's, in the publish's thread): the run was taken
+    for not sent, and the standby, leading at once, sent it a second time."""
+    from celery import Celery
+    from celery.signals import after_task_publish
+
+    queue = f"beat-after-publish-{os.getpid()}"
+    app = Celery("in-process", set_as_current=False)
+    app.conf.broker_url = redis_server.url.rsplit("/", 1)[0] + "/1"
+    app.conf.beat_schedule = {
+        "e": {"task": "tests.beat.tick", "schedule": 60.0, "options": {"queue": queue}}
+    }
+    broker = redis_server.client(db=1)
+    broker.delete(queue)
+    strikes = [1]
+
+    def interrupt(**_: Any) -> None:
+        if strikes:
+            strikes.pop()
+            raise SystemExit()  # what no receiver catches: Celery's SIGTERM handler's
+
+    name = f"beat-after-publish-{os.getpid()}"
+    with override_settings(DJANGO_REDLOCK_BEAT={"using": "default", "ttl": 30, "name": name}):
+        one = beat.LockedScheduler(app=app, schedule_filename=str(tmp_path / "a"))
+        two = Recording(app=app, schedule_filename=str(tmp_path / "b"))
+        two.sent = []
+        after_task_publish.connect(interrupt, weak=False)
+        try:
+            for each in (one, two):
+                each.schedule["e"].last_run_at -= datetime.timedelta(seconds=61)  # due now
+            with pytest.raises(SystemExit):
+                one.tick()  # leads, claims, publishes: the receiver raises
+            one.close()
+            assert broker.llen(queue) == 1
+            deadline = time.monotonic() + 5
+            while not two.leads:  # the standby leads at once (one resigned)
+                assert time.monotonic() < deadline, "the standby never led"
+                two.tick()
+            for _ in range(3):
+                two.tick()
+            assert two.sent == [], "the run was sent twice"
+        finally:
+            after_task_publish.disconnect(interrupt)
+            one.close()
+            two.close()
+            broker.delete(queue)

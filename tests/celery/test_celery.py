@@ -47,7 +47,7 @@ class Worker:
 
     def __init__(
         self, url: str, pool: str, concurrency: int, queue: str, log: Path,
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, name: str | None = None,
     ) -> None:  # fmt: skip
         self.queue, self.log = queue, log
         env = {
@@ -59,7 +59,7 @@ class Worker:
         }
         command = [
             sys.executable, "-m", "celery", "-A", "tests.support.celery_app", "worker",
-            "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{queue}@%h",
+            "-P", pool, "-c", str(concurrency), "-Q", queue, "-n", f"{name or queue}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "info",
         ]  # fmt: skip
         with log.open("ab") as out:

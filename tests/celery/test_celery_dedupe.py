@@ -1393,17 +1393,26 @@ def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated
     # exception) at any later line of the delay() (noting it sent) left the marker without
     # its "sent" note: the next delay() took it for a publish in progress, waited
     # publish_wait and published a second message while the first was queued.
+    from django_redlock.contrib.broker import PublishWatch
     from django_redlock.contrib.celery import SingleInstanceTask as Base
-    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+    from tests.support.line_interrupts import (
+        LineInterrupter,
+        every_point,
+        interrupted,
+        publish_path,
+    )
 
     monkeypatch.setattr(SingleInstanceTask, "publish_wait", 0.3, raising=False)
     task = getattr(celery_tasks, task_name)
     apply = Base.apply_async.__code__
-    watched = {apply, Base._note_sent.__code__, markers.mark.__code__}
+    watched = {apply, Base._note_sent.__code__, markers.mark.__code__, *publish_path()}
+    sender = celery_app.app.amqp.send_task_message.__code__
     queue = redis_server.client(db=1)
 
-    def published(frame: Any) -> bool:
-        return frame.f_code is apply and frame.f_locals.get("sent") is not None
+    def published(frame: Any) -> bool:  # from the broker's publish on
+        if frame.f_code is PublishWatch.publish.__code__:
+            return bool(frame.f_locals["self"].published)
+        return frame.f_code is sender and "ret" in frame.f_locals  # kombu's publish returned
 
     def case(tracer: LineInterrupter) -> None:
         name = uuid.uuid4().hex[:8]
@@ -1575,3 +1584,33 @@ def test_coalesce_an_interrupt_at_any_line_of_the_take_back_never_restores_a_cal
         assert noted is None or "taken" not in json.loads(noted[0]), tracer.fired
 
     every_point(case, lambda at: LineInterrupter(at, watched, lambda f: f.f_code is window))
+
+
+def test_coalesce_a_call_revoked_with_terminate_never_runs_again(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # Celery's Request.terminate stops the child, then stores REVOKED (slow here: a database
+    # result backend under load), then sends task_revoked, where the revoked call was
+    # dropped. Meanwhile the child's exit queued a follow-up for its claimed note; another
+    # worker took it, claimed the note again and ran the revoked call.
+    r = redis(redis_server)
+    # acks_late: the running call keeps the first worker's one prefetch slot. (Only the
+    # first is slowed: every worker stores REVOKED for a revoked id it is not running.)
+    slow = {"REDLOCK_TEST_SLOW_REVOKE": "4", "REDLOCK_TEST_ACKS_LATE": "1"}
+    first = start_worker(pool="prefork", concurrency=1, **slow)
+    second = start_worker(pool="solo", concurrency=1)  # idle, on a queue of its own
+    name = uuid.uuid4().hex[:8]
+    ran = f"coalesce-dd:{name}:ran"
+    revoked = first.send(celery_tasks.coalesced_deduped, name, "A", 60.0)  # (stopped)
+    wait_for(lambda: r.lrange(ran, 0, -1) == ["A"])
+    # Now the second worker takes the first one's queue too: the follow-up goes to it.
+    node = next(n for p in celery_app.app.control.ping(timeout=2) for n in p
+                if n.startswith(f"{second.queue}@"))  # fmt: skip
+    assert celery_app.app.control.add_consumer(first.queue, destination=[node], reply=True)
+    celery_app.app.control.revoke(revoked.id, terminate=True)
+    time.sleep(2.5)  # the follow-up ran within 0.5 s of the kill, before the fix
+    assert r.lrange(ran, 0, -1) == ["A"], "the revoked call ran again"
+    wait_for(lambda: markers.read(locks["default"], f"coalesce-dd:{name}:coalesce") is None)
+    wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
+    after = first.send(celery_tasks.coalesced_deduped, name, "B", 0.1)
+    assert after.get(timeout=30) == "ran"  # the key works on

@@ -578,17 +578,31 @@ def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated
     # the publish (before the message was noted as sent) made the next call publish a
     # second message after publish_wait, beside the queued one.
     from django_redlock.backends import markers
+    from django_redlock.contrib.broker import PublishWatch
     from django_redlock.contrib.celery import SingleInstanceTask
-    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+    from tests.support.line_interrupts import (
+        LineInterrupter,
+        every_point,
+        interrupted,
+        publish_path,
+    )
 
     monkeypatch.setattr(SingleInstanceTask, "publish_wait", 0.3, raising=False)
     apply = SingleInstanceTask.apply_async.__code__
-    watched = {apply, SingleInstanceTask._note_sent.__code__, markers.mark.__code__}
+    watched = {
+        apply,
+        SingleInstanceTask._note_sent.__code__,
+        markers.mark.__code__,
+        *publish_path(),
+    }
+    sender = celery_app.app.amqp.send_task_message.__code__
     queue = redis_server.client(db=1)
     calls = [0]
 
-    def published(frame: Any) -> bool:
-        return frame.f_code is apply and frame.f_locals.get("sent") is not None
+    def published(frame: Any) -> bool:  # from the broker's publish on
+        if frame.f_code is PublishWatch.publish.__code__:
+            return bool(frame.f_locals["self"].published)
+        return frame.f_code is sender and "ret" in frame.f_locals  # kombu's publish returned
 
     def case(tracer: LineInterrupter) -> None:
         calls[0] += 1

@@ -45,6 +45,23 @@ def configure(redis_url: str) -> None:
                 "unacked_restore_throttle": 1,
             },
         )
+    if os.environ.get("REDLOCK_TEST_ACKS_LATE"):  # a running task keeps its prefetch slot
+        app.conf.task_acks_late = True
+    if os.environ.get("REDLOCK_TEST_SLOW_REVOKE"):
+        # A result backend slow to store REVOKED (a database one under load): Celery's
+        # Request.terminate stops the run, then stores REVOKED, then sends task_revoked.
+        import time
+
+        from celery.backends.base import Backend
+
+        real = Backend.mark_as_revoked
+        pause = float(os.environ["REDLOCK_TEST_SLOW_REVOKE"])
+
+        def slow(self: Backend, *args: object, **kwargs: object) -> object:
+            time.sleep(pause)
+            return real(self, *args, **kwargs)
+
+        Backend.mark_as_revoked = slow  # type: ignore[method-assign]
 
 
 if "REDLOCK_TEST_REDIS" in os.environ:  # the worker process

@@ -14,6 +14,9 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
 
+#: Files of the callbacks the garbage collector runs at any line (not called by the window).
+_CALLBACKS = ("weakref.py", "_weakrefset.py")
+
 
 class Interrupt(BaseException):
     """What a signal handler may raise between two lines."""
@@ -52,6 +55,8 @@ class LineInterrupter:
         if frame.f_code in self.watched:
             return self._line
         back = frame.f_back
+        if frame.f_code.co_filename.endswith(_CALLBACKS):
+            return None  # a weak reference's callback the collector ran: no callee
         if self.armed and back is not None and back.f_code in self.watched:
             self._point(frame)  # at the callee's entry
         return None
@@ -94,3 +99,24 @@ def every_point(
             return fired
         fired.append(tracer.fired)
     raise AssertionError(f"more than {limit} points: {fired[-5:]}")
+
+
+def publish_path() -> set[CodeType]:
+    """Celery's and django_redlock's functions a task's publish returns through, from the
+    broker taking the message to ``apply_async`` returning (``after_task_publish``
+    receivers, the result): watched lines of a window that starts at the broker's publish."""
+    from celery.app.base import Celery
+    from celery.app.task import Task
+    from celery.utils.dispatch.signal import Signal
+
+    from django_redlock.contrib.broker import PublishWatch, watched_publish
+    from tests.support.celery_app import app
+
+    return {
+        PublishWatch.publish.__code__,
+        watched_publish.__wrapped__.__code__,  # type: ignore[attr-defined]
+        app.amqp.send_task_message.__code__,
+        Celery.send_task.__code__,
+        Task.apply_async.__code__,
+        Signal.send.__code__,
+    }

@@ -604,6 +604,34 @@ def test_an_interrupt_at_any_line_after_the_backend_enqueued_leaves_the_run_dedu
     assert len(points) >= 3, points
 
 
+def test_an_interrupt_at_any_line_after_an_immediate_run_leaves_the_key_free(
+    dedupe_immediate: str,
+) -> None:
+    # The ImmediateBackend runs the task inside enqueue(): an interrupt at any line after it
+    # returned (naming the run in the marker, the finished-run check) left a marker naming a
+    # finished run that backend cannot look up: every enqueue() of the key raised
+    # AlreadyQueued for dedupe_ttl (an hour), nothing queued or running.
+    from django_redlock.backends import markers
+    from django_redlock.contrib import tasks as contrib
+    from tests.support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    job = tasks_jobs.slow_immediate.using(backend=dedupe_immediate)
+    window = contrib._enqueue_in_turn.__code__
+    watched = {window, contrib._name_run.__code__, markers.swap.__code__, markers.mark.__code__}
+    watched.add(contrib._already_finished.__code__)
+
+    def enqueued(frame: Any) -> bool:
+        return frame.f_code is window and frame.f_locals.get("result") is not None
+
+    def case(tracer: LineInterrupter) -> None:
+        interrupted(lambda: job.enqueue(0.0), tracer)
+        assert job.enqueue(0.0).return_value == "ran", tracer.fired
+        assert markers.read(locks["default"], "tasks:slow-immediate") is None, tracer.fired
+
+    points = every_point(case, lambda at: LineInterrupter(at, watched, enqueued))
+    assert len(points) >= 3, points
+
+
 def test_an_enqueue_meeting_a_run_inside_another_enqueue_is_already_queued(
     dedupe_immediate: str,
 ) -> None:
