@@ -451,10 +451,14 @@ def test_an_acquirer_whose_clock_runs_ahead_does_not_lift_fences_above_the_nodes
         clocks = [s.client().time() for s in servers]
         now_us = max(sec * 1_000_000 + usec for sec, usec in clocks)
         assert first is not None and first <= now_us + 2_000_000
+        counters = 0
         for server in servers:  # the name idle until its counter is forgotten
-            memory = server.client().pttl(server.client().keys("*skew*:f")[0])
-            assert memory > 55_000  # the counter outlives the cap by far
-            server.client().delete(*server.client().keys("*skew*"))
+            for key in server.client().keys("*skew*:f"):  # (a node too slow to ask has none)
+                assert server.client().pttl(key) > 55_000  # it outlives the cap by far
+                counters += 1
+            if server.client().keys("*skew*"):
+                server.client().delete(*server.client().keys("*skew*"))
+        assert counters >= 2  # a majority granted it
         # A minute later, each node's clock alone is above `first`: the next fence is too.
         assert first < min(sec * 1_000_000 + usec for sec, usec in clocks) + 55_000_000
 
