@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import identity
 from ..acl import mask
-from ..exceptions import BackendUnavailable, LockError
+from ..exceptions import BackendUnavailable, LockError, LockLost
 from ..validation import MAX_TTL, check_glob
 from ..waiters import ReleaseHub
 from .cursors import BadCursor as BadCursor  # (it lived here: still importable from here)
@@ -124,6 +124,15 @@ def stale_write(name: str, alias: str) -> BackendUnavailable:
     return BackendUnavailable(
         f"lock {name!r} on backend {alias!r}: this request ran after a later one of its owner"
         " and did nothing; the owner's count is settled at its next operation"
+    )
+
+
+def nest_gone(name: str, alias: str) -> LockLost:
+    """A reentrant owner's re-entry that found no hold of the owner's (acquire.lua's -4): the
+    hold it was to nest in is gone, and nothing was taken."""
+    return LockLost(
+        f"lock {name!r} on backend {alias!r} was lost before this re-entry: it expired or was"
+        " released by someone else"
     )
 
 

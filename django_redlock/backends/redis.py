@@ -38,6 +38,7 @@ from .base import (
     Order,
     Released,
     Renewal,
+    nest_gone,
     refence_least,
     stale_write,
 )
@@ -827,6 +828,8 @@ def lock_attempt(name: str, alias: str, kind: Kind) -> Any:
         if int(reply[0]) < 0:
             if int(reply[0]) == -3:
                 raise stale_write(name, alias)
+            if int(reply[0]) == -4:
+                raise nest_gone(name, alias)
             raise kind_clash(name, alias, f"{kind.label} lock", reply[1])
         return _attempt(reply)
 
