@@ -113,8 +113,10 @@ class Kind(NamedTuple):
 #: A reentrant owner's ordered write: its number (``identity.write_seq``) and the levels the
 #: owner holds before it (an acquire) or once it is done (a release), which the server sets its
 #: count to. The server refuses a write older than one it applied (lua/_hold.lua's
-#: ``order_stale``): a request that ran late, after the owner's next, changes nothing.
-Order = tuple[int, int]
+#: ``order_stale``): a request that ran late, after the owner's next, changes nothing. A
+#: release may add the fence of the hold its levels are in: a hold of the owner's under another
+#: fence is one a late write made after that hold was lost (release.lua).
+Order = tuple[int, int] | tuple[int, int, int]
 
 
 def stale_write(name: str, alias: str) -> BackendUnavailable:

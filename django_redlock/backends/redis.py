@@ -92,10 +92,10 @@ _FLAG = {False: "0", True: "1"}
 
 def _kind_arg(kind: Kind, order: Order | None) -> str:
     """acquire.lua's and release.lua's reentrant argument: '0', '1', or an ordered write's
-    'seq|levels' (lua/_hold.lua's order_read)."""
+    'seq|levels[|fence]' (lua/_hold.lua's order_read)."""
     if order is None or not kind.reentrant:
         return _FLAG[kind.reentrant]
-    return f"{order[0]}|{order[1]}"
+    return "|".join(str(part) for part in order)
 
 
 _ACQUIRE, _RELEASE = script("acquire"), script("release")

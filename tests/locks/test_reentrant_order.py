@@ -217,3 +217,24 @@ def test_a_read_release_run_after_the_owner_s_settle_frees_no_read_the_owner_hol
     thread.join(10)
     assert result == [False], "a writer took the name under the owner's read"
     outer.release()
+
+
+def test_a_first_acquire_run_late_on_the_owner_s_expired_next_hold_does_not_hide_the_loss(
+    proxied: tuple[LossyProxy, str], name: str
+) -> None:
+    """The owner's first try times out; its next try takes the name; that hold expires; then
+    the server runs the first try, which finds the name free and takes it for the owner. The
+    release freed that hold as its own (no re-entry: it carries no levels). The release names
+    the fence of its hold: it says the hold was lost, and frees the one the late try made."""
+    proxy, alias = proxied
+    proxy.delay_from(script("acquire").sha.encode())
+    with pytest.raises(BackendUnavailable):
+        lock(name, using=alias, reentrant=True, ttl=0.5, auto_renew=False).acquire(blocking=False)
+    assert proxy.delayed.is_set()
+    second = lock(name, using=alias, reentrant=True, ttl=0.5, auto_renew=False)
+    assert second.acquire(blocking=False)
+    time.sleep(0.6)  # the second try's hold expires before the server runs the first
+    proxy.let_go()
+    with pytest.raises(LockLost):
+        second.release()
+    assert not lock(name, using=alias).locked(), "the late try's hold was left held"
