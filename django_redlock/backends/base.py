@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from .. import identity
 from ..acl import mask
-from ..exceptions import BackendUnavailable, LockError
+from ..exceptions import BackendUnavailable, LockError, LockLost
 from ..validation import MAX_TTL, check_glob
 from ..waiters import ReleaseHub
 from .cursors import BadCursor as BadCursor  # (it lived here: still importable from here)
@@ -113,8 +113,10 @@ class Kind(NamedTuple):
 #: A reentrant owner's ordered write: its number (``identity.write_seq``) and the levels the
 #: owner holds before it (an acquire) or once it is done (a release), which the server sets its
 #: count to. The server refuses a write older than one it applied (lua/_hold.lua's
-#: ``order_stale``): a request that ran late, after the owner's next, changes nothing.
-Order = tuple[int, int]
+#: ``order_stale``): a request that ran late, after the owner's next, changes nothing. A
+#: release may add the fence of the hold its levels are in: a hold of the owner's under another
+#: fence is one a late write made after that hold was lost (release.lua).
+Order = tuple[int, int] | tuple[int, int, int]
 
 
 def stale_write(name: str, alias: str) -> BackendUnavailable:
@@ -124,6 +126,15 @@ def stale_write(name: str, alias: str) -> BackendUnavailable:
     return BackendUnavailable(
         f"lock {name!r} on backend {alias!r}: this request ran after a later one of its owner"
         " and did nothing; the owner's count is settled at its next operation"
+    )
+
+
+def nest_gone(name: str, alias: str) -> LockLost:
+    """A reentrant owner's re-entry that found no hold of the owner's (acquire.lua's -4): the
+    hold it was to nest in is gone, and nothing was taken."""
+    return LockLost(
+        f"lock {name!r} on backend {alias!r} was lost before this re-entry: it expired or was"
+        " released by someone else"
     )
 
 

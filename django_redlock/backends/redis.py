@@ -38,6 +38,7 @@ from .base import (
     Order,
     Released,
     Renewal,
+    nest_gone,
     refence_least,
     stale_write,
 )
@@ -91,10 +92,10 @@ _FLAG = {False: "0", True: "1"}
 
 def _kind_arg(kind: Kind, order: Order | None) -> str:
     """acquire.lua's and release.lua's reentrant argument: '0', '1', or an ordered write's
-    'seq|levels' (lua/_hold.lua's order_read)."""
+    'seq|levels[|fence]' (lua/_hold.lua's order_read)."""
     if order is None or not kind.reentrant:
         return _FLAG[kind.reentrant]
-    return f"{order[0]}|{order[1]}"
+    return "|".join(str(part) for part in order)
 
 
 _ACQUIRE, _RELEASE = script("acquire"), script("release")
@@ -827,6 +828,8 @@ def lock_attempt(name: str, alias: str, kind: Kind) -> Any:
         if int(reply[0]) < 0:
             if int(reply[0]) == -3:
                 raise stale_write(name, alias)
+            if int(reply[0]) == -4:
+                raise nest_gone(name, alias)
             raise kind_clash(name, alias, f"{kind.label} lock", reply[1])
         return _attempt(reply)
 

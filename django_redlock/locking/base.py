@@ -471,7 +471,7 @@ class BaseLock:
                 waiter = self.backend.new_waiter_id() if queued else None
                 attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline)
             return attempt  # in the try: an interrupt here hands the grant back too
-        except LockError:
+        except LockError as exc:
             # No answer (BackendUnavailable, QuorumNotReached): the try may have taken the
             # lock. The next try uses the same token, and finds the hold if it did.
             if self.reentrant:
@@ -479,6 +479,10 @@ class BaseLock:
             else:
                 self._unsure_token = token
             observe.acquire_ended(self, started, observe.ERROR, None, span)
+            current = self._holds.get(owner)
+            if isinstance(exc, LockLost) and current is not None:
+                # The hold this re-entry was to nest in is gone (nothing was taken).
+                self.mark_lost(current.token, "it expired or was released by someone else")
             raise
         except BaseException as exc:
             # Cancelled or interrupted while a reply was on its way or being parsed (an

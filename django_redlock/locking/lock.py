@@ -11,7 +11,7 @@ from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import write_seq
 from ..validation import check_bool
 from .base import BaseLock
-from .holds import believed
+from .holds import believed, refence_of
 
 #: The four kinds, made once (every Lock names one).
 _KINDS = {(r, f): Kind(r, f) for r in (False, True) for f in (False, True)}
@@ -89,7 +89,14 @@ class Lock(BaseLock):
         )
 
     def _op_release(self, token: str) -> Op[int]:
-        return self.backend.op_release(self.name, token, self.kind, self._order(token))
+        order = self._order(token)
+        hold = self._holds.get(token)  # a reentrant hold's token is its owner
+        if order is not None and hold is not None and hold.fence:
+            fence, unanswered = refence_of(self.backend, self.name, token)
+            if not unanswered:  # else the server's fence may be one this process never heard
+                # The hold the levels are in: one under another fence was made by a late write.
+                order = (*order, max(hold.fence, fence))
+        return self.backend.op_release(self.name, token, self.kind, order)
 
     def _op_drop(self, token: str) -> Op[int]:
         return self.backend.op_release(self.name, token, self.kind, self._order(token, 0))

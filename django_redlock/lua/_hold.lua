@@ -64,10 +64,11 @@ local function order_stale(lock, seq)
   return last ~= nil and seq <= last
 end
 
--- An ordered reentrant write's 'seq|count' (ARGV), as two numbers; nil for anything else.
+-- An ordered reentrant write's 'seq|count[|fence]' (ARGV), as numbers (fence: the hold's the
+-- owner's levels are in, nil when not sent); nil for anything else.
 local function order_read(arg)
-  local seq, count = string.match(arg or '', '^(%d+)|(%d+)$')
-  return tonumber(seq), tonumber(count)
+  local seq, count, fence = string.match(arg or '', '^(%d+)|(%d+)|?(%d*)$')
+  return tonumber(seq), tonumber(count), tonumber(fence)
 end
 
 -- The next fence of a name: above its counter, and at least the server's clock in us. Two

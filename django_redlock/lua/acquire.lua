@@ -11,7 +11,9 @@
 -- unknown, or a re-entry)} when held by the caller, else {0, ms until something may change
 -- (-1: unknown, wait for a message)}; {-2, kind} when live leases of another kind
 -- (a semaphore, a read-write lock) hold the name (see other_kind in _hold.lua); {-3} when an
--- ordered write is older than one the hold applied (it ran late: nothing done).
+-- ordered write is older than one the hold applied (it ran late: nothing done); {-4} when an
+-- ordered re-entry (levels > 0) finds no hold of the owner's: the hold it nests in is gone,
+-- and nothing is taken.
 -- The helpers for waiting and queueing are spliced in after the common case (a plain lock,
 -- free, nobody queued, a one-off try) has returned: taking a free lock never defines them.
 -- A registered waiter's or a queue head's take tells the next waiter to stand down (the
@@ -85,6 +87,12 @@ if count > 0 then
     wait_took(waiting, waiter, inbox)
   end
   return {1, fence, count}
+end
+-- A re-entry whose hold is gone (expired; a late one after the owner's release) takes nothing:
+-- a new hold would be counted as the old one, and the owner's release would free it as if
+-- the old one had never been lost.
+if levels and levels > 0 then
+  return {-4}
 end
 
 if not fair and not queued then

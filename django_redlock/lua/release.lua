@@ -6,9 +6,11 @@
 -- ARGV: token, inbox channel prefix[, the hold's kind: '0' plain, '1' reentrant, or a
 --       reentrant owner's ordered write 'seq|levels': its number and the levels the owner
 --       holds once this one is released, which the hold is set to, so that a count a lost
---       reply left unsure is settled in the same call (order_stale in _hold.lua); absent:
---       looked up].
--- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost);
+--       reply left unsure is settled in the same call (order_stale in _hold.lua), then
+--       optionally '|fence', the fence of the hold those levels are in; absent: looked up].
+-- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost; a
+-- hold of the owner's under another fence is one a late write made after the owner's was
+-- lost: freed when the owner keeps no levels, as the release would have, and still -1);
 -- -3 when an ordered write is older than one the hold applied (it ran late: nothing done).
 -- The helpers for waking are spliced in after the common case has returned: a release of a
 -- lock nobody waits for never defines them.
@@ -19,16 +21,22 @@ if channel == lock then
 end
 local token, inbox = ARGV[1], ARGV[2]
 local kind = ARGV[3] or ''
-local count = hold_mine(lock, token, kind == '0' and 'string' or kind ~= '' and 'hash' or nil)
+local count, fence = hold_mine(lock, token, kind == '0' and 'string' or kind ~= '' and 'hash' or nil)
 if count == 0 then
   return -1
 end
-local seq, levels = order_read(kind)
+local seq, levels, mine = order_read(kind)
+local freed = 0
 if seq then
   if order_stale(lock, seq) then
     return -3
   end
-  if levels > 0 then
+  if mine and fence ~= mine then
+    if levels > 0 then
+      return -1
+    end
+    freed = -1
+  elseif levels > 0 then
     redis.call('HSET', lock, token, levels, ':seq', seq)
     return levels
   end
@@ -38,9 +46,9 @@ elseif count > 1 then
 end
 redis.call('DEL', lock)
 if not lock_freed(channel, waiting, queue, inbox) then
-  return 0
+  return freed
 end
 --! include _wake
 --! include _queue
 lock_wake(waiting, queue, deadlines, inbox)
-return 0
+return freed
