@@ -37,7 +37,6 @@ from django_redlock import (
     fencing,
     lock,
     lock_view,
-    locks,
     single_instance,
 )
 from django_redlock.fence_table import row_key
@@ -461,7 +460,10 @@ def test_an_exception_at_the_release_after_the_commit(
         monkeypatch.setattr(held, "release", release)
     monkeypatch.undo()
     assert sales(DB) == [("a", 10)]
-    locks["default"].force_release(name)
+    # Released, not force-released: a hold taken from under the watchdog is declared lost
+    # at its next renewal, in a later test, whose block then met the loss's incident being
+    # written ("database table is locked" on SQLite's shared in-memory cache).
+    held.release()
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,10 @@ def alias(request: pytest.FixtureRequest) -> Iterator[str]:
         yield "default"
         return
     factory: Callable[..., RedisServer] = request.getfixturevalue("redis_factory")
-    with quorum_alias("quorum", [factory() for _ in range(3)]):
+    # Node timeouts of 1 s, not the default 0.1 s: each async wait connects anew under a
+    # tracer, and a loaded machine's connects outlasted 0.1 s ("only 1 of 3 nodes answered").
+    nodes = [factory() for _ in range(3)]
+    with quorum_alias("quorum", nodes, socket_timeout=1.0, socket_connect_timeout=1.0):
         yield "quorum"
 
 

@@ -132,22 +132,32 @@ def test_a_collection_right_after_the_pending_news_were_taken_keeps_the_tokens_e
 ) -> None:
     """The racing order, forced (the scheduler frozen by its mutex): the scheduler takes the
     pending news; the second object of the token appends its own; the first object is
-    collected; the sweep runs. The entry is kept, now held by the second object."""
-    first = lock(name, reentrant=True, ttl=1.0)
-    assert first.acquire()
-    backend = first.backend
-    with thread_renewer._mutex:
-        thread_renewer._take_pending()  # the scheduler took the news: the entry exists
-        key = (id(backend), name, first.token)
-        entry = thread_renewer._entries[key]
-        second = lock(name, reentrant=True, ttl=1.0)
-        assert second.acquire()  # its news waits in the pending deque
-        del first
-        gc.collect()
-        thread_renewer._sweep_collected()
-        assert thread_renewer._entries.get(key) is entry, "the entry was dropped"
-        assert list(entry.locks) == [second]
-    time.sleep(2.5)
+    collected; the sweep runs. The entry is kept, now held by the second object.
+    Nothing is renewed while the scheduler is frozen, and the frozen part (an acquire and a
+    full collection of a worker process late in make test, at load 13) outlasted a 1 s TTL
+    (the hold declared lost): a TTL of 3 s, and the objects from before the test left out of
+    the collection (gc.freeze: a 6-million-object heap took 1.8 s to collect)."""
+    ttl = 3.0
+    gc.freeze()  # before `first`: it must stay collectable
+    try:
+        first = lock(name, reentrant=True, ttl=ttl)
+        acquired = time.monotonic()
+        assert first.acquire()
+        backend = first.backend
+        with thread_renewer._mutex:
+            thread_renewer._take_pending()  # the scheduler took the news: the entry exists
+            key = (id(backend), name, first.token)
+            entry = thread_renewer._entries[key]
+            second = lock(name, reentrant=True, ttl=ttl)
+            assert second.acquire()  # its news waits in the pending deque
+            del first
+            gc.collect()
+            thread_renewer._sweep_collected()
+            assert thread_renewer._entries.get(key) is entry, "the entry was dropped"
+            assert list(entry.locks) == [second]
+    finally:
+        gc.unfreeze()
+    time.sleep(max(0.0, acquired + ttl + 0.5 - time.monotonic()))  # past the first TTL
     assert second.owned()
     second.release()
 
