@@ -338,11 +338,12 @@ class Lanes:
         key = (i, threading.get_ident())
         with self._lock:
             old = self._flights.get(key)
+            if old is not None and old is not flight:  # (one the drainer kept meanwhile)
+                self._io.owe_back(i, old, unread=True)  # before it is in no record
             self._flights[key] = flight
             owners.move(flight.connection, me, flight)
             closed = self._closed
-        if old is not None and old is not flight:  # (a lane the drainer kept meanwhile)
-            self._io.owe_back(i, old, unread=True)  # first: it is in no record now
+        if old is not None and old is not flight:  # (its writes owed above)
             self._io.drop(i, old.connection, old)
         if closed:
             self._io.drop(i, flight.connection, flight)

@@ -157,4 +157,6 @@ def test_an_interrupt_at_any_line_of_a_release_s_fan_out_leaves_each_node_sent_o
                 failed.append(f"{tracer.fired}: kept {left}")
                 for s in servers:
                     s.client().delete(*keys)
+                if len(failed) == 5:  # enough to say what is wrong (each waited 2 s)
+                    break
         assert not failed, failed
