@@ -190,10 +190,14 @@ class Fan(list[Any]):
         #: may still ask; not those where an undo of the token is under way (``busy``).
         self.late: list[int] = []
         self.busy: set[int] = set()
-        #: The nodes to be sent their op (PENDING) that no Flight carries yet and nobody owes:
-        #: owed should an exception leave the fan-out (else an interrupt while one is being
-        #: connected left its release neither sent nor owed: the hold outlived it by its TTL).
-        self.unsent: set[int] = set()
+        #: The nodes to be sent their op that no Flight carries yet and nobody owes: owed
+        #: should an exception leave the fan-out. Every node from the start: the moment the
+        #: fan-out exists its write is decided, and an interrupt before the plan ran (or
+        #: within it) must not leave a node neither sent nor owed (its hold outlived the
+        #: release by its TTL).
+        self.unsent: set[int] = {i for i, op in enumerate(ops) if op is not None}
+        #: Each node's reply (the plan fills it): the fan-out's clean-up reads it.
+        self.replies: Replies = []
 
 
 def answered(reply: Any) -> bool:
@@ -232,6 +236,17 @@ class Flight:
 
     def note(self, at: int, count: int, op: Op[Any], kind: str) -> None:
         self.owed.append([at, count, op, kind, []])
+
+    def note_debts(self, debts: list[tuple[Op[Any], str]]) -> list[tuple[Any, ...]]:
+        """Note ``debts``, to be written first (after the replies left behind): their
+        commands, in order."""
+        commands: list[tuple[Any, ...]] = []
+        for op, kind in debts:
+            sent = _commands(op.request)
+            self.note(self.skip, len(sent), op, kind)
+            self.skip += len(sent)
+            commands += sent
+        return commands
 
     def _seen(self, reply: Any) -> None:
         at = self.got
@@ -292,10 +307,11 @@ class Lanes:
         self._beat = 0.0  # when it last looked
         self._closed = False
 
-    def take(self, i: int, me: Owner) -> Flight | None:
-        """This thread's lane to node i, now ``me``'s; None when there is none, or it is
-        stale, or the drainer has been reading it for a node timeout (then it stays the
-        drainer's, and this request takes another connection)."""
+    def take(self, i: int, me: Owner, into: dict[int, Flight]) -> Flight | None:
+        """This thread's lane to node i, now ``me``'s, and ``into[i]`` (recorded before the
+        lanes forget it: its unread writes are never in neither); None when there is none,
+        or it is stale, or the drainer has been reading it for a node timeout (then it stays
+        the drainer's, and this request takes another connection)."""
         key = (i, threading.get_ident())
         deadline = None
         while True:
@@ -307,6 +323,8 @@ class Lanes:
                     taken = owners.owns(flight.connection, flight) and owners.move(
                         flight.connection, flight, me
                     )
+                    if taken:
+                        into[i] = flight
                     del self._flights[key]  # (left behind by an interrupt: stale)
                     return flight if taken else None
             if deadline is None:
@@ -320,12 +338,13 @@ class Lanes:
         key = (i, threading.get_ident())
         with self._lock:
             old = self._flights.get(key)
+            if old is not None and old is not flight:  # (one the drainer kept meanwhile)
+                self._io.owe_back(i, old, unread=True)  # before it is in no record
             self._flights[key] = flight
             owners.move(flight.connection, me, flight)
             closed = self._closed
-        if old is not None and old is not flight:  # (a lane the drainer kept meanwhile)
+        if old is not None and old is not flight:  # (its writes owed above)
             self._io.drop(i, old.connection, old)
-            self._io.owe_back(i, old, unread=True)
         if closed:
             self._io.drop(i, flight.connection, flight)
             return
@@ -493,21 +512,26 @@ class Debts:
             with self._lock:
                 self._sending[i].update(undos)
 
-    def take_sending(self, i: int, own: Op[Any] | None = None) -> list[tuple[Op[Any], str]]:
-        """Node i's debts (not void) with their kinds, taken off the books and, with ``own``,
-        marked as being written in the same step: a retry's :meth:`supersede` finds each
-        undo either owed (made void, dropped) or under way (the node not asked)."""
+    def take_sending(
+        self, i: int, flight: Flight, own: Op[Any] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Node i's debts (not void), noted in ``flight`` (to be written ahead of its request)
+        and then taken off the books, and, with ``own``, marked as being written in the same
+        step: a retry's :meth:`supersede` finds each undo either owed (made void, dropped) or
+        under way (the node not asked). Returns their commands. Noted first: an exception
+        between leaves one in both (sent twice at worst), never in neither."""
         if not self._owed[i] and not isinstance(own, Undo):
             return []  # the common case: no lock taken
         with self._lock:
             owed = self._owed[i]
             taken = [(d.op, "undo" if d.undo else "release") for d in owed if not _void(d.op)]
+            commands = flight.note_debts(taken)
             owed.clear()
             undos = [op for op, _ in taken if isinstance(op, Undo)]
             if isinstance(own, Undo):
                 undos.append(own)
             self._sending[i].update(undos)
-        return taken
+        return commands
 
     def start(self, i: int, op: Op[Any]) -> bool:
         """``op`` is about to be written to node i: False if it is a void undo (not to be
@@ -568,15 +592,15 @@ class Debts:
                 owed.pop()
         self.collect()
 
-    def take_kinds(self, i: int) -> list[tuple[Op[Any], str]]:
-        """Node i's debts with their kinds, taken off the books."""
+    def take_kinds(self, i: int, into: list[tuple[Op[Any], str]]) -> None:
+        """Node i's debts with their kinds, put in ``into`` and then taken off the books
+        (an exception between leaves one in both, never in neither)."""
         owed = self._owed[i]
         if not owed:
-            return []
+            return
         with self._lock:
-            taken = [(d.op, "undo" if d.undo else "release") for d in owed if not _void(d.op)]
+            into += [(d.op, "undo" if d.undo else "release") for d in owed if not _void(d.op)]
             owed.clear()
-        return taken
 
     def reowe(self, i: int, items: list[tuple[Op[Any], str]]) -> None:
         """Writes sent whose reply did not prove they ran: owed again, ahead of newer ones."""
@@ -940,7 +964,9 @@ class NodeIO:
             return fan.decided(replies)
         return sum(1 for r in replies if answered(r)) >= self.quorum
 
-    def _plan(self, fan: Fan) -> tuple[Replies, list[int]]:
+    def _plan(self, fan: Fan) -> list[int]:
+        """Fills ``fan.replies``; returns the nodes to ask. Each node stays in ``fan.unsent``
+        until it is owed its write, or (``complete``) its reply says it was skipped."""
         self._check_fork()
         start_probes(self.health, self.nodes, self.debts.pay_before_up)
         self.lanes.watch()  # a drainer an interrupt killed is replaced
@@ -953,7 +979,7 @@ class NodeIO:
         skipping = self._skipping()
         if fan.owed:  # a slow node is written to all the same (not waited for): in order
             skipping &= self.health.down()
-        replies: Replies = []
+        replies = fan.replies
         asked = []
         for i, op in enumerate(fan):
             if op is None:
@@ -967,11 +993,12 @@ class NodeIO:
                     fan.late.append(i)
                 if not fan.complete:  # else owed once phase two is known not to ask it
                     self._unsent(fan, i)
+                else:  # its Unasked reply owes it on an exception (_owe_unsent)
+                    fan.unsent.discard(i)
             else:
-                fan.unsent.add(i)
                 replies.append(PENDING)
                 asked.append(i)
-        return replies, asked
+        return asked
 
     def owe_back(
         self, i: int, flight: Flight, unread: bool = False, retried: Op[Any] | None = None
@@ -990,15 +1017,18 @@ class NodeIO:
             and not (op is retried and any(isinstance(r, NoScriptError) for r in got))
         ]
         done = [op for op, _, _ in flight.read]
-        flight.read.clear()
         if unread:
             again += [(entry[2], entry[3]) for entry in flight.owed]
             done += [entry[2] for entry in flight.owed]
-            flight.owed.clear()
-        if done:
-            self.debts.settled(i, done)
+        # Owed before the Flight forgets them: an exception between owes them twice (sent
+        # twice, a release deletes nothing more), never not at all.
         if again:
             self.debts.reowe(i, again)
+        if done:
+            self.debts.settled(i, done)
+        flight.read.clear()
+        if unread:
+            flight.owed.clear()
 
     def _ran(self, i: int, replies: list[Any]) -> bool:
         for reply in replies:
@@ -1071,17 +1101,31 @@ class NodeIO:
 
     # -- threads -----------------------------------------------------------------------------
 
+    # The rule for a write every node must get (a release, an undo): from the moment the
+    # fan-out exists until each node's write is sent or owed, an exception at any line (a
+    # second one during the clean-up included) leaves every node's write either sent or
+    # owed. Hence: the plan runs inside the try; a record is written before the one it
+    # replaces is cleared (a node stays in ``fan.unsent`` until a Flight notes it or it is
+    # owed; a debt is noted in the Flight before the books drop it; a Flight's writes are
+    # owed again before it forgets them); and each clean-up that owes goes on, inline,
+    # after another interrupt (one at a helper's own entry would escape its loop).
+
     def fan_out(self, fan: Fan) -> Replies:
-        replies, asked = self._plan(fan)
         try:
-            self._ask(fan, asked, replies)
-            again = self._second(fan, replies)
+            asked = self._plan(fan)
+            self._ask(fan, asked, fan.replies)
+            again = self._second(fan, fan.replies)
             if again:
-                self._ask(fan, again, replies)
+                self._ask(fan, again, fan.replies)
         except BaseException:
-            self._owe_unsent(fan, replies)
+            for _ in range(100):
+                try:
+                    self._owe_unsent(fan, fan.replies)
+                    break
+                except BaseException:  # another interrupt: again (the first is raised)
+                    continue
             raise
-        return replies
+        return fan.replies
 
     def _ask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
         """One request to each of ``indexes``. ``me`` owns its connections (``me.held``) from
@@ -1090,12 +1134,13 @@ class NodeIO:
         me = Owner("request")
         flights: dict[int, Flight] = {}
         connecting: dict[int, Connector] = {}
+        lanes: dict[int, Flight] = {}  # taken: their writes are ours until a Flight carries them
         started = time.monotonic()
         try:
             kept: list[tuple[int, Any]] = []
             for i in indexes:
                 self.nodes[i].round_trips += 1
-                lane = self.lanes.take(i, me)
+                lane = self.lanes.take(i, me, lanes)
                 if lane is not None:
                     self._send(fan, i, lane.connection, lane, flights, replies, me)
                 elif not self.health.warm(i):
@@ -1115,11 +1160,18 @@ class NodeIO:
                         connecting[i] = self._connector(i, me)
                     else:
                         self._send(fan, i, connection, None, flights, replies, me)
-            self._collect(fan, flights, connecting, replies, started, me, watch)
+            self._collect(fan, flights, connecting, replies, started, me, watch, lanes)
         except BaseException:
-            with contextlib.suppress(BaseException):  # (the first exception is raised)
-                for i, flight in list(flights.items()):
-                    self.owe_back(i, flight, unread=True)
+            # Every flight owed back, whatever interrupts it (each owe_back idempotent: a
+            # flight owed back is empty, a lane a Flight carries too), then the connections
+            # closed: a node in CLIENT PAUSE drops what it has not run.
+            for _ in range(100):
+                try:
+                    for i, flight in [*lanes.items(), *flights.items()]:
+                        self.owe_back(i, flight, unread=True)
+                    break
+                except BaseException:  # another interrupt: again (the first is raised)
+                    continue
             self._abandon(me, connecting)
             raise
 
@@ -1131,6 +1183,7 @@ class NodeIO:
         connecting: dict[int, Connector],
         replies: Replies,
         me: Owner,
+        lanes: dict[int, Flight],
     ) -> None:
         """Send ``fan``'s op to the skipped nodes ``late`` from within its collection: on
         this thread's lane to the node, else on a connection made in a thread (a node
@@ -1139,7 +1192,7 @@ class NodeIO:
             fan.unsent.add(i)  # first: from here on, an exception owes it (fan_out)
             replies[i] = PENDING
             self.nodes[i].round_trips += 1
-            lane = self.lanes.take(i, me)
+            lane = self.lanes.take(i, me, lanes)
             if lane is not None:
                 self._send(fan, i, lane.connection, lane, flights, replies, me)
             else:
@@ -1217,19 +1270,12 @@ class NodeIO:
         # them; its probe pays once the node answers (after those).
         own = fan[i] if fan.owed == "undo" else None  # under way until owe_back settles it
         if self.health.is_down(i):
-            owed = []
+            debts = []
             if own is not None:
                 self.debts.sending(i, [own])
         else:
-            owed = self.debts.take_sending(i, own)
-        if owed:
-            debts = []
-            for op, kind in owed:
-                sent = _commands(op.request)
-                flight.note(flight.skip, len(sent), op, kind)
-                flight.skip += len(sent)
-                debts += sent
-            commands = debts + commands
+            debts = self.debts.take_sending(i, flight, own)
+        commands = debts + commands
         if fan.owed:  # a reply that does not prove it ran leaves it owed (see owe_back)
             flight.note(flight.skip, flight.count, fan[i], fan.owed)
         fan.unsent.discard(i)  # the Flight carries it now (_ask's clean-up owes it back)
@@ -1237,11 +1283,11 @@ class NodeIO:
         try:
             flight.stream.send(b"".join(pack_many(connection, commands)))
         except UNAVAILABLE as exc:
+            self.owe_back(i, flight, unread=True)  # first: then nothing left to forget
             self.drop(i, connection, me)
             del flights[i]
             self.health.failed(i)
             replies[i] = _unavailable(self.nodes[i], fan[i], exc)
-            self.owe_back(i, flight, unread=True)
             return
         # Its timeout counts from the write, not from before it: this thread may have
         # stalled in between (a full GC), and a reply asked for just now is not overdue.
@@ -1279,6 +1325,7 @@ class NodeIO:
         started: float,
         me: Owner,
         watch: Watch,
+        lanes: dict[int, Flight],
     ) -> None:
         timeout = self.timeout
         grace_end = math.inf
@@ -1323,11 +1370,11 @@ class NodeIO:
                 try:  # overdue: what has come is read all the same (this thread may have slept)
                     done = flight.read_ready(me)
                 except Exception as exc:  # a connection error, or a reply it cannot parse
+                    self.owe_back(i, flight, unread=True)  # first: then nothing to forget
                     self.drop(i, flight.connection, me)
                     del flights[i]
                     self.health.failed(i)
                     replies[i] = _unavailable(self.nodes[i], fan[i], exc)
-                    self.owe_back(i, flight, unread=True)
                     continue
                 self.owe_back(i, flight, not done and overdue, fan[i] if done else None)
                 if done:
@@ -1346,7 +1393,7 @@ class NodeIO:
                 until_late = max(started + timeout, now + self.slow_after)
                 for i in late:
                     late_until[i] = until_late
-                self._ask_late(fan, late, flights, connecting, replies, me)
+                self._ask_late(fan, late, flights, connecting, replies, me, lanes)
                 for i in late:
                     if i in flights:  # overdue by our deadline, not one of its own
                         flights[i].since = min(flights[i].since, until_late - timeout)
@@ -1419,16 +1466,21 @@ class NodeIO:
     # -- asyncio -----------------------------------------------------------------------------
 
     async def afan_out(self, fan: Fan) -> Replies:
-        replies, asked = self._plan(fan)
-        try:
-            await self._aask(fan, asked, replies)
-            again = self._second(fan, replies)
+        try:  # (the rule above fan_out)
+            asked = self._plan(fan)
+            await self._aask(fan, asked, fan.replies)
+            again = self._second(fan, fan.replies)
             if again:
-                await self._aask(fan, again, replies)
+                await self._aask(fan, again, fan.replies)
         except BaseException:
-            self._owe_unsent(fan, replies)
+            for _ in range(100):
+                try:
+                    self._owe_unsent(fan, fan.replies)
+                    break
+                except BaseException:  # another interrupt: again (the first is raised)
+                    continue
             raise
-        return replies
+        return fan.replies
 
     async def _aask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
         loop = asyncio.get_running_loop()
@@ -1446,11 +1498,13 @@ class NodeIO:
                 now = time.monotonic()
                 late = self._late(fan, replies, now >= slow_at) if fan.late else []
                 for i in late:  # (as _collect: the nodes asked cannot make a quorum)
+                    fan.unsent.add(i)  # first: until its task owes it, an exception does
                     replies[i] = PENDING
                     self.nodes[i].round_trips += 1
                     task = loop.create_task(self._anode(i, fan[i], fan.owed))
                     tasks[task] = i
                     waiting.add(task)
+                    fan.unsent.discard(i)
                     grace_end = None
                 if not waiting:
                     break
@@ -1568,23 +1622,31 @@ class NodeIO:
         request that follows: asyncio's connections are not the threads', only waiting for
         the reply keeps the order). No answer: that one and the rest are owed again, the
         error is returned. A refusal drops that one (asked again, it would be refused)."""
-        owed = self.debts.take_kinds(i)
-        for n, (op, _) in enumerate(owed):
-            if not self.debts.start(i, op):  # void: a try with its token was sent meanwhile
-                continue
-            try:
-                await self.nodes[i].aexecute(op)
-            except BackendUnavailable as exc:
-                self.health.failed(i)
-                self.debts.reowe(i, owed[n:])
-                return exc
-            except Exception as exc:
-                logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
-            except BaseException:  # cancelled: not proven to have run
-                self.debts.reowe(i, owed[n:])
-                raise
-            finally:
-                self.debts.settled(i, [op])
+        owed: list[tuple[Op[Any], str]] = []
+        n = 0
+        try:
+            self.debts.take_kinds(i, owed)
+            for n, (op, _) in enumerate(owed):
+                if not self.debts.start(i, op):  # void: a try with its token was sent meanwhile
+                    continue
+                try:
+                    await self.nodes[i].aexecute(op)
+                except BackendUnavailable as exc:
+                    self.health.failed(i)
+                    self.debts.reowe(i, owed[n:])
+                    return exc
+                except Exception as exc:
+                    logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
+                finally:
+                    self.debts.settled(i, [op])
+        except BaseException:  # cancelled, interrupted: from this one on, not proven to have run
+            for _ in range(100):
+                try:
+                    self.debts.reowe(i, owed[n:])
+                    break
+                except BaseException:  # another interrupt: again (the first is raised)
+                    continue
+            raise
         return None
 
     def close(self) -> None:
