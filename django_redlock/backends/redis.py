@@ -127,6 +127,7 @@ class RedisBackend(BaseLockBackend):
         self._setup = threading.RLock()
         _backends.add(self)
         self._key_cache: dict[str, tuple[str, str, str, str, str, str, str]] = {}
+        self._timeout_of: tuple[Any, float | None] | None = None  # (client, socket timeout)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -271,6 +272,10 @@ class RedisBackend(BaseLockBackend):
     def execute(self, op: Op[T]) -> T:
         request, client = op.request, self.client
         self.round_trips += 1
+        # One deadline for all of the op's round trips (on the fast path): a reconnect's
+        # handshake, NOSCRIPT and SCRIPT LOAD, the script again, an ACL probe.
+        timeout = self._call_timeout(client)
+        outer = None if timeout is None else fast_path.begin_call(time.monotonic() + timeout)
         try:  # not `with self.round_trip()`: this is every sync operation's path
             if isinstance(request, Call):
                 reply = scripts.run(client, request)
@@ -287,7 +292,20 @@ class RedisBackend(BaseLockBackend):
             if acl.refusal(exc) is None:
                 raise self.server_error(op.name, exc) from exc
             raise self.refusal_error(op.name, exc) from exc
+        finally:
+            if timeout is not None:
+                fast_path.end_call(outer)
         return op.parse(reply)
+
+    def _call_timeout(self, client: Any) -> float | None:
+        """The socket timeout of ``client``'s connections, None if they have none (kept per
+        client: this is read per op)."""
+        kept = self._timeout_of
+        if kept is None or kept[0] is not client:
+            kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+            none = "socket_timeout" in kwargs and kwargs["socket_timeout"] is None
+            kept = self._timeout_of = (client, None if none else self.socket_timeout)
+        return kept[1]
 
     async def aexecute(self, op: Op[T]) -> T:
         request, client = op.request, self.aclient
