@@ -142,18 +142,22 @@ def _connect(conn: Any) -> None:
         conn.connect()
         return
     connect_full = conn.socket_connect_timeout
-    cut = _Cut(conn, left)
+    cut: _Cut | None = None
     try:
+        # (An interrupt inside _Cut() leaves its timer running: at worst it shuts the next
+        # socket made, an error for that command, never a reply read by the wrong one.)
+        cut = _Cut(conn, left)
         conn.socket_connect_timeout = left if connect_full is None else min(connect_full, left)
         conn.connect()
     except (RedisConnectionError, OSError) as exc:
-        if cut.fired:
+        if cut is not None and cut.fired:
             raise RedisTimeoutError(
                 "Timeout connecting: the call's socket timeout ran out in the handshake"
             ) from exc
         raise
     finally:
-        cut.done()
+        if cut is not None:
+            cut.done()
         conn.socket_connect_timeout = connect_full
     if cut.fired:  # just after the handshake: the socket is shut, no use to the command
         conn.disconnect()

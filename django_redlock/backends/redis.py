@@ -131,6 +131,10 @@ class RedisBackend(BaseLockBackend):
 
     # -- connections -------------------------------------------------------------------------
 
+    #: Whether all round trips of one op (on the thread's own connection: a reconnect's
+    #: handshake, NOSCRIPT, SCRIPT LOAD, the script again) share one socket timeout.
+    op_deadline = True
+
     #: What redis-py raises when the server did not answer (``BackendUnavailable``).
     unavailable_errors: tuple[type[Exception], ...] = UNAVAILABLE
 
@@ -304,7 +308,8 @@ class RedisBackend(BaseLockBackend):
         if kept is None or kept[0] is not client:
             kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
             none = "socket_timeout" in kwargs and kwargs["socket_timeout"] is None
-            kept = self._timeout_of = (client, None if none else self.socket_timeout)
+            bounded = self.op_deadline and not none
+            kept = self._timeout_of = (client, self.socket_timeout if bounded else None)
         return kept[1]
 
     async def aexecute(self, op: Op[T]) -> T:
