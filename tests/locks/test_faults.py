@@ -515,8 +515,8 @@ def test_a_try_of_several_round_trips_raises_within_one_socket_timeout(
 ) -> None:
     """Every round trip of one call shares its deadline: a reconnect's handshake, then BUSY
     (the fault campaign's seed 1711: 0.755 s with a 0.3 s timeout), or then NOSCRIPT, SCRIPT
-    LOAD and the call again, each under the socket timeout through a slow link (0.3 s of
-    0.5), once added took 0.6 s and 1.2 s."""
+    LOAD and the call again, each under the socket timeout through a slow link (0.4 s of
+    0.5), once added up: 1.2 s (BUSY), and a success after about 2 s."""
     from ..support.busy import busy
     from ..support.proxy import LossyProxy
 
@@ -534,7 +534,7 @@ def test_a_try_of_several_round_trips_raises_within_one_socket_timeout(
             assert held.acquire(blocking=False)  # this thread's connection is made
             held.release()
             proxy.cut()  # closed under it: the next command reconnects first
-            proxy.latency = 0.15  # each chunk, each way: a round trip takes 0.3 s
+            proxy.latency = 0.2  # each chunk, each way: a round trip takes 0.4 s
             if then == "flushed":
                 server.client().script_flush()
             with busy(server.client()) if then == "busy" else contextlib.nullcontext():
@@ -543,7 +543,7 @@ def test_a_try_of_several_round_trips_raises_within_one_socket_timeout(
                     held.acquire(blocking=False)
                 elapsed = time.monotonic() - started
             proxy.latency = 0.0
-            assert elapsed < socket_timeout + 0.1, elapsed
+            assert elapsed < socket_timeout + 0.3, elapsed  # (a loaded machine's lag)
             time.sleep(0.5)  # what the server was sent meanwhile has run
             assert held.acquire(blocking=False)  # free, or its own hold (the same token)
             held.release()
