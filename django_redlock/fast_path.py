@@ -62,7 +62,10 @@ from .backends import owners
 from .forks import after_fork_in_child
 from .wire import bare_execute, socket_of, texts
 
-_until = threading.local()  # .deadline: when this thread's commands must be answered by
+_until = threading.local()  # .deadline: when this thread's commands must be answered by,
+# while .owner (a weak reference) is alive: the call that set it. An interrupt between the set
+# and the put back (or in a finally, before it) leaves it behind; dead with its call, it is
+# ignored, never a deadline past that fails every later command of the thread at once.
 
 #: A deadline this close to a command's own socket timeout is left to that timeout: the first
 #: round trip of a call needs no bounding (nor its settimeout() calls), only the later ones.
@@ -74,37 +77,54 @@ class _Late(RedisTimeoutError):
     the connection is still in step (not closed, unlike a time-out while reading)."""
 
 
+class CallDeadline:
+    """What a call holds while its deadline stands (its owner, weakly referred to)."""
+
+    __slots__ = ("__weakref__", "outer")
+
+    def __init__(self) -> None:
+        self.outer: tuple[float | None, Any] | None = None  # None: begin_call() never ran
+
+
 @contextlib.contextmanager
 def answered_by(deadline: float) -> Any:
     """This thread's commands on its own connection wait for their replies until
     ``deadline`` (monotonic) at the latest, not a whole socket timeout: a waiter's try ends
     with its hub's PING verdict (see ``PubSubHub.heard_until``). Nested: the earliest."""
-    outer = begin_call(deadline)
+    call = CallDeadline()
     try:
+        begin_call(call, deadline)
         yield
     finally:
-        end_call(outer)
+        end_call(call)
 
 
-def begin_call(deadline: float) -> float | None:
-    """Every round trip of this thread's call (a reconnect's handshake, NOSCRIPT, SCRIPT LOAD
-    and the script again, an ACL probe) is answered by ``deadline`` (monotonic), the earliest
-    of nested ones: each with a socket timeout of its own, one call took several (BUSY after
-    a reconnect, 0.755 s with 0.3). Returns what :func:`end_call` puts back. (A plain
-    function pair, not a context manager: it is on every operation's path.)"""
-    outer: float | None = getattr(_until, "deadline", None)
+def _standing() -> float | None:
+    owner = getattr(_until, "owner", None)
+    return None if owner is None or owner() is None else cast("float", _until.deadline)
+
+
+def begin_call(call: CallDeadline, deadline: float) -> None:
+    """Every round trip of this thread's ``call`` (a reconnect's handshake, NOSCRIPT, SCRIPT
+    LOAD and the script again, an ACL probe) is answered by ``deadline`` (monotonic), the
+    earliest of nested ones: each with a socket timeout of its own, one call took several
+    (BUSY after a reconnect, 0.755 s with 0.3). :func:`end_call` puts back what stood before.
+    (Not a context manager: it is on every operation's path.)"""
+    call.outer = (getattr(_until, "deadline", None), getattr(_until, "owner", None))
+    outer = _standing()
     _until.deadline = deadline if outer is None or deadline < outer else outer
-    return outer
+    _until.owner = weakref.ref(call)
 
 
-def end_call(outer: float | None) -> None:
-    _until.deadline = outer
+def end_call(call: CallDeadline) -> None:
+    if call.outer is not None:
+        _until.deadline, _until.owner = call.outer
 
 
 def _left(full: float | None) -> float | None:
     """The time left of this thread's deadline when it is shorter than ``full`` (a command's
     own timeout), else None; raises :class:`_Late` when none is left (nothing sent yet)."""
-    deadline = getattr(_until, "deadline", None)
+    deadline = _standing()
     if deadline is None:
         return None
     left = deadline - time.monotonic()

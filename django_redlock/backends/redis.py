@@ -278,9 +278,10 @@ class RedisBackend(BaseLockBackend):
         self.round_trips += 1
         # One deadline for all of the op's round trips (on the fast path): a reconnect's
         # handshake, NOSCRIPT and SCRIPT LOAD, the script again, an ACL probe.
-        timeout = self._call_timeout(client)
-        outer = None if timeout is None else fast_path.begin_call(time.monotonic() + timeout)
+        timeout, call = self._call_timeout(client), fast_path.CallDeadline()
         try:  # not `with self.round_trip()`: this is every sync operation's path
+            if timeout is not None:
+                fast_path.begin_call(call, time.monotonic() + timeout)
             if isinstance(request, Call):
                 reply = scripts.run(client, request)
             elif isinstance(request, list):
@@ -298,7 +299,7 @@ class RedisBackend(BaseLockBackend):
             raise self.refusal_error(op.name, exc) from exc
         finally:
             if timeout is not None:
-                fast_path.end_call(outer)
+                fast_path.end_call(call)
         return op.parse(reply)
 
     def _call_timeout(self, client: Any) -> float | None:
