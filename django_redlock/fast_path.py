@@ -55,13 +55,35 @@ from typing import Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import wire
 from .backends import owners
 from .forks import after_fork_in_child
 from .wire import bare_execute, socket_of, texts
 
-_until = threading.local()  # .deadline: when this thread's commands must be answered by
+_until = threading.local()  # .deadline: when this thread's commands must be answered by,
+# while .owner (a weak reference) is alive: the call that set it. An interrupt between the set
+# and the put back (or in a finally, before it) leaves it behind; dead with its call, it is
+# ignored, never a deadline past that fails every later command of the thread at once.
+
+#: A deadline this close to a command's own socket timeout is left to that timeout: the first
+#: round trip of a call needs no bounding (nor its settimeout() calls), only the later ones.
+_SLACK = 0.005
+
+
+class _Late(RedisTimeoutError):
+    """No time left of the call's deadline before a command was sent: nothing went out, so
+    the connection is still in step (not closed, unlike a time-out while reading)."""
+
+
+class CallDeadline:
+    """What a call holds while its deadline stands (its owner, weakly referred to)."""
+
+    __slots__ = ("__weakref__", "outer")
+
+    def __init__(self) -> None:
+        self.outer: tuple[float | None, Any] | None = None  # None: begin_call() never ran
 
 
 @contextlib.contextmanager
@@ -69,24 +91,56 @@ def answered_by(deadline: float) -> Any:
     """This thread's commands on its own connection wait for their replies until
     ``deadline`` (monotonic) at the latest, not a whole socket timeout: a waiter's try ends
     with its hub's PING verdict (see ``PubSubHub.heard_until``). Nested: the earliest."""
-    outer = getattr(_until, "deadline", None)
-    _until.deadline = deadline if outer is None else min(outer, deadline)
+    call = CallDeadline()
     try:
+        begin_call(call, deadline)
         yield
     finally:
-        _until.deadline = outer
+        end_call(call)
+
+
+def _standing() -> float | None:
+    owner = getattr(_until, "owner", None)
+    return None if owner is None or owner() is None else cast("float", _until.deadline)
+
+
+def begin_call(call: CallDeadline, deadline: float) -> None:
+    """Every round trip of this thread's ``call`` (a reconnect's handshake, NOSCRIPT, SCRIPT
+    LOAD and the script again, an ACL probe) is answered by ``deadline`` (monotonic), the
+    earliest of nested ones: each with a socket timeout of its own, one call took several
+    (BUSY after a reconnect, 0.755 s with 0.3). :func:`end_call` puts back what stood before.
+    (Not a context manager: it is on every operation's path.)"""
+    call.outer = (getattr(_until, "deadline", None), getattr(_until, "owner", None))
+    outer = _standing()
+    _until.deadline = deadline if outer is None or deadline < outer else outer
+    _until.owner = weakref.ref(call)
+
+
+def end_call(call: CallDeadline) -> None:
+    if call.outer is not None:
+        _until.deadline, _until.owner = call.outer
+
+
+def _left(full: float | None) -> float | None:
+    """The time left of this thread's deadline when it is shorter than ``full`` (a command's
+    own timeout), else None; raises :class:`_Late` when none is left (nothing sent yet)."""
+    deadline = _standing()
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left < 0.001:
+        raise _Late("Timeout: the call's socket timeout ran out before this command was sent")
+    if full is not None and left >= full - _SLACK:
+        return None
+    return left
 
 
 def _bound_reads(conn: Any) -> Any:
     """Shorten the reads of ``conn`` to this thread's deadline, if any: the socket whose
     timeout was changed (put back by :func:`_unbound_reads`), else None."""
-    deadline = getattr(_until, "deadline", None)
+    left = _left(getattr(conn, "socket_timeout", None))
     sock = socket_of(conn)
-    if deadline is None or sock is None:
-        return None
-    full = getattr(conn, "socket_timeout", None)
-    left = max(0.001, deadline - time.monotonic())
-    if full is not None and left >= full:
+    if left is None or sock is None:
         return None
     sock.settimeout(left)
     return sock
@@ -96,6 +150,67 @@ def _unbound_reads(conn: Any, sock: Any) -> None:
     if sock is not None and socket_of(conn) is sock:  # (a closed one is made anew)
         with contextlib.suppress(OSError):
             sock.settimeout(getattr(conn, "socket_timeout", None))
+
+
+def _connect(conn: Any) -> None:
+    """``conn.connect()``, its TCP connect and handshake bounded by this thread's deadline.
+    The handshake's replies are read one ``recv`` at a time, each with the whole socket
+    timeout (replies in several segments took several), so the socket is shut down at the
+    deadline if the handshake is still going; the connect's own timeout is lowered to it."""
+    left = _left(None)
+    if left is None:
+        conn.connect()
+        return
+    connect_full = conn.socket_connect_timeout
+    cut: _Cut | None = None
+    try:
+        # (An interrupt inside _Cut() leaves its timer running: at worst it shuts the next
+        # socket made, an error for that command, never a reply read by the wrong one.)
+        cut = _Cut(conn, left)
+        conn.socket_connect_timeout = left if connect_full is None else min(connect_full, left)
+        conn.connect()
+    except (RedisConnectionError, OSError) as exc:
+        if cut is not None and cut.fired:
+            raise RedisTimeoutError(
+                "Timeout connecting: the call's socket timeout ran out in the handshake"
+            ) from exc
+        raise
+    finally:
+        if cut is not None:
+            cut.done()
+        conn.socket_connect_timeout = connect_full
+    if cut.fired:  # just after the handshake: the socket is shut, no use to the command
+        conn.disconnect()
+        raise RedisTimeoutError("Timeout connecting: the call's socket timeout ran out")
+
+
+class _Cut:
+    """Shuts ``conn``'s socket down after ``seconds`` unless :meth:`done` came first: a
+    reconnect's handshake in the middle of a read then ends (a closed connection)."""
+
+    __slots__ = ("conn", "fired", "mutex", "over", "timer")
+
+    def __init__(self, conn: Any, seconds: float) -> None:
+        self.conn, self.fired, self.over = conn, False, False
+        self.mutex = threading.Lock()
+        self.timer = threading.Timer(seconds, self._fire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _fire(self) -> None:
+        with self.mutex:
+            if self.over:
+                return
+            self.fired = True
+            sock = socket_of(self.conn)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def done(self) -> None:
+        with self.mutex:
+            self.over = True
+        self.timer.cancel()
 
 
 def command(client: Any, *args: Any) -> Any:
@@ -149,7 +264,7 @@ def _exchange(
             ):
                 _recheck(bound, conn)
             bound.dirty = True  # from the first byte sent until the last reply is read
-            bounded = _bound_reads(conn)
+            bounded = _bound_reads(conn)  # (_Late: no time left, nothing sent)
             try:
                 if many is None:
                     conn.send_packed_command(wire.pack(conn, args))  # type: ignore[arg-type]
@@ -159,8 +274,8 @@ def _exchange(
                     reply = [_reply(conn) for _ in many]
             finally:
                 _unbound_reads(conn, bounded)
-        except ResponseError:
-            bound.dirty = False  # an answer: the connection is in step
+        except (ResponseError, _Late):
+            bound.dirty = False  # an answer, or nothing sent: the connection is in step
             raise
         except BaseException:
             # No answer, or part of one (a time-out, a reset, an interrupt): a reply may still
@@ -417,7 +532,7 @@ def _recheck(bound: _Bound, conn: Any) -> None:
         sock = None
     if sock is None:
         bound.dirty = True  # the handshake's replies are due until connect() returns
-        conn.connect()
+        _connect(conn)
         bound.dirty = False
 
 

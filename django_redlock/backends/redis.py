@@ -128,8 +128,13 @@ class RedisBackend(BaseLockBackend):
         self._setup = threading.RLock()
         _backends.add(self)
         self._key_cache: dict[str, tuple[str, str, str, str, str, str, str]] = {}
+        self._timeout_of: tuple[Any, float | None] | None = None  # (client, socket timeout)
 
     # -- connections -------------------------------------------------------------------------
+
+    #: Whether all round trips of one op (on the thread's own connection: a reconnect's
+    #: handshake, NOSCRIPT, SCRIPT LOAD, the script again) share one socket timeout.
+    op_deadline = True
 
     #: What redis-py raises when the server did not answer (``BackendUnavailable``).
     unavailable_errors: tuple[type[Exception], ...] = UNAVAILABLE
@@ -272,7 +277,12 @@ class RedisBackend(BaseLockBackend):
     def execute(self, op: Op[T]) -> T:
         request, client = op.request, self.client
         self.round_trips += 1
+        # One deadline for all of the op's round trips (on the fast path): a reconnect's
+        # handshake, NOSCRIPT and SCRIPT LOAD, the script again, an ACL probe.
+        timeout, call = self._call_timeout(client), fast_path.CallDeadline()
         try:  # not `with self.round_trip()`: this is every sync operation's path
+            if timeout is not None:
+                fast_path.begin_call(call, time.monotonic() + timeout)
             if isinstance(request, Call):
                 reply = scripts.run(client, request)
             elif isinstance(request, list):
@@ -288,7 +298,21 @@ class RedisBackend(BaseLockBackend):
             if acl.refusal(exc) is None:
                 raise self.server_error(op.name, exc) from exc
             raise self.refusal_error(op.name, exc) from exc
+        finally:
+            if timeout is not None:
+                fast_path.end_call(call)
         return op.parse(reply)
+
+    def _call_timeout(self, client: Any) -> float | None:
+        """The socket timeout of ``client``'s connections, None if they have none (kept per
+        client: this is read per op)."""
+        kept = self._timeout_of
+        if kept is None or kept[0] is not client:
+            kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+            none = "socket_timeout" in kwargs and kwargs["socket_timeout"] is None
+            bounded = self.op_deadline and not none
+            kept = self._timeout_of = (client, self.socket_timeout if bounded else None)
+        return kept[1]
 
     async def aexecute(self, op: Op[T]) -> T:
         request, client = op.request, self.aclient

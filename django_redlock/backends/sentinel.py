@@ -356,6 +356,9 @@ class SentinelBackend(RedisBackend):
 
     location_is_list = True
     acl_commands = {**acl.COMMANDS, **acl.SENTINEL_COMMANDS}
+    # A reconnect asks the sentinels first (for a socket timeout at most, then the master
+    # found before is used): under one deadline for the op, the master was never asked.
+    op_deadline = False
 
     @classmethod
     def check_params(cls, alias: str, params: Mapping[str, Any]) -> None:

@@ -486,3 +486,36 @@ def test_an_uncontended_cycle_reaches_the_packer_as_text(monkeypatch: pytest.Mon
     assert len(scripts) >= 4  # and again after a NOSCRIPT, if the server had to load them
     for args in scripts:
         assert all(type(arg) is str for arg in args), args
+
+
+def test_an_interrupt_at_any_line_of_an_op_leaves_no_deadline_behind(
+    redis_server: RedisServer, name: str
+) -> None:
+    """An op's deadline (its round trips share one socket timeout) is put back as it ends; an
+    interrupt between the set and the put back left it standing, and every later command of
+    the thread failed at once ("the call's socket timeout ran out"): 50 acquires in a row in
+    the fault campaign (seed 1711), every server up. Left behind, it dies with its call."""
+    from django_redlock.backends.redis import RedisBackend
+
+    from ..support.line_interrupts import LineInterrupter, every_point, interrupted
+
+    watched = {RedisBackend.execute.__code__, fast_path.begin_call.__code__,
+               fast_path.end_call.__code__}  # fmt: skip
+    runs = iter(range(1000))
+
+    def case(tracer: LineInterrupter) -> None:
+        run = next(runs)
+        with _alias("left", redis_server, socket_timeout=0.5):
+            interrupted(
+                lambda: lock(f"{name}:{run}", using="left", ttl=1).acquire(blocking=False),
+                tracer,
+            )  # (its Interrupt, and the call's frame with it, let go here)
+            time.sleep(0.6)  # past any deadline that op set
+            after = lock(f"{name}:{run}:after", using="left", ttl=1)
+            assert after.acquire(blocking=False), tracer.fired
+            after.release()
+
+    points = every_point(
+        case, lambda at: LineInterrupter(at, watched, lambda frame: frame.f_code in watched)
+    )
+    assert len(points) > 5, points

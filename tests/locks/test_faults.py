@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
 import time
@@ -506,3 +507,46 @@ def test_a_reentrant_release_whose_settle_gets_no_answer_leaves_nothing_held(
         with lock(name, using="paused", reentrant=True, ttl=10):
             pass
         assert not server.client().exists(locks["paused"].key(name)), "left held"
+
+
+@pytest.mark.parametrize("then", ["busy", "flushed"])
+def test_a_try_of_several_round_trips_raises_within_one_socket_timeout(
+    redis_factory: Callable[..., RedisServer], name: str, then: str
+) -> None:
+    """Every round trip of one call shares its deadline: a reconnect's handshake, then BUSY
+    (the fault campaign's seed 1711: 0.755 s with a 0.3 s timeout), or then NOSCRIPT, SCRIPT
+    LOAD and the call again, each under the socket timeout through a slow link (0.4 s of
+    0.5), once added up: 1.2 s (BUSY), and a success after about 2 s."""
+    from ..support.busy import busy
+    from ..support.proxy import LossyProxy
+
+    server = redis_factory()
+    proxy = LossyProxy(server.port)
+    socket_timeout = 0.5
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": proxy.url,
+        "OPTIONS": {"socket_timeout": socket_timeout, "socket_connect_timeout": socket_timeout},
+    }
+    try:
+        with _alias("slow", config):
+            held = lock(name, using="slow", ttl=10, auto_renew=False)
+            assert held.acquire(blocking=False)  # this thread's connection is made
+            held.release()
+            proxy.cut()  # closed under it: the next command reconnects first
+            proxy.latency = 0.2  # each chunk, each way: a round trip takes 0.4 s
+            if then == "flushed":
+                server.client().script_flush()
+            with busy(server.client()) if then == "busy" else contextlib.nullcontext():
+                started = time.monotonic()
+                with pytest.raises(BackendUnavailable):
+                    held.acquire(blocking=False)
+                elapsed = time.monotonic() - started
+            proxy.latency = 0.0
+            assert elapsed < socket_timeout + 0.3, elapsed  # (a loaded machine's lag)
+            time.sleep(0.5)  # what the server was sent meanwhile has run
+            assert held.acquire(blocking=False)  # free, or its own hold (the same token)
+            held.release()
+            assert not held.locked()
+    finally:
+        proxy.close()

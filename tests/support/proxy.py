@@ -13,6 +13,8 @@ the reply is forwarded late (``"late"``: time for a signal handler to interrupt 
 ``mute_from(marker)``: the first request that contains ``marker`` goes to the server, and
 from it on its connection gets no reply, left open (the client's read times out). The
 fault campaign's ``database`` kind runs its PostgreSQL behind one (tests/campaign/README.md).
+``latency``: every chunk waits this long before it is forwarded, both ways (a round trip
+costs twice it, a handshake of several chunks more).
 ``delay_from(marker)``: the first request that contains ``marker`` is held back (the client's
 read times out, and it drops the connection) until ``let_go()`` sends it on to the server, as
 a request stuck in a paused server's queue or a retransmission runs after the client's next.
@@ -77,6 +79,7 @@ class LossyProxy:
         self._links: list[_Link] = []
         self._blackholed = False  # every connection, open or new, silent (see blackhole())
         self._closed = False
+        self.latency = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -184,6 +187,8 @@ class LossyProxy:
                     if held:
                         self.delayed.set()
                         self._let_go.wait(30)
+                if self.latency:
+                    time.sleep(self.latency)
                 sink.sendall(data)
         except OSError:
             pass
