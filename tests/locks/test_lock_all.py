@@ -226,8 +226,8 @@ def test_one_name_deleted_behind_the_holder_s_back_ends_in_lock_lost(
 
     lock_lost.connect(on_lost)
     try:
-        # 2 s, not 1: under load Cluster's said lost twice (not reproduced; likely another
-        # name's 1 s hold running out while the box stalled).
+        # 2 s, not 1 (under load). Cluster's said lost twice: two shards' workers telling
+        # the loss at once (see the test below).
         held = lock_all(*names, using=any_alias, ttl=2 if noticed else 10)
         with pytest.raises(LockLost, match="'l:2'"), held:
             assert locks[any_alias].force_release("l:2")
