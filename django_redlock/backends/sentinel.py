@@ -62,6 +62,10 @@ class _Switch(NamedTuple):
     old: tuple[str, int]
     new: tuple[str, int]
     until: float  # monotonic
+    # The highest config-epoch a sentinel's answer reported before the switch was heard
+    # (None: no answer yet): an answer naming ``old`` at a higher one, no failover under
+    # way, comes from a later failover, and ends the correction (see ``_Heard.current``).
+    epoch: int | None = None
 
 
 class _Heard:
@@ -73,6 +77,7 @@ class _Heard:
     (``bounded``)."""
 
     switch: _Switch | None = None
+    epoch: int | None = None  # the highest config-epoch a sentinel's answer reported
     found: tuple[str, int] | None = None
     found_at: float = float("-inf")  # monotonic: when a sentinel last named ``found``
     budget: float = 2.0  # the socket timeout: how long a look asks the sentinels in all
@@ -121,18 +126,38 @@ class _Heard:
             return switch.new
         return None
 
-    def current(self, address: Any, asked: bool = False) -> Any:
+    def current(
+        self, address: Any, asked: bool = False, epoch: int | None = None,
+        failing_over: bool = False,
+    ) -> Any:  # fmt: skip
         """``address``, or the announced master if it names the old one. ``asked``: it is a
-        sentinel's answer, which, naming the new master, ends the correction."""
+        sentinel's answer (its config-``epoch``; ``failing_over``: a failover under way),
+        which ends the correction when it names the new master, or when it names the old
+        one and cannot be older than the switch: it names it at a config-epoch higher than
+        any answer before the switch, no failover under way. Every failover raises the
+        epoch, so that is a later failover that made the old master the master again
+        (unheard: the listeners were cut off); correcting it sent connections to a master
+        no sentinel names (two holders if it came back empty). A sentinel that has not
+        heard of the switch answers at an epoch no higher; the switch's own leader, until
+        the failover ends, with the failover under way: both still corrected."""
         switch = self.switch
         if switch is None:
             return address
         named = (str(address[0]), int(address[1]))
         if named == switch.old and time.monotonic() < switch.until:
-            return switch.new
+            if not (asked and not failing_over and _later(switch, epoch)):
+                return switch.new
+            if self.switch is switch:
+                self.switch = None  # a later failover: the switch is history
+            return address
         if asked and named == switch.new and self.switch is switch:
             self.switch = None  # the sentinels asked know: no need to correct them any more
         return address
+
+
+def _later(switch: _Switch, epoch: int | None) -> bool:
+    """Whether an answer at config-``epoch`` is newer than anything known before ``switch``."""
+    return epoch is not None and switch.epoch is not None and epoch > switch.epoch
 
 
 # What a sentinel that does not answer raises (redis-py asks the next one then).
@@ -194,7 +219,8 @@ class _Look:
         self.manager, self.service_name, self.heard = manager, service_name, manager.heard
         self.errors: list[str] = []
         self.refusal = False  # a sentinel answered with an error: no news of the master
-        self.down: list[Any] = []  # what the sentinels that answered named, not up
+        # what the sentinels that answered named, not up: (address, config-epoch, failing over)
+        self.down: list[tuple[Any, int | None, bool]] = []
         self.bounded = self.heard.bounded()
 
     def sentinels(self) -> Iterator[Any]:
@@ -212,16 +238,21 @@ class _Look:
 
     def answered(self, sentinel: Any, masters: Any) -> Any:
         """The master's address if this sentinel names one up (then the look ends)."""
+        state = masters.get(self.service_name) or {}
+        epoch, failing_over = _epoch(state), "failover_in_progress" in (state.get("flags") or ())
+        heard = self.heard
+        if epoch is not None and (heard.epoch is None or epoch > heard.epoch):
+            heard.epoch = epoch
         found = _master_in(self.manager, masters, self.service_name, sentinel)
         if found is not None:
-            return _found(self.heard, found)
-        state = masters.get(self.service_name) or {}
-        self.down.append(_address(state.get("ip"), state.get("port")))
+            return _found(heard, found, epoch, failing_over)
+        self.down.append((_address(state.get("ip"), state.get("port")), epoch, failing_over))
         return None
 
     def end(self, error: type[Exception]) -> Any:
         """No sentinel named a master up. One answered, naming the old master of the switch
-        announced (flagged down: an unplanned failover, until its end): its new master.
+        announced (flagged down: an unplanned failover, until its end): its new master,
+        unless an answer comes from a later failover (see ``_Heard.current``).
         None answered: the master found last, only while ``bounded`` (see
         ``_Heard.bounded``), and never the switch announced alone: it may be SWITCH_TRUSTED
         old, and a later switch and that master back empty go unheard by listeners cut off
@@ -229,7 +260,10 @@ class _Look:
         heard, known = self.heard, None
         if self.down:
             switch = heard.switch
-            if switch is not None and all(named == switch.old for named in self.down):
+            if switch is not None and all(
+                named == switch.old and (failing_over or not _later(switch, epoch))
+                for named, epoch, failing_over in self.down
+            ):
                 known = heard.promoted()
         elif not self.refusal and self.bounded:
             known = heard.known()
@@ -260,8 +294,15 @@ def _master_in(manager: Any, masters: Any, service_name: str, sentinel: Any) -> 
     return (forced if forced is not None else state["ip"], state["port"])
 
 
-def _found(heard: _Heard, address: Any) -> Any:
-    found = heard.current(address, asked=True)
+def _epoch(state: Mapping[str, Any]) -> int | None:
+    try:
+        return int(state["config-epoch"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _found(heard: _Heard, address: Any, epoch: int | None, failing_over: bool) -> Any:
+    found = heard.current(address, True, epoch, failing_over)
     heard.found, heard.found_at = (str(found[0]), int(found[1])), time.monotonic()
     return found
 
@@ -633,7 +674,8 @@ class SentinelBackend(RedisBackend):
             return
         master = (new[0], int(new[1]))
         until = time.monotonic() + SWITCH_TRUSTED
-        self._heard.switch = _Switch((old[0], int(old[1])), master, until)
+        heard = self._heard
+        heard.switch = _Switch((old[0], int(old[1])), master, until, heard.epoch)
         client = self._client
         if client is None:
             if not self._aclients:

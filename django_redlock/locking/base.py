@@ -156,7 +156,8 @@ class BaseLock:
         self._unsure_token: str | None = None
         # token -> why: a loss decided (the hold left the object) whose declaration was not
         # handed over yet; told again (the watchdog retells), the object hands it over then.
-        self._undeclared: dict[str, tuple[str, str, Hold]] = {}
+        # With the thread handing it over now (None: none, an exception ended its telling).
+        self._undeclared: dict[str, tuple[str, str, Hold, threading.Thread | None]] = {}
         self._mutex = threading.Lock()
 
     # -- what a kind provides ----------------------------------------------------------------
@@ -1094,13 +1095,19 @@ class BaseLock:
         An exception after the hold left the object and before its declaration was handed
         over leaves the loss noted as undeclared: telling the object again (the watchdog
         does, until a telling returns) hands it over then, once. (One landing inside the
-        hand-over after ``later`` queued it, before it returned, could declare it twice.)"""
+        hand-over after ``later`` queued it, before it returned, could declare it twice.)
+        Told by two threads at once (on Cluster each shard's renewal worker tells every
+        loss queued), the one handing it over declares it, the other returns."""
+        me = threading.current_thread()
         with self._mutex:
             owner = next((o for o, h in self._holds.items() if h.token == token), None)
             if owner is None:
                 if token not in self._undeclared:
                     return  # gone already, and declared (or our own release)
-                reason, owner, hold = self._undeclared[token]
+                reason, owner, hold, teller = self._undeclared[token]
+                if teller is not None and teller is not me and teller.is_alive():
+                    return  # being handed over by that thread (it was declared twice)
+                self._undeclared[token] = (reason, owner, hold, me)
                 self._let_go(owner, hold)  # what the interrupted telling may not have done
                 self._lost = reason
             else:
@@ -1111,15 +1118,22 @@ class BaseLock:
                     # release's answer decides, the hold stays for it (-1: a loss before it).
                     return
                 if not hold.releasing:  # first: from here on the loss is this object's
-                    self._undeclared[token] = (reason, owner, hold)
+                    self._undeclared[token] = (reason, owner, hold, me)
                 self._forget(owner, hold)
                 if hold.releasing:  # our own release, whose reply was lost, freed it
                     return
                 self._lost = reason
-        if later is None:
-            self._announce_lost(reason)
-        else:
-            later(functools.partial(self._announce_lost, reason))
+        try:
+            if later is None:
+                self._announce_lost(reason)
+            else:
+                later(functools.partial(self._announce_lost, reason))
+        except BaseException:
+            with self._mutex:  # not handed over: the next telling, whoever's, does it
+                undeclared = self._undeclared.get(token)
+                if undeclared is not None:
+                    self._undeclared[token] = (*undeclared[:3], None)
+            raise
         self._undeclared.pop(token, None)
 
     # -- queries -----------------------------------------------------------------------------

@@ -1096,6 +1096,130 @@ def test_a_master_announced_before_is_not_used_when_the_sentinels_say_another_is
         stop_all(group)
 
 
+def _replication(server: RedisServer) -> dict[str, Any]:
+    """INFO replication, {} while the sentinels reconfigure it (they kill its clients)."""
+    try:
+        return dict(server.client().info("replication"))
+    except redis.ConnectionError:
+        return {}
+
+
+def _failed_back_unheard(
+    name: str, group: list[RedisServer], proxies: list[LossyProxy],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Any:  # fmt: skip
+    """A -> B heard by "p", cut off from the sentinels as it hears it; B -> A unheard (ended,
+    every sentinel names A). Returns "p"'s _Heard, the switch A -> B still on it."""
+    a, b, sentinels = group[0], group[1], group[2:]
+    cut: list[bool] = []
+
+    def cut_once() -> None:  # (not again after the heal)
+        if not cut:
+            cut.append(True)
+            for proxy in proxies:
+                proxy.blackhole()
+
+    _on_switch_heard_by_p(monkeypatch, cut_once)
+    with lock(f"{name}:warm", using="p"):
+        pass
+    _found_while_listening(locks["p"])
+    heard_p = locks["p"]._heard
+    _fail_over(sentinels[0], b, sentinels[1])
+    assert heard_p.switch is not None and heard_p.switch.new == ("127.0.0.1", b.port)
+    deadline = time.monotonic() + 30
+    while _replication(a).get("master_link_status") != "up":
+        assert time.monotonic() < deadline, "A never followed B"
+        time.sleep(0.05)
+    _fail_over(sentinels[1], a, sentinels[0])  # unheard by P
+    while not all(  # (ended: a failover that times out goes back to B)
+        (state := s.client().sentinel_master("mymaster"))["port"] == a.port
+        and "failover_in_progress" not in state["flags"]
+        for s in sentinels
+    ):
+        assert time.monotonic() < deadline, "the failover back to A never ended"
+        time.sleep(0.05)
+    assert heard_p.switch is not None  # (P's looks never reached a sentinel since)
+    return heard_p
+
+
+def _heal(proxies: list[LossyProxy], heard_p: Any) -> None:
+    """The cut ends; returns once P's looker had a sentinel's answer."""
+    healed = time.monotonic()
+    for proxy in proxies:
+        proxy.heal()
+    deadline = healed + 10
+    while heard_p.found_at < healed:
+        assert time.monotonic() < deadline, "P's looker never reached a sentinel again"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["sync", "asyncio"])
+def test_a_failback_unheard_ends_an_announced_switch_s_correction(
+    name: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An announced switch A -> B turned every sentinel answer naming A into B for up to
+    SWITCH_TRUSTED (30 s), though a later failover B -> A, unheard (P cut off from the
+    sentinels meanwhile), made A the master again: once the sentinels answered again, all
+    naming A, P's new thread took the name on B (killed, back empty, a master) while Q held
+    it on A (two holders). An answer naming A at a config-epoch higher than any before the
+    switch, no failover under way, ends the correction."""
+    group = start_sentinel_group()
+    a, b, sentinels = group[0], group[1], group[2:]
+    proxies = [LossyProxy(sentinel.port) for sentinel in sentinels]
+    try:
+        with _cut_off_alias(sentinels, proxies):
+            heard_p = _failed_back_unheard(name, group, proxies, monkeypatch)
+            deadline = time.monotonic() + 30
+            while not (q := lock(name, using="q", ttl=30)).acquire(blocking=False):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert a.client().exists(locks["q"].key(name))  # Q holds the name on A
+            b.kill()
+            b.extra_args = ["--repl-diskless-sync-delay", "0"]
+            b.start()  # back on its address, empty, a master
+            assert b.client().info("replication")["role"] == "master"
+            _heal(proxies, heard_p)
+            assert _take_in_a_new_thread(name, how) is False
+            assert not b.client().exists(locks["p"].key(name))
+            q.release()
+            for alias in ("p", "q"):
+                locks[alias].close()
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        stop_all(group)
+
+
+def test_after_a_failback_unheard_takes_go_to_the_master_the_sentinels_name(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, B not killed: the sentinels make it a replica of A, and until the 30 s
+    correction ended every take of P went to B and was BackendUnavailable (READONLY), its
+    connections sent back to B by each look, though every sentinel named A, healthy."""
+    group = start_sentinel_group()
+    a, b, sentinels = group[0], group[1], group[2:]
+    proxies = [LossyProxy(sentinel.port) for sentinel in sentinels]
+    try:
+        with _cut_off_alias(sentinels, proxies):
+            heard_p = _failed_back_unheard(name, group, proxies, monkeypatch)
+            deadline = time.monotonic() + 30
+            while _replication(b).get("master_port") != a.port:
+                assert time.monotonic() < deadline, "B never followed A"
+                time.sleep(0.05)
+            _heal(proxies, heard_p)
+            time.sleep(0.2)  # (the look's move applied)
+            assert lock(f"{name}:1", using="p", ttl=30).acquire(blocking=False)  # pooled
+            assert _take_in_a_new_thread(f"{name}:2", "sync") is True
+            for key in (f"{name}:1", f"{name}:2"):
+                assert a.client().exists(locks["p"].key(key))
+            for alias in ("p", "q"):
+                locks[alias].close()
+    finally:
+        for proxy in proxies:
+            proxy.close()
+        stop_all(group)
+
+
 def test_a_re_entry_the_replicas_do_not_confirm_is_undone_alone_and_says_so(
     group: list[RedisServer], name: str
 ) -> None:

@@ -212,6 +212,13 @@ class LossyProxy:
             for link in self._links:
                 link.dead = True
 
+    def heal(self) -> None:
+        """End a blackhole(): the connections it silenced are cut (their clients connect
+        again), new ones pass."""
+        with self._mutex:
+            self._blackholed = False
+        self.cut()
+
     def cut(self) -> int:
         """Cut every connection open through the proxy (new ones are still accepted); how
         many client connections there were."""
