@@ -61,26 +61,12 @@ from .backends import owners
 from .forks import after_fork_in_child
 from .wire import bare_execute, socket_of, texts
 
-_until = threading.local()  # .deadline: when this thread's commands must be answered by
 
-
-@contextlib.contextmanager
-def answered_by(deadline: float) -> Any:
-    """This thread's commands on its own connection wait for their replies until
-    ``deadline`` (monotonic) at the latest, not a whole socket timeout: a waiter's try ends
-    with its hub's PING verdict (see ``PubSubHub.heard_until``). Nested: the earliest."""
-    outer = getattr(_until, "deadline", None)
-    _until.deadline = deadline if outer is None else min(outer, deadline)
-    try:
-        yield
-    finally:
-        _until.deadline = outer
-
-
-def _bound_reads(conn: Any) -> Any:
-    """Shorten the reads of ``conn`` to this thread's deadline, if any: the socket whose
-    timeout was changed (put back by :func:`_unbound_reads`), else None."""
-    deadline = getattr(_until, "deadline", None)
+def _bound_reads(conn: Any, deadline: float | None) -> Any:
+    """Shorten the reads of ``conn`` to ``deadline`` (monotonic), if any: the socket whose
+    timeout was changed (put back by :func:`_unbound_reads`), else None. The deadline is an
+    argument of each call, never the thread's state: nothing an interrupt cuts short can
+    leave it to bound a later command."""
     sock = socket_of(conn)
     if deadline is None or sock is None:
         return None
@@ -98,15 +84,18 @@ def _unbound_reads(conn: Any, sock: Any) -> None:
             sock.settimeout(getattr(conn, "socket_timeout", None))
 
 
-def command(client: Any, *args: Any) -> Any:
+def command(client: Any, *args: Any, by: float | None = None) -> Any:
     """``client.execute_command(*args)``; on a plain ``redis.Redis``, straight on the calling
     thread's own connection of its pool (see the ownership rule above), skipping redis-py's
     per-command wrapper (a retry loop, which ours are configured not to use, and redis-py 8's
     operation metrics) and the pool's checkout and return on every command. Where that wrapper
-    does anything for the client, it is used as before (see :func:`.wire.bare_execute`)."""
+    does anything for the client, it is used as before (see :func:`.wire.bare_execute`).
+    ``by``: the reply is waited for until then (monotonic) at the latest, not a whole socket
+    timeout, on the thread's own connection (a waiter's try ends with its hub's PING verdict,
+    see ``PubSubHub.heard_until``)."""
     if not bare_execute(client, args[0]):
         return client.execute_command(*texts(args))  # redis-py packs with hiredis too
-    return _exchange(client.connection_pool, args, None)
+    return _exchange(client.connection_pool, args, None, by)
 
 
 def on_thread_connection(client: Any) -> bool:
@@ -115,7 +104,7 @@ def on_thread_connection(client: Any) -> bool:
     return bare_execute(client, "EVALSHA")
 
 
-def commands(client: Any, many: Sequence[tuple[Any, ...]]) -> list[Any]:
+def commands(client: Any, many: Sequence[tuple[Any, ...]], by: float | None = None) -> list[Any]:
     """Several commands sent at once, their replies in order, errors as values: on the
     thread's own connection as :func:`command`, else in a redis-py pipeline."""
     if not all(bare_execute(client, each[0]) for each in many):
@@ -123,11 +112,14 @@ def commands(client: Any, many: Sequence[tuple[Any, ...]]) -> list[Any]:
         for each in many:
             pipe.execute_command(*texts(each))
         return list(pipe.execute(raise_on_error=False))
-    return cast("list[Any]", _exchange(client.connection_pool, None, many))
+    return cast("list[Any]", _exchange(client.connection_pool, None, many, by))
 
 
 def _exchange(
-    pool: Any, args: tuple[Any, ...] | None, many: Sequence[tuple[Any, ...]] | None
+    pool: Any,
+    args: tuple[Any, ...] | None,
+    many: Sequence[tuple[Any, ...]] | None,
+    by: float | None,
 ) -> Any:
     """Send one command (``args``) or several (``many``), and read the replies, on the
     thread's own connection (aside when it is taken)."""
@@ -149,7 +141,7 @@ def _exchange(
             ):
                 _recheck(bound, conn)
             bound.dirty = True  # from the first byte sent until the last reply is read
-            bounded = _bound_reads(conn)
+            bounded = _bound_reads(conn, by)
             try:
                 if many is None:
                     conn.send_packed_command(wire.pack(conn, args))  # type: ignore[arg-type]

@@ -64,10 +64,11 @@ class Call:
     keys: Sequence[str]
     args: Sequence[Any]
 
-    def evalsha(self, client: Any) -> Any:
+    def evalsha(self, client: Any, by: float | None = None) -> Any:
         # Not client.evalsha(): that one checks for deprecated arguments on every call.
         keys = self.keys  # the count as text: the packer then converts nothing (wire.texts)
-        return command(client, "EVALSHA", self.script.sha, str(len(keys)), *keys, *self.args)
+        sha = self.script.sha
+        return command(client, "EVALSHA", sha, str(len(keys)), *keys, *self.args, by=by)
 
 
 def _is_noscript(result: object) -> bool:
@@ -76,15 +77,16 @@ def _is_noscript(result: object) -> bool:
     )
 
 
-def run(client: Any, call: Call) -> Any:
-    """Run one script: one round trip, two when the server has to be taught it first."""
+def run(client: Any, call: Call, by: float | None = None) -> Any:
+    """Run one script: one round trip, two when the server has to be taught it first.
+    ``by``: answered by then at the latest (see :func:`.fast_path.command`)."""
     for tries in range(LOADS):
         try:
-            return call.evalsha(client)
+            return call.evalsha(client, by)
         except NoScriptError:
             if tries == LOADS - 1:
                 raise
-            _load(client, call.script, () if tries else call.keys)
+            _load(client, call.script, () if tries else call.keys, by)
     raise AssertionError("unreachable")
 
 
@@ -93,7 +95,7 @@ def run(client: Any, call: Call) -> Any:
 LOADS = 3
 
 
-def _load(client: Any, needed: Script, keys: Sequence[str] = ()) -> None:
+def _load(client: Any, needed: Script, keys: Sequence[str] = (), by: float | None = None) -> None:
     # A cluster: only on the key's node (client.script_load() asks every primary, and a
     # paused one then failed a call on a healthy master).
     node = cluster_node_of(client, keys[0]) if keys else None
@@ -103,7 +105,7 @@ def _load(client: Any, needed: Script, keys: Sequence[str] = ()) -> None:
     # As its own command (not client.script_load(), whose reply redis-py converts): on the
     # thread's connection, not one checked out of the pool.
     if bare_execute(client, "SCRIPT"):
-        command(client, "SCRIPT", "LOAD", needed.source)
+        command(client, "SCRIPT", "LOAD", needed.source, by=by)
     else:
         client.script_load(needed.source)
 
@@ -154,16 +156,19 @@ def _again(calls: Sequence[Call | tuple[Any, ...]], results: Sequence[Any]) -> l
             if i in missing or not isinstance(calls[i], Call)]  # fmt: skip
 
 
-def run_many(client: Any, calls: Sequence[Call | tuple[Any, ...]]) -> list[Any]:
-    """Run many scripts in one pipelined round trip; errors come back as values."""
-    results = commands(client, [_request(call) for call in calls])
+def run_many(
+    client: Any, calls: Sequence[Call | tuple[Any, ...]], by: float | None = None
+) -> list[Any]:
+    """Run many scripts in one pipelined round trip; errors come back as values. ``by``: as
+    :func:`run`."""
+    results = commands(client, [_request(call) for call in calls], by)
     for tries in range(LOADS - 1):  # as run(): the keys' nodes, then every primary
         missing = _again(calls, results)
         if not missing:
             break
         for needed, keys in _needed(client, calls, missing, everywhere=tries > 0):
-            _load(client, needed, keys)
-        retried = commands(client, [_request(calls[i]) for i in missing])
+            _load(client, needed, keys, by)
+        retried = commands(client, [_request(calls[i]) for i in missing], by)
         for i, result in zip(missing, retried, strict=True):
             results[i] = result
     return results

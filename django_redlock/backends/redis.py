@@ -269,18 +269,24 @@ class RedisBackend(BaseLockBackend):
         return acl.missing_permission(self, name, exc, refused or ())
 
     def execute(self, op: Op[T]) -> T:
+        return self._run(op, None)
+
+    def _run(self, op: Op[T], by: float | None) -> T:
+        """:meth:`execute`; ``by``: answered by then at the latest, on the thread's own
+        connection (an argument down to the read, never the thread's state: an interrupt at
+        any line leaves no deadline to cut a later command short)."""
         request, client = op.request, self.client
         self.round_trips += 1
         try:  # not `with self.round_trip()`: this is every sync operation's path
             if isinstance(request, Call):
-                reply = scripts.run(client, request)
+                reply = scripts.run(client, request, by)
             elif isinstance(request, list):
-                reply = scripts.run_many(client, request)
+                reply = scripts.run_many(client, request, by)
                 refused = acl.first_refused(reply) or _first_error(reply)
                 if refused is not None:  # translated below, as if raised
                     raise refused
             else:
-                reply = fast_path.command(client, *request)
+                reply = fast_path.command(client, *request, by=by)
         except self.unavailable_errors as exc:
             raise self._unavailable(op.name, exc) from exc
         except ResponseError as exc:
@@ -313,10 +319,7 @@ class RedisBackend(BaseLockBackend):
     def execute_by(self, op: Op[T], deadline: float | None) -> T:
         # On the thread's own connection (the fast path); through redis-py's pool, as
         # execute() (a connection checked out cannot be bounded without redis-py's insides).
-        if deadline is None:
-            return self.execute(op)
-        with fast_path.answered_by(deadline):
-            return self.execute(op)
+        return self._run(op, deadline)
 
     async def aexecute_by(self, op: Op[T], deadline: float | None) -> T:
         if deadline is None:

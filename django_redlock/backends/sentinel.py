@@ -654,6 +654,12 @@ class SentinelBackend(RedisBackend):
         return self._listening.unheard()
 
     def execute(self, op: Op[T]) -> T:
+        return self._gated(op, None)
+
+    def execute_by(self, op: Op[T], deadline: float | None) -> T:
+        return self._gated(op, deadline)
+
+    def _gated(self, op: Op[T], by: float | None) -> T:
         first = self._look_for_master()
         if first is not None and not first.wait(self.socket_timeout):
             self._stale(first)
@@ -664,19 +670,19 @@ class SentinelBackend(RedisBackend):
         if fast_path.on_thread_connection(self.client):
             # Nothing checked out of the pool: no permit to wait for, nor to lose should an
             # interrupt land while one is taken or given back (it would be gone for good).
-            return self._execute(op)
+            return self._execute(op, by)
         if not self._gate.acquire(timeout=self.socket_timeout):
             raise BackendUnavailable(
                 f"lock {op.name!r}: backend {self.alias!r}: all {self._limit} connections busy",
                 timed_out=True,  # nothing sent: nothing to give back either
             )
         try:
-            return self._execute(op)
+            return self._execute(op, by)
         finally:
             self._gate.release()
 
-    def _execute(self, op: Op[T]) -> T:
-        result = super().execute(op)
+    def _execute(self, op: Op[T], by: float | None) -> T:
+        result = self._run(op, by)
         if isinstance(result, _Replicated):
             if self._enough(result):
                 return result.attempt  # type: ignore[return-value]
