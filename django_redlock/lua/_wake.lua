@@ -31,15 +31,25 @@ end
 
 -- The bounded hand-off. A waiter woken at a release may not take the lock: its process is
 -- paused (SIGSTOP, a long GC, a frozen container) yet its socket still counts as a receiver.
--- So a release that wakes one waiter while others wait also tells the next one to stand by:
--- '<id>|s<ms>'. That waiter's process wakes it HAND_OFF_MS later (its hub's timer), unless it
--- hears '<id>|d' first: a waiter's take sends that to the new first waiter (wait_took,
--- queue_took). A live hand-off costs no try more; a paused one costs the next waiter
+-- So a release that wakes one waiter while others wait also tells the next one of another
+-- process to stand by: '<id>|s<ms>'. That waiter's process wakes it HAND_OFF_MS later (its
+-- hub's timer), unless it hears '<id>|d' first: a waiter's take sends that to the first
+-- waiter of another process than the taker's (wait_took, queue_took). A live hand-off costs no try more; a paused one costs the next waiter
 -- HAND_OFF_MS, not the hold's TTL. 500 ms: some 300 times a loaded machine's hand-off
 -- (make bench: p99 1-2 ms on 2 shared cores), so a live waiter slowed by load or a GC
 -- normally takes within it; a waiter later than that lets the next one try (a plain lock
 -- promises no order; a fair queue's late head queues again, at the back).
 local HAND_OFF_MS = 500
+
+-- At most so many waiters looked at past the first per call (uncounted ones woken, others'
+-- waiters passed over for a stand-by): a crowd never blocks Redis for long.
+local UNCOUNTED_MAX = 32
+
+-- A waiter's process: its id up to the '.' ('!' included: the same process's ids all have it
+-- or none do).
+local function process_of(waiter)
+  return string.match(waiter, '^[^.]*')
+end
 
 -- Tell `waiter` to stand by (see HAND_OFF_MS): the receivers counted, and whether that is all.
 local function stand_by(inbox, waiter)
@@ -52,9 +62,13 @@ end
 local function wait_took(waiting, waiter, inbox, popped)
   local left = redis.call('ZREM', waiting, waiter) == 1
   if (left or popped) and inbox and inbox ~= '' then
-    local first = redis.call('ZRANGE', waiting, 0, 0)[1]
-    if first then
-      publish(inbox, first, first .. '|d')
+    -- The one told to stand by: the first of another process than the taker's (wake_first).
+    local mine = process_of(waiter)
+    for _, first in ipairs(redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1)) do
+      if process_of(first) ~= mine then
+        publish(inbox, first, first .. '|d')
+        return
+      end
     end
   end
 end
@@ -68,14 +82,15 @@ end
 -- the next one is woken too, up to UNCOUNTED_MAX such waiters per call.
 -- With `hand_off`, the waiter after the one heard (the first left, with `pop`) stands by
 -- (HAND_OFF_MS; a dead one is dropped and the next told): a single waiter costs nothing more.
-local UNCOUNTED_MAX = 32
 local function wake_first(waiting, inbox, pop, hand_off)
   local uncounted = 0
+  local last
   while true do
     local first = redis.call('ZRANGE', waiting, 0, 0)[1]
     if not first then
       return
     end
+    last = first
     local count, sure = publish(inbox, first)
     local heard = count > 0
     if pop or not heard then
@@ -91,17 +106,26 @@ local function wake_first(waiting, inbox, pop, hand_off)
   if not hand_off or uncounted >= UNCOUNTED_MAX then
     return
   end
+  -- The one told is the first waiter of another process than the woken one's: a paused
+  -- process (its socket counted) would hear the stand-by for its other waiters too, and the
+  -- live waiter behind them would sleep to its hint. The woken one's process hands its turn
+  -- on to its own next waiter itself, or takes none (paused: then the one told does).
+  local woken = process_of(last)
   local at = pop and 0 or 1
   for _ = 1, UNCOUNTED_MAX do
     local after = redis.call('ZRANGE', waiting, at, at)[1]
     if not after then
       return
     end
-    local count, sure = stand_by(inbox, after)
-    if count > 0 or not sure then
-      return
+    if process_of(after) == woken then
+      at = at + 1
+    else
+      local count, sure = stand_by(inbox, after)
+      if count > 0 or not sure then
+        return
+      end
+      redis.call('ZREM', waiting, after)
     end
-    redis.call('ZREM', waiting, after)
   end
 end
 

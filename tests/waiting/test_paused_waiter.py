@@ -180,3 +180,38 @@ def test_a_semaphore_s_next_waiter_stands_by_and_down_as_a_lock_s(
     first.expect("ACQUIRED")
     first.send("release")
     first.expect("RELEASED")
+
+
+def test_the_hand_off_skips_the_woken_waiter_s_process(name: str) -> None:
+    """The woken waiter's process is paused and holds the next place in line too (a worker
+    with two threads waiting): the stand-by goes to the first waiter of another process, so
+    a live waiter behind them gets the lock within the hand-off delay, not at its hint (the
+    lock's TTL). Paused here: a subscriber to that process's inbox that never reads (as a
+    SIGSTOPped process's socket: the release's PUBLISH counts it heard)."""
+    backend = locks["redis"]
+    client = backend.client  # type: ignore[attr-defined]
+    pubsub = client.pubsub()
+    pubsub.subscribe(f"{backend.inbox_prefix}pausedtwo")
+    until = time.monotonic() + 5
+    while pubsub.get_message(timeout=0.1) is None:  # the confirmation; nothing read after
+        assert time.monotonic() < until, "never subscribed"
+    holder = lock(name, using="redis", ttl=8, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    client.zadd(backend.waiting_key(name), {"pausedtwo.1": 0, "pausedtwo.2": 1})
+    got: list[float] = []
+    live = lock(name, using="redis", ttl=8)
+    thread = threading.Thread(
+        target=lambda: live.acquire(timeout=10) and got.append(time.monotonic())
+    )
+    thread.start()
+    try:
+        _wait_for_waiters(name, 3)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(12)
+    finally:
+        pubsub.close()
+    assert got, "the live waiter never got the free lock"
+    assert got[0] - released < 2.0, got[0] - released  # the hand-off delay; the TTL was 8 s
+    live.release()
