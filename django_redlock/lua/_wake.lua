@@ -34,7 +34,8 @@ end
 -- So a release that wakes one waiter while others wait also tells the next one of another
 -- process to stand by: '<id>|s<ms>'. That waiter's process wakes it HAND_OFF_MS later (its
 -- hub's timer), unless it hears '<id>|d' first: a waiter's take sends that to the first
--- waiter of another process than the taker's (wait_took, queue_took). A live hand-off costs no try more; a paused one costs the next waiter
+-- waiter of another process than the taker's (wait_took, queue_took).
+-- A live hand-off costs no try more; a paused one costs the next waiter
 -- HAND_OFF_MS, not the hold's TTL. 500 ms: some 300 times a loaded machine's hand-off
 -- (make bench: p99 1-2 ms on 2 shared cores), so a live waiter slowed by load or a GC
 -- normally takes within it; a waiter later than that lets the next one try (a plain lock
