@@ -34,13 +34,14 @@ end
 -- waiter dropped so, its process reconnecting, queues again at its next try.) A count that
 -- is not all of them (classic PUBLISH on a cluster counts one node's subscribers) drops
 -- nobody: the head may hear it elsewhere, and keeps its place.
--- With `hand_off` (a lock freed, at server ms `now`) and someone of another process behind
--- the head, the hand-off is bounded (HAND_OFF_MS in _wake.lua): the head's deadline comes
--- down to now + HAND_OFF_MS, marked HANDED (a live head takes its turn before; a paused one
--- is dropped by the next try after it, and with it the waiters of its process right behind
--- it), and the first waiter of another process stands by, to try then (a dead one is
--- dropped, the next told). The head's own process's waiters are passed over: paused, it
--- would count as hearing the stand-by too, and the live waiter behind would sleep on.
+-- With `hand_off` (a lock freed, at server ms `now`) and someone behind the head, the
+-- hand-off is bounded (HAND_OFF_MS in _wake.lua): the head's deadline comes
+-- down to now + HAND_OFF_MS (a live head takes its turn before; a paused one is dropped by
+-- the next try after it), and the next in line stands by, to try then, and so does the first
+-- waiter of another process, if the next is of the head's (a dead one is dropped, the next
+-- told): a paused process counts as hearing for all its waiters, and the live waiter behind
+-- them would sleep on. Then the head's deadline is marked HANDED: its process's waiters
+-- right behind it are dropped with it.
 local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
   local head
   for _ = 1, PRUNE_MAX do
@@ -62,13 +63,16 @@ local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
   if not hand_off then
     return head
   end
-  local woken, at = process_of(head), 1
+  local woken, at, told = process_of(head), 1, false
   for _ = 1, PRUNE_MAX do
     local after = redis.call('LINDEX', queue, at)
     if not after then
-      return head
+      break
     end
     if process_of(after) == woken then
+      if not told then -- the next in line, as wake_first's
+        told = stand_by(inbox, after) > 0
+      end
       at = at + 1
     else
       local count, sure = stand_by(inbox, after)
@@ -79,14 +83,21 @@ local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
       redis.call('ZREM', deadlines, after)
     end
   end
+  if at == 1 and not redis.call('LINDEX', queue, 1) then
+    return head -- nobody behind it any more
+  end
+  -- Marked HANDED only when waiters of the head's process stand between it and the one of
+  -- another process told: those are dropped with a head that misses its turn.
   local soon = now + HAND_OFF_MS
-  local deadline = tonumber(redis.call('ZSCORE', deadlines, head)) or soon
-  redis.call('ZADD', deadlines, math.floor(math.min(deadline, soon)) + HANDED, head)
+  local deadline = math.min(tonumber(redis.call('ZSCORE', deadlines, head)) or soon, soon)
+  local mark = (at > 1 and redis.call('LINDEX', queue, at)) and HANDED or 0
+  redis.call('ZADD', deadlines, math.floor(deadline) + mark, head)
   return head
 end
 
--- A fair waiter at the head took the lock: it leaves the queue, and the first waiter of
--- another process, told to stand by at the release (queue_wake_head), stands down.
+-- A fair waiter at the head took the lock: it leaves the queue, and those told to stand by at
+-- the release (queue_wake_head: the new head, and the first waiter of another process than
+-- the taker's) stand down.
 local function queue_took(queue, deadlines, waiter, inbox)
   redis.call('LPOP', queue)
   redis.call('ZREM', deadlines, waiter)
@@ -99,8 +110,10 @@ local function queue_took(queue, deadlines, waiter, inbox)
     if not after then
       return
     end
-    if process_of(after) ~= mine then
+    if at == 0 or process_of(after) ~= mine then -- the new head, and the first of another
       publish(inbox, after, after .. '|d')
+    end
+    if process_of(after) ~= mine then
       return
     end
   end

@@ -57,17 +57,19 @@ local function stand_by(inbox, waiter)
   return publish(inbox, waiter, waiter .. '|s' .. HAND_OFF_MS)
 end
 
--- A registered waiter took the lock: it leaves the set, and the one now first, told to stand
--- by at the release (wake_first), stands down: it is woken at the next release instead.
+-- A registered waiter took the lock: it leaves the set, and those told to stand by at the
+-- release (wake_first: the one now first, and the first of another process than the taker's)
+-- stand down: they are woken at the next release instead.
 -- `popped`: the taker may have left the set already, at its wake-up (a semaphore's waiter).
 local function wait_took(waiting, waiter, inbox, popped)
   local left = redis.call('ZREM', waiting, waiter) == 1
   if (left or popped) and inbox and inbox ~= '' then
-    -- The one told to stand by: the first of another process than the taker's (wake_first).
     local mine = process_of(waiter)
-    for _, first in ipairs(redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1)) do
-      if process_of(first) ~= mine then
+    for i, first in ipairs(redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1)) do
+      if i == 1 or process_of(first) ~= mine then
         publish(inbox, first, first .. '|d')
+      end
+      if process_of(first) ~= mine then
         return
       end
     end
@@ -107,18 +109,23 @@ local function wake_first(waiting, inbox, pop, hand_off)
   if not hand_off or uncounted >= UNCOUNTED_MAX then
     return
   end
-  -- The one told is the first waiter of another process than the woken one's: a paused
-  -- process (its socket counted) would hear the stand-by for its other waiters too, and the
-  -- live waiter behind them would sleep to its hint. The woken one's process hands its turn
-  -- on to its own next waiter itself, or takes none (paused: then the one told does).
+  -- The next waiter is told, and so is the first waiter of another process than the woken
+  -- one's, if the next is not: a paused process (its socket counted) hears the stand-by for
+  -- its other waiters too, and the live waiter behind them would sleep to its hint. (The
+  -- next is told even of the same process: a live one's registration whose waiter is gone
+  -- unknown to its hub, the stand-by is how the turn goes on.)
   local woken = process_of(last)
   local at = pop and 0 or 1
+  local told = false -- the next one, of the woken one's process
   for _ = 1, UNCOUNTED_MAX do
     local after = redis.call('ZRANGE', waiting, at, at)[1]
     if not after then
       return
     end
     if process_of(after) == woken then
+      if not told then
+        told = stand_by(inbox, after) > 0
+      end
       at = at + 1
     else
       local count, sure = stand_by(inbox, after)
