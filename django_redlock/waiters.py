@@ -392,11 +392,19 @@ class ReleaseHub:
         behind: starved, or paused with the process)."""
         return False
 
+    #: (monotonic, text) of the last refusal for now (BUSY: a long script) of a subscription,
+    #: written by the reader: what an unconfirmed wait's error names as its cause.
+    refused_for_now: tuple[float, str] | None = None
+
     def unconfirmed_error(self, alias: str, lock: str) -> str:
-        return (
+        message = (
             f"lock {lock!r}: backend {alias!r} did not confirm the wait's subscription within"
             f" {self.confirm_timeout:g} s"
         )
+        refused = self.refused_for_now
+        if refused is not None and time.monotonic() - refused[0] <= 2 * self.confirm_timeout:
+            message += f": it refused it for now ({refused[1]})"
+        return message
 
     def join(
         self, channel: str, waiter: AnyWaiter, by_id: bool = False, lock: str = ""

@@ -433,6 +433,7 @@ class PubSubHub(ReleaseHub):
                     self._silent = True
                     self.declare_unheard()
                 if isinstance(exc, ResponseError):
+                    self.refused_for_now = (time.monotonic(), str(exc))
                     # A refusal for now (BUSY: a long script) of a SUBSCRIBE, the first or
                     # redis-py's re-subscribe after a reconnect: redis-py counts the channel
                     # as subscribed, and its confirmation would never come. Dropped, the
@@ -767,6 +768,7 @@ class ShardedPubSubHub(PubSubHub):
                 failures += 1
                 unreachable = not _connected(pubsub)  # redis-py's reconnect failed too
                 if isinstance(exc, ResponseError):  # BUSY to a (re-)SSUBSCRIBE: as PubSubHub
+                    self.refused_for_now = (time.monotonic(), str(exc))
                     _drop_connection(pubsub)
                 self._moved(name)
                 if unreachable and failures == 1:

@@ -5,16 +5,24 @@
 -- dead waiter blocks the queue past its deadline, and pruning costs O(1) per dead waiter.
 local PRUNE_MAX = 100 -- per call: a crowd of dead waiters never blocks Redis for long
 
+-- A head's deadline brought down by a hand-off (queue_wake_head) carries this fraction of a
+-- ms (every other deadline is whole ms): a head dropped at such a deadline missed its turn,
+-- and the waiters of its process right behind it are dropped with it (that process is paused:
+-- they would each hold the queue to their own deadline; live, they queue again at their try).
+local HANDED = 0.25
+
 local function queue_prune(queue, deadlines, now)
+  local missed -- the process of a head dropped at its hand-off deadline
   for _ = 1, PRUNE_MAX do
     local head = redis.call('LINDEX', queue, 0)
     if not head then
       return
     end
     local deadline = tonumber(redis.call('ZSCORE', deadlines, head))
-    if deadline and deadline > now then
+    if deadline and deadline > now and process_of(head) ~= missed then
       return
     end
+    missed = (deadline and deadline % 1 == HANDED) and process_of(head) or missed
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, head)
   end
@@ -26,10 +34,14 @@ end
 -- waiter dropped so, its process reconnecting, queues again at its next try.) A count that
 -- is not all of them (classic PUBLISH on a cluster counts one node's subscribers) drops
 -- nobody: the head may hear it elsewhere, and keeps its place.
--- With `hand_off` (a lock freed, at server ms `now`) and someone behind the head, the hand-off
--- is bounded (HAND_OFF_MS in _wake.lua): the head's deadline comes down to now + HAND_OFF_MS
--- (a live head takes its turn before; a paused one is dropped by the next try after it), and
--- the next in line stands by, to try then (a dead one is dropped, the one after told).
+-- With `hand_off` (a lock freed, at server ms `now`) and someone behind the head, the
+-- hand-off is bounded (HAND_OFF_MS in _wake.lua): the head's deadline comes
+-- down to now + HAND_OFF_MS (a live head takes its turn before; a paused one is dropped by
+-- the next try after it), and the next in line stands by, to try then, and so does the first
+-- waiter of another process, if the next is of the head's (a dead one is dropped, the next
+-- told): a paused process counts as hearing for all its waiters, and the live waiter behind
+-- them would sleep on. Then the head's deadline is marked HANDED: its process's waiters
+-- right behind it are dropped with it.
 local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
   local head
   for _ = 1, PRUNE_MAX do
@@ -51,33 +63,59 @@ local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
   if not hand_off then
     return head
   end
+  local woken, at, told = process_of(head), 1, false
   for _ = 1, PRUNE_MAX do
-    local after = redis.call('LINDEX', queue, 1)
+    local after = redis.call('LINDEX', queue, at)
     if not after then
-      return head
-    end
-    local count, sure = stand_by(inbox, after)
-    if count > 0 or not sure then
       break
     end
-    redis.call('LREM', queue, 1, after) -- found at once: it is second
-    redis.call('ZREM', deadlines, after)
+    if process_of(after) == woken then
+      if not told then -- the next in line, as wake_first's
+        told = stand_by(inbox, after) > 0
+      end
+      at = at + 1
+    else
+      local count, sure = stand_by(inbox, after)
+      if count > 0 or not sure then
+        break
+      end
+      redis.call('LREM', queue, 1, after) -- the first of its id from the head: this one
+      redis.call('ZREM', deadlines, after)
+    end
   end
+  if at == 1 and not redis.call('LINDEX', queue, 1) then
+    return head -- nobody behind it any more
+  end
+  -- Marked HANDED only when waiters of the head's process stand between it and the one of
+  -- another process told: those are dropped with a head that misses its turn.
   local soon = now + HAND_OFF_MS
-  if (tonumber(redis.call('ZSCORE', deadlines, head)) or soon) > soon then
-    redis.call('ZADD', deadlines, soon, head)
-  end
+  local deadline = math.min(tonumber(redis.call('ZSCORE', deadlines, head)) or soon, soon)
+  local mark = (at > 1 and redis.call('LINDEX', queue, at)) and HANDED or 0
+  redis.call('ZADD', deadlines, math.floor(deadline) + mark, head)
   return head
 end
 
--- A fair waiter at the head took the lock: it leaves the queue, and the new head, told to
--- stand by at the release (queue_wake_head), stands down.
+-- A fair waiter at the head took the lock: it leaves the queue, and those told to stand by at
+-- the release (queue_wake_head: the new head, and the first waiter of another process than
+-- the taker's) stand down.
 local function queue_took(queue, deadlines, waiter, inbox)
   redis.call('LPOP', queue)
   redis.call('ZREM', deadlines, waiter)
-  local head = inbox and redis.call('LINDEX', queue, 0)
-  if head then
-    publish(inbox, head, head .. '|d')
+  if not inbox then
+    return
+  end
+  local mine = process_of(waiter)
+  for at = 0, PRUNE_MAX - 1 do -- (LINDEX, not LRANGE: the ACL rule names the commands)
+    local after = redis.call('LINDEX', queue, at)
+    if not after then
+      return
+    end
+    if at == 0 or process_of(after) ~= mine then -- the new head, and the first of another
+      publish(inbox, after, after .. '|d')
+    end
+    if process_of(after) ~= mine then
+      return
+    end
   end
 end
 

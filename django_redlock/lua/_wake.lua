@@ -31,30 +31,47 @@ end
 
 -- The bounded hand-off. A waiter woken at a release may not take the lock: its process is
 -- paused (SIGSTOP, a long GC, a frozen container) yet its socket still counts as a receiver.
--- So a release that wakes one waiter while others wait also tells the next one to stand by:
--- '<id>|s<ms>'. That waiter's process wakes it HAND_OFF_MS later (its hub's timer), unless it
--- hears '<id>|d' first: a waiter's take sends that to the new first waiter (wait_took,
--- queue_took). A live hand-off costs no try more; a paused one costs the next waiter
+-- So a release that wakes one waiter while others wait also tells the next one of another
+-- process to stand by: '<id>|s<ms>'. That waiter's process wakes it HAND_OFF_MS later (its
+-- hub's timer), unless it hears '<id>|d' first: a waiter's take sends that to the first
+-- waiter of another process than the taker's (wait_took, queue_took).
+-- A live hand-off costs no try more; a paused one costs the next waiter
 -- HAND_OFF_MS, not the hold's TTL. 500 ms: some 300 times a loaded machine's hand-off
 -- (make bench: p99 1-2 ms on 2 shared cores), so a live waiter slowed by load or a GC
 -- normally takes within it; a waiter later than that lets the next one try (a plain lock
 -- promises no order; a fair queue's late head queues again, at the back).
 local HAND_OFF_MS = 500
 
+-- At most so many waiters looked at past the first per call (uncounted ones woken, others'
+-- waiters passed over for a stand-by): a crowd never blocks Redis for long.
+local UNCOUNTED_MAX = 32
+
+-- A waiter's process: its id up to the '.' ('!' included: the same process's ids all have it
+-- or none do).
+local function process_of(waiter)
+  return string.match(waiter, '^[^.]*')
+end
+
 -- Tell `waiter` to stand by (see HAND_OFF_MS): the receivers counted, and whether that is all.
 local function stand_by(inbox, waiter)
   return publish(inbox, waiter, waiter .. '|s' .. HAND_OFF_MS)
 end
 
--- A registered waiter took the lock: it leaves the set, and the one now first, told to stand
--- by at the release (wake_first), stands down: it is woken at the next release instead.
+-- A registered waiter took the lock: it leaves the set, and those told to stand by at the
+-- release (wake_first: the one now first, and the first of another process than the taker's)
+-- stand down: they are woken at the next release instead.
 -- `popped`: the taker may have left the set already, at its wake-up (a semaphore's waiter).
 local function wait_took(waiting, waiter, inbox, popped)
   local left = redis.call('ZREM', waiting, waiter) == 1
   if (left or popped) and inbox and inbox ~= '' then
-    local first = redis.call('ZRANGE', waiting, 0, 0)[1]
-    if first then
-      publish(inbox, first, first .. '|d')
+    local mine = process_of(waiter)
+    for i, first in ipairs(redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1)) do
+      if i == 1 or process_of(first) ~= mine then
+        publish(inbox, first, first .. '|d')
+      end
+      if process_of(first) ~= mine then
+        return
+      end
     end
   end
 end
@@ -68,14 +85,15 @@ end
 -- the next one is woken too, up to UNCOUNTED_MAX such waiters per call.
 -- With `hand_off`, the waiter after the one heard (the first left, with `pop`) stands by
 -- (HAND_OFF_MS; a dead one is dropped and the next told): a single waiter costs nothing more.
-local UNCOUNTED_MAX = 32
 local function wake_first(waiting, inbox, pop, hand_off)
   local uncounted = 0
+  local last
   while true do
     local first = redis.call('ZRANGE', waiting, 0, 0)[1]
     if not first then
       return
     end
+    last = first
     local count, sure = publish(inbox, first)
     local heard = count > 0
     if pop or not heard then
@@ -91,17 +109,31 @@ local function wake_first(waiting, inbox, pop, hand_off)
   if not hand_off or uncounted >= UNCOUNTED_MAX then
     return
   end
+  -- The next waiter is told, and so is the first waiter of another process than the woken
+  -- one's, if the next is not: a paused process (its socket counted) hears the stand-by for
+  -- its other waiters too, and the live waiter behind them would sleep to its hint. (The
+  -- next is told even of the same process: a live one's registration whose waiter is gone
+  -- unknown to its hub, the stand-by is how the turn goes on.)
+  local woken = process_of(last)
   local at = pop and 0 or 1
+  local told = false -- the next one, of the woken one's process
   for _ = 1, UNCOUNTED_MAX do
     local after = redis.call('ZRANGE', waiting, at, at)[1]
     if not after then
       return
     end
-    local count, sure = stand_by(inbox, after)
-    if count > 0 or not sure then
-      return
+    if process_of(after) == woken then
+      if not told then
+        told = stand_by(inbox, after) > 0
+      end
+      at = at + 1
+    else
+      local count, sure = stand_by(inbox, after)
+      if count > 0 or not sure then
+        return
+      end
+      redis.call('ZREM', waiting, after)
     end
-    redis.call('ZREM', waiting, after)
   end
 end
 

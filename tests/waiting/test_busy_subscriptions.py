@@ -81,6 +81,17 @@ def test_an_inbox_whose_first_subscribe_is_refused_busy_is_subscribed_once_the_s
     assert _handed_over(name, held) < 0.5
 
 
+def test_a_wait_s_set_up_refused_busy_says_so(server: RedisServer, name: str) -> None:
+    """The error of a wait whose subscription was not confirmed names the server's refusal
+    (BUSY), not only the silence."""
+    hub = locks["busy"].hub
+    with busy(server.client()), hub.watch("one-waiter", by_id=True) as waiter:
+        assert waiter.unconfirmed
+        message = hub.unconfirmed_error("busy", name)
+    assert "did not confirm the wait's subscription" in message, message
+    assert "BUSY" in message, message
+
+
 def test_an_inbox_whose_resubscribe_after_a_reconnect_is_refused_busy_is_subscribed_again(
     server: RedisServer, name: str
 ) -> None:

@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -180,3 +181,52 @@ def test_a_semaphore_s_next_waiter_stands_by_and_down_as_a_lock_s(
     first.expect("ACQUIRED")
     first.send("release")
     first.expect("RELEASED")
+
+
+@pytest.mark.parametrize("kind", ["plain", "fair", "semaphore"])
+def test_the_hand_off_skips_the_woken_waiter_s_process(name: str, kind: str) -> None:
+    """The woken waiter's process is paused and holds the next place in line too (a worker
+    with two threads waiting): the stand-by goes to the first waiter of another process, so
+    a live waiter behind them gets the lock within the hand-off delay, not at its hint (the
+    lock's TTL). Paused here: a subscriber to that process's inbox that never reads (as a
+    SIGSTOPped process's socket: the release's PUBLISH counts it heard). A fair queue's head
+    missing its turn is dropped with its process's waiters right behind it."""
+    backend = locks["redis"]
+    client = backend.client  # type: ignore[attr-defined]
+    pubsub = client.pubsub()
+    pubsub.subscribe(f"{backend.inbox_prefix}pausedtwo")
+    until = time.monotonic() + 5
+    while pubsub.get_message(timeout=0.1) is None:  # the confirmation; nothing read after
+        assert time.monotonic() < until, "never subscribed"
+
+    def one() -> Any:
+        if kind == "semaphore":
+            return semaphore(name, 1, ttl=8, using="redis")
+        return lock(name, using="redis", ttl=8, fair=kind == "fair")
+
+    holder = one()
+    assert holder.acquire(blocking=False)
+    paused = ["pausedtwo.1", "pausedtwo.2"]
+    if kind == "fair":
+        client.rpush(backend.queue_key(name), *paused)
+        until_ms = int(time.time() * 1000) + 20_000
+        client.zadd(backend.deadlines_key(name), dict.fromkeys(paused, until_ms))
+    else:
+        client.zadd(backend.waiting_key(name), {paused[0]: 0, paused[1]: 1})
+    got: list[float] = []
+    live = one()
+    thread = threading.Thread(
+        target=lambda: live.acquire(timeout=10) and got.append(time.monotonic())
+    )
+    thread.start()
+    try:
+        _wait_for_waiters(name, 3)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(12)
+    finally:
+        pubsub.close()
+    assert got, "the live waiter never got the free lock"
+    assert got[0] - released < 2.0, got[0] - released  # the hand-off delay; the TTL was 8 s
+    live.release()

@@ -1,0 +1,126 @@
+"""An interrupt at every line of a waiter's try bounded by its hub's verdict
+(``RedisBackend.execute_by`` and the fast path under it), and at the entry of every function
+those lines call.
+
+The rule checked after each one: the bound ends with the try. A deadline left behind by an
+interrupt (one that landed in the ``finally`` putting the thread's deadline back) cut every
+later command of that thread to 1 ms once it had passed: ``BackendUnavailable`` ("Timeout
+reading") on a healthy server, for the life of the thread.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from types import CodeType, FrameType
+from typing import Any
+
+from django_redlock import fast_path, lock, locks
+from django_redlock.backends.redis import RedisBackend
+
+from ..support.line_interrupts import Interrupt
+
+SLOW = (
+    "local t = redis.call('TIME'); local s = t[1] * 1e6 + t[2]\n"
+    "repeat local n = redis.call('TIME') until n[1] * 1e6 + n[2] - s > 30000\nreturn 1"
+)
+ONE_AT_A_TIME = threading.Lock()
+BY = RedisBackend.execute_by.__code__
+
+
+def _watched() -> set[CodeType]:
+    codes = {BY, RedisBackend.execute.__code__}
+    for value in vars(fast_path).values():  # whatever the fast path's helpers are named
+        code = getattr(getattr(value, "__wrapped__", value), "__code__", None)
+        if code is not None and code.co_filename == fast_path.__file__:
+            codes.add(code)
+    return codes
+
+
+class FirstTry:
+    """Raises :class:`Interrupt` at the ``at``-th point (None: counts them) of the first
+    bounded try: each line of the watched functions, and each entry of a function they call,
+    from its entry into ``execute_by`` until that call returns."""
+
+    def __init__(self, at: int | None) -> None:
+        self.at, self.watched = at, _watched()
+        self.points, self.depth, self.done = 0, 0, False
+        self.fired: str | None = None
+
+    def _point(self, frame: FrameType) -> None:
+        self.points += 1
+        if self.points == self.at:
+            self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
+            raise Interrupt(self.fired)
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if self.done:
+            return None
+        if frame.f_code is BY and self.depth == 0:
+            self.depth = 1
+            self._point(frame)
+            return self._line
+        if self.depth == 0:
+            return None
+        back = frame.f_back
+        if back is not None and back.f_code in self.watched:
+            self._point(frame)  # at the callee's entry
+        return self._line if frame.f_code in self.watched else None
+
+    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if self.done:
+            return None
+        if event == "line":
+            self._point(frame)
+        elif event == "return" and frame.f_code is BY:
+            self.done = True
+        return self._line
+
+
+def _case(name: str, at: int | None, checks: list[str]) -> tuple[FirstTry, threading.Event]:
+    """A waiter on a held name, interrupted at point ``at`` of its first bounded try; then,
+    on the same thread once any deadline of that try has passed, a healthy 30 ms command."""
+    backend = locks["default"]
+    client: Any = backend.client  # type: ignore[attr-defined]
+    timeout = client.connection_pool.connection_kwargs["socket_timeout"]
+    tracer = FirstTry(at)
+    interrupted = threading.Event()
+
+    def waiter() -> None:
+        sys.settrace(tracer)
+        try:
+            lock(name, ttl=5).acquire(timeout=0.1)
+        except Interrupt:
+            pass
+        finally:
+            sys.settrace(None)
+            interrupted.set()
+        time.sleep(timeout + 0.2)  # past whatever deadline the try had
+        try:
+            with ONE_AT_A_TIME:  # (the server runs them one after another)
+                fast_path.command(client, "EVAL", SLOW, "0")
+        except Exception as exc:
+            checks.append(f"{tracer.fired}: {type(exc).__name__}: {exc}")
+
+    threading.Thread(target=waiter, daemon=True).start()
+    return tracer, interrupted
+
+
+def test_an_interrupt_at_any_line_of_a_bounded_try_leaves_no_deadline_behind(name: str) -> None:
+    holder = lock(name, ttl=30, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    checks: list[str] = []
+    counted, done = _case(name, None, checks)
+    assert done.wait(10)
+    total = counted.points
+    assert total > 10, total
+    threads_before = set(threading.enumerate())
+    for at in range(1, total + 1):
+        tracer, done = _case(name, at, checks)
+        assert done.wait(10), at
+        assert tracer.fired is not None or at > tracer.points, at
+    for thread in set(threading.enumerate()) - threads_before:
+        thread.join(10)
+    holder.release()
+    assert not checks, (total, checks)
