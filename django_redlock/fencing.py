@@ -99,6 +99,7 @@ class FencedHold(Protocol):
     prior: str | None
     depth: int
     releasing: bool
+    stamps: tuple[int, ...]  # one per level held, new each time the level is taken
 
 
 class FencedLock(Protocol):
@@ -1356,12 +1357,16 @@ def release_after_commit(lock: FencedLock, depth: int | None = None) -> None:
 
 
 class _Debt:
-    """A release a fenced block's end owes: ``lock``'s hold of ``token``, at ``depth`` (None:
-    the whole hold). Paid only while that very hold (and level) is still held: never a later
-    hold of the same lock object."""
+    """A release a fenced block's end owes: ``lock``'s hold, at ``depth`` (None: the whole
+    hold). Paid only while that very hold and level are still held: never a later hold of the
+    same lock object, nor a level of it taken again since (a reentrant owner's token is the
+    same for all its holds; a level is named by its stamp, new each time it is taken)."""
 
-    def __init__(self, lock: FencedLock, token: str, depth: int | None) -> None:
-        self.lock, self.token, self.depth = lock, token, depth
+    def __init__(self, lock: FencedLock, hold: FencedHold, depth: int | None) -> None:
+        self.lock, self.token, self.depth = lock, hold.token, depth
+        level = 1 if depth is None else depth
+        stamps = hold.stamps
+        self.stamp = stamps[level - 1] if 0 < level <= len(stamps) else None
 
     def due(self) -> bool:
         """Whether that hold (and level) is still held here. No I/O."""
@@ -1369,8 +1374,10 @@ class _Debt:
             _owner, hold = self.lock.current_hold()
         except LockError:
             return False  # released, or lost
-        if hold.token != self.token:
-            return False  # that hold ended; this is another
+        level = 1 if self.depth is None else self.depth
+        stamps = hold.stamps
+        if hold.token != self.token or len(stamps) < level or stamps[level - 1] != self.stamp:
+            return False  # that hold (or level) ended; this is another
         return self.depth is None or hold.depth >= self.depth or hold.releasing
 
     def pay(self) -> None:
@@ -1396,7 +1403,7 @@ def owe(locks: Any, depth: int | None = None) -> list[_Debt]:
     debts: list[_Debt] = []
     for lk in locks:
         with contextlib.suppress(LockError):
-            debts.append(_Debt(lk, lk.current_hold()[1].token, depth))
+            debts.append(_Debt(lk, lk.current_hold()[1], depth))
     owed = _owed()
     owed.extend(debts)  # one call, after the look-ups: all owed, or none
     if len(owed) > _OWED_KEPT:  # (Redis down for long: bounded, the oldest given up)
