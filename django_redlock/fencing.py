@@ -461,10 +461,11 @@ def _fenced_steps(
             # signal handler, raised after it. Raising now would say "not committed" and
             # invite a retry that applies the work twice.
             logger.exception(
-                "redlock: %s: its fenced transaction committed%s; then it raised (logged, not"
-                " raised: the block returns)",
+                "redlock: %s: its fenced transaction committed%s; then %s (logged, not raised:"
+                " the block returns)",
                 lock.describe(),
                 "" if outermost else " into the outer transaction",
+                "an on_commit callback raised" if outermost else "an exception",
             )
             return
         if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
