@@ -99,6 +99,7 @@ class FencedHold(Protocol):
     prior: str | None
     depth: int
     releasing: bool
+    stamps: tuple[int, ...]  # one per level held, new each time the level is taken
 
 
 class FencedLock(Protocol):
@@ -198,8 +199,11 @@ def tracked_exit(func: _Exit) -> _Exit:
 class _Committed:
     """Set by the block's first ``on_commit`` callback (robust: it cannot fail): Django runs
     the callbacks after the COMMIT, in order, so once this is set the COMMIT happened. (Set
-    too when a lost COMMIT's outcome check proved it.) ``pending``: the COMMIT was sent and
-    its outcome not yet settled: an ``Exception`` escaping the block then says "unknown"."""
+    too when a lost COMMIT's outcome check proved it; and, nested in an outer transaction, as
+    Django's exit of its savepoint returns from the ``RELEASE SAVEPOINT``: its writes are the
+    outer transaction's from then on, so nothing after that raises "nothing committed".)
+    ``pending``: the COMMIT was sent and its outcome not yet settled: an ``Exception``
+    escaping the block then says "unknown"."""
 
     done = False
     pending = False
@@ -404,7 +408,7 @@ def _fenced_steps(
         committed.using, committed.atomic = using, weakref.ref(atomic)
         if outermost:  # known as a fenced block's, should its exit never run (drop_abandoned)
             _opened()[using] = (weakref.ref(atomic), committed)
-        scope = _Scope(atomic, using)
+        scope = _Scope(atomic, using, committed, nested=not outermost)
         with scope:
             _live().append(committed)  # open: rolled back should its ``with`` abandon it
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
@@ -452,11 +456,16 @@ def _fenced_steps(
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
-            # The COMMIT happened; an on_commit callback raised after it. Raising now would
-            # say "not committed" and invite a retry that applies the work twice.
+            # The COMMIT happened (nested: the savepoint was released into the outer
+            # transaction, which commits the block's writes); an on_commit callback, or a
+            # signal handler, raised after it. Raising now would say "not committed" and
+            # invite a retry that applies the work twice.
             logger.exception(
-                "redlock: %s: its fenced transaction committed; then an on_commit callback raised",
+                "redlock: %s: its fenced transaction committed%s; then %s (logged, not raised:"
+                " the block returns)",
                 lock.describe(),
+                "" if outermost else " into the outer transaction",
+                "an on_commit callback raised" if outermost else "an exception",
             )
             return
         if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
@@ -511,15 +520,17 @@ def _fenced_steps(
                            lock.describe(), type(stopped).__name__)  # fmt: skip
         _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
     finally:
+        # First, on one line (see FencedTransaction), and again should it be cut short: a mark
+        # left behind would be every later block's of the row on this thread (whose outcome
+        # check would take this block's write for its own). The rest, skipped by an
+        # exception, is cleaned up later (the block's steps are over).
+        try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
+        finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
         committed.where = None  # (not kept alive by the block)
         with contextlib.suppress(ValueError):
             _live().remove(committed)
         if outermost:  # the transaction ended as it should: nothing to roll back later
             _ended_clean(using)
-        # On one line (see FencedTransaction), and again should it be cut short: a mark left
-        # behind would be every later block's of the row on this thread.
-        try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
-        finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
 
 
 class _ProvedHook:
@@ -925,10 +936,17 @@ class _Scope:
     ``exited``: Django's exit returned. Django's exit pops the savepoint's id before it
     releases or rolls back to it, so an exception on one of its lines (a signal handler's)
     leaves a savepoint no longer listed, neither released nor rolled back: the outer
-    transaction would commit the block's writes. :func:`_undo_savepoint` settles it."""
+    transaction would commit the block's writes. :func:`_undo_savepoint` settles it.
 
-    def __init__(self, atomic: Any, using: str) -> None:
-        self.atomic, self.using = atomic, using
+    The rule for a nested block: until Django's exit returns from releasing the savepoint,
+    an exception rolls it back to the savepoint or, if it may be released, marks the outer
+    transaction for rollback; from the moment it returns (``committed.done`` set, in the same
+    stretch with no call), the block's writes are the outer transaction's, and an exception
+    on any later line of the exit is logged, not raised as "nothing committed" (an interrupt
+    goes on), as after an outermost block's COMMIT."""
+
+    def __init__(self, atomic: Any, using: str, committed: _Committed, nested: bool) -> None:
+        self.atomic, self.using, self.committed, self.nested = atomic, using, committed, nested
         self.sid: str | None = None
         self.entered = self.exited = False
 
@@ -946,7 +964,10 @@ class _Scope:
     ) -> None:
         # ``exited`` unset by an exception on its line: the savepoint is then treated as
         # possibly released (the outer transaction cannot commit): never the other way round.
-        self.atomic.__exit__(exc_type, exc, tb); self.exited = True  # noqa: E702  # fmt: skip
+        # Released (nested, no exception): committed into the outer transaction. No call
+        # between Django's exit returning and the stores: nothing lands between them.
+        released = self.nested and exc_type is None
+        self.atomic.__exit__(exc_type, exc, tb); self.exited = True; self.committed.done = self.committed.done or released  # noqa: E702, E501  # fmt: skip
 
 
 def _undo_savepoint(using: str, depth: int, scope: _Scope) -> None:
@@ -1356,12 +1377,16 @@ def release_after_commit(lock: FencedLock, depth: int | None = None) -> None:
 
 
 class _Debt:
-    """A release a fenced block's end owes: ``lock``'s hold of ``token``, at ``depth`` (None:
-    the whole hold). Paid only while that very hold (and level) is still held: never a later
-    hold of the same lock object."""
+    """A release a fenced block's end owes: ``lock``'s hold, at ``depth`` (None: the whole
+    hold). Paid only while that very hold and level are still held: never a later hold of the
+    same lock object, nor a level of it taken again since (a reentrant owner's token is the
+    same for all its holds; a level is named by its stamp, new each time it is taken)."""
 
-    def __init__(self, lock: FencedLock, token: str, depth: int | None) -> None:
-        self.lock, self.token, self.depth = lock, token, depth
+    def __init__(self, lock: FencedLock, hold: FencedHold, depth: int | None) -> None:
+        self.lock, self.token, self.depth = lock, hold.token, depth
+        level = 1 if depth is None else depth
+        stamps = hold.stamps
+        self.stamp = stamps[level - 1] if 0 < level <= len(stamps) else None
 
     def due(self) -> bool:
         """Whether that hold (and level) is still held here. No I/O."""
@@ -1369,8 +1394,10 @@ class _Debt:
             _owner, hold = self.lock.current_hold()
         except LockError:
             return False  # released, or lost
-        if hold.token != self.token:
-            return False  # that hold ended; this is another
+        level = 1 if self.depth is None else self.depth
+        stamps = hold.stamps
+        if hold.token != self.token or len(stamps) < level or stamps[level - 1] != self.stamp:
+            return False  # that hold (or level) ended; this is another
         return self.depth is None or hold.depth >= self.depth or hold.releasing
 
     def pay(self) -> None:
@@ -1396,7 +1423,7 @@ def owe(locks: Any, depth: int | None = None) -> list[_Debt]:
     debts: list[_Debt] = []
     for lk in locks:
         with contextlib.suppress(LockError):
-            debts.append(_Debt(lk, lk.current_hold()[1].token, depth))
+            debts.append(_Debt(lk, lk.current_hold()[1], depth))
     owed = _owed()
     owed.extend(debts)  # one call, after the look-ups: all owed, or none
     if len(owed) > _OWED_KEPT:  # (Redis down for long: bounded, the oldest given up)

@@ -40,6 +40,7 @@ from .holds import (
     believed,
     holds_it,
     holds_levels,
+    new_stamp,
     refence_of,
     refenced,
     settled,
@@ -655,7 +656,8 @@ class BaseLock:
                 if hold is None:
                     # Into the object with its level: one store (a hold without a level
                     # would be reported held, and its release would give back another's).
-                    hold = Hold(token, attempt.fence, actor, depth=1, prior=attempt.prior)
+                    hold = Hold(token, attempt.fence, actor, depth=1, prior=attempt.prior,
+                                stamps=(new_stamp(),))  # fmt: skip
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     self._holds[owner] = hold
@@ -664,6 +666,9 @@ class BaseLock:
                         # Renewed for as long as it is held (or its object lives).
                         hold.taken = take(self.backend, self.name, actor, self)
                 else:
+                    # The level's stamp first: cut short before the depth, the stamp names a
+                    # level not held (a debt naming the old one is then never paid: safe).
+                    hold.stamps = (*hold.stamps[: hold.depth], new_stamp())
                     hold.depth += 1
                 self._lost = None
                 if self.auto_renew and hold.renewer is None:

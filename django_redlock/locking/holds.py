@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections import deque
@@ -27,6 +28,18 @@ class Hold:
     taken: Any = None  # its handle in the registry below (until its release is sent)
     observed: Any = None  # what metrics and spans keep of it (observe.Held)
     prior: str | None = None  # the token of the hold given a fence before it (Attempt.prior)
+    # A number per level held (index: level - 1), new each time the level is taken: an owed
+    # release (fencing's) names its hold and level by it, so it never releases a later hold
+    # or a level taken again since (a reentrant owner's token is the same for every hold).
+    stamps: tuple[int, ...] = ()
+
+
+#: The source of :attr:`Hold.stamps` (``next()`` on it is atomic: no lock needed).
+_stamps = itertools.count(1)
+
+
+def new_stamp() -> int:
+    return next(_stamps)
 
 
 #: Which process this is, as a count of forks: checked on every lock operation, where

@@ -108,13 +108,18 @@ def test_a_release_a_burst_cut_short_is_made_later(
     assert not fencing._owed()  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("later", ["hold", "reentrant hold", "reentrant level"])
 def test_an_owed_release_never_releases_a_later_hold_of_the_same_lock(
-    name: str, monkeypatch: pytest.MonkeyPatch
+    name: str, later: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The owed release names its hold (its token): once that hold is gone, a later hold of the
-    same lock object is left alone."""
+    """The owed release names its hold and level: once that hold (or level) is gone, a later
+    hold of the same lock object, or a level of it taken again, is left alone. A reentrant
+    owner's token is the same for all its holds (a module-level lock reused by a thread)."""
     open_shop(DB, 1, 10)
-    held = lock(name, ttl=30, atomic=True)
+    held = lock(name, ttl=30, atomic=True, reentrant=later != "hold")
+    levels = 2 if later == "reentrant level" else 1
+    if levels == 2:
+        held.acquire()  # the owed level is the second
     try:
         with held:
             sell_one(DB, 1, "body")
@@ -123,12 +128,14 @@ def test_an_owed_release_never_releases_a_later_hold_of_the_same_lock(
         pass
     finally:
         sys.settrace(None)
-    assert held.locked()  # owed
-    held.release()  # by hand: the owed hold is gone
-    held.acquire()  # a later hold of the same object
+    assert held.locked() and fencing._owed()  # type: ignore[attr-defined]
+    held.release()  # by hand: the owed hold (or level) is gone
+    held.acquire()  # a later hold (or level) of the same object
     request_finished.send(sender=None)
-    assert held.locked()
-    held.release()
+    for _ in range(levels):  # every level taken is still held
+        assert held.locked()
+        held.release()
+    assert not held.locked()
 
 
 class Interrupt(KeyboardInterrupt):

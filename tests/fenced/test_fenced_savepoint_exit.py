@@ -20,7 +20,8 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_redlock import lock, lock_all
+from django_redlock import fencing, lock, lock_all
+from django_redlock.locking.base import BaseLock
 from django_redlock.locking.multi import MultiLock
 
 from ..support.fenced_child import open_shop, sales, sell_one
@@ -179,3 +180,98 @@ def test_lock_all_abandoned_in_a_caller_s_transaction_is_rolled_back_as_its_with
             sys.settrace(None)
     assert not connections[PG].in_atomic_block
     assert [who for who, _ in sales(PG)] == ["request", "failure noted"]
+
+
+class AfterRelease(Interrupter):
+    """Armed as Django's exit of the block's savepoint returns (``RELEASE SAVEPOINT`` done: the
+    block's writes are the outer transaction's), until the block's exit returns: raises
+    ``TimeLimit`` once, at the ``at``-th point (None: counts them) of the rest of the exit,
+    each line of ``fencing``'s frames (the steps' ``finally``, what it calls, ``with lock``'s
+    release after the commit) and each entry into a function they call; ``only``: at the
+    first entry into that function instead."""
+
+    def __init__(self, at: int | None, only: str | None = None) -> None:
+        super().__init__(at)
+        self.only, self.released = only, False
+        self.exits = {BaseLock.__exit__.__code__, fencing.FencedTransaction.__exit__.__code__}  # type: ignore[attr-defined]
+
+    def _at(self, frame: FrameType) -> None:
+        # Not while ``_Seen``'s lock is held: a tracer raising at a ``with`` statement's end,
+        # before its ``__exit__`` is called, would leave it locked (the tracer's point only).
+        if not self.released or self.fired or fencing._seen_lock.locked():  # type: ignore[attr-defined]
+            return
+        self.points += 1
+        if self.points == self.at or frame.f_code.co_name == self.only:
+            self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
+            raise TimeLimit(self.fired)
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if code is fencing._Scope.__exit__.__code__ and not self.fired:  # type: ignore[attr-defined]
+            return self._scope
+        back = frame.f_back
+        if (
+            back is not None
+            and back.f_code.co_filename == fencing.__file__
+            and code.co_name != "__del__"
+        ):
+            self._at(frame)  # at the callee's entry
+        if code in self.exits:
+            return self._exit
+        return self._line if code.co_filename == fencing.__file__ else None
+
+    def _scope(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "return" and frame.f_locals.get("exc_type") is None and frame.f_back:
+            steps = frame.f_back  # the block's, not another block's of the same exit
+            self.released = self.released or steps.f_locals.get("outermost") is False
+        return self._scope
+
+    def _exit(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "return":
+            self.released = False  # the exit is over: the caller's code is not the block's
+        return (
+            self._line(frame, event, arg)
+            if frame.f_code.co_filename == fencing.__file__
+            else self._exit
+        )
+
+    def _line(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line":
+            self._at(frame)
+        return self._line
+
+
+@pytest.mark.parametrize("how", ["with lock", "atomic()"])
+def test_an_exception_on_any_line_of_a_nested_block_s_exit_after_its_savepoint_was_released(
+    name: str, how: str
+) -> None:
+    """Once the savepoint is released into the outer transaction, an exception (a soft time
+    limit) on any later line of the block's exit (its steps' ``finally``, its release) never
+    says "nothing committed" while the block's writes commit with the outer transaction: the
+    block returns (the exception logged), as after an outermost block's COMMIT; its mark is
+    forgotten (a later block of the row would take it for its outer block's)."""
+    alias = DEFAULT_DB_ALIAS
+    open_shop(alias, 1, 10_000)
+    counting = AfterRelease(None)
+    assert run(alias, name, how, "count", counting) == "returned"
+    n = counting.points
+    assert n > 10
+    for at in range(1, n + 1):
+        tracer = AfterRelease(at)
+        out = run(alias, name, how, f"r{at}", tracer)
+        assert tracer.fired, at
+        check(alias, f"r{at}", out, (at, tracer.fired, out))
+        assert not fencing._marks(), (at, tracer.fired)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("how", ["with lock", "atomic()"])
+def test_an_exception_forgetting_a_nested_block_s_mark_after_its_release_postgres(
+    name: str, how: str
+) -> None:
+    """The reviewer's case: a soft time limit as the steps' ``finally`` forgets the block's
+    mark, its savepoint released into the caller's transaction, which commits."""
+    open_shop(PG, 1, 10)
+    tracer = AfterRelease(None, only="_forget_mark")
+    out = run(PG, name, how, "inner", tracer)
+    assert tracer.fired, out
+    check(PG, "inner", out, (tracer.fired, out))
