@@ -25,6 +25,7 @@ from django_redlock import (
     LockLost,
     LockNotOwned,
     StaleFence,
+    fencing,
     lock,
     lock_view,
     locks,
@@ -182,6 +183,10 @@ def test_redis_down_at_the_release_after_a_commit_raises_nothing(
             sell_one(DB, 1, "a")
             server.kill()
         assert sales(DB) == [("a", 10)]  # committed, and no BackendUnavailable to retry on
+        assert [d.lock.name for d in fencing._owed()] == [name]  # type: ignore[attr-defined]
+        server.restart()  # back (empty): the owed release is settled (nothing held) ...
+        fencing.pay_owed()  # ... as the thread's next fenced block or request end would
+        assert not fencing._owed()  # type: ignore[attr-defined]
 
 
 def test_on_redlock_the_fence_is_the_majority_s(name: str, redis_factory: Any) -> None:
