@@ -1099,8 +1099,8 @@ class SingleInstanceTask(Task):
             try:
                 with watched_publish(self.app, follow_up, options) as watch:
                     sent = super().apply_async(args, kwargs, **options)
-            finally:  # sent: noted, whatever line an exception landed on after the publish
-                if watch is not None and watch.published:
+            finally:  # sent, or maybe: noted, whatever line an exception landed on
+                if self._maybe_published(watch, follow_up, args, kwargs, options):
                     self._note_sent(key, follow_up, args, kwargs, options, ttl_ms)
             return sent
         promised = options.pop("task_id", None)
@@ -1169,10 +1169,11 @@ class SingleInstanceTask(Task):
             if noting:
                 self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         except BaseException:
-            if sent is not None or (watch is not None and watch.published):
-                # Published (the broker took it), then an exception at any line since (in
-                # Celery's after_task_publish receivers too): the marker stays, noted as
-                # sent (unnoted, it is taken for a publish that never came: queued anew).
+            if sent is not None or self._maybe_published(watch, task_id, args, kwargs, options):
+                # Published (the broker took it) or maybe (an exception once the producer
+                # was entered, and the broker does not say it lacks the message): the marker
+                # stays, noted as sent (unnoted, it is taken for a publish that never came:
+                # queued anew). Cleared only when it is known nothing was queued.
                 if noting:
                     self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
                 raise
@@ -1184,6 +1185,22 @@ class SingleInstanceTask(Task):
                 unnote_call(config, key, *noted)
             raise
         return sent
+
+    def _maybe_published(
+        self, watch: Any, task_id: str, args: Any, kwargs: Any, options: dict[str, Any]
+    ) -> bool:
+        """Whether a publish that raised may have queued ``task_id``'s message: the broker
+        took it, or the producer was entered and the broker, asked by id, does not answer
+        "not there" (unknown is taken as sent: never a call lost, at worst one obeyed
+        marker until its TTL)."""
+        if watch is None or not watch.entered:
+            return False  # the producer was never called: nothing queued
+        if watch.published:
+            return True
+        from .broker import message_queued
+
+        queue = self._queue_of(args, kwargs, options)
+        return not queue or message_queued(self.app, queue, task_id) is not False
 
     def single_instance_config(self) -> SingleInstance | None:
         """The settings this task runs and queues under (a hook: the shims build theirs);

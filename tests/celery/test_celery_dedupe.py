@@ -1409,20 +1409,24 @@ def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated
     sender = celery_app.app.amqp.send_task_message.__code__
     queue = redis_server.client(db=1)
 
-    def published(frame: Any) -> bool:  # from the broker's publish on
+    def published(frame: Any) -> bool:  # from the moment the producer is entered
         if frame.f_code is PublishWatch.publish.__code__:
-            return bool(frame.f_locals["self"].published)
+            return bool(frame.f_locals["self"].entered)
         return frame.f_code is sender and "ret" in frame.f_locals  # kombu's publish returned
 
     def case(tracer: LineInterrupter) -> None:
+        # Inside kombu's publish the message may or may not be queued: either way the next
+        # delay() leaves exactly one message (deduplicated to it, or queued as the only one).
         name = uuid.uuid4().hex[:8]
         before = queue.llen(NOBODY)
         extra = () if task_name == "deduped" else ("t1",)
         interrupted(lambda: task.apply_async((name, *extra), queue=NOBODY), tracer)
-        assert queue.llen(NOBODY) == before + 1, tracer.fired
-        first = json.loads(queue.lindex(NOBODY, 0))["headers"]["id"]  # (pushed at the head)
+        taken = queue.llen(NOBODY) - before
+        assert taken in (0, 1), tracer.fired
+        first = json.loads(queue.lindex(NOBODY, 0))["headers"]["id"] if taken else None
         again = task.apply_async((name, *extra), queue=NOBODY)
-        assert again.id == first, f"a second message, at {tracer.fired}"
+        if taken:
+            assert again.id == first, f"a second message, at {tracer.fired}"
         assert queue.llen(NOBODY) == before + 1, tracer.fired
 
     try:
