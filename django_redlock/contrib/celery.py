@@ -1531,7 +1531,8 @@ def watch_revokes(app: Any) -> None:
 
 
 def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """A worker's ``revoke``/``terminate`` control command that notes the revoke first
+    """A worker's ``revoke``/``terminate``/``revoke_by_stamped_headers`` (with terminate:
+    the matching runs) control command that notes the revoke first
     (see :func:`note_revoked`), before Celery stops the run: a revoke is a cancel, and the
     stopped run's exit queues a follow-up that must find its call cancelled (Celery stores
     REVOKED and sends ``task_revoked`` only after the kill: a slow result backend left that
@@ -1544,6 +1545,12 @@ def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]
         if name == "terminate" and task_id is None and len(args) > 1:
             task_id = args[1]
         try:
+            if name == "revoke_by_stamped_headers":
+                headers = kwargs.get("headers", args[0] if args else None)
+                terminate = kwargs.get("terminate", args[1] if len(args) > 1 else False)
+                # Only the runs it stops: a queued message is discarded when a worker takes
+                # it (task_revoked clears its marker then).
+                task_id = _stamped_runs(headers) if terminate else []
             note_revoked(state.app, task_id)
         except Exception as exc:  # never fail the revoke; _on_revoked drops the call later
             logger.warning("redlock: could not note a revoke: %s", exc)
@@ -1553,10 +1560,33 @@ def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]
     return noting
 
 
+def _stamped_runs(headers: Any) -> list[str]:
+    """The ids of this worker's active requests whose stamps match ``headers`` (a dict of
+    stamp name to value(s), or a list of ``"name=value"``), as Celery matches them."""
+    from celery.worker import state as worker_state
+
+    if isinstance(headers, list):
+        headers = dict(str(h).split("=", 1) for h in headers if "=" in str(h))
+    if not isinstance(headers, dict):
+        return []
+
+    def values(v: Any) -> set[str]:
+        return {str(x) for x in (v if isinstance(v, (list, tuple, set)) else [v])}
+
+    found = []
+    for request in list(worker_state.active_requests):
+        stamps = getattr(request, "stamps", None) or {}
+        for header, wanted in headers.items():
+            if stamps.get(header) is not None and values(stamps[header]) & values(wanted):
+                found.append(str(request.id))
+                break
+    return found
+
+
 def _watch_revoke_commands() -> None:
     from celery.worker.control import Panel
 
-    for name in ("revoke", "terminate"):
+    for name in ("revoke", "terminate", "revoke_by_stamped_headers"):
         handler = Panel.data.get(name)
         if handler is not None and not getattr(handler, "redlock_notes_revokes", False):
             Panel.data[name] = _noting_revoke(handler, name)
