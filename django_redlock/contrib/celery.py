@@ -1248,8 +1248,29 @@ class SingleInstanceTask(Task):
         return (
             self._ended(task_id)
             or was_revoked(config.using, task_id)
+            or self._stamp_revoked(key, task_id)
             or self.message_gone(key, task_id)
         )
+
+    def _stamp_revoked(self, key: str, task_id: str) -> bool:
+        """Whether the queued call ``task_id`` carries a stamp a stamped revoke named (see
+        :func:`note_revoked_stamps`). Unknown: False (the other checks decide)."""
+        config = self.single_instance_config()
+        assert config is not None
+        backend = locks[config.using]
+        try:
+            noted = markers.read(backend, stamps_name(key, task_id))
+            if noted is None:
+                return False
+            stamps = json.loads(noted[0])
+            return any(
+                markers.read(backend, revoked_stamp_name(header, value)) is not None
+                for header, values in stamps.items()
+                for value in values
+            )
+        except (LockError, ValueError, TypeError, AttributeError) as exc:
+            logger.info("redlock: could not check the stamps of task %s: %s", task_id, exc)
+            return False
 
     #: How long (seconds) a call that meets the marker of a publish in progress (not noted as
     #: sent yet) waits for that publish: see :meth:`_published`.
@@ -1298,7 +1319,14 @@ class SingleInstanceTask(Task):
         config = self.single_instance_config()
         assert config is not None
         backend = locks[config.using]
+        stamps = {
+            str(h): sorted(_stamp_values(options[h]))
+            for h in options.get("stamped_headers") or ()
+            if options.get(h) is not None
+        }
         try:
+            if stamps:  # a stamped revoke must find them (see _stamp_revoked)
+                markers.mark(backend, stamps_name(key, task_id), json.dumps(stamps), ttl_ms)
             markers.mark(backend, sent_name(key, task_id), queue, ttl_ms)
         except LockError as exc:  # then the marker is obeyed until its TTL
             logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
@@ -1511,7 +1539,8 @@ def note_revoked(app: Any, task_ids: Any) -> None:
 
 
 def watch_revokes(app: Any) -> None:
-    """Make ``app.control.revoke`` note what it revokes (once per app)."""
+    """Make ``app.control.revoke`` (and ``revoke_by_stamped_headers``: the stamps) note what
+    it revokes (once per app)."""
     control = app.control
     if getattr(control, "redlock_notes_revokes", False):
         return
@@ -1527,6 +1556,19 @@ def watch_revokes(app: Any) -> None:
         return result
 
     control.revoke = noting
+    stamped = getattr(control, "revoke_by_stamped_headers", None)  # Celery 5.3+
+    if stamped is not None:
+
+        @functools.wraps(stamped)
+        def noting_stamps(headers: Any, *args: Any, **kwargs: Any) -> Any:
+            result = stamped(headers, *args, **kwargs)
+            try:
+                note_revoked_stamps(app, _as_stamps(headers))
+            except Exception as exc:  # the revoke itself went out: never fail it
+                logger.warning("redlock: could not note a revoke: %s", exc)
+            return result
+
+        control.revoke_by_stamped_headers = noting_stamps
     control.redlock_notes_revokes = True
 
 
@@ -1546,10 +1588,11 @@ def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]
             task_id = args[1]
         try:
             if name == "revoke_by_stamped_headers":
-                headers = kwargs.get("headers", args[0] if args else None)
+                headers = _as_stamps(kwargs.get("headers", args[0] if args else None))
                 terminate = kwargs.get("terminate", args[1] if len(args) > 1 else False)
-                # Only the runs it stops: a queued message is discarded when a worker takes
-                # it (task_revoked clears its marker then).
+                # The stamps, for a queued message whose marker a .delay() meets (see
+                # _stamp_revoked); the ids of the runs it stops, before the kill.
+                note_revoked_stamps(state.app, headers)
                 task_id = _stamped_runs(headers) if terminate else []
             note_revoked(state.app, task_id)
         except Exception as exc:  # never fail the revoke; _on_revoked drops the call later
@@ -1560,27 +1603,58 @@ def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]
     return noting
 
 
-def _stamped_runs(headers: Any) -> list[str]:
-    """The ids of this worker's active requests whose stamps match ``headers`` (a dict of
-    stamp name to value(s), or a list of ``"name=value"``), as Celery matches them."""
-    from celery.worker import state as worker_state
-
+def _as_stamps(headers: Any) -> dict[str, set[str]]:
+    """A stamped revoke's headers (a dict of stamp name to value(s), or a list of
+    ``"name=value"``), as stamp name -> values."""
     if isinstance(headers, list):
         headers = dict(str(h).split("=", 1) for h in headers if "=" in str(h))
     if not isinstance(headers, dict):
-        return []
+        return {}
+    return {str(k): _stamp_values(v) for k, v in headers.items()}
 
-    def values(v: Any) -> set[str]:
-        return {str(x) for x in (v if isinstance(v, (list, tuple, set)) else [v])}
+
+def _stamp_values(value: Any) -> set[str]:
+    return {str(x) for x in (value if isinstance(value, (list, tuple, set)) else [value])}
+
+
+def _stamped_runs(headers: dict[str, set[str]]) -> list[str]:
+    """The ids of this worker's active requests whose stamps match ``headers``, as Celery
+    matches them."""
+    from celery.worker import state as worker_state
 
     found = []
     for request in list(worker_state.active_requests):
         stamps = getattr(request, "stamps", None) or {}
         for header, wanted in headers.items():
-            if stamps.get(header) is not None and values(stamps[header]) & values(wanted):
+            if stamps.get(header) is not None and _stamp_values(stamps[header]) & wanted:
                 found.append(str(request.id))
                 break
     return found
+
+
+def revoked_stamp_name(header: str, value: str) -> str:
+    return f"redlock-revoked-stamp:{token_id(header)}={token_id(value)}"
+
+
+def note_revoked_stamps(app: Any, headers: dict[str, set[str]]) -> None:
+    """Note the stamps of a stamped revoke (as long as ``dedupe_ttl``), for ``app``'s
+    dedupe_queued tasks: a queued message carrying one is discarded when a worker takes it,
+    so its marker must not be obeyed meanwhile."""
+    names = [revoked_stamp_name(h, v) for h, values in headers.items() for v in values]
+    ttl: dict[str, float] = {}
+    for task in list(app.tasks.values()):
+        try:
+            config = _config_of(task)
+        except Exception:  # a hook of the user's that cannot answer: not ours to note
+            continue
+        if config is not None and config.dedupe_queued:
+            ttl[config.using] = max(ttl.get(config.using, 0.0), config.dedupe_ttl)
+    for using, seconds in ttl.items():
+        for name in names:
+            try:
+                markers.mark(locks[using], name, "1", to_ms(seconds))
+            except Exception as exc:  # then the marker is obeyed until the discard
+                logger.warning("redlock: could not note a revoked stamp: %s", exc)
 
 
 def _watch_revoke_commands() -> None:
@@ -1654,6 +1728,12 @@ def sent_name(key: str, task_id: str) -> str:
     """The name of the note that ``task_id``'s message under ``key`` was published (its value:
     the queue), kept beside the queue marker with the same TTL."""
     return f"{key}:sent:{task_id}"
+
+
+def stamps_name(key: str, task_id: str) -> str:
+    """The name of the note of the stamps ``task_id``'s message under ``key`` was published
+    with (JSON: stamp name -> values), kept beside the queue marker with the same TTL."""
+    return f"{key}:stamps:{task_id}"
 
 
 #: (key, task id) -> when its message was last found in the broker (monotonic), per process.

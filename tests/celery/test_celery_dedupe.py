@@ -907,6 +907,32 @@ def test_a_queued_task_revoked_no_longer_counts(broker: None, look_every_time: N
     celery_app.app.control.purge()
 
 
+@pytest.mark.parametrize("sent_by", ["this app", "elsewhere"])
+def test_a_queued_task_revoked_by_stamped_headers_no_longer_counts(
+    sent_by: str, start_worker: Callable[..., Worker], look_every_time: None
+) -> None:
+    # A stamped revoke (no terminate) of a queued message stores nothing and notes no id: the
+    # next delay() was deduplicated to the revoked message, which the worker discards: the
+    # new call never ran. "elsewhere": the command reaches a worker (celery control, another
+    # app), which notes the stamps.
+    task = celery_tasks.deduped
+    name, stamp = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    first = task.apply_async((name,), stamped_headers=["rlstamp"], rlstamp=stamp, queue=NOBODY)
+    assert task.apply_async((name,), queue=NOBODY).id == first.id
+    if sent_by == "this app":
+        celery_app.app.control.revoke_by_stamped_headers({"rlstamp": stamp})
+    else:
+        start_worker(pool="solo", concurrency=1)  # idle, on a queue of its own
+        replies = celery_app.app.control.broadcast(
+            "revoke_by_stamped_headers", arguments={"headers": {"rlstamp": stamp}}, reply=True
+        )
+        assert replies, "no worker answered"
+    again = task.apply_async((name,), queue=NOBODY)
+    assert again.id != first.id, "deduplicated to the revoked message"
+    assert task.apply_async((name,), queue=NOBODY).id == again.id  # the new one counts
+    celery_app.app.control.purge()
+
+
 EAGER_RUNS: list[str] = []
 
 
