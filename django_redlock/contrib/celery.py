@@ -1100,7 +1100,7 @@ class SingleInstanceTask(Task):
                 with watched_publish(self.app, follow_up, options) as watch:
                     sent = super().apply_async(args, kwargs, **options)
             finally:  # sent, or maybe: noted, whatever line an exception landed on
-                if self._maybe_published(watch, follow_up, args, kwargs, options):
+                if self._maybe_published(watch, key, follow_up, args, kwargs, options):
                     self._note_sent(key, follow_up, args, kwargs, options, ttl_ms)
             return sent
         promised = options.pop("task_id", None)
@@ -1169,7 +1169,9 @@ class SingleInstanceTask(Task):
             if noting:
                 self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         except BaseException:
-            if sent is not None or self._maybe_published(watch, task_id, args, kwargs, options):
+            if sent is not None or self._maybe_published(
+                watch, key, task_id, args, kwargs, options
+            ):
                 # Published (the broker took it) or maybe (an exception once the producer
                 # was entered, and the broker does not say it lacks the message): the marker
                 # stays, noted as sent (unnoted, it is taken for a publish that never came:
@@ -1187,12 +1189,14 @@ class SingleInstanceTask(Task):
         return sent
 
     def _maybe_published(
-        self, watch: Any, task_id: str, args: Any, kwargs: Any, options: dict[str, Any]
-    ) -> bool:
+        self, watch: Any, key: str, task_id: str, args: Any, kwargs: Any,
+        options: dict[str, Any],
+    ) -> bool:  # fmt: skip
         """Whether a publish that raised may have queued ``task_id``'s message: the broker
         took it, or the producer was entered and the broker, asked by id, does not answer
-        "not there" (unknown is taken as sent: never a call lost, at worst one obeyed
-        marker until its TTL)."""
+        "not there" on two looks a pause apart, with no worker noted as taking it and no run
+        of it holding the key (unknown is taken as sent: never a call lost, at worst one
+        obeyed marker until its TTL)."""
         if watch is None or not watch.entered:
             return False  # the producer was never called: nothing queued
         if watch.published:
@@ -1200,7 +1204,24 @@ class SingleInstanceTask(Task):
         from .broker import message_queued
 
         queue = self._queue_of(args, kwargs, options)
-        return not queue or message_queued(self.app, queue, task_id) is not False
+        if not queue:
+            return True
+        config = self.single_instance_config()
+        assert config is not None
+        for look in range(2):  # an idle worker may have taken it already, not yet noted
+            if look:
+                time.sleep(self.message_check_pause)
+            if message_queued(self.app, queue, task_id) is not False:
+                return True
+            try:
+                if markers.read(locks[config.using], received_name(key, task_id)) is not None:
+                    return True  # a worker took it
+                running = locks[config.using].inspect(key)
+            except LockError:
+                return True  # unknown: taken as sent
+            if running is not None and task_id_of(running.holder) == task_id:
+                return True  # it runs
+        return False
 
     def single_instance_config(self) -> SingleInstance | None:
         """The settings this task runs and queues under (a hook: the shims build theirs);

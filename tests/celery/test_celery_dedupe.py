@@ -1429,6 +1429,7 @@ def test_an_interrupt_at_any_line_after_the_publish_leaves_the_call_deduplicated
     )
 
     monkeypatch.setattr(SingleInstanceTask, "publish_wait", 0.3, raising=False)
+    monkeypatch.setattr(SingleInstanceTask, "message_check_pause", 0.05, raising=False)
     task = getattr(celery_tasks, task_name)
     apply = Base.apply_async.__code__
     watched = {apply, Base._note_sent.__code__, markers.mark.__code__, *publish_path()}
