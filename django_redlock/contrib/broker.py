@@ -41,9 +41,13 @@ class PublishWatch:
     "Sent" is learnt from the publish itself, not from ``apply_async`` returning: after the
     broker's publish, Celery still runs ``after_task_publish`` receivers and builds the
     result, and an exception there (a signal handler's, a receiver's) would otherwise pass a
-    message that is queued for one never sent. An interrupt inside kombu's publish, after
-    the broker took it and before it returned, is unknown and taken as not sent (at worst
-    one more message: never a lost call)."""
+    message that is queued for one never sent.
+
+    ``entered`` is set before the producer is called: an exception out of the publish once
+    entered (an interrupt inside kombu's publish or on any later line of this one) leaves it
+    UNKNOWN whether the broker took the message, never "not sent": the caller asks the
+    broker by id (:func:`message_queued`), and without a "no" keeps it as sent. Only an
+    exception known to come before the hand-over (kombu's encoding) clears ``entered``."""
 
     def __init__(
         self, producer: Any, task_id: str, on_sent: Callable[[], object] | None = None
@@ -51,18 +55,38 @@ class PublishWatch:
         self._producer = producer
         self._task_id = task_id
         self._on_sent = on_sent
+        self.entered = False
         self.published = False
 
     def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
-        sent = self._producer.publish(body, *args, **kwargs)
-        if _message_id(body, kwargs.get("headers")) == self._task_id:
-            self.published = True  # the first line after the broker took it
+        ours = _message_id(body, kwargs.get("headers")) == self._task_id
+        self.entered = self.entered or ours  # from here on, taken or not is unknown
+        try:
+            sent = self._producer.publish(body, *args, **kwargs)
+        except _BEFORE_HAND_OVER:
+            if ours:
+                self.entered = False  # encoding failed: nothing reached the broker
+            raise
+        if ours:
+            self.published = True
             if self._on_sent is not None:
                 self._on_sent()
         return sent
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)
+
+
+def _before_hand_over() -> tuple[type[BaseException], ...]:
+    try:
+        from kombu.exceptions import ContentDisallowed, EncodeError
+    except ImportError:  # pragma: no cover - kombu comes with Celery
+        return ()
+    return (EncodeError, ContentDisallowed)
+
+
+#: Raised by kombu's publish before anything is sent (the body could not be encoded).
+_BEFORE_HAND_OVER = _before_hand_over()
 
 
 def _message_id(body: Any, headers: Any) -> Any:

@@ -1099,8 +1099,8 @@ class SingleInstanceTask(Task):
             try:
                 with watched_publish(self.app, follow_up, options) as watch:
                     sent = super().apply_async(args, kwargs, **options)
-            finally:  # sent: noted, whatever line an exception landed on after the publish
-                if watch is not None and watch.published:
+            finally:  # sent, or maybe: noted, whatever line an exception landed on
+                if self._maybe_published(watch, key, follow_up, args, kwargs, options):
                     self._note_sent(key, follow_up, args, kwargs, options, ttl_ms)
             return sent
         promised = options.pop("task_id", None)
@@ -1169,10 +1169,13 @@ class SingleInstanceTask(Task):
             if noting:
                 self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
         except BaseException:
-            if sent is not None or (watch is not None and watch.published):
-                # Published (the broker took it), then an exception at any line since (in
-                # Celery's after_task_publish receivers too): the marker stays, noted as
-                # sent (unnoted, it is taken for a publish that never came: queued anew).
+            if sent is not None or self._maybe_published(
+                watch, key, task_id, args, kwargs, options
+            ):
+                # Published (the broker took it) or maybe (an exception once the producer
+                # was entered, and the broker does not say it lacks the message): the marker
+                # stays, noted as sent (unnoted, it is taken for a publish that never came:
+                # queued anew). Cleared only when it is known nothing was queued.
                 if noting:
                     self._note_sent(key, task_id, args, kwargs, options, ttl_ms)
                 raise
@@ -1184,6 +1187,41 @@ class SingleInstanceTask(Task):
                 unnote_call(config, key, *noted)
             raise
         return sent
+
+    def _maybe_published(
+        self, watch: Any, key: str, task_id: str, args: Any, kwargs: Any,
+        options: dict[str, Any],
+    ) -> bool:  # fmt: skip
+        """Whether a publish that raised may have queued ``task_id``'s message: the broker
+        took it, or the producer was entered and the broker, asked by id, does not answer
+        "not there" on two looks a pause apart, with no worker noted as taking it and no run
+        of it holding the key (unknown is taken as sent: never a call lost, at worst one
+        obeyed marker until its TTL)."""
+        if watch is None or not watch.entered:
+            return False  # the producer was never called: nothing queued
+        if watch.published:
+            return True
+        from .broker import message_queued
+
+        queue = self._queue_of(args, kwargs, options)
+        if not queue:
+            return True
+        config = self.single_instance_config()
+        assert config is not None
+        for look in range(2):  # an idle worker may have taken it already, not yet noted
+            if look:
+                time.sleep(self.message_check_pause)
+            if message_queued(self.app, queue, task_id) is not False:
+                return True
+            try:
+                if markers.read(locks[config.using], received_name(key, task_id)) is not None:
+                    return True  # a worker took it
+                running = locks[config.using].inspect(key)
+            except LockError:
+                return True  # unknown: taken as sent
+            if running is not None and task_id_of(running.holder) == task_id:
+                return True  # it runs
+        return False
 
     def single_instance_config(self) -> SingleInstance | None:
         """The settings this task runs and queues under (a hook: the shims build theirs);
@@ -1231,8 +1269,29 @@ class SingleInstanceTask(Task):
         return (
             self._ended(task_id)
             or was_revoked(config.using, task_id)
+            or self._stamp_revoked(key, task_id)
             or self.message_gone(key, task_id)
         )
+
+    def _stamp_revoked(self, key: str, task_id: str) -> bool:
+        """Whether the queued call ``task_id`` carries a stamp a stamped revoke named (see
+        :func:`note_revoked_stamps`). Unknown: False (the other checks decide)."""
+        config = self.single_instance_config()
+        assert config is not None
+        backend = locks[config.using]
+        try:
+            noted = markers.read(backend, stamps_name(key, task_id))
+            if noted is None:
+                return False
+            stamps = json.loads(noted[0])
+            return any(
+                markers.read(backend, revoked_stamp_name(header, value)) is not None
+                for header, values in stamps.items()
+                for value in values
+            )
+        except (LockError, ValueError, TypeError, AttributeError) as exc:
+            logger.info("redlock: could not check the stamps of task %s: %s", task_id, exc)
+            return False
 
     #: How long (seconds) a call that meets the marker of a publish in progress (not noted as
     #: sent yet) waits for that publish: see :meth:`_published`.
@@ -1281,7 +1340,14 @@ class SingleInstanceTask(Task):
         config = self.single_instance_config()
         assert config is not None
         backend = locks[config.using]
+        stamps = {
+            str(h): sorted(_stamp_values(options[h]))
+            for h in options.get("stamped_headers") or ()
+            if options.get(h) is not None
+        }
         try:
+            if stamps:  # a stamped revoke must find them (see _stamp_revoked)
+                markers.mark(backend, stamps_name(key, task_id), json.dumps(stamps), ttl_ms)
             markers.mark(backend, sent_name(key, task_id), queue, ttl_ms)
         except LockError as exc:  # then the marker is obeyed until its TTL
             logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
@@ -1494,7 +1560,8 @@ def note_revoked(app: Any, task_ids: Any) -> None:
 
 
 def watch_revokes(app: Any) -> None:
-    """Make ``app.control.revoke`` note what it revokes (once per app)."""
+    """Make ``app.control.revoke`` (and ``revoke_by_stamped_headers``: the stamps) note what
+    it revokes (once per app)."""
     control = app.control
     if getattr(control, "redlock_notes_revokes", False):
         return
@@ -1510,11 +1577,25 @@ def watch_revokes(app: Any) -> None:
         return result
 
     control.revoke = noting
+    stamped = getattr(control, "revoke_by_stamped_headers", None)  # Celery 5.3+
+    if stamped is not None:
+
+        @functools.wraps(stamped)
+        def noting_stamps(headers: Any, *args: Any, **kwargs: Any) -> Any:
+            result = stamped(headers, *args, **kwargs)
+            try:
+                note_revoked_stamps(app, _as_stamps(headers))
+            except Exception as exc:  # the revoke itself went out: never fail it
+                logger.warning("redlock: could not note a revoke: %s", exc)
+            return result
+
+        control.revoke_by_stamped_headers = noting_stamps
     control.redlock_notes_revokes = True
 
 
 def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """A worker's ``revoke``/``terminate`` control command that notes the revoke first
+    """A worker's ``revoke``/``terminate``/``revoke_by_stamped_headers`` (with terminate:
+    the matching runs) control command that notes the revoke first
     (see :func:`note_revoked`), before Celery stops the run: a revoke is a cancel, and the
     stopped run's exit queues a follow-up that must find its call cancelled (Celery stores
     REVOKED and sends ``task_revoked`` only after the kill: a slow result backend left that
@@ -1527,6 +1608,13 @@ def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]
         if name == "terminate" and task_id is None and len(args) > 1:
             task_id = args[1]
         try:
+            if name == "revoke_by_stamped_headers":
+                headers = _as_stamps(kwargs.get("headers", args[0] if args else None))
+                terminate = kwargs.get("terminate", args[1] if len(args) > 1 else False)
+                # The stamps, for a queued message whose marker a .delay() meets (see
+                # _stamp_revoked); the ids of the runs it stops, before the kill.
+                note_revoked_stamps(state.app, headers)
+                task_id = _stamped_runs(headers) if terminate else []
             note_revoked(state.app, task_id)
         except Exception as exc:  # never fail the revoke; _on_revoked drops the call later
             logger.warning("redlock: could not note a revoke: %s", exc)
@@ -1536,10 +1624,64 @@ def _noting_revoke(handler: Callable[..., Any], name: str) -> Callable[..., Any]
     return noting
 
 
+def _as_stamps(headers: Any) -> dict[str, set[str]]:
+    """A stamped revoke's headers (a dict of stamp name to value(s), or a list of
+    ``"name=value"``), as stamp name -> values."""
+    if isinstance(headers, list):
+        headers = dict(str(h).split("=", 1) for h in headers if "=" in str(h))
+    if not isinstance(headers, dict):
+        return {}
+    return {str(k): _stamp_values(v) for k, v in headers.items()}
+
+
+def _stamp_values(value: Any) -> set[str]:
+    return {str(x) for x in (value if isinstance(value, (list, tuple, set)) else [value])}
+
+
+def _stamped_runs(headers: dict[str, set[str]]) -> list[str]:
+    """The ids of this worker's active requests whose stamps match ``headers``, as Celery
+    matches them."""
+    from celery.worker import state as worker_state
+
+    found = []
+    for request in list(worker_state.active_requests):
+        stamps = getattr(request, "stamps", None) or {}
+        for header, wanted in headers.items():
+            if stamps.get(header) is not None and _stamp_values(stamps[header]) & wanted:
+                found.append(str(request.id))
+                break
+    return found
+
+
+def revoked_stamp_name(header: str, value: str) -> str:
+    return f"redlock-revoked-stamp:{token_id(header)}={token_id(value)}"
+
+
+def note_revoked_stamps(app: Any, headers: dict[str, set[str]]) -> None:
+    """Note the stamps of a stamped revoke (as long as ``dedupe_ttl``), for ``app``'s
+    dedupe_queued tasks: a queued message carrying one is discarded when a worker takes it,
+    so its marker must not be obeyed meanwhile."""
+    names = [revoked_stamp_name(h, v) for h, values in headers.items() for v in values]
+    ttl: dict[str, float] = {}
+    for task in list(app.tasks.values()):
+        try:
+            config = _config_of(task)
+        except Exception:  # a hook of the user's that cannot answer: not ours to note
+            continue
+        if config is not None and config.dedupe_queued:
+            ttl[config.using] = max(ttl.get(config.using, 0.0), config.dedupe_ttl)
+    for using, seconds in ttl.items():
+        for name in names:
+            try:
+                markers.mark(locks[using], name, "1", to_ms(seconds))
+            except Exception as exc:  # then the marker is obeyed until the discard
+                logger.warning("redlock: could not note a revoked stamp: %s", exc)
+
+
 def _watch_revoke_commands() -> None:
     from celery.worker.control import Panel
 
-    for name in ("revoke", "terminate"):
+    for name in ("revoke", "terminate", "revoke_by_stamped_headers"):
         handler = Panel.data.get(name)
         if handler is not None and not getattr(handler, "redlock_notes_revokes", False):
             Panel.data[name] = _noting_revoke(handler, name)
@@ -1607,6 +1749,12 @@ def sent_name(key: str, task_id: str) -> str:
     """The name of the note that ``task_id``'s message under ``key`` was published (its value:
     the queue), kept beside the queue marker with the same TTL."""
     return f"{key}:sent:{task_id}"
+
+
+def stamps_name(key: str, task_id: str) -> str:
+    """The name of the note of the stamps ``task_id``'s message under ``key`` was published
+    with (JSON: stamp name -> values), kept beside the queue marker with the same TTL."""
+    return f"{key}:stamps:{task_id}"
 
 
 #: (key, task id) -> when its message was last found in the broker (monotonic), per process.

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
@@ -119,6 +119,7 @@ def connect() -> None:
             signals = importlib.import_module(f"{name}.signals")
             signals.task_started.connect(_started, weak=False, dispatch_uid=f"redlock:{name}")
             signals.task_finished.connect(_finished, weak=False, dispatch_uid=f"redlock:{name}")
+            signals.task_enqueued.connect(_enqueued, weak=False, dispatch_uid=f"redlock:{name}")
             _connected.add(name)
 
 
@@ -135,6 +136,55 @@ def _finished(sender: Any = None, task_result: Any = None, **_: Any) -> None:
     if runs and runs[-1].result.id == task_result.id:
         _current.set(runs[:-1])
     _forget_queued(task_result)
+
+
+#: While this context's dedupe enqueue() of a task calls the backend's: the task's function
+#: and the run the backend reported queued (``task_enqueued``), if it did.
+_watching: ContextVar[tuple[Any, list[Any]] | None] = ContextVar("redlock_enqueued", default=None)
+
+
+def _enqueued(sender: Any = None, task_result: Any = None, **_: Any) -> None:
+    watching = _watching.get()
+    if watching is None or task_result is None or watching[1]:
+        return  # the first only: a run the backend makes inside enqueue() sends its own
+    if getattr(getattr(task_result, "task", None), "func", None) is watching[0]:
+        watching[1].append(task_result)
+
+
+def _queued_by(backend: Any, func: Any, seen: list[Any], exc: BaseException) -> Any:
+    """The run an enqueue() that raised ``exc`` may have queued (None: known not to): the
+    one ``task_enqueued`` reported, or one the raising frames held (a receiver before ours
+    raised, an interrupt in the signal's send), then asked for by id where the backend can
+    answer: gone is "not queued"; an answer we cannot have is "queued" (never lost)."""
+    found = seen[0] if seen else _result_in(exc.__traceback__, func)
+    if found is None or not getattr(backend, "supports_get_result", False):
+        return found
+    try:
+        backend.get_result(found.id)
+    except tuple(errors.TaskResultDoesNotExist for errors in _loaded("exceptions")):
+        return None  # saved in a transaction that rolled back: nothing queued
+    except Exception:  # unknown: taken as queued
+        return found
+    return found
+
+
+def _result_in(tb: TracebackType | None, func: Any) -> Any:
+    """A task result of ``func`` in the locals of the traceback's frames (or one level into a
+    dict of them: a signal's keyword arguments), outermost first; or a stored row's
+    (``task_result`` of django-tasks-db's model, raised in its save or ``post_save``)."""
+    classes = tuple(base.TaskResult for base in _loaded("base") if hasattr(base, "TaskResult"))
+    while tb is not None and classes:
+        for value in list(tb.tb_frame.f_locals.values()):
+            for item in (value, *(value.values() if isinstance(value, dict) else ())):
+                if not isinstance(item, classes) and hasattr(type(item), "task_result"):
+                    try:
+                        item = item.task_result
+                    except Exception:  # a row not complete yet: not this
+                        continue
+                if isinstance(item, classes) and getattr(item.task, "func", None) is func:
+                    return item
+        tb = tb.tb_next
+    return None
 
 
 def config_of(func: Any) -> SingleInstance | None:
@@ -384,17 +434,27 @@ def _enqueue_in_turn(
         else:
             raise LockError(f"{task.module_path}: could not note {key!r} as queued")
         result = None
+        seen: list[Any] = []
         try:
-            result = enqueue(task, args, kwargs)
+            watching = _watching.set((task.func, seen))
+            try:
+                result = enqueue(task, args, kwargs)
+            finally:
+                _watching.reset(watching)
             _name_run(config, store, task, key, reservation, result)
             if _already_finished(backend, result):  # it ran before its id was noted
                 clear_queued_marker(config, key, str(result.id))
-        except BaseException:
-            # Raised by enqueue(): nothing was queued. Once it returned (an interrupt at any
-            # later line): queued, so the marker must name the run, never stay a reservation
-            # (taken for abandoned: the next enqueue() would queue a second run); and a run
-            # over already (an ImmediateBackend's) is queued no more: a marker naming it
-            # (which that backend cannot look up) would refuse the key for dedupe_ttl.
+        except BaseException as exc:
+            # Raised out of enqueue(): UNKNOWN, not "nothing queued" (a backend saves the run,
+            # then sends task_enqueued, whose receivers' errors pass on): the run it reported
+            # or held, asked for by id (see _queued_by); none: nothing was queued. Queued
+            # (or once it returned: an interrupt at any later line), the marker must name
+            # the run, never stay a reservation (taken for abandoned: the next enqueue()
+            # would queue a second run); and a run over already (an ImmediateBackend's) is
+            # queued no more: a marker naming it (which that backend cannot look up) would
+            # refuse the key for dedupe_ttl.
+            if result is None:
+                result = _queued_by(backend, task.func, seen, exc)
             if result is None:
                 clear_queued_marker(config, key, reservation)
             else:
