@@ -70,6 +70,7 @@ import logging
 import secrets
 import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable, Generator
 from types import CodeType, FrameType, TracebackType
@@ -173,8 +174,11 @@ class TrackedExit:
     however (its exit ran, an exception entering it, the frame gone): a weak reference to it
     dies at that moment. That tells one run of a statement from a later run of the same
     statement in the same frame (a loop), or from a later call reusing the frame's id, which
-    the frame's position cannot. (A ``partial``: no frame of its own keeps it alive in a
-    traceback.)"""
+    the frame's position cannot. A bound method, not a ``functools.partial``: CPython checks
+    for pending signals after a call to a C callable returns, in the caller's frame, so a
+    signal handler's exception (a soft time limit) then came out of the ``with`` statement
+    after the block had committed; a Python method is entered and left inline (nor does any
+    frame of its own keep it alive in a traceback)."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
         self.func = func
@@ -182,7 +186,7 @@ class TrackedExit:
     def __get__(self, obj: Any, cls: Any = None) -> Callable[..., Any]:
         if obj is None:  # ``type(cm).__exit__`` (ExitStack): the function
             return self.func
-        bound = functools.partial(self.func, obj)
+        bound = types.MethodType(self.func, obj)
         with contextlib.suppress(AttributeError, TypeError):
             setattr(obj, _EXIT_TOKEN, weakref.ref(bound))
         return bound
@@ -721,7 +725,7 @@ def _exit_token(owner: Any) -> weakref.ReferenceType[Any] | None:
     calling its ``__enter__`` (None if there is none alive: ``__enter__`` called by hand)."""
     token = getattr(owner, _EXIT_TOKEN, None) if owner is not None else None
     bound = token() if token is not None else None
-    if bound is None or not bound.args or bound.args[0] is not owner:
+    if bound is None or getattr(bound, "__self__", None) is not owner:
         return None
     return cast("weakref.ReferenceType[Any]", token)
 
