@@ -271,6 +271,7 @@ class HeldLockAdmin(ReadOnly, admin.ModelAdmin):
             except LockError as exc:
                 banners.append((alias, str(exc)))
                 health[alias].up, health[alias].detail = False, str(exc)
+                following[alias] = cursors.get(alias) or ""  # the next page asks again
                 continue
             summarise(health[alias], found).more = following[alias] is not None
             # A semaphore or read-write lock: a row per lease, each released on its own.

@@ -751,7 +751,9 @@ class RedlockBackend(BaseLockBackend):
         A majority hold is on a majority of nodes, so it is on one of any ``N - quorum + 1``
         nodes: scanning that many (skipping nodes that do not answer) finds every lock. The
         names found are inspected on every node in one fan-out (one pipelined request per
-        node), and a lock is listed unless a node scanned before has it: once in all.
+        node), and a lock is listed unless a node scanned before has it: once in all. A node
+        that stops answering before its scan began is skipped; one that stops halfway fails
+        the page (BackendUnavailable), whose cursor asks it again.
         """
         index, position, scanned = self._page_cursor(cursor)
         pattern = self.key_pattern(match)
@@ -766,8 +768,16 @@ class RedlockBackend(BaseLockBackend):
             try:
                 with node.round_trip(match):
                     position, keys = node.client.scan(position, match=pattern, count=count)
-            except BackendUnavailable:
-                index, position = index + 1, 0  # its majority holds are on the other nodes
+            except BackendUnavailable as exc:
+                if position != 0:
+                    # Partly listed: which of its locks the pages showed is unknown, so the
+                    # next node cannot leave them out. This page fails; its cursor asks again.
+                    raise BackendUnavailable(
+                        f"node {node.alias!r} stopped answering in the middle of its listing"
+                        f" (ask for this page again): {exc}",
+                        exc.timed_out,
+                    ) from exc
+                index = index + 1  # not started: its majority holds are on the other nodes
             else:
                 for key in keys:
                     name = self.matching_name(text(key), match)
