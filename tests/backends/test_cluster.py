@@ -126,6 +126,21 @@ def _own_cluster() -> Iterator[list[RedisServer]]:
         stop_all(nodes)
 
 
+def test_a_new_cluster_s_masters_have_config_epochs_of_their_own() -> None:
+    """create_cluster left every master at config epoch 0, made unique over the cluster bus
+    afterwards: on a loaded machine still under way when a test moved a slot, the target
+    took it without a bump (its epoch the greatest it knew), the source's collision bump
+    won it back, and each node named the other as its owner for good (redis-py: "TTL
+    exhausted", seen in test_a_cancelled_cluster_take_is_handed_back_after_it_lands). Each
+    master has an epoch of its own from the start, as redis-cli gives."""
+    with _own_cluster() as nodes:
+        epochs = []
+        for node in nodes:
+            lines = node.client().execute_command("CLUSTER", "NODES").decode().splitlines()
+            epochs.append(int(next(line for line in lines if "myself" in line).split()[6]))
+        assert 0 not in epochs and len(set(epochs)) == len(nodes), epochs
+
+
 @contextlib.contextmanager
 def _lost_names() -> Iterator[list[str]]:
     """The names of the holds declared lost (lock_lost) meanwhile."""
