@@ -527,6 +527,12 @@ def _create_cluster(servers: Sequence[RedisServer], timeout: float) -> None:
     for i, server in enumerate(servers):
         slots = range(i * 16384 // count, (i + 1) * 16384 // count)
         server.client().execute_command("CLUSTER", "ADDSLOTS", *slots)
+        # An epoch of its own (as redis-cli gives), set before it meets anyone. All at 0,
+        # the masters made them unique over the cluster bus, still under way on a loaded
+        # machine when a test moved a slot: the target took the slot without a bump (its
+        # epoch the greatest it knew), the source's bump then won it back, and each node
+        # named the other as the slot's owner for good (MOVED both ways, "TTL exhausted").
+        server.client().execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
     for server in servers[1:]:
         server.client().execute_command("CLUSTER", "MEET", "127.0.0.1", servers[0].port)
     deadline = time.monotonic() + timeout
