@@ -1,0 +1,98 @@
+"""``on_duplicate="coalesce"``: a follow-up the worker discards before it runs (revoked, or
+expired) cancels at most the call it was queued for; a call noted after that stays and runs.
+A real prefork worker holds the follow-up for its countdown, then discards it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_redlock import locks
+from django_redlock.backends import markers
+from django_redlock.contrib import celery as contrib
+from django_redlock.contrib.celery import note_call
+from django_redlock.testing import RedisServer
+from tests.support import celery_app, celery_tasks
+
+from .test_celery import Worker, redis, start_worker, wait_for
+
+__all__ = ["start_worker"]  # a fixture, imported to be used here
+
+
+@pytest.fixture(scope="module")
+def held(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=1)
+
+
+def _task(discard: str) -> Any:
+    # expires=1 s: the follow-up's message has it (the task's own).
+    return celery_tasks.coalesced_expiring if discard == "expired" else celery_tasks.coalesced
+
+
+def _queue_discarded_follow_up(worker: Worker, name: str, discard: str) -> tuple[Any, str, str]:
+    """Call "a" noted for ``name``, its follow-up queued 3 s late (the worker holds it for its
+    countdown, then discards it: revoked now, or expired by then)."""
+    task = _task(discard)
+    config = contrib._config_of(task)
+    assert config is not None
+    key = contrib.lock_key(task, name, "a")
+    note_call(config, key, (name, "a", 0.1), {}, worker.queue, None, task.name)
+    contrib._queue_follow_up(config, task, key, countdown=3.0)
+    mark = markers.read(locks[config.using], f"{key}:coalesce:next")
+    assert mark is not None
+    # Held by the worker (else a look meanwhile may find it in neither the queue nor the
+    # worker's unacknowledged messages, and take it for gone: another follow-up is queued).
+    node = f"{worker.queue}@{socket.gethostname()}"
+    inspect = celery_app.app.control.inspect(destination=[node], timeout=1.0)
+    wait_for(lambda: mark[0] in json.dumps(inspect.scheduled() or {}), timeout=20)
+    if discard == "revoked":
+        celery_app.app.control.revoke(mark[0])
+    return config, key, mark[0]
+
+
+@pytest.mark.parametrize("discard", ["revoked", "expired"])
+def test_coalesce_a_call_noted_after_a_discarded_follow_up_was_queued_runs(
+    discard: str, held: Worker, redis_server: RedisServer
+) -> None:
+    # A duplicate's call "c" is noted (after the revoke) while the follow-up waits in the
+    # worker; the run that ended then queued nothing (a follow-up was coming). The discard
+    # dropped the note current then (c's, not the call the follow-up was queued for), or
+    # left it with no follow-up to come: c never ran.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    config, key, follow_up = _queue_discarded_follow_up(held, name, discard)
+    task = _task(discard)
+    note_call(config, key, (name, "c", 0.1), {}, held.queue, None, task.name)
+    contrib._queue_follow_up(config, task, key)  # a run's end: a follow-up is queued already
+    assert markers.read(locks[config.using], f"{key}:coalesce:next")[0] == follow_up
+    wait_for(lambda: celery_app.app.AsyncResult(follow_up).state == "REVOKED", timeout=20)
+    wait_for(lambda: r.lrange(f"{key}:ran", 0, -1), timeout=10)
+    time.sleep(0.5)  # nothing more follows
+    assert r.lrange(f"{key}:ran", 0, -1) == ["c"]
+    wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None)
+
+
+@pytest.mark.parametrize("discard", ["revoked", "expired"])
+def test_coalesce_a_discarded_follow_up_s_own_call_is_dropped_only_if_revoked(
+    discard: str, held: Worker, redis_server: RedisServer
+) -> None:
+    # A revoke cancels the call the follow-up was queued for; an expiry cancels nothing (it
+    # was dropped all the same: nobody had cancelled "a").
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    config, key, follow_up = _queue_discarded_follow_up(held, name, discard)
+    wait_for(lambda: celery_app.app.AsyncResult(follow_up).state == "REVOKED", timeout=20)
+    if discard == "revoked":
+        wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None)
+        time.sleep(1.0)  # a follow-up, if queued, runs meanwhile
+        assert r.lrange(f"{key}:ran", 0, -1) == []
+    else:
+        wait_for(lambda: r.lrange(f"{key}:ran", 0, -1), timeout=10)
+        assert r.lrange(f"{key}:ran", 0, -1) == ["a"]
+    assert markers.read(locks[config.using], f"{key}:coalesce:next") is None
