@@ -30,6 +30,11 @@ def held(start_worker: Callable[..., Worker]) -> Worker:
     return start_worker(pool="prefork", concurrency=1)
 
 
+@pytest.fixture(scope="module")
+def unstored(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_NO_RESULTS="1")
+
+
 def _task(discard: str) -> Any:
     # expires=1 s: the follow-up's message has it (the task's own).
     return celery_tasks.coalesced_expiring if discard == "expired" else celery_tasks.coalesced
@@ -37,7 +42,7 @@ def _task(discard: str) -> Any:
 
 def _queue_discarded_follow_up(worker: Worker, name: str, discard: str) -> tuple[Any, str, str]:
     """Call "a" noted for ``name``, its follow-up queued 3 s late (the worker holds it for its
-    countdown, then discards it: revoked now, or expired by then)."""
+    countdown, then discards it: revoked meanwhile, or expired by then)."""
     task = _task(discard)
     config = contrib._config_of(task)
     assert config is not None
@@ -51,28 +56,35 @@ def _queue_discarded_follow_up(worker: Worker, name: str, discard: str) -> tuple
     node = f"{worker.queue}@{socket.gethostname()}"
     inspect = celery_app.app.control.inspect(destination=[node], timeout=1.0)
     wait_for(lambda: mark[0] in json.dumps(inspect.scheduled() or {}), timeout=20)
-    if discard == "revoked":
-        celery_app.app.control.revoke(mark[0])
     return config, key, mark[0]
 
 
-@pytest.mark.parametrize("discard", ["revoked", "expired"])
+@pytest.mark.parametrize("discard", ["revoked", "expired", "revoked, no result backend"])
 def test_coalesce_a_call_noted_after_a_discarded_follow_up_was_queued_runs(
-    discard: str, held: Worker, redis_server: RedisServer
+    discard: str, request: pytest.FixtureRequest, redis_server: RedisServer
 ) -> None:
-    # A duplicate's call "c" is noted (after the revoke) while the follow-up waits in the
-    # worker; the run that ended then queued nothing (a follow-up was coming). The discard
-    # dropped the note current then (c's, not the call the follow-up was queued for), or
-    # left it with no follow-up to come: c never ran.
+    # A duplicate's call "c" is noted while the follow-up waits in the worker; the run that
+    # ended then queued nothing (a follow-up was coming). The discard dropped the note
+    # current then (c's, not the call the follow-up was queued for), or left it with no
+    # follow-up to come: c never ran. The worker stores REVOKED as the revoke reaches it (a
+    # run's end then queues a follow-up), so c is noted before the revoke; with no result
+    # backend nothing is ever stored, and c is noted after it (no slow backend needed).
+    unstored = "no result" in discard
+    held = request.getfixturevalue("unstored" if unstored else "held")
     r = redis(redis_server)
     name = uuid.uuid4().hex[:8]
     config, key, follow_up = _queue_discarded_follow_up(held, name, discard)
+    if unstored:  # to it alone: every worker stores REVOKED for an id it does not run
+        node = f"{held.queue}@{socket.gethostname()}"
+        celery_app.app.control.revoke(follow_up, destination=[node])
+        time.sleep(0.3)  # it reached the worker
     task = _task(discard)
     note_call(config, key, (name, "c", 0.1), {}, held.queue, None, task.name)
     contrib._queue_follow_up(config, task, key)  # a run's end: a follow-up is queued already
     assert markers.read(locks[config.using], f"{key}:coalesce:next")[0] == follow_up
-    wait_for(lambda: celery_app.app.AsyncResult(follow_up).state == "REVOKED", timeout=20)
-    wait_for(lambda: r.lrange(f"{key}:ran", 0, -1), timeout=10)
+    if discard == "revoked":
+        celery_app.app.control.revoke(follow_up)
+    wait_for(lambda: r.lrange(f"{key}:ran", 0, -1), timeout=20)  # its countdown: 3 s
     time.sleep(0.5)  # nothing more follows
     assert r.lrange(f"{key}:ran", 0, -1) == ["c"]
     wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None)
@@ -87,6 +99,8 @@ def test_coalesce_a_discarded_follow_up_s_own_call_is_dropped_only_if_revoked(
     r = redis(redis_server)
     name = uuid.uuid4().hex[:8]
     config, key, follow_up = _queue_discarded_follow_up(held, name, discard)
+    if discard == "revoked":
+        celery_app.app.control.revoke(follow_up)
     wait_for(lambda: celery_app.app.AsyncResult(follow_up).state == "REVOKED", timeout=20)
     if discard == "revoked":
         wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None)
