@@ -110,3 +110,32 @@ def test_coalesce_a_discarded_follow_up_s_own_call_is_dropped_only_if_revoked(
         wait_for(lambda: r.lrange(f"{key}:ran", 0, -1), timeout=10)
         assert r.lrange(f"{key}:ran", 0, -1) == ["a"]
     assert markers.read(locks[config.using], f"{key}:coalesce:next") is None
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_coalesce_a_running_follow_up_revoked_without_terminate_then_killed(
+    later: bool, held: Worker, redis_server: RedisServer
+) -> None:
+    # A revoke without terminate lets the run go on (Celery cannot stop it). Killed then (its
+    # hard time limit), its own call is not run again: the revoke cancelled it, as Celery
+    # discards a revoked message's copy. A call noted during the run is not its own: it runs.
+    r = redis(redis_server)
+    task = celery_tasks.coalesced
+    config = contrib._config_of(task)
+    assert config is not None
+    name = uuid.uuid4().hex[:8]
+    key = contrib.lock_key(task, name, "a")
+    note_call(config, key, (name, "a", 30.0), {}, held.queue, None, task.name)
+    running = task.apply_async(
+        (name, "a", 30.0), queue=held.queue, headers={contrib.FOLLOW_UP: "1"}, time_limit=3
+    )
+    wait_for(lambda: r.lrange(f"{key}:ran", 0, -1) == ["a"], timeout=20)
+    celery_app.app.control.revoke(running.id)
+    if later:  # a duplicate's call while it runs
+        note_call(config, key, (name, "c", 0.1), {}, held.queue, None, task.name)
+    running.get(timeout=20, propagate=False)
+    assert running.state == "FAILURE" and "TimeLimitExceeded" in repr(running.result)
+    wait_for(lambda: not locks[config.using].is_locked(key), timeout=20)
+    wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None, timeout=20)
+    time.sleep(0.5)  # nothing more follows
+    assert r.lrange(f"{key}:ran", 0, -1) == (["a", "c"] if later else ["a"])
