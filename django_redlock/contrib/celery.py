@@ -623,8 +623,14 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     its task ended, its message is gone from the broker (purged), or it was never sent. A
     wrong "stale" only queues one follow-up more, which finds the note taken and runs
     nothing; a wrong "not stale" would strand the note."""
-    if queued in _unsent_marks or _task_ended(task, queued):
+    if queued in _unsent_marks:
         return True
+    if _task_ended(task, queued):
+        # A worker stores REVOKED as a revoke reaches it, and discards a message it holds
+        # (for its countdown) only later, following up then (see _discarded_follow_up): one
+        # queued now would run the cancelled call. Unknown whether it is held: stale.
+        revoked = not config.dedupe_queued and was_revoked(config.using, queued)
+        return not (revoked and _message_held(config, task, key, queued))
     deduped = config.dedupe_queued and isinstance(task, SingleInstanceTask)
     if deduped and task._stale(key, queued):  # a purged message's marker too
         return True
@@ -641,6 +647,17 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     from .broker import message_queued
 
     return message_queued(task.app, sent[0], queued) is False
+
+
+def _message_held(config: SingleInstance, task: Any, key: str, queued: str) -> bool:
+    """Whether the follow-up ``queued``'s message is known to be in its queue or held by a
+    worker (only one noted as sent to a queue by name is looked for)."""
+    sent = markers.read(locks[config.using], sent_name(_next_name(config, key), queued))
+    if sent is None or not sent[0]:
+        return False
+    from .broker import message_queued
+
+    return message_queued(task.app, sent[0], queued) is True
 
 
 def _task_ended(task: Any, task_id: str) -> bool:

@@ -139,3 +139,20 @@ def test_coalesce_a_running_follow_up_revoked_without_terminate_then_killed(
     wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None, timeout=20)
     time.sleep(0.5)  # nothing more follows
     assert r.lrange(f"{key}:ran", 0, -1) == (["a", "c"] if later else ["a"])
+
+
+def test_coalesce_a_revoked_follow_up_s_call_does_not_run_before_its_discard(
+    held: Worker, redis_server: RedisServer
+) -> None:
+    # The worker stores REVOKED as the revoke reaches it, long before it discards the message
+    # (at its countdown). A run ending meanwhile took the follow-up for ended and queued
+    # another, which ran the revoked call under a new task id.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    config, key, follow_up = _queue_discarded_follow_up(held, name, "revoked")
+    celery_app.app.control.revoke(follow_up)
+    wait_for(lambda: celery_app.app.AsyncResult(follow_up).state == "REVOKED", timeout=20)
+    contrib._queue_follow_up(config, celery_tasks.coalesced, key)  # a run's end
+    wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None, timeout=20)
+    time.sleep(1.0)  # a follow-up, if queued, runs meanwhile
+    assert r.lrange(f"{key}:ran", 0, -1) == []
