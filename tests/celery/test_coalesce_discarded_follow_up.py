@@ -1,6 +1,7 @@
 """``on_duplicate="coalesce"``: a follow-up the worker discards before it runs (revoked, or
 expired) cancels at most the call it was queued for; a call noted after that stays and runs.
-A real prefork worker holds the follow-up for its countdown, then discards it."""
+A real prefork worker holds the follow-up for its countdown, then discards it. Also a running
+follow-up revoked without ``terminate``, then killed by its hard time limit."""
 
 from __future__ import annotations
 
