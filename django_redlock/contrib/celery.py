@@ -263,6 +263,9 @@ def run_task(
 
 #: The header of a coalesced follow-up's message: it runs the call noted last for its key.
 FOLLOW_UP = "redlock_follow_up"
+#: A follow-up's header naming the note ("call") it was queued for: the call its revoke
+#: cancels, should the worker discard it before it runs (a later call's note stays).
+FOLLOW_UP_CALL = "redlock_follow_up_call"
 
 
 def _released_or_raise(held: Any) -> None:
@@ -283,12 +286,15 @@ def _next_name(config: SingleInstance, key: str) -> str:
 
 
 def _follow_up_kind(task: Any) -> Any:
-    request = task.request
-    return getattr(request, FOLLOW_UP, None) or (request.headers or {}).get(FOLLOW_UP)
+    return _header(task.request, FOLLOW_UP)
 
 
 def _is_follow_up(task: Any) -> bool:
     return bool(_follow_up_kind(task))
+
+
+def _header(request: Any, name: str) -> Any:
+    return getattr(request, name, None) or (getattr(request, "headers", None) or {}).get(name)
 
 
 def _is_poll(task: Any) -> bool:
@@ -577,7 +583,8 @@ def _queue_follow_up(
             if countdown:
                 options["countdown"] = countdown
             args, kwargs = tuple(call["args"]), call["kwargs"]
-            task.apply_async(args, kwargs, task_id=follow_id, headers={FOLLOW_UP: "1"}, **options)
+            headers = {FOLLOW_UP: "1", FOLLOW_UP_CALL: call.get("call")}
+            task.apply_async(args, kwargs, task_id=follow_id, headers=headers, **options)
         except BaseException as exc:  # refused, or a soft time limit: no mark without a message
             _unsent_marks.add(follow_id)  # first: the clear may fail, or not be reached
             with contextlib.suppress(LockError):
@@ -616,8 +623,14 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     its task ended, its message is gone from the broker (purged), or it was never sent. A
     wrong "stale" only queues one follow-up more, which finds the note taken and runs
     nothing; a wrong "not stale" would strand the note."""
-    if queued in _unsent_marks or _task_ended(task, queued):
+    if queued in _unsent_marks:
         return True
+    if _task_ended(task, queued):
+        # A worker stores REVOKED as a revoke reaches it, and discards a message it holds
+        # (for its countdown) only later, following up then (see _discarded_follow_up): one
+        # queued now would run the cancelled call. Unknown whether it is held: stale.
+        revoked = not config.dedupe_queued and was_revoked(config.using, queued)
+        return not (revoked and _message_held(config, task, key, queued))
     deduped = config.dedupe_queued and isinstance(task, SingleInstanceTask)
     if deduped and task._stale(key, queued):  # a purged message's marker too
         return True
@@ -634,6 +647,17 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     from .broker import message_queued
 
     return message_queued(task.app, sent[0], queued) is False
+
+
+def _message_held(config: SingleInstance, task: Any, key: str, queued: str) -> bool:
+    """Whether the follow-up ``queued``'s message is known to be in its queue or held by a
+    worker (only one noted as sent to a queue by name is looked for)."""
+    sent = markers.read(locks[config.using], sent_name(_next_name(config, key), queued))
+    if sent is None or not sent[0]:
+        return False
+    from .broker import message_queued
+
+    return message_queued(task.app, sent[0], queued) is True
 
 
 def _task_ended(task: Any, task_id: str) -> bool:
@@ -976,8 +1000,9 @@ def _release_when_over(
 
 @task_revoked.connect
 def _on_revoked(
-    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
-) -> None:
+    sender: Any = None, request: Any = None, terminated: bool = False, expired: bool = False,
+    **_: Any,
+) -> None:  # fmt: skip
     """A revoked task: terminated, its hold goes; revoked before it ran or expired (the
     worker discards the message), its queue marker goes, as it will never run."""
     if request is None:
@@ -990,8 +1015,15 @@ def _on_revoked(
         except (TypeError, ValueError):  # arguments no key fits: nothing was noted
             key = None
     if key is not None and config is not None and config.on_duplicate == "coalesce":
-        # First: the stopped run's end queues a follow-up for any note left.
-        _drop_revoked_call(config, key, str(request.id), terminated)
+        # An expiry cancels nothing (with dedupe_queued, the calls noted were given the
+        # expired message's id: they go with it). Celery counts an expired id as revoked:
+        # only our note of a revoke tells (unknown: not cancelled, the call runs).
+        cancelled = terminated or not expired or was_revoked(config.using, str(request.id))
+        if cancelled or config.dedupe_queued:
+            # First: the stopped run's end queues a follow-up for any note left.
+            _drop_revoked_call(config, key, str(request.id), terminated)
+        if not terminated and not config.dedupe_queued:
+            _discarded_follow_up(config, sender, key, request, cancelled)
     if terminated:
         _quietly(sender, request.id, request.args, request.kwargs)
     if key is None or config is None or not config.dedupe_queued:
@@ -1000,10 +1032,12 @@ def _on_revoked(
 
 
 def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminated: bool) -> None:
-    """A revoke is a cancel: the call a revoked follow-up runs (the note it claimed) or would
-    run (the note, unclaimed, while the follow-up mark names it: not started) goes, rather
-    than being run again by the next follow-up (compare-and-delete: a call noted since
-    stays, and runs). A follow-up merely killed (not revoked) keeps its call (at least once)."""
+    """A revoke is a cancel: the call a revoked follow-up runs (the note it claimed) goes,
+    rather than being run again by the next follow-up (compare-and-delete: a call noted since
+    stays, and runs). With ``dedupe_queued``, so does the note of a queued follow-up
+    discarded before it ran (the calls noted were given its id: they go with it); without,
+    see :func:`_discarded_follow_up`. A follow-up merely killed (not revoked) keeps its call
+    (at least once)."""
     backend = locks[config.using]
     try:
         found = markers.read(backend, _pending_name(key))
@@ -1011,7 +1045,7 @@ def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminate
             return
         taken = json.loads(found[0]).get("taken")
         if taken != task_id:
-            if taken is not None or terminated:
+            if taken is not None or terminated or not config.dedupe_queued:
                 return
             mark = markers.read(backend, _next_name(config, key))
             if mark is None or mark[0] != task_id:
@@ -1020,6 +1054,37 @@ def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminate
             logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
     except (LockError, ValueError) as exc:  # then it runs once more (at least once)
         logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)
+
+
+def _discarded_follow_up(
+    config: SingleInstance, task: Any, key: str, request: Any, cancelled: bool
+) -> None:
+    """A follow-up the worker discarded before it ran (no ``dedupe_queued``). Revoked: the
+    call it was queued for (its FOLLOW_UP_CALL header) is dropped, while unclaimed
+    (compare-and-delete: a later call's note stays). Expired (and not revoked), it cancelled
+    nothing. Either way a note left needs a follow-up: the one that ended meanwhile queued
+    none, as the mark still named this one, so the mark goes and another is queued."""
+    task_id = str(request.id)
+    backend = locks[config.using]
+    try:
+        found = markers.read(backend, _pending_name(key)) if cancelled else None
+        if found is not None:
+            call = json.loads(found[0])
+            wanted = _header(request, FOLLOW_UP_CALL)
+            ours = bool(wanted) and call.get("call") == wanted and call.get("taken") is None
+            if ours and markers.clear(backend, _pending_name(key), found[0]):
+                logger.info("redlock: revoked task %s: its coalesced call of %r dropped",
+                            task_id, key)  # fmt: skip
+        name = _next_name(config, key)
+        if not markers.clear(backend, name, task_id):
+            return  # another follow-up is coming (or this one was none's: a poll)
+        with contextlib.suppress(LockError):
+            sent = markers.read(backend, sent_name(name, task_id))
+            if sent is not None:
+                markers.clear(backend, sent_name(name, task_id), sent[0])
+        _queue_unless_followed(config, task, key, backend.inspect(key))
+    except (LockError, ValueError) as exc:  # the note stays: the next run's end queues it
+        logger.warning("redlock: could not follow up discarded task %s: %s", task_id, exc)
 
 
 # A fenced block the task's ``with`` abandoned (a soft time limit entering its exit, caught by

@@ -45,6 +45,8 @@ def configure(redis_url: str) -> None:
                 "unacked_restore_throttle": 1,
             },
         )
+    if os.environ.get("REDLOCK_TEST_NO_RESULTS"):  # no result backend: no state is stored
+        app.conf.result_backend = None
     if os.environ.get("REDLOCK_TEST_ACKS_LATE"):  # a running task keeps its prefetch slot
         app.conf.task_acks_late = True
     if os.environ.get("REDLOCK_TEST_SLOW_REVOKE"):

@@ -239,6 +239,12 @@ def coalesced(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
     return body(f"coalesce:{name}", tag, seconds)
 
 
+@shared_task(bind=True, expires=1.0)  # a follow-up held for a longer countdown expires
+@single_instance(key="coalesce-exp:{name}", ttl=10, on_duplicate="coalesce")
+def coalesced_expiring(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce-exp:{name}", tag, seconds)
+
+
 @shared_task(bind=True)
 @single_instance(key="coalesce-killed:{name}", ttl=30, on_duplicate="coalesce")
 def coalesced_killed(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:

@@ -1,0 +1,159 @@
+"""``on_duplicate="coalesce"``: a follow-up the worker discards before it runs (revoked, or
+expired) cancels at most the call it was queued for; a call noted after that stays and runs.
+A real prefork worker holds the follow-up for its countdown, then discards it. Also a running
+follow-up revoked without ``terminate``, then killed by its hard time limit."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_redlock import locks
+from django_redlock.backends import markers
+from django_redlock.contrib import celery as contrib
+from django_redlock.contrib.celery import note_call
+from django_redlock.testing import RedisServer
+from tests.support import celery_app, celery_tasks
+
+from .test_celery import Worker, redis, start_worker, wait_for
+
+__all__ = ["start_worker"]  # a fixture, imported to be used here
+
+
+@pytest.fixture(scope="module")
+def held(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=1)
+
+
+@pytest.fixture(scope="module")
+def unstored(start_worker: Callable[..., Worker]) -> Worker:
+    return start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_NO_RESULTS="1")
+
+
+def _task(discard: str) -> Any:
+    # expires=1 s: the follow-up's message has it (the task's own).
+    return celery_tasks.coalesced_expiring if discard == "expired" else celery_tasks.coalesced
+
+
+def _queue_discarded_follow_up(worker: Worker, name: str, discard: str) -> tuple[Any, str, str]:
+    """Call "a" noted for ``name``, its follow-up queued 3 s late (the worker holds it for its
+    countdown, then discards it: revoked meanwhile, or expired by then)."""
+    task = _task(discard)
+    config = contrib._config_of(task)
+    assert config is not None
+    key = contrib.lock_key(task, name, "a")
+    note_call(config, key, (name, "a", 0.1), {}, worker.queue, None, task.name)
+    contrib._queue_follow_up(config, task, key, countdown=3.0)
+    mark = markers.read(locks[config.using], f"{key}:coalesce:next")
+    assert mark is not None
+    # Held by the worker (else a look meanwhile may find it in neither the queue nor the
+    # worker's unacknowledged messages, and take it for gone: another follow-up is queued).
+    node = f"{worker.queue}@{socket.gethostname()}"
+    inspect = celery_app.app.control.inspect(destination=[node], timeout=1.0)
+    wait_for(lambda: mark[0] in json.dumps(inspect.scheduled() or {}), timeout=20)
+    return config, key, mark[0]
+
+
+@pytest.mark.parametrize("discard", ["revoked", "expired", "revoked, no result backend"])
+def test_coalesce_a_call_noted_after_a_discarded_follow_up_was_queued_runs(
+    discard: str, request: pytest.FixtureRequest, redis_server: RedisServer
+) -> None:
+    # A duplicate's call "c" is noted while the follow-up waits in the worker; the run that
+    # ended then queued nothing (a follow-up was coming). The discard dropped the note
+    # current then (c's, not the call the follow-up was queued for), or left it with no
+    # follow-up to come: c never ran. The worker stores REVOKED as the revoke reaches it (a
+    # run's end then queues a follow-up), so c is noted before the revoke; with no result
+    # backend nothing is ever stored, and c is noted after it (no slow backend needed).
+    unstored = "no result" in discard
+    held = request.getfixturevalue("unstored" if unstored else "held")
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    config, key, follow_up = _queue_discarded_follow_up(held, name, discard)
+    if unstored:  # to it alone: every worker stores REVOKED for an id it does not run
+        node = f"{held.queue}@{socket.gethostname()}"
+        celery_app.app.control.revoke(follow_up, destination=[node])
+        time.sleep(0.3)  # it reached the worker
+    task = _task(discard)
+    note_call(config, key, (name, "c", 0.1), {}, held.queue, None, task.name)
+    contrib._queue_follow_up(config, task, key)  # a run's end: a follow-up is queued already
+    assert markers.read(locks[config.using], f"{key}:coalesce:next")[0] == follow_up
+    if discard == "revoked":
+        celery_app.app.control.revoke(follow_up)
+    wait_for(lambda: r.lrange(f"{key}:ran", 0, -1), timeout=20)  # its countdown: 3 s
+    time.sleep(0.5)  # nothing more follows
+    assert r.lrange(f"{key}:ran", 0, -1) == ["c"]
+    wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None)
+
+
+@pytest.mark.parametrize("discard", ["revoked", "expired"])
+def test_coalesce_a_discarded_follow_up_s_own_call_is_dropped_only_if_revoked(
+    discard: str, held: Worker, redis_server: RedisServer
+) -> None:
+    # A revoke cancels the call the follow-up was queued for; an expiry cancels nothing (it
+    # was dropped all the same: nobody had cancelled "a").
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    config, key, follow_up = _queue_discarded_follow_up(held, name, discard)
+    if discard == "revoked":
+        celery_app.app.control.revoke(follow_up)
+    wait_for(lambda: celery_app.app.AsyncResult(follow_up).state == "REVOKED", timeout=20)
+    if discard == "revoked":
+        wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None)
+        time.sleep(1.0)  # a follow-up, if queued, runs meanwhile
+        assert r.lrange(f"{key}:ran", 0, -1) == []
+    else:
+        wait_for(lambda: r.lrange(f"{key}:ran", 0, -1), timeout=10)
+        assert r.lrange(f"{key}:ran", 0, -1) == ["a"]
+    assert markers.read(locks[config.using], f"{key}:coalesce:next") is None
+
+
+@pytest.mark.parametrize("later", [False, True])
+def test_coalesce_a_running_follow_up_revoked_without_terminate_then_killed(
+    later: bool, held: Worker, redis_server: RedisServer
+) -> None:
+    # A revoke without terminate lets the run go on (Celery cannot stop it). Killed then (its
+    # hard time limit), its own call is not run again: the revoke cancelled it, as Celery
+    # discards a revoked message's copy. A call noted during the run is not its own: it runs.
+    r = redis(redis_server)
+    task = celery_tasks.coalesced
+    config = contrib._config_of(task)
+    assert config is not None
+    name = uuid.uuid4().hex[:8]
+    key = contrib.lock_key(task, name, "a")
+    note_call(config, key, (name, "a", 30.0), {}, held.queue, None, task.name)
+    running = task.apply_async(
+        (name, "a", 30.0), queue=held.queue, headers={contrib.FOLLOW_UP: "1"}, time_limit=3
+    )
+    wait_for(lambda: r.lrange(f"{key}:ran", 0, -1) == ["a"], timeout=20)
+    celery_app.app.control.revoke(running.id)
+    if later:  # a duplicate's call while it runs
+        note_call(config, key, (name, "c", 0.1), {}, held.queue, None, task.name)
+    running.get(timeout=20, propagate=False)
+    assert running.state == "FAILURE" and "TimeLimitExceeded" in repr(running.result)
+    wait_for(lambda: not locks[config.using].is_locked(key), timeout=20)
+    wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None, timeout=20)
+    time.sleep(0.5)  # nothing more follows
+    assert r.lrange(f"{key}:ran", 0, -1) == (["a", "c"] if later else ["a"])
+
+
+def test_coalesce_a_revoked_follow_up_s_call_does_not_run_before_its_discard(
+    held: Worker, redis_server: RedisServer
+) -> None:
+    # The worker stores REVOKED as the revoke reaches it, long before it discards the message
+    # (at its countdown). A run ending meanwhile took the follow-up for ended and queued
+    # another, which ran the revoked call under a new task id.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    config, key, follow_up = _queue_discarded_follow_up(held, name, "revoked")
+    celery_app.app.control.revoke(follow_up)
+    wait_for(lambda: celery_app.app.AsyncResult(follow_up).state == "REVOKED", timeout=20)
+    contrib._queue_follow_up(config, celery_tasks.coalesced, key)  # a run's end
+    wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None, timeout=20)
+    time.sleep(1.0)  # a follow-up, if queued, runs meanwhile
+    assert r.lrange(f"{key}:ran", 0, -1) == []
