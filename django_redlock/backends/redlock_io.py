@@ -1009,10 +1009,15 @@ class NodeIO:
         or BUSY, frees what it read and did not run): owed again, ahead of newer debts.
         ``retried``: the request's own op, about to be parsed; a NOSCRIPT reply to it is
         not owed, as :meth:`_parsed` sends it again itself (owed too, it ran twice, and
-        the second release found its token gone: "lost")."""
+        the second release found its token gone: "lost").
+        An undo among those read is owed again as a release, which the collector sends: it
+        ran after the acquire it undoes (that came first on its connection, or was answered
+        before), and a retry of its token still makes it void first. Owed as an undo, it
+        waited for this process's next request to the node (none may come: an undo answered
+        NOSCRIPT by a node that forgot the scripts left the hold there to its TTL)."""
         again = [
-            (op, kind)
-            for op, kind, got in flight.read
+            (op, "release")
+            for op, _, got in flight.read
             if not self._ran(i, got)
             and not (op is retried and any(isinstance(r, NoScriptError) for r in got))
         ]
