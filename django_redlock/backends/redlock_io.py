@@ -475,10 +475,13 @@ class Debts:
     is down, from the probe that finds it back, before it counts as up (no request is sent
     to it before then, unless a quorum needs it). A release of a node that answers but is
     slow is sent by the collector thread once the node is no longer slow; an undo is not
-    sent that way: the acquire it undoes may be tried again with its token, and the
-    collector's connection could let the undo overtake the retry's grant. One written whose
-    reply does not prove it ran is owed again (:meth:`NodeIO.owe_back`): a node in CLIENT
-    PAUSE frees what it read when the overdue connection is closed, a busy one answers BUSY.
+    sent that way: the acquire it undoes may still be unanswered on this thread's lane
+    (the collector's connection could overtake it), or be tried again with its token. Once
+    a reply of the undo was read, that acquire had run, and a retry makes the undo void
+    before the collector could send it (:meth:`start`): it is owed as a release then
+    (:meth:`NodeIO.owe_back`). One written whose reply does not prove it ran is owed again
+    (:meth:`NodeIO.owe_back`): a node in CLIENT PAUSE frees what it read when the overdue
+    connection is closed, a busy one answers BUSY.
     Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
     the hold on that node then expires at its TTL, as before.
 
