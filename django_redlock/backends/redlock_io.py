@@ -475,10 +475,13 @@ class Debts:
     is down, from the probe that finds it back, before it counts as up (no request is sent
     to it before then, unless a quorum needs it). A release of a node that answers but is
     slow is sent by the collector thread once the node is no longer slow; an undo is not
-    sent that way: the acquire it undoes may be tried again with its token, and the
-    collector's connection could let the undo overtake the retry's grant. One written whose
-    reply does not prove it ran is owed again (:meth:`NodeIO.owe_back`): a node in CLIENT
-    PAUSE frees what it read when the overdue connection is closed, a busy one answers BUSY.
+    sent that way: the acquire it undoes may still be unanswered on this thread's lane
+    (the collector's connection could overtake it), or be tried again with its token. Once
+    a reply of the undo was read, that acquire had run, and a retry makes the undo void
+    before the collector could send it (:meth:`start`): it is owed as a release then
+    (:meth:`NodeIO.owe_back`). One written whose reply does not prove it ran is owed again
+    (:meth:`NodeIO.owe_back`): a node in CLIENT PAUSE frees what it read when the overdue
+    connection is closed, a busy one answers BUSY.
     Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
     the hold on that node then expires at its TTL, as before.
 
@@ -1009,10 +1012,15 @@ class NodeIO:
         or BUSY, frees what it read and did not run): owed again, ahead of newer debts.
         ``retried``: the request's own op, about to be parsed; a NOSCRIPT reply to it is
         not owed, as :meth:`_parsed` sends it again itself (owed too, it ran twice, and
-        the second release found its token gone: "lost")."""
+        the second release found its token gone: "lost").
+        An undo among those read is owed again as a release, which the collector sends: it
+        ran after the acquire it undoes (that came first on its connection, or was answered
+        before), and a retry of its token still makes it void first. Owed as an undo, it
+        waited for this process's next request to the node (none may come: an undo answered
+        NOSCRIPT by a node that forgot the scripts left the hold there to its TTL)."""
         again = [
-            (op, kind)
-            for op, kind, got in flight.read
+            (op, "release")
+            for op, _, got in flight.read
             if not self._ran(i, got)
             and not (op is retried and any(isinstance(r, NoScriptError) for r in got))
         ]
