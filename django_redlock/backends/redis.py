@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import select
 import threading
 import time
 import weakref
@@ -157,7 +158,7 @@ class RedisBackend(BaseLockBackend):
 
     def make_async_client(self) -> Any:
         options = self.client_options(redis.asyncio.retry.Retry(NoBackoff(), 0))
-        pool = redis.asyncio.BlockingConnectionPool.from_url(str(self.location), **options)
+        pool = AsyncPool.from_url(str(self.location), **options)
         return redis.asyncio.Redis(connection_pool=pool)
 
     @property
@@ -739,6 +740,37 @@ def _marker(reply: Any) -> tuple[str, int] | None:
     if not reply:
         return None
     return str(text(reply[0])), max(int(reply[1]), 0)
+
+
+class AsyncPool(redis.asyncio.BlockingConnectionPool):
+    """redis.asyncio's blocking pool, its check of a pooled connection made on the socket as
+    the sync fast path's (``fast_path._stale``). The pool's own check sees only what the
+    event loop has read: a loop that has not run since the server closed an idle connection
+    (CLIENT KILL, its ``timeout`` setting, a restart, a proxy's idle cut) while it was busy,
+    or between two ``run_until_complete``, has not read the EOF; the command went out on it
+    and failed at once ("Connection closed by server"), a release leaving its lock held."""
+
+    async def ensure_connection(self, connection: Any) -> None:
+        if _closed_while_idle(connection):
+            await connection.disconnect()  # checked out: ours, and nothing sent on it yet
+        await super().ensure_connection(connection)
+
+
+def _closed_while_idle(connection: Any) -> bool:
+    """Whether the socket of a pooled (idle) async connection has something to read: no reply
+    is due, so it is the server's EOF or reset (or bytes no command will read): unusable."""
+    writer = getattr(connection, "_writer", None)  # (redis-py's: no public name)
+    sock = None if writer is None else writer.transport.get_extra_info("socket")
+    if sock is None:
+        return False  # not connected: ensure_connection connects it
+    try:
+        if not hasattr(select, "poll"):  # (Windows)
+            return bool(select.select([sock.fileno()], [], [], 0)[0])
+        poller = select.poll()  # (not select(): descriptors past 1024)
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed meanwhile (fileno -1)
+        return True
 
 
 def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
