@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import select
 import threading
 import time
 import weakref
@@ -22,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import acl, fast_path, scripts
+from .. import acl, fast_path, scripts, wire
 from ..acl import mask
 from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingPermission
 from ..forks import after_fork_in_child
@@ -744,33 +743,14 @@ def _marker(reply: Any) -> tuple[str, int] | None:
 
 class AsyncPool(redis.asyncio.BlockingConnectionPool):
     """redis.asyncio's blocking pool, its check of a pooled connection made on the socket as
-    the sync fast path's (``fast_path._stale``). The pool's own check sees only what the
-    event loop has read: a loop that has not run since the server closed an idle connection
-    (CLIENT KILL, its ``timeout`` setting, a restart, a proxy's idle cut) while it was busy,
-    or between two ``run_until_complete``, has not read the EOF; the command went out on it
-    and failed at once ("Connection closed by server"), a release leaving its lock held."""
+    the sync fast path's (``fast_path._stale``): see :func:`.wire.closed_while_idle`."""
 
     async def ensure_connection(self, connection: Any) -> None:
-        if _closed_while_idle(connection):
-            await connection.disconnect()  # checked out: ours, and nothing sent on it yet
+        if wire.closed_while_idle(connection):
+            # Checked out: ours, nothing sent on it yet. Not waiting for the close (a TLS
+            # one to a server gone would wait for its reply a connect timeout).
+            await connection.disconnect(nowait=True)
         await super().ensure_connection(connection)
-
-
-def _closed_while_idle(connection: Any) -> bool:
-    """Whether the socket of a pooled (idle) async connection has something to read: no reply
-    is due, so it is the server's EOF or reset (or bytes no command will read): unusable."""
-    writer = getattr(connection, "_writer", None)  # (redis-py's: no public name)
-    sock = None if writer is None else writer.transport.get_extra_info("socket")
-    if sock is None:
-        return False  # not connected: ensure_connection connects it
-    try:
-        if not hasattr(select, "poll"):  # (Windows)
-            return bool(select.select([sock.fileno()], [], [], 0)[0])
-        poller = select.poll()  # (not select(): descriptors past 1024)
-        poller.register(sock.fileno(), select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):  # closed meanwhile (fileno -1)
-        return True
 
 
 def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:

@@ -327,3 +327,45 @@ def test_an_async_call_after_the_connections_were_cut_on_a_paused_server_takes_o
     with _alias("cut", server, socket_timeout=timeout, socket_connect_timeout=timeout):
         took = asyncio.run(scenario())
     assert timeout - 0.05 < took < timeout + 0.4, took
+
+
+def _cut_pooled_async_connections(using: str) -> int:
+    """The server closes each idle connection of ``using``'s asyncio pool (CLIENT KILL ADDR:
+    only those, on a server other tests share), and the event loop does not run meanwhile."""
+    import redis
+
+    pool = locks[using].aclient.connection_pool  # type: ignore[attr-defined]
+    cut = 0
+    for conn in list(pool._available_connections):
+        sock = conn._writer.transport.get_extra_info("socket")
+        host, port = sock.getsockname()[:2]
+        with redis.Redis(host=conn.host, port=conn.port, **_auth(conn)) as admin:
+            admin.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}")  # (or raises)
+        cut += 1
+    time.sleep(0.05)  # (on the loop: it waits)
+    return cut
+
+
+def _auth(conn: Any) -> dict[str, Any]:
+    return {"username": conn.username, "password": conn.password}
+
+
+@pytest.mark.parametrize("using", ["cache", "sentinel"])
+def test_an_async_connection_the_server_closed_while_idle_costs_nothing_on_each_backend(
+    using: str, request: pytest.FixtureRequest, name: str
+) -> None:
+    if using == "sentinel":
+        request.getfixturevalue("_sentinel_alias")
+
+    async def scenario() -> None:
+        held = lock(f"{name}:held", using=using, ttl=30, auto_renew=False)
+        assert await held.aacquire(blocking=False)
+        assert _cut_pooled_async_connections(using) >= 1
+        await held.arelease()  # not left held until its TTL
+        assert not await held.alocked()
+        assert _cut_pooled_async_connections(using) >= 1
+        fresh = lock(f"{name}:fresh", using=using, ttl=30, auto_renew=False)
+        assert await fresh.aacquire(blocking=False)
+        await fresh.arelease()
+
+    asyncio.run(scenario())
