@@ -46,11 +46,13 @@ import contextlib
 import os
 import select
 import socket
+import sys
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any, cast
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -62,10 +64,7 @@ from .backends import owners
 from .forks import after_fork_in_child
 from .wire import bare_execute, socket_of, texts
 
-_until = threading.local()  # .deadline: when this thread's commands must be answered by,
-# while .owner (a weak reference) is alive: the call that set it. An interrupt between the set
-# and the put back (or in a finally, before it) leaves it behind; dead with its call, it is
-# ignored, never a deadline past that fails every later command of the thread at once.
+_until = threading.local()  # .entry: the standing deadline (see begin_call), or None
 
 #: A deadline this close to a command's own socket timeout is left to that timeout: the first
 #: round trip of a call needs no bounding (nor its settimeout() calls), only the later ones.
@@ -77,61 +76,98 @@ class _Late(RedisTimeoutError):
     the connection is still in step (not closed, unlike a time-out while reading)."""
 
 
-class CallDeadline:
-    """What a call holds while its deadline stands (its owner, weakly referred to)."""
+#: A deadline that stands: (when, the frame of the call that set it, the entry it nests in).
+_Entry = tuple[float, FrameType, "_Entry | None"]
 
-    __slots__ = ("__weakref__", "outer")
+
+class CallDeadline:
+    """What a call holds while its deadline stands: the entry to put back at its end."""
+
+    __slots__ = ("began", "outer")
 
     def __init__(self) -> None:
-        self.outer: tuple[float | None, Any] | None = None  # None: begin_call() never ran
+        self.outer: _Entry | None = None
+        self.began = False  # (an interrupt before begin_call: end_call puts nothing back)
 
 
-@contextlib.contextmanager
-def answered_by(deadline: float) -> Any:
+class answered_by:  # (lower case: used as the context manager function it replaced)
     """This thread's commands on its own connection wait for their replies until
     ``deadline`` (monotonic) at the latest, not a whole socket timeout: a waiter's try ends
-    with its hub's PING verdict (see ``PubSubHub.heard_until``). Nested: the earliest."""
-    call = CallDeadline()
-    try:
-        begin_call(call, deadline)
-        yield
-    finally:
-        end_call(call)
+    with its hub's PING verdict (see ``PubSubHub.heard_until``). Nested: the earliest. The
+    deadline is the calling frame's (not this object's): see :func:`begin_call`."""
+
+    __slots__ = ("call", "deadline")
+
+    def __init__(self, deadline: float) -> None:
+        self.call, self.deadline = CallDeadline(), deadline
+
+    def __enter__(self) -> None:
+        begin_call(self.call, self.deadline, sys._getframe(1))
+
+    def __exit__(self, *exc_info: object) -> None:
+        end_call(self.call)
 
 
-def _standing() -> float | None:
-    owner = getattr(_until, "owner", None)
-    return None if owner is None or owner() is None else cast("float", _until.deadline)
-
-
-def begin_call(call: CallDeadline, deadline: float) -> None:
+def begin_call(call: CallDeadline, deadline: float, frame: FrameType | None = None) -> None:
     """Every round trip of this thread's ``call`` (a reconnect's handshake, NOSCRIPT, SCRIPT
     LOAD and the script again, an ACL probe) is answered by ``deadline`` (monotonic), the
     earliest of nested ones: each with a socket timeout of its own, one call took several
     (BUSY after a reconnect, 0.755 s with 0.3). :func:`end_call` puts back what stood before.
-    (Not a context manager: it is on every operation's path.)"""
-    call.outer = (getattr(_until, "deadline", None), getattr(_until, "owner", None))
-    outer = _standing()
-    _until.deadline = deadline if outer is None or deadline < outer else outer
-    _until.owner = weakref.ref(call)
+    (Not a context manager: it is on every operation's path.)
+
+    The deadline belongs to the calling frame (``frame``, else begin_call's caller) and
+    stands only while that frame is running, on this thread's stack. An interrupt in the
+    call's ``finally`` skips end_call; the exception's traceback keeps the frame (and
+    anything it refers to) alive, for as long as the exception is handled or kept (a log
+    record, Celery's retry(exc=exc)): alive is not running, so the entry left behind is
+    ignored by the thread's next commands, and dropped by its next call."""
+    outer = getattr(_until, "entry", None)
+    if outer is not None:
+        outer = _running(outer)  # (one step up for a nested call: its outer is its caller)
+    call.outer, call.began = outer, True
+    if outer is not None and outer[0] <= deadline:
+        deadline = outer[0]
+    _until.entry = (deadline, frame or sys._getframe(1), outer)  # one store: all or nothing
 
 
 def end_call(call: CallDeadline) -> None:
-    if call.outer is not None:
-        _until.deadline, _until.owner = call.outer
+    if call.began:
+        _until.entry = call.outer
+
+
+def _running(entry: _Entry | None) -> _Entry | None:
+    """The innermost of ``entry`` and those it nests in whose frame is running on this
+    thread's stack (None: none is): one whose call ended without :func:`end_call` (cut short
+    by an interrupt) stands no more, however long its frame lives on."""
+    while entry is not None:
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            if frame is entry[1]:
+                return entry
+            frame = frame.f_back
+        entry = entry[2]
+    return None
 
 
 def _left(full: float | None) -> float | None:
     """The time left of this thread's deadline when it is shorter than ``full`` (a command's
     own timeout), else None; raises :class:`_Late` when none is left (nothing sent yet)."""
-    deadline = _standing()
-    if deadline is None:
+    entry = getattr(_until, "entry", None)
+    if entry is None:
         return None
-    left = deadline - time.monotonic()
+    left = entry[0] - time.monotonic()
+    if full is not None and left >= full - _SLACK:
+        return None  # (the common case: no call's frame to look for)
+    running = _running(entry)
+    if running is not entry:  # left behind by a call cut short: not this command's
+        _until.entry = entry = running
+        if entry is None:
+            return None
+        left = entry[0] - time.monotonic()
+        if full is not None and left >= full - _SLACK:
+            return None
     if left < 0.001:
         raise _Late("Timeout: the call's socket timeout ran out before this command was sent")
-    if full is not None and left >= full - _SLACK:
-        return None
     return left
 
 

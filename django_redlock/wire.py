@@ -44,10 +44,15 @@ What we rely on, and why the public API does not do:
   master, so it connects again, asking the sentinels: redis-py asks them only on a connect.
   Before 7.2, ``get_connection`` called it under the pool's ``_lock`` (an ``asyncio.Lock``),
   with ``get_available_connection()`` and ``release()`` around it: ours does as 7.2 does.
+  Our pools also close there one whose socket the server closed while it was idle
+  (:func:`closed_while_idle`).
+* ``redis.asyncio`` ``Connection._writer``: its ``asyncio.StreamWriter`` (None while not
+  connected), whose transport gives the socket polled by :func:`closed_while_idle`.
 """
 
 from __future__ import annotations
 
+import select
 import socket
 from collections.abc import Callable, Sequence
 from types import FunctionType
@@ -424,7 +429,31 @@ class AsyncSentinelPool(redis.asyncio.sentinel.SentinelConnectionPool):
             and (str(connection.host), int(connection.port)) != master
         ):
             await connection.disconnect()  # ours now (checked out): never under a command
+        elif closed_while_idle(connection):
+            await connection.disconnect(nowait=True)  # (the peer is gone: no close to wait for)
         await super().ensure_connection(connection)
+
+
+def closed_while_idle(connection: Any) -> bool:
+    """Whether the socket of a pooled (idle) ``redis.asyncio`` connection has something to
+    read: no reply is due, so it is the server's EOF or reset (CLIENT KILL, its ``timeout``
+    setting, a restart, a proxy's idle cut), or bytes no command would read: not to be used.
+    The pool's own check sees only what the event loop has read, and a loop that has not run
+    since (busy meanwhile, or run once per call) has not read the EOF: the command went out on
+    it and failed at once ("Connection closed by server"). One poll(0), as the sync fast
+    path's (``fast_path._stale``)."""
+    writer = connection._writer  # (no public name)
+    sock = None if writer is None else writer.transport.get_extra_info("socket")
+    if sock is None:
+        return False  # not connected: the pool connects it
+    try:
+        if not hasattr(select, "poll"):  # (Windows)
+            return bool(select.select([sock.fileno()], [], [], 0)[0])
+        poller = select.poll()  # (not select(): descriptors past 1024)
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed meanwhile (fileno -1)
+        return True
 
 
 def moved_async_pool(client: Any, master: tuple[str, int]) -> None:

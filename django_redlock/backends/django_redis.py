@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
 from .. import fast_path
-from .redis import RedisBackend
+from .redis import AsyncPool, RedisBackend
 
 # What an asyncio connection can take over from the cache's synchronous pool.
 SHARED_KWARGS = {
@@ -95,7 +95,7 @@ class DjangoRedisBackend(RedisBackend):
             connection_class = redis.asyncio.SSLConnection
         else:
             connection_class = redis.asyncio.Connection
-        async_pool = redis.asyncio.BlockingConnectionPool(
+        async_pool = AsyncPool(  # (a closed idle connection is checked for)
             connection_class=connection_class,
             retry=redis.asyncio.retry.Retry(NoBackoff(), 0),
             max_connections=pool.max_connections,

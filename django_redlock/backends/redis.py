@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .. import acl, fast_path, scripts
+from .. import acl, fast_path, scripts, wire
 from ..acl import mask
 from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingPermission
 from ..forks import after_fork_in_child
@@ -157,7 +157,7 @@ class RedisBackend(BaseLockBackend):
 
     def make_async_client(self) -> Any:
         options = self.client_options(redis.asyncio.retry.Retry(NoBackoff(), 0))
-        pool = redis.asyncio.BlockingConnectionPool.from_url(str(self.location), **options)
+        pool = AsyncPool.from_url(str(self.location), **options)
         return redis.asyncio.Redis(connection_pool=pool)
 
     @property
@@ -739,6 +739,18 @@ def _marker(reply: Any) -> tuple[str, int] | None:
     if not reply:
         return None
     return str(text(reply[0])), max(int(reply[1]), 0)
+
+
+class AsyncPool(redis.asyncio.BlockingConnectionPool):
+    """redis.asyncio's blocking pool, its check of a pooled connection made on the socket as
+    the sync fast path's (``fast_path._stale``): see :func:`.wire.closed_while_idle`."""
+
+    async def ensure_connection(self, connection: Any) -> None:
+        if wire.closed_while_idle(connection):
+            # Checked out: ours, nothing sent on it yet. Not waiting for the close (a TLS
+            # one to a server gone would wait for its reply a connect timeout).
+            await connection.disconnect(nowait=True)
+        await super().ensure_connection(connection)
 
 
 def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:

@@ -5,6 +5,7 @@ connection is mid-command (a finalizer, a signal handler)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import threading
@@ -13,10 +14,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from django_redlock import fast_path, lock, locks
+from django_redlock import BackendUnavailable, fast_path, lock, locks
 from django_redlock.testing import RedisServer
 
 
@@ -246,3 +248,126 @@ def test_closing_the_backend_closes_its_pub_sub_connection(
             assert _names_connected(admin) <= before, [c["cmd"] for c in admin.client_list()]
         finally:
             gc.enable()
+
+
+def _kill_lock_connections(admin: Any) -> None:
+    """The server closes its clients' command connections (not admin's, not pub/sub's), and
+    the event loop does not run before the next call: its EOF is not read yet (a loop busy
+    meanwhile, or run once per call)."""
+    assert admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes") >= 1
+    time.sleep(0.05)  # (on the loop: it waits)
+
+
+def test_an_async_connection_the_server_closed_while_idle_costs_nothing(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    admin = server.client()
+
+    async def scenario() -> None:
+        held = lock(f"{name}:held", using="killed", ttl=30, auto_renew=False)
+        assert await held.aacquire(blocking=False)
+        _kill_lock_connections(admin)
+        await held.arelease()  # not left held until its TTL
+        assert not await held.alocked()
+        _kill_lock_connections(admin)
+        fresh = lock(f"{name}:fresh", using="killed", ttl=30, auto_renew=False)
+        assert await fresh.aacquire(blocking=False)
+        await fresh.arelease()
+
+    with _alias("killed", server, socket_timeout=1.0):
+        asyncio.run(scenario())
+
+
+def test_an_async_connection_past_the_server_s_idle_timeout_costs_nothing(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    admin = server.client()
+
+    async def scenario() -> None:
+        held = lock(f"{name}:held", using="idle", ttl=30, auto_renew=False)
+        assert await held.aacquire(blocking=False)
+        clients = len(admin.client_list())
+        admin.config_set("timeout", 1)  # (whole seconds: closed 1 to 2 s idle, and a cron's)
+        try:
+            give_up = time.monotonic() + 5
+            while len(admin.client_list()) >= clients and time.monotonic() < give_up:
+                time.sleep(0.1)  # (on the loop: it waits)
+        finally:
+            admin.config_set("timeout", 0)
+        assert len(admin.client_list()) < clients  # the lock's idle connection was closed
+        await held.arelease()
+        fresh = lock(f"{name}:fresh", using="idle", ttl=30, auto_renew=False)
+        assert await fresh.aacquire(blocking=False)
+        await fresh.arelease()
+
+    with _alias("idle", server, socket_timeout=1.0):
+        asyncio.run(scenario())
+
+
+def test_an_async_call_after_the_connections_were_cut_on_a_paused_server_takes_one_timeout(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    admin = server.client()
+    timeout = 0.5
+
+    async def scenario() -> float:
+        warm = lock(f"{name}:warm", using="cut", ttl=30, auto_renew=False)
+        assert await warm.aacquire(blocking=False)
+        _kill_lock_connections(admin)
+        server.pause()  # the reconnect's TCP connect succeeds (the kernel), its handshake waits
+        try:
+            started = time.monotonic()
+            with pytest.raises(BackendUnavailable):
+                await lock(name, using="cut").aacquire(blocking=False)
+            return time.monotonic() - started
+        finally:
+            server.resume()
+
+    with _alias("cut", server, socket_timeout=timeout, socket_connect_timeout=timeout):
+        took = asyncio.run(scenario())
+    assert timeout - 0.05 < took < timeout + 0.4, took
+
+
+def _cut_pooled_async_connections(using: str) -> int:
+    """The server closes each idle connection of ``using``'s asyncio pool (CLIENT KILL ADDR:
+    only those, on a server other tests share), and the event loop does not run meanwhile."""
+    import redis
+
+    pool = locks[using].aclient.connection_pool  # type: ignore[attr-defined]
+    cut = 0
+    for conn in list(pool._available_connections):
+        sock = conn._writer.transport.get_extra_info("socket")
+        host, port = sock.getsockname()[:2]
+        with redis.Redis(host=conn.host, port=conn.port, **_auth(conn)) as admin:
+            admin.execute_command("CLIENT", "KILL", "ADDR", f"{host}:{port}")  # (or raises)
+        cut += 1
+    time.sleep(0.05)  # (on the loop: it waits)
+    return cut
+
+
+def _auth(conn: Any) -> dict[str, Any]:
+    return {"username": conn.username, "password": conn.password}
+
+
+@pytest.mark.parametrize("using", ["cache", "sentinel"])
+def test_an_async_connection_the_server_closed_while_idle_costs_nothing_on_each_backend(
+    using: str, request: pytest.FixtureRequest, name: str
+) -> None:
+    if using == "sentinel":
+        request.getfixturevalue("_sentinel_alias")
+
+    async def scenario() -> None:
+        held = lock(f"{name}:held", using=using, ttl=30, auto_renew=False)
+        assert await held.aacquire(blocking=False)
+        assert _cut_pooled_async_connections(using) >= 1
+        await held.arelease()  # not left held until its TTL
+        assert not await held.alocked()
+        assert _cut_pooled_async_connections(using) >= 1
+        fresh = lock(f"{name}:fresh", using=using, ttl=30, auto_renew=False)
+        assert await fresh.aacquire(blocking=False)
+        await fresh.arelease()
+
+    asyncio.run(scenario())

@@ -494,7 +494,9 @@ def test_an_interrupt_at_any_line_of_an_op_leaves_no_deadline_behind(
     """An op's deadline (its round trips share one socket timeout) is put back as it ends; an
     interrupt between the set and the put back left it standing, and every later command of
     the thread failed at once ("the call's socket timeout ran out"): 50 acquires in a row in
-    the fault campaign (seed 1711), every server up. Left behind, it dies with its call."""
+    the fault campaign (seed 1711), every server up. Left behind, it stands no more once its
+    call is off the stack (the exception kept alive too: tests/interrupts/
+    test_read_deadline_interrupts.py)."""
     from django_redlock.backends.redis import RedisBackend
 
     from ..support.line_interrupts import LineInterrupter, every_point, interrupted
@@ -509,7 +511,7 @@ def test_an_interrupt_at_any_line_of_an_op_leaves_no_deadline_behind(
             interrupted(
                 lambda: lock(f"{name}:{run}", using="left", ttl=1).acquire(blocking=False),
                 tracer,
-            )  # (its Interrupt, and the call's frame with it, let go here)
+            )  # (its Interrupt let go here)
             time.sleep(0.6)  # past any deadline that op set
             after = lock(f"{name}:{run}:after", using="left", ttl=1)
             assert after.acquire(blocking=False), tracer.fired

@@ -304,6 +304,35 @@ def test_an_asyncio_pool_checks_each_connection_it_hands_out(redis_server: Redis
     assert len(seen) == 2 and seen[0] is seen[1]
 
 
+def test_an_idle_asyncio_connection_the_server_closed_is_seen_on_its_socket(
+    redis_server: RedisServer,
+) -> None:
+    """closed_while_idle reads an asyncio connection's socket through ``_writer`` (its
+    StreamWriter): nothing to read on an open idle one, the EOF on one the server closed
+    before the event loop ran again; an unconnected one is left to the pool."""
+    import asyncio
+    import time
+
+    import redis.asyncio
+
+    admin = redis_server.client()
+
+    async def main() -> list[bool]:
+        connection = redis.asyncio.Connection(port=redis_server.port)
+        seen = [wire.closed_while_idle(connection)]
+        await connection.connect()
+        await connection.send_command("CLIENT", "ID")
+        own = await connection.read_response()
+        seen.append(wire.closed_while_idle(connection))
+        admin.execute_command("CLIENT", "KILL", "ID", own)
+        time.sleep(0.05)  # (the loop does not run: the EOF is not read by it)
+        seen.append(wire.closed_while_idle(connection))
+        await connection.disconnect()
+        return seen
+
+    assert asyncio.run(main()) == [False, False, True]
+
+
 def test_an_asyncio_sentinel_pool_connects_outside_its_lock() -> None:
     """redis-py before 7.2 connected (and checked) a connection under the asyncio pool's
     lock: with the master paused, calls connected one after the other, a socket timeout each

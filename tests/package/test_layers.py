@@ -153,11 +153,14 @@ PRIVATE_ATTRIBUTES_LEFT = {
     # none (a few hundred ns on every acquire; CPython keeps it for that purpose).
     ("django_redlock.identity", "_get_running_loop"): "asyncio",
     ("django_redlock.locking.steps", "_get_running_loop"): "asyncio",
+    # The frame a call's deadline belongs to (fast_path.begin_call): documented in sys.
+    ("django_redlock.fast_path", "_getframe"): "sys._getframe, documented",
     # redis-py's internals, all in wire.py (the one module that touches them: see its
     # docstring, and tests/backends/test_wire.py for the test of each on the installed redis-py):
     ("django_redlock.wire", "_sock"): "redis-py Connection._sock",
     ("django_redlock.wire", "_command_packer"): "redis-py Connection._command_packer",
     ("django_redlock.wire", "_parser"): "redis-py Connection._parser (its parse_error)",
+    ("django_redlock.wire", "_writer"): "redis.asyncio Connection._writer (its socket)",
     ("django_redlock.wire", "_django_redlock_threads"): "ours, planted on redis-py's pool",
 }
 
@@ -252,7 +255,7 @@ def test_no_module_reaches_into_another_modules_objects_privates() -> None:
 #: redis-py's (and hiredis's) private or internal names the package relies on, and the prefix
 #: of the attributes it plants on redis-py's objects: said only in django_redlock/wire.py.
 REDIS_PY_INTERNALS = {
-    "_sock", "_command_packer", "_parser", "_retries", "HiredisRespSerializer"
+    "_sock", "_command_packer", "_parser", "_retries", "HiredisRespSerializer", "_writer"
 }  # fmt: skip
 PLANTED_PREFIX = "_django_redlock_"
 
