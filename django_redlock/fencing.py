@@ -227,6 +227,11 @@ class _Committed:
     using: str | None = None  # its database, once its transaction (or savepoint) is opened
     atomic: weakref.ReferenceType[Any] | None = None  # (its Django ``Atomic``)
 
+    def __init__(self) -> None:
+        # Django logs a robust callback's error with its ``__qualname__``: without one, that
+        # log raised AttributeError and every later callback of the transaction was dropped.
+        self.__qualname__ = "django_redlock.fencing._Committed"
+
     def __call__(self) -> None:
         self.done = True
 
@@ -542,6 +547,8 @@ class _ProvedHook:
 
     def __init__(self, func: Callable[[], None]) -> None:
         self.func = func
+        # Django logs a robust callback's error with its ``__qualname__`` (see _Committed).
+        self.__qualname__ = getattr(func, "__qualname__", type(func).__qualname__)
 
     def __call__(self) -> None:
         self.func()
