@@ -87,7 +87,6 @@ from django.db.transaction import TransactionManagementError
 from .exceptions import CommitOutcomeUnknown, LockError, LockLost, LockNotOwned
 from .fence_table import check_fence, commit_outcome, pid_of
 from .fence_table import prune_fences as prune_fences  # its old path
-from .forks import after_fork_in_child
 
 logger = logging.getLogger("django_redlock")
 
@@ -1067,40 +1066,34 @@ class _Seen:
         self.open = True
 
     def close(self) -> None:
-        """The block ended: its mark joins the row's ended ones (idempotent)."""
-        with _seen_lock:
-            if not self.open:
-                return
-            self.open = False
-            ended = _ended_marks.pop(self.row, None) or collections.deque(maxlen=_ENDED_KEPT)
-            ended.append(self.mark)
-            _ended_marks[self.row] = ended  # the newest last: the oldest row is dropped first
-            while len(_ended_marks) > _ROWS_KEPT:
+        """The block ended: its mark joins the row's ended ones (idempotent). No lock: an
+        exception on any line (a signal handler's) must not leave one held, which hung every
+        later block of the process. Each step is one dict operation, atomic under the GIL; two
+        blocks ending at once may lose one's mark: a forgotten proof, "unknown", never a wrong
+        one. Marked closed last: cut short, the second call records it."""
+        if not self.open:
+            return
+        ended = _ended_marks.get(self.row, ())
+        _ended_marks[self.row] = (*ended, self.mark)[-_ENDED_KEPT:]
+        with contextlib.suppress(KeyError):  # (evicted meanwhile by another thread)
+            _ended_marks.move_to_end(self.row)  # the newest last: the oldest row goes first
+        while len(_ended_marks) > _ROWS_KEPT:
+            with contextlib.suppress(KeyError):
                 _ended_marks.popitem(last=False)
+        self.open = False
 
 
 def _open_block(row: tuple[str, str], mark: Any) -> _Seen:
     """Register a block (the outermost of its row on this thread); ``row``: (backend, lock
     name), whatever the database alias (two aliases may be one database)."""
-    with _seen_lock:
-        return _Seen(row, mark, tuple(_ended_marks.get(row, ())))
+    return _Seen(row, mark, _ended_marks.get(row, ()))
 
 
-_seen_lock = threading.Lock()
-#: row -> the marks of its latest ended blocks (bounded: a proof forgotten says "unknown")
-_ended_marks: collections.OrderedDict[tuple[str, str], collections.deque[Any]] = (
-    collections.OrderedDict()
-)
+#: row -> the marks of its latest ended blocks, oldest first (bounded: a proof forgotten says
+#: "unknown"). Tuples, replaced whole: readers in other threads never see one change.
+_ended_marks: collections.OrderedDict[tuple[str, str], tuple[Any, ...]] = collections.OrderedDict()
 _ENDED_KEPT = 8
 _ROWS_KEPT = 4096
-
-
-@after_fork_in_child
-def _new_locks_in_child() -> None:
-    """A lock another thread held at the fork would never be released in the child. (The
-    ended marks stay: those blocks ended before any of the child's began.)"""
-    global _seen_lock
-    _seen_lock = threading.Lock()
 
 
 def _marks() -> dict[tuple[str, str, str], Any]:
