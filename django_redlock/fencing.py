@@ -36,7 +36,10 @@ an interrupt, which says "stop"). So:
 * an exception a signal handler raises on any line of the exit (a soft time limit) is
   caught from the exit's first instruction (:class:`FencedTransaction`, :func:`leave_failed`):
   before the COMMIT, rolled back and raised; after it, logged (an interrupt goes on); the
-  lock released at once either way;
+  lock released at once either way. One CPython handles once ``__exit__`` returned, on the
+  caller's ``with`` line, no exit can catch: the decorator forms, which own that line, ask
+  :func:`left_committed` (the exit's last step records it) and return; a caller's own
+  ``with`` raises it (docs/topics/fencing.md, "After the exit returned");
 * a block a burst of such exceptions abandoned (its opening, or its exit's clean-up, Django's
   ``Atomic.__exit__`` included, cut short at every line), or one such exception as its
   ``__exit__`` was entered, leaves its transaction (or savepoint) open: whatever opened it,
@@ -174,10 +177,11 @@ class TrackedExit:
     dies at that moment. That tells one run of a statement from a later run of the same
     statement in the same frame (a loop), or from a later call reusing the frame's id, which
     the frame's position cannot. A bound method, not a ``functools.partial``: CPython checks
-    for pending signals after a call to a C callable returns, in the caller's frame, so a
-    signal handler's exception (a soft time limit) then came out of the ``with`` statement
-    after the block had committed; a Python method is entered and left inline (nor does any
-    frame of its own keep it alive in a traceback)."""
+    for pending signals after a call to a C callable returns, in the caller's frame, which
+    widened the window after the exit (nor does any frame of its own keep a bound method alive
+    in a traceback). It does not close it: a signal arriving after the exit's last check for
+    signals is handled on the caller's ``with`` line once the exit returned, whatever the exit
+    is (see :func:`left_committed`)."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
         self.func = func
@@ -1163,6 +1167,7 @@ def enter_block(lock: Held, where: With | None) -> Held:
     """After the acquire: open the fenced block, or release the lock and raise. Returns
     ``lock`` (``with``'s value). ``where``: the ``with`` statement that called ``__enter__``
     (:func:`with_frame`, taken as ``__enter__`` began), if known."""
+    note_left(None)  # (a failed entry must not find an earlier block's record)
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
     held.lock, held.where = lock, where
@@ -1207,6 +1212,7 @@ def leave_block(
         with contextlib.suppress(LockNotOwned):
             lock.release()
     block.left = True
+    _open.left = weakref.ref(lock) if exc_type is None else None  # committed: left_committed
     del blocks[blocks.index(block)]  # last: no instruction after it can be interrupted
 
 
@@ -1243,7 +1249,34 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
     with contextlib.suppress(ValueError):
         blocks.remove(block)
     if outcome is not None:
+        _open.left = None
         raise outcome
+    note_left(lock)  # last: committed, and released (or owed)
+
+
+def note_left(lock: object | None) -> None:
+    """Record, as the last step of a fenced ``with``'s exit, that ``lock``'s block committed
+    and its lock was released (None: no block has, since). See :func:`left_committed`."""
+    _open.left = None if lock is None else weakref.ref(lock)
+
+
+def log_after_exit(describe: str, error: Exception) -> None:
+    """An ``Exception`` out of a fenced ``with`` after its exit returned committed: logged,
+    the call returns."""
+    logger.warning("redlock: %s: its fenced transaction committed; then %s: %s (logged, not"
+                   " raised: the call returns)", describe, type(error).__name__,
+                   error)  # fmt: skip
+
+
+def left_committed(lock: object) -> bool:
+    """Whether the last fenced ``with`` block this thread left was ``lock``'s, committed and
+    released: its exit's last step recorded it. CPython may run a signal handler (Celery's
+    soft time limit) after an ``__exit__`` returned, on the ``with`` line of its caller, where
+    no ``try`` of the exit holds: the decorator forms, which own that line, ask this of an
+    ``Exception`` out of their ``with`` (a user's ``with`` cannot: docs/topics/fencing.md).
+    No I/O."""
+    left = getattr(_open, "left", None)
+    return left is not None and left() is lock
 
 
 def _release_level(lock: FencedLock, block: FencedTransaction, committed: bool) -> None:
