@@ -29,7 +29,14 @@ from django.db import DEFAULT_DB_ALIAS
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 
-from django_redlock import fencing, lock, lock_all, lock_view, single_instance
+from django_redlock import (
+    fencing,
+    lock,
+    lock_all,
+    lock_view,
+    read_write_lock,
+    single_instance,
+)
 from django_redlock.locking.base import BaseLock
 from django_redlock.locking.multi import MultiLock
 
@@ -103,6 +110,8 @@ def _decorated(form: str, name: str) -> Callable[[], Any]:
 
     if form == "@lock":
         return lock(name, ttl=30, atomic=True)(body)
+    if form == "@write":
+        return read_write_lock(name, ttl=30).write(atomic=True)(body)
     if form == "@lock_all":
         return lock_all(name, f"{name}:2", ttl=30, atomic=True)(body)
     if form == "@single_instance":
@@ -115,7 +124,7 @@ def _decorated(form: str, name: str) -> Callable[[], Any]:
     return lambda: view(RequestFactory().post("/")).content.decode()
 
 
-@pytest.mark.parametrize("form", ["@lock", "@lock_all", "@single_instance", "@lock_view"])
+@pytest.mark.parametrize("form", ["@lock", "@write", "@lock_all", "@single_instance", "@lock_view"])
 def test_a_decorated_call_returns_when_a_signal_lands_after_its_exit_returned_committed(
     name: str, form: str, caplog: pytest.LogCaptureFixture
 ) -> None:
