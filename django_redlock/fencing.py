@@ -405,10 +405,13 @@ def _fenced_steps(
     # re-entry, lk.atomic() inside) writes the outer block's mark: the outer COMMIT's outcome
     # check looks for it.
     marks, row = _marks(), (using, lock.using, lock.name)
-    outer_mark = marks.get(row)
+    _forget_ended(marks)
+    outer = marks.get(row)
+    outer_mark = None if outer is None else outer[0]
     mark = _new_mark() if outer_mark is None else outer_mark
     own_mark = outer_mark is None
-    marks[row] = mark
+    if own_mark:  # with its block's steps: told from one a burst left behind (_forget_ended)
+        marks[row] = (mark, committed.steps)
     # This process's other blocks of the row (other threads' blocks of the same hold write
     # the same fence with their own marks): what the outcome check may conclude from them.
     seen = _open_block(row[1:], mark) if own_mark else None
@@ -1100,12 +1103,24 @@ _ENDED_KEPT = 8
 _ROWS_KEPT = 4096
 
 
-def _marks() -> dict[tuple[str, str, str], Any]:
-    """This thread's open fenced blocks' marks, by (database, backend, lock name)."""
+def _marks() -> dict[tuple[str, str, str], tuple[int, Any]]:
+    """This thread's open fenced blocks' marks, by (database, backend, lock name): each with
+    a weak reference to its block's steps."""
     marks = getattr(_local, "marks", None)
     if marks is None:
         marks = _local.marks = {}
     return marks
+
+
+def _forget_ended(marks: dict[tuple[str, str, str], tuple[int, Any]]) -> None:
+    """Drop the marks of blocks that ended without forgetting them (a burst of exceptions cut
+    both of the steps' tries short): taken for an outer block's, one would be written by every
+    later block of its row on this thread, and a lost COMMIT's check would take an earlier
+    block's write for its own ("committed", nothing committed). No I/O."""
+    for row, (_, ref) in list(marks.items()):
+        steps = ref() if ref is not None else None
+        if steps is None or inspect.getgeneratorstate(steps) == inspect.GEN_CLOSED:
+            marks.pop(row, None)
 
 
 def refuse_unfinished(using: str, describe: str) -> None:
