@@ -36,7 +36,10 @@ an interrupt, which says "stop"). So:
 * an exception a signal handler raises on any line of the exit (a soft time limit) is
   caught from the exit's first instruction (:class:`FencedTransaction`, :func:`leave_failed`):
   before the COMMIT, rolled back and raised; after it, logged (an interrupt goes on); the
-  lock released at once either way;
+  lock released at once either way. One CPython handles once ``__exit__`` returned, on the
+  caller's ``with`` line, no exit can catch: the decorator forms, which own that line, ask
+  :func:`left_committed` (the exit's last step records it) and return; a caller's own
+  ``with`` raises it (docs/topics/fencing.md, "After the exit returned");
 * a block a burst of such exceptions abandoned (its opening, or its exit's clean-up, Django's
   ``Atomic.__exit__`` included, cut short at every line), or one such exception as its
   ``__exit__`` was entered, leaves its transaction (or savepoint) open: whatever opened it,
@@ -87,7 +90,6 @@ from django.db.transaction import TransactionManagementError
 from .exceptions import CommitOutcomeUnknown, LockError, LockLost, LockNotOwned
 from .fence_table import check_fence, commit_outcome, pid_of
 from .fence_table import prune_fences as prune_fences  # its old path
-from .forks import after_fork_in_child
 
 logger = logging.getLogger("django_redlock")
 
@@ -175,10 +177,11 @@ class TrackedExit:
     dies at that moment. That tells one run of a statement from a later run of the same
     statement in the same frame (a loop), or from a later call reusing the frame's id, which
     the frame's position cannot. A bound method, not a ``functools.partial``: CPython checks
-    for pending signals after a call to a C callable returns, in the caller's frame, so a
-    signal handler's exception (a soft time limit) then came out of the ``with`` statement
-    after the block had committed; a Python method is entered and left inline (nor does any
-    frame of its own keep it alive in a traceback)."""
+    for pending signals after a call to a C callable returns, in the caller's frame, which
+    widened the window after the exit (nor does any frame of its own keep a bound method alive
+    in a traceback). It does not close it: a signal arriving after the exit's last check for
+    signals is handled on the caller's ``with`` line once the exit returned, whatever the exit
+    is (see :func:`left_committed`)."""
 
     def __init__(self, func: Callable[..., Any]) -> None:
         self.func = func
@@ -226,6 +229,11 @@ class _Committed:
     gives_back: tuple[FencedLock, ...] = ()  # (the locks ``abandon`` releases)
     using: str | None = None  # its database, once its transaction (or savepoint) is opened
     atomic: weakref.ReferenceType[Any] | None = None  # (its Django ``Atomic``)
+
+    def __init__(self) -> None:
+        # Django logs a robust callback's error with its ``__qualname__``: without one, that
+        # log raised AttributeError and every later callback of the transaction was dropped.
+        self.__qualname__ = "django_redlock.fencing._Committed"
 
     def __call__(self) -> None:
         self.done = True
@@ -397,10 +405,13 @@ def _fenced_steps(
     # re-entry, lk.atomic() inside) writes the outer block's mark: the outer COMMIT's outcome
     # check looks for it.
     marks, row = _marks(), (using, lock.using, lock.name)
-    outer_mark = marks.get(row)
+    _forget_ended(marks)
+    outer = marks.get(row)
+    outer_mark = None if outer is None else outer[0]
     mark = _new_mark() if outer_mark is None else outer_mark
     own_mark = outer_mark is None
-    marks[row] = mark
+    if own_mark:  # with its block's steps: told from one a burst left behind (_forget_ended)
+        marks[row] = (mark, committed.steps)
     # This process's other blocks of the row (other threads' blocks of the same hold write
     # the same fence with their own marks): what the outcome check may conclude from them.
     seen = _open_block(row[1:], mark) if own_mark else None
@@ -542,6 +553,8 @@ class _ProvedHook:
 
     def __init__(self, func: Callable[[], None]) -> None:
         self.func = func
+        # Django logs a robust callback's error with its ``__qualname__`` (see _Committed).
+        self.__qualname__ = getattr(func, "__qualname__", type(func).__qualname__)
 
     def __call__(self) -> None:
         self.func()
@@ -1060,48 +1073,54 @@ class _Seen:
         self.open = True
 
     def close(self) -> None:
-        """The block ended: its mark joins the row's ended ones (idempotent)."""
-        with _seen_lock:
-            if not self.open:
-                return
-            self.open = False
-            ended = _ended_marks.pop(self.row, None) or collections.deque(maxlen=_ENDED_KEPT)
-            ended.append(self.mark)
-            _ended_marks[self.row] = ended  # the newest last: the oldest row is dropped first
-            while len(_ended_marks) > _ROWS_KEPT:
+        """The block ended: its mark joins the row's ended ones (idempotent). No lock: an
+        exception on any line (a signal handler's) must not leave one held, which hung every
+        later block of the process. Each step is one dict operation, atomic under the GIL; two
+        blocks ending at once may lose one's mark: a forgotten proof, "unknown", never a wrong
+        one. Marked closed last: cut short, the second call records it."""
+        if not self.open:
+            return
+        ended = _ended_marks.get(self.row, ())
+        _ended_marks[self.row] = (*ended, self.mark)[-_ENDED_KEPT:]
+        with contextlib.suppress(KeyError):  # (evicted meanwhile by another thread)
+            _ended_marks.move_to_end(self.row)  # the newest last: the oldest row goes first
+        while len(_ended_marks) > _ROWS_KEPT:
+            with contextlib.suppress(KeyError):
                 _ended_marks.popitem(last=False)
+        self.open = False
 
 
 def _open_block(row: tuple[str, str], mark: Any) -> _Seen:
     """Register a block (the outermost of its row on this thread); ``row``: (backend, lock
     name), whatever the database alias (two aliases may be one database)."""
-    with _seen_lock:
-        return _Seen(row, mark, tuple(_ended_marks.get(row, ())))
+    return _Seen(row, mark, _ended_marks.get(row, ()))
 
 
-_seen_lock = threading.Lock()
-#: row -> the marks of its latest ended blocks (bounded: a proof forgotten says "unknown")
-_ended_marks: collections.OrderedDict[tuple[str, str], collections.deque[Any]] = (
-    collections.OrderedDict()
-)
+#: row -> the marks of its latest ended blocks, oldest first (bounded: a proof forgotten says
+#: "unknown"). Tuples, replaced whole: readers in other threads never see one change.
+_ended_marks: collections.OrderedDict[tuple[str, str], tuple[Any, ...]] = collections.OrderedDict()
 _ENDED_KEPT = 8
 _ROWS_KEPT = 4096
 
 
-@after_fork_in_child
-def _new_locks_in_child() -> None:
-    """A lock another thread held at the fork would never be released in the child. (The
-    ended marks stay: those blocks ended before any of the child's began.)"""
-    global _seen_lock
-    _seen_lock = threading.Lock()
-
-
-def _marks() -> dict[tuple[str, str, str], Any]:
-    """This thread's open fenced blocks' marks, by (database, backend, lock name)."""
+def _marks() -> dict[tuple[str, str, str], tuple[int, Any]]:
+    """This thread's open fenced blocks' marks, by (database, backend, lock name): each with
+    a weak reference to its block's steps."""
     marks = getattr(_local, "marks", None)
     if marks is None:
         marks = _local.marks = {}
     return marks
+
+
+def _forget_ended(marks: dict[tuple[str, str, str], tuple[int, Any]]) -> None:
+    """Drop the marks of blocks that ended without forgetting them (a burst of exceptions cut
+    both of the steps' tries short): taken for an outer block's, one would be written by every
+    later block of its row on this thread, and a lost COMMIT's check would take an earlier
+    block's write for its own ("committed", nothing committed). No I/O."""
+    for row, (_, ref) in list(marks.items()):
+        steps = ref() if ref is not None else None
+        if steps is None or inspect.getgeneratorstate(steps) == inspect.GEN_CLOSED:
+            marks.pop(row, None)
 
 
 def refuse_unfinished(using: str, describe: str) -> None:
@@ -1163,6 +1182,7 @@ def enter_block(lock: Held, where: With | None) -> Held:
     """After the acquire: open the fenced block, or release the lock and raise. Returns
     ``lock`` (``with``'s value). ``where``: the ``with`` statement that called ``__enter__``
     (:func:`with_frame`, taken as ``__enter__`` began), if known."""
+    note_left(None)  # (a failed entry must not find an earlier block's record)
     block = FencedTransaction(lock)
     block.by_lock, held = True, block.committed
     held.lock, held.where = lock, where
@@ -1207,6 +1227,7 @@ def leave_block(
         with contextlib.suppress(LockNotOwned):
             lock.release()
     block.left = True
+    _open.left = weakref.ref(lock) if exc_type is None else None  # committed: left_committed
     del blocks[blocks.index(block)]  # last: no instruction after it can be interrupted
 
 
@@ -1243,7 +1264,34 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
     with contextlib.suppress(ValueError):
         blocks.remove(block)
     if outcome is not None:
+        _open.left = None
         raise outcome
+    note_left(lock)  # last: committed, and released (or owed)
+
+
+def note_left(lock: object | None) -> None:
+    """Record, as the last step of a fenced ``with``'s exit, that ``lock``'s block committed
+    and its lock was released (None: no block has, since). See :func:`left_committed`."""
+    _open.left = None if lock is None else weakref.ref(lock)
+
+
+def log_after_exit(describe: str, error: Exception) -> None:
+    """An ``Exception`` out of a fenced ``with`` after its exit returned committed: logged,
+    the call returns."""
+    logger.warning("redlock: %s: its fenced transaction committed; then %s: %s (logged, not"
+                   " raised: the call returns)", describe, type(error).__name__,
+                   error)  # fmt: skip
+
+
+def left_committed(lock: object) -> bool:
+    """Whether the last fenced ``with`` block this thread left was ``lock``'s, committed and
+    released: its exit's last step recorded it. CPython may run a signal handler (Celery's
+    soft time limit) after an ``__exit__`` returned, on the ``with`` line of its caller, where
+    no ``try`` of the exit holds: the decorator forms, which own that line, ask this of an
+    ``Exception`` out of their ``with`` (a user's ``with`` cannot: docs/topics/fencing.md).
+    No I/O."""
+    left = getattr(_open, "left", None)
+    return left is not None and left() is lock
 
 
 def _release_level(lock: FencedLock, block: FencedTransaction, committed: bool) -> None:

@@ -21,7 +21,13 @@ from .exceptions import (
     QuorumNotReached,
     StaleFence,
 )
-from .fencing import database_of, drop_abandoned, refuse_manual_commit
+from .fencing import (
+    database_of,
+    drop_abandoned,
+    fenced_transaction,
+    log_after_exit,
+    refuse_manual_commit,
+)
 from .handler import DEFAULT_LOCK_ALIAS
 from .locking import BaseLock, Lock, Semaphore
 from .locking.steps import drive
@@ -224,19 +230,26 @@ class _ViewGuard:
         try:
             if self.database is None:
                 return self.run_view(view, request, args, kwargs)
-            ran = False
+            ran, result, block = False, None, fenced_transaction(held)  # held.atomic()
             try:
                 # A ``with`` statement of its own (not an ExitStack's): its frame tells when
                 # its block is left (fencing.drop_abandoned), and an exception right after
                 # the block opened still exits it. Commits (or rolls back) before the release.
-                with held.atomic():
+                with block:
                     ran = True
-                    return self.run_view(view, request, args, kwargs)
+                    result = self.run_view(view, request, args, kwargs)
             except (StaleFence, LockNotAcquired) as exc:
                 if ran:
                     raise
                 logger.warning("redlock: %s", exc)  # the view did not run (its row stayed locked)
                 return self.busy(None)
+            except Exception as exc:
+                # A signal handler's exception once the block committed (CPython may run it
+                # on the ``with`` line, after the exit returned): the view's answer stands.
+                if not block.committed.done:
+                    raise
+                log_after_exit(held.describe(), exc)
+            return result
         finally:
             try:
                 drive(held.backend, held.release_steps())

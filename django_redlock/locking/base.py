@@ -1378,9 +1378,18 @@ class BaseLock:
 
         @functools.wraps(func)
         def locked_call(*args: Any, **kwargs: Any) -> Any:
-            with self._with_name(name_for(args, kwargs)):
-                result = func(*args, **kwargs)
-                refuse_generator_result(result, func, decorator)
-                return result
+            held = self._with_name(name_for(args, kwargs))
+            result = None
+            try:
+                with held:
+                    result = func(*args, **kwargs)
+                    refuse_generator_result(result, func, decorator)
+            except Exception as error:
+                # A signal handler's exception once the exit returned committed (CPython runs
+                # it on the ``with`` line): returning, as the exit would have.
+                if not fencing.left_committed(held):
+                    raise
+                fencing.log_after_exit(held.describe(), error)
+            return result
 
         return cast(F, locked_call)

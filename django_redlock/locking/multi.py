@@ -58,6 +58,9 @@ from ..fencing import (
     drop_abandoned,
     fenced_transaction,
     frame_above,
+    left_committed,
+    log_after_exit,
+    note_left,
     owe,
     paid,
     refuse_manual_commit,
@@ -606,6 +609,7 @@ class MultiLock:
         # A fenced block tells from the ``with`` statement's frame when its ``with`` is left.
         where = with_frame(frame_above(1), self) if self.database is not None else None
         if self.database is not None:  # autocommit off: refused before the lock is taken
+            note_left(None)  # (a failed entry must not find an earlier block's record)
             drop_abandoned(self.database)  # (not a block's leftover transaction)
             refuse_manual_commit(self.database, self.describe())
         self._block = None  # a previous block's, left
@@ -669,10 +673,12 @@ class MultiLock:
             with contextlib.suppress(Exception):
                 self.release()
             paid(debts)
+            note_left(self)  # last: committed, and released (or owed)
             return
         with contextlib.suppress(LockError):
             self.release()
         paid(debts)
+        note_left(None)
         raise pending
 
     def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
@@ -769,6 +775,7 @@ class MultiLock:
             with contextlib.suppress(LockNotOwned):
                 self.release()
             paid(debts)
+            note_left(None)
             return
         try:  # committed: whatever the release finds, raising would invite a second run
             self.release()
@@ -780,6 +787,7 @@ class MultiLock:
         paid(debts)
         # self._block stays (every member left): an exception after this line is
         # _exit_failed's to settle by the members' outcome.
+        note_left(self)  # last: the block committed and was released (left_committed)
 
     def _options(self) -> dict[str, Any]:
         return {"ttl": self.lock_ttl, "timeout": self.timeout, "blocking": self.blocking,
@@ -809,10 +817,19 @@ class MultiLock:
 
         @functools.wraps(func)
         def locked_call(*args: Any, **kwargs: Any) -> Any:
-            with MultiLock(*(build(args, kwargs) for build in builders), **options):
-                result = func(*args, **kwargs)
-                refuse_generator_result(result, func, "@lock_all(...)")
-                return result
+            held = MultiLock(*(build(args, kwargs) for build in builders), **options)
+            result = None
+            try:
+                with held:
+                    result = func(*args, **kwargs)
+                    refuse_generator_result(result, func, "@lock_all(...)")
+            except Exception as error:
+                # A signal handler's exception once the exit returned committed (CPython runs
+                # it on the ``with`` line): returning, as the exit would have.
+                if not left_committed(held):
+                    raise
+                log_after_exit(held.describe(), error)
+            return result
 
         return cast(F, locked_call)
 

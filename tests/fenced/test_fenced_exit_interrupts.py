@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import threading
 from types import CodeType, FrameType
 from typing import Any
 
@@ -284,3 +285,54 @@ def test_an_exception_in_each_phase_of_a_multi_lock_atomic_exit(
     with lock(f"{name}:next", ttl=30, atomic=PG):  # the thread's next fenced block commits
         sell_one(PG, 1, "next")
     assert "next" in [who for who, _ in sales(PG)]
+
+
+def test_an_exception_on_any_line_of_the_ended_marks_record_leaves_no_lock_held(
+    name: str,
+) -> None:
+    """The exit records the block's mark among its row's ended ones (``_Seen.close``, called
+    twice by the steps' ``finally``). It did so under a module lock: an exception on its
+    ``with`` line as the body ended (before the lock's exit was called) left the lock held,
+    the second call waited for it forever, and so did every later fenced block of the process.
+    Here at each line event of the record, the with lines too: the block ends, and a block of
+    another lock in another thread still runs."""
+    open_shop(PG, 1, 1000)
+    record = fencing._Seen.close.__code__  # type: ignore[attr-defined]
+
+    def tracer_at(at: int | None, seen: list[int]) -> Any:
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "line":
+                seen.append(frame.f_lineno)
+                if len(seen) == at:
+                    raise TimeLimit(f"at line {frame.f_lineno} of the record")
+            return local
+
+        return lambda frame, event, arg: local if frame.f_code is record else None
+
+    def block(lock_name: str, buyer: str, tracer: Any, out: list[str]) -> None:
+        sys.settrace(tracer)
+        try:
+            with lock(lock_name, ttl=30, atomic=PG):
+                sell_one(PG, 1, buyer)
+            out.append("returned")
+        except BaseException as exc:
+            out.append(type(exc).__name__)
+        finally:
+            sys.settrace(None)
+            connections[PG].close()
+
+    def in_thread(*args: Any) -> list[str]:
+        out: list[str] = []
+        thread = threading.Thread(target=block, args=(*args, out), daemon=True)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), f"{args[1]}: the fenced block hung"
+        return out
+
+    lines: list[int] = []
+    assert in_thread(name, "count", tracer_at(None, lines)) == ["returned"]
+    assert len(lines) >= 5
+    for at in range(1, len(lines) + 1):
+        in_thread(name, f"cut at {at}", tracer_at(at, []))
+        assert not lock(name).locked()
+        assert in_thread(f"{name}:other", f"after {at}", None) == ["returned"]

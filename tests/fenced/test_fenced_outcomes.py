@@ -918,6 +918,49 @@ def test_a_frozen_clock_gives_each_block_of_a_hold_its_own_mark(
     assert sales(PG) == []
 
 
+def test_a_mark_a_burst_left_behind_is_not_taken_by_the_next_block_of_the_hold(
+    name: str, proxied: LossyProxy
+) -> None:
+    """A burst of exceptions cutting both of the steps' forgetting of a block's mark short
+    (two soft time limits in a row) left the mark in the thread's marks: every later block of
+    the row on the thread took it for an outer block's and wrote it, so two blocks of one hold
+    wrote one mark, and the second's COMMIT lost before the server got it was taken for the
+    first's: "committed", nothing committed. A mark whose block ended is never taken again."""
+    open_shop(PG, 1, 5)
+    forget = fencing._forget_mark.__code__  # type: ignore[attr-defined]
+    first: list[Any] = []
+
+    # Python unsets a trace (or profile) function that raised: the tracer cuts the first call
+    # short, the profiler the second (the steps' ``finally``).
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is forget and not first:
+            first.append(frame)
+            raise TimeLimit("a soft time limit as the block's mark is forgotten")
+        return None
+
+    def profiler(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code is forget and first and frame is not first[0]:
+            raise TimeLimit("and another as it is forgotten again")
+
+    held = lock(name, ttl=30)
+    held.acquire()
+    sys.settrace(tracer)
+    sys.setprofile(profiler)
+    try:
+        with held.atomic(using=PROXIED):  # commits: the exceptions after it are logged
+            pass
+    finally:
+        sys.settrace(None)
+        sys.setprofile(None)
+    # Unknown, not "nothing committed": the burst cut the record of the first block's end
+    # short too (the proof that the row's mark is an ended block's).
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(using=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.cut()  # the COMMIT never reaches the server, which rolls back
+    held.release()
+    assert sales(PG) == []
+
+
 def _adopter(name: str, token: str) -> Callable[[], int]:
     """A forked child that ``adopt()``s the hold ``token`` and, once told (the returned
     callable, which waits for it), runs a block of it on ``PG``: its exit code (0: committed).

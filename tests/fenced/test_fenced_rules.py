@@ -143,6 +143,57 @@ def test_an_interrupt_from_a_callback_after_the_commit_propagates_and_releases(n
     assert sales(DB) == [("a", 10)] and not lock(name).locked()
 
 
+class TimeLimit(Exception):
+    """Stands for Celery's SoftTimeLimitExceeded."""
+
+
+def _raise_as_it_returns(code: Any) -> Callable[[Any, str, Any], Any]:
+    """A tracer raising ``TimeLimit`` once, as a frame of ``code`` returns: a signal handler's
+    exception landing as that callback ends, deterministically."""
+    armed = [True]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "return" and armed:
+            armed.clear()
+            raise TimeLimit("a soft time limit, as the callback returned")
+        return local
+
+    return lambda frame, event, arg: local if frame.f_code is code else None
+
+
+@pytest.mark.parametrize("hook", ["the fence's own", "on_commit_or_proved's"])
+def test_the_body_s_on_commit_callbacks_all_run_after_a_library_callback_raised(
+    name: str, hook: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Django logs a robust callback's error with the callback's ``__qualname__``: the
+    library's callbacks (the fence's marker, registered first; on_commit_or_proved's wrapper,
+    the Celery run's note) had none, so that log raised AttributeError, Django stopped, and
+    every callback the body registered after them was dropped from a committed block."""
+    ran: list[str] = []
+    tracer = None
+
+    def body() -> None:
+        if hook == "on_commit_or_proved's":
+            fencing.on_commit_or_proved(failing_callback, using=DB)
+        sell_one(DB, 1, "a")
+        transaction.on_commit(lambda: ran.append("ship"), using=DB)
+        transaction.on_commit(lambda: ran.append("mail"), using=DB, robust=True)
+        sys.settrace(tracer)
+
+    if hook == "the fence's own":  # a soft time limit as the fence's marker returns
+        tracer = _raise_as_it_returns(fencing._Committed.__call__.__code__)
+    before = sys.gettrace()
+    try:
+        with caplog.at_level(logging.ERROR), lock(name, ttl=30, atomic=True):
+            body()
+    finally:
+        sys.settrace(before)
+    assert sales(DB) == [("a", 10)] and not lock(name).locked()
+    assert ran == ["ship", "mail"]
+    assert "AttributeError" not in caplog.text
+    assert ("TimeLimit" if tracer else "mail server down") in caplog.text
+
+
 @lock_view("order:{pk}", atomic=True)
 def buy(request: HttpRequest, pk: int) -> HttpResponse:
     sell_one(DB, pk, "view")

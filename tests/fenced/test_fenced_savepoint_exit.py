@@ -196,9 +196,7 @@ class AfterRelease(Interrupter):
         self.exits = {BaseLock.__exit__.__code__, fencing.FencedTransaction.__exit__.__code__}  # type: ignore[attr-defined]
 
     def _at(self, frame: FrameType) -> None:
-        # Not while ``_Seen``'s lock is held: a tracer raising at a ``with`` statement's end,
-        # before its ``__exit__`` is called, would leave it locked (the tracer's point only).
-        if not self.released or self.fired or fencing._seen_lock.locked():  # type: ignore[attr-defined]
+        if not self.released or self.fired:
             return
         self.points += 1
         if self.points == self.at or frame.f_code.co_name == self.only:
