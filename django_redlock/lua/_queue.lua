@@ -8,14 +8,15 @@ local PRUNE_MAX = 100 -- per call: a crowd of dead waiters never blocks Redis fo
 -- A head's deadline brought down by a hand-off (queue_wake_head) carries this fraction of a
 -- ms (every other deadline is whole ms): a head dropped at such a deadline missed its turn,
 -- and the waiters of its process right behind it are dropped with it (that process is paused:
--- they would each hold the queue to their own deadline; live, they queue again at their try).
+-- they would each hold the queue to their own deadline; live, the one trying keeps its turn,
+-- the others queue again at their try).
 -- The turn goes on with a bound: the next head's deadline comes down to HAND_OFF_MS after the
 -- missed one's, marked so too (the release told it to stand by then: the hand-off chains,
 -- as the stand-bys were told, one HAND_OFF_MS apart per process).
 local HANDED = 0.25
 
--- Drop the heads whose deadline passed. `trier`: the waiter whose try prunes; its own turn
--- is not brought down (it tries now: a late try would drop itself).
+-- Drop the heads whose deadline passed. `trier`: the waiter whose try prunes; it tries now,
+-- live: its turn is not brought down, nor is it dropped with its process's missed head.
 local function queue_prune(queue, deadlines, now, trier)
   local missed = {} -- the processes of heads dropped at their hand-off deadline
   local handed -- the last such deadline
@@ -33,7 +34,7 @@ local function queue_prune(queue, deadlines, now, trier)
         redis.call('ZADD', deadlines, deadline, head)
       end
     end
-    if deadline and deadline > now and not missed[process] then
+    if deadline and deadline > now and (not missed[process] or head == trier) then
       return
     end
     if deadline and deadline % 1 == HANDED and not missed[process] then

@@ -90,3 +90,51 @@ def test_two_paused_processes_first_in_line_cost_the_live_third_a_hand_off_each(
     lag = got[0] - released
     assert 0.8 < lag < 2.0, lag  # two hand-off delays (one per paused process) and a margin
     live.release()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_paused_process_in_line_costs_one_hand_off_delay(name: str, kind: str) -> None:
+    """Three paused processes first in line, one waiter each (here: subscribers to their
+    inboxes that never read, as a SIGSTOPped process's socket), a live waiter fourth: it gets
+    the lock about 1.5 s after the release, 500 ms per paused process. A fair queue's missed
+    turns are dropped by the live waiter's try, one hand-off after the other."""
+    backend = locks["redis"]
+    client = backend.client  # type: ignore[attr-defined]
+    processes = [f"pausedchain{i}" for i in range(3)]
+    pubsub = client.pubsub()
+    pubsub.subscribe(*(f"{backend.inbox_prefix}{process}" for process in processes))
+    confirmed = 0
+    until = time.monotonic() + 5
+    while confirmed < len(processes):  # the confirmations; nothing read after
+        assert time.monotonic() < until, "never subscribed"
+        confirmed += pubsub.get_message(timeout=0.1) is not None
+    holder = _one(name, kind)
+    assert holder.acquire(blocking=False)
+    paused = [f"{process}.1" for process in processes]
+    if kind == "fair":
+        client.rpush(backend.queue_key(name), *paused)
+        until_ms = int(time.time() * 1000) + 20_000
+        client.zadd(backend.deadlines_key(name), dict.fromkeys(paused, until_ms))
+    else:
+        client.zadd(backend.waiting_key(name), {waiter: i for i, waiter in enumerate(paused)})
+    got: list[float] = []
+    live = _one(name, kind)
+
+    def fourth() -> None:
+        if live.acquire(timeout=5):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=fourth)
+    thread.start()
+    try:
+        _wait_for_waiters(name, 4)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(7)
+    finally:
+        pubsub.close()
+    assert got, "the live waiter never got the free lock (it slept to its hint)"
+    lag = got[0] - released
+    assert 1.3 < lag < 2.5, lag  # three hand-off delays and a margin; the TTL was 20 s
+    live.release()
