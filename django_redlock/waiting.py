@@ -498,8 +498,22 @@ class PubSubHub(ReleaseHub):
         elif message["type"] in ("subscribe", "ssubscribe"):
             with self._mutex:
                 confirmed = self._confirmed.get(channel)
+                stray = message["type"] == "subscribe" and self._stray(channel)
+                if stray:
+                    self._doubtful.add(channel)  # what the server has is not what is wanted
             if confirmed is not None:
                 confirmed.set()
+            if stray:
+                self._sync(channel, wait=False)
+
+    def _stray(self, channel: str) -> bool:
+        """(Under the mutex.) Whether the server confirmed a subscription nobody here wants:
+        redis-py subscribes again, at each reconnect, every channel whose unsubscribe the
+        server has not confirmed yet (one sent to a paused server, say), and nothing else
+        would ever unsubscribe it there. Inboxes are the process's for good: never stray."""
+        if self._inbox_prefix and channel.startswith(self._inbox_prefix):
+            return False
+        return not self._wanted(channel) and channel not in self._subscribed
 
     def close(self) -> None:
         self._closed = True

@@ -8,21 +8,38 @@ local PRUNE_MAX = 100 -- per call: a crowd of dead waiters never blocks Redis fo
 -- A head's deadline brought down by a hand-off (queue_wake_head) carries this fraction of a
 -- ms (every other deadline is whole ms): a head dropped at such a deadline missed its turn,
 -- and the waiters of its process right behind it are dropped with it (that process is paused:
--- they would each hold the queue to their own deadline; live, they queue again at their try).
+-- they would each hold the queue to their own deadline; live, the one trying keeps its turn,
+-- the others queue again at their try).
+-- The turn goes on with a bound: the next head's deadline comes down to HAND_OFF_MS after the
+-- missed one's, marked so too (the release told it to stand by then: the hand-off chains,
+-- as the stand-bys were told, one HAND_OFF_MS apart per process).
 local HANDED = 0.25
 
-local function queue_prune(queue, deadlines, now)
-  local missed -- the process of a head dropped at its hand-off deadline
+-- Drop the heads whose deadline passed. `trier`: the waiter whose try prunes; it tries now,
+-- live: its turn is not brought down, nor is it dropped with its process's missed head.
+local function queue_prune(queue, deadlines, now, trier)
+  local missed = {} -- the processes of heads dropped at their hand-off deadline
+  local handed -- the last such deadline
   for _ = 1, PRUNE_MAX do
     local head = redis.call('LINDEX', queue, 0)
     if not head then
       return
     end
     local deadline = tonumber(redis.call('ZSCORE', deadlines, head))
-    if deadline and deadline > now and process_of(head) ~= missed then
+    local process = process_of(head)
+    if handed and deadline and not missed[process] and head ~= trier then
+      local turn = math.floor(math.min(deadline, math.floor(handed) + HAND_OFF_MS)) + HANDED
+      if turn ~= deadline then
+        deadline = turn
+        redis.call('ZADD', deadlines, deadline, head)
+      end
+    end
+    if deadline and deadline > now and (not missed[process] or head == trier) then
       return
     end
-    missed = (deadline and deadline % 1 == HANDED) and process_of(head) or missed
+    if deadline and deadline % 1 == HANDED and not missed[process] then
+      missed[process], handed = true, deadline
+    end
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, head)
   end
@@ -38,10 +55,11 @@ end
 -- hand-off is bounded (HAND_OFF_MS in _wake.lua): the head's deadline comes
 -- down to now + HAND_OFF_MS (a live head takes its turn before; a paused one is dropped by
 -- the next try after it), and the next in line stands by, to try then, and so does the first
--- waiter of another process, if the next is of the head's (a dead one is dropped, the next
--- told): a paused process counts as hearing for all its waiters, and the live waiter behind
--- them would sleep on. Then the head's deadline is marked HANDED: its process's waiters
--- right behind it are dropped with it.
+-- waiter of each other process, one HAND_OFF_MS more per process (a dead one is dropped, the
+-- next told): a paused process counts as hearing for all its waiters, and the live waiter
+-- behind them would sleep on. Then the head's deadline is marked HANDED: its process's
+-- waiters right behind it are dropped with it, and the next head's turn is bounded in turn
+-- (queue_prune).
 local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
   local head
   for _ = 1, PRUNE_MAX do
@@ -63,60 +81,56 @@ local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
   if not hand_off then
     return head
   end
-  local woken, at, told = process_of(head), 1, false
-  for _ = 1, PRUNE_MAX do
+  local woken, at, told, ms = process_of(head), 1, {}, 0
+  for _ = 1, UNCOUNTED_MAX do -- the window queue_took stands down
     local after = redis.call('LINDEX', queue, at)
     if not after then
       break
     end
-    if process_of(after) == woken then
-      if not told then -- the next in line, as wake_first's
-        told = stand_by(inbox, after) > 0
+    local process = process_of(after)
+    if process == woken then
+      if not told[woken] then -- the next in line, as wake_first's
+        told[woken] = stand_by(inbox, after) > 0
       end
       at = at + 1
+    elseif told[process] then
+      at = at + 1
     else
-      local count, sure = stand_by(inbox, after)
+      local count, sure = stand_by(inbox, after, ms + HAND_OFF_MS)
       if count > 0 or not sure then
-        break
+        told[process], ms, at = true, ms + HAND_OFF_MS, at + 1
+      else
+        redis.call('LREM', queue, 1, after) -- the first of its id from the head: this one
+        redis.call('ZREM', deadlines, after)
       end
-      redis.call('LREM', queue, 1, after) -- the first of its id from the head: this one
-      redis.call('ZREM', deadlines, after)
     end
   end
-  if at == 1 and not redis.call('LINDEX', queue, 1) then
+  if not redis.call('LINDEX', queue, 1) then
     return head -- nobody behind it any more
   end
-  -- Marked HANDED only when waiters of the head's process stand between it and the one of
-  -- another process told: those are dropped with a head that misses its turn.
   local soon = now + HAND_OFF_MS
   local deadline = math.min(tonumber(redis.call('ZSCORE', deadlines, head)) or soon, soon)
-  local mark = (at > 1 and redis.call('LINDEX', queue, at)) and HANDED or 0
-  redis.call('ZADD', deadlines, math.floor(deadline) + mark, head)
+  redis.call('ZADD', deadlines, math.floor(deadline) + HANDED, head)
   return head
 end
 
 -- A fair waiter at the head took the lock: it leaves the queue, and those told to stand by at
--- the release (queue_wake_head: the new head, and the first waiter of another process than
--- the taker's) stand down.
+-- the release (queue_wake_head) stand down.
 local function queue_took(queue, deadlines, waiter, inbox)
   redis.call('LPOP', queue)
   redis.call('ZREM', deadlines, waiter)
   if not inbox then
     return
   end
-  local mine = process_of(waiter)
-  for at = 0, PRUNE_MAX - 1 do -- (LINDEX, not LRANGE: the ACL rule names the commands)
+  local ids = {}
+  for at = 0, UNCOUNTED_MAX - 1 do -- (LINDEX, not LRANGE: the ACL rule names the commands)
     local after = redis.call('LINDEX', queue, at)
     if not after then
-      return
+      break
     end
-    if at == 0 or process_of(after) ~= mine then -- the new head, and the first of another
-      publish(inbox, after, after .. '|d')
-    end
-    if process_of(after) ~= mine then
-      return
-    end
+    ids[at + 1] = after
   end
+  stand_down(inbox, ids, waiter)
 end
 
 -- A waiter with a lease on its place: `set` maps waiter -> deadline (server ms); the set

@@ -31,10 +31,11 @@ end
 
 -- The bounded hand-off. A waiter woken at a release may not take the lock: its process is
 -- paused (SIGSTOP, a long GC, a frozen container) yet its socket still counts as a receiver.
--- So a release that wakes one waiter while others wait also tells the next one of another
--- process to stand by: '<id>|s<ms>'. That waiter's process wakes it HAND_OFF_MS later (its
--- hub's timer), unless it hears '<id>|d' first: a waiter's take sends that to the first
--- waiter of another process than the taker's (wait_took, queue_took).
+-- So a release that wakes one waiter while others wait also tells the first waiter of each
+-- other process behind it to stand by, one HAND_OFF_MS apart: '<id>|s<ms>'. Its process
+-- wakes it so many ms later (its hub's timer), unless it hears '<id>|d' first: a waiter's
+-- take sends that to those (wait_took, queue_took). The chain is told at once: a stand-by
+-- sent to a paused process never fires, and nobody else would run a script to tell the next.
 -- A live hand-off costs no try more; a paused one costs the next waiter
 -- HAND_OFF_MS, not the hold's TTL. 500 ms: some 300 times a loaded machine's hand-off
 -- (make bench: p99 1-2 ms on 2 shared cores), so a live waiter slowed by load or a GC
@@ -52,27 +53,34 @@ local function process_of(waiter)
   return string.match(waiter, '^[^.]*')
 end
 
--- Tell `waiter` to stand by (see HAND_OFF_MS): the receivers counted, and whether that is all.
-local function stand_by(inbox, waiter)
-  return publish(inbox, waiter, waiter .. '|s' .. HAND_OFF_MS)
+-- Tell `waiter` to stand by for `ms` (see HAND_OFF_MS): the receivers counted, and whether
+-- that is all.
+local function stand_by(inbox, waiter, ms)
+  return publish(inbox, waiter, waiter .. '|s' .. (ms or HAND_OFF_MS))
+end
+
+-- Tell those a release may have told to stand by (the two first, the woken one's next among
+-- them, and the first waiter of each process) to stand down, `ids` in line order: the
+-- taker's process is live, its others were not told. One message per process, as the
+-- stand-bys were: a taken hand-off costs no try more.
+local function stand_down(inbox, ids, taker)
+  local seen = {[process_of(taker)] = true}
+  for i, id in ipairs(ids) do
+    local process = process_of(id)
+    if i <= 2 or not seen[process] then
+      publish(inbox, id, id .. '|d')
+    end
+    seen[process] = true
+  end
 end
 
 -- A registered waiter took the lock: it leaves the set, and those told to stand by at the
--- release (wake_first: the one now first, and the first of another process than the taker's)
--- stand down: they are woken at the next release instead.
+-- release (wake_first) stand down: they are woken at the next release instead.
 -- `popped`: the taker may have left the set already, at its wake-up (a semaphore's waiter).
 local function wait_took(waiting, waiter, inbox, popped)
   local left = redis.call('ZREM', waiting, waiter) == 1
   if (left or popped) and inbox and inbox ~= '' then
-    local mine = process_of(waiter)
-    for i, first in ipairs(redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1)) do
-      if i == 1 or process_of(first) ~= mine then
-        publish(inbox, first, first .. '|d')
-      end
-      if process_of(first) ~= mine then
-        return
-      end
-    end
+    stand_down(inbox, redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1), waiter)
   end
 end
 
@@ -84,7 +92,8 @@ end
 -- same, leaves the set as a dead one would (its try, if it fails, registers it again), and
 -- the next one is woken too, up to UNCOUNTED_MAX such waiters per call.
 -- With `hand_off`, the waiter after the one heard (the first left, with `pop`) stands by
--- (HAND_OFF_MS; a dead one is dropped and the next told): a single waiter costs nothing more.
+-- (HAND_OFF_MS), and so does the first waiter of each other process, one HAND_OFF_MS more
+-- per process (a dead one is dropped and the next told): a single waiter costs nothing more.
 local function wake_first(waiting, inbox, pop, hand_off)
   local uncounted = 0
   local last
@@ -109,30 +118,36 @@ local function wake_first(waiting, inbox, pop, hand_off)
   if not hand_off or uncounted >= UNCOUNTED_MAX then
     return
   end
-  -- The next waiter is told, and so is the first waiter of another process than the woken
-  -- one's, if the next is not: a paused process (its socket counted) hears the stand-by for
-  -- its other waiters too, and the live waiter behind them would sleep to its hint. (The
-  -- next is told even of the same process: a live one's registration whose waiter is gone
-  -- unknown to its hub, the stand-by is how the turn goes on.)
+  -- The next waiter is told, and so is the first waiter of each other process: a paused
+  -- process (its socket counted) hears the stand-by for its other waiters too, and the live
+  -- waiter behind them would sleep to its hint. (The next is told even of the same process:
+  -- a live one's registration whose waiter is gone unknown to its hub, the stand-by is how
+  -- the turn goes on.) The k-th other process's at k * HAND_OFF_MS: a paused one costs the
+  -- next HAND_OFF_MS, then it tries; a live one's take stands the rest down.
   local woken = process_of(last)
   local at = pop and 0 or 1
-  local told = false -- the next one, of the woken one's process
+  local told = {} -- the processes told: the woken one's once its next counted
+  local ms = 0
   for _ = 1, UNCOUNTED_MAX do
     local after = redis.call('ZRANGE', waiting, at, at)[1]
     if not after then
       return
     end
-    if process_of(after) == woken then
-      if not told then
-        told = stand_by(inbox, after) > 0
+    local process = process_of(after)
+    if process == woken then
+      if not told[woken] then
+        told[woken] = stand_by(inbox, after) > 0
       end
       at = at + 1
+    elseif told[process] then
+      at = at + 1
     else
-      local count, sure = stand_by(inbox, after)
+      local count, sure = stand_by(inbox, after, ms + HAND_OFF_MS)
       if count > 0 or not sure then
-        return
+        told[process], ms, at = true, ms + HAND_OFF_MS, at + 1
+      else
+        redis.call('ZREM', waiting, after)
       end
-      redis.call('ZREM', waiting, after)
     end
   end
 end

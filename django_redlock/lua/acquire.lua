@@ -117,7 +117,7 @@ end
 
 -- Queue order: the lock goes to the head of the queue, or to anyone when nobody queues.
 -- A fair waiter queues; any other try only takes a lock that nobody queues for.
-queue_prune(queue, deadlines, now)
+queue_prune(queue, deadlines, now, fair and waiter) -- (the trier tries now)
 local head = redis.call('LINDEX', queue, 0)
 if (not head or (fair and head == waiter)) and redis.call('EXISTS', lock) == 0 then
   local prior

@@ -103,7 +103,7 @@ end
 local writers_ahead = mode ~= 's' and writers_waiting(writers, now) or 0
 local head = false
 if queued then
-  queue_prune(queue, deadlines, now)
+  queue_prune(queue, deadlines, now, fair and waiter) -- (the trier tries now)
   head = redis.call('LINDEX', queue, 0)
 end
 

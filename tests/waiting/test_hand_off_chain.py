@@ -1,0 +1,140 @@
+"""The bounded hand-off chains: when the first waiters in line are in several paused processes
+(SIGSTOP, a long GC, a frozen container), each one costs the live waiter behind them the
+hand-off delay (500 ms), not the hold's TTL.
+
+A paused process's socket still counts as a subscriber, so every message to it says it was
+heard. The release wakes the first waiter and tells the first waiter of each other process
+behind it to stand by, one hand-off delay apart (lua/_wake.lua, lua/_queue.lua): a stand-by
+told to a paused process never fires, and the next process's runs out half a second later.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_redlock import lock, locks, semaphore
+
+from ..conftest import Child
+
+KINDS = ["plain", "fair", "semaphore"]
+
+
+def _wait_for_waiters(name: str, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        info = locks["redis"].inspect(name)
+        if info is not None and info.waiters == count:
+            return
+        assert time.monotonic() < deadline, f"never {count} waiters: {info}"
+        time.sleep(0.005)
+
+
+def _one(name: str, kind: str) -> Any:
+    if kind == "semaphore":
+        return semaphore(name, 1, ttl=20, using="redis")
+    return lock(name, using="redis", ttl=20, fair=kind == "fair")
+
+
+def _waiting_child(child: Callable[..., Child], name: str, kind: str) -> Child:
+    if kind == "semaphore":
+        args = ["lease", "--name", name, "--kind", "sem", "--limit", "1", "--ttl", "20"]
+    else:
+        fair = ["--fair"] if kind == "fair" else []
+        args = ["queue", "--name", name, "--order", f"{name}:order", "--tag", "0", *fair]
+    waiter = child(*args)
+    waiter.expect("WAITING")
+    return waiter
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_paused_processes_first_in_line_cost_the_live_third_a_hand_off_each(
+    child: Callable[..., Child], name: str, kind: str
+) -> None:
+    """P1 and P2 wait first and second, each in its own process, both SIGSTOPped; a live
+    waiter of this process waits third. The release wakes P1 (heard, never taken) and tells
+    P2 to stand by (heard, never fires): the live waiter, told to stand by one hand-off
+    later, gets the lock about 1 s after the release, not at its hint (the hold's TTL, 20 s)."""
+    holder = _one(name, kind)
+    assert holder.acquire(blocking=False)
+    paused = []
+    for count in (1, 2):
+        paused.append(_waiting_child(child, name, kind))
+        _wait_for_waiters(name, count)
+    got: list[float] = []
+    live = _one(name, kind)
+
+    def third() -> None:
+        if live.acquire(timeout=4):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=third)
+    thread.start()
+    try:
+        _wait_for_waiters(name, 3)
+        for waiter in paused:
+            waiter.process.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)  # all three asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(6)
+    finally:
+        for waiter in paused:
+            waiter.process.send_signal(signal.SIGCONT)
+    assert got, "the live waiter never got the free lock (it slept to its hint)"
+    lag = got[0] - released
+    assert 0.8 < lag < 2.0, lag  # two hand-off delays (one per paused process) and a margin
+    live.release()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_paused_process_in_line_costs_one_hand_off_delay(name: str, kind: str) -> None:
+    """Three paused processes first in line, one waiter each (here: subscribers to their
+    inboxes that never read, as a SIGSTOPped process's socket), a live waiter fourth: it gets
+    the lock about 1.5 s after the release, 500 ms per paused process. A fair queue's missed
+    turns are dropped by the live waiter's try, one hand-off after the other."""
+    backend = locks["redis"]
+    client = backend.client  # type: ignore[attr-defined]
+    processes = [f"pausedchain{i}" for i in range(3)]
+    pubsub = client.pubsub()
+    pubsub.subscribe(*(f"{backend.inbox_prefix}{process}" for process in processes))
+    confirmed = 0
+    until = time.monotonic() + 5
+    while confirmed < len(processes):  # the confirmations; nothing read after
+        assert time.monotonic() < until, "never subscribed"
+        confirmed += pubsub.get_message(timeout=0.1) is not None
+    holder = _one(name, kind)
+    assert holder.acquire(blocking=False)
+    paused = [f"{process}.1" for process in processes]
+    if kind == "fair":
+        client.rpush(backend.queue_key(name), *paused)
+        until_ms = int(time.time() * 1000) + 20_000
+        client.zadd(backend.deadlines_key(name), dict.fromkeys(paused, until_ms))
+    else:
+        client.zadd(backend.waiting_key(name), {waiter: i for i, waiter in enumerate(paused)})
+    got: list[float] = []
+    live = _one(name, kind)
+
+    def fourth() -> None:
+        if live.acquire(timeout=5):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=fourth)
+    thread.start()
+    try:
+        _wait_for_waiters(name, 4)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(7)
+    finally:
+        pubsub.close()
+    assert got, "the live waiter never got the free lock (it slept to its hint)"
+    lag = got[0] - released
+    assert 1.3 < lag < 2.5, lag  # three hand-off delays and a margin; the TTL was 20 s
+    live.release()
