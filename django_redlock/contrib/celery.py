@@ -206,6 +206,12 @@ def run_task(
             # Before a follow-up claims the note: a later duplicate's call is not its own.
             _released_or_raise(held)
             return _redelivered(config, task, key, cast(str, task_id), attempt, ended=True)
+        if follow_up and task_id and was_revoked(config.using, task_id):
+            # Revoked, and run all the same: the worker never learnt of it (one restarted
+            # while holding it for its countdown lost Celery's in-memory revoke).
+            _drop_cancelled_call(config, key, task_id, _header(task.request, FOLLOW_UP_CALL))
+            _released_or_raise(held)  # (the finally below queues a follow-up for a call left)
+            return {**skip_result(config, task, key, task_id, None), "coalesced": True}
         if follow_up:
             claimed = _claim_note(config, key, cast(str, task_id))
             if claimed is None:  # another follow-up ran it: nothing left to run
@@ -518,6 +524,24 @@ def _claim_note(
         if markers.swap(backend, _pending_name(key), found[0], claimed, ttl_ms):
             return call, claimed
     return None
+
+
+def _drop_cancelled_call(config: SingleInstance, key: str, task_id: str, wanted: Any) -> None:
+    """The call of a revoked follow-up that runs: the note it claimed, or the one it was
+    queued for (``wanted``: its FOLLOW_UP_CALL header), while unclaimed; compare-and-delete,
+    so a call noted since stays. A failure leaves it: it runs (at least once)."""
+    backend = locks[config.using]
+    try:
+        found = markers.read(backend, _pending_name(key))
+        if found is None:
+            return
+        call = json.loads(found[0])
+        taken = call.get("taken")
+        ours = taken == task_id or (taken is None and bool(wanted) and call.get("call") == wanted)
+        if ours and markers.clear(backend, _pending_name(key), found[0]):
+            logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
+    except (LockError, ValueError) as exc:
+        logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)
 
 
 def _dropping_note(

@@ -173,6 +173,27 @@ def test_coalesce_a_revoked_follow_up_s_call_does_not_run_before_its_discard(
     assert r.lrange(f"{key}:ran", 0, -1) == []
 
 
+@pytest.mark.parametrize("later", [False, True])
+def test_coalesce_a_revoked_follow_up_run_by_a_worker_that_never_saw_the_revoke(
+    later: bool, held: Worker, redis_server: RedisServer
+) -> None:
+    # The worker holding it was restarted before its countdown (a warm shutdown puts it
+    # back; a fresh worker, without mingle, lost the revoke Celery keeps in memory): it runs.
+    # Only the revoke's note in Redis remains: its call was run all the same. Modelled by
+    # noting the revoke without telling the worker. A call noted later is not its own: it runs.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    config, key, follow_up = _queue_discarded_follow_up(held, name, "revoked")
+    contrib.note_revoked(celery_app.app, follow_up)
+    if later:
+        task = celery_tasks.coalesced
+        note_call(config, key, (name, "c", 0.1), {}, held.queue, None, task.name)
+    wait_for(lambda: celery_app.app.AsyncResult(follow_up).ready(), timeout=20)
+    wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None, timeout=20)
+    time.sleep(1.0)  # a follow-up, if queued, runs meanwhile
+    assert r.lrange(f"{key}:ran", 0, -1) == (["c"] if later else [])
+
+
 # -- the library's own messages carry no expires= (the task's): a call accepted is not lost ---
 
 
