@@ -206,6 +206,12 @@ def run_task(
             # Before a follow-up claims the note: a later duplicate's call is not its own.
             _released_or_raise(held)
             return _redelivered(config, task, key, cast(str, task_id), attempt, ended=True)
+        if follow_up and task_id and was_revoked(config.using, task_id):
+            # Revoked, and run all the same: the worker never learnt of it (one restarted
+            # while holding it for its countdown lost Celery's in-memory revoke).
+            _drop_cancelled_call(config, key, task_id, _header(task.request, FOLLOW_UP_CALL))
+            _released_or_raise(held)  # (the finally below queues a follow-up for a call left)
+            return {**skip_result(config, task, key, task_id, None), "coalesced": True}
         if follow_up:
             claimed = _claim_note(config, key, cast(str, task_id))
             if claimed is None:  # another follow-up ran it: nothing left to run
@@ -434,8 +440,11 @@ def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
                 return  # one is coming
             call = json.loads(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            # No expires= (the task's own): a poll is due after the TTL, and one discarded
+            # would leave the note with nothing to come should the holder's worker be dead.
             task.apply_async(tuple(call["args"]), call["kwargs"], task_id=poll_id,
-                             headers={FOLLOW_UP: POLL}, countdown=after, **options)  # fmt: skip
+                             headers={FOLLOW_UP: POLL}, countdown=after, expires=None,
+                             **options)  # fmt: skip
         except BaseException as exc:
             with contextlib.suppress(LockError):
                 markers.clear(backend, _poll_name(key), poll_id)
@@ -517,6 +526,24 @@ def _claim_note(
     return None
 
 
+def _drop_cancelled_call(config: SingleInstance, key: str, task_id: str, wanted: Any) -> None:
+    """The call of a revoked follow-up that runs: the note it claimed, or the one it was
+    queued for (``wanted``: its FOLLOW_UP_CALL header), while unclaimed; compare-and-delete,
+    so a call noted since stays. A failure leaves it: it runs (at least once)."""
+    backend = locks[config.using]
+    try:
+        found = markers.read(backend, _pending_name(key))
+        if found is None:
+            return
+        call = json.loads(found[0])
+        taken = call.get("taken")
+        ours = taken == task_id or (taken is None and bool(wanted) and call.get("call") == wanted)
+        if ours and markers.clear(backend, _pending_name(key), found[0]):
+            logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
+    except (LockError, ValueError) as exc:
+        logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)
+
+
 def _dropping_note(
     config: SingleInstance, key: str, claimed: str, ending: _Ending
 ) -> Callable[[BaseException | None], None]:
@@ -584,7 +611,11 @@ def _queue_follow_up(
                 options["countdown"] = countdown
             args, kwargs = tuple(call["args"]), call["kwargs"]
             headers = {FOLLOW_UP: "1", FOLLOW_UP_CALL: call.get("call")}
-            task.apply_async(args, kwargs, task_id=follow_id, headers=headers, **options)
+            # expires=None: the calls noted were accepted (their own messages ran in time);
+            # the task's expires= would discard them in a busy queue, with nobody to tell.
+            task.apply_async(
+                args, kwargs, task_id=follow_id, headers=headers, expires=None, **options
+            )
         except BaseException as exc:  # refused, or a soft time limit: no mark without a message
             _unsent_marks.add(follow_id)  # first: the clear may fail, or not be reached
             with contextlib.suppress(LockError):
@@ -1015,14 +1046,14 @@ def _on_revoked(
         except (TypeError, ValueError):  # arguments no key fits: nothing was noted
             key = None
     if key is not None and config is not None and config.on_duplicate == "coalesce":
-        # An expiry cancels nothing (with dedupe_queued, the calls noted were given the
-        # expired message's id: they go with it). Celery counts an expired id as revoked:
-        # only our note of a revoke tells (unknown: not cancelled, the call runs).
+        # An expiry cancels nothing: the note may hold a call that never got the expired
+        # message's id (a duplicate coalesced on a worker). Celery counts an expired id as
+        # revoked: only our note of a revoke tells (unknown: not cancelled, the call runs).
         cancelled = terminated or not expired or was_revoked(config.using, str(request.id))
-        if cancelled or config.dedupe_queued:
+        if cancelled:
             # First: the stopped run's end queues a follow-up for any note left.
             _drop_revoked_call(config, key, str(request.id), terminated)
-        if not terminated and not config.dedupe_queued:
+        if not terminated and not (cancelled and config.dedupe_queued):
             _discarded_follow_up(config, sender, key, request, cancelled)
     if terminated:
         _quietly(sender, request.id, request.args, request.kwargs)
@@ -1035,7 +1066,7 @@ def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminate
     """A revoke is a cancel: the call a revoked follow-up runs (the note it claimed) goes,
     rather than being run again by the next follow-up (compare-and-delete: a call noted since
     stays, and runs). With ``dedupe_queued``, so does the note of a queued follow-up
-    discarded before it ran (the calls noted were given its id: they go with it); without,
+    revoked before it ran (the calls noted were given its id: they go with it); without,
     see :func:`_discarded_follow_up`. A follow-up merely killed (not revoked) keeps its call
     (at least once)."""
     backend = locks[config.using]
@@ -1059,11 +1090,13 @@ def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminate
 def _discarded_follow_up(
     config: SingleInstance, task: Any, key: str, request: Any, cancelled: bool
 ) -> None:
-    """A follow-up the worker discarded before it ran (no ``dedupe_queued``). Revoked: the
-    call it was queued for (its FOLLOW_UP_CALL header) is dropped, while unclaimed
-    (compare-and-delete: a later call's note stays). Expired (and not revoked), it cancelled
-    nothing. Either way a note left needs a follow-up: the one that ended meanwhile queued
-    none, as the mark still named this one, so the mark goes and another is queued."""
+    """A follow-up the worker discarded before it ran. Revoked (no ``dedupe_queued``: see
+    :func:`_drop_revoked_call`): the call it was queued for (its FOLLOW_UP_CALL header) is
+    dropped, while unclaimed (compare-and-delete: a later call's note stays). Expired (and
+    not revoked), it cancelled nothing, with ``dedupe_queued`` too (the note may hold a call
+    coalesced on a worker, never given its id). Either way a note left needs a follow-up:
+    the one that ended meanwhile queued none, as the mark still named this one, so the mark
+    goes and another is queued."""
     task_id = str(request.id)
     backend = locks[config.using]
     try:
@@ -1076,8 +1109,12 @@ def _discarded_follow_up(
                 logger.info("redlock: revoked task %s: its coalesced call of %r dropped",
                             task_id, key)  # fmt: skip
         name = _next_name(config, key)
-        if not markers.clear(backend, name, task_id):
-            return  # another follow-up is coming (or this one was none's: a poll)
+        # Another follow-up is coming (or this one was none's: a poll), unless, with
+        # dedupe_queued, the marker ran out already (its TTL ends with the message's expires=).
+        if not markers.clear(backend, name, task_id) and (
+            not config.dedupe_queued or markers.read(backend, name) is not None
+        ):
+            return
         with contextlib.suppress(LockError):
             sent = markers.read(backend, sent_name(name, task_id))
             if sent is not None:
