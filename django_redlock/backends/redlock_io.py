@@ -1465,6 +1465,14 @@ class NodeIO:
 
     # -- asyncio -----------------------------------------------------------------------------
 
+    # The rule above fan_out, with a task per node: a node stays in ``fan.unsent`` (owed by
+    # afan_out's clean-up should an exception leave it) until its task's first line, inside
+    # the task's own handler, takes it off; from there the task owes the node's write on any
+    # exception that leaves it (an interrupt at any line, its cancellation, the GeneratorExit
+    # of a loop closed without running it again), unless a task it sends behind owes it
+    # instead. A task cancelled before its first step runs none of its code: its node is
+    # still in ``fan.unsent``; one that starts after the fan-out owed its node sends nothing.
+
     async def afan_out(self, fan: Fan) -> Replies:
         try:  # (the rule above fan_out)
             asked = self._plan(fan)
@@ -1485,26 +1493,28 @@ class NodeIO:
     async def _aask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        tasks = {loop.create_task(self._anode(i, fan[i], fan.owed)): i for i in indexes}
-        fan.unsent.difference_update(indexes)  # each task owes its own op if it fails
-        waiting = set(tasks)
+        tasks: dict[asyncio.Task[Any], int] = {}
+        waiting: set[asyncio.Task[Any]] = set()
         grace_end: float | None = None
         patience = None if fan.enough is None else started + self.slow_after
         slow_at = started + self.slow_after
         try:
+            for i in indexes:  # each stays in fan.unsent until its task starts
+                task = loop.create_task(self._anode(fan, i))
+                tasks[task] = i
+                waiting.add(task)
             while True:
                 # Asked before each wait, the first too (as _collect does): a fan-out decided
                 # before any reply (an undo not waited for) waits its grace, not a node.
                 now = time.monotonic()
                 late = self._late(fan, replies, now >= slow_at) if fan.late else []
                 for i in late:  # (as _collect: the nodes asked cannot make a quorum)
-                    fan.unsent.add(i)  # first: until its task owes it, an exception does
+                    fan.unsent.add(i)  # first: until its task starts, the fan-out owes it
                     replies[i] = PENDING
                     self.nodes[i].round_trips += 1
-                    task = loop.create_task(self._anode(i, fan[i], fan.owed))
+                    task = loop.create_task(self._anode(fan, i))
                     tasks[task] = i
                     waiting.add(task)
-                    fan.unsent.discard(i)
                     grace_end = None
                 if not waiting:
                     break
@@ -1529,6 +1539,8 @@ class NodeIO:
         finally:
             for task in waiting:  # they go on; the node's next request waits for them
                 i = tasks[task]
+                if i in fan.unsent:  # not started yet (its loop may never run it): owed now
+                    self._unsent(fan, i)
                 replies[i] = self._unawaited(i, fan[i])
                 self._straggling(i, task, started)
 
@@ -1539,7 +1551,33 @@ class NodeIO:
             if not tasks:
                 self._tasks.pop(i, None)
 
-    async def _anode(self, i: int, op: Op[Any], owed: str = "") -> Any:
+    def _owe_now(self, i: int, op: Op[Any], owed: str, settle: bool = False) -> None:
+        """A task's clean-up: node i is owed ``op`` (twice at worst, never not at all),
+        whatever else interrupts it (the first exception is the one raised)."""
+        for _ in range(100):
+            try:
+                self.debts.owe(i, op, owed)
+                if settle:
+                    self.debts.settled(i, [op])
+                return
+            except BaseException:  # another interrupt: again
+                continue
+
+    async def _anode(self, fan: Fan, i: int) -> Any:
+        """Node i's request of ``fan``, in a task of its own: owes the node its write (if
+        ``fan.owed``) should an exception leave it once started (the rule above afan_out)."""
+        behind: list[bool] = []  # filled once a task sending behind earlier ones owes it
+        try:
+            if i not in fan.unsent:  # the fan-out owed it before this task ever ran
+                return self._unawaited(i, fan[i])
+            fan.unsent.discard(i)
+            return await self._anode_send(i, fan[i], fan.owed, behind)
+        except BaseException:
+            if fan.owed and not behind:
+                self._owe_now(i, fan[i], fan.owed)
+            raise
+
+    async def _anode_send(self, i: int, op: Op[Any], owed: str, behind: list[bool]) -> Any:
         loop = asyncio.get_running_loop()
         with self._mutex:
             earlier = [t for t in self._tasks.get(i, {}) if t.get_loop() is loop]
@@ -1551,10 +1589,10 @@ class NodeIO:
         # overtaking them, and what comes next waits for it in turn); any other request is
         # not sent to a node that has not answered them by then, or that they found down.
         if owed:
-            behind = loop.create_task(self._abehind(earlier, i, op, owed))
-            self._straggling(i, behind, time.monotonic())
-            await asyncio.wait([behind], timeout=self.timeout)
-            return behind.result() if behind.done() else self._unawaited(i, op)
+            task = loop.create_task(self._abehind(earlier, i, op, owed, behind))
+            self._straggling(i, task, time.monotonic())
+            await asyncio.wait([task], timeout=self.timeout)
+            return task.result() if task.done() else self._unawaited(i, op)
         await asyncio.wait(earlier, timeout=self.timeout)
         if all(t.done() for t in earlier) and not self.health.is_down(i):
             return await self._asend(i, op, owed)
@@ -1562,23 +1600,24 @@ class NodeIO:
         return _unavailable(self.nodes[i], op, why)
 
     async def _abehind(
-        self, earlier: list[asyncio.Task[Any]], i: int, op: Op[Any], owed: str
+        self, earlier: list[asyncio.Task[Any]], i: int, op: Op[Any], owed: str, started: list[bool]
     ) -> Any:
         """``op``, a write every node must get, sent once ``earlier`` are done (each ends
         within a node timeout or two). To a node they found down it is owed instead: paid
-        before the node counts as up again (Debts). Cancelled (its loop closing), owed."""
-        self.debts.sending(i, [op])  # queued: a retry of its token does not ask node i
+        before the node counts as up again (Debts). Owed on any exception, from its first
+        line (``started``: the task that made it owes it until then)."""
         try:
+            started.append(True)
+            self.debts.sending(i, [op])  # queued: a retry of its token does not ask node i
             await asyncio.wait(earlier)
-        except asyncio.CancelledError:
-            self.debts.settled(i, [op])
-            self.debts.owe(i, op, owed)
+            self.debts.settled(i, [op])  # _asend marks it again (unless void meanwhile)
+            if self.health.is_down(i):
+                self.debts.owe(i, op, owed)
+                return _unavailable(self.nodes[i], op, "down")
+            return await self._asend(i, op, owed)
+        except BaseException:  # owed first, then no longer under way (never neither)
+            self._owe_now(i, op, owed, settle=True)
             raise
-        self.debts.settled(i, [op])  # _asend marks it again (unless void meanwhile)
-        if self.health.is_down(i):
-            self.debts.owe(i, op, owed)
-            return _unavailable(self.nodes[i], op, "down")
-        return await self._asend(i, op, owed)  # owes it when cancelled
 
     def _straggling(self, i: int, task: asyncio.Task[Any], since: float) -> None:
         """``task``, a request to node i nobody waits for: the node's next one waits for it."""
@@ -1587,14 +1626,9 @@ class NodeIO:
         task.add_done_callback(functools.partial(self._task_done, i))
 
     async def _asend(self, i: int, op: Op[Any], owed: str) -> Any:
-        try:
-            return await self._asend_once(i, op, owed)
-        except asyncio.CancelledError:  # its loop closing: maybe sent, the connection dropped
-            if owed:  # twice, a release deletes nothing more (a retry voids an undo)
-                self.debts.owe(i, op, owed)
-            raise
-
-    async def _asend_once(self, i: int, op: Op[Any], owed: str) -> Any:
+        """``op`` to node i, its debts first. An exception leaving it leaves ``op`` to the
+        caller's clean-up (maybe sent: a release sent twice deletes nothing more, a retry
+        voids an undo)."""
         if not self.health.is_down(i):  # held back for a node down, as in _send
             failed = await self._apay(i)
             if failed is not None:
