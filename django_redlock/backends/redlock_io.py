@@ -64,6 +64,7 @@ import logging
 import math
 import os
 import select
+import sys
 import threading
 import time
 import weakref
@@ -190,11 +191,11 @@ class Fan(list[Any]):
         #: may still ask; not those where an undo of the token is under way (``busy``).
         self.late: list[int] = []
         self.busy: set[int] = set()
-        #: The nodes to be sent their op that no Flight carries yet and nobody owes: owed
-        #: should an exception leave the fan-out. Every node from the start: the moment the
-        #: fan-out exists its write is decided, and an interrupt before the plan ran (or
-        #: within it) must not leave a node neither sent nor owed (its hold outlived the
-        #: release by its TTL).
+        #: The nodes to be sent their op that no Flight carries yet (asyncio: whose task has
+        #: not started) and nobody owes: owed should an exception leave the fan-out. Every
+        #: node from the start: the moment the fan-out exists its write is decided, and an
+        #: interrupt before the plan ran (or within it) must not leave a node neither sent
+        #: nor owed (its hold outlived the release by its TTL).
         self.unsent: set[int] = {i for i, op in enumerate(ops) if op is not None}
         #: Each node's reply (the plan fills it): the fan-out's clean-up reads it.
         self.replies: Replies = []
@@ -460,6 +461,17 @@ class Lanes:
 
 def _void(op: Op[Any]) -> bool:
     return isinstance(op, Undo) and op.void
+
+
+@dataclass(eq=False, slots=True)
+class _Write:
+    """A node's write every node must get (a release, an undo) in an asyncio task's hands,
+    and whether it is owed already (by the task, or by :meth:`NodeIO._owe_orphans`)."""
+
+    i: int
+    op: Op[Any]
+    kind: str
+    owed: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -809,6 +821,12 @@ class NodeIO:
         self._mutex = threading.Lock()
         self._connectors: dict[int, Connector] = {}
         self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
+        #: asyncio: what a fan-out or a node's task holds of the writes every node must get,
+        #: with its loop and how to owe it (see _owe_orphans). No lock: single dict steps.
+        self._open: dict[object, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = {}
+        #: asyncio: clean-ups of coroutines closed by the collector, run by the next
+        #: fan-out (see _later).
+        self._deferred: deque[Callable[[], None]] = deque()
         self._pid = os.getpid()
         self._new_kept()
         # The nodes' options are fixed once the backend is made (read once: they are
@@ -902,7 +920,8 @@ class NodeIO:
             self.lanes.forget()
             self.debts.forget()
             self._mutex = threading.Lock()
-            self._connectors, self._tasks = {}, {}
+            self._connectors, self._tasks, self._open = {}, {}, {}
+            self._deferred = deque()
             self._new_kept()  # copies of the parent's sockets
 
     def usable(self) -> set[int]:
@@ -968,6 +987,7 @@ class NodeIO:
         """Fills ``fan.replies``; returns the nodes to ask. Each node stays in ``fan.unsent``
         until it is owed its write, or (``complete``) its reply says it was skipped."""
         self._check_fork()
+        self._owe_orphans()
         start_probes(self.health, self.nodes, self.debts.pay_before_up)
         self.lanes.watch()  # a drainer an interrupt killed is replaced
         self.debts.collect()  # a collector an interrupt killed is replaced
@@ -1475,19 +1495,24 @@ class NodeIO:
 
     async def afan_out(self, fan: Fan) -> Replies:
         try:  # (the rule above fan_out)
+            if fan.owed:  # (its id: the entry refers to it, so no other fan has it meanwhile)
+                self._opened(functools.partial(self._owe_unsent, fan, fan.replies), id(fan))
             asked = self._plan(fan)
             await self._aask(fan, asked, fan.replies)
             again = self._second(fan, fan.replies)
             if again:
                 await self._aask(fan, again, fan.replies)
-        except BaseException:
+        except BaseException as exc:
             for _ in range(100):
                 try:
-                    self._owe_unsent(fan, fan.replies)
+                    self._later(exc, functools.partial(self._owe_unsent, fan, fan.replies))
                     break
                 except BaseException:  # another interrupt: again (the first is raised)
                     continue
             raise
+        finally:
+            if fan.owed:
+                self._closed(id(fan))
         return fan.replies
 
     async def _aask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
@@ -1537,7 +1562,10 @@ class NodeIO:
                 for task in done:
                     replies[tasks[task]] = task.result()
         finally:
-            for task in waiting:  # they go on; the node's next request waits for them
+            # (Closed by the collector: no lock taken; afan_out's clean-up, deferred, owes
+            # the nodes still in fan.unsent.)
+            closing = isinstance(sys.exc_info()[1], GeneratorExit)
+            for task in () if closing else waiting:  # they go on; the next request waits
                 i = tasks[task]
                 if i in fan.unsent:  # not started yet (its loop may never run it): owed now
                     self._unsent(fan, i)
@@ -1551,14 +1579,64 @@ class NodeIO:
             if not tasks:
                 self._tasks.pop(i, None)
 
-    def _owe_now(self, i: int, op: Op[Any], owed: str, settle: bool = False) -> None:
-        """A task's clean-up: node i is owed ``op`` (twice at worst, never not at all),
-        whatever else interrupts it (the first exception is the one raised)."""
+    def _opened(self, owe: Callable[[], None], key: object) -> None:
+        """``owe`` owes what the running coroutine holds should its loop close before it
+        ends (see :meth:`_owe_orphans`), until :meth:`_closed` forgets ``key``. No lock (the
+        collector may close a coroutine while this thread holds one): one dict store."""
+        self._open[key] = (asyncio.get_running_loop(), owe)
+
+    def _closed(self, key: object) -> None:
+        self._open.pop(key, None)
+
+    def _later(self, exc: BaseException, clean_up: Callable[[], None]) -> None:
+        """A coroutine's clean-up, now, or deferred to the next fan-out when the collector
+        closes it (GeneratorExit): it may do so at any allocation of this thread, while it
+        holds one of our plain locks, which the clean-up would wait for for ever."""
+        if isinstance(exc, GeneratorExit):
+            self._deferred.append(clean_up)
+        else:
+            clean_up()
+
+    def _owe_orphans(self) -> None:
+        """Run the deferred clean-ups (:meth:`_later`), and owe what the coroutines of a
+        closed loop held. asyncio.run's shutdown cut short (a second interrupt as it cancels
+        the tasks, or one a task re-raises then) closes the loop with tasks that never run
+        again: their clean-up runs only once they are collected, if ever (the closed loop is
+        still referenced), and their writes would wait for it. Owed first, then forgotten
+        (an interrupt between: twice at worst)."""
+        while self._deferred:
+            try:
+                clean_up = self._deferred.popleft()
+            except IndexError:  # another thread took the last
+                break
+            self._run_clean_up(clean_up)
+        if not self._open:
+            return
+        for key, (loop, owe) in list(self._open.items()):
+            if loop.is_closed():
+                self._run_clean_up(owe)
+                self._closed(key)
+
+    def _run_clean_up(self, clean_up: Callable[[], None]) -> None:
         for _ in range(100):
             try:
-                self.debts.owe(i, op, owed)
+                clean_up()
+                return
+            except BaseException:  # another interrupt: again (the first is raised)
+                continue
+
+    def _owe_write(self, write: _Write, settle: bool = False) -> None:
+        """A task's clean-up: node i is owed the write (once, whoever else owes it: the task
+        it sent behind, :meth:`_owe_orphans`), whatever else interrupts it (the first
+        exception is the one raised)."""
+        for _ in range(100):
+            try:
+                if not write.owed:
+                    self.debts.owe(write.i, write.op, write.kind)
+                    write.owed = True
                 if settle:
-                    self.debts.settled(i, [op])
+                    self.debts.settled(write.i, [write.op])
+                self._closed(write)
                 return
             except BaseException:  # another interrupt: again
                 continue
@@ -1567,17 +1645,26 @@ class NodeIO:
         """Node i's request of ``fan``, in a task of its own: owes the node its write (if
         ``fan.owed``) should an exception leave it once started (the rule above afan_out)."""
         behind: list[bool] = []  # filled once a task sending behind earlier ones owes it
+        write: _Write | None = None
         try:
             if i not in fan.unsent:  # the fan-out owed it before this task ever ran
                 return self._unawaited(i, fan[i])
+            if fan.owed:  # noted before it leaves fan.unsent: never in neither
+                write = _Write(i, fan[i], fan.owed)
+                self._opened(functools.partial(self._owe_write, write), write)
             fan.unsent.discard(i)
-            return await self._anode_send(i, fan[i], fan.owed, behind)
-        except BaseException:
-            if fan.owed and not behind:
-                self._owe_now(i, fan[i], fan.owed)
+            reply = await self._anode_send(i, fan[i], fan.owed, write, behind)
+        except BaseException as exc:
+            if write is not None and not behind:
+                self._later(exc, functools.partial(self._owe_write, write))
             raise
+        if write is not None and not behind:
+            self._closed(write)  # answered, or owed already
+        return reply
 
-    async def _anode_send(self, i: int, op: Op[Any], owed: str, behind: list[bool]) -> Any:
+    async def _anode_send(
+        self, i: int, op: Op[Any], owed: str, write: _Write | None, behind: list[bool]
+    ) -> Any:
         loop = asyncio.get_running_loop()
         with self._mutex:
             earlier = [t for t in self._tasks.get(i, {}) if t.get_loop() is loop]
@@ -1588,8 +1675,8 @@ class NodeIO:
         # release or an undo goes on behind them in the background (never lost, never
         # overtaking them, and what comes next waits for it in turn); any other request is
         # not sent to a node that has not answered them by then, or that they found down.
-        if owed:
-            task = loop.create_task(self._abehind(earlier, i, op, owed, behind))
+        if write is not None:
+            task = loop.create_task(self._abehind(earlier, write, behind))
             self._straggling(i, task, time.monotonic())
             await asyncio.wait([task], timeout=self.timeout)
             return task.result() if task.done() else self._unawaited(i, op)
@@ -1600,27 +1687,32 @@ class NodeIO:
         return _unavailable(self.nodes[i], op, why)
 
     async def _abehind(
-        self, earlier: list[asyncio.Task[Any]], i: int, op: Op[Any], owed: str, started: list[bool]
+        self, earlier: list[asyncio.Task[Any]], write: _Write, started: list[bool]
     ) -> Any:
-        """``op``, a write every node must get, sent once ``earlier`` are done (each ends
+        """``write``, a write every node must get, sent once ``earlier`` are done (each ends
         within a node timeout or two). To a node they found down it is owed instead: paid
         before the node counts as up again (Debts). Owed on any exception, from its first
         line (``started``: the task that made it owes it until then)."""
         try:
             started.append(True)
+            i, op = write.i, write.op
             self.debts.sending(i, [op])  # queued: a retry of its token does not ask node i
             await asyncio.wait(earlier)
             self.debts.settled(i, [op])  # _asend marks it again (unless void meanwhile)
             if self.health.is_down(i):
-                self.debts.owe(i, op, owed)
+                self._owe_write(write)
                 return _unavailable(self.nodes[i], op, "down")
-            return await self._asend(i, op, owed)
-        except BaseException:  # owed first, then no longer under way (never neither)
-            self._owe_now(i, op, owed, settle=True)
+            reply = await self._asend(i, op, write.kind)
+        except BaseException as exc:  # owed first, then no longer under way (never neither)
+            self._later(exc, functools.partial(self._owe_write, write, True))
             raise
+        self._closed(write)  # answered, or owed already
+        return reply
 
     def _straggling(self, i: int, task: asyncio.Task[Any], since: float) -> None:
         """``task``, a request to node i nobody waits for: the node's next one waits for it."""
+        if task.get_loop().is_closed():  # never runs again (its writes: _owe_orphans)
+            return
         with self._mutex:
             self._tasks.setdefault(i, {})[task] = since
         task.add_done_callback(functools.partial(self._task_done, i))
@@ -1643,11 +1735,15 @@ class NodeIO:
             self.health.failed(i)
             if owed:  # not proven to have run (no answer, BUSY, ...): the node is owed it
                 self.debts.owe(i, op, owed)
+            self.debts.settled(i, [op])
             return exc
         except Exception as exc:
-            return exc
-        finally:
             self.debts.settled(i, [op])
+            return exc
+        except BaseException as exc:  # interrupted, cancelled, closed: the caller owes it
+            self._later(exc, functools.partial(self.debts.settled, i, [op]))
+            raise
+        self.debts.settled(i, [op])
         self.health.answered(i)
         return reply
 
@@ -1668,15 +1764,20 @@ class NodeIO:
                 except BackendUnavailable as exc:
                     self.health.failed(i)
                     self.debts.reowe(i, owed[n:])
+                    self.debts.settled(i, [op])
                     return exc
                 except Exception as exc:
                     logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
-                finally:
-                    self.debts.settled(i, [op])
-        except BaseException:  # cancelled, interrupted: from this one on, not proven to have run
+                except BaseException as exc:
+                    self._later(exc, functools.partial(self.debts.settled, i, [op]))
+                    raise
+                self.debts.settled(i, [op])
+        except (
+            BaseException
+        ) as exc:  # cancelled, interrupted: from this one on, not proven to have run
             for _ in range(100):
                 try:
-                    self.debts.reowe(i, owed[n:])
+                    self._later(exc, functools.partial(self.debts.reowe, i, owed[n:]))
                     break
                 except BaseException:  # another interrupt: again (the first is raised)
                     continue
