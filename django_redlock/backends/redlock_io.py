@@ -1492,6 +1492,9 @@ class NodeIO:
     # of a loop closed without running it again), unless a task it sends behind owes it
     # instead. A task cancelled before its first step runs none of its code: its node is
     # still in ``fan.unsent``; one that starts after the fan-out owed its node sends nothing.
+    # A loop closed with tasks pending never runs them again: what a fan-out or a task holds
+    # is registered (``_open``) and owed by the next fan-out once its loop is closed; and a
+    # clean-up the garbage collector runs (GeneratorExit) takes no lock: deferred (_later).
 
     async def afan_out(self, fan: Fan) -> Replies:
         try:  # (the rule above fan_out)
