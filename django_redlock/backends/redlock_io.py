@@ -64,6 +64,7 @@ import logging
 import math
 import os
 import select
+import sys
 import threading
 import time
 import weakref
@@ -190,11 +191,11 @@ class Fan(list[Any]):
         #: may still ask; not those where an undo of the token is under way (``busy``).
         self.late: list[int] = []
         self.busy: set[int] = set()
-        #: The nodes to be sent their op that no Flight carries yet and nobody owes: owed
-        #: should an exception leave the fan-out. Every node from the start: the moment the
-        #: fan-out exists its write is decided, and an interrupt before the plan ran (or
-        #: within it) must not leave a node neither sent nor owed (its hold outlived the
-        #: release by its TTL).
+        #: The nodes to be sent their op that no Flight carries yet (asyncio: whose task has
+        #: not started) and nobody owes: owed should an exception leave the fan-out. Every
+        #: node from the start: the moment the fan-out exists its write is decided, and an
+        #: interrupt before the plan ran (or within it) must not leave a node neither sent
+        #: nor owed (its hold outlived the release by its TTL).
         self.unsent: set[int] = {i for i, op in enumerate(ops) if op is not None}
         #: Each node's reply (the plan fills it): the fan-out's clean-up reads it.
         self.replies: Replies = []
@@ -460,6 +461,17 @@ class Lanes:
 
 def _void(op: Op[Any]) -> bool:
     return isinstance(op, Undo) and op.void
+
+
+@dataclass(eq=False, slots=True)
+class _Write:
+    """A node's write every node must get (a release, an undo) in an asyncio task's hands,
+    and whether it is owed already (by the task, or by :meth:`NodeIO._owe_orphans`)."""
+
+    i: int
+    op: Op[Any]
+    kind: str
+    owed: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -812,6 +824,12 @@ class NodeIO:
         self._mutex = threading.Lock()
         self._connectors: dict[int, Connector] = {}
         self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
+        #: asyncio: what a fan-out or a node's task holds of the writes every node must get,
+        #: with its loop and how to owe it (see _owe_orphans). No lock: single dict steps.
+        self._open: dict[object, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = {}
+        #: asyncio: clean-ups of coroutines closed by the collector, run by the next
+        #: fan-out (see _later).
+        self._deferred: deque[Callable[[], None]] = deque()
         self._pid = os.getpid()
         self._new_kept()
         # The nodes' options are fixed once the backend is made (read once: they are
@@ -905,7 +923,8 @@ class NodeIO:
             self.lanes.forget()
             self.debts.forget()
             self._mutex = threading.Lock()
-            self._connectors, self._tasks = {}, {}
+            self._connectors, self._tasks, self._open = {}, {}, {}
+            self._deferred = deque()
             self._new_kept()  # copies of the parent's sockets
 
     def usable(self) -> set[int]:
@@ -971,6 +990,7 @@ class NodeIO:
         """Fills ``fan.replies``; returns the nodes to ask. Each node stays in ``fan.unsent``
         until it is owed its write, or (``complete``) its reply says it was skipped."""
         self._check_fork()
+        self._owe_orphans()
         start_probes(self.health, self.nodes, self.debts.pay_before_up)
         self.lanes.watch()  # a drainer an interrupt killed is replaced
         self.debts.collect()  # a collector an interrupt killed is replaced
@@ -1473,46 +1493,64 @@ class NodeIO:
 
     # -- asyncio -----------------------------------------------------------------------------
 
+    # The rule above fan_out, with a task per node: a node stays in ``fan.unsent`` (owed by
+    # afan_out's clean-up should an exception leave it) until its task's first line, inside
+    # the task's own handler, takes it off; from there the task owes the node's write on any
+    # exception that leaves it (an interrupt at any line, its cancellation, the GeneratorExit
+    # of a loop closed without running it again), unless a task it sends behind owes it
+    # instead. A task cancelled before its first step runs none of its code: its node is
+    # still in ``fan.unsent``; one that starts after the fan-out owed its node sends nothing.
+    # A loop closed with tasks pending never runs them again: what a fan-out or a task holds
+    # is registered (``_open``) and owed by the next fan-out once its loop is closed; and a
+    # clean-up the garbage collector runs (GeneratorExit) takes no lock: deferred (_later).
+
     async def afan_out(self, fan: Fan) -> Replies:
         try:  # (the rule above fan_out)
+            if fan.owed:  # (its id: the entry refers to it, so no other fan has it meanwhile)
+                self._opened(functools.partial(self._owe_unsent, fan, fan.replies), id(fan))
             asked = self._plan(fan)
             await self._aask(fan, asked, fan.replies)
             again = self._second(fan, fan.replies)
             if again:
                 await self._aask(fan, again, fan.replies)
-        except BaseException:
+        except BaseException as exc:
             for _ in range(100):
                 try:
-                    self._owe_unsent(fan, fan.replies)
+                    self._later(exc, functools.partial(self._owe_unsent, fan, fan.replies))
                     break
                 except BaseException:  # another interrupt: again (the first is raised)
                     continue
             raise
+        finally:
+            if fan.owed:
+                self._closed(id(fan))
         return fan.replies
 
     async def _aask(self, fan: Fan, indexes: list[int], replies: Replies) -> None:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
-        tasks = {loop.create_task(self._anode(i, fan[i], fan.owed)): i for i in indexes}
-        fan.unsent.difference_update(indexes)  # each task owes its own op if it fails
-        waiting = set(tasks)
+        tasks: dict[asyncio.Task[Any], int] = {}
+        waiting: set[asyncio.Task[Any]] = set()
         grace_end: float | None = None
         patience = None if fan.enough is None else started + self.slow_after
         slow_at = started + self.slow_after
         try:
+            for i in indexes:  # each stays in fan.unsent until its task starts
+                task = loop.create_task(self._anode(fan, i))
+                tasks[task] = i
+                waiting.add(task)
             while True:
                 # Asked before each wait, the first too (as _collect does): a fan-out decided
                 # before any reply (an undo not waited for) waits its grace, not a node.
                 now = time.monotonic()
                 late = self._late(fan, replies, now >= slow_at) if fan.late else []
                 for i in late:  # (as _collect: the nodes asked cannot make a quorum)
-                    fan.unsent.add(i)  # first: until its task owes it, an exception does
+                    fan.unsent.add(i)  # first: until its task starts, the fan-out owes it
                     replies[i] = PENDING
                     self.nodes[i].round_trips += 1
-                    task = loop.create_task(self._anode(i, fan[i], fan.owed))
+                    task = loop.create_task(self._anode(fan, i))
                     tasks[task] = i
                     waiting.add(task)
-                    fan.unsent.discard(i)
                     grace_end = None
                 if not waiting:
                     break
@@ -1535,8 +1573,13 @@ class NodeIO:
                 for task in done:
                     replies[tasks[task]] = task.result()
         finally:
-            for task in waiting:  # they go on; the node's next request waits for them
+            # (Closed by the collector: no lock taken; afan_out's clean-up, deferred, owes
+            # the nodes still in fan.unsent.)
+            closing = isinstance(sys.exc_info()[1], GeneratorExit)
+            for task in () if closing else waiting:  # they go on; the next request waits
                 i = tasks[task]
+                if i in fan.unsent:  # not started yet (its loop may never run it): owed now
+                    self._unsent(fan, i)
                 replies[i] = self._unawaited(i, fan[i])
                 self._straggling(i, task, started)
 
@@ -1547,7 +1590,92 @@ class NodeIO:
             if not tasks:
                 self._tasks.pop(i, None)
 
-    async def _anode(self, i: int, op: Op[Any], owed: str = "") -> Any:
+    def _opened(self, owe: Callable[[], None], key: object) -> None:
+        """``owe`` owes what the running coroutine holds should its loop close before it
+        ends (see :meth:`_owe_orphans`), until :meth:`_closed` forgets ``key``. No lock (the
+        collector may close a coroutine while this thread holds one): one dict store."""
+        self._open[key] = (asyncio.get_running_loop(), owe)
+
+    def _closed(self, key: object) -> None:
+        self._open.pop(key, None)
+
+    def _later(self, exc: BaseException, clean_up: Callable[[], None]) -> None:
+        """A coroutine's clean-up, now, or deferred to the next fan-out when the collector
+        closes it (GeneratorExit): it may do so at any allocation of this thread, while it
+        holds one of our plain locks, which the clean-up would wait for for ever."""
+        if isinstance(exc, GeneratorExit):
+            self._deferred.append(clean_up)
+        else:
+            clean_up()
+
+    def _owe_orphans(self) -> None:
+        """Run the deferred clean-ups (:meth:`_later`), and owe what the coroutines of a
+        closed loop held. asyncio.run's shutdown cut short (a second interrupt as it cancels
+        the tasks, or one a task re-raises then) closes the loop with tasks that never run
+        again: their clean-up runs only once they are collected, if ever (the closed loop is
+        still referenced), and their writes would wait for it. Owed first, then forgotten
+        (an interrupt between: twice at worst)."""
+        while self._deferred:
+            try:
+                clean_up = self._deferred.popleft()
+            except IndexError:  # another thread took the last
+                break
+            self._run_clean_up(clean_up)
+        if not self._open:
+            return
+        for key, (loop, owe) in list(self._open.items()):
+            if loop.is_closed():
+                self._run_clean_up(owe)
+                self._closed(key)
+
+    def _run_clean_up(self, clean_up: Callable[[], None]) -> None:
+        for _ in range(100):
+            try:
+                clean_up()
+                return
+            except BaseException:  # another interrupt: again (the first is raised)
+                continue
+
+    def _owe_write(self, write: _Write, settle: bool = False) -> None:
+        """A task's clean-up: node i is owed the write (once, whoever else owes it: the task
+        it sent behind, :meth:`_owe_orphans`), whatever else interrupts it (the first
+        exception is the one raised)."""
+        for _ in range(100):
+            try:
+                if not write.owed:
+                    self.debts.owe(write.i, write.op, write.kind)
+                    write.owed = True
+                if settle:
+                    self.debts.settled(write.i, [write.op])
+                self._closed(write)
+                return
+            except BaseException:  # another interrupt: again
+                continue
+
+    async def _anode(self, fan: Fan, i: int) -> Any:
+        """Node i's request of ``fan``, in a task of its own: owes the node its write (if
+        ``fan.owed``) should an exception leave it once started (the rule above afan_out)."""
+        behind: list[bool] = []  # filled once a task sending behind earlier ones owes it
+        write: _Write | None = None
+        try:
+            if i not in fan.unsent:  # the fan-out owed it before this task ever ran
+                return self._unawaited(i, fan[i])
+            if fan.owed:  # noted before it leaves fan.unsent: never in neither
+                write = _Write(i, fan[i], fan.owed)
+                self._opened(functools.partial(self._owe_write, write), write)
+            fan.unsent.discard(i)
+            reply = await self._anode_send(i, fan[i], fan.owed, write, behind)
+        except BaseException as exc:
+            if write is not None and not behind:
+                self._later(exc, functools.partial(self._owe_write, write))
+            raise
+        if write is not None and not behind:
+            self._closed(write)  # answered, or owed already
+        return reply
+
+    async def _anode_send(
+        self, i: int, op: Op[Any], owed: str, write: _Write | None, behind: list[bool]
+    ) -> Any:
         loop = asyncio.get_running_loop()
         with self._mutex:
             earlier = [t for t in self._tasks.get(i, {}) if t.get_loop() is loop]
@@ -1558,11 +1686,11 @@ class NodeIO:
         # release or an undo goes on behind them in the background (never lost, never
         # overtaking them, and what comes next waits for it in turn); any other request is
         # not sent to a node that has not answered them by then, or that they found down.
-        if owed:
-            behind = loop.create_task(self._abehind(earlier, i, op, owed))
-            self._straggling(i, behind, time.monotonic())
-            await asyncio.wait([behind], timeout=self.timeout)
-            return behind.result() if behind.done() else self._unawaited(i, op)
+        if write is not None:
+            task = loop.create_task(self._abehind(earlier, write, behind))
+            self._straggling(i, task, time.monotonic())
+            await asyncio.wait([task], timeout=self.timeout)
+            return task.result() if task.done() else self._unawaited(i, op)
         await asyncio.wait(earlier, timeout=self.timeout)
         if all(t.done() for t in earlier) and not self.health.is_down(i):
             return await self._asend(i, op, owed)
@@ -1570,39 +1698,40 @@ class NodeIO:
         return _unavailable(self.nodes[i], op, why)
 
     async def _abehind(
-        self, earlier: list[asyncio.Task[Any]], i: int, op: Op[Any], owed: str
+        self, earlier: list[asyncio.Task[Any]], write: _Write, started: list[bool]
     ) -> Any:
-        """``op``, a write every node must get, sent once ``earlier`` are done (each ends
+        """``write``, a write every node must get, sent once ``earlier`` are done (each ends
         within a node timeout or two). To a node they found down it is owed instead: paid
-        before the node counts as up again (Debts). Cancelled (its loop closing), owed."""
-        self.debts.sending(i, [op])  # queued: a retry of its token does not ask node i
+        before the node counts as up again (Debts). Owed on any exception, from its first
+        line (``started``: the task that made it owes it until then)."""
         try:
+            started.append(True)
+            i, op = write.i, write.op
+            self.debts.sending(i, [op])  # queued: a retry of its token does not ask node i
             await asyncio.wait(earlier)
-        except asyncio.CancelledError:
-            self.debts.settled(i, [op])
-            self.debts.owe(i, op, owed)
+            self.debts.settled(i, [op])  # _asend marks it again (unless void meanwhile)
+            if self.health.is_down(i):
+                self._owe_write(write)
+                return _unavailable(self.nodes[i], op, "down")
+            reply = await self._asend(i, op, write.kind)
+        except BaseException as exc:  # owed first, then no longer under way (never neither)
+            self._later(exc, functools.partial(self._owe_write, write, True))
             raise
-        self.debts.settled(i, [op])  # _asend marks it again (unless void meanwhile)
-        if self.health.is_down(i):
-            self.debts.owe(i, op, owed)
-            return _unavailable(self.nodes[i], op, "down")
-        return await self._asend(i, op, owed)  # owes it when cancelled
+        self._closed(write)  # answered, or owed already
+        return reply
 
     def _straggling(self, i: int, task: asyncio.Task[Any], since: float) -> None:
         """``task``, a request to node i nobody waits for: the node's next one waits for it."""
+        if task.get_loop().is_closed():  # never runs again (its writes: _owe_orphans)
+            return
         with self._mutex:
             self._tasks.setdefault(i, {})[task] = since
         task.add_done_callback(functools.partial(self._task_done, i))
 
     async def _asend(self, i: int, op: Op[Any], owed: str) -> Any:
-        try:
-            return await self._asend_once(i, op, owed)
-        except asyncio.CancelledError:  # its loop closing: maybe sent, the connection dropped
-            if owed:  # twice, a release deletes nothing more (a retry voids an undo)
-                self.debts.owe(i, op, owed)
-            raise
-
-    async def _asend_once(self, i: int, op: Op[Any], owed: str) -> Any:
+        """``op`` to node i, its debts first. An exception leaving it leaves ``op`` to the
+        caller's clean-up (maybe sent: a release sent twice deletes nothing more, a retry
+        voids an undo)."""
         if not self.health.is_down(i):  # held back for a node down, as in _send
             failed = await self._apay(i)
             if failed is not None:
@@ -1617,11 +1746,15 @@ class NodeIO:
             self.health.failed(i)
             if owed:  # not proven to have run (no answer, BUSY, ...): the node is owed it
                 self.debts.owe(i, op, owed)
+            self.debts.settled(i, [op])
             return exc
         except Exception as exc:
-            return exc
-        finally:
             self.debts.settled(i, [op])
+            return exc
+        except BaseException as exc:  # interrupted, cancelled, closed: the caller owes it
+            self._later(exc, functools.partial(self.debts.settled, i, [op]))
+            raise
+        self.debts.settled(i, [op])
         self.health.answered(i)
         return reply
 
@@ -1642,15 +1775,20 @@ class NodeIO:
                 except BackendUnavailable as exc:
                     self.health.failed(i)
                     self.debts.reowe(i, owed[n:])
+                    self.debts.settled(i, [op])
                     return exc
                 except Exception as exc:
                     logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
-                finally:
-                    self.debts.settled(i, [op])
-        except BaseException:  # cancelled, interrupted: from this one on, not proven to have run
+                except BaseException as exc:
+                    self._later(exc, functools.partial(self.debts.settled, i, [op]))
+                    raise
+                self.debts.settled(i, [op])
+        except (
+            BaseException
+        ) as exc:  # cancelled, interrupted: from this one on, not proven to have run
             for _ in range(100):
                 try:
-                    self.debts.reowe(i, owed[n:])
+                    self._later(exc, functools.partial(self.debts.reowe, i, owed[n:]))
                     break
                 except BaseException:  # another interrupt: again (the first is raised)
                     continue
