@@ -52,6 +52,7 @@ What we rely on, and why the public API does not do:
 
 from __future__ import annotations
 
+import queue
 import select
 import socket
 from collections.abc import Callable, Sequence
@@ -383,6 +384,23 @@ class SentinelPool(redis.sentinel.SentinelConnectionPool):
             self.release(connection)
             raise
         return connection
+
+
+class WaitingPool(redis.BlockingConnectionPool):
+    """redis-py's blocking pool, a caller that waited its ``timeout`` for a free connection
+    told so with ``MaxConnectionsError`` (a ``ConnectionError``): redis-py (5.3 to 8.2)
+    raises a plain ``ConnectionError("No connection available.")``, raised while handling
+    the queue's ``Empty`` (its ``__context__``), which its cluster client takes for a failed
+    node (the slots read again); 8.x's takes ``MaxConnectionsError`` for what it is, the
+    client's own pool exhausted. Nothing was sent either way."""
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().get_connection(*args, **kwargs)
+        except redis.exceptions.ConnectionError as exc:
+            if not isinstance(exc.__context__, queue.Empty):
+                raise
+            raise redis.exceptions.MaxConnectionsError(str(exc)) from exc
 
 
 def moved_sync_pool(pool: Any, master: tuple[str, int]) -> None:
