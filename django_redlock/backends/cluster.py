@@ -54,7 +54,7 @@ logger = logging.getLogger("django_redlock")
 MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
 MIGRATION_WAIT_MS = 100  # a take refused by a longer migration: its caller tries again then
 REDIRECTIONS = 4  # MOVED, ASK, TRYAGAIN answers redis-py follows per command (see make_client)
-ASYNC_THREADS = 32  # worker threads per master for asyncio calls (fewer with max_connections)
+ASYNC_THREADS = 32  # worker threads per master for asyncio calls (max_connections if fewer)
 # How long a process's first wait waits for the nodes' versions (asked as the client is
 # made, one socket timeout at most): past it, classic pub/sub for the backend's life.
 PROBE_GRACE = 0.1
@@ -689,10 +689,10 @@ class RedisClusterBackend(RedisBackend):
             with self._setup:
                 executor = executors.get(shard)
                 if executor is None:
-                    # Two of the master's max_connections left to the waiters' pub/sub and
-                    # the renewals (the pool is theirs too; a caller past it waits).
+                    # No more than the master's max_connections (a caller past it waits;
+                    # the waiters' pub/sub and the renewals are outside it: see _own).
                     limit = int(self._cluster_options().get("max_connections") or 0)
-                    size = max(1, limit - 2) if limit else ASYNC_THREADS
+                    size = limit or ASYNC_THREADS
                     executor = executors[shard] = ThreadPoolExecutor(
                         min(size, ASYNC_THREADS), f"redlock-cluster {self.alias} {shard}"
                     )

@@ -849,9 +849,9 @@ def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
 
 def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name: str) -> None:
     """redis-py's cluster node pools refuse a caller past max_connections: a burst of 40
-    callers (threads, or asyncio tasks, whose worker threads share the pool with the waiters'
-    pub/sub and the renewals) on a healthy cluster got BackendUnavailable ("Too many
-    connections"). A caller now waits for a free connection, as on one Redis."""
+    callers (threads, or asyncio tasks, as many worker threads as max_connections) on a
+    healthy cluster got BackendUnavailable ("Too many connections"). A caller now waits for
+    a free connection, as on one Redis."""
     import threading
 
     nodes = [RedisServer(args=("--cluster-enabled", "yes")).start() for _ in range(3)]
