@@ -42,6 +42,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import acl, wire
 from ..exceptions import BackendUnavailable, LockError
+from ..forks import after_fork_in_child
 from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
@@ -278,34 +279,24 @@ class RedisClusterBackend(RedisBackend):
     def _own(self, client: Any, node: Any) -> Any:
         """A ``redis.Redis`` on ``node`` (of ``client``) whose pool is the backend's own: made
         like the node pool (the same connection class and options), with no limit and no
-        waiting. No I/O."""
+        waiting. No I/O; under a lock of its own only (called under the hub's mutex)."""
         own = self._own_pools
         if own is None or own[0] is not client:
-            with self._setup:
+            with _OWN_LOCK:
                 own = self._own_pools
                 if own is None or own[0] is not client:
                     own = self._own_pools = (client, {})
         redis_node = own[1].get(node.name)
         if redis_node is None:
             pool = client.get_redis_connection(node).connection_pool
-            mine = redis.ConnectionPool(
+            mine = redis.Redis(connection_pool=redis.ConnectionPool(
                 connection_class=pool.connection_class, **pool.connection_kwargs
-            )
-            with self._setup:
-                redis_node = own[1].setdefault(node.name, redis.Redis(connection_pool=mine))
-                self._prune_own(client, own[1], node.name)
+            ))  # fmt: skip
+            with _OWN_LOCK:
+                redis_node = own[1].setdefault(node.name, mine)
+            if redis_node is mine:
+                _prune_own(client, own[1], node.name)
         return redis_node
-
-    def _prune_own(self, client: Any, pools: dict[str, Any], new: str) -> None:
-        """The idle connections of nodes no longer masters are closed and their pools
-        forgotten (one in use ends with its user). From the slot cache only: no I/O."""
-        try:
-            masters = {str(node.name) for node in client.get_primaries()}
-        except Exception:  # the slot map being read again: pruned next time
-            return
-        for name in [n for n in pools if n != new and n not in masters]:
-            with contextlib.suppress(Exception):
-                pools.pop(name).connection_pool.disconnect(inuse_connections=False)
 
     def _classic_pubsub(self, client: Any) -> Any:
         """The classic waiters' pub/sub: on the node of their inbox's slot, as redis-py's
@@ -849,6 +840,30 @@ def _has_sharded_pubsub(client: Any, timeout: float) -> bool:
     if len(answered) < len(nodes):
         logger.info("redlock: %d of %d nodes told their version", len(answered), len(nodes))
     return bool(nodes) and len(answered) == len(nodes) and min(answered) >= 7
+
+
+_OWN_LOCK = threading.Lock()  # the backends' own pools (see _own): never held during I/O
+
+
+@after_fork_in_child
+def _new_own_lock() -> None:
+    global _OWN_LOCK  # a parent thread may have held it at the fork
+    _OWN_LOCK = threading.Lock()
+
+
+def _prune_own(client: Any, pools: dict[str, Any], new: str) -> None:
+    """The idle connections of nodes no longer masters are closed and their pools forgotten
+    (one in use ends with its user). From the slot cache only: no I/O (but redis-py's lock
+    on it, held while the slots are read)."""
+    try:
+        masters = {str(node.name) for node in client.get_primaries()}
+    except Exception:  # the slot map being read again: pruned next time
+        return
+    with _OWN_LOCK:
+        gone = [pools.pop(n) for n in list(pools) if n != new and n not in masters]
+    for redis_node in gone:
+        with contextlib.suppress(Exception):
+            redis_node.connection_pool.disconnect(inuse_connections=False)
 
 
 class _OwnNodes:
