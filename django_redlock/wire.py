@@ -46,12 +46,16 @@ What we rely on, and why the public API does not do:
   with ``get_available_connection()`` and ``release()`` around it: ours does as 7.2 does.
   Our pools also close there one whose socket the server closed while it was idle
   (:func:`closed_while_idle`).
+* ``BlockingConnectionPool.get_connection``'s "No connection available." is raised while
+  handling the queue's ``queue.Empty`` (its ``__context__``, 6.0 to 8.2): how
+  :class:`WaitingPool` tells a wait for a free connection from a failed connect.
 * ``redis.asyncio`` ``Connection._writer``: its ``asyncio.StreamWriter`` (None while not
   connected), whose transport gives the socket polled by :func:`closed_while_idle`.
 """
 
 from __future__ import annotations
 
+import queue
 import select
 import socket
 from collections.abc import Callable, Sequence
@@ -383,6 +387,32 @@ class SentinelPool(redis.sentinel.SentinelConnectionPool):
             self.release(connection)
             raise
         return connection
+
+
+class WaitingPool(redis.BlockingConnectionPool):
+    """redis-py's blocking pool, a caller that waited its ``timeout`` for a free connection
+    told so with ``MaxConnectionsError`` (a ``ConnectionError``): redis-py (5.3 to 8.2)
+    raises a plain ``ConnectionError("No connection available.")``, raised while handling
+    the queue's ``Empty`` (its ``__context__``), which its cluster client takes for a failed
+    node (the slots read again); 8.x's takes ``MaxConnectionsError`` for what it is, the
+    client's own pool exhausted. Nothing was sent either way. Without a ``timeout`` (redis-py
+    6.0's cluster client drops that option: its callers waited 20 s) it waits the
+    connections' socket timeout."""
+
+    def __init__(
+        self, max_connections: int = 50, timeout: float | None = None, **kwargs: Any
+    ) -> None:
+        if timeout is None:
+            timeout = kwargs.get("socket_timeout")
+        super().__init__(max_connections=max_connections, timeout=timeout, **kwargs)
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().get_connection(*args, **kwargs)
+        except redis.exceptions.ConnectionError as exc:
+            if not isinstance(exc.__context__, queue.Empty):
+                raise
+            raise redis.exceptions.MaxConnectionsError(str(exc)) from exc
 
 
 def moved_sync_pool(pool: Any, master: tuple[str, int]) -> None:

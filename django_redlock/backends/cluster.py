@@ -12,6 +12,7 @@ run the sync cluster client in worker threads, a pool per master (see ``aexecute
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -41,6 +42,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import acl, wire
 from ..exceptions import BackendUnavailable, LockError
+from ..forks import after_fork_in_child
 from ..identity import process_id
 from ..options import check_options, cluster_options
 from ..scripts import Call, script
@@ -53,7 +55,7 @@ logger = logging.getLogger("django_redlock")
 MIGRATION_PAUSE = 0.02  # seconds between tries while a slot is being migrated
 MIGRATION_WAIT_MS = 100  # a take refused by a longer migration: its caller tries again then
 REDIRECTIONS = 4  # MOVED, ASK, TRYAGAIN answers redis-py follows per command (see make_client)
-ASYNC_THREADS = 32  # worker threads per master for asyncio calls (fewer with max_connections)
+ASYNC_THREADS = 32  # worker threads per master for asyncio calls (max_connections if fewer)
 # How long a process's first wait waits for the nodes' versions (asked as the client is
 # made, one socket timeout at most): past it, classic pub/sub for the backend's life.
 PROBE_GRACE = 0.1
@@ -148,8 +150,9 @@ class RedisClusterBackend(RedisBackend):
         if options.get("max_connections") and "connection_pool_class" not in options:
             # redis-py's node pools refuse a caller past max_connections ("Too many
             # connections"): a burst on a healthy cluster failed. Blocking ones make it wait
-            # for a connection, as long as the socket timeout (then: unavailable, not sent).
-            options["connection_pool_class"] = redis.BlockingConnectionPool
+            # for a connection, as long as the socket timeout (then: unavailable, not sent,
+            # and no outage: redis-py re-read the slots after each such wait).
+            options["connection_pool_class"] = wire.WaitingPool
             options.setdefault("timeout", options["socket_timeout"])
         urls = self.seed_urls
         if len(urls) > 1:
@@ -242,23 +245,64 @@ class RedisClusterBackend(RedisBackend):
         if self._hub is None:
             with self._setup:
                 if self._hub is None:
+                    # Its connections are the backend's own (see _own), never the node
+                    # pools': one kept there while anyone waits was one fewer for callers,
+                    # and a (re-)subscribe queued behind them.
+                    client = self.client
                     if self.sharded:
                         self._hub = self._adopt(ShardedPubSubHub(
-                            self.client,
+                            _OwnNodes(self, client),
                             self.socket_timeout,
                             lambda name: f"{self.inbox_for(name)}{process_id()}",
                             self._refusal,
                         ))  # fmt: skip
                     else:
                         self._hub = self._adopt(PubSubHub(
-                            self.client.pubsub, self.socket_timeout, self.inbox_prefix,
-                            self._refusal,
+                            lambda: self._classic_pubsub(client), self.socket_timeout,
+                            self.inbox_prefix, self._refusal,
                         ))  # fmt: skip
         return self._hub
 
     @property
     def socket_timeout(self) -> float:
         return float(self._cluster_options()["socket_timeout"])
+
+    # -- the backend's own connections: renewals and pub/sub ---------------------------------
+    # Outside the node pools (blocking ones with max_connections): the renewals took their
+    # connection there, queued behind callers' commands for a socket timeout per try, and a
+    # hold expired on a healthy master (a second holder took it). Per master: the renewals
+    # use one connection (two while the renewer also sends holds of no known master there),
+    # and the waiters' sharded pub/sub one while anyone waits there (classic: one in all).
+
+    _own_pools: tuple[Any, dict[str, Any]] | None = None  # (the client, node name: Redis)
+
+    def _own(self, client: Any, node: Any) -> Any:
+        """A ``redis.Redis`` on ``node`` (of ``client``) whose pool is the backend's own: made
+        like the node pool (the same connection class and options), with no limit and no
+        waiting. No I/O; under a lock of its own only (called under the hub's mutex)."""
+        own = self._own_pools
+        if own is None or own[0] is not client:
+            with _OWN_LOCK:
+                own = self._own_pools
+                if own is None or own[0] is not client:
+                    own = self._own_pools = (client, {})
+        redis_node = own[1].get(node.name)
+        if redis_node is None:
+            pool = client.get_redis_connection(node).connection_pool
+            mine = redis.Redis(connection_pool=redis.ConnectionPool(
+                connection_class=pool.connection_class, **pool.connection_kwargs
+            ))  # fmt: skip
+            with _OWN_LOCK:
+                redis_node = own[1].setdefault(node.name, mine)
+            if redis_node is mine:
+                _prune_own(client, own[1], node.name)
+        return redis_node
+
+    def _classic_pubsub(self, client: Any) -> Any:
+        """The classic waiters' pub/sub: on the node of their inbox's slot, as redis-py's
+        cluster pub/sub picks it (any node hears a classic PUBLISH)."""
+        inbox = f"{self.inbox_prefix}{process_id()}"
+        return self._own(client, client.get_node_from_key(inbox)).pubsub()
 
     # -- the watchdog: a shard is a backend ---------------------------------------------------
     # Each master's holds are renewed on their own (renewer.py asks renewal_shard, and gives
@@ -477,7 +521,7 @@ class RedisClusterBackend(RedisBackend):
              renewals[i].ttl_ms)
             for i in indices
         ]  # fmt: skip
-        redis_node = self.client.get_redis_connection(node)
+        redis_node = self._own(self.client, node)  # never queued behind callers
         self.round_trips += 1
         replies = _pipelined(redis_node, requests, asking)
         if any(isinstance(r, NoScriptError) for r in replies):
@@ -636,10 +680,10 @@ class RedisClusterBackend(RedisBackend):
             with self._setup:
                 executor = executors.get(shard)
                 if executor is None:
-                    # Two of the master's max_connections left to the waiters' pub/sub and
-                    # the renewals (the pool is theirs too; a caller past it waits).
+                    # No more than the master's max_connections (a caller past it waits;
+                    # the waiters' pub/sub and the renewals are outside it: see _own).
                     limit = int(self._cluster_options().get("max_connections") or 0)
-                    size = max(1, limit - 2) if limit else ASYNC_THREADS
+                    size = limit or ASYNC_THREADS
                     executor = executors[shard] = ThreadPoolExecutor(
                         min(size, ASYNC_THREADS), f"redlock-cluster {self.alias} {shard}"
                     )
@@ -732,13 +776,20 @@ class RedisClusterBackend(RedisBackend):
         shards pub/sub is kept (the nodes did not change at the fork)."""
         super().forget_after_fork()
         # Never closed nor collected here: their close() takes those locks.
-        _inherited.extend(each for each in (self._client, self._hub) if each is not None)
+        _inherited.extend(
+            each for each in (self._client, self._hub, self._own_pools) if each is not None
+        )
         self._client = None
         self._hub = None
+        self._own_pools = None
 
     def close(self) -> None:
         super().close()
         self._sharded = None
+        own, self._own_pools = self._own_pools, None
+        for redis_node in own[1].values() if own is not None else ():
+            with contextlib.suppress(Exception):
+                redis_node.connection_pool.disconnect()
         pid, executors = self._executors
         # Its pid kept: a close() is no fork, the threads of cancelled calls still run and
         # the next call of their name (a hand-back) must still wait for them.
@@ -789,6 +840,48 @@ def _has_sharded_pubsub(client: Any, timeout: float) -> bool:
     if len(answered) < len(nodes):
         logger.info("redlock: %d of %d nodes told their version", len(answered), len(nodes))
     return bool(nodes) and len(answered) == len(nodes) and min(answered) >= 7
+
+
+_OWN_LOCK = threading.Lock()  # the backends' own pools (see _own): never held during I/O
+
+
+@after_fork_in_child
+def _new_own_lock() -> None:
+    global _OWN_LOCK  # a parent thread may have held it at the fork
+    _OWN_LOCK = threading.Lock()
+
+
+def _prune_own(client: Any, pools: dict[str, Any], new: str) -> None:
+    """The idle connections of nodes no longer masters are closed and their pools forgotten
+    (one in use ends with its user). From the slot cache only: no I/O (but redis-py's lock
+    on it, held while the slots are read)."""
+    try:
+        masters = {str(node.name) for node in client.get_primaries()}
+    except Exception:  # the slot map being read again: pruned next time
+        return
+    with _OWN_LOCK:
+        gone = [pools.pop(n) for n in list(pools) if n != new and n not in masters]
+    for redis_node in gone:
+        with contextlib.suppress(Exception):
+            redis_node.connection_pool.disconnect(inuse_connections=False)
+
+
+class _OwnNodes:
+    """The cluster client as the sharded waiters' hub uses it, each node's connection the
+    backend's own (see ``RedisClusterBackend._own``)."""
+
+    def __init__(self, backend: RedisClusterBackend, client: Any) -> None:
+        self._backend, self._client = backend, client
+
+    @property
+    def nodes_manager(self) -> Any:
+        return self._client.nodes_manager
+
+    def get_node_from_key(self, key: str) -> Any:
+        return self._client.get_node_from_key(key)
+
+    def get_redis_connection(self, node: Any) -> Any:
+        return self._backend._own(self._client, node)
 
 
 class _Take:

@@ -849,9 +849,9 @@ def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
 
 def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name: str) -> None:
     """redis-py's cluster node pools refuse a caller past max_connections: a burst of 40
-    callers (threads, or asyncio tasks, whose worker threads share the pool with the waiters'
-    pub/sub and the renewals) on a healthy cluster got BackendUnavailable ("Too many
-    connections"). A caller now waits for a free connection, as on one Redis."""
+    callers (threads, or asyncio tasks, as many worker threads as max_connections) on a
+    healthy cluster got BackendUnavailable ("Too many connections"). A caller now waits for
+    a free connection, as on one Redis."""
     import threading
 
     nodes = [RedisServer(args=("--cluster-enabled", "yes")).start() for _ in range(3)]
@@ -1127,3 +1127,129 @@ def test_asyncio_threads_of_a_master_replaced_by_another_end(name: str) -> None:
             backend.close()
     finally:
         stop_all([*masters, replica])
+
+
+@contextlib.contextmanager
+def _busy_pool(pool: Any, count: int) -> Iterator[None]:
+    """``count`` threads each keep one of ``pool``'s connections checked out (as callers in
+    the middle of their commands) until the block ends."""
+    import threading
+
+    stop, taken = threading.Event(), threading.Semaphore(0)
+
+    def busy() -> None:
+        connection = pool.get_connection()
+        taken.release()
+        try:
+            stop.wait()
+        finally:
+            pool.release(connection)
+
+    threads = [threading.Thread(target=busy, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for _ in threads:
+        assert taken.acquire(timeout=5)
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+
+
+def _slot_reads(nodes: list[RedisServer]) -> int:
+    """How many CLUSTER SLOTS (and CLUSTER SHARDS) the nodes have answered."""
+    total = 0
+    for node in nodes:
+        stats = node.client().info("commandstats")
+        total += sum(v["calls"] for k, v in stats.items() if k in (
+            "cmdstat_cluster|slots", "cmdstat_cluster|shards"))  # fmt: skip
+    return total
+
+
+def test_a_cluster_master_s_busy_pool_never_holds_up_its_renewals(name: str) -> None:
+    """With max_connections, a master's pool is a blocking one, and the renewals took their
+    connection from it: with every connection busy with callers' commands, each renewal
+    waited a socket timeout, was taken for an outage (the slots read again, the epoch
+    bumped) and tried again into the same queue; the hold expired and a second client took
+    it while the first was never told (two holders). The renewals have connections of their
+    own; a caller that gets no connection is unavailable within the socket timeout, not
+    sent, and no outage: nothing read again."""
+    with _own_cluster() as nodes, _lost_names() as lost:
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5, "max_connections": 3}}  # fmt: skip
+        aliases = {**settings.DJANGO_REDLOCK, "c": config, "c2": dict(config)}
+        with override_settings(DJANGO_REDLOCK=aliases):
+            backend = locks["c"]
+            held = lock(name, using="c", ttl=1)
+            assert held.acquire(blocking=False)
+            master = _slot_and_master(nodes, backend.key(name))[1]
+            client = backend.client
+            pool = client.get_redis_connection(client.get_node_from_key(backend.key(name)))
+            assert locks["c2"].client is not None  # (its slots read: not counted below)
+            epoch, reads = backend.renewal_epoch, _slot_reads(nodes)
+            with _busy_pool(pool.connection_pool, 3):
+                began = time.monotonic()
+                with pytest.raises(BackendUnavailable) as caught:
+                    lock(name, using="c").acquire(blocking=False)
+                assert time.monotonic() - began < 0.5 + 0.3
+                assert not caught.value.timed_out  # never sent
+                second = []
+                until = time.monotonic() + 2.5  # 2.5 TTLs
+                while time.monotonic() < until:
+                    thief = lock(name, using="c2", ttl=5, auto_renew=False)
+                    if thief.acquire(blocking=False):
+                        second.append(time.monotonic() - began)
+                        thief.release()
+                    assert master.client().pttl(backend.key(name)) > 0
+                    time.sleep(0.05)
+                assert not second, f"a second holder took it at {second[0]:.2f} s"
+                assert backend.renewal_epoch == epoch
+            assert not lost
+            assert held.owned()  # (a read of the slots redis-py asked for ran here)
+            import redis.cluster
+
+            if hasattr(redis.cluster, "MaxConnectionsError"):  # (no outage to redis-py)
+                assert _slot_reads(nodes) == reads
+            held.release()
+            backend.close()
+            locks["c2"].close()
+
+
+def test_a_cluster_s_waiters_take_no_connection_of_the_master_s_pool(name: str) -> None:
+    """The waiters' pub/sub connection was one of the master's max_connections, kept while
+    anyone waited (and its subscribe queued behind busy callers for a socket timeout): with
+    max_connections 3, a waiter left callers 2. It has a connection of its own."""
+    import threading
+
+    with _own_cluster() as nodes:
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 0.5,
+                  "socket_connect_timeout": 0.5, "max_connections": 3}}  # fmt: skip
+        aliases = {**settings.DJANGO_REDLOCK, "c": config, "c2": dict(config)}
+        with override_settings(DJANGO_REDLOCK=aliases):
+            backend = locks["c"]
+            holder = lock(name, using="c2", ttl=10)
+            assert holder.acquire(blocking=False)
+            got: list[bool] = []
+
+            def wait() -> None:
+                waiting = lock(name, using="c", ttl=5)
+                got.append(waiting.acquire(timeout=5))
+                if got[-1]:
+                    waiting.release()
+
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            time.sleep(0.5)  # waiting (subscribed), its take and any check done
+            client = backend.client
+            pool = client.get_redis_connection(client.get_node_from_key(backend.key(name)))
+            with _busy_pool(pool.connection_pool, 3):
+                pass  # every one of the 3 free for callers
+            holder.release()
+            waiter.join(5)
+            assert got == [True]
+            backend.close()
+            locks["c2"].close()
