@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 
 import pytest
 from django.conf import settings
@@ -62,7 +63,11 @@ def _renewed_in_batches(alias: str, held: list[Lock]) -> None:
     # where taking the 1,000 locks spreads their due times over a whole period), not 6,000.
     print(f"1,000 holds, {periods:.0f} renewal periods: {trips} round trips")
     assert trips <= periods * 40, trips  # unbatched would be 6,000; loaded runs saw 123
-    assert all(each.fence is not None for each in held)
+    lost = [each for each in held if each.fence is None]
+    # Which part of the backend lost them (a Cluster's shard) and the renewals sent: a
+    # starved process sends few (CI: all 1,000 lost after 6), a shard's stall loses its own.
+    shards = Counter(str(backend.renewal_shard(each.name)) for each in lost)
+    assert not lost, f"{len(lost)} of 1,000 lost, by shard {dict(shards)}; {trips} round trips"
     sample = held[::100]
     assert all(each.owned() for each in sample)
     ttls = [each.ttl() for each in sample]
