@@ -571,9 +571,12 @@ class Renewer:
         :class:`ThreadRenewer` hands it to its notifier thread, off the renewal path."""
         declare()
 
-    def _renew(self, batch: Batch) -> None:
-        """Send one batch and settle it, whatever happens (an exception: no answer)."""
-        bucket, entries, renewals = batch
+    def _renew(self, batches: list[Batch]) -> None:
+        """Send batches of one worker in one round trip and settle each with its replies,
+        whatever happens (an exception: no answer). One settle cut short leaves the others
+        in flight for the heal."""
+        bucket = batches[0][0]
+        renewals = [renewal for batch in batches for renewal in batch[2]]
         started = time.monotonic()
         results: list[bool | None] | BaseException = RuntimeError("renewal interrupted")
         try:
@@ -584,7 +587,13 @@ class Renewer:
         except Exception as exc:
             results = self._failed(bucket, exc)
         finally:
-            self._settle(bucket, entries, results, started)
+            at = 0
+            for each, entries, sent in batches:
+                if isinstance(results, BaseException):
+                    self._settle(each, entries, results, started)
+                else:
+                    self._settle(each, entries, results[at : at + len(sent)], started)
+                at += len(sent)
 
     def _heal(self, thread: threading.Thread, queued: deque[Batch] | None = None) -> None:
         """After an exception in ``thread``: whatever it had taken (but still has ``queued``)
@@ -814,8 +823,15 @@ class ThreadRenewer(Renewer):
                                 worker.retired and not self._renews_on(worker.backend)
                             ):
                                 return  # idle: the next batch starts a new worker
-                        batch = worker.queue.popleft()
-                    self._renew(batch)
+                        # Those queued behind it go in the same round trip: holds taken
+                        # slowly (a loaded machine) spread over many small batches, and one
+                        # trip each fell behind their TTL. In flight (``flying``) from here.
+                        batches = [worker.queue.popleft()]
+                        size = len(batches[0][2])
+                        while worker.queue and size + len(worker.queue[0][2]) <= BATCH:
+                            size += len(worker.queue[0][2])
+                            batches.append(worker.queue.popleft())
+                    self._renew(batches)
                 except BaseException:  # a bug, or an asynchronous exception: carry on
                     logger.exception("redlock: a watchdog worker failed; going on")
                     self._heal(me, worker.queue)
