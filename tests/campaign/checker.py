@@ -746,8 +746,9 @@ class Timing:
       SLACK) after its call began or after the fault that silenced the server began,
       whichever is later (a blocking acquire: only when the server was silent from before
       the call to its error: a waiter asleep when the fault began learns of it at its next
-      try); ``call-hung``: a client still inside a call (its last event an acquire's start)
-      when the run ended, past the call's timeout plus 1.5 socket timeouts;
+      try; on Redlock, enough nodes to deny a quorum); ``call-hung``: a client still inside
+      a call (its last event an acquire's start) when the run ended, past the call's
+      timeout plus 1.5 socket timeouts;
     * ``handoff-slow``: in quiet time, a plain lock released (``rel_ok``) while another
       client's blocking acquire waited, and nobody took it within HANDOFF s (plus SLACK);
     * ``lost-on-healthy``: a hold reported lost (``lock_lost``) though its servers answered
@@ -825,7 +826,10 @@ class Timing:
                 since = hold.start
                 if hold.mode == "block":  # silent from before the call to its error
                     before = {id(f) for f in self._silent(since)}
-                    if not any(id(f) in before for f in self._silent(t)):
+                    through = [f for f in self._silent(t) if id(f) in before]
+                    # ... enough of them to deny a quorum: else the silence that ended the
+                    # wait began within it, at a moment the history does not say.
+                    if len({i for f in through for i in f.target}) < self.nodes - self.nodes // 2:
                         continue
             elif "since" in ev:
                 since = ev["since"]

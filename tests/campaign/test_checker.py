@@ -661,3 +661,18 @@ def test_a_redlock_hold_on_a_bare_majority_has_no_node_to_spare() -> None:
     h.events[2]["nodes"] = "01111"  # the faulted node not among them: nothing to excuse
     h.faults[-1] = dataclasses.replace(h.faults[-1], target=(0,))
     assert h.judge(nodes=5) == {"lost-on-healthy"}
+
+
+def test_a_redlock_waiter_s_error_is_timed_from_its_call_only_if_no_quorum_answered_then() -> None:
+    # Seed 1805 (redlock/plain): one node busy from before a blocking acquire to its error,
+    # which came 0.55 s after the call, 0.2 s after a PING that too few nodes answered: the
+    # other silence began within the wait, and no fault in the history says when.
+    h = History()
+    h.fault("busy", (3,), 1.0, 3.0)
+    h.ev(1.5, "c1", "acq", h=1, mode="block", timeout=3.0)
+    h.ev(2.2, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")
+    assert h.judge(nodes=5) == set()
+    h.fault("server_pause", (0, 1), 1.2, 3.0)  # a quorum denied from before the call
+    assert h.judge(nodes=5) == {"error-latency"}
+    h.faults[-1] = dataclasses.replace(h.faults[-1], target=(0,))  # two of five: not yet
+    assert h.judge(nodes=5) == set()
