@@ -746,13 +746,16 @@ class Timing:
       SLACK) after its call began or after the fault that silenced the server began,
       whichever is later (a blocking acquire: only when the server was silent from before
       the call to its error: a waiter asleep when the fault began learns of it at its next
-      try); ``call-hung``: a client still inside a call (its last event an acquire's start)
-      when the run ended, past the call's timeout plus 1.5 socket timeouts;
+      try; on Redlock, enough nodes to deny a quorum); ``call-hung``: a client still inside
+      a call (its last event an acquire's start) when the run ended, past the call's
+      timeout plus 1.5 socket timeouts;
     * ``handoff-slow``: in quiet time, a plain lock released (``rel_ok``) while another
       client's blocking acquire waited, and nobody took it within HANDOFF s (plus SLACK);
     * ``lost-on-healthy``: a hold reported lost (``lock_lost``) though its servers answered
       throughout (no fault on them, or on one Redlock node at most, from a TTL before its
-      acquire to the loss; its client not paused or interrupted meanwhile);
+      acquire to the loss; its client not paused or interrupted meanwhile). On Redlock the
+      faulted node must leave a majority of the nodes the hold was on at its acquire (the
+      check right after it): a hold granted by a bare majority has no node to spare;
     * ``round-trips``: on a quiet, healthy Redlock (its nodes' clocks skewed a few ms), a node
       served more than ROUND_TRIPS script calls per acquire and release (roundtrips.py).
 
@@ -823,7 +826,10 @@ class Timing:
                 since = hold.start
                 if hold.mode == "block":  # silent from before the call to its error
                     before = {id(f) for f in self._silent(since)}
-                    if not any(id(f) in before for f in self._silent(t)):
+                    through = [f for f in self._silent(t) if id(f) in before]
+                    # ... enough of them to deny a quorum: else the silence that ended the
+                    # wait began within it, at a moment the history does not say.
+                    if len({i for f in through for i in f.target}) < self.nodes - self.nodes // 2:
                         continue
             elif "since" in ev:
                 since = ev["since"]
@@ -948,6 +954,16 @@ class Timing:
     def lost_on_healthy(self) -> None:
         held = {(ev["c"], ev["h"]) for ev in self.events  # lost-but-held says it already
                 if ev["e"] == "check" and ev["when"] == "lost" and ev["found"] is True}  # fmt: skip
+        # Where each hold was at its acquire (the direct check right after it): a Redlock
+        # hold is granted by a majority, not by every node (a node still holding its last
+        # holder's key, or skipped by its breaker, refuses or is not asked), and a renewal
+        # never puts a missing copy back. A node that did not answer the check ("?") counts.
+        placed = {
+            (ev["c"], ev["h"]): {i for i, bit in enumerate(ev["nodes"]) if bit in "1?"}
+            for ev in self.events
+            if ev["e"] == "check" and ev["when"] == "acquired" and ev.get("nodes")
+        }
+        quorum = self.nodes // 2 + 1
         for h in self.holds.values():
             if h.outcome != "ok" or h.lost is None or h.end is None or h.key in held:
                 continue
@@ -960,6 +976,9 @@ class Timing:
             }
             if len(faulted) > (0 if self.nodes == 1 else 1):
                 continue
+            on = placed.get(h.key)
+            if self.nodes > 1 and on is not None and len(on - faulted) < quorum:
+                continue  # its own majority lost a node: what Redlock tolerates is spent
             if self._paused(h.client, a, b) or any(
                 a <= i <= b for i in self.interrupted.get(h.client, [])
             ):
@@ -970,7 +989,8 @@ class Timing:
                     h.lost,
                     f"{h.label()} was reported lost at"
                     f" {h.lost:.3f} (held since {h.end:.3f}), though its servers"
-                    f" answered throughout (faulted nodes: {sorted(faulted) or 'none'})",
+                    f" answered throughout (faulted nodes: {sorted(faulted) or 'none'};"
+                    f" placed on nodes {sorted(on) if on is not None else 'unknown'})",
                     {h.client},
                 )
             )

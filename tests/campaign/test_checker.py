@@ -641,3 +641,38 @@ def test_sentinel_a_waiter_s_stall_is_no_time_it_had_to_take_a_free_name() -> No
     assert _sentinel(holder + waiter + [short], faults) == ["waiter-starved"]
     held = (5.2, "c2", "stall", {"s": T0 + 5.0, "late": 0.2, "idle": 0.2})  # while it was held
     assert _sentinel(holder + waiter + [held, short], faults) == ["waiter-starved"]
+
+
+def test_a_redlock_hold_on_a_bare_majority_has_no_node_to_spare() -> None:
+    # Seed 1805 (redlock/plain): a hold granted by nodes 1-3 (0 and 4 refused: still holding
+    # the last holder's key, or skipped by their breaker), lost when node 3 restarted empty.
+    h = History()
+    h.hold("c1", 1, 5.0, 5.01, 1, 6.5)
+    h.events[2]["nodes"] = "01110"
+    h.ev(6.0, "c1", "lost", h=1, reason="expired", fence=1)
+    h.ev(6.0, "c1", "check", h=1, when="lost", found=False, t0=T0 + 6.0, t1=T0 + 6.0)
+    h.fault("server_restart", (3,), 5.9, 5.9)
+    assert h.judge(nodes=5) == set()
+    h.events[2]["nodes"] = "11110"  # a node to spare: its loss is still a finding
+    assert h.judge(nodes=5) == {"lost-on-healthy"}
+    assert "placed on nodes [0, 1, 2, 3]" in h.report.histories[0]
+    h.events[2]["nodes"] = "?1110"  # a node that did not answer the check may hold it
+    assert h.judge(nodes=5) == {"lost-on-healthy"}
+    h.events[2]["nodes"] = "01111"  # the faulted node not among them: nothing to excuse
+    h.faults[-1] = dataclasses.replace(h.faults[-1], target=(0,))
+    assert h.judge(nodes=5) == {"lost-on-healthy"}
+
+
+def test_a_redlock_waiter_s_error_is_timed_from_its_call_only_if_no_quorum_answered_then() -> None:
+    # Seed 1805 (redlock/plain): one node busy from before a blocking acquire to its error,
+    # which came 0.55 s after the call, 0.2 s after a PING that too few nodes answered: the
+    # other silence began within the wait, and no fault in the history says when.
+    h = History()
+    h.fault("busy", (3,), 1.0, 3.0)
+    h.ev(1.5, "c1", "acq", h=1, mode="block", timeout=3.0)
+    h.ev(2.2, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")
+    assert h.judge(nodes=5) == set()
+    h.fault("server_pause", (0, 1), 1.2, 3.0)  # a quorum denied from before the call
+    assert h.judge(nodes=5) == {"error-latency"}
+    h.faults[-1] = dataclasses.replace(h.faults[-1], target=(0,))  # two of five: not yet
+    assert h.judge(nodes=5) == set()
