@@ -1201,9 +1201,29 @@ def enter_block(lock: Held, where: With | None) -> Held:
             block.__exit__(type(exc), exc, exc.__traceback__)
         with contextlib.suppress(ValueError):
             _blocks().remove(block)
+        _release_unopened(lock)
+        raise
+
+
+def _release_unopened(lock: Held) -> None:
+    """The release of a block that never opened (nothing committed). Owed first (see owe): a
+    signal handler's ``Exception`` (a soft time limit) landing in it leaves the hold
+    ``releasing``, which no undo hands back: tried once more here, then raised; cut short
+    again, it stays owed. Only its level (a reentrant owner's outer ones are not this block's)."""
+    try:
+        depth: int | None = lock.current_hold()[1].depth
+    except LockError:
+        depth = None  # (not held: nothing owed)
+    debts = owe([lock], depth)
+    try:
         with contextlib.suppress(LockError):
             lock.release()
+    except Exception:
+        with contextlib.suppress(Exception):
+            _release(lock, depth)
         raise
+    finally:
+        paid(debts)
 
 
 def leave_block(
