@@ -468,6 +468,13 @@ def _fenced_steps(
             # transaction. Rolled back to the savepoint here, or, if it may have been
             # released already, the outer transaction marked for rollback.
             _undo_savepoint(using, outer_savepoints, scope)
+        if outermost and not misnested and _commit_answered(using):
+            _finish_autocommit(lock.describe(), using)  # its callbacks run: committed.done
+            if committed.done and isinstance(exc, Exception):
+                logger.warning("redlock: %s: its fenced transaction committed; then %s: %s as"
+                               " Django's exit ended (logged, not raised: the block returns)",
+                               lock.describe(), type(exc).__name__, exc)  # fmt: skip
+                return
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
@@ -642,6 +649,31 @@ def refuse_manual_commit(using: str, describe: str) -> None:
             " commits nothing, so a fenced transaction cannot end at a COMMIT; turn autocommit"
             " back on (or commit yourself, then use the lock without atomic=)"
         )
+
+
+def _commit_answered(using: str) -> bool:
+    """Whether Django's exit was cut short after its COMMIT answered, as it switched
+    autocommit back on: ``commit()`` returned (its flag for the ``on_commit`` callbacks is
+    set), Django not yet out of manual commit. The COMMIT is proved: no outcome check. No I/O."""
+    connection = connections[using]
+    return bool(
+        connection.connection is not None
+        and not connection.in_atomic_block
+        and not connection.autocommit
+        and connection.run_commit_hooks_on_set_autocommit_on
+    )
+
+
+def _finish_autocommit(describe: str, using: str) -> None:
+    """Django's cut step, done again: autocommit on (the driver's switch is idempotent), then
+    the ``on_commit`` callbacks, the block's marker first. An ``Exception`` from it (a
+    callback's, another time limit) is logged; if the callbacks never started, the lost-COMMIT
+    path settles the connection."""
+    try:
+        connections[using].set_autocommit(True)
+    except Exception:
+        logger.warning("redlock: %s: finishing Django's exit after its COMMIT answered raised",
+                       describe, exc_info=True)  # fmt: skip
 
 
 def _drop_unfinished(using: str) -> None:
