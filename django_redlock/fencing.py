@@ -455,10 +455,11 @@ def _fenced_steps(
             # Django's exit rolled back to the inner block's savepoint and kept the
             # transaction open: marked for rollback, the inner blocks' exits commit nothing.
             connections[using].needs_rollback = True
-        elif outermost and connections[using].in_atomic_block:
+        elif outermost and (connections[using].in_atomic_block or _begun_unknown(using)):
             # Django's enter or exit was cut short before it left the transaction (an
-            # exception from a signal handler on its first lines): no COMMIT was sent, and
-            # the transaction would stay open, the next block a savepoint of it.
+            # exception from a signal handler on its first lines), or its enter after the
+            # driver began one and before Django knew: no COMMIT was sent, and the
+            # transaction would stay open, the next block a savepoint of it.
             committed.pending = False
             _abandon(using)
             raise
@@ -742,7 +743,7 @@ def _drop_abandoned(using: str) -> None:
     if connection.in_atomic_block:  # left open by Django's exit cut short (or its enter)
         if not ours:
             return
-    elif connection.connection is None or connection.autocommit:
+    elif connection.connection is None or (connection.autocommit and not _begun_unknown(using)):
         return  # ended as Django's exit ends it
     # else Django's enter or exit was cut short between autocommit and the atomic block flag
     if not logged:
@@ -940,8 +941,33 @@ def _log_abandoned(using: str) -> bool:
 
 def _ended_clean(using: str) -> None:
     connection = connections[using]
-    if not connection.in_atomic_block and (connection.connection is None or connection.autocommit):
+    ended = connection.connection is None or connection.autocommit
+    if not connection.in_atomic_block and ended and not _begun_unknown(using):
         _opened().pop(using, None)
+
+
+def _begun_unknown(using: str) -> bool:
+    """Whether the driver is in a transaction (or out of autocommit) while Django believes
+    autocommit on, out of any atomic block: ``set_autocommit(False)`` runs the driver's step
+    (SQLite's ``BEGIN``, psycopg's ``autocommit = False``) before it stores Django's flag, and
+    an exception a signal handler raises between the two leaves a transaction nobody commits
+    (the thread's autocommit writes then run in it). Only the driver's state tells. No I/O."""
+    connection = connections[using]
+    raw = connection.connection
+    if raw is None or connection.in_atomic_block or not connection.autocommit:
+        return False
+    try:
+        if connection.vendor == "sqlite":
+            # Django keeps sqlite3 in its autocommit mode (isolation_level None) outside
+            # transactions, and opens them with an explicit BEGIN.
+            return bool(raw.in_transaction or raw.isolation_level is not None)
+        if connection.vendor == "postgresql":
+            info = getattr(raw, "info", None)  # psycopg 3
+            status = info.transaction_status if info is not None else raw.get_transaction_status()
+            return bool(not raw.autocommit or status in (2, 3))  # INTRANS, INERROR
+    except Exception:  # a closed driver connection: no transaction of ours in it
+        return False
+    return False
 
 
 def _opened() -> dict[str, tuple[weakref.ReferenceType[Any], _Committed]]:
