@@ -530,18 +530,26 @@ def _fenced_steps(
                 raise stopped from exc  # it said "stop": nothing committed, proven
             raise
         committed.done = True  # first: an exception from here on finds it committed
+        # Still pending on the connection (Django's exit cut short after the COMMIT, before
+        # it ran them): they run below. Else Django dropped them with the connection.
+        pending = _pending_hooks(using, committed)
         logger.warning(
-            "redlock: %s: the COMMIT of its fenced transaction did not answer (%s: %s), yet"
-            " the lock's row proves that it committed (its on_commit callbacks did not run)",
+            "redlock: %s: the COMMIT of its fenced transaction %s (%s: %s), yet the lock's row"
+            " proves that it committed%s",
             lock.describe(),
+            "did not answer" if isinstance(exc, DatabaseError) else "was cut short",
             type(exc).__name__,
             exc,
+            "" if pending else " (its on_commit callbacks did not run)",
         )
         if stopped is not None:  # committed: raising it would invite a retry (logged)
             logger.warning("redlock: %s: %s interrupted the outcome check of its fenced"
                            " transaction, asked again: it committed (logged, not raised)",
                            lock.describe(), type(stopped).__name__)  # fmt: skip
-        _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
+        if pending:
+            _run_pending(lock.describe(), using)  # before the release, as Django would
+        else:
+            _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
     finally:
         # First, on one line (see FencedTransaction), and again should it be cut short: a mark
         # left behind would be every later block's of the row on this thread (whose outcome
@@ -675,6 +683,24 @@ def _finish_autocommit(describe: str, using: str) -> None:
     except Exception:
         logger.warning("redlock: %s: finishing Django's exit after its COMMIT answered raised",
                        describe, exc_info=True)  # fmt: skip
+
+
+def _pending_hooks(using: str, committed: _Committed) -> bool:
+    """Whether the block's transaction's ``on_commit`` callbacks are still pending on its
+    connection, never run: its marker (registered first) among them. No I/O."""
+    connection = connections[using]
+    return not connection.in_atomic_block and any(
+        entry[1] is committed for entry in connection.run_on_commit
+    )
+
+
+def _run_pending(describe: str, using: str) -> None:
+    """Run them as Django would have after its COMMIT (an ``Exception`` from one logged)."""
+    try:
+        connections[using].run_and_clear_commit_hooks()
+    except Exception:
+        logger.exception("redlock: %s: a callback of its fenced transaction, proved committed,"
+                         " raised", describe)  # fmt: skip
 
 
 def _drop_unfinished(using: str) -> None:

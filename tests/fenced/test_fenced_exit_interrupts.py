@@ -346,6 +346,16 @@ def _cut_autocommit_on(frame: FrameType, event: str, arg: Any) -> Any:
     return _time_limit_on_return if called and frame.f_locals.get("autocommit") else None
 
 
+def _cut_commit_returned(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` as the driver's COMMIT (Django's ``_commit``) returns:
+    answered, and ``commit()`` has not marked the callbacks to run yet."""
+    called = event == "call" and frame.f_code.co_name == "_commit"
+    return _time_limit_on_return if called else None
+
+
+CUTS = {"autocommit on": _cut_autocommit_on, "COMMIT returned": _cut_commit_returned}
+
+
 def _time_limit_on_return(frame: FrameType, event: str, arg: Any) -> Any:
     if event == "return":
         sys.settrace(None)
@@ -353,10 +363,11 @@ def _time_limit_on_return(frame: FrameType, event: str, arg: Any) -> Any:
     return _time_limit_on_return
 
 
+@pytest.mark.parametrize("cut", list(CUTS))
 @pytest.mark.parametrize("using", ["default", PG])
 @pytest.mark.parametrize("form", ["with", "decorator"])
 def test_a_time_limit_after_the_commit_answered_runs_its_on_commit_callbacks(
-    name: str, using: str, form: str, caplog: pytest.LogCaptureFixture
+    name: str, using: str, form: str, cut: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A soft time limit as Django switches autocommit back on after a COMMIT that answered:
     committed, so the block returns, its ``on_commit`` callbacks run (before the release), the
@@ -367,7 +378,7 @@ def test_a_time_limit_after_the_commit_answered_runs_its_on_commit_callbacks(
     def body() -> str:
         sell_one(using, 1, "first")
         transaction.on_commit(lambda: ran.append(lock(name).locked()), using=using)
-        sys.settrace(_cut_autocommit_on)  # (the frames called from here on: the exit's)
+        sys.settrace(CUTS[cut])  # (the frames called from here on: the exit's)
         return "sold"
 
     try:
