@@ -662,13 +662,13 @@ def refuse_manual_commit(using: str, describe: str) -> None:
 
 def _commit_answered(using: str) -> bool:
     """Whether Django's exit was cut short after its COMMIT answered, as it switched
-    autocommit back on: ``commit()`` returned (its flag for the ``on_commit`` callbacks is
-    set), Django not yet out of manual commit. The COMMIT is proved: no outcome check. No I/O."""
+    autocommit back on (before or after storing it) or was about to run the ``on_commit``
+    callbacks: ``commit()`` returned (its flag for them is set, cleared once they ran). The
+    COMMIT is proved: no outcome check. No I/O."""
     connection = connections[using]
     return bool(
         connection.connection is not None
         and not connection.in_atomic_block
-        and not connection.autocommit
         and connection.run_commit_hooks_on_set_autocommit_on
     )
 

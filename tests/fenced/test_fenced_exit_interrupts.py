@@ -353,7 +353,20 @@ def _cut_commit_returned(frame: FrameType, event: str, arg: Any) -> Any:
     return _time_limit_on_return if called else None
 
 
-CUTS = {"autocommit on": _cut_autocommit_on, "COMMIT returned": _cut_commit_returned}
+def _cut_callbacks_about_to_run(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` as Django's loop over the callbacks begins (autocommit
+    stored on, nothing run)."""
+    if event == "call" and frame.f_code.co_name == "run_and_clear_commit_hooks":
+        sys.settrace(None)
+        raise TimeLimit("soft time limit")
+    return None
+
+
+CUTS = {
+    "autocommit on": _cut_autocommit_on,
+    "COMMIT returned": _cut_commit_returned,
+    "callbacks about to run": _cut_callbacks_about_to_run,
+}
 
 
 def _time_limit_on_return(frame: FrameType, event: str, arg: Any) -> Any:
