@@ -69,6 +69,7 @@ import contextlib
 import dis
 import functools
 import inspect
+import linecache
 import logging
 import secrets
 import sys
@@ -417,6 +418,7 @@ def _fenced_steps(
     seen = _open_block(row[1:], mark) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     proved_hooks: list[Callable[[], None]] = []
+    hooks: list[Any] | None = None  # the list Django's loop takes the callbacks from
     scope: _Scope | None = None
     try:
         atomic = transaction.atomic(using=using)
@@ -449,6 +451,7 @@ def _fenced_steps(
                 )
             refuse_unfinished(using, lock.describe())
             proved_hooks = _proved_hooks(using) if outermost else []  # this transaction's
+            hooks = connections[using].run_on_commit if outermost else None
             exiting = committed.pending = outermost  # from here on, only the COMMIT can fail
     except BaseException as exc:
         if misnested and connections[using].in_atomic_block:
@@ -469,9 +472,12 @@ def _fenced_steps(
             # transaction. Rolled back to the savepoint here, or, if it may have been
             # released already, the outer transaction marked for rollback.
             _undo_savepoint(using, outer_savepoints, scope)
+        if outermost and not misnested and isinstance(exc, Exception):
+            _run_rest(lock.describe(), using, hooks, exc)  # Django's loop cut: the rest run
         if outermost and not misnested and _commit_answered(using):
+            began = committed.done  # the callbacks had begun: one raised, or their loop cut
             _finish_autocommit(lock.describe(), using)  # its callbacks run: committed.done
-            if committed.done and isinstance(exc, Exception):
+            if committed.done and not began and isinstance(exc, Exception):
                 logger.warning("redlock: %s: its fenced transaction committed; then %s: %s as"
                                " Django's exit ended (logged, not raised: the block returns)",
                                lock.describe(), type(exc).__name__, exc)  # fmt: skip
@@ -701,6 +707,29 @@ def _run_pending(describe: str, using: str) -> None:
     except Exception:
         logger.exception("redlock: %s: a callback of its fenced transaction, proved committed,"
                          " raised", describe)  # fmt: skip
+
+
+def _run_rest(describe: str, using: str, hooks: list[Any] | None, exc: Exception) -> None:
+    """Run the callbacks Django's loop had not taken yet when ``exc`` (a signal handler's)
+    landed on one of the loop's own lines, after the COMMIT: their list, detached from the
+    connection, would have run. Not when it passed a callback's call (the callback raised:
+    Django drops the rest). An ``Exception`` from one: logged."""
+    if not hooks or hooks is connections[using].run_on_commit:
+        return  # none left, or not detached: the loop never began
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
+        tb = tb.tb_next
+    if tb is None:
+        return
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+    if not line.strip() or "func(" in line:
+        return
+    while hooks:
+        func = hooks.pop(0)[1]
+        try:
+            func()
+        except Exception:
+            logger.exception("redlock: %s: a callback of its fenced transaction raised", describe)
 
 
 def _drop_unfinished(using: str) -> None:

@@ -362,10 +362,31 @@ def _cut_callbacks_about_to_run(frame: FrameType, event: str, arg: Any) -> Any:
     return None
 
 
+def _cut_callbacks_loop(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` on the line of Django's loop over the callbacks as it goes
+    round again after the first (the block's own marker) ran: a line of the loop's own."""
+    if event != "call" or frame.f_code.co_name != "run_and_clear_commit_hooks":
+        return None
+    lines, first = inspect.getsourcelines(frame.f_code)
+    loop = first + next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
+    seen: list[int] = []
+
+    def line(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == loop:
+            seen.append(loop)
+            if len(seen) == 2:
+                sys.settrace(None)
+                raise TimeLimit("soft time limit")
+        return line
+
+    return line
+
+
 CUTS = {
     "autocommit on": _cut_autocommit_on,
     "COMMIT returned": _cut_commit_returned,
     "callbacks about to run": _cut_callbacks_about_to_run,
+    "callbacks' loop": _cut_callbacks_loop,
 }
 
 
