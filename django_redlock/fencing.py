@@ -69,6 +69,7 @@ import contextlib
 import dis
 import functools
 import inspect
+import linecache
 import logging
 import secrets
 import sys
@@ -417,6 +418,7 @@ def _fenced_steps(
     seen = _open_block(row[1:], mark) if own_mark else None
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     proved_hooks: list[Callable[[], None]] = []
+    hooks: list[Any] | None = None  # the list Django's loop takes the callbacks from
     scope: _Scope | None = None
     try:
         atomic = transaction.atomic(using=using)
@@ -449,16 +451,18 @@ def _fenced_steps(
                 )
             refuse_unfinished(using, lock.describe())
             proved_hooks = _proved_hooks(using) if outermost else []  # this transaction's
+            hooks = connections[using].run_on_commit if outermost else None
             exiting = committed.pending = outermost  # from here on, only the COMMIT can fail
     except BaseException as exc:
         if misnested and connections[using].in_atomic_block:
             # Django's exit rolled back to the inner block's savepoint and kept the
             # transaction open: marked for rollback, the inner blocks' exits commit nothing.
             connections[using].needs_rollback = True
-        elif outermost and connections[using].in_atomic_block:
+        elif outermost and (connections[using].in_atomic_block or _begun_unknown(using)):
             # Django's enter or exit was cut short before it left the transaction (an
-            # exception from a signal handler on its first lines): no COMMIT was sent, and
-            # the transaction would stay open, the next block a savepoint of it.
+            # exception from a signal handler on its first lines), or its enter after the
+            # driver began one and before Django knew: no COMMIT was sent, and the
+            # transaction would stay open, the next block a savepoint of it.
             committed.pending = False
             _abandon(using)
             raise
@@ -468,6 +472,16 @@ def _fenced_steps(
             # transaction. Rolled back to the savepoint here, or, if it may have been
             # released already, the outer transaction marked for rollback.
             _undo_savepoint(using, outer_savepoints, scope)
+        if outermost and not misnested and isinstance(exc, Exception):
+            _run_rest(lock.describe(), using, hooks, exc)  # Django's loop cut: the rest run
+        if outermost and not misnested and _commit_answered(using):
+            began = committed.done  # the callbacks had begun: one raised, or their loop cut
+            _finish_autocommit(lock.describe(), using)  # its callbacks run: committed.done
+            if committed.done and not began and isinstance(exc, Exception):
+                logger.warning("redlock: %s: its fenced transaction committed; then %s: %s as"
+                               " Django's exit ended (logged, not raised: the block returns)",
+                               lock.describe(), type(exc).__name__, exc)  # fmt: skip
+                return
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
@@ -522,18 +536,26 @@ def _fenced_steps(
                 raise stopped from exc  # it said "stop": nothing committed, proven
             raise
         committed.done = True  # first: an exception from here on finds it committed
+        # Still pending on the connection (Django's exit cut short after the COMMIT, before
+        # it ran them): they run below. Else Django dropped them with the connection.
+        pending = _pending_hooks(using, committed)
         logger.warning(
-            "redlock: %s: the COMMIT of its fenced transaction did not answer (%s: %s), yet"
-            " the lock's row proves that it committed (its on_commit callbacks did not run)",
+            "redlock: %s: the COMMIT of its fenced transaction %s (%s: %s), yet the lock's row"
+            " proves that it committed%s",
             lock.describe(),
+            "did not answer" if isinstance(exc, DatabaseError) else "was cut short",
             type(exc).__name__,
             exc,
+            "" if pending else " (its on_commit callbacks did not run)",
         )
         if stopped is not None:  # committed: raising it would invite a retry (logged)
             logger.warning("redlock: %s: %s interrupted the outcome check of its fenced"
                            " transaction, asked again: it committed (logged, not raised)",
                            lock.describe(), type(stopped).__name__)  # fmt: skip
-        _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
+        if pending:
+            _run_pending(lock.describe(), using)  # before the release, as Django would
+        else:
+            _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
     finally:
         # First, on one line (see FencedTransaction), and again should it be cut short: a mark
         # left behind would be every later block's of the row on this thread (whose outcome
@@ -644,6 +666,72 @@ def refuse_manual_commit(using: str, describe: str) -> None:
         )
 
 
+def _commit_answered(using: str) -> bool:
+    """Whether Django's exit was cut short after its COMMIT answered, as it switched
+    autocommit back on (before or after storing it) or was about to run the ``on_commit``
+    callbacks: ``commit()`` returned (its flag for them is set, cleared once they ran). The
+    COMMIT is proved: no outcome check. No I/O."""
+    connection = connections[using]
+    return bool(
+        connection.connection is not None
+        and not connection.in_atomic_block
+        and connection.run_commit_hooks_on_set_autocommit_on
+    )
+
+
+def _finish_autocommit(describe: str, using: str) -> None:
+    """Django's cut step, done again: autocommit on (the driver's switch is idempotent), then
+    the ``on_commit`` callbacks, the block's marker first. An ``Exception`` from it (a
+    callback's, another time limit) is logged; if the callbacks never started, the lost-COMMIT
+    path settles the connection."""
+    try:
+        connections[using].set_autocommit(True)
+    except Exception:
+        logger.warning("redlock: %s: finishing Django's exit after its COMMIT answered raised",
+                       describe, exc_info=True)  # fmt: skip
+
+
+def _pending_hooks(using: str, committed: _Committed) -> bool:
+    """Whether the block's transaction's ``on_commit`` callbacks are still pending on its
+    connection, never run: its marker (registered first) among them. No I/O."""
+    connection = connections[using]
+    return not connection.in_atomic_block and any(
+        entry[1] is committed for entry in connection.run_on_commit
+    )
+
+
+def _run_pending(describe: str, using: str) -> None:
+    """Run them as Django would have after its COMMIT (an ``Exception`` from one logged)."""
+    try:
+        connections[using].run_and_clear_commit_hooks()
+    except Exception:
+        logger.exception("redlock: %s: a callback of its fenced transaction, proved committed,"
+                         " raised", describe)  # fmt: skip
+
+
+def _run_rest(describe: str, using: str, hooks: list[Any] | None, exc: Exception) -> None:
+    """Run the callbacks Django's loop had not taken yet when ``exc`` (a signal handler's)
+    landed on one of the loop's own lines, after the COMMIT: their list, detached from the
+    connection, would have run. Not when it passed a callback's call (the callback raised:
+    Django drops the rest). An ``Exception`` from one: logged."""
+    if not hooks or hooks is connections[using].run_on_commit:
+        return  # none left, or not detached: the loop never began
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
+        tb = tb.tb_next
+    if tb is None:
+        return
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+    if not line.strip() or "func(" in line:
+        return
+    while hooks:
+        func = hooks.pop(0)[1]
+        try:
+            func()
+        except Exception:
+            logger.exception("redlock: %s: a callback of its fenced transaction raised", describe)
+
+
 def _drop_unfinished(using: str) -> None:
     """Close the connection when the COMMIT's exit left it unfinished: an exception while
     the reply was awaited leaves the driver mid-COMMIT and Django with autocommit off, and
@@ -710,7 +798,7 @@ def _drop_abandoned(using: str) -> None:
     if connection.in_atomic_block:  # left open by Django's exit cut short (or its enter)
         if not ours:
             return
-    elif connection.connection is None or connection.autocommit:
+    elif connection.connection is None or (connection.autocommit and not _begun_unknown(using)):
         return  # ended as Django's exit ends it
     # else Django's enter or exit was cut short between autocommit and the atomic block flag
     if not logged:
@@ -908,8 +996,33 @@ def _log_abandoned(using: str) -> bool:
 
 def _ended_clean(using: str) -> None:
     connection = connections[using]
-    if not connection.in_atomic_block and (connection.connection is None or connection.autocommit):
+    ended = connection.connection is None or connection.autocommit
+    if not connection.in_atomic_block and ended and not _begun_unknown(using):
         _opened().pop(using, None)
+
+
+def _begun_unknown(using: str) -> bool:
+    """Whether the driver is in a transaction (or out of autocommit) while Django believes
+    autocommit on, out of any atomic block: ``set_autocommit(False)`` runs the driver's step
+    (SQLite's ``BEGIN``, psycopg's ``autocommit = False``) before it stores Django's flag, and
+    an exception a signal handler raises between the two leaves a transaction nobody commits
+    (the thread's autocommit writes then run in it). Only the driver's state tells. No I/O."""
+    connection = connections[using]
+    raw = connection.connection
+    if raw is None or connection.in_atomic_block or not connection.autocommit:
+        return False
+    try:
+        if connection.vendor == "sqlite":
+            # Django keeps sqlite3 in its autocommit mode (isolation_level None) outside
+            # transactions, and opens them with an explicit BEGIN.
+            return bool(raw.in_transaction or raw.isolation_level is not None)
+        if connection.vendor == "postgresql":
+            info = getattr(raw, "info", None)  # psycopg 3
+            status = info.transaction_status if info is not None else raw.get_transaction_status()
+            return bool(not raw.autocommit or status in (2, 3))  # INTRANS, INERROR
+    except Exception:  # a closed driver connection: no transaction of ours in it
+        return False
+    return False
 
 
 def _opened() -> dict[str, tuple[weakref.ReferenceType[Any], _Committed]]:
@@ -1201,9 +1314,29 @@ def enter_block(lock: Held, where: With | None) -> Held:
             block.__exit__(type(exc), exc, exc.__traceback__)
         with contextlib.suppress(ValueError):
             _blocks().remove(block)
+        _release_unopened(lock)
+        raise
+
+
+def _release_unopened(lock: Held) -> None:
+    """The release of a block that never opened (nothing committed). Owed first (see owe): a
+    signal handler's ``Exception`` (a soft time limit) landing in it leaves the hold
+    ``releasing``, which no undo hands back: tried once more here, then raised; cut short
+    again, it stays owed. Only its level (a reentrant owner's outer ones are not this block's)."""
+    try:
+        depth: int | None = lock.current_hold()[1].depth
+    except LockError:
+        depth = None  # (not held: nothing owed)
+    debts = owe([lock], depth)
+    try:
         with contextlib.suppress(LockError):
             lock.release()
+    except Exception:
+        with contextlib.suppress(Exception):
+            _release(lock, depth)
         raise
+    finally:
+        paid(debts)
 
 
 def leave_block(

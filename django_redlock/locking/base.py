@@ -1386,10 +1386,14 @@ class BaseLock:
                     refuse_generator_result(result, func, decorator)
             except Exception as error:
                 # A signal handler's exception once the exit returned committed (CPython runs
-                # it on the ``with`` line): returning, as the exit would have.
-                if not fencing.left_committed(held):
-                    raise
-                fencing.log_after_exit(held.describe(), error)
+                # it on the ``with`` line): returning, as the exit would have. A second one
+                # here (a burst), on the call's first line: asked again, logged or not.
+                try: left = fencing.left_committed(held)  # noqa: E701  # fmt: skip
+                except Exception: left = fencing.left_committed(held)  # noqa: E701  # fmt: skip
+                if not left:
+                    raise error
+                try: fencing.log_after_exit(held.describe(), error)  # noqa: E701, SIM105  # fmt: skip
+                except Exception: pass  # noqa: E701  # fmt: skip
             return result
 
         return cast(F, locked_call)

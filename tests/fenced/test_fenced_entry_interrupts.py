@@ -434,3 +434,62 @@ def test_an_exception_right_after_lock_view_s_block_opened_rolls_it_back(name: s
     if left_open:  # so that the next test starts clean
         fencing._abandon(PG)  # type: ignore[attr-defined]
     assert not left_open and not lock(name).locked() and sales(PG) == []
+
+
+def _cut_driver_begin(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` as the driver's step of Django's ``set_autocommit(False)``
+    returns (SQLite's ``BEGIN``, psycopg's ``autocommit = False``), before Django stores
+    ``autocommit = False``: the driver is in a transaction Django does not know about."""
+    if event != "call":
+        return None
+    code = frame.f_code.co_name
+    begin = code == "_start_transaction_under_autocommit" or (
+        code == "_set_autocommit" and frame.f_locals.get("autocommit") is False
+    )
+    return _time_limit_on_return if begin else None
+
+
+def _time_limit_on_return(frame: FrameType, event: str, arg: Any) -> Any:
+    if event == "return":
+        sys.settrace(None)
+        raise TimeLimit("soft time limit")
+    return _time_limit_on_return
+
+
+def _driver_in_transaction(using: str) -> bool:
+    raw = connections[using].connection
+    if raw is None:
+        return False
+    if connections[using].vendor == "sqlite":
+        return bool(raw.in_transaction or raw.isolation_level is not None)
+    return bool(not raw.autocommit or raw.info.transaction_status != 0)
+
+
+@pytest.mark.parametrize("using", ["default", PG])
+@pytest.mark.parametrize("form", ["with lock", "decorator"])
+def test_an_interrupt_as_the_driver_began_the_block_s_transaction_rolls_it_back(
+    name: str, using: str, form: str
+) -> None:
+    """Django's ``Atomic.__enter__`` cut between the driver's switch out of autocommit and its
+    own flag: Django believes autocommit on, the driver is in a transaction. Rolled back as
+    the exception leaves: no transaction left open that nobody commits (the thread's later
+    autocommit writes, and its next fenced block, would run in it)."""
+    open_shop(using, 1, 100)
+    sys.settrace(_cut_driver_begin)
+    try:
+        with pytest.raises(TimeLimit):
+            if form == "with lock":
+                with lock(name, ttl=30, atomic=using):
+                    pytest.fail("the body ran")
+            else:
+                lock(name, ttl=30, atomic=using)(lambda: pytest.fail("the body ran"))()
+    finally:
+        sys.settrace(None)
+    assert not _driver_in_transaction(using) and connections[using].autocommit
+    assert not lock(name).locked()
+    sell_one(using, 1, "autocommit")  # committed as it runs: no transaction holds it
+    assert not _driver_in_transaction(using)
+    with lock(name, ttl=30, atomic=using):
+        sell_one(using, 1, "next")
+    assert [who for who, _ in sales(using)] == ["autocommit", "next"]
+    assert not _driver_in_transaction(using)

@@ -336,3 +336,98 @@ def test_an_exception_on_any_line_of_the_ended_marks_record_leaves_no_lock_held(
         in_thread(name, f"cut at {at}", tracer_at(at, []))
         assert not lock(name).locked()
         assert in_thread(f"{name}:other", f"after {at}", None) == ["returned"]
+
+
+def _cut_autocommit_on(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` as the driver's switch back to autocommit returns (Django's
+    ``set_autocommit(True)`` in ``Atomic.__exit__``, after the COMMIT answered): Django has
+    not stored ``autocommit = True`` nor run the ``on_commit`` callbacks yet."""
+    called = event == "call" and frame.f_code.co_name == "_set_autocommit"
+    return _time_limit_on_return if called and frame.f_locals.get("autocommit") else None
+
+
+def _cut_commit_returned(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` as the driver's COMMIT (Django's ``_commit``) returns:
+    answered, and ``commit()`` has not marked the callbacks to run yet."""
+    called = event == "call" and frame.f_code.co_name == "_commit"
+    return _time_limit_on_return if called else None
+
+
+def _cut_callbacks_about_to_run(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` as Django's loop over the callbacks begins (autocommit
+    stored on, nothing run)."""
+    if event == "call" and frame.f_code.co_name == "run_and_clear_commit_hooks":
+        sys.settrace(None)
+        raise TimeLimit("soft time limit")
+    return None
+
+
+def _cut_callbacks_loop(frame: FrameType, event: str, arg: Any) -> Any:
+    """Trace function: ``TimeLimit`` on the line of Django's loop over the callbacks as it goes
+    round again after the first (the block's own marker) ran: a line of the loop's own."""
+    if event != "call" or frame.f_code.co_name != "run_and_clear_commit_hooks":
+        return None
+    lines, first = inspect.getsourcelines(frame.f_code)
+    loop = first + next(i for i, line in enumerate(lines) if line.lstrip().startswith("while "))
+    seen: list[int] = []
+
+    def line(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == loop:
+            seen.append(loop)
+            if len(seen) == 2:
+                sys.settrace(None)
+                raise TimeLimit("soft time limit")
+        return line
+
+    return line
+
+
+CUTS = {
+    "autocommit on": _cut_autocommit_on,
+    "COMMIT returned": _cut_commit_returned,
+    "callbacks about to run": _cut_callbacks_about_to_run,
+    "callbacks' loop": _cut_callbacks_loop,
+}
+
+
+def _time_limit_on_return(frame: FrameType, event: str, arg: Any) -> Any:
+    if event == "return":
+        sys.settrace(None)
+        raise TimeLimit("soft time limit")
+    return _time_limit_on_return
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+@pytest.mark.parametrize("using", ["default", PG])
+@pytest.mark.parametrize("form", ["with", "decorator"])
+def test_a_time_limit_after_the_commit_answered_runs_its_on_commit_callbacks(
+    name: str, using: str, form: str, cut: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A soft time limit as Django switches autocommit back on after a COMMIT that answered:
+    committed, so the block returns, its ``on_commit`` callbacks run (before the release), the
+    log does not say the COMMIT went unanswered, and the connection is left usable."""
+    open_shop(using, 1, 10)
+    ran: list[bool] = []
+
+    def body() -> str:
+        sell_one(using, 1, "first")
+        transaction.on_commit(lambda: ran.append(lock(name).locked()), using=using)
+        sys.settrace(CUTS[cut])  # (the frames called from here on: the exit's)
+        return "sold"
+
+    try:
+        if form == "with":
+            with lock(name, ttl=30, atomic=using):
+                out = body()
+        else:
+            out = lock(name, ttl=30, atomic=using)(body)()
+    finally:
+        sys.settrace(None)
+    assert out == "sold" and ran == [True]  # run once, before the release
+    assert not lock(name).locked()
+    assert "did not answer" not in caplog.text
+    connection = connections[using]
+    assert connection.autocommit and not connection.in_atomic_block
+    with lock(name, ttl=30, atomic=using):
+        sell_one(using, 1, "next")
+    assert [who for who, _ in sales(using)] == ["first", "next"]

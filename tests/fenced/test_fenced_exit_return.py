@@ -165,3 +165,30 @@ def test_a_user_s_with_raises_after_its_exit_returned_committed_as_documented(
         held.release()
     assert [who for who, _ in sales(DB)] == ["body"]  # committed
     assert not lock(name).locked()
+
+
+def _second_in_the_except_clause(frame: FrameType, event: str, arg: Any) -> Any:
+    """Profile function (a trace function that raised is unset): a second ``TimeLimit`` as
+    the decorator's ``except`` clause asks whether the block left committed (a burst)."""
+    if event == "call" and frame.f_code is fencing.left_committed.__code__:
+        sys.setprofile(None)
+        raise TimeLimit("a second soft time limit, in the except clause")
+
+
+@pytest.mark.parametrize("form", ["@lock", "@write", "@lock_all"])
+def test_a_decorated_call_returns_when_a_second_signal_lands_in_its_except_clause(
+    name: str, form: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A burst of two: the first on the ``with`` line after the exit returned committed, the
+    second as the ``except`` clause looks at it. Committed and released: the call returns."""
+    open_shop(DB, 1, 10)
+    sys.setprofile(_second_in_the_except_clause)
+    try:
+        outcome, tracer = _traced(_decorated(form, name))
+    finally:
+        sys.setprofile(None)
+    assert tracer.fired, "the tracer never reached the with line after the exit"
+    assert [who for who, _ in sales(DB)] == ["body"]  # committed
+    assert not lock(name).locked()
+    assert outcome == "result", "the call raised after its block committed and was released"
+    assert "committed; then TimeLimit" in caplog.text

@@ -40,6 +40,7 @@ from django_redlock import (
     single_instance,
 )
 from django_redlock.fence_table import row_key
+from django_redlock.locking.base import BaseLock
 from django_redlock.models import Fence
 
 from ..support.fenced_child import open_shop, sales, sell_one
@@ -466,6 +467,56 @@ def test_a_stale_fence_releases_and_commits_nothing(name: str) -> None:
     Fence.objects.filter(key=row_key("default", name)).update(fence=2**62)
     with pytest.raises(StaleFence), lock(name, ttl=30, atomic=True):
         pytest.fail("the body ran")
+    assert not lock(name).locked()
+
+
+class SoftTimeLimit(Exception):
+    """Celery's soft time limit: an ``Exception`` a signal handler raises."""
+
+
+def _cut_first_release_send(backend: Any) -> Callable[[Any, str, Any], Any]:
+    """A tracer raising :class:`SoftTimeLimit` as the first release sends its command (as a
+    signal landing while it waits for Redis: the outcome unknown, the hold ``releasing``)."""
+    execute, release = type(backend).execute.__code__, BaseLock.release.__code__
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is execute:
+            up = frame.f_back
+            while up is not None and up.f_code is not release:
+                up = up.f_back
+            if up is not None:
+                sys.settrace(None)
+                raise SoftTimeLimit("soft time limit")
+        return None
+
+    return tracer
+
+
+@pytest.mark.parametrize("form", ["with", "decorator"])
+def test_a_time_limit_during_a_failed_opening_s_release_leaves_nothing_held(
+    name: str, form: str
+) -> None:
+    """The opening fails (a stale fence: nothing committed), and a soft time limit lands
+    during the library's own release of the lock: released all the same (tried once more),
+    not held by nobody until its TTL."""
+    with lock(name, atomic=True):
+        pass
+    Fence.objects.filter(key=row_key("default", name)).update(fence=2**62)
+    held = lock(name, ttl=30, atomic=True)
+
+    def call() -> None:
+        if form == "with":
+            with held:
+                pytest.fail("the body ran")
+        else:
+            held(lambda: pytest.fail("the body ran"))()
+
+    sys.settrace(_cut_first_release_send(held.backend))
+    try:
+        with pytest.raises(SoftTimeLimit):
+            call()
+    finally:
+        sys.settrace(None)
     assert not lock(name).locked()
 
 
