@@ -130,7 +130,7 @@ local function queue_took(queue, deadlines, waiter, inbox)
     end
     ids[at + 1] = after
   end
-  stand_down(inbox, ids, waiter)
+  stand_down(inbox, ids)
 end
 
 -- A waiter with a lease on its place: `set` maps waiter -> deadline (server ms); the set

@@ -59,12 +59,12 @@ local function stand_by(inbox, waiter, ms)
   return publish(inbox, waiter, waiter .. '|s' .. (ms or HAND_OFF_MS))
 end
 
--- Tell those a release may have told to stand by (the two first, the woken one's next among
--- them, and the first waiter of each process) to stand down, `ids` in line order: the
--- taker's process is live, its others were not told. One message per process, as the
--- stand-bys were: a taken hand-off costs no try more.
-local function stand_down(inbox, ids, taker)
-  local seen = {[process_of(taker)] = true}
+-- Tell those a release may have told to stand by (the two first, and the first waiter of
+-- each process: the taker's own too, the woken one's next, told at any place) to stand
+-- down, `ids` in line order. One message per process, as the stand-bys were: a taken
+-- hand-off costs no try more.
+local function stand_down(inbox, ids)
+  local seen = {}
   for i, id in ipairs(ids) do
     local process = process_of(id)
     if i <= 2 or not seen[process] then
@@ -80,7 +80,7 @@ end
 local function wait_took(waiting, waiter, inbox, popped)
   local left = redis.call('ZREM', waiting, waiter) == 1
   if (left or popped) and inbox and inbox ~= '' then
-    stand_down(inbox, redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1), waiter)
+    stand_down(inbox, redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1))
   end
 end
 

@@ -138,3 +138,85 @@ def test_each_paused_process_in_line_costs_one_hand_off_delay(name: str, kind: s
     lag = got[0] - released
     assert 1.3 < lag < 2.5, lag  # three hand-off delays and a margin; the TTL was 20 s
     live.release()
+
+
+def _paused_processes(*processes: str) -> Any:
+    """Subscribers to these processes' inboxes that never read: SIGSTOPped processes' sockets
+    (every message to them counts as heard)."""
+    backend = locks["redis"]
+    pubsub = backend.client.pubsub()  # type: ignore[attr-defined]
+    pubsub.subscribe(*(f"{backend.inbox_prefix}{process}" for process in processes))
+    confirmed = 0
+    until = time.monotonic() + 5
+    while confirmed < len(processes):  # the confirmations; nothing read after
+        assert time.monotonic() < until, "never subscribed"
+        confirmed += pubsub.get_message(timeout=0.1) is not None
+    return pubsub
+
+
+def _queue_up(name: str, kind: str, ids: list[str]) -> None:
+    """Put ``ids`` in line behind whoever waits already, as their tries would have."""
+    backend = locks["redis"]
+    client = backend.client  # type: ignore[attr-defined]
+    if kind == "fair":
+        client.rpush(backend.queue_key(name), *ids)
+        until_ms = int(time.time() * 1000) + 20_000
+        client.zadd(backend.deadlines_key(name), dict.fromkeys(ids, until_ms))
+        return
+    waiting = backend.waiting_key(name)
+    last = client.zrange(waiting, -1, -1, withscores=True)
+    start = last[0][1] if last else time.time() * 1000
+    client.zadd(waiting, {waiter: start + 0.001 * (i + 1) for i, waiter in enumerate(ids)})
+
+
+def _evalsha_calls() -> int:
+    stats = locks["redis"].client.info("commandstats")  # type: ignore[attr-defined]
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def _live_waiter(name: str, kind: str, timeout: float, got: list[float]) -> tuple[Any, Any]:
+    live = _one(name, kind)
+
+    def wait() -> None:
+        if live.acquire(timeout=timeout):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return live, thread
+
+
+@pytest.mark.parametrize("kind", ["plain", "fair"])
+def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind: str) -> None:
+    """Line: A (this process), B and C (two other processes), D (this process). The release
+    wakes A and tells B, C and D (A's process's next) to stand by; A takes at once, and its
+    take stands all three down: no try runs after it (D's timer used to fire at 500 ms)."""
+    pubsub = _paused_processes("standdownB", "standdownC")
+    holder = _one(name, kind)
+    for _ in range(2):  # the release script loaded: its first call counts its NOSCRIPT too
+        assert holder.acquire(blocking=False)
+        holder.release()
+    assert holder.acquire(blocking=False)
+    got: list[float] = []
+    first, first_thread = _live_waiter(name, kind, 5, got)
+    _wait_for_waiters(name, 1)
+    _queue_up(name, kind, ["standdownB.1", "standdownC.1"])
+    last, last_thread = _live_waiter(name, kind, 3, [])
+    try:
+        _wait_for_waiters(name, 4)
+        time.sleep(0.1)  # all asleep on the holder's TTL
+        before = _evalsha_calls()
+        holder.release()
+        first_thread.join(3)
+        assert got, "A never took the lock"
+        time.sleep(1.2)  # past D's stand-by (500 ms) and C's (1 s)
+        scripts = _evalsha_calls() - before
+        assert scripts == 2, f"{scripts} scripts: the release, A's take, and spurious tries"
+    finally:
+        if got:
+            first.release()
+        first_thread.join(5)
+        last_thread.join(5)
+        if last.owned():
+            last.release()
+        pubsub.close()
