@@ -59,8 +59,9 @@ end
 -- next told): a paused process counts as hearing for all its waiters, and the live waiter
 -- behind them would sleep on. Then the head's deadline is marked HANDED: its process's
 -- waiters right behind it are dropped with it, and the next head's turn is bounded in turn
--- (queue_prune).
-local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
+-- (queue_prune). `waiting`: the name's plain waiters' set; a plain waiter registered there
+-- waits behind the head too, so the bound holds with nobody queued behind it.
+local function queue_wake_head(queue, deadlines, inbox, hand_off, now, waiting)
   local head
   for _ = 1, PRUNE_MAX do
     head = redis.call('LINDEX', queue, 0)
@@ -105,7 +106,8 @@ local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
       end
     end
   end
-  if not redis.call('LINDEX', queue, 1) then
+  local plain = waiting and redis.call('EXISTS', waiting) == 1
+  if not plain and not redis.call('LINDEX', queue, 1) then
     return head -- nobody behind it any more
   end
   local soon = now + HAND_OFF_MS
@@ -162,6 +164,6 @@ local function lock_wake(waiting, queue, deadlines, inbox)
   if redis.call('EXISTS', queue) == 1 then
     local now = now_ms()
     queue_prune(queue, deadlines, now)
-    queue_wake_head(queue, deadlines, inbox, true, now)
+    queue_wake_head(queue, deadlines, inbox, true, now, waiting)
   end
 end

@@ -220,3 +220,28 @@ def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind
         if last.owned():
             last.release()
         pubsub.close()
+
+
+def test_a_plain_waiter_behind_a_paused_fair_head_waits_one_hand_off(name: str) -> None:
+    """A name with a fair queue: its head (a paused process) and a live plain waiter. The
+    release wakes both; the plain one, refused behind the head, sleeps to the head's turn: it
+    comes down to 500 ms after the release (the bound holds for plain waiters registered on
+    the name too), not the head's whole lease (20 s)."""
+    pubsub = _paused_processes("fairhead")
+    holder = _one(name, "fair")
+    assert holder.acquire(blocking=False)
+    _queue_up(name, "fair", ["fairhead.1"])
+    got: list[float] = []
+    live, thread = _live_waiter(name, "plain", 4, got)
+    try:
+        _wait_for_waiters(name, 2)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(6)
+    finally:
+        pubsub.close()
+    assert got, "the plain waiter never got the free lock (it slept to the head's deadline)"
+    lag = got[0] - released
+    assert 0.3 < lag < 1.5, lag  # one hand-off delay and a margin
+    live.release()
