@@ -245,3 +245,50 @@ def test_a_plain_waiter_behind_a_paused_fair_head_waits_one_hand_off(name: str) 
     lag = got[0] - released
     assert 0.3 < lag < 1.5, lag  # one hand-off delay and a margin
     live.release()
+
+
+def test_a_fair_waiter_behind_more_dead_waiters_than_a_call_prunes_gets_the_lock(
+    name: str,
+) -> None:
+    """120 waiters of a killed process (no subscriber: each wake-up counts 0) queue ahead of a
+    live one. The release drops 100 (a call's cap) and still hands off past the rest: the
+    live waiter takes within a hand-off, not at its hint (the dead head's deadline, 20 s)."""
+    holder = _one(name, "fair")
+    assert holder.acquire(blocking=False)
+    _queue_up(name, "fair", [f"deadcrowd.{i}" for i in range(120)])
+    got: list[float] = []
+    live, thread = _live_waiter(name, "fair", 3, got)
+    _wait_for_waiters(name, 121)
+    time.sleep(0.1)  # asleep on the dead head's deadline
+    released = time.monotonic()
+    holder.release()
+    thread.join(5)
+    assert got, "the live waiter never got the free lock (it slept to its hint)"
+    assert got[0] - released < 0.4, got[0] - released  # at once, not a hand-off later
+    live.release()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_paused_process_with_many_waiters_first_costs_one_hand_off(name: str, kind: str) -> None:
+    """40 waiters of one paused process first in line (more than the 32 a release looks at
+    past the first), a live waiter behind them: the release skips the paused process's own
+    waiters when it looks for the next process to tell, so the live one gets the lock one
+    hand-off after the release, not at its hint (the hold's TTL, 20 s)."""
+    pubsub = _paused_processes("pausedcrowd")
+    holder = _one(name, kind)
+    assert holder.acquire(blocking=False)
+    _queue_up(name, kind, [f"pausedcrowd.{i}" for i in range(40)])
+    got: list[float] = []
+    live, thread = _live_waiter(name, kind, 4, got)
+    try:
+        _wait_for_waiters(name, 41)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(6)
+    finally:
+        pubsub.close()
+    assert got, "the live waiter never got the free lock (it slept to its hint)"
+    lag = got[0] - released
+    assert 0.3 < lag < 1.5, lag  # one hand-off delay and a margin
+    live.release()
