@@ -43,6 +43,13 @@ local function queue_prune(queue, deadlines, now, trier)
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, head)
   end
+  -- The cap: a head of a missed process left for the next call has missed its turn too, so
+  -- its deadline is passed now (the trier's hint is 0: it goes on at once, not at the
+  -- paused waiter's own deadline).
+  local head = redis.call('LINDEX', queue, 0)
+  if head and head ~= trier and missed[process_of(head)] then
+    redis.call('ZADD', deadlines, now - 1 + HANDED, head)
+  end
 end
 
 -- Wake only the waiter whose turn it is, in its process's inbox (no thundering herd). A head

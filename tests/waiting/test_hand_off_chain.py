@@ -270,18 +270,19 @@ def test_a_fair_waiter_behind_more_dead_waiters_than_a_call_prunes_gets_the_lock
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_paused_process_with_many_waiters_first_costs_one_hand_off(name: str, kind: str) -> None:
-    """40 waiters of one paused process first in line (more than the 32 a release looks at
-    past the first), a live waiter behind them: the release skips the paused process's own
-    waiters when it looks for the next process to tell, so the live one gets the lock one
-    hand-off after the release, not at its hint (the hold's TTL, 20 s)."""
+    """150 waiters of one paused process first in line (more than the 32 a release looks at
+    past the first, more than the 100 a fair queue's try drops), a live waiter behind them:
+    the release passes the paused process's own waiters over when it looks for the next
+    process to tell, and a fair try stopped at its cap hints 0 (it goes on at once), so the
+    live one gets the lock one hand-off after the release, not at its hint (20 s)."""
     pubsub = _paused_processes("pausedcrowd")
     holder = _one(name, kind)
     assert holder.acquire(blocking=False)
-    _queue_up(name, kind, [f"pausedcrowd.{i}" for i in range(40)])
+    _queue_up(name, kind, [f"pausedcrowd.{i}" for i in range(150)])
     got: list[float] = []
     live, thread = _live_waiter(name, kind, 4, got)
     try:
-        _wait_for_waiters(name, 41)
+        _wait_for_waiters(name, 151)
         time.sleep(0.1)  # asleep on the holder's TTL
         released = time.monotonic()
         holder.release()
