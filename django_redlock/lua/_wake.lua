@@ -50,7 +50,7 @@ local UNCOUNTED_MAX = 32
 -- At most so many waiters looked at per call for those to tell: the waiters of a process told
 -- already are passed over uncounted, so a paused process's crowd (a worker's many threads)
 -- does not hide the live waiter behind it; past this many, a waiter sleeps to its hint.
-local LOOK_MAX = 1000
+local LOOK_MAX = 256
 
 -- A waiter's process: its id up to the '.' ('!' included: the same process's ids all have it
 -- or none do).
