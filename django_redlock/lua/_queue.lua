@@ -43,6 +43,13 @@ local function queue_prune(queue, deadlines, now, trier)
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, head)
   end
+  -- The cap: a head of a missed process left for the next call has missed its turn too, so
+  -- its deadline is passed now (the trier's hint is 0: it goes on at once, not at the
+  -- paused waiter's own deadline).
+  local head = redis.call('LINDEX', queue, 0)
+  if head and head ~= trier and missed[process_of(head)] then
+    redis.call('ZADD', deadlines, now - 1 + HANDED, head)
+  end
 end
 
 -- Wake only the waiter whose turn it is, in its process's inbox (no thundering herd). A head
@@ -59,9 +66,10 @@ end
 -- next told): a paused process counts as hearing for all its waiters, and the live waiter
 -- behind them would sleep on. Then the head's deadline is marked HANDED: its process's
 -- waiters right behind it are dropped with it, and the next head's turn is bounded in turn
--- (queue_prune).
-local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
-  local head
+-- (queue_prune). `waiting`: the name's plain waiters' set; a plain waiter registered there
+-- waits behind the head too, so the bound holds with nobody queued behind it.
+local function queue_wake_head(queue, deadlines, inbox, hand_off, now, waiting)
+  local head, unheard
   for _ = 1, PRUNE_MAX do
     head = redis.call('LINDEX', queue, 0)
     if not head then
@@ -76,37 +84,36 @@ local function queue_wake_head(queue, deadlines, inbox, hand_off, now)
     head = nil
   end
   if not head then
-    return redis.call('LINDEX', queue, 0)
+    -- PRUNE_MAX dead heads dropped, the cap: the next is woken all the same (nobody else
+    -- would wake those behind it), and if nobody hears it either, its turn is over at once.
+    head = redis.call('LINDEX', queue, 0)
+    if not head then
+      return head
+    end
+    local count, sure = publish(inbox, head)
+    unheard = count == 0 and sure
   end
   if not hand_off then
     return head
   end
-  local woken, at, told, ms = process_of(head), 1, {}, 0
-  for _ = 1, UNCOUNTED_MAX do -- the window queue_took stands down
-    local after = redis.call('LINDEX', queue, at)
-    if not after then
-      break
-    end
-    local process = process_of(after)
-    if process == woken then
-      if not told[woken] then -- the next in line, as wake_first's
-        told[woken] = stand_by(inbox, after) > 0
-      end
-      at = at + 1
-    elseif told[process] then
-      at = at + 1
-    else
-      local count, sure = stand_by(inbox, after, ms + HAND_OFF_MS)
-      if count > 0 or not sure then
-        told[process], ms, at = true, ms + HAND_OFF_MS, at + 1
-      else
-        redis.call('LREM', queue, 1, after) -- the first of its id from the head: this one
-        redis.call('ZREM', deadlines, after)
-      end
-    end
+  local ms = 0
+  if unheard then
+    -- Dead, kept for the cap: a missed turn (the next try drops it, and its process's
+    -- waiters right behind it), and the first of the next process tries at once.
+    redis.call('ZADD', deadlines, now - 1 + HANDED, head)
+    ms = -HAND_OFF_MS
   end
-  if not redis.call('LINDEX', queue, 1) then
-    return head -- nobody behind it any more
+  local function entry(at)
+    return redis.call('LINDEX', queue, at) -- (not LRANGE: the ACL rule names the commands)
+  end
+  local function drop(_, id)
+    redis.call('LREM', queue, 1, id) -- the first of its id from the head: this one
+    redis.call('ZREM', deadlines, id)
+  end
+  stand_bys(inbox, process_of(head), entry, drop, 1, ms)
+  local plain = waiting and redis.call('EXISTS', waiting) == 1
+  if unheard or (not plain and not redis.call('LINDEX', queue, 1)) then
+    return head -- its turn over already, or nobody behind it any more
   end
   local soon = now + HAND_OFF_MS
   local deadline = math.min(tonumber(redis.call('ZSCORE', deadlines, head)) or soon, soon)
@@ -119,18 +126,11 @@ end
 local function queue_took(queue, deadlines, waiter, inbox)
   redis.call('LPOP', queue)
   redis.call('ZREM', deadlines, waiter)
-  if not inbox then
-    return
+  if inbox then
+    stand_down(inbox, function(at)
+      return redis.call('LINDEX', queue, at)
+    end)
   end
-  local ids = {}
-  for at = 0, UNCOUNTED_MAX - 1 do -- (LINDEX, not LRANGE: the ACL rule names the commands)
-    local after = redis.call('LINDEX', queue, at)
-    if not after then
-      break
-    end
-    ids[at + 1] = after
-  end
-  stand_down(inbox, ids, waiter)
 end
 
 -- A waiter with a lease on its place: `set` maps waiter -> deadline (server ms); the set
@@ -162,6 +162,6 @@ local function lock_wake(waiting, queue, deadlines, inbox)
   if redis.call('EXISTS', queue) == 1 then
     local now = now_ms()
     queue_prune(queue, deadlines, now)
-    queue_wake_head(queue, deadlines, inbox, true, now)
+    queue_wake_head(queue, deadlines, inbox, true, now, waiting)
   end
 end

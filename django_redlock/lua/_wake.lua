@@ -43,9 +43,14 @@ end
 -- promises no order; a fair queue's late head queues again, at the back).
 local HAND_OFF_MS = 500
 
--- At most so many waiters looked at past the first per call (uncounted ones woken, others'
--- waiters passed over for a stand-by): a crowd never blocks Redis for long.
+-- At most so many processes told per call past the woken one (others' first waiters told to
+-- stand by, dead ones dropped; uncounted ones woken): a crowd never blocks Redis for long.
 local UNCOUNTED_MAX = 32
+
+-- At most so many waiters looked at per call for those to tell: the waiters of a process told
+-- already are passed over uncounted, so a paused process's crowd (a worker's many threads)
+-- does not hide the live waiter behind it; past this many, a waiter sleeps to its hint.
+local LOOK_MAX = 256
 
 -- A waiter's process: its id up to the '.' ('!' included: the same process's ids all have it
 -- or none do).
@@ -59,18 +64,70 @@ local function stand_by(inbox, waiter, ms)
   return publish(inbox, waiter, waiter .. '|s' .. (ms or HAND_OFF_MS))
 end
 
--- Tell those a release may have told to stand by (the two first, the woken one's next among
--- them, and the first waiter of each process) to stand down, `ids` in line order: the
--- taker's process is live, its others were not told. One message per process, as the
--- stand-bys were: a taken hand-off costs no try more.
-local function stand_down(inbox, ids, taker)
-  local seen = {[process_of(taker)] = true}
-  for i, id in ipairs(ids) do
+-- A plain lock's waiters (a sorted set) read by place, 64 at a time: a crowd costs one call
+-- per 64 looked at. Returns entry(at) (nil past the end) and drop(at, id), which removes one.
+local function zset_line(set)
+  local base, chunk = 0, {}
+  local function entry(at)
+    if at < base or at >= base + #chunk then
+      base, chunk = at, redis.call('ZRANGE', set, at, at + 63)
+    end
+    return chunk[at - base + 1]
+  end
+  local function drop(_, id)
+    redis.call('ZREM', set, id)
+    chunk = {} -- the places after it moved
+  end
+  return entry, drop
+end
+
+-- The stand-bys of a hand-off, from place `at` of a line (entry, drop as zset_line's): the
+-- woken process's next waiter (HAND_OFF_MS), and the first waiter of each other process, the
+-- k-th at `ms` + k * HAND_OFF_MS (a dead one, nobody hearing, is dropped and the next told).
+-- A process told is not told again: its other waiters are passed over.
+local function stand_bys(inbox, woken, entry, drop, at, ms)
+  local told, counted = {}, 0
+  for _ = 1, LOOK_MAX do
+    local after = counted < UNCOUNTED_MAX and entry(at)
+    if not after then
+      return
+    end
+    local process = process_of(after)
+    if told[process] then
+      at = at + 1
+    elseif process == woken then
+      stand_by(inbox, after)
+      told[woken], at = true, at + 1
+    else
+      counted = counted + 1
+      local count, sure = stand_by(inbox, after, ms + HAND_OFF_MS)
+      if count > 0 or not sure then
+        told[process], ms, at = true, ms + HAND_OFF_MS, at + 1
+      else
+        drop(at, after)
+      end
+    end
+  end
+end
+
+-- Tell those a release may have told to stand by to stand down, `entry(at)` the line by place
+-- from its first: the two first, and the first waiter of each process (the taker's own too:
+-- the woken one's next, told at any place), as far as stand_bys looks. One message per
+-- process, as the stand-bys were: a taken hand-off costs no try more.
+local function stand_down(inbox, entry)
+  local seen, processes = {}, 0
+  for at = 0, LOOK_MAX - 1 do
+    local id = processes <= UNCOUNTED_MAX and entry(at)
+    if not id then
+      return
+    end
     local process = process_of(id)
-    if i <= 2 or not seen[process] then
+    if at < 2 or not seen[process] then
       publish(inbox, id, id .. '|d')
     end
-    seen[process] = true
+    if not seen[process] then
+      seen[process], processes = true, processes + 1
+    end
   end
 end
 
@@ -80,7 +137,7 @@ end
 local function wait_took(waiting, waiter, inbox, popped)
   local left = redis.call('ZREM', waiting, waiter) == 1
   if (left or popped) and inbox and inbox ~= '' then
-    stand_down(inbox, redis.call('ZRANGE', waiting, 0, UNCOUNTED_MAX - 1), waiter)
+    stand_down(inbox, (zset_line(waiting)))
   end
 end
 
@@ -122,34 +179,10 @@ local function wake_first(waiting, inbox, pop, hand_off)
   -- process (its socket counted) hears the stand-by for its other waiters too, and the live
   -- waiter behind them would sleep to its hint. (The next is told even of the same process:
   -- a live one's registration whose waiter is gone unknown to its hub, the stand-by is how
-  -- the turn goes on.) The k-th other process's at k * HAND_OFF_MS: a paused one costs the
-  -- next HAND_OFF_MS, then it tries; a live one's take stands the rest down.
-  local woken = process_of(last)
-  local at = pop and 0 or 1
-  local told = {} -- the processes told: the woken one's once its next counted
-  local ms = 0
-  for _ = 1, UNCOUNTED_MAX do
-    local after = redis.call('ZRANGE', waiting, at, at)[1]
-    if not after then
-      return
-    end
-    local process = process_of(after)
-    if process == woken then
-      if not told[woken] then
-        told[woken] = stand_by(inbox, after) > 0
-      end
-      at = at + 1
-    elseif told[process] then
-      at = at + 1
-    else
-      local count, sure = stand_by(inbox, after, ms + HAND_OFF_MS)
-      if count > 0 or not sure then
-        told[process], ms, at = true, ms + HAND_OFF_MS, at + 1
-      else
-        redis.call('ZREM', waiting, after)
-      end
-    end
-  end
+  -- the turn goes on.) A paused process costs the next HAND_OFF_MS, then it tries; a live
+  -- one's take stands the rest down.
+  local entry, drop = zset_line(waiting)
+  stand_bys(inbox, process_of(last), entry, drop, pop and 0 or 1, 0)
 end
 
 -- A plain waiter that tried and failed keeps (or takes) its place. The set outlives every

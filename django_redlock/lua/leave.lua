@@ -12,7 +12,7 @@ redis.call('ZREM', waiting, ARGV[1])
 local now = now_ms()
 queue_prune(queue, deadlines, now)
 if redis.call('EXISTS', lock) == 0 then -- handed off with a bound, as at a release
-  queue_wake_head(queue, deadlines, ARGV[2], true, now)
+  queue_wake_head(queue, deadlines, ARGV[2], true, now, waiting)
   wake_first(waiting, ARGV[2], false, true)
 end
 return 1

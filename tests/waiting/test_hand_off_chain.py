@@ -138,3 +138,158 @@ def test_each_paused_process_in_line_costs_one_hand_off_delay(name: str, kind: s
     lag = got[0] - released
     assert 1.3 < lag < 2.5, lag  # three hand-off delays and a margin; the TTL was 20 s
     live.release()
+
+
+def _paused_processes(*processes: str) -> Any:
+    """Subscribers to these processes' inboxes that never read: SIGSTOPped processes' sockets
+    (every message to them counts as heard)."""
+    backend = locks["redis"]
+    pubsub = backend.client.pubsub()  # type: ignore[attr-defined]
+    pubsub.subscribe(*(f"{backend.inbox_prefix}{process}" for process in processes))
+    confirmed = 0
+    until = time.monotonic() + 5
+    while confirmed < len(processes):  # the confirmations; nothing read after
+        assert time.monotonic() < until, "never subscribed"
+        confirmed += pubsub.get_message(timeout=0.1) is not None
+    return pubsub
+
+
+def _queue_up(name: str, kind: str, ids: list[str]) -> None:
+    """Put ``ids`` in line behind whoever waits already, as their tries would have."""
+    backend = locks["redis"]
+    client = backend.client  # type: ignore[attr-defined]
+    if kind == "fair":
+        client.rpush(backend.queue_key(name), *ids)
+        until_ms = int(time.time() * 1000) + 20_000
+        client.zadd(backend.deadlines_key(name), dict.fromkeys(ids, until_ms))
+        return
+    waiting = backend.waiting_key(name)
+    last = client.zrange(waiting, -1, -1, withscores=True)
+    start = last[0][1] if last else time.time() * 1000
+    client.zadd(waiting, {waiter: start + 0.001 * (i + 1) for i, waiter in enumerate(ids)})
+
+
+def _evalsha_calls() -> int:
+    stats = locks["redis"].client.info("commandstats")  # type: ignore[attr-defined]
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def _live_waiter(name: str, kind: str, timeout: float, got: list[float]) -> tuple[Any, Any]:
+    live = _one(name, kind)
+
+    def wait() -> None:
+        if live.acquire(timeout=timeout):
+            got.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return live, thread
+
+
+@pytest.mark.parametrize("kind", ["plain", "fair"])
+def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind: str) -> None:
+    """Line: A (this process), B and C (two other processes), D (this process). The release
+    wakes A and tells B, C and D (A's process's next) to stand by; A takes at once, and its
+    take stands all three down: no try runs after it (D's timer used to fire at 500 ms)."""
+    pubsub = _paused_processes("standdownB", "standdownC")
+    holder = _one(name, kind)
+    for _ in range(2):  # the release script loaded: its first call counts its NOSCRIPT too
+        assert holder.acquire(blocking=False)
+        holder.release()
+    assert holder.acquire(blocking=False)
+    got: list[float] = []
+    first, first_thread = _live_waiter(name, kind, 5, got)
+    _wait_for_waiters(name, 1)
+    _queue_up(name, kind, ["standdownB.1", "standdownC.1"])
+    last, last_thread = _live_waiter(name, kind, 3, [])
+    try:
+        _wait_for_waiters(name, 4)
+        time.sleep(0.1)  # all asleep on the holder's TTL
+        before = _evalsha_calls()
+        holder.release()
+        first_thread.join(3)
+        assert got, "A never took the lock"
+        time.sleep(1.2)  # past D's stand-by (500 ms) and C's (1 s)
+        scripts = _evalsha_calls() - before
+        assert scripts == 2, f"{scripts} scripts: the release, A's take, and spurious tries"
+    finally:
+        if got:
+            first.release()
+        first_thread.join(5)
+        last_thread.join(5)
+        if last.owned():
+            last.release()
+        pubsub.close()
+
+
+def test_a_plain_waiter_behind_a_paused_fair_head_waits_one_hand_off(name: str) -> None:
+    """A name with a fair queue: its head (a paused process) and a live plain waiter. The
+    release wakes both; the plain one, refused behind the head, sleeps to the head's turn: it
+    comes down to 500 ms after the release (the bound holds for plain waiters registered on
+    the name too), not the head's whole lease (20 s)."""
+    pubsub = _paused_processes("fairhead")
+    holder = _one(name, "fair")
+    assert holder.acquire(blocking=False)
+    _queue_up(name, "fair", ["fairhead.1"])
+    got: list[float] = []
+    live, thread = _live_waiter(name, "plain", 4, got)
+    try:
+        _wait_for_waiters(name, 2)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(6)
+    finally:
+        pubsub.close()
+    assert got, "the plain waiter never got the free lock (it slept to the head's deadline)"
+    lag = got[0] - released
+    assert 0.3 < lag < 1.5, lag  # one hand-off delay and a margin
+    live.release()
+
+
+def test_a_fair_waiter_behind_more_dead_waiters_than_a_call_prunes_gets_the_lock(
+    name: str,
+) -> None:
+    """120 waiters of a killed process (no subscriber: each wake-up counts 0) queue ahead of a
+    live one. The release drops 100 (a call's cap) and still hands off past the rest: the
+    live waiter takes within a hand-off, not at its hint (the dead head's deadline, 20 s)."""
+    holder = _one(name, "fair")
+    assert holder.acquire(blocking=False)
+    _queue_up(name, "fair", [f"deadcrowd.{i}" for i in range(120)])
+    got: list[float] = []
+    live, thread = _live_waiter(name, "fair", 3, got)
+    _wait_for_waiters(name, 121)
+    time.sleep(0.1)  # asleep on the dead head's deadline
+    released = time.monotonic()
+    holder.release()
+    thread.join(5)
+    assert got, "the live waiter never got the free lock (it slept to its hint)"
+    assert got[0] - released < 0.4, got[0] - released  # at once, not a hand-off later
+    live.release()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_paused_process_with_many_waiters_first_costs_one_hand_off(name: str, kind: str) -> None:
+    """150 waiters of one paused process first in line (more than the 32 a release looks at
+    past the first, more than the 100 a fair queue's try drops), a live waiter behind them:
+    the release passes the paused process's own waiters over when it looks for the next
+    process to tell, and a fair try stopped at its cap hints 0 (it goes on at once), so the
+    live one gets the lock one hand-off after the release, not at its hint (20 s)."""
+    pubsub = _paused_processes("pausedcrowd")
+    holder = _one(name, kind)
+    assert holder.acquire(blocking=False)
+    _queue_up(name, kind, [f"pausedcrowd.{i}" for i in range(150)])
+    got: list[float] = []
+    live, thread = _live_waiter(name, kind, 4, got)
+    try:
+        _wait_for_waiters(name, 151)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(6)
+    finally:
+        pubsub.close()
+    assert got, "the live waiter never got the free lock (it slept to its hint)"
+    lag = got[0] - released
+    assert 0.3 < lag < 1.5, lag  # one hand-off delay and a margin
+    live.release()
