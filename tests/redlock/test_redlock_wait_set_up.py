@@ -25,7 +25,7 @@ from django_redlock.testing import RedisServer
 from .test_redlock import quorum_alias
 
 SOCKET_TIMEOUT = 1.0
-SLACK = 0.4  # a loaded machine's scheduling; a second timeout would be 1 s more
+SLACK = 0.6  # a loaded machine's scheduling (1.42 s seen); a second timeout would be 1 s more
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ def test_a_node_paused_during_the_set_up_costs_the_wait_nothing(
         _warm(name)
     outcome, elapsed, _ = _wait(three, [0], name, 0.3, use_async)
     assert outcome is False, outcome
-    assert elapsed < 0.3 + SLACK, f"{elapsed:.2f} s"
+    assert elapsed < 0.3 + 0.4, f"{elapsed:.2f} s"  # well under the 1 s a wait for it costs
 
 
 def test_a_waiter_joining_while_nodes_are_not_warm_still_hears_a_majority(
