@@ -222,7 +222,15 @@ class Keeper:
             self.lock.extend()
         except LockNotOwned as exc:  # LockLost too: the backend said it is gone
             if not self._stop.is_set():  # not our own release racing this renewal
-                self.end(self.lock.lost or str(exc), unknown=False)
+                reason = self.lock.lost or str(exc)
+                with self._mutex:
+                    late = time.monotonic() - (self._confirmed_until - self.margin)
+                if late >= 0:  # our own stall (a pause between the last look and the send)
+                    reason += (
+                        f"; the renewal was answered {late:.1f} s past the point where the"
+                        " term ends unrenewed: this process (or the backend) was paused"
+                    )
+                self.end(reason, unknown=False)
             return
         except LockError as exc:  # no answer: unknown, try again soon
             if not self._stop.is_set():  # else the term ended meanwhile: nothing to say

@@ -296,6 +296,17 @@ def test_a_lock_error_raised_by_a_task_keeps_its_fields(prefork: Worker, kind: s
     assert str(again) == str(raised)
 
 
+def test_the_test_app_used_before_its_configuration_stores_results(
+    redis_server: RedisServer,
+) -> None:
+    """An eager apply in this test process (tests/interrupts/) makes the app's result backend
+    before configure() ran: configure() must not leave the disabled one for later tests."""
+    celery_app.app.conf.result_backend = None
+    assert type(celery_app.app.backend).__name__ == "DisabledBackend"
+    celery_app.configure(redis_server.url)
+    assert type(celery_app.app.backend).__name__ == "RedisBackend"
+
+
 def test_every_lock_error_survives_the_json_result_backend() -> None:
     # Celery's own conversion, in process, for every exception class of the app (and the
     # Redlock's kinds of BackendUnavailable, which take its constructor).

@@ -288,6 +288,24 @@ def test_a_term_that_cannot_start_its_renewals_resigns(
     assert current_leader(name, using="redis") is None  # not held unrenewed for a TTL
 
 
+def test_a_renewal_sent_after_a_stall_and_told_gone_says_this_process_was_paused(
+    name: str,
+) -> None:
+    """A pause of the whole process between the keeper's last look and its renewal's send
+    (SIGSTOP there): on waking the renewal goes out past the give-up point and the backend
+    answers "gone". That is a loss (not unknown), and the reason says the process stalled,
+    not just "released by someone else" (exec's loss message relies on it)."""
+    from django_redlock import lock
+
+    held = lock(name, using="redis", ttl=1, auto_renew=False)
+    assert held.acquire(blocking=False)
+    keeper = Keeper(held, margin=0.2, since=time.monotonic())  # never started: no thread
+    time.sleep(1.3)  # the hold expired meanwhile; no look ended the term
+    keeper._renew()  # what the renewal thread started right after the look does on waking
+    assert keeper.lost.is_set() and not keeper.unknown
+    assert "paused" in keeper.reason, keeper.reason
+
+
 def test_a_take_whose_answer_came_late_is_counted_from_its_send(
     paused_alias: RedisServer, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
