@@ -342,7 +342,11 @@ class RedlockBackend(BaseLockBackend):
         reachable = self._answered(replies) >= self.quorum
         undo = Fan(
             [
-                None if _refused(reply) else self._node_undo(node, name, token, held or maybe)
+                None
+                if _refused(reply)
+                else self._node_undo(
+                    node, name, token, held or maybe, answered=isinstance(reply, Attempt)
+                )
                 for node, reply in zip(self.nodes, replies, strict=True)
             ],
             self._majority_answered if reachable else _at_once,  # (a refusal is an answer)
@@ -367,15 +371,28 @@ class RedlockBackend(BaseLockBackend):
         extra = sum(1 for r in replies if r is not None and not answered(r)) if unknown else 0
         return bool(holders) and holders.most_common(1)[0][1] + extra >= self.quorum
 
-    def _node_undo(self, node: RedisBackend, name: str, token: str, quiet: bool) -> Op[int]:
+    def _node_undo(
+        self, node: RedisBackend, name: str, token: str, quiet: bool, answered: bool = False
+    ) -> Op[int]:
         """The release of our key on one node; ``quiet``: without waking the lock's waiters
-        (release.lua publishes nowhere when the channel given is the lock's own key)."""
+        (release.lua publishes nowhere when the channel given is the lock's own key).
+        ``answered``: the node answered our acquire (owed, the undo is a release the
+        collector may send: see redlock_io.Debts)."""
         if not quiet:
             op = node.op_release(name, token, Kind())
-            return Undo(op.name, op.request, op.parse)
-        key = node.key(name)
-        keys = [key, key, node.waiting_key(name), node.queue_key(name), node.deadlines_key(name)]
-        return Undo(name, Call(_RELEASE, keys, [token, node.inbox_for(name), "0"]), int)
+            undo = Undo(op.name, op.request, op.parse)
+        else:
+            key = node.key(name)
+            keys = [
+                key,
+                key,
+                node.waiting_key(name),
+                node.queue_key(name),
+                node.deadlines_key(name),
+            ]
+            undo = Undo(name, Call(_RELEASE, keys, [token, node.inbox_for(name), "0"]), int)
+        undo.answered = answered
+        return undo
 
     def _prior(self, priors: Iterable[str | None]) -> str | None:
         """The hold given a fence before this one: the token a majority of the nodes name (a

@@ -134,9 +134,12 @@ class Unawaited(BackendUnavailable):
 class Undo(Op[int]):
     """An acquire's undo on one node: a release of its key and token (a script call whose
     first key is the lock's key, whose first argument is the token). ``void`` once a try
-    with the same token was sent (see :meth:`Debts.supersede`): never sent after that."""
+    with the same token was sent (see :meth:`Debts.supersede`): never sent after that.
+    ``answered``: the node answered the acquire it undoes (it ran there): owed, it is owed
+    as a release, which the collector sends (see :class:`Debts`)."""
 
     void = False
+    answered = False
 
 
 def _hold_of(op: Op[Any]) -> tuple[str, Any] | None:
@@ -480,6 +483,12 @@ class Debt:
     undo: bool  # an acquire's undo: its token may be tried again (see Debts)
 
 
+def _debt(op: Op[Any], undo: bool) -> Debt:
+    """``op`` owed; as an undo (``undo``) only while the acquire it undoes may be unanswered:
+    one the node answered ran, nothing of it is left for the collector's send to overtake."""
+    return Debt(op, undo and not (isinstance(op, Undo) and op.answered))
+
+
 class Debts:
     """The writes owed to each node: releases (and acquires' undos) the other nodes decided
     without it. Each goes out with the next request to the node, before it on the same
@@ -491,9 +500,12 @@ class Debts:
     (the collector's connection could overtake it), or be tried again with its token. Once
     a reply of the undo was read, that acquire had run, and a retry makes the undo void
     before the collector could send it (:meth:`start`): it is owed as a release then
-    (:meth:`NodeIO.owe_back`). One written whose reply does not prove it ran is owed again
-    (:meth:`NodeIO.owe_back`): a node in CLIENT PAUSE frees what it read when the overdue
-    connection is closed, a busy one answers BUSY.
+    (:meth:`NodeIO.owe_back`); and so is, wherever it is owed, one whose acquire the node
+    answered (``Undo.answered``: an asyncio undo cancelled by asyncio.run's shutdown was
+    owed as an undo, no next request came, and the hold stayed on the node to its TTL).
+    One written whose reply does not prove it ran is owed again (:meth:`NodeIO.owe_back`):
+    a node in CLIENT PAUSE frees what it read when the overdue connection is closed, a busy
+    one answers BUSY.
     Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
     the hold on that node then expires at its TTL, as before.
 
@@ -602,7 +614,7 @@ class Debts:
             return
         with self._lock:
             owed = self._owed[i]
-            owed.append(Debt(op, kind == "undo"))
+            owed.append(_debt(op, kind == "undo"))
             while len(owed) > OWED_MAX:
                 owed.pop()
         self.collect()
@@ -624,7 +636,7 @@ class Debts:
             return
         with self._lock:
             owed = self._owed[i]
-            owed.extendleft(Debt(op, kind == "undo") for op, kind in reversed(items))
+            owed.extendleft(_debt(op, kind == "undo") for op, kind in reversed(items))
             while len(owed) > OWED_MAX:
                 owed.pop()
         self.collect()
@@ -646,7 +658,7 @@ class Debts:
         ops = [op for op in ops if not _void(op)]
         if ops:
             with self._lock:
-                self._owed[i].extendleft(Debt(op, undo) for op in reversed(ops))
+                self._owed[i].extendleft(_debt(op, undo) for op in reversed(ops))
             self.collect()
 
     @property

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 import weakref
@@ -14,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from django_redlock import LockError, lock
+from django_redlock import LockError, QuorumNotReached, lock
 from django_redlock.backends import redlock_io
 from django_redlock.backends.base import Kind
 from django_redlock.backends.redlock import RedlockBackend
+from django_redlock.backends.redlock_io import OWED_POLL
 from django_redlock.testing import RedisServer
 
 from .test_redlock import quorum_alias
@@ -269,3 +271,54 @@ def test_a_dead_reference_an_interrupt_left_in_the_undo_books_changes_nothing(
         assert got.acquired
         assert [a - b for a, b in zip(after, before, strict=True)] == [1, 1, 1]
         assert _tokens(three, backend, name) == [b"tok"] * 3
+
+
+def test_an_async_undo_cancelled_by_asyncio_run_s_shutdown_is_sent_by_the_collector(
+    three: list[RedisServer], name: str
+) -> None:
+    """Nodes 1 and 2 stopped: the acquire gets QuorumNotReached, its undo is not waited for.
+    Node 0, which granted, holds the undo back (CLIENT PAUSE) from the moment the undo's
+    fan-out starts until after asyncio.run returned: its shutdown cancels the undo's task,
+    whose connection is closed (the paused node drops what it read). Owed as an undo, it
+    waited for this process's next request to node 0: none came, and the hold stayed there
+    to its TTL (30 s). The acquire had run there (node 0 answered it): owed as a release,
+    the collector sends it."""
+    timeout, held_back_ms = 0.5, 300
+    with quorum_alias("aundo", three, socket_timeout=timeout):
+        key = backend_of("aundo").nodes[0].key(name)
+        paused: list[float] = []
+
+        def hold_back_the_undo(frame: Any, event: str, arg: Any) -> None:
+            undo = getattr(frame.f_locals.get("fan"), "owed", "") == "undo"
+            if event == "call" and frame.f_code.co_name == "_aask" and undo and not paused:
+                three[0].client().execute_command("CLIENT", "PAUSE", held_back_ms, "ALL")
+                paused.append(time.monotonic())
+
+        async def main() -> None:
+            assert not await lock(f"{name}:warm", using="aundo").alocked()
+            three[1].pause()
+            three[2].pause()
+            mine = lock(name, using="aundo", ttl=30, auto_renew=False)
+            sys.settrace(hold_back_the_undo)
+            try:
+                with pytest.raises(QuorumNotReached):
+                    await mine.aacquire(blocking=False)
+            finally:
+                sys.settrace(None)
+            # Returns with the undo's task still waiting for node 0: asyncio.run cancels it.
+
+        try:
+            asyncio.run(main())
+        finally:
+            three[1].resume()
+            three[2].resume()
+        assert paused, "the undo's fan-out never started"
+        unpaused = paused[0] + held_back_ms / 1000
+        # From node 0's unpause: the collector sends it within its poll (0.1 s), answered
+        # within a node timeout. Waited for up to 5 s (the hold's TTL is 30 s).
+        deadline = time.monotonic() + 5
+        while three[0].client().exists(key):
+            assert time.monotonic() < deadline, "the undo never reached node 0"
+            time.sleep(0.005)
+        landed = time.monotonic() - unpaused
+        assert landed < OWED_POLL + timeout, landed
