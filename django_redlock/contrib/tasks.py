@@ -24,6 +24,7 @@ import secrets
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from types import FrameType, TracebackType
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -362,6 +364,12 @@ def _enqueue_once(
             f" call (backend {config.using!r})",
             str(holder or ""),
         )
+    if _own_uncommitted(config, key):
+        # This thread queued the key's run in a transaction still open (its connection sees
+        # the row): that run, without a turn another enqueue may hold, waiting for our COMMIT.
+        existing = _queued_or_running(backend, config, task, key, store)
+        if existing is not None:
+            return existing
     # Enqueues of a key take turns, so the marker can name the task result id, which the
     # backend makes only while it queues the run (an atomic note would need the id first).
     deadline = time.monotonic() + ENQUEUE_TTL
@@ -377,7 +385,7 @@ def _enqueue_once(
             with turn:
                 entered = True
                 return _enqueue_in_turn(
-                    backend, enqueue, config, task, args, kwargs, key, store, turn
+                    backend, enqueue, config, task, args, kwargs, key, store, turn, deadline
                 )
         except LockNotAcquired:
             if entered:
@@ -413,10 +421,11 @@ def _queued_or_running(
 
 def _enqueue_in_turn(
     backend: Any, enqueue: Any, config: SingleInstance, task: Any, args: tuple, kwargs: dict,
-    key: str, store: Any, turn: Lock,
+    key: str, store: Any, turn: Lock, deadline: float,
 ) -> Any:  # fmt: skip
     try:
         _enqueuing.set((*_enqueuing.get(), (key, turn)))
+        _await_commit(config, task, key, deadline)
         running = store.inspect(key)
         holder = task_id_of(running.holder) if running is not None else None
         existing = _existing(backend, config, task, key, holder) if holder else None
@@ -444,6 +453,8 @@ def _enqueue_in_turn(
             _name_run(config, store, task, key, reservation, result)
             if _already_finished(backend, result):  # it ran before its id was noted
                 clear_queued_marker(config, key, str(result.id))
+            else:
+                _hold_until_commit(config, key, result)
         except BaseException as exc:
             # Raised out of enqueue(): UNKNOWN, not "nothing queued" (a backend saves the run,
             # then sends task_enqueued, whose receivers' errors pass on): the run it reported
@@ -461,12 +472,109 @@ def _enqueue_in_turn(
                 _name_run(config, store, task, key, reservation, result)
                 if _already_finished(backend, result):
                     clear_queued_marker(config, key, str(result.id))
+                else:
+                    _hold_until_commit(config, key, result)
             raise
         return result
     finally:
         # By value, not by the set()'s token: an interrupt as set() returned leaves no token,
         # and the key must not stay noted (this context's later enqueues of it were refused).
         _enqueuing.set(tuple(e for e in _enqueuing.get() if e[1] is not turn and e[1].token))
+
+
+# -- a run queued in an open transaction ------------------------------------------------------
+# A database backend (django-tasks-db) saves the run's row on the caller's connection: inside
+# an atomic() block no other connection sees it before the COMMIT, and an enqueue() of the
+# key there would take the marker's run for gone and queue a second one. So the key stays
+# taken, by a lock of its own (``<key>:enqueue:commit``, renewed), until that transaction
+# ends: the COMMIT's on_commit callback releases it (the marker names a run all can see);
+# a rollback (Django has no hook for it) drops the callback unrun, and its finalizer
+# releases the lock and clears the marker of the run that never was.
+
+#: The suffix of the lock a run queued in an open transaction holds until it ends.
+COMMIT_SUFFIX = ":enqueue:commit"
+
+
+class _Uncommitted:
+    """The ``on_commit`` callback of a run queued in an open transaction (see above)."""
+
+    def __init__(self, config: SingleInstance, key: str, held: Lock, run_id: str) -> None:
+        self.using, self.key = config.using, key
+        # Run on a rollback: Django drops the callback (the transaction's, or the savepoint's
+        # the enqueue was made in; a closed connection's), and nothing else refers to it.
+        self._dropped = weakref.finalize(self, _rolled_back, config, key, held, run_id)
+
+    def __call__(self) -> None:  # committed: the run is visible, its marker stays
+        detached = self._dropped.detach()
+        if detached is not None:
+            _let_go(detached[2][2])
+
+
+def _rolled_back(config: SingleInstance, key: str, held: Lock, run_id: str) -> None:
+    _let_go(held)
+    try:
+        clear_queued_marker(config, key, run_id)  # (one naming a row gone is harmless too)
+    except Exception:  # a finalizer: nothing to raise to; the marker then expires
+        logger.exception("redlock: %r: the queue marker of a rolled back run", key)
+
+
+def _let_go(held: Lock) -> None:
+    try:
+        held.release()
+    except Exception as exc:  # never taken (an interrupt), or expired: it frees at its TTL
+        logger.debug("redlock: %s: %s", held.describe(), exc)
+
+
+def _uncommitted_on(result: Any) -> str | None:
+    """The database alias whose open transaction holds ``result``'s row, if any (a
+    django-tasks-db run: its ``db_result``, saved on that alias)."""
+    alias = getattr(getattr(getattr(result, "db_result", None), "_state", None), "db", None)
+    if not isinstance(alias, str) or alias not in connections:
+        return None
+    return alias if connections[alias].in_atomic_block else None
+
+
+def _own_uncommitted(config: SingleInstance, key: str) -> bool:
+    """Whether this thread queued a run of ``key`` in a transaction still open."""
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            for entry in connection.run_on_commit:
+                hook = entry[1]
+                if isinstance(hook, _Uncommitted) and (hook.using, hook.key) == (
+                    config.using, key
+                ):  # fmt: skip
+                    return True
+    return False
+
+
+def _hold_until_commit(config: SingleInstance, key: str, result: Any) -> None:
+    """Keep ``key`` taken until the transaction holding ``result``'s row ends, if one does."""
+    alias = _uncommitted_on(result)
+    if alias is None:
+        return
+    held = Lock(f"{key}{COMMIT_SUFFIX}", ttl=ENQUEUE_TTL, using=config.using)
+    # The callback first: an interrupt after the take still has it released at the end.
+    transaction.on_commit(_Uncommitted(config, key, held, str(result.id)), using=alias,
+                          robust=True)  # fmt: skip
+    # Free (we have the turn, and a waiting enqueue waits before its own), unless this
+    # thread's transaction holds it already for an earlier run of the key.
+    held.acquire(blocking=False)
+
+
+def _await_commit(config: SingleInstance, task: Any, key: str, deadline: float) -> None:
+    """Wait (up to ``deadline``) for the transaction of another connection that queued a run
+    of ``key`` to end: then its run is visible (committed), or gone (rolled back)."""
+    if _own_uncommitted(config, key) or not locks[config.using].is_locked(f"{key}{COMMIT_SUFFIX}"):
+        return
+    wait = max(deadline - time.monotonic(), 0.0)
+    try:
+        with Lock(f"{key}{COMMIT_SUFFIX}", ttl=ENQUEUE_TTL, timeout=wait, using=config.using):
+            pass
+    except LockNotAcquired:
+        raise LockNotAcquired(
+            f"{task.module_path}: {key!r} was queued in a transaction still open after"
+            f" {ENQUEUE_TTL:g} s"
+        ) from None
 
 
 def _name_run(

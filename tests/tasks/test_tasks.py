@@ -249,6 +249,34 @@ def test_aenqueue_dedupes_as_enqueue(workers: list[Worker], redis_server: RedisS
     assert finished(first).return_value == "ran"
 
 
+def test_enqueues_in_open_transactions_run_once_on_the_workers(
+    workers: list[Worker], redis_server: RedisServer
+) -> None:
+    # Two requests enqueue the key, the first inside its transaction (ATOMIC_REQUESTS), the
+    # second (another thread, its own connection) before that COMMIT. The second took the
+    # first run, invisible to it, for gone and queued another: both ran. One run, whose
+    # result both get.
+    from django.db import transaction
+
+    from .test_tasks_atomic import in_thread
+
+    r = redis(redis_server)
+    r.set("dedupe:open", 1)  # the runs return at once
+    key = lock_key(tasks_jobs.deduped, 12)
+    with transaction.atomic(using="tasks"):
+        first = tasks_jobs.deduped.enqueue(12)
+        thread, out = in_thread(lambda: tasks_jobs.deduped.enqueue(12))
+        wait_for(lambda: locks["default"].is_locked(f"{key}:enqueue"), "no turn taken", 10)
+        time.sleep(0.5)  # (its duplicate's INSERT would wait for SQLite's lock: our COMMIT)
+    thread.join(40)
+    assert out and out[0][0] == "ok", out
+    second = out[0][1]
+    assert finished(first).return_value == "ran"
+    finished(second)
+    assert r.lrange("dedupe:ran", 0, -1) == ["12"], "the key's body ran twice"
+    assert second.id == first.id, "a second run was queued"
+
+
 # -- a killed worker (last: it kills one of the module's workers) --------------------------
 
 

@@ -1,0 +1,136 @@
+"""Queue-time dedupe of an ``enqueue()`` made inside an open transaction: django-tasks-db saves
+the run's row on the caller's connection, which no other connection sees before the COMMIT.
+The queue is the suite's SQLite "tasks" database; the second enqueue runs in another thread
+(its own connection, as another request's would be)."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connections, transaction
+from django.utils import timezone
+
+from django_redlock import locks
+from django_redlock.contrib.tasks import lock_key
+from tests.support import tasks_jobs
+
+pytestmark = pytest.mark.django_db(databases=["tasks"], transaction=True)
+
+
+def later() -> Any:
+    """``deduped`` due in an hour: no worker takes it, its row stays queued."""
+    return tasks_jobs.deduped.using(run_after=timezone.now() + datetime.timedelta(hours=1))
+
+
+def queued_ids() -> set[str]:
+    from django_tasks_db.models import DBTaskResult
+
+    return {str(i) for i in DBTaskResult.objects.values_list("id", flat=True)}
+
+
+def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``call`` in a thread of its own (its own database connection); its outcome in the
+    list once the thread ended: ``[("ok", value)]`` or ``[("error", exception)]``."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(("ok", call()))
+        except BaseException as exc:  # reported to the test
+            out.append(("error", exc))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_an_enqueue_in_an_open_transaction_dedupes_another_connection_s_enqueue() -> None:
+    # The first enqueue() runs in an open atomic() block: its row is invisible to other
+    # connections until the COMMIT. Another connection's enqueue() of the same key took the
+    # run for gone (its marker naming a row it cannot see), cleared the marker and queued a
+    # second run once the first committed: two runs. It must get the first run instead.
+    job, key = later(), lock_key(tasks_jobs.deduped, 3500)
+    before = queued_ids()
+    try:
+        with transaction.atomic(using="tasks"):
+            first = job.enqueue(3500)
+            thread, out = in_thread(lambda: job.enqueue(3500))
+            # The other enqueue() has its turn on the key: what it does next, it does while
+            # this transaction is open (0.5 s to do it; a duplicate it would queue waits for
+            # SQLite's write lock, so it is still under way at the COMMIT).
+            deadline = time.monotonic() + 10
+            while not locks["default"].is_locked(f"{key}:enqueue"):
+                assert time.monotonic() < deadline, "the other enqueue() never took its turn"
+                time.sleep(0.01)
+            time.sleep(0.5)
+        thread.join(40)
+        assert not thread.is_alive()
+        assert out and out[0][0] == "ok", out
+        assert str(out[0][1].id) == str(first.id), "a second run was queued"
+        assert queued_ids() - before == {str(first.id)}
+        assert not locks["default"].is_locked(f"{key}:enqueue:commit")  # gone at the COMMIT
+        assert job.enqueue(3500).id == first.id  # committed: the key stays taken by the run
+    finally:
+        from django_tasks_db.models import DBTaskResult
+
+        DBTaskResult.objects.exclude(id__in=before).delete()
+
+
+def test_two_enqueues_in_one_transaction_are_one_run() -> None:
+    job = later()
+    before = queued_ids()
+    try:
+        with transaction.atomic(using="tasks"):
+            first = job.enqueue(3501)
+            assert job.enqueue(3501).id == first.id
+        assert queued_ids() - before == {str(first.id)}
+    finally:
+        from django_tasks_db.models import DBTaskResult
+
+        DBTaskResult.objects.exclude(id__in=before).delete()
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.mark.parametrize("where", ["transaction", "savepoint"])
+def test_a_rolled_back_enqueue_leaves_the_key_free_at_once(where: str) -> None:
+    # Rolled back (the whole transaction, or the savepoint the enqueue was made in), nothing is
+    # queued: the next enqueue() of the key, here or on another connection (one waiting for
+    # the transaction's end meanwhile), queues a run at once.
+    job, key = later(), lock_key(tasks_jobs.deduped, 3502)
+    before = queued_ids()
+    try:
+        with transaction.atomic(using="tasks"):
+            try:
+                with transaction.atomic(using="tasks"):
+                    first = job.enqueue(3502)
+                    thread, out = in_thread(lambda: job.enqueue(3502))
+                    time.sleep(0.3)
+                    raise Rollback
+            except Rollback:
+                pass
+            if where == "transaction":
+                transaction.set_rollback(True, using="tasks")
+        thread.join(10)
+        assert not thread.is_alive(), "the other enqueue() still waits"
+        assert out and out[0][0] == "ok", out
+        other = str(out[0][1].id)
+        assert other != str(first.id)
+        assert queued_ids() - before == {other}
+        assert not locks["default"].is_locked(f"{key}:enqueue:commit")
+        started = time.monotonic()
+        assert str(job.enqueue(3502).id) == other
+        assert time.monotonic() - started < 2.0
+    finally:
+        from django_tasks_db.models import DBTaskResult
+
+        DBTaskResult.objects.exclude(id__in=before).delete()
