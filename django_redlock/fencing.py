@@ -454,6 +454,8 @@ def _fenced_steps(
             hooks = connections[using].run_on_commit if outermost else None
             entries = _watch_hooks(hooks) if hooks is not None else []
             exiting = committed.pending = outermost  # from here on, only the COMMIT can fail
+        if hooks is not None and not hooks and hooks is not connections[using].run_on_commit:
+            _run_uncalled(lock.describe(), entries, committed)  # Django's loop ran them all
     except BaseException as exc:
         if misnested and connections[using].in_atomic_block:
             # Django's exit rolled back to the inner block's savepoint and kept the
@@ -735,6 +737,24 @@ def _watch_hooks(hooks: list[Any]) -> list[Any]:
         if not isinstance(entry[1], (_Committed, _Called)):  # each entry swapped in one step
             hooks[i] = (entry[0], _Called(entry[1]), *entry[2:])
     return list(hooks)
+
+
+def _run_uncalled(describe: str, entries: list[Any], committed: _Committed) -> None:
+    """After Django's loop took every callback and returned: run those it never called. An
+    exception a signal handler raised on the line that calls a robust one, before the call,
+    is inside Django's ``try:``, which logs it as that callback's error and goes on: the
+    callback never ran (the block's marker too: the COMMIT happened, it is marked here, so
+    that a later exception of the exit is not taken for "nothing committed"). An ``Exception``
+    from one: logged."""
+    committed.done = True  # first: Django's loop runs only after the COMMIT
+    for entry in entries:
+        func = entry[1]
+        if isinstance(func, _Called) and not func.called:
+            try:
+                func()
+            except Exception:
+                logger.exception("redlock: %s: a callback of its fenced transaction raised",
+                                 describe)  # fmt: skip
 
 
 def _run_rest(
