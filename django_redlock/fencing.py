@@ -69,7 +69,6 @@ import contextlib
 import dis
 import functools
 import inspect
-import linecache
 import logging
 import secrets
 import sys
@@ -419,6 +418,7 @@ def _fenced_steps(
     fence, again, exiting, misnested, pid = hold.fence, False, False, False, None
     proved_hooks: list[Callable[[], None]] = []
     hooks: list[Any] | None = None  # the list Django's loop takes the callbacks from
+    entries: list[Any] = []  # its entries as the COMMIT is sent (the loop pops from the front)
     scope: _Scope | None = None
     try:
         atomic = transaction.atomic(using=using)
@@ -452,7 +452,10 @@ def _fenced_steps(
             refuse_unfinished(using, lock.describe())
             proved_hooks = _proved_hooks(using) if outermost else []  # this transaction's
             hooks = connections[using].run_on_commit if outermost else None
+            entries = _watch_hooks(hooks) if hooks is not None else []
             exiting = committed.pending = outermost  # from here on, only the COMMIT can fail
+        if hooks is not None and not hooks and hooks is not connections[using].run_on_commit:
+            _run_uncalled(lock.describe(), entries, committed)  # Django's loop ran them all
     except BaseException as exc:
         if misnested and connections[using].in_atomic_block:
             # Django's exit rolled back to the inner block's savepoint and kept the
@@ -472,10 +475,11 @@ def _fenced_steps(
             # transaction. Rolled back to the savepoint here, or, if it may have been
             # released already, the outer transaction marked for rollback.
             _undo_savepoint(using, outer_savepoints, scope)
+        cut_loop = False  # Django's loop over the callbacks cut, none raising: the rest ran
         if outermost and not misnested and isinstance(exc, Exception):
-            _run_rest(lock.describe(), using, hooks, exc)  # Django's loop cut: the rest run
+            cut_loop = _run_rest(lock.describe(), using, hooks, entries, exc)
         if outermost and not misnested and _commit_answered(using):
-            began = committed.done  # the callbacks had begun: one raised, or their loop cut
+            began = committed.done and not cut_loop  # the callbacks had begun: one raised
             _finish_autocommit(lock.describe(), using)  # its callbacks run: committed.done
             if committed.done and not began and isinstance(exc, Exception):
                 logger.warning("redlock: %s: its fenced transaction committed; then %s: %s as"
@@ -709,27 +713,85 @@ def _run_pending(describe: str, using: str) -> None:
                          " raised", describe)  # fmt: skip
 
 
-def _run_rest(describe: str, using: str, hooks: list[Any] | None, exc: Exception) -> None:
-    """Run the callbacks Django's loop had not taken yet when ``exc`` (a signal handler's)
-    landed on one of the loop's own lines, after the COMMIT: their list, detached from the
-    connection, would have run. Not when it passed a callback's call (the callback raised:
-    Django drops the rest). An ``Exception`` from one: logged."""
-    if not hooks or hooks is connections[using].run_on_commit:
-        return  # none left, or not detached: the loop never began
+class _Called:
+    """An ``on_commit`` callback of a fenced transaction, wrapped as its COMMIT is sent: it
+    records that Django's loop called it (see :func:`_run_rest`)."""
+
+    called = False
+
+    def __init__(self, func: Callable[[], None]) -> None:
+        self.func = func
+        # Django logs a robust callback's error with its ``__qualname__`` (see _Committed).
+        self.__qualname__ = getattr(func, "__qualname__", type(func).__qualname__)
+
+    def __call__(self) -> None:
+        self.called = True
+        self.func()
+
+
+def _watch_hooks(hooks: list[Any]) -> list[Any]:
+    """Wrap the transaction's ``on_commit`` callbacks in :class:`_Called` (a block's marker,
+    which records its call itself, is left as it is), in place; return the entries, in order,
+    as Django's loop will take them. No I/O."""
+    for i, entry in enumerate(hooks):
+        if not isinstance(entry[1], (_Committed, _Called)):  # each entry swapped in one step
+            hooks[i] = (entry[0], _Called(entry[1]), *entry[2:])
+    return list(hooks)
+
+
+def _run_uncalled(describe: str, entries: list[Any], committed: _Committed) -> None:
+    """After Django's loop took every callback and returned: run those it never called. An
+    exception a signal handler raised on the line that calls a robust one, before the call,
+    is inside Django's ``try:``, which logs it as that callback's error and goes on: the
+    callback never ran (the block's marker too: the COMMIT happened, it is marked here, so
+    that a later exception of the exit is not taken for "nothing committed"). An ``Exception``
+    from one: logged."""
+    committed.done = True  # first: Django's loop runs only after the COMMIT
+    for entry in entries:
+        func = entry[1]
+        if isinstance(func, _Called) and not func.called:
+            try:
+                func()
+            except Exception:
+                logger.exception("redlock: %s: a callback of its fenced transaction raised",
+                                 describe)  # fmt: skip
+
+
+def _run_rest(
+    describe: str, using: str, hooks: list[Any] | None, entries: list[Any], exc: Exception
+) -> bool:
+    """Run the callbacks Django's loop had not run when ``exc`` (a signal handler's) landed
+    on one of the loop's own instructions, after the COMMIT: their list, detached from the
+    connection, would have run; and the entry the loop took last, if it was never called (the
+    exception landed as ``pop(0)`` returned, or before the call). Not when the exception came
+    out of that callback's call (it raised: Django drops the rest), unless it was a robust one
+    (Django would have logged it and gone on). An ``Exception`` from one: logged. Told
+    structurally, not from the loop's source: the callbacks record their call
+    (:func:`_watch_hooks`), and the traceback shows whether the exception came from a call
+    the loop made. Returns whether the loop was cut with no callback raising."""
+    if hooks is None or hooks is connections[using].run_on_commit:
+        return False  # not detached: the loop never began
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
         tb = tb.tb_next
     if tb is None:
-        return
-    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
-    if not line.strip() or "func(" in line:
-        return
+        return False
+    taken = len(entries) - len(hooks)  # Django's loop pops them from the front
+    if 0 < taken <= len(entries):
+        last = entries[taken - 1]
+        func, robust = last[1], len(last) > 2 and bool(last[2])
+        called = func.done if isinstance(func, _Committed) else getattr(func, "called", True)
+        if called and tb.tb_next is not None and not robust:
+            return False  # out of the callback's call: it raised, and Django drops the rest
+        if not called:  # taken off the list, never run: first
+            hooks.insert(0, last)
     while hooks:
         func = hooks.pop(0)[1]
         try:
             func()
         except Exception:
             logger.exception("redlock: %s: a callback of its fenced transaction raised", describe)
+    return True
 
 
 def _drop_unfinished(using: str) -> None:
