@@ -206,12 +206,18 @@ def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind
         _wait_for_waiters(name, 4)
         time.sleep(0.1)  # all asleep on the holder's TTL
         before = _evalsha_calls()
+        released = time.monotonic()
         holder.release()
         first_thread.join(3)
         assert got, "A never took the lock"
         time.sleep(1.2)  # past D's stand-by (500 ms) and C's (1 s)
         scripts = _evalsha_calls() - before
-        assert scripts == 2, f"{scripts} scripts: the release, A's take, and spurious tries"
+        # A take later than D's stand-by (a loaded machine) leaves D the try it is promised.
+        late = got[0] - released > 0.4
+        assert scripts == 2 or (late and scripts == 3), (
+            f"{scripts} scripts: the release, A's take, and spurious tries"
+            f" (A took {got[0] - released:.3f} s after the release)"
+        )
     finally:
         if got:
             first.release()

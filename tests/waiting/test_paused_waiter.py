@@ -120,6 +120,7 @@ def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
     second.process.send_signal(signal.SIGSTOP)
     try:
         before = redis_server.script_calls()
+        released = time.monotonic()
         holder.release()
         deadline, missed = time.monotonic() + 10, False
         while not client.lrange(order, 0, -1):
@@ -128,6 +129,7 @@ def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
                 break
             assert time.monotonic() < deadline, "the first waiter never took its turn"
             time.sleep(0.002)
+        took = time.monotonic() - released  # the first's take, seen by its body's mark
     finally:
         second.process.send_signal(signal.SIGCONT)
     first.expect("DONE")
@@ -138,7 +140,10 @@ def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
     assert client.lrange(order, 0, -1) == [b"0", b"1"]  # in turn: the first, then the next
     # The holder's release, the first's take and release, the next one's take and release.
     time.sleep(0.05)
-    assert redis_server.script_calls() - before == 5, redis_server.script_calls() - before
+    scripts = redis_server.script_calls() - before
+    # A take seen later than the next one's stand-by (500 ms, a loaded machine): the next
+    # one read its stand-by past its timer on waking, and its refused try is the promised one.
+    assert scripts == 5 or (took > 0.4 and scripts == 6), (scripts, f"took {took:.3f} s")
 
 
 def test_the_hub_wakes_a_waiter_standing_by_unless_it_stands_down() -> None:
