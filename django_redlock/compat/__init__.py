@@ -37,28 +37,58 @@ from ..backends.base import BaseLockBackend
 from ..backends.redis import RedisBackend
 from ..exceptions import BackendUnavailable, LockError, LockNotOwned, MissingPermission
 from ..locking import Lock
+from ..waiting import PubSubHub
 
 logger = logging.getLogger("django_redlock")
 
+#: The backend of each client used: keyed weakly by the client, and the backend holds the
+#: client weakly too (a strong reference in the value would keep its own key, and with it
+#: the client's pool and connections, for the life of the process).
 _backends: weakref.WeakKeyDictionary[Any, RedisBackend] = weakref.WeakKeyDictionary()
 _backends_mutex = threading.Lock()
 
 
 class _ClientBackend(RedisBackend):
-    """A RedisBackend on a client the user made (its pool, its timeouts)."""
+    """A RedisBackend on a client the user made (its pool, its timeouts), which it holds
+    weakly: the client lives as long as the user (and each lock made on it) keeps it. Not
+    ours to close: ``close()`` leaves it alone (``_client``, which it would close, stays
+    None)."""
 
     def __init__(self, client: Any) -> None:
         kwargs = client.connection_pool.connection_kwargs
         where = f"redis://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
         super().__init__(f"redis-py client {where}", {"LOCATION": where})
-        self._client = client
+        self._ref = weakref.ref(client)
+
+    @property
+    def client(self) -> Any:
+        client = self._ref()
+        if client is None:  # each lock holds its client: only a caller of none gets here
+            raise ReferenceError(f"the redis-py client of {self.alias!r} is gone")
+        return client
 
     def make_client(self) -> Any:
-        return self._client
+        return self.client
 
-    def close(self) -> None:
-        self._client = None  # the user's client: not ours to close
-        super().close()
+    def _call_timeout(self, client: Any) -> float | None:
+        timeout = super()._call_timeout(client)
+        self._timeout_of = None  # it keeps the client: read again per op (no I/O)
+        return timeout
+
+    @property
+    def hub(self) -> PubSubHub:
+        # The base's hub keeps client.pubsub (the client itself): this one asks the client
+        # for a pub/sub through the backend, which holds it weakly.
+        if self._hub is None:
+            with self._setup:
+                if self._hub is None:
+                    self._hub = self._adopt(PubSubHub(
+                        self._pubsub, self.socket_timeout, self.inbox_prefix, self._refusal
+                    ))  # fmt: skip
+        return self._hub
+
+    def _pubsub(self) -> Any:
+        return self.client.pubsub()
 
 
 def _backend(client: Any) -> RedisBackend:
@@ -66,6 +96,9 @@ def _backend(client: Any) -> RedisBackend:
         backend = _backends.get(client)
         if backend is None:
             backend = _backends[client] = _ClientBackend(client)
+            # Once the client goes: the backend's hub (a reader thread and its pub/sub
+            # connection) and watchdog worker go too. Not at exit: never closed there before.
+            weakref.finalize(client, backend.close).atexit = False
         return backend
 
 

@@ -33,13 +33,12 @@ from celery import Task, states
 from celery.result import EagerResult
 from celery.utils import uuid as uuid_text
 
-from ..backends import markers
 from ..contrib.celery import SingleInstanceTask, run_task
 from ..contrib.single import AlreadyQueued as BaseAlreadyQueued
 from ..contrib.single import SingleInstance, task_id_of
 from ..handler import locks
 from ..validation import to_ms
-from .markers import clear_key, seconds_left
+from .markers import clear_key, seconds_left, take
 
 DEFAULT_TIMEOUT = 60 * 60
 
@@ -100,7 +99,7 @@ class OnceBackend:
         if running is not None:
             raise AlreadyQueued(float(running.ttl or 0.0), str(task_id_of(running.holder) or ""))
         task_id = task_id or uuid_text()
-        found = markers.mark(backend, key, task_id, to_ms(timeout))
+        found = take(self.using, key, task_id, to_ms(timeout))
         if found is not None and found != task_id:
             raise AlreadyQueued(seconds_left(self.using, key), found)
 

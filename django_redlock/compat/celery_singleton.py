@@ -28,12 +28,10 @@ from hashlib import md5
 from importlib import import_module
 from typing import Any
 
-from ..backends import markers
 from ..contrib.celery import SingleInstanceTask, run_task
 from ..contrib.single import AlreadyQueued, SingleInstance
-from ..handler import locks
 from ..validation import to_ms
-from .markers import clear_key, clear_prefix, existing_task_id
+from .markers import clear_key, clear_prefix, existing_task_id, take
 
 DEFAULT_PREFIX = "SINGLETONLOCK_"
 DEFAULT_EXPIRY = 3600.0  # a queued call's marker without lock_expiry: an hour, not for ever
@@ -194,9 +192,8 @@ class Singleton(SingleInstanceTask):
     def aquire_lock(self, lock: str, task_id: str) -> bool:
         """Note ``task_id`` under ``lock`` unless a task is noted there (celery-singleton's
         spelling); whether it was noted."""
-        backend = locks[self.singleton_config.using]
         ttl = self._expiry() or DEFAULT_EXPIRY
-        return markers.mark(backend, lock, task_id, to_ms(ttl)) is None
+        return take(self.singleton_config.using, lock, task_id, to_ms(ttl)) is None
 
     def get_existing_task_id(self, lock: str) -> str | None:
         """The task queued or running under ``lock``, if any."""

@@ -5,11 +5,14 @@ or a running task's hold), and freeing it whoever has it (the originals' ``unloc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from ..backends import markers
 from ..backends.base import glob_escape
+from ..contrib.celery import sent_name
 from ..contrib.single import task_id_of
+from ..exceptions import LockError
 from ..handler import locks
 
 logger = logging.getLogger("django_redlock")
@@ -39,6 +42,28 @@ def seconds_left(using: str, key: str) -> float:
         return noted[1]
     info = locks[using].inspect(key)
     return float(info.ttl or 0.0) if info is not None else 0.0
+
+
+def take(using: str, key: str, task_id: str, ttl_ms: int) -> str | None:
+    """Take ``key`` for ``ttl_ms`` by hand (the originals' ``raise_or_lock`` / ``aquire_lock``)
+    unless a task is noted there: its id (None: taken now), as :func:`markers.mark`.
+
+    The marker is noted as sent, to no queue by name: a ``delay()`` meeting a marker with no
+    such note takes it for a publish whose producer died, and queues anew after
+    ``publish_wait``; with it, the key is obeyed until its TTL (no queue: its message is never
+    looked for in the broker, there is none)."""
+    backend = locks[using]
+    found = markers.mark(backend, key, task_id, ttl_ms)
+    if found is not None and found != task_id:
+        return found
+    try:
+        markers.mark(backend, sent_name(key, task_id), "", ttl_ms)
+    except BaseException:
+        # Unnoted, the key would not hold: not taken at all, rather (the caller is told).
+        with contextlib.suppress(LockError):
+            markers.clear(backend, key, task_id)
+        raise
+    return found
 
 
 def clear_key(using: str, key: str, by: str) -> bool:

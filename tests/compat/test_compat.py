@@ -3,8 +3,10 @@ on real servers, with our locks underneath."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -175,6 +177,42 @@ def test_the_client_class_makes_every_lock_ours(redis_server: RedisServer, name:
         with lk:
             assert lk.owned() and lk.fence is not None
         assert not lk.locked()
+
+
+def test_a_dropped_client_is_freed_with_its_connections(
+    redis_server: RedisServer, name: str
+) -> None:
+    # A client made per call and dropped (redis.Redis(...).lock(..., lock_class=...) in a
+    # request) must go with its pool and connections, as with redis-py's Lock. The backend
+    # kept per client held it strongly, as the value of a dict weakly keyed by it: every
+    # client stayed, with its connection (and its waiter's pub/sub), for the process's life.
+    tag = "compat-dropped"  # CLIENT SETNAME of these clients' connections only
+    observer = redis.Redis(port=redis_server.port)
+
+    def connections() -> int:
+        return sum(1 for each in observer.client_list() if each.get("name") == tag)
+
+    clients: list[weakref.ref[Any]] = []
+    for _ in range(10):
+        holder = redis.Redis(port=redis_server.port, client_name=tag)
+        waiter = redis.Redis(port=redis_server.port, client_name=tag)
+        held = holder.lock(name, timeout=5, lock_class=RedisPyLock, thread_local=False)
+        assert held.acquire()
+        releaser = threading.Timer(0.05, held.release)
+        releaser.start()
+        # A waiter (its pub/sub hub), then a hold with no timeout (renewed by the watchdog).
+        with waiter.lock(name, blocking_timeout=5, lock_class=RedisPyLock):
+            assert connections() > 0
+        releaser.join()
+        clients += [weakref.ref(holder), weakref.ref(waiter)]
+        del holder, waiter, held, releaser
+    gc.collect()
+    assert sum(1 for each in clients if each() is not None) == 0, "clients kept"
+    deadline = time.monotonic() + 5  # the server sees each close a moment later
+    while connections() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert connections() == 0
+    observer.close()
 
 
 def _raised(call: Callable[[], object]) -> BaseException | None:

@@ -116,6 +116,20 @@ def test_singleton_get_existing_task_id(app: Celery) -> None:
     assert task.get_existing_task_id(lock) is None
 
 
+def test_singleton_aquire_lock_by_hand_holds_the_key(app: Celery) -> None:
+    # celery-singleton: a delay() of a key taken by aquire_lock(lock, id) returns that id.
+    # Its marker had no "sent" note: delay() took it for a publish whose producer died,
+    # waited publish_wait (5 s) and queued a second message.
+    task = tasks.singleton_simple
+    lock = task.generate_lock(task.name, task_args=[4, 5, 6])
+    assert task.aquire_lock(lock, "by-hand") is True
+    began = time.monotonic()
+    result = send(task, 4, 5, 6)
+    assert time.monotonic() - began < 2.0, "it waited for a publish"
+    assert result.id == "by-hand"
+    assert task.get_existing_task_id(lock) == "by-hand"
+
+
 def test_singleton_failed_publish_clears_the_lock_and_reraises(app: Celery) -> None:
     task = tasks.singleton_simple
     lock = task.generate_lock(task.name, task_args=[1, 2, 3])  # the name the task uses
@@ -398,6 +412,22 @@ def test_once_backend_raise_or_lock_and_clear_lock(app: Celery) -> None:
     backend.clear_lock("qo_by_hand")
     backend.raise_or_lock("qo_by_hand", timeout=60)  # free again
     backend.clear_lock("qo_by_hand")
+
+
+def test_once_raise_or_lock_by_hand_holds_the_key(app: Celery) -> None:
+    # celery-once: a key taken by raise_or_lock(key, timeout) makes delay() of that key
+    # raise AlreadyQueued. Its marker had no "sent" note: delay() took it for a publish whose
+    # producer died, waited publish_wait (5 s) and queued the call.
+    task = tasks.args_example
+    key = task.get_key(kwargs={"a": 3, "b": 4})
+    task.once_backend.raise_or_lock(key, timeout=60)
+    began = time.monotonic()
+    with pytest.raises(AlreadyQueued) as caught:
+        send(task, 3, 4)
+    assert time.monotonic() - began < 2.0, "it waited for a publish"
+    assert 50 < caught.value.countdown <= 60
+    task.once_backend.clear_lock(key)
+    send(task, 3, 4)  # free again: queued
 
 
 def test_once_a_failed_publish_frees_the_key(app: Celery) -> None:
