@@ -44,7 +44,7 @@ from celery.local import Proxy
 from celery.signals import task_failure, task_postrun, task_received, task_revoked, worker_ready
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
-from celery.utils.time import maybe_make_aware
+from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.db import connections
 
 from ..backends import markers
@@ -419,6 +419,12 @@ def _queue_unless_followed(
 
 #: The FOLLOW_UP header's value on a poll.
 POLL = "poll"
+
+
+def _moment(value: Any) -> Any:
+    """An ETA or ``expires`` as Celery reads it: an ISO-8601 string (its retries send them
+    so, and ``apply_async`` passes one on) is the moment it names."""
+    return maybe_iso8601(value) if isinstance(value, str) else value
 
 
 def _poll_name(key: str) -> str:
@@ -1344,7 +1350,7 @@ class SingleInstanceTask(Task):
         config = self.single_instance_config()
         assert config is not None
         ttl = self._queue_wait(options) + config.dedupe_ttl
-        expires = options.get("expires", self.expires)
+        expires = _moment(options.get("expires", self.expires))
         if isinstance(expires, datetime.datetime):
             expires = (
                 maybe_make_aware(expires, self.app.timezone) - self.app.now()
@@ -1520,7 +1526,7 @@ class SingleInstanceTask(Task):
     def _queue_wait(self, options: dict[str, Any]) -> float:
         """Seconds the call waits in the queue by its countdown or ETA."""
         wait = float(options.get("countdown") or 0)
-        eta = options.get("eta")
+        eta = _moment(options.get("eta"))
         if isinstance(eta, datetime.datetime):
             eta = maybe_make_aware(eta, self.app.timezone)  # Celery's reading of a naive ETA
             wait = max(wait, (eta - self.app.now()).total_seconds())
