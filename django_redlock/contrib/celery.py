@@ -44,8 +44,9 @@ from celery.local import Proxy
 from celery.signals import task_failure, task_postrun, task_received, task_revoked, worker_ready
 from celery.states import READY_STATES
 from celery.utils import uuid as uuid_text
-from celery.utils.time import maybe_make_aware
+from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.db import connections
+from kombu.utils import json as kombu_json
 
 from ..backends import markers
 from ..backends.base import Kind, Released
@@ -307,6 +308,35 @@ def _is_poll(task: Any) -> bool:
     return bool(_follow_up_kind(task) == POLL)
 
 
+class UnnotableArguments(TypeError):
+    """A coalescing task's call whose arguments Celery's JSON cannot carry: its note (the
+    follow-up runs the call noted last) could not be written, so the call is refused."""
+
+
+def note_text(call: dict[str, Any]) -> str:
+    """A note's text, in Celery's JSON (kombu's): datetime, date, time, UUID, Decimal and
+    bytes are noted as a JSON message carries them, and :func:`read_note` gives them back as
+    the worker gets them from such a message. Raises :class:`UnnotableArguments`."""
+    try:
+        return cast(str, kombu_json.dumps(call))
+    except (TypeError, ValueError, OverflowError) as exc:  # ValueError: a circular reference
+        raise UnnotableArguments(
+            f"on_duplicate='coalesce' notes a call's arguments in Celery's JSON (kombu's:"
+            f" JSON plus datetime, date, time, UUID, Decimal, bytes), which cannot carry"
+            f" these: {exc}"
+        ) from exc
+
+
+def read_note(text: str | bytes) -> dict[str, Any]:
+    """A note's call, its arguments decoded as Celery's JSON serializer decodes them."""
+    return cast(dict[str, Any], kombu_json.loads(text))
+
+
+def check_notable(args: Any, kwargs: Any) -> None:
+    """Refuse a call :func:`note_call` could not note, before anything is written or sent."""
+    note_text({"args": list(args or ()), "kwargs": dict(kwargs or {})})
+
+
 def note_call(
     config: SingleInstance, key: str, args: Any, kwargs: Any, queue: Any,
     task_id: str | None, task_name: str | None = None,
@@ -315,7 +345,7 @@ def note_call(
     arguments win). ``task_name``: lets a starting worker find the task of a note left.
     Returns the note written and the one it replaced (for :func:`unnote_call`)."""
     backend = locks[config.using]
-    note = json.dumps(
+    note = note_text(
         {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id,
          "task": task_name, "call": uuid_text()}
     )  # fmt: skip
@@ -421,6 +451,12 @@ def _queue_unless_followed(
 POLL = "poll"
 
 
+def _moment(value: Any) -> Any:
+    """An ETA or ``expires`` as Celery reads it: an ISO-8601 string (its retries send them
+    so, and ``apply_async`` passes one on) is the moment it names."""
+    return maybe_iso8601(value) if isinstance(value, str) else value
+
+
 def _poll_name(key: str) -> str:
     return f"{key}:coalesce:poll"
 
@@ -438,7 +474,7 @@ def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
         try:
             if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
                 return  # one is coming
-            call = json.loads(noted[0])
+            call = read_note(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             # No expires= (the task's own): a poll is due after the TTL, and one discarded
             # would leave the note with nothing to come should the holder's worker be dead.
@@ -510,7 +546,7 @@ def _claim_note(
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return None
-        call = cast(dict[str, Any], json.loads(found[0]))
+        call = read_note(found[0])
         taken = call.get("taken")
         if taken == task_id:
             return call, found[0]
@@ -520,7 +556,7 @@ def _claim_note(
                             taken, key)  # fmt: skip
                 return None
             continue
-        claimed = json.dumps({**call, "taken": task_id})
+        claimed = note_text({**call, "taken": task_id})
         if markers.swap(backend, _pending_name(key), found[0], claimed, ttl_ms):
             return call, claimed
     return None
@@ -605,7 +641,7 @@ def _queue_follow_up(
                 _unsent_marks.discard(queued)
             else:
                 return
-            call = json.loads(noted[0])
+            call = read_note(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             if countdown:
                 options["countdown"] = countdown
@@ -1187,6 +1223,13 @@ class SingleInstanceTask(Task):
         """
         config = _config_of(self)
         if config is None or not config.dedupe_queued:
+            # Refused here, not on the worker that notes it as a duplicate (a retry was accepted).
+            if (
+                config is not None
+                and config.on_duplicate == "coalesce"
+                and not options.get("retries")
+            ):
+                check_notable(args, kwargs)
             return super().apply_async(args, kwargs, **options)
         watch_revokes(self.app)
         key = lock_key(self, *(args or ()), **(kwargs or {}))
@@ -1212,6 +1255,8 @@ class SingleInstanceTask(Task):
             options.get("retries")
         )
         coalesce = config.on_duplicate == "coalesce" and not retrying
+        if coalesce:  # refused here, before any Redis call, not when its note is written
+            check_notable(args, kwargs)
         queue = options.get("queue")
 
         def note() -> tuple[str, str | None]:
@@ -1344,7 +1389,7 @@ class SingleInstanceTask(Task):
         config = self.single_instance_config()
         assert config is not None
         ttl = self._queue_wait(options) + config.dedupe_ttl
-        expires = options.get("expires", self.expires)
+        expires = _moment(options.get("expires", self.expires))
         if isinstance(expires, datetime.datetime):
             expires = (
                 maybe_make_aware(expires, self.app.timezone) - self.app.now()
@@ -1520,7 +1565,7 @@ class SingleInstanceTask(Task):
     def _queue_wait(self, options: dict[str, Any]) -> float:
         """Seconds the call waits in the queue by its countdown or ETA."""
         wait = float(options.get("countdown") or 0)
-        eta = options.get("eta")
+        eta = _moment(options.get("eta"))
         if isinstance(eta, datetime.datetime):
             eta = maybe_make_aware(eta, self.app.timezone)  # Celery's reading of a naive ETA
             wait = max(wait, (eta - self.app.now()).total_seconds())
@@ -1929,6 +1974,7 @@ for _name, _helper in (("lock_key", _task_lock_key), ("release_lock", _task_rele
 __all__ = [
     "AlreadyQueued",
     "SingleInstanceTask",
+    "UnnotableArguments",
     "duplicate_not_queued",
     "duplicate_skipped",
     "hold_of",

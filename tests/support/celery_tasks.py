@@ -466,3 +466,25 @@ def coalesced_lost(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
 @single_instance(key="late-copy-coalesce:{name}", ttl=10, on_duplicate="coalesce", countdown=0.5)
 def late_copy_coalesce(self: Any, name: str, seconds: float = 4.0) -> str:
     return body(f"late-copy-coalesce:{name}", self.request.id, seconds)
+
+
+# -- coalesce: arguments in Celery's JSON (datetime, UUID, Decimal...) -------------------------
+
+
+def typed_body(group: str, value: Any, seconds: float) -> str:
+    # repr: what the run was given, types included (a datetime, not its ISO string).
+    return body(group, repr(value), seconds)
+
+
+@shared_task(bind=True)
+@single_instance(key="coalesce-typed:{name}", ttl=10, on_duplicate="coalesce")
+def coalesced_typed(self: Any, name: str, value: Any, seconds: float = 0.1) -> str:
+    return typed_body(f"coalesce-typed:{name}", value, seconds)
+
+
+@shared_task(bind=True, base=SingleInstanceTask)
+@single_instance(
+    key="coalesce-typed-dd:{name}", ttl=10, on_duplicate="coalesce", dedupe_queued=True
+)
+def coalesced_typed_deduped(self: Any, name: str, value: Any, seconds: float = 0.1) -> str:
+    return typed_body(f"coalesce-typed-dd:{name}", value, seconds)
