@@ -12,6 +12,9 @@
 -- taken. A waiter registers on the first busy name only; a release of it wakes the waiter
 -- (lua/_wake.lua), which tries the whole set again. Nothing is held while waiting, so two
 -- callers with overlapping sets never wait for each other in a cycle.
+-- The helpers for waiting are spliced in after a one-off try's take has returned. A
+-- registered waiter's take tells the next waiters of the name it waited on to stand down, as
+-- acquire.lua's does (the bounded hand-off: HAND_OFF_MS in _wake.lua).
 --! include _hold
 local token, ttl, meta, waiter, inbox = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local n = #KEYS / 5
@@ -41,6 +44,7 @@ if clash then
   busy = clash[1] -- no wait: the caller raises, holding none
 end
 
+local took
 if not busy then
   for i = 1, n do
     local base = 5 * i - 5
@@ -51,18 +55,28 @@ if not busy then
       fences[i], priors[i] = hold_take(KEYS[base + 1], KEYS[base + 2], token, ttl, meta, false,
                                        now)
     end
-    if waiter ~= '' then
-      redis.call('ZREM', KEYS[base + 5], waiter)
-    end
   end
   for i = 1, n do
     fences[n + i] = priors[i]
   end
-  return {1, unpack(fences)}
+  if waiter == '' then
+    return {1, unpack(fences)}
+  end
+  took = {1, unpack(fences)}
 end
 
 --! include _wake
 --! include _queue
+
+if took then
+  -- The waiter leaves every name's waiters' set; where it had a place (the name whose
+  -- release woke it), those told to stand by at that release stand down (wait_took): a bare
+  -- ZREM left the next waiter's timer armed, a try 500 ms later that could not succeed.
+  for i = 1, n do
+    wait_took(KEYS[5 * i], waiter, inbox)
+  end
+  return took
+end
 
 -- Not all free: hold none. A name of ours (a lost reply's) is let go; a name this waiter
 -- was registered on and that is free now passes the wake-up on to its next waiter.

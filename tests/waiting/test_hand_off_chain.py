@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import lock, locks, semaphore
+from django_redlock import lock, lock_all, locks, semaphore
 
 from ..conftest import Child
 
@@ -202,6 +202,56 @@ def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind
     _wait_for_waiters(name, 1)
     _queue_up(name, kind, ["standdownB.1", "standdownC.1"])
     last, last_thread = _live_waiter(name, kind, 3, [])
+    try:
+        _wait_for_waiters(name, 4)
+        time.sleep(0.1)  # all asleep on the holder's TTL
+        before = _evalsha_calls()
+        released = time.monotonic()
+        holder.release()
+        first_thread.join(3)
+        assert got, "A never took the lock"
+        time.sleep(1.2)  # past D's stand-by (500 ms) and C's (1 s)
+        scripts = _evalsha_calls() - before
+        # A take later than D's stand-by (a loaded machine) leaves D the try it is promised.
+        late = got[0] - released > 0.4
+        assert scripts == 2 or (late and scripts == 3), (
+            f"{scripts} scripts: the release, A's take, and spurious tries"
+            f" (A took {got[0] - released:.3f} s after the release)"
+        )
+    finally:
+        if got:
+            first.release()
+        first_thread.join(5)
+        last_thread.join(5)
+        if last.owned():
+            last.release()
+        pubsub.close()
+
+
+def test_a_taken_lock_all_hand_off_stands_down_the_next_waiters(name: str) -> None:
+    """As the plain lock()'s, with a lock_all() first in line (this process, registered on
+    the held name): B and C (two other processes), D (a lock() of this process). The release
+    wakes A and tells B, C and D to stand by; A's take (lua/acquire_all.lua) stands all three
+    down: no try runs after it (its take left only its own place, and D's timer fired a try
+    500 ms later that could not succeed)."""
+    pubsub = _paused_processes("allstandB", "allstandC")
+    holder = _one(name, "plain")
+    for _ in range(2):  # the release script loaded: its first call counts its NOSCRIPT too
+        assert holder.acquire(blocking=False)
+        holder.release()
+    assert holder.acquire(blocking=False)
+    first = lock_all(name, f"{name}:other", ttl=20, using="redis")
+    got: list[float] = []
+
+    def wait_all() -> None:
+        if first.acquire(timeout=5):
+            got.append(time.monotonic())
+
+    first_thread = threading.Thread(target=wait_all)
+    first_thread.start()
+    _wait_for_waiters(name, 1)
+    _queue_up(name, "plain", ["allstandB.1", "allstandC.1"])
+    last, last_thread = _live_waiter(name, "plain", 3, [])
     try:
         _wait_for_waiters(name, 4)
         time.sleep(0.1)  # all asleep on the holder's TTL
