@@ -328,8 +328,15 @@ def test_waits_after_a_silent_verdict_work_once_the_connection_is_made_again(
         with _alias("sleepy", config):
             held, take = holder_and_waiter("lock", name)
             thread, outcome = start(take)
+            # Its subscription went through the proxy (marked there first), not only 0.5 s
+            # passed: one made after the blackhole would pass, the waiter sleeping on.
+            deadline = time.monotonic() + 5
+            while not server.client().pubsub_channels() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.client().pubsub_channels(), "the waiter never subscribed"
             proxy.blackhole_subscribers()
             thread.join(SOCKET_TIMEOUT + 5)
+            assert not thread.is_alive(), "the waiter slept on"  # (not a ValueError below)
             error, _ended = outcome
             assert isinstance(error, BackendUnavailable), error
             for _ in range(2):
