@@ -619,12 +619,16 @@ class ReleaseHub:
 
     def declare_heard(self, waiters: list[AnyWaiter] | None = None) -> None:
         """This hub's server answered again (a quorum's node back before the waiters gave
-        up): it no longer counts against them."""
+        up): it no longer counts against them. Not against those the verdict reached (woken
+        to raise): they gave up when it came."""
         if waiters is None:
             with self._mutex:
                 waiters = [w for group in self._waiters.values() for w in group]
         for waiter in waiters:
-            waiter.unheard.discard(self)
+            # Taken back, a woken waiter whose thread looked only after the reconnect was
+            # heard (a few ms: the GIL, a busy machine) slept on, one that looked first raised.
+            if not unheard(waiter):
+                waiter.unheard.discard(self)
 
     def unheard_error(self, alias: str, lock: str) -> str:
         """What a waiter whose server went silent says (see :func:`unheard`)."""

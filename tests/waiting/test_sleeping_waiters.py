@@ -328,8 +328,15 @@ def test_waits_after_a_silent_verdict_work_once_the_connection_is_made_again(
         with _alias("sleepy", config):
             held, take = holder_and_waiter("lock", name)
             thread, outcome = start(take)
+            # Its subscription went through the proxy (marked there first), not only 0.5 s
+            # passed: one made after the blackhole would pass, the waiter sleeping on.
+            deadline = time.monotonic() + 5
+            while not server.client().pubsub_channels() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.client().pubsub_channels(), "the waiter never subscribed"
             proxy.blackhole_subscribers()
             thread.join(SOCKET_TIMEOUT + 5)
+            assert not thread.is_alive(), "the waiter slept on"  # (not a ValueError below)
             error, _ended = outcome
             assert isinstance(error, BackendUnavailable), error
             for _ in range(2):
@@ -341,6 +348,42 @@ def test_waits_after_a_silent_verdict_work_once_the_connection_is_made_again(
             held.release()
             thread.join(10)
             assert outcome[0] is True, outcome
+    finally:
+        proxy.close()
+
+
+def test_a_silent_verdict_stands_for_a_waiter_that_looks_after_the_reconnect_is_heard(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The verdict wakes the waiter to raise; the hub drops the silent connection, and its
+    reconnect (the server answers) is heard within a few ms. A waiter whose thread looks
+    only after that (the GIL, a busy machine: this test looks late on purpose) still finds
+    the verdict: taken back, it slept on (and the test above saw it once, a full run's
+    waiter neither raising nor returning), while one that looked first raised."""
+    from django_redlock.waiters import unheard
+
+    from ..support.proxy import LossyProxy
+
+    server = redis_factory()
+    proxy = LossyProxy(server.port)
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": proxy.url,
+        "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
+    }
+    try:
+        with _alias("sleepy", config), locks["sleepy"].hub.watch(name) as waiter:
+            proxy.blackhole_subscribers()  # watch() returned: the server confirmed it
+            # Heard again after the verdict: the reader's notify_all passes the baton (only
+            # then: the verdict itself does not, nor a reconnect while unheard).
+            deadline = time.monotonic() + SOCKET_TIMEOUT + 5
+            while not waiter.baton and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert waiter.baton, "no verdict, or no reconnect heard"
+            # (Subscribed again by the reconnect; the old connection closed with its socket.)
+            assert server.client().pubsub_numsub(name) == [(name.encode(), 1)]
+            assert waiter.wait(0), "the verdict did not wake the waiter"
+            assert unheard(waiter), "the verdict was taken back before the waiter looked"
     finally:
         proxy.close()
 
