@@ -39,41 +39,18 @@ class TimeLimit(Exception):
     """Celery's ``SoftTimeLimitExceeded``: an ``Exception`` a signal handler raises."""
 
 
-def _cut_on_call_line(nth: int) -> Any:
+def _cut_on_call_line(nth: int, robust: bool = False) -> Any:
     """Trace function: ``TimeLimit`` as Django's loop reaches, the ``nth`` time, the line that
-    calls a callback registered without ``robust`` (the loop's last ``func()`` line), before
-    the call is made."""
+    calls a callback, before the call is made: one registered without ``robust`` (the loop's
+    last ``func()`` line), or a robust one (its first, inside its ``try:``: Django's
+    ``except`` takes the cut for that callback's error and goes on)."""
+    pick = min if robust else max
 
     def called(frame: FrameType, event: str, arg: Any) -> Any:
         if event != "call" or frame.f_code.co_name != LOOP:
             return None
         lines, first = inspect.getsourcelines(frame.f_code)
-        call = first + max(i for i, text in enumerate(lines) if text.strip() == "func()")
-        seen: list[int] = []
-
-        def line(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_lineno == call:
-                seen.append(call)
-                if len(seen) == nth:
-                    sys.settrace(None)
-                    raise TimeLimit("soft time limit")
-            return line
-
-        return line
-
-    return called
-
-
-def _cut_on_robust_call_line(nth: int) -> Any:
-    """Trace function: ``TimeLimit`` as Django's loop reaches, the ``nth`` time, the line that
-    calls a robust callback (the loop's first ``func()`` line, inside its ``try:``), before the
-    call is made: Django's ``except`` takes it for that callback's error and goes on."""
-
-    def called(frame: FrameType, event: str, arg: Any) -> Any:
-        if event != "call" or frame.f_code.co_name != LOOP:
-            return None
-        lines, first = inspect.getsourcelines(frame.f_code)
-        call = first + min(i for i, text in enumerate(lines) if text.strip() == "func()")
+        call = first + pick(i for i, text in enumerate(lines) if text.strip() == "func()")
         seen: list[int] = []
 
         def line(frame: FrameType, event: str, arg: Any) -> Any:
@@ -209,7 +186,7 @@ def test_a_time_limit_before_a_robust_callbacks_call_runs_it_all_the_same(
             on_commit_or_proved(callback("proved"), using=using)
             transaction.on_commit(callback("robust"), using=using, robust=True)
             transaction.on_commit(callback("c"), using=using)
-            sys.settrace(_cut_on_robust_call_line(nth))
+            sys.settrace(_cut_on_call_line(nth, robust=True))
     finally:
         sys.settrace(None)
     assert sorted(ran) == [("a", True), ("c", True), ("proved", True), ("robust", True)]
@@ -245,7 +222,7 @@ def test_a_marker_never_called_by_djangos_loop_still_marks_the_block_committed(
         with lock(name, ttl=30, atomic=PG):
             sell_one(PG, 1, "first")
             on_commit_or_proved(proved, using=PG)
-            sys.settrace(_cut_on_robust_call_line(1))
+            sys.settrace(_cut_on_call_line(1, robust=True))
     finally:
         sys.settrace(None)
     assert cuts == ["release"] and ran == ["proved"]

@@ -186,21 +186,26 @@ def _live_waiter(name: str, kind: str, timeout: float, got: list[float]) -> tupl
     return live, thread
 
 
-@pytest.mark.parametrize("kind", ["plain", "fair"])
-def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind: str) -> None:
-    """Line: A (this process), B and C (two other processes), D (this process). The release
-    wakes A and tells B, C and D (A's process's next) to stand by; A takes at once, and its
+def _taken_hand_off_stands_down(name: str, kind: str, first: Any, tag: str) -> None:
+    """Line: ``first`` (A, this process), B and C (two other processes), D (a lock() of this
+    process). The release wakes A and tells B, C and D to stand by; A takes at once, and its
     take stands all three down: no try runs after it (D's timer used to fire at 500 ms)."""
-    pubsub = _paused_processes("standdownB", "standdownC")
+    pubsub = _paused_processes(f"{tag}B", f"{tag}C")
     holder = _one(name, kind)
     for _ in range(2):  # the release script loaded: its first call counts its NOSCRIPT too
         assert holder.acquire(blocking=False)
         holder.release()
     assert holder.acquire(blocking=False)
     got: list[float] = []
-    first, first_thread = _live_waiter(name, kind, 5, got)
+
+    def wait() -> None:
+        if first.acquire(timeout=5):
+            got.append(time.monotonic())
+
+    first_thread = threading.Thread(target=wait)
+    first_thread.start()
     _wait_for_waiters(name, 1)
-    _queue_up(name, kind, ["standdownB.1", "standdownC.1"])
+    _queue_up(name, kind, [f"{tag}B.1", f"{tag}C.1"])
     last, last_thread = _live_waiter(name, kind, 3, [])
     try:
         _wait_for_waiters(name, 4)
@@ -228,54 +233,17 @@ def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind
         pubsub.close()
 
 
+@pytest.mark.parametrize("kind", ["plain", "fair"])
+def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind: str) -> None:
+    """A is a lock() of this process, D its process's next waiter."""
+    _taken_hand_off_stands_down(name, kind, _one(name, kind), "standdown")
+
+
 def test_a_taken_lock_all_hand_off_stands_down_the_next_waiters(name: str) -> None:
-    """As the plain lock()'s, with a lock_all() first in line (this process, registered on
-    the held name): B and C (two other processes), D (a lock() of this process). The release
-    wakes A and tells B, C and D to stand by; A's take (lua/acquire_all.lua) stands all three
-    down: no try runs after it (its take left only its own place, and D's timer fired a try
-    500 ms later that could not succeed)."""
-    pubsub = _paused_processes("allstandB", "allstandC")
-    holder = _one(name, "plain")
-    for _ in range(2):  # the release script loaded: its first call counts its NOSCRIPT too
-        assert holder.acquire(blocking=False)
-        holder.release()
-    assert holder.acquire(blocking=False)
+    """A is a lock_all() registered on the held name: its take (lua/acquire_all.lua) left
+    only its own place, and D's timer fired a try 500 ms later that could not succeed."""
     first = lock_all(name, f"{name}:other", ttl=20, using="redis")
-    got: list[float] = []
-
-    def wait_all() -> None:
-        if first.acquire(timeout=5):
-            got.append(time.monotonic())
-
-    first_thread = threading.Thread(target=wait_all)
-    first_thread.start()
-    _wait_for_waiters(name, 1)
-    _queue_up(name, "plain", ["allstandB.1", "allstandC.1"])
-    last, last_thread = _live_waiter(name, "plain", 3, [])
-    try:
-        _wait_for_waiters(name, 4)
-        time.sleep(0.1)  # all asleep on the holder's TTL
-        before = _evalsha_calls()
-        released = time.monotonic()
-        holder.release()
-        first_thread.join(3)
-        assert got, "A never took the lock"
-        time.sleep(1.2)  # past D's stand-by (500 ms) and C's (1 s)
-        scripts = _evalsha_calls() - before
-        # A take later than D's stand-by (a loaded machine) leaves D the try it is promised.
-        late = got[0] - released > 0.4
-        assert scripts == 2 or (late and scripts == 3), (
-            f"{scripts} scripts: the release, A's take, and spurious tries"
-            f" (A took {got[0] - released:.3f} s after the release)"
-        )
-    finally:
-        if got:
-            first.release()
-        first_thread.join(5)
-        last_thread.join(5)
-        if last.owned():
-            last.release()
-        pubsub.close()
+    _taken_hand_off_stands_down(name, "plain", first, "allstand")
 
 
 def test_a_plain_waiter_behind_a_paused_fair_head_waits_one_hand_off(name: str) -> None:
