@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, NamedTuple, TypeVar, cast
 
 from .. import observe
@@ -314,8 +314,62 @@ async def adrive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = 
         raise
 
 
+class _Cancels:
+    """The running task's cancellations, to tell one that never reached the driver.
+
+    redis-py sends each command under ``asyncio.wait_for``, which before Python 3.12 returns
+    the inner result when a cancellation races it (so may any await under a step): the step
+    then ends as if nothing happened, and the steps would go on (a waiter staying in line,
+    taking the lock at the next release). A cancellation requested during a step still
+    counts in the task's ``cancelling()`` (Python 3.11+), so one counted and not raised is
+    thrown into the steps at that step, as if raised there: their clean-up runs (a hold
+    granted in that moment handed back, the queue left). Python 3.10 counts nothing: there
+    each command runs apart (:func:`_apart`), so that none is swallowed."""
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        self.count: Callable[[], int] | None = getattr(task, "cancelling", None)
+        self.seen = self.count() if self.count is not None else 0
+
+    def lost(self, error: BaseException | None) -> BaseException | None:
+        """What to throw into the steps after a step that raised ``error`` (None: replied):
+        a CancelledError in its place if a cancellation came during it and was swallowed."""
+        if self.count is None:
+            return error
+        now, seen = self.count(), self.seen
+        self.seen = now  # (one that did reach the driver is counted too: not thrown twice)
+        if now > seen and not isinstance(error, asyncio.CancelledError):
+            return asyncio.CancelledError()
+        return error
+
+
+async def _apart(command: Awaitable[T]) -> T:
+    """Await ``command`` in a task of its own (Python 3.10, see :class:`_Cancels`):
+    asyncio.wait never drops the caller's cancellation, whatever the command's insides do
+    with the one it is then given."""
+    task = asyncio.ensure_future(command)
+    try:
+        await asyncio.wait({task})
+    except asyncio.CancelledError:
+        task.cancel()  # as aexecute_by's: redis-py drops the connection of a command cut short
+        # Its end awaited: a reply read (its cancellation swallowed) is the server's before
+        # the clean-up's commands, sent on other connections (a hand-back must follow the
+        # grant it hands back). A later cancellation does not cut this: this one is raised.
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # (its error, if any, is the cancellation's now: retrieved)
+        raise
+    except BaseException:
+        task.cancel()  # (closed: nothing can be awaited any more)
+        raise
+    return task.result()
+
+
 async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any]) -> T:
     reply, error = None, None
+    cancels = _Cancels()
     while True:
         try:
             step = steps.send(reply) if error is None else steps.throw(error)
@@ -325,9 +379,10 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
         try:
             if isinstance(step, Op):
                 if watches:  # as in _drive
-                    reply = await backend.aexecute_by(step, _tried_by(backend))
+                    command = backend.aexecute_by(step, _tried_by(backend))
                 else:
-                    reply = await backend.aexecute(step)
+                    command = backend.aexecute(step)
+                reply = await (command if cancels.count is not None else _apart(command))
             elif isinstance(step, Sleep):
                 reply = await step.waiter.wait(step.seconds)
                 _check_heard(backend, step)
@@ -366,6 +421,7 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
             error = exc
+        error = cancels.lost(error)  # a swallowed cancellation: thrown in at this step
 
 
 def _finish_closed(backend: BaseLockBackend, steps: Steps[Any]) -> None:

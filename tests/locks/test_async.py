@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -215,3 +217,99 @@ def test_a_second_cancellation_during_async_withs_release_still_releases(
         waited = asyncio.run(scenario())
         locks["one"].close()
     assert waited < 2, f"the next holder waited {waited:.1f} s"
+
+
+def _send_done(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` is suspended in asyncio.wait_for (redis-py sends each command under
+    it) whose inner send has finished: a cancellation landing now is swallowed by wait_for
+    before Python 3.12, which returns the send's result instead of raising."""
+    coro: object = task.get_coro()  # (not task.get_stack(): it stops at a Future)
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None)
+        code = None if frame is None else frame.f_code
+        if code is not None and code.co_name == "wait_for" and "asyncio" in code.co_filename:
+            inner = frame.f_locals.get("fut")  # type: ignore[union-attr]
+            return isinstance(inner, asyncio.Future) and inner.done()
+        coro = getattr(coro, "cr_await", None)
+    return False
+
+
+async def _at_a_finished_send(task: asyncio.Task[Any]) -> None:
+    """Step the loop until ``task``, or a task it awaits (each command's, on Python 3.10),
+    is in the window of :func:`_send_done`: the first command's (nothing else sends yet)."""
+    for _ in range(100_000):
+        await asyncio.sleep(0)
+        others = asyncio.all_tasks() - {task, asyncio.current_task()}
+        if any(_send_done(each) for each in (task, *others)):
+            return
+    if sys.version_info >= (3, 12):
+        pytest.skip("wait_for no longer swallows a cancellation (Python 3.12+)")
+    pytest.fail("never caught a command's send finished inside wait_for")
+
+
+@pytest.mark.parametrize("busy", [True, False], ids=["waiting", "granted"])
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_cancellation_swallowed_by_redis_pys_send_still_cancels_the_acquire(
+    redis_alias: str, redis_server: RedisServer, name: str, fair: bool, busy: bool
+) -> None:
+    """The task is cancelled as its try's send finishes inside redis-py's wait_for, which
+    (before Python 3.12) drops the cancellation. The acquire still raises CancelledError, at
+    once: it neither waits on to take the lock at the next release (``busy``) nor keeps a
+    hold granted in that moment (else); nothing but the fence counter is left on the server."""
+
+    async def scenario() -> None:
+        holder = lock(name, using=redis_alias, ttl=30, fair=fair)
+        if busy:
+            assert await holder.aacquire(blocking=False)
+        waiter = lock(name, using=redis_alias, ttl=30, fair=fair)
+        task = asyncio.ensure_future(waiter.aacquire(timeout=None))
+        await _at_a_finished_send(task)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=2)
+        if busy:
+            await holder.arelease()  # never taken by the cancelled waiter
+        if not done:
+            await asyncio.wait([task], timeout=5)
+        assert task.cancelled(), f"the cancelled acquire returned {task.result()!r}"
+        assert not await waiter.aowned()
+        assert not await waiter.alocked()  # a hold granted in that moment was handed back
+        left = {key for key in _keys(redis_server) if name.encode() in key}
+        assert {key for key in left if not key.endswith(b":f")} == set()  # (the fence stays)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout: Python 3.11+")
+def test_an_asyncio_timeout_expiring_as_a_send_finishes_ends_the_wait(
+    redis_alias: str, name: str
+) -> None:
+    """``async with asyncio.timeout(T)`` around a waiting aacquire(): its expiry lands as a
+    send finishes inside redis-py's wait_for. The wait still ends then, with TimeoutError,
+    not when the lock frees."""
+
+    async def scenario() -> None:
+        holder = lock(name, using=redis_alias, ttl=30)
+        assert await holder.aacquire(blocking=False)
+        waiter = lock(name, using=redis_alias, ttl=30)
+        scope: list[asyncio.Timeout] = []
+
+        async def user() -> bool:
+            async with asyncio.timeout(30) as cm:
+                scope.append(cm)
+                return await waiter.aacquire()
+
+        task = asyncio.ensure_future(user())
+        while not scope:
+            await asyncio.sleep(0)
+        await _at_a_finished_send(task)
+        scope[0].reschedule(asyncio.get_running_loop().time())  # it expires now
+        done, _ = await asyncio.wait([task], timeout=2)
+        await holder.arelease()
+        if not done:
+            await asyncio.wait([task], timeout=5)
+        assert done, "the wait outlived its asyncio.timeout"
+        with pytest.raises(TimeoutError):
+            task.result()
+        assert not await waiter.aowned()
+
+    asyncio.run(scenario())
