@@ -301,9 +301,12 @@ def test_the_test_app_used_before_its_configuration_stores_results(
 ) -> None:
     """An eager apply in this test process (tests/interrupts/) makes the app's result backend
     before configure() ran: configure() must not leave the disabled one for later tests."""
+    celery_app.forget_backend()  # as in a process where nothing used the app yet
     celery_app.app.conf.result_backend = None
-    assert type(celery_app.app.backend).__name__ == "DisabledBackend"
-    celery_app.configure(redis_server.url)
+    try:
+        assert type(celery_app.app.backend).__name__ == "DisabledBackend"
+    finally:
+        celery_app.configure(redis_server.url)
     assert type(celery_app.app.backend).__name__ == "RedisBackend"
 
 

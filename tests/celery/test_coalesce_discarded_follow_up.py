@@ -157,9 +157,10 @@ def test_coalesce_a_running_follow_up_revoked_without_terminate_then_killed(
     if later:  # a duplicate's call while it runs
         note_call(config, key, (name, "c", 0.1), {}, held.queue, None, task.name)
     # REVOKED is stored as the revoke reaches the worker (a ready state: get() returns then);
-    # the time limit's FAILURE comes after it.
-    wait_for(lambda: running.state == "FAILURE", timeout=20)
-    assert "TimeLimitExceeded" in repr(running.result)
+    # the time limit's FAILURE comes after it. A result read in a ready state keeps it (Celery
+    # caches it in the AsyncResult): each look is a new one, else a REVOKED read stays.
+    wait_for(lambda: celery_app.app.AsyncResult(running.id).state == "FAILURE", timeout=20)
+    assert "TimeLimitExceeded" in repr(celery_app.app.AsyncResult(running.id).result)
     wait_for(lambda: not locks[config.using].is_locked(key), timeout=20)
     wait_for(lambda: markers.read(locks[config.using], f"{key}:coalesce") is None, timeout=20)
     time.sleep(0.5)  # nothing more follows

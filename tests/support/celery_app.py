@@ -16,13 +16,17 @@ app = Celery(
 )
 
 
-def configure(redis_url: str) -> None:
-    base = redis_url.rsplit("/", 1)[0]
-    # Celery makes the app's result backend at its first use and keeps it: an eager apply in
-    # this process before configure() (tests/interrupts/) would leave every later test of
-    # the process with the disabled one ("No result backend is configured").
+def forget_backend() -> None:
+    """Celery makes the app's result backend at its first use and keeps it: an eager apply in
+    this process before configure() (tests/interrupts/) would leave every later test of the
+    process with the disabled one ("No result backend is configured")."""
     app._backend_cache = None
     vars(app._local).pop("backend", None)
+
+
+def configure(redis_url: str) -> None:
+    base = redis_url.rsplit("/", 1)[0]
+    forget_backend()
     app.conf.update(
         broker_url=f"{base}/1",
         result_backend=f"{base}/2",
