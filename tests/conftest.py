@@ -142,6 +142,20 @@ def _add_alias(alias: str, config: dict[str, object]) -> Iterator[None]:
     override.disable()
 
 
+@pytest.fixture
+def redis_alone(redis_factory: Callable[..., RedisServer]) -> Iterator[RedisServer]:
+    """The "redis" alias on a server of this test's own: a test that counts the scripts a
+    server ran counts its own only (an earlier test's leftover hold, renewed by the watchdog
+    of this process, ran one on the shared server in the window of a count)."""
+    from django.conf import settings
+
+    server = redis_factory()
+    config = {**settings.DJANGO_REDLOCK["redis"], "LOCATION": server.url}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "redis": config}):
+        yield server
+        locks["redis"].close()
+
+
 @pytest.fixture(scope="session")
 def cluster_nodes() -> Iterator[list[RedisServer]]:
     """A real 3-master Redis Cluster."""

@@ -234,11 +234,13 @@ def _taken_hand_off_stands_down(name: str, kind: str, first: Any, tag: str) -> N
 
 
 @pytest.mark.parametrize("kind", ["plain", "fair"])
+@pytest.mark.usefixtures("redis_alone")
 def test_a_taken_hand_off_stands_down_the_takers_own_next_waiter(name: str, kind: str) -> None:
     """A is a lock() of this process, D its process's next waiter."""
     _taken_hand_off_stands_down(name, kind, _one(name, kind), "standdown")
 
 
+@pytest.mark.usefixtures("redis_alone")
 def test_a_taken_lock_all_hand_off_stands_down_the_next_waiters(name: str) -> None:
     """A is a lock_all() registered on the held name: its take (lua/acquire_all.lua) left
     only its own place, and D's timer fired a try 500 ms later that could not succeed."""

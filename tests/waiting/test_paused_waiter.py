@@ -88,7 +88,7 @@ def test_a_paused_first_waiter_stalls_the_next_for_the_hand_off_delay_only(
 
 @pytest.mark.parametrize("fair", KINDS)
 def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
-    redis_server: RedisServer, child: Callable[..., Child], name: str, fair: bool
+    redis_alone: RedisServer, child: Callable[..., Child], name: str, fair: bool
 ) -> None:
     """The woken waiter holds longer than the hand-off delay: the next one, told to stand by
     at the release, was told to stand down by the take (no try of its own before it is
@@ -109,7 +109,8 @@ def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
     waiters: list[Child] = []
     for tag, hold in (("0", "0.8"), ("1", "0.02")):
         waiter = child(
-            "queue", "--name", name, "--order", order, "--tag", tag, "--hold", hold, *kind
+            "queue", "--name", name, "--order", order, "--tag", tag, "--hold", hold, *kind,
+            url=redis_alone.url,
         )  # fmt: skip
         waiter.expect("WAITING")
         _wait_for_waiters(name, len(waiters) + 1)
@@ -119,7 +120,7 @@ def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
     head = client.lindex(locks["redis"].queue_key(name), 0) if fair else None
     second.process.send_signal(signal.SIGSTOP)
     try:
-        before = redis_server.script_calls()
+        before = redis_alone.script_calls()
         released = time.monotonic()
         holder.release()
         deadline, missed = time.monotonic() + 10, False
@@ -140,7 +141,7 @@ def test_a_live_first_waiter_takes_its_turn_and_the_next_stands_down(
     assert client.lrange(order, 0, -1) == [b"0", b"1"]  # in turn: the first, then the next
     # The holder's release, the first's take and release, the next one's take and release.
     time.sleep(0.05)
-    scripts = redis_server.script_calls() - before
+    scripts = redis_alone.script_calls() - before
     # A take seen later than the next one's stand-by (500 ms, a loaded machine): the next
     # one read its stand-by past its timer on waking, and its refused try is the promised one.
     assert scripts == 5 or (took > 0.4 and scripts == 6), (scripts, f"took {took:.3f} s")
@@ -168,7 +169,7 @@ def test_the_hub_wakes_a_waiter_standing_by_unless_it_stands_down() -> None:
 
 @pytest.mark.parametrize("paused", [True, False], ids=["paused", "live"])
 def test_a_semaphore_s_next_waiter_stands_by_and_down_as_a_lock_s(
-    redis_server: RedisServer, child: Callable[..., Child], name: str, paused: bool
+    redis_alone: RedisServer, child: Callable[..., Child], name: str, paused: bool
 ) -> None:
     """A semaphore's release wakes one plain waiter per permit freed (it leaves the set as it
     is woken): paused, it took the permit's only wake-up (5.8 s, the second's timeout, before
@@ -178,7 +179,7 @@ def test_a_semaphore_s_next_waiter_stands_by_and_down_as_a_lock_s(
     assert holder.acquire(blocking=False)
     first = child(
         "lease", "--name", name, "--kind", "sem", "--limit", "1", "--ttl", "20",
-        "--timeout", "30",
+        "--timeout", "30", url=redis_alone.url,
     )  # fmt: skip
     first.expect("WAITING")
     _wait_for_waiters(name, 1)
@@ -195,17 +196,21 @@ def test_a_semaphore_s_next_waiter_stands_by_and_down_as_a_lock_s(
     _wait_for_waiters(name, 2)
     time.sleep(0.1)
     if not paused:
-        before = redis_server.script_calls()
+        before = redis_alone.script_calls()
+        released = time.monotonic()
         holder.release()
         first.expect("ACQUIRED")
+        took = time.monotonic() - released
         time.sleep(0.8)  # past the hand-off delay
         first.send("release")
         first.expect("RELEASED")
         thread.join(10)
         assert got, "the second waiter never got the permit"
         time.sleep(0.05)
-        # The holder's release, the child's take and release, the thread's take and release.
-        assert redis_server.script_calls() - before == 5, redis_server.script_calls() - before
+        # The holder's release, the child's take and release, the thread's take and release;
+        # a take later than the stand-by (a loaded machine): the next one's promised try too.
+        scripts = redis_alone.script_calls() - before
+        assert scripts == 5 or (took > 0.4 and scripts == 6), (scripts, f"took {took:.3f} s")
         return
     first.process.send_signal(signal.SIGSTOP)
     try:
