@@ -721,8 +721,13 @@ class Debts:
 
     def collect(self) -> None:
         """Start the collector when debts are owed and none runs (or it stopped beating)."""
-        if not self.any:
-            return
+        if self.any:
+            self.watch()
+
+    def watch(self) -> None:
+        """Start the collector if none runs (or it stopped beating): it runs while debts are
+        owed, or asyncio writes are open (``NodeIO._open``: their loop may be closed with
+        them pending, :meth:`NodeIO.owe_closed_loops`)."""
         now = time.monotonic()
         with self._lock:
             if self._collector is not None and now - self._beat < 2 * self._io.timeout + 1:
@@ -736,10 +741,11 @@ class Debts:
         while self._collector is token:
             self._beat = time.monotonic()
             with self._lock:
-                if not self.any:
+                if not self.any and not io.open_writes:
                     self._collector = None
                     return
             try:
+                io.owe_closed_loops()  # owed now, paid below (or by the probe)
                 start_probes(io.health, io.nodes, self.pay_before_up)  # no request may come
                 slow = io.slow(time.monotonic(), io.slow_after)
                 for i in range(len(io.nodes)):
@@ -1640,6 +1646,10 @@ class NodeIO:
     def _closed(self, key: object) -> None:
         self._open.pop(key, None)
 
+    @property
+    def open_writes(self) -> bool:
+        return bool(self._open)
+
     def _later(self, exc: BaseException, clean_up: Callable[[], None]) -> None:
         """A coroutine's clean-up, now, or deferred to the next fan-out when the collector
         closes it (GeneratorExit): it may do so at any allocation of this thread, while it
@@ -1662,6 +1672,11 @@ class NodeIO:
             except IndexError:  # another thread took the last
                 break
             self._run_clean_up(clean_up)
+        self.owe_closed_loops()
+
+    def owe_closed_loops(self) -> None:
+        """Owe what the coroutines of a closed loop held (see :meth:`_owe_orphans`); the debt
+        collector calls it too (:meth:`Debts.watch`)."""
         if not self._open:
             return
         for key, (loop, owe) in list(self._open.items()):
@@ -1768,6 +1783,11 @@ class NodeIO:
         with self._mutex:
             self._tasks.setdefault(i, {})[task] = since
         task.add_done_callback(functools.partial(self._task_done, i))
+        # The caller's loop may be closed without running this task again (the plain
+        # ``run_until_complete(); close()``, not asyncio.run, which cancels it): what it
+        # holds is then owed by the next fan-out, and an idle process makes none. The
+        # collector watches ``_open`` meanwhile, and owes it within its poll.
+        self.debts.watch()
 
     async def _asend(self, i: int, op: Op[Any], owed: str) -> Any:
         """``op`` to node i, its debts first. An exception leaving it leaves ``op`` to the
