@@ -131,14 +131,20 @@ class Unawaited(BackendUnavailable):
     """A node asked, whose reply was not waited for: the others decided."""
 
 
-class Undo(Op[int]):
-    """An acquire's undo on one node: a release of its key and token (a script call whose
-    first key is the lock's key, whose first argument is the token). ``void`` once a try
-    with the same token was sent (see :meth:`Debts.supersede`): never sent after that.
-    ``answered``: the node answered the acquire it undoes (it ran there): owed, it is owed
-    as a release, which the collector sends (see :class:`Debts`)."""
+class Voidable(Op[int]):
+    """A write of a lock's key and token every node must get, which a later try with the
+    same token makes ``void`` (see :meth:`Debts.supersede`): never sent after that. An
+    acquire's undo, and a release once owed (:func:`_voidable`)."""
 
     void = False
+
+
+class Undo(Voidable):
+    """An acquire's undo on one node: a release of its key and token (a script call whose
+    first key is the lock's key, whose first argument is the token). ``answered``: the
+    node answered the acquire it undoes (it ran there): owed, it is owed as a release,
+    which the collector sends (see :class:`Debts`)."""
+
     answered = False
 
 
@@ -463,7 +469,20 @@ class Lanes:
 
 
 def _void(op: Op[Any]) -> bool:
-    return isinstance(op, Undo) and op.void
+    return isinstance(op, Voidable) and op.void
+
+
+def _voidable(op: Op[Any]) -> Op[Any]:
+    """``op``, owed: a release of a key and token is made :class:`Voidable`. The rule: a
+    try with token T voids every write of T owed and not sent yet, as it voids undos. A
+    release of T gets no answer (a hand-back, a release) and the Lock keeps T for its next
+    try; the probe or the collector, which send on a connection of their own, may take it
+    off the books and write it after that try's grant, deleting it (two holders). Void, it
+    is not needed: the try's grant on the node IS the old hold (``ours already``), the
+    try's release frees it, and a try that fails owes its own undo there."""
+    if isinstance(op, Voidable) or _hold_of(op) is None:
+        return op
+    return Voidable(op.name, op.request, op.parse, op.deadline)
 
 
 @dataclass(eq=False, slots=True)
@@ -514,9 +533,11 @@ class Debts:
     hold): a fan-out of that try makes the earlier undos of its key and token void
     (:meth:`supersede`), before anything of it is sent; a void undo is dropped wherever it
     is owed, and never owed again (the retry re-grants or refreshes that hold, and its own
-    failure owes its own undo). One already written to a node and not answered yet (another
-    request carried it, on another connection: the node may run it after the try's grant)
-    keeps the try from that node: not asked, as if slow. Both drivers pay a node's debts
+    failure owes its own undo). A release, once owed, is voided the same way
+    (:func:`_voidable`: the hand-back or release of a Lock that keeps its token for its next
+    try). One already written to a node and not answered yet (another request carried it,
+    on another connection: the node may run it after the try's grant) keeps the try from
+    that node: not asked, as if slow. Both drivers pay a node's debts
     before their request to it (the asyncio one waits for their replies first: its
     connections are not the threads')."""
 
@@ -526,15 +547,15 @@ class Debts:
         self._owed: list[deque[Debt]] = [deque() for _ in io.nodes]
         self._collector: object | None = None
         self._beat = 0.0
-        #: The undos not yet void that may still be sent (owed, or written and unanswered):
-        #: gone once nothing refers to them.
-        self._undos: weakref.WeakSet[Undo] = weakref.WeakSet()
-        #: Per node, the undos written to it whose reply has not been read.
-        self._sending: list[weakref.WeakSet[Undo]] = [weakref.WeakSet() for _ in io.nodes]
+        #: The undos (and releases owed) not yet void that may still be sent (owed, or
+        #: written and unanswered): gone once nothing refers to them.
+        self._undos: weakref.WeakSet[Voidable] = weakref.WeakSet()
+        #: Per node, the voidable writes written to it whose reply has not been read.
+        self._sending: list[weakref.WeakSet[Voidable]] = [weakref.WeakSet() for _ in io.nodes]
 
     def sending(self, i: int, ops: Iterable[Op[Any]]) -> None:
         """``ops`` are being written to node i (their replies are awaited)."""
-        undos = [op for op in ops if isinstance(op, Undo)]
+        undos = [op for op in ops if isinstance(op, Voidable)]
         if undos:
             with self._lock:
                 self._sending[i].update(undos)
@@ -547,15 +568,15 @@ class Debts:
         step: a retry's :meth:`supersede` finds each undo either owed (made void, dropped) or
         under way (the node not asked). Returns their commands. Noted first: an exception
         between leaves one in both (sent twice at worst), never in neither."""
-        if not self._owed[i] and not isinstance(own, Undo):
+        if not self._owed[i] and not isinstance(own, Voidable):
             return []  # the common case: no lock taken
         with self._lock:
             owed = self._owed[i]
             taken = [(d.op, "undo" if d.undo else "release") for d in owed if not _void(d.op)]
             commands = flight.note_debts(taken)
             owed.clear()
-            undos = [op for op, _ in taken if isinstance(op, Undo)]
-            if isinstance(own, Undo):
+            undos = [op for op, _ in taken if isinstance(op, Voidable)]
+            if isinstance(own, Voidable):
                 undos.append(own)
             self._sending[i].update(undos)
         return commands
@@ -563,7 +584,7 @@ class Debts:
     def start(self, i: int, op: Op[Any]) -> bool:
         """``op`` is about to be written to node i: False if it is a void undo (not to be
         sent), else marked under way, in one step with the check (see :meth:`take_sending`)."""
-        if not isinstance(op, Undo):
+        if not isinstance(op, Voidable):
             return True
         with self._lock:
             if op.void:
@@ -573,7 +594,7 @@ class Debts:
 
     def settled(self, i: int, ops: Iterable[Op[Any]]) -> None:
         """``ops``' replies from node i are read (or will never be): no longer in flight."""
-        undos = [op for op in ops if isinstance(op, Undo)]
+        undos = [op for op in ops if isinstance(op, Voidable)]
         if undos:
             with self._lock:
                 for op in undos:
@@ -583,13 +604,13 @@ class Debts:
         """An undo fan-out's ops may be sent later (owed, or straggling): a retry voids them."""
         with self._lock:
             for op in fan:
-                if isinstance(op, Undo):
+                if isinstance(op, Voidable):
                     self._undos.add(op)
 
     def supersede(self, fan: Fan) -> set[int]:
-        """``fan`` (an acquire) may re-grant the holds of its keys and tokens: the undos of
-        those not sent yet are void, and dropped from the books. Returns the nodes where
-        one is written and not answered yet: not to be asked."""
+        """``fan`` (an acquire) may re-grant the holds of its keys and tokens: the undos (and
+        releases owed) of those not sent yet are void, and dropped from the books. Returns the
+        nodes where one is written and not answered yet: not to be asked."""
         if not self._undos and not any(self._sending):
             return set()
         holds = {_hold_of(op) for op in fan if op is not None}
@@ -614,10 +635,18 @@ class Debts:
             return
         with self._lock:
             owed = self._owed[i]
-            owed.append(_debt(op, kind == "undo"))
+            owed.append(self._book(op, kind == "undo"))
             while len(owed) > OWED_MAX:
                 owed.pop()
         self.collect()
+
+    def _book(self, op: Op[Any], undo: bool) -> Debt:
+        """``op`` owed (under the lock): made voidable, and voided by a retry of its token
+        from now on (see :func:`_voidable`)."""
+        op = _voidable(op)
+        if isinstance(op, Voidable):
+            self._undos.add(op)
+        return _debt(op, undo)
 
     def take_kinds(self, i: int, into: list[tuple[Op[Any], str]]) -> None:
         """Node i's debts with their kinds, put in ``into`` and then taken off the books
@@ -636,7 +665,7 @@ class Debts:
             return
         with self._lock:
             owed = self._owed[i]
-            owed.extendleft(_debt(op, kind == "undo") for op, kind in reversed(items))
+            owed.extendleft(self._book(op, kind == "undo") for op, kind in reversed(items))
             while len(owed) > OWED_MAX:
                 owed.pop()
         self.collect()
@@ -658,7 +687,7 @@ class Debts:
         ops = [op for op in ops if not _void(op)]
         if ops:
             with self._lock:
-                self._owed[i].extendleft(_debt(op, undo) for op in reversed(ops))
+                self._owed[i].extendleft(self._book(op, undo) for op in reversed(ops))
             self.collect()
 
     @property
@@ -692,8 +721,13 @@ class Debts:
 
     def collect(self) -> None:
         """Start the collector when debts are owed and none runs (or it stopped beating)."""
-        if not self.any:
-            return
+        if self.any:
+            self.watch()
+
+    def watch(self) -> None:
+        """Start the collector if none runs (or it stopped beating): it runs while debts are
+        owed, or asyncio writes are open (``NodeIO._open``: their loop may be closed with
+        them pending, :meth:`NodeIO.owe_closed_loops`)."""
         now = time.monotonic()
         with self._lock:
             if self._collector is not None and now - self._beat < 2 * self._io.timeout + 1:
@@ -707,10 +741,11 @@ class Debts:
         while self._collector is token:
             self._beat = time.monotonic()
             with self._lock:
-                if not self.any:
+                if not self.any and not io.open_writes:
                     self._collector = None
                     return
             try:
+                io.owe_closed_loops()  # owed now, paid below (or by the probe)
                 start_probes(io.health, io.nodes, self.pay_before_up)  # no request may come
                 slow = io.slow(time.monotonic(), io.slow_after)
                 for i in range(len(io.nodes)):
@@ -1611,6 +1646,10 @@ class NodeIO:
     def _closed(self, key: object) -> None:
         self._open.pop(key, None)
 
+    @property
+    def open_writes(self) -> bool:
+        return bool(self._open)
+
     def _later(self, exc: BaseException, clean_up: Callable[[], None]) -> None:
         """A coroutine's clean-up, now, or deferred to the next fan-out when the collector
         closes it (GeneratorExit): it may do so at any allocation of this thread, while it
@@ -1633,6 +1672,11 @@ class NodeIO:
             except IndexError:  # another thread took the last
                 break
             self._run_clean_up(clean_up)
+        self.owe_closed_loops()
+
+    def owe_closed_loops(self) -> None:
+        """Owe what the coroutines of a closed loop held (see :meth:`_owe_orphans`); the debt
+        collector calls it too (:meth:`Debts.watch`)."""
         if not self._open:
             return
         for key, (loop, owe) in list(self._open.items()):
@@ -1739,6 +1783,11 @@ class NodeIO:
         with self._mutex:
             self._tasks.setdefault(i, {})[task] = since
         task.add_done_callback(functools.partial(self._task_done, i))
+        # The caller's loop may be closed without running this task again (the plain
+        # ``run_until_complete(); close()``, not asyncio.run, which cancels it): what it
+        # holds is then owed by the next fan-out, and an idle process makes none. The
+        # collector watches ``_open`` meanwhile, and owes it within its poll.
+        self.debts.watch()
 
     async def _asend(self, i: int, op: Op[Any], owed: str) -> Any:
         """``op`` to node i, its debts first. An exception leaving it leaves ``op`` to the

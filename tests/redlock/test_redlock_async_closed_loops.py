@@ -25,7 +25,7 @@ import pytest
 
 from django_redlock import LockError, lock
 from django_redlock.backends.base import Kind
-from django_redlock.backends.redlock_io import Fan
+from django_redlock.backends.redlock_io import OWED_POLL, Fan
 from django_redlock.testing import RedisServer
 
 from .test_redlock import quorum_alias
@@ -111,3 +111,52 @@ def test_the_collector_closing_a_stuck_fan_out_takes_no_lock_of_the_io(
                     held.release()
             pytest.fail("the collector's clean-up waited for a lock its thread held")
         assert _held_until(servers, key, name, "closedgc") == []
+
+
+def test_a_release_left_behind_by_a_plainly_closed_loop_lands_with_no_next_request(
+    redis_factory: Callable[..., RedisServer], name: str, no_collection: Any
+) -> None:
+    """Node 0 holds every request back (CLIENT PAUSE 300 ms): the acquire is granted by nodes
+    1 and 2, node 0's straggles, and the release's write to node 0 goes on behind it in the
+    background. The caller closes its loop without cancelling its tasks (the plain
+    ``run_until_complete(); close()``, not asyncio.run): the write was owed only by this
+    process's next Redlock request, and an idle process makes none: the released hold
+    stayed on node 0 to its TTL (30 s). The debt collector owes it, and sends it once the
+    node answers again."""
+    timeout, held_back_ms = 0.5, 300
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("plainclose", servers, socket_timeout=timeout):
+        io = backend_of("plainclose").io
+        key = io.nodes[0].key(name)
+        mine = lock(name, using="plainclose", ttl=30, auto_renew=False)
+
+        async def main() -> float:
+            # Every node connected, its scripts loaded (a NOSCRIPT reply read after the loop
+            # closed would leave the acquire itself unsent).
+            for n in range(3):
+                warm = lock(f"{name}:warm{n}", using="plainclose", auto_renew=False)
+                assert await warm.aacquire(blocking=False)
+                await warm.arelease()
+            await asyncio.sleep(0.1)
+            servers[0].client().execute_command("CLIENT", "PAUSE", held_back_ms, "ALL")
+            paused = time.monotonic()
+            assert await mine.aacquire(blocking=False)  # nodes 1 and 2; node 0's straggles
+            await mine.arelease()  # node 0's release goes on behind it
+            assert io._open, "node 0's release is under way"
+            return paused
+
+        loop = asyncio.new_event_loop()
+        try:
+            paused = loop.run_until_complete(main())
+        finally:
+            loop.close()  # its tasks pending: never run again
+        unpaused = paused + held_back_ms / 1000
+        # No Redlock request from here on. The acquire runs on node 0 once it answers again;
+        # waited for up to 5 s (the hold's TTL is 30 s).
+        deadline = time.monotonic() + 5
+        while (value := servers[0].client().get(key)) is not None:
+            assert time.monotonic() < deadline, f"the release never reached node 0: {value!r}"
+            time.sleep(0.005)
+        landed = time.monotonic() - unpaused
+        assert landed < 2 * OWED_POLL + timeout, landed
+        assert not any(s.client().exists(key) for s in servers[1:])

@@ -322,3 +322,71 @@ def test_an_async_undo_cancelled_by_asyncio_run_s_shutdown_is_sent_by_the_collec
             time.sleep(0.005)
         landed = time.monotonic() - unpaused
         assert landed < OWED_POLL + timeout, landed
+
+
+def test_a_release_owed_under_a_kept_token_never_deletes_the_retry_s_grant(
+    three: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt after the grant, before it was recorded: the hand-back's release got no
+    quorum (nodes 1 and 2 stopped), was owed to them, and the Lock kept its token for the
+    next try. The probes finding the nodes back took the release off the books, and were
+    descheduled before sending it (held here until the retry returned): the retry, with that
+    token, was granted on every node, and the release then deleted its grant on nodes 1 and
+    2: a second Lock took the same name. Owed, a release is void once a try of its token is
+    sent, as an undo is: the probes skip it."""
+    with quorum_alias("handback", three, socket_timeout=0.5):
+        backend = backend_of("handback")
+        for n in range(3):
+            _other_lock(f"{name}:warm{n}", "handback")
+        mine = lock(name, using="handback", ttl=30, auto_renew=False)
+        record = type(mine)._record
+
+        def interrupted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self is mine:
+                three[1].pause()
+                three[2].pause()
+                raise RuntimeError("soft time limit")  # the grant is not recorded
+            return record(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(mine), "_record", interrupted)
+        try:
+            with pytest.raises(RuntimeError):
+                mine.acquire(blocking=False)
+            monkeypatch.setattr(type(mine), "_record", record)
+            token = mine._unsure_token
+            assert token is not None, "the token is kept for the next try"
+            time.sleep(0.7)  # the hand-back's requests to nodes 1 and 2 time out: owed
+            assert all(backend.io.debts._owed[1:]), "the release is owed to nodes 1 and 2"
+        finally:
+            three[1].resume()
+            three[2].resume()
+        taken = threading.Semaphore(0)
+        retried = threading.Event()
+        paid = threading.Semaphore(0)
+        pay = redlock_io.Debts._pay
+
+        def slow_pay(debts: redlock_io.Debts, i: int, ops: list[Any], undo: bool) -> None:
+            ours = any(op.name == name for op in ops)
+            if ours:  # descheduled right after taking the release off the books
+                taken.release()
+                retried.wait(5)
+            try:
+                pay(debts, i, ops, undo)
+            finally:
+                if ours:
+                    paid.release()
+
+        monkeypatch.setattr(redlock_io.Debts, "_pay", slow_pay)
+        for _ in range(2):
+            assert taken.acquire(timeout=5), "the probes took the release owed to nodes 1, 2"
+        try:
+            assert mine.acquire(blocking=False)  # the same token
+        finally:
+            retried.set()
+        for _ in range(2):
+            assert paid.acquire(timeout=5)
+        assert mine.token == token
+        assert _tokens(three, backend, name) == [token.encode()] * 3, "the release ran after"
+        other = lock(name, using="handback", ttl=30, auto_renew=False)
+        assert not other.acquire(blocking=False), "two holders at once"
+        mine.release()
