@@ -71,6 +71,7 @@ import functools
 import inspect
 import logging
 import secrets
+import signal
 import sys
 import threading
 import types
@@ -478,14 +479,14 @@ def _fenced_steps(
         cut_loop = False  # Django's loop over the callbacks cut, none raising: the rest ran
         if outermost and not misnested and isinstance(exc, Exception):
             cut_loop = _run_rest(lock.describe(), using, hooks, entries, exc)
+        began = committed.done and not cut_loop  # the callbacks had begun: one raised
         if outermost and not misnested and _commit_answered(using):
-            began = committed.done and not cut_loop  # the callbacks had begun: one raised
             _finish_autocommit(lock.describe(), using)  # its callbacks run: committed.done
-            if committed.done and not began and isinstance(exc, Exception):
-                logger.warning("redlock: %s: its fenced transaction committed; then %s: %s as"
-                               " Django's exit ended (logged, not raised: the block returns)",
-                               lock.describe(), type(exc).__name__, exc)  # fmt: skip
-                return
+        if committed.done and not began and isinstance(exc, Exception):
+            logger.warning("redlock: %s: its fenced transaction committed; then %s: %s as"
+                           " Django's exit ended (logged, not raised: the block returns)",
+                           lock.describe(), type(exc).__name__, exc)  # fmt: skip
+            return
         if committed.done:
             if not isinstance(exc, Exception):
                 raise  # an interrupt after the COMMIT: it stands, and the interrupt goes on
@@ -715,18 +716,101 @@ def _run_pending(describe: str, using: str) -> None:
 
 class _Called:
     """An ``on_commit`` callback of a fenced transaction, wrapped as its COMMIT is sent: it
-    records that Django's loop called it (see :func:`_run_rest`)."""
+    records what became of its call, for :func:`_run_rest` and :func:`_run_uncalled` (see
+    :meth:`ran`). Not a flag set before the call: a signal handled between the flag and the
+    call would leave the callback marked called and never run."""
 
-    called = False
+    returned = False  # the user's function returned (the line after its call)
+    frame: FrameType | None = None  # this call's frame: where it stopped (its ``f_lasti``)
+    error: BaseException | None = None  # what came out of the ``try:`` around the call
 
     def __init__(self, func: Callable[[], None]) -> None:
-        self.func = func
+        # An on_commit_or_proved callback's own wrapper is skipped: a signal handled on its
+        # line would look like the user's function entered.
+        self.func = func.func if isinstance(func, _ProvedHook) else func
         # Django logs a robust callback's error with its ``__qualname__`` (see _Committed).
         self.__qualname__ = getattr(func, "__qualname__", type(func).__qualname__)
 
     def __call__(self) -> None:
-        self.called = True
-        self.func()
+        # One line: a signal is handled before it (not called, told by None) or after both.
+        self.frame, self.error = sys._getframe(), None  # (a call again: the last one's)
+        try:
+            self.func()
+        except BaseException as exc:
+            self.error = exc
+            raise
+        self.returned = True
+
+    def ran(self) -> tuple[bool, bool]:
+        """Whether the user's function ran (entered past its first instruction), and whether
+        it raised. From this call's own facts, not the traceback's depth: a Python signal
+        handler's frame lies below the frame it interrupted wherever it landed. Left open,
+        for a callback written in C only: a signal it handles while it runs (``time.sleep``)
+        is taken for its return (it ran, did not raise); one handled as it returns, in the
+        same instruction as the call, is told from its raising only when the handler is an
+        installed Python signal handler (else: it raised)."""
+        if self.returned:
+            return True, False
+        if self.frame is None:  # cut before this call's first line ended
+            return False, False
+        if self.error is not None:
+            return _outcome(self.frame, self.error)
+        # Cut in the ``except`` before it stored the error (it raised), or after the return.
+        if self.frame.f_lasti < _CALL[0]:
+            return False, False
+        return True, self.frame.f_lineno != _CALL[1]
+
+
+def _call_offsets(code: CodeType) -> tuple[int, int]:
+    """In :meth:`_Called.__call__`'s bytecode: the offset of the first instruction of the
+    call of the user's function, and the line that records its return."""
+    ops = list(dis.get_instructions(code))
+    load = next(i for i, op in enumerate(ops) if op.argval == "func")
+    calls = ("CALL", "PRECALL")  # (PRECALL: Python 3.11's, which calls a C function itself)
+    call = next(ops[i].offset for i in range(load, len(ops)) if ops[i].opname.startswith(calls))
+    store = next(op.offset for op in ops if op.argval == "returned")
+    return call, max(line for at, line in dis.findlinestarts(code) if at <= store and line)
+
+
+_CALL = _call_offsets(_Called.__call__.__code__)
+
+
+def _outcome(frame: FrameType, error: BaseException) -> tuple[bool, bool]:
+    """:meth:`_Called.ran` from the exception that came out of its call's ``try:``: where
+    the wrapper's frame was (before the call: not called), then the frame below it: none (a
+    C callback raised), an installed signal handler's (it ran after a C callback returned),
+    or the callback's own, cut at its first instruction (a signal pending as it was entered:
+    nothing of it ran), or past it (it raised)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame is not frame:
+        tb = tb.tb_next
+    if tb is None or tb.tb_lasti < _CALL[0]:
+        return False, False
+    below = tb.tb_next
+    if below is None:
+        return True, True
+    if below.tb_frame.f_code in _handler_codes():
+        return True, False
+    if below.tb_next is not None and below.tb_lasti <= _first_offset(below.tb_frame.f_code):
+        return False, False
+    return True, True
+
+
+def _handler_codes() -> set[CodeType]:
+    """The code of the Python signal handlers installed now (Celery's soft time limit's)."""
+    codes = set()
+    for signum in signal.valid_signals():
+        with contextlib.suppress(ValueError, OSError):
+            code = getattr(signal.getsignal(signum), "__code__", None)
+            if isinstance(code, CodeType):
+                codes.add(code)
+    return codes
+
+
+def _first_offset(code: CodeType) -> int:
+    """The offset of a function's first instruction that is its own (``RESUME``: where a
+    pending signal is handled as it is entered; 0 before Python 3.11)."""
+    return next((op.offset for op in dis.get_instructions(code) if op.opname == "RESUME"), 0)
 
 
 def _watch_hooks(hooks: list[Any]) -> list[Any]:
@@ -749,10 +833,12 @@ def _run_uncalled(describe: str, entries: list[Any], committed: _Committed) -> N
     committed.done = True  # first: Django's loop runs only after the COMMIT
     for entry in entries:
         func = entry[1]
-        if isinstance(func, _Called) and not func.called:
+        if isinstance(func, _Called) and not func.ran()[0]:
             try:
                 func()
             except Exception:
+                if not func.ran()[0]:
+                    raise  # not its error (a signal handler's, before it ran): _run_rest
                 logger.exception("redlock: %s: a callback of its fenced transaction raised",
                                  describe)  # fmt: skip
 
@@ -760,31 +846,33 @@ def _run_uncalled(describe: str, entries: list[Any], committed: _Committed) -> N
 def _run_rest(
     describe: str, using: str, hooks: list[Any] | None, entries: list[Any], exc: Exception
 ) -> bool:
-    """Run the callbacks Django's loop had not run when ``exc`` (a signal handler's) landed
-    on one of the loop's own instructions, after the COMMIT: their list, detached from the
-    connection, would have run; and the entry the loop took last, if it was never called (the
-    exception landed as ``pop(0)`` returned, or before the call). Not when the exception came
-    out of that callback's call (it raised: Django drops the rest), unless it was a robust one
-    (Django would have logged it and gone on). An ``Exception`` from one: logged. Told
-    structurally, not from the loop's source: the callbacks record their call
-    (:func:`_watch_hooks`), and the traceback shows whether the exception came from a call
-    the loop made. Returns whether the loop was cut with no callback raising."""
+    """Run the callbacks Django's loop had not run when ``exc`` (a signal handler's) cut its
+    exit short after the COMMIT, on one of the loop's own instructions or later (as it ended,
+    in :func:`_run_uncalled`): their list, detached from the connection, would have run; and
+    every entry the loop took and never ran, first (the exception landed as ``pop(0)``
+    returned, before a call, or on a robust one's call line inside Django's ``try:``). Not
+    when the entry taken last, a plain one, raised (Django drops the rest); a robust one's
+    error Django logged and went on. An ``Exception`` from one: logged. Told from what each
+    callback's wrapper recorded of its call (:meth:`_Called.ran`), not the loop's source nor
+    the traceback's depth (a signal handler's frame lies below wherever it landed). Returns
+    whether the loop was cut with no callback raising."""
     if hooks is None or hooks is connections[using].run_on_commit:
         return False  # not detached: the loop never began
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
-        tb = tb.tb_next
-    if tb is None:
-        return False
     taken = len(entries) - len(hooks)  # Django's loop pops them from the front
-    if 0 < taken <= len(entries):
+    if not 0 <= taken <= len(entries):
+        return False
+    if not taken:  # a rollback detaches the list too: the loop began only if it is on the stack
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
+            tb = tb.tb_next
+        if tb is None:
+            return False
+    if taken:
         last = entries[taken - 1]
         func, robust = last[1], len(last) > 2 and bool(last[2])
-        called = func.done if isinstance(func, _Committed) else getattr(func, "called", True)
-        if called and tb.tb_next is not None and not robust:
-            return False  # out of the callback's call: it raised, and Django drops the rest
-        if not called:  # taken off the list, never run: first
-            hooks.insert(0, last)
+        if isinstance(func, _Called) and func.ran()[1] and not robust:
+            return False  # it raised, and Django drops the rest
+    hooks[:0] = [entry for entry in entries[:taken] if not _ran(entry[1])]  # first, in order
     while hooks:
         func = hooks.pop(0)[1]
         try:
@@ -792,6 +880,12 @@ def _run_rest(
         except Exception:
             logger.exception("redlock: %s: a callback of its fenced transaction raised", describe)
     return True
+
+
+def _ran(func: Any) -> bool:
+    if isinstance(func, _Committed):
+        return func.done
+    return func.ran()[0] if isinstance(func, _Called) else True
 
 
 def _drop_unfinished(using: str) -> None:

@@ -11,12 +11,19 @@ run twice, with a log that the COMMIT went unanswered). And one Django's loop it
 on the line that calls a robust callback, before the call, inside Django's ``try:``, which
 logs it as the callback's error and goes on (that callback never ran; the block's marker
 never ran, and a second time limit later in the exit was raised as "nothing committed").
+Then the review of that fix (rf): a cut inside the library's own wrapper of a callback, before
+its call (it counted as called); a cut on the loop after a plain callback returned (a signal
+handler's frame below the loop looked like that callback raising); a second cut after the
+loop (a robust callback Django's ``try:`` swallowed never ran).
 """
 
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
+import os
+import signal
 import sys
 from types import FrameType
 from typing import Any
@@ -228,3 +235,179 @@ def test_a_marker_never_called_by_djangos_loop_still_marks_the_block_committed(
     assert cuts == ["release"] and ran == ["proved"]
     assert not lock(name).locked()
     assert [who for who, _ in sales(PG)] == ["first"]
+
+
+def _cut_in_the_wrapper_before_the_call(target: Any, entry: bool = False) -> Any:
+    """Trace function: ``TimeLimit`` on the line of the library's own wrapper of ``target``
+    (put on as the COMMIT is sent) that calls it, before the call: not in the callback. Or
+    (``entry``) as ``target``'s frame is entered, before its first line: where a signal
+    pending at the call is handled (the callee's first instruction), none of it run."""
+    wrapper = fencing._Called.__call__
+    lines, first = inspect.getsourcelines(wrapper)
+    call = first + next(i for i, text in enumerate(lines) if text.strip() == "self.func()")
+
+    def called(frame: FrameType, event: str, arg: Any) -> Any:
+        if entry and event == "call" and frame.f_code is target.__code__:
+            sys.settrace(None)
+            raise TimeLimit("soft time limit")
+        if entry or event != "call" or frame.f_code is not wrapper.__code__:
+            return None
+        func = frame.f_locals["self"].func
+        if target not in (func, getattr(func, "func", None)):
+            return None
+
+        def line(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_lineno == call:
+                sys.settrace(None)
+                raise TimeLimit("soft time limit")
+            return line
+
+        return line
+
+    return called
+
+
+@pytest.mark.parametrize("entry", [False, True], ids=["wrapper's call line", "callee's entry"])
+@pytest.mark.parametrize("kind", ["plain", "robust", "proved"])
+def test_a_time_limit_in_the_callbacks_wrapper_before_its_call_runs_it_once(
+    name: str, kind: str, entry: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wrapper that records a callback's call marked it called before calling it: a soft
+    time limit between the two left it never run (a plain one: the rest dropped too, logged
+    as a callback that raised). It runs once; the rest as for a cut on Django's loop. So
+    too for a limit handled as the callback is entered, before any of it ran."""
+    open_shop("default", 1, 10)
+    ran: list[str] = []
+
+    def target() -> None:
+        ran.append("target")
+
+    with lock(name, ttl=30, atomic="default"):
+        sell_one("default", 1, "first")
+        transaction.on_commit(lambda: ran.append("a"), using="default")
+        if kind == "proved":
+            on_commit_or_proved(target, using="default")
+        else:
+            transaction.on_commit(target, using="default", robust=kind == "robust")
+        transaction.on_commit(lambda: ran.append("c"), using="default")
+        sys.settrace(_cut_in_the_wrapper_before_the_call(target, entry))
+    sys.settrace(None)
+    # A robust one Django's try swallowed runs after its loop (as on its own call line).
+    assert ran == (["a", "target", "c"] if kind == "plain" else ["a", "c", "target"])
+    assert not lock(name).locked()
+    assert "an on_commit callback raised" not in caplog.text
+
+
+def _cut_on_the_loop_after(label: str) -> Any:
+    """Trace function: ``TimeLimit`` on the first line of Django's loop reached after the
+    callback ``label`` returned (``while current_run_on_commit:``): a Python signal handler's
+    frame (the tracer's here) lies below the loop's frame, as a callback's would."""
+
+    def called(frame: FrameType, event: str, arg: Any) -> Any:
+        if event != "call" or frame.f_code.co_name != LOOP:
+            return None
+
+        def line(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "line" and label in seen:
+                sys.settrace(None)
+                raise TimeLimit("soft time limit")
+            return line
+
+        return line
+
+    seen: list[str] = []
+    return called, seen
+
+
+def test_a_time_limit_on_djangos_loop_after_a_plain_callback_returned_runs_the_rest(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Told by depth alone ("the traceback goes below the loop's frame"), a time limit on the
+    loop after a plain callback returned was that callback raising: every later callback of
+    the committed block was dropped, and the log said a callback raised."""
+    open_shop("default", 1, 10)
+    ran: list[str] = []
+    tracer, seen = _cut_on_the_loop_after("a")
+
+    def a() -> None:
+        ran.append("a")
+        seen.append("a")
+
+    with lock(name, ttl=30, atomic="default"):
+        sell_one("default", 1, "first")
+        transaction.on_commit(a, using="default")
+        transaction.on_commit(lambda: ran.append("r"), using="default", robust=True)
+        on_commit_or_proved(lambda: ran.append("p"), using="default")
+        transaction.on_commit(lambda: ran.append("c"), using="default")
+        sys.settrace(tracer)
+    sys.settrace(None)
+    assert ran == ["a", "r", "p", "c"]
+    assert not lock(name).locked()
+    assert "an on_commit callback raised" not in caplog.text
+    assert "TimeLimit: soft time limit as Django's exit ended" in caplog.text
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
+def test_a_real_signal_handled_as_a_c_callback_returns_runs_the_rest(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real signal (Celery's soft time limit is SIGUSR1's handler) sent by a callback
+    written in C is handled as it returns, in the wrapper's frame: it returned, it did not
+    raise; the rest run."""
+    open_shop("default", 1, 10)
+    ran: list[str] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise TimeLimit("soft time limit")
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        with lock(name, ttl=30, atomic="default"):
+            sell_one("default", 1, "first")
+            transaction.on_commit(functools.partial(os.kill, os.getpid(), signal.SIGUSR1),
+                                  using="default")  # fmt: skip
+            transaction.on_commit(lambda: ran.append("r"), using="default", robust=True)
+            on_commit_or_proved(lambda: ran.append("p"), using="default")
+            transaction.on_commit(lambda: ran.append("c"), using="default")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert ran == ["r", "p", "c"]
+    assert not lock(name).locked()
+    assert "an on_commit callback raised" not in caplog.text
+
+
+def test_a_second_time_limit_after_djangos_loop_still_runs_the_robust_callback_it_swallowed(
+    name: str,
+) -> None:
+    """A first soft time limit on a robust callback's call line (Django's ``try:`` swallowed
+    it: the callback is run after the loop), then a second as that run begins: only the
+    entry the loop took last was looked at again, and the robust one never ran."""
+    open_shop("default", 1, 10)
+    ran: list[str] = []
+    cuts: list[str] = []
+    after_loop = fencing._run_uncalled.__code__
+
+    def at_run_uncalled(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is after_loop:
+            cuts.append("second")
+            sys.settrace(None)
+            raise TimeLimit("second soft time limit")
+        return None
+
+    def c() -> None:
+        ran.append("c")
+        sys.settrace(at_run_uncalled)  # (the first cut turned tracing off)
+
+    try:
+        with lock(name, ttl=30, atomic="default"):
+            sell_one("default", 1, "first")
+            transaction.on_commit(lambda: ran.append("a"), using="default")
+            transaction.on_commit(lambda: ran.append("r"), using="default", robust=True)
+            transaction.on_commit(c, using="default")
+            sys.settrace(_cut_on_call_line(2, robust=True))  # (the marker's is the 1st)
+    finally:
+        sys.settrace(None)
+    assert cuts == ["second"]
+    assert ran == ["a", "c", "r"]
+    assert not lock(name).locked()
+    assert [who for who, _ in sales("default")] == ["first"]
