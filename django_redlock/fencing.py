@@ -733,7 +733,7 @@ class _Called:
 
     def __call__(self) -> None:
         # One line: a signal is handled before it (not called, told by None) or after both.
-        self.frame, self.error = sys._getframe(), None  # (a call again: the last one's)
+        self.frame, self.error = inspect.currentframe(), None  # (a call again: the last one's)
         try:
             self.func()
         except BaseException as exc:
