@@ -676,3 +676,55 @@ def test_a_redlock_waiter_s_error_is_timed_from_its_call_only_if_no_quorum_answe
     assert h.judge(nodes=5) == {"error-latency"}
     h.faults[-1] = dataclasses.replace(h.faults[-1], target=(0,))  # two of five: not yet
     assert h.judge(nodes=5) == set()
+
+
+# -- the Celery kind's judge (celery_kind.check) -----------------------------------------------
+
+
+def _coalesce_episode(lost: str | None, next_began: float) -> list[str]:
+    """Seed 1903's episode: a run, two duplicates coalesced during it, its follow-up, a
+    duplicate run directly once the key was free, then two more follow-ups: the first
+    queued by the direct run's end (the note still there: the second had cleared the
+    follow-up mark), the second begun at ``next_began``; ``lost``: how the first of the two
+    ended (``None``: it ran; else the exception its release raised, after 4.10)."""
+    from .celery_kind import check as celery_check
+
+    events: list[dict[str, Any]] = []
+    sent: dict[str, Any] = {}
+
+    def call(i: str, tag: str, pre: float, run: tuple[float, float] | None, post: float,
+             **outcome: Any) -> None:  # fmt: skip
+        kw = {"key": "e8", "tag": tag, "seconds": 0.05}
+        events.append({"t": T0 + pre, "pid": 1, "e": "pre", "id": i, "name": "campaign.coalesce",
+                       "kw": kw, "jolt": None})  # fmt: skip
+        if run is not None:
+            events.append({"t": T0 + run[0], "pid": 1, "e": "run", "id": i, "key": "e8"})
+            events.append({"t": T0 + run[1], "pid": 1, "e": "done", "id": i, "key": "e8"})
+        events.append({"t": T0 + post, "pid": 1, "e": "post", "id": i, **outcome})
+
+    for i, tag, t in (("first", "first", 1.6), ("dup0", "dup0", 1.7), ("dup1", "dup1", 2.0),
+                      ("dup2", "dup2", 2.03)):  # fmt: skip
+        sent[i] = {"name": "coalesce", "key": "e8", "tag": tag, "t": T0 + t}
+    coalesced = {"ret": {"redlock": "duplicate_skipped", "coalesced": True}}
+    call("first", "first", 1.6, (1.65, 1.97), 1.98, ret="ran")
+    call("dup0", "dup0", 1.7, None, 1.75, **coalesced)
+    call("a", "dup0", 1.98, (1.99, 2.04), 2.1, ret="ran")
+    call("dup1", "dup1", 2.0, None, 2.02, **coalesced)
+    call("dup2", "dup2", 2.3, (2.31, 2.36), 3.5, ret="ran")
+    ended = {"ret": "ran"} if lost is None else {"exc": lost, "msg": "", "module": "x"}
+    call("b", "dup1", 2.6, (3.9, 3.95), 4.1, **ended)
+    call("c", "dup1", 3.96, (next_began, next_began + 0.05), next_began + 0.1, ret="ran")
+    report = celery_check(1903, 22.5, events, sent, set())
+    return sorted(v.prop for v in report.violations)
+
+
+def test_celery_a_second_trailing_run_is_excused_only_by_the_first_one_s_lost_hold() -> None:
+    # Found by seed 1903: the first follow-up's hold ran out (latency) after its body and
+    # before it dropped its claimed note; the second took the free key, found the claim and
+    # ran the call again (LockLost at the first one's release, after the second began).
+    assert _coalesce_episode("LockLost", 3.99) == []
+    # A trailing run that kept its hold, or whose release came before the next one began
+    # (its note was dropped by then): one trailing run too many.
+    assert _coalesce_episode(None, 3.99) == ["coalesce-extra-run"]
+    assert _coalesce_episode("LockLost", 4.2) == ["coalesce-extra-run"]
+    assert _coalesce_episode("SoftTimeLimitExceeded", 3.99) == ["coalesce-extra-run"]
