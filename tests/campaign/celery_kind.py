@@ -13,8 +13,9 @@ Properties, from the workers' own logs:
   held by nobody's run: a hold a soft time limit left renewed for the child's life);
 * ``coalesce-extra-run``: ``on_duplicate="coalesce"``: one trailing run per run that had
   coalesced duplicates, no more: a follow-up run right after another follow-up while no
-  coalesced duplicate ended after the first began is one too many; ``coalesce-no-run``: a
-  coalesced duplicate with no follow-up at all;
+  coalesced duplicate ended after the first's task started is one too many (unless the
+  first's hold ran out before it dropped its claimed note: see ``_lost_first``);
+  ``coalesce-no-run``: a coalesced duplicate with no follow-up at all;
 * ``not-lock-error``: a call failed with an exception that is neither a ``LockError`` nor the
   jolt's ``SoftTimeLimitExceeded``.
 
@@ -278,7 +279,10 @@ def check(seed: int, seconds: float, events: list[dict[str, Any]], sent: dict[st
         for previous, current in itertools.pairwise(spans):
             if current[2] in sent:
                 continue
-            noted_later = [t for t in coalesced if t >= previous[0]]
+            # The first claims the note between its start and its body (``pre`` and ``run``): a
+            # duplicate noted in between (its ``post`` follows its note) owes a run after it.
+            started = calls[previous[2]].get("pre", {}).get("t", previous[0])
+            noted_later = [t for t in coalesced if t >= started]
             tags = [sent.get(i, {}).get("tag", "follow-up") for *_, i in spans]
             if (
                 previous[2] not in sent
@@ -289,7 +293,7 @@ def check(seed: int, seconds: float, events: list[dict[str, Any]], sent: dict[st
                     "coalesce-extra-run", current[0],
                     f"coalesce {key!r}: a second trailing run ({current[2]}) after the trailing"
                     f" run {previous[2]}, though every coalesced duplicate had ended before that"
-                    f" one began; runs {tags}, {len(coalesced)} coalesced; each run's"
+                    f" one started; runs {tags}, {len(coalesced)} coalesced; each run's"
                     f" begin, end and outcome (s after the first began): {_story(calls, spans)}",
                 ))  # fmt: skip
     report = KindReport("celery", "celery", seed, seconds, {
