@@ -676,3 +676,82 @@ def test_a_redlock_waiter_s_error_is_timed_from_its_call_only_if_no_quorum_answe
     assert h.judge(nodes=5) == {"error-latency"}
     h.faults[-1] = dataclasses.replace(h.faults[-1], target=(0,))  # two of five: not yet
     assert h.judge(nodes=5) == set()
+
+
+# -- the Celery kind's judge (celery_kind.check) -----------------------------------------------
+
+_CallSpec = tuple[str, str, float, "tuple[float, float] | None", float, dict[str, Any]]
+RAN: dict[str, Any] = {"ret": "ran"}
+COALESCED: dict[str, Any] = {"ret": {"redlock": "duplicate_skipped", "coalesced": True}}
+
+
+def _coalesce_key(spec: list[_CallSpec]) -> list[str]:
+    """The judge's findings on one coalesce key's calls: (task id, tag, start, the body's
+    begin and end or None, end, outcome); ids starting with "f" are follow-ups (the library
+    queued them), the others the producer's."""
+    from .celery_kind import check as celery_check
+
+    events: list[dict[str, Any]] = []
+    sent: dict[str, Any] = {}
+    for i, tag, pre, run, post, outcome in spec:
+        kw = {"key": "e8", "tag": tag, "seconds": 0.05}
+        events.append({"t": T0 + pre, "pid": 1, "e": "pre", "id": i, "name": "campaign.coalesce",
+                       "kw": kw, "jolt": None})  # fmt: skip
+        if run is not None:
+            events.append({"t": T0 + run[0], "pid": 1, "e": "run", "id": i, "key": "e8"})
+            events.append({"t": T0 + run[1], "pid": 1, "e": "done", "id": i, "key": "e8"})
+        events.append({"t": T0 + post, "pid": 1, "e": "post", "id": i, **outcome})
+        if not i.startswith("f"):
+            sent[i] = {"name": "coalesce", "key": "e8", "tag": tag, "t": T0 + pre}
+    report = celery_check(1903, 22.5, events, sent, set())
+    return sorted(v.prop for v in report.violations)
+
+
+def _lost_hold_episode(lost: str | None, next_began: float) -> list[str]:
+    """Seed 1903's episode: a run, two duplicates coalesced during it, its follow-up, a
+    duplicate run directly once the key was free, then two more follow-ups: the first
+    queued by the run before the direct one (its note), the second by the direct run's end
+    (the note still there: the first had cleared the follow-up mark), begun at
+    ``next_began``; ``lost``: how the first of the two ended (``None``: it ran; else the
+    exception its release raised, at 4.10)."""
+    ended = RAN if lost is None else {"exc": lost, "msg": "", "module": "x"}
+    return _coalesce_key([
+        ("first", "first", 1.6, (1.65, 1.97), 1.98, RAN),
+        ("dup0", "dup0", 1.7, None, 1.75, COALESCED),
+        ("fa", "dup0", 1.98, (1.99, 2.04), 2.1, RAN),
+        ("dup1", "dup1", 2.0, None, 2.02, COALESCED),
+        ("dup2", "dup2", 2.3, (2.31, 2.36), 3.5, RAN),
+        ("fb", "dup1", 2.6, (3.9, 3.95), 4.1, ended),
+        ("fc", "dup1", 3.96, (next_began, next_began + 0.05), next_began + 0.1, RAN),
+    ])  # fmt: skip
+
+
+def test_celery_a_second_trailing_run_is_excused_only_by_the_first_one_s_lost_hold() -> None:
+    # Found by seed 1903: the first follow-up's hold ran out (latency) after its body and
+    # before it dropped its claimed note; the second took the free key, found the claim and
+    # ran the call again (LockLost at the first one's release, after the second began).
+    assert _lost_hold_episode("LockLost", 3.99) == []
+    # A trailing run that kept its hold, or whose release came before the next one began
+    # (its note was dropped by then): one trailing run too many.
+    assert _lost_hold_episode(None, 3.99) == ["coalesce-extra-run"]
+    assert _lost_hold_episode("LockLost", 4.2) == ["coalesce-extra-run"]
+    assert _lost_hold_episode("SoftTimeLimitExceeded", 3.99) == ["coalesce-extra-run"]
+
+
+def test_celery_a_duplicate_noted_after_the_follow_up_started_owes_a_run_of_its_own() -> None:
+    # Found by seed 1903 (13.176 s): the follow-up claimed dup0's note; dup1 and dup2 noted
+    # theirs (found it held) after that claim but ended 4 ms and 0.1 ms before its body
+    # began: the one more run after it is theirs, as the docs say.
+    def episode(dup1: float, dup2: float) -> list[str]:
+        return _coalesce_key([
+            ("first", "first", 0.0, (0.001, 0.374), 0.381, RAN),
+            ("dup0", "dup0", 0.149, None, 0.151, COALESCED),
+            ("fa", "dup0", 0.38, (0.395, 0.446), 0.455, RAN),
+            ("dup1", "dup1", dup1 - 0.006, None, dup1, COALESCED),
+            ("dup2", "dup2", dup2 - 0.003, None, dup2, COALESCED),
+            ("fb", "dup2", 0.451, (0.453, 0.503), 0.505, RAN),
+        ])  # fmt: skip
+
+    assert episode(0.391, 0.3949) == []
+    # Noted before the follow-up started: its claim took them, and a second run is extra.
+    assert episode(0.30, 0.31) == ["coalesce-extra-run"]
