@@ -62,6 +62,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import wire
 from .backends import owners
 from .forks import after_fork_in_child
+from .waiters import start_thread
 from .wire import bare_execute, socket_of, texts
 
 _until = threading.local()  # .entry: the standing deadline (see begin_call), or None
@@ -231,7 +232,11 @@ class _Cut:
         self.mutex = threading.Lock()
         self.timer = threading.Timer(seconds, self._fire)
         self.timer.daemon = True
-        self.timer.start()
+        try:
+            start_thread(self.timer)
+        except BaseException:  # an interrupt: the timer may run, and nobody would stop it
+            self.timer.cancel()
+            raise
 
     def _fire(self) -> None:
         with self.mutex:

@@ -105,6 +105,7 @@ from typing import Any, Protocol
 from . import observe
 from .backends.base import BaseLockBackend, Renewal, on_close, on_moved
 from .forks import after_fork_in_child
+from .waiters import start_thread
 
 
 class Lock(Protocol):
@@ -752,7 +753,7 @@ class ThreadRenewer(Renewer):
                 self._thread = threading.Thread(
                     target=self._run, name="redlock-renewer", daemon=True
                 )
-                self._thread.start()
+                start_thread(self._thread)
             elif due < self._wakes_at:
                 # Only then: waking the thread on every acquire would cost each one a
                 # thread switch (and the GIL) for nothing.
@@ -801,7 +802,7 @@ class ThreadRenewer(Renewer):
                     + ("" if bucket.shard is None else f" {bucket.shard}"),
                     daemon=True,
                 )
-                worker.thread.start()
+                start_thread(worker.thread)
             bucket.flying = worker.thread
             worker.cond.notify()
 

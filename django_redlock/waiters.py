@@ -70,15 +70,22 @@ class Waiter:
 
 
 def start_thread(thread: threading.Thread) -> None:
-    """``thread.start()``, an interrupt burst coming out as the interrupt: start() waits on
-    an Event for the thread to run, and a second interrupt landing in its Condition's
-    ``finally`` made it raise ``RuntimeError: release unlocked lock`` instead (the thread
-    runs all the same)."""
+    """``thread.start()``, an interrupt coming out as the interrupt (the thread may run all
+    the same): start() waits on an Event for the thread to run, and a second interrupt
+    landing in its Condition's ``finally`` made it raise ``RuntimeError: release unlocked
+    lock`` instead; an exception a signal handler raised (a Celery soft time limit) as the
+    new thread began made start()'s own clean-up fail with ``KeyError: <the thread>`` (it
+    was no longer in ``threading._limbo``), which no ``except SoftTimeLimitExceeded`` sees."""
     try:
         thread.start()
     except RuntimeError as exc:
         interrupt = exc.__context__
         if isinstance(interrupt, BaseException) and not isinstance(interrupt, Exception):
+            raise interrupt from None
+        raise
+    except KeyError as exc:
+        interrupt = exc.__context__
+        if exc.args == (thread,) and isinstance(interrupt, BaseException):
             raise interrupt from None
         raise
 

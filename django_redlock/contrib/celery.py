@@ -56,6 +56,7 @@ from ..handler import locks
 from ..identity import HOST
 from ..signals import duplicate_not_queued, duplicate_skipped  # re-exported here
 from ..validation import MAX_TTL, to_ms
+from ..waiters import start_thread
 from .broker import watched_publish
 from .single import (  # the core shared with Django's Tasks framework (re-exported here)
     AlreadyQueued,
@@ -1062,7 +1063,7 @@ def _release_when_over(
     if not any(_run_state(h) == "running" for h, _ in _task_holds(backend, key, task_id)):
         watch()  # nothing to wait for: at once, in the handler
         return
-    threading.Thread(target=watch, name=f"redlock-stopped-{task_id}", daemon=True).start()
+    start_thread(threading.Thread(target=watch, name=f"redlock-stopped-{task_id}", daemon=True))
 
 
 @task_revoked.connect

@@ -100,6 +100,81 @@ def test_a_burst_in_a_thread_start_comes_out_as_the_interrupt(
     assert ran.wait(5)  # started all the same
 
 
+class SoftTimeLimit(Exception):
+    """Celery's SoftTimeLimitExceeded: an ``Exception``, raised by a signal handler."""
+
+
+# Thread.start's call that makes the thread (3.13: a joinable one).
+_STARTER = (
+    "_start_joinable_thread"
+    if hasattr(threading, "_start_joinable_thread")
+    else ("_start_new_thread")
+)
+
+
+def _limit_once_the_thread_began(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next thread made in this module comes out of its start call with SoftTimeLimit,
+    once it runs (out of ``threading._limbo``): a signal handled as that C call returned."""
+    real = getattr(threading, _STARTER)
+
+    def start_then_limit(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(threading, _STARTER, real)
+        real(*args, **kwargs)
+        deadline = time.monotonic() + 5
+        while any(t.name == "limited" for t in list(threading._limbo.values())):  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        raise SoftTimeLimit("soft time limit")
+
+    monkeypatch.setattr(threading, _STARTER, start_then_limit)
+
+
+def test_a_soft_time_limit_as_a_thread_began_comes_out_as_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thread.start's clean-up of a failed start then raised ``KeyError: <the thread>`` (it
+    had left ``_limbo``): a task's ``except SoftTimeLimitExceeded`` never saw its limit."""
+    ran = threading.Event()
+    thread = threading.Thread(target=ran.set, name="limited", daemon=True)
+    _limit_once_the_thread_began(monkeypatch)
+    with pytest.raises(SoftTimeLimit):
+        start_thread(thread)
+    assert ran.wait(5)  # it runs all the same
+
+
+def test_a_soft_time_limit_as_a_reconnects_cut_timer_began_stops_the_timer(
+    monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer
+) -> None:
+    """fast_path's reconnect guard (a Timer that shuts the socket down past the deadline):
+    the limit comes out as itself, and the timer that began is stopped (it would shut down
+    a later user's socket)."""
+    from django_redlock import fast_path
+
+    client = redis_server.client()
+    conn = client.connection_pool.get_connection()
+    try:
+        conn.connect()
+        made: list[threading.Timer] = []
+        real_timer = threading.Timer
+
+        def named(*args: Any, **kwargs: Any) -> threading.Timer:
+            timer = real_timer(*args, **kwargs)
+            timer.name = "limited"
+            made.append(timer)
+            return timer
+
+        monkeypatch.setattr(threading, "Timer", named)
+        _limit_once_the_thread_began(monkeypatch)
+        with pytest.raises(SoftTimeLimit):
+            fast_path._Cut(conn, 0.2)
+        time.sleep(0.4)  # past its deadline
+        assert made and made[0].finished.is_set()  # cancelled: it never fired
+        assert conn.send_command("PING") is None and conn.read_response() in (b"PONG", "PONG")
+    finally:
+        client.connection_pool.release(conn)
+        client.close()
+
+
 def test_a_burst_in_a_confirmations_wait_comes_out_as_the_interrupt(
     burst: Callable[[CodeType], list[str]],
 ) -> None:
