@@ -49,6 +49,11 @@ What we rely on, and why the public API does not do:
 * ``BlockingConnectionPool.get_connection``'s "No connection available." is raised while
   handling the queue's ``queue.Empty`` (its ``__context__``, 6.0 to 8.2): how
   :class:`WaitingPool` tells a wait for a free connection from a failed connect.
+* ``BlockingConnectionPool.get_connection`` takes from its ``queue_class`` queue (``pool``)
+  with ``get(block=True, timeout=...)``, makes a connection in a free slot with
+  ``make_connection()``, and gives back a failed make or connect with ``put_nowait()`` or
+  ``release()`` (6.0 to 8.2): how :class:`WaitingPool`'s queue records what a thread took,
+  which redis-py holds in a local only while it calls Python functions outside any ``try``.
 * ``redis.asyncio`` ``Connection._writer``: its ``asyncio.StreamWriter`` (None while not
   connected), whose transport gives the socket polled by :func:`closed_while_idle`.
 """
@@ -58,6 +63,8 @@ from __future__ import annotations
 import queue
 import select
 import socket
+import threading
+import time
 from collections.abc import Callable, Sequence
 from types import FunctionType
 from typing import Any, TypeVar
@@ -389,6 +396,57 @@ class SentinelPool(redis.sentinel.SentinelConnectionPool):
         return connection
 
 
+class _Slots(queue.LifoQueue[Any]):
+    """A :class:`WaitingPool`'s queue: redis-py's own (last in, first out), that also records
+    what each thread took (a connection, or None: a slot to make one in) until it is put back
+    or :meth:`WaitingPool.get_connection` hands it over, so that an exception at any call
+    between (redis-py's metrics, a connect, a signal handler's at a function's entry) finds
+    it. redis-py's ``get_connection`` holds it in a local only, outside any ``try``."""
+
+    def __init__(self, maxsize: int = 0) -> None:
+        super().__init__(maxsize)
+        self.taken: dict[int, Any] = {}  # thread id -> what it took, not handed over yet
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        """As ``Queue.get``, the item recorded as taken before it leaves the list (no call
+        between the two: none of them a point where an interrupt could land). Under the plain
+        lock: a ``Condition``'s ``__exit__`` is Python, an interrupt at whose entry would leave
+        the lock held."""
+        me = threading.get_ident()
+        with self.mutex:
+            if not block or (timeout is not None and timeout <= 0):
+                if not self._qsize():
+                    raise queue.Empty
+            elif timeout is None:
+                while not self._qsize():
+                    self.not_empty.wait()
+            else:
+                end = time.monotonic() + timeout
+                while not self._qsize():
+                    remaining = end - time.monotonic()
+                    if remaining <= 0.0:
+                        raise queue.Empty
+                    self.not_empty.wait(remaining)
+            self.taken[me] = self.queue[-1]
+            self.queue.pop()
+            self.not_full.notify()
+            return self.taken[me]
+
+    def _put(self, item: Any) -> None:
+        # A thread puts back what it took (redis-py's give-back of a failed make or connect,
+        # or a release): no longer its to give back. No call between the two (see get()).
+        me = threading.get_ident()
+        if me in self.taken:
+            del self.taken[me]
+        self.queue.append(item)
+
+    def handed_over(self) -> None:
+        """The caller's from now on (it gives it back with ``release()``)."""
+        me = threading.get_ident()
+        if me in self.taken:
+            del self.taken[me]
+
+
 class WaitingPool(redis.BlockingConnectionPool):
     """redis-py's blocking pool, a caller that waited its ``timeout`` for a free connection
     told so with ``MaxConnectionsError`` (a ``ConnectionError``): redis-py (5.3 to 8.2)
@@ -397,22 +455,63 @@ class WaitingPool(redis.BlockingConnectionPool):
     node (the slots read again); 8.x's takes ``MaxConnectionsError`` for what it is, the
     client's own pool exhausted. Nothing was sent either way. Without a ``timeout`` (redis-py
     6.0's cluster client drops that option: its callers waited 20 s) it waits the
-    connections' socket timeout."""
+    connections' socket timeout.
+
+    And a connection (or a slot) taken from the queue goes back to it when anything raises
+    before ``get_connection`` hands it over (see :class:`_Slots`): redis-py calls Python
+    functions after its ``pool.get()`` outside any ``try`` (``Queue.get``'s own notify;
+    8.x's ``get_pool_name()`` and ``record_connection_count()``; 6.x's
+    ``make_connection()``), and one soft time limit landing there lost it for good: with
+    ``max_connections=1`` every later call on that healthy master was unavailable."""
 
     def __init__(
         self, max_connections: int = 50, timeout: float | None = None, **kwargs: Any
     ) -> None:
         if timeout is None:
             timeout = kwargs.get("socket_timeout")
+        kwargs.setdefault("queue_class", _Slots)
         super().__init__(max_connections=max_connections, timeout=timeout, **kwargs)
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            return super().get_connection(*args, **kwargs)
-        except redis.exceptions.ConnectionError as exc:
-            if not isinstance(exc.__context__, queue.Empty):
+            connection = super().get_connection(*args, **kwargs)
+            self._handed_over()
+        except BaseException as exc:
+            self._give_back()
+            if not isinstance(exc, redis.exceptions.ConnectionError) or not isinstance(
+                exc.__context__, queue.Empty
+            ):
                 raise
             raise redis.exceptions.MaxConnectionsError(str(exc)) from exc
+        return connection
+
+    def make_connection(self) -> Any:
+        me = threading.get_ident()
+        connection = super().make_connection()
+        # Made in the slot this thread took: what it gives back now is the connection
+        # (before this store, the slot: the connection, never connected, is dropped).
+        slots = self.pool
+        if isinstance(slots, _Slots) and me in slots.taken and slots.taken[me] is None:
+            slots.taken[me] = connection
+        return connection
+
+    def _handed_over(self) -> None:
+        slots = self.pool
+        if isinstance(slots, _Slots):
+            slots.handed_over()
+
+    def _give_back(self) -> None:
+        """Give back what this thread took from the queue and neither put back nor handed
+        over: an exception landed between (redis-py's own give-backs cleared the record)."""
+        slots = self.pool
+        me = threading.get_ident()
+        if not isinstance(slots, _Slots) or me not in slots.taken:
+            return
+        taken = slots.taken[me]
+        if taken is None:
+            slots.put_nowait(None)  # the slot (clears the record)
+        else:
+            self.release(taken)  # as redis-py gives back one whose connect failed
 
 
 def moved_sync_pool(pool: Any, master: tuple[str, int]) -> None:

@@ -5,6 +5,7 @@ that changed one of these fails here, by name (see wire.py's docstring for why e
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from typing import Any
 
@@ -379,3 +380,82 @@ def test_a_sentinel_pool_moves_a_connection_to_the_master_at_checkout(
     pool.release(connection)
     assert pool.get_connection() is connection  # kept
     pool.disconnect()
+
+
+class _Interrupt(BaseException):
+    """A signal handler's exception (a soft time limit's, Ctrl-C's)."""
+
+
+def _run_by_the_collector(frame: Any) -> bool:
+    """A finalizer's frame or one below it (a ``__del__``, a weak reference's callback): the
+    garbage collector runs them at any allocation, not the checkout."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _checkout_interrupted_at(pool: Any, at: int) -> str | None:
+    """``pool.get_connection()`` with an :class:`_Interrupt` raised at the ``at``-th function
+    entry under it (where CPython runs a pending signal handler): where it landed, None when
+    the checkout returned (its connection then given back)."""
+    seen, fired = [0], []
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "call" and not _run_by_the_collector(frame):
+            seen[0] += 1
+            if seen[0] == at:
+                fired.append(f"{code.co_name} ({code.co_filename.rsplit('/', 1)[-1]})")
+                raise _Interrupt(fired[0])
+
+    sys.settrace(tracer)
+    try:
+        connection = pool.get_connection()
+    except _Interrupt:
+        return fired[0]
+    finally:
+        sys.settrace(None)
+    pool.release(connection)
+    return None
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["idle connection", "slot to connect in"])
+def test_a_waiting_pool_gets_back_what_an_interrupted_checkout_took(
+    redis_server: RedisServer, idle: bool
+) -> None:
+    """WaitingPool (a Cluster's node pools with max_connections): an exception at any function
+    entry of a checkout (a soft time limit's) leaves the connection, or the slot to make one
+    in, back in the pool, once. redis-py's get_connection calls Python functions after the
+    queue's get() outside any try (Queue.get's notify; 8.x's get_pool_name(); 6.x's
+    make_connection()): one lost there was, with max_connections=1, a BackendUnavailable
+    ("No connection available.") on every later call on that healthy master."""
+    pool = wire.WaitingPool(
+        max_connections=1, timeout=0.05, host="127.0.0.1", port=redis_server.port,
+        socket_timeout=2,
+    )  # fmt: skip
+    points: list[str] = []
+    try:
+        for at in range(1, 5000):
+            if idle:
+                pool.release(pool.get_connection())  # an idle connected one in the queue
+            else:
+                pool.disconnect()
+                pool.reset()  # the queue's one slot, no connection made yet
+            fired = _checkout_interrupted_at(pool, at)
+            slots = list(pool.pool.queue)
+            assert len(slots) == 1, f"interrupted at {fired}: {len(slots)} of 1 slots back"
+            if fired is None:
+                break
+            points.append(fired)
+        else:
+            raise AssertionError(f"no checkout returned: {points[-5:]}")
+        assert len(points) > 5, points
+        connection = pool.get_connection()  # at once: the one connection is free
+        connection.send_command("PING")
+        assert connection.read_response() in (b"PONG", "PONG")
+        pool.release(connection)
+    finally:
+        pool.disconnect()
