@@ -13,7 +13,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
@@ -30,7 +30,7 @@ from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..forks import after_fork_in_child
 from ..identity import write_seq
 from ..options import check_options, sentinel_options
-from .base import Attempt, Kind, Op, Order, moved
+from .base import Attempt, Kind, Op, Order, Renewal, moved
 from .redis import RedisBackend, TakenAll
 
 T = TypeVar("T")
@@ -698,7 +698,18 @@ class SentinelBackend(RedisBackend):
         that follows the answer is sent where the announcement says.)"""
         return self._listening.unheard()
 
+    def renew_many(self, renewals: Sequence[Renewal], shard: Hashable = None) -> list[bool | None]:
+        # Never behind callers at the max_connections gate (on the pool's path: a tracer, a
+        # retry option): busy callers won its permits while the renewals waited a socket
+        # timeout per try, and a hold expired on a healthy master while its owner held it.
+        # The pool has no limit of its own: a renewal takes a connection outside the gate's
+        # (one at a time: the backend's renewals are one worker's), as Cluster's (see _own).
+        return self._run(self.op_renew(renewals), gated=False)
+
     def execute(self, op: Op[T]) -> T:
+        return self._run(op, gated=True)
+
+    def _run(self, op: Op[T], gated: bool) -> T:
         first = self._look_for_master()
         if first is not None and not first.wait(self.socket_timeout):
             self._stale(first)
@@ -706,7 +717,7 @@ class SentinelBackend(RedisBackend):
             deadline = time.monotonic() + HEARD_WAIT
             while self._unheard() and time.monotonic() < deadline:
                 time.sleep(0.001)
-        if fast_path.on_thread_connection(self.client):
+        if not gated or fast_path.on_thread_connection(self.client):
             # Nothing checked out of the pool: no permit to wait for, nor to lose should an
             # interrupt land while one is taken or given back (it would be gone for good).
             return self._execute(op)
