@@ -690,7 +690,15 @@ class SentinelBackend(RedisBackend):
     def close(self) -> None:
         self._looker = None  # it ends at its next look, its listeners within LISTEN_POLL
         self._wake.set()
+        client = self._client
         super().close()
+        # The sentinels' clients (one per sentinel, a pool each: the looks' SENTINEL MASTERS
+        # and new connections' questions) are ours too: closed now, not when the garbage
+        # collector gets to their cycles (each closed backend left one per sentinel).
+        manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            with contextlib.suppress(Exception):
+                sentinel.connection_pool.disconnect()
 
     def _unheard(self) -> bool:
         """Whether a sentinel's announcement is here and not applied yet. (Sent before the

@@ -3,8 +3,10 @@ with real servers the suite starts."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +15,16 @@ import redis
 from django_redlock import lock, locks
 from django_redlock.testing import RedisServer
 
+from ..conftest import start_sentinel_group, stop_all
 from .test_sentinel import sentinel_alias
+
+
+@pytest.fixture
+def own_group() -> Iterator[list[RedisServer]]:
+    """A master, one replica, two sentinels: ours alone (their connections are counted)."""
+    servers = start_sentinel_group()
+    yield servers
+    stop_all(servers)
 
 
 def _traced(monkeypatch: pytest.MonkeyPatch, hold: threading.Event) -> None:
@@ -60,3 +71,40 @@ def test_busy_callers_never_hold_up_the_watchdog_s_renewals(
         assert held.owned()  # (a caller: asked once the permit is free)
         held.release()
         backend.close()
+
+
+def _ours_on(sentinels: list[RedisServer]) -> int:
+    """Our connections on the sentinels (not theirs to each other, nor this one)."""
+    return sum(
+        sum(1 for c in s.client().client_list() if not c.get("name", "").startswith("sentinel-"))
+        - 1
+        for s in sentinels
+    )
+
+
+def test_a_closed_backend_leaves_no_connection_on_the_sentinels(
+    own_group: list[RedisServer], name: str
+) -> None:
+    """close() disconnected the master's pool only: the sentinels' clients (one per sentinel,
+    asked where the master is) stayed connected until the cyclic garbage collector ran."""
+    sentinels = own_group[2:]
+
+    def round_() -> None:
+        with sentinel_alias(own_group, socket_timeout=0.5):
+            with lock(name, using="s"):
+                pass
+            locks.reset()
+
+    gc.disable()  # (a collection would close them before the count)
+    try:
+        round_()
+        time.sleep(1.5)  # the first round's listeners end (LISTEN_POLL)
+        before = _ours_on(sentinels)
+        for _ in range(5):
+            round_()
+        deadline = time.monotonic() + 5
+        while (after := _ours_on(sentinels)) > before and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        gc.enable()
+    assert after <= before, f"{after - before} more connections on the sentinels"
