@@ -7,6 +7,7 @@ LOCATION: the sentinels' URLs. OPTIONS: ``service_name`` (required), ``min_repli
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import select
@@ -52,6 +53,7 @@ HEARD_WAIT = 0.25  # how long an operation waits for an announcement already her
 # min_replicas, see _Heard.bounded): a look period and one look's slack.
 FOUND_TRUSTED = 2 * MASTER_CHECK
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
+GATE_POLL = 0.05  # a caller waiting for a permit looks again this often (a wake-up lost)
 
 
 def _text(value: Any) -> str:
@@ -386,6 +388,63 @@ def _sentinel_url_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+class _Ticket:
+    """An operation's claim on a permit of a ``_Gate`` (weakly referenced there)."""
+
+    __slots__ = ("__weakref__",)
+
+
+class _Gate:
+    """The ``max_connections`` permits of the pool's path (a tracer, a retry option), safe
+    from asynchronous exceptions (a soft time limit, a signal handler's). A permit is a
+    ticket's place in ``taken``: added under ``_mutex`` in the step that finds one free, and
+    given back by a discard that needs nothing taken first, so an exception at any line
+    leaves no permit without its ticket. ``_mutex`` is a plain lock held by ``with`` around
+    a few calls (no wait inside): released whatever lands there. threading.Semaphore did
+    neither: an exception after its ``_value -= 1`` and before the caller's ``try:`` lost
+    the permit for good ("all N connections busy" on a healthy master from then on), and
+    one at the entry of its Condition's ``__exit__`` (a Python call) left that lock held
+    (every later call hung). ``taken`` holds its tickets weakly: a give-back skipped all the
+    same (the ``finally`` cut at its first line) comes back once the ticket's frame is gone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.taken: weakref.WeakSet[_Ticket] = weakref.WeakSet()
+        self._mutex = threading.Lock()
+        self._waiting: collections.deque[threading.Lock] = collections.deque()
+
+    def take(self, ticket: _Ticket, timeout: float) -> bool:
+        """Whether ``ticket`` got a permit within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        wake = threading.Lock()  # released by a give-back
+        wake.acquire()
+        try:
+            while True:
+                with self._mutex:
+                    if len(self.taken) < self.limit:
+                        self.taken.add(ticket)
+                        return True
+                    if wake not in self._waiting:
+                        self._waiting.append(wake)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                wake.acquire(timeout=min(left, GATE_POLL))
+        finally:  # (skipped: a give-back wakes it for nothing, the others look again soon)
+            with self._mutex:
+                if wake in self._waiting:
+                    self._waiting.remove(wake)
+
+    def give_back(self, ticket: _Ticket) -> None:
+        """``ticket``'s permit, if it has one, is free again, and a waiter woken."""
+        self.taken.discard(ticket)  # first: the permit
+        with self._mutex:
+            wake = self._waiting.popleft() if self._waiting else None
+        if wake is not None:
+            with contextlib.suppress(RuntimeError):  # woken already (queued again since)
+                wake.release()
+
+
 class SentinelBackend(RedisBackend):
     """Locks on the master of a Sentinel-monitored service.
 
@@ -421,7 +480,7 @@ class SentinelBackend(RedisBackend):
         # Sentinel pools refuse a caller past max_connections instead of making it wait, as
         # the other backends' blocking pools do: these gates make it wait.
         self._limit = int(self.options.pop("max_connections", 100))
-        self._gate = threading.BoundedSemaphore(self._limit)
+        self._gate = _Gate(self._limit)
         self._agates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
@@ -726,18 +785,18 @@ class SentinelBackend(RedisBackend):
             while self._unheard() and time.monotonic() < deadline:
                 time.sleep(0.001)
         if not gated or fast_path.on_thread_connection(self.client):
-            # Nothing checked out of the pool: no permit to wait for, nor to lose should an
-            # interrupt land while one is taken or given back (it would be gone for good).
-            return self._execute(op)
-        if not self._gate.acquire(timeout=self.socket_timeout):
-            raise BackendUnavailable(
-                f"lock {op.name!r}: backend {self.alias!r}: all {self._limit} connections busy",
-                timed_out=True,  # nothing sent: nothing to give back either
-            )
-        try:
+            return self._execute(op)  # nothing checked out of the pool: no permit to wait for
+        gate, ticket = self._gate, _Ticket()
+        try:  # entered before the permit is taken: no line between them (see _Gate)
+            if not gate.take(ticket, self.socket_timeout):
+                busy = f"all {self._limit} connections busy"
+                raise BackendUnavailable(
+                    f"lock {op.name!r}: backend {self.alias!r}: {busy}",
+                    timed_out=True,  # nothing sent: nothing to give back either
+                )
             return self._execute(op)
         finally:
-            self._gate.release()
+            gate.give_back(ticket)
 
     def _execute(self, op: Op[T]) -> T:
         result = super().execute(op)
@@ -963,4 +1022,4 @@ def _after_fork_in_child() -> None:
         # the parent's listeners' (the sockets are shared; none listens here)
         backend._listening = backend._heard.listening = _Listening()
         # Permits taken by the parent's threads mid-operation never come back here.
-        backend._gate = threading.BoundedSemaphore(backend._limit)
+        backend._gate = _Gate(backend._limit)

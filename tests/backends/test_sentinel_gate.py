@@ -16,6 +16,7 @@ from django_redlock import lock, locks
 from django_redlock.testing import RedisServer
 
 from ..conftest import start_sentinel_group, stop_all
+from ..support.line_interrupts import LineInterrupter, every_point, interrupted
 from .test_sentinel import sentinel_alias
 
 
@@ -27,13 +28,20 @@ def own_group() -> Iterator[list[RedisServer]]:
     stop_all(servers)
 
 
-def _traced(monkeypatch: pytest.MonkeyPatch, hold: threading.Event) -> None:
+def _traced(
+    monkeypatch: pytest.MonkeyPatch,
+    hold: threading.Event,
+    entered: threading.Event | None = None,
+) -> None:
     """A tracer's wrapper on redis-py's commands (Sentry, ddtrace, OTel install one): the
-    pool's path. Commands of threads named "busy*" wait for ``hold`` (a slow caller)."""
+    pool's path. Commands of threads named "busy*" wait for ``hold`` (a slow caller), once
+    they have set ``entered``."""
     own = redis.Redis.execute_command
 
     def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
         if threading.current_thread().name.startswith("busy"):
+            if entered is not None:
+                entered.set()
             hold.wait(10)
         return own(self, *args, **kwargs)
 
@@ -108,3 +116,64 @@ def test_a_closed_backend_leaves_no_connection_on_the_sentinels(
     finally:
         gc.enable()
     assert after <= before, f"{after - before} more connections on the sentinels"
+
+
+def _gate_path(backend: Any) -> set[Any]:
+    """The gated path's functions: the operation's and its gate's own (whichever it has)."""
+    from django_redlock.backends.sentinel import SentinelBackend
+
+    found = {getattr(SentinelBackend, each, None) for each in ("execute", "_run")}
+    gate = type(backend._gate)
+    found |= {getattr(gate, each, None) for each in ("acquire", "release", "take", "give_back")}
+    return {each.__code__ for each in found if hasattr(each, "__code__")}
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["free", "waiting"])
+def test_a_time_limit_anywhere_in_the_gate_loses_no_permit_and_leaves_no_lock_held(
+    sentinel_group: list[RedisServer], name: str, monkeypatch: pytest.MonkeyPatch, busy: bool
+) -> None:
+    """An asynchronous exception at each line of the gated path, one at a time (a permit
+    free, or held by a busy caller that gives it back while the operation waits). With
+    threading.Semaphore, one after its permit was taken and before the ``try:`` lost it
+    for good (every later operation "all 1 connections busy" on a healthy master), and one
+    at the entry of its Condition's ``__exit__`` left that lock held (every later one hung)."""
+    hold, entered = threading.Event(), threading.Event()
+    _traced(monkeypatch, hold, entered)
+    with sentinel_alias(sentinel_group, socket_timeout=1.0, max_connections=1):
+        backend = locks["s"]
+        assert backend.is_locked(f"{name}:warm") is False
+        watched = _gate_path(backend)
+
+        def case(tracer: LineInterrupter) -> None:
+            hold.clear()
+            entered.clear()
+            caller = None
+            if busy:  # it has the permit, and gives it back while the operation waits
+                caller = threading.Thread(
+                    target=backend.is_locked, args=(f"{name}:busy",), name="busy", daemon=True
+                )
+                caller.start()
+                assert entered.wait(5)
+                threading.Timer(0.02, hold.set).start()  # (within one GATE_POLL)
+            interrupted(lambda: backend.is_locked(name), tracer)
+            hold.set()
+            if caller is not None:
+                caller.join(5)
+            later: list[Any] = []
+            check = threading.Thread(
+                target=lambda: later.append(_outcome(backend.is_locked, name)), daemon=True
+            )
+            check.start()
+            check.join(3)
+            cut = tracer.fired
+            assert later == [False], f"cut at {cut}: the next operation: {later or 'hangs'}"
+
+        every_point(case, lambda at: LineInterrupter(at, watched, lambda frame: True))
+        backend.close()
+
+
+def _outcome(call: Any, *args: Any) -> Any:
+    try:
+        return call(*args)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
