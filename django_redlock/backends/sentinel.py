@@ -388,6 +388,17 @@ def _sentinel_url_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+def _close_sentinels(client: Any) -> None:
+    """The sentinels' clients of a closed backend's ``client`` (one per sentinel, a pool
+    each: the looks' SENTINEL MASTERS and new connections' questions) are disconnected: now,
+    not when the garbage collector gets to their cycles (each closed backend left one
+    connection per sentinel)."""
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        with contextlib.suppress(Exception):
+            sentinel.connection_pool.disconnect()
+
+
 class _Ticket:
     """An operation's claim on a permit of a ``_Gate`` (weakly referenced there)."""
 
@@ -682,6 +693,8 @@ class SentinelBackend(RedisBackend):
             return MASTER_CHECK_FAILED
         finally:
             self._heard.looking.on = False
+            if self._client is not client:  # closed during the look: reconnected, closed now
+                _close_sentinels(client)
         self._move(pool, master, after_idle)
         return MASTER_CHECK
 
@@ -751,13 +764,7 @@ class SentinelBackend(RedisBackend):
         self._wake.set()
         client = self._client
         super().close()
-        # The sentinels' clients (one per sentinel, a pool each: the looks' SENTINEL MASTERS
-        # and new connections' questions) are ours too: closed now, not when the garbage
-        # collector gets to their cycles (each closed backend left one per sentinel).
-        manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
-        for sentinel in getattr(manager, "sentinels", ()):
-            with contextlib.suppress(Exception):
-                sentinel.connection_pool.disconnect()
+        _close_sentinels(client)
 
     def _unheard(self) -> bool:
         """Whether a sentinel's announcement is here and not applied yet. (Sent before the
