@@ -7,13 +7,14 @@ LOCATION: the sentinels' URLs. OPTIONS: ``service_name`` (required), ``min_repli
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import select
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
 
@@ -30,7 +31,7 @@ from ..exceptions import BackendUnavailable, QuorumNotReached, quorum_failure
 from ..forks import after_fork_in_child
 from ..identity import write_seq
 from ..options import check_options, sentinel_options
-from .base import Attempt, Kind, Op, Order, moved
+from .base import Attempt, Kind, Op, Order, Renewal, moved
 from .redis import RedisBackend, TakenAll
 
 T = TypeVar("T")
@@ -52,6 +53,7 @@ HEARD_WAIT = 0.25  # how long an operation waits for an announcement already her
 # min_replicas, see _Heard.bounded): a look period and one look's slack.
 FOUND_TRUSTED = 2 * MASTER_CHECK
 OWN_OPTIONS = ("service_name", "min_replicas", "min_replicas_timeout", "sentinel_kwargs")
+GATE_POLL = 0.05  # a caller waiting for a permit looks again this often (a wake-up lost)
 
 
 def _text(value: Any) -> str:
@@ -386,6 +388,74 @@ def _sentinel_url_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+def _close_sentinels(client: Any) -> None:
+    """The sentinels' clients of a closed backend's ``client`` (one per sentinel, a pool
+    each: the looks' SENTINEL MASTERS and new connections' questions) are disconnected: now,
+    not when the garbage collector gets to their cycles (each closed backend left one
+    connection per sentinel)."""
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        with contextlib.suppress(Exception):
+            sentinel.connection_pool.disconnect()
+
+
+class _Ticket:
+    """An operation's claim on a permit of a ``_Gate`` (weakly referenced there)."""
+
+    __slots__ = ("__weakref__",)
+
+
+class _Gate:
+    """The ``max_connections`` permits of the pool's path (a tracer, a retry option), safe
+    from asynchronous exceptions (a soft time limit, a signal handler's). A permit is a
+    ticket's place in ``taken``: added under ``_mutex`` in the step that finds one free, and
+    given back by a discard that needs nothing taken first, so an exception at any line
+    leaves no permit without its ticket. ``_mutex`` is a plain lock held by ``with`` around
+    a few calls (no wait inside): released whatever lands there. threading.Semaphore did
+    neither: an exception after its ``_value -= 1`` and before the caller's ``try:`` lost
+    the permit for good ("all N connections busy" on a healthy master from then on), and
+    one at the entry of its Condition's ``__exit__`` (a Python call) left that lock held
+    (every later call hung). ``taken`` holds its tickets weakly: a give-back skipped all the
+    same (the ``finally`` cut at its first line) comes back once the ticket's frame is gone."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.taken: weakref.WeakSet[_Ticket] = weakref.WeakSet()
+        self._mutex = threading.Lock()
+        self._waiting: collections.deque[threading.Lock] = collections.deque()
+
+    def take(self, ticket: _Ticket, timeout: float) -> bool:
+        """Whether ``ticket`` got a permit within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        wake = threading.Lock()  # released by a give-back
+        wake.acquire()
+        try:
+            while True:
+                with self._mutex:
+                    if len(self.taken) < self.limit:
+                        self.taken.add(ticket)
+                        return True
+                    if wake not in self._waiting:
+                        self._waiting.append(wake)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                wake.acquire(timeout=min(left, GATE_POLL))
+        finally:  # (skipped: a give-back wakes it for nothing, the others look again soon)
+            with self._mutex:
+                if wake in self._waiting:
+                    self._waiting.remove(wake)
+
+    def give_back(self, ticket: _Ticket) -> None:
+        """``ticket``'s permit, if it has one, is free again, and a waiter woken."""
+        self.taken.discard(ticket)  # first: the permit
+        with self._mutex:
+            wake = self._waiting.popleft() if self._waiting else None
+        if wake is not None:
+            with contextlib.suppress(RuntimeError):  # woken already (queued again since)
+                wake.release()
+
+
 class SentinelBackend(RedisBackend):
     """Locks on the master of a Sentinel-monitored service.
 
@@ -421,7 +491,7 @@ class SentinelBackend(RedisBackend):
         # Sentinel pools refuse a caller past max_connections instead of making it wait, as
         # the other backends' blocking pools do: these gates make it wait.
         self._limit = int(self.options.pop("max_connections", 100))
-        self._gate = threading.BoundedSemaphore(self._limit)
+        self._gate = _Gate(self._limit)
         self._agates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
             weakref.WeakKeyDictionary()
         )
@@ -623,6 +693,8 @@ class SentinelBackend(RedisBackend):
             return MASTER_CHECK_FAILED
         finally:
             self._heard.looking.on = False
+            if self._client is not client:  # closed during the look: reconnected, closed now
+                _close_sentinels(client)
         self._move(pool, master, after_idle)
         return MASTER_CHECK
 
@@ -690,7 +762,9 @@ class SentinelBackend(RedisBackend):
     def close(self) -> None:
         self._looker = None  # it ends at its next look, its listeners within LISTEN_POLL
         self._wake.set()
+        client = self._client
         super().close()
+        _close_sentinels(client)
 
     def _unheard(self) -> bool:
         """Whether a sentinel's announcement is here and not applied yet. (Sent before the
@@ -698,7 +772,18 @@ class SentinelBackend(RedisBackend):
         that follows the answer is sent where the announcement says.)"""
         return self._listening.unheard()
 
+    def renew_many(self, renewals: Sequence[Renewal], shard: Hashable = None) -> list[bool | None]:
+        # Never behind callers at the max_connections gate (on the pool's path: a tracer, a
+        # retry option): busy callers won its permits while the renewals waited a socket
+        # timeout per try, and a hold expired on a healthy master while its owner held it.
+        # The pool has no limit of its own: a renewal takes a connection outside the gate's
+        # (one at a time: the backend's renewals are one worker's), as Cluster's (see _own).
+        return self._run(self.op_renew(renewals), gated=False)
+
     def execute(self, op: Op[T]) -> T:
+        return self._run(op, gated=True)
+
+    def _run(self, op: Op[T], gated: bool) -> T:
         first = self._look_for_master()
         if first is not None and not first.wait(self.socket_timeout):
             self._stale(first)
@@ -706,19 +791,19 @@ class SentinelBackend(RedisBackend):
             deadline = time.monotonic() + HEARD_WAIT
             while self._unheard() and time.monotonic() < deadline:
                 time.sleep(0.001)
-        if fast_path.on_thread_connection(self.client):
-            # Nothing checked out of the pool: no permit to wait for, nor to lose should an
-            # interrupt land while one is taken or given back (it would be gone for good).
-            return self._execute(op)
-        if not self._gate.acquire(timeout=self.socket_timeout):
-            raise BackendUnavailable(
-                f"lock {op.name!r}: backend {self.alias!r}: all {self._limit} connections busy",
-                timed_out=True,  # nothing sent: nothing to give back either
-            )
-        try:
+        if not gated or fast_path.on_thread_connection(self.client):
+            return self._execute(op)  # nothing checked out of the pool: no permit to wait for
+        gate, ticket = self._gate, _Ticket()
+        try:  # entered before the permit is taken: no line between them (see _Gate)
+            if not gate.take(ticket, self.socket_timeout):
+                busy = f"all {self._limit} connections busy"
+                raise BackendUnavailable(
+                    f"lock {op.name!r}: backend {self.alias!r}: {busy}",
+                    timed_out=True,  # nothing sent: nothing to give back either
+                )
             return self._execute(op)
         finally:
-            self._gate.release()
+            gate.give_back(ticket)
 
     def _execute(self, op: Op[T]) -> T:
         result = super().execute(op)
@@ -944,4 +1029,4 @@ def _after_fork_in_child() -> None:
         # the parent's listeners' (the sockets are shared; none listens here)
         backend._listening = backend._heard.listening = _Listening()
         # Permits taken by the parent's threads mid-operation never come back here.
-        backend._gate = threading.BoundedSemaphore(backend._limit)
+        backend._gate = _Gate(backend._limit)

@@ -613,8 +613,9 @@ def test_a_child_forked_while_threads_held_connection_permits_gets_them_all(
         backend = locks["s"]
         with lock(f"{name}:warm", using="s"):
             pass
-        for _ in range(2):  # as two threads mid-operation do
-            assert backend._gate.acquire(timeout=1)
+        tickets = [sentinel_backend._Ticket() for _ in range(2)]
+        for ticket in tickets:  # as two threads mid-operation do
+            assert backend._gate.take(ticket, 1)
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -630,8 +631,8 @@ def test_a_child_forked_while_threads_held_connection_permits_gets_them_all(
             os.read(read, 1)
             _, status = os.waitpid(pid, 0)
         finally:
-            for _ in range(2):
-                backend._gate.release()
+            for ticket in tickets:
+                backend._gate.give_back(ticket)
         assert os.waitstatus_to_exitcode(status) == 0, "the child's take failed"
         backend.close()
 
