@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.sources import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_redlock"
 
@@ -48,7 +50,7 @@ def import_graph() -> dict[str, set[str]]:
     known = modules()
     graph: dict[str, set[str]] = {name: set() for name in known}
     for name, (path, is_package) in known.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             for target in imported(name, is_package, node):
@@ -174,7 +176,7 @@ def private_imports(
 ) -> set[tuple[str, str]]:
     found = set()
     for name, (path, _) in (modules() if known is None else known).items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.ImportFrom) and (
                 node.level or (node.module or "").startswith("django_redlock")
             ):
@@ -213,7 +215,7 @@ def _own_object(node: ast.expr) -> bool:
 def private_attributes() -> set[tuple[str, str]]:
     found = set()
     for name, (path, _) in modules().items():
-        tree = ast.parse(path.read_text())
+        tree = parse(path)
         own = own_names(tree)
         for node in ast.walk(tree):
             if (
@@ -286,7 +288,7 @@ def test_only_the_wire_module_touches_redis_pys_internals() -> None:
     reaching = {
         (name, found)
         for name, (path, _) in modules().items()
-        for found in redis_py_reach_ins(ast.parse(path.read_text()))
+        for found in redis_py_reach_ins(parse(path))
     }
     assert {name for name, _ in reaching} == {"django_redlock.wire"}, sorted(reaching)
     assert {found for _, found in reaching} >= REDIS_PY_INTERNALS  # each one still listed
@@ -299,7 +301,7 @@ def test_the_script_layer_and_the_fast_path_are_a_module_each() -> None:
     graph = import_graph()
     assert "django_redlock.fast_path" in graph["django_redlock.scripts"]  # it sends there
     assert "django_redlock.scripts" not in graph["django_redlock.fast_path"]
-    tree = ast.parse((PACKAGE / "scripts.py").read_text())
+    tree = parse(PACKAGE / "scripts.py")
     kinds = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
     defined = {n.name for n in tree.body if isinstance(n, kinds)}
     fast = {"command", "commands", "disconnect_threads", "on_thread_connection", "_Bound"}
@@ -322,7 +324,7 @@ def test_the_backend_contract_keeps_no_task_markers_nor_page_cursors() -> None:
     from django_redlock.backends.base import BaseLockBackend
 
     assert not (MARKER_OPS | {"queued_key"}) & set(dir(BaseLockBackend))
-    tree = ast.parse((PACKAGE / "backends" / "base.py").read_text())
+    tree = parse(PACKAGE / "backends" / "base.py")
     defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
     assert not {"BadCursor", "parse_cursor"} & defined
 
@@ -332,7 +334,7 @@ def test_queue_markers_are_reached_only_through_the_markers_module() -> None:
     # backends.markers' functions.
     calling = set()
     for name, (path, _) in modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.Attribute) and node.attr in MARKER_OPS:
                 calling.add(name)
     assert calling == {"django_redlock.backends.markers", "django_redlock.backends.redlock"}
@@ -345,7 +347,7 @@ def test_every_fork_hook_goes_through_the_one_fork_helper() -> None:
     # os.register_at_fork however it is reached: an attribute, or a name imported from os.
     calling = set()
     for name, (path, _) in modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if (isinstance(node, ast.Attribute) and node.attr == "register_at_fork") or (
                 isinstance(node, ast.ImportFrom)
                 and any(alias.name == "register_at_fork" for alias in node.names)

@@ -7,6 +7,8 @@ import ast
 import importlib.util
 from pathlib import Path
 
+from tests.support.sources import parse
+
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -14,7 +16,7 @@ def test_every_relative_import_in_the_tests_names_a_module_that_exists() -> None
     missing = []
     for path in sorted(TESTS.rglob("*.py")):
         package = ".".join(("tests", *path.relative_to(TESTS).parent.parts))
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse(path)):
             if isinstance(node, ast.ImportFrom) and node.level:
                 name = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
                 where = TESTS.parent.joinpath(*name.split("."))
