@@ -193,10 +193,15 @@ class RedisBackend(BaseLockBackend):
             with self._setup:
                 if self._hub is None:
                     self._hub = self._adopt(PubSubHub(
-                        self.client.pubsub, self.socket_timeout, self.inbox_prefix,
-                        self._refusal,
+                        self._pubsub, self.socket_timeout, self.inbox_prefix, self._refusal
                     ))  # fmt: skip
         return self._hub
+
+    def _pubsub(self) -> Any:
+        """A new pub/sub of the client's, made at each (re)connect of the hub. The hub keeps this
+        bound method, not ``client.pubsub``: a backend holding its client weakly (compat's)
+        must not have its hub keep the client alive."""
+        return self.client.pubsub()
 
     def _adopt(self, hub: PubSubHub) -> PubSubHub:
         """A new hub takes the leaves its closed predecessors still owe (under ``_setup``)."""

@@ -37,7 +37,6 @@ from ..backends.base import BaseLockBackend
 from ..backends.redis import RedisBackend
 from ..exceptions import BackendUnavailable, LockError, LockNotOwned, MissingPermission
 from ..locking import Lock
-from ..waiting import PubSubHub
 
 logger = logging.getLogger("django_redlock")
 
@@ -74,21 +73,6 @@ class _ClientBackend(RedisBackend):
         timeout = super()._call_timeout(client)
         self._timeout_of = None  # it keeps the client: read again per op (no I/O)
         return timeout
-
-    @property
-    def hub(self) -> PubSubHub:
-        # The base's hub keeps client.pubsub (the client itself): this one asks the client
-        # for a pub/sub through the backend, which holds it weakly.
-        if self._hub is None:
-            with self._setup:
-                if self._hub is None:
-                    self._hub = self._adopt(PubSubHub(
-                        self._pubsub, self.socket_timeout, self.inbox_prefix, self._refusal
-                    ))  # fmt: skip
-        return self._hub
-
-    def _pubsub(self) -> Any:
-        return self.client.pubsub()
 
 
 def _backend(client: Any) -> RedisBackend:
