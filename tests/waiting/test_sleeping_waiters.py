@@ -251,12 +251,9 @@ def test_a_sleeping_redlock_waiter_outlives_a_node_paused_for_good(
     assert locks["sleepy"] is not None
 
 
-@pytest.mark.parametrize("fair", [False, True])
-def test_a_sleeping_waiter_on_a_cluster_raises_once_its_lock_s_node_stops_answering(
-    name: str, fair: bool
-) -> None:
-    """Sharded pub/sub (Redis 7+): the waiter listens on the node of its lock's slot, whose
-    connection PINGs while it waits."""
+@contextlib.contextmanager
+def _cluster_waited_on(name: str) -> Iterator[RedisServer]:
+    """A 3-master Redis Cluster as the "sleepy" alias; yields the master of ``name``'s slot."""
     from django_redlock.testing import CLUSTER_ARGS, create_cluster
 
     nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
@@ -268,27 +265,37 @@ def test_a_sleeping_waiter_on_a_cluster_raises_once_its_lock_s_node_stops_answer
             "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
         }
         with _alias("sleepy", config):
-            backend = locks["sleepy"]
-            slot = int(nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
-            ranges = nodes[0].client().execute_command("CLUSTER", "SLOTS")
+            client = nodes[0].client()
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", locks["sleepy"].key(name)))
+            ranges = client.execute_command("CLUSTER", "SLOTS")
             port = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
-            owner = next(node for node in nodes if node.port == port)
-            held, take = holder_and_waiter("fair" if fair else "lock", name)
-            thread, outcome = start(take)
-            paused = time.monotonic()
-            owner.pause()
-            try:
-                thread.join(SOCKET_TIMEOUT + 5)
-            finally:
-                owner.resume()
-            assert not thread.is_alive(), "the waiter slept on"
-            error, ended = outcome
-            assert isinstance(error, BackendUnavailable) and error.timed_out, error
-            assert ended - paused < SOCKET_TIMEOUT + MARGIN, ended - paused
-            held.release()
+            yield next(node for node in nodes if node.port == port)
     finally:
         for node in nodes:
-            node.stop()
+            with contextlib.suppress(Exception):  # a killed one
+                node.stop()
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_sleeping_waiter_on_a_cluster_raises_once_its_lock_s_node_stops_answering(
+    name: str, fair: bool
+) -> None:
+    """Sharded pub/sub (Redis 7+): the waiter listens on the node of its lock's slot, whose
+    connection PINGs while it waits."""
+    with _cluster_waited_on(name) as owner:
+        held, take = holder_and_waiter("fair" if fair else "lock", name)
+        thread, outcome = start(take)
+        paused = time.monotonic()
+        owner.pause()
+        try:
+            thread.join(SOCKET_TIMEOUT + 5)
+        finally:
+            owner.resume()
+        assert not thread.is_alive(), "the waiter slept on"
+        error, ended = outcome
+        assert isinstance(error, BackendUnavailable) and error.timed_out, error
+        assert ended - paused < SOCKET_TIMEOUT + MARGIN, ended - paused
+        held.release()
 
 
 def test_a_sleeping_redlock_waiter_outlives_its_nodes_pub_sub_connections_being_killed(
@@ -394,35 +401,16 @@ def test_a_sleeping_waiter_on_a_cluster_tries_at_once_when_its_lock_s_node_is_ki
     """SIGKILL closes the node's sharded pub/sub connection and its reconnect is refused: no
     PING can go unanswered, so the waiters on that node are woken to try, and the try is
     refused (as for a single killed server)."""
-    from django_redlock.testing import CLUSTER_ARGS, create_cluster
-
-    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
-    try:
-        create_cluster(nodes)
-        config = {
-            "BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
-            "LOCATION": nodes[0].url,
-            "OPTIONS": {"socket_timeout": SOCKET_TIMEOUT},
-        }
-        with _alias("sleepy", config):
-            backend = locks["sleepy"]
-            slot = int(nodes[0].client().execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
-            ranges = nodes[0].client().execute_command("CLUSTER", "SLOTS")
-            port = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
-            owner = next(node for node in nodes if node.port == port)
-            _held, take = holder_and_waiter("lock", name)
-            thread, outcome = start(take)
-            killed = time.monotonic()
-            owner.kill()
-            thread.join(SOCKET_TIMEOUT + 5)
-            assert not thread.is_alive(), "the waiter slept on"
-            error, ended = outcome
-            assert isinstance(error, BackendUnavailable), error
-            assert ended - killed < SOCKET_TIMEOUT + MARGIN, ended - killed
-    finally:
-        for node in nodes:
-            with contextlib.suppress(Exception):
-                node.stop()
+    with _cluster_waited_on(name) as owner:
+        _held, take = holder_and_waiter("lock", name)
+        thread, outcome = start(take)
+        killed = time.monotonic()
+        owner.kill()
+        thread.join(SOCKET_TIMEOUT + 5)
+        assert not thread.is_alive(), "the waiter slept on"
+        error, ended = outcome
+        assert isinstance(error, BackendUnavailable), error
+        assert ended - killed < SOCKET_TIMEOUT + MARGIN, ended - killed
 
 
 @pytest.mark.parametrize("kind", ["lock", "fair"])
