@@ -126,18 +126,33 @@ def test_each_paused_process_in_line_costs_one_hand_off_delay(name: str, kind: s
 
     thread = threading.Thread(target=fourth)
     thread.start()
-    try:
-        _wait_for_waiters(name, 4)
-        time.sleep(0.1)  # asleep on the holder's TTL
-        released = time.monotonic()
-        holder.release()
-        thread.join(7)
-    finally:
-        pubsub.close()
-    assert got, "the live waiter never got the free lock (it slept to its hint)"
-    lag = got[0] - released
+    lag = _lag_after_release(holder, thread, got, name, 4, 7, pubsub)
     assert 1.3 < lag < 2.5, lag  # three hand-off delays and a margin; the TTL was 20 s
     live.release()
+
+
+def _lag_after_release(
+    holder: Any,
+    thread: Any,
+    got: list[float],
+    name: str,
+    waiters: int,
+    join: float,
+    pubsub: Any = None,
+) -> float:
+    """Once ``waiters`` wait on ``name`` and sleep, release ``holder``: how long after it the
+    live waiter (``thread``, which appends its take's time to ``got``) took the lock."""
+    try:
+        _wait_for_waiters(name, waiters)
+        time.sleep(0.1)  # asleep on the holder's TTL (or the head's deadline)
+        released = time.monotonic()
+        holder.release()
+        thread.join(join)
+    finally:
+        if pubsub is not None:
+            pubsub.close()
+    assert got, "the live waiter never got the free lock (it slept to its hint)"
+    return got[0] - released
 
 
 def _paused_processes(*processes: str) -> Any:
@@ -259,16 +274,7 @@ def test_a_plain_waiter_behind_a_paused_fair_head_waits_one_hand_off(name: str) 
     _queue_up(name, "fair", ["fairhead.1"])
     got: list[float] = []
     live, thread = _live_waiter(name, "plain", 4, got)
-    try:
-        _wait_for_waiters(name, 2)
-        time.sleep(0.1)  # asleep on the holder's TTL
-        released = time.monotonic()
-        holder.release()
-        thread.join(6)
-    finally:
-        pubsub.close()
-    assert got, "the plain waiter never got the free lock (it slept to the head's deadline)"
-    lag = got[0] - released
+    lag = _lag_after_release(holder, thread, got, name, 2, 6, pubsub)
     assert 0.3 < lag < 1.5, lag  # one hand-off delay and a margin
     live.release()
 
@@ -284,13 +290,8 @@ def test_a_fair_waiter_behind_more_dead_waiters_than_a_call_prunes_gets_the_lock
     _queue_up(name, "fair", [f"deadcrowd.{i}" for i in range(120)])
     got: list[float] = []
     live, thread = _live_waiter(name, "fair", 3, got)
-    _wait_for_waiters(name, 121)
-    time.sleep(0.1)  # asleep on the dead head's deadline
-    released = time.monotonic()
-    holder.release()
-    thread.join(5)
-    assert got, "the live waiter never got the free lock (it slept to its hint)"
-    assert got[0] - released < 0.4, got[0] - released  # at once, not a hand-off later
+    lag = _lag_after_release(holder, thread, got, name, 121, 5)  # (asleep on the dead head's
+    assert lag < 0.4, lag  # deadline) at once, not a hand-off later
     live.release()
 
 
@@ -307,15 +308,6 @@ def test_a_paused_process_with_many_waiters_first_costs_one_hand_off(name: str, 
     _queue_up(name, kind, [f"pausedcrowd.{i}" for i in range(150)])
     got: list[float] = []
     live, thread = _live_waiter(name, kind, 4, got)
-    try:
-        _wait_for_waiters(name, 151)
-        time.sleep(0.1)  # asleep on the holder's TTL
-        released = time.monotonic()
-        holder.release()
-        thread.join(6)
-    finally:
-        pubsub.close()
-    assert got, "the live waiter never got the free lock (it slept to its hint)"
-    lag = got[0] - released
+    lag = _lag_after_release(holder, thread, got, name, 151, 6, pubsub)
     assert 0.3 < lag < 1.5, lag  # one hand-off delay and a margin
     live.release()
