@@ -478,7 +478,7 @@ def _fenced_steps(
             _undo_savepoint(using, outer_savepoints, scope)
         cut_loop = False  # Django's loop over the callbacks cut, none raising: the rest ran
         if outermost and not misnested and isinstance(exc, Exception):
-            cut_loop = _run_rest(lock.describe(), using, hooks, entries, exc)
+            cut_loop = _run_rest(lock.describe(), using, hooks, entries, exc, committed)
         began = committed.done and not cut_loop  # the callbacks had begun: one raised
         if outermost and not misnested and _commit_answered(using):
             _finish_autocommit(lock.describe(), using)  # its callbacks run: committed.done
@@ -844,7 +844,12 @@ def _run_uncalled(describe: str, entries: list[Any], committed: _Committed) -> N
 
 
 def _run_rest(
-    describe: str, using: str, hooks: list[Any] | None, entries: list[Any], exc: Exception
+    describe: str,
+    using: str,
+    hooks: list[Any] | None,
+    entries: list[Any],
+    exc: Exception,
+    committed: _Committed,
 ) -> bool:
     """Run the callbacks Django's loop had not run when ``exc`` (a signal handler's) cut its
     exit short after the COMMIT, on one of the loop's own instructions or later (as it ended,
@@ -855,7 +860,10 @@ def _run_rest(
     error Django logged and went on. An ``Exception`` from one: logged. Told from what each
     callback's wrapper recorded of its call (:meth:`_Called.ran`), not the loop's source nor
     the traceback's depth (a signal handler's frame lies below wherever it landed). Returns
-    whether the loop was cut with no callback raising."""
+    whether the loop was cut with no callback raising. When the plain one taken last raised,
+    the entries before it Django's ``try:`` swallowed a cut of (robust ones, never called)
+    still run: they were due before it; and the block is marked committed (its marker among
+    them: a cut on its call line must not make that error read as a COMMIT cut short)."""
     if hooks is None or hooks is connections[using].run_on_commit:
         return False  # not detached: the loop never began
     taken = len(entries) - len(hooks)  # Django's loop pops them from the front
@@ -868,18 +876,26 @@ def _run_rest(
         if tb is None:
             return False
     if taken:
+        committed.done = True  # first: Django's loop runs only after the COMMIT
         last = entries[taken - 1]
         func, robust = last[1], len(last) > 2 and bool(last[2])
         if isinstance(func, _Called) and func.ran()[1] and not robust:
-            return False  # it raised, and Django drops the rest
+            # It raised, and Django drops the rest; not those before it that never ran.
+            _run_each(describe, [entry for entry in entries[: taken - 1] if not _ran(entry[1])])
+            return False
     hooks[:0] = [entry for entry in entries[:taken] if not _ran(entry[1])]  # first, in order
+    _run_each(describe, hooks)
+    return True
+
+
+def _run_each(describe: str, hooks: list[Any]) -> None:
+    """Run the entries, taken off ``hooks`` one by one (an ``Exception`` from one: logged)."""
     while hooks:
         func = hooks.pop(0)[1]
         try:
             func()
         except Exception:
             logger.exception("redlock: %s: a callback of its fenced transaction raised", describe)
-    return True
 
 
 def _ran(func: Any) -> bool:

@@ -411,3 +411,57 @@ def test_a_second_time_limit_after_djangos_loop_still_runs_the_robust_callback_i
     assert ran == ["a", "c", "r"]
     assert not lock(name).locked()
     assert [who for who, _ in sales("default")] == ["first"]
+
+
+@pytest.mark.parametrize(
+    "which", ["the marker", "proved", "robust", "robust: wrapper's call line", "robust: entry"]
+)
+@pytest.mark.parametrize("using", ["default", PG])
+def test_a_time_limit_before_a_robust_callbacks_call_then_a_plain_one_raising_runs_it_once(
+    name: str, using: str, which: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review rf (session 20), defects 1 and 2: a soft time limit on the call of a robust
+    callback, before it (Django's ``try:`` swallowed it), then a later plain callback raises
+    an ordinary error. Only the entry taken last was looked at: it raised and is plain, so the
+    robust one was never run (an ``on_commit_or_proved`` one included); the block's marker so
+    cut made the error read as a COMMIT cut short, and its ``on_commit_or_proved`` callbacks
+    ran twice. The cut one runs once, before the release; the plain one's error is logged
+    (committed); nothing after it runs (Django's rule)."""
+    open_shop(using, 1, 10)
+    ran: list[tuple[str, bool]] = []
+
+    def callback(label: str) -> Any:
+        return lambda: ran.append((label, lock(name).locked()))
+
+    def robust() -> None:
+        ran.append(("robust", lock(name).locked()))
+
+    def boom() -> None:
+        ran.append(("boom", lock(name).locked()))
+        raise RuntimeError("mail server down")
+
+    cuts = {
+        "the marker": _cut_on_call_line(1, robust=True),
+        "proved": _cut_on_call_line(2, robust=True),
+        "robust": _cut_on_call_line(3, robust=True),
+        "robust: wrapper's call line": _cut_in_the_wrapper_before_the_call(robust),
+        "robust: entry": _cut_in_the_wrapper_before_the_call(robust, entry=True),
+    }
+    try:
+        with lock(name, ttl=30, atomic=using):
+            sell_one(using, 1, "first")
+            transaction.on_commit(callback("a"), using=using)
+            on_commit_or_proved(callback("proved"), using=using)
+            transaction.on_commit(robust, using=using, robust=True)
+            transaction.on_commit(boom, using=using)
+            transaction.on_commit(callback("dropped"), using=using)
+            sys.settrace(cuts[which])
+    finally:
+        sys.settrace(None)
+    assert sorted(ran) == [("a", True), ("boom", True), ("proved", True), ("robust", True)]
+    assert not lock(name).locked()
+    assert "did not answer" not in caplog.text and "was cut short" not in caplog.text
+    assert "mail server down" in caplog.text
+    assert [who for who, _ in sales(using)] == ["first"]
+    connection = connections[using]
+    assert connection.autocommit and not connection.in_atomic_block
