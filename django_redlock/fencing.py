@@ -569,6 +569,11 @@ def _fenced_steps(
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
         finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
         committed.where = None  # (not kept alive by the block)
+        # Nor its callbacks: its frame lives on in a raised exception's traceback (kept by a
+        # reference cycle, an error reporter, a test), and a callback a rollback (or Django's
+        # rule) dropped must be freed at once: its finalizer may hold a key (dedupe_queued's).
+        _forget_calls(using, hooks, entries)
+        del hooks, entries, proved_hooks
         with contextlib.suppress(ValueError):
             _live().remove(committed)
         if outermost:  # the transaction ended as it should: nothing to roll back later
@@ -896,6 +901,18 @@ def _run_each(describe: str, hooks: list[Any]) -> None:
             func()
         except Exception:
             logger.exception("redlock: %s: a callback of its fenced transaction raised", describe)
+
+
+def _forget_calls(using: str, hooks: list[Any] | None, entries: list[Any]) -> None:
+    """Once the block's steps are over: the callbacks' wrappers forget their calls (a call's
+    frame holds its wrapper: a reference cycle, and its error's traceback another), and the
+    entries left on a list Django detached (dropped) are let go. No I/O."""
+    for entry in entries:
+        if isinstance(entry[1], _Called):
+            entry[1].frame = entry[1].error = None
+    entries.clear()
+    if hooks is not None and hooks is not connections[using].run_on_commit:
+        hooks.clear()
 
 
 def _ran(func: Any) -> bool:
