@@ -489,7 +489,10 @@ def _enqueue_in_turn(
 # taken, by a lock of its own (``<key>:enqueue:commit``, renewed), until that transaction
 # ends: the COMMIT's on_commit callback releases it (the marker names a run all can see);
 # a rollback (Django has no hook for it) drops the callback unrun, and its finalizer
-# releases the lock and clears the marker of the run that never was.
+# releases the lock. The marker stays: "dropped unrun" is no proof of a rollback (Django
+# drops the callbacks after a plain one that raised; a fenced block proves a COMMIT whose
+# reply was lost and runs only its on_commit_or_proved callbacks), and the next enqueue()
+# of the key looks its run up by id (gone, rolled back: the key is free; see _existing).
 
 #: The suffix of the lock a run queued in an open transaction holds until it ends.
 COMMIT_SUFFIX = ":enqueue:commit"
@@ -498,31 +501,42 @@ COMMIT_SUFFIX = ":enqueue:commit"
 class _Uncommitted:
     """The ``on_commit`` callback of a run queued in an open transaction (see above)."""
 
-    def __init__(self, config: SingleInstance, key: str, held: Lock, run_id: str) -> None:
-        self.using, self.key = config.using, key
-        # Run on a rollback: Django drops the callback (the transaction's, or the savepoint's
-        # the enqueue was made in; a closed connection's), and nothing else refers to it.
-        self._dropped = weakref.finalize(self, _rolled_back, config, key, held, run_id)
+    def __init__(self, config: SingleInstance, key: str, held: Lock) -> None:
+        self.using, self.key, self.held = config.using, key, held
+        # Django logs a robust callback's error with its ``__qualname__``: without one (an
+        # instance has none), that log raised AttributeError out of a plain atomic()'s exit
+        # (the block committed) and every later callback of the transaction was dropped.
+        self.__qualname__ = "django_redlock.contrib.tasks._Uncommitted"
+        # Run once it is dropped unrun (a rollback: the transaction's, or the savepoint's the
+        # enqueue was made in; a closed connection's; a COMMIT whose callbacks Django dropped),
+        # and nothing else refers to it. Not kept by the callback: ``held`` only.
+        self._dropped = weakref.finalize(self, _let_go_dropped, held)
 
     def __call__(self) -> None:  # committed: the run is visible, its marker stays
-        detached = self._dropped.detach()
-        if detached is not None:
-            _let_go(detached[2][2])
-
-
-def _rolled_back(config: SingleInstance, key: str, held: Lock, run_id: str) -> None:
-    _let_go(held)
-    try:
-        clear_queued_marker(config, key, run_id)  # (one naming a row gone is harmless too)
-    except Exception:  # a finalizer: nothing to raise to; the marker then expires
-        logger.exception("redlock: %r: the queue marker of a rolled back run", key)
+        # The release first, and once more should it be cut short (a signal handler's
+        # exception, which Django's ``try:`` for a robust callback logs and goes on): the
+        # finalizer goes only once it is done, never leaving the lock to its TTL.
+        try: _let_go(self.held)  # noqa: E701  # fmt: skip
+        except BaseException: self._dropped(); raise  # noqa: E701, E702  # fmt: skip
+        self._dropped.detach()
 
 
 def _let_go(held: Lock) -> None:
     try:
         held.release()
-    except Exception as exc:  # never taken (an interrupt), or expired: it frees at its TTL
+    except LockError as exc:  # never taken (an interrupt), or expired: it frees at its TTL
         logger.debug("redlock: %s: %s", held.describe(), exc)
+    # (Not another Exception: a signal handler's, before the release, goes to the caller,
+    # which asks once more; swallowed here, the lock stayed taken to its TTL.)
+
+
+def _let_go_dropped(held: Lock) -> None:
+    """The finalizer's: once more should it be cut short; nothing to raise to."""
+    for _ in range(2):
+        try:
+            return _let_go(held)
+        except Exception:  # (the lock then frees at its TTL)
+            logger.debug("redlock: %s: the release was cut short", held.describe(), exc_info=True)
 
 
 def _uncommitted_on(result: Any) -> str | None:
@@ -554,8 +568,7 @@ def _hold_until_commit(config: SingleInstance, key: str, result: Any) -> None:
         return
     held = Lock(f"{key}{COMMIT_SUFFIX}", ttl=ENQUEUE_TTL, using=config.using)
     # The callback first: an interrupt after the take still has it released at the end.
-    transaction.on_commit(_Uncommitted(config, key, held, str(result.id)), using=alias,
-                          robust=True)  # fmt: skip
+    transaction.on_commit(_Uncommitted(config, key, held), using=alias, robust=True)
     # Free (we have the turn, and a waiting enqueue waits before its own), unless this
     # thread's transaction holds it already for an earlier run of the key.
     held.acquire(blocking=False)
