@@ -481,7 +481,7 @@ def _fenced_steps(
             cut_loop = _run_rest(lock.describe(), using, hooks, entries, exc, committed)
         began = committed.done and not cut_loop  # the callbacks had begun: one raised
         if outermost and not misnested and _commit_answered(using):
-            _finish_autocommit(lock.describe(), using)  # its callbacks run: committed.done
+            _finish_autocommit(lock.describe(), using, committed)  # its callbacks run
         if committed.done and not began and isinstance(exc, Exception):
             logger.warning("redlock: %s: its fenced transaction committed; then %s: %s as"
                            " Django's exit ended (logged, not raised: the block returns)",
@@ -558,7 +558,7 @@ def _fenced_steps(
                            " transaction, asked again: it committed (logged, not raised)",
                            lock.describe(), type(stopped).__name__)  # fmt: skip
         if pending:
-            _run_pending(lock.describe(), using)  # before the release, as Django would
+            _run_pending(lock.describe(), using, committed)  # before the release, as Django
         else:
             _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
     finally:
@@ -689,16 +689,34 @@ def _commit_answered(using: str) -> bool:
     )
 
 
-def _finish_autocommit(describe: str, using: str) -> None:
+def _finish_autocommit(describe: str, using: str, committed: _Committed) -> None:
     """Django's cut step, done again: autocommit on (the driver's switch is idempotent), then
-    the ``on_commit`` callbacks, the block's marker first. An ``Exception`` from it (a
-    callback's, another time limit) is logged; if the callbacks never started, the lost-COMMIT
-    path settles the connection."""
+    the ``on_commit`` callbacks, the block's marker first (see :func:`_run_loop`). An
+    ``Exception`` from it (a callback's, another time limit) is logged; if the callbacks never
+    started, the lost-COMMIT path settles the connection."""
     try:
-        connections[using].set_autocommit(True)
+        _run_loop(describe, using, committed, lambda: connections[using].set_autocommit(True))
     except Exception:
         logger.warning("redlock: %s: finishing Django's exit after its COMMIT answered raised",
                        describe, exc_info=True)  # fmt: skip
+
+
+def _run_loop(describe: str, using: str, committed: _Committed, run: Callable[[], None]) -> None:
+    """Django's loop over the callbacks, run again (by ``run``) after an exception cut its exit
+    short: as after the first, those it took and never called (a signal handler's exception
+    on a robust one's call line, which Django's ``try:`` swallows) run after it, the block's
+    marker included (:func:`_run_uncalled`); an ``Exception`` out of it has the rest run by
+    :func:`_run_rest`'s rule, then goes on."""
+    connection = connections[using]
+    hooks = connection.run_on_commit
+    entries = _watch_hooks(hooks)  # (wrapped as the COMMIT was sent: the same wrappers)
+    try:
+        run()
+        if not hooks and hooks is not connection.run_on_commit:
+            _run_uncalled(describe, entries, committed)  # Django's loop ran them all
+    except Exception as exc:
+        _run_rest(describe, using, hooks, entries, exc, committed)
+        raise
 
 
 def _pending_hooks(using: str, committed: _Committed) -> bool:
@@ -710,10 +728,11 @@ def _pending_hooks(using: str, committed: _Committed) -> bool:
     )
 
 
-def _run_pending(describe: str, using: str) -> None:
-    """Run them as Django would have after its COMMIT (an ``Exception`` from one logged)."""
+def _run_pending(describe: str, using: str, committed: _Committed) -> None:
+    """Run them as Django would have after its COMMIT (see :func:`_run_loop`; an
+    ``Exception`` from one logged)."""
     try:
-        connections[using].run_and_clear_commit_hooks()
+        _run_loop(describe, using, committed, connections[using].run_and_clear_commit_hooks)
     except Exception:
         logger.exception("redlock: %s: a callback of its fenced transaction, proved committed,"
                          " raised", describe)  # fmt: skip

@@ -465,3 +465,67 @@ def test_a_time_limit_before_a_robust_callbacks_call_then_a_plain_one_raising_ru
     assert [who for who, _ in sales(using)] == ["first"]
     connection = connections[using]
     assert connection.autocommit and not connection.in_atomic_block
+
+
+def _first_cut(where: str) -> Any:
+    """Trace function: ``TimeLimit`` after the COMMIT answered, as the driver's switch back to
+    autocommit returns (the block's exit then runs Django's step again) or as the driver's
+    COMMIT returns (its outcome check proves it, and the callbacks still pending run)."""
+    first = {"autocommit on": "_set_autocommit", "COMMIT returned": "_commit"}[where]
+
+    def on_return(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "return":
+            sys.settrace(None)
+            raise TimeLimit("soft time limit, the first")
+        return on_return
+
+    def called(frame: FrameType, event: str, arg: Any) -> Any:
+        if event != "call" or frame.f_code.co_name != first:
+            return None
+        return on_return if first == "_commit" or frame.f_locals.get("autocommit") else None
+
+    return called
+
+
+@pytest.mark.parametrize("which", ["the marker", "proved", "robust"])
+@pytest.mark.parametrize("where", ["autocommit on", "COMMIT returned"])
+def test_a_time_limit_before_a_robust_callbacks_call_in_djangos_loop_run_again_runs_it_once(
+    name: str, where: str, which: str, caplog: pytest.LogCaptureFixture, monkeypatch: Any
+) -> None:
+    """review rf (session 20), suspected: a first soft time limit after the COMMIT answered
+    has the exit run Django's loop again (its step again, or the callbacks still pending once
+    the COMMIT is proved); a second on a robust callback's call line there (Django's ``try:``
+    swallows it) left that callback never run, or, on the block's marker, the outcome check
+    ran the ``on_commit_or_proved`` callbacks twice. Each runs once, before the release."""
+    open_shop(PG, 1, 10)
+    ran: list[tuple[str, bool]] = []
+    nth = {"the marker": 1, "proved": 2, "robust": 3}[which]
+    run_rest = fencing._run_rest
+
+    def then_the_second(*args: Any) -> bool:
+        # (A trace function that raises is turned off: the second is put on as the exit
+        # goes on past the first, before it runs Django's loop again.)
+        sys.settrace(_cut_on_call_line(nth, robust=True))
+        return run_rest(*args)
+
+    monkeypatch.setattr(fencing, "_run_rest", then_the_second)
+
+    def callback(label: str) -> Any:
+        return lambda: ran.append((label, lock(name).locked()))
+
+    try:
+        with lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "first")
+            transaction.on_commit(callback("a"), using=PG)
+            on_commit_or_proved(callback("proved"), using=PG)
+            transaction.on_commit(callback("robust"), using=PG, robust=True)
+            transaction.on_commit(callback("c"), using=PG)
+            sys.settrace(_first_cut(where))
+    finally:
+        sys.settrace(None)
+    assert "Error calling" in caplog.text  # (the second cut, swallowed by Django's try:)
+    assert sorted(ran) == [("a", True), ("c", True), ("proved", True), ("robust", True)]
+    assert not lock(name).locked()
+    assert [who for who, _ in sales(PG)] == ["first"]
+    connection = connections[PG]
+    assert connection.autocommit and not connection.in_atomic_block
