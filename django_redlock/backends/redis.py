@@ -820,6 +820,13 @@ def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
             yield
         finally:
             await client.aclose(close_connection_pool=True)
+            # A Sentinel client's sentinels' clients (one per sentinel, a pool each: the
+            # loop's questions where the master is) too: they stayed connected until the
+            # garbage collector got to their cycles, one connection per closed loop.
+            manager = getattr(client.connection_pool, "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                with contextlib.suppress(Exception):
+                    await sentinel.aclose(close_connection_pool=True)
 
     generator = closer()
     step = generator.__anext__()

@@ -181,6 +181,36 @@ def _outcome(call: Any, *args: Any) -> Any:
         return f"{type(exc).__name__}: {exc}"
 
 
+def test_a_closed_loop_leaves_no_connection_on_the_sentinels(
+    own_group: list[RedisServer], name: str
+) -> None:
+    """Closing a loop's client (``asyncio.run``'s shutdown) closed the master's pool only: the
+    loop's sentinels' clients (asked where the master is) stayed connected until the cyclic
+    garbage collector ran, one connection per loop."""
+    sentinels = own_group[2:]
+
+    async def once() -> None:
+        held = lock(name, using="s")
+        assert await held.aacquire(blocking=False)
+        await held.arelease()
+
+    with sentinel_alias(own_group, socket_timeout=0.5):
+        asyncio.run(once())  # the sync side's looker and listeners, and one loop's
+        time.sleep(0.5)
+        gc.disable()  # (a collection would close them before the count)
+        try:
+            before = _ours_on(sentinels)
+            for _ in range(5):
+                asyncio.run(once())
+            deadline = time.monotonic() + 3
+            while (after := _ours_on(sentinels)) > before and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            gc.enable()
+        locks["s"].close()
+    assert after <= before, f"{after - before} more connections on the sentinels"
+
+
 def _agate_path() -> set[Any]:
     """The async gated path's functions: the operation's and its gate's own (whichever)."""
     from django_redlock.backends import sentinel
