@@ -52,8 +52,11 @@ What we rely on, and why the public API does not do:
 * ``BlockingConnectionPool.get_connection`` takes from its ``queue_class`` queue (``pool``)
   with ``get(block=True, timeout=...)``, makes a connection in a free slot with
   ``make_connection()``, and gives back a failed make or connect with ``put_nowait()`` or
-  ``release()`` (6.0 to 8.2): how :class:`WaitingPool`'s queue records what a thread took,
-  which redis-py holds in a local only while it calls Python functions outside any ``try``.
+  ``release()`` (6.0 to 8.2), and ``release()`` lists a connection again with
+  ``put_nowait()``; it and its ``reset()`` look at the queue's list (``pool.queue``), skipping
+  free slots by their falsiness (``if conn``; 8.x): how :class:`WaitingPool`'s queue records
+  what a thread took or gives back, which redis-py holds in a local only while it calls
+  Python functions outside any ``try``.
 * ``redis.asyncio`` ``Connection._writer``: its ``asyncio.StreamWriter`` (None while not
   connected), whose transport gives the socket polled by :func:`closed_while_idle`.
 """
@@ -501,7 +504,10 @@ class WaitingPool(redis.BlockingConnectionPool):
     functions after its ``pool.get()`` outside any ``try`` (``Queue.get``'s own notify;
     8.x's ``get_pool_name()`` and ``record_connection_count()``; 6.x's
     ``make_connection()``), and one soft time limit landing there lost it for good: with
-    ``max_connections=1`` every later call on that healthy master was unavailable."""
+    ``max_connections=1`` every later call on that healthy master was unavailable. So does
+    one given back (``release()``), from its first line until it is listed again: redis-py's
+    release is Python too. The pool of the Cluster's nodes, single Redis's and
+    DjangoRedisBackend's own."""
 
     def __init__(
         self, max_connections: int = 50, timeout: float | None = None, **kwargs: Any
