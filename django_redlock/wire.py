@@ -52,14 +52,18 @@ What we rely on, and why the public API does not do:
 * ``BlockingConnectionPool.get_connection`` takes from its ``queue_class`` queue (``pool``)
   with ``get(block=True, timeout=...)``, makes a connection in a free slot with
   ``make_connection()``, and gives back a failed make or connect with ``put_nowait()`` or
-  ``release()`` (6.0 to 8.2): how :class:`WaitingPool`'s queue records what a thread took,
-  which redis-py holds in a local only while it calls Python functions outside any ``try``.
+  ``release()`` (6.0 to 8.2), and ``release()`` lists a connection again with
+  ``put_nowait()``; it and its ``reset()`` look at the queue's list (``pool.queue``), skipping
+  free slots by their falsiness (``if conn``; 8.x): how :class:`WaitingPool`'s queue records
+  what a thread took or gives back, which redis-py holds in a local only while it calls
+  Python functions outside any ``try``.
 * ``redis.asyncio`` ``Connection._writer``: its ``asyncio.StreamWriter`` (None while not
   connected), whose transport gives the socket polled by :func:`closed_while_idle`.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import select
 import socket
@@ -396,55 +400,93 @@ class SentinelPool(redis.sentinel.SentinelConnectionPool):
         return connection
 
 
+#: A waiter for a pool's free connection looks again this often (a wake-up lost to an
+#: interrupt costs this much, not its whole timeout).
+SLOTS_POLL = 0.05
+
+
+class _Slot:
+    """A free slot of a :class:`_Slots` queue (redis-py's None: a connection to make there),
+    each its own object, so that a give-back can tell whether it is still listed. Falsy as
+    None is: redis-py's looks at the queue (``if conn``) skip it."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+
 class _Slots(queue.LifoQueue[Any]):
     """A :class:`WaitingPool`'s queue: redis-py's own (last in, first out), that also records
-    what each thread took (a connection, or None: a slot to make one in) until it is put back
-    or :meth:`WaitingPool.get_connection` hands it over, so that an exception at any call
-    between (redis-py's metrics, a connect, a signal handler's at a function's entry) finds
-    it. redis-py's ``get_connection`` holds it in a local only, outside any ``try``."""
+    what each thread took (a connection, or a slot to make one in) until it is put back or
+    :meth:`WaitingPool.get_connection` hands it over, and what a thread gives back from the
+    first line of :meth:`WaitingPool.release` until it is listed again, so that an exception
+    at any call between (redis-py's metrics, a connect, a signal handler's at a function's
+    entry) finds it. redis-py's ``get_connection`` and ``release`` hold it in a local only,
+    outside any ``try``.
+
+    No ``Condition``: its methods are Python, and an interrupt at the entry of its
+    ``__exit__`` left the queue's lock held (every later checkout hung), one at its
+    ``__enter__`` in a give-back lost the connection, one in its ``wait`` left a dead waiter
+    that the next give-back woke instead of a live one. Each step is a few C calls under the
+    plain lock (held by ``with``: released whatever lands there); a waiter sleeps on a lock
+    of its own, released by a give-back, and looks again every SLOTS_POLL."""
 
     def __init__(self, maxsize: int = 0) -> None:
         super().__init__(maxsize)
         self.taken: dict[int, Any] = {}  # thread id -> what it took, not handed over yet
+        self._waiting: collections.deque[threading.Lock] = collections.deque()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        """As ``Queue.get``, the item recorded as taken before it leaves the list (no call
-        between the two: none of them a point where an interrupt could land). Under the plain
-        lock: a ``Condition``'s ``__exit__`` is Python, an interrupt at whose entry would leave
-        the lock held."""
+        """As ``Queue.get``, the item recorded as taken before it leaves the list (an
+        interrupt between the two: the give-back finds it still listed, and lists it once)."""
         me = threading.get_ident()
-        with self.mutex:
-            if not block or (timeout is not None and timeout <= 0):
-                if not self._qsize():
+        end = None if timeout is None else time.monotonic() + timeout
+        wake = threading.Lock()  # released by a give-back
+        wake.acquire()
+        try:
+            while True:
+                with self.mutex:
+                    if self.queue:
+                        self.taken[me] = self.queue[-1]
+                        self.queue.pop()
+                        break
+                    if wake not in self._waiting:
+                        self._waiting.append(wake)
+                left = SLOTS_POLL if end is None else min(end - time.monotonic(), SLOTS_POLL)
+                if not block or left <= 0:
                     raise queue.Empty
-            elif timeout is None:
-                while not self._qsize():
-                    self.not_empty.wait()
+                wake.acquire(timeout=left)
+        finally:  # (skipped: a give-back wakes it for nothing, the others look again soon)
+            with self.mutex:
+                if wake in self._waiting:
+                    self._waiting.remove(wake)
+        item = self.taken[me]
+        return None if type(item) is _Slot else item
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        """As ``Queue.put``, never blocking (redis-py gives back only what it took: ``Full``
+        is a connection of the pool before its reset, which it drops). Listed, then no longer
+        this thread's to give back (an interrupt between: the give-back finds it listed)."""
+        me = threading.get_ident()
+        if item is None:
+            item = _Slot()
+        with self.mutex:
+            if id(item) in map(id, self.queue):
+                pass  # listed already: a take cut before it left the list
+            elif 0 < self.maxsize <= len(self.queue):
+                self.taken.pop(me, None)
+                raise queue.Full
             else:
-                end = time.monotonic() + timeout
-                while not self._qsize():
-                    remaining = end - time.monotonic()
-                    if remaining <= 0.0:
-                        raise queue.Empty
-                    self.not_empty.wait(remaining)
-            self.taken[me] = self.queue[-1]
-            self.queue.pop()
-            self.not_full.notify()
-            return self.taken[me]
-
-    def _put(self, item: Any) -> None:
-        # A thread puts back what it took (redis-py's give-back of a failed make or connect,
-        # or a release): no longer its to give back. No call between the two (see get()).
-        me = threading.get_ident()
-        if me in self.taken:
-            del self.taken[me]
-        self.queue.append(item)
-
-    def handed_over(self) -> None:
-        """The caller's from now on (it gives it back with ``release()``)."""
-        me = threading.get_ident()
-        if me in self.taken:
-            del self.taken[me]
+                self.queue.append(item)
+            self.taken.pop(me, None)
+            wake = self._waiting.popleft() if self._waiting else None
+        if wake is not None:
+            # (not contextlib.suppress: its methods are Python, points an interrupt lands on)
+            try:  # noqa: SIM105
+                wake.release()
+            except RuntimeError:  # woken already, by its poll's timeout
+                pass
 
 
 class WaitingPool(redis.BlockingConnectionPool):
@@ -462,7 +504,10 @@ class WaitingPool(redis.BlockingConnectionPool):
     functions after its ``pool.get()`` outside any ``try`` (``Queue.get``'s own notify;
     8.x's ``get_pool_name()`` and ``record_connection_count()``; 6.x's
     ``make_connection()``), and one soft time limit landing there lost it for good: with
-    ``max_connections=1`` every later call on that healthy master was unavailable."""
+    ``max_connections=1`` every later call on that healthy master was unavailable. So does
+    one given back (``release()``), from its first line until it is listed again: redis-py's
+    release is Python too. The pool of the Cluster's nodes, single Redis's and
+    DjangoRedisBackend's own."""
 
     def __init__(
         self, max_connections: int = 50, timeout: float | None = None, **kwargs: Any
@@ -475,7 +520,8 @@ class WaitingPool(redis.BlockingConnectionPool):
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         try:
             connection = super().get_connection(*args, **kwargs)
-            self._handed_over()
+            # The caller's as it is returned: a line between the two lost it to an interrupt.
+            return self._handed_over(connection)
         except BaseException as exc:
             self._give_back()
             if not isinstance(exc, redis.exceptions.ConnectionError) or not isinstance(
@@ -483,7 +529,6 @@ class WaitingPool(redis.BlockingConnectionPool):
             ):
                 raise
             raise redis.exceptions.MaxConnectionsError(str(exc)) from exc
-        return connection
 
     def make_connection(self) -> Any:
         me = threading.get_ident()
@@ -491,14 +536,27 @@ class WaitingPool(redis.BlockingConnectionPool):
         # Made in the slot this thread took: what it gives back now is the connection
         # (before this store, the slot: the connection, never connected, is dropped).
         slots = self.pool
-        if isinstance(slots, _Slots) and me in slots.taken and slots.taken[me] is None:
+        if isinstance(slots, _Slots) and type(slots.taken.get(me)) is _Slot:
             slots.taken[me] = connection
         return connection
 
-    def _handed_over(self) -> None:
+    def release(self, connection: Any) -> None:
         slots = self.pool
         if isinstance(slots, _Slots):
-            slots.handed_over()
+            # Being given back from here on: an exception before it is listed again (redis-py's
+            # release is Python: its metrics, a Queue's Condition) gives it back all the same.
+            slots.taken[threading.get_ident()] = connection
+        try:
+            super().release(connection)
+        except BaseException:
+            self._give_back()
+            raise
+
+    def _handed_over(self, connection: Any) -> Any:
+        slots = self.pool
+        if isinstance(slots, _Slots):
+            slots.taken.pop(threading.get_ident(), None)
+        return connection
 
     def _give_back(self) -> None:
         """Give back what this thread took from the queue and neither put back nor handed
@@ -508,8 +566,8 @@ class WaitingPool(redis.BlockingConnectionPool):
         if not isinstance(slots, _Slots) or me not in slots.taken:
             return
         taken = slots.taken[me]
-        if taken is None:
-            slots.put_nowait(None)  # the slot (clears the record)
+        if type(taken) is _Slot:
+            slots.put_nowait(taken)  # the slot (clears the record; listed once)
         else:
             self.release(taken)  # as redis-py gives back one whose connect failed
 

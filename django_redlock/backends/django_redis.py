@@ -11,7 +11,7 @@ import redis.asyncio
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 
-from .. import fast_path
+from .. import fast_path, wire
 from .redis import AsyncPool, RedisBackend
 
 # What an asyncio connection can take over from the cache's synchronous pool.
@@ -75,7 +75,8 @@ class DjangoRedisBackend(RedisBackend):
             if (key in OWN_POOL_KWARGS or key.startswith("ssl")) and value is not None:
                 options[key] = value
         options["timeout"] = options["socket_timeout"]
-        own = redis.BlockingConnectionPool(connection_class=pool.connection_class, **options)
+        # As RedisBackend's: what an interrupted checkout or give-back held is found again.
+        own = wire.WaitingPool(connection_class=pool.connection_class, **options)
         self._owns_pool = True
         return redis.Redis(connection_pool=own)
 

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
@@ -152,7 +152,10 @@ class RedisBackend(BaseLockBackend):
 
     def make_client(self) -> Any:
         options = self.client_options(redis.retry.Retry(NoBackoff(), 0))
-        pool = redis.BlockingConnectionPool.from_url(str(self.location), **options)
+        # redis-py's blocking pool, a connection it took or was given back found again when a
+        # soft time limit lands in its checkout or give-back (see wire.WaitingPool): with a
+        # plain one, each such interrupt lost a connection for good.
+        pool = wire.WaitingPool.from_url(str(self.location), **options)
         return redis.Redis(connection_pool=pool)
 
     def make_async_client(self) -> Any:
@@ -279,8 +282,51 @@ class RedisBackend(BaseLockBackend):
                 refused = await self.aexecute(self.op_probe())
         return acl.missing_permission(self, name, exc, refused or ())
 
+    # -- the watchdog's renewals: a pool of their own ----------------------------------------
+    # On the pool's path (a tracer wrapping execute_command, a retry option) a renewal took a
+    # connection of the blocking pool as every caller did, queued behind them (a releasing
+    # caller took it again before the woken renewal ran) for a socket timeout per try, and a
+    # hold expired on a healthy Redis while its owner held it. Its connections now come from
+    # a pool of their own, made like the client's, with no limit (one connection: the
+    # backend's renewals are one worker's), as Cluster's (_own) and Sentinel's.
+
+    # (the client, weakly: compat's backend must not keep its client alive; the renewals')
+    _renewals: tuple[weakref.ref[Any], Any] | None = None
+
+    def renew_many(self, renewals: Sequence[Renewal], shard: Hashable = None) -> list[bool | None]:
+        op, client = self.op_renew(renewals), self.client
+        if fast_path.on_thread_connection(client):
+            return self.execute(op)  # the thread's own connection: nothing waits in the pool
+        return self.execute_on(self._renewals_client(client), op)
+
+    def _renewals_client(self, client: Any) -> Any:
+        """A ``redis.Redis`` for the renewals, on a pool of their own made like ``client``'s;
+        ``client`` itself when its pool is not one to rebuild from its kwargs (a project's
+        own, a Sentinel one)."""
+        kept = self._renewals
+        if kept is not None and kept[0]() is client:
+            return kept[1]
+        pool = client.connection_pool
+        if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool, wire.WaitingPool):
+            return client
+        with self._setup:
+            kept = self._renewals
+            if kept is None or kept[0]() is not client:
+                own = redis.ConnectionPool(
+                    connection_class=pool.connection_class, **pool.connection_kwargs
+                )
+                old, kept = kept, (weakref.ref(client), redis.Redis(connection_pool=own))
+                self._renewals = kept
+                if old is not None:  # the client was made again (closed meanwhile)
+                    _disconnect_renewals(old[1])
+        return kept[1]
+
     def execute(self, op: Op[T]) -> T:
-        request, client = op.request, self.client
+        return self.execute_on(self.client, op)
+
+    def execute_on(self, client: Any, op: Op[T]) -> T:
+        """``op`` on ``client`` (the backend's, or the renewals' own)."""
+        request = op.request
         self.round_trips += 1
         # One deadline for all of the op's round trips (on the fast path): a reconnect's
         # handshake, NOSCRIPT and SCRIPT LOAD, the script again, an ACL probe.
@@ -632,6 +678,9 @@ class RedisBackend(BaseLockBackend):
         # on a new client, not the closed ones.
         hub, self._hub = self._hub, None
         client, self._client = self._client, None
+        renewals, self._renewals = self._renewals, None
+        if renewals is not None:
+            _disconnect_renewals(renewals[1])
         if hub is not None:
             hub.close()
             hub.hand_over(self._owe)
@@ -771,6 +820,13 @@ def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
             yield
         finally:
             await client.aclose(close_connection_pool=True)
+            # A Sentinel client's sentinels' clients (one per sentinel, a pool each: the
+            # loop's questions where the master is) too: they stayed connected until the
+            # garbage collector got to their cycles, one connection per closed loop.
+            manager = getattr(client.connection_pool, "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                with contextlib.suppress(Exception):
+                    await sentinel.aclose(close_connection_pool=True)
 
     generator = closer()
     step = generator.__anext__()
@@ -780,6 +836,14 @@ def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
 
 
 _retiring: set[asyncio.Task[None]] = set()  # (a loop keeps only weak references to tasks)
+
+
+def _disconnect_renewals(client: Any) -> None:
+    """The renewals' own client of a closed backend (see ``RedisBackend.renew_many``): its
+    thread connections and its pool's, closed now."""
+    pool = client.connection_pool
+    fast_path.disconnect_threads(pool)
+    pool.disconnect()
 
 
 def _retire(

@@ -456,6 +456,83 @@ class _Gate:
                 wake.release()
 
 
+class _AsyncGate:
+    """A loop's ``max_connections`` permits for its ``aexecute`` calls, safe from asynchronous
+    exceptions and cancellation as :class:`_Gate` is: a permit is a ticket's place in
+    ``taken``, added in the step that finds one free (no await between), inside the
+    operation's ``try:``, and given back by a discard that needs nothing taken first.
+    asyncio.Semaphore was not: its ``release()`` hands the permit to a waiter, which then runs
+    Python (its ``_waiters.remove``) before the caller's ``try:``, and a soft time limit
+    landing there lost the permit for good (every later operation on that loop "all N
+    connections busy" on a healthy master). One loop's: no lock needed. A waiter is woken by
+    a give-back, and looks again every GATE_POLL should a wake-up be lost.
+
+    A give-back skipped all the same (the ``finally`` cut at its first line) comes back once
+    the task that took it is done, or the ticket's frame is gone: a coroutine's traceback
+    kept in a cycle (a task's exception) held it until the garbage collector ran."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        # ticket -> the task that took it (weakly: a task's ticket is freed with its frame)
+        self.taken: weakref.WeakKeyDictionary[_Ticket, asyncio.Task[Any] | None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def _free(self) -> bool:
+        """Whether a permit is free, those of tasks that are done given back first."""
+        if len(self.taken) < self.limit:
+            return True
+        for ticket, task in list(self.taken.items()):
+            if task is not None and task.done():
+                self.taken.pop(ticket, None)
+        return len(self.taken) < self.limit
+
+    async def take(self, ticket: _Ticket, timeout: float) -> bool:
+        """Whether ``ticket`` got a permit within ``timeout`` seconds."""
+        if self._free():
+            self.taken[ticket] = asyncio.current_task()
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            wake = loop.create_future()
+            self._waiting.append(wake)
+            poll = loop.call_later(min(left, GATE_POLL), _woken, wake)
+            try:
+                await wake
+            except BaseException:  # cancelled, or an interrupt: a wake-up it got goes on
+                self.wake_one()
+                raise
+            finally:
+                poll.cancel()
+                if wake in self._waiting:
+                    self._waiting.remove(wake)
+            if self._free():
+                self.taken[ticket] = asyncio.current_task()
+                return True
+
+    def give_back(self, ticket: _Ticket) -> None:
+        """``ticket``'s permit, if it has one, is free again, and a waiter woken."""
+        self.taken.pop(ticket, None)  # first: the permit
+        self.wake_one()
+
+    def wake_one(self) -> None:
+        while self._waiting:
+            wake = self._waiting.popleft()
+            if not wake.done():
+                wake.set_result(None)
+                return
+
+
+def _woken(wake: asyncio.Future[None]) -> None:
+    if not wake.done():
+        wake.set_result(None)
+
+
 class SentinelBackend(RedisBackend):
     """Locks on the master of a Sentinel-monitored service.
 
@@ -492,7 +569,7 @@ class SentinelBackend(RedisBackend):
         # the other backends' blocking pools do: these gates make it wait.
         self._limit = int(self.options.pop("max_connections", 100))
         self._gate = _Gate(self._limit)
-        self._agates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+        self._agates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncGate] = (
             weakref.WeakKeyDictionary()
         )
         self.service_name: str = own["service_name"]
@@ -829,22 +906,18 @@ class SentinelBackend(RedisBackend):
         loop = asyncio.get_running_loop()
         gate = self._agates.get(loop)
         if gate is None:
-            gate = self._agates[loop] = asyncio.Semaphore(self._limit)
-        if gate.locked():  # as execute(): a permit waited for a socket timeout at most
-            try:
-                await asyncio.wait_for(gate.acquire(), self.socket_timeout)
-            except TimeoutError:
+            gate = self._agates[loop] = _AsyncGate(self._limit)
+        ticket = _Ticket()
+        try:  # entered before the permit is taken: no line between them (see _AsyncGate)
+            if not await gate.take(ticket, self.socket_timeout):  # as execute()'s
                 busy = f"all {self._limit} connections busy"
                 raise BackendUnavailable(
                     f"lock {op.name!r}: backend {self.alias!r}: {busy}",
                     timed_out=True,  # nothing sent: nothing to give back either
-                ) from None
-        else:
-            await gate.acquire()
-        try:
+                )
             return await self._aexecute(op)
         finally:
-            gate.release()
+            gate.give_back(ticket)
 
     async def _aexecute(self, op: Op[T]) -> T:
         result = await super().aexecute(op)

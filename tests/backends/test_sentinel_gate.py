@@ -3,6 +3,8 @@ with real servers the suite starts."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import threading
 import time
@@ -175,5 +177,94 @@ def test_a_time_limit_anywhere_in_the_gate_loses_no_permit_and_leaves_no_lock_he
 def _outcome(call: Any, *args: Any) -> Any:
     try:
         return call(*args)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_a_closed_loop_leaves_no_connection_on_the_sentinels(
+    own_group: list[RedisServer], name: str
+) -> None:
+    """Closing a loop's client (``asyncio.run``'s shutdown) closed the master's pool only: the
+    loop's sentinels' clients (asked where the master is) stayed connected until the cyclic
+    garbage collector ran, one connection per loop."""
+    sentinels = own_group[2:]
+
+    async def once() -> None:
+        held = lock(name, using="s")
+        assert await held.aacquire(blocking=False)
+        await held.arelease()
+
+    with sentinel_alias(own_group, socket_timeout=0.5):
+        asyncio.run(once())  # the sync side's looker and listeners, and one loop's
+        time.sleep(0.5)
+        gc.disable()  # (a collection would close them before the count)
+        try:
+            before = _ours_on(sentinels)
+            for _ in range(5):
+                asyncio.run(once())
+            deadline = time.monotonic() + 3
+            while (after := _ours_on(sentinels)) > before and time.monotonic() < deadline:
+                time.sleep(0.1)
+        finally:
+            gc.enable()
+        locks["s"].close()
+    assert after <= before, f"{after - before} more connections on the sentinels"
+
+
+def _agate_path() -> set[Any]:
+    """The async gated path's functions: the operation's and its gate's own (whichever)."""
+    from django_redlock.backends import sentinel
+
+    found: set[Any] = {sentinel.SentinelBackend.aexecute}
+    gate = getattr(sentinel, "_AsyncGate", asyncio.Semaphore)
+    found |= {getattr(gate, each, None) for each in ("acquire", "release", "take", "give_back")}
+    return {each.__code__ for each in found if hasattr(each, "__code__")}
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["free", "waiting"])
+def test_a_time_limit_anywhere_in_the_async_gate_loses_no_permit(
+    sentinel_group: list[RedisServer], name: str, busy: bool
+) -> None:
+    """An asynchronous exception at each line of the async gated path on one long-lived loop,
+    one at a time (a permit free, or held by a task whose command waits on a paused master
+    while the operation waits for the permit). asyncio.Semaphore lost the permit to one in
+    its acquire() after the release had handed it over (before aexecute's ``try:``): every
+    later operation on that loop "all 1 connections busy" on a healthy master."""
+    master = sentinel_group[0]
+    loop = asyncio.new_event_loop()
+    try:
+        with sentinel_alias(sentinel_group, socket_timeout=1.0, max_connections=1):
+            backend = locks["s"]
+
+            async def op(which: str) -> Any:
+                return await backend.aexecute(backend.op_locked(which))
+
+            async def both() -> None:
+                master.client().client_pause(30)  # the busy task's command waits this long
+                busy_task = asyncio.ensure_future(op(f"{name}:busy"))
+                await asyncio.sleep(0)  # it takes the permit, and sends
+                try:
+                    await op(name)
+                finally:
+                    with contextlib.suppress(BaseException):
+                        await busy_task
+
+            assert loop.run_until_complete(op(f"{name}:warm")) is False
+
+            def case(tracer: LineInterrupter) -> None:
+                interrupted(lambda: loop.run_until_complete(both() if busy else op(name)), tracer)
+                later = loop.run_until_complete(asyncio.wait_for(_aoutcome(op, name), 3))
+                cut = tracer.fired
+                assert later is False, f"cut at {cut}: the next operation on the loop: {later}"
+
+            every_point(case, lambda at: LineInterrupter(at, _agate_path(), lambda frame: True))
+            backend.close()
+    finally:
+        loop.close()
+
+
+async def _aoutcome(call: Any, *args: Any) -> Any:
+    try:
+        return await call(*args)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
