@@ -1,0 +1,144 @@
+"""A release (or hand-back) cut by a cancellation under ``asyncio.run`` is finished by a task
+of its own; the loop's shutdown cancels that task too, before it sent anything. The release
+is then finished as the task ends, not left on Redis to its TTL, held by nobody (asyncio.md:
+"the release is finished by a task of its own rather than left to the lock's TTL").
+
+The release's send is held back (a wrapper of the backend's ``aexecute``, standing for a wait
+for a pooled connection, as with ``max_connections`` and every connection busy): the commands
+that do go out go to the real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from django_redlock import lock, lock_all, locks
+
+
+def _held_back(monkeypatch: pytest.MonkeyPatch, alias: str) -> list[str]:
+    """From the first ``"hold"`` put in the list returned, every async command of the backend
+    waits (a pooled connection's wait) before it is sent; ``"cut"``: the one that follows a
+    granted reply is cancelled as that reply comes in."""
+    backend = locks[alias]
+    send: Callable[[Any], Awaitable[Any]] = backend.aexecute
+    state: list[str] = []
+
+    async def aexecute(op: Any) -> Any:
+        if state[-1:] == ["cut"]:  # the try: granted, its task cancelled as the reply comes in
+            reply = await send(op)
+            state.append("hold")
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+            return reply
+        if state[-1:] == ["hold"]:
+            await asyncio.sleep(30)  # cancelled first
+        return await send(op)
+
+    monkeypatch.setattr(backend, "aexecute", aexecute)
+    return state
+
+
+def _cancel_soon() -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().call_later(0.1, task.cancel)
+
+
+def test_a_cancelled_async_with_release_is_finished_despite_asyncio_run_s_shutdown(
+    monkeypatch: pytest.MonkeyPatch, alias: str, name: str
+) -> None:
+    """Before: the finishing task, cancelled by the shutdown, was ignored; the key stayed
+    (20 s TTL, no renewal: the release had stopped it)."""
+    state = _held_back(monkeypatch, alias)
+
+    async def main() -> None:
+        async with lock(name, using=alias, ttl=20):
+            state.append("hold")
+            _cancel_soon()  # during the release's wait
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    assert not lock(name, using=alias).locked(), "the hold outlived asyncio.run()"
+    assert lock(name, using=alias).acquire(blocking=False)
+
+
+def test_a_reentrant_release_cut_the_same_way_is_finished_as_its_owner(
+    monkeypatch: pytest.MonkeyPatch, alias: str, name: str
+) -> None:
+    """The owner's count is settled on the owner's behalf (the task that held it is gone)."""
+    state = _held_back(monkeypatch, alias)
+
+    async def main() -> None:
+        async with lock(name, using=alias, ttl=20, reentrant=True):
+            state.append("hold")
+            _cancel_soon()
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    assert not lock(name, using=alias).locked(), "the hold outlived asyncio.run()"
+
+
+def test_an_aacquire_s_hand_back_cut_the_same_way_is_finished(
+    monkeypatch: pytest.MonkeyPatch, alias: str, name: str
+) -> None:
+    """Cancelled as the granting reply came in, then again during the hand-back's wait."""
+    state = _held_back(monkeypatch, alias)
+
+    async def main() -> None:
+        state.append("cut")
+        _cancel_soon()  # the second cancellation, during the hand-back's wait
+        await lock(name, using=alias, ttl=20).aacquire(blocking=False)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    assert state[-1] == "hold"  # the try was granted, and cancelled
+    assert not lock(name, using=alias).locked(), "the granted hold outlived asyncio.run()"
+
+
+def test_a_cancelled_lock_all_release_is_finished_despite_asyncio_run_s_shutdown(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Each member's release, finished by a task of its own, the same way."""
+    state = _held_back(monkeypatch, "redis")
+    names = [f"{name}:a", f"{name}:b", f"{name}:c"]
+
+    async def main() -> None:
+        async with lock_all(*names, using="redis", ttl=20):
+            state.append("hold")
+            _cancel_soon()
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "holds outlived asyncio.run()"
+
+
+def test_a_lock_all_aacquire_s_give_back_cut_the_same_way_is_finished(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """lock_all's own finishing task: the take granted as its task was cancelled, then
+    cancelled again during the give-back's wait."""
+    state = _held_back(monkeypatch, "redis")
+    names = [f"{name}:a", f"{name}:b"]
+
+    async def main() -> None:
+        state.append("cut")
+        _cancel_soon()
+        await lock_all(*names, using="redis", ttl=20).aacquire(blocking=False)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    assert state[-1] == "hold"  # the take was granted, and cancelled
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "the granted holds outlived asyncio.run()"
