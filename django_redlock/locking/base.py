@@ -670,9 +670,10 @@ class BaseLock:
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     self._holds[owner] = hold
-                    renewed = self.auto_renew and self.max_hold is None
-                    if self.exclusive and not self.reentrant and renewed:
-                        # Renewed for as long as it is held (or its object lives).
+                    if self.exclusive:
+                        # Every exclusive hold, reentrant, capped or not renewed too: a plain
+                        # wait of the same actor with no timeout would wait for it (for ever,
+                        # or to the cap or the TTL, inside the block): refused at once.
                         hold.taken = take(self.backend, self.name, actor, self)
                 else:
                     # The level's stamp first: cut short before the depth, the stamp names a
