@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 from django_redlock import lock, lock_all, locks
+from django_redlock.testing import RedisServer
+
+from ..redlock.test_redlock import quorum_alias
 
 
 def _held_back(monkeypatch: pytest.MonkeyPatch, alias: str) -> list[str]:
@@ -142,3 +145,21 @@ def test_a_lock_all_aacquire_s_give_back_cut_the_same_way_is_finished(
     assert state[-1] == "hold"  # the take was granted, and cancelled
     held = [n for n in names if lock(n, using="redis").locked()]
     assert held == [], "the granted holds outlived asyncio.run()"
+
+
+def test_redlock_a_cancelled_async_with_release_is_finished_despite_asyncio_run_s_shutdown(
+    monkeypatch: pytest.MonkeyPatch, redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Redlock takes the same route (its own fan-out owes only the writes it began)."""
+    with quorum_alias("quorum", [redis_factory() for _ in range(3)]):
+        state = _held_back(monkeypatch, "quorum")
+
+        async def main() -> None:
+            async with lock(name, using="quorum", ttl=20):
+                state.append("hold")
+                _cancel_soon()
+
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(main())
+        monkeypatch.undo()
+        assert not lock(name, using="quorum").locked(), "the hold outlived asyncio.run()"
