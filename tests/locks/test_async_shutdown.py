@@ -11,7 +11,7 @@ that do go out go to the real servers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
 import pytest
@@ -22,10 +22,12 @@ from django_redlock.testing import RedisServer
 from ..redlock.test_redlock import quorum_alias
 
 
-def _held_back(monkeypatch: pytest.MonkeyPatch, alias: str) -> list[str]:
+def _held_back(
+    monkeypatch: pytest.MonkeyPatch, alias: str, names: Container[str] | None = None
+) -> list[str]:
     """From the first ``"hold"`` put in the list returned, every async command of the backend
-    waits (a pooled connection's wait) before it is sent; ``"cut"``: the one that follows a
-    granted reply is cancelled as that reply comes in."""
+    (on one of ``names``, if given) waits (a pooled connection's wait) before it is sent;
+    ``"cut"``: the one that follows a granted reply is cancelled as that reply comes in."""
     backend = locks[alias]
     send: Callable[[Any], Awaitable[Any]] = backend.aexecute
     state: list[str] = []
@@ -39,7 +41,7 @@ def _held_back(monkeypatch: pytest.MonkeyPatch, alias: str) -> list[str]:
             task.cancel()
             await asyncio.sleep(0)
             return reply
-        if state[-1:] == ["hold"]:
+        if "hold" in state and (names is None or op.name in names):
             await asyncio.sleep(30)  # cancelled first
         return await send(op)
 
@@ -163,3 +165,34 @@ def test_redlock_a_cancelled_async_with_release_is_finished_despite_asyncio_run_
             asyncio.run(main())
         monkeypatch.undo()
         assert not lock(name, using="quorum").locked(), "the hold outlived asyncio.run()"
+
+
+def test_lock_all_s_own_finishing_task_cut_the_same_way_is_finished(
+    monkeypatch: pytest.MonkeyPatch, name: str, request: pytest.FixtureRequest
+) -> None:
+    """Cluster takes the names one by one. Cancelled while waiting for the third, then twice
+    more during the give-back of the two held (each time while a release waits): the rest of
+    the give-back goes to lock_all's finishing tasks, whose own member's release, made
+    during the shutdown, may never run. Each cancelled finishing task releases what is left."""
+    request.getfixturevalue("_cluster_alias")
+    a, b, c = f"{name}:a", f"{name}:b", f"{name}:c"
+    state = _held_back(monkeypatch, "cluster", {a, b})
+    other = lock(c, using="cluster", ttl=20)
+    assert other.acquire(blocking=False)
+
+    async def main() -> None:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        loop.call_later(0.2, state.append, "hold")  # a and b held by then
+        for at in (0.3, 0.6, 0.9):  # waiting for c; then in b's release, twice
+            loop.call_later(at, task.cancel)
+        await lock_all(a, b, c, using="cluster", ttl=20).aacquire(timeout=10)
+
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(main())
+        monkeypatch.undo()
+        held = [n for n in (a, b) if lock(n, using="cluster").locked()]
+        assert held == [], "holds outlived asyncio.run()"
+    finally:
+        other.release()
