@@ -222,11 +222,17 @@ class StandBys:
         self._closed = False
 
     def add(self, waiter_id: str, delay: float) -> bool:
-        """Pending from now on (unless it is already); False when no thread could start."""
+        """Pending from now on, due in ``delay`` s or when an earlier stand-by of it is due;
+        False when no thread could start."""
         at = time.monotonic() + delay
         with self._cond:
-            if waiter_id in self._at or self._closed:
+            if self._closed:
                 return True
+            pending = self._at.get(waiter_id)
+            if pending is not None and pending <= at:
+                return True
+            # A later release may tell a shorter stand-by (the paused processes ahead died or
+            # left): the earlier due time wins. The older heap entry is skipped (_take_due).
             self._at[waiter_id] = at
             heapq.heappush(self._heap, (at, waiter_id))
             if self._thread is not None:
@@ -594,7 +600,8 @@ class ReleaseHub:
         ahead of ``waiter_id``, which may be paused and never take the lock. Unless told to
         stand down first, ``waiter_id`` is woken in ``delay`` s like any wake-up
         (:meth:`notify`: a waiter gone meanwhile passes it on, an abandoned one runs its
-        leave). Only for an id watched or abandoned here; once per id until it fires."""
+        leave). Only for an id watched or abandoned here; once per id until it fires, at
+        the earliest delay it was told meanwhile."""
         with self._mutex:
             known = waiter_id in self._waiters or waiter_id in self._abandoned
         if known and not self._standing_by.add(waiter_id, delay):

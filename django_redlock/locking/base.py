@@ -509,7 +509,8 @@ class BaseLock:
             yield from self._give_back(owner, token)
         except asyncio.CancelledError:
             # Cancelled again: this object is usually thrown away, so no next try comes.
-            self._finish_later(self._give_back(owner, token))
+            again = functools.partial(self._give_back_again, owner, token)
+            self._finish_later(self._give_back(owner, token), again)
             raise
         except Exception:
             pass
@@ -521,6 +522,14 @@ class BaseLock:
             yield self._op_release(token)
             if self._unsure_token == token:
                 self._unsure_token = None
+
+    def _give_back_again(self, owner: str, token: str) -> Steps[None]:
+        """A hand-back whose finishing task was cancelled, given back once more unless done
+        since: a plain token no longer kept was given back, or a try of this object took it
+        up (its grant is the object's: never released here). A reentrant count is settled
+        (what the objects hold: never a later level)."""
+        if self.reentrant or self._unsure_token == token:
+            yield from self._give_back(owner, token)
 
     def _nests_in_nothing(self, owner: str, current: Hold | None, attempt: Attempt) -> bool:
         """Whether a reentrant grant is a new hold where this process holds levels: a new
@@ -661,9 +670,10 @@ class BaseLock:
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     self._holds[owner] = hold
-                    renewed = self.auto_renew and self.max_hold is None
-                    if self.exclusive and not self.reentrant and renewed:
-                        # Renewed for as long as it is held (or its object lives).
+                    if self.exclusive:
+                        # Every exclusive hold, reentrant, capped or not renewed too: a plain
+                        # wait of the same actor with no timeout would wait for it (for ever,
+                        # or to the cap or the TTL, inside the block): refused at once.
                         hold.taken = take(self.backend, self.name, actor, self)
                 else:
                     # The level's stamp first: cut short before the depth, the stamp names a
@@ -797,11 +807,12 @@ class BaseLock:
 
     # -- release, extend, adopt --------------------------------------------------------------
 
-    def current_hold(self) -> tuple[str, Hold]:
+    def current_hold(self, owner: str | None = None) -> tuple[str, Hold]:
         """The current owner and its hold, with the fence a re-fence through another object
         gave it (internal: a fenced block's start). No I/O: LockLost when it was declared
-        lost, else LockNotOwned when this owner holds nothing here."""
-        owner = self._owner()
+        lost, else LockNotOwned when this owner holds nothing here. ``owner``: another than
+        the current one (a release finished on its behalf)."""
+        owner = self._owner() if owner is None else owner
         hold = self._holds.get(owner)
         if hold is None:
             if self._lost is not None:
@@ -883,15 +894,15 @@ class BaseLock:
         held = self._holds  # mostly empty: released before the renewer looked
         return bool(held) and any(h.token == token and h.renewer is renewer for h in held.values())
 
-    def _release(self) -> Steps[None]:
-        owner = self._owner()
+    def _release(self, owner: str | None = None) -> Steps[None]:
+        owner = self._owner() if owner is None else owner  # (given: finished on its behalf)
         if owner not in self._holds and self._orphans.get(owner):
             with self._mutex:
                 self._orphans[owner] -= 1
                 if self._orphans[owner] <= 0:
                     del self._orphans[owner]
             raise LockLost(f"{self.describe()} was lost: {self._lost or 'it expired'}")
-        owner, hold = self.current_hold()
+        owner, hold = self.current_hold(owner)
         if hold.releasing and self.reentrant:
             yield from self._finish_unsure_release(owner, hold)
             return
@@ -1334,21 +1345,40 @@ class BaseLock:
         release is unknown, and renewal has stopped. Finish it in a task of its own, acting
         as this owner, instead of leaving the hold to run out at its TTL while the next
         waiter waits."""
-        hold = self._holds.get(self._owner())
+        owner = self._owner()
+        hold = self._holds.get(owner)
         if hold is None or not hold.releasing:  # released, or a nested level (counted)
             return
-        self._finish_later(self._release())
+        self._finish_later(self._release(), functools.partial(self._release_again, owner))
 
-    def _finish_later(self, steps: Steps[None]) -> None:
-        """Drive ``steps`` (a release) in a task of their own, acting as this owner."""
+    def _release_again(self, owner: str) -> Steps[None]:
+        """A release whose finishing task was cancelled, sent once more unless done since."""
+        hold = self._holds.get(owner)
+        if hold is not None and hold.releasing:
+            yield from self._release(owner)
+
+    def _finish_later(self, steps: Steps[None], again: Callable[[], Steps[None]]) -> None:
+        """Drive ``steps`` (a release) in a task of their own, acting as this owner; should
+        that task be cancelled, ``again`` is driven as it ends (:meth:`_release_finished`)."""
         task = asyncio.get_running_loop().create_task(self._adrive(steps))
         lend_owner(task)
         _finishing.add(task)
-        task.add_done_callback(self._release_finished)
+        task.add_done_callback(functools.partial(self._release_finished, again))
 
-    def _release_finished(self, task: asyncio.Task[None]) -> None:
+    def _release_finished(self, again: Callable[[], Steps[None]], task: asyncio.Task[None]) -> None:
         _finishing.discard(task)
-        error = None if task.cancelled() else task.exception()
+        error = None
+        if not task.cancelled():
+            error = task.exception()
+        else:
+            # asyncio.run's (or asgiref's) shutdown cancels every task, this one too, before
+            # it sent anything: the hold would stay to its TTL, held by nobody. Finished here,
+            # synchronously (each round trip bounded by the socket timeout, as a closed
+            # task's clean-up: steps._finish_closed); nothing else of the loop runs meanwhile.
+            try:
+                drive(self.backend, again())
+            except Exception as exc:
+                error = exc
         if error is not None and not isinstance(error, LockNotOwned):  # it runs out at its TTL
             what = self.describe()
             logger.warning("redlock: %s: finishing an interrupted release: %s", what, error)

@@ -55,8 +55,9 @@ def _forked() -> None:
 after_fork_in_child(_forked)
 
 
-# Renewed exclusive holds of this process by (backend, name) -> the actors holding them:
-# taking a name again that one's own thread or task holds would wait for itself forever.
+# Exclusive holds of this process (plain, reentrant, capped or not renewed) by (backend,
+# name) -> the actors holding them: taking a name again that one's own thread or task holds
+# would wait for itself (forever while the hold is renewed, else to its cap or TTL).
 # A hold counts from take() until untake(), or until its Lock object is collected without
 # a release (abandoned: no longer renewed, it runs out at its TTL).
 _taken: dict[tuple[int, str], dict[str, int]] = {}
@@ -91,7 +92,7 @@ def _sweep() -> None:
 
 
 def take(backend: BaseLockBackend, name: str, actor: str, lock: Any) -> Any:
-    """Count a renewed exclusive hold of ``lock`` as taken by ``actor``; the handle for
+    """Count an exclusive hold of ``lock`` as taken by ``actor``; the handle for
     :func:`untake`."""
     key = (id(backend), name)
     handle = weakref.ref(lock, _collected)

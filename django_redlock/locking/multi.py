@@ -407,18 +407,39 @@ class MultiLock:
                 lk.finish_release_later()
                 rest = members[i + 1 :]
                 if rest:
-                    self._finish_later(self._arelease_members(rest))
+                    again = functools.partial(self._release_now, rest)
+                    self._finish_later(self._arelease_members(rest), again)
                 raise
 
-    def _finish_later(self, release: Coroutine[Any, Any, None]) -> None:
+    def _release_now(self, members: list[Lock]) -> None:
+        """Release each of ``members`` still held, or whose release is unsure, in this
+        thread: a finishing task cancelled, the ones it would have made since too (made
+        during the loop's shutdown, they may never run). Errors are not raised."""
+        for lk in members:
+            if lk.token is not None:
+                with contextlib.suppress(LockError):
+                    lk.release()
+
+    def _finish_later(self, release: Coroutine[Any, Any, None], again: Callable[[], None]) -> None:
+        """Run ``release`` in a task of its own, acting as this owner; should that task be
+        cancelled, ``again`` runs as it ends (see :meth:`_finished`)."""
         task = asyncio.get_running_loop().create_task(release)
         lend_owner(task)
         _finishing.add(task)
-        task.add_done_callback(self._finished)
+        task.add_done_callback(functools.partial(self._finished, again))
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
+    def _finished(self, again: Callable[[], None], task: asyncio.Task[None]) -> None:
         _finishing.discard(task)
-        error = None if task.cancelled() else task.exception()
+        error = None
+        if not task.cancelled():
+            error = task.exception()
+        else:
+            # Cancelled before it was done (asyncio.run's shutdown cancels every task): done
+            # here, synchronously, as BaseLock._release_finished does.
+            try:
+                again()
+            except Exception as exc:
+                error = exc
         if error is not None:  # what is left runs out at its TTL
             what = self.describe()
             logger.warning("redlock: %s: finishing an interrupted give-back: %s", what, error)
@@ -444,6 +465,11 @@ class MultiLock:
         for outcome in (yield from side_by_side(runs)):
             if outcome is not None and not isinstance(outcome, Exception):
                 raise outcome  # an interrupt of the give-back itself
+
+    def _give_back_now(self, token: str) -> None:
+        """:meth:`_give_back` in this thread (its finishing task cancelled): the token is
+        this take's alone, never a later try's."""
+        drive(self.backend, self._give_back(token))
 
     def _hand_back(self, names: list[str], token: str) -> Steps[None]:
         yield self._backend().op_release_all(names, token)
@@ -485,7 +511,8 @@ class MultiLock:
                 try:
                     yield from self._give_back(token)
                 except asyncio.CancelledError:  # again: this object is usually thrown away
-                    self._finish_later(adrive(self.backend, self._give_back(token)))
+                    again = functools.partial(self._give_back_now, token)
+                    self._finish_later(adrive(self.backend, self._give_back(token)), again)
                     raise
                 except Exception:
                     pass

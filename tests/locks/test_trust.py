@@ -22,6 +22,7 @@ from django_redlock import (
     LockNotOwned,
     QuorumNotReached,
     lock,
+    lock_all,
     locks,
     read_write_lock,
 )
@@ -309,6 +310,72 @@ def test_waiting_for_itself_in_asyncio(alias: str, name: str) -> None:
             assert await asyncio.create_task(other()) is False
 
     asyncio.run(scenario())
+
+
+OUTER_HOLDS = [
+    pytest.param({"reentrant": True}, id="reentrant"),
+    pytest.param({"auto_renew": False}, id="not-renewed"),
+    pytest.param({"max_hold": 60}, id="max-hold"),
+]
+
+
+def _within(seconds: float, scenario: Callable[[], Any]) -> Any:
+    """``scenario``'s outcome in a thread of its own; a wait for itself (the defect) still
+    waiting after ``seconds`` fails the test instead of hanging it."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(scenario())
+        except BaseException as exc:  # the outcome, whatever it is
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still waiting for itself after {seconds} s"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("outer", OUTER_HOLDS)
+def test_waiting_for_a_hold_of_any_kind_one_holds_oneself_fails_at_once(
+    alias: str, name: str, outer: dict[str, Any]
+) -> None:
+    """A reentrant, not renewed or capped hold is the thread's as a plain one is: a plain
+    wait with no timeout (or lock_all's) behind it is refused at once. It waited for itself
+    before: for ever (reentrant: renewed), or to the cap or the TTL, then took the name
+    inside the outer block (review rw, 3)."""
+
+    def scenario() -> list[str]:
+        refused = []
+        with lock(name, using=alias, ttl=20, **outer):
+            for waiter in (lock(name, using=alias), lock_all(name, f"{name}:b", using=alias)):
+                try:
+                    waiter.acquire()
+                except LockError as exc:
+                    refused.append(str(exc))
+        return refused
+
+    refused = _within(3, scenario)
+    assert not isinstance(refused, BaseException), refused
+    assert len(refused) == 2 and "wait for itself" in refused[0], refused
+
+
+@pytest.mark.parametrize("outer", OUTER_HOLDS)
+def test_waiting_for_a_hold_of_any_kind_in_asyncio(
+    alias: str, name: str, outer: dict[str, Any]
+) -> None:
+    async def scenario() -> None:
+        async with lock(name, using=alias, ttl=20, **outer):
+            with pytest.raises(LockError, match="wait for itself"):
+                await lock(name, using=alias).aacquire()
+
+            async def other() -> bool:  # another task is another owner: it just waits
+                return await lock(name, using=alias).aacquire(timeout=0.1)
+
+            assert await asyncio.create_task(other()) is False
+
+    assert _within(3, lambda: asyncio.run(scenario())) is None
 
 
 def test_sync_methods_in_a_running_loop_are_sync(alias: str, name: str) -> None:

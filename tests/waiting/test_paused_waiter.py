@@ -273,3 +273,74 @@ def test_the_hand_off_skips_the_woken_waiter_s_process(name: str, kind: str) -> 
     assert got, "the live waiter never got the free lock"
     assert got[0] - released < 2.0, got[0] - released  # the hand-off delay; the TTL was 8 s
     live.release()
+
+
+def test_a_later_shorter_stand_by_wins_over_an_earlier_longer_one() -> None:
+    """In-process: a waiter told to stand by 3 s, then (a later release, the paused
+    processes ahead of it gone) 100 ms, is woken at the 100 ms: the earlier due time wins
+    whichever came first (a longer one told later changes nothing)."""
+    hub = ReleaseHub()
+    with hub.watch("p.1", by_id=True) as one, hub.watch("p.2", by_id=True) as two:
+        started = time.monotonic()
+        hub.hear("p.1|s3000")
+        hub.hear("p.1|s100")
+        hub.hear("p.2|s100")
+        hub.hear("p.2|s3000")
+        assert one.wait(2.0) and two.wait(2.0)
+        assert time.monotonic() - started < 1.0
+    assert hub._standing_by.pending() == []
+
+
+def test_a_live_waiter_told_a_shorter_stand_by_at_a_later_release_tries_then(name: str) -> None:
+    """The line: a paused process's waiter, four more paused processes' waiters, then a live
+    thread's. The first release wakes the first (it never takes) and tells the live waiter to
+    stand by 2.5 s (the fifth process behind). The four die; another owner takes the free lock
+    and releases it: that release tells the live waiter 500 ms (one paused process ahead). It
+    took the lock at the first stand-by's time before (2.3 s after the second release, the
+    lock free all along; review rw, 2), and takes it about 500 ms after it now. Paused here:
+    subscribers to those processes' inboxes that never read (their PUBLISH counts heard)."""
+    backend = locks["redis"]
+    client = backend.client  # type: ignore[attr-defined]
+    paused: list[Any] = []
+    for i in range(5):
+        pubsub = client.pubsub()
+        pubsub.subscribe(f"{backend.inbox_prefix}paused{i}")
+        until = time.monotonic() + 5
+        while pubsub.get_message(timeout=0.1) is None:  # the confirmation; nothing read after
+            assert time.monotonic() < until, "never subscribed"
+        paused.append(pubsub)
+    holder = lock(name, using="redis", ttl=8)
+    assert holder.acquire(blocking=False)
+    client.zadd(backend.waiting_key(name), {f"paused{i}.1": i for i in range(5)})
+    got: list[float] = []
+    live = lock(name, using="redis", ttl=8)
+    thread = threading.Thread(
+        target=lambda: live.acquire(timeout=10) and got.append(time.monotonic())
+    )
+    thread.start()
+    try:
+        _wait_for_waiters(name, 6)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        holder.release()  # the live waiter: stand by 2.5 s
+        for pubsub in paused[1:]:  # four of the paused processes die
+            pubsub.close()
+        until = time.monotonic() + 5
+        while any(
+            n
+            for _, n in client.pubsub_numsub(
+                *(f"{backend.inbox_prefix}paused{i}" for i in range(1, 5))
+            )
+        ):
+            assert time.monotonic() < until, "the dead processes' subscriptions stayed"
+            time.sleep(0.005)
+        other = lock(name, using="redis", ttl=8)
+        assert other.acquire(blocking=False)  # free: the woken waiter's process is paused
+        released = time.monotonic()
+        other.release()  # the live waiter: stand by 500 ms
+        thread.join(12)
+    finally:
+        for pubsub in paused:
+            pubsub.close()
+    assert got, "the live waiter never got the free lock"
+    assert got[0] - released < 1.2, got[0] - released  # 500 ms and a margin, not 2.3 s
+    live.release()

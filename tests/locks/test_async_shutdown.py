@@ -1,0 +1,198 @@
+"""A release (or hand-back) cut by a cancellation under ``asyncio.run`` is finished by a task
+of its own; the loop's shutdown cancels that task too, before it sent anything. The release
+is then finished as the task ends, not left on Redis to its TTL, held by nobody (asyncio.md:
+"the release is finished by a task of its own rather than left to the lock's TTL").
+
+The release's send is held back (a wrapper of the backend's ``aexecute``, standing for a wait
+for a pooled connection, as with ``max_connections`` and every connection busy): the commands
+that do go out go to the real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Container
+from typing import Any
+
+import pytest
+
+from django_redlock import lock, lock_all, locks
+from django_redlock.testing import RedisServer
+
+from ..redlock.test_redlock import quorum_alias
+
+
+def _held_back(
+    monkeypatch: pytest.MonkeyPatch, alias: str, names: Container[str] | None = None
+) -> list[str]:
+    """From the first ``"hold"`` put in the list returned, every async command of the backend
+    (on one of ``names``, if given) waits (a pooled connection's wait) before it is sent;
+    ``"cut"``: the one that follows a granted reply is cancelled as that reply comes in."""
+    backend = locks[alias]
+    send: Callable[[Any], Awaitable[Any]] = backend.aexecute
+    state: list[str] = []
+
+    async def aexecute(op: Any) -> Any:
+        if state[-1:] == ["cut"]:  # the try: granted, its task cancelled as the reply comes in
+            reply = await send(op)
+            state.append("hold")
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+            return reply
+        if "hold" in state and (names is None or op.name in names):
+            await asyncio.sleep(30)  # cancelled first
+        return await send(op)
+
+    monkeypatch.setattr(backend, "aexecute", aexecute)
+    return state
+
+
+def _cancel_soon() -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().call_later(0.1, task.cancel)
+
+
+def test_a_cancelled_async_with_release_is_finished_despite_asyncio_run_s_shutdown(
+    monkeypatch: pytest.MonkeyPatch, alias: str, name: str
+) -> None:
+    """Before: the finishing task, cancelled by the shutdown, was ignored; the key stayed
+    (20 s TTL, no renewal: the release had stopped it)."""
+    state = _held_back(monkeypatch, alias)
+
+    async def main() -> None:
+        async with lock(name, using=alias, ttl=20):
+            state.append("hold")
+            _cancel_soon()  # during the release's wait
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    assert not lock(name, using=alias).locked(), "the hold outlived asyncio.run()"
+    assert lock(name, using=alias).acquire(blocking=False)
+
+
+def test_a_reentrant_release_cut_the_same_way_is_finished_as_its_owner(
+    monkeypatch: pytest.MonkeyPatch, alias: str, name: str
+) -> None:
+    """The owner's count is settled on the owner's behalf (the task that held it is gone)."""
+    state = _held_back(monkeypatch, alias)
+
+    async def main() -> None:
+        async with lock(name, using=alias, ttl=20, reentrant=True):
+            state.append("hold")
+            _cancel_soon()
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    assert not lock(name, using=alias).locked(), "the hold outlived asyncio.run()"
+
+
+def test_an_aacquire_s_hand_back_cut_the_same_way_is_finished(
+    monkeypatch: pytest.MonkeyPatch, alias: str, name: str
+) -> None:
+    """Cancelled as the granting reply came in, then again during the hand-back's wait."""
+    state = _held_back(monkeypatch, alias)
+
+    async def main() -> None:
+        state.append("cut")
+        _cancel_soon()  # the second cancellation, during the hand-back's wait
+        await lock(name, using=alias, ttl=20).aacquire(blocking=False)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    assert state[-1] == "hold"  # the try was granted, and cancelled
+    assert not lock(name, using=alias).locked(), "the granted hold outlived asyncio.run()"
+
+
+def test_a_cancelled_lock_all_release_is_finished_despite_asyncio_run_s_shutdown(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Each member's release, finished by a task of its own, the same way."""
+    state = _held_back(monkeypatch, "redis")
+    names = [f"{name}:a", f"{name}:b", f"{name}:c"]
+
+    async def main() -> None:
+        async with lock_all(*names, using="redis", ttl=20):
+            state.append("hold")
+            _cancel_soon()
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "holds outlived asyncio.run()"
+
+
+def test_a_lock_all_aacquire_s_give_back_cut_the_same_way_is_finished(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """lock_all's own finishing task: the take granted as its task was cancelled, then
+    cancelled again during the give-back's wait."""
+    state = _held_back(monkeypatch, "redis")
+    names = [f"{name}:a", f"{name}:b"]
+
+    async def main() -> None:
+        state.append("cut")
+        _cancel_soon()
+        await lock_all(*names, using="redis", ttl=20).aacquire(blocking=False)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    monkeypatch.undo()
+    assert state[-1] == "hold"  # the take was granted, and cancelled
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "the granted holds outlived asyncio.run()"
+
+
+def test_redlock_a_cancelled_async_with_release_is_finished_despite_asyncio_run_s_shutdown(
+    monkeypatch: pytest.MonkeyPatch, redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Redlock takes the same route (its own fan-out owes only the writes it began)."""
+    with quorum_alias("quorum", [redis_factory() for _ in range(3)]):
+        state = _held_back(monkeypatch, "quorum")
+
+        async def main() -> None:
+            async with lock(name, using="quorum", ttl=20):
+                state.append("hold")
+                _cancel_soon()
+
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(main())
+        monkeypatch.undo()
+        assert not lock(name, using="quorum").locked(), "the hold outlived asyncio.run()"
+
+
+def test_lock_all_s_own_finishing_task_cut_the_same_way_is_finished(
+    monkeypatch: pytest.MonkeyPatch, name: str, request: pytest.FixtureRequest
+) -> None:
+    """Cluster takes the names one by one. Cancelled while waiting for the third, then twice
+    more during the give-back of the two held (each time while a release waits): the rest of
+    the give-back goes to lock_all's finishing tasks, whose own member's release, made
+    during the shutdown, may never run. Each cancelled finishing task releases what is left."""
+    request.getfixturevalue("_cluster_alias")
+    a, b, c = f"{name}:a", f"{name}:b", f"{name}:c"
+    state = _held_back(monkeypatch, "cluster", {a, b})
+    other = lock(c, using="cluster", ttl=20)
+    assert other.acquire(blocking=False)
+
+    async def main() -> None:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        loop.call_later(0.2, state.append, "hold")  # a and b held by then
+        for at in (0.3, 0.6, 0.9):  # waiting for c; then in b's release, twice
+            loop.call_later(at, task.cancel)
+        await lock_all(a, b, c, using="cluster", ttl=20).aacquire(timeout=10)
+
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(main())
+        monkeypatch.undo()
+        held = [n for n in (a, b) if lock(n, using="cluster").locked()]
+        assert held == [], "holds outlived asyncio.run()"
+    finally:
+        other.release()
