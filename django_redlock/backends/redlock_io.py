@@ -113,6 +113,9 @@ DRAIN_IDLE = 0.5
 OWED_MAX = 1000
 #: How often the debt collector looks whether a node owed writes answers again.
 OWED_POLL = 0.1
+#: At most this many holds remembered as burnt (see ``Debts.burn``): the oldest are
+#: forgotten first (a Lock retries its token at once, or never).
+BURNT_MAX = 10_000
 
 
 class _Pending:
@@ -524,7 +527,10 @@ class Debts:
     owed as an undo, no next request came, and the hold stayed on the node to its TTL).
     One written whose reply does not prove it ran is owed again (:meth:`NodeIO.owe_back`):
     a node in CLIENT PAUSE frees what it read when the overdue connection is closed, a busy
-    one answers BUSY.
+    one answers BUSY. But closing a connection does not recall what was written on it (a
+    retransmission, a slow network, a proxy deliver it later): one written and never
+    answered may still run at any later time, so its token is burnt (:meth:`burn`): never
+    granted again, and nothing of it void.
     Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
     the hold on that node then expires at its TTL, as before.
 
@@ -537,7 +543,8 @@ class Debts:
     (:func:`_voidable`: the hand-back or release of a Lock that keeps its token for its next
     try). One already written to a node and not answered yet (another request carried it,
     on another connection: the node may run it after the try's grant) keeps the try from
-    that node: not asked, as if slow. Both drivers pay a node's debts
+    that node: not asked, as if slow; once its reply will never be read, its token is
+    burnt, and the Lock's next try takes a new one. Both drivers pay a node's debts
     before their request to it (the asyncio one waits for their replies first: its
     connections are not the threads')."""
 
@@ -552,6 +559,9 @@ class Debts:
         self._undos: weakref.WeakSet[Voidable] = weakref.WeakSet()
         #: Per node, the voidable writes written to it whose reply has not been read.
         self._sending: list[weakref.WeakSet[Voidable]] = [weakref.WeakSet() for _ in io.nodes]
+        #: The holds (key, token) a write of which may still run on a node at any later
+        #: time: its bytes may have left, and its reply will never be read (see :meth:`burn`).
+        self._burnt: dict[tuple[str, Any], None] = {}
 
     def sending(self, i: int, ops: Iterable[Op[Any]]) -> None:
         """``ops`` are being written to node i (their replies are awaited)."""
@@ -611,10 +621,15 @@ class Debts:
         """``fan`` (an acquire) may re-grant the holds of its keys and tokens: the undos (and
         releases owed) of those not sent yet are void, and dropped from the books. Returns the
         nodes where one is written and not answered yet: not to be asked."""
-        if not self._undos and not any(self._sending):
+        if not self._undos and not any(self._sending) and not self._burnt:
             return set()
         holds = {_hold_of(op) for op in fan if op is not None}
         with self._lock:
+            if any(hold in self._burnt for hold in holds):
+                # A write of it may still land on any node (:meth:`burn`): no node may grant
+                # it again, and nothing of it is void. (The Lock takes a new token instead:
+                # :meth:`reusable`.)
+                return {i for i, op in enumerate(fan) if op is not None}
             for op in list(self._undos):
                 if _hold_of(op) in holds:
                     op.void = True
@@ -629,6 +644,30 @@ class Debts:
                 for i, sending in enumerate(self._sending)
                 if any(_hold_of(op) in holds for op in sending)
             }
+
+    def burn(self, ops: Iterable[Op[Any]]) -> None:
+        """``ops`` were written (or their write begun) and their replies will never be read
+        (the connection closed, the wait given up): each may still run at any later time.
+        TCP delivers what was written before the close (a retransmission, a slow network, a
+        proxy), and a node runs it whenever it comes, after any request on another
+        connection. So none is void any more, and its token is never granted on any node
+        again: a try of it would be deleted by the late write (two holders). A Lock asks
+        :meth:`reusable` before it retries a token, and takes a new one instead; a retry
+        that does not ask is kept from every node (:meth:`supersede`)."""
+        holds = [hold for op in ops if (hold := _hold_of(op)) is not None]
+        if holds:
+            with self._lock:
+                for hold in holds:
+                    self._burnt[hold] = None
+                while len(self._burnt) > BURNT_MAX:
+                    del self._burnt[next(iter(self._burnt))]
+
+    def reusable(self, token: str) -> bool:
+        """Whether a try may use ``token`` again: no write of it may still land late."""
+        if not self._burnt:
+            return True
+        with self._lock:
+            return not any(t == token for _, t in self._burnt)
 
     def owe(self, i: int, op: Op[Any], kind: str) -> None:
         if _void(op):
@@ -709,11 +748,13 @@ class Debts:
             try:
                 self._io.nodes[i].execute(op)
             except BackendUnavailable:
+                self.burn([op])  # maybe written: may still run (first: never neither)
                 self.restore(i, ops[n:], undo)
                 raise
             except Exception as exc:
                 logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
             except BaseException:
+                self.burn([op])
                 self.restore(i, ops[n:], undo)
                 raise
             finally:
@@ -764,6 +805,7 @@ class Debts:
                 owed.clear()
             self._collector = None
             self._sending = [weakref.WeakSet() for _ in self._io.nodes]
+            self._burnt = {}
 
     def forget(self) -> None:
         """After a fork: the parent's debts are its own to pay."""
@@ -771,6 +813,7 @@ class Debts:
         self._owed = [deque() for _ in self._io.nodes]
         self._collector = None
         self._sending = [weakref.WeakSet() for _ in self._io.nodes]
+        self._burnt = {}
 
 
 class Connector:
@@ -1093,6 +1136,10 @@ class NodeIO:
         ]
         done = [op for op, _, _ in flight.read]
         if unread:
+            # Written, never to be read: each may still run at any later time (TCP delivers
+            # what was written before the close), so its token is burnt (Debts.burn). Not
+            # "as if a closed connection's request could never run".
+            self.debts.burn([entry[2] for entry in flight.owed])
             again += [(entry[2], entry[3]) for entry in flight.owed]
             done += [entry[2] for entry in flight.owed]
         # Owed before the Flight forgets them: an exception between owes them twice (sent
@@ -1806,6 +1853,7 @@ class NodeIO:
         except BackendUnavailable as exc:
             self.health.failed(i)
             if owed:  # not proven to have run (no answer, BUSY, ...): the node is owed it
+                self.debts.burn([op])  # and it may still run late (Debts.burn)
                 self.debts.owe(i, op, owed)
             self.debts.settled(i, [op])
             return exc
@@ -1813,11 +1861,19 @@ class NodeIO:
             self.debts.settled(i, [op])
             return exc
         except BaseException as exc:  # interrupted, cancelled, closed: the caller owes it
-            self._later(exc, functools.partial(self.debts.settled, i, [op]))
+            # Maybe written: it may still run late (burnt), in the clean-up (which takes no
+            # lock when the collector closes this coroutine, see _later).
+            self._later(exc, functools.partial(self._gave_up, i, [op] if owed else [], [op]))
             raise
         self.debts.settled(i, [op])
         self.health.answered(i)
         return reply
+
+    def _gave_up(self, i: int, burnt: list[Op[Any]], ops: list[Op[Any]]) -> None:
+        """A request to node i whose reply will never be awaited: ``burnt`` may still run
+        there late (:meth:`Debts.burn`), and ``ops`` are no longer in flight."""
+        self.debts.burn(burnt)
+        self.debts.settled(i, ops)
 
     async def _apay(self, i: int) -> BackendUnavailable | None:
         """Send what node i is owed, in order, each answered before the next (and before the
@@ -1835,13 +1891,14 @@ class NodeIO:
                     await self.nodes[i].aexecute(op)
                 except BackendUnavailable as exc:
                     self.health.failed(i)
+                    self.debts.burn([op])  # maybe written: may still run late
                     self.debts.reowe(i, owed[n:])
                     self.debts.settled(i, [op])
                     return exc
                 except Exception as exc:
                     logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
-                except BaseException as exc:
-                    self._later(exc, functools.partial(self.debts.settled, i, [op]))
+                except BaseException as exc:  # maybe written: burnt, as in _asend
+                    self._later(exc, functools.partial(self._gave_up, i, [op], [op]))
                     raise
                 self.debts.settled(i, [op])
         except (
