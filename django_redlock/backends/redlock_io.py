@@ -760,9 +760,22 @@ class Debts:
             finally:
                 self.settled(i, [op])
 
+    def _payable(self) -> bool:
+        """Whether the collector has something to pay: a release owed, or anything owed to a
+        node down (its probe pays it). An undo owed to a node that is up is not: it waits
+        for this process's next request to the node (the collector's connection could
+        overtake the acquire it undoes), and polling for it would never end."""
+        down = self._io.health.is_down
+        return any(
+            owed and (down(i) or any(not d.undo for d in list(owed)))
+            for i, owed in enumerate(self._owed)
+        )
+
     def collect(self) -> None:
-        """Start the collector when debts are owed and none runs (or it stopped beating)."""
-        if self.any:
+        """Start the collector when it has debts to pay and none runs (or it stopped
+        beating). Asked at every fan-out: a node that went down with an undo owed is then
+        probed."""
+        if self.any and self._payable():
             self.watch()
 
     def watch(self) -> None:
@@ -782,8 +795,8 @@ class Debts:
         while self._collector is token:
             self._beat = time.monotonic()
             with self._lock:
-                if not self.any and not io.open_writes:
-                    self._collector = None
+                if not self._payable() and not io.open_writes:
+                    self._collector = None  # restarted by the next debt it can pay
                     return
             try:
                 io.owe_closed_loops()  # owed now, paid below (or by the probe)

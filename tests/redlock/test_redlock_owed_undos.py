@@ -399,3 +399,41 @@ def test_a_release_owed_under_a_kept_token_never_deletes_the_retry_s_grant(
         else:  # refused by the old hold, since released
             assert other.acquire(blocking=False)
             other.release()
+
+
+def test_the_collector_stops_while_only_an_undo_to_a_node_that_answers_is_owed(
+    three: list[RedisServer], name: str
+) -> None:
+    """The collector sends releases only (an undo could overtake the acquire it undoes), yet
+    it ran while anything was owed: an undo owed to a node that answers kept it polling
+    every 0.1 s for ever (review rr, 4). It now stops (or never starts); the undo is paid by
+    the next request to the node, and by the probe once that node is down."""
+    with quorum_alias("undoonly", three, socket_timeout=0.5):
+        backend = backend_of("undoonly")
+        io, debts = backend.io, backend.io.debts
+        _other_lock(f"{name}:warm", "undoonly")
+        deadline = time.monotonic() + 3
+        while debts._collector is not None:  # the warm-up's, if any
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        key = backend.nodes[0].key(name)
+        three[0].client().set(key, "tok|1|0|{}", px=30000)
+        debts.owe(0, backend._node_undo(backend.nodes[0], name, "tok", False), "undo")
+        time.sleep(3 * OWED_POLL)
+        assert debts._collector is None, "the collector polls for an undo it never sends"
+        assert [len(owed) for owed in debts._owed] == [1, 0, 0]
+        assert three[0].client().exists(key), "not sent by the collector"
+        _other_lock(f"{name}:next", "undoonly")  # the next request to node 0 pays it first
+        assert not three[0].client().exists(key)
+        assert not debts.any
+        # Owed to a node down, it is the probe's to pay: the collector runs for it.
+        three[0].client().set(key, "tok|1|0|{}", px=30000)
+        debts.owe(0, backend._node_undo(backend.nodes[0], name, "tok", False), "undo")
+        io.health.failed(0)
+        debts.collect()
+        deadline = time.monotonic() + 5
+        while three[0].client().exists(key) or debts._collector is not None:
+            assert time.monotonic() < deadline, (
+                "the probe never paid the undo, or the collector ran on"
+            )
+            time.sleep(0.02)
