@@ -500,6 +500,17 @@ class _Write:
 
 
 @dataclass(eq=False, slots=True)
+class _Paying:
+    """Node i's debts an asyncio request took off the books to pay first (``owed``), from
+    ``at`` on not proven paid, and whether they are owed again already (``done``)."""
+
+    i: int
+    owed: list[tuple[Op[Any], str]] = field(default_factory=list)
+    at: int = 0
+    done: bool = False
+
+
+@dataclass(eq=False, slots=True)
 class Debt:
     op: Op[Any]
     undo: bool  # an acquire's undo: its token may be tried again (see Debts)
@@ -686,6 +697,9 @@ class Debts:
         if isinstance(op, Voidable):
             self._undos.add(op)
         return _debt(op, undo)
+
+    def owes(self, i: int) -> bool:
+        return bool(self._owed[i])
 
     def take_kinds(self, i: int, into: list[tuple[Op[Any], str]]) -> None:
         """Node i's debts with their kinds, put in ``into`` and then taken off the books
@@ -1892,39 +1906,57 @@ class NodeIO:
         """Send what node i is owed, in order, each answered before the next (and before the
         request that follows: asyncio's connections are not the threads', only waiting for
         the reply keeps the order). No answer: that one and the rest are owed again, the
-        error is returned. A refusal drops that one (asked again, it would be refused)."""
-        owed: list[tuple[Op[Any], str]] = []
-        n = 0
+        error is returned. A refusal drops that one (asked again, it would be refused).
+        Taken off the books, they are noted in ``_open`` first: the caller may close its
+        loop while one is under way (``run_until_complete(); close()``), and the coroutine
+        never resumes; the collector then owes them again (:meth:`owe_closed_loops`)."""
+        if not self.debts.owes(i):
+            return None  # the common case: nothing owed
+        paying = _Paying(i)
+        self._opened(functools.partial(self._owe_unpaid, paying), paying)
         try:
-            self.debts.take_kinds(i, owed)
-            for n, (op, _) in enumerate(owed):
+            self.debts.take_kinds(i, paying.owed)
+            for n, (op, _) in enumerate(paying.owed):
+                paying.at = n
                 if not self.debts.start(i, op):  # void: a try with its token was sent meanwhile
                     continue
                 try:
                     await self.nodes[i].aexecute(op)
                 except BackendUnavailable as exc:
                     self.health.failed(i)
-                    self.debts.burn([op])  # maybe written: may still run late
-                    self.debts.reowe(i, owed[n:])
-                    self.debts.settled(i, [op])
+                    self._owe_unpaid(paying)  # this one (maybe written: burnt) and the rest
                     return exc
                 except Exception as exc:
                     logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
-                except BaseException as exc:  # maybe written: burnt, as in _asend
-                    self._later(exc, functools.partial(self._gave_up, i, [op], [op]))
-                    raise
                 self.debts.settled(i, [op])
-        except (
-            BaseException
-        ) as exc:  # cancelled, interrupted: from this one on, not proven to have run
+            paying.at = len(paying.owed)
+        except BaseException as exc:  # cancelled, interrupted: from this one on, not proven paid
             for _ in range(100):
                 try:
-                    self._later(exc, functools.partial(self.debts.reowe, i, owed[n:]))
+                    self._later(exc, functools.partial(self._owe_unpaid, paying))
                     break
                 except BaseException:  # another interrupt: again (the first is raised)
                     continue
             raise
+        self._closed(paying)
         return None
+
+    def _owe_unpaid(self, paying: _Paying) -> None:
+        """``paying``'s debts not proven paid: owed again (once, whoever calls it first: the
+        coroutine, or the collector for a closed loop), the one under way burnt (maybe
+        written, it may still run late) and no longer in flight."""
+        for _ in range(100):
+            try:
+                if not paying.done:
+                    rest = paying.owed[paying.at :]
+                    self.debts.burn([op for op, _ in rest[:1]])
+                    self.debts.reowe(paying.i, rest)
+                    paying.done = True
+                    self.debts.settled(paying.i, [op for op, _ in rest[:1]])
+                self._closed(paying)
+                return
+            except BaseException:  # another interrupt: again
+                continue
 
     def close(self) -> None:
         """Close the lanes' and the kept connections (those in use close with their fan-out).

@@ -437,3 +437,45 @@ def test_the_collector_stops_while_only_an_undo_to_a_node_that_answers_is_owed(
                 "the probe never paid the undo, or the collector ran on"
             )
             time.sleep(0.02)
+
+
+def test_debts_an_async_request_took_to_pay_are_owed_again_when_its_loop_is_closed_plainly(
+    three: list[RedisServer], name: str
+) -> None:
+    """A release owed to node 0 (up), taken off the books by an async request that pays it
+    first; node 0 stopped meanwhile, the request's other nodes decide, and the caller closes
+    its loop plainly (``run_until_complete(); close()``): the coroutine never resumes. The
+    debt was held by it alone: lost, the released hold stayed on node 0 to its TTL (review
+    rr, 3). It is noted in ``_open`` before it leaves the books: the collector owes it
+    again, and pays it once node 0 answers."""
+    with quorum_alias("apaylost", three, socket_timeout=0.5):
+        backend = backend_of("apaylost")
+        debts = backend.io.debts
+        _other_lock(f"{name}:warm", "apaylost")
+        key = backend.nodes[0].key(name)
+        three[0].client().set(key, "tok|1|0|{}", px=30000)
+        debts._collector, debts._beat = object(), time.monotonic() + 60  # none: held off
+        release = backend.nodes[0].op_release(name, "tok", Kind())
+        debts.owe(0, release, "release")
+        three[0].pause()
+        try:
+
+            async def other() -> None:
+                # A fresh loop: a connection of its own, whose set-up node 0 never answers.
+                with contextlib.suppress(LockError):
+                    await lock(f"{name}:other", using="apaylost").alocked()
+
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(other())
+                assert not debts.any, "the async request took the debt to pay it first"
+            finally:
+                loop.close()
+        finally:
+            three[0].resume()
+        debts._collector = None
+        debts.watch()
+        deadline = time.monotonic() + 3
+        while three[0].client().exists(key):
+            assert time.monotonic() < deadline, "the debt the closed loop held was lost"
+            time.sleep(0.02)
