@@ -943,7 +943,8 @@ class NodeIO:
         self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
         #: asyncio: what a fan-out or a node's task holds of the writes every node must get,
         #: with its loop and how to owe it (see _owe_orphans). No lock: single dict steps.
-        self._open: dict[object, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = {}
+        #: What running coroutines hold (see _opened): their loop, the owe, since when.
+        self._open: dict[object, tuple[asyncio.AbstractEventLoop, Callable[[], None], float]] = {}
         #: asyncio: clean-ups of coroutines closed by the collector, run by the next
         #: fan-out (see _later).
         self._deferred: deque[Callable[[], None]] = deque()
@@ -1067,7 +1068,10 @@ class NodeIO:
         with self._mutex:
             for i, tasks in list(self._tasks.items()):
                 for task, since in list(tasks.items()):
-                    if task.get_loop().is_closed():  # never done: forgotten with its loop
+                    loop = task.get_loop()
+                    if loop.is_closed() or (
+                        now - since > self.timeout and not loop.is_running()
+                    ):  # never done, or not before its idle loop runs again: forgotten
                         del tasks[task]
                     elif now - since > after:
                         slow.add(i)
@@ -1715,7 +1719,7 @@ class NodeIO:
         """``owe`` owes what the running coroutine holds should its loop close before it
         ends (see :meth:`_owe_orphans`), until :meth:`_closed` forgets ``key``. No lock (the
         collector may close a coroutine while this thread holds one): one dict store."""
-        self._open[key] = (asyncio.get_running_loop(), owe)
+        self._open[key] = (asyncio.get_running_loop(), owe, time.monotonic())
 
     def _closed(self, key: object) -> None:
         self._open.pop(key, None)
@@ -1750,11 +1754,19 @@ class NodeIO:
 
     def owe_closed_loops(self) -> None:
         """Owe what the coroutines of a closed loop held (see :meth:`_owe_orphans`); the debt
-        collector calls it too (:meth:`Debts.watch`)."""
+        collector calls it too (:meth:`Debts.watch`). And what those of an idle loop held
+        for longer than a node timeout: a loop kept between jobs (``run_until_complete()``
+        each, never closed) or dropped without ``close()`` runs them only when it runs
+        again, if ever, and a release queued behind a straggler would wait for that (the
+        released hold stayed on the node). Owed, the write is the collector's (or the
+        probe's) to send; the task finds it owed (``_Write.owed``) and skips it, and a
+        write it may have begun is burnt (it may land as well: sent twice, a release
+        deletes nothing more)."""
         if not self._open:
             return
-        for key, (loop, owe) in list(self._open.items()):
-            if loop.is_closed():
+        idle_since = time.monotonic() - self.timeout
+        for key, (loop, owe, since) in list(self._open.items()):
+            if loop.is_closed() or (since < idle_since and not loop.is_running()):
                 self._run_clean_up(owe)
                 self._closed(key)
 
@@ -1773,6 +1785,7 @@ class NodeIO:
         for _ in range(100):
             try:
                 if not write.owed:
+                    self.debts.burn([write.op])  # maybe begun (or begun later): may land late
                     self.debts.owe(write.i, write.op, write.kind)
                     write.owed = True
                 if settle:
@@ -1840,6 +1853,9 @@ class NodeIO:
             self.debts.sending(i, [op])  # queued: a retry of its token does not ask node i
             await asyncio.wait(earlier)
             self.debts.settled(i, [op])  # _asend marks it again (unless void meanwhile)
+            if write.owed:  # by the collector, its loop idle meanwhile: the debt is sent
+                self._closed(write)
+                return self._unasked(i, op, "owed while its loop was idle")
             if self.health.is_down(i):
                 self._owe_write(write)
                 return _unavailable(self.nodes[i], op, "down")
