@@ -540,8 +540,8 @@ class Debts:
     a node in CLIENT PAUSE frees what it read when the overdue connection is closed, a busy
     one answers BUSY. But closing a connection does not recall what was written on it (a
     retransmission, a slow network, a proxy deliver it later): one written and never
-    answered may still run at any later time, so its token is burnt (:meth:`burn`): never
-    granted again, and nothing of it void.
+    answered may still run at any later time, so its token is burnt there (:meth:`burn`):
+    never granted on that node again.
     Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
     the hold on that node then expires at its TTL, as before.
 
@@ -570,9 +570,9 @@ class Debts:
         self._undos: weakref.WeakSet[Voidable] = weakref.WeakSet()
         #: Per node, the voidable writes written to it whose reply has not been read.
         self._sending: list[weakref.WeakSet[Voidable]] = [weakref.WeakSet() for _ in io.nodes]
-        #: The holds (key, token) a write of which may still run on a node at any later
+        #: Per node, the holds (key, token) a write of which may still run there at any later
         #: time: its bytes may have left, and its reply will never be read (see :meth:`burn`).
-        self._burnt: dict[tuple[str, Any], None] = {}
+        self._burnt: list[dict[tuple[str, Any], None]] = [{} for _ in io.nodes]
 
     def sending(self, i: int, ops: Iterable[Op[Any]]) -> None:
         """``ops`` are being written to node i (their replies are awaited)."""
@@ -632,15 +632,14 @@ class Debts:
         """``fan`` (an acquire) may re-grant the holds of its keys and tokens: the undos (and
         releases owed) of those not sent yet are void, and dropped from the books. Returns the
         nodes where one is written and not answered yet: not to be asked."""
-        if not self._undos and not any(self._sending) and not self._burnt:
+        if not self._undos and not any(self._sending) and not any(self._burnt):
             return set()
         holds = {_hold_of(op) for op in fan if op is not None}
         with self._lock:
-            if any(hold in self._burnt for hold in holds):
-                # A write of it may still land on any node (:meth:`burn`): no node may grant
-                # it again, and nothing of it is void. (The Lock takes a new token instead:
-                # :meth:`reusable`.)
-                return {i for i, op in enumerate(fan) if op is not None}
+            # Where a write of it may still land (:meth:`burn`), the try is never asked: a
+            # grant there could be deleted at any time. (A Lock's next acquire takes a new
+            # token instead, :meth:`reusable`; the tries of one wait keep theirs.)
+            burnt = {i for i, hold in enumerate(self._burnt) if holds & hold.keys()}
             for op in list(self._undos):
                 if _hold_of(op) in holds:
                     op.void = True
@@ -650,35 +649,37 @@ class Debts:
                     kept = [d for d in owed if not _void(d.op)]
                     owed.clear()
                     owed.extend(kept)
-            return {
+            return burnt | {
                 i
                 for i, sending in enumerate(self._sending)
                 if any(_hold_of(op) in holds for op in sending)
             }
 
-    def burn(self, ops: Iterable[Op[Any]]) -> None:
-        """``ops`` were written (or their write begun) and their replies will never be read
-        (the connection closed, the wait given up): each may still run at any later time.
-        TCP delivers what was written before the close (a retransmission, a slow network, a
-        proxy), and a node runs it whenever it comes, after any request on another
-        connection. So none is void any more, and its token is never granted on any node
-        again: a try of it would be deleted by the late write (two holders). A Lock asks
-        :meth:`reusable` before it retries a token, and takes a new one instead; a retry
-        that does not ask is kept from every node (:meth:`supersede`)."""
+    def burn(self, i: int, ops: Iterable[Op[Any]]) -> None:
+        """``ops`` were written to node i (or their write begun) and their replies will never
+        be read (the connection closed, the wait given up): each may still run there at any
+        later time. TCP delivers what was written before the close (a retransmission, a slow
+        network, a proxy), and the node runs it whenever it comes, after any request on
+        another connection. So its token is never granted on node i again: a try of it
+        would be deleted there by the late write (two holders). A Lock asks
+        :meth:`reusable` before it retries a token, and takes a new one instead; a try that
+        does not (the next of the same wait) is kept from node i (:meth:`supersede`).
+        Voiding an owed copy stays safe: a write not sent deletes nothing."""
         holds = [hold for op in ops if (hold := _hold_of(op)) is not None]
         if holds:
             with self._lock:
+                burnt = self._burnt[i]
                 for hold in holds:
-                    self._burnt[hold] = None
-                while len(self._burnt) > BURNT_MAX:
-                    del self._burnt[next(iter(self._burnt))]
+                    burnt[hold] = None
+                while len(burnt) > BURNT_MAX:
+                    del burnt[next(iter(burnt))]
 
     def reusable(self, token: str) -> bool:
         """Whether a try may use ``token`` again: no write of it may still land late."""
-        if not self._burnt:
+        if not any(self._burnt):
             return True
         with self._lock:
-            return not any(t == token for _, t in self._burnt)
+            return not any(t == token for burnt in self._burnt for _, t in burnt)
 
     def owe(self, i: int, op: Op[Any], kind: str) -> None:
         if _void(op):
@@ -762,13 +763,13 @@ class Debts:
             try:
                 self._io.nodes[i].execute(op)
             except BackendUnavailable:
-                self.burn([op])  # maybe written: may still run (first: never neither)
+                self.burn(i, [op])  # maybe written: may still run (first: never neither)
                 self.restore(i, ops[n:], undo)
                 raise
             except Exception as exc:
                 logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
             except BaseException:
-                self.burn([op])
+                self.burn(i, [op])
                 self.restore(i, ops[n:], undo)
                 raise
             finally:
@@ -832,7 +833,7 @@ class Debts:
                 owed.clear()
             self._collector = None
             self._sending = [weakref.WeakSet() for _ in self._io.nodes]
-            self._burnt = {}
+            self._burnt = [{} for _ in self._io.nodes]
 
     def forget(self) -> None:
         """After a fork: the parent's debts are its own to pay."""
@@ -840,7 +841,7 @@ class Debts:
         self._owed = [deque() for _ in self._io.nodes]
         self._collector = None
         self._sending = [weakref.WeakSet() for _ in self._io.nodes]
-        self._burnt = {}
+        self._burnt = [{} for _ in self._io.nodes]
 
 
 class Connector:
@@ -1170,7 +1171,7 @@ class NodeIO:
             # Written, never to be read: each may still run at any later time (TCP delivers
             # what was written before the close), so its token is burnt (Debts.burn). Not
             # "as if a closed connection's request could never run".
-            self.debts.burn([entry[2] for entry in flight.owed])
+            self.debts.burn(i, [entry[2] for entry in flight.owed])
             again += [(entry[2], entry[3]) for entry in flight.owed]
             done += [entry[2] for entry in flight.owed]
         # Owed before the Flight forgets them: an exception between owes them twice (sent
@@ -1785,7 +1786,7 @@ class NodeIO:
         for _ in range(100):
             try:
                 if not write.owed:
-                    self.debts.burn([write.op])  # maybe begun (or begun later): may land late
+                    self.debts.burn(write.i, [write.op])  # maybe begun (or later): may land late
                     self.debts.owe(write.i, write.op, write.kind)
                     write.owed = True
                 if settle:
@@ -1896,7 +1897,7 @@ class NodeIO:
         except BackendUnavailable as exc:
             self.health.failed(i)
             if owed:  # not proven to have run (no answer, BUSY, ...): the node is owed it
-                self.debts.burn([op])  # and it may still run late (Debts.burn)
+                self.debts.burn(i, [op])  # and it may still run late (Debts.burn)
                 self.debts.owe(i, op, owed)
             self.debts.settled(i, [op])
             return exc
@@ -1915,7 +1916,7 @@ class NodeIO:
     def _gave_up(self, i: int, burnt: list[Op[Any]], ops: list[Op[Any]]) -> None:
         """A request to node i whose reply will never be awaited: ``burnt`` may still run
         there late (:meth:`Debts.burn`), and ``ops`` are no longer in flight."""
-        self.debts.burn(burnt)
+        self.debts.burn(i, burnt)
         self.debts.settled(i, ops)
 
     async def _apay(self, i: int) -> BackendUnavailable | None:
@@ -1965,7 +1966,7 @@ class NodeIO:
             try:
                 if not paying.done:
                     rest = paying.owed[paying.at :]
-                    self.debts.burn([op for op, _ in rest[:1]])
+                    self.debts.burn(paying.i, [op for op, _ in rest[:1]])
                     self.debts.reowe(paying.i, rest)
                     paying.done = True
                     self.debts.settled(paying.i, [op for op, _ in rest[:1]])
