@@ -544,6 +544,12 @@ class BaseLockBackend:
         reentrant hold's), only if it is still that hold: what an operator was shown."""
         raise NotImplementedError
 
+    def token_reusable(self, token: str) -> bool:
+        """Whether a plain hold's next try may use ``token`` again (the token of a try or a
+        hand-back that got no answer, see ``Lock._next_token``): False once a write of it
+        may still land late (RedlockBackend), when a retry granted it would be deleted."""
+        return True
+
     def execute(self, op: Op[T]) -> T:
         raise NotImplementedError
 

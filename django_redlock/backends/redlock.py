@@ -653,6 +653,11 @@ class RedlockBackend(BaseLockBackend):
                 return
         quorum.hubs[node].take_over(owed)
 
+    def token_reusable(self, token: str) -> bool:
+        """False once a release or undo of ``token`` was written to a node whose reply will
+        never be read: it may still run there at any later time (redlock_io ``Debts.burn``)."""
+        return self.io.debts.reusable(token)
+
     def close(self) -> None:
         quorum, self._hub = self._hub, None  # detached first: as RedisBackend.close
         if quorum is not None:

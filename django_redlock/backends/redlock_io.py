@@ -113,6 +113,9 @@ DRAIN_IDLE = 0.5
 OWED_MAX = 1000
 #: How often the debt collector looks whether a node owed writes answers again.
 OWED_POLL = 0.1
+#: At most this many holds remembered as burnt (see ``Debts.burn``): the oldest are
+#: forgotten first (a Lock retries its token at once, or never).
+BURNT_MAX = 10_000
 
 
 class _Pending:
@@ -497,6 +500,17 @@ class _Write:
 
 
 @dataclass(eq=False, slots=True)
+class _Paying:
+    """Node i's debts an asyncio request took off the books to pay first (``owed``), from
+    ``at`` on not proven paid, and whether they are owed again already (``done``)."""
+
+    i: int
+    owed: list[tuple[Op[Any], str]] = field(default_factory=list)
+    at: int = 0
+    done: bool = False
+
+
+@dataclass(eq=False, slots=True)
 class Debt:
     op: Op[Any]
     undo: bool  # an acquire's undo: its token may be tried again (see Debts)
@@ -524,7 +538,10 @@ class Debts:
     owed as an undo, no next request came, and the hold stayed on the node to its TTL).
     One written whose reply does not prove it ran is owed again (:meth:`NodeIO.owe_back`):
     a node in CLIENT PAUSE frees what it read when the overdue connection is closed, a busy
-    one answers BUSY.
+    one answers BUSY. But closing a connection does not recall what was written on it (a
+    retransmission, a slow network, a proxy deliver it later): one written and never
+    answered may still run at any later time, so its token is burnt there (:meth:`burn`):
+    never granted on that node again.
     Sent twice, a release deletes nothing more (its token is gone). Lost with the process:
     the hold on that node then expires at its TTL, as before.
 
@@ -537,7 +554,8 @@ class Debts:
     (:func:`_voidable`: the hand-back or release of a Lock that keeps its token for its next
     try). One already written to a node and not answered yet (another request carried it,
     on another connection: the node may run it after the try's grant) keeps the try from
-    that node: not asked, as if slow. Both drivers pay a node's debts
+    that node: not asked, as if slow; once its reply will never be read, its token is
+    burnt, and the Lock's next try takes a new one. Both drivers pay a node's debts
     before their request to it (the asyncio one waits for their replies first: its
     connections are not the threads')."""
 
@@ -552,6 +570,9 @@ class Debts:
         self._undos: weakref.WeakSet[Voidable] = weakref.WeakSet()
         #: Per node, the voidable writes written to it whose reply has not been read.
         self._sending: list[weakref.WeakSet[Voidable]] = [weakref.WeakSet() for _ in io.nodes]
+        #: Per node, the holds (key, token) a write of which may still run there at any later
+        #: time: its bytes may have left, and its reply will never be read (see :meth:`burn`).
+        self._burnt: list[dict[tuple[str, Any], None]] = [{} for _ in io.nodes]
 
     def sending(self, i: int, ops: Iterable[Op[Any]]) -> None:
         """``ops`` are being written to node i (their replies are awaited)."""
@@ -611,10 +632,14 @@ class Debts:
         """``fan`` (an acquire) may re-grant the holds of its keys and tokens: the undos (and
         releases owed) of those not sent yet are void, and dropped from the books. Returns the
         nodes where one is written and not answered yet: not to be asked."""
-        if not self._undos and not any(self._sending):
+        if not self._undos and not any(self._sending) and not any(self._burnt):
             return set()
         holds = {_hold_of(op) for op in fan if op is not None}
         with self._lock:
+            # Where a write of it may still land (:meth:`burn`), the try is never asked: a
+            # grant there could be deleted at any time. (A Lock's next acquire takes a new
+            # token instead, :meth:`reusable`; the tries of one wait keep theirs.)
+            burnt = {i for i, hold in enumerate(self._burnt) if holds & hold.keys()}
             for op in list(self._undos):
                 if _hold_of(op) in holds:
                     op.void = True
@@ -624,11 +649,37 @@ class Debts:
                     kept = [d for d in owed if not _void(d.op)]
                     owed.clear()
                     owed.extend(kept)
-            return {
+            return burnt | {
                 i
                 for i, sending in enumerate(self._sending)
                 if any(_hold_of(op) in holds for op in sending)
             }
+
+    def burn(self, i: int, ops: Iterable[Op[Any]]) -> None:
+        """``ops`` were written to node i (or their write begun) and their replies will never
+        be read (the connection closed, the wait given up): each may still run there at any
+        later time. TCP delivers what was written before the close (a retransmission, a slow
+        network, a proxy), and the node runs it whenever it comes, after any request on
+        another connection. So its token is never granted on node i again: a try of it
+        would be deleted there by the late write (two holders). A Lock asks
+        :meth:`reusable` before it retries a token, and takes a new one instead; a try that
+        does not (the next of the same wait) is kept from node i (:meth:`supersede`).
+        Voiding an owed copy stays safe: a write not sent deletes nothing."""
+        holds = [hold for op in ops if (hold := _hold_of(op)) is not None]
+        if holds:
+            with self._lock:
+                burnt = self._burnt[i]
+                for hold in holds:
+                    burnt[hold] = None
+                while len(burnt) > BURNT_MAX:
+                    del burnt[next(iter(burnt))]
+
+    def reusable(self, token: str) -> bool:
+        """Whether a try may use ``token`` again: no write of it may still land late."""
+        if not any(self._burnt):
+            return True
+        with self._lock:
+            return not any(t == token for burnt in self._burnt for _, t in burnt)
 
     def owe(self, i: int, op: Op[Any], kind: str) -> None:
         if _void(op):
@@ -647,6 +698,9 @@ class Debts:
         if isinstance(op, Voidable):
             self._undos.add(op)
         return _debt(op, undo)
+
+    def owes(self, i: int) -> bool:
+        return bool(self._owed[i])
 
     def take_kinds(self, i: int, into: list[tuple[Op[Any], str]]) -> None:
         """Node i's debts with their kinds, put in ``into`` and then taken off the books
@@ -709,19 +763,34 @@ class Debts:
             try:
                 self._io.nodes[i].execute(op)
             except BackendUnavailable:
+                self.burn(i, [op])  # maybe written: may still run (first: never neither)
                 self.restore(i, ops[n:], undo)
                 raise
             except Exception as exc:
                 logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
             except BaseException:
+                self.burn(i, [op])
                 self.restore(i, ops[n:], undo)
                 raise
             finally:
                 self.settled(i, [op])
 
+    def _payable(self) -> bool:
+        """Whether the collector has something to pay: a release owed, or anything owed to a
+        node down (its probe pays it). An undo owed to a node that is up is not: it waits
+        for this process's next request to the node (the collector's connection could
+        overtake the acquire it undoes), and polling for it would never end."""
+        down = self._io.health.is_down
+        return any(
+            owed and (down(i) or any(not d.undo for d in list(owed)))
+            for i, owed in enumerate(self._owed)
+        )
+
     def collect(self) -> None:
-        """Start the collector when debts are owed and none runs (or it stopped beating)."""
-        if self.any:
+        """Start the collector when it has debts to pay and none runs (or it stopped
+        beating). Asked at every fan-out: a node that went down with an undo owed is then
+        probed."""
+        if self.any and self._payable():
             self.watch()
 
     def watch(self) -> None:
@@ -741,8 +810,8 @@ class Debts:
         while self._collector is token:
             self._beat = time.monotonic()
             with self._lock:
-                if not self.any and not io.open_writes:
-                    self._collector = None
+                if not self._payable() and not io.open_writes:
+                    self._collector = None  # restarted by the next debt it can pay
                     return
             try:
                 io.owe_closed_loops()  # owed now, paid below (or by the probe)
@@ -764,6 +833,7 @@ class Debts:
                 owed.clear()
             self._collector = None
             self._sending = [weakref.WeakSet() for _ in self._io.nodes]
+            self._burnt = [{} for _ in self._io.nodes]
 
     def forget(self) -> None:
         """After a fork: the parent's debts are its own to pay."""
@@ -771,6 +841,7 @@ class Debts:
         self._owed = [deque() for _ in self._io.nodes]
         self._collector = None
         self._sending = [weakref.WeakSet() for _ in self._io.nodes]
+        self._burnt = [{} for _ in self._io.nodes]
 
 
 class Connector:
@@ -873,7 +944,8 @@ class NodeIO:
         self._tasks: dict[int, dict[asyncio.Task[Any], float]] = {}  # stragglers, asyncio
         #: asyncio: what a fan-out or a node's task holds of the writes every node must get,
         #: with its loop and how to owe it (see _owe_orphans). No lock: single dict steps.
-        self._open: dict[object, tuple[asyncio.AbstractEventLoop, Callable[[], None]]] = {}
+        #: What running coroutines hold (see _opened): their loop, the owe, since when.
+        self._open: dict[object, tuple[asyncio.AbstractEventLoop, Callable[[], None], float]] = {}
         #: asyncio: clean-ups of coroutines closed by the collector, run by the next
         #: fan-out (see _later).
         self._deferred: deque[Callable[[], None]] = deque()
@@ -997,7 +1069,10 @@ class NodeIO:
         with self._mutex:
             for i, tasks in list(self._tasks.items()):
                 for task, since in list(tasks.items()):
-                    if task.get_loop().is_closed():  # never done: forgotten with its loop
+                    loop = task.get_loop()
+                    if loop.is_closed() or (
+                        now - since > self.timeout and not loop.is_running()
+                    ):  # never done, or not before its idle loop runs again: forgotten
                         del tasks[task]
                     elif now - since > after:
                         slow.add(i)
@@ -1093,6 +1168,10 @@ class NodeIO:
         ]
         done = [op for op, _, _ in flight.read]
         if unread:
+            # Written, never to be read: each may still run at any later time (TCP delivers
+            # what was written before the close), so its token is burnt (Debts.burn). Not
+            # "as if a closed connection's request could never run".
+            self.debts.burn(i, [entry[2] for entry in flight.owed])
             again += [(entry[2], entry[3]) for entry in flight.owed]
             done += [entry[2] for entry in flight.owed]
         # Owed before the Flight forgets them: an exception between owes them twice (sent
@@ -1641,7 +1720,7 @@ class NodeIO:
         """``owe`` owes what the running coroutine holds should its loop close before it
         ends (see :meth:`_owe_orphans`), until :meth:`_closed` forgets ``key``. No lock (the
         collector may close a coroutine while this thread holds one): one dict store."""
-        self._open[key] = (asyncio.get_running_loop(), owe)
+        self._open[key] = (asyncio.get_running_loop(), owe, time.monotonic())
 
     def _closed(self, key: object) -> None:
         self._open.pop(key, None)
@@ -1676,11 +1755,19 @@ class NodeIO:
 
     def owe_closed_loops(self) -> None:
         """Owe what the coroutines of a closed loop held (see :meth:`_owe_orphans`); the debt
-        collector calls it too (:meth:`Debts.watch`)."""
+        collector calls it too (:meth:`Debts.watch`). And what those of an idle loop held
+        for longer than a node timeout: a loop kept between jobs (``run_until_complete()``
+        each, never closed) or dropped without ``close()`` runs them only when it runs
+        again, if ever, and a release queued behind a straggler would wait for that (the
+        released hold stayed on the node). Owed, the write is the collector's (or the
+        probe's) to send; the task finds it owed (``_Write.owed``) and skips it, and a
+        write it may have begun is burnt (it may land as well: sent twice, a release
+        deletes nothing more)."""
         if not self._open:
             return
-        for key, (loop, owe) in list(self._open.items()):
-            if loop.is_closed():
+        idle_since = time.monotonic() - self.timeout
+        for key, (loop, owe, since) in list(self._open.items()):
+            if loop.is_closed() or (since < idle_since and not loop.is_running()):
                 self._run_clean_up(owe)
                 self._closed(key)
 
@@ -1699,6 +1786,7 @@ class NodeIO:
         for _ in range(100):
             try:
                 if not write.owed:
+                    self.debts.burn(write.i, [write.op])  # maybe begun (or later): may land late
                     self.debts.owe(write.i, write.op, write.kind)
                     write.owed = True
                 if settle:
@@ -1766,6 +1854,9 @@ class NodeIO:
             self.debts.sending(i, [op])  # queued: a retry of its token does not ask node i
             await asyncio.wait(earlier)
             self.debts.settled(i, [op])  # _asend marks it again (unless void meanwhile)
+            if write.owed:  # by the collector, its loop idle meanwhile: the debt is sent
+                self._closed(write)
+                return self._unasked(i, op, "owed while its loop was idle")
             if self.health.is_down(i):
                 self._owe_write(write)
                 return _unavailable(self.nodes[i], op, "down")
@@ -1806,6 +1897,7 @@ class NodeIO:
         except BackendUnavailable as exc:
             self.health.failed(i)
             if owed:  # not proven to have run (no answer, BUSY, ...): the node is owed it
+                self.debts.burn(i, [op])  # and it may still run late (Debts.burn)
                 self.debts.owe(i, op, owed)
             self.debts.settled(i, [op])
             return exc
@@ -1813,48 +1905,75 @@ class NodeIO:
             self.debts.settled(i, [op])
             return exc
         except BaseException as exc:  # interrupted, cancelled, closed: the caller owes it
-            self._later(exc, functools.partial(self.debts.settled, i, [op]))
+            # Maybe written: it may still run late (burnt), in the clean-up (which takes no
+            # lock when the collector closes this coroutine, see _later).
+            self._later(exc, functools.partial(self._gave_up, i, [op] if owed else [], [op]))
             raise
         self.debts.settled(i, [op])
         self.health.answered(i)
         return reply
 
+    def _gave_up(self, i: int, burnt: list[Op[Any]], ops: list[Op[Any]]) -> None:
+        """A request to node i whose reply will never be awaited: ``burnt`` may still run
+        there late (:meth:`Debts.burn`), and ``ops`` are no longer in flight."""
+        self.debts.burn(i, burnt)
+        self.debts.settled(i, ops)
+
     async def _apay(self, i: int) -> BackendUnavailable | None:
         """Send what node i is owed, in order, each answered before the next (and before the
         request that follows: asyncio's connections are not the threads', only waiting for
         the reply keeps the order). No answer: that one and the rest are owed again, the
-        error is returned. A refusal drops that one (asked again, it would be refused)."""
-        owed: list[tuple[Op[Any], str]] = []
-        n = 0
+        error is returned. A refusal drops that one (asked again, it would be refused).
+        Taken off the books, they are noted in ``_open`` first: the caller may close its
+        loop while one is under way (``run_until_complete(); close()``), and the coroutine
+        never resumes; the collector then owes them again (:meth:`owe_closed_loops`)."""
+        if not self.debts.owes(i):
+            return None  # the common case: nothing owed
+        paying = _Paying(i)
+        self._opened(functools.partial(self._owe_unpaid, paying), paying)
         try:
-            self.debts.take_kinds(i, owed)
-            for n, (op, _) in enumerate(owed):
+            self.debts.take_kinds(i, paying.owed)
+            for n, (op, _) in enumerate(paying.owed):
+                paying.at = n
                 if not self.debts.start(i, op):  # void: a try with its token was sent meanwhile
                     continue
                 try:
                     await self.nodes[i].aexecute(op)
                 except BackendUnavailable as exc:
                     self.health.failed(i)
-                    self.debts.reowe(i, owed[n:])
-                    self.debts.settled(i, [op])
+                    self._owe_unpaid(paying)  # this one (maybe written: burnt) and the rest
                     return exc
                 except Exception as exc:
                     logger.debug("django_redlock: a write owed to node %d failed: %s", i, exc)
-                except BaseException as exc:
-                    self._later(exc, functools.partial(self.debts.settled, i, [op]))
-                    raise
                 self.debts.settled(i, [op])
-        except (
-            BaseException
-        ) as exc:  # cancelled, interrupted: from this one on, not proven to have run
+            paying.at = len(paying.owed)
+        except BaseException as exc:  # cancelled, interrupted: from this one on, not proven paid
             for _ in range(100):
                 try:
-                    self._later(exc, functools.partial(self.debts.reowe, i, owed[n:]))
+                    self._later(exc, functools.partial(self._owe_unpaid, paying))
                     break
                 except BaseException:  # another interrupt: again (the first is raised)
                     continue
             raise
+        self._closed(paying)
         return None
+
+    def _owe_unpaid(self, paying: _Paying) -> None:
+        """``paying``'s debts not proven paid: owed again (once, whoever calls it first: the
+        coroutine, or the collector for a closed loop), the one under way burnt (maybe
+        written, it may still run late) and no longer in flight."""
+        for _ in range(100):
+            try:
+                if not paying.done:
+                    rest = paying.owed[paying.at :]
+                    self.debts.burn(paying.i, [op for op, _ in rest[:1]])
+                    self.debts.reowe(paying.i, rest)
+                    paying.done = True
+                    self.debts.settled(paying.i, [op for op, _ in rest[:1]])
+                self._closed(paying)
+                return
+            except BaseException:  # another interrupt: again
+                continue
 
     def close(self) -> None:
         """Close the lanes' and the kept connections (those in use close with their fan-out).

@@ -438,8 +438,13 @@ class BaseLock:
 
     def _next_token(self) -> str:
         """A plain hold's token: the one of a try whose answer was lost (the next try then
-        finds the hold if that one took it), else a new one."""
-        return self._unsure_token or f"{self.token_prefix or ''}{new_token()}"
+        finds the hold if that one took it), else a new one. Not one a write of which may
+        still land late (a release or undo written, never answered): granted again, it
+        would be deleted by that write (two holders); its hold is owed its release."""
+        token = self._unsure_token
+        if token is not None and not self.backend.token_reusable(token):
+            token = self._unsure_token = None
+        return token or f"{self.token_prefix or ''}{new_token()}"
 
     def _try_or_wait(
         self,

@@ -160,3 +160,60 @@ def test_a_release_left_behind_by_a_plainly_closed_loop_lands_with_no_next_reque
         landed = time.monotonic() - unpaused
         assert landed < 2 * OWED_POLL + timeout, landed
         assert not any(s.client().exists(key) for s in servers[1:])
+
+
+@pytest.mark.parametrize("mode", ["kept", "dropped"])
+def test_a_release_left_behind_by_an_idle_loop_lands_with_no_next_request(
+    redis_factory: Callable[..., RedisServer], name: str, no_collection: Any, mode: str
+) -> None:
+    """As above, but the caller keeps its loop between jobs (``run_until_complete()`` each,
+    never closed), or drops it without ``close()``: node 0's release, queued behind the
+    straggling acquire, was sent only when that loop ran again, if ever, and the released
+    hold stayed on node 0 to its TTL, the collector polling on (review rr, 2). The
+    collector now owes what an idle loop held for longer than a node timeout, and sends it
+    once the node answers."""
+    timeout, held_back_ms = 0.5, 300
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("idleloop", servers, socket_timeout=timeout):
+        io = backend_of("idleloop").io
+        key = io.nodes[0].key(name)
+        mine = lock(name, using="idleloop", ttl=30, auto_renew=False)
+
+        async def main() -> float:
+            for n in range(3):  # every node connected, its scripts loaded
+                warm = lock(f"{name}:warm{n}", using="idleloop", auto_renew=False)
+                assert await warm.aacquire(blocking=False)
+                await warm.arelease()
+            await asyncio.sleep(0.1)
+            servers[0].client().execute_command("CLIENT", "PAUSE", held_back_ms, "ALL")
+            paused = time.monotonic()
+            assert await mine.aacquire(blocking=False)  # nodes 1 and 2; node 0's straggles
+            await mine.arelease()  # node 0's release goes on behind it
+            assert io._open, "node 0's release is under way"
+            return paused
+
+        loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
+        assert loop is not None
+        try:
+            paused = loop.run_until_complete(main())
+            if mode == "dropped":
+                loop = None  # never closed
+            unpaused = paused + held_back_ms / 1000
+            deadline = time.monotonic() + 5
+            while (value := servers[0].client().get(key)) is not None:
+                assert time.monotonic() < deadline, f"the release never reached node 0: {value!r}"
+                time.sleep(0.005)
+            landed = time.monotonic() - unpaused
+            assert landed < 1.0 + timeout, landed  # within about a second of answering
+            assert not any(s.client().exists(key) for s in servers[1:])
+            deadline = time.monotonic() + 2
+            while io.debts._collector is not None:  # paid: it stops
+                assert time.monotonic() < deadline, "the collector runs on"
+                time.sleep(0.02)
+            assert not io._open
+            if loop is not None:  # it runs again: the task finds its write owed, sent
+                loop.run_until_complete(asyncio.sleep(0.05))
+                assert not servers[0].client().exists(key)
+        finally:
+            if loop is not None:
+                loop.close()

@@ -1,0 +1,100 @@
+"""A release or an undo written to a node and never answered (its connection closed when
+the fan-out gave up on it) may still run there at any later time: TCP delivers what was
+written before the close (a retransmission, a slow network, a proxy). Nothing may be granted
+under a token such a write could delete: the Lock's next try takes a new token, and its hold
+survives the late write (redlock_io ``Debts.burn``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from django_redlock import lock
+from django_redlock.backends.redlock import RedlockBackend
+from django_redlock.testing import RedisServer
+from tests.support.proxy import LossyProxy
+
+from .test_redlock import quorum_alias
+from .test_redlock_io import backend_of
+
+
+@pytest.fixture
+def proxied(redis_factory: Callable[..., RedisServer]) -> Iterator[list[LossyProxy]]:
+    servers = [redis_factory() for _ in range(3)]
+    proxies = [LossyProxy(server.port) for server in servers]
+    for proxy, server in zip(proxies, servers, strict=True):
+        proxy.server = server  # type: ignore[attr-defined]
+    yield proxies
+    for proxy in proxies:
+        proxy.let_go()
+        proxy.close()
+
+
+def _tokens(proxies: list[LossyProxy], backend: RedlockBackend, name: str) -> list[bytes]:
+    key = backend.nodes[0].key(name)
+    return [(p.server.client().get(key) or b"-").split(b"|")[0] for p in proxies]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_hand_back_release_delayed_past_its_closed_connection_never_deletes_the_retry_s_grant(
+    proxied: list[LossyProxy], name: str, driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt after the grant: the hand-back's release to nodes 1 and 2 is held on the
+    wire (the proxies), the fan-out gives up on it, closes those connections and owes it
+    again; the Lock kept its token. Before: the retry voided the owed release and was
+    granted that token on every node, then the held release landed and deleted it on nodes 1
+    and 2 (the Lock believed it held; a second Lock took the name). Now the retry takes a
+    new token, and whatever it holds survives the late write."""
+    with quorum_alias("late", proxied, socket_timeout=0.3):  # type: ignore[arg-type]
+        backend = backend_of("late")
+        for n in range(3):  # a connection to each node, the scripts loaded
+            warm = lock(f"{name}:warm{n}", using="late", ttl=5, auto_renew=False)
+            assert warm.acquire(blocking=False)
+            warm.release()
+        mine = lock(name, using="late", ttl=30, auto_renew=False)
+        record = type(mine)._record
+
+        def interrupted(self: Any, owner: str, actor: str, token: str, *args: Any) -> Any:
+            if self is mine:
+                monkeypatch.setattr(type(mine), "_record", record)
+                for proxy in proxied[1:]:  # the hand-back's release: late on the wire
+                    proxy.delay_from(token.encode())
+                raise RuntimeError("soft time limit")  # the grant is not recorded
+            return record(self, owner, actor, token, *args)
+
+        monkeypatch.setattr(type(mine), "_record", interrupted)
+
+        seen: list[str | None] = []
+
+        async def both() -> bool:
+            with pytest.raises(RuntimeError):
+                await mine.aacquire(blocking=False)
+            seen.append(mine._unsure_token)
+            return await mine.aacquire(blocking=False)  # the retry, at once
+
+        if driver == "sync":
+            with pytest.raises(RuntimeError):
+                mine.acquire(blocking=False)
+            seen.append(mine._unsure_token)
+            got = mine.acquire(blocking=False)  # the retry, at once
+        else:
+            got = asyncio.run(both())
+        first = seen[0]
+        assert first is not None, "the token was kept for the next try"
+        assert all(p.delayed.is_set() for p in proxied[1:]), "the releases were held"
+        for proxy in proxied[1:]:
+            proxy.let_go()  # the late writes land
+        tokens = _tokens(proxied, backend, name)
+        other = lock(name, using="late", ttl=30, auto_renew=False)
+        if got:
+            held = mine.token.encode()
+            assert sum(t == held for t in tokens) >= 2, f"the late write deleted it: {tokens}"
+            assert not other.acquire(blocking=False), "two holders at once"
+            assert held != first.encode(), "a token a late write may delete was granted again"
+            mine.release()
+        else:  # refused by the old hold: free once the owed releases are paid
+            assert other.acquire(blocking=True, timeout=5)
+            other.release()
