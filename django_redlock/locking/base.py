@@ -155,6 +155,9 @@ class BaseLock:
         # The token of an acquire whose outcome is unknown (its reply was lost): the next try
         # uses it again, so that it finds the hold if the lost try took it.
         self._unsure_token: str | None = None
+        # Plain tokens whose hand-back a task of its own finishes (cancelled again): never
+        # taken up by a next try, whose grant that task's release would delete.
+        self._handing_back: set[str] = set()
         # token -> why: a loss decided (the hold left the object) whose declaration was not
         # handed over yet; told again (the watchdog retells), the object hands it over then.
         # With the thread handing it over now (None: none, an exception ended its telling).
@@ -239,6 +242,7 @@ class BaseLock:
         if self._process != holds.process:  # a forked child: the parent's holds are not ours
             self._holds_by_owner, self._process = {}, holds.process
             self._unsure_token, self._orphans, self._undeclared = None, {}, {}
+            self._handing_back = set()
             # Another thread (the watchdog's) may have held it at the fork: it never lets go.
             self._mutex = threading.Lock()
         return self._holds_by_owner
@@ -462,7 +466,8 @@ class BaseLock:
         No answer (``LockError``: the try may have taken it): the token is kept for the next
         try, or a reentrant count marked unsure (settled first next time). Interrupted (any
         other exception, a reply perhaps on its way): the hold is handed back with the
-        token, kept should the hand-back fail. Each reports its outcome and re-raises."""
+        token (kept while the hand-back may still be refused unsent, given up once it went
+        unanswered: see :meth:`_give_back`). Each reports its outcome and re-raises."""
         attempt = Attempt(False)
         try:
             deadline = None if timeout is None or not blocking else started + timeout
@@ -504,16 +509,23 @@ class BaseLock:
         """Give back a hold the server may have granted that this object does not hold (an
         interrupt before it was recorded). A reentrant count is marked unsure and settled
         now (else before the owner's next operation); a plain hold is released by its
-        token, kept for the next try should the release get no answer (that try then finds
-        the hold and takes it again). An error of the hand-back is not raised: the caller
+        token, kept for a next try only while that release has not gone unanswered (an
+        unanswered one may land late: the next try takes a new token, and the grant, if
+        any, expires at its TTL). An error of the hand-back is not raised: the caller
         raises what interrupted it."""
         self._unsure(owner)
         if not self.reentrant:
-            self._unsure_token = token  # kept should the hand-back fail
+            self._unsure_token = token  # kept while the hand-back may be refused unsent
         try:
             yield from self._give_back(owner, token)
         except asyncio.CancelledError:
-            # Cancelled again: this object is usually thrown away, so no next try comes.
+            # Cancelled again: a task of its own finishes it. A next try of this object (the
+            # caller may catch the cancellation) takes a new token: the task's release would
+            # delete a grant of this one.
+            if not self.reentrant:
+                self._handing_back.add(token)
+                if self._unsure_token == token:
+                    self._unsure_token = None
             again = functools.partial(self._give_back_again, owner, token)
             self._finish_later(self._give_back(owner, token), again)
             raise
@@ -523,17 +535,27 @@ class BaseLock:
     def _give_back(self, owner: str, token: str) -> Steps[None]:
         if self.reentrant:
             yield from self._settle(owner)
-        else:
+            return
+        try:
             yield self._op_release(token)
+        except LockError:
+            # Unanswered, the release may still run at any later time (TCP delivers what was
+            # written before a close): a try granted this token again would be deleted by it
+            # (two holders). The next try takes a new token; the grant expires at its TTL.
+            self._handing_back.discard(token)
             if self._unsure_token == token:
                 self._unsure_token = None
+            raise
+        self._handing_back.discard(token)
+        if self._unsure_token == token:
+            self._unsure_token = None
 
     def _give_back_again(self, owner: str, token: str) -> Steps[None]:
         """A hand-back whose finishing task was cancelled, given back once more unless done
-        since: a plain token no longer kept was given back, or a try of this object took it
-        up (its grant is the object's: never released here). A reentrant count is settled
-        (what the objects hold: never a later level)."""
-        if self.reentrant or self._unsure_token == token:
+        since (a plain token's release answered, or unanswered: nothing more to do). No try
+        of this object takes such a token up (see :meth:`_hand_back`). A reentrant count is
+        settled (what the objects hold: never a later level)."""
+        if self.reentrant or token in self._handing_back:
             yield from self._give_back(owner, token)
 
     def _nests_in_nothing(self, owner: str, current: Hold | None, attempt: Attempt) -> bool:

@@ -1,0 +1,133 @@
+"""One Redis: a hand-back's release written and never answered (its connection closed when
+the socket timeout ran out) may still run at any later time: TCP delivers what was written
+before the close (a retransmission, a slow network, a proxy). Nothing may be granted again
+under a token such a write could delete."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from django_redlock import lock, locks
+from django_redlock.testing import RedisServer
+from tests.support.proxy import LossyProxy
+
+
+@pytest.fixture
+def proxied(redis_factory: Callable[..., RedisServer]) -> Iterator[tuple[LossyProxy, Any]]:
+    server = redis_factory()
+    proxy = LossyProxy(server.port)
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": f"redis://127.0.0.1:{proxy.port}/0",
+        "OPTIONS": {"socket_timeout": 0.3},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "late": config}):
+        yield proxy, server
+        locks["late"].close()
+    proxy.let_go()
+    proxy.close()
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_hand_back_release_delayed_past_its_closed_connection_never_deletes_the_retry_s_grant(
+    proxied: tuple[LossyProxy, Any], name: str, driver: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt after the grant: the hand-back's release is held on the wire, its socket
+    timeout runs out and its connection is closed; the retry must not be granted the token
+    that release deletes once it lands (two holders)."""
+    proxy, server = proxied
+    warm = lock(f"{name}:warm", using="late", ttl=5, auto_renew=False)
+    assert warm.acquire(blocking=False)  # a connection, the scripts loaded
+    warm.release()
+    mine = lock(name, using="late", ttl=30, auto_renew=False)
+    record = type(mine)._record
+
+    def interrupted(self: Any, owner: str, actor: str, token: str, *args: Any) -> Any:
+        if self is mine:
+            monkeypatch.setattr(type(mine), "_record", record)
+            proxy.delay_from(token.encode())  # the hand-back's release: late on the wire
+            raise RuntimeError("soft time limit")  # the grant is not recorded
+        return record(self, owner, actor, token, *args)
+
+    monkeypatch.setattr(type(mine), "_record", interrupted)
+
+    async def both() -> bool:
+        with pytest.raises(RuntimeError):
+            await mine.aacquire(blocking=False)
+        return await mine.aacquire(blocking=False)  # the retry, at once
+
+    if driver == "sync":
+        with pytest.raises(RuntimeError):
+            mine.acquire(blocking=False)
+        got = mine.acquire(blocking=False)  # the retry, at once
+    else:
+        got = asyncio.run(both())
+    assert proxy.delayed.is_set(), "the release was held"
+    proxy.let_go()  # the late write lands
+    other = lock(name, using="late", ttl=30, auto_renew=False)
+    key = locks["late"].key(name)
+    if got:
+        value = server.client().get(key) or b"-"
+        assert value.split(b"|")[0] == mine.token.encode(), f"the late write deleted it: {value!r}"
+        assert not other.acquire(blocking=False), "two holders at once"
+        mine.release()
+    else:  # refused by the old grant: it expires (nobody renews it)
+        server.client().delete(key)
+
+
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_hand_back_finished_by_a_task_never_releases_the_same_object_s_retry(
+    redis_server: RedisServer, name: str, fair: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain aacquire() granted as its task is cancelled hands the grant back; cancelled
+    again in that hand-back, a task of its own finishes it. The caller catches the
+    cancellation and tries again on the same object at once: before, the retry took the
+    hold again under the kept token and the task's release then deleted it (the object
+    reported held, another owner took the name: two holders)."""
+    backend = locks["default"]
+    sent = backend.aexecute
+    calls = 0
+
+    async def cut(op: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        task = asyncio.current_task()
+        assert task is not None
+        if calls == 1:  # the try: granted, its task cancelled as the reply comes in
+            reply = await sent(op, *args, **kwargs)
+            task.cancel()
+            await asyncio.sleep(0)
+            return reply
+        if calls == 2:  # the hand-back: cancelled again before it is sent
+            task.cancel()
+            await asyncio.sleep(0)
+        return await sent(op, *args, **kwargs)
+
+    monkeypatch.setattr(backend, "aexecute", cut)
+
+    async def main() -> tuple[bool, bool, bool]:
+        mine = lock(name, ttl=20, fair=fair)
+        try:
+            await mine.aacquire(blocking=False)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            assert task is not None
+            while task.cancelling():
+                task.uncancel()
+        retried = await mine.aacquire(blocking=False)  # the retry, on the same object
+        await asyncio.sleep(0.5)  # the finishing task ran meanwhile
+        other = await lock(name, ttl=20).aacquire(blocking=False)
+        held = mine.token is not None
+        if held:
+            await mine.arelease()
+        return retried, held, other
+
+    retried, held, other = asyncio.run(main())
+    assert not (retried and held and other), "two holders at once"
+    assert not held or not other
