@@ -140,8 +140,8 @@ QUICK = 0.5  # the socket timeout of the alias below: a deadline left behind pas
 
 
 def _execute_window() -> set[CodeType]:
-    return {RedisBackend.execute.__code__, fast_path.begin_call.__code__,
-            fast_path.end_call.__code__}  # fmt: skip
+    return {RedisBackend.execute.__code__, RedisBackend.execute_on.__code__,
+            fast_path.begin_call.__code__, fast_path.end_call.__code__}  # fmt: skip
 
 
 def _interrupted_try(name: str, at: int | None, kept: list[Any], checks: list[str]) -> None:
