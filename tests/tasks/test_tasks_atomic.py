@@ -134,3 +134,57 @@ def test_a_rolled_back_enqueue_leaves_the_key_free_at_once(where: str) -> None:
         from django_tasks_db.models import DBTaskResult
 
         DBTaskResult.objects.exclude(id__in=before).delete()
+
+
+class SoftTimeLimit(Exception):
+    """Celery's soft time limit: an ``Exception`` a signal handler raises."""
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_time_limit_as_the_turn_s_exit_began_leaves_the_turn_free(kept: bool) -> None:
+    # A soft time limit handled as the turn's ``with`` called its ``__exit__`` (CPython looks
+    # for signals at the function's entry, before its one-line ``try:``) propagated with the
+    # turn held: the block rolled back (nothing queued), and every later enqueue() of the key
+    # waited the turn's TTL (30 s), or raised LockNotAcquired while the exception was kept and
+    # the watchdog renewed the turn (review rc, 2). The turn must be let go at once.
+    import sys
+
+    from django_redlock.locking.base import BaseLock
+
+    exit_code = BaseLock.__dict__["__exit__"].func.__code__
+    job, key = later(), lock_key(tasks_jobs.deduped, 3503)
+    fired: list[str] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is exit_code and not fired:
+            name = getattr(frame.f_locals.get("self"), "name", "")
+            if name == f"{key}:enqueue":
+                fired.append(name)
+                raise SoftTimeLimit
+        return None
+
+    before = queued_ids()
+    held: list[BaseException] = []
+    try:
+        try:
+            with transaction.atomic(using="tasks"):
+                sys.settrace(tracer)
+                try:
+                    job.enqueue(3503)
+                finally:
+                    sys.settrace(None)
+        except SoftTimeLimit as exc:
+            if kept:  # an error reporter keeps the traceback (and the turn's lock object)
+                held.append(exc)
+        assert fired, "the turn's exit was never entered"
+        assert queued_ids() == before  # rolled back
+        started = time.monotonic()
+        run = job.enqueue(3503)
+        assert time.monotonic() - started < 2.0, "the next enqueue waited for the turn"
+        assert queued_ids() - before == {str(run.id)}
+        assert not locks["default"].is_locked(f"{key}:enqueue")
+        assert job.enqueue(3503).id == run.id
+    finally:
+        from django_tasks_db.models import DBTaskResult
+
+        DBTaskResult.objects.exclude(id__in=before).delete()
