@@ -153,6 +153,8 @@ def _pay_left_withs() -> None:
         while _owed_withs:
             left = _owed_withs.popleft()
             lock = left.lock
+            if not left.due():  # (paid by its owner; a forked child's object: reset first)
+                continue
             _acting.owner = left.owner
             try:
                 with lock._paying:  # the owner's next acquire waits for it (_prepare_acquire)
@@ -508,7 +510,7 @@ class BaseLock:
                 f"{self.describe()} was lost ({self._lost or 'expired'}): this acquire would"
                 " nest in a hold that is gone; release the outer levels first"
             )
-        if self._left or self._paying.locked():  # a ``with`` left as its exit began
+        if self._left_owed():  # a ``with`` left as its exit began
             with self._paying:  # the payer thread's release of it under way: its end first
                 pass
             yield from self._pay_left(owner)  # (what the payer has not taken)
@@ -1062,6 +1064,14 @@ class BaseLock:
             raise LockLost(f"{self.describe()} was lost before release: {self._lost or reason}")
         if left <= 0:
             self._announce_released()
+
+    def _left_owed(self) -> bool:
+        """Whether a ``with`` statement left a level owed here, or the payer thread is
+        releasing one. Not in a forked child before ``_holds`` reset the object: the parent's
+        payer may have held ``_paying`` at the fork, and nobody here would let it go."""
+        if self._process != holds.process:
+            return False
+        return bool(self._left or self._paying.locked())
 
     def _pay_left(self, owner: str) -> Steps[None]:
         """Release the levels of ``owner``'s that ``with`` statements left owed (see
