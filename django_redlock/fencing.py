@@ -1054,6 +1054,19 @@ def with_frame(frame: Any, owner: Any = None) -> With | None:
     return id(frame), code, at, _exit_token(owner)
 
 
+def with_exit_token(frame: Any, owner: Any) -> weakref.ReferenceType[Any] | None:
+    """The exit token (:class:`TrackedExit`) of the ``with`` statement ``frame`` (the caller
+    of ``owner``'s ``__enter__``) runs, if it runs one (a generator's too: the token is on its
+    frame's stack, whether or not the frame is); None when ``__enter__`` was called by hand
+    (``ExitStack``, an explicit call). No I/O."""
+    try:
+        if frame.f_code.co_code[frame.f_lasti] not in _WITH_OPS:
+            return None
+    except (AttributeError, IndexError):
+        return None
+    return _exit_token(owner)
+
+
 def frame_above(levels: int) -> FrameType | None:
     """The frame ``levels`` calls above the caller of this function (0: the caller's own)."""
     frame = inspect.currentframe()

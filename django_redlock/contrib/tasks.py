@@ -425,7 +425,7 @@ def _enqueue_in_turn(
 ) -> Any:  # fmt: skip
     try:
         _enqueuing.set((*_enqueuing.get(), (key, turn)))
-        _await_commit(config, task, key, deadline)
+        _await_commit(backend, config, task, key, store, deadline)
         running = store.inspect(key)
         holder = task_id_of(running.holder) if running is not None else None
         existing = _existing(backend, config, task, key, holder) if holder else None
@@ -574,20 +574,54 @@ def _hold_until_commit(config: SingleInstance, key: str, result: Any) -> None:
     held.acquire(blocking=False)
 
 
-def _await_commit(config: SingleInstance, task: Any, key: str, deadline: float) -> None:
+def _await_commit(
+    backend: Any, config: SingleInstance, task: Any, key: str, store: Any, deadline: float
+) -> None:
     """Wait (up to ``deadline``) for the transaction of another connection that queued a run
-    of ``key`` to end: then its run is visible (committed), or gone (rolled back)."""
-    if _own_uncommitted(config, key) or not locks[config.using].is_locked(f"{key}{COMMIT_SUFFIX}"):
+    of ``key`` to end: then its run is visible (committed), or gone (rolled back). The lock
+    goes only once Django reached the library's ``on_commit`` callback, after every one
+    registered before it (a slow mail, an HTTP call): so between waits, the run's row,
+    visible to this connection, says the COMMIT happened (the caller then finds the run)."""
+    if _own_uncommitted(config, key) or not store.is_locked(f"{key}{COMMIT_SUFFIX}"):
         return
-    wait = max(deadline - time.monotonic(), 0.0)
-    try:
-        with Lock(f"{key}{COMMIT_SUFFIX}", ttl=ENQUEUE_TTL, timeout=wait, using=config.using):
+    look = COMMIT_LOOK
+    while True:
+        wait = min(look, max(deadline - time.monotonic(), 0.0))
+        look *= 2  # each wait that runs out is a timeout (metrics, incidents): a few at most
+        try:
+            with Lock(f"{key}{COMMIT_SUFFIX}", ttl=ENQUEUE_TTL, timeout=wait, using=config.using):
+                return
+        except LockNotAcquired:
             pass
-    except LockNotAcquired:
-        raise LockNotAcquired(
-            f"{task.module_path}: {key!r} was queued in a transaction still open after"
-            f" {ENQUEUE_TTL:g} s"
-        ) from None
+        if _committed(backend, key, store):
+            return
+        if time.monotonic() >= deadline:
+            raise LockNotAcquired(
+                f"{task.module_path}: {key!r} was queued in a transaction still open after"
+                f" {ENQUEUE_TTL:g} s"
+            )
+
+
+#: Seconds before the first look for a committed run while another connection's transaction
+#: holds the key (doubled after each look).
+COMMIT_LOOK = 0.5
+
+
+def _committed(backend: Any, key: str, store: Any) -> bool:
+    """Whether the transaction that queued ``key``'s run is over: the run its marker names
+    is visible to this connection (committed: queued, running or finished). No marker (it
+    may have expired in a long transaction), a reservation, a row this connection cannot
+    see, or a backend that keeps no results prove nothing: the lock is waited for."""
+    found = markers.read(store, key)
+    if found is None or found[0].startswith(RESERVED):
+        return False
+    try:
+        backend.get_result(found[0])
+    except NotImplementedError:
+        return False
+    except tuple(errors.TaskResultDoesNotExist for errors in _loaded("exceptions")):
+        return False
+    return True
 
 
 def _name_run(

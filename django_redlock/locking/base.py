@@ -9,11 +9,15 @@ A hold is declared lost only when the backend answered that its token no longer 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
+import sys
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
@@ -34,6 +38,7 @@ from ..validation import (
     check_ttl,
     to_ms,
 )
+from ..waiters import start_thread
 from . import holds
 from .holds import (
     Hold,
@@ -76,6 +81,98 @@ _finishing: set[asyncio.Task[None]] = set()
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 B = TypeVar("B", bound="BaseLock")
+
+
+class _LeftWith:
+    """One ``with lock:`` statement's level (not a fenced block's: fencing drops those), told
+    the moment the statement is left (its exit token dies: :class:`~..fencing.TrackedExit`).
+
+    CPython looks for pending signals as a function is entered, before its first line: an
+    exception a signal handler raises there (Celery's soft time limit) as ``__exit__`` is
+    entered, or as a call of the exit is (``_exit``, the release), leaves the ``with`` with
+    its level held, and the watchdog would renew it for as long as the lock object lives.
+    Left so (the exit's release did not return, and the level is still the object's), the
+    level is owed: no longer renewed (the whole hold) from that moment, released by the
+    payer thread (:func:`_pay_left_withs`) at once, or by the owner's next acquire of the
+    object, whichever comes first. The weak reference's callback does no I/O."""
+
+    __slots__ = ("__weakref__", "done", "hold", "level", "lock", "owner", "stamp", "watch")
+
+    def __init__(self, lock: BaseLock, owner: str, hold: Hold, token: weakref.ref[Any]) -> None:
+        self.lock, self.owner, self.hold = lock, owner, hold
+        self.level = hold.depth
+        self.stamp = hold.stamps[hold.depth - 1]
+        self.done = False  # the exit's release returned: nothing owed
+        bound = token()
+        self.watch = None if bound is None else weakref.ref(bound, self._gone)
+
+    def due(self) -> bool:
+        """Whether its level is still this object's, and not being released. No I/O."""
+        hold, level = self.hold, self.level
+        return (
+            self.lock._holds.get(self.owner) is hold
+            and not hold.releasing
+            and hold.depth >= level
+            and len(hold.stamps) >= level
+            and hold.stamps[level - 1] == self.stamp
+        )
+
+    def _gone(self, _: Any) -> None:
+        # Runs as the ``with`` is left, on its thread, maybe inside an interrupt's unwinding:
+        # no I/O, nothing raised (a weakref callback cannot).
+        with contextlib.suppress(Exception):
+            _watching.discard(self)
+            lock = self.lock
+            with contextlib.suppress(ValueError):
+                lock._withs.remove(self)
+            if self.done or not self.due():
+                return
+            if self.hold.depth == 1:  # the whole hold: renewed no more from here
+                lock._stop_renewing(self.hold)
+            lock._left.append(self)
+            _owed_withs.append(self)
+            _wake_payer.set()
+
+
+#: Watches of ``with`` statements now open (a weak reference's callback needs its reference
+#: kept), and the levels their statements left owed, for the payer thread.
+_watching: set[_LeftWith] = set()
+_owed_withs: deque[_LeftWith] = deque()
+_wake_payer = threading.Event()
+_payer: list[threading.Thread | None] = [None]
+#: The owner the payer thread releases as (a reentrant level belongs to its thread or task).
+_acting = threading.local()
+
+
+def _pay_left_withs() -> None:
+    """The payer thread: releases the levels ``with`` statements left owed (see
+    :class:`_LeftWith`), each as its owner, once; one its owner paid meanwhile is skipped."""
+    while True:
+        _wake_payer.wait()
+        _wake_payer.clear()
+        while _owed_withs:
+            left = _owed_withs.popleft()
+            lock = left.lock
+            if not left.due():  # (paid by its owner; a forked child's object: reset first)
+                continue
+            _acting.owner = left.owner
+            try:
+                with lock._paying:  # the owner's next acquire waits for it (_prepare_acquire)
+                    lock._drive(lock._pay_left(left.owner))
+            except Exception as exc:  # no answer: it runs out at its TTL (renewed no more)
+                logger.warning("redlock: %s: releasing the level of a `with` left as its exit"
+                               " began failed: %s", lock.describe(), exc)  # fmt: skip
+            finally:
+                _acting.owner = None
+
+
+def _start_payer() -> None:
+    thread = _payer[0]
+    if thread is None or not thread.is_alive():  # (not started, or a forked child's)
+        thread = threading.Thread(target=_pay_left_withs, name="redlock-left-withs", daemon=True)
+        _payer[0] = thread
+        start_thread(thread)
+
 
 #: How long a queued waiter's place lasts before it must renew it (by trying again). A
 #: waiter that dies blocks the queue for at most this long, or its own timeout.
@@ -163,6 +260,10 @@ class BaseLock:
         # With the thread handing it over now (None: none, an exception ended its telling).
         self._undeclared: dict[str, tuple[str, str, Hold, threading.Thread | None]] = {}
         self._mutex = threading.Lock()
+        # ``with`` statements open on it (watched) and the levels they left owed.
+        self._withs: list[_LeftWith] = []
+        self._left: list[_LeftWith] = []
+        self._paying = threading.Lock()  # held by the payer thread while it releases one
 
     # -- what a kind provides ----------------------------------------------------------------
 
@@ -216,7 +317,9 @@ class BaseLock:
         return holder_meta(fair=self.queued)
 
     def _owner(self) -> str:
-        return owner_id() if self.reentrant else ""
+        if not self.reentrant:
+            return ""
+        return getattr(_acting, "owner", None) or owner_id()  # (the payer acts as the owner)
 
     def kind_label(self) -> str:
         """The lock's kind as its repr and the metrics' ``kind`` label name it ("lock",
@@ -243,6 +346,7 @@ class BaseLock:
             self._holds_by_owner, self._process = {}, holds.process
             self._unsure_token, self._orphans, self._undeclared = None, {}, {}
             self._handing_back = set()
+            self._withs, self._left, self._paying = [], [], threading.Lock()
             # Another thread (the watchdog's) may have held it at the fork: it never lets go.
             self._mutex = threading.Lock()
         return self._holds_by_owner
@@ -410,6 +514,10 @@ class BaseLock:
                 f"{self.describe()} was lost ({self._lost or 'expired'}): this acquire would"
                 " nest in a hold that is gone; release the outer levels first"
             )
+        if self._left_owed():  # a ``with`` left as its exit began
+            with self._paying:  # the payer thread's release of it under way: its end first
+                pass
+            yield from self._pay_left(owner)  # (what the payer has not taken)
         if self.reentrant:  # only a reentrant count is ever left to settle
             yield from self._settle(owner)
         stale = self._holds.get(owner)
@@ -995,6 +1103,49 @@ class BaseLock:
         if left <= 0:
             self._announce_released()
 
+    def _left_owed(self) -> bool:
+        """Whether a ``with`` statement left a level owed here, or the payer thread is
+        releasing one. Not in a forked child before ``_holds`` reset the object: the parent's
+        payer may have held ``_paying`` at the fork, and nobody here would let it go."""
+        if self._process != holds.process:
+            return False
+        return bool(self._left or self._paying.locked())
+
+    def _pay_left(self, owner: str) -> Steps[None]:
+        """Release the levels of ``owner``'s that ``with`` statements left owed (see
+        :class:`_LeftWith`), each once (taken off the list first: the payer thread and the
+        owner's next acquire may both come), and only if still this object's."""
+        for left in [left for left in self._left if left.owner == owner]:
+            try:
+                self._left.remove(left)
+            except ValueError:
+                continue  # paid by the other
+            if left.due():
+                yield from self._release()
+
+    def _watch_with(self, token: weakref.ref[Any]) -> None:
+        """Watch the ``with`` statement whose exit token is ``token`` (see :class:`_LeftWith`):
+        the level just taken, owed should the statement be left with it held."""
+        owner = self._owner()
+        hold = self._holds.get(owner)
+        if hold is None or hold.depth < 1:
+            return
+        _start_payer()
+        left = _LeftWith(self, owner, hold, token)
+        if left.watch is not None:
+            _watching.add(left)
+            self._withs.append(left)
+
+    def _exited(self) -> None:
+        """The exit's release returned: its ``with`` (this owner's innermost one watched: an
+        inner one is gone before) owes nothing, whatever the level count says then."""
+        if self._withs:
+            owner = self._owner()
+            for left in reversed(self._withs):
+                if left.owner == owner and not left.done:
+                    left.done = True
+                    return
+
     def _unlevel(self, owner: str, hold: Hold) -> None:
         """A reentrant release's level leaves the object before the release is sent (one
         store), the owner's count marked unsure first: whatever line an interrupt (a burst
@@ -1262,8 +1413,11 @@ class BaseLock:
         # A fenced block tells from the ``with`` statement's frame (this call's caller, taken
         # here, not counted from further down) when its ``with`` is gone.
         # First: its exit token (fencing.TrackedExit) before anything looks up an __exit__.
-        frame = getattr(inspect.currentframe(), "f_back", None) if self.database else None
-        where = fencing.with_frame(frame, self) if frame is not None else None
+        # A plain ``with``: its exit token too, so that a statement left as its exit began (a
+        # signal handled at the exit's entry) releases its level all the same (_LeftWith).
+        frame = sys._getframe(1)
+        where = fencing.with_frame(frame, self) if self.database else None
+        token = None if self.database else fencing.with_exit_token(frame, self)
         self._check_sync_wait(self.blocking, self._timeout())
         if self.database is not None:  # autocommit off: refused before the lock is taken
             fencing.drop_abandoned(self.database)  # (not a block's leftover transaction)
@@ -1273,16 +1427,18 @@ class BaseLock:
             raise self._not_acquired()
         # One line, as __exit__'s: an interrupt on any line from here on, the ``with`` block
         # never entered, hands the hold back (a fenced block's own failures release it).
-        try: return self._entered(where)  # noqa: E701  # fmt: skip
+        try: return self._entered(where, token)  # noqa: E701  # fmt: skip
         except BaseException:
             undo_take(self.backend, undo)
             raise
 
-    def _entered(self: B, where: fencing.With | None) -> B:
+    def _entered(self: B, where: fencing.With | None, token: weakref.ref[Any] | None) -> B:
         if self.database is not None:
             # Returned as it is opened: no line between the block's opening and the ``with``
             # (an exception there would leave the block's transaction open, its exit never run).
             return fencing.enter_block(self, where)
+        if token is not None:
+            self._watch_with(token)
         return self
 
     @fencing.tracked_exit
@@ -1314,6 +1470,7 @@ class BaseLock:
             if exc_type is None:
                 raise
             # The body's own exception says more; the loss is logged.
+        self._exited()
 
     def _exit_failed(self, error: BaseException) -> None:
         if self.database is None:

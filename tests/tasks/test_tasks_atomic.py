@@ -134,3 +134,121 @@ def test_a_rolled_back_enqueue_leaves_the_key_free_at_once(where: str) -> None:
         from django_tasks_db.models import DBTaskResult
 
         DBTaskResult.objects.exclude(id__in=before).delete()
+
+
+class SoftTimeLimit(Exception):
+    """Celery's soft time limit: an ``Exception`` a signal handler raises."""
+
+
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_time_limit_as_the_turn_s_exit_began_leaves_the_turn_free(kept: bool) -> None:
+    # A soft time limit handled as the turn's ``with`` called its ``__exit__`` (CPython looks
+    # for signals at the function's entry, before its one-line ``try:``) propagated with the
+    # turn held: the block rolled back (nothing queued), and every later enqueue() of the key
+    # waited the turn's TTL (30 s), or raised LockNotAcquired while the exception was kept and
+    # the watchdog renewed the turn (review rc, 2). The turn must be let go at once.
+    import sys
+
+    from django_redlock.locking.base import BaseLock
+
+    exit_code = BaseLock.__dict__["__exit__"].func.__code__
+    job, key = later(), lock_key(tasks_jobs.deduped, 3503)
+    fired: list[str] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code is exit_code and not fired:
+            name = getattr(frame.f_locals.get("self"), "name", "")
+            if name == f"{key}:enqueue":
+                fired.append(name)
+                raise SoftTimeLimit
+        return None
+
+    before = queued_ids()
+    held: list[BaseException] = []
+    try:
+        try:
+            with transaction.atomic(using="tasks"):
+                sys.settrace(tracer)
+                try:
+                    job.enqueue(3503)
+                finally:
+                    sys.settrace(None)
+        except SoftTimeLimit as exc:
+            if kept:  # an error reporter keeps the traceback (and the turn's lock object)
+                held.append(exc)
+        assert fired, "the turn's exit was never entered"
+        assert queued_ids() == before  # rolled back
+        started = time.monotonic()
+        run = job.enqueue(3503)
+        assert time.monotonic() - started < 2.0, "the next enqueue waited for the turn"
+        assert queued_ids() - before == {str(run.id)}
+        assert not locks["default"].is_locked(f"{key}:enqueue")
+        assert job.enqueue(3503).id == run.id
+    finally:
+        from django_tasks_db.models import DBTaskResult
+
+        DBTaskResult.objects.exclude(id__in=before).delete()
+
+
+def test_an_enqueue_after_the_commit_gets_the_run_while_an_earlier_callback_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The commit lock goes as Django reaches the library's on_commit callback, after every
+    # callback registered before it: a slow one (a mail, an HTTP call) kept another
+    # connection's enqueue() waiting past the COMMIT, then LockNotAcquired ("a transaction
+    # still open") once its wait (ENQUEUE_TTL) was up, the run committed and visible all along
+    # (review rc, 3). It must return the committed run (here the wait is 2 s, the callback 4).
+    from django_redlock.contrib import tasks
+
+    monkeypatch.setattr(tasks, "ENQUEUE_TTL", 2.0)
+    job = later()
+    before = queued_ids()
+    other: list[Any] = []
+    started: list[float] = []
+
+    def slow() -> None:  # registered before the enqueue's own callback
+        started.append(time.monotonic())
+        other.extend(in_thread(lambda: (time.sleep(0.3), job.enqueue(3504))[1]))
+        time.sleep(4.0)
+
+    try:
+        with transaction.atomic(using="tasks"):
+            transaction.on_commit(slow, using="tasks")
+            first = job.enqueue(3504)
+        thread, out = other
+        thread.join(10)
+        assert out and out[0][0] == "ok", out
+        assert str(out[0][1].id) == str(first.id), "a second run was queued"
+        assert queued_ids() - before == {str(first.id)}
+    finally:
+        from django_tasks_db.models import DBTaskResult
+
+        DBTaskResult.objects.exclude(id__in=before).delete()
+
+
+def test_a_rolled_back_enqueue_lets_a_waiting_enqueue_queue_its_own_run_between_looks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The look between waits takes no row it cannot see for committed: rolled back after
+    # several looks, the waiting enqueue() queues its own run.
+    from django_redlock.contrib import tasks
+
+    monkeypatch.setattr(tasks, "COMMIT_LOOK", 0.1)
+    job, key = later(), lock_key(tasks_jobs.deduped, 3505)
+    before = queued_ids()
+    try:
+        with transaction.atomic(using="tasks"):
+            first = job.enqueue(3505)
+            thread, out = in_thread(lambda: job.enqueue(3505))
+            time.sleep(1.0)  # 0.1, 0.2, 0.4 s: three looks at a row it cannot see
+            assert thread.is_alive(), out
+            transaction.set_rollback(True, using="tasks")
+        thread.join(10)
+        assert out and out[0][0] == "ok", out
+        assert str(out[0][1].id) != str(first.id)
+        assert queued_ids() - before == {str(out[0][1].id)}
+        assert not locks["default"].is_locked(f"{key}:enqueue:commit")
+    finally:
+        from django_tasks_db.models import DBTaskResult
+
+        DBTaskResult.objects.exclude(id__in=before).delete()
