@@ -955,7 +955,8 @@ def ordered_count(name: str, alias: str) -> Any:
 
 def _attempt(reply: Any) -> Attempt:
     if int(reply[0]):
-        return Attempt(True, int(reply[1]), int(reply[2]), prior_of(reply[3:4]))
+        # tuple.__new__: a NamedTuple's own __new__ is Python code (every acquire parses one).
+        return tuple.__new__(Attempt, (True, int(reply[1]), int(reply[2]), prior_of(reply[3:4])))
     return Attempt(False, None, int(reply[1]))
 
 

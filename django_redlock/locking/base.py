@@ -174,6 +174,9 @@ def _start_payer() -> None:
         start_thread(thread)
 
 
+#: A try not made yet (immutable: one shared).
+_NOT_TRIED = Attempt(False)
+
 #: How long a queued waiter's place lasts before it must renew it (by trying again). A
 #: waiter that dies blocks the queue for at most this long, or its own timeout.
 WAITER_LEASE = 5.0
@@ -311,7 +314,9 @@ class BaseLock:
         return self.backend.op_settle(self.name, owner, count, write_seq())
 
     def _renewal(self, token: str, ttl_ms: int) -> Renewal:
-        return Renewal(self.name, token, ttl_ms)
+        # tuple.__new__: a NamedTuple's own __new__ is Python code, twice the cost (a
+        # renewal is made on every acquire).
+        return tuple.__new__(Renewal, (self.name, token, ttl_ms))
 
     def _meta(self) -> str:
         return holder_meta(fair=self.queued)
@@ -576,7 +581,7 @@ class BaseLock:
         other exception, a reply perhaps on its way): the hold is handed back with the
         token (kept while the hand-back may still be refused unsent, given up once it went
         unanswered: see :meth:`_give_back`). Each reports its outcome and re-raises."""
-        attempt = Attempt(False)
+        attempt = _NOT_TRIED
         try:
             deadline = None if timeout is None or not blocking else started + timeout
             attempt = yield by_deadline(deadline, self._op_acquire(token, ttl_ms, meta, None, -1))
