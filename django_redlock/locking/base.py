@@ -466,7 +466,8 @@ class BaseLock:
         # the owner's count before this process does, and an interrupt (a burst: one more in
         # the hand-back) may end the acquire in between. The owner's next operation then
         # settles the count, whatever line the acquire ended on.
-        self._unsure(owner)
+        if self.reentrant:
+            self._unsure(owner)
         try:
             # In the try: no line between the grant and the record is unguarded.
             attempt = yield from self._try_or_wait(
@@ -493,7 +494,8 @@ class BaseLock:
         if refused:
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             yield from self._refuse_reentry(owner, token, current)
-        self._sure(owner)  # recorded, or not granted: the counts agree again
+        if self.reentrant:  # (a plain lock keeps no count)
+            self._sure(owner)  # recorded, or not granted: the counts agree again
         if hold is None:
             outcome = observe.TIMEOUT if blocking and timeout else observe.BUSY
             observe.acquire_ended(self, started, outcome, None, span)
@@ -1036,13 +1038,16 @@ class BaseLock:
 
     def _release(self, owner: str | None = None) -> Steps[None]:
         owner = self._owner() if owner is None else owner  # (given: finished on its behalf)
-        if owner not in self._holds and self._orphans.get(owner):
+        found = self._holds.get(owner)
+        if found is None and self._orphans.get(owner):
             with self._mutex:
                 self._orphans[owner] -= 1
                 if self._orphans[owner] <= 0:
                     del self._orphans[owner]
             raise LockLost(f"{self.describe()} was lost: {self._lost or 'it expired'}")
-        owner, hold = self.current_hold(owner)
+        if found is None or self.reentrant:  # else current_hold()'s answer: nothing to catch up
+            owner, found = self.current_hold(owner)
+        hold = found
         if hold.releasing and self.reentrant:
             yield from self._finish_unsure_release(owner, hold)
             return
@@ -1099,7 +1104,8 @@ class BaseLock:
             # Else a reentrant level answered, out of the object before it was sent: the
             # count stays unsure, and the owner's next operation settles it (a no-op).
             raise
-        self._sure(owner)  # the answer is in the object: the counts agree again
+        if self.reentrant:  # (a plain lock keeps no count)
+            self._sure(owner)  # the answer is in the object: the counts agree again
         if left < 0 and not was_releasing:
             reason = "it expired or was released by someone else"
             if mine:  # whoever took the hold out of this object declares the loss: once
@@ -1423,12 +1429,13 @@ class BaseLock:
         frame = sys._getframe(1)
         where = fencing.with_frame(frame, self) if self.database else None
         token = None if self.database else fencing.with_exit_token(frame, self)
-        self._check_sync_wait(self.blocking, self._timeout())
+        timeout = self._timeout()
+        self._check_sync_wait(self.blocking, timeout)
         if self.database is not None:  # autocommit off: refused before the lock is taken
             fencing.drop_abandoned(self.database)  # (not a block's leftover transaction)
             fencing.refuse_manual_commit(self.database, self.describe())
         undo = self._undo_take()
-        if not drive(self.backend, self._acquire(self.blocking, self._timeout()), undo):
+        if not drive(self.backend, self._acquire(self.blocking, timeout), undo):
             raise self._not_acquired()
         # One line, as __exit__'s: an interrupt on any line from here on, the ``with`` block
         # never entered, hands the hold back (a fenced block's own failures release it).

@@ -90,8 +90,10 @@ class Lock(BaseLock):
 
     def _op_release(self, token: str) -> Op[int]:
         order = self._order(token)
+        if order is None:  # a plain lock: no ordered write
+            return self.backend.op_release(self.name, token, self.kind)
         hold = self._holds.get(token)  # a reentrant hold's token is its owner
-        if order is not None and hold is not None and hold.fence:
+        if hold is not None and hold.fence:
             fence, unanswered = refence_of(self.backend, self.name, token)
             if not unanswered:  # else the server's fence may be one this process never heard
                 # The hold the levels are in: one under another fence was made by a late write.
