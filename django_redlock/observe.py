@@ -477,8 +477,14 @@ class Observer:
 
     def acquire_started(self, lock: Any) -> Any:
         tracer = self.tracer
-        if tracer is None and (not self.tracing or (tracer := self._live_tracer()) is None):
-            return None
+        if tracer is None:
+            if not self.tracing or (
+                # No provider set yet: _live_tracer()'s first test, without its call.
+                getattr(self._trace, "_TRACER_PROVIDER", ...) is None and not self._provider_by_env
+            ):
+                return None
+            if (tracer := self._live_tracer()) is None:
+                return None
         return tracer.start_span(
             "redlock.acquire", attributes=self.attributes(lock, self.family(lock))
         )
@@ -518,7 +524,9 @@ class Observer:
             events(family.on_taken, now - started)
         if span is not None:
             _end_acquire_span(span, ACQUIRED, now - started, fence)
-        hold.observed = Held(family, self._hold_span(lock, family, hold), now)
+        # No tracer (the common case): no span, and no call to say so.
+        span = None if self.tracer is None else self._hold_span(lock, family, hold)
+        hold.observed = Held(family, span, now)
 
     def _hold_span(self, lock: Any, family: Family, hold: Any) -> Any:
         if self.tracer is None:
@@ -531,7 +539,7 @@ class Observer:
     def hold_ended(self, lock: Any, hold: Any) -> None:
         held = getattr(hold, "observed", None)
         if held is not None and not held.ended:
-            self._end(held, time.monotonic(), "released or lost")
+            _end(held, time.monotonic(), "released or lost")
             if held.span is not None:
                 # A loss is declared right after the hold ends (lost() below): its span
                 # goes under this one.
@@ -548,9 +556,6 @@ class Observer:
             _end(held, time.monotonic(), "release unanswered: gone at its TTL at the latest")
         if _abandoned:
             self._settle_abandoned()
-
-    def _end(self, held: Held, now: float, how: str) -> None:
-        _end(held, now, how)
 
     def _settle_abandoned(self) -> None:
         settle_abandoned()
