@@ -429,7 +429,9 @@ class RedisBackend(BaseLockBackend):
     ) -> Op[Attempt]:
         key, fence, queue, deadlines, waiting, _, inbox = self._keys(name)
         # As text: the packer then takes the arguments as they are (see wire.texts).
-        args: list[Any] = [token, str(ttl_ms), meta, _kind_arg(kind, order), _FLAG[kind.fair]]
+        # A plain (unordered) hold's flag without _kind_arg()'s call: every acquire sends one.
+        flag = _FLAG[kind.reentrant] if order is None else _kind_arg(kind, order)
+        args: list[Any] = [token, str(ttl_ms), meta, flag, _FLAG[kind.fair]]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
             args += [waiter or token, str(wait_ms), inbox]
         call = Call(_ACQUIRE, (key, fence, queue, deadlines, waiting), args)
@@ -455,7 +457,8 @@ class RedisBackend(BaseLockBackend):
     def op_release(self, name: str, token: str, kind: Kind, order: Order | None = None) -> Op[int]:
         key, _, queue, deadlines, waiting, channel, inbox = self._keys(name)
         keys = (key, channel, waiting, queue, deadlines)
-        call = Call(_RELEASE, keys, [token, inbox, _kind_arg(kind, order)])
+        flag = _FLAG[kind.reentrant] if order is None else _kind_arg(kind, order)  # (as above)
+        call = Call(_RELEASE, keys, [token, inbox, flag])
         return Op(name, call, int if order is None else ordered_count(name, self.alias))
 
     def op_acquire_all(

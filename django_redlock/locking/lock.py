@@ -83,17 +83,18 @@ class Lock(BaseLock):
     def _op_acquire(
         self, token: str, ttl_ms: int, meta: str, waiter: str | None, wait_ms: int
     ) -> Op[Attempt]:
-        order = self._order(token)  # a reentrant hold's token is its owner
+        # A reentrant hold's token is its owner (a plain lock's order: None, without a call).
+        order = self._order(token) if self.kind.reentrant else None
         return self.backend.op_acquire(
             self.name, token, ttl_ms, meta, self.kind, waiter, wait_ms, order
         )
 
     def _op_release(self, token: str) -> Op[int]:
-        order = self._order(token)
-        if order is None:  # a plain lock: no ordered write
+        if not self.kind.reentrant:  # a plain lock: no ordered write
             return self.backend.op_release(self.name, token, self.kind)
+        order = self._order(token)
         hold = self._holds.get(token)  # a reentrant hold's token is its owner
-        if hold is not None and hold.fence:
+        if order is not None and hold is not None and hold.fence:
             fence, unanswered = refence_of(self.backend, self.name, token)
             if not unanswered:  # else the server's fence may be one this process never heard
                 # The hold the levels are in: one under another fence was made by a late write.
