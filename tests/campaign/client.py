@@ -88,7 +88,7 @@ def setup(config: dict[str, Any]) -> None:
 
 # -- a tracer, a small pool and busy callers (the "tracer" move) ------------------------------
 
-#: The traced clients' ``max_connections``: two side threads keep most of it busy.
+#: The traced clients' ``max_connections``: one side thread more than it keeps it busy.
 TRACED_POOL = 2
 
 
@@ -96,10 +96,11 @@ def install_tracer(config: dict[str, Any], stop: threading.Event) -> None:
     """As an APM's Redis instrumentation does (Sentry, ddtrace, OpenTelemetry): redis-py's
     ``Redis.execute_command`` wrapped (so the library's commands leave its fast path for the
     pool's: wire.bare_execute), and a trace function on every thread (``sys.settrace``,
-    ``threading.settrace``; cheap: it traces no frame's lines). Two side threads hammer the
-    backend through the small pool (``locked()`` of a name of their own, a GET), so a
-    caller, or a watchdog renewal, that needs a pooled connection must queue behind them:
-    a renewal kept waiting past its hold's TTL shows as ``lost-on-healthy``."""
+    ``threading.settrace``; cheap: it traces no frame's lines). In bursts (0.3-1.2 s, every
+    0.5-2 s: a traffic spike), three side threads call the backend back to back through the
+    pool of two (``locked()`` of a name of their own, a GET), so a caller, or a watchdog
+    renewal, that needs a pooled connection must queue behind them: a renewal kept waiting
+    past its hold's TTL shows as ``lost-on-healthy``."""
     import redis
 
     from django_redlock import LockError, lock
@@ -117,14 +118,25 @@ def install_tracer(config: dict[str, Any], stop: threading.Event) -> None:
     sys.settrace(tracer)
     threading.settrace(tracer)
     busy = lock(f"{config['name']}:busy")
+    rush = threading.Event()  # set during a burst of callers
+    rng = random.Random(config["seed"] * 31 + 7)
+
+    def conduct() -> None:  # quiet 0.5-2 s, then a burst of callers 0.3-1.2 s long
+        while not stop.is_set():
+            time.sleep(rng.uniform(0.5, 2.0))
+            rush.set()
+            time.sleep(rng.uniform(0.3, 1.2))
+            rush.clear()
 
     def hammer() -> None:
         while not stop.is_set():
+            if not rush.wait(0.5):
+                continue
             with contextlib.suppress(LockError):
                 busy.locked()
-            time.sleep(0.0005)
 
-    for i in range(TRACED_POOL):
+    threading.Thread(target=conduct, name="busy-conductor", daemon=True).start()
+    for i in range(TRACED_POOL + 1):  # one more caller than connections: they queue
         threading.Thread(target=hammer, name=f"busy-{i}", daemon=True).start()
 
 
