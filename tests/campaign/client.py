@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import functools
 import json
 import os
@@ -394,6 +395,9 @@ def main() -> None:
     hold = 0
     while not stop.is_set():
         current = None  # the hold an interrupt (KeyboardInterrupt) may cut short
+        # A hold still under way 10 s on (no hold takes so long) dumps every thread's stack
+        # to the client's stderr: where a call hung (call-hung names the hold).
+        faulthandler.dump_traceback_later(10.0)
         try:
             if side is not None:
                 side.keep()
