@@ -21,6 +21,8 @@ SIGTERM asks the client to finish its hold and exit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import faulthandler
 import functools
 import json
 import os
@@ -54,7 +56,9 @@ class Log:
 def setup(config: dict[str, Any]) -> None:
     # CAMPAIGN_BREAK=latency (a self-test): the client waits 2 socket timeouts, not one.
     timeout = config["socket_timeout"] * (2 if config.get("break") == "latency" else 1)
-    options = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if config.get("tracer"):  # a small pool, which tracer.py's side threads keep busy
+        options["max_connections"] = TRACED_POOL
     if config["backend"] == "redlock":
         options["restart_guard"] = config["restart_guard"]
         alias = {
@@ -81,6 +85,60 @@ def setup(config: dict[str, Any]) -> None:
         USE_TZ=True,
     )
     django.setup()
+
+
+# -- a tracer, a small pool and busy callers (the "tracer" move) ------------------------------
+
+#: The traced clients' ``max_connections``: one side thread more than it keeps it busy.
+TRACED_POOL = 2
+
+
+def install_tracer(config: dict[str, Any], stop: threading.Event) -> None:
+    """As an APM's Redis instrumentation does (Sentry, ddtrace, OpenTelemetry): redis-py's
+    ``Redis.execute_command`` wrapped (so the library's commands leave its fast path for the
+    pool's: wire.bare_execute), and a trace function on every thread (``sys.settrace``,
+    ``threading.settrace``; cheap: it traces no frame's lines). In bursts (0.3-1.2 s, every
+    0.5-2 s: a traffic spike), three side threads call the backend back to back through the
+    pool of two (``locked()`` of a name of their own, a GET), so a caller, or a watchdog
+    renewal, that needs a pooled connection must queue behind them: a renewal kept waiting
+    past its hold's TTL shows as ``lost-on-healthy``."""
+    import redis
+
+    from django_redlock import LockError, lock
+
+    own = redis.Redis.execute_command
+
+    def execute_command(self: Any, *args: Any, **options: Any) -> Any:
+        return own(self, *args, **options)  # a span would open and close around this
+
+    redis.Redis.execute_command = execute_command  # type: ignore[method-assign]
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        return None  # the call event only: no line tracing
+
+    sys.settrace(tracer)
+    threading.settrace(tracer)
+    busy = lock(f"{config['name']}:busy")
+    rush = threading.Event()  # set during a burst of callers
+    rng = random.Random(config["seed"] * 31 + 7)
+
+    def conduct() -> None:  # quiet 0.5-2 s, then a burst of callers 0.3-1.2 s long
+        while not stop.is_set():
+            time.sleep(rng.uniform(0.5, 2.0))
+            rush.set()
+            time.sleep(rng.uniform(0.3, 1.2))
+            rush.clear()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            if not rush.wait(0.5):
+                continue
+            with contextlib.suppress(LockError):
+                busy.locked()
+
+    threading.Thread(target=conduct, name="busy-conductor", daemon=True).start()
+    for i in range(TRACED_POOL + 1):  # one more caller than connections: they queue
+        threading.Thread(target=hammer, name=f"busy-{i}", daemon=True).start()
 
 
 # -- renewal faults: a second backend (the side server), extends racing the watchdog ----------
@@ -270,7 +328,6 @@ def main() -> None:
     stall.watch(log)  # how long this process was not running: the timing judges subtract it
     rng = random.Random(config["seed"])
     armed = interrupts.Interrupts(config.get("interrupt_flag") or "", random.Random(rng.random()))
-    broken = config.get("break") or ""
     resource = Resource(Redis.from_url(config["resource_url"], socket_timeout=10))
     inspector = Inspector(config)
     kind = config["kind"]
@@ -322,17 +379,31 @@ def main() -> None:
             check(hold, f"{question}_false", prefix, fence)
 
     lock_lost.connect(on_lost, weak=False)
+    if config.get("tracer"):
+        install_tracer(config, stop)
     if kind == "database":  # prune-fences beside the buyers
         database.start_pruner(config, log, stop)
-    log("start", pid=os.getpid())
+    ctx = Ctx(config, log, rng, armed, resource, inspector, holds, check, ask, expiry)
+    driver = None
+    if config.get("driver") == "async" and kind != "database":
+        from .aclient import Driver
+
+        driver = Driver(ctx)
+    log("start", pid=os.getpid(), driver=config.get("driver") or "sync",
+        tracer=bool(config.get("tracer")))  # fmt: skip
     flag = config.get("throughput_flag") or ""
     hold = 0
     while not stop.is_set():
         current = None  # the hold an interrupt (KeyboardInterrupt) may cut short
+        # A hold still under way 10 s on (no hold takes so long) dumps every thread's stack
+        # to the client's stderr: where a call hung (call-hung names the hold).
+        faulthandler.dump_traceback_later(10.0)
         try:
             if side is not None:
                 side.keep()
             hold += 1
+            if driver is not None:  # a twin task (aclient.py) took a number of its own
+                hold = max(hold, driver.last + 1)
             prefix = f"{cid}h{hold}."
             if flag and os.path.exists(flag):  # the throughput phase (Redlock: plain locks)
                 quick_hold(lock(config["name"], ttl=ttl, token_prefix=prefix), hold, cid, rng,
@@ -360,52 +431,11 @@ def main() -> None:
                 lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair,
                           token_prefix=prefix)  # fmt: skip
             current = lk
-            blocking = rng.random() < 0.8
-            timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
-            log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
-            try:
-                with armed.armed(timeout or 0.05):
-                    got = lk.acquire(blocking=blocking, timeout=timeout)
-            except LockError as exc:
-                if broken == "spin" and type(exc).__name__ == "BackendUnavailable":
-                    spin(0.6)
-                log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
-                time.sleep(rng.uniform(0.01, 0.1))
+            if driver is not None:  # an asyncio client (aclient.py): the same hold, awaited
+                driver.hold(lk, hold, prefix, role)
                 continue
-            if not got:
-                log("acq_no", h=hold)
-                time.sleep(rng.uniform(0, 0.02))
-                continue
-            fence = lk.fence
-            holds[id(lk)] = (hold, prefix, fence)
-            log("acq_ok", h=hold, fence=fence)
-            check(hold, "acquired", prefix, fence)
-            if fence is None:
-                log("bad", h=hold, what="acquired, but fence is None")
-                fence = -1
-            try:
-                if kind == "database":  # one fenced transaction (lk.atomic()) in the hold
-                    # A re-fence (a clock step) gives the hold a new fence: the servers have it.
-                    with armed.armed(0.5):
-                        fence = database.run_held(lk, hold, fence, cid, rng, log, ttl)
-                    holds[id(lk)] = (hold, prefix, fence)
-                else:
-                    with armed.armed(0.3):
-                        hold_body(lk, hold, fence, rng, resource, log, cid, ttl, reentrant,
-                                  functools.partial(ask, lk, hold, prefix, fence, role), role,
-                                  functools.partial(expiry, prefix, fence), broken,
-                                  inspector)  # fmt: skip
-            except LockError as exc:
-                log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
-            check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
-            if broken == "handoff" and kind == "plain":  # a self-test: a release that tells
-                released = release_quietly(lk, hold, log, inspector)  # no waiter
-            else:
-                with armed.armed(0.01):
-                    released = release(lk, hold, rng, log, LockError, LockLost)
-            if released:
-                check(hold, "released", prefix, fence)
-            time.sleep(rng.uniform(0, 0.03))
+            if sync_hold(ctx, lk, hold, prefix, role):
+                time.sleep(rng.uniform(0, 0.03))
         except interrupts.RAISED:  # asynchronous (interrupts.py)
             while True:
                 try:
@@ -415,6 +445,97 @@ def main() -> None:
                     continue
 
     log("stop")
+
+
+@dataclasses.dataclass
+class Ctx:
+    """What one hold needs of its client (the sync path below, the asyncio one in
+    aclient.py): they log the same events, so the checker judges both alike."""
+
+    config: dict[str, Any]
+    log: Log
+    rng: random.Random
+    armed: Any  # interrupts.Interrupts
+    resource: Any
+    inspector: Inspector
+    holds: dict[int, tuple[int, str, int | None]]
+    check: Any  # (hold, when, prefix, fence): a direct read of the servers, logged
+    ask: Any  # (lk, hold, prefix, fence, role): owned() or locked() while holding
+    expiry: Any  # (prefix, fence): a permit's expiry on the server's clock
+
+    @property
+    def cid(self) -> str:
+        return str(self.config["id"])
+
+    @property
+    def kind(self) -> str:
+        return str(self.config["kind"])
+
+    @property
+    def ttl(self) -> float:
+        return float(self.config["ttl"])
+
+    @property
+    def broken(self) -> str:
+        return str(self.config.get("break") or "")
+
+
+def sync_hold(ctx: Ctx, lk: Any, hold: int, prefix: str, role: str) -> bool:
+    """One hold on the sync path: acquire, the body (fenced writes), release, each checked.
+    False when the acquire did not hold (its own short pause taken)."""
+    from django_redlock import LockError, LockLost
+
+    from . import database
+
+    rng, log, armed, check, holds = ctx.rng, ctx.log, ctx.armed, ctx.check, ctx.holds
+    kind, broken, cid, ttl, inspector = ctx.kind, ctx.broken, ctx.cid, ctx.ttl, ctx.inspector
+    reentrant, ask, expiry = kind == "reentrant", ctx.ask, ctx.expiry
+    blocking = rng.random() < 0.8
+    timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
+    log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
+    try:
+        with armed.armed(timeout or 0.05):
+            got = lk.acquire(blocking=blocking, timeout=timeout)
+    except LockError as exc:
+        if broken == "spin" and type(exc).__name__ == "BackendUnavailable":
+            spin(0.6)
+        log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+        time.sleep(rng.uniform(0.01, 0.1))
+        return False
+    if not got:
+        log("acq_no", h=hold)
+        time.sleep(rng.uniform(0, 0.02))
+        return False
+    fence = lk.fence
+    holds[id(lk)] = (hold, prefix, fence)
+    log("acq_ok", h=hold, fence=fence)
+    check(hold, "acquired", prefix, fence)
+    if fence is None:
+        log("bad", h=hold, what="acquired, but fence is None")
+        fence = -1
+    try:
+        if kind == "database":  # one fenced transaction (lk.atomic()) in the hold
+            # A re-fence (a clock step) gives the hold a new fence: the servers have it.
+            with armed.armed(0.5):
+                fence = database.run_held(lk, hold, fence, cid, rng, log, ttl)
+            holds[id(lk)] = (hold, prefix, fence)
+        else:
+            with armed.armed(0.3):
+                hold_body(lk, hold, fence, rng, ctx.resource, log, cid, ttl, reentrant,
+                          functools.partial(ask, lk, hold, prefix, fence, role), role,
+                          functools.partial(expiry, prefix, fence), broken,
+                          inspector)  # fmt: skip
+    except LockError as exc:
+        log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+    check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
+    if broken == "handoff" and kind == "plain":  # a self-test: a release that tells
+        released = release_quietly(lk, hold, log, inspector)  # no waiter
+    else:
+        with armed.armed(0.01):
+            released = release(lk, hold, rng, log, LockError, LockLost)
+    if released:
+        check(hold, "released", prefix, fence)
+    return True
 
 
 def hold_body(
@@ -550,6 +671,11 @@ def run() -> None:
     except Exception:  # anything but a LockError escaping the public API: a finding
         Log(json.loads(sys.argv[1])["log"], json.loads(sys.argv[1])["id"])(
             "crash", tb=traceback.format_exc()[-3000:]
+        )
+        raise
+    except BaseException:  # an interrupt that escaped the loop's top: the client's own
+        Log(json.loads(sys.argv[1])["log"], json.loads(sys.argv[1])["id"])(
+            "died", tb=traceback.format_exc()[-3000:]
         )
         raise
 

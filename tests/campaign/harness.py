@@ -53,7 +53,9 @@ def _die_with_parent() -> None:
 class Run:
     """The live pieces of one run; the nemesis calls :meth:`apply` and :meth:`heal`."""
 
-    def __init__(self, backend: str, kind: str, seed: int, seconds: float) -> None:
+    def __init__(
+        self, backend: str, kind: str, seed: int, seconds: float, moves_off: frozenset[str]
+    ) -> None:
         self.backend, self.kind, self.seed, self.seconds = backend, kind, seed, seconds
         self.dir = Path(tempfile.mkdtemp(prefix=f"campaign-{backend}-{kind}-{seed}-"))
         # Processes die with the *thread* that started them (PR_SET_PDEATHSIG), so every
@@ -86,6 +88,7 @@ class Run:
         self._slots = threading.RLock()  # the nemesis and the main loop both (re)spawn
         self.throughput_flag = self.dir / "throughput"  # exists during the throughput phase
         self.roundtrips_error = ""
+        self.drivers = Drivers(seed, backend, kind, moves_off)
 
     def lock_server(self, i: int) -> RedisServer:
         if not self.clocks:
@@ -125,6 +128,7 @@ class Run:
             "throughput_flag": str(self.throughput_flag),
             "interrupt_flag": str(self.dir / f"interrupt-{cid}"),
             "break": os.environ.get("CAMPAIGN_BREAK", ""),
+            **self.drivers.draw(self.spawned),
         }
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         with open(self.dir / f"{cid}.stderr", "wb") as err:
@@ -437,6 +441,41 @@ def skewed(backend: str) -> bool:
     return backend == "redlock" and not excluded and faketime_server() is not None
 
 
+class Drivers:
+    """Which clients run asyncio (aclient.py) and which a tracer with a small, busy pool
+    (client.install_tracer), from a generator of the seed's own (the fault plan stays what
+    it was): of the first CLIENTS, half are asyncio, on every kind with an async API (all but
+    "database") and Redlock; one is traced (the Redis backend's kinds but "database": its
+    ``max_connections``); a respawned client is each with the same odds. Neither under
+    CAMPAIGN_BREAK (the self-tests' broken client is the sync one) nor when
+    CAMPAIGN_EXCLUDE names "async" or "tracer"."""
+
+    def __init__(self, seed: int, backend: str, kind: str, moves_off: frozenset[str]) -> None:
+        self.rng = random.Random(seed * 104729 + 17)
+        exclude = set(filter(None, os.environ.get("CAMPAIGN_EXCLUDE", "").split(",")))
+        exclude |= moves_off
+        broken = bool(os.environ.get("CAMPAIGN_BREAK"))
+        self.asyncio = kind != "database" and "async" not in exclude and not broken
+        self.traced = (
+            backend == "redis" and kind != "database" and "tracer" not in exclude and not broken
+        )
+        slots = list(range(CLIENTS))
+        self.rng.shuffle(slots)
+        self.first_async = set(slots[: CLIENTS // 2])
+        self.first_traced = slots[-1]
+
+    def draw(self, spawned: int) -> dict[str, Any]:
+        slot = spawned - 1  # the first CLIENTS spawns are the slots' first clients
+        if slot < CLIENTS:
+            is_async, traced = slot in self.first_async, slot == self.first_traced
+        else:
+            is_async, traced = self.rng.random() < 0.5, self.rng.random() < 0.25
+        return {
+            "driver": "async" if is_async and self.asyncio else "sync",
+            "tracer": traced and self.traced,
+        }
+
+
 def skews(seed: int, nodes: int) -> list[float]:
     """Each node's clock offset (s) for a whole run: a few ms ahead or behind, as NTP leaves
     hosts; drawn from a generator of its own (the fault plan of a seed stays what it was)."""
@@ -452,8 +491,12 @@ def clock_faults(kind: str) -> bool:
     return kind == "database" and not excluded and faketime_server() is not None
 
 
-def run_campaign(backend: str, kind: str, seed: int, seconds: float) -> Report:
-    run = Run(backend, kind, seed, seconds)
+def run_campaign(
+    backend: str, kind: str, seed: int, seconds: float, moves_off: frozenset[str] = frozenset()
+) -> Report:
+    """``moves_off``: moves left out of this run on top of CAMPAIGN_EXCLUDE's (the
+    driver moves "async" and "tracer": make test's, while a defect they find is open)."""
+    run = Run(backend, kind, seed, seconds, moves_off)
     nodes = len(run.servers)
     exclude = frozenset(filter(None, os.environ.get("CAMPAIGN_EXCLUDE", "").split(",")))
     plan = make_plan(seed, seconds, nodes, CLIENTS, TTL, RESTART_GUARD, exclude,

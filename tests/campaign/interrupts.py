@@ -20,11 +20,13 @@ released, or left to its TTL; and a waiter it abandoned must not strand the next
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -54,16 +56,32 @@ class Interrupts:
         signal.signal(signal.SIGUSR2, _time_limit)
         signal.signal(signal.SIGALRM, _timer)
 
+    def active(self) -> bool:
+        """Whether the nemesis' client_interrupt is on (its flag file exists)."""
+        return bool(self.flag) and os.path.exists(self.flag)
+
+    def _delay(self, horizon: float) -> float:
+        if self.rng.random() < 0.5:
+            return self.rng.uniform(0.0002, 0.005)
+        return self.rng.uniform(0.0002, max(0.001, horizon))
+
     @contextlib.contextmanager
     def armed(self, horizon: float) -> Iterator[None]:
         """A call that may be interrupted at a random moment within ``horizon`` s."""
-        if not self.flag or not os.path.exists(self.flag) or self.rng.random() >= ARMED:
+        if not self.active() or self.rng.random() >= ARMED:
             yield
             return
-        if self.rng.random() < 0.5:
-            delay = self.rng.uniform(0.0002, 0.005)
-        else:
-            delay = self.rng.uniform(0.0002, max(0.001, horizon))
+        # Only the main thread runs the handlers (and a call in another thread, asgiref's,
+        # is not where they would land): nothing to arm there.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        with self._timer(horizon):
+            yield
+
+    @contextlib.contextmanager
+    def _timer(self, horizon: float) -> Iterator[None]:
+        delay = self._delay(horizon)
         burst = self.rng.random() < 0.5
         interval = self.rng.uniform(0.000005, 0.0001) if burst else 0.0
         window = delay + (self.rng.uniform(0.0005, 0.005) if burst else 0.01)
@@ -74,12 +92,60 @@ class Interrupts:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
+    @contextlib.contextmanager
+    def cancels(self, horizon: float) -> Iterator[None]:
+        """An asyncio client's call (in its task): armed as :meth:`armed` is, half of the
+        armed calls with the signal, half with ``task.cancel()`` at a random moment within
+        ``horizon`` s (a client gone, a ``asyncio.timeout()`` expiring); half of those a
+        burst of 2-4 cancels 0.1-2 ms apart (cancelled again while the first unwinds: a
+        hand-back, a release in ``__aexit__``)."""
+        if not self.active() or self.rng.random() >= ARMED:
+            yield
+            return
+        if self.rng.random() < 0.5 and threading.current_thread() is threading.main_thread():
+            with self._timer(horizon):
+                yield
+            return
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        at = self._delay(horizon)
+        count = self.rng.randint(2, 4) if self.rng.random() < 0.5 else 1
+        handles = []
+        for _ in range(count):
+            handles.append(loop.call_later(at, task.cancel))
+            at += self.rng.uniform(0.0001, 0.002)
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.cancel()
 
-#: Until when (monotonic) the timer's signals raise.
-_state = {"until": 0.0}
+
+#: Until when (monotonic) the timer's signals raise; how many :func:`deferred` calls are
+#: under way, and whether an interrupt came meanwhile.
+_state = {"until": 0.0, "deferred": 0, "pending": 0}
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """While the main thread waits for a call run in another thread (asgiref's
+    ``sync_to_async`` / ``async_to_sync``): an interrupt that comes meanwhile is raised once
+    the call is over, as it would be in C code. Raised in the middle, it would leave the call
+    running on in its thread while the client cleans up behind it: its own misuse."""
+    _state["deferred"] += 1
+    try:
+        yield
+    finally:
+        _state["deferred"] -= 1
+        if not _state["deferred"] and _state["pending"]:
+            _state["pending"] = 0
+            raise KeyboardInterrupt("deferred signal")
 
 
 def _raise(signum: int, frame: Any) -> None:
+    if _state["deferred"]:
+        _state["pending"] = 1
+        return
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -89,6 +155,9 @@ def _time_limit(signum: int, frame: Any) -> None:
 
 def _timer(signum: int, frame: Any) -> None:
     if time.monotonic() < _state["until"]:
+        if _state["deferred"]:
+            _state["pending"] = 1
+            return
         raise KeyboardInterrupt("timer")
     # Past its window: no more. Left firing every few us until the loop's top disarms it,
     # on a loaded machine each handler was interrupted by the next (RecursionError, seed 405).
@@ -108,16 +177,19 @@ def where() -> str:
     return found
 
 
-def caught(log: Any, hold: int, current: Any, error: type[Exception]) -> None:
-    """The loop's top caught an interrupt: log it, release what it held (if it can)."""
-    place = where()
+def caught(
+    log: Any, hold: int, current: Any, error: type[Exception], place: str = "", how: str = ""
+) -> None:
+    """The loop's top caught an interrupt: log it, release what it held (if it can).
+    ``place`` and ``how``: an asyncio client's loop closed under its call (aclient.py)."""
+    place = place or where()
     while True:  # a burst may still be landing (for its few ms at most)
         try:
             signal.setitimer(signal.ITIMER_REAL, 0)
             break
         except RAISED:
             continue
-    log("intr", h=hold, where=place)
+    log("intr", h=hold, where=place, **({"how": how} if how else {}))
     if current is None:
         return
     # Every level it took (a reentrant re-entry cut short leaves two), as each ``with``

@@ -55,3 +55,59 @@ def test_the_timer_past_its_window_disarms_itself() -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_signal_during_a_deferred_call_is_raised_once_it_is_over() -> None:
+    """An asyncio client waiting for a call in asgiref's thread: the interrupt lands after
+    it (raised in the middle, the call would run on while the client cleaned up behind it)."""
+    ran = []
+    try:
+        with interrupts.deferred():
+            interrupts._raise(signal.SIGUSR1, None)  # as the handler would, meanwhile
+            ran.append("after the signal")
+    except KeyboardInterrupt as exc:
+        assert str(exc) == "deferred signal"
+    else:
+        raise AssertionError("the deferred signal was never raised")
+    assert ran == ["after the signal"]
+    assert interrupts._state["deferred"] == 0 and interrupts._state["pending"] == 0
+
+
+def test_an_armed_async_call_is_cancelled_within_its_horizon(tmp_path: Any) -> None:
+    """``Interrupts.cancels``: an armed call of an asyncio client gets ``task.cancel()``
+    within its horizon (off the main thread always: the signal's timer is the main thread's),
+    and nothing once it is over."""
+    import asyncio
+    import random
+    import threading
+
+    flag = tmp_path / "interrupt"
+    flag.touch()
+    handlers = {n: signal.getsignal(n) for n in (signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2)}
+    saved = interrupts.ARMED
+    try:
+        armed = interrupts.Interrupts(str(flag), random.Random(5))
+        interrupts.ARMED = 1.0
+        outcomes: list[str] = []
+
+        async def call() -> None:
+            try:
+                with armed.cancels(0.05):
+                    await asyncio.sleep(0.5)
+                outcomes.append("returned")
+            except asyncio.CancelledError:
+                outcomes.append("cancelled")
+            await asyncio.sleep(0.01)  # no cancel left over after the call
+
+        def run() -> None:
+            for _ in range(8):
+                asyncio.run(call())
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(10)
+        assert outcomes == ["cancelled"] * 8
+    finally:
+        interrupts.ARMED = saved
+        for number, handler in handlers.items():
+            signal.signal(number, handler)

@@ -1,0 +1,303 @@
+"""The asyncio driver of a campaign client (client.py): the same holds, awaited.
+
+Half the clients (harness.py draws which, from the seed) run each hold in asyncio through
+the public async API (``aacquire``, ``arelease``, ``aextend``, ``aowned``, ``alocked``),
+logging the very events the sync path logs (client.py's docstring), with the same fenced
+writes: the resource is a plain Redis, written with the sync client in the task (one
+round trip on a loopback that no fault touches: the writes keep their order in the task,
+and their fence is the hold's). So the checker judges them as it judges sync holds.
+
+How a hold is run (drawn per hold):
+
+* on the client's own loop, kept for its life (most holds);
+* through asgiref: ``async_to_sync`` (a loop per call, as an async view under WSGI: shut down,
+  and its pools closed, when the call ends), or the whole sync hold in ``sync_to_async``
+  (asgiref's shared thread: a reentrant hold is that call's, so it is taken and released
+  there). The main thread waits meanwhile: a signal then lands when the call is over
+  (:func:`.interrupts.deferred`);
+* while the nemesis' ``client_interrupt`` is on (its flag file): in an ``asyncio.run`` that
+  ends 0.2 ms-0.3 s into the hold with its task still pending (the run's shutdown cancels
+  it: the task's clean-up, and the library's own, run in a loop that is being shut down),
+  or on a fresh loop closed 0.2 ms-0.3 s in without cancelling its task (the call is left
+  pending for good, as a loop whose thread ended leaves it; not for holds of an owner, a
+  reentrant hold or a read: nothing but their task could release them). The client then
+  logs ``intr`` (``how`` ``loop-closed``) and releases the object from sync code, as
+  ``interrupts.caught`` does.
+
+Interrupts: besides the signal (interrupts.py), a call armed while ``client_interrupt`` is on
+gets ``task.cancel()`` at a random moment within it (:meth:`.Interrupts.cancels`), sometimes
+several. A cancelled hold is cleaned up in its task as ``async with`` does: ``intr`` (``how``
+``cancel``), then ``arelease()`` until the object holds no more (``intr_rel``).
+
+Reentrant kind: one hold in four runs two tasks of the process on the one ``Lock`` object at
+once (the second a hold number of its own, started 0-20 ms after the first): each task is an
+owner of its own (docs/topics/lock-kinds.md), so the second must wait for the first, or be
+refused; both write to the resource, so two holders are ``overlap-accepted`` there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+from . import interrupts
+
+
+class Driver:
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.loop = asyncio.new_event_loop()
+        #: Its own draws (which way a hold runs): the hold's own stay the client's.
+        self.rng = random.Random(ctx.rng.random())
+        self.last = 0  # the last hold number used (a twin takes one more)
+
+    # -- how a hold is run -------------------------------------------------------------------
+
+    def hold(self, lk: Any, hold: int, prefix: str, role: str) -> None:
+        """Run one hold (two, with a twin: :attr:`last` says the last hold number used)."""
+        ctx, rng = self.ctx, self.rng
+        twin = ctx.kind == "reentrant" and rng.random() < 0.25
+        self.last = hold + 1 if twin else hold  # taken even if an interrupt cuts it short
+        roll = rng.random()
+        owned = ctx.kind == "reentrant" or role == "r"
+        if ctx.armed.active() and roll < 0.12:
+            self.run_ended(lk, hold, prefix, role, twin)
+        elif ctx.armed.active() and roll < 0.24 and not owned:
+            self.loop_closed(lk, hold, prefix, role)
+        elif roll > 0.9:
+            from asgiref.sync import async_to_sync
+
+            with interrupts.deferred():
+                async_to_sync(self.run)(lk, hold, prefix, role, twin)
+        else:
+            self.on_loop(lk, hold, prefix, role, twin)
+
+    def on_loop(self, lk: Any, hold: int, prefix: str, role: str, twin: bool) -> None:
+        task = self.loop.create_task(self.run(lk, hold, prefix, role, twin))
+        try:
+            self.loop.run_until_complete(task)
+        except BaseException:
+            # A signal raised in the loop (in a task, or outside: then its task is pending):
+            # as an interrupt ending `asyncio.run` would, every task still pending (a twin,
+            # the library's own: a hand-back, a release finished aside) is cancelled and
+            # finished, before the interrupt goes on to the client's loop.
+            self.settle(cancel=True)
+            raise
+        self.settle(cancel=False)  # the library's own tasks, before the loop stops a while
+
+    def settle(self, cancel: bool) -> None:
+        loop, deadline = self.loop, time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:  # a burst of signals may land anywhere in here: each step is retried
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                if not pending:
+                    return
+                if cancel:
+                    for each in pending:
+                        each.cancel()
+                loop.run_until_complete(asyncio.wait(pending, timeout=0.5))
+            except interrupts.RAISED:
+                continue
+
+    def run_ended(self, lk: Any, hold: int, prefix: str, role: str, twin: bool) -> None:
+        """``asyncio.run`` whose main coroutine returns with the hold's task still pending."""
+        delay = self.rng.choice((self.rng.uniform(0.0002, 0.005), self.rng.uniform(0.005, 0.3)))
+
+        async def main() -> None:
+            task = asyncio.get_running_loop().create_task(self.run(lk, hold, prefix, role, twin))
+            await asyncio.wait([task], timeout=delay)
+
+        asyncio.run(main())
+
+    def loop_closed(self, lk: Any, hold: int, prefix: str, role: str) -> None:
+        """A fresh loop closed under the call, its task not cancelled: left pending."""
+        from django_redlock import LockError
+
+        delay = self.rng.choice((self.rng.uniform(0.0002, 0.005), self.rng.uniform(0.005, 0.3)))
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(self.run(lk, hold, prefix, role, False))
+        try:
+            loop.run_until_complete(asyncio.wait([task], timeout=delay))
+        finally:
+            done = task.done()
+            loop.close()
+        if not done:
+            interrupts.caught(self.ctx.log, hold, lk, LockError, "loop-closed", "loop-closed")
+
+    # -- one hold, in a task -------------------------------------------------------------------
+
+    async def run(self, lk: Any, hold: int, prefix: str, role: str, twin: bool) -> None:
+        if not twin:
+            await self.task(lk, hold, prefix, role)
+            return
+        loop = asyncio.get_running_loop()
+        first = loop.create_task(self.task(lk, hold, prefix, role))
+        await asyncio.sleep(self.rng.uniform(0, 0.02))  # the second while the first holds
+        second = loop.create_task(self.task(lk, hold + 1, f"{self.ctx.cid}h{hold + 1}.", role))
+        await asyncio.gather(first, second)
+
+    async def task(self, lk: Any, hold: int, prefix: str, role: str) -> None:
+        from django_redlock import LockError
+
+        try:
+            await self.one(lk, hold, prefix, role)
+        except asyncio.CancelledError:
+            # As `async with` does: release in the task, however often cancelled meanwhile.
+            place = interrupts.where()
+            self.uncancel()
+            self.ctx.log("intr", h=hold, where=place, how="cancel")
+            for _ in range(6):
+                try:
+                    await lk.arelease()
+                    self.ctx.log("intr_rel", h=hold, ok=True)
+                except LockError as exc:
+                    self.ctx.log("intr_rel", h=hold, ok=False, err=type(exc).__name__)
+                    return
+                except asyncio.CancelledError:
+                    self.uncancel()
+                    continue
+
+    @staticmethod
+    def uncancel() -> None:
+        task = asyncio.current_task()
+        while task is not None and task.cancelling():
+            task.uncancel()
+
+    async def one(self, lk: Any, hold: int, prefix: str, role: str) -> None:
+        from django_redlock import LockError
+
+        ctx = self.ctx
+        rng, log, check, holds = ctx.rng, ctx.log, ctx.check, ctx.holds
+        if self.rng.random() < 0.1:  # the whole sync hold in asgiref's thread
+            from asgiref.sync import sync_to_async
+
+            from .client import sync_hold
+
+            with interrupts.deferred():
+                await sync_to_async(sync_hold)(ctx, lk, hold, prefix, role)
+            return
+        blocking = rng.random() < 0.8
+        timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
+        log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
+        try:
+            with ctx.armed.cancels(timeout or 0.05):
+                got = await lk.aacquire(blocking=blocking, timeout=timeout)
+        except LockError as exc:
+            log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+            await asyncio.sleep(rng.uniform(0.01, 0.1))
+            return
+        if not got:
+            log("acq_no", h=hold)
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            return
+        fence = lk.fence
+        holds[id(lk)] = (hold, prefix, fence)
+        log("acq_ok", h=hold, fence=fence)
+        check(hold, "acquired", prefix, fence)
+        if fence is None:
+            log("bad", h=hold, what="acquired, but fence is None")
+            fence = -1
+        try:
+            with ctx.armed.cancels(0.3):
+                await self.body(lk, hold, prefix, fence, role)
+        except LockError as exc:
+            log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+        check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
+        with ctx.armed.cancels(0.01):
+            released = await self.release(lk, hold)
+        if released:
+            check(hold, "released", prefix, fence)
+        await asyncio.sleep(rng.uniform(0, 0.03))
+
+    async def body(self, lk: Any, hold: int, prefix: str, fence: int, role: str) -> None:
+        """client.hold_body's steps, awaited."""
+        ctx = self.ctx
+        rng, log, ttl, cid = ctx.rng, ctx.log, ctx.ttl, ctx.cid
+        reentrant = ctx.kind == "reentrant"
+
+        def write(phase: str) -> None:
+            until = ctx.expiry(prefix, fence) if role == "s" else None
+            ok, last = ctx.resource.write(cid, hold, fence, phase, role, until)
+            log("write", h=hold, phase=phase, fence=fence, ok=ok, last=last, role=role,
+                expiry=until)  # fmt: skip
+
+        write("begin")
+        for _ in range(rng.randint(0, 3)):
+            roll = rng.random()
+            if roll < 0.04:
+                await asyncio.sleep(rng.uniform(0.8 * ttl, 1.8 * ttl))  # the watchdog renews
+            elif roll < 0.2:
+                await asyncio.sleep(rng.uniform(0.02, 0.15))
+            else:
+                await asyncio.sleep(rng.uniform(0, 0.01))
+            if (reentrant or role == "r") and rng.random() < 0.3:  # reads are reentrant
+                again = await lk.aacquire(blocking=False)
+                log("nest", h=hold, ok=again, fence=lk.fence)
+                if again:
+                    write("work")
+                    await lk.arelease()
+                    log("unnest", h=hold)
+            write("work")
+            if rng.random() < 0.2:
+                await self.ask(lk, hold, prefix, fence, role)
+            await self.extend(lk, hold)
+        write("end")
+
+    async def ask(self, lk: Any, hold: int, prefix: str, fence: int, role: str) -> None:
+        """client.main's ask(), awaited: False must mean not held."""
+        from django_redlock import LockError
+
+        ctx = self.ctx
+        question = "owned" if role in ("s", "r") else ctx.rng.choice(["owned", "locked"])
+        t0 = time.time()
+        try:
+            answer = await getattr(lk, "a" + question)()
+        except LockError as exc:
+            ctx.log("ask", h=hold, q=question, err=type(exc).__name__, msg=str(exc)[:300],
+                    since=t0)  # fmt: skip
+            return
+        ctx.log("ask", h=hold, q=question, answer=answer)
+        if answer is False:
+            ctx.check(hold, f"{question}_false", prefix, fence)
+
+    async def extend(self, lk: Any, hold: int) -> None:
+        """client.maybe_extend, awaited."""
+        from django_redlock import LockError
+
+        ctx = self.ctx
+        if ctx.rng.random() >= 0.25:
+            return
+        new = ctx.ttl * ctx.rng.choice((0.6, 0.8, 1.0))
+        t0 = time.time()
+        try:
+            await lk.aextend(new)
+        except LockError as exc:
+            ctx.log("ext_err", h=hold, ttl=new, err=type(exc).__name__, msg=str(exc)[:300],
+                    since=t0)  # fmt: skip
+            return
+        ctx.log("ext", h=hold, ttl=new)
+
+    async def release(self, lk: Any, hold: int) -> bool:
+        """client.release, awaited: after an unknown outcome, once more half of the time."""
+        from django_redlock import LockError, LockLost
+
+        ctx = self.ctx
+        for attempt in range(2):
+            t0 = time.time()
+            try:
+                await lk.arelease()
+                ctx.log("rel_ok", h=hold, attempt=attempt, since=t0)
+                return True
+            except LockLost as exc:
+                ctx.log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300],
+                        attempt=attempt, since=t0)  # fmt: skip
+                return False
+            except LockError as exc:
+                ctx.log("rel_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300],
+                        attempt=attempt, since=t0)  # fmt: skip
+                if ctx.rng.random() < 0.5:
+                    return False
+                await asyncio.sleep(0.05)
+        return False
