@@ -71,14 +71,9 @@ SHARES = (
 #: under 7.5 s the nemesis fits no storm (WARMUP + 2 s + CALM): at 7.5 a storm of 2 s.
 MIN_SECONDS = 7.5
 #: Moves left out of `make test`'s fixed seeds (not of a run with CAMPAIGN_SEED) while the
-#: defect they find is open. "tracer" (harness.Drivers, client.install_tracer): under a tracer
-#: (redis-py's execute_command wrapped, as APM instrumentations do) RedisBackend's watchdog
-#: renewals take a pooled connection and wait behind callers at max_connections, so a hold
-#: on a healthy server is lost (lost-on-healthy; README "Seeds with the asyncio and tracer
-#: moves": seed 2003 plain, 2004 and 2007 write). It fails a fixed-seed Redis case now and then
-#: (a traced hold renewed in a quiet stretch during its side threads' burst): back in once
-#: renewals keep off the pool.
-FIXED_SEEDS_MOVES_OFF = frozenset({"tracer"})
+#: defect they find is open: none now ("tracer" was, until RedisBackend's renewals kept off
+#: the callers' pool: README "Seeds with the asyncio and tracer moves").
+FIXED_SEEDS_MOVES_OFF: frozenset[str] = frozenset()
 #: The Cluster, Celery and Sentinel kinds start their clients before their clock runs, and
 #: plan a fault within their first 6 s.
 MIN_OWN_SECONDS = 6.0
