@@ -168,7 +168,12 @@ def row_wait(lock: FencedLock) -> float:
     return lock.timeout if lock.timeout is not None else lock.lock_ttl
 
 
-_EXIT_TOKEN = "_redlock_with_exit"
+#: The last exit token a ``with`` statement of this thread took (the object's id, a weak
+#: reference to the bound exit). Per thread: a ``with`` statement looks ``__exit__`` up and
+#: calls ``__enter__`` at once, in its thread; kept on the object, a token another thread's
+#: statement stored between the two (one object shared by threads) was read as this one's,
+#: and the statement watched was another thread's.
+_exit_tokens = threading.local()
 
 
 class TrackedExit:
@@ -191,8 +196,7 @@ class TrackedExit:
         if obj is None:  # ``type(cm).__exit__`` (ExitStack): the function
             return self.func
         bound = types.MethodType(self.func, obj)
-        with contextlib.suppress(AttributeError, TypeError):
-            setattr(obj, _EXIT_TOKEN, weakref.ref(bound))
+        _exit_tokens.last = (id(obj), weakref.ref(bound))
         return bound
 
 
@@ -1032,7 +1036,8 @@ With = tuple[int, CodeType, int, "weakref.ReferenceType[Any] | None"]
 def _exit_token(owner: Any) -> weakref.ReferenceType[Any] | None:
     """The token of the ``__exit__`` a ``with`` statement took from ``owner`` just before
     calling its ``__enter__`` (None if there is none alive: ``__enter__`` called by hand)."""
-    token = getattr(owner, _EXIT_TOKEN, None) if owner is not None else None
+    last = getattr(_exit_tokens, "last", None) if owner is not None else None
+    token = last[1] if last is not None and last[0] == id(owner) else None
     bound = token() if token is not None else None
     if bound is None or getattr(bound, "__self__", None) is not owner:
         return None

@@ -653,11 +653,14 @@ class BaseLock:
             return
         try:
             yield self._op_release(token)
-        except LockError:
-            # Unanswered, the release may still run at any later time (TCP delivers what was
-            # written before a close): a try granted this token again would be deleted by it
-            # (two holders). The next try takes a new token; the grant expires at its TTL.
-            self._handing_back.discard(token)
+        except BaseException as exc:
+            # Unanswered (no reply, or an interrupt while waiting for it), the release may
+            # still run at any later time (TCP delivers what was written before a close): a
+            # try granted this token again would be deleted by it (two holders). The next try
+            # takes a new token; the grant expires at its TTL. (Cancelled: a task of its own
+            # finishes it, see _hand_back.)
+            if not isinstance(exc, asyncio.CancelledError):
+                self._handing_back.discard(token)
             if self._unsure_token == token:
                 self._unsure_token = None
             raise
@@ -1137,6 +1140,10 @@ class BaseLock:
     def _watch_with(self, token: weakref.ref[Any]) -> None:
         """Watch the ``with`` statement whose exit token is ``token`` (see :class:`_LeftWith`):
         the level just taken, owed should the statement be left with it held."""
+        if self.reentrant:
+            # Not a reentrant kind: its levels' ``with`` statements may end out of order
+            # (generators, threads sharing a read lock) and no level is one statement's.
+            return
         owner = self._owner()
         hold = self._holds.get(owner)
         if hold is None or hold.depth < 1:

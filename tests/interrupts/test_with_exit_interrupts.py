@@ -4,9 +4,8 @@ at a function's first instruction, before its one-line ``try:``), at each of its
 ``_exit``'s, and at the entry of each function they call (review rc, 2).
 
 The rule checked after each one, on a real server: the ``with``'s level is released within
-about a second (or was by the exit), never renewed on by the watchdog; an outer level of a
-reentrant owner stays held (the exit that did run is not released twice); the object works
-again at once (its next ``with``)."""
+about a second (or was by the exit), never renewed on by the watchdog; the object works
+again at once (its next ``with``). Reentrant kinds are not watched (see the xfail below)."""
 
 from __future__ import annotations
 
@@ -133,6 +132,12 @@ def test_the_same_object_s_next_with_right_after_works(name: str) -> None:
     assert _free_within(name, 1.0) is not None
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="reentrant kinds are not watched: their with statements may end out of order"
+    " (generators, threads sharing a read lock: review rl 1-2, two holders when they were);"
+    " a level left as its exit began stays held (faq.md, review rl 3)",
+)
 @pytest.mark.parametrize("at_entry_only", [True, False])
 def test_a_nested_reentrant_with_releases_its_own_level_only(
     name: str, at_entry_only: bool

@@ -6,6 +6,7 @@ under a token such a write could delete."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -131,3 +132,48 @@ def test_a_hand_back_finished_by_a_task_never_releases_the_same_object_s_retry(
     retried, held, other = asyncio.run(main())
     assert not (retried and held and other), "two holders at once"
     assert not held or not other
+
+
+def test_a_hand_back_release_cut_by_a_second_interrupt_gives_its_token_up(
+    proxied: tuple[LossyProxy, Any], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt after the grant starts the hand-back; its release is held on the wire and a
+    second interrupt (a SIGALRM handler's exception) ends the wait for its reply. Before, the
+    token stayed kept, the retry was granted it again, and the late release deleted that
+    grant (review rl, 4)."""
+    proxy, server = proxied
+    warm = lock(f"{name}:warm", using="late", ttl=5, auto_renew=False)
+    assert warm.acquire(blocking=False)
+    warm.release()
+    mine = lock(name, using="late", ttl=30, auto_renew=False)
+    record = type(mine)._record
+
+    def interrupted(self: Any, owner: str, actor: str, token: str, *args: Any) -> Any:
+        if self is mine:
+            monkeypatch.setattr(type(mine), "_record", record)
+            proxy.delay_from(token.encode())  # the hand-back's release: late on the wire
+            signal.setitimer(signal.ITIMER_REAL, 0.1)  # the second one, as its reply is read
+            raise RuntimeError("soft time limit")
+        return record(self, owner, actor, token, *args)
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise RuntimeError("a second soft time limit")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    monkeypatch.setattr(type(mine), "_record", interrupted)
+    try:
+        with pytest.raises(RuntimeError):
+            mine.acquire(blocking=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert proxy.delayed.is_set(), "the release was held"
+    assert mine._unsure_token is None, "a token a late release may delete is kept"
+    got = mine.acquire(blocking=False)
+    proxy.let_go()  # the late release lands
+    other = lock(name, using="late", ttl=30, auto_renew=False)
+    if got:
+        assert not other.acquire(blocking=False), "two holders at once"
+        mine.release()
+    else:
+        server.client().delete(locks["late"].key(name))
