@@ -61,6 +61,7 @@ from .steps import (
     Watch,
     adrive,
     drive,
+    finish_now,
     in_event_loop,
     leave_waiters,
     undo_take,
@@ -1559,8 +1560,9 @@ class BaseLock:
             # it sent anything: the hold would stay to its TTL, held by nobody. Finished here,
             # synchronously (each round trip bounded by the socket timeout, as a closed
             # task's clean-up: steps._finish_closed); nothing else of the loop runs meanwhile.
+            # Not sent once a finish found the backend not answering (steps.finish_now).
             try:
-                drive(self.backend, again())
+                finish_now(self.backend, lambda: drive(self.backend, again()))
             except Exception as exc:
                 error = exc
         if error is not None and not isinstance(error, LockNotOwned):  # it runs out at its TTL
