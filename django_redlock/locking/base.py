@@ -61,6 +61,7 @@ from .steps import (
     Watch,
     adrive,
     drive,
+    finish_now,
     in_event_loop,
     leave_waiters,
     undo_take,
@@ -550,10 +551,20 @@ class BaseLock:
             and timeout is None
             and holds_it(self.backend, self.name, actor)
         ):
+            # The process cannot tell a hold handed to another thread or task (whoever has
+            # the object may release it) from one still this actor's: the message says so.
             raise LockError(
                 f"{self.describe()} is held by this thread or task already: waiting for"
-                " it with no timeout would wait for itself forever; use reentrant=True"
+                " it with no timeout would wait for itself (forever while that hold is"
+                " renewed); use reentrant=True, or give the wait a timeout= if that hold's"
+                " Lock object was handed to another thread or task that releases it"
             )
+
+    def still_held_by(self, actor: str, now: float) -> bool:
+        """Internal API (holds.holds_it): whether a hold of this object taken by ``actor``
+        may still be on the server at ``now`` (monotonic), by this process's clock."""
+        holds = list(self._holds.values())  # one copy: another thread may change the dict
+        return any(h.actor == actor and (h.ends_by is None or now < h.ends_by) for h in holds)
 
     def _next_token(self) -> str:
         """A plain hold's token: the one of a try whose answer was lost (the next try then
@@ -814,6 +825,9 @@ class BaseLock:
                                 stamps=(new_stamp(),))  # fmt: skip
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
+                    if not self.auto_renew or hold.stop_at is not None:  # it runs out itself
+                        renewed_to = hold.stop_at if self.auto_renew else None
+                        hold.ends_by = (renewed_to or time.monotonic()) + ttl_ms / 1000
                     self._holds[owner] = hold
                     if self.exclusive:
                         # Every exclusive hold, reentrant, capped or not renewed too: a plain
@@ -1225,6 +1239,8 @@ class BaseLock:
             raise LockLost(f"{self.describe()} could not be extended: {self._lost}")
         if seconds is not None:
             self.lock_ttl = seconds
+        if hold.ends_by is not None:  # it runs out later now
+            hold.ends_by = max(hold.ends_by, time.monotonic() + ttl_ms / 1000)
         if hold.renewer is not None:
             # The owner too: this may reach the renewer before the acquire's own news does.
             lives = _actor() if self.reentrant else None
@@ -1578,8 +1594,9 @@ class BaseLock:
             # it sent anything: the hold would stay to its TTL, held by nobody. Finished here,
             # synchronously (each round trip bounded by the socket timeout, as a closed
             # task's clean-up: steps._finish_closed); nothing else of the loop runs meanwhile.
+            # Not sent once a finish found the backend not answering (steps.finish_now).
             try:
-                drive(self.backend, again())
+                finish_now(self.backend, lambda: drive(self.backend, again()))
             except Exception as exc:
                 error = exc
         if error is not None and not isinstance(error, LockNotOwned):  # it runs out at its TTL

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import weakref
 from collections import deque
 from dataclasses import dataclass
@@ -32,6 +33,10 @@ class Hold:
     # release (fencing's) names its hold and level by it, so it never releases a later hold
     # or a level taken again since (a reentrant owner's token is the same for every hold).
     stamps: tuple[int, ...] = ()
+    # When it has run out at the latest (monotonic), a hold not renewed for good
+    # (auto_renew=False, max_hold): past it, it no longer counts as its actor's (holds_it);
+    # None: renewed until released.
+    ends_by: float | None = None
 
 
 #: The source of :attr:`Hold.stamps` (``next()`` on it is atomic: no lock needed).
@@ -59,7 +64,8 @@ after_fork_in_child(_forked)
 # name) -> the actors holding them: taking a name again that one's own thread or task holds
 # would wait for itself (forever while the hold is renewed, else to its cap or TTL).
 # A hold counts from take() until untake(), or until its Lock object is collected without
-# a release (abandoned: no longer renewed, it runs out at its TTL).
+# a release (abandoned: no longer renewed, it runs out at its TTL), or (not renewed for good)
+# until its Hold.ends_by. Its taker's: a Lock object handed on cannot be told from one kept.
 _taken: dict[tuple[int, str], dict[str, int]] = {}
 # id(handle) -> (handle, key, actor): the handles (weak references to the holding Lock
 # objects) are kept here, not by the Lock, so their callbacks run whatever the Lock's fate.
@@ -127,10 +133,19 @@ def taken_count() -> int:
 
 
 def holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
+    """Whether ``actor`` holds ``name`` through a Lock object, by this process's count: a
+    hold not renewed for good counts only until it has run out (then a wait for the name is
+    no wait for itself: the name is free, or someone else's)."""
+    key = (id(backend), name)
     if _abandoned:
         with _mutex:
             _sweep()
-    return actor in _taken.get((id(backend), name), ())
+    if actor not in _taken.get(key, ()):
+        return False  # the usual case: no scan
+    now = time.monotonic()
+    with _mutex:
+        mine = [item[0]() for item in _handles.values() if item[1] == key and item[2] == actor]
+    return any(lock is not None and lock.still_held_by(actor, now) for lock in mine)
 
 
 # Reentrant owners' hold counts as this process knows them, by (backend, name, owner), and

@@ -73,7 +73,17 @@ from ..scripts import Call, script
 from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
 from .holds import holds_it
 from .lock import Lock
-from .steps import Sleep, Steps, Unwatch, Watch, adrive, drive, in_event_loop, leave_waiters
+from .steps import (
+    Sleep,
+    Steps,
+    Unwatch,
+    Watch,
+    adrive,
+    drive,
+    finish_now,
+    in_event_loop,
+    leave_waiters,
+)
 from .templates import (
     callable_name,
     is_async_callable,
@@ -417,8 +427,8 @@ class MultiLock:
         during the loop's shutdown, they may never run). Errors are not raised."""
         for lk in members:
             if lk.token is not None:
-                with contextlib.suppress(LockError):
-                    lk.release()
+                with contextlib.suppress(LockError):  # not sent once the backend did not answer
+                    finish_now(lk.backend, lk.release)
 
     def _finish_later(self, release: Coroutine[Any, Any, None], again: Callable[[], None]) -> None:
         """Run ``release`` in a task of its own, acting as this owner; should that task be
@@ -469,7 +479,7 @@ class MultiLock:
     def _give_back_now(self, token: str) -> None:
         """:meth:`_give_back` in this thread (its finishing task cancelled): the token is
         this take's alone, never a later try's."""
-        drive(self.backend, self._give_back(token))
+        finish_now(self.backend, lambda: drive(self.backend, self._give_back(token)))
 
     def _hand_back(self, names: list[str], token: str) -> Steps[None]:
         yield self._backend().op_release_all(names, token)

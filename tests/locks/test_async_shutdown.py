@@ -11,15 +11,20 @@ that do go out go to the real servers.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
 from django_redlock import lock, lock_all, locks
 from django_redlock.testing import RedisServer
 
 from ..redlock.test_redlock import quorum_alias
+
+REDIS = "django_redlock.backends.redis.RedisBackend"
 
 
 def _held_back(
@@ -196,3 +201,47 @@ def test_lock_all_s_own_finishing_task_cut_the_same_way_is_finished(
         assert held == [], "holds outlived asyncio.run()"
     finally:
         other.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_cut_releases_with_redis_not_answering_end_the_shutdown_in_about_one_socket_timeout(
+    redis_factory: Callable[..., RedisServer], name: str, kind: str
+) -> None:
+    """Eight releases cut twice (a finishing task each) with the server paused: the shutdown
+    finishes them in the loop's thread. Before: one after another, a socket timeout each
+    (8 s here; review rw2, 2); after: the first finds no answer, the rest are not sent (they
+    run out at their TTL), about one socket timeout in all."""
+    server = redis_factory()
+    timeout, n = 1.0, 8
+    config = {"BACKEND": REDIS, "LOCATION": server.url, "OPTIONS": {"socket_timeout": timeout}}
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "paused": config}):
+
+        async def holder(i: int, entered: asyncio.Event) -> None:
+            names = (f"{name}:{i}", f"{name}:{i}:b")
+            held = lock_all(*names, using="paused", ttl=30) if kind == "lock_all" else None
+            async with held or lock(names[0], using="paused", ttl=30):
+                entered.set()
+                await asyncio.sleep(100)
+
+        async def main() -> None:
+            entered = [asyncio.Event() for _ in range(n)]
+            tasks = [asyncio.create_task(holder(i, e)) for i, e in enumerate(entered)]
+            for e in entered:
+                await e.wait()
+            server.pause()
+            for task in tasks:
+                task.cancel()  # the body ends: each release is sent, with no answer
+            await asyncio.sleep(0.1)
+            for task in tasks:
+                task.cancel()  # again, during the release: a finishing task each
+            await asyncio.sleep(0)
+            # returning: asyncio.run's shutdown cancels the finishing tasks
+
+        started = time.monotonic()
+        try:
+            asyncio.run(main())
+        finally:
+            took = time.monotonic() - started
+            server.resume()
+            locks["paused"].close()
+    assert took < 1.5 * timeout + 0.5, f"the shutdown took {took:.1f} s"

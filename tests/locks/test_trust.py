@@ -378,6 +378,66 @@ def test_waiting_for_a_hold_of_any_kind_in_asyncio(
     assert _within(3, lambda: asyncio.run(scenario())) is None
 
 
+@pytest.mark.parametrize(
+    "outer",
+    [pytest.param({"auto_renew": False}, id="not-renewed"),
+     pytest.param({"max_hold": 0.3}, id="max-hold")],
+)  # fmt: skip
+def test_a_hold_that_ran_out_by_itself_no_longer_refuses_its_actor_s_wait(
+    alias: str, name: str, outer: dict[str, Any]
+) -> None:
+    """Not renewed (or past its cap) and past its TTL, the hold is gone: the same thread's
+    wait with no timeout is no wait for itself. Before: refused at once, "would wait for
+    itself forever" (review rw2, suspected); now the name is taken at once."""
+    held = lock(name, using=alias, ttl=0.5, **outer)
+    assert held.acquire()
+    time.sleep(1.5)  # run out on the server; the object still believes it holds it
+    again = lock(name, using=alias)
+    started = time.monotonic()
+    assert again.acquire()  # in this thread: the hold's actor (the name is free)
+    assert time.monotonic() - started < 1
+    again.release()
+
+
+def test_a_hold_handed_to_another_thread_is_waited_for_with_a_timeout(
+    alias: str, name: str
+) -> None:
+    """A plain Lock object handed to a thread that releases it: the process cannot tell the
+    taker's next wait from a wait for itself, so with no timeout it is refused, and the
+    message says what to do (review rw2, 3: it said "forever" and named only
+    reentrant=True); with a timeout the wait ends when the other thread releases."""
+    held = lock(name, using=alias, ttl=10)
+    assert held.acquire()
+    worker = threading.Thread(target=lambda: (time.sleep(0.5), held.release()))
+    worker.start()
+    with pytest.raises(LockError, match=r"wait for itself.*timeout=.*handed to another thread"):
+        lock(name, using=alias).acquire()
+    after = lock(name, using=alias)
+    assert after.acquire(timeout=5)  # the worker released it
+    worker.join()
+    after.release()
+
+
+def test_a_hold_handed_to_another_task_is_waited_for_with_a_timeout(alias: str, name: str) -> None:
+    async def scenario() -> None:
+        held = lock(name, using=alias, ttl=10)
+        assert await held.aacquire()
+
+        async def work() -> None:
+            await asyncio.sleep(0.5)
+            await held.arelease()
+
+        worker = asyncio.create_task(work())
+        with pytest.raises(LockError, match=r"wait for itself.*timeout=.*another thread or task"):
+            await lock(name, using=alias).aacquire()
+        after = lock(name, using=alias)
+        assert await after.aacquire(timeout=5)  # the worker task released it
+        await worker
+        await after.arelease()
+
+    assert _within(5, lambda: asyncio.run(scenario())) is None
+
+
 def test_sync_methods_in_a_running_loop_are_sync(alias: str, name: str) -> None:
     async def scenario() -> None:
         held = lock(name, using=alias)
