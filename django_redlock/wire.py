@@ -56,7 +56,9 @@ What we rely on, and why the public API does not do:
   ``put_nowait()``; it and its ``reset()`` look at the queue's list (``pool.queue``), skipping
   free slots by their falsiness (``if conn``; 8.x): how :class:`WaitingPool`'s queue records
   what a thread took or gives back, which redis-py holds in a local only while it calls
-  Python functions outside any ``try``.
+  Python functions outside any ``try``. Its ``_connections`` (a list, 5.3 to 8.2): every
+  connection it made and has not dropped, whose reference :meth:`_Slots.sweep` lets go of for
+  a moment to tell a connection nobody holds (garbage then) from one in use.
 * ``redis.asyncio`` ``Connection._writer``: its ``asyncio.StreamWriter`` (None while not
   connected), whose transport gives the socket polled by :func:`closed_while_idle`.
 """
@@ -64,11 +66,13 @@ What we rely on, and why the public API does not do:
 from __future__ import annotations
 
 import collections
+import gc
 import queue
 import select
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from types import FunctionType
 from typing import Any, TypeVar
@@ -416,77 +420,176 @@ class _Slot:
         return False
 
 
+class _Waiter:
+    """A thread waiting in :meth:`_Slots.get`: its lock (released by the give-back that hands
+    it something) and its box, where that give-back puts the item."""
+
+    __slots__ = ("box", "wake")
+
+    def __init__(self) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.box: list[Any] = []
+
+
 class _Slots(queue.LifoQueue[Any]):
-    """A :class:`WaitingPool`'s queue: redis-py's own (last in, first out), that also records
-    what each thread took (a connection, or a slot to make one in) until it is put back or
-    :meth:`WaitingPool.get_connection` hands it over, and what a thread gives back from the
-    first line of :meth:`WaitingPool.release` until it is listed again, so that an exception
-    at any call between (redis-py's metrics, a connect, a signal handler's at a function's
-    entry) finds it. redis-py's ``get_connection`` and ``release`` hold it in a local only,
-    outside any ``try``.
+    """A :class:`WaitingPool`'s queue: redis-py's own (last in, first out), served first come,
+    first served, that also records what each thread holds of it between the steps redis-py
+    runs outside any ``try`` (an exception there, a signal handler's, finds it).
+
+    The invariant, at every point an interrupt can land: each item of the pool (a position in
+    ``items``: a connection, or a free slot to make one in) is in at most one place of
+    ``queue`` (listed), a waiter's box or a thread's hands, and ``taken[t]`` names an item only
+    while it is in thread ``t``'s hands. So a give-back from a record never lists an item
+    someone else holds (one connection handed to two threads: their replies crossed). An item
+    moves between the list, a box and a record in one line (a C call into one store): an
+    interrupt there leaves it nowhere but in ``items``, and a waiter that waited its whole
+    timeout finds it (:meth:`sweep`). So does one lost outside (redis-py's ``conn`` local,
+    between our hand-over and its give-back).
 
     No ``Condition``: its methods are Python, and an interrupt at the entry of its
     ``__exit__`` left the queue's lock held (every later checkout hung), one at its
     ``__enter__`` in a give-back lost the connection, one in its ``wait`` left a dead waiter
     that the next give-back woke instead of a live one. Each step is a few C calls under the
     plain lock (held by ``with``: released whatever lands there); a waiter sleeps on a lock
-    of its own, released by a give-back, and looks again every SLOTS_POLL."""
+    of its own, and looks again every SLOTS_POLL."""
 
     def __init__(self, maxsize: int = 0) -> None:
         super().__init__(maxsize)
-        self.taken: dict[int, Any] = {}  # thread id -> what it took, not handed over yet
-        self._waiting: collections.deque[threading.Lock] = collections.deque()
+        self.items: list[Any] = []  # every item of the pool, a position each
+        self.taken: dict[int, Any] = {}  # thread id -> the item in its hands (see above)
+        self._waiting: collections.deque[_Waiter] = collections.deque()
+        self._sweeping = False
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
-        """As ``Queue.get``, the item recorded as taken before it leaves the list (an
-        interrupt between the two: the give-back finds it still listed, and lists it once)."""
+        """As ``Queue.get``; the item recorded in this thread's hands as it leaves the list
+        (or the box a give-back handed it over in). Behind any waiter: a give-back hands its
+        item to the first one (a thread that gives back and takes again, or a newcomer, took
+        it ahead of the woken waiter, which then waited its whole timeout)."""
         me = threading.get_ident()
         end = None if timeout is None else time.monotonic() + timeout
-        wake = threading.Lock()  # released by a give-back
-        wake.acquire()
+        waiter = _Waiter()
         try:
             while True:
                 with self.mutex:
-                    if self.queue:
-                        self.taken[me] = self.queue[-1]
-                        self.queue.pop()
+                    if waiter.box:
+                        self.taken[me] = waiter.box.pop()  # one line: handed over to me
                         break
-                    if wake not in self._waiting:
-                        self._waiting.append(wake)
+                    if self.queue and (not self._waiting or self._waiting[0] is waiter):
+                        self.taken[me] = self.queue.pop()  # one line: out of the list, mine
+                        break
+                    if waiter not in self._waiting:
+                        self._waiting.append(waiter)
                 left = SLOTS_POLL if end is None else min(end - time.monotonic(), SLOTS_POLL)
                 if not block or left <= 0:
                     raise queue.Empty
-                wake.acquire(timeout=left)
-        finally:  # (skipped: a give-back wakes it for nothing, the others look again soon)
+                waiter.wake.acquire(timeout=left)
+        finally:  # (skipped: its box's item is nobody's, found by a sweep)
             with self.mutex:
-                if wake in self._waiting:
-                    self._waiting.remove(wake)
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+                if waiter.box:  # handed over after it gave up: to the next one
+                    self._list(waiter.box.pop())
         item = self.taken[me]
         return None if type(item) is _Slot else item
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        """As ``Queue.put``, never blocking (redis-py gives back only what it took: ``Full``
-        is a connection of the pool before its reset, which it drops). Listed, then no longer
-        this thread's to give back (an interrupt between: the give-back finds it listed)."""
+        """As ``Queue.put``, never blocking: ``item`` (in this thread's hands) to the first
+        waiter, or listed. None is a slot: the one this thread took (redis-py gives back a
+        slot whose connect failed as None), or a new one while the pool has fewer than its
+        ``maxsize`` (``Full`` past it)."""
         me = threading.get_ident()
-        if item is None:
-            item = _Slot()
         with self.mutex:
-            if id(item) in map(id, self.queue):
-                pass  # listed already: a take cut before it left the list
-            elif 0 < self.maxsize <= len(self.queue):
-                self.taken.pop(me, None)
-                raise queue.Full
-            else:
-                self.queue.append(item)
-            self.taken.pop(me, None)
-            wake = self._waiting.popleft() if self._waiting else None
-        if wake is not None:
+            mine = self.taken.get(me)
+            if item is None:
+                if type(mine) is _Slot or (mine is not None and mine not in self.queue):
+                    item = mine  # its slot (or the connection made in it, never connected)
+                elif 0 < self.maxsize <= len(self.items):
+                    raise queue.Full
+                else:
+                    item = _Slot()
+                    self.items.append(item)  # a new position (cut here: nobody's, swept)
+                    self.taken[me] = item
+            elif any(each is item for each in self.queue):
+                if mine is item:
+                    del self.taken[me]
+                return  # listed already (a give-back repeated)
+            elif mine is not item:
+                self.taken[me] = item  # given back by its holder: in my hands
+            self._list(self.taken.pop(me))
+
+    def _list(self, item: Any) -> None:
+        """``item`` (nobody's: just taken out of a hand or a box) to the first waiter, or
+        listed. Under the mutex."""
+        if self._waiting:
+            waiter = self._waiting.popleft()
+            waiter.box.append(item)
             # (not contextlib.suppress: its methods are Python, points an interrupt lands on)
             try:  # noqa: SIM105
-                wake.release()
+                waiter.wake.release()
             except RuntimeError:  # woken already, by its poll's timeout
                 pass
+        else:
+            self.queue.append(item)
+
+    def made(self, connection: Any) -> None:
+        """``connection`` was made in the slot in this thread's hands: it is that position's
+        item, and in this thread's hands (one line: both stores, no call between)."""
+        me = threading.get_ident()
+        with self.mutex:
+            slot = self.taken.get(me)
+            if type(slot) is not _Slot:
+                return
+            for position, each in enumerate(self.items):
+                if each is slot:
+                    self.items[position] = self.taken[me] = connection
+                    return
+
+    def sweep(self, connections: list[Any]) -> bool:
+        """Find the items nobody holds (an interrupt between two of their owners' steps lost
+        them: a wait then lasted forever, "No connection available." on a healthy Redis), and
+        give them back as free slots; whether one was found. An item held is never taken:
+        the pool lets go of its own references to each item that is out of the list and of
+        every record (its position, redis-py's ``connections``) for a moment, and an item
+        that is then garbage (after a collection: a traceback can keep the frame that held
+        it) was in nobody's hands, nor could come back to any. Any other is put back."""
+        with self.mutex:
+            if self._sweeping:
+                return False
+            self._sweeping = True
+            accounted = set(map(id, self.queue)) | set(map(id, self.taken.values()))
+            probes: list[tuple[int, Any, bool]] = []
+            for position, each in enumerate(self.items):
+                if id(each) in accounted or each is _SWEPT:
+                    continue
+                kept = any(c is each for c in connections)
+                if kept:
+                    connections[:] = [c for c in connections if c is not each]
+                probes.append((position, weakref.ref(each), kept))
+                self.items[position] = _SWEPT
+            each = None
+        try:
+            if probes and all(ref() is not None for _, ref, _ in probes):
+                gc.collect()  # (outside the mutex: a finalizer may give a connection back)
+        finally:
+            found = False
+            with self.mutex:
+                for position, ref, kept in probes:
+                    item = ref()
+                    if item is None:  # nobody's: a free slot again
+                        item = self.items[position] = _Slot()
+                        self._list(item)
+                        found = True
+                    else:
+                        self.items[position] = item
+                        if kept:
+                            connections.append(item)
+                self._sweeping = False
+        return found
+
+
+#: A position's item while a sweep looks at it.
+_SWEPT = _Slot()
 
 
 class WaitingPool(redis.BlockingConnectionPool):
@@ -506,8 +609,11 @@ class WaitingPool(redis.BlockingConnectionPool):
     ``make_connection()``), and one soft time limit landing there lost it for good: with
     ``max_connections=1`` every later call on that healthy master was unavailable. So does
     one given back (``release()``), from its first line until it is listed again: redis-py's
-    release is Python too. The pool of the Cluster's nodes, single Redis's and
-    DjangoRedisBackend's own."""
+    release is Python too. One lost where only redis-py held it (its ``conn`` local, from
+    the hand-over to its ``release``: ``_execute_command``'s lines before its ``try``, or
+    after it before the give-back) comes back once a caller waited its whole timeout, when
+    nobody holds it (:meth:`_Slots.sweep`). The pool of the Cluster's nodes, single Redis's
+    and DjangoRedisBackend's own."""
 
     def __init__(
         self, max_connections: int = 50, timeout: float | None = None, **kwargs: Any
@@ -518,26 +624,31 @@ class WaitingPool(redis.BlockingConnectionPool):
         super().__init__(max_connections=max_connections, timeout=timeout, **kwargs)
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            connection = super().get_connection(*args, **kwargs)
-            # The caller's as it is returned: a line between the two lost it to an interrupt.
-            return self._handed_over(connection)
-        except BaseException as exc:
-            self._give_back()
-            if not isinstance(exc, redis.exceptions.ConnectionError) or not isinstance(
-                exc.__context__, queue.Empty
-            ):
-                raise
-            raise redis.exceptions.MaxConnectionsError(str(exc)) from exc
+        for last in (False, True):
+            try:
+                connection = super().get_connection(*args, **kwargs)
+                # The caller's as it is returned: a line between the two lost it to an interrupt.
+                return self._handed_over(connection)
+            except BaseException as exc:
+                self._give_back()
+                if not isinstance(exc, redis.exceptions.ConnectionError) or not isinstance(
+                    exc.__context__, queue.Empty
+                ):
+                    raise
+                # Waited the whole timeout: a connection lost to an interrupt where redis-py
+                # held it in a local only (nobody's now) comes back, and the wait is tried again.
+                slots = self.pool
+                if last or not isinstance(slots, _Slots) or not slots.sweep(self._connections):
+                    raise redis.exceptions.MaxConnectionsError(str(exc)) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def make_connection(self) -> Any:
-        me = threading.get_ident()
         connection = super().make_connection()
         # Made in the slot this thread took: what it gives back now is the connection
-        # (before this store, the slot: the connection, never connected, is dropped).
+        # (before this, the slot: the connection, never connected, is dropped).
         slots = self.pool
-        if isinstance(slots, _Slots) and type(slots.taken.get(me)) is _Slot:
-            slots.taken[me] = connection
+        if isinstance(slots, _Slots):
+            slots.made(connection)
         return connection
 
     def release(self, connection: Any) -> None:

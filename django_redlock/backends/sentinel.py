@@ -464,8 +464,9 @@ class _AsyncGate:
     asyncio.Semaphore was not: its ``release()`` hands the permit to a waiter, which then runs
     Python (its ``_waiters.remove``) before the caller's ``try:``, and a soft time limit
     landing there lost the permit for good (every later operation on that loop "all N
-    connections busy" on a healthy master). One loop's: no lock needed. A waiter is woken by
-    a give-back, and looks again every GATE_POLL should a wake-up be lost.
+    connections busy" on a healthy master). One loop's: no lock needed. A give-back hands the
+    permit to the first waiter (recorded on its ticket, then woken); a waiter also looks again
+    every GATE_POLL should a hand-over be lost.
 
     A give-back skipped all the same (the ``finally`` cut at its first line) comes back once
     the task that took it is done, or the ticket's frame is gone: a coroutine's traceback
@@ -477,7 +478,7 @@ class _AsyncGate:
         self.taken: weakref.WeakKeyDictionary[_Ticket, asyncio.Task[Any] | None] = (
             weakref.WeakKeyDictionary()
         )
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiting: collections.deque[_AsyncWaiter] = collections.deque()
 
     def _free(self) -> bool:
         """Whether a permit is free, those of tasks that are done given back first."""
@@ -489,43 +490,64 @@ class _AsyncGate:
         return len(self.taken) < self.limit
 
     async def take(self, ticket: _Ticket, timeout: float) -> bool:
-        """Whether ``ticket`` got a permit within ``timeout`` seconds."""
-        if self._free():
-            self.taken[ticket] = asyncio.current_task()
+        """Whether ``ticket`` got a permit within ``timeout`` seconds: at once when one is free
+        and nobody waits, else handed over by a give-back in turn (first come, first served,
+        as asyncio.Semaphore: a caller that took a free permit ahead of the waiters let one
+        task doing operations back to back keep it, and the others failed at their socket
+        timeout on a healthy master)."""
+        task = asyncio.current_task()
+        if not self._waiting and self._free():
+            self.taken[ticket] = task
             return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while True:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            wake = loop.create_future()
-            self._waiting.append(wake)
-            poll = loop.call_later(min(left, GATE_POLL), _woken, wake)
-            try:
-                await wake
-            except BaseException:  # cancelled, or an interrupt: a wake-up it got goes on
-                self.wake_one()
-                raise
-            finally:
-                poll.cancel()
-                if wake in self._waiting:
-                    self._waiting.remove(wake)
-            if self._free():
-                self.taken[ticket] = asyncio.current_task()
-                return True
+        waiter = _AsyncWaiter(ticket, task)
+        self._waiting.append(waiter)
+        try:
+            while True:
+                if ticket in self.taken:
+                    return True  # handed over (recorded on the ticket by the give-back)
+                if self._free():  # a hand-over lost to an interrupt: found by the poll
+                    self.taken[ticket] = task
+                    return True
+                left = deadline - loop.time()
+                if left <= 0:
+                    return False
+                wake = waiter.wake = loop.create_future()
+                poll = loop.call_later(min(left, GATE_POLL), _woken, wake)
+                try:
+                    await wake
+                finally:
+                    poll.cancel()
+        finally:  # (a permit handed over meanwhile is on the ticket: aexecute gives it back)
+            if waiter in self._waiting:
+                self._waiting.remove(waiter)
 
     def give_back(self, ticket: _Ticket) -> None:
-        """``ticket``'s permit, if it has one, is free again, and a waiter woken."""
+        """``ticket``'s permit, if it has one, is free again, and handed to the first waiter."""
         self.taken.pop(ticket, None)  # first: the permit
-        self.wake_one()
+        self.hand_over()
 
-    def wake_one(self) -> None:
-        while self._waiting:
-            wake = self._waiting.popleft()
-            if not wake.done():
-                wake.set_result(None)
-                return
+    def hand_over(self) -> None:
+        """Free permits to the waiters in turn: each recorded on the waiter's ticket (its
+        task's, so one whose task ended gives it back) before the waiter is woken."""
+        while self._waiting and self._free():
+            waiter = self._waiting.popleft()
+            if waiter.task is not None and waiter.task.done():
+                continue  # gone without its finally
+            self.taken[waiter.ticket] = waiter.task
+            if waiter.wake is not None:
+                _woken(waiter.wake)
+
+
+class _AsyncWaiter:
+    """A task waiting at an :class:`_AsyncGate`: its ticket, its task and its wake-up."""
+
+    __slots__ = ("task", "ticket", "wake")
+
+    def __init__(self, ticket: _Ticket, task: asyncio.Task[Any] | None) -> None:
+        self.ticket, self.task = ticket, task
+        self.wake: asyncio.Future[None] | None = None
 
 
 def _woken(wake: asyncio.Future[None]) -> None:

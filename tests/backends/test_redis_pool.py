@@ -4,6 +4,7 @@ with the suite's redis-server."""
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -142,3 +143,121 @@ def test_a_time_limit_anywhere_in_the_pool_loses_no_connection_and_hangs_nothing
             assert len(pool.pool.queue) == 1, f"cut at {cut}: {len(pool.pool.queue)} of 1 back"
 
         every_point(case, lambda at: LineInterrupter(at, _path(where), armed))
+
+
+@pytest.mark.parametrize("where", ["checkout", "give-back"])
+def test_a_time_limit_in_the_pool_never_lists_a_connection_another_thread_holds(
+    redis_server: RedisServer, name: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """An asynchronous exception at each line of the pool's checkout or give-back, another
+    thread checking out as the interrupted one's give-back starts (a thread switch there).
+    The queue's record was written a line before the connection left the list (and cleared a
+    line after it was listed again): the mutex let go as the exception unwound, the other
+    thread took that same connection, and the give-back, not finding it listed, listed it
+    again while the other used it; the next checkout got it too (one socket, two holders,
+    their replies crossed)."""
+    _traced(monkeypatch)
+    with redis_alias(redis_server, socket_timeout=0.5, max_connections=2) as backend:
+        assert backend.is_locked(f"{name}:warm") is False
+        pool = backend.client.connection_pool
+        own_give_back = wire.WaitingPool._give_back
+        others: list[Any] = []
+
+        def give_back(self: Any) -> None:
+            if threading.current_thread() is threading.main_thread() and not others:
+                other = threading.Thread(target=lambda: others.append(pool.get_connection()))
+                other.start()
+                other.join(3)
+            own_give_back(self)
+
+        monkeypatch.setattr(wire.WaitingPool, "_give_back", give_back)
+        give_back_code = redis.BlockingConnectionPool.release.__code__
+
+        def armed(frame: Any) -> bool:
+            return where == "checkout" or frame.f_code is give_back_code
+
+        def case(tracer: LineInterrupter) -> None:
+            others.clear()
+            interrupted(lambda: backend.is_locked(name), tracer)
+            cut = tracer.fired
+            for other in others:
+                listed = [each for each in pool.pool.queue if each is other]
+                assert not listed, f"cut at {cut}: listed while another thread holds it"
+                mine = pool.get_connection()
+                try:
+                    assert mine is not other, f"cut at {cut}: one connection, two holders"
+                finally:
+                    pool.release(mine)
+                    pool.release(other)
+
+        every_point(case, lambda at: LineInterrupter(at, _path(where), armed))
+
+
+def _first_line_after(code: Any, text: str) -> int:
+    lines, first = inspect.getsourcelines(code)
+    return next(first + i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.mark.parametrize("where", ["caller", "release"])
+def test_a_connection_lost_between_the_hand_over_and_the_give_back_comes_back(
+    redis_server: RedisServer, name: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """An asynchronous exception after the pool handed the connection over and before its
+    give-back was recorded: redis-py's ``_execute_command`` holds it in a local only before
+    its ``try:`` ("caller"), and so does the release's first line ("release"). With
+    max_connections=1 it was lost for good: every later operation on that healthy Redis
+    "No connection available.". It comes back once a caller waited its timeout."""
+    _traced(monkeypatch)
+    with redis_alias(redis_server, socket_timeout=0.5, max_connections=1) as backend:
+        assert backend.is_locked(f"{name}:warm") is False
+        if where == "caller":
+            code = redis.client.Redis._execute_command.__code__
+            after = _first_line_after(code, "get_connection(")
+        else:
+            code = wire.WaitingPool.release.__code__
+            after = code.co_firstlineno
+        tracer = LineInterrupter(1, {code}, lambda frame: frame.f_lineno > after)
+        assert interrupted(lambda: backend.is_locked(name), tracer) is not None
+        later: list[Any] = []
+        check = threading.Thread(
+            target=lambda: later.append(_outcome(backend.is_locked, name)), daemon=True
+        )
+        check.start()
+        check.join(3)
+        assert later == [False], f"cut at {tracer.fired}: the next operation: {later or 'hangs'}"
+        assert backend.is_locked(name) is False  # at once from then on
+
+
+def test_a_waiter_gets_the_connection_before_its_giver_takes_it_again(
+    redis_server: RedisServer, name: str
+) -> None:
+    """max_connections=1, a thread that gives the connection back and takes it again at once
+    (back to back operations), another waiting for it: the give-back woke the waiter, but the
+    giver took the connection again before the waiter ran, every time, and the waiter failed
+    at its timeout ("No connection available.") on a healthy Redis. A give-back hands it to
+    the first waiter."""
+    with redis_alias(redis_server, socket_timeout=0.5, max_connections=1) as backend:
+        assert backend.is_locked(f"{name}:warm") is False
+        pool = backend.client.connection_pool
+        stop = threading.Event()
+
+        def busy() -> None:
+            while not stop.is_set():
+                connection = pool.get_connection()
+                time.sleep(0.02)  # its command
+                pool.release(connection)
+
+        giver = threading.Thread(target=busy, daemon=True)
+        giver.start()
+        try:
+            time.sleep(0.05)
+            started = time.monotonic()
+            got = _outcome(pool.get_connection)
+            took = time.monotonic() - started
+            if not isinstance(got, str):
+                pool.release(got)
+        finally:
+            stop.set()
+            giver.join(5)
+        assert not isinstance(got, str), f"after {took:.3f}s: {got}"
+        assert took < 0.2, f"waited {took:.3f}s behind a busy thread"

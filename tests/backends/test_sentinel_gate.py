@@ -268,3 +268,41 @@ async def _aoutcome(call: Any, *args: Any) -> Any:
         return await call(*args)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
+
+
+def test_a_busy_task_never_keeps_the_async_permit_from_a_waiting_one(
+    sentinel_group: list[RedisServer], name: str
+) -> None:
+    """max_connections=1, one task doing operations back to back (no suspending await between
+    a give-back and its next take), another task making one: the gate let the busy task take
+    the freed permit again ahead of the woken waiter (which then queued again at the end), so
+    the other's one operation waited its whole socket timeout and failed ("all 1 connections
+    busy") on a healthy master. A freed permit goes to the first waiter, as asyncio.Semaphore's
+    did."""
+
+    async def both() -> tuple[int, Any, float]:
+        backend = locks["s"]
+        assert await backend.aexecute(backend.op_locked(f"{name}:warm")) is False
+        stop = time.monotonic() + 1.5
+        done = [0]
+
+        async def busy() -> None:
+            while time.monotonic() < stop:
+                await backend.aexecute(backend.op_locked(f"{name}:busy"))
+                done[0] += 1
+
+        async def one() -> tuple[Any, float]:
+            await asyncio.sleep(0.05)
+            started = time.monotonic()
+            outcome = await _aoutcome(backend.aexecute, backend.op_locked(name))
+            return outcome, time.monotonic() - started
+
+        (outcome, took), _ = await asyncio.gather(one(), busy())
+        return done[0], outcome, took
+
+    with sentinel_alias(sentinel_group, socket_timeout=1.0, max_connections=1):
+        ops, outcome, took = asyncio.run(both())
+        locks["s"].close()
+    assert ops > 20, ops  # (it did run back to back)
+    assert outcome is False, f"after {took:.3f}s: {outcome}"
+    assert took < 0.5, f"waited {took:.3f}s behind a busy task"
