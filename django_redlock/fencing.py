@@ -1305,7 +1305,30 @@ class _Scope:
         # Released (nested, no exception): committed into the outer transaction. No call
         # between Django's exit returning and the stores: nothing lands between them.
         released = self.nested and exc_type is None
+        if not self.nested and (exc_type is not None or connections[self.using].needs_rollback):
+            _roll_back_first(self.using)  # Django's exit rolls back: done first
         self.atomic.__exit__(exc_type, exc, tb); self.exited = True; self.committed.done = self.committed.done or released  # noqa: E702, E501  # fmt: skip
+
+
+def _roll_back_first(using: str) -> None:
+    """The driver's ROLLBACK of an outermost block's transaction, before Django's exit rolls it
+    back: Django's exit drops its atomic flag before its ROLLBACK, and its ``finally`` turns
+    autocommit back on, which on SQLite COMMITs a transaction still open. An exception a signal
+    handler raised between the two (a soft time limit) would commit the writes of a block that
+    raises "nothing committed". Rolled back here, Django's ROLLBACK is a no-op; cut short before
+    this call, the transaction is still Django's (``in_atomic_block``) and the steps roll it back
+    (:func:`_abandon`). A driver that fails to roll back: closed (the server rolls back)."""
+    connection = connections[using]
+    raw = connection.connection
+    if raw is None or not connection.in_atomic_block or connection.savepoint_ids:
+        return  # closed (the server rolled back), or not only this block's transaction
+    if connection.closed_in_transaction:
+        return
+    try:
+        raw.rollback()
+    except connection.Database.Error:
+        with contextlib.suppress(Exception):
+            connection.close()  # in an atomic block: Django's exit then forgets the connection
 
 
 def _undo_savepoint(using: str, depth: int, scope: _Scope) -> None:
