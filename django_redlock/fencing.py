@@ -505,6 +505,8 @@ def _fenced_steps(
         if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
             _drop_unfinished(using)
         if not exiting:  # rolled back: nothing committed
+            if outermost:  # its callbacks, should Django's rollback have kept them
+                _drop_own_hooks(using, committed)
             interrupt = _interrupt_in(exc, handled)
             if isinstance(exc, DatabaseError) and interrupt is not None:
                 raise interrupt from None  # Django's rollback had made it a database error
@@ -531,12 +533,14 @@ def _fenced_steps(
             raise interrupt from None  # Django's exit had made it a database error
         if outcome is None:
             committed.pending = False  # settled: unknown, said below
+            _drop_own_hooks(using, committed)  # as Django drops them when the COMMIT fails
             if stopped is not None:
                 cut = "was not answered, and its outcome check was cut short twice"
                 raise _unknown(lock.describe(), stopped, cut) from stopped
             raise _unknown(lock.describe(), exc, f"on database {using!r} did not answer") from exc
         if not outcome:
             committed.pending = False  # settled: the rows prove it never committed
+            _drop_own_hooks(using, committed)
             if stopped is not None:
                 raise stopped from exc  # it said "stop": nothing committed, proven
             raise
@@ -569,6 +573,8 @@ def _fenced_steps(
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
         finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
         committed.where = None  # (not kept alive by the block)
+        if outermost and not committed.done:  # (again, should the except path be cut short)
+            _drop_own_hooks(using, committed)
         # Nor its callbacks: its frame lives on in a raised exception's traceback (kept by a
         # reference cycle, an error reporter, a test), and a callback a rollback (or Django's
         # rule) dropped must be freed at once: its finalizer may hold a key (dedupe_queued's).
@@ -932,6 +938,22 @@ def _forget_calls(using: str, hooks: list[Any] | None, entries: list[Any]) -> No
     entries.clear()
     if hooks is not None and hooks is not connections[using].run_on_commit:
         hooks.clear()
+
+
+def _drop_own_hooks(using: str, committed: _Committed) -> None:
+    """An outermost block that did not commit (or whose outcome is unknown): its ``on_commit``
+    callbacks, its marker first, dropped from the connection. Django clears the list only at
+    the end of its ``rollback()``: an exception a signal handler raised after the ROLLBACK
+    (or a rollback never run) leaves them there, and the thread's next COMMIT would run them
+    (charge the card of a rolled-back order). Only the marker's entry and those after it, each
+    registered inside this block. No I/O."""
+    connection = connections[using]
+    if connection.in_atomic_block:
+        return  # still open: rolled back as abandoned (_abandon clears the list)
+    hooks = connection.run_on_commit
+    at = next((i for i, entry in enumerate(hooks) if entry[1] is committed), None)
+    if at is not None:
+        del hooks[at:]  # one step
 
 
 def _ran(func: Any) -> bool:
