@@ -292,6 +292,8 @@ class FencedTransaction:
         self.by_lock = False  # opened by ``with lock`` (enter_block), which marks it live
         self.depth = 0  # ``with lock``: the hold's depth once it opened this block
         self.left = False  # ``with lock``: committed or rolled back, and released
+        self.exit_debts: list[_Debt] = []  # ``with lock``: its release, owed as its exit began
+        self.exit_watch: weakref.ReferenceType[Any] | None = None  # (see _owe_until_left)
         self._steps = _fenced_steps(lock, using, self.committed)
         self.committed.steps = weakref.ref(self._steps)
 
@@ -1606,12 +1608,16 @@ def leave_block(
     blocks = _blocks()
     _drop_left(lock)
     block = _innermost(lock)
+    # Owed from here on, payable once its ``with`` is left: an exception on the caller's
+    # ``except`` line (or before ``leave_failed`` ran) would leave the hold renewed for ever.
+    debts = _owe_until_left(lock, block)
     block.__exit__(exc_type, exc, tb)  # raises: nothing committed (or an interrupt after it)
     if exc_type is None:
         release_after_commit(lock, block.depth)
     else:  # rolled back: as any lock's `with`, the body's exception says more than a loss
         with contextlib.suppress(LockNotOwned):
             lock.release()
+    _forget(debts)  # released (or owed by release_after_commit itself)
     block.left = True
     _open.left = weakref.ref(lock) if exc_type is None else None  # committed: left_committed
     del blocks[blocks.index(block)]  # last: no instruction after it can be interrupted
@@ -1641,6 +1647,7 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
         with contextlib.suppress(BaseException):
             _release_level(lock, block, committed=outcome is None)
         paid(debts)
+        _forget(block.exit_debts)  # leave_block's: the release above was made (or is owed)
     elif block.committed.done and isinstance(error, Exception):  # after all of it
         logger.warning("redlock: %s: its fenced transaction committed and the lock was"
                        " released; then %s: %s (logged, not raised)", lock.describe(),
@@ -1653,6 +1660,51 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
         _open.left = None
         raise outcome
     note_left(lock)  # last: committed, and released (or owed)
+
+
+def _owe_until_left(lock: FencedLock, block: FencedTransaction) -> list[_Debt]:
+    """Owe ``block``'s level of the lock as its ``with``'s exit begins, payable only once that
+    ``with`` is left (its exit token dead: see :class:`TrackedExit`) with the block ended, and
+    paid at that very moment (a weak reference's callback): an exception a signal handler
+    raises after the exit failed and before :func:`leave_failed` ran (``BaseLock.__exit__``'s
+    ``except`` line, ``_exit_failed``'s first line) would otherwise leave the hold held, and
+    renewed by the watchdog, for as long as the process lives. None when the ``with`` is not
+    known (an ``ExitStack``'s). No I/O."""
+    where = block.committed.where
+    token = where[3] if where is not None else None
+    bound = token() if token is not None else None
+    if token is None or bound is None:
+        return []
+    debts = owe([lock], block.depth)
+    for debt in debts:
+        debt.until, debt.block = token, block
+    block.exit_debts = debts
+    block.exit_watch = weakref.ref(bound, functools.partial(_exit_left, debts))
+    del bound
+    return debts
+
+
+def _exit_left(debts: list[_Debt], _gone: Any) -> None:
+    """A ``with`` statement left (its exit token died): its block's release, if still owed
+    (the exit never reached :func:`leave_failed`), made now, in the ``with``'s thread."""
+    owed = _owed()
+    for debt in debts:
+        if debt not in owed or not debt.due():
+            continue
+        try:
+            debt.pay()
+            logger.warning("redlock: %s: its `with` was left before its exit finished (an"
+                           " exception as it handed its failure on): released now",
+                           debt.lock.describe())  # fmt: skip
+        except Exception:
+            logger.warning("redlock: %s: a fenced block's release, owed as its `with` was left,"
+                           " failed (kept)", debt.lock.describe(), exc_info=True)  # fmt: skip
+        paid([debt])
+        block = debt.block
+        if block is not None and not block.left and not _is_open(block):
+            block.left = True
+            with contextlib.suppress(ValueError):
+                _blocks().remove(block)
 
 
 def note_left(lock: object | None) -> None:
@@ -1820,6 +1872,10 @@ class _Debt:
     same lock object, nor a level of it taken again since (a reentrant owner's token is the
     same for all its holds; a level is named by its stamp, new each time it is taken)."""
 
+    #: Payable only once this is dead (a ``with``'s exit token: see _owe_until_left).
+    until: weakref.ReferenceType[Any] | None = None
+    block: FencedTransaction | None = None  # ... and this block is no longer open
+
     def __init__(self, lock: FencedLock, hold: FencedHold, depth: int | None) -> None:
         self.lock, self.token, self.depth = lock, hold.token, depth
         level = 1 if depth is None else depth
@@ -1827,6 +1883,15 @@ class _Debt:
         self.stamp = stamps[level - 1] if 0 < level <= len(stamps) else None
 
     def due(self) -> bool:
+        """Whether it is to be paid now: held, and (owed as a ``with``'s exit began) that
+        ``with`` is left and its block ended. No I/O."""
+        if self.until is not None and self.until() is not None:
+            return False  # its exit runs: it releases
+        if self.block is not None and _is_open(self.block):
+            return False  # left open: rolled back first (drop_left_blocks), then released
+        return self.held()
+
+    def held(self) -> bool:
         """Whether that hold (and level) is still held here. No I/O."""
         try:
             _owner, hold = self.lock.current_hold()
@@ -1881,9 +1946,17 @@ def paid(debts: list[_Debt]) -> None:
     renews it) stays owed. No I/O."""
     owed = _owed()
     for debt in debts:
-        if not debt.due():
+        if not debt.held():
             with contextlib.suppress(ValueError):
                 owed.remove(debt)
+
+
+def _forget(debts: list[_Debt]) -> None:
+    """No longer owed, whatever their state (another debt covers them). No I/O."""
+    owed = _owed()
+    for debt in debts:
+        with contextlib.suppress(ValueError):
+            owed.remove(debt)
 
 
 def pay_owed(**_: Any) -> None:
