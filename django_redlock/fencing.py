@@ -572,20 +572,74 @@ def _fenced_steps(
         # left behind would be every later block's of the row on this thread (whose outcome
         # check would take this block's write for its own). The rest, skipped by an
         # exception, is cleaned up later (the block's steps are over).
+        # Then the rest, each step after the one before it however that ended: one
+        # exception (a soft time limit) skips no step.
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
-        finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
-        committed.where = None  # (not kept alive by the block)
-        if outermost and not committed.done:  # (again, should the except path be cut short)
-            _drop_own_hooks(using, committed)
-        # Nor its callbacks: its frame lives on in a raised exception's traceback (kept by a
-        # reference cycle, an error reporter, a test), and a callback a rollback (or Django's
-        # rule) dropped must be freed at once: its finalizer may hold a key (dedupe_queued's).
-        _forget_calls(using, hooks, entries)
+        finally:
+            try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
+            finally:  # (twice: an exception as it is entered would skip all of it)
+                try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
+                finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
         del hooks, entries, proved_hooks
         with contextlib.suppress(ValueError):
             _live().remove(committed)
         if outermost:  # the transaction ended as it should: nothing to roll back later
             _ended_clean(using)
+
+
+def _let_go(
+    using: str,
+    committed: _Committed,
+    outermost: bool,
+    hooks: list[Any] | None,
+    entries: list[Any],
+    proved: list[Callable[[], None]],
+) -> None:
+    """The block's end, each step run whatever the one before it raised: the block's frame
+    lives on in a raised exception's traceback (kept by a reference cycle, an error reporter,
+    a test), and a callback a rollback (or Django's rule) dropped must be freed at once: its
+    finalizer may hold a key (dedupe_queued's). So must the frames of this module's helpers
+    an exception left on that traceback (``_watch_hooks``'s entry, for one)."""
+    try:
+        committed.where = None  # (not kept alive by the block)
+        if outermost and not committed.done:  # (again, should the except path be cut short)
+            _drop_own_hooks(using, committed)
+    finally:
+        try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
+        finally:
+            try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
+            finally: _clear_helper_frames(sys.exc_info()[1])  # noqa: E701  # fmt: skip
+
+
+def _clear_helper_frames(error: BaseException | None) -> None:
+    """Clear the locals of the finished frames of this module's helpers on the tracebacks of
+    ``error`` and the exceptions it chains (see :func:`_let_go`). No I/O."""
+    helpers = _helper_codes()
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in helpers:
+                with contextlib.suppress(RuntimeError):  # still running: left as it is
+                    tb.tb_frame.clear()
+            tb = tb.tb_next
+        error = error.__context__ or error.__cause__
+
+
+@functools.cache
+def _helper_codes() -> frozenset[CodeType]:
+    """The code of the helpers whose frames hold a block's callbacks or marks (and their
+    comprehensions')."""
+    funcs: list[Any] = [_watch_hooks, _proved_hooks, _forget_mark, _forget_calls,
+                        _drop_own_hooks, _let_go, _Called.__init__, _Seen.close]  # fmt: skip
+    codes: set[CodeType] = set()
+    todo = [func.__code__ for func in funcs]
+    while todo:
+        code = todo.pop()
+        codes.add(code)
+        todo.extend(const for const in code.co_consts if isinstance(const, CodeType))
+    return frozenset(codes)
 
 
 class _ProvedHook:

@@ -15,8 +15,10 @@ The time limit is raised by a line tracer at the chosen line, as a signal handle
 
 from __future__ import annotations
 
+import gc
 import inspect
 import sys
+import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any
@@ -25,7 +27,7 @@ import pytest
 from django.db import connections, transaction
 from django.db.backends.base import base as db_base
 
-from django_redlock import lock
+from django_redlock import fencing, lock
 from django_redlock.locking.base import BaseLock
 
 from ..support.fenced_child import open_shop, sales, sell_one
@@ -136,3 +138,54 @@ def test_a_time_limit_as_the_exit_hands_its_failure_on_releases_the_lock(point: 
         sell_one("default", 1, "next")
     assert [buyer for buyer, _seen in sales("default", 1)] == ["next"]
     assert not lock(name).locked()
+
+
+class Callback:
+    """An ``on_commit`` callback whose life is watched (dedupe_queued's ``_Uncommitted`` holds
+    a key until it is freed)."""
+
+    def __call__(self) -> None:
+        raise AssertionError("a rolled-back block's callback ran")
+
+
+WATCH_HOOKS = fencing._watch_hooks  # type: ignore[attr-defined]
+FORGET_MARK = fencing._forget_mark  # type: ignore[attr-defined]
+LET_GO_CUTS = {
+    "_watch_hooks' loop": (WATCH_HOOKS.__code__, _line(WATCH_HOOKS, "hooks[i] = ")),
+    "_forget_mark's first line": (FORGET_MARK.__code__, FORGET_MARK.__code__.co_firstlineno + 6),
+}
+
+
+@pytest.mark.parametrize("cut", list(LET_GO_CUTS))
+def test_a_time_limit_in_the_exit_s_clean_up_frees_the_dropped_callbacks(cut: str) -> None:
+    """Review rf2 #3: the raised exception, kept, must not keep the dropped callback alive
+    (its traceback's frames: the block's, ``_watch_hooks``'), nor wait for a cyclic GC."""
+    open_shop("default", 1, 5)
+    with connections["default"].cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS rf2_parent (id integer PRIMARY KEY)")
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS rf2_child (id integer PRIMARY KEY, parent_id integer"
+            " REFERENCES rf2_parent (id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+    code, line = LET_GO_CUTS[cut]
+    hits: list[int] = []
+    callback = Callback()
+    gone = weakref.ref(callback)
+    gc.disable()  # freed at once, not by a collection
+    try:
+        with pytest.raises(TimeLimit) as raised, lock("rf2-let-go", ttl=30, atomic="default"):
+            sell_one("default", 1, "not committed")
+            with connections["default"].cursor() as cursor:  # its COMMIT fails
+                cursor.execute("INSERT INTO rf2_child VALUES (1, 999)")
+            transaction.on_commit(callback, using="default")
+            del callback
+            sys.settrace(_cutter(code, line, hits))
+        sys.settrace(None)
+        assert hits == [line]
+        assert raised.value is not None  # the exception kept (an error reporter, einfo)
+        assert gone() is None
+    finally:
+        gc.enable()
+    assert sales("default", 1) == []
+    assert connections["default"].run_on_commit == []
+    assert not lock("rf2-let-go").locked()
