@@ -577,9 +577,16 @@ def _fenced_steps(
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
         finally:
             try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
-            finally:  # (twice: an exception as it is entered would skip all of it)
-                try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
-                finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
+            finally:
+                # A plain callback raised after robust ones a signal cut (see _run_rest): those
+                # run, even after a second soft time limit cut the except path (twice: one
+                # landing as it is entered). Before the wrappers forget their calls.
+                try: _run_before_raised(lock.describe(), entries)  # noqa: E701  # fmt: skip
+                finally:
+                    try: _run_before_raised(lock.describe(), entries)  # noqa: E701  # fmt: skip
+                    finally:  # (twice: an exception as it is entered would skip all of it)
+                        try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
+                        finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
         del hooks, entries, proved_hooks
         with contextlib.suppress(ValueError):
             _live().remove(committed)
@@ -967,11 +974,37 @@ def _run_rest(
         func, robust = last[1], len(last) > 2 and bool(last[2])
         if isinstance(func, _Called) and func.ran()[1] and not robust:
             # It raised, and Django drops the rest; not those before it that never ran.
-            _run_each(describe, [entry for entry in entries[: taken - 1] if not _ran(entry[1])])
+            _run_before_raised(describe, entries)
             return False
     hooks[:0] = [entry for entry in entries[:taken] if not _ran(entry[1])]  # first, in order
     _run_each(describe, hooks)
     return True
+
+
+def _run_before_raised(describe: str, entries: list[Any]) -> None:
+    """When a plain callback raised in Django's loop (so the COMMIT happened): run the entries
+    before it that never ran (robust ones whose call line a signal cut, inside Django's
+    ``try:``; the block's marker), each once, in order (an ``Exception`` from one: logged).
+    Those after it are dropped, Django's rule. Idempotent: told from what each wrapper
+    recorded of its call, it is run again at the block's end should an exception cut it."""
+    at = next((i for i, entry in enumerate(entries) if _raised_plain(entry)), None)
+    if at is None:
+        return
+    for entry in entries[:at]:
+        func = entry[1]
+        if _ran(func):
+            continue
+        try:
+            func()
+        except Exception:
+            if isinstance(func, _Called) and not func.ran()[0]:
+                raise  # not its error (a signal handler's, before it ran): run again later
+            logger.exception("redlock: %s: a callback of its fenced transaction raised", describe)
+
+
+def _raised_plain(entry: Any) -> bool:
+    func, robust = entry[1], len(entry) > 2 and bool(entry[2])
+    return isinstance(func, _Called) and not robust and func.ran() == (True, True)
 
 
 def _run_each(describe: str, hooks: list[Any]) -> None:
