@@ -639,7 +639,8 @@ def _helper_codes() -> frozenset[CodeType]:
     """The code of the helpers whose frames hold a block's callbacks or marks (and their
     comprehensions')."""
     funcs: list[Any] = [_watch_hooks, _proved_hooks, _forget_mark, _forget_calls,
-                        _drop_own_hooks, _let_go, _Called.__init__, _Seen.close]  # fmt: skip
+                        _drop_own_hooks, _let_go, _Called.__init__, _Seen.close,
+                        _run_before_raised, _raised_plain]  # fmt: skip
     codes: set[CodeType] = set()
     todo = [func.__code__ for func in funcs]
     while todo:
@@ -1730,11 +1731,12 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
         else:  # committed, an Exception after the COMMIT (logged): the block returns
             swallowed = block.committed.done and isinstance(error, Exception)
             outcome = None if swallowed else error
-        debts = owe([lock], block.depth)  # first: a release cut short stays owed
+        # First: a release cut short stays owed (leave_block's debt, if it made one: paid
+        # as soon as the ``with`` is left).
+        debts = block.exit_debts or owe([lock], block.depth)
         with contextlib.suppress(BaseException):
             _release_level(lock, block, committed=outcome is None)
         paid(debts)
-        _forget(block.exit_debts)  # leave_block's: the release above was made (or is owed)
     elif block.committed.done and isinstance(error, Exception):  # after all of it
         logger.warning("redlock: %s: its fenced transaction committed and the lock was"
                        " released; then %s: %s (logged, not raised)", lock.describe(),
