@@ -1785,7 +1785,7 @@ def _exit_left(debts: list[_Debt], _gone: Any) -> None:
             logger.warning("redlock: %s: its `with` was left before its exit finished (an"
                            " exception as it handed its failure on): released now",
                            debt.lock.describe())  # fmt: skip
-        except Exception:
+        except BaseException:  # (nothing propagates out of a weak reference's callback)
             logger.warning("redlock: %s: a fenced block's release, owed as its `with` was left,"
                            " failed (kept)", debt.lock.describe(), exc_info=True)  # fmt: skip
         paid([debt])
