@@ -296,6 +296,8 @@ class FencedTransaction:
         self.by_lock = False  # opened by ``with lock`` (enter_block), which marks it live
         self.depth = 0  # ``with lock``: the hold's depth once it opened this block
         self.left = False  # ``with lock``: committed or rolled back, and released
+        self.exit_debts: list[_Debt] = []  # ``with lock``: its release, owed as its exit began
+        self.exit_watch: weakref.ReferenceType[Any] | None = None  # (see _owe_until_left)
         self._steps = _fenced_steps(lock, using, self.committed)
         self.committed.steps = weakref.ref(self._steps)
 
@@ -509,6 +511,8 @@ def _fenced_steps(
         if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
             _drop_unfinished(using)
         if not exiting:  # rolled back: nothing committed
+            if outermost:  # its callbacks, should Django's rollback have kept them
+                _drop_own_hooks(using, committed)
             interrupt = _interrupt_in(exc, handled)
             if isinstance(exc, DatabaseError) and interrupt is not None:
                 raise interrupt from None  # Django's rollback had made it a database error
@@ -535,12 +539,14 @@ def _fenced_steps(
             raise interrupt from None  # Django's exit had made it a database error
         if outcome is None:
             committed.pending = False  # settled: unknown, said below
+            _drop_own_hooks(using, committed)  # as Django drops them when the COMMIT fails
             if stopped is not None:
                 cut = "was not answered, and its outcome check was cut short twice"
                 raise _unknown(lock.describe(), stopped, cut) from stopped
             raise _unknown(lock.describe(), exc, f"on database {using!r} did not answer") from exc
         if not outcome:
             committed.pending = False  # settled: the rows prove it never committed
+            _drop_own_hooks(using, committed)
             if stopped is not None:
                 raise stopped from exc  # it said "stop": nothing committed, proven
             raise
@@ -570,18 +576,82 @@ def _fenced_steps(
         # left behind would be every later block's of the row on this thread (whose outcome
         # check would take this block's write for its own). The rest, skipped by an
         # exception, is cleaned up later (the block's steps are over).
+        # Then the rest, each step after the one before it however that ended: one
+        # exception (a soft time limit) skips no step.
         try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
-        finally: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
-        committed.where = None  # (not kept alive by the block)
-        # Nor its callbacks: its frame lives on in a raised exception's traceback (kept by a
-        # reference cycle, an error reporter, a test), and a callback a rollback (or Django's
-        # rule) dropped must be freed at once: its finalizer may hold a key (dedupe_queued's).
-        _forget_calls(using, hooks, entries)
+        finally:
+            try: _forget_mark(marks, row, own_mark, seen)  # noqa: E701  # fmt: skip
+            finally:
+                # A plain callback raised after robust ones a signal cut (see _run_rest): those
+                # run, even after a second soft time limit cut the except path (twice: one
+                # landing as it is entered). Before the wrappers forget their calls.
+                try: _run_before_raised(lock.describe(), entries)  # noqa: E701  # fmt: skip
+                finally:
+                    try: _run_before_raised(lock.describe(), entries)  # noqa: E701  # fmt: skip
+                    finally:  # (twice: an exception as it is entered would skip all of it)
+                        try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
+                        finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
         del hooks, entries, proved_hooks
         with contextlib.suppress(ValueError):
             _live().remove(committed)
         if outermost:  # the transaction ended as it should: nothing to roll back later
             _ended_clean(using)
+
+
+def _let_go(
+    using: str,
+    committed: _Committed,
+    outermost: bool,
+    hooks: list[Any] | None,
+    entries: list[Any],
+    proved: list[Callable[[], None]],
+) -> None:
+    """The block's end, each step run whatever the one before it raised: the block's frame
+    lives on in a raised exception's traceback (kept by a reference cycle, an error reporter,
+    a test), and a callback a rollback (or Django's rule) dropped must be freed at once: its
+    finalizer may hold a key (dedupe_queued's). So must the frames of this module's helpers
+    an exception left on that traceback (``_watch_hooks``'s entry, for one)."""
+    try:
+        committed.where = None  # (not kept alive by the block)
+        if outermost and not committed.done:  # (again, should the except path be cut short)
+            _drop_own_hooks(using, committed)
+    finally:
+        try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
+        finally:
+            try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
+            finally: _clear_helper_frames(sys.exc_info()[1])  # noqa: E701  # fmt: skip
+
+
+def _clear_helper_frames(error: BaseException | None) -> None:
+    """Clear the locals of the finished frames of this module's helpers on the tracebacks of
+    ``error`` and the exceptions it chains (see :func:`_let_go`). No I/O."""
+    helpers = _helper_codes()
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        tb = error.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in helpers:
+                with contextlib.suppress(RuntimeError):  # still running: left as it is
+                    tb.tb_frame.clear()
+            tb = tb.tb_next
+        error = error.__context__ or error.__cause__
+
+
+@functools.cache
+def _helper_codes() -> frozenset[CodeType]:
+    """The code of the helpers whose frames hold a block's callbacks or marks (and their
+    comprehensions')."""
+    funcs: list[Any] = [_watch_hooks, _proved_hooks, _forget_mark, _forget_calls,
+                        _drop_own_hooks, _let_go, _Called.__init__, _Seen.close,
+                        _run_before_raised, _raised_plain]  # fmt: skip
+    codes: set[CodeType] = set()
+    todo = [func.__code__ for func in funcs]
+    while todo:
+        code = todo.pop()
+        codes.add(code)
+        todo.extend(const for const in code.co_consts if isinstance(const, CodeType))
+    return frozenset(codes)
 
 
 class _ProvedHook:
@@ -909,11 +979,37 @@ def _run_rest(
         func, robust = last[1], len(last) > 2 and bool(last[2])
         if isinstance(func, _Called) and func.ran()[1] and not robust:
             # It raised, and Django drops the rest; not those before it that never ran.
-            _run_each(describe, [entry for entry in entries[: taken - 1] if not _ran(entry[1])])
+            _run_before_raised(describe, entries)
             return False
     hooks[:0] = [entry for entry in entries[:taken] if not _ran(entry[1])]  # first, in order
     _run_each(describe, hooks)
     return True
+
+
+def _run_before_raised(describe: str, entries: list[Any]) -> None:
+    """When a plain callback raised in Django's loop (so the COMMIT happened): run the entries
+    before it that never ran (robust ones whose call line a signal cut, inside Django's
+    ``try:``; the block's marker), each once, in order (an ``Exception`` from one: logged).
+    Those after it are dropped, Django's rule. Idempotent: told from what each wrapper
+    recorded of its call, it is run again at the block's end should an exception cut it."""
+    at = next((i for i, entry in enumerate(entries) if _raised_plain(entry)), None)
+    if at is None:
+        return
+    for entry in entries[:at]:
+        func = entry[1]
+        if _ran(func):
+            continue
+        try:
+            func()
+        except Exception:
+            if isinstance(func, _Called) and not func.ran()[0]:
+                raise  # not its error (a signal handler's, before it ran): run again later
+            logger.exception("redlock: %s: a callback of its fenced transaction raised", describe)
+
+
+def _raised_plain(entry: Any) -> bool:
+    func, robust = entry[1], len(entry) > 2 and bool(entry[2])
+    return isinstance(func, _Called) and not robust and func.ran() == (True, True)
 
 
 def _run_each(describe: str, hooks: list[Any]) -> None:
@@ -936,6 +1032,22 @@ def _forget_calls(using: str, hooks: list[Any] | None, entries: list[Any]) -> No
     entries.clear()
     if hooks is not None and hooks is not connections[using].run_on_commit:
         hooks.clear()
+
+
+def _drop_own_hooks(using: str, committed: _Committed) -> None:
+    """An outermost block that did not commit (or whose outcome is unknown): its ``on_commit``
+    callbacks, its marker first, dropped from the connection. Django clears the list only at
+    the end of its ``rollback()``: an exception a signal handler raised after the ROLLBACK
+    (or a rollback never run) leaves them there, and the thread's next COMMIT would run them
+    (charge the card of a rolled-back order). Only the marker's entry and those after it, each
+    registered inside this block. No I/O."""
+    connection = connections[using]
+    if connection.in_atomic_block:
+        return  # still open: rolled back as abandoned (_abandon clears the list)
+    hooks = connection.run_on_commit
+    at = next((i for i, entry in enumerate(hooks) if entry[1] is committed), None)
+    if at is not None:
+        del hooks[at:]  # one step
 
 
 def _ran(func: Any) -> bool:
@@ -1323,7 +1435,30 @@ class _Scope:
         # Released (nested, no exception): committed into the outer transaction. No call
         # between Django's exit returning and the stores: nothing lands between them.
         released = self.nested and exc_type is None
+        if not self.nested and (exc_type is not None or connections[self.using].needs_rollback):
+            _roll_back_first(self.using)  # Django's exit rolls back: done first
         self.atomic.__exit__(exc_type, exc, tb); self.exited = True; self.committed.done = self.committed.done or released  # noqa: E702, E501  # fmt: skip
+
+
+def _roll_back_first(using: str) -> None:
+    """The driver's ROLLBACK of an outermost block's transaction, before Django's exit rolls it
+    back: Django's exit drops its atomic flag before its ROLLBACK, and its ``finally`` turns
+    autocommit back on, which on SQLite COMMITs a transaction still open. An exception a signal
+    handler raised between the two (a soft time limit) would commit the writes of a block that
+    raises "nothing committed". Rolled back here, Django's ROLLBACK is a no-op; cut short before
+    this call, the transaction is still Django's (``in_atomic_block``) and the steps roll it back
+    (:func:`_abandon`). A driver that fails to roll back: closed (the server rolls back)."""
+    connection = connections[using]
+    raw = connection.connection
+    if raw is None or not connection.in_atomic_block or connection.savepoint_ids:
+        return  # closed (the server rolled back), or not only this block's transaction
+    if connection.closed_in_transaction:
+        return
+    try:
+        raw.rollback()
+    except connection.Database.Error:
+        with contextlib.suppress(Exception):
+            connection.close()  # in an atomic block: Django's exit then forgets the connection
 
 
 def _undo_savepoint(using: str, depth: int, scope: _Scope) -> None:
@@ -1579,12 +1714,16 @@ def leave_block(
     blocks = _blocks()
     _drop_left(lock)
     block = _innermost(lock)
+    # Owed from here on, payable once its ``with`` is left: an exception on the caller's
+    # ``except`` line (or before ``leave_failed`` ran) would leave the hold renewed for ever.
+    debts = _owe_until_left(lock, block)
     block.__exit__(exc_type, exc, tb)  # raises: nothing committed (or an interrupt after it)
     if exc_type is None:
         release_after_commit(lock, block.depth)
     else:  # rolled back: as any lock's `with`, the body's exception says more than a loss
         with contextlib.suppress(LockNotOwned):
             lock.release()
+    _forget(debts)  # released (or owed by release_after_commit itself)
     block.left = True
     _open.left = weakref.ref(lock) if exc_type is None else None  # committed: left_committed
     del blocks[blocks.index(block)]  # last: no instruction after it can be interrupted
@@ -1610,7 +1749,9 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
         else:  # committed, an Exception after the COMMIT (logged): the block returns
             swallowed = block.committed.done and isinstance(error, Exception)
             outcome = None if swallowed else error
-        debts = owe([lock], block.depth)  # first: a release cut short stays owed
+        # First: a release cut short stays owed (leave_block's debt, if it made one: paid
+        # as soon as the ``with`` is left).
+        debts = block.exit_debts or owe([lock], block.depth)
         with contextlib.suppress(BaseException):
             _release_level(lock, block, committed=outcome is None)
         paid(debts)
@@ -1626,6 +1767,51 @@ def leave_failed(lock: FencedLock, error: BaseException) -> None:
         _open.left = None
         raise outcome
     note_left(lock)  # last: committed, and released (or owed)
+
+
+def _owe_until_left(lock: FencedLock, block: FencedTransaction) -> list[_Debt]:
+    """Owe ``block``'s level of the lock as its ``with``'s exit begins, payable only once that
+    ``with`` is left (its exit token dead: see :class:`TrackedExit`) with the block ended, and
+    paid at that very moment (a weak reference's callback): an exception a signal handler
+    raises after the exit failed and before :func:`leave_failed` ran (``BaseLock.__exit__``'s
+    ``except`` line, ``_exit_failed``'s first line) would otherwise leave the hold held, and
+    renewed by the watchdog, for as long as the process lives. None when the ``with`` is not
+    known (an ``ExitStack``'s). No I/O."""
+    where = block.committed.where
+    token = where[3] if where is not None else None
+    bound = token() if token is not None else None
+    if token is None or bound is None:
+        return []
+    debts = owe([lock], block.depth)
+    for debt in debts:
+        debt.until, debt.block = token, block
+    block.exit_debts = debts
+    block.exit_watch = weakref.ref(bound, functools.partial(_exit_left, debts))
+    del bound
+    return debts
+
+
+def _exit_left(debts: list[_Debt], _gone: Any) -> None:
+    """A ``with`` statement left (its exit token died): its block's release, if still owed
+    (the exit never reached :func:`leave_failed`), made now, in the ``with``'s thread."""
+    owed = _owed()
+    for debt in debts:
+        if debt not in owed or not debt.due():
+            continue
+        try:
+            debt.pay()
+            logger.warning("redlock: %s: its `with` was left before its exit finished (an"
+                           " exception as it handed its failure on): released now",
+                           debt.lock.describe())  # fmt: skip
+        except BaseException:  # (nothing propagates out of a weak reference's callback)
+            logger.warning("redlock: %s: a fenced block's release, owed as its `with` was left,"
+                           " failed (kept)", debt.lock.describe(), exc_info=True)  # fmt: skip
+        paid([debt])
+        block = debt.block
+        if block is not None and not block.left and not _is_open(block):
+            block.left = True
+            with contextlib.suppress(ValueError):
+                _blocks().remove(block)
 
 
 def note_left(lock: object | None) -> None:
@@ -1793,6 +1979,10 @@ class _Debt:
     same lock object, nor a level of it taken again since (a reentrant owner's token is the
     same for all its holds; a level is named by its stamp, new each time it is taken)."""
 
+    #: Payable only once this is dead (a ``with``'s exit token: see _owe_until_left).
+    until: weakref.ReferenceType[Any] | None = None
+    block: FencedTransaction | None = None  # ... and this block is no longer open
+
     def __init__(self, lock: FencedLock, hold: FencedHold, depth: int | None) -> None:
         self.lock, self.token, self.depth = lock, hold.token, depth
         level = 1 if depth is None else depth
@@ -1800,6 +1990,15 @@ class _Debt:
         self.stamp = stamps[level - 1] if 0 < level <= len(stamps) else None
 
     def due(self) -> bool:
+        """Whether it is to be paid now: held, and (owed as a ``with``'s exit began) that
+        ``with`` is left and its block ended. No I/O."""
+        if self.until is not None and self.until() is not None:
+            return False  # its exit runs: it releases
+        if self.block is not None and _is_open(self.block):
+            return False  # left open: rolled back first (drop_left_blocks), then released
+        return self.held()
+
+    def held(self) -> bool:
         """Whether that hold (and level) is still held here. No I/O."""
         try:
             _owner, hold = self.lock.current_hold()
@@ -1854,9 +2053,17 @@ def paid(debts: list[_Debt]) -> None:
     renews it) stays owed. No I/O."""
     owed = _owed()
     for debt in debts:
-        if not debt.due():
+        if not debt.held():
             with contextlib.suppress(ValueError):
                 owed.remove(debt)
+
+
+def _forget(debts: list[_Debt]) -> None:
+    """No longer owed, whatever their state (another debt covers them). No I/O."""
+    owed = _owed()
+    for debt in debts:
+        with contextlib.suppress(ValueError):
+            owed.remove(debt)
 
 
 def pay_owed(**_: Any) -> None:

@@ -529,3 +529,51 @@ def test_a_time_limit_before_a_robust_callbacks_call_in_djangos_loop_run_again_r
     assert [who for who, _ in sales(PG)] == ["first"]
     connection = connections[PG]
     assert connection.autocommit and not connection.in_atomic_block
+
+
+def test_a_second_time_limit_as_the_exit_takes_a_plain_callbacks_error_still_runs_the_cut_one(
+    name: str,
+) -> None:
+    """review rf2 #5: a first soft time limit on a robust callback's call line (Django's
+    ``try:`` swallowed it), then a plain callback raises, then a second time limit on the
+    exit's ``except`` line, before ``_run_rest`` ran the cut one: the block returned
+    committed and the robust callback never ran. It runs at the block's end, once."""
+    open_shop("default", 1, 10)
+    ran: list[str] = []
+    cuts: list[int] = []
+    steps = fencing._fenced_steps.__code__
+    lines, first = inspect.getsourcelines(steps)
+    at = first + next(i for i, text in enumerate(lines) if "except BaseException as exc:" in text)
+
+    def on_except(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == at and not cuts:
+            cuts.append(at)
+            frame.f_trace = None
+            sys.settrace(None)
+            raise TimeLimit("second soft time limit")
+        return on_except
+
+    def boom() -> None:
+        ran.append("boom")
+        frame = sys._getframe()
+        while frame is not None and frame.f_code is not steps:
+            frame = frame.f_back  # type: ignore[assignment]
+        assert frame is not None
+        sys.settrace(lambda *_: None)  # (the first cut turned tracing off)
+        frame.f_trace = on_except
+        raise RuntimeError("mail server down")
+
+    try:
+        with lock(name, ttl=30, atomic="default"):
+            sell_one("default", 1, "first")
+            transaction.on_commit(lambda: ran.append("a"), using="default")
+            transaction.on_commit(lambda: ran.append("r"), using="default", robust=True)
+            transaction.on_commit(boom, using="default")
+            transaction.on_commit(lambda: ran.append("dropped"), using="default")
+            sys.settrace(_cut_on_call_line(2, robust=True))  # (the marker's is the 1st)
+    finally:
+        sys.settrace(None)
+    assert cuts == [at]
+    assert ran == ["a", "boom", "r"]
+    assert not lock(name).locked()
+    assert [who for who, _ in sales("default")] == ["first"]
