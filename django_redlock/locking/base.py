@@ -829,10 +829,12 @@ class BaseLock:
                         renewed_to = hold.stop_at if self.auto_renew else None
                         hold.ends_by = (renewed_to or time.monotonic()) + ttl_ms / 1000
                     self._holds[owner] = hold
-                    if self.exclusive:
-                        # Every exclusive hold, reentrant, capped or not renewed too: a plain
-                        # wait of the same actor with no timeout would wait for it (for ever,
-                        # or to the cap or the TTL, inside the block): refused at once.
+                    if self.exclusive and hold.ends_by is None:
+                        # An exclusive hold renewed for good (plain or reentrant): a plain wait
+                        # of the same actor with no timeout would wait for it for ever, so it
+                        # is refused at once. One that runs out by itself (not renewed, or
+                        # capped) is waited for: the server may end it before this process's
+                        # clock says (a clock step, a restart), and a refusal then is wrong.
                         hold.taken = take(self.backend, self.name, actor, self)
                 else:
                     # The level's stamp first: cut short before the depth, the stamp names a
