@@ -13,7 +13,6 @@ import contextlib
 import functools
 import inspect
 import logging
-import sys
 import threading
 import time
 import weakref
@@ -1451,7 +1450,7 @@ class BaseLock:
         # First: its exit token (fencing.TrackedExit) before anything looks up an __exit__.
         # A plain ``with``: its exit token too, so that a statement left as its exit began (a
         # signal handled at the exit's entry) releases its level all the same (_LeftWith).
-        frame = sys._getframe(1)
+        frame = getattr(inspect.currentframe(), "f_back", None)
         where = fencing.with_frame(frame, self) if self.database else None
         token = None if self.database else fencing.with_exit_token(frame, self)
         timeout = self._timeout()
