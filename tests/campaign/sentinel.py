@@ -175,7 +175,7 @@ def client(config: dict[str, Any]) -> None:
             work = rng.uniform(0.6, 1.4) * TTL if long_ else rng.uniform(0.02, 0.3)
             ends = time.monotonic() + work
             while not stopping and time.monotonic() < ends:  # SIGTERM: finish now
-                time.sleep(min(0.05, ends - time.monotonic()))
+                time.sleep(max(0.0, min(0.05, ends - time.monotonic())))  # (ends may pass)
             if config.get("break") == "lost" and rng.random() < 0.1:
                 break_hold(name, hold)
         guarded(hold, "rel", lk.release)
