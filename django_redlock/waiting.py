@@ -183,6 +183,7 @@ class PubSubHub(ReleaseHub):
         self._closed = False
         self._silent = False  # declared unheard, and nothing heard since
         self._alive: _Liveness | None = None  # the reader's, while it reads
+        self._first_send = threading.Lock()  # see _send_first
         _pubsub_hubs.add(self)
 
     def join(
@@ -286,11 +287,24 @@ class PubSubHub(ReleaseHub):
                 if not sending.users and self._sending.get(channel) is sending:
                     del self._sending[channel]
 
+    def _send_first(self, pubsub: Any, send: Callable[[str], object], channel: str) -> None:
+        """``send(channel)``, one at a time while ``pubsub`` has no connection yet.
+
+        redis-py's PubSub takes its connection on its first command, looking for none
+        outside its lock: two first commands at once (waiters of two locks joining a fresh
+        hub) took a connection each, and the subscription sent on the one it did not keep
+        was read by nobody: never confirmed, no release heard, subscribed there for good."""
+        if getattr(pubsub, "connection", None) is not None:
+            send(channel)
+            return
+        with self._first_send:
+            send(channel)
+
     def _send_subscribe(self, channel: str) -> Exception | None:
         with self._mutex:
             pubsub = self._ensure_started()
         try:
-            pubsub.subscribe(channel)
+            self._send_first(pubsub, pubsub.subscribe, channel)
         except Exception as exc:  # the reader thread reconnects; waiters fall back to TTL waits
             logger.debug("redlock: subscribe to %s failed: %s", channel, exc)
             return exc
@@ -310,7 +324,7 @@ class PubSubHub(ReleaseHub):
                     return self._confirmed.get(self._inbox)
                 self._inbox, self._confirmed[inbox], marked = inbox, confirmed, True
                 pubsub = self._ensure_started()
-            pubsub.subscribe(inbox)
+            self._send_first(pubsub, pubsub.subscribe, inbox)
             sent = True
         except Exception as exc:  # as in _subscribe; the next waiter subscribes again
             logger.debug("redlock: subscribe to %s failed: %s", inbox, exc)
@@ -553,6 +567,7 @@ class PubSubHub(ReleaseHub):
         self._sending = {}
         self._doubtful = set()
         self._forgotten = set()
+        self._first_send = threading.Lock()
 
 
 def _connected(pubsub: Any) -> bool:
@@ -686,7 +701,7 @@ class ShardedPubSubHub(PubSubHub):
                     return RuntimeError("the hub is closed")
                 shard = self._shard(node)
                 self._node_of[channel] = node.name
-            shard.pubsub.ssubscribe(channel)
+            self._send_first(shard.pubsub, shard.pubsub.ssubscribe, channel)
         except Exception as exc:  # the channel's waiters fall back to their timer
             logger.debug("redlock: ssubscribe to %s failed: %s", channel, exc)
             return exc
@@ -700,7 +715,7 @@ class ShardedPubSubHub(PubSubHub):
                 shard.unsubscribing[channel] = shard.unsubscribing.get(channel, 0) + 1
         if shard is not None:
             try:
-                shard.pubsub.sunsubscribe(channel)
+                self._send_first(shard.pubsub, shard.pubsub.sunsubscribe, channel)
             except Exception as exc:
                 logger.debug("redlock: sunsubscribe from %s failed: %s", channel, exc)
                 with self._mutex:
