@@ -39,6 +39,7 @@ from django.utils.module_loading import import_string
 from ..backends import markers
 from ..exceptions import LockError, LockNotAcquired
 from ..handler import locks
+from ..identity import current_task as holder_task
 from ..locking import Lock
 from ..validation import to_ms
 from .single import (
@@ -47,6 +48,7 @@ from .single import (
     clear_queued_marker,
     duplicate,
     guarded,
+    holder_id,
     new_hold,
     run_held,
     take,
@@ -570,8 +572,16 @@ def _hold_until_commit(config: SingleInstance, key: str, result: Any) -> None:
     # The callback first: an interrupt after the take still has it released at the end.
     transaction.on_commit(_Uncommitted(config, key, held), using=alias, robust=True)
     # Free (we have the turn, and a waiting enqueue waits before its own), unless this
-    # thread's transaction holds it already for an earlier run of the key.
-    held.acquire(blocking=False)
+    # thread's transaction holds it already for an earlier run of the key. Its holder names
+    # the run: the proof of the COMMIT a waiting enqueue() looks for (see _committed).
+    named = holder_task.get()
+    try:
+        holder_task.set(
+            (holder_id(str(result.id)), f"{config.func.__module__}.{config.func.__qualname__}")
+        )
+        held.acquire(blocking=False)
+    finally:
+        holder_task.set(named)  # by value (see single.take)
 
 
 def _await_commit(
@@ -580,8 +590,9 @@ def _await_commit(
     """Wait (up to ``deadline``) for the transaction of another connection that queued a run
     of ``key`` to end: then its run is visible (committed), or gone (rolled back). The lock
     goes only once Django reached the library's ``on_commit`` callback, after every one
-    registered before it (a slow mail, an HTTP call): so between waits, the run's row,
-    visible to this connection, says the COMMIT happened (the caller then finds the run)."""
+    registered before it (a slow mail, an HTTP call): so between waits, the row of the run
+    the lock's holder names, visible to this connection, says the COMMIT happened (the
+    caller then finds the run, queued or running, or queues one if it ended)."""
     if _own_uncommitted(config, key) or not store.is_locked(f"{key}{COMMIT_SUFFIX}"):
         return
     look = COMMIT_LOOK
@@ -593,9 +604,20 @@ def _await_commit(
                 return
         except LockNotAcquired:
             pass
-        if _committed(backend, key, store):
+        run = _committed(backend, key, store)
+        # Committed, and still queued or running: the caller returns it. Over: the caller
+        # queues a new run, which, in a transaction of this thread, needs the commit lock
+        # for itself (a third enqueue() would take its invisible row for rolled back): then
+        # it waits for the lock still.
+        if run is not None and not (run.is_finished and _in_transaction()):
             return
         if time.monotonic() >= deadline:
+            if run is not None:
+                raise LockNotAcquired(
+                    f"{task.module_path}: {key!r}: its run committed and ended, but its"
+                    f" transaction's on_commit callbacks still ran after {ENQUEUE_TTL:g} s"
+                    " (this enqueue(), inside a transaction, waits for them)"
+                )
             raise LockNotAcquired(
                 f"{task.module_path}: {key!r} was queued in a transaction still open after"
                 f" {ENQUEUE_TTL:g} s"
@@ -607,21 +629,32 @@ def _await_commit(
 COMMIT_LOOK = 0.5
 
 
-def _committed(backend: Any, key: str, store: Any) -> bool:
-    """Whether the transaction that queued ``key``'s run is over: the run its marker names
-    is visible to this connection (committed: queued, running or finished). No marker (it
-    may have expired in a long transaction), a reservation, a row this connection cannot
-    see, or a backend that keeps no results prove nothing: the lock is waited for."""
-    found = markers.read(store, key)
-    if found is None or found[0].startswith(RESERVED):
-        return False
+def _committed(backend: Any, key: str, store: Any) -> Any:
+    """The run whose transaction holds ``key``'s commit lock, if visible to this connection:
+    then that transaction committed (the run queued, running or finished); else None. The
+    lock's holder names the run: the marker does only while the run is queued (the run
+    clears it as it takes the key; it may expire in a long transaction), so it is looked at
+    only for a lock whose holder names none (taken by an earlier release). A row this
+    connection cannot see (still open, or rolled back), a reservation or a backend that
+    keeps no results prove nothing: the lock is waited for."""
+    info = store.inspect(f"{key}{COMMIT_SUFFIX}")
+    run_id = task_id_of(info.holder) if info is not None else None
+    if run_id is None and info is not None:
+        found = markers.read(store, key)
+        run_id = found[0] if found is not None and not found[0].startswith(RESERVED) else None
+    if run_id is None:  # (no lock any more: the next wait takes it at once)
+        return None
     try:
-        backend.get_result(found[0])
+        return backend.get_result(run_id)
     except NotImplementedError:
-        return False
+        return None
     except tuple(errors.TaskResultDoesNotExist for errors in _loaded("exceptions")):
-        return False
-    return True
+        return None
+
+
+def _in_transaction() -> bool:
+    """Whether this thread is inside an ``atomic()`` block on any database."""
+    return any(c.in_atomic_block for c in connections.all(initialized_only=True))
 
 
 def _name_run(

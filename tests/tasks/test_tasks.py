@@ -277,6 +277,118 @@ def test_enqueues_in_open_transactions_run_once_on_the_workers(
     assert second.id == first.id, "a second run was queued"
 
 
+@pytest.mark.parametrize("state", ["running", "finished"])
+def test_an_enqueue_after_the_commit_gets_the_started_run_or_queues_once_it_ended(
+    state: str, workers: list[Worker], redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The commit lock goes as Django reaches the library's on_commit callback, after a slow
+    # one registered before it. Meanwhile a worker took the committed run (its marker cleared
+    # as it took the key), or ran it to its end: another connection's enqueue() found no
+    # marker to prove the COMMIT, waited ENQUEUE_TTL, then raised LockNotAcquired ("queued in
+    # a transaction still open") (review c2, 1). It must return the running run, or queue a
+    # new one once the run ended, at once (the wait here is 3 s; the callback outlasts it).
+    from django.db import transaction
+
+    from django_redlock.backends import markers
+    from django_redlock.contrib import tasks
+
+    from .test_tasks_atomic import in_thread
+
+    monkeypatch.setattr(tasks, "ENQUEUE_TTL", 3.0)
+    r = redis(redis_server)
+    if state == "running":
+        r.delete("dedupe:open")  # the run stays in its body, holding the key
+    else:
+        r.set("dedupe:open", 1)
+    n = 40 if state == "running" else 41
+    key = lock_key(tasks_jobs.deduped, n)
+    first: list[Any] = []
+    other: list[Any] = []
+
+    def slow() -> None:  # registered before the enqueue's own callback
+        if state == "running":
+            wait_for(
+                lambda: (info := locks["default"].inspect(key)) and info.holder.get("k"),
+                "the committed run never took the key",
+                20,
+            )
+        else:
+            finished(first[0])
+        assert markers.read(locks["default"], key) is None  # cleared by the run
+        started = time.monotonic()
+        thread, out = in_thread(lambda: tasks_jobs.deduped.enqueue(n))
+        thread.join(tasks.ENQUEUE_TTL + 10)
+        other.extend([out, time.monotonic() - started])
+
+    try:
+        with transaction.atomic(using="tasks"):
+            transaction.on_commit(slow, using="tasks")
+            first.append(tasks_jobs.deduped.enqueue(n))
+        out, took = other
+        assert out and out[0][0] == "ok", out
+        assert took < 2.0, f"the enqueue waited {took:.1f} s"
+        second = out[0][1]
+        if state == "running":
+            assert second.id == first[0].id, "a second run was queued"
+            assert second.status == TaskResultStatus.RUNNING
+        else:
+            assert second.id != first[0].id, "the finished run was returned"
+            assert finished(second).return_value == "ran"
+    finally:
+        r.set("dedupe:open", 1)
+    assert finished(first[0]).return_value == "ran"
+    assert r.lrange("dedupe:ran", 0, -1).count(str(n)) == (1 if state == "running" else 2)
+
+
+def test_an_enqueue_in_a_transaction_after_the_commit_and_the_run_waits_for_the_commit_lock(
+    workers: list[Worker], redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As above, the committed run ended while an earlier callback still runs; but the other
+    # enqueue() is in a transaction of its own. Queued at once, its run's row is invisible to
+    # others and the commit lock (the first transaction's) is not its own: a third enqueue()
+    # would take that row for rolled back and queue a duplicate. It waits for the lock, then
+    # queues its run holding the lock (its holder names that run).
+    from django.db import transaction
+
+    from django_redlock.contrib import tasks
+    from django_redlock.contrib.single import task_id_of
+
+    from .test_tasks_atomic import in_thread
+
+    monkeypatch.setattr(tasks, "ENQUEUE_TTL", 10.0)
+    r = redis(redis_server)
+    r.set("dedupe:open", 1)
+    n, hold = 42, 2.0
+    key = lock_key(tasks_jobs.deduped, n)
+    first: list[Any] = []
+    other: list[Any] = []
+
+    def in_own_transaction() -> tuple[Any, str | None, float]:
+        started = time.monotonic()
+        with transaction.atomic(using="tasks"):
+            run = tasks_jobs.deduped.enqueue(n)
+            info = locks["default"].inspect(f"{key}:enqueue:commit")
+            return run, task_id_of(info.holder) if info else None, time.monotonic() - started
+
+    def slow() -> None:  # registered before the enqueue's own callback
+        finished(first[0])
+        other.extend(in_thread(in_own_transaction))
+        time.sleep(hold)
+
+    with transaction.atomic(using="tasks"):
+        transaction.on_commit(slow, using="tasks")
+        first.append(tasks_jobs.deduped.enqueue(n))
+    thread, out = other
+    thread.join(20)
+    assert out and out[0][0] == "ok", out
+    second, holder, took = out[0][1]
+    assert second.id != first[0].id
+    assert holder == str(second.id), "its transaction did not hold the commit lock"
+    assert took >= hold - 0.5
+    assert finished(second).return_value == "ran"
+    assert r.lrange("dedupe:ran", 0, -1).count(str(n)) == 2
+
+
 # -- a killed worker (last: it kills one of the module's workers) --------------------------
 
 
