@@ -207,6 +207,18 @@ them.
   counter after the SET NX (one call fewer only when the name was not already taken in the
   same millisecond, two more writes when it was: half the time at a few thousand holds a
   second).
+  Session 21 (issue 46): the helpers still built for the common path (`_hold.lua`'s, spliced
+  at the top) are not built for it now: a one-off try of a free plain lock and a plain
+  release run flat before any helper is defined. Measured by `bench/script_costs.py` (not
+  make bench: the figures above are the full run's), `python -m bench.script_costs --against
+  bfed1f6`, `SCRIPT_COSTS_ROUNDS=24`, three runs at load 7.5 (6,000 cycles each way per run,
+  the old and new scripts taking turns; medians of the rounds): acquire.lua 24.8-26.1 us
+  before, 22.3-23.5 after (per-round differences' median 1.9-2.9 us saved); release.lua
+  13.9-14.5 us before, 10.6 after (3.3-4.1 saved); raw `SET NX PX` 1.9-2.0. Tried and
+  dropped, under 1 us (probe scripts alone, same method): an optimistic fence (the counter's
+  `SET ... PX ... GET` written with the clock's fence, rewritten with the lock when the old
+  counter was not below it: -0.2 to +0.5 us against `GET` + `SET PX`, and two more writes
+  whenever the counter is ahead), and fewer `string.format` calls (about 0.2 us).
 - **Fair worst wait ({contended.fair.worst_wait} in the full run, target
   {contended.fair.worst_wait:verdict}: 2 x a FIFO ideal, see the table; 13-22 ms in earlier
   runs).** The ideal is 7

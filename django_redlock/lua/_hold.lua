@@ -3,9 +3,10 @@
 -- a reentrant hold is a hash {owner = count, ':fence', ':at', ':meta', ':seq'}.
 
 -- The server's clock in ms (TTL arithmetic); the same reading in us is kept for fence_next.
+-- `t`: a TIME reply the script read already (none: read now).
 local now_us = 0
-local function now_ms()
-  local t = redis.call('TIME')
+local function now_ms(t)
+  t = t or redis.call('TIME')
   now_us = t[1] * 1000000 + t[2]
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end

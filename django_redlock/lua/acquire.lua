@@ -14,14 +14,45 @@
 -- ordered write is older than one the hold applied (it ran late: nothing done); {-4} when an
 -- ordered re-entry (levels > 0) finds no hold of the owner's: the hold it nests in is gone,
 -- and nothing is taken.
--- The helpers for waiting and queueing are spliced in after the common case (a plain lock,
--- free, nobody queued, a one-off try) has returned: taking a free lock never defines them.
+-- The common case (a plain lock, free, nobody queued, a one-off try: 5 keys, 5 arguments)
+-- runs first, flat, before any helper is defined: `--! include _hold` builds a closure per
+-- helper on every call, which cost that case more than its commands (issue 46). It does
+-- what hold_take and fence_next in _hold.lua do (keep them in step); anything else (a held
+-- lock, a queue) goes on below with what it read (the clock, the queue's EXISTS).
+-- The helpers for waiting and queueing are spliced in after that: taking a free lock never
+-- defines them.
 -- A registered waiter's or a queue head's take tells the next waiter to stand down (the
 -- bounded hand-off: HAND_OFF_MS in _wake.lua).
---! include _hold
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local waiting, marker = KEYS[5], KEYS[6]
 local token, ttl, meta = ARGV[1], ARGV[2], ARGV[3]
+local plain_try = #ARGV == 5 and not marker and ARGV[4] == '0' and ARGV[5] == '0'
+local clock, queued
+if plain_try then
+  clock = redis.call('TIME')
+  -- A name whose fair queue has waiters is taken in queue order, whatever kind tries.
+  queued = redis.call('EXISTS', queue) == 1
+  if not queued then
+    -- The next fence: above the counter ('fence|token', or a bare 'fence'), at least the
+    -- clock in us; integer text (a Lua number as text would be '1.76e+15').
+    local last, prior = 0, ''
+    local value = redis.call('GET', counter)
+    if value then
+      local fence, who = string.match(value, '^(%d+)|?(.*)$')
+      last, prior = tonumber(fence) or 0, who or ''
+    end
+    local fence = math.max(last + 1, clock[1] * 1000000 + clock[2])
+    local text = string.format('%d', fence)
+    local at = string.format('%d', clock[1] * 1000 + math.floor(clock[2] / 1000))
+    if redis.call('SET', lock, token .. '|' .. text .. '|' .. at .. '|' .. meta,
+                  'NX', 'PX', ttl) then
+      -- Kept FENCE_MEMORY_MS (_hold.lua) at least.
+      redis.call('SET', counter, text .. '|' .. token, 'PX', math.max(tonumber(ttl), 60000))
+      return {1, fence, 1, prior}
+    end
+  end
+end
+--! include _hold
 local reentrant, fair = ARGV[4] ~= '0', ARGV[5] == '1'
 local seq, levels = order_read(ARGV[4])
 local given = #ARGV
@@ -34,17 +65,20 @@ if given >= 7 then
   waiter, wait, inbox = ARGV[6], tonumber(ARGV[7]), ARGV[8]
 end
 local registered = not fair and wait >= 0 -- a plain waiter: registered to be woken
-local now = now_ms()
+local now = now_ms(clock)
 
 --! include _restart_guard
 
--- A name whose fair queue has waiters is taken in queue order, whatever kind tries.
-local queued = redis.call('EXISTS', queue) == 1
+if queued == nil then
+  -- A name whose fair queue has waiters is taken in queue order, whatever kind tries.
+  queued = redis.call('EXISTS', queue) == 1
+end
 
--- Plain and not fair: the classic SET NX PX, tried first. Taken by a registered waiter: the
--- waiters' set is seen to below (wait_took, once the helpers are in).
+-- Plain and not fair: the classic SET NX PX, tried first (a one-off try's was, above). Taken
+-- by a registered waiter: the waiters' set is seen to below (wait_took, once the helpers are
+-- in).
 local took
-if not reentrant and not fair and not queued then
+if not reentrant and not fair and not queued and not plain_try then
   local fence, prior = hold_take(lock, counter, token, ttl, meta, false, now)
   if fence then
     if not registered then
