@@ -626,8 +626,8 @@ class CallPool(wire.WaitingPool):
     A caller queued for a connection (``max_connections``, every one held by a command the
     silent server did not answer) got one when its holder's command timed out, closed by
     redis-py, then spent a whole socket timeout more reconnecting (its handshake) or in its
-    command: BackendUnavailable two socket timeouts after the call began, three in the
-    campaign (seed 2011), against the one the SPEC allows. So the reconnect of a closed one
+    command: BackendUnavailable two socket timeouts after the call began (the campaign's
+    seed 2011 saw three), against the one the SPEC allows. So the reconnect of a closed one
     gets only what is left of the call's deadline, and so do the command's reads after it.
     An open connection (its holder's command was answered) is served as before, whatever the
     wait: a wait for a busy pool is not an outage; nor is a connection made in a free slot
