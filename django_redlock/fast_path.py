@@ -612,3 +612,63 @@ def _stale(bound: _Bound, conn: Any, sock: Any) -> bool:
 
 
 _POLL = hasattr(select, "poll")
+
+
+# -- the pool's path, bounded by the call's deadline -----------------------------------------
+
+_checkout = threading.local()  # .late: this thread's checkout connected a closed connection
+
+
+class CallPool(wire.WaitingPool):
+    """Single Redis's pool (:class:`.wire.WaitingPool`), whose checkouts keep to the calling
+    thread's deadline (:func:`begin_call`) when the connection they hand over is closed.
+
+    A caller queued for a connection (``max_connections``, every one held by a command the
+    silent server did not answer) got one when its holder's command timed out, closed by
+    redis-py, then spent a whole socket timeout more reconnecting (its handshake) or in its
+    command: BackendUnavailable two socket timeouts after the call began (the campaign's
+    seed 2011 saw three), against the one the SPEC allows. So the reconnect of a closed one
+    gets only what is left of the call's deadline, and so do the command's reads after it.
+    An open connection (its holder's command was answered) is served as before, whatever the
+    wait: a wait for a busy pool is not an outage; nor is a connection made in a free slot
+    (the first ones, or one a sweep found after the whole wait) bounded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("queue_class", _CallSlots)
+        super().__init__(*args, **kwargs)
+
+    def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        _checkout.late = False
+        return super().get_connection(*args, **kwargs)
+
+    def _handed_over(self, connection: Any) -> Any:
+        # The command's reads shortened to the call's deadline when this checkout connected
+        # the connection: after redis-py's own checks (their reads put the socket's timeout
+        # back), before the connection leaves the queue's record (_Late, no time left and
+        # nothing sent: the pool gives it back).
+        if getattr(_checkout, "late", False):
+            _checkout.late = False
+            _bound_reads(connection)
+        return super()._handed_over(connection)
+
+
+class _CallSlots(wire.SlotsQueue):
+    """A :class:`CallPool`'s queue: a closed connection taken from it is connected here, in
+    the taking thread's hands (an exception gives it back: ``WaitingPool.get_connection``),
+    by the call's deadline (:func:`_connect`); redis-py's connect then finds it connected."""
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        item = super().get(block, timeout)
+        if item is None:  # a free slot: redis-py makes a connection there
+            return None
+        sock = socket_of(item)
+        if sock is None:  # closed by the holder whose command got no answer (or a reset)
+            try:
+                _connect(item)
+            except BaseException:
+                item.disconnect()  # (cut short in its handshake: no reply due may be read)
+                raise
+            _checkout.late = True
+        elif sock.gettimeout() != item.socket_timeout:  # (reads a past checkout shortened)
+            sock.settimeout(item.socket_timeout)
+        return item

@@ -591,6 +591,10 @@ class _Slots(queue.LifoQueue[Any]):
 #: A position's item while a sweep looks at it.
 _SWEPT = _Slot()
 
+#: The queue of a :class:`WaitingPool`, for a pool of ours that extends it (its ``get``:
+#: ``fast_path.CallPool``'s connects a closed connection by the call's deadline).
+SlotsQueue = _Slots
+
 
 class WaitingPool(redis.BlockingConnectionPool):
     """redis-py's blocking pool, a caller that waited its ``timeout`` for a free connection

@@ -52,6 +52,14 @@ T = TypeVar("T")
 #: Errors that mean "Redis did not answer", as opposed to "Redis said no".
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
+#: The pools a client's renewals get a pool of their own made like (its kwargs rebuild it).
+_REBUILT = (
+    redis.ConnectionPool,
+    redis.BlockingConnectionPool,
+    wire.WaitingPool,
+    fast_path.CallPool,
+)
+
 #: The refusal table: an error reply about the server, not the lock, by its first word.
 #: For now (BackendUnavailable: the same call may be answered later; whether this one ran
 #: is unknown, as for a timeout) ...
@@ -154,8 +162,9 @@ class RedisBackend(BaseLockBackend):
         options = self.client_options(redis.retry.Retry(NoBackoff(), 0))
         # redis-py's blocking pool, a connection it took or was given back found again when a
         # soft time limit lands in its checkout or give-back (see wire.WaitingPool): with a
-        # plain one, each such interrupt lost a connection for good.
-        pool = wire.WaitingPool.from_url(str(self.location), **options)
+        # plain one, each such interrupt lost a connection for good. A closed one handed over
+        # reconnects within what is left of the call's socket timeout (fast_path.CallPool).
+        pool = fast_path.CallPool.from_url(str(self.location), **options)
         return redis.Redis(connection_pool=pool)
 
     def make_async_client(self) -> Any:
@@ -307,7 +316,7 @@ class RedisBackend(BaseLockBackend):
         if kept is not None and kept[0]() is client:
             return kept[1]
         pool = client.connection_pool
-        if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool, wire.WaitingPool):
+        if type(pool) not in _REBUILT:
             return client
         with self._setup:
             kept = self._renewals

@@ -16,7 +16,7 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
-from django_redlock import lock, locks, wire
+from django_redlock import fast_path, lock, locks, wire
 from django_redlock.testing import RedisServer
 
 from ..support.line_interrupts import LineInterrupter, every_point, interrupted
@@ -82,12 +82,14 @@ def _outcome(call: Any, *args: Any) -> Any:
 
 
 def _path(where: str) -> set[Any]:
-    """The pool's functions of a checkout or a give-back (redis-py's and wire's, whichever
-    are there): their lines, and the entries of what they call, are the points."""
+    """The pool's functions of a checkout or a give-back (redis-py's, wire's and fast_path's,
+    whichever are there): their lines, and the entries of what they call, are the points."""
     names = ("get_connection", "get") if where == "checkout" else ("release", "put", "put_nowait")
     found = set()
-    for cls in (redis.BlockingConnectionPool, wire.WaitingPool, wire._Slots):
-        for each in names:
+    pools = (redis.BlockingConnectionPool, wire.WaitingPool, fast_path.CallPool)
+    for cls in (*pools, wire._Slots, fast_path._CallSlots):
+        # (CallPool's hand-over hook: its lines run before the queue's record lets go)
+        for each in (*names, "_handed_over") if cls is fast_path.CallPool else names:
             function = vars(cls).get(each)
             while function is not None:  # redis-py's own, and its decorators' (deprecated_args)
                 found.add(function.__code__)
@@ -261,3 +263,80 @@ def test_a_waiter_gets_the_connection_before_its_giver_takes_it_again(
             giver.join(5)
         assert not isinstance(got, str), f"after {took:.3f}s: {got}"
         assert took < 0.2, f"waited {took:.3f}s behind a busy thread"
+
+
+def test_a_caller_queued_behind_a_silent_server_errs_within_its_socket_timeout(
+    redis_factory: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused server, the pool's two connections held by threads calling back to back (the
+    campaign's traced client, seed 2011): a third caller waited for a connection until a
+    holder's command timed out, then got that connection, closed, and spent a whole socket
+    timeout more in its reconnect's handshake (or its command): BackendUnavailable nearly two
+    socket timeouts after its call began (three in the campaign). What is left of its call's
+    socket timeout is all a connection handed over closed gets."""
+    _traced(monkeypatch)
+    server = redis_factory()
+    timeout = 0.5
+    with redis_alias(server, socket_timeout=timeout, max_connections=2) as backend:
+        for _ in range(2):
+            assert backend.is_locked(f"{name}:warm") is False
+        stop = threading.Event()
+
+        def side(n: int) -> None:
+            while not stop.is_set():
+                _outcome(backend.is_locked, f"{name}:side{n}")
+
+        sides = [threading.Thread(target=side, args=(n,), daemon=True) for n in range(2)]
+        took: list[tuple[str, float, Any]] = []
+        server.pause()
+        try:
+            for each in sides:
+                each.start()
+            time.sleep(0.05)  # both connections held, each waiting for its reply
+            for how in ("locked", "acquire") * 3:
+                started = time.monotonic()
+                if how == "locked":
+                    got = _outcome(backend.is_locked, name)
+                else:
+                    got = _outcome(lock(name, using="r", ttl=5).acquire, False)
+                took.append((how, round(time.monotonic() - started, 3), got))
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            server.resume()
+            for each in sides:
+                each.join(5)
+        assert all(str(got).startswith("BackendUnavailable") for _, _, got in took), took
+        # The median: one spoilt by a scheduling stall (2 cores, other processes) is no
+        # finding; each call took nearly two socket timeouts before.
+        times = sorted(t for _, t, _ in took)
+        assert times[len(times) // 2] < 1.4 * timeout, took
+        assert times[-1] < 2.5 * timeout, took
+        assert backend.is_locked(name) is False  # the server back: answered again
+
+
+def test_a_caller_handed_a_connection_late_by_a_healthy_busy_pool_gets_its_answer(
+    redis_server: RedisServer, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait for a busy pool is not an outage: a connection handed over most of a socket
+    timeout into the call, open or closed (its holder's command was reset) still serves
+    the caller's command on a server that answers."""
+    _traced(monkeypatch)
+    timeout = 0.3
+    with redis_alias(redis_server, socket_timeout=timeout, max_connections=1) as backend:
+        assert backend.is_locked(f"{name}:warm") is False
+        pool = backend.client.connection_pool
+        for closed in (False, True):
+            held = pool.get_connection()
+
+            def give_back(connection: Any = held, closed: bool = closed) -> None:
+                time.sleep(timeout - 0.04)
+                if closed:
+                    connection.disconnect()
+                pool.release(connection)
+
+            giver = threading.Thread(target=give_back, daemon=True)
+            giver.start()
+            got = _outcome(backend.is_locked, name)
+            giver.join(5)
+            assert got is False, f"closed={closed}: {got}"
