@@ -142,3 +142,26 @@ def test_a_burnt_token_stays_burnt_when_the_backend_closes(
         assert not other.acquire(blocking=False), "two holders at once"
         assert held != first.encode(), "a token a late write may delete was granted again"
         mine.release()
+
+
+def test_a_release_left_in_a_lane_is_burnt_when_the_backend_closes(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Node 2 paused: the release is decided by nodes 0 and 1, and node 2's, written and
+    unanswered, is left in a lane for the drainer. The backend closes, which closes that
+    lane's connection: the write may still run (the node reads it once it resumes), so its
+    token is burnt. Before: the close dropped the lane and forgot it (never burnt)."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("lanes", servers, socket_timeout=2.0, socket_connect_timeout=2.0):
+        backend = backend_of("lanes")
+        mine = lock(name, using="lanes", ttl=30, auto_renew=False)
+        assert mine.acquire(blocking=False)
+        token = mine.token
+        servers[2].pause()
+        try:
+            mine.release()  # nodes 0 and 1 answer; node 2's release waits in a lane
+            assert backend.token_reusable(token), "nothing burnt yet: its reply may come"
+            backend.close()
+            assert not backend.token_reusable(token), "its release may still run on node 2"
+        finally:
+            servers[2].resume()
