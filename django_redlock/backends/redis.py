@@ -942,7 +942,9 @@ class AsyncPool(redis.asyncio.BlockingConnectionPool):
         self._given_back = 0.0  # when a connection was last given back (monotonic)
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.timeout:
+        free = getattr(self, "can_get_connection", None)
+        if not self.timeout or (free is not None and free()):
+            # None to wait for (the common case): no heartbeat started.
             return await super().get_connection(*args, **kwargs)
         patience = _Patience(self.timeout)
         try:
