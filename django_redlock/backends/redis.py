@@ -807,9 +807,171 @@ def _marker(reply: Any) -> tuple[str, int] | None:
     return str(text(reply[0])), max(int(reply[1]), 0)
 
 
+#: An event loop's heartbeat while a connect, or a wait for a pooled connection, measures
+#: how long the loop was busy elsewhere (see :class:`AsyncPool`).
+LOOP_BEAT = 0.005
+#: At most this much longer such a wait lasts for the loop's being busy (a burst of hundreds
+#: of tasks keeps it busy for tenths of a second, seconds on a loaded machine: the time the
+#: loop could not notice the wait end is not the server's).
+LOOP_GRACE_MAX = 5.0
+
+
+class _LoopStall:
+    """How long one event loop's callbacks ran late (its thread busy running other tasks),
+    by a heartbeat that beats only while someone measures."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._total = 0.0
+        self._users = 0
+        self._due: float | None = None  # the next beat's time, while it beats
+
+    def begin(self) -> float:
+        self._users += 1
+        if self._due is None:
+            self._due = time.monotonic() + LOOP_BEAT
+            self._loop.call_later(LOOP_BEAT, self._beat)
+        return self.so_far()
+
+    def end(self) -> None:
+        self._users -= 1
+
+    def so_far(self) -> float:
+        """The stall counted so far, the current beat's lateness included."""
+        late = 0.0 if self._due is None else time.monotonic() - self._due
+        return self._total + _stalled(late)
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        self._total += _stalled(now - (self._due or now))
+        if self._users > 0:
+            self._due = now + LOOP_BEAT
+            self._loop.call_later(LOOP_BEAT, self._beat)
+        else:
+            self._due = None  # an idle loop is not woken for nothing
+
+
+def _stalled(late: float) -> float:
+    return max(0.0, late - 0.002)  # (a timer's own jitter is no stall)
+
+
+_stalls: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopStall] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _loop_stall() -> _LoopStall:
+    loop = asyncio.get_running_loop()
+    stall = _stalls.get(loop)
+    if stall is None:
+        stall = _stalls[loop] = _LoopStall(loop)
+    return stall
+
+
+class _Patience:
+    """A deadline ``limit`` from now, that gets as long again as the loop spent running
+    other tasks meanwhile (LOOP_GRACE_MAX at most): the time counted is the time the loop
+    could have noticed the wait end."""
+
+    def __init__(self, limit: float) -> None:
+        self._limit = limit
+        self._started = time.monotonic()
+        self._stall = _loop_stall()
+        self._mark = self._stall.begin()
+
+    def left(self, since: float = 0.0) -> float:
+        """What is left of it, counted from ``since`` if that is later (progress seen)."""
+        grace = min(self._stall.so_far() - self._mark, LOOP_GRACE_MAX)
+        return max(self._started, since) + self._limit + grace - time.monotonic()
+
+    def end(self) -> None:
+        self._stall.end()
+
+
+class _PatientConnect:
+    """A connection class's connect, bounded by :class:`_Patience` (see AsyncPool)."""
+
+    socket_connect_timeout: float | None
+
+    async def _connect(self) -> None:
+        limit = self.socket_connect_timeout
+        if not limit:
+            await super()._connect()  # type: ignore[misc]
+            return
+        patience = _Patience(limit)
+        self.socket_connect_timeout = None  # bounded here instead
+        connect = asyncio.ensure_future(super()._connect())  # type: ignore[misc]
+        try:
+            while not connect.done():
+                left = patience.left()
+                if left <= 0:
+                    raise asyncio.TimeoutError  # redis-py: "Timeout connecting to server"
+                await asyncio.wait({connect}, timeout=left)
+            connect.result()
+        except BaseException:
+            connect.cancel()  # (before its next step: nothing of it is kept)
+            raise
+        finally:
+            self.socket_connect_timeout = limit
+            patience.end()
+
+
+_patient_classes: dict[type, type] = {}
+
+
+def _patient(connection_class: type) -> type:
+    patient = _patient_classes.get(connection_class)
+    if patient is None:
+        name = f"Patient{connection_class.__name__}"
+        patient = _patient_classes[connection_class] = type(
+            name, (_PatientConnect, connection_class), {}
+        )
+    return patient
+
+
 class AsyncPool(redis.asyncio.BlockingConnectionPool):
     """redis.asyncio's blocking pool, its check of a pooled connection made on the socket as
-    the sync fast path's (``fast_path._stale``): see :func:`.wire.closed_while_idle`."""
+    the sync fast path's (``fast_path._stale``): see :func:`.wire.closed_while_idle`.
+
+    Its waits count the time its event loop spent running other tasks as the sync path's
+    connects count a stalled process: a connect (``socket_connect_timeout``), and a wait for
+    a pooled connection (``timeout``), found past its deadline gets as long again as the
+    loop was busy meanwhile (LOOP_GRACE_MAX at most). And a wait for a pooled connection
+    lasts while connections are given back: its timeout counts from the last one (a burst
+    beyond ``max_connections`` is served in turn; a server that keeps them all, paused,
+    fails it within the timeout). redis-py's count the loop's clock: a burst
+    of hundreds of tasks on a fresh loop (a Redlock's 0.1 s node timeout, three connects per
+    acquire) spent it running the other tasks, and a healthy server was reported
+    unavailable ("Timeout connecting to server"). A server that does not connect, beside a
+    loop that is not busy, still fails within its timeout."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.connection_class = _patient(self.connection_class)
+        self._given_back = 0.0  # when a connection was last given back (monotonic)
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        free = getattr(self, "can_get_connection", None)
+        if not self.timeout or (free is not None and free()):
+            # None to wait for (the common case): no heartbeat started.
+            return await super().get_connection(*args, **kwargs)
+        patience = _Patience(self.timeout)
+        try:
+            while True:
+                try:
+                    return await super().get_connection(*args, **kwargs)
+                except RedisConnectionError as exc:
+                    # None free within the timeout: again while connections come back (a
+                    # burst is served, however long its queue), or the loop's grace lasts.
+                    left = patience.left(since=self._given_back)
+                    if "No connection available" not in str(exc) or left <= 0:
+                        raise
+        finally:
+            patience.end()
+
+    async def release(self, connection: Any) -> None:
+        self._given_back = time.monotonic()
+        await super().release(connection)
 
     async def ensure_connection(self, connection: Any) -> None:
         if wire.closed_while_idle(connection):

@@ -405,6 +405,10 @@ class Lanes:
             flights, self._flights = self._flights, {}
         self._ring()
         for (i, _), flight in flights.items():
+            # Its writes unread, never to be read now: each may still run late (Debts.burn).
+            unread = [entry[2] for entry in flight.owed]
+            self._io.debts.burn(i, unread)
+            self._io.debts.settled(i, unread)  # burnt first: never in neither
             self._io.drop(i, flight.connection, flight)
 
     def _drain(self, token: object) -> None:
@@ -827,13 +831,15 @@ class Debts:
 
     def close(self) -> None:
         """The backend closes: what is still owed is dropped (those holds expire at their
-        TTL), and the collector stops."""
+        TTL), and the collector stops. What is burnt, or being written, is kept: the backend
+        and its Locks (with their kept tokens) stay in use, and a write on the wire runs
+        whether or not the client closed (a retry granted its token would be deleted by it:
+        two holders). A write under way settles or burns itself; a lane's is burnt as the
+        lanes close (:meth:`Lanes.close`)."""
         with self._lock:
             for owed in self._owed:
                 owed.clear()
             self._collector = None
-            self._sending = [weakref.WeakSet() for _ in self._io.nodes]
-            self._burnt = [{} for _ in self._io.nodes]
 
     def forget(self) -> None:
         """After a fork: the parent's debts are its own to pay."""

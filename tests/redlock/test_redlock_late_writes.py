@@ -7,6 +7,7 @@ survives the late write (redlock_io ``Debts.burn``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from django_redlock import lock
 from django_redlock.backends.redlock import RedlockBackend
+from django_redlock.exceptions import LockError
 from django_redlock.testing import RedisServer
 from tests.support.proxy import LossyProxy
 
@@ -95,3 +97,71 @@ def test_a_hand_back_release_delayed_past_its_closed_connection_never_deletes_th
         else:  # refused by the old hold: free once the owed releases are paid
             assert other.acquire(blocking=True, timeout=5)
             other.release()
+
+
+def test_a_burnt_token_stays_burnt_when_the_backend_closes(
+    proxied: list[LossyProxy], name: str
+) -> None:
+    """Nodes 1 and 2 black-holed: the acquire gets no quorum, the Lock keeps its token and
+    owes its undo there. The nodes come back; the probe writes the undo, held on the wire
+    (the proxies) until its read times out: the token is burnt. Then the backend closes
+    (``locks.close_all()``, a settings change) and is used again. Before: the close forgot
+    the burnt tokens, the retry was granted the same token on every node, and the held undo
+    then deleted it on nodes 1 and 2 (two holders). Now the retry takes a new token."""
+    with quorum_alias("late", proxied, socket_timeout=0.3):  # type: ignore[arg-type]
+        backend = backend_of("late")
+        for n in range(3):  # a connection to each node, the scripts loaded
+            warm = lock(f"{name}:warm{n}", using="late", ttl=5, auto_renew=False)
+            assert warm.acquire(blocking=False)
+            warm.release()
+        mine = lock(name, using="late", ttl=30, auto_renew=False)
+        for proxy in proxied[1:]:
+            proxy.blackhole()
+        with pytest.raises(LockError):
+            mine.acquire(blocking=False)
+        first = mine._unsure_token
+        assert first is not None, "the token is kept for the next try"
+        for proxy in proxied[1:]:
+            proxy.delay_from(first.encode())  # the owed undo: late on the wire
+            proxy.heal()
+        deadline = time.monotonic() + 10
+        while backend.token_reusable(first) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the probe pays the undo, gets no answer: burnt
+        assert all(p.delayed.is_set() for p in proxied[1:]), "the undos were held"
+        assert not backend.token_reusable(first)
+        backend.close()
+        assert not backend.token_reusable(first), "a write of it may still land"
+        got = mine.acquire(blocking=False)
+        for proxy in proxied[1:]:
+            proxy.let_go()  # the late undos land
+        tokens = _tokens(proxied, backend, name)
+        other = lock(name, using="late", ttl=30, auto_renew=False)
+        assert got, f"the retry was refused: {tokens}"
+        held = mine.token.encode()
+        assert sum(t == held for t in tokens) >= 2, f"the late undo deleted it: {tokens}"
+        assert not other.acquire(blocking=False), "two holders at once"
+        assert held != first.encode(), "a token a late write may delete was granted again"
+        mine.release()
+
+
+def test_a_release_left_in_a_lane_is_burnt_when_the_backend_closes(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Node 2 paused: the release is decided by nodes 0 and 1, and node 2's, written and
+    unanswered, is left in a lane for the drainer. The backend closes, which closes that
+    lane's connection: the write may still run (the node reads it once it resumes), so its
+    token is burnt. Before: the close dropped the lane and forgot it (never burnt)."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("lanes", servers, socket_timeout=2.0, socket_connect_timeout=2.0):
+        backend = backend_of("lanes")
+        mine = lock(name, using="lanes", ttl=30, auto_renew=False)
+        assert mine.acquire(blocking=False)
+        token = mine.token
+        servers[2].pause()
+        try:
+            mine.release()  # nodes 0 and 1 answer; node 2's release waits in a lane
+            assert backend.token_reusable(token), "nothing burnt yet: its reply may come"
+            backend.close()
+            assert not backend.token_reusable(token), "its release may still run on node 2"
+        finally:
+            servers[2].resume()
