@@ -735,12 +735,14 @@ class WaitingPool(redis.BlockingConnectionPool):
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         for last in (False, True):
+            connection = None
             try:
                 connection = super().get_connection(*args, **kwargs)
                 # The caller's as it is returned: a line between the two lost it to an interrupt.
                 return self._handed_over(connection)
             except BaseException as exc:
-                self._give_back()
+                # (``connection``: this thread's, cut in the hand-over after its record went)
+                self._give_back(connection)
                 if not isinstance(exc, redis.exceptions.ConnectionError) or not isinstance(
                     exc.__context__, queue.Empty
                 ):
@@ -779,13 +781,19 @@ class WaitingPool(redis.BlockingConnectionPool):
             slots.taken.pop(threading.get_ident(), None)
         return connection
 
-    def _give_back(self) -> None:
+    def _give_back(self, handed: Any = None) -> None:
         """Give back what this thread took from the queue and neither put back nor handed
-        over: an exception landed between (redis-py's own give-backs cleared the record)."""
+        over: an exception landed between (redis-py's own give-backs cleared the record); or
+        ``handed``, the connection being handed over (in this thread's hands, its record
+        cleared a line before the hand-over's end)."""
         slots = self.pool
         me = threading.get_ident()
-        if not isinstance(slots, _Slots) or me not in slots.taken:
+        if not isinstance(slots, _Slots):
             return
+        if me not in slots.taken:
+            if handed is None:
+                return
+            slots.taken[me] = handed  # back in my hands (one line: given back from there)
         taken = slots.taken[me]
         if type(taken) is _Slot:
             slots.put_nowait(taken)  # the slot (clears the record; listed once)

@@ -87,7 +87,11 @@ def _outcome(call: Any, *args: Any) -> Any:
 def _path(where: str) -> set[Any]:
     """The pool's functions of a checkout or a give-back (redis-py's and wire's, whichever
     are there): their lines, and the entries of what they call, are the points."""
-    names = ("get_connection", "get") if where == "checkout" else ("release", "put", "put_nowait")
+    names = (
+        ("get_connection", "get", "_handed_over")
+        if where == "checkout"
+        else ("release", "put", "put_nowait")
+    )
     found = set()
     for cls in (redis.BlockingConnectionPool, wire.WaitingPool, wire._Slots):
         for each in names:
@@ -115,7 +119,9 @@ def test_a_time_limit_anywhere_in_the_pool_loses_no_connection_and_hangs_nothing
     or give-back, one at a time; then the next operation, at once. redis-py's plain blocking
     pool lost the connection to one after its queue's get() (every later operation "No
     connection available." on a healthy Redis), and its queue's Condition left the queue's
-    lock held to one at its ``__exit__``'s entry (every later operation hung)."""
+    lock held to one at its ``__exit__``'s entry (every later operation hung). The hand-over
+    cleared the thread's record a line before it returned the connection: one there lost it
+    until a caller had waited its whole timeout."""
     _traced(monkeypatch)
     with redis_alias(redis_server, socket_timeout=1.0, max_connections=1) as backend:
         assert backend.is_locked(f"{name}:warm") is False
@@ -137,12 +143,16 @@ def test_a_time_limit_anywhere_in_the_pool_loses_no_connection_and_hangs_nothing
             cut = tracer.fired
             assert not pool.pool.mutex.locked(), f"cut at {cut}: the pool's queue lock held"
             later: list[Any] = []
+            started = time.monotonic()
             check = threading.Thread(
                 target=lambda: later.append(_outcome(backend.is_locked, name)), daemon=True
             )
             check.start()
             check.join(3)
+            took = time.monotonic() - started
             assert later == [False], f"cut at {cut}: the next operation: {later or 'hangs'}"
+            if where == "checkout":  # (a give-back cut as it lists: found by a sweep)
+                assert took < 0.5, f"cut at {cut}: the next operation waited {took:.2f}s"
             assert len(pool.pool.queue) == 1, f"cut at {cut}: {len(pool.pool.queue)} of 1 back"
 
         every_point(case, lambda at: LineInterrupter(at, _path(where), armed))
@@ -166,12 +176,12 @@ def test_a_time_limit_in_the_pool_never_lists_a_connection_another_thread_holds(
         own_give_back = wire.WaitingPool._give_back
         others: list[Any] = []
 
-        def give_back(self: Any) -> None:
+        def give_back(self: Any, *args: Any) -> None:
             if threading.current_thread() is threading.main_thread() and not others:
                 other = threading.Thread(target=lambda: others.append(pool.get_connection()))
                 other.start()
                 other.join(3)
-            own_give_back(self)
+            own_give_back(self, *args)
 
         monkeypatch.setattr(wire.WaitingPool, "_give_back", give_back)
         give_back_code = redis.BlockingConnectionPool.release.__code__
