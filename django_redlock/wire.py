@@ -70,11 +70,12 @@ import gc
 import queue
 import select
 import socket
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from types import FunctionType
+from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any, TypeVar
 
 import redis.asyncio.cluster
@@ -414,10 +415,25 @@ class _Slot:
     each its own object, so that a give-back can tell whether it is still listed. Falsy as
     None is: redis-py's looks at the queue (``if conn``) skip it."""
 
-    __slots__ = ()
+    __slots__ = ("__weakref__",)  # (a lost one is probed by a sweep, as a connection)
 
     def __bool__(self) -> bool:
         return False
+
+
+class _Probe:
+    """A position's stand-in while a sweep looks at its item: a weak reference to the item,
+    and whether redis-py's ``connections`` listed it (it goes back there too)."""
+
+    __slots__ = ("kept", "ref")
+
+    def __init__(self, item: Any, connections: list[Any]) -> None:
+        self.ref = weakref.ref(item)
+        # (a loop, no generator: a cut in one left its frame, and the item, in the traceback)
+        self.kept = False
+        for each in connections:
+            if each is item:
+                self.kept = True
 
 
 class _Waiter:
@@ -459,7 +475,6 @@ class _Slots(queue.LifoQueue[Any]):
         self.items: list[Any] = []  # every item of the pool, a position each
         self.taken: dict[int, Any] = {}  # thread id -> the item in its hands (see above)
         self._waiting: collections.deque[_Waiter] = collections.deque()
-        self._sweeping = False
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         """As ``Queue.get``; the item recorded in this thread's hands as it leaves the list
@@ -532,6 +547,20 @@ class _Slots(queue.LifoQueue[Any]):
         else:
             self.queue.append(item)
 
+    def _hand_on(self, me: int) -> None:
+        """As :meth:`_list`, the item in thread ``me``'s hands: it leaves them in the line it
+        reaches its place (a cut before: still in them, given back from there). Under the
+        mutex."""
+        if self._waiting:
+            waiter = self._waiting.popleft()  # (a cut after: it polls, queued again)
+            waiter.box.append(self.taken.pop(me))  # one line: from my hands to its box
+            try:  # noqa: SIM105
+                waiter.wake.release()
+            except RuntimeError:  # woken already, by its poll's timeout
+                pass
+        else:
+            self.queue.append(self.taken.pop(me))  # one line: from my hands to the list
+
     def made(self, connection: Any) -> None:
         """``connection`` was made in the slot in this thread's hands: it is that position's
         item, and in this thread's hands (one line: both stores, no call between)."""
@@ -551,45 +580,127 @@ class _Slots(queue.LifoQueue[Any]):
         give them back as free slots; whether one was found. An item held is never taken:
         the pool lets go of its own references to each item that is out of the list and of
         every record (its position, redis-py's ``connections``) for a moment, and an item
-        that is then garbage (after a collection: a traceback can keep the frame that held
-        it) was in nobody's hands, nor could come back to any. Any other is put back."""
-        with self.mutex:
-            if self._sweeping:
-                return False
-            self._sweeping = True
-            accounted = set(map(id, self.queue)) | set(map(id, self.taken.values()))
-            probes: list[tuple[int, Any, bool]] = []
-            for position, each in enumerate(self.items):
-                if id(each) in accounted or each is _SWEPT:
-                    continue
-                kept = any(c is each for c in connections)
-                if kept:
-                    connections[:] = [c for c in connections if c is not each]
-                probes.append((position, weakref.ref(each), kept))
-                self.items[position] = _SWEPT
-            each = None
+        that is then garbage (after a collection of the young generations: a traceback can
+        keep the frame that held it) was in nobody's hands, nor could come back to any. Any
+        other is put back.
+
+        Interrupt-safe at every line: a position looked at holds a :class:`_Probe` (recorded
+        here first), which the ``finally`` puts back, once more if that is cut too (each step
+        a one-line move, done once). No flag (one left set by a cut stopped every later
+        sweep): a sweep puts back every position looked at, its own and any a second cut
+        left (one sweeping at the same moment may then find nothing there: a later one does).
+
+        No full collection: one holds the GIL for as long as the heap is big (0.4 s for a
+        million objects), every thread of the process stopped, each waiter that timed out
+        paying it. A young one, then :func:`_garbage` on each item still there (a redis-py 8
+        connection is a cycle with its maintenance handlers, old by then). An item kept only
+        by older garbage comes back once Python's own collector freed it, at a later sweep."""
+        found = False
+        probes: list[_Probe] = []
         try:
-            if probes and all(ref() is not None for _, ref, _ in probes):
-                gc.collect()  # (outside the mutex: a finalizer may give a connection back)
-        finally:
-            found = False
             with self.mutex:
-                for position, ref, kept in probes:
-                    item = ref()
-                    if item is None:  # nobody's: a free slot again
-                        item = self.items[position] = _Slot()
-                        self._list(item)
-                        found = True
-                    else:
-                        self.items[position] = item
-                        if kept:
-                            connections.append(item)
-                self._sweeping = False
+                accounted = set(map(id, self.queue)) | set(map(id, self.taken.values()))
+                for position, each in enumerate(self.items):
+                    if id(each) in accounted or type(each) is _Probe:
+                        continue
+                    probe = _Probe(each, connections)
+                    probes.append(probe)  # (first: the finally puts back what is marked)
+                    self.items[position] = probe  # one line: looked at
+                    if probe.kept:
+                        connections.remove(each)  # (one C call; a cut before: still listed)
+                each = None  # (our own reference let go)
+            if probes:
+                # Young only (0 and 1): what an interrupt's traceback made is there (its
+                # frames, the exception), and its cost is theirs, not the heap's.
+                gc.collect(1)  # (outside the mutex: a finalizer may give a connection back)
+            for p in probes:
+                if _garbage(p.ref):
+                    p.ref = _GONE  # (redis-py 8's are a cycle, old: no young collection)
+        finally:
+            try:
+                with self.mutex:
+                    found = self._put_back(connections)
+            finally:  # (cut in the first: each of its steps is done once, this goes on)
+                with self.mutex:
+                    found = self._put_back(connections) or found
+        return found
+
+    def _put_back(self, connections: list[Any]) -> bool:
+        """Every position a sweep looked at gets its item back, or a free slot (listed) if
+        the item is gone; whether one was. Under the mutex."""
+        me = threading.get_ident()
+        found = False
+        if type(self.taken.get(me)) is _Slot:  # a slot found by a put-back that was cut
+            self._hand_on(me)
+            found = True
+        for position, each in enumerate(self.items):
+            if type(each) is not _Probe:
+                continue
+            item = each.ref()
+            if item is None:  # nobody's: a free slot again, through this thread's hands
+                self.items[position] = self.taken[me] = _Slot()  # one line: both stores
+                self._hand_on(me)
+                found = True
+                continue
+            if each.kept and not any(c is item for c in connections):
+                connections.append(item)  # (before its position: a cut between, done once)
+            self.items[position] = item
         return found
 
 
-#: A position's item while a sweep looks at it.
-_SWEPT = _Slot()
+def _gone() -> None:
+    """A dead weak reference's stand-in: the item a sweep found garbage (left to the
+    collector: it is freed in its own time)."""
+    return None
+
+
+_GONE: Any = _gone
+
+#: How many objects :func:`_garbage` looks at from one item before it calls the item held.
+GARBAGE_SCAN_LIMIT = 20000
+
+#: What :func:`_garbage` does not look into (referenced from everywhere, never an item's own:
+#: a reference from one into what it looked at is counted as from outside, so still sound).
+_OPAQUE = (type, ModuleType, FunctionType, CodeType, FrameType)
+
+
+def _garbage(ref: Callable[[], Any]) -> bool:
+    """Whether the item ``ref`` names is garbage without a collection: the collector's own
+    test, on the objects the item reaches (at most GARBAGE_SCAN_LIMIT) instead of the heap.
+    Each one's references from outside them (its reference count, less theirs to it) make it
+    a root, and the item is garbage if no root reaches it through them. A reference the
+    collector cannot see (C code's) counts as from outside: held. Another thread changing
+    them meanwhile can at worst make a held connection a free slot too (one more connection
+    than ``max_connections`` once given back: listed, never handed to two)."""
+    item = ref()
+    if item is None:
+        return True
+    key = id(item)
+    found: dict[int, Any] = {key: item}
+    stack = [item]
+    item = None
+    while stack:
+        for each in gc.get_referents(stack.pop()):
+            if id(each) in found or not gc.is_tracked(each) or isinstance(each, _OPAQUE):
+                continue
+            if len(found) >= GARBAGE_SCAN_LIMIT:
+                return False
+            found[id(each)] = each
+            stack.append(each)
+    each = None
+    # (a temporary list: its references are gone once counted)
+    inside = collections.Counter(map(id, gc.get_referents(*found.values())))
+    # Ours: ``found``'s and the argument's (getrefcount's ``- 2``).
+    roots = [k for k in found if sys.getrefcount(found[k]) - 2 > inside[k]]
+    reached = set(roots)
+    stack = [found[k] for k in roots]
+    while stack:
+        for each in gc.get_referents(stack.pop()):
+            if id(each) in found and id(each) not in reached:
+                reached.add(id(each))
+                stack.append(each)
+    return key not in reached
+
 
 #: The queue of a :class:`WaitingPool`, for a pool of ours that extends it (its ``get``:
 #: ``fast_path.CallPool``'s connects a closed connection by the call's deadline).
@@ -629,12 +740,14 @@ class WaitingPool(redis.BlockingConnectionPool):
 
     def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         for last in (False, True):
+            connection = None
             try:
                 connection = super().get_connection(*args, **kwargs)
                 # The caller's as it is returned: a line between the two lost it to an interrupt.
                 return self._handed_over(connection)
             except BaseException as exc:
-                self._give_back()
+                # (``connection``: this thread's, cut in the hand-over after its record went)
+                self._give_back(connection)
                 if not isinstance(exc, redis.exceptions.ConnectionError) or not isinstance(
                     exc.__context__, queue.Empty
                 ):
@@ -673,13 +786,19 @@ class WaitingPool(redis.BlockingConnectionPool):
             slots.taken.pop(threading.get_ident(), None)
         return connection
 
-    def _give_back(self) -> None:
+    def _give_back(self, handed: Any = None) -> None:
         """Give back what this thread took from the queue and neither put back nor handed
-        over: an exception landed between (redis-py's own give-backs cleared the record)."""
+        over: an exception landed between (redis-py's own give-backs cleared the record); or
+        ``handed``, the connection being handed over (in this thread's hands, its record
+        cleared a line before the hand-over's end)."""
         slots = self.pool
         me = threading.get_ident()
-        if not isinstance(slots, _Slots) or me not in slots.taken:
+        if not isinstance(slots, _Slots):
             return
+        if me not in slots.taken:
+            if handed is None:
+                return
+            slots.taken[me] = handed  # back in my hands (one line: given back from there)
         taken = slots.taken[me]
         if type(taken) is _Slot:
             slots.put_nowait(taken)  # the slot (clears the record; listed once)

@@ -4,7 +4,10 @@ with the suite's redis-server."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import inspect
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -84,7 +87,11 @@ def _outcome(call: Any, *args: Any) -> Any:
 def _path(where: str) -> set[Any]:
     """The pool's functions of a checkout or a give-back (redis-py's, wire's and fast_path's,
     whichever are there): their lines, and the entries of what they call, are the points."""
-    names = ("get_connection", "get") if where == "checkout" else ("release", "put", "put_nowait")
+    names = (
+        ("get_connection", "get", "_handed_over")
+        if where == "checkout"
+        else ("release", "put", "put_nowait")
+    )
     found = set()
     pools = (redis.BlockingConnectionPool, wire.WaitingPool, fast_path.CallPool)
     for cls in (*pools, wire._Slots, fast_path._CallSlots):
@@ -114,7 +121,9 @@ def test_a_time_limit_anywhere_in_the_pool_loses_no_connection_and_hangs_nothing
     or give-back, one at a time; then the next operation, at once. redis-py's plain blocking
     pool lost the connection to one after its queue's get() (every later operation "No
     connection available." on a healthy Redis), and its queue's Condition left the queue's
-    lock held to one at its ``__exit__``'s entry (every later operation hung)."""
+    lock held to one at its ``__exit__``'s entry (every later operation hung). The hand-over
+    cleared the thread's record a line before it returned the connection: one there lost it
+    until a caller had waited its whole timeout."""
     _traced(monkeypatch)
     with redis_alias(redis_server, socket_timeout=1.0, max_connections=1) as backend:
         assert backend.is_locked(f"{name}:warm") is False
@@ -136,12 +145,16 @@ def test_a_time_limit_anywhere_in_the_pool_loses_no_connection_and_hangs_nothing
             cut = tracer.fired
             assert not pool.pool.mutex.locked(), f"cut at {cut}: the pool's queue lock held"
             later: list[Any] = []
+            started = time.monotonic()
             check = threading.Thread(
                 target=lambda: later.append(_outcome(backend.is_locked, name)), daemon=True
             )
             check.start()
             check.join(3)
+            took = time.monotonic() - started
             assert later == [False], f"cut at {cut}: the next operation: {later or 'hangs'}"
+            if where == "checkout":  # (a give-back cut as it lists: found by a sweep)
+                assert took < 0.5, f"cut at {cut}: the next operation waited {took:.2f}s"
             assert len(pool.pool.queue) == 1, f"cut at {cut}: {len(pool.pool.queue)} of 1 back"
 
         every_point(case, lambda at: LineInterrupter(at, _path(where), armed))
@@ -165,12 +178,12 @@ def test_a_time_limit_in_the_pool_never_lists_a_connection_another_thread_holds(
         own_give_back = wire.WaitingPool._give_back
         others: list[Any] = []
 
-        def give_back(self: Any) -> None:
+        def give_back(self: Any, *args: Any) -> None:
             if threading.current_thread() is threading.main_thread() and not others:
                 other = threading.Thread(target=lambda: others.append(pool.get_connection()))
                 other.start()
                 other.join(3)
-            own_give_back(self)
+            own_give_back(self, *args)
 
         monkeypatch.setattr(wire.WaitingPool, "_give_back", give_back)
         give_back_code = redis.BlockingConnectionPool.release.__code__
@@ -340,3 +353,118 @@ def test_a_caller_handed_a_connection_late_by_a_healthy_busy_pool_gets_its_answe
             got = _outcome(backend.is_locked, name)
             giver.join(5)
             assert got is False, f"closed={closed}: {got}"
+
+
+def _whole(pool: Any, held: list[Any], cut: str | None) -> None:
+    """Every position of ``pool`` a connection or a free slot, its queue's lock free, and
+    each of ``held`` still in redis-py's ``_connections`` (what ``disconnect()`` closes)."""
+    slots = pool.pool
+    assert not slots.mutex.locked(), f"cut at {cut}: the pool's queue lock held"
+    for each in slots.items:
+        assert type(each) is wire._Slot or isinstance(each, redis.connection.AbstractConnection), (
+            f"cut at {cut}: a position holds {each!r}"
+        )
+    for each in held:
+        assert any(c is each for c in pool._connections), f"cut at {cut}: a held one dropped"
+
+
+def _lost_comes_back(pool: Any, cut: str | None) -> None:
+    """Of the pool's two connections, one held and one lost (its holder's reference dropped
+    with nothing given back): a checkout gets one all the same, after its one wait."""
+    kept = pool.get_connection()
+    pool.get_connection()  # lost at once: nothing keeps it
+    try:
+        again = pool.get_connection()
+    except redis.exceptions.ConnectionError as exc:
+        raise AssertionError(f"cut at {cut}: a lost connection never came back ({exc})") from exc
+    assert again is not kept
+    pool.release(again)
+    pool.release(kept)
+    assert len(pool.pool.queue) == 2, f"cut at {cut}: {len(pool.pool.queue)} of 2 listed"
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["both held", "one lost"])
+def test_a_time_limit_at_any_line_of_a_sweep_leaves_the_pool_whole(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, lost: bool
+) -> None:
+    """An asynchronous exception at each line of the sweep a waiter runs once it waited its
+    whole timeout (the pool's two connections held, or one lost). The sweep set a flag that
+    only its last line cleared, and marked each position it looked at (taking the connection
+    out of redis-py's ``_connections``) before its ``try:``: one cut left the flag set for
+    good (every later sweep returned at once: the next connection lost was lost forever,
+    "No connection available." on a healthy Redis), a position marked, a held connection
+    out of ``_connections``. Whatever line is cut: the pool whole, and a connection lost
+    after it comes back."""
+    sweep = wire._Slots.sweep.__code__
+    # (the queue's own functions: what the sweep calls of them is part of it)
+    watched = {each.__code__ for each in vars(wire._Slots).values() if inspect.isfunction(each)}
+    # One landing in a finalizer the sweep's collection ran is ignored (printed); pytest's
+    # own hook kept it, and the frames of its traceback the connections they named.
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)
+
+    def case(tracer: LineInterrupter) -> None:
+        pool = wire.WaitingPool(
+            max_connections=2, timeout=0.1, host="127.0.0.1", port=redis_server.port,
+            socket_timeout=2,
+        )  # fmt: skip
+        try:
+            held = [pool.get_connection()]
+            if lost:
+                pool.get_connection()  # lost: nothing keeps it
+            else:
+                held.append(pool.get_connection())
+
+            def checkout() -> None:
+                with contextlib.suppress(redis.exceptions.ConnectionError):  # (both held)
+                    pool.release(pool.get_connection())  # (found: the lost one's slot)
+
+            interrupted(checkout, tracer)
+            _whole(pool, held, tracer.fired)
+            for each in held:
+                pool.release(each)
+            held = []
+            _lost_comes_back(pool, tracer.fired)
+        finally:
+            pool.disconnect()
+
+    every_point(case, lambda at: LineInterrupter(at, watched, lambda f: f.f_code is sweep))
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["held", "lost"])
+def test_a_sweep_never_runs_a_full_collection(redis_server: RedisServer, lost: bool) -> None:
+    """A waiter that waited its whole timeout looks for a connection nobody holds: it ran a
+    full ``gc.collect()`` whenever every connection out was still there (always, the pool's
+    connections in use), holding the GIL as long as the heap is big (0.4 s for a million
+    objects: every thread of the process stopped, each timed-out caller's error that much
+    later). It collects the young generations only, and a lost connection (redis-py 8's are
+    a cycle with their maintenance handlers, in the oldest generation) still comes back."""
+    pool = wire.WaitingPool(
+        max_connections=1, timeout=0.1, host="127.0.0.1", port=redis_server.port,
+        socket_timeout=2,
+    )  # fmt: skip
+    generations: list[int] = []
+
+    def seen(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    try:
+        held = pool.get_connection()
+        if lost:
+            held = None  # lost: nothing keeps it
+        gc.disable()  # (only the sweep's own collections)
+        gc.callbacks.append(seen)
+        try:
+            got = _outcome(pool.get_connection)
+        finally:
+            gc.callbacks.remove(seen)
+            gc.enable()
+        assert 2 not in generations, f"collections run: {generations}"
+        if lost:
+            assert not isinstance(got, str), got
+            pool.release(got)
+        else:
+            assert isinstance(got, str) and "No connection available" in got, got
+            pool.release(held)
+    finally:
+        pool.disconnect()
