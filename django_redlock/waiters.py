@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
+from redis.exceptions import RedisClusterException, RedisError
+
 logger = logging.getLogger("django_redlock")
 
 
@@ -67,6 +69,20 @@ class Waiter:
 
     def wait(self, timeout: float) -> bool:
         return self._gate.acquire(timeout=max(0.0, timeout))
+
+
+#: What a wait's set-up (a subscribe, an unsubscribe, a node's join) fails with by itself: the
+#: server or its socket (redis-py's errors, OSError), no thread to be had or a closed hub
+#: (RuntimeError), a socket closed meanwhile (ValueError). Caught there instead of Exception:
+#: an exception a signal handler raised on those lines (Celery's SoftTimeLimitExceeded is an
+#: Exception) must come out of the wait, not pass for a failed subscribe.
+SETUP_FAILURES: tuple[type[Exception], ...] = (
+    RedisError,
+    RedisClusterException,
+    OSError,
+    RuntimeError,
+    ValueError,
+)
 
 
 def start_thread(thread: threading.Thread) -> None:
@@ -700,7 +716,7 @@ class CompositeHub(ReleaseHub):
         for hub in hubs:
             try:
                 confirmations += hub.join(channel, waiter, by_id, lock)
-            except Exception as exc:  # a node that is down wakes nobody; the others do
+            except SETUP_FAILURES as exc:  # a node that is down wakes nobody; the others do
                 logger.debug("redlock: watching %s on a node failed: %s", channel, exc)
             else:
                 joined += 1

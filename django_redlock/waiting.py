@@ -30,6 +30,7 @@ from . import wire
 from .forks import after_fork_in_child
 from .identity import process_id
 from .waiters import (
+    SETUP_FAILURES,
     AnyWaiter,
     AsyncWaiter,
     CompositeHub,
@@ -305,7 +306,7 @@ class PubSubHub(ReleaseHub):
             pubsub = self._ensure_started()
         try:
             self._send_first(pubsub, pubsub.subscribe, channel)
-        except Exception as exc:  # the reader thread reconnects; waiters fall back to TTL waits
+        except SETUP_FAILURES as exc:  # the reader reconnects; waiters fall back to TTL waits
             logger.debug("redlock: subscribe to %s failed: %s", channel, exc)
             return exc
         return None
@@ -326,7 +327,7 @@ class PubSubHub(ReleaseHub):
                 pubsub = self._ensure_started()
             self._send_first(pubsub, pubsub.subscribe, inbox)
             sent = True
-        except Exception as exc:  # as in _subscribe; the next waiter subscribes again
+        except SETUP_FAILURES as exc:  # as in _subscribe; the next waiter subscribes again
             logger.debug("redlock: subscribe to %s failed: %s", inbox, exc)
             return _unanswered(exc)
         finally:
@@ -353,12 +354,12 @@ class PubSubHub(ReleaseHub):
             # answers: so it is unsubscribed once the server is heard (_unsubscribe_forgotten).
             if self._silent:  # (cleared when heard: only an unheard hub keeps them)
                 self._forgotten.add(channel)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(AttributeError):  # (not Exception: a time limit comes out)
                 pubsub.channels.pop(channel, None)
         elif pubsub is not None:
             try:
                 pubsub.unsubscribe(channel)
-            except Exception as exc:
+            except SETUP_FAILURES as exc:
                 logger.debug("redlock: unsubscribe from %s failed: %s", channel, exc)
 
     def moved(self) -> None:
@@ -702,7 +703,7 @@ class ShardedPubSubHub(PubSubHub):
                 shard = self._shard(node)
                 self._node_of[channel] = node.name
             self._send_first(shard.pubsub, shard.pubsub.ssubscribe, channel)
-        except Exception as exc:  # the channel's waiters fall back to their timer
+        except SETUP_FAILURES as exc:  # the channel's waiters fall back to their timer
             logger.debug("redlock: ssubscribe to %s failed: %s", channel, exc)
             return exc
         return None
@@ -716,7 +717,7 @@ class ShardedPubSubHub(PubSubHub):
         if shard is not None:
             try:
                 self._send_first(shard.pubsub, shard.pubsub.sunsubscribe, channel)
-            except Exception as exc:
+            except SETUP_FAILURES as exc:
                 logger.debug("redlock: sunsubscribe from %s failed: %s", channel, exc)
                 with self._mutex:
                     _count_off(shard.unsubscribing, channel)

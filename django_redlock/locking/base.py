@@ -42,7 +42,7 @@ from . import holds
 from .holds import (
     Hold,
     believed,
-    holds_it,
+    holding,
     holds_levels,
     new_stamp,
     refence_of,
@@ -454,7 +454,7 @@ class BaseLock:
         if self.reentrant or self._holds:
             yield from self._prepare_acquire(owner, actor, blocking, timeout)
         else:  # a plain lock this object does not hold: the one check that applies
-            self._refuse_self_wait(actor, blocking, timeout)
+            yield from self._refuse_self_wait(actor, blocking, timeout)
         started = time.monotonic()
         span = observe.acquire_started(self)
         token = owner if self.reentrant else self._next_token()
@@ -541,15 +541,19 @@ class BaseLock:
                     f"{self.describe()} is already held by this object;"
                     " use reentrant=True to take it again"
                 )
-            self._refuse_self_wait(actor, blocking, timeout)
+            yield from self._refuse_self_wait(actor, blocking, timeout)
 
-    def _refuse_self_wait(self, actor: str, blocking: bool, timeout: float | None) -> None:
-        if (
-            self.exclusive
-            and blocking
-            and timeout is None
-            and holds_it(self.backend, self.name, actor)
-        ):
+    def _refuse_self_wait(self, actor: str, blocking: bool, timeout: float | None) -> Steps[None]:
+        if not (self.exclusive and blocking and timeout is None):
+            return
+        for lk, token in holding(self.backend, self.name, actor):
+            # Asked of the server first (one round trip, on this rare path only): a hold
+            # renewed for good that the server lost (a restart, a flush) counts here until
+            # its watchdog's next renewal, up to a third of its TTL, and the name is free.
+            # An error (no answer) comes out: unknown is not lost.
+            if (yield lk._op_hold_count(token)) <= 0:
+                lk.mark_lost(token, "it expired or was released by someone else")
+                continue
             # The process cannot tell a hold handed to another thread or task (whoever has
             # the object may release it) from one still this actor's: the message says so.
             raise LockError(
@@ -559,11 +563,14 @@ class BaseLock:
                 " Lock object was handed to another thread or task that releases it"
             )
 
-    def still_held_by(self, actor: str, now: float) -> bool:
-        """Internal API (holds.holds_it): whether a hold of this object taken by ``actor``
-        may still be on the server at ``now`` (monotonic), by this process's clock."""
+    def held_tokens(self, actor: str, now: float) -> list[str]:
+        """Internal API (holds.holding): the tokens of this object's holds taken by
+        ``actor`` that may still be on the server at ``now`` (monotonic), by this
+        process's clock: renewed for good, or not run out yet."""
         holds = list(self._holds.values())  # one copy: another thread may change the dict
-        return any(h.actor == actor and (h.ends_by is None or now < h.ends_by) for h in holds)
+        return [
+            h.token for h in holds if h.actor == actor and (h.ends_by is None or now < h.ends_by)
+        ]
 
     def _next_token(self) -> str:
         """A plain hold's token: the one of a try whose answer was lost (the next try then

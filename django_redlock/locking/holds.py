@@ -136,16 +136,22 @@ def holds_it(backend: BaseLockBackend, name: str, actor: str) -> bool:
     """Whether ``actor`` holds ``name`` through a Lock object, by this process's count: a
     hold not renewed for good counts only until it has run out (then a wait for the name is
     no wait for itself: the name is free, or someone else's)."""
+    return bool(holding(backend, name, actor))
+
+
+def holding(backend: BaseLockBackend, name: str, actor: str) -> list[tuple[Any, str]]:
+    """The holds :func:`holds_it` counts: each as (its Lock object, its token)."""
     key = (id(backend), name)
     if _abandoned:
         with _mutex:
             _sweep()
     if actor not in _taken.get(key, ()):
-        return False  # the usual case: no scan
+        return []  # the usual case: no scan
     now = time.monotonic()
     with _mutex:
         mine = [item[0]() for item in _handles.values() if item[1] == key and item[2] == actor]
-    return any(lock is not None and lock.still_held_by(actor, now) for lock in mine)
+    return [(lock, token) for lock in mine if lock is not None
+            for token in lock.held_tokens(actor, now)]  # fmt: skip
 
 
 # Reentrant owners' hold counts as this process knows them, by (backend, name, owner), and

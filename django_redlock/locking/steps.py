@@ -400,8 +400,29 @@ async def _apart(command: Awaitable[T]) -> T:
 
 
 async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any]) -> T:
-    reply, error = None, None
+    # As _drive_all: an interrupt on a line between two steps (the loop's head, _Cancels.lost)
+    # is thrown into the suspended steps, which hand back what a reply they never got granted.
     cancels = _Cancels()
+    error: BaseException | None = None
+    while True:  # again only after an interrupt between two steps
+        try:
+            return await _adrive_steps(backend, steps, error, watches, cancels)
+        except GeneratorExit:
+            raise  # closed: _adrive_steps finished the steps (nothing can be awaited)
+        except BaseException as exc:
+            if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
+                raise  # the steps' own outcome (they are done), or nothing started yet
+            error = exc
+
+
+async def _adrive_steps(
+    backend: BaseLockBackend,
+    steps: Steps[T],
+    error: BaseException | None,
+    watches: list[Any],
+    cancels: _Cancels,
+) -> T:
+    reply: Any = None
     while True:
         try:
             step = steps.send(reply) if error is None else steps.throw(error)

@@ -422,6 +422,46 @@ def test_a_hold_that_ran_out_by_itself_no_longer_refuses_its_actor_s_wait(
     again.release()
 
 
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_renewed_hold_the_server_lost_does_not_refuse_its_actor_s_acquire(
+    alias: str, name: str, driver: str
+) -> None:
+    """A hold renewed for good that the server lost (a restart, a FLUSHALL, an operator's
+    DEL: a forced release here) before its watchdog's next renewal: the same thread's wait
+    with no timeout is no wait for itself, the name is free. Before: refused ("would wait
+    for itself") until the watchdog noticed, up to a third of the TTL (review w3, 3); now the
+    server is asked first, the lost hold declared lost (as the watchdog would) and the name
+    taken at once."""
+    held = lock(name, using=alias, ttl=30)
+    again = lock(name, using=alias)
+
+    async def ascenario() -> float:  # one task: the hold's actor
+        assert await held.aacquire()
+        assert await asyncio.to_thread(locks[alias].force_release, name)
+        started = time.monotonic()
+        assert await again.aacquire()
+        return time.monotonic() - started
+
+    def scenario() -> float:
+        if driver == "async":
+            return asyncio.run(ascenario())
+        assert held.acquire()
+        assert locks[alias].force_release(name)
+        started = time.monotonic()
+        assert again.acquire()
+        return time.monotonic() - started
+
+    try:
+        took = _within(5, scenario)
+        assert not isinstance(took, BaseException), took
+        assert took < 1, took
+        assert held.lost is not None and held.token is None  # declared lost
+        assert again.owned()
+    finally:
+        if again.token is not None:
+            again.release()
+
+
 def test_a_hold_handed_to_another_thread_is_waited_for_with_a_timeout(
     alias: str, name: str
 ) -> None:
