@@ -1779,15 +1779,17 @@ def _owe_until_left(lock: FencedLock, block: FencedTransaction) -> list[_Debt]:
     known (an ``ExitStack``'s). No I/O."""
     where = block.committed.where
     token = where[3] if where is not None else None
-    bound = token() if token is not None else None
-    if token is None or bound is None:
+    # The token is never held in a local: this frame, cut short (a burst), lives on in the
+    # exception's traceback, kept as long as the exception is (an ``except ... as e`` kept,
+    # an error reporter), and the token it held would never die: the ``with`` left, the
+    # block never rolled back nor its lock released (review f3, 1).
+    if token is None or token() is None:
         return []
     debts = owe([lock], block.depth)
     for debt in debts:
         debt.until, debt.block = token, block
     block.exit_debts = debts
-    block.exit_watch = weakref.ref(bound, functools.partial(_exit_left, debts))
-    del bound
+    block.exit_watch = weakref.ref(token(), functools.partial(_exit_left, debts))
     return debts
 
 
