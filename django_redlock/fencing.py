@@ -616,10 +616,14 @@ def _let_go(
         if outermost and not committed.done:  # (again, should the except path be cut short)
             _drop_own_hooks(using, committed)
     finally:
-        try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
+        # Again, should a burst have cut the except path before it: Django's flag left off
+        # (autocommit), its next atomic() a savepoint of nothing (review f3, 4).
+        try: _drop_unfinished(using) if outermost else None  # noqa: E701  # fmt: skip
         finally:
             try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
-            finally: _clear_helper_frames(sys.exc_info()[1])  # noqa: E701  # fmt: skip
+            finally:
+                try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
+                finally: _clear_helper_frames(sys.exc_info()[1])  # noqa: E701  # fmt: skip
 
 
 def _clear_helper_frames(error: BaseException | None) -> None:
