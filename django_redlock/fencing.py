@@ -1009,13 +1009,20 @@ def _run_left(
     committed: _Committed,
     ran_rest: bool,
 ) -> None:
-    """At the block's end: :func:`_run_before_raised`, then, unless the except path ran
-    :func:`_run_rest`, :func:`_run_rest_late`, whatever the first raised."""
+    """At the block's end: :func:`_run_before_raised`; then, unless the except path ran
+    :func:`_run_rest` (a burst cut it before), its steps after the COMMIT answered:
+    :func:`_run_rest_late`, and Django's exit finished (:func:`_finish_autocommit`: its
+    callbacks, once; else the block, committed, was reported "unknown"). Each whatever the
+    one before raised. ``hooks`` None: not the exit of an outermost block's COMMIT."""
     try:
         _run_before_raised(describe, entries)
     finally:
-        if not ran_rest:
-            _run_rest_late(describe, using, hooks, entries, committed)
+        try:
+            if not ran_rest:
+                _run_rest_late(describe, using, hooks, entries, committed)
+        finally:
+            if not ran_rest and hooks is not None and _commit_answered(using):
+                _finish_autocommit(describe, using, committed)
 
 
 def _run_rest_late(

@@ -197,6 +197,16 @@ COMMITTED_BURSTS: dict[str, Callable[[], tuple[Point, Point]]] = {  # (fresh cou
         in_django("commit", "base/base.py", "self.errors_occurred = False"),
         in_django("__exit__", "db/transaction.py", "connection.set_autocommit(True)"),
     ),
+    # The review's suspected "unknown": Django's flag for the callbacks set, its loop entered
+    # (not yet detached), or its switch of autocommit cut; then the except path cut.
+    "loop entered, then except line": lambda: (
+        in_django("run_and_clear_commit_hooks", "base/base.py", "= self.run_on_commit"),
+        STEPS_EXCEPT,
+    ),
+    "switch, then except line": lambda: (
+        in_django("set_autocommit", "base/base.py", "self.autocommit = autocommit"),
+        STEPS_EXCEPT,
+    ),
 }
 
 
