@@ -427,7 +427,8 @@ def _fenced_steps(
     hooks: list[Any] | None = None  # the list Django's loop takes the callbacks from
     entries: list[Any] = []  # its entries as the COMMIT is sent (the loop pops from the front)
     scope: _Scope | None = None
-    ran_rest = False  # the except path's _run_rest ran (else the block's end runs it)
+    # Until the except path's steps ran: the block's end runs them (a burst cut that path).
+    late = outermost
     kept: list[Any] = []  # its callbacks the close of an unfinished exit took off (see below)
     try:
         atomic = transaction.atomic(using=using)
@@ -451,7 +452,7 @@ def _fenced_steps(
                 yield
             finally:  # blocks exited out of order, by hand: Django's exits mix them up
                 inside = len(connections[using].savepoint_ids) - depth
-                misnested = inside > 0
+                misnested, late = inside > 0, outermost and inside <= 0
             if inside:
                 where = "before a block opened inside it" if misnested else "after its outer one"
                 raise LockError(
@@ -487,7 +488,7 @@ def _fenced_steps(
         cut_loop = False  # Django's loop over the callbacks cut, none raising: the rest ran
         if outermost and not misnested and isinstance(exc, Exception):
             cut_loop = _run_rest(lock.describe(), using, hooks, entries, exc, committed)
-        ran_rest = True
+        late = False
         began = committed.done and not cut_loop  # the callbacks had begun: one raised
         if outermost and not misnested and _commit_answered(using):
             _finish_autocommit(lock.describe(), using, committed)  # its callbacks run
@@ -595,9 +596,9 @@ def _fenced_steps(
                 # landing as it is entered). So do those Django's loop, cut, left to
                 # _run_rest when the except path was cut before it. Before the wrappers forget
                 # their calls.
-                try: _run_left(lock.describe(), using, hooks, entries, committed, ran_rest)  # noqa: E701  # fmt: skip
+                try: _run_left(lock.describe(), using, hooks, entries, committed, late)  # noqa: E701  # fmt: skip
                 finally:
-                    try: _run_left(lock.describe(), using, hooks, entries, committed, ran_rest)  # noqa: E701  # fmt: skip
+                    try: _run_left(lock.describe(), using, hooks, entries, committed, late)  # noqa: E701  # fmt: skip
                     finally:  # (twice: an exception as it is entered would skip all of it)
                         try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
                         finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
@@ -1007,22 +1008,31 @@ def _run_left(
     hooks: list[Any] | None,
     entries: list[Any],
     committed: _Committed,
-    ran_rest: bool,
+    late: bool,
 ) -> None:
-    """At the block's end: :func:`_run_before_raised`; then, unless the except path ran
-    :func:`_run_rest` (a burst cut it before), its steps after the COMMIT answered:
-    :func:`_run_rest_late`, and Django's exit finished (:func:`_finish_autocommit`: its
-    callbacks, once; else the block, committed, was reported "unknown"). Each whatever the
-    one before raised. ``hooks`` None: not the exit of an outermost block's COMMIT."""
+    """At the block's end: :func:`_run_before_raised`; then, when ``late`` (an outermost
+    block, not misnested, whose except path a burst cut short before its steps ran), those
+    steps: its transaction, left open by Django's exit cut before it left it, rolled back
+    (:func:`_abandon`: else the thread's next ``atomic()`` is a savepoint of it, its write
+    lost); the callbacks Django's cut loop left (:func:`_run_rest_late`); Django's exit
+    finished after its COMMIT answered (:func:`_finish_autocommit`: its callbacks, once;
+    else the block, committed, was reported "unknown"). Each whatever the one before raised.
+    ``hooks`` None: not the exit of a COMMIT."""
     try:
         _run_before_raised(describe, entries)
     finally:
         try:
-            if not ran_rest:
-                _run_rest_late(describe, using, hooks, entries, committed)
+            connection = connections[using]
+            if late and (connection.in_atomic_block or _begun_unknown(using)):
+                committed.pending = False  # no COMMIT sent: nothing committed
+                _abandon(using)
         finally:
-            if not ran_rest and hooks is not None and _commit_answered(using):
-                _finish_autocommit(describe, using, committed)
+            try:
+                if late:
+                    _run_rest_late(describe, using, hooks, entries, committed)
+            finally:
+                if late and hooks is not None and _commit_answered(using):
+                    _finish_autocommit(describe, using, committed)
 
 
 def _run_rest_late(

@@ -268,3 +268,39 @@ def test_a_burst_on_the_rollback_leaves_no_flag_off(name: str, using: str, first
     assert connection.connection is None or connection.autocommit or kept_open
     assert not connection.in_atomic_block
     next_atomic_commits(using, name)
+
+
+# -- 5: the review's sweep, "other first points" --------------------------------------------
+
+BEFORE_LEFT: dict[str, Point] = {
+    # Django's exit not yet out of the block's transaction (its atomic flag still set).
+    "_Scope.__exit__": in_code(fencing._Scope.__exit__, "released = "),  # type: ignore[attr-defined]
+    "Atomic.__exit__": in_django("__exit__", "db/transaction.py", "= get_connection(self.using)"),
+    "_roll_back_first": in_code(fencing._roll_back_first, "= connections[using]"),  # type: ignore[attr-defined]
+}
+
+
+@pytest.mark.parametrize("body", ["raises", "returns"])
+@pytest.mark.parametrize("first", list(BEFORE_LEFT))
+@pytest.mark.parametrize("using", ["default", PG])
+def test_a_burst_before_djangos_exit_left_the_transaction_rolls_it_back(
+    name: str, using: str, first: str, body: str
+) -> None:
+    """The first before Django's exit left the transaction, the second on the steps' ``except``
+    line (before the step that rolls back a transaction an exit left open)."""
+    if first == "_roll_back_first" and body == "returns":
+        pytest.skip("rolled back first only when the body raised")
+    open_shop(using, 1, 10)
+    burst = Burst(BEFORE_LEFT[first], STEPS_EXCEPT)
+    raised = ""
+    try:
+        with disarmed(), lock(name, ttl=30, atomic=using):
+            sell_one(using, 1, "body")
+            arm(burst)
+            if body == "raises":
+                raise ValueError("the body failed")
+    except TimeLimit as exc:
+        raised = str(exc)  # (not kept)
+    assert raised == "second soft time limit" and len(burst.fired) == 2, burst.fired
+    assert not connections[using].in_atomic_block  # rolled back as the block ended
+    next_atomic_commits(using, name)
