@@ -427,6 +427,9 @@ def _fenced_steps(
     hooks: list[Any] | None = None  # the list Django's loop takes the callbacks from
     entries: list[Any] = []  # its entries as the COMMIT is sent (the loop pops from the front)
     scope: _Scope | None = None
+    # Until the except path's steps ran: the block's end runs them (a burst cut that path).
+    late = outermost
+    kept: list[Any] = []  # its callbacks the close of an unfinished exit took off (see below)
     try:
         atomic = transaction.atomic(using=using)
         committed.using, committed.atomic = using, weakref.ref(atomic)
@@ -449,7 +452,7 @@ def _fenced_steps(
                 yield
             finally:  # blocks exited out of order, by hand: Django's exits mix them up
                 inside = len(connections[using].savepoint_ids) - depth
-                misnested = inside > 0
+                misnested, late = inside > 0, outermost and inside <= 0
             if inside:
                 where = "before a block opened inside it" if misnested else "after its outer one"
                 raise LockError(
@@ -485,6 +488,7 @@ def _fenced_steps(
         cut_loop = False  # Django's loop over the callbacks cut, none raising: the rest ran
         if outermost and not misnested and isinstance(exc, Exception):
             cut_loop = _run_rest(lock.describe(), using, hooks, entries, exc, committed)
+        late = False
         began = committed.done and not cut_loop  # the callbacks had begun: one raised
         if outermost and not misnested and _commit_answered(using):
             _finish_autocommit(lock.describe(), using, committed)  # its callbacks run
@@ -509,7 +513,7 @@ def _fenced_steps(
             )
             return
         if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
-            _drop_unfinished(using)
+            kept = _drop_unfinished(using, committed)
         if not exiting:  # rolled back: nothing committed
             if outermost:  # its callbacks, should Django's rollback have kept them
                 _drop_own_hooks(using, committed)
@@ -552,7 +556,12 @@ def _fenced_steps(
             raise
         committed.done = True  # first: an exception from here on finds it committed
         # Still pending on the connection (Django's exit cut short after the COMMIT, before
-        # it ran them): they run below. Else Django dropped them with the connection.
+        # it ran them), or taken off it as it was closed above after the driver's COMMIT had
+        # answered (put back: review f3, 3): they run below. Else Django dropped them with
+        # the connection.
+        if kept and not _pending_hooks(using, committed):
+            connections[using].run_on_commit[:0] = kept
+        kept = []
         pending = _pending_hooks(using, committed)
         logger.warning(
             "redlock: %s: the COMMIT of its fenced transaction %s (%s: %s), yet the lock's row"
@@ -584,14 +593,16 @@ def _fenced_steps(
             finally:
                 # A plain callback raised after robust ones a signal cut (see _run_rest): those
                 # run, even after a second soft time limit cut the except path (twice: one
-                # landing as it is entered). Before the wrappers forget their calls.
-                try: _run_before_raised(lock.describe(), entries)  # noqa: E701  # fmt: skip
+                # landing as it is entered). So do those Django's loop, cut, left to
+                # _run_rest when the except path was cut before it. Before the wrappers forget
+                # their calls.
+                try: _run_left(lock.describe(), using, hooks, entries, committed, late)  # noqa: E701  # fmt: skip
                 finally:
-                    try: _run_before_raised(lock.describe(), entries)  # noqa: E701  # fmt: skip
+                    try: _run_left(lock.describe(), using, hooks, entries, committed, late)  # noqa: E701  # fmt: skip
                     finally:  # (twice: an exception as it is entered would skip all of it)
                         try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
                         finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
-        del hooks, entries, proved_hooks
+        del hooks, entries, proved_hooks, kept
         with contextlib.suppress(ValueError):
             _live().remove(committed)
         if outermost:  # the transaction ended as it should: nothing to roll back later
@@ -616,10 +627,14 @@ def _let_go(
         if outermost and not committed.done:  # (again, should the except path be cut short)
             _drop_own_hooks(using, committed)
     finally:
-        try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
+        # Again, should a burst have cut the except path before it: Django's flag left off
+        # (autocommit), its next atomic() a savepoint of nothing (review f3, 4).
+        try: _drop_unfinished(using) if outermost else None  # noqa: E701  # fmt: skip
         finally:
             try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
-            finally: _clear_helper_frames(sys.exc_info()[1])  # noqa: E701  # fmt: skip
+            finally:
+                try: _forget_calls(using, hooks, entries); proved.clear()  # noqa: E701, E702  # fmt: skip
+                finally: _clear_helper_frames(sys.exc_info()[1])  # noqa: E701  # fmt: skip
 
 
 def _clear_helper_frames(error: BaseException | None) -> None:
@@ -644,7 +659,8 @@ def _helper_codes() -> frozenset[CodeType]:
     comprehensions')."""
     funcs: list[Any] = [_watch_hooks, _proved_hooks, _forget_mark, _forget_calls,
                         _drop_own_hooks, _let_go, _Called.__init__, _Seen.close,
-                        _run_before_raised, _raised_plain]  # fmt: skip
+                        _run_before_raised, _raised_plain, _run_left,
+                        _run_rest_late, _drop_unfinished]  # fmt: skip
     codes: set[CodeType] = set()
     todo = [func.__code__ for func in funcs]
     while todo:
@@ -986,6 +1002,66 @@ def _run_rest(
     return True
 
 
+def _run_left(
+    describe: str,
+    using: str,
+    hooks: list[Any] | None,
+    entries: list[Any],
+    committed: _Committed,
+    late: bool,
+) -> None:
+    """At the block's end: :func:`_run_before_raised`; then, when ``late`` (an outermost
+    block, not misnested, whose except path a burst cut short before its steps ran), those
+    steps: its transaction, left open by Django's exit cut before it left it, rolled back
+    (:func:`_abandon`: else the thread's next ``atomic()`` is a savepoint of it, its write
+    lost); the callbacks Django's cut loop left (:func:`_run_rest_late`); Django's exit
+    finished after its COMMIT answered (:func:`_finish_autocommit`: its callbacks, once;
+    else the block, committed, was reported "unknown"). Each whatever the one before raised.
+    ``hooks`` None: not the exit of a COMMIT."""
+    try:
+        _run_before_raised(describe, entries)
+    finally:
+        try:
+            connection = connections[using]
+            if late and (connection.in_atomic_block or _begun_unknown(using)):
+                committed.pending = False  # no COMMIT sent: nothing committed
+                _abandon(using)
+        finally:
+            try:
+                if late:
+                    _run_rest_late(describe, using, hooks, entries, committed)
+            finally:
+                if late and hooks is not None and _commit_answered(using):
+                    _finish_autocommit(describe, using, committed)
+
+
+def _run_rest_late(
+    describe: str,
+    using: str,
+    hooks: list[Any] | None,
+    entries: list[Any],
+    committed: _Committed,
+) -> None:
+    """:func:`_run_rest`, at the block's end, when a second exception (a burst: a soft time
+    limit in Django's loop over the callbacks, another as the ``except`` clause was entered,
+    or on its first lines) cut the except path short before it: the callbacks Django's loop
+    had detached and not run would be dropped with the block committed (review f3, 2). With
+    the exception that cut the loop, from the chain of the one propagating (an ``Exception``:
+    an interrupt stands, as on the except path). Idempotent: each entry's wrapper tells
+    whether it ran."""
+    error = sys.exc_info()[1]
+    if not isinstance(error, Exception):
+        return
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, Exception) and _run_rest(
+            describe, using, hooks, entries, error, committed
+        ):
+            return
+        error = error.__context__
+
+
 def _run_before_raised(describe: str, entries: list[Any]) -> None:
     """When a plain callback raised in Django's loop (so the COMMIT happened): run the entries
     before it that never ran (robust ones whose call line a signal cut, inside Django's
@@ -1056,16 +1132,44 @@ def _ran(func: Any) -> bool:
     return func.ran()[0] if isinstance(func, _Called) else True
 
 
-def _drop_unfinished(using: str) -> None:
+def _drop_unfinished(using: str, committed: _Committed | None = None) -> list[Any]:
     """Close the connection when the COMMIT's exit left it unfinished: an exception while
     the reply was awaited leaves the driver mid-COMMIT and Django with autocommit off, and
     every later use would fail (or be refused as autocommit off). A COMMIT the server got
-    completes all the same; one it got only part of is rolled back when the socket closes."""
+    completes all the same; one it got only part of is rolled back when the socket closes.
+    Returns ``committed``'s block's ``on_commit`` entries the close dropped, when the driver
+    had answered a COMMIT (out of any transaction: a burst cut Django's exit after its
+    ``commit()`` returned, before it stored its flag for them, then its switch of autocommit):
+    the outcome check decides whether they run (review f3, 3). No I/O but the close."""
     connection = connections[using]
     unfinished = not connection.in_atomic_block and not connection.autocommit
-    if unfinished and connection.connection is not None:
-        with contextlib.suppress(Exception):
-            connection.close()
+    if not unfinished or connection.connection is None:
+        return []
+    kept: list[Any] = []
+    if committed is not None and _driver_idle(using):
+        hooks = connection.run_on_commit
+        at = next((i for i, entry in enumerate(hooks) if entry[1] is committed), None)
+        kept = list(hooks[at:]) if at is not None else []
+    with contextlib.suppress(Exception):
+        connection.close()
+    return kept
+
+
+def _driver_idle(using: str) -> bool:
+    """Whether the driver's connection is out of any transaction, no command running (its
+    COMMIT, or ROLLBACK, answered). No I/O."""
+    connection = connections[using]
+    raw = connection.connection
+    try:
+        if connection.vendor == "sqlite":
+            return not raw.in_transaction
+        if connection.vendor == "postgresql":
+            info = getattr(raw, "info", None)  # psycopg 3
+            status = info.transaction_status if info is not None else raw.get_transaction_status()
+            return bool(status == 0)  # IDLE
+    except Exception:  # a closed driver connection: nothing answered is known
+        return False
+    return False
 
 
 def drop_abandoned(using: str) -> None:
@@ -1779,15 +1883,17 @@ def _owe_until_left(lock: FencedLock, block: FencedTransaction) -> list[_Debt]:
     known (an ``ExitStack``'s). No I/O."""
     where = block.committed.where
     token = where[3] if where is not None else None
-    bound = token() if token is not None else None
-    if token is None or bound is None:
+    # The token is never held in a local: this frame, cut short (a burst), lives on in the
+    # exception's traceback, kept as long as the exception is (an ``except ... as e`` kept,
+    # an error reporter), and the token it held would never die: the ``with`` left, the
+    # block never rolled back nor its lock released (review f3, 1).
+    if token is None or token() is None:
         return []
     debts = owe([lock], block.depth)
     for debt in debts:
         debt.until, debt.block = token, block
     block.exit_debts = debts
-    block.exit_watch = weakref.ref(bound, functools.partial(_exit_left, debts))
-    del bound
+    block.exit_watch = weakref.ref(token(), functools.partial(_exit_left, debts))
     return debts
 
 
