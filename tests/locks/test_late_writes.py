@@ -16,6 +16,7 @@ from django.test import override_settings
 
 from django_redlock import lock, locks
 from django_redlock.testing import RedisServer
+from tests.support.grant_cut import cut_after_the_grant, cut_then_retry
 from tests.support.proxy import LossyProxy
 
 
@@ -47,28 +48,9 @@ def test_a_hand_back_release_delayed_past_its_closed_connection_never_deletes_th
     assert warm.acquire(blocking=False)  # a connection, the scripts loaded
     warm.release()
     mine = lock(name, using="late", ttl=30, auto_renew=False)
-    record = type(mine)._record
-
-    def interrupted(self: Any, owner: str, actor: str, token: str, *args: Any) -> Any:
-        if self is mine:
-            monkeypatch.setattr(type(mine), "_record", record)
-            proxy.delay_from(token.encode())  # the hand-back's release: late on the wire
-            raise RuntimeError("soft time limit")  # the grant is not recorded
-        return record(self, owner, actor, token, *args)
-
-    monkeypatch.setattr(type(mine), "_record", interrupted)
-
-    async def both() -> bool:
-        with pytest.raises(RuntimeError):
-            await mine.aacquire(blocking=False)
-        return await mine.aacquire(blocking=False)  # the retry, at once
-
-    if driver == "sync":
-        with pytest.raises(RuntimeError):
-            mine.acquire(blocking=False)
-        got = mine.acquire(blocking=False)  # the retry, at once
-    else:
-        got = asyncio.run(both())
+    # the hand-back's release: late on the wire
+    cut_after_the_grant(monkeypatch, mine, lambda token: proxy.delay_from(token.encode()))
+    got = cut_then_retry(mine, driver)
     assert proxy.delayed.is_set(), "the release was held"
     proxy.let_go()  # the late write lands
     other = lock(name, using="late", ttl=30, auto_renew=False)

@@ -6,10 +6,8 @@ survives the late write (redlock_io ``Debts.burn``)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
@@ -17,6 +15,7 @@ from django_redlock import lock
 from django_redlock.backends.redlock import RedlockBackend
 from django_redlock.exceptions import LockError
 from django_redlock.testing import RedisServer
+from tests.support.grant_cut import cut_after_the_grant, cut_then_retry
 from tests.support.proxy import LossyProxy
 
 from .test_redlock import quorum_alias
@@ -57,31 +56,15 @@ def test_a_hand_back_release_delayed_past_its_closed_connection_never_deletes_th
             assert warm.acquire(blocking=False)
             warm.release()
         mine = lock(name, using="late", ttl=30, auto_renew=False)
-        record = type(mine)._record
-
-        def interrupted(self: Any, owner: str, actor: str, token: str, *args: Any) -> Any:
-            if self is mine:
-                seen.append(token)
-                monkeypatch.setattr(type(mine), "_record", record)
-                for proxy in proxied[1:]:  # the hand-back's release: late on the wire
-                    proxy.delay_from(token.encode())
-                raise RuntimeError("soft time limit")  # the grant is not recorded
-            return record(self, owner, actor, token, *args)
-
         seen: list[str] = []
-        monkeypatch.setattr(type(mine), "_record", interrupted)
 
-        async def both() -> bool:
-            with pytest.raises(RuntimeError):
-                await mine.aacquire(blocking=False)
-            return await mine.aacquire(blocking=False)  # the retry, at once
+        def delay(token: str) -> None:
+            seen.append(token)
+            for proxy in proxied[1:]:  # the hand-back's release: late on the wire
+                proxy.delay_from(token.encode())
 
-        if driver == "sync":
-            with pytest.raises(RuntimeError):
-                mine.acquire(blocking=False)
-            got = mine.acquire(blocking=False)  # the retry, at once
-        else:
-            got = asyncio.run(both())
+        cut_after_the_grant(monkeypatch, mine, delay)
+        got = cut_then_retry(mine, driver)
         (first,) = seen
         assert all(p.delayed.is_set() for p in proxied[1:]), "the releases were held"
         for proxy in proxied[1:]:
