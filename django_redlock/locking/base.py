@@ -16,13 +16,12 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from .. import fencing, observe
+from .. import fencing, forks, observe
 from ..backends.base import Attempt, BaseLockBackend, LockInfo, Op, Renewal, by_deadline
 from ..exceptions import BackendUnavailable, LockError, LockLost, LockNotAcquired, LockNotOwned
 from ..handler import locks
@@ -91,15 +90,33 @@ class _LeftWith:
     exception a signal handler raises there (Celery's soft time limit) as ``__exit__`` is
     entered, or as a call of the exit is (``_exit``, the release), leaves the ``with`` with
     its level held, and the watchdog would renew it for as long as the lock object lives.
-    Left so (the exit's release did not return, and the level is still the object's), the
-    level is owed: no longer renewed (the whole hold) from that moment, released by the
-    payer thread (:func:`_pay_left_withs`) at once, or by the owner's next acquire of the
-    object, whichever comes first. The weak reference's callback does no I/O."""
 
-    __slots__ = ("__weakref__", "done", "hold", "level", "lock", "owner", "stamp", "watch")
+    The invariant, whatever line an interrupt (a burst of them) lands on:
 
-    def __init__(self, lock: BaseLock, owner: str, hold: Hold, token: weakref.ref[Any]) -> None:
-        self.lock, self.owner, self.hold = lock, owner, hold
+    * Owed is a fact read, never a state stored: the exit token is dead, the exit's release
+      did not return (``done``) and the level is still the object's (``due``: the very
+      hold, by identity, and its stamp). Nothing has to run for a level to become owed, so
+      nothing cut short can lose one; :meth:`_gone` only wakes the payer early.
+    * A level is paid by claiming its hold (:meth:`BaseLock._claim_owed`: renewal stopped,
+      then ``releasing`` under the object's mutex, one store, only while still ``due``),
+      then releasing that hold's own token, only while that very hold is the object's. A
+      later hold of the object (another token: released and taken again meanwhile) is
+      never due nor claimed, so never released by a payer. A claimed hold stays in the
+      object, ``releasing``, until a release of it is answered: its payer sends one (again,
+      if the object's next acquire claimed it and was cut short before its own), and the
+      next acquire does (a release is idempotent); with no answer, its TTL ends it.
+    * Its backend's payer (:class:`_Payer`) looks at every watch as it is woken, and every
+      :data:`SWEEP` seconds while one is open: an owed level is paid within about a second
+      even when the callback never ran. The object's next acquire claims it first if it
+      comes first. An entry leaves the watch set only once it owes nothing (``done``, or
+      no longer ``due``: paid, claimed, or the hold gone)."""
+
+    __slots__ = ("__weakref__", "done", "hold", "level", "lock", "owner", "payer", "stamp", "watch")
+
+    def __init__(
+        self, lock: BaseLock, owner: str, hold: Hold, token: weakref.ref[Any], payer: _Payer
+    ) -> None:
+        self.lock, self.owner, self.hold, self.payer = lock, owner, hold, payer
         self.level = hold.depth
         self.stamp = hold.stamps[hold.depth - 1]
         self.done = False  # the exit's release returned: nothing owed
@@ -117,61 +134,122 @@ class _LeftWith:
             and hold.stamps[level - 1] == self.stamp
         )
 
+    def left(self) -> bool:
+        """Whether its statement is over (the exit token is dead)."""
+        return self.watch is None or self.watch() is None
+
+    def owed(self) -> bool:
+        """Whether its statement was left with the level held (see the class). No I/O."""
+        return not self.done and self.left() and self.due()
+
+    def claimed(self) -> bool:
+        """Whether its hold was claimed (``releasing``) and is still the object's: a release
+        of it not finished (cut short, or no answer). No I/O."""
+        hold = self.hold
+        return hold.releasing and self.lock._holds.get(self.owner) is hold
+
+    def drop(self) -> None:
+        """Out of the watch set and the object's list (each a no-op if done already)."""
+        self.payer.watching.discard(self)
+        with contextlib.suppress(ValueError):
+            self.lock._withs.remove(self)
+
     def _gone(self, _: Any) -> None:
         # Runs as the ``with`` is left, on its thread, maybe inside an interrupt's unwinding:
-        # no I/O, nothing raised (a weakref callback cannot).
+        # no I/O, nothing raised (a weakref callback cannot). Only a shortcut: cut short, the
+        # payer's sweep finds the same facts.
         with contextlib.suppress(Exception):
-            _watching.discard(self)
-            lock = self.lock
-            with contextlib.suppress(ValueError):
-                lock._withs.remove(self)
-            if self.done or not self.due():
-                return
-            if self.hold.depth == 1:  # the whole hold: renewed no more from here
-                lock._stop_renewing(self.hold)
-            lock._left.append(self)
-            _owed_withs.append(self)
-            _wake_payer.set()
+            if self.done:  # the usual case: nothing owed, nothing for the payer to do
+                self.drop()
+            elif self.payer.process == holds.process:  # (a forked child's: not ours)
+                self.payer.wake.set()
 
 
-#: Watches of ``with`` statements now open (a weak reference's callback needs its reference
-#: kept), and the levels their statements left owed, for the payer thread.
-_watching: set[_LeftWith] = set()
-_owed_withs: deque[_LeftWith] = deque()
-_wake_payer = threading.Event()
-_payer: list[threading.Thread | None] = [None]
-#: The owner the payer thread releases as (a reentrant level belongs to its thread or task).
-_acting = threading.local()
+#: How often a backend's payer looks at the watches while a ``with`` is open, should a
+#: statement's callback never have run (an interrupt at its entry): "about a second".
+SWEEP = 0.5
 
 
-def _pay_left_withs() -> None:
-    """The payer thread: releases the levels ``with`` statements left owed (see
-    :class:`_LeftWith`), each as its owner, once; one its owner paid meanwhile is skipped."""
-    while True:
-        _wake_payer.wait()
-        _wake_payer.clear()
-        while _owed_withs:
-            left = _owed_withs.popleft()
-            lock = left.lock
-            if not left.due():  # (paid by its owner; a forked child's object: reset first)
-                continue
-            _acting.owner = left.owner
-            try:
-                with lock._paying:  # the owner's next acquire waits for it (_prepare_acquire)
-                    lock._drive(lock._pay_left(left.owner))
-            except Exception as exc:  # no answer: it runs out at its TTL (renewed no more)
-                logger.warning("redlock: %s: releasing the level of a `with` left as its exit"
-                               " began failed: %s", lock.describe(), exc)  # fmt: skip
-            finally:
-                _acting.owner = None
+class _Payer:
+    """The thread that pays the levels ``with`` statements on one backend left owed (see
+    :class:`_LeftWith`): one per backend, so that a backend that does not answer delays its
+    own owed levels only (each release is bounded by its socket timeout), never another's."""
+
+    def __init__(self, using: str) -> None:
+        self.using, self.process = using, holds.process
+        self.wake = threading.Event()
+        self.idle = False  # waiting with no timeout: a new watch wakes it (see watch())
+        #: Watches of ``with`` statements open or owing (a weak reference's callback needs
+        #: its reference kept): taken out only once they owe nothing.
+        self.watching: set[_LeftWith] = set()
+        self.thread = threading.Thread(
+            target=self._run, name=f"redlock-left-withs:{using}", daemon=True
+        )
+
+    def watch(self, left: _LeftWith) -> None:
+        self.watching.add(left)
+        if self.idle:  # (idle marked before its look at the set: one of the two sees the other)
+            self.wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self.idle = True
+            if self.watching:  # a sweep now and then while one is open
+                self.idle = False
+                self.wake.wait(SWEEP)
+            else:
+                self.wake.wait()
+            self.idle = False
+            self.wake.clear()  # before the look: a wake-up from now on means another look
+            self._look()
+
+    def _look(self) -> None:
+        # (A frame of its own: no watch, nor its lock object, stays referenced as it waits.)
+        for left in list(self.watching):  # (one copy: owners add theirs meanwhile)
+            if left.done or not (left.due() or left.claimed()):
+                left.drop()  # nothing owed: the exit returned, paid, or the hold gone
+            elif left.left():
+                self._pay(left)  # owed, or claimed by an acquire cut short before its release
+
+    def _pay(self, left: _LeftWith) -> None:
+        lock = left.lock
+        try:
+            lock._drive(lock._pay_owed(left))
+        except Exception as exc:  # no answer: released by its next acquire, else at its TTL
+            logger.warning("redlock: %s: releasing the level of a `with` left as its exit"
+                           " began failed: %s", lock.describe(), exc)  # fmt: skip
+        finally:
+            left.drop()  # claimed (or not due): owes nothing here any more
 
 
-def _start_payer() -> None:
-    thread = _payer[0]
-    if thread is None or not thread.is_alive():  # (not started, or a forked child's)
-        thread = threading.Thread(target=_pay_left_withs, name="redlock-left-withs", daemon=True)
-        _payer[0] = thread
-        start_thread(thread)
+#: The payers of this process, by backend alias (a forked child starts with none).
+_payers: dict[str, _Payer] = {}
+_payers_mutex = [threading.Lock()]
+
+
+def _payer_for(using: str) -> _Payer:
+    payer = _payers.get(using)
+    if payer is not None and payer.thread.is_alive():
+        return payer
+    with _payers_mutex[0]:
+        payer = _payers.get(using)
+        if payer is None or not payer.thread.is_alive():
+            old, payer = payer, _Payer(using)
+            if old is not None:  # (its thread died: its watches are the new one's)
+                payer.watching |= old.watching
+                for left in old.watching:
+                    left.payer = payer
+            _payers[using] = payer
+            start_thread(payer.thread)
+    return payer
+
+
+@forks.after_fork_in_child
+def _forget_payers() -> None:
+    # The parent's payers (their threads, Events, watches) are not the child's: a payer may
+    # have held its Event's lock at the fork, and nobody here would let it go.
+    _payers.clear()
+    _payers_mutex[0] = threading.Lock()
 
 
 #: A try not made yet (immutable: one shared).
@@ -263,10 +341,8 @@ class BaseLock:
         # With the thread handing it over now (None: none, an exception ended its telling).
         self._undeclared: dict[str, tuple[str, str, Hold, threading.Thread | None]] = {}
         self._mutex = threading.Lock()
-        # ``with`` statements open on it (watched) and the levels they left owed.
+        # ``with`` statements open on it (watched), or left owing their level (_LeftWith).
         self._withs: list[_LeftWith] = []
-        self._left: list[_LeftWith] = []
-        self._paying = threading.Lock()  # held by the payer thread while it releases one
 
     # -- what a kind provides ----------------------------------------------------------------
 
@@ -324,7 +400,7 @@ class BaseLock:
     def _owner(self) -> str:
         if not self.reentrant:
             return ""
-        return getattr(_acting, "owner", None) or owner_id()  # (the payer acts as the owner)
+        return owner_id()
 
     def kind_label(self) -> str:
         """The lock's kind as its repr and the metrics' ``kind`` label name it ("lock",
@@ -351,7 +427,7 @@ class BaseLock:
             self._holds_by_owner, self._process = {}, holds.process
             self._unsure_token, self._orphans, self._undeclared = None, {}, {}
             self._handing_back = set()
-            self._withs, self._left, self._paying = [], [], threading.Lock()
+            self._withs = []
             # Another thread (the watchdog's) may have held it at the fork: it never lets go.
             self._mutex = threading.Lock()
         return self._holds_by_owner
@@ -521,10 +597,9 @@ class BaseLock:
                 f"{self.describe()} was lost ({self._lost or 'expired'}): this acquire would"
                 " nest in a hold that is gone; release the outer levels first"
             )
-        if self._left_owed():  # a ``with`` left as its exit began
-            with self._paying:  # the payer thread's release of it under way: its end first
-                pass
-            yield from self._pay_left(owner)  # (what the payer has not taken)
+        for left in list(self._withs):  # a ``with`` left as its exit began: claimed here
+            if left.owner == owner and left.owed():  # (released below, as "releasing")
+                self._claim_owed(left)
         if self.reentrant:  # only a reentrant count is ever left to settle
             yield from self._settle(owner)
         stale = self._holds.get(owner)
@@ -568,8 +643,13 @@ class BaseLock:
         ``actor`` that may still be on the server at ``now`` (monotonic), by this
         process's clock: renewed for good, or not run out yet."""
         holds = list(self._holds.values())  # one copy: another thread may change the dict
+        # An owed level's hold is renewed no more (its payer releases it): not "for good".
+        owed = [left.hold for left in list(self._withs) if left.owed()]
         return [
-            h.token for h in holds if h.actor == actor and (h.ends_by is None or now < h.ends_by)
+            h.token
+            for h in holds
+            if h.actor == actor
+            and (now < h.ends_by if h.ends_by is not None else all(h is not o for o in owed))
         ]
 
     def _next_token(self) -> str:
@@ -1059,7 +1139,10 @@ class BaseLock:
         """Whether a hold with this token is held and meant to be renewed by ``renewer``
         (internal: the watchdog's protocol, :class:`~django_redlock.renewer.Lock`)."""
         held = self._holds  # mostly empty: released before the renewer looked
-        return bool(held) and any(h.token == token and h.renewer is renewer for h in held.values())
+        if not held:
+            return False
+        # One copy: the owners' threads change the dict meanwhile (threads sharing a read lock).
+        return any(h.token == token and h.renewer is renewer for h in list(held.values()))
 
     def _release(self, owner: str | None = None) -> Steps[None]:
         owner = self._owner() if owner is None else owner  # (given: finished on its behalf)
@@ -1139,25 +1222,41 @@ class BaseLock:
         if left <= 0:
             self._announce_released()
 
-    def _left_owed(self) -> bool:
-        """Whether a ``with`` statement left a level owed here, or the payer thread is
-        releasing one. Not in a forked child before ``_holds`` reset the object: the parent's
-        payer may have held ``_paying`` at the fork, and nobody here would let it go."""
-        if self._process != holds.process:
+    def _claim_owed(self, left: _LeftWith) -> bool:
+        """Claim the hold of an owed level (see :class:`_LeftWith`): renewed no more, then
+        ``releasing`` (one store, under the mutex, only if still ``due``), so that exactly
+        this hold is released, once, whoever comes first (its payer, the owner's next
+        acquire). False if it was not due (paid, claimed, or the hold gone). No I/O."""
+        hold = left.hold
+        if not left.due():
             return False
-        return bool(self._left or self._paying.locked())
+        # First: cut short after it, the level is still owed, and claimed again later.
+        self._stop_renewing(hold)
+        with self._mutex:
+            if not left.due():
+                return False
+            hold.depth, hold.releasing = 0, True  # claimed: the object's next acquire ends it
+            # A renewal in flight answered "gone" from now on met this release: no loss.
+            hold.release_began = time.monotonic()
+            self._untake(hold)
+        return True
 
-    def _pay_left(self, owner: str) -> Steps[None]:
-        """Release the levels of ``owner``'s that ``with`` statements left owed (see
-        :class:`_LeftWith`), each once (taken off the list first: the payer thread and the
-        owner's next acquire may both come), and only if still this object's."""
-        for left in [left for left in self._left if left.owner == owner]:
-            try:
-                self._left.remove(left)
-            except ValueError:
-                continue  # paid by the other
-            if left.due():
-                yield from self._release()
+    def _pay_owed(self, left: _LeftWith) -> Steps[None]:
+        """The payer's release of an owed level: that hold's own token, never whatever the
+        object holds by then; unanswered, it stays ``releasing`` for the next acquire."""
+        self._claim_owed(left)  # (or claimed already: an acquire cut short before its release)
+        hold = left.hold
+        if not left.claimed():
+            return  # not owed (paid, or the hold gone): never whatever the object holds now
+        try:
+            answer = yield self._op_release(hold.token)
+        except BaseException:
+            observe.hold_unsure(self, hold)  # not a hold this process holds any more
+            raise
+        with self._mutex:
+            mine = self._forget(left.owner, hold)  # (else finished by its next acquire)
+        if mine and answer == 0:
+            self._announce_released()
 
     def _watch_with(self, token: weakref.ref[Any]) -> None:
         """Watch the ``with`` statement whose exit token is ``token`` (see :class:`_LeftWith`):
@@ -1170,11 +1269,11 @@ class BaseLock:
         hold = self._holds.get(owner)
         if hold is None or hold.depth < 1:
             return
-        _start_payer()
-        left = _LeftWith(self, owner, hold, token)
+        payer = _payer_for(self.using)
+        left = _LeftWith(self, owner, hold, token, payer)
         if left.watch is not None:
-            _watching.add(left)
             self._withs.append(left)
+            payer.watch(left)
 
     def _exited(self) -> None:
         """The exit's release returned: its ``with`` (this owner's innermost one watched: an
