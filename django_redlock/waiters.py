@@ -580,6 +580,9 @@ class ReleaseHub:
         on a stale TTL (its wake-up stays pending until it waits). A wake-up for a waiter
         id nobody watches runs its leave if it was abandoned (:meth:`abandon`).
         """
+        # Both decided under the mutex: the group is the waiters' own dict, which a waiter
+        # leaving empties in place once the mutex is let go (it tried at its deadline).
+        chosen = leave = None
         with self._mutex:
             group = self._waiters.get(channel)
             if group:
@@ -588,7 +591,7 @@ class ReleaseHub:
             else:
                 leave = self._abandoned.pop(channel, None)
                 self._abandoned_at.pop(channel, None)
-        if group:
+        if chosen is not None:
             chosen.wake()
         elif leave is not None:
             try:  # on the pub/sub reader's thread: whatever happens, it goes on reading

@@ -468,7 +468,7 @@ class PubSubHub(ReleaseHub):
                     self.declare_heard()
                     self._unsubscribe_forgotten()
                     self.notify_all()  # a release may have been missed meanwhile
-                self._handle(message)
+                self._handle_read(message)
 
     def _unsubscribe_forgotten(self) -> None:
         """(The reader, once the server is heard again.) The channels forgotten while it was
@@ -499,6 +499,15 @@ class PubSubHub(ReleaseHub):
 
     def _is_inbox(self, channel: str) -> bool:
         return channel == self._inbox
+
+    def _handle_read(self, message: dict[str, Any]) -> None:
+        """(A reader.) :meth:`_handle`, whatever it raises: a failed wake-up must not end
+        the only reader (every later wait would last its holder's TTL). No signal handler
+        runs on a reader's thread, so nothing caught here is an interrupt."""
+        try:
+            self._handle(message)
+        except Exception:
+            logger.exception("redlock: a pub/sub message could not be handled")
 
     def _handle(self, message: dict[str, Any]) -> None:
         channel = message["channel"]
@@ -837,7 +846,7 @@ class ShardedPubSubHub(PubSubHub):
                 if dropped:  # the server dropped it: its slot moved away from this node
                     self._moved(name, channel)
                 continue
-            self._handle(message)
+            self._handle_read(message)
 
     def _wake_on(self, name: str) -> None:
         with self._mutex:
