@@ -17,7 +17,7 @@ from django_redlock import MissingPermission, acl, lock, locks, semaphore
 from django_redlock.backends.redis import RedisBackend
 from django_redlock.testing import RedisServer
 
-from .test_acl import ADMIN, aliases, as_user, rule_of
+from .test_acl import ADMIN, SECRET, aliases, as_user, rule_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,3 +134,21 @@ def test_a_user_with_publish_is_not_refused(server: RedisServer) -> None:
         register(admin, backend, "acl-ok")
         held.release()
         assert admin.exists(backend.key("acl-ok")) == 0
+
+
+def test_a_redlock_release_that_announces_is_refused_before_it_frees(server: RedisServer) -> None:
+    # A Redlock node's release announces on the release channel (PUBLISH) after its DEL.
+    dbs = (4, 5, 6)
+    for db in dbs:
+        server.client(db=db).flushdb()
+    urls = [server.url_for("locks", SECRET, db) for db in dbs]
+    server.add_user("locks", SECRET, *rule_of(RedisBackend).replace(" +publish", "").split())
+    config = {"BACKEND": "django_redlock.backends.redlock.RedlockBackend", "LOCATION": urls,
+              "OPTIONS": {"socket_timeout": 2, "socket_connect_timeout": 2}}  # fmt: skip
+    with aliases(mine=config):
+        held = lock("acl-rl", using="mine", ttl=30, auto_renew=False)
+        assert held.acquire(blocking=False)  # redlock_acquire.lua publishes nothing
+        key = locks["mine"].nodes[0].key("acl-rl")
+        with pytest.raises(MissingPermission, match=r"\+publish"):
+            held.release()
+        assert all(server.client(db=db).exists(key) for db in dbs) and held.owned()
