@@ -176,7 +176,7 @@ local function lock_freed(lock, channel, waiting, queue, inbox)
   end
   redis.call('DEL', lock)
   if announce then
-    redis.call('PUBLISH', channel, 'released')
+    publish_call('PUBLISH', channel, 'released')
   end
   return wakes
 end

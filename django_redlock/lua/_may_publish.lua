@@ -29,3 +29,21 @@ local function may_publish(inbox, channel)
                  "' command (asked before any write: nothing was done)"})
   end
 end
+
+-- A wake-up's PUBLISH or SPUBLISH (`command`). Redis 6 cannot be asked first: a refusal there
+-- comes after the write, so it is skipped (redis.pcall) and the write stands: the reply says
+-- what was done (a take held, a lock freed), the server's log which command was refused, and
+-- the one not woken sleeps to its hint. Counted as heard: nobody is dropped as dead. Redis 7+
+-- asked first (may_publish): a refusal here is an error as any other.
+local function publish_call(command, channel, message)
+  if redis.acl_check_cmd then
+    return redis.call(command, channel, message)
+  end
+  local reply = redis.pcall(command, channel, message)
+  if type(reply) == 'table' and reply.err then
+    redis.log(redis.LOG_WARNING, 'django-redlock: ' .. command .. ' ' .. channel ..
+                                 ' refused after a write, skipped: ' .. reply.err)
+    return 1
+  end
+  return reply
+end
