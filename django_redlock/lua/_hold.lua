@@ -163,13 +163,20 @@ local function announces(channel, inbox)
   return channel ~= '' and string.byte(inbox or '', -1) ~= 42
 end
 
--- A lock was just freed (deleted): tell those that listen on its release channel, and say
--- whether anyone registered or queued to be woken (lock_wake in _queue.lua wakes them). A
--- waiter registers (plain) or queues (fair) before it sleeps, so a lock nobody waits for
--- costs one EXISTS here.
-local function lock_freed(channel, waiting, queue, inbox)
-  if announces(channel, inbox) then
-    redis.call('PUBLISH', channel, 'released')
+-- Free a lock (delete it), tell those that listen on its release channel, and say whether
+-- anyone registered or queued to be woken (lock_wake in _queue.lua wakes them). A waiter
+-- registers (plain) or queues (fair) before it sleeps, so a lock nobody waits for costs one
+-- EXISTS here. Where a PUBLISH will follow, the ACL is asked before the DEL (may_publish,
+-- in _may_publish.lua: the script includes it).
+local function lock_freed(lock, channel, waiting, queue, inbox)
+  local announce = announces(channel, inbox)
+  local wakes = redis.call('EXISTS', waiting, queue) > 0
+  if announce or wakes then
+    may_publish(wakes and inbox, announce and channel)
   end
-  return redis.call('EXISTS', waiting, queue) > 0
+  redis.call('DEL', lock)
+  if announce then
+    publish_call('PUBLISH', channel, 'released')
+  end
+  return wakes
 end

@@ -17,7 +17,7 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
     if writers_waiting(writers, now) > 0 then
       if used == 0 then -- the first writer (by deadline) only; a dead one's lease runs out
         if announces(channel, inbox) then
-          redis.call('PUBLISH', channel, 'released')
+          publish_call('PUBLISH', channel, 'released')
         end
         local first = redis.call('ZRANGE', writers, 0, 0)[1]
         publish(inbox, first)
@@ -33,7 +33,7 @@ local function leases_wake(leases, details, channel, waiting, queue, deadlines, 
     return
   end
   if announces(channel, inbox) then
-    redis.call('PUBLISH', channel, 'released')
+    publish_call('PUBLISH', channel, 'released')
   end
   if redis.call('EXISTS', queue) == 1 then
     queue_prune(queue, deadlines, now)

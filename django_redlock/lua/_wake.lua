@@ -1,4 +1,4 @@
--- Waking waiters, spliced into scripts by `--! include _wake`.
+-- Waking waiters, spliced into scripts by `--! include _wake` (after _may_publish).
 -- A waiter id is '<process id>.<serial>'; each process reads one inbox channel,
 -- '<inbox prefix><process id>', for all its waiters, so waiting costs no SUBSCRIBE per wait.
 
@@ -17,16 +17,16 @@
 local function publish(inbox, waiter, message)
   message = message or waiter
   if string.byte(inbox, -1) ~= 42 then
-    return redis.call('PUBLISH', inbox .. string.match(waiter, '^[^.]*'), message), true
+    return publish_call('PUBLISH', inbox .. string.match(waiter, '^[^.]*'), message), true
   end
   if string.byte(waiter, 1) == 33 then -- '!'
     local classic = string.match(inbox, '^[^{]*') .. 'inbox:' .. string.match(waiter, '^!([^.]*)')
-    return redis.call('PUBLISH', classic, message), false
+    return publish_call('PUBLISH', classic, message), false
   end
   if not redis.REDIS_VERSION_NUM then -- Redis 6 (no SPUBLISH): no sharded listener here
     return 0, true
   end
-  return redis.call('SPUBLISH', inbox .. string.match(waiter, '^[^.]*'), message), true
+  return publish_call('SPUBLISH', inbox .. string.match(waiter, '^[^.]*'), message), true
 end
 
 -- The bounded hand-off. A waiter woken at a release may not take the lock: its process is

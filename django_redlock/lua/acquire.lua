@@ -52,6 +52,7 @@ if plain_try then
     end
   end
 end
+--! include _may_publish
 --! include _hold
 local reentrant, fair = ARGV[4] ~= '0', ARGV[5] == '1'
 local seq, levels = order_read(ARGV[4])
@@ -72,6 +73,13 @@ local now = now_ms(clock)
 if queued == nil then
   -- A name whose fair queue has waiters is taken in queue order, whatever kind tries.
   queued = redis.call('EXISTS', queue) == 1
+end
+-- A take that stands others down (wait_took: a registered waiter with others in the set;
+-- queue_took: a fair waiter in a queue) publishes after it wrote: the ACL is asked first
+-- (may_publish). A try that stands nobody down is not asked (a waiter alone, a one-off try).
+if inbox and inbox ~= '' and ((fair and queued) or (registered
+    and redis.call('ZSCORE', waiting, waiter) and redis.call('ZCARD', waiting) > 1)) then
+  may_publish(inbox)
 end
 
 -- Plain and not fair: the classic SET NX PX, tried first (a one-off try's was, above). Taken

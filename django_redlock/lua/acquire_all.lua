@@ -15,6 +15,7 @@
 -- The helpers for waiting are spliced in after a one-off try's take has returned. A
 -- registered waiter's take tells the next waiters of the name it waited on to stand down, as
 -- acquire.lua's does (the bounded hand-off: HAND_OFF_MS in _wake.lua).
+--! include _may_publish
 --! include _hold
 local token, ttl, meta, waiter, inbox = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local n = #KEYS / 5
@@ -44,6 +45,11 @@ if clash then
   busy = clash[1] -- no wait: the caller raises, holding none
 end
 
+-- A waiter's take stands others down, a busy name's try frees what it took and wakes:
+-- both publish after their writes, so the ACL is asked first (may_publish).
+if waiter ~= '' or busy then
+  may_publish(inbox)
+end
 local took
 if not busy then
   for i = 1, n do

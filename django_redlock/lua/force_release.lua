@@ -9,6 +9,7 @@
 -- A semaphore or read-write lock (leases in a sorted set): with a token or a fence, only
 -- that lease goes (one permit); with neither, every lease.
 -- Returns 1 if the lock was deleted, 0 if it was not held, -1 if another hold has it.
+--! include _may_publish
 --! include _hold
 --! include _wake
 --! include _queue
@@ -49,6 +50,8 @@ if kind == 'zset' then
       return 0
     end
   end
+  -- leases_wake publishes after these writes: the ACL asked first.
+  may_publish(ARGV[1], announces(KEYS[2], ARGV[1]) and KEYS[2])
   redis.call('ZREM', leases, unpack(gone))
   redis.call('HDEL', details, unpack(gone))
   local writer = redis.call('HGET', details, ':writer')
@@ -71,8 +74,7 @@ if token ~= '' or fence ~= '' then
     return -1
   end
 end
-redis.call('DEL', KEYS[1])
-if lock_freed(KEYS[2], KEYS[5], KEYS[3], ARGV[1]) then
+if lock_freed(KEYS[1], KEYS[2], KEYS[5], KEYS[3], ARGV[1]) then
   lock_wake(KEYS[5], KEYS[3], KEYS[4], ARGV[1])
 end
 return 1

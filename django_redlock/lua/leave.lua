@@ -2,10 +2,12 @@
 -- the lock is free, the next waiter is woken: the one leaving may have been woken already,
 -- and nobody must stall behind someone who left.
 -- KEYS: lock, queue, deadlines, plain waiters.  ARGV: waiter id, inbox channel prefix.
+--! include _may_publish
 --! include _hold
 --! include _wake
 --! include _queue
 local lock, queue, deadlines, waiting = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+may_publish(ARGV[2]) -- the wake-ups below come after its writes: the ACL asked first
 redis.call('LREM', queue, 0, ARGV[1])
 redis.call('ZREM', deadlines, ARGV[1])
 redis.call('ZREM', waiting, ARGV[1])

@@ -17,6 +17,7 @@
 -- free, nobody queued, a one-off try) has returned: taking a free permit never defines them.
 -- A registered semaphore waiter's take tells the next waiter to stand down (the bounded
 -- hand-off: HAND_OFF_MS in _wake.lua).
+--! include _may_publish
 --! include _hold
 --! include _permits
 local leases, details, counter, channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -84,6 +85,14 @@ if mode == 'w' and reader ~= '' and lease_mine(leases, details, reader, now) > 0
   return {-3}
 end
 local queued = redis.call('EXISTS', queue) == 1
+-- A take that wakes or stands others down (a registered waiter's, a reader's, a queued
+-- name's) publishes after its writes: where anyone else waits (or listens on the release
+-- channel), the ACL is asked first (may_publish).
+if (wait >= 0 or mode == 'r' or queued) and (queued or announces(channel, inbox)
+    or redis.call('EXISTS', writers) == 1 or redis.call('ZCARD', waiting)
+      > ((wait >= 0 and redis.call('ZSCORE', waiting, waiter)) and 1 or 0)) then
+  may_publish(inbox, announces(channel, inbox) and channel)
+end
 local took -- a registered waiter's take: the waiter after it stands down (wait_took, below)
 if mode == 's' and used < limit and not queued then -- new grants obey the latest limit
   fence = lease_take(leases, details, counter, token, ttl, meta, mode, now, fresh, ':limit',

@@ -4,6 +4,7 @@
 -- KEYS: leases, details, release channel (the leases' own key where nobody listens there),
 --       plain waiters, queue, deadlines, waiting writers.
 -- ARGV: waiter id, inbox channel prefix.
+--! include _may_publish
 --! include _hold
 --! include _wake
 --! include _queue
@@ -11,6 +12,7 @@
 --! include _permits_wake
 local waiter = ARGV[1]
 local channel = KEYS[3] ~= KEYS[1] and KEYS[3] or ''
+may_publish(ARGV[2], announces(channel, ARGV[2]) and channel) -- leases_wake's, after the writes
 redis.call('ZREM', KEYS[4], waiter)
 redis.call('LREM', KEYS[5], 0, waiter)
 redis.call('ZREM', KEYS[6], waiter)

@@ -7,6 +7,7 @@
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
 -- The waking helpers are spliced in after the common case has returned: nobody registered,
 -- queued or waiting to write (none of their keys exists), nobody on the release channel.
+--! include _may_publish
 --! include _hold
 --! include _permits
 local leases, details, channel = KEYS[1], KEYS[2], KEYS[3]
@@ -26,8 +27,12 @@ end
 if count > 1 then
   return lease_recount(details, token, -1)
 end
+local quiet = channel == '' and redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[7]) == 0
+if not quiet then -- leases_wake below publishes after the writes: the ACL asked first
+  may_publish(inbox, announces(channel, inbox) and channel)
+end
 redis.call('ZREM', leases, token)
-if channel == '' and redis.call('EXISTS', KEYS[4], KEYS[5], KEYS[7]) == 0 then
+if quiet then
   if redis.call('ZCARD', leases) == 0 then -- the details go with the last lease
     redis.call('DEL', details)
   else

@@ -15,7 +15,8 @@
 -- A plain hold's release (kind '0') runs first, flat, before any helper is defined (a closure
 -- per helper on every call: issue 46); it does what hold_mine and lock_freed in _hold.lua do
 -- (keep them in step). The helpers for waking are spliced in after: a release of a lock
--- nobody waits for never defines them.
+-- nobody waits for never defines them. A publish that would follow a write is asked of the
+-- ACL first (may_publish in _may_publish.lua; review k1): refused, nothing is written.
 local lock, channel, waiting, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 if channel == lock then
   channel = ''
@@ -29,16 +30,25 @@ if kind == '0' then
     if not value or string.sub(value, 1, #token + 1) ~= token .. '|' then
       return -1
     end
-    redis.call('DEL', lock)
-    if channel ~= '' and string.byte(inbox, -1) ~= 42 then -- announces() in _hold.lua
-      redis.call('PUBLISH', channel, 'released')
+    local announce = channel ~= '' and string.byte(inbox, -1) ~= 42 -- announces() in _hold.lua
+    local wakes = redis.call('EXISTS', waiting, queue) > 0
+    -- A PUBLISH after the DEL is asked of the ACL first (Redis 7+): the announcement here; a
+    -- wake-up, or an announcement refused, goes the helpers' way, below (may_publish
+    -- refuses before the DEL).
+    local ask = redis.acl_check_cmd
+    if not (ask and (wakes or (announce and not ask('PUBLISH', channel, 'released')))) then
+      redis.call('DEL', lock)
+      if announce then -- (Redis 6: a refusal skipped, as publish_call in _may_publish.lua)
+        redis.pcall('PUBLISH', channel, 'released')
+      end
+      if not wakes then
+        return 0
+      end
+      woken = 0
     end
-    if redis.call('EXISTS', waiting, queue) == 0 then
-      return 0
-    end
-    woken = 0
   end
 end
+--! include _may_publish
 --! include _hold
 if not woken then
   local count, fence = hold_mine(lock, token, kind == '0' and 'string' or kind ~= '' and 'hash' or nil)
@@ -64,8 +74,7 @@ if not woken then
     redis.call('HSET', lock, token, count - 1)
     return count - 1
   end
-  redis.call('DEL', lock)
-  if not lock_freed(channel, waiting, queue, inbox) then
+  if not lock_freed(lock, channel, waiting, queue, inbox) then
     return freed
   end
   woken = freed

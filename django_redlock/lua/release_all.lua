@@ -6,9 +6,21 @@
 --       plain, '1' reentrant, '': looked up).
 -- Returns each lock's answer as release.lua gives it: the holds left (0: freed), or -1 when
 -- the caller holds none (not ours, or lost).
+--! include _may_publish
 --! include _hold
 --! include _wake
 --! include _queue
+-- The ACL asked before the first lock is touched (may_publish): a refusal at a later lock
+-- must not come after an earlier one was freed.
+for i = 1, #KEYS / 5 do
+  local lock, channel = KEYS[5 * i - 4], KEYS[5 * i - 3]
+  channel = channel ~= lock and channel or ''
+  local inbox = ARGV[3 * i - 1]
+  local announce = announces(channel, inbox)
+  if announce or redis.call('EXISTS', KEYS[5 * i - 2], KEYS[5 * i - 1]) > 0 then
+    may_publish(inbox, announce and channel)
+  end
+end
 local results = {}
 for i = 1, #KEYS / 5 do
   local lock, channel, waiting = KEYS[5 * i - 4], KEYS[5 * i - 3], KEYS[5 * i - 2]
@@ -24,8 +36,7 @@ for i = 1, #KEYS / 5 do
     redis.call('HSET', lock, token, count - 1)
     results[i] = count - 1
   else
-    redis.call('DEL', lock)
-    if lock_freed(channel, waiting, queue, inbox) then
+    if lock_freed(lock, channel, waiting, queue, inbox) then
       lock_wake(waiting, queue, deadlines, inbox)
     end
     results[i] = 0

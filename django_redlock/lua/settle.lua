@@ -8,6 +8,7 @@
 -- ARGV: owner, count, inbox channel prefix[, the write's number (order_stale in _hold.lua)].
 -- Returns the owner's count now (0: none); -3 when the write is older than one the hold
 -- applied (it ran late: nothing done).
+--! include _may_publish
 --! include _hold
 --! include _wake
 --! include _queue
@@ -28,8 +29,7 @@ if count > 0 then
   end
   return count
 end
-redis.call('DEL', lock)
-if lock_freed(channel, KEYS[3], KEYS[4], ARGV[3]) then
+if lock_freed(lock, channel, KEYS[3], KEYS[4], ARGV[3]) then
   lock_wake(KEYS[3], KEYS[4], KEYS[5], ARGV[3])
 end
 return 0
