@@ -537,7 +537,8 @@ class _Slots(queue.LifoQueue[Any]):
                 return  # listed already (a give-back repeated)
             elif mine is not item:
                 self.taken[me] = item  # given back by its holder: in my hands
-            self._list(self.taken.pop(me))
+            # (not _list(self.taken.pop(me)): cut as _list was entered, it was in no store)
+            self._hand_on(me)
 
     def _list(self, item: Any) -> None:
         """``item`` (nobody's: just taken out of a hand or a box) to the first waiter, or

@@ -585,3 +585,65 @@ def test_a_record_written_while_a_sweep_reads_the_records_raises_nothing(
             del records[key]
         pool.release(held)
         pool.disconnect()
+
+
+class _Cut(Exception):
+    """A soft time limit (an exception a signal handler raises)."""
+
+
+def test_a_time_limit_as_a_give_back_enters_a_callee_loses_no_connection(
+    redis_server: RedisServer,
+) -> None:
+    """Review x4, 2. ``max_connections=1``; a soft time limit lands on the first line of a
+    function the give-back's ``_Slots.put`` calls (CPython runs signal handlers at a
+    function's entry), each one in turn. ``put`` took the connection out of its record and
+    passed it to ``_list``: cut there, it was in no store, and, the exception kept (a
+    logging handler, a result store), every later checkout waited its timeout and failed.
+    Now the move is one line of the callee (``_hand_on``): cut before it, the record gives
+    it back."""
+    pool = wire.WaitingPool(
+        max_connections=1, host=redis_server.host, port=redis_server.port, socket_timeout=0.3
+    )
+    put = wire._Slots.put.__code__
+    cuts: list[str] = []
+    for nth in range(10):
+        entered: list[str] = []
+
+        def local(
+            frame: Any, event: str, arg: Any, entered: list[str] = entered, nth: int = nth
+        ) -> Any:
+            if event == "line" and len(entered) == nth + 1 and frame.f_back.f_code is put:
+                entered.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+                raise _Cut(entered[-1])
+            return local
+
+        def tracer(frame: Any, event: str, arg: Any, entered: list[str] = entered) -> Any:
+            back = frame.f_back
+            if back is None or back.f_code is not put:
+                return None
+            entered.append(frame.f_code.co_name)
+            return local
+
+        connection = pool.get_connection()
+        sys.settrace(tracer)
+        try:
+            pool.release(connection)
+        except _Cut as exc:
+            kept: Any = exc  # (its traceback keeps the callee's frame, as a kept one does)
+        else:
+            kept = None
+        finally:
+            sys.settrace(None)
+        connection = None
+        if kept is None:
+            break
+        cuts.append(str(kept))
+        try:
+            again = pool.get_connection()
+        except redis.exceptions.ConnectionError as exc:
+            raise AssertionError(f"cut at {kept}: the connection was lost ({exc})") from exc
+        pool.release(again)
+        assert len(pool.pool.queue) == 1, kept
+        del kept
+    assert any(cut.startswith(("_list", "_hand_on")) for cut in cuts), cuts
+    pool.disconnect()
