@@ -423,12 +423,15 @@ class _Slot:
 
 class _Probe:
     """A position's stand-in while a sweep looks at its item: a weak reference to the item,
-    and whether redis-py's ``connections`` listed it (it goes back there too)."""
+    whether redis-py's ``connections`` listed it (it goes back there too), the pool's count
+    of give-backs when it was looked at, and whether :func:`_garbage` called the item lost."""
 
-    __slots__ = ("kept", "ref")
+    __slots__ = ("kept", "listed", "lost", "ref")
 
-    def __init__(self, item: Any, connections: list[Any]) -> None:
+    def __init__(self, item: Any, connections: list[Any], listed: int) -> None:
         self.ref = weakref.ref(item)
+        self.listed = listed
+        self.lost = False
         # (a loop, no generator: a cut in one left its frame, and the item, in the traceback)
         self.kept = False
         for each in connections:
@@ -474,6 +477,9 @@ class _Slots(queue.LifoQueue[Any]):
         super().__init__(maxsize)
         self.items: list[Any] = []  # every item of the pool, a position each
         self.taken: dict[int, Any] = {}  # thread id -> the item in its hands (see above)
+        # Give-backs so far (listed or boxed): a sweep's "lost" holds only if none came since
+        # it looked, as an item given back and taken meanwhile looked unreachable (_garbage).
+        self.listed = 0
         self._waiting: collections.deque[_Waiter] = collections.deque()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
@@ -531,11 +537,13 @@ class _Slots(queue.LifoQueue[Any]):
                 return  # listed already (a give-back repeated)
             elif mine is not item:
                 self.taken[me] = item  # given back by its holder: in my hands
-            self._list(self.taken.pop(me))
+            # (not _list(self.taken.pop(me)): cut as _list was entered, it was in no store)
+            self._hand_on(me)
 
     def _list(self, item: Any) -> None:
         """``item`` (nobody's: just taken out of a hand or a box) to the first waiter, or
         listed. Under the mutex."""
+        self.listed += 1
         if self._waiting:
             waiter = self._waiting.popleft()
             waiter.box.append(item)
@@ -551,6 +559,7 @@ class _Slots(queue.LifoQueue[Any]):
         """As :meth:`_list`, the item in thread ``me``'s hands: it leaves them in the line it
         reaches its place (a cut before: still in them, given back from there). Under the
         mutex."""
+        self.listed += 1
         if self._waiting:
             waiter = self._waiting.popleft()  # (a cut after: it polls, queued again)
             waiter.box.append(self.taken.pop(me))  # one line: from my hands to its box
@@ -599,11 +608,11 @@ class _Slots(queue.LifoQueue[Any]):
         probes: list[_Probe] = []
         try:
             with self.mutex:
-                accounted = set(map(id, self.queue)) | set(map(id, self.taken.values()))
+                accounted = set(map(id, self.queue)) | set(map(id, _held(self.taken)))
                 for position, each in enumerate(self.items):
                     if id(each) in accounted or type(each) is _Probe:
                         continue
-                    probe = _Probe(each, connections)
+                    probe = _Probe(each, connections, self.listed)
                     probes.append(probe)  # (first: the finally puts back what is marked)
                     self.items[position] = probe  # one line: looked at
                     if probe.kept:
@@ -614,8 +623,9 @@ class _Slots(queue.LifoQueue[Any]):
                 # frames, the exception), and its cost is theirs, not the heap's.
                 gc.collect(1)  # (outside the mutex: a finalizer may give a connection back)
             for p in probes:
-                if _garbage(p.ref):
-                    p.ref = _GONE  # (redis-py 8's are a cycle, old: no young collection)
+                # (redis-py 8's are a cycle, old: no young collection. Lost only if nothing
+                # was given back meanwhile: _put_back decides, under the mutex.)
+                p.lost = _garbage(p.ref)
         finally:
             try:
                 with self.mutex:
@@ -630,6 +640,7 @@ class _Slots(queue.LifoQueue[Any]):
         the item is gone; whether one was. Under the mutex."""
         me = threading.get_ident()
         found = False
+        listed = self.listed  # (before this put-back's own give-backs)
         if type(self.taken.get(me)) is _Slot:  # a slot found by a put-back that was cut
             self._hand_on(me)
             found = True
@@ -637,7 +648,10 @@ class _Slots(queue.LifoQueue[Any]):
             if type(each) is not _Probe:
                 continue
             item = each.ref()
-            if item is None:  # nobody's: a free slot again, through this thread's hands
+            # Called lost with no give-back since it was looked at: still out of every store,
+            # unreachable. After one, in doubt (given back and taken again, it looked so).
+            if item is None or (each.lost and each.listed == listed):
+                item = None  # nobody's: a free slot again, through this thread's hands
                 self.items[position] = self.taken[me] = _Slot()  # one line: both stores
                 self._hand_on(me)
                 found = True
@@ -648,13 +662,17 @@ class _Slots(queue.LifoQueue[Any]):
         return found
 
 
-def _gone() -> None:
-    """A dead weak reference's stand-in: the item a sweep found garbage (left to the
-    collector: it is freed in its own time)."""
-    return None
+def _held(taken: dict[int, Any]) -> list[Any]:
+    """The items of ``taken``, a snapshot. Its writers (a give-back's record, the hand-over's
+    pop) take no mutex, and iterating it while one wrote raised "dictionary changed size
+    during iteration" out of a sweep (a collection's finalizers let another thread run). A
+    copy is one C call that runs no Python code; retried all the same if it raises."""
+    while True:
+        try:
+            return list(taken.copy().values())
+        except RuntimeError:  # pragma: no cover (changed under it: again)
+            continue
 
-
-_GONE: Any = _gone
 
 #: How many objects :func:`_garbage` looks at from one item before it calls the item held.
 GARBAGE_SCAN_LIMIT = 20000
@@ -670,8 +688,9 @@ def _garbage(ref: Callable[[], Any]) -> bool:
     Each one's references from outside them (its reference count, less theirs to it) make it
     a root, and the item is garbage if no root reaches it through them. A reference the
     collector cannot see (C code's) counts as from outside: held. Another thread changing
-    them meanwhile can at worst make a held connection a free slot too (one more connection
-    than ``max_connections`` once given back: listed, never handed to two)."""
+    them meanwhile (the item given back, then taken: its references moved from inside to
+    outside between the counts) can make a held one look garbage: the sweep's verdict holds
+    only if no give-back came since it looked (:meth:`_Slots._put_back`)."""
     item = ref()
     if item is None:
         return True
@@ -700,6 +719,16 @@ def _garbage(ref: Callable[[], Any]) -> bool:
                 reached.add(id(each))
                 stack.append(each)
     return key not in reached
+
+
+def _swept(slots: _Slots, connections: list[Any]) -> bool:
+    """``slots.sweep(connections)``; a ``RuntimeError`` of it (a store changed under it by a
+    thread that takes no mutex) finds nothing: the caller that waited its timeout is told
+    none is free, not given a bare ``RuntimeError`` (no ``LockError`` above)."""
+    try:
+        return slots.sweep(connections)
+    except RuntimeError:
+        return False
 
 
 #: The queue of a :class:`WaitingPool`, for a pool of ours that extends it (its ``get``:
@@ -755,7 +784,7 @@ class WaitingPool(redis.BlockingConnectionPool):
                 # Waited the whole timeout: a connection lost to an interrupt where redis-py
                 # held it in a local only (nobody's now) comes back, and the wait is tried again.
                 slots = self.pool
-                if last or not isinstance(slots, _Slots) or not slots.sweep(self._connections):
+                if last or not isinstance(slots, _Slots) or not _swept(slots, self._connections):
                     raise redis.exceptions.MaxConnectionsError(str(exc)) from exc
         raise AssertionError("unreachable")  # pragma: no cover
 

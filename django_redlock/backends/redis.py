@@ -937,9 +937,10 @@ class AsyncPool(redis.asyncio.BlockingConnectionPool):
     connects count a stalled process: a connect (``socket_connect_timeout``), and a wait for
     a pooled connection (``timeout``), found past its deadline gets as long again as the
     loop was busy meanwhile (LOOP_GRACE_MAX at most). And a wait for a pooled connection
-    lasts while connections are given back: its timeout counts from the last one (a burst
-    beyond ``max_connections`` is served in turn; a server that keeps them all, paused,
-    fails it within the timeout). redis-py's count the loop's clock: a burst
+    lasts while connections are given back open: its timeout counts from the last one (a
+    burst beyond ``max_connections`` is served in turn; one given back closed, its command
+    failed, is no progress: a server that keeps them all, paused, fails it within the
+    timeout). redis-py's count the loop's clock: a burst
     of hundreds of tasks on a fresh loop (a Redlock's 0.1 s node timeout, three connects per
     acquire) spent it running the other tasks, and a healthy server was reported
     unavailable ("Timeout connecting to server"). A server that does not connect, beside a
@@ -970,7 +971,11 @@ class AsyncPool(redis.asyncio.BlockingConnectionPool):
             patience.end()
 
     async def release(self, connection: Any) -> None:
-        self._given_back = time.monotonic()
+        if connection.is_connected:
+            # Answered (a busy pool's progress): the waits go on. One given back closed (its
+            # command timed out on a silent server) is none: counted, it restarted every
+            # waiter's timeout, one socket timeout more per max_connections of a burst.
+            self._given_back = time.monotonic()
         await super().release(connection)
 
     async def ensure_connection(self, connection: Any) -> None:

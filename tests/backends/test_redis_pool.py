@@ -4,6 +4,7 @@ with the suite's redis-server."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import inspect
@@ -326,6 +327,45 @@ def test_a_caller_queued_behind_a_silent_server_errs_within_its_socket_timeout(
         assert times[len(times) // 2] < 1.4 * timeout, took
         assert times[-1] < 2.5 * timeout, took
         assert backend.is_locked(name) is False  # the server back: answered again
+
+
+def test_an_asyncio_burst_on_a_silent_server_errs_within_about_a_socket_timeout(
+    redis_factory: Any, name: str
+) -> None:
+    """asyncio, a paused server, max_connections=2, 20 tasks of ``aacquire(blocking=False)``:
+    each holder's command timed out and its connection, closed, was given back, which
+    restarted every queued task's wait (``AsyncPool``'s timeout counts from the last
+    give-back). The tasks failed in pairs, the last after ten socket timeouts (5 s for 0.5
+    s). A connection given back closed is no progress: every task errs within about two (a
+    waiter handed a closed one still spends a socket timeout on it)."""
+    server = redis_factory()
+    timeout = 0.5
+    with redis_alias(
+        server, socket_timeout=timeout, socket_connect_timeout=timeout, max_connections=2
+    ):
+
+        async def one(k: int, started: float) -> tuple[float, Any]:
+            try:
+                got: Any = await lock(f"{name}:{k}", using="r", ttl=30).aacquire(blocking=False)
+            except Exception as exc:  # what each task got, asserted below
+                got = exc
+            return time.monotonic() - started, got
+
+        async def burst() -> list[tuple[float, Any]]:
+            warm = [lock(f"{name}:w{k}", using="r") for k in range(2)]
+            assert all(await asyncio.gather(*(w.aacquire(blocking=False) for w in warm)))
+            await asyncio.gather(*(w.arelease() for w in warm))  # both connections made
+            server.pause()
+            try:
+                started = time.monotonic()
+                return await asyncio.gather(*(one(k, started) for k in range(20)))
+            finally:
+                server.resume()
+
+        got = asyncio.run(burst())
+    assert all(type(g).__name__ == "BackendUnavailable" for _, g in got), got
+    slowest = max(t for t, _ in got)
+    assert slowest < 2.5 * timeout, f"the last task erred after {slowest:.2f}s: {got}"
 
 
 def test_a_caller_handed_a_connection_late_by_a_healthy_busy_pool_gets_its_answer(

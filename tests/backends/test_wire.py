@@ -4,9 +4,11 @@ that changed one of these fails here, by name (see wire.py's docstring for why e
 
 from __future__ import annotations
 
+import inspect
 import socket
 import sys
 import threading
+import weakref
 from typing import Any
 
 import pytest
@@ -459,3 +461,189 @@ def test_a_waiting_pool_gets_back_what_an_interrupted_checkout_took(
         pool.release(connection)
     finally:
         pool.disconnect()
+
+
+def _line_of(function: Any, text: str) -> int:
+    """The line number of the first line of ``function`` that contains ``text``."""
+    source, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(source) if text in line)
+
+
+def test_a_connection_given_back_and_taken_during_a_sweep_s_check_is_not_called_lost(
+    redis_server: RedisServer,
+) -> None:
+    """Review x4, 3. ``max_connections=2``, both held; a caller waits its timeout and sweeps.
+    Between ``_garbage``'s count of the references from inside and its read of the reference
+    counts, the holder of one gives it back (into the queue: inside) and another thread
+    takes it (its locals: outside). It looked unreachable: the sweep listed a free slot in
+    its place and dropped it from ``_connections``; three connections were out at once and
+    ``disconnect()`` left its socket open. The thread switches are forced at those lines,
+    as the interpreter may make them at any bytecode. Now a give-back since the sweep looked
+    makes it keep the item."""
+    pool = wire.WaitingPool(
+        max_connections=2, host=redis_server.host, port=redis_server.port, socket_timeout=0.3
+    )
+    events = {k: threading.Event() for k in ("held", "give", "given", "take", "taken", "end")}
+    got: dict[str, Any] = {}
+
+    def holder() -> None:
+        connection = pool.get_connection()
+        got["c2"] = id(connection)
+        events["held"].set()
+        events["give"].wait(5)
+        pool.release(connection)
+        connection = None
+        events["given"].set()
+
+    def taker() -> None:
+        events["take"].wait(5)
+        connection = pool.get_connection()
+        got["taker"] = weakref.ref(connection)  # (a strong one would make it held: a root)
+        events["taken"].set()
+        events["end"].wait(5)
+        pool.release(connection)
+
+    kept = pool.get_connection()
+    threads = [threading.Thread(target=f, daemon=True) for f in (holder, taker)]
+    for each in threads:
+        each.start()
+    assert events["held"].wait(5)
+    code = wire._garbage.__code__
+    count_inside = _line_of(wire._garbage, "inside = collections")
+    count_roots = _line_of(wire._garbage, "roots = [k")
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_locals.get("key") == got["c2"]:
+            if frame.f_lineno == count_inside and not events["give"].is_set():
+                events["give"].set()
+                events["given"].wait(5)
+            if frame.f_lineno == count_roots and not events["take"].is_set():
+                events["take"].set()
+                events["taken"].wait(5)
+        return local
+
+    sys.settrace(lambda f, e, a: local if f.f_code is code else None)
+    try:
+        mine = pool.get_connection()
+    except redis.exceptions.ConnectionError:
+        mine = None  # both held: none free
+    finally:
+        sys.settrace(None)
+    try:
+        assert events["taken"].is_set(), "the schedule was not forced"
+        taken = got["taker"]()
+        assert id(taken) == got["c2"]
+        out = {id(c) for c in (kept, taken, mine) if c is not None}
+        assert len(out) <= 2, f"{len(out)} connections out at once (max_connections=2)"
+        assert any(c is taken for c in pool._connections), "a held connection dropped"
+    finally:
+        if mine is not None:
+            pool.release(mine)
+        events["end"].set()
+        for each in threads:
+            each.join(5)
+        pool.release(kept)
+    assert len(pool.pool.queue) == 2, f"{len(pool.pool.queue)} listed for 2 positions"
+    pool.disconnect()
+
+
+class _WrittenWhileRead(dict[int, Any]):
+    """A pool's records that another thread writes while they are iterated (what a
+    collection's finalizers on the reading line let happen: their writers take no mutex)."""
+
+    def values(self) -> Any:  # type: ignore[override]
+        def written_meanwhile() -> Any:
+            values = iter(dict.values(self))
+            self[-1 - len(self)] = None  # (a give-back's record, the iterator there)
+            yield from values  # RuntimeError: dictionary changed size during iteration
+
+        return written_meanwhile()
+
+
+def test_a_record_written_while_a_sweep_reads_the_records_raises_nothing(
+    redis_server: RedisServer,
+) -> None:
+    """Review x4, 4. A sweep read the threads' records (``taken``) under the mutex, and
+    their writers (a give-back's record, the hand-over's pop) take none: a collection on that
+    line ran finalizers, another thread wrote one, and ``RuntimeError: dictionary changed
+    size during iteration`` came out of ``get_connection``. Forced here with records whose
+    iteration sees a write (a test double of the dict, not of Redis): the caller that waited
+    its timeout is told none is free, not given a ``RuntimeError``."""
+    pool = wire.WaitingPool(
+        max_connections=1, host=redis_server.host, port=redis_server.port, socket_timeout=0.2
+    )
+    slots = pool.pool
+    assert isinstance(slots, wire._Slots)
+    held = pool.get_connection()
+    records = _WrittenWhileRead(slots.taken)
+    slots.taken = records
+    try:
+        with pytest.raises(redis.exceptions.MaxConnectionsError):
+            pool.get_connection()
+    finally:
+        for key in [k for k in records if k < 0]:
+            del records[key]
+        pool.release(held)
+        pool.disconnect()
+
+
+class _Cut(Exception):
+    """A soft time limit (an exception a signal handler raises)."""
+
+
+def test_a_time_limit_as_a_give_back_enters_a_callee_loses_no_connection(
+    redis_server: RedisServer,
+) -> None:
+    """Review x4, 2. ``max_connections=1``; a soft time limit lands on the first line of a
+    function the give-back's ``_Slots.put`` calls (CPython runs signal handlers at a
+    function's entry), each one in turn. ``put`` took the connection out of its record and
+    passed it to ``_list``: cut there, it was in no store, and, the exception kept (a
+    logging handler, a result store), every later checkout waited its timeout and failed.
+    Now the move is one line of the callee (``_hand_on``): cut before it, the record gives
+    it back."""
+    pool = wire.WaitingPool(
+        max_connections=1, host=redis_server.host, port=redis_server.port, socket_timeout=0.3
+    )
+    put = wire._Slots.put.__code__
+    cuts: list[str] = []
+    for nth in range(10):
+        entered: list[str] = []
+
+        def local(
+            frame: Any, event: str, arg: Any, entered: list[str] = entered, nth: int = nth
+        ) -> Any:
+            if event == "line" and len(entered) == nth + 1 and frame.f_back.f_code is put:
+                entered.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+                raise _Cut(entered[-1])
+            return local
+
+        def tracer(frame: Any, event: str, arg: Any, entered: list[str] = entered) -> Any:
+            back = frame.f_back
+            if back is None or back.f_code is not put:
+                return None
+            entered.append(frame.f_code.co_name)
+            return local
+
+        connection = pool.get_connection()
+        sys.settrace(tracer)
+        try:
+            pool.release(connection)
+        except _Cut as exc:
+            kept: Any = exc  # (its traceback keeps the callee's frame, as a kept one does)
+        else:
+            kept = None
+        finally:
+            sys.settrace(None)
+        connection = None
+        if kept is None:
+            break
+        cuts.append(str(kept))
+        try:
+            again = pool.get_connection()
+        except redis.exceptions.ConnectionError as exc:
+            raise AssertionError(f"cut at {kept}: the connection was lost ({exc})") from exc
+        pool.release(again)
+        assert len(pool.pool.queue) == 1, kept
+        del kept
+    assert any(cut.startswith(("_list", "_hand_on")) for cut in cuts), cuts
+    pool.disconnect()
