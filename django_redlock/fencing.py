@@ -234,6 +234,9 @@ class _Committed:
     gives_back: tuple[FencedLock, ...] = ()  # (the locks ``abandon`` releases)
     using: str | None = None  # its database, once its transaction (or savepoint) is opened
     atomic: weakref.ReferenceType[Any] | None = None  # (its Django ``Atomic``)
+    # The detached list whose cut loop :func:`_run_rest` found cut with none raising: the
+    # rest is due, decided once (a later call sees the list it changed: review f4, 1).
+    rest_of: list[Any] | None = None
 
     def __init__(self) -> None:
         # Django logs a robust callback's error with its ``__qualname__``: without one, that
@@ -980,24 +983,28 @@ def _run_rest(
     them: a cut on its call line must not make that error read as a COMMIT cut short)."""
     if hooks is None or hooks is connections[using].run_on_commit:
         return False  # not detached: the loop never began
-    taken = len(entries) - len(hooks)  # Django's loop pops them from the front
-    if not 0 <= taken <= len(entries):
-        return False
-    if not taken:  # a rollback detaches the list too: the loop began only if it is on the stack
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
-            tb = tb.tb_next
-        if tb is None:
-            return False
-    if taken:
-        committed.done = True  # first: Django's loop runs only after the COMMIT
-        last = entries[taken - 1]
-        func, robust = last[1], len(last) > 2 and bool(last[2])
-        if isinstance(func, _Called) and func.ran()[1] and not robust:
-            # It raised, and Django drops the rest; not those before it that never ran.
-            _run_before_raised(describe, entries)
-            return False
-    hooks[:0] = [entry for entry in entries[:taken] if not _ran(entry[1])]  # first, in order
+    # Taken off the list: told by identity, not by its length, which an earlier call changed
+    # by putting entries back (counted again, one was put back twice and ran twice: review
+    # f4, 1). Django's loop pops them from the front; so does _run_each.
+    on_list = {id(entry) for entry in hooks}
+    taken = [entry for entry in entries if id(entry) not in on_list]
+    if committed.rest_of is not hooks:  # Django's loop: how it ended, decided once
+        if not taken:  # a rollback detaches the list too: the loop began if it is on the stack
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
+                tb = tb.tb_next
+            if tb is None:
+                return False
+        if taken:
+            committed.done = True  # first: Django's loop runs only after the COMMIT
+            last = taken[-1]
+            func, robust = last[1], len(last) > 2 and bool(last[2])
+            if isinstance(func, _Called) and func.ran()[1] and not robust:
+                # It raised, and Django drops the rest; not those before it that never ran.
+                _run_before_raised(describe, entries)
+                return False
+        committed.rest_of = hooks
+    hooks[:0] = [entry for entry in taken if not _ran(entry[1])]  # first, in order
     _run_each(describe, hooks)
     return True
 
@@ -1089,9 +1096,12 @@ def _raised_plain(entry: Any) -> bool:
 
 
 def _run_each(describe: str, hooks: list[Any]) -> None:
-    """Run the entries, taken off ``hooks`` one by one (an ``Exception`` from one: logged)."""
+    """Run the entries, taken off ``hooks`` one by one (an ``Exception`` from one: logged);
+    one whose wrapper says it ran already is not run again."""
     while hooks:
         func = hooks.pop(0)[1]
+        if isinstance(func, _Called) and func.ran()[0]:
+            continue
         try:
             func()
         except Exception:

@@ -57,10 +57,10 @@ class TimeLimit(Exception):
 
 class Burst:
     """``TimeLimit`` on the first line event ``first`` holds for, then on the first ``second``
-    holds for (re-armed on every frame of the stack by :meth:`profile`)."""
+    holds for, and so on (re-armed on every frame of the stack by :meth:`profile`)."""
 
-    def __init__(self, first: Point, second: Point) -> None:
-        self.points = (first, second)
+    def __init__(self, first: Point, *more: Point) -> None:
+        self.points = (first, *more)
         self.fired: list[str] = []
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -68,16 +68,16 @@ class Burst:
 
     def line(self, frame: FrameType, event: str, arg: Any) -> Any:
         stage = len(self.fired)
-        if event != "line" or stage > 1:
+        if event != "line" or stage >= len(self.points):
             return self.line
         text = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
         if self.points[stage](frame, text):
             self.fired.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
-            raise TimeLimit(("first", "second")[stage] + " soft time limit")
+            raise TimeLimit(("first", "second", "third")[stage] + " soft time limit")
         return self.line
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if len(self.fired) == 1 and sys.gettrace() is None:
+        if 0 < len(self.fired) < len(self.points) and sys.gettrace() is None:
             sys.settrace(self)
             each: FrameType | None = frame
             while each is not None:
@@ -304,3 +304,55 @@ def test_a_burst_before_djangos_exit_left_the_transaction_rolls_it_back(
     assert raised == "second soft time limit" and len(burst.fired) == 2, burst.fired
     assert not connections[using].in_atomic_block  # rolled back as the block ended
     next_atomic_commits(using, name)
+
+
+# -- 6: bursts of three (review f4) -----------------------------------------------------------
+
+
+def in_loop(text: str, label: str, robust: bool | None = None) -> Point:
+    """Django's loop over the callbacks, on the line ``text`` for the callback ``label``."""
+
+    def point(frame: FrameType, line: str) -> bool:
+        func = frame.f_locals.get("func")
+        return (
+            frame.f_code.co_name == "run_and_clear_commit_hooks"
+            and line.strip() == text
+            and getattr(func, "__qualname__", "") == label
+            and (robust is None or frame.f_locals.get("robust") is robust)
+        )
+
+    return point
+
+
+def labelled(ran: list[str], label: str) -> Callable[[], None]:
+    def callback() -> None:
+        ran.append(label)
+
+    callback.__qualname__ = label
+    return callback
+
+
+@pytest.mark.parametrize("using", ["default", PG])
+def test_a_burst_of_three_in_the_loop_runs_a_robust_callback_once(name: str, using: str) -> None:
+    """Review f4, 1: the first on a robust callback's call line, inside Django's ``try:`` (it
+    never ran), the second after the last one was popped (the loop cut), the third as the
+    except path's ``_run_rest`` began running the two put back. The block's end counted the
+    entries taken from the list's length, which the put-back had changed: the robust one was
+    put back again, and ran twice."""
+    open_shop(using, 1, 10)
+    burst = Burst(
+        in_loop("func()", "r", robust=True),
+        in_loop("if robust:", "b"),
+        in_code(fencing._run_each),  # type: ignore[attr-defined]
+    )
+    ran: list[str] = []
+    with disarmed(), lock(name, ttl=30, atomic=using):  # returns: committed
+        sell_one(using, 1, "body")
+        transaction.on_commit(labelled(ran, "r"), using=using, robust=True)
+        transaction.on_commit(labelled(ran, "a"), using=using)
+        transaction.on_commit(labelled(ran, "b"), using=using)
+        arm(burst)
+    assert len(burst.fired) == 3, burst.fired
+    assert [who for who, _ in sales(using)] == ["body"]
+    assert ran == ["a", "r", "b"]  # each once (r after a: Django's try swallowed its cut)
+    assert not lock(name).locked()
