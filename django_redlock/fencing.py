@@ -560,12 +560,11 @@ def _fenced_steps(
         committed.done = True  # first: an exception from here on finds it committed
         # Still pending on the connection (Django's exit cut short after the COMMIT, before
         # it ran them), or taken off it as it was closed above after the driver's COMMIT had
-        # answered (put back: review f3, 3): they run below. Else Django dropped them with
-        # the connection.
-        if kept and not _pending_hooks(using, committed):
-            connections[using].run_on_commit[:0] = kept
-        kept = []
-        pending = _pending_hooks(using, committed)
+        # answered (review f3, 3): they run below, the latter from ``kept`` (the close
+        # cleared the connection's list; put back on it, an exception before they ran left
+        # them to its next connect(), which clears it: review f4, 2), again at the block's
+        # end should this be cut short. Else Django dropped them with the connection.
+        pending = bool(kept) or _pending_hooks(using, committed)
         logger.warning(
             "redlock: %s: the COMMIT of its fenced transaction %s (%s: %s), yet the lock's row"
             " proves that it committed%s",
@@ -579,7 +578,9 @@ def _fenced_steps(
             logger.warning("redlock: %s: %s interrupted the outcome check of its fenced"
                            " transaction, asked again: it committed (logged, not raised)",
                            lock.describe(), type(stopped).__name__)  # fmt: skip
-        if pending:
+        if kept:
+            _run_kept(lock.describe(), using, kept, committed)  # before the release, as Django
+        elif pending:
             _run_pending(lock.describe(), using, committed)  # before the release, as Django
         else:
             _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
@@ -599,9 +600,9 @@ def _fenced_steps(
                 # landing as it is entered). So do those Django's loop, cut, left to
                 # _run_rest when the except path was cut before it. Before the wrappers forget
                 # their calls.
-                try: _run_left(lock.describe(), using, hooks, entries, committed, late)  # noqa: E701  # fmt: skip
+                try: _run_left(lock.describe(), using, hooks, entries, committed, late, kept)  # noqa: E701  # fmt: skip
                 finally:
-                    try: _run_left(lock.describe(), using, hooks, entries, committed, late)  # noqa: E701  # fmt: skip
+                    try: _run_left(lock.describe(), using, hooks, entries, committed, late, kept)  # noqa: E701  # fmt: skip
                     finally:  # (twice: an exception as it is entered would skip all of it)
                         try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
                         finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
@@ -663,7 +664,7 @@ def _helper_codes() -> frozenset[CodeType]:
     funcs: list[Any] = [_watch_hooks, _proved_hooks, _forget_mark, _forget_calls,
                         _drop_own_hooks, _let_go, _Called.__init__, _Seen.close,
                         _run_before_raised, _raised_plain, _run_left,
-                        _run_rest_late, _drop_unfinished]  # fmt: skip
+                        _run_rest_late, _drop_unfinished, _run_kept]  # fmt: skip
     codes: set[CodeType] = set()
     todo = [func.__code__ for func in funcs]
     while todo:
@@ -1016,6 +1017,7 @@ def _run_left(
     entries: list[Any],
     committed: _Committed,
     late: bool,
+    kept: list[Any],
 ) -> None:
     """At the block's end: :func:`_run_before_raised`; then, when ``late`` (an outermost
     block, not misnested, whose except path a burst cut short before its steps ran), those
@@ -1024,22 +1026,51 @@ def _run_left(
     lost); the callbacks Django's cut loop left (:func:`_run_rest_late`); Django's exit
     finished after its COMMIT answered (:func:`_finish_autocommit`: its callbacks, once;
     else the block, committed, was reported "unknown"). Each whatever the one before raised.
-    ``hooks`` None: not the exit of a COMMIT."""
+    ``hooks`` None: not the exit of a COMMIT. First, once the row proved the COMMIT, the
+    callbacks kept off a closed connection that have not run (:func:`_run_kept`)."""
     try:
-        _run_before_raised(describe, entries)
+        if committed.done and kept:
+            _run_kept(describe, using, kept, committed)
     finally:
         try:
-            connection = connections[using]
-            if late and (connection.in_atomic_block or _begun_unknown(using)):
-                committed.pending = False  # no COMMIT sent: nothing committed
-                _abandon(using)
+            _run_before_raised(describe, entries)
         finally:
             try:
-                if late:
-                    _run_rest_late(describe, using, hooks, entries, committed)
+                connection = connections[using]
+                if late and (connection.in_atomic_block or _begun_unknown(using)):
+                    committed.pending = False  # no COMMIT sent: nothing committed
+                    _abandon(using)
             finally:
-                if late and hooks is not None and _commit_answered(using):
-                    _finish_autocommit(describe, using, committed)
+                try:
+                    if late:
+                        _run_rest_late(describe, using, hooks, entries, committed)
+                finally:
+                    if late and hooks is not None and _commit_answered(using):
+                        _finish_autocommit(describe, using, committed)
+
+
+def _run_kept(describe: str, using: str, kept: list[Any], committed: _Committed) -> None:
+    """Run the block's callbacks :func:`_drop_unfinished` kept off the connection it closed,
+    once the row proved the COMMIT: in order, each taken off ``kept`` once called (a wrapper
+    that ran is not run again: the block's end runs the rest should an exception cut this
+    short). An ``Exception`` from one: logged; a plain one's drops the rest, Django's rule."""
+    _drop_own_hooks(using, committed)  # (a close that left them on it: in-memory SQLite's)
+    while kept:
+        entry = kept[0]
+        if _raised_plain(entry):
+            kept.clear()  # Django's rule (checked first: again after a cut, the same)
+            return
+        func = entry[1]
+        if not _ran(func):
+            try:
+                func()
+            except Exception:
+                if isinstance(func, _Called) and not func.ran()[0]:
+                    raise  # not its error (a signal handler's, before it ran): run again later
+                logger.exception("redlock: %s: a callback of its fenced transaction, proved"
+                                 " committed, raised", describe)  # fmt: skip
+                continue  # (a plain one's: the rest dropped above)
+        del kept[0]
 
 
 def _run_rest_late(
@@ -1177,7 +1208,10 @@ def _driver_idle(using: str) -> bool:
             info = getattr(raw, "info", None)  # psycopg 3
             status = info.transaction_status if info is not None else raw.get_transaction_status()
             return bool(status == 0)  # IDLE
-    except Exception:  # a closed driver connection: nothing answered is known
+    # The driver's own errors only (a closed connection: nothing answered is known); a soft
+    # time limit is an Exception too, and taken for "not idle" it dropped the callbacks kept
+    # for after the outcome check, the limit swallowed (review f4, 3): it goes on.
+    except connection.Database.Error:
         return False
     return False
 
@@ -1472,7 +1506,9 @@ def _begun_unknown(using: str) -> bool:
             info = getattr(raw, "info", None)  # psycopg 3
             status = info.transaction_status if info is not None else raw.get_transaction_status()
             return bool(not raw.autocommit or status in (2, 3))  # INTRANS, INERROR
-    except Exception:  # a closed driver connection: no transaction of ours in it
+    # A closed driver connection (its own errors only): no transaction of ours in it. Not a
+    # soft time limit, an Exception too: it goes on (review f4, 3).
+    except connection.Database.Error:
         return False
     return False
 

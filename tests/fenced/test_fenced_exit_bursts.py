@@ -39,7 +39,7 @@ import pytest
 from django.core.signals import request_finished
 from django.db import connections, transaction
 
-from django_redlock import fencing, lock
+from django_redlock import CommitOutcomeUnknown, fencing, lock
 from django_redlock.fencing import on_commit_or_proved
 from django_redlock.locking.base import BaseLock
 
@@ -356,3 +356,101 @@ def test_a_burst_of_three_in_the_loop_runs_a_robust_callback_once(name: str, usi
     assert [who for who, _ in sales(using)] == ["body"]
     assert ran == ["a", "r", "b"]  # each once (r after a: Django's try swallowed its cut)
     assert not lock(name).locked()
+
+
+COMMIT_RETURNED = in_django("commit", "base/base.py", "self.errors_occurred = False")
+SWITCH_BACK = in_django("__exit__", "db/transaction.py", "connection.set_autocommit(True)")
+
+
+def committed_block_with_three(name: str, using: str, burst: Burst) -> tuple[Any, list[str]]:
+    """A committing block, its callbacks plain ``a``, robust ``r``, ``on_commit_or_proved``
+    ``p``, its exit cut by ``burst``: what came out of the ``with`` (None: it returned), and
+    the callbacks run as the ``with`` was left."""
+    open_shop(using, 1, 10)
+    ran: list[str] = []
+    raised: Exception | None = None
+    try:
+        with disarmed(), lock(name, ttl=30, atomic=using):
+            sell_one(using, 1, "body")
+            transaction.on_commit(labelled(ran, "a"), using=using)
+            transaction.on_commit(labelled(ran, "r"), using=using, robust=True)
+            on_commit_or_proved(labelled(ran, "p"), using=using)
+            arm(burst)
+    except Exception as exc:
+        raised = exc
+    assert len(burst.fired) == 3, burst.fired
+    assert [who for who, _ in sales(using)] == ["body"]  # committed
+    assert not lock(name).locked()
+    return raised, list(ran)
+
+
+@pytest.mark.parametrize("using", ["default", PG])
+def test_a_burst_of_three_runs_the_kept_callbacks_from_where_they_are_kept(
+    name: str, using: str
+) -> None:
+    """Review f4, 2: f3's two (the driver's COMMIT returned, then Django's switch of
+    autocommit), the connection closed with the callbacks kept off it; a third as the row
+    proved the COMMIT: they had been put back on the closed connection's list, which nothing
+    ran (its next connect() clears it), and the block returned committed with none run."""
+    burst = Burst(
+        COMMIT_RETURNED,
+        SWITCH_BACK,
+        in_code(fencing._fenced_steps, "_pending_hooks(using, committed)"),  # type: ignore[attr-defined]
+    )
+    raised, ran = committed_block_with_three(name, using, burst)
+    assert raised is None and ran == ["a", "r", "p"]
+
+
+# Inside _driver_idle's ``try``, as the driver is asked (SQLite's line, psycopg's).
+DRIVER_ASKED: Point = lambda frame, line: (  # noqa: E731
+    frame.f_code is fencing._driver_idle.__code__  # type: ignore[attr-defined]
+    and ("raw.in_transaction" in line or "getattr(raw" in line)
+)
+
+
+@pytest.mark.parametrize("using", ["default", PG])
+def test_a_burst_of_three_is_not_taken_for_a_closed_driver(name: str, using: str) -> None:
+    """Review f4, 3: the third inside ``_driver_idle`` (whether the kept callbacks are kept):
+    its ``except Exception`` took the soft time limit for a closed driver and answered "not
+    idle", so the block returned committed with only ``p`` run, the time limit swallowed. Now
+    the time limit goes on: the block says unknown, caused by it (the ideal, committed with
+    every callback run: the xfail below). (In-memory SQLite, the tests' database: Django's
+    close() leaves it open and its callbacks on it, which run: passes either way.)"""
+    burst = Burst(
+        COMMIT_RETURNED,
+        SWITCH_BACK,
+        DRIVER_ASKED,
+    )
+    raised, ran = committed_block_with_three(name, using, burst)
+    if raised is None:  # the time limit not swallowed: committed with every callback run
+        assert ran == ["a", "r", "p"]
+    else:
+        assert isinstance(raised, CommitOutcomeUnknown), raised
+        assert isinstance(raised.__cause__, TimeLimit) and "third" in str(raised.__cause__)
+
+
+EXCEPT_PATH_THIRD: dict[str, Point] = {
+    "except path's first line": in_code(
+        fencing._fenced_steps,  # type: ignore[attr-defined]
+        "elif outermost and (connections[using].in_atomic_block",
+    ),
+    "_driver_idle": DRIVER_ASKED,
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review f4, 4: a third soft time limit on the except path before the outcome check"
+    " (the COMMIT answered, Django's flag for the callbacks not set) leaves the outcome unasked:"
+    " CommitOutcomeUnknown, no callback run (docs/topics/fencing.md's outcome table)",
+)
+@pytest.mark.parametrize("third", list(EXCEPT_PATH_THIRD))
+@pytest.mark.parametrize("using", ["default", PG])
+def test_a_burst_of_three_before_the_outcome_check_proves_the_commit(
+    name: str, using: str, third: str
+) -> None:
+    if third == "_driver_idle" and using == "default":
+        pytest.skip("in-memory SQLite: Django's close() leaves it open, its callbacks on it")
+    burst = Burst(COMMIT_RETURNED, SWITCH_BACK, EXCEPT_PATH_THIRD[third])
+    raised, ran = committed_block_with_three(name, using, burst)
+    assert raised is None and ran == ["a", "r", "p"]
