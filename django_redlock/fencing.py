@@ -433,6 +433,47 @@ def _fenced_steps(
     # Until the except path's steps ran: the block's end runs them (a burst cut that path).
     late = outermost
     kept: list[Any] = []  # its callbacks the close of an unfinished exit took off (see below)
+    proved_late = ""  # the block's end proved the COMMIT: its callbacks, from where (prove_late)
+
+    def prove_late(proved: list[Callable[[], None]]) -> None:
+        """The except path's outcome check, at the block's end, when a burst cut that path
+        short before it decided: the COMMIT sent, not known to have committed (else the
+        block said "unknown" with no check made, its callbacks dropped: review f4, 4). Then,
+        proved, its callbacks run (again, should that be cut short: each once)."""
+        nonlocal kept, proved_late
+        connection = connections[using]
+        undecided = exiting and committed.pending and not committed.done
+        if undecided and isinstance(sys.exc_info()[1], Exception):  # (an interrupt stands)
+            if connection.in_atomic_block or _begun_unknown(using):
+                return  # no COMMIT sent: the transaction is rolled back as abandoned
+            kept = kept or _drop_unfinished(using, committed)
+            ended = seen.ended if seen is not None else ()
+            outcome, _stopped = _check(lambda: commit_outcome(
+                using, lock.using, lock.name, fence, mark, again,
+                min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
+            ))  # fmt: skip
+            if outcome is None:
+                return  # unknown: said as the exit settles
+            if not outcome:
+                committed.pending = False  # settled: the rows prove it never committed
+                _drop_own_hooks(using, committed)
+                return
+            # Where its callbacks are, decided once (run again after a cut: each once).
+            pending = _pending_hooks(using, committed)
+            proved_late = "kept" if kept else "pending" if pending else "proved"
+            committed.done = True  # first, as on the except path
+            logger.warning("redlock: %s: the COMMIT of its fenced transaction was cut short,"
+                           " its outcome check too; asked at the block's end, the lock's row"
+                           " proves that it committed", lock.describe())  # fmt: skip
+        if proved_late == "kept":
+            _run_kept(lock.describe(), using, kept, committed)
+        elif proved_late == "pending":
+            _run_pending(lock.describe(), using, committed)
+        elif proved_late == "proved" and proved:
+            hooks_proved = list(proved)
+            proved.clear()  # (once: run again after a cut, it would run twice)
+            _run_proved(lock.describe(), hooks_proved)
+
     try:
         atomic = transaction.atomic(using=using)
         committed.using, committed.atomic = using, weakref.ref(atomic)
@@ -604,8 +645,12 @@ def _fenced_steps(
                 finally:
                     try: _run_left(lock.describe(), using, hooks, entries, committed, late, kept)  # noqa: E701  # fmt: skip
                     finally:  # (twice: an exception as it is entered would skip all of it)
-                        try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
-                        finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
+                        try: prove_late(proved_hooks)  # noqa: E701  # fmt: skip
+                        finally:
+                            try: prove_late(proved_hooks)  # noqa: E701  # fmt: skip
+                            finally:
+                                try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E501, E701  # fmt: skip
+                                finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E501, E701  # fmt: skip
         del hooks, entries, proved_hooks, kept
         with contextlib.suppress(ValueError):
             _live().remove(committed)

@@ -413,9 +413,10 @@ def test_a_burst_of_three_is_not_taken_for_a_closed_driver(name: str, using: str
     """Review f4, 3: the third inside ``_driver_idle`` (whether the kept callbacks are kept):
     its ``except Exception`` took the soft time limit for a closed driver and answered "not
     idle", so the block returned committed with only ``p`` run, the time limit swallowed. Now
-    the time limit goes on: the block says unknown, caused by it (the ideal, committed with
-    every callback run: the xfail below). (In-memory SQLite, the tests' database: Django's
-    close() leaves it open and its callbacks on it, which run: passes either way.)"""
+    the time limit goes on, and the block's end proves the COMMIT (review f4, 4, below): every
+    callback runs (else the block would say unknown, caused by it). (In-memory SQLite, the
+    tests' database: Django's close() leaves it open and its callbacks on it, which run:
+    passes either way.)"""
     burst = Burst(
         COMMIT_RETURNED,
         SWITCH_BACK,
@@ -438,12 +439,6 @@ EXCEPT_PATH_THIRD: dict[str, Point] = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review f4, 4: a third soft time limit on the except path before the outcome check"
-    " (the COMMIT answered, Django's flag for the callbacks not set) leaves the outcome unasked:"
-    " CommitOutcomeUnknown, no callback run (docs/topics/fencing.md's outcome table)",
-)
 @pytest.mark.parametrize("third", list(EXCEPT_PATH_THIRD))
 @pytest.mark.parametrize("using", ["default", PG])
 def test_a_burst_of_three_before_the_outcome_check_proves_the_commit(
@@ -451,6 +446,10 @@ def test_a_burst_of_three_before_the_outcome_check_proves_the_commit(
 ) -> None:
     if third == "_driver_idle" and using == "default":
         pytest.skip("in-memory SQLite: Django's close() leaves it open, its callbacks on it")
+    """Review f4, 4: f3's two, the third on the except path before its outcome check (on its
+    first line, or inside ``_driver_idle``): the block raised ``CommitOutcomeUnknown`` ("its
+    outcome check was cut short") with no check made, no callback run, though the COMMIT had
+    committed. The block's end now asks the row (``prove_late``): committed, each runs once."""
     burst = Burst(COMMIT_RETURNED, SWITCH_BACK, EXCEPT_PATH_THIRD[third])
     raised, ran = committed_block_with_three(name, using, burst)
     assert raised is None and ran == ["a", "r", "p"]
