@@ -435,18 +435,19 @@ def _fenced_steps(
     kept: list[Any] = []  # its callbacks the close of an unfinished exit took off (see below)
     proved_late = ""  # the block's end proved the COMMIT: its callbacks, from where (prove_late)
 
-    def prove_late(proved: list[Callable[[], None]]) -> None:
+    def prove_late(proved: list[Callable[[], None]], kept: list[Any]) -> None:
         """The except path's outcome check, at the block's end, when a burst cut that path
         short before it decided: the COMMIT sent, not known to have committed (else the
         block said "unknown" with no check made, its callbacks dropped: review f4, 4). Then,
         proved, its callbacks run (again, should that be cut short: each once)."""
-        nonlocal kept, proved_late
+        nonlocal proved_late
         connection = connections[using]
         undecided = exiting and committed.pending and not committed.done
         if undecided and isinstance(sys.exc_info()[1], Exception):  # (an interrupt stands)
             if connection.in_atomic_block or _begun_unknown(using):
                 return  # no COMMIT sent: the transaction is rolled back as abandoned
-            kept = kept or _drop_unfinished(using, committed)
+            if not kept:
+                _drop_unfinished(using, committed, kept)
             ended = seen.ended if seen is not None else ()
             outcome, _stopped = _check(lambda: commit_outcome(
                 using, lock.using, lock.name, fence, mark, again,
@@ -557,7 +558,7 @@ def _fenced_steps(
             )
             return
         if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
-            kept = _drop_unfinished(using, committed)
+            _drop_unfinished(using, committed, kept)
         if not exiting:  # rolled back: nothing committed
             if outermost:  # its callbacks, should Django's rollback have kept them
                 _drop_own_hooks(using, committed)
@@ -645,9 +646,9 @@ def _fenced_steps(
                 finally:
                     try: _run_left(lock.describe(), using, hooks, entries, committed, late, kept)  # noqa: E701  # fmt: skip
                     finally:  # (twice: an exception as it is entered would skip all of it)
-                        try: prove_late(proved_hooks)  # noqa: E701  # fmt: skip
+                        try: prove_late(proved_hooks, kept)  # noqa: E701  # fmt: skip
                         finally:
-                            try: prove_late(proved_hooks)  # noqa: E701  # fmt: skip
+                            try: prove_late(proved_hooks, kept)  # noqa: E701  # fmt: skip
                             finally:
                                 try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E501, E701  # fmt: skip
                                 finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E501, E701  # fmt: skip
@@ -1218,27 +1219,29 @@ def _ran(func: Any) -> bool:
     return func.ran()[0] if isinstance(func, _Called) else True
 
 
-def _drop_unfinished(using: str, committed: _Committed | None = None) -> list[Any]:
+def _drop_unfinished(
+    using: str, committed: _Committed | None = None, kept: list[Any] | None = None
+) -> None:
     """Close the connection when the COMMIT's exit left it unfinished: an exception while
     the reply was awaited leaves the driver mid-COMMIT and Django with autocommit off, and
     every later use would fail (or be refused as autocommit off). A COMMIT the server got
     completes all the same; one it got only part of is rolled back when the socket closes.
-    Returns ``committed``'s block's ``on_commit`` entries the close dropped, when the driver
-    had answered a COMMIT (out of any transaction: a burst cut Django's exit after its
+    Puts in ``kept`` ``committed``'s block's ``on_commit`` entries the close drops, when the
+    driver had answered a COMMIT (out of any transaction: a burst cut Django's exit after its
     ``commit()`` returned, before it stored its flag for them, then its switch of autocommit):
-    the outcome check decides whether they run (review f3, 3). No I/O but the close."""
+    the outcome check decides whether they run (review f3, 3). The caller's list, filled
+    before the close: returned, they were lost with this frame to an exception as it returned
+    (review f4, 4). No I/O but the close."""
     connection = connections[using]
     unfinished = not connection.in_atomic_block and not connection.autocommit
     if not unfinished or connection.connection is None:
-        return []
-    kept: list[Any] = []
-    if committed is not None and _driver_idle(using):
+        return
+    if committed is not None and kept is not None and _driver_idle(using):
         hooks = connection.run_on_commit
         at = next((i for i, entry in enumerate(hooks) if entry[1] is committed), None)
-        kept = list(hooks[at:]) if at is not None else []
+        kept[:] = hooks[at:] if at is not None else []  # one step
     with contextlib.suppress(Exception):
         connection.close()
-    return kept
 
 
 def _driver_idle(using: str) -> bool:
