@@ -234,6 +234,9 @@ class _Committed:
     gives_back: tuple[FencedLock, ...] = ()  # (the locks ``abandon`` releases)
     using: str | None = None  # its database, once its transaction (or savepoint) is opened
     atomic: weakref.ReferenceType[Any] | None = None  # (its Django ``Atomic``)
+    # The detached list whose cut loop :func:`_run_rest` found cut with none raising: the
+    # rest is due, decided once (a later call sees the list it changed: review f4, 1).
+    rest_of: list[Any] | None = None
 
     def __init__(self) -> None:
         # Django logs a robust callback's error with its ``__qualname__``: without one, that
@@ -430,6 +433,48 @@ def _fenced_steps(
     # Until the except path's steps ran: the block's end runs them (a burst cut that path).
     late = outermost
     kept: list[Any] = []  # its callbacks the close of an unfinished exit took off (see below)
+    proved_late = ""  # the block's end proved the COMMIT: its callbacks, from where (prove_late)
+
+    def prove_late(proved: list[Callable[[], None]], kept: list[Any]) -> None:
+        """The except path's outcome check, at the block's end, when a burst cut that path
+        short before it decided: the COMMIT sent, not known to have committed (else the
+        block said "unknown" with no check made, its callbacks dropped: review f4, 4). Then,
+        proved, its callbacks run (again, should that be cut short: each once)."""
+        nonlocal proved_late
+        connection = connections[using]
+        undecided = exiting and committed.pending and not committed.done
+        if undecided and isinstance(sys.exc_info()[1], Exception):  # (an interrupt stands)
+            if connection.in_atomic_block or _begun_unknown(using):
+                return  # no COMMIT sent: the transaction is rolled back as abandoned
+            if not kept:
+                _drop_unfinished(using, committed, kept)
+            ended = seen.ended if seen is not None else ()
+            outcome, _stopped = _check(lambda: commit_outcome(
+                using, lock.using, lock.name, fence, mark, again,
+                min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
+            ))  # fmt: skip
+            if outcome is None:
+                return  # unknown: said as the exit settles
+            if not outcome:
+                committed.pending = False  # settled: the rows prove it never committed
+                _drop_own_hooks(using, committed)
+                return
+            # Where its callbacks are, decided once (run again after a cut: each once).
+            pending = _pending_hooks(using, committed)
+            proved_late = "kept" if kept else "pending" if pending else "proved"
+            committed.done = True  # first, as on the except path
+            logger.warning("redlock: %s: the COMMIT of its fenced transaction was cut short,"
+                           " its outcome check too; asked at the block's end, the lock's row"
+                           " proves that it committed", lock.describe())  # fmt: skip
+        if proved_late == "kept":
+            _run_kept(lock.describe(), using, kept, committed)
+        elif proved_late == "pending":
+            _run_pending(lock.describe(), using, committed)
+        elif proved_late == "proved" and proved:
+            hooks_proved = list(proved)
+            proved.clear()  # (once: run again after a cut, it would run twice)
+            _run_proved(lock.describe(), hooks_proved)
+
     try:
         atomic = transaction.atomic(using=using)
         committed.using, committed.atomic = using, weakref.ref(atomic)
@@ -513,7 +558,7 @@ def _fenced_steps(
             )
             return
         if outermost:  # an exit cut short (the COMMIT's, a rollback's) leaves it unusable
-            kept = _drop_unfinished(using, committed)
+            _drop_unfinished(using, committed, kept)
         if not exiting:  # rolled back: nothing committed
             if outermost:  # its callbacks, should Django's rollback have kept them
                 _drop_own_hooks(using, committed)
@@ -557,12 +602,11 @@ def _fenced_steps(
         committed.done = True  # first: an exception from here on finds it committed
         # Still pending on the connection (Django's exit cut short after the COMMIT, before
         # it ran them), or taken off it as it was closed above after the driver's COMMIT had
-        # answered (put back: review f3, 3): they run below. Else Django dropped them with
-        # the connection.
-        if kept and not _pending_hooks(using, committed):
-            connections[using].run_on_commit[:0] = kept
-        kept = []
-        pending = _pending_hooks(using, committed)
+        # answered (review f3, 3): they run below, the latter from ``kept`` (the close
+        # cleared the connection's list; put back on it, an exception before they ran left
+        # them to its next connect(), which clears it: review f4, 2), again at the block's
+        # end should this be cut short. Else Django dropped them with the connection.
+        pending = bool(kept) or _pending_hooks(using, committed)
         logger.warning(
             "redlock: %s: the COMMIT of its fenced transaction %s (%s: %s), yet the lock's row"
             " proves that it committed%s",
@@ -576,7 +620,9 @@ def _fenced_steps(
             logger.warning("redlock: %s: %s interrupted the outcome check of its fenced"
                            " transaction, asked again: it committed (logged, not raised)",
                            lock.describe(), type(stopped).__name__)  # fmt: skip
-        if pending:
+        if kept:
+            _run_kept(lock.describe(), using, kept, committed)  # before the release, as Django
+        elif pending:
             _run_pending(lock.describe(), using, committed)  # before the release, as Django
         else:
             _run_proved(lock.describe(), proved_hooks)  # before the release, as on_commit's
@@ -596,12 +642,16 @@ def _fenced_steps(
                 # landing as it is entered). So do those Django's loop, cut, left to
                 # _run_rest when the except path was cut before it. Before the wrappers forget
                 # their calls.
-                try: _run_left(lock.describe(), using, hooks, entries, committed, late)  # noqa: E701  # fmt: skip
+                try: _run_left(lock.describe(), using, hooks, entries, committed, late, kept)  # noqa: E701  # fmt: skip
                 finally:
-                    try: _run_left(lock.describe(), using, hooks, entries, committed, late)  # noqa: E701  # fmt: skip
+                    try: _run_left(lock.describe(), using, hooks, entries, committed, late, kept)  # noqa: E701  # fmt: skip
                     finally:  # (twice: an exception as it is entered would skip all of it)
-                        try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
-                        finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E701  # fmt: skip
+                        try: prove_late(proved_hooks, kept)  # noqa: E701  # fmt: skip
+                        finally:
+                            try: prove_late(proved_hooks, kept)  # noqa: E701  # fmt: skip
+                            finally:
+                                try: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E501, E701  # fmt: skip
+                                finally: _let_go(using, committed, outermost, hooks, entries, proved_hooks)  # noqa: E501, E701  # fmt: skip
         del hooks, entries, proved_hooks, kept
         with contextlib.suppress(ValueError):
             _live().remove(committed)
@@ -660,7 +710,7 @@ def _helper_codes() -> frozenset[CodeType]:
     funcs: list[Any] = [_watch_hooks, _proved_hooks, _forget_mark, _forget_calls,
                         _drop_own_hooks, _let_go, _Called.__init__, _Seen.close,
                         _run_before_raised, _raised_plain, _run_left,
-                        _run_rest_late, _drop_unfinished]  # fmt: skip
+                        _run_rest_late, _drop_unfinished, _run_kept]  # fmt: skip
     codes: set[CodeType] = set()
     todo = [func.__code__ for func in funcs]
     while todo:
@@ -980,24 +1030,28 @@ def _run_rest(
     them: a cut on its call line must not make that error read as a COMMIT cut short)."""
     if hooks is None or hooks is connections[using].run_on_commit:
         return False  # not detached: the loop never began
-    taken = len(entries) - len(hooks)  # Django's loop pops them from the front
-    if not 0 <= taken <= len(entries):
-        return False
-    if not taken:  # a rollback detaches the list too: the loop began only if it is on the stack
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
-            tb = tb.tb_next
-        if tb is None:
-            return False
-    if taken:
-        committed.done = True  # first: Django's loop runs only after the COMMIT
-        last = entries[taken - 1]
-        func, robust = last[1], len(last) > 2 and bool(last[2])
-        if isinstance(func, _Called) and func.ran()[1] and not robust:
-            # It raised, and Django drops the rest; not those before it that never ran.
-            _run_before_raised(describe, entries)
-            return False
-    hooks[:0] = [entry for entry in entries[:taken] if not _ran(entry[1])]  # first, in order
+    # Taken off the list: told by identity, not by its length, which an earlier call changed
+    # by putting entries back (counted again, one was put back twice and ran twice: review
+    # f4, 1). Django's loop pops them from the front; so does _run_each.
+    on_list = {id(entry) for entry in hooks}
+    taken = [entry for entry in entries if id(entry) not in on_list]
+    if committed.rest_of is not hooks:  # Django's loop: how it ended, decided once
+        if not taken:  # a rollback detaches the list too: the loop began if it is on the stack
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_name != "run_and_clear_commit_hooks":
+                tb = tb.tb_next
+            if tb is None:
+                return False
+        if taken:
+            committed.done = True  # first: Django's loop runs only after the COMMIT
+            last = taken[-1]
+            func, robust = last[1], len(last) > 2 and bool(last[2])
+            if isinstance(func, _Called) and func.ran()[1] and not robust:
+                # It raised, and Django drops the rest; not those before it that never ran.
+                _run_before_raised(describe, entries)
+                return False
+        committed.rest_of = hooks
+    hooks[:0] = [entry for entry in taken if not _ran(entry[1])]  # first, in order
     _run_each(describe, hooks)
     return True
 
@@ -1009,6 +1063,7 @@ def _run_left(
     entries: list[Any],
     committed: _Committed,
     late: bool,
+    kept: list[Any],
 ) -> None:
     """At the block's end: :func:`_run_before_raised`; then, when ``late`` (an outermost
     block, not misnested, whose except path a burst cut short before its steps ran), those
@@ -1017,22 +1072,51 @@ def _run_left(
     lost); the callbacks Django's cut loop left (:func:`_run_rest_late`); Django's exit
     finished after its COMMIT answered (:func:`_finish_autocommit`: its callbacks, once;
     else the block, committed, was reported "unknown"). Each whatever the one before raised.
-    ``hooks`` None: not the exit of a COMMIT."""
+    ``hooks`` None: not the exit of a COMMIT. First, once the row proved the COMMIT, the
+    callbacks kept off a closed connection that have not run (:func:`_run_kept`)."""
     try:
-        _run_before_raised(describe, entries)
+        if committed.done and kept:
+            _run_kept(describe, using, kept, committed)
     finally:
         try:
-            connection = connections[using]
-            if late and (connection.in_atomic_block or _begun_unknown(using)):
-                committed.pending = False  # no COMMIT sent: nothing committed
-                _abandon(using)
+            _run_before_raised(describe, entries)
         finally:
             try:
-                if late:
-                    _run_rest_late(describe, using, hooks, entries, committed)
+                connection = connections[using]
+                if late and (connection.in_atomic_block or _begun_unknown(using)):
+                    committed.pending = False  # no COMMIT sent: nothing committed
+                    _abandon(using)
             finally:
-                if late and hooks is not None and _commit_answered(using):
-                    _finish_autocommit(describe, using, committed)
+                try:
+                    if late:
+                        _run_rest_late(describe, using, hooks, entries, committed)
+                finally:
+                    if late and hooks is not None and _commit_answered(using):
+                        _finish_autocommit(describe, using, committed)
+
+
+def _run_kept(describe: str, using: str, kept: list[Any], committed: _Committed) -> None:
+    """Run the block's callbacks :func:`_drop_unfinished` kept off the connection it closed,
+    once the row proved the COMMIT: in order, each taken off ``kept`` once called (a wrapper
+    that ran is not run again: the block's end runs the rest should an exception cut this
+    short). An ``Exception`` from one: logged; a plain one's drops the rest, Django's rule."""
+    _drop_own_hooks(using, committed)  # (a close that left them on it: in-memory SQLite's)
+    while kept:
+        entry = kept[0]
+        if _raised_plain(entry):
+            kept.clear()  # Django's rule (checked first: again after a cut, the same)
+            return
+        func = entry[1]
+        if not _ran(func):
+            try:
+                func()
+            except Exception:
+                if isinstance(func, _Called) and not func.ran()[0]:
+                    raise  # not its error (a signal handler's, before it ran): run again later
+                logger.exception("redlock: %s: a callback of its fenced transaction, proved"
+                                 " committed, raised", describe)  # fmt: skip
+                continue  # (a plain one's: the rest dropped above)
+        del kept[0]
 
 
 def _run_rest_late(
@@ -1089,9 +1173,12 @@ def _raised_plain(entry: Any) -> bool:
 
 
 def _run_each(describe: str, hooks: list[Any]) -> None:
-    """Run the entries, taken off ``hooks`` one by one (an ``Exception`` from one: logged)."""
+    """Run the entries, taken off ``hooks`` one by one (an ``Exception`` from one: logged);
+    one whose wrapper says it ran already is not run again."""
     while hooks:
         func = hooks.pop(0)[1]
+        if isinstance(func, _Called) and func.ran()[0]:
+            continue
         try:
             func()
         except Exception:
@@ -1132,27 +1219,29 @@ def _ran(func: Any) -> bool:
     return func.ran()[0] if isinstance(func, _Called) else True
 
 
-def _drop_unfinished(using: str, committed: _Committed | None = None) -> list[Any]:
+def _drop_unfinished(
+    using: str, committed: _Committed | None = None, kept: list[Any] | None = None
+) -> None:
     """Close the connection when the COMMIT's exit left it unfinished: an exception while
     the reply was awaited leaves the driver mid-COMMIT and Django with autocommit off, and
     every later use would fail (or be refused as autocommit off). A COMMIT the server got
     completes all the same; one it got only part of is rolled back when the socket closes.
-    Returns ``committed``'s block's ``on_commit`` entries the close dropped, when the driver
-    had answered a COMMIT (out of any transaction: a burst cut Django's exit after its
+    Puts in ``kept`` ``committed``'s block's ``on_commit`` entries the close drops, when the
+    driver had answered a COMMIT (out of any transaction: a burst cut Django's exit after its
     ``commit()`` returned, before it stored its flag for them, then its switch of autocommit):
-    the outcome check decides whether they run (review f3, 3). No I/O but the close."""
+    the outcome check decides whether they run (review f3, 3). The caller's list, filled
+    before the close: returned, they were lost with this frame to an exception as it returned
+    (review f4, 4). No I/O but the close."""
     connection = connections[using]
     unfinished = not connection.in_atomic_block and not connection.autocommit
     if not unfinished or connection.connection is None:
-        return []
-    kept: list[Any] = []
-    if committed is not None and _driver_idle(using):
+        return
+    if committed is not None and kept is not None and _driver_idle(using):
         hooks = connection.run_on_commit
         at = next((i for i, entry in enumerate(hooks) if entry[1] is committed), None)
-        kept = list(hooks[at:]) if at is not None else []
+        kept[:] = hooks[at:] if at is not None else []  # one step
     with contextlib.suppress(Exception):
         connection.close()
-    return kept
 
 
 def _driver_idle(using: str) -> bool:
@@ -1167,7 +1256,10 @@ def _driver_idle(using: str) -> bool:
             info = getattr(raw, "info", None)  # psycopg 3
             status = info.transaction_status if info is not None else raw.get_transaction_status()
             return bool(status == 0)  # IDLE
-    except Exception:  # a closed driver connection: nothing answered is known
+    # The driver's own errors only (a closed connection: nothing answered is known); a soft
+    # time limit is an Exception too, and taken for "not idle" it dropped the callbacks kept
+    # for after the outcome check, the limit swallowed (review f4, 3): it goes on.
+    except connection.Database.Error:
         return False
     return False
 
@@ -1462,7 +1554,9 @@ def _begun_unknown(using: str) -> bool:
             info = getattr(raw, "info", None)  # psycopg 3
             status = info.transaction_status if info is not None else raw.get_transaction_status()
             return bool(not raw.autocommit or status in (2, 3))  # INTRANS, INERROR
-    except Exception:  # a closed driver connection: no transaction of ours in it
+    # A closed driver connection (its own errors only): no transaction of ours in it. Not a
+    # soft time limit, an Exception too: it goes on (review f4, 3).
+    except connection.Database.Error:
         return False
     return False
 
