@@ -96,7 +96,12 @@ def start_thread(thread: threading.Thread) -> None:
         thread.start()
     except RuntimeError as exc:
         interrupt = exc.__context__
-        if isinstance(interrupt, BaseException) and not isinstance(interrupt, Exception):
+        # Any interrupt, an Exception too (a soft time limit): as a RuntimeError it would
+        # pass for "no thread to be had" (SETUP_FAILURES). Only that message's context is
+        # surely one (another RuntimeError's may be what the caller was handling).
+        if isinstance(interrupt, BaseException) and (
+            not isinstance(interrupt, Exception) or exc.args == ("release unlocked lock",)
+        ):
             raise interrupt from None
         raise
     except KeyError as exc:
@@ -565,12 +570,20 @@ class ReleaseHub:
                     logger.debug("redlock: leave of waiter %s failed: %s", waiter_id, exc)
                     self._keep(waiter_id, leave, time.monotonic())
 
+        started = False
         try:
             start_thread(threading.Thread(target=run, daemon=True, name="redlock-leave"))
-        except Exception as exc:  # no thread to be had: kept for a wake-up or a later try
+            started = True
+        except SETUP_FAILURES as exc:  # no thread to be had ("can't start new thread")
             logger.debug("redlock: %d leaves not started: %s", len(leaves), exc)
-            for waiter_id, leave in leaves:
-                self._keep(waiter_id, leave, time.monotonic())
+        finally:
+            # Not started, or an interrupt (a soft time limit is an Exception too: not
+            # caught above, it comes out of the wait's set-up or clean-up): kept for a
+            # wake-up or a later try (sent twice, should the thread run all the same: a
+            # leave is idempotent).
+            if not started:
+                for waiter_id, leave in leaves:
+                    self._keep(waiter_id, leave, time.monotonic())
 
     def notify(self, channel: str) -> None:
         """A release: wake the longest-waiting waiter that is not already about to try.

@@ -152,14 +152,27 @@ def undo_take(backend: BaseLockBackend, undo: Undo) -> None:
 
 
 def _drive_all(backend: BaseLockBackend, steps: Steps[T], watches: list[Any]) -> T:
+    # A second interrupt of a burst lands at the first point where CPython runs signal
+    # handlers after the first: a call, a loop's back edge. So a handler only stores what
+    # came (no call); the steps' state is looked at in the next round's try; and the inner
+    # loop's back edge is inside the outer try: whatever lands there is thrown in as well.
     error: BaseException | None = None
-    while True:  # again only after an interrupt between two steps
+    while True:  # again after an interrupt at the inner loop's back edge
         try:
-            return _drive(backend, steps, error, watches)
+            while True:  # again after an interrupt between two steps
+                try:
+                    if error is not None and (
+                        inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED
+                    ):
+                        break  # the steps' own outcome (they are done), or none started
+                    return _drive(backend, steps, error, watches)
+                except BaseException as exc:
+                    error = exc
+            break
         except BaseException as exc:
-            if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
-                raise  # the steps' own outcome (they are done), or nothing started yet
             error = exc
+    assert error is not None  # (no call: a break comes only with one)
+    raise error
 
 
 def _leave_watches(backend: BaseLockBackend, watches: list[Any]) -> None:
@@ -402,17 +415,30 @@ async def _apart(command: Awaitable[T]) -> T:
 async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any]) -> T:
     # As _drive_all: an interrupt on a line between two steps (the loop's head, _Cancels.lost)
     # is thrown into the suspended steps, which hand back what a reply they never got granted.
+    # A burst of two is thrown in as well (see _drive_all: no call in a handler, the state
+    # looked at in the next round's try, the inner loop's back edge inside the outer try).
     cancels = _Cancels()
     error: BaseException | None = None
-    while True:  # again only after an interrupt between two steps
+    while True:  # again after an interrupt at the inner loop's back edge
         try:
-            return await _adrive_steps(backend, steps, error, watches, cancels)
+            while True:  # again after an interrupt between two steps
+                try:
+                    if error is not None and (
+                        inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED
+                    ):
+                        break  # the steps' own outcome (they are done), or none started
+                    return await _adrive_steps(backend, steps, error, watches, cancels)
+                except GeneratorExit:
+                    raise  # closed: _adrive_steps finished the steps (nothing can be awaited)
+                except BaseException as exc:
+                    error = exc
+            break
         except GeneratorExit:
-            raise  # closed: _adrive_steps finished the steps (nothing can be awaited)
+            raise
         except BaseException as exc:
-            if inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED:
-                raise  # the steps' own outcome (they are done), or nothing started yet
             error = exc
+    assert error is not None  # (no call: a break comes only with one)
+    raise error
 
 
 async def _adrive_steps(
