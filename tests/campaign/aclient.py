@@ -20,9 +20,10 @@ How a hold is run (drawn per hold):
   it: the task's clean-up, and the library's own, run in a loop that is being shut down),
   or on a fresh loop closed 0.2 ms-0.3 s in without cancelling its task (the call is left
   pending for good, as a loop whose thread ended leaves it; not for holds of an owner, a
-  reentrant hold or a read: nothing but their task could release them). The client then
-  logs ``intr`` (``how`` ``loop-closed``) and releases the object from sync code, as
-  ``interrupts.caught`` does.
+  reentrant hold or a read: nothing but their task could release them; nor the whole sync
+  hold in asgiref's thread, which runs on whatever the loop: the release would delete what
+  its acquire was granted there). The client then logs ``intr`` (``how`` ``loop-closed``)
+  and releases the object from sync code, as ``interrupts.caught`` does.
 
 Interrupts: besides the signal (interrupts.py), a call armed while ``client_interrupt`` is on
 gets ``task.cancel()`` at a random moment within it (:meth:`.Interrupts.cancels`), sometimes
@@ -119,7 +120,10 @@ class Driver:
 
         delay = self.rng.choice((self.rng.uniform(0.0002, 0.005), self.rng.uniform(0.005, 0.3)))
         loop = asyncio.new_event_loop()
-        task = loop.create_task(self.run(lk, hold, prefix, role, False))
+        # Never the whole sync hold in asgiref's thread (thread=False): that thread is no call
+        # left pending, it runs on, and the release below would delete the hold its acquire
+        # was just granted there (phantom-hold, seed 2115: the client's misuse).
+        task = loop.create_task(self.run(lk, hold, prefix, role, False, thread=False))
         try:
             loop.run_until_complete(asyncio.wait([task], timeout=delay))
         finally:
@@ -130,9 +134,12 @@ class Driver:
 
     # -- one hold, in a task -------------------------------------------------------------------
 
-    async def run(self, lk: Any, hold: int, prefix: str, role: str, twin: bool) -> None:
+    async def run(
+        self, lk: Any, hold: int, prefix: str, role: str, twin: bool, thread: bool = True
+    ) -> None:
+        """``thread``: the hold may run whole in asgiref's thread (see :meth:`one`)."""
         if not twin:
-            await self.task(lk, hold, prefix, role)
+            await self.task(lk, hold, prefix, role, thread)
             return
         loop = asyncio.get_running_loop()
         first = loop.create_task(self.task(lk, hold, prefix, role))
@@ -140,11 +147,11 @@ class Driver:
         second = loop.create_task(self.task(lk, hold + 1, f"{self.ctx.cid}h{hold + 1}.", role))
         await asyncio.gather(first, second)
 
-    async def task(self, lk: Any, hold: int, prefix: str, role: str) -> None:
+    async def task(self, lk: Any, hold: int, prefix: str, role: str, thread: bool = True) -> None:
         from django_redlock import LockError
 
         try:
-            await self.one(lk, hold, prefix, role)
+            await self.one(lk, hold, prefix, role, thread)
         except asyncio.CancelledError:
             # As `async with` does: release in the task, however often cancelled meanwhile.
             place = interrupts.where()
@@ -167,12 +174,14 @@ class Driver:
         while task is not None and task.cancelling():
             task.uncancel()
 
-    async def one(self, lk: Any, hold: int, prefix: str, role: str) -> None:
+    async def one(self, lk: Any, hold: int, prefix: str, role: str, thread: bool = True) -> None:
         from django_redlock import LockError
 
         ctx = self.ctx
         rng, log, check, holds = ctx.rng, ctx.log, ctx.check, ctx.holds
-        if self.rng.random() < 0.1:  # the whole sync hold in asgiref's thread
+        # Drawn whatever ``thread`` says: a seed's later draws stay what they were.
+        threaded = self.rng.random() < 0.1
+        if threaded and thread:  # the whole sync hold in asgiref's thread
             from asgiref.sync import sync_to_async
 
             from .client import sync_hold
