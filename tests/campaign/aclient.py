@@ -20,10 +20,10 @@ How a hold is run (drawn per hold):
   it: the task's clean-up, and the library's own, run in a loop that is being shut down),
   or on a fresh loop closed 0.2 ms-0.3 s in without cancelling its task (the call is left
   pending for good, as a loop whose thread ended leaves it; not for holds of an owner, a
-  reentrant hold or a read: nothing but their task could release them; nor the whole sync
-  hold in asgiref's thread, which runs on whatever the loop: the release would delete what
-  its acquire was granted there). The client then logs ``intr`` (``how`` ``loop-closed``)
-  and releases the object from sync code, as ``interrupts.caught`` does.
+  reentrant hold or a read: nothing but their task could release them). The client then
+  logs ``intr`` (``how`` ``loop-closed``) and releases the object from sync code, as
+  ``interrupts.caught`` does. Neither runs the whole sync hold in asgiref's thread, which
+  runs on whatever the loop: the release would delete what its acquire was granted there.
 
 Interrupts: besides the signal (interrupts.py), a call armed while ``client_interrupt`` is on
 gets ``task.cancel()`` at a random moment within it (:meth:`.Interrupts.cancels`), sometimes
@@ -109,7 +109,10 @@ class Driver:
         delay = self.rng.choice((self.rng.uniform(0.0002, 0.005), self.rng.uniform(0.005, 0.3)))
 
         async def main() -> None:
-            task = asyncio.get_running_loop().create_task(self.run(lk, hold, prefix, role, twin))
+            # Not in asgiref's thread (thread=False): the cancelled task releases the Lock
+            # while that thread runs on (see loop_closed).
+            hold_run = self.run(lk, hold, prefix, role, twin, thread=False)
+            task = asyncio.get_running_loop().create_task(hold_run)
             await asyncio.wait([task], timeout=delay)
 
         asyncio.run(main())

@@ -41,16 +41,19 @@ def gate() -> Iterator[threading.Event]:
     event.set()  # a thread still waiting goes on
 
 
-def test_a_loop_closed_hold_is_not_run_on_in_asgiref_thread(
-    redis_server: RedisServer, name: str, gate: threading.Event
+@pytest.mark.parametrize("how", ["loop_closed", "run_ended"])
+def test_an_abandoned_hold_is_not_run_on_in_asgiref_thread(
+    redis_server: RedisServer, name: str, gate: threading.Event, how: str
 ) -> None:
     """``loop_closed`` closes a fresh loop under the hold's task, then releases the Lock from
-    sync code (the call is left pending for good). A hold drawn to run whole in asgiref's
-    thread (``sync_to_async``, 1 in 10) is not pending: the thread runs on, and the release
-    from sync code deleted the hold its acquire had just been granted there, so the
-    thread's check found it gone: the campaign's ``phantom-hold`` (seed 2115, redlock plain,
-    c10/h19: acquire returned True, the servers did not hold it 0-12 ms later). Its own
-    misuse, not the library's: a loop-closed hold runs on the loop, never in a thread."""
+    sync code (the call is left pending for good); ``run_ended``'s ``asyncio.run`` cancels
+    the task, which releases it (as ``async with`` does). A hold drawn to run whole in
+    asgiref's thread (``sync_to_async``, 1 in 10) is neither pending nor cancelled: the
+    thread runs on, and that release deleted the hold its acquire had just been granted
+    there, so the thread's check found it gone: the campaign's ``phantom-hold`` (seed 2115,
+    redlock plain, c10/h19: acquire returned True, the servers did not hold it 0-12 ms
+    later). Its own misuse, not the library's: such a hold runs on the loop, never in a
+    thread."""
     key = locks["default"].key(name)
     direct = redis_server.client()
     found: list[tuple[str, bool, bool]] = []  # (when, found, in the main thread)
@@ -85,10 +88,13 @@ def test_a_loop_closed_hold_is_not_run_on_in_asgiref_thread(
     driver.rng = Scripted(0.0)  # one(): the whole sync hold in asgiref's thread (< 0.1)
     lk = lock(name, ttl=5, token_prefix="c1h1.")
     try:
-        driver.loop_closed(lk, 1, "c1h1.", "x")
+        if how == "loop_closed":
+            driver.loop_closed(lk, 1, "c1h1.", "x")
+        else:
+            driver.run_ended(lk, 1, "c1h1.", "x", False)
     finally:
         gate.set()
-    assert ("intr", {"h": 1, "where": "loop-closed", "how": "loop-closed"}) in events
+    assert any(e == "intr" and f["h"] == 1 for e, f in events), events
     deadline = threading.Event()
     for _ in range(50):  # the thread's check, if a thread ran the hold
         if found:
@@ -99,4 +105,4 @@ def test_a_loop_closed_hold_is_not_run_on_in_asgiref_thread(
     assert all(f[1] for f in acquired), f"a hold reported held was gone: {found}, {events}"
     assert all(f[2] for f in acquired), f"the hold ran in asgiref's thread: {found}"
     with pytest.raises(LockError):
-        lk.release()  # released by loop_closed's clean-up
+        lk.release()  # released by the clean-up (loop_closed's, or the cancelled task's)
