@@ -22,7 +22,8 @@ How a hold is run (drawn per hold):
   pending for good, as a loop whose thread ended leaves it; not for holds of an owner, a
   reentrant hold or a read: nothing but their task could release them). The client then
   logs ``intr`` (``how`` ``loop-closed``) and releases the object from sync code, as
-  ``interrupts.caught`` does.
+  ``interrupts.caught`` does. Neither runs the whole sync hold in asgiref's thread, which
+  runs on whatever the loop: the release would delete what its acquire was granted there.
 
 Interrupts: besides the signal (interrupts.py), a call armed while ``client_interrupt`` is on
 gets ``task.cancel()`` at a random moment within it (:meth:`.Interrupts.cancels`), sometimes
@@ -108,7 +109,10 @@ class Driver:
         delay = self.rng.choice((self.rng.uniform(0.0002, 0.005), self.rng.uniform(0.005, 0.3)))
 
         async def main() -> None:
-            task = asyncio.get_running_loop().create_task(self.run(lk, hold, prefix, role, twin))
+            # Not in asgiref's thread (thread=False): the cancelled task releases the Lock
+            # while that thread runs on (see loop_closed).
+            hold_run = self.run(lk, hold, prefix, role, twin, thread=False)
+            task = asyncio.get_running_loop().create_task(hold_run)
             await asyncio.wait([task], timeout=delay)
 
         asyncio.run(main())
@@ -119,7 +123,10 @@ class Driver:
 
         delay = self.rng.choice((self.rng.uniform(0.0002, 0.005), self.rng.uniform(0.005, 0.3)))
         loop = asyncio.new_event_loop()
-        task = loop.create_task(self.run(lk, hold, prefix, role, False))
+        # Never the whole sync hold in asgiref's thread (thread=False): that thread is no call
+        # left pending, it runs on, and the release below would delete the hold its acquire
+        # was just granted there (phantom-hold, seed 2115: the client's misuse).
+        task = loop.create_task(self.run(lk, hold, prefix, role, False, thread=False))
         try:
             loop.run_until_complete(asyncio.wait([task], timeout=delay))
         finally:
@@ -130,9 +137,12 @@ class Driver:
 
     # -- one hold, in a task -------------------------------------------------------------------
 
-    async def run(self, lk: Any, hold: int, prefix: str, role: str, twin: bool) -> None:
+    async def run(
+        self, lk: Any, hold: int, prefix: str, role: str, twin: bool, thread: bool = True
+    ) -> None:
+        """``thread``: the hold may run whole in asgiref's thread (see :meth:`one`)."""
         if not twin:
-            await self.task(lk, hold, prefix, role)
+            await self.task(lk, hold, prefix, role, thread)
             return
         loop = asyncio.get_running_loop()
         first = loop.create_task(self.task(lk, hold, prefix, role))
@@ -140,11 +150,11 @@ class Driver:
         second = loop.create_task(self.task(lk, hold + 1, f"{self.ctx.cid}h{hold + 1}.", role))
         await asyncio.gather(first, second)
 
-    async def task(self, lk: Any, hold: int, prefix: str, role: str) -> None:
+    async def task(self, lk: Any, hold: int, prefix: str, role: str, thread: bool = True) -> None:
         from django_redlock import LockError
 
         try:
-            await self.one(lk, hold, prefix, role)
+            await self.one(lk, hold, prefix, role, thread)
         except asyncio.CancelledError:
             # As `async with` does: release in the task, however often cancelled meanwhile.
             place = interrupts.where()
@@ -167,12 +177,14 @@ class Driver:
         while task is not None and task.cancelling():
             task.uncancel()
 
-    async def one(self, lk: Any, hold: int, prefix: str, role: str) -> None:
+    async def one(self, lk: Any, hold: int, prefix: str, role: str, thread: bool = True) -> None:
         from django_redlock import LockError
 
         ctx = self.ctx
         rng, log, check, holds = ctx.rng, ctx.log, ctx.check, ctx.holds
-        if self.rng.random() < 0.1:  # the whole sync hold in asgiref's thread
+        # Drawn whatever ``thread`` says: a seed's later draws stay what they were.
+        threaded = self.rng.random() < 0.1
+        if threaded and thread:  # the whole sync hold in asgiref's thread
             from asgiref.sync import sync_to_async
 
             from .client import sync_hold
