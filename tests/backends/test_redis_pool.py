@@ -443,10 +443,11 @@ def test_a_time_limit_at_any_line_of_a_sweep_leaves_the_pool_whole(
     monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)
 
     def case(tracer: LineInterrupter) -> None:
+        # (a short wait for the pool: two of them at each of ~100 points)
         pool = wire.WaitingPool(
             max_connections=2, timeout=0.03, host="127.0.0.1", port=redis_server.port,
             socket_timeout=2,
-        )  # fmt: skip  (a short wait: two of them at each of ~100 points)
+        )  # fmt: skip
         try:
             held = [pool.get_connection()]
             if lost:
