@@ -18,6 +18,7 @@ from django_redlock import lock, locks
 from django_redlock.testing import RedisServer
 from tests.support.grant_cut import cut_after_the_grant, cut_then_retry
 from tests.support.proxy import LossyProxy
+from tests.support.warm import warm_up
 
 
 @pytest.fixture
@@ -44,9 +45,7 @@ def test_a_hand_back_release_delayed_past_its_closed_connection_never_deletes_th
     timeout runs out and its connection is closed; the retry must not be granted the token
     that release deletes once it lands (two holders)."""
     proxy, server = proxied
-    warm = lock(f"{name}:warm", using="late", ttl=5, auto_renew=False)
-    assert warm.acquire(blocking=False)  # a connection, the scripts loaded
-    warm.release()
+    warm_up("late", name)  # a connection, the scripts loaded
     mine = lock(name, using="late", ttl=30, auto_renew=False)
     # the hand-back's release: late on the wire
     cut_after_the_grant(monkeypatch, mine, lambda token: proxy.delay_from(token.encode()))
@@ -124,9 +123,7 @@ def test_a_hand_back_release_cut_by_a_second_interrupt_gives_its_token_up(
     token stayed kept, the retry was granted it again, and the late release deleted that
     grant (review rl, 4)."""
     proxy, server = proxied
-    warm = lock(f"{name}:warm", using="late", ttl=5, auto_renew=False)
-    assert warm.acquire(blocking=False)
-    warm.release()
+    warm_up("late", name)  # a connection, the scripts loaded
     mine = lock(name, using="late", ttl=30, auto_renew=False)
     record = type(mine)._record
 

@@ -17,6 +17,7 @@ from django_redlock.exceptions import LockError
 from django_redlock.testing import RedisServer
 from tests.support.grant_cut import cut_after_the_grant, cut_then_retry
 from tests.support.proxy import LossyProxy
+from tests.support.warm import warm_up
 
 from .test_redlock import quorum_alias
 from .test_redlock_io import backend_of
@@ -51,10 +52,7 @@ def test_a_hand_back_release_delayed_past_its_closed_connection_never_deletes_th
     new token, and whatever it holds survives the late write."""
     with quorum_alias("late", proxied, socket_timeout=0.3):  # type: ignore[arg-type]
         backend = backend_of("late")
-        for n in range(3):  # a connection to each node, the scripts loaded
-            warm = lock(f"{name}:warm{n}", using="late", ttl=5, auto_renew=False)
-            assert warm.acquire(blocking=False)
-            warm.release()
+        warm_up("late", name, rounds=3)  # a connection to each node, the scripts loaded
         mine = lock(name, using="late", ttl=30, auto_renew=False)
         seen: list[str] = []
 
@@ -93,10 +91,7 @@ def test_a_burnt_token_stays_burnt_when_the_backend_closes(
     then deleted it on nodes 1 and 2 (two holders). Now the retry takes a new token."""
     with quorum_alias("late", proxied, socket_timeout=0.3):  # type: ignore[arg-type]
         backend = backend_of("late")
-        for n in range(3):  # a connection to each node, the scripts loaded
-            warm = lock(f"{name}:warm{n}", using="late", ttl=5, auto_renew=False)
-            assert warm.acquire(blocking=False)
-            warm.release()
+        warm_up("late", name, rounds=3)  # a connection to each node, the scripts loaded
         mine = lock(name, using="late", ttl=30, auto_renew=False)
         for proxy in proxied[1:]:
             proxy.blackhole()
