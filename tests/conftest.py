@@ -118,6 +118,22 @@ def _clean_redis(redis_server: RedisServer) -> Iterator[None]:
             clear()
 
 
+@pytest.fixture(autouse=True)
+def _request_finished() -> Iterator[None]:
+    """Each test ends as a request or a Celery task does: Django drops a connection left with
+    autocommit off (``close_if_unusable_or_obsolete``), as the burst tests leave it (an
+    interrupt between Django's ``set_autocommit(False)`` and ``in_atomic_block = True``).
+    Without this the next test of the process inherits it: a fenced block inside its
+    ``transaction.atomic()`` is refused as "autocommit off". Torn down after pytest-django's
+    own fixtures (autouse ones are set up first)."""
+    yield
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None and not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
+
+
 @pytest.fixture
 def redis_factory() -> Iterator[Callable[..., RedisServer]]:
     """Start extra servers (``redis_factory(persist=True)``); all stopped after the test."""
