@@ -119,9 +119,9 @@ def _clean_redis(redis_server: RedisServer) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _request_finished() -> Iterator[None]:
+def _request_finished(django_db_blocker: Any) -> Iterator[None]:
     """Each test ends as a request or a Celery task does: Django drops a connection left with
-    autocommit off (``close_if_unusable_or_obsolete``), as the burst tests leave it (an
+    autocommit off (as ``close_if_unusable_or_obsolete`` does), as the burst tests leave it (an
     interrupt between Django's ``set_autocommit(False)`` and ``in_atomic_block = True``).
     Without this the next test of the process inherits it: a fenced block inside its
     ``transaction.atomic()`` is refused as "autocommit off". Torn down after pytest-django's
@@ -130,8 +130,14 @@ def _request_finished() -> Iterator[None]:
     from django.db import connections
 
     for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and not connection.in_atomic_block:
-            connection.close_if_unusable_or_obsolete()
+        if connection.connection is None or connection.in_atomic_block:
+            continue
+        if connection.autocommit != connection.settings_dict["AUTOCOMMIT"]:
+            with django_db_blocker.unblock():
+                connection.close()
+                if connection.connection is not None:  # in-memory SQLite ignores close()
+                    connection.rollback()
+                    connection.set_autocommit(True)
 
 
 @pytest.fixture
