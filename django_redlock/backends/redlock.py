@@ -550,8 +550,10 @@ class RedlockBackend(BaseLockBackend):
 
     def _validity(self, name: str) -> Steps[int | None]:
         """What is left of the majority's hold: among the nodes that hold one token (a
-        majority: at most one token has one), the quorum-th longest PTTL, less drift. None
-        when no token has a majority (holds of different tokens make no hold)."""
+        majority: at most one token has one), the quorum-th longest PTTL, less the time since
+        the requests were sent and drift, as the acquire's validity. None when no token has
+        a majority (holds of different tokens make no hold)."""
+        started = time.monotonic()  # each PTTL was read at its node after this
         replies = yield self._each(lambda n: n.op_inspect(name), self._deciding(_agreeing), True)
         if not self._decide(name, replies, _agreeing(replies), "check", "had one holder"):
             return None
@@ -559,7 +561,8 @@ class RedlockBackend(BaseLockBackend):
         if info is None or info.ttl is None:  # (a hold without expiry: never written)
             return None
         left = info.ttl * 1000
-        return max(0, round(left - self.drift_ms(round(left))))
+        elapsed_ms = (time.monotonic() - started) * 1000
+        return max(0, round(left - elapsed_ms - self.drift_ms(round(left))))
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         def steps() -> Steps[LockInfo | None]:
