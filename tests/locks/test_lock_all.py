@@ -994,7 +994,8 @@ def test_sentinel_min_replicas_confirms_a_set_or_refuses_it(
 
 # The lines an interrupt may land on while a set is taken: every line of these functions (the
 # driver's only while it runs the one-script take).
-TAKE_PATH = {"acquire", "_take_together", "_take_in_order", "__enter__", "_wait"}
+TAKE_PATH = {"acquire", "_take_together", "_take_in_order", "_take_each", "_ran_out",
+             "_valid_since", "__enter__", "_wait"}  # fmt: skip
 
 
 def _take_lines(frame: Any) -> bool:
