@@ -559,6 +559,31 @@ def test_a_member_that_ran_out_while_a_later_one_was_waited_for_is_not_reported_
     assert held_names(alias, names) == []
 
 
+def test_members_renewed_while_a_later_one_was_waited_for_are_extended_not_given_back(
+    in_order_alias: str,
+) -> None:
+    """The same slow take with renewed members (TTL 0.3 s, ~0.8 s of waiting): each is
+    extended as the take ends, none is lost or taken again."""
+    alias = in_order_alias
+    names = ["rx:a", "rx:b"]
+    other = lock("rx:b", using=alias, ttl=0.8, auto_renew=False)
+    assert other.acquire()
+    lost: list[Any] = []
+
+    def on_lost(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    lock_lost.connect(on_lost)
+    try:
+        with lock_all(*names, using=alias, ttl=0.3, timeout=10) as held:
+            assert held_names(alias, names) == names
+            assert all((lk.ttl() or 0) > 0.1 for lk in held.locks)
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert lost == []
+    assert held_names(alias, names) == []
+
+
 @pytest.mark.usefixtures("_cluster_alias")
 def test_cluster_names_in_different_slots_all_or_none_and_waiting() -> None:
     names = ["slot:a", "slot:b", "slot:c"]
