@@ -395,7 +395,7 @@ class MultiLock:
         when the take returns. Every member was granted after ``since``, so its hold lasts
         at least ``since + ttl - drift`` (:meth:`~..backends.base.BaseLockBackend.drift_ms`)
         even unrenewed. A take slower than that (a later member was waited for) extends
-        every member, from a new ``since``: one gone (``LockLost``) ran out while the others
+        every member, from a new ``since``: one gone (``LockNotOwned``) ran out while the others
         were taken, and may have had another holder meanwhile.
 
         A member is put on the give-back list before its acquire is sent: an interrupt at
@@ -431,7 +431,7 @@ class MultiLock:
         try:
             for lk in self.locks:
                 lk.extend()
-        except LockLost:  # gone: another may have held it meanwhile
+        except LockNotOwned:  # gone (LockLost): another may have held it meanwhile
             return True
         return not self._valid_since(since)
 
@@ -443,7 +443,7 @@ class MultiLock:
         try:
             for lk in self.locks:
                 await lk.aextend()
-        except LockLost:
+        except LockNotOwned:
             return True
         return not self._valid_since(since)
 
