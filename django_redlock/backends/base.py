@@ -544,6 +544,12 @@ class BaseLockBackend:
         reentrant hold's), only if it is still that hold: what an operator was shown."""
         raise NotImplementedError
 
+    def drift_ms(self, ttl_ms: int) -> float:
+        """How much sooner than ``ttl_ms`` after its try was sent a hold may run out, by this
+        process's clock: 0 on one server (it counts the TTL from the take, which is later);
+        Redlock's allowance for its nodes' clocks."""
+        return 0.0
+
     def token_reusable(self, token: str) -> bool:
         """Whether a plain hold's next try may use ``token`` again (the token of a try or a
         hand-back that got no answer, see ``Lock._next_token``): False once a write of it

@@ -157,7 +157,7 @@ class RedlockBackend(BaseLockBackend):
     def node_timeout(self) -> float:
         return float(self.nodes[0].client_options(None)["socket_timeout"])
 
-    def _drift_ms(self, ttl_ms: int) -> float:
+    def drift_ms(self, ttl_ms: int) -> float:
         return ttl_ms * DRIFT_FACTOR + DRIFT_MS
 
     # -- fan-out -----------------------------------------------------------------------------
@@ -301,7 +301,7 @@ class RedlockBackend(BaseLockBackend):
         )
         elapsed_ms = (time.monotonic() - started) * 1000
         granted = [(i, r) for i, r in enumerate(replies) if isinstance(r, Attempt) and r.acquired]
-        validity = ttl_ms - elapsed_ms - self._drift_ms(ttl_ms)
+        validity = ttl_ms - elapsed_ms - self.drift_ms(ttl_ms)
         if len(granted) >= self.quorum and validity > 0:
             fence = max(r.fence or 0 for _, r in granted)
             behind = {i for i, r in granted if (r.fence or 0) < fence}
@@ -315,7 +315,7 @@ class RedlockBackend(BaseLockBackend):
             ]
             at_fence = len(granted) - len(behind) + sum(1 for i in behind if lifted[i] is True)
             elapsed_ms = (time.monotonic() - started) * 1000
-            still_valid = ttl_ms - elapsed_ms - self._drift_ms(ttl_ms) > 0  # after 2 trips
+            still_valid = ttl_ms - elapsed_ms - self.drift_ms(ttl_ms) > 0  # after 2 trips
             if at_fence >= self.quorum and still_valid:
                 return Attempt(True, fence, 1, prior)
         # Not ours: undo on every node that granted or did not answer (a lost reply may
@@ -517,7 +517,7 @@ class RedlockBackend(BaseLockBackend):
         results: list[bool | None] = []
         for i, renewal in enumerate(renewals):
             votes = sum(1 for r in replies if isinstance(r, list) and r[i])
-            valid = renewal.ttl_ms - elapsed_ms - self._drift_ms(renewal.ttl_ms) > 0
+            valid = renewal.ttl_ms - elapsed_ms - self.drift_ms(renewal.ttl_ms) > 0
             if votes >= self.quorum and valid:
                 results.append(True)
             elif votes + unknown < self.quorum:
@@ -550,8 +550,10 @@ class RedlockBackend(BaseLockBackend):
 
     def _validity(self, name: str) -> Steps[int | None]:
         """What is left of the majority's hold: among the nodes that hold one token (a
-        majority: at most one token has one), the quorum-th longest PTTL, less drift. None
-        when no token has a majority (holds of different tokens make no hold)."""
+        majority: at most one token has one), the quorum-th longest PTTL, less the time since
+        the requests were sent and drift, as the acquire's validity. None when no token has
+        a majority (holds of different tokens make no hold)."""
+        started = time.monotonic()  # each PTTL was read at its node after this
         replies = yield self._each(lambda n: n.op_inspect(name), self._deciding(_agreeing), True)
         if not self._decide(name, replies, _agreeing(replies), "check", "had one holder"):
             return None
@@ -559,7 +561,8 @@ class RedlockBackend(BaseLockBackend):
         if info is None or info.ttl is None:  # (a hold without expiry: never written)
             return None
         left = info.ttl * 1000
-        return max(0, round(left - self._drift_ms(round(left))))
+        elapsed_ms = (time.monotonic() - started) * 1000
+        return max(0, round(left - elapsed_ms - self.drift_ms(round(left))))
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         def steps() -> Steps[LockInfo | None]:

@@ -12,6 +12,11 @@ The rules, and who owns what:
   of one lock), holding nothing meanwhile. On Redis Cluster and Redlock: the members are taken
   one by one in the canonical order, with one deadline for all. Either way two callers with
   overlapping sets never wait for each other in a cycle.
+* One by one, the set is returned held only while every member's hold is still valid,
+  measured as the take returns: a member taken early may run out while a later one is
+  waited for (not renewed, or a TTL shorter than the wait). A take slower than the TTL
+  extends every member; one gone gives the whole set back, and a blocking take starts
+  again within its deadline (:meth:`MultiLock._take_each`).
 * All or none: a timeout, a busy name with ``blocking=False``, an error, or an interrupt
   at any line from the take's call up to the body (the driver throws one that lands between
   its steps into them) gives back whatever may have been taken before it is raised; the
@@ -335,8 +340,18 @@ class MultiLock:
     async def _atake_in_order(self, blocking: bool, timeout: float | None) -> bool:
         """:meth:`_take_in_order` on the running event loop."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            taken = await self._atake_each(blocking, deadline)
+            if taken is not None:
+                return taken
+            if not blocking or (deadline is not None and time.monotonic() >= deadline):
+                return False
+
+    async def _atake_each(self, blocking: bool, deadline: float | None) -> bool | None:
+        """:meth:`_take_each` on the running event loop."""
+        since = time.monotonic()
         tried: list[Lock] = []
-        complete = False
+        outcome: bool | None = False
         self._busy = None
         try:
             for lk in self.locks:
@@ -346,11 +361,11 @@ class MultiLock:
                     self._busy = lk.name
                     break
             else:
-                complete = True
+                outcome = None if await self._aran_out(since) else True
         finally:
-            if not complete:  # refused, an error, or cancelled
+            if outcome is not True:  # refused, ran out, an error, or cancelled
                 await self._arelease_members(tried[::-1])
-        return complete
+        return outcome
 
     def check_async(self) -> None:
         if self.database is not None:
@@ -361,14 +376,34 @@ class MultiLock:
             )
 
     def _take_in_order(self, blocking: bool, timeout: float | None) -> bool:
-        """Each member in canonical order, one deadline for all; all or none.
+        """Each member in canonical order, one deadline for all; all or none. A member that
+        ran out before the set was complete gives the set back; blocking, it is taken again
+        within the deadline (see :meth:`_take_each`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            taken = self._take_each(blocking, deadline)
+            if taken is not None:
+                return taken
+            if not blocking or (deadline is not None and time.monotonic() >= deadline):
+                return False
+
+    def _take_each(self, blocking: bool, deadline: float | None) -> bool | None:
+        """One take of every member: True, every hold valid as it returns; False, refused
+        (nothing held); None, a member ran out first (nothing held).
+
+        The rule: the set is held only while every member's hold is still valid, measured
+        when the take returns. Every member was granted after ``since``, so its hold lasts
+        at least ``since + ttl - drift`` (:meth:`~..backends.base.BaseLockBackend.drift_ms`)
+        even unrenewed. A take slower than that (a later member was waited for) extends
+        every member, from a new ``since``: one gone (``LockNotOwned``) ran out while the others
+        were taken, and may have had another holder meanwhile.
 
         A member is put on the give-back list before its acquire is sent: an interrupt at
         any line after its grant (even the one right after ``acquire`` returned) finds it
         there, and the ``finally`` releases every member that holds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        since = time.monotonic()
         tried: list[Lock] = []
-        complete = False
+        outcome: bool | None = False
         self._busy = None
         try:
             for lk in self.locks:
@@ -378,14 +413,46 @@ class MultiLock:
                     self._busy = lk.name
                     break
             else:
-                complete = True
+                outcome = None if self._ran_out(since) else True
         finally:
-            if not complete:  # refused, an error, or an interrupt
+            if outcome is not True:  # refused, ran out, an error, or an interrupt
                 for lk in reversed(tried):
                     if lk.token is not None:  # an interrupted acquire gave its own back
                         with contextlib.suppress(LockError):
                             lk.release()
-        return complete
+        return outcome
+
+    def _ran_out(self, since: float) -> bool:
+        """Whether a member ran out while the others were taken (see :meth:`_take_each`):
+        not valid since ``since`` by this process's clock, and not there to extend."""
+        if self._valid_since(since):
+            return False
+        since = time.monotonic()
+        try:
+            for lk in self.locks:
+                lk.extend()
+        except LockNotOwned:  # gone (LockLost): another may have held it meanwhile
+            return True
+        return not self._valid_since(since)
+
+    async def _aran_out(self, since: float) -> bool:
+        """:meth:`_ran_out` on the running event loop."""
+        if self._valid_since(since):
+            return False
+        since = time.monotonic()
+        try:
+            for lk in self.locks:
+                await lk.aextend()
+        except LockNotOwned:
+            return True
+        return not self._valid_since(since)
+
+    def _valid_since(self, since: float) -> bool:
+        """Whether every member, granted (or extended) after ``since``, is still held and
+        valid by this process's clock."""
+        ttl_ms = to_ms(self.lock_ttl)
+        ends = since + (ttl_ms - self.backend.drift_ms(ttl_ms)) / 1000
+        return time.monotonic() < ends and all(lk.token is not None for lk in self.locks)
 
     def _give_back_held(self) -> None:
         """Release every member recorded as held (an interrupt after the take recorded them,

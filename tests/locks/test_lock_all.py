@@ -511,6 +511,79 @@ def quorum(redis_factory: Callable[..., RedisServer]) -> Iterator[str]:
         yield "quorum"
 
 
+@pytest.fixture(params=("quorum", "cluster", "local"))
+def in_order_alias(request: pytest.FixtureRequest) -> str:
+    """A backend whose names are taken one by one (Redlock, Cluster, LocMem)."""
+    if request.param == "cluster":
+        request.getfixturevalue("_cluster_alias")
+        return "cluster"
+    if request.param == "quorum":
+        return str(request.getfixturevalue("quorum"))
+    return "local"
+
+
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_a_member_that_ran_out_while_a_later_one_was_waited_for_is_not_reported_held(
+    in_order_alias: str, use_async: bool
+) -> None:
+    """``a`` (not renewed, TTL 0.3 s) is taken, then ``b`` is waited for ~1 s: ``a`` ran
+    out meanwhile. The set comes back held only with ``a`` held again: nobody else gets it
+    inside the block."""
+    import asyncio
+
+    alias = in_order_alias
+    names = ["ex:a", "ex:b"]
+    other = lock("ex:b", using=alias, ttl=1, auto_renew=False)
+    assert other.acquire()
+    taken = lock_all(*names, using=alias, ttl=0.3, timeout=10, auto_renew=False)
+
+    def inside() -> tuple[bool, list[str]]:
+        intruder = lock("ex:a", using=alias, ttl=5, auto_renew=False)
+        stolen = intruder.acquire(blocking=False)
+        if stolen:
+            intruder.release()
+        return stolen, held_names(alias, names)
+
+    if use_async:
+
+        async def main() -> tuple[bool, list[str]]:
+            async with taken:
+                return inside()
+
+        stolen, seen = asyncio.run(main())
+    else:
+        with taken:
+            stolen, seen = inside()
+    assert not stolen
+    assert seen == names
+    assert held_names(alias, names) == []
+
+
+def test_members_renewed_while_a_later_one_was_waited_for_are_extended_not_given_back(
+    in_order_alias: str,
+) -> None:
+    """The same slow take with renewed members (TTL 0.3 s, ~0.8 s of waiting): each is
+    extended as the take ends, none is lost or taken again."""
+    alias = in_order_alias
+    names = ["rx:a", "rx:b"]
+    other = lock("rx:b", using=alias, ttl=0.8, auto_renew=False)
+    assert other.acquire()
+    lost: list[Any] = []
+
+    def on_lost(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    lock_lost.connect(on_lost)
+    try:
+        with lock_all(*names, using=alias, ttl=0.3, timeout=10) as held:
+            assert held_names(alias, names) == names
+            assert all((lk.ttl() or 0) > 0.1 for lk in held.locks)
+    finally:
+        lock_lost.disconnect(on_lost)
+    assert lost == []
+    assert held_names(alias, names) == []
+
+
 @pytest.mark.usefixtures("_cluster_alias")
 def test_cluster_names_in_different_slots_all_or_none_and_waiting() -> None:
     names = ["slot:a", "slot:b", "slot:c"]
@@ -946,7 +1019,8 @@ def test_sentinel_min_replicas_confirms_a_set_or_refuses_it(
 
 # The lines an interrupt may land on while a set is taken: every line of these functions (the
 # driver's only while it runs the one-script take).
-TAKE_PATH = {"acquire", "_take_together", "_take_in_order", "__enter__", "_wait"}
+TAKE_PATH = {"acquire", "_take_together", "_take_in_order", "_take_each", "_ran_out",
+             "_valid_since", "__enter__", "_wait"}  # fmt: skip
 
 
 def _take_lines(frame: Any) -> bool:

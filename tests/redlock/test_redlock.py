@@ -391,6 +391,39 @@ def test_ttl_counts_the_nodes_of_one_holder_only(
         assert ttl is not None and 9 < ttl <= 10
 
 
+def test_ttl_counts_off_the_time_its_replies_took(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """ttl() returned the PTTL as read at the nodes, less drift: the time the replies then
+    took was never counted off (the acquire's validity does count it), so with 0.12 s on the
+    wire each way the hold was said to last ~0.1 s past its end on the nodes."""
+    from tests.support.proxy import LossyProxy
+    from tests.support.warm import warm_up
+
+    servers = [redis_factory() for _ in range(3)]
+    proxies = [LossyProxy(server.port) for server in servers]
+    try:
+        with quorum_alias("wire", proxies, socket_timeout=1.0):  # type: ignore[arg-type]
+            warm_up("wire", name)
+            held = lock(name, using="wire", ttl=5, auto_renew=False)
+            assert held.acquire(blocking=False)
+            for proxy in proxies:
+                proxy.latency = 0.12
+            left = held.ttl()
+            said_end = time.monotonic() + (left or 0)
+            for proxy in proxies:
+                proxy.latency = 0.0
+            read = time.monotonic()
+            key = locks["wire"].nodes[0].key(name)  # type: ignore[attr-defined]
+            pttls = sorted(server.client().pttl(key) for server in servers)
+            ends = read + pttls[-2] / 1000  # the quorum-th longest: when the majority's ends
+            assert left is not None and said_end <= ends + 0.02, f"{said_end - ends:.3f} s late"
+            held.release()
+    finally:
+        for proxy in proxies:
+            proxy.close()
+
+
 def test_an_undecided_release_says_what_was_missing(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:
