@@ -40,7 +40,9 @@ The rules (each is tested in tests/watchdog/test_watchdog.py):
   backend here**: a backend whose holds live on separate servers (a Cluster's masters)
   names each hold's shard when it joins (``renewal_shard``), and holds of one shard are
   batched and renewed by a worker of their own, which sends to that shard only: a paused
-  master holds up only its holds. A hold whose keys moved (the backend's
+  master holds up only its holds. Nothing is logged and no user code runs (signals,
+  receivers, metrics) under the renewer's one mutex, which the scheduler, every worker and
+  every release take: a slow log handler would hold them all up. A hold whose keys moved (the backend's
   ``renewal_epoch`` changed: a slot moved, a failover) is asked its shard again before its
   batch's next renewal or as that batch settles, and moves to its new shard's batches,
   renewed at once.
@@ -494,6 +496,7 @@ class Renewer:
         """Apply one batch's outcome; report lost holds."""
         observe.renewed(bucket.backend, len(entries), results)
         lost: list[_Entry] = []
+        overdue = 0  # holds to warn about, after the mutex (see below)
         now = time.monotonic()
         with self._mutex:
             bucket.flying = None
@@ -513,12 +516,7 @@ class Renewer:
                 bucket.due = now + min(bucket.interval / 4, 1.0)
                 if now >= bucket.confirmed_until and not bucket.overdue:
                     bucket.overdue = True
-                    logger.warning(
-                        "redlock: %d holds on %s could not be renewed before their TTL ran out"
-                        " (no answer); they may have expired: still trying",
-                        results.count(None),
-                        bucket.backend.describe(),
-                    )
+                    overdue = results.count(None)
                 lost = [e for e, ok in zip(entries, results, strict=True) if ok is False]
             else:
                 bucket.due = started + bucket.interval
@@ -545,6 +543,15 @@ class Renewer:
                 self._drop(entry.key)
             wake = min(bucket.due, self._schedule[0][0]) if self._schedule else bucket.due
         self._wake(wake)  # the scheduler may sleep past the new due time: settled elsewhere
+        if overdue:
+            # Logged out of the mutex: a slow handler (a network one) holds up this worker
+            # only, never the scheduler, other backends' workers or a release.
+            logger.warning(
+                "redlock: %d holds on %s could not be renewed before their TTL ran out"
+                " (no answer); they may have expired: still trying",
+                overdue,
+                bucket.backend.describe(),
+            )
         self._declare_losses()
 
     def _declare_losses(self) -> None:

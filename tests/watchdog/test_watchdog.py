@@ -269,6 +269,58 @@ def test_a_paused_backend_does_not_delay_another_backends_renewals(
             each.release()
 
 
+def test_a_slow_log_handler_for_the_overdue_warning_does_not_hold_up_other_renewals(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The paused backend's "could not be renewed" warning goes to logging handlers, which
+    may be slow (a network handler): logged under the renewer's mutex, it stopped every
+    other backend's renewals and releases while the handler ran."""
+    slow, healthy = redis_factory(), redis_factory()
+    configs = {
+        alias: {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url,
+                "OPTIONS": {"socket_timeout": 0.3}}
+        for alias, server in (("slow", slow), ("healthy", healthy))
+    }  # fmt: skip
+    called, unblock = threading.Event(), threading.Event()
+
+    class SlowHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "could not be renewed" in record.getMessage():
+                called.set()
+                unblock.wait(10)  # a log shipper that hangs
+
+    handler = SlowHandler()
+    logging.getLogger("django_redlock").addHandler(handler)
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, **configs}):
+            paused = lock(f"{name}:paused", using="slow", ttl=0.6)
+            kept = lock(name, using="healthy", ttl=0.6)
+            released = lock(f"{name}:released", using="healthy", ttl=0.6)
+            assert paused.acquire() and kept.acquire() and released.acquire()
+            probe, key = healthy.client(), locks["healthy"].key(name)
+            slow.pause()
+            try:
+                assert called.wait(5), "the overdue warning was never logged"
+                lowest, end = 1000, time.monotonic() + 1.5  # 2.5 TTLs while it hangs
+                while time.monotonic() < end:
+                    lowest = min(lowest, probe.pttl(key))
+                    time.sleep(0.02)
+                started = time.monotonic()
+                released.release()
+                took = time.monotonic() - started
+            finally:
+                unblock.set()
+                slow.resume()
+            assert lowest > 0, "a hanging log handler let another backend's hold expire"
+            assert took < 0.5, f"release() waited {took:.2f} s for a log handler"
+            assert kept.owned()
+            kept.release()
+            with contextlib.suppress(LockNotOwned):
+                paused.release()
+    finally:
+        logging.getLogger("django_redlock").removeHandler(handler)
+
+
 # -- 4. one loss, one lock_lost ------------------------------------------------------------------
 
 
