@@ -9,11 +9,18 @@ schedule is kept per bucket, so its Python work does not grow with the holds.
 The rules (each is tested in tests/watchdog/test_watchdog.py):
 
 * **One entry per hold**, keyed by (backend, name, token), with the Lock objects that hold
-  it (weakly), the TTL last set, and the cap. Several objects may share a token (a reentrant
-  lock taken through two objects, two reads of one thread, ``adopt()``): each :meth:`add`
-  adds its object to the entry. An object leaves the entry by :meth:`Renewer.remove` (its
-  release) or by being collected; the entry is dropped when no object is left, when its cap
-  passes, or when a renewal finds the hold gone. Nothing else adds or removes entries.
+  it (weakly), each object's TTL and cap, and the hold's. Several objects may share a token
+  (a reentrant lock taken through two objects, two reads of one thread, ``adopt()``): each
+  :meth:`add` adds its object to the entry. An object leaves the entry by
+  :meth:`Renewer.remove` (its release) or by being collected; the entry is dropped when no
+  object is left, when its cap passes, or when a renewal finds the hold gone. Nothing else
+  adds or removes entries.
+* **A shared hold follows the objects holding it now**: it is renewed with the TTL set last
+  by one of them, until the latest of their caps (none if one has none), and both are
+  worked out again whenever an object joins, sets a TTL, lets go or is collected: never
+  kept from an object that let go (its shorter TTL would cut the others' margin against a
+  stall, its lack of a cap would renew a capped hold for good). A TTL that comes back from
+  an object that held on is renewed at once (the server may still have the shorter one).
 * **An adopted hold is on the adopter's schedule before adopt() returns**: ``adopt()``
   sets the hold's TTL to the adopter's (the server had the one its last renewal, by another
   object or process, set at a time unknown here), then makes its :meth:`add` with the time
@@ -27,7 +34,9 @@ The rules (each is tested in tests/watchdog/test_watchdog.py):
   before another object of its token is collected; the sweep of collected objects takes
   it up first, so the entry it joins is not dropped.
 * **The cap** (``max_hold``) is a monotonic deadline fixed at the acquisition and passed in
-  by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing.
+  by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing. Once
+  the last object without a cap, or with a later one, lets go of a shared hold, the caps
+  left hold again (one passed already: renewing stops at once).
 * **A TTL change** (``extend(ttl=...)``) moves the entry to a bucket of its new TTL. A batch
   taken before may still be on its way with the old TTL and land after the extend (a
   shorter one changes nothing there: a renewal never shortens); so when a batch settles
@@ -40,10 +49,12 @@ The rules (each is tested in tests/watchdog/test_watchdog.py):
   backend here**: a backend whose holds live on separate servers (a Cluster's masters)
   names each hold's shard when it joins (``renewal_shard``), and holds of one shard are
   batched and renewed by a worker of their own, which sends to that shard only: a paused
-  master holds up only its holds. A hold whose keys moved (the backend's
-  ``renewal_epoch`` changed: a slot moved, a failover) is asked its shard again before its
-  batch's next renewal or as that batch settles, and moves to its new shard's batches,
-  renewed at once.
+  master holds up only its holds. Nothing is logged and no user code runs (signals,
+  receivers, metrics) under the renewer's one mutex, which the scheduler, every worker and
+  every release take: a slow log handler would hold them all up. A hold whose keys moved
+  (the backend's ``renewal_epoch`` changed: a slot moved, a failover) is asked its shard
+  again before its batch's next renewal or as that batch settles, and moves to its new
+  shard's batches, renewed at once.
   Idle workers end, and a closed backend's workers (:meth:`ThreadRenewer.retire`, from
   ``close()``) end as soon as they renew no hold of that backend.
 * **A loss is declared** only when a backend answered that a token no longer holds its
@@ -144,6 +155,16 @@ Batch = tuple["_Bucket", list["_Entry"], list[Renewal]]
 
 
 @dataclass(eq=False)
+class _Ask:
+    """What one Lock object asked of a hold it shares: the hold follows the objects still
+    holding it, never one that let go (see :meth:`Renewer._follow`)."""
+
+    renewal: Renewal  # its TTL
+    set_at: float  # when that TTL was set: older news of the object does not replace it
+    stop_at: float | None  # its cap (monotonic), if any
+
+
+@dataclass(eq=False)
 class _Entry:
     """One hold, and the Lock objects that hold it (renewing stops when they are collected)."""
 
@@ -151,7 +172,6 @@ class _Entry:
     backend: BaseLockBackend
     renewal: Renewal
     stop_at: float | None  # the cap on renewing (monotonic), if any
-    set_at: float  # when the TTL in `renewal` was set: older news does not replace it
     bucket: _Bucket | None = None
     shard: Hashable = None  # the backend's part its hold was on when taken (see _join)
     locks: weakref.WeakSet[Lock] = field(default_factory=weakref.WeakSet)
@@ -159,6 +179,7 @@ class _Entry:
     # the object's id: one per object holding now (remove() and the sweep drop the others),
     # so a long hold joined by many objects in turn keeps no trail of dead references.
     watches: dict[int, weakref.ref[Lock]] = field(default_factory=dict)
+    asks: dict[int, _Ask] = field(default_factory=dict)  # by the object's id, as watches
     found_lost: float = 0.0  # when a renewal's answer said it is gone (monotonic)
 
 
@@ -330,7 +351,8 @@ class Renewer:
     ) -> None:
         """Renew a hold from now on, until ``stop_at`` (monotonic; None: no cap).
 
-        A new TTL replaces the hold's old one. ``since``: when the command that set it (an
+        A new TTL replaces this object's old one (the hold follows its objects: see
+        :meth:`_follow`). ``since``: when the command that set it (an
         extend) was sent, to tell whether a batch may have landed after it (see the rules).
         ``owner``: a reentrant hold's thread or task (renewed while it lives).
         """
@@ -358,35 +380,61 @@ class Renewer:
         key = (id(lock.backend), renewal.name, renewal.token)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry(key, lock.backend, renewal, None, now)
+            entry = self._entries[key] = _Entry(key, lock.backend, renewal, None)
             epoch = lock.backend.renewal_epoch  # first: a change while it is asked is seen
             entry.shard = lock.backend.renewal_shard(renewal.name)
             if owner is not None:
                 self._owners[key] = weakref.ref(owner)
             self._set_cap(entry, stop_at)
             self._join(entry, lock.backend, now, epoch)
+            joined = False
         else:
-            if entry.renewal.ttl_ms != renewal.ttl_ms and now >= entry.set_at:
-                old = self._leave(entry)
-                if old is not None and old.flying is not None:
-                    old.moved = True  # its batch may land after this TTL: settle renews
-                entry.renewal = renewal
-                self._join(entry, lock.backend, now, old.epoch if old is not None else -1)
-                if old is not None and since is not None and old.settled_at >= since:
-                    # The old TTL's batch settled after this extend was sent: it may have
-                    # landed after it. Renew with the new TTL at once.
-                    self._due_now(entry.bucket, now)  # type: ignore[arg-type]
-            entry.set_at = max(entry.set_at, now)
+            joined = True
             if owner is not None and key not in self._owners:
                 # Made by a call without the owner that came first (a pending hold is taken
                 # up to IDLE_WAKE late): the owner is kept, whichever call brings it.
                 self._owners[key] = weakref.ref(owner)
-            if entry.stop_at is not None and (stop_at is None or stop_at > entry.stop_at):
-                self._set_cap(entry, stop_at)  # renewed as long as any of its objects asks
+        ask = _Ask(renewal, now, stop_at)
         if lock not in entry.locks:
             entry.locks.add(lock)
             entry.watches[id(lock)] = weakref.ref(lock, self._on_collected)
+            entry.asks[id(lock)] = ask
+        elif now >= entry.asks[id(lock)].set_at:
+            entry.asks[id(lock)] = ask
+        if joined:
+            self._follow(entry, now, ask, since)  # its cap is in the future: still renewed
         return entry.bucket.due if entry.bucket is not None else None
+
+    def _follow(
+        self, entry: _Entry, now: float, added: _Ask | None = None, since: float | None = None
+    ) -> bool:
+        """Give a shared hold the TTL and cap of the objects holding it now (called locked,
+        after one joined, set a TTL, released or was collected): the TTL set last by one
+        of them, and the latest of their caps (none if one has none). A hold never keeps
+        the TTL or cap of an object that let go. False: every cap has passed (drop it)."""
+        asks = [a for i, a in entry.asks.items() if (w := entry.watches.get(i)) and w() is not None]
+        if not asks:
+            return True  # no object left: the caller drops the entry
+        latest = max(asks, key=lambda a: a.set_at)
+        if latest.renewal.ttl_ms != entry.renewal.ttl_ms:
+            old = self._leave(entry)
+            if old is not None and old.flying is not None:
+                old.moved = True  # its batch may land after this TTL: settle renews
+            entry.renewal = latest.renewal
+            self._join(entry, entry.backend, now, old.epoch if old is not None else -1)
+            if latest is not added or (
+                old is not None and since is not None and old.settled_at >= since
+            ):
+                # Either the TTL came back from an object that held on (the server still
+                # has the one that let go's, maybe shorter: its new bucket would be due too
+                # late), or the old TTL's batch settled after this extend was sent and may
+                # have landed after it. Renew with the TTL now in force at once.
+                self._due_now(entry.bucket, now)  # type: ignore[arg-type]
+        caps = [a.stop_at for a in asks]
+        cap = None if None in caps else max(c for c in caps if c is not None)
+        if cap != entry.stop_at:
+            self._set_cap(entry, cap)  # renewed as long as any object holding it asks
+        return cap is None or cap > now
 
     def remove(self, lock: Lock, token: str) -> None:
         key = (id(lock.backend), lock.name, token)
@@ -397,8 +445,9 @@ class Renewer:
                 watch = entry.watches.get(id(lock))
                 if watch is not None and watch() is lock:
                     del entry.watches[id(lock)]
-                if not entry.locks:
-                    self._drop(key)
+                    entry.asks.pop(id(lock), None)
+                if not entry.locks or not self._follow(entry, time.monotonic()):
+                    self._drop(key)  # nobody holds it, or the caps left have passed
 
     def renew_now(self, backend: BaseLockBackend) -> None:
         """Renew every hold of ``backend`` at once (its server moved: a Sentinel failover;
@@ -437,12 +486,17 @@ class Renewer:
         """
         self._collected = False
         self._take_pending()
+        now = time.monotonic()
         for key, entry in list(self._entries.items()):
             if not entry.locks:
                 self._drop(key)  # no Lock object holds it any more: let it run out
             else:
-                for each in [i for i, watch in entry.watches.items() if watch() is None]:
+                dead = [i for i, watch in entry.watches.items() if watch() is None]
+                for each in dead:
                     del entry.watches[each]
+                    entry.asks.pop(each, None)
+                if dead and not self._follow(entry, now):
+                    self._drop(key)  # the caps of the objects left have passed
 
     def _next(self) -> list[Batch] | float:
         """The buckets due now (marked in flight), or how long to sleep until one is due."""
@@ -494,6 +548,7 @@ class Renewer:
         """Apply one batch's outcome; report lost holds."""
         observe.renewed(bucket.backend, len(entries), results)
         lost: list[_Entry] = []
+        overdue = 0  # holds to warn about, after the mutex (see below)
         now = time.monotonic()
         with self._mutex:
             bucket.flying = None
@@ -513,12 +568,7 @@ class Renewer:
                 bucket.due = now + min(bucket.interval / 4, 1.0)
                 if now >= bucket.confirmed_until and not bucket.overdue:
                     bucket.overdue = True
-                    logger.warning(
-                        "redlock: %d holds on %s could not be renewed before their TTL ran out"
-                        " (no answer); they may have expired: still trying",
-                        results.count(None),
-                        bucket.backend.describe(),
-                    )
+                    overdue = results.count(None)
                 lost = [e for e, ok in zip(entries, results, strict=True) if ok is False]
             else:
                 bucket.due = started + bucket.interval
@@ -545,6 +595,15 @@ class Renewer:
                 self._drop(entry.key)
             wake = min(bucket.due, self._schedule[0][0]) if self._schedule else bucket.due
         self._wake(wake)  # the scheduler may sleep past the new due time: settled elsewhere
+        if overdue:
+            # Logged out of the mutex: a slow handler (a network one) holds up this worker
+            # only, never the scheduler, other backends' workers or a release.
+            logger.warning(
+                "redlock: %d holds on %s could not be renewed before their TTL ran out"
+                " (no answer); they may have expired: still trying",
+                overdue,
+                bucket.backend.describe(),
+            )
         self._declare_losses()
 
     def _declare_losses(self) -> None:

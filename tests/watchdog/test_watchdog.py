@@ -182,6 +182,21 @@ def test_an_exception_while_the_scheduler_takes_a_holds_news_does_not_lose_it(na
     lk.release()
 
 
+def test_a_shared_hold_is_renewed_with_its_remaining_objects_ttl_once_one_lets_go(
+    name: str,
+) -> None:
+    """A hold renewed with the TTL of an object that let go: its owner's longer TTL (its
+    margin against a stall) was cut to the other object's for as long as it held."""
+    long, short = lock(name, reentrant=True, ttl=3.0), lock(name, reentrant=True, ttl=0.6)
+    assert long.acquire() and short.acquire()
+    time.sleep(0.5)  # renewed with the last TTL set (0.6 s) by now
+    short.release()
+    time.sleep(1.2)  # 3 s renewed at once, then every 1 s: never under about 2 s left
+    left = long.ttl() or 0
+    assert left > 1.5, f"renewed with the TTL of the object that let go: {left:.2f} s left"
+    long.release()
+
+
 # -- 2. extend racing a batch in flight ----------------------------------------------------------
 
 
@@ -269,6 +284,61 @@ def test_a_paused_backend_does_not_delay_another_backends_renewals(
             each.release()
 
 
+def test_a_slow_log_handler_for_the_overdue_warning_does_not_hold_up_other_renewals(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The paused backend's "could not be renewed" warning goes to logging handlers, which
+    may be slow (a network handler): logged under the renewer's mutex, it stopped every
+    other backend's renewals and releases while the handler ran."""
+    slow, healthy = redis_factory(), redis_factory()
+    configs = {
+        alias: {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url,
+                "OPTIONS": options}
+        for alias, server, options in (
+            ("slow", slow, {"socket_timeout": 0.3}),  # overdue (warned) 0.6 s after the pause
+            ("healthy", healthy, {}),
+        )
+    }  # fmt: skip
+    called, unblock = threading.Event(), threading.Event()
+
+    class SlowHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "could not be renewed" in record.getMessage():
+                called.set()
+                unblock.wait(10)  # a log shipper that hangs
+
+    handler = SlowHandler()
+    logging.getLogger("django_redlock").addHandler(handler)
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, **configs}):
+            paused = lock(f"{name}:paused", using="slow", ttl=0.6)
+            kept = lock(name, using="healthy", ttl=1.0)
+            released = lock(f"{name}:released", using="healthy", ttl=1.0)
+            assert paused.acquire() and kept.acquire() and released.acquire()
+            probe, key = healthy.client(), locks["healthy"].key(name)
+            slow.pause()
+            try:
+                assert called.wait(5), "the overdue warning was never logged"
+                lowest, end = 1000, time.monotonic() + 2.0  # two TTLs while it hangs
+                while time.monotonic() < end:
+                    lowest = min(lowest, probe.pttl(key))
+                    time.sleep(0.02)
+                started = time.monotonic()
+                released.release()
+                took = time.monotonic() - started
+            finally:
+                unblock.set()
+                slow.resume()
+            assert lowest > 0, "a hanging log handler let another backend's hold expire"
+            assert took < 1.0, f"release() waited {took:.2f} s for a log handler"
+            assert kept.owned()
+            kept.release()
+            with contextlib.suppress(LockNotOwned):
+                paused.release()
+    finally:
+        logging.getLogger("django_redlock").removeHandler(handler)
+
+
 # -- 4. one loss, one lock_lost ------------------------------------------------------------------
 
 
@@ -319,6 +389,58 @@ def test_extend_after_the_cap_does_not_rearm_it(name: str) -> None:
     lk.extend(ttl=1.0)  # the caller's own extend: 1 s more, and no renewal after it
     time.sleep(1.5)  # out at 2.2 s; renewed again until 2.2 s, it would last until 3.2 s
     assert not lk.owned(), "extend() after the cap started renewing it again"
+
+
+def _gone_within(lk: Any, seconds: float) -> float | None:
+    """When ``lk``'s key ran out (seconds from now), or None if it lasted ``seconds``."""
+    probe, key = locks[lk.using].client, lk.backend.key(lk.name)
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if not probe.exists(key):
+            return time.monotonic() - start
+        time.sleep(0.05)
+    return None
+
+
+def test_the_cap_holds_again_once_an_uncapped_object_sharing_the_hold_lets_go(name: str) -> None:
+    capped = lock(name, reentrant=True, ttl=0.6, max_hold=1.2)
+    uncapped = lock(name, reentrant=True, ttl=0.6)
+    assert capped.acquire() and uncapped.acquire()
+    assert capped.token == uncapped.token
+    time.sleep(0.5)  # the renewer has both objects by now: renewed as long as either asks
+    uncapped.release()  # the capped object alone: its cap (1.2 s in) holds again
+    gone = _gone_within(capped, 3.0)  # capped at 1.2 s, out at its TTL by 1.8 s
+    assert gone is not None, "an uncapped object that let go left the hold renewed for good"
+    with contextlib.suppress(LockNotOwned):
+        capped.release()
+
+
+def test_a_cap_passed_while_an_uncapped_object_shared_the_hold_ends_it_when_that_lets_go(
+    name: str,
+) -> None:
+    capped = lock(name, reentrant=True, ttl=0.6, max_hold=0.4)
+    uncapped = lock(name, reentrant=True, ttl=0.6)
+    assert capped.acquire() and uncapped.acquire()
+    time.sleep(1.0)  # past the cap: still renewed, the uncapped object asks
+    assert capped.owned()
+    uncapped.release()
+    assert _gone_within(capped, 2.0) is not None, "renewed past its cap after the other let go"
+    with contextlib.suppress(LockNotOwned):
+        capped.release()
+
+
+def test_an_adopters_cap_holds_once_the_uncapped_adopted_object_is_collected(name: str) -> None:
+    original = lock(name, ttl=0.6)
+    assert original.acquire()
+    adopter = lock(name, ttl=0.6, max_hold=1.2)
+    adopter.adopt(original.token)
+    time.sleep(0.3)
+    del original
+    gc.collect()
+    gone = _gone_within(adopter, 3.5)  # capped 1.2 s after the adoption, out by 1.8 s
+    assert gone is not None, "the adopter's cap was dropped with the adopted object's"
+    with contextlib.suppress(LockNotOwned):
+        adopter.release()
 
 
 # -- 6. an abandoned hold is not taken by its thread any more ------------------------------------
