@@ -1,6 +1,8 @@
 """An ``aacquire()`` coroutine closed while it waits (GeneratorExit: what the collector or a
 torn-down event loop does to a pending task) cleans up without awaiting: it leaves the fair
-queue and stops watching, and closing it raises nothing.
+queue and stops watching, and closing it raises nothing. The close only hands the clean-up
+to the finisher thread (no I/O, no thread start where a finalizer runs), which runs it soon
+after.
 
 (A coroutine closed in the middle of redis-py's own read is redis-py's to clean up: its
 async connection needs a running loop to disconnect.)
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from django_redlock import lock
+from django_redlock.locking import finisher
 from django_redlock.testing import RedisServer
 
 from ..conftest import ROOT
@@ -34,6 +37,8 @@ def close_while_waiting(coro: Coroutine[Any, Any, Any], seconds: float) -> None:
     task._log_destroy_pending = False  # left pending on purpose
     loop.close()
     coro.close()  # raised "generator ignored GeneratorExit" before
+    # Its clean-up runs on the finisher thread, not in close(): waited for, bounded.
+    assert finisher.wait_finished(5)
 
 
 @pytest.mark.parametrize("fair", [False, True])
@@ -108,7 +113,9 @@ def test_a_waiter_closed_by_the_collector_under_a_thread_start_s_lock_returns_at
     timeout, with the server gone), the thread start's lock held meanwhile (the stall the
     fault campaign caught: an acquire blocked 5 s)."""
     server = redis_factory()
-    config = {"x": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}}
+    config = {
+        "x": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    }
     code = textwrap.dedent(CLOSED_BY_THE_COLLECTOR.format(config=config, name=name, url=server.url))
     try:
         run = subprocess.run(
@@ -122,3 +129,66 @@ def test_a_waiter_closed_by_the_collector_under_a_thread_start_s_lock_returns_at
         pytest.fail("the subprocess hung")
     assert run.returncode == 0, (run.stdout, run.stderr[-3000:])
     assert float(run.stdout.split()[-1]) < 0.5  # the close itself: no round trip
+
+
+FORKED = """
+import asyncio, os, time
+import django
+from django.conf import settings
+settings.configure(INSTALLED_APPS=["django_redlock"], DJANGO_REDLOCK={config!r})
+django.setup()
+from django_redlock import lock
+from django_redlock.locking import finisher
+
+async def probe() -> None:
+    await lock({name!r} + ":probe", using="x").alocked()
+
+asyncio.run(probe())  # the parent's finisher runs
+assert finisher._finisher[0].running
+pid = os.fork()
+if pid == 0:
+    code = 1
+    try:
+        assert not finisher._finisher[0].running  # the parent's thread is not the child's
+        holder = lock({name!r}, using="x", ttl=10, fair=True)
+        assert holder.acquire()
+        coro = lock({name!r}, using="x", ttl=10, fair=True).aacquire(timeout=5)
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(coro)
+        loop.run_until_complete(asyncio.sleep(0.3))
+        task._log_destroy_pending = False
+        loop.close()
+        coro.close()
+        assert finisher.wait_finished(5)  # the child's own finisher left the queue
+        holder.release()
+        newcomer = lock({name!r}, using="x", ttl=10, fair=True)
+        assert newcomer.acquire(blocking=False)
+        newcomer.release()
+        code = 0
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+print("ok", flush=True)
+"""
+
+
+def test_a_forked_child_runs_a_finisher_of_its_own(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    server = redis_factory()
+    config = {
+        "x": {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url}
+    }
+    code = textwrap.dedent(FORKED.format(config=config, name=name))
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the subprocess hung")
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.stdout, run.stderr[-3000:])
