@@ -209,6 +209,9 @@ def test_a_dropped_client_is_freed_with_its_connections(
         del holder, waiter, held, releaser
     gc.collect()
     assert sum(1 for each in clients if each() is not None) == 0, "clients kept"
+    # Their backends are closed on the finisher thread (not where the collector ran): the
+    # count could reach 0 while a reader being stopped there reconnected meanwhile.
+    assert finisher.wait_finished(10)
     deadline = time.monotonic() + 5  # the server sees each close a moment later
     while connections() and time.monotonic() < deadline:
         time.sleep(0.05)
