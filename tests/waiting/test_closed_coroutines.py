@@ -79,13 +79,18 @@ task._log_destroy_pending = False
 loop.close()
 import redis
 redis.Redis.from_url({url!r}).execute_command("CLIENT", "PAUSE", 1500, "ALL")
-took = []
+took, started = [], []
+from django_redlock.locking import finisher
+ran_by = finisher._finisher[0].thread  # started by the aacquire, before any close
+assert ran_by is not None and ran_by.is_alive()
 
 def finalizer() -> None:  # a thread of its own: no connection yet, so the leave connects
     with fast_path.answered_by(time.monotonic() + 10), threading._active_limbo_lock:
+        before = set(threading.enumerate())
         began = time.monotonic()
         coro.close()
         took.append(time.monotonic() - began)
+        started.extend(t.name for t in set(threading.enumerate()) - before)
 
 closer = threading.Thread(target=finalizer, daemon=True)
 closer.start()
@@ -100,6 +105,8 @@ while not newcomer.acquire(blocking=False):
     assert time.monotonic() < deadline, "the closed waiter kept its place in the queue"
     time.sleep(0.02)
 newcomer.release()
+assert not started, started  # no thread started by the close
+assert finisher._finisher[0].thread is ran_by  # the clean-up's thread existed before
 print(round(took[0], 3), flush=True)
 """
 
