@@ -13,6 +13,7 @@ as an async operation begins), never from a finalizer; a forked child starts afr
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import queue
 import threading
@@ -61,6 +62,24 @@ def ensure_started() -> None:
         except BaseException:
             finisher.running = thread.is_alive()
             raise
+
+
+def in_collection() -> bool:
+    """Whether a garbage collection is under way: a finalizer that runs now may be in any
+    thread, at any allocation, and hands its work over. (Also true in another thread while
+    a collection's finalizer lets the GIL go: deferred then too, the safe side.)"""
+    return _collections[0] > 0
+
+
+_collections = [0]  # under way (gc.callbacks: a "start", then a "stop")
+
+
+def _collecting(phase: str, info: dict[str, int]) -> None:
+    # No lock, no I/O: one list store (this runs inside the collection).
+    _collections[0] += 1 if phase == "start" else -1
+
+
+gc.callbacks.append(_collecting)
 
 
 def hand(job: Callable[[], object]) -> None:
