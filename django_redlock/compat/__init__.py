@@ -36,7 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..backends.base import BaseLockBackend
 from ..backends.redis import RedisBackend
 from ..exceptions import BackendUnavailable, LockError, LockNotOwned, MissingPermission
-from ..locking import Lock
+from ..locking import Lock, finisher
 
 logger = logging.getLogger("django_redlock")
 
@@ -79,10 +79,13 @@ def _backend(client: Any) -> RedisBackend:
     with _backends_mutex:
         backend = _backends.get(client)
         if backend is None:
+            finisher.ensure_started()  # (here: the finalizer below may not start it)
             backend = _backends[client] = _ClientBackend(client)
             # Once the client goes: the backend's hub (a reader thread and its pub/sub
             # connection) and watchdog worker go too. Not at exit: never closed there before.
-            weakref.finalize(client, backend.close).atexit = False
+            # On the finisher: the close joins the reader and disconnects pools, which a
+            # finalizer may not (any thread, any lock held: finisher.py).
+            weakref.finalize(client, finisher.hand, backend.close).atexit = False
         return backend
 
 

@@ -16,6 +16,7 @@ subclass would not do: ``@task`` builds the backend's ``task_class``, itself a b
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib
 import inspect
 import json
@@ -40,7 +41,7 @@ from ..backends import markers
 from ..exceptions import LockError, LockNotAcquired
 from ..handler import locks
 from ..identity import current_task as holder_task
-from ..locking import Lock
+from ..locking import Lock, finisher
 from ..validation import to_ms
 from .single import (
     AlreadyQueued,
@@ -512,6 +513,7 @@ class _Uncommitted:
         # Run once it is dropped unrun (a rollback: the transaction's, or the savepoint's the
         # enqueue was made in; a closed connection's; a COMMIT whose callbacks Django dropped),
         # and nothing else refers to it. Not kept by the callback: ``held`` only.
+        finisher.ensure_started()  # here: the finalizer may hand the release to it
         self._dropped = weakref.finalize(self, _let_go_dropped, held)
 
     def __call__(self) -> None:  # committed: the run is visible, its marker stays
@@ -533,7 +535,17 @@ def _let_go(held: Lock) -> None:
 
 
 def _let_go_dropped(held: Lock) -> None:
-    """The finalizer's: once more should it be cut short; nothing to raise to."""
+    """The finalizer's: once more should it be cut short; nothing to raise to. Run by the
+    garbage collector (any thread, any lock held: no I/O there), the release is handed to
+    the finisher thread; dropped by the rollback itself, it runs here, as the transaction
+    ends."""
+    if finisher.in_collection():
+        finisher.hand(functools.partial(_let_go_twice, held))
+        return
+    _let_go_twice(held)
+
+
+def _let_go_twice(held: Lock) -> None:
     for _ in range(2):
         try:
             return _let_go(held)

@@ -467,7 +467,8 @@ class BaseLock:
         def undo() -> Steps[None]:
             mine = self._holds.get(owner)
             if mine is not None and mine.depth > (depth if mine is before else 0):
-                yield from self._release()
+                # Its owner's, given: the finisher thread runs it for a closed coroutine.
+                yield from self._release(owner)
 
         return undo
 
@@ -1699,8 +1700,9 @@ class BaseLock:
         else:
             # asyncio.run's (or asgiref's) shutdown cancels every task, this one too, before
             # it sent anything: the hold would stay to its TTL, held by nobody. Finished here,
-            # synchronously (each round trip bounded by the socket timeout, as a closed
-            # task's clean-up: steps._finish_closed); nothing else of the loop runs meanwhile.
+            # synchronously (each round trip bounded by the socket timeout); nothing else of
+            # the loop runs meanwhile. A done-callback runs from the loop's own turn, never
+            # from a finalizer (a task collected pending calls none), so its I/O is allowed.
             # Not sent once a finish found the backend not answering (steps.finish_now).
             try:
                 finish_now(self.backend, lambda: drive(self.backend, again()))

@@ -20,6 +20,7 @@ from .. import observe
 from ..backends.base import BaseLockBackend, Op
 from ..exceptions import BackendUnavailable, QuorumNotReached
 from ..waiters import AsyncWaiter, Waiter, unheard
+from . import finisher
 
 T = TypeVar("T")
 Steps = Generator[Any, Any, T]
@@ -346,15 +347,23 @@ def _unconfirmed(backend: BaseLockBackend, step: Watch) -> BackendUnavailable:
 
 
 async def adrive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = None) -> T:
-    """:func:`drive` on the running event loop."""
+    """:func:`drive` on the running event loop. Closed instead (GeneratorExit), it hands
+    its whole clean-up to the finisher thread (:func:`_finish_closed`)."""
+    finisher.ensure_started()  # here, an ordinary context: a close may not start it
+    watches: list[Any] = []  # entered and not yet left
+    closed = False
     try:
-        watches: list[Any] = []  # entered and not yet left
         try:
             return await _adrive(backend, steps, watches)
+        except GeneratorExit:
+            closed = True  # (first: an interrupt before the hand-over loses it, to the TTL)
+            finisher.hand(functools.partial(_finish_closed, backend, steps, watches, undo))
+            raise
         finally:
-            _leave_watches(backend, watches)
+            if not closed:
+                _leave_watches(backend, watches)
     except BaseException:
-        if undo is not None:
+        if undo is not None and not closed:
             undo_take(backend, undo)  # synchronous: a cancelled task awaits nothing more
         raise
 
@@ -429,7 +438,7 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
                         break  # the steps' own outcome (they are done), or none started
                     return await _adrive_steps(backend, steps, error, watches, cancels)
                 except GeneratorExit:
-                    raise  # closed: _adrive_steps finished the steps (nothing can be awaited)
+                    raise  # closed: adrive hands the steps to the finisher
                 except BaseException as exc:
                     error = exc
             break
@@ -494,7 +503,7 @@ async def _adrive_steps(
             # This coroutine is being closed (a loop torn down with the task pending, the
             # task collected): nothing can be awaited any more, and throwing the exit into
             # the steps would make their clean-up await again ("ignored GeneratorExit").
-            _finish_closed(backend, steps)
+            # adrive hands them to the finisher (_finish_closed).
             raise
         except BaseException as exc:
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
@@ -503,17 +512,36 @@ async def _adrive_steps(
         error = cancels.lost(error)  # a swallowed cancellation: thrown in at this step
 
 
-def _finish_closed(backend: BaseLockBackend, steps: Steps[Any]) -> None:
-    """Run the clean-up of steps whose async driver is being closed, synchronously.
+def _finish_closed(
+    backend: BaseLockBackend, steps: Steps[Any], watches: list[Any], undo: Undo | None
+) -> None:
+    """The clean-up of steps whose async driver was closed, on the finisher thread.
+
+    Never inline at the close: the collector closes a coroutine at any allocation, in any
+    thread, maybe one holding a lock the clean-up's I/O or thread starts need (a stall, or
+    a deadlock). So :func:`adrive` only hands this over (:func:`.finisher.hand`); it runs
+    soon after, on a thread that already exists, each round trip bounded by its socket
+    timeout. Not done when ``close()`` returns (docs/topics/asyncio.md).
 
     The rule of every step generator holds here too: an interruption while a reply may be on
     its way is thrown into the steps (as a cancellation), which hand back what may have been
-    granted, leave a queue and stop watching. Those steps run here with the sync backend
-    (each bounded by its socket timeout), a sleep is skipped and an async watch is left
-    without awaiting (leaving is synchronous underneath). Errors of the clean-up are thrown
-    into the steps like any step's; what the steps raise at the end is dropped: the caller
-    re-raises the exit.
+    granted, leave a queue and stop watching. Those steps run here with the sync backend,
+    a sleep is skipped and an async watch is left without awaiting (leaving is synchronous
+    underneath). Errors of the clean-up are thrown into the steps like any step's; what the
+    steps raise at the end is dropped. Then the watches the steps left open are left, and
+    ``undo`` (an acquire's hand-back) runs, as :func:`adrive` does on any other exception.
     """
+    try:
+        _finish_steps(backend, steps)
+    finally:
+        try:
+            _leave_watches(backend, watches)
+        finally:
+            if undo is not None:
+                undo_take(backend, undo)
+
+
+def _finish_steps(backend: BaseLockBackend, steps: Steps[Any]) -> None:
     # Thrown in as a cancellation: a GeneratorExit thrown into a generator that delegates
     # (``yield from``) closes the inner one first, whose clean-up could then not yield.
     error: BaseException | None = asyncio.CancelledError()

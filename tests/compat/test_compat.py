@@ -21,6 +21,7 @@ from redis.retry import Retry
 from django_redlock import BackendUnavailable, MissingPermission
 from django_redlock import LockError as OurLockError
 from django_redlock.compat import Redis, RedisPyLock
+from django_redlock.locking import finisher
 from django_redlock.testing import RedisServer
 
 
@@ -208,6 +209,9 @@ def test_a_dropped_client_is_freed_with_its_connections(
         del holder, waiter, held, releaser
     gc.collect()
     assert sum(1 for each in clients if each() is not None) == 0, "clients kept"
+    # Their backends are closed on the finisher thread (not where the collector ran): the
+    # count could reach 0 while a reader being stopped there reconnected meanwhile.
+    assert finisher.wait_finished(10)
     deadline = time.monotonic() + 5  # the server sees each close a moment later
     while connections() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -341,3 +345,31 @@ def test_an_interrupt_as_the_hold_is_taken_hands_it_back(
     other = client.lock(name, lock_class=RedisPyLock)
     assert other.acquire(blocking=False), "the interrupted hold is still held"
     other.release()
+
+
+def test_a_dropped_client_s_close_waits_for_no_server_where_it_is_collected(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The collector frees a dropped client at any allocation, in any thread (perhaps one
+    holding a lock its backend's close needs): the close (its pub/sub reader stopped and
+    awaited, its pools disconnected) runs on the finisher thread, not there. Before: the
+    collection waited a socket timeout for the reader's reconnect to the paused server."""
+    server = redis_factory()
+    holder = redis.Redis(port=server.port)
+    waiter = redis.Redis(port=server.port, socket_timeout=1.0)
+    held = holder.lock(name, timeout=5, lock_class=RedisPyLock, thread_local=False)
+    assert held.acquire()
+    releaser = threading.Timer(0.05, held.release)
+    releaser.start()
+    with waiter.lock(name, blocking_timeout=5, lock_class=RedisPyLock):  # its hub's reader
+        pass
+    releaser.join()
+    gone = weakref.ref(waiter)
+    server.client().execute_command("CLIENT", "PAUSE", 1500, "ALL")
+    began = time.monotonic()
+    del waiter
+    gc.collect()
+    took = time.monotonic() - began
+    assert gone() is None
+    assert took < 0.5, f"the collection took {took:.2f} s"
+    assert finisher.wait_finished(5)  # closed once the server answers

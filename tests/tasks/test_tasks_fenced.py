@@ -10,20 +10,25 @@ connection's), as the reviewer's script simulated it: the queue lives on SQLite.
 from __future__ import annotations
 
 import datetime
+import gc
 import sys
 import time
 from collections.abc import Callable, Iterator
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import IntegrityError, OperationalError, connections, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from django_redlock import lock, locks
 from django_redlock.contrib import tasks as contrib_tasks
 from django_redlock.contrib.tasks import lock_key
+from django_redlock.locking import finisher
 from django_redlock.models import Fence
+from django_redlock.testing import RedisServer
 from tests.support import tasks_jobs
 
 pytestmark = pytest.mark.django_db(databases=["tasks"], transaction=True)
@@ -195,3 +200,31 @@ def test_a_time_limit_in_the_commit_callback_still_frees_the_key_at_once(
         assert str(later().enqueue(n).id) == str(first.id)
         assert time.monotonic() - started < 2.0, f"waited after a cut at {seen[-1]}"
     assert len(cuts) >= 3, cuts
+
+
+def test_a_dropped_callback_collected_while_the_server_is_paused_does_not_wait_for_it(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """A run's ``on_commit`` callback in a reference cycle (a traceback's frames keep it) is
+    dropped by the garbage collector, at any allocation, in any thread: its release goes to
+    the finisher thread, not there. Before: the collection waited for the paused server."""
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 3.0},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "gcpaused": config}):
+        held = lock(f"{name}{contrib_tasks.COMMIT_SUFFIX}", ttl=30, using="gcpaused")
+        assert held.acquire(blocking=False)
+        gc.collect()  # (the test's own cycle is the only one for the collection below)
+        dropped = contrib_tasks._Uncommitted(SimpleNamespace(using="gcpaused"), name, held)  # type: ignore[arg-type]
+        dropped.cycle = dropped  # type: ignore[attr-defined]  # freed by the collector only
+        del dropped
+        server.client().execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        began = time.monotonic()
+        gc.collect()
+        took = time.monotonic() - began
+        assert took < 0.5, f"the collection took {took:.2f} s"
+        assert finisher.wait_finished(5)
+        assert not held.locked()  # released by the finisher, once the server answered

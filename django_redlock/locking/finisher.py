@@ -1,0 +1,124 @@
+"""The finisher: one long-lived thread per process that runs the clean-ups a finalizer hands
+over.
+
+The rule: a finalizer (a coroutine closed by the garbage collector, ``__del__``,
+``weakref.finalize``) runs at whatever allocation triggered the collection, in any thread,
+possibly one holding a lock it cannot take twice (a pool's, an import lock, threading's own
+inside ``Thread.start()``). So it does no I/O, starts no thread and takes no lock: it only
+:func:`hand` s its clean-up over (``SimpleQueue.put``, safe there), and the finisher runs it
+soon after. The thread itself is started from an ordinary context (:func:`ensure_started`,
+as an async operation begins), never from a finalizer; a forked child starts afresh.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from .. import forks
+from ..waiters import start_thread
+
+logger = logging.getLogger("django_redlock")
+
+#: How long the interpreter's exit waits for the clean-ups still queued (each round trip is
+#: bounded by its socket timeout; what is left runs out at its TTL, or its waiter's lease).
+EXIT_WAIT = 2.0
+
+
+class _Finisher:
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self.mutex = threading.Lock()
+        self.running = False  # set before the thread starts, cleared as it ends
+        self.thread: threading.Thread | None = None
+
+
+_finisher = [_Finisher()]  # (a list: a forked child swaps in its own)
+
+
+def ensure_started() -> None:
+    """Start the finisher unless it runs. Call it from an ordinary context only (never a
+    finalizer). No thread to be had is not an error here: the jobs wait in the queue for a
+    later start (a waiter's place lapses meanwhile with its lease, a hold at its TTL)."""
+    finisher = _finisher[0]
+    if finisher.running:  # (the common case: one attribute read)
+        return
+    with finisher.mutex:
+        if finisher.running:
+            return
+        thread = threading.Thread(
+            target=_run, args=(finisher,), name="redlock-finisher", daemon=True
+        )
+        finisher.running, finisher.thread = True, thread
+        try:
+            start_thread(thread)
+        except RuntimeError as exc:  # "can't start new thread" (an interrupt is raised)
+            finisher.running = False
+            logger.debug("redlock: no finisher thread: %s", exc)
+        except BaseException:
+            finisher.running = thread.is_alive()
+            raise
+
+
+def in_collection() -> bool:
+    """Whether a garbage collection is under way: a finalizer that runs now may be in any
+    thread, at any allocation, and hands its work over. (Also true in another thread while
+    a collection's finalizer lets the GIL go: deferred then too, the safe side.)"""
+    return _collections[0] > 0
+
+
+_collections = [0]  # under way (gc.callbacks: a "start", then a "stop")
+
+
+def _collecting(phase: str, info: dict[str, int]) -> None:
+    # No lock, no I/O: one list store (this runs inside the collection).
+    _collections[0] += 1 if phase == "start" else -1
+
+
+gc.callbacks.append(_collecting)
+
+
+def hand(job: Callable[[], object]) -> None:
+    """Run ``job`` on the finisher thread, soon. Safe from a finalizer: one ``put``, no lock
+    taken, no thread started. Errors of the job are logged (debug) and dropped."""
+    _finisher[0].jobs.put(job)
+
+
+def wait_finished(timeout: float) -> bool:
+    """Whether every job handed over before this call ran within ``timeout`` seconds. Not
+    from a finalizer, nor from a job."""
+    finisher = _finisher[0]
+    if not finisher.running:
+        return finisher.jobs.empty()
+    done = threading.Event()
+    finisher.jobs.put(done.set)
+    return done.wait(timeout)
+
+
+def _run(finisher: _Finisher) -> None:
+    try:
+        while True:
+            job = finisher.jobs.get()
+            try:
+                job()
+            except Exception as exc:
+                logger.debug("redlock: a clean-up handed to the finisher failed: %s", exc)
+    finally:
+        finisher.running = False
+
+
+@atexit.register
+def _at_exit() -> None:
+    # Jobs already handed over get a short while (the finisher is a daemon thread).
+    wait_finished(EXIT_WAIT)
+
+
+@forks.after_fork_in_child
+def _forget_finisher() -> None:
+    # The parent's jobs are the parent's (its holds, its waiters), and its thread is not
+    # the child's: the child starts its own on its first async operation.
+    _finisher[0] = _Finisher()
