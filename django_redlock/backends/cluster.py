@@ -319,7 +319,8 @@ class RedisClusterBackend(RedisBackend):
     # gets no answer there, renewal_epoch changes, and the renewer moves it to the batches of
     # the master it is on now, renewed at once by that master's worker. A master's worker
     # never waits for another master (it did: a moved hold was followed there, and a paused
-    # new owner held up the old owner's holds for a socket timeout per try).
+    # new owner held up the old owner's holds for a socket timeout per try), nor makes the
+    # client (see _renewal_client).
 
     _epoch = 0  # renewal_epoch: changed whenever a hold is found off its shard
     #: The client last made, kept past close() for the watchdog (see ``_renewal_client``).
