@@ -60,6 +60,9 @@ ASYNC_THREADS = 32  # worker threads per master for asyncio calls (max_connectio
 # made, one socket timeout at most): past it, classic pub/sub for the backend's life.
 PROBE_GRACE = 0.1
 ASKED_MAX = 10_000  # locks remembered as asked elsewhere (an ASK) before the notes are reset
+# How long the client's COMMAND waits for redis-py's default node before every other master
+# is asked too (see _Cluster.command).
+COMMAND_HEDGE = 0.1
 
 # The parent's clients and hubs in a forked child (see forget_after_fork): kept, never
 # collected.
@@ -162,7 +165,7 @@ class RedisClusterBackend(RedisBackend):
             seeds = [redis.cluster.ClusterNode(*_host_port(url)) for url in urls]
             options["startup_nodes"] = [*seeds, *options.get("startup_nodes", ())]
         try:  # reads the slots from a node: the first call's round trip
-            client = redis.cluster.RedisCluster.from_url(urls[0], **options)
+            client = _Cluster.from_url(urls[0], **options)
         except self.unavailable_errors as exc:
             raise self._unavailable("(connecting)", exc) from exc
         # redis-py follows up to RedisClusterRequestTTL redirections per command (16), and
@@ -171,6 +174,7 @@ class RedisClusterBackend(RedisBackend):
         # and ASK; execute() tries a migration again itself, within the caller's deadline.
         client.RedisClusterRequestTTL = REDIRECTIONS
         self._start_probe(client)
+        self._last_client = client
         return client
 
     def _start_probe(self, client: Any) -> None:
@@ -315,9 +319,12 @@ class RedisClusterBackend(RedisBackend):
     # gets no answer there, renewal_epoch changes, and the renewer moves it to the batches of
     # the master it is on now, renewed at once by that master's worker. A master's worker
     # never waits for another master (it did: a moved hold was followed there, and a paused
-    # new owner held up the old owner's holds for a socket timeout per try).
+    # new owner held up the old owner's holds for a socket timeout per try), nor makes the
+    # client (see _renewal_client).
 
     _epoch = 0  # renewal_epoch: changed whenever a hold is found off its shard
+    #: The client last made, kept past close() for the watchdog (see ``_renewal_client``).
+    _last_client: Any = None
     _asked: dict[str, tuple[str, int]] | None = None  # name: where an ASK sent its keys
     # A note outlives what it described (a hold released, its slot moved back and moving
     # again: the key still on the source), so a 0 after ASKING is a loss only for a hold
@@ -335,8 +342,19 @@ class RedisClusterBackend(RedisBackend):
     def _moved(self) -> None:
         self._epoch += 1  # a race loses an increment at worst: any change is noticed
 
-    def renewal_shard(self, name: str) -> Hashable:
+    def _renewal_client(self) -> Any:
+        """The client a master's worker renews through, never one it makes: making one asks
+        other nodes (the slots of a seed, COMMAND of a master), and after a close() every
+        master's worker made it again, one behind the other, so with a master paused no
+        renewal was sent to any master (the healthy masters' holds expired while reported
+        held). The backend's client, or the one it had before a close(): its slot map and
+        the backend's own connection to the worker's master are all a renewal needs. None
+        only before any client was made."""
         client = self._client
+        return self._last_client if client is None else client
+
+    def renewal_shard(self, name: str) -> Hashable:
+        client = self._renewal_client()  # a closed backend's holds keep their masters
         if client is None:
             return None
         asked = (self._asked or {}).get(name)
@@ -363,8 +381,11 @@ class RedisClusterBackend(RedisBackend):
         holds are sent; the others get None (the renewer moves them). Without it, each
         master at once, a thread each, and a MOVED or ASK is followed once. Raises
         BackendUnavailable (or BackendRefused) only when no lock got an answer."""
-        client = self.client
+        client = self.client if shard is None else self._renewal_client()
         results: list[bool | None] = [None] * len(renewals)
+        if client is None:  # no client yet (never here: a shard is named by one)
+            self._moved()  # the renewer moves them to the holds of no known master
+            return results
         groups: dict[str, tuple[Any, list[int], list[bool]]] = {}
         for i, renewal in enumerate(renewals):
             try:
@@ -383,7 +404,9 @@ class RedisClusterBackend(RedisBackend):
 
         def renew_on(node: Any, indices: list[int], asking: list[bool]) -> None:
             try:
-                self._renew_on(node, renewals, indices, asking, results, follow=shard is None)
+                self._renew_on(
+                    client, node, renewals, indices, asking, results, follow=shard is None
+                )
             except LockError as exc:
                 failures.append(exc)
             except Exception:  # a bug: logged as the watchdog's, its holds no answer
@@ -403,6 +426,7 @@ class RedisClusterBackend(RedisBackend):
 
     def _renew_on(
         self,
+        client: Any,
         node: Any,
         renewals: Sequence[Renewal],
         indices: list[int],
@@ -413,10 +437,9 @@ class RedisClusterBackend(RedisBackend):
         """Renew ``renewals[indices]`` on ``node`` (results filled in place). A lock whose
         slot moved (MOVED, ASK) is noted where it is now, and followed there once if
         ``follow``. Raises the error of a try that got no answer at all."""
-        client = self.client
         name = renewals[indices[0]].name
         try:
-            replies = self._send_renewals(node, renewals, indices, asking)
+            replies = self._send_renewals(client, node, renewals, indices, asking)
         except self.unavailable_errors as exc:
             # Paused, down, or failed over: ask the cluster where the slots are now (the
             # failed node last), so the next try goes to a new master if there is one. An
@@ -438,7 +461,7 @@ class RedisClusterBackend(RedisBackend):
             if isinstance(reply, list):
                 results[i] = self._answered(renewals[i], bool(reply[0]), ask)
             elif isinstance(reply, (MovedError, AskError)):
-                target = self._redirected(reply, node, renewals[i])
+                target = self._redirected(client, reply, node, renewals[i])
                 if target is not None:
                     group = redirected.setdefault(target.name, (target, [], []))
                     group[1].append(i)
@@ -449,7 +472,7 @@ class RedisClusterBackend(RedisBackend):
                 results[i] = bool(reply)
         for target, followed, asks in redirected.values() if follow else ():
             try:
-                again = self._send_renewals(target, renewals, followed, asks)
+                again = self._send_renewals(client, target, renewals, followed, asks)
             except (*self.unavailable_errors, LockError):
                 continue  # no answer for those: tried again soon
             for i, reply in zip(followed, again, strict=True):
@@ -480,11 +503,11 @@ class RedisClusterBackend(RedisBackend):
         self._moved()
         return None
 
-    def _redirected(self, reply: AskError, node: Any, renewal: Renewal) -> Any:
+    def _redirected(self, client: Any, reply: AskError, node: Any, renewal: Renewal) -> Any:
         """The node a MOVED or ASK names, noted for ``renewal``'s hold (a MOVED updates the
         slot cache, an ASK is remembered for that hold until a MOVED comes for it), or None
         if it cannot be: that lock gets no answer this time."""
-        client, name = self.client, renewal.name
+        name = renewal.name
         reply.host = reply.host or node.host  # a node that does not know its own address
         try:
             if isinstance(reply, MovedError):
@@ -511,7 +534,12 @@ class RedisClusterBackend(RedisBackend):
         return target
 
     def _send_renewals(
-        self, node: Any, renewals: Sequence[Renewal], indices: list[int], asking: list[bool]
+        self,
+        client: Any,
+        node: Any,
+        renewals: Sequence[Renewal],
+        indices: list[int],
+        asking: list[bool],
     ) -> list[Any]:
         """One pipelined try on ``node``'s own connection (a key on a slot being imported:
         its script after ASKING): the replies of the scripts, errors as values."""
@@ -521,7 +549,7 @@ class RedisClusterBackend(RedisBackend):
              renewals[i].ttl_ms)
             for i in indices
         ]  # fmt: skip
-        redis_node = self._own(self.client, node)  # never queued behind callers
+        redis_node = self._own(client, node)  # never queued behind callers
         self.round_trips += 1
         replies = _pipelined(redis_node, requests, asking)
         if any(isinstance(r, NoScriptError) for r in replies):
@@ -777,14 +805,17 @@ class RedisClusterBackend(RedisBackend):
         super().forget_after_fork()
         # Never closed nor collected here: their close() takes those locks.
         _inherited.extend(
-            each for each in (self._client, self._hub, self._own_pools) if each is not None
+            each
+            for each in (self._client, self._last_client, self._hub, self._own_pools)
+            if each is not None
         )
         self._client = None
+        self._last_client = None
         self._hub = None
         self._own_pools = None
 
     def close(self) -> None:
-        super().close()
+        super().close()  # _last_client kept: the watchdog renews the holds left through it
         self._sharded = None
         own, self._own_pools = self._own_pools, None
         for redis_node in own[1].values() if own is not None else ():
@@ -840,6 +871,72 @@ def _has_sharded_pubsub(client: Any, timeout: float) -> bool:
     if len(answered) < len(nodes):
         logger.info("redlock: %d of %d nodes told their version", len(answered), len(nodes))
     return bool(nodes) and len(answered) == len(nodes) and min(answered) >= 7
+
+
+class _Cluster(redis.cluster.RedisCluster):
+    """redis-py's cluster client, whose COMMAND any master may answer."""
+
+    def command(self, **kwargs: Any) -> Any:
+        """COMMAND (the commands' key positions), which redis-py asks as the client is made
+        (its CommandsParser): of its default node, the master of slot 0, so while that
+        master was paused no client could be made (a process started or forked then took
+        no lock, a closed backend's client was never made again). Every master answers it
+        alike: the default node first, and after COMMAND_HEDGE (or its failure) the other
+        masters too; the first answer is taken, within one socket timeout in all."""
+        default = self.get_default_node()  # from the slots just read: no I/O
+        order = [default] if default is not None else []
+        order += [node for node in self.get_primaries() if node not in order]
+        if not order:
+            return super().command(**kwargs)
+        connection = self.get_redis_connection(order[0]).connection_pool.connection_kwargs
+        timeout = float(connection.get("socket_timeout") or 2.0)
+        return _first_answer(
+            [self.get_redis_connection(node) for node in order], ("COMMAND",), kwargs, timeout
+        )
+
+
+def _first_answer(
+    clients: list[Any], command: tuple[Any, ...], kwargs: dict[str, Any], timeout: float
+) -> Any:
+    """The first answer to ``command``: asked of ``clients[0]``, and of the others too once
+    it failed or COMMAND_HEDGE passed without its answer; each in a thread of its own (one
+    still waiting for a paused node is left to its socket timeout). Raises the first error
+    if every one failed, a timeout if none answered within ``timeout``."""
+    done = threading.Condition()
+    answers: list[Any] = []
+    errors: list[BaseException] = []
+
+    def ask(client: Any) -> None:
+        try:
+            answer = client.execute_command(*command, **kwargs)
+        except Exception as exc:  # raised to the caller if every client fails
+            with done:
+                errors.append(exc)
+                done.notify_all()
+        else:
+            with done:
+                answers.append(answer)
+                done.notify_all()
+
+    def start(each: Any) -> None:
+        threading.Thread(target=ask, args=(each,), daemon=True, name="redlock-cluster-ask").start()
+
+    deadline = time.monotonic() + timeout
+    start(clients[0])
+    with done:
+        done.wait_for(lambda: answers or errors, min(COMMAND_HEDGE, timeout))
+        if not answers:
+            for each in clients[1:]:
+                start(each)
+            done.wait_for(
+                lambda: answers or len(errors) == len(clients),
+                max(deadline - time.monotonic(), 0.0),
+            )
+        if answers:
+            return answers[0]
+        if len(errors) == len(clients):
+            raise errors[0]
+    raise RedisTimeoutError(f"no master answered {command[0]} within {timeout:g} s")
 
 
 _OWN_LOCK = threading.Lock()  # the backends' own pools (see _own): never held during I/O

@@ -289,6 +289,113 @@ def test_a_paused_cluster_master_costs_no_hold_on_the_other_masters(
             backend.close()
 
 
+def _names_on(node: RedisServer, prefix: str, count: int) -> list[str]:
+    """``count`` lock names whose keys live on ``node`` (a master)."""
+    from redis.crc import key_slot
+
+    backend = locks["c"]
+    slots = node.client().execute_command("CLUSTER", "SLOTS")
+    ranges = [(r[0], r[1]) for r in slots if int(r[2][1]) == node.port]
+    names = []
+    for i in itertools.count():
+        at = key_slot(backend.key(f"{prefix}:{i}").encode())
+        if any(start <= at <= end for start, end in ranges):
+            names.append(f"{prefix}:{i}")
+            if len(names) == count:
+                return names
+    raise AssertionError("unreachable")
+
+
+def test_a_cluster_client_is_made_while_the_master_of_slot_0_is_paused(name: str) -> None:
+    """Making redis-py's cluster client asks a node for COMMAND (the commands' key
+    positions), and redis-py asks its default node: the master of slot 0. While that master
+    was paused, every client made failed after a socket timeout, so a process started or
+    forked then took no lock at all, not even one of a healthy master. Any master that
+    answers does now, within one socket timeout."""
+    import os
+    import signal
+
+    with _own_cluster() as nodes:
+        first = next(node for node in nodes if _serves(node, 0))
+        healthy = next(node for node in nodes if node is not first)
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": healthy.url, "OPTIONS": {"socket_timeout": 2.0,
+                  "socket_connect_timeout": 2.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            names = _names_on(healthy, name, 3)
+            with lock(names[0], using="c"):
+                pass  # the parent's client made before the pause
+            first.pause()
+            try:
+                backend.close()  # its client made again, as in a new process
+                began = time.monotonic()
+                held = lock(names[1], using="c")
+                assert held.acquire(blocking=False)
+                assert time.monotonic() - began < 2.0  # the socket timeout
+                held.release()
+                pid = os.fork()
+                if pid == 0:  # the child makes a client of its own
+                    signal.alarm(5)
+                    try:
+                        child_hold = lock(names[2], using="c")
+                        code = 0 if child_hold.acquire(blocking=False) else 2
+                        child_hold.release()
+                    except BaseException:
+                        code = 1
+                    os._exit(code)
+                _, status = os.waitpid(pid, 0)
+                assert os.waitstatus_to_exitcode(status) == 0
+            finally:
+                first.resume()
+            backend.close()
+
+
+def test_a_closed_cluster_backend_s_holds_stay_renewed_while_a_master_is_paused(
+    name: str,
+) -> None:
+    """close() (locks.reset(), a settings override ending) leaves its holds to the watchdog.
+    Each master's worker made the client again first, which asks the seed for the slots and
+    the master of slot 0 for COMMAND: with that master paused no renewal reached any
+    master, and the healthy masters' holds expired while reported held (a second holder
+    could take them). Each worker renews through the client it had."""
+    with _own_cluster() as nodes, _lost_names() as lost:
+        first = next(node for node in nodes if _serves(node, 0))
+        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+                  "LOCATION": first.url, "OPTIONS": {"socket_timeout": 1.0,
+                  "socket_connect_timeout": 1.0}}  # fmt: skip
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+            backend = locks["c"]
+            others = [node for node in nodes if node is not first]
+            healthy = [
+                (lock(each, using="c", ttl=1.5), node)
+                for node in others
+                for each in _names_on(node, f"{name}:{node.port}", 4)
+            ]
+            paused = [lock(each, using="c", ttl=1.5) for each in _names_on(first, name, 2)]
+            for each in [*(held for held, _ in healthy), *paused]:
+                assert each.acquire(blocking=False)
+            backend.close()
+            first.pause()
+            lowest = 99999
+            try:
+                ends = time.monotonic() + 3.0  # two TTLs
+                while time.monotonic() < ends:
+                    for held, node in healthy:
+                        lowest = min(lowest, node.client().pttl(backend.key(held.name)))
+                    time.sleep(0.05)
+            finally:
+                first.resume()
+            assert lowest > 0, f"a hold on a healthy master ran down to {lowest} ms"
+            first.client().ping()  # back (owned() below makes a client: the seed's slots)
+            assert all(held.owned() for held, _ in healthy)
+            assert not [n for n in lost if n not in {each.name for each in paused}]
+            for each in [*(held for held, _ in healthy), *paused]:
+                with contextlib.suppress(LockError):
+                    each.release()
+            backend.close()
+
+
 def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
     """Resharding is not an outage. While a lock's slot is MIGRATING, every lock script names
     a key the source does not have (a queue), so Redis answers TRYAGAIN; redis-py gave up
