@@ -72,9 +72,11 @@ def commit_outcome(
     that ended before this one began: their marks are never written after its upsert), else
     unknown (another block of the hold, in another thread or a process that adopted it, may
     have written that fence after this one; NULL, a row older than the column: unknown); a
-    later fence whose ``previous`` is below the block's, not; anything else (later blocks on
-    top, the row gone or created again while the floor is at or above the fence: a prune
-    ran), unknown.
+    later fence whose ``previous`` is below the block's, not, save when that ``previous``
+    is the writer's own (``mark`` equal to ``previous_mark``: a first block that re-fenced
+    over the floor, so the row was created after this block) while the floor is at or
+    above the fence: unknown; anything else (later blocks on top, the row gone or created
+    again while the floor is at or above the fence: a prune ran), unknown.
 
     On PostgreSQL the read locks the row (``FOR SHARE``, at most ``wait`` seconds): a server
     still finishing that transaction holds it, and the answer comes once it ended. A row the
@@ -134,7 +136,14 @@ def commit_outcome(
         # Another block of the hold (this process's, or one that adopted the hold) may have
         # written this fence after this one: only an ended block's mark proves it did not.
         return False if before is not None and before in ended_marks else None
-    return False if int(previous) < fence else None
+    if int(previous) < fence:
+        # A block that re-fenced over its own row (same mark in both columns: a first block
+        # below the floor) wrote that ``previous``: no earlier writer's. After a prune, the
+        # row it created may sit where this block's committed one was deleted: unknown.
+        # (Without marks, a row from before the columns, the same can't be ruled out.)
+        own = found is None or before is None or found == before
+        return None if own and pruned else False
+    return None
 
 
 def _ended(connection: Any, cursor: Any, pid: int, wait: float) -> bool:

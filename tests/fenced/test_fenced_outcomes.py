@@ -595,6 +595,37 @@ def test_a_prune_deleting_the_row_before_the_outcome_check_makes_the_outcome_unk
     assert sales(PG) == [("a", 5)] and not lock(name).locked()
 
 
+def test_a_pruned_row_re_created_by_a_re_fencing_next_holder_makes_the_outcome_unknown(
+    name: str, proxied: LossyProxy, failover: RedisServer
+) -> None:
+    """The block's committed row pruned, Redis flushed, the next holder's first block
+    re-fences over the floor: its row's ``previous`` is its own pre-re-fence fence, below
+    the block's. That is no earlier writer: not "nothing committed" (review fen, 1)."""
+    open_shop(PG, 1, 5)
+    held = lock(name, using="failover", ttl=30)
+    assert held.acquire()
+    time.sleep(0.002)
+    with lock(f"{name}:x", using="failover", ttl=30, atomic=PG):  # a later fence, pruned:
+        pass
+    assert prune_fences(PG, datetime.timedelta(0)) == 1  # the floor is above the hold's
+    done: list[str] = []
+
+    def prune_then_next_holder() -> None:
+        try:
+            assert prune_fences(PG, datetime.timedelta(0)) == 1  # the block's row
+            failover.client().flushall()  # the hold and the counter lost
+            with lock(name, using="failover", ttl=30, timeout=5, atomic=PG):
+                sell_one(PG, 1, "n")
+            done.append("n")
+        finally:
+            connections.close_all()
+
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("cut", during=prune_then_next_holder)
+    assert done == ["n"] and sales(PG) == [("a", 5), ("n", 4)]
+
+
 # -- autocommit off --------------------------------------------------------------------------
 
 
