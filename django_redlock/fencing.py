@@ -389,8 +389,9 @@ def _fenced_steps(
 
     Any ``Exception`` out of the outermost transaction's exit before the commit marker ran (a
     lost connection; an exception a signal handler raised while the COMMIT's reply was late,
-    which Django turns into ``ProgrammingError``; the COMMIT's own error) leaves the COMMIT's
-    outcome to be learnt: :func:`~.fence_table.commit_outcome` reads the lock's row on a new
+    which Django turns into ``ProgrammingError``; the COMMIT's own error, save PostgreSQL's
+    error reply, which proves the rollback: :func:`_refused`) leaves the COMMIT's outcome to
+    be learnt: :func:`~.fence_table.commit_outcome` reads the lock's row on a new
     connection. Committed: the block returns (a warning logged; its ``on_commit`` callbacks
     did not run). Not committed: the exception, as it came. Not provable either way:
     ``CommitOutcomeUnknown``. An ``Exception`` raised during the check (a signal handler's)
@@ -569,10 +570,13 @@ def _fenced_steps(
         # A block nested on this row and re-fenced after this one's check wrote a larger
         # fence with this block's mark: found all the same (the mark is the proof).
         ended = seen.ended if seen is not None else ()
-        outcome, stopped = _check(lambda: commit_outcome(
-            using, lock.using, lock.name, fence, mark, again,
-            min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
-        ))  # fmt: skip
+        if _refused(exc, using):  # the server answered: rolled back, nothing to ask
+            outcome, stopped = False, None
+        else:
+            outcome, stopped = _check(lambda: commit_outcome(
+                using, lock.using, lock.name, fence, mark, again,
+                min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
+            ))  # fmt: skip
         interrupt = _interrupt_in(exc, handled)
         if interrupt is not None:
             # "Stop", not "failed": the interrupt goes on, whatever the outcome (logged).
@@ -1242,6 +1246,23 @@ def _drop_unfinished(
         kept[:] = hooks[at:] if at is not None else []  # one step
     with contextlib.suppress(Exception):
         connection.close()
+
+
+def _refused(exc: BaseException, using: str) -> bool:
+    """Whether PostgreSQL answered the COMMIT with an ERROR (a deferred constraint, a
+    serialization failure): the server rolled the transaction back, so nothing committed,
+    whatever the rows say (a floor a prune raised made them say "unknown": review fen, 3).
+    The rule: an error the server sent (a SQLSTATE) of severity ERROR, no more. FATAL or
+    PANIC (a shutdown, a crash) may come after the commit record; an error without a
+    SQLSTATE is the client's (a lost connection, an interrupted wait): not proven."""
+    if not isinstance(exc, DatabaseError) or connections[using].vendor != "postgresql":
+        return False
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) is None and getattr(cause, "pgcode", None) is None:
+        return False
+    diag = getattr(cause, "diag", None)
+    severity = getattr(diag, "severity_nonlocalized", None) or getattr(diag, "severity", None)
+    return severity == "ERROR"
 
 
 def _driver_idle(using: str) -> bool:

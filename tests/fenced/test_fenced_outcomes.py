@@ -169,6 +169,28 @@ def test_a_commit_refused_by_the_database_raises_its_error_and_committed_nothing
     assert sales(PG) == [("b", 5)]
 
 
+def test_a_first_block_s_refused_commit_raises_its_error_above_a_floor_a_prune_raised(
+    name: str,
+) -> None:
+    """The floor (one per backend) rose above the block's fence during its first block:
+    another name's later row pruned. The server's error reply to the COMMIT proves nothing
+    committed; the check's "no row, floor above: maybe pruned" said unknown (review fen, 3)."""
+    deferred_refusal()
+    open_shop(PG, 1, 5)
+
+    def other_name_then_prune() -> None:
+        with lock(f"{name}:other", ttl=30, atomic=PG):
+            pass
+        assert prune_fences(PG, datetime.timedelta(0)) == 1
+
+    with pytest.raises(IntegrityError), lock(name, ttl=30, atomic=PG):
+        sell_one(PG, 1, "a")
+        refused_at_commit(PG)
+        in_thread(other_name_then_prune).join(10)
+    assert Fence.objects.using(PG).filter(name="").exists()  # the floor, above the fence
+    assert sales(PG) == [] and not lock(name).locked()
+
+
 # -- the COMMIT's reply lost ---------------------------------------------------------------
 
 
@@ -859,7 +881,7 @@ def test_a_lost_commit_while_another_thread_s_block_of_the_hold_committed_return
 def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_unknown(
     name: str, proxied: LossyProxy
 ) -> None:
-    """B1's COMMIT is refused (rolled back), its reply late; meanwhile B2, another thread's
+    """B1's COMMIT is refused (rolled back), its reply lost; meanwhile B2, another thread's
     block of the same hold, commits the hold's fence, the hold is lost and the next holder
     commits on top: its ``previous`` is the hold's fence, B2's. B1 returned as committed,
     nothing of it committed; now unknown (the rows cannot tell B1's fence from B2's)."""
@@ -883,7 +905,7 @@ def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_un
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "b1")
         refused_at_commit(PROXIED)
-        proxied.fault_commit("late", hold=0.1, during=meanwhile)
+        proxied.fault_commit("cut", hold=0.1, during=meanwhile)
     with contextlib.suppress(LockError):
         held.release()
     assert done == ["b2", "n"] and sales(PG) == [("b2", 5), ("n", 4)]
@@ -1026,7 +1048,7 @@ def test_a_refused_commit_under_another_process_s_block_of_the_hold_is_unknown(
 ) -> None:
     """A frozen clock (freezegun) in two processes sharing a hold (a forked child adopts it):
     each made its marks unique only among its own, so the child's block and this process's
-    next one wrote the same mark. This block's COMMIT is refused, its reply late; the child's
+    next one wrote the same mark. This block's COMMIT is refused, its reply lost; the child's
     block commits on top meanwhile: the row showed the hold's fence with "this block's" mark,
     and it returned as committed, nothing of it committed. Another process's block of the hold
     on top: unknown."""
@@ -1043,7 +1065,7 @@ def test_a_refused_commit_under_another_process_s_block_of_the_hold_is_unknown(
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "parent")
         refused_at_commit(PROXIED)
-        proxied.fault_commit("late", hold=0.1, during=lambda: exits.append(child()))
+        proxied.fault_commit("cut", hold=0.1, during=lambda: exits.append(child()))
     held.release()
     assert exits == [0] and sales(PG) == [("child", 5)]
 
@@ -1080,7 +1102,7 @@ def test_a_refused_commit_under_another_process_s_block_and_the_next_holder_is_u
 ) -> None:
     """The hold was re-fenced by its block on another database (``default``, whose row's
     writer was unknown), so this block's upsert is the first of that fence here. Its COMMIT
-    is refused, its reply late; meanwhile a forked child that ``adopt()``ed the hold commits
+    is refused, its reply lost; meanwhile a forked child that ``adopt()``ed the hold commits
     exactly that fence (its writer known: no question to Redis), the hold is lost and the
     next holder commits on top, ``previous`` the hold's fence. This process saw no other
     block of the hold and said "committed": nothing of it committed. The child's mark in
@@ -1112,7 +1134,7 @@ def test_a_refused_commit_under_another_process_s_block_and_the_next_holder_is_u
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "parent")
         refused_at_commit(PROXIED)
-        proxied.fault_commit("late", hold=0.1, during=meanwhile)
+        proxied.fault_commit("cut", hold=0.1, during=meanwhile)
     with contextlib.suppress(LockError):
         held.release()
     assert done == [0, "n"] and sales(PG) == [("child", 5), ("n", 4)]
