@@ -40,6 +40,7 @@ from django_redlock import (
     locks,
     single_instance,
 )
+from django_redlock import fence_table
 from django_redlock.fence_table import commit_outcome, prune_fences, row_key
 from django_redlock.locking import Lock
 from django_redlock.models import Fence
@@ -216,6 +217,35 @@ def test_a_lost_commit_whose_outcome_cannot_be_learned_raises_outcome_unknown(
         sell_one(PROXIED, 1, "a")
         proxied.lose_replies(100)  # the COMMIT's, and every reply to the question after it
     assert sales(PG) == [("a", 5)] and not lock(name).locked()  # it had committed
+
+
+def test_a_lost_commit_whose_check_meets_a_silent_database_is_unknown_in_time(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT's reply lost, then the database silent to the check (its first question
+    answered by nothing, the connection left open): the block hung there, its lock renewed
+    all along (review fen, 2). Now unknown past the check's bound (the wait, 5 s here, plus
+    its slack: 1 s here), the lock released."""
+    monkeypatch.setattr(fence_table, "CHECK_SLACK", 1.0, raising=False)
+    open_shop(PG, 1, 5)
+    proxied.mute_from(b"pg_backend_pid()")  # the check's first question
+    out: list[Any] = []
+
+    def block() -> None:
+        started = time.monotonic()
+        try:
+            with lock(name, ttl=5, atomic=PROXIED):
+                sell_one(PROXIED, 1, "a")
+                proxied.fault_commit("cut")
+        except Exception as exc:
+            out.append(exc)
+        out.append(time.monotonic() - started)
+
+    thread = in_thread(block)
+    thread.join(12)
+    assert not thread.is_alive(), "the outcome check hangs on a silent database"
+    assert isinstance(out[0], CommitOutcomeUnknown) and out[1] < 9, out
+    assert proxied.muted.is_set() and sales(PG) == [("a", 5)] and not lock(name).locked()
 
 
 def test_a_commit_cut_before_the_server_got_it_raises_and_committed_nothing(
