@@ -1940,8 +1940,19 @@ def leave_block(
     if exc_type is None:
         release_after_commit(lock, block.depth)
     else:  # rolled back: as any lock's `with`, the body's exception says more than a loss
-        with contextlib.suppress(LockNotOwned):
+        try:
             lock.release()
+        except LockNotOwned:
+            pass
+        except LockError as error:
+            # The body's exception says more than a release Redis did not answer (review
+            # fen, 4): raised, as run_held does; the hold, kept (and renewed), stays owed.
+            logger.warning("redlock: %s: rolled back (nothing committed); its release then"
+                           " failed (%s: %s): owed, the body's exception raised",
+                           lock.describe(), type(error).__name__, error)  # fmt: skip
+            debts = debts or owe([lock], block.depth)
+            paid(debts)  # owed while still held
+            debts = []
     _forget(debts)  # released (or owed by release_after_commit itself)
     block.left = True
     _open.left = weakref.ref(lock) if exc_type is None else None  # committed: left_committed
@@ -2021,9 +2032,13 @@ def _exit_left(debts: list[_Debt], _gone: Any) -> None:
             continue
         try:
             debt.pay()
-            logger.warning("redlock: %s: its `with` was left before its exit finished (an"
-                           " exception as it handed its failure on): released now",
-                           debt.lock.describe())  # fmt: skip
+            if debt.held():  # pay() settles a LockError: still held is no answer, not "released"
+                logger.warning("redlock: %s: a fenced block's release, owed as its `with` was"
+                               " left, got no answer (kept)", debt.lock.describe())  # fmt: skip
+            else:
+                logger.warning("redlock: %s: its `with` was left before its exit finished (an"
+                               " exception as it handed its failure on): released now",
+                               debt.lock.describe())  # fmt: skip
         except BaseException:  # (nothing propagates out of a weak reference's callback)
             logger.warning("redlock: %s: a fenced block's release, owed as its `with` was left,"
                            " failed (kept)", debt.lock.describe(), exc_info=True)  # fmt: skip
