@@ -146,7 +146,8 @@ def _commit_outcome(
         # alias's settings are shared.
         timeout = max(2, math.ceil(CHECK_SLACK))
         connection.settings_dict = {
-            **connection.settings_dict, "OPTIONS": {**options, "connect_timeout": timeout}
+            **connection.settings_dict,
+            "OPTIONS": {**options, "connect_timeout": timeout},
         }
     try:
         qn = connection.ops.quote_name
@@ -211,9 +212,10 @@ def _commit_outcome(
 
 def _ended(connection: Any, cursor: Any, pid: int, deadline: float) -> bool:
     """Whether PostgreSQL's server process ``pid`` is in no transaction (or gone), waiting
-    until ``deadline`` (``time.monotonic()``) at most: a transaction holds its virtual transaction id's lock until it
-    ended, its COMMIT included (run in autocommit: each poll is a new snapshot). A pid that
-    is another process's by now is gone (ours ended) or busy (unknown): never a wrong yes.
+    until ``deadline`` (``time.monotonic()``) at most: a transaction holds its virtual
+    transaction id's lock until it ended, its COMMIT included (run in autocommit: each poll
+    is a new snapshot). A pid that is another process's by now is gone (ours ended) or busy
+    (unknown): never a wrong yes.
     Behind a pooler (PgBouncer) the pid the driver was told is not the server's: then no."""
     cursor.execute("SELECT pg_backend_pid()")
     if pid_of(connection) != cursor.fetchone()[0]:

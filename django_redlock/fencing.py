@@ -570,7 +570,9 @@ def _fenced_steps(
         # A block nested on this row and re-fenced after this one's check wrote a larger
         # fence with this block's mark: found all the same (the mark is the proof).
         ended = seen.ended if seen is not None else ()
-        if _refused(exc, using):  # the server answered: rolled back, nothing to ask
+        outcome: bool | None
+        stopped: Exception | None
+        if _refused(exc, using, handled):  # the server answered: rolled back, nothing to ask
             outcome, stopped = False, None
         else:
             outcome, stopped = _check(lambda: commit_outcome(
@@ -1248,17 +1250,22 @@ def _drop_unfinished(
         connection.close()
 
 
-def _refused(exc: BaseException, using: str) -> bool:
+def _refused(exc: BaseException, using: str, handled: BaseException | None) -> bool:
     """Whether PostgreSQL answered the COMMIT with an ERROR (a deferred constraint, a
     serialization failure): the server rolled the transaction back, so nothing committed,
     whatever the rows say (a floor a prune raised made them say "unknown": review fen, 3).
-    The rule: an error the server sent (a SQLSTATE) of severity ERROR, no more. FATAL or
-    PANIC (a shutdown, a crash) may come after the commit record; an error without a
-    SQLSTATE is the client's (a lost connection, an interrupted wait): not proven."""
+    The rule: an error the server sent (a SQLSTATE) of severity ERROR, raised while no other
+    exception was being handled (``handled``, the block's caller's, aside): the COMMIT's own
+    reply. FATAL or PANIC (a shutdown, a crash) may come after the commit record; an error
+    without a SQLSTATE is the client's (a lost connection, an interrupted wait); one raised
+    while another was handled came later (Django's reconnect in its exit after a lost
+    COMMIT): not proven."""
     if not isinstance(exc, DatabaseError) or connections[using].vendor != "postgresql":
         return False
     cause = exc.__cause__
     if getattr(cause, "sqlstate", None) is None and getattr(cause, "pgcode", None) is None:
+        return False
+    if cause.__context__ is not None and cause.__context__ is not handled:
         return False
     diag = getattr(cause, "diag", None)
     severity = getattr(diag, "severity_nonlocalized", None) or getattr(diag, "severity", None)

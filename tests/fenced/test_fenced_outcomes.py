@@ -33,6 +33,7 @@ from django.utils import timezone
 from django_redlock import (
     CommitOutcomeUnknown,
     LockError,
+    fence_table,
     fencing,
     lock,
     lock_all,
@@ -40,7 +41,6 @@ from django_redlock import (
     locks,
     single_instance,
 )
-from django_redlock import fence_table
 from django_redlock.fence_table import commit_outcome, prune_fences, row_key
 from django_redlock.locking import Lock
 from django_redlock.models import Fence
@@ -170,12 +170,15 @@ def test_a_commit_refused_by_the_database_raises_its_error_and_committed_nothing
     assert sales(PG) == [("b", 5)]
 
 
+@pytest.mark.parametrize("where", ["plain", "in an except clause"])
 def test_a_first_block_s_refused_commit_raises_its_error_above_a_floor_a_prune_raised(
-    name: str,
+    name: str, where: str
 ) -> None:
     """The floor (one per backend) rose above the block's fence during its first block:
     another name's later row pruned. The server's error reply to the COMMIT proves nothing
-    committed; the check's "no row, floor above: maybe pruned" said unknown (review fen, 3)."""
+    committed; the check's "no row, floor above: maybe pruned" said unknown (review fen, 3).
+    Run in an ``except`` clause, the reply's error has that exception for its context: the
+    same reply."""
     deferred_refusal()
     open_shop(PG, 1, 5)
 
@@ -184,10 +187,20 @@ def test_a_first_block_s_refused_commit_raises_its_error_above_a_floor_a_prune_r
             pass
         assert prune_fences(PG, datetime.timedelta(0)) == 1
 
-    with pytest.raises(IntegrityError), lock(name, ttl=30, atomic=PG):
-        sell_one(PG, 1, "a")
-        refused_at_commit(PG)
-        in_thread(other_name_then_prune).join(10)
+    def block() -> None:
+        with lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "a")
+            refused_at_commit(PG)
+            in_thread(other_name_then_prune).join(10)
+
+    with pytest.raises(IntegrityError):
+        if where == "plain":
+            block()
+        else:
+            try:
+                raise KeyError(name)
+            except KeyError:
+                block()
     assert Fence.objects.using(PG).filter(name="").exists()  # the floor, above the fence
     assert sales(PG) == [] and not lock(name).locked()
 
@@ -217,6 +230,32 @@ def test_a_lost_commit_whose_outcome_cannot_be_learned_raises_outcome_unknown(
         sell_one(PROXIED, 1, "a")
         proxied.lose_replies(100)  # the COMMIT's, and every reply to the question after it
     assert sales(PG) == [("a", 5)] and not lock(name).locked()  # it had committed
+
+
+def test_a_server_error_in_django_s_reconnect_after_a_lost_commit_is_not_its_refusal(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT's reply lost (committed), then Django's exit reconnects and the server
+    answers a statement of that reconnect with an ERROR: an error reply, yet not the
+    COMMIT's (raised while the lost reply's error was handled). Taken for a refused COMMIT,
+    the block would say "nothing committed" for a committed one: the rows are asked."""
+    open_shop(PG, 1, 5)
+    wrapper = connections[PROXIED]
+    original = wrapper.init_connection_state
+    armed: list[bool] = []
+
+    def init_connection_state() -> None:
+        original()
+        if armed:
+            armed.clear()
+            with wrapper.connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")  # the server's ERROR (22012)
+
+    monkeypatch.setattr(wrapper, "init_connection_state", init_connection_state)
+    with lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("cut", during=lambda: armed.append(True))
+    assert proxied.commits_faulted == 1 and not armed and sales(PG) == [("a", 5)]
 
 
 def test_a_lost_commit_whose_check_meets_a_silent_database_is_unknown_in_time(
