@@ -163,9 +163,15 @@ def _commit_outcome(
                 ended = connection.vendor == "sqlite"
             if postgresql:  # the bound for this read only (a pooled connection keeps GUCs)
                 cursor.execute("BEGIN")
-                # What is left of the wait (the whole check shares it).
+                # What is left of the wait (the whole check shares it). Should this client
+                # go silent mid-check (given up on by the caller), the server ends the
+                # transaction: its FOR SHARE would keep the next holder's block waiting.
                 left = max(0.001, started + wait - time.monotonic())
-                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_bound(left)])
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, true),"
+                    " set_config('idle_in_transaction_session_timeout', %s, true)",
+                    [_bound(left), _bound(wait + CHECK_SLACK)],
+                )
             cursor.execute(sql + (" FOR SHARE" if postgresql else ""), [row_key(backend, name)])
             row = cursor.fetchone()
             cursor.execute(sql, [row_key(backend, "")])  # the floor: a prune ran?

@@ -287,6 +287,26 @@ def test_a_lost_commit_whose_check_meets_a_silent_database_is_unknown_in_time(
     assert proxied.muted.is_set() and sales(PG) == [("a", 5)] and not lock(name).locked()
 
 
+def test_a_check_given_up_on_mid_read_does_not_keep_the_next_holder_waiting(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's row read (``FOR SHARE``) ran, its reply never came: the block said
+    unknown and released, and the check's transaction, left open by a client gone silent,
+    kept the row locked: the next holder's block waited for it till its own bound. The
+    server now ends it (``idle_in_transaction_session_timeout``, the check's bound)."""
+    monkeypatch.setattr(fence_table, "CHECK_SLACK", 1.0)
+    open_shop(PG, 1, 5)
+    with pytest.raises(CommitOutcomeUnknown), lock(name, ttl=5, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.mute_from(b"FOR SHARE")  # the check's read, not the block's own statements
+        proxied.fault_commit("cut")
+    assert proxied.muted.is_set()
+    started = time.monotonic()
+    with lock(name, ttl=30, timeout=10, atomic=PG):
+        sell_one(PG, 1, "n")
+    assert time.monotonic() - started < 5 and sales(PG) == [("a", 5), ("n", 4)]
+
+
 def test_a_commit_cut_before_the_server_got_it_raises_and_committed_nothing(
     name: str, proxied: LossyProxy
 ) -> None:
