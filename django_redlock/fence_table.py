@@ -16,6 +16,8 @@ import contextlib
 import datetime
 import hashlib
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -72,19 +74,81 @@ def commit_outcome(
     that ended before this one began: their marks are never written after its upsert), else
     unknown (another block of the hold, in another thread or a process that adopted it, may
     have written that fence after this one; NULL, a row older than the column: unknown); a
-    later fence whose ``previous`` is below the block's, not; anything else (later blocks on
-    top, the row gone or created again while the floor is at or above the fence: a prune
-    ran), unknown.
+    later fence whose ``previous`` is below the block's, not, save when that ``previous``
+    is the writer's own (``mark`` equal to ``previous_mark``: a first block that re-fenced
+    over the floor, so the row was created after this block) while the floor is at or
+    above the fence: unknown; anything else (later blocks on top, the row gone or created
+    again while the floor is at or above the fence: a prune ran), unknown.
 
     On PostgreSQL the read locks the row (``FOR SHARE``, at most ``wait`` seconds): a server
     still finishing that transaction holds it, and the answer comes once it ended. A row the
     transaction INSERTed is neither seen nor waited for until it ended, though: no row proves
     nothing only once the block's server process ``pid`` is known to be out of that
-    transaction (:func:`_ended`, at most ``wait`` seconds); else the outcome is unknown. (On
-    SQLite the COMMIT ran in this process: it ended before the exception came out.)"""
+    transaction (:func:`_ended`, at most ``wait`` seconds, shared with the row's read); else
+    the outcome is unknown. (On SQLite the COMMIT ran in this process: it ended before the
+    exception came out.)
+
+    The whole check, its new connection included, takes at most ``wait`` plus
+    :data:`CHECK_SLACK` seconds: a database gone silent (a partition after the handshake, a
+    hung pooler) answers nothing, not even an error, and the block's lock stays held, renewed,
+    while it waits. Past that, None. Elsewhere than SQLite it runs in a thread of its own for
+    that (a silent socket has no other bound), which goes on alone until its connection
+    fails (it connects with ``connect_timeout``, unless ``OPTIONS`` names one)."""
+    if connections[using].vendor == "sqlite":  # in this process: nothing to wait for
+        return _commit_outcome(using, backend, name, fence, mark, again, wait, pid,
+                               ended_marks, time.monotonic())  # fmt: skip
+    answer: list[tuple[bool | None, BaseException | None]] = []
+    started = time.monotonic()
+
+    def ask() -> None:
+        try:
+            answer.append((_commit_outcome(using, backend, name, fence, mark, again, wait, pid,
+                                           ended_marks, started), None))  # fmt: skip
+        except BaseException as exc:  # handed to the caller (the check's own errors are not)
+            answer.append((None, exc))
+
+    thread = threading.Thread(target=ask, name="redlock-commit-outcome", daemon=True)
+    thread.start()
+    thread.join(wait + CHECK_SLACK)
+    if not answer:
+        logger.warning("redlock: database %r did not answer the outcome check of a lost COMMIT"
+                       " within %g s: unknown", using, wait + CHECK_SLACK)  # fmt: skip
+        return None
+    outcome, error = answer[0]
+    if error is not None:
+        raise error
+    return outcome
+
+
+#: Seconds the outcome check may take beyond its wait: its connect and round trips.
+CHECK_SLACK = 5.0
+
+
+def _commit_outcome(
+    using: str,
+    backend: str,
+    name: str,
+    fence: int,
+    mark: int | None,
+    again: bool,
+    wait: float,
+    pid: int | None,
+    ended_marks: Collection[int],
+    started: float,
+) -> bool | None:
+    """:func:`commit_outcome`'s check, its waits ending ``wait`` s after ``started``."""
     from .models import Fence
 
     connection = connections.create_connection(using)
+    options = connection.settings_dict.get("OPTIONS") or {}
+    if connection.vendor == "postgresql" and not {"connect_timeout", "pool"} & set(options):
+        # The connect's share of the bound: whole seconds, at least 2 (libpq's). A copy: the
+        # alias's settings are shared.
+        timeout = max(2, math.ceil(CHECK_SLACK))
+        connection.settings_dict = {
+            **connection.settings_dict,
+            "OPTIONS": {**options, "connect_timeout": timeout},
+        }
     try:
         qn = connection.ops.quote_name
         columns = ", ".join(qn(c) for c in ("fence", "previous", "mark", "previous_mark"))
@@ -92,14 +156,22 @@ def commit_outcome(
         with connection.cursor() as cursor:
             postgresql = connection.vendor == "postgresql"
             if postgresql:
-                ended = pid is not None and _ended(connection, cursor, pid, wait)
+                ended = pid is not None and _ended(connection, cursor, pid, started + wait)
                 if pid is not None and not ended:
                     return None  # still in it: its rows are locked, or not yet visible
             else:
                 ended = connection.vendor == "sqlite"
             if postgresql:  # the bound for this read only (a pooled connection keeps GUCs)
                 cursor.execute("BEGIN")
-                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_bound(wait)])
+                # What is left of the wait (the whole check shares it). Should this client
+                # go silent mid-check (given up on by the caller), the server ends the
+                # transaction: its FOR SHARE would keep the next holder's block waiting.
+                left = max(0.001, started + wait - time.monotonic())
+                cursor.execute(
+                    "SELECT set_config('lock_timeout', %s, true),"
+                    " set_config('idle_in_transaction_session_timeout', %s, true)",
+                    [_bound(left), _bound(wait + CHECK_SLACK)],
+                )
             cursor.execute(sql + (" FOR SHARE" if postgresql else ""), [row_key(backend, name)])
             row = cursor.fetchone()
             cursor.execute(sql, [row_key(backend, "")])  # the floor: a prune ran?
@@ -134,19 +206,26 @@ def commit_outcome(
         # Another block of the hold (this process's, or one that adopted the hold) may have
         # written this fence after this one: only an ended block's mark proves it did not.
         return False if before is not None and before in ended_marks else None
-    return False if int(previous) < fence else None
+    if int(previous) < fence:
+        # A block that re-fenced over its own row (same mark in both columns: a first block
+        # below the floor) wrote that ``previous``: no earlier writer's. After a prune, the
+        # row it created may sit where this block's committed one was deleted: unknown.
+        # (Without marks, a row from before the columns, the same can't be ruled out.)
+        own = found is None or before is None or found == before
+        return None if own and pruned else False
+    return None
 
 
-def _ended(connection: Any, cursor: Any, pid: int, wait: float) -> bool:
+def _ended(connection: Any, cursor: Any, pid: int, deadline: float) -> bool:
     """Whether PostgreSQL's server process ``pid`` is in no transaction (or gone), waiting
-    at most ``wait`` seconds: a transaction holds its virtual transaction id's lock until it
-    ended, its COMMIT included (run in autocommit: each poll is a new snapshot). A pid that
-    is another process's by now is gone (ours ended) or busy (unknown): never a wrong yes.
+    until ``deadline`` (``time.monotonic()``) at most: a transaction holds its virtual
+    transaction id's lock until it ended, its COMMIT included (run in autocommit: each poll
+    is a new snapshot). A pid that is another process's by now is gone (ours ended) or busy
+    (unknown): never a wrong yes.
     Behind a pooler (PgBouncer) the pid the driver was told is not the server's: then no."""
     cursor.execute("SELECT pg_backend_pid()")
     if pid_of(connection) != cursor.fetchone()[0]:
         return False
-    deadline = time.monotonic() + wait
     pause = 0.01
     while True:
         cursor.execute(

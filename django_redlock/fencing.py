@@ -389,8 +389,9 @@ def _fenced_steps(
 
     Any ``Exception`` out of the outermost transaction's exit before the commit marker ran (a
     lost connection; an exception a signal handler raised while the COMMIT's reply was late,
-    which Django turns into ``ProgrammingError``; the COMMIT's own error) leaves the COMMIT's
-    outcome to be learnt: :func:`~.fence_table.commit_outcome` reads the lock's row on a new
+    which Django turns into ``ProgrammingError``; the COMMIT's own error, save PostgreSQL's
+    error reply, which proves the rollback: :func:`_refused`) leaves the COMMIT's outcome to
+    be learnt: :func:`~.fence_table.commit_outcome` reads the lock's row on a new
     connection. Committed: the block returns (a warning logged; its ``on_commit`` callbacks
     did not run). Not committed: the exception, as it came. Not provable either way:
     ``CommitOutcomeUnknown``. An ``Exception`` raised during the check (a signal handler's)
@@ -569,10 +570,15 @@ def _fenced_steps(
         # A block nested on this row and re-fenced after this one's check wrote a larger
         # fence with this block's mark: found all the same (the mark is the proof).
         ended = seen.ended if seen is not None else ()
-        outcome, stopped = _check(lambda: commit_outcome(
-            using, lock.using, lock.name, fence, mark, again,
-            min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
-        ))  # fmt: skip
+        outcome: bool | None
+        stopped: Exception | None
+        if _refused(exc, using, handled):  # the server answered: rolled back, nothing to ask
+            outcome, stopped = False, None
+        else:
+            outcome, stopped = _check(lambda: commit_outcome(
+                using, lock.using, lock.name, fence, mark, again,
+                min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
+            ))  # fmt: skip
         interrupt = _interrupt_in(exc, handled)
         if interrupt is not None:
             # "Stop", not "failed": the interrupt goes on, whatever the outcome (logged).
@@ -1242,6 +1248,28 @@ def _drop_unfinished(
         kept[:] = hooks[at:] if at is not None else []  # one step
     with contextlib.suppress(Exception):
         connection.close()
+
+
+def _refused(exc: BaseException, using: str, handled: BaseException | None) -> bool:
+    """Whether PostgreSQL answered the COMMIT with an ERROR (a deferred constraint, a
+    serialization failure): the server rolled the transaction back, so nothing committed,
+    whatever the rows say (a floor a prune raised made them say "unknown": review fen, 3).
+    The rule: an error the server sent (a SQLSTATE) of severity ERROR, raised while no other
+    exception was being handled (``handled``, the block's caller's, aside): the COMMIT's own
+    reply. FATAL or PANIC (a shutdown, a crash) may come after the commit record; an error
+    without a SQLSTATE is the client's (a lost connection, an interrupted wait); one raised
+    while another was handled came later (Django's reconnect in its exit after a lost
+    COMMIT): not proven."""
+    if not isinstance(exc, DatabaseError) or connections[using].vendor != "postgresql":
+        return False
+    cause = exc.__cause__
+    if getattr(cause, "sqlstate", None) is None and getattr(cause, "pgcode", None) is None:
+        return False
+    if cause.__context__ is not None and cause.__context__ is not handled:
+        return False
+    diag = getattr(cause, "diag", None)
+    severity = getattr(diag, "severity_nonlocalized", None) or getattr(diag, "severity", None)
+    return severity == "ERROR"
 
 
 def _driver_idle(using: str) -> bool:
@@ -1919,8 +1947,19 @@ def leave_block(
     if exc_type is None:
         release_after_commit(lock, block.depth)
     else:  # rolled back: as any lock's `with`, the body's exception says more than a loss
-        with contextlib.suppress(LockNotOwned):
+        try:
             lock.release()
+        except LockNotOwned:
+            pass
+        except LockError as error:
+            # The body's exception says more than a release Redis did not answer (review
+            # fen, 4): raised, as run_held does; the hold, kept (and renewed), stays owed.
+            logger.warning("redlock: %s: rolled back (nothing committed); its release then"
+                           " failed (%s: %s): owed, the body's exception raised",
+                           lock.describe(), type(error).__name__, error)  # fmt: skip
+            debts = debts or owe([lock], block.depth)
+            paid(debts)  # owed while still held
+            debts = []
     _forget(debts)  # released (or owed by release_after_commit itself)
     block.left = True
     _open.left = weakref.ref(lock) if exc_type is None else None  # committed: left_committed
@@ -2000,9 +2039,13 @@ def _exit_left(debts: list[_Debt], _gone: Any) -> None:
             continue
         try:
             debt.pay()
-            logger.warning("redlock: %s: its `with` was left before its exit finished (an"
-                           " exception as it handed its failure on): released now",
-                           debt.lock.describe())  # fmt: skip
+            if debt.held():  # pay() settles a LockError: still held is no answer, not "released"
+                logger.warning("redlock: %s: a fenced block's release, owed as its `with` was"
+                               " left, got no answer (kept)", debt.lock.describe())  # fmt: skip
+            else:
+                logger.warning("redlock: %s: its `with` was left before its exit finished (an"
+                               " exception as it handed its failure on): released now",
+                               debt.lock.describe())  # fmt: skip
         except BaseException:  # (nothing propagates out of a weak reference's callback)
             logger.warning("redlock: %s: a fenced block's release, owed as its `with` was left,"
                            " failed (kept)", debt.lock.describe(), exc_info=True)  # fmt: skip

@@ -876,8 +876,14 @@ class MultiLock:
             raise pending  # _exit_failed releases
         debts = owe(self.locks)  # a release cut short or unanswered stays owed
         if exc_type is not None:
-            with contextlib.suppress(LockNotOwned):
+            try:
                 self.release()
+            except LockNotOwned:
+                pass
+            except LockError as error:  # no answer: the body's exception says more (owed)
+                logger.warning("redlock: %s: rolled back (nothing committed); its release then"
+                               " failed (%s: %s): owed, the body's exception raised",
+                               self.describe(), type(error).__name__, error)  # fmt: skip
             paid(debts)
             note_left(None)
             return

@@ -27,6 +27,7 @@ from django_redlock import (
     StaleFence,
     fencing,
     lock,
+    lock_all,
     lock_view,
     locks,
     read_write_lock,
@@ -186,6 +187,41 @@ def test_redis_down_at_the_release_after_a_commit_raises_nothing(
         assert [d.lock.name for d in fencing._owed()] == [name]  # type: ignore[attr-defined]
         server.restart()  # back (empty): the owed release is settled (nothing held) ...
         fencing.pay_owed()  # ... as the thread's next fenced block or request end would
+        assert not fencing._owed()  # type: ignore[attr-defined]
+
+
+class BodyError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("how", ["lock", "lock_all"])
+def test_redis_down_at_the_release_after_a_rollback_raises_the_body_s_exception(
+    name: str, redis_factory: Any, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """The body raised, Redis is gone as the rolled-back block releases: the body's exception
+    comes out (``BackendUnavailable`` did: review fen, 4), the failed release is logged as
+    failed (it said "released now") and stays owed."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    server = redis_factory()
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": server.url,
+              "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "brief": config}):
+        names = [name] if how == "lock" else [name, f"{name}:2"]
+        held = lock(name, using="brief", ttl=30, atomic=True) if how == "lock" else (
+            lock_all(*names, using="brief", ttl=30, atomic=True)
+        )  # fmt: skip
+        with pytest.raises(BodyError), held:
+            sell_one(DB, 1, "a")
+            server.kill()
+            raise BodyError()
+        assert sales(DB) == []
+        assert "released now" not in caplog.text and "release then failed" in caplog.text
+        owed = [d.lock.name for d in fencing._owed()]  # type: ignore[attr-defined]
+        assert owed == names
+        server.restart()  # back (empty): the owed release is settled (nothing held)
+        fencing.pay_owed()
         assert not fencing._owed()  # type: ignore[attr-defined]
 
 

@@ -33,6 +33,7 @@ from django.utils import timezone
 from django_redlock import (
     CommitOutcomeUnknown,
     LockError,
+    fence_table,
     fencing,
     lock,
     lock_all,
@@ -169,6 +170,41 @@ def test_a_commit_refused_by_the_database_raises_its_error_and_committed_nothing
     assert sales(PG) == [("b", 5)]
 
 
+@pytest.mark.parametrize("where", ["plain", "in an except clause"])
+def test_a_first_block_s_refused_commit_raises_its_error_above_a_floor_a_prune_raised(
+    name: str, where: str
+) -> None:
+    """The floor (one per backend) rose above the block's fence during its first block:
+    another name's later row pruned. The server's error reply to the COMMIT proves nothing
+    committed; the check's "no row, floor above: maybe pruned" said unknown (review fen, 3).
+    Run in an ``except`` clause, the reply's error has that exception for its context: the
+    same reply."""
+    deferred_refusal()
+    open_shop(PG, 1, 5)
+
+    def other_name_then_prune() -> None:
+        with lock(f"{name}:other", ttl=30, atomic=PG):
+            pass
+        assert prune_fences(PG, datetime.timedelta(0)) == 1
+
+    def block() -> None:
+        with lock(name, ttl=30, atomic=PG):
+            sell_one(PG, 1, "a")
+            refused_at_commit(PG)
+            in_thread(other_name_then_prune).join(10)
+
+    with pytest.raises(IntegrityError):
+        if where == "plain":
+            block()
+        else:
+            try:
+                raise KeyError(name)
+            except KeyError:
+                block()
+    assert Fence.objects.using(PG).filter(name="").exists()  # the floor, above the fence
+    assert sales(PG) == [] and not lock(name).locked()
+
+
 # -- the COMMIT's reply lost ---------------------------------------------------------------
 
 
@@ -194,6 +230,81 @@ def test_a_lost_commit_whose_outcome_cannot_be_learned_raises_outcome_unknown(
         sell_one(PROXIED, 1, "a")
         proxied.lose_replies(100)  # the COMMIT's, and every reply to the question after it
     assert sales(PG) == [("a", 5)] and not lock(name).locked()  # it had committed
+
+
+def test_a_server_error_in_django_s_reconnect_after_a_lost_commit_is_not_its_refusal(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT's reply lost (committed), then Django's exit reconnects and the server
+    answers a statement of that reconnect with an ERROR: an error reply, yet not the
+    COMMIT's (raised while the lost reply's error was handled). Taken for a refused COMMIT,
+    the block would say "nothing committed" for a committed one: the rows are asked."""
+    open_shop(PG, 1, 5)
+    wrapper = connections[PROXIED]
+    original = wrapper.init_connection_state
+    armed: list[bool] = []
+
+    def init_connection_state() -> None:
+        original()
+        if armed:
+            armed.clear()
+            with wrapper.connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")  # the server's ERROR (22012)
+
+    monkeypatch.setattr(wrapper, "init_connection_state", init_connection_state)
+    with lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("cut", during=lambda: armed.append(True))
+    assert proxied.commits_faulted == 1 and not armed and sales(PG) == [("a", 5)]
+
+
+def test_a_lost_commit_whose_check_meets_a_silent_database_is_unknown_in_time(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT's reply lost, then the database silent to the check (its first question
+    answered by nothing, the connection left open): the block hung there, its lock renewed
+    all along (review fen, 2). Now unknown past the check's bound (the wait, 5 s here, plus
+    its slack: 1 s here), the lock released."""
+    monkeypatch.setattr(fence_table, "CHECK_SLACK", 1.0, raising=False)
+    open_shop(PG, 1, 5)
+    proxied.mute_from(b"pg_backend_pid()")  # the check's first question
+    out: list[Any] = []
+
+    def block() -> None:
+        started = time.monotonic()
+        try:
+            with lock(name, ttl=5, atomic=PROXIED):
+                sell_one(PROXIED, 1, "a")
+                proxied.fault_commit("cut")
+        except Exception as exc:
+            out.append(exc)
+        out.append(time.monotonic() - started)
+
+    thread = in_thread(block)
+    thread.join(12)
+    assert not thread.is_alive(), "the outcome check hangs on a silent database"
+    assert isinstance(out[0], CommitOutcomeUnknown) and out[1] < 9, out
+    assert proxied.muted.is_set() and sales(PG) == [("a", 5)] and not lock(name).locked()
+
+
+def test_a_check_given_up_on_mid_read_does_not_keep_the_next_holder_waiting(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check's row read (``FOR SHARE``) ran, its reply never came: the block said
+    unknown and released, and the check's transaction, left open by a client gone silent,
+    kept the row locked: the next holder's block waited for it till its own bound. The
+    server now ends it (``idle_in_transaction_session_timeout``, the check's bound)."""
+    monkeypatch.setattr(fence_table, "CHECK_SLACK", 1.0)
+    open_shop(PG, 1, 5)
+    with pytest.raises(CommitOutcomeUnknown), lock(name, ttl=5, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.mute_from(b"FOR SHARE")  # the check's read, not the block's own statements
+        proxied.fault_commit("cut")
+    assert proxied.muted.is_set()
+    started = time.monotonic()
+    with lock(name, ttl=30, timeout=10, atomic=PG):
+        sell_one(PG, 1, "n")
+    assert time.monotonic() - started < 5 and sales(PG) == [("a", 5), ("n", 4)]
 
 
 def test_a_commit_cut_before_the_server_got_it_raises_and_committed_nothing(
@@ -595,6 +706,37 @@ def test_a_prune_deleting_the_row_before_the_outcome_check_makes_the_outcome_unk
     assert sales(PG) == [("a", 5)] and not lock(name).locked()
 
 
+def test_a_pruned_row_re_created_by_a_re_fencing_next_holder_makes_the_outcome_unknown(
+    name: str, proxied: LossyProxy, failover: RedisServer
+) -> None:
+    """The block's committed row pruned, Redis flushed, the next holder's first block
+    re-fences over the floor: its row's ``previous`` is its own pre-re-fence fence, below
+    the block's. That is no earlier writer: not "nothing committed" (review fen, 1)."""
+    open_shop(PG, 1, 5)
+    held = lock(name, using="failover", ttl=30)
+    assert held.acquire()
+    time.sleep(0.002)
+    with lock(f"{name}:x", using="failover", ttl=30, atomic=PG):  # a later fence, pruned:
+        pass
+    assert prune_fences(PG, datetime.timedelta(0)) == 1  # the floor is above the hold's
+    done: list[str] = []
+
+    def prune_then_next_holder() -> None:
+        try:
+            assert prune_fences(PG, datetime.timedelta(0)) == 1  # the block's row
+            failover.client().flushall()  # the hold and the counter lost
+            with lock(name, using="failover", ttl=30, timeout=5, atomic=PG):
+                sell_one(PG, 1, "n")
+            done.append("n")
+        finally:
+            connections.close_all()
+
+    with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("cut", during=prune_then_next_holder)
+    assert done == ["n"] and sales(PG) == [("a", 5), ("n", 4)]
+
+
 # -- autocommit off --------------------------------------------------------------------------
 
 
@@ -828,7 +970,7 @@ def test_a_lost_commit_while_another_thread_s_block_of_the_hold_committed_return
 def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_unknown(
     name: str, proxied: LossyProxy
 ) -> None:
-    """B1's COMMIT is refused (rolled back), its reply late; meanwhile B2, another thread's
+    """B1's COMMIT is refused (rolled back), its reply lost; meanwhile B2, another thread's
     block of the same hold, commits the hold's fence, the hold is lost and the next holder
     commits on top: its ``previous`` is the hold's fence, B2's. B1 returned as committed,
     nothing of it committed; now unknown (the rows cannot tell B1's fence from B2's)."""
@@ -852,7 +994,7 @@ def test_a_refused_commit_under_another_thread_s_block_and_the_next_holder_is_un
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "b1")
         refused_at_commit(PROXIED)
-        proxied.fault_commit("late", hold=0.1, during=meanwhile)
+        proxied.fault_commit("cut", hold=0.1, during=meanwhile)
     with contextlib.suppress(LockError):
         held.release()
     assert done == ["b2", "n"] and sales(PG) == [("b2", 5), ("n", 4)]
@@ -995,7 +1137,7 @@ def test_a_refused_commit_under_another_process_s_block_of_the_hold_is_unknown(
 ) -> None:
     """A frozen clock (freezegun) in two processes sharing a hold (a forked child adopts it):
     each made its marks unique only among its own, so the child's block and this process's
-    next one wrote the same mark. This block's COMMIT is refused, its reply late; the child's
+    next one wrote the same mark. This block's COMMIT is refused, its reply lost; the child's
     block commits on top meanwhile: the row showed the hold's fence with "this block's" mark,
     and it returned as committed, nothing of it committed. Another process's block of the hold
     on top: unknown."""
@@ -1012,7 +1154,7 @@ def test_a_refused_commit_under_another_process_s_block_of_the_hold_is_unknown(
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "parent")
         refused_at_commit(PROXIED)
-        proxied.fault_commit("late", hold=0.1, during=lambda: exits.append(child()))
+        proxied.fault_commit("cut", hold=0.1, during=lambda: exits.append(child()))
     held.release()
     assert exits == [0] and sales(PG) == [("child", 5)]
 
@@ -1049,7 +1191,7 @@ def test_a_refused_commit_under_another_process_s_block_and_the_next_holder_is_u
 ) -> None:
     """The hold was re-fenced by its block on another database (``default``, whose row's
     writer was unknown), so this block's upsert is the first of that fence here. Its COMMIT
-    is refused, its reply late; meanwhile a forked child that ``adopt()``ed the hold commits
+    is refused, its reply lost; meanwhile a forked child that ``adopt()``ed the hold commits
     exactly that fence (its writer known: no question to Redis), the hold is lost and the
     next holder commits on top, ``previous`` the hold's fence. This process saw no other
     block of the hold and said "committed": nothing of it committed. The child's mark in
@@ -1081,7 +1223,7 @@ def test_a_refused_commit_under_another_process_s_block_and_the_next_holder_is_u
     with pytest.raises(CommitOutcomeUnknown), held.atomic(PROXIED):
         sell_one(PROXIED, 1, "parent")
         refused_at_commit(PROXIED)
-        proxied.fault_commit("late", hold=0.1, during=meanwhile)
+        proxied.fault_commit("cut", hold=0.1, during=meanwhile)
     with contextlib.suppress(LockError):
         held.release()
     assert done == [0, "n"] and sales(PG) == [("child", 5), ("n", 4)]
