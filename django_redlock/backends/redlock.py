@@ -626,18 +626,19 @@ class RedlockBackend(BaseLockBackend):
     def mark_nodes(self) -> None:
         """Set up the restart guard's markers (done when the app is ready).
 
-        No node marked: a new deployment, so every node is marked as trusted long since. Some
-        marked: the unmarked ones lost their data, and are distrusted from now on for
-        ``restart_guard`` seconds (their first acquire would start that anyway).
+        Every node answered and none is marked: a new deployment, so every node is marked as
+        trusted long since. Some marked, or a node did not answer (or refused): the deployment
+        is not known to be new (the silent node may be the only one that kept its marker, and
+        its data), so nothing is marked; the unmarked nodes are distrusted from their first
+        acquire for ``restart_guard`` seconds.
         """
-        marks: list[Any] = []
         for node in self.nodes:
             try:
-                marks.append(node.client.get(f"{node.key_prefix}node"))
+                mark = node.client.get(f"{node.key_prefix}node")
             except (*UNAVAILABLE, ResponseError):  # a refusal: told by the node's check
-                marks.append(None)
-        if any(mark is not None for mark in marks):
-            return
+                return
+            if mark is not None:
+                return
         for node in self.nodes:
             try:
                 node.client.set(f"{node.key_prefix}node", 0, nx=True)

@@ -347,6 +347,32 @@ def test_crash_restart_hazard_and_the_guard(redis_factory: Callable[..., RedisSe
         second.release()
 
 
+def test_the_guard_keeps_its_markers_when_a_node_is_silent_at_startup(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Nodes 0 and 1 lose their data; node 2, the only one still marked, is paused while a
+    new process starts. Its startup took "no answer" for "no marker", took the deployment
+    for new and trusted the emptied nodes at once: a second holder inside the first's hold."""
+    servers = [redis_factory() for _ in range(3)]
+    options = {"restart_guard": 30, "socket_timeout": 0.1, "socket_connect_timeout": 0.1}
+    with quorum_alias("first", servers, **options):
+        locks["first"].prepare()  # a new deployment: every node marked trusted
+        first = lock(name, using="first", ttl=30, auto_renew=False)
+        assert first.acquire(blocking=False)
+    for server in servers[:2]:
+        server.client().flushall()
+    servers[2].pause()
+    try:
+        with quorum_alias("second", servers, **options):
+            locks["second"].prepare()  # the new process's AppConfig.ready
+            servers[2].resume()
+            second = lock(name, using="second", ttl=30, auto_renew=False)
+            assert not second.acquire(blocking=False)  # the emptied nodes vote no
+    finally:
+        servers[2].resume()
+    assert [s.client().get("redlock:node") for s in servers[:2]] != [b"0", b"0"]
+
+
 def test_queue_marker_needs_a_majority(quorum: RedlockBackend, nodes: list[RedisServer]) -> None:
     marker = markers.queued_key(quorum, "q")
     nodes[0].client().set(marker, "stale", px=30000)  # a minority's leftover: outvoted
