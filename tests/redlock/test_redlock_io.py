@@ -31,7 +31,7 @@ from django_redlock.backends.redlock_io import Fan
 from django_redlock.testing import RedisServer
 
 from ..campaign.proxy import Proxy
-from .test_redlock import quorum_alias
+from .test_redlock import quorum_alias, running_long_since
 
 ROOT = Path(__file__).resolve().parents[2]
 IO_FILES = ("redlock_io.py", "owners.py", "node_stream.py")
@@ -373,6 +373,7 @@ def test_one_script_call_per_node_per_acquire_and_release(
     """A healthy cluster: each acquire + release costs one script call per node each (the
     fences agree: no second trip to raise a lagging counter), fences still increasing."""
     servers = [redis_factory() for _ in range(5)]
+    running_long_since(servers)
     with quorum_alias("trips", servers):
         check_replies(backend_of("trips"), "warm")
         time.sleep(0.05)  # the warm-up's stragglers are read
