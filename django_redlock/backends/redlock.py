@@ -593,7 +593,13 @@ class RedlockBackend(BaseLockBackend):
                 if info.fence != fence or info.token is None:
                     return Released.CHANGED
                 expected = info.token
-            replies = yield self._each(lambda n: n.op_force_release(name, expected), None, True)
+            # Owed to a node skipped as down, as a release is (the same compare-and-delete by
+            # token): left there, the released hold would refuse the free lock for its TTL.
+            # Not without a token: sent later, it would delete whatever holds the node then.
+            owed = "release" if expected is not None else ""
+            replies = yield self._each(
+                lambda n: n.op_force_release(name, expected), None, True, owed=owed
+            )
             if any(r is Released.RELEASED for r in replies):
                 return Released.RELEASED  # wherever the hold was left, it is gone now
             if any(r is Released.CHANGED for r in replies):
