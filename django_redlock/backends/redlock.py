@@ -32,6 +32,7 @@ from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiters import Owed
 from .base import (
+    REFENCE_MARGIN_US,
     Attempt,
     BaseLockBackend,
     Kind,
@@ -59,6 +60,10 @@ PAGE_SCANS = 12
 #: and below every node's cap (its clock + twice this, redlock_acquire.lua) while the clocks
 #: agree within it either way, so the nodes' fences agree (no lagging counter to raise).
 FENCE_LEAD_US = 1_000_000
+#: A node's fence is at most its clock + this + 1 ms: the cap on a proposal, and the least
+#: fence of a node whose counter is gone, the time its data began + this, rounded up to the
+#: ms (redlock_acquire.lua). A re-fence's least fence is lifted to stay above them.
+FENCE_CAP_US = 2 * FENCE_LEAD_US
 _ACQUIRE = script("redlock_acquire")
 _RELEASE = script("release")
 __all__ = ["BREAKER_SECONDS", "RedlockBackend"]
@@ -404,11 +409,11 @@ class RedlockBackend(BaseLockBackend):
     def _node_acquire(
         self, node: RedisBackend, name: str, token: str, ttl_ms: int, meta: str, proposal: int
     ) -> Op[Attempt]:
-        keys = [node.key(name), node.fence_key(name)]
-        args: list[Any] = [token, str(ttl_ms), meta, str(proposal)]  # text: packed as is
-        if self.restart_guard:
-            keys.append(f"{node.key_prefix}node")
-            args.append(str(round(self.restart_guard * 1000)))
+        # The node marker even without the guard: when the node's data began, which a
+        # fence after a data loss must exceed (redlock_acquire.lua).
+        keys = [node.key(name), node.fence_key(name), f"{node.key_prefix}node"]
+        guard = str(round(self.restart_guard * 1000))
+        args: list[Any] = [token, str(ttl_ms), meta, str(proposal), guard]  # text: packed as is
         return Op(name, Call(_ACQUIRE, keys, args), _attempt)
 
     def _wait_hint(self, replies: Replies, split: bool) -> int:
@@ -461,8 +466,11 @@ class RedlockBackend(BaseLockBackend):
     def op_refence(
         self, name: str, token: str, recorded: int, client_us: int | None = None
     ) -> Op[int]:
-        # One reading of this client's clock for every node.
-        client = time.time_ns() // 1000 if client_us is None else client_us
+        # One reading of this client's clock for every node, moved on so that the nodes'
+        # least fence (refence_least: the clock + REFENCE_MARGIN_US) is the clock + the cap
+        # + 1 ms: above an unrecorded fence a node gave up to its clock + the cap + 1 ms.
+        now = time.time_ns() // 1000 if client_us is None else client_us
+        client = now + FENCE_CAP_US + 1000 - REFENCE_MARGIN_US
 
         def steps() -> Steps[int]:
             # Each node that still has the token re-fences its own hold above `recorded`; the
@@ -588,7 +596,13 @@ class RedlockBackend(BaseLockBackend):
                 if info.fence != fence or info.token is None:
                     return Released.CHANGED
                 expected = info.token
-            replies = yield self._each(lambda n: n.op_force_release(name, expected), None, True)
+            # Owed to a node skipped as down, as a release is (the same compare-and-delete by
+            # token): left there, the released hold would refuse the free lock for its TTL.
+            # Not without a token: sent later, it would delete whatever holds the node then.
+            owed = "release" if expected is not None else ""
+            replies = yield self._each(
+                lambda n: n.op_force_release(name, expected), None, True, owed=owed
+            )
             if any(r is Released.RELEASED for r in replies):
                 return Released.RELEASED  # wherever the hold was left, it is gone now
             if any(r is Released.CHANGED for r in replies):
@@ -629,18 +643,19 @@ class RedlockBackend(BaseLockBackend):
     def mark_nodes(self) -> None:
         """Set up the restart guard's markers (done when the app is ready).
 
-        No node marked: a new deployment, so every node is marked as trusted long since. Some
-        marked: the unmarked ones lost their data, and are distrusted from now on for
-        ``restart_guard`` seconds (their first acquire would start that anyway).
+        Every node answered and none is marked: a new deployment, so every node is marked as
+        trusted long since. Some marked, or a node did not answer (or refused): the deployment
+        is not known to be new (the silent node may be the only one that kept its marker, and
+        its data), so nothing is marked; the unmarked nodes are distrusted from their first
+        acquire for ``restart_guard`` seconds.
         """
-        marks: list[Any] = []
         for node in self.nodes:
             try:
-                marks.append(node.client.get(f"{node.key_prefix}node"))
+                mark = node.client.get(f"{node.key_prefix}node")
             except (*UNAVAILABLE, ResponseError):  # a refusal: told by the node's check
-                marks.append(None)
-        if any(mark is not None for mark in marks):
-            return
+                return
+            if mark is not None:
+                return
         for node in self.nodes:
             try:
                 node.client.set(f"{node.key_prefix}node", 0, nx=True)

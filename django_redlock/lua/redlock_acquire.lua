@@ -1,6 +1,7 @@
 -- Redlock: take a plain lock on one node, with a fence the nodes of a majority agree on.
--- KEYS: lock, fence counter [, node marker (the restart guard)].
--- ARGV: token, ttl ms, holder metadata, proposed fence [, restart guard ms, with the marker].
+-- KEYS: lock, fence counter, node marker (when this node's data began, ms; the restart
+--       guard's too).
+-- ARGV: token, ttl ms, holder metadata, proposed fence, restart guard ms (0: off).
 -- Returns {1, fence, 1, token of the hold given a fence before on this node ('': unknown, or
 -- held already)} when held by the caller (taken now, or already: a lost reply), else
 -- {0, ms until it may be free (-1: unknown), a digest of the holder's token ('': unknown)}:
@@ -13,7 +14,7 @@
 --! include _hold
 local lock, counter, marker = KEYS[1], KEYS[2], KEYS[3]
 local token, ttl, meta, proposal = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local guard = tonumber(ARGV[5]) or 0 -- 0 without a marker
+local guard = tonumber(ARGV[5]) or 0 -- 0: off
 local now = now_ms()
 
 --! include _restart_guard
@@ -22,9 +23,18 @@ local now = now_ms()
 -- 1 s behind the acquirer still grants its proposal): an acquirer whose clock runs far ahead
 -- must not lift fences above what this node's clock reaches long before the counter is
 -- forgotten (FENCE_MEMORY_MS), or a later fence, from the clock, would be smaller.
-proposal = math.min(proposal, now_us + 2000000)
+local CAP_US = 2000000
+proposal = math.min(proposal, now_us + CAP_US)
 local last, prior = fence_read(counter)
 local fence = math.max(last + 1, now_us, proposal)
+-- No counter: the name is new or idle (the clock is past its old fences), or this node lost
+-- its data, and with it fences up to its clock + the cap, granted before the marker (gone
+-- with them) was written again. At least that time + the cap, then: above them even for an
+-- acquirer behind the one that got them. Past the first 2 s of the node's data this is
+-- below the clock, so a healthy node's fences and round trips do not change.
+if last == 0 then
+  fence = math.max(fence, (data_since() + 1) * 1000 + CAP_US)
+end
 local text = string.format('%d', fence)
 local value = token .. '|' .. text .. '|' .. string.format('%d', now) .. '|' .. meta
 if redis.call('SET', lock, value, 'NX', 'PX', ttl) then

@@ -52,8 +52,18 @@ def occupy(server: RedisServer, backend: RedlockBackend, name: str) -> None:
     server.client().set(backend.key(name), 'other|7|0|{"h":"elsewhere"}', px=30000)
 
 
+def running_long_since(servers: list[RedisServer]) -> None:
+    """Nodes whose data began long ago (a cluster past its first 2 s): in a node's first 2 s
+    a new name's fence starts at that node's start + 2 s (redlock_acquire.lua), so the
+    nodes' fences differ and are raised to one in a second round trip."""
+    for server in servers:
+        server.client().set("redlock:node", "0")
+
+
 def keys(server: RedisServer) -> set[bytes]:
-    return {k for k in server.client().keys("*") if not k.endswith(b":f")}
+    """Keys left, but the fence counters and the node marker (kept for the fences)."""
+    found = server.client().keys("*")
+    return {k for k in found if not k.endswith(b":f") and k != b"redlock:node"}
 
 
 def test_quorum_rule_for_every_subset(quorum: RedlockBackend, nodes: list[RedisServer]) -> None:
@@ -345,6 +355,32 @@ def test_crash_restart_hazard_and_the_guard(redis_factory: Callable[..., RedisSe
         with pytest.raises(LockNotOwned):
             first.release()
         second.release()
+
+
+def test_the_guard_keeps_its_markers_when_a_node_is_silent_at_startup(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Nodes 0 and 1 lose their data; node 2, the only one still marked, is paused while a
+    new process starts. Its startup took "no answer" for "no marker", took the deployment
+    for new and trusted the emptied nodes at once: a second holder inside the first's hold."""
+    servers = [redis_factory() for _ in range(3)]
+    options = {"restart_guard": 30, "socket_timeout": 0.1, "socket_connect_timeout": 0.1}
+    with quorum_alias("first", servers, **options):
+        locks["first"].prepare()  # a new deployment: every node marked trusted
+        first = lock(name, using="first", ttl=30, auto_renew=False)
+        assert first.acquire(blocking=False)
+    for server in servers[:2]:
+        server.client().flushall()
+    servers[2].pause()
+    try:
+        with quorum_alias("second", servers, **options):
+            locks["second"].prepare()  # the new process's AppConfig.ready
+            servers[2].resume()
+            second = lock(name, using="second", ttl=30, auto_renew=False)
+            assert not second.acquire(blocking=False)  # the emptied nodes vote no
+    finally:
+        servers[2].resume()
+    assert [s.client().get("redlock:node") for s in servers[:2]] != [b"0", b"0"]
 
 
 def test_queue_marker_needs_a_majority(quorum: RedlockBackend, nodes: list[RedisServer]) -> None:

@@ -25,13 +25,14 @@ import pytest
 
 from django_redlock import lock, locks
 from django_redlock.backends import owners, redlock_io
+from django_redlock.backends.base import Released
 from django_redlock.backends.owners import Owner
 from django_redlock.backends.redlock import RedlockBackend
 from django_redlock.backends.redlock_io import Fan
 from django_redlock.testing import RedisServer
 
 from ..campaign.proxy import Proxy
-from .test_redlock import quorum_alias
+from .test_redlock import quorum_alias, running_long_since
 
 ROOT = Path(__file__).resolve().parents[2]
 IO_FILES = ("redlock_io.py", "owners.py", "node_stream.py")
@@ -373,6 +374,7 @@ def test_one_script_call_per_node_per_acquire_and_release(
     """A healthy cluster: each acquire + release costs one script call per node each (the
     fences agree: no second trip to raise a lagging counter), fences still increasing."""
     servers = [redis_factory() for _ in range(5)]
+    running_long_since(servers)
     with quorum_alias("trips", servers):
         check_replies(backend_of("trips"), "warm")
         time.sleep(0.05)  # the warm-up's stragglers are read
@@ -541,6 +543,36 @@ def test_a_release_decided_without_a_down_node_still_reaches_it(
         contender = lock(name, using="other", ttl=30)
         assert contender.acquire(blocking=False)  # at once: nothing left in the way
         contender.release()
+
+
+def test_a_force_release_decided_without_a_down_node_still_reaches_it(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """An operator's force-release of a stuck hold (its token, as the admin lists it) while
+    one node counts as down answered RELEASED and was never written there (not owed, as a
+    release is): the hold stayed on that node for its TTL; two such, and the free lock was
+    refused to everyone for the hour (review rio, 5). Owed: written when it answers again."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("owed", servers):
+        backend = backend_of("owed")
+        key = backend.nodes[0].key(name)
+        stuck = lock(name, using="owed", ttl=3600, auto_renew=False)
+        assert stuck.acquire(blocking=False)
+        servers[2].pause()
+        try:
+            deadline = time.monotonic() + 10
+            while not backend.io.health.is_down(2):  # noticed: skipped from now on
+                assert time.monotonic() < deadline, "the paused node never counted as down"
+                lock(f"{name}:probe", using="owed").locked()
+                time.sleep(0.05)
+            assert backend.force_release(name, token=stuck.token) is Released.RELEASED
+        finally:
+            servers[2].resume()
+        # Node 2 healthy again: its debt is paid once it answers (its probe: a second).
+        until = time.monotonic() + 5
+        while _held_on(servers, key) and time.monotonic() < until:
+            time.sleep(0.05)
+        assert not _held_on(servers, key), "node 2 still holds the force-released hold"
 
 
 def test_an_acquire_s_undo_reaches_a_node_that_turned_slow_meanwhile(

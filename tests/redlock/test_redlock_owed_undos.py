@@ -22,7 +22,7 @@ from django_redlock.backends.redlock import RedlockBackend
 from django_redlock.backends.redlock_io import OWED_POLL
 from django_redlock.testing import RedisServer
 
-from .test_redlock import quorum_alias
+from .test_redlock import quorum_alias, running_long_since
 from .test_redlock_io import backend_of
 
 
@@ -253,6 +253,7 @@ def test_a_dead_reference_an_interrupt_left_in_the_undo_books_changes_nothing(
     reference in ``Debts``' sets of undos under way. A dead reference equals only itself and
     iteration skips it: an acquire of the same key and token still asks every node (none
     kept as "an undo under way"), one script call each, and nothing owed is sent."""
+    running_long_since(three)
     with quorum_alias("dead", three):
         backend = backend_of("dead")
         node = backend.nodes[0]

@@ -9,13 +9,15 @@ at + 1 s). Counted with ``INFO commandstats`` on servers under libfaketime
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from django_redlock import lock, scripts
 from django_redlock.testing import FakeClock, RedisServer, faketime_server
+from django_redlock.testing.clock import faketime_library
 
+from ..conftest import Child
 from .test_redlock import quorum_alias
 
 CYCLES = 40
@@ -93,3 +95,34 @@ def test_one_script_call_per_node_per_acquire_and_release_with_clocks_apart(
     for each in range(3):
         mine = [f for n, f in fences if n == each]
         assert mine == sorted(set(mine))
+
+
+def test_a_fence_after_the_nodes_restart_empty_is_above_a_skewed_clients(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """A client 0.9 s ahead of the nodes (within the drift, never stepped) got its clock + 1 s;
+    the nodes restarted empty; a client level with them then got its clock + 1 s: 0.8 s
+    below (review rio, 4). A node whose counter is gone grants at least the clock at which
+    its data began + 2 s (its cap), above anything it handed out before."""
+    if faketime_library() is None:
+        pytest.skip("no libfaketime")
+    servers = [redis_factory() for _ in range(3)]
+    nodes = ",".join(server.url for server in servers)
+    clock = FakeClock()
+    clock.step(0.9)
+    ahead = Child("--url", servers[0].url, "--nodes", nodes, "hold", "--name", name,
+                  "--no-renew", env=clock.env(), deadline=time.monotonic() + 30)  # fmt: skip
+    try:
+        before = int(ahead.expect("ACQUIRED"))
+        ahead.send("release")
+        ahead.expect("RELEASED")
+    finally:
+        ahead.close()
+        clock.close()
+    for server in servers:
+        server.client().flushall()  # a restart without persistence
+    with quorum_alias("level", servers):
+        held = lock(name, using="level", ttl=5, auto_renew=False)
+        assert held.acquire(blocking=False)
+        assert held.fence is not None and held.fence > before, (held.fence - before) / 1e6
+        held.release()
