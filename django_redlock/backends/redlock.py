@@ -10,6 +10,7 @@ On failure it is released on the nodes asked, since a lost reply may have set th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import random
 import threading
@@ -574,8 +575,15 @@ class RedlockBackend(BaseLockBackend):
 
     def op_inspect(self, name: str) -> Op[LockInfo | None]:
         def steps() -> Steps[LockInfo | None]:
+            started = time.monotonic()  # as _validity: the TTL shown is what is left now
             replies = yield self._each(lambda n: n.op_inspect(name), self._deciding(_agreeing))
-            return self._agreed(replies)[0]
+            info = self._agreed(replies)[0]
+            if info is None or info.ttl is None:
+                return info
+            left = info.ttl * 1000
+            elapsed_ms = (time.monotonic() - started) * 1000
+            valid = max(0, round(left - elapsed_ms - self.drift_ms(round(left))))
+            return dataclasses.replace(info, ttl=valid / 1000)
 
         return Op(name, _Quorum(steps()))
 
