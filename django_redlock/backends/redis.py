@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -45,6 +46,12 @@ from .base import (
 from .cursors import parse_cursor
 from .markers import queued_key
 from .replies import CLASH_KINDS, kind_clash, lease_info, lock_info
+
+# As redis-py: asyncio's timeout scope from 3.11.3 on (the first test: for mypy's sake).
+if sys.version_info >= (3, 11) and sys.version_info >= (3, 11, 3):
+    from asyncio import timeout as _timeout_scope
+else:
+    from async_timeout import timeout as _timeout_scope
 
 logger = logging.getLogger("django_redlock")
 T = TypeVar("T")
@@ -888,10 +895,72 @@ class _Patience:
         self._stall.end()
 
 
+class _ReadDeadline:
+    """A read's ``socket_timeout``, looked at when it comes: while the loop's grace
+    (:class:`_Patience`) lasts it is put off, else ``bound`` (a timeout scope around the
+    read) expires."""
+
+    def __init__(self, bound: Any, patience: _Patience, limit: float) -> None:
+        self.expired = False
+        self._bound = bound
+        self._patience = patience
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(limit, self._check)
+
+    def _check(self) -> None:
+        left = self._patience.left()
+        if left > 0:
+            self._handle = self._loop.call_later(left, self._check)
+            return
+        self.expired = True
+        # asyncio's scope has reschedule(); async_timeout 4 (Python < 3.11.3) update()
+        expire = getattr(self._bound, "reschedule", None) or self._bound.update
+        expire(self._loop.time())
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
 class _PatientConnect:
-    """A connection class's connect, bounded by :class:`_Patience` (see AsyncPool)."""
+    """A connection class's connect and reads, bounded by :class:`_Patience` (see
+    AsyncPool)."""
 
     socket_connect_timeout: float | None
+    socket_timeout: float | None
+
+    async def read_response(
+        self, disable_decoding: bool = False, timeout: float | None = None, **kwargs: Any
+    ) -> Any:
+        limit = self.socket_timeout
+        if timeout is not None or not limit:  # the caller's own bound (pub/sub), or none
+            return await super().read_response(  # type: ignore[misc]
+                disable_decoding, timeout, **kwargs
+            )
+        # redis-py's bound on the read fired before the loop ran the reply's wake-up when
+        # both were due as the loop resumed from running another task: a reply in the
+        # socket for long was reported as a timeout. The loop's busyness is not the
+        # server's: the bound gets as long again, as a connect's does.
+        patience = _Patience(limit)
+        deadline: _ReadDeadline | None = None
+        self.socket_timeout = None  # bounded here instead
+        try:
+            async with _timeout_scope(None) as bound:
+                deadline = _ReadDeadline(bound, patience, limit)
+                try:
+                    return await super().read_response(  # type: ignore[misc]
+                        disable_decoding, **kwargs
+                    )
+                finally:
+                    deadline.cancel()
+        except asyncio.TimeoutError:
+            if deadline is None or not deadline.expired:
+                raise
+            # As redis-py's own (the read, cancelled, dropped the connection).
+            host = self._host_error()  # type: ignore[attr-defined]
+            raise RedisTimeoutError(f"Timeout reading from {host}") from None
+        finally:
+            self.socket_timeout = limit
+            patience.end()
 
     async def _connect(self) -> None:
         limit = self.socket_connect_timeout
