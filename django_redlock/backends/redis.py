@@ -1003,9 +1003,10 @@ class AsyncPool(redis.asyncio.BlockingConnectionPool):
     the sync fast path's (``fast_path._stale``): see :func:`.wire.closed_while_idle`.
 
     Its waits count the time its event loop spent running other tasks as the sync path's
-    connects count a stalled process: a connect (``socket_connect_timeout``), and a wait for
-    a pooled connection (``timeout``), found past its deadline gets as long again as the
-    loop was busy meanwhile (LOOP_GRACE_MAX at most). And a wait for a pooled connection
+    connects count a stalled process: a connect (``socket_connect_timeout``), a wait for
+    a pooled connection (``timeout``), and a wait for a reply (``socket_timeout``), found
+    past its deadline gets as long again as the loop was busy meanwhile (LOOP_GRACE_MAX at
+    most). And a wait for a pooled connection
     lasts while connections are given back open: its timeout counts from the last one (a
     burst beyond ``max_connections`` is served in turn; one given back closed, its command
     failed, is no progress: a server that keeps them all, paused, fails it within the
