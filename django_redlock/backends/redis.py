@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import threading
 import time
 import weakref
@@ -46,12 +45,6 @@ from .base import (
 from .cursors import parse_cursor
 from .markers import queued_key
 from .replies import CLASH_KINDS, kind_clash, lease_info, lock_info
-
-# As redis-py: asyncio's timeout scope from 3.11.3 on (the first test: for mypy's sake).
-if sys.version_info >= (3, 11) and sys.version_info >= (3, 11, 3):
-    from asyncio import timeout as _timeout_scope
-else:
-    from async_timeout import timeout as _timeout_scope
 
 logger = logging.getLogger("django_redlock")
 T = TypeVar("T")
@@ -897,13 +890,18 @@ class _Patience:
 
 class _ReadDeadline:
     """A read's ``socket_timeout``, looked at when it comes: while the loop's grace
-    (:class:`_Patience`) lasts it is put off, else ``bound`` (a timeout scope around the
-    read) expires."""
+    (:class:`_Patience`) lasts it is put off, else the reading task is cancelled. As
+    asyncio's timeout scope does, by hand: a scope's deadline cannot be moved from a
+    callback with async_timeout 4 (redis-py's below Python 3.11.3)."""
 
-    def __init__(self, bound: Any, patience: _Patience, limit: float) -> None:
+    def __init__(self, patience: _Patience, limit: float) -> None:
         self.expired = False
-        self._bound = bound
         self._patience = patience
+        task = asyncio.current_task()
+        assert task is not None  # (read_response makes one in a task only)
+        self._task: asyncio.Task[Any] = task
+        cancelling = getattr(self._task, "cancelling", None)  # (Python 3.11+)
+        self._cancelling: int = cancelling() if cancelling is not None else 0
         self._loop = asyncio.get_running_loop()
         self._handle = self._loop.call_later(limit, self._check)
 
@@ -911,14 +909,21 @@ class _ReadDeadline:
         left = self._patience.left()
         if left > 0:
             self._handle = self._loop.call_later(left, self._check)
-            return
-        self.expired = True
-        # asyncio's scope has reschedule(); async_timeout 4 (Python < 3.11.3) update()
-        expire = getattr(self._bound, "reschedule", None) or self._bound.update
-        expire(self._loop.time())
+        else:
+            self.expired = True
+            self._task.cancel()
 
     def cancel(self) -> None:
         self._handle.cancel()
+
+    def timed_out(self) -> bool:
+        """Whether the CancelledError being handled was this deadline's alone (then taken
+        back). Not if another cancel came too (Python 3.11+: counted; 3.10 cannot tell, as
+        with redis-py's own timeout there)."""
+        if not self.expired:
+            return False
+        uncancel = getattr(self._task, "uncancel", None)
+        return uncancel is None or uncancel() <= self._cancelling
 
 
 class _PatientConnect:
@@ -932,7 +937,8 @@ class _PatientConnect:
         self, disable_decoding: bool = False, timeout: float | None = None, **kwargs: Any
     ) -> Any:
         limit = self.socket_timeout
-        if timeout is not None or not limit:  # the caller's own bound (pub/sub), or none
+        if timeout is not None or not limit or asyncio.current_task() is None:
+            # The caller's own bound (pub/sub), or none: as redis-py does.
             return await super().read_response(  # type: ignore[misc]
                 disable_decoding, timeout, **kwargs
             )
@@ -941,24 +947,18 @@ class _PatientConnect:
         # socket for long was reported as a timeout. The loop's busyness is not the
         # server's: the bound gets as long again, as a connect's does.
         patience = _Patience(limit)
-        deadline: _ReadDeadline | None = None
+        deadline = _ReadDeadline(patience, limit)
         self.socket_timeout = None  # bounded here instead
         try:
-            async with _timeout_scope(None) as bound:
-                deadline = _ReadDeadline(bound, patience, limit)
-                try:
-                    return await super().read_response(  # type: ignore[misc]
-                        disable_decoding, **kwargs
-                    )
-                finally:
-                    deadline.cancel()
-        except asyncio.TimeoutError:
-            if deadline is None or not deadline.expired:
+            return await super().read_response(disable_decoding, **kwargs)  # type: ignore[misc]
+        except asyncio.CancelledError:
+            if not deadline.timed_out():
                 raise
             # As redis-py's own (the read, cancelled, dropped the connection).
             host = self._host_error()  # type: ignore[attr-defined]
             raise RedisTimeoutError(f"Timeout reading from {host}") from None
         finally:
+            deadline.cancel()
             self.socket_timeout = limit
             patience.end()
 
