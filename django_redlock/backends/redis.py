@@ -888,10 +888,79 @@ class _Patience:
         self._stall.end()
 
 
+class _ReadDeadline:
+    """A read's ``socket_timeout``, looked at when it comes: while the loop's grace
+    (:class:`_Patience`) lasts it is put off, else the reading task is cancelled. As
+    asyncio's timeout scope does, by hand: a scope's deadline cannot be moved from a
+    callback with async_timeout 4 (redis-py's below Python 3.11.3)."""
+
+    def __init__(self, patience: _Patience, limit: float) -> None:
+        self.expired = False
+        self._patience = patience
+        task = asyncio.current_task()
+        assert task is not None  # (read_response makes one in a task only)
+        self._task: asyncio.Task[Any] = task
+        cancelling = getattr(self._task, "cancelling", None)  # (Python 3.11+)
+        self._cancelling: int = cancelling() if cancelling is not None else 0
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(limit, self._check)
+
+    def _check(self) -> None:
+        left = self._patience.left()
+        if left > 0:
+            self._handle = self._loop.call_later(left, self._check)
+        else:
+            self.expired = True
+            self._task.cancel()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+    def timed_out(self) -> bool:
+        """Whether the CancelledError being handled was this deadline's alone (then taken
+        back). Not if another cancel came too (Python 3.11+: counted; 3.10 cannot tell, as
+        with redis-py's own timeout there)."""
+        if not self.expired:
+            return False
+        uncancel = getattr(self._task, "uncancel", None)
+        return uncancel is None or uncancel() <= self._cancelling
+
+
 class _PatientConnect:
-    """A connection class's connect, bounded by :class:`_Patience` (see AsyncPool)."""
+    """A connection class's connect and reads, bounded by :class:`_Patience` (see
+    AsyncPool)."""
 
     socket_connect_timeout: float | None
+    socket_timeout: float | None
+
+    async def read_response(
+        self, disable_decoding: bool = False, timeout: float | None = None, **kwargs: Any
+    ) -> Any:
+        limit = self.socket_timeout
+        if timeout is not None or not limit or asyncio.current_task() is None:
+            # The caller's own bound (pub/sub), or none: as redis-py does.
+            return await super().read_response(  # type: ignore[misc]
+                disable_decoding, timeout, **kwargs
+            )
+        # redis-py's bound on the read fired before the loop ran the reply's wake-up when
+        # both were due as the loop resumed from running another task: a reply in the
+        # socket for long was reported as a timeout. The loop's busyness is not the
+        # server's: the bound gets as long again, as a connect's does.
+        patience = _Patience(limit)
+        deadline = _ReadDeadline(patience, limit)
+        self.socket_timeout = None  # bounded here instead
+        try:
+            return await super().read_response(disable_decoding, **kwargs)  # type: ignore[misc]
+        except asyncio.CancelledError:
+            if not deadline.timed_out():
+                raise
+            # As redis-py's own (the read, cancelled, dropped the connection).
+            host = self._host_error()  # type: ignore[attr-defined]
+            raise RedisTimeoutError(f"Timeout reading from {host}") from None
+        finally:
+            deadline.cancel()
+            self.socket_timeout = limit
+            patience.end()
 
     async def _connect(self) -> None:
         limit = self.socket_connect_timeout
@@ -934,9 +1003,10 @@ class AsyncPool(redis.asyncio.BlockingConnectionPool):
     the sync fast path's (``fast_path._stale``): see :func:`.wire.closed_while_idle`.
 
     Its waits count the time its event loop spent running other tasks as the sync path's
-    connects count a stalled process: a connect (``socket_connect_timeout``), and a wait for
-    a pooled connection (``timeout``), found past its deadline gets as long again as the
-    loop was busy meanwhile (LOOP_GRACE_MAX at most). And a wait for a pooled connection
+    connects count a stalled process: a connect (``socket_connect_timeout``), a wait for
+    a pooled connection (``timeout``), and a wait for a reply (``socket_timeout``), found
+    past its deadline gets as long again as the loop was busy meanwhile (LOOP_GRACE_MAX at
+    most). And a wait for a pooled connection
     lasts while connections are given back open: its timeout counts from the last one (a
     burst beyond ``max_connections`` is served in turn; one given back closed, its command
     failed, is no progress: a server that keeps them all, paused, fails it within the

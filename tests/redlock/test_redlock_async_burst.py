@@ -10,8 +10,9 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
-from django_redlock import QuorumNotReached, lock
+from django_redlock import QuorumNotReached, lock, locks
 from django_redlock.backends.redis import LOOP_GRACE_MAX
 from django_redlock.exceptions import LockError
 from django_redlock.testing import RedisServer
@@ -98,3 +99,45 @@ def test_nodes_that_do_not_connect_are_still_reported_within_the_connect_timeout
         took = time.monotonic() - started
         assert all(isinstance(g, QuorumNotReached) for g in got), got
         assert took < 0.5 + LOOP_GRACE_MAX + 1, f"the burst was refused after {took:.2f}s"
+
+
+def test_replies_that_came_while_the_loop_was_busy_count(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Three healthy nodes hold their replies 50 ms (``CLIENT PAUSE``); 10 ms into an
+    ``aacquire()`` (then an ``arelease()``) another task blocks the loop for 0.3 s, three
+    node timeouts. The replies are in the sockets when the loop runs again. Before: the
+    reads' timeouts fired first, QuorumNotReached ("only 0 of 3 nodes answered"), the
+    release too though it had deleted the key on every node. Now both answer."""
+    servers = [redis_factory() for _ in range(3)]
+    with quorum_alias("stalled", servers):
+        hold = lock(name, using="stalled", ttl=30, auto_renew=False)
+
+        def replies_late() -> None:
+            for server in servers:
+                server.client().execute_command("CLIENT", "PAUSE", "50")
+
+        async def stalled(call: Callable[[], Any]) -> Any:
+            async def staller() -> None:
+                await asyncio.sleep(0.01)
+                time.sleep(0.3)  # the loop runs nothing else meanwhile
+
+            replies_late()
+            busy = asyncio.create_task(staller())
+            try:
+                return await call()
+            finally:
+                await busy
+
+        async def main() -> tuple[bool, list[int]]:
+            warm = lock(f"{name}:warm", using="stalled", ttl=30, auto_renew=False)
+            assert await warm.aacquire(blocking=False)  # connected, scripts loaded
+            await warm.arelease()
+            got = await stalled(lambda: hold.aacquire(blocking=False))
+            held = [server.client().exists(locks["stalled"].key(name)) for server in servers]
+            await stalled(hold.arelease)
+            return got, held
+
+        got, held = asyncio.run(main())
+        assert got is True and held == [1, 1, 1], (got, held)
+        assert not any(server.client().exists(locks["stalled"].key(name)) for server in servers)
