@@ -215,8 +215,14 @@ def run_task(
             _released_or_raise(held)  # (the finally below queues a follow-up for a call left)
             return {**skip_result(config, task, key, task_id, None), "coalesced": True}
         if follow_up:
-            claimed = _claim_note(config, key, cast(str, task_id))
-            if claimed is None:  # another follow-up ran it: nothing left to run
+            claimed = _claim_note(config, key, cast(str, task_id), task_name)
+            if claimed is None or isinstance(claimed, str):
+                # None: another follow-up ran it, nothing left to run. A name: another task's
+                # call (a key two tasks share), never run by this task's function: the
+                # finally below queues that task's follow-up.
+                if claimed is not None:
+                    logger.info("redlock: the coalesced call of %r is task %s's: not run by"
+                                " %s", key, claimed, task_name)  # fmt: skip
                 _released_or_raise(held)
                 result = skip_result(config, task, key, task_id, None)
                 return {**result, "coalesced": True}
@@ -346,22 +352,46 @@ def note_call(
     arguments win). ``task_name``: lets a starting worker find the task of a note left.
     Returns the note written and the one it replaced (for :func:`unnote_call`)."""
     backend = locks[config.using]
-    note = note_text(
-        {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id,
-         "task": task_name, "call": uuid_text()}
-    )  # fmt: skip
+    call = {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue,
+            "id": task_id, "task": task_name, "call": uuid_text()}  # fmt: skip
     # "call": unique per note, so taking one back (unnote_call) never takes a later call's
     # note with the same arguments.
+    note = note_text(call)
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.mark(backend, _pending_name(key), note, ttl_ms)
         if found is None:
             return note, None
+        # A call a follow-up claimed is not replaced: it stays inside the note ("before")
+        # until that run settles, so a follow-up stopped first leaves it to run (then this).
+        before = _claimed_in(found)
+        note = note_text({**call, "before": before}) if before else note_text(call)
         # In one step (compare-and-set): the earlier note is never gone before this one is
         # written (a soft time limit between a delete and a write lost both calls).
         if markers.swap(backend, _pending_name(key), found, note, ttl_ms):
             return note, found
     raise LockError(f"could not note the coalesced call of {key!r}: notes kept changing")
+
+
+def _claimed_in(text: str) -> str | None:
+    """The claimed call a note holds (the note itself if claimed, else its "before")."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(found, dict):
+        return None
+    return text if found.get("taken") else found.get("before")
+
+
+def _next_call(text: str) -> dict[str, Any]:
+    """The call a note's next follow-up runs: a claimed call kept inside it first."""
+    call = read_note(text)
+    return read_note(call["before"]) if call.get("before") else call
+
+
+def _without_before(call: dict[str, Any]) -> str:
+    return note_text({k: v for k, v in call.items() if k != "before"})
 
 
 def unnote_call(config: SingleInstance, key: str, note: str, previous: str | None) -> None:
@@ -374,10 +404,10 @@ def unnote_call(config: SingleInstance, key: str, note: str, previous: str | Non
     backend, name = locks[config.using], _pending_name(key)
     try:
         if previous is None:
-            markers.clear(backend, name, note)
+            _take_back(backend, name, note, None, to_ms(config.dedupe_ttl))
             return
         try:
-            if markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl)):
+            if _take_back(backend, name, note, previous, to_ms(config.dedupe_ttl)):
                 _drop_ended_claim(config, key, previous)
         except BaseException:
             # An interrupt at any line since the swap (done or not): an ended follow-up's
@@ -387,6 +417,30 @@ def unnote_call(config: SingleInstance, key: str, note: str, previous: str | Non
             raise
     except LockError as exc:
         logger.warning("redlock: could not take back the coalesced call of %r: %s", key, exc)
+
+
+def _take_back(backend: Any, name: str, note: str, previous: str | None, ttl_ms: int) -> bool:
+    """Put ``previous`` back (None: clear) while the note is still ``note``'s call; a claimed
+    call it kept ("before") that settled meanwhile (its follow-up took it out) is not put
+    back. Whether it put ``previous`` back."""
+    mine = json.loads(note).get("call")
+    for _ in range(10):
+        found = markers.read(backend, name)
+        if found is None or json.loads(found[0]).get("call") != mine:
+            return False  # a later call's note stays
+        restore = previous
+        if previous is not None and not json.loads(found[0]).get("before"):
+            earlier = read_note(previous)
+            if earlier.get("taken"):
+                restore = None  # the claimed call it replaced ran: not put back
+            elif earlier.get("before"):
+                restore = _without_before(earlier)
+        if restore is None:
+            if markers.clear(backend, name, found[0]):
+                return False
+        elif markers.swap(backend, name, found[0], restore, ttl_ms):
+            return restore == previous
+    return False
 
 
 def _drop_ended_claim(config: SingleInstance, key: str, previous: str) -> None:
@@ -475,13 +529,13 @@ def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
         try:
             if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
                 return  # one is coming
-            call = read_note(noted[0])
+            call = _next_call(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             # No expires= (the task's own): a poll is due after the TTL, and one discarded
             # would leave the note with nothing to come should the holder's worker be dead.
-            task.apply_async(tuple(call["args"]), call["kwargs"], task_id=poll_id,
-                             headers={FOLLOW_UP: POLL}, countdown=after, expires=None,
-                             **options)  # fmt: skip
+            _publish_as(task, call, tuple(call["args"]), call["kwargs"], task_id=poll_id,
+                        headers={FOLLOW_UP: POLL}, countdown=after, expires=None,
+                        **options)  # fmt: skip
         except BaseException as exc:
             with contextlib.suppress(LockError):
                 markers.clear(backend, _poll_name(key), poll_id)
@@ -530,8 +584,8 @@ def _clear_next(config: SingleInstance, key: str, task_id: str | None) -> None:
 
 
 def _claim_note(
-    config: SingleInstance, key: str, task_id: str
-) -> tuple[dict[str, Any], str] | None:
+    config: SingleInstance, key: str, task_id: str, task_name: str | None = None
+) -> tuple[dict[str, Any], str] | str | None:
     """The call noted last for ``key``, claimed by the follow-up ``task_id`` (compare-and-set:
     the note marked "taken" by it, not deleted, until its body ended: see
     :func:`_running_note`), with the note's claimed text; None if there is none. A note that
@@ -540,25 +594,40 @@ def _claim_note(
     ``task_id`` itself is its message's copy coming back (``acks_late``, a killed child):
     it runs. A note whose taker was revoked is a cancelled call: dropped, not run (the
     revoke is noted as it reaches a worker, before the revoked run is stopped, whose exit
-    queues the follow-up that finds it: see :func:`_noting_revoke`)."""
+    queues the follow-up that finds it: see :func:`_noting_revoke`).
+
+    A claimed call a later note replaced is kept inside it ("before": see
+    :func:`note_call`) and claimed first: the later call runs in the follow-up after. A call
+    another task noted (two tasks whose keys come out the same) is not claimed: that task's
+    name is returned (its own follow-up runs it, with its function)."""
     backend = locks[config.using]
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return None
-        call = read_note(found[0])
+        note = read_note(found[0])
+        before = note.get("before")
+        call = read_note(before) if before else note
         taken = call.get("taken")
+        if call.get("task") and task_name and call["task"] != task_name:
+            return str(call["task"])
         if taken == task_id:
-            return call, found[0]
+            return call, before or found[0]
         if taken is not None and was_revoked(config.using, str(taken)):
-            if markers.clear(backend, _pending_name(key), found[0]):  # (a later call stays)
+            # (compare-and-delete: a later call stays; kept inside, it runs now)
+            if markers.clear(backend, _pending_name(key), found[0]) if not before else (
+                markers.swap(backend, _pending_name(key), found[0], _without_before(note),
+                             ttl_ms)
+            ):  # fmt: skip
                 logger.info("redlock: revoked task %s: its coalesced call of %r dropped",
                             taken, key)  # fmt: skip
-                return None
+                if not before:
+                    return None
             continue
         claimed = note_text({**call, "taken": task_id})
-        if markers.swap(backend, _pending_name(key), found[0], claimed, ttl_ms):
+        whole = note_text({**note, "before": claimed}) if before else claimed
+        if markers.swap(backend, _pending_name(key), found[0], whole, ttl_ms):
             return call, claimed
     return None
 
@@ -572,13 +641,40 @@ def _drop_cancelled_call(config: SingleInstance, key: str, task_id: str, wanted:
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return
-        call = json.loads(found[0])
+        note = json.loads(found[0])
+        call = json.loads(note["before"]) if note.get("before") else note
         taken = call.get("taken")
         ours = taken == task_id or (taken is None and bool(wanted) and call.get("call") == wanted)
-        if ours and markers.clear(backend, _pending_name(key), found[0]):
+        if ours and _drop_claim(config, key, found[0], note):
             logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
     except (LockError, ValueError) as exc:
         logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)
+
+
+def _drop_claim(config: SingleInstance, key: str, text: str, note: dict[str, Any]) -> bool:
+    """Drop the claimed call of the note ``text`` (``note``, parsed): the note itself, or the
+    claimed call kept inside it (a later call's note stays). Compare-and-set."""
+    backend, name = locks[config.using], _pending_name(key)
+    if not note.get("before"):
+        return bool(markers.clear(backend, name, text))
+    rest = _without_before(read_note(text))
+    return bool(markers.swap(backend, name, text, rest, to_ms(config.dedupe_ttl)))
+
+
+def _settle_claim(config: SingleInstance, key: str, claimed: str) -> bool:
+    """Drop the claimed call ``claimed`` wherever it is (the note, or kept inside a later
+    one); whether it did (False: not found)."""
+    backend = locks[config.using]
+    for _ in range(10):
+        found = markers.read(backend, _pending_name(key))
+        if found is None:
+            return False
+        note = json.loads(found[0])
+        if found[0] != claimed and note.get("before") != claimed:
+            return False
+        if _drop_claim(config, key, found[0], note):
+            return True
+    return False
 
 
 def _dropping_note(
@@ -601,14 +697,14 @@ def _dropping_note(
             return
         backend = locks[config.using]
         try:
-            if markers.clear(backend, _pending_name(key), claimed):
+            if _settle_claim(config, key, claimed):
                 return
-            # Replaced by a later call's note, which a failed publish may take back, putting
-            # this claim back (see unnote_call): noted as ended first, then dropped again.
+            # Gone: a failed publish that replaced it may take its note back, putting this
+            # claim back (see unnote_call): noted as ended first, then dropped again.
             task_id = json.loads(claimed)["taken"]
             ttl_ms = to_ms(config.dedupe_ttl)
             markers.mark(backend, _ran_mark_name(key, task_id), "1", ttl_ms)
-            markers.clear(backend, _pending_name(key), claimed)
+            _settle_claim(config, key, claimed)
         except LockError as exc:  # the call may then run once more (at least once)
             logger.warning("redlock: could not clear the coalesced call of %r: %s", key, exc)
 
@@ -642,7 +738,7 @@ def _queue_follow_up(
                 _unsent_marks.discard(queued)
             else:
                 return
-            call = read_note(noted[0])
+            call = _next_call(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             if countdown:
                 options["countdown"] = countdown
@@ -650,8 +746,15 @@ def _queue_follow_up(
             headers = {FOLLOW_UP: "1", FOLLOW_UP_CALL: call.get("call")}
             # expires=None: the calls noted were accepted (their own messages ran in time);
             # the task's expires= would discard them in a busy queue, with nobody to tell.
-            task.apply_async(
-                args, kwargs, task_id=follow_id, headers=headers, expires=None, **options
+            target = _publish_as(
+                task,
+                call,
+                args,
+                kwargs,
+                task_id=follow_id,
+                headers=headers,
+                expires=None,
+                **options,
             )
         except BaseException as exc:  # refused, or a soft time limit: no mark without a message
             _unsent_marks.add(follow_id)  # first: the clear may fail, or not be reached
@@ -668,13 +771,29 @@ def _queue_follow_up(
         if not (config.dedupe_queued and isinstance(task, SingleInstanceTask)):
             # (With dedupe_queued, apply_async notes it.) Only a mark noted as sent is looked
             # for in the broker; one never noted is stale after FOLLOW_UP_PUBLISH_GRACE.
-            queue = routed_queue(task, args, kwargs, options)
+            queue = routed_queue(target, args, kwargs, options)
             if queue is not None:
                 with contextlib.suppress(LockError):
                     markers.mark(backend, sent_name(name, follow_id), queue, ttl_ms)
         logger.info("redlock: queued the coalesced call of %r as task %s", key, follow_id)
     except LockError as exc:  # the note stays until its TTL; the next run's end queues it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
+
+
+def _publish_as(task: Any, call: dict[str, Any], args: tuple, kwargs: Any, **options: Any) -> Any:
+    """Publish a follow-up of ``call`` as the task that noted it (two tasks whose keys come
+    out the same share the note: each call runs with its own task's function); returns that
+    task. An unknown name (not registered here) is sent by name."""
+    name = call.get("task")
+    if not name or name == task.name:
+        task.apply_async(args, kwargs, **options)
+        return task
+    target = task.app.tasks.get(name)
+    if target is None:
+        task.app.send_task(name, args, kwargs, **options)
+        return task
+    target.apply_async(args, kwargs, **options)
+    return target
 
 
 #: Follow-up marks this process wrote, or may have, whose message was not published and whose
@@ -1111,14 +1230,15 @@ def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminate
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return
-        taken = json.loads(found[0]).get("taken")
+        note = json.loads(found[0])
+        taken = (json.loads(note["before"]) if note.get("before") else note).get("taken")
         if taken != task_id:
             if taken is not None or terminated or not config.dedupe_queued:
                 return
             mark = markers.read(backend, _next_name(config, key))
             if mark is None or mark[0] != task_id:
                 return
-        if markers.clear(backend, _pending_name(key), found[0]):
+        if _drop_claim(config, key, found[0], note):
             logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
     except (LockError, ValueError) as exc:  # then it runs once more (at least once)
         logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)

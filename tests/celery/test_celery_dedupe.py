@@ -1651,3 +1651,92 @@ def test_coalesce_a_call_revoked_with_terminate_never_runs_again(
     wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
     after = first.send(celery_tasks.coalesced_deduped, name, "B", 0.1)
     assert after.get(timeout=30) == "ran"  # the key works on
+
+
+# -- coalesce: a claimed call replaced by a later note; two tasks sharing a key ----------------
+
+STOPPED_RUNS: list[str] = []
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.stopped_once")
+@single_instance(key="stopped-once:{name}", ttl=10, on_duplicate="coalesce")
+def stopped_once(self: Any, name: str, tag: str) -> str:
+    STOPPED_RUNS.append(tag)
+    if tag == "d1" and STOPPED_RUNS.count("d1") == 1:
+        # A later duplicate notes while this follow-up runs (as from a 2nd worker), then the
+        # run is stopped (sys.exit() in a signal handler, mid-body).
+        stopped_once.apply((name, "d2"), task_id=f"d2-{name}")
+        raise SystemExit(1)
+    return tag
+
+
+def test_coalesce_a_stopped_follow_up_s_call_survives_a_later_note(broker: None) -> None:
+    # The claim lived only in the note, which D2's note replaced: the next follow-up ran D2's
+    # call alone, and D1's (claimed, never settled) was lost. D1 runs again, then D2.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    STOPPED_RUNS.clear()
+    with lock(f"stopped-once:{name}", ttl=10):  # D1 finds the key held: noted
+        assert stopped_once.apply((name, "d1")).result["coalesced"] is True
+    celery_app.app.control.purge()
+    follow = {"headers": {contrib.FOLLOW_UP: "1"}}
+    with pytest.raises(SystemExit):
+        stopped_once.apply((name, "d1"), task_id=f"f1-{name}", **follow)
+    assert stopped_once.apply((name, "x"), task_id=f"f2-{name}", **follow).result == "d1"
+    assert stopped_once.apply((name, "x"), task_id=f"f3-{name}", **follow).result == "d2"
+    assert stopped_once.apply((name, "x"), task_id=f"f4-{name}", **follow).result["coalesced"]
+    assert STOPPED_RUNS == ["d1", "d1", "d2"]
+    assert markers.read(locks["default"], f"stopped-once:{name}:coalesce") is None
+    celery_app.app.control.purge()
+
+
+PAIR_RUNS: list[tuple[str, str]] = []
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.pair_x")
+@single_instance(key="pair:{name}", ttl=10, on_duplicate="coalesce")
+def pair_x(self: Any, name: str, tag: str) -> str:
+    PAIR_RUNS.append(("x", tag))
+    return tag
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.pair_y")
+@single_instance(key="pair:{name}", ttl=10, on_duplicate="coalesce")
+def pair_y(self: Any, name: str, label: str) -> str:
+    PAIR_RUNS.append(("y", label))
+    return label
+
+
+def _queued_follow_ups(redis_server: RedisServer, name: str) -> list[tuple[str, str]]:
+    found = []
+    for raw in redis_server.client(db=1).lrange("celery", 0, -1):
+        headers = json.loads(raw)["headers"]
+        if headers.get("redlock_follow_up") and f"'{name}'" in headers.get("argsrepr", ""):
+            found.append((headers["task"], headers["argsrepr"]))
+    return found
+
+
+def test_coalesce_two_tasks_sharing_a_key_run_each_call_with_its_own_function(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # Y's call is noted last; X's follow-up claimed it and ran X's function with Y's
+    # arguments (a call nobody made). It must run nothing, and queue Y's follow-up instead.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    PAIR_RUNS.clear()
+    celery_app.app.control.purge()
+    with lock(f"pair:{name}", ttl=10):
+        assert pair_x.apply((name, "x1")).result["coalesced"] is True
+        assert pair_y.apply((name, "y2")).result["coalesced"] is True
+    celery_app.app.control.purge()  # the follow-ups the duplicates queued (countdown)
+    follow = {"headers": {contrib.FOLLOW_UP: "1"}}
+    assert pair_x.apply((name, "x1"), task_id=f"fx-{name}", **follow).result["coalesced"]
+    assert PAIR_RUNS == []
+    assert _queued_follow_ups(redis_server, name) == [(pair_y.name, f"('{name}', 'y2')")]
+    celery_app.app.control.purge()
+    assert pair_y.apply((name, "y2"), task_id=f"fy-{name}", **follow).result == "y2"
+    assert PAIR_RUNS == [("y", "y2")]
+    assert markers.read(locks["default"], f"pair:{name}:coalesce") is None
+    celery_app.app.control.purge()
