@@ -579,6 +579,7 @@ def _clear_next(config: SingleInstance, key: str, task_id: str | None) -> None:
         sent = markers.read(backend, sent_name(name, task_id))
         if sent is not None:
             markers.clear(backend, sent_name(name, task_id), sent[0])
+        _clear_writer(backend, name, task_id)
     except LockError as exc:  # it then expires; a stale one is replaced (see below)
         logger.warning("redlock: could not clear the follow-up mark of %r: %s", key, exc)
 
@@ -728,15 +729,20 @@ def _queue_follow_up(
         # From the mark's send to the publish, any line may raise (a soft time limit, a
         # lost reply): our mark, written or not, is cleared below, or remembered as unsent.
         try:
+            # Who writes the mark, noted before it: a mark never noted as sent is stale once
+            # its writer is gone (see _next_stale), not 30 s later.
+            markers.mark(backend, _writer_name(name, follow_id), _writer(), ttl_ms)
             for _ in range(3):
                 queued = markers.mark(backend, name, follow_id, ttl_ms)
                 if queued is None:
                     break
                 if not _next_stale(config, task, key, queued):
+                    _clear_writer(backend, name, follow_id)
                     return  # queued and not started: it takes the note when it runs
                 markers.clear(backend, name, queued)
                 _unsent_marks.discard(queued)
             else:
+                _clear_writer(backend, name, follow_id)
                 return
             call = _next_call(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
@@ -796,6 +802,58 @@ def _publish_as(task: Any, call: dict[str, Any], args: tuple, kwargs: Any, **opt
     return target
 
 
+def _writer() -> str:
+    """This process, as a follow-up mark's writer (a forked child has its own pid)."""
+    return f"{HOST}:{os.getpid()}"
+
+
+def _writer_name(name: str, task_id: str) -> str:
+    return f"{name}:by:{task_id}"
+
+
+def _clear_writer(backend: Any, name: str, task_id: str) -> None:
+    with contextlib.suppress(LockError):  # else it expires with the mark
+        found = markers.read(backend, _writer_name(name, task_id))
+        if found is not None:
+            markers.clear(backend, _writer_name(name, task_id), found[0])
+
+
+def _writer_pid(backend: Any, name: str, task_id: str) -> int | None:
+    """The pid of the process on this host that wrote the follow-up mark ``task_id`` (None:
+    unknown, or on another host)."""
+    found = markers.read(backend, _writer_name(name, task_id))
+    host, _, pid = found[0].rpartition(":") if found is not None else ("", "", "")
+    return int(pid) if host == HOST and pid.isdigit() else None
+
+
+def _follow_up_once_writer_gone(config: SingleInstance, task: Any, key: str) -> None:
+    """For the main process, after a stopped run: a follow-up mark not noted as sent whose
+    writer (a child of this host) still runs is looked at again once that process is gone.
+    A hard time limit fails the task before the child is killed, maybe in its end's publish:
+    dead before the message went, its mark is stale then (see :func:`_next_stale`)."""
+    backend, name = locks[config.using], _next_name(config, key)
+    try:
+        mark = markers.read(backend, name)
+        if mark is None or markers.read(backend, sent_name(name, mark[0])) is not None:
+            return
+        pid = _writer_pid(backend, name, mark[0])
+    except LockError:
+        return
+    if pid is None or pid == os.getpid() or not _alive(pid):
+        return
+
+    def watch() -> None:
+        deadline = time.monotonic() + WATCH_STOPPED_RUN
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            _queue_follow_up(config, task, key)
+        except Exception:  # a thread's error would be lost: logged
+            logger.exception("redlock: could not queue the coalesced call of %r", key)
+
+    start_thread(threading.Thread(target=watch, name=f"redlock-follow-{pid}", daemon=True))
+
+
 #: Follow-up marks this process wrote, or may have, whose message was not published and whose
 #: clear failed or was cut short (a lost reply): stale at the next look, not after the grace.
 _unsent_marks: set[str] = set()
@@ -812,6 +870,13 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     nothing; a wrong "not stale" would strand the note."""
     if queued in _unsent_marks:
         return True
+    backend, name = locks[config.using], _next_name(config, key)
+    sent = markers.read(backend, sent_name(name, queued))
+    if sent is None:
+        # Its writer (a process on this host) died before noting it as sent: never sent.
+        pid = _writer_pid(backend, name, queued)
+        if pid is not None and pid != os.getpid() and not _alive(pid):
+            return True
     if _task_ended(task, queued):
         # A worker stores REVOKED as a revoke reaches it, and discards a message it holds
         # (for its countdown) only later, following up then (see _discarded_follow_up): one
@@ -821,9 +886,6 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     deduped = config.dedupe_queued and isinstance(task, SingleInstanceTask)
     if deduped and task._stale(key, queued):  # a purged message's marker too
         return True
-    backend = locks[config.using]
-    name = _next_name(config, key)
-    sent = markers.read(backend, sent_name(name, queued))
     if sent is None:
         mark = markers.read(backend, name)
         left = mark[1] if mark is not None and mark[0] == queued else None
@@ -1307,7 +1369,9 @@ def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
         # Whether it released or not (a soft time limit's run let go on its way out, and may
         # have been stopped before it queued): a note left must have a follow-up.
         if config is not None and config.on_duplicate == "coalesce":
-            _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
+            key = lock_key(task, *(args or ()), **(kwargs or {}))
+            _queue_follow_up(config, task, key)
+            _follow_up_once_writer_gone(config, task, key)
 
     try:
         _release_when_over(task, task_id, args, kwargs, then=follow_up)

@@ -313,6 +313,30 @@ def test_coalesce_follows_a_run_whose_child_was_killed(
     wait_for(lambda: r.lrange("coalesce-killed:k:ran", 0, -1) == ["t0", "t1"], timeout=20)
 
 
+@pytest.mark.parametrize("stop", ["hard time limit", "SIGKILL"])
+def test_coalesce_a_run_stopped_as_its_end_publishes_the_follow_up(
+    stop: str, prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The run's end wrote the follow-up mark and was stopped in its publish. The main
+    # process looked while the child still ran (a hard time limit fails the task before the
+    # kill) or found the dead child's unsent mark: "a follow-up to come", for 30 s at least.
+    # Nothing came: the coalesced call never ran.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    group = f"coalesce-pub:{name}"
+    first = prefork.send(celery_tasks.coalesced_slow_publish, name, "t0", 1.0)
+    (pid,) = wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_slow_publish, name, "t1").get(timeout=30)
+    assert value["coalesced"] is True
+    wait_for(lambda: r.lrange(f"{group}:publishing", 0, -1))
+    if stop == "SIGKILL":
+        os.kill(int(pid), signal.SIGKILL)
+    first.get(timeout=30, propagate=False)
+    wait_for(lambda: r.lrange(f"{group}:ran", 0, -1) == ["t0", "t1"], timeout=20)
+    time.sleep(0.5)
+    assert r.lrange(f"{group}:ran", 0, -1) == ["t0", "t1"]
+
+
 def test_coalesce_with_dedupe_queued_runs_a_call_made_during_a_run(
     prefork: Worker, redis_server: RedisServer
 ) -> None:
@@ -1471,13 +1495,13 @@ def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_
     # raises, and B took its note back by putting A's claim back: A's call, which ran, was
     # noted again and the next worker start ran it a second time. A follow-up that did not
     # end (killed mid-run) must still find its claim put back (at least once). "across the
-    # take-back": A's drop fails during the publish, and A notes that it ended, and drops
-    # again, only once B took its note back.
+    # take-back": A's drop reads B's note (A's claim kept inside it) during the publish, and
+    # drops its claim only once B took its note back.
     import threading
 
     from celery import Task
 
-    from django_redlock.contrib.celery import _claim_note, _dropping_note, _Ending
+    from django_redlock.contrib.celery import _claim_note, _dropping_note, _Ending, _settle_claim
 
     task = celery_tasks.coalesced_deduped
     config = task.single_instance_config()
@@ -1489,7 +1513,7 @@ def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_
     ended = _Ending()
     ended.steps.append(_dropping_note(config, key, claimed[1], ended))
 
-    drop = ended.steps[0].__code__
+    drop = _settle_claim.__code__
     at_mark, go_on = threading.Event(), threading.Event()
 
     def held_at_the_mark(frame: Any, event: str, arg: Any) -> Any:
@@ -1497,8 +1521,8 @@ def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_
             return None
 
         def line(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and "task_id" in frame.f_locals and not at_mark.is_set():
-                at_mark.set()  # its first clear failed: held before its mark
+            if event == "line" and "note" in frame.f_locals and not at_mark.is_set():
+                at_mark.set()  # it read B's note: held before it drops its claim
                 go_on.wait(10)
             return line
 
