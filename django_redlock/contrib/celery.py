@@ -182,6 +182,7 @@ def run_task(
     held = new_hold(config, key, task_id, attempt)
     acquired = False
     ending = _Ending()  # the follow-up's note dropped, the run noted done: once it settled
+    kept: object | None = None  # this run keeps the key's note (see _keep_note)
     # acks_late: a copy of this very message put back while its run went on, taken after that
     # run ended (see _ran_already), is looked for before anything else it would do.
     late = bool(task_id) and _acks_late(task)
@@ -190,8 +191,10 @@ def run_task(
     # the watchdog renews nothing after the run (run_held's own guard starts only inside it).
 
     def run() -> Any:
-        nonlocal acquired, body
+        nonlocal acquired, body, kept
         _, acquired, info = take(config, key, task_id, task_name, attempt, held)
+        if acquired and coalesce:
+            kept = _keep_note(config, key, running=True)
         if not acquired:
             own = attempts_holding(info, task_id)
             if task_id and own:
@@ -252,6 +255,7 @@ def run_task(
     try:
         return guarded(held, run)
     finally:
+        _kept_notes.pop(kept, None)
         if coalesce and acquired:  # taken, then interrupted: it ends too
             _queue_follow_up(config, task, key)
 
@@ -782,8 +786,67 @@ def _queue_follow_up(
                 with contextlib.suppress(LockError):
                     markers.mark(backend, sent_name(name, follow_id), queue, ttl_ms)
         logger.info("redlock: queued the coalesced call of %r as task %s", key, follow_id)
+        _keep_note(config, key, running=False)
     except LockError as exc:  # the note stays until its TTL; the next run's end queues it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
+
+
+# A note's TTL is dedupe_ttl, renewed (every third of it) by the process that stands for it:
+# the run of the key it waits for, as long as that runs (however long: the watchdog renews
+# its lock), then the process that queued its follow-up, until a follow-up claims it (its own
+# run keeps it then) or it is gone, however long the follow-up waits in a busy queue. So only
+# a note nobody stands for (its processes died) expires, dedupe_ttl after the last renewal.
+
+#: The notes this process keeps: a token -> (settings, key, kept for a run of the key).
+_kept_notes: dict[object, tuple[SingleInstance, str, bool]] = {}
+_keeper_pid: list[int] = []  # the pid whose keeper thread runs (a forked child starts its own)
+
+
+def _keep_note(config: SingleInstance, key: str, running: bool) -> object:
+    """Keep ``key``'s note (renewing its TTL) from now: ``running``, until the token is
+    popped from ``_kept_notes``; else until a follow-up claimed it, or it is gone."""
+    token = object()
+    if _keeper_pid != [os.getpid()]:
+        _kept_notes.clear()  # a forked child's copy of its parent's: the parent keeps them
+        _keeper_pid[:] = [os.getpid()]
+        _kept_notes[token] = (config, key, running)
+        thread = threading.Thread(target=_keep_notes, name="redlock-coalesce-notes", daemon=True)
+        start_thread(thread)
+    else:
+        _kept_notes[token] = (config, key, running)
+    return token
+
+
+def _keep_notes() -> None:
+    due: dict[object, float] = {}
+    while _keeper_pid == [os.getpid()]:
+        now = time.monotonic()
+        for token, (config, key, running) in list(_kept_notes.items()):
+            every = max(config.dedupe_ttl / 3, 0.05)
+            if due.setdefault(token, now + every) > now:
+                continue
+            due[token] = now + every
+            try:
+                if not _renew_note(config, key, running):
+                    _kept_notes.pop(token, None)
+            except Exception as exc:  # LockError, a note not ours: tried again
+                logger.warning("redlock: could not renew the coalesced call of %r: %s", key, exc)
+        for token in [t for t in due if t not in _kept_notes]:
+            del due[token]
+        time.sleep(0.05)
+
+
+def _renew_note(config: SingleInstance, key: str, running: bool) -> bool:
+    """Renew ``key``'s note (compare-and-set: a note written meanwhile has its full TTL);
+    whether to keep it on."""
+    backend, name = locks[config.using], _pending_name(key)
+    found = markers.read(backend, name)
+    if found is None:
+        return running
+    if not running and json.loads(found[0]).get("taken"):
+        return False  # its follow-up runs it, and keeps it
+    markers.swap(backend, name, found[0], found[0], to_ms(config.dedupe_ttl))
+    return True
 
 
 def _publish_as(task: Any, call: dict[str, Any], args: tuple, kwargs: Any, **options: Any) -> Any:

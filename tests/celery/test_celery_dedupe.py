@@ -1764,3 +1764,40 @@ def test_coalesce_two_tasks_sharing_a_key_run_each_call_with_its_own_function(
     assert PAIR_RUNS == [("y", "y2")]
     assert markers.read(locks["default"], f"pair:{name}:coalesce") is None
     celery_app.app.control.purge()
+
+
+# -- coalesce: a note outlives dedupe_ttl while its run runs, or its follow-up waits ----------
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.kept_note")
+@single_instance(key="kept:{name}", ttl=10, on_duplicate="coalesce", dedupe_ttl=1.0)
+def kept_note(self: Any, name: str, tag: str, duplicate: str | None = None) -> str:
+    if duplicate is not None:  # a duplicate arrives while the key runs (as from a 2nd worker)
+        kept_note.apply((name, duplicate), task_id=f"dup-{duplicate}-{uuid.uuid4().hex[:6]}")
+        time.sleep(2.5)  # the run outlasts dedupe_ttl (1 s)
+    return tag
+
+
+def test_coalesce_a_note_outlives_dedupe_ttl_while_its_run_runs_and_its_follow_up_waits(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # The note's TTL was dedupe_ttl, never renewed: gone before the run's end (which queued
+    # nothing), or before its follow-up ran (which ran nothing). Each call was told
+    # "coalesced": one more run follows.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    celery_app.app.control.purge()
+    assert kept_note.apply((name, "t0", "t1")).result == "t0"
+    found = [
+        json.loads(raw)["headers"]
+        for raw in redis_server.client(db=1).lrange("celery", 0, -1)
+        if f"'{name}'" in json.loads(raw)["headers"].get("argsrepr", "")
+    ]
+    assert [h["argsrepr"] for h in found] == [f"('{name}', 't1')"]  # its follow-up, queued
+    time.sleep(2.5)  # it waits in a busy queue past dedupe_ttl
+    celery_app.app.control.purge()
+    follow = {"task_id": found[0]["id"], "headers": {contrib.FOLLOW_UP: "1"}}
+    assert kept_note.apply((name, "t1"), **follow).result == "t1"
+    assert markers.read(locks["default"], f"kept:{name}:coalesce") is None
+    celery_app.app.control.purge()
