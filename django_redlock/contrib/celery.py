@@ -744,6 +744,7 @@ def _queue_follow_up(
                     _clear_writer(backend, name, follow_id)
                     return  # queued and not started: it takes the note when it runs
                 markers.clear(backend, name, queued)
+                _clear_writer(backend, name, queued)
                 _unsent_marks.discard(queued)
             else:
                 _clear_writer(backend, name, follow_id)
