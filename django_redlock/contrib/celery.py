@@ -772,6 +772,7 @@ def _queue_follow_up(
             with contextlib.suppress(LockError):
                 markers.clear(backend, name, follow_id)
                 _unsent_marks.discard(follow_id)
+                _clear_writer(backend, name, follow_id)
             if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
                 raise  # the run fails with it; its failure handler queues the follow-up
             logger.warning(
@@ -834,7 +835,7 @@ def _keep_notes() -> None:
                 logger.warning("redlock: could not renew the coalesced call of %r: %s", key, exc)
         for token in [t for t in due if t not in _kept_notes]:
             del due[token]
-        time.sleep(0.05)
+        time.sleep(0.05 if _kept_notes else 0.5)  # a note kept from now is due in ttl/3
 
 
 def _renew_note(config: SingleInstance, key: str, running: bool) -> bool:
