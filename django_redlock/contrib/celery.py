@@ -411,8 +411,9 @@ def unnote_call(config: SingleInstance, key: str, note: str, previous: str | Non
             _take_back(backend, name, note, None, to_ms(config.dedupe_ttl))
             return
         try:
-            if _take_back(backend, name, note, previous, to_ms(config.dedupe_ttl)):
-                _drop_ended_claim(config, key, previous)
+            restored = _take_back(backend, name, note, previous, to_ms(config.dedupe_ttl))
+            if restored is not None:
+                _drop_ended_claim(config, key, restored)
         except BaseException:
             # An interrupt at any line since the swap (done or not): an ended follow-up's
             # claim put back is looked for still (compare-and-delete: else nothing happens).
@@ -423,28 +424,31 @@ def unnote_call(config: SingleInstance, key: str, note: str, previous: str | Non
         logger.warning("redlock: could not take back the coalesced call of %r: %s", key, exc)
 
 
-def _take_back(backend: Any, name: str, note: str, previous: str | None, ttl_ms: int) -> bool:
-    """Put ``previous`` back (None: clear) while the note is still ``note``'s call; a claimed
-    call it kept ("before") that settled meanwhile (its follow-up took it out) is not put
-    back. Whether it put ``previous`` back."""
+def _take_back(backend: Any, name: str, note: str, previous: str | None, ttl_ms: int) -> str | None:
+    """Put ``previous`` back (None: clear) while the note is still ``note``'s call, with the
+    claimed call it kept ("before") as it stands now: gone if it settled meanwhile (its
+    follow-up took it out), claimed again if another follow-up did. Returns what it put back."""
     mine = json.loads(note).get("call")
     for _ in range(10):
         found = markers.read(backend, name)
-        if found is None or json.loads(found[0]).get("call") != mine:
-            return False  # a later call's note stays
-        restore = previous
-        if previous is not None and not json.loads(found[0]).get("before"):
+        current = json.loads(found[0]) if found is not None else {}
+        if found is None or current.get("call") != mine:
+            return None  # a later call's note stays
+        restore, kept = previous, current.get("before")
+        if previous is not None:
             earlier = read_note(previous)
             if earlier.get("taken"):
-                restore = None  # the claimed call it replaced ran: not put back
+                restore = kept  # the claimed call it replaced (None: it ran)
             elif earlier.get("before"):
-                restore = _without_before(earlier)
+                restore = note_text({**earlier, "before": kept}) if kept else (
+                    _without_before(earlier)
+                )  # fmt: skip
         if restore is None:
             if markers.clear(backend, name, found[0]):
-                return False
+                return None
         elif markers.swap(backend, name, found[0], restore, ttl_ms):
-            return restore == previous
-    return False
+            return restore
+    return None
 
 
 def _drop_ended_claim(config: SingleInstance, key: str, previous: str) -> None:

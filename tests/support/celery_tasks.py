@@ -254,11 +254,11 @@ def coalesced_killed(self: Any, name: str, tag: str, seconds: float = 0.1) -> st
     return body(f"coalesce-killed:{name}", tag, seconds)
 
 
-@shared_task(bind=True, time_limit=3)
+@shared_task(bind=True, time_limit=4)
 @single_instance(key="coalesce-pub:{name}", ttl=30, on_duplicate="coalesce")
 def coalesced_slow_publish(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
-    # Its follow-up's publish takes 4 s (below): a run's end is stopped there (its hard
-    # time limit, 3 s, or a SIGKILL), between the follow-up mark and the message.
+    # Its follow-up's publish takes 5 s (below): a run's end is stopped there (its hard
+    # time limit, 4 s, or a SIGKILL), between the follow-up mark and the message.
     import os
 
     redis().rpush(f"coalesce-pub:{name}:pids", os.getpid())
@@ -272,7 +272,7 @@ def _slow_follow_up_publish(sender: Any = None, headers: Any = None, **_: Any) -
     if sender == coalesced_slow_publish.name and headers.get("redlock_follow_up"):
         name = str(headers.get("argsrepr", "")).split("'")[1]
         if redis().rpush(f"coalesce-pub:{name}:publishing", headers.get("id", "")) == 1:
-            time.sleep(4.0)
+            time.sleep(5.0)
 
 
 @shared_task(bind=True, base=SingleInstanceTask)
