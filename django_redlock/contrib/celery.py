@@ -267,8 +267,10 @@ def run_task(
 # key, claims the note (compare-and-set: marked taken by its task id) and runs that call; the
 # note goes once its run settled (see _Ending: with atomic=, after its COMMIT; compare-
 # and-delete: a note written meanwhile stays), so a follow-up killed, stopped or interrupted
-# before that leaves it to its message's copy (same task id) or to the next follow-up. So
-# every note written before it starts, the last one's arguments, makes one run. At most one
+# before that leaves it to its message's copy (same task id) or to the next follow-up (a
+# later note keeps it inside until then: see note_call). So every note written before it
+# starts, the last one's arguments, makes one run. A note is its task's: a follow-up of
+# another task with the same key runs none (see _claim_note, _publish_as). At most one
 # follow-up is queued at a time:
 # "<key>:coalesce:next" names it from its publish until it starts, when it clears that name
 # before it takes the key. It is queued (unless one is) whenever a note may be left behind:
