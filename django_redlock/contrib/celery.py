@@ -182,6 +182,7 @@ def run_task(
     held = new_hold(config, key, task_id, attempt)
     acquired = False
     ending = _Ending()  # the follow-up's note dropped, the run noted done: once it settled
+    kept: object | None = None  # this run keeps the key's note (see _keep_note)
     # acks_late: a copy of this very message put back while its run went on, taken after that
     # run ended (see _ran_already), is looked for before anything else it would do.
     late = bool(task_id) and _acks_late(task)
@@ -190,8 +191,10 @@ def run_task(
     # the watchdog renews nothing after the run (run_held's own guard starts only inside it).
 
     def run() -> Any:
-        nonlocal acquired, body
+        nonlocal acquired, body, kept
         _, acquired, info = take(config, key, task_id, task_name, attempt, held)
+        if acquired and coalesce:
+            kept = _keep_note(config, key, running=True)
         if not acquired:
             own = attempts_holding(info, task_id)
             if task_id and own:
@@ -215,8 +218,14 @@ def run_task(
             _released_or_raise(held)  # (the finally below queues a follow-up for a call left)
             return {**skip_result(config, task, key, task_id, None), "coalesced": True}
         if follow_up:
-            claimed = _claim_note(config, key, cast(str, task_id))
-            if claimed is None:  # another follow-up ran it: nothing left to run
+            claimed = _claim_note(config, key, cast(str, task_id), task_name)
+            if claimed is None or isinstance(claimed, str):
+                # None: another follow-up ran it, nothing left to run. A name: another task's
+                # call (a key two tasks share), never run by this task's function: the
+                # finally below queues that task's follow-up.
+                if claimed is not None:
+                    logger.info("redlock: the coalesced call of %r is task %s's: not run by"
+                                " %s", key, claimed, task_name)  # fmt: skip
                 _released_or_raise(held)
                 result = skip_result(config, task, key, task_id, None)
                 return {**result, "coalesced": True}
@@ -246,6 +255,7 @@ def run_task(
     try:
         return guarded(held, run)
     finally:
+        _kept_notes.pop(kept, None)
         if coalesce and acquired:  # taken, then interrupted: it ends too
             _queue_follow_up(config, task, key)
 
@@ -257,8 +267,10 @@ def run_task(
 # key, claims the note (compare-and-set: marked taken by its task id) and runs that call; the
 # note goes once its run settled (see _Ending: with atomic=, after its COMMIT; compare-
 # and-delete: a note written meanwhile stays), so a follow-up killed, stopped or interrupted
-# before that leaves it to its message's copy (same task id) or to the next follow-up. So
-# every note written before it starts, the last one's arguments, makes one run. At most one
+# before that leaves it to its message's copy (same task id) or to the next follow-up (a
+# later note keeps it inside until then: see note_call). So every note written before it
+# starts, the last one's arguments, makes one run. A note is its task's: a follow-up of
+# another task with the same key runs none (see _claim_note, _publish_as). At most one
 # follow-up is queued at a time:
 # "<key>:coalesce:next" names it from its publish until it starts, when it clears that name
 # before it takes the key. It is queued (unless one is) whenever a note may be left behind:
@@ -346,22 +358,46 @@ def note_call(
     arguments win). ``task_name``: lets a starting worker find the task of a note left.
     Returns the note written and the one it replaced (for :func:`unnote_call`)."""
     backend = locks[config.using]
-    note = note_text(
-        {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue, "id": task_id,
-         "task": task_name, "call": uuid_text()}
-    )  # fmt: skip
+    call = {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue,
+            "id": task_id, "task": task_name, "call": uuid_text()}  # fmt: skip
     # "call": unique per note, so taking one back (unnote_call) never takes a later call's
     # note with the same arguments.
+    note = note_text(call)
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.mark(backend, _pending_name(key), note, ttl_ms)
         if found is None:
             return note, None
+        # A call a follow-up claimed is not replaced: it stays inside the note ("before")
+        # until that run settles, so a follow-up stopped first leaves it to run (then this).
+        before = _claimed_in(found)
+        note = note_text({**call, "before": before}) if before else note_text(call)
         # In one step (compare-and-set): the earlier note is never gone before this one is
         # written (a soft time limit between a delete and a write lost both calls).
         if markers.swap(backend, _pending_name(key), found, note, ttl_ms):
             return note, found
     raise LockError(f"could not note the coalesced call of {key!r}: notes kept changing")
+
+
+def _claimed_in(text: str) -> str | None:
+    """The claimed call a note holds (the note itself if claimed, else its "before")."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(found, dict):
+        return None
+    return text if found.get("taken") else found.get("before")
+
+
+def _next_call(text: str) -> dict[str, Any]:
+    """The call a note's next follow-up runs: a claimed call kept inside it first."""
+    call = read_note(text)
+    return read_note(call["before"]) if call.get("before") else call
+
+
+def _without_before(call: dict[str, Any]) -> str:
+    return note_text({k: v for k, v in call.items() if k != "before"})
 
 
 def unnote_call(config: SingleInstance, key: str, note: str, previous: str | None) -> None:
@@ -374,11 +410,12 @@ def unnote_call(config: SingleInstance, key: str, note: str, previous: str | Non
     backend, name = locks[config.using], _pending_name(key)
     try:
         if previous is None:
-            markers.clear(backend, name, note)
+            _take_back(backend, name, note, None, to_ms(config.dedupe_ttl))
             return
         try:
-            if markers.swap(backend, name, note, previous, to_ms(config.dedupe_ttl)):
-                _drop_ended_claim(config, key, previous)
+            restored = _take_back(backend, name, note, previous, to_ms(config.dedupe_ttl))
+            if restored is not None:
+                _drop_ended_claim(config, key, restored)
         except BaseException:
             # An interrupt at any line since the swap (done or not): an ended follow-up's
             # claim put back is looked for still (compare-and-delete: else nothing happens).
@@ -387,6 +424,33 @@ def unnote_call(config: SingleInstance, key: str, note: str, previous: str | Non
             raise
     except LockError as exc:
         logger.warning("redlock: could not take back the coalesced call of %r: %s", key, exc)
+
+
+def _take_back(backend: Any, name: str, note: str, previous: str | None, ttl_ms: int) -> str | None:
+    """Put ``previous`` back (None: clear) while the note is still ``note``'s call, with the
+    claimed call it kept ("before") as it stands now: gone if it settled meanwhile (its
+    follow-up took it out), claimed again if another follow-up did. Returns what it put back."""
+    mine = json.loads(note).get("call")
+    for _ in range(10):
+        found = markers.read(backend, name)
+        current = json.loads(found[0]) if found is not None else {}
+        if found is None or current.get("call") != mine:
+            return None  # a later call's note stays
+        restore, kept = previous, current.get("before")
+        if previous is not None:
+            earlier = read_note(previous)
+            if earlier.get("taken"):
+                restore = kept  # the claimed call it replaced (None: it ran)
+            elif earlier.get("before"):
+                restore = note_text({**earlier, "before": kept}) if kept else (
+                    _without_before(earlier)
+                )  # fmt: skip
+        if restore is None:
+            if markers.clear(backend, name, found[0]):
+                return None
+        elif markers.swap(backend, name, found[0], restore, ttl_ms):
+            return restore
+    return None
 
 
 def _drop_ended_claim(config: SingleInstance, key: str, previous: str) -> None:
@@ -475,13 +539,13 @@ def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
         try:
             if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
                 return  # one is coming
-            call = read_note(noted[0])
+            call = _next_call(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             # No expires= (the task's own): a poll is due after the TTL, and one discarded
             # would leave the note with nothing to come should the holder's worker be dead.
-            task.apply_async(tuple(call["args"]), call["kwargs"], task_id=poll_id,
-                             headers={FOLLOW_UP: POLL}, countdown=after, expires=None,
-                             **options)  # fmt: skip
+            _publish_as(task, call, tuple(call["args"]), call["kwargs"], task_id=poll_id,
+                        headers={FOLLOW_UP: POLL}, countdown=after, expires=None,
+                        **options)  # fmt: skip
         except BaseException as exc:
             with contextlib.suppress(LockError):
                 markers.clear(backend, _poll_name(key), poll_id)
@@ -525,13 +589,14 @@ def _clear_next(config: SingleInstance, key: str, task_id: str | None) -> None:
         sent = markers.read(backend, sent_name(name, task_id))
         if sent is not None:
             markers.clear(backend, sent_name(name, task_id), sent[0])
+        _clear_writer(backend, name, task_id)
     except LockError as exc:  # it then expires; a stale one is replaced (see below)
         logger.warning("redlock: could not clear the follow-up mark of %r: %s", key, exc)
 
 
 def _claim_note(
-    config: SingleInstance, key: str, task_id: str
-) -> tuple[dict[str, Any], str] | None:
+    config: SingleInstance, key: str, task_id: str, task_name: str | None = None
+) -> tuple[dict[str, Any], str] | str | None:
     """The call noted last for ``key``, claimed by the follow-up ``task_id`` (compare-and-set:
     the note marked "taken" by it, not deleted, until its body ended: see
     :func:`_running_note`), with the note's claimed text; None if there is none. A note that
@@ -540,25 +605,40 @@ def _claim_note(
     ``task_id`` itself is its message's copy coming back (``acks_late``, a killed child):
     it runs. A note whose taker was revoked is a cancelled call: dropped, not run (the
     revoke is noted as it reaches a worker, before the revoked run is stopped, whose exit
-    queues the follow-up that finds it: see :func:`_noting_revoke`)."""
+    queues the follow-up that finds it: see :func:`_noting_revoke`).
+
+    A claimed call a later note replaced is kept inside it ("before": see
+    :func:`note_call`) and claimed first: the later call runs in the follow-up after. A call
+    another task noted (two tasks whose keys come out the same) is not claimed: that task's
+    name is returned (its own follow-up runs it, with its function)."""
     backend = locks[config.using]
     ttl_ms = to_ms(config.dedupe_ttl)
     for _ in range(10):
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return None
-        call = read_note(found[0])
+        note = read_note(found[0])
+        before = note.get("before")
+        call = read_note(before) if before else note
         taken = call.get("taken")
+        if call.get("task") and task_name and call["task"] != task_name:
+            return str(call["task"])
         if taken == task_id:
-            return call, found[0]
+            return call, before or found[0]
         if taken is not None and was_revoked(config.using, str(taken)):
-            if markers.clear(backend, _pending_name(key), found[0]):  # (a later call stays)
+            # (compare-and-delete: a later call stays; kept inside, it runs now)
+            if markers.clear(backend, _pending_name(key), found[0]) if not before else (
+                markers.swap(backend, _pending_name(key), found[0], _without_before(note),
+                             ttl_ms)
+            ):  # fmt: skip
                 logger.info("redlock: revoked task %s: its coalesced call of %r dropped",
                             taken, key)  # fmt: skip
-                return None
+                if not before:
+                    return None
             continue
         claimed = note_text({**call, "taken": task_id})
-        if markers.swap(backend, _pending_name(key), found[0], claimed, ttl_ms):
+        whole = note_text({**note, "before": claimed}) if before else claimed
+        if markers.swap(backend, _pending_name(key), found[0], whole, ttl_ms):
             return call, claimed
     return None
 
@@ -572,13 +652,40 @@ def _drop_cancelled_call(config: SingleInstance, key: str, task_id: str, wanted:
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return
-        call = json.loads(found[0])
+        note = json.loads(found[0])
+        call = json.loads(note["before"]) if note.get("before") else note
         taken = call.get("taken")
         ours = taken == task_id or (taken is None and bool(wanted) and call.get("call") == wanted)
-        if ours and markers.clear(backend, _pending_name(key), found[0]):
+        if ours and _drop_claim(config, key, found[0], note):
             logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
     except (LockError, ValueError) as exc:
         logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)
+
+
+def _drop_claim(config: SingleInstance, key: str, text: str, note: dict[str, Any]) -> bool:
+    """Drop the claimed call of the note ``text`` (``note``, parsed): the note itself, or the
+    claimed call kept inside it (a later call's note stays). Compare-and-set."""
+    backend, name = locks[config.using], _pending_name(key)
+    if not note.get("before"):
+        return bool(markers.clear(backend, name, text))
+    rest = _without_before(read_note(text))
+    return bool(markers.swap(backend, name, text, rest, to_ms(config.dedupe_ttl)))
+
+
+def _settle_claim(config: SingleInstance, key: str, claimed: str) -> bool:
+    """Drop the claimed call ``claimed`` wherever it is (the note, or kept inside a later
+    one); whether it did (False: not found)."""
+    backend = locks[config.using]
+    for _ in range(10):
+        found = markers.read(backend, _pending_name(key))
+        if found is None:
+            return False
+        note = json.loads(found[0])
+        if found[0] != claimed and note.get("before") != claimed:
+            return False
+        if _drop_claim(config, key, found[0], note):
+            return True
+    return False
 
 
 def _dropping_note(
@@ -601,14 +708,14 @@ def _dropping_note(
             return
         backend = locks[config.using]
         try:
-            if markers.clear(backend, _pending_name(key), claimed):
+            if _settle_claim(config, key, claimed):
                 return
-            # Replaced by a later call's note, which a failed publish may take back, putting
-            # this claim back (see unnote_call): noted as ended first, then dropped again.
+            # Gone: a failed publish that replaced it may take its note back, putting this
+            # claim back (see unnote_call): noted as ended first, then dropped again.
             task_id = json.loads(claimed)["taken"]
             ttl_ms = to_ms(config.dedupe_ttl)
             markers.mark(backend, _ran_mark_name(key, task_id), "1", ttl_ms)
-            markers.clear(backend, _pending_name(key), claimed)
+            _settle_claim(config, key, claimed)
         except LockError as exc:  # the call may then run once more (at least once)
             logger.warning("redlock: could not clear the coalesced call of %r: %s", key, exc)
 
@@ -632,17 +739,23 @@ def _queue_follow_up(
         # From the mark's send to the publish, any line may raise (a soft time limit, a
         # lost reply): our mark, written or not, is cleared below, or remembered as unsent.
         try:
+            # Who writes the mark, noted before it: a mark never noted as sent is stale once
+            # its writer is gone (see _next_stale), not 30 s later.
+            markers.mark(backend, _writer_name(name, follow_id), _writer(), ttl_ms)
             for _ in range(3):
                 queued = markers.mark(backend, name, follow_id, ttl_ms)
                 if queued is None:
                     break
                 if not _next_stale(config, task, key, queued):
+                    _clear_writer(backend, name, follow_id)
                     return  # queued and not started: it takes the note when it runs
                 markers.clear(backend, name, queued)
+                _clear_writer(backend, name, queued)
                 _unsent_marks.discard(queued)
             else:
+                _clear_writer(backend, name, follow_id)
                 return
-            call = read_note(noted[0])
+            call = _next_call(noted[0])
             options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
             if countdown:
                 options["countdown"] = countdown
@@ -650,14 +763,22 @@ def _queue_follow_up(
             headers = {FOLLOW_UP: "1", FOLLOW_UP_CALL: call.get("call")}
             # expires=None: the calls noted were accepted (their own messages ran in time);
             # the task's expires= would discard them in a busy queue, with nobody to tell.
-            task.apply_async(
-                args, kwargs, task_id=follow_id, headers=headers, expires=None, **options
+            target = _publish_as(
+                task,
+                call,
+                args,
+                kwargs,
+                task_id=follow_id,
+                headers=headers,
+                expires=None,
+                **options,
             )
         except BaseException as exc:  # refused, or a soft time limit: no mark without a message
             _unsent_marks.add(follow_id)  # first: the clear may fail, or not be reached
             with contextlib.suppress(LockError):
                 markers.clear(backend, name, follow_id)
                 _unsent_marks.discard(follow_id)
+                _clear_writer(backend, name, follow_id)
             if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
                 raise  # the run fails with it; its failure handler queues the follow-up
             logger.warning(
@@ -668,13 +789,140 @@ def _queue_follow_up(
         if not (config.dedupe_queued and isinstance(task, SingleInstanceTask)):
             # (With dedupe_queued, apply_async notes it.) Only a mark noted as sent is looked
             # for in the broker; one never noted is stale after FOLLOW_UP_PUBLISH_GRACE.
-            queue = routed_queue(task, args, kwargs, options)
+            queue = routed_queue(target, args, kwargs, options)
             if queue is not None:
                 with contextlib.suppress(LockError):
                     markers.mark(backend, sent_name(name, follow_id), queue, ttl_ms)
         logger.info("redlock: queued the coalesced call of %r as task %s", key, follow_id)
+        _keep_note(config, key, running=False)
     except LockError as exc:  # the note stays until its TTL; the next run's end queues it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
+
+
+# A note's TTL is dedupe_ttl, renewed (every third of it) by the process that stands for it:
+# the run of the key it waits for, as long as that runs (however long: the watchdog renews
+# its lock), then the process that queued its follow-up, until a follow-up claims it (its own
+# run keeps it then) or it is gone, however long the follow-up waits in a busy queue. So only
+# a note nobody stands for (its processes died) expires, dedupe_ttl after the last renewal.
+
+#: The notes this process keeps: a token -> (settings, key, kept for a run of the key).
+_kept_notes: dict[object, tuple[SingleInstance, str, bool]] = {}
+_keeper_pid: list[int] = []  # the pid whose keeper thread runs (a forked child starts its own)
+
+
+def _keep_note(config: SingleInstance, key: str, running: bool) -> object:
+    """Keep ``key``'s note (renewing its TTL) from now: ``running``, until the token is
+    popped from ``_kept_notes``; else until a follow-up claimed it, or it is gone."""
+    token = object()
+    if _keeper_pid != [os.getpid()]:
+        _kept_notes.clear()  # a forked child's copy of its parent's: the parent keeps them
+        _keeper_pid[:] = [os.getpid()]
+        _kept_notes[token] = (config, key, running)
+        thread = threading.Thread(target=_keep_notes, name="redlock-coalesce-notes", daemon=True)
+        start_thread(thread)
+    else:
+        _kept_notes[token] = (config, key, running)
+    return token
+
+
+def _keep_notes() -> None:
+    due: dict[object, float] = {}
+    while _keeper_pid == [os.getpid()]:
+        now = time.monotonic()
+        for token, (config, key, running) in list(_kept_notes.items()):
+            every = max(config.dedupe_ttl / 3, 0.05)
+            if due.setdefault(token, now + every) > now:
+                continue
+            due[token] = now + every
+            try:
+                if not _renew_note(config, key, running):
+                    _kept_notes.pop(token, None)
+            except Exception as exc:  # LockError, a note not ours: tried again
+                logger.warning("redlock: could not renew the coalesced call of %r: %s", key, exc)
+        for token in [t for t in due if t not in _kept_notes]:
+            del due[token]
+        time.sleep(0.05 if _kept_notes else 0.5)  # a note kept from now is due in ttl/3
+
+
+def _renew_note(config: SingleInstance, key: str, running: bool) -> bool:
+    """Renew ``key``'s note (compare-and-set: a note written meanwhile has its full TTL);
+    whether to keep it on."""
+    backend, name = locks[config.using], _pending_name(key)
+    found = markers.read(backend, name)
+    if found is None:
+        return running
+    if not running and json.loads(found[0]).get("taken"):
+        return False  # its follow-up runs it, and keeps it
+    markers.swap(backend, name, found[0], found[0], to_ms(config.dedupe_ttl))
+    return True
+
+
+def _publish_as(task: Any, call: dict[str, Any], args: tuple, kwargs: Any, **options: Any) -> Any:
+    """Publish a follow-up of ``call`` as the task that noted it (two tasks whose keys come
+    out the same share the note: each call runs with its own task's function); returns that
+    task. An unknown name (not registered here) is sent by name."""
+    name = call.get("task")
+    if not name or name == task.name:
+        task.apply_async(args, kwargs, **options)
+        return task
+    target = task.app.tasks.get(name)
+    if target is None:
+        task.app.send_task(name, args, kwargs, **options)
+        return task
+    target.apply_async(args, kwargs, **options)
+    return target
+
+
+def _writer() -> str:
+    """This process, as a follow-up mark's writer (a forked child has its own pid)."""
+    return f"{HOST}:{os.getpid()}"
+
+
+def _writer_name(name: str, task_id: str) -> str:
+    return f"{name}:by:{task_id}"
+
+
+def _clear_writer(backend: Any, name: str, task_id: str) -> None:
+    with contextlib.suppress(LockError):  # else it expires with the mark
+        found = markers.read(backend, _writer_name(name, task_id))
+        if found is not None:
+            markers.clear(backend, _writer_name(name, task_id), found[0])
+
+
+def _writer_pid(backend: Any, name: str, task_id: str) -> int | None:
+    """The pid of the process on this host that wrote the follow-up mark ``task_id`` (None:
+    unknown, or on another host)."""
+    found = markers.read(backend, _writer_name(name, task_id))
+    host, _, pid = found[0].rpartition(":") if found is not None else ("", "", "")
+    return int(pid) if host == HOST and pid.isdigit() else None
+
+
+def _follow_up_once_writer_gone(config: SingleInstance, task: Any, key: str) -> None:
+    """For the main process, after a stopped run: a follow-up mark not noted as sent whose
+    writer (a child of this host) still runs is looked at again once that process is gone.
+    A hard time limit fails the task before the child is killed, maybe in its end's publish:
+    dead before the message went, its mark is stale then (see :func:`_next_stale`)."""
+    backend, name = locks[config.using], _next_name(config, key)
+    try:
+        mark = markers.read(backend, name)
+        if mark is None or markers.read(backend, sent_name(name, mark[0])) is not None:
+            return
+        pid = _writer_pid(backend, name, mark[0])
+    except LockError:
+        return
+    if pid is None or pid == os.getpid() or not _alive(pid):
+        return
+
+    def watch() -> None:
+        deadline = time.monotonic() + WATCH_STOPPED_RUN
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            _queue_follow_up(config, task, key)
+        except Exception:  # a thread's error would be lost: logged
+            logger.exception("redlock: could not queue the coalesced call of %r", key)
+
+    start_thread(threading.Thread(target=watch, name=f"redlock-follow-{pid}", daemon=True))
 
 
 #: Follow-up marks this process wrote, or may have, whose message was not published and whose
@@ -693,6 +941,13 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     nothing; a wrong "not stale" would strand the note."""
     if queued in _unsent_marks:
         return True
+    backend, name = locks[config.using], _next_name(config, key)
+    sent = markers.read(backend, sent_name(name, queued))
+    if sent is None:
+        # Its writer (a process on this host) died before noting it as sent: never sent.
+        pid = _writer_pid(backend, name, queued)
+        if pid is not None and pid != os.getpid() and not _alive(pid):
+            return True
     if _task_ended(task, queued):
         # A worker stores REVOKED as a revoke reaches it, and discards a message it holds
         # (for its countdown) only later, following up then (see _discarded_follow_up): one
@@ -702,9 +957,6 @@ def _next_stale(config: SingleInstance, task: Any, key: str, queued: str) -> boo
     deduped = config.dedupe_queued and isinstance(task, SingleInstanceTask)
     if deduped and task._stale(key, queued):  # a purged message's marker too
         return True
-    backend = locks[config.using]
-    name = _next_name(config, key)
-    sent = markers.read(backend, sent_name(name, queued))
     if sent is None:
         mark = markers.read(backend, name)
         left = mark[1] if mark is not None and mark[0] == queued else None
@@ -1111,14 +1363,15 @@ def _drop_revoked_call(config: SingleInstance, key: str, task_id: str, terminate
         found = markers.read(backend, _pending_name(key))
         if found is None:
             return
-        taken = json.loads(found[0]).get("taken")
+        note = json.loads(found[0])
+        taken = (json.loads(note["before"]) if note.get("before") else note).get("taken")
         if taken != task_id:
             if taken is not None or terminated or not config.dedupe_queued:
                 return
             mark = markers.read(backend, _next_name(config, key))
             if mark is None or mark[0] != task_id:
                 return
-        if markers.clear(backend, _pending_name(key), found[0]):
+        if _drop_claim(config, key, found[0], note):
             logger.info("redlock: revoked task %s: its coalesced call of %r dropped", task_id, key)
     except (LockError, ValueError) as exc:  # then it runs once more (at least once)
         logger.warning("redlock: could not drop revoked task %s's call: %s", task_id, exc)
@@ -1187,7 +1440,9 @@ def _quietly(task: Any, task_id: str, args: Any, kwargs: Any) -> None:
         # Whether it released or not (a soft time limit's run let go on its way out, and may
         # have been stopped before it queued): a note left must have a follow-up.
         if config is not None and config.on_duplicate == "coalesce":
-            _queue_follow_up(config, task, lock_key(task, *(args or ()), **(kwargs or {})))
+            key = lock_key(task, *(args or ()), **(kwargs or {}))
+            _queue_follow_up(config, task, key)
+            _follow_up_once_writer_gone(config, task, key)
 
     try:
         _release_when_over(task, task_id, args, kwargs, then=follow_up)

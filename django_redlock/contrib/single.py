@@ -184,7 +184,8 @@ def single_instance(
     ``dedupe_queued`` (the task needs ``base=SingleInstanceTask``): ``True`` makes a ``delay()``
     of a key that is queued or running return that task's ``AsyncResult`` instead of enqueuing
     again; ``"raise"`` raises :class:`AlreadyQueued` instead. ``dedupe_ttl``: how long a queue
-    marker lasts past the call's countdown/ETA if the task never starts.
+    marker lasts past the call's countdown/ETA if the task never starts (and a coalesced
+    call's note past its last renewal: see the Celery integration).
 
     ``limit=N``: at most N runs of a key at once (a semaphore of N permits instead of a
     lock); ``on_duplicate`` applies when all N are taken.

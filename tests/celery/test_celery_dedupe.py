@@ -313,6 +313,30 @@ def test_coalesce_follows_a_run_whose_child_was_killed(
     wait_for(lambda: r.lrange("coalesce-killed:k:ran", 0, -1) == ["t0", "t1"], timeout=20)
 
 
+@pytest.mark.parametrize("stop", ["hard time limit", "SIGKILL"])
+def test_coalesce_a_run_stopped_as_its_end_publishes_the_follow_up(
+    stop: str, prefork: Worker, redis_server: RedisServer
+) -> None:
+    # The run's end wrote the follow-up mark and was stopped in its publish. The main
+    # process looked while the child still ran (a hard time limit fails the task before the
+    # kill) or found the dead child's unsent mark: "a follow-up to come", for 30 s at least.
+    # Nothing came: the coalesced call never ran.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    group = f"coalesce-pub:{name}"
+    first = prefork.send(celery_tasks.coalesced_slow_publish, name, "t0", 2.0)
+    (pid,) = wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
+    value = prefork.send(celery_tasks.coalesced_slow_publish, name, "t1").get(timeout=30)
+    assert value["coalesced"] is True
+    wait_for(lambda: r.lrange(f"{group}:publishing", 0, -1))
+    if stop == "SIGKILL":
+        os.kill(int(pid), signal.SIGKILL)
+    first.get(timeout=30, propagate=False)
+    wait_for(lambda: r.lrange(f"{group}:ran", 0, -1) == ["t0", "t1"], timeout=20)
+    time.sleep(0.5)
+    assert r.lrange(f"{group}:ran", 0, -1) == ["t0", "t1"]
+
+
 def test_coalesce_with_dedupe_queued_runs_a_call_made_during_a_run(
     prefork: Worker, redis_server: RedisServer
 ) -> None:
@@ -1471,13 +1495,13 @@ def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_
     # raises, and B took its note back by putting A's claim back: A's call, which ran, was
     # noted again and the next worker start ran it a second time. A follow-up that did not
     # end (killed mid-run) must still find its claim put back (at least once). "across the
-    # take-back": A's drop fails during the publish, and A notes that it ended, and drops
-    # again, only once B took its note back.
+    # take-back": A's drop reads B's note (A's claim kept inside it) during the publish, and
+    # drops its claim only once B took its note back.
     import threading
 
     from celery import Task
 
-    from django_redlock.contrib.celery import _claim_note, _dropping_note, _Ending
+    from django_redlock.contrib.celery import _claim_note, _dropping_note, _Ending, _settle_claim
 
     task = celery_tasks.coalesced_deduped
     config = task.single_instance_config()
@@ -1489,7 +1513,7 @@ def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_
     ended = _Ending()
     ended.steps.append(_dropping_note(config, key, claimed[1], ended))
 
-    drop = ended.steps[0].__code__
+    drop = _settle_claim.__code__
     at_mark, go_on = threading.Event(), threading.Event()
 
     def held_at_the_mark(frame: Any, event: str, arg: Any) -> Any:
@@ -1497,8 +1521,8 @@ def test_coalesce_a_failed_publish_never_puts_back_the_note_of_a_follow_up_that_
             return None
 
         def line(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and "task_id" in frame.f_locals and not at_mark.is_set():
-                at_mark.set()  # its first clear failed: held before its mark
+            if event == "line" and "note" in frame.f_locals and not at_mark.is_set():
+                at_mark.set()  # it read B's note: held before it drops its claim
                 go_on.wait(10)
             return line
 
@@ -1651,3 +1675,129 @@ def test_coalesce_a_call_revoked_with_terminate_never_runs_again(
     wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
     after = first.send(celery_tasks.coalesced_deduped, name, "B", 0.1)
     assert after.get(timeout=30) == "ran"  # the key works on
+
+
+# -- coalesce: a claimed call replaced by a later note; two tasks sharing a key ----------------
+
+STOPPED_RUNS: list[str] = []
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.stopped_once")
+@single_instance(key="stopped-once:{name}", ttl=10, on_duplicate="coalesce")
+def stopped_once(self: Any, name: str, tag: str) -> str:
+    STOPPED_RUNS.append(tag)
+    if tag == "d1" and STOPPED_RUNS.count("d1") == 1:
+        # A later duplicate notes while this follow-up runs (as from a 2nd worker), then the
+        # run is stopped (sys.exit() in a signal handler, mid-body).
+        stopped_once.apply((name, "d2"), task_id=f"d2-{name}")
+        raise SystemExit(1)
+    return tag
+
+
+def test_coalesce_a_stopped_follow_up_s_call_survives_a_later_note(broker: None) -> None:
+    # The claim lived only in the note, which D2's note replaced: the next follow-up ran D2's
+    # call alone, and D1's (claimed, never settled) was lost. D1 runs again, then D2.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    STOPPED_RUNS.clear()
+    with lock(f"stopped-once:{name}", ttl=10):  # D1 finds the key held: noted
+        assert stopped_once.apply((name, "d1")).result["coalesced"] is True
+    celery_app.app.control.purge()
+    follow = {"headers": {contrib.FOLLOW_UP: "1"}}
+    with pytest.raises(SystemExit):
+        stopped_once.apply((name, "d1"), task_id=f"f1-{name}", **follow)
+    assert stopped_once.apply((name, "x"), task_id=f"f2-{name}", **follow).result == "d1"
+    assert stopped_once.apply((name, "x"), task_id=f"f3-{name}", **follow).result == "d2"
+    assert stopped_once.apply((name, "x"), task_id=f"f4-{name}", **follow).result["coalesced"]
+    assert STOPPED_RUNS == ["d1", "d1", "d2"]
+    assert markers.read(locks["default"], f"stopped-once:{name}:coalesce") is None
+    celery_app.app.control.purge()
+
+
+PAIR_RUNS: list[tuple[str, str]] = []
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.pair_x")
+@single_instance(key="pair:{name}", ttl=10, on_duplicate="coalesce")
+def pair_x(self: Any, name: str, tag: str) -> str:
+    PAIR_RUNS.append(("x", tag))
+    return tag
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.pair_y")
+@single_instance(key="pair:{name}", ttl=10, on_duplicate="coalesce")
+def pair_y(self: Any, name: str, label: str) -> str:
+    PAIR_RUNS.append(("y", label))
+    return label
+
+
+def _queued_follow_ups(redis_server: RedisServer, name: str) -> list[tuple[str, str]]:
+    found = []
+    for raw in redis_server.client(db=1).lrange("celery", 0, -1):
+        headers = json.loads(raw)["headers"]
+        if headers.get("redlock_follow_up") and f"'{name}'" in headers.get("argsrepr", ""):
+            found.append((headers["task"], headers["argsrepr"]))
+    return found
+
+
+def test_coalesce_two_tasks_sharing_a_key_run_each_call_with_its_own_function(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # Y's call is noted last; X's follow-up claimed it and ran X's function with Y's
+    # arguments (a call nobody made). It must run nothing, and queue Y's follow-up instead.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    PAIR_RUNS.clear()
+    celery_app.app.control.purge()
+    with lock(f"pair:{name}", ttl=10):
+        assert pair_x.apply((name, "x1")).result["coalesced"] is True
+        assert pair_y.apply((name, "y2")).result["coalesced"] is True
+    celery_app.app.control.purge()  # the follow-ups the duplicates queued (countdown)
+    follow = {"headers": {contrib.FOLLOW_UP: "1"}}
+    assert pair_x.apply((name, "x1"), task_id=f"fx-{name}", **follow).result["coalesced"]
+    assert PAIR_RUNS == []
+    assert _queued_follow_ups(redis_server, name) == [(pair_y.name, f"('{name}', 'y2')")]
+    celery_app.app.control.purge()
+    assert pair_y.apply((name, "y2"), task_id=f"fy-{name}", **follow).result == "y2"
+    assert PAIR_RUNS == [("y", "y2")]
+    assert markers.read(locks["default"], f"pair:{name}:coalesce") is None
+    celery_app.app.control.purge()
+
+
+# -- coalesce: a note outlives dedupe_ttl while its run runs, or its follow-up waits ----------
+
+
+@shared_task(bind=True, name="tests.celery.test_celery_dedupe.kept_note")
+@single_instance(key="kept:{name}", ttl=10, on_duplicate="coalesce", dedupe_ttl=1.0)
+def kept_note(self: Any, name: str, tag: str, duplicate: str | None = None) -> str:
+    if duplicate is not None:  # a duplicate arrives while the key runs (as from a 2nd worker)
+        kept_note.apply((name, duplicate), task_id=f"dup-{duplicate}-{uuid.uuid4().hex[:6]}")
+        time.sleep(2.5)  # the run outlasts dedupe_ttl (1 s)
+    return tag
+
+
+def test_coalesce_a_note_outlives_dedupe_ttl_while_its_run_runs_and_its_follow_up_waits(
+    broker: None, redis_server: RedisServer
+) -> None:
+    # The note's TTL was dedupe_ttl, never renewed: gone before the run's end (which queued
+    # nothing), or before its follow-up ran (which ran nothing). Each call was told
+    # "coalesced": one more run follows.
+    from django_redlock.contrib import celery as contrib
+
+    name = uuid.uuid4().hex[:8]
+    celery_app.app.control.purge()
+    assert kept_note.apply((name, "t0", "t1")).result == "t0"
+    found = [
+        json.loads(raw)["headers"]
+        for raw in redis_server.client(db=1).lrange("celery", 0, -1)
+        if f"'{name}'" in json.loads(raw)["headers"].get("argsrepr", "")
+    ]
+    assert [h["argsrepr"] for h in found] == [f"('{name}', 't1')"]  # its follow-up, queued
+    time.sleep(2.5)  # it waits in a busy queue past dedupe_ttl
+    celery_app.app.control.purge()
+    follow = {"task_id": found[0]["id"], "headers": {contrib.FOLLOW_UP: "1"}}
+    assert kept_note.apply((name, "t1"), **follow).result == "t1"
+    assert markers.read(locks["default"], f"kept:{name}:coalesce") is None
+    celery_app.app.control.purge()

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
-from celery.signals import task_prerun
+from celery.signals import before_task_publish, task_prerun
 
 from django_redlock import locks, single_instance
 from django_redlock.contrib.celery import SingleInstanceTask
@@ -252,6 +252,27 @@ def coalesced_killed(self: Any, name: str, tag: str, seconds: float = 0.1) -> st
 
     redis().rpush(f"coalesce-killed:{name}:pids", os.getpid())
     return body(f"coalesce-killed:{name}", tag, seconds)
+
+
+@shared_task(bind=True, time_limit=4)
+@single_instance(key="coalesce-pub:{name}", ttl=30, on_duplicate="coalesce")
+def coalesced_slow_publish(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
+    # Its follow-up's publish takes 5 s (below): a run's end is stopped there (its hard
+    # time limit, 4 s, or a SIGKILL), between the follow-up mark and the message.
+    import os
+
+    redis().rpush(f"coalesce-pub:{name}:pids", os.getpid())
+    return body(f"coalesce-pub:{name}", tag, seconds)
+
+
+@before_task_publish.connect(weak=False)
+def _slow_follow_up_publish(sender: Any = None, headers: Any = None, **_: Any) -> None:
+    """A slow broker for ``coalesced_slow_publish``'s first follow-up."""
+    headers = headers or {}
+    if sender == coalesced_slow_publish.name and headers.get("redlock_follow_up"):
+        name = str(headers.get("argsrepr", "")).split("'")[1]
+        if redis().rpush(f"coalesce-pub:{name}:publishing", headers.get("id", "")) == 1:
+            time.sleep(5.0)
 
 
 @shared_task(bind=True, base=SingleInstanceTask)
