@@ -345,13 +345,23 @@ def _unconfirmed(backend: BaseLockBackend, step: Watch) -> BackendUnavailable:
     return BackendUnavailable(message, timed_out=True)
 
 
+#: The steps each async driver is running. A task whose loop was torn down is garbage with
+#: its coroutine, and the collector finalises garbage in no set order: steps finalised before
+#: the coroutine would get GeneratorExit, their clean-up (it yields) could not run ("generator
+#: ignored GeneratorExit"), and the waiter would stay in the queue. Reached from here, they
+#: are not garbage: the coroutine's close finishes them (:func:`_finish_closed`).
+_driven: set[Steps[Any]] = set()
+
+
 async def adrive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = None) -> T:
     """:func:`drive` on the running event loop."""
     try:
         watches: list[Any] = []  # entered and not yet left
         try:
+            _driven.add(steps)  # (a set's add and discard take no lock: safe in a close)
             return await _adrive(backend, steps, watches)
         finally:
+            _driven.discard(steps)
             _leave_watches(backend, watches)
     except BaseException:
         if undo is not None:
