@@ -15,6 +15,7 @@ import heapq
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
@@ -33,7 +34,9 @@ class AnyWaiter(Protocol):
     unheard: set[object]
     unheard_limit: int
 
-    def wake(self) -> None: ...
+    def wake(self) -> bool:
+        """Wake it; False: it can never run again (its event loop is closed)."""
+        ...
 
 
 def unheard(waiter: AnyWaiter) -> bool:
@@ -63,9 +66,10 @@ class Waiter:
         self.unheard: set[object] = set()
         self.unheard_limit = 1
 
-    def wake(self) -> None:
+    def wake(self) -> bool:
         with contextlib.suppress(RuntimeError):  # woken already (released, not taken back)
             self._gate.release()
+        return True
 
     def wait(self, timeout: float) -> bool:
         return self._gate.acquire(timeout=max(0.0, timeout))
@@ -131,33 +135,43 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 
 class AsyncWaiter:
-    """A waiting asyncio task; may be woken from any thread."""
+    """A waiting asyncio task; may be woken from any thread.
+
+    The hub holds its waiters, so this one holds its sleep's future weakly: the future's
+    callbacks hold the task, and a task the hub kept could never be collected once its loop
+    was torn down (its clean-up, which leaves the hub and the queue, would never run). While
+    the loop lives, the sleep's own timer holds the future."""
 
     __slots__ = ("_future", "_loop", "_woken", "baton", "unconfirmed", "unheard", "unheard_limit")
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._woken = False
-        self._future: asyncio.Future[None] | None = None
+        self._future: weakref.ref[asyncio.Future[None]] | None = None
         self.baton = False
         self.unconfirmed = False
         self.unheard: set[object] = set()
         self.unheard_limit = 1
 
-    def wake(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+    def wake(self) -> bool:
+        try:
             self._loop.call_soon_threadsafe(self._set)
+        except RuntimeError:  # the loop is closed: this task never runs again
+            return False
+        return True
 
     def _set(self) -> None:
         self._woken = True
-        if self._future is not None:
-            _settle(self._future)
+        future = None if self._future is None else self._future()
+        if future is not None:
+            _settle(future)
 
     async def wait(self, timeout: float) -> bool:
         if not self._woken:
-            self._future = self._loop.create_future()
+            future = self._loop.create_future()
+            self._future = weakref.ref(future)
             try:
-                await sleep_on(self._future, timeout)
+                await sleep_on(future, timeout)
             finally:
                 self._future = None
         woken, self._woken = self._woken, False
@@ -595,18 +609,25 @@ class ReleaseHub:
         """
         # Both decided under the mutex: the group is the waiters' own dict, which a waiter
         # leaving empties in place once the mutex is let go (it tried at its deadline).
-        chosen = leave = None
-        with self._mutex:
-            group = self._waiters.get(channel)
-            if group:
-                chosen = next((w for w in group if not w.baton), None) or next(iter(group))
-                chosen.baton = True
-            else:
-                leave = self._abandoned.pop(channel, None)
-                self._abandoned_at.pop(channel, None)
-        if chosen is not None:
-            chosen.wake()
-        elif leave is not None:
+        while True:
+            chosen = leave = None
+            with self._mutex:
+                group = self._waiters.get(channel)
+                if group:
+                    chosen = next((w for w in group if not w.baton), None) or next(iter(group))
+                    chosen.baton = True
+                else:
+                    leave = self._abandoned.pop(channel, None)
+                    self._abandoned_at.pop(channel, None)
+            if chosen is None or chosen.wake():
+                break
+            # Its event loop is closed (torn down with the task pending): it never tries or
+            # leaves, and holding the wake-up it would keep the lock's next waiter asleep.
+            # Dropped, the wake-up goes on: to the next waiter here, or (the channel is its
+            # id) to its leave, owed from its first try, sent in a thread below.
+            chosen.baton = False
+            self._leave(channel, chosen)
+        if leave is not None:
             try:  # on the pub/sub reader's thread: whatever happens, it goes on reading
                 start_thread(threading.Thread(target=self._run_leave, args=(channel, leave),
                                               daemon=True, name="redlock-leave"))  # fmt: skip

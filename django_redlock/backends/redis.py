@@ -818,10 +818,13 @@ LOOP_GRACE_MAX = 5.0
 
 class _LoopStall:
     """How long one event loop's callbacks ran late (its thread busy running other tasks),
-    by a heartbeat that beats only while someone measures."""
+    by a heartbeat that beats only while someone measures.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    It keeps no reference to its loop (it is only ever used on it: the running loop is
+    its own): it is the value of the loop's entry in the weak-keyed ``_stalls``, and a
+    value holding its key keeps the entry, and the loop, for the life of the process."""
+
+    def __init__(self) -> None:
         self._total = 0.0
         self._users = 0
         self._due: float | None = None  # the next beat's time, while it beats
@@ -830,7 +833,7 @@ class _LoopStall:
         self._users += 1
         if self._due is None:
             self._due = time.monotonic() + LOOP_BEAT
-            self._loop.call_later(LOOP_BEAT, self._beat)
+            asyncio.get_running_loop().call_later(LOOP_BEAT, self._beat)
         return self.so_far()
 
     def end(self) -> None:
@@ -846,7 +849,7 @@ class _LoopStall:
         self._total += _stalled(now - (self._due or now))
         if self._users > 0:
             self._due = now + LOOP_BEAT
-            self._loop.call_later(LOOP_BEAT, self._beat)
+            asyncio.get_running_loop().call_later(LOOP_BEAT, self._beat)
         else:
             self._due = None  # an idle loop is not woken for nothing
 
@@ -864,7 +867,7 @@ def _loop_stall() -> _LoopStall:
     loop = asyncio.get_running_loop()
     stall = _stalls.get(loop)
     if stall is None:
-        stall = _stalls[loop] = _LoopStall(loop)
+        stall = _stalls[loop] = _LoopStall()
     return stall
 
 

@@ -346,6 +346,14 @@ def _unconfirmed(backend: BaseLockBackend, step: Watch) -> BackendUnavailable:
     return BackendUnavailable(message, timed_out=True)
 
 
+#: The steps each async driver is running. A task whose loop was torn down is garbage with
+#: its coroutine, and the collector finalises garbage in no set order: steps finalised before
+#: the coroutine would get GeneratorExit, their clean-up (it yields) could not run ("generator
+#: ignored GeneratorExit"), and the waiter would stay in the queue. Reached from here, they
+#: are not garbage: the coroutine's close finishes them (:func:`_finish_closed`).
+_driven: set[Steps[Any]] = set()
+
+
 async def adrive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = None) -> T:
     """:func:`drive` on the running event loop. Closed instead (GeneratorExit), it hands
     its whole clean-up to the finisher thread (:func:`_finish_closed`)."""
@@ -354,12 +362,14 @@ async def adrive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = 
     closed = False
     try:
         try:
+            _driven.add(steps)  # (a set's add and discard take no lock: safe in a close)
             return await _adrive(backend, steps, watches)
         except GeneratorExit:
             closed = True  # (first: an interrupt before the hand-over loses it, to the TTL)
             finisher.hand(functools.partial(_finish_closed, backend, steps, watches, undo))
             raise
         finally:
+            _driven.discard(steps)
             if not closed:
                 _leave_watches(backend, watches)
     except BaseException:
