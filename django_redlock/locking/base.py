@@ -82,6 +82,10 @@ T = TypeVar("T")
 B = TypeVar("B", bound="BaseLock")
 
 
+def _no_steps() -> Steps[None]:
+    yield from ()
+
+
 class _LeftWith:
     """One ``with lock:`` statement's level (not a fenced block's: fencing drops those), told
     the moment the statement is left (its exit token dies: :class:`~..fencing.TrackedExit`).
@@ -465,12 +469,19 @@ class BaseLock:
         depth = 0 if before is None else before.depth
 
         def undo() -> Steps[None]:
+            # Decided when called (no I/O): at the interrupt, or at a coroutine's close,
+            # whose clean-up the finisher thread runs later. By then the same object may
+            # hold again (a later acquire): only the hold the cut take recorded is released.
             mine = self._holds.get(owner)
-            if mine is not None and mine.depth > (depth if mine is before else 0):
-                # Its owner's, given: the finisher thread runs it for a closed coroutine.
-                yield from self._release(owner)
+            if mine is None or mine.depth <= (depth if mine is before else 0):
+                return _no_steps()
+            return self._release_recorded(owner, mine)
 
         return undo
+
+    def _release_recorded(self, owner: str, hold: Any) -> Steps[None]:
+        if self._holds.get(owner) is hold:  # still the cut take's: else let go meanwhile
+            yield from self._release(owner)  # (its owner's, given: maybe on the finisher)
 
     # -- reentrant counts after lost replies --------------------------------------------------
 

@@ -366,7 +366,11 @@ async def adrive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = 
             return await _adrive(backend, steps, watches)
         except GeneratorExit:
             closed = True  # (first: an interrupt before the hand-over loses it, to the TTL)
-            finisher.hand(functools.partial(_finish_closed, backend, steps, watches, undo))
+            # What to hand back is decided now (no I/O), not when the finisher gets to it:
+            # the object may have taken the lock again by then (review asy, 1).
+            planned = None if undo is None else undo()
+            given = None if planned is None else functools.partial(_given, planned)
+            finisher.hand(functools.partial(_finish_closed, backend, steps, watches, given))
             raise
         finally:
             _driven.discard(steps)
@@ -520,6 +524,10 @@ async def _adrive_steps(
                 observe.backend_error(backend)
             error = exc
         error = cancels.lost(error)  # a swallowed cancellation: thrown in at this step
+
+
+def _given(steps: Steps[None]) -> Steps[None]:
+    return steps
 
 
 def _finish_closed(

@@ -59,6 +59,41 @@ def test_a_waiter_closed_while_waiting_leaves_cleanly(alias: str, name: str, fai
     newcomer.release()
 
 
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_closed_waiter_s_late_clean_up_never_releases_the_same_object_s_later_hold(
+    name: str, fair: bool
+) -> None:
+    """A waiting ``aacquire()`` of object L is closed (its loop torn down); its clean-up is
+    the finisher's, which gets to it later. Meanwhile L takes the lock again (a module-level
+    object, a view's). The hand-back decided what to release when it ran: L's new hold, whose
+    caller was in its critical section, and a second object took the lock (review asy, 1).
+    It is decided at the close now: nothing had been granted, so nothing is released."""
+    holder = lock(name, using="redis", ttl=10, fair=fair)
+    mine = lock(name, using="redis", ttl=10, fair=fair)
+    assert holder.acquire()
+    gate = threading.Event()
+    finisher.ensure_started()
+    finisher.hand(lambda: gate.wait(10))  # the finisher busy (an earlier job on a slow backend)
+    try:
+        loop = asyncio.new_event_loop()
+        coro = mine.aacquire(timeout=5)
+        task = loop.create_task(coro)
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert not task.done()
+        task._log_destroy_pending = False  # left pending on purpose
+        loop.close()
+        coro.close()
+        holder.release()
+        assert mine.acquire(timeout=5), "the lock, released, is taken again by the same object"
+    finally:
+        gate.set()
+    assert finisher.wait_finished(5)
+    other = lock(name, using="redis", ttl=10, fair=fair)
+    assert not other.acquire(blocking=False), "two holders: the late clean-up released it"
+    assert mine.owned()
+    mine.release()
+
+
 # The collector closes a pending task's coroutine at whatever allocation triggered it, in any
 # thread: here one inside Thread.start() (it holds threading's ``_active_limbo_lock``, which
 # every other thread's start and every new thread's bootstrap wait for), within a waiter's try
