@@ -93,6 +93,10 @@ class Op(Generic[T_co]):
     # When the caller gives up (monotonic), if it has a timeout: a backend that tries again
     # on its own (a Cluster's slot being migrated) stops by then. The first try is always made.
     deadline: float | None = None
+    # A bounded try given up on (``aexecute_by``'s deadline) while its command may still be
+    # answered: given the command's future, which then runs on to its own socket timeout,
+    # instead of being cut (see BaseLock._late_take). None: cut.
+    late: Callable[[Any], None] | None = None
 
 
 def by_deadline(deadline: float | None, op: Op[T]) -> Op[T]:

@@ -409,13 +409,31 @@ class RedisBackend(BaseLockBackend):
         # Not asyncio.wait_for (a cancellation racing the result can be lost, Python < 3.12):
         # the caller's cancellation reaches the command through the except below.
         command = asyncio.ensure_future(self.aexecute(op))
+        # The loop's own lateness is not the server's: the bound gets as long again as the
+        # loop ran other tasks meanwhile (as a connect's): a reply read late is still taken.
+        patience = _Patience(max(0.0, deadline - time.monotonic()))
         try:
-            done, _ = await asyncio.wait({command}, timeout=max(0.0, deadline - time.monotonic()))
+            looks = 0
+            while not command.done():
+                left = patience.left()
+                if left > 0:
+                    await asyncio.wait({command}, timeout=left)
+                elif looks < _LAST_LOOKS:
+                    # Due: a reply already in the socket is read first, then taken.
+                    looks += 1
+                    await asyncio.sleep(0)
+                else:
+                    break
         except BaseException:
             command.cancel()
             raise
-        if not done:
-            command.cancel()  # (redis-py drops the connection of a command cut short)
+        finally:
+            patience.end()
+        if not command.done():
+            if op.late is not None:
+                op.late(command)  # runs on: its reply, if one comes, is the caller's to undo
+            else:
+                command.cancel()  # (redis-py drops the connection of a command cut short)
             raise BackendUnavailable(
                 f"lock {op.name!r}: backend {self.describe()} is unavailable: no answer"
                 " before the wait's server went silent for the socket timeout",
@@ -810,6 +828,9 @@ def _marker(reply: Any) -> tuple[str, int] | None:
 #: An event loop's heartbeat while a connect, or a wait for a pooled connection, measures
 #: how long the loop was busy elsewhere (see :class:`AsyncPool`).
 LOOP_BEAT = 0.005
+#: Turns of the event loop a bounded try waits past its deadline (aexecute_by): one reads a
+#: reply already in the socket, the next runs the command's task on it.
+_LAST_LOOKS = 3
 #: At most this much longer such a wait lasts for the loop's being busy (a burst of hundreds
 #: of tasks keeps it busy for tenths of a second, seconds on a loaded machine: the time the
 #: loop could not notice the wait end is not the server's).

@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -340,6 +341,9 @@ class BaseLock:
         # Plain tokens whose hand-back a task of its own finishes (cancelled again): never
         # taken up by a next try, whose grant that task's release would delete.
         self._handing_back: set[str] = set()
+        # Plain tokens of a waiter's try given up on while its command runs on (see
+        # _late_take): not taken up by a next try, the late reply decides.
+        self._late_tokens: set[str] = set()
         # token -> why: a loss decided (the hold left the object) whose declaration was not
         # handed over yet; told again (the watchdog retells), the object hands it over then.
         # With the thread handing it over now (None: none, an exception ended its telling).
@@ -430,7 +434,7 @@ class BaseLock:
         if self._process != holds.process:  # a forked child: the parent's holds are not ours
             self._holds_by_owner, self._process = {}, holds.process
             self._unsure_token, self._orphans, self._undeclared = None, {}, {}
-            self._handing_back = set()
+            self._handing_back, self._late_tokens = set(), set()
             self._withs = []
             # Another thread (the watchdog's) may have held it at the fork: it never lets go.
             self._mutex = threading.Lock()
@@ -712,6 +716,8 @@ class BaseLock:
             # lock. The next try uses the same token, and finds the hold if it did.
             if self.reentrant:
                 self._unsure(owner)  # maybe one too many now: settle
+            elif token in self._late_tokens:
+                self._late_tokens.discard(token)  # its late reply decides (_late_take)
             else:
                 self._unsure_token = token
             observe.acquire_ended(self, started, observe.ERROR, None, span)
@@ -724,10 +730,29 @@ class BaseLock:
             # Cancelled or interrupted while a reply was on its way or being parsed (an
             # ``Exception`` too: a signal handler's, Celery's soft time limit): the server may
             # have granted the hold, so hand it back (the token is ours alone).
+            self._late_tokens.discard(token)  # (handed back here as well: idempotent)
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
             observe.acquire_ended(self, started, failed, None, span)
             yield from self._hand_back(owner, token)
             raise
+
+    def _late_take(self, token: str, command: asyncio.Future[Attempt]) -> None:
+        """A plain waiter's try given up on at its hub's verdict (``aexecute_by``) while its
+        command runs on to its own socket timeout. The rule: a grant that the server still
+        answers is handed back, so that no hold is left to its TTL held by nobody when no
+        next try comes (the caller got BackendUnavailable, and may never try again). Its
+        token is not kept for a next try (which takes a new one): that try's grant would be
+        deleted by the hand-back. No reply at all: the grant, if any, runs out at its TTL."""
+        self._late_tokens.add(token)
+        command.add_done_callback(functools.partial(self._late_reply, token))
+
+    def _late_reply(self, token: str, command: asyncio.Future[Attempt]) -> None:
+        if command.cancelled() or command.exception() is not None:
+            return  # no answer after all (a loop closed: cancelled)
+        if command.result().acquired:
+            self._handing_back.add(token)
+            again = functools.partial(self._give_back_again, token, token)
+            self._finish_later(self._give_back(token, token), again)
 
     def _hand_back(self, owner: str, token: str) -> Steps[None]:
         """Give back a hold the server may have granted that this object does not hold (an
@@ -855,6 +880,8 @@ class BaseLock:
                 else:  # registered (with an id) or not
                     wait_ms = 0 if waiter else -1
                 take = self._op_acquire(token, ttl_ms, meta, waiter, wait_ms)
+                if not self.reentrant:  # (a reentrant count is settled at its next operation)
+                    take = replace(take, late=functools.partial(self._late_take, token))
                 attempt = yield by_deadline(deadline, take)
                 handle[1].baton = False  # tried: a wake-up we were handed is used up
                 if attempt.acquired:

@@ -129,7 +129,7 @@ local function queue_took(queue, deadlines, waiter, inbox)
   if inbox then
     stand_down(inbox, function(at)
       return redis.call('LINDEX', queue, at)
-    end)
+    end, waiter)
   end
 end
 

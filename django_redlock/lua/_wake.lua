@@ -52,6 +52,13 @@ local UNCOUNTED_MAX = 32
 -- does not hide the live waiter behind it; past this many, a waiter sleeps to its hint.
 local LOOK_MAX = 256
 
+-- At most so many waiters of the woken one's own process told to stand by, one HAND_OFF_MS
+-- apart in line order: its waiters may be paused one by one while it runs (an event loop
+-- kept busy by sync code pauses its tasks, not the process's threads), and a live one
+-- behind them must not sleep to its hint. Another process is told once (paused, all of its
+-- waiters are).
+local OWN_MAX = 2
+
 -- A waiter's process: its id up to the '.' ('!' included: the same process's ids all have it
 -- or none do).
 local function process_of(waiter)
@@ -82,22 +89,26 @@ local function zset_line(set)
 end
 
 -- The stand-bys of a hand-off, from place `at` of a line (entry, drop as zset_line's): the
--- woken process's next waiter (HAND_OFF_MS), and the first waiter of each other process, the
--- k-th at `ms` + k * HAND_OFF_MS (a dead one, nobody hearing, is dropped and the next told).
--- A process told is not told again: its other waiters are passed over.
+-- woken process's next waiters, the k-th at k * HAND_OFF_MS (OWN_MAX of them), and the first
+-- waiter of each other process, the k-th at `ms` + k * HAND_OFF_MS (a dead one, nobody
+-- hearing, is dropped and the next told). Another process told is not told again: its other
+-- waiters are passed over.
 local function stand_bys(inbox, woken, entry, drop, at, ms)
-  local told, counted = {}, 0
+  local told, counted, own = {}, 0, 0
   for _ = 1, LOOK_MAX do
     local after = counted < UNCOUNTED_MAX and entry(at)
     if not after then
       return
     end
     local process = process_of(after)
-    if told[process] then
+    if process == woken then
+      if own < OWN_MAX then
+        own = own + 1
+        stand_by(inbox, after, own * HAND_OFF_MS)
+      end
       at = at + 1
-    elseif process == woken then
-      stand_by(inbox, after)
-      told[woken], at = true, at + 1
+    elseif told[process] then
+      at = at + 1
     else
       counted = counted + 1
       local count, sure = stand_by(inbox, after, ms + HAND_OFF_MS)
@@ -111,23 +122,31 @@ local function stand_bys(inbox, woken, entry, drop, at, ms)
 end
 
 -- Tell those a release may have told to stand by to stand down, `entry(at)` the line by place
--- from its first: the two first, and the first waiter of each process (the taker's own too:
--- the woken one's next, told at any place), as far as stand_bys looks. One message per
--- process, as the stand-bys were: a taken hand-off costs no try more.
-local function stand_down(inbox, entry)
+-- from its first: the two first, the first waiter of each process, and the first OWN_MAX of
+-- the woken one's process (`taker`'s, the one that took, or the first's in line: it woke,
+-- paused, and did not take), as far as stand_bys looks. One message per waiter told, as the
+-- stand-bys were: a taken hand-off costs no try more.
+local function stand_down(inbox, entry, taker)
   local seen, processes = {}, 0
+  local first = entry(0)
+  local woken = { [first and process_of(first) or ''] = true }
+  if taker then
+    woken[process_of(taker)] = true
+  end
   for at = 0, LOOK_MAX - 1 do
     local id = processes <= UNCOUNTED_MAX and entry(at)
     if not id then
       return
     end
     local process = process_of(id)
-    if at < 2 or not seen[process] then
+    local count = seen[process] or 0
+    if at < 2 or count == 0 or (woken[process] and count <= OWN_MAX) then
       publish(inbox, id, id .. '|d')
     end
-    if not seen[process] then
-      seen[process], processes = true, processes + 1
+    if count == 0 then
+      processes = processes + 1
     end
+    seen[process] = count + 1
   end
 end
 
@@ -137,7 +156,7 @@ end
 local function wait_took(waiting, waiter, inbox, popped)
   local left = redis.call('ZREM', waiting, waiter) == 1
   if (left or popped) and inbox and inbox ~= '' then
-    stand_down(inbox, (zset_line(waiting)))
+    stand_down(inbox, (zset_line(waiting)), waiter)
   end
 end
 

@@ -9,6 +9,7 @@ woken waiter's take tells it to stand down.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import threading
 import time
@@ -344,3 +345,57 @@ def test_a_live_waiter_told_a_shorter_stand_by_at_a_later_release_tries_then(nam
     assert got, "the live waiter never got the free lock"
     assert got[0] - released < 1.2, got[0] - released  # 500 ms and a margin, not 2.3 s
     live.release()
+
+
+@pytest.mark.parametrize("fair", KINDS)
+def test_two_paused_tasks_of_a_process_first_in_line_stall_its_live_thread_for_a_hand_off_each(
+    name: str, fair: bool
+) -> None:
+    """Paused here: an event loop whose thread runs sync code (a loop beside threads: an ASGI
+    worker's sync_to_async threads); its two waiting tasks, first in line, do not run, the
+    process does. The release wakes the first and tells the second to stand by; the live
+    thread of the same process behind them was passed over (its process told), and slept
+    to its hint, the hold's TTL (7.6 s of an 8 s pause). Each paused waiter stalls the next
+    for the hand-off delay: 1 s here."""
+    holder = lock(name, using="redis", ttl=30, fair=fair)
+    assert holder.acquire(blocking=False)
+    blocked, done = threading.Event(), threading.Event()
+
+    async def tasks() -> None:
+        async def one() -> None:
+            waiter = lock(name, using="redis", ttl=30, fair=fair)
+            if await waiter.aacquire(timeout=20):
+                await waiter.arelease()
+
+        waiting = [asyncio.create_task(one()) for _ in range(2)]
+        until = time.monotonic() + 10
+        while (info := locks["redis"].inspect(name)) is None or info.waiters != 2:
+            assert time.monotonic() < until, f"never 2 waiters: {info}"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # both asleep on the hold's TTL
+        blocked.set()
+        done.wait(10)  # the loop's thread busy: its tasks do not run
+        await asyncio.gather(*waiting)
+
+    loop_thread = threading.Thread(target=lambda: asyncio.run(tasks()))
+    loop_thread.start()
+    got: list[float] = []
+    assert blocked.wait(15)
+    live = lock(name, using="redis", ttl=30, fair=fair)
+    thread = threading.Thread(
+        target=lambda: live.acquire(timeout=15) and got.append(time.monotonic())
+    )
+    thread.start()
+    try:
+        _wait_for_waiters(name, 3)
+        time.sleep(0.1)  # asleep on the holder's TTL
+        released = time.monotonic()
+        holder.release()
+        thread.join(12)
+        if got:
+            live.release()
+    finally:
+        done.set()
+        loop_thread.join(30)
+    assert got, "the live waiter never got the free lock"
+    assert got[0] - released < 1.5, got[0] - released  # two hand-off delays, not the pause

@@ -479,3 +479,74 @@ def test_a_waiters_try_to_a_stopped_server_raises_within_one_socket_timeout(
         server.resume()
     assert errors, ended
     assert ended[0] - stopped < SOCKET_TIMEOUT + 0.2, ended[0] - stopped
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+def test_a_waiting_task_s_try_is_answered_though_its_loop_was_busy_past_the_socket_timeout(
+    one: list[RedisServer], name: str, fair: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # asyncio.md: the loop's own busyness is not counted against the server. The woken
+    # waiter's try goes out, then another task keeps the loop's thread for 1.5 socket
+    # timeouts; the healthy server's reply came meanwhile. It raised BackendUnavailable, and
+    # the grant was held by nobody to its TTL.
+    backend = locks["sleepy"]
+    armed: list[bool] = []
+    original = backend.aexecute
+
+    async def aexecute(op: Any) -> Any:
+        if armed:  # the woken waiter's try
+            armed.clear()
+            asyncio.get_running_loop().call_soon(time.sleep, 1.5 * SOCKET_TIMEOUT)
+        return await original(op)
+
+    monkeypatch.setattr(backend, "aexecute", aexecute)
+    holder = lock(name, using="sleepy", ttl=60, auto_renew=False, fair=fair)
+    assert holder.acquire()
+
+    async def main() -> Any:
+        waiter = lock(name, using="sleepy", ttl=60, fair=fair)
+        task = asyncio.create_task(waiter.aacquire(timeout=30))
+        await asyncio.sleep(0.5)  # asleep on the hold's TTL
+        armed.append(True)
+        holder.release()
+        got = await task
+        if got is True:
+            await waiter.arelease()
+        return got
+
+    assert asyncio.run(main()) is True
+
+
+def test_a_waiting_task_s_try_answered_after_it_gave_up_hands_the_grant_back(
+    one: list[RedisServer], name: str
+) -> None:
+    # The server stops before the waiter's try (at the hold's expiry) and resumes after the
+    # hub's verdict ended that try (BackendUnavailable) but within the try's own socket
+    # timeout: the script ran then and granted the lock. Nobody tries again: the grant was
+    # held by nobody to its TTL (30 s), every other waiter kept out.
+    (server,) = one
+    backend = locks["sleepy"]
+    holder = lock(name, using="sleepy", ttl=2.0, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    expiry = time.monotonic() + 2.0
+
+    async def main() -> None:
+        waiter = lock(name, using="sleepy", ttl=30)
+        task = asyncio.create_task(waiter.aacquire(timeout=30))
+        # The verdict comes 0.75-1 s after the stop (a PING every quarter socket timeout),
+        # the try 0.65 s after it, its own read timeout 1 s after that.
+        await asyncio.sleep(max(0.0, expiry - 0.65 - time.monotonic()))
+        trips = backend.round_trips
+        server.pause()
+        try:
+            await asyncio.sleep(1.3)
+            assert task.done(), "the try outlived the verdict"
+        finally:
+            server.resume()
+        assert backend.round_trips > trips, "no try went out during the stop"
+        with pytest.raises(BackendUnavailable):
+            await task
+        await asyncio.sleep(1.0)  # this loop runs on: the late reply is read
+
+    asyncio.run(main())
+    assert backend.inspect(name) is None, "the grant was left held by nobody"
