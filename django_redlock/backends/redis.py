@@ -425,7 +425,11 @@ class RedisBackend(BaseLockBackend):
                 else:
                     break
         except BaseException:
-            command.cancel()
+            # A close (GeneratorExit) on a closed loop: cancel() needs the loop and would
+            # raise "Event loop is closed" in the exit's place, and the driver would never
+            # hand its clean-up to the finisher (the grant of this try held by nobody).
+            with contextlib.suppress(RuntimeError):
+                command.cancel()
             raise
         finally:
             patience.end()

@@ -94,6 +94,40 @@ def test_a_closed_waiter_s_late_clean_up_never_releases_the_same_object_s_later_
     mine.release()
 
 
+@pytest.mark.parametrize("fair", [False, True])
+def test_a_waiter_closed_while_its_wake_up_try_is_on_the_server_hands_the_grant_back(
+    redis_server: RedisServer, name: str, fair: bool
+) -> None:
+    """The release wakes the waiter; its try waits in the server (CLIENT PAUSE WRITE) as its
+    loop is closed and the coroutine with it. Cancelling the try needed the closed loop:
+    "Event loop is closed" came out of close() in the exit's place, nothing went to the
+    finisher, and the try's grant was held by nobody to its TTL (review asy, 5)."""
+    client = redis_server.client()
+    holder = lock(name, using="redis", ttl=20, fair=fair)
+    assert holder.acquire()
+    mine = lock(name, using="redis", ttl=20, fair=fair)
+    loop = asyncio.new_event_loop()
+    coro = mine.aacquire(timeout=10)
+    task = loop.create_task(coro)
+
+    def release_then_pause() -> None:
+        holder.release()  # wakes the waiter: its try follows ...
+        client.execute_command("CLIENT", "PAUSE", 800, "WRITE")  # ... and waits in the server
+
+    loop.call_later(0.3, release_then_pause)
+    loop.run_until_complete(asyncio.sleep(0.5))
+    task._log_destroy_pending = False  # left pending on purpose
+    loop.close()
+    coro.close()  # raised RuntimeError before
+    assert finisher.wait_finished(5)
+    deadline = time.monotonic() + 3
+    newcomer = lock(name, using="redis", ttl=5, fair=fair)
+    while not newcomer.acquire(blocking=False):
+        assert time.monotonic() < deadline, "the closed waiter's grant is held by nobody"
+        time.sleep(0.05)
+    newcomer.release()
+
+
 # The collector closes a pending task's coroutine at whatever allocation triggered it, in any
 # thread: here one inside Thread.start() (it holds threading's ``_active_limbo_lock``, which
 # every other thread's start and every new thread's bootstrap wait for), within a waiter's try
