@@ -384,3 +384,23 @@ def test_async_with_left_pending_by_a_closed_loop_releases_through_the_finisher(
     newcomer: Any = lock(name, using="redis", ttl=30) if kind == "lock" else lock_all(*names)
     assert newcomer.acquire(blocking=False)
     newcomer.release()
+
+
+def test_an_async_lock_view_left_pending_by_a_closed_loop_releases_through_the_finisher(
+    name: str,
+) -> None:
+    """Review asy, 2 (``lock_view``'s async run: the same shape as ``async with``)."""
+    from django.http import HttpRequest, HttpResponse
+    from django.test import RequestFactory
+
+    from django_redlock import lock_view
+
+    @lock_view(name, using="redis", ttl=30)
+    async def view(request: HttpRequest) -> HttpResponse:
+        await asyncio.sleep(30)
+        return HttpResponse("ran")
+
+    close_while_waiting(view(RequestFactory().get("/")), 0.3)
+    newcomer = lock(name, using="redis", ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
