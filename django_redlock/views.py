@@ -29,7 +29,7 @@ from .fencing import (
     refuse_manual_commit,
 )
 from .handler import DEFAULT_LOCK_ALIAS
-from .locking import BaseLock, Lock, Semaphore
+from .locking import BaseLock, Lock, Semaphore, finisher
 from .locking.steps import drive
 from .locking.templates import (
     is_async_callable,
@@ -207,8 +207,9 @@ class _ViewGuard:
         except GeneratorExit:
             # Closed (a loop torn down, the task collected): nothing can be awaited, and this
             # may be a finalizer: the finisher thread releases the hold (review asy, 2).
-            closed = True
-            held.release_closed()
+            closed = finisher.must_hand_over()
+            if closed:
+                held.release_closed()
             raise
         finally:
             if not closed:

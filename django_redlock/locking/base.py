@@ -1668,7 +1668,7 @@ class BaseLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None and issubclass(exc_type, GeneratorExit):
+        if exc_type is GeneratorExit and finisher.must_hand_over():
             # Closed (its loop torn down with the task pending, the task collected): nothing
             # can be awaited, and this may run in a finalizer (review asy, 2 and 4).
             self.release_closed()

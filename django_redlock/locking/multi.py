@@ -76,6 +76,7 @@ from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import group_meta, holder_meta, lend_owner, new_token, new_waiter_id, owner_id
 from ..scripts import Call, script
 from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
+from . import finisher
 from .holds import holds_it
 from .lock import Lock
 from .steps import (
@@ -333,10 +334,10 @@ class MultiLock:
             if self.together:
                 return await adrive(self.backend, self._take_together(blocking, timeout))
             return await self._atake_in_order(blocking, timeout)
-        except GeneratorExit:
-            self.release_closed()  # closed: nothing can be awaited (review asy, 3)
-            raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, GeneratorExit) and finisher.must_hand_over():
+                self.release_closed()  # closed: nothing can be awaited (review asy, 3)
+                raise
             await self._agive_back_held()  # interrupted after the take recorded its holds
             raise
 
@@ -369,8 +370,9 @@ class MultiLock:
         except GeneratorExit:
             # Closed (a loop torn down with the task pending): nothing can be awaited, and
             # this may be a finalizer. The members granted go to the finisher (review asy, 3).
-            closed = True
-            self._release_closed(tried[::-1])
+            closed = finisher.must_hand_over()
+            if closed:
+                self._release_closed(tried[::-1])
             raise
         finally:
             if outcome is not True and not closed:  # refused, ran out, an error, or cancelled
@@ -823,10 +825,10 @@ class MultiLock:
             if not await self.aacquire(self.blocking, self._timeout()):
                 raise self._not_acquired(self._timeout())
             return self
-        except GeneratorExit:
-            self.release_closed()  # closed: nothing can be awaited
-            raise
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, GeneratorExit) and finisher.must_hand_over():
+                self.release_closed()  # closed: nothing can be awaited
+                raise
             await self._agive_back_held()  # as __enter__: nothing held short of the body
             raise
         return self
@@ -837,7 +839,7 @@ class MultiLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None and issubclass(exc_type, GeneratorExit):
+        if exc_type is GeneratorExit and finisher.must_hand_over():
             self.release_closed()  # closed: nothing can be awaited (review asy, 4)
             return
         try:

@@ -404,3 +404,26 @@ def test_an_async_lock_view_left_pending_by_a_closed_loop_releases_through_the_f
     newcomer = lock(name, using="redis", ttl=30)
     assert newcomer.acquire(blocking=False)
     newcomer.release()
+
+
+def test_an_async_generator_s_aclose_on_its_loop_still_releases_before_it_returns(
+    name: str,
+) -> None:
+    """``aclose()`` throws GeneratorExit too, but on a running loop and outside a collection,
+    where the release can be awaited: it is done when ``aclose()`` returns, not handed over."""
+    held = lock(name, using="redis", ttl=30)
+
+    async def rows() -> Any:
+        async with held:
+            yield 1
+
+    async def main() -> None:
+        gen = rows()
+        assert await gen.__anext__() == 1
+        await gen.aclose()
+        assert held.token is None
+
+    asyncio.run(main())
+    newcomer = lock(name, using="redis", ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
