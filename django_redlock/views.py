@@ -29,7 +29,7 @@ from .fencing import (
     refuse_manual_commit,
 )
 from .handler import DEFAULT_LOCK_ALIAS
-from .locking import BaseLock, Lock, Semaphore
+from .locking import BaseLock, Lock, Semaphore, finisher
 from .locking.steps import drive
 from .locking.templates import (
     is_async_callable,
@@ -200,17 +200,29 @@ class _ViewGuard:
                 return self.busy(await held.attl())
         except (BackendUnavailable, QuorumNotReached):  # Redlock: no majority answered
             return self.unavailable()
+        closed = False
         try:
             result = view(request, *args, **kwargs)  # dispatch() returns the handler's coroutine
             return await result if inspect.isawaitable(result) else result
+        except GeneratorExit:
+            # Closed (a loop torn down, the task collected): nothing can be awaited, and this
+            # may be a finalizer: the finisher thread releases the hold (review asy, 2).
+            closed = finisher.must_hand_over()
+            if closed:
+                held.release_closed()
+            raise
         finally:
-            try:
-                await held.arelease()
-            except LockError as exc:  # it runs out at its TTL; the answer stands
-                logger.warning("redlock: %s", exc)
-            except asyncio.CancelledError:  # a disconnect: finished all the same, as async with
-                held.finish_release_later()
-                raise
+            if not closed:
+                await self._arelease(held)
+
+    async def _arelease(self, held: BaseLock) -> None:
+        try:
+            await held.arelease()
+        except LockError as exc:  # it runs out at its TTL; the answer stands
+            logger.warning("redlock: %s", exc)
+        except asyncio.CancelledError:  # a disconnect: finished all the same, as async with
+            held.finish_release_later()
+            raise
 
     def run_sync(
         self, view: Any, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]

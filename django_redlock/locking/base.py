@@ -38,7 +38,7 @@ from ..validation import (
     to_ms,
 )
 from ..waiters import start_thread
-from . import holds
+from . import finisher, holds
 from .holds import (
     Hold,
     believed,
@@ -1695,6 +1695,11 @@ class BaseLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc_type is GeneratorExit and finisher.must_hand_over():
+            # Closed (its loop torn down with the task pending, the task collected): nothing
+            # can be awaited, and this may run in a finalizer (review asy, 2 and 4).
+            self.release_closed()
+            return
         try:
             await self._adrive(self._release())
         except LockNotOwned:
@@ -1703,6 +1708,22 @@ class BaseLock:
         except asyncio.CancelledError:
             self.finish_release_later()
             raise
+
+    def release_closed(self) -> None:
+        """Internal API (``async with``, ``lock_all``, ``lock_view``). The coroutine holding
+        this lock is being closed (GeneratorExit), maybe by the collector, maybe with no loop
+        running: the hold it has now is released on the finisher thread, soon after, unless
+        let go by then. No I/O here. A reentrant lock's owner is a task's, which cannot be
+        told at a close: nothing is handed over (docs/topics/asyncio.md)."""
+        if self.reentrant:
+            return
+        hold = self._holds.get("")  # decided now: the object may hold again by then
+        if hold is not None:
+            finisher.hand(functools.partial(self._finish_closed_release, hold))
+
+    def _finish_closed_release(self, hold: Hold) -> None:
+        # Not sent to a backend a finish just found not answering: the hold runs out at its TTL.
+        finish_now(self.backend, lambda: drive(self.backend, self._release_recorded("", hold)))
 
     def finish_release_later(self) -> None:
         """Internal API (``async with``, ``lock_all``'s too). A cancellation (often a second

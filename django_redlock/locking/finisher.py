@@ -12,6 +12,7 @@ as an async operation begins), never from a finalizer; a forked child starts afr
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import gc
 import logging
@@ -69,6 +70,13 @@ def in_collection() -> bool:
     thread, at any allocation, and hands its work over. (Also true in another thread while
     a collection's finalizer lets the GIL go: deferred then too, the safe side.)"""
     return _collections[0] > 0
+
+
+def must_hand_over() -> bool:
+    """Whether a coroutine closed now (GeneratorExit) hands its clean-up over instead of
+    awaiting it: inside a collection (a finalizer), or with no loop running (closed after its
+    loop). An async generator's ``aclose()`` on its running loop awaits as ever."""
+    return in_collection() or asyncio._get_running_loop() is None
 
 
 _collections = [0]  # under way (gc.callbacks: a "start", then a "stop")

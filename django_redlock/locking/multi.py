@@ -76,6 +76,7 @@ from ..handler import DEFAULT_LOCK_ALIAS
 from ..identity import group_meta, holder_meta, lend_owner, new_token, new_waiter_id, owner_id
 from ..scripts import Call, script
 from ..validation import check_bool, check_optional_seconds, check_ttl, to_ms
+from . import finisher
 from .holds import holds_it
 from .lock import Lock
 from .steps import (
@@ -333,7 +334,10 @@ class MultiLock:
             if self.together:
                 return await adrive(self.backend, self._take_together(blocking, timeout))
             return await self._atake_in_order(blocking, timeout)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, GeneratorExit) and finisher.must_hand_over():
+                self.release_closed()  # closed: nothing can be awaited (review asy, 3)
+                raise
             await self._agive_back_held()  # interrupted after the take recorded its holds
             raise
 
@@ -352,6 +356,7 @@ class MultiLock:
         since = time.monotonic()
         tried: list[Lock] = []
         outcome: bool | None = False
+        closed = False
         self._busy = None
         try:
             for lk in self.locks:
@@ -362,8 +367,15 @@ class MultiLock:
                     break
             else:
                 outcome = None if await self._aran_out(since) else True
+        except GeneratorExit:
+            # Closed (a loop torn down with the task pending): nothing can be awaited, and
+            # this may be a finalizer. The members granted go to the finisher (review asy, 3).
+            closed = finisher.must_hand_over()
+            if closed:
+                self._release_closed(tried[::-1])
+            raise
         finally:
-            if outcome is not True:  # refused, ran out, an error, or cancelled
+            if outcome is not True and not closed:  # refused, ran out, an error, or cancelled
                 await self._arelease_members(tried[::-1])
         return outcome
 
@@ -464,6 +476,15 @@ class MultiLock:
                 with contextlib.suppress(LockError):
                     lk.release()
         paid(debts)
+
+    def release_closed(self) -> None:
+        """Internal API (``async with``, ``lock_view``): :meth:`Lock.release_closed` for
+        every name, in the release order: no I/O here, the finisher releases them."""
+        self._release_closed(self.locks[::-1])
+
+    def _release_closed(self, members: list[Lock]) -> None:
+        for lk in members:
+            lk.release_closed()
 
     async def _agive_back_held(self) -> None:
         """:meth:`_give_back_held` on the running event loop."""
@@ -804,7 +825,10 @@ class MultiLock:
             if not await self.aacquire(self.blocking, self._timeout()):
                 raise self._not_acquired(self._timeout())
             return self
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, GeneratorExit) and finisher.must_hand_over():
+                self.release_closed()  # closed: nothing can be awaited
+                raise
             await self._agive_back_held()  # as __enter__: nothing held short of the body
             raise
         return self
@@ -815,6 +839,9 @@ class MultiLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc_type is GeneratorExit and finisher.must_hand_over():
+            self.release_closed()  # closed: nothing can be awaited (review asy, 4)
+            return
         try:
             await self.arelease()
         except LockNotOwned:

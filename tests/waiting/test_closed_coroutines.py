@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import lock, locks
+from django_redlock import lock, lock_all, locks
 from django_redlock.locking import finisher
 from django_redlock.testing import RedisServer
 
@@ -352,5 +352,112 @@ def test_waiting_tasks_of_a_closed_loop_are_collected(
     assert (locks[alias].inspect(name) or pytest.fail()).waiters == 0
     holder.release()
     newcomer = lock(name, using=alias, ttl=30, fair=fair)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+
+
+def test_a_task_collected_inside_async_with_hands_its_release_to_the_finisher(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review asy, 2: a pending task dropped inside ``async with`` is closed by the collector,
+    on the running loop. Its exit awaited the release inside the collection ("coroutine
+    ignored GeneratorExit"), and nothing went to the finisher: the hold stayed to its TTL."""
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    async def body() -> None:
+        async with lock(name, using="redis", ttl=30):
+            await asyncio.get_running_loop().create_future()  # never set: dropped below
+
+    async def main() -> None:
+        task = asyncio.get_running_loop().create_task(body())
+        await asyncio.sleep(0.3)  # inside the body
+        task._log_destroy_pending = False  # dropped pending on purpose
+        del task
+        gc.collect()
+
+    asyncio.run(main())
+    assert finisher.wait_finished(5)
+    assert [u.exc_value for u in unraisable] == []
+    newcomer = lock(name, using="redis", ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+
+
+def test_lock_all_taken_one_by_one_closed_after_a_grant_hands_the_member_back(name: str) -> None:
+    """Review asy, 3: names taken one by one (Redlock, Cluster, LocMem), the coroutine closed
+    (its loop closed) while it waits for "b" with "a" granted. The close awaited the release
+    of "a" ("no running event loop" out of close()), and the watchdog renewed "a" for as long
+    as the object lived, held by nobody."""
+    other = lock(f"{name}:b", using="local", ttl=30)
+    assert other.acquire()
+    taking = lock_all(f"{name}:a", f"{name}:b", using="local", ttl=30)
+    close_while_waiting(taking.aacquire(timeout=20), 0.3)
+    assert [lk.token for lk in taking.locks] == [None, None]
+    newcomer = lock(f"{name}:a", using="local", ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+    other.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_async_with_left_pending_by_a_closed_loop_releases_through_the_finisher(
+    name: str, kind: str
+) -> None:
+    """Review asy, 4: a long-lived object used with ``async with``, its loop closed with the
+    task inside the body. The exit's release needed the loop ("no running event loop" out of
+    close()), so renewal never stopped: the hold lasted as long as the object."""
+    names = [f"{name}:a", f"{name}:b"]
+    held: Any = lock(name, using="redis", ttl=30) if kind == "lock" else lock_all(*names)
+
+    async def body() -> None:
+        async with held:
+            await asyncio.sleep(30)
+
+    close_while_waiting(body(), 0.3)
+    newcomer: Any = lock(name, using="redis", ttl=30) if kind == "lock" else lock_all(*names)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+
+
+def test_an_async_lock_view_left_pending_by_a_closed_loop_releases_through_the_finisher(
+    name: str,
+) -> None:
+    """Review asy, 2 (``lock_view``'s async run: the same shape as ``async with``)."""
+    from django.http import HttpRequest, HttpResponse
+    from django.test import RequestFactory
+
+    from django_redlock import lock_view
+
+    @lock_view(name, using="redis", ttl=30)
+    async def view(request: HttpRequest) -> HttpResponse:
+        await asyncio.sleep(30)
+        return HttpResponse("ran")
+
+    close_while_waiting(view(RequestFactory().get("/")), 0.3)
+    newcomer = lock(name, using="redis", ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+
+
+def test_an_async_generator_s_aclose_on_its_loop_still_releases_before_it_returns(
+    name: str,
+) -> None:
+    """``aclose()`` throws GeneratorExit too, but on a running loop and outside a collection,
+    where the release can be awaited: it is done when ``aclose()`` returns, not handed over."""
+    held = lock(name, using="redis", ttl=30)
+
+    async def rows() -> Any:
+        async with held:
+            yield 1
+
+    async def main() -> None:
+        gen = rows()
+        assert await gen.__anext__() == 1
+        await gen.aclose()
+        assert held.token is None
+
+    asyncio.run(main())
+    newcomer = lock(name, using="redis", ttl=30)
     assert newcomer.acquire(blocking=False)
     newcomer.release()
