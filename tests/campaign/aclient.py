@@ -30,7 +30,7 @@ gets ``task.cancel()`` at a random moment within it (:meth:`.Interrupts.cancels`
 several. A cancelled hold is cleaned up in its task as ``async with`` does: ``intr`` (``how``
 ``cancel``), then ``arelease()`` until the object holds no more (``intr_rel``).
 
-Loop blocks (the ``loop_block`` move, :class:`LoopBlocks`): one call in ten (acquire with its
+Loop blocks (the ``loop_block`` move, :class:`LoopBlocks`): one call in five (acquire with its
 wait, release) gets sync code run on the client's loop at a random moment within it, as
 another task's sync ORM call or a full GC would: ``time.sleep`` of 0.2-1.5 s, and half the
 time one or two more, each 0.2-5 ms after the last (a chatty sync loop: a try sent as the
@@ -57,7 +57,7 @@ from typing import Any
 from . import interrupts
 
 #: How often a call gets a loop block, and how long one lasts (s).
-BLOCK_ODDS = 0.1
+BLOCK_ODDS = 0.2
 BLOCK = (0.2, 1.5)
 
 

@@ -1103,8 +1103,13 @@ class Timing:
             stalled += self.proxies.overlap("harness", since - 0.05, t)  # it carries the replies
             if stalled > 0:
                 continue
-            judged += 1
             blocked = self.blocks.overlap(client, since, t)
+            if not blocked and "connecting" in ev.get("msg", ""):
+                # A connect (through a Python proxy, to a server that needs a CPU too) past the
+                # socket timeout on a loaded machine: the promise kept. Beside a blocked loop it
+                # is the busyness the docs do not count (docs/topics/asyncio.md).
+                continue
+            judged += 1
             self.found.append(
                 (
                     "unavailable-on-healthy",
