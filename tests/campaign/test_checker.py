@@ -728,6 +728,18 @@ def test_a_blocked_loop_is_discounted_from_time_bounds_like_a_stall() -> None:
     assert h.judge() == set()  # 0.3 s of it the loop could run
 
 
+def test_a_hold_lost_while_its_release_s_loop_was_blocked_is_excused_as_a_pause() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.2, "c1", "check", h=1, when="releasing", found=True, t0=T0 + 1.2, t1=T0 + 1.2)
+    h.ev(3.3, "c1", "lost", h=1, reason="expired", fence=1)
+    h.ev(3.3, "c1", "rel_err", h=1, err="LockLost", msg="", attempt=0, since=T0 + 1.2)
+    assert h.judge() == {"lost-on-healthy"}
+    h.ev(3.2, "c1", "loop_block", call="release", t0=T0 + 1.21, t1=T0 + 3.2)
+    assert h.judge() == set()
+
+
 # -- the Celery kind's judge (celery_kind.check) -----------------------------------------------
 
 _CallSpec = tuple[str, str, float, "tuple[float, float] | None", float, dict[str, Any]]
