@@ -740,6 +740,17 @@ def test_a_hold_lost_while_its_release_s_loop_was_blocked_is_excused_as_a_pause(
     assert h.judge() == set()
 
 
+def test_a_hold_granted_while_its_loop_was_blocked_may_be_gone_when_acquire_returns() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(2.1, "c1", "acq_ok", h=1, fence=1)
+    h.ev(2.1, "c1", "check", h=1, when="acquired", found=False, t0=T0 + 2.1, t1=T0 + 2.11)
+    h.ev(2.2, "c1", "lost", h=1, reason="expired", fence=1)
+    assert h.judge() == {"phantom-hold", "lost-on-healthy"}
+    h.ev(2.09, "c1", "loop_block", call="acquire", t0=T0 + 1.002, t1=T0 + 2.09)
+    assert h.judge() == set()
+
+
 # -- the Celery kind's judge (celery_kind.check) -----------------------------------------------
 
 _CallSpec = tuple[str, str, float, "tuple[float, float] | None", float, dict[str, Any]]
