@@ -697,6 +697,18 @@ def test_an_unknown_outcome_on_servers_that_answered_is_a_finding_a_blocked_loop
     assert h.judge(nodes=5) == {"unavailable-on-healthy"}
     h.fault("lose_replies", (2,), 1.2, 1.4)  # a majority faulted: it may not have answered
     assert h.judge(nodes=5) == set()
+    h = History()  # a release on Redlock: a majority of its hold's nodes must be left
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.2, "c1", "rel_err", h=1, err="QuorumNotReached", msg="", attempt=0, since=T0 + 1.2)
+    assert h.judge(nodes=5) == {"unavailable-on-healthy"}
+    h.fault("clog", (0,), 0.5, 1.5)  # where it was placed not checked: maybe a bare majority
+    assert h.judge(nodes=5) == set()
+    h.ev(1.02, "c1", "check", h=1, when="acquired", found=True, t0=T0 + 1.02, t1=T0 + 1.02,
+         nodes="11111")  # fmt: skip
+    assert h.judge(nodes=5) == {"unavailable-on-healthy"}
+    h.events[-1]["nodes"] = "11100"
+    assert h.judge(nodes=5) == set()
     h = History()  # single Redis: any fault on its server excuses; its process's pause too
     h.ev(1.0, "c1", "acq", h=1, mode="block", timeout=2.0)
     h.ev(1.6, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")
