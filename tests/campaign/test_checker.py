@@ -717,6 +717,13 @@ def test_an_unknown_outcome_on_servers_that_answered_is_a_finding_a_blocked_loop
     assert h.judge() == set()
     h.faults[-1] = dataclasses.replace(h.faults[-1], started=T0 + 0.1, healed=T0 + 0.2)
     assert h.judge() == {"unavailable-on-healthy"}  # long healed
+    h.events[-1]["msg"] = "Timeout connecting to server"  # a first connect on a loaded host
+    assert h.judge() == set()
+    h.ev(1.05, "c1", "loop_block", call="acquire", t0=T0 + 1.05, t1=T0 + 1.55)
+    assert h.judge() == {"unavailable-on-healthy"}  # beside a blocked loop: its busyness
+    h.events.pop()
+    h.events[-1]["msg"] = "Connection reset by peer"
+    assert h.judge() == {"unavailable-on-healthy"}
     h.stall("c1", 1.2, 1.4)  # the stall probe: its process did not run
     assert h.judge() == set()
     h.events.pop()
