@@ -805,8 +805,9 @@ class Timing:
       nodes, and a majority of the nodes its hold was placed on left) from UNAVAILABLE_BEFORE
       before the call (a call on a hold: before its acquire) to the error, its process
       neither paused nor stalled (the probe's idle; the harness late at all: its proxies carry
-      the replies) nor interrupted meanwhile. Its loop blocked (``loop_block``) is no excuse: the
-      loop's busyness is not counted against the server (docs/topics/asyncio.md);
+      the replies) nor interrupted meanwhile; a connect past its timeout with the loop not
+      blocked is a loaded machine's, not judged. Its loop blocked (``loop_block``) is no
+      excuse: the loop's busyness is not counted against the server (docs/topics/asyncio.md);
     * ``round-trips``: on a quiet, healthy Redlock (its nodes' clocks skewed a few ms), a node
       served more than ROUND_TRIPS script calls per acquire and release (roundtrips.py).
 
