@@ -30,6 +30,15 @@ gets ``task.cancel()`` at a random moment within it (:meth:`.Interrupts.cancels`
 several. A cancelled hold is cleaned up in its task as ``async with`` does: ``intr`` (``how``
 ``cancel``), then ``arelease()`` until the object holds no more (``intr_rel``).
 
+Loop blocks (the ``loop_block`` move, :class:`LoopBlocks`): one call in five (acquire with its
+wait, release) gets sync code run on the client's loop at a random moment within it, as
+another task's sync ORM call or a full GC would: ``time.sleep`` of 0.2-1.5 s, and half the
+time one or two more, each 0.2-5 ms after the last (a chatty sync loop: a try sent as the
+first ends is in flight during the next). Each is logged as ``loop_block`` with its start
+and end (``t0``, ``t1``): the loop's busyness is not counted against the server
+(docs/topics/asyncio.md), so the checker's ``unavailable-on-healthy`` does not excuse it;
+its time properties discount it.
+
 Reentrant kind: one hold in four runs two tasks of the process on the one ``Lock`` object at
 once (the second a hold number of its own, started 0-20 ms after the first): each task is an
 owner of its own (docs/topics/lock-kinds.md), so the second must wait for the first, or be
@@ -39,11 +48,54 @@ refused; both write to the resource, so two holders are ``overlap-accepted`` the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from . import interrupts
+
+#: How often a call gets a loop block, and how long one lasts (s).
+BLOCK_ODDS = 0.2
+BLOCK = (0.2, 1.5)
+
+
+class LoopBlocks:
+    """The ``loop_block`` move: the loop blocked by sync code at a random moment of a call."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.on = bool(ctx.config.get("loop_block"))
+        self.log = ctx.log
+        # A generator of its own: the holds' and the driver's draws stay what they were.
+        self.rng = random.Random(int(ctx.config.get("seed") or 0) * 7919 + 5)
+
+    @contextlib.contextmanager
+    def within(self, call: str, horizon: float) -> Iterator[None]:
+        """Around one awaited call, on its loop: ``horizon`` s, how long the call may last."""
+        rng = self.rng
+        if not self.on or rng.random() >= BLOCK_ODDS:
+            yield
+            return
+        # Half early (its first round trip in flight), half anywhere in the call (a wait).
+        at = rng.uniform(0.0002, 0.005) if rng.random() < 0.5 else rng.uniform(0.0002, horizon)
+        lengths = [rng.uniform(*BLOCK)]
+        if rng.random() < 0.5:
+            lengths += [rng.uniform(*BLOCK) for _ in range(rng.randint(1, 2))]
+        loop, handles = asyncio.get_running_loop(), []
+        for length in lengths:
+            handles.append(loop.call_later(at, self.block, call, length))
+            at += length + rng.uniform(0.0002, 0.005)  # the loop runs a few ms between
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.cancel()
+
+    def block(self, call: str, length: float) -> None:
+        t0 = time.time()
+        time.sleep(length)  # sync code on the loop: nothing else of it runs meanwhile
+        self.log("loop_block", call=call, t0=t0, t1=time.time())
 
 
 class Driver:
@@ -52,6 +104,7 @@ class Driver:
         self.loop = asyncio.new_event_loop()
         #: Its own draws (which way a hold runs): the hold's own stay the client's.
         self.rng = random.Random(ctx.rng.random())
+        self.blocks = LoopBlocks(ctx)
         self.last = 0  # the last hold number used (a twin takes one more)
 
     # -- how a hold is run -------------------------------------------------------------------
@@ -78,7 +131,15 @@ class Driver:
     def on_loop(self, lk: Any, hold: int, prefix: str, role: str, twin: bool) -> None:
         task = self.loop.create_task(self.run(lk, hold, prefix, role, twin))
         try:
-            self.loop.run_until_complete(task)
+            while True:
+                try:
+                    self.loop.run_until_complete(task)
+                    break
+                except RuntimeError:
+                    if task.done():
+                        raise  # the hold's own
+                    # "Event loop stopped before Future completed": a stop an interrupted run
+                    # left pending (an interrupt out of a loop block, say): run on.
         except BaseException:
             # A signal raised in the loop (in a task, or outside: then its task is pending):
             # as an interrupt ending `asyncio.run` would, every task still pending (a twin,
@@ -196,7 +257,7 @@ class Driver:
         timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
         log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
         try:
-            with ctx.armed.cancels(timeout or 0.05):
+            with ctx.armed.cancels(timeout or 0.05), self.blocks.within("acquire", timeout or 0.05):
                 got = await lk.aacquire(blocking=blocking, timeout=timeout)
         except LockError as exc:
             log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
@@ -219,7 +280,7 @@ class Driver:
         except LockError as exc:
             log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
         check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
-        with ctx.armed.cancels(0.01):
+        with ctx.armed.cancels(0.01), self.blocks.within("release", 0.01):
             released = await self.release(lk, hold)
         if released:
             check(hold, "released", prefix, fence)

@@ -57,6 +57,8 @@ def setup(config: dict[str, Any]) -> None:
     # CAMPAIGN_BREAK=latency (a self-test): the client waits 2 socket timeouts, not one.
     timeout = config["socket_timeout"] * (2 if config.get("break") == "latency" else 1)
     options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if config.get("break") == "unavailable":  # a self-test: replies given up on in 2 ms
+        options["socket_timeout"] = 0.002
     if config.get("tracer"):  # a small pool, which tracer.py's side threads keep busy
         options["max_connections"] = TRACED_POOL
     if config["backend"] == "redlock":

@@ -446,7 +446,9 @@ class Drivers:
     (client.install_tracer), from a generator of the seed's own (the fault plan stays what
     it was): of the first CLIENTS, half are asyncio, on every kind with an async API (all but
     "database") and Redlock; one is traced (the Redis backend's kinds but "database": its
-    ``max_connections``); a respawned client is each with the same odds. Neither under
+    ``max_connections``); a respawned client is each with the same odds. An asyncio client's
+    loop is blocked now and then (aclient.LoopBlocks) unless CAMPAIGN_EXCLUDE names
+    "loop_block". Neither under
     CAMPAIGN_BREAK (the self-tests' broken client is the sync one) nor when
     CAMPAIGN_EXCLUDE names "async" or "tracer"."""
 
@@ -459,6 +461,7 @@ class Drivers:
         self.traced = (
             backend == "redis" and kind != "database" and "tracer" not in exclude and not broken
         )
+        self.loop_block = "loop_block" not in exclude  # aclient.LoopBlocks
         slots = list(range(CLIENTS))
         self.rng.shuffle(slots)
         self.first_async = set(slots[: CLIENTS // 2])
@@ -473,6 +476,7 @@ class Drivers:
         return {
             "driver": "async" if is_async and self.asyncio else "sync",
             "tracer": traced and self.traced,
+            "loop_block": is_async and self.asyncio and self.loop_block,
         }
 
 

@@ -240,7 +240,7 @@ def test_errors_for_seconds_with_every_server_up() -> None:
     for i in range(4):
         h.ev(1.0 + i, "c1", "acq", h=i, mode="try", timeout=None)
         h.ev(1.01 + i, "c1", "acq_err", h=i, err="QuorumNotReached", msg="")
-    assert h.judge(nodes=5) == {"quiet-outage"}
+    assert h.judge(nodes=5) == {"quiet-outage", "unavailable-on-healthy"}
     h.fault("majority_pause", (0, 1, 2), 0.5, 3.5)  # an outage with a cause
     assert h.judge(nodes=5) == set()
 
@@ -669,6 +669,11 @@ def test_a_redlock_waiter_s_error_is_timed_from_its_call_only_if_no_quorum_answe
     # other silence began within the wait, and no fault in the history says when.
     h = History()
     h.fault("busy", (3,), 1.0, 3.0)
+    # What denied the quorum besides (1805: a node losing replies, one restarted and guarding):
+    # neither silent, so not what error-latency times from; without them the error is
+    # unavailable-on-healthy.
+    h.fault("lose_replies", (2,), 1.0, 3.0)
+    h.fault("server_restart", (4,), 0.0, 0.1)
     h.ev(1.5, "c1", "acq", h=1, mode="block", timeout=3.0)
     h.ev(2.2, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")
     assert h.judge(nodes=5) == set()
@@ -676,6 +681,93 @@ def test_a_redlock_waiter_s_error_is_timed_from_its_call_only_if_no_quorum_answe
     assert h.judge(nodes=5) == {"error-latency"}
     h.faults[-1] = dataclasses.replace(h.faults[-1], target=(0,))  # two of five: not yet
     assert h.judge(nodes=5) == set()
+
+
+def test_an_unknown_outcome_on_servers_that_answered_is_a_finding_a_blocked_loop_no_excuse() -> (
+    None
+):
+    # Reports rio 6 and wai 4: an asyncio client's loop blocked by sync code while its call
+    # was in flight; every reply came, yet the call raised as if the servers were silent.
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.0, "c1", "loop_block", call="acquire", t0=T0 + 1.002, t1=T0 + 1.5)
+    h.ev(1.5, "c1", "acq_err", h=1, err="QuorumNotReached", msg="")
+    assert h.judge(nodes=5) == {"unavailable-on-healthy"}
+    h.fault("server_pause", (0, 1), 0.5, 2.0)  # two of five: a quorum answered all along
+    assert h.judge(nodes=5) == {"unavailable-on-healthy"}
+    h.fault("lose_replies", (2,), 1.2, 1.4)  # a majority faulted: it may not have answered
+    assert h.judge(nodes=5) == set()
+    h = History()  # a release on Redlock: a majority of its hold's nodes must be left
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.2, "c1", "rel_err", h=1, err="QuorumNotReached", msg="", attempt=0, since=T0 + 1.2)
+    assert h.judge(nodes=5) == {"unavailable-on-healthy"}
+    h.fault("clog", (0,), 0.5, 1.5)  # where it was placed not checked: maybe a bare majority
+    assert h.judge(nodes=5) == set()
+    h.ev(1.02, "c1", "check", h=1, when="acquired", found=True, t0=T0 + 1.02, t1=T0 + 1.02,
+         nodes="11111")  # fmt: skip
+    assert h.judge(nodes=5) == {"unavailable-on-healthy"}
+    h.events[-1]["nodes"] = "11100"
+    assert h.judge(nodes=5) == set()
+    h = History()  # single Redis: any fault on its server excuses; its process's pause too
+    h.ev(1.0, "c1", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(1.6, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")
+    assert h.judge() == {"unavailable-on-healthy"}
+    h.fault("reset", (0,), 0.6, 0.7)  # healed 0.3 s before the call: its connection cut
+    assert h.judge() == set()
+    h.faults[-1] = dataclasses.replace(h.faults[-1], started=T0 + 0.1, healed=T0 + 0.2)
+    assert h.judge() == {"unavailable-on-healthy"}  # long healed
+    h.events[-1]["msg"] = "Timeout connecting to server"  # a first connect on a loaded host
+    assert h.judge() == set()
+    h.ev(1.05, "c1", "loop_block", call="acquire", t0=T0 + 1.05, t1=T0 + 1.55)
+    assert h.judge() == {"unavailable-on-healthy"}  # beside a blocked loop: its busyness
+    h.events.pop()
+    h.events[-1]["msg"] = "Connection reset by peer"
+    assert h.judge() == {"unavailable-on-healthy"}
+    h.stall("c1", 1.2, 1.4)  # the stall probe: its process did not run
+    assert h.judge() == set()
+    h.events.pop()
+    h.stall("harness", 1.2, 1.4)  # the proxies, carrying its replies, did not run
+    assert h.judge() == set()
+    h.events.pop()
+    h.fault("client_pause", 1, 1.1, 1.3, client="c1")
+    assert h.judge() == set()
+    h.faults.pop()
+    h.ev(1.3, "c1", "intr", h=1, where="", how="signal")
+    assert h.judge() == set()
+
+
+def test_a_blocked_loop_is_discounted_from_time_bounds_like_a_stall() -> None:
+    h = History()
+    h.fault("server_pause", (0,), 1.0, 3.0)
+    h.ev(1.5, "c1", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(2.4, "c1", "acq_err", h=1, err="BackendUnavailable", msg="")
+    assert h.judge() == {"error-latency"}  # 0.9 s: three socket timeouts
+    h.ev(1.6, "c1", "loop_block", call="acquire", t0=T0 + 1.6, t1=T0 + 2.2)
+    assert h.judge() == set()  # 0.3 s of it the loop could run
+
+
+def test_a_hold_lost_while_its_release_s_loop_was_blocked_is_excused_as_a_pause() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.01, "c1", "acq_ok", h=1, fence=1)
+    h.ev(1.2, "c1", "check", h=1, when="releasing", found=True, t0=T0 + 1.2, t1=T0 + 1.2)
+    h.ev(3.3, "c1", "lost", h=1, reason="expired", fence=1)
+    h.ev(3.3, "c1", "rel_err", h=1, err="LockLost", msg="", attempt=0, since=T0 + 1.2)
+    assert h.judge() == {"lost-on-healthy"}
+    h.ev(3.2, "c1", "loop_block", call="release", t0=T0 + 1.21, t1=T0 + 3.2)
+    assert h.judge() == set()
+
+
+def test_a_hold_granted_while_its_loop_was_blocked_may_be_gone_when_acquire_returns() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(2.1, "c1", "acq_ok", h=1, fence=1)
+    h.ev(2.1, "c1", "check", h=1, when="acquired", found=False, t0=T0 + 2.1, t1=T0 + 2.11)
+    h.ev(2.2, "c1", "lost", h=1, reason="expired", fence=1)
+    assert h.judge() == {"phantom-hold", "lost-on-healthy"}
+    h.ev(2.09, "c1", "loop_block", call="acquire", t0=T0 + 1.002, t1=T0 + 2.09)
+    assert h.judge() == set()
 
 
 # -- the Celery kind's judge (celery_kind.check) -----------------------------------------------
