@@ -1250,6 +1250,12 @@ def _drop_unfinished(
         connection.close()
 
 
+# SQLSTATE classes of a COMMIT PostgreSQL refused: data exception and integrity constraint
+# violation (deferred constraints and triggers), transaction rollback (serialization failure,
+# deadlock), PL/pgSQL's RAISE in a deferred trigger.
+_COMMIT_REFUSALS = frozenset({"22", "23", "40", "P0"})
+
+
 def _refused(exc: BaseException, using: str, handled: BaseException | None) -> bool:
     """Whether PostgreSQL answered the COMMIT with an ERROR (a deferred constraint, a
     serialization failure): the server rolled the transaction back, so nothing committed,
@@ -1269,7 +1275,12 @@ def _refused(exc: BaseException, using: str, handled: BaseException | None) -> b
         return False
     diag = getattr(cause, "diag", None)
     severity = getattr(diag, "severity_nonlocalized", None) or getattr(diag, "severity", None)
-    return severity == "ERROR"
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None) or ""
+    # Only the classes a COMMIT's own refusal has: a deferred check or trigger, a
+    # serialization failure or deadlock. A pooler in front of the server (older PgBouncer)
+    # sends "08P01 server conn crashed?" at severity ERROR after the server committed:
+    # connection classes and all others go to the outcome check (review fen2, 1).
+    return severity == "ERROR" and code[:2] in _COMMIT_REFUSALS
 
 
 def _driver_idle(using: str) -> bool:

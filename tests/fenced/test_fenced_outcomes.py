@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import os
 import signal
+import struct
 import sys
 import threading
 import time
@@ -220,6 +221,27 @@ def test_a_commit_whose_reply_is_lost_returns_as_committed(
         proxied.fault_commit("cut")
     assert proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
     assert not lock(name).locked() and "proves that it committed" in caplog.text
+
+
+def test_a_pooler_s_connection_error_after_the_commit_is_not_its_refusal(
+    name: str, proxied: LossyProxy
+) -> None:
+    """The server committed; a pooler in front of it (older PgBouncer) answered the client
+    "08P01 server conn crashed?" at severity ERROR, as PostgreSQL's own refusal of a COMMIT
+    is sent. Taken for a refusal, the block raised "nothing committed" with no outcome check
+    and a retry sold twice (review fen2, 1). A connection-class error goes to the check."""
+    open_shop(PG, 1, 5)
+
+    def pooler_says_server_crashed() -> None:
+        fields = ((b"S", "ERROR"), (b"C", "08P01"), (b"M", "server conn crashed?"))
+        body = b"".join(k + v.encode() + b"\0" for k, v in fields) + b"\0"
+        proxied._sockets[0].sendall(b"E" + struct.pack("!I", len(body) + 4) + body)
+
+    with lock(name, ttl=30, atomic=PROXIED):
+        sell_one(PROXIED, 1, "a")
+        proxied.fault_commit("cut", during=pooler_says_server_crashed)
+    assert proxied.commits_faulted == 1 and sales(PG) == [("a", 5)]
+    assert not lock(name).locked()
 
 
 def test_a_lost_commit_whose_outcome_cannot_be_learned_raises_outcome_unknown(
