@@ -764,7 +764,13 @@ class BaseLock:
         raises what interrupted it."""
         self._unsure(owner)
         if not self.reentrant:
-            self._unsure_token = token  # kept while the hand-back may be refused unsent
+            if not finisher.on_finisher():
+                self._unsure_token = token  # kept while the hand-back may be refused unsent
+            elif self._unsure_token == token:
+                # A closed coroutine's, run later: no try of its own comes again, and one of
+                # another task of this object given this token would be deleted by this
+                # hand-back's release, landing after its grant (review wai2, 1).
+                self._unsure_token = None
         try:
             yield from self._give_back(owner, token)
         except asyncio.CancelledError:

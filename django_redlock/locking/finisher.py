@@ -96,6 +96,11 @@ def hand(job: Callable[[], object]) -> None:
     _finisher[0].jobs.put(job)
 
 
+def on_finisher() -> bool:
+    """Whether this thread is the finisher (running a closed coroutine's clean-up)."""
+    return threading.current_thread() is _finisher[0].thread
+
+
 def wait_finished(timeout: float) -> bool:
     """Whether every job handed over before this call ran within ``timeout`` seconds. Not
     from a finalizer, nor from a job."""

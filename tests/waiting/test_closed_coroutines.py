@@ -128,6 +128,70 @@ def test_a_waiter_closed_while_its_wake_up_try_is_on_the_server_hands_the_grant_
     newcomer.release()
 
 
+def test_a_closed_waiter_s_hand_back_never_lends_its_token_to_the_object_s_next_try(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """The finisher runs a closed waiter's clean-up: its hand-back stored the dead try's
+    token as the object's, for a next try, then sent its release. The same object's next
+    try (another task of a module-level object) took that token, was granted, and the
+    hand-back's release, landing after (a slow packet), deleted its hold: two holders
+    (review wai2, 1). On the finisher the token is not lent: no try of that coroutine comes
+    again."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from django_redlock.scripts import script
+    from tests.support.proxy import LossyProxy
+
+    server = redis_factory()
+    proxy = LossyProxy(server.port)
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": f"redis://127.0.0.1:{proxy.port}/0",
+        "OPTIONS": {"socket_timeout": 3.0},
+    }
+    direct = {**config, "LOCATION": server.url}
+    aliases = {**settings.DJANGO_REDLOCK, "hb": config, "hbd": direct}
+    try:
+        with override_settings(DJANGO_REDLOCK=aliases):
+            mine = lock(name, using="hb", ttl=30)
+            holder = lock(name, using="hbd", ttl=30)  # (not through the proxy)
+            assert holder.acquire()
+            gate = threading.Event()
+            finisher.ensure_started()
+            finisher.hand(lambda: gate.wait(10))  # the clean-up waits for the delay's arming
+            close_while_waiting_later(mine.aacquire(timeout=25), 0.5)
+            holder.release()
+            proxy.delay_from(script("release").sha.encode())  # the hand-back's release: late
+            gate.set()
+            deadline = time.monotonic() + 5
+            while not proxy.delayed.is_set():
+                assert time.monotonic() < deadline, "the hand-back's release never came"
+                time.sleep(0.01)
+            assert mine.acquire(blocking=False)  # the same object, in the meantime
+            proxy.let_go()  # the late release lands
+            assert finisher.wait_finished(5)
+            other = lock(name, using="hb", ttl=30)
+            assert not other.acquire(blocking=False), "two holders: the late release deleted it"
+            mine.release()
+            locks["hb"].close()
+            locks["hbd"].close()
+    finally:
+        proxy.let_go()
+        proxy.close()
+
+
+def close_while_waiting_later(coro: Coroutine[Any, Any, Any], seconds: float) -> None:
+    """As :func:`close_while_waiting`, not waiting for the finisher."""
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
+    loop.run_until_complete(asyncio.sleep(seconds))
+    assert not task.done()
+    task._log_destroy_pending = False  # left pending on purpose
+    loop.close()
+    coro.close()
+
+
 # The collector closes a pending task's coroutine at whatever allocation triggered it, in any
 # thread: here one inside Thread.start() (it holds threading's ``_active_limbo_lock``, which
 # every other thread's start and every new thread's bootstrap wait for), within a waiter's try
