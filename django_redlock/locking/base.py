@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -81,6 +82,30 @@ _finishing: set[asyncio.Task[None]] = set()
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 B = TypeVar("B", bound="BaseLock")
+
+
+class _TakeUndo:
+    """A take's hand-back (:meth:`BaseLock._undo_take`), called with no I/O to get its
+    steps. :meth:`BaseLock._record` notes here the hold the take recorded."""
+
+    __slots__ = ("__weakref__", "before", "depth", "lock", "owner", "recorded")
+
+    def __init__(self, lock: BaseLock, owner: str, before: Hold | None, depth: int) -> None:
+        self.lock, self.owner, self.before, self.depth = lock, owner, before, depth
+        self.recorded: Hold | None = None
+
+    def __call__(self) -> Steps[None]:
+        return self.lock._undo_recorded(self.owner, self.recorded, self.before, self.depth)
+
+
+def _no_take() -> None:
+    return None
+
+
+#: The take under way in this context (its thread, or its asyncio task), weakly.
+_TAKING: contextvars.ContextVar[Callable[[], _TakeUndo | None]] = contextvars.ContextVar(
+    "redlock_taking", default=_no_take
+)
 
 
 def _no_steps() -> Steps[None]:
@@ -463,25 +488,34 @@ class BaseLock:
     async def _atake(self, blocking: bool, timeout: float | None) -> bool:
         return await adrive(self.backend, self._acquire(blocking, timeout), self._undo_take())
 
-    def _undo_take(self) -> Callable[[], Steps[None]]:
+    def _undo_take(self) -> _TakeUndo:
         """The hand-back of an acquire that raised (an interrupt as its steps ended, on a
         line of the driver or of their own after the record): the hold it recorded is
         released, since its caller believes nothing taken (docs: faq, "at any line of an
-        acquire ... leaves nothing held")."""
+        acquire ... leaves nothing held"). Made as the take starts, in its context (its
+        thread, or its task): :meth:`_record` notes there the hold this take recorded, so it
+        knows that one, whatever another take of this object (another task's, another
+        thread's) recorded meanwhile. No reset to undo: a later take replaces it, and it is
+        held weakly (a finished take's is garbage)."""
         owner = self._owner()
         before = self._holds.get(owner)
-        depth = 0 if before is None else before.depth
-
-        def undo() -> Steps[None]:
-            # Decided when called (no I/O): at the interrupt, or at a coroutine's close,
-            # whose clean-up the finisher thread runs later. By then the same object may
-            # hold again (a later acquire): only the hold the cut take recorded is released.
-            mine = self._holds.get(owner)
-            if mine is None or mine.depth <= (depth if mine is before else 0):
-                return _no_steps()
-            return self._release_recorded(owner, mine)
-
+        undo = _TakeUndo(self, owner, before, 0 if before is None else before.depth)
+        _TAKING.set(weakref.ref(undo))
         return undo
+
+    def _undo_recorded(self, owner: str, recorded: Hold | None, before: Hold | None,
+                       depth: int) -> Steps[None]:  # fmt: skip
+        # Decided when called (no I/O): at the interrupt, or at a coroutine's close, whose
+        # clean-up the finisher runs later. Only the hold this take recorded: by then
+        # another take of this object may have recorded one (a plain lock's owner is the
+        # object: another task or thread of it, during this take's clean-up's round trips;
+        # review wai2, 2), or this object taken the lock again (review asy, 1).
+        mine = self._holds.get(owner)
+        if recorded is None or mine is not recorded:
+            return _no_steps()
+        if mine.depth <= (depth if mine is before else 0):
+            return _no_steps()
+        return self._release_recorded(owner, mine)
 
     def _release_recorded(self, owner: str, hold: Any) -> Steps[None]:
         if self._holds.get(owner) is hold:  # still the cut take's: else let go meanwhile
@@ -975,6 +1009,9 @@ class BaseLock:
                 self._lost = None
                 if self.auto_renew and hold.renewer is None:
                     self._renew_from_now(hold, ttl_ms, adopted)
+                taking = _TAKING.get()()
+                if taking is not None and taking.lock is self:
+                    taking.recorded = hold  # (last: before it, an interrupt unrecords)
             except BaseException:
                 self._unrecord(owner, hold, renewer, *was)
                 raise

@@ -99,6 +99,33 @@ def test_cancelling_a_waiting_task_leaves_nothing_behind(
     asyncio.run(scenario())
 
 
+def test_a_cancelled_waiter_never_releases_a_hold_another_task_took_with_its_object(
+    redis_alias: str, name: str
+) -> None:
+    """Task A waits with object L (module-level: a plain lock's owner is the object) and is
+    cancelled as the lock frees; task B takes it with L at once. A's undo looked at L's hold
+    after its clean-up's round trips: B's, which it released under B, and another object
+    took the lock (review wai2, 2: two holders). The undo knows the hold its own take
+    recorded: none."""
+
+    async def scenario() -> None:
+        mine = lock(name, using=redis_alias, ttl=30)
+        holder = lock(name, using=redis_alias, ttl=30)
+        assert await holder.aacquire()
+        a = asyncio.ensure_future(mine.aacquire(timeout=25))
+        await asyncio.sleep(0.3)
+        await holder.arelease()
+        a.cancel()
+        assert await mine.aacquire(blocking=False)  # task B, the same object
+        await asyncio.sleep(0.3)  # A's clean-up is over
+        assert a.cancelled()
+        other = lock(name, using=redis_alias, ttl=30)
+        assert not await other.aacquire(blocking=False), "two holders"
+        await mine.arelease()
+
+    asyncio.run(scenario())
+
+
 def test_cancelling_a_holding_task_releases_the_lock(alias: str, name: str) -> None:
     async def scenario() -> bool:
         started = asyncio.Event()
