@@ -2164,10 +2164,11 @@ def _coalesce_configs(app: Any) -> list[SingleInstance]:
 
 
 def _keep_left_notes(app: Any, every: float) -> None:
-    """The worker's main process, for as long as it runs: renew every coalesced note left, each
-    ``every`` seconds. A note stands for a follow-up owed until one claimed it and settled (it
-    deletes it then): whichever process queued that follow-up may be gone (a recycled child)
-    or have stopped (a claimed note), while the follow-up waits in a queue, however long."""
+    """The worker's main process, for as long as it runs: look every ``every`` seconds (the
+    shortest ``dedupe_ttl``/3) and renew each coalesced note left once a third of its TTL is
+    past. A note stands for a follow-up owed until one claimed it and settled (it deletes it
+    then): whichever process queued that follow-up may be gone (a recycled child) or have
+    stopped (a claimed note), while the follow-up waits in a queue, however long."""
     while True:
         time.sleep(every)
         try:
@@ -2182,9 +2183,11 @@ def _keep_left_notes(app: Any, every: float) -> None:
                     except (ValueError, AttributeError, TypeError):  # not a note of ours
                         continue
                     config = _config_of(task) if task is not None else None
-                    if found is not None and config is not None and config.using == alias:
+                    if found is None or config is None or config.using != alias:
+                        continue
+                    ttl_ms = to_ms(config.dedupe_ttl)
+                    if found[1] < ttl_ms * 2 // 3:  # due (each dedupe_ttl/3), as a keeper's
                         # Compare-and-set: a note written meanwhile has its full TTL.
-                        ttl_ms = to_ms(config.dedupe_ttl)
                         markers.swap(backend, name, found[0], found[0], ttl_ms)
         except Exception as exc:  # tried again at the next round
             logger.warning("redlock: could not renew the coalesced calls left: %s", exc)
