@@ -802,8 +802,11 @@ def _queue_follow_up(
 # A note's TTL is dedupe_ttl, renewed (every third of it) by the process that stands for it:
 # the run of the key it waits for, as long as that runs (however long: the watchdog renews
 # its lock), then the process that queued its follow-up, until a follow-up claims it (its own
-# run keeps it then) or it is gone, however long the follow-up waits in a busy queue. So only
-# a note nobody stands for (its processes died) expires, dedupe_ttl after the last renewal.
+# run keeps it then) or it is gone, however long the follow-up waits in a busy queue. Those
+# die (a child recycled by --max-tasks-per-child) or stop (a claimed note whose follow-up was
+# killed) while a follow-up is still owed: so each worker's main process also renews every
+# note left (see _keep_left_notes). Only a note nobody stands for (no worker of its app runs)
+# expires, dedupe_ttl after the last renewal.
 
 #: The notes this process keeps: a token -> (settings, key, kept for a run of the key).
 _kept_notes: dict[object, tuple[SingleInstance, str, bool]] = {}
@@ -2146,6 +2149,48 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
                     _queue_follow_up(config, task, name[: -len(":coalesce")])
     except Exception as exc:  # the next run of each key queues its note still
         logger.warning("redlock: could not look for coalesced calls left behind: %s", exc)
+    every = min((c.dedupe_ttl for c in _coalesce_configs(app)), default=None)
+    if every is not None:
+        keeper = threading.Thread(
+            target=_keep_left_notes, args=(app, max(every / 3, 0.05)),
+            name="redlock-coalesce-left-notes", daemon=True,
+        )  # fmt: skip
+        start_thread(keeper)
+
+
+def _coalesce_configs(app: Any) -> list[SingleInstance]:
+    configs = [_config_of(task) for task in list(app.tasks.values())]
+    return [c for c in configs if c is not None and c.on_duplicate == "coalesce"]
+
+
+def _keep_left_notes(app: Any, every: float) -> None:
+    """The worker's main process, for as long as it runs: look every ``every`` seconds (the
+    shortest ``dedupe_ttl``/3) and renew each coalesced note left once a third of its TTL is
+    past. A note stands for a follow-up owed until one claimed it and settled (it deletes it
+    then): whichever process queued that follow-up may be gone (a recycled child) or have
+    stopped (a claimed note), while the follow-up waits in a queue, however long."""
+    while True:
+        time.sleep(every)
+        try:
+            aliases = sorted({c.using for c in _coalesce_configs(app)})
+            for alias in aliases:
+                backend = locks[alias]
+                for name in markers.names(backend, "*:coalesce"):
+                    found = markers.read(backend, name)  # name: the key's note
+                    try:
+                        note = json.loads(found[0]) if found is not None else {}
+                        task = app.tasks.get(note.get("task") or "")
+                    except (ValueError, AttributeError, TypeError):  # not a note of ours
+                        continue
+                    config = _config_of(task) if task is not None else None
+                    if found is None or config is None or config.using != alias:
+                        continue
+                    ttl_ms = to_ms(config.dedupe_ttl)
+                    if found[1] < ttl_ms * 2 // 3:  # due (each dedupe_ttl/3), as a keeper's
+                        # Compare-and-set: a note written meanwhile has its full TTL.
+                        markers.swap(backend, name, found[0], found[0], ttl_ms)
+        except Exception as exc:  # tried again at the next round
+            logger.warning("redlock: could not renew the coalesced calls left: %s", exc)
 
 
 def sent_name(key: str, task_id: str) -> str:

@@ -313,6 +313,50 @@ def test_coalesce_follows_a_run_whose_child_was_killed(
     wait_for(lambda: r.lrange("coalesce-killed:k:ran", 0, -1) == ["t0", "t1"], timeout=20)
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["queued by the main process", "acks_late"])
+def test_coalesce_a_killed_follow_up_s_call_outlives_dedupe_ttl_behind_a_backlog(
+    late: bool, start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # The follow-up that claimed t1 is SIGKILLed; the next one (queued by the main process,
+    # or, acks_late, its own message put back) waits behind another key's 4 s task. Nobody
+    # renewed the claimed note (the main process's keeper stopped at "taken"): it expired
+    # after dedupe_ttl (1 s), and t1 never ran.
+    worker = start_worker(pool="prefork", concurrency=2)
+    task = celery_tasks.coalesced_waiting_late if late else celery_tasks.coalesced_waiting
+    group = f"coalesce-wait{'-late' if late else ''}:{uuid.uuid4().hex[:8]}"
+    name = group.rpartition(":")[2]
+    r = redis(redis_server)
+    worker.send(task, name, "t0", 1.0)
+    wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
+    assert worker.send(task, name, "t1", 6.0).get(timeout=30)["coalesced"] is True
+    worker.send(celery_tasks.coalesced, f"{name}-b1", "b1", 8.0)  # the other slot, busy
+    pids = wait_for(lambda: (p := r.lrange(f"{group}:pids", 0, -1))[1:] and p, timeout=20)
+    worker.send(celery_tasks.coalesced, f"{name}-b2", "b2", 4.0)  # the next follow-up's wait
+    time.sleep(0.5)
+    os.kill(int(pids[1]), signal.SIGKILL)
+    wait_for(lambda: r.lrange(f"{group}:done", 0, -1) == ["t0", "t1"], timeout=30)
+
+
+def test_coalesce_a_note_outlives_the_child_that_queued_its_follow_up(
+    start_worker: Callable[..., Worker], redis_server: RedisServer
+) -> None:
+    # --max-tasks-per-child=1: the child whose run queued the follow-up exits right after,
+    # and its keeper thread with it. The follow-up waits behind two 4 s tasks of other keys:
+    # the note expired after dedupe_ttl (1 s), and t1 never ran (nothing was killed).
+    worker = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_MAX_TASKS_PER_CHILD="1")
+    name = uuid.uuid4().hex[:8]
+    group = f"coalesce-wait:{name}"
+    r = redis(redis_server)
+    task = celery_tasks.coalesced_waiting
+    first = worker.send(task, name, "t0", 2.0)
+    wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
+    assert worker.send(task, name, "t1", 0.1).get(timeout=30)["coalesced"] is True
+    for blocker in ("b1", "b2"):  # queued before the run's end queues the follow-up
+        worker.send(celery_tasks.coalesced, f"{name}-{blocker}", blocker, 4.0)
+    assert first.get(timeout=30) == "ran"
+    wait_for(lambda: r.lrange(f"{group}:done", 0, -1) == ["t0", "t1"], timeout=30)
+
+
 @pytest.mark.parametrize("stop", ["hard time limit", "SIGKILL"])
 def test_coalesce_a_run_stopped_as_its_end_publishes_the_follow_up(
     stop: str, prefork: Worker, redis_server: RedisServer

@@ -58,6 +58,8 @@ def configure(redis_url: str) -> None:
         app.conf.result_backend = None
     if os.environ.get("REDLOCK_TEST_ACKS_LATE"):  # a running task keeps its prefetch slot
         app.conf.task_acks_late = True
+    if os.environ.get("REDLOCK_TEST_MAX_TASKS_PER_CHILD"):  # a child exits after N tasks
+        app.conf.worker_max_tasks_per_child = int(os.environ["REDLOCK_TEST_MAX_TASKS_PER_CHILD"])
     if os.environ.get("REDLOCK_TEST_SLOW_REVOKE"):
         # A result backend slow to store REVOKED (a database one under load): Celery's
         # Request.terminate stops the run, then stores REVOKED, then sends task_revoked.

@@ -254,6 +254,28 @@ def coalesced_killed(self: Any, name: str, tag: str, seconds: float = 0.1) -> st
     return body(f"coalesce-killed:{name}", tag, seconds)
 
 
+def _waiting_body(group: str, name: str, tag: str, seconds: float) -> str:
+    import os
+
+    redis().rpush(f"{group}:{name}:pids", os.getpid())
+    body(f"{group}:{name}", tag, seconds)
+    redis().rpush(f"{group}:{name}:done", tag)
+    return "ran"
+
+
+# dedupe_ttl 1 s: their follow-ups wait in a busy queue longer than that.
+@shared_task(bind=True)
+@single_instance(key="coalesce-wait:{name}", ttl=10, on_duplicate="coalesce", dedupe_ttl=1.0)
+def coalesced_waiting(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
+    return _waiting_body("coalesce-wait", name, tag, seconds)
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True)
+@single_instance(key="coalesce-wait-late:{name}", ttl=10, on_duplicate="coalesce", dedupe_ttl=1.0)
+def coalesced_waiting_late(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
+    return _waiting_body("coalesce-wait-late", name, tag, seconds)
+
+
 @shared_task(bind=True, time_limit=4)
 @single_instance(key="coalesce-pub:{name}", ttl=30, on_duplicate="coalesce")
 def coalesced_slow_publish(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
