@@ -30,7 +30,7 @@ from ..exceptions import (
     quorum_failure,
 )
 from ..options import check_options, pool_options
-from ..scripts import Call, script
+from ..scripts import Call, run, script
 from ..waiters import Owed
 from .base import (
     REFENCE_MARGIN_US,
@@ -67,6 +67,7 @@ FENCE_LEAD_US = 1_000_000
 FENCE_CAP_US = 2 * FENCE_LEAD_US
 _ACQUIRE = script("redlock_acquire")
 _RELEASE = script("release")
+_MARK_NODE = script("mark_node")
 __all__ = ["BREAKER_SECONDS", "RedlockBackend"]
 
 
@@ -651,11 +652,13 @@ class RedlockBackend(BaseLockBackend):
     def mark_nodes(self) -> None:
         """Set up the restart guard's markers (done when the app is ready).
 
-        Every node answered and none is marked: a new deployment, so every node is marked as
-        trusted long since. Some marked, or a node did not answer (or refused): the deployment
-        is not known to be new (the silent node may be the only one that kept its marker, and
-        its data), so nothing is marked; the unmarked nodes are distrusted from their first
-        acquire for ``restart_guard`` seconds.
+        Every node answered and none is marked: a new deployment, so every node is marked
+        trusted, with the node's clock as when its data began (the marker is also the fence
+        floor of a name whose counter is gone: writing 0 there let fences go backwards).
+        Some marked, or a node did not answer (or refused): the deployment is not known to be
+        new (the silent node may be the only one that kept its marker, and its data), so
+        nothing is marked; the unmarked nodes are distrusted from their first acquire for
+        ``restart_guard`` seconds.
         """
         for node in self.nodes:
             try:
@@ -665,8 +668,8 @@ class RedlockBackend(BaseLockBackend):
             if mark is not None:
                 return
         for node in self.nodes:
-            try:
-                node.client.set(f"{node.key_prefix}node", 0, nx=True)
+            try:  # trusted, but the marker's time stays the node's data start: a fence floor
+                run(node.client, Call(_MARK_NODE, [f"{node.key_prefix}node"], []))
             except (*UNAVAILABLE, ResponseError):
                 continue
 

@@ -488,3 +488,22 @@ def test_an_undecided_release_says_what_was_missing(
         message = str(raised.value)
         assert "only 1 of the 2 nodes that answered still had the hold, 2 needed" in message
         assert "node 'unclear[1]' did not answer" in message
+
+
+def test_the_guards_startup_mark_keeps_the_fence_floor(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Every node restarted empty; a process starting then took the deployment for new and
+    marked each node 0, the marker that is also when the node's data began: the fence floor
+    (redlock_acquire.lua) fell to the epoch, and a level acquirer got its clock + 1 s, below
+    a fence an acquirer up to 1 s ahead got before the loss (review rio2, 1)."""
+    servers = [redis_factory() for _ in range(3)]
+    for server in servers:
+        server.client().flushall()
+    began = min(s * 1_000_000 + us for s, us in (srv.client().time() for srv in servers))
+    with quorum_alias("fresh", servers, restart_guard=30):
+        locks["fresh"].prepare()  # AppConfig.ready: every node answers, none marked
+        held = lock(name, using="fresh", ttl=5, auto_renew=False)
+        assert held.acquire(blocking=False)  # a new deployment is still trusted at once
+        assert held.fence is not None and held.fence >= began + 2_000_000
+        held.release()
