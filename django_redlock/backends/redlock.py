@@ -673,6 +673,14 @@ class RedlockBackend(BaseLockBackend):
             except (*UNAVAILABLE, ResponseError):
                 continue
 
+    def unreached(self, timeout: float) -> list[str]:
+        # A one-shot process (manage.py redlock release) exits right after the reply: what
+        # it owes a silent node is paid by the collector or the probe meanwhile, or named.
+        deadline = time.monotonic() + timeout
+        while (unpaid := self.io.debts.unpaid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [f"node {i}" for i in unpaid]  # i: the index in LOCATION
+
     def _owe(self, node: int, owed: Owed) -> None:
         """Leaves a closed node hub owes: to that node's next hub (as RedisBackend._owe)."""
         with self._owing:
