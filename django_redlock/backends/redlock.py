@@ -242,6 +242,12 @@ class RedlockBackend(BaseLockBackend):
             return False
         raise self._unreachable(name, replies, doing, (yes, had))
 
+    def _nobody(self, name: str, replies: Replies, doing: str) -> None:
+        """No hold has a quorum among the answers: None ("nobody holds it") only when the
+        silent nodes could not make one either; else unknown (QuorumNotReached), never None
+        for a lock held on a majority with one of its nodes silent."""
+        self._decide(name, replies, _agreeing(replies), doing, "held it")
+
     def _answered(self, replies: Replies) -> int:
         return sum(1 for reply in replies if answered(reply))
 
@@ -579,7 +585,10 @@ class RedlockBackend(BaseLockBackend):
             started = time.monotonic()  # as _validity: the TTL shown is what is left now
             replies = yield self._each(lambda n: n.op_inspect(name), self._deciding(_agreeing))
             info = self._agreed(replies)[0]
-            if info is None or info.ttl is None:
+            if info is None:
+                self._nobody(name, replies, "inspect")
+                return None
+            if info.ttl is None:
                 return info
             left = info.ttl * 1000
             elapsed_ms = (time.monotonic() - started) * 1000
@@ -601,6 +610,7 @@ class RedlockBackend(BaseLockBackend):
                     raise self._unreachable(name, inspected, "inspect")
                 info = self._agreed(inspected)[0]
                 if info is None:
+                    self._nobody(name, inspected, "inspect")
                     return Released.NOT_HELD
                 if info.fence != fence or info.token is None:
                     return Released.CHANGED
@@ -894,6 +904,8 @@ class RedlockBackend(BaseLockBackend):
             info = self._agreed(per_node)[0]
             if info is not None:
                 listed.append(info)
+            else:  # left out only when surely free; else the page is unknown (raises)
+                self._nobody(name, per_node, "list the locks")
         return listed
 
     def _agreed(self, replies: Replies) -> tuple[LockInfo | None, list[int]]:
