@@ -636,6 +636,12 @@ class BaseLockBackend:
         again. None when it answered (or long ago, or was never asked)."""
         return None
 
+    def unreached(self, timeout: float) -> list[str]:
+        """Waits up to ``timeout`` s for writes this process still owes to parts of the
+        backend that did not answer (a Redlock node skipped as down): lost when the process
+        exits. Returns those still owed then (none: every write was made)."""
+        return []
+
     def close(self) -> None:
         """Release connections and threads (a subclass's close() ends with this one's):
         then every :func:`on_close` hook runs (the renewer's watchdog worker for this backend

@@ -30,7 +30,7 @@ from ..exceptions import (
     quorum_failure,
 )
 from ..options import check_options, pool_options
-from ..scripts import Call, script
+from ..scripts import Call, run, script
 from ..waiters import Owed
 from .base import (
     REFENCE_MARGIN_US,
@@ -67,6 +67,7 @@ FENCE_LEAD_US = 1_000_000
 FENCE_CAP_US = 2 * FENCE_LEAD_US
 _ACQUIRE = script("redlock_acquire")
 _RELEASE = script("release")
+_MARK_NODE = script("mark_node")
 __all__ = ["BREAKER_SECONDS", "RedlockBackend"]
 
 
@@ -240,6 +241,12 @@ class RedlockBackend(BaseLockBackend):
         if yes + unknown < self.quorum:
             return False
         raise self._unreachable(name, replies, doing, (yes, had))
+
+    def _nobody(self, name: str, replies: Replies, doing: str) -> None:
+        """No hold has a quorum among the answers: None ("nobody holds it") only when the
+        silent nodes could not make one either; else unknown (QuorumNotReached), never None
+        for a lock held on a majority with one of its nodes silent."""
+        self._decide(name, replies, _agreeing(replies), doing, "held it")
 
     def _answered(self, replies: Replies) -> int:
         return sum(1 for reply in replies if answered(reply))
@@ -578,7 +585,10 @@ class RedlockBackend(BaseLockBackend):
             started = time.monotonic()  # as _validity: the TTL shown is what is left now
             replies = yield self._each(lambda n: n.op_inspect(name), self._deciding(_agreeing))
             info = self._agreed(replies)[0]
-            if info is None or info.ttl is None:
+            if info is None:
+                self._nobody(name, replies, "inspect")
+                return None
+            if info.ttl is None:
                 return info
             left = info.ttl * 1000
             elapsed_ms = (time.monotonic() - started) * 1000
@@ -600,6 +610,7 @@ class RedlockBackend(BaseLockBackend):
                     raise self._unreachable(name, inspected, "inspect")
                 info = self._agreed(inspected)[0]
                 if info is None:
+                    self._nobody(name, inspected, "inspect")
                     return Released.NOT_HELD
                 if info.fence != fence or info.token is None:
                     return Released.CHANGED
@@ -651,11 +662,13 @@ class RedlockBackend(BaseLockBackend):
     def mark_nodes(self) -> None:
         """Set up the restart guard's markers (done when the app is ready).
 
-        Every node answered and none is marked: a new deployment, so every node is marked as
-        trusted long since. Some marked, or a node did not answer (or refused): the deployment
-        is not known to be new (the silent node may be the only one that kept its marker, and
-        its data), so nothing is marked; the unmarked nodes are distrusted from their first
-        acquire for ``restart_guard`` seconds.
+        Every node answered and none is marked: a new deployment, so every node is marked
+        trusted, with the node's clock as when its data began (the marker is also the fence
+        floor of a name whose counter is gone: writing 0 there let fences go backwards).
+        Some marked, or a node did not answer (or refused): the deployment is not known to be
+        new (the silent node may be the only one that kept its marker, and its data), so
+        nothing is marked; the unmarked nodes are distrusted from their first acquire for
+        ``restart_guard`` seconds.
         """
         for node in self.nodes:
             try:
@@ -665,10 +678,18 @@ class RedlockBackend(BaseLockBackend):
             if mark is not None:
                 return
         for node in self.nodes:
-            try:
-                node.client.set(f"{node.key_prefix}node", 0, nx=True)
+            try:  # trusted, but the marker's time stays the node's data start: a fence floor
+                run(node.client, Call(_MARK_NODE, [f"{node.key_prefix}node"], []))
             except (*UNAVAILABLE, ResponseError):
                 continue
+
+    def unreached(self, timeout: float) -> list[str]:
+        # A one-shot process (manage.py redlock release) exits right after the reply: what
+        # it owes a silent node is paid by the collector or the probe meanwhile, or named.
+        deadline = time.monotonic() + timeout
+        while (unpaid := self.io.debts.unpaid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [f"node {i}" for i in unpaid]  # i: the index in LOCATION
 
     def _owe(self, node: int, owed: Owed) -> None:
         """Leaves a closed node hub owes: to that node's next hub (as RedisBackend._owe)."""
@@ -883,6 +904,8 @@ class RedlockBackend(BaseLockBackend):
             info = self._agreed(per_node)[0]
             if info is not None:
                 listed.append(info)
+            else:  # left out only when surely free; else the page is unknown (raises)
+                self._nobody(name, per_node, "list the locks")
         return listed
 
     def _agreed(self, replies: Replies) -> tuple[LockInfo | None, list[int]]:

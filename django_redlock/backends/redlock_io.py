@@ -577,6 +577,8 @@ class Debts:
         #: Per node, the holds (key, token) a write of which may still run there at any later
         #: time: its bytes may have left, and its reply will never be read (see :meth:`burn`).
         self._burnt: list[dict[tuple[str, Any], None]] = [{} for _ in io.nodes]
+        #: Per node, debts taken off the books to be paid, their replies not read yet.
+        self._paying = [0] * len(io.nodes)
 
     def sending(self, i: int, ops: Iterable[Op[Any]]) -> None:
         """``ops`` are being written to node i (their replies are awaited)."""
@@ -755,7 +757,23 @@ class Debts:
     def pay_before_up(self, i: int) -> None:
         """The probe found node i back: send its debts before it counts as up. Raises
         (the node stays down) when one gets no answer."""
-        self._pay(i, self.take(i), True)
+        self._pay_owed(i, True)
+
+    def _pay_owed(self, i: int, undo: bool) -> None:
+        """Take node i's debts and pay them, counted as paying from before the take to after
+        a failure owed them again: :meth:`unpaid` never sees them in neither state."""
+        with self._lock:
+            self._paying[i] += 1
+        try:
+            self._pay(i, self.take(i, undo), undo)
+        finally:
+            with self._lock:
+                self._paying[i] -= 1
+
+    def unpaid(self) -> list[int]:
+        """The nodes with a write still owed, or being paid (no reply read yet)."""
+        with self._lock:
+            return [i for i, owed in enumerate(self._owed) if owed or self._paying[i]]
 
     def _pay(self, i: int, ops: list[Op[Any]], undo: bool) -> None:
         """Send ``ops`` to node i in order. No answer: the rest are owed again, and the
@@ -824,7 +842,7 @@ class Debts:
                 for i in range(len(io.nodes)):
                     if self._owed[i] and not io.health.is_down(i) and i not in slow:
                         with contextlib.suppress(BackendUnavailable):
-                            self._pay(i, self.take(i, undo=False), False)
+                            self._pay_owed(i, False)
             except Exception:  # never dies with debts owed: log, go on
                 logger.exception("django_redlock: the Redlock debt collector failed; going on")
             time.sleep(OWED_POLL)
@@ -848,6 +866,7 @@ class Debts:
         self._collector = None
         self._sending = [weakref.WeakSet() for _ in self._io.nodes]
         self._burnt = [{} for _ in self._io.nodes]
+        self._paying = [0] * len(self._io.nodes)
 
 
 class Connector:

@@ -33,7 +33,8 @@ local fence = math.max(last + 1, now_us, proposal)
 -- acquirer behind the one that got them. Past the first 2 s of the node's data this is
 -- below the clock, so a healthy node's fences and round trips do not change.
 if last == 0 then
-  fence = math.max(fence, (data_since() + 1) * 1000 + CAP_US)
+  local since = data_since(false)
+  fence = math.max(fence, (since + 1) * 1000 + CAP_US)
 end
 local text = string.format('%d', fence)
 local value = token .. '|' .. text .. '|' .. string.format('%d', now) .. '|' .. meta

@@ -289,3 +289,42 @@ def test_common_options_after_the_action_from_a_shell(redis_server: Any) -> None
         cwd=root, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0 and "no held locks" in done.stdout, done.stderr
+
+
+def test_a_redlock_release_waits_for_a_silent_node_or_says_it_was_not_reached(
+    redis_factory: Callable[..., Any],
+) -> None:
+    """The release owed to a node that did not answer lives in the command's process, which
+    exited at once: "released", exit 0, and the node kept the hold for its TTL (review
+    rio2, 2). The command waits a bounded time for it, else names the node, exit 3."""
+    import threading
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    servers = [redis_factory() for _ in range(3)]
+    for server in servers:  # past the nodes' first 2 s: one fence on every node (rio2, 4)
+        server.client().set("redlock:node", "0")
+    config = {
+        "BACKEND": "django_redlock.backends.redlock.RedlockBackend",
+        "LOCATION": [server.url for server in servers],
+        "OPTIONS": {"socket_timeout": 0.1, "socket_connect_timeout": 0.1},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "q": config}):
+        key = locks["q"].key("stuck")
+        for resume_after in (0.5, None):  # back within the wait; silent throughout
+            held = lock("stuck", using="q", ttl=3600, auto_renew=False)
+            assert held.acquire(blocking=False) and held.fence is not None
+            servers[2].pause()
+            if resume_after is not None:
+                threading.Timer(resume_after, servers[2].resume).start()
+            try:
+                text, code = run("release", "stuck", "--backend", "q", "--fence", str(held.fence))
+            finally:
+                servers[2].resume()
+            if resume_after is not None:
+                assert code == 0 and "released" in text, text
+                assert servers[2].client().get(key) is None  # written before the exit
+            else:
+                assert code == 3 and "node 2" in text and "not reached" in text, text
+                locks["q"].force_release("stuck")

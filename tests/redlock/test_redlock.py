@@ -488,3 +488,54 @@ def test_an_undecided_release_says_what_was_missing(
         message = str(raised.value)
         assert "only 1 of the 2 nodes that answered still had the hold, 2 needed" in message
         assert "node 'unclear[1]' did not answer" in message
+
+
+def test_the_guards_startup_mark_keeps_the_fence_floor(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Every node restarted empty; a process starting then took the deployment for new and
+    marked each node 0, the marker that is also when the node's data began: the fence floor
+    (redlock_acquire.lua) fell to the epoch, and a level acquirer got its clock + 1 s, below
+    a fence an acquirer up to 1 s ahead got before the loss (review rio2, 1)."""
+    servers = [redis_factory() for _ in range(3)]
+    for server in servers:
+        server.client().flushall()
+    began = min(s * 1_000_000 + us for s, us in (srv.client().time() for srv in servers))
+    with quorum_alias("fresh", servers, restart_guard=30):
+        locks["fresh"].prepare()  # AppConfig.ready: every node answers, none marked
+        held = lock(name, using="fresh", ttl=5, auto_renew=False)
+        assert held.acquire(blocking=False)  # a new deployment is still trusted at once
+        assert held.fence is not None and held.fence >= began + 2_000_000
+        held.release()
+
+
+def test_inspect_of_a_lock_a_silent_node_could_make_held_is_unknown_not_none(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Held on nodes 0 and 1 (node 2 missed it); node 1 goes silent. inspect() said None and
+    force_release(fence=...) NOT_HELD ("nobody holds it") while node 0 and the silent node 1
+    hold it for the hour (review rio2, 3): unknown, as ttl() says."""
+    servers = [redis_factory() for _ in range(3)]
+    running_long_since(servers)
+    with quorum_alias("undecided", servers, socket_timeout=0.1, socket_connect_timeout=0.1):
+        backend = locks["undecided"]
+        held = lock(name, using="undecided", ttl=3600, auto_renew=False)
+        assert held.acquire(blocking=False) and held.fence is not None
+        servers[2].client().delete(backend.key(name))  # a node that missed the acquire
+        servers[1].pause()
+        try:
+            with pytest.raises(QuorumNotReached):
+                backend.inspect(name)
+            with pytest.raises(QuorumNotReached):
+                backend.force_release(name, fence=held.fence)
+            with pytest.raises(QuorumNotReached):  # `redlock list`, the admin: not "no locks"
+                list(backend.iter_locks("*"))
+            servers[2].pause()  # two of three silent: nothing decided either
+            with pytest.raises(QuorumNotReached):
+                backend.inspect(name)
+        finally:
+            servers[1].resume()
+            servers[2].resume()
+        assert backend.inspect(name) is not None
+        servers[0].client().delete(backend.key(name))  # now a majority says free: None
+        assert backend.inspect(name) is None

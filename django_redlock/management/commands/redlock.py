@@ -33,6 +33,9 @@ from ...validation import check_glob, check_name
 from .. import exec_action
 
 NOTHING, UNAVAILABLE = 1, 3
+#: Seconds a release or purge waits, before it exits, for a write owed to a node that did
+#: not answer (a Redlock node paused or down): a few node timeouts.
+OWED_WAIT = 3.0
 EXIT_CODES = {
     "list": "0 listed (every backend answered); 2 an unknown --backend; 3 a backend did not"
     " answer (it is named, and the others are still listed)",
@@ -281,6 +284,20 @@ class Command(BaseCommand):
         recorder.record("force_release", name, alias, "by manage.py redlock release")
         recorder.flush()
         self.stdout.write(f"released {name!r} on {alias!r}")
+        self._unreached([alias])
+
+    def _unreached(self, aliases: Sequence[str]) -> None:
+        """A write owed to a node that did not answer is lost when this process exits: wait
+        a bounded time for it, else name the node (it keeps the hold to its TTL), exit 3."""
+        unreached = [(a, locks[a].unreached(OWED_WAIT)) for a in dict.fromkeys(aliases)]
+        for alias, nodes in unreached:
+            for node in nodes:
+                self.stderr.write(
+                    f"{node} of {alias!r} was not reached: it keeps what was released there"
+                    " until its TTL"
+                )
+        if any(nodes for _, nodes in unreached):
+            sys.exit(UNAVAILABLE)
 
     def do_purge(self, options: dict[str, Any]) -> None:
         found, failed = self._collect(options["backend"], _checked(check_glob, options["match"]))
@@ -313,6 +330,7 @@ class Command(BaseCommand):
                 recorder.record("force_release", info.name, info.backend, "by redlock purge")
         recorder.flush()
         self.stdout.write(f"released {released} lock{'s' if released != 1 else ''}")
+        self._unreached([info.backend for info in found])
         if failed:
             sys.exit(UNAVAILABLE)
 
