@@ -76,7 +76,13 @@ def must_hand_over() -> bool:
     """Whether a coroutine closed now (GeneratorExit) hands its clean-up over instead of
     awaiting it: inside a collection (a finalizer), or with no loop running (closed after its
     loop). An async generator's ``aclose()`` on its running loop awaits as ever."""
-    return in_collection() or asyncio._get_running_loop() is None
+    if in_collection():
+        return True
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # (a close is rare: the raise costs nothing that matters)
+        return True
+    return False
 
 
 _collections = [0]  # under way (gc.callbacks: a "start", then a "stop")
