@@ -366,6 +366,26 @@ class Renewer:
         """Renew a hold just taken, unless it is released before its first renewal."""
         self.add(lock, renewal, stop_at, owner=owner)
 
+    def unsure(
+        self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None
+    ) -> None:
+        """A command that may have set ``renewal``'s TTL on the server had no answer (a lost
+        reply): if that TTL is shorter than the one renewed, the hold goes on its schedule
+        and is renewed at once (the server may have only that TTL left). A renewal never
+        shortens, so this costs nothing if the command did not run."""
+        now = time.monotonic()
+        key = (id(lock.backend), renewal.name, renewal.token)
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is not None and renewal.ttl_ms >= entry.renewal.ttl_ms:
+                return  # at least the old TTL left either way: its schedule holds
+            self._add(lock, renewal, stop_at, now, None, owner)
+            entry = self._entries.get(key)
+            if entry is None or entry.bucket is None:
+                return
+            self._due_now(entry.bucket, now)
+        self._wake(now)
+
     def _add(
         self,
         lock: Lock,

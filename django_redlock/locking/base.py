@@ -1418,7 +1418,12 @@ class BaseLock:
         ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
         yield from self._settle(owner)
         sent = time.monotonic()  # a renewal settled after this may have landed after it
-        extended = yield self._op_extend(hold.token, ttl_ms)
+        try:
+            extended = yield self._op_extend(hold.token, ttl_ms)
+        except BaseException:
+            # No answer: Redis may have set this TTL, shorter maybe (review wdc2, 1).
+            self._unsure_ttl(hold, ttl_ms)
+            raise
         if not extended:
             # When the answer came: a release begun after it (another thread's) did not cause it.
             found = time.monotonic()
@@ -1435,6 +1440,14 @@ class BaseLock:
             lives = _actor() if self.reentrant else None
             renewal = self._renewal(hold.token, ttl_ms)
             hold.renewer.add(self, renewal, hold.stop_at, sent, lives)
+
+    def _unsure_ttl(self, hold: Hold, ttl_ms: int) -> None:
+        """A command of ``hold``'s token that may have set ``ttl_ms`` got no answer: the
+        watchdog renews it as if it had (at once, on that TTL's schedule, if shorter)."""
+        if hold.renewer is not None and hold.token:
+            lives = _actor() if self.reentrant else None
+            renewal = self._renewal(hold.token, ttl_ms)
+            hold.renewer.unsure(self, renewal, hold.stop_at, lives)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the hold's TTL to ``ttl`` seconds (default: the lock's) from now on."""

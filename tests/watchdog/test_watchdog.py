@@ -934,3 +934,49 @@ def test_a_long_hold_keeps_one_watch_per_object_holding_it(name: str) -> None:
         assert outer.owned()
     finally:
         outer.release()
+
+
+# -- an extend to a shorter TTL whose reply is lost (review wdc2, 1) ------------------------------
+
+
+@pytest.mark.parametrize("asyncio_", [False, True], ids=["sync", "async"])
+def test_a_shorter_extend_whose_reply_is_lost_is_renewed_on_its_ttl(
+    redis_server: RedisServer, name: str, asyncio_: bool
+) -> None:
+    """Redis ran extend(1) and its reply was lost: the watchdog renews at once and on the
+    1 s schedule, so the hold does not run out under its object (no second holder)."""
+    from django_redlock import BackendUnavailable
+
+    from ..support.proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+            lk = lock(name, using="lossy", ttl=30)  # next renewal 10 s away
+            assert lk.acquire()
+
+            async def aextend() -> None:
+                await lk.aextend(30)  # connected, the script loaded: the extend's reply is lost
+                proxy.lose_replies(1)
+                await lk.aextend(1)
+
+            with pytest.raises(BackendUnavailable):
+                if asyncio_:
+                    asyncio.run(aextend())
+                else:
+                    lk.extend(30)
+                    proxy.lose_replies(1)
+                    lk.extend(1)
+            assert proxy.lost == 1
+            assert redis_server.client().pttl(locks["redis"].key(name)) <= 1000  # it ran
+            other = lock(name, using="redis", ttl=30)
+            deadline = time.monotonic() + 2.5  # past the 1 s the server may have left
+            while time.monotonic() < deadline:
+                assert not other.acquire(blocking=False), "another client took the name"
+                time.sleep(0.05)
+            assert lk.lost is None
+            lk.release()
+            locks["lossy"].close()
+    finally:
+        proxy.close()
