@@ -386,6 +386,24 @@ class Renewer:
             self._due_now(entry.bucket, now)
         self._wake(now)
 
+    def unsure_hold(self, backend: BaseLockBackend, renewal: Renewal) -> None:
+        """As :meth:`unsure`, from an object that does not hold the token (a re-entry or an
+        adopt() that raised): the hold, if renewed here, goes on the shorter TTL's schedule
+        (until its objects set a TTL again) and is renewed at once."""
+        now = time.monotonic()
+        with self._mutex:
+            self._take_pending()  # a hold just taken may not be in the entries yet
+            entry = self._entries.get((id(backend), renewal.name, renewal.token))
+            if entry is None or renewal.ttl_ms >= entry.renewal.ttl_ms:
+                return
+            old = self._leave(entry)
+            if old is not None and old.flying is not None:
+                old.moved = True
+            entry.renewal = renewal
+            self._join(entry, backend, now, old.epoch if old is not None else -1)
+            self._due_now(entry.bucket, now)  # type: ignore[arg-type]
+        self._wake(now)
+
     def _add(
         self,
         lock: Lock,

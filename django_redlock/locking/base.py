@@ -606,6 +606,10 @@ class BaseLock:
                 hold = self._record(owner, actor, token, ttl_ms, attempt)
         except BaseException as exc:
             if attempt is None:
+                if self.reentrant:
+                    # No answer: a re-entry may have set this TTL on another object's hold,
+                    # shorter maybe (review wdc2, 2).
+                    thread_renewer.unsure_hold(self.backend, self._renewal(owner, ttl_ms))
                 raise  # the take's own: _try_or_wait handed back what it may have been granted
             # Granted and not recorded (_record undid its steps): hand it back. Recorded (an
             # interrupt as _record returned): released by the driver (_undo_take).
@@ -1470,7 +1474,13 @@ class BaseLock:
         # The server's TTL is the last holder's, set at a time unknown here: ours is set
         # before adopt() returns (so a later extend() of ours is never overtaken by it).
         ttl_ms, sent = to_ms(self.lock_ttl), time.monotonic()
-        if not (yield self._op_extend(token, ttl_ms)):
+        try:
+            extended = yield self._op_extend(token, ttl_ms)
+        except BaseException:
+            # No answer: it may have set our TTL on the old holder's hold (review wdc2, 2).
+            thread_renewer.unsure_hold(self.backend, self._renewal(token, ttl_ms))
+            raise
+        if not extended:
             raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
         self._record("", owner_id(), token, ttl_ms, attempt, adopted=sent)  # nothing to announce
 

@@ -980,3 +980,63 @@ def test_a_shorter_extend_whose_reply_is_lost_is_renewed_on_its_ttl(
             locks["lossy"].close()
     finally:
         proxy.close()
+
+
+def _nobody_else_takes(name: str, seconds: float = 2.5) -> None:
+    other = lock(name, using="redis", ttl=30)
+    deadline = time.monotonic() + seconds  # past the 1 s the server may have left
+    while time.monotonic() < deadline:
+        assert not other.acquire(blocking=False), "another client took the name"
+        time.sleep(0.05)
+
+
+def test_a_shorter_reentry_whose_reply_is_lost_keeps_the_hold_renewed(
+    redis_server: RedisServer, name: str
+) -> None:
+    """B re-enters A's reentrant hold with ttl=1, Redis runs it and the reply is lost: A's
+    hold is renewed at once and on the 1 s schedule (review wdc2, 2)."""
+    from django_redlock import BackendUnavailable
+
+    from ..support.proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+            a = lock(name, using="lossy", ttl=30, reentrant=True)
+            b = lock(name, using="lossy", ttl=1, reentrant=True)
+            assert a.acquire()
+            proxy.lose_replies(1)
+            with pytest.raises(BackendUnavailable):
+                b.acquire()
+            assert proxy.lost == 1
+            assert redis_server.client().pttl(locks["redis"].key(name)) <= 1000  # it ran
+            _nobody_else_takes(name)
+            assert a.lost is None
+            del b
+            a.release()
+            locks["lossy"].close()
+    finally:
+        proxy.close()
+
+
+def test_an_adopt_whose_extend_reply_is_lost_keeps_the_old_holders_hold_renewed(
+    name: str,
+) -> None:
+    """adopt()'s extend (ttl=1) runs and its reply is lost: the old holder's hold, renewed in
+    this process with ttl=30, is renewed at once and on the 1 s schedule (review wdc2, 2)."""
+    from django_redlock import BackendUnavailable
+
+    old = lock(name, ttl=30)
+    assert old.acquire()
+    new = lock(name, ttl=1)
+    steps = new._adopt(old.token)
+    op = next(steps)  # the fence
+    op = steps.send(new.backend.execute(op))  # the extend: it runs...
+    new.backend.execute(op)
+    with pytest.raises(BackendUnavailable):  # ...and its reply is lost
+        steps.throw(BackendUnavailable("reply lost (test)", timed_out=True))
+    assert (old.ttl() or 0) <= 1
+    _nobody_else_takes(name)
+    assert old.lost is None
+    old.release()
