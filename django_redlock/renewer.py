@@ -366,6 +366,44 @@ class Renewer:
         """Renew a hold just taken, unless it is released before its first renewal."""
         self.add(lock, renewal, stop_at, owner=owner)
 
+    def unsure(
+        self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None
+    ) -> None:
+        """A command that may have set ``renewal``'s TTL on the server had no answer (a lost
+        reply): if that TTL is shorter than the one renewed, the hold goes on its schedule
+        and is renewed at once (the server may have only that TTL left). A renewal never
+        shortens, so this costs nothing if the command did not run."""
+        now = time.monotonic()
+        key = (id(lock.backend), renewal.name, renewal.token)
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is not None and renewal.ttl_ms >= entry.renewal.ttl_ms:
+                return  # at least the old TTL left either way: its schedule holds
+            self._add(lock, renewal, stop_at, now, None, owner)
+            entry = self._entries.get(key)
+            if entry is None or entry.bucket is None:
+                return
+            self._due_now(entry.bucket, now)
+        self._wake(now)
+
+    def unsure_hold(self, backend: BaseLockBackend, renewal: Renewal) -> None:
+        """As :meth:`unsure`, from an object that does not hold the token (a re-entry or an
+        adopt() that raised): the hold, if renewed here, goes on the shorter TTL's schedule
+        (until its objects set a TTL again) and is renewed at once."""
+        now = time.monotonic()
+        with self._mutex:
+            self._take_pending()  # a hold just taken may not be in the entries yet
+            entry = self._entries.get((id(backend), renewal.name, renewal.token))
+            if entry is None or renewal.ttl_ms >= entry.renewal.ttl_ms:
+                return
+            old = self._leave(entry)
+            if old is not None and old.flying is not None:
+                old.moved = True
+            entry.renewal = renewal
+            self._join(entry, backend, now, old.epoch if old is not None else -1)
+            self._due_now(entry.bucket, now)  # type: ignore[arg-type]
+        self._wake(now)
+
     def _add(
         self,
         lock: Lock,

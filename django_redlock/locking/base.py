@@ -606,6 +606,10 @@ class BaseLock:
                 hold = self._record(owner, actor, token, ttl_ms, attempt)
         except BaseException as exc:
             if attempt is None:
+                if self.reentrant:
+                    # No answer: a re-entry may have set this TTL on another object's hold,
+                    # shorter maybe (review wdc2, 2).
+                    thread_renewer.unsure_hold(self.backend, self._renewal(owner, ttl_ms))
                 raise  # the take's own: _try_or_wait handed back what it may have been granted
             # Granted and not recorded (_record undid its steps): hand it back. Recorded (an
             # interrupt as _record returned): released by the driver (_undo_take).
@@ -1418,7 +1422,12 @@ class BaseLock:
         ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
         yield from self._settle(owner)
         sent = time.monotonic()  # a renewal settled after this may have landed after it
-        extended = yield self._op_extend(hold.token, ttl_ms)
+        try:
+            extended = yield self._op_extend(hold.token, ttl_ms)
+        except BaseException:
+            # No answer: Redis may have set this TTL, shorter maybe (review wdc2, 1).
+            self._unsure_ttl(hold, ttl_ms)
+            raise
         if not extended:
             # When the answer came: a release begun after it (another thread's) did not cause it.
             found = time.monotonic()
@@ -1435,6 +1444,14 @@ class BaseLock:
             lives = _actor() if self.reentrant else None
             renewal = self._renewal(hold.token, ttl_ms)
             hold.renewer.add(self, renewal, hold.stop_at, sent, lives)
+
+    def _unsure_ttl(self, hold: Hold, ttl_ms: int) -> None:
+        """A command of ``hold``'s token that may have set ``ttl_ms`` got no answer: the
+        watchdog renews it as if it had (at once, on that TTL's schedule, if shorter)."""
+        if hold.renewer is not None and hold.token:
+            lives = _actor() if self.reentrant else None
+            renewal = self._renewal(hold.token, ttl_ms)
+            hold.renewer.unsure(self, renewal, hold.stop_at, lives)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the hold's TTL to ``ttl`` seconds (default: the lock's) from now on."""
@@ -1457,7 +1474,13 @@ class BaseLock:
         # The server's TTL is the last holder's, set at a time unknown here: ours is set
         # before adopt() returns (so a later extend() of ours is never overtaken by it).
         ttl_ms, sent = to_ms(self.lock_ttl), time.monotonic()
-        if not (yield self._op_extend(token, ttl_ms)):
+        try:
+            extended = yield self._op_extend(token, ttl_ms)
+        except BaseException:
+            # No answer: it may have set our TTL on the old holder's hold (review wdc2, 2).
+            thread_renewer.unsure_hold(self.backend, self._renewal(token, ttl_ms))
+            raise
+        if not extended:
             raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
         self._record("", owner_id(), token, ttl_ms, attempt, adopted=sent)  # nothing to announce
 

@@ -934,3 +934,109 @@ def test_a_long_hold_keeps_one_watch_per_object_holding_it(name: str) -> None:
         assert outer.owned()
     finally:
         outer.release()
+
+
+# -- an extend to a shorter TTL whose reply is lost (review wdc2, 1) ------------------------------
+
+
+@pytest.mark.parametrize("asyncio_", [False, True], ids=["sync", "async"])
+def test_a_shorter_extend_whose_reply_is_lost_is_renewed_on_its_ttl(
+    redis_server: RedisServer, name: str, asyncio_: bool
+) -> None:
+    """Redis ran extend(1) and its reply was lost: the watchdog renews at once and on the
+    1 s schedule, so the hold does not run out under its object (no second holder)."""
+    from django_redlock import BackendUnavailable
+
+    from ..support.proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+            lk = lock(name, using="lossy", ttl=30)  # next renewal 10 s away
+            assert lk.acquire()
+
+            async def aextend() -> None:
+                await lk.aextend(30)  # connected, the script loaded: the extend's reply is lost
+                proxy.lose_replies(1)
+                await lk.aextend(1)
+
+            with pytest.raises(BackendUnavailable):
+                if asyncio_:
+                    asyncio.run(aextend())
+                else:
+                    lk.extend(30)
+                    proxy.lose_replies(1)
+                    lk.extend(1)
+            assert proxy.lost == 1
+            assert redis_server.client().pttl(locks["redis"].key(name)) <= 1000  # it ran
+            other = lock(name, using="redis", ttl=30)
+            deadline = time.monotonic() + 2.5  # past the 1 s the server may have left
+            while time.monotonic() < deadline:
+                assert not other.acquire(blocking=False), "another client took the name"
+                time.sleep(0.05)
+            assert lk.lost is None
+            lk.release()
+            locks["lossy"].close()
+    finally:
+        proxy.close()
+
+
+def _nobody_else_takes(name: str, seconds: float = 2.5) -> None:
+    other = lock(name, using="redis", ttl=30)
+    deadline = time.monotonic() + seconds  # past the 1 s the server may have left
+    while time.monotonic() < deadline:
+        assert not other.acquire(blocking=False), "another client took the name"
+        time.sleep(0.05)
+
+
+def test_a_shorter_reentry_whose_reply_is_lost_keeps_the_hold_renewed(
+    redis_server: RedisServer, name: str
+) -> None:
+    """B re-enters A's reentrant hold with ttl=1, Redis runs it and the reply is lost: A's
+    hold is renewed at once and on the 1 s schedule (review wdc2, 2)."""
+    from django_redlock import BackendUnavailable
+
+    from ..support.proxy import LossyProxy
+
+    proxy = LossyProxy(redis_server.port)
+    config = {"BACKEND": "django_redlock.backends.redis.RedisBackend", "LOCATION": proxy.url}
+    try:
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "lossy": config}):
+            a = lock(name, using="lossy", ttl=30, reentrant=True)
+            b = lock(name, using="lossy", ttl=1, reentrant=True)
+            assert a.acquire()
+            proxy.lose_replies(1)
+            with pytest.raises(BackendUnavailable):
+                b.acquire()
+            assert proxy.lost == 1
+            assert redis_server.client().pttl(locks["redis"].key(name)) <= 1000  # it ran
+            _nobody_else_takes(name)
+            assert a.lost is None
+            del b
+            a.release()
+            locks["lossy"].close()
+    finally:
+        proxy.close()
+
+
+def test_an_adopt_whose_extend_reply_is_lost_keeps_the_old_holders_hold_renewed(
+    name: str,
+) -> None:
+    """adopt()'s extend (ttl=1) runs and its reply is lost: the old holder's hold, renewed in
+    this process with ttl=30, is renewed at once and on the 1 s schedule (review wdc2, 2)."""
+    from django_redlock import BackendUnavailable
+
+    old = lock(name, ttl=30)
+    assert old.acquire()
+    new = lock(name, ttl=1)
+    steps = new._adopt(old.token)
+    op = next(steps)  # the fence
+    op = steps.send(new.backend.execute(op))  # the extend: it runs...
+    new.backend.execute(op)
+    with pytest.raises(BackendUnavailable):  # ...and its reply is lost
+        steps.throw(BackendUnavailable("reply lost (test)", timed_out=True))
+    assert (old.ttl() or 0) <= 1
+    _nobody_else_takes(name)
+    assert old.lost is None
+    old.release()
