@@ -368,7 +368,7 @@ def test_coalesce_a_run_stopped_as_its_end_publishes_the_follow_up(
     r = redis(redis_server)
     name = uuid.uuid4().hex[:8]
     group = f"coalesce-pub:{name}"
-    first = prefork.send(celery_tasks.coalesced_slow_publish, name, "t0", 2.0)
+    first = prefork.send(celery_tasks.coalesced_slow_publish, name, "t0", 4.0)
     (pid,) = wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
     value = prefork.send(celery_tasks.coalesced_slow_publish, name, "t1").get(timeout=30)
     assert value["coalesced"] is True

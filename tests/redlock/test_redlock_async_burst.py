@@ -98,7 +98,10 @@ def test_nodes_that_do_not_connect_are_still_reported_within_the_connect_timeout
         got = asyncio.run(burst())
         took = time.monotonic() - started
         assert all(isinstance(g, QuorumNotReached) for g in got), got
-        assert took < 0.5 + LOOP_GRACE_MAX + 1, f"the burst was refused after {took:.2f}s"
+        # Each of a call's waits may get the loop's lateness (LOOP_GRACE_MAX at most): the
+        # connects', then the healthy node's undo read (7.9 s beside make test's other files).
+        bound = 0.5 + 2 * LOOP_GRACE_MAX + 1
+        assert took < bound, f"the burst was refused after {took:.2f}s"
 
 
 def test_replies_that_came_while_the_loop_was_busy_count(
