@@ -371,5 +371,5 @@ def test_a_dropped_client_s_close_waits_for_no_server_where_it_is_collected(
     gc.collect()
     took = time.monotonic() - began
     assert gone() is None
-    assert took < 0.5, f"the collection took {took:.2f} s"
+    assert took < 0.9, f"the collection took {took:.2f} s"
     assert finisher.wait_finished(5)  # closed once the server answers
