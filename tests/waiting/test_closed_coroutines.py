@@ -33,14 +33,8 @@ from ..conftest import ROOT
 
 def close_while_waiting(coro: Coroutine[Any, Any, Any], seconds: float) -> None:
     """Run ``coro`` as a task for ``seconds``, close its loop with the task pending, then
-    close the coroutine itself."""
-    loop = asyncio.new_event_loop()
-    task = loop.create_task(coro)
-    loop.run_until_complete(asyncio.sleep(seconds))
-    assert not task.done()
-    task._log_destroy_pending = False  # left pending on purpose
-    loop.close()
-    coro.close()  # raised "generator ignored GeneratorExit" before
+    close the coroutine itself (it raised "generator ignored GeneratorExit" before)."""
+    close_while_waiting_later(coro, seconds)
     # Its clean-up runs on the finisher thread, not in close(): waited for, bounded.
     assert finisher.wait_finished(5)
 
