@@ -16,6 +16,8 @@ from typing import Any
 from bench.harness import CONTENDED_ROUNDS, CONTENDERS, ROOT
 
 SECONDS = float(os.environ.get("BENCH_FENCED_SECONDS", "2.5"))  # a turn, as in contended
+# Buyers per turn, as in contended; fewer (at least 2 contend) for a quick check of the harness.
+BUYERS = int(os.environ.get("BENCH_FENCED_BUYERS", str(CONTENDERS)))
 MODES = ("select_for_update", "lock(atomic=True)")
 #: One sample of the database's sessions, other than the sampler's own: waiting for a lock
 #: (a row another transaction holds), idle in an open transaction (between its statements,
@@ -74,9 +76,9 @@ class Sampler(threading.Thread):
 
 
 def turn(client: Any, conn: Any, url: str, port: int, mode: str, key: str) -> dict[str, Any]:
-    """8 buyers of one mode for SECONDS: purchases/s and the database's sessions meanwhile."""
+    """BUYERS (8) buyers of one mode for SECONDS: purchases/s and the sessions meanwhile."""
     args = ["buy", "--mode", mode, "--start", key, "--seconds", str(SECONDS),
-            "--buyers", str(CONTENDERS)]  # fmt: skip
+            "--buyers", str(BUYERS)]  # fmt: skip
     procs = [
         subprocess.Popen(
             child(url, port, *args, "--buyer", f"{key}.{i}"),
@@ -84,10 +86,10 @@ def turn(client: Any, conn: Any, url: str, port: int, mode: str, key: str) -> di
             text=True,
             cwd=ROOT,
         )
-        for i in range(CONTENDERS)
+        for i in range(BUYERS)
     ]
     deadline = time.monotonic() + 120
-    while int(client.get(f"{key}:ready") or 0) < CONTENDERS:  # imported, connected, warm
+    while int(client.get(f"{key}:ready") or 0) < BUYERS:  # imported, connected, warm
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
             for p in procs:
                 p.kill()
