@@ -9,6 +9,7 @@ import itertools
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -164,7 +165,11 @@ def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path)
     """`make demo` in Chromium at 1280 px, on PostgreSQL (DATABASE_URL): the live panel shows
     locks at work, in the words the admin uses, and the oversell experiment's three ways side
     by side; the admin lists the locks in a table that fits, names wrapping only between their
-    parts. Screenshots for docs/."""
+    parts. Screenshots for docs/.
+
+    Then, on the same demo (one start instead of two): a child that exits (here: the dev
+    server, killed) stops the rest of the demo, which says so and exits non-zero (it used to
+    exit 0). (test_demo.py's test stops its demo with Ctrl-C.)"""
     ARTIFACTS.mkdir(exist_ok=True)
     database = PostgresServer().start()  # (test_demo.py runs the demo on its SQLite)
     database_url = f"postgres://{database.user}@{database.host}:{database.port}/postgres"
@@ -323,10 +328,20 @@ def test_the_demo_home_page_and_admin_in_a_browser(browser: Any, tmp_path: Path)
         # line breaks aside: innerText may drop one while a row is re-laid out, see above).
         same = [re.sub(r"\s+", "", text) for text in (beat_in_admin, beat_on_home)]
         assert same[0] == same[1], (beat_in_admin, beat_on_home)
+
+        # The dev server dies: the demo stops the rest, says why, and exits 1.
+        children = Path(f"/proc/{demo.process.pid}/task/{demo.process.pid}/children")
+        for pid in map(int, children.read_text().split()):
+            if "runserver" in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(pid, signal.SIGKILL)
+        demo.process.wait(90)
     finally:
-        output = demo.stop()
+        output = demo.stop()  # (nothing left to stop, unless an assertion above failed)
         database.stop()
     assert '"GET /live.json' not in output  # polled every second: not logged
+    assert demo.process.returncode == 1, output[-3000:]
+    assert "demo: the web server (manage.py runserver) exited (-9); stopping the rest" in output
+    assert "-m celery" not in output  # each process by its name
 
 
 @pytest.mark.django_db(transaction=True)
