@@ -35,7 +35,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-password"
 WORKER_GRACE = 60.0  # seconds the worker has to finish its running tasks (a sync takes 3)
-OTHERS_GRACE = 10.0
+# The others have nothing to finish, but their exit is not free: a beat's is half a second of
+# CPU (most of it the interpreter's teardown), which a loaded machine stretched past 10 s;
+# killed for it, the stop printed every line it held back. A second Ctrl-C still hurries.
+OTHERS_GRACE = 60.0
 WORKER = "the Celery worker"
 
 

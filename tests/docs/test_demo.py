@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -58,7 +59,7 @@ class Terminal:
         subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
-@pytest.mark.timeout(300)  # a loaded 2-core machine starts the demo in far more than 25 s
+@pytest.mark.timeout(360)  # a loaded 2-core machine starts the demo in far more than 25 s
 def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
     """`make demo` in a real terminal (tmux): it starts, serves the shop and the admin, runs
     the oversell experiment on its SQLite database, the worker's tasks and the beats; then
@@ -69,6 +70,7 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
     terminal = Terminal(tmp_path)
     port = free_port()
     stopped = False
+    stalled: list[int] = []
     try:
         settings = {"DEMO_PORT": str(port), "DEMO_STATE": str(tmp_path), "PYTHONPATH": str(ROOT),
                     "SHOP_DB": str(tmp_path / "shop.sqlite3")}  # fmt: skip
@@ -167,6 +169,7 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
             assert time.monotonic() < deadline + 30, "the home page never showed a beat leader"
             time.sleep(0.3)
         assert leader.group(1) in beats.groups()
+        stalled = [int(pid) for pid in beats.groups()]
         while not locks_db.llen("shop:heartbeats"):
             assert time.monotonic() < deadline + 30, "no heartbeat ran on the demo's worker"
             time.sleep(0.3)
@@ -179,10 +182,20 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
             time.sleep(0.1)
         task = re.search(r"task (\S+) ", running[0]["holder_title"])
         assert task is not None, running
+        # Ctrl-C while neither beat gets the CPU (a loaded machine): each exits only once it
+        # runs again, 12 s later. (A beat's exit is half a second of CPU, most of it the
+        # interpreter's teardown; under load it took longer than the 10 s the demo gave it,
+        # which killed it and printed the 30 lines it held back instead of its one line.)
+        for pid in stalled:
+            os.kill(pid, signal.SIGSTOP)
         terminal.send("C-c")
         stopped = True
+        terminal.wait_for("^Cdemo: stopping", 60)
+        time.sleep(12)  # the stall itself: longer than the 10 s a beat used to be given
+        resume(stalled)
         output = terminal.wait_for("EXIT=", 90)
     finally:
+        resume(stalled)
         if not stopped:  # a failed check: the demo still stops as it should
             terminal.send("C-c")
             with contextlib.suppress(AssertionError):
@@ -215,6 +228,13 @@ def test_demo_starts_serves_and_stops(tmp_path: Path) -> None:
     except redis.ConnectionError:
         still_up = False
     assert not still_up  # the embedded Redis went down with the demo
+
+
+def resume(pids: list[int]) -> None:
+    """SIGCONT to each that is still there (the demo may have killed it)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def experiment_runs(page: str) -> dict[str, tuple[int, ...]]:
