@@ -42,6 +42,21 @@ OTHERS_GRACE = 60.0
 WORKER = "the Celery worker"
 
 
+# What the demo prepares in its database and Redis before its processes start.
+PREPARE = f"""
+import sys
+from django.core.management import CommandError, call_command
+from shop.stock import restock
+try:
+    call_command("createsuperuser", interactive=False, username={DEMO_USER!r},
+                 email="demo@example.com", verbosity=0)
+except CommandError as exc:
+    if "already taken" not in str(exc):
+        print(exc, file=sys.stderr)
+restock(100)
+"""
+
+
 def manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, "manage.py", *args], cwd=HERE, env=env, check=True)
 
@@ -292,15 +307,13 @@ def run(port: int, env: dict[str, str], state: Path) -> int:
             env["REDIS_URL"] = redis_server.url
         manage(env, "migrate", "--noinput", "-v", "0")
         print(f"demo: the shop's database: {database_shown(env)}", flush=True)
+        # The admin's user, the stock and (django.tasks) the count asked for twice, in one
+        # process: each manage.py call is a Django start-up, seconds on a loaded machine.
+        framework = find_spec("django.tasks") or find_spec("django_tasks")
+        tasks = bool(find_spec("django_tasks_db") and framework)
+        count = "from shop.jobs import count_twice\ncount_twice()\n" if tasks else ""
         env_user = {**env, "DJANGO_SUPERUSER_PASSWORD": DEMO_PASSWORD}
-        created = subprocess.run(
-            [sys.executable, "manage.py", "createsuperuser", "--noinput",
-             "--username", DEMO_USER, "--email", "demo@example.com"],
-            cwd=HERE, env=env_user, capture_output=True, text=True,
-        )  # fmt: skip
-        if created.returncode and "already taken" not in created.stderr:
-            print(created.stderr, file=sys.stderr)
-        manage(env, "shell", "-v", "0", "-c", "from shop.stock import restock; restock(100)")
+        manage(env_user, "shell", "-v", "0", "-c", PREPARE + count)
         celery = [sys.executable, "-m", "celery", "-A", "shop"]
         # Three clerks (two waiting for the desk), two exports, two syncs, and more: ten threads.
         worker = [*celery, "worker", "-P", "threads", "-c", "10", "-l", "info",
@@ -315,12 +328,9 @@ def run(port: int, env: dict[str, str], state: Path) -> int:
             " one sends, the other stands by; the home page shows which one leads",
             flush=True,
         )
-        framework = find_spec("django.tasks") or find_spec("django_tasks")
-        if find_spec("django_tasks_db") and framework:
-            count = "from shop.jobs import count_twice; count_twice()"
-            manage(env, "shell", "-v", "0", "-c", count)
-            tasks = [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "0.5"]
-            children.append(Child("the tasks worker (manage.py db_worker)", tasks, env))
+        if tasks:
+            jobs = [sys.executable, "manage.py", "db_worker", "--no-reload", "--interval", "0.5"]
+            children.append(Child("the tasks worker (manage.py db_worker)", jobs, env))
         else:
             print(
                 "demo: django.tasks skipped: it needs django-tasks-db (and on Django < 6.0 the"
