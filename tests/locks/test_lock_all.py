@@ -961,7 +961,13 @@ def test_the_release_of_a_set_wakes_each_name_s_waiters(any_alias: str) -> None:
     threads = [threading.Thread(target=single), threading.Thread(target=a_set)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
+    # Both seen registered (rw:3, rw:1) where the backend counts waiters, else the old 0.5 s.
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:
+        infos = [locks[any_alias].inspect(n) for n in ("rw:3", "rw:1")]
+        if all(info is not None and info.waiters >= 1 for info in infos):
+            break
+        time.sleep(0.01)
     released = time.monotonic()
     holder.release()
     for thread in threads:
