@@ -608,6 +608,11 @@ def _stop_reader(pubsub: Any, thread: threading.Thread | None, timeout: float) -
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.shutdown(socket.SHUT_RDWR)
+    # A reader with no channel subscribed waits in redis-py's get_message() for a
+    # subscription, not on the socket: woken too, its read then fails at once.
+    subscribed = getattr(pubsub, "subscribed_event", None)
+    if isinstance(subscribed, threading.Event):
+        subscribed.set()
     if thread is not None and thread is not threading.current_thread():
         # (Never started: an interrupt at its start(); a later waiter started another.)
         with contextlib.suppress(RuntimeError):

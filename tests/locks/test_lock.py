@@ -102,7 +102,13 @@ def test_released_waiter_wakes_at_once(alias: str, name: str) -> None:
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.5)
+    # Waiting: its registration seen where the backend counts waiters, else the old 0.5 s.
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:
+        info = locks[alias].inspect(name)
+        if info is not None and info.waiters >= 1:
+            break
+        time.sleep(0.01)
     released = time.monotonic()
     holder.release()
     thread.join(5)

@@ -152,7 +152,13 @@ def test_waiting_for_a_busy_set_wakes_on_the_release(any_alias: str) -> None:
 
     thread = threading.Thread(target=wait)
     thread.start()
-    time.sleep(0.5)
+    # Waiting on w:b: seen registered where the backend counts waiters, else the old 0.5 s.
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:
+        info = locks[any_alias].inspect("w:b")
+        if info is not None and info.waiters >= 1:
+            break
+        time.sleep(0.01)
     if any_alias in ONE_SERVER:  # nothing held while waiting (else w:a, in canonical order)
         assert held_names(any_alias, ["w:a", "w:c"]) == []
     released = time.monotonic()
@@ -472,11 +478,25 @@ def test_a_set_waiter_woken_for_a_free_name_hands_the_wake_up_on() -> None:
     holder_a, holder_b = lock("h:a", using="redis", ttl=30), lock("h:b", using="redis", ttl=30)
     assert holder_a.acquire() and holder_b.acquire()
     got_a: list[float] = []
-    set_waiter = threading.Thread(
-        target=lambda: lock_all("h:a", "h:b", using="redis", timeout=3).acquire(timeout=3)
-    )
+
+    def set_wait() -> None:
+        both = lock_all("h:a", "h:b", using="redis", timeout=3)
+        if both.acquire(timeout=3):
+            both.release()
+
+    set_waiter = threading.Thread(target=set_wait)
+    backend = locks["redis"]
+    waiting = backend.waiting_key("h:a")  # type: ignore[attr-defined]
+    client = backend.client  # type: ignore[attr-defined]
+
+    def registered(count: int) -> None:  # polled, not a fixed 0.5 s
+        deadline = time.monotonic() + 10
+        while client.zcard(waiting) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.zcard(waiting) == count
+
     set_waiter.start()
-    time.sleep(0.5)  # registered on h:a first
+    registered(1)  # registered on h:a first
 
     def plain() -> None:
         single = lock("h:a", using="redis", ttl=30)
@@ -486,12 +506,12 @@ def test_a_set_waiter_woken_for_a_free_name_hands_the_wake_up_on() -> None:
 
     plain_waiter = threading.Thread(target=plain)
     plain_waiter.start()
-    time.sleep(0.5)
+    registered(2)
     released = time.monotonic()
     holder_a.release()
     plain_waiter.join(25)
+    holder_b.release()  # the set waiter then ends (no wait for its 3 s timeout)
     set_waiter.join(10)
-    holder_b.release()
     assert got_a and got_a[0] - released < 2.5  # not the 30 s of h:a's old TTL
 
 
@@ -941,7 +961,13 @@ def test_the_release_of_a_set_wakes_each_name_s_waiters(any_alias: str) -> None:
     threads = [threading.Thread(target=single), threading.Thread(target=a_set)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)
+    # Both seen registered (rw:3, rw:1) where the backend counts waiters, else the old 0.5 s.
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:
+        infos = [locks[any_alias].inspect(n) for n in ("rw:3", "rw:1")]
+        if all(info is not None and info.waiters >= 1 for info in infos):
+            break
+        time.sleep(0.01)
     released = time.monotonic()
     holder.release()
     for thread in threads:
