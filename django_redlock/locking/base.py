@@ -75,9 +75,6 @@ from .templates import (
 )
 
 logger = logging.getLogger("django_redlock")
-#: Releases an interrupted ``async with`` left to finish (see ``finish_release_later``):
-#: the event loop keeps only weak references to tasks.
-_finishing: set[asyncio.Task[None]] = set()
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -1811,29 +1808,35 @@ class BaseLock:
 
     def _finish_later(self, steps: Steps[None], again: Callable[[], Steps[None]]) -> None:
         """Drive ``steps`` (a release) in a task of their own, acting as this owner; should
-        that task be cancelled, ``again`` is driven as it ends (:meth:`_release_finished`)."""
-        task = asyncio.get_running_loop().create_task(self._adrive(steps))
+        that task be cancelled, ``again`` is driven as it ends (:meth:`_release_finished`), or
+        by the finisher should its loop be closed with it pending (no done-callback runs)."""
+        once_more = functools.partial(self._release_once_more, again)
+        coroutine = finisher.closed_then(self._adrive(steps), once_more)
+        task = asyncio.get_running_loop().create_task(coroutine)
         lend_owner(task)
-        _finishing.add(task)
-        task.add_done_callback(functools.partial(self._release_finished, again))
+        finisher.keep(task)
+        task.add_done_callback(functools.partial(self._release_finished, once_more))
 
-    def _release_finished(self, again: Callable[[], Steps[None]], task: asyncio.Task[None]) -> None:
-        _finishing.discard(task)
-        error = None
-        if not task.cancelled():
-            error = task.exception()
-        else:
+    def _release_finished(self, once_more: Callable[[], None], task: asyncio.Task[None]) -> None:
+        if task.cancelled():
             # asyncio.run's (or asgiref's) shutdown cancels every task, this one too, before
             # it sent anything: the hold would stay to its TTL, held by nobody. Finished here,
             # synchronously (each round trip bounded by the socket timeout); nothing else of
             # the loop runs meanwhile. A done-callback runs from the loop's own turn, never
             # from a finalizer (a task collected pending calls none), so its I/O is allowed.
-            # Not sent once a finish found the backend not answering (steps.finish_now).
-            try:
-                finish_now(self.backend, lambda: drive(self.backend, again()))
-            except Exception as exc:
-                error = exc
-        if error is not None and not isinstance(error, LockNotOwned):  # it runs out at its TTL
+            once_more()
+        elif task.exception() is not None:
+            self._unfinished(task.exception())
+
+    def _release_once_more(self, again: Callable[[], Steps[None]]) -> None:
+        # Not sent once a finish found the backend not answering (steps.finish_now).
+        try:
+            finish_now(self.backend, lambda: drive(self.backend, again()))
+        except Exception as exc:
+            self._unfinished(exc)
+
+    def _unfinished(self, error: BaseException | None) -> None:
+        if not isinstance(error, LockNotOwned):  # it runs out at its TTL
             what = self.describe()
             logger.warning("redlock: %s: finishing an interrupted release: %s", what, error)
 

@@ -11,7 +11,10 @@ that do go out go to the real servers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
@@ -20,6 +23,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_redlock import lock, lock_all, locks
+from django_redlock.locking import finisher
 from django_redlock.testing import RedisServer
 
 from ..redlock.test_redlock import quorum_alias
@@ -245,3 +249,43 @@ def test_cut_releases_with_redis_not_answering_end_the_shutdown_in_about_one_soc
             server.resume()
             locks["paused"].close()
     assert took < 1.5 * timeout + 0.5, f"the shutdown took {took:.1f} s"
+
+
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_a_finishing_task_of_a_loop_closed_with_it_pending_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str
+) -> None:
+    """``run_until_complete()`` then ``close()`` (a request's loop) with the finishing task
+    still waiting for a connection: the loop never runs it again. Before: a module-level set
+    kept the task for good (and through it the closed loop and the lock), so its coroutine was
+    never closed, the finisher never got the release and the hold waited for its TTL (review
+    asy 6). Now the loop keeps it: dropped with the loop, closed by the collector, and the
+    release is finished by the finisher thread."""
+    state = _held_back(monkeypatch, "redis")
+    names = [f"{name}:a", f"{name}:b"] if kind == "lock_all" else [name]
+
+    async def work() -> None:
+        held = lock_all(*names, using="redis", ttl=20) if kind == "lock_all" else None
+        async with held if held is not None else lock(name, using="redis", ttl=20):
+            state.append("hold")  # from now on every command waits for a connection
+
+    async def main() -> None:
+        task = asyncio.ensure_future(work())
+        await asyncio.sleep(0.3)  # in the release, waiting
+        task.cancel()  # the release goes to a finishing task
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(main())
+    loop.close()
+    gone = weakref.ref(loop)
+    del loop
+    monkeypatch.undo()
+    # (The backend lets go of a closed loop's client as the next loop makes one.)
+    asyncio.run(lock(f"{name}:next", using="redis").alocked())
+    gc.collect()
+    assert gone() is None, "the closed loop is kept (by its finishing task)"
+    assert finisher.wait_finished(5)
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "the release was never finished"
