@@ -776,14 +776,21 @@ class BaseLock:
         command runs on to its own socket timeout. The rule: a grant that the server still
         answers is handed back, so that no hold is left to its TTL held by nobody when no
         next try comes (the caller got BackendUnavailable, and may never try again). Its
-        token is not kept for a next try (which takes a new one): that try's grant would be
-        deleted by the hand-back. No reply at all: the grant, if any, runs out at its TTL."""
+        token is not kept for a next try meanwhile: that try's grant would be deleted by the
+        hand-back. No reply at all: the request may still reach the server (a paused one
+        resumed, a delay on the wire), and nothing will hand that grant back: the token is
+        kept for the object's next try, which then finds its own hold (as a sync try's)."""
         self._late_tokens.add(token)
         command.add_done_callback(functools.partial(self._late_reply, token))
 
     def _late_reply(self, token: str, command: asyncio.Future[Attempt]) -> None:
         if command.cancelled() or command.exception() is not None:
-            return  # no answer after all (a loop closed: cancelled)
+            # No answer after all (a loop closed: cancelled). Kept unless another try's
+            # token is (that one's grant would be found the same way), this object holds,
+            # or a hand-back of it is under way (an interrupt came after the verdict).
+            if self._unsure_token is None and not self._holds and token not in self._handing_back:
+                self._unsure_token = token
+            return
         if command.result().acquired:
             self._handing_back.add(token)
             again = functools.partial(self._give_back_again, token, token)
