@@ -520,10 +520,24 @@ async def _adrive_steps(
             # adrive hands them to the finisher (_finish_closed).
             raise
         except BaseException as exc:
+            if _no_running_loop():
+                # A close all the same, outside the loop: a clean-up on its way up needed the
+                # loop and replaced the GeneratorExit (redis-py's disconnect: "no running event
+                # loop"). Thrown into the steps, their hand-back would await in vain (review
+                # wai2 4: the grant was held by nobody to its TTL).
+                raise GeneratorExit from exc
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
             error = exc
         error = cancels.lost(error)  # a swallowed cancellation: thrown in at this step
+
+
+def _no_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
 
 
 def _given(steps: Steps[None]) -> Steps[None]:

@@ -6,7 +6,9 @@ next try "finds its own hold if it did". Real server, SIGSTOP/SIGCONT."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +17,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_redlock import BackendUnavailable, lock, locks
+from django_redlock.locking import finisher
 from django_redlock.testing import RedisServer
 
 SOCKET_TIMEOUT = 1.0
@@ -69,3 +72,42 @@ def test_a_try_granted_after_its_own_timeout_is_found_by_the_same_object_s_next_
 
     assert asyncio.run(main()) is True, "the same object's next try did not find its hold"
     assert backend.inspect(name) is None
+
+
+def test_a_one_off_try_in_flight_when_its_loop_is_torn_down_hands_its_grant_back(
+    server: RedisServer, name: str
+) -> None:
+    """The try is sent to a paused server; its loop is closed and the task collected. The
+    close throws GeneratorExit into redis-py's read, whose clean-up then fails with "no running
+    event loop": before, that error passed the driver's hand-over (only a GeneratorExit was
+    one), and the grant the resumed server made was held by nobody to its TTL (review wai2 4).
+    """
+    backend = locks["late"]
+    loop = asyncio.new_event_loop()
+    warm = lock(f"{name}:warm", using="late")
+    assert loop.run_until_complete(warm.aacquire(blocking=False))  # connected, scripts loaded
+    loop.run_until_complete(warm.arelease())
+    server.pause()
+    try:
+        task = loop.create_task(lock(name, using="late", ttl=30).aacquire(blocking=False))
+        loop.run_until_complete(asyncio.sleep(0.1))  # the try is sent
+        assert not task.done()
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+        loop.close()
+    finally:
+        server.resume()  # it runs the try: granted, the reply unread
+    deadline = time.monotonic() + 3
+    while backend.inspect(name) is None:
+        assert time.monotonic() < deadline, "the try never ran"
+        time.sleep(0.02)
+    gone = weakref.ref(task)
+    del task, loop
+    # (The backend lets go of a closed loop's client as the next loop makes one.)
+    asyncio.run(lock(f"{name}:next", using="late").alocked())
+    gc.collect()
+    assert gone() is None, "the task was not collected"
+    assert finisher.wait_finished(5)
+    deadline = time.monotonic() + 3
+    while backend.inspect(name) is not None:
+        assert time.monotonic() < deadline, "the grant was left held by nobody"
+        time.sleep(0.05)
