@@ -781,6 +781,8 @@ class BaseLock:
         resumed, a delay on the wire), and nothing will hand that grant back: the token is
         kept for the object's next try, which then finds its own hold (as a sync try's)."""
         self._late_tokens.add(token)
+        if self._unsure_token == token:  # (a try before this one's, unanswered, kept it)
+            self._unsure_token = None
         command.add_done_callback(functools.partial(self._late_reply, token))
 
     def _late_reply(self, token: str, command: asyncio.Future[Attempt]) -> None:
@@ -1805,12 +1807,15 @@ class BaseLock:
         hold = self._holds.get(owner)
         if hold is None or not hold.releasing:  # released, or a nested level (counted)
             return
-        self._finish_later(self._release(), functools.partial(self._release_again, owner))
+        # That hold's release, decided now: the task runs a loop turn later or more, and the
+        # object may have finished it and taken a new hold by then, in another thread (review
+        # asy3 6: the new one was released under its holder).
+        again = functools.partial(self._release_again, owner, hold)
+        self._finish_later(self._release_recorded(owner, hold), again)
 
-    def _release_again(self, owner: str) -> Steps[None]:
+    def _release_again(self, owner: str, hold: Hold) -> Steps[None]:
         """A release whose finishing task was cancelled, sent once more unless done since."""
-        hold = self._holds.get(owner)
-        if hold is not None and hold.releasing:
+        if self._holds.get(owner) is hold and hold.releasing:
             yield from self._release(owner)
 
     def _finish_later(self, steps: Steps[None], again: Callable[[], Steps[None]]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Container
@@ -289,3 +290,51 @@ def test_a_finishing_task_of_a_loop_closed_with_it_pending_is_not_kept(
     assert finisher.wait_finished(5)
     held = [n for n in names if lock(n, using="redis").locked()]
     assert held == [], "the release was never finished"
+
+
+def test_a_finishing_task_releases_the_hold_of_the_cut_not_one_taken_since(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A module-level plain lock (its hold is the object's): a task's ``async with`` release
+    is cut by a second cancellation and left to a task of its own; the loop is then held by a
+    sync call, and meanwhile a thread's ``acquire()`` finishes the stale release itself and
+    takes a new hold. Before: the finishing task, reading which hold to release at its first
+    step, released the thread's new hold under it (two holders; review asy3 6)."""
+    state = _held_back(monkeypatch, "redis", {name})
+    shared = lock(name, using="redis", ttl=20)
+    started, taken = threading.Event(), []
+
+    def thread() -> None:
+        started.wait(5)
+        taken.append(shared.acquire(timeout=3))
+
+    other = threading.Thread(target=thread)
+    other.start()
+
+    async def work() -> None:
+        async with shared:
+            state.append("hold")  # its release waits for a connection
+            await asyncio.sleep(30)
+
+    async def blocker() -> None:
+        started.set()
+        time.sleep(0.5)  # a sync call keeps the loop
+
+    async def main() -> None:
+        task = asyncio.ensure_future(work())
+        await asyncio.sleep(0.3)
+        task.cancel()  # the release, on the way out, waits for a connection
+        await asyncio.sleep(0.05)
+        task.cancel()  # cut again: a task of its own finishes it
+        blocking = asyncio.ensure_future(blocker())
+        await asyncio.sleep(1.0)
+        await blocking
+
+    asyncio.run(main())
+    other.join(5)
+    monkeypatch.undo()
+    try:
+        assert taken == [True]
+        assert not lock(name, using="redis").acquire(blocking=False), "two holders"
+    finally:
+        shared.release()

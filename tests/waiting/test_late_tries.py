@@ -111,3 +111,51 @@ def test_a_one_off_try_in_flight_when_its_loop_is_torn_down_hands_its_grant_back
     while backend.inspect(name) is not None:
         assert time.monotonic() < deadline, "the grant was left held by nobody"
         time.sleep(0.05)
+
+
+def test_a_late_try_s_hand_back_never_deletes_the_same_object_s_retry(
+    server: RedisServer, name: str
+) -> None:
+    """An unanswered try keeps its token T for the next try; the next, a wait, reuses T and
+    its woken try is given up on at the verdict; the caller retries at once. Before: the
+    retry took T again, was granted (the late try's grant, found as its own), then the late
+    reply's hand-back released T: the object believed it held, another client took the lock
+    (review asy3 4). A token whose late grant will be handed back is never reused."""
+    lk = lock(name, using="late", ttl=30)
+    holder = lock(name, using="late", ttl=4, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    expiry = time.monotonic() + 4
+
+    async def main() -> Any:
+        # A warm pool: the retry's command is written before the server resumes.
+        await asyncio.gather(*[lock(f"{name}:{i}", using="late").alocked() for i in range(8)])
+        server.pause()
+        try:
+            with pytest.raises(BackendUnavailable):
+                await lk.aacquire(blocking=False)  # unanswered: its token is kept
+        finally:
+            server.resume()
+        kept = lk._unsure_token
+        assert kept is not None
+        task = asyncio.create_task(lk.aacquire(timeout=20))
+        await asyncio.sleep(max(0.0, expiry - 0.6 - time.monotonic()))
+        server.pause()  # the woken try meets a paused server, given up on at the verdict
+        try:
+            with pytest.raises(BackendUnavailable):
+                await task
+            retry = asyncio.create_task(lk.aacquire(blocking=False))  # written, unanswered
+            await asyncio.sleep(0.15)
+        finally:
+            server.resume()
+        got = await retry
+        await asyncio.sleep(0.5)  # the late reply's hand-back, if any, lands
+        return got
+
+    got = asyncio.run(main())
+    try:
+        if got:
+            assert lock(name, using="late").locked(), "the retry's hold was deleted under it"
+            assert not lock(name, using="late").acquire(blocking=False), "two holders"
+    finally:
+        if got:
+            lk.release()
