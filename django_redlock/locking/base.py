@@ -1795,7 +1795,15 @@ class BaseLock:
 
     def _finish_closed_release(self, hold: Hold) -> None:
         # Not sent to a backend a finish just found not answering: the hold runs out at its TTL.
-        finish_now(self.backend, lambda: drive(self.backend, self._release_recorded("", hold)))
+        try:
+            finish_now(self.backend, lambda: drive(self.backend, self._release_recorded("", hold)))
+        except LockError:
+            # Not sent, or unanswered: no owner will try again. Left here, the hold would be
+            # renewed for as long as the object lives (review asy3 3), and the object would
+            # say it holds: it runs out at its TTL instead.
+            with self._mutex:
+                self._forget("", hold)
+            raise
 
     def finish_release_later(self) -> None:
         """Internal API (``async with``, ``lock_all``'s too). A cancellation (often a second

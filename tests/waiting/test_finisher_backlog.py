@@ -5,8 +5,10 @@ went silent must not hold up another backend's (asyncio.md: "it runs shortly aft
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.test import override_settings
@@ -76,3 +78,47 @@ def test_closed_waiters_of_a_silent_server_do_not_hold_up_another_backend_s_hand
         finally:
             silent.resume()
         assert finisher.wait_finished(10)
+
+
+def test_closed_holds_the_finisher_could_not_release_are_no_longer_renewed(
+    redis_factory: Callable[..., RedisServer], name: str
+) -> None:
+    """Two tasks inside ``async with`` of long-lived lock objects; the server pauses, their
+    loop is closed and the tasks collected. The finisher's first release times out; the
+    second is not sent (the server just did not answer). Before: that second hold stayed
+    recorded in its object, renewed by the watchdog for as long as the object lived, once the
+    server answered again (review asy3 3). Now an unsent or unanswered closed release lets the
+    hold go: it runs out at its TTL."""
+    server = redis_factory()
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 1.0},
+    }
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "paused": config}):
+        objects = [lock(f"{name}:{i}", using="paused", ttl=2) for i in range(2)]
+
+        async def body(held: Any) -> None:
+            async with held:
+                await asyncio.sleep(100)
+
+        loop = asyncio.new_event_loop()
+        tasks = [loop.create_task(body(held)) for held in objects]
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert all(held.locked() for held in objects)
+        for task in tasks:
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+        server.pause()
+        try:
+            loop.close()
+            del tasks, task, loop
+            gc.collect()  # both closes handed to the finisher
+            time.sleep(1.4)
+        finally:
+            server.resume()
+        assert finisher.wait_finished(5)
+        deadline = time.monotonic() + 2 * 2 + 1  # two TTLs: renewed, it never ends
+        while any(lock(held.name, using="paused").locked() for held in objects):
+            assert time.monotonic() < deadline, [repr(held) for held in objects]
+            time.sleep(0.1)
+        assert all(held.token is None for held in objects), [repr(held) for held in objects]
