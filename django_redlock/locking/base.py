@@ -1831,8 +1831,15 @@ class BaseLock:
         that task be cancelled, ``again`` is driven as it ends (:meth:`_release_finished`), or
         by the finisher should its loop be closed with it pending (no done-callback runs)."""
         once_more = functools.partial(self._release_once_more, again)
-        coroutine = finisher.closed_then(self._adrive(steps), once_more)
-        task = asyncio.get_running_loop().create_task(coroutine)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            # No loop: the finisher runs a closed coroutine's steps (a hand-back cut there).
+            # Finished here and now, as a cancelled task's would be (review asy3 7).
+            steps.close()
+            once_more()
+            return
+        task = loop.create_task(finisher.closed_then(self._adrive(steps), once_more))
         lend_owner(task)
         finisher.keep(task)
         task.add_done_callback(functools.partial(self._release_finished, once_more))

@@ -521,7 +521,15 @@ class MultiLock:
         cancelled, ``again`` runs as it ends (see :meth:`_finished`), or on the finisher should
         its loop be closed with it pending (no done-callback runs)."""
         once_more = functools.partial(self._give_back_once_more, again)
-        task = asyncio.get_running_loop().create_task(finisher.closed_then(release, once_more))
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            # No loop: the finisher runs a closed coroutine's steps (a give-back cut there).
+            # Finished here and now, as a cancelled task's would be (review asy3 7).
+            release.close()
+            once_more()
+            return
+        task = loop.create_task(finisher.closed_then(release, once_more))
         lend_owner(task)
         finisher.keep(task)
         task.add_done_callback(functools.partial(self._finished, once_more))
