@@ -75,9 +75,6 @@ from .templates import (
 )
 
 logger = logging.getLogger("django_redlock")
-#: Releases an interrupted ``async with`` left to finish (see ``finish_release_later``):
-#: the event loop keeps only weak references to tasks.
-_finishing: set[asyncio.Task[None]] = set()
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -779,14 +776,23 @@ class BaseLock:
         command runs on to its own socket timeout. The rule: a grant that the server still
         answers is handed back, so that no hold is left to its TTL held by nobody when no
         next try comes (the caller got BackendUnavailable, and may never try again). Its
-        token is not kept for a next try (which takes a new one): that try's grant would be
-        deleted by the hand-back. No reply at all: the grant, if any, runs out at its TTL."""
+        token is not kept for a next try meanwhile: that try's grant would be deleted by the
+        hand-back. No reply at all: the request may still reach the server (a paused one
+        resumed, a delay on the wire), and nothing will hand that grant back: the token is
+        kept for the object's next try, which then finds its own hold (as a sync try's)."""
         self._late_tokens.add(token)
+        if self._unsure_token == token:  # (a try before this one's, unanswered, kept it)
+            self._unsure_token = None
         command.add_done_callback(functools.partial(self._late_reply, token))
 
     def _late_reply(self, token: str, command: asyncio.Future[Attempt]) -> None:
         if command.cancelled() or command.exception() is not None:
-            return  # no answer after all (a loop closed: cancelled)
+            # No answer after all (a loop closed: cancelled). Kept unless another try's
+            # token is (that one's grant would be found the same way), this object holds,
+            # or a hand-back of it is under way (an interrupt came after the verdict).
+            if self._unsure_token is None and not self._holds and token not in self._handing_back:
+                self._unsure_token = token
+            return
         if command.result().acquired:
             self._handing_back.add(token)
             again = functools.partial(self._give_back_again, token, token)
@@ -1789,7 +1795,15 @@ class BaseLock:
 
     def _finish_closed_release(self, hold: Hold) -> None:
         # Not sent to a backend a finish just found not answering: the hold runs out at its TTL.
-        finish_now(self.backend, lambda: drive(self.backend, self._release_recorded("", hold)))
+        try:
+            finish_now(self.backend, lambda: drive(self.backend, self._release_recorded("", hold)))
+        except LockError:
+            # Not sent, or unanswered: no owner will try again. Left here, the hold would be
+            # renewed for as long as the object lives (review asy3 3), and the object would
+            # say it holds: it runs out at its TTL instead.
+            with self._mutex:
+                self._forget("", hold)
+            raise
 
     def finish_release_later(self) -> None:
         """Internal API (``async with``, ``lock_all``'s too). A cancellation (often a second
@@ -1801,39 +1815,55 @@ class BaseLock:
         hold = self._holds.get(owner)
         if hold is None or not hold.releasing:  # released, or a nested level (counted)
             return
-        self._finish_later(self._release(), functools.partial(self._release_again, owner))
+        # That hold's release, decided now: the task runs a loop turn later or more, and the
+        # object may have finished it and taken a new hold by then, in another thread (review
+        # asy3 6: the new one was released under its holder).
+        again = functools.partial(self._release_again, owner, hold)
+        self._finish_later(self._release_recorded(owner, hold), again)
 
-    def _release_again(self, owner: str) -> Steps[None]:
+    def _release_again(self, owner: str, hold: Hold) -> Steps[None]:
         """A release whose finishing task was cancelled, sent once more unless done since."""
-        hold = self._holds.get(owner)
-        if hold is not None and hold.releasing:
+        if self._holds.get(owner) is hold and hold.releasing:
             yield from self._release(owner)
 
     def _finish_later(self, steps: Steps[None], again: Callable[[], Steps[None]]) -> None:
         """Drive ``steps`` (a release) in a task of their own, acting as this owner; should
-        that task be cancelled, ``again`` is driven as it ends (:meth:`_release_finished`)."""
-        task = asyncio.get_running_loop().create_task(self._adrive(steps))
+        that task be cancelled, ``again`` is driven as it ends (:meth:`_release_finished`), or
+        by the finisher should its loop be closed with it pending (no done-callback runs)."""
+        once_more = functools.partial(self._release_once_more, again)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            # No loop: the finisher runs a closed coroutine's steps (a hand-back cut there).
+            # Finished here and now, as a cancelled task's would be (review asy3 7).
+            steps.close()
+            once_more()
+            return
+        task = loop.create_task(finisher.closed_then(self._adrive(steps), once_more))
         lend_owner(task)
-        _finishing.add(task)
-        task.add_done_callback(functools.partial(self._release_finished, again))
+        finisher.keep(task)
+        task.add_done_callback(functools.partial(self._release_finished, once_more))
 
-    def _release_finished(self, again: Callable[[], Steps[None]], task: asyncio.Task[None]) -> None:
-        _finishing.discard(task)
-        error = None
-        if not task.cancelled():
-            error = task.exception()
-        else:
+    def _release_finished(self, once_more: Callable[[], None], task: asyncio.Task[None]) -> None:
+        if task.cancelled():
             # asyncio.run's (or asgiref's) shutdown cancels every task, this one too, before
             # it sent anything: the hold would stay to its TTL, held by nobody. Finished here,
             # synchronously (each round trip bounded by the socket timeout); nothing else of
             # the loop runs meanwhile. A done-callback runs from the loop's own turn, never
             # from a finalizer (a task collected pending calls none), so its I/O is allowed.
-            # Not sent once a finish found the backend not answering (steps.finish_now).
-            try:
-                finish_now(self.backend, lambda: drive(self.backend, again()))
-            except Exception as exc:
-                error = exc
-        if error is not None and not isinstance(error, LockNotOwned):  # it runs out at its TTL
+            once_more()
+        elif task.exception() is not None:
+            self._unfinished(task.exception())
+
+    def _release_once_more(self, again: Callable[[], Steps[None]]) -> None:
+        # Not sent once a finish found the backend not answering (steps.finish_now).
+        try:
+            finish_now(self.backend, lambda: drive(self.backend, again()))
+        except Exception as exc:
+            self._unfinished(exc)
+
+    def _unfinished(self, error: BaseException | None) -> None:
+        if not isinstance(error, LockNotOwned):  # it runs out at its TTL
             what = self.describe()
             logger.warning("redlock: %s: finishing an interrupted release: %s", what, error)
 

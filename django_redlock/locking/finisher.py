@@ -18,12 +18,14 @@ import gc
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from .. import forks
 from ..waiters import start_thread
 
 logger = logging.getLogger("django_redlock")
+T = TypeVar("T")
 
 #: How long the interpreter's exit waits for the clean-ups still queued (each round trip is
 #: bounded by its socket timeout; what is left runs out at its TTL, or its waiter's lease).
@@ -63,6 +65,39 @@ def ensure_started() -> None:
         except BaseException:
             finisher.running = thread.is_alive()
             raise
+
+
+#: Where a loop that takes no attributes (uvloop's) keeps its finishing tasks: for good, as
+#: every loop's did before (a closed loop's pending one is then never collected).
+_kept_anywhere: set[asyncio.Task[object]] = set()
+
+
+def keep(task: asyncio.Task[object]) -> None:
+    """Keep ``task`` (finishing an interrupted release) until it is done: the event loop keeps
+    only weak references to tasks. Kept by its own loop, not the module: a loop closed with the
+    task still pending and then dropped goes to the collector with it, which closes the task's
+    coroutine, and that close hands the release over here (a module-level set kept the task,
+    its closed loop and its lock for good, and the release never ran)."""
+    loop = task.get_loop()
+    kept: set[asyncio.Task[object]] | None = getattr(loop, "_redlock_finishing", None)
+    if kept is None:
+        kept = set()
+        try:
+            loop._redlock_finishing = kept  # type: ignore[attr-defined]
+        except AttributeError:
+            kept = _kept_anywhere
+    kept.add(task)
+    task.add_done_callback(kept.discard)
+
+
+async def closed_then(coroutine: Awaitable[T], then: Callable[[], object]) -> T:
+    """Await ``coroutine``; closed instead (its task's loop closed with it pending, then the
+    collector), hand ``then`` over: no done-callback of the task runs then."""
+    try:
+        return await coroutine
+    except GeneratorExit:
+        hand(then)
+        raise
 
 
 def in_collection() -> bool:

@@ -99,8 +99,6 @@ from .templates import (
 )
 
 logger = logging.getLogger("django_redlock")
-#: Give-backs interrupted by a cancellation left to finish: the loop keeps only weak references.
-_finishing: set[asyncio.Task[None]] = set()
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The most distinct names one ``lock_all`` takes: one script holds them all (5 keys each),
@@ -520,27 +518,39 @@ class MultiLock:
 
     def _finish_later(self, release: Coroutine[Any, Any, None], again: Callable[[], None]) -> None:
         """Run ``release`` in a task of its own, acting as this owner; should that task be
-        cancelled, ``again`` runs as it ends (see :meth:`_finished`)."""
-        task = asyncio.get_running_loop().create_task(release)
+        cancelled, ``again`` runs as it ends (see :meth:`_finished`), or on the finisher should
+        its loop be closed with it pending (no done-callback runs)."""
+        once_more = functools.partial(self._give_back_once_more, again)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            # No loop: the finisher runs a closed coroutine's steps (a give-back cut there).
+            # Finished here and now, as a cancelled task's would be (review asy3 7).
+            release.close()
+            once_more()
+            return
+        task = loop.create_task(finisher.closed_then(release, once_more))
         lend_owner(task)
-        _finishing.add(task)
-        task.add_done_callback(functools.partial(self._finished, again))
+        finisher.keep(task)
+        task.add_done_callback(functools.partial(self._finished, once_more))
 
-    def _finished(self, again: Callable[[], None], task: asyncio.Task[None]) -> None:
-        _finishing.discard(task)
-        error = None
-        if not task.cancelled():
-            error = task.exception()
-        else:
+    def _finished(self, once_more: Callable[[], None], task: asyncio.Task[None]) -> None:
+        if task.cancelled():
             # Cancelled before it was done (asyncio.run's shutdown cancels every task): done
             # here, synchronously, as BaseLock._release_finished does.
-            try:
-                again()
-            except Exception as exc:
-                error = exc
-        if error is not None:  # what is left runs out at its TTL
-            what = self.describe()
-            logger.warning("redlock: %s: finishing an interrupted give-back: %s", what, error)
+            once_more()
+        elif task.exception() is not None:
+            self._unfinished(task.exception())
+
+    def _give_back_once_more(self, again: Callable[[], None]) -> None:
+        try:
+            again()
+        except Exception as exc:
+            self._unfinished(exc)
+
+    def _unfinished(self, error: BaseException | None) -> None:  # what is left runs out at its TTL
+        what = self.describe()
+        logger.warning("redlock: %s: finishing an interrupted give-back: %s", what, error)
 
     def _backend(self) -> RedisBackend:
         backend = self.backend

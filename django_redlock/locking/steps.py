@@ -120,13 +120,14 @@ def drive(backend: BaseLockBackend, steps: Steps[T], undo: Undo | None = None) -
 _unanswering: dict[int, float] = {}
 
 
-def finish_now(backend: BaseLockBackend, finish: Callable[[], object]) -> None:
-    """Run ``finish`` (the release of a cancelled finishing task) in this thread, the loop's,
-    unless a finish on ``backend`` found it not answering within the last socket timeout:
-    then it is not sent (BackendUnavailable, nothing sent), its hold runs out at its TTL.
-    Why: a loop's shutdown runs these one after another, each blocking the loop's thread up
-    to a socket timeout; with Redis not answering, N cut releases would cost N timeouts (100
-    tasks at 2 s: 200 s). So the whole shutdown costs about one socket timeout."""
+def finish_now(backend: BaseLockBackend, finish: Callable[[], T]) -> T:
+    """Run ``finish`` (the release of a cancelled finishing task, a closed coroutine's
+    clean-up on the finisher) in this thread, unless a finish on ``backend`` found it not
+    answering within the last socket timeout: then it is not sent (BackendUnavailable,
+    nothing sent), its hold runs out at its TTL. Why: a loop's shutdown (or the finisher) runs
+    these one after another, each blocking its thread up to a socket timeout; with Redis not
+    answering, N cut releases would cost N timeouts (100 tasks at 2 s: 200 s), and the
+    finisher's other backends would wait behind them. So they cost about one socket timeout."""
     key = id(backend)
     until = _unanswering.get(key)
     if until is not None:
@@ -137,7 +138,7 @@ def finish_now(backend: BaseLockBackend, finish: Callable[[], object]) -> None:
             )
         _unanswering.pop(key, None)
     try:
-        finish()
+        return finish()
     except BackendUnavailable as exc:
         if exc.timed_out:  # a refused connection costs no wait: the next finish may work
             timeout = float(getattr(backend, "socket_timeout", None) or 2.0)
@@ -520,10 +521,24 @@ async def _adrive_steps(
             # adrive hands them to the finisher (_finish_closed).
             raise
         except BaseException as exc:
+            if _no_running_loop():
+                # A close all the same, outside the loop: a clean-up on its way up needed the
+                # loop and replaced the GeneratorExit (redis-py's disconnect: "no running event
+                # loop"). Thrown into the steps, their hand-back would await in vain (review
+                # wai2 4: the grant was held by nobody to its TTL).
+                raise GeneratorExit from exc
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
             error = exc
         error = cancels.lost(error)  # a swallowed cancellation: thrown in at this step
+
+
+def _no_running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
 
 
 def _given(steps: Steps[None]) -> Steps[None]:
@@ -556,7 +571,8 @@ def _finish_closed(
             _leave_watches(backend, watches)
         finally:
             if undo is not None:
-                undo_take(backend, undo)
+                with contextlib.suppress(Exception):  # (the caller raised what interrupted it)
+                    finish_now(backend, functools.partial(drive, backend, undo()))
 
 
 def _finish_steps(backend: BaseLockBackend, steps: Steps[Any]) -> None:
@@ -572,7 +588,7 @@ def _finish_steps(backend: BaseLockBackend, steps: Steps[Any]) -> None:
         reply, error = None, None
         try:
             if isinstance(step, Op):
-                reply = backend.execute(step)
+                reply = finish_now(backend, functools.partial(backend.execute, step))
             elif isinstance(step, Sleep):
                 reply = False
             elif isinstance(step, Watch):

@@ -11,7 +11,11 @@ that do go out go to the real servers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
@@ -20,6 +24,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_redlock import lock, lock_all, locks
+from django_redlock.locking import finisher
 from django_redlock.testing import RedisServer
 
 from ..redlock.test_redlock import quorum_alias
@@ -41,9 +46,7 @@ def _held_back(
         if state[-1:] == ["cut"]:  # the try: granted, its task cancelled as the reply comes in
             reply = await send(op)
             state.append("hold")
-            task = asyncio.current_task()
-            assert task is not None
-            task.cancel()
+            _cancel_now()  # (no local: the traceback would keep the task from the collector)
             await asyncio.sleep(0)
             return reply
         if "hold" in state and (names is None or op.name in names):
@@ -52,6 +55,12 @@ def _held_back(
 
     monkeypatch.setattr(backend, "aexecute", aexecute)
     return state
+
+
+def _cancel_now() -> None:
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()
 
 
 def _cancel_soon() -> None:
@@ -245,3 +254,125 @@ def test_cut_releases_with_redis_not_answering_end_the_shutdown_in_about_one_soc
             server.resume()
             locks["paused"].close()
     assert took < 1.5 * timeout + 0.5, f"the shutdown took {took:.1f} s"
+
+
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_a_finishing_task_of_a_loop_closed_with_it_pending_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str
+) -> None:
+    """``run_until_complete()`` then ``close()`` (a request's loop) with the finishing task
+    still waiting for a connection: the loop never runs it again. Before: a module-level set
+    kept the task for good (and through it the closed loop and the lock), so its coroutine was
+    never closed, the finisher never got the release and the hold waited for its TTL (review
+    asy 6). Now the loop keeps it: dropped with the loop, closed by the collector, and the
+    release is finished by the finisher thread."""
+    state = _held_back(monkeypatch, "redis")
+    names = [f"{name}:a", f"{name}:b"] if kind == "lock_all" else [name]
+
+    async def work() -> None:
+        held = lock_all(*names, using="redis", ttl=20) if kind == "lock_all" else None
+        async with held if held is not None else lock(name, using="redis", ttl=20):
+            state.append("hold")  # from now on every command waits for a connection
+
+    async def main() -> None:
+        task = asyncio.ensure_future(work())
+        await asyncio.sleep(0.3)  # in the release, waiting
+        task.cancel()  # the release goes to a finishing task
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(main())
+    loop.close()
+    gone = weakref.ref(loop)
+    del loop
+    monkeypatch.undo()
+    # (The backend lets go of a closed loop's client as the next loop makes one.)
+    asyncio.run(lock(f"{name}:next", using="redis").alocked())
+    gc.collect()
+    assert gone() is None, "the closed loop is kept (by its finishing task)"
+    assert finisher.wait_finished(5)
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "the release was never finished"
+
+
+def test_a_finishing_task_releases_the_hold_of_the_cut_not_one_taken_since(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A module-level plain lock (its hold is the object's): a task's ``async with`` release
+    is cut by a second cancellation and left to a task of its own; the loop is then held by a
+    sync call, and meanwhile a thread's ``acquire()`` finishes the stale release itself and
+    takes a new hold. Before: the finishing task, reading which hold to release at its first
+    step, released the thread's new hold under it (two holders; review asy3 6)."""
+    state = _held_back(monkeypatch, "redis", {name})
+    shared = lock(name, using="redis", ttl=20)
+    started, taken = threading.Event(), []
+
+    def thread() -> None:
+        started.wait(5)
+        taken.append(shared.acquire(timeout=3))
+
+    other = threading.Thread(target=thread)
+    other.start()
+
+    async def work() -> None:
+        async with shared:
+            state.append("hold")  # its release waits for a connection
+            await asyncio.sleep(30)
+
+    async def blocker() -> None:
+        started.set()
+        time.sleep(0.5)  # a sync call keeps the loop
+
+    async def main() -> None:
+        task = asyncio.ensure_future(work())
+        await asyncio.sleep(0.3)
+        task.cancel()  # the release, on the way out, waits for a connection
+        await asyncio.sleep(0.05)
+        task.cancel()  # cut again: a task of its own finishes it
+        blocking = asyncio.ensure_future(blocker())
+        await asyncio.sleep(1.0)
+        await blocking
+
+    asyncio.run(main())
+    other.join(5)
+    monkeypatch.undo()
+    try:
+        assert taken == [True]
+        assert not lock(name, using="redis").acquire(blocking=False), "two holders"
+    finally:
+        shared.release()
+
+
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_a_closed_take_whose_hand_back_was_waiting_is_handed_back_by_the_finisher(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str
+) -> None:
+    """The take was granted and its task cancelled as the reply came in; the hand-back's
+    release waits for a connection as the loop is closed and the task collected. Before: on
+    the finisher, the thrown-in cancellation met the hand-back's "finish it in a task of its
+    own", which needs a running loop: RuntimeError, nothing sent, the grant held by nobody to
+    its TTL (review asy3 7). Now it is given back there and then."""
+    state = _held_back(monkeypatch, "redis")
+    names = [f"{name}:a", f"{name}:b"] if kind == "lock_all" else [name]
+
+    async def main() -> None:
+        await lock(f"{name}:warm", using="redis").alocked()
+        state.append("cut")
+        take = lock_all(*names, using="redis", ttl=20) if kind == "lock_all" else None
+        coroutine = (take or lock(name, using="redis", ttl=20)).aacquire(blocking=False)
+        task = asyncio.ensure_future(coroutine)
+        await asyncio.sleep(0.3)  # granted, cancelled, handing back (waiting)
+        assert state[-1] == "hold" and not task.done()
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(main())
+    loop.close()
+    del loop
+    monkeypatch.undo()
+    asyncio.run(lock(f"{name}:next", using="redis").alocked())  # lets the closed loop go
+    gc.collect()
+    assert finisher.wait_finished(5)
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "the grant was held by nobody"
