@@ -12,6 +12,7 @@ reports a hold still has it in Redis, and releasing them all leaves nothing coun
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import inspect
 import sys
@@ -41,6 +42,7 @@ GRANT = BaseLock._try_or_wait.__code__
 RECORDING = _codes("_record", "_announce_held")
 
 
+@functools.cache  # a sweep asks once a point: reading the source was most of a point
 def _quiet_lines(code: CodeType) -> set[int]:
     """Lines left out: a ``with`` statement's own (Python runs it again to leave the block,
     and calls ``__exit__`` before it looks for a signal: the exception comes after the lock
