@@ -73,31 +73,27 @@ def _run_renewer(
 # -- 1. a token shared by several Lock objects ---------------------------------------------------
 
 
-def test_a_reentrant_hold_taken_through_two_objects_stays_renewed_after_the_first_lets_go(
-    name: str,
-) -> None:
-    first, second = (lock(name, reentrant=True, ttl=1.0) for _ in range(2))
+def test_a_hold_shared_by_two_objects_stays_renewed_after_the_first_lets_go(name: str) -> None:
+    """Two scenes, one wait (each was a test of its own, 3 s each): a reentrant hold taken
+    through two objects, the outer one letting go first (out of order); two read holds of
+    one thread. Each second object's hold is renewed on."""
+    first, second = (lock(f"{name}:re", reentrant=True, ttl=1.0) for _ in range(2))
     assert first.acquire() and second.acquire()
     assert first.token == second.token
-    time.sleep(0.5)  # the watchdog renews the shared hold by now
+    rw = read_write_lock(f"{name}:rw", ttl=1.0)
+    first_read, second_read = rw.read(), rw.read()
+    assert first_read.acquire() and second_read.acquire()
+    assert first_read.token == second_read.token
+    time.sleep(0.5)  # the watchdog renews the shared holds by now
     first.release()  # out of order: the outer object lets go first; the inner still holds
+    first_read.release()
     time.sleep(2.5)
     assert second.owned(), "the hold ran out while its second object still held it"
     assert (second.ttl() or 0) > 0.3
+    assert second_read.owned(), "the read hold ran out while its second object held it"
     second.release()
     assert not second.locked()
-
-
-def test_two_read_holds_of_one_thread_stay_renewed_while_either_holds(name: str) -> None:
-    rw = read_write_lock(name, ttl=1.0)
-    first, second = rw.read(), rw.read()
-    assert first.acquire() and second.acquire()
-    assert first.token == second.token
-    time.sleep(0.5)
-    first.release()
-    time.sleep(2.5)
-    assert second.owned()
-    second.release()
+    second_read.release()
 
 
 def test_an_adopted_hold_stays_renewed_when_the_adopted_object_is_collected(name: str) -> None:
@@ -588,7 +584,14 @@ def test_a_release_that_finds_the_hold_lost_reports_it_once_and_frees_the_object
         lk.release()
 
 
-def test_a_reentrant_hold_whose_thread_ended_unreleased_is_no_longer_renewed(name: str) -> None:
+def test_a_reentrant_hold_is_no_longer_renewed_once_its_thread_ended_unreleased(
+    name: str,
+) -> None:
+    """Two scenes, one wait (each was a test of its own, 4 s each): the hold of a thread
+    that ended unreleased is let go; this (live) thread's is still renewed."""
+    live = lock(f"{name}:live", reentrant=True, ttl=1.0)
+    assert live.acquire()
+    taken = time.monotonic()
     lk = lock(name, reentrant=True, ttl=1.0)
 
     def take_and_leave() -> None:
@@ -606,14 +609,9 @@ def test_a_reentrant_hold_whose_thread_ended_unreleased_is_no_longer_renewed(nam
     assert lk.acquire(blocking=False)  # this thread may take the name now
     lk.release()
     del thread
-
-
-def test_a_reentrant_hold_of_a_live_thread_is_still_renewed(name: str) -> None:
-    lk = lock(name, reentrant=True, ttl=1.0)
-    assert lk.acquire()
-    time.sleep(4.0)
-    assert lk.owned()
-    lk.release()
+    time.sleep(max(0.0, taken + 4.0 - time.monotonic()))  # the live thread's: 4 s on
+    assert live.owned(), "a live thread's reentrant hold was let go"
+    live.release()
 
 
 def _within(seconds: float, check: Callable[[], bool]) -> bool:
