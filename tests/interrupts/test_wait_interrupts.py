@@ -101,8 +101,9 @@ def _waiters_on(name: str) -> int:
     return int(client.zcard(backend.waiting_key(name)) + client.llen(backend.queue_key(name)))
 
 
-def _joined(hub: Any) -> int:
-    return sum(len(group) for group in list(hub._waiters.values()))
+def _joined(hub: Any) -> set[int]:
+    """The waiters in the hub's registry (ids: an earlier one may leave it meanwhile)."""
+    return {id(waiter) for group in list(hub._waiters.values()) for waiter in list(group)}
 
 
 def _case(name: str, mode: str, at: int | None) -> tuple[Interrupter, float | None]:
@@ -132,7 +133,7 @@ def _case(name: str, mode: str, at: int | None) -> tuple[Interrupter, float | No
     )
     thread.start()
     until = time.monotonic() + 5
-    while (_waiters_on(name) < 1 or _joined(hub) <= joined) and time.monotonic() < until:
+    while (_waiters_on(name) < 1 or not _joined(hub) - joined) and time.monotonic() < until:
         time.sleep(0.01)  # in line, and in the hub's registry (a release wakes it from there)
     released = time.monotonic()
     holder.release()
