@@ -26,7 +26,9 @@ from django_redlock.backends.base import Attempt
 from django_redlock.locking import holds
 from django_redlock.locking.base import BaseLock
 
-TTL = 1.5  # renewed every 0.5 s (a loaded machine's watchdog may be late by a second)
+# Renewed every 0.67 s (a loaded machine's watchdog may be late by a second): 2 s, not 1.5 s,
+# as the seven modes' holds wait together (the first mode's ones renewed for longest).
+TTL = 2.0
 
 
 class Interrupt(BaseException):
