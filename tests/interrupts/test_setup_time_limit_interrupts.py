@@ -93,7 +93,9 @@ def test_a_time_limit_in_a_wait_s_subscribe_comes_out_of_the_wait(
             assert _later_waiter_woken(f"{each}:warm") is None  # the inbox subscribed
         holder = lock(each, ttl=10, auto_renew=False)
         assert holder.acquire(blocking=False)
-        threading.Timer(0.3, holder.release).start()
+        # Released 0.3 s on (the wait has subscribed by then), or once the wait came out.
+        timer = threading.Timer(0.3, holder.release)
+        timer.start()
         waiter = lock(each, ttl=10)
         got: list[bool] = []
 
@@ -104,12 +106,15 @@ def test_a_time_limit_in_a_wait_s_subscribe_comes_out_of_the_wait(
                 got.append(waiter.acquire(timeout=3))
 
         raised = _timed_out(wait, tracer)
+        timer.cancel()
+        timer.join(5)
+        if holder.token is not None:
+            holder.release()
         where = tracer.fired or "no time limit"
         if tracer.fired is not None and raised is None:
             failed.append(f"{where}: the time limit was dropped, the acquire returned {got}")
         while waiter.token is not None:
             waiter.release()
-        time.sleep(0.35)  # (the holder's release is done)
         problem = _later_waiter_woken(each)
         if problem is not None:
             failed.append(f"{where}: {problem}")

@@ -101,6 +101,11 @@ def _waiters_on(name: str) -> int:
     return int(client.zcard(backend.waiting_key(name)) + client.llen(backend.queue_key(name)))
 
 
+def _joined(hub: Any) -> set[int]:
+    """The waiters in the hub's registry (ids: an earlier one may leave it meanwhile)."""
+    return {id(waiter) for group in list(hub._waiters.values()) for waiter in list(group)}
+
+
 def _case(name: str, mode: str, at: int | None) -> tuple[Interrupter, float | None]:
     """A holder (TTL 6 s), a waiter that times out and is interrupted at point ``at`` of
     its wait, then the next waiter: how long after the release it got the lock."""
@@ -119,6 +124,8 @@ def _case(name: str, mode: str, at: int | None) -> tuple[Interrupter, float | No
         pass
     finally:
         sys.settrace(None)
+    hub = locks["default"].hub
+    joined = _joined(hub)  # (the first's, if the interrupt left it in the registry)
     after = lock(name, ttl=TTL, fair=fair)
     took: list[float] = []
     thread = threading.Thread(
@@ -126,9 +133,8 @@ def _case(name: str, mode: str, at: int | None) -> tuple[Interrupter, float | No
     )
     thread.start()
     until = time.monotonic() + 5
-    while _waiters_on(name) < 1 and time.monotonic() < until:
-        time.sleep(0.01)
-    time.sleep(0.05)
+    while (_waiters_on(name) < 1 or not _joined(hub) - joined) and time.monotonic() < until:
+        time.sleep(0.01)  # in line, and in the hub's registry (a release wakes it from there)
     released = time.monotonic()
     holder.release()
     thread.join(3 * TTL)

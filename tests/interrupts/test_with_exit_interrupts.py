@@ -97,6 +97,8 @@ def _points() -> int:
 
 
 def test_an_interrupt_anywhere_in_a_with_s_exit_leaves_nothing_held(name: str) -> None:
+    """And a kept exception keeps nothing held (a test of its own before, with its own wait
+    of two TTLs): both names are looked at after one wait."""
     points = _points()
     assert points >= 6  # the entry, the lines of __exit__ and _exit, their callees
     lk = lock(name, ttl=TTL)  # one object throughout: it lives on, as a module-level lock
@@ -108,9 +110,23 @@ def test_an_interrupt_anywhere_in_a_with_s_exit_leaves_nothing_held(name: str) -
         with lk:  # the object works again at once
             assert lk.locked()
         assert not lk.locked()
+    # An error reporter keeps the traceback (and with it the lock object): still released.
+    kept_lk = lock(f"{name}:kept", ttl=TTL)
+    kept: list[BaseException] = []
+    tracer = ExitInterrupter(1)
+    try:
+        with kept_lk:
+            sys.settrace(tracer)
+    except Interrupt as exc:
+        kept.append(exc)
+    finally:
+        sys.settrace(None)
+    assert kept
+    assert _free_within(f"{name}:kept", 1.5) is not None
     # None was renewed on behind the checks: still free after two TTLs.
     time.sleep(2 * TTL)
     assert not lock(name).locked()
+    assert not lock(f"{name}:kept").locked()
 
 
 def test_an_interrupt_as_the_exit_began_is_released_at_once_not_at_the_ttl(name: str) -> None:
@@ -170,21 +186,3 @@ def test_a_with_s_exit_that_ran_owes_nothing(name: str) -> None:
     assert lk.hold_count() == 1
     lk.release()
     assert not lk.locked()
-
-
-def test_a_kept_exception_keeps_nothing_held(name: str) -> None:
-    # An error reporter keeps the traceback (and with it the lock object): still released.
-    lk = lock(name, ttl=TTL)
-    kept: list[BaseException] = []
-    tracer = ExitInterrupter(1)
-    try:
-        with lk:
-            sys.settrace(tracer)
-    except Interrupt as exc:
-        kept.append(exc)
-    finally:
-        sys.settrace(None)
-    assert kept
-    assert _free_within(name, 1.5) is not None
-    time.sleep(2 * TTL)
-    assert not lock(name).locked()

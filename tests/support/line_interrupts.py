@@ -8,6 +8,7 @@ so is the entry of each function they call."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ class Interrupt(BaseException):
     """What a signal handler may raise between two lines."""
 
 
+@functools.cache  # a sweep asks once a point: reading the source was most of a point
 def _quiet_lines(code: CodeType) -> set[int]:
     """A ``with`` statement's own lines and a ``try:`` (no signal is looked for there; a
     tracer raising there would do what no signal can)."""

@@ -54,10 +54,13 @@ def _losses() -> Iterator[list[tuple[Any, str]]]:
         lock_lost.disconnect(note)
 
 
-def _run_renewer(renewer: Renewer, seconds: float) -> None:
-    """Be the runner of a thread-less Renewer for ``seconds``: every batch as it falls due."""
+def _run_renewer(
+    renewer: Renewer, seconds: float, done: Callable[[], bool] = lambda: False
+) -> None:
+    """Be the runner of a thread-less Renewer for ``seconds`` (or until ``done()``): every
+    batch as it falls due."""
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and not done():
         due = renewer._next()
         if isinstance(due, float):
             time.sleep(min(due, 0.02))
@@ -70,61 +73,58 @@ def _run_renewer(renewer: Renewer, seconds: float) -> None:
 # -- 1. a token shared by several Lock objects ---------------------------------------------------
 
 
-def test_a_reentrant_hold_taken_through_two_objects_stays_renewed_after_the_first_lets_go(
-    name: str,
-) -> None:
-    first, second = (lock(name, reentrant=True, ttl=1.0) for _ in range(2))
+def test_a_hold_shared_by_two_objects_stays_renewed_after_the_first_lets_go(name: str) -> None:
+    """Two scenes, one wait (each was a test of its own, 3 s each): a reentrant hold taken
+    through two objects, the outer one letting go first (out of order); two read holds of
+    one thread. Each second object's hold is renewed on."""
+    first, second = (lock(f"{name}:re", reentrant=True, ttl=1.0) for _ in range(2))
     assert first.acquire() and second.acquire()
     assert first.token == second.token
-    time.sleep(0.5)  # the watchdog renews the shared hold by now
+    rw = read_write_lock(f"{name}:rw", ttl=1.0)
+    first_read, second_read = rw.read(), rw.read()
+    assert first_read.acquire() and second_read.acquire()
+    assert first_read.token == second_read.token
+    time.sleep(0.5)  # the watchdog renews the shared holds by now
     first.release()  # out of order: the outer object lets go first; the inner still holds
+    first_read.release()
     time.sleep(2.5)
     assert second.owned(), "the hold ran out while its second object still held it"
     assert (second.ttl() or 0) > 0.3
+    assert second_read.owned(), "the read hold ran out while its second object held it"
     second.release()
     assert not second.locked()
+    second_read.release()
 
 
-def test_two_read_holds_of_one_thread_stay_renewed_while_either_holds(name: str) -> None:
-    rw = read_write_lock(name, ttl=1.0)
-    first, second = rw.read(), rw.read()
-    assert first.acquire() and second.acquire()
-    assert first.token == second.token
-    time.sleep(0.5)
-    first.release()
-    time.sleep(2.5)
-    assert second.owned()
-    second.release()
+def test_an_adopted_hold_stays_renewed_and_on_the_adopters_ttl_once_the_old_object_is_gone(
+    name: str,
+) -> None:
+    """Two scenes, one wait (each was a test of its own, 3.3 s and 5.3 s).
 
+    An adopted hold stays renewed when the adopted object is collected (a 2 s TTL: with 1 s,
+    a loaded machine's stall, dry run beside soaks, outlasted it).
 
-def test_an_adopted_hold_stays_renewed_when_the_adopted_object_is_collected(name: str) -> None:
-    # A 2 s TTL: with 1 s, a loaded machine's stall (dry run beside soaks) outlasted it.
-    original = lock(name, ttl=2.0)
+    adopt() does not set the hold's TTL: the server still has the one the old object's last
+    renewal set (1 s). The adopter's TTL (6 s, renewed every 2 s) must be set at once, not
+    at its first period, or the key runs out meanwhile."""
+    original = lock(f"{name}:kept", ttl=2.0)
     assert original.acquire()
-    adopter = lock(name, ttl=2.0)
+    adopter = lock(f"{name}:kept", ttl=2.0)
     adopter.adopt(original.token)
-    time.sleep(0.5)
-    del original
-    gc.collect()
-    time.sleep(4.5)  # over two TTLs: renewed
-    assert adopter.owned()
-    adopter.release()
-
-
-def test_an_adoption_with_a_longer_ttl_is_renewed_before_the_old_ttl_runs_out(name: str) -> None:
-    """adopt() does not set the hold's TTL: the server still has the one the old object's
-    last renewal set (1 s). The adopter's TTL (6 s, renewed every 2 s) must be set at once,
-    not at its first period, or the key runs out meanwhile."""
-    original = lock(name, ttl=1.0)
-    assert original.acquire()
+    short = lock(f"{name}:longer", ttl=1.0)
+    assert short.acquire()
     time.sleep(0.5)  # renewed with 1 s by now
-    adopter = lock(name, ttl=6.0)
-    adopter.adopt(original.token)
-    del original
+    longer = lock(f"{name}:longer", ttl=6.0)
+    longer.adopt(short.token)
+    del original, short
     gc.collect()
-    time.sleep(2.5)  # past the old 1 s; before the adopter's first period ends
-    assert adopter.owned(), "the adopted hold ran out at the old object's TTL"
-    assert (adopter.ttl() or 0) > 2.0
+    collected = time.monotonic()
+    time.sleep(2.5)  # past the old 1 s; before the longer adopter's first period ends
+    assert longer.owned(), "the adopted hold ran out at the old object's TTL"
+    assert (longer.ttl() or 0) > 2.0
+    longer.release()
+    time.sleep(max(0.0, collected + 4.5 - time.monotonic()))  # over two TTLs: renewed
+    assert adopter.owned()
     adopter.release()
 
 
@@ -585,7 +585,14 @@ def test_a_release_that_finds_the_hold_lost_reports_it_once_and_frees_the_object
         lk.release()
 
 
-def test_a_reentrant_hold_whose_thread_ended_unreleased_is_no_longer_renewed(name: str) -> None:
+def test_a_reentrant_hold_is_no_longer_renewed_once_its_thread_ended_unreleased(
+    name: str,
+) -> None:
+    """Two scenes, one wait (each was a test of its own, 4 s each): the hold of a thread
+    that ended unreleased is let go; this (live) thread's is still renewed."""
+    live = lock(f"{name}:live", reentrant=True, ttl=1.0)
+    assert live.acquire()
+    taken = time.monotonic()
     lk = lock(name, reentrant=True, ttl=1.0)
 
     def take_and_leave() -> None:
@@ -603,14 +610,9 @@ def test_a_reentrant_hold_whose_thread_ended_unreleased_is_no_longer_renewed(nam
     assert lk.acquire(blocking=False)  # this thread may take the name now
     lk.release()
     del thread
-
-
-def test_a_reentrant_hold_of_a_live_thread_is_still_renewed(name: str) -> None:
-    lk = lock(name, reentrant=True, ttl=1.0)
-    assert lk.acquire()
-    time.sleep(4.0)
-    assert lk.owned()
-    lk.release()
+    time.sleep(max(0.0, taken + 4.0 - time.monotonic()))  # the live thread's: 4 s on
+    assert live.owned(), "a live thread's reentrant hold was let go"
+    live.release()
 
 
 def _within(seconds: float, check: Callable[[], bool]) -> bool:
@@ -638,45 +640,42 @@ def _orphan_after_extend(lk: Any) -> None:
     thread.join()
 
 
-def test_a_reentrant_hold_extended_at_once_is_let_go_when_its_thread_ends(name: str) -> None:
-    lk = lock(name, reentrant=True, ttl=3.3)  # renewed every 1.1 s: its news may wait 1 s
+def test_holds_extended_at_once_are_let_go_when_their_thread_or_task_ends(name: str) -> None:
+    """Three scenes, one wait (each was a test of its own, 3.4-4.4 s): a reentrant hold, a
+    read hold (kept: a collected object's hold is let go anyway) and an asyncio reentrant
+    hold (the extend reaches the renewer before the acquire), each extended at once by a
+    thread or task that ends unreleased: each is let go (the owner sweep, 2 s, then the TTL,
+    3.3 s, renewed every 1.1 s: its news may wait 1 s; room for a slow box)."""
+    lk = lock(f"{name}:re", reentrant=True, ttl=3.3)
     _orphan_after_extend(lk)
-    time.sleep(0.5)
-    assert lk.locked()
-    # The owner sweep (2 s), then the TTL (3.3 s), with room for a slow box.
-    assert _within(7.0, lambda: not lk.locked()), (
-        "an extended reentrant hold of a dead thread is renewed for ever"
-    )
-
-
-def test_a_read_hold_extended_at_once_is_let_go_when_its_thread_ends(name: str) -> None:
-    rw = read_write_lock(name, ttl=3.3)
-    reader = rw.read()  # kept: a collected object's hold is let go anyway
+    rw = read_write_lock(f"{name}:rw", ttl=3.3)
+    reader = rw.read()
     _orphan_after_extend(reader)
-    writer = rw.write()
-    assert _within(7.5, lambda: writer.acquire(blocking=False)), (
-        "a dead thread's extended read is renewed for ever"
-    )
-    writer.release()
-
-
-def test_an_asyncio_reentrant_hold_extended_at_once_is_let_go_when_its_task_ends(
-    name: str,
-) -> None:
-    lk = lock(name, reentrant=True, ttl=3.3)
+    task_lk = lock(f"{name}:task", reentrant=True, ttl=3.3)
 
     async def take_extend_leave() -> None:
-        assert await lk.aacquire()
-        await lk.aextend()
+        assert await task_lk.aacquire()
+        await task_lk.aextend()
 
     async def main() -> None:
         with thread_renewer._mutex:  # the extend reaches the renewer before the acquire
             await asyncio.create_task(take_extend_leave())
 
     asyncio.run(main())
-    assert _within(7.5, lambda: not lk.locked()), (
+    time.sleep(0.5)
+    assert lk.locked()
+    assert _within(7.0, lambda: not lk.locked()), (
+        "an extended reentrant hold of a dead thread is renewed for ever"
+    )
+    writer = rw.write()
+    assert _within(7.5, lambda: writer.acquire(blocking=False)), (
+        "a dead thread's extended read is renewed for ever"
+    )
+    writer.release()
+    assert _within(7.5, lambda: not task_lk.locked()), (
         "an extended reentrant hold of a finished task is renewed for ever"
     )
+    del reader
 
 
 # -- a slow lock_lost receiver, closed backends --------------------------------------------------
@@ -766,9 +765,10 @@ def _settle_interrupted_at(renewer: Renewer, point: int, ttl: float) -> tuple[bo
     """Settle the batch that finds the hold gone, with an exception raised at the
     ``point``-th line of Renewer._settle (the worker then heals, as ThreadRenewer's does):
     whether it fired, and where."""
-    time.sleep(ttl / 3 + 0.05)  # a third of the TTL: the batch falls due
-    due = renewer._next()
-    assert not isinstance(due, float), due
+    until = time.monotonic() + 5
+    while isinstance(due := renewer._next(), float):  # a third of the TTL: the batch is due
+        assert time.monotonic() < until, due
+        time.sleep(due)
     [(bucket, entries, renewals)] = due
     results = bucket.backend.renew_many(renewals)
     code, seen, where = Renewer._settle.__code__, [0], [""]
@@ -808,7 +808,14 @@ def test_an_exception_in_settle_after_a_loss_was_decided_still_declares_it(name:
             fired, where = _settle_interrupted_at(renewer, point, ttl)
             if not fired:
                 break  # past the last line: every line was tried
-            _run_renewer(renewer, ttl * 0.8)  # the next period, if the loss was not decided yet
+            # The next period, if the loss was not decided yet: done early once the object
+            # was told and the renewer holds nothing (nothing left that could tell it again:
+            # this Renewer declares in its settle, at once).
+            _run_renewer(
+                renewer,
+                ttl * 0.8,
+                lambda: lk.lost is not None and not len(renewer) and not renewer._losses,  # noqa: B023
+            )
             mine = [each for each, _ in lost if each is lk]
         if lk.token is not None or lk.lost is None or len(mine) != 1:
             failed.append(f"{where}: token={lk.token} lost={lk.lost!r} signals={len(mine)}")
