@@ -186,12 +186,13 @@ def test_async_waiter_wakes_on_release(alias: str, name: str) -> None:
 
 def test_async_watchdog_renews_and_reports_loss(alias: str, name: str) -> None:
     async def scenario() -> None:
-        held = lock(name, using=alias, ttl=0.3)
+        # Renewed past its TTL (1.5 of 1 s); a 0.3 s TTL missed a renewal under load.
+        held = lock(name, using=alias, ttl=1.0)
         await held.aacquire()
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.5)
         assert await held.aowned()
         assert locks[alias].force_release(name)
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + 5
         while held.lost is None and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         assert held.lost is not None
