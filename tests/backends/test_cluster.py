@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -114,17 +115,75 @@ def test_a_paused_cluster_master_is_unavailable_within_the_socket_timeout(name: 
             locks["c"].close()
 
 
+# This file's quiet cluster: made at its first use, shared by the tests that pause a master
+# or move a slot (about 2 s each to make), settled after each (_settled), stopped at the end.
+_QUIET: list[list[RedisServer]] = []
+_FIRST_EPOCHS: list[int] = []  # its masters' config epochs as create_cluster left them
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_quiet_cluster() -> Iterator[None]:
+    yield
+    while _QUIET:
+        stop_all(_QUIET.pop())
+
+
 @contextlib.contextmanager
 def _own_cluster() -> Iterator[list[RedisServer]]:
-    """Three masters of the test's own (a pause or a slot move must not disturb the session's
-    cluster), whose node timeout is long enough that nobody marks a paused one failed."""
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
+    """Three masters apart from the session's cluster (a pause or a slot move must not
+    disturb it), whose node timeout is long enough that nobody marks a paused one failed.
+    Shared by this file's tests: each looks up the slots' owners it uses (slots move), its
+    names are its own, and it is given the cluster settled (every node answering, no slot
+    half moved); one left otherwise is replaced."""
+    if not _QUIET:
+        nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout",
+                 "30000")).start() for _ in range(3)]  # fmt: skip
+        try:
+            create_cluster(nodes)
+            _FIRST_EPOCHS[:] = [_config_epoch(node) for node in nodes]
+        except BaseException:
+            stop_all(nodes)
+            raise
+        _QUIET.append(nodes)
+    nodes = _QUIET[0]
     try:
-        create_cluster(nodes)
         yield nodes
     finally:
-        stop_all(nodes)
+        if not _settled(nodes):
+            stop_all(_QUIET.pop())
+
+
+def _config_epoch(node: RedisServer) -> int:
+    lines = node.client().execute_command("CLUSTER", "NODES").decode().splitlines()
+    return int(next(line for line in lines if "myself" in line).split()[6])
+
+
+def _settled(nodes: list[RedisServer]) -> bool:
+    """Whether the quiet cluster is as the next test needs it, after a test that may have
+    failed half way: every node resumed and answering, a slot move left open called off,
+    and every node naming the same owner of each slot, its state ok."""
+    try:
+        for node in nodes:
+            node.resume()
+        for node in nodes:
+            lines = node.client().execute_command("CLUSTER", "NODES").decode().splitlines()
+            mine = next(line for line in lines if "myself" in line)
+            for open_move in re.findall(r"\[(\d+)-[<>]-", mine):  # [slot->-id], [slot-<-id]
+                node.client().execute_command("CLUSTER", "SETSLOT", int(open_move), "STABLE")
+        deadline = time.monotonic() + 10
+        while True:
+            views = {
+                str(sorted(node.client().execute_command("CLUSTER", "SLOTS"))) for node in nodes
+            }
+            ok = all(b"cluster_state:ok" in n.client().execute_command("CLUSTER", "INFO")
+                     for n in nodes)  # fmt: skip
+            if len(views) == 1 and ok:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+    except Exception:  # (a node gone: a cluster made afresh for the next test)
+        return False
 
 
 def test_a_new_cluster_s_masters_have_config_epochs_of_their_own() -> None:
@@ -133,12 +192,11 @@ def test_a_new_cluster_s_masters_have_config_epochs_of_their_own() -> None:
     took it without a bump (its epoch the greatest it knew), the source's collision bump
     won it back, and each node named the other as its owner for good (redis-py: "TTL
     exhausted", seen in test_a_cancelled_cluster_take_is_handed_back_after_it_lands). Each
-    master has an epoch of its own from the start, as redis-cli gives."""
+    master has an epoch of its own from the start, as redis-cli gives. (The quiet cluster's,
+    read as create_cluster returned: it may have been made for an earlier test.)"""
     with _own_cluster() as nodes:
-        epochs = []
-        for node in nodes:
-            lines = node.client().execute_command("CLUSTER", "NODES").decode().splitlines()
-            epochs.append(int(next(line for line in lines if "myself" in line).split()[6]))
+        epochs = _FIRST_EPOCHS
+        assert len(epochs) == len(nodes)
         assert 0 not in epochs and len(set(epochs)) == len(nodes), epochs
 
 
@@ -511,13 +569,11 @@ def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
             i = next(i for i, m in enumerate(masters) if _serves(m, slot))
             j = (i + 1) % 3
             migrate_slot(masters, slot, masters[i], masters[j])
-            time.sleep(3)  # 1.5 TTLs: renewed on the new owner, after a MOVED
-            assert masters[j].client().pttl(key) > 0
+            _renewed_on(masters[j], key)  # on the new owner, after a MOVED
             assert not lost
             _take_over(replicas[j], masters[(j + 1) % 3], slot)
             masters[j].stop()
-            time.sleep(3)  # refused: the slots read again, renewed on the new master
-            assert replicas[j].client().pttl(key) > 0
+            _renewed_on(replicas[j], key)  # refused: the slots read again, the new master
             assert not lost
             assert held.owned()
             held.release()
@@ -525,6 +581,24 @@ def test_the_watchdog_follows_a_moved_slot_and_a_failover(name: str) -> None:
     finally:
         lock_lost.disconnect(on_lost)
         stop_all([*masters, *replicas])
+
+
+def _renewed_on(node: RedisServer, key: str, times: int = 2) -> None:
+    """Returns once the hold of ``key`` was renewed on ``node`` ``times`` times (its PTTL
+    went up), never gone there meanwhile: polled, not a fixed sleep of a TTL or more."""
+    _renewed(lambda: int(node.client().pttl(key)), f"node {node.port}", times)
+
+
+def _renewed(pttl: Callable[[], int], where: str, times: int = 2) -> None:
+    deadline = time.monotonic() + 15
+    last, renewals = pttl(), 0
+    while renewals < times:
+        assert last > 0, f"the hold is gone from {where} ({last})"
+        assert time.monotonic() < deadline, f"never renewed {times} times on {where}"
+        time.sleep(0.05)
+        now = pttl()
+        renewals += now > last
+        last = now
 
 
 def test_a_cluster_no_node_of_which_answers_is_unavailable(name: str) -> None:
@@ -724,12 +798,7 @@ def test_an_ask_to_a_node_that_serves_no_slot_yet_is_followed(name: str) -> None
                 pipe.pttl(key)
                 return int(pipe.execute()[1])
 
-            lowest = 99999
-            ends = time.monotonic() + 4  # 2 TTLs
-            while time.monotonic() < ends:
-                lowest = min(lowest, pttl())
-                time.sleep(0.1)
-            assert lowest > 0, "the hold ran out on the new node"
+            _renewed(pttl, "the new node")  # (it ran out there, unrenewed)
             assert not lost
             for call in (held.owned, held.extend):
                 # The slot half moved: an answer, or no answer (a LockError); nothing else.
@@ -978,9 +1047,7 @@ def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name:
     a free connection, as on one Redis."""
     import threading
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes")).start() for _ in range(3)]
-    try:
-        create_cluster(nodes)
+    with _own_cluster() as nodes:
         config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
                   "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 2.0,
                   "socket_connect_timeout": 2.0, "max_connections": 4}}  # fmt: skip
@@ -1013,8 +1080,6 @@ def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name:
             asyncio.run(main())
             assert errors == []
             locks["c"].close()
-    finally:
-        stop_all(nodes)
 
 
 def test_asyncio_calls_queued_for_a_paused_cluster_master_are_unavailable_in_time(
