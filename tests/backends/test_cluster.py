@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
 from ..conftest import stop_all
+from ..support.quiet_cluster import QUIET_ARGS, QuietCluster
 from ..support.warm import warm_up
 
 
@@ -115,75 +115,37 @@ def test_a_paused_cluster_master_is_unavailable_within_the_socket_timeout(name: 
             locks["c"].close()
 
 
-# This file's quiet cluster: made at its first use, shared by the tests that pause a master
-# or move a slot (about 2 s each to make), settled after each (_settled), stopped at the end.
-_QUIET: list[list[RedisServer]] = []
+def _make_quiet() -> list[RedisServer]:
+    nodes = [RedisServer(args=QUIET_ARGS).start() for _ in range(3)]
+    try:
+        create_cluster(nodes)
+        _FIRST_EPOCHS[:] = [_config_epoch(node) for node in nodes]
+    except BaseException:
+        stop_all(nodes)
+        raise
+    return nodes
+
+
+_QUIET = QuietCluster(_make_quiet)
 _FIRST_EPOCHS: list[int] = []  # its masters' config epochs as create_cluster left them
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_the_quiet_cluster() -> Iterator[None]:
     yield
-    while _QUIET:
-        stop_all(_QUIET.pop())
+    _QUIET.stop()
 
 
-@contextlib.contextmanager
-def _own_cluster() -> Iterator[list[RedisServer]]:
+def _own_cluster() -> contextlib.AbstractContextManager[list[RedisServer]]:
     """Three masters apart from the session's cluster (a pause or a slot move must not
-    disturb it), whose node timeout is long enough that nobody marks a paused one failed.
-    Shared by this file's tests: each looks up the slots' owners it uses (slots move), its
-    names are its own, and it is given the cluster settled (every node answering, no slot
-    half moved); one left otherwise is replaced."""
-    if not _QUIET:
-        nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout",
-                 "30000")).start() for _ in range(3)]  # fmt: skip
-        try:
-            create_cluster(nodes)
-            _FIRST_EPOCHS[:] = [_config_epoch(node) for node in nodes]
-        except BaseException:
-            stop_all(nodes)
-            raise
-        _QUIET.append(nodes)
-    nodes = _QUIET[0]
-    try:
-        yield nodes
-    finally:
-        if not _settled(nodes):
-            stop_all(_QUIET.pop())
+    disturb it), whose node timeout is long enough that nobody marks a paused one failed:
+    this file's quiet cluster (tests/support/quiet_cluster.py), shared by its tests."""
+    return _QUIET.use()
 
 
 def _config_epoch(node: RedisServer) -> int:
     lines = node.client().execute_command("CLUSTER", "NODES").decode().splitlines()
     return int(next(line for line in lines if "myself" in line).split()[6])
-
-
-def _settled(nodes: list[RedisServer]) -> bool:
-    """Whether the quiet cluster is as the next test needs it, after a test that may have
-    failed half way: every node resumed and answering, a slot move left open called off,
-    and every node naming the same owner of each slot, its state ok."""
-    try:
-        for node in nodes:
-            node.resume()
-        for node in nodes:
-            lines = node.client().execute_command("CLUSTER", "NODES").decode().splitlines()
-            mine = next(line for line in lines if "myself" in line)
-            for open_move in re.findall(r"\[(\d+)-[<>]-", mine):  # [slot->-id], [slot-<-id]
-                node.client().execute_command("CLUSTER", "SETSLOT", int(open_move), "STABLE")
-        deadline = time.monotonic() + 10
-        while True:
-            views = {
-                str(sorted(node.client().execute_command("CLUSTER", "SLOTS"))) for node in nodes
-            }
-            ok = all(b"cluster_state:ok" in n.client().execute_command("CLUSTER", "INFO")
-                     for n in nodes)  # fmt: skip
-            if len(views) == 1 and ok:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-    except Exception:  # (a node gone: a cluster made afresh for the next test)
-        return False
 
 
 def test_a_new_cluster_s_masters_have_config_epochs_of_their_own() -> None:
