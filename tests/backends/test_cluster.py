@@ -23,6 +23,7 @@ from ..support.quiet_cluster import QUIET_ARGS, QuietCluster
 from ..support.warm import warm_up
 
 
+@pytest.mark.redis_py
 def test_cluster_keeps_a_semaphore_in_one_slot(
     cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
 ) -> None:
@@ -51,6 +52,7 @@ def test_cluster_keeps_each_lock_in_one_slot(
             assert held.fence is not None and backend.name_from_key(backend.key(name)) == name
 
 
+@pytest.mark.redis_py
 def test_cluster_commands_never_take_the_single_node_fast_path(
     cluster_nodes: list[RedisServer], _cluster_alias: None, name: str
 ) -> None:
@@ -226,6 +228,7 @@ def _end_of_move(
     migrate_slot(nodes, slot, source, target)
 
 
+@pytest.mark.redis_py
 def test_a_cluster_failover_costs_no_call_and_a_cluster_down_is_unavailable(name: str) -> None:
     """A command is tried once on a Cluster (above), but after a failover a master's old
     address refuses the connection: nothing was sent, the client re-read the slots, and the
@@ -340,6 +343,7 @@ def _names_on(node: RedisServer, prefix: str, count: int) -> list[str]:
     raise AssertionError("unreachable")
 
 
+@pytest.mark.redis_py
 def test_a_cluster_client_is_made_while_the_master_of_slot_0_is_paused(name: str) -> None:
     """Making redis-py's cluster client asks a node for COMMAND (the commands' key
     positions), and redis-py asks its default node: the master of slot 0. While that master
@@ -430,6 +434,7 @@ def test_a_closed_cluster_backend_s_holds_stay_renewed_while_a_master_is_paused(
             backend.close()
 
 
+@pytest.mark.redis_py
 def test_lock_calls_during_a_slot_migration_wait_for_it(name: str) -> None:
     """Resharding is not an outage. While a lock's slot is MIGRATING, every lock script names
     a key the source does not have (a queue), so Redis answers TRYAGAIN; redis-py gave up
@@ -563,6 +568,7 @@ def _renewed(pttl: Callable[[], int], where: str, times: int = 2) -> None:
         last = now
 
 
+@pytest.mark.redis_py
 def test_a_cluster_no_node_of_which_answers_is_unavailable(name: str) -> None:
     """redis-py's cluster client raises its own RedisClusterUnreachableError (no RedisError)
     when it cannot read the slots from any node: at the first call of a backend whose nodes
@@ -710,6 +716,7 @@ def test_a_paused_master_a_slot_moved_to_costs_no_hold_on_the_master_it_came_fro
         backend.close()
 
 
+@pytest.mark.redis_py
 def test_an_ask_to_a_node_that_serves_no_slot_yet_is_followed(name: str) -> None:
     """Scale-out: a new node joins and a slot with a held lock starts moving to it (the key
     migrated, the slot still open). The source answers ASK with a node that is in no CLUSTER
@@ -1002,6 +1009,7 @@ def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
         backend.close()
 
 
+@pytest.mark.redis_py
 def test_a_burst_beyond_a_cluster_s_max_connections_waits_for_a_connection(name: str) -> None:
     """redis-py's cluster node pools refuse a caller past max_connections: a burst of 40
     callers (threads, or asyncio tasks, as many worker threads as max_connections) on a
@@ -1089,6 +1097,7 @@ def test_asyncio_calls_queued_for_a_paused_cluster_master_are_unavailable_in_tim
         backend.close()
 
 
+@pytest.mark.redis_py
 @pytest.mark.parametrize("how", ["sync", "asyncio"])
 def test_a_script_is_taught_to_its_own_master_only_while_another_is_paused(
     name: str, how: str
@@ -1143,6 +1152,7 @@ def test_a_script_is_taught_to_its_own_master_only_while_another_is_paused(
             backend.close()
 
 
+@pytest.mark.redis_py
 @pytest.mark.usefixtures("_cluster_alias")
 def test_a_child_forked_while_a_thread_reads_the_slots_has_a_client_of_its_own(
     name: str,
@@ -1193,6 +1203,7 @@ def test_a_child_forked_while_a_thread_reads_the_slots_has_a_client_of_its_own(
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.redis_py
 def test_a_cluster_whose_first_seed_node_is_gone_is_reached_through_another(
     cluster_nodes: list[RedisServer], name: str
 ) -> None:
@@ -1310,6 +1321,7 @@ def _slot_reads(nodes: list[RedisServer]) -> int:
     return total
 
 
+@pytest.mark.redis_py
 def test_a_cluster_master_s_busy_pool_never_holds_up_its_renewals(name: str) -> None:
     """With max_connections, a master's pool is a blocking one, and the renewals took their
     connection from it: with every connection busy with callers' commands, each renewal
