@@ -118,14 +118,14 @@ EVERY_REDIS_DIRS = tests/waiting tests/locks
 # master paused, a fork under its slots lock), TRYAGAIN then MOVED, ASK to a node in no
 # CLUSTER SLOTS reply, its node pools (max_connections, busy), NOSCRIPT, a failover's refused
 # connection, its exception classes (CLUSTERDOWN, unreachable); Sentinel discovery (silent
-# sentinels), a failover, its pool (a tracer, a retry option, max_connections), min_replicas'
-# WAIT; the fast path's reconnects, failovers and close. Their other tests are our own logic
-# through the same calls, run by the main pass (all of them made this pass 3 min). Nor the
-# sweeps of our own connection bookkeeping (owners.py: what they found was ours, not
-# redis-py's; the main pass runs them): the fast path's fuzz (unmarked) and Redlock I/O's
-# exception at any line (16 s). It is put ahead of the venv's own on PYTHONPATH (`pip install
-# --target`, no dependencies: everything else is the venv's), so no second venv is built. Its
-# files go longest first (as PYTEST_AGAIN's).
+# sentinels), an announced switch, its pool (a tracer, a retry option, max_connections),
+# min_replicas' WAIT; the fast path's reconnects after a failover, and close. Their other
+# tests are our own logic through the same calls, run by the main pass (all of them made
+# this pass 3 min). Nor the sweeps of our own connection bookkeeping (owners.py: what they
+# found was ours, not redis-py's; the main pass runs them): the fast path's fuzz (unmarked)
+# and Redlock I/O's exception at any line (16 s). It is put ahead of the venv's own on
+# PYTHONPATH (`pip install --target`, no dependencies: everything else is the venv's), so no
+# second venv is built. Its files go longest first (as PYTEST_AGAIN's).
 LOWEST_REDIS := $(shell sed -n 's/.*redis\[hiredis\]>=\([0-9.]*\).*/\1/p' setup.cfg)
 LOWEST_DIR := $(VENV)/redis-py-$(LOWEST_REDIS)
 REDIS_PY_SAMPLED = test_cluster.py or test_sentinel.py or test_fast_path.py
@@ -150,7 +150,7 @@ test: versions lint browser terminal redis postgresql $(LOWEST_DIR)
 	@$(MAKE) --no-print-directory again-lowest-redis-py
 	@$(MAKE) --no-print-directory -j2 --output-sync=target again-redis-62 again-valkey
 
-# redis-py's behaviour on its lowest version: 70 s alone on a loaded 2-core box (session 23).
+# redis-py's behaviour on its lowest version: 66-90 s alone on a 2-core box loaded by others.
 # Not beside the passes on Redis 6.2 and Valkey: all three at once (make -j3, six test
 # processes) failed a busy-pool bound on it (a refused checkout 1.9 s late for 0.8 s) and a
 # fair queue's wait on Valkey in the one run measured.

@@ -107,7 +107,6 @@ def master_port(sentinel: RedisServer) -> int:
     return int(port)
 
 
-@pytest.mark.redis_py
 def test_locks_survive_a_sentinel_failover(own_group: list[RedisServer]) -> None:
     group = own_group
     master, replica, sentinel = group[0], group[1], group[2]
