@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +81,27 @@ class Worker:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Start a warm shutdown (``stop`` waits for it)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def stop_all(workers: Iterable[Worker]) -> None:
+    """Stop ``workers``, their warm shutdowns at once rather than one after another."""
+    workers = list(workers)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.stop()
 
 
 @pytest.fixture(scope="session")
@@ -105,8 +119,7 @@ def start_worker(
         return worker
 
     yield start
-    for worker in started:
-        worker.stop()
+    stop_all(started)
 
 
 @pytest.fixture(scope="module", params=["prefork", "threads"])
@@ -831,34 +844,51 @@ def test_the_celery_extra_runs_a_worker_on_redis() -> None:
     assert "django-celery-beat" not in extras["test"]
 
 
+@pytest.fixture(scope="module")
+def redelivering(start_worker: Callable[..., Worker]) -> Iterator[Worker]:
+    # acks_late, a 2 s visibility timeout, two children: shared by both limits below.
+    worker = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_REDELIVER="1")
+    yield worker
+    worker.stop()
+
+
 @pytest.mark.parametrize("limit", [None, 2])
 def test_acks_late_past_the_visibility_timeout_runs_the_body_once(
-    limit: int | None, start_worker: Callable[..., Worker], redis_server: RedisServer
+    limit: int | None, redelivering: Worker, redis_server: RedisServer
 ) -> None:
-    # The real thing: acks_late, a 2 s visibility timeout and a 6 s task. The broker delivers
-    # the message again while the task runs; the copies are skipped, the body runs once
-    # (with limit=2 too, where a copy finds a permit free).
-    late = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_REDELIVER="1")
+    # The real thing: acks_late, a 2 s visibility timeout and a task running until the broker
+    # delivered the message again (and the copy was skipped). The copies are skipped, the
+    # body runs once (with limit=2 too, where a copy finds a permit free).
+    late = redelivering
     task = celery_tasks.redelivered if limit is None else celery_tasks.redelivered_limited
-    name = f"late-{limit}"
-    result = late.send(task, name, 6.0)
+    name = f"late-{limit}-{uuid.uuid4().hex[:6]}"
+    result = late.send(task, name, 30.0)
+    skip = f"skipped a redelivered message: task {result.id} "
+    try:
+        wait_for(lambda: skip in late.log.read_text(), timeout=30)
+    finally:
+        redis(redis_server).set(f"redeliver:{name}:release", 1, ex=60)
     assert result.get(timeout=60) == "ran"
     assert "skipped a redelivered message" in late.log.read_text()
     assert redis(redis_server).lrange(f"redeliver:{name}:ran", 0, -1) == [result.id]
-    late.stop()
 
 
 def test_acks_late_copy_taken_after_the_run_ended_does_not_run_again(
     start_worker: Callable[..., Worker], redis_server: RedisServer
 ) -> None:
-    # One child: the copy the broker puts back while the 5 s run goes on is taken only once
+    # One child: the copy the broker puts back while the run goes on is taken only once
     # that run acknowledged and released the key. The hold is gone then: the copy must still
-    # be known as the same message (same task id and attempt), never a second run.
+    # be known as the same message (same task id and attempt), never a second run. The run
+    # ends once its copy is back in the queue.
     late = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
     name = f"late-one-{uuid.uuid4().hex[:6]}"
-    result = late.send(celery_tasks.redelivered, name, 5.0)
-    assert result.get(timeout=60) == "ran"
     r = redis(redis_server)
+    result = late.send(celery_tasks.redelivered, name, 30.0)
+    try:
+        wait_for(lambda: redis_server.client(db=1).llen(late.queue), timeout=30)
+    finally:
+        r.set(f"redeliver:{name}:release", 1, ex=60)
+    assert result.get(timeout=60) == "ran"
     runs = f"redeliver:{name}:ran"
     wait_for(lambda: "ran already" in late.log.read_text() or r.llen(runs) > 1, timeout=20)
     time.sleep(1)
