@@ -377,10 +377,10 @@ def test_coalesce_a_note_outlives_the_child_that_queued_its_follow_up(
     first = worker.send(task, name, "t0", 30.0)
     wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
     assert worker.send(task, name, "t1", 0.1).get(timeout=30)["coalesced"] is True
-    # Queued before the run's end queues the follow-up: b1 holds the other slot, b2 takes
-    # t0's once it ends.
+    # Queued before the run's end queues the follow-up, which waits behind them: b1 until
+    # the end, b2 2.5 s. (Each takes a new child, which billiard starts seconds late: b2
+    # starts after t0 ended, whichever child b1 takes.)
     worker.send(celery_tasks.occupy, f"{name}-b1", 60.0)
-    wait_for(lambda: r.lrange(f"occupy:{name}-b1:started", 0, -1))
     worker.send(celery_tasks.occupy, f"{name}-b2", 2.5)
     r.set(f"{group}:t0:release", 1, ex=60)
     try:
@@ -1903,7 +1903,7 @@ def test_coalesce_two_tasks_sharing_a_key_run_each_call_with_its_own_function(
 def kept_note(self: Any, name: str, tag: str, duplicate: str | None = None) -> str:
     if duplicate is not None:  # a duplicate arrives while the key runs (as from a 2nd worker)
         kept_note.apply((name, duplicate), task_id=f"dup-{duplicate}-{uuid.uuid4().hex[:6]}")
-        time.sleep(2.5)  # the run outlasts dedupe_ttl (1 s)
+        time.sleep(2.0)  # the run outlasts dedupe_ttl (1 s) twice over
     return tag
 
 
@@ -1924,7 +1924,7 @@ def test_coalesce_a_note_outlives_dedupe_ttl_while_its_run_runs_and_its_follow_u
         if f"'{name}'" in json.loads(raw)["headers"].get("argsrepr", "")
     ]
     assert [h["argsrepr"] for h in found] == [f"('{name}', 't1')"]  # its follow-up, queued
-    time.sleep(2.5)  # it waits in a busy queue past dedupe_ttl
+    time.sleep(2.0)  # it waits in a busy queue past dedupe_ttl, twice over
     celery_app.app.control.purge()
     follow = {"task_id": found[0]["id"], "headers": {contrib.FOLLOW_UP: "1"}}
     assert kept_note.apply((name, "t1"), **follow).result == "t1"
