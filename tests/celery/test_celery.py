@@ -122,9 +122,23 @@ def start_worker(
     stop_all(started)
 
 
+@pytest.fixture(scope="module")
+def plain_workers(start_worker: Callable[..., Worker]) -> Callable[[str], Worker]:
+    """The module's plain worker of a pool (4 children or threads), started at its first use
+    and shared by the fixtures below: each test leaves it idle."""
+    started: dict[str, Worker] = {}
+
+    def get(pool: str) -> Worker:
+        if pool not in started:
+            started[pool] = start_worker(pool=pool, concurrency=4)
+        return started[pool]
+
+    return get
+
+
 @pytest.fixture(scope="module", params=["prefork", "threads"])
-def worker(request: pytest.FixtureRequest, start_worker: Callable[..., Worker]) -> Worker:
-    return start_worker(pool=request.param, concurrency=4)
+def worker(request: pytest.FixtureRequest, plain_workers: Callable[[str], Worker]) -> Worker:
+    return plain_workers(request.param)
 
 
 @pytest.fixture
@@ -133,8 +147,8 @@ def prefork(start_worker: Callable[..., Worker], _prefork: list[Worker]) -> Work
 
 
 @pytest.fixture(scope="module")
-def _prefork(start_worker: Callable[..., Worker]) -> list[Worker]:
-    return [start_worker(pool="prefork", concurrency=4)]
+def _prefork(plain_workers: Callable[[str], Worker]) -> list[Worker]:
+    return [plain_workers("prefork")]
 
 
 def redis(server: RedisServer) -> Any:
@@ -634,7 +648,7 @@ def test_a_redelivered_message_does_not_run_twice(
     assert first.get(timeout=30) == "ran"  # not a skip's sentinel, stored by the copy
     time.sleep(0.5)
     assert r.lrange("redeliver:m:ran", 0, -1) == [task_id]  # the body ran once
-    assert "skipped a redelivered message" in worker.log.read_text()
+    assert f"skipped a redelivered message: task {task_id} " in worker.log.read_text()
     # Another task id for the same key is a duplicate as before, not a redelivery.
     assert worker.send(celery_tasks.redelivered, "m", 0.1).get(timeout=30) == "ran"
 
@@ -708,8 +722,8 @@ def test_a_fast_retry_under_a_limit_waits_for_its_own_earlier_attempt(
 
 
 @pytest.fixture(scope="module")
-def _threads(start_worker: Callable[..., Worker]) -> Worker:
-    return start_worker(pool="threads", concurrency=2)
+def _threads(plain_workers: Callable[[str], Worker]) -> Worker:
+    return plain_workers("threads")  # a threads worker (its concurrency does not matter here)
 
 
 @pytest.mark.parametrize("task_name", ["key_of", "key_of_plain"])
