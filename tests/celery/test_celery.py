@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +81,27 @@ class Worker:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
+        """Start a warm shutdown (``stop`` waits for it)."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def stop_all(workers: Iterable[Worker]) -> None:
+    """Stop ``workers``, their warm shutdowns at once rather than one after another."""
+    workers = list(workers)
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.stop()
 
 
 @pytest.fixture(scope="session")
@@ -105,13 +119,26 @@ def start_worker(
         return worker
 
     yield start
-    for worker in started:
-        worker.stop()
+    stop_all(started)
+
+
+@pytest.fixture(scope="module")
+def plain_workers(start_worker: Callable[..., Worker]) -> Callable[[str], Worker]:
+    """The module's plain worker of a pool (4 children or threads), started at its first use
+    and shared by the fixtures below: each test leaves it idle."""
+    started: dict[str, Worker] = {}
+
+    def get(pool: str) -> Worker:
+        if pool not in started:
+            started[pool] = start_worker(pool=pool, concurrency=4)
+        return started[pool]
+
+    return get
 
 
 @pytest.fixture(scope="module", params=["prefork", "threads"])
-def worker(request: pytest.FixtureRequest, start_worker: Callable[..., Worker]) -> Worker:
-    return start_worker(pool=request.param, concurrency=4)
+def worker(request: pytest.FixtureRequest, plain_workers: Callable[[str], Worker]) -> Worker:
+    return plain_workers(request.param)
 
 
 @pytest.fixture
@@ -120,8 +147,8 @@ def prefork(start_worker: Callable[..., Worker], _prefork: list[Worker]) -> Work
 
 
 @pytest.fixture(scope="module")
-def _prefork(start_worker: Callable[..., Worker]) -> list[Worker]:
-    return [start_worker(pool="prefork", concurrency=4)]
+def _prefork(plain_workers: Callable[[str], Worker]) -> list[Worker]:
+    return [plain_workers("prefork")]
 
 
 def redis(server: RedisServer) -> Any:
@@ -244,8 +271,10 @@ def test_revoke_with_terminate_releases(prefork: Worker, redis_server: RedisServ
 
 
 def test_a_killed_worker_frees_the_key_within_its_ttl(
-    start_worker: Callable[..., Worker], redis_server: RedisServer
+    start_worker: Callable[..., Worker], prefork: Worker, redis_server: RedisServer
 ) -> None:
+    # The rescuer is the module's running worker: a rescuer started after the kill took
+    # 5-10 s to start on a loaded machine, past the bound below.
     victim = start_worker(pool="prefork", concurrency=1)
     first = victim.send(celery_tasks.crash, "k", 60.0)
     r = redis(redis_server)
@@ -256,12 +285,11 @@ def test_a_killed_worker_frees_the_key_within_its_ttl(
     victim.kill()  # SIGKILL, parent and pool child together: nothing gets to clean up
     killed = time.monotonic()
     assert locks["default"].is_locked("crash:k")
-    rescuer = start_worker(pool="solo", concurrency=1)
-    second = rescuer.send(celery_tasks.crash, "k", 0.1)
+    second = prefork.send(celery_tasks.crash, "k", 0.1)
     assert second.get(timeout=30) == "ran"
     ran_at = time.monotonic()
     assert r.lrange("crash:k", 0, -1) == [first.id, second.id]
-    assert ran_at - killed < 2 + 5  # TTL 2 s, plus the rescuer's start-up
+    assert ran_at - killed < 2 + 5  # TTL 2 s (its retries every 0.1 s), and room for load
 
 
 def test_dedupe_queued_returns_the_queued_task(prefork: Worker, redis_server: RedisServer) -> None:
@@ -620,7 +648,7 @@ def test_a_redelivered_message_does_not_run_twice(
     assert first.get(timeout=30) == "ran"  # not a skip's sentinel, stored by the copy
     time.sleep(0.5)
     assert r.lrange("redeliver:m:ran", 0, -1) == [task_id]  # the body ran once
-    assert "skipped a redelivered message" in worker.log.read_text()
+    assert f"skipped a redelivered message: task {task_id} " in worker.log.read_text()
     # Another task id for the same key is a duplicate as before, not a redelivery.
     assert worker.send(celery_tasks.redelivered, "m", 0.1).get(timeout=30) == "ran"
 
@@ -694,8 +722,8 @@ def test_a_fast_retry_under_a_limit_waits_for_its_own_earlier_attempt(
 
 
 @pytest.fixture(scope="module")
-def _threads(start_worker: Callable[..., Worker]) -> Worker:
-    return start_worker(pool="threads", concurrency=2)
+def _threads(plain_workers: Callable[[str], Worker]) -> Worker:
+    return plain_workers("threads")  # a threads worker (its concurrency does not matter here)
 
 
 @pytest.mark.parametrize("task_name", ["key_of", "key_of_plain"])
@@ -831,34 +859,51 @@ def test_the_celery_extra_runs_a_worker_on_redis() -> None:
     assert "django-celery-beat" not in extras["test"]
 
 
+@pytest.fixture(scope="module")
+def redelivering(start_worker: Callable[..., Worker]) -> Iterator[Worker]:
+    # acks_late, a 2 s visibility timeout, two children: shared by both limits below.
+    worker = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_REDELIVER="1")
+    yield worker
+    worker.stop()
+
+
 @pytest.mark.parametrize("limit", [None, 2])
 def test_acks_late_past_the_visibility_timeout_runs_the_body_once(
-    limit: int | None, start_worker: Callable[..., Worker], redis_server: RedisServer
+    limit: int | None, redelivering: Worker, redis_server: RedisServer
 ) -> None:
-    # The real thing: acks_late, a 2 s visibility timeout and a 6 s task. The broker delivers
-    # the message again while the task runs; the copies are skipped, the body runs once
-    # (with limit=2 too, where a copy finds a permit free).
-    late = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_REDELIVER="1")
+    # The real thing: acks_late, a 2 s visibility timeout and a task running until the broker
+    # delivered the message again (and the copy was skipped). The copies are skipped, the
+    # body runs once (with limit=2 too, where a copy finds a permit free).
+    late = redelivering
     task = celery_tasks.redelivered if limit is None else celery_tasks.redelivered_limited
-    name = f"late-{limit}"
-    result = late.send(task, name, 6.0)
+    name = f"late-{limit}-{uuid.uuid4().hex[:6]}"
+    result = late.send(task, name, 30.0)
+    skip = f"skipped a redelivered message: task {result.id} "
+    try:
+        wait_for(lambda: skip in late.log.read_text(), timeout=30)
+    finally:
+        redis(redis_server).set(f"redeliver:{name}:release", 1, ex=60)
     assert result.get(timeout=60) == "ran"
     assert "skipped a redelivered message" in late.log.read_text()
     assert redis(redis_server).lrange(f"redeliver:{name}:ran", 0, -1) == [result.id]
-    late.stop()
 
 
 def test_acks_late_copy_taken_after_the_run_ended_does_not_run_again(
     start_worker: Callable[..., Worker], redis_server: RedisServer
 ) -> None:
-    # One child: the copy the broker puts back while the 5 s run goes on is taken only once
+    # One child: the copy the broker puts back while the run goes on is taken only once
     # that run acknowledged and released the key. The hold is gone then: the copy must still
-    # be known as the same message (same task id and attempt), never a second run.
+    # be known as the same message (same task id and attempt), never a second run. The run
+    # ends once its copy is back in the queue.
     late = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
     name = f"late-one-{uuid.uuid4().hex[:6]}"
-    result = late.send(celery_tasks.redelivered, name, 5.0)
-    assert result.get(timeout=60) == "ran"
     r = redis(redis_server)
+    result = late.send(celery_tasks.redelivered, name, 30.0)
+    try:
+        wait_for(lambda: redis_server.client(db=1).llen(late.queue), timeout=30)
+    finally:
+        r.set(f"redeliver:{name}:release", 1, ex=60)
+    assert result.get(timeout=60) == "ran"
     runs = f"redeliver:{name}:ran"
     wait_for(lambda: "ran already" in late.log.read_text() or r.llen(runs) > 1, timeout=20)
     time.sleep(1)

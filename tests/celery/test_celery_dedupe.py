@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -25,24 +25,38 @@ from django_redlock.testing import RedisServer
 from tests.support import celery_app, celery_tasks
 
 from ..conftest import ROOT
-from .test_celery import NO_RETRY, NOBODY, Worker, broker, redis, start_worker, wait_for
+from .test_celery import (
+    NO_RETRY,
+    NOBODY,
+    Worker,
+    broker,
+    redis,
+    start_worker,
+    stop_all,
+    wait_for,
+)
 
 __all__ = ["broker", "start_worker"]  # fixtures, imported to be used here
 
 
 @pytest.fixture(scope="module")
-def prefork(start_worker: Callable[..., Worker]) -> Worker:
-    return start_worker(pool="prefork", concurrency=2)
+def prefork(start_worker: Callable[..., Worker]) -> Iterator[Worker]:
+    # Shared by the tests of this module, the ones that SIGKILL one of its children too
+    # (billiard starts another): each leaves both children idle.
+    worker = start_worker(pool="prefork", concurrency=2)
+    yield worker
+    worker.stop()
 
 
 @pytest.mark.parametrize("task_name", ["lost_child", "lost_child_limited"])
 def test_a_killed_prefork_child_s_requeued_message_runs(
-    task_name: str, start_worker: Callable[..., Worker], redis_server: RedisServer
+    task_name: str, prefork: Worker, redis_server: RedisServer
 ) -> None:
     # acks_late + reject_on_worker_lost: the child is SIGKILLed mid-body, Celery requeues the
     # message (same id, retries 0) at once. The dead run's hold (TTL 60 s) must not make the
     # copy a "redelivery beside a live run": it runs, well before the TTL.
-    worker = start_worker(pool="prefork", concurrency=2)
+    worker = prefork
+    died_before = worker.log.read_text().count("whose run died")
     task = getattr(celery_tasks, task_name)
     r = redis(redis_server)
     result = worker.send(task, task_name)
@@ -55,15 +69,14 @@ def test_a_killed_prefork_child_s_requeued_message_runs(
     assert time.monotonic() - killed < 40  # the hold's TTL is 60 s: not freed by expiry
     entries = r.lrange(f"lost:{task_name}", 0, -1)
     assert [e.rsplit(":", 1)[0] for e in entries] == [result.id, result.id]
-    assert "whose run died" in worker.log.read_text()
-    worker.stop()
+    assert worker.log.read_text().count("whose run died") > died_before
 
 
 def test_a_copy_beside_a_live_run_is_still_skipped(
-    start_worker: Callable[..., Worker], redis_server: RedisServer
+    prefork: Worker, redis_server: RedisServer
 ) -> None:
     # The liveness check does not turn a redelivery beside a live run into a second run.
-    worker = start_worker(pool="prefork", concurrency=2)
+    worker = prefork
     task_id = str(uuid.uuid4())
     first = worker.send(celery_tasks.redelivered, "live", 2.0, task_id=task_id)
     r = redis(redis_server)
@@ -72,7 +85,6 @@ def test_a_copy_beside_a_live_run_is_still_skipped(
     assert first.get(timeout=30) == "ran"
     time.sleep(0.5)
     assert r.lrange("redeliver:live:ran", 0, -1) == [task_id]
-    worker.stop()
 
 
 def test_a_failed_publish_leaves_no_marker(broker: None) -> None:
@@ -172,12 +184,16 @@ def test_coalesce_runs_once_more_with_the_last_duplicate_s_arguments(
     prefork: Worker, redis_server: RedisServer
 ) -> None:
     r = redis(redis_server)
-    first = prefork.send(celery_tasks.coalesced, "c", "t0", 3.0)
+    first = prefork.send(celery_tasks.coalesced, "c", "t0", 30.0)
     wait_for(lambda: r.lrange("coalesce:c:ran", 0, -1))
-    # Five duplicates while it runs, one after another (so "the last" is well defined).
-    for i in range(1, 6):
-        value = prefork.send(celery_tasks.coalesced, "c", f"t{i}", 0.5).get(timeout=30)
-        assert skipped(value) is not None and value["coalesced"] is True
+    # Five duplicates while it runs, one after another (so "the last" is well defined); it
+    # runs until they are done.
+    try:
+        for i in range(1, 6):
+            value = prefork.send(celery_tasks.coalesced, "c", f"t{i}", 0.5).get(timeout=30)
+            assert skipped(value) is not None and value["coalesced"] is True
+    finally:
+        r.set("coalesce:c:t0:release", 1, ex=60)
     assert first.get(timeout=30) == "ran"
     wait_for(lambda: len(r.lrange("coalesce:c:ran", 0, -1)) == 2)
     wait_for(lambda: not locks["default"].is_locked("coalesce:c"))
@@ -315,46 +331,66 @@ def test_coalesce_follows_a_run_whose_child_was_killed(
 
 @pytest.mark.parametrize("late", [False, True], ids=["queued by the main process", "acks_late"])
 def test_coalesce_a_killed_follow_up_s_call_outlives_dedupe_ttl_behind_a_backlog(
-    late: bool, start_worker: Callable[..., Worker], redis_server: RedisServer
+    late: bool, prefork: Worker, redis_server: RedisServer
 ) -> None:
     # The follow-up that claimed t1 is SIGKILLed; the next one (queued by the main process,
-    # or, acks_late, its own message put back) waits behind another key's 4 s task. Nobody
+    # or, acks_late, its own message put back) waits behind another key's 2.5 s task. Nobody
     # renewed the claimed note (the main process's keeper stopped at "taken"): it expired
-    # after dedupe_ttl (1 s), and t1 never ran.
-    worker = start_worker(pool="prefork", concurrency=2)
+    # after dedupe_ttl (1 s), and t1 never ran. The runs the test waits on (t0, the killed
+    # t1, b1) end when it says, not after fixed times: only b2's 2.5 s carries the property.
+    worker = prefork
     task = celery_tasks.coalesced_waiting_late if late else celery_tasks.coalesced_waiting
     group = f"coalesce-wait{'-late' if late else ''}:{uuid.uuid4().hex[:8]}"
     name = group.rpartition(":")[2]
     r = redis(redis_server)
-    worker.send(task, name, "t0", 1.0)
+    worker.send(task, name, "t0", 30.0)
     wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
-    assert worker.send(task, name, "t1", 6.0).get(timeout=30)["coalesced"] is True
-    worker.send(celery_tasks.coalesced, f"{name}-b1", "b1", 8.0)  # the other slot, busy
+    assert worker.send(task, name, "t1", 30.0).get(timeout=30)["coalesced"] is True
+    worker.send(celery_tasks.occupy, f"{name}-b1", 60.0)  # the other slot, busy
+    wait_for(lambda: r.lrange(f"occupy:{name}-b1:started", 0, -1))
+    r.set(f"{group}:t0:release", 1, ex=60)  # t0 ends: its follow-up runs t1
     pids = wait_for(lambda: (p := r.lrange(f"{group}:pids", 0, -1))[1:] and p, timeout=20)
-    worker.send(celery_tasks.coalesced, f"{name}-b2", "b2", 4.0)  # the next follow-up's wait
+    worker.send(celery_tasks.occupy, f"{name}-b2", 2.5)  # the next follow-up's wait
     time.sleep(0.5)
     os.kill(int(pids[1]), signal.SIGKILL)
-    wait_for(lambda: r.lrange(f"{group}:done", 0, -1) == ["t0", "t1"], timeout=30)
+    r.set(f"{group}:t1:release", 1, ex=60)  # t1's next run ends at once
+    try:
+        wait_for(lambda: r.lrange(f"{group}:done", 0, -1) == ["t0", "t1"], timeout=30)
+        assert len(r.lrange(f"occupy:{name}-b2:started", 0, -1)) == 1
+    finally:
+        r.set(f"occupy:{name}-b1:release", 1, ex=60)
+    wait_for(lambda: r.lrange(f"occupy:{name}-b1:ended", 0, -1))  # the worker idle again
 
 
 def test_coalesce_a_note_outlives_the_child_that_queued_its_follow_up(
     start_worker: Callable[..., Worker], redis_server: RedisServer
 ) -> None:
     # --max-tasks-per-child=1: the child whose run queued the follow-up exits right after,
-    # and its keeper thread with it. The follow-up waits behind two 4 s tasks of other keys:
-    # the note expired after dedupe_ttl (1 s), and t1 never ran (nothing was killed).
+    # and its keeper thread with it. The follow-up waits behind a 2.5 s task of another key
+    # (the other slot busy until the end): the note expired after dedupe_ttl (1 s), and t1
+    # never ran (nothing was killed).
     worker = start_worker(pool="prefork", concurrency=2, REDLOCK_TEST_MAX_TASKS_PER_CHILD="1")
     name = uuid.uuid4().hex[:8]
     group = f"coalesce-wait:{name}"
     r = redis(redis_server)
     task = celery_tasks.coalesced_waiting
-    first = worker.send(task, name, "t0", 2.0)
+    first = worker.send(task, name, "t0", 30.0)
     wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
     assert worker.send(task, name, "t1", 0.1).get(timeout=30)["coalesced"] is True
-    for blocker in ("b1", "b2"):  # queued before the run's end queues the follow-up
-        worker.send(celery_tasks.coalesced, f"{name}-{blocker}", blocker, 4.0)
-    assert first.get(timeout=30) == "ran"
-    wait_for(lambda: r.lrange(f"{group}:done", 0, -1) == ["t0", "t1"], timeout=30)
+    # Queued before the run's end queues the follow-up, which waits behind them: b1 until
+    # the end, b2 2.5 s. (Each takes a new child, which billiard starts seconds late: b2
+    # starts after t0 ended, whichever child b1 takes.)
+    worker.send(celery_tasks.occupy, f"{name}-b1", 60.0)
+    worker.send(celery_tasks.occupy, f"{name}-b2", 2.5)
+    r.set(f"{group}:t0:release", 1, ex=60)
+    try:
+        assert first.get(timeout=30) == "ran"
+        wait_for(lambda: r.lrange(f"{group}:done", 0, -1) == ["t0", "t1"], timeout=30)
+        assert len(r.lrange(f"occupy:{name}-b2:started", 0, -1)) == 1
+    finally:
+        r.set(f"occupy:{name}-b1:release", 1, ex=60)
+    wait_for(lambda: r.lrange(f"occupy:{name}-b1:ended", 0, -1))
+    worker.stop()
 
 
 @pytest.mark.parametrize("stop", ["hard time limit", "SIGKILL"])
@@ -368,10 +404,17 @@ def test_coalesce_a_run_stopped_as_its_end_publishes_the_follow_up(
     r = redis(redis_server)
     name = uuid.uuid4().hex[:8]
     group = f"coalesce-pub:{name}"
-    first = prefork.send(celery_tasks.coalesced_slow_publish, name, "t0", 4.0)
+    # t0's body ends once t1 was coalesced (a t1 that came late, from a child started late,
+    # no longer finds t0 ended): under the hard time limit (4 s) when it is, so the limit
+    # strikes in the 5 s publish; the SIGKILL case lifts the limit and kills in the publish.
+    if stop == "SIGKILL":
+        first = prefork.send(celery_tasks.coalesced_slow_publish, name, "t0", 30.0, time_limit=60)
+    else:
+        first = prefork.send(celery_tasks.coalesced_slow_publish, name, "t0", 3.0)
     (pid,) = wait_for(lambda: r.lrange(f"{group}:pids", 0, -1))
     value = prefork.send(celery_tasks.coalesced_slow_publish, name, "t1").get(timeout=30)
     assert value["coalesced"] is True
+    r.set(f"{group}:release", 1, ex=60)
     wait_for(lambda: r.lrange(f"{group}:publishing", 0, -1))
     if stop == "SIGKILL":
         os.kill(int(pid), signal.SIGKILL)
@@ -941,19 +984,21 @@ def test_coalesce_note_of_a_run_whose_whole_worker_was_killed_runs(
     # The whole worker (main process and children) is SIGKILLed while the run holds the key
     # and a duplicate's call is noted: no end of the run, no main process queues it. A worker
     # started later on that queue finds the note left and runs it (once the dead hold, TTL
-    # 10 s, is gone).
+    # 3 s, is gone).
     r = redis(redis_server)
     name = uuid.uuid4().hex[:8]
+    task = celery_tasks.coalesced_short_ttl
     dead = start_worker(pool="prefork", concurrency=2)
-    first = dead.send(celery_tasks.coalesced, name, "t0", 40.0)
-    wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1))
-    value = dead.send(celery_tasks.coalesced, name, "t1", 0.1).get(timeout=30)
+    first = dead.send(task, name, "t0", 40.0)
+    wait_for(lambda: r.lrange(f"coalesce-short:{name}:ran", 0, -1))
+    value = dead.send(task, name, "t1", 0.1).get(timeout=30)
     assert value["coalesced"] is True
     dead.kill()
     assert first.id
     later = Worker(redis_server.url, "solo", 1, dead.queue, tmp_path / "later.log")
     try:
-        wait_for(lambda: r.lrange(f"coalesce:{name}:ran", 0, -1) == ["t0", "t1"], timeout=45)
+        ran = f"coalesce-short:{name}:ran"
+        wait_for(lambda: r.lrange(ran, 0, -1) == ["t0", "t1"], timeout=45)
     finally:
         later.stop()
 
@@ -976,7 +1021,7 @@ def test_a_queued_task_revoked_no_longer_counts(broker: None, look_every_time: N
 
 @pytest.mark.parametrize("sent_by", ["this app", "elsewhere"])
 def test_a_queued_task_revoked_by_stamped_headers_no_longer_counts(
-    sent_by: str, start_worker: Callable[..., Worker], look_every_time: None
+    sent_by: str, request: pytest.FixtureRequest, look_every_time: None
 ) -> None:
     # A stamped revoke (no terminate) of a queued message stores nothing and notes no id: the
     # next delay() was deduplicated to the revoked message, which the worker discards: the
@@ -989,7 +1034,7 @@ def test_a_queued_task_revoked_by_stamped_headers_no_longer_counts(
     if sent_by == "this app":
         celery_app.app.control.revoke_by_stamped_headers({"rlstamp": stamp})
     else:
-        start_worker(pool="solo", concurrency=1)  # idle, on a queue of its own
+        request.getfixturevalue("prefork")  # a worker of the app, idle between tests
         replies = celery_app.app.control.broadcast(
             "revoke_by_stamped_headers", arguments={"headers": {"rlstamp": stamp}}, reply=True
         )
@@ -1309,37 +1354,62 @@ def test_coalesce_follow_up_whose_child_was_killed_runs_again(
     assert r.lrange(f"{group}:ran", 0, -1) == ["t0", "slow1", "slow1"]
 
 
+def _settled(worker: Worker) -> int:
+    """How many tasks ``worker`` has finished (a skipped copy is "ignored")."""
+    log = worker.log.read_text()
+    return sum(log.count(end) for end in ("] succeeded in ", "] ignored\n", "] raised "))
+
+
+@pytest.fixture(scope="module")
+def redelivering(start_worker: Callable[..., Worker]) -> Iterator[tuple[Worker, Worker]]:
+    # acks_late with a 2 s visibility timeout, one child each: shared by the tests below,
+    # each of which leaves them idle (every copy taken).
+    env = {"REDLOCK_TEST_REDELIVER": "1"}
+    pair = (start_worker(pool="prefork", concurrency=1, **env),
+            start_worker(pool="prefork", concurrency=1, **env))  # fmt: skip
+    yield pair
+    stop_all(pair)
+
+
 def test_coalesce_copy_of_a_finished_follow_up_leaves_a_later_call_noted(
-    start_worker: Callable[..., Worker], redis_server: RedisServer
+    redelivering: tuple[Worker, Worker], redis_server: RedisServer
 ) -> None:
     # acks_late: follow-up F1's message is put back while it runs; its copy is taken once F1
     # ended, after a later duplicate D2 noted its call. The copy is F1 again (skipped): it
-    # must not take D2's note first (D2's call was lost).
+    # must not take D2's note first (D2's call was lost). The runs end when the test says:
+    # r once d1 was coalesced, F1 once D2 was noted and F1's copy is back in a's queue, the
+    # blocker F2 waits behind once a has taken that copy.
     r = redis(redis_server)
-    a = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
-    b = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
+    broker = redis_server.client(db=1)
+    a, b = redelivering
     name = uuid.uuid4().hex[:8]
     ran = f"coalesce:{name}:ran"
-    run = b.send(celery_tasks.coalesced, name, "r", 1.5)
+    run = b.send(celery_tasks.coalesced, name, "r", 30.0)
     wait_for(lambda: r.lrange(ran, 0, -1))
-    assert a.send(celery_tasks.coalesced, name, "d1", 6.0).get(timeout=30)["coalesced"]
-    wait_for(lambda: "d1" in r.lrange(ran, 0, -1), timeout=30)
-    time.sleep(1.0)
+    assert a.send(celery_tasks.coalesced, name, "d1", 30.0).get(timeout=30)["coalesced"]
+    r.set(f"coalesce:{name}:r:release", 1, ex=60)
+    wait_for(lambda: "d1" in r.lrange(ran, 0, -1), timeout=30)  # F1 runs d1 on a
     assert b.send(celery_tasks.coalesced, name, "d2", 0.1).get(timeout=30)["coalesced"]
-    blocker = b.send(celery_tasks.coalesced, f"{name}-blocker", "x", 8.0)  # F2 waits behind
+    b.send(celery_tasks.occupy, f"{name}-blocker", 30.0)  # F2 waits behind
+    wait_for(lambda: broker.llen(a.queue), timeout=30)  # F1's copy, put back
+    settled = _settled(a)
+    r.set(f"coalesce:{name}:d1:release", 1, ex=60)
+    try:
+        wait_for(lambda: _settled(a) >= settled + 2)  # F1 ended; a took its copy and settled it
+    finally:
+        r.set(f"occupy:{name}-blocker:release", 1, ex=60)
     wait_for(lambda: "d2" in r.lrange(ran, 0, -1), timeout=40)
     assert r.lrange(ran, 0, -1) == ["r", "d1", "d2"]
     assert run.get(timeout=5) == "ran"
-    blocker.get(timeout=30)
-    a.stop()
-    b.stop()
+    wait_for(lambda: r.lrange(f"occupy:{name}-blocker:ended", 0, -1))
+    wait_for(lambda: not locks["default"].is_locked(f"coalesce:{name}"))
 
 
 # One mode: the copy is recognised before on_duplicate is looked at, so "retry" and "skip"
 # take the same line as "coalesce" (test_celery's acks_late copy is the default, "skip").
 @pytest.mark.parametrize("mode", ["coalesce"])
 def test_acks_late_copy_of_a_finished_run_meeting_another_holder_does_not_run_again(
-    start_worker: Callable[..., Worker], redis_server: RedisServer, mode: str
+    redelivering: tuple[Worker, Worker], redis_server: RedisServer, mode: str
 ) -> None:
     # The copy the broker put back while the run went on is taken after it ended, while a
     # plain lock() holds the key: it is that finished run (skipped), not a duplicate to note,
@@ -1347,7 +1417,7 @@ def test_acks_late_copy_of_a_finished_run_meeting_another_holder_does_not_run_ag
     from celery.result import AsyncResult
 
     r = redis(redis_server)
-    late = start_worker(pool="prefork", concurrency=1, REDLOCK_TEST_REDELIVER="1")
+    late = redelivering[0]
     task = getattr(celery_tasks, f"late_copy_{mode}")
     name = uuid.uuid4().hex[:8]
     group = f"late-copy-{mode}:{name}"
@@ -1356,12 +1426,16 @@ def test_acks_late_copy_of_a_finished_run_meeting_another_holder_does_not_run_ag
     other = lock(group, ttl=10)
     assert other.acquire(timeout=20)  # the moment the run releases
     assert result.get(timeout=10) == "ran"
-    time.sleep(2.5)  # the copy arrives and meets this lock()
+    # The copy arrives and meets this lock(): known as the run that ended.
+    wait_for(lambda: f"task {result.id} ran already" in late.log.read_text(), timeout=20)
     other.release()
-    time.sleep(6.0)  # a follow-up or retry of it would run now
+    # A follow-up or retry of it (countdown 0.5 s) would run now: the same queue's next
+    # task, due 1.5 s after the release, runs after it (one child); then a moment more.
+    sentinel = late.send(celery_tasks.occupy, f"{name}-after", 0.0, countdown=1.5)
+    assert sentinel.get(timeout=30) == "ran"
+    time.sleep(1.0)
     assert r.lrange(f"{group}:ran", 0, -1) == [result.id]
     assert AsyncResult(result.id).get(timeout=5) == "ran"
-    late.stop()
 
 
 # -- dedupe_queued: a marker whose write's reply was lost --------------------------------------
@@ -1684,20 +1758,28 @@ def test_coalesce_an_interrupt_at_any_line_of_the_take_back_never_restores_a_cal
     every_point(case, lambda at: LineInterrupter(at, watched, lambda f: f.f_code is window))
 
 
+@pytest.fixture(scope="module")
+def revoking(start_worker: Callable[..., Worker]) -> Iterator[tuple[Worker, Worker]]:
+    # acks_late: the running call keeps the first worker's one prefetch slot. (Only the
+    # first is slowed: every worker stores REVOKED for a revoked id it is not running.) The
+    # second idles on a queue of its own. Shared by both ways to revoke below.
+    slow = {"REDLOCK_TEST_SLOW_REVOKE": "4", "REDLOCK_TEST_ACKS_LATE": "1"}
+    pair = (start_worker(pool="prefork", concurrency=1, **slow),
+            start_worker(pool="solo", concurrency=1))  # fmt: skip
+    yield pair
+    stop_all(pair)
+
+
 @pytest.mark.parametrize("revoke", ["by id", "by stamped headers"])
 def test_coalesce_a_call_revoked_with_terminate_never_runs_again(
-    revoke: str, start_worker: Callable[..., Worker], redis_server: RedisServer
+    revoke: str, revoking: tuple[Worker, Worker], redis_server: RedisServer
 ) -> None:
     # Celery's Request.terminate stops the child, then stores REVOKED (slow here: a database
     # result backend under load), then sends task_revoked, where the revoked call was
     # dropped. Meanwhile the child's exit queued a follow-up for its claimed note; another
     # worker took it, claimed the note again and ran the revoked call.
     r = redis(redis_server)
-    # acks_late: the running call keeps the first worker's one prefetch slot. (Only the
-    # first is slowed: every worker stores REVOKED for a revoked id it is not running.)
-    slow = {"REDLOCK_TEST_SLOW_REVOKE": "4", "REDLOCK_TEST_ACKS_LATE": "1"}
-    first = start_worker(pool="prefork", concurrency=1, **slow)
-    second = start_worker(pool="solo", concurrency=1)  # idle, on a queue of its own
+    first, second = revoking
     name = uuid.uuid4().hex[:8]
     ran = f"coalesce-dd:{name}:ran"
     stamp = uuid.uuid4().hex[:8]
@@ -1709,16 +1791,19 @@ def test_coalesce_a_call_revoked_with_terminate_never_runs_again(
     node = next(n for p in celery_app.app.control.ping(timeout=2) for n in p
                 if n.startswith(f"{second.queue}@"))  # fmt: skip
     assert celery_app.app.control.add_consumer(first.queue, destination=[node], reply=True)
-    if revoke == "by id":
-        celery_app.app.control.revoke(revoked.id, terminate=True)
-    else:  # Celery 5.3+: no redlock note was written before the kill
-        celery_app.app.control.revoke_by_stamped_headers({"rlstamp": stamp}, terminate=True)
-    time.sleep(2.5)  # the follow-up ran within 0.5 s of the kill, before the fix
-    assert r.lrange(ran, 0, -1) == ["A"], "the revoked call ran again"
-    wait_for(lambda: markers.read(locks["default"], f"coalesce-dd:{name}:coalesce") is None)
-    wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
-    after = first.send(celery_tasks.coalesced_deduped, name, "B", 0.1)
-    assert after.get(timeout=30) == "ran"  # the key works on
+    try:
+        if revoke == "by id":
+            celery_app.app.control.revoke(revoked.id, terminate=True)
+        else:  # Celery 5.3+: no redlock note was written before the kill
+            celery_app.app.control.revoke_by_stamped_headers({"rlstamp": stamp}, terminate=True)
+        time.sleep(2.5)  # the follow-up ran within 0.5 s of the kill, before the fix
+        assert r.lrange(ran, 0, -1) == ["A"], "the revoked call ran again"
+        wait_for(lambda: markers.read(locks["default"], f"coalesce-dd:{name}:coalesce") is None)
+        wait_for(lambda: not locks["default"].is_locked(f"coalesce-dd:{name}"))
+        after = first.send(celery_tasks.coalesced_deduped, name, "B", 0.1)
+        assert after.get(timeout=30) == "ran"  # the key works on
+    finally:  # the second worker back on its own queue only, for the next case
+        celery_app.app.control.cancel_consumer(first.queue, destination=[node], reply=True)
 
 
 # -- coalesce: a claimed call replaced by a later note; two tasks sharing a key ----------------
@@ -1818,7 +1903,7 @@ def test_coalesce_two_tasks_sharing_a_key_run_each_call_with_its_own_function(
 def kept_note(self: Any, name: str, tag: str, duplicate: str | None = None) -> str:
     if duplicate is not None:  # a duplicate arrives while the key runs (as from a 2nd worker)
         kept_note.apply((name, duplicate), task_id=f"dup-{duplicate}-{uuid.uuid4().hex[:6]}")
-        time.sleep(2.5)  # the run outlasts dedupe_ttl (1 s)
+        time.sleep(2.0)  # the run outlasts dedupe_ttl (1 s) twice over
     return tag
 
 
@@ -1839,7 +1924,7 @@ def test_coalesce_a_note_outlives_dedupe_ttl_while_its_run_runs_and_its_follow_u
         if f"'{name}'" in json.loads(raw)["headers"].get("argsrepr", "")
     ]
     assert [h["argsrepr"] for h in found] == [f"('{name}', 't1')"]  # its follow-up, queued
-    time.sleep(2.5)  # it waits in a busy queue past dedupe_ttl
+    time.sleep(2.0)  # it waits in a busy queue past dedupe_ttl, twice over
     celery_app.app.control.purge()
     follow = {"task_id": found[0]["id"], "headers": {contrib.FOLLOW_UP: "1"}}
     assert kept_note.apply((name, "t1"), **follow).result == "t1"

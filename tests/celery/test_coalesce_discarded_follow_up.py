@@ -275,9 +275,10 @@ def test_coalesce_dedupe_a_follow_up_that_expires_keeps_a_call_it_never_carried(
     " by default); until then it counts as coming, and no other follow-up is queued",
 )
 def test_coalesce_a_revoked_follow_up_held_by_a_killed_worker_is_replaced(
-    start_worker: Callable[..., Worker], redis_server: RedisServer
+    held: Worker, redis_server: RedisServer
 ) -> None:
-    worker = start_worker(pool="prefork", concurrency=1)
+    # The module's worker, killed here: this test stays last in the module.
+    worker = held
     name = uuid.uuid4().hex[:8]
     config, key, follow_up = _queue_discarded_follow_up(worker, name, "revoked")
     celery_app.app.control.revoke(follow_up)

@@ -25,13 +25,34 @@ def redis() -> Any:
     return locks["default"].client  # type: ignore[attr-defined]
 
 
-def body(group: str, tag: str, seconds: float) -> str:
+def body(group: str, tag: str, seconds: float, release: str | None = None) -> str:
     redis().eval(ENTER, 2, f"{group}:inside", f"{group}:peak")
     try:
         redis().rpush(f"{group}:ran", tag)
-        time.sleep(seconds)
+        wait_released(release, seconds)
     finally:
         redis().decr(f"{group}:inside")
+    return "ran"
+
+
+def wait_released(release: str | None, seconds: float) -> None:
+    """Sleep ``seconds``, or less once a test sets the key ``release``: a run the test needs
+    alive until an event (a kill) ends as soon as it is not needed any more."""
+    if release is None:
+        time.sleep(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while not redis().exists(release) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@shared_task(acks_late=False)  # on an acks_late worker too: no copy of it runs again later
+def occupy(name: str, seconds: float) -> str:
+    """Keeps one of the worker's slots busy (no lock): ``seconds``, or until the test sets
+    ``occupy:<name>:release``."""
+    redis().rpush(f"occupy:{name}:started", 1)
+    wait_released(f"occupy:{name}:release", seconds)
+    redis().rpush(f"occupy:{name}:ended", 1)
     return "ran"
 
 
@@ -134,7 +155,7 @@ def retry_fast(self: Any, name: str) -> str:
 @shared_task(bind=True)
 @single_instance(key="redeliver:{name}", ttl=30)
 def redelivered(self: Any, name: str, seconds: float = 2.0) -> str:
-    return body(f"redeliver:{name}", self.request.id, seconds)
+    return body(f"redeliver:{name}", self.request.id, seconds, release=f"redeliver:{name}:release")
 
 
 @shared_task(bind=True, base=SingleInstanceTask)
@@ -179,7 +200,7 @@ def limited(self: Any, tag: str, seconds: float = 0.4) -> str:
 @shared_task(bind=True)
 @single_instance(key="redeliver-limited:{name}", ttl=30, limit=2)
 def redelivered_limited(self: Any, name: str, seconds: float = 2.0) -> str:
-    return body(f"redeliver:{name}", self.request.id, seconds)
+    return body(f"redeliver:{name}", self.request.id, seconds, release=f"redeliver:{name}:release")
 
 
 @shared_task(bind=True, max_retries=1)
@@ -236,7 +257,7 @@ def collect(results: list[Any]) -> list[Any]:
 @shared_task(bind=True)
 @single_instance(key="coalesce:{name}", ttl=10, on_duplicate="coalesce")
 def coalesced(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
-    return body(f"coalesce:{name}", tag, seconds)
+    return body(f"coalesce:{name}", tag, seconds, release=f"coalesce:{name}:{tag}:release")
 
 
 @shared_task(bind=True, expires=1.0)  # a follow-up held for a longer countdown expires
@@ -258,7 +279,8 @@ def _waiting_body(group: str, name: str, tag: str, seconds: float) -> str:
     import os
 
     redis().rpush(f"{group}:{name}:pids", os.getpid())
-    body(f"{group}:{name}", tag, seconds)
+    # Each run of a call ends early once the test sets "<group>:<name>:<tag>:release".
+    body(f"{group}:{name}", tag, seconds, release=f"{group}:{name}:{tag}:release")
     redis().rpush(f"{group}:{name}:done", tag)
     return "ran"
 
@@ -276,6 +298,13 @@ def coalesced_waiting_late(self: Any, name: str, tag: str, seconds: float = 0.1)
     return _waiting_body("coalesce-wait-late", name, tag, seconds)
 
 
+# TTL 3 s: a run whose whole worker was killed leaves a hold that a poll outwaits soon.
+@shared_task(bind=True)
+@single_instance(key="coalesce-short:{name}", ttl=3, on_duplicate="coalesce")
+def coalesced_short_ttl(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    return body(f"coalesce-short:{name}", tag, seconds)
+
+
 @shared_task(bind=True, time_limit=4)
 @single_instance(key="coalesce-pub:{name}", ttl=30, on_duplicate="coalesce")
 def coalesced_slow_publish(self: Any, name: str, tag: str, seconds: float = 0.1) -> str:
@@ -284,7 +313,7 @@ def coalesced_slow_publish(self: Any, name: str, tag: str, seconds: float = 0.1)
     import os
 
     redis().rpush(f"coalesce-pub:{name}:pids", os.getpid())
-    return body(f"coalesce-pub:{name}", tag, seconds)
+    return body(f"coalesce-pub:{name}", tag, seconds, release=f"coalesce-pub:{name}:release")
 
 
 @before_task_publish.connect(weak=False)
@@ -516,7 +545,7 @@ def late_copy_coalesce(self: Any, name: str, seconds: float = 4.0) -> str:
 
 def typed_body(group: str, value: Any, seconds: float) -> str:
     # repr: what the run was given, types included (a datetime, not its ISO string).
-    return body(group, repr(value), seconds)
+    return body(group, repr(value), seconds, release=f"{group}:release")
 
 
 @shared_task(bind=True)
