@@ -79,11 +79,11 @@ def keep(task: asyncio.Task[object]) -> None:
     coroutine, and that close hands the release over here (a module-level set kept the task,
     its closed loop and its lock for good, and the release never ran)."""
     loop = task.get_loop()
-    kept: set[asyncio.Task[object]] | None = getattr(loop, "_redlock_finishing", None)
+    kept: set[asyncio.Task[object]] | None = getattr(loop, "django_redlock_finishing", None)
     if kept is None:
         kept = set()
         try:
-            loop._redlock_finishing = kept  # type: ignore[attr-defined]
+            loop.django_redlock_finishing = kept  # type: ignore[attr-defined]
         except AttributeError:
             kept = _kept_anywhere
     kept.add(task)
