@@ -1780,6 +1780,13 @@ class BaseLock:
         except asyncio.CancelledError:
             self.finish_release_later()
             raise
+        except GeneratorExit:
+            # Closed inside its release (its loop torn down as the release waited): the
+            # driver handed the steps over, which leaves the hold "releasing", sent or not;
+            # the finisher sends it once more after them (review asy3 1).
+            if finisher.must_hand_over():
+                self.release_closed()
+            raise
 
     def release_closed(self) -> None:
         """Internal API (``async with``, ``lock_all``, ``lock_view``). The coroutine holding
@@ -1839,9 +1846,8 @@ class BaseLock:
             steps.close()
             once_more()
             return
-        task = loop.create_task(finisher.closed_then(self._adrive(steps), once_more))
+        task = finisher.finishing_task(loop, self._adrive(steps), once_more)
         lend_owner(task)
-        finisher.keep(task)
         task.add_done_callback(functools.partial(self._release_finished, once_more))
 
     def _release_finished(self, once_more: Callable[[], None], task: asyncio.Task[None]) -> None:

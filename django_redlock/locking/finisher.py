@@ -18,8 +18,9 @@ import gc
 import logging
 import queue
 import threading
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from .. import forks
 from ..waiters import start_thread
@@ -69,17 +70,45 @@ def ensure_started() -> None:
 
 #: Where a loop that takes no attributes (uvloop's) keeps its finishing tasks: for good, as
 #: every loop's did before (a closed loop's pending one is then never collected).
-_kept_anywhere: set[asyncio.Task[object]] = set()
+_kept_anywhere: set[asyncio.Task[Any]] = set()
 
 
-def keep(task: asyncio.Task[object]) -> None:
-    """Keep ``task`` (finishing an interrupted release) until it is done: the event loop keeps
-    only weak references to tasks. Kept by its own loop, not the module: a loop closed with the
-    task still pending and then dropped goes to the collector with it, which closes the task's
-    coroutine, and that close hands the release over here (a module-level set kept the task,
-    its closed loop and its lock for good, and the release never ran)."""
-    loop = task.get_loop()
-    kept: set[asyncio.Task[object]] | None = getattr(loop, "django_redlock_finishing", None)
+def finishing_task(
+    loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T], then: Callable[[], object]
+) -> asyncio.Task[T]:
+    """A task of ``loop`` running ``coroutine`` (the finish of an interrupted release), kept
+    until it is done: the event loop keeps only weak references to tasks. Kept by its own
+    loop, not the module: a module-level set kept a task its loop was closed with, that
+    loop and the lock for good, and the release never ran (review asy 6).
+
+    Should the task never end (its loop closed with it pending, then collected), ``then`` is
+    handed over here: as its coroutine is closed, or, when it never took its first step (a
+    close then runs none of its code), as the task itself is collected (review asy3 1). A
+    task that ends runs neither: its done-callbacks see to it."""
+    # Until the task's first step: what its collection has to close (then let go, so that no
+    # finalizer keeps a started coroutine, and through it its loop, from the collector).
+    unstarted: list[Coroutine[Any, Any, Any]] = []
+
+    async def run() -> T:
+        unstarted.clear()
+        try:
+            return await coroutine
+        except GeneratorExit:
+            hand(then)
+            raise
+
+    def collected() -> None:  # a finalizer: no I/O, only a hand-over
+        if unstarted:
+            for each in unstarted:
+                each.close()  # (never started: runs nothing of them; no "never awaited")
+            unstarted.clear()
+            hand(then)
+
+    runner = run()
+    unstarted += [runner, coroutine]
+    task = loop.create_task(runner)
+    gone = weakref.finalize(task, collected)
+    kept: set[asyncio.Task[Any]] | None = getattr(loop, "django_redlock_finishing", None)
     if kept is None:
         kept = set()
         try:
@@ -88,16 +117,8 @@ def keep(task: asyncio.Task[object]) -> None:
             kept = _kept_anywhere
     kept.add(task)
     task.add_done_callback(kept.discard)
-
-
-async def closed_then(coroutine: Awaitable[T], then: Callable[[], object]) -> T:
-    """Await ``coroutine``; closed instead (its task's loop closed with it pending, then the
-    collector), hand ``then`` over: no done-callback of the task runs then."""
-    try:
-        return await coroutine
-    except GeneratorExit:
-        hand(then)
-        raise
+    task.add_done_callback(lambda _: gone.detach())
+    return task
 
 
 def in_collection() -> bool:

@@ -529,9 +529,8 @@ class MultiLock:
             release.close()
             once_more()
             return
-        task = loop.create_task(finisher.closed_then(release, once_more))
+        task = finisher.finishing_task(loop, release, once_more)
         lend_owner(task)
-        finisher.keep(task)
         task.add_done_callback(functools.partial(self._finished, once_more))
 
     def _finished(self, once_more: Callable[[], None], task: asyncio.Task[None]) -> None:
@@ -860,6 +859,10 @@ class MultiLock:
         except asyncio.CancelledError:  # cancelled during the release: finished all the same
             for held in self.locks:
                 held.finish_release_later()
+            raise
+        except GeneratorExit:  # closed inside the release: as Lock.__aexit__ (review asy3 1)
+            if finisher.must_hand_over():
+                self.release_closed()
             raise
 
     def _open_block(self, using: str, where: With | None = None) -> None:

@@ -376,3 +376,43 @@ def test_a_closed_take_whose_hand_back_was_waiting_is_handed_back_by_the_finishe
     assert finisher.wait_finished(5)
     held = [n for n in names if lock(n, using="redis").locked()]
     assert held == [], "the grant was held by nobody"
+
+
+@pytest.mark.parametrize("cut", ["once", "twice"])
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_a_release_waiting_when_its_loop_is_closed_is_finished_by_the_finisher(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str, cut: str
+) -> None:
+    """``async with``'s release waits for a connection (cancelled once) as its loop is
+    closed (``run_until_complete()`` then ``close()``), or was cut again and left to a task of
+    its own that never took its first step. Before (review asy3 1): once, the driver's
+    hand-over only marked the hold "releasing"; twice, the collector's close of a task that
+    never started ran none of its code. Either way nothing was sent, and the name was held by
+    nobody to its TTL on an answering server."""
+    names = [f"{name}:a", f"{name}:b"] if kind == "lock_all" else [name]
+    state = _held_back(monkeypatch, "redis")
+
+    async def work() -> None:
+        held = lock_all(*names, using="redis", ttl=20) if kind == "lock_all" else None
+        async with held if held is not None else lock(name, using="redis", ttl=20):
+            state.append("hold")  # from now on every command waits for a connection
+            await asyncio.sleep(30)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(work())
+        await asyncio.sleep(0.3)  # in the body
+        task.cancel()  # the release, on the way out, waits
+        await asyncio.sleep(0.05)
+        if cut == "twice":
+            task.cancel()  # a task of its own takes the release, as the loop stops
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(main())
+    loop.close()
+    del loop
+    monkeypatch.undo()
+    asyncio.run(lock(f"{name}:next", using="redis").alocked())  # lets the closed loop go
+    gc.collect()
+    assert finisher.wait_finished(5)
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "the release was never sent"
