@@ -170,8 +170,13 @@ def test_an_interrupted_wait(alias: str, kind: str, lost: bool, name: str, losse
     assert n >= 2  # the try, then a try after watching (and for a fair lock, the leave)
     for at in range(1, n + 1):
         lk = make(name, alias)
-        with Interrupt(alias, at, lost), pytest.raises(Interrupted):
-            in_thread(lambda lk=lk: lk.acquire(timeout=0.2))
+        with Interrupt(alias, at, lost) as interrupt:
+            try:
+                in_thread(lambda lk=lk: lk.acquire(timeout=0.2))
+            except Interrupted:
+                pass
+            else:  # fewer round trips this time (load used the 0.2 s up sooner): no such point
+                assert interrupt.calls < at, (at, interrupt.calls)
         assert not lk.owned()
         holder.release()
         newcomer = make(name, alias)
