@@ -20,6 +20,16 @@ from django_redlock.testing import RedisServer
 WAITERS = 6
 
 
+def _alias(alias: str, server: RedisServer) -> Any:
+    """``alias`` a Redis backend on ``server`` with a 1 s socket timeout."""
+    config = {
+        "BACKEND": "django_redlock.backends.redis.RedisBackend",
+        "LOCATION": server.url,
+        "OPTIONS": {"socket_timeout": 1.0},
+    }
+    return override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, alias: config})
+
+
 def test_closed_waiters_of_a_silent_server_do_not_hold_up_another_backend_s_hand_back(
     redis_factory: Callable[..., RedisServer], redis_server: RedisServer, name: str
 ) -> None:
@@ -31,12 +41,7 @@ def test_closed_waiters_of_a_silent_server_do_not_hold_up_another_backend_s_hand
     (what is left there runs out at its TTL, or its waiter's lease), as a loop's shutdown
     does (steps.finish_now)."""
     silent = redis_factory()
-    config = {
-        "BACKEND": "django_redlock.backends.redis.RedisBackend",
-        "LOCATION": silent.url,
-        "OPTIONS": {"socket_timeout": 1.0},
-    }
-    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "silent": config}):
+    with _alias("silent", silent):
         holder = lock(f"{name}:silent", using="silent", ttl=60)
         assert holder.acquire()
         loop = asyncio.new_event_loop()
@@ -90,12 +95,7 @@ def test_closed_holds_the_finisher_could_not_release_are_no_longer_renewed(
     server answered again (review asy3 3). Now an unsent or unanswered closed release lets the
     hold go: it runs out at its TTL."""
     server = redis_factory()
-    config = {
-        "BACKEND": "django_redlock.backends.redis.RedisBackend",
-        "LOCATION": server.url,
-        "OPTIONS": {"socket_timeout": 1.0},
-    }
-    with override_settings(DJANGO_REDLOCK={**settings.DJANGO_REDLOCK, "paused": config}):
+    with _alias("paused", server):
         objects = [lock(f"{name}:{i}", using="paused", ttl=2) for i in range(2)]
 
         async def body(held: Any) -> None:
