@@ -401,13 +401,19 @@ def on_alarm(*_):
 
 packed = interrupted = 0
 others = []
-stop = time.monotonic() + float(sys.argv[2])
+# At least argv[2] seconds, and on until 30 interrupts landed; at most 60 s.
+start = time.monotonic()
+stop = start + 60
 signal.signal(signal.SIGALRM, on_alarm)
 signal.setitimer(signal.ITIMER_REAL, 0.001)
 while time.monotonic() < stop:
+    if interrupted >= 30 and time.monotonic() > start + float(sys.argv[2]):
+        break
     try:
         armed[0] = True
-        while time.monotonic() < stop:
+        # Disarmed with nothing caught: that one landed in a finalizer, which swallowed it
+        # ("Exception ignored"). Armed again; before, the storm ended there.
+        while armed[0] and time.monotonic() < stop:
             for _ in range(50):
                 wire.pack_many(spare, many)
                 packed += 1
@@ -440,6 +446,6 @@ def test_packing_survives_a_signal_storm(redis_factory: Callable[..., RedisServe
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     packed, interrupted = (int(w) for w in done.stdout.split()[1::2])
-    assert packed > 1000 and interrupted > 20, done.stderr[-2000:]
+    assert packed > 1000 and interrupted >= 30, done.stderr[-2000:]
     assert "others 0 " in done.stderr, done.stderr[-2000:]  # KeyboardInterrupt, nothing else
     assert server.client().get("after") == b"67890"

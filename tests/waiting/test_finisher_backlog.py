@@ -98,13 +98,20 @@ def test_closed_holds_the_finisher_could_not_release_are_no_longer_renewed(
     with _alias("paused", server):
         objects = [lock(f"{name}:{i}", using="paused", ttl=2) for i in range(2)]
 
+        inside = [0]
+
         async def body(held: Any) -> None:
             async with held:
+                inside[0] += 1
                 await asyncio.sleep(100)
+
+        async def both_inside() -> None:
+            while inside[0] < len(objects):  # (a loaded machine's takes may need long)
+                await asyncio.sleep(0.01)
 
         loop = asyncio.new_event_loop()
         tasks = [loop.create_task(body(held)) for held in objects]
-        loop.run_until_complete(asyncio.sleep(0.3))
+        loop.run_until_complete(asyncio.wait_for(both_inside(), 10))
         assert all(held.locked() for held in objects)
         for task in tasks:
             task._log_destroy_pending = False  # type: ignore[attr-defined]
