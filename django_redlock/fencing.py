@@ -88,6 +88,7 @@ from django.db import (
 )
 from django.db.transaction import TransactionManagementError
 
+from . import exit_bound, fence_table
 from .exceptions import CommitOutcomeUnknown, LockError, LockLost, LockNotOwned
 from .fence_table import check_fence, commit_outcome, pid_of
 from .fence_table import prune_fences as prune_fences  # its old path
@@ -155,6 +156,11 @@ def check_database(alias: str) -> str:
             f"atomic={alias!r} names no database: DATABASES has {', '.join(map(repr, known))}"
         )
     return alias
+
+
+def _check_wait(lock: FencedLock) -> float:
+    """The outcome check's wait (its bound less the slack; an outermost exit's bound too)."""
+    return min(max(row_wait(lock), 5.0), 60.0)
 
 
 def row_wait(lock: FencedLock) -> float:
@@ -452,7 +458,7 @@ def _fenced_steps(
             ended = seen.ended if seen is not None else ()
             outcome, _stopped = _check(lambda: commit_outcome(
                 using, lock.using, lock.name, fence, mark, again,
-                min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
+                _check_wait(lock), pid, ended_marks=ended,
             ))  # fmt: skip
             if outcome is None:
                 return  # unknown: said as the exit settles
@@ -481,7 +487,11 @@ def _fenced_steps(
         committed.using, committed.atomic = using, weakref.ref(atomic)
         if outermost:  # known as a fenced block's, should its exit never run (drop_abandoned)
             _opened()[using] = (weakref.ref(atomic), committed)
-        scope = _Scope(atomic, using, committed, nested=not outermost)
+        bound = _check_wait(lock) + fence_table.CHECK_SLACK
+        postgres = outermost and connections[using].vendor == "postgresql"
+        scope = _Scope(
+            atomic, using, committed, nested=not outermost, bound=bound if postgres else 0.0
+        )
         with scope:
             _live().append(committed)  # open: rolled back should its ``with`` abandon it
             depth = len(connections[using].savepoint_ids)  # atomic() blocks opened inside
@@ -577,7 +587,7 @@ def _fenced_steps(
         else:
             outcome, stopped = _check(lambda: commit_outcome(
                 using, lock.using, lock.name, fence, mark, again,
-                min(max(row_wait(lock), 5.0), 60.0), pid, ended_marks=ended,
+                _check_wait(lock), pid, ended_marks=ended,
             ))  # fmt: skip
         interrupt = _interrupt_in(exc, handled)
         if interrupt is not None:
@@ -1650,8 +1660,11 @@ class _Scope:
     on any later line of the exit is logged, not raised as "nothing committed" (an interrupt
     goes on), as after an outermost block's COMMIT."""
 
-    def __init__(self, atomic: Any, using: str, committed: _Committed, nested: bool) -> None:
+    def __init__(
+        self, atomic: Any, using: str, committed: _Committed, nested: bool, bound: float
+    ) -> None:
         self.atomic, self.using, self.committed, self.nested = atomic, using, committed, nested
+        self.bound = bound  # an outermost exit's, on PostgreSQL (exit_bound): else 0
         self.sid: str | None = None
         self.entered = self.exited = False
 
@@ -1674,7 +1687,14 @@ class _Scope:
         released = self.nested and exc_type is None
         if not self.nested and (exc_type is not None or connections[self.using].needs_rollback):
             _roll_back_first(self.using)  # Django's exit rolls back: done first
-        self.atomic.__exit__(exc_type, exc, tb); self.exited = True; self.committed.done = self.committed.done or released  # noqa: E702, E501  # fmt: skip
+        bounded = exit_bound.Exit(connections[self.using], self.bound) if self.bound else None
+        try:
+            if bounded is not None:
+                bounded.arm()  # the COMMIT, and a reconnect after a lost reply: cut past it
+            self.atomic.__exit__(exc_type, exc, tb); self.exited = True; self.committed.done = self.committed.done or released  # noqa: E702, E501  # fmt: skip
+        finally:
+            if bounded is not None:
+                bounded.ended = True  # (a store, no call: no interrupt lands before it)
 
 
 def _roll_back_first(using: str) -> None:

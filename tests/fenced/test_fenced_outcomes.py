@@ -309,6 +309,42 @@ def test_a_lost_commit_whose_check_meets_a_silent_database_is_unknown_in_time(
     assert proxied.muted.is_set() and sales(PG) == [("a", 5)] and not lock(name).locked()
 
 
+def test_a_lost_commit_whose_reconnect_meets_a_silent_database_is_decided_in_time(
+    name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The COMMIT's reply lost, then Django's exit reconnects (to turn autocommit back on) and
+    the database goes silent after the handshake: its ``set_config('TimeZone', ...)`` (sent
+    whenever the server's time zone is not the one Django wants) got no answer, for ever
+    (``connect_timeout`` bounds the handshake only), the lock renewed all along (review fen2,
+    2). Now the exit's connection is cut past the check's bound and the outcome asked: the
+    block is decided in time and the lock let go."""
+    monkeypatch.setattr(fence_table, "CHECK_SLACK", 1.0, raising=False)
+    monkeypatch.setitem(  # a server time zone Django sets on each new connection
+        connections[PROXIED].settings_dict, "OPTIONS",
+        {**connections[PROXIED].settings_dict.get("OPTIONS", {}),
+         "options": "-c TimeZone=Europe/Paris", "connect_timeout": 2},
+    )  # fmt: skip
+    open_shop(PG, 1, 5)
+    out: list[Any] = []
+
+    def block() -> None:
+        started = time.monotonic()
+        try:
+            with lock(name, ttl=5, atomic=PROXIED):
+                sell_one(PROXIED, 1, "a")
+                proxied.fault_commit("cut", during=lambda: proxied.mute_from(b"set_config"))
+        except Exception as exc:
+            out.append(exc)
+        out.append(time.monotonic() - started)
+
+    thread = in_thread(block)
+    thread.join(20)
+    assert proxied.muted.is_set(), "the reconnect sent no set_config"
+    assert not thread.is_alive(), "the exit hangs in Django's reconnect to a silent database"
+    assert len(out) == 1 and out[0] < 16, out  # returned (the row proves it committed), in time
+    assert sales(PG) == [("a", 5)] and not lock(name).locked()
+
+
 def test_a_check_given_up_on_mid_read_does_not_keep_the_next_holder_waiting(
     name: str, proxied: LossyProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
