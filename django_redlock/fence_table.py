@@ -468,10 +468,16 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
     # The WHERE false on a conflict: no row returned (the row is locked all the same). The
     # writer is checked only when asked (not after a re-fence): this hold's own, or the hold
     # given a fence before it (NULL compares as false: an unknown writer is not trusted).
+    # A write with the mark the row has is a block nested in the transaction that wrote it
+    # (only a block's own transaction writes its mark): it keeps the previous fence and mark
+    # that transaction's first write found, which a lost COMMIT's check reads (review fen3, 2).
+    nested = f"{table}.{mark} = EXCLUDED.{mark}"
     conflict = (
-        f" ON CONFLICT ({key_}) DO UPDATE SET {previous} = {table}.{fence_},"
+        f" ON CONFLICT ({key_}) DO UPDATE SET"
+        f" {previous} = CASE WHEN {nested} THEN {table}.{previous} ELSE {table}.{fence_} END,"
         f" {fence_} = EXCLUDED.{fence_}, {holder} = EXCLUDED.{holder}, {at} = EXCLUDED.{at},"
-        f" {mark} = EXCLUDED.{mark}, {previous_mark} = {table}.{mark}"
+        f" {mark} = EXCLUDED.{mark}, {previous_mark} = CASE WHEN {nested}"
+        f" THEN {table}.{previous_mark} ELSE {table}.{mark} END"
         f" WHERE {table}.{fence_} <= EXCLUDED.{fence_} AND (%s OR {table}.{holder} = %s"
         f" OR {table}.{holder} = %s)"
     )
@@ -511,15 +517,21 @@ def _portable(
     rows = Fence.objects.using(using)
     while True:
         found = list(
-            rows.select_for_update().filter(key=key).values_list("fence", "holder", "mark")
+            rows.select_for_update()
+            .filter(key=key)
+            .values_list("fence", "holder", "mark", "previous", "previous_mark")
         )
         if found:
-            recorded, writer, written = found[0]
+            recorded, writer, written, before, before_mark = found[0]
             if recorded > fence or (known is not None and (writer is None or writer not in known)):
                 return "stale", None
-            rows.filter(key=key).update(fence=fence, holder=holder, previous=recorded,
-                                        touched=now, mark=mark, previous_mark=written)  # fmt: skip
-            return "newest", recorded
+            if mark is None or written != mark:  # else nested in the writer's transaction
+                before, before_mark = recorded, written
+            rows.filter(key=key).update(
+                fence=fence, holder=holder, previous=before, touched=now, mark=mark,
+                previous_mark=before_mark,
+            )  # fmt: skip
+            return "newest", before
         try:
             with transaction.atomic(using=using):  # a savepoint: a concurrent insert may win
                 rows.create(key=key, backend=backend, name=name, fence=fence, holder=holder,

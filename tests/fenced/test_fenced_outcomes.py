@@ -461,6 +461,7 @@ def run_a_and_b(
     *,
     second_block: bool = False,
     reaches_server: bool = True,
+    b_nests: str = "",
 ) -> tuple[type[BaseException] | None, int, int]:
     """A holds the lock and is in its block when Redis fails over to an empty replica; B
     takes the lock and waits for A's row; A's COMMIT reply is lost after the server committed
@@ -475,8 +476,13 @@ def run_a_and_b(
     fences: list[int] = []
 
     def b() -> None:
-        with lock(name, using="failover", ttl=30, atomic=PG, timeout=20) as new:
+        reentrant = b_nests == "re-entry"
+        with lock(name, using="failover", ttl=30, atomic=PG, timeout=20,
+                  reentrant=reentrant) as new:  # fmt: skip
             sell_one(PG, 1, "b")
+            # A block of the same hold nested in B's: its write must not hide A's fence.
+            with new if reentrant else new.atomic(PG) if b_nests else contextlib.nullcontext():
+                pass
             fences.append(new.fence or 0)
         b_done.set()
 
@@ -512,6 +518,19 @@ def test_a_lost_hold_s_lost_commit_under_the_next_holder_s_fence_returns_as_comm
     the row's ``previous`` is A's fence, so A committed (A's first block of its hold)."""
     open_shop(PG, 1, 5)
     raised, a, b = run_a_and_b(name, proxied, failover)
+    assert raised is None and b > a and sales(PG) == [("a", 5), ("b", 4)]
+
+
+@pytest.mark.parametrize("b_nests", ["re-entry", "atomic inside"])
+def test_a_lost_hold_s_lost_commit_under_a_next_holder_s_nested_block_returns_as_committed(
+    name: str, proxied: LossyProxy, failover: RedisServer, b_nests: str
+) -> None:
+    """B's block nests another block of its hold (a re-entry, ``lk.atomic()`` inside): that
+    block's write of the row, in B's transaction, overwrote ``previous``, which B's first
+    write had set to A's fence, with B's own: A's check could not prove A's commit and said
+    unknown (review fen3, 2). A nested write keeps what its transaction's first one found."""
+    open_shop(PG, 1, 5)
+    raised, a, b = run_a_and_b(name, proxied, failover, b_nests=b_nests)
     assert raised is None and b > a and sales(PG) == [("a", 5), ("b", 4)]
 
 
