@@ -810,6 +810,11 @@ class BaseLock:
             # ``Exception`` too: a signal handler's, Celery's soft time limit): the server may
             # have granted the hold, so hand it back (the token is ours alone).
             self._late_tokens.discard(token)  # (handed back here as well: idempotent)
+            kept = self._unsure_token
+            if kept is not None and kept != token and not self.reentrant:
+                # Kept meanwhile (a late try's): the hand-back takes the slot for its own.
+                self._displaced.add(kept)
+                self._unsure_token = None
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
             observe.acquire_ended(self, started, failed, None, span)
             yield from self._hand_back(owner, token)

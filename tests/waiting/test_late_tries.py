@@ -261,3 +261,46 @@ def test_a_displaced_try_s_grant_is_released_and_the_try_made_once_more(
     assert locks["late"].inspect(name).token == lk.token
     assert not lk._displaced
     lk.release()
+
+
+def test_a_late_try_s_kept_token_survives_a_cancelled_retry_s_hand_back(
+    server: RedisServer, name: str
+) -> None:
+    """As the immediate-retry case, but the retry is cancelled with its try unanswered: its
+    hand-back took the one slot for its own token. Before: the late try's token, kept just
+    then, was lost; the resumed server granted it to nobody, and the object's next tries were
+    refused for its TTL. Now it is handed back once the server answers the next try."""
+    holder = lock(name, using="late", ttl=1.5, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    expiry = time.monotonic() + 1.5
+    lk = lock(name, using="late", ttl=30)
+
+    async def main() -> Any:
+        task = asyncio.create_task(lk.aacquire(timeout=20))
+        await asyncio.sleep(max(0.0, expiry - 0.15 - time.monotonic()))
+        server.pause()
+        try:
+            with pytest.raises(BackendUnavailable):
+                await task  # its try at the expiry: given up at the verdict, runs on
+            late = next(iter(lk._late_commands))
+            retry = asyncio.create_task(lk.aacquire(timeout=5))
+            while lk._unsure_token != late:  # the late try's command timed out: kept
+                await asyncio.sleep(0.02)
+            retry.cancel()  # its try unanswered: its hand-back's release waits too
+            with pytest.raises(asyncio.CancelledError):
+                await retry
+        finally:
+            server.resume()
+        await asyncio.sleep(0.3)  # the resumed server runs the requests
+        assert locks["late"].inspect(name) is not None, "no late request was granted"
+        started = time.monotonic()
+        got = await lk.aacquire(timeout=2)
+        took = time.monotonic() - started
+        if got:
+            await lk.arelease()
+        return got, took
+
+    got, took = asyncio.run(main())
+    assert got, "the same object's next try was refused: the late grant is held by nobody"
+    assert took < 1.0, f"the next try got the lock after {took:.2f}s"
+    assert locks["late"].inspect(name) is None
