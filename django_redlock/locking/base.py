@@ -81,6 +81,10 @@ T = TypeVar("T")
 B = TypeVar("B", bound="BaseLock")
 
 
+#: How many tokens of unanswered tries an object keeps to hand back beside the one it reuses.
+_DISPLACED_MAX = 8
+
+
 class _TakeUndo:
     """A take's hand-back (:meth:`BaseLock._undo_take`), called with no I/O to get its
     steps. :meth:`BaseLock._record` notes here the hold the take recorded."""
@@ -371,7 +375,8 @@ class BaseLock:
         self._late_commands: dict[str, weakref.ref[asyncio.Future[Attempt]]] = {}
         # Tokens of tries given up on, unanswered, while another's token was kept (one slot:
         # a next try can find one hold): released once the server answers the next try.
-        self._displaced: set[str] = set()
+        # Oldest first, at most _DISPLACED_MAX (an older one's grant runs out at its TTL).
+        self._displaced: dict[str, None] = {}
         # token -> why: a loss decided (the hold left the object) whose declaration was not
         # handed over yet; told again (the watchdog retells), the object hands it over then.
         # With the thread handing it over now (None: none, an exception ended its telling).
@@ -463,7 +468,7 @@ class BaseLock:
             self._holds_by_owner, self._process = {}, holds.process
             self._unsure_token, self._orphans, self._undeclared = None, {}, {}
             self._handing_back, self._late_tokens = set(), set()
-            self._late_commands, self._displaced = {}, set()
+            self._late_commands, self._displaced = {}, {}
             self._withs = []
             # Another thread (the watchdog's) may have held it at the fork: it never lets go.
             self._mutex = threading.Lock()
@@ -734,7 +739,12 @@ class BaseLock:
         if self._unsure_token is None and not self._holds:
             self._unsure_token = token
         elif self._unsure_token != token:
-            self._displaced.add(token)
+            self._displace(token)
+
+    def _displace(self, token: str) -> None:
+        self._displaced[token] = None
+        while len(self._displaced) > _DISPLACED_MAX:  # (a next try's round trips: bounded)
+            del self._displaced[next(iter(self._displaced))]
 
     def _release_displaced(self, token: str) -> Steps[bool]:
         """Release the displaced tokens' grants, if any (after an answer of the server:
@@ -748,7 +758,7 @@ class BaseLock:
                 left = yield self._op_release(other)
             except LockError:
                 return freed
-            self._displaced.discard(other)
+            self._displaced.pop(other, None)
             freed = freed or left == 0
         return freed
 
@@ -813,7 +823,7 @@ class BaseLock:
             kept = self._unsure_token
             if kept is not None and kept != token and not self.reentrant:
                 # Kept meanwhile (a late try's): the hand-back takes the slot for its own.
-                self._displaced.add(kept)
+                self._displace(kept)
                 self._unsure_token = None
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
             observe.acquire_ended(self, started, failed, None, span)

@@ -256,7 +256,7 @@ def test_a_displaced_try_s_grant_is_released_and_the_try_made_once_more(
     lost.use_token("displaced-token")
     assert lost.acquire(blocking=False)
     lk = lock(name, using="late", ttl=30)
-    lk._displaced.add("displaced-token")
+    lk._displace("displaced-token")
     assert lk.acquire(blocking=False), "refused by its own lost try's grant"
     assert locks["late"].inspect(name).token == lk.token
     assert not lk._displaced
@@ -304,3 +304,15 @@ def test_a_late_try_s_kept_token_survives_a_cancelled_retry_s_hand_back(
     assert got, "the same object's next try was refused: the late grant is held by nobody"
     assert took < 1.0, f"the next try got the lock after {took:.2f}s"
     assert locks["late"].inspect(name) is None
+
+
+def test_the_displaced_tokens_an_object_keeps_are_bounded(server: RedisServer, name: str) -> None:
+    """Each is one round trip of the next answered try: the oldest beyond the bound is
+    dropped (its grant, if any, runs out at its TTL)."""
+    lk = lock(name, using="late", ttl=30)
+    for i in range(20):
+        lk._displace(f"displaced-{i}")
+    assert list(lk._displaced) == [f"displaced-{i}" for i in range(12, 20)]
+    assert lk.acquire(blocking=False)
+    assert not lk._displaced
+    lk.release()
