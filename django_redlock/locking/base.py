@@ -81,6 +81,10 @@ T = TypeVar("T")
 B = TypeVar("B", bound="BaseLock")
 
 
+#: How many tokens of unanswered tries an object keeps to hand back beside the one it reuses.
+_DISPLACED_MAX = 8
+
+
 class _TakeUndo:
     """A take's hand-back (:meth:`BaseLock._undo_take`), called with no I/O to get its
     steps. :meth:`BaseLock._record` notes here the hold the take recorded."""
@@ -366,6 +370,13 @@ class BaseLock:
         # Plain tokens of a waiter's try given up on while its command runs on (see
         # _late_take): not taken up by a next try, the late reply decides.
         self._late_tokens: set[str] = set()
+        # Those tokens' commands whose late reply has not come (a loop closed with one
+        # pending never calls back): settled by the next try (_next_token).
+        self._late_commands: dict[str, weakref.ref[asyncio.Future[Attempt]]] = {}
+        # Tokens of tries given up on, unanswered, while another's token was kept (one slot:
+        # a next try can find one hold): released once the server answers the next try.
+        # Oldest first, at most _DISPLACED_MAX (an older one's grant runs out at its TTL).
+        self._displaced: dict[str, None] = {}
         # token -> why: a loss decided (the hold left the object) whose declaration was not
         # handed over yet; told again (the watchdog retells), the object hands it over then.
         # With the thread handing it over now (None: none, an exception ended its telling).
@@ -457,6 +468,7 @@ class BaseLock:
             self._holds_by_owner, self._process = {}, holds.process
             self._unsure_token, self._orphans, self._undeclared = None, {}, {}
             self._handing_back, self._late_tokens = set(), set()
+            self._late_commands, self._displaced = {}, {}
             self._withs = []
             # Another thread (the watchdog's) may have held it at the fork: it never lets go.
             self._mutex = threading.Lock()
@@ -708,10 +720,47 @@ class BaseLock:
         finds the hold if that one took it), else a new one. Not one a write of which may
         still land late (a release or undo written, never answered): granted again, it
         would be deleted by that write (two holders); its hold is owed its release."""
+        for late, ref in list(self._late_commands.items()):
+            command = ref()
+            # Its loop closed with it pending (run_until_complete() then close()): no reply
+            # and no callback will come, and no hand-back can run: as unanswered.
+            if command is None or command.get_loop().is_closed():
+                self._late_commands.pop(late, None)
+                if late not in self._handing_back:
+                    self._keep_unsure(late)
         token = self._unsure_token
         if token is not None and not self.backend.token_reusable(token):
             token = self._unsure_token = None
         return token or f"{self.token_prefix or ''}{new_token()}"
+
+    def _keep_unsure(self, token: str) -> None:
+        """Keep an unanswered try's token for the next try; the slot taken by another's
+        (kept first: its request was sent first, so the server runs it first), displaced."""
+        if self._unsure_token is None and not self._holds:
+            self._unsure_token = token
+        elif self._unsure_token != token:
+            self._displace(token)
+
+    def _displace(self, token: str) -> None:
+        self._displaced[token] = None
+        while len(self._displaced) > _DISPLACED_MAX:  # (a next try's round trips: bounded)
+            del self._displaced[next(iter(self._displaced))]
+
+    def _release_displaced(self, token: str) -> Steps[bool]:
+        """Release the displaced tokens' grants, if any (after an answer of the server:
+        their requests, sent before, ran first). True when one held the lock. Unanswered:
+        kept for the next time (never reused: its release landing late deletes nothing)."""
+        freed = False
+        for other in list(self._displaced):
+            if other == token:
+                continue
+            try:
+                left = yield self._op_release(other)
+            except LockError:
+                return freed
+            self._displaced.pop(other, None)
+            freed = freed or left == 0
+        return freed
 
     def _try_or_wait(
         self,
@@ -735,6 +784,11 @@ class BaseLock:
         try:
             deadline = None if timeout is None or not blocking else started + timeout
             attempt = yield by_deadline(deadline, self._op_acquire(token, ttl_ms, meta, None, -1))
+            freed = self._displaced and (yield from self._release_displaced(token))
+            if freed and not attempt.acquired:
+                # The lock was a lost try's of this object: once more, now it is free.
+                take = self._op_acquire(token, ttl_ms, meta, None, -1)
+                attempt = yield by_deadline(deadline, take)
             if (
                 not attempt.acquired
                 and blocking
@@ -754,7 +808,7 @@ class BaseLock:
             elif token in self._late_tokens:
                 self._late_tokens.discard(token)  # its late reply decides (_late_take)
             else:
-                self._unsure_token = token
+                self._keep_unsure(token)
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             current = self._holds.get(owner)
             if isinstance(exc, LockLost) and current is not None:
@@ -766,6 +820,11 @@ class BaseLock:
             # ``Exception`` too: a signal handler's, Celery's soft time limit): the server may
             # have granted the hold, so hand it back (the token is ours alone).
             self._late_tokens.discard(token)  # (handed back here as well: idempotent)
+            kept = self._unsure_token
+            if kept is not None and kept != token and not self.reentrant:
+                # Kept meanwhile (a late try's): the hand-back takes the slot for its own.
+                self._displace(kept)
+                self._unsure_token = None
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
             observe.acquire_ended(self, started, failed, None, span)
             yield from self._hand_back(owner, token)
@@ -783,15 +842,18 @@ class BaseLock:
         self._late_tokens.add(token)
         if self._unsure_token == token:  # (a try before this one's, unanswered, kept it)
             self._unsure_token = None
+        self._late_commands[token] = weakref.ref(command)
         command.add_done_callback(functools.partial(self._late_reply, token))
 
     def _late_reply(self, token: str, command: asyncio.Future[Attempt]) -> None:
+        if self._late_commands.pop(token, None) is None:
+            return  # settled already by a next try (its loop was closed)
         if command.cancelled() or command.exception() is not None:
-            # No answer after all (a loop closed: cancelled). Kept unless another try's
-            # token is (that one's grant would be found the same way), this object holds,
-            # or a hand-back of it is under way (an interrupt came after the verdict).
-            if self._unsure_token is None and not self._holds and token not in self._handing_back:
-                self._unsure_token = token
+            # No answer after all (a loop's shutdown: cancelled). Kept, or displaced (see
+            # _keep_unsure), unless a hand-back of it is under way (an interrupt came after
+            # the verdict).
+            if token not in self._handing_back:
+                self._keep_unsure(token)
             return
         if command.result().acquired:
             self._handing_back.add(token)

@@ -159,3 +159,160 @@ def test_a_late_try_s_hand_back_never_deletes_the_same_object_s_retry(
     finally:
         if got:
             lk.release()
+
+
+def test_a_late_try_s_grant_is_found_after_an_immediate_retry_also_went_unanswered(
+    server: RedisServer, name: str
+) -> None:
+    """The late try (token T1) runs on; the caller retries at once, its one-off try (a new
+    token T2) unanswered as well. Before: T2 replaced the kept T1; the resumed server granted
+    T1 (sent first), held by nobody, and the object's next tries (T2) were refused for its
+    TTL (review asy3 2). One token is kept, the other handed back once the server answers."""
+    holder = lock(name, using="late", ttl=1.5, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    expiry = time.monotonic() + 1.5
+    lk = lock(name, using="late", ttl=30)
+
+    async def main() -> Any:
+        task = asyncio.create_task(lk.aacquire(timeout=20))
+        await asyncio.sleep(max(0.0, expiry - 0.15 - time.monotonic()))
+        server.pause()
+        try:
+            with pytest.raises(BackendUnavailable):
+                await task  # its try at the expiry: given up at the verdict
+            with pytest.raises(BackendUnavailable):
+                await lk.aacquire(timeout=5)  # the retry's one-off try: unanswered too
+            await asyncio.sleep(SOCKET_TIMEOUT + 0.5)  # both commands timed out
+        finally:
+            server.resume()
+        await asyncio.sleep(0.3)  # the resumed server runs both requests
+        assert locks["late"].inspect(name) is not None, "no late request was granted"
+        started = time.monotonic()
+        got = await lk.aacquire(timeout=2)
+        took = time.monotonic() - started
+        if got:
+            await lk.arelease()
+        return got, took
+
+    got, took = asyncio.run(main())
+    assert got, "the same object's next try was refused: the late grant is held by nobody"
+    assert took < 1.0, f"the next try got the lock after {took:.2f}s"
+    assert locks["late"].inspect(name) is None
+
+
+# (redis-py's clean-up of the collected command: "no running event loop")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_late_try_whose_loop_is_closed_keeps_its_token(server: RedisServer, name: str) -> None:
+    """The waiter's try is given up on at the verdict; its loop is then closed by
+    run_until_complete() + close() with the command still pending: no done-callback ever
+    runs. Before: the token was not kept; the resumed server's grant was held by nobody and
+    the same object's next try (another loop) refused for the TTL (review asy3 5)."""
+    holder = lock(name, using="late", ttl=1.5, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    expiry = time.monotonic() + 1.5
+    lk = lock(name, using="late", ttl=30)
+
+    async def request1() -> None:
+        task = asyncio.create_task(lk.aacquire(timeout=20))
+        await asyncio.sleep(max(0.0, expiry - 0.15 - time.monotonic()))
+        server.pause()
+        with pytest.raises(BackendUnavailable):
+            await task  # its try at the expiry: given up at the verdict
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(request1())
+        for task in asyncio.all_tasks(loop):
+            task._log_destroy_pending = False  # type: ignore[attr-defined]
+        loop.close()
+    finally:
+        server.resume()
+    del loop  # (the command lives on: ``task``, the last of the closed loop's)
+    deadline = time.monotonic() + 3
+    while locks["late"].inspect(name) is None or locks["late"].inspect(name).token == holder.token:
+        assert time.monotonic() < deadline, "the late try never reached the server"
+        time.sleep(0.05)
+
+    async def request2() -> bool:
+        got = await lk.aacquire(timeout=2)
+        if got:
+            await lk.arelease()
+        return got
+
+    assert asyncio.run(request2()), "the same object's next try did not find its hold"
+    assert locks["late"].inspect(name) is None
+    del task
+    gc.collect()  # the closed loop's command: its noise stays in this test
+
+
+def test_a_displaced_try_s_grant_is_released_and_the_try_made_once_more(
+    server: RedisServer, name: str
+) -> None:
+    """The other order of the case above: the displaced token's request is the one granted
+    (stood for by a hold taken with that token). The next try, refused by it, releases it
+    once the server answered and tries once more: this object's own lost grant is no
+    refusal."""
+    lost = lock(name, using="late", ttl=30, auto_renew=False)
+    lost.use_token("displaced-token")
+    assert lost.acquire(blocking=False)
+    lk = lock(name, using="late", ttl=30)
+    lk._displace("displaced-token")
+    assert lk.acquire(blocking=False), "refused by its own lost try's grant"
+    assert locks["late"].inspect(name).token == lk.token
+    assert not lk._displaced
+    lk.release()
+
+
+def test_a_late_try_s_kept_token_survives_a_cancelled_retry_s_hand_back(
+    server: RedisServer, name: str
+) -> None:
+    """As the immediate-retry case, but the retry is cancelled with its try unanswered: its
+    hand-back took the one slot for its own token. Before: the late try's token, kept just
+    then, was lost; the resumed server granted it to nobody, and the object's next tries were
+    refused for its TTL. Now it is handed back once the server answers the next try."""
+    holder = lock(name, using="late", ttl=1.5, auto_renew=False)
+    assert holder.acquire(blocking=False)
+    expiry = time.monotonic() + 1.5
+    lk = lock(name, using="late", ttl=30)
+
+    async def main() -> Any:
+        task = asyncio.create_task(lk.aacquire(timeout=20))
+        await asyncio.sleep(max(0.0, expiry - 0.15 - time.monotonic()))
+        server.pause()
+        try:
+            with pytest.raises(BackendUnavailable):
+                await task  # its try at the expiry: given up at the verdict, runs on
+            late = next(iter(lk._late_commands))
+            retry = asyncio.create_task(lk.aacquire(timeout=5))
+            while lk._unsure_token != late:  # the late try's command timed out: kept
+                await asyncio.sleep(0.02)
+            retry.cancel()  # its try unanswered: its hand-back's release waits too
+            with pytest.raises(asyncio.CancelledError):
+                await retry
+        finally:
+            server.resume()
+        await asyncio.sleep(0.3)  # the resumed server runs the requests
+        assert locks["late"].inspect(name) is not None, "no late request was granted"
+        started = time.monotonic()
+        got = await lk.aacquire(timeout=2)
+        took = time.monotonic() - started
+        if got:
+            await lk.arelease()
+        return got, took
+
+    got, took = asyncio.run(main())
+    assert got, "the same object's next try was refused: the late grant is held by nobody"
+    assert took < 1.0, f"the next try got the lock after {took:.2f}s"
+    assert locks["late"].inspect(name) is None
+
+
+def test_the_displaced_tokens_an_object_keeps_are_bounded(server: RedisServer, name: str) -> None:
+    """Each is one round trip of the next answered try: the oldest beyond the bound is
+    dropped (its grant, if any, runs out at its TTL)."""
+    lk = lock(name, using="late", ttl=30)
+    for i in range(20):
+        lk._displace(f"displaced-{i}")
+    assert list(lk._displaced) == [f"displaced-{i}" for i in range(12, 20)]
+    assert lk.acquire(blocking=False)
+    assert not lk._displaced
+    lk.release()
