@@ -1247,10 +1247,13 @@ def _drop_unfinished(
     ``commit()`` returned, before it stored its flag for them, then its switch of autocommit):
     the outcome check decides whether they run (review f3, 3). The caller's list, filled
     before the close: returned, they were lost with this frame to an exception as it returned
-    (review f4, 4). No I/O but the close."""
+    (review f4, 4). Closed too: a connection left mid-query out of any atomic block (an
+    exception from a signal handler while Django's connect awaited its ``set_config``,
+    at the block's enter or the exit's reconnect: review fen3, 1), which every later
+    ``atomic()`` would refuse ("can't change 'autocommit' now"). No I/O but the close."""
     connection = connections[using]
     unfinished = not connection.in_atomic_block and not connection.autocommit
-    if not unfinished or connection.connection is None:
+    if connection.connection is None or not (unfinished or _mid_query(using)):
         return
     if committed is not None and kept is not None and _driver_idle(using):
         hooks = connection.run_on_commit
@@ -1291,6 +1294,21 @@ def _refused(exc: BaseException, using: str, handled: BaseException | None) -> b
     # sends "08P01 server conn crashed?" at severity ERROR after the server committed:
     # connection classes and all others go to the outcome check (review fen2, 1).
     return severity == "ERROR" and code[:2] in _COMMIT_REFUSALS
+
+
+def _mid_query(using: str) -> bool:
+    """Whether the driver's connection has a statement running (its reply never read) while
+    Django holds it out of any atomic block. No I/O."""
+    connection = connections[using]
+    raw = connection.connection
+    if raw is None or connection.in_atomic_block or connection.vendor != "postgresql":
+        return False
+    try:
+        info = getattr(raw, "info", None)  # psycopg 3
+        status = info.transaction_status if info is not None else raw.get_transaction_status()
+        return bool(status == 1)  # ACTIVE
+    except connection.Database.Error:  # (closed: nothing running)
+        return False
 
 
 def _driver_idle(using: str) -> bool:
