@@ -498,7 +498,9 @@ class RedlockBackend(BaseLockBackend):
             # shares a node with this one, and then hands out more. Unanswered: a later hold
             # may get a fence below this one; the database refuses it and it re-fences in turn.
             yield [
-                n.op_raise_fence(name, fence, token) if isinstance(r, int) and 0 < r < fence else None
+                n.op_raise_fence(name, fence, token)
+                if isinstance(r, int) and 0 < r < fence
+                else None
                 for n, r in zip(self.nodes, replies, strict=True)
             ]
             return fence
