@@ -615,8 +615,13 @@ class RedlockBackend(BaseLockBackend):
                 if info is None:
                     self._nobody(name, inspected, "inspect")
                     return Released.NOT_HELD
-                silent = self._answered(inspected) < len(self.nodes)
-                if info.token is None or not _names_hold(fence, inspected, holders, silent):
+                # Each node's copy carries the fence it granted or was lifted to: the holder's
+                # on a majority, less where the lift did not reach. The fence shown names the
+                # hold when an answering copy carries it; not when it is above them all with a
+                # node silent: a grant that came too late to count (unlifted, from a counter or
+                # clock ahead) may show above a later hold's fences, which would then go.
+                fences = {inspected[i].fence for i in holders}
+                if info.token is None or fence not in fences:
                     return Released.CHANGED
                 expected = info.token
             # Owed to a node skipped as down, as a release is (the same compare-and-delete by
@@ -949,16 +954,6 @@ def _attempt(reply: Any) -> Attempt:
     if int(reply[0]):
         return Attempt(True, int(reply[1]), int(reply[2]), prior_of(reply[3:4]))
     return Attempt(False, None, int(reply[1]), prior_of(reply[2:3]))
-
-
-def _names_hold(fence: int, replies: Replies, holders: list[int], silent: bool) -> bool:
-    """Whether ``fence`` (shown to an operator) names the hold ``holders`` have. Their
-    fences differ when the acquire's lift missed a node, or ran before the lift wrote holds
-    too: the fence shown is one of them, or, with a node silent, may be that node's, above
-    the others'. A later hold is never taken for it: its majority shares a node with the
-    earlier hold's (counters at its fence), where it has a larger fence."""
-    fences = [replies[i].fence for i in holders if replies[i].fence is not None]
-    return fence in fences or (silent and bool(fences) and fence > max(fences))
 
 
 def _token_of(value: Any) -> str | None:

@@ -1,7 +1,8 @@
 """One Redlock hold, one fence: the nodes of a hold whose fences differed at the acquire (a
 node restarted empty grants its data's start + 2 s, the others the proposal) carry the fence
 the holder got once the acquire lifted them, and a release by the fence an operator was
-shown finds that hold whichever node is silent (review rio2, 4)."""
+shown finds that hold whichever node is silent (review rio2, 4): by a fence that a copy
+answering carries, never by one above them all."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ def stored_fence(server: RedisServer, backend: RedlockBackend, name: str) -> int
     return None if value is None else int(value.split(b"|")[1])
 
 
+def copy_on(server: RedisServer, backend: RedlockBackend, held: BaseLock) -> bytes:
+    """The node's copy of ``held``'s hold, once its grant landed (late on a loaded machine)."""
+    deadline = time.monotonic() + 5
+    while not (value := server.client().get(backend.key(held.name)) or b"").startswith(
+        f"{held.token}|".encode()
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return value
+
+
 def lifted_hold(servers: list[RedisServer], alias: str, name: str) -> BaseLock:
     """A 1-hour hold whose nodes 1 and 2 were lifted to node 0's fence. Node 0's grant
     counted: one that came after the grace (a loaded machine) is left there uncounted, with
@@ -46,7 +58,7 @@ def lifted_hold(servers: list[RedisServer], alias: str, name: str) -> BaseLock:
         restarted_empty(servers[0])
         held = lock(f"{name}:{attempt}", using=alias, ttl=3600, auto_renew=False)
         assert held.acquire(blocking=False) and held.fence is not None
-        if (stored_fence(servers[0], backend, held.name) or 0) <= held.fence:
+        if int(copy_on(servers[0], backend, held).split(b"|")[1]) <= held.fence:
             return held
         held.release()
     pytest.fail("node 0's grant came late at every try")
@@ -85,68 +97,72 @@ def settled(backend: RedlockBackend) -> None:
     deadline = time.monotonic() + 10
     while backend.io.health.down() or backend.io.debts.unpaid():
         assert time.monotonic() < deadline
+        backend.is_locked("settled")  # a fan-out probes a node down for a breaker period
         time.sleep(0.05)
 
 
 def _take_with_fences(
-    backend: RedlockBackend, servers: list[RedisServer], name: str, largest: int
-) -> tuple[int, int]:
-    """A hold whose node 0 carries a larger fence than nodes 1 and 2 (taken by a version
-    whose lift raised counters only, or a node the lift did not reach), with the counters
-    of a majority at the largest, as the acquire leaves them. Returns (largest, smaller)."""
+    backend: RedlockBackend, servers: list[RedisServer], name: str
+) -> tuple[BaseLock, int, int]:
+    """A hold whose copy on node 0 carries a larger fence than on nodes 1 and 2: node 0's
+    grant came after the acquire had decided (not counted, not lifted), from a counter an
+    hour ahead. Returns the lock, node 0's fence and the holder's."""
     settled(backend)
     held = lock(name, using=backend.alias, ttl=3600, auto_renew=False)
     assert held.acquire(blocking=False) and held.fence is not None
-    big = held.fence + largest
-    deadline = time.monotonic() + 5  # node 0's grant may come late (a loaded machine)
-    while not (value := servers[0].client().get(backend.key(name)) or b"").startswith(
-        f"{held.token}|".encode()
-    ):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    value = copy_on(servers[0], backend, held)
+    big = held.fence + 3_600_000_000
     token, _, rest = value.split(b"|", 2)
     servers[0].client().set(backend.key(name), b"|".join([token, b"%d" % big, rest]), keepttl=True)
-    for server in servers:
-        server.client().set(backend.fence_key(name), b"%d|%s" % (big, token), px=60000)
-    return big, held.fence
+    servers[0].client().set(backend.fence_key(name), b"%d|%s" % (big, token), px=3_600_000)
+    return held, big, held.fence
 
 
-def test_a_fence_release_finds_a_hold_whose_nodes_carry_different_fences(
+def test_a_fence_release_names_the_hold_by_a_fence_an_answering_copy_carries(
     redis_factory: Callable[..., RedisServer], name: str
 ) -> None:
-    """`--fence F` names the majority's hold when F is one of its answering nodes' fences,
-    or above all of them while a node is silent (that node may carry F); a later hold has a
-    larger fence on a node of every majority, so it is never taken for the one shown."""
+    """`--fence F` names the majority's hold when one of its answering copies carries F:
+    shown with node 0 silent (the holder's fence), it released nothing once node 0 answered
+    again (the largest was compared). Never F above every answering copy's: a later hold
+    taken while node 0 is silent has fences below node 0's late one, and would go."""
     servers = [redis_factory() for _ in range(3)]
     running_long_since(servers)
     with quorum_alias("differ", servers, **FAST):
         backend = locks["differ"]
         assert isinstance(backend, RedlockBackend)
-        # Shown with every node answering (the largest), released with node 0 silent.
-        big, small = _take_with_fences(backend, servers, name, 1000)
-        servers[0].pause()
-        try:
-            assert backend.force_release(name, fence=big) is Released.RELEASED
-        finally:
-            servers[0].resume()
-        # The same, by the fence shown while node 0 was silent, released with it answering.
-        big, small = _take_with_fences(backend, servers, name, 1000)
+        # Shown while node 0 was silent, released with every node answering.
+        held, big, small = _take_with_fences(backend, servers, name)
+        info = backend.inspect(name)
+        assert info is not None and info.fence == big  # (the late copy's, every node up)
         for wrong in (big + 1, small - 1, small + 1):  # every node answers: exact only
             assert backend.force_release(name, fence=wrong) is Released.CHANGED
         assert backend.force_release(name, fence=small) is Released.RELEASED
-        # Another hold now, node 0 silent: the earlier hold's fence names nothing held.
-        big, small = _take_with_fences(backend, servers, name, 1000)
-        assert backend.force_release(name, fence=big) is Released.RELEASED
-        settled(backend)
-        again = lock(name, using="differ", ttl=3600, auto_renew=False)
-        assert again.acquire(blocking=False) and (again.fence or 0) > big
+        assert not held.locked()
+        # Shown with every node answering (node 0's), node 0 silent: no copy that answers
+        # carries it (refused); with node 0 answering again, released.
+        held, big, small = _take_with_fences(backend, servers, name)
         servers[0].pause()
         try:
-            for old in (big, small):
-                assert backend.force_release(name, fence=old) is Released.CHANGED
+            assert backend.force_release(name, fence=big) is Released.CHANGED
         finally:
             servers[0].resume()
-        assert again.owned()
+        settled(backend)
+        assert backend.force_release(name, fence=big) is Released.RELEASED
+        # Node 0 silent, and another hold on nodes 1 and 2 since: the earlier hold's
+        # fences name nothing held, though node 0's is above the later hold's.
+        held, big, small = _take_with_fences(backend, servers, name)
+        held.release()
+        settled(backend)
+        servers[0].pause()
+        try:
+            again = lock(name, using="differ", ttl=3600, auto_renew=False)
+            assert again.acquire(blocking=False) and small < (again.fence or 0) < big
+            for old in (big, small):
+                assert backend.force_release(name, fence=old) is Released.CHANGED
+            assert again.owned()
+        finally:
+            servers[0].resume()
+        again.release()
 
 
 @pytest.mark.django_db(transaction=True)
