@@ -532,8 +532,10 @@ class RedisBackend(BaseLockBackend):
         name = renewals[0].name if renewals else ""
         return Op(name, Call(script("renew"), keys, args), renewed)
 
-    def op_raise_fence(self, name: str, fence: int) -> Op[bool]:
-        return Op(name, Call(script("raise_fence"), [self.fence_key(name)], [fence]), bool)
+    def op_raise_fence(self, name: str, fence: int, token: str) -> Op[bool]:
+        """Redlock's lift: the counter to ``fence``, and ``token``'s hold, if still here."""
+        keys = [self.fence_key(name), self.key(name)]
+        return Op(name, Call(script("raise_fence"), keys, [fence, token]), bool)
 
     def op_refence(
         self, name: str, token: str, recorded: int, client_us: int | None = None

@@ -321,9 +321,10 @@ class RedlockBackend(BaseLockBackend):
             prior = self._prior(r.prior for _, r in granted)
             if not behind:
                 return Attempt(True, fence, 1, prior)
-            # Lift the lagging counters, so every later majority sees at least this fence.
+            # Lift the lagging counters, so every later majority sees at least this fence,
+            # and their holds' fences: every node of the hold then shows the holder's.
             lifted = yield [
-                n.op_raise_fence(name, fence) if i in behind else None
+                n.op_raise_fence(name, fence, token) if i in behind else None
                 for i, n in enumerate(self.nodes)
             ]
             at_fence = len(granted) - len(behind) + sum(1 for i in behind if lifted[i] is True)
@@ -493,11 +494,13 @@ class RedlockBackend(BaseLockBackend):
                 taken = sum(1 for r in replies if r == -1) >= self.quorum
                 return -1 if taken else 0
             fence = max(r for r in replies if isinstance(r, int))
-            # Lift the lagging counters, as the acquire does: every later majority shares a
-            # node with this one, and then hands out more. Unanswered: a later hold may get a
-            # fence below this one; the database refuses it and it re-fences in turn.
+            # Lift the lagging counters and holds, as the acquire does: every later majority
+            # shares a node with this one, and then hands out more. Unanswered: a later hold
+            # may get a fence below this one; the database refuses it and it re-fences in turn.
             yield [
-                n.op_raise_fence(name, fence) if isinstance(r, int) and 0 < r < fence else None
+                n.op_raise_fence(name, fence, token)
+                if isinstance(r, int) and 0 < r < fence
+                else None
                 for n, r in zip(self.nodes, replies, strict=True)
             ]
             return fence
@@ -603,16 +606,22 @@ class RedlockBackend(BaseLockBackend):
         def steps() -> Steps[Released]:
             expected = token
             if expected is None and fence is not None:
-                # Each node's hold carries that node's own fence: find the majority's hold,
-                # compare its fence, then release by its token (the same on every node).
+                # Find the majority's hold, check the fence names it, then release it by its
+                # token (the same on every node).
                 inspected = yield self._each(lambda n: n.op_inspect(name), complete=True)
                 if self._answered(inspected) < self.quorum:
                     raise self._unreachable(name, inspected, "inspect")
-                info = self._agreed(inspected)[0]
+                info, holders = self._agreed(inspected)
                 if info is None:
                     self._nobody(name, inspected, "inspect")
                     return Released.NOT_HELD
-                if info.fence != fence or info.token is None:
+                # Each node's copy carries the fence it granted or was lifted to: the holder's
+                # on a majority, less where the lift did not reach. The fence shown names the
+                # hold when an answering copy carries it; not when it is above them all with a
+                # node silent: a grant that came too late to count (unlifted, from a counter or
+                # clock ahead) may show above a later hold's fences, which would then go.
+                fences = {inspected[i].fence for i in holders}
+                if info.token is None or fence not in fences:
                     return Released.CHANGED
                 expected = info.token
             # Owed to a node skipped as down, as a release is (the same compare-and-delete by
@@ -922,10 +931,12 @@ class RedlockBackend(BaseLockBackend):
         infos: list[LockInfo] = [replies[i] for i in holders]
         ttls = sorted((i.ttl for i in infos if i.ttl is not None), reverse=True)
         fences = [i.fence for i in infos if i.fence is not None]
-        info = infos[0]
-        info.backend = self.alias
-        info.ttl = ttls[self.quorum - 1] if len(ttls) >= self.quorum else None
-        info.fence = max(fences) if fences else None
+        info = dataclasses.replace(  # a copy: the replies keep each node's own fence
+            infos[0],
+            backend=self.alias,
+            ttl=ttls[self.quorum - 1] if len(ttls) >= self.quorum else None,
+            fence=max(fences) if fences else None,
+        )
         return info, holders
 
     @classmethod

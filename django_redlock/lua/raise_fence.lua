@@ -1,9 +1,18 @@
 -- Redlock: raise a node's fencing counter to at least the fence the quorum granted, so every
--- later majority (which shares a node with this one) hands out a larger fence.
--- KEYS: fence counter.  ARGV: fence.  Returns 1.
+-- later majority (which shares a node with this one) hands out a larger fence. Where `token`
+-- still holds the lock here with a smaller fence, its hold takes that fence too: one hold,
+-- one fence on every node, whichever nodes a reader hears from (inspect, `redlock list`,
+-- a release by the fence shown: review rio2, 4). No extra round trip: the same call.
+-- KEYS: fence counter, lock.  ARGV: fence, token.  Returns 1.
 --! include _hold
-local last, token = fence_read(KEYS[1])
-if last < tonumber(ARGV[1]) then
-  fence_keep(KEYS[1], ARGV[1], 0, token) -- the last hold stays the last
+local fence = tonumber(ARGV[1])
+local last, prior = fence_read(KEYS[1])
+if last < fence then
+  fence_keep(KEYS[1], ARGV[1], 0, prior) -- the last hold stays the last
+end
+local count, held = hold_mine(KEYS[2], ARGV[2], 'string')
+if count > 0 and held < fence then
+  local rest = string.match(redis.call('GET', KEYS[2]), '^[^|]*|%d+(|.*)$')
+  redis.call('SET', KEYS[2], ARGV[2] .. '|' .. ARGV[1] .. rest, 'KEEPTTL')
 end
 return 1

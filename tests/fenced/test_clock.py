@@ -805,8 +805,9 @@ def test_redlock_re_fence_takes_the_largest_node_fence_and_lifts_the_others(
     name: str, redis_factory: Any
 ) -> None:
     """The nodes re-fence their own holds, each from its own counter and clock: the hold's
-    fence is the largest (the majority's, as at an acquire), and the lagging counters are
-    raised to it, so every later majority hands out more."""
+    fence is the largest (the majority's, as at an acquire), and the lagging counters and
+    holds are raised to it, so every later majority hands out more, and every node of the
+    hold shows its fence."""
     servers = [redis_factory() for _ in range(3)]
     with alias_on("quorum", [s.url for s in servers]):
         backend = locks["quorum"]
@@ -823,6 +824,9 @@ def test_redlock_re_fence_takes_the_largest_node_fence_and_lifts_the_others(
             assert int(server.client().get(backend.fence_key(name)).split(b"|")[0]) >= fence
         info = backend.inspect(name)
         assert info is not None and info.fence == fence
+        # The holds too: with the node that re-fenced highest silent, the same fence shows.
+        for server in servers:
+            assert int(server.client().get(backend.key(name)).split(b"|")[1]) == fence
         # Not on a majority any more: not current (another token has it on none: 0).
         for server in servers[:2]:
             server.client().delete(backend.key(name))
