@@ -196,7 +196,9 @@ def run_task(
         if acquired and coalesce:
             kept = _keep_note(config, key, running=True)
         if not acquired:
-            own = attempts_holding(info, task_id)
+            # Only this attempt or a later one: an earlier one holding it is this retry's
+            # past, never a copy of this message (see _take).
+            own = [a for a in attempts_holding(info, task_id) if a >= attempt]
             if task_id and own:
                 return _redelivered(config, task, key, task_id, own[0])
             if late and _ran_already(config, key, cast(str, task_id), attempt):
