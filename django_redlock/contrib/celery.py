@@ -354,14 +354,18 @@ def check_notable(args: Any, kwargs: Any) -> None:
 
 def note_call(
     config: SingleInstance, key: str, args: Any, kwargs: Any, queue: Any,
-    task_id: str | None, task_name: str | None = None,
+    task_id: str | None, task_name: str | None = None, route: dict[str, Any] | None = None,
 ) -> tuple[str, str | None]:  # fmt: skip
     """Note a call under ``key`` for the next follow-up, replacing any note (the last call's
     arguments win). ``task_name``: lets a starting worker find the task of a note left.
-    Returns the note written and the one it replaced (for :func:`unnote_call`)."""
+    ``route``: the call's exchange and routing key, when it came by them rather than by a
+    queue's name (its follow-up goes the same way). Returns the note written and the one it
+    replaced (for :func:`unnote_call`)."""
     backend = locks[config.using]
     call = {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue,
             "id": task_id, "task": task_name, "call": uuid_text()}  # fmt: skip
+    if route:
+        call["route"] = route
     # "call": unique per note, so taking one back (unnote_call) never takes a later call's
     # note with the same arguments.
     note = note_text(call)
@@ -483,8 +487,8 @@ def _coalesce(
     args: tuple, kwargs: dict,
 ) -> Any:  # fmt: skip
     backend = locks[config.using]
-    queue = (getattr(task.request, "delivery_info", None) or {}).get("routing_key")
-    note_call(config, key, args, kwargs, queue, task_id, task.name)
+    queue, route = _delivered_by(task)
+    note_call(config, key, args, kwargs, queue, task_id, task.name, route)
     logger.info(
         "redlock: coalesced duplicate: task %s not run now: %r is held by %s; one more run"
         " follows", task_id, key, describe_holder(info),
@@ -492,6 +496,29 @@ def _coalesce(
     _queue_unless_followed(config, task, key, backend.inspect(key))
     result = skip_result(config, task, key, task_id, task_id_of(info.holder) if info else None)
     return {**result, "coalesced": True}
+
+
+def _delivered_by(task: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """The way the running call's message came, for its follow-up to come the same way: a
+    queue's name (Celery sends a call routed by queue to the default exchange, by that
+    name), else the exchange and routing key it was published with, as Celery's own retry
+    publishes again (that routing key is no queue's name: published as one, it would go to
+    a new queue nobody reads)."""
+    info = getattr(task.request, "delivery_info", None) or {}
+    routing_key, exchange = info.get("routing_key"), info.get("exchange")
+    if not routing_key:
+        return None, None
+    if not exchange:
+        return str(routing_key), None
+    return None, {"exchange": str(exchange), "routing_key": str(routing_key)}
+
+
+def _destination(call: dict[str, Any]) -> dict[str, Any]:
+    """The publish options sending a follow-up where ``call``'s message went."""
+    route = call.get("route")
+    if isinstance(route, dict) and route.get("exchange"):
+        return {"exchange": route["exchange"], "routing_key": route.get("routing_key")}
+    return {"queue": call["queue"]} if call.get("queue") else {}
 
 
 def _queue_unless_followed(
@@ -542,7 +569,7 @@ def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
             if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
                 return  # one is coming
             call = _next_call(noted[0])
-            options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            options = _destination(call)
             # No expires= (the task's own): a poll is due after the TTL, and one discarded
             # would leave the note with nothing to come should the holder's worker be dead.
             _publish_as(task, call, tuple(call["args"]), call["kwargs"], task_id=poll_id,
@@ -758,7 +785,7 @@ def _queue_follow_up(
                 _clear_writer(backend, name, follow_id)
                 return
             call = _next_call(noted[0])
-            options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            options = _destination(call)
             if countdown:
                 options["countdown"] = countdown
             args, kwargs = tuple(call["args"]), call["kwargs"]
@@ -1519,13 +1546,20 @@ class SingleInstanceTask(Task):
         if coalesce:  # refused here, before any Redis call, not when its note is written
             check_notable(args, kwargs)
         queue = options.get("queue")
+        exchange = getattr(options.get("exchange"), "name", options.get("exchange"))
+        # A call by an exchange (no queue named): its follow-up goes the same way.
+        route = (
+            {"exchange": str(exchange), "routing_key": options.get("routing_key")}
+            if exchange and queue is None
+            else None
+        )
 
         def note() -> tuple[str, str | None]:
             # Noted only once the call is accepted: queued (before its publish: its follow-up
             # runs the call noted last), or joined to the queued call. A call turned away
             # never replaces the arguments of one that was accepted.
             return note_call(
-                config, key, args, kwargs, getattr(queue, "name", queue), None, self.name
+                config, key, args, kwargs, getattr(queue, "name", queue), None, self.name, route
             )
 
         if coalesce:  # queued as a follow-up, which runs the call noted last
