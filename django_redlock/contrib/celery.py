@@ -756,7 +756,8 @@ def _queue_follow_up(
 ) -> None:
     """Queue a follow-up for the call noted under ``key``, if one is noted and no follow-up
     is queued already (a mark naming a task that ended is stale: replaced). Never raises into
-    the run that calls it: a publish that fails leaves the note for the next run's end."""
+    the run that calls it: a publish that fails leaves the note, which the worker's main
+    process queues at its next look (see :func:`_keep_left_notes`)."""
     backend = locks[config.using]
     name = _next_name(config, key)
     try:
@@ -811,8 +812,8 @@ def _queue_follow_up(
             if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
                 raise  # the run fails with it; its failure handler queues the follow-up
             logger.warning(
-                "redlock: could not queue the coalesced call of %r (%s): it stays noted, for"
-                " the next run of the key", key, exc,
+                "redlock: could not queue the coalesced call of %r (%s): it stays noted, and"
+                " the worker's main process queues it", key, exc,
             )  # fmt: skip
             return
         if not (config.dedupe_queued and isinstance(task, SingleInstanceTask)):
@@ -824,7 +825,7 @@ def _queue_follow_up(
                     markers.mark(backend, sent_name(name, follow_id), queue, ttl_ms)
         logger.info("redlock: queued the coalesced call of %r as task %s", key, follow_id)
         _keep_note(config, key, running=False)
-    except LockError as exc:  # the note stays until its TTL; the next run's end queues it
+    except LockError as exc:  # the note stays: the main process (or the next run) queues it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
 
 
@@ -2199,34 +2200,80 @@ def _coalesce_configs(app: Any) -> list[SingleInstance]:
     return [c for c in configs if c is not None and c.on_duplicate == "coalesce"]
 
 
+#: How often (seconds, at most) the worker's main process looks at the coalesced notes left
+#: (see :func:`_keep_left_notes`): a note owed a follow-up that none is queued for (its publish
+#: failed, or an exception cut its duplicate short right after its note) is queued from there.
+LEFT_NOTE_LOOK = 30.0
+
+
 def _keep_left_notes(app: Any, every: float) -> None:
     """The worker's main process, for as long as it runs: look every ``every`` seconds (the
-    shortest ``dedupe_ttl``/3) and renew each coalesced note left once a third of its TTL is
-    past. A note stands for a follow-up owed until one claimed it and settled (it deletes it
-    then): whichever process queued that follow-up may be gone (a recycled child) or have
-    stopped (a claimed note), while the follow-up waits in a queue, however long."""
+    shortest ``dedupe_ttl``/3, at most :data:`LEFT_NOTE_LOOK`) at each coalesced note left.
+
+    * Renew it once a third of its TTL is past. A note stands for a follow-up owed until one
+      claimed it and settled (it deletes it then): whichever process queued that follow-up
+      may be gone (a recycled child) or have stopped (a claimed note), while the follow-up
+      waits in a queue, however long.
+    * Renew the revoke of the follow-up that claimed it, if revoked: a revoke is a cancel,
+      and must last as long as the note it cancels (else a later follow-up runs the call).
+    * Queue its follow-up when none is coming: the key free and no follow-up queued, on two
+      looks a moment apart (a follow-up clears its mark just before it takes the key, a run
+      releases just before it queues). Its publish failed at the run's end (a broker away),
+      or the duplicate that noted it was cut short right after its note: the call is owed a
+      run all the same. A publish that fails again is tried at the next look."""
+    pace = min(every, LEFT_NOTE_LOOK)
     while True:
-        time.sleep(every)
+        time.sleep(pace)
         try:
-            aliases = sorted({c.using for c in _coalesce_configs(app)})
-            for alias in aliases:
-                backend = locks[alias]
-                for name in markers.names(backend, "*:coalesce"):
-                    found = markers.read(backend, name)  # name: the key's note
-                    try:
-                        note = json.loads(found[0]) if found is not None else {}
-                        task = app.tasks.get(note.get("task") or "")
-                    except (ValueError, AttributeError, TypeError):  # not a note of ours
-                        continue
-                    config = _config_of(task) if task is not None else None
-                    if found is None or config is None or config.using != alias:
-                        continue
-                    ttl_ms = to_ms(config.dedupe_ttl)
-                    if found[1] < ttl_ms * 2 // 3:  # due (each dedupe_ttl/3), as a keeper's
-                        # Compare-and-set: a note written meanwhile has its full TTL.
-                        markers.swap(backend, name, found[0], found[0], ttl_ms)
+            unfollowed = _look_at_left_notes(app)
+            if unfollowed:
+                time.sleep(min(pace, 1.0))
+            for config, task, key, text in unfollowed:
+                if _unfollowed(config, key, text):
+                    _queue_follow_up(config, task, key)
         except Exception as exc:  # tried again at the next round
-            logger.warning("redlock: could not renew the coalesced calls left: %s", exc)
+            logger.warning("redlock: could not look after the coalesced calls left: %s", exc)
+
+
+def _look_at_left_notes(app: Any) -> list[tuple[SingleInstance, Any, str, str]]:
+    """Renew the notes left (and their takers' revokes); the notes with no follow-up coming
+    now, as (settings, task, key, note)."""
+    unfollowed = []
+    for alias in sorted({c.using for c in _coalesce_configs(app)}):
+        backend = locks[alias]
+        for name in markers.names(backend, "*:coalesce"):
+            found = markers.read(backend, name)  # name: the key's note
+            try:
+                note = json.loads(found[0]) if found is not None else {}
+                task = app.tasks.get(note.get("task") or "")
+                before = json.loads(note["before"]) if note.get("before") else {}
+            except (ValueError, AttributeError, TypeError):  # not a note of ours
+                continue
+            config = _config_of(task) if task is not None else None
+            if found is None or config is None or config.using != alias:
+                continue
+            ttl_ms = to_ms(config.dedupe_ttl)
+            if found[1] < ttl_ms * 2 // 3:  # due (each dedupe_ttl/3), as a keeper's
+                # Compare-and-set: a note written meanwhile has its full TTL.
+                markers.swap(backend, name, found[0], found[0], ttl_ms)
+            for taken in {note.get("taken"), before.get("taken")} - {None}:
+                revoke = markers.read(backend, revoked_name(str(taken)))
+                if revoke is not None and revoke[1] < ttl_ms * 2 // 3:
+                    markers.swap(backend, revoked_name(str(taken)), revoke[0], revoke[0], ttl_ms)
+            key = name[: -len(":coalesce")]
+            if _unfollowed(config, key, found[0]):
+                unfollowed.append((config, task, key, found[0]))
+    return unfollowed
+
+
+def _unfollowed(config: SingleInstance, key: str, text: str) -> bool:
+    """Whether ``key``'s note is still ``text`` with no follow-up coming: the key free (a
+    run of it queues one at its end; a follow-up that holds it runs it) and none queued."""
+    backend = locks[config.using]
+    found = markers.read(backend, _pending_name(key))
+    if found is None or found[0] != text or backend.inspect(key) is not None:
+        return False
+    return markers.read(backend, _next_name(config, key)) is None
 
 
 def sent_name(key: str, task_id: str) -> str:
