@@ -267,7 +267,9 @@ def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Lock
     return False, None
 
 
-def _after_earlier(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, LockInfo | None]:
+def _after_earlier(
+    held: BaseLock, task_id: str | None, attempt: int
+) -> tuple[bool, LockInfo | None]:
     """Wait for an earlier attempt of ``task_id`` to release the key, then take it: in slices
     of the lock's TTL, for as long as that attempt's run lives (its watchdog renews its hold
     while its clean-up runs). Not taken: the key is held by others (a duplicate's answer)."""

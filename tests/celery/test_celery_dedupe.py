@@ -715,7 +715,8 @@ def test_coalesce_follow_up_of_a_call_routed_by_exchange_and_routing_key(
     ran = f"coalesce:{name}:ran"
     exchange = Exchange(f"media-{name}", type="direct")
     with celery_app.app.connection_for_write() as connection:
-        Queue(prefork.queue, exchange, routing_key="media.video")(connection.default_channel).declare()
+        bound = Queue(prefork.queue, exchange, routing_key="media.video")
+        bound(connection.default_channel).declare()
     route = {"exchange": exchange.name, "routing_key": "media.video"}
     try:
         first = celery_tasks.coalesced.apply_async((name, "t0", 1.5), **route)
