@@ -280,8 +280,10 @@ def run_task(
 # then (the run ended before the note) or held by something that queues nothing (a plain
 # lock(), another task: then after ``countdown``, and it looks again); by the worker's main
 # process for a run it stopped. The orders (note, then look; release, then queue; clear the
-# name, then take) leave no note without a follow-up to come. The note and the name are kept
-# with the queue-marker operations, so it works on every backend.
+# name, then take) leave no note without a follow-up to come, but for a publish that failed
+# or an interrupt between the note and the look: for those, each worker's main process
+# queues the follow-up of a note none is coming for (see _keep_left_notes). The note and
+# the name are kept with the queue-marker operations, so it works on every backend.
 
 #: The header of a coalesced follow-up's message: it runs the call noted last for its key.
 FOLLOW_UP = "redlock_follow_up"
