@@ -196,7 +196,9 @@ def run_task(
         if acquired and coalesce:
             kept = _keep_note(config, key, running=True)
         if not acquired:
-            own = attempts_holding(info, task_id)
+            # Only this attempt or a later one: an earlier one holding it is this retry's
+            # past, never a copy of this message (see _take).
+            own = [a for a in attempts_holding(info, task_id) if a >= attempt]
             if task_id and own:
                 return _redelivered(config, task, key, task_id, own[0])
             if late and _ran_already(config, key, cast(str, task_id), attempt):
@@ -278,8 +280,10 @@ def run_task(
 # then (the run ended before the note) or held by something that queues nothing (a plain
 # lock(), another task: then after ``countdown``, and it looks again); by the worker's main
 # process for a run it stopped. The orders (note, then look; release, then queue; clear the
-# name, then take) leave no note without a follow-up to come. The note and the name are kept
-# with the queue-marker operations, so it works on every backend.
+# name, then take) leave no note without a follow-up to come, but for a publish that failed
+# or an interrupt between the note and the look: for those, each worker's main process
+# queues the follow-up of a note none is coming for (see _keep_left_notes). The note and
+# the name are kept with the queue-marker operations, so it works on every backend.
 
 #: The header of a coalesced follow-up's message: it runs the call noted last for its key.
 FOLLOW_UP = "redlock_follow_up"
@@ -352,14 +356,18 @@ def check_notable(args: Any, kwargs: Any) -> None:
 
 def note_call(
     config: SingleInstance, key: str, args: Any, kwargs: Any, queue: Any,
-    task_id: str | None, task_name: str | None = None,
+    task_id: str | None, task_name: str | None = None, route: dict[str, Any] | None = None,
 ) -> tuple[str, str | None]:  # fmt: skip
     """Note a call under ``key`` for the next follow-up, replacing any note (the last call's
     arguments win). ``task_name``: lets a starting worker find the task of a note left.
-    Returns the note written and the one it replaced (for :func:`unnote_call`)."""
+    ``route``: the call's exchange and routing key, when it came by them rather than by a
+    queue's name (its follow-up goes the same way). Returns the note written and the one it
+    replaced (for :func:`unnote_call`)."""
     backend = locks[config.using]
     call = {"args": list(args or ()), "kwargs": dict(kwargs or {}), "queue": queue,
             "id": task_id, "task": task_name, "call": uuid_text()}  # fmt: skip
+    if route:
+        call["route"] = route
     # "call": unique per note, so taking one back (unnote_call) never takes a later call's
     # note with the same arguments.
     note = note_text(call)
@@ -481,8 +489,8 @@ def _coalesce(
     args: tuple, kwargs: dict,
 ) -> Any:  # fmt: skip
     backend = locks[config.using]
-    queue = (getattr(task.request, "delivery_info", None) or {}).get("routing_key")
-    note_call(config, key, args, kwargs, queue, task_id, task.name)
+    queue, route = _delivered_by(task)
+    note_call(config, key, args, kwargs, queue, task_id, task.name, route)
     logger.info(
         "redlock: coalesced duplicate: task %s not run now: %r is held by %s; one more run"
         " follows", task_id, key, describe_holder(info),
@@ -490,6 +498,29 @@ def _coalesce(
     _queue_unless_followed(config, task, key, backend.inspect(key))
     result = skip_result(config, task, key, task_id, task_id_of(info.holder) if info else None)
     return {**result, "coalesced": True}
+
+
+def _delivered_by(task: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """The way the running call's message came, for its follow-up to come the same way: a
+    queue's name (Celery sends a call routed by queue to the default exchange, by that
+    name), else the exchange and routing key it was published with, as Celery's own retry
+    publishes again (that routing key is no queue's name: published as one, it would go to
+    a new queue nobody reads)."""
+    info = getattr(task.request, "delivery_info", None) or {}
+    routing_key, exchange = info.get("routing_key"), info.get("exchange")
+    if not routing_key:
+        return None, None
+    if not exchange:
+        return str(routing_key), None
+    return None, {"exchange": str(exchange), "routing_key": str(routing_key)}
+
+
+def _destination(call: dict[str, Any]) -> dict[str, Any]:
+    """The publish options sending a follow-up where ``call``'s message went."""
+    route = call.get("route")
+    if isinstance(route, dict) and route.get("exchange"):
+        return {"exchange": route["exchange"], "routing_key": route.get("routing_key")}
+    return {"queue": call["queue"]} if call.get("queue") else {}
 
 
 def _queue_unless_followed(
@@ -540,7 +571,7 @@ def _queue_poll(config: SingleInstance, task: Any, key: str) -> None:
             if markers.mark(backend, _poll_name(key), poll_id, ttl_ms) is not None:
                 return  # one is coming
             call = _next_call(noted[0])
-            options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            options = _destination(call)
             # No expires= (the task's own): a poll is due after the TTL, and one discarded
             # would leave the note with nothing to come should the holder's worker be dead.
             _publish_as(task, call, tuple(call["args"]), call["kwargs"], task_id=poll_id,
@@ -727,7 +758,8 @@ def _queue_follow_up(
 ) -> None:
     """Queue a follow-up for the call noted under ``key``, if one is noted and no follow-up
     is queued already (a mark naming a task that ended is stale: replaced). Never raises into
-    the run that calls it: a publish that fails leaves the note for the next run's end."""
+    the run that calls it: a publish that fails leaves the note, which the worker's main
+    process queues at its next look (see :func:`_keep_left_notes`)."""
     backend = locks[config.using]
     name = _next_name(config, key)
     try:
@@ -756,7 +788,7 @@ def _queue_follow_up(
                 _clear_writer(backend, name, follow_id)
                 return
             call = _next_call(noted[0])
-            options: dict[str, Any] = {"queue": call["queue"]} if call.get("queue") else {}
+            options = _destination(call)
             if countdown:
                 options["countdown"] = countdown
             args, kwargs = tuple(call["args"]), call["kwargs"]
@@ -782,8 +814,8 @@ def _queue_follow_up(
             if not isinstance(exc, Exception) or isinstance(exc, SoftTimeLimitExceeded):
                 raise  # the run fails with it; its failure handler queues the follow-up
             logger.warning(
-                "redlock: could not queue the coalesced call of %r (%s): it stays noted, for"
-                " the next run of the key", key, exc,
+                "redlock: could not queue the coalesced call of %r (%s): it stays noted, and"
+                " the worker's main process queues it", key, exc,
             )  # fmt: skip
             return
         if not (config.dedupe_queued and isinstance(task, SingleInstanceTask)):
@@ -795,7 +827,7 @@ def _queue_follow_up(
                     markers.mark(backend, sent_name(name, follow_id), queue, ttl_ms)
         logger.info("redlock: queued the coalesced call of %r as task %s", key, follow_id)
         _keep_note(config, key, running=False)
-    except LockError as exc:  # the note stays until its TTL; the next run's end queues it
+    except LockError as exc:  # the note stays: the main process (or the next run) queues it
         logger.warning("redlock: could not queue the coalesced call of %r: %s", key, exc)
 
 
@@ -1517,13 +1549,20 @@ class SingleInstanceTask(Task):
         if coalesce:  # refused here, before any Redis call, not when its note is written
             check_notable(args, kwargs)
         queue = options.get("queue")
+        exchange = getattr(options.get("exchange"), "name", options.get("exchange"))
+        # A call by an exchange (no queue named): its follow-up goes the same way.
+        route = (
+            {"exchange": str(exchange), "routing_key": options.get("routing_key")}
+            if exchange and queue is None
+            else None
+        )
 
         def note() -> tuple[str, str | None]:
             # Noted only once the call is accepted: queued (before its publish: its follow-up
             # runs the call noted last), or joined to the queued call. A call turned away
             # never replaces the arguments of one that was accepted.
             return note_call(
-                config, key, args, kwargs, getattr(queue, "name", queue), None, self.name
+                config, key, args, kwargs, getattr(queue, "name", queue), None, self.name, route
             )
 
         if coalesce:  # queued as a follow-up, which runs the call noted last
@@ -2163,34 +2202,80 @@ def _coalesce_configs(app: Any) -> list[SingleInstance]:
     return [c for c in configs if c is not None and c.on_duplicate == "coalesce"]
 
 
+#: How often (seconds, at most) the worker's main process looks at the coalesced notes left
+#: (see :func:`_keep_left_notes`): a note owed a follow-up that none is queued for (its publish
+#: failed, or an exception cut its duplicate short right after its note) is queued from there.
+LEFT_NOTE_LOOK = 30.0
+
+
 def _keep_left_notes(app: Any, every: float) -> None:
     """The worker's main process, for as long as it runs: look every ``every`` seconds (the
-    shortest ``dedupe_ttl``/3) and renew each coalesced note left once a third of its TTL is
-    past. A note stands for a follow-up owed until one claimed it and settled (it deletes it
-    then): whichever process queued that follow-up may be gone (a recycled child) or have
-    stopped (a claimed note), while the follow-up waits in a queue, however long."""
+    shortest ``dedupe_ttl``/3, at most :data:`LEFT_NOTE_LOOK`) at each coalesced note left.
+
+    * Renew it once a third of its TTL is past. A note stands for a follow-up owed until one
+      claimed it and settled (it deletes it then): whichever process queued that follow-up
+      may be gone (a recycled child) or have stopped (a claimed note), while the follow-up
+      waits in a queue, however long.
+    * Renew the revoke of the follow-up that claimed it, if revoked: a revoke is a cancel,
+      and must last as long as the note it cancels (else a later follow-up runs the call).
+    * Queue its follow-up when none is coming: the key free and no follow-up queued, on two
+      looks a moment apart (a follow-up clears its mark just before it takes the key, a run
+      releases just before it queues). Its publish failed at the run's end (a broker away),
+      or the duplicate that noted it was cut short right after its note: the call is owed a
+      run all the same. A publish that fails again is tried at the next look."""
+    pace = min(every, LEFT_NOTE_LOOK)
     while True:
-        time.sleep(every)
+        time.sleep(pace)
         try:
-            aliases = sorted({c.using for c in _coalesce_configs(app)})
-            for alias in aliases:
-                backend = locks[alias]
-                for name in markers.names(backend, "*:coalesce"):
-                    found = markers.read(backend, name)  # name: the key's note
-                    try:
-                        note = json.loads(found[0]) if found is not None else {}
-                        task = app.tasks.get(note.get("task") or "")
-                    except (ValueError, AttributeError, TypeError):  # not a note of ours
-                        continue
-                    config = _config_of(task) if task is not None else None
-                    if found is None or config is None or config.using != alias:
-                        continue
-                    ttl_ms = to_ms(config.dedupe_ttl)
-                    if found[1] < ttl_ms * 2 // 3:  # due (each dedupe_ttl/3), as a keeper's
-                        # Compare-and-set: a note written meanwhile has its full TTL.
-                        markers.swap(backend, name, found[0], found[0], ttl_ms)
+            unfollowed = _look_at_left_notes(app)
+            if unfollowed:
+                time.sleep(min(pace, 1.0))
+            for config, task, key, text in unfollowed:
+                if _unfollowed(config, key, text):
+                    _queue_follow_up(config, task, key)
         except Exception as exc:  # tried again at the next round
-            logger.warning("redlock: could not renew the coalesced calls left: %s", exc)
+            logger.warning("redlock: could not look after the coalesced calls left: %s", exc)
+
+
+def _look_at_left_notes(app: Any) -> list[tuple[SingleInstance, Any, str, str]]:
+    """Renew the notes left (and their takers' revokes); the notes with no follow-up coming
+    now, as (settings, task, key, note)."""
+    unfollowed = []
+    for alias in sorted({c.using for c in _coalesce_configs(app)}):
+        backend = locks[alias]
+        for name in markers.names(backend, "*:coalesce"):
+            found = markers.read(backend, name)  # name: the key's note
+            try:
+                note = json.loads(found[0]) if found is not None else {}
+                task = app.tasks.get(note.get("task") or "")
+                before = json.loads(note["before"]) if note.get("before") else {}
+            except (ValueError, AttributeError, TypeError):  # not a note of ours
+                continue
+            config = _config_of(task) if task is not None else None
+            if found is None or config is None or config.using != alias:
+                continue
+            ttl_ms = to_ms(config.dedupe_ttl)
+            if found[1] < ttl_ms * 2 // 3:  # due (each dedupe_ttl/3), as a keeper's
+                # Compare-and-set: a note written meanwhile has its full TTL.
+                markers.swap(backend, name, found[0], found[0], ttl_ms)
+            for taken in {note.get("taken"), before.get("taken")} - {None}:
+                revoke = markers.read(backend, revoked_name(str(taken)))
+                if revoke is not None and revoke[1] < ttl_ms * 2 // 3:
+                    markers.swap(backend, revoked_name(str(taken)), revoke[0], revoke[0], ttl_ms)
+            key = name[: -len(":coalesce")]
+            if _unfollowed(config, key, found[0]):
+                unfollowed.append((config, task, key, found[0]))
+    return unfollowed
+
+
+def _unfollowed(config: SingleInstance, key: str, text: str) -> bool:
+    """Whether ``key``'s note is still ``text`` with no follow-up coming: the key free (a
+    run of it queues one at its end; a follow-up that holds it runs it) and none queued."""
+    backend = locks[config.using]
+    found = markers.read(backend, _pending_name(key))
+    if found is None or found[0] != text or backend.inspect(key) is not None:
+        return False
+    return markers.read(backend, _next_name(config, key)) is None
 
 
 def sent_name(key: str, task_id: str) -> str:

@@ -245,9 +245,11 @@ def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Lock
 
     An earlier attempt of this very task holds it only while its ``self.retry()`` propagates:
     Celery publishes the retry (same task id, one more ``retries``) before the lock is
-    released on the way out. That attempt is about to release: wait for it (at most the
-    lock's TTL, should it have died right there). The same attempt holding it is a message
-    delivered again while its task runs: a duplicate, never a second run.
+    released on the way out. That attempt is about to release: wait for it, however long its
+    clean-up on the way out takes (a retry is a new attempt, never a copy of that one: given
+    up, it would be lost), until it is released or its run died (then freed at once). The
+    same attempt holding it is a message delivered again while its task runs: a duplicate,
+    never a second run.
     """
     backend = held.backend
     for _ in range(3):  # again if it was freed between the try and the look, or died
@@ -258,13 +260,35 @@ def _take(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Lock
             continue
         own = attempts_holding(info, task_id)
         if own and max(own) < attempt:
-            if held.acquire(timeout=held.lock_ttl):
-                return _alone(held, task_id, attempt)
-            return False, backend.inspect(held.name)
+            return _after_earlier(held, task_id, attempt)
         if own and _free_dead_runs(held, info, task_id):
             continue  # the copy of a run that died: it runs now
         return False, info
     return False, None
+
+
+def _after_earlier(
+    held: BaseLock, task_id: str | None, attempt: int
+) -> tuple[bool, LockInfo | None]:
+    """Wait for an earlier attempt of ``task_id`` to release the key, then take it: in slices
+    of the lock's TTL, for as long as that attempt's run lives (its watchdog renews its hold
+    while its clean-up runs). Not taken: the key is held by others (a duplicate's answer)."""
+    backend = held.backend
+    while True:
+        if held.acquire(timeout=held.lock_ttl):
+            return _alone(held, task_id, attempt)
+        info = backend.inspect(held.name)
+        if info is None:
+            continue
+        own = attempts_holding(info, task_id)
+        if not own or max(own) >= attempt:
+            return False, info
+        if _free_dead_runs(held, info, task_id):
+            continue
+        logger.info(
+            "redlock: the retry (attempt %s) of task %s still waits for its earlier attempt to"
+            " release %r", attempt, task_id, held.name,
+        )  # fmt: skip
 
 
 def _free_dead_runs(held: BaseLock, info: LockInfo, task_id: str | None) -> bool:
@@ -338,7 +362,7 @@ def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Loc
     if not task_id or not isinstance(held, Semaphore):
         return True, None
     mine = held.fence or 0
-    deadline = time.monotonic() + held.lock_ttl
+    renew_at = time.monotonic() + held.lock_ttl / 3
     try:
         while True:
             info = held.backend.inspect(held.name)
@@ -364,14 +388,33 @@ def _alone(held: BaseLock, task_id: str | None, attempt: int) -> tuple[bool, Loc
                 earlier = True
             if not earlier:
                 return True, None
-            if time.monotonic() >= deadline:  # as a lock's wait for it: given up at the TTL
-                held.release()
-                return False, info
+            if time.monotonic() >= renew_at:
+                # An earlier attempt on its way out for long (a slow clean-up): waited for
+                # while its run lives, as a lock's retry waits (see _take). This permit is
+                # kept meanwhile (no watchdog renews it yet); a dead run's permit is freed.
+                held.extend()
+                _free_dead_earlier(held, info, task_id, attempt)
+                held.extend()
+                renew_at = time.monotonic() + held.lock_ttl / 3
             time.sleep(0.05)  # an earlier attempt releases in a moment (see _take)
     except BaseException:
         with contextlib.suppress(LockError):
             held.release()
         raise
+
+
+def _free_dead_earlier(held: BaseLock, info: LockInfo | None, task_id: str, attempt: int) -> None:
+    """Release the permits of ``task_id``'s attempts before ``attempt`` whose run died."""
+    for lease in info.holders if info is not None else []:
+        other = holds_task(lease.token, task_id)
+        if other is None or other >= attempt or not run_died(held.backend, held.name, lease):
+            continue
+        assert lease.token is not None
+        held.backend.execute(held.backend.op_lease_release(held.name, lease.token))
+        logger.warning(
+            "redlock: released a permit of %r, held by task %s (attempt %s) whose run died",
+            held.name, task_id, other,
+        )  # fmt: skip
 
 
 def attempts_holding(info: LockInfo | None, task_id: str | None) -> list[int]:

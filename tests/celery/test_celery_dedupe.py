@@ -650,22 +650,98 @@ def test_a_marker_never_published_is_queued_anew_after_the_publish_wait(
     celery_app.app.control.purge()
 
 
-def test_coalesce_keeps_the_note_when_the_follow_up_cannot_be_published(
+def test_coalesce_runs_the_note_when_the_follow_up_cannot_be_published(
     prefork: Worker, redis_server: RedisServer
 ) -> None:
-    # The run took the note, then the broker refused the follow-up: the run's own outcome
-    # stands (no OperationalError in its place) and the note is put back, so the noted call
-    # runs after the next run of the key instead of being lost.
+    # The broker refused the follow-up at the run's end: the run's own outcome stands (no
+    # OperationalError in its place), and the noted call still runs, with no other call of
+    # the key (it waited, renewed for ever, for one): the worker's main process queues it.
     r = redis(redis_server)
-    first = prefork.send(celery_tasks.coalesced_flaky, "f", "t0", 1.5)
-    wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1))
-    value = prefork.send(celery_tasks.coalesced_flaky, "f", "t1", 0.1).get(timeout=30)
+    name = uuid.uuid4().hex[:8]
+    ran = f"coalesce-flaky:{name}:ran"
+    first = prefork.send(celery_tasks.coalesced_flaky, name, "t0", 1.5)
+    wait_for(lambda: r.lrange(ran, 0, -1))
+    value = prefork.send(celery_tasks.coalesced_flaky, name, "t1", 0.1).get(timeout=30)
     assert value["coalesced"] is True
     r.set("flaky-publish", 1)
     assert first.get(timeout=30) == "ran"
     wait_for(lambda: not r.exists("flaky-publish"))  # the follow-up's publish was refused
-    assert prefork.send(celery_tasks.coalesced_flaky, "f", "t2", 0.1).get(timeout=30) == "ran"
-    wait_for(lambda: r.lrange("coalesce-flaky:f:ran", 0, -1) == ["t0", "t2", "t1"])
+    wait_for(lambda: r.lrange(ran, 0, -1) == ["t0", "t1"], timeout=15)
+    wait_for(lambda: markers.read(locks["default"], f"coalesce-flaky:{name}:coalesce") is None)
+
+
+def test_coalesce_a_revoked_follow_up_s_call_stays_cancelled_past_dedupe_ttl(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # F, the follow-up running B, is revoked (no terminate: it goes on), then killed by its
+    # hard time limit; the follow-up queued then found F's revoke gone (it lasted
+    # dedupe_ttl) while F's claimed note, renewed all along, still held B: B ran again.
+    from django_redlock.contrib.celery import revoked_name
+
+    r = redis(redis_server)
+    task, name = celery_tasks.coalesced_hard_limited, uuid.uuid4().hex[:8]
+    ran, backend = f"coalesce-hard:{name}:ran", locks["default"]
+    note = f"coalesce-hard:{name}:coalesce"
+    try:
+        first = prefork.send(task, name, "A", 1.0)
+        wait_for(lambda: r.lrange(ran, 0, -1) == ["A"])
+        assert prefork.send(task, name, "B", 30.0).get(timeout=30)["coalesced"] is True
+        assert first.get(timeout=30) == "ran"
+        wait_for(lambda: r.lrange(ran, 0, -1) == ["A", "B"])  # F runs B
+        noted = markers.read(backend, note)
+        assert noted is not None
+        follow_up = json.loads(noted[0])["taken"]
+        celery_app.app.control.revoke(follow_up)
+        revoke = wait_for(lambda: markers.read(backend, revoked_name(follow_up)))
+        # As if noted dedupe_ttl (1 s) ago (the app's longest dedupe_ttl sets it: 1 h here).
+        markers.swap(backend, revoked_name(follow_up), revoke[0], revoke[0], 1000)
+        wait_for(lambda: markers.read(backend, note) is None, timeout=20)  # killed at 3 s
+        time.sleep(1.0)
+        assert r.lrange(ran, 0, -1) == ["A", "B"], "the revoked call ran again"
+    finally:
+        r.set(f"coalesce-hard:{name}:release", 1)
+
+
+def test_coalesce_follow_up_of_a_call_routed_by_exchange_and_routing_key(
+    prefork: Worker, redis_server: RedisServer
+) -> None:
+    # Both calls reach the worker's queue through an exchange of their own, by a routing key
+    # that names no queue: the follow-up was published with that routing key as a queue name
+    # (a new list nobody reads), and the coalesced call never ran.
+    from kombu import Exchange, Queue
+
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    ran = f"coalesce:{name}:ran"
+    exchange = Exchange(f"media-{name}", type="direct")
+    with celery_app.app.connection_for_write() as connection:
+        bound = Queue(prefork.queue, exchange, routing_key="media.video")
+        bound(connection.default_channel).declare()
+    route = {"exchange": exchange.name, "routing_key": "media.video"}
+    try:
+        first = celery_tasks.coalesced.apply_async((name, "t0", 1.5), **route)
+        wait_for(lambda: r.lrange(ran, 0, -1) == ["t0"])
+        second = celery_tasks.coalesced.apply_async((name, "t1", 0.1), **route)
+        assert second.get(timeout=30)["coalesced"] is True
+        assert first.get(timeout=30) == "ran"
+        wait_for(lambda: r.lrange(ran, 0, -1) == ["t0", "t1"], timeout=15)
+    finally:
+        redis_server.client(db=1).delete("media.video")
+
+
+@pytest.mark.parametrize("task_name", ["retry_slow_release", "retry_slow_release_limited"])
+def test_a_retry_whose_earlier_attempt_releases_after_the_ttl_runs(
+    task_name: str, prefork: Worker, redis_server: RedisServer
+) -> None:
+    # Attempt 0 publishes its retry, then cleans up for 2.5 s (TTL 1 s) on its way out. The
+    # retry gave up its wait at the TTL and took itself for a copy of attempt 0: Ignore'd,
+    # and the task stayed RETRY for ever.
+    r = redis(redis_server)
+    name = uuid.uuid4().hex[:8]
+    result = prefork.send(getattr(celery_tasks, task_name), name)
+    assert result.get(timeout=20) == "done"
+    group = "retry-slow-limited" if task_name.endswith("limited") else "retry-slow"
+    assert r.lrange(f"{group}:{name}:ran", 0, -1) == ["0", "1"]
 
 
 def test_callers_racing_past_a_purged_marker_get_one_new_task(

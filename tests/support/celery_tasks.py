@@ -560,3 +560,38 @@ def coalesced_typed(self: Any, name: str, value: Any, seconds: float = 0.1) -> s
 )
 def coalesced_typed_deduped(self: Any, name: str, value: Any, seconds: float = 0.1) -> str:
     return typed_body(f"coalesce-typed-dd:{name}", value, seconds)
+
+
+# -- self.retry() whose earlier attempt releases later than the lock's TTL ---------------------
+
+
+def _retry_slowly(task: Any, group: str, cleanup: float) -> str:
+    redis().rpush(f"{group}:ran", task.request.retries)
+    if task.request.retries == 0:
+        try:
+            raise task.retry(countdown=0)  # published here, then it propagates
+        finally:
+            time.sleep(cleanup)  # a slow clean-up on the way out, longer than the TTL
+    return "done"
+
+
+@shared_task(bind=True, max_retries=2)
+@single_instance(key="retry-slow:{name}", ttl=1, on_duplicate="skip")
+def retry_slow_release(self: Any, name: str, cleanup: float = 2.5) -> str:
+    return _retry_slowly(self, f"retry-slow:{name}", cleanup)
+
+
+@shared_task(bind=True, max_retries=2)
+@single_instance(key="retry-slow-limited:{name}", ttl=1, on_duplicate="skip", limit=2)
+def retry_slow_release_limited(self: Any, name: str, cleanup: float = 2.5) -> str:
+    return _retry_slowly(self, f"retry-slow-limited:{name}", cleanup)
+
+
+# -- coalesce: a revoked follow-up stopped by its hard time limit ------------------------------
+
+
+@shared_task(bind=True, time_limit=3)
+@single_instance(key="coalesce-hard:{name}", ttl=10, on_duplicate="coalesce", dedupe_ttl=1.0)
+def coalesced_hard_limited(self: Any, name: str, tag: str, seconds: float = 0.5) -> str:
+    group = f"coalesce-hard:{name}"
+    return body(group, tag, seconds, release=f"{group}:release")
