@@ -397,9 +397,13 @@ class RedlockBackend(BaseLockBackend):
             lifted = at + sum(1 for r in replies if r is True)
             return lifted >= self.quorum or lifted + replies.count(PENDING) < self.quorum
 
-        ops = [n.op_raise_fence(name, fence, token) if i in behind else None
-               for i, n in enumerate(self.nodes)]  # fmt: skip
-        return Fan(ops, decided)
+        return Fan(
+            [
+                n.op_raise_fence(name, fence, token) if i in behind else None
+                for i, n in enumerate(self.nodes)
+            ],
+            decided,
+        )
 
     def _held_by_one(self, replies: Replies, unknown: bool = False) -> bool:
         """Whether one holder has a majority of the nodes (their refusals name it);
