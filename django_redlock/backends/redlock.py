@@ -314,6 +314,8 @@ class RedlockBackend(BaseLockBackend):
         )
         elapsed_ms = (time.monotonic() - started) * 1000
         granted = [(i, r) for i, r in enumerate(replies) if isinstance(r, Attempt) and r.acquired]
+        answers = replies  # as of the last round trip
+        lost: tuple[int, str] | None = None  # a lift fell short: (nodes at the fence, what)
         validity = ttl_ms - elapsed_ms - self.drift_ms(ttl_ms)
         if len(granted) >= self.quorum and validity > 0:
             fence = max(r.fence or 0 for _, r in granted)
@@ -323,15 +325,24 @@ class RedlockBackend(BaseLockBackend):
                 return Attempt(True, fence, 1, prior)
             # Lift the lagging counters, so every later majority sees at least this fence,
             # and their holds' fences: every node of the hold then shows the holder's.
-            lifted = yield [
-                n.op_raise_fence(name, fence, token) if i in behind else None
-                for i, n in enumerate(self.nodes)
-            ]
+            # Decided as the first trip: a lagging node silent once a quorum is at the fence
+            # gets the grace, then is not waited for (its lift is written, its reply read
+            # later: review rio4, 1).
+            lifted = yield self._lift(name, fence, token, behind, len(granted) - len(behind))
             at_fence = len(granted) - len(behind) + sum(1 for i in behind if lifted[i] is True)
             elapsed_ms = (time.monotonic() - started) * 1000
             still_valid = ttl_ms - elapsed_ms - self.drift_ms(ttl_ms) > 0  # after 2 trips
             if at_fence >= self.quorum and still_valid:
                 return Attempt(True, fence, 1, prior)
+            # A lagging node that did not answer its lift counts as not answering: the
+            # undo's wait and the QuorumNotReached below see this trip's answers, not the
+            # first's (a lift short of a quorum is unknown, not "held": review rio4, 2).
+            answers = [
+                lifted[i] if i in behind and not answered(lifted[i]) else reply
+                for i, reply in enumerate(replies)
+            ]
+            if at_fence < self.quorum:  # (raise_fence answers 1: only silence falls short)
+                lost = (at_fence, "were at its fence")
         # Not ours: undo on every node that granted or did not answer (a lost reply may
         # have set the key there); not on one that refused: it holds nothing of this token
         # (the script grants "ours already" first, and this thread's earlier requests with
@@ -351,9 +362,9 @@ class RedlockBackend(BaseLockBackend):
         # then tried again at once, for the whole hold). Not known either: looked at again
         # within about a breaker period (two contenders beside a down node, each refused by
         # the other's grant, are not left waiting for a hold that was undone).
-        held = self._held_by_one(replies)
-        maybe = not held and self._held_by_one(replies, unknown=True)
-        reachable = self._answered(replies) >= self.quorum
+        held = self._held_by_one(answers)
+        maybe = not held and self._held_by_one(answers, unknown=True)
+        reachable = self._answered(answers) >= self.quorum and lost is None
         undo = Fan(
             [
                 None
@@ -368,13 +379,31 @@ class RedlockBackend(BaseLockBackend):
         )
         if any(op is not None for op in undo):
             yield undo
-        if self._answered(replies) < self.quorum:
-            raise self._unreachable(name, replies, "acquire")
+        if lost is not None:
+            raise self._unreachable(name, answers, "acquire", lost)
+        if self._answered(answers) < self.quorum:
+            raise self._unreachable(name, answers, "acquire")
         hint = self._wait_hint(replies, bool(granted) and not (held or maybe))
         if maybe:
             again = round(random.uniform(0.5, 1.0) * BREAKER_SECONDS * 1000)
             hint = again if hint < 0 else min(hint, again)
         return Attempt(False, None, hint)
+
+    def _lift(self, name: str, fence: int, token: str, behind: set[int], at: int) -> Fan:
+        """The lift of the nodes ``behind`` to ``fence``, ``at`` nodes being there already:
+        decided once a quorum is at the fence, or cannot be with every lift still to come."""
+
+        def decided(replies: Replies) -> bool:
+            lifted = at + sum(1 for r in replies if r is True)
+            return lifted >= self.quorum or lifted + replies.count(PENDING) < self.quorum
+
+        return Fan(
+            [
+                n.op_raise_fence(name, fence, token) if i in behind else None
+                for i, n in enumerate(self.nodes)
+            ],
+            decided,
+        )
 
     def _held_by_one(self, replies: Replies, unknown: bool = False) -> bool:
         """Whether one holder has a majority of the nodes (their refusals name it);
@@ -497,12 +526,8 @@ class RedlockBackend(BaseLockBackend):
             # Lift the lagging counters and holds, as the acquire does: every later majority
             # shares a node with this one, and then hands out more. Unanswered: a later hold
             # may get a fence below this one; the database refuses it and it re-fences in turn.
-            yield [
-                n.op_raise_fence(name, fence, token)
-                if isinstance(r, int) and 0 < r < fence
-                else None
-                for n, r in zip(self.nodes, replies, strict=True)
-            ]
+            behind = {i for i, r in enumerate(replies) if isinstance(r, int) and 0 < r < fence}
+            yield self._lift(name, fence, token, behind, _refenced(replies) - len(behind))
             return fence
 
         return Op(name, _Quorum(steps()))

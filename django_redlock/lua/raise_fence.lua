@@ -6,11 +6,14 @@
 -- KEYS: fence counter, lock.  ARGV: fence, token.  Returns 1.
 --! include _hold
 local fence = tonumber(ARGV[1])
+local count, held = hold_mine(KEYS[2], ARGV[2], 'string')
 local last, prior = fence_read(KEYS[1])
 if last < fence then
-  fence_keep(KEYS[1], ARGV[1], 0, prior) -- the last hold stays the last
+  -- The last hold stays the last; the counter lives as at the acquire: longer than the
+  -- hold's TTL when that is longer (review rio4, 3).
+  local ttl = count > 0 and redis.call('PTTL', KEYS[2]) or 0
+  fence_keep(KEYS[1], ARGV[1], ttl, prior)
 end
-local count, held = hold_mine(KEYS[2], ARGV[2], 'string')
 if count > 0 and held < fence then
   local rest = string.match(redis.call('GET', KEYS[2]), '^[^|]*|%d+(|.*)$')
   redis.call('SET', KEYS[2], ARGV[2] .. '|' .. ARGV[1] .. rest, 'KEEPTTL')
