@@ -428,6 +428,11 @@ class BaseLockBackend:
         """The plain lock's registered waiters (backends that :attr:`wakes_one`)."""
         return f"{self.key(name)}:waiting"
 
+    def handed_back_key(self, name: str, token: str) -> str:
+        """The marker a hand-back leaves for a plain or fair ``token`` that holds nothing yet
+        (lua/release.lua): its try, if still on the wire, is then refused (lua/acquire.lua)."""
+        return f"{self.key(name)}:b:{token}"
+
     def channel(self, name: str) -> str:
         """Where a release is announced to every waiter of a lock (backends that do not
         :attr:`wakes_one`)."""
@@ -494,6 +499,13 @@ class BaseLockBackend:
         ``order``: a reentrant owner's release sets its count to the levels it holds once
         released (:data:`Order`), settling a count left unsure in the same round trip."""
         raise NotImplementedError
+
+    def op_hand_back(self, name: str, token: str, kind: Kind) -> Op[int]:
+        """:meth:`op_release` of a grant an interrupted try may have had (a plain or fair
+        hold's). A hand-back may reach the server before the try it hands back (that try was
+        delayed on the wire; the hand-back went on another connection): where that can be,
+        finding nothing to release it also refuses the token's later tries. Here: a release."""
+        return self.op_release(name, token, kind)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError

@@ -465,7 +465,10 @@ class RedisBackend(BaseLockBackend):
         args: list[Any] = [token, str(ttl_ms), meta, flag, _FLAG[kind.fair]]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
             args += [waiter or token, str(wait_ms), inbox]
-        call = Call(_ACQUIRE, (key, fence, queue, deadlines, waiting), args)
+        keys: tuple[str, ...] = (key, fence, queue, deadlines, waiting)
+        if not kind.reentrant:  # (an owner's token is taken again: no marker refuses it)
+            keys += (f"{key}:b:{token}",)  # handed_back_key(), without its calls
+        call = Call(_ACQUIRE, keys, args)
         return Op(name, call, lock_attempt(name, self.alias, kind))
 
     def _keys(self, name: str) -> tuple[str, str, str, str, str, str, str]:
@@ -491,6 +494,14 @@ class RedisBackend(BaseLockBackend):
         flag = _FLAG[kind.reentrant] if order is None else _kind_arg(kind, order)  # (as above)
         call = Call(_RELEASE, keys, [token, inbox, flag])
         return Op(name, call, int if order is None else ordered_count(name, self.alias))
+
+    def op_hand_back(self, name: str, token: str, kind: Kind) -> Op[int]:
+        op = self.op_release(name, token, kind)  # (a subclass's bookkeeping too)
+        call = op.request
+        if kind.reentrant or not isinstance(call, Call):
+            return op
+        marked = Call(call.script, (*call.keys, self.handed_back_key(name, token)), call.args)
+        return Op(op.name, marked, op.parse)
 
     def op_acquire_all(
         self, names: Sequence[str], token: str, ttl_ms: int, meta: str, waiter: str = ""

@@ -396,6 +396,11 @@ class BaseLock:
         """Give back a hold the owner does not count (a re-entry refused), whole."""
         return self._op_release(token)
 
+    def _op_hand_back(self, token: str) -> Op[int]:
+        """A plain token's hand-back (:meth:`_give_back`): a release that, reaching the server
+        before the try it hands back, refuses that try (see ``backend.op_hand_back``)."""
+        return self._op_release(token)
+
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
 
@@ -836,7 +841,9 @@ class BaseLock:
             yield from self._settle(owner)
             return
         try:
-            yield self._op_release(token)
+            # It may reach the server before the try it hands back (delayed on the wire, on
+            # another connection): then it finds nothing, and its marker refuses that try.
+            yield self._op_hand_back(token)
         except BaseException as exc:
             # Unanswered (no reply, or an interrupt while waiting for it), the release may
             # still run at any later time (TCP delivers what was written before a close): a
