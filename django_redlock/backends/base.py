@@ -429,8 +429,9 @@ class BaseLockBackend:
         return f"{self.key(name)}:waiting"
 
     def handed_back_key(self, name: str, token: str) -> str:
-        """The marker a hand-back leaves for a plain or fair ``token`` that holds nothing yet
-        (lua/release.lua): its try, if still on the wire, is then refused (lua/acquire.lua)."""
+        """The marker a hand-back leaves for a ``token`` that holds nothing yet (a plain or
+        fair one's: lua/release.lua; a reentrant owner's: its settle, lua/settle.lua): its
+        try, if still on the wire, is then refused (lua/acquire.lua)."""
         return f"{self.key(name)}:b:{token}"
 
     def channel(self, name: str) -> str:

@@ -465,10 +465,8 @@ class RedisBackend(BaseLockBackend):
         args: list[Any] = [token, str(ttl_ms), meta, flag, _FLAG[kind.fair]]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
             args += [waiter or token, str(wait_ms), inbox]
-        keys: tuple[str, ...] = (key, fence, queue, deadlines, waiting)
-        if not kind.reentrant:  # (an owner's token is taken again: no marker refuses it)
-            keys += (f"{key}:b:{token}",)  # handed_back_key(), without its calls
-        call = Call(_ACQUIRE, keys, args)
+        back = f"{key}:b:{token}"  # handed_back_key(), without its calls
+        call = Call(_ACQUIRE, (key, fence, queue, deadlines, waiting, back), args)
         return Op(name, call, lock_attempt(name, self.alias, kind))
 
     def _keys(self, name: str) -> tuple[str, str, str, str, str, str, str]:
@@ -557,7 +555,8 @@ class RedisBackend(BaseLockBackend):
 
     def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
         keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
-                self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
+                self.queue_key(name), self.deadlines_key(name),
+                self.handed_back_key(name, owner)]  # fmt: skip
         args = [owner, count, self.inbox_for(name), *([seq] if seq else [])]
         return Op(name, Call(script("settle"), keys, args), ordered_count(name, self.alias))
 

@@ -1,7 +1,7 @@
 -- Acquire a lock of any kind in one atomic step.
 -- KEYS: lock, fence counter, queue, deadlines, plain waiters
---       [, hand-back marker (a plain or fair hold's token's, see release.lua; a reentrant
---       owner's try has none)[, node marker (Redlock's restart guard)]].
+--       [, hand-back marker (the token's: a plain or fair one's is written by release.lua,
+--       a reentrant owner's by settle.lua)[, node marker (Redlock's restart guard)]].
 -- ARGV: token, ttl ms, holder metadata, reentrant ('0': plain; '1', or a reentrant owner's
 --       ordered write 'seq|levels': its number and the levels the owner holds before it, see
 --       order_stale in _hold.lua), fair ('1'/'0'),
@@ -15,7 +15,8 @@
 -- ordered write is older than one the hold applied (it ran late: nothing done); {-4} when an
 -- ordered re-entry (levels > 0) finds no hold of the owner's: the hold it nests in is gone,
 -- and nothing is taken; {0, -1} when the token was handed back (its marker is there):
--- nothing taken, nothing registered or queued.
+-- nothing taken, nothing registered or queued; {-3} too when a reentrant owner's ordered
+-- write is not newer than the write its marker holds (a settle that found nothing held).
 -- A hand-back may precede the try it hands back: the try was delayed on the wire when its
 -- caller was cancelled or interrupted, and the clean-up's release, on another connection,
 -- got there first, found nothing to release and left the marker. Granted now, the hold would
@@ -59,13 +60,23 @@ if plain_try then
     end
   end
 end
-if handed == nil and back then
-  handed = redis.call('EXISTS', back) == 1
-end
-if handed then
-  -- Left to its TTL: a second late try of the token (one kept after an unanswered try)
-  -- is refused too.
-  return {0, -1}
+if back and ARGV[4] == '0' then
+  if handed == nil then
+    handed = redis.call('EXISTS', back) == 1
+  end
+  if handed then
+    -- Left to its TTL: a second late try of the token (one kept after an unanswered try)
+    -- is refused too.
+    return {0, -1}
+  end
+elseif back then
+  -- A reentrant owner's token is itself, taken again later: only its older writes are
+  -- refused, as order_stale refuses them where the hold is there.
+  local seq = tonumber(string.match(ARGV[4], '^(%d+)|'))
+  local last = seq and tonumber(redis.call('GET', back))
+  if last and seq <= last then
+    return {-3}
+  end
 end
 --! include _may_publish
 --! include _hold

@@ -209,10 +209,24 @@ def test_a_late_fair_or_waiting_try_of_a_handed_back_token_takes_and_registers_n
     assert client.exists(backend.waiting_key(name)) == 0
 
 
-def test_a_reentrant_owner_s_try_and_hand_back_carry_no_marker(redis_server: RedisServer) -> None:
-    """An owner takes the lock again with the same token (itself): no marker may refuse it.
-    Its hand-back is a settle (its count set to what the process holds)."""
-    backend, kind = locks["redis"], Kind(reentrant=True)
-    assert len(backend.op_acquire("n", "owner", 30_000, META, kind).request.keys) == 5
-    assert len(backend.op_hand_back("n", "owner", kind).request.keys) == 5
-    assert len(backend.op_acquire("n", "tok", 30_000, META, Kind()).request.keys) == 6
+def test_a_reentrant_owner_s_settle_that_finds_nothing_refuses_only_its_older_writes(
+    redis_server: RedisServer,
+) -> None:
+    """A reentrant owner's token is itself, taken again later: its hand-back (a settle to 0)
+    that finds nothing marks the write's number, and refuses only the owner's older writes
+    (-3: ran late) when they land; a newer one takes the lock."""
+    client, backend, kind = redis_server.client(), locks["redis"], Kind(reentrant=True)
+    name = "fast:handed-reentrant"
+
+    def run(call: Any) -> Any:
+        return client.eval(call.script.source, len(call.keys), *call.keys, *call.args)
+
+    def acquire(seq: int) -> Any:
+        return run(backend.op_acquire(name, "owner", 30_000, META, kind, order=(seq, 0)).request)
+
+    assert run(backend.op_settle(name, "owner", 0, 10).request) == 0
+    assert client.get(backend.handed_back_key(name, "owner")) == b"10"
+    assert run(backend.op_settle(name, "owner", 0, 7).request) == 0  # an older one: kept 10
+    assert client.get(backend.handed_back_key(name, "owner")) == b"10"
+    assert acquire(9) == [-3] and client.exists(backend.key(name)) == 0
+    assert acquire(11)[:3] == [1, acquire(12)[1], 1]  # taken, then re-taken (ordered: 0 + 1)

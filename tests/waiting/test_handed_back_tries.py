@@ -172,9 +172,12 @@ def test_a_woken_waiter_interrupted_with_its_try_on_the_wire_leaves_nothing_held
     _lands_and_is_refused(proxy, name, direct)
 
 
-@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+@pytest.mark.parametrize(
+    "fair,reentrant", [(False, False), (True, False), (False, True)],
+    ids=["plain", "fair", "reentrant"],
+)  # fmt: skip
 def test_a_one_off_try_interrupted_on_the_wire_leaves_nothing_held(
-    proxied: tuple[LossyProxy, str, str], name: str, fair: bool
+    proxied: tuple[LossyProxy, str, str], name: str, fair: bool, reentrant: bool
 ) -> None:
     proxy, late, direct = proxied
 
@@ -186,7 +189,9 @@ def test_a_one_off_try_interrupted_on_the_wire_leaves_nothing_held(
     signal.setitimer(signal.ITIMER_REAL, 0.3)
     try:
         with pytest.raises(Interrupt):
-            lock(name, using=late, ttl=TTL, fair=fair).acquire(blocking=False)
+            lock(name, using=late, ttl=TTL, fair=fair, reentrant=reentrant).acquire(
+                blocking=False
+            )
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
