@@ -708,6 +708,11 @@ class BaseLockBackend:
         the mode the token's lease was taken in, if the caller knows it ("" if not)."""
         raise NotImplementedError
 
+    def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
+        """:meth:`op_hand_back` for a lease (a permit's or a write's; a read's token is its
+        owner's, taken again: released only). Here: a release."""
+        return self.op_lease_release(name, token, mode)
+
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
         raise NotImplementedError
 

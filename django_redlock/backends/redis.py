@@ -802,6 +802,8 @@ class RedisBackend(BaseLockBackend):
     ) -> Op[Attempt]:
         keys = self._lease_keys(name)
         keys.insert(2, self.fence_key(name))
+        if mode != "r":  # (a read's token is its owner's, taken again: no marker refuses it)
+            keys.append(self.handed_back_key(name, token))
         args: list[Any] = [token, ttl_ms, meta, mode, limit, _flag(fair)]
         if mode != "s" or waiter is not None or wait_ms >= 0:  # not a permit's one-off try
             args += [waiter or token, wait_ms, self.inbox_for(name), reader]
@@ -811,6 +813,13 @@ class RedisBackend(BaseLockBackend):
         args = [token, self.inbox_for(name), mode] if mode else [token, self.inbox_for(name)]
         call = Call(script("permit_release"), self._lease_keys(name), args)
         return Op(name, call, int)
+
+    def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
+        op = self.op_lease_release(name, token, mode)
+        if mode == "r":
+            return op
+        keys = [*op.request.keys, self.handed_back_key(name, token)]
+        return Op(op.name, Call(op.request.script, keys, op.request.args), op.parse)
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
         call = Call(script("permit_leave"), self._lease_keys(name), [waiter, self.inbox_for(name)])
