@@ -537,9 +537,12 @@ class BaseLockBackend:
         """Leave a fair lock's queue (gave up, cancelled)."""
         raise NotImplementedError
 
-    def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
+    def op_settle(
+        self, name: str, owner: str, count: int, seq: int = 0, mark: bool = True
+    ) -> Op[int]:
         """Set a reentrant owner's hold count (0: release all its holds), if it holds any.
-        ``seq``: the write's number (:data:`Order`; 0: unordered)."""
+        ``seq``: the write's number (:data:`Order`; 0: unordered). ``mark``: finding nothing
+        held, refuse the owner's older writes still on the wire (see :meth:`op_hand_back`)."""
         raise NotImplementedError
 
     def op_hold_count(self, name: str, token: str) -> Op[int]:

@@ -553,10 +553,13 @@ class RedisBackend(BaseLockBackend):
         call = Call(script("refence"), keys, [token, str(recorded), least])
         return Op(name, call, int)
 
-    def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
+    def op_settle(
+        self, name: str, owner: str, count: int, seq: int = 0, mark: bool = True
+    ) -> Op[int]:
         keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
-                self.queue_key(name), self.deadlines_key(name),
-                self.handed_back_key(name, owner)]  # fmt: skip
+                self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
+        if mark:
+            keys.append(self.handed_back_key(name, owner))
         args = [owner, count, self.inbox_for(name), *([seq] if seq else [])]
         return Op(name, Call(script("settle"), keys, args), ordered_count(name, self.alias))
 

@@ -16,6 +16,7 @@ from django_redlock.testing import RedisServer
 
 META = "host|1|MainThread"
 AHEAD = 4_000_000_000_000_000  # a counter far past the clock (µs): a clock stepped back
+PLAIN = Kind()
 
 
 def _acquire(client: Any, name: str, token: str, flat: bool) -> list[Any]:
@@ -165,7 +166,7 @@ def test_a_plain_release_announces_on_the_release_channel(
     listener.close()
 
 
-def _hand_back(client: Any, name: str, token: str, flat: bool, kind: Kind = Kind()) -> Any:
+def _hand_back(client: Any, name: str, token: str, flat: bool, kind: Kind = PLAIN) -> Any:
     """release.lua as a hand-back sends it (the marker's key too): flat or helpers' path."""
     call = locks["redis"].op_hand_back(name, token, kind).request
     args = list(call.args) if flat else list(call.args[:2])

@@ -188,9 +188,7 @@ def test_a_one_off_try_interrupted_on_the_wire_leaves_nothing_held(
     signal.setitimer(signal.ITIMER_REAL, 0.3)
     try:
         with pytest.raises(Interrupt):
-            lock(name, using=late, ttl=TTL, fair=fair, reentrant=reentrant).acquire(
-                blocking=False
-            )
+            lock(name, using=late, ttl=TTL, fair=fair, reentrant=reentrant).acquire(blocking=False)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
