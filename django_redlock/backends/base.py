@@ -428,6 +428,12 @@ class BaseLockBackend:
         """The plain lock's registered waiters (backends that :attr:`wakes_one`)."""
         return f"{self.key(name)}:waiting"
 
+    def handed_back_key(self, name: str, token: str) -> str:
+        """The marker a hand-back leaves for a ``token`` that holds nothing yet (a plain or
+        fair one's: lua/release.lua; a reentrant owner's: its settle, lua/settle.lua): its
+        try, if still on the wire, is then refused (lua/acquire.lua)."""
+        return f"{self.key(name)}:b:{token}"
+
     def channel(self, name: str) -> str:
         """Where a release is announced to every waiter of a lock (backends that do not
         :attr:`wakes_one`)."""
@@ -495,6 +501,13 @@ class BaseLockBackend:
         released (:data:`Order`), settling a count left unsure in the same round trip."""
         raise NotImplementedError
 
+    def op_hand_back(self, name: str, token: str, kind: Kind) -> Op[int]:
+        """:meth:`op_release` of a grant an interrupted try may have had (a plain or fair
+        hold's). A hand-back may reach the server before the try it hands back (that try was
+        delayed on the wire; the hand-back went on another connection): where that can be,
+        finding nothing to release it also refuses the token's later tries. Here: a release."""
+        return self.op_release(name, token, kind)
+
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
 
@@ -524,9 +537,12 @@ class BaseLockBackend:
         """Leave a fair lock's queue (gave up, cancelled)."""
         raise NotImplementedError
 
-    def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
+    def op_settle(
+        self, name: str, owner: str, count: int, seq: int = 0, mark: bool = True
+    ) -> Op[int]:
         """Set a reentrant owner's hold count (0: release all its holds), if it holds any.
-        ``seq``: the write's number (:data:`Order`; 0: unordered)."""
+        ``seq``: the write's number (:data:`Order`; 0: unordered). ``mark``: finding nothing
+        held, refuse the owner's older writes still on the wire (see :meth:`op_hand_back`)."""
         raise NotImplementedError
 
     def op_hold_count(self, name: str, token: str) -> Op[int]:
@@ -694,6 +710,11 @@ class BaseLockBackend:
         """Holds left after releasing one (0: freed); -1 when the token holds none. ``mode``:
         the mode the token's lease was taken in, if the caller knows it ("" if not)."""
         raise NotImplementedError
+
+    def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
+        """:meth:`op_hand_back` for a lease (a permit's or a write's; a read's token is its
+        owner's, taken again: released only). Here: a release."""
+        return self.op_lease_release(name, token, mode)
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
         raise NotImplementedError

@@ -309,7 +309,9 @@ class LocMemBackend(BaseLockBackend):
 
         return self._op(renewals[0].name if renewals else "", work)
 
-    def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
+    def op_settle(
+        self, name: str, owner: str, count: int, seq: int = 0, mark: bool = True
+    ) -> Op[int]:
         def work(store: _Store, now: float) -> tuple[int, list[str]]:
             hold = store.live(name, now)
             if hold is None or owner not in hold.owners:

@@ -465,7 +465,8 @@ class RedisBackend(BaseLockBackend):
         args: list[Any] = [token, str(ttl_ms), meta, flag, _FLAG[kind.fair]]
         if waiter is not None or wait_ms >= 0:  # a one-off try leaves them out: less to send
             args += [waiter or token, str(wait_ms), inbox]
-        call = Call(_ACQUIRE, (key, fence, queue, deadlines, waiting), args)
+        back = f"{key}:b:{token}"  # handed_back_key(), without its calls
+        call = Call(_ACQUIRE, (key, fence, queue, deadlines, waiting, back), args)
         return Op(name, call, lock_attempt(name, self.alias, kind))
 
     def _keys(self, name: str) -> tuple[str, str, str, str, str, str, str]:
@@ -491,6 +492,14 @@ class RedisBackend(BaseLockBackend):
         flag = _FLAG[kind.reentrant] if order is None else _kind_arg(kind, order)  # (as above)
         call = Call(_RELEASE, keys, [token, inbox, flag])
         return Op(name, call, int if order is None else ordered_count(name, self.alias))
+
+    def op_hand_back(self, name: str, token: str, kind: Kind) -> Op[int]:
+        op = self.op_release(name, token, kind)  # (a subclass's bookkeeping too)
+        call = op.request
+        if kind.reentrant or not isinstance(call, Call):
+            return op
+        marked = Call(call.script, (*call.keys, self.handed_back_key(name, token)), call.args)
+        return Op(op.name, marked, op.parse)
 
     def op_acquire_all(
         self, names: Sequence[str], token: str, ttl_ms: int, meta: str, waiter: str = ""
@@ -546,9 +555,13 @@ class RedisBackend(BaseLockBackend):
         call = Call(script("refence"), keys, [token, str(recorded), least])
         return Op(name, call, int)
 
-    def op_settle(self, name: str, owner: str, count: int, seq: int = 0) -> Op[int]:
+    def op_settle(
+        self, name: str, owner: str, count: int, seq: int = 0, mark: bool = True
+    ) -> Op[int]:
         keys = [self.key(name), self._release_channel(name), self.waiting_key(name),
                 self.queue_key(name), self.deadlines_key(name)]  # fmt: skip
+        if mark:
+            keys.append(self.handed_back_key(name, owner))
         args = [owner, count, self.inbox_for(name), *([seq] if seq else [])]
         return Op(name, Call(script("settle"), keys, args), ordered_count(name, self.alias))
 
@@ -794,6 +807,8 @@ class RedisBackend(BaseLockBackend):
     ) -> Op[Attempt]:
         keys = self._lease_keys(name)
         keys.insert(2, self.fence_key(name))
+        if mode != "r":  # (a read's token is its owner's, taken again: no marker refuses it)
+            keys.append(self.handed_back_key(name, token))
         args: list[Any] = [token, ttl_ms, meta, mode, limit, _flag(fair)]
         if mode != "s" or waiter is not None or wait_ms >= 0:  # not a permit's one-off try
             args += [waiter or token, wait_ms, self.inbox_for(name), reader]
@@ -803,6 +818,13 @@ class RedisBackend(BaseLockBackend):
         args = [token, self.inbox_for(name), mode] if mode else [token, self.inbox_for(name)]
         call = Call(script("permit_release"), self._lease_keys(name), args)
         return Op(name, call, int)
+
+    def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
+        op = self.op_lease_release(name, token, mode)
+        if mode == "r":
+            return op
+        keys = [*op.request.keys, self.handed_back_key(name, token)]
+        return Op(op.name, Call(op.request.script, keys, op.request.args), op.parse)
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
         call = Call(script("permit_leave"), self._lease_keys(name), [waiter, self.inbox_for(name)])

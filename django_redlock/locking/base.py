@@ -407,6 +407,12 @@ class BaseLock:
         """Give back a hold the owner does not count (a re-entry refused), whole."""
         return self._op_release(token)
 
+    def _op_hand_back(self, token: str) -> Op[int]:
+        """A plain token's hand-back of a try that may be on the wire (:meth:`_hand_back`):
+        a release that, reaching the server before that try, refuses it when it lands (see
+        ``backend.op_hand_back``)."""
+        return self._op_release(token)
+
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
 
@@ -425,10 +431,10 @@ class BaseLock:
     def _op_leave(self, waiter: str) -> Op[None]:
         return self.backend.op_leave(self.name, waiter)
 
-    def _op_settle(self, owner: str, count: int) -> Op[int]:
+    def _op_settle(self, owner: str, count: int, marks: bool = True) -> Op[int]:
         """Reentrant kinds: set ``owner``'s hold count on the server (see :meth:`_settle`),
         as the owner's latest write (a request of its that runs late changes nothing)."""
-        return self.backend.op_settle(self.name, owner, count, write_seq())
+        return self.backend.op_settle(self.name, owner, count, write_seq(), marks)
 
     def _renewal(self, token: str, ttl_ms: int) -> Renewal:
         # tuple.__new__: a NamedTuple's own __new__ is Python code, twice the cost (a
@@ -549,13 +555,15 @@ class BaseLock:
         if self.reentrant:
             settled(self.backend, self.name, owner, believed(self.backend, self.name, owner))
 
-    def _settle(self, owner: str) -> Steps[None]:
+    def _settle(self, owner: str, marks: bool = True) -> Steps[None]:
         """Before a reentrant owner's next operation: if a reply was lost, the server's count
         may be one off (an acquire that went through although it raised, a release that did
-        not): set it to what this process knows, the truth, so a retry never counts twice."""
+        not): set it to what this process knows, the truth, so a retry never counts twice.
+        ``marks``: a write of the owner's may still be on the wire (the one whose reply was
+        lost): finding nothing held, the settle refuses it (lua/settle.lua)."""
         count = unsettled(self.backend, self.name, owner) if self.reentrant else None
         if count is not None:
-            yield self._op_settle(owner, count)
+            yield self._op_settle(owner, count, marks)
             settled(self.backend, self.name, owner, count)
 
     # -- acquire -----------------------------------------------------------------------------
@@ -781,14 +789,20 @@ class BaseLock:
         token (kept while the hand-back may still be refused unsent, given up once it went
         unanswered: see :meth:`_give_back`). Each reports its outcome and re-raises."""
         attempt = _NOT_TRIED
+        # Whether a try's request may be on the wire (interrupted before its reply was
+        # taken): its hand-back, which may reach the server first, then marks the token.
+        trying = [True]
         try:
             deadline = None if timeout is None or not blocking else started + timeout
             attempt = yield by_deadline(deadline, self._op_acquire(token, ttl_ms, meta, None, -1))
+            trying[0] = False
             freed = self._displaced and (yield from self._release_displaced(token))
             if freed and not attempt.acquired:
                 # The lock was a lost try's of this object: once more, now it is free.
                 take = self._op_acquire(token, ttl_ms, meta, None, -1)
+                trying[0] = True
                 attempt = yield by_deadline(deadline, take)
+                trying[0] = False
             if (
                 not attempt.acquired
                 and blocking
@@ -798,7 +812,7 @@ class BaseLock:
                 # A waiter with an id is woken by that id alone; else by the release channel.
                 queued = self.queued or self.backend.wakes_one
                 waiter = self.backend.new_waiter_id() if queued else None
-                attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline)
+                attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline, trying)
             return attempt  # in the try: an interrupt here hands the grant back too
         except LockError as exc:
             # No answer (BackendUnavailable, QuorumNotReached): the try may have taken the
@@ -827,7 +841,7 @@ class BaseLock:
                 self._unsure_token = None
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
             observe.acquire_ended(self, started, failed, None, span)
-            yield from self._hand_back(owner, token)
+            yield from self._hand_back(owner, token, trying[0])
             raise
 
     def _late_take(self, token: str, command: asyncio.Future[Attempt]) -> None:
@@ -860,14 +874,19 @@ class BaseLock:
             again = functools.partial(self._give_back_again, token, token)
             self._finish_later(self._give_back(token, token), again)
 
-    def _hand_back(self, owner: str, token: str) -> Steps[None]:
+    def _hand_back(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
         """Give back a hold the server may have granted that this object does not hold (an
         interrupt before it was recorded). A reentrant count is marked unsure and settled
         now (else before the owner's next operation); a plain hold is released by its
         token, kept for a next try only while that release has not gone unanswered (an
         unanswered one may land late: the next try takes a new token, and the grant, if
         any, expires at its TTL). An error of the hand-back is not raised: the caller
-        raises what interrupted it."""
+        raises what interrupted it.
+
+        ``marks``: the try may still be on the wire. The hand-back goes on another
+        connection and may reach the server first: finding nothing, it leaves a marker that
+        refuses that try when it lands (backend.op_hand_back; a reentrant owner's settle
+        refuses its older writes). Without a try on the wire, nothing is marked."""
         self._unsure(owner)
         if not self.reentrant:
             if not finisher.on_finisher():
@@ -878,7 +897,7 @@ class BaseLock:
                 # hand-back's release, landing after its grant (review wai2, 1).
                 self._unsure_token = None
         try:
-            yield from self._give_back(owner, token)
+            yield from self._give_back(owner, token, marks)
         except asyncio.CancelledError:
             # Cancelled again: a task of its own finishes it. A next try of this object (the
             # caller may catch the cancellation) takes a new token: the task's release would
@@ -887,18 +906,18 @@ class BaseLock:
                 self._handing_back.add(token)
                 if self._unsure_token == token:
                     self._unsure_token = None
-            again = functools.partial(self._give_back_again, owner, token)
-            self._finish_later(self._give_back(owner, token), again)
+            again = functools.partial(self._give_back_again, owner, token, marks)
+            self._finish_later(self._give_back(owner, token, marks), again)
             raise
         except Exception:
             pass
 
-    def _give_back(self, owner: str, token: str) -> Steps[None]:
+    def _give_back(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
         if self.reentrant:
-            yield from self._settle(owner)
+            yield from self._settle(owner, marks)
             return
         try:
-            yield self._op_release(token)
+            yield self._op_hand_back(token) if marks else self._op_release(token)
         except BaseException as exc:
             # Unanswered (no reply, or an interrupt while waiting for it), the release may
             # still run at any later time (TCP delivers what was written before a close): a
@@ -914,13 +933,13 @@ class BaseLock:
         if self._unsure_token == token:
             self._unsure_token = None
 
-    def _give_back_again(self, owner: str, token: str) -> Steps[None]:
+    def _give_back_again(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
         """A hand-back whose finishing task was cancelled, given back once more unless done
         since (a plain token's release answered, or unanswered: nothing more to do). No try
         of this object takes such a token up (see :meth:`_hand_back`). A reentrant count is
         settled (what the objects hold: never a later level)."""
         if self.reentrant or token in self._handing_back:
-            yield from self._give_back(owner, token)
+            yield from self._give_back(owner, token, marks)
 
     def _nests_in_nothing(self, owner: str, current: Hold | None, attempt: Attempt) -> bool:
         """Whether a reentrant grant is a new hold where this process holds levels: a new
@@ -965,7 +984,13 @@ class BaseLock:
         )
 
     def _wait(
-        self, token: str, ttl_ms: int, meta: str, waiter: str | None, deadline: float | None
+        self,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        waiter: str | None,
+        deadline: float | None,
+        trying: list[bool],
     ) -> Steps[Attempt]:
         """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly.
 
@@ -994,7 +1019,9 @@ class BaseLock:
                 take = self._op_acquire(token, ttl_ms, meta, waiter, wait_ms)
                 if not self.reentrant:  # (a reentrant count is settled at its next operation)
                     take = replace(take, late=functools.partial(self._late_take, token))
+                trying[0] = True  # (see _try_or_wait)
                 attempt = yield by_deadline(deadline, take)
+                trying[0] = False
                 handle[1].baton = False  # tried: a wake-up we were handed is used up
                 if attempt.acquired:
                     if waiter:  # taken: out of the server's waiters, nothing to leave

@@ -43,7 +43,7 @@ class ReadLock(LeaseLock):
             )
         return (yield from super()._acquire(blocking, timeout))
 
-    def _settle(self, owner: str) -> Steps[None]:
+    def _settle(self, owner: str, marks: bool = True) -> Steps[None]:
         yield from self._settle_reads(owner)
 
     def _busy(self, info: LockInfo | None) -> bool:

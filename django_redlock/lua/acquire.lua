@@ -1,6 +1,7 @@
 -- Acquire a lock of any kind in one atomic step.
 -- KEYS: lock, fence counter, queue, deadlines, plain waiters
---       [, node marker (Redlock's restart guard)].
+--       [, hand-back marker (the token's: a plain or fair one's is written by release.lua,
+--       a reentrant owner's by settle.lua)[, node marker (Redlock's restart guard)]].
 -- ARGV: token, ttl ms, holder metadata, reentrant ('0': plain; '1', or a reentrant owner's
 --       ordered write 'seq|levels': its number and the levels the owner holds before it, see
 --       order_stale in _hold.lua), fair ('1'/'0'),
@@ -13,26 +14,33 @@
 -- (a semaphore, a read-write lock) hold the name (see other_kind in _hold.lua); {-3} when an
 -- ordered write is older than one the hold applied (it ran late: nothing done); {-4} when an
 -- ordered re-entry (levels > 0) finds no hold of the owner's: the hold it nests in is gone,
--- and nothing is taken.
--- The common case (a plain lock, free, nobody queued, a one-off try: 5 keys, 5 arguments)
+-- and nothing is taken; {0, -1} when the token was handed back (its marker is there):
+-- nothing taken, nothing registered or queued; {-3} too when a reentrant owner's ordered
+-- write is not newer than the write its marker holds (a settle that found nothing held).
+-- A hand-back may precede the try it hands back: the try was delayed on the wire when its
+-- caller was cancelled or interrupted, and the clean-up's release, on another connection,
+-- got there first, found nothing to release and left the marker. Granted now, the hold would
+-- be nobody's until its TTL: the marker settles the order.
+-- The common case (a plain lock, free, nobody queued, a one-off try: 5 arguments)
 -- runs first, flat, before any helper is defined: `--! include _hold` builds a closure per
 -- helper on every call, which cost that case more than its commands (issue 46). It does
 -- what hold_take and fence_next in _hold.lua do (keep them in step); anything else (a held
--- lock, a queue) goes on below with what it read (the clock, the queue's EXISTS).
+-- lock, a queue, a hand-back marker) goes on below with what it read (the clock, EXISTS).
 -- The helpers for waiting and queueing are spliced in after that: taking a free lock never
 -- defines them.
 -- A registered waiter's or a queue head's take tells the next waiter to stand down (the
 -- bounded hand-off: HAND_OFF_MS in _wake.lua).
 local lock, counter, queue, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local waiting, marker = KEYS[5], KEYS[6]
+local waiting, back, marker = KEYS[5], KEYS[6], KEYS[7]
 local token, ttl, meta = ARGV[1], ARGV[2], ARGV[3]
 local plain_try = #ARGV == 5 and not marker and ARGV[4] == '0' and ARGV[5] == '0'
-local clock, queued
+local clock, queued, handed
 if plain_try then
   clock = redis.call('TIME')
-  -- A name whose fair queue has waiters is taken in queue order, whatever kind tries.
-  queued = redis.call('EXISTS', queue) == 1
-  if not queued then
+  -- A name whose fair queue has waiters is taken in queue order, whatever kind tries. One
+  -- EXISTS for the queue and the hand-back marker (rare): either sends the try on below.
+  if redis.call('EXISTS', queue, back or queue) == 0 then
+    queued, handed = false, false
     -- The next fence: above the counter ('fence|token', or a bare 'fence'), at least the
     -- clock in us; integer text (a Lua number as text would be '1.76e+15').
     local last, prior = 0, ''
@@ -50,6 +58,24 @@ if plain_try then
       redis.call('SET', counter, text .. '|' .. token, 'PX', math.max(tonumber(ttl), 60000))
       return {1, fence, 1, prior}
     end
+  end
+end
+if back and ARGV[4] == '0' then
+  if handed == nil then
+    handed = redis.call('EXISTS', back) == 1
+  end
+  if handed then
+    -- Left to its TTL: a second late try of the token (one kept after an unanswered try)
+    -- is refused too.
+    return {0, -1}
+  end
+elseif back then
+  -- A reentrant owner's token is itself, taken again later: only its older writes are
+  -- refused, as order_stale refuses them where the hold is there.
+  local seq = tonumber(string.match(ARGV[4], '^(%d+)|'))
+  local last = seq and tonumber(redis.call('GET', back))
+  if last and seq <= last then
+    return {-3}
   end
 end
 --! include _may_publish

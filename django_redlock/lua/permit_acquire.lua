@@ -1,7 +1,8 @@
 -- Take a lease on a semaphore (mode 's': at most `limit` at once) or a read-write lock
 -- (mode 'r': many readers; 'w': one writer, no readers) in one atomic step.
 -- KEYS: leases, details, fence counter, release channel (the leases' own key where nobody
---       listens there), plain waiters, queue, deadlines, waiting writers.
+--       listens there), plain waiters, queue, deadlines, waiting writers[, hand-back marker
+--       (a permit's or a write's token's, see permit_release.lua)].
 -- ARGV: token, ttl ms, holder metadata, mode, limit (s), fair ('1'/'0', s)[, waiter id,
 --       wait ms (-1: a one-off try that never queues or registers), inbox channel prefix,
 --       the caller's read token (w: a reader asking to write is refused, or it would wait
@@ -9,7 +10,9 @@
 -- Returns {1, fence, hold count, token of the exclusive hold given a fence before (a writer's;
 -- '': unknown)} when held by the caller; {0, ms until something may change
 -- (-1: wait for a message)}; {-2, kind} when another kind holds the name ('lock': a plain,
--- reentrant or fair one; 'semaphore'; 'read-write lock'); {-3} for a read-to-write upgrade.
+-- reentrant or fair one; 'semaphore'; 'read-write lock'); {-3} for a read-to-write upgrade;
+-- {0, -1} for a token handed back (its marker there: a hand-back, on another connection,
+-- overtook this try on the wire), which takes and registers nothing (see acquire.lua).
 -- One name is one kind at a time: a lock's key is a string or hash (WRONGTYPE here), and a
 -- semaphore's and a read-write lock's live leases are told apart by the details' ':kind'
 -- (see _permits.lua), looked up only when the name has leases already.
@@ -29,6 +32,9 @@ local token, ttl, meta, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local limit, fair = tonumber(ARGV[5]), ARGV[6] == '1'
 local waiter, wait = ARGV[7] or token, tonumber(ARGV[8] or '-1')
 local inbox, reader = ARGV[9] or '', ARGV[10] or ''
+if KEYS[9] and redis.call('EXISTS', KEYS[9]) == 1 then
+  return {0, -1}
+end
 local now = now_ms()
 
 -- A lock has this name (a string or hash: WRONGTYPE). A semaphore counts its leases first,

@@ -1,7 +1,9 @@
 -- Release one hold of a lease (a permit, a read or a write); free the lease when none are
 -- left, and wake as many waiters as can now take one (see leases_wake).
 -- KEYS: leases, details, release channel (the leases' own key where nobody listens there),
---       plain waiters, queue, deadlines, waiting writers.
+--       plain waiters, queue, deadlines, waiting writers[, hand-back marker: given by a
+--       permit's or a write's hand-back, whose token holding nothing is marked (as
+--       release.lua marks a lock's: see there, and permit_acquire.lua)].
 -- ARGV: token, inbox channel prefix[, the mode it was taken in: 's', 'r' or 'w' (absent:
 --       read from its details)].
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
@@ -17,11 +19,15 @@ end
 local token, inbox = ARGV[1], ARGV[2]
 local now = now_ms()
 local expiry = redis.pcall('ZSCORE', leases, token)
+local back = KEYS[8]
 if wrongtype(expiry) then -- the name is a lock's now: this lease is long gone
   return -1
 end
 local count, _, mode = lease_mine(leases, details, token, now, expiry, ARGV[3])
 if count == 0 then
+  if back then -- as long as release.lua's HANDED_BACK_MS (keep them in step)
+    redis.call('SET', back, '1', 'PX', 120000)
+  end
   return -1
 end
 if count > 1 then

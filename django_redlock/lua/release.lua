@@ -2,7 +2,8 @@
 -- (lock_freed in _hold.lua, lock_wake in _queue.lua).
 -- KEYS: lock, release channel (the lock's own key where nobody listens there: a key outside
 --       the prefix would be refused to a Redis user limited to it), plain waiters, queue,
---       deadlines.
+--       deadlines[, hand-back marker: given by a hand-back (a plain or fair hold's, see
+--       acquire.lua), whose token holding nothing is marked HANDED_BACK_MS].
 -- ARGV: token, inbox channel prefix[, the hold's kind: '0' plain, '1' reentrant, or a
 --       reentrant owner's ordered write 'seq|levels': its number and the levels the owner
 --       holds once this one is released, which the hold is set to, so that a count a lost
@@ -22,12 +23,23 @@ if channel == lock then
   channel = ''
 end
 local token, inbox = ARGV[1], ARGV[2]
+local back = KEYS[6]
+-- A hand-back that finds nothing to release may have overtaken its own try, still on the wire
+-- (acquire.lua refuses a marked token): the marker outlives such a try, whatever the lock's
+-- TTL. A request written before its connection was dropped is delivered by TCP's
+-- retransmissions, which Linux gives up on an orphaned socket after about 100 s
+-- (tcp_orphan_retries: 8 backoffs from 200 ms). Only a hand-back writes one: nothing more on
+-- a release's path.
+local HANDED_BACK_MS = 120000
 local kind = ARGV[3] or ''
 local woken -- the reply once the lock is freed and someone is to be woken (lock_wake)
 if kind == '0' then
   local value = redis.pcall('GET', lock)
   if type(value) ~= 'table' then -- an error (WRONGTYPE, an ACL's refusal): hold_mine's, below
     if not value or string.sub(value, 1, #token + 1) ~= token .. '|' then
+      if back then
+        redis.call('SET', back, '1', 'PX', HANDED_BACK_MS)
+      end
       return -1
     end
     local announce = channel ~= '' and string.byte(inbox, -1) ~= 42 -- announces() in _hold.lua
@@ -53,6 +65,9 @@ end
 if not woken then
   local count, fence = hold_mine(lock, token, kind == '0' and 'string' or kind ~= '' and 'hash' or nil)
   if count == 0 then
+    if back then
+      redis.call('SET', back, '1', 'PX', HANDED_BACK_MS)
+    end
     return -1
   end
   local seq, levels, mine = order_read(kind)

@@ -4,7 +4,7 @@
 -- 0 frees the lock and wakes its waiters, as a release does. An owner that holds nothing
 -- (it expired, or someone else holds the lock) is left alone.
 -- KEYS: lock, release channel (the lock's own key where nobody listens there), plain waiters,
---       queue, deadlines.
+--       queue, deadlines[, the owner's hand-back marker].
 -- ARGV: owner, count, inbox channel prefix[, the write's number (order_stale in _hold.lua)].
 -- Returns the owner's count now (0: none); -3 when the write is older than one the hold
 -- applied (it ran late: nothing done).
@@ -16,6 +16,17 @@ local lock, owner, count = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local channel = KEYS[2] ~= lock and KEYS[2] or ''
 local seq = tonumber(ARGV[4])
 if hold_mine(lock, owner, 'hash') == 0 then
+  local back = KEYS[6]
+  if seq and back then
+    -- Nothing held as of this write: an older write of the owner's still on the wire (an
+    -- interrupted try, this settle its hand-back, sent on another connection) must take
+    -- nothing when it lands: acquire.lua refuses the owner's writes up to this one. Kept as
+    -- long as release.lua's HANDED_BACK_MS (keep them in step).
+    local last = tonumber(redis.call('GET', back))
+    if not last or last < seq then
+      redis.call('SET', back, string.format('%d', seq), 'PX', 120000)
+    end
+  end
   return 0
 end
 if order_stale(lock, seq) then

@@ -16,6 +16,7 @@ from django_redlock.testing import RedisServer
 
 META = "host|1|MainThread"
 AHEAD = 4_000_000_000_000_000  # a counter far past the clock (µs): a clock stepped back
+PLAIN = Kind()
 
 
 def _acquire(client: Any, name: str, token: str, flat: bool) -> list[Any]:
@@ -163,3 +164,70 @@ def test_a_plain_release_announces_on_the_release_channel(
     message = listener.get_message(timeout=1)
     assert message is not None and message["data"] == b"released", message
     listener.close()
+
+
+def _hand_back(client: Any, name: str, token: str, flat: bool, kind: Kind = PLAIN) -> Any:
+    """release.lua as a hand-back sends it (the marker's key too): flat or helpers' path."""
+    call = locks["redis"].op_hand_back(name, token, kind).request
+    args = list(call.args) if flat else list(call.args[:2])
+    return client.eval(call.script.source, len(call.keys), *call.keys, *args)
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "helpers"])
+def test_a_hand_back_that_finds_nothing_refuses_its_token_s_late_try(
+    redis_server: RedisServer, flat: bool
+) -> None:
+    """A hand-back may reach the server before the try it hands back (review wai2, 3): it
+    finds nothing, marks the token, and the try is refused when it lands, on either path;
+    another token is not. A plain release of nothing writes no marker; a hand-back of a
+    hold it finds frees it and writes none either."""
+    client, backend = redis_server.client(), locks["redis"]
+    name = "fast:handed"
+    marker = backend.handed_back_key(name, "late")
+    assert _release(client, name, "late", flat) == -1
+    assert client.exists(marker) == 0  # a release's path writes nothing more
+    assert _hand_back(client, name, "late", flat) == -1
+    assert 115_000 < client.pttl(marker) <= 120_000  # longer than a try can be delayed
+    assert _acquire(client, name, "late", flat) == [0, -1]
+    assert _acquire(client, name, "late", flat) == [0, -1]  # a second late try too
+    assert client.exists(backend.key(name)) == 0
+    assert _acquire(client, name, "other", flat)[0] == 1  # the lock is free for others
+    assert _hand_back(client, name, "other", flat) == 0  # found: freed, no marker
+    assert client.exists(backend.handed_back_key(name, "other")) == 0
+    assert client.exists(backend.key(name)) == 0
+
+
+def test_a_late_fair_or_waiting_try_of_a_handed_back_token_takes_and_registers_nothing(
+    redis_server: RedisServer,
+) -> None:
+    client, backend = redis_server.client(), locks["redis"]
+    name = "fast:handed-fair"
+    assert _hand_back(client, name, "late", True, Kind(fair=True)) == -1
+    for kind in (Kind(fair=True), Kind()):
+        call = backend.op_acquire(name, "late", 30_000, META, kind, "p3.1", 10_000).request
+        assert client.eval(call.script.source, len(call.keys), *call.keys, *call.args) == [0, -1]
+    assert client.exists(backend.key(name), backend.queue_key(name)) == 0
+    assert client.exists(backend.waiting_key(name)) == 0
+
+
+def test_a_reentrant_owner_s_settle_that_finds_nothing_refuses_only_its_older_writes(
+    redis_server: RedisServer,
+) -> None:
+    """A reentrant owner's token is itself, taken again later: its hand-back (a settle to 0)
+    that finds nothing marks the write's number, and refuses only the owner's older writes
+    (-3: ran late) when they land; a newer one takes the lock."""
+    client, backend, kind = redis_server.client(), locks["redis"], Kind(reentrant=True)
+    name = "fast:handed-reentrant"
+
+    def run(call: Any) -> Any:
+        return client.eval(call.script.source, len(call.keys), *call.keys, *call.args)
+
+    def acquire(seq: int) -> Any:
+        return run(backend.op_acquire(name, "owner", 30_000, META, kind, order=(seq, 0)).request)
+
+    assert run(backend.op_settle(name, "owner", 0, 10).request) == 0
+    assert client.get(backend.handed_back_key(name, "owner")) == b"10"
+    assert run(backend.op_settle(name, "owner", 0, 7).request) == 0  # an older one: kept 10
+    assert client.get(backend.handed_back_key(name, "owner")) == b"10"
+    assert acquire(9) == [-3] and client.exists(backend.key(name)) == 0
+    assert acquire(11)[:3] == [1, acquire(12)[1], 1]  # taken, then re-taken (ordered: 0 + 1)

@@ -153,7 +153,8 @@ def test_a_cluster_client_goes_through_redis_py(_cluster_alias: None, name: str)
 
 GUARDED = {
     # script: (keys, args), the node marker last among the keys and the guard last (ms)
-    "acquire": (["rg:{l}", "rg:{l}:f", "rg:{l}:q", "rg:{l}:d", "rg:{l}:w", "rg:node"],
+    "acquire": (["rg:{l}", "rg:{l}:f", "rg:{l}:q", "rg:{l}:d", "rg:{l}:w", "rg:{l}:b:tok",
+                 "rg:node"],
                 ["tok", 30000, "{}", "0", "0", 1000]),
     "redlock_acquire": (["rg:{l}", "rg:{l}:f", "rg:node"], ["tok", 30000, "{}", 0, 1000]),
 }  # fmt: skip

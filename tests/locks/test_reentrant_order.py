@@ -247,18 +247,15 @@ def test_a_first_acquire_run_late_on_the_owner_s_expired_next_hold_does_not_hide
     assert not lock(name, using=alias).locked(), "the late try's hold was left held"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not fixed: extend.lua and renew.lua (the watchdog) check the owner's token only, not"
-    " the hold's fence: a hold a late first try made after the owner's hold expired is"
-    " extended as the owner's",
-)
 def test_an_extend_after_a_late_first_acquire_remade_the_expired_hold_says_it_was_lost(
     proxied: tuple[LossyProxy, str], name: str
 ) -> None:
     """As above, but the owner extends (as its watchdog renews) before it releases: the
-    extend finds the late try's hold under the owner's token and keeps it, so the owner goes
-    on as if its hold had never expired."""
+    extend found the late try's hold under the owner's token and kept it (extend.lua and
+    renew.lua check the owner's token only, not the hold's fence), so the owner went on as if
+    its hold had never expired. The late try no longer takes it: the second acquire settled
+    the owner's unsure count first, found nothing held and marked the owner's writes up to
+    that settle (settle.lua), so the older try is refused when it lands (acquire.lua)."""
     proxy, alias = proxied
     proxy.delay_from(script("acquire").sha.encode())
     with pytest.raises(BackendUnavailable):
