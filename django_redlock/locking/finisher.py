@@ -122,10 +122,12 @@ def finishing_task(
 
 
 def in_collection() -> bool:
-    """Whether a garbage collection is under way: a finalizer that runs now may be in any
-    thread, at any allocation, and hands its work over. (Also true in another thread while
-    a collection's finalizer lets the GIL go: deferred then too, the safe side.)"""
-    return _collections[0] > 0
+    """Whether this thread is in a garbage collection: a finalizer that runs now may be at
+    any allocation, and hands its work over. Only the collecting thread's: another thread,
+    running while a collection's finalizer lets the GIL go, awaits as ever (an async
+    generator's ``aclose()`` on its running loop returned before its release; review asy4
+    6). The collector runs finalizers, and its callbacks, in the thread that collects."""
+    return _collecting_thread[0] == threading.get_ident()
 
 
 def must_hand_over() -> bool:
@@ -141,12 +143,14 @@ def must_hand_over() -> bool:
     return False
 
 
-_collections = [0]  # under way (gc.callbacks: a "start", then a "stop")
+#: The thread whose collection is under way (gc.callbacks: a "start", then a "stop"; one
+#: collection at a time in the process: another thread's allocation does not start one).
+_collecting_thread: list[int | None] = [None]
 
 
 def _collecting(phase: str, info: dict[str, int]) -> None:
     # No lock, no I/O: one list store (this runs inside the collection).
-    _collections[0] += 1 if phase == "start" else -1
+    _collecting_thread[0] = threading.get_ident() if phase == "start" else None
 
 
 gc.callbacks.append(_collecting)

@@ -519,3 +519,43 @@ def test_an_async_generator_s_aclose_on_its_loop_still_releases_before_it_return
     newcomer = lock(name, using="redis", ttl=30)
     assert newcomer.acquire(blocking=False)
     newcomer.release()
+
+
+def test_an_async_generator_s_aclose_releases_before_it_returns_while_another_thread_collects(
+    name: str,
+) -> None:
+    """Review asy4 6: another thread's collection, its finalizer letting the GIL go, made
+    every thread look "in a collection": ``aclose()`` handed the release to the finisher and
+    returned with the hold still on the server and in the object."""
+    held = lock(name, using="redis", ttl=30)
+
+    class Slow:
+        me: Any = None
+
+        def __del__(self) -> None:
+            time.sleep(0.6)  # a finalizer that lets the GIL go (I/O, a lock's wait)
+
+    def collect() -> None:
+        cycle = Slow()
+        cycle.me = cycle  # only the collector frees it
+        del cycle
+        gc.collect()
+
+    async def rows() -> Any:
+        async with held:
+            yield 1
+
+    async def main() -> None:
+        gen = rows()
+        assert await gen.__anext__() == 1
+        collecting = threading.Thread(target=collect)
+        collecting.start()
+        await asyncio.sleep(0.2)  # the other thread is inside its finalizer
+        await gen.aclose()
+        assert held.token is None, "aclose() returned with the hold not released"
+        collecting.join(5)
+
+    asyncio.run(main())
+    newcomer = lock(name, using="redis", ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
