@@ -389,6 +389,23 @@ def test_a_release_waiting_when_its_loop_is_closed_is_finished_by_the_finisher(
     hand-over only marked the hold "releasing"; twice, the collector's close of a task that
     never started ran none of its code. Either way nothing was sent, and the name was held by
     nobody to its TTL on an answering server."""
+    _closed_in_its_release(monkeypatch, name, kind, cut, next_loop=True)
+
+
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_a_release_left_to_a_task_a_closed_loop_never_started_is_sent_with_no_next_loop(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str
+) -> None:
+    """As above (cut twice) with no other loop using the backend afterwards (a management
+    command, a worker whose other code is sync). Before: the backend kept the closed loop's
+    client, and through it the loop and its never-started task: never collected, the
+    release never sent (review asy4 4)."""
+    _closed_in_its_release(monkeypatch, name, kind, "twice", next_loop=False)
+
+
+def _closed_in_its_release(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str, cut: str, next_loop: bool
+) -> None:
     names = [f"{name}:a", f"{name}:b"] if kind == "lock_all" else [name]
     state = _held_back(monkeypatch, "redis")
 
@@ -411,7 +428,8 @@ def test_a_release_waiting_when_its_loop_is_closed_is_finished_by_the_finisher(
     loop.close()
     del loop
     monkeypatch.undo()
-    asyncio.run(lock(f"{name}:next", using="redis").alocked())  # lets the closed loop go
+    if next_loop:
+        asyncio.run(lock(f"{name}:next", using="redis").alocked())
     gc.collect()
     assert finisher.wait_finished(5)
     held = [n for n in names if lock(n, using="redis").locked()]
