@@ -20,7 +20,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .. import forks
 from ..waiters import start_thread
@@ -154,6 +154,31 @@ def _collecting(phase: str, info: dict[str, int]) -> None:
 
 
 gc.callbacks.append(_collecting)
+
+
+class Exiting(Protocol):
+    """A lock a block holds (``Lock``, ``lock_all``'s ``MultiLock``)."""
+
+    async def arelease(self) -> None: ...
+    def finish_release_later(self) -> None: ...
+    def release_closed(self) -> None: ...
+
+
+async def arelease_exiting(held: Exiting) -> None:
+    """``held.arelease()`` as a block's exit (``async with``, ``lock_all``, an async
+    ``lock_view``). Cancelled inside (a second cancellation, say, in a pooled connection's
+    wait), it is finished by a task of its own. Closed inside (its loop torn down as it
+    waited), the driver's hand-over leaves the hold "releasing", sent or not: the finisher
+    sends it once more after it (review asy3 1; one copy for all three, review asy4 5)."""
+    try:
+        await held.arelease()
+    except asyncio.CancelledError:
+        held.finish_release_later()
+        raise
+    except GeneratorExit:
+        if must_hand_over():
+            held.release_closed()
+        raise
 
 
 def hand(job: Callable[[], object]) -> None:

@@ -434,3 +434,37 @@ def _closed_in_its_release(
     assert finisher.wait_finished(5)
     held = [n for n in names if lock(n, using="redis").locked()]
     assert held == [], "the release was never sent"
+
+
+def test_an_async_lock_view_s_release_waiting_when_its_loop_is_closed_is_sent(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """As ``async with``'s above (cut once), for an async ``lock_view``: its release waits
+    for a connection as its loop is closed. Before: the view's release had no close path,
+    the hold was left "releasing" and never sent: held by nobody to its TTL (review asy4 5)."""
+    from django.http import HttpRequest, HttpResponse
+    from django.test import RequestFactory
+
+    from django_redlock import lock_view
+
+    state = _held_back(monkeypatch, "redis")
+
+    @lock_view(name, using="redis", ttl=20)
+    async def view(request: HttpRequest) -> HttpResponse:
+        state.append("hold")  # its release waits for a connection
+        return HttpResponse("ran")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(view(RequestFactory().get("/")))
+        await asyncio.sleep(0.3)  # the view returned, its release waiting
+        assert not task.done()
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(main())
+    loop.close()
+    del loop
+    monkeypatch.undo()
+    gc.collect()
+    assert finisher.wait_finished(5)
+    assert not lock(name, using="redis").locked(), "the release was never sent"
