@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import logging
@@ -217,12 +216,9 @@ class _ViewGuard:
 
     async def _arelease(self, held: BaseLock) -> None:
         try:
-            await held.arelease()
+            await finisher.arelease_exiting(held)  # as async with: cancelled, closed
         except LockError as exc:  # it runs out at its TTL; the answer stands
             logger.warning("redlock: %s", exc)
-        except asyncio.CancelledError:  # a disconnect: finished all the same, as async with
-            held.finish_release_later()
-            raise
 
     def run_sync(
         self, view: Any, request: HttpRequest, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -128,9 +128,7 @@ class RedisBackend(BaseLockBackend):
     def __init__(self, alias: str, params: Any) -> None:
         super().__init__(alias, params)
         self._client: Any = None
-        self._aclients: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, tuple[Any, AsyncGenerator[None, None]]
-        ] = weakref.WeakKeyDictionary()
+        self._aclients = PerLoop()
         self._hub: PubSubHub | None = None
         self._owed: Owed = {}  # leaves owed by closed hubs, for the next one (_owe)
         self._setup = threading.RLock()
@@ -189,8 +187,6 @@ class RedisBackend(BaseLockBackend):
         entry = self._aclients.get(loop)
         if entry is None:
             with self._setup:
-                for old in [old for old in self._aclients if old.is_closed()]:
-                    del self._aclients[old]  # closed without shutdown_asyncgens(): let go
                 entry = self._aclients[loop] = _closing_with_loop(self.make_async_client())
         return entry[0]
 
@@ -742,7 +738,7 @@ class RedisBackend(BaseLockBackend):
                 # Ours (a cache's pool is let go before this: see DjangoRedisBackend.close):
                 # closed now, not when the garbage collector gets to its connections.
                 pool.disconnect()
-        aclients, self._aclients = self._aclients, weakref.WeakKeyDictionary()
+        aclients, self._aclients = self._aclients, PerLoop()
         options = {**self.default_options, **self.options}
         # A command in flight has its connection for a socket timeout, after one for a free
         # connection (the blocking pool's), then a little for the loop to get to it.
@@ -1108,7 +1104,68 @@ class AsyncPool(redis.asyncio.BlockingConnectionPool):
         await super().ensure_connection(connection)
 
 
-def _closing_with_loop(client: Any) -> tuple[Any, AsyncGenerator[None, None]]:
+AsyncEntry = tuple[Any, AsyncGenerator[None, None]]  # a loop's client, and its closer
+
+
+class PerLoop:
+    """Each event loop's async client (:func:`_closing_with_loop`), kept by the loop itself.
+
+    Not by the backend: the client references its loop (its connections' transports), so a
+    backend's map kept a loop closed without ``shutdown_asyncgens()``, its connections and any
+    task waiting on them, until another loop's first client. That task was never collected:
+    its clean-up never ran (a grant or a hold held by nobody, renewed for good inside ``async
+    with``; review asy4 2-4). Kept by the loop, they are garbage together. Changed under the
+    backend's ``_setup``."""
+
+    _attribute = "django_redlock_clients"
+
+    def __init__(self) -> None:
+        self._loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        # A loop that takes no attributes (uvloop's): kept here, as every loop's was before.
+        self._kept: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEntry] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def _of(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> weakref.WeakKeyDictionary[PerLoop, AsyncEntry]:
+        return getattr(loop, self._attribute, None) or weakref.WeakKeyDictionary()
+
+    def get(self, loop: asyncio.AbstractEventLoop) -> AsyncEntry | None:
+        mine = getattr(loop, self._attribute, None)
+        return self._kept.get(loop) if mine is None else mine.get(self)
+
+    def __setitem__(self, loop: asyncio.AbstractEventLoop, entry: AsyncEntry) -> None:
+        for old in [old for old in self._loops if old.is_closed()]:
+            self._of(old).pop(self, None)  # closed without shutdown_asyncgens(): let go
+            self._loops.discard(old)
+        for old in [old for old in self._kept if old.is_closed()]:
+            del self._kept[old]
+        mine = getattr(loop, self._attribute, None)
+        if mine is None:
+            mine = weakref.WeakKeyDictionary()
+            try:
+                setattr(loop, self._attribute, mine)
+            except AttributeError:
+                self._kept[loop] = entry
+                return
+        mine[self] = entry
+        self._loops.add(loop)
+
+    def items(self) -> list[tuple[asyncio.AbstractEventLoop, AsyncEntry]]:
+        found = [(loop, self._of(loop).get(self)) for loop in list(self._loops)]
+        return [(loop, entry) for loop, entry in found if entry is not None] + list(
+            self._kept.items()
+        )
+
+    def values(self) -> list[AsyncEntry]:
+        return [entry for _, entry in self.items()]
+
+    def __bool__(self) -> bool:
+        return bool(self.items())
+
+
+def _closing_with_loop(client: Any) -> AsyncEntry:
     """``client`` and an async generator that closes it when its loop shuts down.
 
     The generator is started here, so the running loop tracks it (asyncgen hooks);
@@ -1147,9 +1204,7 @@ def _disconnect_renewals(client: Any) -> None:
     pool.disconnect()
 
 
-def _retire(
-    loop: asyncio.AbstractEventLoop, entry: tuple[Any, AsyncGenerator[None, None]], after: float
-) -> None:
+def _retire(loop: asyncio.AbstractEventLoop, entry: AsyncEntry, after: float) -> None:
     """Close a closed backend's async client on its loop without cutting a command in
     flight: its idle connections now, the rest ``after`` the last command could have ended
     (dropped instead, its closer was finalised at once and closed the connections still in

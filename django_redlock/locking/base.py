@@ -1862,20 +1862,10 @@ class BaseLock:
             self.release_closed()
             return
         try:
-            await self._adrive(self._release())
+            await finisher.arelease_exiting(self)
         except LockNotOwned:
             if exc_type is None:
                 raise
-        except asyncio.CancelledError:
-            self.finish_release_later()
-            raise
-        except GeneratorExit:
-            # Closed inside its release (its loop torn down as the release waited): the
-            # driver handed the steps over, which leaves the hold "releasing", sent or not;
-            # the finisher sends it once more after them (review asy3 1).
-            if finisher.must_hand_over():
-                self.release_closed()
-            raise
 
     def release_closed(self) -> None:
         """Internal API (``async with``, ``lock_all``, ``lock_view``). The coroutine holding

@@ -20,7 +20,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .. import forks
 from ..waiters import start_thread
@@ -122,10 +122,12 @@ def finishing_task(
 
 
 def in_collection() -> bool:
-    """Whether a garbage collection is under way: a finalizer that runs now may be in any
-    thread, at any allocation, and hands its work over. (Also true in another thread while
-    a collection's finalizer lets the GIL go: deferred then too, the safe side.)"""
-    return _collections[0] > 0
+    """Whether this thread is in a garbage collection: a finalizer that runs now may be at
+    any allocation, and hands its work over. Only the collecting thread's: another thread,
+    running while a collection's finalizer lets the GIL go, awaits as ever (an async
+    generator's ``aclose()`` on its running loop returned before its release; review asy4
+    6). The collector runs finalizers, and its callbacks, in the thread that collects."""
+    return _collecting_thread[0] == threading.get_ident()
 
 
 def must_hand_over() -> bool:
@@ -141,15 +143,42 @@ def must_hand_over() -> bool:
     return False
 
 
-_collections = [0]  # under way (gc.callbacks: a "start", then a "stop")
+#: The thread whose collection is under way (gc.callbacks: a "start", then a "stop"; one
+#: collection at a time in the process: another thread's allocation does not start one).
+_collecting_thread: list[int | None] = [None]
 
 
 def _collecting(phase: str, info: dict[str, int]) -> None:
     # No lock, no I/O: one list store (this runs inside the collection).
-    _collections[0] += 1 if phase == "start" else -1
+    _collecting_thread[0] = threading.get_ident() if phase == "start" else None
 
 
 gc.callbacks.append(_collecting)
+
+
+class Exiting(Protocol):
+    """A lock a block holds (``Lock``, ``lock_all``'s ``MultiLock``)."""
+
+    async def arelease(self) -> None: ...
+    def finish_release_later(self) -> None: ...
+    def release_closed(self) -> None: ...
+
+
+async def arelease_exiting(held: Exiting) -> None:
+    """``held.arelease()`` as a block's exit (``async with``, ``lock_all``, an async
+    ``lock_view``). Cancelled inside (a second cancellation, say, in a pooled connection's
+    wait), it is finished by a task of its own. Closed inside (its loop torn down as it
+    waited), the driver's hand-over leaves the hold "releasing", sent or not: the finisher
+    sends it once more after it (review asy3 1; one copy for all three, review asy4 5)."""
+    try:
+        await held.arelease()
+    except asyncio.CancelledError:
+        held.finish_release_later()
+        raise
+    except GeneratorExit:
+        if must_hand_over():
+            held.release_closed()
+        raise
 
 
 def hand(job: Callable[[], object]) -> None:

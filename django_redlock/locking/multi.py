@@ -480,6 +480,11 @@ class MultiLock:
         every name, in the release order: no I/O here, the finisher releases them."""
         self._release_closed(self.locks[::-1])
 
+    def finish_release_later(self) -> None:
+        """Internal API (``async with``): :meth:`Lock.finish_release_later` for every name."""
+        for held in self.locks:
+            held.finish_release_later()
+
     def _release_closed(self, members: list[Lock]) -> None:
         for lk in members:
             lk.release_closed()
@@ -852,18 +857,10 @@ class MultiLock:
             self.release_closed()  # closed: nothing can be awaited (review asy, 4)
             return
         try:
-            await self.arelease()
+            await finisher.arelease_exiting(self)
         except LockNotOwned:
             if exc_type is None:
                 raise
-        except asyncio.CancelledError:  # cancelled during the release: finished all the same
-            for held in self.locks:
-                held.finish_release_later()
-            raise
-        except GeneratorExit:  # closed inside the release: as Lock.__aexit__ (review asy3 1)
-            if finisher.must_hand_over():
-                self.release_closed()
-            raise
 
     def _open_block(self, using: str, where: With | None = None) -> None:
         """The fenced block of ``with``: opened once every name is held, before the body:

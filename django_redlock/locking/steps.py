@@ -442,6 +442,7 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
     # A burst of two is thrown in as well (see _drive_all: no call in a handler, the state
     # looked at in the next round's try, the inner loop's back edge inside the outer try).
     cancels = _Cancels()
+    loop = asyncio.get_running_loop()  # this coroutine's: run elsewhere, it is being closed
     error: BaseException | None = None
     while True:  # again after an interrupt at the inner loop's back edge
         try:
@@ -451,7 +452,7 @@ async def _adrive(backend: BaseLockBackend, steps: Steps[T], watches: list[Any])
                         inspect.getgeneratorstate(steps) != inspect.GEN_SUSPENDED
                     ):
                         break  # the steps' own outcome (they are done), or none started
-                    return await _adrive_steps(backend, steps, error, watches, cancels)
+                    return await _adrive_steps(backend, steps, error, watches, cancels, loop)
                 except GeneratorExit:
                     raise  # closed: adrive hands the steps to the finisher
                 except BaseException as exc:
@@ -471,6 +472,7 @@ async def _adrive_steps(
     error: BaseException | None,
     watches: list[Any],
     cancels: _Cancels,
+    loop: asyncio.AbstractEventLoop,
 ) -> T:
     reply: Any = None
     while True:
@@ -521,11 +523,12 @@ async def _adrive_steps(
             # adrive hands them to the finisher (_finish_closed).
             raise
         except BaseException as exc:
-            if _no_running_loop():
-                # A close all the same, outside the loop: a clean-up on its way up needed the
+            if _not_running(loop):
+                # A close all the same, outside its loop: a clean-up on its way up needed the
                 # loop and replaced the GeneratorExit (redis-py's disconnect: "no running event
-                # loop"). Thrown into the steps, their hand-back would await in vain (review
-                # wai2 4: the grant was held by nobody to its TTL).
+                # loop", or "Event loop is closed" when collected inside the next request's
+                # loop). Thrown into the steps, their hand-back would await in vain (reviews
+                # wai2 4, asy4 1: the grant was held by nobody to its TTL).
                 raise GeneratorExit from exc
             if isinstance(exc, (BackendUnavailable, QuorumNotReached)):
                 observe.backend_error(backend)
@@ -533,12 +536,12 @@ async def _adrive_steps(
         error = cancels.lost(error)  # a swallowed cancellation: thrown in at this step
 
 
-def _no_running_loop() -> bool:
+def _not_running(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether ``loop`` is not the one running in this thread (none, or another)."""
     try:
-        asyncio.get_running_loop()
+        return asyncio.get_running_loop() is not loop
     except RuntimeError:
         return True
-    return False
 
 
 def _given(steps: Steps[None]) -> Steps[None]:

@@ -389,6 +389,23 @@ def test_a_release_waiting_when_its_loop_is_closed_is_finished_by_the_finisher(
     hand-over only marked the hold "releasing"; twice, the collector's close of a task that
     never started ran none of its code. Either way nothing was sent, and the name was held by
     nobody to its TTL on an answering server."""
+    _closed_in_its_release(monkeypatch, name, kind, cut, next_loop=True)
+
+
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_a_release_left_to_a_task_a_closed_loop_never_started_is_sent_with_no_next_loop(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str
+) -> None:
+    """As above (cut twice) with no other loop using the backend afterwards (a management
+    command, a worker whose other code is sync). Before: the backend kept the closed loop's
+    client, and through it the loop and its never-started task: never collected, the
+    release never sent (review asy4 4)."""
+    _closed_in_its_release(monkeypatch, name, kind, "twice", next_loop=False)
+
+
+def _closed_in_its_release(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str, cut: str, next_loop: bool
+) -> None:
     names = [f"{name}:a", f"{name}:b"] if kind == "lock_all" else [name]
     state = _held_back(monkeypatch, "redis")
 
@@ -411,8 +428,43 @@ def test_a_release_waiting_when_its_loop_is_closed_is_finished_by_the_finisher(
     loop.close()
     del loop
     monkeypatch.undo()
-    asyncio.run(lock(f"{name}:next", using="redis").alocked())  # lets the closed loop go
+    if next_loop:
+        asyncio.run(lock(f"{name}:next", using="redis").alocked())
     gc.collect()
     assert finisher.wait_finished(5)
     held = [n for n in names if lock(n, using="redis").locked()]
     assert held == [], "the release was never sent"
+
+
+def test_an_async_lock_view_s_release_waiting_when_its_loop_is_closed_is_sent(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """As ``async with``'s above (cut once), for an async ``lock_view``: its release waits
+    for a connection as its loop is closed. Before: the view's release had no close path,
+    the hold was left "releasing" and never sent: held by nobody to its TTL (review asy4 5)."""
+    from django.http import HttpRequest, HttpResponse
+    from django.test import RequestFactory
+
+    from django_redlock import lock_view
+
+    state = _held_back(monkeypatch, "redis")
+
+    @lock_view(name, using="redis", ttl=20)
+    async def view(request: HttpRequest) -> HttpResponse:
+        state.append("hold")  # its release waits for a connection
+        return HttpResponse("ran")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(view(RequestFactory().get("/")))
+        await asyncio.sleep(0.3)  # the view returned, its release waiting
+        assert not task.done()
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(main())
+    loop.close()
+    del loop
+    monkeypatch.undo()
+    gc.collect()
+    assert finisher.wait_finished(5)
+    assert not lock(name, using="redis").locked(), "the release was never sent"

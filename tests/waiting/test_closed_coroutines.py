@@ -390,6 +390,7 @@ def test_waiting_tasks_of_a_closed_loop_are_collected(
     tasks of a torn-down loop were never collected and their clean-up never ran. Collected
     now, their clean-up leaves the server's waiters; the collector closing their steps
     before the coroutines ("generator ignored GeneratorExit") would leave them in line."""
+    gc.collect()  # an earlier test's closed loops: their redis-py noise is not this test's
     unraisable: list[Any] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     holder = lock(name, using=alias, ttl=30, fair=fair)
@@ -420,6 +421,7 @@ def test_a_task_collected_inside_async_with_hands_its_release_to_the_finisher(
     """Review asy, 2: a pending task dropped inside ``async with`` is closed by the collector,
     on the running loop. Its exit awaited the release inside the collection ("coroutine
     ignored GeneratorExit"), and nothing went to the finisher: the hold stayed to its TTL."""
+    gc.collect()  # an earlier test's closed loops: their redis-py noise is not this test's
     unraisable: list[Any] = []
     monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
 
@@ -519,3 +521,135 @@ def test_an_async_generator_s_aclose_on_its_loop_still_releases_before_it_return
     newcomer = lock(name, using="redis", ttl=30)
     assert newcomer.acquire(blocking=False)
     newcomer.release()
+
+
+def test_an_async_generator_s_aclose_releases_before_it_returns_while_another_thread_collects(
+    name: str,
+) -> None:
+    """Review asy4 6: another thread's collection, its finalizer letting the GIL go, made
+    every thread look "in a collection": ``aclose()`` handed the release to the finisher and
+    returned with the hold still on the server and in the object."""
+    held = lock(name, using="redis", ttl=30)
+
+    class Slow:
+        me: Any = None
+
+        def __del__(self) -> None:
+            time.sleep(0.6)  # a finalizer that lets the GIL go (I/O, a lock's wait)
+
+    def collect() -> None:
+        cycle = Slow()
+        cycle.me = cycle  # only the collector frees it
+        del cycle
+        gc.collect()
+
+    async def rows() -> Any:
+        async with held:
+            yield 1
+
+    async def main() -> None:
+        gen = rows()
+        assert await gen.__anext__() == 1
+        collecting = threading.Thread(target=collect)
+        collecting.start()
+        await asyncio.sleep(0.2)  # the other thread is inside its finalizer
+        await gen.aclose()
+        assert held.token is None, "aclose() returned with the hold not released"
+        collecting.join(5)
+
+    asyncio.run(main())
+    newcomer = lock(name, using="redis", ttl=30)
+    assert newcomer.acquire(blocking=False)
+    newcomer.release()
+
+
+def _closed_with_a_reply_due(
+    redis_server: RedisServer,
+    work: Callable[[Callable[[], None]], Coroutine[Any, Any, Any]],
+    pause: str,
+) -> weakref.ref[asyncio.Task[Any]]:
+    """Run ``work`` (it calls the function it is given right before the command that is to
+    wait in the server: CLIENT PAUSE), close its loop with the task pending and wait out the
+    pause: the reply then comes to the closed loop's connection, never read."""
+    paused: list[bool] = []
+
+    def pause_now() -> None:
+        redis_server.client().execute_command("CLIENT", "PAUSE", 300, pause)
+        paused.append(True)
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(work(pause_now))
+    for _ in range(300):
+        loop.run_until_complete(asyncio.sleep(0.01))
+        if paused:
+            break
+    loop.run_until_complete(asyncio.sleep(0.05))  # the command sent, waiting in the server
+    assert paused and not task.done()
+    task._log_destroy_pending = False  # left pending on purpose
+    gone = weakref.ref(task)
+    loop.close()
+    del task, loop
+    time.sleep(0.4)  # the pause is over
+    return gone
+
+
+@pytest.mark.parametrize("where", ["outside any loop", "inside the next loop"])
+@pytest.mark.parametrize("kind", ["lock", "lock_all"])
+def test_a_take_closed_with_its_reply_due_hands_the_grant_back_wherever_collected(
+    redis_server: RedisServer, name: str, kind: str, where: str
+) -> None:
+    """The take's script waits in the server as its loop is closed; the grant comes later.
+    Before: the backend kept the closed loop's client, which kept the task (waiting on its
+    connection): never collected, the grant held by nobody to its TTL (review asy4 2); let go
+    by the next loop's first call and collected in that loop, redis-py's "Event loop is
+    closed" replaced the close and was taken for an ordinary error: nothing handed back
+    (review asy4 1)."""
+    names = [f"{name}:a", f"{name}:b"] if kind == "lock_all" else [name]
+
+    async def take(pause: Callable[[], None]) -> None:
+        warm: Any = lock(f"{name}:warm", using="redis")  # a connection, the scripts loaded
+        if kind == "lock_all":
+            warm = lock_all(f"{name}:warm", f"{name}:warm2", using="redis")
+        await warm.aacquire()
+        await warm.arelease()
+        taking: Any = lock_all(*names, using="redis", ttl=20) if kind == "lock_all" else None
+        pause()
+        await (taking or lock(name, using="redis", ttl=20)).aacquire(timeout=5)
+        await asyncio.sleep(30)
+
+    gone = _closed_with_a_reply_due(redis_server, take, "WRITE")
+    assert all(lock(n, using="redis").locked() for n in names), "setup: not granted"
+    if where == "inside the next loop":
+
+        async def next_request() -> None:
+            await lock(f"{name}:next", using="redis").alocked()
+            gc.collect()
+
+        asyncio.run(next_request())
+    else:
+        gc.collect()
+    assert gone() is None, "the closed task is kept"
+    assert finisher.wait_finished(5)
+    held = [n for n in names if lock(n, using="redis").locked()]
+    assert held == [], "the grant was held by nobody"
+
+
+def test_async_with_closed_with_its_body_s_reply_due_releases_through_the_finisher(
+    redis_server: RedisServer, name: str
+) -> None:
+    """The body awaits the lock's backend (``aowned()``) as its loop is closed. Before: the
+    backend kept the closed loop's client, and through it the task: never closed, its hold
+    renewed by the watchdog for as long as the process lived (review asy4 3)."""
+
+    async def body(pause: Callable[[], None]) -> None:
+        held = lock(name, using="redis", ttl=2)
+        async with held:
+            pause()
+            await held.aowned()
+            await asyncio.sleep(30)
+
+    gone = _closed_with_a_reply_due(redis_server, body, "ALL")
+    gc.collect()
+    assert gone() is None, "the closed task is kept"
+    assert finisher.wait_finished(5)
+    assert not lock(name, using="redis").locked(), "the closed task's hold is renewed"
