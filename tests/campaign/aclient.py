@@ -124,6 +124,7 @@ class Teardowns:
         self.on = bool(ctx.config.get("teardown"))
         self.rng = random.Random(int(ctx.config.get("seed") or 0) * 4243 + 1)  # its own
         self.plan: dict[str, Any] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the driver's (set by it)
 
     def draw(self, eligible: bool) -> dict[str, Any] | None:
         rng, self.plan = self.rng, None
@@ -150,7 +151,11 @@ class Teardowns:
                 plan["fired"] = time.time()
                 raise TornDown("teardown")
 
-        handle = asyncio.get_running_loop().call_later(at, fire)
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:  # only the client's own loop is torn down (on_loop's)
+            yield
+            return
+        handle = loop.call_later(at, fire)
         try:
             yield
         finally:
@@ -161,11 +166,11 @@ class Teardowns:
 class Driver:
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
+        self.tears = Teardowns(ctx)
         self.loop = asyncio.new_event_loop()
         #: Its own draws (which way a hold runs): the hold's own stay the client's.
         self.rng = random.Random(ctx.rng.random())
         self.blocks = LoopBlocks(ctx)
-        self.tears = Teardowns(ctx)
         self.last = 0  # the last hold number used (a twin takes one more)
 
     # -- how a hold is run -------------------------------------------------------------------
@@ -173,6 +178,7 @@ class Driver:
     def hold(self, lk: Any, hold: int, prefix: str, role: str) -> None:
         """Run one hold (two, with a twin: :attr:`last` says the last hold number used)."""
         ctx, rng = self.ctx, self.rng
+        self.tears.plan = None  # a plan never outlives its hold (an interrupt may end it)
         twin = ctx.kind == "reentrant" and rng.random() < 0.25
         self.last = hold + 1 if twin else hold  # taken even if an interrupt cuts it short
         roll = rng.random()
@@ -190,8 +196,10 @@ class Driver:
             # Not for an owner's hold (a reentrant one, a read: a closed task's is not handed
             # over, docs/topics/asyncio.md), nor twins, nor on the whole sync path.
             self.tears.draw(not owned and not twin)
-            self.on_loop(lk, hold, prefix, role, twin)
-        self.tears.plan = None
+            try:
+                self.on_loop(lk, hold, prefix, role, twin)
+            finally:
+                self.tears.plan = None
 
     def on_loop(self, lk: Any, hold: int, prefix: str, role: str, twin: bool) -> None:
         task = self.loop.create_task(
@@ -218,6 +226,14 @@ class Driver:
             self.settle(cancel=True)
             raise
         self.settle(cancel=False)  # the library's own tasks, before the loop stops a while
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    @loop.setter
+    def loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = self.tears.loop = loop
 
     def teardown(self, hold: int, task: asyncio.Task[None]) -> None:
         """The ``teardown`` move (:class:`Teardowns`): the loop torn down under the call."""

@@ -479,15 +479,15 @@ def main() -> None:
                 time.sleep(rng.uniform(0, 0.03))
                 continue
             # The wire move: this hold's calls through the client's own proxies (moves.py).
-            using = "wired" if wire is not None and kind != "database" and wire.draw() else None
-            on = {"using": using} if using else {}
+            wired = wire is not None and kind != "database" and wire.draw()
+            using = "wired" if wired else "default"
             if kind == "semaphore":
                 role = "s"
                 lk = semaphore(config["name"], config["limit"], ttl=ttl, token_prefix=prefix,
-                               **on)  # fmt: skip
+                               using=using)  # fmt: skip
             elif kind == "write":
                 role = "x" if rng.random() < 0.6 else "r"
-                rw = read_write_lock(config["name"], ttl=ttl, **on)
+                rw = read_write_lock(config["name"], ttl=ttl, using=using)
                 lk = rw.write(token_prefix=prefix) if role == "x" else rw.read(token_prefix=prefix)
                 if role == "r":
                     prefix = ""  # a read's token is its owner's (reads are reentrant): its fence
@@ -497,9 +497,9 @@ def main() -> None:
             else:
                 role = "x"
                 lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair,
-                          token_prefix=prefix, **on)  # fmt: skip
+                          token_prefix=prefix, using=using)  # fmt: skip
             current = lk
-            ctx.wire = wire if using else None
+            ctx.wire = wire if wired else None
             if driver is not None:  # an asyncio client (aclient.py): the same hold, awaited
                 driver.hold(lk, hold, prefix, role)
                 continue
