@@ -452,8 +452,8 @@ class Drivers:
     CAMPAIGN_BREAK (the self-tests' broken client is the sync one) nor when
     CAMPAIGN_EXCLUDE names "async" or "tracer". The moves of moves.py and the asyncio
     client's ``teardown``: every client (``teardown``: the asyncio ones), every kind but
-    "database", unless CAMPAIGN_EXCLUDE names "wire", "retry" or "teardown" (not under
-    CAMPAIGN_BREAK either)."""
+    "database", unless CAMPAIGN_EXCLUDE names "wire", "retry" or "teardown" (or, for one
+    kind, e.g. "teardown:semaphore"; not under CAMPAIGN_BREAK either)."""
 
     def __init__(self, seed: int, backend: str, kind: str, moves_off: frozenset[str]) -> None:
         self.rng = random.Random(seed * 104729 + 17)
@@ -466,8 +466,9 @@ class Drivers:
         )
         self.loop_block = "loop_block" not in exclude  # aclient.LoopBlocks
         # moves.py's and aclient.Teardowns: the calls' own faults (reports asy3, wai2).
+        # "move:kind" leaves a move out of one kind only.
         self.moves = {
-            move: kind != "database" and move not in exclude and not broken
+            move: kind != "database" and not {move, f"{move}:{kind}"} & exclude and not broken
             for move in ("wire", "retry", "teardown")
         }
         slots = list(range(CLIENTS))
