@@ -52,6 +52,7 @@ import contextlib
 import gc
 import random
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -205,14 +206,15 @@ class Driver:
         task = self.loop.create_task(
             self.run(lk, hold, prefix, role, twin, thread=not self.tears.plan)
         )
+        torn = False
         try:
             while True:
                 try:
                     self.loop.run_until_complete(task)
                     break
                 except TornDown:
-                    self.teardown(hold, task)
-                    return
+                    torn = True
+                    break
                 except RuntimeError:
                     if task.done():
                         raise  # the hold's own
@@ -225,6 +227,13 @@ class Driver:
             # finished, before the interrupt goes on to the client's loop.
             self.settle(cancel=True)
             raise
+        if torn:
+            # Only a weak reference kept: this frame must not keep the task from the
+            # collector (the library's clean-up of a closed task starts at its collection).
+            gone = weakref.ref(task)
+            del task
+            self.teardown(hold, gone)
+            return
         self.settle(cancel=False)  # the library's own tasks, before the loop stops a while
 
     @property
@@ -235,11 +244,11 @@ class Driver:
     def loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = self.tears.loop = loop
 
-    def teardown(self, hold: int, task: asyncio.Task[None]) -> None:
-        """The ``teardown`` move (:class:`Teardowns`): the loop torn down under the call."""
+    def teardown(self, hold: int, gone: weakref.ref[asyncio.Task[None]]) -> None:
+        """The ``teardown`` move (:class:`Teardowns`): the loop torn down under the call.
+        ``gone``: the hold's task, which nothing of the client's keeps any more."""
         plan, loop, log = self.tears.plan or {}, self.loop, self.ctx.log
         fired = plan.get("fired") or time.time()
-        log("teardown", h=hold, call=plan.get("call"), how=plan.get("how"), t0=fired)
         if plan.get("how") == "shutdown":  # as asyncio.run's end
             self.settle(cancel=True)
             for step in (loop.shutdown_asyncgens, loop.shutdown_default_executor):
@@ -249,8 +258,12 @@ class Driver:
             log("intr", h=hold, where="teardown", how="loop-closed")
         loop.close()
         self.loop = asyncio.new_event_loop()  # the client goes on with a new one
-        del task, loop
+        del loop
         gc.collect()  # now, rather than at some later allocation: the look is timed from here
+        # Whether the collector could close it: a task still reachable (from the lock object,
+        # say) is never closed while that lives, and its clean-up never handed over.
+        log("teardown", h=hold, call=plan.get("call"), how=plan.get("how"), t0=fired,
+            collected=gone() is None)  # fmt: skip
         if self.ctx.look is not None:
             self.ctx.look.update(how="teardown", cut=fired, teardown=plan.get("how"))
 
@@ -380,7 +393,8 @@ class Driver:
             except LockError as exc:
                 log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
                 if moves.retry(exc):
-                    hold = ctx.last = self.last = hold + 1  # the retry: a number of its own
+                    # The retry: a number of its own (past a twin's too).
+                    hold = ctx.last = self.last = max(hold, self.last, ctx.last) + 1
                     continue
                 await asyncio.sleep(rng.uniform(0.01, 0.1))
                 return

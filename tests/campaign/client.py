@@ -584,7 +584,7 @@ def sync_hold(ctx: Ctx, lk: Any, hold: int, prefix: str, role: str) -> bool:
                 spin(0.6)
             log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
             if moves.retry(exc):
-                hold = ctx.last = hold + 1  # the retry: a hold number of its own
+                hold = ctx.last = max(hold, ctx.last) + 1  # the retry: a number of its own
                 continue
             time.sleep(rng.uniform(0.01, 0.1))
             return False
