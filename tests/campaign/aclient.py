@@ -387,7 +387,7 @@ class Driver:
                     ctx.armed.cancels(horizon),
                     self.blocks.within("acquire", horizon),
                     self.tears.within("acquire", horizon),
-                    moves.wired("acquire"),
+                    moves.wired("acquire", hold),
                 ):
                     got = await lk.aacquire(blocking=blocking, timeout=timeout)
             except LockError as exc:

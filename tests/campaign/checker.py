@@ -90,6 +90,10 @@ class Hold:
     #: When the lock object's first try began: a retry's (moves.py) may find that try's grant
     #: (the same object's next try finds its own hold), fence and all.
     began: float = 0.0
+    #: When its acquire's request held back on the wire (moves.py) went through, if later than
+    #: the call's end: it may have taken the lock then (an unknown outcome's grant lapses at
+    #: its TTL, held by nobody: documented).
+    landed: float = 0.0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -282,6 +286,8 @@ def _holds(events: list[dict[str, Any]]) -> dict[tuple[str, int], Hold]:
             hold.release_error = ev["t"]
         elif e == "lost":
             hold.lost = ev["t"] if hold.lost is None else hold.lost
+        elif e == "wire" and ev.get("up") and ev.get("call") == "acquire":
+            hold.landed = max(hold.landed, ev["t1"])
     return holds
 
 
@@ -678,8 +684,8 @@ def check(
                 ends = [(h.release_error or h.last_seen) + ttl]
             spans_of[h.role].append((h.start, min(ends)))
         elif h.outcome == "err" or h.outcome is None:
-            # It may have left a hold behind.
-            spans_of[h.role].append((h.start, (h.end or h.last_seen) + ttl))
+            # It may have left a hold behind (when its held-back request went through, too).
+            spans_of[h.role].append((h.start, max(h.end or h.last_seen, h.landed) + ttl))
         if h.role == "x" and h.mode == "block" and kind == "write":
             # A waiting writer (its lease runs out at its acquire's deadline at the latest).
             deadline = h.start + (h.timeout or 0.0)
@@ -1102,7 +1108,10 @@ class Timing:
             if not waiters:
                 continue
             # An acquire that raised or was cut short may have taken it (unknown): unjudged.
-            if any(h.start < t + limit and (h.end or h.last_seen) > t for h in unknown):
+            # (Its request held back on the wire may take it when it goes through: seed 2401.)
+            if any(
+                h.start < t + limit and max(h.end or h.last_seen, h.landed) > t for h in unknown
+            ):
                 continue
             # A take logged before the release's own rel_ok (the release call had returned
             # on the server): from the release call's start.

@@ -577,7 +577,7 @@ def sync_hold(ctx: Ctx, lk: Any, hold: int, prefix: str, role: str) -> bool:
         log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role,
             **moves.tag(hold))  # fmt: skip
         try:
-            with armed.armed(timeout or 0.05), moves.wired("acquire"):
+            with armed.armed(timeout or 0.05), moves.wired("acquire", hold):
                 got = lk.acquire(blocking=blocking, timeout=timeout)
         except LockError as exc:
             if broken == "spin" and type(exc).__name__ == "BackendUnavailable":

@@ -177,9 +177,10 @@ class Moves:
         return tags
 
     @contextlib.contextmanager
-    def wired(self, call: str) -> Iterator[None]:
-        """Around ``call`` (acquire or release): its planned hold-back armed, at its start or
-        at the planned moment within it; disarmed after it if nothing took it."""
+    def wired(self, call: str, hold: int | None = None) -> Iterator[None]:
+        """Around ``call`` (acquire or release; ``hold``: its hold number, a retry's own):
+        its planned hold-back armed, at its start or at the planned moment within it;
+        disarmed after it if nothing took it."""
         plan, wire = self.plan, self.wire
         if plan is None or wire is None or plan["call"] != call or self.held is not None:
             yield
@@ -191,7 +192,8 @@ class Moves:
                 self.cut()
 
         def note(held: HoldBack) -> None:  # the checker excuses the client's calls meanwhile
-            self.ctx.log("wire", h=self.first, call=call, up=held.up, node=plan["node"],
+            self.ctx.log("wire", h=self.first if hold is None else hold, call=call, up=held.up,
+                         node=plan["node"],
                          t0=held.t0, t1=(held.t0 or 0.0) + held.seconds,
                          cut=plan["cut"] is not None)  # fmt: skip
 

@@ -951,3 +951,20 @@ def test_a_retry_that_finds_its_first_try_s_grant_is_judged_from_that_try() -> N
     assert h.judge(kind="semaphore", limit=2) == set()
     h.events[-2].pop("retry_of")  # another object's try: it began after fence 20's grant
     assert h.judge(kind="semaphore", limit=2) == {"fence-behind"}
+
+
+def test_a_request_held_back_past_its_error_may_take_a_released_lock() -> None:
+    # Seed 2401: c13's acquire raised BackendUnavailable, its request still held back on its
+    # wire; let through just after c12's release, it took the lock for its TTL (an unknown
+    # outcome's grant, documented), and the waiter c7 timed out behind it: no hand-off owed.
+    h = History()
+    h.ev(0.5, "c7", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(0.8, "c13", "acq", h=1, mode="block", timeout=4.0)
+    h.ev(0.81, "c13", "wire", h=1, call="acquire", up=True, node=0, t0=T0 + 0.81,
+         t1=T0 + 1.52, cut=False)  # fmt: skip
+    h.ev(1.1, "c13", "acq_err", h=1, err="BackendUnavailable", msg="Timeout reading")
+    h.hold("c12", 1, 1.3, 1.35, 1, 1.5)
+    h.ev(2.5, "c7", "acq_no", h=1)
+    assert "handoff-slow" not in h.judge()
+    h.events = [e for e in h.events if e["e"] != "wire"]
+    assert "handoff-slow" in h.judge()
