@@ -49,12 +49,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from . import interrupts
+from .moves import Moves
 
 #: How often a call gets a loop block, and how long one lasts (s).
 BLOCK_ODDS = 0.2
@@ -98,9 +101,73 @@ class LoopBlocks:
         self.log("loop_block", call=call, t0=t0, t1=time.time())
 
 
+#: How often a hold on the client's own loop gets the ``teardown`` move.
+TEAR_ODDS = 0.06
+
+
+class TornDown(KeyboardInterrupt):
+    """Raised by a callback on the client's loop (so that it leaves ``run_until_complete``
+    at once, as a signal's exception does): the ``teardown`` move's moment within a call."""
+
+
+class Teardowns:
+    """The ``teardown`` move (unless ``CAMPAIGN_EXCLUDE=teardown``): the client's own loop
+    torn down while a lock call of its hold is pending (report asy3 1, wai2 4), at a random
+    moment within the acquire (its first round trip in flight, or its wait) or the release
+    (``async with``'s, as ``__aexit__`` sends it): ``close``, ``run_until_complete()`` left
+    with the task pending, then ``loop.close()``, the task left to the collector (the library
+    hands its clean-up to its finisher thread); or ``shutdown``, as ``asyncio.run``'s end
+    (every task cancelled and run out, async generators shut down, the loop closed). The
+    client then goes on with a new loop, and does not touch the hold's object again: what
+    its name holds afterwards is the library's (the ``nobody`` look, moves.py)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.on = bool(ctx.config.get("teardown"))
+        self.rng = random.Random(int(ctx.config.get("seed") or 0) * 4243 + 1)  # its own
+        self.plan: dict[str, Any] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the driver's (set by it)
+
+    def draw(self, eligible: bool) -> dict[str, Any] | None:
+        rng, self.plan = self.rng, None
+        if self.on and eligible and rng.random() < TEAR_ODDS:
+            self.plan = {
+                "call": "acquire" if rng.random() < 0.6 else "release",
+                "how": "close" if rng.random() < 0.5 else "shutdown",
+                "early": rng.random() < 0.5,  # its first round trip in flight
+                "share": rng.random(),
+            }
+        return self.plan
+
+    @contextlib.contextmanager
+    def within(self, call: str, horizon: float) -> Iterator[None]:
+        plan = self.plan
+        if plan is None or plan["call"] != call or plan.get("fired"):
+            yield
+            return
+        at = 0.0002 + 0.005 * plan["share"] if plan["early"] else horizon * plan["share"]
+        inside = [True]
+
+        def fire() -> None:
+            if inside[0]:  # only while the call is under way (not once it returned)
+                plan["fired"] = time.time()
+                raise TornDown("teardown")
+
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:  # only the client's own loop is torn down (on_loop's)
+            yield
+            return
+        handle = loop.call_later(at, fire)
+        try:
+            yield
+        finally:
+            inside[0] = False
+            handle.cancel()
+
+
 class Driver:
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
+        self.tears = Teardowns(ctx)
         self.loop = asyncio.new_event_loop()
         #: Its own draws (which way a hold runs): the hold's own stay the client's.
         self.rng = random.Random(ctx.rng.random())
@@ -112,6 +179,7 @@ class Driver:
     def hold(self, lk: Any, hold: int, prefix: str, role: str) -> None:
         """Run one hold (two, with a twin: :attr:`last` says the last hold number used)."""
         ctx, rng = self.ctx, self.rng
+        self.tears.plan = None  # a plan never outlives its hold (an interrupt may end it)
         twin = ctx.kind == "reentrant" and rng.random() < 0.25
         self.last = hold + 1 if twin else hold  # taken even if an interrupt cuts it short
         roll = rng.random()
@@ -126,14 +194,26 @@ class Driver:
             with interrupts.deferred():
                 async_to_sync(self.run)(lk, hold, prefix, role, twin)
         else:
-            self.on_loop(lk, hold, prefix, role, twin)
+            # Not for an owner's hold (a reentrant one, a read: a closed task's is not handed
+            # over, docs/topics/asyncio.md), nor twins, nor on the whole sync path.
+            self.tears.draw(not owned and not twin)
+            try:
+                self.on_loop(lk, hold, prefix, role, twin)
+            finally:
+                self.tears.plan = None
 
     def on_loop(self, lk: Any, hold: int, prefix: str, role: str, twin: bool) -> None:
-        task = self.loop.create_task(self.run(lk, hold, prefix, role, twin))
+        task = self.loop.create_task(
+            self.run(lk, hold, prefix, role, twin, thread=not self.tears.plan)
+        )
+        torn = False
         try:
             while True:
                 try:
                     self.loop.run_until_complete(task)
+                    break
+                except TornDown:
+                    torn = True
                     break
                 except RuntimeError:
                     if task.done():
@@ -147,7 +227,45 @@ class Driver:
             # finished, before the interrupt goes on to the client's loop.
             self.settle(cancel=True)
             raise
+        if torn:
+            # Only a weak reference kept: this frame must not keep the task from the
+            # collector (the library's clean-up of a closed task starts at its collection).
+            gone = weakref.ref(task)
+            del task
+            self.teardown(hold, gone)
+            return
         self.settle(cancel=False)  # the library's own tasks, before the loop stops a while
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    @loop.setter
+    def loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = self.tears.loop = loop
+
+    def teardown(self, hold: int, gone: weakref.ref[asyncio.Task[None]]) -> None:
+        """The ``teardown`` move (:class:`Teardowns`): the loop torn down under the call.
+        ``gone``: the hold's task, which nothing of the client's keeps any more."""
+        plan, loop, log = self.tears.plan or {}, self.loop, self.ctx.log
+        fired = plan.get("fired") or time.time()
+        if plan.get("how") == "shutdown":  # as asyncio.run's end
+            self.settle(cancel=True)
+            for step in (loop.shutdown_asyncgens, loop.shutdown_default_executor):
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(step())
+        else:  # the task left pending for good: the collector closes it, in a while
+            log("intr", h=hold, where="teardown", how="loop-closed")
+        loop.close()
+        self.loop = asyncio.new_event_loop()  # the client goes on with a new one
+        del loop
+        gc.collect()  # now, rather than at some later allocation: the look is timed from here
+        # Whether the collector could close it: a task still reachable (from the lock object,
+        # say) is never closed while that lives, and its clean-up never handed over.
+        log("teardown", h=hold, call=plan.get("call"), how=plan.get("how"), t0=fired,
+            collected=gone() is None)  # fmt: skip
+        if self.ctx.look is not None:
+            self.ctx.look.update(how="teardown", cut=fired, teardown=plan.get("how"))
 
     def settle(self, cancel: bool) -> None:
         loop, deadline = self.loop, time.monotonic() + 5.0
@@ -221,6 +339,8 @@ class Driver:
             place = interrupts.where()
             self.uncancel()
             self.ctx.log("intr", h=hold, where=place, how="cancel")
+            if self.ctx.look is not None:
+                self.ctx.look.update(how="cut", cut=time.time())
             for _ in range(6):
                 try:
                     await lk.arelease()
@@ -255,16 +375,33 @@ class Driver:
             return
         blocking = rng.random() < 0.8
         timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
-        log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
-        try:
-            with ctx.armed.cancels(timeout or 0.05), self.blocks.within("acquire", timeout or 0.05):
-                got = await lk.aacquire(blocking=blocking, timeout=timeout)
-        except LockError as exc:
-            log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
-            await asyncio.sleep(rng.uniform(0.01, 0.1))
-            return
+        moves = Moves(ctx, hold, prefix, role, timeout or 0.05, cut=self.canceller())
+        if self.tears.plan is not None:
+            moves.start_look()
+        while True:  # an unknown outcome may be tried again at once (moves.py: retry)
+            log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role,
+                **moves.tag(hold))  # fmt: skip
+            horizon = timeout or 0.05
+            try:
+                with (
+                    ctx.armed.cancels(horizon),
+                    self.blocks.within("acquire", horizon),
+                    self.tears.within("acquire", horizon),
+                    moves.wired("acquire", hold),
+                ):
+                    got = await lk.aacquire(blocking=blocking, timeout=timeout)
+            except LockError as exc:
+                log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+                if moves.retry(exc):
+                    # The retry: a number of its own (past a twin's too).
+                    hold = ctx.last = self.last = max(hold, self.last, ctx.last) + 1
+                    continue
+                await asyncio.sleep(rng.uniform(0.01, 0.1))
+                return
+            break
         if not got:
             log("acq_no", h=hold)
+            moves.ended("refused")
             await asyncio.sleep(rng.uniform(0, 0.02))
             return
         fence = lk.fence
@@ -274,14 +411,28 @@ class Driver:
         if fence is None:
             log("bad", h=hold, what="acquired, but fence is None")
             fence = -1
-        try:
-            with ctx.armed.cancels(0.3):
-                await self.body(lk, hold, prefix, fence, role)
-        except LockError as exc:
-            log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
-        check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
-        with ctx.armed.cancels(0.01), self.blocks.within("release", 0.01):
-            released = await self.release(lk, hold)
+        # A teardown planned within the release: the hold is inside `async with` from here
+        # (its release is __aexit__'s), so that a close anywhere on is the library's to clean
+        # up, as the docs promise for `async with`; a plain acquire's hold is the caller's.
+        exits = contextlib.AsyncExitStack()
+        inside = self.tears.plan is not None
+        if inside:
+            exits.push_async_exit(lk.__aexit__)
+        async with exits:
+            try:
+                with ctx.armed.cancels(0.3):
+                    await self.body(lk, hold, prefix, fence, role)
+            except LockError as exc:
+                log("nest_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+            check(hold, "releasing", prefix, fence)  # whether a loss at release can be right
+            with (
+                ctx.armed.cancels(0.01),
+                self.blocks.within("release", 0.01),
+                self.tears.within("release", 0.05),
+                moves.wired("release"),
+            ):
+                released = await self.release(lk, hold, exits if inside else None)
+            moves.ended("released" if released else "rel_err")
         if released:
             check(hold, "released", prefix, fence)
         await asyncio.sleep(rng.uniform(0, 0.03))
@@ -354,15 +505,32 @@ class Driver:
             return
         ctx.log("ext", h=hold, ttl=new)
 
-    async def release(self, lk: Any, hold: int) -> bool:
-        """client.release, awaited: after an unknown outcome, once more half of the time."""
+    def canceller(self) -> Any:
+        """The wire move's cut of this task's call (from another thread): ``task.cancel()``."""
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+
+        def cut() -> None:
+            with contextlib.suppress(RuntimeError):  # its loop closed by then
+                if task is not None:
+                    loop.call_soon_threadsafe(task.cancel)
+
+        return cut
+
+    async def release(
+        self, lk: Any, hold: int, exits: contextlib.AsyncExitStack | None = None
+    ) -> bool:
+        """client.release, awaited: after an unknown outcome, once more half of the time.
+        ``exits``: the hold is inside `async with` (a teardown's), released by its exit."""
         from django_redlock import LockError, LockLost
 
         ctx = self.ctx
         for attempt in range(2):
             t0 = time.time()
             try:
-                await lk.arelease()
+                if exits is not None and not attempt:
+                    await exits.aclose()  # __aexit__(None, None, None): the release
+                else:
+                    await lk.arelease()
                 ctx.log("rel_ok", h=hold, attempt=attempt, since=t0)
                 return True
             except LockLost as exc:

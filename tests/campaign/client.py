@@ -78,15 +78,25 @@ def setup(config: dict[str, Any]) -> None:
         }
     from .database import database_settings
 
+    wired = {}
+    if config.get("wire"):  # the wire move (moves.py): the same servers through our proxies
+        from .moves import Wire, wired_alias
+
+        WIRE.append(Wire(config))
+        wired = {"wired": wired_alias(alias, WIRE[0])}
     settings.configure(
         INSTALLED_APPS=["django.contrib.auth", "django.contrib.contenttypes", "django_redlock"],
         DATABASES=database_settings(config),  # the kind "database" only
         DJANGO_REDLOCK_INCIDENTS={"KINDS": []},  # no incidents recorded
         DJANGO_REDLOCK_METRICS=False,
-        DJANGO_REDLOCK={"default": alias, **side_alias(config)},
+        DJANGO_REDLOCK={"default": alias, **side_alias(config), **wired},
         USE_TZ=True,
     )
     django.setup()
+
+
+#: The wire move's proxies (moves.Wire), made at setup when the move is on.
+WIRE: list[Any] = []
 
 
 # -- a tracer, a small pool and busy callers (the "tracer" move) ------------------------------
@@ -288,6 +298,45 @@ class Inspector:
             return None
         return int(pttl)
 
+    def held_by(self, prefix: str) -> tuple[bool | None, str]:
+        """Whether a quorum of servers holds the name by a token of ``prefix`` (any hold of
+        one lock object: a lock's string, a reentrant hash's owner field, a live lease), and
+        each server's answer (1, 0, ?), as :meth:`holds`."""
+        answers = ""
+        for node in self.nodes:
+            try:
+                pipe = node.pipeline(transaction=True)
+                pipe.type(self.key)
+                pipe.time()
+                if self.leased:
+                    pipe.ping()
+                else:
+                    pipe.get(self.key)
+                raw, (sec, usec), value = pipe.execute()
+            except Exception:
+                answers += "?"
+                continue
+            kind = raw.decode() if isinstance(raw, bytes) else str(raw)
+            tokens: list[str] = []
+            try:
+                if kind == "string":
+                    tokens = [value.decode("utf-8", "replace").split("|")[0]]
+                elif kind == "hash":  # a reentrant hold: its owners' tokens are its fields
+                    tokens = [k.decode("utf-8", "replace") for k in node.hkeys(self.key)]
+                elif kind == "zset":  # leases: live while their expiry (ms) is ahead
+                    now = int(sec) * 1000 + int(usec) // 1000
+                    live = node.zrangebyscore(self.key, f"({now}", "+inf")
+                    tokens = [m.decode("utf-8", "replace") for m in live]
+            except Exception:
+                answers += "?"
+                continue
+            answers += "1" if any(t.startswith(prefix) for t in tokens) else "0"
+        if answers.count("1") >= self.quorum:
+            return True, answers
+        if answers.count("0") > len(self.nodes) - self.quorum:
+            return False, answers
+        return None, answers
+
     def holds(
         self, prefix: str, fence: int | None, reentrant: bool
     ) -> tuple[bool | None, str, int]:
@@ -386,6 +435,13 @@ def main() -> None:
     if kind == "database":  # prune-fences beside the buyers
         database.start_pruner(config, log, stop)
     ctx = Ctx(config, log, rng, armed, resource, inspector, holds, check, ask, expiry)
+    if config.get("wire") or config.get("retry") or config.get("teardown"):
+        from .moves import Orphans
+
+        ctx.orphans = Orphans(Inspector(config), log)  # its own connections: another thread
+    # The moves' draws (retries): a generator of their own, the holds' stay the seed's.
+    ctx.mrng = random.Random(int(config["seed"]) * 3571 + 9)
+    wire = WIRE[0] if WIRE else None
     driver = None
     if config.get("driver") == "async" and kind != "database":
         from .aclient import Driver
@@ -401,11 +457,17 @@ def main() -> None:
         # to the client's stderr: where a call hung (call-hung names the hold).
         faulthandler.dump_traceback_later(10.0)
         try:
+            look, ctx.look = ctx.look, None
+            if look is not None and look.get("how") and ctx.orphans is not None:
+                # The last hold, a move's: is its name held by nobody once it was let go?
+                ctx.orphans.look(time.time(), look, look.pop("held", None))
             if side is not None:
                 side.keep()
             hold += 1
             if driver is not None:  # a twin task (aclient.py) took a number of its own
                 hold = max(hold, driver.last + 1)
+            hold = max(hold, ctx.last + 1)  # and a retry (moves.py)
+            ctx.last = hold
             prefix = f"{cid}h{hold}."
             if flag and os.path.exists(flag):  # the throughput phase (Redlock: plain locks)
                 quick_hold(lock(config["name"], ttl=ttl, token_prefix=prefix), hold, cid, rng,
@@ -416,12 +478,16 @@ def main() -> None:
                     database.run_with(config, hold, prefix, rng, log, check, holds)
                 time.sleep(rng.uniform(0, 0.03))
                 continue
+            # The wire move: this hold's calls through the client's own proxies (moves.py).
+            wired = wire is not None and kind != "database" and wire.draw()
+            using = "wired" if wired else "default"
             if kind == "semaphore":
                 role = "s"
-                lk = semaphore(config["name"], config["limit"], ttl=ttl, token_prefix=prefix)
+                lk = semaphore(config["name"], config["limit"], ttl=ttl, token_prefix=prefix,
+                               using=using)  # fmt: skip
             elif kind == "write":
                 role = "x" if rng.random() < 0.6 else "r"
-                rw = read_write_lock(config["name"], ttl=ttl)
+                rw = read_write_lock(config["name"], ttl=ttl, using=using)
                 lk = rw.write(token_prefix=prefix) if role == "x" else rw.read(token_prefix=prefix)
                 if role == "r":
                     prefix = ""  # a read's token is its owner's (reads are reentrant): its fence
@@ -431,20 +497,24 @@ def main() -> None:
             else:
                 role = "x"
                 lk = lock(config["name"], ttl=ttl, reentrant=reentrant, fair=fair,
-                          token_prefix=prefix)  # fmt: skip
+                          token_prefix=prefix, using=using)  # fmt: skip
             current = lk
+            ctx.wire = wire if wired else None
             if driver is not None:  # an asyncio client (aclient.py): the same hold, awaited
                 driver.hold(lk, hold, prefix, role)
                 continue
             if sync_hold(ctx, lk, hold, prefix, role):
                 time.sleep(rng.uniform(0, 0.03))
         except interrupts.RAISED:  # asynchronous (interrupts.py)
+            cut = time.time()
             while True:
                 try:
                     interrupts.caught(log, hold, current, LockError)
                     break
                 except interrupts.RAISED:  # the end of a burst, or a soft time limit
                     continue
+            if ctx.look is not None:
+                ctx.look.update(how="cut", cut=cut)
 
     log("stop")
 
@@ -464,6 +534,13 @@ class Ctx:
     check: Any  # (hold, when, prefix, fence): a direct read of the servers, logged
     ask: Any  # (lk, hold, prefix, fence, role): owned() or locked() while holding
     expiry: Any  # (prefix, fence): a permit's expiry on the server's clock
+    #: The moves of moves.py: the wire of this hold (None: not wired), the look after it
+    #: (its fields; None: no move touched it), the last hold number used (a retry takes one).
+    orphans: Any = None
+    mrng: random.Random = dataclasses.field(default_factory=random.Random)
+    wire: Any = None
+    look: dict[str, Any] | None = None
+    last: int = 0
 
     @property
     def cid(self) -> str:
@@ -488,24 +565,33 @@ def sync_hold(ctx: Ctx, lk: Any, hold: int, prefix: str, role: str) -> bool:
     from django_redlock import LockError, LockLost
 
     from . import database
+    from .moves import Moves
 
     rng, log, armed, check, holds = ctx.rng, ctx.log, ctx.armed, ctx.check, ctx.holds
     kind, broken, cid, ttl, inspector = ctx.kind, ctx.broken, ctx.cid, ctx.ttl, ctx.inspector
     reentrant, ask, expiry = kind == "reentrant", ctx.ask, ctx.expiry
     blocking = rng.random() < 0.8
     timeout = rng.choice([0.5, 1.0, 2.0, 3.0, 4.0]) if blocking else None
-    log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role)
-    try:
-        with armed.armed(timeout or 0.05):
-            got = lk.acquire(blocking=blocking, timeout=timeout)
-    except LockError as exc:
-        if broken == "spin" and type(exc).__name__ == "BackendUnavailable":
-            spin(0.6)
-        log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
-        time.sleep(rng.uniform(0.01, 0.1))
-        return False
+    moves = Moves(ctx, hold, prefix, role, timeout or 0.05, cut=interrupt_me)
+    while True:  # an unknown outcome may be tried again at once (moves.py: retry)
+        log("acq", h=hold, mode="block" if blocking else "try", timeout=timeout, role=role,
+            **moves.tag(hold))  # fmt: skip
+        try:
+            with armed.armed(timeout or 0.05), moves.wired("acquire", hold):
+                got = lk.acquire(blocking=blocking, timeout=timeout)
+        except LockError as exc:
+            if broken == "spin" and type(exc).__name__ == "BackendUnavailable":
+                spin(0.6)
+            log("acq_err", h=hold, err=type(exc).__name__, msg=str(exc)[:300])
+            if moves.retry(exc):
+                hold = ctx.last = max(hold, ctx.last) + 1  # the retry: a number of its own
+                continue
+            time.sleep(rng.uniform(0.01, 0.1))
+            return False
+        break
     if not got:
         log("acq_no", h=hold)
+        moves.ended("refused")
         time.sleep(rng.uniform(0, 0.02))
         return False
     fence = lk.fence
@@ -533,11 +619,18 @@ def sync_hold(ctx: Ctx, lk: Any, hold: int, prefix: str, role: str) -> bool:
     if broken == "handoff" and kind == "plain":  # a self-test: a release that tells
         released = release_quietly(lk, hold, log, inspector)  # no waiter
     else:
-        with armed.armed(0.01):
+        with armed.armed(0.01), moves.wired("release"):
             released = release(lk, hold, rng, log, LockError, LockLost)
+        moves.ended("released" if released else "rel_err")
     if released:
         check(hold, "released", prefix, fence)
     return True
+
+
+def interrupt_me() -> None:
+    """The wire move's cut of a sync call: the signal the interrupt move sends (its handler
+    raises KeyboardInterrupt in the main thread, or once asgiref's call is over)."""
+    os.kill(os.getpid(), signal.SIGUSR1)
 
 
 def hold_body(

@@ -450,7 +450,10 @@ class Drivers:
     loop is blocked now and then (aclient.LoopBlocks) unless CAMPAIGN_EXCLUDE names
     "loop_block". Neither under
     CAMPAIGN_BREAK (the self-tests' broken client is the sync one) nor when
-    CAMPAIGN_EXCLUDE names "async" or "tracer"."""
+    CAMPAIGN_EXCLUDE names "async" or "tracer". The moves of moves.py and the asyncio
+    client's ``teardown``: every client (``teardown``: the asyncio ones), every kind but
+    "database", unless CAMPAIGN_EXCLUDE names "wire", "retry" or "teardown" (or, for one
+    kind, e.g. "teardown:semaphore"; not under CAMPAIGN_BREAK either)."""
 
     def __init__(self, seed: int, backend: str, kind: str, moves_off: frozenset[str]) -> None:
         self.rng = random.Random(seed * 104729 + 17)
@@ -462,6 +465,12 @@ class Drivers:
             backend == "redis" and kind != "database" and "tracer" not in exclude and not broken
         )
         self.loop_block = "loop_block" not in exclude  # aclient.LoopBlocks
+        # moves.py's and aclient.Teardowns: the calls' own faults (reports asy3, wai2).
+        # "move:kind" leaves a move out of one kind only.
+        self.moves = {
+            move: kind != "database" and not {move, f"{move}:{kind}"} & exclude and not broken
+            for move in ("wire", "retry", "teardown")
+        }
         slots = list(range(CLIENTS))
         self.rng.shuffle(slots)
         self.first_async = set(slots[: CLIENTS // 2])
@@ -477,6 +486,9 @@ class Drivers:
             "driver": "async" if is_async and self.asyncio else "sync",
             "tracer": traced and self.traced,
             "loop_block": is_async and self.asyncio and self.loop_block,
+            "wire": self.moves["wire"],
+            "retry": self.moves["retry"],
+            "teardown": is_async and self.asyncio and self.moves["teardown"],
         }
 
 

@@ -10,7 +10,11 @@ by the nemesis at any moment:
 * ``lose_replies(n)``: the next ``n`` replies to a script call (``EVALSHA``/``EVAL``) are
   dropped and their connection cut: Redis executed the call, the client sees a connection
   error. That is the unknown outcome clients must never mistake for "no";
-* ``reset()``: cut every open connection at once (subscriptions included).
+* ``reset()``: cut every open connection at once (subscriptions included);
+* ``hold_back(up, seconds)``: the next script call's request (``up``) or reply held back
+  ``seconds`` on its own connection, then forwarded (a retransmission; the clients' own wire
+  in the ``wire`` move, moves.py): the rest of that connection waits behind it, as TCP's order
+  makes it, and every other connection flows.
 
 While the upstream server is down, new connections are accepted and closed at once.
 """
@@ -18,9 +22,24 @@ While the upstream server is down, new connections are accepted and closed at on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 import time
+from collections.abc import Callable
+
+
+@dataclasses.dataclass
+class HoldBack:
+    """One script call's request (``up``) or reply held back ``seconds``: when (``t0``), and
+    when it went on (``t1``; None while held, or when its connection was gone by then)."""
+
+    up: bool
+    seconds: float
+    on_hold: Callable[[HoldBack], None] | None = None
+    t0: float | None = None
+    t1: float | None = None
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 class _Link:
@@ -53,6 +72,7 @@ class Proxy:
         self.black_hole_until = 0.0
         self._lose = 0
         self.lost_replies = 0  # replies actually lost (for the report)
+        self._held: HoldBack | None = None  # armed: the next script call's to hold back
         self._links: set[_Link] = set()
         self._mutex = threading.Lock()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -89,6 +109,35 @@ class Proxy:
         for link in links:
             link.close()
         return len(links)
+
+    def hold_back(
+        self, up: bool, seconds: float, on_hold: Callable[[HoldBack], None] | None = None
+    ) -> HoldBack:
+        """Arm: the next script call (its request, or its reply) is held back ``seconds``;
+        ``on_hold`` is called (in the proxy's thread) as it starts to be."""
+        held = HoldBack(up, seconds, on_hold)
+        with self._mutex:
+            self._held = held
+        return held
+
+    def disarm(self, held: HoldBack) -> bool:
+        """Disarm ``held`` if nothing took it yet: whether it was still armed."""
+        with self._mutex:
+            if self._held is held:
+                self._held = None
+                return True
+        return False
+
+    def _take_held(self, up: bool) -> HoldBack | None:
+        with self._mutex:
+            held = self._held
+            if held is None or held.up != up:
+                return None
+            self._held = None
+        held.t0 = time.time()
+        if held.on_hold is not None:
+            held.on_hold(held)
+        return held
 
     def _take_loss(self) -> bool:
         with self._mutex:
@@ -136,13 +185,24 @@ class Proxy:
                 if not data:
                     break
                 self._hold(link)
+                held = None
                 if up:
                     if b"EVAL" in data:  # EVAL and EVALSHA, as redis-py spells them
                         link.script_pending = True
+                        held = self._take_held(True)
                 elif link.script_pending:
                     link.script_pending = False
                     if self._take_loss():
                         break  # the reply never reaches the client: cut the connection
+                    held = self._take_held(False)
+                if held is not None:
+                    try:
+                        time.sleep(held.seconds)  # the rest of this connection waits behind
+                        sink.sendall(data)
+                        held.t1 = time.time()
+                    finally:
+                        held.done.set()
+                    continue
                 sink.sendall(data)
         except OSError:
             pass

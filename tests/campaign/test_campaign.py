@@ -71,13 +71,18 @@ SHARES = (
 #: under 7.5 s the nemesis fits no storm (WARMUP + 2 s + CALM): at 7.5 a storm of 2 s.
 MIN_SECONDS = 7.5
 #: Moves left out of `make test`'s fixed seeds (not of a run with CAMPAIGN_SEED) while what
-#: they find is open: none now. "tracer" was, for its renewal starvation (fixed), then for
-#: seed 2011's `error-latency` (150 s: the traced client's acquires under a black hole raised
-#: `BackendUnavailable` 0.61-0.65 s after the call, socket timeout 0.2): a caller queued for
-#: a pooled connection got a closed one as its holder's command timed out, and reconnected
-#: with a whole socket timeout of its own; fixed in session 21 (fast_path.CallPool: within
-#: what is left of the call's). README "Seeds with the asyncio and tracer moves".
-FIXED_SEEDS_MOVES_OFF: frozenset[str] = frozenset()
+#: they find is open ("move:kind": in one kind only). "tracer" was, for its renewal
+#: starvation (fixed), then for seed 2011's `error-latency` (150 s: the traced client's
+#: acquires under a black hole raised `BackendUnavailable` 0.61-0.65 s after the call,
+#: socket timeout 0.2): a caller queued for a pooled connection got a closed one as its
+#: holder's command timed out, and reconnected with a whole socket timeout of its own; fixed
+#: in session 21 (fast_path.CallPool: within what is left of the call's). README "Seeds
+#: with the asyncio and tracer moves".
+#: "retry" now: with the wire move it found a defect no fix covers yet, a sync try's request
+#: that landed after its object's retry was granted and released, held by nobody to its TTL
+#: (seed 2404; README "Moves of reports asy3 and wai2"), which would fail a fixed seed now
+#: and then.
+FIXED_SEEDS_MOVES_OFF: frozenset[str] = frozenset({"retry"})
 #: The Cluster, Celery and Sentinel kinds start their clients before their clock runs, and
 #: plan a fault within their first 6 s.
 MIN_OWN_SECONDS = 6.0

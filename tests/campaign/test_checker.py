@@ -849,3 +849,122 @@ def test_celery_a_duplicate_noted_after_the_follow_up_started_owes_a_run_of_its_
     assert episode(0.391, 0.3949) == []
     # Noted before the follow-up started: its claim took them, and a second run is extra.
     assert episode(0.30, 0.31) == ["coalesce-extra-run"]
+
+
+def test_a_take_whose_reply_a_blocked_loop_read_late_counts_from_its_grant() -> None:
+    # Seed 2303 (redis reentrant, 18.75 s): c5 released while c3 waited; c7's one-off first
+    # try was granted 1.3 ms later (its fence, the server's clock in us), but c7's loop was
+    # blocked until 0.8 s on, and logged acq_ok then: the lock was taken, not held by nobody.
+    h = History()
+    h.ev(1.0, "c3", "acq", h=1, mode="block", timeout=3.0)
+    h.hold("c5", 1, 0.9, 0.95, 1, 1.5)
+    h.ev(1.499, "c7", "acq", h=1, mode="block", timeout=0.5)
+    h.ev(1.502, "c7", "loop_block", call="acquire", t0=T0 + 1.502, t1=T0 + 2.3)
+    h.ev(2.3, "c7", "acq_ok", h=1, fence=round((T0 + 1.5013) * 1e6))
+    h.ev(2.35, "c7", "rel_ok", h=1, attempt=0)
+    h.ev(2.36, "c3", "acq_ok", h=1, fence=round((T0 + 2.355) * 1e6))
+    assert h.judge() == set()
+    # Granted as the reply came (the fence says so): nobody took it for 0.8 s.
+    h.events[[e["e"] for e in h.events].index("acq_ok", 3)]["fence"] = round((T0 + 2.299) * 1e6)
+    assert h.judge() == {"handoff-slow"}
+
+
+def _nobody(h: History, c: str, hold: int, at: float, found: bool, **fields: Any) -> None:
+    h.ev(at, c, "check", h=hold, when="nobody", found=found, t0=T0 + at, t1=T0 + at,
+         nodes="1" if found else "0", after=T0 + at - 0.5, prefix=f"{c}h{hold}.",
+         **fields)  # fmt: skip
+
+
+def test_a_let_go_hold_whose_name_its_token_still_holds_is_held_by_nobody() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(1.2, "c1", "intr", h=1, where="client", how="cancel")
+    _nobody(h, "c1", 1, 1.8, True, how="cut", cut=T0 + 1.2)
+    assert h.judge() == {"held-by-nobody"}
+    h.events[-1]["found"] = False
+    assert h.judge() == set()
+    # A loop torn down under the call: the finisher's to clean up, judged the same.
+    h.events[-1].update(found=True, how="teardown", teardown="close")
+    assert h.judge() == {"held-by-nobody"}
+    # Servers that did not answer meanwhile: the clean-up lapses at its TTL.
+    h.fault("server_pause", (0,), 1.3, 1.5)
+    assert h.judge() == set()
+
+
+def test_an_unknown_outcome_s_grant_is_the_next_try_s_to_find_not_judged() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.3, "c1", "acq_err", h=1, err="BackendUnavailable", msg="Timeout reading")
+    _nobody(h, "c1", 1, 2.0, True, how="unknown", unknowns=1, last_try=T0 + 1.0)
+    assert h.judge() == set()
+    # Retried at once and refused, after the held-back first request went through: the
+    # same object's next try must find its own grant (backends.md).
+    h.events[-1].update(how="refused", last_try=T0 + 1.6, wire_t0=T0 + 1.0, wire_t1=T0 + 1.5,
+                        wire_up=True, wire_call="acquire", wire_s=0.5)  # fmt: skip
+    assert h.judge() == {"held-by-nobody"}
+    # Refused before the request went through: the next try after it would find it.
+    h.events[-1].update(last_try=T0 + 1.4)
+    assert h.judge() == set()
+
+
+def test_the_two_known_open_held_by_nobody_cases_are_exempt_exactly() -> None:
+    # Review wai2 3: the acquire's request held back, its call cut, the request through
+    # after the cut (granted after its own hand-back).
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(1.3, "c1", "intr", h=1, where="client", how="cancel")
+    _nobody(h, "c1", 1, 2.5, True, how="cut", cut=T0 + 1.3, wire_up=True, wire_call="acquire",
+            wire_t0=T0 + 1.1, wire_t1=T0 + 2.0, wire_s=0.9)  # fmt: skip
+    assert h.judge() == set()
+    h.events[-1].update(wire_up=False)  # its reply held back: the hand-back's to release
+    assert h.judge() == {"held-by-nobody"}
+    # Review asy3 2: two unknown outcomes in a row (the retry's token replaced the kept
+    # one), then refused.
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    _nobody(h, "c1", 1, 2.5, True, how="refused", unknowns=2, last_try=T0 + 1.9)
+    assert h.judge() == set()
+    h.events[-1].update(unknowns=1)
+    assert h.judge() == {"held-by-nobody"}
+
+
+def test_a_call_held_back_on_the_client_s_wire_is_no_server_s_silence() -> None:
+    h = History()
+    h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
+    h.ev(1.04, "c1", "acq_err", h=1, err="BackendUnavailable", msg="Timeout reading")
+    assert h.judge() == {"unavailable-on-healthy"}
+    h.ev(1.01, "c1", "wire", h=1, call="acquire", up=True, node=0, t0=T0 + 1.01,
+         t1=T0 + 2.0, cut=False)  # fmt: skip
+    assert h.judge() == set()
+
+
+def test_a_retry_that_finds_its_first_try_s_grant_is_judged_from_that_try() -> None:
+    # Seed 14, semaphore: c4's try got no answer (its grant made), another client was
+    # granted a later fence, and c4's immediate retry on the same object found its own
+    # grant, with its fence: not behind, the acquire began at the first try.
+    h = History()
+    h.ev(1.0, "c4", "acq", h=2, mode="block", timeout=1.0)
+    h.ev(1.3, "c4", "acq_err", h=2, err="BackendUnavailable", msg="Timeout reading")
+    h.hold("c2", 1, 1.1, 1.15, 20, 1.2, role="s")
+    h.ev(1.31, "c4", "acq", h=3, mode="block", timeout=1.0, retry_of=2)
+    h.ev(1.35, "c4", "acq_ok", h=3, fence=10)
+    assert h.judge(kind="semaphore", limit=2) == set()
+    h.events[-2].pop("retry_of")  # another object's try: it began after fence 20's grant
+    assert h.judge(kind="semaphore", limit=2) == {"fence-behind"}
+
+
+def test_a_request_held_back_past_its_error_may_take_a_released_lock() -> None:
+    # Seed 2401: c13's acquire raised BackendUnavailable, its request still held back on its
+    # wire; let through just after c12's release, it took the lock for its TTL (an unknown
+    # outcome's grant, documented), and the waiter c7 timed out behind it: no hand-off owed.
+    h = History()
+    h.ev(0.5, "c7", "acq", h=1, mode="block", timeout=2.0)
+    h.ev(0.8, "c13", "acq", h=1, mode="block", timeout=4.0)
+    h.ev(0.81, "c13", "wire", h=1, call="acquire", up=True, node=0, t0=T0 + 0.81,
+         t1=T0 + 1.52, cut=False)  # fmt: skip
+    h.ev(1.1, "c13", "acq_err", h=1, err="BackendUnavailable", msg="Timeout reading")
+    h.hold("c12", 1, 1.3, 1.35, 1, 1.5)
+    h.ev(2.5, "c7", "acq_no", h=1)
+    assert "handoff-slow" not in h.judge()
+    h.events = [e for e in h.events if e["e"] != "wire"]
+    assert "handoff-slow" in h.judge()
