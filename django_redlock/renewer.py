@@ -181,6 +181,10 @@ class _Entry:
     watches: dict[int, weakref.ref[Lock]] = field(default_factory=dict)
     asks: dict[int, _Ask] = field(default_factory=dict)  # by the object's id, as watches
     found_lost: float = 0.0  # when a renewal's answer said it is gone (monotonic)
+    # The TTL news that reached the renewer last: when it came and when its command was sent
+    # (news of two commands that overlapped may come in another order than Redis ran them).
+    news_at: float = -math.inf
+    news_sent: float = -math.inf
 
 
 @dataclass(eq=False)
@@ -253,12 +257,18 @@ class Renewer:
             self._plan(bucket)
 
     def _join(self, entry: _Entry, backend: BaseLockBackend, now: float, epoch: int = -1) -> None:
-        """Put a hold taken at ``now`` into a batch: the open one, or a new one. ``epoch``:
+        """Put a hold taken at ``now`` (when the command that set its TTL was sent: Redis
+        counts the TTL from about then) into a batch: the open one, or a new one. ``epoch``:
         the backend's :attr:`~.BaseLockBackend.renewal_epoch` read before ``entry.shard``
         was found (-1: unknown, its shard is asked again at the batch's next renewal)."""
         ttl_ms, shard = entry.renewal.ttl_ms, entry.shard
         bucket = self._open.get((id(backend), ttl_ms, shard))
-        if bucket is None or now > bucket.closes or len(bucket.members) >= BATCH:
+        if (
+            bucket is None
+            or now > bucket.closes
+            or len(bucket.members) >= BATCH
+            or bucket.due > now + bucket.interval  # dated from its send: due sooner
+        ):
             interval = ttl_ms / 3000
             bucket = self._open[id(backend), ttl_ms, shard] = _Bucket(
                 backend=backend,
@@ -362,9 +372,17 @@ class Renewer:
         if due is not None:
             self._wake(due)
 
-    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
-        """Renew a hold just taken, unless it is released before its first renewal."""
-        self.add(lock, renewal, stop_at, owner=owner)
+    def soon(
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        owner: Any = None,
+        sent: float | None = None,
+    ) -> None:
+        """Renew a hold just taken, unless it is released before its first renewal.
+        ``sent``: when the take was sent (its TTL counts from about then)."""
+        self.add(lock, renewal, stop_at, sent, owner)
 
     def unsure(
         self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None
@@ -413,10 +431,15 @@ class Renewer:
         since: float | None = None,
         owner: Any = None,
     ) -> float | None:
-        if stop_at is not None and stop_at <= time.monotonic():
-            return None  # past its cap (an extend after it): it runs out at its TTL
+        """``lock``'s news that ``renewal``'s TTL was set: answered at ``now``, its command
+        sent at ``since`` (None: unknown, taken as ``now``). Called locked."""
         key = (id(lock.backend), renewal.name, renewal.token)
         entry = self._entries.get(key)
+        if stop_at is not None and stop_at <= time.monotonic() and entry is None:
+            return None  # past its cap (an extend after it), alone: it runs out at its TTL
+        # Past its cap with others holding on: its TTL is on the server all the same, so the
+        # entry follows it (the cap is still its own: no renewals for it once they let go).
+        sent = now if since is None else min(since, now)
         if entry is None:
             entry = self._entries[key] = _Entry(key, lock.backend, renewal, None)
             epoch = lock.backend.renewal_epoch  # first: a change while it is asked is seen
@@ -424,14 +447,19 @@ class Renewer:
             if owner is not None:
                 self._owners[key] = weakref.ref(owner)
             self._set_cap(entry, stop_at)
-            self._join(entry, lock.backend, now, epoch)
-            joined = False
+            self._join(entry, lock.backend, sent, epoch)  # dated from the send (review wdc3, 3)
+            joined = raced = False
         else:
             joined = True
             if owner is not None and key not in self._owners:
                 # Made by a call without the owner that came first (a pending hold is taken
                 # up to IDLE_WAKE late): the owner is kept, whichever call brings it.
                 self._owners[key] = weakref.ref(owner)
+            # Overlapped the news that came last (each sent before the other's answer):
+            # Redis may have run them in either order, whatever order their news came in.
+            raced = sent < entry.news_at and entry.news_sent < now
+        if now >= entry.news_at:
+            entry.news_at, entry.news_sent = now, sent
         ask = _Ask(renewal, now, stop_at)
         if lock not in entry.locks:
             entry.locks.add(lock)
@@ -440,16 +468,28 @@ class Renewer:
         elif now >= entry.asks[id(lock)].set_at:
             entry.asks[id(lock)] = ask
         if joined:
-            self._follow(entry, now, ask, since)  # its cap is in the future: still renewed
+            if not self._follow(entry, now, ask, since, sent):
+                self._drop(key)  # every cap has passed (this object's too): let it run out
+                return None
+            if raced and entry.bucket is not None:
+                # The server may hold the other's TTL, shorter maybe: renewed at once with
+                # the one followed, after both ran (review wdc3, 1).
+                self._due_now(entry.bucket, now)
         return entry.bucket.due if entry.bucket is not None else None
 
     def _follow(
-        self, entry: _Entry, now: float, added: _Ask | None = None, since: float | None = None
+        self,
+        entry: _Entry,
+        now: float,
+        added: _Ask | None = None,
+        since: float | None = None,
+        sent: float | None = None,
     ) -> bool:
         """Give a shared hold the TTL and cap of the objects holding it now (called locked,
         after one joined, set a TTL, released or was collected): the TTL set last by one
         of them, and the latest of their caps (none if one has none). A hold never keeps
-        the TTL or cap of an object that let go. False: every cap has passed (drop it)."""
+        the TTL or cap of an object that let go. False: every cap has passed (drop it).
+        ``sent``: when the command of ``added`` was sent (its new TTL is dated from then)."""
         asks = [a for i, a in entry.asks.items() if (w := entry.watches.get(i)) and w() is not None]
         if not asks:
             return True  # no object left: the caller drops the entry
@@ -459,7 +499,8 @@ class Renewer:
             if old is not None and old.flying is not None:
                 old.moved = True  # its batch may land after this TTL: settle renews
             entry.renewal = latest.renewal
-            self._join(entry, entry.backend, now, old.epoch if old is not None else -1)
+            dated = sent if latest is added and sent is not None else now
+            self._join(entry, entry.backend, dated, old.epoch if old is not None else -1)
             if latest is not added or (
                 old is not None and since is not None and old.settled_at >= since
             ):
@@ -763,9 +804,11 @@ class ThreadRenewer(Renewer):
         self._thread: threading.Thread | None = None
         self._workers: dict[tuple[int, Hashable], _Worker] = {}  # by backend id and shard
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
-        # Holds just taken, as (taken at, Lock, renewal, stop_at). Most holds are released
-        # long before their first renewal (TTL/3): those never cost more than this append.
-        self._pending: deque[tuple[float, weakref.ref[Lock], Renewal, float | None, Any]] = deque()
+        # Holds just taken. Most holds are released long before their first renewal
+        # (TTL/3): those never cost more than this append.
+        self._pending: deque[
+            tuple[float, float, weakref.ref[Lock], Renewal, float | None, Any]
+        ] = deque()  # (came, sent, Lock, renewal, stop_at, owner)
         # Losses to declare, in order, by the notifier thread: its own lock, so that a slow
         # receiver never holds up the renewer's mutex, nor any worker.
         self._notes_cond = threading.Condition(threading.Lock())
@@ -820,26 +863,36 @@ class ThreadRenewer(Renewer):
     def _renews_on(self, backend: BaseLockBackend) -> bool:
         return any(entry.backend is backend for entry in self._entries.values())
 
-    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
-        taken = time.monotonic()
-        self._pending.append((taken, weakref.ref(lock), renewal, stop_at, owner))
-        interval = renewal.ttl_ms / 3000
-        if interval < IDLE_WAKE or self._thread is None:
+    def soon(
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        owner: Any = None,
+        sent: float | None = None,
+    ) -> None:
+        now = time.monotonic()
+        # Dated from the take's send, not its answer: a reply slow by 2/3 of the TTL put
+        # the first renewal after the key's expiry (review wdc3, 3).
+        taken = now if sent is None else min(sent, now)
+        self._pending.append((now, taken, weakref.ref(lock), renewal, stop_at, owner))
+        due = taken + renewal.ttl_ms / 3000
+        if due < now + IDLE_WAKE or self._thread is None:
             # The thread may sleep up to IDLE_WAKE before it looks at the pending holds:
-            # fine for TTLs of 3 s and more, a shorter one is due sooner.
-            self._wake(taken + interval)
+            # fine for TTLs of 3 s and more, a shorter one (or a late answer) is due sooner.
+            self._wake(due)
 
     def _take_pending(self) -> None:
         pending = self._pending
         while pending:
             # Left in the deque until it is added: an exception (an asynchronous one) on the
             # way leaves it for the next take (taking one twice adds nothing).
-            taken, ref, renewal, stop_at, owner = pending[0]
+            came, taken, ref, renewal, stop_at, owner = pending[0]
             lock = ref()
             if lock is not None and lock.renewed_by(self, renewal.token):
                 # Joins the hold's entry if it has one (another object of the token, or an
                 # extend that added it): a TTL set later is kept.
-                self._add(lock, renewal, stop_at, taken, owner=owner)
+                self._add(lock, renewal, stop_at, came, taken, owner)
             # else released (or its Lock collected) before its first renewal
             del lock
             pending.popleft()
