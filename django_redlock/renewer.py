@@ -806,9 +806,9 @@ class ThreadRenewer(Renewer):
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
         # Holds just taken. Most holds are released long before their first renewal
         # (TTL/3): those never cost more than this append.
-        self._pending: deque[
-            tuple[float, float, weakref.ref[Lock], Renewal, float | None, Any]
-        ] = deque()  # (came, sent, Lock, renewal, stop_at, owner)
+        self._pending: deque[tuple[float, float, weakref.ref[Lock], Renewal, float | None, Any]] = (
+            deque()
+        )  # (came, sent, Lock, renewal, stop_at, owner)
         # Losses to declare, in order, by the notifier thread: its own lock, so that a slow
         # receiver never holds up the renewer's mutex, nor any worker.
         self._notes_cond = threading.Condition(threading.Lock())

@@ -995,8 +995,8 @@ class BaseLock:
         owner's count, the hold into the object with one level (or one level more: the
         owner's count with it, one store), counted as taken, ``lost`` cleared, on the
         renewer's schedule (``soon``; ``add`` for an adoption, in the renewer before adopt()
-        returns; a re-entry's ``soon`` too: its take set the TTL again). Each undo works from the state the step left (idempotent), whichever steps
-        ran."""
+        returns; a re-entry's ``soon`` too: its take set the TTL again). Each undo works from
+        the state the step left (idempotent), whichever steps ran."""
         with self._mutex:
             hold = self._holds.get(owner)
             was = (hold, 0 if hold is None else hold.depth, self._lost)
