@@ -6,7 +6,8 @@ backend and TTL taken close together form a batch (a bucket, up to :data:`BATCH`
 renewed in one round trip, so 1,000 held locks cost a few round trips per period, and the
 schedule is kept per bucket, so its Python work does not grow with the holds.
 
-The rules (each is tested in tests/watchdog/test_watchdog.py):
+The rules (each is tested in tests/watchdog/test_watchdog.py; the per-backend ones in
+tests/backends/):
 
 * **One entry per hold**, keyed by (backend, name, token), with the Lock objects that hold
   it (weakly), each object's TTL and cap, and the hold's. Several objects may share a token
@@ -21,6 +22,19 @@ The rules (each is tested in tests/watchdog/test_watchdog.py):
   kept from an object that let go (its shorter TTL would cut the others' margin against a
   stall, its lack of a cap would renew a capped hold for good). A TTL that comes back from
   an object that held on is renewed at once (the server may still have the shorter one).
+  Every command that sets the TTL tells the renewer: a take, an ``extend()``, a re-entry
+  (it sets its object's TTL again), an adoption.
+* **News is not ordered by its arrival**: two commands setting one hold's TTL that overlap
+  (each sent before the other's answer came: two threads extending one object, two
+  objects of one token) may have run in either order, whatever order their news comes
+  in. When news overlaps the news that came before it, the hold is renewed at once with
+  the TTL followed, after both ran (a renewal never shortens, so the server then has at
+  least that TTL): it is never left on a longer schedule than the TTL Redis may hold.
+* **A hold counts from its command's send**: Redis sets the TTL when it runs the command,
+  before its answer comes. A new hold (the winning try's send), and an extend's or a
+  re-entry's new TTL, is dated from when its command was sent, and joins only a batch
+  due no later than a third of its TTL after that: an answer that came late (within the
+  socket timeout) is renewed at once, never after the key ran out (leaders do the same).
 * **An adopted hold is on the adopter's schedule before adopt() returns**: ``adopt()``
   sets the hold's TTL to the adopter's (the server had the one its last renewal, by another
   object or process, set at a time unknown here), then makes its :meth:`add` with the time
@@ -34,15 +48,25 @@ The rules (each is tested in tests/watchdog/test_watchdog.py):
   before another object of its token is collected; the sweep of collected objects takes
   it up first, so the entry it joins is not dropped.
 * **The cap** (``max_hold``) is a monotonic deadline fixed at the acquisition and passed in
-  by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing. Once
-  the last object without a cap, or with a later one, lets go of a shared hold, the caps
-  left hold again (one passed already: renewing stops at once).
+  by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing for its
+  object. But the TTL it set (an extend or a re-entry after the cap) is on the server all
+  the same: a hold other objects keep renewed follows it as any TTL set last (it ran out
+  under them on a longer schedule). Once the last object without a cap, or with a later
+  one, lets go of a shared hold, the caps left hold again (one passed already: renewing
+  stops at once).
 * **A TTL change** (``extend(ttl=...)``) moves the entry to a bucket of its new TTL. A batch
   taken before may still be on its way with the old TTL and land after the extend (a
   shorter one changes nothing there: a renewal never shortens); so when a batch settles
   with members that moved meanwhile, or an extend sent before a batch settled tells the
   renewer after it, the moved holds' bucket is renewed again at once: an old TTL stands for
   one round trip at most, never until the next period.
+* **A renewal keeps every key the hold lives by**: a lease's renewal (``LeaseRenewal``)
+  declares its details hash (the read-write lock's writer mark) beside the leases, so a
+  Cluster slot moved key by key answers ASK or TRYAGAIN (no answer: tried again) instead
+  of running half the script: the leases renewed, the mark left to run out, and a reader
+  admitted beside the writer. Renewals never queue behind the backend's callers: a Redis
+  backend's come from a pool of their own, made like the client's (any ``ConnectionPool``
+  subclass but Sentinel's), and a loss found there is declared as any.
 * **One backend never delays another**: one scheduler thread (``redlock-renewer``) decides
   what is due and hands each batch to its backend's worker thread, which alone waits for
   that backend; a paused Redis holds up its own worker and nobody else's. **A shard is a
