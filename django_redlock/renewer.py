@@ -27,9 +27,11 @@ tests/backends/):
 * **News is not ordered by its arrival**: two commands setting one hold's TTL that overlap
   (each sent before the other's answer came: two threads extending one object, two
   objects of one token) may have run in either order, whatever order their news comes
-  in. When news overlaps the news that came before it, the hold is renewed at once with
-  the TTL followed, after both ran (a renewal never shortens, so the server then has at
-  least that TTL): it is never left on a longer schedule than the TTL Redis may hold.
+  in. So, until the extends settle, the hold is renewed on the shortest TTL one on its
+  way may set (:meth:`sending`: Redis may run it any time before its answer, which may
+  come after another's); and when news overlaps the news that came before it, the hold
+  is renewed at once with the TTL followed, after both ran (a renewal never shortens, so
+  the server then has at least that TTL). Never on a longer schedule than Redis may hold.
 * **A hold counts from its command's send**: Redis sets the TTL when it runs the command,
   before its answer comes. A new hold (the winning try's send), and an extend's or a
   re-entry's new TTL, is dated from when its command was sent, and joins only a batch
@@ -209,6 +211,8 @@ class _Entry:
     # (news of two commands that overlapped may come in another order than Redis ran them).
     news_at: float = -math.inf
     news_sent: float = -math.inf
+    # Extends sent and not answered yet (see sending()): their TTL and when they were sent.
+    flights: dict[int, tuple[Renewal, float]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -382,17 +386,19 @@ class Renewer:
         stop_at: float | None,
         since: float | None = None,
         owner: Any = None,
+        flight: int | None = None,
     ) -> None:
         """Renew a hold from now on, until ``stop_at`` (monotonic; None: no cap).
 
         A new TTL replaces this object's old one (the hold follows its objects: see
         :meth:`_follow`). ``since``: when the command that set it (an
         extend) was sent, to tell whether a batch may have landed after it (see the rules).
-        ``owner``: a reentrant hold's thread or task (renewed while it lives).
+        ``owner``: a reentrant hold's thread or task (renewed while it lives). ``flight``:
+        the extend's number from :meth:`sending`.
         """
         now = time.monotonic()
         with self._mutex:
-            due = self._add(lock, renewal, stop_at, now, since, owner)
+            due = self._add(lock, renewal, stop_at, now, since, owner, flight)
         if due is not None:
             self._wake(due)
 
@@ -409,7 +415,12 @@ class Renewer:
         self.add(lock, renewal, stop_at, sent, owner)
 
     def unsure(
-        self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        owner: Any = None,
+        flight: int | None = None,
     ) -> None:
         """A command that may have set ``renewal``'s TTL on the server had no answer (a lost
         reply): if that TTL is shorter than the one renewed, the hold goes on its schedule
@@ -419,7 +430,16 @@ class Renewer:
         key = (id(lock.backend), renewal.name, renewal.token)
         with self._mutex:
             entry = self._entries.get(key)
-            if entry is not None and renewal.ttl_ms >= entry.renewal.ttl_ms:
+            if entry is not None and flight is not None:
+                entry.flights.pop(flight, None)  # its TTL kept below if shorter
+                kept = entry.renewal.ttl_ms
+                asks = [a for i, a in entry.asks.items()
+                        if (w := entry.watches.get(i)) and w() is not None]  # fmt: skip
+                if asks:
+                    kept = self._target(entry, max(asks, key=lambda a: a.set_at))[0].ttl_ms
+                if renewal.ttl_ms >= kept:
+                    return  # at least the TTL kept either way: its schedule holds
+            elif entry is not None and renewal.ttl_ms >= entry.renewal.ttl_ms:
                 return  # at least the old TTL left either way: its schedule holds
             self._add(lock, renewal, stop_at, now, None, owner)
             entry = self._entries.get(key)
@@ -454,11 +474,15 @@ class Renewer:
         now: float,
         since: float | None = None,
         owner: Any = None,
+        flight: int | None = None,
     ) -> float | None:
         """``lock``'s news that ``renewal``'s TTL was set: answered at ``now``, its command
-        sent at ``since`` (None: unknown, taken as ``now``). Called locked."""
+        sent at ``since`` (None: unknown, taken as ``now``; ``flight``: its number from
+        :meth:`sending`). Called locked."""
         key = (id(lock.backend), renewal.name, renewal.token)
         entry = self._entries.get(key)
+        if entry is not None and flight is not None:
+            entry.flights.pop(flight, None)  # answered: its news replaces it
         if stop_at is not None and stop_at <= time.monotonic() and entry is None:
             return None  # past its cap (an extend after it), alone: it runs out at its TTL
         # Past its cap with others holding on: its TTL is on the server all the same, so the
@@ -518,15 +542,20 @@ class Renewer:
         if not asks:
             return True  # no object left: the caller drops the entry
         latest = max(asks, key=lambda a: a.set_at)
-        if latest.renewal.ttl_ms != entry.renewal.ttl_ms:
+        target, flown = self._target(entry, latest)
+        if target.ttl_ms != entry.renewal.ttl_ms:
             old = self._leave(entry)
             if old is not None and old.flying is not None:
                 old.moved = True  # its batch may land after this TTL: settle renews
-            entry.renewal = latest.renewal
-            dated = sent if latest is added and sent is not None else now
+            entry.renewal = target
+            if flown is not None:
+                dated = flown  # an extend on its way: counted from its send
+            else:
+                dated = sent if latest is added and sent is not None else now
             self._join(entry, entry.backend, dated, old.epoch if old is not None else -1)
-            if latest is not added or (
-                old is not None and since is not None and old.settled_at >= since
+            if flown is None and (
+                latest is not added
+                or (old is not None and since is not None and old.settled_at >= since)
             ):
                 # Either the TTL came back from an object that held on (the server still
                 # has the one that let go's, maybe shorter: its new bucket would be due too
@@ -538,6 +567,55 @@ class Renewer:
         if cap != entry.stop_at:
             self._set_cap(entry, cap)  # renewed as long as any object holding it asks
         return cap is None or cap > now
+
+    @staticmethod
+    def _target(entry: _Entry, latest: _Ask) -> tuple[Renewal, float | None]:
+        """The TTL to renew ``entry`` with: the one set last (``latest``), or a shorter one an
+        extend on its way may set (with its send time; None: not one of those)."""
+        target, flown = latest.renewal, None
+        for renewal, sent in entry.flights.values():
+            if renewal.ttl_ms < target.ttl_ms:
+                target, flown = renewal, sent
+        return target, flown
+
+    def sending(self, lock: Lock, renewal: Renewal) -> int | None:
+        """An extend that sets ``renewal``'s TTL is about to be sent: until its answer (or
+        its lack) is told (:meth:`add`, :meth:`unsure`, then :meth:`landed`), the hold is
+        renewed on that TTL's schedule if it is shorter (Redis may run it any time before
+        the answer comes). The flight's number, or None if the hold is not renewed here."""
+        now = time.monotonic()
+        key = (id(lock.backend), renewal.name, renewal.token)
+        with self._mutex:
+            self._take_pending()  # the hold's news may still be pending
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            flight = next(self._serial)
+            entry.flights[flight] = (renewal, now)
+            if renewal.ttl_ms >= entry.renewal.ttl_ms:
+                return flight
+            self._follow(entry, now)
+            due = entry.bucket.due if entry.bucket is not None else None
+        if due is not None:
+            self._wake(due)
+        return flight
+
+    def landed(self, lock: Lock, renewal: Renewal, flight: int | None) -> None:
+        """The extend of :meth:`sending` is over, its news told (or it was never sent)."""
+        if flight is None:
+            return
+        now = time.monotonic()
+        key = (id(lock.backend), renewal.name, renewal.token)
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is None or entry.flights.pop(flight, None) is None:
+                return  # told already (add, unsure)
+            if not self._follow(entry, now):
+                self._drop(key)
+                return
+            due = entry.bucket.due if entry.bucket is not None else None
+        if due is not None:
+            self._wake(due)
 
     def remove(self, lock: Lock, token: str) -> None:
         key = (id(lock.backend), lock.name, token)

@@ -1456,12 +1456,30 @@ class BaseLock:
         owner, hold = self.current_hold()
         ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
         yield from self._settle(owner)
+        renewer, renewal = hold.renewer, self._renewal(hold.token, ttl_ms)
+        # On its way, a shorter TTL is renewed on its schedule: Redis may run it any time
+        # before the answer comes, which may come after another extend's (review wdc3, 1).
+        flight = renewer.sending(self, renewal) if renewer is not None else None
+        try:
+            yield from self._extend_sent(hold, seconds, ttl_ms, renewal, flight)
+        finally:
+            if renewer is not None:
+                renewer.landed(self, renewal, flight)  # (told already, mostly: a no-op)
+
+    def _extend_sent(
+        self,
+        hold: Hold,
+        seconds: float | None,
+        ttl_ms: int,
+        renewal: Renewal,
+        flight: int | None,
+    ) -> Steps[None]:
         sent = time.monotonic()  # a renewal settled after this may have landed after it
         try:
             extended = yield self._op_extend(hold.token, ttl_ms)
         except BaseException:
             # No answer: Redis may have set this TTL, shorter maybe (review wdc2, 1).
-            self._unsure_ttl(hold, ttl_ms)
+            self._unsure_ttl(hold, ttl_ms, flight)
             raise
         if not extended:
             # When the answer came: a release begun after it (another thread's) did not cause it.
@@ -1477,16 +1495,16 @@ class BaseLock:
         if hold.renewer is not None:
             # The owner too: this may reach the renewer before the acquire's own news does.
             lives = _actor() if self.reentrant else None
-            renewal = self._renewal(hold.token, ttl_ms)
-            hold.renewer.add(self, renewal, hold.stop_at, sent, lives)
+            hold.renewer.add(self, renewal, hold.stop_at, sent, lives, flight)
 
-    def _unsure_ttl(self, hold: Hold, ttl_ms: int) -> None:
+    def _unsure_ttl(self, hold: Hold, ttl_ms: int, flight: int | None = None) -> None:
         """A command of ``hold``'s token that may have set ``ttl_ms`` got no answer: the
-        watchdog renews it as if it had (at once, on that TTL's schedule, if shorter)."""
+        watchdog renews it as if it had (at once, on that TTL's schedule, if shorter).
+        ``flight``: the extend's number from the renewer's ``sending``."""
         if hold.renewer is not None and hold.token:
             lives = _actor() if self.reentrant else None
             renewal = self._renewal(hold.token, ttl_ms)
-            hold.renewer.unsure(self, renewal, hold.stop_at, lives)
+            hold.renewer.unsure(self, renewal, hold.stop_at, lives, flight)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the hold's TTL to ``ttl`` seconds (default: the lock's) from now on."""

@@ -1062,21 +1062,33 @@ def _nobody_takes(names: list[str], seconds: float) -> None:
 
 
 def test_two_extends_whose_news_comes_in_another_order_than_redis_ran_them(name: str) -> None:
-    """extend(10) runs first and extend(1) last (the server has 1 s), but extend(10)'s news
-    reaches the watchdog last (its thread descheduled between its reply and the renewer):
-    the watchdog renews at once, and the hold does not run out under its object (review
-    wdc3, 1)."""
-    lk = lock(name, ttl=10)
-    assert lk.acquire()
-    first = lk._extend(10)
-    reply = lk.backend.execute(next(first))  # A's extend(10) runs...
-    lk.extend(1)  # ...then B's extend(1), whose news comes first
-    assert (lk.ttl() or 0) <= 1
+    """Two extends of one hold (ttl 10), extend(1) run last by Redis (the server has 1 s). Its
+    news comes first and extend(10)'s last (a thread descheduled between its reply and the
+    renewer): the watchdog renews at once. Or extend(10)'s news comes first and extend(1)'s
+    answer is held past its 1 s: the hold is renewed on the 1 s schedule while that extend
+    is on its way. Either way it does not run out under its object (review wdc3, 1). (TTLs
+    apart: holds of one TTL taken together are renewed in one batch, at once for either.)"""
+    late, held = f"{name}:late-news", f"{name}:held-reply"
+    one, other = lock(late, ttl=10), lock(held, ttl=8)
+    assert one.acquire() and other.acquire()
+    first = one._extend(10)
+    reply = one.backend.execute(next(first))  # A's extend(10) runs...
+    one.extend(1)  # ...then B's extend(1), whose news comes first
+    short, long = other._extend(1.2), other._extend(8)
+    op_short, op_long = next(short), next(long)  # both sent
+    reply_long = other.backend.execute(op_long)
+    reply_short = other.backend.execute(op_short)  # run last: the server has 1.2 s
+    with contextlib.suppress(StopIteration):
+        long.send(reply_long)  # extend(8)'s news first
     with contextlib.suppress(StopIteration):
         first.send(reply)  # A's news, last
-    _nobody_takes([name], 2.0)
-    assert lk.lost is None
-    lk.release()
+    assert (one.ttl() or 0) <= 10 and (other.ttl() or 0) <= 1.2
+    _nobody_takes([late, held], 2.0)  # extend(1.2)'s answer still on its way
+    with contextlib.suppress(StopIteration):
+        short.send(reply_short)
+    assert one.lost is None and other.lost is None
+    one.release()
+    other.release()
 
 
 def test_a_capped_objects_extend_or_reentry_after_its_cap_is_followed_by_the_shared_hold(
