@@ -6,7 +6,8 @@ backend and TTL taken close together form a batch (a bucket, up to :data:`BATCH`
 renewed in one round trip, so 1,000 held locks cost a few round trips per period, and the
 schedule is kept per bucket, so its Python work does not grow with the holds.
 
-The rules (each is tested in tests/watchdog/test_watchdog.py):
+The rules (each is tested in tests/watchdog/test_watchdog.py; the per-backend ones in
+tests/backends/):
 
 * **One entry per hold**, keyed by (backend, name, token), with the Lock objects that hold
   it (weakly), each object's TTL and cap, and the hold's. Several objects may share a token
@@ -21,6 +22,21 @@ The rules (each is tested in tests/watchdog/test_watchdog.py):
   kept from an object that let go (its shorter TTL would cut the others' margin against a
   stall, its lack of a cap would renew a capped hold for good). A TTL that comes back from
   an object that held on is renewed at once (the server may still have the shorter one).
+  Every command that sets the TTL tells the renewer: a take, an ``extend()``, a re-entry
+  (it sets its object's TTL again), an adoption.
+* **News is not ordered by its arrival**: two commands setting one hold's TTL that overlap
+  (each sent before the other's answer came: two threads extending one object, two
+  objects of one token) may have run in either order, whatever order their news comes
+  in. So, until the extends settle, the hold is renewed on the shortest TTL one on its
+  way may set (:meth:`sending`: Redis may run it any time before its answer, which may
+  come after another's); and when news overlaps the news that came before it, the hold
+  is renewed at once with the TTL followed, after both ran (a renewal never shortens, so
+  the server then has at least that TTL). Never on a longer schedule than Redis may hold.
+* **A hold counts from its command's send**: Redis sets the TTL when it runs the command,
+  before its answer comes. A new hold (the winning try's send), and an extend's or a
+  re-entry's new TTL, is dated from when its command was sent, and joins only a batch
+  due no later than a third of its TTL after that: an answer that came late (within the
+  socket timeout) is renewed at once, never after the key ran out (leaders do the same).
 * **An adopted hold is on the adopter's schedule before adopt() returns**: ``adopt()``
   sets the hold's TTL to the adopter's (the server had the one its last renewal, by another
   object or process, set at a time unknown here), then makes its :meth:`add` with the time
@@ -34,15 +50,25 @@ The rules (each is tested in tests/watchdog/test_watchdog.py):
   before another object of its token is collected; the sweep of collected objects takes
   it up first, so the entry it joins is not dropped.
 * **The cap** (``max_hold``) is a monotonic deadline fixed at the acquisition and passed in
-  by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing. Once
-  the last object without a cap, or with a later one, lets go of a shared hold, the caps
-  left hold again (one passed already: renewing stops at once).
+  by the lock: ``extend()`` never moves it, and an ``add`` after it renews nothing for its
+  object. But the TTL it set (an extend or a re-entry after the cap) is on the server all
+  the same: a hold other objects keep renewed follows it as any TTL set last (it ran out
+  under them on a longer schedule). Once the last object without a cap, or with a later
+  one, lets go of a shared hold, the caps left hold again (one passed already: renewing
+  stops at once).
 * **A TTL change** (``extend(ttl=...)``) moves the entry to a bucket of its new TTL. A batch
   taken before may still be on its way with the old TTL and land after the extend (a
   shorter one changes nothing there: a renewal never shortens); so when a batch settles
   with members that moved meanwhile, or an extend sent before a batch settled tells the
   renewer after it, the moved holds' bucket is renewed again at once: an old TTL stands for
   one round trip at most, never until the next period.
+* **A renewal keeps every key the hold lives by**: a lease's renewal (``LeaseRenewal``)
+  declares its details hash (the read-write lock's writer mark) beside the leases, so a
+  Cluster slot moved key by key answers ASK or TRYAGAIN (no answer: tried again) instead
+  of running half the script: the leases renewed, the mark left to run out, and a reader
+  admitted beside the writer. Renewals never queue behind the backend's callers: a Redis
+  backend's come from a pool of their own, made like the client's (any ``ConnectionPool``
+  subclass but Sentinel's), and a loss found there is declared as any.
 * **One backend never delays another**: one scheduler thread (``redlock-renewer``) decides
   what is due and hands each batch to its backend's worker thread, which alone waits for
   that backend; a paused Redis holds up its own worker and nobody else's. **A shard is a
@@ -181,6 +207,12 @@ class _Entry:
     watches: dict[int, weakref.ref[Lock]] = field(default_factory=dict)
     asks: dict[int, _Ask] = field(default_factory=dict)  # by the object's id, as watches
     found_lost: float = 0.0  # when a renewal's answer said it is gone (monotonic)
+    # The TTL news that reached the renewer last: when it came and when its command was sent
+    # (news of two commands that overlapped may come in another order than Redis ran them).
+    news_at: float = -math.inf
+    news_sent: float = -math.inf
+    # Extends sent and not answered yet (see sending()): their TTL and when they were sent.
+    flights: dict[int, tuple[Renewal, float]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -253,12 +285,18 @@ class Renewer:
             self._plan(bucket)
 
     def _join(self, entry: _Entry, backend: BaseLockBackend, now: float, epoch: int = -1) -> None:
-        """Put a hold taken at ``now`` into a batch: the open one, or a new one. ``epoch``:
+        """Put a hold taken at ``now`` (when the command that set its TTL was sent: Redis
+        counts the TTL from about then) into a batch: the open one, or a new one. ``epoch``:
         the backend's :attr:`~.BaseLockBackend.renewal_epoch` read before ``entry.shard``
         was found (-1: unknown, its shard is asked again at the batch's next renewal)."""
         ttl_ms, shard = entry.renewal.ttl_ms, entry.shard
         bucket = self._open.get((id(backend), ttl_ms, shard))
-        if bucket is None or now > bucket.closes or len(bucket.members) >= BATCH:
+        if (
+            bucket is None
+            or now > bucket.closes
+            or len(bucket.members) >= BATCH
+            or bucket.due > now + bucket.interval  # dated from its send: due sooner
+        ):
             interval = ttl_ms / 3000
             bucket = self._open[id(backend), ttl_ms, shard] = _Bucket(
                 backend=backend,
@@ -348,26 +386,41 @@ class Renewer:
         stop_at: float | None,
         since: float | None = None,
         owner: Any = None,
+        flight: int | None = None,
     ) -> None:
         """Renew a hold from now on, until ``stop_at`` (monotonic; None: no cap).
 
         A new TTL replaces this object's old one (the hold follows its objects: see
         :meth:`_follow`). ``since``: when the command that set it (an
         extend) was sent, to tell whether a batch may have landed after it (see the rules).
-        ``owner``: a reentrant hold's thread or task (renewed while it lives).
+        ``owner``: a reentrant hold's thread or task (renewed while it lives). ``flight``:
+        the extend's number from :meth:`sending`.
         """
         now = time.monotonic()
         with self._mutex:
-            due = self._add(lock, renewal, stop_at, now, since, owner)
+            due = self._add(lock, renewal, stop_at, now, since, owner, flight)
         if due is not None:
             self._wake(due)
 
-    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
-        """Renew a hold just taken, unless it is released before its first renewal."""
-        self.add(lock, renewal, stop_at, owner=owner)
+    def soon(
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        owner: Any = None,
+        sent: float | None = None,
+    ) -> None:
+        """Renew a hold just taken, unless it is released before its first renewal.
+        ``sent``: when the take was sent (its TTL counts from about then)."""
+        self.add(lock, renewal, stop_at, sent, owner)
 
     def unsure(
-        self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        owner: Any = None,
+        flight: int | None = None,
     ) -> None:
         """A command that may have set ``renewal``'s TTL on the server had no answer (a lost
         reply): if that TTL is shorter than the one renewed, the hold goes on its schedule
@@ -377,7 +430,16 @@ class Renewer:
         key = (id(lock.backend), renewal.name, renewal.token)
         with self._mutex:
             entry = self._entries.get(key)
-            if entry is not None and renewal.ttl_ms >= entry.renewal.ttl_ms:
+            if entry is not None and flight is not None:
+                entry.flights.pop(flight, None)  # its TTL kept below if shorter
+                kept = entry.renewal.ttl_ms
+                asks = [a for i, a in entry.asks.items()
+                        if (w := entry.watches.get(i)) and w() is not None]  # fmt: skip
+                if asks:
+                    kept = self._target(entry, max(asks, key=lambda a: a.set_at))[0].ttl_ms
+                if renewal.ttl_ms >= kept:
+                    return  # at least the TTL kept either way: its schedule holds
+            elif entry is not None and renewal.ttl_ms >= entry.renewal.ttl_ms:
                 return  # at least the old TTL left either way: its schedule holds
             self._add(lock, renewal, stop_at, now, None, owner)
             entry = self._entries.get(key)
@@ -412,11 +474,20 @@ class Renewer:
         now: float,
         since: float | None = None,
         owner: Any = None,
+        flight: int | None = None,
     ) -> float | None:
-        if stop_at is not None and stop_at <= time.monotonic():
-            return None  # past its cap (an extend after it): it runs out at its TTL
+        """``lock``'s news that ``renewal``'s TTL was set: answered at ``now``, its command
+        sent at ``since`` (None: unknown, taken as ``now``; ``flight``: its number from
+        :meth:`sending`). Called locked."""
         key = (id(lock.backend), renewal.name, renewal.token)
         entry = self._entries.get(key)
+        if entry is not None and flight is not None:
+            entry.flights.pop(flight, None)  # answered: its news replaces it
+        if stop_at is not None and stop_at <= time.monotonic() and entry is None:
+            return None  # past its cap (an extend after it), alone: it runs out at its TTL
+        # Past its cap with others holding on: its TTL is on the server all the same, so the
+        # entry follows it (the cap is still its own: no renewals for it once they let go).
+        sent = now if since is None else min(since, now)
         if entry is None:
             entry = self._entries[key] = _Entry(key, lock.backend, renewal, None)
             epoch = lock.backend.renewal_epoch  # first: a change while it is asked is seen
@@ -424,14 +495,19 @@ class Renewer:
             if owner is not None:
                 self._owners[key] = weakref.ref(owner)
             self._set_cap(entry, stop_at)
-            self._join(entry, lock.backend, now, epoch)
-            joined = False
+            self._join(entry, lock.backend, sent, epoch)  # dated from the send (review wdc3, 3)
+            joined = raced = False
         else:
             joined = True
             if owner is not None and key not in self._owners:
                 # Made by a call without the owner that came first (a pending hold is taken
                 # up to IDLE_WAKE late): the owner is kept, whichever call brings it.
                 self._owners[key] = weakref.ref(owner)
+            # Overlapped the news that came last (each sent before the other's answer):
+            # Redis may have run them in either order, whatever order their news came in.
+            raced = sent < entry.news_at and entry.news_sent < now
+        if now >= entry.news_at:
+            entry.news_at, entry.news_sent = now, sent
         ask = _Ask(renewal, now, stop_at)
         if lock not in entry.locks:
             entry.locks.add(lock)
@@ -440,28 +516,46 @@ class Renewer:
         elif now >= entry.asks[id(lock)].set_at:
             entry.asks[id(lock)] = ask
         if joined:
-            self._follow(entry, now, ask, since)  # its cap is in the future: still renewed
+            if not self._follow(entry, now, ask, since, sent):
+                self._drop(key)  # every cap has passed (this object's too): let it run out
+                return None
+            if raced and entry.bucket is not None:
+                # The server may hold the other's TTL, shorter maybe: renewed at once with
+                # the one followed, after both ran (review wdc3, 1).
+                self._due_now(entry.bucket, now)
         return entry.bucket.due if entry.bucket is not None else None
 
     def _follow(
-        self, entry: _Entry, now: float, added: _Ask | None = None, since: float | None = None
+        self,
+        entry: _Entry,
+        now: float,
+        added: _Ask | None = None,
+        since: float | None = None,
+        sent: float | None = None,
     ) -> bool:
         """Give a shared hold the TTL and cap of the objects holding it now (called locked,
         after one joined, set a TTL, released or was collected): the TTL set last by one
         of them, and the latest of their caps (none if one has none). A hold never keeps
-        the TTL or cap of an object that let go. False: every cap has passed (drop it)."""
+        the TTL or cap of an object that let go. False: every cap has passed (drop it).
+        ``sent``: when the command of ``added`` was sent (its new TTL is dated from then)."""
         asks = [a for i, a in entry.asks.items() if (w := entry.watches.get(i)) and w() is not None]
         if not asks:
             return True  # no object left: the caller drops the entry
         latest = max(asks, key=lambda a: a.set_at)
-        if latest.renewal.ttl_ms != entry.renewal.ttl_ms:
+        target, flown = self._target(entry, latest)
+        if target.ttl_ms != entry.renewal.ttl_ms:
             old = self._leave(entry)
             if old is not None and old.flying is not None:
                 old.moved = True  # its batch may land after this TTL: settle renews
-            entry.renewal = latest.renewal
-            self._join(entry, entry.backend, now, old.epoch if old is not None else -1)
-            if latest is not added or (
-                old is not None and since is not None and old.settled_at >= since
+            entry.renewal = target
+            if flown is not None:
+                dated = flown  # an extend on its way: counted from its send
+            else:
+                dated = sent if latest is added and sent is not None else now
+            self._join(entry, entry.backend, dated, old.epoch if old is not None else -1)
+            if flown is None and (
+                latest is not added
+                or (old is not None and since is not None and old.settled_at >= since)
             ):
                 # Either the TTL came back from an object that held on (the server still
                 # has the one that let go's, maybe shorter: its new bucket would be due too
@@ -473,6 +567,55 @@ class Renewer:
         if cap != entry.stop_at:
             self._set_cap(entry, cap)  # renewed as long as any object holding it asks
         return cap is None or cap > now
+
+    @staticmethod
+    def _target(entry: _Entry, latest: _Ask) -> tuple[Renewal, float | None]:
+        """The TTL to renew ``entry`` with: the one set last (``latest``), or a shorter one an
+        extend on its way may set (with its send time; None: not one of those)."""
+        target, flown = latest.renewal, None
+        for renewal, sent in entry.flights.values():
+            if renewal.ttl_ms < target.ttl_ms:
+                target, flown = renewal, sent
+        return target, flown
+
+    def sending(self, lock: Lock, renewal: Renewal) -> int | None:
+        """An extend that sets ``renewal``'s TTL is about to be sent: until its answer (or
+        its lack) is told (:meth:`add`, :meth:`unsure`, then :meth:`landed`), the hold is
+        renewed on that TTL's schedule if it is shorter (Redis may run it any time before
+        the answer comes). The flight's number, or None if the hold is not renewed here."""
+        now = time.monotonic()
+        key = (id(lock.backend), renewal.name, renewal.token)
+        with self._mutex:
+            self._take_pending()  # the hold's news may still be pending
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            flight = next(self._serial)
+            entry.flights[flight] = (renewal, now)
+            if renewal.ttl_ms >= entry.renewal.ttl_ms:
+                return flight
+            self._follow(entry, now)
+            due = entry.bucket.due if entry.bucket is not None else None
+        if due is not None:
+            self._wake(due)
+        return flight
+
+    def landed(self, lock: Lock, renewal: Renewal, flight: int | None) -> None:
+        """The extend of :meth:`sending` is over, its news told (or it was never sent)."""
+        if flight is None:
+            return
+        now = time.monotonic()
+        key = (id(lock.backend), renewal.name, renewal.token)
+        with self._mutex:
+            entry = self._entries.get(key)
+            if entry is None or entry.flights.pop(flight, None) is None:
+                return  # told already (add, unsure)
+            if not self._follow(entry, now):
+                self._drop(key)
+                return
+            due = entry.bucket.due if entry.bucket is not None else None
+        if due is not None:
+            self._wake(due)
 
     def remove(self, lock: Lock, token: str) -> None:
         key = (id(lock.backend), lock.name, token)
@@ -763,9 +906,11 @@ class ThreadRenewer(Renewer):
         self._thread: threading.Thread | None = None
         self._workers: dict[tuple[int, Hashable], _Worker] = {}  # by backend id and shard
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
-        # Holds just taken, as (taken at, Lock, renewal, stop_at). Most holds are released
-        # long before their first renewal (TTL/3): those never cost more than this append.
-        self._pending: deque[tuple[float, weakref.ref[Lock], Renewal, float | None, Any]] = deque()
+        # Holds just taken. Most holds are released long before their first renewal
+        # (TTL/3): those never cost more than this append.
+        self._pending: deque[tuple[float, float, weakref.ref[Lock], Renewal, float | None, Any]] = (
+            deque()
+        )  # (came, sent, Lock, renewal, stop_at, owner)
         # Losses to declare, in order, by the notifier thread: its own lock, so that a slow
         # receiver never holds up the renewer's mutex, nor any worker.
         self._notes_cond = threading.Condition(threading.Lock())
@@ -820,26 +965,36 @@ class ThreadRenewer(Renewer):
     def _renews_on(self, backend: BaseLockBackend) -> bool:
         return any(entry.backend is backend for entry in self._entries.values())
 
-    def soon(self, lock: Lock, renewal: Renewal, stop_at: float | None, owner: Any = None) -> None:
-        taken = time.monotonic()
-        self._pending.append((taken, weakref.ref(lock), renewal, stop_at, owner))
-        interval = renewal.ttl_ms / 3000
-        if interval < IDLE_WAKE or self._thread is None:
+    def soon(
+        self,
+        lock: Lock,
+        renewal: Renewal,
+        stop_at: float | None,
+        owner: Any = None,
+        sent: float | None = None,
+    ) -> None:
+        now = time.monotonic()
+        # Dated from the take's send, not its answer: a reply slow by 2/3 of the TTL put
+        # the first renewal after the key's expiry (review wdc3, 3).
+        taken = now if sent is None else min(sent, now)
+        self._pending.append((now, taken, weakref.ref(lock), renewal, stop_at, owner))
+        due = taken + renewal.ttl_ms / 3000
+        if due < now + IDLE_WAKE or self._thread is None:
             # The thread may sleep up to IDLE_WAKE before it looks at the pending holds:
-            # fine for TTLs of 3 s and more, a shorter one is due sooner.
-            self._wake(taken + interval)
+            # fine for TTLs of 3 s and more, a shorter one (or a late answer) is due sooner.
+            self._wake(due)
 
     def _take_pending(self) -> None:
         pending = self._pending
         while pending:
             # Left in the deque until it is added: an exception (an asynchronous one) on the
             # way leaves it for the next take (taking one twice adds nothing).
-            taken, ref, renewal, stop_at, owner = pending[0]
+            came, taken, ref, renewal, stop_at, owner = pending[0]
             lock = ref()
             if lock is not None and lock.renewed_by(self, renewal.token):
                 # Joins the hold's entry if it has one (another object of the token, or an
                 # extend that added it): a TTL set later is kept.
-                self._add(lock, renewal, stop_at, taken, owner=owner)
+                self._add(lock, renewal, stop_at, came, taken, owner)
             # else released (or its Lock collected) before its first renewal
             del lock
             pending.popleft()

@@ -160,6 +160,13 @@ class Renewal(NamedTuple):
     ttl_ms: int
 
 
+class LeaseRenewal(Renewal):
+    """A lease's renewal (a permit, a read, the write): its details hash lives by it too, and a
+    backend that routes by key (Cluster) declares that hash in the renewal's script."""
+
+    __slots__ = ()
+
+
 @dataclass
 class LockInfo:
     """A held lock as operators see it."""
@@ -510,6 +517,10 @@ class BaseLockBackend:
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
+
+    def op_lease_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
+        """:meth:`op_extend` of a lease (its details hash too: Cluster declares it)."""
+        return self.op_extend(name, token, ttl_ms)
 
     def op_refence(
         self, name: str, token: str, recorded: int, client_us: int | None = None

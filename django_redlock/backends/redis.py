@@ -52,13 +52,23 @@ T = TypeVar("T")
 #: Errors that mean "Redis did not answer", as opposed to "Redis said no".
 UNAVAILABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
-#: The pools a client's renewals get a pool of their own made like (its kwargs rebuild it).
-_REBUILT = (
-    redis.ConnectionPool,
-    redis.BlockingConnectionPool,
-    wire.WaitingPool,
-    fast_path.CallPool,
-)
+
+def _rebuilt(pool: Any) -> bool:
+    """Whether a client's renewals get a pool of their own made like ``pool`` (its kwargs
+    rebuild it): any ``ConnectionPool``, a project's own subclass too (with exact types
+    only, a ``BlockingConnectionPool`` subclass left the renewals queued behind the cache's
+    callers: review wdc3, 5), but a Sentinel one (its connections ask where the master is).
+    """
+    from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection
+
+    connection_class = getattr(pool, "connection_class", None)
+    return (
+        isinstance(pool, redis.ConnectionPool)
+        and not isinstance(pool, SentinelConnectionPool)
+        and isinstance(connection_class, type)
+        and not issubclass(connection_class, SentinelManagedConnection)
+    )
+
 
 #: The refusal table: an error reply about the server, not the lock, by its first word.
 #: For now (BackendUnavailable: the same call may be answered later; whether this one ran
@@ -306,13 +316,13 @@ class RedisBackend(BaseLockBackend):
 
     def _renewals_client(self, client: Any) -> Any:
         """A ``redis.Redis`` for the renewals, on a pool of their own made like ``client``'s;
-        ``client`` itself when its pool is not one to rebuild from its kwargs (a project's
-        own, a Sentinel one)."""
+        ``client`` itself when its pool is not one to rebuild from its kwargs (a Sentinel
+        one, or not a ``ConnectionPool``)."""
         kept = self._renewals
         if kept is not None and kept[0]() is client:
             return kept[1]
         pool = client.connection_pool
-        if type(pool) not in _REBUILT:
+        if not _rebuilt(pool):
             return client
         with self._setup:
             kept = self._renewals

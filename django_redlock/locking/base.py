@@ -605,6 +605,7 @@ class BaseLock:
         held = self._holds.get(owner)  # before: to tell whether an interrupt came after a record
         depth = 0 if held is None else held.depth
         attempt: Attempt | None = None
+        tried = [started]  # when the last try was sent: the watchdog dates the hold from it
         # Unsure from before the try until the outcome is in the object: the server changes
         # the owner's count before this process does, and an interrupt (a burst: one more in
         # the hand-back) may end the acquire in between. The owner's next operation then
@@ -614,13 +615,13 @@ class BaseLock:
         try:
             # In the try: no line between the grant and the record is unguarded.
             attempt = yield from self._try_or_wait(
-                owner, token, ttl_ms, meta, blocking, timeout, started, span
+                owner, token, ttl_ms, meta, blocking, timeout, started, span, tried
             )
             hold: Hold | None = None
             current = self._holds.get(owner) if self.reentrant else None
             refused = self._nests_in_nothing(owner, current, attempt)
             if attempt.acquired and not refused:
-                hold = self._record(owner, actor, token, ttl_ms, attempt)
+                hold = self._record(owner, actor, token, ttl_ms, attempt, sent=tried[0])
         except BaseException as exc:
             if attempt is None:
                 if self.reentrant:
@@ -780,6 +781,7 @@ class BaseLock:
         timeout: float | None,
         started: float,
         span: Any,
+        tried: list[float],
     ) -> Steps[Attempt]:
         """One try that never queues or registers, then (``blocking``) the wait: the answer.
 
@@ -794,13 +796,14 @@ class BaseLock:
         trying = [True]
         try:
             deadline = None if timeout is None or not blocking else started + timeout
+            tried[0] = time.monotonic()
             attempt = yield by_deadline(deadline, self._op_acquire(token, ttl_ms, meta, None, -1))
             trying[0] = False
             freed = self._displaced and (yield from self._release_displaced(token))
             if freed and not attempt.acquired:
                 # The lock was a lost try's of this object: once more, now it is free.
                 take = self._op_acquire(token, ttl_ms, meta, None, -1)
-                trying[0] = True
+                trying[0], tried[0] = True, time.monotonic()
                 attempt = yield by_deadline(deadline, take)
                 trying[0] = False
             if (
@@ -812,7 +815,9 @@ class BaseLock:
                 # A waiter with an id is woken by that id alone; else by the release channel.
                 queued = self.queued or self.backend.wakes_one
                 waiter = self.backend.new_waiter_id() if queued else None
-                attempt = yield from self._wait(token, ttl_ms, meta, waiter, deadline, trying)
+                attempt = yield from self._wait(
+                    token, ttl_ms, meta, waiter, deadline, trying, tried
+                )
             return attempt  # in the try: an interrupt here hands the grant back too
         except LockError as exc:
             # No answer (BackendUnavailable, QuorumNotReached): the try may have taken the
@@ -991,6 +996,7 @@ class BaseLock:
         waiter: str | None,
         deadline: float | None,
         trying: list[bool],
+        tried: list[float],
     ) -> Steps[Attempt]:
         """Sleep until a release (pub/sub) or the holder's expiry; never poll blindly.
 
@@ -1020,6 +1026,7 @@ class BaseLock:
                 if not self.reentrant:  # (a reentrant count is settled at its next operation)
                     take = replace(take, late=functools.partial(self._late_take, token))
                 trying[0] = True  # (see _try_or_wait)
+                tried[0] = time.monotonic()
                 attempt = yield by_deadline(deadline, take)
                 trying[0] = False
                 handle[1].baton = False  # tried: a wake-up we were handed is used up
@@ -1054,6 +1061,7 @@ class BaseLock:
         ttl_ms: int,
         attempt: Attempt,
         adopted: float | None = None,
+        sent: float | None = None,
     ) -> Hold:
         """Make ``owner``'s a hold the backend granted (or that :meth:`adopt` took over): in
         the object, counted as taken by its actor (a renewed exclusive hold), one level more
@@ -1073,8 +1081,8 @@ class BaseLock:
         owner's count, the hold into the object with one level (or one level more: the
         owner's count with it, one store), counted as taken, ``lost`` cleared, on the
         renewer's schedule (``soon``; ``add`` for an adoption, in the renewer before adopt()
-        returns). Each undo works from the state the step left (idempotent), whichever steps
-        ran."""
+        returns; a re-entry's ``soon`` too: its take set the TTL again). Each undo works from
+        the state the step left (idempotent), whichever steps ran."""
         with self._mutex:
             hold = self._holds.get(owner)
             was = (hold, 0 if hold is None else hold.depth, self._lost)
@@ -1107,7 +1115,13 @@ class BaseLock:
                     hold.depth += 1
                 self._lost = None
                 if self.auto_renew and hold.renewer is None:
-                    self._renew_from_now(hold, ttl_ms, adopted)
+                    self._renew_from_now(hold, ttl_ms, adopted, sent)
+                elif was[0] is not None and hold.renewer is not None:
+                    # A re-entry set this object's TTL again: it is the one set last, which
+                    # a hold shared with another object follows (review wdc3, 2).
+                    renewal = self._renewal(hold.token, ttl_ms)
+                    lives = _actor() if self.reentrant else None
+                    hold.renewer.soon(self, renewal, hold.stop_at, lives, sent)
                 taking = _TAKING.get()()
                 if taking is not None and taking.lock is self:
                     taking.recorded = hold  # (last: before it, an interrupt unrecords)
@@ -1116,8 +1130,11 @@ class BaseLock:
                 raise
         return hold
 
-    def _renew_from_now(self, hold: Hold, ttl_ms: int, adopted: float | None) -> None:
-        """Put ``hold`` on the watchdog's schedule (:meth:`_record`'s step)."""
+    def _renew_from_now(
+        self, hold: Hold, ttl_ms: int, adopted: float | None, sent: float | None = None
+    ) -> None:
+        """Put ``hold`` on the watchdog's schedule (:meth:`_record`'s step), dated from
+        ``sent`` (when its take was sent; None: now)."""
         # One watchdog thread renews sync and asyncio holds alike: it outlives any event
         # loop, so a hold taken in a short-lived loop (asyncio.run) is still renewed.
         hold.renewer = thread_renewer
@@ -1130,7 +1147,7 @@ class BaseLock:
         else:
             # A reentrant hold is renewed while its owner lives (see renewer.py).
             lives = _actor() if self.reentrant else None
-            thread_renewer.soon(self, renewal, hold.stop_at, lives)
+            thread_renewer.soon(self, renewal, hold.stop_at, lives, sent)
 
     def _unrecord(
         self,
@@ -1169,16 +1186,25 @@ class BaseLock:
             if lock_acquired.receivers:  # none, mostly: the call alone costs every hold
                 lock_acquired.send_robust(sender=type(self), lock=self, fence=attempt.fence)
 
-    def took(self, token: str, fence: int | None, ttl_ms: int, prior: str | None = None) -> None:
+    def took(
+        self,
+        token: str,
+        fence: int | None,
+        ttl_ms: int,
+        prior: str | None = None,
+        sent: float | None = None,
+    ) -> None:
         """Internal API (``lock_all``): record a new hold, ``token``'s with ``fence``, taken
         for this object by another operation (one script for several names), as if
         :meth:`acquire` had taken it: renewed by the watchdog, signalled, counted. Only on a
         plain (not reentrant) lock that holds nothing; LockError otherwise, nothing recorded.
+        ``sent``: when the take was sent (the watchdog dates the hold from it; None: now).
         """
         if self.reentrant or not self.exclusive or "" in self._holds:
             raise LockError(f"{self.describe()}: took() records a new plain hold only")
         attempt = Attempt(True, fence, 1, prior)
-        self._announce_held(self._record("", owner_id(), token, ttl_ms, attempt), attempt)
+        hold = self._record("", owner_id(), token, ttl_ms, attempt, sent=sent)
+        self._announce_held(hold, attempt)
 
     def release_steps(self) -> Steps[None]:
         """Internal API (``lock_all``): the steps of :meth:`release`, for a caller that runs
@@ -1516,12 +1542,30 @@ class BaseLock:
         owner, hold = self.current_hold()
         ttl_ms = to_ms(self.lock_ttl if seconds is None else seconds)
         yield from self._settle(owner)
+        renewer, renewal = hold.renewer, self._renewal(hold.token, ttl_ms)
+        # On its way, a shorter TTL is renewed on its schedule: Redis may run it any time
+        # before the answer comes, which may come after another extend's (review wdc3, 1).
+        flight = renewer.sending(self, renewal) if renewer is not None else None
+        try:
+            yield from self._extend_sent(hold, seconds, ttl_ms, renewal, flight)
+        finally:
+            if renewer is not None:
+                renewer.landed(self, renewal, flight)  # (told already, mostly: a no-op)
+
+    def _extend_sent(
+        self,
+        hold: Hold,
+        seconds: float | None,
+        ttl_ms: int,
+        renewal: Renewal,
+        flight: int | None,
+    ) -> Steps[None]:
         sent = time.monotonic()  # a renewal settled after this may have landed after it
         try:
             extended = yield self._op_extend(hold.token, ttl_ms)
         except BaseException:
             # No answer: Redis may have set this TTL, shorter maybe (review wdc2, 1).
-            self._unsure_ttl(hold, ttl_ms)
+            self._unsure_ttl(hold, ttl_ms, flight)
             raise
         if not extended:
             # When the answer came: a release begun after it (another thread's) did not cause it.
@@ -1537,16 +1581,16 @@ class BaseLock:
         if hold.renewer is not None:
             # The owner too: this may reach the renewer before the acquire's own news does.
             lives = _actor() if self.reentrant else None
-            renewal = self._renewal(hold.token, ttl_ms)
-            hold.renewer.add(self, renewal, hold.stop_at, sent, lives)
+            hold.renewer.add(self, renewal, hold.stop_at, sent, lives, flight)
 
-    def _unsure_ttl(self, hold: Hold, ttl_ms: int) -> None:
+    def _unsure_ttl(self, hold: Hold, ttl_ms: int, flight: int | None = None) -> None:
         """A command of ``hold``'s token that may have set ``ttl_ms`` got no answer: the
-        watchdog renews it as if it had (at once, on that TTL's schedule, if shorter)."""
+        watchdog renews it as if it had (at once, on that TTL's schedule, if shorter).
+        ``flight``: the extend's number from the renewer's ``sending``."""
         if hold.renewer is not None and hold.token:
             lives = _actor() if self.reentrant else None
             renewal = self._renewal(hold.token, ttl_ms)
-            hold.renewer.unsure(self, renewal, hold.stop_at, lives)
+            hold.renewer.unsure(self, renewal, hold.stop_at, lives, flight)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the hold's TTL to ``ttl`` seconds (default: the lock's) from now on."""

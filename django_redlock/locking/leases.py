@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.base import Attempt, LockInfo, Op
+from ..backends.base import Attempt, LeaseRenewal, LockInfo, Op, Renewal
 from .base import BaseLock
 from .holds import settled, unsettled
 from .steps import Steps
@@ -59,7 +59,11 @@ class LeaseLock(BaseLock):
         return self.backend.op_lease_hand_back(self.name, token, self.mode)
 
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
-        return self.backend.op_extend(self.name, token, ttl_ms)  # serves locks and leases
+        return self.backend.op_lease_extend(self.name, token, ttl_ms)
+
+    def _renewal(self, token: str, ttl_ms: int) -> Renewal:
+        # A lease's: Cluster declares its details hash too (review wdc3, 4).
+        return tuple.__new__(LeaseRenewal, (self.name, token, ttl_ms))
 
     def _op_leave(self, waiter: str) -> Op[None]:
         return self.backend.op_lease_leave(self.name, waiter)

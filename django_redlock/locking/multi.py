@@ -598,11 +598,12 @@ class MultiLock:
         token, ttl_ms = new_token(), to_ms(self.lock_ttl)
         meta = group_meta(holder_meta(), self.group, len(self.names))
         spans = [observe.acquire_started(lk) for lk in self.locks]
+        tried = [time.monotonic()]  # when the last try was sent: the holds count from it
         try:
             taken = yield self._op_take(token, ttl_ms, meta, "")
             if not taken.acquired and blocking and timeout != 0:
                 deadline = None if timeout is None else started + timeout
-                taken = yield from self._wait(token, ttl_ms, meta, deadline)
+                taken = yield from self._wait(token, ttl_ms, meta, deadline, tried)
             self._busy = None if taken.acquired else self.names[taken.busy]
             if not taken.acquired:
                 refused = observe.TIMEOUT if blocking and timeout else observe.BUSY
@@ -610,7 +611,7 @@ class MultiLock:
                 return False
             priors = taken.priors or (None,) * len(self.locks)
             for lk, fence, prior in zip(self.locks, taken.fences, priors, strict=True):
-                lk.took(token, fence, ttl_ms, prior)
+                lk.took(token, fence, ttl_ms, prior, tried[0])
             self._acquire_ended(started, observe.ACQUIRED, spans, taken.fences)
         except BaseException as exc:
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT  # as lock()
@@ -638,7 +639,9 @@ class MultiLock:
         for i, (lk, span) in enumerate(zip(self.locks, spans, strict=True)):
             observe.acquire_ended(lk, started, outcome, fences[i] if fences else None, span)
 
-    def _wait(self, token: str, ttl_ms: int, meta: str, deadline: float | None) -> Steps[TakenAll]:
+    def _wait(
+        self, token: str, ttl_ms: int, meta: str, deadline: float | None, tried: list[float]
+    ) -> Steps[TakenAll]:
         """Register on the first busy name and sleep until its release wakes this waiter (or
         its hold's expiry); then try the whole set again. Never polls blindly.
 
@@ -652,6 +655,7 @@ class MultiLock:
         unanswered = False
         try:
             while True:
+                tried[0] = time.monotonic()
                 taken = yield self._op_take(token, ttl_ms, meta, waiter)
                 handle[1].baton = False  # tried: a wake-up we were handed is used up
                 if taken.acquired:

@@ -136,11 +136,13 @@ end
 -- not ours. `at_least` (the watchdog's renewals): the hold keeps at least `ttl` ms, and
 -- keeps more if it has more. Several holders may renew one token with their own TTLs (a
 -- hand-over: the old holder still renews after adopt() set the adopter's longer TTL), and
--- none may cut another's time short. An extend() sets `ttl` exactly.
-local function any_extend(key, token, ttl, at_least)
+-- none may cut another's time short. An extend() sets `ttl` exactly. `details`: the lease's
+-- hash as the caller declared it (Cluster: a slot moved key by key then answers ASK or
+-- TRYAGAIN instead of running half of this, and the writer's mark never runs out apart).
+local function any_extend(key, token, ttl, at_least, details)
   local kind = redis.call('TYPE', key).ok
   if kind == 'zset' then
-    return lease_extend(key, key .. ':h', token, ttl, now_ms(), at_least)
+    return lease_extend(key, details or (key .. ':h'), token, ttl, now_ms(), at_least)
   end
   if hold_mine(key, token, kind) > 0 then
     if at_least and redis.call('PTTL', key) >= tonumber(ttl) then

@@ -14,7 +14,16 @@ from django.conf import settings
 from django.test import override_settings
 from redis.exceptions import ResponseError
 
-from django_redlock import BackendUnavailable, LockError, fast_path, lock, locks, semaphore, wire
+from django_redlock import (
+    BackendUnavailable,
+    LockError,
+    fast_path,
+    lock,
+    locks,
+    read_write_lock,
+    semaphore,
+    wire,
+)
 from django_redlock.testing import RedisServer
 from django_redlock.testing.server import create_cluster
 
@@ -1006,6 +1015,46 @@ def test_permits_of_one_semaphore_are_renewed_on_the_node_importing_their_slot(
         for permit in permits:
             assert permit.owned()
             permit.release()
+        backend.close()
+
+
+def test_a_write_hold_whose_slot_move_stalls_between_its_keys_admits_no_reader_unannounced(
+    name: str,
+) -> None:
+    """A reshard moves a slot key by key: the write lease's details hash (its ':writer' mark)
+    moved first, the leases key left on the source for longer than the TTL. Renewals declared
+    the leases key only, ran half their script there and renewed the leases, never the hash,
+    which ran out: after the move a reader was admitted beside a writer that still believed
+    it held. Renewals declare both keys now (TRYAGAIN meanwhile): the write lease runs out
+    with its mark and the writer is told (review wdc3, 4)."""
+    from ..waiting.test_sharded import migrate_slot
+
+    with _own_cluster() as nodes, _cluster_config(nodes, 0.5):
+        backend = locks["c"]
+        rw = read_write_lock(name, using="c", ttl=1.0)
+        writer = rw.write()
+        assert writer.acquire(blocking=False)
+        slot, source = _slot_and_master(nodes, backend.key(name))
+        target = next(n for n in nodes if n is not source)
+        src, dst = source.client(), target.client()
+        dst.execute_command(
+            "CLUSTER", "SETSLOT", slot, "IMPORTING", src.execute_command("CLUSTER", "MYID")
+        )
+        src.execute_command(
+            "CLUSTER", "SETSLOT", slot, "MIGRATING", dst.execute_command("CLUSTER", "MYID")
+        )
+        details = backend.details_key(name)
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", details)
+        time.sleep(1.6)  # the move stalls past the TTL
+        migrate_slot(nodes, slot, source, target)  # the other keys, then every node told
+        time.sleep(0.8)  # renewed on the target meanwhile
+        reader = rw.read()
+        got = reader.acquire(blocking=False)
+        assert not got or writer.lost is not None, "a reader beside a writer that holds"
+        if got:
+            reader.release()
+        with contextlib.suppress(LockError):
+            writer.release()
         backend.close()
 
 

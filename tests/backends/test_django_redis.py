@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
@@ -94,3 +95,48 @@ def test_a_sentinel_cache_without_socket_timeout_is_refused() -> None:
     refused = pytest.raises(ImproperlyConfigured, match=r"no socket timeout.*SOCKET_TIMEOUT")
     with on_cache(options, "redis://mymaster/0"), refused:
         lock("n", using="c").acquire(blocking=False)
+
+
+class ProjectPool(redis.BlockingConnectionPool):
+    """A project's own pool class (instrumentation, say): a subclass of a known one."""
+
+
+def test_renewals_on_a_cache_with_a_pool_class_of_its_own_are_not_queued_behind_its_callers(
+    redis_server: RedisServer,
+) -> None:
+    """The renewals' own pool was made for the exact known pool classes only: with a
+    BlockingConnectionPool subclass, two callers busy on the cache's two connections held
+    every renewal back, and the hold ran out unannounced on a healthy Redis. Renewed on a
+    pool of their own now, and a loss found there is reported (review wdc3, 5)."""
+    url = redis_server.url.rsplit("/", 1)[0] + "/7"  # django-redis's pools are per URL
+    options = {"CONNECTION_POOL_CLASS": f"{__name__}.ProjectPool", "SOCKET_TIMEOUT": 2,
+               "CONNECTION_POOL_KWARGS": {"max_connections": 2, "timeout": 20}}  # fmt: skip
+    with on_cache(options, url):
+        assert isinstance(get_redis_connection("c").connection_pool, ProjectPool)
+        held = lock("n", using="c", ttl=1.5)
+        assert held.acquire(blocking=False)
+        stop = threading.Event()
+
+        def consume() -> None:  # a queue consumer, back to back on the cache's connections
+            client = get_redis_connection("c")
+            while not stop.is_set():
+                client.blpop(["jobs"], 1)
+
+        consumers = [threading.Thread(target=consume, daemon=True) for _ in range(2)]
+        for consumer in consumers:
+            consumer.start()
+        probe, key = redis_server.client(db=7), locks["c"].key("n")
+        try:
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:
+                assert probe.exists(key), "the hold ran out while its owner held it"
+                time.sleep(0.05)
+            probe.delete(key)  # gone: the next renewal finds it, and says so
+            deadline = time.monotonic() + 3.0
+            while held.lost is None:
+                assert time.monotonic() < deadline, "a loss on the renewals' pool not reported"
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for consumer in consumers:
+                consumer.join(3)

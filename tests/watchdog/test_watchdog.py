@@ -1047,3 +1047,94 @@ def test_an_adopt_whose_extend_reply_is_lost_keeps_the_old_holders_hold_renewed(
     _nobody_else_takes(name)
     assert old.lost is None
     old.release()
+
+
+# -- review wdc3: news that comes late or in another order than Redis ran its commands ----------
+
+
+def _nobody_takes(names: list[str], seconds: float) -> None:
+    others = [lock(each, using="redis", ttl=30) for each in names]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for other in others:
+            assert not other.acquire(blocking=False), f"another client took {other.name!r}"
+        time.sleep(0.05)
+
+
+def test_two_extends_whose_news_comes_in_another_order_than_redis_ran_them(name: str) -> None:
+    """Two extends of one hold (ttl 10), extend(1) run last by Redis (the server has 1 s). Its
+    news comes first and extend(10)'s last (a thread descheduled between its reply and the
+    renewer): the watchdog renews at once. Or extend(10)'s news comes first and extend(1)'s
+    answer is held past its 1 s: the hold is renewed on the 1 s schedule while that extend
+    is on its way. Either way it does not run out under its object (review wdc3, 1). (TTLs
+    apart: holds of one TTL taken together are renewed in one batch, at once for either.)"""
+    late, held = f"{name}:late-news", f"{name}:held-reply"
+    one, other = lock(late, ttl=10), lock(held, ttl=8)
+    assert one.acquire() and other.acquire()
+    first = one._extend(10)
+    reply = one.backend.execute(next(first))  # A's extend(10) runs...
+    one.extend(1)  # ...then B's extend(1), whose news comes first
+    short, long = other._extend(1.2), other._extend(8)
+    op_short, op_long = next(short), next(long)  # both sent
+    reply_long = other.backend.execute(op_long)
+    reply_short = other.backend.execute(op_short)  # run last: the server has 1.2 s
+    with contextlib.suppress(StopIteration):
+        long.send(reply_long)  # extend(8)'s news first
+    with contextlib.suppress(StopIteration):
+        first.send(reply)  # A's news, last
+    assert (one.ttl() or 0) <= 10 and (other.ttl() or 0) <= 1.2
+    _nobody_takes([late, held], 2.0)  # extend(1.2)'s answer still on its way
+    with contextlib.suppress(StopIteration):
+        short.send(reply_short)
+    assert one.lost is None and other.lost is None
+    one.release()
+    other.release()
+
+
+def test_a_capped_objects_extend_or_reentry_after_its_cap_is_followed_by_the_shared_hold(
+    name: str,
+) -> None:
+    """Past its cap, A sets a 1 s TTL on a hold B (uncapped, ttl 6) shares: by extend(1), or by
+    a re-entry with its ttl of 1 s. The watchdog follows that TTL for B's sake: the hold does
+    not run out under B (review wdc3, 2)."""
+    extending, reentering = f"{name}:extend", f"{name}:reenter"
+    a = lock(extending, ttl=6, max_hold=0.3, reentrant=True)
+    b = lock(extending, ttl=6, reentrant=True)
+    c = lock(reentering, ttl=1, max_hold=0.3, reentrant=True)
+    d = lock(reentering, ttl=6, reentrant=True)  # re-enters: the server has 6 s, then c's 1 s
+    assert a.acquire() and b.acquire() and c.acquire() and d.acquire()
+    time.sleep(0.5)  # past both caps; the 6 s schedule's first renewal 2 s in
+    a.extend(1)
+    assert c.acquire()
+    _nobody_takes([extending, reentering], 2.2)
+    assert b.lost is None and d.lost is None
+    for each in (c, c, d, a, b):
+        each.release()
+
+
+def test_a_hold_or_a_new_ttl_is_dated_from_the_commands_send_not_its_late_answer(
+    name: str,
+) -> None:
+    """A take (ttl 2.4 s) and an extend(1.5) whose answers come late (1.7 s and 1 s, within the
+    socket timeout): the first renewal is due a third of the TTL after the send, at once
+    here, not after the key ran out (review wdc3, 3)."""
+    taken, extended = f"{name}:take", f"{name}:extend"
+    lk = lock(taken, ttl=2.4)
+    steps = lk._acquire(False, None)
+    op = next(steps)  # the take is sent...
+    reply = lk.backend.execute(op)  # ...and runs
+    other = lock(extended, ttl=10)
+    assert other.acquire()
+    late = other._extend(1.5)
+    reply_2 = other.backend.execute(next(late))
+    time.sleep(1.0)  # both answers on their way
+    with contextlib.suppress(StopIteration):
+        late.send(reply_2)
+    time.sleep(0.7)
+    with contextlib.suppress(StopIteration):
+        steps.send(reply)
+    assert lk.owned()
+    _nobody_takes([taken, extended], 2.5)
+    assert lk.lost is None and other.lost is None
+    lk.release()
+    other.release()
