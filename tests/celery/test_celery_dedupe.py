@@ -1121,9 +1121,7 @@ def test_a_queued_task_revoked_by_stamped_headers_no_longer_counts(
     celery_app.app.control.purge()
 
 
-@pytest.mark.parametrize(
-    "how", ["revoke", "revoke by a worker", "stamp", "stamp by a worker"]
-)
+@pytest.mark.parametrize("how", ["revoke", "revoke by a worker", "stamp", "stamp by a worker"])
 def test_a_revoke_of_a_call_waiting_longer_than_dedupe_ttl_lasts_as_its_marker(
     how: str, broker: None, request: pytest.FixtureRequest
 ) -> None:
