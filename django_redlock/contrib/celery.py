@@ -1793,11 +1793,11 @@ class SingleInstanceTask(Task):
         try:
             if stamps:  # a stamped revoke must find them (see _stamp_revoked)
                 markers.mark(backend, stamps_name(key, task_id), json.dumps(stamps), ttl_ms)
+            markers.mark(backend, sent_name(key, task_id), queue, ttl_ms)
             if ttl_ms > to_ms(config.dedupe_ttl):
                 # A countdown/ETA: its marker outlives a revoke's note of dedupe_ttl, so a
                 # revoke must find how long to keep its note (see note_revoked).
                 _note_queue_wait(backend, stamps, task_id, ttl_ms)
-            markers.mark(backend, sent_name(key, task_id), queue, ttl_ms)
         except LockError as exc:  # then the marker is obeyed until its TTL
             logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
 
