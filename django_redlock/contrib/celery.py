@@ -1794,6 +1794,10 @@ class SingleInstanceTask(Task):
             if stamps:  # a stamped revoke must find them (see _stamp_revoked)
                 markers.mark(backend, stamps_name(key, task_id), json.dumps(stamps), ttl_ms)
             markers.mark(backend, sent_name(key, task_id), queue, ttl_ms)
+            if ttl_ms > to_ms(config.dedupe_ttl):
+                # A countdown/ETA: its marker outlives a revoke's note of dedupe_ttl, so a
+                # revoke must find how long to keep its note (see note_revoked).
+                _note_queue_wait(backend, stamps, task_id, ttl_ms)
         except LockError as exc:  # then the marker is obeyed until its TTL
             logger.warning("redlock: could not note task %s as sent: %s", task_id, exc)
 
@@ -1984,8 +1988,45 @@ def was_revoked(using: str, task_id: str) -> bool:
         return False
 
 
+def waiting_name(task_id: str) -> str:
+    """The note that ``task_id`` was queued with a countdown/ETA: as long as its marker."""
+    return f"redlock-waits:{token_id(task_id)}"
+
+
+def stamp_waiting_name(header: str, value: str) -> str:
+    """The note that a call carrying this stamp waits in a queue: as long as its longest
+    marker."""
+    return f"redlock-waits-stamp:{token_id(header)}={token_id(value)}"
+
+
+def _note_queue_wait(
+    backend: Any, stamps: dict[str, list[str]], task_id: str, ttl_ms: int
+) -> None:  # fmt: skip
+    """Note how long the marker of a call queued with a countdown/ETA lasts, by its id and
+    by each of its stamps (only ever lengthened): a revoke of it keeps its note that long."""
+    markers.mark(backend, waiting_name(task_id), "1", ttl_ms)
+    for header, values in stamps.items():
+        for value in values:
+            name = stamp_waiting_name(header, value)
+            found = markers.mark(backend, name, "1", ttl_ms)
+            if found is not None:
+                left = markers.read(backend, name)
+                if left is not None and left[1] < ttl_ms:
+                    markers.swap(backend, name, left[0], left[0], ttl_ms)
+
+
+def _revoke_ttl_ms(backend: Any, seconds: float, waiting: str) -> int:
+    """How long a revoke's note lasts: ``dedupe_ttl``, or as long as the marker of a call
+    it revoked that waits longer in its queue (a countdown/ETA): a revoke's note that ran
+    out first left the marker obeyed, and a later call was folded into the revoked one."""
+    ttl_ms = to_ms(seconds)
+    found = markers.read(backend, waiting)
+    return max(ttl_ms, found[1]) if found is not None else ttl_ms
+
+
 def note_revoked(app: Any, task_ids: Any) -> None:
-    """Note ``task_ids`` (an id or a list) as revoked, for ``app``'s dedupe_queued tasks."""
+    """Note ``task_ids`` (an id or a list) as revoked, for ``app``'s dedupe_queued tasks:
+    for ``dedupe_ttl``, or as long as the marker of a call queued with a countdown/ETA."""
     ids = [task_ids] if isinstance(task_ids, str) else list(task_ids or ())
     ttl: dict[str, float] = {}
     for task in list(app.tasks.values()):
@@ -1998,7 +2039,9 @@ def note_revoked(app: Any, task_ids: Any) -> None:
     for using, seconds in ttl.items():
         for task_id in ids:
             try:
-                markers.mark(locks[using], revoked_name(str(task_id)), "1", to_ms(seconds))
+                backend = locks[using]
+                ttl_ms = _revoke_ttl_ms(backend, seconds, waiting_name(str(task_id)))
+                markers.mark(backend, revoked_name(str(task_id)), "1", ttl_ms)
             except Exception as exc:  # unavailable, or an alias not configured here: its
                 # marker goes when a worker discards the message; the other aliases are noted
                 logger.warning("redlock: could not note task %s as revoked: %s", task_id, exc)
@@ -2103,10 +2146,15 @@ def revoked_stamp_name(header: str, value: str) -> str:
 
 
 def note_revoked_stamps(app: Any, headers: dict[str, set[str]]) -> None:
-    """Note the stamps of a stamped revoke (as long as ``dedupe_ttl``), for ``app``'s
+    """Note the stamps of a stamped revoke (as long as ``dedupe_ttl``, or as the longest
+    marker of a call carrying one that waits for a countdown/ETA), for ``app``'s
     dedupe_queued tasks: a queued message carrying one is discarded when a worker takes it,
     so its marker must not be obeyed meanwhile."""
-    names = [revoked_stamp_name(h, v) for h, values in headers.items() for v in values]
+    names = [
+        (revoked_stamp_name(h, v), stamp_waiting_name(h, v))
+        for h, values in headers.items()
+        for v in values
+    ]
     ttl: dict[str, float] = {}
     for task in list(app.tasks.values()):
         try:
@@ -2116,9 +2164,10 @@ def note_revoked_stamps(app: Any, headers: dict[str, set[str]]) -> None:
         if config is not None and config.dedupe_queued:
             ttl[config.using] = max(ttl.get(config.using, 0.0), config.dedupe_ttl)
     for using, seconds in ttl.items():
-        for name in names:
+        for name, waiting in names:
             try:
-                markers.mark(locks[using], name, "1", to_ms(seconds))
+                backend = locks[using]
+                markers.mark(backend, name, "1", _revoke_ttl_ms(backend, seconds, waiting))
             except Exception as exc:  # then the marker is obeyed until the discard
                 logger.warning("redlock: could not note a revoked stamp: %s", exc)
 
@@ -2218,6 +2267,8 @@ def _keep_left_notes(app: Any, every: float) -> None:
       waits in a queue, however long.
     * Renew the revoke of the follow-up that claimed it, if revoked: a revoke is a cancel,
       and must last as long as the note it cancels (else a later follow-up runs the call).
+      So for a follow-up revoked while queued, with its mark, while its message waits (see
+      :func:`_keep_queued_revoke`).
     * Queue its follow-up when none is coming: the key free and no follow-up queued, on two
       looks a moment apart (a follow-up clears its mark just before it takes the key, a run
       releases just before it queues). Its publish failed at the run's end (a broker away),
@@ -2263,9 +2314,33 @@ def _look_at_left_notes(app: Any) -> list[tuple[SingleInstance, Any, str, str]]:
                 if revoke is not None and revoke[1] < ttl_ms * 2 // 3:
                     markers.swap(backend, revoked_name(str(taken)), revoke[0], revoke[0], ttl_ms)
             key = name[: -len(":coalesce")]
+            _keep_queued_revoke(config, task, key, ttl_ms)
             if _unfollowed(config, key, found[0]):
                 unfollowed.append((config, task, key, found[0]))
     return unfollowed
+
+
+def _keep_queued_revoke(config: SingleInstance, task: Any, key: str, ttl_ms: int) -> None:
+    """The follow-up queued for ``key``'s note, revoked while it waits in its queue: its
+    revoke and the mark naming it renewed while its message is still there. A worker that
+    never learnt of the revoke (a fresh one, a restart) and takes it later still finds it,
+    and drops the call; no second follow-up is queued meanwhile (it would run the cancelled
+    call). A message not found (purged, a broker that cannot be asked) is left to the
+    mark's TTL."""
+    backend, name = locks[config.using], _next_name(config, key)
+    mark = markers.read(backend, name)
+    revoke = markers.read(backend, revoked_name(mark[0])) if mark is not None else None
+    if mark is None or revoke is None:
+        return
+    due = ttl_ms * 2 // 3
+    if min(mark[1], revoke[1]) >= due or not _message_held(config, task, key, mark[0]):
+        return
+    if revoke[1] < due:
+        markers.swap(backend, revoked_name(mark[0]), revoke[0], revoke[0], ttl_ms)
+    if mark[1] < due and markers.swap(backend, name, mark[0], mark[0], ttl_ms):
+        sent = markers.read(backend, sent_name(name, mark[0]))
+        if sent is not None:
+            markers.swap(backend, sent_name(name, mark[0]), sent[0], sent[0], ttl_ms)
 
 
 def _unfollowed(config: SingleInstance, key: str, text: str) -> bool:

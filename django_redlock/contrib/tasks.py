@@ -694,11 +694,30 @@ def _existing(backend: Any, config: SingleInstance, task: Any, key: str, found: 
         raise AlreadyQueued(f"{message}; this backend cannot return it", found) from None
     except tuple(errors.TaskResultDoesNotExist for errors in _loaded("exceptions")):
         return None
-    if result.is_finished:
+    if result.is_finished or _died_before_take(config, key, found, result):
         return None
     if config.dedupe_queued == "raise":
         raise AlreadyQueued(message, found)
     return result
+
+
+def _died_before_take(config: SingleInstance, key: str, found: str, result: Any) -> bool:
+    """Whether the run ``found`` died between its worker's claim (its row RUNNING, for good:
+    nothing reaps it) and its take, which clears the marker: RUNNING for longer than the
+    lock's TTL, and not holding the key. Obeyed, its marker refused the key for
+    ``dedupe_ttl``; a dead run's key frees at its lock's TTL. (A take slower than that only
+    lets a second run be queued: the lock keeps them apart.)"""
+    if str(getattr(result, "status", "")) != "RUNNING":
+        return False
+    started = getattr(result, "last_attempted_at", None) or getattr(result, "started_at", None)
+    if started is None:
+        return False
+    store = locks[config.using]
+    ttl = config.ttl if config.ttl is not None else store.default_ttl
+    if (timezone.now() - started).total_seconds() < ttl:
+        return False
+    running = store.inspect(key)
+    return running is None or task_id_of(running.holder) != found
 
 
 def _already_finished(backend: Any, result: Any) -> bool:

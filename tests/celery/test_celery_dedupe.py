@@ -1121,6 +1121,46 @@ def test_a_queued_task_revoked_by_stamped_headers_no_longer_counts(
     celery_app.app.control.purge()
 
 
+@pytest.mark.parametrize("how", ["revoke", "revoke by a worker", "stamp", "stamp by a worker"])
+def test_a_revoke_of_a_call_waiting_longer_than_dedupe_ttl_lasts_as_its_marker(
+    how: str, broker: None, request: pytest.FixtureRequest
+) -> None:
+    # Its countdown is longer than dedupe_ttl: the revoke's note lasted dedupe_ttl, its
+    # marker countdown + dedupe_ttl; in between, a delay() was folded into the revoked call
+    # (discarded at its ETA: the new call never ran). "by a worker": the command reaches a
+    # worker (celery control, another app), which notes it.
+    from django_redlock.contrib.celery import revoked_name, revoked_stamp_name
+
+    task = celery_tasks.deduped
+    name, stamp = uuid.uuid4().hex[:8], uuid.uuid4().hex[:8]
+    first = task.apply_async(
+        (name,), countdown=7200, queue=NOBODY, stamped_headers=["rlstamp"], rlstamp=stamp
+    )
+    key = task.lock_key(name)
+    marker = markers.read(locks["default"], key)
+    assert marker is not None and marker[0] == first.id
+    if how.endswith("by a worker"):
+        request.getfixturevalue("prefork")  # a worker of the app, idle between tests
+        command, arguments = (
+            ("revoke", {"task_id": first.id})
+            if how.startswith("revoke")
+            else ("revoke_by_stamped_headers", {"headers": {"rlstamp": stamp}})
+        )
+        assert celery_app.app.control.broadcast(command, arguments=arguments, reply=True)
+    elif how == "revoke":
+        celery_app.app.control.revoke(first.id)
+    else:
+        celery_app.app.control.revoke_by_stamped_headers({"rlstamp": stamp})
+    note = revoked_name(first.id) if how.startswith("revoke") else revoked_stamp_name(
+        "rlstamp", stamp
+    )  # fmt: skip
+    revoke = wait_for(lambda: markers.read(locks["default"], note))
+    assert revoke[1] >= marker[1] - 60_000, "the revoke ends before its marker"
+    again = task.apply_async((name,), queue=NOBODY)
+    assert again.id != first.id
+    celery_app.app.control.purge()
+
+
 EAGER_RUNS: list[str] = []
 
 

@@ -205,6 +205,38 @@ def test_coalesce_a_revoked_follow_up_run_by_a_worker_that_never_saw_the_revoke(
     assert r.lrange(f"{key}:ran", 0, -1) == (["c"] if later else [])
 
 
+def test_coalesce_a_follow_up_revoked_while_queued_stays_cancelled_past_dedupe_ttl(
+    held: Worker, redis_server: RedisServer
+) -> None:
+    # Revoked while the worker holds it for its countdown, then run by a worker that never
+    # learnt of the revoke (a restart: modelled by noting it without telling the worker). Its
+    # revoke's note lasted dedupe_ttl while the note it cancels was renewed: taken later than
+    # that, it ran the call; its mark expired too, and a second follow-up was queued.
+    from django_redlock.contrib.celery import revoked_name
+
+    r = redis(redis_server)
+    task, name = celery_tasks.coalesced_waiting, uuid.uuid4().hex[:8]
+    config = contrib._config_of(task)
+    assert config is not None
+    backend, key = locks[config.using], contrib.lock_key(task, name, "a")
+    note_call(config, key, (name, "a", 0.1), {}, held.queue, None, task.name)
+    contrib._queue_follow_up(config, task, key, countdown=4.0)
+    mark = markers.read(backend, f"{key}:coalesce:next")
+    assert mark is not None
+    follow_up = mark[0]
+    contrib.note_revoked(celery_app.app, follow_up)
+    revoke = markers.read(backend, revoked_name(follow_up))
+    assert revoke is not None
+    # As if noted, and queued, dedupe_ttl (1 s) ago (the app's longest dedupe_ttl sets the
+    # revoke's: 1 h here).
+    markers.swap(backend, revoked_name(follow_up), revoke[0], revoke[0], 1000)
+    markers.swap(backend, f"{key}:coalesce:next", follow_up, follow_up, 1000)
+    wait_for(lambda: celery_app.app.AsyncResult(follow_up).ready(), timeout=20)
+    wait_for(lambda: markers.read(backend, f"{key}:coalesce") is None, timeout=20)
+    time.sleep(1.0)  # a second follow-up, if queued, runs meanwhile
+    assert r.lrange(f"{key}:ran", 0, -1) == [], "the cancelled call ran"
+
+
 # -- the library's own messages carry no expires= (the task's): a call accepted is not lost ---
 
 

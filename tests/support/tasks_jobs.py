@@ -12,6 +12,11 @@ try:
 except ImportError:
     from django_tasks import task  # the backport, on 4.2-5.2
 
+try:
+    from django.tasks.signals import task_started
+except ImportError:
+    from django_tasks.signals import task_started
+
 from django_redlock import locks, single_instance
 from django_redlock.contrib.tasks import lock_key
 
@@ -77,6 +82,26 @@ def deduped(n: int, fail: bool = False) -> str:
 @single_instance(key="tasks:killed:{n}", ttl=2, dedupe_queued=True)
 def killed(n: int) -> str:
     return body("killed", str(n))  # its gate stays shut: the worker is killed meanwhile
+
+
+@task()
+@single_instance(key="tasks:killed-early:{n}", ttl=2, dedupe_queued=True)
+def killed_early(n: int) -> str:
+    return "ran"
+
+
+def _claimed(sender: Any = None, task_result: Any = None, **_: Any) -> None:
+    """A run of killed_early, claimed (its row RUNNING): held here, before the run takes its
+    key, while the test's "killed-early:hold" is set (a slow receiver, a paused Redis)."""
+    if getattr(getattr(task_result, "task", None), "func", None) is not killed_early.func:
+        return
+    redis().rpush("killed-early:claimed", str(task_result.id))
+    deadline = time.monotonic() + 60
+    while redis().exists("killed-early:hold") and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+task_started.connect(_claimed, dispatch_uid="tests-killed-early")
 
 
 # -- run by the ImmediateBackend, in the test process ---------------------------------------

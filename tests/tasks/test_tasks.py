@@ -389,7 +389,7 @@ def test_an_enqueue_in_a_transaction_after_the_commit_and_the_run_waits_for_the_
     assert r.lrange("dedupe:ran", 0, -1).count(str(n)) == 2
 
 
-# -- a killed worker (last: it kills one of the module's workers) --------------------------
+# -- killed workers (last: each kills one of the module's workers) ---------------------------
 
 
 def test_a_killed_worker_s_key_frees_at_its_ttl(
@@ -412,6 +412,32 @@ def test_a_killed_worker_s_key_frees_at_its_ttl(
     r.set("killed:open", 1)
     after = tasks_jobs.killed.enqueue(7)  # the key is free: a new run
     assert after.id != first.id
+    assert finished(after).return_value == "ran"
+
+
+def test_a_worker_killed_before_its_run_took_the_key_frees_it_at_the_lock_s_ttl(
+    workers: list[Worker], redis_server: RedisServer
+) -> None:
+    # Killed between its claim (the row RUNNING, for good) and the run's take, which clears
+    # the marker: the marker (dedupe_ttl, 1 h) named a run that would never end, and every
+    # enqueue() of the key returned it. (Kills the module's second worker: last but one.)
+    r = redis(redis_server)
+    r.set("killed-early:hold", 1)
+    first = tasks_jobs.killed_early.enqueue(8)
+    wait_for(lambda: r.lrange("killed-early:claimed", 0, -1), "the run was not claimed")
+    first.refresh()
+    assert first.status == TaskResultStatus.RUNNING
+    (victim,) = [w for w in workers if w.worker_id in first.worker_ids]
+    victim.kill()
+    killed_at = time.monotonic()
+    r.delete("killed-early:hold")
+    assert locks["default"].inspect(lock_key(tasks_jobs.killed_early, 8)) is None  # never taken
+    assert tasks_jobs.killed_early.enqueue(8).id == first.id  # within its TTL: still its run
+    after = wait_for(
+        lambda: (run := tasks_jobs.killed_early.enqueue(8)).id != first.id and run,
+        "the dead run's key was not freed", 30,
+    )  # fmt: skip
+    assert time.monotonic() - killed_at < 2 + 5  # ttl=2, plus the slack of a busy machine
     assert finished(after).return_value == "ran"
 
 
