@@ -471,7 +471,8 @@ def _upsert_sql(connection: Any, bounded: bool) -> str:
     # A write with the mark the row has is a block nested in the transaction that wrote it
     # (only a block's own transaction writes its mark): it keeps the previous fence and mark
     # that transaction's first write found, which a lost COMMIT's check reads (review fen3, 2).
-    nested = f"{table}.{mark} = EXCLUDED.{mark}"
+    # Not when that write created the row (no previous): RETURNING NULL means "a new row".
+    nested = f"{table}.{mark} = EXCLUDED.{mark} AND {table}.{previous} IS NOT NULL"
     conflict = (
         f" ON CONFLICT ({key_}) DO UPDATE SET"
         f" {previous} = CASE WHEN {nested} THEN {table}.{previous} ELSE {table}.{fence_} END,"
@@ -525,7 +526,7 @@ def _portable(
             recorded, writer, written, before, before_mark = found[0]
             if recorded > fence or (known is not None and (writer is None or writer not in known)):
                 return "stale", None
-            if mark is None or written != mark:  # else nested in the writer's transaction
+            if mark is None or written != mark or before is None:  # else nested (see SQL)
                 before, before_mark = recorded, written
             rows.filter(key=key).update(
                 fence=fence, holder=holder, previous=before, touched=now, mark=mark,

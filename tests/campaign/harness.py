@@ -41,6 +41,8 @@ RESTART_GUARD = 2 * TTL  # Redlock: >= the TTL, as the docs advise
 WAITER_LEASE = 5.0
 WAITER_LEASES = ("fair", "write")
 KEY_PREFIX = "redlock:"
+#: The handed-back marker's lifetime (lua/release.lua HANDED_BACK_MS).
+HANDED_BACK_MS = 120_000
 #: The semaphore kind's permits: fewer than the clients, so they wait for each other.
 LIMIT = 2
 
@@ -351,7 +353,9 @@ class Run:
 
     def leftover_keys(self) -> dict[int, dict[str, int]]:
         """Each lock server's keys under the prefix, except the fence counters (and the
-        Redlock restart guard's node marker), with their PTTL."""
+        Redlock restart guard's node marker) and the handed-back markers of tries that may
+        have been on the wire (``{name}:b:<token>``: bounded, 2 minutes, by design), with
+        their PTTL."""
         found: dict[int, dict[str, int]] = {}
         for i, server in enumerate(self.servers):
             client = server.client(socket_timeout=5)
@@ -360,7 +364,10 @@ class Run:
                 key = raw.decode("utf-8", "replace")
                 if key.endswith(":f") or key == f"{KEY_PREFIX}node":
                     continue
-                keys[key] = int(client.pttl(raw))
+                pttl = int(client.pttl(raw))
+                if key.partition("}")[2].startswith(":b:") and 0 < pttl <= HANDED_BACK_MS:
+                    continue
+                keys[key] = pttl
             if keys:
                 found[i] = keys
         return found

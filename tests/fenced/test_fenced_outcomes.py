@@ -521,6 +521,25 @@ def test_a_lost_hold_s_lost_commit_under_the_next_holder_s_fence_returns_as_comm
     assert raised is None and b > a and sales(PG) == [("a", 5), ("b", 4)]
 
 
+def test_a_nested_block_of_a_name_s_first_row_keeps_the_hold_s_fence(name: str) -> None:
+    """A name's first row (written above a floor a prune left: its block re-fenced once):
+    a block nested in it wrote the row again with the same mark. Keeping the previous fence
+    of a row created in the transaction (none) made its write read as a new row, and the
+    nested block re-fenced the hold again, unseen by the outer (the campaign's seed 29)."""
+    with lock(f"{name}:other", ttl=30, atomic=PG):
+        pass
+    assert prune_fences(PG, datetime.timedelta(0)) >= 1  # a floor: the next first row asks
+    held = lock(name, ttl=30)
+    assert held.acquire()
+    with held.atomic(PG):
+        outer = held.fence
+        with held.atomic(PG):
+            pass
+        assert held.fence == outer  # not re-fenced by the nested block
+    held.release()
+    assert Fence.objects.using(PG).get(name=name).fence == outer
+
+
 @pytest.mark.parametrize("b_nests", ["re-entry", "atomic inside"])
 def test_a_lost_hold_s_lost_commit_under_a_next_holder_s_nested_block_returns_as_committed(
     name: str, proxied: LossyProxy, failover: RedisServer, b_nests: str
