@@ -365,7 +365,8 @@ def test_an_asyncio_burst_on_a_silent_server_errs_within_about_a_socket_timeout(
         got = asyncio.run(burst())
     assert all(type(g).__name__ == "BackendUnavailable" for _, g in got), got
     slowest = max(t for t, _ in got)
-    assert slowest < 2.5 * timeout, f"the last task erred after {slowest:.2f}s: {got}"
+    # About two socket timeouts, and slack for a loaded machine (the defect took ten).
+    assert slowest < 3.5 * timeout, f"the last task erred after {slowest:.2f}s: {got}"
 
 
 def test_a_caller_handed_a_connection_late_by_a_healthy_busy_pool_gets_its_answer(
