@@ -25,6 +25,7 @@ from .. import acl, fast_path, scripts, wire
 from ..acl import mask
 from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingPermission
 from ..forks import after_fork_in_child
+from ..identity import write_seq
 from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiters import Owed
@@ -803,11 +804,14 @@ class RedisBackend(BaseLockBackend):
     ) -> Op[Attempt]:
         keys = self._lease_keys(name)
         keys.insert(2, self.fence_key(name))
-        if mode != "r":  # (a read's token is its owner's, taken again: no marker refuses it)
-            keys.append(self.handed_back_key(name, token))
+        keys.append(self.handed_back_key(name, token))
         args: list[Any] = [token, ttl_ms, meta, mode, limit, _flag(fair)]
         if mode != "s" or waiter is not None or wait_ms >= 0:  # not a permit's one-off try
             args += [waiter or token, wait_ms, self.inbox_for(name), reader]
+        if mode == "r":
+            # A read's token is its owner's, taken again: its marker refuses only the reads
+            # sent before the owner's settle (op_mark_reads), told by this number.
+            args.append(str(write_seq()))
         return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self, mode))
 
     def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:
@@ -817,10 +821,14 @@ class RedisBackend(BaseLockBackend):
 
     def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
         op = self.op_lease_release(name, token, mode)
-        if mode == "r":
+        if mode == "r":  # (a read is handed back by its owner's settle: op_mark_reads)
             return op
         keys = [*op.request.keys, self.handed_back_key(name, token)]
         return Op(op.name, Call(op.request.script, keys, op.request.args), op.parse)
+
+    def op_mark_reads(self, name: str, owner: str) -> Op[int]:
+        keys = [self.key(name), self.details_key(name), self.handed_back_key(name, owner)]
+        return Op(name, Call(script("permit_mark"), keys, [owner, str(write_seq())]), int)
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
         call = Call(script("permit_leave"), self._lease_keys(name), [waiter, self.inbox_for(name)])
