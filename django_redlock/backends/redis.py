@@ -510,18 +510,26 @@ class RedisBackend(BaseLockBackend):
         for name in names:
             key, fence, queue, deadlines, waiting, _, _ = self._keys(name)
             keys += [key, fence, queue, deadlines, waiting]
+        keys.append(self.handed_back_key(names[0], token))  # (op_release_all's mark)
         args = [token, ttl_ms, meta, waiter, self.inbox_for(names[0])]  # one inbox prefix
         return Op(names[0], Call(script("acquire_all"), keys, args), taken_all(names, self.alias))
 
-    def op_release_all(self, names: Sequence[str], token: str) -> Op[list[Any]]:
+    def op_release_all(
+        self, names: Sequence[str], token: str, mark: str | None = None
+    ) -> Op[list[Any]]:
         """Release every one of ``names`` that ``token`` holds (plain locks), in one round trip
-        (lua/release_all.lua): each name's reply as :meth:`op_release`'s."""
+        (lua/release_all.lua): each name's reply as :meth:`op_release`'s. ``mark``: the
+        set's first name, when this gives back a take that may still be on the wire: the
+        token holding none of them, :meth:`op_acquire_all` refuses it from then on (see
+        :meth:`op_hand_back`)."""
         keys: list[str] = []
         args: list[Any] = []
         for name in names:
             call = self.op_release(name, token, Kind()).request
-            keys += call.keys
-            args += call.args
+            keys += call.keys[:5]  # release.lua's own five and three: release_all.lua's layout
+            args += call.args[:3]
+        if mark is not None:
+            keys.append(self.handed_back_key(mark, token))
         return Op(names[0], Call(script("release_all"), keys, args), list)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
