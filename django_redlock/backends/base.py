@@ -713,8 +713,7 @@ class BaseLockBackend:
 
     def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
         """:meth:`op_hand_back` for a lease (a permit's or a write's; a read's token is its
-        owner's, taken again: released only, its owner's settle refuses its late tries:
-        :meth:`op_mark_reads`). Here: a release."""
+        owner's, taken again: released only). Here: a release."""
         return self.op_lease_release(name, token, mode)
 
     def op_mark_reads(self, name: str, owner: str) -> Op[int]:

@@ -829,7 +829,7 @@ class RedisBackend(BaseLockBackend):
 
     def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
         op = self.op_lease_release(name, token, mode)
-        if mode == "r":  # (a read is handed back by its owner's settle: op_mark_reads)
+        if mode == "r":
             return op
         keys = [*op.request.keys, self.handed_back_key(name, token)]
         return Op(op.name, Call(op.request.script, keys, op.request.args), op.parse)

@@ -157,12 +157,12 @@ class _Held(Lock):
         self._own_token = token
         super().use_token(token)
 
-    def _op_hand_back(self, token: str) -> Op[int]:
+    def _op_hand_back(self, token: str, *args: Any, **kwargs: Any) -> Op[int]:
         # A caller's own token (token=) is tried again: a marker would refuse the free lock
         # to it for minutes. A late try's grant is the token's, found by its next acquire.
         if token == self._own_token:
             return self._op_release(token)
-        return super()._op_hand_back(token)
+        return super()._op_hand_back(token, *args, **kwargs)
 
 
 def _hand_back(held: _Held) -> None:
