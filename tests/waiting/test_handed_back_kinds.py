@@ -165,3 +165,33 @@ def test_compat_token_of_the_caller_s_own_is_not_locked_out_by_an_interrupted_tr
         lk.release()
     finally:
         client.close()
+
+
+def test_lock_all_s_woken_waiter_cancelled_with_its_take_on_the_wire_leaves_nothing_held(
+    proxied: tuple[LossyProxy, str, str], name: str
+) -> None:
+    from django_redlock import lock_all
+
+    proxy, late, direct = proxied
+    names = [f"{name}-a", f"{name}-b"]
+    holder = lock(names[1], using=direct, ttl=TTL)
+    assert holder.acquire()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(lock_all(*names, using=late, ttl=TTL).aacquire(timeout=25))
+        await asyncio.sleep(0.5)
+        proxy.delay_from(script("acquire_all").sha.encode())
+        await asyncio.to_thread(holder.release)
+        deadline = time.monotonic() + 5
+        while not proxy.delayed.is_set():
+            assert time.monotonic() < deadline, "no take was held back"
+            await asyncio.sleep(0.01)
+        task.cancel()  # its clean-up leaves and gives the set back, on other connections
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    proxy.let_go()
+    time.sleep(0.3)
+    for each in names:
+        assert not lock(each, using=direct).locked(), "the late take was granted: held by nobody"
