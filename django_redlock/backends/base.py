@@ -727,6 +727,21 @@ class BaseLockBackend:
         owner's, taken again: released only). Here: a release."""
         return self.op_lease_release(name, token, mode)
 
+    def op_mark_reads(self, name: str, owner: str) -> Op[int]:
+        """A reader's settle: ``owner``'s live read count of read-write lock ``name`` (0:
+        none), its reads sent before this refused from then on. A read's token is its owner's,
+        taken again: where a try can land late (delayed on the wire, after the settle sent on
+        another connection), only the owner's older reads are refused, so the count is final
+        (lua/permit_mark.lua). Here: the count (nothing lands late)."""
+        op = self.op_leases(name)
+
+        def count(reply: Any) -> int:
+            info = op.parse(reply)
+            leases = [] if info is None else info.holders
+            return next((lease.hold_count for lease in leases if lease.token == owner), 0)
+
+        return Op(op.name, op.request, count)
+
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
         raise NotImplementedError
 

@@ -25,6 +25,7 @@ from .. import acl, fast_path, scripts, wire
 from ..acl import mask
 from ..exceptions import BackendRefused, BackendUnavailable, LockError, MissingPermission
 from ..forks import after_fork_in_child
+from ..identity import write_seq
 from ..options import check_options, pool_options
 from ..scripts import Call, script
 from ..waiters import Owed
@@ -519,18 +520,26 @@ class RedisBackend(BaseLockBackend):
         for name in names:
             key, fence, queue, deadlines, waiting, _, _ = self._keys(name)
             keys += [key, fence, queue, deadlines, waiting]
+        keys.append(self.handed_back_key(names[0], token))  # (op_release_all's mark)
         args = [token, ttl_ms, meta, waiter, self.inbox_for(names[0])]  # one inbox prefix
         return Op(names[0], Call(script("acquire_all"), keys, args), taken_all(names, self.alias))
 
-    def op_release_all(self, names: Sequence[str], token: str) -> Op[list[Any]]:
+    def op_release_all(
+        self, names: Sequence[str], token: str, mark: str | None = None
+    ) -> Op[list[Any]]:
         """Release every one of ``names`` that ``token`` holds (plain locks), in one round trip
-        (lua/release_all.lua): each name's reply as :meth:`op_release`'s."""
+        (lua/release_all.lua): each name's reply as :meth:`op_release`'s. ``mark``: the
+        set's first name, when this gives back a take that may still be on the wire: the
+        token holding none of them, :meth:`op_acquire_all` refuses it from then on (see
+        :meth:`op_hand_back`)."""
         keys: list[str] = []
         args: list[Any] = []
         for name in names:
             call = self.op_release(name, token, Kind()).request
-            keys += call.keys
-            args += call.args
+            keys += call.keys[:5]  # release.lua's own five and three: release_all.lua's layout
+            args += call.args[:3]
+        if mark is not None:
+            keys.append(self.handed_back_key(mark, token))
         return Op(names[0], Call(script("release_all"), keys, args), list)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
@@ -813,11 +822,14 @@ class RedisBackend(BaseLockBackend):
     ) -> Op[Attempt]:
         keys = self._lease_keys(name)
         keys.insert(2, self.fence_key(name))
-        if mode != "r":  # (a read's token is its owner's, taken again: no marker refuses it)
-            keys.append(self.handed_back_key(name, token))
+        keys.append(self.handed_back_key(name, token))
         args: list[Any] = [token, ttl_ms, meta, mode, limit, _flag(fair)]
         if mode != "s" or waiter is not None or wait_ms >= 0:  # not a permit's one-off try
             args += [waiter or token, wait_ms, self.inbox_for(name), reader]
+        if mode == "r":
+            # A read's token is its owner's, taken again: its marker refuses only the reads
+            # sent before the owner's settle (op_mark_reads), told by this number.
+            args.append(str(write_seq()))
         return Op(name, Call(script("permit_acquire"), keys, args), lease_attempt(name, self, mode))
 
     def op_lease_release(self, name: str, token: str, mode: str = "") -> Op[int]:
@@ -831,6 +843,10 @@ class RedisBackend(BaseLockBackend):
             return op
         keys = [*op.request.keys, self.handed_back_key(name, token)]
         return Op(op.name, Call(op.request.script, keys, op.request.args), op.parse)
+
+    def op_mark_reads(self, name: str, owner: str) -> Op[int]:
+        keys = [self.key(name), self.details_key(name), self.handed_back_key(name, owner)]
+        return Op(name, Call(script("permit_mark"), keys, [owner, str(write_seq())]), int)
 
     def op_lease_leave(self, name: str, waiter: str) -> Op[None]:
         call = Call(script("permit_leave"), self._lease_keys(name), [waiter, self.inbox_for(name)])

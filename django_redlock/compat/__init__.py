@@ -33,7 +33,7 @@ from redis.exceptions import LockNotOwnedError as RedisLockNotOwnedError
 from redis.exceptions import NoPermissionError as RedisNoPermissionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..backends.base import BaseLockBackend
+from ..backends.base import BaseLockBackend, Op
 from ..backends.redis import RedisBackend
 from ..exceptions import BackendUnavailable, LockError, LockNotOwned, MissingPermission
 from ..locking import Lock, finisher
@@ -151,6 +151,19 @@ class _Held(Lock):
     def _backend_for(self, using: str) -> BaseLockBackend:
         return _backend(self._client)
 
+    _own_token: str | None = None
+
+    def use_token(self, token: str) -> None:
+        self._own_token = token
+        super().use_token(token)
+
+    def _op_hand_back(self, token: str, *args: Any, **kwargs: Any) -> Op[int]:
+        # A caller's own token (token=) is tried again: a marker would refuse the free lock
+        # to it for minutes. A late try's grant is the token's, found by its next acquire.
+        if token == self._own_token:
+            return self._op_release(token)
+        return super()._op_hand_back(token, *args, **kwargs)
+
 
 def _hand_back(held: _Held) -> None:
     """Release ``held`` if it took its hold: its taker was interrupted before it could pass it
@@ -239,7 +252,10 @@ class RedisPyLock:
         token: str | bytes | None = None,
     ) -> bool:
         """As redis-py's: True once acquired; False when not blocking, or after
-        ``blocking_timeout`` seconds. A ``token`` of your own is used as the hold's token."""
+        ``blocking_timeout`` seconds. A ``token`` of your own is used as the hold's token.
+        An acquire with it interrupted while its try was on the wire does not refuse that
+        token later: the try, if it lands after the hand-back, holds the lock for the token
+        until the token's next acquire takes it up (or its TTL)."""
         blocking = self.blocking if blocking is None else blocking
         if blocking_timeout is None:
             blocking_timeout = self.blocking_timeout

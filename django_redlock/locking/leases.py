@@ -23,7 +23,7 @@ class LeaseLock(BaseLock):
     #: What the backend must offer (in check_leases' message).
     offered_as = "semaphores"
 
-    def _settle_reads(self, owner: str) -> Steps[None]:
+    def _settle_reads(self, owner: str, marks: bool = True) -> Steps[None]:
         """For the read-write lock's leases (``rwlock``): before the owner's next operation
         on the name, if a reply was lost, its read count on the server may be one too many
         (an acquire that went through although it raised, a release that did not): release
@@ -33,11 +33,17 @@ class LeaseLock(BaseLock):
         (the read's token is its owner's; only the owner changes its count). A server count
         below the belief (the read expired) is left alone, as settle.lua does. Always in
         read mode, whoever runs it: a write's own (mode "w") release would take a read lease
-        for a count of one and delete it whole."""
+        for a count of one and delete it whole. ``marks``: a read of the owner's may still be
+        on the wire (the one interrupted or unanswered), and this settle may overtake it: the
+        count is read as the owner's older reads are refused (``op_mark_reads``), so that
+        read takes nothing when it lands."""
         count = unsettled(self.backend, self.name, owner)
         if count is None:
             return
-        held = yield self._op_hold_count(owner)
+        if marks:
+            held = yield self.backend.op_mark_reads(self.name, owner)
+        else:
+            held = yield self._op_hold_count(owner)
         for _ in range(held - count):
             yield self.backend.op_lease_release(self.name, owner, "r")
         settled(self.backend, self.name, owner, count)

@@ -565,26 +565,31 @@ class MultiLock:
         # The backend builds it: it may add to it (Sentinel: min_replicas' confirmation).
         return self._backend().op_acquire_all(self.names, token, ttl_ms, meta, waiter)
 
-    def _give_back(self, token: str) -> Steps[None]:
+    def _give_back(self, token: str, marks: bool = False) -> Steps[None]:
         """Give back what ``token`` may hold, in one round trip: a member recorded as held is
         released as such (no longer renewed, not held in this process), every other name by
-        the token (-1 from a name it did not get)."""
+        the token (-1 from a name it did not get). ``marks``: a take may still be on the
+        wire; the give-back, on another connection, may overtake it: finding nothing, it
+        leaves the token's marker, and the take is refused when it lands."""
         recorded = [lk for lk in self.locks if lk.token == token]
         others = [lk.name for lk in self.locks if lk not in recorded]
         runs = [lk.release_steps() for lk in recorded]
         if others:
-            runs.append(self._hand_back(others, token))
+            runs.append(self._hand_back(others, token, marks))
         for outcome in (yield from side_by_side(runs)):
             if outcome is not None and not isinstance(outcome, Exception):
                 raise outcome  # an interrupt of the give-back itself
 
-    def _give_back_now(self, token: str) -> None:
+    def _give_back_now(self, token: str, marks: bool = False) -> None:
         """:meth:`_give_back` in this thread (its finishing task cancelled): the token is
         this take's alone, never a later try's."""
-        finish_now(self.backend, lambda: drive(self.backend, self._give_back(token)))
+        finish_now(self.backend, lambda: drive(self.backend, self._give_back(token, marks)))
 
-    def _hand_back(self, names: list[str], token: str) -> Steps[None]:
-        yield self._backend().op_release_all(names, token)
+    def _hand_back(self, names: list[str], token: str, marks: bool = False) -> Steps[None]:
+        # The marker at the set's first name, where acquire_all.lua looks (the token is this
+        # take's alone: never tried again once given back).
+        mark = self.names[0] if marks else None
+        yield self._backend().op_release_all(names, token, mark)
 
     def _take_together(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         """One script for the whole set; wait on a busy one's wake-up, holding nothing.
@@ -599,11 +604,13 @@ class MultiLock:
         meta = group_meta(holder_meta(), self.group, len(self.names))
         spans = [observe.acquire_started(lk) for lk in self.locks]
         tried = [time.monotonic()]  # when the last try was sent: the holds count from it
+        trying = [True]  # whether a take's request may be on the wire (its reply not taken)
         try:
             taken = yield self._op_take(token, ttl_ms, meta, "")
+            trying[0] = False
             if not taken.acquired and blocking and timeout != 0:
                 deadline = None if timeout is None else started + timeout
-                taken = yield from self._wait(token, ttl_ms, meta, deadline, tried)
+                taken = yield from self._wait(token, ttl_ms, meta, deadline, tried, trying)
             self._busy = None if taken.acquired else self.names[taken.busy]
             if not taken.acquired:
                 refused = observe.TIMEOUT if blocking and timeout else observe.BUSY
@@ -621,11 +628,13 @@ class MultiLock:
             # failing that, or after a timeout (see the module's docstring), nothing renews
             # them and they run out at their TTL.
             if not (isinstance(exc, BackendUnavailable) and exc.timed_out):
+                marks = trying[0]
                 try:
-                    yield from self._give_back(token)
+                    yield from self._give_back(token, marks)
                 except asyncio.CancelledError:  # again: this object is usually thrown away
-                    again = functools.partial(self._give_back_now, token)
-                    self._finish_later(adrive(self.backend, self._give_back(token)), again)
+                    again = functools.partial(self._give_back_now, token, marks)
+                    give_back = self._give_back(token, marks)
+                    self._finish_later(adrive(self.backend, give_back), again)
                     raise
                 except Exception:
                     pass
@@ -640,7 +649,13 @@ class MultiLock:
             observe.acquire_ended(lk, started, outcome, fences[i] if fences else None, span)
 
     def _wait(
-        self, token: str, ttl_ms: int, meta: str, deadline: float | None, tried: list[float]
+        self,
+        token: str,
+        ttl_ms: int,
+        meta: str,
+        deadline: float | None,
+        tried: list[float],
+        trying: list[bool],
     ) -> Steps[TakenAll]:
         """Register on the first busy name and sleep until its release wakes this waiter (or
         its hold's expiry); then try the whole set again. Never polls blindly.
@@ -656,7 +671,9 @@ class MultiLock:
         try:
             while True:
                 tried[0] = time.monotonic()
+                trying[0] = True
                 taken = yield self._op_take(token, ttl_ms, meta, waiter)
+                trying[0] = False
                 handle[1].baton = False  # tried: a wake-up we were handed is used up
                 if taken.acquired:
                     return taken

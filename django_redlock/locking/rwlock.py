@@ -44,7 +44,7 @@ class ReadLock(LeaseLock):
         return (yield from super()._acquire(blocking, timeout))
 
     def _settle(self, owner: str, marks: bool = True) -> Steps[None]:
-        yield from self._settle_reads(owner)
+        yield from self._settle_reads(owner, marks)
 
     def _busy(self, info: LockInfo | None) -> bool:
         return info is not None and any(h.kind == "write" for h in info.holders)

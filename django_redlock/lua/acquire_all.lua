@@ -1,13 +1,16 @@
 -- Take several plain locks at once on one server (lock_all): every name, or none.
 -- KEYS: five per name, the names in canonical order: lock, fence counter, queue, deadlines,
---       plain waiters.
+--       plain waiters; then the set's hand-back marker (the token's, at the first name: see
+--       release_all.lua).
 -- ARGV: token (the same for every name), ttl ms, holder metadata, waiter id ('': a one-off
 --       try that never registers), inbox channel prefix.
 -- Returns {1, fence of name 1, ..., fence of name n, then for each name the token of the hold
 -- given a fence before it ('': unknown, or held already)} when the caller holds every name, else
 -- {0, i, ms until name i may change (-1: wait for a message)}, the caller then holding none;
 -- {-2, i, kind} when live leases of another kind hold name i (other_kind in _hold.lua),
--- the caller then holding none.
+-- the caller then holding none; {0, 1, -1} when the token was handed back (its marker is
+-- there: the give-back, on another connection, overtook this try on the wire): nothing taken,
+-- nothing registered (see acquire.lua).
 -- A name held with the token already (an earlier try whose reply was lost took it) counts as
 -- taken. A waiter registers on the first busy name only; a release of it wakes the waiter
 -- (lua/_wake.lua), which tries the whole set again. Nothing is held while waiting, so two
@@ -18,7 +21,13 @@
 --! include _may_publish
 --! include _hold
 local token, ttl, meta, waiter, inbox = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local n = #KEYS / 5
+local n = math.floor(#KEYS / 5)
+local back = KEYS[5 * n + 1]
+-- A waiter's try looks first (it would register); a one-off try's look shares the first
+-- free name's EXISTS (the common case pays nothing more).
+if back and waiter ~= '' and redis.call('EXISTS', back) == 1 then
+  return {0, 1, -1}
+end
 local now = now_ms()
 local busy, clash
 local fences, priors = {}, {}
@@ -37,7 +46,10 @@ for i = 1, n do
     elseif not dropped then -- (a set of expired leases was: the name is free)
       busy = busy or i
     end
-  elseif redis.call('EXISTS', KEYS[5 * i - 2]) == 1 then
+  elseif redis.call('EXISTS', KEYS[5 * i - 2], i == 1 and back or KEYS[5 * i - 2]) > 0 then
+    if i == 1 and back and waiter == '' and redis.call('EXISTS', back) == 1 then
+      return {0, 1, -1}
+    end
     busy = busy or i -- free, but a fair queue waits for it: its head goes first
   end
 end

@@ -2,17 +2,21 @@
 -- (mode 'r': many readers; 'w': one writer, no readers) in one atomic step.
 -- KEYS: leases, details, fence counter, release channel (the leases' own key where nobody
 --       listens there), plain waiters, queue, deadlines, waiting writers[, hand-back marker
---       (a permit's or a write's token's, see permit_release.lua)].
+--       (a permit's or a write's token's, see permit_release.lua; a reader's, see
+--       permit_mark.lua)].
 -- ARGV: token, ttl ms, holder metadata, mode, limit (s), fair ('1'/'0', s)[, waiter id,
 --       wait ms (-1: a one-off try that never queues or registers), inbox channel prefix,
 --       the caller's read token (w: a reader asking to write is refused, or it would wait
---       for itself forever): the four left out by a permit's one-off try].
+--       for itself forever): the four left out by a permit's one-off try][, a read's write
+--       number (identity.write_seq), with a reader's marker].
 -- Returns {1, fence, hold count, token of the exclusive hold given a fence before (a writer's;
 -- '': unknown)} when held by the caller; {0, ms until something may change
 -- (-1: wait for a message)}; {-2, kind} when another kind holds the name ('lock': a plain,
 -- reentrant or fair one; 'semaphore'; 'read-write lock'); {-3} for a read-to-write upgrade;
 -- {0, -1} for a token handed back (its marker there: a hand-back, on another connection,
--- overtook this try on the wire), which takes and registers nothing (see acquire.lua).
+-- overtook this try on the wire), which takes and registers nothing (see acquire.lua); for a
+-- read, whose token is its owner's and taken again, only when its write number is not above
+-- the marker's (a read sent before the owner's settle: permit_mark.lua).
 -- One name is one kind at a time: a lock's key is a string or hash (WRONGTYPE here), and a
 -- semaphore's and a read-write lock's live leases are told apart by the details' ':kind'
 -- (see _permits.lua), looked up only when the name has leases already.
@@ -32,7 +36,13 @@ local token, ttl, meta, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local limit, fair = tonumber(ARGV[5]), ARGV[6] == '1'
 local waiter, wait = ARGV[7] or token, tonumber(ARGV[8] or '-1')
 local inbox, reader = ARGV[9] or '', ARGV[10] or ''
-if KEYS[9] and redis.call('EXISTS', KEYS[9]) == 1 then
+local back = KEYS[9]
+if back and mode == 'r' then
+  local last = tonumber(redis.call('GET', back))
+  if last and (tonumber(ARGV[11]) or 0) <= last then
+    return {0, -1}
+  end
+elseif back and redis.call('EXISTS', back) == 1 then
   return {0, -1}
 end
 local now = now_ms()

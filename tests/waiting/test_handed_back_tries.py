@@ -201,7 +201,7 @@ def test_a_lease_s_one_off_try_interrupted_on_the_wire_leaves_nothing_held(
     proxied: tuple[LossyProxy, str, str], name: str, kind: str
 ) -> None:
     """A permit's or a write's: the permit (the whole name, for a write) was nobody's for the
-    lease's TTL. (A read's token is its owner's: not marked, see docs/topics/internals.md.)"""
+    lease's TTL. (A read's token is its owner's: refused by number: test_handed_back_kinds.py.)"""
     from django_redlock.locking.rwlock import read_write_lock
     from django_redlock.locking.semaphore import semaphore
 
