@@ -908,9 +908,9 @@ class ThreadRenewer(Renewer):
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
         # Holds just taken. Most holds are released long before their first renewal
         # (TTL/3): those never cost more than this append.
-        self._pending: deque[tuple[float, float, weakref.ref[Lock], Renewal, float | None, Any]] = (
-            deque()
-        )  # (came, sent, Lock, renewal, stop_at, owner)
+        self._pending: deque[
+            tuple[float, float, weakref.ref[Lock], Renewal, float | None, Any, HoldKey]
+        ] = deque()  # (came, sent, Lock, renewal, stop_at, owner, hold key)
         # Losses to declare, in order, by the notifier thread: its own lock, so that a slow
         # receiver never holds up the renewer's mutex, nor any worker.
         self._notes_cond = threading.Condition(threading.Lock())
@@ -977,7 +977,8 @@ class ThreadRenewer(Renewer):
         # Dated from the take's send, not its answer: a reply slow by 2/3 of the TTL put
         # the first renewal after the key's expiry (review wdc3, 3).
         taken = now if sent is None else min(sent, now)
-        self._pending.append((now, taken, weakref.ref(lock), renewal, stop_at, owner))
+        key = (id(lock.backend), renewal.name, renewal.token)  # the object may be collected
+        self._pending.append((now, taken, weakref.ref(lock), renewal, stop_at, owner, key))
         due = taken + renewal.ttl_ms / 3000
         if due < now + IDLE_WAKE or self._thread is None:
             # The thread may sleep up to IDLE_WAKE before it looks at the pending holds:
@@ -989,13 +990,26 @@ class ThreadRenewer(Renewer):
         while pending:
             # Left in the deque until it is added: an exception (an asynchronous one) on the
             # way leaves it for the next take (taking one twice adds nothing).
-            came, taken, ref, renewal, stop_at, owner = pending[0]
+            came, taken, ref, renewal, stop_at, owner, key = pending[0]
             lock = ref()
             if lock is not None and lock.renewed_by(self, renewal.token):
                 # Joins the hold's entry if it has one (another object of the token, or an
                 # extend that added it): a TTL set later is kept.
                 self._add(lock, renewal, stop_at, came, taken, owner)
-            # else released (or its Lock collected) before its first renewal
+            else:
+                # Released (or its Lock collected) before its first renewal: its TTL is on
+                # the server all the same. Another object holding the token (a nested
+                # re-entry that left at once) is renewed at once: a renewal restores its
+                # TTL, never shortens (review wdc4, 2).
+                entry = self._entries.get(key)
+                if (
+                    entry is not None
+                    and entry.bucket is not None
+                    and renewal.ttl_ms < entry.renewal.ttl_ms
+                ):
+                    now = time.monotonic()
+                    self._due_now(entry.bucket, now)
+                    self._wake(now)
             del lock
             pending.popleft()
 

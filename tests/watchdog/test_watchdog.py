@@ -1138,3 +1138,26 @@ def test_a_hold_or_a_new_ttl_is_dated_from_the_commands_send_not_its_late_answer
     assert lk.lost is None and other.lost is None
     lk.release()
     other.release()
+
+
+# -- review wdc4: TTLs set by commands whose objects let go, or whose answers are on their way --
+
+
+def test_a_shorter_nested_reentry_that_leaves_at_once_is_followed_by_the_outer_hold(
+    name: str,
+) -> None:
+    """An outer reentrant hold (ttl 10) and a nested ``with`` through another object with
+    ttl 1.2 that leaves at once, or a nested object dropped while it holds: the re-entry cut
+    the key to 1.2 s. Its news reaches the renewer after the object let go, and is acted on
+    all the same: the hold is renewed at once (review wdc4, 2)."""
+    left, dropped = f"{name}:left", f"{name}:dropped"
+    outer, other = lock(left, reentrant=True, ttl=10), lock(dropped, reentrant=True, ttl=10)
+    assert outer.acquire() and other.acquire()
+    with lock(left, reentrant=True, ttl=1.2):
+        pass
+    lock(dropped, reentrant=True, ttl=1.2).acquire()  # an abandoned level
+    gc.collect()
+    _nobody_takes([left, dropped], 2.0)
+    assert outer.lost is None and other.lost is None
+    outer.release()
+    other.release()
