@@ -1161,3 +1161,52 @@ def test_a_shorter_nested_reentry_that_leaves_at_once_is_followed_by_the_outer_h
     assert outer.lost is None and other.lost is None
     outer.release()
     other.release()
+
+
+def test_a_shorter_reentry_adopt_or_read_on_its_way_keeps_the_hold_renewed(name: str) -> None:
+    """Holds with ttl 10. Through another object, a re-entry, an adopt() and a second read()
+    with ttl 1.2 run at once, and their answers are held 1.6 s (within the socket timeout):
+    while they are on their way, the holds are renewed on the 1.2 s schedule, as an extend's
+    is (review wdc4, 1)."""
+    reentered, adopted, read = f"{name}:reentry", f"{name}:adopt", f"{name}:read"
+    a = lock(reentered, reentrant=True, ttl=10)
+    old = lock(adopted, ttl=10)
+    outer = read_write_lock(read, ttl=10).read()
+    assert a.acquire() and old.acquire() and outer.acquire()
+    b = lock(reentered, reentrant=True, ttl=1.2)
+    new = lock(adopted, ttl=1.2)
+    inner = read_write_lock(read, ttl=1.2).read()
+    taking, reading = b._acquire(False, None), inner._acquire(False, None)
+    adopting = new._adopt(old.token)
+    op_adopt = adopting.send(new.backend.execute(next(adopting)))  # the fence, then the extend
+    replies = [
+        (taking, b.backend.execute(next(taking))),
+        (reading, inner.backend.execute(next(reading))),
+        (adopting, new.backend.execute(op_adopt)),
+    ]
+    assert (a.ttl() or 0) <= 1.2 and (old.ttl() or 0) <= 1.2  # they ran
+    wrote: list[bool] = []
+
+    def write() -> None:  # another thread: this one holds reads
+        writer = read_write_lock(read, ttl=30).write()
+        while time.monotonic() < deadline and not wrote:
+            if writer.acquire(blocking=False):
+                wrote.append(True)
+            time.sleep(0.05)
+
+    deadline = time.monotonic() + 1.6  # the answers on their way
+    writing = threading.Thread(target=write)
+    writing.start()
+    _nobody_takes([reentered, adopted], 1.6)
+    writing.join()
+    assert not wrote, "a writer got in beside the reads"
+    results = []
+    for steps, reply in replies:
+        try:
+            steps.send(reply)
+        except StopIteration as done:
+            results.append(done.value)
+    assert results == [True, True, None]
+    assert a.lost is None and old.lost is None and outer.lost is None
+    for each in (b, a, inner, outer, new):
+        each.release()
