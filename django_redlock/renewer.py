@@ -27,11 +27,13 @@ tests/backends/):
 * **News is not ordered by its arrival**: two commands setting one hold's TTL that overlap
   (each sent before the other's answer came: two threads extending one object, two
   objects of one token) may have run in either order, whatever order their news comes
-  in. So, until the extends settle, the hold is renewed on the shortest TTL one on its
-  way may set (:meth:`sending`: Redis may run it any time before its answer, which may
-  come after another's); and when news overlaps the news that came before it, the hold
-  is renewed at once with the TTL followed, after both ran (a renewal never shortens, so
-  the server then has at least that TTL). Never on a longer schedule than Redis may hold.
+  in. So, until the extends (re-entries, adoptions) settle, the hold is renewed on the
+  shortest TTL one on its way may set (:meth:`sending`: Redis may run it any time before
+  its answer, which may come after another's); and when news overlaps the news that came
+  before it, the hold is renewed at once with the TTL followed, after both ran (a renewal
+  never shortens, so the server then has at least that TTL). Never on a longer schedule
+  than Redis may hold. News of an object that let go before it was taken (a nested
+  re-entry that left at once) renews the hold's entry at once if its TTL is shorter.
 * **A hold counts from its command's send**: Redis sets the TTL when it runs the command,
   before its answer comes. A new hold (the winning try's send), and an extend's or a
   re-entry's new TTL, is dated from when its command was sent, and joins only a batch
@@ -432,12 +434,7 @@ class Renewer:
             entry = self._entries.get(key)
             if entry is not None and flight is not None:
                 entry.flights.pop(flight, None)  # its TTL kept below if shorter
-                kept = entry.renewal.ttl_ms
-                asks = [a for i, a in entry.asks.items()
-                        if (w := entry.watches.get(i)) and w() is not None]  # fmt: skip
-                if asks:
-                    kept = self._target(entry, max(asks, key=lambda a: a.set_at))[0].ttl_ms
-                if renewal.ttl_ms >= kept:
+                if renewal.ttl_ms >= self._kept(entry):
                     return  # at least the TTL kept either way: its schedule holds
             elif entry is not None and renewal.ttl_ms >= entry.renewal.ttl_ms:
                 return  # at least the old TTL left either way: its schedule holds
@@ -448,15 +445,33 @@ class Renewer:
             self._due_now(entry.bucket, now)
         self._wake(now)
 
-    def unsure_hold(self, backend: BaseLockBackend, renewal: Renewal) -> None:
+    def _kept(self, entry: _Entry) -> int:
+        """The TTL ``entry`` follows once a flight is popped: the one set last by an object
+        holding it, or a shorter one still on its way (called locked)."""
+        asks = [a for i, a in entry.asks.items()
+                if (w := entry.watches.get(i)) and w() is not None]  # fmt: skip
+        if not asks:
+            return entry.renewal.ttl_ms
+        return self._target(entry, max(asks, key=lambda a: a.set_at))[0].ttl_ms
+
+    def unsure_hold(
+        self, backend: BaseLockBackend, renewal: Renewal, flight: int | None = None
+    ) -> None:
         """As :meth:`unsure`, from an object that does not hold the token (a re-entry or an
         adopt() that raised): the hold, if renewed here, goes on the shorter TTL's schedule
-        (until its objects set a TTL again) and is renewed at once."""
+        (until its objects set a TTL again) and is renewed at once. ``flight``: the
+        command's number from :meth:`sending` (its :meth:`landed` is then a no-op)."""
         now = time.monotonic()
         with self._mutex:
             self._take_pending()  # a hold just taken may not be in the entries yet
             entry = self._entries.get((id(backend), renewal.name, renewal.token))
-            if entry is None or renewal.ttl_ms >= entry.renewal.ttl_ms:
+            if entry is None:
+                return
+            if flight is not None and entry.flights.pop(flight, None) is not None:
+                kept = self._kept(entry)  # on the flight's schedule maybe: not kept
+            else:
+                kept = entry.renewal.ttl_ms
+            if renewal.ttl_ms >= kept:
                 return
             old = self._leave(entry)
             if old is not None and old.flying is not None:
@@ -579,8 +594,9 @@ class Renewer:
         return target, flown
 
     def sending(self, lock: Lock, renewal: Renewal) -> int | None:
-        """An extend that sets ``renewal``'s TTL is about to be sent: until its answer (or
-        its lack) is told (:meth:`add`, :meth:`unsure`, then :meth:`landed`), the hold is
+        """An extend, a re-entry or an adopt() that sets ``renewal``'s TTL is about to be
+        sent: until its answer (or its lack) is told (:meth:`add`, :meth:`soon`,
+        :meth:`unsure`, :meth:`unsure_hold`, then :meth:`landed`), the hold is
         renewed on that TTL's schedule if it is shorter (Redis may run it any time before
         the answer comes). The flight's number, or None if the hold is not renewed here."""
         now = time.monotonic()
@@ -601,12 +617,13 @@ class Renewer:
         return flight
 
     def landed(self, lock: Lock, renewal: Renewal, flight: int | None) -> None:
-        """The extend of :meth:`sending` is over, its news told (or it was never sent)."""
+        """The command of :meth:`sending` is over, its news told (or it was never sent)."""
         if flight is None:
             return
         now = time.monotonic()
         key = (id(lock.backend), renewal.name, renewal.token)
         with self._mutex:
+            self._take_pending()  # a re-entry's news (soon): in the entry before it lands
             entry = self._entries.get(key)
             if entry is None or entry.flights.pop(flight, None) is None:
                 return  # told already (add, unsure)
@@ -908,9 +925,9 @@ class ThreadRenewer(Renewer):
         self._wakes_at = 0.0  # when the sleeping thread wakes by itself; 0: it is busy
         # Holds just taken. Most holds are released long before their first renewal
         # (TTL/3): those never cost more than this append.
-        self._pending: deque[tuple[float, float, weakref.ref[Lock], Renewal, float | None, Any]] = (
-            deque()
-        )  # (came, sent, Lock, renewal, stop_at, owner)
+        self._pending: deque[
+            tuple[float, float, weakref.ref[Lock], Renewal, float | None, Any, HoldKey]
+        ] = deque()  # (came, sent, Lock, renewal, stop_at, owner, hold key)
         # Losses to declare, in order, by the notifier thread: its own lock, so that a slow
         # receiver never holds up the renewer's mutex, nor any worker.
         self._notes_cond = threading.Condition(threading.Lock())
@@ -977,7 +994,8 @@ class ThreadRenewer(Renewer):
         # Dated from the take's send, not its answer: a reply slow by 2/3 of the TTL put
         # the first renewal after the key's expiry (review wdc3, 3).
         taken = now if sent is None else min(sent, now)
-        self._pending.append((now, taken, weakref.ref(lock), renewal, stop_at, owner))
+        key = (id(lock.backend), renewal.name, renewal.token)  # the object may be collected
+        self._pending.append((now, taken, weakref.ref(lock), renewal, stop_at, owner, key))
         due = taken + renewal.ttl_ms / 3000
         if due < now + IDLE_WAKE or self._thread is None:
             # The thread may sleep up to IDLE_WAKE before it looks at the pending holds:
@@ -989,13 +1007,26 @@ class ThreadRenewer(Renewer):
         while pending:
             # Left in the deque until it is added: an exception (an asynchronous one) on the
             # way leaves it for the next take (taking one twice adds nothing).
-            came, taken, ref, renewal, stop_at, owner = pending[0]
+            came, taken, ref, renewal, stop_at, owner, key = pending[0]
             lock = ref()
             if lock is not None and lock.renewed_by(self, renewal.token):
                 # Joins the hold's entry if it has one (another object of the token, or an
                 # extend that added it): a TTL set later is kept.
                 self._add(lock, renewal, stop_at, came, taken, owner)
-            # else released (or its Lock collected) before its first renewal
+            else:
+                # Released (or its Lock collected) before its first renewal: its TTL is on
+                # the server all the same. Another object holding the token (a nested
+                # re-entry that left at once) is renewed at once: a renewal restores its
+                # TTL, never shortens (review wdc4, 2).
+                entry = self._entries.get(key)
+                if (
+                    entry is not None
+                    and entry.bucket is not None
+                    and renewal.ttl_ms < entry.renewal.ttl_ms
+                ):
+                    now = time.monotonic()
+                    self._due_now(entry.bucket, now)
+                    self._wake(now)
             del lock
             pending.popleft()
 

@@ -612,6 +612,10 @@ class BaseLock:
         # settles the count, whatever line the acquire ended on.
         if self.reentrant:
             self._unsure(owner)
+        # A re-entry of a hold this process renews (through another object maybe) sets its
+        # TTL: on its way, a shorter one is renewed on its schedule (review wdc4, 1).
+        renewal = self._renewal(owner, ttl_ms) if self.reentrant else None
+        flight = thread_renewer.sending(self, renewal) if renewal is not None else None
         try:
             # In the try: no line between the grant and the record is unguarded.
             attempt = yield from self._try_or_wait(
@@ -624,10 +628,10 @@ class BaseLock:
                 hold = self._record(owner, actor, token, ttl_ms, attempt, sent=tried[0])
         except BaseException as exc:
             if attempt is None:
-                if self.reentrant:
+                if renewal is not None:
                     # No answer: a re-entry may have set this TTL on another object's hold,
                     # shorter maybe (review wdc2, 2).
-                    thread_renewer.unsure_hold(self.backend, self._renewal(owner, ttl_ms))
+                    thread_renewer.unsure_hold(self.backend, renewal, flight)
                 raise  # the take's own: _try_or_wait handed back what it may have been granted
             # Granted and not recorded (_record undid its steps): hand it back. Recorded (an
             # interrupt as _record returned): released by the driver (_undo_take).
@@ -638,6 +642,9 @@ class BaseLock:
                 observe.acquire_ended(self, started, failed, None, span)
                 yield from self._hand_back(owner, token)
             raise
+        finally:
+            if renewal is not None:
+                thread_renewer.landed(self, renewal, flight)  # after its news (soon)
         self._unsure_token = None  # answered (and recorded): the token holds what it says
         if refused:
             observe.acquire_ended(self, started, observe.ERROR, None, span)
@@ -1612,16 +1619,24 @@ class BaseLock:
         attempt = Attempt(True, fence or None, 0)
         # The server's TTL is the last holder's, set at a time unknown here: ours is set
         # before adopt() returns (so a later extend() of ours is never overtaken by it).
-        ttl_ms, sent = to_ms(self.lock_ttl), time.monotonic()
+        ttl_ms = to_ms(self.lock_ttl)
+        renewal = self._renewal(token, ttl_ms)
+        # On its way, our TTL (shorter maybe) is renewed on its schedule if this process
+        # renews the hold (review wdc4, 1).
+        flight = thread_renewer.sending(self, renewal)
         try:
-            extended = yield self._op_extend(token, ttl_ms)
-        except BaseException:
-            # No answer: it may have set our TTL on the old holder's hold (review wdc2, 2).
-            thread_renewer.unsure_hold(self.backend, self._renewal(token, ttl_ms))
-            raise
-        if not extended:
-            raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
-        self._record("", owner_id(), token, ttl_ms, attempt, adopted=sent)  # nothing to announce
+            sent = time.monotonic()
+            try:
+                extended = yield self._op_extend(token, ttl_ms)
+            except BaseException:
+                # No answer: it may have set our TTL on the old holder's hold (review wdc2, 2).
+                thread_renewer.unsure_hold(self.backend, renewal, flight)
+                raise
+            if not extended:
+                raise LockNotOwned(f"{self.describe()}: token {token!r} holds nothing")
+            self._record("", owner_id(), token, ttl_ms, attempt, adopted=sent)  # (no announce)
+        finally:
+            thread_renewer.landed(self, renewal, flight)
 
     def _op_fence_of(self, token: str) -> Op[int | None]:
         """The fence of ``token``'s hold (0 if it has none), None if it holds nothing."""

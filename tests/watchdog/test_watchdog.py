@@ -1138,3 +1138,75 @@ def test_a_hold_or_a_new_ttl_is_dated_from_the_commands_send_not_its_late_answer
     assert lk.lost is None and other.lost is None
     lk.release()
     other.release()
+
+
+# -- review wdc4: TTLs set by commands whose objects let go, or whose answers are on their way --
+
+
+def test_a_shorter_nested_reentry_that_leaves_at_once_is_followed_by_the_outer_hold(
+    name: str,
+) -> None:
+    """An outer reentrant hold (ttl 10) and a nested ``with`` through another object with
+    ttl 1.2 that leaves at once, or a nested object dropped while it holds: the re-entry cut
+    the key to 1.2 s. Its news reaches the renewer after the object let go, and is acted on
+    all the same: the hold is renewed at once (review wdc4, 2)."""
+    left, dropped = f"{name}:left", f"{name}:dropped"
+    outer, other = lock(left, reentrant=True, ttl=10), lock(dropped, reentrant=True, ttl=10)
+    assert outer.acquire() and other.acquire()
+    with lock(left, reentrant=True, ttl=1.2):
+        pass
+    lock(dropped, reentrant=True, ttl=1.2).acquire()  # an abandoned level
+    gc.collect()
+    _nobody_takes([left, dropped], 2.0)
+    assert outer.lost is None and other.lost is None
+    outer.release()
+    other.release()
+
+
+def test_a_shorter_reentry_adopt_or_read_on_its_way_keeps_the_hold_renewed(name: str) -> None:
+    """Holds with ttl 10. Through another object, a re-entry, an adopt() and a second read()
+    with ttl 1.2 run at once, and their answers are held 1.6 s (within the socket timeout):
+    while they are on their way, the holds are renewed on the 1.2 s schedule, as an extend's
+    is (review wdc4, 1)."""
+    reentered, adopted, read = f"{name}:reentry", f"{name}:adopt", f"{name}:read"
+    a = lock(reentered, reentrant=True, ttl=10)
+    old = lock(adopted, ttl=10)
+    outer = read_write_lock(read, ttl=10).read()
+    assert a.acquire() and old.acquire() and outer.acquire()
+    b = lock(reentered, reentrant=True, ttl=1.2)
+    new = lock(adopted, ttl=1.2)
+    inner = read_write_lock(read, ttl=1.2).read()
+    taking, reading = b._acquire(False, None), inner._acquire(False, None)
+    adopting = new._adopt(old.token)
+    op_adopt = adopting.send(new.backend.execute(next(adopting)))  # the fence, then the extend
+    replies = [
+        (taking, b.backend.execute(next(taking))),
+        (reading, inner.backend.execute(next(reading))),
+        (adopting, new.backend.execute(op_adopt)),
+    ]
+    assert (a.ttl() or 0) <= 1.2 and (old.ttl() or 0) <= 1.2  # they ran
+    wrote: list[bool] = []
+
+    def write() -> None:  # another thread: this one holds reads
+        writer = read_write_lock(read, ttl=30).write()
+        while time.monotonic() < deadline and not wrote:
+            if writer.acquire(blocking=False):
+                wrote.append(True)
+            time.sleep(0.05)
+
+    deadline = time.monotonic() + 1.6  # the answers on their way
+    writing = threading.Thread(target=write)
+    writing.start()
+    _nobody_takes([reentered, adopted], 1.6)
+    writing.join()
+    assert not wrote, "a writer got in beside the reads"
+    results = []
+    for steps, reply in replies:
+        try:
+            steps.send(reply)
+        except StopIteration as done:
+            results.append(done.value)
+    assert results == [True, True, None]
+    assert a.lost is None and old.lost is None and outer.lost is None
+    for each in (b, a, inner, outer, new):
+        each.release()
