@@ -364,6 +364,8 @@ class BaseLock:
         # The token of an acquire whose outcome is unknown (its reply was lost): the next try
         # uses it again, so that it finds the hold if the lost try took it.
         self._unsure_token: str | None = None
+        # Whether that token is one given (use_token), not one an unanswered try left.
+        self._token_given = False
         # Plain tokens whose hand-back a task of its own finishes (cancelled again): never
         # taken up by a next try, whose grant that task's release would delete.
         self._handing_back: set[str] = set()
@@ -412,6 +414,11 @@ class BaseLock:
         a release that, reaching the server before that try, refuses it when it lands (see
         ``backend.op_hand_back``)."""
         return self._op_release(token)
+
+    def _op_release_hold(self, hold: Hold) -> Op[int]:
+        """The release of ``hold``'s last level: marked when its token was kept from an
+        unanswered try (:attr:`Hold.kept`), as a hand-back is; else the common release."""
+        return self._op_hand_back(hold.token) if hold.kept else self._op_release(hold.token)
 
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
@@ -601,6 +608,9 @@ class BaseLock:
         started = time.monotonic()
         span = observe.acquire_started(self)
         token = owner if self.reentrant else self._next_token()
+        # A token kept from an unanswered try: that try may land after this hold's release.
+        kept = token == self._unsure_token and not self._token_given
+        self._token_given = False
         ttl_ms, meta = to_ms(self.lock_ttl), self._meta()
         held = self._holds.get(owner)  # before: to tell whether an interrupt came after a record
         depth = 0 if held is None else held.depth
@@ -614,13 +624,13 @@ class BaseLock:
         try:
             # In the try: no line between the grant and the record is unguarded.
             attempt = yield from self._try_or_wait(
-                owner, token, ttl_ms, meta, blocking, timeout, started, span
+                owner, token, ttl_ms, meta, blocking, timeout, started, span, kept
             )
             hold: Hold | None = None
             current = self._holds.get(owner) if self.reentrant else None
             refused = self._nests_in_nothing(owner, current, attempt)
             if attempt.acquired and not refused:
-                hold = self._record(owner, actor, token, ttl_ms, attempt)
+                hold = self._record(owner, actor, token, ttl_ms, attempt, kept=kept)
         except BaseException as exc:
             if attempt is None:
                 if self.reentrant:
@@ -635,7 +645,7 @@ class BaseLock:
             if attempt.acquired and not recorded:
                 failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
                 observe.acquire_ended(self, started, failed, None, span)
-                yield from self._hand_back(owner, token)
+                yield from self._hand_back(owner, token, kept)
             raise
         self._unsure_token = None  # answered (and recorded): the token holds what it says
         if refused:
@@ -678,7 +688,7 @@ class BaseLock:
             # This object's release got no answer and was not retried: finish it first (a
             # release is idempotent), so that what follows is a new hold, not the old one.
             if not self.reentrant:
-                yield self._op_release(stale.token)
+                yield self._op_release_hold(stale)
             with self._mutex:
                 self._forget(owner, stale)
         if not self.reentrant:
@@ -763,7 +773,8 @@ class BaseLock:
             if other == token:
                 continue
             try:
-                left = yield self._op_release(other)
+                # Marked: its request, unanswered, may still be on the wire (not run first).
+                left = yield self._op_hand_back(other)
             except LockError:
                 return freed
             self._displaced.pop(other, None)
@@ -780,6 +791,7 @@ class BaseLock:
         timeout: float | None,
         started: float,
         span: Any,
+        kept: bool = False,
     ) -> Steps[Attempt]:
         """One try that never queues or registers, then (``blocking``) the wait: the answer.
 
@@ -787,7 +799,8 @@ class BaseLock:
         try, or a reentrant count marked unsure (settled first next time). Interrupted (any
         other exception, a reply perhaps on its way): the hold is handed back with the
         token (kept while the hand-back may still be refused unsent, given up once it went
-        unanswered: see :meth:`_give_back`). Each reports its outcome and re-raises."""
+        unanswered: see :meth:`_give_back`), marked (``kept``: a token kept from an unanswered
+        try, which may land after it). Each reports its outcome and re-raises."""
         attempt = _NOT_TRIED
         # Whether a try's request may be on the wire (interrupted before its reply was
         # taken): its hand-back, which may reach the server first, then marks the token.
@@ -834,14 +847,14 @@ class BaseLock:
             # ``Exception`` too: a signal handler's, Celery's soft time limit): the server may
             # have granted the hold, so hand it back (the token is ours alone).
             self._late_tokens.discard(token)  # (handed back here as well: idempotent)
-            kept = self._unsure_token
-            if kept is not None and kept != token and not self.reentrant:
+            other = self._unsure_token
+            if other is not None and other != token and not self.reentrant:
                 # Kept meanwhile (a late try's): the hand-back takes the slot for its own.
-                self._displace(kept)
+                self._displace(other)
                 self._unsure_token = None
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
             observe.acquire_ended(self, started, failed, None, span)
-            yield from self._hand_back(owner, token, trying[0])
+            yield from self._hand_back(owner, token, trying[0] or kept)
             raise
 
     def _late_take(self, token: str, command: asyncio.Future[Attempt]) -> None:
@@ -1054,6 +1067,7 @@ class BaseLock:
         ttl_ms: int,
         attempt: Attempt,
         adopted: float | None = None,
+        kept: bool = False,
     ) -> Hold:
         """Make ``owner``'s a hold the backend granted (or that :meth:`adopt` took over): in
         the object, counted as taken by its actor (a renewed exclusive hold), one level more
@@ -1086,7 +1100,7 @@ class BaseLock:
                     # Into the object with its level: one store (a hold without a level
                     # would be reported held, and its release would give back another's).
                     hold = Hold(token, attempt.fence, actor, depth=1, prior=attempt.prior,
-                                stamps=(new_stamp(),))  # fmt: skip
+                                stamps=(new_stamp(),), kept=kept)  # fmt: skip
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     if not self.auto_renew or hold.stop_at is not None:  # it runs out itself
@@ -1190,7 +1204,7 @@ class BaseLock:
         """Internal API (``compat``'s ``token=``): the next acquire takes its hold with
         ``token``, as a retry after a lost reply does (the try is then idempotent: it finds
         the hold if that token took it already). The caller checks the token first."""
-        self._unsure_token = token
+        self._unsure_token, self._token_given = token, True
 
     def acquire_steps(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         """Internal API (``lock_view``): the steps of :meth:`acquire`, for a caller that
@@ -1359,7 +1373,7 @@ class BaseLock:
                 hold.release_began = time.monotonic()
             if self.reentrant:
                 self._unlevel(owner, hold)
-            left = yield self._op_release(hold.token)
+            left = yield self._op_release_hold(hold)
             with self._mutex:
                 mine = self._holds.get(owner) is hold  # else lost meanwhile, declared then
                 if mine:
@@ -1430,7 +1444,7 @@ class BaseLock:
         if not left.claimed():
             return  # not owed (paid, or the hold gone): never whatever the object holds now
         try:
-            answer = yield self._op_release(hold.token)
+            answer = yield self._op_release_hold(hold)
         except BaseException:
             observe.hold_unsure(self, hold)  # not a hold this process holds any more
             raise
