@@ -409,16 +409,19 @@ class BaseLock:
         """Give back a hold the owner does not count (a re-entry refused), whole."""
         return self._op_release(token)
 
-    def _op_hand_back(self, token: str) -> Op[int]:
+    def _op_hand_back(self, token: str, kept: bool = False) -> Op[int]:
         """A plain token's hand-back of a try that may be on the wire (:meth:`_hand_back`):
         a release that, reaching the server before that try, refuses it when it lands (see
-        ``backend.op_hand_back``)."""
+        ``backend.op_hand_back``). ``kept``: a token kept from an unanswered try, which may
+        land after this release frees its hold: marked then too."""
         return self._op_release(token)
 
     def _op_release_hold(self, hold: Hold) -> Op[int]:
         """The release of ``hold``'s last level: marked when its token was kept from an
-        unanswered try (:attr:`Hold.kept`), as a hand-back is; else the common release."""
-        return self._op_hand_back(hold.token) if hold.kept else self._op_release(hold.token)
+        unanswered try (:attr:`Hold.kept`); else the common release."""
+        if hold.kept:
+            return self._op_hand_back(hold.token, True)
+        return self._op_release(hold.token)
 
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
@@ -645,7 +648,7 @@ class BaseLock:
             if attempt.acquired and not recorded:
                 failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
                 observe.acquire_ended(self, started, failed, None, span)
-                yield from self._hand_back(owner, token, kept)
+                yield from self._hand_back(owner, token, False, kept)
             raise
         self._unsure_token = None  # answered (and recorded): the token holds what it says
         if refused:
@@ -854,7 +857,7 @@ class BaseLock:
                 self._unsure_token = None
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
             observe.acquire_ended(self, started, failed, None, span)
-            yield from self._hand_back(owner, token, trying[0] or kept)
+            yield from self._hand_back(owner, token, trying[0], kept)
             raise
 
     def _late_take(self, token: str, command: asyncio.Future[Attempt]) -> None:
@@ -887,7 +890,9 @@ class BaseLock:
             again = functools.partial(self._give_back_again, token, token)
             self._finish_later(self._give_back(token, token), again)
 
-    def _hand_back(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
+    def _hand_back(
+        self, owner: str, token: str, marks: bool = False, kept: bool = False
+    ) -> Steps[None]:
         """Give back a hold the server may have granted that this object does not hold (an
         interrupt before it was recorded). A reentrant count is marked unsure and settled
         now (else before the owner's next operation); a plain hold is released by its
@@ -899,7 +904,9 @@ class BaseLock:
         ``marks``: the try may still be on the wire. The hand-back goes on another
         connection and may reach the server first: finding nothing, it leaves a marker that
         refuses that try when it lands (backend.op_hand_back; a reentrant owner's settle
-        refuses its older writes). Without a try on the wire, nothing is marked."""
+        refuses its older writes). Without a try on the wire, nothing is marked. ``kept``: the
+        token was kept from an unanswered try, which may land even after a hand-back that
+        freed a hold: marked then too."""
         self._unsure(owner)
         if not self.reentrant:
             if not finisher.on_finisher():
@@ -910,7 +917,7 @@ class BaseLock:
                 # hand-back's release, landing after its grant (review wai2, 1).
                 self._unsure_token = None
         try:
-            yield from self._give_back(owner, token, marks)
+            yield from self._give_back(owner, token, marks, kept)
         except asyncio.CancelledError:
             # Cancelled again: a task of its own finishes it. A next try of this object (the
             # caller may catch the cancellation) takes a new token: the task's release would
@@ -919,18 +926,20 @@ class BaseLock:
                 self._handing_back.add(token)
                 if self._unsure_token == token:
                     self._unsure_token = None
-            again = functools.partial(self._give_back_again, owner, token, marks)
-            self._finish_later(self._give_back(owner, token, marks), again)
+            again = functools.partial(self._give_back_again, owner, token, marks, kept)
+            self._finish_later(self._give_back(owner, token, marks, kept), again)
             raise
         except Exception:
             pass
 
-    def _give_back(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
+    def _give_back(
+        self, owner: str, token: str, marks: bool = False, kept: bool = False
+    ) -> Steps[None]:
         if self.reentrant:
             yield from self._settle(owner, marks)
             return
         try:
-            yield self._op_hand_back(token) if marks else self._op_release(token)
+            yield self._op_hand_back(token, kept) if marks or kept else self._op_release(token)
         except BaseException as exc:
             # Unanswered (no reply, or an interrupt while waiting for it), the release may
             # still run at any later time (TCP delivers what was written before a close): a
@@ -946,13 +955,15 @@ class BaseLock:
         if self._unsure_token == token:
             self._unsure_token = None
 
-    def _give_back_again(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
+    def _give_back_again(
+        self, owner: str, token: str, marks: bool = False, kept: bool = False
+    ) -> Steps[None]:
         """A hand-back whose finishing task was cancelled, given back once more unless done
         since (a plain token's release answered, or unanswered: nothing more to do). No try
         of this object takes such a token up (see :meth:`_hand_back`). A reentrant count is
         settled (what the objects hold: never a later level)."""
         if self.reentrant or token in self._handing_back:
-            yield from self._give_back(owner, token, marks)
+            yield from self._give_back(owner, token, marks, kept)
 
     def _nests_in_nothing(self, owner: str, current: Hold | None, attempt: Attempt) -> bool:
         """Whether a reentrant grant is a new hold where this process holds levels: a new

@@ -2,15 +2,15 @@
 -- (lock_freed in _hold.lua, lock_wake in _queue.lua).
 -- KEYS: lock, release channel (the lock's own key where nobody listens there: a key outside
 --       the prefix would be refused to a Redis user limited to it), plain waiters, queue,
---       deadlines[, hand-back marker: given by a hand-back, or by the release of a hold
---       taken with a token kept from an unanswered try (a plain or fair hold's, see
---       acquire.lua): the token is marked HANDED_BACK_MS once it holds nothing, found so
---       or freed here].
+--       deadlines[, hand-back marker: given by a hand-back (a plain or fair hold's, see
+--       acquire.lua), whose token holding nothing is marked HANDED_BACK_MS].
 -- ARGV: token, inbox channel prefix[, the hold's kind: '0' plain, '1' reentrant, or a
 --       reentrant owner's ordered write 'seq|levels': its number and the levels the owner
 --       holds once this one is released, which the hold is set to, so that a count a lost
 --       reply left unsure is settled in the same call (order_stale in _hold.lua), then
---       optionally '|fence', the fence of the hold those levels are in; absent: looked up].
+--       optionally '|fence', the fence of the hold those levels are in; absent: looked up]
+--       [, '1' with the marker: the token was kept from an unanswered try, marked once
+--       freed here too].
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost; a
 -- hold of the owner's under another fence is one a late write made after the owner's was
 -- lost: freed when the owner keeps no levels, as the release would have, and still -1);
@@ -30,9 +30,9 @@ local back = KEYS[6]
 -- (acquire.lua refuses a marked token): the marker outlives such a try, whatever the lock's
 -- TTL. A request written before its connection was dropped is delivered by TCP's
 -- retransmissions, which Linux gives up on an orphaned socket after about 100 s
--- (tcp_orphan_retries: 8 backoffs from 200 ms). A kept token's hold is marked as it is freed:
--- the unanswered try may land after it. Only those and hand-backs write one: nothing more on
--- a common release's path.
+-- (tcp_orphan_retries: 8 backoffs from 200 ms). A token kept from an unanswered try (its
+-- hold's release, or hand-back) is marked once freed too: that try may land after it. Only
+-- those write one: nothing more on a common release's path.
 local HANDED_BACK_MS = 120000
 local kind = ARGV[3] or ''
 local woken -- the reply once the lock is freed and someone is to be woken (lock_wake)
@@ -53,7 +53,7 @@ if kind == '0' then
     local ask = redis.acl_check_cmd
     if not (ask and (wakes or (announce and not ask('PUBLISH', channel, 'released')))) then
       redis.call('DEL', lock)
-      if back then
+      if back and ARGV[4] then
         redis.call('SET', back, '1', 'PX', HANDED_BACK_MS)
       end
       if announce then -- (Redis 6: a refusal skipped, as publish_call in _may_publish.lua)
@@ -96,7 +96,7 @@ if not woken then
     return count - 1
   end
   local wakes = lock_freed(lock, channel, waiting, queue, inbox)
-  if back then
+  if back and ARGV[4] then
     redis.call('SET', back, '1', 'PX', HANDED_BACK_MS)
   end
   if not wakes then

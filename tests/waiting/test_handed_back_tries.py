@@ -276,3 +276,26 @@ def test_a_common_release_leaves_no_marker(proxied: tuple[LossyProxy, str, str],
     assert lk.acquire(blocking=False)
     lk.release()
     assert locks[direct].client.keys("*:b:*") == []
+
+
+def test_a_retry_cut_after_its_grant_marks_its_kept_token(
+    proxied: tuple[LossyProxy, str, str], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, with the retry's grant cut before its record (a soft time limit): its
+    hand-back frees the hold and marks the kept token, so the first try landing is refused."""
+    from tests.support.grant_cut import cut_after_the_grant
+
+    proxy, _, direct = proxied
+    lk = _make("plain", name, "hasty")
+    proxy.delay_from(script("acquire").sha.encode())
+    with pytest.raises(BackendUnavailable):
+        lk.acquire(blocking=False)
+    assert proxy.delayed.is_set()
+    cut_after_the_grant(monkeypatch, lk, lambda _: None)
+    with pytest.raises(RuntimeError):
+        lk.acquire(blocking=False)  # the kept token, granted, then handed back
+    assert not lk.locked()
+    proxy.let_go()  # the first try lands now
+    newcomer = _make("plain", name, direct)
+    assert newcomer.acquire(blocking=False), "the late try was granted: held by nobody"
+    newcomer.release()
