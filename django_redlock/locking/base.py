@@ -650,7 +650,10 @@ class BaseLock:
                 observe.acquire_ended(self, started, failed, None, span)
                 yield from self._hand_back(owner, token, False, kept)
             raise
-        self._unsure_token = None  # answered (and recorded): the token holds what it says
+        if hold is not None or not kept:
+            self._unsure_token = None  # answered (and recorded): the token holds what it says
+        # Else refused with a kept token: the unanswered try may still land and take the
+        # lock once free, so the next try keeps to that token, and finds its grant.
         if refused:
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             yield from self._refuse_reentry(owner, token, current)

@@ -299,3 +299,29 @@ def test_a_retry_cut_after_its_grant_marks_its_kept_token(
     newcomer = _make("plain", name, direct)
     assert newcomer.acquire(blocking=False), "the late try was granted: held by nobody"
     newcomer.release()
+
+
+@pytest.mark.parametrize("kind", ["plain", "semaphore"])
+def test_a_try_that_timed_out_on_the_wire_is_found_after_its_retry_was_refused(
+    proxied: tuple[LossyProxy, str, str], name: str, kind: str
+) -> None:
+    """Try 1 times out with its request held back; the retry (the kept token) is refused (the
+    lock held by another); the lock is freed, then try 1 lands and takes it. The token stays
+    kept: the object's next try finds that grant, and its release frees the lock."""
+    proxy, _, direct = proxied
+    sha = script("permit_acquire" if kind == "semaphore" else "acquire").sha
+    blocker = _make(kind, name, direct)
+    assert blocker.acquire(blocking=False)
+    lk = _make(kind, name, "hasty")
+    proxy.delay_from(sha.encode())
+    with pytest.raises(BackendUnavailable):
+        lk.acquire(blocking=False)
+    assert proxy.delayed.is_set()
+    assert not lk.acquire(blocking=False)  # refused: the blocker holds it
+    blocker.release()
+    proxy.let_go()  # the first try lands now, on a free lock
+    assert lk.acquire(blocking=False), "the late try's grant is nobody's"
+    lk.release()
+    newcomer = _make(kind, name, direct)
+    assert newcomer.acquire(blocking=False), "the late try was granted: held by nobody"
+    newcomer.release()
