@@ -508,11 +508,14 @@ class BaseLockBackend:
         released (:data:`Order`), settling a count left unsure in the same round trip."""
         raise NotImplementedError
 
-    def op_hand_back(self, name: str, token: str, kind: Kind) -> Op[int]:
+    def op_hand_back(self, name: str, token: str, kind: Kind, kept: bool = False) -> Op[int]:
         """:meth:`op_release` of a grant an interrupted try may have had (a plain or fair
         hold's). A hand-back may reach the server before the try it hands back (that try was
         delayed on the wire; the hand-back went on another connection): where that can be,
-        finding nothing to release it also refuses the token's later tries. Here: a release."""
+        finding nothing to release it also refuses the token's later tries. ``kept``: the
+        token was kept from an unanswered try, whose request may land after any release of
+        it: refused then even when this frees the hold (the release of such a hold too).
+        Here: a release."""
         return self.op_release(name, token, kind)
 
     def op_extend(self, name: str, token: str, ttl_ms: int) -> Op[bool]:
@@ -722,7 +725,7 @@ class BaseLockBackend:
         the mode the token's lease was taken in, if the caller knows it ("" if not)."""
         raise NotImplementedError
 
-    def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
+    def op_lease_hand_back(self, name: str, token: str, mode: str, kept: bool = False) -> Op[int]:
         """:meth:`op_hand_back` for a lease (a permit's or a write's; a read's token is its
         owner's, taken again: released only). Here: a release."""
         return self.op_lease_release(name, token, mode)

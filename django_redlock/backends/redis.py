@@ -500,13 +500,14 @@ class RedisBackend(BaseLockBackend):
         call = Call(_RELEASE, keys, [token, inbox, flag])
         return Op(name, call, int if order is None else ordered_count(name, self.alias))
 
-    def op_hand_back(self, name: str, token: str, kind: Kind) -> Op[int]:
+    def op_hand_back(self, name: str, token: str, kind: Kind, kept: bool = False) -> Op[int]:
         op = self.op_release(name, token, kind)  # (a subclass's bookkeeping too)
         call = op.request
         if kind.reentrant or not isinstance(call, Call):
             return op
-        marked = Call(call.script, (*call.keys, self.handed_back_key(name, token)), call.args)
-        return Op(op.name, marked, op.parse)
+        keys = (*call.keys, self.handed_back_key(name, token))
+        args = [*call.args, "1"] if kept else call.args  # marked once freed too
+        return Op(op.name, Call(call.script, keys, args), op.parse)
 
     def op_acquire_all(
         self, names: Sequence[str], token: str, ttl_ms: int, meta: str, waiter: str = ""
@@ -837,12 +838,13 @@ class RedisBackend(BaseLockBackend):
         call = Call(script("permit_release"), self._lease_keys(name), args)
         return Op(name, call, int)
 
-    def op_lease_hand_back(self, name: str, token: str, mode: str) -> Op[int]:
+    def op_lease_hand_back(self, name: str, token: str, mode: str, kept: bool = False) -> Op[int]:
         op = self.op_lease_release(name, token, mode)
         if mode == "r":
             return op
         keys = [*op.request.keys, self.handed_back_key(name, token)]
-        return Op(op.name, Call(op.request.script, keys, op.request.args), op.parse)
+        args = [token, self.inbox_for(name), mode, "1"] if kept else op.request.args
+        return Op(op.name, Call(op.request.script, keys, args), op.parse)
 
     def op_mark_reads(self, name: str, owner: str) -> Op[int]:
         keys = [self.key(name), self.details_key(name), self.handed_back_key(name, owner)]

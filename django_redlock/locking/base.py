@@ -364,6 +364,8 @@ class BaseLock:
         # The token of an acquire whose outcome is unknown (its reply was lost): the next try
         # uses it again, so that it finds the hold if the lost try took it.
         self._unsure_token: str | None = None
+        # Whether that token is one given (use_token), not one an unanswered try left.
+        self._token_given = False
         # Plain tokens whose hand-back a task of its own finishes (cancelled again): never
         # taken up by a next try, whose grant that task's release would delete.
         self._handing_back: set[str] = set()
@@ -407,11 +409,19 @@ class BaseLock:
         """Give back a hold the owner does not count (a re-entry refused), whole."""
         return self._op_release(token)
 
-    def _op_hand_back(self, token: str) -> Op[int]:
+    def _op_hand_back(self, token: str, kept: bool = False) -> Op[int]:
         """A plain token's hand-back of a try that may be on the wire (:meth:`_hand_back`):
         a release that, reaching the server before that try, refuses it when it lands (see
-        ``backend.op_hand_back``)."""
+        ``backend.op_hand_back``). ``kept``: a token kept from an unanswered try, which may
+        land after this release frees its hold: marked then too."""
         return self._op_release(token)
+
+    def _op_release_hold(self, hold: Hold) -> Op[int]:
+        """The release of ``hold``'s last level: marked when its token was kept from an
+        unanswered try (:attr:`Hold.kept`); else the common release."""
+        if hold.kept:
+            return self._op_hand_back(hold.token, True)
+        return self._op_release(hold.token)
 
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
         raise NotImplementedError
@@ -601,6 +611,9 @@ class BaseLock:
         started = time.monotonic()
         span = observe.acquire_started(self)
         token = owner if self.reentrant else self._next_token()
+        # A token kept from an unanswered try: that try may land after this hold's release.
+        kept = token == self._unsure_token and not self._token_given
+        self._token_given = False
         ttl_ms, meta = to_ms(self.lock_ttl), self._meta()
         held = self._holds.get(owner)  # before: to tell whether an interrupt came after a record
         depth = 0 if held is None else held.depth
@@ -619,13 +632,13 @@ class BaseLock:
         try:
             # In the try: no line between the grant and the record is unguarded.
             attempt = yield from self._try_or_wait(
-                owner, token, ttl_ms, meta, blocking, timeout, started, span, tried
+                owner, token, ttl_ms, meta, blocking, timeout, started, span, tried, kept
             )
             hold: Hold | None = None
             current = self._holds.get(owner) if self.reentrant else None
             refused = self._nests_in_nothing(owner, current, attempt)
             if attempt.acquired and not refused:
-                hold = self._record(owner, actor, token, ttl_ms, attempt, sent=tried[0])
+                hold = self._record(owner, actor, token, ttl_ms, attempt, sent=tried[0], kept=kept)
         except BaseException as exc:
             if attempt is None:
                 if renewal is not None:
@@ -640,12 +653,15 @@ class BaseLock:
             if attempt.acquired and not recorded:
                 failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
                 observe.acquire_ended(self, started, failed, None, span)
-                yield from self._hand_back(owner, token)
+                yield from self._hand_back(owner, token, False, kept)
             raise
         finally:
             if renewal is not None:
                 thread_renewer.landed(self, renewal, flight)  # after its news (soon)
-        self._unsure_token = None  # answered (and recorded): the token holds what it says
+        if hold is not None or not kept:
+            self._unsure_token = None  # answered (and recorded): the token holds what it says
+        # Else refused with a kept token: the unanswered try may still land and take the
+        # lock once free, so the next try keeps to that token, and finds its grant.
         if refused:
             observe.acquire_ended(self, started, observe.ERROR, None, span)
             yield from self._refuse_reentry(owner, token, current)
@@ -686,7 +702,7 @@ class BaseLock:
             # This object's release got no answer and was not retried: finish it first (a
             # release is idempotent), so that what follows is a new hold, not the old one.
             if not self.reentrant:
-                yield self._op_release(stale.token)
+                yield self._op_release_hold(stale)
             with self._mutex:
                 self._forget(owner, stale)
         if not self.reentrant:
@@ -771,7 +787,8 @@ class BaseLock:
             if other == token:
                 continue
             try:
-                left = yield self._op_release(other)
+                # Marked: its request, unanswered, may still be on the wire (not run first).
+                left = yield self._op_hand_back(other)
             except LockError:
                 return freed
             self._displaced.pop(other, None)
@@ -789,6 +806,7 @@ class BaseLock:
         started: float,
         span: Any,
         tried: list[float],
+        kept: bool = False,
     ) -> Steps[Attempt]:
         """One try that never queues or registers, then (``blocking``) the wait: the answer.
 
@@ -796,7 +814,8 @@ class BaseLock:
         try, or a reentrant count marked unsure (settled first next time). Interrupted (any
         other exception, a reply perhaps on its way): the hold is handed back with the
         token (kept while the hand-back may still be refused unsent, given up once it went
-        unanswered: see :meth:`_give_back`). Each reports its outcome and re-raises."""
+        unanswered: see :meth:`_give_back`), marked (``kept``: a token kept from an unanswered
+        try, which may land after it). Each reports its outcome and re-raises."""
         attempt = _NOT_TRIED
         # Whether a try's request may be on the wire (interrupted before its reply was
         # taken): its hand-back, which may reach the server first, then marks the token.
@@ -846,14 +865,14 @@ class BaseLock:
             # ``Exception`` too: a signal handler's, Celery's soft time limit): the server may
             # have granted the hold, so hand it back (the token is ours alone).
             self._late_tokens.discard(token)  # (handed back here as well: idempotent)
-            kept = self._unsure_token
-            if kept is not None and kept != token and not self.reentrant:
+            other = self._unsure_token
+            if other is not None and other != token and not self.reentrant:
                 # Kept meanwhile (a late try's): the hand-back takes the slot for its own.
-                self._displace(kept)
+                self._displace(other)
                 self._unsure_token = None
             failed = observe.ERROR if isinstance(exc, Exception) else observe.TIMEOUT
             observe.acquire_ended(self, started, failed, None, span)
-            yield from self._hand_back(owner, token, trying[0])
+            yield from self._hand_back(owner, token, trying[0], kept)
             raise
 
     def _late_take(self, token: str, command: asyncio.Future[Attempt]) -> None:
@@ -886,7 +905,9 @@ class BaseLock:
             again = functools.partial(self._give_back_again, token, token)
             self._finish_later(self._give_back(token, token), again)
 
-    def _hand_back(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
+    def _hand_back(
+        self, owner: str, token: str, marks: bool = False, kept: bool = False
+    ) -> Steps[None]:
         """Give back a hold the server may have granted that this object does not hold (an
         interrupt before it was recorded). A reentrant count is marked unsure and settled
         now (else before the owner's next operation); a plain hold is released by its
@@ -898,7 +919,9 @@ class BaseLock:
         ``marks``: the try may still be on the wire. The hand-back goes on another
         connection and may reach the server first: finding nothing, it leaves a marker that
         refuses that try when it lands (backend.op_hand_back; a reentrant owner's settle
-        refuses its older writes). Without a try on the wire, nothing is marked."""
+        refuses its older writes). Without a try on the wire, nothing is marked. ``kept``: the
+        token was kept from an unanswered try, which may land even after a hand-back that
+        freed a hold: marked then too."""
         self._unsure(owner)
         if not self.reentrant:
             if not finisher.on_finisher():
@@ -909,7 +932,7 @@ class BaseLock:
                 # hand-back's release, landing after its grant (review wai2, 1).
                 self._unsure_token = None
         try:
-            yield from self._give_back(owner, token, marks)
+            yield from self._give_back(owner, token, marks, kept)
         except asyncio.CancelledError:
             # Cancelled again: a task of its own finishes it. A next try of this object (the
             # caller may catch the cancellation) takes a new token: the task's release would
@@ -918,18 +941,20 @@ class BaseLock:
                 self._handing_back.add(token)
                 if self._unsure_token == token:
                     self._unsure_token = None
-            again = functools.partial(self._give_back_again, owner, token, marks)
-            self._finish_later(self._give_back(owner, token, marks), again)
+            again = functools.partial(self._give_back_again, owner, token, marks, kept)
+            self._finish_later(self._give_back(owner, token, marks, kept), again)
             raise
         except Exception:
             pass
 
-    def _give_back(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
+    def _give_back(
+        self, owner: str, token: str, marks: bool = False, kept: bool = False
+    ) -> Steps[None]:
         if self.reentrant:
             yield from self._settle(owner, marks)
             return
         try:
-            yield self._op_hand_back(token) if marks else self._op_release(token)
+            yield self._op_hand_back(token, kept) if marks or kept else self._op_release(token)
         except BaseException as exc:
             # Unanswered (no reply, or an interrupt while waiting for it), the release may
             # still run at any later time (TCP delivers what was written before a close): a
@@ -945,13 +970,15 @@ class BaseLock:
         if self._unsure_token == token:
             self._unsure_token = None
 
-    def _give_back_again(self, owner: str, token: str, marks: bool = False) -> Steps[None]:
+    def _give_back_again(
+        self, owner: str, token: str, marks: bool = False, kept: bool = False
+    ) -> Steps[None]:
         """A hand-back whose finishing task was cancelled, given back once more unless done
         since (a plain token's release answered, or unanswered: nothing more to do). No try
         of this object takes such a token up (see :meth:`_hand_back`). A reentrant count is
         settled (what the objects hold: never a later level)."""
         if self.reentrant or token in self._handing_back:
-            yield from self._give_back(owner, token, marks)
+            yield from self._give_back(owner, token, marks, kept)
 
     def _nests_in_nothing(self, owner: str, current: Hold | None, attempt: Attempt) -> bool:
         """Whether a reentrant grant is a new hold where this process holds levels: a new
@@ -1069,6 +1096,7 @@ class BaseLock:
         attempt: Attempt,
         adopted: float | None = None,
         sent: float | None = None,
+        kept: bool = False,
     ) -> Hold:
         """Make ``owner``'s a hold the backend granted (or that :meth:`adopt` took over): in
         the object, counted as taken by its actor (a renewed exclusive hold), one level more
@@ -1101,7 +1129,7 @@ class BaseLock:
                     # Into the object with its level: one store (a hold without a level
                     # would be reported held, and its release would give back another's).
                     hold = Hold(token, attempt.fence, actor, depth=1, prior=attempt.prior,
-                                stamps=(new_stamp(),))  # fmt: skip
+                                stamps=(new_stamp(),), kept=kept)  # fmt: skip
                     if self.max_hold is not None:  # the cap counts from here, extend or not
                         hold.stop_at = time.monotonic() + self.max_hold
                     if not self.auto_renew or hold.stop_at is not None:  # it runs out itself
@@ -1223,7 +1251,7 @@ class BaseLock:
         """Internal API (``compat``'s ``token=``): the next acquire takes its hold with
         ``token``, as a retry after a lost reply does (the try is then idempotent: it finds
         the hold if that token took it already). The caller checks the token first."""
-        self._unsure_token = token
+        self._unsure_token, self._token_given = token, True
 
     def acquire_steps(self, blocking: bool, timeout: float | None) -> Steps[bool]:
         """Internal API (``lock_view``): the steps of :meth:`acquire`, for a caller that
@@ -1392,7 +1420,7 @@ class BaseLock:
                 hold.release_began = time.monotonic()
             if self.reentrant:
                 self._unlevel(owner, hold)
-            left = yield self._op_release(hold.token)
+            left = yield self._op_release_hold(hold)
             with self._mutex:
                 mine = self._holds.get(owner) is hold  # else lost meanwhile, declared then
                 if mine:
@@ -1463,7 +1491,7 @@ class BaseLock:
         if not left.claimed():
             return  # not owed (paid, or the hold gone): never whatever the object holds now
         try:
-            answer = yield self._op_release(hold.token)
+            answer = yield self._op_release_hold(hold)
         except BaseException:
             observe.hold_unsure(self, hold)  # not a hold this process holds any more
             raise

@@ -37,6 +37,9 @@ class Hold:
     # (auto_renew=False, max_hold): past it, it no longer counts as its actor's (holds_it);
     # None: renewed until released.
     ends_by: float | None = None
+    # Taken with a token kept from an unanswered try, whose request may still land after
+    # this hold is released: its release marks the token (the late try is refused then).
+    kept: bool = False
 
 
 #: The source of :attr:`Hold.stamps` (``next()`` on it is atomic: no lock needed).

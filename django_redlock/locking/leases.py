@@ -61,8 +61,8 @@ class LeaseLock(BaseLock):
     def _op_release(self, token: str) -> Op[int]:
         return self.backend.op_lease_release(self.name, token, self.mode)
 
-    def _op_hand_back(self, token: str) -> Op[int]:
-        return self.backend.op_lease_hand_back(self.name, token, self.mode)
+    def _op_hand_back(self, token: str, kept: bool = False) -> Op[int]:
+        return self.backend.op_lease_hand_back(self.name, token, self.mode, kept)
 
     def _op_extend(self, token: str, ttl_ms: int) -> Op[bool]:
         return self.backend.op_lease_extend(self.name, token, ttl_ms)

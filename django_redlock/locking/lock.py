@@ -101,10 +101,10 @@ class Lock(BaseLock):
                 order = (*order, max(hold.fence, fence))
         return self.backend.op_release(self.name, token, self.kind, order)
 
-    def _op_hand_back(self, token: str) -> Op[int]:
+    def _op_hand_back(self, token: str, kept: bool = False) -> Op[int]:
         if self.kind.reentrant:  # (handed back by a settle: _give_back)
             return self._op_release(token)
-        return self.backend.op_hand_back(self.name, token, self.kind)
+        return self.backend.op_hand_back(self.name, token, self.kind, kept)
 
     def _op_drop(self, token: str) -> Op[int]:
         return self.backend.op_release(self.name, token, self.kind, self._order(token, 0))

@@ -5,7 +5,8 @@
 --       permit's or a write's hand-back, whose token holding nothing is marked (as
 --       release.lua marks a lock's: see there, and permit_acquire.lua)].
 -- ARGV: token, inbox channel prefix[, the mode it was taken in: 's', 'r' or 'w' (absent:
---       read from its details)].
+--       read from its details)][, '1' with the marker: the token was kept from an
+--       unanswered try, marked once freed here too].
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost).
 -- The waking helpers are spliced in after the common case has returned: nobody registered,
 -- queued or waiting to write (none of their keys exists), nobody on the release channel.
@@ -38,6 +39,9 @@ if not quiet then -- leases_wake below publishes after the writes: the ACL asked
   may_publish(inbox, announces(channel, inbox) and channel)
 end
 redis.call('ZREM', leases, token)
+if back and ARGV[4] then
+  redis.call('SET', back, '1', 'PX', 120000)
+end
 if quiet then
   if redis.call('ZCARD', leases) == 0 then -- the details go with the last lease
     redis.call('DEL', details)

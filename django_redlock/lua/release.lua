@@ -8,7 +8,9 @@
 --       reentrant owner's ordered write 'seq|levels': its number and the levels the owner
 --       holds once this one is released, which the hold is set to, so that a count a lost
 --       reply left unsure is settled in the same call (order_stale in _hold.lua), then
---       optionally '|fence', the fence of the hold those levels are in; absent: looked up].
+--       optionally '|fence', the fence of the hold those levels are in; absent: looked up]
+--       [, '1' with the marker: the token was kept from an unanswered try, marked once
+--       freed here too].
 -- Returns the holds left (0: freed), or -1 when the caller holds none (not ours, or lost; a
 -- hold of the owner's under another fence is one a late write made after the owner's was
 -- lost: freed when the owner keeps no levels, as the release would have, and still -1);
@@ -28,8 +30,9 @@ local back = KEYS[6]
 -- (acquire.lua refuses a marked token): the marker outlives such a try, whatever the lock's
 -- TTL. A request written before its connection was dropped is delivered by TCP's
 -- retransmissions, which Linux gives up on an orphaned socket after about 100 s
--- (tcp_orphan_retries: 8 backoffs from 200 ms). Only a hand-back writes one: nothing more on
--- a release's path.
+-- (tcp_orphan_retries: 8 backoffs from 200 ms). A token kept from an unanswered try (its
+-- hold's release, or hand-back) is marked once freed too: that try may land after it. Only
+-- those write one: nothing more on a common release's path.
 local HANDED_BACK_MS = 120000
 local kind = ARGV[3] or ''
 local woken -- the reply once the lock is freed and someone is to be woken (lock_wake)
@@ -50,6 +53,9 @@ if kind == '0' then
     local ask = redis.acl_check_cmd
     if not (ask and (wakes or (announce and not ask('PUBLISH', channel, 'released')))) then
       redis.call('DEL', lock)
+      if back and ARGV[4] then
+        redis.call('SET', back, '1', 'PX', HANDED_BACK_MS)
+      end
       if announce then -- (Redis 6: a refusal skipped, as publish_call in _may_publish.lua)
         redis.pcall('PUBLISH', channel, 'released')
       end
@@ -89,7 +95,11 @@ if not woken then
     redis.call('HSET', lock, token, count - 1)
     return count - 1
   end
-  if not lock_freed(lock, channel, waiting, queue, inbox) then
+  local wakes = lock_freed(lock, channel, waiting, queue, inbox)
+  if back and ARGV[4] then
+    redis.call('SET', back, '1', 'PX', HANDED_BACK_MS)
+  end
+  if not wakes then
     return freed
   end
   woken = freed

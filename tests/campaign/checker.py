@@ -216,8 +216,8 @@ def held_by_nobody(
     release that raised. Excused: any fault of the nemesis on the servers from before the
     acquire to the look (a clean-up not answered, or not sent to a server that just did not
     answer, lapses at its TTL), the client paused, or stalled or its loop blocked more than
-    0.1 s after the clean-up (it ran late). Two cases are known defects, left open, counted
-    apart (README "Moves of reports asy3 and wai2")."""
+    0.1 s after the clean-up (it ran late). No case is exempt: the two once left open (reviews
+    wai2 3 and asy3 2) are fixed (README "Moves of reports asy3 and wai2")."""
     if ev["found"] is not True:
         return "free"
     how = ev.get("how")
@@ -236,17 +236,6 @@ def held_by_nobody(
         return "excused"
     if stalls.overlap(client, ev["after"], b) + blocks.overlap(client, ev["after"], b) > 0.1:
         return "excused"
-    # Known, open: review wai2 3 (a woken waiter's try delayed on the wire, its call cut, is
-    # granted after its own hand-back: held by nobody to its TTL; being fixed on another
-    # branch). Exactly: the acquire's request held back, and let through after the cut.
-    late = landed > ev.get("cut", float("inf"))
-    if how == "cut" and ev.get("wire_up") and ev.get("wire_call") == "acquire" and late:
-        return "known wai2 3"
-    # Known, open: review asy3 2 (a try given up on keeps its token, which the caller's
-    # immediate retry, unanswered too, replaces: the first try's grant is held by nobody and
-    # the object's next try is refused). Exactly: two unknown outcomes in a row, then refused.
-    if how == "refused" and ev.get("unknowns", 0) >= 2:
-        return "known asy3 2"
     return "held-by-nobody"
 
 

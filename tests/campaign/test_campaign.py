@@ -78,11 +78,10 @@ MIN_SECONDS = 7.5
 #: holder's command timed out, and reconnected with a whole socket timeout of its own; fixed
 #: in session 21 (fast_path.CallPool: within what is left of the call's). README "Seeds
 #: with the asyncio and tracer moves".
-#: "retry" now: with the wire move it found a defect no fix covers yet, a sync try's request
-#: that landed after its object's retry was granted and released, held by nobody to its TTL
-#: (seed 2404; README "Moves of reports asy3 and wai2"), which would fail a fixed seed now
-#: and then.
-FIXED_SEEDS_MOVES_OFF: frozenset[str] = frozenset({"retry"})
+#: "retry" was, until session 24's fix of what it found with the wire move: a sync try's
+#: request that landed after its object's retry was granted and released, held by nobody to
+#: its TTL (seed 2404; README "Moves of reports asy3 and wai2"). None now.
+FIXED_SEEDS_MOVES_OFF: frozenset[str] = frozenset()
 #: The Cluster, Celery and Sentinel kinds start their clients before their clock runs, and
 #: plan a fault within their first 6 s.
 MIN_OWN_SECONDS = 6.0

@@ -907,23 +907,23 @@ def test_an_unknown_outcome_s_grant_is_the_next_try_s_to_find_not_judged() -> No
     assert h.judge() == set()
 
 
-def test_the_two_known_open_held_by_nobody_cases_are_exempt_exactly() -> None:
-    # Review wai2 3: the acquire's request held back, its call cut, the request through
-    # after the cut (granted after its own hand-back).
+def test_the_two_once_open_held_by_nobody_cases_are_judged() -> None:
+    # Review wai2 3 (fixed): the acquire's request held back, its call cut, the request
+    # through after the cut (granted after its own hand-back).
     h = History()
     h.ev(1.0, "c1", "acq", h=1, mode="block", timeout=2.0)
     h.ev(1.3, "c1", "intr", h=1, where="client", how="cancel")
     _nobody(h, "c1", 1, 2.5, True, how="cut", cut=T0 + 1.3, wire_up=True, wire_call="acquire",
             wire_t0=T0 + 1.1, wire_t1=T0 + 2.0, wire_s=0.9)  # fmt: skip
-    assert h.judge() == set()
+    assert h.judge() == {"held-by-nobody"}
     h.events[-1].update(wire_up=False)  # its reply held back: the hand-back's to release
     assert h.judge() == {"held-by-nobody"}
-    # Review asy3 2: two unknown outcomes in a row (the retry's token replaced the kept
-    # one), then refused.
+    # Review asy3 2 (fixed): two unknown outcomes in a row (the retry's token replaced the
+    # kept one), then refused.
     h = History()
     h.ev(1.0, "c1", "acq", h=1, mode="try", timeout=None)
     _nobody(h, "c1", 1, 2.5, True, how="refused", unknowns=2, last_try=T0 + 1.9)
-    assert h.judge() == set()
+    assert h.judge() == {"held-by-nobody"}
     h.events[-1].update(unknowns=1)
     assert h.judge() == {"held-by-nobody"}
 

@@ -127,13 +127,15 @@ def test_a_hand_back_release_cut_by_a_second_interrupt_gives_its_token_up(
     mine = lock(name, using="late", ttl=30, auto_renew=False)
     record = type(mine)._record
 
-    def interrupted(self: Any, owner: str, actor: str, token: str, *args: Any, **kw: Any) -> Any:
+    def interrupted(
+        self: Any, owner: str, actor: str, token: str, *args: Any, **kwargs: Any
+    ) -> Any:
         if self is mine:
             monkeypatch.setattr(type(mine), "_record", record)
             proxy.delay_from(token.encode())  # the hand-back's release: late on the wire
             signal.setitimer(signal.ITIMER_REAL, 0.1)  # the second one, as its reply is read
             raise RuntimeError("soft time limit")
-        return record(self, owner, actor, token, *args, **kw)
+        return record(self, owner, actor, token, *args, **kwargs)
 
     def alarm(signum: int, frame: Any) -> None:
         raise RuntimeError("a second soft time limit")

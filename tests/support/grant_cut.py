@@ -17,12 +17,14 @@ def cut_after_the_grant(
     hand-back's release on the wire, say), then RuntimeError is raised; once only."""
     record = type(mine)._record
 
-    def interrupted(self: Any, owner: str, actor: str, token: str, *args: Any, **kw: Any) -> Any:
+    def interrupted(
+        self: Any, owner: str, actor: str, token: str, *args: Any, **kwargs: Any
+    ) -> Any:
         if self is mine:
             monkeypatch.setattr(type(mine), "_record", record)
             on_cut(token)
             raise RuntimeError("soft time limit")  # the grant is not recorded
-        return record(self, owner, actor, token, *args, **kw)
+        return record(self, owner, actor, token, *args, **kwargs)
 
     monkeypatch.setattr(type(mine), "_record", interrupted)
 

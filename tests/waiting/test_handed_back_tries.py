@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from django_redlock import lock, locks
+from django_redlock.exceptions import BackendUnavailable
 from django_redlock.locking import finisher
 from django_redlock.scripts import register, script
 from django_redlock.testing import RedisServer
@@ -36,7 +37,8 @@ class Interrupt(Exception):
 @pytest.fixture
 def proxied(redis_factory: Callable[..., RedisServer]) -> Iterator[tuple[LossyProxy, str, str]]:
     """A Redis behind a proxy that can hold a request back: the alias "late" through it (3 s
-    socket timeout: the delay outlasts no read), "direct" not, and the proxy."""
+    socket timeout: the delay outlasts no read), "direct" not, and the proxy. "hasty": through
+    it too, with a 0.3 s socket timeout (a held-back try times out)."""
     from django.conf import settings
     from django.test import override_settings
 
@@ -48,13 +50,15 @@ def proxied(redis_factory: Callable[..., RedisServer]) -> Iterator[tuple[LossyPr
         "OPTIONS": {"socket_timeout": 3.0},
     }
     direct = {**late, "LOCATION": server.url, "OPTIONS": {}}
-    aliases = {**settings.DJANGO_REDLOCK, "late": late, "direct": direct}
+    hasty = {**late, "OPTIONS": {"socket_timeout": 0.3}}
+    aliases = {**settings.DJANGO_REDLOCK, "late": late, "direct": direct, "hasty": hasty}
     try:
         with override_settings(DJANGO_REDLOCK=aliases):
             register(locks["direct"].client)  # the server knows the scripts: no NOSCRIPT
             yield proxy, "late", "direct"
             locks["late"].close()
             locks["direct"].close()
+            locks["hasty"].close()
     finally:
         proxy.let_go()  # a test that failed early must not leave a pump waiting
         proxy.close()
@@ -227,5 +231,97 @@ def test_a_lease_s_one_off_try_interrupted_on_the_wire_leaves_nothing_held(
     assert proxy.delayed.is_set()
     proxy.let_go()  # the server runs the late try now
     newcomer = make(direct)
+    assert newcomer.acquire(blocking=False), "the late try was granted: held by nobody"
+    newcomer.release()
+
+
+def _make(kind: str, name: str, alias: str) -> Any:
+    from django_redlock.locking.rwlock import read_write_lock
+    from django_redlock.locking.semaphore import semaphore
+
+    if kind == "semaphore":
+        return semaphore(name, 1, using=alias, ttl=TTL, auto_renew=False)
+    if kind == "write":
+        return read_write_lock(name, using=alias, ttl=TTL).write(auto_renew=False)
+    return lock(name, using=alias, ttl=TTL, fair=kind == "fair", auto_renew=False)
+
+
+@pytest.mark.parametrize("kind", ["plain", "fair", "semaphore", "write"])
+def test_a_try_that_timed_out_on_the_wire_lands_after_its_retry_was_released(
+    proxied: tuple[LossyProxy, str, str], name: str, kind: str
+) -> None:
+    """Try 1 times out with its request held back; the retry (the kept token, on a new
+    connection) is granted and released; then try 1 lands. The release of a hold taken with
+    a kept token marks it, so that try is refused (campaign seed 2404: held by nobody)."""
+    proxy, _, direct = proxied
+    sha = script("permit_acquire" if kind in ("semaphore", "write") else "acquire").sha
+    lk = _make(kind, name, "hasty")
+    proxy.delay_from(sha.encode())
+    with pytest.raises(BackendUnavailable):
+        lk.acquire(blocking=False)
+    assert proxy.delayed.is_set()
+    assert lk.acquire(blocking=False)  # the kept token, granted
+    lk.release()
+    proxy.let_go()  # the first try lands now
+    newcomer = _make(kind, name, direct)
+    assert newcomer.acquire(blocking=False), "the late try was granted: held by nobody"
+    newcomer.release()
+
+
+def test_a_common_release_leaves_no_marker(proxied: tuple[LossyProxy, str, str], name: str) -> None:
+    """Only a hold taken with a kept token is marked at its release: the common one writes
+    nothing more."""
+    _, _, direct = proxied
+    lk = lock(name, using=direct, ttl=TTL)
+    assert lk.acquire(blocking=False)
+    lk.release()
+    assert locks[direct].client.keys("*:b:*") == []
+
+
+def test_a_retry_cut_after_its_grant_marks_its_kept_token(
+    proxied: tuple[LossyProxy, str, str], name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same, with the retry's grant cut before its record (a soft time limit): its
+    hand-back frees the hold and marks the kept token, so the first try landing is refused."""
+    from tests.support.grant_cut import cut_after_the_grant
+
+    proxy, _, direct = proxied
+    lk = _make("plain", name, "hasty")
+    proxy.delay_from(script("acquire").sha.encode())
+    with pytest.raises(BackendUnavailable):
+        lk.acquire(blocking=False)
+    assert proxy.delayed.is_set()
+    cut_after_the_grant(monkeypatch, lk, lambda _: None)
+    with pytest.raises(RuntimeError):
+        lk.acquire(blocking=False)  # the kept token, granted, then handed back
+    assert not lk.locked()
+    proxy.let_go()  # the first try lands now
+    newcomer = _make("plain", name, direct)
+    assert newcomer.acquire(blocking=False), "the late try was granted: held by nobody"
+    newcomer.release()
+
+
+@pytest.mark.parametrize("kind", ["plain", "semaphore"])
+def test_a_try_that_timed_out_on_the_wire_is_found_after_its_retry_was_refused(
+    proxied: tuple[LossyProxy, str, str], name: str, kind: str
+) -> None:
+    """Try 1 times out with its request held back; the retry (the kept token) is refused (the
+    lock held by another); the lock is freed, then try 1 lands and takes it. The token stays
+    kept: the object's next try finds that grant, and its release frees the lock."""
+    proxy, _, direct = proxied
+    sha = script("permit_acquire" if kind == "semaphore" else "acquire").sha
+    blocker = _make(kind, name, direct)
+    assert blocker.acquire(blocking=False)
+    lk = _make(kind, name, "hasty")
+    proxy.delay_from(sha.encode())
+    with pytest.raises(BackendUnavailable):
+        lk.acquire(blocking=False)
+    assert proxy.delayed.is_set()
+    assert not lk.acquire(blocking=False)  # refused: the blocker holds it
+    blocker.release()
+    proxy.let_go()  # the first try lands now, on a free lock
+    assert lk.acquire(blocking=False), "the late try's grant is nobody's"
+    lk.release()
+    newcomer = _make(kind, name, direct)
     assert newcomer.acquire(blocking=False), "the late try was granted: held by nobody"
     newcomer.release()
