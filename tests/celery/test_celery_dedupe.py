@@ -448,7 +448,9 @@ def test_coalesce_with_dedupe_queued_runs_a_call_made_during_a_run(
 
 def _purge(how: str, queue: str, redis_server: RedisServer) -> None:
     if how == "control":
-        assert celery_app.app.control.purge() == 1
+        # The default queue: another test's coalesced call there may have had its follow-up
+        # queued by a worker's main process meanwhile (no worker here reads that queue).
+        assert celery_app.app.control.purge() >= 1
         return
     if how == "channel":  # what `celery purge -Q` does, in this process
         with celery_app.app.connection_for_write() as connection:

@@ -142,9 +142,15 @@ def test_a_quorum_lost_at_the_lift_is_unknown_within_one_node_timeout(
         restarted_empty(servers[0])
         held = lock(name, using="lost", ttl=60, auto_renew=False)
 
+        raised: list[float] = []  # when the acquire raised (the loop's shutdown after it
+        # may still read a straggler's reply: not the caller's wait)
+
         async def acquire() -> bool:
             pause_at_lift["server"] = servers[1]
-            return await held.aacquire(blocking=False)
+            try:
+                return await held.aacquire(blocking=False)
+            finally:
+                raised.append(time.monotonic())
 
         with pytest.raises(QuorumNotReached):
             if driver == "asyncio":
@@ -155,7 +161,7 @@ def test_a_quorum_lost_at_the_lift_is_unknown_within_one_node_timeout(
                     held.acquire(timeout=10)
                 else:
                     held.acquire(blocking=False)
-        took = time.monotonic() - pause_at_lift["at"]
+        took = (raised[0] if raised else time.monotonic()) - pause_at_lift["at"]
         assert took < TIMEOUT * 1.5, f"{took * 1000:.0f} ms after node 1 stopped"
 
 
@@ -174,4 +180,5 @@ def test_a_lifted_node_keeps_the_counter_as_long_as_the_hold(
             client = server.client()
             hold = client.pttl(backend.key(held.name))
             counter = client.pttl(backend.fence_key(held.name))
-            assert hold > 3_500_000 and counter >= hold
+            # (set from the hold's PTTL as the lift ran: the same end, give or take a ms)
+            assert hold > 3_500_000 and counter >= hold - 50
