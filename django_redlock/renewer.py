@@ -525,11 +525,18 @@ class Renewer:
             entry.news_at, entry.news_sent = now, sent
         ask = _Ask(renewal, now, stop_at)
         if lock not in entry.locks:
-            entry.locks.add(lock)
+            # Its ask and watch before it joins: this runs in callers' threads too (landed,
+            # unsure_hold), where an interrupt between two lines must not leave an object in
+            # ``locks`` without them (the scheduler then failed on it at every turn).
+            entry.asks[id(lock)] = ask
             entry.watches[id(lock)] = weakref.ref(lock, self._on_collected)
-            entry.asks[id(lock)] = ask
-        elif now >= entry.asks[id(lock)].set_at:
-            entry.asks[id(lock)] = ask
+            entry.locks.add(lock)
+        else:
+            known = entry.asks.get(id(lock))
+            if known is None or now >= known.set_at:
+                entry.asks[id(lock)] = ask
+            if id(lock) not in entry.watches:
+                entry.watches[id(lock)] = weakref.ref(lock, self._on_collected)
         if joined:
             if not self._follow(entry, now, ask, since, sent):
                 self._drop(key)  # every cap has passed (this object's too): let it run out
