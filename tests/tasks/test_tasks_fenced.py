@@ -225,6 +225,6 @@ def test_a_dropped_callback_collected_while_the_server_is_paused_does_not_wait_f
         began = time.monotonic()
         gc.collect()
         took = time.monotonic() - began
-        assert took < 0.9, f"the collection took {took:.2f} s"
+        assert took < 1.4, f"the collection took {took:.2f} s"  # (waiting: the 1.5 s pause)
         assert finisher.wait_finished(5)
         assert not held.locked()  # released by the finisher, once the server answered
