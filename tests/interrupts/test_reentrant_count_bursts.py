@@ -58,8 +58,8 @@ class Burst:
         code = frame.f_code
         if code is self.armed_by:
             self.armed = True
-        if not code.co_filename.startswith(PACKAGE) or code.co_name == "__del__":
-            return None  # (the collector's __del__: Python ignores what it raises)
+        if not code.co_filename.startswith(PACKAGE) or code.co_name in _COLLECTORS:
+            return None  # (the collector's: Python ignores what it raises)
         self._point(frame, event)
         return self._line
 
@@ -84,11 +84,16 @@ class Burst:
         if not self.fired or len(self.fired) > 1:
             return  # before the first, or after the second
         code = frame.f_code
-        if code.co_name == "__del__":  # the collector's: Python ignores what it raises
+        if code.co_name in _COLLECTORS:  # the collector's: Python ignores what it raises
             return
         if event == "call" and code.co_filename.startswith(PACKAGE):
             self.fired.append(f"{code.co_name}:{frame.f_lineno}:entry")
             raise Interrupt("the second, in the clean-up")
+
+
+#: What the collector runs (a finalizer, the finisher's gc callback): an interrupt raised
+#: there is unraisable, and pytest's hook for it, cut by the sweep too, failed the test.
+_COLLECTORS = frozenset({"__del__", "_collecting"})
 
 
 #: (the owner holds an outer level through another object, levels the swept object holds
